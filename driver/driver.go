@@ -1,0 +1,296 @@
+// Package driver defines the interface that fenced backends implement.
+//
+// Users do not call drivers directly: they hold a *fenced.Client, which
+// wraps a Driver and adds every piece of policy (waiting with backoff or by
+// notification, renewal, local validity, cancellation on loss, hooks).
+// A driver does one atomic thing per call against its authority and never
+// retries; the split follows gocloud.dev's portable type + driver design and
+// database/sql/driver.
+//
+// Every driver must pass the conformance suite in package drivertest against
+// a real server.
+//
+// # Contract
+//
+//   - A key is granted to at most one owner at a time, as judged by the
+//     authority's own clock.
+//   - Every grant of a key returns a fence strictly greater than every fence
+//     previously returned for that key (within the strength declared by
+//     Guarantees.Fence). Releasing, expiring or breaking a grant never lowers
+//     the counter.
+//   - TryAcquire by the owner that currently holds the key (same owner token,
+//     grant not expired) is idempotent: it returns the same fence and extends
+//     the expiry. This makes a retry after ErrUnknownOutcome safe.
+//   - Renew and Release succeed only when both owner and fence match the
+//     current, unexpired grant (Release may also succeed on an expired grant
+//     that nobody else took, since it changes nothing observable).
+//   - Errors are the sentinels of this package, wrapped with detail; a
+//     driver distinguishes "refused" (ErrHeld, ErrNotHeld) from "could not
+//     reach the authority" (ErrUnavailable) and "the request may or may not
+//     have been applied" (ErrUnknownOutcome).
+package driver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Sentinel errors shared by drivers and the portable API. The fenced package
+// re-exports each of them under the same name; check them with errors.Is.
+var (
+	// ErrHeld means the key is held by another owner.
+	ErrHeld = errors.New("lease held by another owner")
+	// ErrNotHeld means the caller does not hold the key: its grant was
+	// released, expired, broken or replaced by a newer grant.
+	ErrNotHeld = errors.New("lease not held by this owner")
+	// ErrLost is the cause given to a lease's context when the authority says
+	// the lease is no longer ours.
+	ErrLost = errors.New("lease lost")
+	// ErrExpired is the cause given to a lease's context when its local
+	// validity ran out before a renewal was confirmed.
+	ErrExpired = errors.New("lease validity expired locally")
+	// ErrStaleFence means a protected resource refused a write because it has
+	// already seen a newer fence for the key.
+	ErrStaleFence = errors.New("stale fence: a newer holder exists")
+	// ErrClosed means the client or driver has been closed.
+	ErrClosed = errors.New("store closed")
+	// ErrUnavailable means the authority could not be reached; nothing was
+	// applied.
+	ErrUnavailable = errors.New("authority unavailable")
+	// ErrUnknownOutcome means a request was sent but its outcome is unknown
+	// (for example the connection broke after the write was sent).
+	ErrUnknownOutcome = errors.New("outcome unknown")
+	// ErrNoFence means a correctness lease was requested on a backend whose
+	// fence is weaker than the caller accepted.
+	ErrNoFence = errors.New("backend cannot provide the fencing token this lease requires")
+	// ErrInvalidKey means a key failed validation.
+	ErrInvalidKey = errors.New("invalid key")
+	// ErrInvalidTTL means a TTL failed validation.
+	ErrInvalidTTL = errors.New("invalid TTL")
+	// ErrInvalidURL means a store URL could not be parsed or names an
+	// unknown scheme.
+	ErrInvalidURL = errors.New("invalid store URL")
+	// ErrNotFound means an admin operation named a key the store has never
+	// granted.
+	ErrNotFound = errors.New("key not found")
+	// ErrUnsupported means the driver does not implement an optional
+	// operation.
+	ErrUnsupported = errors.New("operation not supported by this backend")
+)
+
+// HeldError is returned (wrapped or bare) by TryAcquire when the key is held
+// by someone else. It matches ErrHeld with errors.Is and may carry a hint of
+// how long the current grant has left, which pollers use to cap their sleep.
+type HeldError struct {
+	Key string
+	// Remaining is the time left on the current grant by the authority's
+	// clock, or zero when unknown.
+	Remaining time.Duration
+}
+
+// Error implements error.
+func (e *HeldError) Error() string {
+	if e.Remaining > 0 {
+		return fmt.Sprintf("%s: %v (about %v left)", e.Key, ErrHeld, e.Remaining.Round(time.Millisecond))
+	}
+	return fmt.Sprintf("%s: %v", e.Key, ErrHeld)
+}
+
+// Is makes errors.Is(err, ErrHeld) true.
+func (e *HeldError) Is(target error) bool { return target == ErrHeld }
+
+// Grant identifies one grant of a key: the key, the owner token that proves
+// ownership and the fence issued with it.
+type Grant struct {
+	Key   string
+	Owner string
+	Fence uint64
+}
+
+// String describes g without revealing the whole owner token.
+func (g Grant) String() string {
+	return fmt.Sprintf("%s fence=%d owner=%s", g.Key, g.Fence, ShortOwner(g.Owner))
+}
+
+// ShortOwner returns a prefix of an owner token that is safe to log.
+// Owner tokens prove ownership, so they are never logged in full.
+func ShortOwner(owner string) string {
+	if len(owner) <= 8 {
+		return owner
+	}
+	return owner[:8] + "…"
+}
+
+// LeaseInfo is what an admin sees of a key.
+type LeaseInfo struct {
+	Key string
+	// Held reports whether an unexpired grant exists.
+	Held bool
+	// Owner is the holder's owner token, shortened with ShortOwner. Empty
+	// when not held.
+	Owner string
+	// Fence is the fence of the current grant, or of the last grant when the
+	// key is free (zero when never granted).
+	Fence uint64
+	// Remaining is the time left on the grant by the authority's clock (zero
+	// when not held, or when the backend's leases are sessions without a
+	// deadline of their own).
+	Remaining time.Duration
+}
+
+// BreakRequest says who breaks a lease and why.
+type BreakRequest struct {
+	Reason string
+	By     string
+}
+
+// BreakRecord is the audit record a driver keeps of a break, where it can.
+type BreakRecord struct {
+	Time   time.Time
+	Key    string
+	Fence  uint64
+	Owner  string // shortened
+	Reason string
+	By     string
+}
+
+// FenceStrength says how far a backend's fence can be trusted.
+type FenceStrength int
+
+const (
+	// FenceNone: the backend issues no monotonic token (Redlock, advisory
+	// locks). The fence reported to users is zero.
+	FenceNone FenceStrength = iota
+	// FenceRepeatable: strictly increasing while the authority's data
+	// survives, but a failover or a restart without persistence can issue a
+	// fence again (asynchronously replicated Redis).
+	FenceRepeatable
+	// FenceStrict: strictly increasing and never reissued, across restarts
+	// and (where the backend replicates by consensus) failover.
+	FenceStrict
+)
+
+// String returns the strength's name as used in docs and CLI output.
+func (s FenceStrength) String() string {
+	switch s {
+	case FenceNone:
+		return "none"
+	case FenceRepeatable:
+		return "repeatable-after-failover"
+	case FenceStrict:
+		return "strict"
+	}
+	return fmt.Sprintf("FenceStrength(%d)", int(s))
+}
+
+// Guarantees are what a backend promises. They are declared, not measured,
+// and the conformance suite checks the ones it can.
+type Guarantees struct {
+	// Fence is the strength of the fencing token.
+	Fence FenceStrength
+	// ServerClock reports whether expiry is decided by the authority's own
+	// clock (true for every backend shipped with fenced).
+	ServerClock bool
+	// Notify reports whether waiters are woken by a notification from the
+	// authority rather than by polling.
+	Notify bool
+	// FIFO reports whether waiters are served in arrival order.
+	FIFO bool
+	// Note explains anything a user must know (for example the failover
+	// hazard of a repeatable fence).
+	Note string
+}
+
+// Driver is the interface a backend implements. All methods must be safe
+// for concurrent use. Keys and TTLs reaching a driver have been validated by
+// the portable layer; drivers may impose tighter limits of their own and
+// report them wrapped in ErrInvalidKey or ErrInvalidTTL.
+type Driver interface {
+	// TryAcquire grants key to owner for ttl if the key is free or its grant
+	// has expired by the authority's clock, and returns the new fence. If
+	// owner already holds the key the call returns the current fence and
+	// extends the grant. Otherwise it returns an error matching ErrHeld
+	// (preferably a *HeldError) and changes nothing.
+	TryAcquire(ctx context.Context, key, owner string, ttl time.Duration) (fence uint64, err error)
+	// Renew extends g by ttl from now (authority's clock). It returns an
+	// error matching ErrNotHeld if g is not the current unexpired grant.
+	Renew(ctx context.Context, g Grant, ttl time.Duration) error
+	// Release ends g, keeping the key's fence counter. It returns an error
+	// matching ErrNotHeld if g is not the current grant; it never removes
+	// another owner's grant.
+	Release(ctx context.Context, g Grant) error
+	// Inspect describes key. A key never granted returns ErrNotFound.
+	Inspect(ctx context.Context, key string) (LeaseInfo, error)
+	// List returns the held leases whose keys start with prefix, sorted by
+	// key.
+	List(ctx context.Context, prefix string) ([]LeaseInfo, error)
+	// Break ends the current grant of key whoever holds it, so the holder's
+	// next renewal fails and the next grant gets a higher fence. It returns
+	// what was broken, or an error matching ErrNotHeld if nothing was held.
+	Break(ctx context.Context, key string, req BreakRequest) (LeaseInfo, error)
+	// Guarantees declares what the backend promises.
+	Guarantees() Guarantees
+	// Close releases the driver's resources. Grants are left to expire.
+	Close() error
+}
+
+// Subscription delivers wake-ups for one key.
+type Subscription interface {
+	// C receives a value (coalesced) whenever the key may have become free.
+	C() <-chan struct{}
+	// Close ends the subscription.
+	Close() error
+}
+
+// Notifier is implemented by drivers whose authority can tell waiters that
+// a key was released or broken (LISTEN/NOTIFY, pub/sub, watches). The
+// portable layer subscribes before trying, so a release between a failed try
+// and the wait is not missed, and it keeps a fallback timer for grants that
+// expire without a release.
+type Notifier interface {
+	Subscribe(ctx context.Context, key string) (Subscription, error)
+}
+
+// Queuer is implemented by drivers whose authority keeps a native FIFO wait
+// queue (etcd and ZooKeeper recipes). Acquire blocks until owner is granted
+// key or ctx is done; on ctx end it must leave nothing queued behind.
+type Queuer interface {
+	Acquire(ctx context.Context, key, owner string, ttl time.Duration) (fence uint64, err error)
+}
+
+// RenewRequest is one element of a batched renewal.
+type RenewRequest struct {
+	Grant Grant
+	TTL   time.Duration
+}
+
+// BatchRenewer is implemented by drivers that renew many grants in one
+// round trip. RenewBatch returns one error per request, in order (nil for
+// renewed, ErrNotHeld for not held); a non-nil second result means the whole
+// batch failed and errs is nil.
+type BatchRenewer interface {
+	RenewBatch(ctx context.Context, reqs []RenewRequest) (errs []error, err error)
+}
+
+// LossWatcher is implemented by drivers that learn of a lost grant without
+// being asked (an etcd or ZooKeeper session expiring, a key deleted by an
+// admin). The returned channel receives one error matching ErrLost, or is
+// closed without a value when ctx ends.
+type LossWatcher interface {
+	WatchLoss(ctx context.Context, g Grant) (<-chan error, error)
+}
+
+// BreakLogger is implemented by drivers that keep an audit log of breaks.
+type BreakLogger interface {
+	// Breaks returns the recorded breaks of key, oldest first; with key ""
+	// it returns all of them.
+	Breaks(ctx context.Context, key string) ([]BreakRecord, error)
+}
+
+// TTLBounds is implemented by drivers that accept a narrower TTL range than
+// the portable layer's (ZooKeeper session timeouts, for example).
+type TTLBounds interface {
+	TTLBounds() (min, max time.Duration)
+}

@@ -1,0 +1,789 @@
+// Package drivertest is the conformance suite every fenced backend runs
+// against a real server. A backend needs no other tests for the core
+// semantics: mutual exclusion, fence monotonicity, ownership, expiry,
+// waiting, cancellation, admin operations and bad input.
+//
+// A backend's test calls RunConformanceTests with a Harness that opens
+// drivers on one store (each Open is a new connection, as another process
+// would make).
+package drivertest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/clock"
+	"github.com/fenced-dev/fenced/driver"
+)
+
+// Harness tells the suite how to reach the store under test.
+type Harness struct {
+	// Open returns a new driver on the store under test. Every call must
+	// reach the same store, as a separate client would; the suite closes
+	// what it opens.
+	Open func(t *testing.T) driver.Driver
+	// OpenWithClock, if set, returns a driver whose expiry follows clk; the
+	// suite then drives expiry by advancing clk instead of sleeping. Calls
+	// with the same clk must reach the same store.
+	OpenWithClock func(t *testing.T, clk clock.Clock) driver.Driver
+	// ShortTTL is the shortest TTL the backend honours reliably; expiry
+	// tests sleep about this long. Default 300ms.
+	ShortTTL time.Duration
+	// BadURLs are malformed store URLs for the backend's scheme; each must
+	// make fenced.Open fail with an error matching fenced.ErrInvalidURL.
+	BadURLs []string
+	// Workers and Rounds size the mutual-exclusion test. Defaults 6 and 15.
+	Workers, Rounds int
+}
+
+func (h *Harness) defaults() {
+	if h.ShortTTL == 0 {
+		h.ShortTTL = 300 * time.Millisecond
+	}
+	if h.Workers == 0 {
+		h.Workers = 6
+	}
+	if h.Rounds == 0 {
+		h.Rounds = 15
+	}
+}
+
+// RunConformanceTests runs the whole suite as subtests of t.
+func RunConformanceTests(t *testing.T, h Harness) {
+	h.defaults()
+	s := &suite{h: h}
+	t.Run("MutualExclusion", s.testMutualExclusion)
+	t.Run("FenceIncreasesAcrossReleaseExpiryBreakReopen", s.testFenceMonotonic)
+	t.Run("ReacquireBySameOwnerIsIdempotent", s.testIdempotentReacquire)
+	t.Run("RenewAndReleaseOnlyByOwner", s.testOwnership)
+	t.Run("StaleGrantCannotReleaseNewHolder", s.testStaleGrant)
+	t.Run("ExpiryLetsNewHolderIn", s.testExpiry)
+	t.Run("AutoRenewKeepsLease", s.testAutoRenew)
+	t.Run("WaitAndMaxWait", s.testWait)
+	t.Run("TryAcquire", s.testTryAcquire)
+	t.Run("CancelWhileWaiting", s.testCancel)
+	t.Run("ListInspectBreak", s.testAdmin)
+	t.Run("BreakCancelsHolder", s.testBreakCancelsHolder)
+	t.Run("DoSkipsOrWaits", s.testDo)
+	t.Run("BadInputChangesNothing", s.testBadInput)
+	if len(h.BadURLs) > 0 {
+		t.Run("BadURLs", s.testBadURLs)
+	}
+	t.Run("NotifiedWaiterIsWokenWithoutPolling", s.testNotify)
+}
+
+type suite struct{ h Harness }
+
+// uniqueKey returns a key no other test (or earlier run against a durable
+// store) has used.
+func uniqueKey(t *testing.T, name string) string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return fmt.Sprintf("dt:%s:%s", name, hex.EncodeToString(b[:]))
+}
+
+func (s *suite) client(t *testing.T, opts *fenced.Options) *fenced.Client {
+	t.Helper()
+	c := fenced.NewClient(s.h.Open(t), opts)
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func (s *suite) drv(t *testing.T) driver.Driver {
+	t.Helper()
+	d := s.h.Open(t)
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func owner() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+func (s *suite) testMutualExclusion(t *testing.T) {
+	ctx := ctxT(t)
+	key := uniqueKey(t, "mutex")
+	var inside atomic.Int32
+	var mu sync.Mutex
+	var fences []uint64
+	var wg sync.WaitGroup
+	errs := make(chan error, s.h.Workers*s.h.Rounds)
+	for w := 0; w < s.h.Workers; w++ {
+		c := s.client(t, &fenced.Options{MinBackoff: time.Millisecond, MaxBackoff: 20 * time.Millisecond})
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for r := 0; r < s.h.Rounds; r++ {
+				err := c.Do(ctx, key, &fenced.LeaseOptions{TTL: 10 * time.Second, MaxWait: 30 * time.Second}, func(ctx context.Context, l *fenced.Lease) error {
+					if n := inside.Add(1); n != 1 {
+						return fmt.Errorf("%d holders inside the critical section at once", n)
+					}
+					mu.Lock()
+					fences = append(fences, l.Fence())
+					mu.Unlock()
+					time.Sleep(time.Millisecond)
+					inside.Add(-1)
+					return nil
+				})
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if want := s.h.Workers * s.h.Rounds; len(fences) != want {
+		t.Fatalf("%d grants, want %d", len(fences), want)
+	}
+	for i := 1; i < len(fences); i++ {
+		if fences[i] <= fences[i-1] {
+			t.Fatalf("grant %d got fence %d after fence %d: fences must strictly increase", i, fences[i], fences[i-1])
+		}
+	}
+}
+
+// expire makes a grant of ttl expire, by sleeping or by advancing clk.
+func (s *suite) expire(clk *clock.Fake, ttl time.Duration) {
+	if clk != nil {
+		clk.Advance(ttl + time.Millisecond)
+		return
+	}
+	time.Sleep(ttl + ttl/2 + 50*time.Millisecond)
+}
+
+// expiryDriver returns a driver for expiry tests and the fake clock that
+// drives it (nil when the suite must sleep).
+func (s *suite) expiryDriver(t *testing.T) (driver.Driver, *clock.Fake) {
+	if s.h.OpenWithClock != nil {
+		clk := clock.NewFake(time.Now())
+		d := s.h.OpenWithClock(t, clk)
+		t.Cleanup(func() { d.Close() })
+		return d, clk
+	}
+	return s.drv(t), nil
+}
+
+func (s *suite) testFenceMonotonic(t *testing.T) {
+	ctx := ctxT(t)
+	key := uniqueKey(t, "fence")
+	d, clk := s.expiryDriver(t)
+	ttl := s.h.ShortTTL
+	var last uint64
+	step := func(what string, f uint64) {
+		t.Helper()
+		if f <= last {
+			t.Fatalf("after %s: fence %d, want > %d", what, f, last)
+		}
+		last = f
+	}
+	o1 := owner()
+	f, err := d.TryAcquire(ctx, key, o1, ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	step("first grant", f)
+	if err := d.Release(ctx, driver.Grant{Key: key, Owner: o1, Fence: f}); err != nil {
+		t.Fatal(err)
+	}
+	f, err = d.TryAcquire(ctx, key, owner(), ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	step("release", f)
+	s.expire(clk, ttl)
+	f, err = d.TryAcquire(ctx, key, owner(), time.Minute)
+	if err != nil {
+		t.Fatalf("acquire after expiry: %v", err)
+	}
+	step("expiry", f)
+	if _, err := d.Break(ctx, key, driver.BreakRequest{Reason: "conformance", By: "drivertest"}); err != nil {
+		t.Fatal(err)
+	}
+	o := owner()
+	f, err = d.TryAcquire(ctx, key, o, time.Minute)
+	if err != nil {
+		t.Fatalf("acquire after break: %v", err)
+	}
+	step("break", f)
+	if err := d.Release(ctx, driver.Grant{Key: key, Owner: o, Fence: f}); err != nil {
+		t.Fatal(err)
+	}
+	d.Close()
+	var d2 driver.Driver
+	if clk != nil {
+		d2 = s.h.OpenWithClock(t, clk)
+		t.Cleanup(func() { d2.Close() })
+	} else {
+		d2 = s.drv(t)
+	}
+	f, err = d2.TryAcquire(ctx, key, owner(), time.Minute)
+	if err != nil {
+		t.Fatalf("acquire after reopen: %v", err)
+	}
+	step("reopening the store", f)
+}
+
+func (s *suite) testIdempotentReacquire(t *testing.T) {
+	ctx := ctxT(t)
+	d := s.drv(t)
+	key := uniqueKey(t, "idem")
+	o := owner()
+	f1, err := d.TryAcquire(ctx, key, o, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f2, err := d.TryAcquire(ctx, key, o, time.Minute)
+	if err != nil {
+		t.Fatalf("re-acquire by the holding owner: %v", err)
+	}
+	if f2 != f1 {
+		t.Fatalf("re-acquire by the holding owner returned fence %d, want the same %d", f2, f1)
+	}
+	if _, err := d.TryAcquire(ctx, key, owner(), time.Minute); !errors.Is(err, driver.ErrHeld) {
+		t.Fatalf("acquire by another owner: %v, want ErrHeld", err)
+	}
+}
+
+func (s *suite) testOwnership(t *testing.T) {
+	ctx := ctxT(t)
+	d := s.drv(t)
+	key := uniqueKey(t, "own")
+	o := owner()
+	f, err := d.TryAcquire(ctx, key, o, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := []driver.Grant{
+		{Key: key, Owner: owner(), Fence: f}, // another owner
+		{Key: key, Owner: o, Fence: f + 1},   // our owner, wrong fence
+		{Key: key, Owner: o, Fence: f - 1},   // our owner, older fence
+		{Key: key, Owner: "", Fence: f},      // no owner
+		{Key: key + "x", Owner: o, Fence: f}, // another key
+	}
+	for _, g := range bad {
+		if err := d.Renew(ctx, g, time.Minute); !errors.Is(err, driver.ErrNotHeld) {
+			t.Errorf("Renew(%v) = %v, want ErrNotHeld", g, err)
+		}
+		if err := d.Release(ctx, g); !errors.Is(err, driver.ErrNotHeld) {
+			t.Errorf("Release(%v) = %v, want ErrNotHeld", g, err)
+		}
+	}
+	info, err := d.Inspect(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !info.Held || info.Fence != f {
+		t.Fatalf("after refused renew/release: %+v, want held with fence %d", info, f)
+	}
+	g := driver.Grant{Key: key, Owner: o, Fence: f}
+	if err := d.Renew(ctx, g, time.Minute); err != nil {
+		t.Fatalf("renew by owner: %v", err)
+	}
+	if err := d.Release(ctx, g); err != nil {
+		t.Fatalf("release by owner: %v", err)
+	}
+	if err := d.Release(ctx, g); !errors.Is(err, driver.ErrNotHeld) {
+		t.Fatalf("second release: %v, want ErrNotHeld", err)
+	}
+	if err := d.Renew(ctx, g, time.Minute); !errors.Is(err, driver.ErrNotHeld) {
+		t.Fatalf("renew after release: %v, want ErrNotHeld", err)
+	}
+}
+
+func (s *suite) testStaleGrant(t *testing.T) {
+	ctx := ctxT(t)
+	d, clk := s.expiryDriver(t)
+	key := uniqueKey(t, "stale")
+	ttl := s.h.ShortTTL
+	a := owner()
+	fa, err := d.TryAcquire(ctx, key, a, ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.expire(clk, ttl)
+	b := owner()
+	fb, err := d.TryAcquire(ctx, key, b, time.Minute)
+	if err != nil {
+		t.Fatalf("B acquire after A expired: %v", err)
+	}
+	stale := driver.Grant{Key: key, Owner: a, Fence: fa}
+	if err := d.Release(ctx, stale); !errors.Is(err, driver.ErrNotHeld) {
+		t.Fatalf("A's stale release: %v, want ErrNotHeld", err)
+	}
+	if err := d.Renew(ctx, stale, time.Minute); !errors.Is(err, driver.ErrNotHeld) {
+		t.Fatalf("A's stale renew: %v, want ErrNotHeld", err)
+	}
+	info, err := d.Inspect(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !info.Held || info.Fence != fb {
+		t.Fatalf("B's grant after A's stale release: %+v, want held with fence %d", info, fb)
+	}
+	// The same owner token granted again: its old grant's fence must not
+	// release the new grant.
+	if err := d.Release(ctx, driver.Grant{Key: key, Owner: b, Fence: fb}); err != nil {
+		t.Fatal(err)
+	}
+	f2, err := d.TryAcquire(ctx, key, a, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Release(ctx, stale); !errors.Is(err, driver.ErrNotHeld) {
+		t.Fatalf("release with A's old fence %d while A holds fence %d: %v, want ErrNotHeld", fa, f2, err)
+	}
+	if info, _ := d.Inspect(ctx, key); !info.Held || info.Fence != f2 {
+		t.Fatalf("A's new grant after release with its old fence: %+v", info)
+	}
+}
+
+func (s *suite) testExpiry(t *testing.T) {
+	ctx := ctxT(t)
+	d, clk := s.expiryDriver(t)
+	key := uniqueKey(t, "expiry")
+	ttl := s.h.ShortTTL
+	fa, err := d.TryAcquire(ctx, key, owner(), ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.TryAcquire(ctx, key, owner(), ttl); !errors.Is(err, driver.ErrHeld) {
+		t.Fatalf("acquire before expiry: %v, want ErrHeld", err)
+	}
+	s.expire(clk, ttl)
+	if l, err := d.List(ctx, key); err != nil || len(l) != 0 {
+		t.Fatalf("List after expiry = %v, %v; want no held lease", l, err)
+	}
+	fb, err := d.TryAcquire(ctx, key, owner(), ttl)
+	if err != nil {
+		t.Fatalf("acquire after expiry: %v", err)
+	}
+	if fb <= fa {
+		t.Fatalf("fence after expiry %d, want > %d", fb, fa)
+	}
+}
+
+func (s *suite) testAutoRenew(t *testing.T) {
+	ctx := ctxT(t)
+	c := s.client(t, nil)
+	key := uniqueKey(t, "renew")
+	ttl := s.h.ShortTTL
+	var renewals atomic.Int32
+	c2 := s.client(t, &fenced.Options{Hooks: fenced.Hooks{}})
+	c = fenced.NewClient(s.h.Open(t), &fenced.Options{Hooks: fenced.Hooks{Renewed: func(e fenced.RenewEvent) {
+		if e.Err == nil {
+			renewals.Add(1)
+		}
+	}}})
+	t.Cleanup(func() { c.Close() })
+	l, err := c.TryAcquire(ctx, key, &fenced.LeaseOptions{TTL: ttl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * ttl)
+	if err := l.Err(); err != nil {
+		t.Fatalf("lease ended despite auto-renewal: %v", err)
+	}
+	if renewals.Load() < 3 {
+		t.Fatalf("%d renewals in 3 TTLs, want at least 3", renewals.Load())
+	}
+	if _, err := c2.TryAcquire(ctx, key, &fenced.LeaseOptions{TTL: ttl}); !errors.Is(err, fenced.ErrHeld) {
+		t.Fatalf("another client acquired a renewed lease: %v", err)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !errors.Is(l.Err(), fenced.ErrReleased) {
+		t.Fatalf("lease cause after release = %v, want ErrReleased", l.Err())
+	}
+}
+
+func (s *suite) testWait(t *testing.T) {
+	ctx := ctxT(t)
+	a := s.client(t, nil)
+	b := s.client(t, &fenced.Options{MinBackoff: 5 * time.Millisecond, MaxBackoff: 50 * time.Millisecond})
+	key := uniqueKey(t, "wait")
+	la, err := a.TryAcquire(ctx, key, &fenced.LeaseOptions{TTL: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// MaxWait runs out while A holds.
+	start := time.Now()
+	_, err = b.Acquire(ctx, key, &fenced.LeaseOptions{MaxWait: 200 * time.Millisecond})
+	if !errors.Is(err, fenced.ErrHeld) {
+		t.Fatalf("Acquire with MaxWait while held: %v, want ErrHeld", err)
+	}
+	if waited := time.Since(start); waited < 200*time.Millisecond {
+		t.Fatalf("gave up after %v, before MaxWait 200ms", waited)
+	}
+	// A waiter gets the key once A releases.
+	released := make(chan time.Time, 1)
+	go func() {
+		time.Sleep(150 * time.Millisecond)
+		released <- time.Now()
+		la.Release(ctx)
+	}()
+	lb, err := b.Acquire(ctx, key, &fenced.LeaseOptions{MaxWait: 20 * time.Second})
+	if err != nil {
+		t.Fatalf("waiter: %v", err)
+	}
+	defer lb.Release(ctx)
+	if got := time.Now(); got.Before(<-released) {
+		t.Fatal("waiter acquired before the holder released")
+	}
+	if lb.Fence() <= la.Fence() {
+		t.Fatalf("waiter's fence %d, want > %d", lb.Fence(), la.Fence())
+	}
+}
+
+func (s *suite) testTryAcquire(t *testing.T) {
+	ctx := ctxT(t)
+	a, b := s.client(t, nil), s.client(t, nil)
+	key := uniqueKey(t, "try")
+	la, err := a.TryAcquire(ctx, key, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = b.TryAcquire(ctx, key, &fenced.LeaseOptions{MaxWait: time.Minute})
+	if !errors.Is(err, fenced.ErrHeld) {
+		t.Fatalf("TryAcquire on a held key: %v, want ErrHeld", err)
+	}
+	if !strings.Contains(err.Error(), key) {
+		t.Fatalf("error %q does not name the key", err)
+	}
+	if err := la.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lb, err := b.TryAcquire(ctx, key, nil)
+	if err != nil {
+		t.Fatalf("TryAcquire after release: %v", err)
+	}
+	lb.Release(ctx)
+}
+
+func (s *suite) testCancel(t *testing.T) {
+	ctx := ctxT(t)
+	a, b := s.client(t, nil), s.client(t, nil)
+	key := uniqueKey(t, "cancel")
+	la, err := a.TryAcquire(ctx, key, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	time.AfterFunc(100*time.Millisecond, cancel)
+	_, err = b.Acquire(wctx, key, &fenced.LeaseOptions{MaxWait: fenced.WaitForever})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled waiter: %v, want context.Canceled", err)
+	}
+	info, err := a.Inspect(ctx, key)
+	if err != nil || !info.Held || info.Fence != la.Fence() {
+		t.Fatalf("holder after a cancelled waiter: %+v, %v", info, err)
+	}
+	if err := la.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Nothing of the cancelled waiter is left holding or queued.
+	lc, err := a.TryAcquire(ctx, key, nil)
+	if err != nil {
+		t.Fatalf("acquire after the cancelled waiter left: %v", err)
+	}
+	lc.Release(ctx)
+}
+
+func (s *suite) testAdmin(t *testing.T) {
+	ctx := ctxT(t)
+	c := s.client(t, nil)
+	prefix := uniqueKey(t, "admin") + ":"
+	if _, err := c.Inspect(ctx, prefix+"never"); !errors.Is(err, fenced.ErrNotFound) {
+		t.Fatalf("Inspect of a never-granted key: %v, want ErrNotFound", err)
+	}
+	var leases []*fenced.Lease
+	for _, k := range []string{"b", "a", "c"} {
+		l, err := c.TryAcquire(ctx, prefix+k, &fenced.LeaseOptions{TTL: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		leases = append(leases, l)
+	}
+	other, err := c.TryAcquire(ctx, prefix[:len(prefix)-1]+"-other", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Release(ctx)
+	list, err := c.List(ctx, prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keys []string
+	for _, i := range list {
+		keys = append(keys, strings.TrimPrefix(i.Key, prefix))
+		if !i.Held || i.Fence == 0 || i.Owner == "" {
+			t.Errorf("listed %+v: want held with fence and owner", i)
+		}
+		if len(i.Owner) > 12 {
+			t.Errorf("List reveals a %d-character owner token; owners must be shortened", len(i.Owner))
+		}
+	}
+	if got := strings.Join(keys, ","); got != "a,b,c" {
+		t.Fatalf("List(%q) keys = %s, want a,b,c (sorted, prefix only)", prefix, got)
+	}
+	info, err := c.Inspect(ctx, prefix+"b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !info.Held || info.Fence != leases[0].Fence() || info.Remaining <= 0 || info.Remaining > time.Minute+time.Second {
+		t.Fatalf("Inspect = %+v, want held with fence %d and time left", info, leases[0].Fence())
+	}
+	broken, err := c.Break(ctx, prefix+"b", "conformance test", "drivertest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if broken.Fence != leases[0].Fence() {
+		t.Fatalf("Break reported fence %d, want %d", broken.Fence, leases[0].Fence())
+	}
+	if _, err := c.Break(ctx, prefix+"b", "again", "drivertest"); !errors.Is(err, fenced.ErrNotHeld) {
+		t.Fatalf("second Break: %v, want ErrNotHeld", err)
+	}
+	if _, err := c.Break(ctx, prefix+"a", "", "drivertest"); err == nil {
+		t.Fatal("Break without a reason succeeded")
+	}
+	info, err = c.Inspect(ctx, prefix+"b")
+	if err != nil || info.Held || info.Fence != leases[0].Fence() {
+		t.Fatalf("Inspect after break = %+v, %v; want free, fence kept", info, err)
+	}
+	if recs, err := c.Breaks(ctx, prefix+"b"); err == nil {
+		if len(recs) != 1 || recs[0].Reason != "conformance test" || recs[0].By != "drivertest" || recs[0].Fence != leases[0].Fence() || recs[0].Time.IsZero() {
+			t.Fatalf("break records = %+v", recs)
+		}
+	} else if !errors.Is(err, fenced.ErrUnsupported) {
+		t.Fatal(err)
+	}
+	for _, l := range leases[1:] {
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if list, _ := c.List(ctx, prefix); len(list) != 0 {
+		t.Fatalf("List after releasing all = %+v", list)
+	}
+}
+
+func (s *suite) testBreakCancelsHolder(t *testing.T) {
+	ctx := ctxT(t)
+	holder, admin := s.client(t, nil), s.client(t, nil)
+	key := uniqueKey(t, "breakholder")
+	ttl := s.h.ShortTTL
+	l, err := holder.TryAcquire(ctx, key, &fenced.LeaseOptions{TTL: ttl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Break(ctx, key, "evict", "drivertest"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-l.Done():
+	case <-time.After(10 * ttl):
+		t.Fatal("the holder's lease context was not cancelled after a break")
+	}
+	if !errors.Is(l.Err(), fenced.ErrLost) && !errors.Is(l.Err(), fenced.ErrExpired) {
+		t.Fatalf("cause = %v, want ErrLost", l.Err())
+	}
+	l2, err := admin.TryAcquire(ctx, key, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l2.Release(ctx)
+	if l2.Fence() <= l.Fence() {
+		t.Fatalf("fence after break %d, want > %d", l2.Fence(), l.Fence())
+	}
+	if err := l.Release(ctx); !errors.Is(err, fenced.ErrNotHeld) {
+		t.Fatalf("evicted holder's release: %v, want ErrNotHeld", err)
+	}
+	if info, _ := admin.Inspect(ctx, key); !info.Held || info.Fence != l2.Fence() {
+		t.Fatalf("evicted holder's release touched the new grant: %+v", info)
+	}
+}
+
+func (s *suite) testDo(t *testing.T) {
+	ctx := ctxT(t)
+	a, b := s.client(t, nil), s.client(t, nil)
+	key := uniqueKey(t, "do")
+	ran := false
+	err := a.Do(ctx, key, nil, func(ctx context.Context, l *fenced.Lease) error {
+		ran = true
+		if l.Fence() == 0 || ctx.Err() != nil {
+			return fmt.Errorf("bad lease in Do: fence %d, ctx %v", l.Fence(), ctx.Err())
+		}
+		// While we hold it, a skipping worker skips...
+		err := b.Do(ctx, key, nil, func(context.Context, *fenced.Lease) error {
+			return errors.New("second worker ran while the first held the key")
+		})
+		if !errors.Is(err, fenced.ErrHeld) {
+			return fmt.Errorf("skipping worker: %v, want ErrHeld", err)
+		}
+		return nil
+	})
+	if err != nil || !ran {
+		t.Fatalf("Do = %v, ran = %v", err, ran)
+	}
+	// ...and a waiting worker runs once the key is free.
+	la, err := a.TryAcquire(ctx, key, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.AfterFunc(100*time.Millisecond, func() { la.Release(context.Background()) })
+	ran = false
+	err = b.Do(ctx, key, &fenced.LeaseOptions{MaxWait: 20 * time.Second}, func(ctx context.Context, l *fenced.Lease) error {
+		ran = true
+		if l.Fence() <= la.Fence() {
+			return fmt.Errorf("fence %d not above %d", l.Fence(), la.Fence())
+		}
+		return nil
+	})
+	if err != nil || !ran {
+		t.Fatalf("waiting Do = %v, ran = %v", err, ran)
+	}
+	if info, _ := a.Inspect(ctx, key); info.Held {
+		t.Fatalf("Do left the lease held: %+v", info)
+	}
+	// A function error comes back unchanged and the lease is released.
+	boom := errors.New("boom")
+	if err := a.Do(ctx, key, nil, func(context.Context, *fenced.Lease) error { return boom }); !errors.Is(err, boom) {
+		t.Fatalf("Do returned %v, want the function's error", err)
+	}
+	if info, _ := a.Inspect(ctx, key); info.Held {
+		t.Fatalf("Do left the lease held after an error: %+v", info)
+	}
+}
+
+func (s *suite) testBadInput(t *testing.T) {
+	ctx := ctxT(t)
+	c := s.client(t, nil)
+	key := uniqueKey(t, "bad")
+	before, err := c.List(ctx, "dt:")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name string
+		key  string
+		opts fenced.LeaseOptions
+		want error
+	}{
+		{"empty key", "", fenced.LeaseOptions{}, fenced.ErrInvalidKey},
+		{"oversized key", strings.Repeat("k", fenced.MaxKeyLen+1), fenced.LeaseOptions{}, fenced.ErrInvalidKey},
+		{"control character", key + "\x00", fenced.LeaseOptions{}, fenced.ErrInvalidKey},
+		{"newline", key + "\nx", fenced.LeaseOptions{}, fenced.ErrInvalidKey},
+		{"invalid UTF-8", key + "\xff", fenced.LeaseOptions{}, fenced.ErrInvalidKey},
+		{"leading space", " " + key, fenced.LeaseOptions{}, fenced.ErrInvalidKey},
+		{"negative TTL", key, fenced.LeaseOptions{TTL: -time.Second}, fenced.ErrInvalidTTL},
+		{"tiny TTL", key, fenced.LeaseOptions{TTL: time.Nanosecond}, fenced.ErrInvalidTTL},
+		{"absurd TTL", key, fenced.LeaseOptions{TTL: 100 * 365 * 24 * time.Hour}, fenced.ErrInvalidTTL},
+		{"negative MaxWait", key, fenced.LeaseOptions{MaxWait: -5 * time.Second}, fenced.ErrInvalidTTL},
+		{"renew slower than TTL", key, fenced.LeaseOptions{TTL: time.Second, RenewEvery: 2 * time.Second}, fenced.ErrInvalidTTL},
+	}
+	for _, tc := range cases {
+		_, err := c.TryAcquire(ctx, tc.key, &tc.opts)
+		if !errors.Is(err, tc.want) {
+			t.Errorf("%s: TryAcquire error %v, want %v", tc.name, err, tc.want)
+		}
+		_, err = c.Acquire(ctx, tc.key, &tc.opts)
+		if !errors.Is(err, tc.want) {
+			t.Errorf("%s: Acquire error %v, want %v", tc.name, err, tc.want)
+		}
+	}
+	if _, err := c.Inspect(ctx, ""); !errors.Is(err, fenced.ErrInvalidKey) {
+		t.Errorf("Inspect(\"\"): %v, want ErrInvalidKey", err)
+	}
+	if _, err := c.Break(ctx, "", "x", "y"); !errors.Is(err, fenced.ErrInvalidKey) {
+		t.Errorf("Break(\"\"): %v, want ErrInvalidKey", err)
+	}
+	if _, err := c.Inspect(ctx, key); !errors.Is(err, fenced.ErrNotFound) {
+		t.Errorf("bad input left key %q in the store: Inspect = %v", key, err)
+	}
+	after, err := c.List(ctx, "dt:")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, i := range after {
+		if strings.HasPrefix(i.Key, key) || strings.HasPrefix(strings.TrimSpace(i.Key), key) {
+			t.Errorf("bad input created lease %+v", i)
+		}
+	}
+	_ = before
+}
+
+func (s *suite) testBadURLs(t *testing.T) {
+	ctx := ctxT(t)
+	for _, u := range s.h.BadURLs {
+		c, err := fenced.Open(ctx, u, nil)
+		if err == nil {
+			c.Close()
+			t.Errorf("Open(%q) succeeded, want an error", u)
+			continue
+		}
+		if !errors.Is(err, fenced.ErrInvalidURL) {
+			t.Errorf("Open(%q) = %v, want ErrInvalidURL", u, err)
+		}
+	}
+}
+
+// testNotify checks that a backend declaring Notify wakes a waiter in
+// another client on release although that waiter would otherwise sleep far
+// longer than the test allows.
+func (s *suite) testNotify(t *testing.T) {
+	g := s.drv(t).Guarantees()
+	if !g.Notify {
+		t.Logf("backend declares no notification (Notify=false); waiters poll with backoff")
+		return
+	}
+	ctx := ctxT(t)
+	a := s.client(t, nil)
+	b := s.client(t, &fenced.Options{MinBackoff: time.Minute, MaxBackoff: time.Minute, FallbackPoll: time.Minute})
+	key := uniqueKey(t, "notify")
+	la, err := a.TryAcquire(ctx, key, &fenced.LeaseOptions{TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		lb, err := b.Acquire(ctx, key, &fenced.LeaseOptions{MaxWait: 30 * time.Second})
+		if err == nil {
+			lb.Release(ctx)
+		}
+		got <- err
+	}()
+	time.Sleep(200 * time.Millisecond)
+	if err := la.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("waiter not woken by the release within 20s although polling was set to once a minute")
+	}
+}

@@ -1,0 +1,195 @@
+// Package fenced grants leases on keys with fencing tokens, keeps them
+// renewed, and cancels the holder's work the moment a lease is lost.
+//
+// Three parties take part in every protected operation:
+//
+//   - the authority (a store the user already runs) grants a lease on a key
+//     for a limited time, with a fence: a uint64 that strictly increases on
+//     every grant of that key and is never reissued;
+//   - the worker holds a *Lease: fenced renews it, measures its validity on
+//     the local monotonic clock, and cancels Lease.Context with a cause when
+//     the lease is lost or can no longer be trusted;
+//   - the protected resource receives the fence with every write and refuses
+//     writes from an older generation (package fence has guards for SQL,
+//     Redis, etcd and HTTP). A paused process cannot be stopped by any
+//     client-side check; only the resource can refuse it.
+//
+// Stores are opened by URL, like database/sql, after importing the backend
+// package for its side effect:
+//
+//	import _ "github.com/fenced-dev/fenced/sqlite"
+//
+//	client, err := fenced.Open(ctx, "sqlite:///var/lib/app/leases.db")
+//
+// Every backend declares its Guarantees (fence strength, whose clock decides
+// expiry, notification, FIFO). A lease for Correctness, the default purpose,
+// is refused on a backend whose fence is weaker than strict unless the caller
+// accepts the weaker fence explicitly in LeaseOptions.
+//
+// # Errors
+//
+// Errors match the sentinels below with errors.Is and are wrapped once with
+// the operation and key. ErrHeld and ErrNotHeld are refusals; ErrUnavailable
+// means nothing reached the authority; ErrUnknownOutcome means a request may
+// or may not have been applied.
+package fenced
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"sort"
+	"strings"
+	"sync"
+
+	"github.com/fenced-dev/fenced/driver"
+)
+
+// Sentinel errors; see package driver for their meaning.
+var (
+	ErrHeld           = driver.ErrHeld
+	ErrNotHeld        = driver.ErrNotHeld
+	ErrLost           = driver.ErrLost
+	ErrExpired        = driver.ErrExpired
+	ErrStaleFence     = driver.ErrStaleFence
+	ErrClosed         = driver.ErrClosed
+	ErrUnavailable    = driver.ErrUnavailable
+	ErrUnknownOutcome = driver.ErrUnknownOutcome
+	ErrNoFence        = driver.ErrNoFence
+	ErrInvalidKey     = driver.ErrInvalidKey
+	ErrInvalidTTL     = driver.ErrInvalidTTL
+	ErrInvalidURL     = driver.ErrInvalidURL
+	ErrNotFound       = driver.ErrNotFound
+	ErrUnsupported    = driver.ErrUnsupported
+)
+
+// Guarantees and FenceStrength are declared by each backend; see package
+// driver.
+type (
+	Guarantees    = driver.Guarantees
+	FenceStrength = driver.FenceStrength
+	LeaseInfo     = driver.LeaseInfo
+	BreakRecord   = driver.BreakRecord
+)
+
+// Fence strengths, weakest first.
+const (
+	FenceNone       = driver.FenceNone
+	FenceRepeatable = driver.FenceRepeatable
+	FenceStrict     = driver.FenceStrict
+)
+
+// Opener opens a driver for a store URL. Backends register one per scheme.
+type Opener func(ctx context.Context, u *url.URL) (driver.Driver, error)
+
+var (
+	registryMu sync.RWMutex
+	registry   = map[string]Opener{}
+)
+
+// reserved lists the schemes fenced ships backends for, so Open can tell a
+// user which package to import instead of calling the scheme unknown.
+var reserved = map[string]string{
+	"mem":        "github.com/fenced-dev/fenced/mem",
+	"sqlite":     "github.com/fenced-dev/fenced/sqlite",
+	"postgres":   "github.com/fenced-dev/fenced/postgres",
+	"postgresql": "github.com/fenced-dev/fenced/postgres",
+	"mysql":      "github.com/fenced-dev/fenced/mysql",
+	"redis":      "github.com/fenced-dev/fenced/redis",
+	"rediss":     "github.com/fenced-dev/fenced/redis",
+	"redlock":    "github.com/fenced-dev/fenced/redlock",
+	"etcd":       "github.com/fenced-dev/fenced/etcd",
+	"zk":         "github.com/fenced-dev/fenced/zookeeper",
+}
+
+// Register makes a backend available under a URL scheme. It is meant to be
+// called from a backend package's init function and panics if opener is nil
+// or the scheme is registered twice, like sql.Register.
+func Register(scheme string, opener Opener) {
+	registryMu.Lock()
+	defer registryMu.Unlock()
+	scheme = strings.ToLower(scheme)
+	if opener == nil {
+		panic("fenced: Register opener is nil for scheme " + scheme)
+	}
+	if _, dup := registry[scheme]; dup {
+		panic("fenced: Register called twice for scheme " + scheme)
+	}
+	registry[scheme] = opener
+}
+
+// Schemes returns the registered URL schemes, sorted.
+func Schemes() []string {
+	registryMu.RLock()
+	defer registryMu.RUnlock()
+	var s []string
+	for k := range registry {
+		s = append(s, k)
+	}
+	sort.Strings(s)
+	return s
+}
+
+// Open opens the store named by rawURL with the backend registered for its
+// scheme and returns a Client over it. opts may be nil.
+//
+// Malformed URLs and unknown schemes return errors matching ErrInvalidURL;
+// a scheme fenced ships a backend for, whose package was not imported, says
+// which package to import. The password in a URL never appears in errors.
+func Open(ctx context.Context, rawURL string, opts *Options) (*Client, error) {
+	u, err := ParseURL(rawURL)
+	if err != nil {
+		return nil, err
+	}
+	registryMu.RLock()
+	opener := registry[u.Scheme]
+	registryMu.RUnlock()
+	if opener == nil {
+		if pkg, ok := reserved[u.Scheme]; ok {
+			return nil, fmt.Errorf("fenced: open %s: %w: backend for scheme %q is not linked in; import _ %q", Redact(rawURL), ErrInvalidURL, u.Scheme, pkg)
+		}
+		return nil, fmt.Errorf("fenced: open %s: %w: unknown scheme %q (registered: %s)", Redact(rawURL), ErrInvalidURL, u.Scheme, strings.Join(Schemes(), ", "))
+	}
+	drv, err := opener(ctx, u)
+	if err != nil {
+		return nil, fmt.Errorf("fenced: open %s: %w", Redact(rawURL), err)
+	}
+	return NewClient(drv, opts), nil
+}
+
+// ParseURL parses a store URL and checks that it has a scheme. Scheme names
+// are lower-cased. Errors match ErrInvalidURL.
+func ParseURL(rawURL string) (*url.URL, error) {
+	if strings.TrimSpace(rawURL) == "" {
+		return nil, fmt.Errorf("fenced: %w: empty URL", ErrInvalidURL)
+	}
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		// url.Error repeats the URL, which may contain a password.
+		var ue *url.Error
+		msg := err.Error()
+		if e, ok := err.(*url.Error); ok {
+			ue = e
+			msg = ue.Err.Error()
+		}
+		return nil, fmt.Errorf("fenced: %w: %s: %s", ErrInvalidURL, Redact(rawURL), msg)
+	}
+	if u.Scheme == "" {
+		return nil, fmt.Errorf("fenced: %w: %q has no scheme (want for example sqlite:///path/to/file.db or postgres://host/db)", ErrInvalidURL, Redact(rawURL))
+	}
+	u.Scheme = strings.ToLower(u.Scheme)
+	return u, nil
+}
+
+// Redact returns rawURL with any password replaced by "xxxxx", for logs and
+// errors. Strings that do not parse are cut at the first '@'.
+func Redact(rawURL string) string {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		if i := strings.LastIndex(rawURL, "@"); i >= 0 {
+			return "…" + rawURL[i:]
+		}
+		return rawURL
+	}
+	return u.Redacted()
+}

@@ -1,0 +1,119 @@
+package fenced
+
+import "time"
+
+// Hooks observe what the client does, so metrics and tracing adapters plug
+// in without touching backends. Every field may be nil. Hooks run
+// synchronously on the client's goroutines and must not block.
+type Hooks struct {
+	// AcquireAttempt is called before each request to the authority.
+	AcquireAttempt func(AttemptEvent)
+	// Acquired is called once per Acquire, TryAcquire or Do call with the
+	// outcome.
+	Acquired func(AcquireEvent)
+	// Renewed is called after each renewal attempt.
+	Renewed func(RenewEvent)
+	// Lost is called once when a held lease is lost or expires locally.
+	Lost func(LostEvent)
+	// Released is called when the holder releases a lease.
+	Released func(ReleaseEvent)
+	// StaleWrite is called by guards in package fence when a resource refuses
+	// a write with an old fence: a pause or partition that really happened.
+	StaleWrite func(StaleWriteEvent)
+}
+
+// AttemptEvent describes one request to the authority.
+type AttemptEvent struct {
+	Key     string
+	Attempt int // 1-based
+}
+
+// AcquireEvent is the outcome of one acquisition.
+type AcquireEvent struct {
+	Key      string
+	Fence    uint64
+	Attempts int
+	// Waited is the time from the call to the outcome.
+	Waited time.Duration
+	// Contended reports whether the key was found held at least once.
+	Contended bool
+	// FailedOpen reports an efficiency lease granted locally because the
+	// authority was unavailable.
+	FailedOpen bool
+	// Err is nil on success.
+	Err error
+}
+
+// RenewEvent is the outcome of one renewal.
+type RenewEvent struct {
+	Key   string
+	Fence uint64
+	Err   error
+}
+
+// LostEvent says a lease was lost before it was released.
+type LostEvent struct {
+	Key   string
+	Fence uint64
+	// Held is how long the lease was held.
+	Held time.Duration
+	// Cause matches ErrLost (the authority said so) or ErrExpired (local
+	// validity ran out).
+	Cause error
+}
+
+// ReleaseEvent is the outcome of a release.
+type ReleaseEvent struct {
+	Key   string
+	Fence uint64
+	Held  time.Duration
+	Err   error
+}
+
+// StaleWriteEvent is reported by guards that refuse a write.
+type StaleWriteEvent struct {
+	Key string
+	// Presented is the fence the writer sent; Current is the newer fence the
+	// resource had seen.
+	Presented, Current uint64
+	// Resource names the guarded resource (a table, a Redis key, a URL path).
+	Resource string
+}
+
+func (h Hooks) attempt(e AttemptEvent) {
+	if h.AcquireAttempt != nil {
+		h.AcquireAttempt(e)
+	}
+}
+
+func (h Hooks) acquired(e AcquireEvent) {
+	if h.Acquired != nil {
+		h.Acquired(e)
+	}
+}
+
+func (h Hooks) renewed(e RenewEvent) {
+	if h.Renewed != nil {
+		h.Renewed(e)
+	}
+}
+
+func (h Hooks) lost(e LostEvent) {
+	if h.Lost != nil {
+		h.Lost(e)
+	}
+}
+
+func (h Hooks) released(e ReleaseEvent) {
+	if h.Released != nil {
+		h.Released(e)
+	}
+}
+
+// ReportStaleWrite forwards a refused write to the StaleWrite hook, if any.
+// Guards call it; it is safe with a nil hook.
+func (h Hooks) ReportStaleWrite(e StaleWriteEvent) {
+	if h.StaleWrite != nil {
+		h.StaleWrite(e)
+	}
+}

@@ -1,0 +1,309 @@
+package fenced
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/fenced-dev/fenced/driver"
+)
+
+// ErrReleased is the cause of a lease context cancelled by Release.
+var ErrReleased = errors.New("lease released")
+
+// Lease is one grant of a key. Its methods are safe for concurrent use.
+//
+// A lease is valid until the first of: Release, the authority saying it is
+// no longer ours (renewal refused, session lost, broken by an admin), or its
+// local validity running out. Local validity is measured on the client's
+// monotonic clock from the moment the acquire (or last successful renew)
+// request was sent, minus SafetyMargin, so it never outlasts the
+// authority's view. When the lease ends its context is cancelled with a
+// cause matching ErrLost, ErrExpired, ErrReleased or ErrClosed.
+//
+// Checking the lease before a write is not enough: the process can pause
+// between the check and the write. Send Fence with every write and let the
+// resource refuse stale ones (package fence).
+type Lease struct {
+	c          *Client
+	key, owner string
+	fence      uint64
+	opts       LeaseOptions
+	acquired   time.Time
+	failedOpen bool
+
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	reset  chan struct{}
+
+	mu          sync.Mutex
+	validUntil  time.Time
+	nextRenew   time.Time
+	renewing    bool
+	lastErr     error
+	maxHoldHit  bool
+	ended       bool
+	released    bool
+	releaseErr  error
+	renewedOnce bool
+}
+
+func (c *Client) newLease(parent context.Context, key, owner string, fence uint64, sent time.Time, o LeaseOptions) *Lease {
+	l := &Lease{
+		c: c, key: key, owner: owner, fence: fence, opts: o, acquired: sent,
+		reset:      make(chan struct{}, 1),
+		validUntil: sent.Add(o.TTL - o.SafetyMargin),
+		nextRenew:  sent.Add(o.RenewEvery),
+	}
+	l.ctx, l.cancel = context.WithCancelCause(context.WithoutCancel(parent))
+	c.mu.Lock()
+	c.leases[l] = struct{}{}
+	c.mu.Unlock()
+	go l.watchExpiry()
+	if w, ok := c.drv.(driver.LossWatcher); ok {
+		if ch, err := w.WatchLoss(l.ctx, l.grant()); err == nil {
+			go func() {
+				if err, ok := <-ch; ok && err != nil {
+					l.lose(err)
+				}
+			}()
+		}
+	}
+	if !o.NoAutoRenew {
+		c.renew.add(l)
+	}
+	return l
+}
+
+func (c *Client) failOpenLease(parent context.Context, key, owner string, sent time.Time, o LeaseOptions) *Lease {
+	o.NoAutoRenew = true
+	l := &Lease{
+		c: c, key: key, owner: owner, opts: o, acquired: sent, failedOpen: true,
+		reset:      make(chan struct{}, 1),
+		validUntil: sent.Add(o.TTL - o.SafetyMargin),
+	}
+	l.ctx, l.cancel = context.WithCancelCause(context.WithoutCancel(parent))
+	c.mu.Lock()
+	c.leases[l] = struct{}{}
+	c.mu.Unlock()
+	go l.watchExpiry()
+	return l
+}
+
+func (l *Lease) grant() driver.Grant { return driver.Grant{Key: l.key, Owner: l.owner, Fence: l.fence} }
+
+// Key returns the leased key.
+func (l *Lease) Key() string { return l.key }
+
+// Fence returns the fencing token of this grant: strictly greater than the
+// fence of every earlier grant of the key (within the backend's declared
+// FenceStrength). It is zero for backends without a fence and for leases
+// that failed open.
+func (l *Lease) Fence() uint64 { return l.fence }
+
+// Owner returns the owner token (128 random bits, hex). It proves
+// ownership: pass it to guards that record it, never log it in full.
+func (l *Lease) Owner() string { return l.owner }
+
+// FailedOpen reports whether this efficiency lease was granted locally
+// because the authority was unavailable and FailOpen was set. Such a lease
+// excludes nobody and has fence zero.
+func (l *Lease) FailedOpen() bool { return l.failedOpen }
+
+// Purpose returns the lease's purpose.
+func (l *Lease) Purpose() Purpose { return l.opts.Purpose }
+
+// TTL returns the lease's time to live at the authority.
+func (l *Lease) TTL() time.Duration { return l.opts.TTL }
+
+// Context returns a context that is cancelled, with a cause, when the lease
+// ends. Run the protected work under it.
+func (l *Lease) Context() context.Context { return l.ctx }
+
+// Done is closed when the lease ends; Err then tells why.
+func (l *Lease) Done() <-chan struct{} { return l.ctx.Done() }
+
+// Err returns nil while the lease is held, and afterwards why it ended (an
+// error matching ErrLost, ErrExpired, ErrReleased or ErrClosed).
+func (l *Lease) Err() error {
+	if l.ctx.Err() == nil {
+		return nil
+	}
+	return context.Cause(l.ctx)
+}
+
+// ValidUntil returns the local deadline after which the lease must not be
+// trusted (it carries a monotonic clock reading with the real clock).
+func (l *Lease) ValidUntil() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.validUntil
+}
+
+// Remaining returns how much local validity is left; zero once the lease
+// has ended.
+func (l *Lease) Remaining() time.Duration {
+	if l.ctx.Err() != nil {
+		return 0
+	}
+	return max(0, l.ValidUntil().Sub(l.c.clock.Now()))
+}
+
+// Healthy reports whether the lease is held and its last renewal (if any)
+// succeeded. After a failed renewal the holder should start no new
+// protected work, even though the lease stays valid until its local
+// validity ends or the authority says otherwise.
+func (l *Lease) Healthy() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return !l.ended && l.lastErr == nil && l.c.clock.Now().Before(l.validUntil)
+}
+
+// String describes the lease without revealing the owner token.
+func (l *Lease) String() string { return l.grant().String() }
+
+// Renew extends the lease by its TTL now. Automatic renewal makes this
+// unnecessary unless NoAutoRenew is set. It returns an error matching
+// ErrNotHeld (and the lease ends with ErrLost) if the authority no longer
+// has this grant, or the lease's end cause if it has already ended.
+func (l *Lease) Renew(ctx context.Context) error {
+	if err := l.Err(); err != nil {
+		return fmt.Errorf("fenced: renew %q: %w", l.key, err)
+	}
+	if l.failedOpen {
+		return fmt.Errorf("fenced: renew %q: lease failed open: %w", l.key, ErrUnavailable)
+	}
+	sent := l.c.clock.Now()
+	err := l.c.drv.Renew(ctx, l.grant(), l.opts.TTL)
+	l.applyRenew(sent, err)
+	if err != nil {
+		return fmt.Errorf("fenced: renew %q: %w", l.key, err)
+	}
+	return nil
+}
+
+// Release ends the lease at the authority, keeping the key's fence
+// counter, and cancels the lease's context with ErrReleased. It never
+// removes another owner's grant: if the grant was lost or replaced it
+// returns an error matching ErrNotHeld. A second call returns the first
+// call's result.
+func (l *Lease) Release(ctx context.Context) error {
+	return l.release(ctx, ErrReleased)
+}
+
+func (l *Lease) release(ctx context.Context, cause error) error {
+	l.mu.Lock()
+	if l.released {
+		err := l.releaseErr
+		l.mu.Unlock()
+		return err
+	}
+	l.released = true
+	l.ended = true
+	l.mu.Unlock()
+	l.c.renew.remove(l)
+	l.c.forget(l)
+	var err error
+	if !l.failedOpen {
+		err = l.c.drv.Release(ctx, l.grant())
+	}
+	l.cancel(cause)
+	l.c.signalRelease(l.key)
+	held := l.c.clock.Now().Sub(l.acquired)
+	if err != nil {
+		err = fmt.Errorf("fenced: release %q: %w", l.key, err)
+	}
+	l.c.hooks.released(ReleaseEvent{Key: l.key, Fence: l.fence, Held: held, Err: err})
+	l.mu.Lock()
+	l.releaseErr = err
+	l.mu.Unlock()
+	return err
+}
+
+// lose ends the lease with cause unless it has already ended.
+func (l *Lease) lose(cause error) {
+	l.mu.Lock()
+	if l.ended {
+		l.mu.Unlock()
+		return
+	}
+	l.ended = true
+	l.mu.Unlock()
+	l.c.renew.remove(l)
+	l.c.forget(l)
+	l.cancel(cause)
+	l.c.hooks.lost(LostEvent{Key: l.key, Fence: l.fence, Held: l.c.clock.Now().Sub(l.acquired), Cause: cause})
+}
+
+// applyRenew records the outcome of a renewal request sent at sent.
+func (l *Lease) applyRenew(sent time.Time, err error) {
+	l.c.hooks.renewed(RenewEvent{Key: l.key, Fence: l.fence, Err: err})
+	if err != nil && errors.Is(err, ErrNotHeld) {
+		l.lose(fmt.Errorf("%w: the authority refused renewal: %v", ErrLost, err))
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.renewing = false
+	if err != nil {
+		l.lastErr = err
+		// Try again soon, but not in a tight loop: a fraction of what
+		// validity is left.
+		left := l.validUntil.Sub(l.c.clock.Now())
+		l.nextRenew = l.c.clock.Now().Add(max(min(l.opts.RenewEvery/4, left/3), time.Millisecond))
+		return
+	}
+	l.lastErr = nil
+	l.renewedOnce = true
+	if v := sent.Add(l.opts.TTL - l.opts.SafetyMargin); v.After(l.validUntil) {
+		l.validUntil = v
+	}
+	l.nextRenew = sent.Add(l.opts.RenewEvery)
+	select {
+	case l.reset <- struct{}{}:
+	default:
+	}
+}
+
+// watchExpiry ends the lease when its local validity runs out.
+func (l *Lease) watchExpiry() {
+	for {
+		l.mu.Lock()
+		until := l.validUntil
+		l.mu.Unlock()
+		d := until.Sub(l.c.clock.Now())
+		if d <= 0 {
+			l.mu.Lock()
+			lastErr, maxHold := l.lastErr, l.maxHoldHit
+			l.mu.Unlock()
+			switch {
+			case maxHold:
+				l.lose(fmt.Errorf("%w: MaxHold %v reached, renewal stopped", ErrExpired, l.opts.MaxHold))
+			case lastErr != nil:
+				l.lose(fmt.Errorf("%w: no renewal confirmed in time (last error: %v)", ErrExpired, lastErr))
+			case l.opts.NoAutoRenew || l.failedOpen:
+				l.lose(fmt.Errorf("%w: TTL %v ran out without renewal", ErrExpired, l.opts.TTL))
+			default:
+				l.lose(fmt.Errorf("%w: no renewal confirmed in time", ErrExpired))
+			}
+			return
+		}
+		t := l.c.clock.NewTimer(d)
+		select {
+		case <-t.C():
+		case <-l.reset:
+			t.Stop()
+		case <-l.ctx.Done():
+			t.Stop()
+			return
+		}
+	}
+}
+
+func (c *Client) forget(l *Lease) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.leases, l)
+}

@@ -1,0 +1,334 @@
+// Package mem is the in-process reference backend of fenced.
+//
+// It keeps leases in memory, so it protects nothing across processes; it is
+// the reference the conformance suite is written against, and a fast store
+// for tests. Its clock is injectable, so tests drive expiry with a
+// clock.Fake instead of sleeping.
+//
+// URL form: mem://NAME. Clients opened with the same NAME in one process
+// share one store, so "reopening" keeps every fence counter, as a durable
+// backend would. mem:// (no name) opens a fresh private store.
+package mem
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/clock"
+	"github.com/fenced-dev/fenced/driver"
+)
+
+func init() {
+	fenced.Register("mem", func(_ context.Context, u *url.URL) (driver.Driver, error) {
+		if u.Opaque != "" || (u.Path != "" && u.Path != "/") || u.RawQuery != "" {
+			return nil, fmt.Errorf("%w: mem URL takes only a name: mem://NAME", driver.ErrInvalidURL)
+		}
+		if u.Host == "" {
+			return New(nil), nil
+		}
+		return Named(u.Host), nil
+	})
+}
+
+var (
+	namedMu sync.Mutex
+	named   = map[string]*Store{}
+)
+
+// Named returns the process-wide store called name, creating it on first
+// use with the real clock.
+func Named(name string) *Driver {
+	namedMu.Lock()
+	defer namedMu.Unlock()
+	s, ok := named[name]
+	if !ok {
+		s = NewStore(clock.Real())
+		named[name] = s
+	}
+	return s.Driver()
+}
+
+// Store is the shared state behind one or more drivers.
+type Store struct {
+	clock clock.Clock
+
+	mu     sync.Mutex
+	keys   map[string]*entry
+	breaks []driver.BreakRecord
+	subs   map[string]map[*subscription]struct{}
+}
+
+type entry struct {
+	owner   string
+	fence   uint64
+	expires time.Time
+}
+
+// NewStore returns an empty store whose expiry follows clk.
+func NewStore(clk clock.Clock) *Store {
+	if clk == nil {
+		clk = clock.Real()
+	}
+	return &Store{clock: clk, keys: map[string]*entry{}, subs: map[string]map[*subscription]struct{}{}}
+}
+
+// Driver returns a new driver over s. Closing it does not affect s.
+func (s *Store) Driver() *Driver { return &Driver{s: s} }
+
+// Options configure New.
+type Options struct {
+	// Clock decides expiry. Default: the real clock.
+	Clock clock.Clock
+}
+
+// New returns a driver over a fresh private store. opts may be nil.
+func New(opts *Options) *Driver {
+	var clk clock.Clock
+	if opts != nil {
+		clk = opts.Clock
+	}
+	return NewStore(clk).Driver()
+}
+
+// Driver implements driver.Driver, driver.Notifier and driver.BreakLogger.
+type Driver struct {
+	s *Store
+
+	mu     sync.Mutex
+	closed bool
+}
+
+var (
+	_ driver.Driver      = (*Driver)(nil)
+	_ driver.Notifier    = (*Driver)(nil)
+	_ driver.BreakLogger = (*Driver)(nil)
+)
+
+func (d *Driver) lock() (*Store, error) {
+	d.mu.Lock()
+	closed := d.closed
+	d.mu.Unlock()
+	if closed {
+		return nil, driver.ErrClosed
+	}
+	d.s.mu.Lock()
+	return d.s, nil
+}
+
+func (e *entry) heldAt(now time.Time) bool { return e.owner != "" && now.Before(e.expires) }
+
+// TryAcquire implements driver.Driver.
+func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	s, err := d.lock()
+	if err != nil {
+		return 0, err
+	}
+	defer s.mu.Unlock()
+	now := s.clock.Now()
+	e := s.keys[key]
+	if e == nil {
+		e = &entry{}
+		s.keys[key] = e
+	}
+	if e.heldAt(now) {
+		if e.owner != owner {
+			return 0, &driver.HeldError{Key: key, Remaining: e.expires.Sub(now)}
+		}
+		e.expires = now.Add(ttl)
+		return e.fence, nil
+	}
+	e.fence++
+	e.owner = owner
+	e.expires = now.Add(ttl)
+	return e.fence, nil
+}
+
+// Renew implements driver.Driver.
+func (d *Driver) Renew(ctx context.Context, g driver.Grant, ttl time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s, err := d.lock()
+	if err != nil {
+		return err
+	}
+	defer s.mu.Unlock()
+	now := s.clock.Now()
+	e := s.keys[g.Key]
+	if e == nil || !e.heldAt(now) || e.owner != g.Owner || e.fence != g.Fence {
+		return fmt.Errorf("%s fence %d: %w", g.Key, g.Fence, driver.ErrNotHeld)
+	}
+	e.expires = now.Add(ttl)
+	return nil
+}
+
+// Release implements driver.Driver.
+func (d *Driver) Release(ctx context.Context, g driver.Grant) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s, err := d.lock()
+	if err != nil {
+		return err
+	}
+	defer s.mu.Unlock()
+	e := s.keys[g.Key]
+	if e == nil || e.owner != g.Owner || e.fence != g.Fence {
+		return fmt.Errorf("%s fence %d: %w", g.Key, g.Fence, driver.ErrNotHeld)
+	}
+	e.owner = ""
+	e.expires = time.Time{}
+	s.notify(g.Key)
+	return nil
+}
+
+func (s *Store) info(key string, e *entry, now time.Time) driver.LeaseInfo {
+	info := driver.LeaseInfo{Key: key, Fence: e.fence}
+	if e.heldAt(now) {
+		info.Held = true
+		info.Owner = driver.ShortOwner(e.owner)
+		info.Remaining = e.expires.Sub(now)
+	}
+	return info
+}
+
+// Inspect implements driver.Driver.
+func (d *Driver) Inspect(ctx context.Context, key string) (driver.LeaseInfo, error) {
+	s, err := d.lock()
+	if err != nil {
+		return driver.LeaseInfo{}, err
+	}
+	defer s.mu.Unlock()
+	e := s.keys[key]
+	if e == nil || e.fence == 0 {
+		return driver.LeaseInfo{Key: key}, driver.ErrNotFound
+	}
+	return s.info(key, e, s.clock.Now()), nil
+}
+
+// List implements driver.Driver.
+func (d *Driver) List(ctx context.Context, prefix string) ([]driver.LeaseInfo, error) {
+	s, err := d.lock()
+	if err != nil {
+		return nil, err
+	}
+	defer s.mu.Unlock()
+	now := s.clock.Now()
+	var out []driver.LeaseInfo
+	for k, e := range s.keys {
+		if strings.HasPrefix(k, prefix) && e.heldAt(now) {
+			out = append(out, s.info(k, e, now))
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
+	return out, nil
+}
+
+// Break implements driver.Driver.
+func (d *Driver) Break(ctx context.Context, key string, req driver.BreakRequest) (driver.LeaseInfo, error) {
+	s, err := d.lock()
+	if err != nil {
+		return driver.LeaseInfo{}, err
+	}
+	defer s.mu.Unlock()
+	now := s.clock.Now()
+	e := s.keys[key]
+	if e == nil || !e.heldAt(now) {
+		return driver.LeaseInfo{Key: key}, fmt.Errorf("%s: %w", key, driver.ErrNotHeld)
+	}
+	info := s.info(key, e, now)
+	s.breaks = append(s.breaks, driver.BreakRecord{
+		Time: now, Key: key, Fence: e.fence, Owner: info.Owner, Reason: req.Reason, By: req.By,
+	})
+	e.owner = ""
+	e.expires = time.Time{}
+	s.notify(key)
+	return info, nil
+}
+
+// Breaks implements driver.BreakLogger.
+func (d *Driver) Breaks(ctx context.Context, key string) ([]driver.BreakRecord, error) {
+	s, err := d.lock()
+	if err != nil {
+		return nil, err
+	}
+	defer s.mu.Unlock()
+	var out []driver.BreakRecord
+	for _, b := range s.breaks {
+		if key == "" || b.Key == key {
+			out = append(out, b)
+		}
+	}
+	return out, nil
+}
+
+// Guarantees implements driver.Driver.
+func (d *Driver) Guarantees() driver.Guarantees {
+	return driver.Guarantees{
+		Fence:       driver.FenceStrict,
+		ServerClock: true,
+		Notify:      true,
+		Note:        "in-process only: excludes nothing across processes; fences live as long as the process",
+	}
+}
+
+// Close implements driver.Driver.
+func (d *Driver) Close() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.closed = true
+	return nil
+}
+
+type subscription struct {
+	s   *Store
+	key string
+	c   chan struct{}
+}
+
+func (sub *subscription) C() <-chan struct{} { return sub.c }
+
+func (sub *subscription) Close() error {
+	sub.s.mu.Lock()
+	defer sub.s.mu.Unlock()
+	delete(sub.s.subs[sub.key], sub)
+	if len(sub.s.subs[sub.key]) == 0 {
+		delete(sub.s.subs, sub.key)
+	}
+	return nil
+}
+
+// Subscribe implements driver.Notifier. A release or break wakes the
+// waiters of that key only; waiters of other keys are not disturbed.
+func (d *Driver) Subscribe(ctx context.Context, key string) (driver.Subscription, error) {
+	s, err := d.lock()
+	if err != nil {
+		return nil, err
+	}
+	defer s.mu.Unlock()
+	sub := &subscription{s: s, key: key, c: make(chan struct{}, 1)}
+	if s.subs[key] == nil {
+		s.subs[key] = map[*subscription]struct{}{}
+	}
+	s.subs[key][sub] = struct{}{}
+	return sub, nil
+}
+
+// notify wakes the waiters of key. Called with s.mu held.
+func (s *Store) notify(key string) {
+	for sub := range s.subs[key] {
+		select {
+		case sub.c <- struct{}{}:
+		default:
+		}
+	}
+}
