@@ -25,9 +25,11 @@
 // is served in arrival order. The fence is the holder key's create
 // revision: etcd's revision is a cluster-wide counter agreed by Raft, so the
 // fence strictly increases across releases, expiries, breaks, restarts and
-// leader failovers. It equals the revision `etcdctl lock` exports to its
-// child as ETCD_LOCK_REV, and fenced and `etcdctl lock prefix+K` exclude
-// each other. A '/' or '%' in a key is escaped (%2F, %25) so a key maps to
+// leader failovers. fenced and `etcdctl lock prefix+K` exclude each other.
+// When etcdctl gets the lock without waiting, the ETCD_LOCK_REV it exports
+// to its child equals the fence fenced reports for that hold (its key's
+// create revision); after waiting, etcdctl exports the later revision at
+// which it got the lock, which is still above every earlier holder's fence. A '/' or '%' in a key is escaped (%2F, %25) so a key maps to
 // exactly one lock name.
 //
 // # Sessions
