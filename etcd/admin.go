@@ -12,6 +12,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/keyname"
 )
 
 // holderOwner is how an admin sees the owner of a waiter key: the fenced
@@ -60,7 +61,7 @@ func (d *Driver) Inspect(ctx context.Context, key string) (driver.LeaseInfo, err
 // List implements driver.Driver: one range read over the lock names that
 // start with prefix; the oldest key of each name holds it.
 func (d *Driver) List(ctx context.Context, prefix string) ([]driver.LeaseInfo, error) {
-	start := d.prefix + escapeKey(prefix)
+	start := d.prefix + keyname.EscapePrefix(prefix)
 	resp, err := d.cli.Get(ctx, start, clientv3.WithPrefix())
 	if err != nil {
 		return nil, readErr("list", err)
@@ -72,7 +73,7 @@ func (d *Driver) List(ctx context.Context, prefix string) ([]driver.LeaseInfo, e
 		if i < 0 {
 			continue // a fence record
 		}
-		k, ok := unescapeKey(rest[:i])
+		k, ok := keyname.Unescape(rest[:i])
 		if !ok || !strings.HasPrefix(k, prefix) {
 			continue
 		}

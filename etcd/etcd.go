@@ -67,6 +67,7 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/keyname"
 )
 
 // DefaultPrefix is prepended to keys when Options.Prefix is empty.
@@ -198,7 +199,7 @@ func New(cli *clientv3.Client, opts *Options) (*Driver, error) {
 func (d *Driver) Client() *clientv3.Client { return d.cli }
 
 // LockName returns the etcd lock name (as given to `etcdctl lock`) of key.
-func (d *Driver) LockName(key string) string { return d.prefix + escapeKey(key) }
+func (d *Driver) LockName(key string) string { return d.prefix + keyname.Escape(key) }
 
 // Guarantees implements driver.Driver.
 func (d *Driver) Guarantees() driver.Guarantees {
@@ -237,38 +238,4 @@ func (d *Driver) Close() error {
 		return d.cli.Close()
 	}
 	return nil
-}
-
-// escapeKey maps a key to one path component: '%' and '/' are
-// percent-escaped. The mapping is a prefix code, so key prefixes map to
-// name prefixes (List relies on it).
-func escapeKey(key string) string {
-	if !strings.ContainsAny(key, "%/") {
-		return key
-	}
-	var b strings.Builder
-	for i := 0; i < len(key); i++ {
-		switch c := key[i]; c {
-		case '%':
-			b.WriteString("%25")
-		case '/':
-			b.WriteString("%2F")
-		default:
-			b.WriteByte(c)
-		}
-	}
-	return b.String()
-}
-
-// unescapeKey reverses escapeKey; ok is false for names escapeKey never
-// produces.
-func unescapeKey(name string) (string, bool) {
-	if !strings.Contains(name, "%") {
-		return name, !strings.Contains(name, "/")
-	}
-	k, err := url.PathUnescape(name)
-	if err != nil || escapeKey(k) != name {
-		return "", false
-	}
-	return k, true
 }
