@@ -3,6 +3,7 @@ module github.com/fenced-dev/fenced
 go 1.26.8
 
 require (
+	github.com/go-zookeeper/zk v1.0.4
 	go.etcd.io/etcd/api/v3 v3.7.3
 	go.etcd.io/etcd/client/v3 v3.7.3
 	go.uber.org/zap v1.27.1
