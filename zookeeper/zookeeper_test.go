@@ -2,12 +2,14 @@ package zookeeper_test
 
 import (
 	"context"
+	"os"
 	"testing"
 	"time"
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/driver/drivertest"
+	"github.com/fenced-dev/fenced/internal/faulttest"
 	"github.com/fenced-dev/fenced/internal/testenv"
 	_ "github.com/fenced-dev/fenced/zookeeper"
 )
@@ -48,4 +50,30 @@ func TestZooKeeper(t *testing.T) {
 		})
 	})
 	t.Run("Curator", func(t *testing.T) { testCurator(t, zk) })
+	t.Run("PausedHolderLosesSession", func(t *testing.T) {
+		faulttest.PausedHolderLosesLease(t, zk.URL("/paused", ""), "paused", time.Second)
+	})
+}
+
+func TestMain(m *testing.M) {
+	faulttest.MaybeRunChild()
+	os.Exit(m.Run())
+}
+
+// TestEnsembleLosesNode kills the leader of a 3-node ensemble while a
+// lease is held and waiters wait: sessions move to the surviving nodes and
+// no two holders are ever granted.
+func TestEnsembleLosesNode(t *testing.T) {
+	ens := testenv.StartZooKeeperEnsemble(t, 3)
+	faulttest.NoTwoHolders(t, ens.URL("/ensemble", ""), "node-loss", 4, 10*time.Second, func(t *testing.T) {
+		for _, n := range ens.Nodes {
+			if mode, _ := n.Mode(); mode == "leader" {
+				t.Logf("killing leader %d", n.ID)
+				n.Kill()
+				time.Sleep(3 * time.Second)
+				return
+			}
+		}
+		t.Fatal("no leader found")
+	})
 }
