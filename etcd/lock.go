@@ -131,11 +131,21 @@ func (d *Driver) Acquire(ctx context.Context, key, owner string, ttl time.Durati
 		return 0, err
 	}
 	e := &entry{id: entryID{key, owner}, etcdKey: waiterKey(name, s), name: name, s: s}
+	// A keep-alive sent with the put makes the session outlive the lease's
+	// local validity if the key is granted at once, without a second round
+	// trip.
+	var (
+		kaErr error
+		wg    sync.WaitGroup
+	)
+	wg.Add(1)
+	go func() { defer wg.Done(); kaErr = d.keepAlive(ctx, s) }()
 	resp, err := d.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(e.etcdKey), "=", 0)).
 		Then(clientv3.OpPut(e.etcdKey, owner, clientv3.WithLease(s.id)), clientv3.OpGet(pfx, clientv3.WithFirstCreate()...)).
 		Else(clientv3.OpGet(e.etcdKey)).
 		Commit()
+	wg.Wait()
 	if err != nil {
 		werr := writeErr("acquire", err)
 		if errors.Is(werr, errSessionGone) {
@@ -158,7 +168,16 @@ func (d *Driver) Acquire(ctx context.Context, key, owner string, ttl time.Durati
 	d.track(e, ttl, start)
 	first := resp.Responses[1].GetResponseRange().Kvs
 	if len(first) > 0 && first[0].CreateRevision == e.rev {
-		return d.granted(ctx, e, ttl, start)
+		if kaErr != nil {
+			d.abandon(e)
+			if ctx.Err() != nil {
+				return 0, context.Cause(ctx)
+			}
+			return 0, asUnknown(kaErr)
+		}
+		e.granted = true
+		d.track(e, ttl, start)
+		return uint64(e.rev), nil
 	}
 	// Keep the session (and our entry) alive while we wait.
 	wctx, stopKA := context.WithCancel(ctx)
