@@ -389,6 +389,11 @@ func (d *Driver) Release(ctx context.Context, g driver.Grant) error {
 	return nil
 }
 
+// lossWatchDelay is how long after a grant its loss watch starts. The
+// watch replays events from the key's creation on, so a deletion in the
+// meantime is still reported, a little later.
+const lossWatchDelay = 100 * time.Millisecond
+
 // WatchLoss implements driver.LossWatcher: it watches g's key from its
 // creation on and reports ErrLost when the key is deleted by anyone but
 // this driver's release (an admin break, or the session expiring).
@@ -400,6 +405,14 @@ func (d *Driver) WatchLoss(ctx context.Context, g driver.Grant) (<-chan error, e
 	ch := make(chan error, 1)
 	go func() {
 		defer close(ch)
+		// Short holds end before the watch would start: that costs the
+		// authority nothing. The first look still sees a deletion that
+		// happened meanwhile.
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(lossWatchDelay):
+		}
 		for ctx.Err() == nil {
 			wctx, cancel := context.WithCancel(ctx)
 			wch := d.cli.Watch(wctx, e.etcdKey, clientv3.WithRev(e.rev+1), clientv3.WithFilterPut())

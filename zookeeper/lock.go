@@ -478,6 +478,10 @@ func (d *Driver) Release(ctx context.Context, g driver.Grant) error {
 	return nil
 }
 
+// lossWatchDelay is how long after a grant its loss watch starts; the
+// first look finds a node deleted in the meantime.
+const lossWatchDelay = 100 * time.Millisecond
+
 // WatchLoss implements driver.LossWatcher with a watch on g's node and on
 // its session's expiry.
 func (d *Driver) WatchLoss(ctx context.Context, g driver.Grant) (<-chan error, error) {
@@ -492,6 +496,14 @@ func (d *Driver) WatchLoss(ctx context.Context, g driver.Grant) (<-chan error, e
 			if ctx.Err() == nil {
 				out <- fmt.Errorf("%w: ZooKeeper node %s %s", driver.ErrLost, e.path, why)
 			}
+		}
+		// Short holds end before the watch would start: that costs the
+		// authority nothing. The first look still sees a deletion that
+		// happened meanwhile.
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(lossWatchDelay):
 		}
 		for ctx.Err() == nil {
 			ok, stat, ch, err := e.zc.conn.ExistsW(e.path)
