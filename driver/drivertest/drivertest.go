@@ -79,6 +79,7 @@ func RunConformanceTests(t *testing.T, h Harness) {
 		t.Run("BadURLs", s.testBadURLs)
 	}
 	t.Run("NotifiedWaiterIsWokenWithoutPolling", s.testNotify)
+	t.Run("WaitLongerThanTTLGivesFullLease", s.testLongWait)
 }
 
 type suite struct{ h Harness }
@@ -785,5 +786,33 @@ func (s *suite) testNotify(t *testing.T) {
 		}
 	case <-time.After(20 * time.Second):
 		t.Fatal("waiter not woken by the release within 20s although polling was set to once a minute")
+	}
+}
+
+// testLongWait checks that a waiter whose wait outlasts its own TTL still
+// gets a lease with (almost) its whole TTL of validity: validity is measured
+// from the request that confirmed the grant, not from the start of the
+// wait.
+func (s *suite) testLongWait(t *testing.T) {
+	ctx := ctxT(t)
+	a := s.client(t, nil)
+	b := s.client(t, &fenced.Options{MinBackoff: 5 * time.Millisecond, MaxBackoff: 50 * time.Millisecond})
+	key := uniqueKey(t, "longwait")
+	ttl := s.h.ShortTTL
+	la, err := a.TryAcquire(ctx, key, &fenced.LeaseOptions{TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.AfterFunc(2*ttl, func() { la.Release(context.Background()) })
+	lb, err := b.Acquire(ctx, key, &fenced.LeaseOptions{TTL: ttl, MaxWait: 30 * time.Second, NoAutoRenew: true})
+	if err != nil {
+		t.Fatalf("waiter: %v", err)
+	}
+	defer lb.Release(ctx)
+	if err := lb.Err(); err != nil {
+		t.Fatalf("a lease granted after waiting 2 TTLs ended at once: %v", err)
+	}
+	if left := lb.Remaining(); left < ttl/2 {
+		t.Fatalf("a lease granted after waiting 2 TTLs has %v of validity left, want most of its TTL %v", left, ttl)
 	}
 }
