@@ -165,6 +165,7 @@ type Driver struct {
 	closed   bool
 	sessions map[int64][]*session // by TTL in seconds
 	entries  map[entryID]*entry
+	ka       *keepAliver
 	ctx      context.Context // cancelled by Close
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
@@ -192,6 +193,7 @@ func New(cli *clientv3.Client, opts *Options) (*Driver, error) {
 		sessions: map[int64][]*session{},
 		entries:  map[entryID]*entry{},
 		ctx:      ctx, cancel: cancel,
+		ka:       &keepAliver{conn: cli.ActiveConnection(), ctx: ctx},
 	}, nil
 }
 

@@ -108,15 +108,23 @@ func (d *Driver) markDead(s *session) {
 // sent after the call starts, so the session then outlives any local
 // validity measured from a moment before the call.
 func (d *Driver) keepAlive(ctx context.Context, s *session) error {
-	_, err := d.cli.KeepAliveOnce(ctx, s.id)
+	ch, err := d.ka.send(int64(s.id))
 	if err != nil {
-		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		return readErr("keep session alive", err)
+	}
+	select {
+	case r := <-ch:
+		if r.err != nil {
+			return r.err
+		}
+		if r.ttl <= 0 {
 			d.markDead(s)
 			return errSessionGone
 		}
-		return readErr("keep session alive", err)
+		return nil
+	case <-ctx.Done():
+		return readErr("keep session alive", ctx.Err())
 	}
-	return nil
 }
 
 // track records (or refreshes) the entry for id and (re)arms its deadline.
