@@ -193,7 +193,7 @@ func New(cli *clientv3.Client, opts *Options) (*Driver, error) {
 		sessions: map[int64][]*session{},
 		entries:  map[entryID]*entry{},
 		ctx:      ctx, cancel: cancel,
-		ka:       &keepAliver{conn: cli.ActiveConnection(), ctx: ctx},
+		ka: &keepAliver{conn: cli.ActiveConnection(), ctx: ctx},
 	}, nil
 }
 
