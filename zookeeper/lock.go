@@ -239,7 +239,9 @@ func (d *Driver) createNode(ctx context.Context, e *entry) error {
 			}
 			return writeErr("create lock node", r.err)
 		}
-		e.path, e.czxid = r.path, r.czxid
+		// The session that just created the node owns it (taken now: a
+		// new connection has no session id until it is established).
+		e.path, e.czxid, e.session = r.path, r.czxid, e.zc.conn.SessionID()
 		return nil
 	case <-ctx.Done():
 		go func() {
@@ -275,7 +277,7 @@ func (d *Driver) newEntry(ctx context.Context, key, owner string, ttl time.Durat
 	if err != nil {
 		return nil, err
 	}
-	return &entry{id: entryID{key, owner}, zc: zc, lockPath: d.lockPath(key), uuid: newUUID(), session: zc.conn.SessionID()}, nil
+	return &entry{id: entryID{key, owner}, zc: zc, lockPath: d.lockPath(key), uuid: newUUID()}, nil
 }
 
 // TryAcquire implements driver.Driver: create a node, and delete it again

@@ -16,7 +16,7 @@ import (
 	"github.com/fenced-dev/fenced/driver/drivertest"
 	"github.com/fenced-dev/fenced/internal/faulttest"
 	"github.com/fenced-dev/fenced/internal/testenv"
-	_ "github.com/fenced-dev/fenced/zookeeper"
+	"github.com/fenced-dev/fenced/zookeeper"
 )
 
 // openDriver opens a driver by URL, as fenced.Open would.
@@ -52,6 +52,23 @@ func TestZooKeeper(t *testing.T) {
 				"zk://127.0.0.1:2181/x?unknown=1",
 				"zk://127.0.0.1:2181/x?dial_timeout=0s",
 			},
+		})
+	})
+	t.Run("ConformanceWithCallersConnection", func(t *testing.T) {
+		drivertest.RunConformanceTests(t, drivertest.Harness{
+			Open: func(t *testing.T) driver.Driver {
+				conn, _, err := zk.Connect(ens.Servers(), 90*time.Second, zk.WithLogInfo(false))
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(conn.Close)
+				d, err := zookeeper.New(conn, &zookeeper.Options{Root: "/conformance-new", SessionTimeout: 90 * time.Second})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return d
+			},
+			ShortTTL: 500 * time.Millisecond,
 		})
 	})
 	t.Run("Curator", func(t *testing.T) { testCurator(t, ens) })
