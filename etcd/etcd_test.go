@@ -54,7 +54,6 @@ func TestConformance(t *testing.T) {
 	})
 }
 
-
 // TestUnreachable checks that opening a cluster nobody listens on fails
 // with a clear error matching ErrUnavailable.
 func TestUnreachable(t *testing.T) {
