@@ -1,6 +1,8 @@
 package redis_test
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"testing"
 	"time"
 
@@ -44,4 +46,10 @@ func TestConformance(t *testing.T) {
 			"rediss://",
 		},
 	})
+}
+
+func owner() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }

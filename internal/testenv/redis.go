@@ -62,7 +62,7 @@ func StartRedis(t testing.TB, cfg RedisConfig) *Redis {
 	args := []string{
 		"--port", strconv.Itoa(cfg.Port), "--bind", "127.0.0.1", "--dir", cfg.Dir,
 		"--save", "", "--daemonize", "no", "--protected-mode", "no", "--logfile", "",
-		"--maxmemory-policy", "noeviction",
+		"--maxmemory-policy", "noeviction", "--repl-diskless-sync-delay", "0",
 	}
 	if cfg.NoPersistence {
 		args = append(args, "--appendonly", "no")
