@@ -16,6 +16,7 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	_ "github.com/fenced-dev/fenced/mem"
+	_ "github.com/fenced-dev/fenced/redis"
 	_ "github.com/fenced-dev/fenced/sqlite"
 )
 
