@@ -79,7 +79,7 @@ func execute(args []string, stdout, stderr io.Writer) int {
 	if errors.As(err, &ee) && ee.err == nil {
 		return ee.code
 	}
-	fmt.Fprintln(stderr, "fenced:", err)
+	fmt.Fprintln(stderr, "fenced:", strings.TrimPrefix(err.Error(), "fenced: "))
 	if strings.HasPrefix(err.Error(), "unknown command") || strings.Contains(err.Error(), "flag") || strings.Contains(err.Error(), "arg(s)") {
 		return exitUsage
 	}
