@@ -235,6 +235,11 @@ func (c *Client) acquireLoop(ctx context.Context, key string, o LeaseOptions, ev
 		var subC <-chan struct{}
 		if sub != nil {
 			subC = sub.C()
+			// The backend's notification also covers releases through this
+			// client, and may wake fewer waiters than a broadcast would
+			// (one per process for Redis), so the local broadcast is not
+			// needed and would only make every local waiter retry at once.
+			wake = nil
 		}
 		t := c.clock.NewTimer(sleep)
 		select {

@@ -182,7 +182,9 @@ func ParseURL(rawURL string) (*url.URL, error) {
 }
 
 // Redact returns rawURL with any password replaced by "xxxxx", for logs and
-// errors. Strings that do not parse are cut at the first '@'.
+// errors: the URL's own, a query parameter named password, and those of
+// URLs nested in query parameters (redlock://…?fence=postgres://u:pw@…).
+// Strings that do not parse are cut at the first '@'.
 func Redact(rawURL string) string {
 	u, err := url.Parse(rawURL)
 	if err != nil {
@@ -190,6 +192,25 @@ func Redact(rawURL string) string {
 			return "…" + rawURL[i:]
 		}
 		return rawURL
+	}
+	if u.RawQuery != "" {
+		q, changed := u.Query(), false
+		for k, vs := range q {
+			for i, v := range vs {
+				r := v
+				if strings.EqualFold(k, "password") {
+					r = "xxxxx"
+				} else if strings.Contains(v, "@") {
+					r = Redact(v)
+				}
+				if r != v {
+					vs[i], changed = r, true
+				}
+			}
+		}
+		if changed {
+			u.RawQuery = q.Encode()
+		}
 	}
 	return u.Redacted()
 }

@@ -13,8 +13,9 @@
 //	wait_timeout=1s     how long that WAIT may take
 //	audit_len=100       breaks kept per key in the audit stream
 //
-// Opened by URL, go-redis's own command retries are off (fenced's Client
-// decides about retries); pass max_retries to override.
+// Opened by URL, go-redis's own retries of commands and dials are off
+// (fenced's Client decides about retries); pass max_retries or
+// dialer_retries to override.
 //
 // # How a lease is kept
 //
@@ -184,13 +185,16 @@ func open(ctx context.Context, u *url.URL) (driver.Driver, error) {
 	if err := q.Err(); err != nil {
 		return nil, err
 	}
-	retries := u.Query().Has("max_retries")
+	retries, dialRetries := u.Query().Has("max_retries"), u.Query().Has("dialer_retries")
 	ro, err := redis.ParseURL(u.String())
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s", driver.ErrInvalidURL, strings.TrimPrefix(err.Error(), "redis: "))
 	}
 	if !retries {
 		ro.MaxRetries = -1
+	}
+	if !dialRetries {
+		ro.DialerRetries = 1
 	}
 	c := redis.NewClient(ro)
 	if err := rediskit.Ping(ctx, c, ro.Addr, ro.DialTimeout+2*time.Second); err != nil {
