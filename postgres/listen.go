@@ -178,4 +178,3 @@ func (s *subscription) Close() error {
 	})
 	return nil
 }
-

@@ -18,9 +18,9 @@ import (
 // statements are the driver's SQL, built once from the validated table
 // name. Values always travel as bind parameters.
 type statements struct {
-	acquire, renew, renewBatch, release      string
+	acquire, renew, renewBatch, release     string
 	inspect, list, lockRow, breakRow, audit string
-	breaks                                   string
+	breaks                                  string
 }
 
 // quoteIdent quotes a (validated) identifier for PostgreSQL.
