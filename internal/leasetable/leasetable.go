@@ -156,12 +156,24 @@ type Scanner interface {
 // select them from their audit table in this order.
 const BreakColumns = "broken_at, lease_key, fence, owner, reason, broken_by"
 
-// ScanBreak scans one audit row selected as BreakColumns.
+// ScanBreak scans one audit row selected as BreakColumns. The time column
+// may come as a time.Time or as an integer count of microseconds since the
+// Unix epoch in UTC (what a backend selects when its driver cannot be
+// trusted to parse dates, as with a caller's MySQL pool).
 func ScanBreak(s Scanner) (driver.BreakRecord, error) {
 	var r driver.BreakRecord
+	var at any
 	var fence int64
-	if err := s.Scan(&r.Time, &r.Key, &fence, &r.Owner, &r.Reason, &r.By); err != nil {
+	if err := s.Scan(&at, &r.Key, &fence, &r.Owner, &r.Reason, &r.By); err != nil {
 		return r, err
+	}
+	switch v := at.(type) {
+	case time.Time:
+		r.Time = v
+	case int64:
+		r.Time = time.UnixMicro(v).UTC()
+	default:
+		return r, fmt.Errorf("audit row of %q: broken_at scanned as %T, want a time or microseconds", r.Key, at)
 	}
 	r.Fence = uint64(fence)
 	return r, nil
