@@ -8,6 +8,7 @@ import (
 
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/driver/drivertest"
+	"github.com/fenced-dev/fenced/internal/crashtest"
 	"github.com/fenced-dev/fenced/internal/testenv"
 	"github.com/fenced-dev/fenced/mysql"
 )
@@ -16,10 +17,7 @@ import (
 var my *testenv.MySQL
 
 func TestMain(m *testing.M) {
-	if os.Getenv(holderEnv) != "" {
-		runHolder()
-		return
-	}
+	crashtest.MaybeRunHolder()
 	tb := testenv.NewMainTB()
 	my = testenv.StartMySQL(tb)
 	code := m.Run()
@@ -64,5 +62,20 @@ func TestConformance(t *testing.T) {
 			"mysql://127.0.0.1:1/db?timeout=forever",
 			"mysql://127.0.0.1:1/db?tls=nosuchconfig",
 		},
+	})
+}
+
+func TestKilledHolderIsReplaced(t *testing.T) {
+	crashtest.KilledHolderIsReplaced(t, my.URL())
+}
+
+func TestRestartKeepsFences(t *testing.T) {
+	srv := testenv.StartMySQL(t)
+	crashtest.RestartKeepsFences(t, srv, func(t *testing.T) driver.Driver {
+		d, err := mysql.Open(ctxT(t), srv.URL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
 	})
 }

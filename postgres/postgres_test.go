@@ -8,6 +8,7 @@ import (
 
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/driver/drivertest"
+	"github.com/fenced-dev/fenced/internal/crashtest"
 	"github.com/fenced-dev/fenced/internal/testenv"
 	"github.com/fenced-dev/fenced/postgres"
 )
@@ -16,10 +17,7 @@ import (
 var pg *testenv.Postgres
 
 func TestMain(m *testing.M) {
-	if os.Getenv(holderEnv) != "" {
-		runHolder()
-		return
-	}
+	crashtest.MaybeRunHolder()
 	tb := testenv.NewMainTB()
 	pg = testenv.StartPostgres(tb)
 	code := m.Run()
@@ -76,5 +74,20 @@ func TestConformancePolling(t *testing.T) {
 			}
 			return d
 		},
+	})
+}
+
+func TestKilledHolderIsReplaced(t *testing.T) {
+	crashtest.KilledHolderIsReplaced(t, pg.URL())
+}
+
+func TestRestartKeepsFences(t *testing.T) {
+	srv := testenv.StartPostgres(t)
+	crashtest.RestartKeepsFences(t, srv, func(t *testing.T) driver.Driver {
+		d, err := postgres.Open(ctxT(t), srv.URL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
 	})
 }

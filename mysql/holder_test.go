@@ -1,5 +1,0 @@
-package mysql_test
-
-const holderEnv = "FENCED_MYSQL_HOLDER"
-
-func runHolder() {}

@@ -1,5 +1,0 @@
-package postgres_test
-
-const holderEnv = "FENCED_PG_HOLDER"
-
-func runHolder() {}
