@@ -182,14 +182,32 @@ func ParseURL(rawURL string) (*url.URL, error) {
 }
 
 // Redact returns rawURL with any password replaced by "xxxxx", for logs and
-// errors. Strings that do not parse are cut at the first '@'.
+// errors: the userinfo password, and query parameters that carry secrets
+// (password, sslpassword, as PostgreSQL URLs allow). Strings that do not
+// parse are cut at the first '@', and their query is dropped.
 func Redact(rawURL string) string {
 	u, err := url.Parse(rawURL)
 	if err != nil {
 		if i := strings.LastIndex(rawURL, "@"); i >= 0 {
-			return "…" + rawURL[i:]
+			rawURL = "…" + rawURL[i:]
+		}
+		if i := strings.Index(rawURL, "?"); i >= 0 {
+			rawURL = rawURL[:i] + "?…"
 		}
 		return rawURL
+	}
+	if u.RawQuery != "" {
+		q, err := url.ParseQuery(u.RawQuery)
+		if err != nil {
+			u.RawQuery = "…"
+		} else {
+			for _, secret := range []string{"password", "sslpassword"} {
+				if _, ok := q[secret]; ok {
+					q.Set(secret, "xxxxx")
+					u.RawQuery = q.Encode()
+				}
+			}
+		}
 	}
 	return u.Redacted()
 }
