@@ -66,6 +66,11 @@ func init() {
 
 const paramSocket = "socket"
 
+// ErrSchema means the lease or audit table exists with a shape other than
+// the one the driver needs (from an older fenced or another tool). Nothing
+// is changed when it is returned.
+var ErrSchema = leasetable.ErrSchema
+
 // Options configure New. The zero value (or nil) gives the defaults.
 type Options struct {
 	// Table is the lease table (default "fenced_leases").
@@ -204,7 +209,7 @@ func scrub(msg, password string) string {
 
 // New returns a driver over db, creating the lease and audit tables if
 // missing. An existing table of another shape gives an error matching
-// leasetable.ErrSchema and changes nothing. Close does not close db. opts
+// ErrSchema and changes nothing. Close does not close db. opts
 // may be nil.
 func New(ctx context.Context, db *sql.DB, opts *Options) (*Driver, error) {
 	var o Options
@@ -585,11 +590,13 @@ var (
 	}
 )
 
-// ensureSchema checks the shape of existing tables and creates missing
-// ones. CREATE TABLE IF NOT EXISTS is safe when several processes start at
-// once; the shape is checked again after creating.
+// ensureSchema checks the shape of existing tables, then creates the
+// missing ones (checking first, because MySQL commits each DDL statement
+// on its own: nothing is created when an existing table is wrong). CREATE
+// TABLE IF NOT EXISTS is safe when several processes start at once; the
+// shape is checked again after creating.
 func (d *Driver) ensureSchema(ctx context.Context) error {
-	for _, s := range []struct {
+	tables := []struct {
 		name   string
 		shape  []leasetable.Column
 		create string
@@ -610,21 +617,26 @@ func (d *Driver) ensureSchema(ctx context.Context) error {
   broken_by  TEXT NOT NULL,
   KEY (lease_key, id)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4`},
-	} {
-		cols, err := d.columns(ctx, s.name)
-		if err != nil {
-			return classify("prepare tables", s.name, err)
-		}
-		if len(cols) == 0 {
-			if _, err := d.db.ExecContext(ctx, s.create); err != nil {
-				return classify("create table", s.name, err)
-			}
-			if cols, err = d.columns(ctx, s.name); err != nil {
+	}
+	for create := range 2 {
+		for _, s := range tables {
+			cols, err := d.columns(ctx, s.name)
+			if err != nil {
 				return classify("prepare tables", s.name, err)
 			}
-		}
-		if err := leasetable.CheckShape(s.name, s.shape, cols, true); err != nil {
-			return fmt.Errorf("mysql: %w", err)
+			if len(cols) == 0 && create == 1 {
+				if _, err := d.db.ExecContext(ctx, s.create); err != nil {
+					return classify("create table", s.name, err)
+				}
+				if cols, err = d.columns(ctx, s.name); err != nil {
+					return classify("prepare tables", s.name, err)
+				}
+			}
+			if len(cols) > 0 {
+				if err := leasetable.CheckShape(s.name, s.shape, cols, true); err != nil {
+					return fmt.Errorf("mysql: %w", err)
+				}
+			}
 		}
 	}
 	return nil

@@ -122,6 +122,11 @@ var (
 	_ driver.BreakLogger  = (*Driver)(nil)
 )
 
+// ErrSchema means the lease or audit table exists with a shape other than
+// the one the driver needs (from an older fenced or another tool). Nothing
+// is changed when it is returned.
+var ErrSchema = leasetable.ErrSchema
+
 // urlParams are fenced's own URL query parameters, removed before the URL
 // reaches pgx.
 const paramNotify = "notify"
@@ -132,7 +137,7 @@ func openURL(ctx context.Context, u *url.URL) (driver.Driver, error) { return op
 // (see the package documentation) and returns a driver that owns its pool.
 // Use fenced.Open for a *fenced.Client. Errors match driver.ErrInvalidURL
 // (malformed URL or parameter), driver.ErrUnavailable (server unreachable,
-// authentication refused) or leasetable's schema error; none contains the
+// authentication refused) or ErrSchema; none contains the
 // password.
 func Open(ctx context.Context, rawURL string) (*Driver, error) {
 	u, err := fenced.ParseURL(rawURL)
@@ -225,7 +230,7 @@ func scrub(msg, password string) string {
 // New returns a driver over pool, creating the lease and audit tables if
 // they are missing. An existing table of another shape (an older fenced, or
 // another tool's table of the same name) gives an error matching
-// leasetable.ErrSchema and changes nothing. Close does not close pool.
+// ErrSchema and changes nothing. Close does not close pool.
 // opts may be nil.
 func New(ctx context.Context, pool *pgxpool.Pool, opts *Options) (*Driver, error) {
 	var o Options
