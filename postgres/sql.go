@@ -38,12 +38,18 @@ func newStatements(table string) statements {
 	return statements{
 		// One statement: grant if free, expired or already ours (then the
 		// fence is kept and the expiry extended), else report how long the
-		// holder has left. The UNION's second branch reads the snapshot
-		// taken before the insert, so it sees the holder's row exactly when
-		// the first branch granted nothing.
-		acquire: `WITH granted AS (
+		// holder has left. cur reads the row in the statement's snapshot,
+		// without locking it: when that already shows another owner's
+		// unexpired grant, the statement refuses as a plain read (no row
+		// lock, no transaction id, no WAL flush), which keeps a crowd of
+		// woken waiters cheap. Otherwise the upsert decides under the row
+		// lock, re-checking the latest row version in its WHERE.
+		acquire: `WITH cur AS (
+  SELECT owner, expires_at FROM ` + t + ` WHERE lease_key = $1
+), granted AS (
   INSERT INTO ` + t + ` AS l (lease_key, owner, fence, expires_at)
-  VALUES ($1, $2, 1, now() + $3::bigint * interval '1 microsecond')
+  SELECT $1, $2, 1, now() + $3::bigint * interval '1 microsecond'
+   WHERE NOT EXISTS (SELECT FROM cur WHERE cur.owner <> '' AND cur.owner <> $2 AND cur.expires_at > now())
   ON CONFLICT (lease_key) DO UPDATE
      SET fence = CASE WHEN l.owner = excluded.owner AND l.expires_at > now() THEN l.fence ELSE l.fence + 1 END,
          owner = excluded.owner,
@@ -53,7 +59,7 @@ func newStatements(table string) statements {
 )
 SELECT fence, 0::bigint FROM granted
 UNION ALL
-SELECT 0::bigint, ` + remainingExpr + ` FROM ` + t + ` WHERE lease_key = $1 AND NOT EXISTS (SELECT FROM granted)`,
+SELECT 0::bigint, ` + remainingExpr + ` FROM cur WHERE NOT EXISTS (SELECT FROM granted)`,
 		renew: `UPDATE ` + t + ` SET expires_at = now() + $4::bigint * interval '1 microsecond'
  WHERE lease_key = $1 AND owner = $2 AND fence = $3 AND expires_at > now()`,
 		renewBatch: `UPDATE ` + t + ` AS l SET expires_at = now() + r.ttl * interval '1 microsecond'
