@@ -5,10 +5,10 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"regexp"
 	"strings"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/internal/sqlident"
 )
 
 // Dialect selects the SQL spoken by a guarded database.
@@ -96,8 +96,6 @@ type Table struct {
 	OwnerColumn string
 }
 
-var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
-
 func validIdent(what, s string, allowSchema bool) error {
 	parts := []string{s}
 	if allowSchema {
@@ -107,8 +105,8 @@ func validIdent(what, s string, allowSchema bool) error {
 		parts = strings.Split(s, ".")
 	}
 	for _, p := range parts {
-		if !identRE.MatchString(p) {
-			return fmt.Errorf("%w: %s %q is not a plain identifier ([A-Za-z_][A-Za-z0-9_]*, at most 63 bytes)", ErrSchema, what, s)
+		if err := sqlident.Check(what, p); err != nil {
+			return fmt.Errorf("%w: %v", ErrSchema, err)
 		}
 	}
 	return nil
