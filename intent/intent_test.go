@@ -44,7 +44,9 @@ func newEnv(t *testing.T) env {
 	return env{leases: leases, store: store, stale: stale}
 }
 
-func tk(f uint64, owner string) fence.Token { return fence.Token{Key: "payout:po_1", Fence: f, Owner: owner} }
+func tk(f uint64, owner string) fence.Token {
+	return fence.Token{Key: "payout:po_1", Fence: f, Owner: owner}
+}
 
 func TestLifecycle(t *testing.T) {
 	ctx := context.Background()
