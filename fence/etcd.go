@@ -105,7 +105,10 @@ func (g *Etcd) Write(ctx context.Context, resource string, t Token, w EtcdWrite)
 	// Three ways to be admitted, tried in one request: no fence recorded; an
 	// older fence (any owner); the same fence and owner.
 	same := clientv3.OpTxn(cond(clientv3.Compare(clientv3.Value(fk), "=", val)), then, []clientv3.Op{clientv3.OpGet(fk)})
-	older := clientv3.OpTxn(cond(clientv3.Compare(clientv3.Value(fk), "<", fmt.Sprintf("%020d ", t.Fence))), then, []clientv3.Op{same})
+	// The lower bound keeps a value that is not a fence (which may sort
+	// below every fence) from passing as an older one.
+	older := clientv3.OpTxn(append(cond(clientv3.Compare(clientv3.Value(fk), "<", fmt.Sprintf("%020d ", t.Fence))),
+		clientv3.Compare(clientv3.Value(fk), ">", fmt.Sprintf("%020d", 0))), then, []clientv3.Op{same})
 	resp, err := g.kv.Txn(ctx).If(cond(clientv3.Compare(clientv3.Version(fk), "=", 0))...).Then(then...).Else(older).Commit()
 	if err != nil {
 		return Result{}, fmt.Errorf("fence: etcd write %q: %w", resource, err)
