@@ -2,6 +2,7 @@ package intent_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"path/filepath"
 	"strings"
@@ -21,7 +22,9 @@ type env struct {
 	stale  chan fenced.StaleWriteEvent
 }
 
-func newEnv(t *testing.T) env {
+// newEnv opens a SQLite lease store and an intent store on db (nil: the
+// lease store's own SQLite file).
+func newEnv(t *testing.T, db *sql.DB, d fence.Dialect) env {
 	t.Helper()
 	ctx := context.Background()
 	drv, err := sqlite.OpenFile(ctx, filepath.Join(t.TempDir(), "app.db"), nil)
@@ -30,8 +33,11 @@ func newEnv(t *testing.T) env {
 	}
 	leases := fenced.NewClient(drv, nil)
 	t.Cleanup(func() { leases.Close() })
+	if db == nil {
+		db, d = drv.DB(), fence.SQLite
+	}
 	stale := make(chan fenced.StaleWriteEvent, 16)
-	store, err := intent.New(drv.DB(), fence.SQLite, &intent.Options{Hooks: fenced.Hooks{StaleWrite: func(e fenced.StaleWriteEvent) { stale <- e }}})
+	store, err := intent.New(db, d, &intent.Options{Hooks: fenced.Hooks{StaleWrite: func(e fenced.StaleWriteEvent) { stale <- e }}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,9 +54,10 @@ func tk(f uint64, owner string) fence.Token {
 	return fence.Token{Key: "payout:po_1", Fence: f, Owner: owner}
 }
 
-func TestLifecycle(t *testing.T) {
+func TestLifecycle(t *testing.T) { testLifecycle(t, newEnv(t, nil, 0)) }
+
+func testLifecycle(t *testing.T, e env) {
 	ctx := context.Background()
-	e := newEnv(t)
 	s := e.store
 	it, created, err := s.Create(ctx, "po_1", `{"amount_cents":500}`)
 	if err != nil || !created || it.State != intent.Pending || it.IdempotencyKey != intent.DeriveKey("fenced", "po_1") {
@@ -136,9 +143,10 @@ func TestLifecycle(t *testing.T) {
 
 // TestReconcile: intents stuck in submitting are resolved by asking the
 // provider by idempotency key, without paying again.
-func TestReconcile(t *testing.T) {
+func TestReconcile(t *testing.T) { testReconcile(t, newEnv(t, nil, 0)) }
+
+func testReconcile(t *testing.T, e env) {
 	ctx := context.Background()
-	e := newEnv(t)
 	s := e.store
 	provider := payprovider.Start()
 	defer provider.Close()
