@@ -18,7 +18,7 @@ import (
 
 // The payout scheduler from the design notes: worker A's lease runs out
 // while its call to the payment provider is in flight (the provider pays at
-// once but answers only after a second, and A's call is cancelled with its
+// once but answers only after two seconds, and A's call is cancelled with its
 // lease). Worker B then legitimately acquires the lease and retries. With
 // the intent's stable idempotency key the provider recognises the retry and
 // exactly one payout happens; without the key it pays twice.
@@ -70,7 +70,7 @@ func payoutScenario(withKey bool) (int, intent.Intent, error) {
 	defer provider.Close()
 	provider.RespondAfter = func(n int) time.Duration {
 		if n == 1 {
-			return time.Second // the first payout's answer comes too late
+			return 2 * time.Second // the first payout's answer comes too late
 		}
 		return 0
 	}
@@ -113,7 +113,7 @@ func payoutScenario(withKey bool) (int, intent.Intent, error) {
 	wg.Add(2)
 	go func() { // A: a lease that is not renewed (its process stalls)
 		defer wg.Done()
-		errs[0] = attempt(&fenced.LeaseOptions{TTL: 300 * time.Millisecond, NoAutoRenew: true}, aHolds)
+		errs[0] = attempt(&fenced.LeaseOptions{TTL: time.Second, NoAutoRenew: true}, aHolds)
 	}()
 	go func() { // B: waits for the lease and retries the payout
 		defer wg.Done()

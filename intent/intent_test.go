@@ -203,8 +203,10 @@ func testReconcile(t *testing.T, e env) {
 			return intent.Answer{}, err
 		},
 	}
-	// Not stuck long enough yet: nothing examined.
-	if rep, err := rec.RunOnce(ctx); err != nil || rep.Examined != 0 {
+	// Not stuck long enough yet (by the database's clock): nothing examined.
+	early := *rec
+	early.StuckFor = time.Hour
+	if rep, err := early.RunOnce(ctx); err != nil || rep.Examined != 0 {
 		t.Fatalf("early run: %+v %v", rep, err)
 	}
 	time.Sleep(300 * time.Millisecond)
