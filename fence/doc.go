@@ -10,8 +10,11 @@
 // atomically with the write:
 //
 //   - SQL guards a table's rows (SQLite, PostgreSQL, MySQL/MariaDB through
-//     database/sql): Claim raises a row's fence first, Update applies a write
-//     only when the row's fence is not newer than the writer's.
+//     database/sql, or native pgx through package fence/pgxfence): Claim
+//     raises a row's fence first, Update applies a write only when the row's
+//     fence is not newer than the writer's.
+//   - Redis guards hashes with one Lua script per write.
+//   - Etcd guards keys with one transaction per write.
 //   - Transport and Middleware carry the token over HTTP (headers
 //     Fenced-Key, Fenced-Fence, Fenced-Owner) and check it at the server.
 //

@@ -5,10 +5,10 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"regexp"
 	"strings"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/internal/sqlident"
 )
 
 // Dialect selects the SQL spoken by a guarded database.
@@ -96,8 +96,6 @@ type Table struct {
 	OwnerColumn string
 }
 
-var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
-
 func validIdent(what, s string, allowSchema bool) error {
 	parts := []string{s}
 	if allowSchema {
@@ -107,8 +105,8 @@ func validIdent(what, s string, allowSchema bool) error {
 		parts = strings.Split(s, ".")
 	}
 	for _, p := range parts {
-		if !identRE.MatchString(p) {
-			return fmt.Errorf("%w: %s %q is not a plain identifier ([A-Za-z_][A-Za-z0-9_]*, at most 63 bytes)", ErrSchema, what, s)
+		if err := sqlident.Check(what, p); err != nil {
+			return fmt.Errorf("%w: %v", ErrSchema, err)
 		}
 	}
 	return nil
@@ -127,6 +125,49 @@ type SQLOptions struct {
 type Querier interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// Conn runs the guard's statements on a connection that is not a
+// database/sql one, such as a native pgx transaction (package
+// fence/pgxfence adapts pgx.Tx, *pgx.Conn and *pgxpool.Pool). Use it with
+// UpdateConn, ClaimConn and CurrentConn.
+type Conn interface {
+	// Exec runs a statement and returns the number of rows it affected.
+	Exec(ctx context.Context, query string, args ...any) (rowsAffected int64, err error)
+	// QueryRow runs a query returning at most one row. Its Scan must return
+	// an error matching sql.ErrNoRows when there is no row.
+	QueryRow(ctx context.Context, query string, args ...any) Row
+}
+
+// Row is the result of Conn.QueryRow.
+type Row interface {
+	Scan(dest ...any) error
+}
+
+// sqlConn adapts a database/sql Querier to Conn.
+type sqlConn struct{ q Querier }
+
+func (c sqlConn) Exec(ctx context.Context, query string, args ...any) (int64, error) {
+	res, err := c.q.ExecContext(ctx, query, args...)
+	if err != nil {
+		return 0, err
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return 0, fmt.Errorf("rows affected: %w", err)
+	}
+	return n, nil
+}
+
+func (c sqlConn) QueryRow(ctx context.Context, query string, args ...any) Row {
+	return c.q.QueryRowContext(ctx, query, args...)
+}
+
+func (g *SQL) conn(q Querier) Conn {
+	if q == nil {
+		return sqlConn{g.db}
+	}
+	return sqlConn{q}
 }
 
 // SQL guards the rows of one table: every write carries a Token and applies
@@ -342,7 +383,12 @@ type Write struct {
 // holder has claimed or written the row. A missing row is an error matching
 // ErrNoRow; a bad token, ErrInvalidToken. Nothing is changed in either case.
 func (g *SQL) Claim(ctx context.Context, q Querier, key any, t Token) (Result, error) {
-	return g.Update(ctx, q, key, t, Write{})
+	return g.UpdateConn(ctx, g.conn(q), key, t, Write{})
+}
+
+// ClaimConn is Claim on a Conn.
+func (g *SQL) ClaimConn(ctx context.Context, c Conn, key any, t Token) (Result, error) {
+	return g.UpdateConn(ctx, c, key, t, Write{})
 }
 
 // Update applies w to the row identified by key if the row's fence admits t
@@ -356,6 +402,14 @@ func (g *SQL) Claim(ctx context.Context, q Querier, key any, t Token) (Result, e
 // ErrSchema when the table or a column is missing; nothing is changed in
 // any of these cases. A Stale result is also reported to the Hooks.
 func (g *SQL) Update(ctx context.Context, q Querier, key any, t Token, w Write) (Result, error) {
+	return g.UpdateConn(ctx, g.conn(q), key, t, w)
+}
+
+// UpdateConn is Update on a Conn. c must not be nil.
+func (g *SQL) UpdateConn(ctx context.Context, q Conn, key any, t Token, w Write) (Result, error) {
+	if q == nil {
+		return Result{}, fmt.Errorf("fence: update %s: Conn is nil", g.table.Name)
+	}
 	if err := t.Validate(); err != nil {
 		return Result{}, fmt.Errorf("fence: update %s: %w", g.table.Name, err)
 	}
@@ -367,9 +421,6 @@ func (g *SQL) Update(ctx context.Context, q Querier, key any, t Token, w Write) 
 	}
 	if strings.TrimSpace(w.Where) == "" && len(w.WhereArgs) > 0 {
 		return Result{}, fmt.Errorf("fence: update %s: WhereArgs given without Where", g.table.Name)
-	}
-	if q == nil {
-		q = g.db
 	}
 	fence, owner := int64(t.Fence), t.Owner
 
@@ -405,13 +456,9 @@ func (g *SQL) Update(ctx context.Context, q Querier, key any, t Token, w Write) 
 			args = append(args, w.WhereArgs...)
 		}
 	}
-	res, err := q.ExecContext(ctx, b.String(), args...)
+	affected, err := q.Exec(ctx, b.String(), args...)
 	if err != nil {
 		return Result{}, g.explain(ctx, "update", err)
-	}
-	affected, err := res.RowsAffected()
-	if err != nil {
-		return Result{}, fmt.Errorf("fence: update %s: rows affected: %w", g.table.Name, err)
 	}
 	if affected > 1 {
 		return Result{}, fmt.Errorf("fence: update %s: %d rows matched key %v; the key column must be unique (the transaction should be rolled back)", g.table.Name, affected, key)
@@ -439,7 +486,7 @@ func (g *SQL) Update(ctx context.Context, q Querier, key any, t Token, w Write) 
 
 // read returns the row's fence and owner and, on MySQL, whether w's
 // precondition holds.
-func (g *SQL) read(ctx context.Context, q Querier, key any, w Write) (fence uint64, owner string, precond bool, err error) {
+func (g *SQL) read(ctx context.Context, q Conn, key any, w Write) (fence uint64, owner string, precond bool, err error) {
 	var (
 		f    int64
 		cond int64
@@ -460,7 +507,7 @@ func (g *SQL) read(ctx context.Context, q Querier, key any, w Write) (fence uint
 	if g.dialect != SQLite {
 		b.WriteString(" FOR UPDATE")
 	}
-	err = q.QueryRowContext(ctx, b.String(), args...).Scan(dest...)
+	err = q.QueryRow(ctx, b.String(), args...).Scan(dest...)
 	if errors.Is(err, sql.ErrNoRows) {
 		return 0, "", false, fmt.Errorf("fence: %s: %w: %s = %v", g.table.Name, ErrNoRow, g.table.Key, key)
 	}
@@ -476,11 +523,13 @@ func (g *SQL) read(ctx context.Context, q Querier, key any, w Write) (fence uint
 // Current returns the fence and owner recorded on the row identified by key.
 // A missing row is an error matching ErrNoRow.
 func (g *SQL) Current(ctx context.Context, q Querier, key any) (fence uint64, owner string, err error) {
-	if q == nil {
-		q = g.db
-	}
+	return g.CurrentConn(ctx, g.conn(q), key)
+}
+
+// CurrentConn is Current on a Conn.
+func (g *SQL) CurrentConn(ctx context.Context, q Conn, key any) (fence uint64, owner string, err error) {
 	var f int64
-	err = q.QueryRowContext(ctx, fmt.Sprintf("SELECT COALESCE(%s, 0), COALESCE(%s, '') FROM %s WHERE %s = %s",
+	err = q.QueryRow(ctx, fmt.Sprintf("SELECT COALESCE(%s, 0), COALESCE(%s, '') FROM %s WHERE %s = %s",
 		g.qFence, g.qOwner, g.qTable, g.qKey, g.dialect.placeholder(1)), key).Scan(&f, &owner)
 	if errors.Is(err, sql.ErrNoRows) {
 		return 0, "", fmt.Errorf("fence: %s: %w: %s = %v", g.table.Name, ErrNoRow, g.table.Key, key)
