@@ -40,6 +40,7 @@ func TestConformance(t *testing.T) {
 			return d
 		},
 		ShortTTL: time.Second,
+		FixedTTL: true,
 		BadURLs: []string{
 			"etcd://",
 			"etcd:opaque",

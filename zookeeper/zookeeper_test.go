@@ -41,6 +41,7 @@ func TestZooKeeper(t *testing.T) {
 				return openDriver(t, ens.URL("/conformance", ""))
 			},
 			ShortTTL: 500 * time.Millisecond,
+			FixedTTL: true,
 			BadURLs: []string{
 				"zk://",
 				"zk:opaque",
@@ -69,6 +70,7 @@ func TestZooKeeper(t *testing.T) {
 				return d
 			},
 			ShortTTL: 500 * time.Millisecond,
+			FixedTTL: true,
 		})
 	})
 	t.Run("Curator", func(t *testing.T) { testCurator(t, ens) })
