@@ -42,7 +42,7 @@ func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Dur
 	kaErr := <-kaDone
 	if err != nil {
 		werr := writeErr("acquire", err)
-		if errors.Is(werr, errSessionGone) {
+		if errors.Is(werr, errSessionGone) && time.Since(start) < time.Duration(s.ttl)*time.Second {
 			// Nothing was put: the session had expired. Start a new one.
 			d.markDead(s)
 			return d.TryAcquire(ctx, key, owner, ttl)

@@ -21,6 +21,10 @@ type session struct {
 	ttl   int64           // seconds, as granted by the server
 	names map[string]bool // lock names with a key (or a reservation) on it
 	dead  bool
+	// until is when the session lapses at the latest unless kept alive:
+	// the send time of its last confirmed keep-alive (or grant) plus its
+	// TTL. Past it the session is dropped without asking the server.
+	until time.Time
 }
 
 // entryID names a key this driver put (or may have put) for an owner.
@@ -61,7 +65,12 @@ func (d *Driver) reserve(ctx context.Context, ttl time.Duration, name string) (*
 		d.mu.Unlock()
 		return nil, driver.ErrClosed
 	}
+	now := time.Now()
 	for _, s := range d.sessions[secs] {
+		if !s.dead && now.After(s.until) {
+			d.markDeadLocked(s)
+			continue
+		}
 		if !s.dead && !s.names[name] {
 			s.names[name] = true
 			d.mu.Unlock()
@@ -73,7 +82,7 @@ func (d *Driver) reserve(ctx context.Context, ttl time.Duration, name string) (*
 	if err != nil {
 		return nil, readErr("grant session lease", err)
 	}
-	s := &session{id: resp.ID, ttl: resp.TTL, names: map[string]bool{name: true}}
+	s := &session{id: resp.ID, ttl: resp.TTL, names: map[string]bool{name: true}, until: now.Add(time.Duration(resp.TTL) * time.Second)}
 	d.mu.Lock()
 	d.sessions[secs] = append(d.sessions[secs], s)
 	d.mu.Unlock()
@@ -91,6 +100,10 @@ func (d *Driver) unreserve(s *session, name string) {
 func (d *Driver) markDead(s *session) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	d.markDeadLocked(s)
+}
+
+func (d *Driver) markDeadLocked(s *session) {
 	if s.dead {
 		return
 	}
@@ -108,6 +121,7 @@ func (d *Driver) markDead(s *session) {
 // sent after the call starts, so the session then outlives any local
 // validity measured from a moment before the call.
 func (d *Driver) keepAlive(ctx context.Context, s *session) error {
+	sent := time.Now()
 	ch, err := d.ka.send(int64(s.id))
 	if err != nil {
 		return readErr("keep session alive", err)
@@ -121,6 +135,11 @@ func (d *Driver) keepAlive(ctx context.Context, s *session) error {
 			d.markDead(s)
 			return errSessionGone
 		}
+		d.mu.Lock()
+		if u := sent.Add(time.Duration(r.ttl) * time.Second); u.After(s.until) {
+			s.until = u
+		}
+		d.mu.Unlock()
 		return nil
 	case <-ctx.Done():
 		return readErr("keep session alive", ctx.Err())
