@@ -32,6 +32,11 @@
 // which it got the lock, which is still above every earlier holder's fence. A '/' or '%' in a key is escaped (%2F, %25) so a key maps to
 // exactly one lock name.
 //
+// Release and Break also write the fence of the grant they end to the key
+// prefix+K itself (beside the lock's waiter keys prefix+K+"/...", outside
+// the range etcd's recipe scans), so Inspect can report the last fence of a
+// free key. A grant that ended by expiry leaves the previous record.
+//
 // # Sessions
 //
 // The driver keeps one etcd lease (a session) per TTL (whole seconds,

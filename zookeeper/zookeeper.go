@@ -36,6 +36,14 @@
 // even when the lock path is deleted and created again (which resets the
 // sequence numbers that Curator and go-zookeeper's Lock hand out).
 //
+// The driver learns a new node's czxid without a second request: it
+// creates the node in one transaction (multi) with an empty write to the
+// lock path's data, whose returned stat carries the transaction's zxid. So
+// the lock path's mzxid is always the czxid of the last node fenced created
+// there, which Inspect reports as the fence of a free lock (the last fence
+// handed out, or reserved by a waiter that gave up). Curator ignores the
+// lock path's data.
+//
 // # Sessions
 //
 // The ZooKeeper session is the lease: the server deletes the ephemeral node
