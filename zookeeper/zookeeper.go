@@ -374,7 +374,9 @@ func (d *Driver) Guarantees() driver.Guarantees {
 func (d *Driver) TTLBounds() (min, max time.Duration) { return fenced.MinTTL, d.maxTTL }
 
 // Close closes the sessions the driver opened (their ephemeral nodes go at
-// once) and stops its background work.
+// once) and stops its background work. On a caller's connection (New),
+// whose session outlives the driver, it deletes the nodes of the grants it
+// still tracks instead (for up to a few seconds).
 func (d *Driver) Close() error {
 	d.mu.Lock()
 	if d.closed {
@@ -382,11 +384,27 @@ func (d *Driver) Close() error {
 		return nil
 	}
 	d.closed = true
+	var left []*entry
 	for _, e := range d.entries {
 		e.stop()
+		left = append(left, e)
 	}
 	sessions := d.sessions
+	fixed := d.fixed != nil
 	d.mu.Unlock()
+	if fixed && len(left) > 0 {
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for _, e := range left {
+				_ = d.deleteNode(e)
+			}
+		}()
+		select {
+		case <-done:
+		case <-time.After(3 * time.Second):
+		}
+	}
 	d.cancel()
 	for _, zc := range sessions {
 		zc.conn.Close()
