@@ -73,6 +73,7 @@ import (
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/keyname"
+	"github.com/fenced-dev/fenced/internal/reaper"
 )
 
 // DefaultPrefix is prepended to keys when Options.Prefix is empty.
@@ -171,9 +172,9 @@ type Driver struct {
 	sessions map[int64][]*session // by TTL in seconds
 	entries  map[entryID]*entry
 	ka       *keepAliver
+	reaper   *reaper.Reaper[*entry]
 	ctx      context.Context // cancelled by Close
 	cancel   context.CancelFunc
-	wg       sync.WaitGroup
 }
 
 // New returns a driver over cli, which stays the caller's to close (after
@@ -193,13 +194,15 @@ func New(cli *clientv3.Client, opts *Options) (*Driver, error) {
 		return nil, fmt.Errorf("etcd: %w: prefix contains a NUL byte", driver.ErrInvalidURL)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Driver{
+	d := &Driver{
 		cli: cli, prefix: o.Prefix,
 		sessions: map[int64][]*session{},
 		entries:  map[entryID]*entry{},
 		ctx:      ctx, cancel: cancel,
 		ka: &keepAliver{conn: cli.ActiveConnection(), ctx: ctx},
-	}, nil
+	}
+	d.reaper = reaper.New(d.reap, time.Second)
+	return d, nil
 }
 
 // Client returns the etcd client under d.
@@ -233,14 +236,9 @@ func (d *Driver) Close() error {
 		return nil
 	}
 	d.closed = true
-	for _, e := range d.entries {
-		if e.timer != nil {
-			e.timer.Stop()
-		}
-	}
 	d.mu.Unlock()
+	d.reaper.Close()
 	d.cancel()
-	d.wg.Wait()
 	if d.ownsClient {
 		return d.cli.Close()
 	}

@@ -267,15 +267,9 @@ func (d *Driver) keepWaiting(ctx context.Context, e *entry, ttl time.Duration) {
 	}
 }
 
-// abandon deletes e's key (best effort, without the caller's context, which
-// may be done); if that fails the reaper tries again at e's deadline.
-func (d *Driver) abandon(e *entry) {
-	ctx, cancel := context.WithTimeout(d.ctx, 5*time.Second)
-	defer cancel()
-	if _, err := d.deleteOwned(ctx, e); err == nil {
-		d.forget(e)
-	}
-}
+// abandon deletes e's key now (without the caller's context, which may be
+// done); if that fails the reaper keeps trying in the background.
+func (d *Driver) abandon(e *entry) { _ = d.reaper.EndNow(e) }
 
 // Renew implements driver.Driver: it confirms that g's key still exists and
 // sends a keep-alive for its session. ttl cannot change a session's TTL;

@@ -87,7 +87,9 @@ func ownerOf(stat *zk.Stat, data []byte) string {
 // holders, whose session timeouts the server does not expose.
 func (d *Driver) remaining(key string, stat *zk.Stat, data []byte) time.Duration {
 	if e := d.lookup(key, string(data)); e != nil && e.czxid == stat.Czxid {
-		return max(0, time.Until(e.deadline))
+		if dl, ok := d.reaper.Deadline(e); ok {
+			return max(0, time.Until(dl))
+		}
 	}
 	return 0
 }

@@ -22,10 +22,10 @@ const lockMarker = "lock-"
 // entryID names a node this driver created (or may have created).
 type entryID struct{ key, owner string }
 
-// entry tracks one lock node of this driver. Until its deadline is extended
-// by a renewal the node stands; once the deadline passes the driver deletes
-// it, so a grant nobody renews ends after its TTL even though the process
-// keeps its session alive.
+// entry tracks one lock node of this driver. Its deadline (kept by the
+// driver's reaper) is pushed back by every renewal; once it passes the
+// driver deletes the node, so a grant nobody renews ends after its TTL even
+// though the process keeps its session alive.
 type entry struct {
 	id       entryID
 	zc       *zsession
@@ -35,14 +35,6 @@ type entry struct {
 	session  int64
 	czxid    int64
 	granted  bool
-	deadline time.Time
-	timer    *time.Timer
-}
-
-func (e *entry) stop() {
-	if e.timer != nil {
-		e.timer.Stop()
-	}
 }
 
 func (e *entry) protectedPrefix() string { return "_c_" + e.uuid + "-" }
@@ -81,47 +73,43 @@ func (d *Driver) lookup(key, owner string) *entry {
 // track records e and (re)arms its deadline at from+ttl.
 func (d *Driver) track(e *entry, ttl time.Duration, from time.Time) {
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	if d.closed {
+		d.mu.Unlock()
 		return
 	}
-	if old, ok := d.entries[e.id]; ok && old != e {
-		old.stop()
-	}
+	old := d.entries[e.id]
 	d.entries[e.id] = e
-	e.deadline = from.Add(ttl)
-	e.stop()
-	e.timer = time.AfterFunc(time.Until(e.deadline), func() { d.reap(e) })
+	d.mu.Unlock()
+	if old != nil && old != e {
+		d.reaper.Forget(old)
+	}
+	d.reaper.Set(e, from.Add(ttl))
 }
 
+// forget drops e (if it is still the current entry for its id) and
+// disarms its deadline.
 func (d *Driver) forget(e *entry) {
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	if d.entries[e.id] == e {
 		delete(d.entries, e.id)
 	}
-	e.stop()
+	d.mu.Unlock()
+	d.reaper.Forget(e)
 }
 
-// reap deletes e's node once its deadline passed without renewal, trying
-// again a second later if that fails.
-func (d *Driver) reap(e *entry) {
-	d.mu.Lock()
-	if d.closed || d.entries[e.id] != e || time.Now().Before(e.deadline) {
-		d.mu.Unlock()
-		return
-	}
-	d.mu.Unlock()
+// reap deletes e's node (the reaper calls it when e's deadline passed
+// without renewal) and forgets e.
+func (d *Driver) reap(e *entry) error {
 	if err := d.deleteNode(e); err != nil {
-		d.mu.Lock()
-		if d.entries[e.id] == e && !d.closed {
-			e.timer = time.AfterFunc(time.Second, func() { d.reap(e) })
-		}
-		d.mu.Unlock()
-		return
+		return err
 	}
 	d.forget(e)
+	return nil
 }
+
+// abandon deletes e's node now; if that fails the reaper keeps trying in
+// the background.
+func (d *Driver) abandon(e *entry) { _ = d.reaper.EndNow(e) }
 
 // deleteNode deletes e's node, finding it by its protected prefix when its
 // path is unknown. A node already gone is not an error.
@@ -299,8 +287,7 @@ func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Dur
 	}
 	_, idx, err := d.queue(e)
 	if err != nil || idx != 0 {
-		d.track(e, 0, start)
-		d.reap(e)
+		d.abandon(e)
 		switch {
 		case err != nil:
 			return 0, err
@@ -366,15 +353,13 @@ func (d *Driver) AcquireTimed(ctx context.Context, key, owner string, ttl time.D
 	}
 	if err := d.createNode(ctx, e); err != nil {
 		if errors.Is(err, driver.ErrUnknownOutcome) {
-			d.track(e, 0, start)
-			d.reap(e)
+			d.abandon(e)
 		}
 		return 0, time.Time{}, err
 	}
 	d.track(e, max(ttl, time.Hour), start) // waiting: the session keeps the node
 	fail := func(err error) (uint64, time.Time, error) {
-		d.track(e, 0, start)
-		go d.reap(e)
+		d.abandon(e)
 		if ctx.Err() != nil {
 			return 0, time.Time{}, context.Cause(ctx)
 		}

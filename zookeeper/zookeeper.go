@@ -80,6 +80,7 @@ import (
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/keyname"
+	"github.com/fenced-dev/fenced/internal/reaper"
 )
 
 // DefaultRoot is the parent of lock paths when the URL or Options give none.
@@ -202,6 +203,7 @@ type Driver struct {
 	fixed    *zsession                   // New: the caller's connection
 	sessions map[time.Duration]*zsession // by requested TTL (URL mode)
 	entries  map[entryID]*entry
+	reaper   *reaper.Reaper[*entry]
 	ctx      context.Context
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
@@ -212,7 +214,9 @@ func newDriver(root string, acl []zk.ACL) *Driver {
 		acl = zk.WorldACL(zk.PermAll)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Driver{root: root, acl: acl, sessions: map[time.Duration]*zsession{}, entries: map[entryID]*entry{}, ctx: ctx, cancel: cancel}
+	d := &Driver{root: root, acl: acl, sessions: map[time.Duration]*zsession{}, entries: map[entryID]*entry{}, ctx: ctx, cancel: cancel}
+	d.reaper = reaper.New(d.reap, time.Second)
+	return d
 }
 
 // New returns a driver over conn, which stays the caller's to close (after
@@ -386,7 +390,6 @@ func (d *Driver) Close() error {
 	d.closed = true
 	var left []*entry
 	for _, e := range d.entries {
-		e.stop()
 		left = append(left, e)
 	}
 	sessions := d.sessions
@@ -406,9 +409,12 @@ func (d *Driver) Close() error {
 		}
 	}
 	d.cancel()
+	// Closing the connections first fails requests in flight, so no end
+	// the reaper is running can block Close.
 	for _, zc := range sessions {
 		zc.conn.Close()
 	}
+	d.reaper.Close()
 	d.wg.Wait()
 	return nil
 }
