@@ -97,6 +97,9 @@ func (d *Driver) confirm(ctx context.Context, e *entry, ttl time.Duration, start
 		return d.TryAcquire(ctx, e.id.key, e.id.owner, ttl)
 	}
 	if len(first) == 0 || first[0].CreateRevision != mine[0].CreateRevision {
+		if !e.granted {
+			d.abandon(e) // TryAcquire never leaves a key queued
+		}
 		return 0, &driver.HeldError{Key: e.id.key}
 	}
 	if kaErr != nil {
@@ -177,7 +180,17 @@ func (d *Driver) AcquireTimed(ctx context.Context, key, owner string, ttl time.D
 		pred, hdrRev, err := d.predecessor(ctx, e)
 		kaErr := <-kaDone
 		if err != nil {
-			return fail(err)
+			if ctx.Err() != nil || errors.Is(err, errVanished) {
+				return fail(err)
+			}
+			// The cluster did not answer (a leader election, a member
+			// down): keep waiting, and look again.
+			select {
+			case <-ctx.Done():
+				return fail(ctx.Err())
+			case <-time.After(100 * time.Millisecond):
+			}
+			continue
 		}
 		if pred == "" {
 			stopKA()
@@ -193,7 +206,17 @@ func (d *Driver) AcquireTimed(ctx context.Context, key, owner string, ttl time.D
 			return uint64(e.rev), sent, nil
 		}
 		if err := d.waitDelete(ctx, pred, hdrRev+1); err != nil {
-			return fail(err)
+			if ctx.Err() != nil {
+				return fail(err)
+			}
+			// The watch broke (its member lost the leader, or the
+			// connection): look at the queue again, which also tells
+			// whether our key survived.
+			select {
+			case <-ctx.Done():
+				return fail(ctx.Err())
+			case <-time.After(100 * time.Millisecond):
+			}
 		}
 	}
 }
@@ -205,9 +228,12 @@ func (d *Driver) keepAliveAsync(ctx context.Context, s *session) <-chan error {
 	return ch
 }
 
+// errVanished means a waiter's key disappeared while it waited.
+var errVanished = errors.New("our waiter key vanished while waiting")
+
 // predecessor returns the key created just before e's under its lock name
 // ("" when e's key is the oldest) and the revision of the read. It fails
-// with ErrNotHeld-free ErrUnavailable if e's key is gone (session expired).
+// with errVanished if e's key is gone (session expired, or broken).
 func (d *Driver) predecessor(ctx context.Context, e *entry) (string, int64, error) {
 	resp, err := d.cli.Txn(ctx).Then(
 		clientv3.OpGet(e.etcdKey),
@@ -218,7 +244,7 @@ func (d *Driver) predecessor(ctx context.Context, e *entry) (string, int64, erro
 	}
 	mine := resp.Responses[0].GetResponseRange().Kvs
 	if len(mine) == 0 || mine[0].CreateRevision != e.rev {
-		return "", 0, fmt.Errorf("etcd: acquire: %w: our waiter key %s vanished while waiting (session expired or broken)", driver.ErrUnavailable, e.etcdKey)
+		return "", 0, fmt.Errorf("etcd: acquire: %w: %w: %s (session expired or broken)", driver.ErrUnavailable, errVanished, e.etcdKey)
 	}
 	pred := resp.Responses[1].GetResponseRange().Kvs
 	if len(pred) == 0 {

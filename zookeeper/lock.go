@@ -365,9 +365,22 @@ func (d *Driver) AcquireTimed(ctx context.Context, key, owner string, ttl time.D
 		}
 		return 0, time.Time{}, err
 	}
+	// pause waits a little before looking again after a connection loss
+	// (the client reconnects within the session, keeping our node).
+	pause := func() bool {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(100 * time.Millisecond):
+			return true
+		}
+	}
 	for sent := start; ; sent = time.Now() {
 		children, idx, err := d.queue(e)
 		if err != nil {
+			if transient(err) && pause() {
+				continue
+			}
 			return fail(err)
 		}
 		if idx == 0 {
@@ -380,6 +393,9 @@ func (d *Driver) AcquireTimed(ctx context.Context, key, owner string, ttl time.D
 		}
 		ok, _, ch, err := e.zc.conn.ExistsW(e.lockPath + "/" + children[idx-1].name)
 		if err != nil {
+			if transient(err) && pause() {
+				continue
+			}
 			return fail(readErr("watch predecessor", err))
 		}
 		if !ok {

@@ -442,9 +442,15 @@ func newUUID() string {
 	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
 }
 
-// zkErr classifies a ZooKeeper error of a request that changes nothing.
+// readErr classifies a ZooKeeper error of a request that changes nothing.
 func readErr(op string, err error) error {
-	return fmt.Errorf("zookeeper: %s: %w: %v", op, driver.ErrUnavailable, err)
+	return fmt.Errorf("zookeeper: %s: %w: %w", op, driver.ErrUnavailable, err)
+}
+
+// transient reports whether err is a connection loss that the client
+// library recovers from by reconnecting within the session.
+func transient(err error) bool {
+	return errors.Is(err, zk.ErrConnectionClosed) || errors.Is(err, zk.ErrNoServer)
 }
 
 // writeErr classifies the error of a request that may have been applied.
