@@ -42,9 +42,10 @@
 // The driver keeps one etcd lease (a session) per TTL (whole seconds,
 // rounded up) and shares it between all the keys it holds with that TTL,
 // so renewing a thousand fenced leases costs one keep-alive plus one read,
-// not a thousand writes (the driver implements driver.BatchRenewer). Every
-// acquisition and renewal sends a keep-alive, so the session outlives the
-// lease's local validity. If the process stalls, the session expires on the
+// not a thousand writes (the driver implements driver.BatchRenewer).
+// Keep-alives go out on one long-lived stream, on demand: every acquisition
+// and renewal makes sure one was sent no earlier than the request began, so
+// the session outlives the lease's local validity. If the process stalls, the session expires on the
 // server's clock and etcd deletes every key on it; the driver's loss watch
 // (driver.LossWatcher) cancels the lease of a key deleted behind its back
 // (session expired, or broken by an admin). A grant that its holder stops
@@ -53,8 +54,10 @@
 //
 // etcd counts lease TTLs in whole seconds and raises short ones to its own
 // minimum (one and a half election timeouts), so the driver accepts TTLs of
-// one second or more; a holder that crashes blocks others for the rounded-up
-// TTL.
+// one second or more. A session's TTL is the grants' TTL rounded up to
+// whole seconds plus one second of headroom, which lets a busy client skip
+// keep-alives sent less than a second ago; a holder that crashes blocks
+// others for that long.
 package etcd
 
 import (

@@ -33,7 +33,7 @@ func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Dur
 		return 0, err
 	}
 	e := &entry{id: entryID{key, owner}, etcdKey: waiterKey(name, s), name: name, s: s}
-	kaDone := d.keepAliveAsync(ctx, s)
+	kaDone := d.keepAliveAsync(ctx, s, start, ttl)
 	resp, err := d.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(pfx), "=", 0).WithPrefix()).
 		Then(clientv3.OpPut(e.etcdKey, owner, clientv3.WithLease(s.id))).
@@ -80,7 +80,7 @@ func asUnknown(err error) error {
 // name and extends its session; it serves re-acquisition by the same owner.
 func (d *Driver) confirm(ctx context.Context, e *entry, ttl time.Duration, start time.Time) (uint64, error) {
 	pfx := e.name + "/"
-	kaDone := d.keepAliveAsync(ctx, e.s)
+	kaDone := d.keepAliveAsync(ctx, e.s, start, ttl)
 	resp, err := d.cli.Txn(ctx).Then(
 		clientv3.OpGet(e.etcdKey),
 		clientv3.OpGet(pfx, clientv3.WithFirstCreate()...),
@@ -142,7 +142,7 @@ func (d *Driver) AcquireTimed(ctx context.Context, key, owner string, ttl time.D
 	// A keep-alive sent with the put makes the session outlive the lease's
 	// local validity if the key is granted at once, without a second round
 	// trip.
-	kaDone := d.keepAliveAsync(ctx, s)
+	kaDone := d.keepAliveAsync(ctx, s, start, ttl)
 	resp, err := d.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(e.etcdKey), "=", 0)).
 		Then(clientv3.OpPut(e.etcdKey, owner, clientv3.WithLease(s.id)), clientv3.OpGet(pfx, clientv3.WithFirstCreate()...)).
@@ -176,7 +176,7 @@ func (d *Driver) AcquireTimed(ctx context.Context, key, owner string, ttl time.D
 	go d.keepWaiting(wctx, e, ttl)
 	for {
 		sent := time.Now()
-		kaDone := d.keepAliveAsync(ctx, s)
+		kaDone := d.keepAliveAsync(ctx, s, sent, ttl)
 		pred, hdrRev, err := d.predecessor(ctx, e)
 		kaErr := <-kaDone
 		if err != nil {
@@ -221,9 +221,15 @@ func (d *Driver) AcquireTimed(ctx context.Context, key, owner string, ttl time.D
 	}
 }
 
-// keepAliveAsync sends a keep-alive for s and delivers its outcome.
-func (d *Driver) keepAliveAsync(ctx context.Context, s *session) <-chan error {
+// keepAliveAsync makes sure s outlives from+ttl at the server: it sends a
+// keep-alive unless one sent recently already does, and delivers the
+// outcome.
+func (d *Driver) keepAliveAsync(ctx context.Context, s *session, from time.Time, ttl time.Duration) <-chan error {
 	ch := make(chan error, 1)
+	if d.covers(s, from, ttl) {
+		ch <- nil
+		return ch
+	}
 	go func() { ch <- d.keepAlive(ctx, s) }()
 	return ch
 }
@@ -316,7 +322,7 @@ func (d *Driver) RenewBatch(ctx context.Context, reqs []driver.RenewRequest) ([]
 	entries := make([]*entry, len(reqs))
 	var ops []clientv3.Op
 	var idx []int
-	sessions := map[*session]bool{}
+	sessions := map[*session]time.Duration{} // the longest TTL renewed on each
 	for i, r := range reqs {
 		e := d.lookup(r.Grant.Key, r.Grant.Owner)
 		if e == nil || !e.granted || r.Grant.Fence == 0 || uint64(e.rev) != r.Grant.Fence {
@@ -324,7 +330,7 @@ func (d *Driver) RenewBatch(ctx context.Context, reqs []driver.RenewRequest) ([]
 			continue
 		}
 		entries[i] = e
-		sessions[e.s] = true
+		sessions[e.s] = max(sessions[e.s], r.TTL)
 		ops = append(ops, clientv3.OpGet(e.etcdKey))
 		idx = append(idx, i)
 	}
@@ -334,11 +340,11 @@ func (d *Driver) RenewBatch(ctx context.Context, reqs []driver.RenewRequest) ([]
 	kaErrs := map[*session]error{}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
-	for s := range sessions {
+	for s, ttl := range sessions {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			err := d.keepAlive(ctx, s)
+			err := <-d.keepAliveAsync(ctx, s, start, ttl)
 			mu.Lock()
 			kaErrs[s] = err
 			mu.Unlock()

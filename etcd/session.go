@@ -47,7 +47,17 @@ type entry struct {
 // revoked.
 var errSessionGone = errors.New("etcd session (lease) expired or revoked")
 
-// ttlSeconds rounds ttl up to whole seconds, as etcd counts lease TTLs.
+// sessionSeconds is the TTL of the session that carries grants of ttl:
+// ttl rounded up to whole seconds (etcd counts lease TTLs in seconds) plus
+// one second. The headroom lets an acquisition or renewal skip the
+// keep-alive when one was sent within the last second: the session then
+// provably outlives the grant's validity already. A busy client thus sends
+// about one keep-alive per second per session, however many grants it
+// makes, at the price of a crashed holder blocking others one second
+// longer.
+func sessionSeconds(ttl time.Duration) int64 { return ttlSeconds(ttl) + 1 }
+
+// ttlSeconds rounds ttl up to whole seconds.
 func ttlSeconds(ttl time.Duration) int64 {
 	s := int64((ttl + time.Second - 1) / time.Second)
 	return max(s, 1)
@@ -56,7 +66,7 @@ func ttlSeconds(ttl time.Duration) int64 {
 // reserve returns a live session of ttl with no key under name and marks
 // name as used on it, granting a new etcd lease when none fits.
 func (d *Driver) reserve(ctx context.Context, ttl time.Duration, name string) (*session, error) {
-	secs := ttlSeconds(ttl)
+	secs := sessionSeconds(ttl)
 	d.mu.Lock()
 	if d.closed {
 		d.mu.Unlock()
@@ -112,6 +122,14 @@ func (d *Driver) markDeadLocked(s *session) {
 			}
 		}
 	}
+}
+
+// covers reports whether s is known to outlive from+ttl at the server: its
+// last confirmed keep-alive (or grant) was sent late enough.
+func (d *Driver) covers(s *session, from time.Time, ttl time.Duration) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return !s.until.Before(from.Add(ttl))
 }
 
 // keepAlive extends s by its TTL from now (server's clock). The request is
