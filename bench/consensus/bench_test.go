@@ -6,7 +6,12 @@
 //
 // Uncontended reports one acquire+release per op; HandoverN has N waiters
 // queued and reports the latency from the holder's release call to the
-// next holder's acquire returning (p50/p99 over all handovers).
+// next holder's acquire returning (p50/p99 over all handovers). The
+// implementations run in alternating rounds of 20 operations, so load from
+// elsewhere on the machine hits them alike; each reports <name>-p50-µs and
+// <name>-p99-µs, and fenced/<name>-p50-ratio compares fenced with each.
+// "driver" is fenced's driver called directly (driver.Queuer and Release),
+// without the portable Client, to show what the Client costs.
 package consensus
 
 import (
