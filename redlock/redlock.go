@@ -31,6 +31,10 @@
 // validity from before the first request was sent, minus the same drift
 // allowance (LeaseOptions.SafetyMargin defaults to TTL/100 + 2ms).
 //
+// A node whose key holds a value fenced did not write refuses the grant
+// and is never written to; if that costs the majority, the attempt fails
+// with an error matching ErrForeignValue.
+//
 // # Guarantees
 //
 // Redlock has no monotonic token: with no FenceSource the driver declares
@@ -441,7 +445,7 @@ func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Dur
 		}
 	}
 	validity := ttl - elapsed - drift(ttl)
-	if ours >= d.quorum && validity > 0 && !foreign {
+	if ours >= d.quorum && validity > 0 {
 		return granted, nil
 	}
 

@@ -279,9 +279,10 @@ func TestBadInput(t *testing.T) {
 	ctx := ctxT(t)
 	c := startCluster(t, 3)
 
-	// A foreign value on one node: refused, left alone.
-	rc := client(t, c.nodes[1])
-	rc.Set(ctx, "fenced:{k}:lock", "not ours", 0)
+	// Foreign values on a majority of nodes: refused, left alone.
+	rc0, rc1 := client(t, c.nodes[0]), client(t, c.nodes[1])
+	rc0.Set(ctx, "fenced:{k}:lock", "not ours", 0)
+	rc1.Set(ctx, "fenced:{k}:lock", "not ours", 0)
 	d := c.open(t, c.nodes, c.fenced(t))
 	if _, err := d.TryAcquire(ctx, "k", owner(), time.Minute); !errors.Is(err, redlock.ErrForeignValue) {
 		t.Fatalf("acquire over a foreign value: %v, want ErrForeignValue", err)
@@ -289,12 +290,26 @@ func TestBadInput(t *testing.T) {
 	if _, err := d.Break(ctx, "k", driver.BreakRequest{Reason: "x", By: "y"}); err == nil {
 		t.Fatal("Break over a foreign value succeeded")
 	}
-	if v, _ := rc.Get(ctx, "fenced:{k}:lock").Result(); v != "not ours" {
+	if _, err := d.Inspect(ctx, "k"); !errors.Is(err, redlock.ErrForeignValue) {
+		t.Fatalf("Inspect over a foreign value: %v, want ErrForeignValue", err)
+	}
+	// On a minority it counts as that node refusing: the majority grants,
+	// and the foreign value is still left alone.
+	rc1.Del(ctx, "fenced:{k}:lock")
+	o := owner()
+	f, err := d.TryAcquire(ctx, "k", o, time.Minute)
+	if err != nil {
+		t.Fatalf("acquire with a foreign value on 1 of 3 nodes: %v", err)
+	}
+	if err := d.Release(ctx, driver.Grant{Key: "k", Owner: o, Fence: f}); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := rc0.Get(ctx, "fenced:{k}:lock").Result(); v != "not ours" {
 		t.Fatalf("foreign value changed to %q", v)
 	}
 
 	// Wrong password.
-	_, err := fenced.Open(ctx, strings.Replace(c.url(""), password, "wrong", 1), nil)
+	_, err = fenced.Open(ctx, strings.Replace(c.url(""), password, "wrong", 1), nil)
 	if err == nil || !strings.Contains(err.Error(), "authentication failed") || strings.Contains(err.Error(), "wrong@") {
 		t.Fatalf("wrong password: %v", err)
 	}

@@ -48,7 +48,14 @@ type Hub struct {
 type topic struct {
 	ready chan struct{} // closed when the server confirmed the subscription
 	subs  []*sub        // oldest first
+	idle  *time.Timer   // unsubscribes after Linger without subscribers
+	gen   int           // identifies the current idle timer
 }
+
+// Linger is how long a key's channel stays subscribed after its last
+// waiter left, so a process that waits for the same key again and again
+// does not pay a SUBSCRIBE round trip each time.
+const Linger = 5 * time.Second
 
 type sub struct {
 	h       *Hub
@@ -79,6 +86,11 @@ func (h *Hub) Subscribe(ctx context.Context, channel string) (driver.Subscriptio
 	}
 	t := h.topics[channel]
 	fresh := t == nil
+	if t != nil && t.idle != nil {
+		t.idle.Stop()
+		t.idle = nil
+		t.gen++
+	}
 	if fresh {
 		t = &topic{ready: make(chan struct{})}
 		h.topics[channel] = t
@@ -186,8 +198,8 @@ func (s *sub) wake() bool {
 func (s *sub) C() <-chan struct{} { return s.c }
 
 // Close implements driver.Subscription. A wake-up this subscriber did not
-// consume goes to the next waiter; the last subscriber of a key
-// unsubscribes.
+// consume goes to the next waiter; Linger after the last subscriber of a
+// key left, the channel is unsubscribed.
 func (s *sub) Close() error {
 	s.once.Do(func() {
 		h := s.h
@@ -210,19 +222,33 @@ func (s *sub) Close() error {
 			t.wakeOne(s)
 		default:
 		}
-		last := len(t.subs) == 0
-		if last {
-			delete(h.topics, s.channel)
+		if len(t.subs) == 0 {
+			t.gen++
+			gen, channel := t.gen, s.channel
+			t.idle = time.AfterFunc(Linger, func() { h.unsubscribeIdle(channel, t, gen) })
 		}
-		ps, closed := h.ps, h.closed
 		h.mu.Unlock()
-		if last && ps != nil && !closed {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			_ = ps.Unsubscribe(ctx, s.channel)
-			cancel()
-		}
 	})
 	return nil
+}
+
+// unsubscribeIdle drops t if it is still idle with timer idle.
+func (h *Hub) unsubscribeIdle(channel string, t *topic, gen int) {
+	h.cmdMu.Lock()
+	defer h.cmdMu.Unlock()
+	h.mu.Lock()
+	if h.topics[channel] != t || t.gen != gen || t.idle == nil || len(t.subs) > 0 {
+		h.mu.Unlock()
+		return
+	}
+	delete(h.topics, channel)
+	ps, closed := h.ps, h.closed
+	h.mu.Unlock()
+	if ps != nil && !closed {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_ = ps.Unsubscribe(ctx, channel)
+		cancel()
+	}
 }
 
 // Close closes the subscriber connection. Open subscriptions stop
@@ -235,6 +261,11 @@ func (h *Hub) Close() error {
 	}
 	h.closed = true
 	close(h.done)
+	for _, t := range h.topics {
+		if t.idle != nil {
+			t.idle.Stop()
+		}
+	}
 	if h.ps != nil {
 		return h.ps.Close()
 	}
