@@ -15,6 +15,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"os"
 	"sort"
 	"sync"
@@ -24,6 +25,7 @@ import (
 
 	"github.com/bsm/redislock"
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/testenv"
 	fredis "github.com/fenced-dev/fenced/redis"
 	"github.com/go-redsync/redsync/v4"
@@ -77,6 +79,22 @@ func (l fencedLocker) lock(ctx context.Context, key string) (func(context.Contex
 		return nil, err
 	}
 	return lease.Release, nil
+}
+
+// driverLocker calls the fenced driver directly, without the portable
+// Client (no lease object, no renewal, no hooks): the cost of the scripts
+// alone.
+type driverLocker struct{ d *fredis.Driver }
+
+func (l driverLocker) lock(ctx context.Context, key string) (func(context.Context) error, error) {
+	owner := fmt.Sprintf("%016x%016x", rand.Uint64(), rand.Uint64())
+	f, err := l.d.TryAcquire(ctx, key, owner, 10*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	return func(ctx context.Context) error {
+		return l.d.Release(ctx, driver.Grant{Key: key, Owner: owner, Fence: f})
+	}, nil
 }
 
 type redsyncLocker struct{ rs *redsync.Redsync }
@@ -135,7 +153,15 @@ var keySeq atomic.Int64
 func BenchmarkUncontended(b *testing.B) {
 	ctx := context.Background()
 	srv := startServer(b)
-	for _, ct := range contenders[:3] {
+	all := append([]contender{{"fenced-driver", func(b *testing.B, c *redis.Client) locker {
+		d, err := fredis.New(c, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { d.Close() })
+		return driverLocker{d}
+	}}}, contenders[:3]...)
+	for _, ct := range all {
 		b.Run(ct.name, func(b *testing.B) {
 			c, h := newClient(b, srv)
 			l := ct.make(b, c)
@@ -213,7 +239,7 @@ func BenchmarkHandover(b *testing.B) {
 							mine := handovers
 							cond.Broadcast()
 							mu.Unlock()
-							time.Sleep(200 * time.Microsecond) // the work
+							time.Sleep(2 * time.Millisecond) // the work: long enough for every waiter to be waiting
 							mu.Lock()
 							releaseAt = time.Now()
 							mu.Unlock()

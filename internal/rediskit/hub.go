@@ -2,7 +2,9 @@ package rediskit
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"time"
 
@@ -104,7 +106,7 @@ func (h *Hub) Subscribe(ctx context.Context, channel string) (driver.Subscriptio
 	ps := h.ps
 	h.mu.Unlock()
 	if start {
-		go h.read(ps.ChannelWithSubscriptions(redis.WithChannelSize(1024)))
+		go h.read(ps)
 	}
 	var err error
 	if fresh {
@@ -141,35 +143,69 @@ func (h *Hub) Subscribe(ctx context.Context, channel string) (driver.Subscriptio
 	}
 }
 
-func (h *Hub) read(ch <-chan any) {
-	for m := range ch {
-		switch m := m.(type) {
-		case *redis.Subscription:
-			if m.Kind != "subscribe" {
+// healthEvery is how long the subscriber connection may stay silent before
+// the hub pings it.
+const healthEvery = 15 * time.Second
+
+// read receives on the subscriber connection itself (rather than through
+// go-redis's Channel, which adds a goroutine hop to every wake-up). go-redis
+// reconnects and re-subscribes on the next receive after an error.
+func (h *Hub) read(ps *redis.PubSub) {
+	ctx := context.Background()
+	for {
+		m, err := ps.ReceiveTimeout(ctx, healthEvery)
+		if err != nil {
+			select {
+			case <-h.done:
+				return
+			default:
+			}
+			if errors.Is(err, redis.ErrClosed) {
+				return
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+				_ = ps.Ping(pctx)
+				cancel()
 				continue
 			}
-			h.mu.Lock()
-			if q := h.pending[m.Channel]; len(q) > 0 {
-				close(q[0])
-				if len(q) == 1 {
-					delete(h.pending, m.Channel)
-				} else {
-					h.pending[m.Channel] = q[1:]
-				}
-			} else if t := h.topics[m.Channel]; t != nil {
-				// Re-subscribed after a reconnect: a release may have been
-				// missed, so let every waiter check.
-				for _, s := range t.subs {
-					s.wake()
-				}
+			select {
+			case <-h.done:
+				return
+			case <-time.After(100 * time.Millisecond):
 			}
-			h.mu.Unlock()
-		case *redis.Message:
-			h.mu.Lock()
-			if t := h.topics[m.Channel]; t != nil {
-				t.wakeOne(nil)
+			continue
+		}
+		h.handle(m)
+	}
+}
+
+func (h *Hub) handle(m any) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	switch m := m.(type) {
+	case *redis.Subscription:
+		if m.Kind != "subscribe" {
+			return
+		}
+		if q := h.pending[m.Channel]; len(q) > 0 {
+			close(q[0])
+			if len(q) == 1 {
+				delete(h.pending, m.Channel)
+			} else {
+				h.pending[m.Channel] = q[1:]
 			}
-			h.mu.Unlock()
+		} else if t := h.topics[m.Channel]; t != nil {
+			// Re-subscribed after a reconnect: a release may have been
+			// missed, so let every waiter check.
+			for _, s := range t.subs {
+				s.wake()
+			}
+		}
+	case *redis.Message:
+		if t := h.topics[m.Channel]; t != nil {
+			t.wakeOne(nil)
 		}
 	}
 }
