@@ -355,3 +355,41 @@ func TestBadInput(t *testing.T) {
 	}
 	cl.Close()
 }
+
+// TestRenewBatch renews many grants in one parallel round, with a node
+// down: each result says whether a majority still holds that grant.
+func TestRenewBatch(t *testing.T) {
+	ctx := ctxT(t)
+	c := startCluster(t, 5)
+	d := c.open(t, c.nodes, c.fenced(t))
+	var reqs []driver.RenewRequest
+	for i := 0; i < 10; i++ {
+		key := "batch:" + string(rune('a'+i))
+		o := owner()
+		f, err := d.TryAcquire(ctx, key, o, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		reqs = append(reqs, driver.RenewRequest{Grant: driver.Grant{Key: key, Owner: o, Fence: f}, TTL: time.Minute})
+	}
+	reqs[3].Grant.Fence++ // not a current grant
+	c.nodes[2].Kill()
+	errs, err := d.RenewBatch(ctx, reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, e := range errs {
+		if i == 3 {
+			if !errors.Is(e, driver.ErrNotHeld) {
+				t.Errorf("stale grant renewed: %v", e)
+			}
+		} else if e != nil {
+			t.Errorf("grant %d: %v", i, e)
+		}
+	}
+	c.nodes[3].Kill()
+	c.nodes[4].Kill()
+	if _, err := d.RenewBatch(ctx, reqs); !errors.Is(err, driver.ErrUnknownOutcome) {
+		t.Fatalf("renewal with 3 of 5 nodes down: %v, want ErrUnknownOutcome", err)
+	}
+}
