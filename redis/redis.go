@@ -46,8 +46,14 @@
 // persistence, the lock is gone and the same fence can be issued to a second
 // holder. A correctness lease therefore needs LeaseOptions.AllowRepeatableFence.
 //
-// Waiters are woken by pub/sub (see Notifier); FIFO is not promised across
-// processes. Breaks are recorded in a capped stream per key (BreakLogger).
+// Waiters are woken by pub/sub: release and break PUBLISH on the key's
+// channel inside their script; each driver holds one subscriber connection
+// and wakes only waiters of that key, one per release, oldest first. A
+// grant that expires without a release publishes nothing: the refusal a
+// waiter got carried the grant's PTTL, and the waiter retries then. FIFO is
+// not promised (Guarantees.FIFO is false): within one process waiters are
+// woken in arrival order, across processes whoever retries first wins.
+// Breaks are recorded in a capped stream per key (BreakLogger).
 // Renewals of many leases are pipelined into one round trip (BatchRenewer).
 package redis
 
