@@ -1,0 +1,137 @@
+package testenv
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+)
+
+// MySQL is a MariaDB server started for tests from Debian's mariadb-server
+// package: its own data directory in a temporary directory, a unix socket
+// there, TCP on a free loopback port, and a real user with a password (the
+// grant tables are in force, so a wrong password is refused).
+type MySQL struct {
+	// User and Password are the test user's credentials, with every
+	// privilege on Database.
+	User, Password, Database string
+	// Port is the TCP port on 127.0.0.1.
+	Port int
+	// Dir holds the data directory and the unix socket.
+	Dir string
+
+	bin  string
+	mu   sync.Mutex
+	proc *Process
+}
+
+// StartMySQL initializes a data directory and starts MariaDB, as user
+// "nobody" when the test runs as root. The server is stopped when t ends.
+func StartMySQL(t testing.TB) *MySQL {
+	t.Helper()
+	bin := RequireBinary(t, "mariadb-server", "mariadbd", "mysqld")
+	installDB := RequireBinary(t, "mariadb-server", "mariadb-install-db", "mysql_install_db")
+	dir := TempDir(t, "mariadb")
+	m := &MySQL{User: "fenced", Password: "my-secret-" + strconv.Itoa(os.Getpid()), Database: "fenced", Dir: dir, bin: bin}
+	ChownNobody(t, dir)
+	cmd := exec.Command(installDB, "--no-defaults", "--datadir="+filepath.Join(dir, "data"),
+		"--auth-root-authentication-method=normal", "--skip-test-db", "--skip-name-resolve")
+	cmd.Dir = dir
+	RunAsNobody(cmd)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("testenv: mariadb-install-db: %v\n%s", err, out)
+	}
+	m.Port = FreePort(t)
+	m.start(t)
+	t.Cleanup(m.Kill)
+
+	// Root may log in without a password over the socket only; create the
+	// test user and database through it.
+	db, err := sql.Open("mysql", "root@unix("+m.Socket()+")/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, q := range []string{
+		"CREATE DATABASE " + m.Database,
+		fmt.Sprintf("CREATE USER '%s'@'%%' IDENTIFIED BY '%s'", m.User, m.Password),
+		fmt.Sprintf("GRANT ALL ON %s.* TO '%s'@'%%'", m.Database, m.User),
+	} {
+		if _, err := db.ExecContext(ctx, q); err != nil {
+			t.Fatalf("testenv: mariadb setup %q: %v", q, err)
+		}
+	}
+	return m
+}
+
+func (m *MySQL) start(t testing.TB) {
+	t.Helper()
+	cmd := exec.Command(m.bin, "--no-defaults", "--datadir="+filepath.Join(m.Dir, "data"),
+		"--socket="+m.Socket(), "--port="+strconv.Itoa(m.Port), "--bind-address=127.0.0.1",
+		"--pid-file="+filepath.Join(m.Dir, "mariadb.pid"), "--skip-name-resolve",
+		"--innodb-buffer-pool-size=32M", "--innodb-log-file-size=32M", "--max-connections=400",
+		"--performance-schema=OFF", "--log-error="+filepath.Join(m.Dir, "error.log"))
+	RunAsNobody(cmd)
+	proc := Start(t, "mariadbd", cmd)
+	proc.WaitPort(t, Addr(m.Port), 60*time.Second)
+	m.mu.Lock()
+	m.proc = proc
+	m.mu.Unlock()
+}
+
+// Socket is the server's unix socket.
+func (m *MySQL) Socket() string { return filepath.Join(m.Dir, "mysqld.sock") }
+
+// URL returns a mysql:// URL for the test user with extra query parameters.
+func (m *MySQL) URL(params ...string) string { return m.URLAs(m.User, m.Password, params...) }
+
+// URLAs is URL with other credentials.
+func (m *MySQL) URLAs(user, password string, params ...string) string {
+	u := url.URL{Scheme: "mysql", User: url.UserPassword(user, password), Host: Addr(m.Port), Path: "/" + m.Database}
+	q := ""
+	for i, s := range params {
+		if i > 0 {
+			q += "&"
+		}
+		q += s
+	}
+	u.RawQuery = q
+	return u.String()
+}
+
+// DSN returns a go-sql-driver DSN for the test user.
+func (m *MySQL) DSN() string {
+	c := mysql.NewConfig()
+	c.User, c.Passwd, c.Net, c.Addr, c.DBName = m.User, m.Password, "tcp", Addr(m.Port), m.Database
+	return c.FormatDSN()
+}
+
+// Kill stops the server with SIGKILL, as a crash would.
+func (m *MySQL) Kill() {
+	m.mu.Lock()
+	proc := m.proc
+	m.mu.Unlock()
+	if proc != nil {
+		proc.Kill()
+	}
+}
+
+// Restart kills the server with SIGKILL and starts it again on the same
+// data directory and port; InnoDB recovers from its redo log.
+func (m *MySQL) Restart(t testing.TB) {
+	t.Helper()
+	m.Kill()
+	os.Remove(m.Socket())
+	m.start(t)
+}

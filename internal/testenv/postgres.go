@@ -1,0 +1,117 @@
+package testenv
+
+import (
+	"fmt"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+)
+
+// Postgres is a PostgreSQL server started for tests from Debian's
+// postgresql package: its own cluster in a temporary directory, a unix
+// socket in that directory, TCP on a free loopback port, password
+// (SCRAM) authentication for TCP clients.
+type Postgres struct {
+	// User and Password are the superuser's credentials; Database is the
+	// database the URLs name.
+	User, Password, Database string
+	// Port is the TCP port on 127.0.0.1.
+	Port int
+	// Dir holds the data directory and the unix socket.
+	Dir string
+
+	bin       string
+	startArgs []string
+	mu        sync.Mutex
+	proc      *Process
+}
+
+// StartPostgres initializes a cluster and starts PostgreSQL, as user
+// "nobody" when the test runs as root. The server is stopped when t ends.
+// Extra server settings ("name=value") are passed with -c.
+func StartPostgres(t testing.TB, settings ...string) *Postgres {
+	t.Helper()
+	initdb := RequireBinary(t, "postgresql", "initdb")
+	bin := filepath.Dir(initdb)
+	dir := TempDir(t, "pg")
+	p := &Postgres{User: "fenced", Password: "pg-secret-" + strconv.Itoa(os.Getpid()), Database: "postgres", Dir: dir, bin: bin}
+	pwfile := filepath.Join(dir, "pwfile")
+	if err := os.WriteFile(pwfile, []byte(p.Password+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ChownNobody(t, dir)
+	cmd := exec.Command(initdb, "-D", filepath.Join(dir, "data"), "-U", p.User, "--pwfile", pwfile,
+		"--auth-host=scram-sha-256", "--auth-local=trust", "-E", "UTF8", "--locale=C", "--no-sync")
+	RunAsNobody(cmd)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("testenv: initdb: %v\n%s", err, out)
+	}
+	os.Remove(pwfile)
+	p.Port = FreePort(t)
+	args := []string{"-D", filepath.Join(dir, "data"), "-p", strconv.Itoa(p.Port), "-k", dir,
+		"-c", "listen_addresses=127.0.0.1", "-c", "max_connections=400", "-c", "shared_buffers=32MB",
+		"-c", "log_min_messages=warning", "-c", "log_min_error_statement=panic"}
+	for _, s := range settings {
+		args = append(args, "-c", s)
+	}
+	p.startArgs = args
+	p.start(t)
+	t.Cleanup(p.Kill)
+	return p
+}
+
+func (p *Postgres) start(t testing.TB) {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(p.bin, "postgres"), p.startArgs...)
+	RunAsNobody(cmd)
+	proc := Start(t, "postgres", cmd)
+	proc.WaitLog(t, "database system is ready to accept connections", 60*time.Second)
+	proc.WaitPort(t, Addr(p.Port), 30*time.Second)
+	p.mu.Lock()
+	p.proc = proc
+	p.mu.Unlock()
+}
+
+// URL returns a postgres:// URL for the server with the given extra query
+// parameters (for example "table=x").
+func (p *Postgres) URL(params ...string) string {
+	return p.URLAs(p.User, p.Password, params...)
+}
+
+// URLAs is URL with other credentials.
+func (p *Postgres) URLAs(user, password string, params ...string) string {
+	u := url.URL{Scheme: "postgres", User: url.UserPassword(user, password), Host: Addr(p.Port), Path: "/" + p.Database}
+	q := "sslmode=disable"
+	for _, s := range params {
+		q += "&" + s
+	}
+	u.RawQuery = q
+	return u.String()
+}
+
+// Kill stops the server with SIGKILL (every backend with it), as a crash
+// or power cut would.
+func (p *Postgres) Kill() {
+	p.mu.Lock()
+	proc := p.proc
+	p.mu.Unlock()
+	if proc != nil {
+		proc.Kill()
+	}
+}
+
+// Restart kills the server with SIGKILL and starts it again on the same
+// data directory and port; PostgreSQL runs crash recovery from its WAL.
+func (p *Postgres) Restart(t testing.TB) {
+	t.Helper()
+	p.Kill()
+	// The postmaster.pid of a killed server is stale; PostgreSQL checks the
+	// PID and removes it, but the socket lock file may linger.
+	os.Remove(filepath.Join(p.Dir, fmt.Sprintf(".s.PGSQL.%d.lock", p.Port)))
+	p.start(t)
+}
