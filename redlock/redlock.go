@@ -863,8 +863,9 @@ func (d *Driver) Breaks(ctx context.Context, key string) ([]driver.BreakRecord, 
 	return out, nil
 }
 
-// Subscribe implements driver.Notifier: it subscribes on every node that
-// answers (each publishes on release and break) and merges the wake-ups.
+// Subscribe implements driver.Notifier: it subscribes on the nodes (each
+// publishes on release and break), returns once a majority confirmed, and
+// merges the wake-ups.
 func (d *Driver) Subscribe(ctx context.Context, key string) (driver.Subscription, error) {
 	if err := d.usable(); err != nil {
 		return nil, err
@@ -879,7 +880,18 @@ func (d *Driver) Subscribe(ctx context.Context, key string) (driver.Subscription
 			}
 		}
 		return nil, errors.New("unknown node")
-	}, nil, func(r reply[driver.Subscription]) {
+	}, func(rs []reply[driver.Subscription]) bool {
+		// A majority suffices: every grant is on a majority of nodes, so
+		// its release publishes on at least one of them; a stopped node
+		// must not delay the wait.
+		ok := 0
+		for _, r := range rs {
+			if r.err == nil {
+				ok++
+			}
+		}
+		return ok >= d.quorum
+	}, func(r reply[driver.Subscription]) {
 		if r.err == nil {
 			r.val.Close()
 		}
