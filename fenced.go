@@ -182,14 +182,45 @@ func ParseURL(rawURL string) (*url.URL, error) {
 }
 
 // Redact returns rawURL with any password replaced by "xxxxx", for logs and
-// errors. Strings that do not parse are cut at the first '@'.
+// errors: the userinfo password, query parameters that carry secrets
+// (password, sslpassword, as PostgreSQL URLs allow), and the same in URLs
+// nested in query parameters (redlock://…?fence=postgres://u:pw@…). Strings
+// that do not parse are cut at the first '@', and an unparseable query is
+// dropped.
 func Redact(rawURL string) string {
 	u, err := url.Parse(rawURL)
 	if err != nil {
 		if i := strings.LastIndex(rawURL, "@"); i >= 0 {
-			return "…" + rawURL[i:]
+			rawURL = "…" + rawURL[i:]
+		}
+		if i := strings.Index(rawURL, "?"); i >= 0 {
+			rawURL = rawURL[:i] + "?…"
 		}
 		return rawURL
+	}
+	if u.RawQuery != "" {
+		q, err := url.ParseQuery(u.RawQuery)
+		if err != nil {
+			u.RawQuery = "…"
+		} else {
+			changed := false
+			for k, vs := range q {
+				for i, v := range vs {
+					r := v
+					if strings.EqualFold(k, "password") || strings.EqualFold(k, "sslpassword") {
+						r = "xxxxx"
+					} else if strings.Contains(v, "@") {
+						r = Redact(v)
+					}
+					if r != v {
+						vs[i], changed = r, true
+					}
+				}
+			}
+			if changed {
+				u.RawQuery = q.Encode()
+			}
+		}
 	}
 	return u.Redacted()
 }

@@ -2,10 +2,11 @@ module github.com/fenced-dev/fenced
 
 go 1.26.8
 
+require github.com/redis/go-redis/v9 v9.23.0
+
 require (
 	github.com/go-sql-driver/mysql v1.10.1
 	github.com/jackc/pgx/v5 v5.12.0
-	github.com/redis/go-redis/v9 v9.23.0
 	github.com/spf13/cobra v1.10.2
 	go.etcd.io/etcd/client/v3 v3.7.3
 	modernc.org/sqlite v1.62.0

@@ -69,3 +69,48 @@ func reportPercentiles(b *testing.B, lat []time.Duration) {
 	b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
 	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
 }
+
+// BenchmarkHandover measures the time from a holder's release in one
+// driver (as another process would be) to the acquire of a waiter blocked in
+// another driver on the same file.
+func BenchmarkHandover(b *testing.B) {
+	ctx := context.Background()
+	path := filepath.Join(b.TempDir(), "leases.db")
+	open := func() *fenced.Client {
+		d, err := sqlite.OpenFile(ctx, path, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return fenced.NewClient(d, nil)
+	}
+	holder, waiter := open(), open()
+	defer holder.Close()
+	defer waiter.Close()
+	lat := make([]time.Duration, 0, b.N)
+	for i := 0; i < b.N; i++ {
+		l, err := holder.TryAcquire(ctx, "bench:handover", nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		got := make(chan time.Time, 1)
+		go func() {
+			w, err := waiter.Acquire(ctx, "bench:handover", &fenced.LeaseOptions{MaxWait: time.Minute})
+			if err != nil {
+				b.Error(err)
+				got <- time.Time{}
+				return
+			}
+			got <- time.Now()
+			w.Release(ctx)
+		}()
+		time.Sleep(20 * time.Millisecond) // the waiter is waiting
+		released := time.Now()
+		if err := l.Release(ctx); err != nil {
+			b.Fatal(err)
+		}
+		at := <-got
+		lat = append(lat, at.Sub(released))
+		time.Sleep(5 * time.Millisecond)
+	}
+	reportPercentiles(b, lat)
+}

@@ -21,8 +21,11 @@
 // Query parameters: table (default fenced_leases; the break log is
 // TABLE_breaks), busy_timeout (default 5s).
 //
-// Waiters poll with backoff and jitter (SQLite cannot notify another
-// process); waiters in the same process are woken at once by the client.
+// SQLite cannot notify another process. Waiters instead detect commits by
+// any process through PRAGMA data_version (a cheap read on one connection
+// per driver, every 5ms while somebody waits) and retry only when their key
+// is free; a grant that expires without a release is caught by the
+// client's timer at the holder's expiry.
 package sqlite
 
 import (
@@ -152,18 +155,21 @@ func OpenFile(ctx context.Context, path string, opts *Options) (*Driver, error) 
 }
 
 // Driver is the SQLite lease driver. It implements driver.Driver,
-// driver.BatchRenewer and driver.BreakLogger.
+// driver.BatchRenewer, driver.BreakLogger and driver.Notifier (by change
+// detection: see Subscribe).
 type Driver struct {
 	db     *sql.DB
 	ownsDB bool
 	table  string
 	q      queries
+	watch  watcher
 }
 
 var (
 	_ driver.Driver       = (*Driver)(nil)
 	_ driver.BatchRenewer = (*Driver)(nil)
 	_ driver.BreakLogger  = (*Driver)(nil)
+	_ driver.Notifier     = (*Driver)(nil)
 )
 
 // New returns a driver over an open SQLite database, creating the lease and
@@ -497,13 +503,23 @@ func (d *Driver) Guarantees() driver.Guarantees {
 	return driver.Guarantees{
 		Fence:       driver.FenceStrict,
 		ServerClock: true,
-		Note:        "one host: the fence counter is a row in the file and survives restarts; expiry uses the host clock inside the statement; waiters in other processes poll",
+		Note:        "one host: the fence counter is a row in the file and survives restarts; expiry uses the host clock inside the statement; waiters detect commits by other processes (PRAGMA data_version every 5ms) and retry only when their key is free",
 	}
 }
 
 // Close implements driver.Driver. It closes the database only if the
 // driver opened it.
 func (d *Driver) Close() error {
+	d.watch.mu.Lock()
+	if d.watch.stop != nil {
+		d.watch.stop()
+		d.watch.stop = nil
+	}
+	done := d.watch.done
+	d.watch.mu.Unlock()
+	if done != nil {
+		<-done
+	}
 	if d.ownsDB {
 		return d.db.Close()
 	}

@@ -206,7 +206,7 @@ func TestAdminCommands(t *testing.T) {
 	c := client(t, store)
 	var leases []*fenced.Lease
 	for _, k := range []string{"inv:2", "inv:1", "other"} {
-		l, err := c.TryAcquire(ctx, k, &fenced.LeaseOptions{TTL: time.Minute})
+		l, err := c.TryAcquire(ctx, k, &fenced.LeaseOptions{TTL: 3 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}

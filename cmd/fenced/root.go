@@ -16,6 +16,7 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	_ "github.com/fenced-dev/fenced/mem"
+	_ "github.com/fenced-dev/fenced/redis"
 	_ "github.com/fenced-dev/fenced/sqlite"
 )
 
@@ -78,7 +79,7 @@ func execute(args []string, stdout, stderr io.Writer) int {
 	if errors.As(err, &ee) && ee.err == nil {
 		return ee.code
 	}
-	fmt.Fprintln(stderr, "fenced:", err)
+	fmt.Fprintln(stderr, "fenced:", strings.TrimPrefix(err.Error(), "fenced: "))
 	if strings.HasPrefix(err.Error(), "unknown command") || strings.Contains(err.Error(), "flag") || strings.Contains(err.Error(), "arg(s)") {
 		return exitUsage
 	}
@@ -113,11 +114,17 @@ func defaultStoreHint() string {
 }
 
 func (g *globals) open(ctx context.Context) (*fenced.Client, error) {
-	c, err := fenced.Open(ctx, g.store, nil)
+	return fenced.Open(ctx, g.store, nil)
+}
+
+// withClient opens the store, runs fn and closes the store.
+func (g *globals) withClient(ctx context.Context, fn func(*fenced.Client) error) error {
+	c, err := g.open(ctx)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	return c, nil
+	defer c.Close()
+	return fn(c)
 }
 
 func addOutputFlag(cmd *cobra.Command, g *globals) {
@@ -165,17 +172,15 @@ func newLsCmd(g *globals) *cobra.Command {
 			if err := g.checkOutput(); err != nil {
 				return err
 			}
-			ctx := cmd.Context()
-			c, err := g.open(ctx)
-			if err != nil {
-				return err
-			}
-			defer c.Close()
 			prefix := ""
 			if len(args) == 1 {
 				prefix = args[0]
 			}
-			infos, err := c.List(ctx, prefix)
+			var infos []fenced.LeaseInfo
+			err := g.withClient(cmd.Context(), func(c *fenced.Client) (err error) {
+				infos, err = c.List(cmd.Context(), prefix)
+				return err
+			})
 			if err != nil {
 				return err
 			}
@@ -222,17 +227,18 @@ func newInspectCmd(g *globals) *cobra.Command {
 			if err := g.checkOutput(); err != nil {
 				return err
 			}
-			ctx := cmd.Context()
-			c, err := g.open(ctx)
+			var info fenced.LeaseInfo
+			var breaks []fenced.BreakRecord
+			err := g.withClient(cmd.Context(), func(c *fenced.Client) (err error) {
+				if info, err = c.Inspect(cmd.Context(), args[0]); err != nil {
+					return err
+				}
+				breaks, _ = c.Breaks(cmd.Context(), args[0]) // not every store keeps them
+				return nil
+			})
 			if err != nil {
 				return err
 			}
-			defer c.Close()
-			info, err := c.Inspect(ctx, args[0])
-			if err != nil {
-				return err
-			}
-			breaks, _ := c.Breaks(ctx, args[0])
 			if g.output == "json" {
 				j := toJSON(info)
 				for _, b := range breaks {
@@ -277,13 +283,11 @@ evicted holder still sends are refused by fenced resources. The break is recorde
 			if strings.TrimSpace(reason) == "" {
 				return withCode(exitUsage, errors.New("break: --reason is required"))
 			}
-			ctx := cmd.Context()
-			c, err := g.open(ctx)
-			if err != nil {
+			var info fenced.LeaseInfo
+			err := g.withClient(cmd.Context(), func(c *fenced.Client) (err error) {
+				info, err = c.Break(cmd.Context(), args[0], reason, by)
 				return err
-			}
-			defer c.Close()
-			info, err := c.Break(ctx, args[0], reason, by)
+			})
 			if err != nil {
 				return err
 			}
@@ -312,12 +316,14 @@ func newGuaranteesCmd(g *globals) *cobra.Command {
 		Example: `  fenced guarantees --store redis://localhost:6379`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.open(cmd.Context())
+			var gr fenced.Guarantees
+			err := g.withClient(cmd.Context(), func(c *fenced.Client) error {
+				gr = c.Guarantees()
+				return nil
+			})
 			if err != nil {
 				return err
 			}
-			defer c.Close()
-			gr := c.Guarantees()
 			tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintf(tw, "store:\t%s\n", fenced.Redact(g.store))
 			fmt.Fprintf(tw, "fence:\t%s\n", gr.Fence)

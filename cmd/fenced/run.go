@@ -123,6 +123,9 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, key string, arg
 		if errors.Is(err, fenced.ErrHeld) {
 			return withCode(exitHeld, fmt.Errorf("%w; nothing ran", err))
 		}
+		if errors.Is(err, fenced.ErrNoFence) {
+			return withCode(exitUsage, fmt.Errorf("%w\n(with fenced run: --allow-repeatable-fence or --allow-no-fence accepts the weaker fence; --efficiency marks work that needs none)", err))
+		}
 		return err
 	}
 

@@ -43,6 +43,11 @@ type Harness struct {
 	BadURLs []string
 	// Workers and Rounds size the mutual-exclusion test. Defaults 6 and 15.
 	Workers, Rounds int
+	// LeaseDefaults become Options.Defaults of every client the suite opens
+	// (unless a test sets its own). Backends whose fence is weaker than
+	// strict set AllowRepeatableFence (or AllowNoFence) here, since the
+	// suite's leases have the default purpose, Correctness.
+	LeaseDefaults fenced.LeaseOptions
 }
 
 func (h *Harness) defaults() {
@@ -79,6 +84,7 @@ func RunConformanceTests(t *testing.T, h Harness) {
 		t.Run("BadURLs", s.testBadURLs)
 	}
 	t.Run("NotifiedWaiterIsWokenWithoutPolling", s.testNotify)
+	t.Run("BatchRenewReportsEachGrant", s.testBatchRenew)
 }
 
 type suite struct{ h Harness }
@@ -93,7 +99,14 @@ func uniqueKey(t *testing.T, name string) string {
 
 func (s *suite) client(t *testing.T, opts *fenced.Options) *fenced.Client {
 	t.Helper()
-	c := fenced.NewClient(s.h.Open(t), opts)
+	var o fenced.Options
+	if opts != nil {
+		o = *opts
+	}
+	if o.Defaults == (fenced.LeaseOptions{}) {
+		o.Defaults = s.h.LeaseDefaults
+	}
+	c := fenced.NewClient(s.h.Open(t), &o)
 	t.Cleanup(func() { c.Close() })
 	return c
 }
@@ -391,12 +404,11 @@ func (s *suite) testAutoRenew(t *testing.T) {
 	ttl := s.h.ShortTTL
 	var renewals atomic.Int32
 	c2 := s.client(t, &fenced.Options{Hooks: fenced.Hooks{}})
-	c = fenced.NewClient(s.h.Open(t), &fenced.Options{Hooks: fenced.Hooks{Renewed: func(e fenced.RenewEvent) {
+	c = s.client(t, &fenced.Options{Hooks: fenced.Hooks{Renewed: func(e fenced.RenewEvent) {
 		if e.Err == nil {
 			renewals.Add(1)
 		}
 	}}})
-	t.Cleanup(func() { c.Close() })
 	l, err := c.TryAcquire(ctx, key, &fenced.LeaseOptions{TTL: ttl})
 	if err != nil {
 		t.Fatal(err)
@@ -785,5 +797,84 @@ func (s *suite) testNotify(t *testing.T) {
 		}
 	case <-time.After(20 * time.Second):
 		t.Fatal("waiter not woken by the release within 20s although polling was set to once a minute")
+	}
+}
+
+// testBatchRenew checks, for drivers implementing driver.BatchRenewer, that
+// one batch renews exactly the grants that are current and refuses the
+// others one by one, without touching them.
+func (s *suite) testBatchRenew(t *testing.T) {
+	d := s.drv(t)
+	br, ok := d.(driver.BatchRenewer)
+	if !ok {
+		t.Logf("backend does not implement driver.BatchRenewer; leases are renewed one request each")
+		return
+	}
+	ctx := ctxT(t)
+	prefix := uniqueKey(t, "batch") + ":"
+	var grants []driver.Grant
+	for _, k := range []string{"a", "b", "c", "d"} {
+		o := owner()
+		f, err := d.TryAcquire(ctx, prefix+k, o, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		grants = append(grants, driver.Grant{Key: prefix + k, Owner: o, Fence: f})
+	}
+	if err := d.Release(ctx, grants[1]); err != nil {
+		t.Fatal(err)
+	}
+	other := owner()
+	fb, err := d.TryAcquire(ctx, grants[1].Key, other, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wrongFence := grants[2]
+	wrongFence.Fence++
+	reqs := []driver.RenewRequest{
+		{Grant: grants[0], TTL: 2 * time.Minute},
+		{Grant: grants[1], TTL: 2 * time.Minute}, // released, now someone else's
+		{Grant: wrongFence, TTL: 2 * time.Minute},
+		{Grant: grants[3], TTL: 3 * time.Minute},
+		{Grant: driver.Grant{Key: prefix + "never", Owner: owner(), Fence: 1}, TTL: time.Minute},
+	}
+	errs, err := br.RenewBatch(ctx, reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(errs) != len(reqs) {
+		t.Fatalf("RenewBatch returned %d results for %d requests", len(errs), len(reqs))
+	}
+	for i, want := range []bool{true, false, false, true, false} {
+		if want && errs[i] != nil {
+			t.Errorf("request %d (%v): %v, want renewed", i, reqs[i].Grant, errs[i])
+		}
+		if !want && !errors.Is(errs[i], driver.ErrNotHeld) {
+			t.Errorf("request %d (%v): %v, want ErrNotHeld", i, reqs[i].Grant, errs[i])
+		}
+	}
+	for _, c := range []struct {
+		key   string
+		fence uint64
+		min   time.Duration
+	}{
+		{grants[0].Key, grants[0].Fence, time.Minute + 30*time.Second},
+		{grants[1].Key, fb, 0},
+		{grants[2].Key, grants[2].Fence, 0},
+		{grants[3].Key, grants[3].Fence, 2*time.Minute + 30*time.Second},
+	} {
+		info, err := d.Inspect(ctx, c.key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !info.Held || info.Fence != c.fence || info.Remaining < c.min {
+			t.Errorf("after the batch, %s = %+v; want held with fence %d and at least %v left", c.key, info, c.fence, c.min)
+		}
+	}
+	if info, err := d.Inspect(ctx, prefix+"never"); !errors.Is(err, driver.ErrNotFound) {
+		t.Errorf("a batch renewal created %q: %+v, %v", prefix+"never", info, err)
+	}
+	if _, err := br.RenewBatch(ctx, nil); err != nil {
+		t.Errorf("empty batch: %v", err)
 	}
 }

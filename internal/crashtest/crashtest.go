@@ -1,0 +1,189 @@
+// Package crashtest holds fault-injection tests shared by the backends that
+// keep leases in a durable server: a holder process killed with SIGKILL is
+// replaced after its TTL with a higher fence, and a server killed and
+// restarted keeps every fence counter and every live grant.
+//
+// The holder is the test binary itself, run again as a child process: the
+// backend's TestMain calls MaybeRunHolder first, which does the holder's
+// work and exits when the child's environment asks for it.
+package crashtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/testenv"
+)
+
+const (
+	envURL = "FENCED_CRASHTEST_URL"
+	envKey = "FENCED_CRASHTEST_KEY"
+	envTTL = "FENCED_CRASHTEST_TTL"
+)
+
+// MaybeRunHolder runs the holder and exits the process if this process was
+// started as a holder child; otherwise it returns at once. Call it first
+// in TestMain.
+func MaybeRunHolder() {
+	url := os.Getenv(envURL)
+	if url == "" {
+		return
+	}
+	ttl, err := time.ParseDuration(os.Getenv(envTTL))
+	if err != nil {
+		fmt.Println("HOLDER ERROR bad TTL:", err)
+		os.Exit(2)
+	}
+	ctx := context.Background()
+	c, err := fenced.Open(ctx, url, nil)
+	if err != nil {
+		fmt.Println("HOLDER ERROR", err)
+		os.Exit(2)
+	}
+	l, err := c.TryAcquire(ctx, os.Getenv(envKey), &fenced.LeaseOptions{TTL: ttl})
+	if err != nil {
+		fmt.Println("HOLDER ERROR", err)
+		os.Exit(2)
+	}
+	// The lease renews itself until the process is killed.
+	fmt.Printf("FENCE %d\n", l.Fence())
+	<-l.Done()
+	fmt.Println("HOLDER LOST", l.Err())
+	os.Exit(3)
+}
+
+// KilledHolderIsReplaced starts a child process that takes a lease on a
+// fresh key with a short TTL and keeps renewing it, checks that the key is
+// held, kills the child with SIGKILL (no release, no goodbye), and checks
+// that a waiter in this process gets the key once the TTL has run out,
+// with a higher fence. The waiter's fallback poll is set to a minute, so it
+// must be woken by the remaining time the authority reports, not by
+// polling.
+func KilledHolderIsReplaced(t *testing.T, url string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	key := fmt.Sprintf("crashtest:killed:%d", time.Now().UnixNano())
+	const ttl = 2 * time.Second
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), envURL+"="+url, envKey+"="+key, envTTL+"="+ttl.String())
+	holder := testenv.Start(t, "holder", cmd)
+	holder.WaitLog(t, "FENCE ", time.Minute)
+	var holderFence uint64
+	for _, line := range testenv.Lines(holder.Log.String()) {
+		if f, ok := strings.CutPrefix(line, "FENCE "); ok {
+			n, err := strconv.ParseUint(f, 10, 64)
+			if err != nil {
+				t.Fatalf("holder printed %q", line)
+			}
+			holderFence = n
+		}
+	}
+	c, err := fenced.Open(ctx, url, &fenced.Options{FallbackPoll: time.Minute, MinBackoff: time.Minute, MaxBackoff: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// Outlive several renewals: the holder keeps the key.
+	time.Sleep(2 * ttl)
+	if _, err := c.TryAcquire(ctx, key, &fenced.LeaseOptions{TTL: ttl}); !errors.Is(err, fenced.ErrHeld) {
+		t.Fatalf("while the holder renews: TryAcquire = %v, want ErrHeld", err)
+	}
+	info, err := c.Inspect(ctx, key)
+	if err != nil || !info.Held || info.Fence != holderFence {
+		t.Fatalf("Inspect while held = %+v, %v; want held with the holder's fence %d", info, err, holderFence)
+	}
+	holder.Kill()
+	killed := time.Now()
+	l, err := c.Acquire(ctx, key, &fenced.LeaseOptions{TTL: ttl, MaxWait: 30 * time.Second})
+	if err != nil {
+		t.Fatalf("waiter after the holder was killed: %v", err)
+	}
+	defer l.Release(ctx)
+	if l.Fence() <= holderFence {
+		t.Fatalf("replacement fence %d, want > the killed holder's %d", l.Fence(), holderFence)
+	}
+	t.Logf("holder (fence %d) killed; replaced %v later with fence %d", holderFence, time.Since(killed).Round(time.Millisecond), l.Fence())
+}
+
+// Server is what RestartKeepsFences needs of a test server.
+type Server interface {
+	// Restart kills the server with SIGKILL and starts it again on the
+	// same data.
+	Restart(t testing.TB)
+}
+
+// RestartKeepsFences takes keys through grant, release, expiry and break,
+// leaves one key held with a long TTL, kills the server with SIGKILL and
+// restarts it, and then checks with a newly opened driver that every key's
+// counter survived (the next grant is higher than every fence before the
+// crash) and that the live grant is still held by its owner.
+func RestartKeepsFences(t *testing.T, srv Server, open func(t *testing.T) driver.Driver) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	d := open(t)
+	prefix := fmt.Sprintf("crashtest:restart:%d:", time.Now().UnixNano())
+	last := map[string]uint64{}
+	acquire := func(d driver.Driver, key, owner string, ttl time.Duration) uint64 {
+		t.Helper()
+		f, err := d.TryAcquire(ctx, key, owner, ttl)
+		if err != nil {
+			t.Fatalf("acquire %s: %v", key, err)
+		}
+		return f
+	}
+	// Several grants per key, so the counters are well above 1.
+	for i := 0; i < 3; i++ {
+		for _, k := range []string{"released", "expired", "broken", "held"} {
+			o := fmt.Sprintf("owner-%s-%d", k, i)
+			f := acquire(d, prefix+k, o, time.Minute)
+			last[k] = f
+			if err := d.Release(ctx, driver.Grant{Key: prefix + k, Owner: o, Fence: f}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	last["expired"] = acquire(d, prefix+"expired", "owner-expiring", 200*time.Millisecond)
+	last["broken"] = acquire(d, prefix+"broken", "owner-broken", time.Minute)
+	if _, err := d.Break(ctx, prefix+"broken", driver.BreakRequest{Reason: "crashtest", By: "crashtest"}); err != nil {
+		t.Fatal(err)
+	}
+	held := driver.Grant{Key: prefix + "held", Owner: "owner-held-live"}
+	held.Fence = acquire(d, held.Key, held.Owner, 2*time.Minute)
+	last["held"] = held.Fence
+	d.Close()
+
+	srv.Restart(t)
+
+	d2 := open(t)
+	defer d2.Close()
+	if _, err := d2.TryAcquire(ctx, held.Key, "someone-else", time.Minute); !errors.Is(err, driver.ErrHeld) {
+		t.Fatalf("after restart, acquiring the live grant's key: %v, want ErrHeld", err)
+	}
+	if err := d2.Renew(ctx, held, time.Minute); err != nil {
+		t.Fatalf("after restart, the live grant's owner cannot renew: %v", err)
+	}
+	if err := d2.Release(ctx, held); err != nil {
+		t.Fatal(err)
+	}
+	for k, before := range last {
+		f := acquire(d2, prefix+k, "owner-after-restart", time.Minute)
+		if f <= before {
+			t.Errorf("key %s: fence %d after restart, want > %d from before the crash", k, f, before)
+		}
+	}
+	if bl, ok := d2.(driver.BreakLogger); ok {
+		recs, err := bl.Breaks(ctx, prefix+"broken")
+		if err != nil || len(recs) != 1 || recs[0].Fence != last["broken"] {
+			t.Errorf("audit of the break after restart = %+v, %v", recs, err)
+		}
+	}
+}

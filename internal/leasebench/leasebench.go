@@ -1,0 +1,211 @@
+// Package leasebench holds the benchmarks every backend runs the same way,
+// so their figures compare: uncontended acquire+release (time and round
+// trips per operation) and handover latency from a release to the next
+// waiter's grant, with a given number of waiters on one key.
+package leasebench
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fenced-dev/fenced"
+)
+
+// RoundTrips counts request/response round trips on the connections it
+// dials: a write that follows a read (or opens the connection) starts a new
+// round trip. Pipelined messages sent in one burst count once, as they
+// cost one network round trip.
+type RoundTrips struct{ n atomic.Int64 }
+
+// Count returns the round trips so far.
+func (r *RoundTrips) Count() int64 { return r.n.Load() }
+
+// Dial dials like net.Dialer.DialContext and counts the connection's round
+// trips.
+func (r *RoundTrips) Dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	return &countingConn{Conn: c, r: r, lastRead: true}, nil
+}
+
+type countingConn struct {
+	net.Conn
+	r        *RoundTrips
+	mu       sync.Mutex
+	lastRead bool
+}
+
+func (c *countingConn) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	if c.lastRead {
+		c.r.n.Add(1)
+		c.lastRead = false
+	}
+	c.mu.Unlock()
+	return c.Conn.Write(p)
+}
+
+func (c *countingConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if n > 0 {
+		c.mu.Lock()
+		c.lastRead = true
+		c.mu.Unlock()
+	}
+	return n, err
+}
+
+// AcquireRelease measures an uncontended TryAcquire plus Release of one key
+// through the portable client, and reports round trips per operation when
+// rt is not nil (rt must count the client's connections).
+func AcquireRelease(b *testing.B, c *fenced.Client, rt *RoundTrips) {
+	ctx := context.Background()
+	key := fmt.Sprintf("bench:uncontended:%d", time.Now().UnixNano())
+	opts := &fenced.LeaseOptions{TTL: time.Minute}
+	// Warm up: prepared statements, pooled connections.
+	for range 20 {
+		l, err := c.TryAcquire(ctx, key, opts)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := l.Release(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+	var before int64
+	if rt != nil {
+		before = rt.Count()
+	}
+	b.ResetTimer()
+	for b.Loop() {
+		l, err := c.TryAcquire(ctx, key, opts)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := l.Release(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	if rt != nil {
+		b.ReportMetric(float64(rt.Count()-before)/float64(b.N), "roundtrips/op")
+	}
+}
+
+// Handover measures the time from a holder's Release call to the moment
+// the next holder's Acquire returns, with the given number of waiters on
+// one key besides the holder, each its own client (as another process
+// would be). Every participant loops: acquire; wait until all the others
+// are waiting again, plus 2ms for them to settle; note the time; release;
+// wait until someone else has been granted the key; acquire again. So each
+// measured handover starts with every other participant waiting. It
+// reports p50 and p99 in milliseconds over b.N handovers.
+func Handover(b *testing.B, waiters int, open func(b *testing.B) *fenced.Client) {
+	key := fmt.Sprintf("bench:handover:%d:%d", waiters, time.Now().UnixNano())
+	clients := make([]*fenced.Client, waiters+1)
+	for i := range clients {
+		clients[i] = open(b)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var (
+		mu        sync.Mutex
+		granted   = sync.NewCond(&mu)
+		released  time.Time // when the last holder called Release
+		samples   []time.Duration
+		lastFence uint64
+		waiting   atomic.Int64
+		done      = make(chan struct{})
+		errs      = make(chan error, len(clients))
+		doneOnce  sync.Once
+		wg        sync.WaitGroup
+	)
+	stop := func() {
+		cancel()
+		mu.Lock()
+		granted.Broadcast()
+		mu.Unlock()
+	}
+	b.ResetTimer()
+	for _, c := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				waiting.Add(1)
+				l, err := c.Acquire(ctx, key, &fenced.LeaseOptions{TTL: 30 * time.Second, MaxWait: fenced.WaitForever})
+				now := time.Now()
+				waiting.Add(-1)
+				if err != nil {
+					if ctx.Err() == nil {
+						errs <- err
+					}
+					return
+				}
+				mu.Lock()
+				if l.Fence() <= lastFence {
+					mu.Unlock()
+					errs <- fmt.Errorf("fence %d granted after %d", l.Fence(), lastFence)
+					return
+				}
+				lastFence = l.Fence()
+				if !released.IsZero() {
+					samples = append(samples, now.Sub(released))
+				}
+				if len(samples) >= b.N {
+					doneOnce.Do(func() { close(done) })
+				}
+				granted.Broadcast()
+				mu.Unlock()
+				for waiting.Load() < int64(waiters) && ctx.Err() == nil {
+					time.Sleep(100 * time.Microsecond)
+				}
+				time.Sleep(2 * time.Millisecond)
+				mu.Lock()
+				released = time.Now()
+				mu.Unlock()
+				if err := l.Release(context.Background()); err != nil {
+					errs <- err
+					return
+				}
+				mu.Lock()
+				for lastFence == l.Fence() && ctx.Err() == nil {
+					granted.Wait()
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	select {
+	case <-done:
+	case err := <-errs:
+		b.Error(err)
+	case <-time.After(5 * time.Minute):
+		b.Error("handover benchmark timed out")
+	}
+	b.StopTimer()
+	stop()
+	wg.Wait()
+	for _, c := range clients {
+		c.Close()
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(samples) == 0 {
+		return
+	}
+	slices.Sort(samples)
+	b.ReportMetric(ms(samples[len(samples)/2]), "p50-ms")
+	b.ReportMetric(ms(samples[len(samples)*99/100]), "p99-ms")
+	b.ReportMetric(0, "ns/op")
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

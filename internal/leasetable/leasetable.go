@@ -1,0 +1,223 @@
+// Package leasetable holds what the SQL lease-table backends (PostgreSQL,
+// MySQL/MariaDB, SQLite) share: validation of the table name taken from a
+// store URL, the check that an existing table has the shape the backend
+// needs, the scanning of break audit rows, and the small conversions and
+// errors every one of them needs. The SQL itself differs per dialect and
+// stays in each backend.
+package leasetable
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"regexp"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/fenced-dev/fenced/driver"
+)
+
+// DefaultTable is the lease table's name when the URL names none. The
+// break audit table is the lease table's name plus BreaksSuffix.
+const (
+	DefaultTable = "fenced_leases"
+	BreaksSuffix = "_breaks"
+	// TableParam is the URL query parameter that names the lease table.
+	TableParam = "table"
+)
+
+// MaxTableLen bounds table names so that every name derived from them
+// (audit table, notification channel, index) fits PostgreSQL's and MySQL's
+// 63- and 64-byte identifier limits.
+const MaxTableLen = 48
+
+var tableRE = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
+
+// ErrSchema means the lease table (or its audit table) exists with a shape
+// other than the one the backend needs, for example a table from an older
+// version of fenced or another tool. Nothing is changed in that case.
+var ErrSchema = errors.New("lease table has an unexpected shape")
+
+// ValidateTable checks a lease table name: lower-case ASCII letters, digits
+// and underscores, not starting with a digit, at most MaxTableLen bytes.
+// Names are still quoted in SQL; the rule keeps them free of any character
+// that quoting or case folding could turn into a surprise. Errors match
+// driver.ErrInvalidURL, since the name comes from the store URL.
+func ValidateTable(name string) error {
+	switch {
+	case name == "":
+		return fmt.Errorf("%w: table name is empty", driver.ErrInvalidURL)
+	case len(name) > MaxTableLen:
+		return fmt.Errorf("%w: table name %q is longer than %d bytes", driver.ErrInvalidURL, name, MaxTableLen)
+	case !tableRE.MatchString(name):
+		return fmt.Errorf("%w: table name %q must match %s (lower-case letters, digits, underscores)", driver.ErrInvalidURL, name, tableRE)
+	}
+	return nil
+}
+
+// TableFromQuery returns the validated table name given by the URL query
+// parameter TableParam, DefaultTable when absent.
+func TableFromQuery(q url.Values) (string, error) {
+	vs, ok := q[TableParam]
+	if !ok {
+		return DefaultTable, nil
+	}
+	if len(vs) != 1 {
+		return "", fmt.Errorf("%w: %s= given %d times", driver.ErrInvalidURL, TableParam, len(vs))
+	}
+	if err := ValidateTable(vs[0]); err != nil {
+		return "", err
+	}
+	return vs[0], nil
+}
+
+// ParseQuery parses a store URL's query strictly: url.URL.Query silently
+// drops what it cannot parse (a semicolon, a bad escape), which would let
+// "table=a;drop" fall back to the default table unnoticed.
+func ParseQuery(rawQuery string) (url.Values, error) {
+	q, err := url.ParseQuery(rawQuery)
+	if err != nil {
+		return nil, fmt.Errorf("%w: query: %v", driver.ErrInvalidURL, err)
+	}
+	return q, nil
+}
+
+// TakeParams removes the named parameters from q and returns their values
+// (the last one when repeated), so that what is left can be passed to the
+// database driver, which would reject or misread parameters it does not
+// know.
+func TakeParams(q url.Values, names ...string) map[string]string {
+	out := map[string]string{}
+	for _, n := range names {
+		if vs, ok := q[n]; ok {
+			out[n] = vs[len(vs)-1]
+			delete(q, n)
+		}
+	}
+	return out
+}
+
+// Column is one column of a table's expected shape.
+type Column struct {
+	Name string
+	// Type is the type as the database's catalog reports it, lower case
+	// (for example "text", "bigint", "timestamp with time zone").
+	Type string
+}
+
+// CheckShape compares the columns an existing table has (name to catalog
+// type, lower case) with the ones the backend needs, and describes every
+// difference. Extra columns are allowed only if the backend tolerates them
+// (allowExtra); missing or retyped columns never are. The error matches
+// ErrSchema.
+func CheckShape(table string, want []Column, got map[string]string, allowExtra bool) error {
+	var problems []string
+	wanted := map[string]bool{}
+	for _, c := range want {
+		wanted[c.Name] = true
+		typ, ok := got[c.Name]
+		switch {
+		case !ok:
+			problems = append(problems, fmt.Sprintf("missing column %s %s", c.Name, c.Type))
+		case !strings.EqualFold(typ, c.Type):
+			problems = append(problems, fmt.Sprintf("column %s is %s, want %s", c.Name, typ, c.Type))
+		}
+	}
+	if !allowExtra {
+		var extra []string
+		for name := range got {
+			if !wanted[name] {
+				extra = append(extra, name)
+			}
+		}
+		sort.Strings(extra)
+		for _, name := range extra {
+			problems = append(problems, fmt.Sprintf("unexpected column %s", name))
+		}
+	}
+	if len(problems) == 0 {
+		return nil
+	}
+	var shape []string
+	for _, c := range want {
+		shape = append(shape, c.Name+" "+c.Type)
+	}
+	return fmt.Errorf("%w: table %q exists but %s; fenced needs (%s). It may be from an older fenced or another tool: migrate it, or choose another table with ?%s=",
+		ErrSchema, table, strings.Join(problems, "; "), strings.Join(shape, ", "), TableParam)
+}
+
+// Scanner is implemented by *sql.Rows, *sql.Row, pgx.Rows and pgx.Row.
+type Scanner interface {
+	Scan(dest ...any) error
+}
+
+// BreakColumns lists, in order, the columns ScanBreak expects; backends
+// select them from their audit table in this order.
+const BreakColumns = "broken_at, lease_key, fence, owner, reason, broken_by"
+
+// ScanBreak scans one audit row selected as BreakColumns. The time column
+// may come as a time.Time or as an integer count of microseconds since the
+// Unix epoch in UTC (what a backend selects when its driver cannot be
+// trusted to parse dates, as with a caller's MySQL pool).
+func ScanBreak(s Scanner) (driver.BreakRecord, error) {
+	var r driver.BreakRecord
+	var at any
+	var fence int64
+	if err := s.Scan(&at, &r.Key, &fence, &r.Owner, &r.Reason, &r.By); err != nil {
+		return r, err
+	}
+	switch v := at.(type) {
+	case time.Time:
+		r.Time = v
+	case int64:
+		r.Time = time.UnixMicro(v).UTC()
+	default:
+		return r, fmt.Errorf("audit row of %q: broken_at scanned as %T, want a time or microseconds", r.Key, at)
+	}
+	r.Fence = uint64(fence)
+	return r, nil
+}
+
+// Micros converts a TTL to whole microseconds, the unit every SQL backend
+// passes to the database (rounded up, so a TTL is never shortened to zero).
+func Micros(d time.Duration) int64 {
+	return int64((d + time.Microsecond - 1) / time.Microsecond)
+}
+
+// FromMicros converts microseconds reported by the database to a duration.
+func FromMicros(us int64) time.Duration { return time.Duration(us) * time.Microsecond }
+
+// NotHeld is the refusal of a renew or release of g.
+func NotHeld(g driver.Grant) error {
+	return fmt.Errorf("%s fence %d: %w", g.Key, g.Fence, driver.ErrNotHeld)
+}
+
+// CheckOwner rejects an empty owner token, which the lease tables use to
+// mark a free key and which therefore can never prove ownership.
+func CheckOwner(owner string) error {
+	if owner == "" {
+		return errors.New("empty owner token")
+	}
+	return nil
+}
+
+// Held is the refusal of an acquire of key that has remaining left.
+func Held(key string, remaining time.Duration) error {
+	if remaining < 0 {
+		remaining = 0
+	}
+	return &driver.HeldError{Key: key, Remaining: remaining}
+}
+
+// Info builds the LeaseInfo of a row: owner ("" when free), fence and the
+// time left by the database's clock (not positive when expired).
+func Info(key, owner string, fence int64, remaining time.Duration) driver.LeaseInfo {
+	info := driver.LeaseInfo{Key: key, Fence: uint64(fence)}
+	if owner != "" && remaining > 0 {
+		info.Held = true
+		info.Owner = driver.ShortOwner(owner)
+		info.Remaining = remaining
+	}
+	return info
+}

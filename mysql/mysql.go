@@ -1,0 +1,691 @@
+// Package mysql is the MySQL and MariaDB backend of fenced: a lease table
+// whose rows carry the fencing counter, with the same contract as the
+// PostgreSQL backend. MySQL has no LISTEN/NOTIFY, so waiters poll with
+// backoff and full jitter, capped by the time the holder has left
+// (Guarantees().Notify is false).
+//
+// Import it for its side effect to open stores by URL:
+//
+//	import _ "github.com/fenced-dev/fenced/mysql"
+//
+//	client, err := fenced.Open(ctx, "mysql://app:secret@db.internal:3306/app?table=leases", nil)
+//
+// or build a driver over a *sql.DB you already have with New.
+//
+// # URL
+//
+// mysql://user:password@host:port/database?param=value. The port defaults
+// to 3306. fenced's own parameters are table=NAME (the lease table, default
+// fenced_leases; lower-case letters, digits and underscores, at most 48
+// bytes; the audit table is NAME_breaks) and socket=PATH (connect over a
+// unix socket instead of TCP). Every other parameter is passed to
+// go-sql-driver/mysql (tls, timeout, readTimeout, ...; an unknown name is
+// sent to the server as a session variable, as that driver does).
+//
+// # How a lease is kept
+//
+// Each key has one InnoDB row (lease_key, owner, fence, expires_at), with
+// expiry in UTC_TIMESTAMP(6), the server's clock. Acquire is one INSERT ...
+// ON DUPLICATE KEY UPDATE under the row lock: it grants when the row is
+// free or expired, raises the fence and reports it through LAST_INSERT_ID
+// in the reply, so grant and fence take one statement and one round trip;
+// a refusal reports the holder's remaining time the same way (a value at
+// or above 2^62 marks a refusal, a range fences never reach). Renew and
+// release are UPDATEs conditional on owner and fence; release and break
+// keep the row, so the counter never restarts. A batch of renewals is one
+// UPDATE plus one SELECT that reads back which grants it kept.
+//
+// The driver relies on no session state (no GET_LOCK, no user variables,
+// autocommit statements, break in one transaction), so it works through
+// ProxySQL or any transaction-level pooler.
+package mysql
+
+import (
+	"context"
+	"database/sql"
+	sqldriver "database/sql/driver"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/leasetable"
+)
+
+func init() {
+	fenced.Register("mysql", func(ctx context.Context, u *url.URL) (driver.Driver, error) { return open(ctx, u) })
+}
+
+const paramSocket = "socket"
+
+// ErrSchema means the lease or audit table exists with a shape other than
+// the one the driver needs (from an older fenced or another tool). Nothing
+// is changed when it is returned.
+var ErrSchema = leasetable.ErrSchema
+
+// Options configure New. The zero value (or nil) gives the defaults.
+type Options struct {
+	// Table is the lease table (default "fenced_leases").
+	Table string
+}
+
+// Driver is the MySQL/MariaDB lease-table driver. It implements
+// driver.Driver, driver.BatchRenewer and driver.BreakLogger. Its methods
+// are safe for concurrent use.
+type Driver struct {
+	db    *sql.DB
+	ownDB bool
+	table string
+	t, b  string // quoted lease and audit table names
+	stmts struct {
+		acquire, renew, release, inspect *sql.Stmt
+	}
+
+	mu     sync.Mutex
+	closed bool
+}
+
+var (
+	_ driver.Driver       = (*Driver)(nil)
+	_ driver.BatchRenewer = (*Driver)(nil)
+	_ driver.BreakLogger  = (*Driver)(nil)
+)
+
+// Open connects to the store named by a mysql:// URL (see the package
+// documentation) and returns a driver that owns its *sql.DB. Errors match
+// driver.ErrInvalidURL (malformed URL or parameter) or
+// driver.ErrUnavailable (server unreachable, access denied); none contains
+// the password.
+func Open(ctx context.Context, rawURL string) (*Driver, error) {
+	u, err := fenced.ParseURL(rawURL)
+	if err != nil {
+		return nil, err
+	}
+	if u.Scheme != "mysql" {
+		return nil, fmt.Errorf("%w: scheme %q, want mysql", driver.ErrInvalidURL, u.Scheme)
+	}
+	d, err := open(ctx, u)
+	if err != nil {
+		return nil, fmt.Errorf("mysql: open %s: %w", fenced.Redact(rawURL), err)
+	}
+	return d, nil
+}
+
+// Config converts a mysql:// URL to a go-sql-driver configuration and the
+// lease table it names.
+func Config(u *url.URL) (*mysql.Config, string, error) {
+	if u.Opaque != "" || u.Host == "" {
+		return nil, "", fmt.Errorf("%w: want mysql://user:password@host:port/database", driver.ErrInvalidURL)
+	}
+	q, err := leasetable.ParseQuery(u.RawQuery)
+	if err != nil {
+		return nil, "", err
+	}
+	table, err := leasetable.TableFromQuery(q)
+	if err != nil {
+		return nil, "", err
+	}
+	own := leasetable.TakeParams(q, leasetable.TableParam, paramSocket)
+	db := strings.TrimPrefix(u.Path, "/")
+	if db == "" || strings.Contains(db, "/") {
+		return nil, "", fmt.Errorf("%w: the path must name one database, as in mysql://host/dbname", driver.ErrInvalidURL)
+	}
+	addr := u.Host
+	if u.Port() == "" {
+		addr = net.JoinHostPort(u.Hostname(), "3306")
+	}
+	// Build a DSN for the parameters go-sql-driver knows, so that it
+	// validates them; then set the connection fields directly, so that no
+	// character of user, password or database needs DSN escaping.
+	cfg, err := mysql.ParseDSN("/?" + q.Encode())
+	if err != nil {
+		return nil, "", fmt.Errorf("%w: %v", driver.ErrInvalidURL, err)
+	}
+	cfg.User = u.User.Username()
+	cfg.Passwd, _ = u.User.Password()
+	cfg.Net, cfg.Addr = "tcp", addr
+	if s, ok := own[paramSocket]; ok {
+		cfg.Net, cfg.Addr = "unix", s
+	}
+	cfg.DBName = db
+	if _, set := q["interpolateParams"]; !set {
+		// Statements with arguments then take one round trip instead of
+		// prepare + execute; the driver's hot statements are prepared
+		// anyway.
+		cfg.InterpolateParams = true
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = 10 * time.Second
+	}
+	return cfg, table, nil
+}
+
+func open(ctx context.Context, u *url.URL) (*Driver, error) {
+	cfg, table, err := Config(u)
+	if err != nil {
+		return nil, err
+	}
+	connector, err := mysql.NewConnector(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s", driver.ErrInvalidURL, scrub(err.Error(), cfg.Passwd))
+	}
+	db := sql.OpenDB(connector)
+	db.SetMaxIdleConns(8)
+	if err := db.PingContext(ctx); err != nil {
+		db.Close()
+		return nil, connectError(cfg, err)
+	}
+	d, err := New(ctx, db, &Options{Table: table})
+	if err != nil {
+		db.Close()
+		return nil, err
+	}
+	d.ownDB = true
+	return d, nil
+}
+
+func connectError(cfg *mysql.Config, err error) error {
+	var myErr *mysql.MySQLError
+	if errors.As(err, &myErr) && (myErr.Number == 1045 || myErr.Number == 1044 || myErr.Number == 1698) {
+		return fmt.Errorf("%w: access denied for user %q at %s: %s (error %d)", driver.ErrUnavailable, cfg.User, cfg.Addr, scrub(myErr.Message, cfg.Passwd), myErr.Number)
+	}
+	return fmt.Errorf("%w: cannot connect to MySQL at %s: %s", driver.ErrUnavailable, cfg.Addr, scrub(err.Error(), cfg.Passwd))
+}
+
+func scrub(msg, password string) string {
+	if password == "" {
+		return msg
+	}
+	return strings.ReplaceAll(msg, password, "xxxxx")
+}
+
+// New returns a driver over db, creating the lease and audit tables if
+// missing. An existing table of another shape gives an error matching
+// ErrSchema and changes nothing. Close does not close db. opts
+// may be nil.
+func New(ctx context.Context, db *sql.DB, opts *Options) (*Driver, error) {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	if o.Table == "" {
+		o.Table = leasetable.DefaultTable
+	}
+	if err := leasetable.ValidateTable(o.Table); err != nil {
+		return nil, fmt.Errorf("mysql: %w", err)
+	}
+	d := &Driver{db: db, table: o.Table, t: quoteIdent(o.Table), b: quoteIdent(o.Table + leasetable.BreaksSuffix)}
+	if err := d.ensureSchema(ctx); err != nil {
+		return nil, err
+	}
+	for _, p := range []struct {
+		stmt **sql.Stmt
+		sql  string
+	}{
+		{&d.stmts.acquire, d.acquireSQL()},
+		{&d.stmts.renew, `UPDATE ` + d.t + ` SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, fence = LAST_INSERT_ID(fence)
+ WHERE lease_key = ? AND owner = ? AND fence = ? AND expires_at > UTC_TIMESTAMP(6)`},
+		{&d.stmts.release, `UPDATE ` + d.t + ` SET owner = '', expires_at = ` + freeExpiry + ` WHERE lease_key = ? AND owner = ? AND fence = ?`},
+		{&d.stmts.inspect, `SELECT owner, fence, ` + remainingExpr + ` FROM ` + d.t + ` WHERE lease_key = ?`},
+	} {
+		s, err := db.PrepareContext(ctx, p.sql)
+		if err != nil {
+			d.closeStmts()
+			return nil, classify("prepare", "", err)
+		}
+		*p.stmt = s
+	}
+	return d, nil
+}
+
+func quoteIdent(name string) string { return "`" + strings.ReplaceAll(name, "`", "``") + "`" }
+
+// freeExpiry is the expiry of a released or broken row: far in the past,
+// so "expired" alone decides that a row can be granted, whatever the
+// server's clock does later.
+const freeExpiry = `'1970-01-01 00:00:00'`
+
+// refusedMark is added to the remaining microseconds that a refused
+// acquire reports through LAST_INSERT_ID; fences stay far below it.
+const refusedMark = 1 << 62
+
+const remainingExpr = `TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at)`
+
+// acquireSQL is the one-statement grant. MySQL evaluates ON DUPLICATE KEY
+// UPDATE assignments left to right, each seeing the columns already
+// assigned, so the order matters: owner is decided first from the old
+// expiry and owner; fence then sees the old expiry and the new owner (equal
+// to ours exactly when we are granted or already held it); expires_at last
+// sees the new owner. A free row always has expires_at = freeExpiry, so
+// "expired" covers "free". Parameters: key, owner, ttl, owner, owner,
+// owner, owner, ttl.
+func (d *Driver) acquireSQL() string {
+	return `INSERT INTO ` + d.t + ` (lease_key, owner, fence, expires_at)
+VALUES (?, ?, 1, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)
+ON DUPLICATE KEY UPDATE
+  owner = IF(expires_at <= UTC_TIMESTAMP(6) OR owner = ?, ?, owner),
+  fence = IF(expires_at <= UTC_TIMESTAMP(6), LAST_INSERT_ID(fence + 1),
+          IF(owner = ?, LAST_INSERT_ID(fence),
+             fence + 0 * LAST_INSERT_ID(` + fmt.Sprint(refusedMark) + ` + GREATEST(0, ` + remainingExpr + `)))),
+  expires_at = IF(owner = ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, expires_at)`
+}
+
+func (d *Driver) checkOpen() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return driver.ErrClosed
+	}
+	return nil
+}
+
+// TryAcquire implements driver.Driver in one statement and one round trip.
+func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
+	if err := d.checkOpen(); err != nil {
+		return 0, err
+	}
+	if err := leasetable.CheckOwner(owner); err != nil {
+		return 0, fmt.Errorf("mysql: acquire %q: %w", key, err)
+	}
+	us := leasetable.Micros(ttl)
+	res, err := d.stmts.acquire.ExecContext(ctx, key, owner, us, owner, owner, owner, owner, us)
+	if err != nil {
+		return 0, classify("acquire", key, err)
+	}
+	id, err := res.LastInsertId()
+	if err != nil {
+		return 0, classify("acquire", key, err)
+	}
+	switch v := uint64(id); {
+	case v == 0:
+		// No LAST_INSERT_ID(expr) ran: the row was inserted, fence 1.
+		if n, _ := res.RowsAffected(); n != 1 {
+			return 0, fmt.Errorf("mysql: acquire %q: unexpected reply (no fence, %d rows affected)", key, n)
+		}
+		return 1, nil
+	case v >= refusedMark:
+		return 0, leasetable.Held(key, leasetable.FromMicros(int64(v-refusedMark)))
+	default:
+		return v, nil
+	}
+}
+
+// Renew implements driver.Driver in one statement.
+func (d *Driver) Renew(ctx context.Context, g driver.Grant, ttl time.Duration) error {
+	if err := d.checkOpen(); err != nil {
+		return err
+	}
+	if g.Owner == "" {
+		return leasetable.NotHeld(g)
+	}
+	res, err := d.stmts.renew.ExecContext(ctx, leasetable.Micros(ttl), g.Key, g.Owner, g.Fence)
+	if err != nil {
+		return classify("renew", g.Key, err)
+	}
+	// LAST_INSERT_ID(fence) ran only on the matched row; unlike the
+	// affected-row count it does not depend on the clientFoundRows setting
+	// or on whether the new expiry differs from the old.
+	if id, err := res.LastInsertId(); err != nil || id == 0 || uint64(id) != g.Fence {
+		return leasetable.NotHeld(g)
+	}
+	return nil
+}
+
+// maxBatch bounds one batched renewal (4 placeholders per grant, MySQL
+// allows 65535).
+const maxBatch = 1000
+
+// RenewBatch implements driver.BatchRenewer: one UPDATE renews every grant
+// in reqs (per thousand), then one SELECT reads back which ones are held
+// by their owner with the same fence and unexpired. A grant the UPDATE
+// skipped because it had expired cannot look unexpired afterwards (only
+// its owner could extend it, and a re-acquire after expiry raises the
+// fence), so the read-back is exact.
+func (d *Driver) RenewBatch(ctx context.Context, reqs []driver.RenewRequest) ([]error, error) {
+	if err := d.checkOpen(); err != nil {
+		return nil, err
+	}
+	errs := make([]error, 0, len(reqs))
+	for len(reqs) > 0 {
+		n := min(len(reqs), maxBatch)
+		e, err := d.renewBatch(ctx, reqs[:n])
+		if err != nil {
+			return nil, err
+		}
+		errs = append(errs, e...)
+		reqs = reqs[n:]
+	}
+	return errs, nil
+}
+
+func (d *Driver) renewBatch(ctx context.Context, reqs []driver.RenewRequest) ([]error, error) {
+	var rows, tuples []string
+	var upd, sel []any
+	for _, r := range reqs {
+		rows = append(rows, "SELECT ? AS k, ? AS o, ? AS f, ? AS ttl")
+		upd = append(upd, r.Grant.Key, r.Grant.Owner, r.Grant.Fence, leasetable.Micros(r.TTL))
+		tuples = append(tuples, "(?, ?, ?)")
+		sel = append(sel, r.Grant.Key, r.Grant.Owner, r.Grant.Fence)
+	}
+	update := `UPDATE ` + d.t + ` l JOIN (` + strings.Join(rows, " UNION ALL ") + `) r
+    ON l.lease_key = r.k AND l.owner = r.o AND l.fence = r.f
+   SET l.expires_at = UTC_TIMESTAMP(6) + INTERVAL r.ttl MICROSECOND
+ WHERE l.expires_at > UTC_TIMESTAMP(6)`
+	if _, err := d.db.ExecContext(ctx, update, upd...); err != nil {
+		return nil, classify("renew batch", "", err)
+	}
+	q := `SELECT lease_key, owner, fence FROM ` + d.t + ` WHERE (lease_key, owner, fence) IN (` + strings.Join(tuples, ", ") + `) AND expires_at > UTC_TIMESTAMP(6)`
+	rs, err := d.db.QueryContext(ctx, q, sel...)
+	if err != nil {
+		return nil, classify("renew batch", "", err)
+	}
+	defer rs.Close()
+	held := map[driver.Grant]bool{}
+	for rs.Next() {
+		var g driver.Grant
+		if err := rs.Scan(&g.Key, &g.Owner, &g.Fence); err != nil {
+			return nil, classify("renew batch", "", err)
+		}
+		held[g] = true
+	}
+	if err := rs.Err(); err != nil {
+		return nil, classify("renew batch", "", err)
+	}
+	errs := make([]error, len(reqs))
+	for i, r := range reqs {
+		if !held[r.Grant] || r.Grant.Owner == "" {
+			errs[i] = leasetable.NotHeld(r.Grant)
+		}
+	}
+	return errs, nil
+}
+
+// Release implements driver.Driver in one statement.
+func (d *Driver) Release(ctx context.Context, g driver.Grant) error {
+	if err := d.checkOpen(); err != nil {
+		return err
+	}
+	if g.Owner == "" {
+		return leasetable.NotHeld(g)
+	}
+	res, err := d.stmts.release.ExecContext(ctx, g.Key, g.Owner, g.Fence)
+	if err != nil {
+		return classify("release", g.Key, err)
+	}
+	// The owner always changes (to ''), so a matched row is a changed row.
+	if n, err := res.RowsAffected(); err != nil || n != 1 {
+		return leasetable.NotHeld(g)
+	}
+	return nil
+}
+
+// Inspect implements driver.Driver.
+func (d *Driver) Inspect(ctx context.Context, key string) (driver.LeaseInfo, error) {
+	if err := d.checkOpen(); err != nil {
+		return driver.LeaseInfo{}, err
+	}
+	var owner string
+	var fence, remaining int64
+	err := d.stmts.inspect.QueryRowContext(ctx, key).Scan(&owner, &fence, &remaining)
+	if errors.Is(err, sql.ErrNoRows) {
+		return driver.LeaseInfo{Key: key}, fmt.Errorf("%s: %w", key, driver.ErrNotFound)
+	}
+	if err != nil {
+		return driver.LeaseInfo{Key: key}, classify("inspect", key, err)
+	}
+	return leasetable.Info(key, owner, fence, leasetable.FromMicros(remaining)), nil
+}
+
+// List implements driver.Driver. Keys are binary strings, sorted byte-wise.
+func (d *Driver) List(ctx context.Context, prefix string) ([]driver.LeaseInfo, error) {
+	if err := d.checkOpen(); err != nil {
+		return nil, err
+	}
+	rows, err := d.db.QueryContext(ctx, `SELECT lease_key, owner, fence, `+remainingExpr+` FROM `+d.t+`
+ WHERE LEFT(lease_key, ?) = ? AND owner <> '' AND expires_at > UTC_TIMESTAMP(6) ORDER BY lease_key`, len(prefix), []byte(prefix))
+	if err != nil {
+		return nil, classify("list", prefix, err)
+	}
+	defer rows.Close()
+	var out []driver.LeaseInfo
+	for rows.Next() {
+		var key, owner string
+		var fence, remaining int64
+		if err := rows.Scan(&key, &owner, &fence, &remaining); err != nil {
+			return nil, classify("list", prefix, err)
+		}
+		out = append(out, leasetable.Info(key, owner, fence, leasetable.FromMicros(remaining)))
+	}
+	if err := rows.Err(); err != nil {
+		return nil, classify("list", prefix, err)
+	}
+	return out, nil
+}
+
+// Break implements driver.Driver: in one transaction it ends the grant and
+// records an audit row.
+func (d *Driver) Break(ctx context.Context, key string, req driver.BreakRequest) (driver.LeaseInfo, error) {
+	if err := d.checkOpen(); err != nil {
+		return driver.LeaseInfo{}, err
+	}
+	tx, err := d.db.BeginTx(ctx, nil)
+	if err != nil {
+		return driver.LeaseInfo{Key: key}, classify("break", key, err)
+	}
+	defer tx.Rollback()
+	var owner string
+	var fence, remaining int64
+	err = tx.QueryRowContext(ctx, `SELECT owner, fence, `+remainingExpr+` FROM `+d.t+` WHERE lease_key = ? FOR UPDATE`, key).Scan(&owner, &fence, &remaining)
+	if errors.Is(err, sql.ErrNoRows) {
+		return driver.LeaseInfo{Key: key}, fmt.Errorf("%s: %w", key, driver.ErrNotHeld)
+	}
+	if err != nil {
+		return driver.LeaseInfo{Key: key}, classify("break", key, err)
+	}
+	info := leasetable.Info(key, owner, fence, leasetable.FromMicros(remaining))
+	if !info.Held {
+		return driver.LeaseInfo{Key: key}, fmt.Errorf("%s: %w", key, driver.ErrNotHeld)
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE `+d.t+` SET owner = '', expires_at = `+freeExpiry+` WHERE lease_key = ?`, key); err != nil {
+		return driver.LeaseInfo{Key: key}, classify("break", key, err)
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO `+d.b+` (broken_at, lease_key, fence, owner, reason, broken_by) VALUES (UTC_TIMESTAMP(6), ?, ?, ?, ?, ?)`,
+		key, fence, info.Owner, req.Reason, req.By); err != nil {
+		return driver.LeaseInfo{Key: key}, classify("break", key, err)
+	}
+	if err := tx.Commit(); err != nil {
+		return driver.LeaseInfo{Key: key}, classify("break commit", key, err)
+	}
+	return info, nil
+}
+
+// Breaks implements driver.BreakLogger.
+func (d *Driver) Breaks(ctx context.Context, key string) ([]driver.BreakRecord, error) {
+	if err := d.checkOpen(); err != nil {
+		return nil, err
+	}
+	// broken_at travels as microseconds since the epoch, so the result does
+	// not depend on the pool's parseTime or loc settings.
+	rows, err := d.db.QueryContext(ctx, `SELECT TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', broken_at), lease_key, fence, owner, reason, broken_by
+  FROM `+d.b+` WHERE ? = '' OR lease_key = ? ORDER BY id`, key, key)
+	if err != nil {
+		return nil, classify("breaks", key, err)
+	}
+	defer rows.Close()
+	var out []driver.BreakRecord
+	for rows.Next() {
+		r, err := leasetable.ScanBreak(rows)
+		if err != nil {
+			return nil, classify("breaks", key, err)
+		}
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, classify("breaks", key, err)
+	}
+	return out, nil
+}
+
+// Guarantees implements driver.Driver.
+func (d *Driver) Guarantees() driver.Guarantees {
+	return driver.Guarantees{
+		Fence:       driver.FenceStrict,
+		ServerClock: true,
+		Notify:      false,
+		Note: "fence is a counter on the InnoDB lease row (durable with the row; after a failover only if replication was semi-synchronous or Galera); " +
+			"expiry by the server's UTC_TIMESTAMP; no notifications: waiters poll with backoff and full jitter, capped by the holder's remaining time",
+	}
+}
+
+func (d *Driver) closeStmts() {
+	for _, s := range []*sql.Stmt{d.stmts.acquire, d.stmts.renew, d.stmts.release, d.stmts.inspect} {
+		if s != nil {
+			s.Close()
+		}
+	}
+}
+
+// Close implements driver.Driver. It closes the driver's prepared
+// statements and, for a driver opened by URL, its *sql.DB.
+func (d *Driver) Close() error {
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return nil
+	}
+	d.closed = true
+	d.mu.Unlock()
+	d.closeStmts()
+	if d.ownDB {
+		return d.db.Close()
+	}
+	return nil
+}
+
+// The shapes the driver needs, as information_schema.columns.data_type
+// reports them.
+var (
+	leaseShape = []leasetable.Column{
+		{Name: "lease_key", Type: "varbinary"},
+		{Name: "owner", Type: "varbinary"},
+		{Name: "fence", Type: "bigint"},
+		{Name: "expires_at", Type: "datetime"},
+	}
+	breakShape = []leasetable.Column{
+		{Name: "id", Type: "bigint"},
+		{Name: "broken_at", Type: "datetime"},
+		{Name: "lease_key", Type: "varbinary"},
+		{Name: "fence", Type: "bigint"},
+		{Name: "owner", Type: "varchar"},
+		{Name: "reason", Type: "text"},
+		{Name: "broken_by", Type: "text"},
+	}
+)
+
+// ensureSchema checks the shape of existing tables, then creates the
+// missing ones (checking first, because MySQL commits each DDL statement
+// on its own: nothing is created when an existing table is wrong). CREATE
+// TABLE IF NOT EXISTS is safe when several processes start at once; the
+// shape is checked again after creating.
+func (d *Driver) ensureSchema(ctx context.Context) error {
+	tables := []struct {
+		name   string
+		shape  []leasetable.Column
+		create string
+	}{
+		{d.table, leaseShape, `CREATE TABLE IF NOT EXISTS ` + d.t + ` (
+  lease_key  VARBINARY(256) NOT NULL PRIMARY KEY,
+  owner      VARBINARY(255) NOT NULL,
+  fence      BIGINT UNSIGNED NOT NULL,
+  expires_at DATETIME(6) NOT NULL
+) ENGINE=InnoDB`},
+		{d.table + leasetable.BreaksSuffix, breakShape, `CREATE TABLE IF NOT EXISTS ` + d.b + ` (
+  id         BIGINT UNSIGNED NOT NULL AUTO_INCREMENT PRIMARY KEY,
+  broken_at  DATETIME(6) NOT NULL,
+  lease_key  VARBINARY(256) NOT NULL,
+  fence      BIGINT UNSIGNED NOT NULL,
+  owner      VARCHAR(64) NOT NULL,
+  reason     TEXT NOT NULL,
+  broken_by  TEXT NOT NULL,
+  KEY (lease_key, id)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4`},
+	}
+	for create := range 2 {
+		for _, s := range tables {
+			cols, err := d.columns(ctx, s.name)
+			if err != nil {
+				return classify("prepare tables", s.name, err)
+			}
+			if len(cols) == 0 && create == 1 {
+				if _, err := d.db.ExecContext(ctx, s.create); err != nil {
+					return classify("create table", s.name, err)
+				}
+				if cols, err = d.columns(ctx, s.name); err != nil {
+					return classify("prepare tables", s.name, err)
+				}
+			}
+			if len(cols) > 0 {
+				if err := leasetable.CheckShape(s.name, s.shape, cols, true); err != nil {
+					return fmt.Errorf("mysql: %w", err)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+func (d *Driver) columns(ctx context.Context, table string) (map[string]string, error) {
+	rows, err := d.db.QueryContext(ctx, `SELECT column_name, data_type FROM information_schema.columns WHERE table_schema = DATABASE() AND table_name = ?`, table)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	cols := map[string]string{}
+	for rows.Next() {
+		var name, typ string
+		if err := rows.Scan(&name, &typ); err != nil {
+			return nil, err
+		}
+		cols[strings.ToLower(name)] = strings.ToLower(typ)
+	}
+	return cols, rows.Err()
+}
+
+// classify wraps err from operation op so that it matches the driver
+// sentinels: driver.ErrUnavailable when nothing can have been applied,
+// driver.ErrUnknownOutcome when the request may have been applied.
+func classify(op, key string, err error) error {
+	where := op
+	if key != "" {
+		where = fmt.Sprintf("%s %q", op, key)
+	}
+	var myErr *mysql.MySQLError
+	if errors.As(err, &myErr) {
+		switch myErr.Number {
+		case 1040, 1044, 1045, 1053, 1205, 1213, 1698, 1927:
+			// Too many connections, access denied, shutdown, lock wait
+			// timeout, deadlock, connection killed: the statement was not
+			// applied.
+			return fmt.Errorf("mysql: %s: %w: %w", where, driver.ErrUnavailable, err)
+		}
+		return fmt.Errorf("mysql: %s: %w", where, err)
+	}
+	var opErr *net.OpError
+	if errors.Is(err, sqldriver.ErrBadConn) || (errors.As(err, &opErr) && opErr.Op == "dial") {
+		return fmt.Errorf("mysql: %s: %w: %w", where, driver.ErrUnavailable, err)
+	}
+	var netErr net.Error
+	if errors.Is(err, mysql.ErrInvalidConn) || errors.As(err, &netErr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, sql.ErrConnDone) {
+		return fmt.Errorf("mysql: %s: %w: %w", where, driver.ErrUnknownOutcome, err)
+	}
+	return fmt.Errorf("mysql: %s: %w", where, err)
+}

@@ -1,0 +1,531 @@
+// Package postgres is the PostgreSQL backend of fenced: a lease table whose
+// rows carry the fencing counter, with waiters woken by LISTEN/NOTIFY. It
+// also has WithAdvisoryLock, a helper for the simpler pattern where the
+// database itself is the lock (see its documentation for when that is
+// enough).
+//
+// Import it for its side effect to open stores by URL:
+//
+//	import _ "github.com/fenced-dev/fenced/postgres"
+//
+//	client, err := fenced.Open(ctx, "postgres://app:secret@db.internal:5432/app?table=leases", nil)
+//
+// or build a driver over a pool you already have with New.
+//
+// # URL
+//
+// postgres://user:password@host:port/database?param=value (postgresql://
+// too). Every parameter pgx understands (sslmode, connect_timeout,
+// pool_max_conns, default_query_exec_mode, ...) is passed to pgx, and these
+// are fenced's own:
+//
+//   - table=NAME: the lease table (default fenced_leases). Lower-case
+//     letters, digits and underscores, at most 48 bytes; the audit table is
+//     NAME_breaks. Use search_path to choose a schema.
+//   - notify=off: do not LISTEN; waiters poll with backoff and jitter.
+//
+// # How a lease is kept
+//
+// Each key has one row (lease_key, owner, fence, expires_at). Acquire is one
+// INSERT ... ON CONFLICT DO UPDATE ... WHERE the row is free or expired by
+// now() RETURNING the raised fence, so a grant and its fence are decided by
+// one statement under the row lock, on the database's clock; a refusal
+// returns the time the holder has left in the same round trip. Renew and
+// release are UPDATEs conditional on owner and fence. Release and break
+// keep the row, so the counter never restarts: fences survive release,
+// expiry, break, server restart and crash recovery (the fence is as
+// durable as any committed row; with synchronous replication, failover too).
+//
+// # Waiting
+//
+// A release or break sends pg_notify on a channel named after the table,
+// with the key as payload, in the same statement. Each driver keeps one
+// LISTEN connection and wakes only the waiters of that key, so a release
+// does not make waiters of other keys touch the database. A grant that
+// expires without a release sends nothing; the portable client's fallback
+// timer, capped by the time left that a refused acquire reports, catches
+// it.
+//
+// # Connection poolers
+//
+// Nothing but LISTEN relies on session state: every lease operation is one
+// autocommit statement (break is one transaction), so the driver works
+// through a transaction-mode pooler such as PgBouncer. Two things to know
+// there: pgx's default statement cache uses named prepared statements,
+// which older PgBouncer versions cannot route, so add
+// default_query_exec_mode=exec to the URL; and LISTEN does not work through
+// a transaction pooler. At startup the driver proves that its LISTEN
+// connection receives a notification sent through the pool; if none
+// arrives it degrades to polling and says so in Guarantees().Note (set
+// Options.ListenConfig to a direct connection to keep notifications).
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/leasetable"
+)
+
+func init() {
+	fenced.Register("postgres", openURL)
+	fenced.Register("postgresql", openURL)
+}
+
+// Options configure New. The zero value (or nil) gives the defaults.
+type Options struct {
+	// Table is the lease table (default "fenced_leases"); see the package
+	// documentation for the naming rule.
+	Table string
+	// DisableNotify turns LISTEN off: waiters poll with backoff.
+	DisableNotify bool
+	// ListenConfig is the connection used for LISTEN. Default: the pool's
+	// connection config. Set it to a direct connection when the pool goes
+	// through a transaction-mode pooler.
+	ListenConfig *pgx.ConnConfig
+	// ProbeTimeout bounds the startup check that notifications arrive.
+	// Default 5s.
+	ProbeTimeout time.Duration
+}
+
+// Driver is the PostgreSQL lease-table driver. It implements driver.Driver,
+// driver.Notifier, driver.BatchRenewer and driver.BreakLogger. Its methods
+// are safe for concurrent use.
+type Driver struct {
+	pool     *pgxpool.Pool
+	ownsPool bool
+	table    string // unquoted, validated
+	channel  string
+	sql      statements
+	listener *listener // nil when notifications are off
+	note     string
+
+	mu     sync.Mutex
+	closed bool
+}
+
+var (
+	_ driver.Driver       = (*Driver)(nil)
+	_ driver.Notifier     = (*Driver)(nil)
+	_ driver.BatchRenewer = (*Driver)(nil)
+	_ driver.BreakLogger  = (*Driver)(nil)
+)
+
+// ErrSchema means the lease or audit table exists with a shape other than
+// the one the driver needs (from an older fenced or another tool). Nothing
+// is changed when it is returned.
+var ErrSchema = leasetable.ErrSchema
+
+// urlParams are fenced's own URL query parameters, removed before the URL
+// reaches pgx.
+const paramNotify = "notify"
+
+func openURL(ctx context.Context, u *url.URL) (driver.Driver, error) { return open(ctx, u) }
+
+// Open connects to the store named by a postgres:// or postgresql:// URL
+// (see the package documentation) and returns a driver that owns its pool.
+// Use fenced.Open for a *fenced.Client. Errors match driver.ErrInvalidURL
+// (malformed URL or parameter), driver.ErrUnavailable (server unreachable,
+// authentication refused) or ErrSchema; none contains the
+// password.
+func Open(ctx context.Context, rawURL string) (*Driver, error) {
+	u, err := fenced.ParseURL(rawURL)
+	if err != nil {
+		return nil, err
+	}
+	if u.Scheme != "postgres" && u.Scheme != "postgresql" {
+		return nil, fmt.Errorf("%w: scheme %q, want postgres or postgresql", driver.ErrInvalidURL, u.Scheme)
+	}
+	d, err := open(ctx, u)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: open %s: %w", fenced.Redact(rawURL), err)
+	}
+	return d, nil
+}
+
+func open(ctx context.Context, u *url.URL) (*Driver, error) {
+	if u.Opaque != "" {
+		return nil, fmt.Errorf("%w: want postgres://user:password@host:port/database", driver.ErrInvalidURL)
+	}
+	q, err := leasetable.ParseQuery(u.RawQuery)
+	if err != nil {
+		return nil, err
+	}
+	table, err := leasetable.TableFromQuery(q)
+	if err != nil {
+		return nil, err
+	}
+	own := leasetable.TakeParams(q, leasetable.TableParam, paramNotify)
+	opts := &Options{Table: table}
+	if v, ok := own[paramNotify]; ok {
+		switch strings.ToLower(v) {
+		case "on", "true", "1":
+		case "off", "false", "0":
+			opts.DisableNotify = true
+		default:
+			return nil, fmt.Errorf("%w: notify=%q, want on or off", driver.ErrInvalidURL, v)
+		}
+	}
+	password, _ := u.User.Password()
+	if password == "" {
+		password = q.Get("password")
+	}
+	pu := *u
+	pu.Scheme = "postgres"
+	pu.RawQuery = q.Encode()
+	cfg, err := pgxpool.ParseConfig(pu.String())
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s", driver.ErrInvalidURL, scrub(err.Error(), password))
+	}
+	if cfg.ConnConfig.ConnectTimeout == 0 {
+		cfg.ConnConfig.ConnectTimeout = 10 * time.Second
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s", driver.ErrInvalidURL, scrub(err.Error(), password))
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, connectError(cfg.ConnConfig, err, password)
+	}
+	d, err := New(ctx, pool, opts)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	d.ownsPool = true
+	return d, nil
+}
+
+// connectError describes a failure to reach the server, without the
+// password, matching driver.ErrUnavailable.
+func connectError(cfg *pgx.ConnConfig, err error, password string) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "28") {
+		return fmt.Errorf("%w: authentication failed for user %q at %s:%d: %s (SQLSTATE %s)",
+			driver.ErrUnavailable, cfg.User, cfg.Host, cfg.Port, scrub(pgErr.Message, password), pgErr.Code)
+	}
+	return fmt.Errorf("%w: cannot connect to PostgreSQL at %s:%d: %s", driver.ErrUnavailable, cfg.Host, cfg.Port, scrub(err.Error(), password))
+}
+
+// scrub removes a password from a message, whatever quoted it.
+func scrub(msg, password string) string {
+	if password == "" {
+		return msg
+	}
+	return strings.ReplaceAll(msg, password, "xxxxx")
+}
+
+// New returns a driver over pool, creating the lease and audit tables if
+// they are missing. An existing table of another shape (an older fenced, or
+// another tool's table of the same name) gives an error matching
+// ErrSchema and changes nothing. Close does not close pool.
+// opts may be nil.
+func New(ctx context.Context, pool *pgxpool.Pool, opts *Options) (*Driver, error) {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	if o.Table == "" {
+		o.Table = leasetable.DefaultTable
+	}
+	if err := leasetable.ValidateTable(o.Table); err != nil {
+		return nil, fmt.Errorf("postgres: %w", err)
+	}
+	if o.ProbeTimeout <= 0 {
+		o.ProbeTimeout = 5 * time.Second
+	}
+	d := &Driver{pool: pool, table: o.Table, channel: o.Table + "_free", sql: newStatements(o.Table)}
+	if err := d.ensureSchema(ctx); err != nil {
+		return nil, err
+	}
+	if o.DisableNotify {
+		d.note = "notifications disabled (notify=off): waiters poll with backoff and jitter"
+		return d, nil
+	}
+	lcfg := o.ListenConfig
+	if lcfg == nil {
+		lcfg = pool.Config().ConnConfig.Copy()
+	}
+	l, err := startListener(ctx, d, lcfg, o.ProbeTimeout)
+	if err != nil {
+		d.note = fmt.Sprintf("LISTEN unavailable (%v): waiters poll with backoff and jitter; behind a transaction-mode pooler set Options.ListenConfig to a direct connection", err)
+		return d, nil
+	}
+	d.listener = l
+	return d, nil
+}
+
+// Table returns the lease table's name.
+func (d *Driver) Table() string { return d.table }
+
+func (d *Driver) checkOpen() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return driver.ErrClosed
+	}
+	return nil
+}
+
+// TryAcquire implements driver.Driver in one statement and one round trip.
+func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
+	if err := d.checkOpen(); err != nil {
+		return 0, err
+	}
+	if err := leasetable.CheckOwner(owner); err != nil {
+		return 0, fmt.Errorf("postgres: acquire %q: %w", key, err)
+	}
+	var fence, remaining int64
+	err := d.pool.QueryRow(ctx, d.sql.acquire, key, owner, leasetable.Micros(ttl)).Scan(&fence, &remaining)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		// The row appeared after this statement's snapshot: someone else
+		// inserted it concurrently and holds it.
+		return 0, leasetable.Held(key, 0)
+	case err != nil:
+		return 0, classify("acquire", key, err)
+	case fence == 0:
+		return 0, leasetable.Held(key, leasetable.FromMicros(remaining))
+	}
+	return uint64(fence), nil
+}
+
+// Renew implements driver.Driver in one statement.
+func (d *Driver) Renew(ctx context.Context, g driver.Grant, ttl time.Duration) error {
+	if err := d.checkOpen(); err != nil {
+		return err
+	}
+	if g.Owner == "" {
+		return leasetable.NotHeld(g)
+	}
+	tag, err := d.pool.Exec(ctx, d.sql.renew, g.Key, g.Owner, int64(g.Fence), leasetable.Micros(ttl))
+	if err != nil {
+		return classify("renew", g.Key, err)
+	}
+	if tag.RowsAffected() != 1 {
+		return leasetable.NotHeld(g)
+	}
+	return nil
+}
+
+// RenewBatch implements driver.BatchRenewer: one UPDATE renews every grant
+// in reqs.
+func (d *Driver) RenewBatch(ctx context.Context, reqs []driver.RenewRequest) ([]error, error) {
+	if err := d.checkOpen(); err != nil {
+		return nil, err
+	}
+	keys := make([]string, len(reqs))
+	owners := make([]string, len(reqs))
+	fences := make([]int64, len(reqs))
+	ttls := make([]int64, len(reqs))
+	for i, r := range reqs {
+		keys[i], owners[i], fences[i], ttls[i] = r.Grant.Key, r.Grant.Owner, int64(r.Grant.Fence), leasetable.Micros(r.TTL)
+	}
+	rows, err := d.pool.Query(ctx, d.sql.renewBatch, keys, owners, fences, ttls)
+	if err != nil {
+		return nil, classify("renew batch", "", err)
+	}
+	renewed := map[driver.Grant]bool{}
+	var g driver.Grant
+	var fence int64
+	_, err = pgx.ForEachRow(rows, []any{&g.Key, &g.Owner, &fence}, func() error {
+		g.Fence = uint64(fence)
+		renewed[g] = true
+		return nil
+	})
+	if err != nil {
+		return nil, classify("renew batch", "", err)
+	}
+	errs := make([]error, len(reqs))
+	for i, r := range reqs {
+		if !renewed[r.Grant] || r.Grant.Owner == "" {
+			errs[i] = leasetable.NotHeld(r.Grant)
+		}
+	}
+	return errs, nil
+}
+
+// Release implements driver.Driver in one statement, which also notifies
+// the key's waiters.
+func (d *Driver) Release(ctx context.Context, g driver.Grant) error {
+	if err := d.checkOpen(); err != nil {
+		return err
+	}
+	if g.Owner == "" {
+		return leasetable.NotHeld(g)
+	}
+	tag, err := d.pool.Exec(ctx, d.sql.release, g.Key, g.Owner, int64(g.Fence), d.channel)
+	if err != nil {
+		return classify("release", g.Key, err)
+	}
+	if tag.RowsAffected() != 1 {
+		return leasetable.NotHeld(g)
+	}
+	return nil
+}
+
+// Inspect implements driver.Driver.
+func (d *Driver) Inspect(ctx context.Context, key string) (driver.LeaseInfo, error) {
+	if err := d.checkOpen(); err != nil {
+		return driver.LeaseInfo{}, err
+	}
+	var owner string
+	var fence, remaining int64
+	err := d.pool.QueryRow(ctx, d.sql.inspect, key).Scan(&owner, &fence, &remaining)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return driver.LeaseInfo{Key: key}, fmt.Errorf("%s: %w", key, driver.ErrNotFound)
+	}
+	if err != nil {
+		return driver.LeaseInfo{Key: key}, classify("inspect", key, err)
+	}
+	return leasetable.Info(key, owner, fence, leasetable.FromMicros(remaining)), nil
+}
+
+// List implements driver.Driver. Keys are sorted byte-wise.
+func (d *Driver) List(ctx context.Context, prefix string) ([]driver.LeaseInfo, error) {
+	if err := d.checkOpen(); err != nil {
+		return nil, err
+	}
+	rows, err := d.pool.Query(ctx, d.sql.list, prefix)
+	if err != nil {
+		return nil, classify("list", prefix, err)
+	}
+	var out []driver.LeaseInfo
+	var key, owner string
+	var fence, remaining int64
+	_, err = pgx.ForEachRow(rows, []any{&key, &owner, &fence, &remaining}, func() error {
+		out = append(out, leasetable.Info(key, owner, fence, leasetable.FromMicros(remaining)))
+		return nil
+	})
+	if err != nil {
+		return nil, classify("list", prefix, err)
+	}
+	return out, nil
+}
+
+// Break implements driver.Driver: in one transaction it ends the grant,
+// records an audit row and notifies the key's waiters.
+func (d *Driver) Break(ctx context.Context, key string, req driver.BreakRequest) (driver.LeaseInfo, error) {
+	if err := d.checkOpen(); err != nil {
+		return driver.LeaseInfo{}, err
+	}
+	var info driver.LeaseInfo
+	err := pgx.BeginFunc(ctx, d.pool, func(tx pgx.Tx) error {
+		var owner string
+		var fence, remaining int64
+		err := tx.QueryRow(ctx, d.sql.lockRow, key).Scan(&owner, &fence, &remaining)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("%s: %w", key, driver.ErrNotHeld)
+		}
+		if err != nil {
+			return err
+		}
+		info = leasetable.Info(key, owner, fence, leasetable.FromMicros(remaining))
+		if !info.Held {
+			return fmt.Errorf("%s: %w", key, driver.ErrNotHeld)
+		}
+		if _, err := tx.Exec(ctx, d.sql.breakRow, key); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, d.sql.audit, key, fence, info.Owner, req.Reason, req.By); err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, "SELECT pg_notify($1, $2)", d.channel, key)
+		return err
+	})
+	if err != nil {
+		if errors.Is(err, driver.ErrNotHeld) {
+			return driver.LeaseInfo{Key: key}, err
+		}
+		return driver.LeaseInfo{Key: key}, classify("break", key, err)
+	}
+	return info, nil
+}
+
+// Breaks implements driver.BreakLogger.
+func (d *Driver) Breaks(ctx context.Context, key string) ([]driver.BreakRecord, error) {
+	if err := d.checkOpen(); err != nil {
+		return nil, err
+	}
+	rows, err := d.pool.Query(ctx, d.sql.breaks, key)
+	if err != nil {
+		return nil, classify("breaks", key, err)
+	}
+	defer rows.Close()
+	var out []driver.BreakRecord
+	for rows.Next() {
+		r, err := leasetable.ScanBreak(rows)
+		if err != nil {
+			return nil, classify("breaks", key, err)
+		}
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, classify("breaks", key, err)
+	}
+	return out, nil
+}
+
+// Guarantees implements driver.Driver. The fence is strict: it lives in a
+// committed row, so it survives restarts and crash recovery; a failover
+// keeps it when the standby replicates synchronously.
+func (d *Driver) Guarantees() driver.Guarantees {
+	g := driver.Guarantees{
+		Fence:       driver.FenceStrict,
+		ServerClock: true,
+		Notify:      d.listener != nil,
+		Note:        "fence is a counter on the lease row (durable with the row; after a failover only if replication was synchronous); expiry by the database's now()",
+	}
+	if d.note != "" {
+		g.Note += "; " + d.note
+	} else {
+		g.Note += "; waiters woken by LISTEN/NOTIFY, expiry without release caught by the client's fallback timer"
+	}
+	return g
+}
+
+// Close implements driver.Driver. It stops the LISTEN connection and, for a
+// driver opened by URL, closes its pool. Grants are left to expire.
+func (d *Driver) Close() error {
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return nil
+	}
+	d.closed = true
+	d.mu.Unlock()
+	if d.listener != nil {
+		d.listener.close()
+	}
+	if d.ownsPool {
+		d.pool.Close()
+	}
+	return nil
+}
+
+// Subscribe implements driver.Notifier. The subscription is woken when a
+// release or break of key is notified, and also whenever the LISTEN
+// connection had to be re-established (notifications may have been
+// missed). It fails when notifications are off or unavailable, and the
+// portable client then polls.
+func (d *Driver) Subscribe(ctx context.Context, key string) (driver.Subscription, error) {
+	if err := d.checkOpen(); err != nil {
+		return nil, err
+	}
+	if d.listener == nil {
+		return nil, fmt.Errorf("postgres: %w: %s", driver.ErrUnsupported, d.note)
+	}
+	return d.listener.subscribe(key), nil
+}
