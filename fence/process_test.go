@@ -114,6 +114,7 @@ func processState(pid int) string {
 // lease TTL has its late write refused, while the new holder (this process,
 // which only claimed the row before the old holder resumed) writes freely.
 func TestPausedProcessRefused(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "shared.db")
 	leases, g, db, err := openShared(path)
