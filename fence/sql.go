@@ -469,9 +469,12 @@ func (g *SQL) UpdateConn(ctx context.Context, q Conn, key any, t Token, w Write)
 		return Result{Outcome: Applied, Current: t.Fence}, nil
 	}
 
-	// Nothing applied: find out why, inside the same transaction. The read
-	// locks the row on PostgreSQL and MySQL so it sees the newest committed
-	// version, not an older snapshot.
+	// Nothing applied: find out why, inside the same transaction. On
+	// PostgreSQL a plain read is consistent with the UPDATE (under READ
+	// COMMITTED both see the newest committed row; under REPEATABLE READ
+	// both see the snapshot, and a conflicting newer version would have
+	// failed the UPDATE). MySQL's UPDATE reads the newest row but its plain
+	// SELECT reads an older snapshot, so there the read locks the row.
 	cur, curOwner, precond, err := g.read(ctx, q, key, w)
 	if err != nil {
 		return Result{}, err
@@ -506,7 +509,7 @@ func (g *SQL) read(ctx context.Context, q Conn, key any, w Write) (fence uint64,
 	}
 	fmt.Fprintf(&b, " FROM %s WHERE %s = %s", g.qTable, g.qKey, g.dialect.placeholder(1))
 	args = append(args, key)
-	if g.dialect != SQLite {
+	if g.dialect == MySQL {
 		b.WriteString(" FOR UPDATE")
 	}
 	err = q.QueryRow(ctx, b.String(), args...).Scan(dest...)
