@@ -20,6 +20,8 @@ func TestMain(m *testing.M) {
 	crashtest.MaybeRunHolder()
 	tb := testenv.NewMainTB()
 	my = testenv.StartMySQL(tb)
+	os.Setenv("DATABASE_URL", my.URL()) // for the examples
+	os.Setenv("MYSQL_DSN", my.DSN())
 	code := m.Run()
 	tb.Close()
 	os.Exit(code)

@@ -20,6 +20,7 @@ func TestMain(m *testing.M) {
 	crashtest.MaybeRunHolder()
 	tb := testenv.NewMainTB()
 	pg = testenv.StartPostgres(tb)
+	os.Setenv("DATABASE_URL", pg.URL()) // for the examples
 	code := m.Run()
 	tb.Close()
 	os.Exit(code)
