@@ -27,13 +27,14 @@ type Client struct {
 	mu      sync.Mutex
 	closed  bool
 	leases  map[*Lease]struct{}
-	wakeups map[string]chan struct{} // local release signals, per key
+	wakeups map[string]chan struct{} // local release signals, per waited-for key
+	waiting map[string]int           // waiters per key; wakeups entries live while > 0
 }
 
 // NewClient returns a Client over drv, for backends opened with their typed
 // constructors. opts may be nil. The Client owns drv and closes it on Close.
 func NewClient(drv driver.Driver, opts *Options) *Client {
-	c := &Client{drv: drv, leases: map[*Lease]struct{}{}, wakeups: map[string]chan struct{}{}}
+	c := &Client{drv: drv, leases: map[*Lease]struct{}{}, wakeups: map[string]chan struct{}{}, waiting: map[string]int{}}
 	if opts != nil {
 		c.opts = *opts
 	}
@@ -161,6 +162,10 @@ func (c *Client) acquireLoop(ctx context.Context, key string, o LeaseOptions, ev
 		return c.acquireQueued(ctx, q, key, owner, o, waitOver, ev)
 	}
 
+	if o.MaxWait != 0 {
+		c.startWaiting(key)
+		defer c.stopWaiting(key)
+	}
 	notifier, _ := c.drv.(driver.Notifier)
 	var sub driver.Subscription
 	defer func() {
@@ -230,6 +235,11 @@ func (c *Client) acquireLoop(ctx context.Context, key string, o LeaseOptions, ev
 		var subC <-chan struct{}
 		if sub != nil {
 			subC = sub.C()
+			// The backend's notification also covers releases through this
+			// client, and may wake fewer waiters than a broadcast would
+			// (one per process for Redis), so the local broadcast is not
+			// needed and would only make every local waiter retry at once.
+			wake = nil
 		}
 		t := c.clock.NewTimer(sleep)
 		select {
@@ -280,11 +290,31 @@ func (c *Client) acquireQueued(ctx context.Context, q driver.Queuer, key, owner 
 	return c.newLease(ctx, key, owner, fence, sent, o), nil
 }
 
+func (c *Client) startWaiting(key string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.waiting[key]++
+}
+
+func (c *Client) stopWaiting(key string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.waiting[key]--; c.waiting[key] <= 0 {
+		delete(c.waiting, key)
+		delete(c.wakeups, key)
+	}
+}
+
 // wakeup returns a channel closed when a lease on key is next released
-// through this client, so local waiters need not wait for a poll.
+// through this client, so local waiters need not wait for a poll. It
+// returns nil (never ready) for keys nobody waits on, so the map holds only
+// keys with waiters.
 func (c *Client) wakeup(key string) <-chan struct{} {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.waiting[key] == 0 {
+		return nil
+	}
 	ch, ok := c.wakeups[key]
 	if !ok {
 		ch = make(chan struct{})

@@ -182,9 +182,11 @@ func ParseURL(rawURL string) (*url.URL, error) {
 }
 
 // Redact returns rawURL with any password replaced by "xxxxx", for logs and
-// errors: the userinfo password, and query parameters that carry secrets
-// (password, sslpassword, as PostgreSQL URLs allow). Strings that do not
-// parse are cut at the first '@', and their query is dropped.
+// errors: the userinfo password, query parameters that carry secrets
+// (password, sslpassword, as PostgreSQL URLs allow), and the same in URLs
+// nested in query parameters (redlock://…?fence=postgres://u:pw@…). Strings
+// that do not parse are cut at the first '@', and an unparseable query is
+// dropped.
 func Redact(rawURL string) string {
 	u, err := url.Parse(rawURL)
 	if err != nil {
@@ -201,11 +203,22 @@ func Redact(rawURL string) string {
 		if err != nil {
 			u.RawQuery = "…"
 		} else {
-			for _, secret := range []string{"password", "sslpassword"} {
-				if _, ok := q[secret]; ok {
-					q.Set(secret, "xxxxx")
-					u.RawQuery = q.Encode()
+			changed := false
+			for k, vs := range q {
+				for i, v := range vs {
+					r := v
+					if strings.EqualFold(k, "password") || strings.EqualFold(k, "sslpassword") {
+						r = "xxxxx"
+					} else if strings.Contains(v, "@") {
+						r = Redact(v)
+					}
+					if r != v {
+						vs[i], changed = r, true
+					}
 				}
+			}
+			if changed {
+				u.RawQuery = q.Encode()
 			}
 		}
 	}

@@ -165,7 +165,7 @@ func (c *Client) check(key string, o LeaseOptions) error {
 	}
 	if o.Purpose == Correctness {
 		if o.FailOpen {
-			return fmt.Errorf("fenced: FailOpen is only allowed for Efficiency leases: a correctness lease must fail closed")
+			return fmt.Errorf("FailOpen is only allowed for Efficiency leases: a correctness lease must fail closed")
 		}
 		g := c.drv.Guarantees()
 		switch g.Fence {

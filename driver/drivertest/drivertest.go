@@ -43,6 +43,11 @@ type Harness struct {
 	BadURLs []string
 	// Workers and Rounds size the mutual-exclusion test. Defaults 6 and 15.
 	Workers, Rounds int
+	// LeaseDefaults become Options.Defaults of every client the suite opens
+	// (unless a test sets its own). Backends whose fence is weaker than
+	// strict set AllowRepeatableFence (or AllowNoFence) here, since the
+	// suite's leases have the default purpose, Correctness.
+	LeaseDefaults fenced.LeaseOptions
 }
 
 func (h *Harness) defaults() {
@@ -94,7 +99,14 @@ func uniqueKey(t *testing.T, name string) string {
 
 func (s *suite) client(t *testing.T, opts *fenced.Options) *fenced.Client {
 	t.Helper()
-	c := fenced.NewClient(s.h.Open(t), opts)
+	var o fenced.Options
+	if opts != nil {
+		o = *opts
+	}
+	if o.Defaults == (fenced.LeaseOptions{}) {
+		o.Defaults = s.h.LeaseDefaults
+	}
+	c := fenced.NewClient(s.h.Open(t), &o)
 	t.Cleanup(func() { c.Close() })
 	return c
 }
@@ -392,12 +404,11 @@ func (s *suite) testAutoRenew(t *testing.T) {
 	ttl := s.h.ShortTTL
 	var renewals atomic.Int32
 	c2 := s.client(t, &fenced.Options{Hooks: fenced.Hooks{}})
-	c = fenced.NewClient(s.h.Open(t), &fenced.Options{Hooks: fenced.Hooks{Renewed: func(e fenced.RenewEvent) {
+	c = s.client(t, &fenced.Options{Hooks: fenced.Hooks{Renewed: func(e fenced.RenewEvent) {
 		if e.Err == nil {
 			renewals.Add(1)
 		}
 	}}})
-	t.Cleanup(func() { c.Close() })
 	l, err := c.TryAcquire(ctx, key, &fenced.LeaseOptions{TTL: ttl})
 	if err != nil {
 		t.Fatal(err)

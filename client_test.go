@@ -1,0 +1,313 @@
+package fenced_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/clock"
+	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/mem"
+)
+
+// faulty wraps the mem reference authority and injects faults: failed or
+// unknown-outcome requests and weaker declared guarantees. It does not fake
+// the authority's answers; mem decides every grant.
+type faulty struct {
+	*mem.Driver
+	mu             sync.Mutex
+	acquireErr     error // returned instead of calling mem
+	acquireUnknown int   // this many TryAcquires reach mem, then report ErrUnknownOutcome
+	renewErr       error
+	fence          *driver.FenceStrength
+	renewCalls     atomic.Int32
+	batchCalls     atomic.Int32
+}
+
+func (f *faulty) TryAcquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
+	f.mu.Lock()
+	err, unknown := f.acquireErr, f.acquireUnknown > 0
+	if unknown {
+		f.acquireUnknown--
+	}
+	f.mu.Unlock()
+	if err != nil {
+		return 0, err
+	}
+	fence, err := f.Driver.TryAcquire(ctx, key, owner, ttl)
+	if unknown && err == nil {
+		return 0, driver.ErrUnknownOutcome
+	}
+	return fence, err
+}
+
+func (f *faulty) Renew(ctx context.Context, g driver.Grant, ttl time.Duration) error {
+	f.renewCalls.Add(1)
+	f.mu.Lock()
+	err := f.renewErr
+	f.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	return f.Driver.Renew(ctx, g, ttl)
+}
+
+func (f *faulty) Guarantees() driver.Guarantees {
+	g := f.Driver.Guarantees()
+	if f.fence != nil {
+		g.Fence = *f.fence
+		g.Note = "injected"
+	}
+	return g
+}
+
+func (f *faulty) set(fn func(f *faulty)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	fn(f)
+}
+
+// batching adds driver.BatchRenewer to faulty.
+type batching struct{ *faulty }
+
+func (b batching) RenewBatch(ctx context.Context, reqs []driver.RenewRequest) ([]error, error) {
+	b.batchCalls.Add(1)
+	errs := make([]error, len(reqs))
+	for i, r := range reqs {
+		errs[i] = b.Driver.Renew(ctx, r.Grant, r.TTL)
+	}
+	return errs, nil
+}
+
+func newFaulty(clk clock.Clock) *faulty {
+	return &faulty{Driver: mem.New(&mem.Options{Clock: clk})}
+}
+
+// settle lets goroutines woken by a fake-clock advance run.
+func settle() { time.Sleep(20 * time.Millisecond) }
+
+// advance moves clk forward in small steps so timers fire in order.
+func advance(clk *clock.Fake, d, step time.Duration) {
+	for moved := time.Duration(0); moved < d; moved += step {
+		clk.Advance(step)
+		settle()
+	}
+}
+
+func TestFailedRenewalEndsLeaseByLocalValidity(t *testing.T) {
+	clk := clock.NewFake(time.Unix(1000, 0))
+	f := newFaulty(clk)
+	c := fenced.NewClient(f, &fenced.Options{Clock: clk})
+	defer c.Close()
+	ctx := context.Background()
+	l, err := c.TryAcquire(ctx, "k", &fenced.LeaseOptions{TTL: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	validUntil := l.ValidUntil()
+	if want := clk.Now().Add(3*time.Second - 3*time.Second/100 - 2*time.Millisecond); !validUntil.Equal(want) {
+		t.Fatalf("ValidUntil = %v, want TTL minus margin from the send: %v", validUntil, want)
+	}
+	advance(clk, 1500*time.Millisecond, 100*time.Millisecond)
+	if l.Err() != nil || f.renewCalls.Load() == 0 {
+		t.Fatalf("after 1.5s: err %v, %d renewals; want held and renewed", l.Err(), f.renewCalls.Load())
+	}
+	// The authority becomes unreachable: renewals fail.
+	f.set(func(f *faulty) { f.renewErr = driver.ErrUnavailable })
+	failedFrom := clk.Now()
+	deadline := l.ValidUntil()
+	for clk.Now().Before(deadline.Add(-100 * time.Millisecond)) {
+		clk.Advance(100 * time.Millisecond)
+		settle()
+		if l.Err() != nil {
+			t.Fatalf("lease ended at +%v, before its local validity (%v) ran out: %v", clk.Now().Sub(failedFrom), deadline.Sub(failedFrom), l.Err())
+		}
+	}
+	if l.Healthy() {
+		t.Fatal("Healthy() is true after failed renewals")
+	}
+	advance(clk, 200*time.Millisecond, 100*time.Millisecond)
+	if !errors.Is(l.Err(), fenced.ErrExpired) {
+		t.Fatalf("after local validity: %v, want ErrExpired", l.Err())
+	}
+	if f.renewCalls.Load() < 3 {
+		t.Fatalf("only %d renewal attempts; failed renewals should be retried", f.renewCalls.Load())
+	}
+}
+
+func TestRefusedRenewalLosesLeaseAtOnce(t *testing.T) {
+	clk := clock.NewFake(time.Unix(1000, 0))
+	f := newFaulty(clk)
+	var lost atomic.Int32
+	c := fenced.NewClient(f, &fenced.Options{Clock: clk, Hooks: fenced.Hooks{Lost: func(e fenced.LostEvent) {
+		if errors.Is(e.Cause, fenced.ErrLost) {
+			lost.Add(1)
+		}
+	}}})
+	defer c.Close()
+	ctx := context.Background()
+	l, err := c.TryAcquire(ctx, "k", &fenced.LeaseOptions{TTL: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Break(ctx, "k", "test", "me"); err != nil {
+		t.Fatal(err)
+	}
+	advance(clk, 1100*time.Millisecond, 100*time.Millisecond)
+	if !errors.Is(l.Err(), fenced.ErrLost) {
+		t.Fatalf("after a refused renewal: %v, want ErrLost", l.Err())
+	}
+	if lost.Load() != 1 {
+		t.Fatalf("Lost hook called %d times, want 1", lost.Load())
+	}
+	if err := l.Renew(ctx); !errors.Is(err, fenced.ErrLost) {
+		t.Fatalf("Renew of a lost lease: %v", err)
+	}
+}
+
+func TestMaxHoldStopsRenewal(t *testing.T) {
+	clk := clock.NewFake(time.Unix(1000, 0))
+	f := newFaulty(clk)
+	c := fenced.NewClient(f, &fenced.Options{Clock: clk})
+	defer c.Close()
+	l, err := c.TryAcquire(context.Background(), "k", &fenced.LeaseOptions{TTL: 3 * time.Second, MaxHold: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := clk.Now()
+	for l.Err() == nil && clk.Now().Sub(start) < 10*time.Second {
+		clk.Advance(100 * time.Millisecond)
+		settle()
+	}
+	if held := clk.Now().Sub(start); !errors.Is(l.Err(), fenced.ErrExpired) || held > 5*time.Second {
+		t.Fatalf("lease ended after %v with %v; want ErrExpired within MaxHold 5s", held, l.Err())
+	}
+}
+
+func TestFailOpenOnlyForEfficiency(t *testing.T) {
+	f := newFaulty(nil)
+	f.acquireErr = driver.ErrUnavailable
+	var events []fenced.AcquireEvent
+	c := fenced.NewClient(f, &fenced.Options{Hooks: fenced.Hooks{Acquired: func(e fenced.AcquireEvent) { events = append(events, e) }}})
+	defer c.Close()
+	ctx := context.Background()
+	if _, err := c.TryAcquire(ctx, "k", nil); !errors.Is(err, fenced.ErrUnavailable) {
+		t.Fatalf("correctness lease with the store down: %v, want ErrUnavailable (fail closed)", err)
+	}
+	if _, err := c.TryAcquire(ctx, "k", &fenced.LeaseOptions{Purpose: fenced.Efficiency}); !errors.Is(err, fenced.ErrUnavailable) {
+		t.Fatalf("efficiency lease without FailOpen: %v, want ErrUnavailable", err)
+	}
+	l, err := c.TryAcquire(ctx, "k", &fenced.LeaseOptions{Purpose: fenced.Efficiency, FailOpen: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !l.FailedOpen() || l.Fence() != 0 || l.Err() != nil {
+		t.Fatalf("failed-open lease: FailedOpen %v fence %d err %v", l.FailedOpen(), l.Fence(), l.Err())
+	}
+	if last := events[len(events)-1]; !last.FailedOpen {
+		t.Fatalf("Acquired hook did not report the fail-open: %+v", last)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestCorrectnessNeedsStrictFence(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		strength driver.FenceStrength
+		opts     fenced.LeaseOptions
+		ok       bool
+	}{
+		{driver.FenceStrict, fenced.LeaseOptions{}, true},
+		{driver.FenceRepeatable, fenced.LeaseOptions{}, false},
+		{driver.FenceRepeatable, fenced.LeaseOptions{AllowRepeatableFence: true}, true},
+		{driver.FenceRepeatable, fenced.LeaseOptions{Purpose: fenced.Efficiency}, true},
+		{driver.FenceNone, fenced.LeaseOptions{}, false},
+		{driver.FenceNone, fenced.LeaseOptions{AllowRepeatableFence: true}, false},
+		{driver.FenceNone, fenced.LeaseOptions{AllowNoFence: true}, true},
+		{driver.FenceNone, fenced.LeaseOptions{Purpose: fenced.Efficiency}, true},
+	} {
+		f := newFaulty(nil)
+		s := tc.strength
+		f.fence = &s
+		c := fenced.NewClient(f, nil)
+		l, err := c.TryAcquire(ctx, "k", &tc.opts)
+		if tc.ok != (err == nil) {
+			t.Errorf("fence %v, opts %+v: err %v", tc.strength, tc.opts, err)
+		}
+		if !tc.ok && !errors.Is(err, fenced.ErrNoFence) {
+			t.Errorf("fence %v: %v, want ErrNoFence", tc.strength, err)
+		}
+		if l != nil {
+			l.Release(ctx)
+		}
+		c.Close()
+	}
+}
+
+func TestUnknownOutcomeIsResolvedBySameOwner(t *testing.T) {
+	f := newFaulty(nil)
+	f.acquireUnknown = 1 // the grant is applied but the answer is lost
+	c := fenced.NewClient(f, nil)
+	defer c.Close()
+	ctx := context.Background()
+	l, err := c.TryAcquire(ctx, "k", nil)
+	if err != nil {
+		t.Fatalf("retry after an unknown outcome: %v", err)
+	}
+	if l.Fence() != 1 {
+		t.Fatalf("fence %d: the retry must find its own grant (fence 1), not take a second", l.Fence())
+	}
+	l.Release(ctx)
+}
+
+func TestBatchedRenewal(t *testing.T) {
+	clk := clock.NewFake(time.Unix(1000, 0))
+	f := newFaulty(clk)
+	c := fenced.NewClient(batching{f}, &fenced.Options{Clock: clk})
+	defer c.Close()
+	ctx := context.Background()
+	const n = 20
+	var leases []*fenced.Lease
+	for i := 0; i < n; i++ {
+		l, err := c.TryAcquire(ctx, "batch:"+string(rune('a'+i)), &fenced.LeaseOptions{TTL: 3 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		leases = append(leases, l)
+		clk.Advance(20 * time.Millisecond) // acquired at different times
+	}
+	advance(clk, 6*time.Second, 100*time.Millisecond)
+	for _, l := range leases {
+		if l.Err() != nil {
+			t.Fatalf("%s ended: %v", l.Key(), l.Err())
+		}
+	}
+	// 6s at TTL/3 = 1s is about 6 periods: one batch each, not n renewals.
+	if b, r := f.batchCalls.Load(), f.renewCalls.Load(); b > 8 || r != 0 {
+		t.Fatalf("%d batches and %d single renewals for %d leases over 6 periods; want about 6 batches", b, r, n)
+	}
+}
+
+func TestAcquireOptionsValidation(t *testing.T) {
+	c := fenced.NewClient(mem.New(nil), nil)
+	defer c.Close()
+	ctx := context.Background()
+	for _, o := range []fenced.LeaseOptions{
+		{TTL: time.Second, SafetyMargin: 2 * time.Second},
+		{TTL: time.Second, MaxHold: -time.Second},
+		{Purpose: fenced.Correctness, FailOpen: true},
+	} {
+		if _, err := c.TryAcquire(ctx, "k", &o); err == nil {
+			t.Errorf("options %+v accepted", o)
+		}
+	}
+	if l, _ := c.List(ctx, ""); len(l) != 0 {
+		t.Fatalf("rejected options left leases: %+v", l)
+	}
+}

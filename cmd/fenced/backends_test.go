@@ -1,0 +1,90 @@
+package main
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/internal/testenv"
+)
+
+// backendCase is a store the CLI is checked against, started for real.
+type backendCase struct {
+	name  string
+	start func(t *testing.T) string // returns the store URL
+	// flags the store needs for `run` (for example to accept its fence).
+	runFlags []string
+	opts     fenced.LeaseOptions
+}
+
+var backendCases = []backendCase{
+	{name: "sqlite", start: tempStore},
+	{
+		name:     "redis",
+		start:    func(t *testing.T) string { return testenv.StartRedis(t, testenv.RedisConfig{Password: "s3cret"}).URL() },
+		runFlags: []string{"--allow-repeatable-fence"},
+		opts:     fenced.LeaseOptions{AllowRepeatableFence: true},
+	},
+}
+
+// TestCommandsOnEveryBackend runs run, ls, inspect and break against every
+// backend linked into the CLI.
+func TestCommandsOnEveryBackend(t *testing.T) {
+	for _, bc := range backendCases {
+		t.Run(bc.name, func(t *testing.T) {
+			store := bc.start(t)
+			ctx := context.Background()
+			run := func(key string, extra ...string) result {
+				args := append([]string{"run", "--ttl", "5s"}, bc.runFlags...)
+				args = append(args, extra...)
+				args = append(args, key, "--", "sh", "-c", `echo "$FENCED_KEY=$FENCED_FENCE"`)
+				return cli(t, store, args...)
+			}
+			if len(bc.runFlags) > 0 {
+				r := cli(t, store, "run", "cli:job", "--", "true")
+				if r.code != 64 || !strings.Contains(r.stderr, bc.runFlags[0]) {
+					t.Fatalf("run without %s: exit %d, stderr %q; want 64 naming the flag", bc.runFlags[0], r.code, r.stderr)
+				}
+			}
+			r := run("cli:job")
+			if r.code != 0 {
+				t.Fatalf("run: exit %d, stderr %s", r.code, r.stderr)
+			}
+			first, err := strconv.ParseUint(strings.TrimPrefix(strings.TrimSpace(r.stdout), "cli:job="), 10, 64)
+			if err != nil || first == 0 {
+				t.Fatalf("child output %q: want cli:job=FENCE", r.stdout)
+			}
+			if r := run("cli:job"); strings.TrimSpace(r.stdout) != "cli:job="+strconv.FormatUint(first+1, 10) {
+				t.Fatalf("second run: %q, want fence %d", r.stdout, first+1)
+			}
+			c := client(t, store)
+			opts := bc.opts
+			opts.TTL = 10 * time.Second
+			l, err := c.TryAcquire(ctx, "cli:held", &opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r := run("cli:held"); r.code != 75 || r.stdout != "" {
+				t.Fatalf("run on a held key: exit %d, stdout %q; want 75 and nothing run", r.code, r.stdout)
+			}
+			if r := cli(t, store, "ls", "cli:", "-o", "json"); r.code != 0 || !strings.Contains(r.stdout, `"cli:held"`) {
+				t.Fatalf("ls: %d %q %s", r.code, r.stdout, r.stderr)
+			}
+			if r := cli(t, store, "inspect", "cli:held"); r.code != 0 || !strings.Contains(r.stdout, strconv.FormatUint(l.Fence(), 10)) {
+				t.Fatalf("inspect: %d %q %s", r.code, r.stdout, r.stderr)
+			}
+			if r := cli(t, store, "break", "cli:held", "--reason", "cli test"); r.code != 0 {
+				t.Fatalf("break: %d %s", r.code, r.stderr)
+			}
+			if r := run("cli:held"); r.code != 0 {
+				t.Fatalf("run after break: exit %d, stderr %s", r.code, r.stderr)
+			}
+			if strings.Contains(r.stderr, "s3cret") {
+				t.Fatal("a password reached stderr")
+			}
+		})
+	}
+}

@@ -1,0 +1,337 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/user"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/fenced-dev/fenced"
+	_ "github.com/fenced-dev/fenced/mem"
+	_ "github.com/fenced-dev/fenced/redis"
+	_ "github.com/fenced-dev/fenced/sqlite"
+)
+
+// Exit codes, documented in the package comment and in --help.
+const (
+	exitOK          = 0
+	exitError       = 1
+	exitUsage       = 64
+	exitUnavailable = 69
+	exitHeld        = 75
+	exitLost        = 77
+)
+
+// exitErr carries an exit code out of a command.
+type exitErr struct {
+	code int
+	err  error
+}
+
+func (e *exitErr) Error() string { return e.err.Error() }
+func (e *exitErr) Unwrap() error { return e.err }
+
+func withCode(code int, err error) error { return &exitErr{code: code, err: err} }
+
+// codeFor maps library errors to exit codes.
+func codeFor(err error) int {
+	var ee *exitErr
+	switch {
+	case errors.As(err, &ee):
+		return ee.code
+	case errors.Is(err, fenced.ErrHeld):
+		return exitHeld
+	case errors.Is(err, fenced.ErrUnavailable):
+		return exitUnavailable
+	case errors.Is(err, fenced.ErrInvalidKey), errors.Is(err, fenced.ErrInvalidTTL), errors.Is(err, fenced.ErrInvalidURL):
+		return exitUsage
+	}
+	return exitError
+}
+
+type globals struct {
+	store  string
+	output string
+	stdout io.Writer
+	stderr io.Writer
+	extra  []*cobra.Command // hidden commands registered by others
+}
+
+func execute(args []string, stdout, stderr io.Writer) int {
+	g := &globals{stdout: stdout, stderr: stderr}
+	root := newRoot(g)
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	err := root.Execute()
+	if err == nil {
+		return exitOK
+	}
+	var ee *exitErr
+	if errors.As(err, &ee) && ee.err == nil {
+		return ee.code
+	}
+	fmt.Fprintln(stderr, "fenced:", strings.TrimPrefix(err.Error(), "fenced: "))
+	if strings.HasPrefix(err.Error(), "unknown command") || strings.Contains(err.Error(), "flag") || strings.Contains(err.Error(), "arg(s)") {
+		return exitUsage
+	}
+	return codeFor(err)
+}
+
+func newRoot(g *globals) *cobra.Command {
+	root := &cobra.Command{
+		Use:   "fenced",
+		Short: "Leases with fencing tokens: run commands under a lease, list, inspect and break leases",
+		Long: `fenced grants leases on keys from a store you already run, with a fencing token
+(FENCED_FENCE) that strictly increases on every grant, renews them while your work
+runs, and stops the work the moment the lease is lost.
+
+The store is chosen with --store or FENCED_STORE. The default is the embedded SQLite
+file ` + defaultStoreHint() + `.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	def := os.Getenv("FENCED_STORE")
+	if def == "" {
+		def = "sqlite:"
+	}
+	root.PersistentFlags().StringVar(&g.store, "store", def, "store URL (env FENCED_STORE; schemes: "+strings.Join(fenced.Schemes(), ", ")+")")
+	root.AddCommand(newRunCmd(g), newLsCmd(g), newInspectCmd(g), newBreakCmd(g), newGuaranteesCmd(g), newDemoCmd(g))
+	root.AddCommand(g.extra...)
+	return root
+}
+
+func defaultStoreHint() string {
+	return "sqlite: ($XDG_STATE_HOME/fenced/fenced.db or ~/.local/state/fenced/fenced.db)"
+}
+
+func (g *globals) open(ctx context.Context) (*fenced.Client, error) {
+	return fenced.Open(ctx, g.store, nil)
+}
+
+// withClient opens the store, runs fn and closes the store.
+func (g *globals) withClient(ctx context.Context, fn func(*fenced.Client) error) error {
+	c, err := g.open(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	return fn(c)
+}
+
+func addOutputFlag(cmd *cobra.Command, g *globals) {
+	cmd.Flags().StringVarP(&g.output, "output", "o", "table", "output format: table or json")
+}
+
+func (g *globals) checkOutput() error {
+	if g.output != "table" && g.output != "json" {
+		return withCode(exitUsage, fmt.Errorf("--output %q: want table or json", g.output))
+	}
+	return nil
+}
+
+// leaseJSON is the machine-readable form of a lease, stable for scripts.
+type leaseJSON struct {
+	Key         string  `json:"key"`
+	Held        bool    `json:"held"`
+	Fence       uint64  `json:"fence"`
+	Owner       string  `json:"owner,omitempty"`
+	RemainingMS int64   `json:"remaining_ms"`
+	Breaks      []brkJS `json:"breaks,omitempty"`
+}
+
+type brkJS struct {
+	Time   time.Time `json:"time"`
+	Fence  uint64    `json:"fence"`
+	Owner  string    `json:"owner"`
+	Reason string    `json:"reason"`
+	By     string    `json:"by"`
+}
+
+func toJSON(i fenced.LeaseInfo) leaseJSON {
+	return leaseJSON{Key: i.Key, Held: i.Held, Fence: i.Fence, Owner: i.Owner, RemainingMS: i.Remaining.Milliseconds()}
+}
+
+func newLsCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "ls [PREFIX]",
+		Short: "List held leases, optionally only keys starting with PREFIX",
+		Example: `  fenced ls
+  fenced ls invoice:
+  fenced ls -o json --store postgres://app@db/app`,
+		Args: cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := g.checkOutput(); err != nil {
+				return err
+			}
+			prefix := ""
+			if len(args) == 1 {
+				prefix = args[0]
+			}
+			var infos []fenced.LeaseInfo
+			err := g.withClient(cmd.Context(), func(c *fenced.Client) (err error) {
+				infos, err = c.List(cmd.Context(), prefix)
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			if g.output == "json" {
+				out := make([]leaseJSON, 0, len(infos))
+				for _, i := range infos {
+					out = append(out, toJSON(i))
+				}
+				return writeJSON(g.stdout, out)
+			}
+			tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "KEY\tFENCE\tOWNER\tREMAINING")
+			for _, i := range infos {
+				fmt.Fprintf(tw, "%s\t%d\t%s\t%s\n", i.Key, i.Fence, i.Owner, fmtLeft(i.Remaining))
+			}
+			return tw.Flush()
+		},
+	}
+	addOutputFlag(cmd, g)
+	return cmd
+}
+
+func fmtLeft(d time.Duration) string {
+	if d <= 0 {
+		return "-"
+	}
+	return d.Round(time.Millisecond).String()
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func newInspectCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "inspect KEY",
+		Short: "Show a key's holder, fence, time left and recorded breaks",
+		Example: `  fenced inspect invoice:inv_72
+  fenced inspect invoice:inv_72 -o json`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := g.checkOutput(); err != nil {
+				return err
+			}
+			var info fenced.LeaseInfo
+			var breaks []fenced.BreakRecord
+			err := g.withClient(cmd.Context(), func(c *fenced.Client) (err error) {
+				if info, err = c.Inspect(cmd.Context(), args[0]); err != nil {
+					return err
+				}
+				breaks, _ = c.Breaks(cmd.Context(), args[0]) // not every store keeps them
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+			if g.output == "json" {
+				j := toJSON(info)
+				for _, b := range breaks {
+					j.Breaks = append(j.Breaks, brkJS{Time: b.Time.UTC(), Fence: b.Fence, Owner: b.Owner, Reason: b.Reason, By: b.By})
+				}
+				return writeJSON(g.stdout, j)
+			}
+			tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
+			state := "free"
+			if info.Held {
+				state = "held"
+			}
+			fmt.Fprintf(tw, "key:\t%s\n", info.Key)
+			fmt.Fprintf(tw, "state:\t%s\n", state)
+			fmt.Fprintf(tw, "fence:\t%d\n", info.Fence)
+			if info.Held {
+				fmt.Fprintf(tw, "owner:\t%s\n", info.Owner)
+				fmt.Fprintf(tw, "remaining:\t%s\n", fmtLeft(info.Remaining))
+			}
+			for _, b := range breaks {
+				fmt.Fprintf(tw, "broken:\t%s fence %d by %s: %s\n", b.Time.UTC().Format(time.RFC3339), b.Fence, b.By, b.Reason)
+			}
+			return tw.Flush()
+		},
+	}
+	addOutputFlag(cmd, g)
+	return cmd
+}
+
+func newBreakCmd(g *globals) *cobra.Command {
+	var reason, by string
+	cmd := &cobra.Command{
+		Use:   "break KEY --reason TEXT",
+		Short: "End a lease whoever holds it; its holder is fenced out",
+		Long: `Break ends the current grant of KEY whoever holds it. The holder's next renewal
+fails and its work is cancelled; the next grant gets a higher fence, so writes the
+evicted holder still sends are refused by fenced resources. The break is recorded
+(time, key, fence, reason, who) where the store keeps an audit log.`,
+		Example: `  fenced break invoice:inv_72 --reason "worker host wedged, ticket OPS-12"`,
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if strings.TrimSpace(reason) == "" {
+				return withCode(exitUsage, errors.New("break: --reason is required"))
+			}
+			var info fenced.LeaseInfo
+			err := g.withClient(cmd.Context(), func(c *fenced.Client) (err error) {
+				info, err = c.Break(cmd.Context(), args[0], reason, by)
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(g.stdout, "broke %s: fence %d, owner %s; the next grant gets a higher fence\n", info.Key, info.Fence, info.Owner)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&reason, "reason", "", "why the lease is broken (required; recorded)")
+	cmd.Flags().StringVar(&by, "by", whoAmI(), "who breaks it (recorded)")
+	return cmd
+}
+
+func whoAmI() string {
+	name := "unknown"
+	if u, err := user.Current(); err == nil {
+		name = u.Username
+	}
+	host, _ := os.Hostname()
+	return name + "@" + host
+}
+
+func newGuaranteesCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:     "guarantees",
+		Short:   "Show what the store promises: fence strength, clock, notification, FIFO",
+		Example: `  fenced guarantees --store redis://localhost:6379`,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var gr fenced.Guarantees
+			err := g.withClient(cmd.Context(), func(c *fenced.Client) error {
+				gr = c.Guarantees()
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+			tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintf(tw, "store:\t%s\n", fenced.Redact(g.store))
+			fmt.Fprintf(tw, "fence:\t%s\n", gr.Fence)
+			fmt.Fprintf(tw, "expiry by server clock:\t%v\n", gr.ServerClock)
+			fmt.Fprintf(tw, "waiters notified:\t%v\n", gr.Notify)
+			fmt.Fprintf(tw, "waiters served FIFO:\t%v\n", gr.FIFO)
+			fmt.Fprintf(tw, "note:\t%s\n", gr.Note)
+			return tw.Flush()
+		},
+	}
+}

@@ -1,0 +1,241 @@
+// Package etcd is the fenced backend for etcd (v3 API), compatible with
+// etcd's own lock recipe (the concurrency package and `etcdctl lock`).
+//
+// Import it for its side effect to open stores by URL:
+//
+//	import _ "github.com/fenced-dev/fenced/etcd"
+//
+//	client, err := fenced.Open(ctx, "etcd://10.0.0.1:2379,10.0.0.2:2379,10.0.0.3:2379", nil)
+//
+// or wrap a client you already have with New.
+//
+// # URL
+//
+// etcd://[user:password@]host:port[,host:port...][/][?prefix=P&dial_timeout=D]
+//
+// prefix (default "fenced/") is prepended to every key to form the etcd lock
+// name; dial_timeout (default 5s) bounds the first contact.
+//
+// # Recipe
+//
+// A lease on key K is etcd's mutex on the lock name prefix+K: the holder
+// puts the key prefix+K+"/"+hex(etcd lease ID) attached to an etcd lease,
+// and the key with the lowest create revision holds the lock. A waiter
+// watches only the key created just before its own (no thundering herd) and
+// is served in arrival order. The fence is the holder key's create
+// revision: etcd's revision is a cluster-wide counter agreed by Raft, so the
+// fence strictly increases across releases, expiries, breaks, restarts and
+// leader failovers. fenced and `etcdctl lock prefix+K` exclude each other.
+// When etcdctl gets the lock without waiting, the ETCD_LOCK_REV it exports
+// to its child equals the fence fenced reports for that hold (its key's
+// create revision); after waiting, etcdctl exports the later revision at
+// which it got the lock, which is still above every earlier holder's fence. A '/' or '%' in a key is escaped (%2F, %25) so a key maps to
+// exactly one lock name.
+//
+// # Sessions
+//
+// The driver keeps one etcd lease (a session) per TTL (whole seconds,
+// rounded up) and shares it between all the keys it holds with that TTL,
+// so renewing a thousand fenced leases costs one keep-alive plus one read,
+// not a thousand writes (the driver implements driver.BatchRenewer). Every
+// acquisition and renewal sends a keep-alive, so the session outlives the
+// lease's local validity. If the process stalls, the session expires on the
+// server's clock and etcd deletes every key on it; the driver's loss watch
+// (driver.LossWatcher) cancels the lease of a key deleted behind its back
+// (session expired, or broken by an admin). A grant that its holder stops
+// renewing while the session is kept alive by other grants is deleted by
+// the driver when its TTL has passed, so NoAutoRenew leases end on time.
+//
+// etcd counts lease TTLs in whole seconds and raises short ones to its own
+// minimum (one and a half election timeouts), so the driver accepts TTLs of
+// one second or more; a holder that crashes blocks others for the rounded-up
+// TTL.
+package etcd
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/keyname"
+)
+
+// DefaultPrefix is prepended to keys when Options.Prefix is empty.
+const DefaultPrefix = "fenced/"
+
+// Options configure a Driver. The zero value gives the defaults.
+type Options struct {
+	// Prefix is prepended to every key to form its etcd lock name, as used
+	// by `etcdctl lock NAME`. Default DefaultPrefix. Use "/" (or any
+	// non-empty string) deliberately: a key K then maps to lock name
+	// Prefix+K.
+	Prefix string
+}
+
+func init() {
+	fenced.Register("etcd", openURL)
+}
+
+// openURL opens etcd://host:port[,host:port...][/][?prefix=...&dial_timeout=...].
+func openURL(ctx context.Context, u *url.URL) (driver.Driver, error) {
+	if u.Opaque != "" {
+		return nil, fmt.Errorf("%w: etcd URL must look like etcd://host:port[,host:port...]", driver.ErrInvalidURL)
+	}
+	if u.Host == "" {
+		return nil, fmt.Errorf("%w: etcd URL names no endpoint (want etcd://host:port[,host:port...])", driver.ErrInvalidURL)
+	}
+	if u.Path != "" && u.Path != "/" {
+		return nil, fmt.Errorf("%w: etcd URL has path %q; give the key prefix as ?prefix=", driver.ErrInvalidURL, u.Path)
+	}
+	var eps []string
+	for _, hp := range strings.Split(u.Host, ",") {
+		host, port, err := net.SplitHostPort(hp)
+		if err != nil || host == "" {
+			return nil, fmt.Errorf("%w: etcd endpoint %q is not host:port", driver.ErrInvalidURL, hp)
+		}
+		if n, err := strconv.Atoi(port); err != nil || n <= 0 || n > 65535 {
+			return nil, fmt.Errorf("%w: etcd endpoint %q has a bad port", driver.ErrInvalidURL, hp)
+		}
+		eps = append(eps, hp)
+	}
+	var opts Options
+	dialTimeout := 5 * time.Second
+	for k, vs := range u.Query() {
+		v := vs[len(vs)-1]
+		switch k {
+		case "prefix":
+			if v == "" {
+				return nil, fmt.Errorf("%w: etcd URL option prefix is empty", driver.ErrInvalidURL)
+			}
+			opts.Prefix = v
+		case "dial_timeout":
+			d, err := time.ParseDuration(v)
+			if err != nil || d <= 0 {
+				return nil, fmt.Errorf("%w: etcd URL option dial_timeout=%q is not a positive duration", driver.ErrInvalidURL, v)
+			}
+			dialTimeout = d
+		default:
+			return nil, fmt.Errorf("%w: unknown etcd URL option %q (known: prefix, dial_timeout)", driver.ErrInvalidURL, k)
+		}
+	}
+	cfg := clientv3.Config{Endpoints: eps, DialTimeout: dialTimeout, Logger: zap.NewNop()}
+	if u.User != nil {
+		cfg.Username = u.User.Username()
+		cfg.Password, _ = u.User.Password()
+	}
+	cli, err := clientv3.New(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("%w: etcd client for %s: %v", driver.ErrUnavailable, strings.Join(eps, ","), err)
+	}
+	// clientv3.New does not wait for a connection: ask once, so an
+	// unreachable cluster is reported here rather than on first use.
+	pctx, cancel := context.WithTimeout(ctx, dialTimeout)
+	defer cancel()
+	if _, err := cli.Get(pctx, "fenced-probe", clientv3.WithCountOnly()); err != nil {
+		cli.Close()
+		return nil, fmt.Errorf("%w: cannot reach etcd at %s within %v: %v", driver.ErrUnavailable, strings.Join(eps, ","), dialTimeout, err)
+	}
+	d, err := New(cli, &opts)
+	if err != nil {
+		cli.Close()
+		return nil, err
+	}
+	d.ownsClient = true
+	return d, nil
+}
+
+// Driver is the etcd driver. Wrap it with fenced.NewClient. It is safe for
+// concurrent use.
+type Driver struct {
+	cli        *clientv3.Client
+	prefix     string
+	ownsClient bool
+
+	mu       sync.Mutex
+	closed   bool
+	sessions map[int64][]*session // by TTL in seconds
+	entries  map[entryID]*entry
+	ctx      context.Context // cancelled by Close
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+}
+
+// New returns a driver over cli, which stays the caller's to close (after
+// the driver). opts may be nil.
+func New(cli *clientv3.Client, opts *Options) (*Driver, error) {
+	if cli == nil {
+		return nil, fmt.Errorf("etcd: New: nil client")
+	}
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	if o.Prefix == "" {
+		o.Prefix = DefaultPrefix
+	}
+	if strings.ContainsRune(o.Prefix, 0) {
+		return nil, fmt.Errorf("etcd: %w: prefix contains a NUL byte", driver.ErrInvalidURL)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Driver{
+		cli: cli, prefix: o.Prefix,
+		sessions: map[int64][]*session{},
+		entries:  map[entryID]*entry{},
+		ctx:      ctx, cancel: cancel,
+	}, nil
+}
+
+// Client returns the etcd client under d.
+func (d *Driver) Client() *clientv3.Client { return d.cli }
+
+// LockName returns the etcd lock name (as given to `etcdctl lock`) of key.
+func (d *Driver) LockName(key string) string { return d.prefix + keyname.Escape(key) }
+
+// Guarantees implements driver.Driver.
+func (d *Driver) Guarantees() driver.Guarantees {
+	return driver.Guarantees{
+		Fence:       driver.FenceStrict,
+		ServerClock: true,
+		Notify:      true,
+		FIFO:        true,
+		Note:        "fence = create revision of the holder's key (Raft-agreed, never reissued); TTLs are whole seconds at the server",
+	}
+}
+
+// TTLBounds implements driver.TTLBounds: etcd leases have a one-second
+// granularity.
+func (d *Driver) TTLBounds() (min, max time.Duration) { return time.Second, fenced.MaxTTL }
+
+// Close stops the driver's background work and, when the driver was opened
+// by URL, closes its etcd client. Grants are left to expire with their
+// sessions.
+func (d *Driver) Close() error {
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return nil
+	}
+	d.closed = true
+	for _, e := range d.entries {
+		if e.timer != nil {
+			e.timer.Stop()
+		}
+	}
+	d.mu.Unlock()
+	d.cancel()
+	d.wg.Wait()
+	if d.ownsClient {
+		return d.cli.Close()
+	}
+	return nil
+}

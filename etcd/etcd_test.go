@@ -1,0 +1,53 @@
+package etcd_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/driver/drivertest"
+	"github.com/fenced-dev/fenced/etcd"
+	"github.com/fenced-dev/fenced/internal/testenv"
+)
+
+// newClient returns an etcd client on the cluster, closed when t ends.
+func newClient(t testing.TB, c *testenv.EtcdCluster) *clientv3.Client {
+	t.Helper()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: c.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return cli
+}
+
+func TestConformance(t *testing.T) {
+	cluster := testenv.StartEtcd(t)
+	drivertest.RunConformanceTests(t, drivertest.Harness{
+		Open: func(t *testing.T) driver.Driver {
+			d, err := etcd.New(newClient(t, cluster), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return d
+		},
+		ShortTTL: time.Second,
+		BadURLs: []string{
+			"etcd://",
+			"etcd:opaque",
+			"etcd://127.0.0.1",
+			"etcd://127.0.0.1:notaport",
+			"etcd://127.0.0.1:2379,:2380",
+			"etcd://127.0.0.1:2379/some/path",
+			"etcd://127.0.0.1:2379/?unknown=1",
+			"etcd://127.0.0.1:2379/?dial_timeout=-1s",
+			"etcd://127.0.0.1:2379/?prefix=",
+		},
+	})
+}
+
+var _ = context.Background

@@ -1,0 +1,438 @@
+package etcd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/fenced-dev/fenced/driver"
+)
+
+// waiterKey is the key a session puts under lock name, exactly as etcd's
+// concurrency.Mutex names it.
+func waiterKey(name string, s *session) string { return fmt.Sprintf("%s/%x", name, int64(s.id)) }
+
+// TryAcquire implements driver.Driver. It puts the waiter key only if no key
+// exists under the lock name (one transaction), so it never queues; a
+// repeated call by the holding owner returns the same fence.
+func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
+	start := time.Now()
+	name := d.LockName(key)
+	pfx := name + "/"
+	if e := d.lookup(key, owner); e != nil {
+		// Our own earlier grant (or an attempt whose outcome was unknown).
+		return d.confirm(ctx, e, ttl, start)
+	}
+	s, err := d.reserve(ctx, ttl, name)
+	if err != nil {
+		return 0, err
+	}
+	e := &entry{id: entryID{key, owner}, etcdKey: waiterKey(name, s), name: name, s: s}
+	var (
+		kaErr error
+		wg    sync.WaitGroup
+	)
+	wg.Add(1)
+	go func() { defer wg.Done(); kaErr = d.keepAlive(ctx, s) }()
+	resp, err := d.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(pfx), "=", 0).WithPrefix()).
+		Then(clientv3.OpPut(e.etcdKey, owner, clientv3.WithLease(s.id))).
+		Else(clientv3.OpGet(pfx, clientv3.WithFirstCreate()...)).
+		Commit()
+	wg.Wait()
+	if err != nil {
+		werr := writeErr("acquire", err)
+		if errors.Is(werr, errSessionGone) {
+			// Nothing was put: the session had expired. Start a new one.
+			d.markDead(s)
+			return d.TryAcquire(ctx, key, owner, ttl)
+		}
+		// The key may have been put: keep the entry so that a retry by the
+		// same owner finds it, and the reaper deletes it if nobody does.
+		d.track(e, ttl, start)
+		return 0, werr
+	}
+	if !resp.Succeeded {
+		d.unreserve(s, name)
+		kvs := resp.Responses[0].GetResponseRange().Kvs
+		if len(kvs) > 0 && string(kvs[0].Value) == owner {
+			return 0, fmt.Errorf("etcd: acquire: %w: owner token already queued through another client", driver.ErrHeld)
+		}
+		return 0, &driver.HeldError{Key: key}
+	}
+	e.rev = resp.Header.Revision
+	e.granted = true
+	d.track(e, ttl, start)
+	if kaErr != nil {
+		return 0, fmt.Errorf("etcd: acquire: key put but the session keep-alive failed: %w", asUnknown(kaErr))
+	}
+	return uint64(e.rev), nil
+}
+
+func asUnknown(err error) error {
+	if errors.Is(err, driver.ErrUnavailable) || errors.Is(err, errSessionGone) {
+		return fmt.Errorf("%w: %v", driver.ErrUnknownOutcome, err)
+	}
+	return err
+}
+
+// confirm checks that e's key still exists as the lowest under its lock
+// name and extends its session; it serves re-acquisition by the same owner.
+func (d *Driver) confirm(ctx context.Context, e *entry, ttl time.Duration, start time.Time) (uint64, error) {
+	pfx := e.name + "/"
+	var (
+		kaErr error
+		wg    sync.WaitGroup
+	)
+	wg.Add(1)
+	go func() { defer wg.Done(); kaErr = d.keepAlive(ctx, e.s) }()
+	resp, err := d.cli.Txn(ctx).Then(
+		clientv3.OpGet(e.etcdKey),
+		clientv3.OpGet(pfx, clientv3.WithFirstCreate()...),
+	).Commit()
+	wg.Wait()
+	if err != nil {
+		return 0, readErr("acquire", err)
+	}
+	mine := resp.Responses[0].GetResponseRange().Kvs
+	first := resp.Responses[1].GetResponseRange().Kvs
+	if len(mine) == 0 || string(mine[0].Value) != e.id.owner {
+		d.forget(e)
+		// Our earlier attempt left nothing: try afresh.
+		return d.TryAcquire(ctx, e.id.key, e.id.owner, ttl)
+	}
+	if len(first) == 0 || first[0].CreateRevision != mine[0].CreateRevision {
+		return 0, &driver.HeldError{Key: e.id.key}
+	}
+	if kaErr != nil {
+		return 0, asUnknown(kaErr)
+	}
+	e.rev = mine[0].CreateRevision
+	e.granted = true
+	d.track(e, ttl, start)
+	return uint64(e.rev), nil
+}
+
+// Acquire implements driver.Queuer with etcd's recipe: put a waiter key,
+// then wait for the deletion of the key created just before it, until none
+// is left. The session is kept alive while waiting. When ctx ends the
+// waiter key is deleted.
+func (d *Driver) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
+	start := time.Now()
+	name := d.LockName(key)
+	pfx := name + "/"
+	s, err := d.reserve(ctx, ttl, name)
+	if err != nil {
+		return 0, err
+	}
+	e := &entry{id: entryID{key, owner}, etcdKey: waiterKey(name, s), name: name, s: s}
+	// A keep-alive sent with the put makes the session outlive the lease's
+	// local validity if the key is granted at once, without a second round
+	// trip.
+	var (
+		kaErr error
+		wg    sync.WaitGroup
+	)
+	wg.Add(1)
+	go func() { defer wg.Done(); kaErr = d.keepAlive(ctx, s) }()
+	resp, err := d.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(e.etcdKey), "=", 0)).
+		Then(clientv3.OpPut(e.etcdKey, owner, clientv3.WithLease(s.id)), clientv3.OpGet(pfx, clientv3.WithFirstCreate()...)).
+		Else(clientv3.OpGet(e.etcdKey)).
+		Commit()
+	wg.Wait()
+	if err != nil {
+		werr := writeErr("acquire", err)
+		if errors.Is(werr, errSessionGone) {
+			// Nothing was put: the session had expired. Start a new one.
+			d.markDead(s)
+			return d.Acquire(ctx, key, owner, ttl)
+		}
+		d.track(e, ttl, start)
+		d.abandon(e)
+		if ctx.Err() != nil {
+			return 0, context.Cause(ctx)
+		}
+		return 0, werr
+	}
+	if !resp.Succeeded {
+		d.unreserve(s, name)
+		return 0, fmt.Errorf("etcd: acquire: session %x already has key %s (another process shares the lease)", int64(s.id), e.etcdKey)
+	}
+	e.rev = resp.Header.Revision
+	d.track(e, ttl, start)
+	first := resp.Responses[1].GetResponseRange().Kvs
+	if len(first) > 0 && first[0].CreateRevision == e.rev {
+		if kaErr != nil {
+			d.abandon(e)
+			if ctx.Err() != nil {
+				return 0, context.Cause(ctx)
+			}
+			return 0, asUnknown(kaErr)
+		}
+		e.granted = true
+		d.track(e, ttl, start)
+		return uint64(e.rev), nil
+	}
+	// Keep the session (and our entry) alive while we wait.
+	wctx, stopKA := context.WithCancel(ctx)
+	defer stopKA()
+	go d.keepWaiting(wctx, e, ttl)
+	for {
+		pred, hdrRev, err := d.predecessor(ctx, e)
+		if err != nil {
+			d.abandon(e)
+			if ctx.Err() != nil {
+				return 0, context.Cause(ctx)
+			}
+			return 0, err
+		}
+		if pred == "" {
+			stopKA()
+			return d.granted(ctx, e, ttl, time.Now())
+		}
+		if err := d.waitDelete(ctx, pred, hdrRev+1); err != nil {
+			d.abandon(e)
+			if ctx.Err() != nil {
+				return 0, context.Cause(ctx)
+			}
+			return 0, err
+		}
+	}
+}
+
+// predecessor returns the key created just before e's under its lock name
+// ("" when e's key is the oldest) and the revision of the read. It fails
+// with ErrNotHeld-free ErrUnavailable if e's key is gone (session expired).
+func (d *Driver) predecessor(ctx context.Context, e *entry) (string, int64, error) {
+	resp, err := d.cli.Txn(ctx).Then(
+		clientv3.OpGet(e.etcdKey),
+		clientv3.OpGet(e.name+"/", append(clientv3.WithLastCreate(), clientv3.WithMaxCreateRev(e.rev-1))...),
+	).Commit()
+	if err != nil {
+		return "", 0, readErr("wait for predecessor", err)
+	}
+	mine := resp.Responses[0].GetResponseRange().Kvs
+	if len(mine) == 0 || mine[0].CreateRevision != e.rev {
+		return "", 0, fmt.Errorf("etcd: acquire: %w: our waiter key %s vanished while waiting (session expired or broken)", driver.ErrUnavailable, e.etcdKey)
+	}
+	pred := resp.Responses[1].GetResponseRange().Kvs
+	if len(pred) == 0 {
+		return "", resp.Header.Revision, nil
+	}
+	return string(pred[0].Key), resp.Header.Revision, nil
+}
+
+// waitDelete waits for key to be deleted at or after revision rev. Watching
+// from the revision after our read starts the watch "synced" when nothing
+// changed in between, so it needs no server sync tick.
+func (d *Driver) waitDelete(ctx context.Context, key string, rev int64) error {
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel()
+	for wr := range d.cli.Watch(wctx, key, clientv3.WithRev(rev), clientv3.WithFilterPut()) {
+		if err := wr.Err(); err != nil {
+			return readErr("watch predecessor", err)
+		}
+		for _, ev := range wr.Events {
+			if ev.Type == mvccpb.DELETE {
+				return nil
+			}
+		}
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return fmt.Errorf("etcd: watch predecessor %s: %w: watch closed", key, driver.ErrUnavailable)
+}
+
+// keepWaiting keeps e's session and entry alive until ctx ends.
+func (d *Driver) keepWaiting(ctx context.Context, e *entry, ttl time.Duration) {
+	period := max(time.Duration(e.s.ttl)*time.Second/3, 100*time.Millisecond)
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			sent := time.Now()
+			if err := d.keepAlive(ctx, e.s); err == nil {
+				d.track(e, ttl, sent)
+			}
+		}
+	}
+}
+
+// granted finishes an acquisition once e's key is the oldest: a keep-alive
+// sent now makes the session outlive the lease's local validity.
+func (d *Driver) granted(ctx context.Context, e *entry, ttl time.Duration, from time.Time) (uint64, error) {
+	if err := d.keepAlive(ctx, e.s); err != nil {
+		d.abandon(e)
+		if ctx.Err() != nil {
+			return 0, context.Cause(ctx)
+		}
+		return 0, err
+	}
+	e.granted = true
+	d.track(e, ttl, from)
+	return uint64(e.rev), nil
+}
+
+// abandon deletes e's key (best effort, without the caller's context, which
+// may be done); if that fails the reaper tries again at e's deadline.
+func (d *Driver) abandon(e *entry) {
+	ctx, cancel := context.WithTimeout(d.ctx, 5*time.Second)
+	defer cancel()
+	if _, err := d.deleteOwned(ctx, e); err == nil {
+		d.forget(e)
+	}
+}
+
+// Renew implements driver.Driver: it confirms that g's key still exists and
+// sends a keep-alive for its session. ttl cannot change a session's TTL;
+// the session's own TTL (fixed at its first grant) applies.
+func (d *Driver) Renew(ctx context.Context, g driver.Grant, ttl time.Duration) error {
+	errs, err := d.RenewBatch(ctx, []driver.RenewRequest{{Grant: g, TTL: ttl}})
+	if err != nil {
+		return err
+	}
+	return errs[0]
+}
+
+// RenewBatch implements driver.BatchRenewer: one keep-alive per session and
+// one read for all keys, sent concurrently.
+func (d *Driver) RenewBatch(ctx context.Context, reqs []driver.RenewRequest) ([]error, error) {
+	start := time.Now()
+	errs := make([]error, len(reqs))
+	entries := make([]*entry, len(reqs))
+	var ops []clientv3.Op
+	var idx []int
+	sessions := map[*session]bool{}
+	for i, r := range reqs {
+		e := d.lookup(r.Grant.Key, r.Grant.Owner)
+		if e == nil || !e.granted || r.Grant.Fence == 0 || uint64(e.rev) != r.Grant.Fence {
+			errs[i] = fmt.Errorf("etcd: renew %s: %w", r.Grant, driver.ErrNotHeld)
+			continue
+		}
+		entries[i] = e
+		sessions[e.s] = true
+		ops = append(ops, clientv3.OpGet(e.etcdKey))
+		idx = append(idx, i)
+	}
+	if len(ops) == 0 {
+		return errs, nil
+	}
+	kaErrs := map[*session]error{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for s := range sessions {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := d.keepAlive(ctx, s)
+			mu.Lock()
+			kaErrs[s] = err
+			mu.Unlock()
+		}()
+	}
+	resp, err := d.cli.Txn(ctx).Then(ops...).Commit()
+	wg.Wait()
+	if err != nil {
+		return nil, readErr("renew", err)
+	}
+	for j, i := range idx {
+		e := entries[i]
+		kvs := resp.Responses[j].GetResponseRange().Kvs
+		if len(kvs) == 0 || kvs[0].CreateRevision != e.rev || string(kvs[0].Value) != e.id.owner {
+			d.forget(e)
+			errs[i] = fmt.Errorf("etcd: renew %s: %w: key %s is gone", reqs[i].Grant, driver.ErrNotHeld, e.etcdKey)
+			continue
+		}
+		if kerr := kaErrs[e.s]; kerr != nil {
+			if errors.Is(kerr, errSessionGone) {
+				d.forget(e)
+				errs[i] = fmt.Errorf("etcd: renew %s: %w: %v", reqs[i].Grant, driver.ErrNotHeld, kerr)
+			} else {
+				errs[i] = kerr
+			}
+			continue
+		}
+		d.track(e, reqs[i].TTL, start)
+	}
+	return errs, nil
+}
+
+// Release implements driver.Driver: it deletes g's key if it still carries
+// g's fence and owner, and records the fence for Inspect.
+func (d *Driver) Release(ctx context.Context, g driver.Grant) error {
+	e := d.lookup(g.Key, g.Owner)
+	if e == nil || !e.granted || g.Fence == 0 || uint64(e.rev) != g.Fence {
+		return fmt.Errorf("etcd: release %s: %w", g, driver.ErrNotHeld)
+	}
+	resp, err := d.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(e.etcdKey), "=", e.rev),
+			clientv3.Compare(clientv3.Value(e.etcdKey), "=", g.Owner)).
+		Then(clientv3.OpDelete(e.etcdKey), clientv3.OpPut(d.recordKey(e.name), fmt.Sprint(e.rev))).
+		Commit()
+	if err != nil {
+		return writeErr("release", err)
+	}
+	d.forget(e)
+	if !resp.Succeeded {
+		return fmt.Errorf("etcd: release %s: %w", g, driver.ErrNotHeld)
+	}
+	return nil
+}
+
+// WatchLoss implements driver.LossWatcher: it watches g's key from its
+// creation on and reports ErrLost when the key is deleted by anyone but
+// this driver's release (an admin break, or the session expiring).
+func (d *Driver) WatchLoss(ctx context.Context, g driver.Grant) (<-chan error, error) {
+	e := d.lookup(g.Key, g.Owner)
+	if e == nil || uint64(e.rev) != g.Fence {
+		return nil, fmt.Errorf("etcd: watch %s: %w", g, driver.ErrNotHeld)
+	}
+	ch := make(chan error, 1)
+	go func() {
+		defer close(ch)
+		for ctx.Err() == nil {
+			wctx, cancel := context.WithCancel(ctx)
+			wch := d.cli.Watch(wctx, e.etcdKey, clientv3.WithRev(e.rev+1), clientv3.WithFilterPut())
+			for wr := range wch {
+				if wr.Err() != nil {
+					break
+				}
+				for _, ev := range wr.Events {
+					if ev.Type == mvccpb.DELETE {
+						cancel()
+						if ctx.Err() == nil {
+							ch <- fmt.Errorf("%w: etcd key %s was deleted (broken by an admin, or its session expired)", driver.ErrLost, e.etcdKey)
+						}
+						return
+					}
+				}
+			}
+			cancel()
+			// The watch failed (compaction, shutdown): check directly.
+			gctx, gcancel := context.WithTimeout(ctx, 5*time.Second)
+			resp, err := d.cli.Get(gctx, e.etcdKey)
+			gcancel()
+			if err == nil && (len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != e.rev) {
+				if ctx.Err() == nil {
+					ch <- fmt.Errorf("%w: etcd key %s is gone", driver.ErrLost, e.etcdKey)
+				}
+				return
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Second):
+			}
+		}
+	}()
+	return ch, nil
+}

@@ -1,0 +1,122 @@
+package fenced_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/fenced-dev/fenced"
+	_ "github.com/fenced-dev/fenced/mem"
+	_ "github.com/fenced-dev/fenced/sqlite"
+)
+
+func ExampleOpen() {
+	dir, _ := os.MkdirTemp("", "fenced-example-")
+	defer os.RemoveAll(dir)
+	ctx := context.Background()
+
+	// The embedded default: one SQLite file shared by the processes of a host.
+	client, err := fenced.Open(ctx, "sqlite://"+filepath.Join(dir, "leases.db"), nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.Close()
+	g := client.Guarantees()
+	fmt.Println("fence:", g.Fence, "server clock:", g.ServerClock)
+
+	// Unknown schemes and malformed URLs are refused with ErrInvalidURL.
+	_, err = fenced.Open(ctx, "nosuch://host", nil)
+	fmt.Println(errors.Is(err, fenced.ErrInvalidURL))
+	// Output:
+	// fence: strict server clock: true
+	// true
+}
+
+func ExampleClient_Acquire() {
+	ctx := context.Background()
+	client, err := fenced.Open(ctx, "mem://example-acquire", nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.Close()
+
+	lease, err := client.Acquire(ctx, "invoice:inv_72", &fenced.LeaseOptions{
+		TTL:     30 * time.Second,
+		MaxWait: 10 * time.Second, // wait up to 10s if another worker holds it
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	// Send lease.Fence() with every write; do the work under lease.Context(),
+	// which is cancelled the moment the lease is lost.
+	fmt.Println("fence", lease.Fence(), "valid:", lease.Err() == nil)
+
+	// Someone else trying now is refused at once.
+	_, err = client.TryAcquire(ctx, "invoice:inv_72", nil)
+	fmt.Println("second holder refused:", errors.Is(err, fenced.ErrHeld))
+
+	if err := lease.Release(ctx); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("after release:", context.Cause(lease.Context()))
+
+	// The fence counter survives the release.
+	next, _ := client.TryAcquire(ctx, "invoice:inv_72", nil)
+	defer next.Release(ctx)
+	fmt.Println("next fence", next.Fence())
+	// Output:
+	// fence 1 valid: true
+	// second holder refused: true
+	// after release: lease released
+	// next fence 2
+}
+
+func ExampleClient_Do() {
+	ctx := context.Background()
+	client, err := fenced.Open(ctx, "mem://example-do", nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.Close()
+
+	// Periodic work: skip if another worker is already doing it (MaxWait 0).
+	err = client.Do(ctx, "report:nightly", nil, func(ctx context.Context, l *fenced.Lease) error {
+		fmt.Println("generating the report with fence", l.Fence())
+		return nil
+	})
+	if errors.Is(err, fenced.ErrHeld) {
+		fmt.Println("another worker has it; skipped")
+	} else if err != nil {
+		log.Fatal(err)
+	}
+
+	// Must-happen work: wait up to a minute for the key.
+	err = client.Do(ctx, "invoice:inv_72", &fenced.LeaseOptions{MaxWait: time.Minute},
+		func(ctx context.Context, l *fenced.Lease) error {
+			fmt.Println("sending the invoice with fence", l.Fence())
+			return nil
+		})
+	if err != nil {
+		log.Fatal(err)
+	}
+	// Output:
+	// generating the report with fence 1
+	// sending the invoice with fence 1
+}
+
+func ExampleLeaseOptions_purpose() {
+	ctx := context.Background()
+	client, _ := fenced.Open(ctx, "mem://example-purpose", nil)
+	defer client.Close()
+
+	// Efficiency leases may fail open when the store is down; correctness
+	// leases (the default) must fail closed, so asking for both is refused.
+	_, err := client.TryAcquire(ctx, "cache:warm", &fenced.LeaseOptions{FailOpen: true})
+	fmt.Println(err)
+	// Output:
+	// fenced: acquire "cache:warm": FailOpen is only allowed for Efficiency leases: a correctness lease must fail closed
+}

@@ -1,0 +1,276 @@
+package fence_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/fence"
+)
+
+// kvGuard adapts the Redis and etcd guards to one test suite. A resource
+// has a status and a note; put sets the note, and, when ifStatus is not
+// empty, the status to newStatus only if it is ifStatus.
+type kvGuard interface {
+	claim(ctx context.Context, res string, t fence.Token) (fence.Result, error)
+	put(ctx context.Context, res string, t fence.Token, note, ifStatus, newStatus string) (fence.Result, error)
+	note(ctx context.Context, res string) string
+	status(ctx context.Context, res string) string
+	current(ctx context.Context, res string) (uint64, string)
+}
+
+func runKVGuardTests(t *testing.T, newGuard func(t *testing.T, hooks fenced.Hooks) kvGuard) {
+	t.Run("Semantics", func(t *testing.T) { testKVSemantics(t, newGuard) })
+	t.Run("Orderings", func(t *testing.T) { testKVOrderings(t, newGuard(t, fenced.Hooks{})) })
+	t.Run("BadTokens", func(t *testing.T) { testKVBadTokens(t, newGuard(t, fenced.Hooks{})) })
+	t.Run("PropertySequential", func(t *testing.T) { testKVPropertySequential(t, newGuard(t, fenced.Hooks{})) })
+	t.Run("PropertyConcurrent", func(t *testing.T) { testKVPropertyConcurrent(t, newGuard(t, fenced.Hooks{})) })
+}
+
+var resSeq = map[string]int{}
+var resMu sync.Mutex
+
+func newRes(t *testing.T) string {
+	resMu.Lock()
+	defer resMu.Unlock()
+	resSeq[t.Name()]++
+	return fmt.Sprintf("res/%s/%d/%d", t.Name(), time.Now().UnixNano(), resSeq[t.Name()])
+}
+
+func testKVSemantics(t *testing.T, newGuard func(t *testing.T, hooks fenced.Hooks) kvGuard) {
+	ctx := context.Background()
+	var mu sync.Mutex
+	var stale []fenced.StaleWriteEvent
+	g := newGuard(t, fenced.Hooks{StaleWrite: func(e fenced.StaleWriteEvent) {
+		mu.Lock()
+		stale = append(stale, e)
+		mu.Unlock()
+	}})
+	res := newRes(t)
+	a, b := tok(41, "owner-a"), tok(42, "owner-b")
+	// A resource never written accepts the first holder, many times.
+	for i := 0; i < 3; i++ {
+		if r, err := g.put(ctx, res, a, fmt.Sprint("a", i), "", ""); err != nil || !r.Applied() || r.Current != 41 {
+			t.Fatalf("write %d by 41: %+v %v", i, r, err)
+		}
+	}
+	if r, err := g.claim(ctx, res, a); err != nil || !r.Applied() {
+		t.Fatalf("re-claim by 41: %+v %v", r, err)
+	}
+	if r, err := g.claim(ctx, res, b); err != nil || !r.Applied() {
+		t.Fatalf("claim by 42: %+v %v", r, err)
+	}
+	r, err := g.put(ctx, res, a, "late", "", "")
+	if err != nil || r.Outcome != fence.Stale || r.Current != 42 || !errors.Is(r.Err(), fenced.ErrStaleFence) {
+		t.Fatalf("late write by 41: %+v %v", r, err)
+	}
+	r, err = g.put(ctx, res, tok(42, "owner-z"), "impostor", "", "")
+	if err != nil || r.Outcome != fence.Stale || !r.SameFenceOtherOwner {
+		t.Fatalf("equal fence, other owner: %+v %v", r, err)
+	}
+	if n := g.note(ctx, res); n != "a2" {
+		t.Fatalf("note %q after refused writes, want a2", n)
+	}
+	// Preconditions: "" -> SENT once.
+	if r, err := g.put(ctx, res, b, "sent", "", ""); err != nil || !r.Applied() {
+		t.Fatal(r, err)
+	}
+	if r, err := g.put(ctx, res, b, "send", "PENDING", "SENT"); err != nil || r.Outcome != fence.PreconditionFailed || r.Current != 42 {
+		t.Fatalf("precondition on a missing status: %+v %v", r, err)
+	}
+	res2 := newRes(t)
+	if r, err := g.put(ctx, res2, b, "init", "", ""); err != nil || !r.Applied() {
+		t.Fatal(r, err)
+	}
+	setStatus(t, g, res2, b, "PENDING")
+	if r, err := g.put(ctx, res2, b, "send", "PENDING", "SENT"); err != nil || !r.Applied() {
+		t.Fatalf("send: %+v %v", r, err)
+	}
+	if r, err := g.put(ctx, res2, tok(43, "owner-c"), "send again", "PENDING", "SENT"); err != nil || r.Outcome != fence.PreconditionFailed || r.Current != 42 {
+		t.Fatalf("second send by 43: %+v %v, want PreconditionFailed(42)", r, err)
+	}
+	if s := g.status(ctx, res2); s != "SENT" {
+		t.Fatalf("status %q", s)
+	}
+	if f, o := g.current(ctx, res2); f != 42 || o != "owner-b" {
+		t.Fatalf("current %d %q: a write that did not apply must not raise the fence", f, o)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(stale) != 2 || stale[0].Presented != 41 || stale[0].Current != 42 || stale[0].Resource != res {
+		t.Fatalf("stale reports %+v", stale)
+	}
+}
+
+// setStatus sets the status through the guard with precondition-free put.
+func setStatus(t *testing.T, g kvGuard, res string, tk fence.Token, status string) {
+	t.Helper()
+	if sg, ok := g.(interface {
+		setStatus(context.Context, string, fence.Token, string) error
+	}); ok {
+		if err := sg.setStatus(context.Background(), res, tk, status); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	t.Fatal("guard cannot set status")
+}
+
+func testKVOrderings(t *testing.T, g kvGuard) {
+	ctx := context.Background()
+	for _, claim := range []bool{false, true} {
+		res := newRes(t)
+		a, b := tok(41, "owner-a"), tok(42, "owner-b")
+		setStatus(t, g, res, a, "PENDING")
+		if claim {
+			if r, err := g.claim(ctx, res, b); err != nil || !r.Applied() {
+				t.Fatal(r, err)
+			}
+		}
+		ra, err := g.put(ctx, res, a, "A", "PENDING", "SENT")
+		if err != nil {
+			t.Fatal(err)
+		}
+		rb, err := g.put(ctx, res, b, "B", "PENDING", "SENT")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !claim && (!ra.Applied() || rb.Outcome != fence.PreconditionFailed || g.note(ctx, res) != "A") {
+			t.Fatalf("claiming off: A %+v, B %+v, note %q; want the stale write accepted", ra, rb, g.note(ctx, res))
+		}
+		if claim && (ra.Outcome != fence.Stale || !rb.Applied() || g.note(ctx, res) != "B") {
+			t.Fatalf("claiming on: A %+v, B %+v, note %q; want the stale write refused", ra, rb, g.note(ctx, res))
+		}
+	}
+}
+
+func testKVBadTokens(t *testing.T, g kvGuard) {
+	ctx := context.Background()
+	res := newRes(t)
+	if r, err := g.put(ctx, res, tok(5, "owner-a"), "ok", "", ""); err != nil || !r.Applied() {
+		t.Fatal(r, err)
+	}
+	for _, bad := range []fence.Token{tok(0, "o"), tok(math.MaxInt64+1, "o"), tok(math.MaxUint64, "o"), tok(9, ""), tok(9, "a b")} {
+		if _, err := g.claim(ctx, res, bad); !errors.Is(err, fence.ErrInvalidToken) {
+			t.Errorf("claim %v: %v", bad, err)
+		}
+		if _, err := g.put(ctx, res, bad, "bad", "", ""); !errors.Is(err, fence.ErrInvalidToken) {
+			t.Errorf("put %v: %v", bad, err)
+		}
+	}
+	if f, o := g.current(ctx, res); f != 5 || o != "owner-a" || g.note(ctx, res) != "ok" {
+		t.Fatalf("bad tokens changed the resource: %d %q %q", f, o, g.note(ctx, res))
+	}
+	// Fences beyond 2^53 (where floating point loses precision) and up to
+	// MaxInt64 compare exactly.
+	big := newRes(t)
+	for _, c := range []struct {
+		f    uint64
+		want fence.Outcome
+	}{{1 << 60, fence.Applied}, {1<<60 - 1, fence.Stale}, {1<<60 + 1, fence.Applied}, {math.MaxInt64, fence.Applied}, {math.MaxInt64 - 1, fence.Stale}} {
+		r, err := g.claim(ctx, big, tok(c.f, "o"))
+		if err != nil || r.Outcome != c.want {
+			t.Fatalf("claim %d: %+v %v, want %v", c.f, r, err, c.want)
+		}
+	}
+}
+
+func testKVPropertySequential(t *testing.T, g kvGuard) {
+	ctx := context.Background()
+	seed := uint64(time.Now().UnixNano())
+	rng := rand.New(rand.NewPCG(seed, 2))
+	for round := 0; round < 20; round++ {
+		res := newRes(t)
+		var mf uint64
+		var mo string
+		var accepted []fence.Token
+		for step := 0; step < 25; step++ {
+			tk := fence.Token{Key: res, Fence: 1 + rng.Uint64N(8), Owner: fmt.Sprint("o", rng.IntN(3))}
+			var r fence.Result
+			var err error
+			if rng.IntN(3) == 0 {
+				r, err = g.claim(ctx, res, tk)
+			} else {
+				r, err = g.put(ctx, res, tk, fmt.Sprint(step), "", "")
+			}
+			if err != nil {
+				t.Fatalf("seed %d: %v", seed, err)
+			}
+			want := tk.Fence > mf || (tk.Fence == mf && tk.Owner == mo)
+			if r.Applied() != want || (!want && (r.Outcome != fence.Stale || r.Current != mf)) {
+				t.Fatalf("seed %d: %v on (%d,%s): %+v, want applied=%v", seed, tk, mf, mo, r, want)
+			}
+			if want {
+				accepted = append(accepted, tk)
+				mf, mo = tk.Fence, tk.Owner
+			}
+		}
+		for i := 1; i < len(accepted); i++ {
+			p, c := accepted[i-1], accepted[i]
+			if c.Fence < p.Fence || (c.Fence == p.Fence && c.Owner != p.Owner) {
+				t.Fatalf("seed %d: accepted %v after %v", seed, c, p)
+			}
+		}
+	}
+}
+
+// testKVPropertyConcurrent: concurrent writers; whenever an accepted write
+// completed before another write started, a later acceptance never goes back
+// in fence order (real-time order is respected), and the resource ends with
+// the largest accepted token.
+func testKVPropertyConcurrent(t *testing.T, g kvGuard) {
+	ctx := context.Background()
+	res := newRes(t)
+	type op struct {
+		tk         fence.Token
+		start, end time.Time
+		applied    bool
+	}
+	var mu sync.Mutex
+	var ops []op
+	var wg sync.WaitGroup
+	for w := 0; w < 6; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(w), uint64(time.Now().UnixNano())))
+			for i := 0; i < 30; i++ {
+				tk := fence.Token{Key: res, Fence: 1 + rng.Uint64N(60), Owner: fmt.Sprint("w", rng.IntN(2))}
+				start := time.Now()
+				r, err := g.put(ctx, res, tk, fmt.Sprint(tk.Fence, tk.Owner), "", "")
+				end := time.Now()
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				ops = append(ops, op{tk, start, end, r.Applied()})
+				mu.Unlock()
+			}
+		}(w)
+	}
+	wg.Wait()
+	var best fence.Token
+	for _, x := range ops {
+		if !x.applied {
+			continue
+		}
+		if x.tk.Fence > best.Fence {
+			best = x.tk
+		}
+		for _, y := range ops {
+			if y.applied && y.end.Before(x.start) && (x.tk.Fence < y.tk.Fence || (x.tk.Fence == y.tk.Fence && x.tk.Owner != y.tk.Owner)) {
+				t.Fatalf("accepted %v after %v had been accepted", x.tk, y.tk)
+			}
+		}
+	}
+	if f, _ := g.current(ctx, res); f != best.Fence {
+		t.Fatalf("resource fence %d, largest accepted %d", f, best.Fence)
+	}
+}

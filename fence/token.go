@@ -1,0 +1,210 @@
+package fence
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math"
+	"unicode"
+
+	"github.com/fenced-dev/fenced"
+)
+
+// Errors returned by the guards, matched with errors.Is. A refusal because a
+// newer holder exists matches fenced.ErrStaleFence (ErrStale is the same
+// value).
+var (
+	// ErrStale means the resource has recorded a newer fence for the row or
+	// key, or the same fence from a different owner.
+	ErrStale = fenced.ErrStaleFence
+	// ErrPrecondition means the fence was acceptable but the write's own
+	// precondition did not hold: typically the work was already done.
+	ErrPrecondition = errors.New("fence: precondition did not hold")
+	// ErrInvalidToken means a token was rejected before anything was sent:
+	// fence zero, a fence that does not fit a signed 64-bit column, or an
+	// empty, overlong or non-printable owner.
+	ErrInvalidToken = errors.New("fence: invalid token")
+	// ErrSchema means the guarded table or one of its columns is missing,
+	// or an identifier is not acceptable.
+	ErrSchema = errors.New("fence: schema")
+	// ErrNoRow means the guarded row does not exist.
+	ErrNoRow = errors.New("fence: no such row")
+)
+
+// MaxFence is the largest fence the guards accept: fences are stored in
+// signed 64-bit columns (SQL BIGINT, Redis integers, etcd values parsed as
+// int64), so larger values are refused rather than wrapped.
+const MaxFence = math.MaxInt64
+
+// MaxOwnerLen bounds Token.Owner, so it fits the owner column.
+const MaxOwnerLen = 64
+
+// Token is what a writer presents to a guarded resource.
+type Token struct {
+	// Key is the lease key the fence belongs to (for example
+	// "invoice:inv_72"). Fences are only comparable within one key. Guards
+	// use it to report stale writes and the HTTP transport sends it.
+	Key string
+	// Fence is the lease's fencing token: 1..MaxFence.
+	Fence uint64
+	// Owner identifies the grant the fence came from. Guards record it beside
+	// the fence and refuse an equal fence from a different owner, which
+	// matters on backends whose fence can repeat after a failover. From fills
+	// it with OwnerDigest(lease.Owner()), never the owner token itself, so a
+	// resource never learns a secret that could renew or release the lease.
+	Owner string
+}
+
+// From returns the token of a held lease: its key, fence and owner digest.
+func From(l *fenced.Lease) Token {
+	return Token{Key: l.Key(), Fence: l.Fence(), Owner: OwnerDigest(l.Owner())}
+}
+
+// OwnerDigest returns a 32-character hex digest of an owner token: enough to
+// tell grants apart, useless for renewing or releasing the lease.
+func OwnerDigest(owner string) string {
+	sum := sha256.Sum256([]byte("fenced-owner:" + owner))
+	return hex.EncodeToString(sum[:16])
+}
+
+// Validate reports whether t can be presented to a guard: a fence in
+// 1..MaxFence and an owner of 1..MaxOwnerLen printable ASCII characters
+// without spaces. Errors match ErrInvalidToken.
+func (t Token) Validate() error {
+	switch {
+	case t.Fence == 0:
+		return fmt.Errorf("%w: fence is 0 (fences start at 1; a lease without a fence cannot write to a guarded resource)", ErrInvalidToken)
+	case t.Fence > MaxFence:
+		return fmt.Errorf("%w: fence %d overflows a signed 64-bit integer (max %d)", ErrInvalidToken, t.Fence, uint64(MaxFence))
+	case t.Owner == "":
+		return fmt.Errorf("%w: owner is empty", ErrInvalidToken)
+	case len(t.Owner) > MaxOwnerLen:
+		return fmt.Errorf("%w: owner is %d bytes, longer than %d", ErrInvalidToken, len(t.Owner), MaxOwnerLen)
+	}
+	for i := 0; i < len(t.Owner); i++ {
+		c := t.Owner[i]
+		if c > unicode.MaxASCII || c <= ' ' || c == 0x7f {
+			return fmt.Errorf("%w: owner has a space, control or non-ASCII byte at %d", ErrInvalidToken, i)
+		}
+	}
+	return nil
+}
+
+// String describes t without the full owner.
+func (t Token) String() string {
+	o := t.Owner
+	if len(o) > 8 {
+		o = o[:8] + "…"
+	}
+	return fmt.Sprintf("%s fence=%d owner=%s", t.Key, t.Fence, o)
+}
+
+// admits reports whether a resource whose newest recorded write carries
+// (fence, owner) accepts a write from t: t's fence is newer, or equal with
+// the same owner (the same holder writing again).
+func (t Token) admits(fence uint64, owner string) bool {
+	return t.Fence > fence || (t.Fence == fence && t.Owner == owner)
+}
+
+type tokenCtxKey struct{}
+
+// WithToken returns a context carrying t, for the HTTP Transport and for
+// handlers behind Middleware.
+func WithToken(ctx context.Context, t Token) context.Context {
+	return context.WithValue(ctx, tokenCtxKey{}, t)
+}
+
+// WithLease returns a context carrying From(l). Requests made with it through
+// a Transport carry the lease's key and fence.
+func WithLease(ctx context.Context, l *fenced.Lease) context.Context {
+	return WithToken(ctx, From(l))
+}
+
+// TokenFrom returns the token carried by ctx, if any.
+func TokenFrom(ctx context.Context) (Token, bool) {
+	t, ok := ctx.Value(tokenCtxKey{}).(Token)
+	return t, ok
+}
+
+// Outcome classifies a guarded write.
+type Outcome int
+
+const (
+	// Applied: the write happened and the row now records the writer's fence.
+	Applied Outcome = iota + 1
+	// Stale: nothing changed because the resource has recorded a newer fence
+	// (or the same fence from another owner). Result.Current holds it.
+	Stale
+	// PreconditionFailed: the fence was acceptable but the write's own
+	// condition did not hold (for example the work was already done).
+	// Nothing changed.
+	PreconditionFailed
+)
+
+// String returns "applied", "stale" or "precondition failed".
+func (o Outcome) String() string {
+	switch o {
+	case Applied:
+		return "applied"
+	case Stale:
+		return "stale"
+	case PreconditionFailed:
+		return "precondition failed"
+	}
+	return fmt.Sprintf("Outcome(%d)", int(o))
+}
+
+// Result is the outcome of a guarded write. The caller never has to re-read
+// the resource to know why a write did not apply.
+type Result struct {
+	Outcome Outcome
+	// Current is the fence the resource holds after the call: the writer's
+	// own when Applied, the newer one when Stale, and the unchanged older
+	// (or equal) one when PreconditionFailed.
+	Current uint64
+	// SameFenceOtherOwner is set on a Stale result caused by an equal fence
+	// presented by a different owner: the fence source repeated a number,
+	// as an asynchronously replicated authority can after a failover.
+	SameFenceOtherOwner bool
+}
+
+// Applied reports whether the write happened.
+func (r Result) Applied() bool { return r.Outcome == Applied }
+
+// Err returns nil when the write was applied and otherwise an error matching
+// ErrStale or ErrPrecondition, describing what the resource holds.
+func (r Result) Err() error {
+	switch r.Outcome {
+	case Applied:
+		return nil
+	case Stale:
+		if r.SameFenceOtherOwner {
+			return fmt.Errorf("%w: fence %d was already used by another owner", ErrStale, r.Current)
+		}
+		return fmt.Errorf("%w: resource has fence %d", ErrStale, r.Current)
+	case PreconditionFailed:
+		return fmt.Errorf("%w (resource fence %d)", ErrPrecondition, r.Current)
+	}
+	return fmt.Errorf("fence: invalid outcome %d", int(r.Outcome))
+}
+
+// classify turns what the resource holds after a write that did not apply
+// into a Result.
+func classify(t Token, fence uint64, owner string) Result {
+	switch {
+	case fence > t.Fence:
+		return Result{Outcome: Stale, Current: fence}
+	case fence == t.Fence && owner != t.Owner:
+		return Result{Outcome: Stale, Current: fence, SameFenceOtherOwner: true}
+	}
+	return Result{Outcome: PreconditionFailed, Current: fence}
+}
+
+// report sends a stale refusal to the hooks.
+func report(h fenced.Hooks, t Token, r Result, resource string) {
+	if r.Outcome == Stale {
+		h.ReportStaleWrite(fenced.StaleWriteEvent{Key: t.Key, Presented: t.Fence, Current: r.Current, Resource: resource})
+	}
+}

@@ -1,0 +1,242 @@
+package rediskit
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/fenced-dev/fenced/driver"
+	"github.com/redis/go-redis/v9"
+)
+
+// Hub wakes waiters through Redis pub/sub. The release and break scripts
+// PUBLISH on the key's channel in the same atomic step that frees the key.
+//
+// Why pub/sub: a blocking list (BLPOP) needs one blocked connection per
+// waiting goroutine, and a token pushed for a waiter that has since given
+// up must be cleaned up; keyspace notifications need server configuration
+// (notify-keyspace-events) that managed Redis services often forbid, and
+// fire for every write. Pub/sub needs no configuration and one connection
+// per Hub, whatever the number of keys and waiters.
+//
+// One Hub holds one subscriber connection, subscribes to a key's channel
+// while someone in this process waits for that key, and fans each message
+// out to the waiters of that key only: there is no herd across keys. Within
+// a key, a release wakes one waiter of this process, the oldest whose wake
+// is not already pending (local arrival order); a waiter that leaves with a
+// wake unconsumed passes it on. Waiters in other processes are woken by
+// their own hubs, so each release wakes at most one waiter per process.
+//
+// Messages lost while the connection is down are covered by the portable
+// layer's fallback timer; after go-redis reconnects and re-subscribes, every
+// waiter of a re-subscribed key is woken, since a release may have been
+// missed.
+type Hub struct {
+	client redis.UniversalClient
+
+	cmdMu sync.Mutex // orders SUBSCRIBE and UNSUBSCRIBE with the pending queue
+
+	mu      sync.Mutex
+	ps      *redis.PubSub
+	topics  map[string]*topic
+	pending map[string][]chan struct{} // per channel, SUBSCRIBEs awaiting confirmation, in order sent
+	closed  bool
+	done    chan struct{}
+}
+
+type topic struct {
+	ready chan struct{} // closed when the server confirmed the subscription
+	subs  []*sub        // oldest first
+}
+
+type sub struct {
+	h       *Hub
+	channel string
+	c       chan struct{}
+	once    sync.Once
+}
+
+// NewHub returns a Hub over c. It connects on first use.
+func NewHub(c redis.UniversalClient) *Hub {
+	return &Hub{client: c, topics: map[string]*topic{}, pending: map[string][]chan struct{}{}, done: make(chan struct{})}
+}
+
+// confirmTimeout bounds the wait for a SUBSCRIBE confirmation.
+const confirmTimeout = 5 * time.Second
+
+// Subscribe returns a subscription to channel once the server has
+// confirmed it, so a release published after Subscribe returns is never
+// missed.
+func (h *Hub) Subscribe(ctx context.Context, channel string) (driver.Subscription, error) {
+	s := &sub{h: h, channel: channel, c: make(chan struct{}, 1)}
+	h.cmdMu.Lock()
+	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		h.cmdMu.Unlock()
+		return nil, driver.ErrClosed
+	}
+	t := h.topics[channel]
+	fresh := t == nil
+	if fresh {
+		t = &topic{ready: make(chan struct{})}
+		h.topics[channel] = t
+		h.pending[channel] = append(h.pending[channel], t.ready)
+	}
+	t.subs = append(t.subs, s)
+	start := h.ps == nil
+	if start {
+		h.ps = h.client.Subscribe(context.WithoutCancel(ctx))
+	}
+	ps := h.ps
+	h.mu.Unlock()
+	if start {
+		go h.read(ps.ChannelWithSubscriptions(redis.WithChannelSize(1024)))
+	}
+	var err error
+	if fresh {
+		err = ps.Subscribe(ctx, channel)
+	}
+	h.cmdMu.Unlock()
+	if err != nil {
+		h.mu.Lock()
+		q := h.pending[channel]
+		for i, c := range q {
+			if c == t.ready {
+				h.pending[channel] = append(q[:i:i], q[i+1:]...)
+				break
+			}
+		}
+		h.mu.Unlock()
+		s.Close()
+		return nil, fmt.Errorf("subscribe %s: %w", channel, Classify(err, false))
+	}
+	timer := time.NewTimer(confirmTimeout)
+	defer timer.Stop()
+	select {
+	case <-t.ready:
+		return s, nil
+	case <-ctx.Done():
+		s.Close()
+		return nil, context.Cause(ctx)
+	case <-timer.C:
+		s.Close()
+		return nil, fmt.Errorf("subscribe %s: %w: no confirmation within %v", channel, driver.ErrUnavailable, confirmTimeout)
+	case <-h.done:
+		s.Close()
+		return nil, driver.ErrClosed
+	}
+}
+
+func (h *Hub) read(ch <-chan any) {
+	for m := range ch {
+		switch m := m.(type) {
+		case *redis.Subscription:
+			if m.Kind != "subscribe" {
+				continue
+			}
+			h.mu.Lock()
+			if q := h.pending[m.Channel]; len(q) > 0 {
+				close(q[0])
+				if len(q) == 1 {
+					delete(h.pending, m.Channel)
+				} else {
+					h.pending[m.Channel] = q[1:]
+				}
+			} else if t := h.topics[m.Channel]; t != nil {
+				// Re-subscribed after a reconnect: a release may have been
+				// missed, so let every waiter check.
+				for _, s := range t.subs {
+					s.wake()
+				}
+			}
+			h.mu.Unlock()
+		case *redis.Message:
+			h.mu.Lock()
+			if t := h.topics[m.Channel]; t != nil {
+				t.wakeOne(nil)
+			}
+			h.mu.Unlock()
+		}
+	}
+}
+
+// wakeOne wakes the oldest subscriber (other than skip) without a pending
+// wake. Called with h.mu held.
+func (t *topic) wakeOne(skip *sub) {
+	for _, s := range t.subs {
+		if s != skip && s.wake() {
+			return
+		}
+	}
+}
+
+// wake delivers a wake-up; it reports false if one was already pending.
+func (s *sub) wake() bool {
+	select {
+	case s.c <- struct{}{}:
+		return true
+	default:
+		return false
+	}
+}
+
+// C implements driver.Subscription.
+func (s *sub) C() <-chan struct{} { return s.c }
+
+// Close implements driver.Subscription. A wake-up this subscriber did not
+// consume goes to the next waiter; the last subscriber of a key
+// unsubscribes.
+func (s *sub) Close() error {
+	s.once.Do(func() {
+		h := s.h
+		h.cmdMu.Lock()
+		defer h.cmdMu.Unlock()
+		h.mu.Lock()
+		t := h.topics[s.channel]
+		if t == nil {
+			h.mu.Unlock()
+			return
+		}
+		for i, x := range t.subs {
+			if x == s {
+				t.subs = append(t.subs[:i:i], t.subs[i+1:]...)
+				break
+			}
+		}
+		select {
+		case <-s.c:
+			t.wakeOne(s)
+		default:
+		}
+		last := len(t.subs) == 0
+		if last {
+			delete(h.topics, s.channel)
+		}
+		ps, closed := h.ps, h.closed
+		h.mu.Unlock()
+		if last && ps != nil && !closed {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			_ = ps.Unsubscribe(ctx, s.channel)
+			cancel()
+		}
+	})
+	return nil
+}
+
+// Close closes the subscriber connection. Open subscriptions stop
+// receiving; their waiters fall back to timers.
+func (h *Hub) Close() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return nil
+	}
+	h.closed = true
+	close(h.done)
+	if h.ps != nil {
+		return h.ps.Close()
+	}
+	return nil
+}

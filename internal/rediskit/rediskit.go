@@ -1,0 +1,257 @@
+// Package rediskit holds what the redis and redlock backends share: the key
+// layout, the stored value, the Lua scripts that are the same on every
+// node, the classification of go-redis errors into the driver sentinels,
+// the pub/sub hub that wakes waiters, and URL parsing.
+package rediskit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/fenced-dev/fenced/driver"
+	"github.com/redis/go-redis/v9"
+)
+
+// DefaultPrefix starts every Redis key fenced writes.
+const DefaultPrefix = "fenced:"
+
+// Keys names the Redis keys of one lease key. All of them carry the user
+// key as a hash tag ({key}), so they live in one Cluster hash slot and one
+// script may touch them together. A user key containing braces still works:
+// every name shares the same text up to the first '}' after the first '{'.
+type Keys struct {
+	Lock    string // the grant: value "<fence>:<owner>", expiry PX
+	Fence   string // the fence counter, never expires
+	Audit   string // capped stream of breaks
+	Channel string // pub/sub channel published on release and break
+}
+
+// Layout maps lease keys to Redis keys under a prefix.
+type Layout struct{ Prefix string }
+
+const (
+	lockSuffix  = "}:lock"
+	auditSuffix = "}:breaks"
+)
+
+// Keys returns the Redis keys for lease key k.
+func (l Layout) Keys(k string) Keys {
+	base := l.Prefix + "{" + k
+	return Keys{Lock: base + lockSuffix, Fence: base + "}:fence", Audit: base + auditSuffix, Channel: base + "}:free"}
+}
+
+// LockPattern is a SCAN MATCH pattern for the lock keys of lease keys
+// starting with prefix.
+func (l Layout) LockPattern(prefix string) string {
+	return GlobEscape(l.Prefix+"{"+prefix) + "*" + GlobEscape(lockSuffix)
+}
+
+// AuditPattern is a SCAN MATCH pattern for every audit stream.
+func (l Layout) AuditPattern() string {
+	return GlobEscape(l.Prefix+"{") + "*" + GlobEscape(auditSuffix)
+}
+
+// KeyOfLock returns the lease key of a lock key, or false if name is not one.
+func (l Layout) KeyOfLock(name string) (string, bool) {
+	return l.cut(name, lockSuffix)
+}
+
+// KeyOfAudit returns the lease key of an audit stream name.
+func (l Layout) KeyOfAudit(name string) (string, bool) {
+	return l.cut(name, auditSuffix)
+}
+
+func (l Layout) cut(name, suffix string) (string, bool) {
+	p := l.Prefix + "{"
+	if !strings.HasPrefix(name, p) || !strings.HasSuffix(name, suffix) || len(name) < len(p)+len(suffix)+1 {
+		return "", false
+	}
+	return name[len(p) : len(name)-len(suffix)], true
+}
+
+// GlobEscape escapes the characters special to Redis glob patterns.
+func GlobEscape(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		switch r {
+		case '*', '?', '[', ']', '\\', '^', '-':
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+// Value is the stored value of a grant: the fence, a colon, the owner.
+// Scripts compare it whole, so renew and release check owner and fence.
+func Value(fence uint64, owner string) string {
+	return strconv.FormatUint(fence, 10) + ":" + owner
+}
+
+// ParseValue splits a stored value; ok is false for a value fenced did not
+// write.
+func ParseValue(v string) (fence uint64, owner string, ok bool) {
+	i := strings.IndexByte(v, ':')
+	if i <= 0 {
+		return 0, "", false
+	}
+	f, err := strconv.ParseUint(v[:i], 10, 64)
+	if err != nil {
+		return 0, "", false
+	}
+	return f, v[i+1:], true
+}
+
+// ErrForeignValue means a Redis key in fenced's namespace holds something
+// fenced did not write. fenced never deletes or overwrites it.
+var ErrForeignValue = errors.New("redis key holds a value fenced did not write; refusing to touch it")
+
+// ForeignError reports a foreign value at a Redis key.
+func ForeignError(redisKey string) error {
+	return fmt.Errorf("%w (key %q; inspect it with redis-cli and remove it yourself if it is stale, or use another key prefix)", ErrForeignValue, redisKey)
+}
+
+// Status codes returned by the scripts.
+const (
+	StatusForeign = -1 // the lock key holds a foreign value
+	StatusHeld    = 0  // held by another owner
+	StatusGranted = 1  // new grant
+	StatusAgain   = 2  // already held by this owner: extended
+	StatusStale   = -3 // redlock: a newer fence was granted on this node
+)
+
+// The scripts shared by both backends. KEYS and ARGV are documented above
+// each; every script reads before it writes, so an error (a key of the
+// wrong type, a counter that is not a number) leaves nothing changed.
+var (
+	// Renew: KEYS[1] lock; ARGV[1] value, ARGV[2] ttl ms. Returns 1 if the
+	// value matched and the expiry was reset, else 0.
+	Renew = redis.NewScript(`
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0`)
+
+	// Release: KEYS[1] lock; ARGV[1] value, ARGV[2] channel. Deletes the
+	// lock if the value matches and wakes waiters. Returns 1 or 0.
+	Release = redis.NewScript(`
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', ARGV[2], '')
+  return 1
+end
+return 0`)
+
+	// ReleaseOwner: KEYS[1] lock; ARGV[1] owner, ARGV[2] channel. Deletes
+	// the lock if the owner matches whatever the fence (redlock's cleanup
+	// after a failed attempt, whose fence a node may not have seen).
+	ReleaseOwner = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if v then
+  local f, o = string.match(v, '^(%d+):(.*)$')
+  if o == ARGV[1] then
+    redis.call('DEL', KEYS[1])
+    redis.call('PUBLISH', ARGV[2], '')
+    return 1
+  end
+end
+return 0`)
+
+	// Inspect: KEYS[1] lock, KEYS[2] fence. Returns {value|false, pttl,
+	// counter|false}.
+	Inspect = redis.NewScript(`
+return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2])}`)
+
+	// Break: KEYS[1] lock, KEYS[2] audit; ARGV[1] channel, ARGV[2] reason,
+	// ARGV[3] by, ARGV[4] audit length. Deletes whatever grant exists,
+	// appends to the capped audit stream and wakes waiters. Returns {0}
+	// when free, {-1} for a foreign value, else {1, fence, short owner,
+	// pttl, stream id}.
+	Break = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if not v then return {0} end
+local f, o = string.match(v, '^(%d+):(.*)$')
+if not f then return {-1} end
+if #o > 8 then o = string.sub(o, 1, 8) .. '…' end
+local pttl = redis.call('PTTL', KEYS[1])
+redis.call('DEL', KEYS[1])
+local id = redis.call('XADD', KEYS[2], 'MAXLEN', ARGV[4], '*', 'fence', f, 'owner', o, 'reason', ARGV[2], 'by', ARGV[3])
+redis.call('PUBLISH', ARGV[1], '')
+return {1, f, o, pttl, id}`)
+)
+
+// Classify maps a go-redis error to the driver's sentinels. mayApply says
+// whether the command could have been applied by the server when the
+// connection failed after sending it (false for reads). Server replies
+// that refuse the command before running it (loading, busy, read-only
+// replica, cluster down) match ErrUnavailable; other server errors are
+// returned as they are, with their message, for the caller to wrap.
+func Classify(err error, mayApply bool) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, redis.ErrClosed) {
+		return fmt.Errorf("%w: %v", driver.ErrClosed, err)
+	}
+	var rerr redis.Error
+	if errors.As(err, &rerr) {
+		msg := rerr.Error()
+		for _, p := range []string{"LOADING", "BUSY", "MASTERDOWN", "READONLY", "CLUSTERDOWN", "TRYAGAIN", "NOREPLICAS", "MOVED", "ASK"} {
+			if strings.HasPrefix(msg, p) {
+				return fmt.Errorf("%w: %s", driver.ErrUnavailable, msg)
+			}
+		}
+		if strings.HasPrefix(msg, "NOAUTH") || strings.HasPrefix(msg, "WRONGPASS") {
+			return fmt.Errorf("%w: authentication failed: %s", driver.ErrUnavailable, msg)
+		}
+		return err
+	}
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return fmt.Errorf("%w: %v", driver.ErrUnavailable, err)
+	}
+	if errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrPoolExhausted) {
+		return fmt.Errorf("%w: %v", driver.ErrUnavailable, err)
+	}
+	if mayApply {
+		return fmt.Errorf("%w: %w", driver.ErrUnknownOutcome, err)
+	}
+	return fmt.Errorf("%w: %w", driver.ErrUnavailable, err)
+}
+
+// IsTransport reports whether err (as returned by Classify) means the
+// server could not be reached or did not answer.
+func IsTransport(err error) bool {
+	return errors.Is(err, driver.ErrUnavailable) || errors.Is(err, driver.ErrUnknownOutcome) || errors.Is(err, driver.ErrClosed)
+}
+
+// Ping checks that a client reaches its server and authenticates, with a
+// clear error naming addr (never the password).
+func Ping(ctx context.Context, c redis.UniversalClient, addr string, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if err := c.Ping(ctx).Err(); err != nil {
+		msg := err.Error()
+		if strings.Contains(msg, "WRONGPASS") || strings.Contains(msg, "NOAUTH") || strings.Contains(msg, "invalid password") {
+			return fmt.Errorf("redis at %s: authentication failed (wrong or missing password): %s", addr, msg)
+		}
+		return fmt.Errorf("redis at %s unreachable: %w", addr, Classify(err, false))
+	}
+	return nil
+}
+
+// Millis converts a duration to whole milliseconds, at least 1.
+func Millis(d time.Duration) int64 { return max(1, d.Milliseconds()) }
+
+// PTTL converts a PTTL reply to a duration (zero for none or unknown).
+func PTTL(ms int64) time.Duration {
+	if ms <= 0 {
+		return 0
+	}
+	return time.Duration(ms) * time.Millisecond
+}

@@ -1,0 +1,80 @@
+package rediskit
+
+import (
+	"fmt"
+	"net/url"
+	"strconv"
+	"time"
+
+	"github.com/fenced-dev/fenced/driver"
+)
+
+// Query holds the fenced-specific query parameters of a redis:// or
+// redlock:// URL, removed from the URL before go-redis parses the rest.
+type Query struct {
+	values url.Values
+	err    error
+}
+
+// TakeQuery removes and returns the parameters named in names from u.
+func TakeQuery(u *url.URL, names ...string) *Query {
+	q := u.Query()
+	mine := url.Values{}
+	for _, n := range names {
+		if v, ok := q[n]; ok {
+			mine[n] = v
+			q.Del(n)
+		}
+	}
+	u.RawQuery = q.Encode()
+	return &Query{values: mine}
+}
+
+// String returns the parameter's value or def.
+func (q *Query) String(name, def string) string {
+	if v := q.values.Get(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// Int returns the parameter as a non-negative int, or def.
+func (q *Query) Int(name string, def int) int {
+	v := q.values.Get(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 {
+		q.fail(fmt.Errorf("%w: %s=%q is not a non-negative integer", driver.ErrInvalidURL, name, v))
+		return def
+	}
+	return n
+}
+
+// Duration returns the parameter as a positive duration ("250ms"; a bare
+// number means milliseconds), or def.
+func (q *Query) Duration(name string, def time.Duration) time.Duration {
+	v := q.values.Get(name)
+	if v == "" {
+		return def
+	}
+	if n, err := strconv.Atoi(v); err == nil && n > 0 {
+		return time.Duration(n) * time.Millisecond
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		q.fail(fmt.Errorf("%w: %s=%q is not a positive duration such as 250ms", driver.ErrInvalidURL, name, v))
+		return def
+	}
+	return d
+}
+
+func (q *Query) fail(err error) {
+	if q.err == nil {
+		q.err = err
+	}
+}
+
+// Err returns the first malformed parameter.
+func (q *Query) Err() error { return q.err }

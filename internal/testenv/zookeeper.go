@@ -1,0 +1,168 @@
+package testenv
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// ZooKeeperJars is the classpath of Debian's ZooKeeper server (package
+// zookeeper); the jar's manifest names its dependencies.
+const ZooKeeperJars = "/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-nop.jar"
+
+// ZKNode is one ZooKeeper server started for a test.
+type ZKNode struct {
+	ID      int
+	Addr    string // 127.0.0.1:clientPort
+	Dir     string
+	cfgPath string
+	t       testing.TB
+	proc    *Process
+}
+
+// ZKEnsemble is a standalone ZooKeeper server or a quorum of them.
+type ZKEnsemble struct {
+	Nodes []*ZKNode
+	// TickTime is the server's tick; sessions may time out between
+	// 2*TickTime and MaxSessionTimeout.
+	TickTime          time.Duration
+	MaxSessionTimeout time.Duration
+}
+
+// Servers returns the nodes' client addresses.
+func (e *ZKEnsemble) Servers() []string {
+	var s []string
+	for _, n := range e.Nodes {
+		s = append(s, n.Addr)
+	}
+	return s
+}
+
+// URL returns a zk:// store URL naming every node, with chroot (which may be
+// empty) and query (which may be empty).
+func (e *ZKEnsemble) URL(chroot, query string) string {
+	u := "zk://" + strings.Join(e.Servers(), ",") + chroot
+	if query != "" {
+		u += "?" + query
+	}
+	return u
+}
+
+// StartZooKeeper starts a standalone ZooKeeper (Debian package zookeeper,
+// run with java) on a free loopback port.
+func StartZooKeeper(t testing.TB) *ZKEnsemble { return StartZooKeeperEnsemble(t, 1) }
+
+// StartZooKeeperEnsemble starts n ZooKeeper servers forming one quorum (a
+// standalone server when n is 1). The tick is 100ms, so sessions may be as
+// short as 200ms; the longest session allowed is two minutes.
+func StartZooKeeperEnsemble(t testing.TB, n int) *ZKEnsemble {
+	t.Helper()
+	RequireBinary(t, "default-jre-headless", "java")
+	if _, err := os.Stat("/usr/share/java/zookeeper.jar"); err != nil {
+		t.Fatal("ZooKeeper server jar /usr/share/java/zookeeper.jar not found; install the Debian package \"zookeeper\" (the README's test command does)")
+	}
+	dir := TempDir(t, "zk")
+	e := &ZKEnsemble{TickTime: 100 * time.Millisecond, MaxSessionTimeout: 2 * time.Minute}
+	type ports struct{ client, peer, election int }
+	ps := make([]ports, n)
+	for i := range ps {
+		ps[i] = ports{FreePort(t), FreePort(t), FreePort(t)}
+	}
+	for i := 0; i < n; i++ {
+		nd := &ZKNode{ID: i + 1, Addr: Addr(ps[i].client), Dir: filepath.Join(dir, fmt.Sprintf("n%d", i+1)), t: t}
+		if err := os.MkdirAll(nd.Dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		cfg := []string{
+			"tickTime=100",
+			"initLimit=50",
+			"syncLimit=20",
+			"minSessionTimeout=200",
+			"maxSessionTimeout=120000",
+			"dataDir=" + nd.Dir,
+			fmt.Sprintf("clientPort=%d", ps[i].client),
+			"clientPortAddress=127.0.0.1",
+			"admin.enableServer=false",
+			"4lw.commands.whitelist=*",
+			"maxClientCnxns=0",
+		}
+		if n > 1 {
+			for j := 0; j < n; j++ {
+				cfg = append(cfg, fmt.Sprintf("server.%d=127.0.0.1:%d:%d", j+1, ps[j].peer, ps[j].election))
+			}
+			if err := os.WriteFile(filepath.Join(nd.Dir, "myid"), []byte(fmt.Sprint(i+1)), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		nd.cfgPath = filepath.Join(nd.Dir, "zoo.cfg")
+		if err := os.WriteFile(nd.cfgPath, []byte(strings.Join(cfg, "\n")+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		e.Nodes = append(e.Nodes, nd)
+	}
+	for _, nd := range e.Nodes {
+		nd.Start()
+	}
+	for _, nd := range e.Nodes {
+		nd.WaitReady()
+	}
+	return e
+}
+
+// Start starts (or restarts, with its data) the node.
+func (n *ZKNode) Start() {
+	n.t.Helper()
+	cmd := exec.Command("java", "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xshare:auto",
+		"-Dzookeeper.jmx.log4j.disable=true", "-cp", ZooKeeperJars,
+		"org.apache.zookeeper.server.quorum.QuorumPeerMain", n.cfgPath)
+	cmd.Dir = n.Dir
+	n.proc = Start(n.t, fmt.Sprintf("zookeeper %d", n.ID), cmd)
+}
+
+// WaitReady waits until the node serves requests (it has joined a quorum,
+// or runs standalone).
+func (n *ZKNode) WaitReady() {
+	n.t.Helper()
+	n.proc.WaitPort(n.t, n.Addr, 60*time.Second)
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		if _, ok := n.Mode(); ok {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	n.t.Fatalf("testenv: zookeeper %d at %s never started serving:\n%s", n.ID, n.Addr, tail(n.proc.Log.String(), 4000))
+}
+
+// Mode asks the node (four-letter word srvr) whether it serves requests and
+// as what: "leader", "follower" or "standalone".
+func (n *ZKNode) Mode() (string, bool) {
+	c, err := net.DialTimeout("tcp", n.Addr, time.Second)
+	if err != nil {
+		return "", false
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	if _, err := c.Write([]byte("srvr")); err != nil {
+		return "", false
+	}
+	b, _ := io.ReadAll(c)
+	for _, l := range Lines(string(b)) {
+		if m, ok := strings.CutPrefix(l, "Mode: "); ok {
+			return strings.TrimSpace(m), true
+		}
+	}
+	return "", false
+}
+
+// Kill kills the node with SIGKILL.
+func (n *ZKNode) Kill() { n.proc.Kill() }
+
+// Process returns the node's running process.
+func (n *ZKNode) Process() *Process { return n.proc }

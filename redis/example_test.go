@@ -1,0 +1,43 @@
+package redis_test
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"time"
+
+	"github.com/fenced-dev/fenced"
+	fredis "github.com/fenced-dev/fenced/redis"
+	"github.com/redis/go-redis/v9"
+)
+
+// Open a store by URL. Redis's fence can repeat after a failover, so a
+// correctness lease must accept that explicitly.
+func Example() {
+	ctx := context.Background()
+	client, err := fenced.Open(ctx, "redis://:password@127.0.0.1:6379/0?wait_replicas=1", nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.Close()
+	err = client.Do(ctx, "invoice:inv_72", &fenced.LeaseOptions{TTL: 10 * time.Second, MaxWait: time.Minute, AllowRepeatableFence: true},
+		func(ctx context.Context, l *fenced.Lease) error {
+			fmt.Println("charging with fence", l.Fence())
+			return nil
+		})
+	if err != nil {
+		log.Fatal(err)
+	}
+}
+
+// Use an existing go-redis client.
+func ExampleNew() {
+	rc := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
+	drv, err := fredis.New(rc, &fredis.Options{Prefix: "myapp:leases:"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	client := fenced.NewClient(drv, &fenced.Options{Defaults: fenced.LeaseOptions{Purpose: fenced.Efficiency}})
+	defer client.Close()
+	fmt.Println(client.Guarantees().Fence)
+}

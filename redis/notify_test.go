@@ -1,0 +1,85 @@
+package redis_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/testenv"
+)
+
+func woken(s driver.Subscription, within time.Duration) bool {
+	select {
+	case <-s.C():
+		return true
+	case <-time.After(within):
+		return false
+	}
+}
+
+// TestWakeups checks the fan-out of releases: only waiters of the released
+// key are woken (no herd across keys), one waiter per process per release
+// in arrival order, and a wake-up a waiter leaves unconsumed passes on.
+func TestWakeups(t *testing.T) {
+	ctx := testCtx(t)
+	srv := testenv.StartRedis(t, testenv.RedisConfig{})
+	holder := newDriver(t, srv, nil)
+	waiters := newDriver(t, srv, nil)
+	grant := func(key string) driver.Grant {
+		o := owner()
+		f, err := holder.TryAcquire(ctx, key, o, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return driver.Grant{Key: key, Owner: o, Fence: f}
+	}
+	ga, gb := grant("a"), grant("b")
+	first, err := waiters.Subscribe(ctx, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := waiters.Subscribe(ctx, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	onB, err := waiters.Subscribe(ctx, "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer onB.Close()
+
+	if err := holder.Release(ctx, ga); err != nil {
+		t.Fatal(err)
+	}
+	if !woken(first, 10*time.Second) {
+		t.Fatal("the oldest waiter of a was not woken by the release of a")
+	}
+	if woken(second, 300*time.Millisecond) {
+		t.Fatal("one release woke two waiters of the same process")
+	}
+	if woken(onB, 300*time.Millisecond) {
+		t.Fatal("the release of a woke a waiter of b")
+	}
+
+	// The first waiter is woken again but leaves without looking: its
+	// wake-up goes to the second.
+	ga = grant("a")
+	if err := holder.Release(ctx, ga); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond) // let the message arrive
+	first.Close()
+	if !woken(second, 10*time.Second) {
+		t.Fatal("the wake-up of a waiter that left was not passed on")
+	}
+	second.Close()
+
+	// A break wakes waiters too.
+	if _, err := holder.Break(ctx, "b", driver.BreakRequest{Reason: "test", By: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	if !woken(onB, 10*time.Second) {
+		t.Fatal("the waiter of b was not woken by a break")
+	}
+	_ = gb
+}

@@ -1,0 +1,536 @@
+// Package redis is the fenced backend for a single Redis primary (or a
+// Redis Cluster), over go-redis v9.
+//
+//	import _ "github.com/fenced-dev/fenced/redis"
+//
+//	client, err := fenced.Open(ctx, "redis://:password@127.0.0.1:6379/0", nil)
+//
+// URLs are go-redis URLs (redis:// and rediss:// for TLS, with go-redis's
+// query options such as dial_timeout) plus these fenced options:
+//
+//	prefix=fenced:      namespace of every Redis key fenced writes
+//	wait_replicas=N     after each grant, WAIT for N replicas (see Options)
+//	wait_timeout=1s     how long that WAIT may take
+//	audit_len=100       breaks kept per key in the audit stream
+//
+// Opened by URL, go-redis's own retries of commands and dials are off
+// (fenced's Client decides about retries); pass max_retries or
+// dialer_retries to override.
+//
+// # How a lease is kept
+//
+// A grant is one Lua script, one round trip: if the lock key is absent it
+// INCRs the key's fence counter (which never expires) and SETs the lock key
+// to "<fence>:<owner>" with PX ttl; if the same owner holds it, it extends
+// the expiry and returns the same fence; otherwise it returns the fence and
+// PTTL of the current grant, so a waiter can wake when it expires. Renew
+// and release are compare-then-act scripts on the whole value (owner and
+// fence). The lock key, counter, audit stream and pub/sub channel of a key
+// share the hash tag {key}, so the scripts also run on Redis Cluster.
+// Scripts are used even where Redis 8.4's native compare-and-delete
+// (DELEX IFEQ) exists, because release must also publish the wake-up in
+// the same atomic step.
+//
+// Keys in the namespace that hold anything fenced did not write (another
+// type, a value of another format, a counter that is not a number) are
+// never deleted or overwritten: operations on them fail with an error
+// matching ErrForeignValue.
+//
+// # Guarantees
+//
+// Expiry follows the Redis server's clock. The fence is FenceRepeatable:
+// strictly increasing while the node's data survives (appendonly yes with
+// appendfsync always, and no eviction of the counter: maxmemory-policy
+// noeviction or volatile-*), but Redis replicates asynchronously, so after a
+// failover to a replica that had not received a grant, or a restart without
+// persistence, the lock is gone and the same fence can be issued to a second
+// holder. A correctness lease therefore needs LeaseOptions.AllowRepeatableFence.
+//
+// Waiters are woken by pub/sub (see Notifier); FIFO is not promised across
+// processes. Breaks are recorded in a capped stream per key (BreakLogger).
+// Renewals of many leases are pipelined into one round trip (BatchRenewer).
+package redis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/rediskit"
+	"github.com/redis/go-redis/v9"
+)
+
+func init() {
+	fenced.Register("redis", open)
+	fenced.Register("rediss", open)
+}
+
+// ErrForeignValue means a Redis key in fenced's namespace holds something
+// fenced did not write; fenced refuses to touch it.
+var ErrForeignValue = rediskit.ErrForeignValue
+
+// Options configure a Driver. The zero value gives the defaults.
+type Options struct {
+	// Prefix starts every Redis key and channel fenced uses. Default
+	// "fenced:".
+	Prefix string
+	// WaitReplicas, if positive, makes every grant wait (Redis WAIT) until
+	// that many replicas acknowledged it, within WaitTimeout. A grant that
+	// fewer replicas acknowledged is released again and reported as an
+	// error matching ErrUnavailable, so no caller uses a fence that only
+	// the primary knows.
+	//
+	// What it fixes: a failover to an acknowledging replica keeps the grant
+	// and the counter, so the promoted node neither grants the key twice
+	// nor repeats the fence. What it does not fix: WAIT is not consensus.
+	// A failover may still promote a replica that did not acknowledge (if
+	// WaitReplicas is lower than the number of replicas, or an
+	// acknowledging one is down); replicas acknowledge receipt, not fsync,
+	// so a replica restarting without persistence loses the grant;
+	// renewals and releases are not waited for; and the grant's clock
+	// restarts on the promoted node. The fence stays FenceRepeatable.
+	// Not available on Redis Cluster clients.
+	WaitReplicas int
+	// WaitTimeout bounds the WAIT of each grant. Default 1s.
+	WaitTimeout time.Duration
+	// AuditLen is how many breaks the audit stream of a key keeps. Default
+	// 100.
+	AuditLen int
+}
+
+// Driver is a fenced driver over one go-redis client. It implements
+// driver.Driver, driver.Notifier, driver.BatchRenewer and
+// driver.BreakLogger, and is safe for concurrent use.
+type Driver struct {
+	c      redis.UniversalClient
+	owns   bool
+	layout rediskit.Layout
+	opts   Options
+	hub    *rediskit.Hub
+
+	mu     sync.Mutex
+	closed bool
+}
+
+var (
+	_ driver.Driver       = (*Driver)(nil)
+	_ driver.Notifier     = (*Driver)(nil)
+	_ driver.BatchRenewer = (*Driver)(nil)
+	_ driver.BreakLogger  = (*Driver)(nil)
+)
+
+// New returns a driver over an existing go-redis client (a *redis.Client,
+// *redis.ClusterClient, *redis.Ring is not supported since its keys move,
+// or a failover client). opts may be nil. The driver does not own c:
+// Close leaves it open. go-redis retries failed commands by default
+// (MaxRetries 3); every fenced script is safe to retry except that a
+// release retried after it took effect reports ErrNotHeld.
+func New(c redis.UniversalClient, opts *Options) (*Driver, error) {
+	if c == nil {
+		return nil, errors.New("redis: New: nil client")
+	}
+	d := &Driver{c: c, hub: rediskit.NewHub(c)}
+	if opts != nil {
+		d.opts = *opts
+	}
+	if d.opts.Prefix == "" {
+		d.opts.Prefix = rediskit.DefaultPrefix
+	}
+	if d.opts.WaitReplicas < 0 {
+		return nil, fmt.Errorf("redis: WaitReplicas %d is negative", d.opts.WaitReplicas)
+	}
+	if d.opts.WaitTimeout <= 0 {
+		d.opts.WaitTimeout = time.Second
+	}
+	if d.opts.AuditLen <= 0 {
+		d.opts.AuditLen = 100
+	}
+	if _, ok := c.(*redis.ClusterClient); ok && d.opts.WaitReplicas > 0 {
+		return nil, errors.New("redis: WaitReplicas is not supported on a Cluster client (WAIT must follow the grant on the same connection)")
+	}
+	if _, ok := c.(*redis.Ring); ok {
+		return nil, errors.New("redis: a Ring client is not supported: its shards move keys, which would reset fence counters")
+	}
+	d.layout = rediskit.Layout{Prefix: d.opts.Prefix}
+	return d, nil
+}
+
+// Client returns the go-redis client under d, for resource-side guards.
+func (d *Driver) Client() redis.UniversalClient { return d.c }
+
+// open is the URL opener for redis:// and rediss://.
+func open(ctx context.Context, u *url.URL) (driver.Driver, error) {
+	if u.Host == "" || u.Hostname() == "" {
+		return nil, fmt.Errorf("%w: redis URL needs a host, as in redis://127.0.0.1:6379/0", driver.ErrInvalidURL)
+	}
+	if p := u.Port(); p != "" {
+		if n, err := strconv.Atoi(p); err != nil || n <= 0 || n > 65535 {
+			return nil, fmt.Errorf("%w: port %q is not a TCP port", driver.ErrInvalidURL, p)
+		}
+	}
+	q := rediskit.TakeQuery(u, "prefix", "wait_replicas", "wait_timeout", "audit_len")
+	opts := &Options{
+		Prefix:       q.String("prefix", ""),
+		WaitReplicas: q.Int("wait_replicas", 0),
+		WaitTimeout:  q.Duration("wait_timeout", 0),
+		AuditLen:     q.Int("audit_len", 0),
+	}
+	if err := q.Err(); err != nil {
+		return nil, err
+	}
+	retries, dialRetries := u.Query().Has("max_retries"), u.Query().Has("dialer_retries")
+	ro, err := redis.ParseURL(u.String())
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s", driver.ErrInvalidURL, strings.TrimPrefix(err.Error(), "redis: "))
+	}
+	if !retries {
+		ro.MaxRetries = -1
+	}
+	if !dialRetries {
+		ro.DialerRetries = 1
+	}
+	c := redis.NewClient(ro)
+	if err := rediskit.Ping(ctx, c, ro.Addr, ro.DialTimeout+2*time.Second); err != nil {
+		c.Close()
+		return nil, err
+	}
+	d, err := New(c, opts)
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	d.owns = true
+	return d, nil
+}
+
+// acquireScript: KEYS[1] lock, KEYS[2] fence; ARGV[1] owner, ARGV[2] ttl
+// ms. Returns {status, fence, pttl} with the statuses of rediskit.
+var acquireScript = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if v then
+  local f, o = string.match(v, '^(%d+):(.*)$')
+  if not f then return {-1, '0', redis.call('PTTL', KEYS[1])} end
+  if o == ARGV[1] then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return {2, f, 0}
+  end
+  return {0, f, redis.call('PTTL', KEYS[1])}
+end
+local f = string.format('%d', redis.call('INCR', KEYS[2]))
+redis.call('SET', KEYS[1], f .. ':' .. ARGV[1], 'PX', ARGV[2])
+return {1, f, 0}`)
+
+// TryAcquire implements driver.Driver in one round trip (two with
+// WaitReplicas: the WAIT is pipelined after the script on the same
+// connection, and returns once the replicas acknowledged).
+func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
+	if err := d.usable(); err != nil {
+		return 0, err
+	}
+	k := d.layout.Keys(key)
+	keys, args := []string{k.Lock, k.Fence}, []any{owner, rediskit.Millis(ttl)}
+	if d.opts.WaitReplicas > 0 {
+		return d.acquireAndWait(ctx, key, k, keys, args)
+	}
+	res, err := acquireScript.Run(ctx, d.c, keys, args...).Slice()
+	if err != nil {
+		return 0, d.scriptErr("acquire", key, err, true, k.Lock, k.Fence)
+	}
+	status, fence, pttl := acquireReply(res)
+	return d.acquireResult(key, k, status, fence, pttl)
+}
+
+func acquireReply(res []any) (status int64, fence uint64, pttl int64) {
+	if len(res) != 3 {
+		return -100, 0, 0
+	}
+	status, _ = res[0].(int64)
+	s, _ := res[1].(string)
+	fence, _ = strconv.ParseUint(s, 10, 64)
+	pttl, _ = res[2].(int64)
+	return status, fence, pttl
+}
+
+func (d *Driver) acquireResult(key string, k rediskit.Keys, status int64, fence uint64, pttl int64) (uint64, error) {
+	switch status {
+	case rediskit.StatusGranted, rediskit.StatusAgain:
+		return fence, nil
+	case rediskit.StatusHeld:
+		return 0, &driver.HeldError{Key: key, Remaining: rediskit.PTTL(pttl)}
+	case rediskit.StatusForeign:
+		return 0, fmt.Errorf("redis: acquire %q: %w", key, rediskit.ForeignError(k.Lock))
+	}
+	return 0, fmt.Errorf("redis: acquire %q: unexpected script reply (status %d)", key, status)
+}
+
+func (d *Driver) acquireAndWait(ctx context.Context, key string, k rediskit.Keys, keys []string, args []any) (uint64, error) {
+	run := func() (*redis.Cmd, *redis.IntCmd, error) {
+		pipe := d.c.Pipeline()
+		acq := acquireScript.EvalSha(ctx, pipe, keys, args...)
+		wait := redis.NewIntCmd(ctx, "wait", d.opts.WaitReplicas, d.opts.WaitTimeout.Milliseconds())
+		_ = pipe.Process(ctx, wait)
+		_, err := pipe.Exec(ctx)
+		return acq, wait, err
+	}
+	acq, wait, err := run()
+	if err != nil && redis.HasErrorPrefix(acq.Err(), "NOSCRIPT") {
+		if lerr := acquireScript.Load(ctx, d.c).Err(); lerr != nil {
+			return 0, d.scriptErr("acquire", key, lerr, false)
+		}
+		acq, wait, err = run()
+	}
+	if acq.Err() != nil {
+		return 0, d.scriptErr("acquire", key, acq.Err(), true, k.Lock, k.Fence)
+	}
+	res, _ := acq.Slice()
+	status, fence, pttl := acquireReply(res)
+	if status != rediskit.StatusGranted && status != rediskit.StatusAgain {
+		return d.acquireResult(key, k, status, fence, pttl)
+	}
+	acked, werr := wait.Result()
+	if werr == nil && err == nil && acked >= int64(d.opts.WaitReplicas) {
+		return fence, nil
+	}
+	// Not acknowledged: take the grant back (best effort; it expires
+	// anyway) so nobody works under a fence only this primary knows.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.opts.WaitTimeout)
+	defer cancel()
+	_ = rediskit.Release.Run(rctx, d.c, []string{k.Lock}, rediskit.Value(fence, args[0].(string)), k.Channel).Err()
+	if werr != nil {
+		return 0, fmt.Errorf("redis: acquire %q: WAIT for %d replicas failed, grant of fence %d released: %w", key, d.opts.WaitReplicas, fence, rediskit.Classify(werr, false))
+	}
+	return 0, fmt.Errorf("redis: acquire %q: %w: only %d of %d replicas acknowledged the grant of fence %d within %v; released it", key, driver.ErrUnavailable, acked, d.opts.WaitReplicas, fence, d.opts.WaitTimeout)
+}
+
+// scriptErr wraps a script error: transport failures become the driver
+// sentinels, a key of the wrong type or a counter that is not a number
+// becomes ErrForeignValue naming the keys involved.
+func (d *Driver) scriptErr(op, key string, err error, mayApply bool, redisKeys ...string) error {
+	msg := err.Error()
+	if strings.Contains(msg, "WRONGTYPE") || strings.Contains(msg, "not an integer") {
+		return fmt.Errorf("redis: %s %q: %w (keys %s; server said: %s)", op, key, ErrForeignValue, strings.Join(redisKeys, ", "), msg)
+	}
+	return fmt.Errorf("redis: %s %q: %w", op, key, rediskit.Classify(err, mayApply))
+}
+
+func (d *Driver) usable() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return driver.ErrClosed
+	}
+	return nil
+}
+
+// Renew implements driver.Driver.
+func (d *Driver) Renew(ctx context.Context, g driver.Grant, ttl time.Duration) error {
+	if err := d.usable(); err != nil {
+		return err
+	}
+	k := d.layout.Keys(g.Key)
+	n, err := rediskit.Renew.Run(ctx, d.c, []string{k.Lock}, rediskit.Value(g.Fence, g.Owner), rediskit.Millis(ttl)).Int64()
+	if err != nil {
+		return d.scriptErr("renew", g.Key, err, true, k.Lock)
+	}
+	if n != 1 {
+		return fmt.Errorf("redis: renew %v: %w", g, driver.ErrNotHeld)
+	}
+	return nil
+}
+
+// RenewBatch implements driver.BatchRenewer: one pipeline of renew
+// scripts, one round trip (on Cluster, one per node involved).
+func (d *Driver) RenewBatch(ctx context.Context, reqs []driver.RenewRequest) ([]error, error) {
+	if err := d.usable(); err != nil {
+		return nil, err
+	}
+	run := func() ([]*redis.Cmd, error) {
+		pipe := d.c.Pipeline()
+		cmds := make([]*redis.Cmd, len(reqs))
+		for i, r := range reqs {
+			k := d.layout.Keys(r.Grant.Key)
+			cmds[i] = rediskit.Renew.EvalSha(ctx, pipe, []string{k.Lock}, rediskit.Value(r.Grant.Fence, r.Grant.Owner), rediskit.Millis(r.TTL))
+		}
+		_, err := pipe.Exec(ctx)
+		return cmds, err
+	}
+	cmds, err := run()
+	if err != nil && len(cmds) > 0 && redis.HasErrorPrefix(cmds[0].Err(), "NOSCRIPT") {
+		if lerr := rediskit.Renew.Load(ctx, d.c).Err(); lerr != nil {
+			return nil, fmt.Errorf("redis: renew batch: %w", rediskit.Classify(lerr, false))
+		}
+		cmds, err = run() // renewing twice is harmless
+	}
+	errs := make([]error, len(reqs))
+	for i, cmd := range cmds {
+		n, cerr := cmd.Int64()
+		switch {
+		case cerr != nil:
+			var rerr redis.Error
+			if !errors.As(cerr, &rerr) {
+				// The connection failed: the whole batch's outcome is unknown.
+				return nil, fmt.Errorf("redis: renew batch of %d: %w", len(reqs), rediskit.Classify(cerr, true))
+			}
+			errs[i] = d.scriptErr("renew", reqs[i].Grant.Key, cerr, true)
+		case n != 1:
+			errs[i] = fmt.Errorf("redis: renew %v: %w", reqs[i].Grant, driver.ErrNotHeld)
+		}
+	}
+	_ = err
+	return errs, nil
+}
+
+// Release implements driver.Driver. It wakes the key's waiters.
+func (d *Driver) Release(ctx context.Context, g driver.Grant) error {
+	if err := d.usable(); err != nil {
+		return err
+	}
+	k := d.layout.Keys(g.Key)
+	n, err := rediskit.Release.Run(ctx, d.c, []string{k.Lock}, rediskit.Value(g.Fence, g.Owner), k.Channel).Int64()
+	if err != nil {
+		return d.scriptErr("release", g.Key, err, true, k.Lock)
+	}
+	if n != 1 {
+		return fmt.Errorf("redis: release %v: %w", g, driver.ErrNotHeld)
+	}
+	return nil
+}
+
+// Inspect implements driver.Driver in one round trip.
+func (d *Driver) Inspect(ctx context.Context, key string) (driver.LeaseInfo, error) {
+	if err := d.usable(); err != nil {
+		return driver.LeaseInfo{}, err
+	}
+	k := d.layout.Keys(key)
+	res, err := rediskit.Inspect.Run(ctx, d.c, []string{k.Lock, k.Fence}).Slice()
+	if err != nil {
+		return driver.LeaseInfo{}, d.scriptErr("inspect", key, err, false, k.Lock)
+	}
+	return inspectReply(key, k, res)
+}
+
+func inspectReply(key string, k rediskit.Keys, res []any) (driver.LeaseInfo, error) {
+	info := driver.LeaseInfo{Key: key}
+	if len(res) != 3 {
+		return info, fmt.Errorf("redis: inspect %q: unexpected script reply", key)
+	}
+	if v, ok := res[0].(string); ok {
+		f, o, ok := rediskit.ParseValue(v)
+		if !ok {
+			return info, fmt.Errorf("redis: inspect %q: %w", key, rediskit.ForeignError(k.Lock))
+		}
+		pttl, _ := res[1].(int64)
+		info.Held, info.Owner, info.Fence, info.Remaining = true, driver.ShortOwner(o), f, rediskit.PTTL(pttl)
+		return info, nil
+	}
+	s, ok := res[2].(string)
+	if !ok {
+		return info, fmt.Errorf("redis: inspect %q: %w", key, driver.ErrNotFound)
+	}
+	f, err := strconv.ParseUint(s, 10, 64)
+	if err != nil {
+		return info, fmt.Errorf("redis: inspect %q: %w", key, rediskit.ForeignError(k.Fence))
+	}
+	info.Fence = f
+	return info, nil
+}
+
+// List implements driver.Driver: a SCAN of the namespace (on every primary
+// of a Cluster), then one pipelined read of the grants found.
+func (d *Driver) List(ctx context.Context, prefix string) ([]driver.LeaseInfo, error) {
+	if err := d.usable(); err != nil {
+		return nil, err
+	}
+	names, err := rediskit.ScanAll(ctx, d.c, d.layout.LockPattern(prefix))
+	if err != nil {
+		return nil, fmt.Errorf("redis: list %q: %w", prefix, err)
+	}
+	infos, err := rediskit.ReadGrants(ctx, d.c, d.layout, names)
+	if err != nil {
+		return nil, fmt.Errorf("redis: list %q: %w", prefix, err)
+	}
+	return infos, nil
+}
+
+// Break implements driver.Driver: it deletes the current grant, appends a
+// record to the key's audit stream and wakes waiters, in one script. A
+// foreign value is left alone.
+func (d *Driver) Break(ctx context.Context, key string, req driver.BreakRequest) (driver.LeaseInfo, error) {
+	if err := d.usable(); err != nil {
+		return driver.LeaseInfo{}, err
+	}
+	k := d.layout.Keys(key)
+	res, err := rediskit.Break.Run(ctx, d.c, []string{k.Lock, k.Audit}, k.Channel, req.Reason, req.By, d.opts.AuditLen).Slice()
+	if err != nil {
+		return driver.LeaseInfo{}, d.scriptErr("break", key, err, true, k.Lock, k.Audit)
+	}
+	return rediskit.BreakReply(key, k, res)
+}
+
+// Breaks implements driver.BreakLogger from the capped audit streams.
+func (d *Driver) Breaks(ctx context.Context, key string) ([]driver.BreakRecord, error) {
+	if err := d.usable(); err != nil {
+		return nil, err
+	}
+	recs, err := rediskit.ReadBreaks(ctx, d.c, d.layout, key)
+	if err != nil {
+		return nil, fmt.Errorf("redis: breaks %q: %w", key, err)
+	}
+	return recs, nil
+}
+
+// Subscribe implements driver.Notifier over pub/sub; see rediskit.Hub for
+// the design (one subscriber connection per driver, fan-out per key).
+func (d *Driver) Subscribe(ctx context.Context, key string) (driver.Subscription, error) {
+	if err := d.usable(); err != nil {
+		return nil, err
+	}
+	return d.hub.Subscribe(ctx, d.layout.Keys(key).Channel)
+}
+
+// guaranteesNote is the Note of Guarantees; the portable Client quotes it
+// when it refuses a correctness lease.
+const guaranteesNote = "redis: the fence is INCR of a per-key counter in the grant's script, strictly increasing while this node's data survives " +
+	"(appendonly yes, appendfsync always, counter never evicted); replication is asynchronous, so after a failover to a replica " +
+	"that missed a grant, or a restart without persistence, the lock is lost and the same fence can be issued to a second holder"
+
+// Guarantees implements driver.Driver.
+func (d *Driver) Guarantees() driver.Guarantees {
+	note := guaranteesNote
+	if d.opts.WaitReplicas > 0 {
+		note += fmt.Sprintf("; grants wait for %d replica acknowledgements (WAIT), which narrows but does not close this window", d.opts.WaitReplicas)
+	}
+	return driver.Guarantees{
+		Fence:       driver.FenceRepeatable,
+		ServerClock: true,
+		Notify:      true,
+		FIFO:        false,
+		Note:        note,
+	}
+}
+
+// Close implements driver.Driver. It closes the subscriber connection, and
+// the go-redis client when the driver was opened by URL.
+func (d *Driver) Close() error {
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return nil
+	}
+	d.closed = true
+	d.mu.Unlock()
+	err := d.hub.Close()
+	if d.owns {
+		if cerr := d.c.Close(); err == nil {
+			err = cerr
+		}
+	}
+	return err
+}

@@ -1,0 +1,319 @@
+package redlock_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/driver/drivertest"
+	"github.com/fenced-dev/fenced/internal/testenv"
+	_ "github.com/fenced-dev/fenced/redis" // the fence source in TestFenceFromURL
+	"github.com/fenced-dev/fenced/redlock"
+	"github.com/redis/go-redis/v9"
+)
+
+const password = "redlock-pw"
+
+// cluster is N independent redis-server primaries plus one more server for
+// the fence counter.
+type cluster struct {
+	nodes []*testenv.Redis
+	fence *testenv.Redis
+}
+
+func startCluster(t *testing.T, n int) *cluster {
+	c := &cluster{fence: testenv.StartRedis(t, testenv.RedisConfig{Password: password})}
+	for i := 0; i < n; i++ {
+		c.nodes = append(c.nodes, testenv.StartRedis(t, testenv.RedisConfig{Password: password}))
+	}
+	return c
+}
+
+func client(t testing.TB, srv *testenv.Redis) *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr(), Password: password, MaxRetries: -1, ContextTimeoutEnabled: true, DialTimeout: time.Second, DialerRetries: 1})
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// open returns a driver over nodes, as another process would.
+func (c *cluster) open(t testing.TB, nodes []*testenv.Redis, opts redlock.Options) *redlock.Driver {
+	var cs []redis.UniversalClient
+	for _, n := range nodes {
+		cs = append(cs, client(t, n))
+	}
+	d, err := redlock.New(cs, &opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
+func (c *cluster) fenced(t testing.TB) redlock.Options {
+	return redlock.Options{Fence: redlock.CounterFence(client(t, c.fence), "")}
+}
+
+func (c *cluster) url(extra string) string {
+	var hosts []string
+	for _, n := range c.nodes {
+		hosts = append(hosts, n.Addr())
+	}
+	return "redlock://:" + password + "@" + strings.Join(hosts, ",") + "/0" + extra
+}
+
+func TestConformance(t *testing.T) {
+	c := startCluster(t, 5)
+	run := func(t *testing.T) {
+		drivertest.RunConformanceTests(t, drivertest.Harness{
+			Open:          func(t *testing.T) driver.Driver { return c.open(t, c.nodes, c.fenced(t)) },
+			LeaseDefaults: fenced.LeaseOptions{AllowRepeatableFence: true},
+			Workers:       4, Rounds: 10,
+			BadURLs: []string{
+				"redlock://",
+				"redlock:///0",
+				"redlock://127.0.0.1:1,,127.0.0.1:2/0",
+				"redlock://127.0.0.1:notaport,127.0.0.1:2/0",
+				"redlock://127.0.0.1:6379/0?budget=fast",
+				"redlock://127.0.0.1:6379/0?nosuchoption=1",
+				"redlock://127.0.0.1:6379/x",
+			},
+		})
+	}
+	t.Run("AllNodes", run)
+	c.nodes[1].Kill()
+	c.nodes[3].Kill()
+	t.Run("TwoOfFiveDown", run)
+}
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func owner() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// TestNoFence checks what Redlock without a fence source declares, and the
+// refusal a correctness lease gets.
+func TestNoFence(t *testing.T) {
+	ctx := ctxT(t)
+	c := startCluster(t, 3)
+	cl, err := fenced.Open(ctx, c.url(""), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if g := cl.Guarantees(); g.Fence != fenced.FenceNone || !g.Notify {
+		t.Fatalf("Guarantees = %+v, want FenceNone with notification", g)
+	}
+	_, err = cl.TryAcquire(ctx, "ledger", nil)
+	if !errors.Is(err, fenced.ErrNoFence) || !strings.Contains(err.Error(), "FenceSource") || !strings.Contains(err.Error(), "AllowNoFence") {
+		t.Fatalf("correctness lease: %v, want ErrNoFence telling how to supply a fence source", err)
+	}
+	t.Logf("refusal reads: %v", err)
+	l, err := cl.TryAcquire(ctx, "cache", &fenced.LeaseOptions{Purpose: fenced.Efficiency})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Fence() != 0 {
+		t.Fatalf("fence %d without a source, want 0", l.Fence())
+	}
+	if _, err := cl.TryAcquire(ctx, "cache", &fenced.LeaseOptions{Purpose: fenced.Efficiency}); !errors.Is(err, fenced.ErrHeld) {
+		t.Fatalf("second holder: %v, want ErrHeld", err)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l, err = cl.TryAcquire(ctx, "ledger", &fenced.LeaseOptions{AllowNoFence: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Release(ctx)
+}
+
+// TestFenceFromURL opens Redlock with an external fence source named in
+// the URL (here a fenced redis:// store) and checks the declared strength.
+func TestFenceFromURL(t *testing.T) {
+	ctx := ctxT(t)
+	c := startCluster(t, 3)
+	cl, err := fenced.Open(ctx, c.url("?fence=redis%3A%2F%2F%3A"+password+"%40"+c.fence.Addr()+"%2F0"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if g := cl.Guarantees(); g.Fence != fenced.FenceRepeatable {
+		t.Fatalf("Guarantees with a redis fence source = %+v, want the source's strength", g)
+	}
+	opts := &fenced.LeaseOptions{AllowRepeatableFence: true}
+	var last uint64
+	for i := 0; i < 3; i++ {
+		l, err := cl.TryAcquire(ctx, "job", opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l.Fence() <= last {
+			t.Fatalf("fence %d after %d", l.Fence(), last)
+		}
+		last = l.Fence()
+		l.Release(ctx)
+	}
+}
+
+// TestSlowNodesDoNotStall stops nodes with SIGSTOP: with a minority
+// stopped the grant still comes within the budget; with a majority stopped
+// the attempt fails within the budget instead of hanging.
+func TestSlowNodesDoNotStall(t *testing.T) {
+	ctx := ctxT(t)
+	c := startCluster(t, 5)
+	budget := 200 * time.Millisecond
+	opts := c.fenced(t)
+	opts.Budget = budget
+	d := c.open(t, c.nodes, opts)
+	// Warm up connections so stopped nodes hang on requests, not dials.
+	o := owner()
+	f, err := d.TryAcquire(ctx, "warm", o, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Release(ctx, driver.Grant{Key: "warm", Owner: o, Fence: f})
+
+	c.nodes[0].Signal(syscall.SIGSTOP)
+	c.nodes[4].Signal(syscall.SIGSTOP)
+	defer c.nodes[0].Signal(syscall.SIGCONT)
+	defer c.nodes[4].Signal(syscall.SIGCONT)
+	start := time.Now()
+	o = owner()
+	f, err = d.TryAcquire(ctx, "k", o, 10*time.Second)
+	if err != nil {
+		t.Fatalf("2 of 5 stopped: %v", err)
+	}
+	if took := time.Since(start); took > 5*budget {
+		t.Fatalf("2 of 5 stopped: acquisition took %v, budget %v", took, budget)
+	}
+	g := driver.Grant{Key: "k", Owner: o, Fence: f}
+	if err := d.Renew(ctx, g, 10*time.Second); err != nil {
+		t.Fatalf("renew with 2 of 5 stopped: %v", err)
+	}
+	if err := d.Release(ctx, g); err != nil {
+		t.Fatalf("release with 2 of 5 stopped: %v", err)
+	}
+
+	c.nodes[2].Signal(syscall.SIGSTOP)
+	defer c.nodes[2].Signal(syscall.SIGCONT)
+	start = time.Now()
+	_, err = d.TryAcquire(ctx, "k2", owner(), 10*time.Second)
+	if !errors.Is(err, driver.ErrUnknownOutcome) && !errors.Is(err, driver.ErrUnavailable) {
+		t.Fatalf("3 of 5 stopped: %v, want ErrUnknownOutcome or ErrUnavailable", err)
+	}
+	if took := time.Since(start); took > 5*budget {
+		t.Fatalf("3 of 5 stopped: failing took %v, budget %v", took, budget)
+	}
+	t.Logf("3 of 5 stopped: %v", err)
+}
+
+// TestFailedAttemptReleasesEverywhere: another owner holds the key on 3 of
+// 5 nodes; an attempt is granted on the other 2, fails, and must leave
+// nothing behind there.
+func TestFailedAttemptReleasesEverywhere(t *testing.T) {
+	ctx := ctxT(t)
+	c := startCluster(t, 5)
+	opts := c.fenced(t)
+	minority := c.open(t, c.nodes[:3], opts)
+	if _, err := minority.TryAcquire(ctx, "k", owner(), time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	d := c.open(t, c.nodes, opts)
+	_, err := d.TryAcquire(ctx, "k", owner(), time.Minute)
+	var held *driver.HeldError
+	if !errors.As(err, &held) || held.Remaining <= 0 {
+		t.Fatalf("attempt against a majority holder: %v, want a HeldError with time remaining", err)
+	}
+	for _, n := range c.nodes[3:] {
+		if v, err := client(t, n).Exists(ctx, "fenced:{k}:lock").Result(); err != nil || v != 0 {
+			t.Fatalf("failed attempt left its grant on %s (%v, %v)", n.Addr(), v, err)
+		}
+	}
+}
+
+// slowFence delays the fence source past the TTL, so the attempt wins a
+// majority too late.
+type slowFence struct {
+	redlock.FenceSource
+	delay time.Duration
+}
+
+func (s slowFence) Next(ctx context.Context, key string) (uint64, error) {
+	time.Sleep(s.delay)
+	return s.FenceSource.Next(ctx, key)
+}
+
+func TestValidityIncludesElapsedAndDrift(t *testing.T) {
+	ctx := ctxT(t)
+	c := startCluster(t, 3)
+	opts := c.fenced(t)
+	opts.Fence = slowFence{opts.Fence, 120 * time.Millisecond}
+	d := c.open(t, c.nodes, opts)
+	_, err := d.TryAcquire(ctx, "k", owner(), 100*time.Millisecond)
+	if !errors.Is(err, driver.ErrUnavailable) || !strings.Contains(err.Error(), "drift") {
+		t.Fatalf("grant won after the TTL ran out: %v, want ErrUnavailable explaining the validity", err)
+	}
+	if _, err := d.Inspect(ctx, "k"); err == nil {
+		if info, _ := d.Inspect(ctx, "k"); info.Held {
+			t.Fatalf("late grant left held: %+v", info)
+		}
+	}
+}
+
+func TestBadInput(t *testing.T) {
+	ctx := ctxT(t)
+	c := startCluster(t, 3)
+
+	// A foreign value on one node: refused, left alone.
+	rc := client(t, c.nodes[1])
+	rc.Set(ctx, "fenced:{k}:lock", "not ours", 0)
+	d := c.open(t, c.nodes, c.fenced(t))
+	if _, err := d.TryAcquire(ctx, "k", owner(), time.Minute); !errors.Is(err, redlock.ErrForeignValue) {
+		t.Fatalf("acquire over a foreign value: %v, want ErrForeignValue", err)
+	}
+	if _, err := d.Break(ctx, "k", driver.BreakRequest{Reason: "x", By: "y"}); err == nil {
+		t.Fatal("Break over a foreign value succeeded")
+	}
+	if v, _ := rc.Get(ctx, "fenced:{k}:lock").Result(); v != "not ours" {
+		t.Fatalf("foreign value changed to %q", v)
+	}
+
+	// Wrong password.
+	_, err := fenced.Open(ctx, strings.Replace(c.url(""), password, "wrong", 1), nil)
+	if err == nil || !strings.Contains(err.Error(), "authentication failed") || strings.Contains(err.Error(), "wrong@") {
+		t.Fatalf("wrong password: %v", err)
+	}
+	// A majority unreachable.
+	dead1, dead2 := testenv.Addr(testenv.FreePort(t)), testenv.Addr(testenv.FreePort(t))
+	_, err = fenced.Open(ctx, "redlock://:"+password+"@"+c.nodes[0].Addr()+","+dead1+","+dead2+"/0?dial_timeout=300ms", nil)
+	if !errors.Is(err, fenced.ErrUnavailable) || !strings.Contains(err.Error(), dead1) {
+		t.Fatalf("majority unreachable: %v, want ErrUnavailable naming the nodes", err)
+	}
+	t.Logf("majority unreachable: %v", err)
+	// An unreachable fence source: reported, without its password.
+	_, err = fenced.Open(ctx, c.url("?fence=redis%3A%2F%2F%3Afence-secret%40"+dead1+"%2F0%3Fdial_timeout%3D300ms"), nil)
+	if !errors.Is(err, fenced.ErrUnavailable) || strings.Contains(err.Error(), "fence-secret") || !strings.Contains(err.Error(), "fence source") {
+		t.Fatalf("unreachable fence source: %v", err)
+	}
+	// A minority unreachable is fine.
+	cl, err := fenced.Open(ctx, "redlock://:"+password+"@"+c.nodes[0].Addr()+","+c.nodes[2].Addr()+","+dead1+"/0?dial_timeout=300ms", nil)
+	if err != nil {
+		t.Fatalf("minority unreachable: %v", err)
+	}
+	cl.Close()
+}

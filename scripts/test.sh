@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Runs fenced's whole test suite against real servers.
+#
+# On a fresh Debian machine it first installs, with apt-get, the server
+# packages the tests start themselves (PostgreSQL, MariaDB, Redis, etcd,
+# ZooKeeper, Curator and the Python peers). It needs root or sudo for that,
+# and only for that. Extra arguments go to `go test` (for example -run).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$PATH:/usr/local/go/bin:/usr/lib/go/bin"
+
+missing=()
+need() { # need PACKAGE TEST-COMMAND...
+	local pkg=$1
+	shift
+	if ! "$@" >/dev/null 2>&1; then
+		missing+=("$pkg")
+	fi
+}
+need postgresql bash -c 'ls /usr/lib/postgresql/*/bin/postgres'
+need mariadb-server test -x /usr/sbin/mariadbd
+need redis-server command -v redis-server
+need etcd-server command -v etcd
+need etcd-client command -v etcdctl
+need zookeeper test -f /usr/share/java/zookeeper.jar
+need libcurator-recipes-java test -f /usr/share/java/curator-recipes.jar
+need default-jdk-headless command -v javac
+need python3-kazoo /usr/bin/python3 -c 'import kazoo'
+need python3-redis /usr/bin/python3 -c 'import redis'
+
+if ((${#missing[@]})); then
+	echo "test.sh: installing missing Debian packages: ${missing[*]}"
+	sudo=""
+	if [ "$(id -u)" != 0 ]; then sudo=sudo; fi
+	export DEBIAN_FRONTEND=noninteractive
+	$sudo apt-get update -qq
+	$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/tmp/fenced-apt.log 2>&1 ||
+		{ tail -50 /tmp/fenced-apt.log; exit 1; }
+fi
+
+command -v go >/dev/null || { echo "test.sh: Go is not installed (want go 1.26 or newer)"; exit 1; }
+
+echo "test.sh: gofmt"
+unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))
+if [ -n "$unformatted" ]; then
+	echo "gofmt needed on:"; echo "$unformatted"; exit 1
+fi
+echo "test.sh: go vet"
+go vet ./...
+echo "test.sh: go test -race"
+go test -race -count=1 -timeout 20m "$@" ./...

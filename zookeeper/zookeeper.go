@@ -1,0 +1,424 @@
+// Package zookeeper is the fenced backend for Apache ZooKeeper, compatible
+// with Apache Curator's InterProcessMutex.
+//
+// Import it for its side effect to open stores by URL:
+//
+//	import _ "github.com/fenced-dev/fenced/zookeeper"
+//
+//	client, err := fenced.Open(ctx, "zk://10.0.0.1:2181,10.0.0.2:2181/app/locks", nil)
+//
+// or wrap a connection you already have with New.
+//
+// # URL
+//
+// zk://host:port[,host:port...][/chroot][?dial_timeout=D]
+//
+// The chroot (default /fenced) is the parent of every lock path; key K
+// locks the znode chroot+"/"+K, with '/' and '%' in K escaped as %2F and
+// %25 (and the keys "." and ".." as %2E and %2E%2E).
+//
+// # Recipe
+//
+// A lease is Curator's lock recipe: an ephemeral sequential znode
+// "_c_<uuid>-lock-<sequence>" under the lock path, holding the owner token.
+// The lowest sequence holds; every waiter watches only the node just before
+// its own, so a release wakes one waiter, in arrival order. A Curator
+// InterProcessMutex on the same path and a fenced lease exclude each other.
+// When the connection breaks during a create, the driver looks for a child
+// carrying its own protected prefix "_c_<uuid>-" before reporting anything,
+// as Curator does, so a create that the server applied is found and used
+// and never left behind to hold the lock forever.
+//
+// The fence is the holder node's czxid: the zxid of the transaction that
+// created it. Zxids are assigned by the leader in one total order (epoch in
+// the high 32 bits, counter in the low 32) and never reused, across leader
+// elections and server restarts, so the fence strictly increases per lock,
+// even when the lock path is deleted and created again (which resets the
+// sequence numbers that Curator and go-zookeeper's Lock hand out).
+//
+// # Sessions
+//
+// The ZooKeeper session is the lease: the server deletes the ephemeral node
+// when the session expires. The driver opened by URL keeps one session per
+// distinct TTL with a session timeout equal to the TTL; the server may
+// raise it to its minSessionTimeout (safe: the holder's validity is still
+// measured from the TTL) but must not lower it, so TTLs above the server's
+// maxSessionTimeout are refused (TTLBounds reports it). Renewal confirms,
+// through a sync and a read, that the node still belongs to the live
+// session. A reconnect within the session keeps every lease; session expiry
+// (seen on reconnect) or the node's deletion by an admin ends the lease
+// through driver.LossWatcher. A grant its holder stops renewing while the
+// process keeps the session alive is deleted when its TTL has passed.
+package zookeeper
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/keyname"
+)
+
+// DefaultRoot is the parent of lock paths when the URL or Options give none.
+const DefaultRoot = "/fenced"
+
+// Options configure a Driver made with New. The zero value gives the
+// defaults except SessionTimeout, which New requires.
+type Options struct {
+	// Root is the parent znode of every lock path. Default DefaultRoot.
+	Root string
+	// SessionTimeout is the session timeout the connection negotiated with
+	// the server. Leases longer than it are refused: the session would
+	// expire while the holder still trusted its lease.
+	SessionTimeout time.Duration
+	// ACL is set on the nodes the driver creates. Default
+	// zk.WorldACL(zk.PermAll).
+	ACL []zk.ACL
+}
+
+func init() {
+	fenced.Register("zk", openURL)
+}
+
+var nopLogger = log.New(io.Discard, "", 0)
+
+// openURL opens zk://host:port[,host:port...][/chroot][?dial_timeout=D].
+func openURL(ctx context.Context, u *url.URL) (driver.Driver, error) {
+	if u.Opaque != "" || u.Host == "" {
+		return nil, fmt.Errorf("%w: ZooKeeper URL must look like zk://host:port[,host:port...][/chroot]", driver.ErrInvalidURL)
+	}
+	if u.User != nil {
+		return nil, fmt.Errorf("%w: ZooKeeper URLs take no user information", driver.ErrInvalidURL)
+	}
+	var servers []string
+	for _, hp := range strings.Split(u.Host, ",") {
+		host, port, err := net.SplitHostPort(hp)
+		if err != nil || host == "" {
+			return nil, fmt.Errorf("%w: ZooKeeper server %q is not host:port", driver.ErrInvalidURL, hp)
+		}
+		if n, err := strconv.Atoi(port); err != nil || n <= 0 || n > 65535 {
+			return nil, fmt.Errorf("%w: ZooKeeper server %q has a bad port", driver.ErrInvalidURL, hp)
+		}
+		servers = append(servers, hp)
+	}
+	root := strings.TrimSuffix(u.Path, "/")
+	if root == "" {
+		root = DefaultRoot
+	}
+	if err := validRoot(root); err != nil {
+		return nil, err
+	}
+	dialTimeout := 10 * time.Second
+	for k, vs := range u.Query() {
+		v := vs[len(vs)-1]
+		switch k {
+		case "dial_timeout":
+			d, err := time.ParseDuration(v)
+			if err != nil || d <= 0 {
+				return nil, fmt.Errorf("%w: ZooKeeper URL option dial_timeout=%q is not a positive duration", driver.ErrInvalidURL, v)
+			}
+			dialTimeout = d
+		default:
+			return nil, fmt.Errorf("%w: unknown ZooKeeper URL option %q (known: dial_timeout)", driver.ErrInvalidURL, k)
+		}
+	}
+	d := newDriver(root, nil)
+	d.servers, d.dialTimeout = servers, dialTimeout
+	// Probe with a very long timeout: the server lowers it to its
+	// maxSessionTimeout, which bounds the TTLs we can honour. The probe
+	// session then serves the longest TTLs.
+	zc, err := d.connect(ctx, time.Hour)
+	if err != nil {
+		return nil, err
+	}
+	d.maxTTL = zc.timeout
+	d.sessions[zc.timeout] = zc
+	return d, nil
+}
+
+func validRoot(root string) error {
+	if !strings.HasPrefix(root, "/") || strings.Contains(root, "//") || strings.HasSuffix(root, "/") && root != "/" {
+		return fmt.Errorf("%w: ZooKeeper chroot %q must be an absolute path like /app/locks", driver.ErrInvalidURL, root)
+	}
+	for _, part := range strings.Split(root[1:], "/") {
+		if part == "." || part == ".." {
+			return fmt.Errorf("%w: ZooKeeper chroot %q contains %q", driver.ErrInvalidURL, root, part)
+		}
+	}
+	return nil
+}
+
+// zsession is one ZooKeeper connection and the session it carries.
+type zsession struct {
+	conn    *zk.Conn
+	timeout time.Duration // negotiated session timeout
+	owned   bool
+	// expired is closed (and replaced) when the server reports the
+	// session expired; only for sessions the driver opened.
+	mu      sync.Mutex
+	expired chan struct{}
+}
+
+func (s *zsession) expiredC() <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.expired
+}
+
+// Driver is the ZooKeeper driver. Wrap it with fenced.NewClient. It is safe
+// for concurrent use.
+type Driver struct {
+	root        string
+	acl         []zk.ACL
+	servers     []string
+	dialTimeout time.Duration
+	maxTTL      time.Duration
+
+	mu       sync.Mutex
+	closed   bool
+	fixed    *zsession                   // New: the caller's connection
+	sessions map[time.Duration]*zsession // by requested TTL (URL mode)
+	entries  map[entryID]*entry
+	ctx      context.Context
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+}
+
+func newDriver(root string, acl []zk.ACL) *Driver {
+	if acl == nil {
+		acl = zk.WorldACL(zk.PermAll)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Driver{root: root, acl: acl, sessions: map[time.Duration]*zsession{}, entries: map[entryID]*entry{}, ctx: ctx, cancel: cancel}
+}
+
+// New returns a driver over conn, which stays the caller's to close (after
+// the driver). opts.SessionTimeout is required: it is the session timeout
+// conn negotiated, and the longest TTL the driver accepts.
+func New(conn *zk.Conn, opts *Options) (*Driver, error) {
+	if conn == nil {
+		return nil, errors.New("zookeeper: New: nil connection")
+	}
+	if opts == nil || opts.SessionTimeout <= 0 {
+		return nil, errors.New("zookeeper: New: Options.SessionTimeout (the connection's negotiated session timeout) is required")
+	}
+	root := opts.Root
+	if root == "" {
+		root = DefaultRoot
+	}
+	if err := validRoot(root); err != nil {
+		return nil, err
+	}
+	d := newDriver(root, opts.ACL)
+	d.fixed = &zsession{conn: conn, timeout: opts.SessionTimeout, expired: make(chan struct{})}
+	d.maxTTL = opts.SessionTimeout
+	return d, nil
+}
+
+// timeoutConn reads the session timeout out of the server's connect
+// response, the first frame on every new connection: length, protocol
+// version, timeout (all big-endian int32), then the session id.
+type timeoutConn struct {
+	net.Conn
+	buf    []byte
+	done   bool
+	report func(time.Duration)
+}
+
+func (c *timeoutConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if !c.done && n > 0 {
+		c.buf = append(c.buf, p[:n]...)
+		if len(c.buf) >= 12 {
+			c.done = true
+			c.report(time.Duration(int32(binary.BigEndian.Uint32(c.buf[8:12]))) * time.Millisecond)
+			c.buf = nil
+		}
+	}
+	return n, err
+}
+
+// connect opens a session asking for timeout and waits until the server
+// grants it.
+func (d *Driver) connect(ctx context.Context, timeout time.Duration) (*zsession, error) {
+	var negotiated atomic.Int64
+	dialer := func(network, addr string, to time.Duration) (net.Conn, error) {
+		c, err := net.DialTimeout(network, addr, to)
+		if err != nil {
+			return nil, err
+		}
+		return &timeoutConn{Conn: c, report: func(t time.Duration) { negotiated.Store(int64(t)) }}, nil
+	}
+	conn, events, err := zk.Connect(d.servers, timeout, zk.WithDialer(dialer), zk.WithLogger(nopLogger))
+	if err != nil {
+		return nil, fmt.Errorf("%w: ZooKeeper at %s: %v", driver.ErrUnavailable, strings.Join(d.servers, ","), err)
+	}
+	zc := &zsession{conn: conn, owned: true, expired: make(chan struct{})}
+	wait, cancel := context.WithTimeout(ctx, d.dialTimeout)
+	defer cancel()
+	for {
+		select {
+		case ev := <-events:
+			if ev.State != zk.StateHasSession {
+				continue
+			}
+			zc.timeout = time.Duration(negotiated.Load())
+			d.wg.Add(1)
+			go d.watchSession(zc, events)
+			return zc, nil
+		case <-wait.Done():
+			conn.Close()
+			return nil, fmt.Errorf("%w: cannot reach ZooKeeper at %s within %v", driver.ErrUnavailable, strings.Join(d.servers, ","), d.dialTimeout)
+		}
+	}
+}
+
+// watchSession drains a session's events and signals its expiry.
+func (d *Driver) watchSession(zc *zsession, events <-chan zk.Event) {
+	defer d.wg.Done()
+	for {
+		select {
+		case ev, ok := <-events:
+			if !ok {
+				return
+			}
+			if ev.State == zk.StateExpired {
+				zc.mu.Lock()
+				close(zc.expired)
+				zc.expired = make(chan struct{})
+				zc.mu.Unlock()
+			}
+		case <-d.ctx.Done():
+			return
+		}
+	}
+}
+
+// session returns the session for ttl, opening it if needed.
+func (d *Driver) session(ctx context.Context, ttl time.Duration) (*zsession, error) {
+	if ttl > d.maxTTL {
+		return nil, fmt.Errorf("zookeeper: %w: TTL %v exceeds the session timeout limit %v (the server's maxSessionTimeout)", driver.ErrInvalidTTL, ttl, d.maxTTL)
+	}
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return nil, driver.ErrClosed
+	}
+	if d.fixed != nil {
+		d.mu.Unlock()
+		return d.fixed, nil
+	}
+	if zc, ok := d.sessions[ttl]; ok {
+		d.mu.Unlock()
+		return zc, nil
+	}
+	d.mu.Unlock()
+	zc, err := d.connect(ctx, ttl)
+	if err != nil {
+		return nil, err
+	}
+	if zc.timeout < ttl {
+		zc.conn.Close()
+		return nil, fmt.Errorf("zookeeper: %w: the server granted a %v session for TTL %v", driver.ErrInvalidTTL, zc.timeout, ttl)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if old, ok := d.sessions[ttl]; ok {
+		zc.conn.Close()
+		return old, nil
+	}
+	if d.closed {
+		zc.conn.Close()
+		return nil, driver.ErrClosed
+	}
+	d.sessions[ttl] = zc
+	return zc, nil
+}
+
+// Guarantees implements driver.Driver.
+func (d *Driver) Guarantees() driver.Guarantees {
+	return driver.Guarantees{
+		Fence:       driver.FenceStrict,
+		ServerClock: true,
+		Notify:      true,
+		FIFO:        true,
+		Note:        "fence = czxid of the holder's znode (Zab-ordered, never reused); the lease is the ZooKeeper session",
+	}
+}
+
+// TTLBounds implements driver.TTLBounds: a TTL longer than the session
+// timeout the server allows cannot be honoured.
+func (d *Driver) TTLBounds() (min, max time.Duration) { return fenced.MinTTL, d.maxTTL }
+
+// Close closes the sessions the driver opened (their ephemeral nodes go at
+// once) and stops its background work.
+func (d *Driver) Close() error {
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return nil
+	}
+	d.closed = true
+	for _, e := range d.entries {
+		e.stop()
+	}
+	sessions := d.sessions
+	d.mu.Unlock()
+	d.cancel()
+	for _, zc := range sessions {
+		zc.conn.Close()
+	}
+	d.wg.Wait()
+	return nil
+}
+
+// lockPath returns the znode under which key's lock nodes live.
+func (d *Driver) lockPath(key string) string {
+	if d.root == "/" {
+		return "/" + keyname.Escape(key)
+	}
+	return d.root + "/" + keyname.Escape(key)
+}
+
+// LockPath returns the lock path of key, as given to Curator's
+// InterProcessMutex.
+func (d *Driver) LockPath(key string) string { return d.lockPath(key) }
+
+// newUUID returns a random (version 4) UUID in Curator's text form.
+func newUUID() string {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic("zookeeper: crypto/rand failed: " + err.Error())
+	}
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
+}
+
+// zkErr classifies a ZooKeeper error of a request that changes nothing.
+func readErr(op string, err error) error {
+	return fmt.Errorf("zookeeper: %s: %w: %v", op, driver.ErrUnavailable, err)
+}
+
+// writeErr classifies the error of a request that may have been applied.
+func writeErr(op string, err error) error {
+	if errors.Is(err, zk.ErrSessionExpired) || errors.Is(err, zk.ErrNoServer) {
+		return fmt.Errorf("zookeeper: %s: %w: %v", op, driver.ErrUnavailable, err)
+	}
+	return fmt.Errorf("zookeeper: %s: %w: %v", op, driver.ErrUnknownOutcome, err)
+}
