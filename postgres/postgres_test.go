@@ -13,12 +13,17 @@ import (
 	"github.com/fenced-dev/fenced/postgres"
 )
 
-// pg is the server every test of the package shares, started once.
-var pg *testenv.Postgres
+// pg is the server every test of the package shares, started once;
+// mainTB owns it and whatever else is started once for the package.
+var (
+	pg     *testenv.Postgres
+	mainTB *testenv.MainTB
+)
 
 func TestMain(m *testing.M) {
 	crashtest.MaybeRunHolder()
 	tb := testenv.NewMainTB()
+	mainTB = tb
 	pg = testenv.StartPostgres(tb)
 	os.Setenv("DATABASE_URL", pg.URL()) // for the examples
 	code := m.Run()
