@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -49,6 +50,8 @@ func TestConformanceThroughTransactionPooler(t *testing.T) {
 	}
 	t.Logf("declared through PgBouncer: %s", g.Note)
 	drivertest.RunConformanceTests(t, drivertest.Harness{
+		// Generous for a loaded CI machine: expiry tests sleep about this long.
+		ShortTTL: time.Second,
 		Open: func(t *testing.T) driver.Driver {
 			d, err := postgres.Open(ctxT(t), u+"&notify=off")
 			if err != nil {

@@ -49,6 +49,8 @@ func open(t testing.TB, params ...string) *postgres.Driver {
 
 func TestConformance(t *testing.T) {
 	drivertest.RunConformanceTests(t, drivertest.Harness{
+		// Generous for a loaded CI machine: expiry tests sleep about this long.
+		ShortTTL: time.Second,
 		Open: func(t *testing.T) driver.Driver {
 			d, err := postgres.Open(ctxT(t), pg.URL())
 			if err != nil {
@@ -70,6 +72,8 @@ func TestConformance(t *testing.T) {
 
 func TestConformancePolling(t *testing.T) {
 	drivertest.RunConformanceTests(t, drivertest.Harness{
+		// Generous for a loaded CI machine: expiry tests sleep about this long.
+		ShortTTL: time.Second,
 		Open: func(t *testing.T) driver.Driver {
 			d, err := postgres.Open(ctxT(t), pg.URL("notify=off", "table=polled_leases"))
 			if err != nil {

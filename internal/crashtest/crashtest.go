@@ -72,7 +72,7 @@ func KilledHolderIsReplaced(t *testing.T, url string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	key := fmt.Sprintf("crashtest:killed:%d", time.Now().UnixNano())
-	const ttl = 2 * time.Second
+	const ttl = 3 * time.Second
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), envURL+"="+url, envKey+"="+key, envTTL+"="+ttl.String())
 	holder := testenv.Start(t, "holder", cmd)
