@@ -28,6 +28,22 @@ var backendCases = []backendCase{
 		runFlags: []string{"--allow-repeatable-fence"},
 		opts:     fenced.LeaseOptions{AllowRepeatableFence: true},
 	},
+	{
+		name: "redlock",
+		start: func(t *testing.T) string {
+			var hosts []string
+			for i := 0; i < 3; i++ {
+				hosts = append(hosts, testenv.StartRedis(t, testenv.RedisConfig{Password: "s3cret"}).Addr())
+			}
+			return "redlock://:s3cret@" + strings.Join(hosts, ",") + "/0"
+		},
+		runFlags: []string{"--allow-no-fence"},
+		opts:     fenced.LeaseOptions{AllowNoFence: true},
+	},
+	{name: "postgres", start: func(t *testing.T) string { return testenv.StartPostgres(t).URL() }},
+	{name: "mysql", start: func(t *testing.T) string { return testenv.StartMySQL(t).URL() }},
+	{name: "etcd", start: func(t *testing.T) string { return testenv.StartEtcd(t).URL("") }},
+	{name: "zookeeper", start: func(t *testing.T) string { return testenv.StartZooKeeper(t).URL("/fenced-cli", "") }},
 }
 
 // TestCommandsOnEveryBackend runs run, ls, inspect and break against every
@@ -53,12 +69,21 @@ func TestCommandsOnEveryBackend(t *testing.T) {
 			if r.code != 0 {
 				t.Fatalf("run: exit %d, stderr %s", r.code, r.stderr)
 			}
-			first, err := strconv.ParseUint(strings.TrimPrefix(strings.TrimSpace(r.stdout), "cli:job="), 10, 64)
-			if err != nil || first == 0 {
-				t.Fatalf("child output %q: want cli:job=FENCE", r.stdout)
+			fenceOf := func(r result) uint64 {
+				t.Helper()
+				f, err := strconv.ParseUint(strings.TrimPrefix(strings.TrimSpace(r.stdout), "cli:job="), 10, 64)
+				if err != nil {
+					t.Fatalf("child output %q: want cli:job=FENCE", r.stdout)
+				}
+				return f
 			}
-			if r := run("cli:job"); strings.TrimSpace(r.stdout) != "cli:job="+strconv.FormatUint(first+1, 10) {
-				t.Fatalf("second run: %q, want fence %d", r.stdout, first+1)
+			first, second := fenceOf(r), fenceOf(run("cli:job"))
+			if bc.opts.AllowNoFence {
+				if first != 0 || second != 0 {
+					t.Fatalf("fences %d, %d from a store without a fence; want 0", first, second)
+				}
+			} else if first == 0 || second <= first {
+				t.Fatalf("fences %d then %d; want non-zero and strictly increasing", first, second)
 			}
 			c := client(t, store)
 			opts := bc.opts

@@ -15,9 +15,14 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/fenced-dev/fenced"
+	_ "github.com/fenced-dev/fenced/etcd"
 	_ "github.com/fenced-dev/fenced/mem"
+	_ "github.com/fenced-dev/fenced/mysql"
+	_ "github.com/fenced-dev/fenced/postgres"
 	_ "github.com/fenced-dev/fenced/redis"
+	_ "github.com/fenced-dev/fenced/redlock"
 	_ "github.com/fenced-dev/fenced/sqlite"
+	_ "github.com/fenced-dev/fenced/zookeeper"
 )
 
 // Exit codes, documented in the package comment and in --help.
