@@ -83,3 +83,15 @@ func TestRestartKeepsFences(t *testing.T) {
 		return d
 	})
 }
+
+// A server that goes away and comes back: errors are actionable and the
+// driver recovers.
+func TestServerDownThenBack(t *testing.T) {
+	srv := testenv.StartMySQL(t)
+	d, err := mysql.Open(ctxT(t), srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	crashtest.ServerDownThenBack(t, srv, d)
+}

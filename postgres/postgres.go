@@ -269,6 +269,11 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts *Options) (*Driver, error
 	return d, nil
 }
 
+// Pool returns the driver's connection pool, for an application that wants
+// to share it (for example to guard writes with the lease's fence in the
+// same database).
+func (d *Driver) Pool() *pgxpool.Pool { return d.pool }
+
 // Table returns the lease table's name.
 func (d *Driver) Table() string { return d.table }
 

@@ -101,3 +101,54 @@ func TestRestartKeepsFences(t *testing.T) {
 		return d
 	})
 }
+
+// A server that goes away and comes back: errors are actionable, the pool
+// and the LISTEN connection recover, and releases wake waiters again.
+func TestServerDownThenBack(t *testing.T) {
+	ctx := ctxT(t)
+	srv := testenv.StartPostgres(t)
+	d, err := postgres.Open(ctx, srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	crashtest.ServerDownThenBack(t, srv, d)
+	other, err := postgres.Open(ctx, srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	key := "down-then-back:notify"
+	f, err := other.TryAcquire(ctx, key, "holder", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub, err := d.Subscribe(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	// The listener reconnects with backoff (at most 5s between tries);
+	// wait until both drivers listen, then release.
+	deadline := time.Now().Add(time.Minute)
+	for {
+		var n int
+		if err := other.Pool().QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN %'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n >= 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d LISTEN connections a minute after the restart, want 2", n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	signalled(sub.C(), 100*time.Millisecond) // the reconnect's own wake-up
+	if err := other.Release(ctx, driver.Grant{Key: key, Owner: "holder", Fence: f}); err != nil {
+		t.Fatal(err)
+	}
+	if !signalled(sub.C(), 10*time.Second) {
+		t.Fatal("after the server came back, a release did not wake the waiter")
+	}
+}

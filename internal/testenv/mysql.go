@@ -130,6 +130,14 @@ func (m *MySQL) Kill() {
 	}
 }
 
+// StartAgain starts a server stopped with Kill again, on the same data
+// directory and port.
+func (m *MySQL) StartAgain(t testing.TB) {
+	t.Helper()
+	os.Remove(m.Socket())
+	m.start(t)
+}
+
 // Restart kills the server with SIGKILL and starts it again on the same
 // data directory and port; InnoDB recovers from its redo log.
 func (m *MySQL) Restart(t testing.TB) {
