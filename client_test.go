@@ -3,6 +3,7 @@ package fenced_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -309,5 +310,17 @@ func TestAcquireOptionsValidation(t *testing.T) {
 	}
 	if l, _ := c.List(ctx, ""); len(l) != 0 {
 		t.Fatalf("rejected options left leases: %+v", l)
+	}
+}
+
+func TestOpenNamesTheMissingBackend(t *testing.T) {
+	// This test binary links only mem and sqlite.
+	_, err := fenced.Open(context.Background(), "postgres://u:secret@127.0.0.1:1/db", nil)
+	if !errors.Is(err, fenced.ErrInvalidURL) || !strings.Contains(err.Error(), "github.com/fenced-dev/fenced/postgres") || strings.Contains(err.Error(), "secret") {
+		t.Fatalf("Open of an unlinked scheme: %v; want ErrInvalidURL naming the package to import, without the password", err)
+	}
+	_, err = fenced.Open(context.Background(), "nosuch://x", nil)
+	if !errors.Is(err, fenced.ErrInvalidURL) || !strings.Contains(err.Error(), "unknown scheme") {
+		t.Fatalf("Open of an unknown scheme: %v", err)
 	}
 }

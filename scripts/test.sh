@@ -19,6 +19,7 @@ need() { # need PACKAGE TEST-COMMAND...
 }
 need postgresql bash -c 'ls /usr/lib/postgresql/*/bin/postgres'
 need mariadb-server test -x /usr/sbin/mariadbd
+need pgbouncer test -x /usr/sbin/pgbouncer
 need redis-server command -v redis-server
 need etcd-server command -v etcd
 need etcd-client command -v etcdctl
