@@ -32,6 +32,11 @@
 // which it got the lock, which is still above every earlier holder's fence. A '/' or '%' in a key is escaped (%2F, %25) so a key maps to
 // exactly one lock name.
 //
+// Release and Break also write the fence of the grant they end to the key
+// prefix+K itself (beside the lock's waiter keys prefix+K+"/...", outside
+// the range etcd's recipe scans), so Inspect can report the last fence of a
+// free key. A grant that ended by expiry leaves the previous record.
+//
 // # Sessions
 //
 // The driver keeps one etcd lease (a session) per TTL (whole seconds,
@@ -68,6 +73,7 @@ import (
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/keyname"
+	"github.com/fenced-dev/fenced/internal/reaper"
 )
 
 // DefaultPrefix is prepended to keys when Options.Prefix is empty.
@@ -165,9 +171,10 @@ type Driver struct {
 	closed   bool
 	sessions map[int64][]*session // by TTL in seconds
 	entries  map[entryID]*entry
+	ka       *keepAliver
+	reaper   *reaper.Reaper[*entry]
 	ctx      context.Context // cancelled by Close
 	cancel   context.CancelFunc
-	wg       sync.WaitGroup
 }
 
 // New returns a driver over cli, which stays the caller's to close (after
@@ -187,12 +194,15 @@ func New(cli *clientv3.Client, opts *Options) (*Driver, error) {
 		return nil, fmt.Errorf("etcd: %w: prefix contains a NUL byte", driver.ErrInvalidURL)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Driver{
+	d := &Driver{
 		cli: cli, prefix: o.Prefix,
 		sessions: map[int64][]*session{},
 		entries:  map[entryID]*entry{},
 		ctx:      ctx, cancel: cancel,
-	}, nil
+		ka: &keepAliver{conn: cli.ActiveConnection(), ctx: ctx},
+	}
+	d.reaper = reaper.New(d.reap, time.Second)
+	return d, nil
 }
 
 // Client returns the etcd client under d.
@@ -226,14 +236,9 @@ func (d *Driver) Close() error {
 		return nil
 	}
 	d.closed = true
-	for _, e := range d.entries {
-		if e.timer != nil {
-			e.timer.Stop()
-		}
-	}
 	d.mu.Unlock()
+	d.reaper.Close()
 	d.cancel()
-	d.wg.Wait()
 	if d.ownsClient {
 		return d.cli.Close()
 	}

@@ -57,6 +57,7 @@ func (e etcdKV) current(ctx context.Context, res string) (uint64, string) {
 }
 
 func TestEtcdGuard(t *testing.T) {
+	t.Parallel()
 	cluster := testenv.StartEtcd(t)
 	c, err := clientv3.New(clientv3.Config{Endpoints: cluster.Endpoints(), DialTimeout: 10 * time.Second})
 	if err != nil {

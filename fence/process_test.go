@@ -15,6 +15,7 @@ import (
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/fence"
 	"github.com/fenced-dev/fenced/internal/testenv"
+	"github.com/fenced-dev/fenced/postgres"
 	"github.com/fenced-dev/fenced/sqlite"
 )
 
@@ -26,6 +27,8 @@ func TestMain(m *testing.M) {
 		os.Exit(m.Run())
 	case "paused-writer":
 		os.Exit(childPausedWriter())
+	case "pg-writer":
+		os.Exit(childPGWriter())
 	}
 	fmt.Fprintln(os.Stderr, "unknown child mode")
 	os.Exit(2)
@@ -111,6 +114,7 @@ func processState(pid int) string {
 // lease TTL has its late write refused, while the new holder (this process,
 // which only claimed the row before the old holder resumed) writes freely.
 func TestPausedProcessRefused(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "shared.db")
 	leases, g, db, err := openShared(path)
@@ -196,5 +200,150 @@ func TestPausedProcessRefused(t *testing.T) {
 	}
 	if note != "new-2" || sends != 3 || uint64(f) != tok.Fence {
 		t.Fatalf("row: note %q sends %d fence %d; want the new holder's three writes only", note, sends, f)
+	}
+}
+
+// openPG opens the PostgreSQL lease store and the guarded table shared by
+// the test and its child.
+func openPG(url string) (*fenced.Client, *fence.SQL, *sql.DB, error) {
+	drv, err := postgres.Open(context.Background(), url)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	c := fenced.NewClient(drv, &fenced.Options{MinBackoff: 5 * time.Millisecond, MaxBackoff: 50 * time.Millisecond})
+	db, err := sql.Open("pgx", url)
+	if err != nil {
+		c.Close()
+		return nil, nil, nil, err
+	}
+	g, err := fence.NewSQL(db, fence.Postgres, fence.Table{Name: "invoice_jobs", Key: "job_id"}, nil)
+	if err != nil {
+		c.Close()
+		return nil, nil, nil, err
+	}
+	return c, g, db, nil
+}
+
+// childPGWriter holds a renewed lease and writes every few milliseconds,
+// without looking at the lease (as if each write had been decided before a
+// pause), printing the resource's answer, until the resource refuses it.
+func childPGWriter() int {
+	ctx := context.Background()
+	c, g, db, err := openPG(os.Getenv("PG_URL"))
+	if err != nil {
+		fmt.Println("ERROR", err)
+		return 1
+	}
+	defer c.Close()
+	defer db.Close()
+	lease, err := c.Acquire(ctx, pauseKey, &fenced.LeaseOptions{TTL: time.Second})
+	if err != nil {
+		fmt.Println("ERROR", err)
+		return 1
+	}
+	tok := fence.From(lease)
+	if r, err := g.Claim(ctx, nil, "inv_72", tok); err != nil || !r.Applied() {
+		fmt.Println("ERROR claim", r, err)
+		return 1
+	}
+	for i := 0; ; i++ {
+		r, err := g.Update(ctx, nil, "inv_72", tok, fence.Write{Set: "note = $1, sends = sends + 1", SetArgs: []any{fmt.Sprint("child-", i)}})
+		if err != nil {
+			fmt.Println("ERROR write", err)
+			return 1
+		}
+		fmt.Printf("WRITE %d fence=%d outcome=%v current=%d\n", i, tok.Fence, r.Outcome, r.Current)
+		if r.Outcome == fence.Stale {
+			fmt.Printf("REFUSED lease=%v\n", lease.Err())
+			return 0
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestPausedProcessRefusedPostgres: a worker whose lease is renewed
+// automatically (PostgreSQL lease store) is stopped by SIGSTOP from outside
+// at an arbitrary moment while writing in a loop. Its renewals stop with
+// it, the lease expires at the authority, this process takes over and
+// claims the row; once continued, the worker's very next write is refused,
+// and the new holder's writes succeed.
+func TestPausedProcessRefusedPostgres(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pg := testenv.StartPostgres(t)
+	leases, g, db, err := openPG(pg.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer leases.Close()
+	defer db.Close()
+	if _, err := db.Exec(`CREATE TABLE invoice_jobs (job_id text PRIMARY KEY, status text NOT NULL, sends integer NOT NULL DEFAULT 0, note text)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(`INSERT INTO invoice_jobs (job_id, status) VALUES ('inv_72', 'PENDING')`); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.EnsureColumns(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"=pg-writer", "PG_URL="+pg.URL())
+	child := testenv.Start(t, "writing worker", cmd)
+	child.WaitLog(t, "WRITE 3 ", 30*time.Second)
+	if err := child.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stoppedAt := child.Log.String()
+
+	lease, err := leases.Acquire(ctx, pauseKey, &fenced.LeaseOptions{TTL: 30 * time.Second, MaxWait: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lease.Release(ctx)
+	tok := fence.From(lease)
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, err := g.Claim(ctx, tx, "inv_72", tok); err != nil || !r.Applied() {
+		t.Fatalf("claim: %+v %v", r, err)
+	}
+	var sendsAtClaim int
+	if err := tx.QueryRow(`SELECT sends FROM invoice_jobs WHERE job_id = 'inv_72'`).Scan(&sendsAtClaim); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if processState(cmd.Process.Pid) != "T" {
+		t.Fatalf("child not stopped while the new holder took over (state %q)", processState(cmd.Process.Pid))
+	}
+	if err := child.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-child.Exited():
+	case <-time.After(30 * time.Second):
+		t.Fatalf("child did not finish:\n%s", child.Log.String())
+	}
+	out := child.Log.String()
+	t.Logf("worker output after it was continued:\n%s", strings.TrimPrefix(out, stoppedAt))
+	if !strings.Contains(out, fmt.Sprintf("outcome=stale current=%d", tok.Fence)) || !strings.Contains(out, "REFUSED lease=") {
+		t.Fatalf("child output:\n%s\nwant its late write refused with current fence %d", out, tok.Fence)
+	}
+	// No write of the child was applied after the claim: every applied
+	// write is counted in sends, and sends has not moved since the claim.
+	var sends int
+	var f int64
+	if err := db.QueryRow(`SELECT sends, fence FROM invoice_jobs WHERE job_id = 'inv_72'`).Scan(&sends, &f); err != nil {
+		t.Fatal(err)
+	}
+	if sends != sendsAtClaim || uint64(f) != tok.Fence {
+		t.Fatalf("after the claim: sends %d -> %d, fence %d; output before stop:\n%s", sendsAtClaim, sends, f, stoppedAt)
+	}
+	for i := 0; i < 3; i++ {
+		if r, err := g.Update(ctx, nil, "inv_72", tok, fence.Write{Set: "sends = sends + 1"}); err != nil || !r.Applied() {
+			t.Fatalf("new holder's write %d: %+v %v", i, r, err)
+		}
 	}
 }

@@ -55,6 +55,7 @@ func (r redisKV) current(ctx context.Context, res string) (uint64, string) {
 }
 
 func TestRedisGuard(t *testing.T) {
+	t.Parallel()
 	srv := testenv.StartRedis(t, testenv.RedisConfig{})
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	t.Cleanup(func() { c.Close() })

@@ -86,7 +86,9 @@ const (
 type Table struct {
 	// Name is the table.
 	Name string
-	// Key is the column that identifies a row (usually the primary key).
+	// Key is the column that identifies a row: a primary key or a unique
+	// column. (If a key matched several rows, an autocommitted Update would
+	// change them all before reporting the error.)
 	Key string
 	// FenceColumn records the newest fence written; default "fence". It must
 	// be an integer column; EnsureColumns adds it as a non-null BIGINT with
@@ -439,15 +441,15 @@ func (g *SQL) UpdateConn(ctx context.Context, q Conn, key any, t Token, w Write)
 		if strings.TrimSpace(w.Set) != "" {
 			b.WriteString(w.Set + ", ")
 		}
-		fmt.Fprintf(&b, "%s = %s, %s = %s WHERE %s = %s AND (COALESCE(%s, 0) < %s OR (%s = %s AND %s = %s))",
-			g.qFence, pFence, g.qOwner, pOwner, g.qKey, pKey, g.qFence, pFence, g.qFence, pFence, g.qOwner, pOwner)
+		fmt.Fprintf(&b, "%s = %s, %s = %s WHERE %s = %s AND COALESCE(%s, 0) >= 0 AND (COALESCE(%s, 0) < %s OR (%s = %s AND %s = %s))",
+			g.qFence, pFence, g.qOwner, pOwner, g.qKey, pKey, g.qFence, g.qFence, pFence, g.qFence, pFence, g.qOwner, pOwner)
 	} else {
 		if strings.TrimSpace(w.Set) != "" {
 			b.WriteString(w.Set + ", ")
 			args = append(args, w.SetArgs...)
 		}
-		fmt.Fprintf(&b, "%s = ?, %s = ? WHERE %s = ? AND (COALESCE(%s, 0) < ? OR (%s = ? AND %s = ?))",
-			g.qFence, g.qOwner, g.qKey, g.qFence, g.qFence, g.qOwner)
+		fmt.Fprintf(&b, "%s = ?, %s = ? WHERE %s = ? AND COALESCE(%s, 0) >= 0 AND (COALESCE(%s, 0) < ? OR (%s = ? AND %s = ?))",
+			g.qFence, g.qOwner, g.qKey, g.qFence, g.qFence, g.qFence, g.qOwner)
 		args = append(args, fence, owner, key, fence, fence, owner)
 	}
 	if strings.TrimSpace(w.Where) != "" {
@@ -467,9 +469,12 @@ func (g *SQL) UpdateConn(ctx context.Context, q Conn, key any, t Token, w Write)
 		return Result{Outcome: Applied, Current: t.Fence}, nil
 	}
 
-	// Nothing applied: find out why, inside the same transaction. The read
-	// locks the row on PostgreSQL and MySQL so it sees the newest committed
-	// version, not an older snapshot.
+	// Nothing applied: find out why, inside the same transaction. On
+	// PostgreSQL a plain read is consistent with the UPDATE (under READ
+	// COMMITTED both see the newest committed row; under REPEATABLE READ
+	// both see the snapshot, and a conflicting newer version would have
+	// failed the UPDATE). MySQL's UPDATE reads the newest row but its plain
+	// SELECT reads an older snapshot, so there the read locks the row.
 	cur, curOwner, precond, err := g.read(ctx, q, key, w)
 	if err != nil {
 		return Result{}, err
@@ -504,7 +509,7 @@ func (g *SQL) read(ctx context.Context, q Conn, key any, w Write) (fence uint64,
 	}
 	fmt.Fprintf(&b, " FROM %s WHERE %s = %s", g.qTable, g.qKey, g.dialect.placeholder(1))
 	args = append(args, key)
-	if g.dialect != SQLite {
+	if g.dialect == MySQL {
 		b.WriteString(" FOR UPDATE")
 	}
 	err = q.QueryRow(ctx, b.String(), args...).Scan(dest...)

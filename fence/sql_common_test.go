@@ -404,6 +404,28 @@ func testSQLBadInput(t *testing.T, e sqlEnv) {
 		t.Errorf("the fence column accepted a negative value")
 	}
 	unchanged("negative fence")
+
+	// A fence column created by hand without the CHECK, holding a negative
+	// value: refused with a clear error, nothing written.
+	hand := fmt.Sprintf("hand_%d", tableSeq.Add(1))
+	e.exec(t, fmt.Sprintf("CREATE TABLE %s (job_id VARCHAR(64) PRIMARY KEY, note VARCHAR(64), fence BIGINT, fence_owner VARCHAR(64))", hand))
+	e.exec(t, fmt.Sprintf("INSERT INTO %s (job_id, note, fence, fence_owner) VALUES ('j', 'orig', -3, 'x')", hand))
+	gh, err := fence.NewSQL(e.db, e.d, fence.Table{Name: hand, Key: "job_id"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := gh.Update(ctx, nil, "j", tok(5, "owner-a"), fence.Write{Set: "note = " + e.ph(1), SetArgs: []any{"new"}}); !errors.Is(err, fence.ErrSchema) || !strings.Contains(err.Error(), "negative fence -3") {
+		t.Errorf("write over a negative fence: %v, want ErrSchema naming it", err)
+	}
+	var note string
+	if err := e.db.QueryRow(fmt.Sprintf("SELECT note FROM %s WHERE job_id = 'j'", hand)).Scan(&note); err != nil || note != "orig" {
+		t.Errorf("row with negative fence changed: %q %v", note, err)
+	}
+	// A NULL fence counts as 0 (a column added by hand without a default).
+	e.exec(t, fmt.Sprintf("INSERT INTO %s (job_id, note) VALUES ('k', 'orig')", hand))
+	if r, err := gh.Claim(ctx, nil, "k", tok(1, "owner-a")); err != nil || !r.Applied() {
+		t.Errorf("claim over a NULL fence: %+v %v", r, err)
+	}
 }
 
 // testSQLPropertySequential: for random sequences of writes carrying (fence,

@@ -245,3 +245,74 @@ func testReconcile(t *testing.T, e env) {
 		t.Fatal("incomplete Reconciler accepted")
 	}
 }
+
+// TestReconcilerRun: the periodic runner resolves a stuck intent, reports
+// lookup failures to onErr and leaves the intent for the next run, and stops
+// with the context.
+func TestReconcilerRun(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	e := newEnv(t, nil, 0)
+	s := e.store
+	s.Create(ctx, "po_9", "x")
+	l, err := e.leases.Acquire(ctx, "payout:po_9", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Begin(ctx, "po_9", fence.From(l)); err != nil {
+		t.Fatal(err)
+	}
+	l.Release(ctx)
+	lookups := make(chan struct{}, 100)
+	failFirst := true
+	errs := make(chan error, 100)
+	rec := &intent.Reconciler{
+		Store: s, Leases: e.leases, LeaseKey: func(id string) string { return "payout:" + id }, StuckFor: time.Millisecond,
+		Lookup: func(ctx context.Context, it intent.Intent) (intent.Answer, error) {
+			lookups <- struct{}{}
+			if failFirst {
+				failFirst = false
+				return intent.Answer{}, errors.New("provider timeout")
+			}
+			return intent.Answer{Finding: intent.Done, Ref: "pay_77"}, nil
+		},
+	}
+	done := make(chan error, 1)
+	go func() { done <- rec.Run(ctx, 20*time.Millisecond, func(err error) { errs <- err }) }()
+	deadline := time.After(20 * time.Second)
+	for {
+		it, err := s.Get(ctx, "po_9")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if it.State == intent.Submitted {
+			if it.Ref != "pay_77" {
+				t.Fatalf("ref %q", it.Ref)
+			}
+			break
+		}
+		select {
+		case <-deadline:
+			t.Fatalf("not resolved: %+v", it)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	select {
+	case err := <-errs:
+		if !strings.Contains(err.Error(), "provider timeout") {
+			t.Fatalf("onErr got %v", err)
+		}
+	default:
+		t.Fatal("the failed lookup was not reported")
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("Run returned %v", err)
+	}
+	if len(lookups) < 2 {
+		t.Fatalf("%d lookups", len(lookups))
+	}
+	if _, err := (&intent.Reconciler{Store: s, Leases: e.leases, LeaseKey: rec.LeaseKey, Lookup: rec.Lookup}).RunOnce(ctx); err == nil || !strings.Contains(err.Error(), "StuckFor") {
+		t.Fatalf("zero StuckFor: %v", err)
+	}
+}
