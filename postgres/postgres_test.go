@@ -70,23 +70,6 @@ func TestConformance(t *testing.T) {
 	})
 }
 
-func TestConformancePolling(t *testing.T) {
-	drivertest.RunConformanceTests(t, drivertest.Harness{
-		// Generous for a loaded CI machine: expiry tests sleep about this long.
-		ShortTTL: time.Second,
-		Open: func(t *testing.T) driver.Driver {
-			d, err := postgres.Open(ctxT(t), pg.URL("notify=off", "table=polled_leases"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if d.Guarantees().Notify {
-				t.Fatal("notify=off driver declares Notify")
-			}
-			return d
-		},
-	})
-}
-
 func TestKilledHolderIsReplaced(t *testing.T) {
 	crashtest.KilledHolderIsReplaced(t, pg.URL())
 }
