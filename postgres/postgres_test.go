@@ -71,10 +71,12 @@ func TestConformance(t *testing.T) {
 }
 
 func TestKilledHolderIsReplaced(t *testing.T) {
+	t.Parallel() // waits on TTLs and restarts; independent of the other tests
 	crashtest.KilledHolderIsReplaced(t, pg.URL())
 }
 
 func TestRestartKeepsFences(t *testing.T) {
+	t.Parallel() // waits on TTLs and restarts; independent of the other tests
 	srv := testenv.StartPostgres(t)
 	crashtest.RestartKeepsFences(t, srv, func(t *testing.T) driver.Driver {
 		d, err := postgres.Open(ctxT(t), srv.URL())
@@ -88,6 +90,7 @@ func TestRestartKeepsFences(t *testing.T) {
 // A server that goes away and comes back: errors are actionable, the pool
 // and the LISTEN connection recover, and releases wake waiters again.
 func TestServerDownThenBack(t *testing.T) {
+	t.Parallel() // waits on TTLs and restarts; independent of the other tests
 	ctx := ctxT(t)
 	srv := testenv.StartPostgres(t)
 	d, err := postgres.Open(ctx, srv.URL())
