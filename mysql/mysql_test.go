@@ -70,10 +70,12 @@ func TestConformance(t *testing.T) {
 }
 
 func TestKilledHolderIsReplaced(t *testing.T) {
+	t.Parallel() // waits on TTLs and restarts; independent of the other tests
 	crashtest.KilledHolderIsReplaced(t, my.URL())
 }
 
 func TestRestartKeepsFences(t *testing.T) {
+	t.Parallel() // waits on TTLs and restarts; independent of the other tests
 	srv := testenv.StartMySQL(t)
 	crashtest.RestartKeepsFences(t, srv, func(t *testing.T) driver.Driver {
 		d, err := mysql.Open(ctxT(t), srv.URL())
@@ -87,6 +89,7 @@ func TestRestartKeepsFences(t *testing.T) {
 // A server that goes away and comes back: errors are actionable and the
 // driver recovers.
 func TestServerDownThenBack(t *testing.T) {
+	t.Parallel() // waits on TTLs and restarts; independent of the other tests
 	srv := testenv.StartMySQL(t)
 	d, err := mysql.Open(ctxT(t), srv.URL())
 	if err != nil {

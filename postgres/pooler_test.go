@@ -35,7 +35,8 @@ func pooler(t *testing.T) *testenv.PgBouncer {
 
 // The whole contract holds through a transaction-mode pooler: no lease
 // operation relies on session state. LISTEN cannot work there; the driver
-// finds that out at startup, says so, and waiters poll.
+// finds that out at startup, says so, and waiters poll. (This run is also
+// the conformance run of the polling mode, notify=off.)
 func TestConformanceThroughTransactionPooler(t *testing.T) {
 	b := pooler(t)
 	u := b.URL("pooled", "default_query_exec_mode=exec", "table=pooled_leases")

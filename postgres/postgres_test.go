@@ -70,28 +70,13 @@ func TestConformance(t *testing.T) {
 	})
 }
 
-func TestConformancePolling(t *testing.T) {
-	drivertest.RunConformanceTests(t, drivertest.Harness{
-		// Generous for a loaded CI machine: expiry tests sleep about this long.
-		ShortTTL: time.Second,
-		Open: func(t *testing.T) driver.Driver {
-			d, err := postgres.Open(ctxT(t), pg.URL("notify=off", "table=polled_leases"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if d.Guarantees().Notify {
-				t.Fatal("notify=off driver declares Notify")
-			}
-			return d
-		},
-	})
-}
-
 func TestKilledHolderIsReplaced(t *testing.T) {
+	t.Parallel() // waits on TTLs and restarts; independent of the other tests
 	crashtest.KilledHolderIsReplaced(t, pg.URL())
 }
 
 func TestRestartKeepsFences(t *testing.T) {
+	t.Parallel() // waits on TTLs and restarts; independent of the other tests
 	srv := testenv.StartPostgres(t)
 	crashtest.RestartKeepsFences(t, srv, func(t *testing.T) driver.Driver {
 		d, err := postgres.Open(ctxT(t), srv.URL())
@@ -105,6 +90,7 @@ func TestRestartKeepsFences(t *testing.T) {
 // A server that goes away and comes back: errors are actionable, the pool
 // and the LISTEN connection recover, and releases wake waiters again.
 func TestServerDownThenBack(t *testing.T) {
+	t.Parallel() // waits on TTLs and restarts; independent of the other tests
 	ctx := ctxT(t)
 	srv := testenv.StartPostgres(t)
 	d, err := postgres.Open(ctx, srv.URL())
