@@ -14,6 +14,7 @@ import (
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/driver/drivertest"
 	"github.com/fenced-dev/fenced/internal/testenv"
+	"github.com/fenced-dev/fenced/mem"
 	_ "github.com/fenced-dev/fenced/redis" // the fence source in TestFenceFromURL
 	"github.com/fenced-dev/fenced/redlock"
 	"github.com/redis/go-redis/v9"
@@ -391,5 +392,32 @@ func TestRenewBatch(t *testing.T) {
 	c.nodes[4].Kill()
 	if _, err := d.RenewBatch(ctx, reqs); !errors.Is(err, driver.ErrUnknownOutcome) {
 		t.Fatalf("renewal with 3 of 5 nodes down: %v, want ErrUnknownOutcome", err)
+	}
+}
+
+// TestClientFence takes fences from a store with a strict fence (here the
+// in-process reference backend): Redlock then declares a strict fence and
+// serves correctness leases without any opt-in.
+func TestClientFence(t *testing.T) {
+	ctx := ctxT(t)
+	c := startCluster(t, 3)
+	strict := fenced.NewClient(mem.NewStore(nil).Driver(), nil)
+	defer strict.Close()
+	d := c.open(t, c.nodes, redlock.Options{Fence: redlock.ClientFence(strict)})
+	cl := fenced.NewClient(d, nil)
+	if g := cl.Guarantees(); g.Fence != fenced.FenceStrict {
+		t.Fatalf("Guarantees = %+v, want the source's strict fence", g)
+	}
+	var last uint64
+	for i := 0; i < 3; i++ {
+		l, err := cl.TryAcquire(ctx, "ledger", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l.Fence() <= last {
+			t.Fatalf("fence %d after %d", l.Fence(), last)
+		}
+		last = l.Fence()
+		l.Release(ctx)
 	}
 }
