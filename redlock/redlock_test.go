@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"strings"
 	"syscall"
 	"testing"
@@ -419,5 +420,57 @@ func TestClientFence(t *testing.T) {
 		}
 		last = l.Fence()
 		l.Release(ctx)
+	}
+}
+
+// TestRestartWithoutPersistenceGivesTwoHolders reproduces the hazard the
+// Guarantees note names: two of three nodes restart without their data
+// while A holds the key, and B is granted it too. Without a fence source
+// both hold fence 0 and no resource can tell them apart; with one, B's
+// fence is higher and a resource that keeps the highest fence refuses A.
+func TestRestartWithoutPersistenceGivesTwoHolders(t *testing.T) {
+	for _, withSource := range []bool{false, true} {
+		t.Run(fmt.Sprintf("fenceSource=%v", withSource), func(t *testing.T) {
+			ctx := ctxT(t)
+			fence := testenv.StartRedis(t, testenv.RedisConfig{Password: password})
+			var nodes []*testenv.Redis
+			for i := 0; i < 3; i++ {
+				nodes = append(nodes, testenv.StartRedis(t, testenv.RedisConfig{Password: password, NoPersistence: true}))
+			}
+			c := &cluster{nodes: nodes, fence: fence}
+			opts := redlock.Options{}
+			if withSource {
+				opts = c.fenced(t)
+			}
+			a := c.open(t, nodes, opts)
+			oa := owner()
+			fa, err := a.TryAcquire(ctx, "ledger", oa, time.Minute)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, i := range []int{0, 1} {
+				nodes[i].Kill()
+				nodes[i] = nodes[i].Restart(t)
+			}
+			b := c.open(t, nodes, opts)
+			fb, err := b.TryAcquire(ctx, "ledger", owner(), time.Minute)
+			if err != nil {
+				t.Fatalf("B after 2 of 3 nodes lost their data: %v (the hazard did not reproduce)", err)
+			}
+			// Until its next renewal A still believes it holds the key; that
+			// renewal fails (the grant survives on node 2 only), so A's
+			// lease context would be cancelled then, not before.
+			renewErr := a.Renew(ctx, driver.Grant{Key: "ledger", Owner: oa, Fence: fa}, time.Minute)
+			t.Logf("A holds fence %d (renewal now: %v); B was granted fence %d", fa, renewErr, fb)
+			if !withSource {
+				if fa != 0 || fb != 0 {
+					t.Fatalf("fences %d and %d without a source, want 0 and 0", fa, fb)
+				}
+				return
+			}
+			if fb <= fa {
+				t.Fatalf("B's fence %d is not above A's %d: a resource could not refuse A", fb, fa)
+			}
+		})
 	}
 }
