@@ -951,13 +951,13 @@ func (m *merged) Close() error {
 
 // Guarantees implements driver.Driver.
 func (d *Driver) Guarantees() driver.Guarantees {
-	note := fmt.Sprintf("redlock over %d nodes (majority %d): mutual exclusion assumes bounded clock drift between nodes and pauses shorter than the TTL", len(d.nodes), d.quorum)
+	note := fmt.Sprintf("redlock over %d nodes, majority %d: mutual exclusion assumes bounded clock drift between nodes and pauses shorter than the TTL", len(d.nodes), d.quorum)
 	strength := driver.FenceNone
 	if d.opts.Fence != nil {
 		strength = d.opts.Fence.Strength()
-		note += fmt.Sprintf("; fences come from an external source (%s), and each node refuses a fence older than one it granted", strength)
+		note += fmt.Sprintf("; fences come from an external source whose fence is %s, and each node refuses a fence older than one it granted", strength)
 	} else {
-		note += "; Redlock has no monotonic token: supply a FenceSource (redlock.Options.Fence or fence= in the URL)"
+		note += "; Redlock has no monotonic token of its own, so supply a FenceSource with redlock.Options.Fence or fence= in the URL"
 	}
 	return driver.Guarantees{Fence: strength, ServerClock: true, Notify: true, FIFO: false, Note: note}
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"strings"
 	"syscall"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/driver/drivertest"
 	"github.com/fenced-dev/fenced/internal/testenv"
+	"github.com/fenced-dev/fenced/mem"
 	_ "github.com/fenced-dev/fenced/redis" // the fence source in TestFenceFromURL
 	"github.com/fenced-dev/fenced/redlock"
 	"github.com/redis/go-redis/v9"
@@ -391,5 +393,84 @@ func TestRenewBatch(t *testing.T) {
 	c.nodes[4].Kill()
 	if _, err := d.RenewBatch(ctx, reqs); !errors.Is(err, driver.ErrUnknownOutcome) {
 		t.Fatalf("renewal with 3 of 5 nodes down: %v, want ErrUnknownOutcome", err)
+	}
+}
+
+// TestClientFence takes fences from a store with a strict fence (here the
+// in-process reference backend): Redlock then declares a strict fence and
+// serves correctness leases without any opt-in.
+func TestClientFence(t *testing.T) {
+	ctx := ctxT(t)
+	c := startCluster(t, 3)
+	strict := fenced.NewClient(mem.NewStore(nil).Driver(), nil)
+	defer strict.Close()
+	d := c.open(t, c.nodes, redlock.Options{Fence: redlock.ClientFence(strict)})
+	cl := fenced.NewClient(d, nil)
+	if g := cl.Guarantees(); g.Fence != fenced.FenceStrict {
+		t.Fatalf("Guarantees = %+v, want the source's strict fence", g)
+	}
+	var last uint64
+	for i := 0; i < 3; i++ {
+		l, err := cl.TryAcquire(ctx, "ledger", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l.Fence() <= last {
+			t.Fatalf("fence %d after %d", l.Fence(), last)
+		}
+		last = l.Fence()
+		l.Release(ctx)
+	}
+}
+
+// TestRestartWithoutPersistenceGivesTwoHolders reproduces the hazard the
+// Guarantees note names: two of three nodes restart without their data
+// while A holds the key, and B is granted it too. Without a fence source
+// both hold fence 0 and no resource can tell them apart; with one, B's
+// fence is higher and a resource that keeps the highest fence refuses A.
+func TestRestartWithoutPersistenceGivesTwoHolders(t *testing.T) {
+	for _, withSource := range []bool{false, true} {
+		t.Run(fmt.Sprintf("fenceSource=%v", withSource), func(t *testing.T) {
+			ctx := ctxT(t)
+			fence := testenv.StartRedis(t, testenv.RedisConfig{Password: password})
+			var nodes []*testenv.Redis
+			for i := 0; i < 3; i++ {
+				nodes = append(nodes, testenv.StartRedis(t, testenv.RedisConfig{Password: password, NoPersistence: true}))
+			}
+			c := &cluster{nodes: nodes, fence: fence}
+			opts := redlock.Options{}
+			if withSource {
+				opts = c.fenced(t)
+			}
+			a := c.open(t, nodes, opts)
+			oa := owner()
+			fa, err := a.TryAcquire(ctx, "ledger", oa, time.Minute)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, i := range []int{0, 1} {
+				nodes[i].Kill()
+				nodes[i] = nodes[i].Restart(t)
+			}
+			b := c.open(t, nodes, opts)
+			fb, err := b.TryAcquire(ctx, "ledger", owner(), time.Minute)
+			if err != nil {
+				t.Fatalf("B after 2 of 3 nodes lost their data: %v (the hazard did not reproduce)", err)
+			}
+			// Until its next renewal A still believes it holds the key; that
+			// renewal fails (the grant survives on node 2 only), so A's
+			// lease context would be cancelled then, not before.
+			renewErr := a.Renew(ctx, driver.Grant{Key: "ledger", Owner: oa, Fence: fa}, time.Minute)
+			t.Logf("A holds fence %d (renewal now: %v); B was granted fence %d", fa, renewErr, fb)
+			if !withSource {
+				if fa != 0 || fb != 0 {
+					t.Fatalf("fences %d and %d without a source, want 0 and 0", fa, fb)
+				}
+				return
+			}
+			if fb <= fa {
+				t.Fatalf("B's fence %d is not above A's %d: a resource could not refuse A", fb, fa)
+			}
+		})
 	}
 }

@@ -1,14 +1,18 @@
-// Package redisbench compares fenced's Redis backend with redsync and
-// redislock against one real redis-server, in the same run.
+// Package redisbench compares fenced's Redis backends with redsync and
+// redislock against real redis-servers, in the same run.
 //
-//	cd bench/redis && go test -run XXX -bench . -benchtime 200x
-//	FENCED_BENCH_AOF=0 go test -run XXX -bench . -benchtime 200x   # no fsync
+//	cd bench/redis && FENCED_BENCH_AOF=0 go test -run XXX -bench . -benchtime 200x
+//	cd bench/redis && go test -run XXX -bench . -benchtime 200x   # appendfsync always
 //
 // Uncontended reports round trips per acquire+release pair (a go-redis hook
-// counts every command and pipeline sent). Handover reports the time from
-// the holder starting its release to the next waiter holding the lock, p50
-// and p99, with 1, 8 and 64 waiters; all libraries share one go-redis
-// client per run, as goroutines of one process would.
+// counts every command, and every pipeline as one). Handover reports the
+// time from the holder starting its release to the next holder's acquire
+// returning, p50 and p99, with 1, 8 and 64 waiters; a releaser waits until
+// someone else got the lock before contending again, so each sample is a
+// real handover to a waiting goroutine. All goroutines of a library share
+// one go-redis client, as goroutines of one process would. Wake isolates
+// the notification path and the idle round-trip floor; Ping is the
+// back-to-back floor. Redlock runs 5 servers.
 package redisbench
 
 import (
@@ -203,76 +207,81 @@ func BenchmarkHandover(b *testing.B) {
 		for _, ct := range contenders {
 			b.Run(fmt.Sprintf("waiters=%d/%s", waiters, ct.name), func(b *testing.B) {
 				c, h := newClient(b, srv)
-				l := ct.make(b, c)
-				key := fmt.Sprintf("bench:hand:%d", keySeq.Add(1))
-				ctx, cancel := context.WithCancel(context.Background())
-				defer cancel()
-				var (
-					mu        sync.Mutex
-					cond      = sync.NewCond(&mu)
-					lat       []time.Duration
-					releaseAt time.Time // when the last holder began releasing
-					handovers int
-					done      = make(chan struct{})
-					wg        sync.WaitGroup
-				)
-				before := h.trips.Load()
-				b.ResetTimer()
-				for w := 0; w <= waiters; w++ {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						for ctx.Err() == nil {
-							unlock, err := l.lock(ctx, key)
-							if err != nil {
-								return
-							}
-							got := time.Now()
-							mu.Lock()
-							if !releaseAt.IsZero() {
-								lat = append(lat, got.Sub(releaseAt))
-							}
-							handovers++
-							if handovers == b.N+1 {
-								close(done)
-							}
-							mine := handovers
-							cond.Broadcast()
-							mu.Unlock()
-							time.Sleep(2 * time.Millisecond) // the work: long enough for every waiter to be waiting
-							mu.Lock()
-							releaseAt = time.Now()
-							mu.Unlock()
-							unlock(context.Background())
-							// Go to the back: wait until another waiter got
-							// the lock, so every sample is a real handover
-							// and not the releaser barging back in.
-							mu.Lock()
-							for handovers == mine && ctx.Err() == nil {
-								cond.Wait()
-							}
-							mu.Unlock()
-						}
-					}()
-				}
-				select {
-				case <-done:
-				case <-time.After(5 * time.Minute):
-					b.Errorf("only %d of %d handovers in 5 minutes", handovers, b.N)
-				}
-				b.StopTimer()
-				cancel()
-				mu.Lock()
-				cond.Broadcast()
-				mu.Unlock()
-				wg.Wait()
-				mu.Lock()
-				defer mu.Unlock()
-				b.ReportMetric(float64(h.trips.Load()-before)/float64(max(len(lat), 1)), "trips/handover")
-				reportPercentiles(b, lat, "handover")
+				handover(b, h, ct.make(b, c), waiters)
 			})
 		}
 	}
+}
+
+// handover runs waiters+1 goroutines contending for one key through l, for
+// b.N handovers, and reports their latency and round trips.
+func handover(b *testing.B, h *counter, l locker, waiters int) {
+	key := fmt.Sprintf("bench:hand:%d", keySeq.Add(1))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var (
+		mu        sync.Mutex
+		cond      = sync.NewCond(&mu)
+		lat       []time.Duration
+		releaseAt time.Time // when the last holder began releasing
+		handovers int
+		done      = make(chan struct{})
+		wg        sync.WaitGroup
+	)
+	before := h.trips.Load()
+	b.ResetTimer()
+	for w := 0; w <= waiters; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				unlock, err := l.lock(ctx, key)
+				if err != nil {
+					return
+				}
+				got := time.Now()
+				mu.Lock()
+				if !releaseAt.IsZero() {
+					lat = append(lat, got.Sub(releaseAt))
+				}
+				handovers++
+				if handovers == b.N+1 {
+					close(done)
+				}
+				mine := handovers
+				cond.Broadcast()
+				mu.Unlock()
+				time.Sleep(2 * time.Millisecond) // the work: long enough for every waiter to be waiting
+				mu.Lock()
+				releaseAt = time.Now()
+				mu.Unlock()
+				unlock(context.Background())
+				// Go to the back: wait until another waiter got
+				// the lock, so every sample is a real handover
+				// and not the releaser barging back in.
+				mu.Lock()
+				for handovers == mine && ctx.Err() == nil {
+					cond.Wait()
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	select {
+	case <-done:
+	case <-time.After(5 * time.Minute):
+		b.Errorf("only %d of %d handovers in 5 minutes", handovers, b.N)
+	}
+	b.StopTimer()
+	cancel()
+	mu.Lock()
+	cond.Broadcast()
+	mu.Unlock()
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	b.ReportMetric(float64(h.trips.Load()-before)/float64(max(len(lat), 1)), "trips/handover")
+	reportPercentiles(b, lat, "handover")
 }
 
 func reportPercentiles(b *testing.B, lat []time.Duration, what string) {

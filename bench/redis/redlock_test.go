@@ -15,11 +15,11 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// BenchmarkRedlockUncontended: acquire+release over 5 nodes, fenced's
-// redlock (no fence source, efficiency leases) against redsync with 5
-// pools. trips/op counts requests to all nodes together (5 per parallel
-// round).
-func BenchmarkRedlockUncontended(b *testing.B) {
+// BenchmarkRedlock: acquire+release over 5 nodes, and handover with 8
+// waiters, fenced's redlock (no fence source, efficiency leases) against
+// redsync with 5 pools. Trips count requests to all nodes together (5 per
+// parallel round).
+func BenchmarkRedlock(b *testing.B) {
 	ctx := context.Background()
 	var srvs []*testenv.Redis
 	for i := 0; i < 5; i++ {
@@ -35,6 +35,28 @@ func BenchmarkRedlockUncontended(b *testing.B) {
 			cs = append(cs, c)
 		}
 		return cs, h
+	}
+	rl := func(b *testing.B) (locker, *counter) {
+		cs, h := clients(b)
+		var ucs []redis.UniversalClient
+		for _, c := range cs {
+			ucs = append(ucs, c)
+		}
+		d, err := redlock.New(ucs, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		fc := fenced.NewClient(d, nil)
+		b.Cleanup(func() { fc.Close() })
+		return fencedLocker{fc}, h
+	}
+	rs := func(b *testing.B) (locker, *counter) {
+		cs, h := clients(b)
+		var pools []redsyncredis.Pool
+		for _, c := range cs {
+			pools = append(pools, goredis.NewPool(c))
+		}
+		return redsyncLocker{redsync.New(pools...)}, h
 	}
 	run := func(b *testing.B, h *counter, l locker) {
 		key := fmt.Sprintf("bench:rl:%d", keySeq.Add(1))
@@ -63,26 +85,8 @@ func BenchmarkRedlockUncontended(b *testing.B) {
 		b.ReportMetric(float64(h.trips.Load()-before)/float64(b.N), "trips/op")
 		reportPercentiles(b, lat, "pair")
 	}
-	b.Run("fenced-redlock", func(b *testing.B) {
-		cs, h := clients(b)
-		var ucs []redis.UniversalClient
-		for _, c := range cs {
-			ucs = append(ucs, c)
-		}
-		d, err := redlock.New(ucs, nil)
-		if err != nil {
-			b.Fatal(err)
-		}
-		fc := fenced.NewClient(d, nil)
-		b.Cleanup(func() { fc.Close() })
-		run(b, h, fencedLocker{fc})
-	})
-	b.Run("redsync", func(b *testing.B) {
-		cs, h := clients(b)
-		var pools []redsyncredis.Pool
-		for _, c := range cs {
-			pools = append(pools, goredis.NewPool(c))
-		}
-		run(b, h, redsyncLocker{redsync.New(pools...)})
-	})
+	b.Run("uncontended/fenced-redlock", func(b *testing.B) { l, h := rl(b); run(b, h, l) })
+	b.Run("uncontended/redsync", func(b *testing.B) { l, h := rs(b); run(b, h, l) })
+	b.Run("handover-8-waiters/fenced-redlock", func(b *testing.B) { l, h := rl(b); handover(b, h, l, 8) })
+	b.Run("handover-8-waiters/redsync", func(b *testing.B) { l, h := rs(b); handover(b, h, l, 8) })
 }
