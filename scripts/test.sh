@@ -26,7 +26,6 @@ need etcd-client command -v etcdctl
 need zookeeper test -f /usr/share/java/zookeeper.jar
 need libcurator-recipes-java test -f /usr/share/java/curator-recipes.jar
 need default-jdk-headless command -v javac
-need python3-kazoo /usr/bin/python3 -c 'import kazoo'
 need python3-redis /usr/bin/python3 -c 'import redis'
 
 if ((${#missing[@]})); then
