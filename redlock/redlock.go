@@ -654,10 +654,15 @@ func (d *Driver) Release(ctx context.Context, g driver.Grant) error {
 	decided := func(ok, refused int) bool { return ok >= d.quorum || ok+refused == len(d.nodes) }
 	ok, refused, errs := d.majority(ctx, d.opts.Budget, decided, rediskit.Release, []string{k.Lock}, rediskit.Value(g.Fence, g.Owner), k.Channel)
 	switch {
-	case ok > 0:
+	case ok >= d.quorum:
 		return nil
 	case refused == len(d.nodes):
 		return fmt.Errorf("redlock: release %v: %w", g, driver.ErrNotHeld)
+	case ok > 0 && ok+refused == len(d.nodes):
+		// Only a minority still had it (the rest of an earlier release may
+		// still be in flight, or the grant expired on the others): it was
+		// not the current grant, though its remnants are gone now.
+		return fmt.Errorf("redlock: release %v: %w (still present on %d of %d nodes, removed)", g, driver.ErrNotHeld, ok, len(d.nodes))
 	case refused > len(d.nodes)-d.quorum:
 		return fmt.Errorf("redlock: release %v: %w on %d of %d nodes (the rest did not answer)", g, driver.ErrNotHeld, refused, len(d.nodes))
 	}
