@@ -91,7 +91,7 @@ func childPausedWriter() int {
 	// load, which blocks every other process until it is continued (an
 	// availability hazard of sharing one SQLite file, not a safety one).
 	db.SetMaxIdleConns(0)
-	fmt.Println("CHECKED lease valid; stopping")
+	fmt.Printf("CHECKED lease valid; stopping (open connections: %d)\n", db.Stats().OpenConnections)
 	os.Stdout.Sync()
 	syscall.Kill(os.Getpid(), syscall.SIGSTOP)
 	// Resumed: the lease expired long ago, but this write was already
