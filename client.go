@@ -273,7 +273,23 @@ func (c *Client) acquireQueued(ctx context.Context, q driver.Queuer, key, owner 
 	ev.Attempts = 1
 	c.hooks.attempt(AttemptEvent{Key: key, Attempt: 1})
 	sent := c.clock.Now()
-	fence, err := q.Acquire(qctx, key, owner, o.TTL)
+	var (
+		fence uint64
+		err   error
+	)
+	if tq, ok := q.(driver.TimedQueuer); ok {
+		// Validity starts when the grant was confirmed, not when the wait
+		// began. The driver reports that on the real clock; carry the
+		// offset over to c's clock.
+		realStart := time.Now()
+		var confirmed time.Time
+		fence, confirmed, err = tq.AcquireTimed(qctx, key, owner, o.TTL)
+		if err == nil && confirmed.After(realStart) {
+			sent = sent.Add(confirmed.Sub(realStart))
+		}
+	} else {
+		fence, err = q.Acquire(qctx, key, owner, o.TTL)
+	}
 	if err != nil {
 		if cause := context.Cause(qctx); cause == errWaitOver {
 			ev.Contended = true

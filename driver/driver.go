@@ -260,6 +260,19 @@ type Queuer interface {
 	Acquire(ctx context.Context, key, owner string, ttl time.Duration) (fence uint64, err error)
 }
 
+// TimedQueuer is implemented by Queuers whose wait can outlast the TTL.
+// AcquireTimed is Acquire that also returns when the request that
+// confirmed the grant (the one that found owner first in the queue with its
+// session alive) was sent, on the local monotonic clock. The grant's
+// validity is measured from that moment instead of from the start of the
+// wait, so the driver must have made sure that the authority keeps the
+// grant for ttl from then (for example by a session keep-alive sent no
+// earlier).
+type TimedQueuer interface {
+	Queuer
+	AcquireTimed(ctx context.Context, key, owner string, ttl time.Duration) (fence uint64, confirmed time.Time, err error)
+}
+
 // RenewRequest is one element of a batched renewal.
 type RenewRequest struct {
 	Grant Grant

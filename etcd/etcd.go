@@ -32,14 +32,20 @@
 // which it got the lock, which is still above every earlier holder's fence. A '/' or '%' in a key is escaped (%2F, %25) so a key maps to
 // exactly one lock name.
 //
+// Release and Break also write the fence of the grant they end to the key
+// prefix+K itself (beside the lock's waiter keys prefix+K+"/...", outside
+// the range etcd's recipe scans), so Inspect can report the last fence of a
+// free key. A grant that ended by expiry leaves the previous record.
+//
 // # Sessions
 //
 // The driver keeps one etcd lease (a session) per TTL (whole seconds,
 // rounded up) and shares it between all the keys it holds with that TTL,
 // so renewing a thousand fenced leases costs one keep-alive plus one read,
-// not a thousand writes (the driver implements driver.BatchRenewer). Every
-// acquisition and renewal sends a keep-alive, so the session outlives the
-// lease's local validity. If the process stalls, the session expires on the
+// not a thousand writes (the driver implements driver.BatchRenewer).
+// Keep-alives go out on one long-lived stream, on demand: every acquisition
+// and renewal makes sure one was sent no earlier than the request began, so
+// the session outlives the lease's local validity. If the process stalls, the session expires on the
 // server's clock and etcd deletes every key on it; the driver's loss watch
 // (driver.LossWatcher) cancels the lease of a key deleted behind its back
 // (session expired, or broken by an admin). A grant that its holder stops
@@ -48,8 +54,10 @@
 //
 // etcd counts lease TTLs in whole seconds and raises short ones to its own
 // minimum (one and a half election timeouts), so the driver accepts TTLs of
-// one second or more; a holder that crashes blocks others for the rounded-up
-// TTL.
+// one second or more. A session's TTL is the grants' TTL rounded up to
+// whole seconds plus one second of headroom, which lets a busy client skip
+// keep-alives sent less than a second ago; a holder that crashes blocks
+// others for that long.
 package etcd
 
 import (
@@ -68,6 +76,7 @@ import (
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/keyname"
+	"github.com/fenced-dev/fenced/internal/reaper"
 )
 
 // DefaultPrefix is prepended to keys when Options.Prefix is empty.
@@ -165,9 +174,10 @@ type Driver struct {
 	closed   bool
 	sessions map[int64][]*session // by TTL in seconds
 	entries  map[entryID]*entry
+	ka       *keepAliver
+	reaper   *reaper.Reaper[*entry]
 	ctx      context.Context // cancelled by Close
 	cancel   context.CancelFunc
-	wg       sync.WaitGroup
 }
 
 // New returns a driver over cli, which stays the caller's to close (after
@@ -187,12 +197,15 @@ func New(cli *clientv3.Client, opts *Options) (*Driver, error) {
 		return nil, fmt.Errorf("etcd: %w: prefix contains a NUL byte", driver.ErrInvalidURL)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Driver{
+	d := &Driver{
 		cli: cli, prefix: o.Prefix,
 		sessions: map[int64][]*session{},
 		entries:  map[entryID]*entry{},
 		ctx:      ctx, cancel: cancel,
-	}, nil
+		ka: &keepAliver{conn: cli.ActiveConnection(), ctx: ctx},
+	}
+	d.reaper = reaper.New(d.reap, time.Second)
+	return d, nil
 }
 
 // Client returns the etcd client under d.
@@ -226,14 +239,9 @@ func (d *Driver) Close() error {
 		return nil
 	}
 	d.closed = true
-	for _, e := range d.entries {
-		if e.timer != nil {
-			e.timer.Stop()
-		}
-	}
 	d.mu.Unlock()
+	d.reaper.Close()
 	d.cancel()
-	d.wg.Wait()
 	if d.ownsClient {
 		return d.cli.Close()
 	}

@@ -2,12 +2,16 @@ package etcd_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/driver/drivertest"
 	"github.com/fenced-dev/fenced/etcd"
@@ -36,6 +40,7 @@ func TestConformance(t *testing.T) {
 			return d
 		},
 		ShortTTL: time.Second,
+		FixedTTL: true,
 		BadURLs: []string{
 			"etcd://",
 			"etcd:opaque",
@@ -50,4 +55,13 @@ func TestConformance(t *testing.T) {
 	})
 }
 
-var _ = context.Background
+// TestUnreachable checks that opening a cluster nobody listens on fails
+// with a clear error matching ErrUnavailable.
+func TestUnreachable(t *testing.T) {
+	ctx := context.Background()
+	url := fmt.Sprintf("etcd://127.0.0.1:%d,127.0.0.1:%d/?dial_timeout=500ms", testenv.FreePort(t), testenv.FreePort(t))
+	_, err := fenced.Open(ctx, url, nil)
+	if !errors.Is(err, fenced.ErrUnavailable) || !strings.Contains(err.Error(), "cannot reach etcd") {
+		t.Fatalf("Open(%s) = %v, want ErrUnavailable saying it cannot reach etcd", url, err)
+	}
+}

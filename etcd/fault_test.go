@@ -38,6 +38,6 @@ func TestFaults(t *testing.T) {
 		})
 	})
 	t.Run("PausedHolderLosesSession", func(t *testing.T) {
-		faulttest.PausedHolderLosesLease(t, testenv.StartEtcd(t).URL(""), "paused", 2*time.Second)
+		faulttest.PausedHolderLosesLease(t, testenv.StartEtcd(t).URL(""), "paused", 3*time.Second)
 	})
 }

@@ -33,21 +33,16 @@ func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Dur
 		return 0, err
 	}
 	e := &entry{id: entryID{key, owner}, etcdKey: waiterKey(name, s), name: name, s: s}
-	var (
-		kaErr error
-		wg    sync.WaitGroup
-	)
-	wg.Add(1)
-	go func() { defer wg.Done(); kaErr = d.keepAlive(ctx, s) }()
+	kaDone := d.keepAliveAsync(ctx, s, start, ttl)
 	resp, err := d.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(pfx), "=", 0).WithPrefix()).
 		Then(clientv3.OpPut(e.etcdKey, owner, clientv3.WithLease(s.id))).
 		Else(clientv3.OpGet(pfx, clientv3.WithFirstCreate()...)).
 		Commit()
-	wg.Wait()
+	kaErr := <-kaDone
 	if err != nil {
 		werr := writeErr("acquire", err)
-		if errors.Is(werr, errSessionGone) {
+		if errors.Is(werr, errSessionGone) && time.Since(start) < time.Duration(s.ttl)*time.Second {
 			// Nothing was put: the session had expired. Start a new one.
 			d.markDead(s)
 			return d.TryAcquire(ctx, key, owner, ttl)
@@ -85,17 +80,12 @@ func asUnknown(err error) error {
 // name and extends its session; it serves re-acquisition by the same owner.
 func (d *Driver) confirm(ctx context.Context, e *entry, ttl time.Duration, start time.Time) (uint64, error) {
 	pfx := e.name + "/"
-	var (
-		kaErr error
-		wg    sync.WaitGroup
-	)
-	wg.Add(1)
-	go func() { defer wg.Done(); kaErr = d.keepAlive(ctx, e.s) }()
+	kaDone := d.keepAliveAsync(ctx, e.s, start, ttl)
 	resp, err := d.cli.Txn(ctx).Then(
 		clientv3.OpGet(e.etcdKey),
 		clientv3.OpGet(pfx, clientv3.WithFirstCreate()...),
 	).Commit()
-	wg.Wait()
+	kaErr := <-kaDone
 	if err != nil {
 		return 0, readErr("acquire", err)
 	}
@@ -107,6 +97,9 @@ func (d *Driver) confirm(ctx context.Context, e *entry, ttl time.Duration, start
 		return d.TryAcquire(ctx, e.id.key, e.id.owner, ttl)
 	}
 	if len(first) == 0 || first[0].CreateRevision != mine[0].CreateRevision {
+		if !e.granted {
+			d.abandon(e) // TryAcquire never leaves a key queued
+		}
 		return 0, &driver.HeldError{Key: e.id.key}
 	}
 	if kaErr != nil {
@@ -118,97 +111,135 @@ func (d *Driver) confirm(ctx context.Context, e *entry, ttl time.Duration, start
 	return uint64(e.rev), nil
 }
 
-// Acquire implements driver.Queuer with etcd's recipe: put a waiter key,
-// then wait for the deletion of the key created just before it, until none
-// is left. The session is kept alive while waiting. When ctx ends the
-// waiter key is deleted.
+// Acquire implements driver.Queuer; see AcquireTimed.
 func (d *Driver) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
+	f, _, err := d.AcquireTimed(ctx, key, owner, ttl)
+	return f, err
+}
+
+// AcquireTimed implements driver.TimedQueuer with etcd's recipe: put a
+// waiter key, then wait for the deletion of the key created just before it,
+// until none is left. The session is kept alive while waiting, and each
+// look at the queue goes out with a keep-alive, so the grant is confirmed
+// (and its validity starts) when the last look was sent. When ctx ends the
+// waiter key is deleted.
+func (d *Driver) AcquireTimed(ctx context.Context, key, owner string, ttl time.Duration) (uint64, time.Time, error) {
 	start := time.Now()
 	name := d.LockName(key)
 	pfx := name + "/"
 	s, err := d.reserve(ctx, ttl, name)
 	if err != nil {
-		return 0, err
+		return 0, time.Time{}, err
 	}
 	e := &entry{id: entryID{key, owner}, etcdKey: waiterKey(name, s), name: name, s: s}
+	fail := func(err error) (uint64, time.Time, error) {
+		d.abandon(e)
+		if ctx.Err() != nil {
+			return 0, time.Time{}, context.Cause(ctx)
+		}
+		return 0, time.Time{}, err
+	}
 	// A keep-alive sent with the put makes the session outlive the lease's
 	// local validity if the key is granted at once, without a second round
 	// trip.
-	var (
-		kaErr error
-		wg    sync.WaitGroup
-	)
-	wg.Add(1)
-	go func() { defer wg.Done(); kaErr = d.keepAlive(ctx, s) }()
+	kaDone := d.keepAliveAsync(ctx, s, start, ttl)
 	resp, err := d.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(e.etcdKey), "=", 0)).
 		Then(clientv3.OpPut(e.etcdKey, owner, clientv3.WithLease(s.id)), clientv3.OpGet(pfx, clientv3.WithFirstCreate()...)).
 		Else(clientv3.OpGet(e.etcdKey)).
 		Commit()
-	wg.Wait()
+	kaErr := <-kaDone
 	if err != nil {
 		werr := writeErr("acquire", err)
-		if errors.Is(werr, errSessionGone) {
+		if errors.Is(werr, errSessionGone) && time.Since(start) < time.Duration(s.ttl)*time.Second {
 			// Nothing was put: the session had expired. Start a new one.
 			d.markDead(s)
-			return d.Acquire(ctx, key, owner, ttl)
+			return d.AcquireTimed(ctx, key, owner, ttl)
 		}
 		d.track(e, ttl, start)
-		d.abandon(e)
-		if ctx.Err() != nil {
-			return 0, context.Cause(ctx)
-		}
-		return 0, werr
+		return fail(werr)
 	}
 	if !resp.Succeeded {
 		d.unreserve(s, name)
-		return 0, fmt.Errorf("etcd: acquire: session %x already has key %s (another process shares the lease)", int64(s.id), e.etcdKey)
+		return 0, time.Time{}, fmt.Errorf("etcd: acquire: session %x already has key %s (another process shares the lease)", int64(s.id), e.etcdKey)
 	}
 	e.rev = resp.Header.Revision
 	d.track(e, ttl, start)
 	first := resp.Responses[1].GetResponseRange().Kvs
-	if len(first) > 0 && first[0].CreateRevision == e.rev {
-		if kaErr != nil {
-			d.abandon(e)
-			if ctx.Err() != nil {
-				return 0, context.Cause(ctx)
-			}
-			return 0, asUnknown(kaErr)
-		}
+	if len(first) > 0 && first[0].CreateRevision == e.rev && kaErr == nil {
 		e.granted = true
-		d.track(e, ttl, start)
-		return uint64(e.rev), nil
+		return uint64(e.rev), start, nil
 	}
 	// Keep the session (and our entry) alive while we wait.
 	wctx, stopKA := context.WithCancel(ctx)
 	defer stopKA()
 	go d.keepWaiting(wctx, e, ttl)
 	for {
+		sent := time.Now()
+		kaDone := d.keepAliveAsync(ctx, s, sent, ttl)
 		pred, hdrRev, err := d.predecessor(ctx, e)
+		kaErr := <-kaDone
 		if err != nil {
-			d.abandon(e)
-			if ctx.Err() != nil {
-				return 0, context.Cause(ctx)
+			if ctx.Err() != nil || errors.Is(err, errVanished) {
+				return fail(err)
 			}
-			return 0, err
+			// The cluster did not answer (a leader election, a member
+			// down): keep waiting, and look again.
+			select {
+			case <-ctx.Done():
+				return fail(ctx.Err())
+			case <-time.After(100 * time.Millisecond):
+			}
+			continue
 		}
 		if pred == "" {
 			stopKA()
-			return d.granted(ctx, e, ttl, time.Now())
+			if kaErr != nil {
+				// Confirm the session with a keep-alive of its own.
+				sent = time.Now()
+				if err := d.keepAlive(ctx, s); err != nil {
+					return fail(err)
+				}
+			}
+			e.granted = true
+			d.track(e, ttl, sent)
+			return uint64(e.rev), sent, nil
 		}
 		if err := d.waitDelete(ctx, pred, hdrRev+1); err != nil {
-			d.abandon(e)
 			if ctx.Err() != nil {
-				return 0, context.Cause(ctx)
+				return fail(err)
 			}
-			return 0, err
+			// The watch broke (its member lost the leader, or the
+			// connection): look at the queue again, which also tells
+			// whether our key survived.
+			select {
+			case <-ctx.Done():
+				return fail(ctx.Err())
+			case <-time.After(100 * time.Millisecond):
+			}
 		}
 	}
 }
 
+// keepAliveAsync makes sure s outlives from+ttl at the server: it sends a
+// keep-alive unless one sent recently already does, and delivers the
+// outcome.
+func (d *Driver) keepAliveAsync(ctx context.Context, s *session, from time.Time, ttl time.Duration) <-chan error {
+	ch := make(chan error, 1)
+	if d.covers(s, from, ttl) {
+		ch <- nil
+		return ch
+	}
+	go func() { ch <- d.keepAlive(ctx, s) }()
+	return ch
+}
+
+// errVanished means a waiter's key disappeared while it waited.
+var errVanished = errors.New("our waiter key vanished while waiting")
+
 // predecessor returns the key created just before e's under its lock name
 // ("" when e's key is the oldest) and the revision of the read. It fails
-// with ErrNotHeld-free ErrUnavailable if e's key is gone (session expired).
+// with errVanished if e's key is gone (session expired, or broken).
 func (d *Driver) predecessor(ctx context.Context, e *entry) (string, int64, error) {
 	resp, err := d.cli.Txn(ctx).Then(
 		clientv3.OpGet(e.etcdKey),
@@ -219,7 +250,7 @@ func (d *Driver) predecessor(ctx context.Context, e *entry) (string, int64, erro
 	}
 	mine := resp.Responses[0].GetResponseRange().Kvs
 	if len(mine) == 0 || mine[0].CreateRevision != e.rev {
-		return "", 0, fmt.Errorf("etcd: acquire: %w: our waiter key %s vanished while waiting (session expired or broken)", driver.ErrUnavailable, e.etcdKey)
+		return "", 0, fmt.Errorf("etcd: acquire: %w: %w: %s (session expired or broken)", driver.ErrUnavailable, errVanished, e.etcdKey)
 	}
 	pred := resp.Responses[1].GetResponseRange().Kvs
 	if len(pred) == 0 {
@@ -268,30 +299,9 @@ func (d *Driver) keepWaiting(ctx context.Context, e *entry, ttl time.Duration) {
 	}
 }
 
-// granted finishes an acquisition once e's key is the oldest: a keep-alive
-// sent now makes the session outlive the lease's local validity.
-func (d *Driver) granted(ctx context.Context, e *entry, ttl time.Duration, from time.Time) (uint64, error) {
-	if err := d.keepAlive(ctx, e.s); err != nil {
-		d.abandon(e)
-		if ctx.Err() != nil {
-			return 0, context.Cause(ctx)
-		}
-		return 0, err
-	}
-	e.granted = true
-	d.track(e, ttl, from)
-	return uint64(e.rev), nil
-}
-
-// abandon deletes e's key (best effort, without the caller's context, which
-// may be done); if that fails the reaper tries again at e's deadline.
-func (d *Driver) abandon(e *entry) {
-	ctx, cancel := context.WithTimeout(d.ctx, 5*time.Second)
-	defer cancel()
-	if _, err := d.deleteOwned(ctx, e); err == nil {
-		d.forget(e)
-	}
-}
+// abandon deletes e's key now (without the caller's context, which may be
+// done); if that fails the reaper keeps trying in the background.
+func (d *Driver) abandon(e *entry) { _ = d.reaper.EndNow(e) }
 
 // Renew implements driver.Driver: it confirms that g's key still exists and
 // sends a keep-alive for its session. ttl cannot change a session's TTL;
@@ -312,7 +322,7 @@ func (d *Driver) RenewBatch(ctx context.Context, reqs []driver.RenewRequest) ([]
 	entries := make([]*entry, len(reqs))
 	var ops []clientv3.Op
 	var idx []int
-	sessions := map[*session]bool{}
+	sessions := map[*session]time.Duration{} // the longest TTL renewed on each
 	for i, r := range reqs {
 		e := d.lookup(r.Grant.Key, r.Grant.Owner)
 		if e == nil || !e.granted || r.Grant.Fence == 0 || uint64(e.rev) != r.Grant.Fence {
@@ -320,7 +330,7 @@ func (d *Driver) RenewBatch(ctx context.Context, reqs []driver.RenewRequest) ([]
 			continue
 		}
 		entries[i] = e
-		sessions[e.s] = true
+		sessions[e.s] = max(sessions[e.s], r.TTL)
 		ops = append(ops, clientv3.OpGet(e.etcdKey))
 		idx = append(idx, i)
 	}
@@ -330,11 +340,11 @@ func (d *Driver) RenewBatch(ctx context.Context, reqs []driver.RenewRequest) ([]
 	kaErrs := map[*session]error{}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
-	for s := range sessions {
+	for s, ttl := range sessions {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			err := d.keepAlive(ctx, s)
+			err := <-d.keepAliveAsync(ctx, s, start, ttl)
 			mu.Lock()
 			kaErrs[s] = err
 			mu.Unlock()
@@ -389,6 +399,11 @@ func (d *Driver) Release(ctx context.Context, g driver.Grant) error {
 	return nil
 }
 
+// lossWatchDelay is how long after a grant its loss watch starts. The
+// watch replays events from the key's creation on, so a deletion in the
+// meantime is still reported, a little later.
+const lossWatchDelay = 100 * time.Millisecond
+
 // WatchLoss implements driver.LossWatcher: it watches g's key from its
 // creation on and reports ErrLost when the key is deleted by anyone but
 // this driver's release (an admin break, or the session expiring).
@@ -400,6 +415,14 @@ func (d *Driver) WatchLoss(ctx context.Context, g driver.Grant) (<-chan error, e
 	ch := make(chan error, 1)
 	go func() {
 		defer close(ch)
+		// Short holds end before the watch would start: that costs the
+		// authority nothing. The first look still sees a deletion that
+		// happened meanwhile.
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(lossWatchDelay):
+		}
 		for ctx.Err() == nil {
 			wctx, cancel := context.WithCancel(ctx)
 			wch := d.cli.Watch(wctx, e.etcdKey, clientv3.WithRev(e.rev+1), clientv3.WithFilterPut())

@@ -21,14 +21,18 @@ type session struct {
 	ttl   int64           // seconds, as granted by the server
 	names map[string]bool // lock names with a key (or a reservation) on it
 	dead  bool
+	// until is when the session lapses at the latest unless kept alive:
+	// the send time of its last confirmed keep-alive (or grant) plus its
+	// TTL. Past it the session is dropped without asking the server.
+	until time.Time
 }
 
 // entryID names a key this driver put (or may have put) for an owner.
 type entryID struct{ key, owner string }
 
-// entry tracks a key this driver put. Until its deadline is extended by a
-// renewal (or by its waiter's keep-alive), the entry stands; once the
-// deadline passes the driver deletes the key, so a grant nobody renews ends
+// entry tracks a key this driver put. Its deadline (kept by the driver's
+// reaper) is pushed back by every renewal, or by its waiter's keep-alives;
+// once it passes the driver deletes the key, so a grant nobody renews ends
 // after its TTL even while other grants keep the shared session alive.
 type entry struct {
 	id      entryID
@@ -37,16 +41,23 @@ type entry struct {
 	s       *session
 	rev     int64 // create revision once known
 	granted bool
-	// deadline is when the driver deletes the key unless extended.
-	deadline time.Time
-	timer    *time.Timer
 }
 
 // errSessionGone means the etcd lease behind a session has expired or was
 // revoked.
 var errSessionGone = errors.New("etcd session (lease) expired or revoked")
 
-// ttlSeconds rounds ttl up to whole seconds, as etcd counts lease TTLs.
+// sessionSeconds is the TTL of the session that carries grants of ttl:
+// ttl rounded up to whole seconds (etcd counts lease TTLs in seconds) plus
+// one second. The headroom lets an acquisition or renewal skip the
+// keep-alive when one was sent within the last second: the session then
+// provably outlives the grant's validity already. A busy client thus sends
+// about one keep-alive per second per session, however many grants it
+// makes, at the price of a crashed holder blocking others one second
+// longer.
+func sessionSeconds(ttl time.Duration) int64 { return ttlSeconds(ttl) + 1 }
+
+// ttlSeconds rounds ttl up to whole seconds.
 func ttlSeconds(ttl time.Duration) int64 {
 	s := int64((ttl + time.Second - 1) / time.Second)
 	return max(s, 1)
@@ -55,13 +66,18 @@ func ttlSeconds(ttl time.Duration) int64 {
 // reserve returns a live session of ttl with no key under name and marks
 // name as used on it, granting a new etcd lease when none fits.
 func (d *Driver) reserve(ctx context.Context, ttl time.Duration, name string) (*session, error) {
-	secs := ttlSeconds(ttl)
+	secs := sessionSeconds(ttl)
 	d.mu.Lock()
 	if d.closed {
 		d.mu.Unlock()
 		return nil, driver.ErrClosed
 	}
+	now := time.Now()
 	for _, s := range d.sessions[secs] {
+		if !s.dead && now.After(s.until) {
+			d.markDeadLocked(s)
+			continue
+		}
 		if !s.dead && !s.names[name] {
 			s.names[name] = true
 			d.mu.Unlock()
@@ -73,7 +89,7 @@ func (d *Driver) reserve(ctx context.Context, ttl time.Duration, name string) (*
 	if err != nil {
 		return nil, readErr("grant session lease", err)
 	}
-	s := &session{id: resp.ID, ttl: resp.TTL, names: map[string]bool{name: true}}
+	s := &session{id: resp.ID, ttl: resp.TTL, names: map[string]bool{name: true}, until: now.Add(time.Duration(resp.TTL) * time.Second)}
 	d.mu.Lock()
 	d.sessions[secs] = append(d.sessions[secs], s)
 	d.mu.Unlock()
@@ -91,6 +107,10 @@ func (d *Driver) unreserve(s *session, name string) {
 func (d *Driver) markDead(s *session) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	d.markDeadLocked(s)
+}
+
+func (d *Driver) markDeadLocked(s *session) {
 	if s.dead {
 		return
 	}
@@ -104,37 +124,58 @@ func (d *Driver) markDead(s *session) {
 	}
 }
 
+// covers reports whether s is known to outlive from+ttl at the server: its
+// last confirmed keep-alive (or grant) was sent late enough.
+func (d *Driver) covers(s *session, from time.Time, ttl time.Duration) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return !s.until.Before(from.Add(ttl))
+}
+
 // keepAlive extends s by its TTL from now (server's clock). The request is
 // sent after the call starts, so the session then outlives any local
 // validity measured from a moment before the call.
 func (d *Driver) keepAlive(ctx context.Context, s *session) error {
-	_, err := d.cli.KeepAliveOnce(ctx, s.id)
+	sent := time.Now()
+	ch, err := d.ka.send(int64(s.id))
 	if err != nil {
-		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		return readErr("keep session alive", err)
+	}
+	select {
+	case r := <-ch:
+		if r.err != nil {
+			return r.err
+		}
+		if r.ttl <= 0 {
 			d.markDead(s)
 			return errSessionGone
 		}
-		return readErr("keep session alive", err)
+		d.mu.Lock()
+		if u := sent.Add(time.Duration(r.ttl) * time.Second); u.After(s.until) {
+			s.until = u
+		}
+		d.mu.Unlock()
+		return nil
+	case <-ctx.Done():
+		return readErr("keep session alive", ctx.Err())
 	}
-	return nil
 }
 
-// track records (or refreshes) the entry for id and (re)arms its deadline.
+// track records (or refreshes) the entry for id and (re)arms its deadline
+// at from+ttl.
 func (d *Driver) track(e *entry, ttl time.Duration, from time.Time) {
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	if d.closed {
+		d.mu.Unlock()
 		return
 	}
-	if old, ok := d.entries[e.id]; ok && old != e && old.timer != nil {
-		old.timer.Stop()
-	}
+	old := d.entries[e.id]
 	d.entries[e.id] = e
-	e.deadline = from.Add(ttl)
-	if e.timer != nil {
-		e.timer.Stop()
+	d.mu.Unlock()
+	if old != nil && old != e {
+		d.reaper.Forget(old)
 	}
-	e.timer = time.AfterFunc(time.Until(e.deadline), func() { d.reap(e) })
+	d.reaper.Set(e, from.Add(ttl))
 }
 
 // lookup returns the entry for key and owner, if any.
@@ -144,42 +185,28 @@ func (d *Driver) lookup(key, owner string) *entry {
 	return d.entries[entryID{key, owner}]
 }
 
-// forget drops e (if it is still the current entry for its id) and frees
-// its name on the session.
+// forget drops e (if it is still the current entry for its id), disarms
+// its deadline and frees its name on the session.
 func (d *Driver) forget(e *entry) {
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	if cur, ok := d.entries[e.id]; ok && cur == e {
 		delete(d.entries, e.id)
 	}
-	if e.timer != nil {
-		e.timer.Stop()
-	}
 	delete(e.s.names, e.name)
+	d.mu.Unlock()
+	d.reaper.Forget(e)
 }
 
-// reap deletes e's key once its deadline has passed without renewal. A
-// failed delete is tried again a second later while the driver is open.
-func (d *Driver) reap(e *entry) {
-	d.mu.Lock()
-	if d.closed || d.entries[e.id] != e || time.Now().Before(e.deadline) {
-		d.mu.Unlock()
-		return
-	}
-	d.mu.Unlock()
-	d.wg.Add(1)
-	defer d.wg.Done()
+// reap deletes e's key (the reaper calls it when e's deadline passed
+// without renewal) and forgets e.
+func (d *Driver) reap(e *entry) error {
 	ctx, cancel := context.WithTimeout(d.ctx, 5*time.Second)
 	defer cancel()
-	if _, err := d.deleteOwned(ctx, e); err != nil && d.ctx.Err() == nil {
-		d.mu.Lock()
-		if d.entries[e.id] == e && !d.closed {
-			e.timer = time.AfterFunc(time.Second, func() { d.reap(e) })
-		}
-		d.mu.Unlock()
-		return
+	if _, err := d.deleteOwned(ctx, e); err != nil {
+		return err
 	}
 	d.forget(e)
+	return nil
 }
 
 // deleteOwned deletes e's key if it still carries e's owner, recording the

@@ -3,6 +3,7 @@ package mysql_test
 import (
 	"database/sql"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -58,6 +59,7 @@ func TestOldShapeTableIsRefused(t *testing.T) {
 	}
 	defer db.Close()
 	for _, q := range []string{
+		"DROP TABLE IF EXISTS old_leases, old_leases_breaks",
 		"CREATE TABLE old_leases (lock_key VARCHAR(255) PRIMARY KEY, owner VARCHAR(255) NOT NULL, fence INT NOT NULL, expires_at DATETIME NOT NULL)",
 		"INSERT INTO old_leases VALUES ('k', 'someone', 41, NOW() + INTERVAL 1 HOUR)",
 	} {
@@ -94,7 +96,7 @@ func TestNewOverCallersDB(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.Close()
-	key := "callers:" + t.Name()
+	key := fmt.Sprintf("callers:%s:%d", t.Name(), time.Now().UnixNano())
 	f, err := d.TryAcquire(ctx, key, "a", time.Minute)
 	if err != nil || f != 1 {
 		t.Fatalf("first grant: %d, %v", f, err)

@@ -35,9 +35,10 @@
 // keep the row, so the counter never restarts. A batch of renewals is one
 // UPDATE plus one SELECT that reads back which grants it kept.
 //
-// The driver relies on no session state (no GET_LOCK, no user variables,
-// autocommit statements, break in one transaction), so it works through
-// ProxySQL or any transaction-level pooler.
+// The driver relies on no session state (no GET_LOCK, no user variables;
+// autocommit statements, and break in one transaction), so a proxy that
+// routes each transaction to any server connection cannot break it (tested
+// against PgBouncer for the PostgreSQL driver; no MySQL proxy is tested).
 package mysql
 
 import (

@@ -20,6 +20,8 @@ func TestMain(m *testing.M) {
 	crashtest.MaybeRunHolder()
 	tb := testenv.NewMainTB()
 	my = testenv.StartMySQL(tb)
+	os.Setenv("DATABASE_URL", my.URL()) // for the examples
+	os.Setenv("MYSQL_DSN", my.DSN())
 	code := m.Run()
 	tb.Close()
 	os.Exit(code)
@@ -43,6 +45,8 @@ func open(t testing.TB, params ...string) *mysql.Driver {
 
 func TestConformance(t *testing.T) {
 	drivertest.RunConformanceTests(t, drivertest.Harness{
+		// Generous for a loaded CI machine: expiry tests sleep about this long.
+		ShortTTL: time.Second,
 		Open: func(t *testing.T) driver.Driver {
 			d, err := mysql.Open(ctxT(t), my.URL())
 			if err != nil {
@@ -66,10 +70,12 @@ func TestConformance(t *testing.T) {
 }
 
 func TestKilledHolderIsReplaced(t *testing.T) {
+	t.Parallel() // waits on TTLs and restarts; independent of the other tests
 	crashtest.KilledHolderIsReplaced(t, my.URL())
 }
 
 func TestRestartKeepsFences(t *testing.T) {
+	t.Parallel() // waits on TTLs and restarts; independent of the other tests
 	srv := testenv.StartMySQL(t)
 	crashtest.RestartKeepsFences(t, srv, func(t *testing.T) driver.Driver {
 		d, err := mysql.Open(ctxT(t), srv.URL())
@@ -78,4 +84,17 @@ func TestRestartKeepsFences(t *testing.T) {
 		}
 		return d
 	})
+}
+
+// A server that goes away and comes back: errors are actionable and the
+// driver recovers.
+func TestServerDownThenBack(t *testing.T) {
+	t.Parallel() // waits on TTLs and restarts; independent of the other tests
+	srv := testenv.StartMySQL(t)
+	d, err := mysql.Open(ctxT(t), srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	crashtest.ServerDownThenBack(t, srv, d)
 }

@@ -115,7 +115,7 @@ func TestAdvisoryLockMaxWaitAndCancel(t *testing.T) {
 func TestAdvisoryLockSharesTheTransaction(t *testing.T) {
 	ctx := ctxT(t)
 	pool := newPool(t)
-	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS advisory_jobs (id text PRIMARY KEY)`); err != nil {
+	if _, err := pool.Exec(ctx, `DROP TABLE IF EXISTS advisory_jobs; CREATE TABLE advisory_jobs (id text PRIMARY KEY)`); err != nil {
 		t.Fatal(err)
 	}
 	key := "advisory:tx:" + t.Name()

@@ -13,10 +13,10 @@ import (
 
 // benchClient opens a client over its own pool whose connections count
 // round trips in rt (nil: not counted).
-func benchClient(b *testing.B, rt *leasebench.RoundTrips, opts *fenced.Options) *fenced.Client {
+func benchClient(b *testing.B, rt *leasebench.RoundTrips, opts *fenced.Options, params ...string) *fenced.Client {
 	b.Helper()
 	ctx := ctxT(b)
-	cfg, err := pgxpool.ParseConfig(pg.URL())
+	cfg, err := pgxpool.ParseConfig(pg.URL(params...))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -35,20 +35,33 @@ func benchClient(b *testing.B, rt *leasebench.RoundTrips, opts *fenced.Options) 
 	return fenced.NewClient(d, opts)
 }
 
+// commitModes are the sessions' synchronous_commit settings the benchmarks
+// run with: "on" is the durable default (every grant waits for its WAL
+// flush); "off" shows what the statements cost without the disk.
+var commitModes = []string{"on", "off"}
+
 // BenchmarkAcquireRelease: uncontended TryAcquire + Release of one key.
 func BenchmarkAcquireRelease(b *testing.B) {
-	var rt leasebench.RoundTrips
-	c := benchClient(b, &rt, nil)
-	defer c.Close()
-	leasebench.AcquireRelease(b, c, &rt)
+	for _, mode := range commitModes {
+		b.Run("synchronous_commit="+mode, func(b *testing.B) {
+			var rt leasebench.RoundTrips
+			c := benchClient(b, &rt, nil, "synchronous_commit="+mode)
+			defer c.Close()
+			leasebench.AcquireRelease(b, c, &rt)
+		})
+	}
 }
 
 // BenchmarkHandover: release to next grant with 1, 8 and 64 waiters woken
 // by LISTEN/NOTIFY.
 func BenchmarkHandover(b *testing.B) {
-	for _, n := range []int{1, 8, 64} {
-		b.Run(fmt.Sprintf("waiters=%d", n), func(b *testing.B) {
-			leasebench.Handover(b, n, func(b *testing.B) *fenced.Client { return benchClient(b, nil, nil) })
-		})
+	for _, mode := range commitModes {
+		for _, n := range []int{1, 8, 64} {
+			b.Run(fmt.Sprintf("synchronous_commit=%s/waiters=%d", mode, n), func(b *testing.B) {
+				leasebench.Handover(b, n, func(b *testing.B) *fenced.Client {
+					return benchClient(b, nil, nil, "synchronous_commit="+mode)
+				})
+			})
+		}
 	}
 }

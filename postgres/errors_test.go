@@ -59,7 +59,8 @@ func TestOldShapeTableIsRefused(t *testing.T) {
 	defer conn.Close(ctx)
 	// The shape of the classic lease-table recipe: another key column, and
 	// a 32-bit counter.
-	if _, err := conn.Exec(ctx, `CREATE TABLE old_leases (lock_key text PRIMARY KEY, owner text NOT NULL, fence integer NOT NULL, expires_at timestamptz NOT NULL);
+	if _, err := conn.Exec(ctx, `DROP TABLE IF EXISTS old_leases, old_leases_breaks;
+CREATE TABLE old_leases (lock_key text PRIMARY KEY, owner text NOT NULL, fence integer NOT NULL, expires_at timestamptz NOT NULL);
 INSERT INTO old_leases VALUES ('k', 'someone', 41, now() + interval '1 hour')`); err != nil {
 		t.Fatal(err)
 	}

@@ -76,8 +76,10 @@ func TestNotifyDegradesToPollingAndSaysSo(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer admin.Close(ctx)
-	if _, err := admin.Exec(ctx, "CREATE DATABASE elsewhere"); err != nil {
-		t.Fatal(err)
+	for _, q := range []string{"DROP DATABASE IF EXISTS elsewhere", "CREATE DATABASE elsewhere"} {
+		if _, err := admin.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
 	}
 	pool, err := pgxpool.New(ctx, pg.URL())
 	if err != nil {

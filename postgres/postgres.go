@@ -56,8 +56,10 @@
 // default_query_exec_mode=exec to the URL; and LISTEN does not work through
 // a transaction pooler. At startup the driver proves that its LISTEN
 // connection receives a notification sent through the pool; if none
-// arrives it degrades to polling and says so in Guarantees().Note (set
-// Options.ListenConfig to a direct connection to keep notifications).
+// arrives within Options.ProbeTimeout (5s) it degrades to polling and says
+// so in Guarantees().Note. Behind a pooler, give Options.ListenConfig a
+// direct connection to keep notifications, or set notify=off to skip the
+// probe.
 package postgres
 
 import (
@@ -266,6 +268,11 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts *Options) (*Driver, error
 	d.listener = l
 	return d, nil
 }
+
+// Pool returns the driver's connection pool, for an application that wants
+// to share it (for example to guard writes with the lease's fence in the
+// same database).
+func (d *Driver) Pool() *pgxpool.Pool { return d.pool }
 
 // Table returns the lease table's name.
 func (d *Driver) Table() string { return d.table }

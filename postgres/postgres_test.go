@@ -13,13 +13,19 @@ import (
 	"github.com/fenced-dev/fenced/postgres"
 )
 
-// pg is the server every test of the package shares, started once.
-var pg *testenv.Postgres
+// pg is the server every test of the package shares, started once;
+// mainTB owns it and whatever else is started once for the package.
+var (
+	pg     *testenv.Postgres
+	mainTB *testenv.MainTB
+)
 
 func TestMain(m *testing.M) {
 	crashtest.MaybeRunHolder()
 	tb := testenv.NewMainTB()
+	mainTB = tb
 	pg = testenv.StartPostgres(tb)
+	os.Setenv("DATABASE_URL", pg.URL()) // for the examples
 	code := m.Run()
 	tb.Close()
 	os.Exit(code)
@@ -43,6 +49,8 @@ func open(t testing.TB, params ...string) *postgres.Driver {
 
 func TestConformance(t *testing.T) {
 	drivertest.RunConformanceTests(t, drivertest.Harness{
+		// Generous for a loaded CI machine: expiry tests sleep about this long.
+		ShortTTL: time.Second,
 		Open: func(t *testing.T) driver.Driver {
 			d, err := postgres.Open(ctxT(t), pg.URL())
 			if err != nil {
@@ -62,26 +70,13 @@ func TestConformance(t *testing.T) {
 	})
 }
 
-func TestConformancePolling(t *testing.T) {
-	drivertest.RunConformanceTests(t, drivertest.Harness{
-		Open: func(t *testing.T) driver.Driver {
-			d, err := postgres.Open(ctxT(t), pg.URL("notify=off", "table=polled_leases"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if d.Guarantees().Notify {
-				t.Fatal("notify=off driver declares Notify")
-			}
-			return d
-		},
-	})
-}
-
 func TestKilledHolderIsReplaced(t *testing.T) {
+	t.Parallel() // waits on TTLs and restarts; independent of the other tests
 	crashtest.KilledHolderIsReplaced(t, pg.URL())
 }
 
 func TestRestartKeepsFences(t *testing.T) {
+	t.Parallel() // waits on TTLs and restarts; independent of the other tests
 	srv := testenv.StartPostgres(t)
 	crashtest.RestartKeepsFences(t, srv, func(t *testing.T) driver.Driver {
 		d, err := postgres.Open(ctxT(t), srv.URL())
@@ -90,4 +85,56 @@ func TestRestartKeepsFences(t *testing.T) {
 		}
 		return d
 	})
+}
+
+// A server that goes away and comes back: errors are actionable, the pool
+// and the LISTEN connection recover, and releases wake waiters again.
+func TestServerDownThenBack(t *testing.T) {
+	t.Parallel() // waits on TTLs and restarts; independent of the other tests
+	ctx := ctxT(t)
+	srv := testenv.StartPostgres(t)
+	d, err := postgres.Open(ctx, srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	crashtest.ServerDownThenBack(t, srv, d)
+	other, err := postgres.Open(ctx, srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	key := "down-then-back:notify"
+	f, err := other.TryAcquire(ctx, key, "holder", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub, err := d.Subscribe(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	// The listener reconnects with backoff (at most 5s between tries);
+	// wait until both drivers listen, then release.
+	deadline := time.Now().Add(time.Minute)
+	for {
+		var n int
+		if err := other.Pool().QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN %'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n >= 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d LISTEN connections a minute after the restart, want 2", n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	signalled(sub.C(), 100*time.Millisecond) // the reconnect's own wake-up
+	if err := other.Release(ctx, driver.Grant{Key: key, Owner: "holder", Fence: f}); err != nil {
+		t.Fatal(err)
+	}
+	if !signalled(sub.C(), 10*time.Second) {
+		t.Fatal("after the server came back, a release did not wake the waiter")
+	}
 }

@@ -38,18 +38,26 @@ func newStatements(table string) statements {
 	return statements{
 		// One statement: grant if free, expired or already ours (then the
 		// fence is kept and the expiry extended), else report how long the
-		// holder has left. cur reads the row in the statement's snapshot,
-		// without locking it: when that already shows another owner's
-		// unexpired grant, the statement refuses as a plain read (no row
-		// lock, no transaction id, no WAL flush), which keeps a crowd of
-		// woken waiters cheap. Otherwise the upsert decides under the row
-		// lock, re-checking the latest row version in its WHERE.
+		// holder has left. The upsert (INSERT ... ON CONFLICT DO UPDATE ...
+		// WHERE free or expired RETURNING fence) decides under the row lock
+		// on the latest row version. Two reads in front of it keep a crowd
+		// of woken waiters from queueing on that lock (each waiter would
+		// otherwise take it in turn, and its commit would wait for a WAL
+		// flush): cur reads the row in the statement's snapshot, and a row
+		// visibly held by another owner is refused as a plain read; lk
+		// locks a row that looks free with SKIP LOCKED, so a waiter that
+		// finds another transaction already working on the row (most
+		// likely the waiter that wins, or a release whose notification
+		// follows) is refused at once instead of waiting behind it.
 		acquire: `WITH cur AS (
   SELECT owner, expires_at FROM ` + t + ` WHERE lease_key = $1
+), lk AS (
+  SELECT FROM ` + t + ` WHERE lease_key = $1 AND NOT (owner <> '' AND owner <> $2 AND expires_at > now())
+  FOR UPDATE SKIP LOCKED
 ), granted AS (
   INSERT INTO ` + t + ` AS l (lease_key, owner, fence, expires_at)
   SELECT $1, $2, 1, now() + $3::bigint * interval '1 microsecond'
-   WHERE NOT EXISTS (SELECT FROM cur WHERE cur.owner <> '' AND cur.owner <> $2 AND cur.expires_at > now())
+   WHERE EXISTS (SELECT FROM lk) OR NOT EXISTS (SELECT FROM cur)
   ON CONFLICT (lease_key) DO UPDATE
      SET fence = CASE WHEN l.owner = excluded.owner AND l.expires_at > now() THEN l.fence ELSE l.fence + 1 END,
          owner = excluded.owner,

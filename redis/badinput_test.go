@@ -213,3 +213,26 @@ func TestRoundTrips(t *testing.T) {
 		}
 	}
 }
+
+// TestTLS opens a rediss:// URL against a server that only speaks TLS.
+func TestTLS(t *testing.T) {
+	ctx := testCtx(t)
+	srv := testenv.StartRedis(t, testenv.RedisConfig{TLS: true, Password: "tls-pw"})
+	c, err := fenced.Open(ctx, srv.URL(), &fenced.Options{Defaults: fenced.LeaseOptions{AllowRepeatableFence: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	l, err := c.TryAcquire(ctx, "tls", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Plain redis:// to the TLS port fails clearly.
+	plain := "redis://:tls-pw@" + srv.Addr() + "/0?dial_timeout=1s&read_timeout=1s"
+	if _, err := fenced.Open(ctx, plain, nil); err == nil {
+		t.Fatal("plain-text Open of a TLS-only server succeeded")
+	}
+}

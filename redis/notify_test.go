@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/testenv"
 )
@@ -82,4 +83,28 @@ func TestWakeups(t *testing.T) {
 		t.Fatal("the waiter of b was not woken by a break")
 	}
 	_ = gb
+}
+
+// TestWaiterWakesAtExpiry: a holder that dies without releasing publishes
+// nothing, yet a notified waiter (whose fallback poll is a minute) gets the
+// key soon after the grant expires, because the refusal carried the
+// grant's PTTL.
+func TestWaiterWakesAtExpiry(t *testing.T) {
+	ctx := testCtx(t)
+	srv := testenv.StartRedis(t, testenv.RedisConfig{})
+	dead := newDriver(t, srv, nil)
+	if _, err := dead.TryAcquire(ctx, "job", owner(), 700*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	c := fenced.NewClient(newDriver(t, srv, nil), &fenced.Options{FallbackPoll: time.Minute, MinBackoff: time.Minute, MaxBackoff: time.Minute})
+	defer c.Close()
+	start := time.Now()
+	l, err := c.Acquire(ctx, "job", &fenced.LeaseOptions{Purpose: fenced.Efficiency, MaxWait: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release(ctx)
+	if took := time.Since(start); took > 20*time.Second {
+		t.Fatalf("waiter took %v to notice a grant that expired after 700ms", took)
+	}
 }

@@ -46,8 +46,14 @@
 // persistence, the lock is gone and the same fence can be issued to a second
 // holder. A correctness lease therefore needs LeaseOptions.AllowRepeatableFence.
 //
-// Waiters are woken by pub/sub (see Notifier); FIFO is not promised across
-// processes. Breaks are recorded in a capped stream per key (BreakLogger).
+// Waiters are woken by pub/sub: release and break PUBLISH on the key's
+// channel inside their script; each driver holds one subscriber connection
+// and wakes only waiters of that key, one per release, oldest first. A
+// grant that expires without a release publishes nothing: the refusal a
+// waiter got carried the grant's PTTL, and the waiter retries then. FIFO is
+// not promised (Guarantees.FIFO is false): within one process waiters are
+// woken in arrival order, across processes whoever retries first wins.
+// Breaks are recorded in a capped stream per key (BreakLogger).
 // Renewals of many leases are pipelined into one round trip (BatchRenewer).
 package redis
 
@@ -126,9 +132,10 @@ var (
 	_ driver.BreakLogger  = (*Driver)(nil)
 )
 
-// New returns a driver over an existing go-redis client (a *redis.Client,
-// *redis.ClusterClient, *redis.Ring is not supported since its keys move,
-// or a failover client). opts may be nil. The driver does not own c:
+// New returns a driver over an existing go-redis client: a *redis.Client,
+// a Sentinel failover client or a *redis.ClusterClient (a *redis.Ring is
+// refused, since its shards move keys and so reset fence counters). opts
+// may be nil. The driver does not own c:
 // Close leaves it open. go-redis retries failed commands by default
 // (MaxRetries 3); every fenced script is safe to retry except that a
 // release retried after it took effect reports ErrNotHeld.
@@ -497,9 +504,9 @@ func (d *Driver) Subscribe(ctx context.Context, key string) (driver.Subscription
 
 // guaranteesNote is the Note of Guarantees; the portable Client quotes it
 // when it refuses a correctness lease.
-const guaranteesNote = "redis: the fence is INCR of a per-key counter in the grant's script, strictly increasing while this node's data survives " +
-	"(appendonly yes, appendfsync always, counter never evicted); replication is asynchronous, so after a failover to a replica " +
-	"that missed a grant, or a restart without persistence, the lock is lost and the same fence can be issued to a second holder"
+const guaranteesNote = "redis: fences come from a per-key INCR counter and rise strictly only while this node keeps its data, " +
+	"which needs appendonly yes, appendfsync always and no eviction; replication is asynchronous, so a failover to a replica " +
+	"that missed a grant, or a restart without persistence, loses the lock and can hand the same fence to a second holder"
 
 // Guarantees implements driver.Driver.
 func (d *Driver) Guarantees() driver.Guarantees {

@@ -31,6 +31,10 @@
 // validity from before the first request was sent, minus the same drift
 // allowance (LeaseOptions.SafetyMargin defaults to TTL/100 + 2ms).
 //
+// A node whose key holds a value fenced did not write refuses the grant
+// and is never written to; if that costs the majority, the attempt fails
+// with an error matching ErrForeignValue.
+//
 // # Guarantees
 //
 // Redlock has no monotonic token: with no FenceSource the driver declares
@@ -441,7 +445,7 @@ func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Dur
 		}
 	}
 	validity := ttl - elapsed - drift(ttl)
-	if ours >= d.quorum && validity > 0 && !foreign {
+	if ours >= d.quorum && validity > 0 {
 		return granted, nil
 	}
 
@@ -859,8 +863,9 @@ func (d *Driver) Breaks(ctx context.Context, key string) ([]driver.BreakRecord, 
 	return out, nil
 }
 
-// Subscribe implements driver.Notifier: it subscribes on every node that
-// answers (each publishes on release and break) and merges the wake-ups.
+// Subscribe implements driver.Notifier: it subscribes on the nodes (each
+// publishes on release and break), returns once a majority confirmed, and
+// merges the wake-ups.
 func (d *Driver) Subscribe(ctx context.Context, key string) (driver.Subscription, error) {
 	if err := d.usable(); err != nil {
 		return nil, err
@@ -875,7 +880,18 @@ func (d *Driver) Subscribe(ctx context.Context, key string) (driver.Subscription
 			}
 		}
 		return nil, errors.New("unknown node")
-	}, nil, func(r reply[driver.Subscription]) {
+	}, func(rs []reply[driver.Subscription]) bool {
+		// A majority suffices: every grant is on a majority of nodes, so
+		// its release publishes on at least one of them; a stopped node
+		// must not delay the wait.
+		ok := 0
+		for _, r := range rs {
+			if r.err == nil {
+				ok++
+			}
+		}
+		return ok >= d.quorum
+	}, func(r reply[driver.Subscription]) {
 		if r.err == nil {
 			r.val.Close()
 		}
@@ -935,13 +951,13 @@ func (m *merged) Close() error {
 
 // Guarantees implements driver.Driver.
 func (d *Driver) Guarantees() driver.Guarantees {
-	note := fmt.Sprintf("redlock over %d nodes (majority %d): mutual exclusion assumes bounded clock drift between nodes and pauses shorter than the TTL", len(d.nodes), d.quorum)
+	note := fmt.Sprintf("redlock over %d nodes, majority %d: mutual exclusion assumes bounded clock drift between nodes and pauses shorter than the TTL", len(d.nodes), d.quorum)
 	strength := driver.FenceNone
 	if d.opts.Fence != nil {
 		strength = d.opts.Fence.Strength()
-		note += fmt.Sprintf("; fences come from an external source (%s), and each node refuses a fence older than one it granted", strength)
+		note += fmt.Sprintf("; fences come from an external source whose fence is %s, and each node refuses a fence older than one it granted", strength)
 	} else {
-		note += "; Redlock has no monotonic token: supply a FenceSource (redlock.Options.Fence or fence= in the URL)"
+		note += "; Redlock has no monotonic token of its own, so supply a FenceSource with redlock.Options.Fence or fence= in the URL"
 	}
 	return driver.Guarantees{Fence: strength, ServerClock: true, Notify: true, FIFO: false, Note: note}
 }

@@ -19,13 +19,13 @@ need() { # need PACKAGE TEST-COMMAND...
 }
 need postgresql bash -c 'ls /usr/lib/postgresql/*/bin/postgres'
 need mariadb-server test -x /usr/sbin/mariadbd
+need pgbouncer test -x /usr/sbin/pgbouncer
 need redis-server command -v redis-server
 need etcd-server command -v etcd
 need etcd-client command -v etcdctl
 need zookeeper test -f /usr/share/java/zookeeper.jar
 need libcurator-recipes-java test -f /usr/share/java/curator-recipes.jar
 need default-jdk-headless command -v javac
-need python3-kazoo /usr/bin/python3 -c 'import kazoo'
 need python3-redis /usr/bin/python3 -c 'import redis'
 
 if ((${#missing[@]})); then

@@ -44,7 +44,7 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
-	"github.com/fenced-dev/fenced/internal/sqlident"
+	"github.com/fenced-dev/fenced/internal/leasetable"
 )
 
 func init() {
@@ -52,7 +52,7 @@ func init() {
 }
 
 // DefaultTable is the lease table's default name.
-const DefaultTable = "fenced_leases"
+const DefaultTable = leasetable.DefaultTable
 
 // DefaultPath returns the default lease file:
 // $XDG_STATE_HOME/fenced/fenced.db, or ~/.local/state/fenced/fenced.db.
@@ -113,8 +113,8 @@ func openURL(ctx context.Context, u *url.URL) (driver.Driver, error) {
 		}
 	}
 	if opts.Table != "" {
-		if err := sqlident.Check("table", opts.Table); err != nil {
-			return nil, fmt.Errorf("%w: %v", driver.ErrInvalidURL, err)
+		if err := leasetable.ValidateTable(opts.Table); err != nil {
+			return nil, err
 		}
 	}
 	return OpenFile(ctx, path, &opts)
@@ -184,8 +184,8 @@ func New(ctx context.Context, db *sql.DB, opts *Options) (*Driver, error) {
 	if o.Table == "" {
 		o.Table = DefaultTable
 	}
-	if err := sqlident.Check("table", o.Table); err != nil {
-		return nil, fmt.Errorf("%w: %v", driver.ErrInvalidURL, err)
+	if err := leasetable.ValidateTable(o.Table); err != nil {
+		return nil, err
 	}
 	d := &Driver{db: db, table: o.Table, q: newQueries(o.Table)}
 	if err := d.migrate(ctx); err != nil {
@@ -223,12 +223,18 @@ WHERE substr(key, 1, length(?1)) = ?1 AND owner IS NOT NULL AND expires_ms > NOW
 WHERE key = ?1 AND owner IS NOT NULL AND expires_ms > NOW
 RETURNING fence, NOW`),
 		logBreak: r.Replace(`INSERT INTO T__breaks (key, fence, owner, reason, by_whom, at_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6)`),
-		breaks:   r.Replace(`SELECT at_ms, key, fence, owner, reason, by_whom FROM T__breaks WHERE ?1 = '' OR key = ?1 ORDER BY id`),
+		breaks:   r.Replace(`SELECT at_ms * 1000, key, fence, owner, reason, by_whom FROM T__breaks WHERE ?1 = '' OR key = ?1 ORDER BY id`),
 	}
 }
 
-var leaseColumns = []string{"key", "owner", "fence", "expires_ms", "granted_ms"}
-var breakColumns = []string{"id", "key", "fence", "owner", "reason", "by_whom", "at_ms"}
+// The shapes the driver needs, with the declared types pragma_table_info
+// reports.
+var (
+	leaseColumns = []leasetable.Column{{Name: "key", Type: "text"}, {Name: "owner", Type: "text"}, {Name: "fence", Type: "integer"},
+		{Name: "expires_ms", Type: "integer"}, {Name: "granted_ms", Type: "integer"}}
+	breakColumns = []leasetable.Column{{Name: "id", Type: "integer"}, {Name: "key", Type: "text"}, {Name: "fence", Type: "integer"},
+		{Name: "owner", Type: "text"}, {Name: "reason", Type: "text"}, {Name: "by_whom", Type: "text"}, {Name: "at_ms", Type: "integer"}}
+)
 
 func (d *Driver) migrate(ctx context.Context) error {
 	t := d.table
@@ -261,30 +267,26 @@ func (d *Driver) migrate(ctx context.Context) error {
 	return d.checkColumns(ctx, t+"_breaks", breakColumns)
 }
 
-// checkColumns fails clearly when a table of ours exists in another shape.
-func (d *Driver) checkColumns(ctx context.Context, table string, want []string) error {
-	rows, err := d.db.QueryContext(ctx, `SELECT name FROM pragma_table_info(?1)`, table)
+// checkColumns fails clearly (with leasetable.ErrSchema) when a table of
+// ours exists in another shape.
+func (d *Driver) checkColumns(ctx context.Context, table string, want []leasetable.Column) error {
+	rows, err := d.db.QueryContext(ctx, `SELECT name, type FROM pragma_table_info(?1)`, table)
 	if err != nil {
 		return classify(err)
 	}
 	defer rows.Close()
-	have := map[string]bool{}
+	have := map[string]string{}
 	for rows.Next() {
-		var n string
-		if err := rows.Scan(&n); err != nil {
+		var n, typ string
+		if err := rows.Scan(&n, &typ); err != nil {
 			return classify(err)
 		}
-		have[n] = true
+		have[n] = strings.ToLower(typ)
 	}
 	if err := rows.Err(); err != nil {
 		return classify(err)
 	}
-	for _, c := range want {
-		if !have[c] {
-			return fmt.Errorf("table %s exists but has no column %q: it was not created by this version of fenced (choose another table with ?table=)", table, c)
-		}
-	}
-	return nil
+	return leasetable.CheckShape(table, want, have, true)
 }
 
 // classify maps SQLite errors to fenced's sentinels: a busy or locked
@@ -486,13 +488,10 @@ func (d *Driver) Breaks(ctx context.Context, key string) ([]driver.BreakRecord, 
 	defer rows.Close()
 	var out []driver.BreakRecord
 	for rows.Next() {
-		var r driver.BreakRecord
-		var at, fence int64
-		if err := rows.Scan(&at, &r.Key, &fence, &r.Owner, &r.Reason, &r.By); err != nil {
+		r, err := leasetable.ScanBreak(rows)
+		if err != nil {
 			return nil, classify(err)
 		}
-		r.Time = time.UnixMilli(at)
-		r.Fence = uint64(fence)
 		out = append(out, r)
 	}
 	return out, classify(rows.Err())

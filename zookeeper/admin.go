@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -40,13 +39,20 @@ func (d *Driver) adminConn() (*zk.Conn, error) {
 }
 
 // holder reads the lock at lockPath: its holder's node (name "" when free),
-// its stat and data, and the fence recorded on the lock path.
+// its stat and data, and the lock path's mzxid. fenced creates every lock
+// node in one transaction with a write to the lock path, so the mzxid is
+// the czxid of the last node fenced created there: when the lock is free,
+// the highest fence fenced has handed out (or reserved, for a waiter that
+// gave up) on it.
 func (d *Driver) holder(conn *zk.Conn, lockPath string) (name string, stat *zk.Stat, data []byte, record uint64, err error) {
-	rec, _, err := conn.Get(lockPath)
+	ok, pstat, err := conn.Exists(lockPath)
+	if err == nil && !ok {
+		err = zk.ErrNoNode
+	}
 	if err != nil {
 		return "", nil, nil, 0, err
 	}
-	record, _ = strconv.ParseUint(string(rec), 10, 64)
+	record = uint64(pstat.Mzxid)
 	names, _, err := conn.Children(lockPath)
 	if err != nil {
 		return "", nil, nil, 0, err
@@ -81,7 +87,9 @@ func ownerOf(stat *zk.Stat, data []byte) string {
 // holders, whose session timeouts the server does not expose.
 func (d *Driver) remaining(key string, stat *zk.Stat, data []byte) time.Duration {
 	if e := d.lookup(key, string(data)); e != nil && e.czxid == stat.Czxid {
-		return max(0, time.Until(e.deadline))
+		if dl, ok := d.reaper.Deadline(e); ok {
+			return max(0, time.Until(dl))
+		}
 	}
 	return 0
 }
@@ -165,7 +173,7 @@ func (d *Driver) List(ctx context.Context, prefix string) ([]driver.LeaseInfo, e
 }
 
 // Break implements driver.Driver: it deletes the holder's node (a Curator
-// holder's too) and records its fence, in one transaction.
+// holder's too).
 func (d *Driver) Break(ctx context.Context, key string, req driver.BreakRequest) (driver.LeaseInfo, error) {
 	conn, err := d.adminConn()
 	if err != nil {
@@ -181,8 +189,7 @@ func (d *Driver) Break(ctx context.Context, key string, req driver.BreakRequest)
 		return info, readErr("break", err)
 	}
 	info.Held, info.Owner, info.Fence = true, ownerOf(stat, data), uint64(stat.Czxid)
-	_, err = conn.Multi(&zk.DeleteRequest{Path: lockPath + "/" + name, Version: stat.Version},
-		&zk.SetDataRequest{Path: lockPath, Data: []byte(strconv.FormatInt(stat.Czxid, 10)), Version: -1})
+	err = conn.Delete(lockPath+"/"+name, stat.Version)
 	if errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrBadVersion) {
 		return info, fmt.Errorf("zookeeper: break %q: %w: released meanwhile", key, driver.ErrNotHeld)
 	}

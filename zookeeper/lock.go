@@ -22,10 +22,10 @@ const lockMarker = "lock-"
 // entryID names a node this driver created (or may have created).
 type entryID struct{ key, owner string }
 
-// entry tracks one lock node of this driver. Until its deadline is extended
-// by a renewal the node stands; once the deadline passes the driver deletes
-// it, so a grant nobody renews ends after its TTL even though the process
-// keeps its session alive.
+// entry tracks one lock node of this driver. Its deadline (kept by the
+// driver's reaper) is pushed back by every renewal; once it passes the
+// driver deletes the node, so a grant nobody renews ends after its TTL even
+// though the process keeps its session alive.
 type entry struct {
 	id       entryID
 	zc       *zsession
@@ -35,14 +35,6 @@ type entry struct {
 	session  int64
 	czxid    int64
 	granted  bool
-	deadline time.Time
-	timer    *time.Timer
-}
-
-func (e *entry) stop() {
-	if e.timer != nil {
-		e.timer.Stop()
-	}
 }
 
 func (e *entry) protectedPrefix() string { return "_c_" + e.uuid + "-" }
@@ -81,47 +73,43 @@ func (d *Driver) lookup(key, owner string) *entry {
 // track records e and (re)arms its deadline at from+ttl.
 func (d *Driver) track(e *entry, ttl time.Duration, from time.Time) {
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	if d.closed {
+		d.mu.Unlock()
 		return
 	}
-	if old, ok := d.entries[e.id]; ok && old != e {
-		old.stop()
-	}
+	old := d.entries[e.id]
 	d.entries[e.id] = e
-	e.deadline = from.Add(ttl)
-	e.stop()
-	e.timer = time.AfterFunc(time.Until(e.deadline), func() { d.reap(e) })
+	d.mu.Unlock()
+	if old != nil && old != e {
+		d.reaper.Forget(old)
+	}
+	d.reaper.Set(e, from.Add(ttl))
 }
 
+// forget drops e (if it is still the current entry for its id) and
+// disarms its deadline.
 func (d *Driver) forget(e *entry) {
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	if d.entries[e.id] == e {
 		delete(d.entries, e.id)
 	}
-	e.stop()
+	d.mu.Unlock()
+	d.reaper.Forget(e)
 }
 
-// reap deletes e's node once its deadline passed without renewal, trying
-// again a second later if that fails.
-func (d *Driver) reap(e *entry) {
-	d.mu.Lock()
-	if d.closed || d.entries[e.id] != e || time.Now().Before(e.deadline) {
-		d.mu.Unlock()
-		return
-	}
-	d.mu.Unlock()
+// reap deletes e's node (the reaper calls it when e's deadline passed
+// without renewal) and forgets e.
+func (d *Driver) reap(e *entry) error {
 	if err := d.deleteNode(e); err != nil {
-		d.mu.Lock()
-		if d.entries[e.id] == e && !d.closed {
-			e.timer = time.AfterFunc(time.Second, func() { d.reap(e) })
-		}
-		d.mu.Unlock()
-		return
+		return err
 	}
 	d.forget(e)
+	return nil
 }
+
+// abandon deletes e's node now; if that fails the reaper keeps trying in
+// the background.
+func (d *Driver) abandon(e *entry) { _ = d.reaper.EndNow(e) }
 
 // deleteNode deletes e's node, finding it by its protected prefix when its
 // path is unknown. A node already gone is not an error.
@@ -137,13 +125,7 @@ func (d *Driver) deleteNode(e *entry) error {
 		}
 		path = p
 	}
-	var err error
-	if e.granted && e.czxid != 0 {
-		_, err = e.zc.conn.Multi(&zk.DeleteRequest{Path: path, Version: -1}, &zk.SetDataRequest{Path: e.lockPath, Data: []byte(strconv.FormatInt(e.czxid, 10)), Version: -1})
-	} else {
-		err = e.zc.conn.Delete(path, -1)
-	}
-	if err != nil && !errors.Is(err, zk.ErrNoNode) {
+	if err := e.zc.conn.Delete(path, -1); err != nil && !errors.Is(err, zk.ErrNoNode) {
 		return err
 	}
 	return nil
@@ -181,38 +163,58 @@ func (d *Driver) ensureParents(conn *zk.Conn, path string) error {
 	return nil
 }
 
-// createNode creates e's ephemeral sequential node. On a connection loss it
-// looks for the node by its protected prefix before giving up, so a create
-// the server applied is used, never orphaned. If ctx ends first, the node
-// is deleted as soon as the create returns.
+// createNode creates e's ephemeral sequential node and learns its czxid.
+// The create travels in one transaction with a write to the lock path's
+// data, whose stat then carries the transaction's zxid: the new node's
+// czxid, without another round trip. On a connection loss it looks for the
+// node by its protected prefix before giving up, so a create the server
+// applied is used, never orphaned. If ctx ends first, the node is deleted
+// as soon as the create returns.
 func (d *Driver) createNode(ctx context.Context, e *entry) error {
 	type result struct {
-		path string
-		err  error
+		path  string
+		czxid int64
+		err   error
 	}
 	ch := make(chan result, 1)
 	data := []byte(e.id.owner)
 	go func() {
-		name := e.lockPath + "/" + e.protectedPrefix() + lockMarker
-		p, err := e.zc.conn.Create(name, data, zk.FlagEphemeral|zk.FlagSequence, d.acl)
+		create := func() (string, int64, error) {
+			res, err := e.zc.conn.Multi(
+				&zk.CreateRequest{Path: e.lockPath + "/" + e.protectedPrefix() + lockMarker, Data: data, Acl: d.acl, Flags: zk.FlagEphemeral | zk.FlagSequence},
+				&zk.SetDataRequest{Path: e.lockPath, Version: -1})
+			if err != nil {
+				return "", 0, err
+			}
+			if len(res) != 2 || res[1].Stat == nil {
+				return "", 0, fmt.Errorf("unexpected multi response %+v", res)
+			}
+			return res[0].String, res[1].Stat.Mzxid, nil
+		}
+		p, czxid, err := create()
 		if errors.Is(err, zk.ErrNoNode) {
-			// The lock path does not exist yet: the create failed, nothing
-			// was applied. Make the path and create once.
+			// The lock path does not exist yet: the transaction failed,
+			// nothing was applied. Make the path and create once.
 			if perr := d.ensureParents(e.zc.conn, e.lockPath); perr != nil {
-				ch <- result{"", perr}
+				ch <- result{err: perr}
 				return
 			}
-			p, err = e.zc.conn.Create(name, data, zk.FlagEphemeral|zk.FlagSequence, d.acl)
+			p, czxid, err = create()
 		}
-		if err != nil && !errors.Is(err, zk.ErrNodeExists) && !errors.Is(err, zk.ErrNoAuth) && !errors.Is(err, zk.ErrSessionExpired) {
+		if err != nil && !errors.Is(err, zk.ErrNodeExists) && !errors.Is(err, zk.ErrNoAuth) && !errors.Is(err, zk.ErrSessionExpired) && !errors.Is(err, zk.ErrNoNode) {
 			// Connection loss: the create may have been applied.
-			if found, ferr := d.findProtected(e); ferr == nil && found != "" {
-				p, err = found, nil
-			} else if ferr == nil {
+			found, ferr := d.findProtected(e)
+			switch {
+			case ferr == nil && found != "":
+				ok, stat, serr := e.zc.conn.Exists(found)
+				if serr == nil && ok {
+					p, czxid, err = found, stat.Czxid, nil
+				}
+			case ferr == nil:
 				err = fmt.Errorf("%w: %v (no node with our protected prefix was created)", driver.ErrUnavailable, err)
 			}
 		}
-		ch <- result{p, err}
+		ch <- result{p, czxid, err}
 	}()
 	select {
 	case r := <-ch:
@@ -220,12 +222,14 @@ func (d *Driver) createNode(ctx context.Context, e *entry) error {
 			if errors.Is(r.err, driver.ErrUnavailable) || errors.Is(r.err, zk.ErrSessionExpired) {
 				return fmt.Errorf("zookeeper: create lock node: %w", r.err)
 			}
-			if errors.Is(r.err, zk.ErrNoAuth) {
+			if errors.Is(r.err, zk.ErrNoAuth) || errors.Is(r.err, zk.ErrNoNode) {
 				return fmt.Errorf("zookeeper: create lock node under %s: %w", e.lockPath, r.err)
 			}
 			return writeErr("create lock node", r.err)
 		}
-		e.path = r.path
+		// The session that just created the node owns it (taken now: a
+		// new connection has no session id until it is established).
+		e.path, e.czxid, e.session = r.path, r.czxid, e.zc.conn.SessionID()
 		return nil
 	case <-ctx.Done():
 		go func() {
@@ -237,31 +241,23 @@ func (d *Driver) createNode(ctx context.Context, e *entry) error {
 	}
 }
 
-// state reads the lock's children and our node's stat, concurrently.
-func (d *Driver) state(e *entry) (children []child, stat *zk.Stat, err error) {
-	var (
-		names []string
-		cerr  error
-		wg    sync.WaitGroup
-	)
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		names, _, cerr = e.zc.conn.Children(e.lockPath)
-	}()
-	ok, stat, serr := e.zc.conn.Exists(e.path)
-	wg.Wait()
-	if cerr != nil {
-		return nil, nil, readErr("list lock nodes", cerr)
+// queue reads the lock's nodes in order and returns our position (-1 when
+// our node is missing: the session expired or an admin broke it).
+func (d *Driver) queue(e *entry) ([]child, int, error) {
+	names, _, err := e.zc.conn.Children(e.lockPath)
+	if err != nil {
+		return nil, -1, readErr("list lock nodes", err)
 	}
-	if serr != nil {
-		return nil, nil, readErr("stat lock node", serr)
+	children, err := sortChildren(e.lockPath, names)
+	if err != nil {
+		return nil, -1, err
 	}
-	if !ok || stat.EphemeralOwner != e.session {
-		return nil, nil, fmt.Errorf("zookeeper: %w: our lock node %s is gone (session expired or broken)", driver.ErrUnavailable, e.path)
+	for i, c := range children {
+		if e.lockPath+"/"+c.name == e.path {
+			return children, i, nil
+		}
 	}
-	children, err = sortChildren(e.lockPath, names)
-	return children, stat, err
+	return children, -1, nil
 }
 
 func (d *Driver) newEntry(ctx context.Context, key, owner string, ttl time.Duration) (*entry, error) {
@@ -269,7 +265,7 @@ func (d *Driver) newEntry(ctx context.Context, key, owner string, ttl time.Durat
 	if err != nil {
 		return nil, err
 	}
-	return &entry{id: entryID{key, owner}, zc: zc, lockPath: d.lockPath(key), uuid: newUUID(), session: zc.conn.SessionID()}, nil
+	return &entry{id: entryID{key, owner}, zc: zc, lockPath: d.lockPath(key), uuid: newUUID()}, nil
 }
 
 // TryAcquire implements driver.Driver: create a node, and delete it again
@@ -289,23 +285,25 @@ func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Dur
 		}
 		return 0, err
 	}
-	children, stat, err := d.state(e)
-	if err != nil || len(children) == 0 || e.lockPath+"/"+children[0].name != e.path {
-		d.track(e, 0, start)
-		d.reap(e)
-		if err != nil {
+	_, idx, err := d.queue(e)
+	if err != nil || idx != 0 {
+		d.abandon(e)
+		switch {
+		case err != nil:
 			return 0, err
+		case idx < 0:
+			return 0, fmt.Errorf("zookeeper: acquire: %w: our lock node %s vanished (session expired)", driver.ErrUnavailable, e.path)
 		}
 		return 0, &driver.HeldError{Key: key}
 	}
-	e.czxid, e.granted = stat.Czxid, true
+	e.granted = true
 	d.track(e, ttl, start)
 	return uint64(e.czxid), nil
 }
 
 // confirm serves a repeated TryAcquire by the owner of e.
 func (d *Driver) confirm(ctx context.Context, e *entry, ttl time.Duration, start time.Time) (uint64, error) {
-	if e.path == "" {
+	if e.path == "" || e.czxid == 0 {
 		p, err := d.findProtected(e)
 		if err != nil {
 			return 0, readErr("find lock node", err)
@@ -314,65 +312,90 @@ func (d *Driver) confirm(ctx context.Context, e *entry, ttl time.Duration, start
 			d.forget(e)
 			return d.TryAcquire(ctx, e.id.key, e.id.owner, ttl)
 		}
-		e.path = p
+		ok, stat, err := e.zc.conn.Exists(p)
+		if err != nil || !ok {
+			return 0, readErr("stat lock node", fmt.Errorf("%s: exists=%v: %v", p, ok, err))
+		}
+		e.path, e.czxid = p, stat.Czxid
 	}
-	children, stat, err := d.state(e)
+	_, idx, err := d.queue(e)
 	if err != nil {
 		return 0, err
 	}
-	if len(children) == 0 || e.lockPath+"/"+children[0].name != e.path {
+	if idx < 0 {
+		d.forget(e)
+		return d.TryAcquire(ctx, e.id.key, e.id.owner, ttl)
+	}
+	if idx != 0 {
 		return 0, &driver.HeldError{Key: e.id.key}
 	}
-	e.czxid, e.granted = stat.Czxid, true
+	e.granted = true
 	d.track(e, ttl, start)
 	return uint64(e.czxid), nil
 }
 
-// Acquire implements driver.Queuer: create a node, then wait for the
-// deletion of the node just before it until it is the lowest.
+// Acquire implements driver.Queuer; see AcquireTimed.
 func (d *Driver) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
+	f, _, err := d.AcquireTimed(ctx, key, owner, ttl)
+	return f, err
+}
+
+// AcquireTimed implements driver.TimedQueuer: create a node, then wait for
+// the deletion of the node just before it until it is the lowest. The grant
+// is confirmed by the listing that finds our node first, which the server
+// answers only while our session lives (and which extends the session), so
+// the lease's validity starts when that listing was sent.
+func (d *Driver) AcquireTimed(ctx context.Context, key, owner string, ttl time.Duration) (uint64, time.Time, error) {
 	start := time.Now()
 	e, err := d.newEntry(ctx, key, owner, ttl)
 	if err != nil {
-		return 0, err
+		return 0, time.Time{}, err
 	}
 	if err := d.createNode(ctx, e); err != nil {
 		if errors.Is(err, driver.ErrUnknownOutcome) {
-			d.track(e, 0, start)
-			d.reap(e)
+			d.abandon(e)
 		}
-		return 0, err
+		return 0, time.Time{}, err
 	}
 	d.track(e, max(ttl, time.Hour), start) // waiting: the session keeps the node
-	fail := func(err error) (uint64, error) {
-		d.track(e, 0, start)
-		go d.reap(e)
+	fail := func(err error) (uint64, time.Time, error) {
+		d.abandon(e)
 		if ctx.Err() != nil {
-			return 0, context.Cause(ctx)
+			return 0, time.Time{}, context.Cause(ctx)
 		}
-		return 0, err
+		return 0, time.Time{}, err
 	}
-	for {
-		children, stat, err := d.state(e)
+	// pause waits a little before looking again after a connection loss
+	// (the client reconnects within the session, keeping our node).
+	pause := func() bool {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(100 * time.Millisecond):
+			return true
+		}
+	}
+	for sent := start; ; sent = time.Now() {
+		children, idx, err := d.queue(e)
 		if err != nil {
+			if transient(err) && pause() {
+				continue
+			}
 			return fail(err)
 		}
-		idx := -1
-		for i, c := range children {
-			if e.lockPath+"/"+c.name == e.path {
-				idx = i
-			}
-		}
 		if idx == 0 {
-			e.czxid, e.granted = stat.Czxid, true
-			d.track(e, ttl, time.Now())
-			return uint64(e.czxid), nil
+			e.granted = true
+			d.track(e, ttl, sent)
+			return uint64(e.czxid), sent, nil
 		}
 		if idx < 0 {
-			return fail(fmt.Errorf("zookeeper: %w: our lock node %s vanished", driver.ErrUnavailable, e.path))
+			return fail(fmt.Errorf("zookeeper: %w: our lock node %s vanished (session expired or broken)", driver.ErrUnavailable, e.path))
 		}
 		ok, _, ch, err := e.zc.conn.ExistsW(e.lockPath + "/" + children[idx-1].name)
 		if err != nil {
+			if transient(err) && pause() {
+				continue
+			}
 			return fail(readErr("watch predecessor", err))
 		}
 		if !ok {
@@ -449,19 +472,14 @@ func (d *Driver) Renew(ctx context.Context, g driver.Grant, ttl time.Duration) e
 	return nil
 }
 
-// Release implements driver.Driver: it deletes g's node and records its
-// fence on the lock path for Inspect, in one transaction.
+// Release implements driver.Driver: it deletes g's node.
 func (d *Driver) Release(ctx context.Context, g driver.Grant) error {
 	e, err := d.grantEntry("release", g)
 	if err != nil {
 		return err
 	}
 	ch := make(chan error, 1)
-	go func() {
-		_, err := e.zc.conn.Multi(&zk.DeleteRequest{Path: e.path, Version: -1},
-			&zk.SetDataRequest{Path: e.lockPath, Data: []byte(strconv.FormatInt(e.czxid, 10)), Version: -1})
-		ch <- err
-	}()
+	go func() { ch <- e.zc.conn.Delete(e.path, -1) }()
 	select {
 	case err = <-ch:
 	case <-ctx.Done():
@@ -478,6 +496,10 @@ func (d *Driver) Release(ctx context.Context, g driver.Grant) error {
 	return nil
 }
 
+// lossWatchDelay is how long after a grant its loss watch starts; the
+// first look finds a node deleted in the meantime.
+const lossWatchDelay = 100 * time.Millisecond
+
 // WatchLoss implements driver.LossWatcher with a watch on g's node and on
 // its session's expiry.
 func (d *Driver) WatchLoss(ctx context.Context, g driver.Grant) (<-chan error, error) {
@@ -492,6 +514,14 @@ func (d *Driver) WatchLoss(ctx context.Context, g driver.Grant) (<-chan error, e
 			if ctx.Err() == nil {
 				out <- fmt.Errorf("%w: ZooKeeper node %s %s", driver.ErrLost, e.path, why)
 			}
+		}
+		// Short holds end before the watch would start: that costs the
+		// authority nothing. The first look still sees a deletion that
+		// happened meanwhile.
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(lossWatchDelay):
 		}
 		for ctx.Err() == nil {
 			ok, stat, ch, err := e.zc.conn.ExistsW(e.path)

@@ -36,6 +36,14 @@
 // even when the lock path is deleted and created again (which resets the
 // sequence numbers that Curator and go-zookeeper's Lock hand out).
 //
+// The driver learns a new node's czxid without a second request: it
+// creates the node in one transaction (multi) with an empty write to the
+// lock path's data, whose returned stat carries the transaction's zxid. So
+// the lock path's mzxid is always the czxid of the last node fenced created
+// there, which Inspect reports as the fence of a free lock (the last fence
+// handed out, or reserved by a waiter that gave up). Curator ignores the
+// lock path's data.
+//
 // # Sessions
 //
 // The ZooKeeper session is the lease: the server deletes the ephemeral node
@@ -72,6 +80,7 @@ import (
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/keyname"
+	"github.com/fenced-dev/fenced/internal/reaper"
 )
 
 // DefaultRoot is the parent of lock paths when the URL or Options give none.
@@ -194,6 +203,7 @@ type Driver struct {
 	fixed    *zsession                   // New: the caller's connection
 	sessions map[time.Duration]*zsession // by requested TTL (URL mode)
 	entries  map[entryID]*entry
+	reaper   *reaper.Reaper[*entry]
 	ctx      context.Context
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
@@ -204,7 +214,9 @@ func newDriver(root string, acl []zk.ACL) *Driver {
 		acl = zk.WorldACL(zk.PermAll)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Driver{root: root, acl: acl, sessions: map[time.Duration]*zsession{}, entries: map[entryID]*entry{}, ctx: ctx, cancel: cancel}
+	d := &Driver{root: root, acl: acl, sessions: map[time.Duration]*zsession{}, entries: map[entryID]*entry{}, ctx: ctx, cancel: cancel}
+	d.reaper = reaper.New(d.reap, time.Second)
+	return d
 }
 
 // New returns a driver over conn, which stays the caller's to close (after
@@ -366,7 +378,9 @@ func (d *Driver) Guarantees() driver.Guarantees {
 func (d *Driver) TTLBounds() (min, max time.Duration) { return fenced.MinTTL, d.maxTTL }
 
 // Close closes the sessions the driver opened (their ephemeral nodes go at
-// once) and stops its background work.
+// once) and stops its background work. On a caller's connection (New),
+// whose session outlives the driver, it deletes the nodes of the grants it
+// still tracks instead (for up to a few seconds).
 func (d *Driver) Close() error {
 	d.mu.Lock()
 	if d.closed {
@@ -374,15 +388,33 @@ func (d *Driver) Close() error {
 		return nil
 	}
 	d.closed = true
+	var left []*entry
 	for _, e := range d.entries {
-		e.stop()
+		left = append(left, e)
 	}
 	sessions := d.sessions
+	fixed := d.fixed != nil
 	d.mu.Unlock()
+	if fixed && len(left) > 0 {
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for _, e := range left {
+				_ = d.deleteNode(e)
+			}
+		}()
+		select {
+		case <-done:
+		case <-time.After(3 * time.Second):
+		}
+	}
 	d.cancel()
+	// Closing the connections first fails requests in flight, so no end
+	// the reaper is running can block Close.
 	for _, zc := range sessions {
 		zc.conn.Close()
 	}
+	d.reaper.Close()
 	d.wg.Wait()
 	return nil
 }
@@ -410,9 +442,15 @@ func newUUID() string {
 	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
 }
 
-// zkErr classifies a ZooKeeper error of a request that changes nothing.
+// readErr classifies a ZooKeeper error of a request that changes nothing.
 func readErr(op string, err error) error {
-	return fmt.Errorf("zookeeper: %s: %w: %v", op, driver.ErrUnavailable, err)
+	return fmt.Errorf("zookeeper: %s: %w: %w", op, driver.ErrUnavailable, err)
+}
+
+// transient reports whether err is a connection loss that the client
+// library recovers from by reconnecting within the session.
+func transient(err error) bool {
+	return errors.Is(err, zk.ErrConnectionClosed) || errors.Is(err, zk.ErrNoServer)
 }
 
 // writeErr classifies the error of a request that may have been applied.

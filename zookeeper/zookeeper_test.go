@@ -2,16 +2,21 @@ package zookeeper_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"os"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/go-zookeeper/zk"
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/driver/drivertest"
 	"github.com/fenced-dev/fenced/internal/faulttest"
 	"github.com/fenced-dev/fenced/internal/testenv"
-	_ "github.com/fenced-dev/fenced/zookeeper"
+	"github.com/fenced-dev/fenced/zookeeper"
 )
 
 // openDriver opens a driver by URL, as fenced.Open would.
@@ -29,13 +34,14 @@ func openDriver(t testing.TB, url string) driver.Driver {
 // TestZooKeeper runs everything that needs a standalone server under one
 // server, since a JVM takes seconds to start.
 func TestZooKeeper(t *testing.T) {
-	zk := testenv.StartZooKeeper(t)
+	ens := testenv.StartZooKeeper(t)
 	t.Run("Conformance", func(t *testing.T) {
 		drivertest.RunConformanceTests(t, drivertest.Harness{
 			Open: func(t *testing.T) driver.Driver {
-				return openDriver(t, zk.URL("/conformance", ""))
+				return openDriver(t, ens.URL("/conformance", ""))
 			},
 			ShortTTL: 500 * time.Millisecond,
+			FixedTTL: true,
 			BadURLs: []string{
 				"zk://",
 				"zk:opaque",
@@ -49,9 +55,29 @@ func TestZooKeeper(t *testing.T) {
 			},
 		})
 	})
-	t.Run("Curator", func(t *testing.T) { testCurator(t, zk) })
+	t.Run("ConformanceWithCallersConnection", func(t *testing.T) {
+		drivertest.RunConformanceTests(t, drivertest.Harness{
+			Open: func(t *testing.T) driver.Driver {
+				conn, _, err := zk.Connect(ens.Servers(), 90*time.Second, zk.WithLogInfo(false))
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(conn.Close)
+				d, err := zookeeper.New(conn, &zookeeper.Options{Root: "/conformance-new", SessionTimeout: 90 * time.Second})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return d
+			},
+			ShortTTL: 500 * time.Millisecond,
+			FixedTTL: true,
+		})
+	})
+	t.Run("Curator", func(t *testing.T) { testCurator(t, ens) })
+	t.Run("ForeignNodes", func(t *testing.T) { testForeignNodes(t, ens) })
+	t.Run("ConnectionLossOnCreate", func(t *testing.T) { testConnectionLossOnCreate(t, ens) })
 	t.Run("PausedHolderLosesSession", func(t *testing.T) {
-		faulttest.PausedHolderLosesLease(t, zk.URL("/paused", ""), "paused", time.Second)
+		faulttest.PausedHolderLosesLease(t, ens.URL("/paused", ""), "paused", 2*time.Second)
 	})
 }
 
@@ -76,4 +102,59 @@ func TestEnsembleLosesNode(t *testing.T) {
 		}
 		t.Fatal("no leader found")
 	})
+}
+
+// TestUnreachable checks that opening an ensemble nobody listens on fails
+// with a clear error matching ErrUnavailable.
+func TestUnreachable(t *testing.T) {
+	url := fmt.Sprintf("zk://127.0.0.1:%d/x?dial_timeout=500ms", testenv.FreePort(t))
+	_, err := fenced.Open(context.Background(), url, nil)
+	if !errors.Is(err, fenced.ErrUnavailable) || !strings.Contains(err.Error(), "cannot reach ZooKeeper") {
+		t.Fatalf("Open(%s) = %v, want ErrUnavailable saying it cannot reach ZooKeeper", url, err)
+	}
+}
+
+// testForeignNodes checks that a lock path holding a node that is not a
+// lock node gives a clear error and leaves nothing of ours behind.
+func testForeignNodes(t *testing.T, ens *testenv.ZKEnsemble) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, _, err := zk.Connect(ens.Servers(), 10*time.Second, zk.WithLogInfo(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	for _, p := range []string{"/foreign", "/foreign/k", "/foreign/k/not-a-lock-node"} {
+		if _, err := conn.Create(p, nil, 0, zk.WorldACL(zk.PermAll)); err != nil && !errors.Is(err, zk.ErrNodeExists) {
+			t.Fatal(err)
+		}
+	}
+	c, err := fenced.Open(ctx, ens.URL("/foreign", ""), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for _, wait := range []time.Duration{0, time.Second} {
+		_, err := c.Acquire(ctx, "k", &fenced.LeaseOptions{MaxWait: wait})
+		if err == nil || !strings.Contains(err.Error(), `foreign node "not-a-lock-node"`) || !strings.Contains(err.Error(), "/foreign/k") {
+			t.Fatalf("Acquire (MaxWait %v) on a lock path with a foreign node: %v, want an error naming the node and path", wait, err)
+		}
+	}
+	if _, err := c.Inspect(ctx, "k"); err == nil || !strings.Contains(err.Error(), "foreign node") {
+		t.Fatalf("Inspect: %v, want the foreign-node error", err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		kids, _, err := conn.Children("/foreign/k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(kids) == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("our lock nodes were left behind: %v", kids)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }

@@ -6,7 +6,12 @@
 //
 // Uncontended reports one acquire+release per op; HandoverN has N waiters
 // queued and reports the latency from the holder's release call to the
-// next holder's acquire returning (p50/p99 over all handovers).
+// next holder's acquire returning (p50/p99 over all handovers). The
+// implementations run in alternating rounds of 20 operations, so load from
+// elsewhere on the machine hits them alike; each reports <name>-p50-µs and
+// <name>-p99-µs, and fenced/<name>-p50-ratio compares fenced with each.
+// "driver" is fenced's driver called directly (driver.Queuer and Release),
+// without the portable Client, to show what the Client costs.
 package consensus
 
 import (
@@ -95,18 +100,23 @@ func zkFactory(servers []string) newLocker {
 	}
 }
 
-func benchUncontended(b *testing.B, nl newLocker) {
+// impl is one lock implementation under comparison.
+type impl struct {
+	name string
+	nl   newLocker
+}
+
+// round is how many operations one implementation runs before the next
+// takes its turn: implementations alternate in rounds so that load from
+// elsewhere on the machine hits them alike.
+const round = 20
+
+// uncontended runs ops acquire+release pairs on one locker and returns
+// their latencies.
+func uncontended(b *testing.B, l locker, ops int) []time.Duration {
 	ctx := context.Background()
-	l := nl(b, fmt.Sprintf("u%d", time.Now().UnixNano()))
-	if err := l.Lock(ctx); err != nil { // warm up: sessions, parents
-		b.Fatal(err)
-	}
-	if err := l.Unlock(ctx); err != nil {
-		b.Fatal(err)
-	}
-	lat := make([]time.Duration, 0, b.N)
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
+	lat := make([]time.Duration, 0, ops)
+	for i := 0; i < ops; i++ {
 		t0 := time.Now()
 		if err := l.Lock(ctx); err != nil {
 			b.Fatal(err)
@@ -116,26 +126,22 @@ func benchUncontended(b *testing.B, nl newLocker) {
 		}
 		lat = append(lat, time.Since(t0))
 	}
-	report(b, lat)
+	return lat
 }
 
-// benchHandover runs waiters+1 contenders; every acquisition after the
-// first is a handover, timed from the previous holder's release call.
-func benchHandover(b *testing.B, nl newLocker, waiters int) {
+// handover has all lockers (one holder, the rest waiters) contend until ops
+// acquisitions have happened, and returns the latency of each handover:
+// from the previous holder's release call to the next holder's acquire
+// returning.
+func handover(b *testing.B, ls []locker, ops int) []time.Duration {
 	ctx := context.Background()
-	key := fmt.Sprintf("h%d", time.Now().UnixNano())
-	ls := make([]locker, waiters+1)
-	for i := range ls {
-		ls[i] = nl(b, key)
-	}
 	var (
 		mu         sync.Mutex
 		releasedAt time.Time
 		lat        []time.Duration
-		left       = b.N
+		left       = ops
 		wg         sync.WaitGroup
 	)
-	b.ResetTimer()
 	for _, l := range ls {
 		wg.Add(1)
 		go func() {
@@ -149,8 +155,8 @@ func benchHandover(b *testing.B, nl newLocker, waiters int) {
 				if !releasedAt.IsZero() {
 					lat = append(lat, time.Since(releasedAt))
 				}
-				done := left <= 0
 				left--
+				done := left <= 0
 				releasedAt = time.Now()
 				mu.Unlock()
 				if err := l.Unlock(ctx); err != nil {
@@ -164,52 +170,77 @@ func benchHandover(b *testing.B, nl newLocker, waiters int) {
 		}()
 	}
 	wg.Wait()
-	report(b, lat)
+	// Waiters still queued when the count ran out hold once more each;
+	// drop those tail samples' effect by counting only the first ops-1.
+	if len(lat) > ops-1 {
+		lat = lat[:ops-1]
+	}
+	return lat
 }
 
-func report(b *testing.B, lat []time.Duration) {
-	if len(lat) == 0 {
-		return
+// compare runs each implementation b.N times in alternating rounds and
+// reports p50/p99 per implementation and the p50 ratio of the first to
+// each other one.
+func compare(b *testing.B, impls []impl, waiters int) {
+	lockers := make([][]locker, len(impls))
+	for i, im := range impls {
+		key := fmt.Sprintf("k%d-%d", waiters, time.Now().UnixNano())
+		for j := 0; j <= waiters; j++ {
+			lockers[i] = append(lockers[i], im.nl(b, key))
+		}
+		uncontended(b, lockers[i][0], 2) // warm up: sessions, parents
 	}
-	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
-	b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
-	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
+	lat := make([][]time.Duration, len(impls))
+	b.ResetTimer()
+	for done := 0; done < b.N; done += round {
+		n := min(round, b.N-done)
+		for i := range impls {
+			if waiters == 0 {
+				lat[i] = append(lat[i], uncontended(b, lockers[i][0], n)...)
+			} else {
+				lat[i] = append(lat[i], handover(b, lockers[i], n+1)...)
+			}
+		}
+	}
+	b.StopTimer()
+	var p50s []float64
+	for i, im := range impls {
+		l := lat[i]
+		sort.Slice(l, func(a, c int) bool { return l[a] < l[c] })
+		p50, p99 := l[len(l)/2], l[len(l)*99/100]
+		p50s = append(p50s, float64(p50.Microseconds()))
+		b.ReportMetric(float64(p50.Microseconds()), im.name+"-p50-µs")
+		b.ReportMetric(float64(p99.Microseconds()), im.name+"-p99-µs")
+	}
+	for i := 1; i < len(impls); i++ {
+		b.ReportMetric(p50s[0]/p50s[i], impls[0].name+"/"+impls[i].name+"-p50-ratio")
+	}
+	b.ReportMetric(0, "ns/op")
+}
+
+func run(b *testing.B, impls []impl) {
+	b.Run("Uncontended", func(b *testing.B) { compare(b, impls, 0) })
+	for _, w := range []int{1, 8, 64} {
+		b.Run(fmt.Sprintf("Handover%d", w), func(b *testing.B) { compare(b, impls, w) })
+	}
 }
 
 func BenchmarkEtcd(b *testing.B) {
 	cluster := testenv.StartEtcd(b)
-	impls := []struct {
-		name string
-		nl   newLocker
-	}{
+	impls := []impl{
 		{"fenced", fencedFactory(cluster.URL(""))},
 		{"concurrency.Mutex", etcdFactory(cluster.Endpoints())},
+		{"driver", driverFactory(cluster.URL(""))},
 	}
 	run(b, impls)
 }
 
 func BenchmarkZooKeeper(b *testing.B) {
 	ens := testenv.StartZooKeeper(b)
-	impls := []struct {
-		name string
-		nl   newLocker
-	}{
+	impls := []impl{
 		{"fenced", fencedFactory(ens.URL("/bench", ""))},
 		{"zk.Lock", zkFactory(ens.Servers())},
+		{"driver", driverFactory(ens.URL("/bench", ""))},
 	}
 	run(b, impls)
-}
-
-func run(b *testing.B, impls []struct {
-	name string
-	nl   newLocker
-}) {
-	for _, im := range impls {
-		b.Run("Uncontended/"+im.name, func(b *testing.B) { benchUncontended(b, im.nl) })
-	}
-	for _, w := range []int{1, 8, 64} {
-		for _, im := range impls {
-			b.Run(fmt.Sprintf("Handover%d/%s", w, im.name), func(b *testing.B) { benchHandover(b, im.nl, w) })
-		}
-	}
 }

@@ -51,6 +51,7 @@ var backendCases = []backendCase{
 func TestCommandsOnEveryBackend(t *testing.T) {
 	for _, bc := range backendCases {
 		t.Run(bc.name, func(t *testing.T) {
+			t.Parallel() // mostly waiting for servers to start
 			store := bc.start(t)
 			ctx := context.Background()
 			run := func(key string, extra ...string) result {

@@ -38,6 +38,13 @@ type Harness struct {
 	// ShortTTL is the shortest TTL the backend honours reliably; expiry
 	// tests sleep about this long. Default 300ms.
 	ShortTTL time.Duration
+	// FixedTTL says a grant's TTL is fixed when it is granted, because
+	// grants ride on sessions of that TTL (etcd leases, ZooKeeper
+	// sessions): Renew extends a grant by its own TTL, whatever TTL it is
+	// passed. Tests that renew with a new TTL then grant with that TTL in
+	// the first place and wait a few seconds before renewing, so that a
+	// renewal that did nothing is still caught.
+	FixedTTL bool
 	// BadURLs are malformed store URLs for the backend's scheme; each must
 	// make fenced.Open fail with an error matching fenced.ErrInvalidURL.
 	BadURLs []string
@@ -84,6 +91,7 @@ func RunConformanceTests(t *testing.T, h Harness) {
 		t.Run("BadURLs", s.testBadURLs)
 	}
 	t.Run("NotifiedWaiterIsWokenWithoutPolling", s.testNotify)
+	t.Run("WaitLongerThanTTLGivesFullLease", s.testLongWait)
 	t.Run("BatchRenewReportsEachGrant", s.testBatchRenew)
 }
 
@@ -800,6 +808,34 @@ func (s *suite) testNotify(t *testing.T) {
 	}
 }
 
+// testLongWait checks that a waiter whose wait outlasts its own TTL still
+// gets a lease with (almost) its whole TTL of validity: validity is measured
+// from the request that confirmed the grant, not from the start of the
+// wait.
+func (s *suite) testLongWait(t *testing.T) {
+	ctx := ctxT(t)
+	a := s.client(t, nil)
+	b := s.client(t, &fenced.Options{MinBackoff: 5 * time.Millisecond, MaxBackoff: 50 * time.Millisecond})
+	key := uniqueKey(t, "longwait")
+	ttl := s.h.ShortTTL
+	la, err := a.TryAcquire(ctx, key, &fenced.LeaseOptions{TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.AfterFunc(2*ttl, func() { la.Release(context.Background()) })
+	lb, err := b.Acquire(ctx, key, &fenced.LeaseOptions{TTL: ttl, MaxWait: 30 * time.Second, NoAutoRenew: true})
+	if err != nil {
+		t.Fatalf("waiter: %v", err)
+	}
+	defer lb.Release(ctx)
+	if err := lb.Err(); err != nil {
+		t.Fatalf("a lease granted after waiting 2 TTLs ended at once: %v", err)
+	}
+	if left := lb.Remaining(); left < ttl/2 {
+		t.Fatalf("a lease granted after waiting 2 TTLs has %v of validity left, want most of its TTL %v", left, ttl)
+	}
+}
+
 // testBatchRenew checks, for drivers implementing driver.BatchRenewer, that
 // one batch renews exactly the grants that are current and refuses the
 // others one by one, without touching them.
@@ -813,9 +849,13 @@ func (s *suite) testBatchRenew(t *testing.T) {
 	ctx := ctxT(t)
 	prefix := uniqueKey(t, "batch") + ":"
 	var grants []driver.Grant
-	for _, k := range []string{"a", "b", "c", "d"} {
+	grantTTL := []time.Duration{time.Minute, time.Minute, time.Minute, time.Minute}
+	if s.h.FixedTTL {
+		grantTTL = []time.Duration{2 * time.Minute, time.Minute, time.Minute, 3 * time.Minute}
+	}
+	for i, k := range []string{"a", "b", "c", "d"} {
 		o := owner()
-		f, err := d.TryAcquire(ctx, prefix+k, o, time.Minute)
+		f, err := d.TryAcquire(ctx, prefix+k, o, grantTTL[i])
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -838,6 +878,13 @@ func (s *suite) testBatchRenew(t *testing.T) {
 		{Grant: grants[3], TTL: 3 * time.Minute},
 		{Grant: driver.Grant{Key: prefix + "never", Owner: owner(), Fence: 1}, TTL: time.Minute},
 	}
+	// With fixed TTLs the grants already have the TTLs asked for: let time
+	// pass so that only a real renewal restores them (checked below).
+	slack := 30 * time.Second
+	if s.h.FixedTTL {
+		time.Sleep(3 * time.Second)
+		slack = 2 * time.Second
+	}
 	errs, err := br.RenewBatch(ctx, reqs)
 	if err != nil {
 		t.Fatal(err)
@@ -858,10 +905,10 @@ func (s *suite) testBatchRenew(t *testing.T) {
 		fence uint64
 		min   time.Duration
 	}{
-		{grants[0].Key, grants[0].Fence, time.Minute + 30*time.Second},
+		{grants[0].Key, grants[0].Fence, 2*time.Minute - slack},
 		{grants[1].Key, fb, 0},
 		{grants[2].Key, grants[2].Fence, 0},
-		{grants[3].Key, grants[3].Fence, 2*time.Minute + 30*time.Second},
+		{grants[3].Key, grants[3].Fence, 3*time.Minute - slack},
 	} {
 		info, err := d.Inspect(ctx, c.key)
 		if err != nil {

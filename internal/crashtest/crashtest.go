@@ -72,7 +72,7 @@ func KilledHolderIsReplaced(t *testing.T, url string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	key := fmt.Sprintf("crashtest:killed:%d", time.Now().UnixNano())
-	const ttl = 2 * time.Second
+	const ttl = 3 * time.Second
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), envURL+"="+url, envKey+"="+key, envTTL+"="+ttl.String())
 	holder := testenv.Start(t, "holder", cmd)
@@ -185,5 +185,59 @@ func RestartKeepsFences(t *testing.T, srv Server, open func(t *testing.T) driver
 		if err != nil || len(recs) != 1 || recs[0].Fence != last["broken"] {
 			t.Errorf("audit of the break after restart = %+v, %v", recs, err)
 		}
+	}
+}
+
+// Stoppable is a test server that can be killed and started again.
+type Stoppable interface {
+	Kill()
+	StartAgain(t testing.TB)
+}
+
+// ServerDownThenBack kills the server under a live driver and checks that
+// every operation then fails with an error the portable client can act on
+// (ErrUnavailable: nothing applied, or ErrUnknownOutcome: maybe applied;
+// never a refusal, never success), that the same driver works again once
+// the server is back, and that the fence counter carried on.
+func ServerDownThenBack(t *testing.T, srv Stoppable, d driver.Driver) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	key := fmt.Sprintf("crashtest:down:%d", time.Now().UnixNano())
+	g := driver.Grant{Key: key, Owner: "owner-before"}
+	var err error
+	if g.Fence, err = d.TryAcquire(ctx, key, g.Owner, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	srv.Kill()
+	actionable := func(what string, err error) {
+		t.Helper()
+		if !errors.Is(err, driver.ErrUnavailable) && !errors.Is(err, driver.ErrUnknownOutcome) {
+			t.Errorf("%s while the server is down: %v; want ErrUnavailable or ErrUnknownOutcome", what, err)
+		}
+	}
+	for i := range 2 { // the second round finds the pool's connections dead
+		_, err := d.TryAcquire(ctx, key+"-other", "owner-down", time.Minute)
+		actionable(fmt.Sprintf("TryAcquire #%d", i+1), err)
+		actionable(fmt.Sprintf("Renew #%d", i+1), d.Renew(ctx, g, time.Minute))
+	}
+	srv.StartAgain(t)
+	deadline := time.Now().Add(time.Minute)
+	for {
+		err = d.Renew(ctx, g, time.Minute)
+		if err == nil {
+			break
+		}
+		actionable("Renew while reconnecting", err)
+		if time.Now().After(deadline) {
+			t.Fatalf("the driver did not recover after the server came back: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := d.Release(ctx, g); err != nil {
+		t.Fatalf("release after the server came back: %v", err)
+	}
+	f, err := d.TryAcquire(ctx, key, "owner-after", time.Minute)
+	if err != nil || f <= g.Fence {
+		t.Fatalf("acquire after the server came back: fence %d, %v; want > %d", f, err, g.Fence)
 	}
 }

@@ -200,12 +200,14 @@ func NoTwoHolders(t *testing.T, url, key string, waiters int, ttl time.Duration,
 	fences = append(fences, first.Fence())
 	mu.Unlock()
 	fault(t)
+	// The fault lasted less than the TTL: the holder's lease must survive
+	// it (renewals ride out a failover) and release cleanly.
 	if err := first.Err(); err != nil {
-		t.Logf("first holder's lease ended during the fault: %v", err)
+		t.Errorf("the holder's lease ended during a fault shorter than its TTL: %v", err)
 	}
 	inside.Add(-1)
 	if err := first.Release(ctx); err != nil {
-		t.Logf("first holder's release after the fault: %v", err)
+		t.Errorf("the holder's release after the fault: %v", err)
 	}
 	for i := 0; i < waiters; i++ {
 		if err := <-errs; err != nil {

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/sqlident"
 )
 
 // DefaultTable is the lease table's name when the URL names none. The
@@ -32,26 +33,29 @@ const (
 // 63- and 64-byte identifier limits.
 const MaxTableLen = 48
 
-var tableRE = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
+var lowerRE = regexp.MustCompile(`^[a-z0-9_]*$`)
 
 // ErrSchema means the lease table (or its audit table) exists with a shape
 // other than the one the backend needs, for example a table from an older
 // version of fenced or another tool. Nothing is changed in that case.
 var ErrSchema = errors.New("lease table has an unexpected shape")
 
-// ValidateTable checks a lease table name: lower-case ASCII letters, digits
-// and underscores, not starting with a digit, at most MaxTableLen bytes.
-// Names are still quoted in SQL; the rule keeps them free of any character
-// that quoting or case folding could turn into a surprise. Errors match
-// driver.ErrInvalidURL, since the name comes from the store URL.
+// ValidateTable checks a lease table name, with the same rule for every SQL
+// backend so that one table= parameter works everywhere: a plain SQL
+// identifier (sqlident.Check), in lower case (PostgreSQL folds unquoted
+// names to lower case and MySQL's table names follow the file system's
+// case rules), at most MaxTableLen bytes. Names are still quoted in SQL.
+// Errors match driver.ErrInvalidURL, since the name comes from the store
+// URL.
 func ValidateTable(name string) error {
+	if err := sqlident.Check("table", name); err != nil {
+		return fmt.Errorf("%w: %v", driver.ErrInvalidURL, err)
+	}
 	switch {
-	case name == "":
-		return fmt.Errorf("%w: table name is empty", driver.ErrInvalidURL)
 	case len(name) > MaxTableLen:
 		return fmt.Errorf("%w: table name %q is longer than %d bytes", driver.ErrInvalidURL, name, MaxTableLen)
-	case !tableRE.MatchString(name):
-		return fmt.Errorf("%w: table name %q must match %s (lower-case letters, digits, underscores)", driver.ErrInvalidURL, name, tableRE)
+	case !lowerRE.MatchString(name):
+		return fmt.Errorf("%w: table name %q must be lower case", driver.ErrInvalidURL, name)
 	}
 	return nil
 }

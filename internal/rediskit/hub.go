@@ -2,7 +2,9 @@ package rediskit
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"time"
 
@@ -48,7 +50,14 @@ type Hub struct {
 type topic struct {
 	ready chan struct{} // closed when the server confirmed the subscription
 	subs  []*sub        // oldest first
+	idle  *time.Timer   // unsubscribes after Linger without subscribers
+	gen   int           // identifies the current idle timer
 }
+
+// Linger is how long a key's channel stays subscribed after its last
+// waiter left, so a process that waits for the same key again and again
+// does not pay a SUBSCRIBE round trip each time.
+const Linger = 5 * time.Second
 
 type sub struct {
 	h       *Hub
@@ -79,6 +88,11 @@ func (h *Hub) Subscribe(ctx context.Context, channel string) (driver.Subscriptio
 	}
 	t := h.topics[channel]
 	fresh := t == nil
+	if t != nil && t.idle != nil {
+		t.idle.Stop()
+		t.idle = nil
+		t.gen++
+	}
 	if fresh {
 		t = &topic{ready: make(chan struct{})}
 		h.topics[channel] = t
@@ -92,7 +106,7 @@ func (h *Hub) Subscribe(ctx context.Context, channel string) (driver.Subscriptio
 	ps := h.ps
 	h.mu.Unlock()
 	if start {
-		go h.read(ps.ChannelWithSubscriptions(redis.WithChannelSize(1024)))
+		go h.read(ps)
 	}
 	var err error
 	if fresh {
@@ -129,35 +143,69 @@ func (h *Hub) Subscribe(ctx context.Context, channel string) (driver.Subscriptio
 	}
 }
 
-func (h *Hub) read(ch <-chan any) {
-	for m := range ch {
-		switch m := m.(type) {
-		case *redis.Subscription:
-			if m.Kind != "subscribe" {
+// healthEvery is how long the subscriber connection may stay silent before
+// the hub pings it.
+const healthEvery = 15 * time.Second
+
+// read receives on the subscriber connection itself (rather than through
+// go-redis's Channel, which adds a goroutine hop to every wake-up). go-redis
+// reconnects and re-subscribes on the next receive after an error.
+func (h *Hub) read(ps *redis.PubSub) {
+	ctx := context.Background()
+	for {
+		m, err := ps.ReceiveTimeout(ctx, healthEvery)
+		if err != nil {
+			select {
+			case <-h.done:
+				return
+			default:
+			}
+			if errors.Is(err, redis.ErrClosed) {
+				return
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+				_ = ps.Ping(pctx)
+				cancel()
 				continue
 			}
-			h.mu.Lock()
-			if q := h.pending[m.Channel]; len(q) > 0 {
-				close(q[0])
-				if len(q) == 1 {
-					delete(h.pending, m.Channel)
-				} else {
-					h.pending[m.Channel] = q[1:]
-				}
-			} else if t := h.topics[m.Channel]; t != nil {
-				// Re-subscribed after a reconnect: a release may have been
-				// missed, so let every waiter check.
-				for _, s := range t.subs {
-					s.wake()
-				}
+			select {
+			case <-h.done:
+				return
+			case <-time.After(100 * time.Millisecond):
 			}
-			h.mu.Unlock()
-		case *redis.Message:
-			h.mu.Lock()
-			if t := h.topics[m.Channel]; t != nil {
-				t.wakeOne(nil)
+			continue
+		}
+		h.handle(m)
+	}
+}
+
+func (h *Hub) handle(m any) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	switch m := m.(type) {
+	case *redis.Subscription:
+		if m.Kind != "subscribe" {
+			return
+		}
+		if q := h.pending[m.Channel]; len(q) > 0 {
+			close(q[0])
+			if len(q) == 1 {
+				delete(h.pending, m.Channel)
+			} else {
+				h.pending[m.Channel] = q[1:]
 			}
-			h.mu.Unlock()
+		} else if t := h.topics[m.Channel]; t != nil {
+			// Re-subscribed after a reconnect: a release may have been
+			// missed, so let every waiter check.
+			for _, s := range t.subs {
+				s.wake()
+			}
+		}
+	case *redis.Message:
+		if t := h.topics[m.Channel]; t != nil {
+			t.wakeOne(nil)
 		}
 	}
 }
@@ -186,8 +234,8 @@ func (s *sub) wake() bool {
 func (s *sub) C() <-chan struct{} { return s.c }
 
 // Close implements driver.Subscription. A wake-up this subscriber did not
-// consume goes to the next waiter; the last subscriber of a key
-// unsubscribes.
+// consume goes to the next waiter; Linger after the last subscriber of a
+// key left, the channel is unsubscribed.
 func (s *sub) Close() error {
 	s.once.Do(func() {
 		h := s.h
@@ -210,19 +258,33 @@ func (s *sub) Close() error {
 			t.wakeOne(s)
 		default:
 		}
-		last := len(t.subs) == 0
-		if last {
-			delete(h.topics, s.channel)
+		if len(t.subs) == 0 {
+			t.gen++
+			gen, channel := t.gen, s.channel
+			t.idle = time.AfterFunc(Linger, func() { h.unsubscribeIdle(channel, t, gen) })
 		}
-		ps, closed := h.ps, h.closed
 		h.mu.Unlock()
-		if last && ps != nil && !closed {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			_ = ps.Unsubscribe(ctx, s.channel)
-			cancel()
-		}
 	})
 	return nil
+}
+
+// unsubscribeIdle drops t if it is still idle with timer idle.
+func (h *Hub) unsubscribeIdle(channel string, t *topic, gen int) {
+	h.cmdMu.Lock()
+	defer h.cmdMu.Unlock()
+	h.mu.Lock()
+	if h.topics[channel] != t || t.gen != gen || t.idle == nil || len(t.subs) > 0 {
+		h.mu.Unlock()
+		return
+	}
+	delete(h.topics, channel)
+	ps, closed := h.ps, h.closed
+	h.mu.Unlock()
+	if ps != nil && !closed {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_ = ps.Unsubscribe(ctx, channel)
+		cancel()
+	}
 }
 
 // Close closes the subscriber connection. Open subscriptions stop
@@ -235,6 +297,11 @@ func (h *Hub) Close() error {
 	}
 	h.closed = true
 	close(h.done)
+	for _, t := range h.topics {
+		if t.idle != nil {
+			t.idle.Stop()
+		}
+	}
 	if h.ps != nil {
 		return h.ps.Close()
 	}

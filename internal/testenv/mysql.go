@@ -81,9 +81,12 @@ func (m *MySQL) start(t testing.TB) {
 		"--socket="+m.Socket(), "--port="+strconv.Itoa(m.Port), "--bind-address=127.0.0.1",
 		"--pid-file="+filepath.Join(m.Dir, "mariadb.pid"), "--skip-name-resolve",
 		"--innodb-buffer-pool-size=32M", "--innodb-log-file-size=32M", "--max-connections=400",
-		"--performance-schema=OFF", "--log-error="+filepath.Join(m.Dir, "error.log"))
+		"--performance-schema=OFF")
 	RunAsNobody(cmd)
 	proc := Start(t, "mariadbd", cmd)
+	// The TCP port opens before the unix socket accepts connections; the
+	// server logs (to stderr, without --log-error) when both are ready.
+	proc.WaitLog(t, "ready for connections", 60*time.Second)
 	proc.WaitPort(t, Addr(m.Port), 60*time.Second)
 	m.mu.Lock()
 	m.proc = proc
@@ -125,6 +128,14 @@ func (m *MySQL) Kill() {
 	if proc != nil {
 		proc.Kill()
 	}
+}
+
+// StartAgain starts a server stopped with Kill again, on the same data
+// directory and port.
+func (m *MySQL) StartAgain(t testing.TB) {
+	t.Helper()
+	os.Remove(m.Socket())
+	m.start(t)
 }
 
 // Restart kills the server with SIGKILL and starts it again on the same

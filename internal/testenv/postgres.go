@@ -105,6 +105,14 @@ func (p *Postgres) Kill() {
 	}
 }
 
+// StartAgain starts a server stopped with Kill again, on the same data
+// directory and port.
+func (p *Postgres) StartAgain(t testing.TB) {
+	t.Helper()
+	os.Remove(filepath.Join(p.Dir, fmt.Sprintf(".s.PGSQL.%d.lock", p.Port)))
+	p.start(t)
+}
+
 // Restart kills the server with SIGKILL and starts it again on the same
 // data directory and port; PostgreSQL runs crash recovery from its WAL.
 func (p *Postgres) Restart(t testing.TB) {

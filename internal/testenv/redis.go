@@ -1,9 +1,19 @@
 package testenv
 
 import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"fmt"
+	"math/big"
+	"net"
 	"net/url"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
@@ -24,6 +34,9 @@ type RedisConfig struct {
 	// NoPersistence turns the append-only file off (a server that loses
 	// everything on restart).
 	NoPersistence bool
+	// TLS serves TLS only, with a self-signed certificate made for the
+	// test; URL then returns a rediss:// URL that skips verification.
+	TLS bool
 }
 
 // Redis is a redis-server started for a test.
@@ -39,6 +52,9 @@ func (r *Redis) Addr() string { return Addr(r.Port) }
 // URL returns a redis:// URL for the server, with the password if any.
 func (r *Redis) URL() string {
 	u := url.URL{Scheme: "redis", Host: r.Addr(), Path: "/0"}
+	if r.Config.TLS {
+		u.Scheme, u.RawQuery = "rediss", "skip_verify=true"
+	}
 	if r.Config.Password != "" {
 		u.User = url.UserPassword("", r.Config.Password)
 	}
@@ -59,11 +75,17 @@ func StartRedis(t testing.TB, cfg RedisConfig) *Redis {
 	if cfg.Dir == "" {
 		cfg.Dir = TempDir(t, "redis")
 	}
+	port := []string{"--port", strconv.Itoa(cfg.Port)}
+	if cfg.TLS {
+		cert, key := selfSignedCert(t, cfg.Dir)
+		port = []string{"--port", "0", "--tls-port", strconv.Itoa(cfg.Port), "--tls-cert-file", cert, "--tls-key-file", key, "--tls-auth-clients", "no"}
+	}
 	args := []string{
-		"--port", strconv.Itoa(cfg.Port), "--bind", "127.0.0.1", "--dir", cfg.Dir,
+		"--bind", "127.0.0.1", "--dir", cfg.Dir,
 		"--save", "", "--daemonize", "no", "--protected-mode", "no", "--logfile", "",
 		"--maxmemory-policy", "noeviction", "--repl-diskless-sync-delay", "0",
 	}
+	args = append(args, port...)
 	if cfg.NoPersistence {
 		args = append(args, "--appendonly", "no")
 	} else {
@@ -94,4 +116,38 @@ func (r *Redis) Restart(t testing.TB) *Redis {
 		t.Fatalf("testenv: restart of %s while it is still running", r.Name)
 	}
 	return StartRedis(t, r.Config)
+}
+
+// selfSignedCert writes a certificate for 127.0.0.1 and its key into dir.
+func selfSignedCert(t testing.TB, dir string) (certFile, keyFile string) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1),
+		Subject:      pkix.Name{CommonName: "fenced test"},
+		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(24 * time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certFile, keyFile = filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
+	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return certFile, keyFile
 }

@@ -1,0 +1,42 @@
+package consensus
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"testing"
+	"time"
+
+	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/driver"
+)
+
+// driverLocker calls a driver's Queuer directly, without the portable
+// Client, to separate the driver's cost from the Client's.
+type driverLocker struct {
+	d   driver.Driver
+	key string
+	g   driver.Grant
+}
+
+func (l *driverLocker) Lock(ctx context.Context) error {
+	var b [16]byte
+	rand.Read(b[:])
+	owner := hex.EncodeToString(b[:])
+	f, err := l.d.(driver.Queuer).Acquire(ctx, l.key, owner, 10*time.Second)
+	l.g = driver.Grant{Key: l.key, Owner: owner, Fence: f}
+	return err
+}
+
+func (l *driverLocker) Unlock(ctx context.Context) error { return l.d.Release(ctx, l.g) }
+
+func driverFactory(url string) newLocker {
+	return func(b *testing.B, key string) locker {
+		c, err := fenced.Open(context.Background(), url, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { c.Close() })
+		return &driverLocker{d: c.Driver(), key: key}
+	}
+}

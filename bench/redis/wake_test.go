@@ -1,0 +1,51 @@
+package redisbench
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/fenced-dev/fenced/driver"
+	fredis "github.com/fenced-dev/fenced/redis"
+)
+
+// BenchmarkWake isolates the notification path: time from the start of a
+// release to a subscribed waiter in another driver being woken.
+func BenchmarkWake(b *testing.B) {
+	ctx := context.Background()
+	srv := startServer(b)
+	c1, _ := newClient(b, srv)
+	c2, _ := newClient(b, srv)
+	holder, _ := fredis.New(c1, nil)
+	waiter, _ := fredis.New(c2, nil)
+	defer holder.Close()
+	defer waiter.Close()
+	sub, err := waiter.Subscribe(ctx, "wake")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer sub.Close()
+	var wake, rel, ping []time.Duration
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		f, err := holder.TryAcquire(ctx, "wake", "owner", time.Minute)
+		if err != nil {
+			b.Fatal(err)
+		}
+		time.Sleep(time.Millisecond)
+		start := time.Now()
+		c1.Ping(ctx) // the round-trip floor after the same idle gap
+		ping = append(ping, time.Since(start))
+		time.Sleep(time.Millisecond)
+		start = time.Now()
+		if err := holder.Release(ctx, driver.Grant{Key: "wake", Owner: "owner", Fence: f}); err != nil {
+			b.Fatal(err)
+		}
+		rel = append(rel, time.Since(start))
+		<-sub.C()
+		wake = append(wake, time.Since(start))
+	}
+	reportPercentiles(b, ping, "idle-ping")
+	reportPercentiles(b, rel, "release")
+	reportPercentiles(b, wake, "wake")
+}

@@ -1,0 +1,117 @@
+package testenv
+
+import (
+	"io"
+	"net"
+	"sync"
+	"testing"
+)
+
+// Proxy forwards TCP connections from a local port to a server, and can
+// cut a connection at a chosen moment, to inject connection loss.
+type Proxy struct {
+	Addr string // where clients connect
+
+	mu sync.Mutex
+	// cutAfter, when set, sees every chunk a client sends; when it returns
+	// true the chunk is forwarded to the server and the connection is cut
+	// before the server's reply reaches the client.
+	cutAfter func(chunk []byte) bool
+	cuts     int
+	ln       net.Listener
+}
+
+// StartProxy forwards a free loopback port to target until the test ends.
+func StartProxy(t testing.TB, target string) *Proxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &Proxy{Addr: ln.Addr().String(), ln: ln}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go p.serve(c, target)
+		}
+	}()
+	return p
+}
+
+// CutAfter arms the proxy: the first client chunk for which match returns
+// true is forwarded, and then its connection is cut before any reply. It
+// disarms itself after one cut.
+func (p *Proxy) CutAfter(match func(chunk []byte) bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cutAfter = match
+}
+
+// Cuts returns how many connections the proxy has cut.
+func (p *Proxy) Cuts() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.cuts
+}
+
+func (p *Proxy) serve(client net.Conn, target string) {
+	server, err := net.Dial("tcp", target)
+	if err != nil {
+		client.Close()
+		return
+	}
+	var once sync.Once
+	cut := make(chan struct{})
+	closeBoth := func() { once.Do(func() { client.Close(); server.Close() }) }
+	go func() { // server -> client, unless cut
+		buf := make([]byte, 64<<10)
+		for {
+			n, err := server.Read(buf)
+			select {
+			case <-cut:
+				closeBoth()
+				return
+			default:
+			}
+			if n > 0 {
+				if _, werr := client.Write(buf[:n]); werr != nil {
+					closeBoth()
+					return
+				}
+			}
+			if err != nil {
+				closeBoth()
+				return
+			}
+		}
+	}()
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := client.Read(buf)
+		if n > 0 {
+			p.mu.Lock()
+			armed := p.cutAfter != nil && p.cutAfter(buf[:n])
+			if armed {
+				p.cutAfter = nil
+				p.cuts++
+				close(cut)
+			}
+			p.mu.Unlock()
+			if _, werr := server.Write(buf[:n]); werr != nil {
+				closeBoth()
+				return
+			}
+		}
+		if err != nil {
+			if err != io.EOF {
+				closeBoth()
+			}
+			closeBoth()
+			return
+		}
+	}
+}
