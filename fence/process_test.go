@@ -59,7 +59,7 @@ func openShared(path string) (*fenced.Client, *fence.SQL, *sql.DB, error) {
 // the write it had decided on and prints the resource's answer.
 func childPausedWriter() int {
 	ctx := context.Background()
-	c, g, _, err := openShared(os.Getenv("SHARED_DB"))
+	c, g, db, err := openShared(os.Getenv("SHARED_DB"))
 	if err != nil {
 		fmt.Println("ERROR", err)
 		return 1
@@ -86,7 +86,12 @@ func childPausedWriter() int {
 		fmt.Println("ERROR lease already lost before the pause:", lease.Err())
 		return 1
 	}
-	fmt.Println("CHECKED lease valid; stopping")
+	// Keep no SQLite connection open across the pause: an idle connection
+	// of a stopped process was seen holding the file's write lock under
+	// load, which blocks every other process until it is continued (an
+	// availability hazard of sharing one SQLite file, not a safety one).
+	db.SetMaxIdleConns(0)
+	fmt.Printf("CHECKED lease valid; stopping (open connections: %d)\n", db.Stats().OpenConnections)
 	os.Stdout.Sync()
 	syscall.Kill(os.Getpid(), syscall.SIGSTOP)
 	// Resumed: the lease expired long ago, but this write was already
