@@ -21,6 +21,12 @@
 // Query parameters: table (default fenced_leases; the break log is
 // TABLE_breaks), busy_timeout (default 5s).
 //
+// Availability caveat of one shared file: a process stopped in the middle
+// of a write (SIGSTOP, a debugger, a frozen VM) keeps SQLite's write lock
+// until it runs again or dies (a killed process's locks go with it), and
+// every other process waits up to busy_timeout, then fails with
+// ErrUnavailable. Safety is unaffected: nothing is granted twice.
+//
 // SQLite cannot notify another process. Waiters instead detect commits by
 // any process through PRAGMA data_version (a cheap read on one connection
 // per driver, every 5ms while somebody waits) and retry only when their key

@@ -316,7 +316,11 @@ func demoWorker(ctx context.Context, name, leases, billing string, noFence bool)
 	}
 
 	emit("wait", 0, "wants %s", demoKey)
-	lease, err := client.Acquire(ctx, demoKey, &fenced.LeaseOptions{TTL: demoTTL, MaxWait: 20 * time.Second})
+	// The work (about 0.6s) fits in the TTL, so the worker does not renew.
+	// That also keeps the freeze away from a write in flight: a process
+	// stopped inside an SQLite write holds the file's write lock and would
+	// stall the other workers until it is continued.
+	lease, err := client.Acquire(ctx, demoKey, &fenced.LeaseOptions{TTL: demoTTL, MaxWait: 20 * time.Second, NoAutoRenew: true})
 	if err != nil {
 		emit("outcome", 0, "gave up: %v", err)
 		return nil
