@@ -29,7 +29,7 @@
 //
 // SQLite cannot notify another process. Waiters instead detect commits by
 // any process through PRAGMA data_version (a cheap read on one connection
-// per driver, every 5ms while somebody waits) and retry only when their key
+// per driver, every 2ms while somebody waits) and retry only when their key
 // is free; a grant that expires without a release is caught by the
 // client's timer at the holder's expiry.
 package sqlite
@@ -508,7 +508,7 @@ func (d *Driver) Guarantees() driver.Guarantees {
 	return driver.Guarantees{
 		Fence:       driver.FenceStrict,
 		ServerClock: true,
-		Note:        "one host: the fence counter is a row in the file and survives restarts; expiry uses the host clock inside the statement; waiters detect commits by other processes (PRAGMA data_version every 5ms) and retry only when their key is free",
+		Note:        "one host: the fence counter is a row in the file and survives restarts; expiry uses the host clock inside the statement; waiters detect commits by other processes (PRAGMA data_version every 2ms) and retry only when their key is free",
 	}
 }
 

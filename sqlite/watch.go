@@ -12,7 +12,7 @@ import (
 
 // watchEvery is how often the watcher reads PRAGMA data_version while
 // somebody waits. The read touches no table and takes no write lock.
-const watchEvery = 5 * time.Millisecond
+const watchEvery = 2 * time.Millisecond
 
 // watcher wakes waiters in this process when another connection (any
 // process on the host) frees a key they wait for. SQLite cannot push
