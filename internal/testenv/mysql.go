@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -43,13 +44,7 @@ func StartMySQL(t testing.TB) *MySQL {
 	dir := TempDir(t, "mariadb")
 	m := &MySQL{User: "fenced", Password: "my-secret-" + strconv.Itoa(os.Getpid()), Database: "fenced", Dir: dir, bin: bin}
 	ChownNobody(t, dir)
-	cmd := exec.Command(installDB, "--no-defaults", "--datadir="+filepath.Join(dir, "data"),
-		"--auth-root-authentication-method=normal", "--skip-test-db", "--skip-name-resolve")
-	cmd.Dir = dir
-	RunAsNobody(cmd)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("testenv: mariadb-install-db: %v\n%s", err, out)
-	}
+	installMariaDB(t, installDB, dir)
 	m.Port = FreePort(t)
 	m.start(t)
 	t.Cleanup(m.Kill)
@@ -145,4 +140,35 @@ func (m *MySQL) Restart(t testing.TB) {
 	m.Kill()
 	os.Remove(m.Socket())
 	m.start(t)
+}
+
+// installMariaDB initializes dir/data. Bootstraps running at the same time
+// in several test processes were seen to fail ("Unknown table
+// 'mysql.tmp_user_sys'"), so installs are serialized across processes with
+// a lock file, and a failed install is retried once on a fresh directory.
+func installMariaDB(t testing.TB, installDB, dir string) {
+	t.Helper()
+	lock, err := os.OpenFile(filepath.Join(os.TempDir(), "fenced-mariadb-install.lock"), os.O_CREATE|os.O_RDWR, 0o666)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close()
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Flock(int(lock.Fd()), syscall.LOCK_UN)
+	var out []byte
+	for attempt := 1; attempt <= 2; attempt++ {
+		data := filepath.Join(dir, "data")
+		os.RemoveAll(data)
+		cmd := exec.Command(installDB, "--no-defaults", "--datadir="+data,
+			"--auth-root-authentication-method=normal", "--skip-test-db", "--skip-name-resolve")
+		cmd.Dir = dir
+		RunAsNobody(cmd)
+		if out, err = cmd.CombinedOutput(); err == nil {
+			return
+		}
+		t.Logf("testenv: mariadb-install-db attempt %d: %v", attempt, err)
+	}
+	t.Fatalf("testenv: mariadb-install-db: %v\n%s", err, out)
 }
