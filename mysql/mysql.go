@@ -176,7 +176,7 @@ func open(ctx context.Context, u *url.URL) (*Driver, error) {
 	}
 	connector, err := mysql.NewConnector(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %s", driver.ErrInvalidURL, scrub(err.Error(), cfg.Passwd))
+		return nil, fmt.Errorf("%w: %s", driver.ErrInvalidURL, leasetable.Scrub(err.Error(), cfg.Passwd))
 	}
 	db := sql.OpenDB(connector)
 	db.SetMaxIdleConns(8)
@@ -196,17 +196,11 @@ func open(ctx context.Context, u *url.URL) (*Driver, error) {
 func connectError(cfg *mysql.Config, err error) error {
 	var myErr *mysql.MySQLError
 	if errors.As(err, &myErr) && (myErr.Number == 1045 || myErr.Number == 1044 || myErr.Number == 1698) {
-		return fmt.Errorf("%w: access denied for user %q at %s: %s (error %d)", driver.ErrUnavailable, cfg.User, cfg.Addr, scrub(myErr.Message, cfg.Passwd), myErr.Number)
+		return fmt.Errorf("%w: access denied for user %q at %s: %s (error %d)", driver.ErrUnavailable, cfg.User, cfg.Addr, leasetable.Scrub(myErr.Message, cfg.Passwd), myErr.Number)
 	}
-	return fmt.Errorf("%w: cannot connect to MySQL at %s: %s", driver.ErrUnavailable, cfg.Addr, scrub(err.Error(), cfg.Passwd))
+	return fmt.Errorf("%w: cannot connect to MySQL at %s: %s", driver.ErrUnavailable, cfg.Addr, leasetable.Scrub(err.Error(), cfg.Passwd))
 }
 
-func scrub(msg, password string) string {
-	if password == "" {
-		return msg
-	}
-	return strings.ReplaceAll(msg, password, "xxxxx")
-}
 
 // New returns a driver over db, creating the lease and audit tables if
 // missing. An existing table of another shape gives an error matching

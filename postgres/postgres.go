@@ -188,14 +188,14 @@ func open(ctx context.Context, u *url.URL) (*Driver, error) {
 	pu.RawQuery = q.Encode()
 	cfg, err := pgxpool.ParseConfig(pu.String())
 	if err != nil {
-		return nil, fmt.Errorf("%w: %s", driver.ErrInvalidURL, scrub(err.Error(), password))
+		return nil, fmt.Errorf("%w: %s", driver.ErrInvalidURL, leasetable.Scrub(err.Error(), password))
 	}
 	if cfg.ConnConfig.ConnectTimeout == 0 {
 		cfg.ConnConfig.ConnectTimeout = 10 * time.Second
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %s", driver.ErrInvalidURL, scrub(err.Error(), password))
+		return nil, fmt.Errorf("%w: %s", driver.ErrInvalidURL, leasetable.Scrub(err.Error(), password))
 	}
 	if err := pool.Ping(ctx); err != nil {
 		pool.Close()
@@ -216,18 +216,11 @@ func connectError(cfg *pgx.ConnConfig, err error, password string) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "28") {
 		return fmt.Errorf("%w: authentication failed for user %q at %s:%d: %s (SQLSTATE %s)",
-			driver.ErrUnavailable, cfg.User, cfg.Host, cfg.Port, scrub(pgErr.Message, password), pgErr.Code)
+			driver.ErrUnavailable, cfg.User, cfg.Host, cfg.Port, leasetable.Scrub(pgErr.Message, password), pgErr.Code)
 	}
-	return fmt.Errorf("%w: cannot connect to PostgreSQL at %s:%d: %s", driver.ErrUnavailable, cfg.Host, cfg.Port, scrub(err.Error(), password))
+	return fmt.Errorf("%w: cannot connect to PostgreSQL at %s:%d: %s", driver.ErrUnavailable, cfg.Host, cfg.Port, leasetable.Scrub(err.Error(), password))
 }
 
-// scrub removes a password from a message, whatever quoted it.
-func scrub(msg, password string) string {
-	if password == "" {
-		return msg
-	}
-	return strings.ReplaceAll(msg, password, "xxxxx")
-}
 
 // New returns a driver over pool, creating the lease and audit tables if
 // they are missing. An existing table of another shape (an older fenced, or

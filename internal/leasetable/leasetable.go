@@ -225,3 +225,12 @@ func Info(key, owner string, fence int64, remaining time.Duration) driver.LeaseI
 	}
 	return info
 }
+
+// Scrub removes password from a driver's error message, however the
+// driver quoted it, so connection errors can be shown without the secret.
+func Scrub(msg, password string) string {
+	if password == "" {
+		return msg
+	}
+	return strings.ReplaceAll(msg, password, "xxxxx")
+}
