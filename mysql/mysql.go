@@ -201,7 +201,6 @@ func connectError(cfg *mysql.Config, err error) error {
 	return fmt.Errorf("%w: cannot connect to MySQL at %s: %s", driver.ErrUnavailable, cfg.Addr, leasetable.Scrub(err.Error(), cfg.Passwd))
 }
 
-
 // New returns a driver over db, creating the lease and audit tables if
 // missing. An existing table of another shape gives an error matching
 // ErrSchema and changes nothing. Close does not close db. opts

@@ -221,7 +221,6 @@ func connectError(cfg *pgx.ConnConfig, err error, password string) error {
 	return fmt.Errorf("%w: cannot connect to PostgreSQL at %s:%d: %s", driver.ErrUnavailable, cfg.Host, cfg.Port, leasetable.Scrub(err.Error(), password))
 }
 
-
 // New returns a driver over pool, creating the lease and audit tables if
 // they are missing. An existing table of another shape (an older fenced, or
 // another tool's table of the same name) gives an error matching
