@@ -199,3 +199,30 @@ func TestKilledHolderIsReplacedAfterTTL(t *testing.T) {
 		t.Fatalf("replaced %v after the kill, before the 1s TTL could have run out", waited)
 	}
 }
+
+// TestProcessesCreateTheFileTogether starts several processes that open a
+// lease file nobody has created yet, all at once: creating the file,
+// switching it to WAL and creating the tables must not fail in any of them.
+func TestProcessesCreateTheFileTogether(t *testing.T) {
+	for round := 0; round < 4; round++ {
+		dir := t.TempDir()
+		file := filepath.Join(dir, "fresh.db")
+		journal := filepath.Join(dir, "journal")
+		if err := os.WriteFile(journal, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		var cmds []*exec.Cmd
+		for i := 0; i < 6; i++ {
+			cmd := child(t, "rounds", file, "JOURNAL="+journal, "ROUNDS=1")
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			cmds = append(cmds, cmd)
+		}
+		for _, cmd := range cmds {
+			if err := cmd.Wait(); err != nil {
+				t.Fatalf("round %d: a process opening the new file failed: %v", round, err)
+			}
+		}
+	}
+}

@@ -18,6 +18,9 @@
 //	sqlite:///var/lib/app/leases.db an absolute path
 //	sqlite:relative/leases.db       a path relative to the working directory
 //
+// Beside the file, FILE.lock serializes the first open of a new file by
+// several processes (creating it, switching it to WAL, creating tables).
+//
 // Query parameters: table (default fenced_leases; the break log is
 // TABLE_breaks), busy_timeout (default 5s).
 //
@@ -43,6 +46,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"modernc.org/sqlite"
@@ -151,13 +155,54 @@ func OpenFile(ctx context.Context, path string, opts *Options) (*Driver, error) 
 	if err != nil {
 		return nil, fmt.Errorf("sqlite: open %s: %w: %v", path, driver.ErrUnavailable, err)
 	}
+	// Processes opening a new file at the same moment race on switching it
+	// to WAL and creating the tables (SQLite answers some of those steps
+	// with SQLITE_BUSY or I/O errors without waiting), so the first
+	// connection and the migration happen under an exclusive lock on a
+	// file beside the database.
+	unlock, err := lockInit(ctx, path+".lock", o.BusyTimeout)
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("sqlite: %s: %w", path, err)
+	}
 	d, err := New(ctx, db, &o)
+	unlock()
 	if err != nil {
 		db.Close()
 		return nil, fmt.Errorf("sqlite: %s: %w", path, err)
 	}
 	d.ownsDB = true
 	return d, nil
+}
+
+// lockInit takes an exclusive flock on lockPath, waiting up to timeout.
+// Where the lock file cannot be created (a read-only directory) it returns
+// without locking: such a file is not being created by anyone either.
+func lockInit(ctx context.Context, lockPath string, timeout time.Duration) (unlock func(), err error) {
+	f, err := os.OpenFile(lockPath, os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return func() {}, nil
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			return func() {
+				syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+				f.Close()
+			}, nil
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) || time.Now().After(deadline) {
+			f.Close()
+			return nil, fmt.Errorf("%w: another process holds %s: %v", driver.ErrUnavailable, lockPath, err)
+		}
+		select {
+		case <-ctx.Done():
+			f.Close()
+			return nil, ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
 }
 
 // Driver is the SQLite lease driver. It implements driver.Driver,
