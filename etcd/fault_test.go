@@ -6,12 +6,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fenced-dev/fenced/internal/crashtest"
 	"github.com/fenced-dev/fenced/internal/faulttest"
 	"github.com/fenced-dev/fenced/internal/testenv"
 )
 
 func TestMain(m *testing.M) {
-	faulttest.MaybeRunChild()
+	crashtest.MaybeRunHolder()
 	os.Exit(m.Run())
 }
 

@@ -463,15 +463,8 @@ func (d *Driver) Breaks(ctx context.Context, key string) ([]driver.BreakRecord, 
 		return nil, classify("breaks", key, err)
 	}
 	defer rows.Close()
-	var out []driver.BreakRecord
-	for rows.Next() {
-		r, err := leasetable.ScanBreak(rows)
-		if err != nil {
-			return nil, classify("breaks", key, err)
-		}
-		out = append(out, r)
-	}
-	if err := rows.Err(); err != nil {
+	out, err := leasetable.ScanBreaks(rows)
+	if err != nil {
 		return nil, classify("breaks", key, err)
 	}
 	return out, nil

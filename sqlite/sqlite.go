@@ -537,15 +537,8 @@ func (d *Driver) Breaks(ctx context.Context, key string) ([]driver.BreakRecord, 
 		return nil, classify(err)
 	}
 	defer rows.Close()
-	var out []driver.BreakRecord
-	for rows.Next() {
-		r, err := leasetable.ScanBreak(rows)
-		if err != nil {
-			return nil, classify(err)
-		}
-		out = append(out, r)
-	}
-	return out, classify(rows.Err())
+	out, err := leasetable.ScanBreaks(rows)
+	return out, classify(err)
 }
 
 // Guarantees implements driver.Driver.

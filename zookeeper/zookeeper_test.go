@@ -14,6 +14,7 @@ import (
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/driver/drivertest"
+	"github.com/fenced-dev/fenced/internal/crashtest"
 	"github.com/fenced-dev/fenced/internal/faulttest"
 	"github.com/fenced-dev/fenced/internal/testenv"
 	"github.com/fenced-dev/fenced/zookeeper"
@@ -82,7 +83,7 @@ func TestZooKeeper(t *testing.T) {
 }
 
 func TestMain(m *testing.M) {
-	faulttest.MaybeRunChild()
+	crashtest.MaybeRunHolder()
 	os.Exit(m.Run())
 }
 

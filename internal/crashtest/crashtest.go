@@ -31,8 +31,11 @@ const (
 )
 
 // MaybeRunHolder runs the holder and exits the process if this process was
-// started as a holder child; otherwise it returns at once. Call it first
-// in TestMain.
+// started by HolderCommand; otherwise it returns at once. Call it first in
+// TestMain.
+//
+// The holder takes the lease, prints "FENCE <n>", keeps renewing it, and
+// when the lease ends prints "ENDED <lost|expired|other> <cause>".
 func MaybeRunHolder() {
 	url := os.Getenv(envURL)
 	if url == "" {
@@ -54,11 +57,26 @@ func MaybeRunHolder() {
 		fmt.Println("HOLDER ERROR", err)
 		os.Exit(2)
 	}
-	// The lease renews itself until the process is killed.
+	// The lease renews itself until the process is killed or paused.
 	fmt.Printf("FENCE %d\n", l.Fence())
 	<-l.Done()
-	fmt.Println("HOLDER LOST", l.Err())
+	cause := "other"
+	switch {
+	case errors.Is(l.Err(), fenced.ErrLost):
+		cause = "lost"
+	case errors.Is(l.Err(), fenced.ErrExpired):
+		cause = "expired"
+	}
+	fmt.Println("ENDED", cause, strings.ReplaceAll(l.Err().Error(), "\n", " "))
 	os.Exit(3)
+}
+
+// HolderCommand returns the command that re-executes the test binary as a
+// holder of key on url with ttl (see MaybeRunHolder).
+func HolderCommand(url, key string, ttl time.Duration) *exec.Cmd {
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), envURL+"="+url, envKey+"="+key, envTTL+"="+ttl.String())
+	return cmd
 }
 
 // KilledHolderIsReplaced starts a child process that takes a lease on a
@@ -73,9 +91,7 @@ func KilledHolderIsReplaced(t *testing.T, url string) {
 	defer cancel()
 	key := fmt.Sprintf("crashtest:killed:%d", time.Now().UnixNano())
 	const ttl = 3 * time.Second
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), envURL+"="+url, envKey+"="+key, envTTL+"="+ttl.String())
-	holder := testenv.Start(t, "holder", cmd)
+	holder := testenv.Start(t, "holder", HolderCommand(url, key, ttl))
 	holder.WaitLog(t, "FENCE ", time.Minute)
 	var holderFence uint64
 	for _, line := range testenv.Lines(holder.Log.String()) {

@@ -1,6 +1,8 @@
 // Package faulttest holds fault-injection tests shared by the consensus
 // backends' test packages: a holder paused with SIGSTOP past its session,
 // and a cluster losing a member while a lease is held and waiters wait.
+// The holder process is crashtest's: call crashtest.MaybeRunHolder first in
+// TestMain.
 package faulttest
 
 import (
@@ -9,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,45 +20,8 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/internal/crashtest"
 )
-
-const (
-	envURL = "FENCED_FAULTTEST_CHILD_URL"
-	envKey = "FENCED_FAULTTEST_CHILD_KEY"
-	envTTL = "FENCED_FAULTTEST_CHILD_TTL"
-)
-
-// MaybeRunChild must be called from the test package's TestMain before
-// m.Run: in the re-executed child it holds a lease and never returns.
-func MaybeRunChild() {
-	url := os.Getenv(envURL)
-	if url == "" {
-		return
-	}
-	ttl, _ := time.ParseDuration(os.Getenv(envTTL))
-	ctx := context.Background()
-	c, err := fenced.Open(ctx, url, nil)
-	if err != nil {
-		fmt.Println("ERROR", err)
-		os.Exit(2)
-	}
-	l, err := c.TryAcquire(ctx, os.Getenv(envKey), &fenced.LeaseOptions{TTL: ttl})
-	if err != nil {
-		fmt.Println("ERROR", err)
-		os.Exit(2)
-	}
-	fmt.Println("FENCE", l.Fence())
-	<-l.Done()
-	cause := "other"
-	switch {
-	case errors.Is(l.Err(), fenced.ErrLost):
-		cause = "lost"
-	case errors.Is(l.Err(), fenced.ErrExpired):
-		cause = "expired"
-	}
-	fmt.Println("ENDED", cause, strings.ReplaceAll(l.Err().Error(), "\n", " "))
-	os.Exit(0)
-}
 
 // PausedHolderLosesLease re-executes the test binary as a child that holds
 // key on url with ttl, stops it with SIGSTOP for well past its session, and
@@ -65,12 +29,7 @@ func MaybeRunChild() {
 // that the child, once continued, finds its lease ended (context cancelled
 // with ErrLost or ErrExpired).
 func PausedHolderLosesLease(t *testing.T, url, key string, ttl time.Duration) {
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(exe, "-test.run=^$")
-	cmd.Env = append(os.Environ(), envURL+"="+url, envKey+"="+key, envTTL+"="+ttl.String())
+	cmd := crashtest.HolderCommand(url, key, ttl)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -183,6 +183,27 @@ func ScanBreak(s Scanner) (driver.BreakRecord, error) {
 	return r, nil
 }
 
+// Rows is the part of *sql.Rows and pgx.Rows that ScanBreaks reads.
+type Rows interface {
+	Scanner
+	Next() bool
+	Err() error
+}
+
+// ScanBreaks reads every audit row of rows with ScanBreak. The caller
+// closes rows.
+func ScanBreaks(rows Rows) ([]driver.BreakRecord, error) {
+	var out []driver.BreakRecord
+	for rows.Next() {
+		r, err := ScanBreak(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
 // Micros converts a TTL to whole microseconds, the unit every SQL backend
 // passes to the database (rounded up, so a TTL is never shortened to zero).
 func Micros(d time.Duration) int64 {
