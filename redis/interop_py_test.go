@@ -77,7 +77,7 @@ func (p *pyPeer) do(cmd string) string {
 // rather than waiting on a grant whose expiry it does not manage.
 func TestInteropWithRedisPyLock(t *testing.T) {
 	python := testenv.RequireBinary(t, "python3-redis", "/usr/bin/python3")
-	if err := exec.Command(python, "-c", "import redis").Run(); err != nil {
+	if err := exec.Command(python, "-I", "-c", "import redis").Run(); err != nil {
 		t.Fatalf("redis-py missing for %s (Debian package python3-redis): %v", python, err)
 	}
 	srv := testenv.StartRedis(t, testenv.RedisConfig{})
@@ -86,7 +86,7 @@ func TestInteropWithRedisPyLock(t *testing.T) {
 	const key = "interop:job"
 	lockKey := rediskit.Layout{Prefix: rediskit.DefaultPrefix}.Keys(key).Lock
 
-	cmd := exec.CommandContext(ctx, python, "-c", pyLockPeer, "127.0.0.1", strconv.Itoa(srv.Port), lockKey)
+	cmd := exec.CommandContext(ctx, python, "-I", "-c", pyLockPeer, "127.0.0.1", strconv.Itoa(srv.Port), lockKey)
 	in, _ := cmd.StdinPipe()
 	outPipe, _ := cmd.StdoutPipe()
 	var stderr strings.Builder

@@ -26,7 +26,7 @@ need etcd-client command -v etcdctl
 need zookeeper test -f /usr/share/java/zookeeper.jar
 need libcurator-recipes-java test -f /usr/share/java/curator-recipes.jar
 need default-jdk-headless command -v javac
-need python3-redis /usr/bin/python3 -c 'import redis'
+need python3-redis /usr/bin/python3 -I -c 'import redis' # -I: not the repo's redis/ directory
 
 if ((${#missing[@]})); then
 	echo "test.sh: installing missing Debian packages: ${missing[*]}"
