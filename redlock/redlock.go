@@ -37,6 +37,11 @@
 //
 // # Guarantees
 //
+// Each node decides expiry by its wall clock (PX): a forward step of that
+// clock on the nodes a rival needs (one node, when the holder's majority
+// is exact) ends the grant early there and lets a second majority form
+// (Guarantees.ClockStepSafe is false).
+//
 // Redlock has no monotonic token: with no FenceSource the driver declares
 // FenceNone, every fence is zero, and a correctness lease is refused unless
 // the caller sets AllowNoFence (and fences the resource itself) or uses
@@ -982,7 +987,8 @@ func (d *Driver) Guarantees() driver.Guarantees {
 	} else {
 		note += "; Redlock has no monotonic token of its own, so supply a FenceSource with redlock.Options.Fence or fence= in the URL"
 	}
-	return driver.Guarantees{Fence: strength, ServerClock: true, Notify: true, FIFO: false, Note: note}
+	note += "; expiry is PX on each node's wall clock: a forward step on the nodes of a holder's majority that a rival needs (one node, when that majority is exact) ends the grant early there, and a second majority can form (not safe from clock steps)"
+	return driver.Guarantees{Fence: strength, ServerClock: true, ClockStepSafe: false, Notify: true, FIFO: false, Note: note}
 }
 
 // Close implements driver.Driver: it closes the subscriber connections,
