@@ -547,9 +547,9 @@ func (d *Driver) majority(ctx context.Context, budget time.Duration, done func(o
 // release): ok where it took effect (1), refused where the node answered
 // that it does not hold the grant (0). Every other reply counts as
 // neither: a transport failure, and equally a server error such as
-// LOADING, BUSY or OOM, which refuses the command before it runs and says
-// nothing about the grant. Renew, RenewBatch and Release all count with
-// it, so a server error can never end a lease as refused.
+// LOADING, BUSY or OOM, which says nothing about whether the node holds
+// the grant. Renew, RenewBatch and Release all count with it, so a server
+// error can never end a lease as refused.
 func (d *Driver) tally(rs []reply[int64]) (ok, refused int) {
 	for _, r := range rs {
 		switch {
