@@ -135,6 +135,7 @@ import (
 	"sync"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
@@ -207,7 +208,6 @@ type Driver struct {
 	inflight  chan struct{}
 	fence     driver.FenceStrength
 	tableNote string
-	closeIdle func() // for a driver opened by URL: closes its HTTP client's idle connections
 
 	mu     sync.Mutex
 	closed bool
@@ -294,11 +294,12 @@ func open(ctx context.Context, u *url.URL) (*Driver, error) {
 		return nil, err
 	}
 
-	// The driver's own HTTP client keeps as many idle connections as it
-	// may have requests in flight, so a burst of renewals reuses them.
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	tr.MaxIdleConnsPerHost = DefaultMaxInFlight
-	httpClient := &http.Client{Transport: tr}
+	// The driver's HTTP client keeps as many idle connections as it may
+	// have requests in flight, so a burst of renewals reuses them. (A
+	// BuildableClient, so that AWS_CA_BUNDLE and the SDK's defaults apply.)
+	httpClient := awshttp.NewBuildableClient().WithTransportOptions(func(tr *http.Transport) {
+		tr.MaxIdleConnsPerHost = DefaultMaxInFlight
+	})
 	loadOpts := []func(*config.LoadOptions) error{config.WithHTTPClient(httpClient)}
 	if region != "" {
 		loadOpts = append(loadOpts, config.WithRegion(region))
@@ -327,13 +328,7 @@ func open(ctx context.Context, u *url.URL) (*Driver, error) {
 		}
 		o.Retryer = aws.NopRetryer{}
 	})
-	d, err := New(ctx, client, opts)
-	if err != nil {
-		tr.CloseIdleConnections()
-		return nil, err
-	}
-	d.closeIdle = tr.CloseIdleConnections
-	return d, nil
+	return New(ctx, client, opts)
 }
 
 // checkTable applies the SQL backends' table-name rule, plus DynamoDB's
@@ -431,17 +426,12 @@ func (d *Driver) Guarantees() driver.Guarantees {
 	}
 }
 
-// Close implements driver.Driver. For a driver opened by URL it also closes
-// its idle HTTP connections. Grants are left to expire.
+// Close implements driver.Driver: later calls return ErrClosed. The
+// DynamoDB client holds no connection of its own to close (idle HTTP
+// connections time out). Grants are left to expire.
 func (d *Driver) Close() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.closed {
-		return nil
-	}
 	d.closed = true
-	if d.closeIdle != nil {
-		d.closeIdle()
-	}
 	return nil
 }
