@@ -3,6 +3,7 @@ package dynamodb_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -37,6 +38,12 @@ func TestMain(m *testing.M) {
 	d.Close()
 	os.Setenv("FENCED_DYNAMODB_URL", server.URL(table, "")) // for the examples
 	code := m.Run()
+	select {
+	case <-server.Exited():
+		fmt.Fprintf(os.Stderr, "dynalite exited during the tests:\n%s\n", server.Log.String())
+		code = 1
+	default:
+	}
 	tb.Close()
 	os.Exit(code)
 }
