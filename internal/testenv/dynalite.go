@@ -97,11 +97,31 @@ func StartDynalite(t testing.TB, cfg DynaliteConfig) *Dynalite {
 	return d
 }
 
+// dynalitePreload is loaded before dynalite's CLI. dynalite 4.0.0 throws
+// from a request's error handler when a client closes its connection in
+// the middle of a request (a cancelled context, a closed client), which
+// kills the whole server; a real DynamoDB shrugs that off, so the preload
+// logs such an error and carries on. Any other uncaught error still ends
+// the server.
+const dynalitePreload = `process.on('uncaughtException', function (err) {
+  if (err && err.code === 'ECONNRESET') {
+    console.error('dynalite: a client aborted a request (ignored): ' + err.message)
+    return
+  }
+  console.error(err)
+  process.exit(1)
+})
+`
+
 func (d *Dynalite) start() {
 	d.t.Helper()
 	node, _ := FindBinary("node", "nodejs")
 	cli := filepath.Join(DynaliteDir(), "node_modules", "dynalite", "cli.js")
-	args := []string{cli, "--host", "127.0.0.1", "--port", strconv.Itoa(d.Port)}
+	preload := filepath.Join(TempDir(d.t, "dynalite-preload"), "preload.js")
+	if err := os.WriteFile(preload, []byte(dynalitePreload), 0o644); err != nil {
+		d.t.Fatalf("testenv: %v", err)
+	}
+	args := []string{"--require", preload, cli, "--host", "127.0.0.1", "--port", strconv.Itoa(d.Port)}
 	if d.Path != "" {
 		args = append(args, "--path", d.Path)
 	}
