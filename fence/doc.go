@@ -15,6 +15,10 @@
 //     fence is not newer than the writer's.
 //   - Redis guards hashes with one Lua script per write.
 //   - Etcd guards keys with one transaction per write.
+//   - Object guards objects in an object store (ObjectStore; S3-compatible
+//     stores through package fence/s3fence): the fence lives in the
+//     object's metadata and each write is a conditional PUT on the version
+//     read, read again and decided again if another write landed first.
 //   - Transport and Middleware carry the token over HTTP (headers
 //     Fenced-Key, Fenced-Fence, Fenced-Owner) and check it at the server.
 //
