@@ -20,8 +20,11 @@ package main
 
 import (
 	"os"
+
+	"github.com/fenced-dev/fenced/internal/supervise"
 )
 
 func main() {
+	supervise.MaybeRunGuard() // this process may be fenced run's guard
 	os.Exit(execute(os.Args[1:], os.Stdout, os.Stderr))
 }
