@@ -66,9 +66,9 @@ type globals struct {
 	store   string
 	verbose bool
 	output  string
-	stdout io.Writer
-	stderr io.Writer
-	extra  []*cobra.Command // hidden commands registered by others
+	stdout  io.Writer
+	stderr  io.Writer
+	extra   []*cobra.Command // hidden commands registered by others
 }
 
 func execute(args []string, stdout, stderr io.Writer) int {
