@@ -76,13 +76,26 @@ func readPid(t *testing.T, file string) int {
 	return pid
 }
 
-// startRun starts `fenced run ...` and returns it with its output buffers.
-// The process is killed at the end of the test if still running.
-func startRun(t *testing.T, store string, args ...string) (*exec.Cmd, *syncBuffer, *syncBuffer) {
+// startRun starts `fenced run ...` and returns it with its stdout and
+// stderr. They are files, not pipes: cmd.Wait then returns when fenced
+// exits, not when the last process holding a pipe does. The process is
+// killed at the end of the test if still running.
+func startRun(t *testing.T, store string, args ...string) (*exec.Cmd, outFile, outFile) {
 	t.Helper()
 	cmd, _, _ := cliCmd(t, store, args...)
-	out, errb := &syncBuffer{}, &syncBuffer{}
-	cmd.Stdout, cmd.Stderr = out, errb
+	dir := t.TempDir()
+	out, errb := outFile(filepath.Join(dir, "stdout")), outFile(filepath.Join(dir, "stderr"))
+	stdout, err := os.Create(string(out))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stderr, err := os.Create(string(errb))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stdout.Close()
+	defer stderr.Close()
+	cmd.Stdout, cmd.Stderr = stdout, stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -93,8 +106,8 @@ func startRun(t *testing.T, store string, args ...string) (*exec.Cmd, *syncBuffe
 	return cmd, out, errb
 }
 
-// exitCode waits for cmd and returns its exit code, failing after d.
-func exitCode(t *testing.T, cmd *exec.Cmd, d time.Duration) int {
+// waitExit waits for cmd and returns its exit code, failing after d.
+func waitExit(t *testing.T, cmd *exec.Cmd, d time.Duration) int {
 	t.Helper()
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
@@ -114,6 +127,14 @@ func exitCode(t *testing.T, cmd *exec.Cmd, d time.Duration) int {
 		t.Fatalf("fenced still running after %v", d)
 		return -1
 	}
+}
+
+// outFile is a file a process writes its output to.
+type outFile string
+
+func (f outFile) String() string {
+	b, _ := os.ReadFile(string(f))
+	return string(b)
 }
 
 type syncBuffer struct {
@@ -148,7 +169,7 @@ func TestRunLostLeaseEndsWholeGroup(t *testing.T) {
 	if _, err := admin.Break(context.Background(), "job:x", "test", "test"); err != nil {
 		t.Fatal(err)
 	}
-	if code := exitCode(t, cmd, 20*time.Second); code != 77 {
+	if code := waitExit(t, cmd, 20*time.Second); code != 77 {
 		t.Fatalf("exit %d, want 77; stderr %s", code, errb)
 	}
 	if alive(grandchild) {
@@ -183,7 +204,7 @@ while [ ! -s %s ] || [ ! -s %s ]; do sleep 0.01; done
 exit 3`, inGroup, escaped, inGroup, escaped)
 	cmd, _, errb := startRun(t, store, "run", "--grace", "300ms", "job:left", "--", "sh", "-c", script)
 	pids := []int{readPid(t, inGroup), readPid(t, escaped)}
-	if code := exitCode(t, cmd, 20*time.Second); code != 3 {
+	if code := waitExit(t, cmd, 20*time.Second); code != 3 {
 		t.Fatalf("exit %d, want COMMAND's 3; stderr %s", code, errb)
 	}
 	for _, pid := range pids {
@@ -258,7 +279,7 @@ func TestRunSIGTSTPStopsGroupFirst(t *testing.T) {
 	if err := cmd.Process.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
-	if code := exitCode(t, cmd, 20*time.Second); code != 77 {
+	if code := waitExit(t, cmd, 20*time.Second); code != 77 {
 		t.Fatalf("exit %d after continuing with the lease lost (fence %d is held now), want 77; stderr %s", code, l.Fence(), errb)
 	}
 	if alive(leader) || alive(child) {
@@ -286,7 +307,7 @@ func TestRunStoppedChildDoesNotKeepLease(t *testing.T) {
 	if err := cmd.Process.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
-	if code := exitCode(t, cmd, 20*time.Second); code != 77 {
+	if code := waitExit(t, cmd, 20*time.Second); code != 77 {
 		t.Fatalf("exit %d, want 77; stderr %s", code, errb)
 	}
 	if _, err := os.Stat(marker); err == nil {
@@ -328,7 +349,7 @@ func TestRunLostBeforeExitIs77(t *testing.T) {
 	if err := os.WriteFile(goFile, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if code := exitCode(t, cmd, 20*time.Second); code != 77 {
+	if code := waitExit(t, cmd, 20*time.Second); code != 77 {
 		t.Fatalf("COMMAND exited 0 after its lease was broken: fenced exit %d, want 77; stderr %s", code, errb)
 	}
 	if !strings.Contains(errb.String(), "(exit 77)") {
@@ -379,7 +400,7 @@ func TestRunExportsOwnerDigest(t *testing.T) {
 	digest := regexp.MustCompile(`^[0-9a-f]{32}$`)
 	var seen []string
 	for range 2 {
-		r := cli(t, store, "run", "job:owner", "sh", "-c", `echo "$FENCED_OWNER"`)
+		r := cli(t, store, "run", "job:owner", "--", "sh", "-c", `echo "$FENCED_OWNER"`)
 		owner := strings.TrimSpace(r.stdout)
 		if r.code != 0 || !digest.MatchString(owner) {
 			t.Fatalf("exit %d, FENCED_OWNER %q; want a 32-hex digest (stderr %s)", r.code, owner, r.stderr)
@@ -412,12 +433,11 @@ func TestRunCommandWithoutDashDash(t *testing.T) {
 	}
 }
 
-// Issue 9 item 15 and the small ones: the default store is per user and -v
-// names it; --ttl 0 is refused; break of a never-granted key says not
-// found.
-func TestRunStoreTTLAndBreakMessages(t *testing.T) {
+// Issue 9 item 15: the default store is per user; -v names the file used
+// and run --help says so.
+func TestRunVerboseNamesPerUserStore(t *testing.T) {
 	state := t.TempDir()
-	cmd := exec.Command(os.Args[0], "-v", "run", "job:v", "true")
+	cmd := exec.Command(os.Args[0], "-v", "run", "job:v", "--", "true")
 	cmd.Env = append(os.Environ(), "FENCED_TEST_AS_CLI=1", "FENCED_STORE=", "XDG_STATE_HOME="+state)
 	var errb bytes.Buffer
 	cmd.Stderr = &errb
@@ -427,17 +447,30 @@ func TestRunStoreTTLAndBreakMessages(t *testing.T) {
 	if want := filepath.Join(state, "fenced", "fenced.db"); !strings.Contains(errb.String(), want) || !strings.Contains(errb.String(), "per user") {
 		t.Fatalf("-v: stderr %q; want the default store %s, per user", errb.String(), want)
 	}
-	store := tempStore(t)
-	if r := cli(t, store, "run", "--help"); !strings.Contains(r.stdout, "per user") && !strings.Contains(r.stdout, "invoking user") {
+	if r := cli(t, tempStore(t), "run", "--help"); !strings.Contains(r.stdout, "invoking user") {
 		t.Fatalf("run --help does not say the default store is per user:\n%s", r.stdout)
 	}
-	if r := cli(t, store, "run", "--ttl", "0", "job:t", "true"); r.code != 64 || !strings.Contains(r.stderr, "--ttl") {
+}
+
+// Issue 9, small ones: --ttl 0 is refused, not silently 30s.
+func TestRunRefusesZeroTTL(t *testing.T) {
+	marker := filepath.Join(t.TempDir(), "ran")
+	if r := cli(t, tempStore(t), "run", "--ttl", "0", "job:t", "--", "touch", marker); r.code != 64 || !strings.Contains(r.stderr, "--ttl") {
 		t.Fatalf("--ttl 0: exit %d, stderr %q; want 64 naming --ttl", r.code, r.stderr)
 	}
+	if _, err := os.Stat(marker); err == nil {
+		t.Fatal("the command ran with --ttl 0")
+	}
+}
+
+// Issue 9, small ones: break of a never-granted key says not found; of a
+// free key, that no one holds it.
+func TestBreakNeverGrantedSaysNotFound(t *testing.T) {
+	store := tempStore(t)
 	if r := cli(t, store, "break", "never:granted", "--reason", "x"); r.code == 0 || !strings.Contains(r.stderr, "not found") {
 		t.Fatalf("break of a never-granted key: exit %d, stderr %q; want not found", r.code, r.stderr)
 	}
-	if r := cli(t, store, "run", "job:b", "true"); r.code != 0 {
+	if r := cli(t, store, "run", "job:b", "--", "true"); r.code != 0 {
 		t.Fatal(r.stderr)
 	}
 	if r := cli(t, store, "break", "job:b", "--reason", "x"); r.code == 0 || strings.Contains(r.stderr, "not found") || !strings.Contains(r.stderr, "no one holds it") {
@@ -523,7 +556,7 @@ func TestRunTerminal(t *testing.T) {
 	if _, err := term.WriteString("bob\n"); err != nil {
 		t.Fatal(err)
 	}
-	if code := exitCode(t, cmd, 20*time.Second); code != 0 {
+	if code := waitExit(t, cmd, 20*time.Second); code != 0 {
 		t.Fatalf("exit %d; terminal:\n%s", code, shown())
 	}
 	eventually(t, 5*time.Second, "COMMAND did not read on after fg", func() bool { return strings.Contains(shown(), "second bob") })
