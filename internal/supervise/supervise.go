@@ -110,6 +110,7 @@ var ErrSetup = errors.New("supervise: cannot supervise")
 var (
 	subreaperOnce sync.Once
 	subreaperErr  error
+	active        atomic.Bool // a Group is being reaped
 )
 
 // Start starts cmd in a new process group of its own and supervises it.
@@ -122,7 +123,9 @@ var (
 //
 // Start makes the whole calling process a child subreaper, and the Group
 // reaps every child of the process (wait4(-1)): a process that supervises a
-// Group must not start and Wait for other children of its own meanwhile.
+// Group must not start and Wait for other children of its own meanwhile,
+// and only one Group can run at a time (Start fails with ErrSetup until the
+// previous one reported Gone).
 //
 // Errors from starting the command are returned as cmd.Start returns them;
 // a failure of the supervision itself matches ErrSetup.
@@ -137,6 +140,9 @@ func Start(cmd *exec.Cmd) (*Group, error) {
 	})
 	if subreaperErr != nil {
 		return nil, fmt.Errorf("%w: become a child subreaper: %v", ErrSetup, subreaperErr)
+	}
+	if !active.CompareAndSwap(false, true) {
+		return nil, fmt.Errorf("%w: another Group of this process is still running", ErrSetup)
 	}
 	g := &Group{cmd: cmd, self: os.Getpid(), tty: -1, events: make(chan Event, 16)}
 	if cmd.SysProcAttr == nil {
@@ -161,11 +167,13 @@ func Start(cmd *exec.Cmd) (*Group, error) {
 		// the goroutine returns, which is harmless once no child is left.
 		runtime.LockOSThread()
 		if err := g.startGuard(); err != nil {
+			active.Store(false)
 			started <- err
 			return
 		}
 		if err := cmd.Start(); err != nil {
 			g.Close()
+			active.Store(false)
 			started <- err
 			return
 		}
@@ -183,7 +191,8 @@ func Start(cmd *exec.Cmd) (*Group, error) {
 // Pid returns the leader's process id, which is also the group's id.
 func (g *Group) Pid() int { return g.pid }
 
-// Events returns the channel of the command's events; Gone is the last one.
+// Events returns the channel of the command's events. Gone is the last one;
+// the channel is closed after it.
 func (g *Group) Events() <-chan Event { return g.events }
 
 // Signal sends sig to the command's process group. It returns an error
@@ -285,7 +294,7 @@ func (g *Group) reap() {
 		case errors.Is(err, syscall.EINTR):
 			continue
 		case err != nil: // ECHILD: no child at all, not even the guard
-			g.events <- Event{Kind: Gone, Reaped: g.reaped}
+			g.gone()
 			return
 		}
 		g.record(pid, ws)
@@ -300,10 +309,16 @@ func (g *Group) reap() {
 			g.record(pid, ws)
 		}
 		if !g.anyChildLeft() {
-			g.events <- Event{Kind: Gone, Reaped: g.reaped}
+			g.gone()
 			return
 		}
 	}
+}
+
+func (g *Group) gone() {
+	active.Store(false)
+	g.events <- Event{Kind: Gone, Reaped: g.reaped}
+	close(g.events)
 }
 
 func (g *Group) record(pid int, ws unix.WaitStatus) {
