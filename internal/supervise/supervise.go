@@ -29,12 +29,14 @@
 //     Processes that left the group are not reached after the supervisor's
 //     death: once it is gone they are re-parented away from it.
 //   - Interactive commands keep the terminal. If the command's stdin is the
-//     controlling terminal and the caller's group is in its foreground, the
-//     command's group is put in the foreground as it starts (before exec, so
-//     its first read cannot race), taken back by the caller with
-//     TakeTerminal or Stop, and given again by Continue when the caller is
-//     in the foreground. tcsetpgrp from a background group raises SIGTTOU,
-//     so the Group blocks SIGTTOU on its own thread around the call.
+//     caller's controlling terminal and the caller's group is in its
+//     foreground, the command's group is put in the foreground as it starts
+//     (before exec, so its first read cannot race). The caller takes it back
+//     with TakeTerminal or Stop, and Continue gives it to the command again
+//     whenever the caller is in the foreground by then (a job started in the
+//     background and brought to the foreground with fg gets it too).
+//     tcsetpgrp from a background group raises SIGTTOU, so the Group blocks
+//     SIGTTOU on its own thread around the call.
 //
 // Processes are found by scanning /proc; a process id read there could in
 // theory be reused between the scan and the kill, but only after the
@@ -152,10 +154,13 @@ func Start(cmd *exec.Cmd) (*Group, error) {
 	attr.Setpgid, attr.Pgid = true, 0
 	attr.Pdeathsig = syscall.SIGKILL
 	if f, ok := cmd.Stdin.(*os.File); ok && f != nil {
+		// TIOCGPGRP succeeds only on the caller's controlling terminal.
 		fd := int(f.Fd())
-		if fg, err := unix.IoctlGetInt(fd, unix.TIOCGPGRP); err == nil && fg == unix.Getpgrp() {
+		if fg, err := unix.IoctlGetInt(fd, unix.TIOCGPGRP); err == nil {
 			g.tty = fd
-			attr.Foreground, attr.Ctty = true, fd
+			if fg == unix.Getpgrp() { // started in the foreground
+				attr.Foreground, attr.Ctty = true, fd
+			}
 		}
 	}
 
