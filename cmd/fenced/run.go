@@ -68,8 +68,8 @@ fenced's, and the lease is released only when no process COMMAND started is left
 
 Stopping: fenced and COMMAND's group stop and continue together. If fenced gets
 SIGTSTP, SIGTTIN or SIGTTOU (Ctrl-Z), or COMMAND stops (job control, or SIGSTOP),
-fenced stops the whole group with SIGSTOP and then stops itself, so the shell sees
-the job stopped. A stopped fenced renews nothing: a job left stopped loses its
+fenced stops the group, and any process of COMMAND's that left it, with SIGSTOP and
+then stops itself, so the shell sees the job stopped. A stopped fenced renews nothing: a job left stopped loses its
 lease after at most --ttl, and another holder may take the key. When fenced is
 continued (fg, bg, SIGCONT), it continues the group only if the lease is still
 valid; otherwise it kills the still stopped group with SIGKILL, so it never runs

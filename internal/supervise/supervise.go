@@ -99,6 +99,9 @@ type Group struct {
 	tty    int // the controlling terminal handed over, or -1
 	events chan Event
 
+	stopMu  sync.Mutex
+	stopped []int // processes outside the group that Stop stopped
+
 	guardPid atomic.Int64 // 0 once the guard is gone (or never ran)
 	guardMu  sync.Mutex
 	guardW   *os.File // the guard's pipe; nil after Close
@@ -223,10 +226,24 @@ func (g *Group) SignalAll(sig syscall.Signal) int {
 	return n
 }
 
-// Stop stops the command's group with SIGSTOP (which it cannot catch or
-// ignore) and takes the terminal back if the group had it.
+// Stop stops the command's group and every other running descendant (a
+// process that left the group must not run on either) with SIGSTOP, which
+// they cannot catch or ignore, and takes the terminal back if the group had
+// it. Continue continues what Stop stopped.
 func (g *Group) Stop() {
 	_ = unix.Kill(-g.pid, syscall.SIGSTOP)
+	var stoppedNow []int
+	for _, p := range g.descendants() {
+		if p.state == 'T' || p.state == 't' || p.state == 'Z' {
+			continue // stopped before, by someone else, or dead
+		}
+		if unix.Kill(p.pid, syscall.SIGSTOP) == nil {
+			stoppedNow = append(stoppedNow, p.pid)
+		}
+	}
+	g.stopMu.Lock()
+	g.stopped = append(g.stopped, stoppedNow...)
+	g.stopMu.Unlock()
 	g.TakeTerminal()
 }
 
@@ -240,7 +257,8 @@ func (g *Group) LeaderStopped() bool {
 
 // Continue gives the terminal to the command's group if the caller's group
 // is in the terminal's foreground (a job continued in the background does
-// not take the terminal), then continues the group with SIGCONT.
+// not take the terminal), then continues the group, as job control does,
+// and the processes outside it that Stop stopped.
 func (g *Group) Continue() {
 	if g.tty >= 0 {
 		if fg, err := unix.IoctlGetInt(g.tty, unix.TIOCGPGRP); err == nil && fg == unix.Getpgrp() {
@@ -248,6 +266,13 @@ func (g *Group) Continue() {
 		}
 	}
 	_ = unix.Kill(-g.pid, syscall.SIGCONT)
+	g.stopMu.Lock()
+	stopped := g.stopped
+	g.stopped = nil
+	g.stopMu.Unlock()
+	for _, pid := range stopped {
+		_ = unix.Kill(pid, syscall.SIGCONT) // a stopped process exits only if killed
+	}
 }
 
 // TakeTerminal puts the caller's group back in the terminal's foreground if

@@ -171,3 +171,41 @@ func TestStartRefusesPipesAndASecondGroup(t *testing.T) {
 		t.Fatal("a second Group started while the first one reaps")
 	}
 }
+
+func state(pid int) byte {
+	p, _ := readProc(strconv.Itoa(pid))
+	return p.state
+}
+
+// Stop reaches processes that left the group too, and Continue continues
+// what Stop stopped but not what someone else had stopped before.
+func TestStopReachesDescendantsOutsideGroup(t *testing.T) {
+	dir := t.TempDir()
+	running, frozen := filepath.Join(dir, "running"), filepath.Join(dir, "frozen")
+	g := start(t, exec.Command("sh", "-c", fmt.Sprintf(
+		`setsid sh -c 'echo $$ > %s; exec sleep 30' & setsid sh -c 'echo $$ > %s; kill -STOP $$; exec sleep 30' & exec sleep 30`, running, frozen)))
+	runningPid, frozenPid := readPid(t, running), readPid(t, frozen)
+	waitState := func(pid int, want func(byte) bool, what string) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); !want(state(pid)); time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("process %d: state %q, want %s", pid, state(pid), what)
+			}
+		}
+	}
+	isStopped := func(s byte) bool { return s == 'T' }
+	notStopped := func(s byte) bool { return s != 'T' && s != 0 }
+	waitState(frozenPid, isStopped, "stopped by itself")
+	g.Stop()
+	for _, pid := range []int{g.Pid(), runningPid} {
+		waitState(pid, isStopped, "stopped by Stop")
+	}
+	g.Continue()
+	for _, pid := range []int{g.Pid(), runningPid} {
+		waitState(pid, notStopped, "continued by Continue")
+	}
+	time.Sleep(100 * time.Millisecond)
+	if !isStopped(state(frozenPid)) {
+		t.Fatal("Continue continued a process it had not stopped")
+	}
+}
