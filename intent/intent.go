@@ -244,6 +244,9 @@ func checkNamespace(ns string) error {
 // Namespace returns the store's namespace.
 func (s *Store) Namespace() string { return s.namespace }
 
+// Table returns the intent table's name.
+func (s *Store) Table() string { return s.table }
+
 // Guard returns the fence guard over the intent table. Its rows are keyed by
 // idempotency key, not by id: pass DeriveKey(s.Namespace(), id) (or
 // Intent.IdempotencyKey) as the row key, or use Claim.
