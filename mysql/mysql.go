@@ -22,6 +22,15 @@
 // go-sql-driver/mysql (tls, timeout, readTimeout, ...; an unknown name is
 // sent to the server as a session variable, as that driver does).
 //
+// # Sharing the database
+//
+// The application may keep its own data, guarded rows included, in the
+// lease store's database. Open its own pool with sql.Open("mysql",
+// dsn) where dsn is DSN(storeURL), which drops fenced's parameters. DBOf(client)
+// returns fenced's *sql.DB, for short statements such as guarded writes;
+// renewals use it too, so an application that saturates it delays them
+// until leases expire (see DBOf).
+//
 // # How a lease is kept
 //
 // Each key has one InnoDB row (lease_key, owner, fence, expires_at), with
