@@ -5,15 +5,18 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/fence"
 	"github.com/fenced-dev/fenced/intent"
 	"github.com/fenced-dev/fenced/internal/payprovider"
+	"github.com/fenced-dev/fenced/sqlite"
 )
 
 // dbTests run on SQLite (TestSQLite) and on PostgreSQL and MariaDB
@@ -441,5 +444,44 @@ func mustExec(t *testing.T, db *sql.DB, q string, args ...any) {
 	t.Helper()
 	if _, err := db.ExecContext(context.Background(), q, args...); err != nil {
 		t.Fatalf("%s: %v", q, err)
+	}
+}
+
+// TestStaleReportedToLeaseClient: a store without Hooks reports a stale
+// transition to the hooks of the client that granted the lease.
+func TestStaleReportedToLeaseClient(t *testing.T) {
+	ctx := context.Background()
+	drv, err := sqlite.OpenFile(ctx, filepath.Join(t.TempDir(), "app.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stale []fenced.StaleWriteEvent
+	leases := fenced.NewClient(drv, &fenced.Options{Hooks: fenced.Hooks{StaleWrite: func(e fenced.StaleWriteEvent) { stale = append(stale, e) }}})
+	defer leases.Close()
+	s, err := intent.New(drv.DB(), fence.SQLite, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.EnsureTable(ctx); err != nil {
+		t.Fatal(err)
+	}
+	s.Create(ctx, "po_1", "x")
+	begin := func() fence.Token {
+		l, err := leases.TryAcquire(ctx, "payout:po_1", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Release(ctx)
+		if _, err := s.Begin(ctx, "po_1", fence.From(l)); err != nil {
+			t.Fatal(err)
+		}
+		return fence.From(l)
+	}
+	old, _ := begin(), begin()
+	if err := s.Complete(ctx, "po_1", old, "pay_1"); !errors.Is(err, fenced.ErrStaleFence) {
+		t.Fatalf("stale Complete: %v", err)
+	}
+	if len(stale) != 1 || stale[0].Presented != old.Fence || stale[0].Resource != intent.DefaultTable {
+		t.Fatalf("client hooks got %+v", stale)
 	}
 }
