@@ -18,7 +18,8 @@ import (
 //     it for work that must happen.
 //
 // If the lease ends while fn runs, Do returns a *LeaseEndedError, which
-// matches the cause (ErrLost or ErrExpired, so IsLost is true) and fn's own
+// matches the cause (ErrLost or ErrExpired when the lease was lost, so
+// IsLost is true; ErrClosed when the client was closed) and fn's own
 // error. Its WorkErr tells whether fn finished: nil means fn returned nil
 // and what it committed with the fence stands ("committed, then lost");
 // otherwise fn failed, usually because the loss cancelled its context or a
