@@ -51,8 +51,8 @@
 // refuses them. Each row's namespace is the part of its idempotency key
 // before the final dash and 32 hex digits. With every worker and reconciler
 // stopped, rename the old table, let EnsureTable create the new one, copy
-// the rows and drop the old table (PostgreSQL and SQLite can do it all in
-// one transaction; on MySQL check the row counts before the DROP):
+// the rows and drop the old table (check that the row counts match before
+// the DROP; TestServers runs these steps on all three databases):
 //
 //	ALTER TABLE fenced_intents RENAME TO fenced_intents_old;
 //	-- store.EnsureTable(ctx) creates fenced_intents
