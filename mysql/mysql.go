@@ -535,9 +535,11 @@ func (d *Driver) Guarantees() driver.Guarantees {
 	return driver.Guarantees{
 		Fence:       driver.FenceStrict,
 		ServerClock: true,
-		Notify:      false,
+		// UTC_TIMESTAMP is the server's wall clock.
+		ClockStepSafe: false,
+		Notify:        false,
 		Note: "fence is a counter on the InnoDB lease row (durable with the row; after a failover only if replication was semi-synchronous or Galera); " +
-			"expiry by the server's UTC_TIMESTAMP; no notifications: waiters poll with backoff and full jitter, capped by the holder's remaining time",
+			"expiry by the server's UTC_TIMESTAMP, its wall clock (not safe from clock steps); no notifications: waiters poll with backoff and full jitter, capped by the holder's remaining time",
 	}
 }
 

@@ -41,12 +41,14 @@
 // Each key has one row (lease_key, owner, fence, expires_at). Acquire is one
 // INSERT ... ON CONFLICT DO UPDATE ... WHERE the row is free or expired by
 // now() RETURNING the raised fence, so a grant and its fence are decided by
-// one statement under the row lock, on the database's clock; a refusal
-// returns the time the holder has left in the same round trip. Renew and
-// release are UPDATEs conditional on owner and fence. Release and break
-// keep the row, so the counter never restarts: fences survive release,
-// expiry, break, server restart and crash recovery (the fence is as
-// durable as any committed row; with synchronous replication, failover too).
+// one statement under the row lock, on the database's wall clock (so a
+// forward step of that clock ends grants early: Guarantees.ClockStepSafe
+// is false); a refusal returns the time the holder has left in the same
+// round trip. Renew and release are UPDATEs conditional on owner and
+// fence. Release and break keep the row, so the counter never restarts:
+// fences survive release, expiry, break, server restart and crash recovery
+// (the fence is as durable as any committed row; with synchronous
+// replication, failover too).
 //
 // # Waiting
 //
@@ -489,8 +491,10 @@ func (d *Driver) Guarantees() driver.Guarantees {
 	g := driver.Guarantees{
 		Fence:       driver.FenceStrict,
 		ServerClock: true,
-		Notify:      d.listener != nil,
-		Note:        "fence is a counter on the lease row (durable with the row; after a failover only if replication was synchronous); expiry by the database's now()",
+		// now() is the database's wall clock.
+		ClockStepSafe: false,
+		Notify:        d.listener != nil,
+		Note:          "fence is a counter on the lease row (durable with the row; after a failover only if replication was synchronous); expiry by the database's now(), its wall clock (not safe from clock steps)",
 	}
 	if d.note != "" {
 		g.Note += "; " + d.note
