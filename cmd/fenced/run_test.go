@@ -48,8 +48,30 @@ func alive(pid int) bool {
 	return st != 0 && st != 'Z'
 }
 
-// stopped reports whether pid is stopped by a signal.
-func stopped(pid int) bool { return procState(pid) == 'T' }
+// stopped reports whether pid is stopped by a signal, or frozen in vfork
+// behind a stopped child: shells such as dash start commands with vfork,
+// and a vfork parent waits (state D) until the child has exec'd, so it
+// cannot stop, nor run, while that child is stopped.
+func stopped(pid int) bool {
+	switch procState(pid) {
+	case 'T':
+		return true
+	case 'D':
+		names, _ := filepath.Glob("/proc/[0-9]*/stat")
+		for _, name := range names {
+			b, err := os.ReadFile(name)
+			if err != nil {
+				continue
+			}
+			s := string(b)
+			i := strings.LastIndexByte(s, ')')
+			if f := strings.Fields(s[i+1:]); i >= 0 && len(f) > 1 && f[0] == "T" && f[1] == strconv.Itoa(pid) {
+				return true
+			}
+		}
+	}
+	return false
+}
 
 // eventually fails the test unless cond becomes true within d.
 func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
@@ -102,6 +124,9 @@ func startRun(t *testing.T, store string, args ...string) (*exec.Cmd, outFile, o
 	t.Cleanup(func() {
 		_ = cmd.Process.Signal(syscall.SIGCONT)
 		_ = cmd.Process.Kill()
+		if t.Failed() {
+			t.Logf("fenced's stderr:\n%s", errb)
+		}
 	})
 	return cmd, out, errb
 }
