@@ -31,7 +31,7 @@ type runFlags struct {
 func newRunCmd(g *globals) *cobra.Command {
 	f := &runFlags{}
 	cmd := &cobra.Command{
-		Use:   "run [FLAGS] KEY [--] COMMAND [ARGS...]",
+		Use:   "run [flags] KEY [--] COMMAND [ARGS...]",
 		Short: "Run COMMAND while holding a lease on KEY; stop it if the lease is lost",
 		Long: `Run acquires a lease on KEY, runs COMMAND while renewing the lease, and releases
 it when COMMAND and every process it started have ended. Everything after KEY is
@@ -47,11 +47,11 @@ COMMAND's environment:
   FENCED_STORE  the store URL with any password redacted: the lease is fenced's,
                 COMMAND needs no credentials of the store
 
-The default store (sqlite:) is a file in the invoking user's state directory
-(` + defaultStoreHint() + `): runs by another user, or with
-another HOME (cron, sudo), use another file and never exclude each other. Share
-a --store (or FENCED_STORE) to exclude across users and hosts. -v prints the
-store actually used.
+The default store (sqlite:) is a file in the invoking user's state directory,
+$XDG_STATE_HOME/fenced/fenced.db or ~/.local/state/fenced/fenced.db: runs by
+another user, or with another HOME or XDG_STATE_HOME (cron, sudo, systemd), use
+another file and never exclude each other. Share a --store (or FENCED_STORE) to
+exclude across users and hosts. -v prints the store actually used.
 
 COMMAND runs in a process group of its own, and fenced owns all of it: fenced is a
 child subreaper, so processes that leave the group or lose their parent stay
@@ -68,13 +68,14 @@ fenced's, and the lease is released only when no process COMMAND started is left
 
 Stopping: fenced and COMMAND's group stop and continue together. If fenced gets
 SIGTSTP, SIGTTIN or SIGTTOU (Ctrl-Z), or COMMAND stops (job control, or SIGSTOP),
-fenced stops the group, and any process of COMMAND's that left it, with SIGSTOP and
-then stops itself, so the shell sees the job stopped. A stopped fenced renews nothing: a job left stopped loses its
-lease after at most --ttl, and another holder may take the key. When fenced is
-continued (fg, bg, SIGCONT), it continues the group only if the lease is still
-valid; otherwise it kills the still stopped group with SIGKILL, so it never runs
-again, and exits 77. SIGSTOP sent to fenced itself cannot be caught: then COMMAND
-keeps running unrenewed, and only the fence protects the resource.
+fenced stops the group, and any process of COMMAND's that left it, with SIGSTOP,
+then stops itself, so the shell sees the job stopped. A stopped fenced renews
+nothing: a job left stopped loses its lease after at most --ttl, and another
+holder may take the key. When fenced is continued (fg, bg, SIGCONT), it continues
+the group only if the lease is still valid; otherwise it kills the still stopped
+group with SIGKILL, so it never runs again, and exits 77. SIGSTOP sent to fenced
+itself cannot be caught: then COMMAND keeps running unrenewed, and only the fence
+protects the resource.
 
 Terminal: when stdin is the terminal and fenced runs in its foreground, COMMAND's
 group gets the terminal while it runs (so it can read it and gets Ctrl-C and
@@ -142,6 +143,9 @@ func splitRunArgs(cmd *cobra.Command, args []string) (key string, argv []string,
 		rest = rest[1:]
 	} else if len(rest) > 0 && strings.HasPrefix(rest[0], "-") && rest[0] != "-" {
 		dash := slices.Index(rest, "--")
+		if dash < 0 && (rest[0] == "-h" || rest[0] == "--help") {
+			return "", nil, cmd.Help()
+		}
 		if dash < 0 {
 			return "", nil, withCode(exitUsage, fmt.Errorf("run: %q after KEY %q: flags after KEY need a -- before COMMAND: fenced run [FLAGS] KEY [FLAGS --] COMMAND [ARGS...]", rest[0], key))
 		}
