@@ -96,7 +96,7 @@ type Group struct {
 	cmd    *exec.Cmd
 	pid    int // the leader's pid, which is also the group's id
 	self   int
-	tty    int // the controlling terminal handed over, or -1
+	tty    int // the caller's controlling terminal if it is the command's stdin, or -1
 	events chan Event
 
 	stopMu  sync.Mutex
