@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/fence"
@@ -289,7 +290,7 @@ loop:
 		case sig := <-sigs:
 			if slices.Contains(stopSignals, sig) {
 				if !s.ending {
-					s.suspend(fmt.Sprintf("fenced got %v", sig))
+					s.suspend("fenced got " + unix.SignalName(sig.(syscall.Signal)))
 				}
 				continue
 			}
@@ -301,7 +302,7 @@ loop:
 				// reported too, and may arrive after the group has been
 				// continued: act only on a leader that is stopped now.
 				if !s.ending && s.grp.LeaderStopped() {
-					s.suspend(fmt.Sprintf("%s was stopped by %v", s.name, ev.Signal))
+					s.suspend(fmt.Sprintf("%s was stopped by %s", s.name, unix.SignalName(ev.Signal)))
 				}
 			case supervise.Exited:
 				s.exited, s.code = true, ev.Code
