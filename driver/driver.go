@@ -62,8 +62,8 @@ var (
 	// ErrUnknownOutcome means a request was sent but its outcome is unknown
 	// (for example the connection broke after the write was sent).
 	ErrUnknownOutcome = errors.New("outcome unknown")
-	// ErrNoFence means a correctness lease was requested on a backend whose
-	// fence is weaker than the caller accepted.
+	// ErrNoFence means a lease was requested on a backend whose fence is
+	// weaker than the lease's minimum (fenced.LeaseOptions.MinFence).
 	ErrNoFence = errors.New("backend cannot provide the fencing token this lease requires")
 	// ErrInvalidKey means a key failed validation.
 	ErrInvalidKey = errors.New("invalid key")
