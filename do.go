@@ -2,8 +2,6 @@ package fenced
 
 import (
 	"context"
-	"errors"
-	"fmt"
 )
 
 // Do runs fn while holding a lease on key: it acquires the lease, calls fn
@@ -20,9 +18,24 @@ import (
 //   - A positive MaxWait (or WaitForever) waits up to that long for the
 //     key. Use it for work that must happen.
 //
-// If the lease is lost while fn runs, Do returns an error matching the
-// loss cause (ErrLost or ErrExpired), joined with fn's own error: fn's
-// writes may not all have counted, which is why they must carry the fence.
+// If the lease ends while fn runs, Do returns a *LeaseEndedError, which
+// matches the cause (ErrLost or ErrExpired when the lease was lost, so
+// IsLost is true; ErrClosed when the client was closed) and fn's own
+// error. Its WorkErr tells whether fn finished: nil means fn returned nil
+// and what it committed with the fence stands ("committed, then lost");
+// otherwise fn failed, usually because the loss cancelled its context or a
+// resource refused its fence ("lost before the work was done"). Writes that
+// did not carry the fence may have landed after the loss either way.
+//
+//	err := client.Do(ctx, key, opts, work)
+//	var ended *fenced.LeaseEndedError
+//	switch {
+//	case errors.As(err, &ended) && ended.WorkErr == nil:
+//		log.Printf("done, but the lease was lost at the end: %v", err)
+//	case err != nil:
+//		return err // retry later, under a new lease
+//	}
+//
 // When fn returns, the context it was given is cancelled before the key is
 // freed, so goroutines fn left behind are told to stop before another
 // worker can get the key. The release uses a fresh timeout of
@@ -42,7 +55,7 @@ func (c *Client) Do(ctx context.Context, key string, opts *LeaseOptions, fn func
 	defer relCancel()
 	relErr := l.Release(relCtx)
 	if lostErr != nil {
-		return errors.Join(fnErr, fmt.Errorf("fenced: do %q: lease ended while work ran: %w", key, lostErr))
+		return &LeaseEndedError{Key: key, Fence: l.Fence(), Cause: lostErr, WorkErr: fnErr}
 	}
 	if fnErr != nil {
 		return fnErr
