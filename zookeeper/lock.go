@@ -31,13 +31,32 @@ type entry struct {
 	zc       *zsession
 	lockPath string
 	uuid     string
-	path     string // full node path once known
-	session  int64
-	czxid    int64
-	granted  bool
+	// The node's identity, set together by setNode once known.
+	path    string // full node path
+	czxid   int64  // the fence
+	session int64  // the session that owns the node
+	granted bool
 }
 
 func (e *entry) protectedPrefix() string { return "_c_" + e.uuid + "-" }
+
+// setNode records the identity of e's node. It is the only place that sets
+// it, so that no way of finding the node (create, or lookup by protected
+// prefix after an unknown outcome) can leave part of it unset.
+func (e *entry) setNode(path string, czxid, session int64) {
+	e.path, e.czxid, e.session = path, czxid, session
+}
+
+// adoptNode records the node at path, found by its protected prefix, as
+// e's node. It refuses (false) a node whose owning session is not the live
+// session: that session ended, and the server is deleting its nodes.
+func (e *entry) adoptNode(path string, stat *zk.Stat) bool {
+	if stat.EphemeralOwner == 0 || stat.EphemeralOwner != e.zc.conn.SessionID() {
+		return false
+	}
+	e.setNode(path, stat.Czxid, stat.EphemeralOwner)
+	return true
+}
 
 // child is one lock node under a lock path.
 type child struct {
@@ -172,26 +191,28 @@ func (d *Driver) ensureParents(conn *zk.Conn, path string) error {
 // as soon as the create returns.
 func (d *Driver) createNode(ctx context.Context, e *entry) error {
 	type result struct {
-		path  string
-		czxid int64
-		err   error
+		path           string
+		czxid, session int64
+		err            error
 	}
 	ch := make(chan result, 1)
 	data := []byte(e.id.owner)
 	go func() {
-		create := func() (string, int64, error) {
+		create := func() (result, error) {
 			res, err := e.zc.conn.Multi(
 				&zk.CreateRequest{Path: e.lockPath + "/" + e.protectedPrefix() + lockMarker, Data: data, Acl: d.acl, Flags: zk.FlagEphemeral | zk.FlagSequence},
 				&zk.SetDataRequest{Path: e.lockPath, Version: -1})
 			if err != nil {
-				return "", 0, err
+				return result{}, err
 			}
 			if len(res) != 2 || res[1].Stat == nil {
-				return "", 0, fmt.Errorf("unexpected multi response %+v", res)
+				return result{}, fmt.Errorf("unexpected multi response %+v", res)
 			}
-			return res[0].String, res[1].Stat.Mzxid, nil
+			// The session that just created the node owns it (taken now: a
+			// new connection has no session id until it is established).
+			return result{path: res[0].String, czxid: res[1].Stat.Mzxid, session: e.zc.conn.SessionID()}, nil
 		}
-		p, czxid, err := create()
+		r, err := create()
 		if errors.Is(err, zk.ErrNoNode) {
 			// The lock path does not exist yet: the transaction failed,
 			// nothing was applied. Make the path and create once.
@@ -199,7 +220,7 @@ func (d *Driver) createNode(ctx context.Context, e *entry) error {
 				ch <- result{err: perr}
 				return
 			}
-			p, czxid, err = create()
+			r, err = create()
 		}
 		if err != nil && !errors.Is(err, zk.ErrNodeExists) && !errors.Is(err, zk.ErrNoAuth) && !errors.Is(err, zk.ErrSessionExpired) && !errors.Is(err, zk.ErrNoNode) {
 			// Connection loss: the create may have been applied.
@@ -208,13 +229,14 @@ func (d *Driver) createNode(ctx context.Context, e *entry) error {
 			case ferr == nil && found != "":
 				ok, stat, serr := e.zc.conn.Exists(found)
 				if serr == nil && ok {
-					p, czxid, err = found, stat.Czxid, nil
+					r, err = result{path: found, czxid: stat.Czxid, session: stat.EphemeralOwner}, nil
 				}
 			case ferr == nil:
 				err = fmt.Errorf("%w: %v (no node with our protected prefix was created)", driver.ErrUnavailable, err)
 			}
 		}
-		ch <- result{p, czxid, err}
+		r.err = err
+		ch <- r
 	}()
 	select {
 	case r := <-ch:
@@ -227,9 +249,7 @@ func (d *Driver) createNode(ctx context.Context, e *entry) error {
 			}
 			return writeErr("create lock node", r.err)
 		}
-		// The session that just created the node owns it (taken now: a
-		// new connection has no session id until it is established).
-		e.path, e.czxid, e.session = r.path, r.czxid, e.zc.conn.SessionID()
+		e.setNode(r.path, r.czxid, r.session)
 		return nil
 	case <-ctx.Done():
 		go func() {
@@ -316,7 +336,11 @@ func (d *Driver) confirm(ctx context.Context, e *entry, ttl time.Duration, start
 		if err != nil || !ok {
 			return 0, readErr("stat lock node", fmt.Errorf("%s: exists=%v: %v", p, ok, err))
 		}
-		e.path, e.czxid = p, stat.Czxid
+		if !e.adoptNode(p, stat) {
+			// Made by a session that has ended since; the server deletes it.
+			d.forget(e)
+			return d.TryAcquire(ctx, e.id.key, e.id.owner, ttl)
+		}
 	}
 	_, idx, err := d.queue(e)
 	if err != nil {
@@ -465,7 +489,9 @@ func (d *Driver) Renew(ctx context.Context, g driver.Grant, ttl time.Duration) e
 		return readErr("renew", r.err)
 	}
 	if !r.ok || r.stat.Czxid != e.czxid || r.stat.EphemeralOwner != e.session || e.zc.conn.SessionID() != e.session {
-		d.forget(e)
+		// The grant is over. A node of ours that is still there goes now,
+		// so that it cannot hold the key for as long as the session lives.
+		d.abandon(e)
 		return fmt.Errorf("zookeeper: renew %s: %w: node %s is gone or belongs to another session", g, driver.ErrNotHeld, e.path)
 	}
 	d.track(e, ttl, start)

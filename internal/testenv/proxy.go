@@ -18,6 +18,7 @@ type Proxy struct {
 	// before the server's reply reaches the client.
 	cutAfter func(chunk []byte) bool
 	cuts     int
+	down     bool
 	ln       net.Listener
 }
 
@@ -36,6 +37,13 @@ func StartProxy(t testing.TB, target string) *Proxy {
 			if err != nil {
 				return
 			}
+			p.mu.Lock()
+			down := p.down
+			p.mu.Unlock()
+			if down {
+				c.Close()
+				continue
+			}
 			go p.serve(c, target)
 		}
 	}()
@@ -49,6 +57,15 @@ func (p *Proxy) CutAfter(match func(chunk []byte) bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.cutAfter = match
+}
+
+// SetDown makes the proxy close every new connection at once while down is
+// true, as a server that went away would; connections already open are not
+// affected (cut them with CutAfter).
+func (p *Proxy) SetDown(down bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.down = down
 }
 
 // Cuts returns how many connections the proxy has cut.
