@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -56,31 +54,6 @@ func (e *entry) adoptNode(path string, stat *zk.Stat) bool {
 	}
 	e.setNode(path, stat.Czxid, stat.EphemeralOwner)
 	return true
-}
-
-// child is one lock node under a lock path.
-type child struct {
-	name string
-	seq  int64
-}
-
-// sortChildren orders lock nodes by sequence, as Curator does, and rejects
-// nodes that are not lock nodes.
-func sortChildren(lockPath string, names []string) ([]child, error) {
-	out := make([]child, 0, len(names))
-	for _, n := range names {
-		i := strings.LastIndex(n, lockMarker)
-		if i < 0 {
-			return nil, fmt.Errorf("zookeeper: lock path %s holds foreign node %q (not a lock node \"...lock-<sequence>\"): remove it or use another chroot", lockPath, n)
-		}
-		seq, err := strconv.ParseInt(n[i+len(lockMarker):], 10, 64)
-		if err != nil {
-			return nil, fmt.Errorf("zookeeper: lock path %s holds foreign node %q (no sequence number after \"lock-\"): remove it or use another chroot", lockPath, n)
-		}
-		out = append(out, child{n, seq})
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].seq < out[j].seq })
-	return out, nil
 }
 
 func (d *Driver) lookup(key, owner string) *entry {
@@ -261,25 +234,6 @@ func (d *Driver) createNode(ctx context.Context, e *entry) error {
 	}
 }
 
-// queue reads the lock's nodes in order and returns our position (-1 when
-// our node is missing: the session expired or an admin broke it).
-func (d *Driver) queue(e *entry) ([]child, int, error) {
-	names, _, err := e.zc.conn.Children(e.lockPath)
-	if err != nil {
-		return nil, -1, readErr("list lock nodes", err)
-	}
-	children, err := sortChildren(e.lockPath, names)
-	if err != nil {
-		return nil, -1, err
-	}
-	for i, c := range children {
-		if e.lockPath+"/"+c.name == e.path {
-			return children, i, nil
-		}
-	}
-	return children, -1, nil
-}
-
 func (d *Driver) newEntry(ctx context.Context, key, owner string, ttl time.Duration) (*entry, error) {
 	zc, err := d.session(ctx, ttl)
 	if err != nil {
@@ -305,13 +259,13 @@ func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Dur
 		}
 		return 0, err
 	}
-	_, idx, err := d.queue(e)
-	if err != nil || idx != 0 {
+	l, err := d.lookLine(e, nil, true)
+	if err != nil || !l.first() {
 		d.abandon(e)
 		switch {
 		case err != nil:
 			return 0, err
-		case idx < 0:
+		case !l.present:
 			return 0, fmt.Errorf("zookeeper: acquire: %w: our lock node %s vanished (session expired)", driver.ErrUnavailable, e.path)
 		}
 		return 0, &driver.HeldError{Key: key}
@@ -342,15 +296,15 @@ func (d *Driver) confirm(ctx context.Context, e *entry, ttl time.Duration, start
 			return d.TryAcquire(ctx, e.id.key, e.id.owner, ttl)
 		}
 	}
-	_, idx, err := d.queue(e)
+	l, err := d.lookLine(e, nil, true)
 	if err != nil {
 		return 0, err
 	}
-	if idx < 0 {
+	if !l.present {
 		d.forget(e)
 		return d.TryAcquire(ctx, e.id.key, e.id.owner, ttl)
 	}
-	if idx != 0 {
+	if !l.first() {
 		return 0, &driver.HeldError{Key: e.id.key}
 	}
 	e.granted = true
@@ -399,23 +353,27 @@ func (d *Driver) AcquireTimed(ctx context.Context, key, owner string, ttl time.D
 			return true
 		}
 	}
+	var prev *line // the last look at the line, once there is one
 	for sent := start; ; sent = time.Now() {
-		children, idx, err := d.queue(e)
+		l, err := d.lookLine(e, prev, false)
 		if err != nil {
 			if transient(err) && pause() {
 				continue
 			}
 			return fail(err)
 		}
-		if idx == 0 {
+		if l.first() {
 			e.granted = true
 			d.track(e, ttl, sent)
 			return uint64(e.czxid), sent, nil
 		}
-		if idx < 0 {
+		if !l.present {
 			return fail(fmt.Errorf("zookeeper: %w: our lock node %s vanished (session expired or broken)", driver.ErrUnavailable, e.path))
 		}
-		ok, _, ch, err := e.zc.conn.ExistsW(e.lockPath + "/" + children[idx-1].name)
+		prev = &l
+		// Wait for the youngest node ahead of ours: one waiter per node.
+		pred := l.elders[newest(l.elders)]
+		ok, _, ch, err := e.zc.conn.ExistsW(e.lockPath + "/" + pred.name)
 		if err != nil {
 			if transient(err) && pause() {
 				continue
