@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/go-zookeeper/zk"
@@ -253,6 +252,11 @@ func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Dur
 	if err != nil {
 		return 0, err
 	}
+	// The create goes through the leader: it proves, like a sync, that the
+	// session's follower reaches the leader after start.
+	if err := d.awaitHeadroom(ctx, e.zc, start, ttl); err != nil {
+		return 0, err
+	}
 	if err := d.createNode(ctx, e); err != nil {
 		if errors.Is(err, driver.ErrUnknownOutcome) {
 			d.track(e, ttl, start) // a retry finds it; else the reaper deletes it
@@ -275,8 +279,26 @@ func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Dur
 	return uint64(e.czxid), nil
 }
 
+// syncLeader waits for headroom for a grant of ttl valid from start (see
+// awaitHeadroom), then syncs e's session with the leader: the session's
+// later reads reflect all the leader had committed when the sync was sent,
+// and the sync's answer proves that the follower serving the session
+// reached the leader after start.
+func (d *Driver) syncLeader(ctx context.Context, e *entry, start time.Time, ttl time.Duration) error {
+	if err := d.awaitHeadroom(ctx, e.zc, start, ttl); err != nil {
+		return err
+	}
+	if _, err := e.zc.conn.Sync(e.lockPath); err != nil && !errors.Is(err, zk.ErrNoNode) {
+		return readErr("sync", err)
+	}
+	return nil
+}
+
 // confirm serves a repeated TryAcquire by the owner of e.
 func (d *Driver) confirm(ctx context.Context, e *entry, ttl time.Duration, start time.Time) (uint64, error) {
+	if err := d.syncLeader(ctx, e, start, ttl); err != nil {
+		return 0, err
+	}
 	if e.path == "" || e.czxid == 0 {
 		p, err := d.findProtected(e)
 		if err != nil {
@@ -319,10 +341,12 @@ func (d *Driver) Acquire(ctx context.Context, key, owner string, ttl time.Durati
 }
 
 // AcquireTimed implements driver.TimedQueuer: create a node, then wait for
-// the deletion of the node just before it until it is the lowest. The grant
-// is confirmed by the listing that finds our node first, which the server
-// answers only while our session lives (and which extends the session), so
-// the lease's validity starts when that listing was sent.
+// the deletion of the youngest node ahead of it until none is left. Each
+// look at the line is a sync with the leader followed by a listing, so the
+// grant is confirmed by a listing that reflects the leader's state when the
+// sync was sent, with our node (so our session) still there; the lease's
+// validity starts before that sync, once the session has headroom for it
+// (awaitHeadroom).
 func (d *Driver) AcquireTimed(ctx context.Context, key, owner string, ttl time.Duration) (uint64, time.Time, error) {
 	start := time.Now()
 	e, err := d.newEntry(ctx, key, owner, ttl)
@@ -354,7 +378,14 @@ func (d *Driver) AcquireTimed(ctx context.Context, key, owner string, ttl time.D
 		}
 	}
 	var prev *line // the last look at the line, once there is one
-	for sent := start; ; sent = time.Now() {
+	for {
+		sent := time.Now()
+		if err := d.syncLeader(ctx, e, sent, ttl); err != nil {
+			if transient(err) && pause() {
+				continue
+			}
+			return fail(err)
+		}
 		l, err := d.lookLine(e, prev, false)
 		if err != nil {
 			if transient(err) && pause() {
@@ -402,18 +433,20 @@ func (d *Driver) grantEntry(op string, g driver.Grant) (*entry, error) {
 	return e, nil
 }
 
-// Renew implements driver.Driver: it confirms, after a sync with the
-// leader, that g's node still exists and belongs to the live session. The
-// session itself is kept alive by the connection; ttl must not exceed the
-// session timeout.
+// Renew implements driver.Driver: once the session has headroom for
+// another ttl from now (awaitHeadroom), it syncs with the leader and then
+// (not concurrently: the read must see what the sync made visible) reads
+// g's node, confirming that it still exists and belongs to the live
+// session. The session itself is kept alive by the connection; ttl must
+// not exceed the longest TTL the session covers.
 func (d *Driver) Renew(ctx context.Context, g driver.Grant, ttl time.Duration) error {
 	start := time.Now()
 	e, err := d.grantEntry("renew", g)
 	if err != nil {
 		return err
 	}
-	if ttl > e.zc.timeout {
-		return fmt.Errorf("zookeeper: renew %s: %w: TTL %v exceeds the session timeout %v", g, driver.ErrInvalidTTL, ttl, e.zc.timeout)
+	if limit := maxTTLFor(e.zc.timeout, d.tick); ttl > limit {
+		return fmt.Errorf("zookeeper: renew %s: %w: TTL %v exceeds %v, the longest a %v session covers", g, driver.ErrInvalidTTL, ttl, limit, e.zc.timeout)
 	}
 	type result struct {
 		ok   bool
@@ -422,14 +455,13 @@ func (d *Driver) Renew(ctx context.Context, g driver.Grant, ttl time.Duration) e
 	}
 	ch := make(chan result, 1)
 	go func() {
-		var wg sync.WaitGroup
-		var serr error
-		wg.Add(1)
-		go func() { defer wg.Done(); _, serr = e.zc.conn.Sync(e.path) }()
+		if err := d.syncLeader(ctx, e, start, ttl); err != nil {
+			ch <- result{err: err}
+			return
+		}
 		ok, stat, err := e.zc.conn.Exists(e.path)
-		wg.Wait()
-		if err == nil && serr != nil && !errors.Is(serr, zk.ErrNoNode) {
-			err = serr
+		if err != nil {
+			err = readErr("read lock node", err)
 		}
 		ch <- result{ok, stat, err}
 	}()
@@ -444,7 +476,7 @@ func (d *Driver) Renew(ctx context.Context, g driver.Grant, ttl time.Duration) e
 			d.forget(e)
 			return fmt.Errorf("zookeeper: renew %s: %w: session expired", g, driver.ErrNotHeld)
 		}
-		return readErr("renew", r.err)
+		return fmt.Errorf("zookeeper: renew %s: %w", g, r.err)
 	}
 	if !r.ok || r.stat.Czxid != e.czxid || r.stat.EphemeralOwner != e.session || e.zc.conn.SessionID() != e.session {
 		// The grant is over. A node of ours that is still there goes now,

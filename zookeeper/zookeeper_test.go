@@ -64,7 +64,7 @@ func TestZooKeeper(t *testing.T) {
 					t.Fatal(err)
 				}
 				t.Cleanup(conn.Close)
-				d, err := zookeeper.New(conn, &zookeeper.Options{Root: "/conformance-new", SessionTimeout: 90 * time.Second})
+				d, err := zookeeper.New(conn, &zookeeper.Options{Root: "/conformance-new", SessionTimeout: 90 * time.Second, TickTime: ens.TickTime})
 				if err != nil {
 					t.Fatal(err)
 				}
