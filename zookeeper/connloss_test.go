@@ -24,15 +24,17 @@ func isRequest(op int32) func(chunk []byte) bool {
 	}
 }
 
-// ZooKeeper opcodes the tests cut or watch for.
-const (
-	opExists = 3
-	opSync   = 9
-	opMulti  = 14 // how the driver creates lock nodes
-)
+// opMulti is the opcode of a multi request, which is how the driver
+// creates lock nodes.
+const opMulti = 14
 
-// isMulti matches a chunk carrying a multi request.
+// isMulti matches a chunk that starts with a multi request.
 var isMulti = isRequest(opMulti)
+
+// isPing matches a chunk that starts with a ping (xid -2, opcode 11).
+func isPing(chunk []byte) bool {
+	return len(chunk) >= 12 && int32(binary.BigEndian.Uint32(chunk[4:8])) == -2 && binary.BigEndian.Uint32(chunk[8:12]) == 11
+}
 
 // testConnectionLossOnCreate cuts the connection after the server received
 // the create of a lock node and before its reply arrives, as Curator's

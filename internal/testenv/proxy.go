@@ -19,6 +19,7 @@ type Proxy struct {
 	cutAfter func(chunk []byte) bool
 	cuts     int
 	down     bool
+	observe  func(chunk []byte)
 	ln       net.Listener
 }
 
@@ -68,6 +69,15 @@ func (p *Proxy) SetDown(down bool) {
 	p.down = down
 }
 
+// Observe makes the proxy call f with every chunk a client sends, before
+// forwarding it (nil stops). f runs under the proxy's lock: it must not
+// block or call the proxy.
+func (p *Proxy) Observe(f func(chunk []byte)) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.observe = f
+}
+
 // Cuts returns how many connections the proxy has cut.
 func (p *Proxy) Cuts() int {
 	p.mu.Lock()
@@ -111,6 +121,9 @@ func (p *Proxy) serve(client net.Conn, target string) {
 		n, err := client.Read(buf)
 		if n > 0 {
 			p.mu.Lock()
+			if p.observe != nil {
+				p.observe(buf[:n])
+			}
 			armed := p.cutAfter != nil && p.cutAfter(buf[:n])
 			if armed {
 				p.cutAfter = nil
