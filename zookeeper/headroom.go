@@ -123,11 +123,15 @@ func (d *Driver) keepAlive(zc *zsession) {
 		select {
 		case err := <-answered:
 			// Only an answer within one known session counts (before the
-			// connection is first established the session id is zero).
-			if err == nil && session != 0 && zc.conn.SessionID() == session {
+			// connection is first established the session id is zero: try
+			// again soon).
+			switch {
+			case err != nil:
+				timer.Reset(every)
+			case session != 0 && zc.conn.SessionID() == session:
 				zc.record(activity{session: session, sent: sent, done: time.Now()})
 				timer.Reset(every)
-			} else {
+			default:
 				timer.Reset(min(every, keepaliveRetry))
 			}
 		case <-zc.stop:
@@ -138,7 +142,8 @@ func (d *Driver) keepAlive(zc *zsession) {
 	}
 }
 
-// keepaliveRetry is how soon a keep-alive that did not count is sent again.
+// keepaliveRetry is how soon a keep-alive answered outside one known
+// session is sent again.
 const keepaliveRetry = 20 * time.Millisecond
 
 // awaitHeadroom returns once the session of zc is certain to outlive
@@ -151,10 +156,16 @@ const keepaliveRetry = 20 * time.Millisecond
 // ErrUnavailable when the session has no answered request for longer than
 // the grant allows, and with ctx's error when ctx ends.
 func (d *Driver) awaitHeadroom(ctx context.Context, zc *zsession, start time.Time, ttl time.Duration) error {
+	return d.awaitHeadroomOf(ctx, zc, zc.conn.SessionID, start, ttl)
+}
+
+// awaitHeadroomOf is awaitHeadroom for the session that sessionID names
+// at each look (a session that expired is replaced by a new one).
+func (d *Driver) awaitHeadroomOf(ctx context.Context, zc *zsession, sessionID func() int64, start time.Time, ttl time.Duration) error {
 	giveUp := start.Add(zc.timeout - ttl)
 	for {
 		now := time.Now()
-		latest, ok, next, changed := zc.known(zc.conn.SessionID(), now, d.tick)
+		latest, ok, next, changed := zc.known(sessionID(), now, d.tick)
 		if ok && !latest.Add(zc.timeout).Before(start.Add(ttl)) {
 			return nil
 		}

@@ -476,7 +476,7 @@ func (d *Driver) Renew(ctx context.Context, g driver.Grant, ttl time.Duration) e
 			d.forget(e)
 			return fmt.Errorf("zookeeper: renew %s: %w: session expired", g, driver.ErrNotHeld)
 		}
-		return fmt.Errorf("zookeeper: renew %s: %w", g, r.err)
+		return r.err // classified by syncLeader or readErr
 	}
 	if !r.ok || r.stat.Czxid != e.czxid || r.stat.EphemeralOwner != e.session || e.zc.conn.SessionID() != e.session {
 		// The grant is over. A node of ours that is still there goes now,

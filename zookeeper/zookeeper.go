@@ -11,22 +11,26 @@
 //
 // # URL
 //
-// zk://host:port[,host:port...][/chroot][?dial_timeout=D]
+// zk://host:port[,host:port...][/chroot][?dial_timeout=D&tick_time=D]
 //
 // The chroot (default /fenced) is the parent of every lock path; key K
 // locks the znode chroot+"/"+K, with '/' and '%' in K escaped as %2F and
-// %25 (and the keys "." and ".." as %2E and %2E%2E).
+// %25 (and the keys "." and ".." as %2E and %2E%2E). dial_timeout bounds
+// each connection attempt (default 10s). tick_time is the ensemble's
+// tickTime, or an upper bound of it; without it the driver takes half the
+// servers' minSessionTimeout (see Sessions).
 //
 // # Recipe
 //
 // A lease is Curator's lock recipe: an ephemeral sequential znode
 // "_c_<uuid>-lock-<sequence>" under the lock path, holding the owner token.
-// The lowest sequence holds; every waiter watches only the node just before
-// its own, so a release wakes one waiter, in arrival order. A Curator
-// InterProcessMutex on the same path and a fenced lease exclude each other.
-// When the connection breaks during a create, the driver looks for a child
-// carrying its own protected prefix "_c_<uuid>-" before reporting anything,
-// as Curator does, so a create that the server applied is found and used
+// The oldest node holds; every waiter watches only the youngest node older
+// than its own, so a release wakes one waiter, in arrival order. A Curator
+// InterProcessMutex on the same path and a fenced lease exclude each other
+// (but see Sequence wrap). When the connection breaks during a create, the
+// driver looks for a child carrying its own protected prefix "_c_<uuid>-"
+// before reporting anything, as Curator does, so a create that the server
+// applied is found and used (with its owning session: renewals check it)
 // and never left behind to hold the lock forever.
 //
 // The fence is the holder node's czxid: the zxid of the transaction that
@@ -44,19 +48,69 @@
 // handed out, or reserved by a waiter that gave up). Curator ignores the
 // lock path's data.
 //
+// # Sequence wrap
+//
+// Age is judged by czxid, never by the sequence suffix. The suffix is the
+// lock path's signed 32-bit count of child creations, which fenced never
+// resets; after 2^31 creations under one lock path (eight months of 100
+// tries a second) ZooKeeper names every new node "...-2147483647", and
+// creations in flight together "-2147483648" and up, so by suffix a
+// newcomer ties with or precedes the holder. By czxid (64 bits, strictly
+// increasing) the order stays right. A try that finds the key held reads
+// one node's czxid; a waiter reads those of the nodes ahead of it once.
+// Curator orders by the suffix as a string, which matches czxid order until
+// the wrap and not after: from then on Curator clients on that path can
+// hold together, and beside a fenced holder (fenced leases still exclude
+// each other). To keep sharing such a path with Curator, delete it while
+// it has no children (ZooKeeper refuses while any lock node exists); both
+// create it again, counting from zero.
+//
 // # Sessions
 //
 // The ZooKeeper session is the lease: the server deletes the ephemeral node
-// when the session expires. The driver opened by URL keeps one session per
-// distinct TTL with a session timeout equal to the TTL; the server may
-// raise it to its minSessionTimeout (safe: the holder's validity is still
-// measured from the TTL) but must not lower it, so TTLs above the server's
-// maxSessionTimeout are refused (TTLBounds reports it). Renewal confirms,
-// through a sync and a read, that the node still belongs to the live
-// session. A reconnect within the session keeps every lease; session expiry
-// (seen on reconnect) or the node's deletion by an admin ends the lease
-// through driver.LossWatcher. A grant its holder stops renewing while the
-// process keeps the session alive is deleted when its TTL has passed.
+// when the session expires, so the session must outlive the holder's local
+// validity, which ends TTL (minus the safety margin) after the acquire or
+// renewal request was sent. The leader expires a session a session timeout
+// T after the last activity of the session that it has heard of, and it
+// hears of requests served by a follower only at its next ping of that
+// follower (every tickTime/2): a holder cut off together with its follower
+// right after a renewal loses its session T after an older activity. So
+// the driver
+//
+//   - sends a keep-alive (exists "/") on each session every T/16 and records
+//     when the answered ones were sent and answered;
+//   - grants or renews (validity from s) only once a keep-alive answered at
+//     least one tick before the request that reaches the leader (the create,
+//     or a sync that renewal sends before its read) was sent no earlier than
+//     s + TTL - T. The leader heard of it at a ping before that request
+//     passed, so it expires the session no earlier than s + TTL, after the
+//     local validity ends. The session's creation counts at once: the leader
+//     registers it itself;
+//   - asks for T = (TTL + tick)*8/7, so that T - TTL = tick + 2*(T/16): a
+//     tick for the report, a keep-alive period, and one more for delays.
+//     Normally the condition holds at once; after a pause of the process a
+//     grant or renewal waits for a fresh keep-alive (about a tick), and fails
+//     with ErrUnavailable if none is answered within T - TTL.
+//
+// tick is the tick_time URL option, or half the servers' minSessionTimeout
+// (probed at Open by asking for a 100ms session: ZooKeeper's default
+// minimum is two ticks; an ensemble configured with a lower minimum must
+// name its tickTime), or Options.TickTime for New. The longest TTL is
+// maxSessionTimeout*7/8 - tick (SessionTimeout*7/8 - TickTime for New):
+// 33s under ZooKeeper's defaults (tickTime 2s, maxSessionTimeout 40s),
+// where a 30s TTL gets a 36.6s session. The price is liveness: a crashed
+// holder's key is free after T, not after TTL.
+//
+// The driver opened by URL keeps one session per distinct TTL; the server
+// may raise T to its minSessionTimeout (safe) but must not lower it, so
+// TTLs above the longest are refused (TTLBounds reports it). Renewal syncs
+// with the leader and then reads the node (not concurrently: the read must
+// see what the sync made visible), confirming that it still belongs to the
+// live session; a waiter looks at its line the same way. A reconnect
+// within the session keeps every lease; session expiry (seen on reconnect)
+// or the node's deletion by an admin ends the lease through
+// driver.LossWatcher. A grant its holder stops renewing while the process
+// keeps the session alive is deleted when its TTL has passed.
 package zookeeper
 
 import (
@@ -160,12 +214,16 @@ func openURL(ctx context.Context, u *url.URL) (driver.Driver, error) {
 	}
 	d := newDriver(root, nil)
 	d.servers, d.dialTimeout = servers, dialTimeout
+	fail := func(err error) (driver.Driver, error) {
+		d.Close()
+		return nil, err
+	}
 	if tick == 0 {
 		// Ask for a tiny session timeout: the servers raise it to their
 		// minSessionTimeout, which is two ticks unless configured.
 		zc, err := d.connect(ctx, minProbeTimeout)
 		if err != nil {
-			return nil, err
+			return fail(err)
 		}
 		tick = zc.timeout / 2
 		zc.close()
@@ -176,14 +234,13 @@ func openURL(ctx context.Context, u *url.URL) (driver.Driver, error) {
 	// session then serves admin reads.
 	zc, err := d.connect(ctx, time.Hour)
 	if err != nil {
-		return nil, err
+		return fail(err)
 	}
+	d.sessions[zc.timeout] = zc // closed by Close
 	d.maxTTL = maxTTLFor(zc.timeout, tick)
 	if d.maxTTL < fenced.MinTTL {
-		zc.close()
-		return nil, fmt.Errorf("zookeeper: %w: the servers' maxSessionTimeout %v leaves no TTL of at least %v with a tickTime of %v (see Sessions in the package documentation)", driver.ErrInvalidTTL, zc.timeout, fenced.MinTTL, tick)
+		return fail(fmt.Errorf("zookeeper: %w: the servers' maxSessionTimeout %v leaves no TTL of at least %v with a tickTime of %v (see Sessions in the package documentation)", driver.ErrInvalidTTL, zc.timeout, fenced.MinTTL, tick))
 	}
-	d.sessions[zc.timeout] = zc
 	return d, nil
 }
 

@@ -53,6 +53,8 @@ func TestZooKeeper(t *testing.T) {
 				"zk://127.0.0.1:2181/a/../b",
 				"zk://127.0.0.1:2181/x?unknown=1",
 				"zk://127.0.0.1:2181/x?dial_timeout=0s",
+				"zk://127.0.0.1:2181/x?tick_time=-1s",
+				"zk://127.0.0.1:2181/x?tick_time=2",
 			},
 		})
 	})
