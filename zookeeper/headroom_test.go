@@ -45,7 +45,7 @@ func testSessionOutlivesValidity(t *testing.T, ens *testenv.ZKEnsemble) {
 	}
 	defer c.Close()
 	const ttl = 3 * time.Second
-	l, err := c.TryAcquire(ctx, "k", &fenced.LeaseOptions{TTL: ttl, NoAutoRenew: true})
+	l, err := c.TryAcquire(ctx, "k", &fenced.LeaseOptions{TTL: ttl, AutoRenew: fenced.Off})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -493,13 +493,16 @@ func (d *Driver) Guarantees() driver.Guarantees {
 	return driver.Guarantees{
 		Fence:       driver.FenceStrict,
 		ServerClock: true,
-		Notify:      true,
-		FIFO:        true,
+		// Session expiry runs on the leader's tick clock (System.nanoTime).
+		ClockStepSafe: true,
+		Notify:        true,
+		FIFO:          true,
 		Note: "fence = czxid of the holder's znode (Zab-ordered, never reused); the lease is the ZooKeeper session, " +
 			"whose timeout T = (TTL + tickTime)*8/7 outlives the holder's local validity (TTL - margin from before the request): " +
 			"the leader hears of a session's requests to a follower only at its next ping (every tickTime/2), " +
 			"the driver sends a keep-alive every T/16, and a grant or renewal waits until a keep-alive answered at least a tick earlier was sent no earlier than start + TTL - T; " +
-			"a crashed holder's key is free after T",
+			"a crashed holder's key is free after T; " +
+			"safe from clock steps: the leader expires sessions on its tick clock, which is monotonic (System.nanoTime), not the wall clock",
 	}
 }
 
