@@ -250,7 +250,7 @@ const now = `CAST(unixepoch('subsec') * 1000 AS INTEGER)`
 
 type queries struct {
 	acquire, heldFor, renew, release, inspect, list, breakLease, logBreak, breaks string
-	floor, raiseFloor, pruneCutoff, pruneRaise, pruneCount, pruneDelete          string
+	floor, raiseFloor, pruneCutoff, pruneRaise, pruneCount, pruneDelete           string
 }
 
 func newQueries(t string) queries {

@@ -90,10 +90,14 @@ func TestCheckKeysAndIdentity(t *testing.T) {
 		{"unique on two columns", func(e *Existing) { e.Unique = []UniqueIndex{{Name: "ko", Columns: []string{"k", "o"}}} }, "unique index ko on (k, o) could make the grants of two different keys collide"},
 		{"another unique index", func(e *Existing) { e.Unique = append(e.Unique, UniqueIndex{Name: "f", Columns: []string{"fence"}}) }, "unique index f on (fence)"},
 		{"expression index", func(e *Existing) { e.Unique = append(e.Unique, UniqueIndex{Name: "lower", Columns: []string{""}}) }, "unique index lower on (an expression)"},
-		{"prefix index", func(e *Existing) { e.Unique = []UniqueIndex{{Name: "p", Columns: []string{"k"}, Defect: "covers only the first 8 bytes of k"}} }, "unique index p on (k) covers only the first 8 bytes"},
+		{"prefix index", func(e *Existing) {
+			e.Unique = []UniqueIndex{{Name: "p", Columns: []string{"k"}, Defect: "covers only the first 8 bytes of k"}}
+		}, "unique index p on (k) covers only the first 8 bytes"},
 		{"auto increment", func(e *Existing) { e.Columns["n"] = ExistingColumn{Type: "int", AutoIncrement: true} }, "column n is AUTO_INCREMENT"},
 		{"inexact identity", func(e *Existing) { e.Columns["o"] = ExistingColumn{Type: "varbinary", Inexact: "collation x_ci"} }, "column o: collation x_ci"},
-		{"retyped with a collation", func(e *Existing) { e.Columns["k"] = ExistingColumn{Type: "varchar", Inexact: "collation latin1_swedish_ci"} }, "column k is varchar with collation latin1_swedish_ci, want varbinary"},
+		{"retyped with a collation", func(e *Existing) {
+			e.Columns["k"] = ExistingColumn{Type: "varchar", Inexact: "collation latin1_swedish_ci"}
+		}, "column k is varchar with collation latin1_swedish_ci, want varbinary"},
 		{"too short", func(e *Existing) { e.Columns["k"] = ExistingColumn{Type: "varbinary", MaxBytes: 10} }, "column k holds at most 10 bytes, want 256"},
 		{"backend problem", func(e *Existing) { e.Problems = []string{"its engine is MyISAM"} }, "its engine is MyISAM"},
 	}
