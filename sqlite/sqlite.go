@@ -64,6 +64,11 @@ func init() {
 // DefaultTable is the lease table's default name.
 const DefaultTable = leasetable.DefaultTable
 
+// ErrSchema means the lease, audit or floor table exists with a shape other
+// than the one the driver needs (from an older fenced or another tool).
+// Nothing is changed when it is returned.
+var ErrSchema = leasetable.ErrSchema
+
 // DefaultPath returns the default lease file:
 // $XDG_STATE_HOME/fenced/fenced.db, or ~/.local/state/fenced/fenced.db.
 func DefaultPath() (string, error) {
