@@ -35,6 +35,38 @@
 // keep the row, so the counter never restarts. A batch of renewals is one
 // UPDATE plus one SELECT that reads back which grants it kept.
 //
+// Keys and owners are VARBINARY: compared byte for byte, so job:A, job:a
+// and "job:a " are three keys whatever the server's default character set
+// and collation (latin1_swedish_ci, MariaDB's default, would take them for
+// one), and an owner token matches only itself.
+//
+// # Fence floor and pruning
+//
+// The table NAME_floor holds one number, the fence floor. A grant's fence
+// is one more than the larger of the row's counter and the floor (a new
+// row starts at floor + 1), decided in the grant's one statement, which
+// reads the floor with a shared lock. RaiseFenceFloor raises it, so that
+// keys moved from another table or store start above the fences their
+// resources have seen (fenced floor raise). Prune deletes the rows of keys
+// unused for a given time and raises the floor to the highest fence it
+// deleted, in one transaction per batch that locks the floor row first:
+// a grant either finishes before the batch or reads the raised floor, so
+// no fence is ever reissued (fenced prune). Release and break record no
+// time, so a released or broken key is old enough for any age.
+//
+// # Tables made by someone else
+//
+// New checks the tables that already exist before it creates or changes
+// anything, and refuses with ErrSchema, naming every difference, a table
+// that would break the grant: no primary key or unique index on exactly
+// lease_key (ON DUPLICATE KEY UPDATE would then insert a second row for a
+// key, and grant it to a second owner), a prefix or another unique index,
+// an extra AUTO_INCREMENT column (its value would be reported through
+// LAST_INSERT_ID instead of the fence), character key or owner columns
+// (their collation could take different keys or owners for one), columns
+// too short for a key, expiry without microseconds, or a storage engine
+// other than InnoDB.
+//
 // The driver relies on no session state (no GET_LOCK, no user variables;
 // autocommit statements, and break in one transaction), so a proxy that
 // routes each transaction to any server connection cannot break it (tested
@@ -67,9 +99,9 @@ func init() {
 
 const paramSocket = "socket"
 
-// ErrSchema means the lease or audit table exists with a shape other than
-// the one the driver needs (from an older fenced or another tool). Nothing
-// is changed when it is returned.
+// ErrSchema means the lease, audit or floor table exists with a shape
+// other than the one the driver needs (from an older fenced or another
+// tool). Nothing is changed when it is returned.
 var ErrSchema = leasetable.ErrSchema
 
 // Options configure New. The zero value (or nil) gives the defaults.
@@ -79,8 +111,9 @@ type Options struct {
 }
 
 // Driver is the MySQL/MariaDB lease-table driver. It implements
-// driver.Driver, driver.BatchRenewer and driver.BreakLogger. Its methods
-// are safe for concurrent use.
+// driver.Driver, driver.BatchRenewer, driver.BreakLogger,
+// driver.FenceFloorer and driver.Pruner. Its methods are safe for
+// concurrent use.
 type Driver struct {
 	db    *sql.DB
 	ownDB bool

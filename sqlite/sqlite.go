@@ -9,8 +9,24 @@
 // succeeds only if the key is free or expired and returns the new fence.
 // Expiry is decided inside the statement by SQLite's clock, which for an
 // embedded database is the host's clock: every process on the host reads
-// the same one. Rows are never deleted, so the counter survives release,
-// expiry, break and restart.
+// the same one. Release, expiry and break keep the row, so the counter
+// survives them and restarts.
+//
+// The table TABLE_floor holds the fence floor: a grant's fence is one more
+// than the larger of the row's counter and the floor (a new row starts at
+// floor + 1). RaiseFenceFloor raises it, for keys moved here from another
+// table or store (fenced floor raise). Prune deletes the rows of keys
+// unused for a given time (a released or broken key counts as unused
+// since long ago: the row keeps no release time) and raises the floor to
+// the highest fence it deleted, in the same transaction, under SQLite's
+// write lock, so a key granted again starts above its old fences (fenced
+// prune).
+//
+// An existing table is checked before anything is created, in the same
+// transaction: one whose key has no unique index of its own, or whose key
+// or owner column compares case-insensitively or ignores trailing spaces
+// (COLLATE NOCASE, RTRIM), or with retyped columns, is refused with
+// ErrSchema and nothing changes.
 //
 // URL forms:
 //
@@ -22,7 +38,7 @@
 // several processes (creating it, switching it to WAL, creating tables).
 //
 // Query parameters: table (default fenced_leases; the break log is
-// TABLE_breaks), busy_timeout (default 5s).
+// TABLE_breaks, the fence floor TABLE_floor), busy_timeout (default 5s).
 //
 // Availability caveat of one shared file: a process stopped in the middle
 // of a write (SIGSTOP, a debugger, a frozen VM) keeps SQLite's write lock
@@ -211,8 +227,8 @@ func lockInit(ctx context.Context, lockPath string, timeout time.Duration) (unlo
 }
 
 // Driver is the SQLite lease driver. It implements driver.Driver,
-// driver.BatchRenewer, driver.BreakLogger and driver.Notifier (by change
-// detection: see Subscribe).
+// driver.BatchRenewer, driver.BreakLogger, driver.Notifier (by change
+// detection: see Subscribe), driver.FenceFloorer and driver.Pruner.
 type Driver struct {
 	db     *sql.DB
 	ownsDB bool
