@@ -638,8 +638,8 @@ const maxOwnerLen = 255
 // missing ones (checking first, because MySQL commits each DDL statement
 // on its own: nothing is created when an existing table is wrong). CREATE
 // TABLE IF NOT EXISTS is safe when several processes start at once; the
-// shape is checked again after creating. Last, it makes sure the floor
-// row exists.
+// shape of a table created then (by this process or another) is checked
+// after creating. Last, it makes sure the floor row exists.
 func (d *Driver) ensureSchema(ctx context.Context) error {
 	tables := []struct {
 		name   string
@@ -667,8 +667,12 @@ func (d *Driver) ensureSchema(ctx context.Context) error {
   fence_floor BIGINT UNSIGNED NOT NULL
 ) ENGINE=InnoDB`},
 	}
+	checked := map[string]bool{}
 	for create := range 2 {
 		for _, s := range tables {
+			if checked[s.name] {
+				continue
+			}
 			found, exists, err := d.readTable(ctx, s.name)
 			if err != nil {
 				return classify("prepare tables", s.name, err)
@@ -685,6 +689,7 @@ func (d *Driver) ensureSchema(ctx context.Context) error {
 				if err := leasetable.Check(s.name, s.shape, found); err != nil {
 					return fmt.Errorf("mysql: %w", err)
 				}
+				checked[s.name] = true
 			}
 		}
 	}

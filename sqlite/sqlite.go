@@ -56,6 +56,7 @@ package sqlite
 import (
 	"context"
 	"database/sql"
+	sqldriver "database/sql/driver"
 	"errors"
 	"fmt"
 	"net/url"
@@ -350,15 +351,38 @@ var (
 	}
 )
 
+// querier is what readTable needs of a connection.
+type querier interface {
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
 // migrate creates the missing tables and checks the shape of those that
-// exist, in one transaction, so that a refusal changes nothing.
+// exist, in one transaction, so that a refusal changes nothing. The
+// transaction is begun IMMEDIATE whatever the database's default: a
+// deferred one would read the catalog first and could then fail to take
+// the write lock (SQLITE_BUSY, without waiting) because another process
+// wrote in between.
 func (d *Driver) migrate(ctx context.Context) error {
 	t := d.table
-	tx, err := d.db.BeginTx(ctx, nil)
+	tx, err := d.db.Conn(ctx)
 	if err != nil {
 		return fmt.Errorf("create lease tables: %w", classify(err))
 	}
-	defer tx.Rollback()
+	defer tx.Close()
+	if _, err := tx.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+		return fmt.Errorf("create lease tables: %w", classify(err))
+	}
+	committed := false
+	defer func() {
+		if committed {
+			return
+		}
+		if _, err := tx.ExecContext(context.WithoutCancel(ctx), "ROLLBACK"); err != nil {
+			// Never hand a connection inside a transaction back to the pool.
+			tx.Raw(func(any) error { return sqldriver.ErrBadConn })
+		}
+	}()
 	for _, s := range []struct {
 		name   string
 		shape  leasetable.Shape
@@ -402,7 +426,11 @@ func (d *Driver) migrate(ctx context.Context) error {
 	if _, err := tx.ExecContext(ctx, `INSERT INTO `+t+leasetable.FloorSuffix+` (id, fence_floor) VALUES (1, 0) ON CONFLICT (id) DO NOTHING`); err != nil {
 		return classify(err)
 	}
-	return classify(tx.Commit())
+	if _, err := tx.ExecContext(ctx, "COMMIT"); err != nil {
+		return classify(err)
+	}
+	committed = true
+	return nil
 }
 
 // readTable reads the shape of table from SQLite's catalog: declared
@@ -411,7 +439,7 @@ func (d *Driver) migrate(ctx context.Context) error {
 // space-padded forms under the column's own collation (SQLite has no
 // pragma that names a column's collation). The second result is false
 // when the table does not exist.
-func readTable(ctx context.Context, tx *sql.Tx, table string) (leasetable.Existing, bool, error) {
+func readTable(ctx context.Context, tx querier, table string) (leasetable.Existing, bool, error) {
 	found := leasetable.Existing{Columns: map[string]leasetable.ExistingColumn{}}
 	var kind string
 	err := tx.QueryRowContext(ctx, `SELECT type FROM sqlite_schema WHERE name = ?1 AND type IN ('table', 'view')`, table).Scan(&kind)
@@ -513,7 +541,7 @@ func readTable(ctx context.Context, tx *sql.Tx, table string) (leasetable.Existi
 // takes 'job:a' for equal to 'JOB:A' or to 'job:a '. A compound SELECT's
 // column takes the collation of its leftmost part, here the table's
 // column, over a row that comes from the literal.
-func probeCollations(ctx context.Context, tx *sql.Tx, table string, names []string, cols map[string]leasetable.ExistingColumn) error {
+func probeCollations(ctx context.Context, tx querier, table string, names []string, cols map[string]leasetable.ExistingColumn) error {
 	if len(names) == 0 {
 		return nil
 	}
