@@ -2,8 +2,6 @@ package fenced
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"time"
 )
 
@@ -19,9 +17,24 @@ import (
 //   - MaxWait > 0 (or WaitForever) waits up to that long for the key. Use
 //     it for work that must happen.
 //
-// If the lease is lost while fn runs, Do returns an error matching the
-// loss cause (ErrLost or ErrExpired), joined with fn's own error: fn's
-// writes may not all have counted, which is why they must carry the fence.
+// If the lease ends while fn runs, Do returns a *LeaseEndedError, which
+// matches the cause (ErrLost or ErrExpired when the lease was lost, so
+// IsLost is true; ErrClosed when the client was closed) and fn's own
+// error. Its WorkErr tells whether fn finished: nil means fn returned nil
+// and what it committed with the fence stands ("committed, then lost");
+// otherwise fn failed, usually because the loss cancelled its context or a
+// resource refused its fence ("lost before the work was done"). Writes that
+// did not carry the fence may have landed after the loss either way.
+//
+//	err := client.Do(ctx, key, opts, work)
+//	var ended *fenced.LeaseEndedError
+//	switch {
+//	case errors.As(err, &ended) && ended.WorkErr == nil:
+//		log.Printf("done, but the lease was lost at the end: %v", err)
+//	case err != nil:
+//		return err // retry later, under a new lease
+//	}
+//
 // The release uses a fresh short timeout, so it happens even when ctx has
 // ended.
 func (c *Client) Do(ctx context.Context, key string, opts *LeaseOptions, fn func(ctx context.Context, l *Lease) error) error {
@@ -39,7 +52,7 @@ func (c *Client) Do(ctx context.Context, key string, opts *LeaseOptions, fn func
 	defer relCancel()
 	relErr := l.Release(relCtx)
 	if lostErr != nil {
-		return errors.Join(fnErr, fmt.Errorf("fenced: do %q: lease ended while work ran: %w", key, lostErr))
+		return &LeaseEndedError{Key: key, Fence: l.Fence(), Cause: lostErr, WorkErr: fnErr}
 	}
 	if fnErr != nil {
 		return fnErr

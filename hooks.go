@@ -117,3 +117,8 @@ func (h Hooks) ReportStaleWrite(e StaleWriteEvent) {
 		h.StaleWrite(e)
 	}
 }
+
+// Client returns the client that granted the lease. Guards in package fence
+// use it to report stale writes of the lease's tokens to the client's Hooks
+// when they have no hooks of their own.
+func (l *Lease) Client() *Client { return l.c }

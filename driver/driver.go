@@ -193,6 +193,21 @@ type Guarantees struct {
 	// ServerClock reports whether expiry is decided by the authority's own
 	// clock (true for every backend shipped with fenced).
 	ServerClock bool
+	// ClockStepSafe reports whether a step of the authority's wall clock
+	// leaves its grants' expiry alone: true where expiry is counted on a
+	// monotonic clock (etcd's lessor, ZooKeeper's session ticks), false
+	// where the wall clock decides it (SQL now(), Redis PX).
+	//
+	// When false, a forward step of the authority's wall clock (NTP
+	// stepping a wrong clock, a VM resumed from a snapshot, date -s) larger
+	// than the lease's SafetyMargin ends grants early at the authority
+	// while their holders still trust their local validity, which runs on
+	// the holders' monotonic clocks: the authority grants the key again,
+	// two holders overlap, and only the fence (the resource refusing the
+	// older one) protects the resource. A backward step only lengthens
+	// grants: the next holder waits longer, nobody overlaps. The zero value
+	// promises nothing, so a driver that does not say is taken as unsafe.
+	ClockStepSafe bool
 	// Notify reports whether waiters are woken by a notification from the
 	// authority rather than by polling.
 	Notify bool

@@ -219,9 +219,12 @@ func (d *Driver) Guarantees() driver.Guarantees {
 	return driver.Guarantees{
 		Fence:       driver.FenceStrict,
 		ServerClock: true,
-		Notify:      true,
-		FIFO:        true,
-		Note:        "fence = create revision of the holder's key (Raft-agreed, never reissued); TTLs are whole seconds at the server",
+		// The lessor counts TTLs on the leader's monotonic clock.
+		ClockStepSafe: true,
+		Notify:        true,
+		FIFO:          true,
+		Note: "fence = create revision of the holder's key (Raft-agreed, never reissued); TTLs are whole seconds at the server; " +
+			"safe from clock steps: lease TTLs count down on the leader's monotonic clock, and a new leader extends them, never shortens them",
 	}
 }
 

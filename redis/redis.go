@@ -38,7 +38,11 @@
 //
 // # Guarantees
 //
-// Expiry follows the Redis server's clock. The fence is FenceRepeatable:
+// Expiry follows the Redis server's wall clock (PX), so a forward step of
+// that clock larger than the safety margin ends grants early while their
+// holders still trust them, and a second holder can be granted the key
+// (Guarantees.ClockStepSafe is false; the fence is what refuses the first
+// holder at the resource). The fence is FenceRepeatable:
 // strictly increasing while the node's data survives (appendonly yes with
 // appendfsync always, and no eviction of the counter: maxmemory-policy
 // noeviction or volatile-*), but Redis replicates asynchronously, so after a
@@ -514,12 +518,15 @@ func (d *Driver) Guarantees() driver.Guarantees {
 	if d.opts.WaitReplicas > 0 {
 		note += fmt.Sprintf("; grants wait for %d replica acknowledgements (WAIT), which narrows but does not close this window", d.opts.WaitReplicas)
 	}
+	note += "; expiry is PX on the server's wall clock, so a forward step of that clock ends grants early (not safe from clock steps)"
 	return driver.Guarantees{
 		Fence:       driver.FenceRepeatable,
 		ServerClock: true,
-		Notify:      true,
-		FIFO:        false,
-		Note:        note,
+		// PX expiry compares with the server's wall clock (mstime).
+		ClockStepSafe: false,
+		Notify:        true,
+		FIFO:          false,
+		Note:          note,
 	}
 }
 

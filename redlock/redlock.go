@@ -37,6 +37,11 @@
 //
 // # Guarantees
 //
+// Each node decides expiry by its wall clock (PX): a forward step of that
+// clock on the nodes a rival needs (one node, when the holder's majority
+// is exact) ends the grant early there and lets a second majority form
+// (Guarantees.ClockStepSafe is false).
+//
 // Redlock has no monotonic token: with no FenceSource the driver declares
 // FenceNone, every fence is zero, and a correctness lease is refused unless
 // the caller sets AllowNoFence (and fences the resource itself) or uses
@@ -522,38 +527,51 @@ func (d *Driver) usable() error {
 	}
 }
 
-// majority runs a compare-then-act script on every node and counts: ok
-// nodes where it took effect, refused nodes that answered no, errs for the
-// rest.
-// The round ends as soon as done(ok, refused) reports true; the requests
-// still in flight complete in the background.
+// majority runs a compare-then-act script on every node and counts the
+// replies with tally. The round ends as soon as done(ok, refused) reports
+// true; the requests still in flight complete in the background.
 func (d *Driver) majority(ctx context.Context, budget time.Duration, done func(ok, refused int) bool, script *redis.Script, keys []string, args ...any) (ok, refused int, errs []error) {
 	rs := fanout(ctx, d, budget, func(ctx context.Context, c redis.UniversalClient) (int64, error) {
 		return script.Run(ctx, c, keys, args...).Int64()
 	}, func(rs []reply[int64]) bool {
-		ok, refused := 0, 0
-		for _, r := range rs {
-			if r.err == nil && r.val == 1 {
-				ok++
-			} else if r.err == nil {
-				refused++
-			}
-		}
-		return done(ok, refused)
+		return done(d.tally(rs))
 	}, nil)
+	ok, refused, errs = d.tallyErrs(rs)
+	if missing := len(d.nodes) - len(rs); missing > 0 {
+		errs = append(errs, fmt.Errorf("%w: %d nodes did not answer within %v", driver.ErrUnknownOutcome, missing, budget))
+	}
+	return ok, refused, errs
+}
+
+// tally counts the nodes' replies to one compare-then-act script (renew,
+// release): ok where it took effect (1), refused where the node answered
+// that it does not hold the grant (0). Every other reply counts as
+// neither: a transport failure, and equally a server error such as
+// LOADING, BUSY or OOM, which says nothing about whether the node holds
+// the grant. Renew, RenewBatch and Release all count with it, so a server
+// error can never end a lease as refused.
+func (d *Driver) tally(rs []reply[int64]) (ok, refused int) {
 	for _, r := range rs {
 		switch {
 		case r.err != nil:
-			errs = append(errs, fmt.Errorf("%s: %w", d.nodes[r.node].name, rediskit.Classify(r.err, true)))
 		case r.val == 1:
 			ok++
 		default:
 			refused++
 		}
 	}
-	if missing := len(d.nodes) - len(rs); missing > 0 {
-		errs = append(errs, fmt.Errorf("%w: %d nodes did not answer within %v", driver.ErrUnknownOutcome, missing, budget))
+	return ok, refused
+}
+
+// tallyErrs is tally that also returns the errors, classified and named by
+// node.
+func (d *Driver) tallyErrs(rs []reply[int64]) (ok, refused int, errs []error) {
+	for _, r := range rs {
+		if r.err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", d.nodes[r.node].name, rediskit.Classify(r.err, true)))
+		}
 	}
+	ok, refused = d.tally(rs)
 	return ok, refused, errs
 }
 
@@ -579,12 +597,17 @@ func (d *Driver) verdict(op string, g driver.Grant, ok, refused int, errs []erro
 }
 
 // RenewBatch implements driver.BatchRenewer: one pipeline per node, all
-// nodes in parallel, so one round trip for the whole batch.
+// nodes in parallel, so one round trip for the whole batch. Each grant's
+// replies are counted as Renew counts them (tally), so a server error on
+// a node (LOADING, BUSY, OOM) is never taken for a refusal.
 func (d *Driver) RenewBatch(ctx context.Context, reqs []driver.RenewRequest) ([]error, error) {
 	if err := d.usable(); err != nil {
 		return nil, err
 	}
-	rs := fanout(ctx, d, d.opts.Budget, func(ctx context.Context, c redis.UniversalClient) ([]int64, error) {
+	// A node answers with one reply per request; a request's own server
+	// error is in its reply, a failure of the whole pipeline (transport)
+	// in the node's.
+	rs := fanout(ctx, d, d.opts.Budget, func(ctx context.Context, c redis.UniversalClient) ([]reply[int64], error) {
 		run := func() ([]*redis.Cmd, error) {
 			pipe := c.Pipeline()
 			cmds := make([]*redis.Cmd, len(reqs))
@@ -602,42 +625,42 @@ func (d *Driver) RenewBatch(ctx context.Context, reqs []driver.RenewRequest) ([]
 			}
 			cmds, err = run()
 		}
-		out := make([]int64, len(cmds))
+		out := make([]reply[int64], len(cmds))
 		for i, cmd := range cmds {
 			n, cerr := cmd.Int64()
 			var rerr redis.Error
 			if cerr != nil && !errors.As(cerr, &rerr) {
 				return nil, cerr
 			}
-			out[i] = n
+			out[i] = reply[int64]{val: n, err: cerr}
 		}
 		return out, nil
 	}, nil, nil)
-	var errs []error
+	var nodeErrs []error
 	answered := 0
 	for _, r := range rs {
 		if r.err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", d.nodes[r.node].name, rediskit.Classify(r.err, true)))
+			nodeErrs = append(nodeErrs, fmt.Errorf("%s: %w", d.nodes[r.node].name, rediskit.Classify(r.err, true)))
 		} else {
 			answered++
 		}
 	}
+	if missing := len(d.nodes) - len(rs); missing > 0 {
+		nodeErrs = append(nodeErrs, fmt.Errorf("%w: %d nodes did not answer within %v", driver.ErrUnknownOutcome, missing, d.opts.Budget))
+	}
 	if answered < d.quorum {
-		return nil, fmt.Errorf("redlock: renew batch of %d: %w: %d of %d nodes answered (need %d): %w", len(reqs), driver.ErrUnknownOutcome, answered, len(d.nodes), d.quorum, errors.Join(errs...))
+		return nil, fmt.Errorf("redlock: renew batch of %d: %w: %d of %d nodes answered (need %d): %w", len(reqs), driver.ErrUnknownOutcome, answered, len(d.nodes), d.quorum, errors.Join(nodeErrs...))
 	}
 	out := make([]error, len(reqs))
 	for i, req := range reqs {
-		ok, refused := 0, 0
+		var replies []reply[int64]
 		for _, r := range rs {
 			if r.err == nil {
-				if r.val[i] == 1 {
-					ok++
-				} else {
-					refused++
-				}
+				replies = append(replies, reply[int64]{node: r.node, val: r.val[i].val, err: r.val[i].err})
 			}
 		}
-		out[i] = d.verdict("renew", req.Grant, ok, refused, errs)
+		ok, refused, errs := d.tallyErrs(replies)
+		out[i] = d.verdict("renew", req.Grant, ok, refused, append(errs, nodeErrs...))
 	}
 	return out, nil
 }
@@ -964,7 +987,8 @@ func (d *Driver) Guarantees() driver.Guarantees {
 	} else {
 		note += "; Redlock has no monotonic token of its own, so supply a FenceSource with redlock.Options.Fence or fence= in the URL"
 	}
-	return driver.Guarantees{Fence: strength, ServerClock: true, Notify: true, FIFO: false, Note: note}
+	note += "; expiry is PX on each node's wall clock: a forward step on the nodes of a holder's majority that a rival needs (one node, when that majority is exact) ends the grant early there, and a second majority can form (not safe from clock steps)"
+	return driver.Guarantees{Fence: strength, ServerClock: true, ClockStepSafe: false, Notify: true, FIFO: false, Note: note}
 }
 
 // Close implements driver.Driver: it closes the subscriber connections,

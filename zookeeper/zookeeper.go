@@ -367,9 +367,12 @@ func (d *Driver) Guarantees() driver.Guarantees {
 	return driver.Guarantees{
 		Fence:       driver.FenceStrict,
 		ServerClock: true,
-		Notify:      true,
-		FIFO:        true,
-		Note:        "fence = czxid of the holder's znode (Zab-ordered, never reused); the lease is the ZooKeeper session",
+		// Session expiry runs on the leader's tick clock (System.nanoTime).
+		ClockStepSafe: true,
+		Notify:        true,
+		FIFO:          true,
+		Note: "fence = czxid of the holder's znode (Zab-ordered, never reused); the lease is the ZooKeeper session; " +
+			"safe from clock steps: the leader expires sessions on its tick clock, which is monotonic (System.nanoTime), not the wall clock",
 	}
 }
 
