@@ -100,7 +100,7 @@ func (d *Driver) Prune(ctx context.Context, olderThan time.Duration) (driver.Pru
 	if err := d.db.QueryRowContext(ctx, `SELECT CAST(UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND AS CHAR)`, leasetable.Micros(olderThan)).Scan(&cutoff); err != nil {
 		return driver.PruneResult{}, classify("prune", "", err)
 	}
-	res, err := leasetable.PruneInBatches(func(after string) (leasetable.PruneBatch, error) {
+	res, err := leasetable.PruneInBatches(ctx, func(after string) (leasetable.PruneBatch, error) {
 		return d.pruneBatch(ctx, cutoff, after)
 	})
 	if err != nil {

@@ -61,10 +61,10 @@
 // resources have seen (fenced floor raise). Prune deletes the rows of keys
 // unused for a given time (release and break record their time in
 // expires_at) and raises the floor to the highest fence it deleted, in one
-// statement per batch (fenced prune). A grant racing with it cannot
-// reissue a fence: a row in the grant's snapshot that the prune deleted is
-// neither locked nor inserted again (the grant is refused, and retried),
-// and a grant whose snapshot follows the prune reads the raised floor.
+// transaction per batch (fenced prune). A grant racing with it cannot
+// reissue a fence: each batch locks the lease table against writers
+// (SHARE ROW EXCLUSIVE, for a few milliseconds), so a grant either
+// finishes before it or takes its snapshot, and reads the floor, after it.
 //
 // # Tables made by someone else
 //

@@ -22,6 +22,7 @@ type statements struct {
 	inspect, list, lockRow, breakRow, audit string
 	breaks                                  string
 	floor, raiseFloor, pruneCutoff, prune   string
+	lockForPrune                            string
 }
 
 // quoteIdent quotes a (validated) identifier for PostgreSQL.
@@ -55,11 +56,14 @@ func newStatements(table string) statements {
 		// The fence of a grant is one more than the larger of the row's
 		// counter and the table's fence floor; a new row starts at floor
 		// + 1 (excluded.fence). The floor is read in the statement's
-		// snapshot, which is enough even against a concurrent Prune: a row
-		// that was in the snapshot and has since been deleted is neither
-		// locked by lk (FOR UPDATE skips it) nor inserted again (cur sees
-		// it), so the grant is refused and retried, and a grant whose
-		// snapshot postdates the prune sees the raised floor.
+		// snapshot. That snapshot can be older than a prune that commits
+		// while the statement runs: the insert may wait for another
+		// grant's insert of the key, which is then released and pruned
+		// before this one retries into the empty slot with its old floor.
+		// So a prune batch locks the lease table against every writer
+		// (see lockForPrune): this statement takes its table lock before
+		// its snapshot, and either finishes before the batch starts or
+		// starts after it committed.
 		acquire: `WITH cur AS (
   SELECT owner, expires_at FROM ` + t + ` WHERE lease_key = $1
 ), lk AS (
@@ -105,14 +109,13 @@ SELECT pg_notify($4, lease_key) FROM released`,
 ON CONFLICT (id) DO UPDATE SET fence_floor = GREATEST(fl.fence_floor, excluded.fence_floor)
 RETURNING fence_floor`,
 		pruneCutoff: `SELECT now() - $1::bigint * interval '1 microsecond'`,
-		// One batch of a prune, in one statement: lock up to $3 rows after
-		// key $1 that expired before $2 (a row a grant renewed in the
-		// meantime no longer qualifies when its lock is taken), delete
-		// them, and raise the floor to the highest fence deleted. Rows are
-		// locked in key order and the floor row last, as no other
-		// statement takes them in another order.
+		// One batch of a prune, after lockForPrune in the same
+		// transaction, so no row can change meanwhile: delete up to $3
+		// rows after key $1 that expired before $2, and raise the floor
+		// to the highest fence deleted.
+		lockForPrune: `LOCK TABLE ` + t + ` IN SHARE ROW EXCLUSIVE MODE`,
 		prune: `WITH victims AS (
-  SELECT lease_key FROM ` + t + ` WHERE lease_key > $1 AND expires_at < $2 ORDER BY lease_key LIMIT $3 FOR UPDATE
+  SELECT lease_key FROM ` + t + ` WHERE lease_key > $1 AND expires_at < $2 ORDER BY lease_key LIMIT $3
 ), del AS (
   DELETE FROM ` + t + ` d USING victims v WHERE d.lease_key = v.lease_key RETURNING d.fence
 ), raised AS (

@@ -53,7 +53,7 @@ func (d *Driver) Prune(ctx context.Context, olderThan time.Duration) (driver.Pru
 	if err := d.db.QueryRowContext(ctx, d.q.pruneCutoff, olderThan.Milliseconds()).Scan(&cutoff); err != nil {
 		return driver.PruneResult{}, classify(err)
 	}
-	res, err := leasetable.PruneInBatches(func(after string) (leasetable.PruneBatch, error) {
+	res, err := leasetable.PruneInBatches(ctx, func(after string) (leasetable.PruneBatch, error) {
 		return d.pruneBatch(ctx, cutoff, after)
 	})
 	return res, classify(err)

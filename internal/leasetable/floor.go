@@ -1,6 +1,7 @@
 package leasetable
 
 import (
+	"context"
 	"fmt"
 	"time"
 
@@ -47,12 +48,17 @@ type PruneBatch struct {
 
 // PruneInBatches runs batch, each call one transaction over the candidate
 // rows after the key it is given ("" at first), until a batch examines
-// fewer than PruneBatchSize rows, and sums what they did. It stops at the
-// first error; the batches before it are committed and safe.
-func PruneInBatches(batch func(after string) (PruneBatch, error)) (driver.PruneResult, error) {
+// fewer than PruneBatchSize rows, and sums what they did. Between batches
+// it waits as long as the last batch took (at least a millisecond), so
+// that a prune of a large table holds the locks grants and renewals need
+// at most half of the time: SQLite's busy handler, for one, gives no
+// waiter priority over a writer that comes straight back. It stops at the
+// first error or when ctx ends; the batches before are committed and safe.
+func PruneInBatches(ctx context.Context, batch func(after string) (PruneBatch, error)) (driver.PruneResult, error) {
 	var res driver.PruneResult
 	after := ""
 	for {
+		start := time.Now()
 		b, err := batch(after)
 		if err != nil {
 			return res, err
@@ -63,5 +69,12 @@ func PruneInBatches(batch func(after string) (PruneBatch, error)) (driver.PruneR
 			return res, nil
 		}
 		after = b.Last
+		t := time.NewTimer(max(time.Since(start), time.Millisecond))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return res, ctx.Err()
+		case <-t.C:
+		}
 	}
 }
