@@ -1,8 +1,11 @@
 package leasetable
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"net/url"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -146,5 +149,58 @@ func TestMicros(t *testing.T) {
 	}
 	if got := FromMicros(Micros(time.Minute)); got != time.Minute {
 		t.Errorf("round trip of a minute = %v", got)
+	}
+}
+
+func TestPruneInBatches(t *testing.T) {
+	var afters []string
+	res, err := PruneInBatches(context.Background(), func(after string) (PruneBatch, error) {
+		afters = append(afters, after)
+		n := PruneBatchSize
+		if len(afters) == 3 {
+			n = 7
+		}
+		return PruneBatch{Examined: n, Deleted: int64(n - 1), Last: fmt.Sprintf("k%d", len(afters)), Floor: uint64(10 * len(afters))}, nil
+	})
+	if err != nil || res.Deleted != int64(2*(PruneBatchSize-1)+6) || res.Floor != 30 {
+		t.Fatalf("PruneInBatches = %+v, %v", res, err)
+	}
+	if want := []string{"", "k1", "k2"}; !slices.Equal(afters, want) {
+		t.Errorf("batches started after %q, want %q", afters, want)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	calls := 0
+	_, err = PruneInBatches(ctx, func(string) (PruneBatch, error) {
+		calls++
+		cancel()
+		return PruneBatch{Examined: PruneBatchSize, Deleted: 1}, nil
+	})
+	if !errors.Is(err, context.Canceled) || calls != 1 {
+		t.Errorf("cancelled prune: %v after %d batches, want context.Canceled after 1", err, calls)
+	}
+	boom := errors.New("boom")
+	res, err = PruneInBatches(context.Background(), func(after string) (PruneBatch, error) {
+		if after != "" {
+			return PruneBatch{}, boom
+		}
+		return PruneBatch{Examined: PruneBatchSize, Deleted: 3, Last: "k", Floor: 9}, nil
+	})
+	if !errors.Is(err, boom) || res.Deleted != 3 || res.Floor != 9 {
+		t.Errorf("failing second batch: %+v, %v; want the first batch's work and the error", res, err)
+	}
+}
+
+func TestCheckFloorAndAge(t *testing.T) {
+	if err := CheckFloor(driver.MaxFenceFloor); err != nil {
+		t.Errorf("CheckFloor(MaxFenceFloor) = %v", err)
+	}
+	if err := CheckFloor(driver.MaxFenceFloor + 1); !errors.Is(err, driver.ErrInvalidFloor) {
+		t.Errorf("CheckFloor(MaxFenceFloor+1) = %v, want ErrInvalidFloor", err)
+	}
+	if err := CheckOlderThan(0); err != nil {
+		t.Errorf("CheckOlderThan(0) = %v", err)
+	}
+	if err := CheckOlderThan(-time.Nanosecond); !errors.Is(err, driver.ErrInvalidTTL) {
+		t.Errorf("CheckOlderThan(-1ns) = %v, want ErrInvalidTTL", err)
 	}
 }
