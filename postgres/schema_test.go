@@ -89,3 +89,42 @@ func TestKeysAndOwnersAreExact(t *testing.T) {
 		t.Errorf("acquire of job:a by OWNER-0: %v, want ErrHeld", err)
 	}
 }
+
+// Tables created by the previous version of fenced (no floor table, owner
+// in the database's default collation) open as they are: the floor table
+// is added and fences continue from the rows' counters.
+func TestPreviousVersionTablesOpen(t *testing.T) {
+	ctx := ctxT(t)
+	conn, err := pgx.Connect(ctx, pg.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, `DROP TABLE IF EXISTS prev_leases, prev_leases_breaks, prev_leases_floor;
+CREATE TABLE prev_leases (
+  lease_key  text COLLATE "C" PRIMARY KEY,
+  owner      text NOT NULL,
+  fence      bigint NOT NULL CHECK (fence > 0),
+  expires_at timestamptz NOT NULL
+);
+CREATE TABLE prev_leases_breaks (
+  id         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  broken_at  timestamptz NOT NULL DEFAULT now(),
+  lease_key  text COLLATE "C" NOT NULL,
+  fence      bigint NOT NULL,
+  owner      text NOT NULL,
+  reason     text NOT NULL,
+  broken_by  text NOT NULL
+);
+CREATE INDEX prev_leases_breaks_key ON prev_leases_breaks (lease_key, id);
+INSERT INTO prev_leases VALUES ('job:old', '', 41, now() - interval '1 hour')`); err != nil {
+		t.Fatal(err)
+	}
+	d := open(t, "table=prev_leases", "notify=off")
+	if f, err := d.TryAcquire(ctx, "job:old", "someone", time.Minute); err != nil || f != 42 {
+		t.Fatalf("grant of a key from the previous version: %d, %v; want 42", f, err)
+	}
+	if info, err := d.FenceFloor(ctx); err != nil || info.Floor != 0 || info.MaxFence != 42 {
+		t.Fatalf("FenceFloor = %+v, %v", info, err)
+	}
+}
