@@ -37,8 +37,9 @@ type AcquireEvent struct {
 	Waited time.Duration
 	// Contended reports whether the key was found held at least once.
 	Contended bool
-	// FailedOpen reports an efficiency lease granted locally because the
-	// authority was unavailable.
+	// FailedOpen reports a lease granted locally because the authority was
+	// unavailable and the lease may fail open (MinFence FenceNone, FailOpen
+	// On).
 	FailedOpen bool
 	// Err is nil on success.
 	Err error

@@ -274,6 +274,9 @@ func TestBadInput(t *testing.T) {
 		{[]string{"--store", "postgres://u:secret@127.0.0.1:1/db?connect_timeout=5", "ls"}, 69, "unavailable"},
 		{[]string{"run", "", "--", "true"}, 64, "key is empty"},
 		{[]string{"run", "k", "--ttl", "-1s", "--", "true"}, 64, "TTL"},
+		{[]string{"run", "k", "--ttl", "0", "--", "true"}, 64, "TTL must be positive"},
+		{[]string{"run", "k", "--min-fence", "weak", "--", "true"}, 64, "--min-fence"},
+		{[]string{"run", "k", "--max-hold", "-1s", "--", "true"}, 64, "--max-hold"},
 		{[]string{"run", "k"}, 64, "KEY -- COMMAND"},
 		{[]string{"nosuchcommand"}, 64, "unknown command"},
 	} {

@@ -56,7 +56,7 @@ func codeFor(err error) int {
 		return exitHeld
 	case errors.Is(err, fenced.ErrUnavailable):
 		return exitUnavailable
-	case errors.Is(err, fenced.ErrInvalidKey), errors.Is(err, fenced.ErrInvalidTTL), errors.Is(err, fenced.ErrInvalidURL):
+	case errors.Is(err, fenced.ErrInvalidKey), errors.Is(err, fenced.ErrInvalidTTL), errors.Is(err, fenced.ErrInvalidOptions), errors.Is(err, fenced.ErrInvalidURL):
 		return exitUsage
 	}
 	return exitError
