@@ -129,7 +129,7 @@ func TestHTTPStaleHolderRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := fence.ResponseError(resp); resp.StatusCode != http.StatusForbidden || !errors.Is(err, fence.ErrInvalidToken) {
+	if err := fence.ResponseError(resp); resp.StatusCode != http.StatusForbidden || !errors.Is(err, fence.ErrWrongKey) {
 		t.Fatalf("token for another key: %d %v", resp.StatusCode, err)
 	}
 	mu.Lock()
@@ -141,7 +141,7 @@ func TestHTTPStaleHolderRefused(t *testing.T) {
 
 func TestHTTPBadHeaders(t *testing.T) {
 	led := &ledger{}
-	srv := httptest.NewServer(fence.Middleware(led, &fence.MiddlewareOptions{Store: fence.NewMemoryStore()}))
+	srv := httptest.NewServer(fence.Middleware(led, &fence.MiddlewareOptions{Store: fence.NewMemoryStore(), Key: fence.FixedKey("k")}))
 	defer srv.Close()
 	owner := fence.OwnerDigest("x")
 	for _, c := range []struct {
@@ -226,7 +226,7 @@ func TestHTTPHandlerChecksToken(t *testing.T) {
 			return
 		}
 		done()
-	}), nil)
+	}), &fence.MiddlewareOptions{Key: fence.FixedKey("k")})
 	srv := httptest.NewServer(h)
 	defer srv.Close()
 	c := &http.Client{Transport: &fence.Transport{}}
@@ -322,4 +322,27 @@ func FuzzParseHeaders(f *testing.F) {
 			t.Fatalf("round trip %+v -> %+v %v", tk, back, err)
 		}
 	})
+}
+
+// TestMiddlewareRequiresKey: a middleware that took the lease key from the
+// client's own Fenced-Key header let a token for any key through (a
+// batch:all token at fence 900 was admitted on a ledger account), so the
+// resource's key is now mandatory: leaving it unset is a programming error
+// caught when the handler is built.
+func TestMiddlewareRequiresKey(t *testing.T) {
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})
+	for name, opts := range map[string]*fence.MiddlewareOptions{
+		"nil options": nil,
+		"no Key":      {Store: fence.NewMemoryStore()},
+	} {
+		t.Run(name, func(t *testing.T) {
+			defer func() {
+				r := recover()
+				if r == nil || !strings.Contains(fmt.Sprint(r), "Key") {
+					t.Fatalf("Middleware without Key: recovered %v, want a panic naming MiddlewareOptions.Key", r)
+				}
+			}()
+			fence.Middleware(h, opts)
+		})
+	}
 }

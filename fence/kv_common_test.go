@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -29,6 +30,7 @@ func runKVGuardTests(t *testing.T, newGuard func(t *testing.T, hooks fenced.Hook
 	t.Run("Semantics", func(t *testing.T) { testKVSemantics(t, newGuard) })
 	t.Run("Orderings", func(t *testing.T) { testKVOrderings(t, newGuard(t, fenced.Hooks{})) })
 	t.Run("BadTokens", func(t *testing.T) { testKVBadTokens(t, newGuard(t, fenced.Hooks{})) })
+	t.Run("WrongKey", func(t *testing.T) { testKVWrongKey(t, newGuard(t, fenced.Hooks{})) })
 	t.Run("PropertySequential", func(t *testing.T) { testKVPropertySequential(t, newGuard(t, fenced.Hooks{})) })
 	t.Run("PropertyConcurrent", func(t *testing.T) { testKVPropertyConcurrent(t, newGuard(t, fenced.Hooks{})) })
 }
@@ -181,6 +183,39 @@ func testKVBadTokens(t *testing.T, g kvGuard) {
 	}
 }
 
+// testKVPropertySequential drives one resource with random tokens and checks
+// every decision against a model, and then what the resource really holds
+// (its recorded fence and owner, and the note of the last write the model
+// says was applied), so a guard that reports one thing and stores another
+// fails.
+// testKVWrongKey: fences are comparable only within one lease key, so a
+// resource written under invoice:inv_72 refuses a token for batch:all
+// whatever its fence, changes nothing, and its real holder keeps writing.
+func testKVWrongKey(t *testing.T, g kvGuard) {
+	ctx := context.Background()
+	res := newRes(t)
+	inv := fence.Token{Key: "invoice:inv_72", Fence: 5, Owner: "owner-a"}
+	if r, err := g.put(ctx, res, inv, "a", "", ""); err != nil || !r.Applied() {
+		t.Fatal(r, err)
+	}
+	batch := fence.Token{Key: "batch:all", Fence: 900, Owner: "owner-b"}
+	if r, err := g.claim(ctx, res, batch); !errors.Is(err, fence.ErrWrongKey) || r.Applied() {
+		t.Errorf("claim with a token for another key: %+v %v, want ErrWrongKey", r, err)
+	}
+	if r, err := g.put(ctx, res, batch, "batch", "", ""); !errors.Is(err, fence.ErrWrongKey) || r.Applied() {
+		t.Errorf("write with a token for another key: %+v %v, want ErrWrongKey", r, err)
+	} else if !strings.Contains(err.Error(), "batch:all") || !strings.Contains(err.Error(), "invoice:inv_72") {
+		t.Errorf("error %q does not name both keys", err)
+	}
+	if f, o := g.current(ctx, res); f != 5 || o != "owner-a" || g.note(ctx, res) != "a" {
+		t.Fatalf("token for another key changed the resource: fence %d owner %q note %q", f, o, g.note(ctx, res))
+	}
+	next := fence.Token{Key: "invoice:inv_72", Fence: 6, Owner: "owner-c"}
+	if r, err := g.put(ctx, res, next, "c", "", ""); err != nil || !r.Applied() {
+		t.Fatalf("the key's next holder after a wrong-key token: %+v %v", r, err)
+	}
+}
+
 func testKVPropertySequential(t *testing.T, g kvGuard) {
 	ctx := context.Background()
 	seed := uint64(time.Now().UnixNano())
@@ -188,13 +223,13 @@ func testKVPropertySequential(t *testing.T, g kvGuard) {
 	for round := 0; round < 20; round++ {
 		res := newRes(t)
 		var mf uint64
-		var mo string
-		var accepted []fence.Token
+		var mo, note string
 		for step := 0; step < 25; step++ {
 			tk := fence.Token{Key: res, Fence: 1 + rng.Uint64N(8), Owner: fmt.Sprint("o", rng.IntN(3))}
 			var r fence.Result
 			var err error
-			if rng.IntN(3) == 0 {
+			claim := rng.IntN(3) == 0
+			if claim {
 				r, err = g.claim(ctx, res, tk)
 			} else {
 				r, err = g.put(ctx, res, tk, fmt.Sprint(step), "", "")
@@ -207,14 +242,16 @@ func testKVPropertySequential(t *testing.T, g kvGuard) {
 				t.Fatalf("seed %d: %v on (%d,%s): %+v, want applied=%v", seed, tk, mf, mo, r, want)
 			}
 			if want {
-				accepted = append(accepted, tk)
 				mf, mo = tk.Fence, tk.Owner
+				if !claim {
+					note = fmt.Sprint(step)
+				}
 			}
-		}
-		for i := 1; i < len(accepted); i++ {
-			p, c := accepted[i-1], accepted[i]
-			if c.Fence < p.Fence || (c.Fence == p.Fence && c.Owner != p.Owner) {
-				t.Fatalf("seed %d: accepted %v after %v", seed, c, p)
+			if f, o := g.current(ctx, res); f != mf || o != mo {
+				t.Fatalf("seed %d step %d: resource records (%d,%s), model (%d,%s)", seed, step, f, o, mf, mo)
+			}
+			if n := g.note(ctx, res); n != note {
+				t.Fatalf("seed %d step %d: resource note %q, want %q (the last applied write)", seed, step, n, note)
 			}
 		}
 	}
