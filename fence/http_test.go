@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -243,51 +242,6 @@ func TestHTTPHandlerChecksToken(t *testing.T) {
 	resp := send(6)
 	if err := fence.ResponseError(resp); resp.StatusCode != 409 || !errors.Is(err, fence.ErrStale) {
 		t.Fatalf("stale through handler: %d %v", resp.StatusCode, err)
-	}
-}
-
-// TestMemoryStoreProperty: concurrent requests with random (fence, owner)
-// are admitted in an order that never goes back.
-func TestMemoryStoreProperty(t *testing.T) {
-	s := fence.NewMemoryStore()
-	var mu sync.Mutex
-	var order []fence.Token
-	var wg sync.WaitGroup
-	for w := 0; w < 8; w++ {
-		wg.Add(1)
-		go func(w int) {
-			defer wg.Done()
-			rng := rand.New(rand.NewPCG(uint64(w), 7))
-			for i := 0; i < 300; i++ {
-				tk := fence.Token{Key: "k", Fence: 1 + rng.Uint64N(50), Owner: fmt.Sprint("o", rng.IntN(2))}
-				r, done, err := s.Admit(context.Background(), tk)
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				if r.Applied() {
-					mu.Lock()
-					order = append(order, tk)
-					mu.Unlock()
-					done()
-				} else if r.Outcome != fence.Stale || done != nil {
-					t.Errorf("refusal %+v", r)
-				}
-			}
-		}(w)
-	}
-	wg.Wait()
-	if len(order) == 0 {
-		t.Fatal("nothing admitted")
-	}
-	for i := 1; i < len(order); i++ {
-		p, c := order[i-1], order[i]
-		if c.Fence < p.Fence || (c.Fence == p.Fence && c.Owner != p.Owner) {
-			t.Fatalf("admitted %v after %v", c, p)
-		}
-	}
-	if f, o := s.Current("k"); f != order[len(order)-1].Fence || o != order[len(order)-1].Owner {
-		t.Fatalf("Current = %d %s", f, o)
 	}
 }
 
