@@ -44,7 +44,9 @@ func TestSQLStoreSQLite(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "fences.db")
 	db := openSQLiteDeferred(t, path)
 	runStoreTests(t, func(t *testing.T) storeUnderTest { return sqlStore{openStore(t, db, fence.SQLite, storeTable())} })
-	t.Run("Durable", func(t *testing.T) { testSQLStoreDurable(t, fence.SQLite, func() *sql.DB { return openSQLiteDeferred(t, path) }) })
+	t.Run("Durable", func(t *testing.T) {
+		testSQLStoreDurable(t, fence.SQLite, func() *sql.DB { return openSQLiteDeferred(t, path) })
+	})
 	t.Run("Shape", func(t *testing.T) {
 		ctx := context.Background()
 		for name, ddl := range map[string]string{
@@ -84,7 +86,9 @@ func TestSQLStorePostgres(t *testing.T) {
 	pg := testenv.StartPostgres(t)
 	db := openDB(t, "pgx", pg.URL())
 	runStoreTests(t, func(t *testing.T) storeUnderTest { return sqlStore{openStore(t, db, fence.Postgres, storeTable())} })
-	t.Run("Durable", func(t *testing.T) { testSQLStoreDurable(t, fence.Postgres, func() *sql.DB { return openDB(t, "pgx", pg.URL()) }) })
+	t.Run("Durable", func(t *testing.T) {
+		testSQLStoreDurable(t, fence.Postgres, func() *sql.DB { return openDB(t, "pgx", pg.URL()) })
+	})
 	t.Run("AcrossProcesses", func(t *testing.T) {
 		// Two pools stand for two processes serving the same resource.
 		table := storeTable()

@@ -291,7 +291,6 @@ func testStoreProperty(t *testing.T, s storeUnderTest) {
 	}
 }
 
-
 // TestMemoryStoreMaxKeys: the store remembers at most MaxKeys keys and then
 // refuses new keys rather than forgetting a fence (which would let that
 // key's stale holders write again); known keys keep working.
