@@ -15,7 +15,7 @@ import (
 
 // curlChild is the request docs/guards.md shows for a shell child of
 // `fenced run`, run here exactly as written.
-const curlChild = `curl -sS -o /dev/null -w '%{http_code}' -X POST \
+const curlChild = `curl -sS -o /dev/null -w "%{http_code}" -X POST \
   -H "Fenced-Key: $FENCED_KEY" -H "Fenced-Fence: $FENCED_FENCE" -H "Fenced-Owner: $FENCED_OWNER" \
   "$URL"`
 

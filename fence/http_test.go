@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -245,28 +246,55 @@ func TestHTTPHandlerChecksToken(t *testing.T) {
 	}
 }
 
-// FuzzParseHeaders: any header values either parse to a valid token that
-// round-trips, or give an error matching ErrInvalidToken or ErrNoToken.
+// FuzzParseHeaders: any header values, each given once or twice, either
+// parse to exactly the token the headers spell (the fence is the header's
+// number, written canonically) or give an error matching ErrInvalidToken
+// or ErrNoToken; and they parse exactly when an independent reading of the
+// rules says they should.
 func FuzzParseHeaders(f *testing.F) {
-	for _, s := range [][3]string{{"invoice:1", "42", fence.OwnerDigest("x")}, {"k", "-1", "o"}, {"k", "9223372036854775807", "o"}, {"", "", ""}, {"k", "0", "o"}, {"k", "1e3", "o"}} {
-		f.Add(s[0], s[1], s[2])
+	for _, s := range []struct {
+		key, fence, owner, sig string
+		dup                    uint8
+	}{
+		{"invoice:1", "42", fence.OwnerDigest("x"), "", 0},
+		{"invoice:1", "42", fence.OwnerDigest("x"), "k1.c2ln", 0},
+		{"k", "-1", "o", "", 0}, {"k", "9223372036854775807", "o", "", 0}, {"k", "9223372036854775808", "o", "", 0},
+		{"", "", "", "", 0}, {"k", "0", "o", "", 0}, {"k", "1e3", "o", "", 0}, {"k", "007", "o", "", 0},
+		{"k", "+5", "o", "", 0}, {"k", " 5", "o", "", 0}, {"k", "5", "o p", "", 0}, {" k", "5", "o", "", 0},
+		{"k", "5", "o", "", 1}, {"k", "5", "o", "", 2}, {"k", "5", "o", "", 4}, {"k", "5", "o", "s", 8}, {"k", "5", "o", "", 8},
+	} {
+		f.Add(s.key, s.fence, s.owner, s.sig, s.dup)
 	}
-	f.Fuzz(func(t *testing.T, key, fenceVal, owner string) {
+	f.Fuzz(func(t *testing.T, key, fenceVal, owner, sig string, dup uint8) {
 		h := http.Header{}
-		for _, kv := range [][2]string{{fence.HeaderKey, key}, {fence.HeaderFence, fenceVal}, {fence.HeaderOwner, owner}} {
-			if kv[1] != "" {
-				h.Set(kv[0], kv[1])
+		dupd := false
+		for i, kv := range [][2]string{{fence.HeaderKey, key}, {fence.HeaderFence, fenceVal}, {fence.HeaderOwner, owner}, {fence.HeaderSignature, sig}} {
+			if kv[1] == "" {
+				continue
+			}
+			h.Add(kv[0], kv[1])
+			if dup&(1<<i) != 0 {
+				h.Add(kv[0], kv[1])
+				dupd = true
 			}
 		}
 		tk, err := fence.ParseHeaders(h)
+		want := !dupd && key != "" && owner != "" && fenced.ValidateKey(key) == nil &&
+			canonicalFence(fenceVal) && plainASCII(owner, fence.MaxOwnerLen) && (sig == "" || plainASCII(sig, fence.MaxSigLen))
 		if err != nil {
 			if !errors.Is(err, fence.ErrInvalidToken) && !errors.Is(err, fence.ErrNoToken) {
 				t.Fatalf("error %v matches neither sentinel", err)
 			}
+			if want {
+				t.Fatalf("valid headers %q %q %q %q refused: %v", key, fenceVal, owner, sig, err)
+			}
 			return
 		}
-		if tk.Fence == 0 || tk.Fence > fence.MaxFence || tk.Validate() != nil {
-			t.Fatalf("accepted invalid token %+v", tk)
+		if !want {
+			t.Fatalf("invalid headers %q %q %q %q (dup %b) accepted as %+v", key, fenceVal, owner, sig, dup, tk)
+		}
+		if tk.Key != key || tk.Owner != owner || tk.Sig != sig || strconv.FormatUint(tk.Fence, 10) != fenceVal {
+			t.Fatalf("headers %q %q %q %q parsed as %+v", key, fenceVal, owner, sig, tk)
 		}
 		h2 := http.Header{}
 		if err := fence.SetHeaders(h2, tk); err != nil {
@@ -278,25 +306,26 @@ func FuzzParseHeaders(f *testing.F) {
 	})
 }
 
-// TestMiddlewareRequiresKey: a middleware that took the lease key from the
-// client's own Fenced-Key header let a token for any key through (a
-// batch:all token at fence 900 was admitted on a ledger account), so the
-// resource's key is now mandatory: leaving it unset is a programming error
-// caught when the handler is built.
-func TestMiddlewareRequiresKey(t *testing.T) {
-	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})
-	for name, opts := range map[string]*fence.MiddlewareOptions{
-		"nil options": nil,
-		"no Key":      {Store: fence.NewMemoryStore()},
-	} {
-		t.Run(name, func(t *testing.T) {
-			defer func() {
-				r := recover()
-				if r == nil || !strings.Contains(fmt.Sprint(r), "Key") {
-					t.Fatalf("Middleware without Key: recovered %v, want a panic naming MiddlewareOptions.Key", r)
-				}
-			}()
-			fence.Middleware(h, opts)
-		})
+// canonicalFence reports whether s is a fence written as the guards want
+// it: decimal digits without sign or leading zero, 1..MaxFence.
+func canonicalFence(s string) bool {
+	if s == "" || s[0] == '0' || strings.Trim(s, "0123456789") != "" {
+		return false
 	}
+	n, err := strconv.ParseUint(s, 10, 64)
+	return err == nil && n <= fence.MaxFence
+}
+
+// plainASCII reports whether s has 1..max bytes, all printable ASCII
+// other than space.
+func plainASCII(s string, max int) bool {
+	if s == "" || len(s) > max {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] <= ' ' || s[i] >= 0x7f {
+			return false
+		}
+	}
+	return true
 }
