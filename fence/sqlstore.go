@@ -23,9 +23,10 @@ const DefaultStoreTable = "fenced_http_fences"
 // the process dies during the handler.
 //
 // Admission and write stay atomic together by holding the key while the
-// handler runs: within one process always; across processes on PostgreSQL
-// by a transaction-scoped advisory lock held on a pooled connection for
-// the handler's duration (safe behind PgBouncer in transaction mode; a
+// handler runs, so an older write never runs after (or beside) a newer
+// one: within one process always; across processes on PostgreSQL by a
+// transaction-scoped advisory lock held on a pooled connection for the
+// handler's duration (safe behind PgBouncer in transaction mode; a
 // PostgreSQL idle_in_transaction_session_timeout shorter than your
 // handlers would end that lock early). On SQLite the key is held within
 // one process only: serve a SQLite-backed resource from one process, or
@@ -201,10 +202,18 @@ func (s *SQLStore) lockID(key string) int64 {
 	return int64(binary.BigEndian.Uint64(sum[:8]))
 }
 
-// Admit implements Store: it waits for the key (see SQLStore), then raises
-// the key's row to t in one committed statement if the row admits t.
-// Errors: ErrInvalidToken for a bad token, ctx's cause while waiting, and
-// database errors, after which nothing was admitted and the key is free.
+// Admit implements Store: it waits for the key within this process,
+// raises the key's row to t in one committed statement if the row admits
+// t, and then, on PostgreSQL, waits for the key across processes and
+// confirms that no newer token was admitted meanwhile. Errors:
+// ErrInvalidToken for a bad token, ctx's cause while waiting, and database
+// errors, after which the handler must not run and the key is free (the
+// row may have been raised, as a Claim would).
+//
+// On PostgreSQL each admitted request holds one connection of the store's
+// pool until done is called; a handler that also needs a connection from
+// the same pool can exhaust it, so give the store its own *sql.DB or a
+// pool larger than the requests you serve at once.
 func (s *SQLStore) Admit(ctx context.Context, t Token) (Result, func(), error) {
 	if err := t.Validate(); err != nil {
 		return Result{}, nil, err
@@ -213,24 +222,27 @@ func (s *SQLStore) Admit(ctx context.Context, t Token) (Result, func(), error) {
 	if err != nil {
 		return Result{}, nil, err
 	}
+	var fence int64
+	var owner string
+	err = s.db.QueryRowContext(ctx, s.upsert, t.Key, int64(t.Fence), t.Owner).Scan(&fence, &owner)
+	if errors.Is(err, sql.ErrNoRows) {
+		err = s.db.QueryRowContext(ctx, s.read, t.Key).Scan(&fence, &owner)
+		unlock()
+		if err != nil {
+			return Result{}, nil, fmt.Errorf("fence: store %s: read %q: %w", s.table, t.Key, err)
+		}
+		return classify(t, uint64(fence), owner), nil, nil
+	}
+	if err != nil {
+		unlock()
+		return Result{}, nil, fmt.Errorf("fence: store %s: admit %s: %w", s.table, t, err)
+	}
 	release := unlock
 	if s.d == Postgres {
-		// The lock's transaction must outlive a cancelled request context
-		// (database/sql rolls a transaction back when its context ends,
-		// which would free the key while the handler still runs); the
-		// wait for the lock still ends with ctx.
-		tx, err := s.db.BeginTx(context.WithoutCancel(ctx), nil)
-		if err != nil {
+		tx, r, err := s.lockAcrossProcesses(ctx, t)
+		if err != nil || !r.Applied() {
 			unlock()
-			return Result{}, nil, fmt.Errorf("fence: store %s: %w", s.table, err)
-		}
-		if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1)`, s.lockID(t.Key)); err != nil {
-			tx.Rollback()
-			unlock()
-			if ctx.Err() != nil {
-				return Result{}, nil, context.Cause(ctx)
-			}
-			return Result{}, nil, fmt.Errorf("fence: store %s: lock %q: %w", s.table, t.Key, err)
+			return r, nil, err
 		}
 		release = func() {
 			tx.Rollback() // ends the lock; a broken connection ends its session, and the lock with it
@@ -238,21 +250,41 @@ func (s *SQLStore) Admit(ctx context.Context, t Token) (Result, func(), error) {
 		}
 	}
 	var once sync.Once
-	done := func() { once.Do(release) }
+	return Result{Outcome: Applied, Current: t.Fence}, func() { once.Do(release) }, nil
+}
+
+// lockAcrossProcesses takes t.Key's advisory lock in a transaction that
+// holds it until rolled back, then reads the key's row in it: if a newer
+// token was admitted by another process while this one waited, it returns
+// that Stale result and no transaction. The row was raised before, in its
+// own statement, so the two steps never need two connections at once.
+func (s *SQLStore) lockAcrossProcesses(ctx context.Context, t Token) (*sql.Tx, Result, error) {
+	// The transaction must outlive a cancelled request context
+	// (database/sql rolls a transaction back when its context ends, which
+	// would free the key while the handler still runs); the wait for the
+	// lock still ends with ctx.
+	tx, err := s.db.BeginTx(context.WithoutCancel(ctx), nil)
+	if err != nil {
+		return nil, Result{}, fmt.Errorf("fence: store %s: %w", s.table, err)
+	}
+	if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1)`, s.lockID(t.Key)); err != nil {
+		tx.Rollback()
+		if ctx.Err() != nil {
+			return nil, Result{}, context.Cause(ctx)
+		}
+		return nil, Result{}, fmt.Errorf("fence: store %s: lock %q: %w", s.table, t.Key, err)
+	}
 	var fence int64
 	var owner string
-	err = s.db.QueryRowContext(ctx, s.upsert, t.Key, int64(t.Fence), t.Owner).Scan(&fence, &owner)
-	if err == nil {
-		return Result{Outcome: Applied, Current: t.Fence}, done, nil
+	if err := tx.QueryRowContext(ctx, s.read, t.Key).Scan(&fence, &owner); err != nil {
+		tx.Rollback()
+		return nil, Result{}, fmt.Errorf("fence: store %s: read %q: %w", s.table, t.Key, err)
 	}
-	defer done()
-	if !errors.Is(err, sql.ErrNoRows) {
-		return Result{}, nil, fmt.Errorf("fence: store %s: admit %s: %w", s.table, t, err)
+	if !t.admits(uint64(fence), owner) {
+		tx.Rollback()
+		return nil, classify(t, uint64(fence), owner), nil
 	}
-	if err := s.db.QueryRowContext(ctx, s.read, t.Key).Scan(&fence, &owner); err != nil {
-		return Result{}, nil, fmt.Errorf("fence: store %s: read %q: %w", s.table, t.Key, err)
-	}
-	return classify(t, uint64(fence), owner), nil, nil
+	return tx, Result{Outcome: Applied, Current: t.Fence}, nil
 }
 
 // Current returns the newest fence and owner admitted for key (0 and "" if

@@ -96,6 +96,79 @@ func TestSQLStorePostgres(t *testing.T) {
 		s2 := openStore(t, openDB(t, "pgx", pg.URL()), fence.Postgres, table)
 		testStoreAcrossProcesses(t, s1, s2)
 	})
+	t.Run("NewerWhileWaiting", func(t *testing.T) {
+		// C, a second request of holder A (fence 5), waits in process 2
+		// while A's first request runs in process 1; B (fence 6) is
+		// admitted in process 3 meanwhile. When the key comes free, C must
+		// not run: a newer holder exists.
+		ctx := context.Background()
+		table := storeTable()
+		s1 := openStore(t, db, fence.Postgres, table)
+		s2 := openStore(t, openDB(t, "pgx", pg.URL()), fence.Postgres, table)
+		s3 := openStore(t, openDB(t, "pgx", pg.URL()), fence.Postgres, table)
+		a := fence.Token{Key: "job:n", Fence: 5, Owner: "a"}
+		r, doneA, err := s1.Admit(ctx, a)
+		if err != nil || !r.Applied() {
+			t.Fatal(r, err)
+		}
+		results := make(chan fence.Result, 2)
+		admit := func(s *fence.SQLStore, tk fence.Token) {
+			hctx, cancel := context.WithTimeout(ctx, hangLimit)
+			defer cancel()
+			r, done, err := s.Admit(hctx, tk)
+			if err != nil {
+				t.Error(err)
+			}
+			if done != nil {
+				done()
+			}
+			results <- r
+		}
+		go admit(s2, a)
+		time.Sleep(200 * time.Millisecond) // let C reach the lock first
+		go admit(s3, fence.Token{Key: "job:n", Fence: 6, Owner: "b"})
+		time.Sleep(200 * time.Millisecond)
+		doneA()
+		var applied, stale int
+		for range 2 {
+			switch r := <-results; {
+			case r.Applied():
+				applied++
+			case r.Outcome == fence.Stale && r.Current == 6:
+				stale++
+			default:
+				t.Errorf("result %+v", r)
+			}
+		}
+		if applied != 1 || stale != 1 {
+			t.Fatalf("%d applied, %d stale; want B applied and C refused", applied, stale)
+		}
+	})
+	t.Run("OnePoolConnection", func(t *testing.T) {
+		// Admission never needs two connections at once, so a pool of one
+		// serves requests one after another instead of deadlocking.
+		one := openDB(t, "pgx", pg.URL())
+		one.SetMaxOpenConns(1)
+		s := openStore(t, one, fence.Postgres, storeTable())
+		ctx, cancel := context.WithTimeout(context.Background(), hangLimit)
+		defer cancel()
+		r, done, err := s.Admit(ctx, fence.Token{Key: "job:1", Fence: 1, Owner: "o"})
+		if err != nil || !r.Applied() {
+			t.Fatal(r, err)
+		}
+		next := make(chan error, 1)
+		go func() {
+			_, done2, err := s.Admit(ctx, fence.Token{Key: "job:2", Fence: 1, Owner: "o"})
+			if done2 != nil {
+				done2()
+			}
+			next <- err
+		}()
+		done()
+		if err := <-next; err != nil {
+			t.Fatalf("second key on a pool of one: %v", err)
+		}
+	})
 	t.Run("Shape", func(t *testing.T) {
 		ctx := context.Background()
 		for name, ddl := range map[string]string{
