@@ -36,7 +36,7 @@ func TestFrozenHolderIsReplacedAfterAWatchedTTL(t *testing.T) {
 	store := fence.NewMemoryStore()
 	resource := httptest.NewServer(fence.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusNoContent)
-	}), &fence.MiddlewareOptions{Store: store}))
+	}), &fence.MiddlewareOptions{Store: store, Key: fence.FixedKey(key)}))
 	defer resource.Close()
 
 	url := server.URL(table, "")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"strconv"
 
 	"github.com/fenced-dev/fenced"
@@ -20,8 +21,11 @@ var (
 )
 
 // Metadata keys the Object guard records the newest admitted token under,
-// beside the object's own metadata. Keys are lower case.
+// beside the object's own metadata: the lease key (percent-encoded, since
+// object stores carry metadata in HTTP headers, which are ASCII), the
+// fence in decimal and the owner digest. Keys are lower case.
 const (
+	MetaKey   = "fenced-key"
 	MetaFence = "fenced-fence"
 	MetaOwner = "fenced-owner"
 )
@@ -59,7 +63,16 @@ type ObjectStore interface {
 
 // ObjectOptions configure NewObject. nil gives the defaults.
 type ObjectOptions struct {
-	// Hooks receive a StaleWrite event for every refused stale token.
+	// LeaseKey, when set, returns the lease key that guards object name; a
+	// token for another key is refused with ErrWrongKey before anything is
+	// read, even for an object not yet bound.
+	LeaseKey func(name string) string
+	// Check, when set, must accept every token before it is compared (for
+	// example a *Verifier for signed tokens); a refusal is returned as the
+	// error and nothing is written.
+	Check Checker
+	// Hooks receive a StaleWrite event for every refused stale token (when
+	// nil, the hooks of the client that issued the token).
 	Hooks fenced.Hooks
 	// MaxRaces bounds how often one write re-reads the object after
 	// another write won the race to it. Default 16.
@@ -67,10 +80,15 @@ type ObjectOptions struct {
 }
 
 // Object guards objects in an object store: each object carries the
-// newest admitted token in its metadata (MetaFence, MetaOwner), and a
-// write reads the object, checks the token against it, and writes with a
-// precondition on the version it read, so a write that landed in between
-// makes it read and decide again. Its methods are safe for concurrent use.
+// newest admitted token in its metadata (MetaKey, MetaFence, MetaOwner),
+// and a write reads the object, checks the token against it, and writes
+// with a precondition on the version it read, so a write that landed in
+// between makes it read and decide again. Its methods are safe for
+// concurrent use.
+//
+// The first admitted write binds an object to its token's lease key; a
+// token for any other key is then refused with ErrWrongKey whatever its
+// fence, because fences are only comparable within one key.
 //
 // Object stores have no transactions across objects: the guard protects
 // each object on its own, and a reader that does not go through the guard
@@ -78,6 +96,7 @@ type ObjectOptions struct {
 // for its format).
 type Object struct {
 	store    ObjectStore
+	checks   tokenChecks
 	hooks    fenced.Hooks
 	maxRaces int
 }
@@ -90,6 +109,7 @@ func NewObject(store ObjectStore, opts *ObjectOptions) (*Object, error) {
 	g := &Object{store: store, maxRaces: 16}
 	if opts != nil {
 		g.hooks = opts.Hooks
+		g.checks = tokenChecks{leaseKey: opts.LeaseKey, check: opts.Check}
 		if opts.MaxRaces > 0 {
 			g.maxRaces = opts.MaxRaces
 		}
@@ -119,15 +139,28 @@ func (g *Object) Claim(ctx context.Context, name string, t Token) (Result, error
 // again (so fn must not have side effects). fn returning an error matching
 // ErrPrecondition gives a PreconditionFailed result (the fence was fine,
 // the work is not to be done); other errors of fn are returned as is.
-// Nothing is written unless the result is Applied.
+// Nothing is written unless the result is Applied. Errors: ErrInvalidToken
+// for a bad token, ErrWrongKey for a token of another lease key, the
+// Checker's error when it refuses t, and the store's errors wrapped (an
+// error after the PUT was sent may mean it was applied; read before
+// retrying).
 func (g *Object) Update(ctx context.Context, name string, t Token, fn func(current []byte, exists bool) ([]byte, error)) (Result, error) {
-	if err := t.Validate(); err != nil {
-		return Result{}, err
+	if err := g.checks.run(ctx, name, t); err != nil {
+		return Result{}, fmt.Errorf("fence: write object %q: %w", name, err)
 	}
 	for range g.maxRaces {
 		cur, exists, fence, owner, err := g.read(ctx, name)
 		if err != nil {
 			return Result{}, err
+		}
+		if enc, ok := cur.Metadata[MetaKey]; ok {
+			bound, err := url.PathUnescape(enc)
+			if err != nil {
+				return Result{}, fmt.Errorf("fence: object %q: metadata %s is %q, want a percent-encoded lease key", name, MetaKey, enc)
+			}
+			if err := checkKey(bound, t.Key); err != nil {
+				return Result{}, fmt.Errorf("fence: write object %q: %w", name, err)
+			}
 		}
 		if !t.admits(fence, owner) {
 			r := classify(t, fence, owner)
@@ -145,6 +178,7 @@ func (g *Object) Update(ctx context.Context, name string, t Token, fn func(curre
 		for k, v := range cur.Metadata {
 			meta[k] = v
 		}
+		meta[MetaKey] = url.PathEscape(t.Key)
 		meta[MetaFence] = strconv.FormatUint(t.Fence, 10)
 		meta[MetaOwner] = t.Owner
 		_, err = g.store.Put(ctx, name, ObjectVersion{Body: body, Metadata: meta}, cur.Tag)

@@ -110,6 +110,29 @@ func TestNewerAdmittedOlderRefused(t *testing.T) {
 	}
 }
 
+// An object is bound to the lease key of its first admitted write; a token
+// of another key is refused whatever its fence, and keys that are not
+// ASCII survive the trip through S3 metadata.
+func TestObjectIsBoundToOneLeaseKey(t *testing.T) {
+	ctx := context.Background()
+	g := guard(t, startS3(t))
+	const name = "bound.json"
+	key := "facture:numéro 72"
+	if r, err := g.Write(ctx, name, fence.Token{Key: key, Fence: 3, Owner: "a"}, []byte("x")); err != nil || !r.Applied() {
+		t.Fatal(r, err)
+	}
+	_, err := g.Write(ctx, name, fence.Token{Key: "other", Fence: 99, Owner: "b"}, []byte("y"))
+	if !errors.Is(err, fence.ErrWrongKey) {
+		t.Fatalf("token of another key: %v; want ErrWrongKey", err)
+	}
+	if r, err := g.Write(ctx, name, fence.Token{Key: key, Fence: 4, Owner: "b"}, []byte("z")); err != nil || !r.Applied() {
+		t.Fatalf("next holder of the bound key: %+v %v", r, err)
+	}
+	if body, f, _, _ := g.Read(ctx, name); string(body) != "z" || f != 4 {
+		t.Fatalf("object: %q fence %d", body, f)
+	}
+}
+
 // A new holder claims the object first; the old holder's late write is then
 // refused although nothing else was written.
 func TestClaimLocksOutTheOldHolder(t *testing.T) {
