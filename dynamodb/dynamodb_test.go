@@ -1,6 +1,7 @@
 package dynamodb_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -235,5 +236,52 @@ func TestBreakAudit(t *testing.T) {
 	}
 	if n != 3 {
 		t.Fatalf("Breaks(\"\") has %d records of %s, want 3", n, key)
+	}
+}
+
+// A grant whose request reached the server but whose answer was lost is an
+// unknown outcome (ErrUnknownOutcome, not a refusal and not "unavailable"),
+// and asking again with the same owner returns the grant that was made,
+// with the same fence, instead of a second grant.
+func TestUnknownOutcomeThenIdempotentRetry(t *testing.T) {
+	ctx := ctxT(t)
+	proxy := testenv.StartProxy(t, testenv.Addr(server.Port))
+	d, err := dynamodb.Open(ctx, "dynamodb://"+proxy.Addr+"/"+table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	key := uniqueKey("unknown")
+	owner := "cafe0000000000000000000000000001"
+	proxy.CutAfter(func(chunk []byte) bool { return bytes.Contains(chunk, []byte(owner)) })
+	if _, err := d.TryAcquire(ctx, key, owner, time.Minute); !errors.Is(err, driver.ErrUnknownOutcome) {
+		t.Fatalf("grant whose answer was cut: %v; want ErrUnknownOutcome", err)
+	}
+	if proxy.Cuts() != 1 {
+		t.Fatalf("the proxy cut %d connections, want 1", proxy.Cuts())
+	}
+	fence, err := d.TryAcquire(ctx, key, owner, time.Minute)
+	if err != nil {
+		t.Fatalf("retry by the same owner: %v", err)
+	}
+	out, err := d.Client().GetItem(ctx, &awsdynamodb.GetItemInput{
+		TableName:      aws.String(table),
+		Key:            map[string]types.AttributeValue{"lease_key": &types.AttributeValueMemberS{Value: key}, "record": &types.AttributeValueMemberS{Value: "lease"}},
+		ConsistentRead: aws.Bool(true),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, _ := out.Item["fence"].(*types.AttributeValueMemberN)
+	v, _ := out.Item["version"].(*types.AttributeValueMemberN)
+	o, _ := out.Item["owner"].(*types.AttributeValueMemberS)
+	if f == nil || v == nil || o == nil || f.Value != "1" || o.Value != owner {
+		t.Fatalf("item after the retry: %v", out.Item)
+	}
+	if v.Value != "2" {
+		t.Fatalf("version %s after the retry: the cut grant was not applied (version 2 = grant + re-confirmation), so the test did not exercise the retry of an applied grant", v.Value)
+	}
+	if fence != 1 {
+		t.Fatalf("retry returned fence %d, want the cut grant's 1", fence)
 	}
 }
