@@ -233,4 +233,3 @@ func Check(events []Event, res Contents, strength fenced.FenceStrength) Report {
 	}
 	return r
 }
-

@@ -284,6 +284,9 @@ func (w *worker) atPoint(point string) (delay time.Duration) {
 		case "stop":
 			w.record(Event{Kind: FaultStart, Fault: fault})
 			syscall.Kill(os.Getpid(), syscall.SIGSTOP)
+			// The stop reaches every thread asynchronously; do nothing
+			// until it has.
+			time.Sleep(50 * time.Millisecond)
 		case "kill":
 			w.record(Event{Kind: FaultStart, Fault: fault})
 			syscall.Kill(os.Getpid(), syscall.SIGKILL)
