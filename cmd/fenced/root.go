@@ -110,6 +110,7 @@ file ` + defaultStoreHint() + `.`,
 	}
 	root.PersistentFlags().StringVar(&g.store, "store", def, "store URL (env FENCED_STORE; schemes: "+strings.Join(fenced.Schemes(), ", ")+")")
 	root.AddCommand(newRunCmd(g), newLsCmd(g), newInspectCmd(g), newBreakCmd(g), newGuaranteesCmd(g), newDemoCmd(g))
+	root.AddCommand(newProofCmd(g))
 	root.AddCommand(g.extra...)
 	return root
 }
