@@ -157,7 +157,8 @@ func Check(events []Event, res Contents, strength fenced.FenceStrength) Report {
 		}
 	}
 
-	// Stale writes attempted: sent after a newer grant was confirmed.
+	// Stale writes attempted: sent (or, delayed, landed) after a newer
+	// grant was confirmed.
 	newer := func(key string, f uint64, owner string, at int64) bool {
 		for _, g := range grants {
 			if g.key == key && g.ok < at && (g.fence > f || (g.fence == f && g.owner != owner)) {
@@ -166,8 +167,19 @@ func Check(events []Event, res Contents, strength fenced.FenceStrength) Report {
 		}
 		return false
 	}
+	// A delayed write (M2) is judged by when it reached the resource.
+	landed := map[int64]int64{}
 	for _, e := range events {
-		if e.Kind != WriteInvoke || !newer(e.Key, e.Fence, e.Owner, e.T) {
+		if e.Kind == FaultEnd && e.Fault == string(M2) && e.Op != 0 {
+			landed[e.Op] = e.T
+		}
+	}
+	for _, e := range events {
+		at := e.T
+		if t, ok := landed[e.Op]; ok && e.Kind == WriteInvoke {
+			at = t
+		}
+		if e.Kind != WriteInvoke || !newer(e.Key, e.Fence, e.Owner, at) {
 			continue
 		}
 		r.StaleAttempted++
