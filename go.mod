@@ -12,7 +12,7 @@ require (
 	modernc.org/sqlite v1.62.0
 )
 
-require github.com/anishathalye/porcupine v1.3.1 // indirect
+require github.com/anishathalye/porcupine v1.3.1
 
 require (
 	filippo.io/edwards25519 v1.2.0 // indirect
