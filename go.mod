@@ -19,6 +19,8 @@ require (
 	modernc.org/sqlite v1.62.0
 )
 
+require github.com/anishathalye/porcupine v1.3.1
+
 require (
 	github.com/aws/aws-sdk-go-v2/aws/protocol/eventstream v1.7.27 // indirect
 	github.com/aws/aws-sdk-go-v2/feature/ec2/imds v1.20.9 // indirect
