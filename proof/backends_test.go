@@ -77,6 +77,11 @@ func backends() []backend {
 			n := e.Nodes[0]
 			return e.URL("/fenced-proof", ""), procServer{n.Process, func() error { n.Start(); n.WaitReady(); return nil }}
 		}},
+		{"dynamodb", fenced.FenceStrict, func(t *testing.T) (string, Server) {
+			// On disk, so a crashed and restarted server keeps its counters.
+			d := testenv.StartDynalite(t, testenv.DynaliteConfig{Persistent: true})
+			return d.URL("fenced_proof", "create=1"), procServer{func() *testenv.Process { return d.Process }, func() error { d.StartAgain(t); return nil }}
+		}},
 	}
 }
 
