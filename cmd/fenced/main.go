@@ -10,6 +10,8 @@
 //	fenced inspect KEY                    show one key: holder, fence, time left, breaks
 //	fenced break KEY --reason TEXT        end a lease whoever holds it
 //	fenced guarantees                     what the store promises
+//	fenced floor [raise N|--from STORE]   show or raise the fence floor (SQL stores)
+//	fenced prune --older-than DURATION    delete unused keys' rows, keeping fences increasing
 //	fenced demo [--no-fence]              the billing scenario, run for real
 //
 // The store is chosen with --store or FENCED_STORE; the default is the
