@@ -102,6 +102,12 @@ type Config struct {
 	// Dir is the run's directory, created if needed: history.jsonl,
 	// resource.db and the workers' logs stay there.
 	Dir string
+	// Locker, if set, names a Locker registered (with RegisterLocker) in
+	// the binary Command starts: the workers lock with it instead of
+	// fenced, and Store is the address it opens. It gives no fence, so
+	// Fencing must be false; the checker derives the fences an ideal lock
+	// would have issued (see Check).
+	Locker string
 	// Logf, if set, narrates the run.
 	Logf func(format string, args ...any)
 }
@@ -153,13 +159,18 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		return nil, errors.New("proof: Config.Command is nil")
 	case cfg.Fault.NeedsServer() && cfg.Server == nil:
 		return nil, fmt.Errorf("proof: fault %s needs Config.Server", cfg.Fault)
+	case cfg.Locker != "" && cfg.Fencing:
+		return nil, fmt.Errorf("proof: Locker %q gives no fence; Config.Fencing must be false", cfg.Locker)
 	}
 	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
 		return nil, err
 	}
-	strength, err := declaredFence(ctx, cfg.Store)
-	if err != nil {
-		return nil, err
+	strength := fenced.FenceNone
+	if cfg.Locker == "" {
+		var err error
+		if strength, err = declaredFence(ctx, cfg.Store); err != nil {
+			return nil, err
+		}
 	}
 	res, err := OpenResource(filepath.Join(cfg.Dir, resourceFile))
 	if err != nil {
@@ -301,7 +312,7 @@ func (r *run) startWorker(i int) error {
 			return err
 		}
 	}
-	wc := WorkerConfig{Worker: i, Store: store, Keys: r.cfg.Keys, TTL: r.cfg.TTL, Work: r.cfg.Work, Fencing: r.cfg.Fencing, Ordering: r.cfg.Ordering, MinFence: r.cfg.MinFence, Dir: r.cfg.Dir}
+	wc := WorkerConfig{Worker: i, Store: store, Keys: r.cfg.Keys, TTL: r.cfg.TTL, Work: r.cfg.Work, Fencing: r.cfg.Fencing, Ordering: r.cfg.Ordering, MinFence: r.cfg.MinFence, Dir: r.cfg.Dir, Locker: r.cfg.Locker}
 	raw, err := json.Marshal(wc)
 	if err != nil {
 		return err
