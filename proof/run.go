@@ -42,6 +42,9 @@ const (
 	M5 Fault = "M5"
 	// M6 kills the authority with SIGKILL and restarts it on its data.
 	M6 Fault = "M6"
+	// M10 kills the leader of a 3-member etcd cluster with SIGKILL under
+	// load and restarts it on its data (Config.Server crashes the leader).
+	M10 Fault = "M10"
 	// M9 stops a worker with SIGSTOP right after its proxy forwarded the
 	// first request of its next acquire, before it reads the reply, for 2
 	// TTLs.
@@ -58,11 +61,13 @@ const (
 func (f Fault) NeedsProxy() bool { return f == M4 || f == M9 }
 
 // NeedsServer reports whether f acts on the authority's process.
-func (f Fault) NeedsServer() bool { return f == M5 || f == M6 }
+func (f Fault) NeedsServer() bool { return f == M5 || f == M6 || f == M10 }
 
 // Server lets the nemesis fault the authority's server process.
 type Server interface {
-	// Pause stops the server (SIGSTOP); Resume continues it.
+	// Pause stops the server (SIGSTOP); Resume continues it. For a
+	// cluster, Crash and Restart act on the member the fault names (M10:
+	// the leader).
 	Pause() error
 	Resume() error
 	// Crash kills the server with SIGKILL; Restart starts it again on its
@@ -94,7 +99,7 @@ type Config struct {
 	// workload has made progress since the last.
 	Fault      Fault
 	Injections int
-	// Server is needed for M5 and M6.
+	// Server is needed for M5, M6 and M10.
 	Server Server
 	// Command returns the command that starts a worker: a binary that
 	// calls MaybeRunWorker first. Its environment is extended.

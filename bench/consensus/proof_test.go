@@ -43,7 +43,8 @@ func hosts(addr string) ([]string, error) {
 }
 
 // etcdMutexProof is etcd's concurrency.Mutex as a proof.Locker, on a
-// session whose TTL is the lease's (whole seconds, at least 1); a new
+// session (not bound to any one Lock call) whose TTL is the lease's (whole
+// seconds, at least 1); a new
 // session replaces one that expired.
 type etcdMutexProof struct {
 	cli *clientv3.Client
@@ -63,7 +64,7 @@ func openEtcdMutex(_ context.Context, addr string) (proof.Locker, error) {
 	return &etcdMutexProof{cli: cli}, nil
 }
 
-func (l *etcdMutexProof) session(ctx context.Context, ttl time.Duration) (*concurrency.Session, error) {
+func (l *etcdMutexProof) session(ttl time.Duration) (*concurrency.Session, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.s != nil {
@@ -74,7 +75,7 @@ func (l *etcdMutexProof) session(ctx context.Context, ttl time.Duration) (*concu
 			return l.s, nil
 		}
 	}
-	s, err := concurrency.NewSession(l.cli, concurrency.WithTTL(max(1, int((ttl+time.Second-1)/time.Second))), concurrency.WithContext(ctx))
+	s, err := concurrency.NewSession(l.cli, concurrency.WithTTL(max(1, int((ttl+time.Second-1)/time.Second))))
 	if err != nil {
 		return nil, err
 	}
@@ -83,7 +84,7 @@ func (l *etcdMutexProof) session(ctx context.Context, ttl time.Duration) (*concu
 }
 
 func (l *etcdMutexProof) Lock(ctx context.Context, key string, ttl time.Duration) (proof.Unlocker, error) {
-	s, err := l.session(ctx, ttl)
+	s, err := l.session(ttl)
 	if err != nil {
 		return nil, err
 	}
