@@ -192,7 +192,7 @@ func (s *Store) EnsureTable(ctx context.Context) error {
 	if _, err := s.db.ExecContext(ctx, q); err != nil {
 		return fmt.Errorf("intent: create table %s: %w", s.table, err)
 	}
-	return s.guard.Check(ctx)
+	return s.guard.EnsureColumns(ctx)
 }
 
 // DeriveKey returns the idempotency key of intent id in namespace: the
