@@ -170,7 +170,8 @@ func (s *Store) ph(n int) string {
 	return "?"
 }
 
-// EnsureTable creates the intent table if it does not exist.
+// EnsureTable creates the intent table if it does not exist, and gives it
+// the guard's columns (fence.SQL.EnsureColumns) it lacks.
 func (s *Store) EnsureTable(ctx context.Context) error {
 	text, idType, long := "TEXT", "TEXT", "TEXT"
 	if s.d == fence.MySQL {
