@@ -37,8 +37,9 @@ type AcquireEvent struct {
 	Waited time.Duration
 	// Contended reports whether the key was found held at least once.
 	Contended bool
-	// FailedOpen reports an efficiency lease granted locally because the
-	// authority was unavailable.
+	// FailedOpen reports a lease granted locally because the authority was
+	// unavailable and the lease may fail open (MinFence FenceNone, FailOpen
+	// On).
 	FailedOpen bool
 	// Err is nil on success.
 	Err error
@@ -117,3 +118,8 @@ func (h Hooks) ReportStaleWrite(e StaleWriteEvent) {
 		h.StaleWrite(e)
 	}
 }
+
+// Client returns the client that granted the lease. Guards in package fence
+// use it to report stale writes of the lease's tokens to the client's Hooks
+// when they have no hooks of their own.
+func (l *Lease) Client() *Client { return l.c }

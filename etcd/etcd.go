@@ -50,7 +50,7 @@
 // (driver.LossWatcher) cancels the lease of a key deleted behind its back
 // (session expired, or broken by an admin). A grant that its holder stops
 // renewing while the session is kept alive by other grants is deleted by
-// the driver when its TTL has passed, so NoAutoRenew leases end on time.
+// the driver when its TTL has passed, so leases with AutoRenew Off end on time.
 //
 // etcd counts lease TTLs in whole seconds and raises short ones to its own
 // minimum (one and a half election timeouts), so the driver accepts TTLs of
@@ -219,9 +219,12 @@ func (d *Driver) Guarantees() driver.Guarantees {
 	return driver.Guarantees{
 		Fence:       driver.FenceStrict,
 		ServerClock: true,
-		Notify:      true,
-		FIFO:        true,
-		Note:        "fence = create revision of the holder's key (Raft-agreed, never reissued); TTLs are whole seconds at the server",
+		// The lessor counts TTLs on the leader's monotonic clock.
+		ClockStepSafe: true,
+		Notify:        true,
+		FIFO:          true,
+		Note: "fence = create revision of the holder's key (Raft-agreed, never reissued); TTLs are whole seconds at the server; " +
+			"safe from clock steps: lease TTLs count down on the leader's monotonic clock, and a new leader extends them, never shortens them",
 	}
 }
 

@@ -64,7 +64,7 @@ func childCanonicalWorker() int {
 		kind = "NONE"
 	case errors.Is(err, fenced.ErrStaleFence):
 		kind = "STALE"
-	case errors.Is(err, fenced.ErrLost), errors.Is(err, fenced.ErrExpired):
+	case fenced.IsLost(err):
 		kind = "LOST"
 	}
 	fmt.Printf("OUTCOME issued=%v kind=%s err=%v\n", issued, kind, err)

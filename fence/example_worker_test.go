@@ -109,7 +109,7 @@ func Example_worker() {
 		log.Printf("a newer holder took over; nothing of ours was written: %v", err)
 	case errors.Is(err, fence.ErrPrecondition):
 		log.Print("issued meanwhile by another holder")
-	case errors.Is(err, fenced.ErrLost), errors.Is(err, fenced.ErrExpired):
+	case fenced.IsLost(err):
 		log.Printf("lease lost before the write; nothing was written, try again later: %v", err)
 	default:
 		log.Print(err)

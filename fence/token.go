@@ -55,11 +55,22 @@ type Token struct {
 	// it with OwnerDigest(lease.Owner()), never the owner token itself, so a
 	// resource never learns a secret that could renew or release the lease.
 	Owner string
+
+	// issuer is the client that granted the lease, set by From. A guard
+	// without hooks of its own reports the token's stale writes to the
+	// issuer's hooks, so one guard serves leases of any client.
+	issuer *fenced.Client
 }
 
 // From returns the token of a held lease: its key, fence and owner digest.
+// It also remembers the client that granted the lease: a guard whose
+// options set no Hooks reports this token's stale writes to that client's
+// Hooks (a guard's own Hooks, when set, take precedence). So one guard,
+// created once without hooks, serves every worker and every client. Two
+// tokens from From compare equal (==) when they come from the same client;
+// compare a decoded token with one built by hand field by field.
 func From(l *fenced.Lease) Token {
-	return Token{Key: l.Key(), Fence: l.Fence(), Owner: OwnerDigest(l.Owner())}
+	return Token{Key: l.Key(), Fence: l.Fence(), Owner: OwnerDigest(l.Owner()), issuer: l.Client()}
 }
 
 // OwnerDigest returns a 32-character hex digest of an owner token: enough to
@@ -205,9 +216,14 @@ func classify(t Token, fence uint64, owner string) Result {
 	return Result{Outcome: PreconditionFailed, Current: fence, Presented: t.Fence}
 }
 
-// report sends a stale refusal to the hooks.
+// report sends a stale refusal to the guard's hooks h or, when h has no
+// StaleWrite hook, to the hooks of the client that issued t.
 func report(h fenced.Hooks, t Token, r Result, resource string) {
-	if r.Outcome == Stale {
-		h.ReportStaleWrite(fenced.StaleWriteEvent{Key: t.Key, Presented: t.Fence, Current: r.Current, Resource: resource})
+	if r.Outcome != Stale {
+		return
 	}
+	if h.StaleWrite == nil && t.issuer != nil {
+		h = t.issuer.Hooks()
+	}
+	h.ReportStaleWrite(fenced.StaleWriteEvent{Key: t.Key, Presented: t.Fence, Current: r.Current, Resource: resource})
 }

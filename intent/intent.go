@@ -8,9 +8,9 @@
 // holder, acting on a legitimate new lease, would pay again. Three things
 // prevent that, and this package provides them over a SQL table:
 //
-//  1. A stable idempotency key, derived once from the intent's id, stored
-//     with the intent and sent on every attempt, so the provider returns the
-//     original result for a repeat instead of acting twice.
+//  1. A stable idempotency key, derived once from the intent's namespace and
+//     id, stored with the intent and sent on every attempt, so the provider
+//     returns the original result for a repeat instead of acting twice.
 //  2. Durable intent: the state moves pending → submitting before the call
 //     and submitting → submitted (or failed) after it, each transition
 //     guarded by the holder's fence (package fence), so a later attempt
@@ -30,10 +30,53 @@
 //	ref, err := provider.Pay(ctx, it.IdempotencyKey, it.Payload)
 //	if err != nil { return err }                          // stays submitting: retried or reconciled
 //	return store.Complete(ctx, id, fence.From(lease), ref) // submitting → submitted
+//
+// # Identity
+//
+// An intent is identified by its Store's Namespace and its id: stores with
+// different namespaces may share one table, and the same id in two
+// namespaces ("42" as a refund and "42" as a payout) is two intents with two
+// idempotency keys. Ids and namespaces compare byte for byte: "po_1",
+// "PO_1" and "po_1 " are three intents on every database. (On MySQL and
+// MariaDB the identity columns are VARBINARY for that reason: a _ci
+// collation folds case and every PAD SPACE collation, _bin ones included,
+// ignores trailing spaces.) EnsureTable refuses a table whose key or
+// collations would merge distinct intents, with an error matching ErrSchema
+// that names each difference; nothing is changed then.
+//
+// # Upgrading a table from before namespaces
+//
+// Intent tables made by earlier versions of this package have id as their
+// only key and no namespace, create_token or checked_ms columns; EnsureTable
+// refuses them. Each row's namespace is the part of its idempotency key
+// before the final dash and 32 hex digits. With every worker and reconciler
+// stopped, rename the old table, let EnsureTable create the new one, copy
+// the rows and drop the old table (check that the row counts match before
+// the DROP; TestServers runs these steps on all three databases):
+//
+//	ALTER TABLE fenced_intents RENAME TO fenced_intents_old;
+//	-- store.EnsureTable(ctx) creates fenced_intents
+//	INSERT INTO fenced_intents (namespace, id, idempotency_key, create_token, state, payload,
+//	    ref, reason, attempts, created_ms, updated_ms, checked_ms, fence, fence_owner)
+//	  SELECT SUBSTR(idempotency_key, 1, LENGTH(idempotency_key) - 33), id, idempotency_key,
+//	    'migrated', state, payload, ref, reason, attempts, created_ms, updated_ms, 0, fence, fence_owner
+//	  FROM fenced_intents_old;
+//	DROP TABLE fenced_intents_old;
+//
+// On MySQL write CHAR_LENGTH for LENGTH. The old table held at most one
+// intent per id, so nothing can collide in the copy.
+//
+// # Reconciliation order
+//
+// Stuck returns the intents examined longest ago first (never examined
+// first, then by age), and the Reconciler marks every intent it examines,
+// whatever the outcome, so intents whose lookup keeps answering Unknown, or
+// whose lease stays held, cannot starve the others.
 package intent
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"database/sql"
 	"encoding/hex"
@@ -72,18 +115,24 @@ var (
 	// ErrNotSubmitting means Complete or Fail was called on an intent that
 	// is not in the submitting state.
 	ErrNotSubmitting = errors.New("intent: not submitting")
-	// ErrNotFound means no intent has the id.
+	// ErrNotFound means no intent has the id in the store's namespace.
 	ErrNotFound = errors.New("intent: not found")
 	// ErrConflict means Create found an intent with the same id but a
 	// different payload.
 	ErrConflict = errors.New("intent: id exists with a different payload")
+	// ErrSchema means the intent table exists with a shape that cannot
+	// keep intents apart (see Identity in the package documentation). It is
+	// fence.ErrSchema, so the guard's own schema errors match it too.
+	ErrSchema = fence.ErrSchema
 )
 
 // Intent is one side effect to be performed at most once.
 type Intent struct {
-	ID string
-	// IdempotencyKey is derived once from ID when the intent is created and
-	// stored with it; send it on every attempt.
+	// Namespace is the namespace of the Store that created the intent.
+	Namespace string
+	ID        string
+	// IdempotencyKey is DeriveKey(Namespace, ID), stored with the intent
+	// when it is created; send it on every attempt.
 	IdempotencyKey string
 	State          State
 	// Payload describes the side effect (for example a JSON request body).
@@ -98,19 +147,37 @@ type Intent struct {
 	Fence uint64
 	// Updated is when the intent last changed state, by the database's clock.
 	Updated time.Time
+	// Checked is when a Reconciler last examined the intent, by the
+	// database's clock; zero if never.
+	Checked time.Time
 }
 
 // DefaultTable is the intent table's default name.
 const DefaultTable = "fenced_intents"
 
+// DefaultNamespace is the namespace of a Store whose Options leave it empty.
+const DefaultNamespace = "fenced"
+
+// MaxNamespaceLen and MaxIDLen bound a namespace and an intent id, in bytes.
+const (
+	MaxNamespaceLen = 64
+	MaxIDLen        = 255
+)
+
 // Options configure a Store. nil gives the defaults.
 type Options struct {
-	// Table is the intent table; default DefaultTable.
+	// Table is the intent table; default DefaultTable. Several stores with
+	// different namespaces may share it.
 	Table string
-	// Namespace prefixes derived idempotency keys and separates intents of
-	// different kinds that might share ids; default "fenced".
+	// Namespace is part of every intent's identity and prefixes its derived
+	// idempotency key, so that intents of different kinds may share ids
+	// and a table; default DefaultNamespace. At most MaxNamespaceLen bytes
+	// of printable ASCII without spaces (it is sent in Idempotency-Key
+	// headers).
 	Namespace string
 	// Hooks receive StaleWrite events for transitions refused as stale.
+	// Leave it empty to report to the hooks of the client that issued each
+	// lease (fence.From carries them); set it to report elsewhere.
 	Hooks fenced.Hooks
 }
 
@@ -120,8 +187,11 @@ type Store struct {
 	d         fence.Dialect
 	table     string
 	namespace string
-	guard     *fence.SQL
-	now       string // SQL expression: milliseconds since the epoch, database clock
+	// guard keys rows by idempotency_key, which is unique and derived from
+	// (namespace, id): one column that identifies an intent across
+	// namespaces, as the guard needs.
+	guard *fence.SQL
+	now   string // SQL expression: milliseconds since the epoch, database clock
 }
 
 // New returns a Store over db. Call EnsureTable once at start-up. opts may
@@ -135,15 +205,15 @@ func New(db *sql.DB, d fence.Dialect, opts *Options) (*Store, error) {
 		o.Table = DefaultTable
 	}
 	if o.Namespace == "" {
-		o.Namespace = "fenced"
+		o.Namespace = DefaultNamespace
 	}
 	if err := sqlident.Check("intent table", o.Table); err != nil {
 		return nil, fmt.Errorf("intent: %w", err)
 	}
-	if strings.ContainsAny(o.Namespace, " \t\r\n") || len(o.Namespace) > 64 {
-		return nil, fmt.Errorf("intent: namespace %q must be at most 64 bytes without spaces", o.Namespace)
+	if err := checkNamespace(o.Namespace); err != nil {
+		return nil, err
 	}
-	g, err := fence.NewSQL(db, d, fence.Table{Name: o.Table, Key: "id"}, &fence.SQLOptions{Hooks: o.Hooks})
+	g, err := fence.NewSQL(db, d, fence.Table{Name: o.Table, Key: "idempotency_key"}, &fence.SQLOptions{Hooks: o.Hooks})
 	if err != nil {
 		return nil, fmt.Errorf("intent: %w", err)
 	}
@@ -159,9 +229,43 @@ func New(db *sql.DB, d fence.Dialect, opts *Options) (*Store, error) {
 	return s, nil
 }
 
-// Guard returns the fence guard over the intent table, for callers that
-// want to claim an intent inside their own transaction.
+func checkNamespace(ns string) error {
+	if len(ns) > MaxNamespaceLen {
+		return fmt.Errorf("intent: namespace %q is %d bytes, longer than %d", ns, len(ns), MaxNamespaceLen)
+	}
+	for i := 0; i < len(ns); i++ {
+		if c := ns[i]; c <= ' ' || c > '~' {
+			return fmt.Errorf("intent: namespace %q has a space, control or non-ASCII byte at %d (it is sent in Idempotency-Key headers)", ns, i)
+		}
+	}
+	return nil
+}
+
+// Namespace returns the store's namespace.
+func (s *Store) Namespace() string { return s.namespace }
+
+// Table returns the intent table's name.
+func (s *Store) Table() string { return s.table }
+
+// Guard returns the fence guard over the intent table. Its rows are keyed by
+// idempotency key, not by id: pass DeriveKey(s.Namespace(), id) (or
+// Intent.IdempotencyKey) as the row key, or use Claim.
 func (s *Store) Guard() *fence.SQL { return s.guard }
+
+// Claim records tok's fence on intent id without changing its state, for a
+// holder that wants to fence out older holders before it decides anything
+// (see fence.SQL.Claim). q may be the caller's transaction; nil means the
+// store's database. A missing intent is an error matching ErrNotFound.
+func (s *Store) Claim(ctx context.Context, q fence.Querier, id string, tok fence.Token) (fence.Result, error) {
+	res, err := s.guard.Claim(ctx, q, DeriveKey(s.namespace, id), tok)
+	if errors.Is(err, fence.ErrNoRow) {
+		return res, fmt.Errorf("intent: claim: %w: %q in namespace %q", ErrNotFound, id, s.namespace)
+	}
+	if err != nil {
+		return res, fmt.Errorf("intent: claim %q: %w", id, err)
+	}
+	return res, nil
+}
 
 func (s *Store) ph(n int) string {
 	if s.d == fence.Postgres {
@@ -170,16 +274,22 @@ func (s *Store) ph(n int) string {
 	return "?"
 }
 
-// EnsureTable creates the intent table if it does not exist, and gives it
-// the guard's columns (fence.SQL.EnsureColumns) it lacks.
-func (s *Store) EnsureTable(ctx context.Context) error {
-	text, idType, long := "TEXT", "TEXT", "TEXT"
+// createTableSQL is the intent table. On MySQL the identity columns are
+// VARBINARY (compared byte for byte, trailing spaces included) and the text
+// columns utf8mb4 with a binary collation, whatever the server's defaults.
+func (s *Store) createTableSQL() string {
+	ident, text, long, suffix := "TEXT", "TEXT", "TEXT", ""
+	owner := "TEXT"
 	if s.d == fence.MySQL {
-		idType, text, long = "VARCHAR(255)", "VARCHAR(1024)", "MEDIUMTEXT"
+		ident, text, long = "VARBINARY(255)", "VARCHAR(1024)", "MEDIUMTEXT"
+		owner = fmt.Sprintf("VARBINARY(%d)", fence.MaxOwnerLen)
+		suffix = " ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"
 	}
-	q := fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
-  id %s PRIMARY KEY,
+	return fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
+  namespace %s NOT NULL,
+  id %s NOT NULL,
   idempotency_key %s NOT NULL UNIQUE,
+  create_token %s NOT NULL,
   state VARCHAR(16) NOT NULL CHECK (state IN ('pending', 'submitting', 'submitted', 'failed')),
   payload %s NOT NULL,
   ref %s NOT NULL DEFAULT '',
@@ -187,80 +297,139 @@ func (s *Store) EnsureTable(ctx context.Context) error {
   attempts INTEGER NOT NULL DEFAULT 0,
   created_ms BIGINT NOT NULL,
   updated_ms BIGINT NOT NULL,
+  checked_ms BIGINT NOT NULL DEFAULT 0,
   fence BIGINT NOT NULL DEFAULT 0 CHECK (fence >= 0),
-  fence_owner VARCHAR(%d) NOT NULL DEFAULT ''
-)`, s.table, idType, idType, long, text, text, fence.MaxOwnerLen)
-	if _, err := s.db.ExecContext(ctx, q); err != nil {
-		return fmt.Errorf("intent: create table %s: %w", s.table, err)
+  fence_owner %s NOT NULL DEFAULT '',
+  PRIMARY KEY (namespace, id)
+)%s`, s.table, ident, ident, ident, ident, long, text, text, owner, suffix)
+}
+
+// EnsureTable creates the intent table if it does not exist and checks the
+// shape of an existing one: the key must be (namespace, id), idempotency_key
+// unique, and the identity columns compared byte for byte. A table of
+// another shape (from an older version: see the package documentation) is
+// an error matching ErrSchema naming every difference, and nothing is
+// changed. Running it concurrently from several processes is safe.
+func (s *Store) EnsureTable(ctx context.Context) error {
+	if _, err := s.db.ExecContext(ctx, s.createTableSQL()); err != nil {
+		// A concurrent creator may have won the race (PostgreSQL reports a
+		// duplicate catalog row for IF NOT EXISTS racing itself).
+		if exists, _ := s.tableExists(ctx); !exists {
+			return fmt.Errorf("intent: create table %s: %w", s.table, err)
+		}
 	}
-	return s.guard.EnsureColumns(ctx)
+	if err := s.checkShape(ctx); err != nil {
+		return err
+	}
+	// The guard may want columns of its own that this table lacks.
+	if err := s.guard.EnsureColumns(ctx); err != nil {
+		return fmt.Errorf("intent: %w", err)
+	}
+	if err := s.guard.Check(ctx); err != nil {
+		return fmt.Errorf("intent: %w", err)
+	}
+	return nil
 }
 
 // DeriveKey returns the idempotency key of intent id in namespace: the
-// namespace, a dash and 32 hex digits of SHA-256. It is deterministic, so a
-// retried Create derives the same key, and short enough for every provider
-// limit we know of.
+// namespace, a dash and 32 hex digits of SHA-256 over both. It is
+// deterministic, so a retried Create derives the same key, and short enough
+// for every provider limit we know of.
 func DeriveKey(namespace, id string) string {
 	sum := sha256.Sum256([]byte(namespace + "\x00" + id))
 	return namespace + "-" + hex.EncodeToString(sum[:16])
 }
 
+func newCreateToken() string {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic("intent: crypto/rand failed: " + err.Error())
+	}
+	return hex.EncodeToString(b[:])
+}
+
 // Create records a pending intent with its idempotency key, or returns the
-// existing intent when id was created before with the same payload
-// (created = false). An id created with a different payload is an error
-// matching ErrConflict; nothing is changed.
+// existing intent when id was created before in the store's namespace with
+// the same payload (created = false). An id created with a different
+// payload is an error matching ErrConflict; nothing is changed.
+//
+// Whether this call created the row is decided by a random creation token
+// written with it and read back, never by affected-row counts, which
+// drivers report differently (MySQL's clientFoundRows counts a duplicate
+// as found). A row that reads back with another id or payload than was
+// written (a column that truncates or converts) is an error.
 func (s *Store) Create(ctx context.Context, id, payload string) (it Intent, created bool, err error) {
-	if id == "" || len(id) > 255 {
-		return Intent{}, false, fmt.Errorf("intent: create: id must be 1..255 bytes, got %d", len(id))
+	if id == "" || len(id) > MaxIDLen {
+		return Intent{}, false, fmt.Errorf("intent: create: id must be 1..%d bytes, got %d", MaxIDLen, len(id))
 	}
 	key := DeriveKey(s.namespace, id)
-	ins := "INSERT INTO %s (id, idempotency_key, state, payload, created_ms, updated_ms) VALUES (%s, %s, 'pending', %s, %s, %s)"
+	token := newCreateToken()
+	ins := "INSERT INTO %s (namespace, id, idempotency_key, create_token, state, payload, created_ms, updated_ms) VALUES (%s, %s, %s, %s, 'pending', %s, %s, %s)"
 	if s.d == fence.MySQL {
 		ins += " ON DUPLICATE KEY UPDATE id = id"
 	} else {
-		ins += " ON CONFLICT (id) DO NOTHING"
+		ins += " ON CONFLICT (namespace, id) DO NOTHING"
 	}
-	res, err := s.db.ExecContext(ctx, fmt.Sprintf(ins, s.table, s.ph(1), s.ph(2), s.ph(3), s.now, s.now), id, key, payload)
-	if err != nil {
+	q := fmt.Sprintf(ins, s.table, s.ph(1), s.ph(2), s.ph(3), s.ph(4), s.ph(5), s.now, s.now)
+	if _, err := s.db.ExecContext(ctx, q, s.namespace, id, key, token, payload); err != nil {
 		return Intent{}, false, fmt.Errorf("intent: create %q: %w", id, err)
 	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return Intent{}, false, fmt.Errorf("intent: create %q: %w", id, err)
+	it, stored, err := s.get(ctx, id)
+	if errors.Is(err, ErrNotFound) {
+		// MySQL's upsert also stops at a duplicate idempotency_key.
+		return Intent{}, false, fmt.Errorf("intent: create %q: no row after insert: idempotency key %s belongs to another row", id, key)
 	}
-	it, err = s.Get(ctx, id)
 	if err != nil {
 		return Intent{}, false, err
 	}
-	if n == 0 && it.Payload != payload {
-		return it, false, fmt.Errorf("%w: %q", ErrConflict, id)
+	created = stored == token
+	switch {
+	case it.Payload == payload && it.ID == id:
+		return it, created, nil
+	case it.ID != id:
+		return it, false, fmt.Errorf("intent: create %q: the table matched it to the stored id %q: its id column does not compare byte for byte (EnsureTable checks that)", id, it.ID)
+	case created:
+		return it, true, fmt.Errorf("intent: create %q: the stored payload or id differs from the one written (%d bytes stored, %d written): check the table's column types and character set", id, len(it.Payload), len(payload))
 	}
-	return it, n == 1, nil
+	return it, false, fmt.Errorf("%w: %q in namespace %q", ErrConflict, id, s.namespace)
 }
 
-const columns = "id, idempotency_key, state, payload, ref, reason, attempts, fence, updated_ms"
+const columns = "namespace, id, idempotency_key, state, payload, ref, reason, attempts, fence, updated_ms, checked_ms"
 
-func scan(sc interface{ Scan(...any) error }) (Intent, error) {
+func scan(sc interface{ Scan(...any) error }, extra ...any) (Intent, error) {
 	var it Intent
-	var f, ms int64
-	if err := sc.Scan(&it.ID, &it.IdempotencyKey, &it.State, &it.Payload, &it.Ref, &it.Reason, &it.Attempts, &f, &ms); err != nil {
+	var f, ms, checked int64
+	dest := append([]any{&it.Namespace, &it.ID, &it.IdempotencyKey, &it.State, &it.Payload, &it.Ref, &it.Reason, &it.Attempts, &f, &ms, &checked}, extra...)
+	if err := sc.Scan(dest...); err != nil {
 		return Intent{}, err
 	}
 	it.Fence = uint64(max(f, 0))
 	it.Updated = time.UnixMilli(ms)
+	if checked > 0 {
+		it.Checked = time.UnixMilli(checked)
+	}
 	return it, nil
 }
 
-// Get returns the intent with id, or an error matching ErrNotFound.
+// Get returns the intent with id in the store's namespace, or an error
+// matching ErrNotFound.
 func (s *Store) Get(ctx context.Context, id string) (Intent, error) {
-	it, err := scan(s.db.QueryRowContext(ctx, fmt.Sprintf("SELECT %s FROM %s WHERE id = %s", columns, s.table, s.ph(1)), id))
+	it, _, err := s.get(ctx, id)
+	return it, err
+}
+
+// get returns the intent and its creation token.
+func (s *Store) get(ctx context.Context, id string) (Intent, string, error) {
+	var token string
+	it, err := scan(s.db.QueryRowContext(ctx, fmt.Sprintf("SELECT %s, create_token FROM %s WHERE namespace = %s AND id = %s",
+		columns, s.table, s.ph(1), s.ph(2)), s.namespace, id), &token)
 	if errors.Is(err, sql.ErrNoRows) {
-		return Intent{}, fmt.Errorf("%w: %q", ErrNotFound, id)
+		return Intent{}, "", fmt.Errorf("%w: %q in namespace %q", ErrNotFound, id, s.namespace)
 	}
 	if err != nil {
-		return Intent{}, fmt.Errorf("intent: get %q: %w", id, err)
+		return Intent{}, "", fmt.Errorf("intent: get %q: %w", id, err)
 	}
-	return it, nil
+	return it, token, nil
 }
 
 // transition applies a fence-guarded state change and returns the intent
@@ -277,14 +446,14 @@ func (s *Store) transition(ctx context.Context, op, id string, tok fence.Token, 
 	if set != "" {
 		assign = set + ", " + assign
 	}
-	res, err := s.guard.Update(ctx, s.db, id, tok, fence.Write{
+	res, err := s.guard.Update(ctx, s.db, DeriveKey(s.namespace, id), tok, fence.Write{
 		Set:       assign,
 		SetArgs:   append(setArgs, string(to)),
 		Where:     "state IN (" + strings.Join(where, ", ") + ")",
 		WhereArgs: whereArgs,
 	})
 	if errors.Is(err, fence.ErrNoRow) {
-		return Intent{}, res, fmt.Errorf("intent: %s: %w: %q", op, ErrNotFound, id)
+		return Intent{}, res, fmt.Errorf("intent: %s: %w: %q in namespace %q", op, ErrNotFound, id, s.namespace)
 	}
 	if err != nil {
 		return Intent{}, res, fmt.Errorf("intent: %s %q: %w", op, id, err)
@@ -318,11 +487,18 @@ func (s *Store) Begin(ctx context.Context, id string, tok fence.Token) (Intent, 
 	return it, nil
 }
 
-// Complete records the provider's reference: submitting → submitted.
+// Complete records the provider's reference: submitting → submitted. ref
+// must not be empty: a reply without a reference is not proof of success
+// (a replayed rejection, a proxy's empty 200), so leave the intent
+// submitting for the Reconciler instead.
+//
 // Errors: fenced.ErrStaleFence when a newer holder has touched the intent
 // (its record wins); ErrNotSubmitting when it is not submitting (with the
 // intent, which may already be submitted by someone else).
 func (s *Store) Complete(ctx context.Context, id string, tok fence.Token, ref string) error {
+	if ref == "" {
+		return fmt.Errorf("intent: complete %q: empty provider reference (nothing recorded; the intent stays as it was)", id)
+	}
 	return s.finish(ctx, "complete", id, tok, Submitted, "ref = "+s.ph(1), ref)
 }
 
@@ -353,8 +529,10 @@ func (s *Store) Reopen(ctx context.Context, id string, tok fence.Token) error {
 	return s.finish(ctx, "reopen", id, tok, Pending, "")
 }
 
-// Stuck returns intents that have been submitting for at least olderThan,
-// by the database's clock, oldest first, at most limit (0: 100).
+// Stuck returns intents of the store's namespace that have been submitting
+// for at least olderThan, by the database's clock, at most limit (0: 100):
+// those never examined by a Reconciler first, then those examined longest
+// ago, each group oldest first.
 func (s *Store) Stuck(ctx context.Context, olderThan time.Duration, limit int) ([]Intent, error) {
 	if olderThan < 0 {
 		return nil, fmt.Errorf("intent: stuck: negative bound %v", olderThan)
@@ -362,8 +540,10 @@ func (s *Store) Stuck(ctx context.Context, olderThan time.Duration, limit int) (
 	if limit <= 0 {
 		limit = 100
 	}
-	rows, err := s.db.QueryContext(ctx, fmt.Sprintf("SELECT %s FROM %s WHERE state = 'submitting' AND updated_ms <= %s - %s ORDER BY updated_ms LIMIT %d",
-		columns, s.table, s.now, s.ph(1), limit), olderThan.Milliseconds())
+	rows, err := s.db.QueryContext(ctx, fmt.Sprintf(`SELECT %s FROM %s
+WHERE namespace = %s AND state = 'submitting' AND updated_ms <= %s - %s
+ORDER BY checked_ms, updated_ms, id LIMIT %d`,
+		columns, s.table, s.ph(1), s.now, s.ph(2), limit), s.namespace, olderThan.Milliseconds())
 	if err != nil {
 		return nil, fmt.Errorf("intent: stuck: %w", err)
 	}
@@ -377,4 +557,17 @@ func (s *Store) Stuck(ctx context.Context, olderThan time.Duration, limit int) (
 		out = append(out, it)
 	}
 	return out, rows.Err()
+}
+
+// markChecked records that a Reconciler is examining intent id now, so that
+// Stuck puts it behind the intents examined less recently. It changes only
+// the bookkeeping column checked_ms, never state or fence, so it needs no
+// lease.
+func (s *Store) markChecked(ctx context.Context, id string) error {
+	_, err := s.db.ExecContext(ctx, fmt.Sprintf("UPDATE %s SET checked_ms = %s WHERE namespace = %s AND id = %s",
+		s.table, s.now, s.ph(1), s.ph(2)), s.namespace, id)
+	if err != nil {
+		return fmt.Errorf("intent: mark %q checked: %w", id, err)
+	}
+	return nil
 }

@@ -4,8 +4,10 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,11 +22,25 @@ type env struct {
 	leases *fenced.Client
 	store  *intent.Store
 	stale  chan fenced.StaleWriteEvent
+	db     *sql.DB
+	d      fence.Dialect
 }
 
-// newEnv opens a SQLite lease store and an intent store on db (nil: the
-// lease store's own SQLite file).
+// newEnv opens a SQLite lease store and an intent store with the default
+// table on db (nil: the lease store's own SQLite file).
 func newEnv(t *testing.T, db *sql.DB, d fence.Dialect) env {
+	return newEnvWith(t, db, d, nil)
+}
+
+var tables atomic.Int64
+
+// uniqueTable returns a table name no other test in this process uses, so
+// that tests can share a server's database.
+func uniqueTable() string { return fmt.Sprintf("intents_%d", tables.Add(1)) }
+
+// newEnvWith is newEnv with store options (nil: the defaults). The
+// options' Hooks are replaced by the env's stale channel.
+func newEnvWith(t *testing.T, db *sql.DB, d fence.Dialect, opts *intent.Options) env {
 	t.Helper()
 	ctx := context.Background()
 	drv, err := sqlite.OpenFile(ctx, filepath.Join(t.TempDir(), "app.db"), nil)
@@ -36,8 +52,22 @@ func newEnv(t *testing.T, db *sql.DB, d fence.Dialect) env {
 	if db == nil {
 		db, d = drv.DB(), fence.SQLite
 	}
-	stale := make(chan fenced.StaleWriteEvent, 16)
-	store, err := intent.New(db, d, &intent.Options{Hooks: fenced.Hooks{StaleWrite: func(e fenced.StaleWriteEvent) { stale <- e }}})
+	e := env{leases: leases, stale: make(chan fenced.StaleWriteEvent, 16), db: db, d: d}
+	var o intent.Options
+	if opts != nil {
+		o = *opts
+	}
+	o.Hooks = fenced.Hooks{StaleWrite: func(ev fenced.StaleWriteEvent) { e.stale <- ev }}
+	e.store = e.newStore(t, &o)
+	return e
+}
+
+// newStore opens another store on the env's database and ensures its
+// table (twice, to show that it is idempotent).
+func (e env) newStore(t *testing.T, opts *intent.Options) *intent.Store {
+	t.Helper()
+	ctx := context.Background()
+	store, err := intent.New(e.db, e.d, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,7 +77,7 @@ func newEnv(t *testing.T, db *sql.DB, d fence.Dialect) env {
 	if err := store.EnsureTable(ctx); err != nil {
 		t.Fatalf("EnsureTable twice: %v", err)
 	}
-	return env{leases: leases, store: store, stale: stale}
+	return store
 }
 
 func tk(f uint64, owner string) fence.Token {
@@ -92,7 +122,7 @@ func testLifecycle(t *testing.T, e env) {
 	}
 	select {
 	case ev := <-e.stale:
-		if ev.Presented != 1 || ev.Current != 2 || ev.Resource != intent.DefaultTable {
+		if ev.Presented != 1 || ev.Current != 2 || ev.Resource != s.Table() {
 			t.Fatalf("stale event %+v", ev)
 		}
 	default:

@@ -102,8 +102,11 @@ func (r *Reconciler) check() error {
 	return nil
 }
 
-// RunOnce examines the intents stuck right now. Errors from individual
-// intents are joined into the returned error; the run continues past them.
+// RunOnce examines the intents stuck right now, at most Limit of them:
+// those examined longest ago first (see Store.Stuck), and every intent it
+// examines is marked, whatever the outcome, so successive runs rotate
+// through all stuck intents. Errors from individual intents are joined
+// into the returned error; the run continues past them.
 func (r *Reconciler) RunOnce(ctx context.Context) (Report, error) {
 	var rep Report
 	if err := r.check(); err != nil {
@@ -147,6 +150,12 @@ func (r *Reconciler) Run(ctx context.Context, every time.Duration, onErr func(er
 }
 
 func (r *Reconciler) one(ctx context.Context, id string, rep *Report) error {
+	// Whatever happens next (lease held, lookup unknown, an error), the
+	// intent goes behind the others in the next Stuck, so that a few
+	// intents that never resolve cannot hold the whole batch.
+	if err := r.Store.markChecked(ctx, id); err != nil {
+		return err
+	}
 	lease, err := r.Leases.TryAcquire(ctx, r.LeaseKey(id), r.LeaseOptions)
 	if errors.Is(err, fenced.ErrHeld) {
 		rep.Skipped++
@@ -157,9 +166,9 @@ func (r *Reconciler) one(ctx context.Context, id string, rep *Report) error {
 	}
 	defer lease.Release(context.WithoutCancel(ctx))
 	tok := fence.From(lease)
-	res, err := r.Store.guard.Claim(lease.Context(), nil, id, tok)
+	res, err := r.Store.Claim(lease.Context(), nil, id, tok)
 	if err != nil {
-		return fmt.Errorf("intent: reconcile %q: %w", id, err)
+		return fmt.Errorf("intent: reconcile: %w", err)
 	}
 	if res.Outcome == fence.Stale {
 		rep.Skipped++

@@ -276,8 +276,10 @@ func (d *Driver) Guarantees() driver.Guarantees {
 	return driver.Guarantees{
 		Fence:       driver.FenceStrict,
 		ServerClock: true,
-		Notify:      true,
-		Note:        "in-process only: excludes nothing across processes; fences live as long as the process",
+		// The real clock's readings carry Go's monotonic clock.
+		ClockStepSafe: true,
+		Notify:        true,
+		Note:          "in-process only: excludes nothing across processes; fences live as long as the process; expiry on the Store's clock (the real one is monotonic)",
 	}
 }
 

@@ -22,6 +22,15 @@
 // go-sql-driver/mysql (tls, timeout, readTimeout, ...; an unknown name is
 // sent to the server as a session variable, as that driver does).
 //
+// # Sharing the database
+//
+// The application may keep its own data, guarded rows included, in the
+// lease store's database. Open its own pool with sql.Open("mysql",
+// dsn) where dsn is DSN(storeURL), which drops fenced's parameters. DBOf(client)
+// returns fenced's *sql.DB, for short statements such as guarded writes;
+// renewals use it too, so an application that saturates it delays them
+// until leases expire (see DBOf).
+//
 // # How a lease is kept
 //
 // Each key has one InnoDB row (lease_key, owner, fence, expires_at), with
@@ -526,9 +535,11 @@ func (d *Driver) Guarantees() driver.Guarantees {
 	return driver.Guarantees{
 		Fence:       driver.FenceStrict,
 		ServerClock: true,
-		Notify:      false,
+		// UTC_TIMESTAMP is the server's wall clock.
+		ClockStepSafe: false,
+		Notify:        false,
 		Note: "fence is a counter on the InnoDB lease row (durable with the row; after a failover only if replication was semi-synchronous or Galera); " +
-			"expiry by the server's UTC_TIMESTAMP; no notifications: waiters poll with backoff and full jitter, capped by the holder's remaining time",
+			"expiry by the server's UTC_TIMESTAMP, its wall clock (not safe from clock steps); no notifications: waiters poll with backoff and full jitter, capped by the holder's remaining time",
 	}
 }
 

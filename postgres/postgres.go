@@ -24,17 +24,31 @@
 //     NAME_breaks. Use search_path to choose a schema.
 //   - notify=off: do not LISTEN; waiters poll with backoff and jitter.
 //
+// # Sharing the database
+//
+// The application may keep its own data, guarded rows included, in the
+// lease store's database. Open its own pool with DatabaseURL(storeURL),
+// which drops fenced's parameters (pgx and database/sql's "pgx" driver
+// refuse the store URL itself). PoolOf(client) returns fenced's pool, for
+// short statements such as guarded writes; renewals use that pool too, so
+// an application that saturates it delays them until leases expire (see
+// PoolOf). A driver built with New over the application's pool shares that
+// pool with everything the application does: give it a small pool of its
+// own instead when the application can keep every connection busy.
+//
 // # How a lease is kept
 //
 // Each key has one row (lease_key, owner, fence, expires_at). Acquire is one
 // INSERT ... ON CONFLICT DO UPDATE ... WHERE the row is free or expired by
 // now() RETURNING the raised fence, so a grant and its fence are decided by
-// one statement under the row lock, on the database's clock; a refusal
-// returns the time the holder has left in the same round trip. Renew and
-// release are UPDATEs conditional on owner and fence. Release and break
-// keep the row, so the counter never restarts: fences survive release,
-// expiry, break, server restart and crash recovery (the fence is as
-// durable as any committed row; with synchronous replication, failover too).
+// one statement under the row lock, on the database's wall clock (so a
+// forward step of that clock ends grants early: Guarantees.ClockStepSafe
+// is false); a refusal returns the time the holder has left in the same
+// round trip. Renew and release are UPDATEs conditional on owner and
+// fence. Release and break keep the row, so the counter never restarts:
+// fences survive release, expiry, break, server restart and crash recovery
+// (the fence is as durable as any committed row; with synchronous
+// replication, failover too).
 //
 // # Waiting
 //
@@ -168,7 +182,7 @@ func open(ctx context.Context, u *url.URL) (*Driver, error) {
 	if err != nil {
 		return nil, err
 	}
-	own := leasetable.TakeParams(q, leasetable.TableParam, paramNotify)
+	own := leasetable.TakeParams(q, ownParams...)
 	opts := &Options{Table: table}
 	if v, ok := own[paramNotify]; ok {
 		switch strings.ToLower(v) {
@@ -263,7 +277,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts *Options) (*Driver, error
 
 // Pool returns the driver's connection pool, for an application that wants
 // to share it (for example to guard writes with the lease's fence in the
-// same database).
+// same database). Renewals use it too: see PoolOf.
 func (d *Driver) Pool() *pgxpool.Pool { return d.pool }
 
 // Table returns the lease table's name.
@@ -477,8 +491,10 @@ func (d *Driver) Guarantees() driver.Guarantees {
 	g := driver.Guarantees{
 		Fence:       driver.FenceStrict,
 		ServerClock: true,
-		Notify:      d.listener != nil,
-		Note:        "fence is a counter on the lease row (durable with the row; after a failover only if replication was synchronous); expiry by the database's now()",
+		// now() is the database's wall clock.
+		ClockStepSafe: false,
+		Notify:        d.listener != nil,
+		Note:          "fence is a counter on the lease row (durable with the row; after a failover only if replication was synchronous); expiry by the database's now(), its wall clock (not safe from clock steps)",
 	}
 	if d.note != "" {
 		g.Note += "; " + d.note

@@ -38,13 +38,18 @@
 //
 // # Guarantees
 //
-// Expiry follows the Redis server's clock. The fence is FenceRepeatable:
+// Expiry follows the Redis server's wall clock (PX), so a forward step of
+// that clock larger than the safety margin ends grants early while their
+// holders still trust them, and a second holder can be granted the key
+// (Guarantees.ClockStepSafe is false; the fence is what refuses the first
+// holder at the resource). The fence is FenceRepeatable:
 // strictly increasing while the node's data survives (appendonly yes with
 // appendfsync always, and no eviction of the counter: maxmemory-policy
 // noeviction or volatile-*), but Redis replicates asynchronously, so after a
 // failover to a replica that had not received a grant, or a restart without
 // persistence, the lock is gone and the same fence can be issued to a second
-// holder. A correctness lease therefore needs LeaseOptions.AllowRepeatableFence.
+// holder. A lease on it therefore needs LeaseOptions.MinFence FenceRepeatable
+// (or FenceNone): the default minimum, FenceStrict, is refused.
 //
 // Waiters are woken by pub/sub: release and break PUBLISH on the key's
 // channel inside their script; each driver holds one subscriber connection
@@ -503,7 +508,7 @@ func (d *Driver) Subscribe(ctx context.Context, key string) (driver.Subscription
 }
 
 // guaranteesNote is the Note of Guarantees; the portable Client quotes it
-// when it refuses a correctness lease.
+// when it refuses a lease whose MinFence is strict.
 const guaranteesNote = "redis: fences come from a per-key INCR counter and rise strictly only while this node keeps its data, " +
 	"which needs appendonly yes, appendfsync always and no eviction; replication is asynchronous, so a failover to a replica " +
 	"that missed a grant, or a restart without persistence, loses the lock and can hand the same fence to a second holder"
@@ -514,12 +519,15 @@ func (d *Driver) Guarantees() driver.Guarantees {
 	if d.opts.WaitReplicas > 0 {
 		note += fmt.Sprintf("; grants wait for %d replica acknowledgements (WAIT), which narrows but does not close this window", d.opts.WaitReplicas)
 	}
+	note += "; expiry is PX on the server's wall clock, so a forward step of that clock ends grants early (not safe from clock steps)"
 	return driver.Guarantees{
 		Fence:       driver.FenceRepeatable,
 		ServerClock: true,
-		Notify:      true,
-		FIFO:        false,
-		Note:        note,
+		// PX expiry compares with the server's wall clock (mstime).
+		ClockStepSafe: false,
+		Notify:        true,
+		FIFO:          false,
+		Note:          note,
 	}
 }
 

@@ -21,7 +21,11 @@
 // TryAcquire sends a grant script to every node in parallel and succeeds
 // once a majority (N/2+1) granted it within the budget (at most a third of
 // the TTL); it then checks that the TTL minus the time taken minus a drift
-// allowance (1% of the TTL + 2ms) is still positive. It returns as soon as
+// allowance is still positive. The allowance is the lease's SafetyMargin
+// (fenced.LeaseSpec, 1% of the TTL + 2ms unless the lease or the client's
+// defaults set another), which the driver receives through
+// driver.TermsAcquirer, so its check and the holder's local validity are
+// the same arithmetic. It returns as soon as
 // the outcome is decided, so nodes that are down or stopped cost nothing
 // beyond the budget. A failed attempt releases whatever it was granted on
 // every node. The driver tries once; the portable Client retries with
@@ -29,7 +33,7 @@
 // on release, and waiters subscribe on every node). Renewal and release go
 // to every node in parallel; renewal needs a majority. The Client measures
 // validity from before the first request was sent, minus the same drift
-// allowance (LeaseOptions.SafetyMargin defaults to TTL/100 + 2ms).
+// allowance.
 //
 // A node whose key holds a value fenced did not write refuses the grant
 // and is never written to; if that costs the majority, the attempt fails
@@ -37,10 +41,16 @@
 //
 // # Guarantees
 //
+// Each node decides expiry by its wall clock (PX): a forward step of that
+// clock on the nodes a rival needs (one node, when the holder's majority
+// is exact) ends the grant early there and lets a second majority form
+// (Guarantees.ClockStepSafe is false).
+//
 // Redlock has no monotonic token: with no FenceSource the driver declares
-// FenceNone, every fence is zero, and a correctness lease is refused unless
-// the caller sets AllowNoFence (and fences the resource itself) or uses
-// Purpose Efficiency. Its mutual exclusion also rests on timing
+// FenceNone, every fence is zero, and a lease is refused unless its
+// LeaseOptions.MinFence is FenceNone: work whose duplicates only waste
+// effort, or a caller who fences the resource itself. Its mutual exclusion
+// also rests on timing
 // assumptions (bounded clock drift between nodes, pauses and network delays
 // shorter than the TTL) and on nodes keeping their data across restarts
 // (appendfsync always, or restarts delayed by a TTL).
@@ -126,10 +136,11 @@ type node struct {
 }
 
 var (
-	_ driver.Driver       = (*Driver)(nil)
-	_ driver.Notifier     = (*Driver)(nil)
-	_ driver.BatchRenewer = (*Driver)(nil)
-	_ driver.BreakLogger  = (*Driver)(nil)
+	_ driver.Driver        = (*Driver)(nil)
+	_ driver.TermsAcquirer = (*Driver)(nil)
+	_ driver.Notifier      = (*Driver)(nil)
+	_ driver.BatchRenewer  = (*Driver)(nil)
+	_ driver.BreakLogger   = (*Driver)(nil)
 )
 
 // New returns a Redlock driver over clients, one per independent Redis
@@ -343,18 +354,24 @@ collect:
 	return got
 }
 
-// drift is Redlock's allowance for clock drift between nodes.
-func drift(ttl time.Duration) time.Duration { return ttl/100 + 2*time.Millisecond }
-
 type acquired struct {
 	status int64
 	fence  uint64
 	pttl   int64
 }
 
-// TryAcquire implements driver.Driver: one parallel round to every node
-// (after one request to the fence source, if any).
+// TryAcquire implements driver.Driver: TryAcquireTerms with the default
+// drift allowance, driver.DefaultSafetyMargin(ttl).
 func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
+	return d.TryAcquireTerms(ctx, key, owner, driver.Terms{TTL: ttl, SafetyMargin: driver.DefaultSafetyMargin(ttl)})
+}
+
+// TryAcquireTerms implements driver.TermsAcquirer: one parallel round to
+// every node (after one request to the fence source, if any); the grant
+// counts if a majority made it and t.TTL minus the time the round took
+// minus t.SafetyMargin (the drift allowance) is still positive.
+func (d *Driver) TryAcquireTerms(ctx context.Context, key, owner string, t driver.Terms) (uint64, error) {
+	ttl, drift := t.TTL, t.SafetyMargin
 	if err := d.usable(); err != nil {
 		return 0, err
 	}
@@ -444,7 +461,7 @@ func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Dur
 			ours, granted = n, f
 		}
 	}
-	validity := ttl - elapsed - drift(ttl)
+	validity := ttl - elapsed - drift
 	if ours >= d.quorum && validity > 0 {
 		return granted, nil
 	}
@@ -469,7 +486,7 @@ func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Dur
 		return 0, fmt.Errorf("redlock: acquire %q: %w", key, rediskit.ForeignError(k.Lock))
 	case ours >= d.quorum:
 		return 0, fmt.Errorf("redlock: acquire %q: %w: a majority granted it but only after %v of the %v TTL (drift allowance %v); released it",
-			key, driver.ErrUnavailable, elapsed.Round(time.Millisecond), ttl, drift(ttl))
+			key, driver.ErrUnavailable, elapsed.Round(time.Millisecond), ttl, drift)
 	case len(heldTTLs) > 0 || stale:
 		// Held elsewhere: the key frees when enough holders' grants end;
 		// the shortest remaining time is the earliest worth another try.
@@ -522,38 +539,51 @@ func (d *Driver) usable() error {
 	}
 }
 
-// majority runs a compare-then-act script on every node and counts: ok
-// nodes where it took effect, refused nodes that answered no, errs for the
-// rest.
-// The round ends as soon as done(ok, refused) reports true; the requests
-// still in flight complete in the background.
+// majority runs a compare-then-act script on every node and counts the
+// replies with tally. The round ends as soon as done(ok, refused) reports
+// true; the requests still in flight complete in the background.
 func (d *Driver) majority(ctx context.Context, budget time.Duration, done func(ok, refused int) bool, script *redis.Script, keys []string, args ...any) (ok, refused int, errs []error) {
 	rs := fanout(ctx, d, budget, func(ctx context.Context, c redis.UniversalClient) (int64, error) {
 		return script.Run(ctx, c, keys, args...).Int64()
 	}, func(rs []reply[int64]) bool {
-		ok, refused := 0, 0
-		for _, r := range rs {
-			if r.err == nil && r.val == 1 {
-				ok++
-			} else if r.err == nil {
-				refused++
-			}
-		}
-		return done(ok, refused)
+		return done(d.tally(rs))
 	}, nil)
+	ok, refused, errs = d.tallyErrs(rs)
+	if missing := len(d.nodes) - len(rs); missing > 0 {
+		errs = append(errs, fmt.Errorf("%w: %d nodes did not answer within %v", driver.ErrUnknownOutcome, missing, budget))
+	}
+	return ok, refused, errs
+}
+
+// tally counts the nodes' replies to one compare-then-act script (renew,
+// release): ok where it took effect (1), refused where the node answered
+// that it does not hold the grant (0). Every other reply counts as
+// neither: a transport failure, and equally a server error such as
+// LOADING, BUSY or OOM, which says nothing about whether the node holds
+// the grant. Renew, RenewBatch and Release all count with it, so a server
+// error can never end a lease as refused.
+func (d *Driver) tally(rs []reply[int64]) (ok, refused int) {
 	for _, r := range rs {
 		switch {
 		case r.err != nil:
-			errs = append(errs, fmt.Errorf("%s: %w", d.nodes[r.node].name, rediskit.Classify(r.err, true)))
 		case r.val == 1:
 			ok++
 		default:
 			refused++
 		}
 	}
-	if missing := len(d.nodes) - len(rs); missing > 0 {
-		errs = append(errs, fmt.Errorf("%w: %d nodes did not answer within %v", driver.ErrUnknownOutcome, missing, budget))
+	return ok, refused
+}
+
+// tallyErrs is tally that also returns the errors, classified and named by
+// node.
+func (d *Driver) tallyErrs(rs []reply[int64]) (ok, refused int, errs []error) {
+	for _, r := range rs {
+		if r.err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", d.nodes[r.node].name, rediskit.Classify(r.err, true)))
+		}
 	}
+	ok, refused = d.tally(rs)
 	return ok, refused, errs
 }
 
@@ -579,12 +609,17 @@ func (d *Driver) verdict(op string, g driver.Grant, ok, refused int, errs []erro
 }
 
 // RenewBatch implements driver.BatchRenewer: one pipeline per node, all
-// nodes in parallel, so one round trip for the whole batch.
+// nodes in parallel, so one round trip for the whole batch. Each grant's
+// replies are counted as Renew counts them (tally), so a server error on
+// a node (LOADING, BUSY, OOM) is never taken for a refusal.
 func (d *Driver) RenewBatch(ctx context.Context, reqs []driver.RenewRequest) ([]error, error) {
 	if err := d.usable(); err != nil {
 		return nil, err
 	}
-	rs := fanout(ctx, d, d.opts.Budget, func(ctx context.Context, c redis.UniversalClient) ([]int64, error) {
+	// A node answers with one reply per request; a request's own server
+	// error is in its reply, a failure of the whole pipeline (transport)
+	// in the node's.
+	rs := fanout(ctx, d, d.opts.Budget, func(ctx context.Context, c redis.UniversalClient) ([]reply[int64], error) {
 		run := func() ([]*redis.Cmd, error) {
 			pipe := c.Pipeline()
 			cmds := make([]*redis.Cmd, len(reqs))
@@ -602,42 +637,42 @@ func (d *Driver) RenewBatch(ctx context.Context, reqs []driver.RenewRequest) ([]
 			}
 			cmds, err = run()
 		}
-		out := make([]int64, len(cmds))
+		out := make([]reply[int64], len(cmds))
 		for i, cmd := range cmds {
 			n, cerr := cmd.Int64()
 			var rerr redis.Error
 			if cerr != nil && !errors.As(cerr, &rerr) {
 				return nil, cerr
 			}
-			out[i] = n
+			out[i] = reply[int64]{val: n, err: cerr}
 		}
 		return out, nil
 	}, nil, nil)
-	var errs []error
+	var nodeErrs []error
 	answered := 0
 	for _, r := range rs {
 		if r.err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", d.nodes[r.node].name, rediskit.Classify(r.err, true)))
+			nodeErrs = append(nodeErrs, fmt.Errorf("%s: %w", d.nodes[r.node].name, rediskit.Classify(r.err, true)))
 		} else {
 			answered++
 		}
 	}
+	if missing := len(d.nodes) - len(rs); missing > 0 {
+		nodeErrs = append(nodeErrs, fmt.Errorf("%w: %d nodes did not answer within %v", driver.ErrUnknownOutcome, missing, d.opts.Budget))
+	}
 	if answered < d.quorum {
-		return nil, fmt.Errorf("redlock: renew batch of %d: %w: %d of %d nodes answered (need %d): %w", len(reqs), driver.ErrUnknownOutcome, answered, len(d.nodes), d.quorum, errors.Join(errs...))
+		return nil, fmt.Errorf("redlock: renew batch of %d: %w: %d of %d nodes answered (need %d): %w", len(reqs), driver.ErrUnknownOutcome, answered, len(d.nodes), d.quorum, errors.Join(nodeErrs...))
 	}
 	out := make([]error, len(reqs))
 	for i, req := range reqs {
-		ok, refused := 0, 0
+		var replies []reply[int64]
 		for _, r := range rs {
 			if r.err == nil {
-				if r.val[i] == 1 {
-					ok++
-				} else {
-					refused++
-				}
+				replies = append(replies, reply[int64]{node: r.node, val: r.val[i].val, err: r.val[i].err})
 			}
 		}
-		out[i] = d.verdict("renew", req.Grant, ok, refused, errs)
+		ok, refused, errs := d.tallyErrs(replies)
+		out[i] = d.verdict("renew", req.Grant, ok, refused, append(errs, nodeErrs...))
 	}
 	return out, nil
 }
@@ -964,7 +999,8 @@ func (d *Driver) Guarantees() driver.Guarantees {
 	} else {
 		note += "; Redlock has no monotonic token of its own, so supply a FenceSource with redlock.Options.Fence or fence= in the URL"
 	}
-	return driver.Guarantees{Fence: strength, ServerClock: true, Notify: true, FIFO: false, Note: note}
+	note += "; expiry is PX on each node's wall clock: a forward step on the nodes of a holder's majority that a rival needs (one node, when that majority is exact) ends the grant early there, and a second majority can form (not safe from clock steps)"
+	return driver.Guarantees{Fence: strength, ServerClock: true, ClockStepSafe: false, Notify: true, FIFO: false, Note: note}
 }
 
 // Close implements driver.Driver: it closes the subscriber connections,

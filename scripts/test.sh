@@ -3,7 +3,8 @@
 #
 # On a fresh Debian machine it first installs, with apt-get, the server
 # packages the tests start themselves (PostgreSQL, MariaDB, Redis, etcd,
-# ZooKeeper, Curator and the Python peers). It needs root or sudo for that,
+# ZooKeeper, Curator and the Python peers) and gcc (for cgo and a test
+# helper that steps a server's clock). It needs root or sudo for that,
 # and only for that. Extra arguments go to `go test` (for example -run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,6 +28,7 @@ need zookeeper test -f /usr/share/java/zookeeper.jar
 need libcurator-recipes-java test -f /usr/share/java/curator-recipes.jar
 need default-jdk-headless command -v javac
 need python3-redis /usr/bin/python3 -I -c 'import redis' # -I: not the repo's redis/ directory
+need gcc command -v gcc # testenv.WallClock compiles its clock-stepping preload library (and -race needs cgo)
 
 if ((${#missing[@]})); then
 	echo "test.sh: installing missing Debian packages: ${missing[*]}"

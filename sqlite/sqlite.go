@@ -546,7 +546,9 @@ func (d *Driver) Guarantees() driver.Guarantees {
 	return driver.Guarantees{
 		Fence:       driver.FenceStrict,
 		ServerClock: true,
-		Note:        "one host: the fence counter is a row in the file and survives restarts; expiry uses the host clock inside the statement; waiters detect commits by other processes (PRAGMA data_version every 2ms) and retry only when their key is free",
+		// unixepoch() inside the statement reads the host's wall clock.
+		ClockStepSafe: false,
+		Note:          "one host: the fence counter is a row in the file and survives restarts; expiry uses the host's wall clock inside the statement (not safe from clock steps); waiters detect commits by other processes (PRAGMA data_version every 2ms) and retry only when their key is free",
 	}
 }
 

@@ -25,8 +25,8 @@ var backendCases = []backendCase{
 	{
 		name:     "redis",
 		start:    func(t *testing.T) string { return testenv.StartRedis(t, testenv.RedisConfig{Password: "s3cret"}).URL() },
-		runFlags: []string{"--allow-repeatable-fence"},
-		opts:     fenced.LeaseOptions{AllowRepeatableFence: true},
+		runFlags: []string{"--min-fence=repeatable"},
+		opts:     fenced.LeaseOptions{MinFence: fenced.FenceRepeatable},
 	},
 	{
 		name: "redlock",
@@ -37,8 +37,8 @@ var backendCases = []backendCase{
 			}
 			return "redlock://:s3cret@" + strings.Join(hosts, ",") + "/0"
 		},
-		runFlags: []string{"--allow-no-fence"},
-		opts:     fenced.LeaseOptions{AllowNoFence: true},
+		runFlags: []string{"--min-fence=none"},
+		opts:     fenced.LeaseOptions{MinFence: fenced.FenceNone},
 	},
 	{name: "postgres", start: func(t *testing.T) string { return testenv.StartPostgres(t).URL() }},
 	{name: "mysql", start: func(t *testing.T) string { return testenv.StartMySQL(t).URL() }},
@@ -79,7 +79,7 @@ func TestCommandsOnEveryBackend(t *testing.T) {
 				return f
 			}
 			first, second := fenceOf(r), fenceOf(run("cli:job"))
-			if bc.opts.AllowNoFence {
+			if bc.opts.MinFence == fenced.FenceNone {
 				if first != 0 || second != 0 {
 					t.Fatalf("fences %d, %d from a store without a fence; want 0", first, second)
 				}

@@ -257,7 +257,8 @@ func TestAdminCommands(t *testing.T) {
 	if r := cli(t, store, "ls", "-o", "yaml"); r.code != 64 {
 		t.Fatalf("ls -o yaml: exit %d, want 64", r.code)
 	}
-	if r := cli(t, store, "guarantees"); r.code != 0 || !strings.Contains(r.stdout, "strict") {
+	// The default store (SQLite) decides expiry by the host's wall clock.
+	if r := cli(t, store, "guarantees"); r.code != 0 || !strings.Contains(r.stdout, "strict") || !strings.Contains(strings.Join(strings.Fields(r.stdout), " "), "safe from clock steps: false") {
 		t.Fatalf("guarantees: %d %q", r.code, r.stdout)
 	}
 }
@@ -273,6 +274,9 @@ func TestBadInput(t *testing.T) {
 		{[]string{"--store", "postgres://u:secret@127.0.0.1:1/db?connect_timeout=5", "ls"}, 69, "unavailable"},
 		{[]string{"run", "", "--", "true"}, 64, "key is empty"},
 		{[]string{"run", "k", "--ttl", "-1s", "--", "true"}, 64, "TTL"},
+		{[]string{"run", "k", "--ttl", "0", "--", "true"}, 64, "TTL must be positive"},
+		{[]string{"run", "k", "--min-fence", "weak", "--", "true"}, 64, "--min-fence"},
+		{[]string{"run", "k", "--max-hold", "-1s", "--", "true"}, 64, "--max-hold"},
 		{[]string{"run", "k"}, 64, "KEY -- COMMAND"},
 		{[]string{"nosuchcommand"}, 64, "unknown command"},
 	} {

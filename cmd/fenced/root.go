@@ -56,7 +56,7 @@ func codeFor(err error) int {
 		return exitHeld
 	case errors.Is(err, fenced.ErrUnavailable):
 		return exitUnavailable
-	case errors.Is(err, fenced.ErrInvalidKey), errors.Is(err, fenced.ErrInvalidTTL), errors.Is(err, fenced.ErrInvalidURL):
+	case errors.Is(err, fenced.ErrInvalidKey), errors.Is(err, fenced.ErrInvalidTTL), errors.Is(err, fenced.ErrInvalidOptions), errors.Is(err, fenced.ErrInvalidURL):
 		return exitUsage
 	}
 	return exitError
@@ -317,7 +317,7 @@ func whoAmI() string {
 func newGuaranteesCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:     "guarantees",
-		Short:   "Show what the store promises: fence strength, clock, notification, FIFO",
+		Short:   "Show what the store promises: fence strength, clock, clock steps, notification, FIFO",
 		Example: `  fenced guarantees --store redis://localhost:6379`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -333,6 +333,11 @@ func newGuaranteesCmd(g *globals) *cobra.Command {
 			fmt.Fprintf(tw, "store:\t%s\n", fenced.Redact(g.store))
 			fmt.Fprintf(tw, "fence:\t%s\n", gr.Fence)
 			fmt.Fprintf(tw, "expiry by server clock:\t%v\n", gr.ServerClock)
+			if gr.ClockStepSafe {
+				fmt.Fprintf(tw, "safe from clock steps:\ttrue (expiry does not follow the store's wall clock)\n")
+			} else {
+				fmt.Fprintf(tw, "safe from clock steps:\tfalse (a forward step of the store's wall clock beyond the safety margin ends grants early: two holders overlap and only the fence protects the resource)\n")
+			}
 			fmt.Fprintf(tw, "waiters notified:\t%v\n", gr.Notify)
 			fmt.Fprintf(tw, "waiters served FIFO:\t%v\n", gr.FIFO)
 			fmt.Fprintf(tw, "note:\t%s\n", gr.Note)

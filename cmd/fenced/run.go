@@ -19,9 +19,7 @@ import (
 type runFlags struct {
 	ttl, wait, grace time.Duration
 	maxHold          time.Duration
-	efficiency       bool
-	allowRepeatable  bool
-	allowNoFence     bool
+	minFence         string
 }
 
 func newRunCmd(g *globals) *cobra.Command {
@@ -68,14 +66,48 @@ Exit codes:
 		},
 	}
 	fl := cmd.Flags()
-	fl.DurationVar(&f.ttl, "ttl", 30*time.Second, "lease time to live; renewed every third of it")
+	fl.DurationVar(&f.ttl, "ttl", 30*time.Second, "lease time to live, positive; renewed every third of it")
 	fl.DurationVar(&f.wait, "wait", 0, "how long to wait for a held KEY (0: exit 75 at once if held)")
 	fl.DurationVar(&f.grace, "grace", 10*time.Second, "after SIGTERM on lease loss, how long before SIGKILL")
 	fl.DurationVar(&f.maxHold, "max-hold", 0, "stop renewing after this long; the lease then expires (0: no cap)")
-	fl.BoolVar(&f.efficiency, "efficiency", false, "efficiency lease: allowed on stores without a strict fence")
-	fl.BoolVar(&f.allowRepeatable, "allow-repeatable-fence", false, "accept a fence that can repeat after failover (single-node Redis)")
-	fl.BoolVar(&f.allowNoFence, "allow-no-fence", false, "accept a store with no fence at all (Redlock); the resource must be fenced otherwise")
+	fl.StringVar(&f.minFence, "min-fence", "strict", "weakest fence the lease accepts: strict; repeatable (can repeat after a failover: single-node Redis); "+
+		"none (no fence: Redlock without a fence source, or work whose duplicates only waste effort; the resource must then be protected otherwise)")
 	return cmd
+}
+
+// leaseOptions turns the flags into explicit lease options: every field is
+// set, so nothing is left to a default by accident (--wait 0 is NoWait,
+// --max-hold 0 is HoldForever).
+func (f *runFlags) leaseOptions() (*fenced.LeaseOptions, error) {
+	if f.ttl <= 0 {
+		return nil, fmt.Errorf("run: --ttl %v: the lease TTL must be positive", f.ttl)
+	}
+	if f.wait < 0 {
+		return nil, fmt.Errorf("run: --wait %v is negative", f.wait)
+	}
+	if f.maxHold < 0 {
+		return nil, fmt.Errorf("run: --max-hold %v is negative", f.maxHold)
+	}
+	minFence, err := fenced.ParseFenceStrength(f.minFence)
+	if err != nil {
+		return nil, fmt.Errorf("run: --min-fence: %w", err)
+	}
+	o := &fenced.LeaseOptions{TTL: f.ttl, MaxWait: f.wait, MaxHold: f.maxHold, MinFence: minFence, FailOpen: fenced.Off}
+	if f.wait == 0 {
+		o.MaxWait = fenced.NoWait
+	}
+	if f.maxHold == 0 {
+		o.MaxHold = fenced.HoldForever
+	}
+	return o, nil
+}
+
+// minFenceHint tells the user which --min-fence accepts the store's fence.
+func minFenceHint(g fenced.Guarantees) string {
+	if g.Fence >= fenced.FenceRepeatable {
+		return "with fenced run: --min-fence=repeatable accepts a fence that can repeat after a failover; --min-fence=none marks work that needs no fence"
+	}
+	return "with fenced run: --min-fence=none accepts a store without a fence, for work that needs none or whose resource is protected otherwise"
 }
 
 var forwarded = []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2}
@@ -84,8 +116,9 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, key string, arg
 	if f.grace < 0 {
 		return withCode(exitUsage, fmt.Errorf("run: --grace %v is negative", f.grace))
 	}
-	if f.wait < 0 {
-		return withCode(exitUsage, fmt.Errorf("run: --wait %v is negative", f.wait))
+	opts, err := f.leaseOptions()
+	if err != nil {
+		return withCode(exitUsage, err)
 	}
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, forwarded...)
@@ -107,16 +140,6 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, key string, arg
 		case <-waitDone:
 		}
 	}()
-	opts := &fenced.LeaseOptions{
-		TTL:                  f.ttl,
-		MaxWait:              f.wait,
-		MaxHold:              f.maxHold,
-		AllowRepeatableFence: f.allowRepeatable,
-		AllowNoFence:         f.allowNoFence,
-	}
-	if f.efficiency {
-		opts.Purpose = fenced.Efficiency
-	}
 	lease, err := c.Acquire(acqCtx, key, opts)
 	close(waitDone)
 	if err != nil {
@@ -124,7 +147,7 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, key string, arg
 			return withCode(exitHeld, fmt.Errorf("%w; nothing ran", err))
 		}
 		if errors.Is(err, fenced.ErrNoFence) {
-			return withCode(exitUsage, fmt.Errorf("%w\n(with fenced run: --allow-repeatable-fence or --allow-no-fence accepts the weaker fence; --efficiency marks work that needs none)", err))
+			return withCode(exitUsage, fmt.Errorf("%w\n(%s)", err, minFenceHint(c.Guarantees())))
 		}
 		return err
 	}

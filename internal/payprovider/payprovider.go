@@ -7,8 +7,9 @@
 //	POST /payouts  {"payout_id":"po_1","amount_cents":500}
 //	               Idempotency-Key: K (optional; without it every request pays)
 //	               201 {"ref":"pay_1"}          paid
-//	               200 {"ref":"pay_1"}          replay of K (header Idempotent-Replayed: true)
-//	               422 {"error":"..."}          rejected (also remembered under K)
+//	               422 {"error":"..."}          rejected
+//	               a repeat of K replays the first answer with its status (a
+//	               payment's 201 as 200) and header Idempotent-Replayed: true
 //	GET  /payouts?idempotency_key=K
 //	               200 {"ref":"pay_1"} | 422 {"error":"..."} | 404
 package payprovider
@@ -102,8 +103,11 @@ func (p *Provider) pay(w http.ResponseWriter, r *http.Request) {
 		ks.mu.Lock()
 		defer ks.mu.Unlock()
 		if ks.res != nil {
+			// A replay repeats the original answer, status included, as
+			// real providers do: a rejection stays a rejection. Only a
+			// payment's 201 becomes 200, since nothing is created now.
 			w.Header().Set("Idempotent-Replayed", "true")
-			writeJSON(w, &result{http.StatusOK, ks.res.body})
+			writeJSON(w, ks.res.replayed())
 			return
 		}
 	}
@@ -144,7 +148,16 @@ func (p *Provider) lookup(w http.ResponseWriter, r *http.Request) {
 		http.NotFound(w, r)
 		return
 	}
-	writeJSON(w, &result{map[bool]int{true: http.StatusOK, false: res.status}[res.status == http.StatusCreated], res.body})
+	writeJSON(w, res.replayed())
+}
+
+// replayed is the answer to a repeat of the request that produced r: the
+// same status and body, except that a payment's 201 Created becomes 200 OK.
+func (r *result) replayed() *result {
+	if r.status == http.StatusCreated {
+		return &result{http.StatusOK, r.body}
+	}
+	return r
 }
 
 func mustJSON(v any) []byte {
@@ -217,6 +230,9 @@ func (c *Client) do(req *http.Request) (string, error) {
 	case http.StatusOK, http.StatusCreated:
 		if err := json.Unmarshal(b, &out); err != nil {
 			return "", fmt.Errorf("payprovider: bad response: %w", err)
+		}
+		if out.Ref == "" {
+			return "", fmt.Errorf("payprovider: HTTP %d without a reference: %s", resp.StatusCode, b)
 		}
 		return out.Ref, nil
 	case http.StatusNotFound:

@@ -27,6 +27,7 @@ type Postgres struct {
 
 	bin       string
 	startArgs []string
+	clock     *WallClock
 	mu        sync.Mutex
 	proc      *Process
 }
@@ -36,10 +37,18 @@ type Postgres struct {
 // Extra server settings ("name=value") are passed with -c.
 func StartPostgres(t testing.TB, settings ...string) *Postgres {
 	t.Helper()
+	return StartPostgresOnClock(t, nil, settings...)
+}
+
+// StartPostgresOnClock is StartPostgres with the server reading clock as
+// its wall clock (now(), statement timestamps), also after a restart; a
+// nil clock is the host's.
+func StartPostgresOnClock(t testing.TB, clock *WallClock, settings ...string) *Postgres {
+	t.Helper()
 	initdb := RequireBinary(t, "postgresql", "initdb")
 	bin := filepath.Dir(initdb)
 	dir := TempDir(t, "pg")
-	p := &Postgres{User: "fenced", Password: "pg-secret-" + strconv.Itoa(os.Getpid()), Database: "postgres", Dir: dir, bin: bin}
+	p := &Postgres{User: "fenced", Password: "pg-secret-" + strconv.Itoa(os.Getpid()), Database: "postgres", Dir: dir, bin: bin, clock: clock}
 	pwfile := filepath.Join(dir, "pwfile")
 	if err := os.WriteFile(pwfile, []byte(p.Password+"\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -69,6 +78,7 @@ func (p *Postgres) start(t testing.TB) {
 	t.Helper()
 	cmd := exec.Command(filepath.Join(p.bin, "postgres"), p.startArgs...)
 	RunAsNobody(cmd)
+	p.clock.Apply(cmd)
 	proc := Start(t, "postgres", cmd)
 	proc.WaitLog(t, "database system is ready to accept connections", 60*time.Second)
 	proc.WaitPort(t, Addr(p.Port), 30*time.Second)

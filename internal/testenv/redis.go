@@ -37,6 +37,9 @@ type RedisConfig struct {
 	// TLS serves TLS only, with a self-signed certificate made for the
 	// test; URL then returns a rediss:// URL that skips verification.
 	TLS bool
+	// WallClock, if set, is the wall clock the server reads (PX expiry,
+	// TIME), so a test can step it; nil is the host's clock.
+	WallClock *WallClock
 }
 
 // Redis is a redis-server started for a test.
@@ -98,7 +101,9 @@ func StartRedis(t testing.TB, cfg RedisConfig) *Redis {
 		args = append(args, "--replicaof", "127.0.0.1", strconv.Itoa(cfg.ReplicaOf.Port))
 	}
 	r := &Redis{Port: cfg.Port, Config: cfg}
-	r.Process = Start(t, fmt.Sprintf("redis-server:%d", cfg.Port), exec.Command(bin, args...))
+	cmd := exec.Command(bin, args...)
+	cfg.WallClock.Apply(cmd)
+	r.Process = Start(t, fmt.Sprintf("redis-server:%d", cfg.Port), cmd)
 	r.WaitLog(t, "Ready to accept connections", 20*time.Second)
 	if cfg.ReplicaOf != nil {
 		r.WaitLog(t, "MASTER <-> REPLICA sync: Finished with success", 20*time.Second)

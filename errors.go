@@ -1,0 +1,63 @@
+package fenced
+
+import (
+	"errors"
+	"fmt"
+)
+
+// IsLost reports whether err says that a lease ended without its holder
+// ending it: the authority no longer had the grant (ErrLost: a renewal was
+// refused, an admin broke the lease, the session ended) or the lease's
+// local validity ran out before a renewal was confirmed (ErrExpired).
+// Either way another worker may hold the key now: stop, and let the fence
+// decide which of the writes already sent count.
+//
+// It is false for the endings the holder chose, ErrReleased (Release was
+// called) and ErrClosed (the client was closed, which releases its
+// leases), and for ErrStaleFence, which is a resource's refusal of a write
+// rather than news about the lease (it does mean a newer holder exists).
+func IsLost(err error) bool {
+	return errors.Is(err, ErrLost) || errors.Is(err, ErrExpired)
+}
+
+// LeaseEndedError is returned by Client.Do when the lease ended before fn
+// returned. It tells "the work finished, then the lease was lost" from "the
+// lease was lost and the work did not finish":
+//
+//   - WorkErr nil: fn returned nil, so whatever it committed with the fence
+//     stands (a fenced resource accepted it, so no newer holder had written
+//     before it). The work is done; the loss is worth logging, not redoing
+//     the work for.
+//   - WorkErr non-nil: fn failed, typically because its context was
+//     cancelled by the loss or a guarded write was refused as stale.
+//     Nothing after the failure happened; retry under a new lease.
+//
+// It matches its Cause and its WorkErr with errors.Is and errors.As, so
+// errors.Is(err, ErrLost) and IsLost(err) keep working.
+type LeaseEndedError struct {
+	// Key and Fence identify the grant that ended.
+	Key   string
+	Fence uint64
+	// Cause is why the lease ended: an error matching ErrLost or
+	// ErrExpired (IsLost), ErrClosed when the client was closed, or
+	// ErrReleased when fn released the lease itself.
+	Cause error
+	// WorkErr is what fn returned.
+	WorkErr error
+}
+
+// Error implements error.
+func (e *LeaseEndedError) Error() string {
+	if e.WorkErr == nil {
+		return fmt.Sprintf("fenced: do %q: lease ended while the work ran, which returned no error: %v", e.Key, e.Cause)
+	}
+	return fmt.Sprintf("fenced: do %q: lease ended while the work ran: %v; the work returned: %v", e.Key, e.Cause, e.WorkErr)
+}
+
+// Unwrap returns Cause and, if set, WorkErr.
+func (e *LeaseEndedError) Unwrap() []error {
+	if e.WorkErr == nil {
+		return []error{e.Cause}
+	}
+	return []error{e.Cause, e.WorkErr}
+}
