@@ -183,8 +183,8 @@ func assignmentTargets(lhs string) []string {
 	return out
 }
 
-// checkWrite validates w for the guard's dialect and columns. setBase is
-// the number of the first PostgreSQL placeholder of Set (1).
+// checkWrite validates w for the guard's dialect and columns, before
+// anything is sent. Errors match ErrInvalidWrite.
 func (g *SQL) checkWrite(w Write) error {
 	set, where := strings.TrimSpace(w.Set), strings.TrimSpace(w.Where)
 	if set == "" && len(w.SetArgs) > 0 {
