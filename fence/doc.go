@@ -17,7 +17,10 @@
 //   - Redis guards hashes with one Lua script per write.
 //   - Etcd guards keys with one transaction per write.
 //   - Transport and Middleware carry the token over HTTP (headers
-//     Fenced-Key, Fenced-Fence, Fenced-Owner) and check it at the server.
+//     Fenced-Key, Fenced-Fence, Fenced-Owner, optionally Fenced-Signature)
+//     and check it at the server, with the fences kept by a MemoryStore or,
+//     durably, a SQLStore. A command run by `fenced run` finds its token in
+//     FENCED_KEY, FENCED_FENCE and FENCED_OWNER (TokenFromEnv).
 //
 // Every guard compares the same way: a resource that last recorded
 // (fence F, owner O) accepts a write carrying (f, o) when f > F, or f == F
@@ -25,12 +28,24 @@
 // holder locks out every older one; and an equal fence from a different
 // owner is refused, which keeps a fence source that can repeat a number
 // after a failover (Redis with asynchronous replicas) from letting two
-// holders write. Fences are only comparable within one lease key, so a
-// guarded row records the key of its fence and refuses a token of another
-// key (ErrWrongKey). Refusals say why (Stale, with the newer fence, or
+// holders write. Refusals say why (Stale, with the newer fence, or
 // PreconditionFailed: the fence was fine but the work was already done), so
 // the caller never re-reads to find out, and stale refusals are reported to
 // fenced.Hooks.StaleWrite: each one is a pause that really happened.
+//
+// Fences are comparable only within one lease key, so every guard binds
+// each resource (a SQL row, a Redis hash, an etcd key, an HTTP resource) to
+// one key, recorded beside its fence, and refuses a token for another key
+// with ErrWrongKey, whatever its fence.
+//
+// # Tokens are not authenticated
+//
+// A token is three plain values: anyone who can reach a resource can
+// present a fence far above the real ones and lock the key's holders out.
+// Where not every writer is trusted, give the guard a Checker: a Verifier
+// accepts only tokens signed by a Signer holding an HMAC key shared with the
+// resource (Transport.Signer signs on the way out), and a Sequencer accepts
+// only the fence the lease store currently grants for the key.
 //
 // # The safe sequence
 //

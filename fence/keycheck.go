@@ -3,35 +3,23 @@ package fence
 import (
 	"errors"
 	"fmt"
-
-	"github.com/fenced-dev/fenced"
 )
 
 // ErrWrongKey means a token was presented to a resource bound to another
-// lease key. Fences are only comparable within one key: a token of
+// lease key. Fences are comparable only within one key (a token of
 // "batch:all" with fence 900 says nothing about the holders of
-// "invoice:inv_72", and applying it would lock that key's real holder out.
-// Nothing is changed.
+// "invoice:inv_72"), so a guard records the key beside the fence and
+// refuses tokens for any other key, whatever their fence. Nothing is
+// changed.
 var ErrWrongKey = errors.New("fence: token is for another lease key")
 
-// CheckKey reports whether t may be presented to a resource bound to the
-// lease key bound: t.Key must be a valid lease key (fenced.ValidateKey) and
-// equal to bound, byte for byte. An empty bound means the resource is not
-// bound yet, so only t.Key's validity is checked. Errors match
-// ErrInvalidToken (a bad t.Key) or ErrWrongKey.
-func (t Token) CheckKey(bound string) error {
-	if err := fenced.ValidateKey(t.Key); err != nil {
-		return fmt.Errorf("%w: key: %v", ErrInvalidToken, err)
-	}
-	if bound != "" && t.Key != bound {
-		return wrongKey(t, bound)
+// checkKey returns an error matching ErrWrongKey unless token, the key a
+// token carries, equals bound, the key the resource is bound to.
+func checkKey(bound, token string) error {
+	if bound != token {
+		return fmt.Errorf("%w: token is for %q, resource is bound to %q", ErrWrongKey, token, bound)
 	}
 	return nil
-}
-
-// wrongKey is the ErrWrongKey error for t on a resource bound to bound.
-func wrongKey(t Token, bound string) error {
-	return fmt.Errorf("%w: the resource is bound to lease key %q, the token (fence %d) is for %q; fences of different keys cannot be compared", ErrWrongKey, bound, t.Fence, t.Key)
 }
 
 // restartHint explains a stale refusal whose resource fence is far above

@@ -159,6 +159,10 @@ type SQLOptions struct {
 	// Hooks receive a StaleWrite event for every write refused as stale.
 	// Typically client.Hooks() of the fenced.Client issuing the leases.
 	Hooks fenced.Hooks
+	// Check, when set, must accept every token before it is compared (for
+	// example a *Verifier for signed tokens, or a *Sequencer); a refusal is
+	// returned as the error and nothing is sent.
+	Check Checker
 	// Timeout bounds how long a transaction that holds a guarded row's lock
 	// may wait or sit idle, so that a paused holder cannot keep the row
 	// locked past its lease; default DefaultTimeout (5 s). Keep it below a
@@ -291,6 +295,7 @@ type SQL struct {
 	dialect Dialect
 	table   Table
 	hooks   fenced.Hooks
+	check   Checker
 	timeout time.Duration
 	// checked is set once Check or EnsureColumns found the table's shape
 	// right; until then the guard refuses to write in a caller's
@@ -338,7 +343,7 @@ func NewSQL(db *sql.DB, d Dialect, t Table, opts *SQLOptions) (*SQL, error) {
 	}
 	g := &SQL{db: db, dialect: d, table: t, timeout: DefaultTimeout}
 	if opts != nil {
-		g.hooks = opts.Hooks
+		g.hooks, g.check = opts.Hooks, opts.Check
 		switch {
 		case opts.Timeout < 0:
 			return nil, fmt.Errorf("fence: NewSQL: Timeout %v is negative", opts.Timeout)
@@ -440,22 +445,23 @@ func (g *SQL) UpdateConn(ctx context.Context, c Conn, key any, t Token, w Write)
 	return g.write(ctx, "update", c, false, key, t, w)
 }
 
-// checkToken validates t and its lease key for the row with key rowKey.
-func (g *SQL) checkToken(rowKey any, t Token) error {
+// validateToken checks t and, when Table.LeaseKey is set, its lease key
+// for the row with key rowKey, without asking anyone.
+func (g *SQL) validateToken(rowKey any, t Token) error {
 	if err := t.Validate(); err != nil {
 		return err
 	}
 	if rowKey == nil {
 		return errors.New("row key is nil")
 	}
-	bound := ""
 	if g.table.LeaseKey != nil {
-		if bound = g.table.LeaseKey(rowKey); bound == "" {
+		bound := g.table.LeaseKey(rowKey)
+		if bound == "" {
 			return fmt.Errorf("Table.LeaseKey returned an empty lease key for row %v", rowKey)
 		}
-	}
-	if err := t.CheckKey(bound); err != nil {
-		return fmt.Errorf("row %v: %w", rowKey, err)
+		if err := checkKey(bound, t.Key); err != nil {
+			return fmt.Errorf("row %v: %w", rowKey, err)
+		}
 	}
 	return nil
 }
@@ -466,8 +472,13 @@ func (g *SQL) write(ctx context.Context, op string, c Conn, own bool, key any, t
 	if c == nil {
 		return Result{}, fmt.Errorf("fence: %s %s: Conn is nil", op, g.table.Name)
 	}
-	if err := g.checkToken(key, t); err != nil {
+	if err := g.validateToken(key, t); err != nil {
 		return Result{}, fmt.Errorf("fence: %s %s: %w", op, g.table.Name, err)
+	}
+	if g.check != nil {
+		if err := g.check.Check(ctx, t); err != nil {
+			return Result{}, fmt.Errorf("fence: %s %s: %w", op, g.table.Name, err)
+		}
 	}
 	if err := g.checkWrite(w); err != nil {
 		return Result{}, fmt.Errorf("fence: %s %s: %w", op, g.table.Name, err)
@@ -506,7 +517,7 @@ func (g *SQL) write(ctx context.Context, op string, c Conn, own bool, key any, t
 		return Result{}, err
 	}
 	if cur.leaseKey != "" && cur.leaseKey != t.Key {
-		return Result{}, fmt.Errorf("fence: %s %s: row %v: %w", op, g.table.Name, key, wrongKey(t, cur.leaseKey))
+		return Result{}, fmt.Errorf("fence: %s %s: row %v (its fence %d belongs to that key): %w", op, g.table.Name, key, cur.fence, checkKey(cur.leaseKey, t.Key))
 	}
 	r := classify(t, cur.fence, cur.owner)
 	if r.Outcome == PreconditionFailed && g.dialect == MySQL && cur.fence == t.Fence && cur.precond {

@@ -129,6 +129,7 @@ func runSQLGuardTests(t *testing.T, e sqlEnv) {
 	t.Run("UncheckedGuard", func(t *testing.T) { testUncheckedGuard(t, e) })
 	t.Run("ClaimAndRead", func(t *testing.T) { testClaimAndRead(t, e) })
 	t.Run("RestartHint", func(t *testing.T) { testRestartHint(t, e) })
+	t.Run("Checker", func(t *testing.T) { testChecker(t, e) })
 }
 
 func testSQLSemantics(t *testing.T, e sqlEnv) {

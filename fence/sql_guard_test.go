@@ -450,3 +450,36 @@ func testRestartHint(t *testing.T, e sqlEnv) {
 		t.Fatalf("near stale refusal: %+v %v %v", r, err, r.Err())
 	}
 }
+
+// refuseTokens is a Checker that refuses every token.
+type refuseTokens struct{}
+
+var errNotTrusted = errors.New("token not trusted")
+
+func (refuseTokens) Check(context.Context, fence.Token) error { return errNotTrusted }
+
+// testChecker: a guard with SQLOptions.Check sends nothing for a token its
+// Checker refuses (for example an unsigned or forged one).
+func testChecker(t *testing.T, e sqlEnv) {
+	ctx := context.Background()
+	table := e.jobsTable(t, "inv_72")
+	e.guard(t, table, fenced.Hooks{})
+	before := e.row(t, table, "inv_72")
+	g, err := fence.NewSQL(e.db, e.d, fence.Table{Name: table, Key: "job_id"}, &fence.SQLOptions{Check: refuseTokens{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	forged := fence.Token{Key: "invoice:inv_72", Fence: fence.MaxFence, Owner: "forger"}
+	if _, err := g.Claim(ctx, nil, "inv_72", forged); !errors.Is(err, errNotTrusted) {
+		t.Errorf("claim with a refused token: %v", err)
+	}
+	if _, err := e.note(ctx, g, nil, "inv_72", forged, "forged"); !errors.Is(err, errNotTrusted) {
+		t.Errorf("update with a refused token: %v", err)
+	}
+	if _, err := g.ClaimAndRead(ctx, "inv_72", forged, nil); !errors.Is(err, errNotTrusted) {
+		t.Errorf("claim and read with a refused token: %v", err)
+	}
+	if got := e.row(t, table, "inv_72"); got != before {
+		t.Fatalf("refused tokens changed the row: %+v -> %+v", before, got)
+	}
+}

@@ -49,7 +49,7 @@ func (t sqlTx) Rollback(context.Context) error { return t.tx.Rollback() }
 // commit itself may hide a committed claim; claiming again with the same
 // token is harmless.
 func (g *SQL) ClaimAndRead(ctx context.Context, key any, t Token, read func(ctx context.Context, tx *sql.Tx) error) (Result, error) {
-	if err := g.checkToken(key, t); err != nil {
+	if err := g.validateToken(key, t); err != nil {
 		return Result{}, fmt.Errorf("fence: claim %s: %w", g.table.Name, err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, g.timeout)
@@ -96,7 +96,7 @@ func (g *SQL) ClaimAndReadConn(ctx context.Context, begin func(ctx context.Conte
 	if begin == nil {
 		return Result{}, fmt.Errorf("fence: claim %s: begin is nil", g.table.Name)
 	}
-	if err := g.checkToken(key, t); err != nil {
+	if err := g.validateToken(key, t); err != nil {
 		return Result{}, fmt.Errorf("fence: claim %s: %w", g.table.Name, err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, g.timeout)

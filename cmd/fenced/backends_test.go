@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"net/url"
 	"strconv"
 	"strings"
 	"testing"
@@ -110,6 +111,19 @@ func TestCommandsOnEveryBackend(t *testing.T) {
 			}
 			if strings.Contains(r.stderr, "s3cret") {
 				t.Fatal("a password reached stderr")
+			}
+			// Issue 16 item 16: COMMAND sees the store without its password.
+			args := append(append([]string{"run"}, bc.runFlags...), "cli:env", "--", "sh", "-c", `echo "$FENCED_STORE"`)
+			r = cli(t, store, args...)
+			if r.code != 0 || !strings.Contains(r.stdout, "://") {
+				t.Fatalf("run: exit %d, stdout %q, stderr %s", r.code, r.stdout, r.stderr)
+			}
+			u, err := url.Parse(store)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if pw, ok := u.User.Password(); ok && pw != "" && strings.Contains(r.stdout, pw) || strings.Contains(r.stdout, "s3cret") {
+				t.Fatalf("COMMAND got the store's password in FENCED_STORE=%q", r.stdout)
 			}
 		})
 	}

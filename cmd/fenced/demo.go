@@ -20,6 +20,7 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/fence"
+	"github.com/fenced-dev/fenced/internal/supervise"
 	"github.com/fenced-dev/fenced/sqlite"
 )
 
@@ -145,6 +146,10 @@ func runDemo(ctx context.Context, g *globals, noFence, keep bool) error {
 	workers := map[string]*exec.Cmd{}
 	var wg sync.WaitGroup
 	exited := make(chan string, 3)
+	// Workers die with the demo (Pdeathsig), which needs the forking thread
+	// to live as long as they do.
+	launcher := supervise.NewLauncher()
+	defer launcher.Close()
 	for i := 1; i <= 3; i++ {
 		name := "worker-" + strconv.Itoa(i)
 		args := []string{"demo-worker", name, leases, billing}
@@ -158,7 +163,7 @@ func runDemo(ctx context.Context, g *globals, noFence, keep bool) error {
 		if err != nil {
 			return err
 		}
-		if err := cmd.Start(); err != nil {
+		if err := launcher.Start(cmd); err != nil {
 			return fmt.Errorf("demo: start %s: %w", name, err)
 		}
 		workers[name] = cmd

@@ -14,11 +14,13 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/internal/supervise"
 )
 
 // The test binary doubles as the fenced binary: with FENCED_TEST_AS_CLI=1
 // it runs main's logic, so tests see real exit codes and real processes.
 func TestMain(m *testing.M) {
+	supervise.MaybeRunGuard()
 	if os.Getenv("FENCED_TEST_AS_CLI") == "1" {
 		os.Exit(execute(os.Args[1:], os.Stdout, os.Stderr))
 	}
