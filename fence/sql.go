@@ -297,9 +297,8 @@ type SQL struct {
 	hooks   fenced.Hooks
 	check   Checker
 	timeout time.Duration
-	// checked is set once Check or EnsureColumns found the table's shape
-	// right; until then the guard refuses to write in a caller's
-	// transaction.
+	// checked is set once the table's shape was found right (by Check,
+	// EnsureColumns or a first write).
 	checked atomic.Bool
 
 	qTable, qKey, qFence, qOwner, qLeaseKey string
@@ -307,10 +306,9 @@ type SQL struct {
 
 // NewSQL returns a guard for table t in db. It checks the identifiers but
 // does not touch the database. Call EnsureColumns once at start-up (or
-// Check, if the columns are managed by migrations): a write in a caller's
-// transaction is refused until one of them has succeeded, while
-// ClaimAndRead and writes the guard runs itself check the table on first
-// use. opts may be nil.
+// Check, if the columns are managed by migrations); in any case the first
+// write checks the table's shape (see Check) and refuses to write to a
+// table that fails it. opts may be nil.
 func NewSQL(db *sql.DB, d Dialect, t Table, opts *SQLOptions) (*SQL, error) {
 	if db == nil {
 		return nil, errors.New("fence: NewSQL: db is nil")
@@ -408,15 +406,14 @@ type Write struct {
 // holder has claimed or written the row. Errors, with nothing changed:
 // ErrNoRow for a missing row, ErrInvalidToken for a bad token, ErrWrongKey
 // when the row is bound to another lease key, ErrSchema when the table's
-// shape is wrong or, in a caller's transaction, not yet checked.
+// shape is wrong (see Check).
 func (g *SQL) Claim(ctx context.Context, q Querier, key any, t Token) (Result, error) {
 	c, own := g.conn(q)
 	return g.write(ctx, "claim", c, own, key, t, Write{})
 }
 
-// ClaimConn is Claim on a Conn, which is always treated as the caller's
-// transaction (the guard checks nothing on its own for it: call Check or
-// EnsureColumns first).
+// ClaimConn is Claim on a Conn, which is treated as the caller's
+// transaction: the guard sets no deadline of its own on it.
 func (g *SQL) ClaimConn(ctx context.Context, c Conn, key any, t Token) (Result, error) {
 	return g.write(ctx, "claim", c, false, key, t, Write{})
 }
@@ -439,8 +436,9 @@ func (g *SQL) Update(ctx context.Context, q Querier, key any, t Token, w Write) 
 	return g.write(ctx, "update", c, own, key, t, w)
 }
 
-// UpdateConn is Update on a Conn, which is always treated as the caller's
-// transaction (call Check or EnsureColumns first). c must not be nil.
+// UpdateConn is Update on a Conn, which is treated as the caller's
+// transaction: the guard sets no deadline of its own on it. c must not be
+// nil.
 func (g *SQL) UpdateConn(ctx context.Context, c Conn, key any, t Token, w Write) (Result, error) {
 	return g.write(ctx, "update", c, false, key, t, w)
 }
@@ -488,7 +486,7 @@ func (g *SQL) write(ctx context.Context, op string, c Conn, own bool, key any, t
 		ctx, cancel = context.WithTimeout(ctx, g.timeout)
 		defer cancel()
 	}
-	if err := g.ready(ctx, c, own); err != nil {
+	if err := g.ready(ctx, c); err != nil {
 		return Result{}, fmt.Errorf("fence: %s %s: %w", op, g.table.Name, err)
 	}
 	query, args := g.updateStatement(key, t, w)

@@ -332,36 +332,51 @@ func testShape(t *testing.T, e sqlEnv) {
 	}
 }
 
-// testUncheckedGuard: a guard whose table has not been checked refuses to
-// write in a caller's transaction (it does not read the catalog there),
-// while the statements it runs itself check the table on first use.
+// testUncheckedGuard: a guard on which neither Check nor EnsureColumns was
+// called (a worker process whose table a migration created) checks the
+// table on its first write, on the connection it writes with, also in the
+// caller's transaction, and refuses a table that fails the check.
 func testUncheckedGuard(t *testing.T, e sqlEnv) {
 	ctx := context.Background()
 	table := e.jobsTable(t, "inv_72")
-	e.guard(t, table, fenced.Hooks{}) // adds the columns
+	e.guard(t, table, fenced.Hooks{}) // the migration: adds the columns
 	g, err := fence.NewSQL(e.db, e.d, fence.Table{Name: table, Key: "job_id"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	err = inTx(t, e.db, func(tx *sql.Tx) error {
-		_, err := g.Claim(ctx, tx, "inv_72", tok(3, "owner-a"))
-		return err
-	})
-	if !errors.Is(err, fence.ErrSchema) || !strings.Contains(err.Error(), "call EnsureColumns or Check") {
-		t.Fatalf("claim in a caller's transaction before any check: %v", err)
-	}
-	if r, err := g.Claim(ctx, nil, "inv_72", tok(3, "owner-a")); err != nil || !r.Applied() {
-		t.Fatalf("claim run by the guard itself: %+v %v", r, err)
-	}
-	err = inTx(t, e.db, func(tx *sql.Tx) error {
-		r, err := e.note(ctx, g, tx, "inv_72", tok(3, "owner-a"), "in tx")
+		r, err := g.Claim(ctx, tx, "inv_72", tok(3, "owner-a"))
 		if err == nil && !r.Applied() {
 			err = fmt.Errorf("not applied: %+v", r)
 		}
 		return err
 	})
 	if err != nil {
-		t.Fatalf("write in a caller's transaction once checked: %v", err)
+		t.Fatalf("first write, in a caller's transaction: %v", err)
+	}
+	if got := e.row(t, table, "inv_72"); got.fence != 3 {
+		t.Fatalf("row after the first write: %+v", got)
+	}
+
+	// A table whose key is not unique, never checked: the first write in a
+	// caller's transaction is refused before anything is changed.
+	noKey := uniqueName("no_key_tx")
+	e.exec(t, fmt.Sprintf("CREATE TABLE %s (job_id VARCHAR(64) NOT NULL, note VARCHAR(64), fence BIGINT NOT NULL DEFAULT 0, %s)", noKey, e.identityCols()))
+	e.exec(t, fmt.Sprintf("INSERT INTO %s (job_id, note) VALUES ('dup', 'one'), ('dup', 'two')", noKey))
+	bad, err := fence.NewSQL(e.db, e.d, fence.Table{Name: noKey, Key: "job_id"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = inTx(t, e.db, func(tx *sql.Tx) error {
+		_, err := bad.Update(ctx, tx, "dup", tok(3, "owner-a"), fence.Write{Set: "note = 'both'"})
+		return err
+	})
+	if !errors.Is(err, fence.ErrSchema) || !strings.Contains(err.Error(), "not unique") {
+		t.Fatalf("first write to a table with a key that is not unique, in a caller's transaction: %v", err)
+	}
+	var changed int
+	if err := e.db.QueryRow(fmt.Sprintf("SELECT COUNT(*) FROM %s WHERE note NOT IN ('one', 'two') OR fence <> 0", noKey)).Scan(&changed); err != nil || changed != 0 {
+		t.Fatalf("rows changed: %d %v", changed, err)
 	}
 }
 

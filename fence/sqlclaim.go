@@ -59,7 +59,7 @@ func (g *SQL) ClaimAndRead(ctx context.Context, key any, t Token, read func(ctx 
 		return Result{}, fmt.Errorf("fence: claim %s: %w", g.table.Name, err)
 	}
 	defer conn.Close()
-	if err := g.ready(ctx, sqlConn{conn}, true); err != nil {
+	if err := g.ready(ctx, sqlConn{conn}); err != nil {
 		return Result{}, fmt.Errorf("fence: claim %s: %w", g.table.Name, err)
 	}
 	restore, err := g.sessionTimeouts(ctx, conn)
@@ -125,7 +125,7 @@ func (g *SQL) claimAndRead(ctx context.Context, begin func(ctx context.Context) 
 			return Result{}, fmt.Errorf("fence: claim %s: set timeouts: %w", g.table.Name, err)
 		}
 	}
-	if err := g.ready(ctx, tx, true); err != nil {
+	if err := g.ready(ctx, tx); err != nil {
 		return Result{}, fmt.Errorf("fence: claim %s: %w", g.table.Name, err)
 	}
 	res, err := g.write(ctx, "claim", tx, false, key, t, Write{})

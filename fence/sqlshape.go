@@ -259,18 +259,17 @@ func (g *SQL) inspect(ctx context.Context, c Conn) (tableShape, error) {
 	return sh, g.problems(sh)
 }
 
-// ready returns nil once the table's shape is known to be right. For a
-// guard-run connection it checks the shape on c the first time; in a
-// caller's transaction it refuses until Check or EnsureColumns succeeded,
-// rather than read the catalog inside that transaction (which could start
-// an SQLite read snapshot before the write, or wait on a pool the caller
-// holds).
-func (g *SQL) ready(ctx context.Context, c Conn, own bool) error {
+// ready returns nil once the table's shape is known to be right: the
+// first time, it checks the shape on c, the connection (or transaction)
+// the write is about to use, so that it can neither wait on a pool the
+// caller holds nor miss a table only that transaction sees. On SQLite with
+// a deferred BEGIN, this read starts the transaction's snapshot just
+// before the guard's update: if another connection commits in between,
+// the update fails with SQLITE_BUSY as in any read-then-write transaction,
+// once per guard; Check or EnsureColumns at start-up avoids it.
+func (g *SQL) ready(ctx context.Context, c Conn) error {
 	if g.checked.Load() {
 		return nil
-	}
-	if !own {
-		return fmt.Errorf("%w: the shape of table %s has not been checked yet: call EnsureColumns or Check once (at start-up) before writing in your own transaction", ErrSchema, g.table.Name)
 	}
 	if _, err := g.inspect(ctx, c); err != nil {
 		return err
@@ -285,8 +284,8 @@ func (g *SQL) ready(ctx context.Context, c Conn, own bool) error {
 // integer; the owner and lease key columns are text that holds MaxOwnerLen
 // and fenced.MaxKeyLen bytes and, on MySQL, compares byte for byte (a
 // binary type or a _bin collation). Errors match ErrSchema and name
-// everything that is wrong. A passed check lets the guard write in callers'
-// transactions.
+// everything that is wrong. Writes check the shape themselves on first use;
+// calling Check (or EnsureColumns) at start-up reports a wrong table early.
 func (g *SQL) Check(ctx context.Context) error {
 	if _, err := g.inspect(ctx, sqlConn{g.db}); err != nil {
 		return err
