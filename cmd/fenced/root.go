@@ -120,6 +120,7 @@ the store actually used.`,
 	root.AddCommand(newRunCmd(g), newLsCmd(g), newInspectCmd(g), newBreakCmd(g), newGuaranteesCmd(g), newDemoCmd(g))
 	root.AddCommand(newFloorCmd(g), newPruneCmd(g))
 	root.AddCommand(newProofCmd(g))
+	root.AddCommand(newElectCmd(g), newObserveCmd(g))
 	root.AddCommand(g.extra...)
 	return root
 }
