@@ -2,17 +2,20 @@ package postgres
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/leasetable"
+	"github.com/fenced-dev/fenced/internal/sqllease"
 )
 
 // statements are the driver's SQL, built once from the validated table
@@ -296,16 +299,17 @@ func readTable(ctx context.Context, tx pgx.Tx, table string) (leasetable.Existin
 	return found, true, err
 }
 
-// classify wraps err from operation op so that it matches the driver
-// sentinels: driver.ErrUnavailable when nothing can have been applied (no
+// classify wraps err from operation op on key once (see sqllease.Wrap).
+func classify(op, key string, err error) error {
+	return sqllease.Wrap("postgres", classifyError, op, key, err)
+}
+
+// classifyError names the sentinel a pgx error matches:
+// driver.ErrUnavailable when nothing can have been applied (no
 // connection, a statement the server rejected and rolled back),
 // driver.ErrUnknownOutcome when a request may have been applied before the
 // connection or the context failed.
-func classify(op, key string, err error) error {
-	where := op
-	if key != "" {
-		where = fmt.Sprintf("%s %q", op, key)
-	}
+func classifyError(err error) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		switch pgErr.Code[:2] {
@@ -313,19 +317,88 @@ func classify(op, key string, err error) error {
 			// Connection problems, authentication, rollbacks (deadlock,
 			// serialization), resources, shutdown, system errors: the
 			// statement failed as a whole and changed nothing.
-			return fmt.Errorf("postgres: %s: %w: %w", where, driver.ErrUnavailable, err)
+			return driver.ErrUnavailable
 		}
-		return fmt.Errorf("postgres: %s: %w", where, err)
+		return nil
 	}
 	var connectErr *pgconn.ConnectError
 	if errors.As(err, &connectErr) || pgconn.SafeToRetry(err) {
-		return fmt.Errorf("postgres: %s: %w: %w", where, driver.ErrUnavailable, err)
+		return driver.ErrUnavailable
 	}
 	var netErr net.Error
 	if errors.As(err, &netErr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || pgconn.Timeout(err) ||
 		strings.Contains(err.Error(), "conn closed") {
-		return fmt.Errorf("postgres: %s: %w: %w", where, driver.ErrUnknownOutcome, err)
+		return driver.ErrUnknownOutcome
 	}
-	return fmt.Errorf("postgres: %s: %w", where, err)
+	return nil
+}
+
+// dialect is PostgreSQL's part of the lease-table engine.
+func (d *Driver) dialect() *sqllease.Dialect {
+	q := newStatements(d.table)
+	grant := func(a sqllease.Args) []any { return []any{a.Key, a.Owner, int64(a.Fence)} }
+	return &sqllease.Dialect{
+		Name: "postgres",
+		Unit: time.Microsecond,
+		Statements: sqllease.Statements{
+			Renew: sqllease.Stmt{SQL: q.renew},
+			Release: sqllease.Stmt{SQL: q.release, Args: func(a sqllease.Args) []any {
+				return append(grant(a), d.channel)
+			}},
+			Inspect:     sqllease.Stmt{SQL: q.inspect},
+			List:        sqllease.Stmt{SQL: q.list},
+			LockRow:     sqllease.Stmt{SQL: q.lockRow},
+			BreakRow:    sqllease.Stmt{SQL: q.breakRow},
+			Audit:       sqllease.Stmt{SQL: q.audit},
+			Notify:      sqllease.Stmt{SQL: `SELECT pg_notify($1, $2)`, Args: func(a sqllease.Args) []any { return []any{d.channel, a.Key} }},
+			Breaks:      sqllease.Stmt{SQL: q.breaks},
+			Floor:       sqllease.Stmt{SQL: q.floor},
+			PruneCutoff: sqllease.Stmt{SQL: q.pruneCutoff},
+		},
+		Acquire: func(ctx context.Context, c sqllease.Conn, key, owner string, us int64) (uint64, int64, error) {
+			var fence, remaining int64
+			err := c.QueryRow(ctx, q.acquire, key, owner, us).Scan(&fence, &remaining)
+			if errors.Is(err, sql.ErrNoRows) {
+				// The row appeared after this statement's snapshot:
+				// someone else inserted it concurrently and holds it.
+				return 0, 0, nil
+			}
+			return uint64(fence), remaining, err
+		},
+		RenewBatch: func(ctx context.Context, c sqllease.Conn, reqs []sqllease.Renewal) ([]driver.Grant, error) {
+			keys := make([]string, len(reqs))
+			owners := make([]string, len(reqs))
+			fences := make([]int64, len(reqs))
+			ttls := make([]int64, len(reqs))
+			for i, r := range reqs {
+				keys[i], owners[i], fences[i], ttls[i] = r.Grant.Key, r.Grant.Owner, int64(r.Grant.Fence), r.TTL
+			}
+			rows, err := c.Query(ctx, q.renewBatch, keys, owners, fences, ttls)
+			if err != nil {
+				return nil, err
+			}
+			defer rows.Close()
+			var renewed []driver.Grant
+			for rows.Next() {
+				var g driver.Grant
+				var fence int64
+				if err := rows.Scan(&g.Key, &g.Owner, &fence); err != nil {
+					return nil, err
+				}
+				g.Fence = uint64(fence)
+				renewed = append(renewed, g)
+			}
+			return renewed, rows.Err()
+		},
+		RaiseFloor: func(ctx context.Context, db sqllease.DB, floor uint64) (uint64, error) {
+			var now int64
+			err := db.QueryRow(ctx, q.raiseFloor, int64(floor)).Scan(&now)
+			return uint64(now), err
+		},
+		PruneBatch: func(ctx context.Context, db sqllease.DB, cutoff any, after string) (leasetable.PruneBatch, error) {
+			return pruneBatch(ctx, db, q, cutoff, after)
+		},
+		Classify: classifyError,
+	}
 }

@@ -72,6 +72,7 @@ import (
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/leasetable"
+	"github.com/fenced-dev/fenced/internal/sqllease"
 )
 
 func init() {
@@ -193,7 +194,7 @@ func OpenFile(ctx context.Context, path string, opts *Options) (*Driver, error) 
 		db.Close()
 		return nil, fmt.Errorf("sqlite: %s: %w", path, err)
 	}
-	d.ownsDB = true
+	d.std.SetOwned()
 	return d, nil
 }
 
@@ -231,11 +232,11 @@ func lockInit(ctx context.Context, lockPath string, timeout time.Duration) (unlo
 // driver.BatchRenewer, driver.BreakLogger, driver.Notifier (by change
 // detection: see Subscribe), driver.FenceFloorer and driver.Pruner.
 type Driver struct {
-	db     *sql.DB
-	ownsDB bool
-	table  string
-	q      queries
-	watch  watcher
+	db    *sql.DB
+	std   *sqllease.StdDB
+	table string
+	watch watcher
+	*sqllease.Engine
 }
 
 var (
@@ -260,7 +261,8 @@ func New(ctx context.Context, db *sql.DB, opts *Options) (*Driver, error) {
 	if err := leasetable.ValidateTable(o.Table); err != nil {
 		return nil, err
 	}
-	d := &Driver{db: db, table: o.Table, q: newQueries(o.Table)}
+	d := &Driver{db: db, std: sqllease.NewStdDB(db, false), table: o.Table}
+	d.Engine = sqllease.New(d.dialect(), d.std)
 	if err := d.migrate(ctx); err != nil {
 		return nil, err
 	}
@@ -271,8 +273,8 @@ func New(ctx context.Context, db *sql.DB, opts *Options) (*Driver, error) {
 const now = `CAST(unixepoch('subsec') * 1000 AS INTEGER)`
 
 type queries struct {
-	acquire, heldFor, renew, release, inspect, list, breakLease, logBreak, breaks string
-	floor, raiseFloor, pruneCutoff, pruneRaise, pruneCount, pruneDelete           string
+	acquire, heldFor, renew, release, inspect, list, breakLease, logBreak, breaks   string
+	floor, raiseFloor, pruneCutoff, pruneRaise, pruneCount, pruneDelete, renewBatch string
 }
 
 func newQueries(t string) queries {
@@ -297,13 +299,12 @@ RETURNING fence`),
 		heldFor: r.Replace(`SELECT expires_ms - NOW FROM T_ WHERE key = ?1`),
 		renew:   r.Replace(`UPDATE T_ SET expires_ms = NOW + ?4 WHERE key = ?1 AND owner = ?2 AND fence = ?3 AND expires_ms > NOW`),
 		release: r.Replace(`UPDATE T_ SET owner = NULL, expires_ms = 0 WHERE key = ?1 AND owner = ?2 AND fence = ?3`),
-		inspect: r.Replace(`SELECT key, owner, fence, expires_ms - NOW FROM T_ WHERE key = ?1`),
+		inspect: r.Replace(`SELECT owner, fence, expires_ms - NOW FROM T_ WHERE key = ?1`),
 		list: r.Replace(`SELECT key, owner, fence, expires_ms - NOW FROM T_
 WHERE substr(key, 1, length(?1)) = ?1 AND owner IS NOT NULL AND expires_ms > NOW ORDER BY key`),
 		breakLease: r.Replace(`UPDATE T_ SET owner = NULL, expires_ms = 0
-WHERE key = ?1 AND owner IS NOT NULL AND expires_ms > NOW
-RETURNING fence, NOW`),
-		logBreak: r.Replace(`INSERT INTO T__breaks (key, fence, owner, reason, by_whom, at_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6)`),
+WHERE key = ?1 AND owner IS NOT NULL AND expires_ms > NOW`),
+		logBreak: r.Replace(`INSERT INTO T__breaks (key, fence, owner, reason, by_whom, at_ms) VALUES (?1, ?2, ?3, ?4, ?5, NOW)`),
 		breaks:   r.Replace(`SELECT at_ms * 1000, key, fence, owner, reason, by_whom FROM T__breaks WHERE ?1 = '' OR key = ?1 ORDER BY id`),
 		floor:    r.Replace(`SELECT COALESCE((SELECT fence_floor FROM T__floor WHERE id = 1), 0), COALESCE((SELECT max(fence) FROM T_), 0)`),
 		raiseFloor: r.Replace(`INSERT INTO T__floor (id, fence_floor) VALUES (1, ?1)
@@ -318,6 +319,9 @@ ON CONFLICT (id) DO UPDATE SET fence_floor = max(fence_floor, excluded.fence_flo
 RETURNING fence_floor`),
 		pruneCount:  r.Replace(`SELECT count(*), COALESCE(max(key), '') FROM (` + candidates + `)`),
 		pruneDelete: r.Replace(`DELETE FROM T_ WHERE key IN (SELECT key FROM (` + candidates + `))`),
+		// A batch renewal is this prefix, a VALUES row (?, ?, ?, ?) per
+		// grant, then renewBatchTail.
+		renewBatch: r.Replace(`WITH r(k, o, f, ttl) AS (VALUES `),
 	}
 }
 
@@ -367,11 +371,11 @@ func (d *Driver) migrate(ctx context.Context) error {
 	t := d.table
 	tx, err := d.db.Conn(ctx)
 	if err != nil {
-		return fmt.Errorf("create lease tables: %w", classify(err))
+		return wrap("create lease tables", err)
 	}
 	defer tx.Close()
 	if _, err := tx.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
-		return fmt.Errorf("create lease tables: %w", classify(err))
+		return wrap("create lease tables", err)
 	}
 	committed := false
 	defer func() {
@@ -411,11 +415,11 @@ func (d *Driver) migrate(ctx context.Context) error {
 	} {
 		found, exists, err := readTable(ctx, tx, s.name)
 		if err != nil {
-			return classify(err)
+			return wrap("create lease tables", err)
 		}
 		if !exists {
 			if _, err := tx.ExecContext(ctx, s.create); err != nil {
-				return fmt.Errorf("create table %s: %w", s.name, classify(err))
+				return wrap("create table "+s.name, err)
 			}
 			continue
 		}
@@ -424,10 +428,10 @@ func (d *Driver) migrate(ctx context.Context) error {
 		}
 	}
 	if _, err := tx.ExecContext(ctx, `INSERT INTO `+t+leasetable.FloorSuffix+` (id, fence_floor) VALUES (1, 0) ON CONFLICT (id) DO NOTHING`); err != nil {
-		return classify(err)
+		return wrap("create lease tables", err)
 	}
 	if _, err := tx.ExecContext(ctx, "COMMIT"); err != nil {
-		return classify(err)
+		return wrap("create lease tables", err)
 	}
 	committed = true
 	return nil
@@ -578,205 +582,107 @@ func probeCollations(ctx context.Context, tx querier, table string, names []stri
 	return nil
 }
 
-// classify maps SQLite errors to fenced's sentinels: a busy or locked
+// renewBatchTail ends the batch renewal that queries.renewBatch starts.
+func renewBatchTail(t string) string {
+	return strings.NewReplacer("T_", t, "NOW", now).Replace(`) UPDATE T_ SET expires_ms = NOW + r.ttl FROM r
+WHERE T_.key = r.k AND T_.owner = r.o AND T_.fence = r.f AND T_.expires_ms > NOW
+RETURNING T_.key, T_.owner, T_.fence`)
+}
+
+// classify names the sentinel a SQLite error matches: a busy or locked
 // database and I/O failures mean nothing was applied.
 func classify(err error) error {
-	if err == nil {
-		return nil
-	}
-	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		return err
-	}
 	var se *sqlite.Error
 	if errors.As(err, &se) {
 		switch se.Code() & 0xff {
 		case sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_FULL, sqlite3.SQLITE_READONLY:
-			return fmt.Errorf("%w: %v", driver.ErrUnavailable, err)
+			return driver.ErrUnavailable
 		}
 	}
 	if errors.Is(err, sql.ErrConnDone) {
-		return fmt.Errorf("%w: %v", driver.ErrClosed, err)
-	}
-	return err
-}
-
-// TryAcquire implements driver.Driver in one statement.
-func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
-	var fence int64
-	err := d.db.QueryRowContext(ctx, d.q.acquire, key, owner, ttl.Milliseconds()).Scan(&fence)
-	if errors.Is(err, sql.ErrNoRows) {
-		held := &driver.HeldError{Key: key}
-		var left int64
-		if d.db.QueryRowContext(ctx, d.q.heldFor, key).Scan(&left) == nil && left > 0 {
-			held.Remaining = time.Duration(left) * time.Millisecond
-		}
-		return 0, held
-	}
-	if err != nil {
-		return 0, classify(err)
-	}
-	return uint64(fence), nil
-}
-
-// Renew implements driver.Driver.
-func (d *Driver) Renew(ctx context.Context, g driver.Grant, ttl time.Duration) error {
-	res, err := d.db.ExecContext(ctx, d.q.renew, g.Key, g.Owner, int64(g.Fence), ttl.Milliseconds())
-	return affected(res, err, g)
-}
-
-// Release implements driver.Driver.
-func (d *Driver) Release(ctx context.Context, g driver.Grant) error {
-	res, err := d.db.ExecContext(ctx, d.q.release, g.Key, g.Owner, int64(g.Fence))
-	return affected(res, err, g)
-}
-
-func affected(res sql.Result, err error, g driver.Grant) error {
-	if err != nil {
-		return classify(err)
-	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return classify(err)
-	}
-	if n == 0 {
-		return fmt.Errorf("%s fence %d: %w", g.Key, g.Fence, driver.ErrNotHeld)
+		return driver.ErrClosed
 	}
 	return nil
 }
 
-// RenewBatch implements driver.BatchRenewer with one statement for the
-// whole batch.
-func (d *Driver) RenewBatch(ctx context.Context, reqs []driver.RenewRequest) ([]error, error) {
-	if len(reqs) == 0 {
-		return nil, nil
-	}
-	var b strings.Builder
-	args := make([]any, 0, 4*len(reqs))
-	b.WriteString("WITH r(k, o, f, ttl) AS (VALUES ")
-	for i, r := range reqs {
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		b.WriteString("(?, ?, ?, ?)")
-		args = append(args, r.Grant.Key, r.Grant.Owner, int64(r.Grant.Fence), r.TTL.Milliseconds())
-	}
-	b.WriteString(") UPDATE " + d.table + " SET expires_ms = " + now + " + r.ttl FROM r WHERE " +
-		d.table + ".key = r.k AND " + d.table + ".owner = r.o AND " + d.table + ".fence = r.f AND " +
-		d.table + ".expires_ms > " + now + " RETURNING " + d.table + ".key, " + d.table + ".fence")
-	rows, err := d.db.QueryContext(ctx, b.String(), args...)
-	if err != nil {
-		return nil, classify(err)
-	}
-	defer rows.Close()
-	renewed := map[driver.Grant]bool{}
-	for rows.Next() {
-		var k string
-		var f int64
-		if err := rows.Scan(&k, &f); err != nil {
-			return nil, classify(err)
-		}
-		renewed[driver.Grant{Key: k, Fence: uint64(f)}] = true
-	}
-	if err := rows.Err(); err != nil {
-		return nil, classify(err)
-	}
-	errs := make([]error, len(reqs))
-	for i, r := range reqs {
-		if !renewed[driver.Grant{Key: r.Grant.Key, Fence: r.Grant.Fence}] {
-			errs[i] = fmt.Errorf("%s fence %d: %w", r.Grant.Key, r.Grant.Fence, driver.ErrNotHeld)
-		}
-	}
-	return errs, nil
-}
+// wrap wraps an error of opening or preparing the file.
+func wrap(op string, err error) error { return sqllease.Wrap("sqlite", classify, op, "", err) }
 
-func scanInfo(sc interface{ Scan(...any) error }) (driver.LeaseInfo, error) {
-	var info driver.LeaseInfo
-	var owner sql.NullString
-	var fence, left int64
-	if err := sc.Scan(&info.Key, &owner, &fence, &left); err != nil {
-		return info, err
+// dialect is SQLite's part of the lease-table engine. SQLite counts time
+// in milliseconds (unixepoch('subsec')).
+func (d *Driver) dialect() *sqllease.Dialect {
+	q := newQueries(d.table)
+	tail := renewBatchTail(d.table)
+	return &sqllease.Dialect{
+		Name: "sqlite",
+		Unit: time.Millisecond,
+		Statements: sqllease.Statements{
+			Renew:   sqllease.Stmt{SQL: q.renew},
+			Release: sqllease.Stmt{SQL: q.release},
+			Inspect: sqllease.Stmt{SQL: q.inspect},
+			List:    sqllease.Stmt{SQL: q.list},
+			// The transaction holds SQLite's write lock (it is begun
+			// IMMEDIATE by a file opened with OpenFile); BreakRow checks
+			// again that the key is held.
+			LockRow:     sqllease.Stmt{SQL: q.inspect},
+			BreakRow:    sqllease.Stmt{SQL: q.breakLease},
+			Audit:       sqllease.Stmt{SQL: q.logBreak},
+			Breaks:      sqllease.Stmt{SQL: q.breaks},
+			Floor:       sqllease.Stmt{SQL: q.floor},
+			PruneCutoff: sqllease.Stmt{SQL: q.pruneCutoff},
+		},
+		Acquire: func(ctx context.Context, c sqllease.Conn, key, owner string, ttl int64) (uint64, int64, error) {
+			var fence, left int64
+			err := c.QueryRow(ctx, q.acquire, key, owner, ttl).Scan(&fence)
+			if errors.Is(err, sql.ErrNoRows) {
+				// Refused: a second read tells how long the holder has
+				// left (best effort).
+				if c.QueryRow(ctx, q.heldFor, key).Scan(&left) != nil {
+					left = 0
+				}
+				return 0, left, nil
+			}
+			return uint64(fence), 0, err
+		},
+		RenewBatch: func(ctx context.Context, c sqllease.Conn, reqs []sqllease.Renewal) ([]driver.Grant, error) {
+			var b strings.Builder
+			args := make([]any, 0, 4*len(reqs))
+			b.WriteString(q.renewBatch)
+			for i, r := range reqs {
+				if i > 0 {
+					b.WriteString(", ")
+				}
+				b.WriteString("(?, ?, ?, ?)")
+				args = append(args, r.Grant.Key, r.Grant.Owner, int64(r.Grant.Fence), r.TTL)
+			}
+			b.WriteString(tail)
+			rows, err := c.Query(ctx, b.String(), args...)
+			if err != nil {
+				return nil, err
+			}
+			defer rows.Close()
+			var renewed []driver.Grant
+			for rows.Next() {
+				var g driver.Grant
+				var f int64
+				if err := rows.Scan(&g.Key, &g.Owner, &f); err != nil {
+					return nil, err
+				}
+				g.Fence = uint64(f)
+				renewed = append(renewed, g)
+			}
+			return renewed, rows.Err()
+		},
+		RaiseFloor: func(ctx context.Context, db sqllease.DB, floor uint64) (uint64, error) {
+			var now int64
+			err := db.QueryRow(ctx, q.raiseFloor, int64(floor)).Scan(&now)
+			return uint64(now), err
+		},
+		PruneBatch: func(ctx context.Context, db sqllease.DB, cutoff any, after string) (leasetable.PruneBatch, error) {
+			return pruneBatch(ctx, db, q, cutoff, after)
+		},
+		Classify: classify,
 	}
-	info.Fence = uint64(fence)
-	if owner.Valid && left > 0 {
-		info.Held = true
-		info.Owner = driver.ShortOwner(owner.String)
-		info.Remaining = time.Duration(left) * time.Millisecond
-	}
-	return info, nil
-}
-
-// Inspect implements driver.Driver.
-func (d *Driver) Inspect(ctx context.Context, key string) (driver.LeaseInfo, error) {
-	info, err := scanInfo(d.db.QueryRowContext(ctx, d.q.inspect, key))
-	if errors.Is(err, sql.ErrNoRows) {
-		return driver.LeaseInfo{Key: key}, driver.ErrNotFound
-	}
-	return info, classify(err)
-}
-
-// List implements driver.Driver.
-func (d *Driver) List(ctx context.Context, prefix string) ([]driver.LeaseInfo, error) {
-	rows, err := d.db.QueryContext(ctx, d.q.list, prefix)
-	if err != nil {
-		return nil, classify(err)
-	}
-	defer rows.Close()
-	var out []driver.LeaseInfo
-	for rows.Next() {
-		info, err := scanInfo(rows)
-		if err != nil {
-			return nil, classify(err)
-		}
-		out = append(out, info)
-	}
-	return out, classify(rows.Err())
-}
-
-// Break implements driver.Driver: in one transaction it frees the key and
-// records the break in TABLE_breaks.
-func (d *Driver) Break(ctx context.Context, key string, req driver.BreakRequest) (driver.LeaseInfo, error) {
-	tx, err := d.db.BeginTx(ctx, nil)
-	if err != nil {
-		return driver.LeaseInfo{}, classify(err)
-	}
-	defer tx.Rollback()
-	var info driver.LeaseInfo
-	var inspectLeft int64
-	var owner sql.NullString
-	var fence int64
-	if err := tx.QueryRowContext(ctx, d.q.inspect, key).Scan(&info.Key, &owner, &fence, &inspectLeft); err != nil {
-		if errors.Is(err, sql.ErrNoRows) {
-			return driver.LeaseInfo{Key: key}, fmt.Errorf("%s: %w", key, driver.ErrNotHeld)
-		}
-		return info, classify(err)
-	}
-	var nowMS int64
-	err = tx.QueryRowContext(ctx, d.q.breakLease, key).Scan(&fence, &nowMS)
-	if errors.Is(err, sql.ErrNoRows) {
-		return driver.LeaseInfo{Key: key, Fence: uint64(fence)}, fmt.Errorf("%s: %w", key, driver.ErrNotHeld)
-	}
-	if err != nil {
-		return info, classify(err)
-	}
-	info = driver.LeaseInfo{Key: key, Held: true, Owner: driver.ShortOwner(owner.String), Fence: uint64(fence), Remaining: time.Duration(inspectLeft) * time.Millisecond}
-	if _, err := tx.ExecContext(ctx, d.q.logBreak, key, fence, info.Owner, req.Reason, req.By, nowMS); err != nil {
-		return driver.LeaseInfo{}, classify(err)
-	}
-	if err := tx.Commit(); err != nil {
-		return driver.LeaseInfo{}, classify(err)
-	}
-	return info, nil
-}
-
-// Breaks implements driver.BreakLogger.
-func (d *Driver) Breaks(ctx context.Context, key string) ([]driver.BreakRecord, error) {
-	rows, err := d.db.QueryContext(ctx, d.q.breaks, key)
-	if err != nil {
-		return nil, classify(err)
-	}
-	defer rows.Close()
-	out, err := leasetable.ScanBreaks(rows)
-	return out, classify(err)
 }
 
 // Guarantees implements driver.Driver.
@@ -803,10 +709,8 @@ func (d *Driver) Close() error {
 	if done != nil {
 		<-done
 	}
-	if d.ownsDB {
-		return d.db.Close()
-	}
-	return nil
+	_, err := d.Engine.Close()
+	return err
 }
 
 // DB returns the underlying database, for guards that keep the protected

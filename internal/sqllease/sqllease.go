@@ -230,7 +230,14 @@ func (e *Engine) Close() (first bool, err error) {
 
 // Wrap wraps err from operation op on key (may be "") once, so that it
 // matches the sentinel the dialect's Classify names.
-func (e *Engine) Wrap(op, key string, err error) error {
+func (e *Engine) Wrap(op, key string, err error) error { return Wrap(e.d.Name, e.d.Classify, op, key, err) }
+
+// Wrap is Engine.Wrap for code that runs without an engine (a backend's
+// own helpers): "name: op "key": sentinel: cause", where classify names
+// the sentinel (nil: none; a cancelled or expired context then counts as
+// driver.ErrUnknownOutcome). Refusals (driver.ErrNotHeld,
+// driver.ErrNotFound) are returned as they are.
+func Wrap(name string, classify func(error) error, op, key string, err error) error {
 	where := op
 	if key != "" {
 		where = fmt.Sprintf("%s %q", op, key)
@@ -238,14 +245,14 @@ func (e *Engine) Wrap(op, key string, err error) error {
 	if errors.Is(err, driver.ErrNotHeld) || errors.Is(err, driver.ErrNotFound) {
 		return err
 	}
-	sentinel := e.d.Classify(err)
+	sentinel := classify(err)
 	if sentinel == nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
 		sentinel = driver.ErrUnknownOutcome
 	}
 	if sentinel == nil {
-		return fmt.Errorf("%s: %s: %w", e.d.Name, where, err)
+		return fmt.Errorf("%s: %s: %w", name, where, err)
 	}
-	return fmt.Errorf("%s: %s: %w: %w", e.d.Name, where, sentinel, err)
+	return fmt.Errorf("%s: %s: %w: %w", name, where, sentinel, err)
 }
 
 func (e *Engine) units(d time.Duration) int64 { return driver.TTLUnits(d, e.d.Unit) }
