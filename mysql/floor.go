@@ -7,14 +7,8 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/leasetable"
 	"github.com/fenced-dev/fenced/internal/sqllease"
-)
-
-var (
-	_ driver.FenceFloorer = (*Driver)(nil)
-	_ driver.Pruner       = (*Driver)(nil)
 )
 
 // raiseFloor raises the floor in the table TABLE_floor, which every grant

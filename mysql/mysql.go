@@ -132,11 +132,9 @@ type Driver struct {
 	*sqllease.Engine
 }
 
-var (
-	_ driver.Driver       = (*Driver)(nil)
-	_ driver.BatchRenewer = (*Driver)(nil)
-	_ driver.BreakLogger  = (*Driver)(nil)
-)
+// The engine implements driver.BatchRenewer, driver.BreakLogger,
+// driver.FenceFloorer and driver.Pruner for every SQL backend.
+var _ driver.Driver = (*Driver)(nil)
 
 // Open connects to the store named by a mysql:// URL (see the package
 // documentation) and returns a driver that owns its *sql.DB. Errors match
@@ -244,17 +242,15 @@ func connectError(cfg *mysql.Config, err error) error {
 // ErrSchema and changes nothing. Close does not close db. opts
 // may be nil.
 func New(ctx context.Context, db *sql.DB, opts *Options) (*Driver, error) {
-	var o Options
+	var name string
 	if opts != nil {
-		o = *opts
+		name = opts.Table
 	}
-	if o.Table == "" {
-		o.Table = leasetable.DefaultTable
-	}
-	if err := leasetable.ValidateTable(o.Table); err != nil {
+	table, err := leasetable.TableOrDefault(name)
+	if err != nil {
 		return nil, fmt.Errorf("mysql: %w", err)
 	}
-	d := &Driver{db: db, table: o.Table, t: quoteIdent(o.Table), b: quoteIdent(o.Table + leasetable.BreaksSuffix), f: quoteIdent(o.Table + leasetable.FloorSuffix)}
+	d := &Driver{db: db, table: table, t: quoteIdent(table), b: quoteIdent(table + leasetable.BreaksSuffix), f: quoteIdent(table + leasetable.FloorSuffix)}
 	d.std = sqllease.NewStdDB(db, false)
 	dialect := d.dialect()
 	d.Engine = sqllease.New(dialect, d.std)
@@ -401,20 +397,7 @@ func (d *Driver) renewBatch(ctx context.Context, c sqllease.Conn, reqs []sqlleas
 		return nil, err
 	}
 	q := `SELECT lease_key, owner, fence FROM ` + d.t + ` WHERE (lease_key, owner, fence) IN (` + strings.Join(tuples, ", ") + `) AND expires_at > UTC_TIMESTAMP(6)`
-	rs, err := c.Query(ctx, q, sel...)
-	if err != nil {
-		return nil, err
-	}
-	defer rs.Close()
-	var held []driver.Grant
-	for rs.Next() {
-		var g driver.Grant
-		if err := rs.Scan(&g.Key, &g.Owner, &g.Fence); err != nil {
-			return nil, err
-		}
-		held = append(held, g)
-	}
-	return held, rs.Err()
+	return sqllease.ScanGrants(c.Query(ctx, q, sel...))
 }
 
 // Guarantees implements driver.Driver.
@@ -441,33 +424,11 @@ func (d *Driver) Close() error {
 // and owners are binary strings: a character column would compare them by
 // its collation, and MySQL's defaults (latin1_swedish_ci, utf8mb4_*_ci)
 // take job:A for job:a and, with PAD SPACE, "job:a " for job:a.
-var (
-	leaseShape = leasetable.Shape{
-		Columns: []leasetable.Column{
-			{Name: "lease_key", Type: "varbinary", Identity: true, MinBytes: fenced.MaxKeyLen},
-			{Name: "owner", Type: "varbinary", Identity: true, MinBytes: maxOwnerLen},
-			{Name: "fence", Type: "bigint"},
-			{Name: "expires_at", Type: "datetime(6)"},
-		},
-		Key: "lease_key",
-	}
-	breakShape = leasetable.Shape{
-		Columns: []leasetable.Column{
-			{Name: "id", Type: "bigint"},
-			{Name: "broken_at", Type: "datetime(6)"},
-			{Name: "lease_key", Type: "varbinary", Identity: true, MinBytes: fenced.MaxKeyLen},
-			{Name: "fence", Type: "bigint"},
-			{Name: "owner", Type: "varchar"},
-			{Name: "reason", Type: "text"},
-			{Name: "broken_by", Type: "text"},
-		},
-		AutoIncrement: []string{"id"},
-	}
-	floorShape = leasetable.Shape{
-		Columns: []leasetable.Column{{Name: "id", Type: "tinyint"}, {Name: "fence_floor", Type: "bigint"}},
-		Key:     "id",
-	}
-)
+var leaseShape, breakShape, floorShape = leasetable.ColumnTypes{
+	Key: "varbinary", KeyBytes: fenced.MaxKeyLen, Owner: "varbinary", OwnerBytes: maxOwnerLen,
+	Fence: "bigint", Time: "datetime(6)", AuditID: "bigint", AuditIDAuto: true,
+	AuditOwner: "varchar", AuditText: "text", FloorID: "tinyint",
+}.Shapes()
 
 // maxOwnerLen is the owner column's width: owner tokens are far shorter.
 const maxOwnerLen = 255

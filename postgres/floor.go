@@ -13,11 +13,6 @@ import (
 	"github.com/fenced-dev/fenced/internal/sqllease"
 )
 
-var (
-	_ driver.FenceFloorer = (*Driver)(nil)
-	_ driver.Pruner       = (*Driver)(nil)
-)
-
 // pruneLockTimeout bounds how long a prune batch waits for the lease
 // table: grants and renewals queue behind a waiting prune, so it must not
 // wait long behind a transaction that holds the table (a break whose
@@ -44,7 +39,7 @@ const pruneLockTries = 5
 // so it must not run across a batch (see the acquire statement). The wait
 // for the lock is bounded (pruneLockTimeout, then tried again a few
 // times), and a batch holds it for a few hundred primary-key deletions.
-func pruneBatch(ctx context.Context, db sqllease.DB, q statements, cutoff any, after string) (leasetable.PruneBatch, error) {
+func (q statements) pruneBatch(ctx context.Context, db sqllease.DB, cutoff any, after string) (leasetable.PruneBatch, error) {
 	for try := 1; ; try++ {
 		b, err := pruneOnce(ctx, db, q, cutoff, after)
 		var pgErr *pgconn.PgError

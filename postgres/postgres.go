@@ -155,12 +155,12 @@ type Driver struct {
 	*sqllease.Engine
 }
 
-var (
-	_ driver.Driver       = (*Driver)(nil)
-	_ driver.Notifier     = (*Driver)(nil)
-	_ driver.BatchRenewer = (*Driver)(nil)
-	_ driver.BreakLogger  = (*Driver)(nil)
-)
+// Besides what the engine implements for every SQL backend
+// (sqllease.Engine), the driver is a driver.Notifier.
+var _ interface {
+	driver.Driver
+	driver.Notifier
+} = (*Driver)(nil)
 
 // ErrSchema means the lease, audit or floor table exists with a shape
 // other than the one the driver needs (from an older fenced or another
@@ -269,12 +269,11 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts *Options) (*Driver, error
 	if opts != nil {
 		o = *opts
 	}
-	if o.Table == "" {
-		o.Table = leasetable.DefaultTable
-	}
-	if err := leasetable.ValidateTable(o.Table); err != nil {
+	table, err := leasetable.TableOrDefault(o.Table)
+	if err != nil {
 		return nil, fmt.Errorf("postgres: %w", err)
 	}
+	o.Table = table
 	if o.ProbeTimeout <= 0 {
 		o.ProbeTimeout = 5 * time.Second
 	}

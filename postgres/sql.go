@@ -133,32 +133,10 @@ SELECT (SELECT count(*) FROM victims), COALESCE((SELECT max(lease_key) FROM vict
 
 // The shapes the driver needs, as readTable reports them (types as
 // pg_catalog's format_type gives them).
-var (
-	leaseShape = leasetable.Shape{
-		Columns: []leasetable.Column{
-			{Name: "lease_key", Type: "text", Identity: true},
-			{Name: "owner", Type: "text", Identity: true},
-			{Name: "fence", Type: "bigint"},
-			{Name: "expires_at", Type: "timestamp with time zone"},
-		},
-		Key: "lease_key",
-	}
-	breakShape = leasetable.Shape{
-		Columns: []leasetable.Column{
-			{Name: "id", Type: "bigint"},
-			{Name: "broken_at", Type: "timestamp with time zone"},
-			{Name: "lease_key", Type: "text", Identity: true},
-			{Name: "fence", Type: "bigint"},
-			{Name: "owner", Type: "text"},
-			{Name: "reason", Type: "text"},
-			{Name: "broken_by", Type: "text"},
-		},
-	}
-	floorShape = leasetable.Shape{
-		Columns: []leasetable.Column{{Name: "id", Type: "smallint"}, {Name: "fence_floor", Type: "bigint"}},
-		Key:     "id",
-	}
-)
+var leaseShape, breakShape, floorShape = leasetable.ColumnTypes{
+	Key: "text", Owner: "text", Fence: "bigint", Time: "timestamp with time zone",
+	AuditID: "bigint", AuditOwner: "text", AuditText: "text", FloorID: "smallint",
+}.Shapes()
 
 // ensureSchema creates the tables if missing and checks the shape of those
 // that exist, in one transaction, so that a refusal changes nothing.
@@ -355,6 +333,7 @@ func (d *Driver) dialect() *sqllease.Dialect {
 			Breaks:      sqllease.Stmt{SQL: q.breaks},
 			Floor:       sqllease.Stmt{SQL: q.floor},
 			PruneCutoff: sqllease.Stmt{SQL: q.pruneCutoff},
+			RaiseFloor:  sqllease.Stmt{SQL: q.raiseFloor},
 		},
 		Acquire: func(ctx context.Context, c sqllease.Conn, key, owner string, us int64) (uint64, int64, error) {
 			var fence, remaining int64
@@ -374,31 +353,9 @@ func (d *Driver) dialect() *sqllease.Dialect {
 			for i, r := range reqs {
 				keys[i], owners[i], fences[i], ttls[i] = r.Grant.Key, r.Grant.Owner, int64(r.Grant.Fence), r.TTL
 			}
-			rows, err := c.Query(ctx, q.renewBatch, keys, owners, fences, ttls)
-			if err != nil {
-				return nil, err
-			}
-			defer rows.Close()
-			var renewed []driver.Grant
-			for rows.Next() {
-				var g driver.Grant
-				var fence int64
-				if err := rows.Scan(&g.Key, &g.Owner, &fence); err != nil {
-					return nil, err
-				}
-				g.Fence = uint64(fence)
-				renewed = append(renewed, g)
-			}
-			return renewed, rows.Err()
+			return sqllease.ScanGrants(c.Query(ctx, q.renewBatch, keys, owners, fences, ttls))
 		},
-		RaiseFloor: func(ctx context.Context, db sqllease.DB, floor uint64) (uint64, error) {
-			var now int64
-			err := db.QueryRow(ctx, q.raiseFloor, int64(floor)).Scan(&now)
-			return uint64(now), err
-		},
-		PruneBatch: func(ctx context.Context, db sqllease.DB, cutoff any, after string) (leasetable.PruneBatch, error) {
-			return pruneBatch(ctx, db, q, cutoff, after)
-		},
-		Classify: classifyError,
+		PruneBatch: q.pruneBatch,
+		Classify:   classifyError,
 	}
 }

@@ -3,14 +3,8 @@ package sqlite
 import (
 	"context"
 
-	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/leasetable"
 	"github.com/fenced-dev/fenced/internal/sqllease"
-)
-
-var (
-	_ driver.FenceFloorer = (*Driver)(nil)
-	_ driver.Pruner       = (*Driver)(nil)
 )
 
 // pruneBatch is one batch of Prune (driver.Pruner). A row is deleted when its expires_ms is
@@ -20,7 +14,7 @@ var (
 // because the floor covers its fence. Each batch is one transaction that
 // writes first, so it holds the database's write lock while it reads,
 // deletes and raises the floor: no grant can run in between.
-func pruneBatch(ctx context.Context, db sqllease.DB, q queries, cutoff any, after string) (leasetable.PruneBatch, error) {
+func (q queries) pruneBatch(ctx context.Context, db sqllease.DB, cutoff any, after string) (leasetable.PruneBatch, error) {
 	var b leasetable.PruneBatch
 	err := db.InTx(ctx, func(tx sqllease.Conn) error {
 		args := []any{after, cutoff, leasetable.PruneBatchSize}

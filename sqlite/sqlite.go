@@ -239,29 +239,24 @@ type Driver struct {
 	*sqllease.Engine
 }
 
-var (
-	_ driver.Driver       = (*Driver)(nil)
-	_ driver.BatchRenewer = (*Driver)(nil)
-	_ driver.BreakLogger  = (*Driver)(nil)
-	_ driver.Notifier     = (*Driver)(nil)
-)
+var _ driver.Driver = (*Driver)(nil)
+
+var _ driver.Notifier = (*Driver)(nil) // by change detection, see watch.go
 
 // New returns a driver over an open SQLite database, creating the lease and
 // break tables if missing. The caller keeps ownership of db (Close does not
 // close it); it should have been opened with a busy timeout. opts may be
 // nil. A table that exists with another shape is an error.
 func New(ctx context.Context, db *sql.DB, opts *Options) (*Driver, error) {
-	var o Options
+	table := ""
 	if opts != nil {
-		o = *opts
+		table = opts.Table
 	}
-	if o.Table == "" {
-		o.Table = DefaultTable
-	}
-	if err := leasetable.ValidateTable(o.Table); err != nil {
+	table, err := leasetable.TableOrDefault(table)
+	if err != nil {
 		return nil, err
 	}
-	d := &Driver{db: db, std: sqllease.NewStdDB(db, false), table: o.Table}
+	d := &Driver{db: db, std: sqllease.NewStdDB(db, false), table: table}
 	d.Engine = sqllease.New(d.dialect(), d.std)
 	if err := d.migrate(ctx); err != nil {
 		return nil, err
@@ -272,17 +267,20 @@ func New(ctx context.Context, db *sql.DB, opts *Options) (*Driver, error) {
 // now is SQLite's clock in Unix milliseconds, stable within one statement.
 const now = `CAST(unixepoch('subsec') * 1000 AS INTEGER)`
 
+// queries are the engine's statements (sqllease.Statements) and those
+// only SQLite's dialect runs.
 type queries struct {
-	acquire, heldFor, renew, release, inspect, list, breakLease, logBreak, breaks   string
-	floor, raiseFloor, pruneCutoff, pruneRaise, pruneCount, pruneDelete, renewBatch string
+	sqllease.Statements
+	acquire, heldFor, renewBatch, pruneRaise, pruneCount, pruneDelete string
 }
 
 func newQueries(t string) queries {
 	r := strings.NewReplacer("T_", t, "NOW", now)
+	stmt := func(sql string) sqllease.Stmt { return sqllease.Stmt{SQL: r.Replace(sql)} }
 	// candidates are the rows one prune batch deletes: up to ?3 rows
 	// after key ?1 that expired before ?2.
 	const candidates = `SELECT key, fence FROM T_ WHERE key > ?1 AND expires_ms < ?2 ORDER BY key LIMIT ?3`
-	return queries{
+	q := queries{
 		// A grant's fence is one more than the larger of the row's counter
 		// and the table's fence floor; a new row starts at floor + 1. The
 		// statement runs under SQLite's write lock, so no prune can run
@@ -297,20 +295,6 @@ ON CONFLICT (key) DO UPDATE SET
 WHERE T_.owner IS NULL OR T_.expires_ms <= NOW OR T_.owner = excluded.owner
 RETURNING fence`),
 		heldFor: r.Replace(`SELECT expires_ms - NOW FROM T_ WHERE key = ?1`),
-		renew:   r.Replace(`UPDATE T_ SET expires_ms = NOW + ?4 WHERE key = ?1 AND owner = ?2 AND fence = ?3 AND expires_ms > NOW`),
-		release: r.Replace(`UPDATE T_ SET owner = NULL, expires_ms = 0 WHERE key = ?1 AND owner = ?2 AND fence = ?3`),
-		inspect: r.Replace(`SELECT owner, fence, expires_ms - NOW FROM T_ WHERE key = ?1`),
-		list: r.Replace(`SELECT key, owner, fence, expires_ms - NOW FROM T_
-WHERE substr(key, 1, length(?1)) = ?1 AND owner IS NOT NULL AND expires_ms > NOW ORDER BY key`),
-		breakLease: r.Replace(`UPDATE T_ SET owner = NULL, expires_ms = 0
-WHERE key = ?1 AND owner IS NOT NULL AND expires_ms > NOW`),
-		logBreak: r.Replace(`INSERT INTO T__breaks (key, fence, owner, reason, by_whom, at_ms) VALUES (?1, ?2, ?3, ?4, ?5, NOW)`),
-		breaks:   r.Replace(`SELECT at_ms * 1000, key, fence, owner, reason, by_whom FROM T__breaks WHERE ?1 = '' OR key = ?1 ORDER BY id`),
-		floor:    r.Replace(`SELECT COALESCE((SELECT fence_floor FROM T__floor WHERE id = 1), 0), COALESCE((SELECT max(fence) FROM T_), 0)`),
-		raiseFloor: r.Replace(`INSERT INTO T__floor (id, fence_floor) VALUES (1, ?1)
-ON CONFLICT (id) DO UPDATE SET fence_floor = max(fence_floor, excluded.fence_floor)
-RETURNING fence_floor`),
-		pruneCutoff: r.Replace(`SELECT NOW - ?1`),
 		// A prune batch writes the floor first, so that its transaction
 		// holds the write lock before it reads the candidates: nothing can
 		// change them before they are deleted.
@@ -323,6 +307,27 @@ RETURNING fence_floor`),
 		// grant, then renewBatchTail.
 		renewBatch: r.Replace(`WITH r(k, o, f, ttl) AS (VALUES `),
 	}
+	q.Statements = sqllease.Statements{
+		Renew:   stmt(`UPDATE T_ SET expires_ms = NOW + ?4 WHERE key = ?1 AND owner = ?2 AND fence = ?3 AND expires_ms > NOW`),
+		Release: stmt(`UPDATE T_ SET owner = NULL, expires_ms = 0 WHERE key = ?1 AND owner = ?2 AND fence = ?3`),
+		Inspect: stmt(`SELECT owner, fence, expires_ms - NOW FROM T_ WHERE key = ?1`),
+		List: stmt(`SELECT key, owner, fence, expires_ms - NOW FROM T_
+WHERE substr(key, 1, length(?1)) = ?1 AND owner IS NOT NULL AND expires_ms > NOW ORDER BY key`),
+		// The break transaction holds SQLite's write lock (a file opened
+		// with OpenFile begins every transaction IMMEDIATE), and BreakRow
+		// checks again that the key is held.
+		LockRow: stmt(`SELECT owner, fence, expires_ms - NOW FROM T_ WHERE key = ?1`),
+		BreakRow: stmt(`UPDATE T_ SET owner = NULL, expires_ms = 0
+WHERE key = ?1 AND owner IS NOT NULL AND expires_ms > NOW`),
+		Audit:  stmt(`INSERT INTO T__breaks (key, fence, owner, reason, by_whom, at_ms) VALUES (?1, ?2, ?3, ?4, ?5, NOW)`),
+		Breaks: stmt(`SELECT at_ms * 1000, key, fence, owner, reason, by_whom FROM T__breaks WHERE ?1 = '' OR key = ?1 ORDER BY id`),
+		Floor:  stmt(`SELECT COALESCE((SELECT fence_floor FROM T__floor WHERE id = 1), 0), COALESCE((SELECT max(fence) FROM T_), 0)`),
+		RaiseFloor: stmt(`INSERT INTO T__floor (id, fence_floor) VALUES (1, ?1)
+ON CONFLICT (id) DO UPDATE SET fence_floor = max(fence_floor, excluded.fence_floor)
+RETURNING fence_floor`),
+		PruneCutoff: stmt(`SELECT NOW - ?1`),
+	}
+	return q
 }
 
 // The shapes the driver needs, with the declared types pragma_table_info
@@ -614,23 +619,10 @@ func (d *Driver) dialect() *sqllease.Dialect {
 	q := newQueries(d.table)
 	tail := renewBatchTail(d.table)
 	return &sqllease.Dialect{
-		Name: "sqlite",
-		Unit: time.Millisecond,
-		Statements: sqllease.Statements{
-			Renew:   sqllease.Stmt{SQL: q.renew},
-			Release: sqllease.Stmt{SQL: q.release},
-			Inspect: sqllease.Stmt{SQL: q.inspect},
-			List:    sqllease.Stmt{SQL: q.list},
-			// The transaction holds SQLite's write lock (it is begun
-			// IMMEDIATE by a file opened with OpenFile); BreakRow checks
-			// again that the key is held.
-			LockRow:     sqllease.Stmt{SQL: q.inspect},
-			BreakRow:    sqllease.Stmt{SQL: q.breakLease},
-			Audit:       sqllease.Stmt{SQL: q.logBreak},
-			Breaks:      sqllease.Stmt{SQL: q.breaks},
-			Floor:       sqllease.Stmt{SQL: q.floor},
-			PruneCutoff: sqllease.Stmt{SQL: q.pruneCutoff},
-		},
+		Name:       "sqlite",
+		Unit:       time.Millisecond,
+		Statements: q.Statements,
+
 		Acquire: func(ctx context.Context, c sqllease.Conn, key, owner string, ttl int64) (uint64, int64, error) {
 			var fence, left int64
 			err := c.QueryRow(ctx, q.acquire, key, owner, ttl).Scan(&fence)
@@ -656,32 +648,10 @@ func (d *Driver) dialect() *sqllease.Dialect {
 				args = append(args, r.Grant.Key, r.Grant.Owner, int64(r.Grant.Fence), r.TTL)
 			}
 			b.WriteString(tail)
-			rows, err := c.Query(ctx, b.String(), args...)
-			if err != nil {
-				return nil, err
-			}
-			defer rows.Close()
-			var renewed []driver.Grant
-			for rows.Next() {
-				var g driver.Grant
-				var f int64
-				if err := rows.Scan(&g.Key, &g.Owner, &f); err != nil {
-					return nil, err
-				}
-				g.Fence = uint64(f)
-				renewed = append(renewed, g)
-			}
-			return renewed, rows.Err()
+			return sqllease.ScanGrants(c.Query(ctx, b.String(), args...))
 		},
-		RaiseFloor: func(ctx context.Context, db sqllease.DB, floor uint64) (uint64, error) {
-			var now int64
-			err := db.QueryRow(ctx, q.raiseFloor, int64(floor)).Scan(&now)
-			return uint64(now), err
-		},
-		PruneBatch: func(ctx context.Context, db sqllease.DB, cutoff any, after string) (leasetable.PruneBatch, error) {
-			return pruneBatch(ctx, db, q, cutoff, after)
-		},
-		Classify: classify,
+		PruneBatch: q.pruneBatch,
+		Classify:   classify,
 	}
 }
 

@@ -1,9 +1,10 @@
-// Package leasetable holds what the SQL lease-table backends (PostgreSQL,
-// MySQL/MariaDB, SQLite) share: validation of the table name taken from a
-// store URL, the check that an existing table has the shape the backend
-// needs, the scanning of break audit rows, and the small conversions and
-// errors every one of them needs. The SQL itself differs per dialect and
-// stays in each backend.
+// Package leasetable holds the table-level pieces the SQL lease-table
+// backends (PostgreSQL, MySQL/MariaDB, SQLite) share: validation of the
+// table name taken from a store URL, the table shapes (ColumnTypes) and
+// the check that an existing table has the shape the backend needs, the
+// scanning of break audit rows, the prune loop, and the small conversions
+// and errors every one of them needs. The lease operations themselves run
+// in the engine, internal/sqllease, over each backend's dialect.
 package leasetable
 
 import (
@@ -60,6 +61,15 @@ func ValidateTable(name string) error {
 		return fmt.Errorf("%w: table name %q must be lower case", driver.ErrInvalidURL, name)
 	}
 	return nil
+}
+
+// TableOrDefault returns name validated with ValidateTable, or
+// DefaultTable when name is "" (an option left at its zero value).
+func TableOrDefault(name string) (string, error) {
+	if name == "" {
+		return DefaultTable, nil
+	}
+	return name, ValidateTable(name)
 }
 
 // TableFromQuery returns the validated table name given by the URL query

@@ -119,6 +119,10 @@ type Statements struct {
 	// PruneCutoff reads the database's clock minus an age (in the
 	// dialect's unit): the expiry before which Prune deletes rows.
 	PruneCutoff Stmt
+	// RaiseFloor raises the fence floor to at least its argument and
+	// returns the floor now, in one statement; unused when
+	// Dialect.RaiseFloor is set.
+	RaiseFloor Stmt
 }
 
 // Args are the values an operation binds; Stmt.Args picks from them.
@@ -151,6 +155,27 @@ type Renewal struct {
 	TTL   int64
 }
 
+// ScanGrants reads the grants a batch renewal selected or returned, as
+// rows of key, owner, fence, for Dialect.RenewBatch; it closes rows. It
+// passes err (from the query that made rows) through.
+func ScanGrants(rows Rows, err error) ([]driver.Grant, error) {
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []driver.Grant
+	for rows.Next() {
+		var g driver.Grant
+		var fence int64
+		if err := rows.Scan(&g.Key, &g.Owner, &fence); err != nil {
+			return nil, err
+		}
+		g.Fence = uint64(fence)
+		out = append(out, g)
+	}
+	return out, rows.Err()
+}
+
 // Dialect is what a SQL store brings to the engine.
 type Dialect struct {
 	// Name prefixes every error ("postgres").
@@ -174,8 +199,9 @@ type Dialect struct {
 	// bounds len(reqs); the engine splits larger batches.
 	RenewBatch func(ctx context.Context, c Conn, reqs []Renewal) ([]driver.Grant, error)
 	MaxBatch   int
-	// RaiseFloor raises the fence floor to at least floor and returns the
-	// floor now.
+	// RaiseFloor, when set, raises the fence floor to at least floor
+	// and returns the floor now, for a database that cannot do it in the
+	// one statement Statements.RaiseFloor (MySQL has no RETURNING).
 	RaiseFloor func(ctx context.Context, db DB, floor uint64) (uint64, error)
 	// PruneBatch is one transaction of Prune: delete up to
 	// leasetable.PruneBatchSize rows after key after whose expiry is
@@ -200,6 +226,13 @@ type Engine struct {
 	mu     sync.Mutex
 	closed bool
 }
+
+var _ interface {
+	driver.BatchRenewer
+	driver.BreakLogger
+	driver.FenceFloorer
+	driver.Pruner
+} = (*Engine)(nil)
 
 // New returns an engine for dialect over db. The engine closes db in
 // Close.
@@ -230,7 +263,9 @@ func (e *Engine) Close() (first bool, err error) {
 
 // Wrap wraps err from operation op on key (may be "") once, so that it
 // matches the sentinel the dialect's Classify names.
-func (e *Engine) Wrap(op, key string, err error) error { return Wrap(e.d.Name, e.d.Classify, op, key, err) }
+func (e *Engine) Wrap(op, key string, err error) error {
+	return Wrap(e.d.Name, e.d.Classify, op, key, err)
+}
 
 // Wrap is Engine.Wrap for code that runs without an engine (a backend's
 // own helpers): "name: op "key": sentinel: cause", where classify names
@@ -495,7 +530,15 @@ func (e *Engine) RaiseFenceFloor(ctx context.Context, floor uint64) (uint64, err
 	if err := leasetable.CheckFloor(floor); err != nil {
 		return 0, fmt.Errorf("%s: raise fence floor: %w", e.d.Name, err)
 	}
-	now, err := e.d.RaiseFloor(ctx, e.db, floor)
+	var now uint64
+	var err error
+	if e.d.RaiseFloor != nil {
+		now, err = e.d.RaiseFloor(ctx, e.db, floor)
+	} else {
+		var n int64
+		err = e.db.QueryRow(ctx, e.d.Statements.RaiseFloor.SQL, int64(floor)).Scan(&n)
+		now = uint64(n)
+	}
 	if err != nil {
 		return 0, e.Wrap("raise fence floor", "", err)
 	}

@@ -17,7 +17,9 @@ type StdDB struct {
 }
 
 // NewStdDB returns the DB of db; Close closes db only when owns is set.
-func NewStdDB(db *sql.DB, owns bool) *StdDB { return &StdDB{db: db, owns: owns, stmts: map[string]*sql.Stmt{}} }
+func NewStdDB(db *sql.DB, owns bool) *StdDB {
+	return &StdDB{db: db, owns: owns, stmts: map[string]*sql.Stmt{}}
+}
 
 // Prepare prepares the hot statements of a dialect. It must be called
 // before the DB is used concurrently. On error nothing stays prepared.
