@@ -99,7 +99,9 @@ import (
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/leasetable"
+	"github.com/fenced-dev/fenced/internal/sqlident"
 	"github.com/fenced-dev/fenced/internal/sqllease"
+	"github.com/fenced-dev/fenced/internal/urlquery"
 )
 
 func init() {
@@ -162,15 +164,19 @@ func Config(u *url.URL) (*mysql.Config, string, error) {
 	if u.Opaque != "" || u.Host == "" {
 		return nil, "", fmt.Errorf("%w: want mysql://user:password@host:port/database", driver.ErrInvalidURL)
 	}
-	q, err := leasetable.ParseQuery(u.RawQuery)
+	p, err := urlquery.Parse(u.RawQuery)
 	if err != nil {
 		return nil, "", err
 	}
-	table, err := leasetable.TableFromQuery(q)
+	table, err := leasetable.TakeTable(p)
 	if err != nil {
 		return nil, "", err
 	}
-	own := leasetable.TakeParams(q, leasetable.TableParam, paramSocket)
+	socket, viaSocket, err := p.Take(paramSocket)
+	if err != nil {
+		return nil, "", err
+	}
+	q := p.Rest()
 	db := strings.TrimPrefix(u.Path, "/")
 	if db == "" || strings.Contains(db, "/") {
 		return nil, "", fmt.Errorf("%w: the path must name one database, as in mysql://host/dbname", driver.ErrInvalidURL)
@@ -189,8 +195,8 @@ func Config(u *url.URL) (*mysql.Config, string, error) {
 	cfg.User = u.User.Username()
 	cfg.Passwd, _ = u.User.Password()
 	cfg.Net, cfg.Addr = "tcp", addr
-	if s, ok := own[paramSocket]; ok {
-		cfg.Net, cfg.Addr = "unix", s
+	if viaSocket {
+		cfg.Net, cfg.Addr = "unix", socket
 	}
 	cfg.DBName = db
 	if _, set := q["interpolateParams"]; !set {
@@ -265,7 +271,7 @@ func New(ctx context.Context, db *sql.DB, opts *Options) (*Driver, error) {
 	return d, nil
 }
 
-func quoteIdent(name string) string { return "`" + strings.ReplaceAll(name, "`", "``") + "`" }
+func quoteIdent(name string) string { return sqlident.QuoteMySQL(name) }
 
 // freeExpiry is the expiry of a released or broken row: far in the past,
 // so "expired" alone decides that a row can be granted, whatever the

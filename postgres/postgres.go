@@ -118,6 +118,7 @@ import (
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/leasetable"
 	"github.com/fenced-dev/fenced/internal/sqllease"
+	"github.com/fenced-dev/fenced/internal/urlquery"
 )
 
 func init() {
@@ -198,17 +199,21 @@ func open(ctx context.Context, u *url.URL) (*Driver, error) {
 	if u.Opaque != "" {
 		return nil, fmt.Errorf("%w: want postgres://user:password@host:port/database", driver.ErrInvalidURL)
 	}
-	q, err := leasetable.ParseQuery(u.RawQuery)
+	p, err := urlquery.Parse(u.RawQuery)
 	if err != nil {
 		return nil, err
 	}
-	table, err := leasetable.TableFromQuery(q)
+	table, err := leasetable.TakeTable(p)
 	if err != nil {
 		return nil, err
 	}
-	own := leasetable.TakeParams(q, ownParams...)
 	opts := &Options{Table: table}
-	if v, ok := own[paramNotify]; ok {
+	v, ok, err := p.Take(paramNotify)
+	if err != nil {
+		return nil, err
+	}
+	q := p.Rest()
+	if ok {
 		switch strings.ToLower(v) {
 		case "on", "true", "1":
 		case "off", "false", "0":

@@ -15,6 +15,7 @@ import (
 
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/leasetable"
+	"github.com/fenced-dev/fenced/internal/sqlident"
 	"github.com/fenced-dev/fenced/internal/sqllease"
 )
 
@@ -29,9 +30,7 @@ type statements struct {
 }
 
 // quoteIdent quotes a (validated) identifier for PostgreSQL.
-func quoteIdent(name string) string {
-	return `"` + strings.ReplaceAll(name, `"`, `""`) + `"`
-}
+func quoteIdent(name string) string { return sqlident.QuoteANSI(name) }
 
 // remainingExpr is the time left on a row's grant in microseconds, by the
 // database's clock.

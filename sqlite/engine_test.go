@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/sqlite"
 )
@@ -65,5 +66,24 @@ func TestClosedDriverOverCallersDB(t *testing.T) {
 	}
 	if err := db.PingContext(ctx); err != nil {
 		t.Errorf("Close closed the caller's database: %v", err)
+	}
+}
+
+// The sqlite URL's query is read strictly, as the other SQL backends'
+// are: an empty or repeated table= used to fall back to the default
+// table, or to the first of two, unnoticed.
+func TestURLQueryIsStrict(t *testing.T) {
+	dir := t.TempDir()
+	for _, q := range []string{"table=", "table=a&table=b", "busy_timeout=1s&busy_timeout=2s", "table=a;b", "tabel=a"} {
+		u := "sqlite://" + filepath.Join(dir, "l.db") + "?" + q
+		c, err := fenced.Open(context.Background(), u, nil)
+		if err == nil {
+			c.Close()
+			t.Errorf("Open(%q) succeeded, want ErrInvalidURL", u)
+			continue
+		}
+		if !errors.Is(err, fenced.ErrInvalidURL) {
+			t.Errorf("Open(%q) = %v, want ErrInvalidURL", u, err)
+		}
 	}
 }

@@ -72,7 +72,9 @@ import (
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/leasetable"
+	"github.com/fenced-dev/fenced/internal/sqlident"
 	"github.com/fenced-dev/fenced/internal/sqllease"
+	"github.com/fenced-dev/fenced/internal/urlquery"
 )
 
 func init() {
@@ -126,29 +128,27 @@ func openURL(ctx context.Context, u *url.URL) (driver.Driver, error) {
 	} else if p, err := url.PathUnescape(path); err == nil {
 		path = p
 	}
-	var opts Options
-	q, err := url.ParseQuery(u.RawQuery)
+	p, err := urlquery.Parse(u.RawQuery)
 	if err != nil {
-		return nil, fmt.Errorf("%w: query %q: %v", driver.ErrInvalidURL, u.RawQuery, err)
+		return nil, err
 	}
-	for k := range q {
-		switch k {
-		case "table":
-			opts.Table = q.Get(k)
-		case "busy_timeout":
-			d, err := time.ParseDuration(q.Get(k))
-			if err != nil || d < 0 {
-				return nil, fmt.Errorf("%w: busy_timeout %q is not a duration such as 5s", driver.ErrInvalidURL, q.Get(k))
-			}
-			opts.BusyTimeout = d
-		default:
-			return nil, fmt.Errorf("%w: unknown sqlite URL parameter %q (known: table, busy_timeout)", driver.ErrInvalidURL, k)
-		}
+	var opts Options
+	if opts.Table, err = leasetable.TakeTable(p); err != nil {
+		return nil, err
 	}
-	if opts.Table != "" {
-		if err := leasetable.ValidateTable(opts.Table); err != nil {
-			return nil, err
+	busy, ok, err := p.Take("busy_timeout")
+	if err != nil {
+		return nil, err
+	}
+	if ok {
+		d, err := time.ParseDuration(busy)
+		if err != nil || d < 0 {
+			return nil, fmt.Errorf("%w: busy_timeout %q is not a duration such as 5s", driver.ErrInvalidURL, busy)
 		}
+		opts.BusyTimeout = d
+	}
+	if err := p.NoRest(leasetable.TableParam, "busy_timeout"); err != nil {
+		return nil, err
 	}
 	return OpenFile(ctx, path, &opts)
 }
@@ -557,7 +557,7 @@ func probeCollations(ctx context.Context, tx querier, table string, names []stri
 	var sel, probes, lits []string
 	for i, n := range names {
 		a := fmt.Sprintf("c%d", i)
-		sel = append(sel, `"`+strings.ReplaceAll(n, `"`, `""`)+`" AS `+a)
+		sel = append(sel, sqlident.QuoteANSI(n)+` AS `+a)
 		lits = append(lits, `'job:a'`)
 		probes = append(probes, a+" = upper("+a+")", a+" = "+a+" || ' '")
 	}

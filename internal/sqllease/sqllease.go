@@ -94,8 +94,8 @@ type Statements struct {
 	Renew Stmt
 	// Release frees a grant and keeps the row: key, owner, fence.
 	Release Stmt
-	// Inspect reads a key: key; columns owner ("" when free), fence, time
-	// left in the dialect's unit.
+	// Inspect reads a key: key; columns owner ("" or NULL when free),
+	// fence, time left in the dialect's unit.
 	Inspect Stmt
 	// List reads the held keys starting with a prefix, sorted byte-wise:
 	// prefix; columns key, owner, fence, time left.
