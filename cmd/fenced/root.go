@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/fenced-dev/fenced"
+	_ "github.com/fenced-dev/fenced/dynamodb"
 	_ "github.com/fenced-dev/fenced/etcd"
 	_ "github.com/fenced-dev/fenced/mem"
 	_ "github.com/fenced-dev/fenced/mysql"
@@ -119,6 +120,8 @@ the store actually used.`,
 	root.PersistentFlags().BoolVarP(&g.verbose, "verbose", "v", false, "say on stderr which store is used and what fenced does")
 	root.AddCommand(newRunCmd(g), newLsCmd(g), newInspectCmd(g), newBreakCmd(g), newGuaranteesCmd(g), newDemoCmd(g))
 	root.AddCommand(newFloorCmd(g), newPruneCmd(g))
+	root.AddCommand(newProofCmd(g))
+	root.AddCommand(newElectCmd(g), newObserveCmd(g))
 	root.AddCommand(g.extra...)
 	return root
 }
