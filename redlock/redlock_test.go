@@ -287,9 +287,11 @@ func TestValidityIncludesElapsedAndDrift(t *testing.T) {
 	ctx := ctxT(t)
 	c := startCluster(t, 3)
 	opts := c.fenced(t)
-	opts.Fence = slowFence{opts.Fence, 120 * time.Millisecond}
+	// A TTL of 1s gives each node a budget of 333ms to answer, which a
+	// loaded machine meets; the fence source alone then outlasts the TTL.
+	opts.Fence = slowFence{opts.Fence, 1200 * time.Millisecond}
 	d := c.open(t, c.nodes, opts)
-	_, err := d.TryAcquire(ctx, "k", owner(), 100*time.Millisecond)
+	_, err := d.TryAcquire(ctx, "k", owner(), time.Second)
 	if !errors.Is(err, driver.ErrUnavailable) || !strings.Contains(err.Error(), "drift") {
 		t.Fatalf("grant won after the TTL ran out: %v, want ErrUnavailable explaining the validity", err)
 	}
