@@ -126,7 +126,7 @@ func (c *Client) Acquire(ctx context.Context, key string, opts *LeaseOptions) (*
 
 func (c *Client) acquire(ctx context.Context, key string, o LeaseOptions) (*Lease, error) {
 	began := c.clock.Now()
-	ev := AcquireEvent{Key: key}
+	ev := AcquireEvent{Key: key, MaxWait: o.MaxWait, Context: ctx}
 	l, err := c.acquireLoop(ctx, key, o, &ev)
 	ev.Waited = c.clock.Now().Sub(began)
 	if err != nil {
@@ -135,6 +135,7 @@ func (c *Client) acquire(ctx context.Context, key string, o LeaseOptions) (*Leas
 	} else {
 		ev.Fence = l.fence
 		ev.FailedOpen = l.failedOpen
+		ev.Lease = l
 	}
 	c.hooks.acquired(ev)
 	return l, err
@@ -177,7 +178,7 @@ func (c *Client) acquireLoop(ctx context.Context, key string, o LeaseOptions, ev
 	for attempt := 1; ; attempt++ {
 		wake := c.wakeup(key)
 		ev.Attempts = attempt
-		c.hooks.attempt(AttemptEvent{Key: key, Attempt: attempt})
+		c.hooks.attempt(AttemptEvent{Key: key, Attempt: attempt, Context: ctx})
 		sent := c.clock.Now()
 		fence, err := c.drv.TryAcquire(ctx, key, owner, o.TTL)
 		if err == nil {
@@ -271,7 +272,7 @@ func (c *Client) acquireQueued(ctx context.Context, q driver.Queuer, key, owner 
 		}()
 	}
 	ev.Attempts = 1
-	c.hooks.attempt(AttemptEvent{Key: key, Attempt: 1})
+	c.hooks.attempt(AttemptEvent{Key: key, Attempt: 1, Context: ctx})
 	sent := c.clock.Now()
 	var (
 		fence uint64
