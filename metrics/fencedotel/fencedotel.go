@@ -5,15 +5,16 @@
 //   - "fenced.acquire", one per Acquire, TryAcquire or Do call, from the
 //     call to its outcome (so its length is the wait), parented to the span
 //     in the caller's context, with the outcome, attempts and fence;
-//
 //   - "fenced.hold", from the grant to the release or loss, parented like
 //     the acquire span and linked to it, with an event per renewal that did
 //     not succeed and a "lost" event (and an error status) when the lease
 //     was lost.
 //
-//     tel, err := fencedotel.New(meterProvider, tracerProvider, nil)
-//     ...
-//     client, err := fenced.Open(ctx, url, &fenced.Options{Hooks: tel.Hooks("postgres")})
+// Give each client the hooks of its store:
+//
+//	tel, err := fencedotel.New(meterProvider, tracerProvider, nil)
+//	...
+//	client, err := fenced.Open(ctx, url, &fenced.Options{Hooks: tel.Hooks("postgres")})
 //
 // Instrument names follow OpenTelemetry's conventions (dotted, with UCUM
 // units: "s", "1", "{lease}"); the standard translation to Prometheus
