@@ -461,7 +461,7 @@ func scanInfo(sc interface{ Scan(...any) error }) (driver.LeaseInfo, error) {
 	info.Fence = uint64(fence)
 	if owner.Valid && left > 0 {
 		info.Held = true
-		info.Owner = driver.ShortOwner(owner.String)
+		info.SetOwner(owner.String)
 		info.Remaining = time.Duration(left) * time.Millisecond
 	}
 	return info, nil
@@ -520,7 +520,8 @@ func (d *Driver) Break(ctx context.Context, key string, req driver.BreakRequest)
 	if err != nil {
 		return info, classify(err)
 	}
-	info = driver.LeaseInfo{Key: key, Held: true, Owner: driver.ShortOwner(owner.String), Fence: uint64(fence), Remaining: time.Duration(inspectLeft) * time.Millisecond}
+	info = driver.LeaseInfo{Key: key, Held: true, Fence: uint64(fence), Remaining: time.Duration(inspectLeft) * time.Millisecond}
+	info.SetOwner(owner.String)
 	if _, err := tx.ExecContext(ctx, d.q.logBreak, key, fence, info.Owner, req.Reason, req.By, nowMS); err != nil {
 		return driver.LeaseInfo{}, classify(err)
 	}
