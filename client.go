@@ -24,17 +24,31 @@ type Client struct {
 
 	renew *renewer
 
-	mu      sync.Mutex
-	closed  bool
-	leases  map[*Lease]struct{}
-	wakeups map[string]chan struct{} // local release signals, per waited-for key
-	waiting map[string]int           // waiters per key; wakeups entries live while > 0
+	// closing is cancelled when Close begins: waits end, and a grant that
+	// arrives afterwards is released instead of handed out.
+	closing      context.Context
+	beginClosing context.CancelFunc
+	// halt is cancelled when Close stops waiting for the store (after
+	// Options.CloseTimeout) or has finished: requests still in flight are
+	// abandoned then.
+	halt       context.Context
+	cancelHalt context.CancelFunc
+	closeDone  chan struct{} // closed when the first Close returns
+
+	mu       sync.Mutex
+	closed   bool
+	inflight sync.WaitGroup // acquisitions admitted before Close began
+	leases   map[*Lease]struct{}
+	wakeups  map[string]chan struct{} // local release signals, per waited-for key
+	waiting  map[string]int           // waiters per key; wakeups entries live while > 0
 }
 
 // NewClient returns a Client over drv, for backends opened with their typed
 // constructors. opts may be nil. The Client owns drv and closes it on Close.
+// Options.Defaults are not checked here: a lease is checked, defaults
+// included, when it is acquired (or by Resolve).
 func NewClient(drv driver.Driver, opts *Options) *Client {
-	c := &Client{drv: drv, leases: map[*Lease]struct{}{}, wakeups: map[string]chan struct{}{}, waiting: map[string]int{}}
+	c := &Client{drv: drv, leases: map[*Lease]struct{}{}, wakeups: map[string]chan struct{}{}, waiting: map[string]int{}, closeDone: make(chan struct{})}
 	if opts != nil {
 		c.opts = *opts
 	}
@@ -50,8 +64,13 @@ func NewClient(drv driver.Driver, opts *Options) *Client {
 	if c.opts.FallbackPoll <= 0 {
 		c.opts.FallbackPoll = 2 * time.Second
 	}
+	if c.opts.CloseTimeout <= 0 {
+		c.opts.CloseTimeout = DefaultCloseTimeout
+	}
 	c.clock = c.opts.Clock
 	c.hooks = c.opts.Hooks
+	c.closing, c.beginClosing = context.WithCancel(context.Background())
+	c.halt, c.cancelHalt = context.WithCancel(context.Background())
 	c.renew = newRenewer(c)
 	return c
 }
@@ -66,68 +85,155 @@ func (c *Client) Hooks() Hooks { return c.hooks }
 // Guarantees returns what the backend promises.
 func (c *Client) Guarantees() Guarantees { return c.drv.Guarantees() }
 
-// Close releases every lease still held through c (best effort, a few
-// seconds at most), cancels their contexts with ErrClosed and closes the
-// driver. Later calls on c return ErrClosed.
+// Close ends every lease still held through c and closes the driver. Later
+// calls on c return ErrClosed; a second Close waits for the first and
+// returns nil.
+//
+// In order: new acquisitions are refused and waiters give up with
+// ErrClosed; every lease's context is cancelled with ErrClosed, before any
+// key is freed, so no work under a lease's context is live once another
+// client can hold its key; then the leases are released at the authority,
+// in parallel. A grant that completes while Close runs is released, never
+// handed out (its Acquire returns ErrClosed).
+//
+// Close waits for the store at most Options.CloseTimeout (real time,
+// default DefaultCloseTimeout), plus the driver's own Close once no request
+// is in flight. If the store has not answered by then (a hung authority),
+// Close returns an error matching ErrUnknownOutcome: every lease's context
+// is cancelled all the same, grants whose release was not confirmed expire
+// at the authority within their TTL, and the driver is closed in the
+// background once its requests return.
 func (c *Client) Close() error {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
+		<-c.closeDone
 		return nil
 	}
 	c.closed = true
+	c.beginClosing()
 	held := make([]*Lease, 0, len(c.leases))
 	for l := range c.leases {
 		held = append(held, l)
 	}
 	c.mu.Unlock()
-	c.renew.stop()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-	defer cancel()
+	defer close(c.closeDone)
+	bound := time.AfterFunc(c.opts.CloseTimeout, c.cancelHalt)
+	defer bound.Stop()
+
+	// Cancel every lease's context first, then free the keys.
+	var ended []*Lease
 	for _, l := range held {
-		_ = l.release(ctx, ErrClosed)
+		if l.end(ErrClosed) {
+			ended = append(ended, l)
+		}
 	}
+	renewerDone := c.renew.stop()
+	var releases sync.WaitGroup
+	for _, l := range ended {
+		releases.Add(1)
+		go func() {
+			defer releases.Done()
+			_ = l.free(c.halt)
+		}()
+	}
+	settled := make(chan struct{})
+	go func() {
+		releases.Wait()
+		c.inflight.Wait() // acquisitions release what they were granted
+		<-renewerDone
+		close(settled)
+	}()
+	select {
+	case <-settled:
+	case <-c.halt.Done():
+		select {
+		case <-settled:
+		default:
+			go func() {
+				<-settled
+				_ = c.drv.Close()
+			}()
+			return fmt.Errorf("fenced: close: %w: the store did not answer within %v (Options.CloseTimeout); every lease's context is cancelled, grants whose release was not confirmed expire at the authority within their TTL, and the driver closes once its requests return",
+				ErrUnknownOutcome, c.opts.CloseTimeout)
+		}
+	}
+	c.cancelHalt()
 	return c.drv.Close()
 }
 
-func (c *Client) isClosed() bool {
+// admit registers an acquisition with c, so that Close waits for it, or
+// reports ErrClosed once Close has begun. The caller calls
+// c.inflight.Done when the acquisition is over.
+func (c *Client) admit() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.closed
+	if c.closed {
+		return ErrClosed
+	}
+	c.inflight.Add(1)
+	return nil
+}
+
+// register adds l to the leases Close ends, unless Close has begun.
+func (c *Client) register(l *Lease) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return false
+	}
+	c.leases[l] = struct{}{}
+	return true
+}
+
+// untilHalt returns a context for requests to the store: ctx, also
+// cancelled with ErrClosed when Close stops waiting for the store.
+func (c *Client) untilHalt(ctx context.Context) (context.Context, func()) {
+	hctx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(c.halt, func() { cancel(ErrClosed) })
+	return hctx, func() {
+		stop()
+		cancel(nil)
+	}
+}
+
+// releaseOrphan releases a grant that arrived after Close began and
+// returns the error its acquisition reports.
+func (c *Client) releaseOrphan(g driver.Grant) error {
+	if err := c.drv.Release(c.halt, g); err != nil {
+		return fmt.Errorf("%w: the client was closed as the grant (fence %d) arrived, and releasing it failed (it expires at the authority within its TTL): %v", ErrClosed, g.Fence, err)
+	}
+	return fmt.Errorf("%w: the client was closed as the grant (fence %d) arrived; it was released", ErrClosed, g.Fence)
 }
 
 // TryAcquire acquires a lease on key without waiting: if the key is held it
-// returns an error matching ErrHeld at once. opts may be nil; its MaxWait is
-// ignored.
+// returns an error matching ErrHeld at once. opts may be nil; its MaxWait
+// (and the client's default wait) is checked but not used.
 func (c *Client) TryAcquire(ctx context.Context, key string, opts *LeaseOptions) (*Lease, error) {
-	o := c.resolve(opts)
-	if o.MaxWait < 0 && o.MaxWait != WaitForever {
-		// Reject what Acquire would reject, although TryAcquire never waits.
-		return c.acquire(ctx, key, o)
-	}
-	o.MaxWait = 0
-	return c.acquire(ctx, key, o)
+	return c.acquire(ctx, key, opts, true)
 }
 
 // Acquire acquires a lease on key, waiting while it is held for up to
-// opts.MaxWait (zero: not at all; WaitForever: until ctx ends). Waiting uses
-// the backend's notifications or native queue when it has them and polls
-// with exponential backoff and full jitter otherwise. opts may be nil.
+// MaxWait (see LeaseOptions: NoWait, the default, not at all; WaitForever
+// until ctx ends). Waiting uses the backend's notifications or native queue
+// when it has them and polls with exponential backoff and full jitter
+// otherwise. opts may be nil; Resolve describes how it combines with the
+// client's defaults.
 //
 // The returned lease outlives ctx: cancelling ctx stops the wait, not the
 // lease. End the lease with Release. When the wait runs out the error
-// matches ErrHeld; when ctx ends it matches ctx.Err(). A correctness lease
-// on a backend with a weaker fence than accepted fails with ErrNoFence.
-// When the authority is unreachable the error matches ErrUnavailable,
-// unless an efficiency lease asked to FailOpen.
+// matches ErrHeld; when ctx ends it matches ctx.Err(). A backend whose
+// fence is weaker than MinFence fails with ErrNoFence. When the authority
+// is unreachable the error matches ErrUnavailable, unless the lease may
+// FailOpen. Once Close has begun the error matches ErrClosed.
 func (c *Client) Acquire(ctx context.Context, key string, opts *LeaseOptions) (*Lease, error) {
-	return c.acquire(ctx, key, c.resolve(opts))
+	return c.acquire(ctx, key, opts, false)
 }
 
-func (c *Client) acquire(ctx context.Context, key string, o LeaseOptions) (*Lease, error) {
+func (c *Client) acquire(ctx context.Context, key string, opts *LeaseOptions, try bool) (*Lease, error) {
 	began := c.clock.Now()
-	ev := AcquireEvent{Key: key, MaxWait: o.MaxWait, Context: ctx}
-	l, err := c.acquireLoop(ctx, key, o, &ev)
+	ev := AcquireEvent{Key: key, Context: ctx}
+	l, err := c.acquireChecked(ctx, key, opts, try, &ev)
 	ev.Waited = c.clock.Now().Sub(began)
 	if err != nil {
 		err = fmt.Errorf("fenced: acquire %q: %w", key, err)
@@ -141,29 +247,45 @@ func (c *Client) acquire(ctx context.Context, key string, o LeaseOptions) (*Leas
 	return l, err
 }
 
-func (c *Client) acquireLoop(ctx context.Context, key string, o LeaseOptions, ev *AcquireEvent) (*Lease, error) {
-	if err := c.check(key, o); err != nil {
+func (c *Client) acquireChecked(ctx context.Context, key string, opts *LeaseOptions, try bool, ev *AcquireEvent) (*Lease, error) {
+	if err := ValidateKey(key); err != nil {
 		return nil, err
 	}
-	if c.isClosed() {
-		return nil, ErrClosed
+	spec, err := c.Resolve(opts)
+	if err != nil {
+		return nil, err
 	}
+	if try {
+		spec.MaxWait = NoWait
+	}
+	ev.MaxWait = spec.MaxWait
+	if err := c.admit(); err != nil {
+		return nil, err
+	}
+	defer c.inflight.Done()
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	owner := newOwner()
+	return c.acquireLoop(ctx, key, spec, ev)
+}
 
+func (c *Client) acquireLoop(ctx context.Context, key string, s LeaseSpec, ev *AcquireEvent) (*Lease, error) {
+	owner := newOwner()
+	dctx, stop := c.untilHalt(ctx)
+	defer stop()
+
+	wait := s.MaxWait != NoWait
 	var waitOver <-chan time.Time
-	if o.MaxWait > 0 {
-		t := c.clock.NewTimer(o.MaxWait)
+	if wait && s.MaxWait != WaitForever {
+		t := c.clock.NewTimer(s.MaxWait)
 		defer t.Stop()
 		waitOver = t.C()
 	}
-	if q, ok := c.drv.(driver.Queuer); ok && o.MaxWait != 0 {
-		return c.acquireQueued(ctx, q, key, owner, o, waitOver, ev)
+	if q, ok := c.drv.(driver.Queuer); ok && wait {
+		return c.acquireQueued(ctx, dctx, q, key, owner, s, waitOver, ev)
 	}
 
-	if o.MaxWait != 0 {
+	if wait {
 		c.startWaiting(key)
 		defer c.stopWaiting(key)
 	}
@@ -180,22 +302,22 @@ func (c *Client) acquireLoop(ctx context.Context, key string, o LeaseOptions, ev
 		ev.Attempts = attempt
 		c.hooks.attempt(AttemptEvent{Key: key, Attempt: attempt, Context: ctx})
 		sent := c.clock.Now()
-		fence, err := c.drv.TryAcquire(ctx, key, owner, o.TTL)
+		fence, err := c.tryAcquire(dctx, key, owner, s)
 		if err == nil {
-			return c.newLease(ctx, key, owner, fence, sent, o), nil
+			return c.newLease(ctx, key, owner, fence, sent, s)
 		}
 		var sleep time.Duration
 		switch {
 		case errors.Is(err, ErrHeld):
 			ev.Contended = true
-			if o.MaxWait == 0 {
+			if !wait {
 				return nil, err
 			}
 			if notifier != nil && sub == nil {
 				// Subscribe, then try again at once: a release between the
 				// failed try and the subscription must not be missed.
-				if s, serr := notifier.Subscribe(ctx, key); serr == nil {
-					sub = s
+				if ns, serr := notifier.Subscribe(dctx, key); serr == nil {
+					sub = ns
 					continue
 				}
 				notifier = nil // fall back to polling
@@ -219,14 +341,14 @@ func (c *Client) acquireLoop(ctx context.Context, key string, o LeaseOptions, ev
 		case errors.Is(err, ErrUnknownOutcome), errors.Is(err, ErrUnavailable):
 			// The owner token makes a retried TryAcquire idempotent, so an
 			// unknown outcome is resolved by asking again.
-			if errors.Is(err, ErrUnavailable) && o.FailOpen && o.Purpose == Efficiency {
-				return c.failOpenLease(ctx, key, owner, sent, o), nil
+			if errors.Is(err, ErrUnavailable) && s.FailOpen {
+				return c.failOpenLease(ctx, key, owner, sent, s)
 			}
-			if o.MaxWait == 0 && attempt > 1 {
+			if !wait && attempt > 1 {
 				return nil, err
 			}
 			sleep = c.backoff(attempt - 1)
-			if o.MaxWait == 0 {
+			if !wait {
 				sleep = 0
 			}
 		default:
@@ -249,19 +371,35 @@ func (c *Client) acquireLoop(ctx context.Context, key string, o LeaseOptions, ev
 		case <-wake:
 		case <-waitOver:
 			t.Stop()
-			return nil, fmt.Errorf("gave up after waiting %v: %w", o.MaxWait, lastErr)
+			return nil, fmt.Errorf("gave up after waiting %v: %w", s.MaxWait, lastErr)
 		case <-ctx.Done():
 			t.Stop()
 			return nil, context.Cause(ctx)
+		case <-c.closing.Done():
+			t.Stop()
+			return nil, ErrClosed
 		}
 		t.Stop()
 	}
 }
 
-func (c *Client) acquireQueued(ctx context.Context, q driver.Queuer, key, owner string, o LeaseOptions, waitOver <-chan time.Time, ev *AcquireEvent) (*Lease, error) {
-	qctx, cancel := context.WithCancelCause(ctx)
+// tryAcquire makes one grant request, with the lease's terms for drivers
+// that take them.
+func (c *Client) tryAcquire(ctx context.Context, key, owner string, s LeaseSpec) (uint64, error) {
+	if ta, ok := c.drv.(driver.TermsAcquirer); ok {
+		return ta.TryAcquireTerms(ctx, key, owner, s.terms())
+	}
+	return c.drv.TryAcquire(ctx, key, owner, s.TTL)
+}
+
+// acquireQueued waits in the backend's native queue. ctx is the caller's;
+// dctx is ctx bounded by Close (see untilHalt).
+func (c *Client) acquireQueued(ctx, dctx context.Context, q driver.Queuer, key, owner string, s LeaseSpec, waitOver <-chan time.Time, ev *AcquireEvent) (*Lease, error) {
+	qctx, cancel := context.WithCancelCause(dctx)
 	defer cancel(nil)
-	errWaitOver := fmt.Errorf("gave up after waiting %v: %w", o.MaxWait, ErrHeld)
+	// Close ends the wait at once; the queue leaves nothing behind.
+	defer context.AfterFunc(c.closing, func() { cancel(ErrClosed) })()
+	errWaitOver := fmt.Errorf("gave up after waiting %v: %w", s.MaxWait, ErrHeld)
 	if waitOver != nil {
 		go func() {
 			select {
@@ -284,27 +422,29 @@ func (c *Client) acquireQueued(ctx context.Context, q driver.Queuer, key, owner 
 		// offset over to c's clock.
 		realStart := time.Now()
 		var confirmed time.Time
-		fence, confirmed, err = tq.AcquireTimed(qctx, key, owner, o.TTL)
+		fence, confirmed, err = tq.AcquireTimed(qctx, key, owner, s.TTL)
 		if err == nil && confirmed.After(realStart) {
 			sent = sent.Add(confirmed.Sub(realStart))
 		}
 	} else {
-		fence, err = q.Acquire(qctx, key, owner, o.TTL)
+		fence, err = q.Acquire(qctx, key, owner, s.TTL)
 	}
 	if err != nil {
-		if cause := context.Cause(qctx); cause == errWaitOver {
+		switch cause := context.Cause(qctx); {
+		case cause == errWaitOver:
 			ev.Contended = true
 			return nil, errWaitOver
-		}
-		if ctx.Err() != nil {
+		case ctx.Err() != nil:
 			return nil, context.Cause(ctx)
+		case errors.Is(cause, ErrClosed):
+			return nil, ErrClosed
 		}
-		if errors.Is(err, ErrUnavailable) && o.FailOpen && o.Purpose == Efficiency {
-			return c.failOpenLease(ctx, key, owner, sent, o), nil
+		if errors.Is(err, ErrUnavailable) && s.FailOpen {
+			return c.failOpenLease(ctx, key, owner, sent, s)
 		}
 		return nil, err
 	}
-	return c.newLease(ctx, key, owner, fence, sent, o), nil
+	return c.newLease(ctx, key, owner, fence, sent, s)
 }
 
 func (c *Client) startWaiting(key string) {

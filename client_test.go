@@ -189,7 +189,7 @@ func TestMaxHoldStopsRenewal(t *testing.T) {
 	}
 }
 
-func TestFailOpenOnlyForEfficiency(t *testing.T) {
+func TestFailOpenOnlyWithoutFence(t *testing.T) {
 	f := newFaulty(nil)
 	f.acquireErr = driver.ErrUnavailable
 	var events []fenced.AcquireEvent
@@ -197,17 +197,17 @@ func TestFailOpenOnlyForEfficiency(t *testing.T) {
 	defer c.Close()
 	ctx := context.Background()
 	if _, err := c.TryAcquire(ctx, "k", nil); !errors.Is(err, fenced.ErrUnavailable) {
-		t.Fatalf("correctness lease with the store down: %v, want ErrUnavailable (fail closed)", err)
+		t.Fatalf("strict lease with the store down: %v, want ErrUnavailable (fail closed)", err)
 	}
-	if _, err := c.TryAcquire(ctx, "k", &fenced.LeaseOptions{Purpose: fenced.Efficiency}); !errors.Is(err, fenced.ErrUnavailable) {
-		t.Fatalf("efficiency lease without FailOpen: %v, want ErrUnavailable", err)
+	if _, err := c.TryAcquire(ctx, "k", &fenced.LeaseOptions{MinFence: fenced.FenceNone}); !errors.Is(err, fenced.ErrUnavailable) {
+		t.Fatalf("fenceless lease without FailOpen: %v, want ErrUnavailable", err)
 	}
-	l, err := c.TryAcquire(ctx, "k", &fenced.LeaseOptions{Purpose: fenced.Efficiency, FailOpen: true})
+	l, err := c.TryAcquire(ctx, "k", &fenced.LeaseOptions{MinFence: fenced.FenceNone, FailOpen: fenced.On})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !l.FailedOpen() || l.Fence() != 0 || l.Err() != nil {
-		t.Fatalf("failed-open lease: FailedOpen %v fence %d err %v", l.FailedOpen(), l.Fence(), l.Err())
+	if !l.FailedOpen() || l.Fence() != 0 || l.Err() != nil || l.Spec().AutoRenew {
+		t.Fatalf("failed-open lease: FailedOpen %v fence %d err %v spec %+v", l.FailedOpen(), l.Fence(), l.Err(), l.Spec())
 	}
 	if last := events[len(events)-1]; !last.FailedOpen {
 		t.Fatalf("Acquired hook did not report the fail-open: %+v", last)
@@ -217,7 +217,7 @@ func TestFailOpenOnlyForEfficiency(t *testing.T) {
 	}
 }
 
-func TestCorrectnessNeedsStrictFence(t *testing.T) {
+func TestMinFenceRefusesWeakerBackend(t *testing.T) {
 	ctx := context.Background()
 	for _, tc := range []struct {
 		strength driver.FenceStrength
@@ -225,13 +225,16 @@ func TestCorrectnessNeedsStrictFence(t *testing.T) {
 		ok       bool
 	}{
 		{driver.FenceStrict, fenced.LeaseOptions{}, true},
+		{driver.FenceStrict, fenced.LeaseOptions{MinFence: fenced.FenceNone}, true},
 		{driver.FenceRepeatable, fenced.LeaseOptions{}, false},
-		{driver.FenceRepeatable, fenced.LeaseOptions{AllowRepeatableFence: true}, true},
-		{driver.FenceRepeatable, fenced.LeaseOptions{Purpose: fenced.Efficiency}, true},
+		{driver.FenceRepeatable, fenced.LeaseOptions{MinFence: fenced.FenceStrict}, false},
+		{driver.FenceRepeatable, fenced.LeaseOptions{MinFence: fenced.FenceRepeatable}, true},
+		{driver.FenceRepeatable, fenced.LeaseOptions{MinFence: fenced.FenceNone}, true},
 		{driver.FenceNone, fenced.LeaseOptions{}, false},
-		{driver.FenceNone, fenced.LeaseOptions{AllowRepeatableFence: true}, false},
-		{driver.FenceNone, fenced.LeaseOptions{AllowNoFence: true}, true},
-		{driver.FenceNone, fenced.LeaseOptions{Purpose: fenced.Efficiency}, true},
+		{driver.FenceNone, fenced.LeaseOptions{MinFence: fenced.FenceRepeatable}, false},
+		{driver.FenceNone, fenced.LeaseOptions{MinFence: fenced.FenceNone}, true},
+		{driver.FenceUnset, fenced.LeaseOptions{MinFence: fenced.FenceRepeatable}, false}, // undeclared counts as none
+		{driver.FenceUnset, fenced.LeaseOptions{MinFence: fenced.FenceNone}, true},
 	} {
 		f := newFaulty(nil)
 		s := tc.strength
@@ -301,11 +304,18 @@ func TestAcquireOptionsValidation(t *testing.T) {
 	ctx := context.Background()
 	for _, o := range []fenced.LeaseOptions{
 		{TTL: time.Second, SafetyMargin: 2 * time.Second},
+		{TTL: time.Second, SafetyMargin: -time.Millisecond},
 		{TTL: time.Second, MaxHold: -time.Second},
-		{Purpose: fenced.Correctness, FailOpen: true},
+		{TTL: time.Second, RenewEvery: -time.Second},
+		{TTL: time.Second, RenewEvery: 995 * time.Millisecond}, // after local validity ends
+		{MaxWait: -time.Second},
+		{FailOpen: fenced.On},
+		{MinFence: fenced.FenceStrict, FailOpen: fenced.On},
+		{MinFence: fenced.FenceStrength(9)},
+		{AutoRenew: fenced.Switch(7)},
 	} {
-		if _, err := c.TryAcquire(ctx, "k", &o); err == nil {
-			t.Errorf("options %+v accepted", o)
+		if _, err := c.TryAcquire(ctx, "k", &o); !errors.Is(err, fenced.ErrInvalidOptions) {
+			t.Errorf("options %+v: %v, want ErrInvalidOptions", o, err)
 		}
 	}
 	if l, _ := c.List(ctx, ""); len(l) != 0 {

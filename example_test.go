@@ -108,15 +108,46 @@ func ExampleClient_Do() {
 	// sending the invoice with fence 1
 }
 
-func ExampleLeaseOptions_purpose() {
+func ExampleLeaseOptions_minFence() {
 	ctx := context.Background()
-	client, _ := fenced.Open(ctx, "mem://example-purpose", nil)
+	client, _ := fenced.Open(ctx, "mem://example-min-fence", nil)
 	defer client.Close()
 
-	// Efficiency leases may fail open when the store is down; correctness
-	// leases (the default) must fail closed, so asking for both is refused.
-	_, err := client.TryAcquire(ctx, "cache:warm", &fenced.LeaseOptions{FailOpen: true})
+	// Work whose duplicates only waste effort accepts any store and may run
+	// without a lease when the store is down. Failing open is only possible
+	// for a lease that accepts no fence, so asking for it alone is refused.
+	_, err := client.TryAcquire(ctx, "cache:warm", &fenced.LeaseOptions{FailOpen: fenced.On})
 	fmt.Println(err)
+
+	l, err := client.TryAcquire(ctx, "cache:warm", &fenced.LeaseOptions{MinFence: fenced.FenceNone, FailOpen: fenced.On})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer l.Release(ctx)
+	fmt.Println("min fence:", l.Spec().MinFence, "fail open:", l.Spec().FailOpen)
 	// Output:
-	// fenced: acquire "cache:warm": FailOpen is only allowed for Efficiency leases: a correctness lease must fail closed
+	// fenced: acquire "cache:warm": invalid lease options: FailOpen (set on the lease): On needs MinFence FenceNone, since a lease that fails open has no fence, but MinFence is strict (package default)
+	// min fence: none fail open: true
+}
+
+func ExampleClient_Resolve() {
+	ctx := context.Background()
+	// A client whose defaults suit cache work: any store, fail open, wait.
+	client, _ := fenced.Open(ctx, "mem://example-resolve", &fenced.Options{Defaults: fenced.LeaseOptions{
+		MinFence: fenced.FenceNone,
+		FailOpen: fenced.On,
+		MaxWait:  time.Minute,
+	}})
+	defer client.Close()
+
+	// A lease that says what it needs gets exactly that: the client's
+	// fail-open default cannot apply to a lease that wants a strict fence,
+	// and NoWait beats the default wait.
+	spec, err := client.Resolve(&fenced.LeaseOptions{MinFence: fenced.FenceStrict, MaxWait: fenced.NoWait})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("min fence:", spec.MinFence, "fail open:", spec.FailOpen, "no wait:", spec.MaxWait == fenced.NoWait)
+	// Output:
+	// min fence: strict fail open: false no wait: true
 }

@@ -22,9 +22,12 @@
 //	client, err := fenced.Open(ctx, "sqlite:///var/lib/app/leases.db")
 //
 // Every backend declares its Guarantees (fence strength, whose clock decides
-// expiry, notification, FIFO). A lease for Correctness, the default purpose,
-// is refused on a backend whose fence is weaker than strict unless the caller
-// accepts the weaker fence explicitly in LeaseOptions.
+// expiry, notification, FIFO). A lease is refused on a backend whose fence
+// is weaker than its LeaseOptions.MinFence, strict unless the lease (or the
+// client's defaults) names a weaker one: FenceRepeatable, or FenceNone for
+// work that needs no fence. Only a lease that accepts no fence may FailOpen.
+// An option a lease sets always beats the client's default for it; see
+// LeaseOptions and Client.Resolve.
 //
 // # Errors
 //
@@ -58,6 +61,7 @@ var (
 	ErrNoFence        = driver.ErrNoFence
 	ErrInvalidKey     = driver.ErrInvalidKey
 	ErrInvalidTTL     = driver.ErrInvalidTTL
+	ErrInvalidOptions = driver.ErrInvalidOptions
 	ErrInvalidURL     = driver.ErrInvalidURL
 	ErrNotFound       = driver.ErrNotFound
 	ErrUnsupported    = driver.ErrUnsupported
@@ -72,8 +76,10 @@ type (
 	BreakRecord   = driver.BreakRecord
 )
 
-// Fence strengths, weakest first.
+// Fence strengths, weakest first. FenceUnset is the zero value: as
+// LeaseOptions.MinFence it inherits the client's default.
 const (
+	FenceUnset      = driver.FenceUnset
 	FenceNone       = driver.FenceNone
 	FenceRepeatable = driver.FenceRepeatable
 	FenceStrict     = driver.FenceStrict

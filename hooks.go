@@ -45,17 +45,19 @@ type AcquireEvent struct {
 	Key      string
 	Fence    uint64
 	Attempts int
-	// MaxWait is the resolved wait of the call: zero for TryAcquire and
-	// for leases that do not wait, WaitForever for an unbounded wait. It
-	// tells a refusal at once (an error matching ErrHeld with MaxWait zero)
-	// from a wait that ran out (ErrHeld with MaxWait non-zero).
+	// MaxWait is the resolved wait of the call: NoWait for TryAcquire and
+	// for leases that do not wait, WaitForever, or a positive duration
+	// (zero when the options were refused before a wait was resolved). It
+	// tells a refusal at once (an error matching ErrHeld with MaxWait
+	// NoWait) from a wait that ran out (ErrHeld after a positive MaxWait).
 	MaxWait time.Duration
 	// Waited is the time from the call to the outcome.
 	Waited time.Duration
 	// Contended reports whether the key was found held at least once.
 	Contended bool
-	// FailedOpen reports an efficiency lease granted locally because the
-	// authority was unavailable.
+	// FailedOpen reports a lease granted locally because the authority was
+	// unavailable and the lease may fail open (MinFence FenceNone, FailOpen
+	// On).
 	FailedOpen bool
 	// Err is nil on success.
 	Err error
@@ -95,9 +97,11 @@ type ReleaseEvent struct {
 	Fence uint64
 	Held  time.Duration
 	Err   error
-	// Cause is ErrReleased when the holder called Release, and ErrClosed
-	// when Client.Close released the lease (its work was cancelled with
-	// ErrClosed while it still held the lease).
+	// Cause is the lease's end cause: ErrReleased when the holder called
+	// Release, ErrClosed when Client.Close released the lease (its work
+	// was cancelled with ErrClosed while it still held the lease), or the
+	// loss cause of a lease that was lost before it was released (its Lost
+	// event came first).
 	Cause error
 	// Lease is the released lease.
 	Lease *Lease

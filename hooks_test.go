@@ -70,10 +70,10 @@ func TestHookEventsCarryLeaseContextAndCause(t *testing.T) {
 		t.Fatalf("%d acquire events, want 3", len(r.acquired))
 	}
 	ok, held, waited := r.acquired[0], r.acquired[1], r.acquired[2]
-	if ok.Lease != l || ok.Context.Value(ctxKey{}) != "caller" || ok.MaxWait != 0 {
+	if ok.Lease != l || ok.Context.Value(ctxKey{}) != "caller" || ok.MaxWait != fenced.NoWait {
 		t.Fatalf("granted AcquireEvent: Lease %p (want %p), MaxWait %v, context %v", ok.Lease, l, ok.MaxWait, ok.Context)
 	}
-	if held.Lease != nil || held.Err == nil || held.MaxWait != 0 {
+	if held.Lease != nil || held.Err == nil || held.MaxWait != fenced.NoWait {
 		t.Fatalf("refused AcquireEvent: %+v", held)
 	}
 	if waited.Lease != closed || waited.MaxWait != time.Second {
@@ -126,7 +126,7 @@ func TestBrokenLeaseCauseNamesTheBreak(t *testing.T) {
 	// is lost, not broken.
 	c2 := fenced.NewClient(mem.New(&mem.Options{Clock: clk}), &fenced.Options{Clock: clk})
 	defer c2.Close()
-	l2, err := c2.TryAcquire(ctx, "job:expired", &fenced.LeaseOptions{TTL: 3 * time.Second, NoAutoRenew: true})
+	l2, err := c2.TryAcquire(ctx, "job:expired", &fenced.LeaseOptions{TTL: 3 * time.Second, AutoRenew: fenced.Off})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,7 +21,9 @@ var ErrReleased = errors.New("lease released")
 // monotonic clock from the moment the acquire (or last successful renew)
 // request was sent, minus SafetyMargin, so it never outlasts the
 // authority's view. When the lease ends its context is cancelled with a
-// cause matching ErrLost, ErrExpired, ErrReleased or ErrClosed.
+// cause matching ErrLost, ErrExpired, ErrReleased or ErrClosed; when it
+// ends by Release or Close, that happens before the key is freed at the
+// authority.
 //
 // Checking the lease before a write is not enough: the process can pause
 // between the check and the write. Send Fence with every write and let the
@@ -30,37 +32,46 @@ type Lease struct {
 	c          *Client
 	key, owner string
 	fence      uint64
-	opts       LeaseOptions
+	spec       LeaseSpec
 	acquired   time.Time
 	failedOpen bool
 
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 	reset  chan struct{}
+	freed  chan struct{} // closed when the release at the authority is over
 
-	mu          sync.Mutex
-	validUntil  time.Time
-	nextRenew   time.Time
-	renewing    bool
-	lastErr     error
-	maxHoldHit  bool
-	ended       bool
-	released    bool
-	releaseErr  error
-	renewedOnce bool
+	mu         sync.Mutex
+	validUntil time.Time
+	nextRenew  time.Time
+	renewing   bool
+	lastErr    error
+	maxHoldHit bool
+	ended      bool
+	released   bool  // Release or Close has taken the lease over
+	releaseErr error // set before freed is closed
 }
 
-func (c *Client) newLease(parent context.Context, key, owner string, fence uint64, sent time.Time, o LeaseOptions) *Lease {
+func (c *Client) makeLease(parent context.Context, key, owner string, fence uint64, sent time.Time, s LeaseSpec) *Lease {
 	l := &Lease{
-		c: c, key: key, owner: owner, fence: fence, opts: o, acquired: sent,
+		c: c, key: key, owner: owner, fence: fence, spec: s, acquired: sent,
 		reset:      make(chan struct{}, 1),
-		validUntil: sent.Add(o.TTL - o.SafetyMargin),
-		nextRenew:  sent.Add(o.RenewEvery),
+		freed:      make(chan struct{}),
+		validUntil: sent.Add(s.validity()),
+		nextRenew:  sent.Add(s.RenewEvery),
 	}
 	l.ctx, l.cancel = context.WithCancelCause(context.WithoutCancel(parent))
-	c.mu.Lock()
-	c.leases[l] = struct{}{}
-	c.mu.Unlock()
+	return l
+}
+
+// newLease hands out a grant, or releases it and returns ErrClosed if Close
+// began while it was being granted.
+func (c *Client) newLease(parent context.Context, key, owner string, fence uint64, sent time.Time, s LeaseSpec) (*Lease, error) {
+	l := c.makeLease(parent, key, owner, fence, sent, s)
+	if !c.register(l) {
+		l.cancel(ErrClosed)
+		return nil, c.releaseOrphan(l.grant())
+	}
 	go l.watchExpiry()
 	if w, ok := c.drv.(driver.LossWatcher); ok {
 		if ch, err := w.WatchLoss(l.ctx, l.grant()); err == nil {
@@ -71,25 +82,22 @@ func (c *Client) newLease(parent context.Context, key, owner string, fence uint6
 			}()
 		}
 	}
-	if !o.NoAutoRenew {
+	if s.AutoRenew {
 		c.renew.add(l)
 	}
-	return l
+	return l, nil
 }
 
-func (c *Client) failOpenLease(parent context.Context, key, owner string, sent time.Time, o LeaseOptions) *Lease {
-	o.NoAutoRenew = true
-	l := &Lease{
-		c: c, key: key, owner: owner, opts: o, acquired: sent, failedOpen: true,
-		reset:      make(chan struct{}, 1),
-		validUntil: sent.Add(o.TTL - o.SafetyMargin),
+func (c *Client) failOpenLease(parent context.Context, key, owner string, sent time.Time, s LeaseSpec) (*Lease, error) {
+	s.AutoRenew, s.RenewEvery = false, 0
+	l := c.makeLease(parent, key, owner, 0, sent, s)
+	l.failedOpen = true
+	if !c.register(l) {
+		l.cancel(ErrClosed)
+		return nil, ErrClosed
 	}
-	l.ctx, l.cancel = context.WithCancelCause(context.WithoutCancel(parent))
-	c.mu.Lock()
-	c.leases[l] = struct{}{}
-	c.mu.Unlock()
 	go l.watchExpiry()
-	return l
+	return l, nil
 }
 
 func (l *Lease) grant() driver.Grant { return driver.Grant{Key: l.key, Owner: l.owner, Fence: l.fence} }
@@ -107,16 +115,18 @@ func (l *Lease) Fence() uint64 { return l.fence }
 // ownership: pass it to guards that record it, never log it in full.
 func (l *Lease) Owner() string { return l.owner }
 
-// FailedOpen reports whether this efficiency lease was granted locally
-// because the authority was unavailable and FailOpen was set. Such a lease
-// excludes nobody and has fence zero.
+// FailedOpen reports whether this lease was granted locally because the
+// authority was unavailable and its options allowed FailOpen (with MinFence
+// FenceNone). Such a lease excludes nobody, has fence zero and is not
+// renewed.
 func (l *Lease) FailedOpen() bool { return l.failedOpen }
 
-// Purpose returns the lease's purpose.
-func (l *Lease) Purpose() Purpose { return l.opts.Purpose }
+// Spec returns the terms the lease was granted with, as Client.Resolve
+// decided them. A lease that failed open reports AutoRenew false.
+func (l *Lease) Spec() LeaseSpec { return l.spec }
 
 // TTL returns the lease's time to live at the authority.
-func (l *Lease) TTL() time.Duration { return l.opts.TTL }
+func (l *Lease) TTL() time.Duration { return l.spec.TTL }
 
 // Context returns a context that is cancelled, with a cause, when the lease
 // ends. Run the protected work under it.
@@ -165,7 +175,7 @@ func (l *Lease) Healthy() bool {
 func (l *Lease) String() string { return l.grant().String() }
 
 // Renew extends the lease by its TTL now. Automatic renewal makes this
-// unnecessary unless NoAutoRenew is set. It returns an error matching
+// unnecessary unless AutoRenew is Off. It returns an error matching
 // ErrNotHeld (and the lease ends with ErrLost) if the authority no longer
 // has this grant, or the lease's end cause if it has already ended.
 func (l *Lease) Renew(ctx context.Context) error {
@@ -176,7 +186,7 @@ func (l *Lease) Renew(ctx context.Context) error {
 		return fmt.Errorf("fenced: renew %q: lease failed open: %w", l.key, ErrUnavailable)
 	}
 	sent := l.c.clock.Now()
-	err := l.c.drv.Renew(ctx, l.grant(), l.opts.TTL)
+	err := l.c.drv.Renew(ctx, l.grant(), l.spec.TTL)
 	l.applyRenew(sent, err)
 	if err != nil {
 		return fmt.Errorf("fenced: renew %q: %w", l.key, err)
@@ -184,41 +194,59 @@ func (l *Lease) Renew(ctx context.Context) error {
 	return nil
 }
 
-// Release ends the lease at the authority, keeping the key's fence
-// counter, and cancels the lease's context with ErrReleased. It never
-// removes another owner's grant: if the grant was lost or replaced it
-// returns an error matching ErrNotHeld. A second call returns the first
-// call's result.
+// Release ends the lease: it first cancels the lease's context with
+// ErrReleased (unless the lease has already ended with another cause), so
+// that no work under it is live once another client can get the key, and
+// then ends the grant at the authority, keeping the key's fence counter.
+// It never removes another owner's grant: if the grant was lost or replaced
+// it returns an error matching ErrNotHeld. A second call (or a call after
+// Close) waits for the first release and returns its result, or ctx's
+// error if ctx ends first.
 func (l *Lease) Release(ctx context.Context) error {
-	return l.release(ctx, ErrReleased)
+	if !l.end(ErrReleased) {
+		select {
+		case <-l.freed:
+			return l.releaseErr
+		case <-ctx.Done():
+			return fmt.Errorf("fenced: release %q: %w", l.key, context.Cause(ctx))
+		}
+	}
+	return l.free(ctx)
 }
 
-func (l *Lease) release(ctx context.Context, cause error) error {
+// end ends the lease locally: it stops renewal, forgets the lease and
+// cancels its context with cause (which keeps an earlier cause if the lease
+// was already lost). It reports false, doing nothing, if Release or Close
+// already took the lease over. The caller then frees the grant.
+func (l *Lease) end(cause error) bool {
 	l.mu.Lock()
 	if l.released {
-		err := l.releaseErr
 		l.mu.Unlock()
-		return err
+		return false
 	}
 	l.released = true
 	l.ended = true
 	l.mu.Unlock()
 	l.c.renew.remove(l)
 	l.c.forget(l)
+	l.cancel(cause)
+	return true
+}
+
+// free releases the grant at the authority, once, after end.
+func (l *Lease) free(ctx context.Context) error {
 	var err error
 	if !l.failedOpen {
 		err = l.c.drv.Release(ctx, l.grant())
 	}
-	l.cancel(cause)
 	l.c.signalRelease(l.key)
 	held := l.c.clock.Now().Sub(l.acquired)
 	if err != nil {
 		err = fmt.Errorf("fenced: release %q: %w", l.key, err)
 	}
-	l.c.hooks.released(ReleaseEvent{Key: l.key, Fence: l.fence, Held: held, Err: err, Cause: cause, Lease: l})
-	l.mu.Lock()
+	l.c.hooks.released(ReleaseEvent{Key: l.key, Fence: l.fence, Held: held, Err: err, Cause: context.Cause(l.ctx), Lease: l})
 	l.releaseErr = err
-	l.mu.Unlock()
+	close(l.freed)
 	return err
 }
 
@@ -252,15 +280,14 @@ func (l *Lease) applyRenew(sent time.Time, err error) {
 		// Try again soon, but not in a tight loop: a fraction of what
 		// validity is left.
 		left := l.validUntil.Sub(l.c.clock.Now())
-		l.nextRenew = l.c.clock.Now().Add(max(min(l.opts.RenewEvery/4, left/3), time.Millisecond))
+		l.nextRenew = l.c.clock.Now().Add(max(min(l.spec.RenewEvery/4, left/3), time.Millisecond))
 		return
 	}
 	l.lastErr = nil
-	l.renewedOnce = true
-	if v := sent.Add(l.opts.TTL - l.opts.SafetyMargin); v.After(l.validUntil) {
+	if v := sent.Add(l.spec.validity()); v.After(l.validUntil) {
 		l.validUntil = v
 	}
-	l.nextRenew = sent.Add(l.opts.RenewEvery)
+	l.nextRenew = sent.Add(l.spec.RenewEvery)
 	select {
 	case l.reset <- struct{}{}:
 	default:
@@ -280,11 +307,11 @@ func (l *Lease) watchExpiry() {
 			l.mu.Unlock()
 			switch {
 			case maxHold:
-				l.lose(fmt.Errorf("%w: MaxHold %v reached, renewal stopped", ErrExpired, l.opts.MaxHold))
+				l.lose(fmt.Errorf("%w: MaxHold %v reached, renewal stopped", ErrExpired, l.spec.MaxHold))
 			case lastErr != nil:
 				l.lose(fmt.Errorf("%w: no renewal confirmed in time (last error: %v)", ErrExpired, lastErr))
-			case l.opts.NoAutoRenew || l.failedOpen:
-				l.lose(fmt.Errorf("%w: TTL %v ran out without renewal", ErrExpired, l.opts.TTL))
+			case !l.spec.AutoRenew:
+				l.lose(fmt.Errorf("%w: TTL %v ran out without renewal", ErrExpired, l.spec.TTL))
 			default:
 				l.lose(fmt.Errorf("%w: no renewal confirmed in time", ErrExpired))
 			}

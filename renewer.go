@@ -16,6 +16,11 @@ import (
 type renewer struct {
 	c *Client
 
+	// ctx bounds every renewal request; stop cancels it, since the leases
+	// are ended (their contexts cancelled) before the renewer stops.
+	ctx    context.Context
+	cancel context.CancelFunc
+
 	mu      sync.Mutex
 	leases  map[*Lease]struct{}
 	started bool
@@ -26,13 +31,23 @@ type renewer struct {
 }
 
 func newRenewer(c *Client) *renewer {
-	return &renewer{c: c, leases: map[*Lease]struct{}{}, kick: make(chan struct{}, 1), done: make(chan struct{})}
+	r := &renewer{c: c, leases: map[*Lease]struct{}{}, kick: make(chan struct{}, 1), done: make(chan struct{})}
+	r.ctx, r.cancel = context.WithCancel(context.Background())
+	return r
 }
 
+// add schedules l for renewal, unless the renewer has stopped or l has
+// already ended (Close can end a lease between its grant and this call).
 func (r *renewer) add(l *Lease) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.stopped {
+		return
+	}
+	l.mu.Lock()
+	ended := l.ended
+	l.mu.Unlock()
+	if ended {
 		return
 	}
 	r.leases[l] = struct{}{}
@@ -57,21 +72,33 @@ func (r *renewer) wake() {
 	}
 }
 
-func (r *renewer) stop() {
+// stop stops scheduling renewals and cancels those in flight. It returns
+// at once, with a channel closed when the renewer's goroutines are gone
+// (which a driver that ignores its context can delay).
+func (r *renewer) stop() <-chan struct{} {
 	r.mu.Lock()
-	if r.stopped {
-		r.mu.Unlock()
-		return
+	if !r.stopped {
+		r.stopped = true
+		close(r.done)
+		r.cancel()
 	}
-	r.stopped = true
-	close(r.done)
 	r.mu.Unlock()
-	r.wg.Wait()
+	gone := make(chan struct{})
+	go func() {
+		r.wg.Wait()
+		close(gone)
+	}()
+	return gone
 }
 
 func (r *renewer) loop() {
 	defer r.wg.Done()
 	for {
+		select {
+		case <-r.done:
+			return
+		default:
+		}
 		batch, next := r.due()
 		if len(batch) > 0 {
 			r.wg.Add(1)
@@ -122,8 +149,8 @@ func (r *renewer) due() (batch []*Lease, next time.Time) {
 	}
 	for l := range r.leases {
 		l.mu.Lock()
-		if !l.renewing && !l.nextRenew.After(now.Add(l.opts.RenewEvery/2)) {
-			if l.opts.MaxHold > 0 && now.Add(l.opts.TTL).After(l.acquired.Add(l.opts.MaxHold)) {
+		if !l.renewing && !l.nextRenew.After(now.Add(l.spec.RenewEvery/2)) {
+			if l.spec.MaxHold != HoldForever && now.Add(l.spec.TTL).After(l.acquired.Add(l.spec.MaxHold)) {
 				// Renewing would extend the lease past MaxHold: stop here and
 				// let it expire.
 				l.maxHoldHit = true
@@ -148,13 +175,13 @@ func (r *renewer) renewBatch(batch []*Lease) {
 	}
 	// A renewal confirmed after local validity ran out is useless, so the
 	// request may take at most that long (but at least a little).
-	ctx, cancel := context.WithTimeout(context.Background(), max(deadline.Sub(now), 50*time.Millisecond))
+	ctx, cancel := context.WithTimeout(r.ctx, max(deadline.Sub(now), 50*time.Millisecond))
 	defer cancel()
 	sent := r.c.clock.Now()
 	if br, ok := r.c.drv.(driver.BatchRenewer); ok && len(batch) > 1 {
 		reqs := make([]driver.RenewRequest, len(batch))
 		for i, l := range batch {
-			reqs[i] = driver.RenewRequest{Grant: l.grant(), TTL: l.opts.TTL}
+			reqs[i] = driver.RenewRequest{Grant: l.grant(), TTL: l.spec.TTL}
 		}
 		errs, err := br.RenewBatch(ctx, reqs)
 		for i, l := range batch {
@@ -171,7 +198,7 @@ func (r *renewer) renewBatch(batch []*Lease) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			l.applyRenew(sent, r.c.drv.Renew(ctx, l.grant(), l.opts.TTL))
+			l.applyRenew(sent, r.c.drv.Renew(ctx, l.grant(), l.spec.TTL))
 		}()
 	}
 	wg.Wait()

@@ -64,13 +64,18 @@ var (
 	// ErrUnknownOutcome means a request was sent but its outcome is unknown
 	// (for example the connection broke after the write was sent).
 	ErrUnknownOutcome = errors.New("outcome unknown")
-	// ErrNoFence means a correctness lease was requested on a backend whose
-	// fence is weaker than the caller accepted.
+	// ErrNoFence means a lease was requested on a backend whose fence is
+	// weaker than the lease's minimum (fenced.LeaseOptions.MinFence).
 	ErrNoFence = errors.New("backend cannot provide the fencing token this lease requires")
 	// ErrInvalidKey means a key failed validation.
 	ErrInvalidKey = errors.New("invalid key")
-	// ErrInvalidTTL means a TTL failed validation.
+	// ErrInvalidTTL means a TTL, or another duration of a lease's terms,
+	// failed validation.
 	ErrInvalidTTL = errors.New("invalid TTL")
+	// ErrInvalidOptions means lease options failed validation: a value out
+	// of range or a combination that cannot be honoured (FailOpen with a
+	// fence required). Errors about durations match ErrInvalidTTL as well.
+	ErrInvalidOptions = errors.New("invalid lease options")
 	// ErrInvalidURL means a store URL could not be parsed or names an
 	// unknown scheme.
 	ErrInvalidURL = errors.New("invalid store URL")
@@ -179,13 +184,20 @@ type BreakRecord struct {
 	By     string
 }
 
-// FenceStrength says how far a backend's fence can be trusted.
+// FenceStrength says how far a backend's fence can be trusted. The
+// strengths are ordered: FenceNone < FenceRepeatable < FenceStrict, so
+// "at least as strong as" is >=.
 type FenceStrength int
 
 const (
+	// FenceUnset is the zero value and no strength at all. In
+	// fenced.LeaseOptions.MinFence it means "inherit the client's default";
+	// in Guarantees.Fence it means the backend did not declare a strength,
+	// and the portable layer treats it as FenceNone.
+	FenceUnset FenceStrength = iota
 	// FenceNone: the backend issues no monotonic token (Redlock, advisory
 	// locks). The fence reported to users is zero.
-	FenceNone FenceStrength = iota
+	FenceNone
 	// FenceRepeatable: strictly increasing while the authority's data
 	// survives, but a failover or a restart without persistence can issue a
 	// fence again (asynchronously replicated Redis).
@@ -198,6 +210,8 @@ const (
 // String returns the strength's name as used in docs and CLI output.
 func (s FenceStrength) String() string {
 	switch s {
+	case FenceUnset:
+		return "unset"
 	case FenceNone:
 		return "none"
 	case FenceRepeatable:
@@ -309,6 +323,34 @@ type Queuer interface {
 type TimedQueuer interface {
 	Queuer
 	AcquireTimed(ctx context.Context, key, owner string, ttl time.Duration) (fence uint64, confirmed time.Time, err error)
+}
+
+// DefaultSafetyMargin is the allowance for clock drift and round trip
+// subtracted from a TTL when the lease's options name none: 1% of the TTL
+// plus 2ms. Drivers that need a drift allowance outside a lease (Redlock's
+// TryAcquire called directly) use it too, so both agree.
+func DefaultSafetyMargin(ttl time.Duration) time.Duration { return ttl/100 + 2*time.Millisecond }
+
+// Terms are the parts of a lease's resolved, validated terms (see
+// fenced.LeaseSpec) that a driver may act on beyond its TTL.
+type Terms struct {
+	// TTL is how long the authority keeps the grant without renewal.
+	TTL time.Duration
+	// SafetyMargin is what the portable layer subtracts from the TTL for
+	// the holder's local validity (measured from before the first request
+	// was sent). It is positive and shorter than TTL.
+	SafetyMargin time.Duration
+}
+
+// TermsAcquirer is implemented by drivers whose decision to grant depends
+// on a lease's terms beyond its TTL: Redlock accepts a majority only if
+// TTL minus the time the round took minus the drift allowance is still
+// positive, and takes the lease's SafetyMargin as that allowance, so the
+// driver's check and the holder's local validity are the same arithmetic.
+// The portable layer calls TryAcquireTerms instead of TryAcquire; it must
+// behave as TryAcquire with t.TTL in every other respect.
+type TermsAcquirer interface {
+	TryAcquireTerms(ctx context.Context, key, owner string, t Terms) (fence uint64, err error)
 }
 
 // RenewRequest is one element of a batched renewal.

@@ -50,7 +50,7 @@
 // (driver.LossWatcher) cancels the lease of a key deleted behind its back
 // (session expired, or broken by an admin). A grant that its holder stops
 // renewing while the session is kept alive by other grants is deleted by
-// the driver when its TTL has passed, so NoAutoRenew leases end on time.
+// the driver when its TTL has passed, so leases with AutoRenew Off end on time.
 //
 // etcd counts lease TTLs in whole seconds and raises short ones to its own
 // minimum (one and a half election timeouts), so the driver accepts TTLs of

@@ -37,7 +37,7 @@ func TestRepeatedFenceAfterFailoverRefused(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		lc := fenced.NewClient(d, &fenced.Options{Defaults: fenced.LeaseOptions{AllowRepeatableFence: true, TTL: time.Minute, NoAutoRenew: true}})
+		lc := fenced.NewClient(d, &fenced.Options{Defaults: fenced.LeaseOptions{MinFence: fenced.FenceRepeatable, TTL: time.Minute, AutoRenew: fenced.Off}})
 		t.Cleanup(func() { lc.Close() })
 		return lc
 	}

@@ -140,10 +140,10 @@ func AcquireResult(e fenced.AcquireEvent) string {
 	case e.Err == nil:
 		return ResultAcquired
 	case errors.Is(e.Err, fenced.ErrHeld):
-		if e.MaxWait == 0 {
-			return ResultHeld
+		if e.MaxWait > 0 || e.MaxWait == fenced.WaitForever {
+			return ResultTimeout
 		}
-		return ResultTimeout
+		return ResultHeld
 	case errors.Is(e.Err, context.DeadlineExceeded):
 		return ResultTimeout
 	case errors.Is(e.Err, context.Canceled):

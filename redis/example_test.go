@@ -12,7 +12,7 @@ import (
 )
 
 // Open a store by URL. Redis's fence can repeat after a failover, so a
-// correctness lease must accept that explicitly.
+// lease must accept that explicitly with MinFence.
 func Example() {
 	ctx := context.Background()
 	client, err := fenced.Open(ctx, "redis://:password@127.0.0.1:6379/0?wait_replicas=1", nil)
@@ -20,7 +20,7 @@ func Example() {
 		log.Fatal(err)
 	}
 	defer client.Close()
-	err = client.Do(ctx, "invoice:inv_72", &fenced.LeaseOptions{TTL: 10 * time.Second, MaxWait: time.Minute, AllowRepeatableFence: true},
+	err = client.Do(ctx, "invoice:inv_72", &fenced.LeaseOptions{TTL: 10 * time.Second, MaxWait: time.Minute, MinFence: fenced.FenceRepeatable},
 		func(ctx context.Context, l *fenced.Lease) error {
 			fmt.Println("charging with fence", l.Fence())
 			return nil
@@ -37,7 +37,7 @@ func ExampleNew() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	client := fenced.NewClient(drv, &fenced.Options{Defaults: fenced.LeaseOptions{Purpose: fenced.Efficiency}})
+	client := fenced.NewClient(drv, &fenced.Options{Defaults: fenced.LeaseOptions{MinFence: fenced.FenceNone}})
 	defer client.Close()
 	fmt.Println(client.Guarantees().Fence)
 }

@@ -220,20 +220,20 @@ func TestCorrectnessLeaseNeedsConsent(t *testing.T) {
 	defer c.Close()
 	_, err := c.TryAcquire(ctx, "ledger:append", nil)
 	if !errors.Is(err, fenced.ErrNoFence) {
-		t.Fatalf("correctness lease without consent: %v, want ErrNoFence", err)
+		t.Fatalf("strict lease without consent: %v, want ErrNoFence", err)
 	}
-	for _, want := range []string{"repeatable-after-failover", "failover", "restart without persistence", "AllowRepeatableFence", "Efficiency"} {
+	for _, want := range []string{"repeatable-after-failover", "failover", "restart without persistence", "FenceRepeatable", "FenceNone"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not mention %q", err, want)
 		}
 	}
 	t.Logf("refusal reads: %v", err)
-	l, err := c.TryAcquire(ctx, "ledger:append", &fenced.LeaseOptions{AllowRepeatableFence: true})
+	l, err := c.TryAcquire(ctx, "ledger:append", &fenced.LeaseOptions{MinFence: fenced.FenceRepeatable})
 	if err != nil {
 		t.Fatal(err)
 	}
 	l.Release(ctx)
-	l, err = c.TryAcquire(ctx, "cache:warm", &fenced.LeaseOptions{Purpose: fenced.Efficiency})
+	l, err = c.TryAcquire(ctx, "cache:warm", &fenced.LeaseOptions{MinFence: fenced.FenceNone})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -99,7 +99,7 @@ func TestWaiterWakesAtExpiry(t *testing.T) {
 	c := fenced.NewClient(newDriver(t, srv, nil), &fenced.Options{FallbackPoll: time.Minute, MinBackoff: time.Minute, MaxBackoff: time.Minute})
 	defer c.Close()
 	start := time.Now()
-	l, err := c.Acquire(ctx, "job", &fenced.LeaseOptions{Purpose: fenced.Efficiency, MaxWait: 30 * time.Second})
+	l, err := c.Acquire(ctx, "job", &fenced.LeaseOptions{MinFence: fenced.FenceNone, MaxWait: 30 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -48,7 +48,8 @@
 // noeviction or volatile-*), but Redis replicates asynchronously, so after a
 // failover to a replica that had not received a grant, or a restart without
 // persistence, the lock is gone and the same fence can be issued to a second
-// holder. A correctness lease therefore needs LeaseOptions.AllowRepeatableFence.
+// holder. A lease on it therefore needs LeaseOptions.MinFence FenceRepeatable
+// (or FenceNone): the default minimum, FenceStrict, is refused.
 //
 // Waiters are woken by pub/sub: release and break PUBLISH on the key's
 // channel inside their script; each driver holds one subscriber connection
@@ -508,7 +509,7 @@ func (d *Driver) Subscribe(ctx context.Context, key string) (driver.Subscription
 }
 
 // guaranteesNote is the Note of Guarantees; the portable Client quotes it
-// when it refuses a correctness lease.
+// when it refuses a lease whose MinFence is strict.
 const guaranteesNote = "redis: fences come from a per-key INCR counter and rise strictly only while this node keeps its data, " +
 	"which needs appendonly yes, appendfsync always and no eviction; replication is asynchronous, so a failover to a replica " +
 	"that missed a grant, or a restart without persistence, loses the lock and can hand the same fence to a second holder"

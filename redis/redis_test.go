@@ -32,7 +32,7 @@ func TestConformance(t *testing.T) {
 	srv := testenv.StartRedis(t, testenv.RedisConfig{Password: "s3cret"})
 	drivertest.RunConformanceTests(t, drivertest.Harness{
 		Open:          func(t *testing.T) driver.Driver { return newDriver(t, srv, nil) },
-		LeaseDefaults: fenced.LeaseOptions{AllowRepeatableFence: true},
+		LeaseDefaults: fenced.LeaseOptions{MinFence: fenced.FenceRepeatable},
 		ShortTTL:      300 * time.Millisecond,
 		BadURLs: []string{
 			"redis://",

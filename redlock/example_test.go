@@ -10,7 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Redlock without a fence source serves efficiency leases.
+// Redlock without a fence source serves leases that need no fence.
 func Example() {
 	ctx := context.Background()
 	client, err := fenced.Open(ctx, "redlock://:pw@10.0.0.1:6379,10.0.0.2:6379,10.0.0.3:6379/0", nil)
@@ -18,7 +18,7 @@ func Example() {
 		log.Fatal(err)
 	}
 	defer client.Close()
-	err = client.Do(ctx, "cache:rebuild", &fenced.LeaseOptions{Purpose: fenced.Efficiency}, func(ctx context.Context, l *fenced.Lease) error {
+	err = client.Do(ctx, "cache:rebuild", &fenced.LeaseOptions{MinFence: fenced.FenceNone}, func(ctx context.Context, l *fenced.Lease) error {
 		fmt.Println("rebuilding; Redlock's fence is", l.Fence())
 		return nil
 	})

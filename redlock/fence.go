@@ -22,7 +22,10 @@ type clientFence struct{ c *fenced.Client }
 
 func (f *clientFence) Next(ctx context.Context, key string) (uint64, error) {
 	l, err := f.c.Acquire(ctx, key, &fenced.LeaseOptions{
-		TTL: 10 * time.Second, MaxWait: fenced.WaitForever, Purpose: fenced.Efficiency, NoAutoRenew: true,
+		// Every term is explicit, so c's defaults cannot change them: any
+		// fence c's store issues will do (Strength reports which), but a
+		// lease that failed open has none, so never fail open.
+		TTL: 10 * time.Second, MaxWait: fenced.WaitForever, MinFence: fenced.FenceNone, FailOpen: fenced.Off, AutoRenew: fenced.Off,
 	})
 	if err != nil {
 		return 0, err

@@ -21,7 +21,11 @@
 // TryAcquire sends a grant script to every node in parallel and succeeds
 // once a majority (N/2+1) granted it within the budget (at most a third of
 // the TTL); it then checks that the TTL minus the time taken minus a drift
-// allowance (1% of the TTL + 2ms) is still positive. It returns as soon as
+// allowance is still positive. The allowance is the lease's SafetyMargin
+// (fenced.LeaseSpec, 1% of the TTL + 2ms unless the lease or the client's
+// defaults set another), which the driver receives through
+// driver.TermsAcquirer, so its check and the holder's local validity are
+// the same arithmetic. It returns as soon as
 // the outcome is decided, so nodes that are down or stopped cost nothing
 // beyond the budget. A failed attempt releases whatever it was granted on
 // every node. The driver tries once; the portable Client retries with
@@ -29,7 +33,7 @@
 // on release, and waiters subscribe on every node). Renewal and release go
 // to every node in parallel; renewal needs a majority. The Client measures
 // validity from before the first request was sent, minus the same drift
-// allowance (LeaseOptions.SafetyMargin defaults to TTL/100 + 2ms).
+// allowance.
 //
 // A node whose key holds a value fenced did not write refuses the grant
 // and is never written to; if that costs the majority, the attempt fails
@@ -43,9 +47,10 @@
 // (Guarantees.ClockStepSafe is false).
 //
 // Redlock has no monotonic token: with no FenceSource the driver declares
-// FenceNone, every fence is zero, and a correctness lease is refused unless
-// the caller sets AllowNoFence (and fences the resource itself) or uses
-// Purpose Efficiency. Its mutual exclusion also rests on timing
+// FenceNone, every fence is zero, and a lease is refused unless its
+// LeaseOptions.MinFence is FenceNone: work whose duplicates only waste
+// effort, or a caller who fences the resource itself. Its mutual exclusion
+// also rests on timing
 // assumptions (bounded clock drift between nodes, pauses and network delays
 // shorter than the TTL) and on nodes keeping their data across restarts
 // (appendfsync always, or restarts delayed by a TTL).
@@ -131,10 +136,11 @@ type node struct {
 }
 
 var (
-	_ driver.Driver       = (*Driver)(nil)
-	_ driver.Notifier     = (*Driver)(nil)
-	_ driver.BatchRenewer = (*Driver)(nil)
-	_ driver.BreakLogger  = (*Driver)(nil)
+	_ driver.Driver        = (*Driver)(nil)
+	_ driver.TermsAcquirer = (*Driver)(nil)
+	_ driver.Notifier      = (*Driver)(nil)
+	_ driver.BatchRenewer  = (*Driver)(nil)
+	_ driver.BreakLogger   = (*Driver)(nil)
 )
 
 // New returns a Redlock driver over clients, one per independent Redis
@@ -348,18 +354,24 @@ collect:
 	return got
 }
 
-// drift is Redlock's allowance for clock drift between nodes.
-func drift(ttl time.Duration) time.Duration { return ttl/100 + 2*time.Millisecond }
-
 type acquired struct {
 	status int64
 	fence  uint64
 	pttl   int64
 }
 
-// TryAcquire implements driver.Driver: one parallel round to every node
-// (after one request to the fence source, if any).
+// TryAcquire implements driver.Driver: TryAcquireTerms with the default
+// drift allowance, driver.DefaultSafetyMargin(ttl).
 func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
+	return d.TryAcquireTerms(ctx, key, owner, driver.Terms{TTL: ttl, SafetyMargin: driver.DefaultSafetyMargin(ttl)})
+}
+
+// TryAcquireTerms implements driver.TermsAcquirer: one parallel round to
+// every node (after one request to the fence source, if any); the grant
+// counts if a majority made it and t.TTL minus the time the round took
+// minus t.SafetyMargin (the drift allowance) is still positive.
+func (d *Driver) TryAcquireTerms(ctx context.Context, key, owner string, t driver.Terms) (uint64, error) {
+	ttl, drift := t.TTL, t.SafetyMargin
 	if err := d.usable(); err != nil {
 		return 0, err
 	}
@@ -449,7 +461,7 @@ func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Dur
 			ours, granted = n, f
 		}
 	}
-	validity := ttl - elapsed - drift(ttl)
+	validity := ttl - elapsed - drift
 	if ours >= d.quorum && validity > 0 {
 		return granted, nil
 	}
@@ -474,7 +486,7 @@ func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Dur
 		return 0, fmt.Errorf("redlock: acquire %q: %w", key, rediskit.ForeignError(k.Lock))
 	case ours >= d.quorum:
 		return 0, fmt.Errorf("redlock: acquire %q: %w: a majority granted it but only after %v of the %v TTL (drift allowance %v); released it",
-			key, driver.ErrUnavailable, elapsed.Round(time.Millisecond), ttl, drift(ttl))
+			key, driver.ErrUnavailable, elapsed.Round(time.Millisecond), ttl, drift)
 	case len(heldTTLs) > 0 || stale:
 		// Held elsewhere: the key frees when enough holders' grants end;
 		// the shortest remaining time is the earliest worth another try.

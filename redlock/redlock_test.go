@@ -79,7 +79,7 @@ func TestConformance(t *testing.T) {
 				opts.Budget = time.Second // generous for a loaded machine under -race
 				return c.open(t, c.nodes, opts)
 			},
-			LeaseDefaults: fenced.LeaseOptions{AllowRepeatableFence: true},
+			LeaseDefaults: fenced.LeaseOptions{MinFence: fenced.FenceRepeatable},
 			// The acquisition budget is at most a third of the TTL; keep it
 			// large enough for a loaded machine under -race.
 			ShortTTL: 900 * time.Millisecond,
@@ -127,24 +127,24 @@ func TestNoFence(t *testing.T) {
 		t.Fatalf("Guarantees = %+v, want FenceNone with notification", g)
 	}
 	_, err = cl.TryAcquire(ctx, "ledger", nil)
-	if !errors.Is(err, fenced.ErrNoFence) || !strings.Contains(err.Error(), "FenceSource") || !strings.Contains(err.Error(), "AllowNoFence") {
-		t.Fatalf("correctness lease: %v, want ErrNoFence telling how to supply a fence source", err)
+	if !errors.Is(err, fenced.ErrNoFence) || !strings.Contains(err.Error(), "FenceSource") || !strings.Contains(err.Error(), "MinFence to FenceNone") {
+		t.Fatalf("strict lease: %v, want ErrNoFence telling how to supply a fence source", err)
 	}
 	t.Logf("refusal reads: %v", err)
-	l, err := cl.TryAcquire(ctx, "cache", &fenced.LeaseOptions{Purpose: fenced.Efficiency})
+	l, err := cl.TryAcquire(ctx, "cache", &fenced.LeaseOptions{MinFence: fenced.FenceNone})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if l.Fence() != 0 {
 		t.Fatalf("fence %d without a source, want 0", l.Fence())
 	}
-	if _, err := cl.TryAcquire(ctx, "cache", &fenced.LeaseOptions{Purpose: fenced.Efficiency}); !errors.Is(err, fenced.ErrHeld) {
+	if _, err := cl.TryAcquire(ctx, "cache", &fenced.LeaseOptions{MinFence: fenced.FenceNone}); !errors.Is(err, fenced.ErrHeld) {
 		t.Fatalf("second holder: %v, want ErrHeld", err)
 	}
 	if err := l.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	l, err = cl.TryAcquire(ctx, "ledger", &fenced.LeaseOptions{AllowNoFence: true})
+	l, err = cl.TryAcquire(ctx, "ledger", &fenced.LeaseOptions{MinFence: fenced.FenceNone})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,7 +164,7 @@ func TestFenceFromURL(t *testing.T) {
 	if g := cl.Guarantees(); g.Fence != fenced.FenceRepeatable {
 		t.Fatalf("Guarantees with a redis fence source = %+v, want the source's strength", g)
 	}
-	opts := &fenced.LeaseOptions{AllowRepeatableFence: true}
+	opts := &fenced.LeaseOptions{MinFence: fenced.FenceRepeatable}
 	var last uint64
 	for i := 0; i < 3; i++ {
 		l, err := cl.TryAcquire(ctx, "job", opts)
@@ -473,4 +473,29 @@ func TestRestartWithoutPersistenceGivesTwoHolders(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestSafetyMarginIsDriftAllowance checks that the driver's validity check
+// after a round uses the lease's SafetyMargin, as the client's local
+// validity does: a margin that leaves no validity after any round trip
+// makes the grant worthless, so it is refused and taken back, while the
+// default margin grants.
+func TestSafetyMarginIsDriftAllowance(t *testing.T) {
+	ctx := ctxT(t)
+	c := startCluster(t, 3)
+	cl := fenced.NewClient(c.open(t, c.nodes, redlock.Options{}), nil)
+	defer cl.Close()
+	ttl := time.Second
+	_, err := cl.TryAcquire(ctx, "margin", &fenced.LeaseOptions{TTL: ttl, SafetyMargin: ttl - time.Nanosecond, MinFence: fenced.FenceNone, AutoRenew: fenced.Off})
+	if !errors.Is(err, fenced.ErrUnavailable) || !strings.Contains(err.Error(), "drift allowance 999.999999ms") {
+		t.Fatalf("grant with a margin of all but 1ns of the TTL: %v; want ErrUnavailable naming the lease's margin as the drift allowance", err)
+	}
+	if info, err := cl.Inspect(ctx, "margin"); err == nil && info.Held {
+		t.Fatalf("the refused grant was left held: %+v", info)
+	}
+	l, err := cl.TryAcquire(ctx, "margin", &fenced.LeaseOptions{TTL: ttl, MinFence: fenced.FenceNone})
+	if err != nil {
+		t.Fatalf("grant with the default margin: %v", err)
+	}
+	l.Release(ctx)
 }

@@ -57,19 +57,27 @@ func (d *Driver) holder(conn *zk.Conn, lockPath string) (name string, stat *zk.S
 	if err != nil {
 		return "", nil, nil, 0, err
 	}
-	children, err := sortChildren(lockPath, names)
+	children, err := parseChildren(lockPath, names)
 	if err != nil {
 		return "", nil, nil, 0, err
 	}
-	for _, c := range children {
-		data, stat, err = conn.Get(lockPath + "/" + c.name)
+	// The holder is the oldest node by czxid (see order.go); nodes
+	// released meanwhile drop out.
+	children, err = readCzxids(conn, lockPath, children)
+	if err != nil {
+		return "", nil, nil, 0, err
+	}
+	for len(children) > 0 {
+		i := oldest(children)
+		data, stat, err = conn.Get(lockPath + "/" + children[i].name)
 		if errors.Is(err, zk.ErrNoNode) {
-			continue // released meanwhile
+			children = append(children[:i], children[i+1:]...)
+			continue
 		}
 		if err != nil {
 			return "", nil, nil, 0, err
 		}
-		return c.name, stat, data, record, nil
+		return children[i].name, stat, data, record, nil
 	}
 	return "", nil, nil, record, nil
 }

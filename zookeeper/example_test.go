@@ -40,7 +40,7 @@ func ExampleNew() {
 		log.Fatal(err)
 	}
 	defer conn.Close()
-	d, err := zookeeper.New(conn, &zookeeper.Options{Root: "/app/locks", SessionTimeout: 30 * time.Second})
+	d, err := zookeeper.New(conn, &zookeeper.Options{Root: "/app/locks", SessionTimeout: 30 * time.Second, TickTime: 2 * time.Second})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -4,10 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
-	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/go-zookeeper/zk"
@@ -31,37 +28,31 @@ type entry struct {
 	zc       *zsession
 	lockPath string
 	uuid     string
-	path     string // full node path once known
-	session  int64
-	czxid    int64
-	granted  bool
+	// The node's identity, set together by setNode once known.
+	path    string // full node path
+	czxid   int64  // the fence
+	session int64  // the session that owns the node
+	granted bool
 }
 
 func (e *entry) protectedPrefix() string { return "_c_" + e.uuid + "-" }
 
-// child is one lock node under a lock path.
-type child struct {
-	name string
-	seq  int64
+// setNode records the identity of e's node. It is the only place that sets
+// it, so that no way of finding the node (create, or lookup by protected
+// prefix after an unknown outcome) can leave part of it unset.
+func (e *entry) setNode(path string, czxid, session int64) {
+	e.path, e.czxid, e.session = path, czxid, session
 }
 
-// sortChildren orders lock nodes by sequence, as Curator does, and rejects
-// nodes that are not lock nodes.
-func sortChildren(lockPath string, names []string) ([]child, error) {
-	out := make([]child, 0, len(names))
-	for _, n := range names {
-		i := strings.LastIndex(n, lockMarker)
-		if i < 0 {
-			return nil, fmt.Errorf("zookeeper: lock path %s holds foreign node %q (not a lock node \"...lock-<sequence>\"): remove it or use another chroot", lockPath, n)
-		}
-		seq, err := strconv.ParseInt(n[i+len(lockMarker):], 10, 64)
-		if err != nil {
-			return nil, fmt.Errorf("zookeeper: lock path %s holds foreign node %q (no sequence number after \"lock-\"): remove it or use another chroot", lockPath, n)
-		}
-		out = append(out, child{n, seq})
+// adoptNode records the node at path, found by its protected prefix, as
+// e's node. It refuses (false) a node whose owning session is not the live
+// session: that session ended, and the server is deleting its nodes.
+func (e *entry) adoptNode(path string, stat *zk.Stat) bool {
+	if stat.EphemeralOwner == 0 || stat.EphemeralOwner != e.zc.conn.SessionID() {
+		return false
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].seq < out[j].seq })
-	return out, nil
+	e.setNode(path, stat.Czxid, stat.EphemeralOwner)
+	return true
 }
 
 func (d *Driver) lookup(key, owner string) *entry {
@@ -172,26 +163,28 @@ func (d *Driver) ensureParents(conn *zk.Conn, path string) error {
 // as soon as the create returns.
 func (d *Driver) createNode(ctx context.Context, e *entry) error {
 	type result struct {
-		path  string
-		czxid int64
-		err   error
+		path           string
+		czxid, session int64
+		err            error
 	}
 	ch := make(chan result, 1)
 	data := []byte(e.id.owner)
 	go func() {
-		create := func() (string, int64, error) {
+		create := func() (result, error) {
 			res, err := e.zc.conn.Multi(
 				&zk.CreateRequest{Path: e.lockPath + "/" + e.protectedPrefix() + lockMarker, Data: data, Acl: d.acl, Flags: zk.FlagEphemeral | zk.FlagSequence},
 				&zk.SetDataRequest{Path: e.lockPath, Version: -1})
 			if err != nil {
-				return "", 0, err
+				return result{}, err
 			}
 			if len(res) != 2 || res[1].Stat == nil {
-				return "", 0, fmt.Errorf("unexpected multi response %+v", res)
+				return result{}, fmt.Errorf("unexpected multi response %+v", res)
 			}
-			return res[0].String, res[1].Stat.Mzxid, nil
+			// The session that just created the node owns it (taken now: a
+			// new connection has no session id until it is established).
+			return result{path: res[0].String, czxid: res[1].Stat.Mzxid, session: e.zc.conn.SessionID()}, nil
 		}
-		p, czxid, err := create()
+		r, err := create()
 		if errors.Is(err, zk.ErrNoNode) {
 			// The lock path does not exist yet: the transaction failed,
 			// nothing was applied. Make the path and create once.
@@ -199,7 +192,7 @@ func (d *Driver) createNode(ctx context.Context, e *entry) error {
 				ch <- result{err: perr}
 				return
 			}
-			p, czxid, err = create()
+			r, err = create()
 		}
 		if err != nil && !errors.Is(err, zk.ErrNodeExists) && !errors.Is(err, zk.ErrNoAuth) && !errors.Is(err, zk.ErrSessionExpired) && !errors.Is(err, zk.ErrNoNode) {
 			// Connection loss: the create may have been applied.
@@ -208,13 +201,14 @@ func (d *Driver) createNode(ctx context.Context, e *entry) error {
 			case ferr == nil && found != "":
 				ok, stat, serr := e.zc.conn.Exists(found)
 				if serr == nil && ok {
-					p, czxid, err = found, stat.Czxid, nil
+					r, err = result{path: found, czxid: stat.Czxid, session: stat.EphemeralOwner}, nil
 				}
 			case ferr == nil:
 				err = fmt.Errorf("%w: %v (no node with our protected prefix was created)", driver.ErrUnavailable, err)
 			}
 		}
-		ch <- result{p, czxid, err}
+		r.err = err
+		ch <- r
 	}()
 	select {
 	case r := <-ch:
@@ -227,9 +221,7 @@ func (d *Driver) createNode(ctx context.Context, e *entry) error {
 			}
 			return writeErr("create lock node", r.err)
 		}
-		// The session that just created the node owns it (taken now: a
-		// new connection has no session id until it is established).
-		e.path, e.czxid, e.session = r.path, r.czxid, e.zc.conn.SessionID()
+		e.setNode(r.path, r.czxid, r.session)
 		return nil
 	case <-ctx.Done():
 		go func() {
@@ -239,25 +231,6 @@ func (d *Driver) createNode(ctx context.Context, e *entry) error {
 		}()
 		return context.Cause(ctx)
 	}
-}
-
-// queue reads the lock's nodes in order and returns our position (-1 when
-// our node is missing: the session expired or an admin broke it).
-func (d *Driver) queue(e *entry) ([]child, int, error) {
-	names, _, err := e.zc.conn.Children(e.lockPath)
-	if err != nil {
-		return nil, -1, readErr("list lock nodes", err)
-	}
-	children, err := sortChildren(e.lockPath, names)
-	if err != nil {
-		return nil, -1, err
-	}
-	for i, c := range children {
-		if e.lockPath+"/"+c.name == e.path {
-			return children, i, nil
-		}
-	}
-	return children, -1, nil
 }
 
 func (d *Driver) newEntry(ctx context.Context, key, owner string, ttl time.Duration) (*entry, error) {
@@ -279,19 +252,24 @@ func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Dur
 	if err != nil {
 		return 0, err
 	}
+	// The create goes through the leader: it proves, like a sync, that the
+	// session's follower reaches the leader after start.
+	if err := d.awaitHeadroom(ctx, e.zc, start, ttl); err != nil {
+		return 0, err
+	}
 	if err := d.createNode(ctx, e); err != nil {
 		if errors.Is(err, driver.ErrUnknownOutcome) {
 			d.track(e, ttl, start) // a retry finds it; else the reaper deletes it
 		}
 		return 0, err
 	}
-	_, idx, err := d.queue(e)
-	if err != nil || idx != 0 {
+	l, err := d.lookLine(e, nil, true)
+	if err != nil || !l.first() {
 		d.abandon(e)
 		switch {
 		case err != nil:
 			return 0, err
-		case idx < 0:
+		case !l.present:
 			return 0, fmt.Errorf("zookeeper: acquire: %w: our lock node %s vanished (session expired)", driver.ErrUnavailable, e.path)
 		}
 		return 0, &driver.HeldError{Key: key}
@@ -301,8 +279,26 @@ func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Dur
 	return uint64(e.czxid), nil
 }
 
+// syncLeader waits for headroom for a grant of ttl valid from start (see
+// awaitHeadroom), then syncs e's session with the leader: the session's
+// later reads reflect all the leader had committed when the sync was sent,
+// and the sync's answer proves that the follower serving the session
+// reached the leader after start.
+func (d *Driver) syncLeader(ctx context.Context, e *entry, start time.Time, ttl time.Duration) error {
+	if err := d.awaitHeadroom(ctx, e.zc, start, ttl); err != nil {
+		return err
+	}
+	if _, err := e.zc.conn.Sync(e.lockPath); err != nil && !errors.Is(err, zk.ErrNoNode) {
+		return readErr("sync", err)
+	}
+	return nil
+}
+
 // confirm serves a repeated TryAcquire by the owner of e.
 func (d *Driver) confirm(ctx context.Context, e *entry, ttl time.Duration, start time.Time) (uint64, error) {
+	if err := d.syncLeader(ctx, e, start, ttl); err != nil {
+		return 0, err
+	}
 	if e.path == "" || e.czxid == 0 {
 		p, err := d.findProtected(e)
 		if err != nil {
@@ -316,17 +312,21 @@ func (d *Driver) confirm(ctx context.Context, e *entry, ttl time.Duration, start
 		if err != nil || !ok {
 			return 0, readErr("stat lock node", fmt.Errorf("%s: exists=%v: %v", p, ok, err))
 		}
-		e.path, e.czxid = p, stat.Czxid
+		if !e.adoptNode(p, stat) {
+			// Made by a session that has ended since; the server deletes it.
+			d.forget(e)
+			return d.TryAcquire(ctx, e.id.key, e.id.owner, ttl)
+		}
 	}
-	_, idx, err := d.queue(e)
+	l, err := d.lookLine(e, nil, true)
 	if err != nil {
 		return 0, err
 	}
-	if idx < 0 {
+	if !l.present {
 		d.forget(e)
 		return d.TryAcquire(ctx, e.id.key, e.id.owner, ttl)
 	}
-	if idx != 0 {
+	if !l.first() {
 		return 0, &driver.HeldError{Key: e.id.key}
 	}
 	e.granted = true
@@ -341,10 +341,12 @@ func (d *Driver) Acquire(ctx context.Context, key, owner string, ttl time.Durati
 }
 
 // AcquireTimed implements driver.TimedQueuer: create a node, then wait for
-// the deletion of the node just before it until it is the lowest. The grant
-// is confirmed by the listing that finds our node first, which the server
-// answers only while our session lives (and which extends the session), so
-// the lease's validity starts when that listing was sent.
+// the deletion of the youngest node ahead of it until none is left. Each
+// look at the line is a sync with the leader followed by a listing, so the
+// grant is confirmed by a listing that reflects the leader's state when the
+// sync was sent, with our node (so our session) still there; the lease's
+// validity starts before that sync, once the session has headroom for it
+// (awaitHeadroom).
 func (d *Driver) AcquireTimed(ctx context.Context, key, owner string, ttl time.Duration) (uint64, time.Time, error) {
 	start := time.Now()
 	e, err := d.newEntry(ctx, key, owner, ttl)
@@ -375,23 +377,34 @@ func (d *Driver) AcquireTimed(ctx context.Context, key, owner string, ttl time.D
 			return true
 		}
 	}
-	for sent := start; ; sent = time.Now() {
-		children, idx, err := d.queue(e)
+	var prev *line // the last look at the line, once there is one
+	for {
+		sent := time.Now()
+		if err := d.syncLeader(ctx, e, sent, ttl); err != nil {
+			if transient(err) && pause() {
+				continue
+			}
+			return fail(err)
+		}
+		l, err := d.lookLine(e, prev, false)
 		if err != nil {
 			if transient(err) && pause() {
 				continue
 			}
 			return fail(err)
 		}
-		if idx == 0 {
+		if l.first() {
 			e.granted = true
 			d.track(e, ttl, sent)
 			return uint64(e.czxid), sent, nil
 		}
-		if idx < 0 {
+		if !l.present {
 			return fail(fmt.Errorf("zookeeper: %w: our lock node %s vanished (session expired or broken)", driver.ErrUnavailable, e.path))
 		}
-		ok, _, ch, err := e.zc.conn.ExistsW(e.lockPath + "/" + children[idx-1].name)
+		prev = &l
+		// Wait for the youngest node ahead of ours: one waiter per node.
+		pred := l.elders[newest(l.elders)]
+		ok, _, ch, err := e.zc.conn.ExistsW(e.lockPath + "/" + pred.name)
 		if err != nil {
 			if transient(err) && pause() {
 				continue
@@ -420,18 +433,20 @@ func (d *Driver) grantEntry(op string, g driver.Grant) (*entry, error) {
 	return e, nil
 }
 
-// Renew implements driver.Driver: it confirms, after a sync with the
-// leader, that g's node still exists and belongs to the live session. The
-// session itself is kept alive by the connection; ttl must not exceed the
-// session timeout.
+// Renew implements driver.Driver: once the session has headroom for
+// another ttl from now (awaitHeadroom), it syncs with the leader and then
+// (not concurrently: the read must see what the sync made visible) reads
+// g's node, confirming that it still exists and belongs to the live
+// session. The session itself is kept alive by the connection; ttl must
+// not exceed the longest TTL the session covers.
 func (d *Driver) Renew(ctx context.Context, g driver.Grant, ttl time.Duration) error {
 	start := time.Now()
 	e, err := d.grantEntry("renew", g)
 	if err != nil {
 		return err
 	}
-	if ttl > e.zc.timeout {
-		return fmt.Errorf("zookeeper: renew %s: %w: TTL %v exceeds the session timeout %v", g, driver.ErrInvalidTTL, ttl, e.zc.timeout)
+	if limit := maxTTLFor(e.zc.timeout, d.tick); ttl > limit {
+		return fmt.Errorf("zookeeper: renew %s: %w: TTL %v exceeds %v, the longest a %v session covers", g, driver.ErrInvalidTTL, ttl, limit, e.zc.timeout)
 	}
 	type result struct {
 		ok   bool
@@ -440,14 +455,13 @@ func (d *Driver) Renew(ctx context.Context, g driver.Grant, ttl time.Duration) e
 	}
 	ch := make(chan result, 1)
 	go func() {
-		var wg sync.WaitGroup
-		var serr error
-		wg.Add(1)
-		go func() { defer wg.Done(); _, serr = e.zc.conn.Sync(e.path) }()
+		if err := d.syncLeader(ctx, e, start, ttl); err != nil {
+			ch <- result{err: err}
+			return
+		}
 		ok, stat, err := e.zc.conn.Exists(e.path)
-		wg.Wait()
-		if err == nil && serr != nil && !errors.Is(serr, zk.ErrNoNode) {
-			err = serr
+		if err != nil {
+			err = readErr("read lock node", err)
 		}
 		ch <- result{ok, stat, err}
 	}()
@@ -462,10 +476,12 @@ func (d *Driver) Renew(ctx context.Context, g driver.Grant, ttl time.Duration) e
 			d.forget(e)
 			return fmt.Errorf("zookeeper: renew %s: %w: session expired", g, driver.ErrNotHeld)
 		}
-		return readErr("renew", r.err)
+		return r.err // classified by syncLeader or readErr
 	}
 	if !r.ok || r.stat.Czxid != e.czxid || r.stat.EphemeralOwner != e.session || e.zc.conn.SessionID() != e.session {
-		d.forget(e)
+		// The grant is over. A node of ours that is still there goes now,
+		// so that it cannot hold the key for as long as the session lives.
+		d.abandon(e)
 		return fmt.Errorf("zookeeper: renew %s: %w: node %s is gone or belongs to another session", g, driver.ErrNotHeld, e.path)
 	}
 	d.track(e, ttl, start)

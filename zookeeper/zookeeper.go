@@ -11,22 +11,26 @@
 //
 // # URL
 //
-// zk://host:port[,host:port...][/chroot][?dial_timeout=D]
+// zk://host:port[,host:port...][/chroot][?dial_timeout=D&tick_time=D]
 //
 // The chroot (default /fenced) is the parent of every lock path; key K
 // locks the znode chroot+"/"+K, with '/' and '%' in K escaped as %2F and
-// %25 (and the keys "." and ".." as %2E and %2E%2E).
+// %25 (and the keys "." and ".." as %2E and %2E%2E). dial_timeout bounds
+// each connection attempt (default 10s). tick_time is the ensemble's
+// tickTime, or an upper bound of it; without it the driver takes half the
+// servers' minSessionTimeout (see Sessions).
 //
 // # Recipe
 //
 // A lease is Curator's lock recipe: an ephemeral sequential znode
 // "_c_<uuid>-lock-<sequence>" under the lock path, holding the owner token.
-// The lowest sequence holds; every waiter watches only the node just before
-// its own, so a release wakes one waiter, in arrival order. A Curator
-// InterProcessMutex on the same path and a fenced lease exclude each other.
-// When the connection breaks during a create, the driver looks for a child
-// carrying its own protected prefix "_c_<uuid>-" before reporting anything,
-// as Curator does, so a create that the server applied is found and used
+// The oldest node holds; every waiter watches only the youngest node older
+// than its own, so a release wakes one waiter, in arrival order. A Curator
+// InterProcessMutex on the same path and a fenced lease exclude each other
+// (but see Sequence wrap). When the connection breaks during a create, the
+// driver looks for a child carrying its own protected prefix "_c_<uuid>-"
+// before reporting anything, as Curator does, so a create that the server
+// applied is found and used (with its owning session: renewals check it)
 // and never left behind to hold the lock forever.
 //
 // The fence is the holder node's czxid: the zxid of the transaction that
@@ -44,19 +48,69 @@
 // handed out, or reserved by a waiter that gave up). Curator ignores the
 // lock path's data.
 //
+// # Sequence wrap
+//
+// Age is judged by czxid, never by the sequence suffix. The suffix is the
+// lock path's signed 32-bit count of child creations, which fenced never
+// resets; after 2^31 creations under one lock path (eight months of 100
+// tries a second) ZooKeeper names every new node "...-2147483647", and
+// creations in flight together "-2147483648" and up, so by suffix a
+// newcomer ties with or precedes the holder. By czxid (64 bits, strictly
+// increasing) the order stays right. A try that finds the key held reads
+// one node's czxid; a waiter reads those of the nodes ahead of it once.
+// Curator orders by the suffix as a string, which matches czxid order until
+// the wrap and not after: from then on Curator clients on that path can
+// hold together, and beside a fenced holder (fenced leases still exclude
+// each other). To keep sharing such a path with Curator, delete it while
+// it has no children (ZooKeeper refuses while any lock node exists); both
+// create it again, counting from zero.
+//
 // # Sessions
 //
 // The ZooKeeper session is the lease: the server deletes the ephemeral node
-// when the session expires. The driver opened by URL keeps one session per
-// distinct TTL with a session timeout equal to the TTL; the server may
-// raise it to its minSessionTimeout (safe: the holder's validity is still
-// measured from the TTL) but must not lower it, so TTLs above the server's
-// maxSessionTimeout are refused (TTLBounds reports it). Renewal confirms,
-// through a sync and a read, that the node still belongs to the live
-// session. A reconnect within the session keeps every lease; session expiry
-// (seen on reconnect) or the node's deletion by an admin ends the lease
-// through driver.LossWatcher. A grant its holder stops renewing while the
-// process keeps the session alive is deleted when its TTL has passed.
+// when the session expires, so the session must outlive the holder's local
+// validity, which ends TTL (minus the safety margin) after the acquire or
+// renewal request was sent. The leader expires a session a session timeout
+// T after the last activity of the session that it has heard of, and it
+// hears of requests served by a follower only at its next ping of that
+// follower (every tickTime/2): a holder cut off together with its follower
+// right after a renewal loses its session T after an older activity. So
+// the driver
+//
+//   - sends a keep-alive (exists "/") on each session every T/16 and records
+//     when the answered ones were sent and answered;
+//   - grants or renews (validity from s) only once a keep-alive answered at
+//     least one tick before the request that reaches the leader (the create,
+//     or a sync that renewal sends before its read) was sent no earlier than
+//     s + TTL - T. The leader heard of it at a ping before that request
+//     passed, so it expires the session no earlier than s + TTL, after the
+//     local validity ends. The session's creation counts at once: the leader
+//     registers it itself;
+//   - asks for T = (TTL + tick)*8/7, so that T - TTL = tick + 2*(T/16): a
+//     tick for the report, a keep-alive period, and one more for delays.
+//     Normally the condition holds at once; after a pause of the process a
+//     grant or renewal waits for a fresh keep-alive (about a tick), and fails
+//     with ErrUnavailable if none is answered within T - TTL.
+//
+// tick is the tick_time URL option, or half the servers' minSessionTimeout
+// (probed at Open by asking for a 100ms session: ZooKeeper's default
+// minimum is two ticks; an ensemble configured with a lower minimum must
+// name its tickTime), or Options.TickTime for New. The longest TTL is
+// maxSessionTimeout*7/8 - tick (SessionTimeout*7/8 - TickTime for New):
+// 33s under ZooKeeper's defaults (tickTime 2s, maxSessionTimeout 40s),
+// where a 30s TTL gets a 36.6s session. The price is liveness: a crashed
+// holder's key is free after T, not after TTL.
+//
+// The driver opened by URL keeps one session per distinct TTL; the server
+// may raise T to its minSessionTimeout (safe) but must not lower it, so
+// TTLs above the longest are refused (TTLBounds reports it). Renewal syncs
+// with the leader and then reads the node (not concurrently: the read must
+// see what the sync made visible), confirming that it still belongs to the
+// live session; a waiter looks at its line the same way. A reconnect
+// within the session keeps every lease; session expiry (seen on reconnect)
+// or the node's deletion by an admin ends the lease through
+// driver.LossWatcher. A grant its holder stops renewing while the process
+// keeps the session alive is deleted when its TTL has passed.
 package zookeeper
 
 import (
@@ -92,9 +146,16 @@ type Options struct {
 	// Root is the parent znode of every lock path. Default DefaultRoot.
 	Root string
 	// SessionTimeout is the session timeout the connection negotiated with
-	// the server. Leases longer than it are refused: the session would
-	// expire while the holder still trusted its lease.
+	// the server (required). It bounds the TTLs the driver accepts to
+	// SessionTimeout*7/8 - TickTime, so that the session always outlives a
+	// holder's local validity (see Sessions in the package documentation).
 	SessionTimeout time.Duration
+	// TickTime is the ensemble's tickTime (zoo.cfg), or an upper bound of
+	// it (required). The leader hears of a session's activity on a
+	// follower only at its next ping, every TickTime/2, so the driver
+	// counts a keep-alive only a TickTime after its answer: the first grant
+	// after New waits about that long.
+	TickTime time.Duration
 	// ACL is set on the nodes the driver creates. Default
 	// zk.WorldACL(zk.PermAll).
 	ACL []zk.ACL
@@ -133,30 +194,53 @@ func openURL(ctx context.Context, u *url.URL) (driver.Driver, error) {
 		return nil, err
 	}
 	dialTimeout := 10 * time.Second
+	var tick time.Duration
 	for k, vs := range u.Query() {
 		v := vs[len(vs)-1]
 		switch k {
-		case "dial_timeout":
-			d, err := time.ParseDuration(v)
-			if err != nil || d <= 0 {
-				return nil, fmt.Errorf("%w: ZooKeeper URL option dial_timeout=%q is not a positive duration", driver.ErrInvalidURL, v)
+		case "dial_timeout", "tick_time":
+			dur, err := time.ParseDuration(v)
+			if err != nil || dur <= 0 {
+				return nil, fmt.Errorf("%w: ZooKeeper URL option %s=%q is not a positive duration", driver.ErrInvalidURL, k, v)
 			}
-			dialTimeout = d
+			if k == "dial_timeout" {
+				dialTimeout = dur
+			} else {
+				tick = dur
+			}
 		default:
-			return nil, fmt.Errorf("%w: unknown ZooKeeper URL option %q (known: dial_timeout)", driver.ErrInvalidURL, k)
+			return nil, fmt.Errorf("%w: unknown ZooKeeper URL option %q (known: dial_timeout, tick_time)", driver.ErrInvalidURL, k)
 		}
 	}
 	d := newDriver(root, nil)
 	d.servers, d.dialTimeout = servers, dialTimeout
-	// Probe with a very long timeout: the server lowers it to its
-	// maxSessionTimeout, which bounds the TTLs we can honour. The probe
-	// session then serves the longest TTLs.
-	zc, err := d.connect(ctx, time.Hour)
-	if err != nil {
+	fail := func(err error) (driver.Driver, error) {
+		d.Close()
 		return nil, err
 	}
-	d.maxTTL = zc.timeout
-	d.sessions[zc.timeout] = zc
+	if tick == 0 {
+		// Ask for a tiny session timeout: the servers raise it to their
+		// minSessionTimeout, which is two ticks unless configured.
+		zc, err := d.connect(ctx, minProbeTimeout)
+		if err != nil {
+			return fail(err)
+		}
+		tick = zc.timeout / 2
+		zc.close()
+	}
+	d.tick = tick
+	// Probe with a very long timeout: the servers lower it to their
+	// maxSessionTimeout, which bounds the TTLs we can honour. The probe
+	// session then serves admin reads.
+	zc, err := d.connect(ctx, time.Hour)
+	if err != nil {
+		return fail(err)
+	}
+	d.sessions[zc.timeout] = zc // closed by Close
+	d.maxTTL = maxTTLFor(zc.timeout, tick)
+	if d.maxTTL < fenced.MinTTL {
+		return fail(fmt.Errorf("zookeeper: %w: the servers' maxSessionTimeout %v leaves no TTL of at least %v with a tickTime of %v (see Sessions in the package documentation)", driver.ErrInvalidTTL, zc.timeout, fenced.MinTTL, tick))
+	}
 	return d, nil
 }
 
@@ -177,10 +261,35 @@ type zsession struct {
 	conn    *zk.Conn
 	timeout time.Duration // negotiated session timeout
 	owned   bool
+	stop    chan struct{} // closed when the driver is done with the session
+
+	mu sync.Mutex
 	// expired is closed (and replaced) when the server reports the
 	// session expired; only for sessions the driver opened.
-	mu      sync.Mutex
 	expired chan struct{}
+	// acts are the session's recently answered keep-alives (headroom.go);
+	// recorded is closed (and replaced) when one is added.
+	acts     []activity
+	recorded chan struct{}
+}
+
+func newZSession(conn *zk.Conn, timeout time.Duration, owned bool) *zsession {
+	return &zsession{conn: conn, timeout: timeout, owned: owned, stop: make(chan struct{}), expired: make(chan struct{}), recorded: make(chan struct{})}
+}
+
+// close stops the session's background work and, if the driver opened the
+// connection, closes it (its ephemeral nodes go at once).
+func (s *zsession) close() {
+	s.mu.Lock()
+	select {
+	case <-s.stop:
+	default:
+		close(s.stop)
+	}
+	s.mu.Unlock()
+	if s.owned {
+		s.conn.Close()
+	}
 }
 
 func (s *zsession) expiredC() <-chan struct{} {
@@ -197,6 +306,7 @@ type Driver struct {
 	servers     []string
 	dialTimeout time.Duration
 	maxTTL      time.Duration
+	tick        time.Duration // upper bound of the servers' tickTime
 
 	mu       sync.Mutex
 	closed   bool
@@ -220,8 +330,10 @@ func newDriver(root string, acl []zk.ACL) *Driver {
 }
 
 // New returns a driver over conn, which stays the caller's to close (after
-// the driver). opts.SessionTimeout is required: it is the session timeout
-// conn negotiated, and the longest TTL the driver accepts.
+// the driver). opts.SessionTimeout (the session timeout conn negotiated)
+// and opts.TickTime are required; the driver accepts TTLs up to
+// SessionTimeout*7/8 - TickTime, and sends a small read (exists "/") on
+// conn every SessionTimeout/16.
 func New(conn *zk.Conn, opts *Options) (*Driver, error) {
 	if conn == nil {
 		return nil, errors.New("zookeeper: New: nil connection")
@@ -236,9 +348,19 @@ func New(conn *zk.Conn, opts *Options) (*Driver, error) {
 	if err := validRoot(root); err != nil {
 		return nil, err
 	}
+	if opts.TickTime <= 0 {
+		return nil, errors.New("zookeeper: New: Options.TickTime (the ensemble's tickTime, from zoo.cfg, or an upper bound of it) is required")
+	}
+	tick := opts.TickTime
+	maxTTL := maxTTLFor(opts.SessionTimeout, tick)
+	if maxTTL < fenced.MinTTL {
+		return nil, fmt.Errorf("zookeeper: New: %w: a %v session with a tickTime of %v covers no TTL of at least %v (the longest TTL is SessionTimeout*7/8 - TickTime; see Sessions in the package documentation)", driver.ErrInvalidTTL, opts.SessionTimeout, tick, fenced.MinTTL)
+	}
 	d := newDriver(root, opts.ACL)
-	d.fixed = &zsession{conn: conn, timeout: opts.SessionTimeout, expired: make(chan struct{})}
-	d.maxTTL = opts.SessionTimeout
+	d.fixed = newZSession(conn, opts.SessionTimeout, false)
+	d.maxTTL, d.tick = maxTTL, tick
+	d.wg.Add(1)
+	go d.keepAlive(d.fixed)
 	return d, nil
 }
 
@@ -276,11 +398,11 @@ func (d *Driver) connect(ctx context.Context, timeout time.Duration) (*zsession,
 		}
 		return &timeoutConn{Conn: c, report: func(t time.Duration) { negotiated.Store(int64(t)) }}, nil
 	}
+	dialed := time.Now()
 	conn, events, err := zk.Connect(d.servers, timeout, zk.WithDialer(dialer), zk.WithLogger(nopLogger))
 	if err != nil {
 		return nil, fmt.Errorf("%w: ZooKeeper at %s: %v", driver.ErrUnavailable, strings.Join(d.servers, ","), err)
 	}
-	zc := &zsession{conn: conn, owned: true, expired: make(chan struct{})}
 	wait, cancel := context.WithTimeout(ctx, d.dialTimeout)
 	defer cancel()
 	for {
@@ -289,9 +411,12 @@ func (d *Driver) connect(ctx context.Context, timeout time.Duration) (*zsession,
 			if ev.State != zk.StateHasSession {
 				continue
 			}
-			zc.timeout = time.Duration(negotiated.Load())
-			d.wg.Add(1)
+			zc := newZSession(conn, time.Duration(negotiated.Load()), true)
+			// The leader registered the new session after we dialed.
+			zc.record(activity{session: conn.SessionID(), sent: dialed, done: time.Now(), atLeader: true})
+			d.wg.Add(2)
 			go d.watchSession(zc, events)
+			go d.keepAlive(zc)
 			return zc, nil
 		case <-wait.Done():
 			conn.Close()
@@ -324,7 +449,7 @@ func (d *Driver) watchSession(zc *zsession, events <-chan zk.Event) {
 // session returns the session for ttl, opening it if needed.
 func (d *Driver) session(ctx context.Context, ttl time.Duration) (*zsession, error) {
 	if ttl > d.maxTTL {
-		return nil, fmt.Errorf("zookeeper: %w: TTL %v exceeds the session timeout limit %v (the server's maxSessionTimeout)", driver.ErrInvalidTTL, ttl, d.maxTTL)
+		return nil, fmt.Errorf("zookeeper: %w: TTL %v exceeds the longest TTL %v that a session can cover here (the servers' maxSessionTimeout*7/8 - tickTime, or SessionTimeout*7/8 - TickTime for New)", driver.ErrInvalidTTL, ttl, d.maxTTL)
 	}
 	d.mu.Lock()
 	if d.closed {
@@ -340,22 +465,23 @@ func (d *Driver) session(ctx context.Context, ttl time.Duration) (*zsession, err
 		return zc, nil
 	}
 	d.mu.Unlock()
-	zc, err := d.connect(ctx, ttl)
+	want := sessionTimeoutFor(ttl, d.tick)
+	zc, err := d.connect(ctx, want)
 	if err != nil {
 		return nil, err
 	}
-	if zc.timeout < ttl {
-		zc.conn.Close()
-		return nil, fmt.Errorf("zookeeper: %w: the server granted a %v session for TTL %v", driver.ErrInvalidTTL, zc.timeout, ttl)
+	if zc.timeout < want {
+		zc.close()
+		return nil, fmt.Errorf("zookeeper: %w: the servers granted a %v session where TTL %v needs %v", driver.ErrInvalidTTL, zc.timeout, ttl, want)
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if old, ok := d.sessions[ttl]; ok {
-		zc.conn.Close()
+		zc.close()
 		return old, nil
 	}
 	if d.closed {
-		zc.conn.Close()
+		zc.close()
 		return nil, driver.ErrClosed
 	}
 	d.sessions[ttl] = zc
@@ -371,7 +497,11 @@ func (d *Driver) Guarantees() driver.Guarantees {
 		ClockStepSafe: true,
 		Notify:        true,
 		FIFO:          true,
-		Note: "fence = czxid of the holder's znode (Zab-ordered, never reused); the lease is the ZooKeeper session; " +
+		Note: "fence = czxid of the holder's znode (Zab-ordered, never reused); the lease is the ZooKeeper session, " +
+			"whose timeout T = (TTL + tickTime)*8/7 outlives the holder's local validity (TTL - margin from before the request): " +
+			"the leader hears of a session's requests to a follower only at its next ping (every tickTime/2), " +
+			"the driver sends a keep-alive every T/16, and a grant or renewal waits until a keep-alive answered at least a tick earlier was sent no earlier than start + TTL - T; " +
+			"a crashed holder's key is free after T; " +
 			"safe from clock steps: the leader expires sessions on its tick clock, which is monotonic (System.nanoTime), not the wall clock",
 	}
 }
@@ -396,9 +526,9 @@ func (d *Driver) Close() error {
 		left = append(left, e)
 	}
 	sessions := d.sessions
-	fixed := d.fixed != nil
+	fixed := d.fixed
 	d.mu.Unlock()
-	if fixed && len(left) > 0 {
+	if fixed != nil && len(left) > 0 {
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
@@ -413,9 +543,13 @@ func (d *Driver) Close() error {
 	}
 	d.cancel()
 	// Closing the connections first fails requests in flight, so no end
-	// the reaper is running can block Close.
+	// the reaper is running can block Close. The caller's connection stays
+	// open.
 	for _, zc := range sessions {
-		zc.conn.Close()
+		zc.close()
+	}
+	if fixed != nil {
+		fixed.close()
 	}
 	d.reaper.Close()
 	d.wg.Wait()

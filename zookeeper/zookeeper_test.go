@@ -53,6 +53,8 @@ func TestZooKeeper(t *testing.T) {
 				"zk://127.0.0.1:2181/a/../b",
 				"zk://127.0.0.1:2181/x?unknown=1",
 				"zk://127.0.0.1:2181/x?dial_timeout=0s",
+				"zk://127.0.0.1:2181/x?tick_time=-1s",
+				"zk://127.0.0.1:2181/x?tick_time=2",
 			},
 		})
 	})
@@ -64,7 +66,7 @@ func TestZooKeeper(t *testing.T) {
 					t.Fatal(err)
 				}
 				t.Cleanup(conn.Close)
-				d, err := zookeeper.New(conn, &zookeeper.Options{Root: "/conformance-new", SessionTimeout: 90 * time.Second})
+				d, err := zookeeper.New(conn, &zookeeper.Options{Root: "/conformance-new", SessionTimeout: 90 * time.Second, TickTime: ens.TickTime})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -77,6 +79,7 @@ func TestZooKeeper(t *testing.T) {
 	t.Run("Curator", func(t *testing.T) { testCurator(t, ens) })
 	t.Run("ForeignNodes", func(t *testing.T) { testForeignNodes(t, ens) })
 	t.Run("ConnectionLossOnCreate", func(t *testing.T) { testConnectionLossOnCreate(t, ens) })
+	t.Run("ConnectionLossOnCreateAndLookup", func(t *testing.T) { testConnectionLossOnCreateAndLookup(t, ens) })
 	t.Run("PausedHolderLosesSession", func(t *testing.T) {
 		faulttest.PausedHolderLosesLease(t, ens.URL("/paused", ""), "paused", 2*time.Second)
 	})
@@ -87,11 +90,19 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// TestEnsembleLosesNode kills the leader of a 3-node ensemble while a
+// TestEnsemble runs the tests that need a 3-node ensemble under one
+// ensemble, since three JVMs take a while to start. Its tick is 200ms: the
+// leader pings followers every 100ms.
+func TestEnsemble(t *testing.T) {
+	ens := testenv.StartZooKeeperWith(t, testenv.ZKConfig{Nodes: 3, TickTime: 200 * time.Millisecond})
+	t.Run("SessionOutlivesValidity", func(t *testing.T) { testSessionOutlivesValidity(t, ens) })
+	t.Run("LosesNode", func(t *testing.T) { testEnsembleLosesNode(t, ens) })
+}
+
+// testEnsembleLosesNode kills the leader of a 3-node ensemble while a
 // lease is held and waiters wait: sessions move to the surviving nodes and
 // no two holders are ever granted.
-func TestEnsembleLosesNode(t *testing.T) {
-	ens := testenv.StartZooKeeperEnsemble(t, 3)
+func testEnsembleLosesNode(t *testing.T, ens *testenv.ZKEnsemble) {
 	faulttest.NoTwoHolders(t, ens.URL("/ensemble", ""), "node-loss", 4, 10*time.Second, func(t *testing.T) {
 		for _, n := range ens.Nodes {
 			if mode, _ := n.Mode(); mode == "leader" {

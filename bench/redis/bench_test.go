@@ -78,7 +78,7 @@ type locker interface {
 type fencedLocker struct{ c *fenced.Client }
 
 func (l fencedLocker) lock(ctx context.Context, key string) (func(context.Context) error, error) {
-	lease, err := l.c.Acquire(ctx, key, &fenced.LeaseOptions{TTL: 10 * time.Second, MaxWait: fenced.WaitForever, Purpose: fenced.Efficiency, NoAutoRenew: true})
+	lease, err := l.c.Acquire(ctx, key, &fenced.LeaseOptions{TTL: 10 * time.Second, MaxWait: fenced.WaitForever, MinFence: fenced.FenceNone, AutoRenew: fenced.Off})
 	if err != nil {
 		return nil, err
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"net/url"
 	"strconv"
 	"strings"
 	"testing"
@@ -25,8 +26,8 @@ var backendCases = []backendCase{
 	{
 		name:     "redis",
 		start:    func(t *testing.T) string { return testenv.StartRedis(t, testenv.RedisConfig{Password: "s3cret"}).URL() },
-		runFlags: []string{"--allow-repeatable-fence"},
-		opts:     fenced.LeaseOptions{AllowRepeatableFence: true},
+		runFlags: []string{"--min-fence=repeatable"},
+		opts:     fenced.LeaseOptions{MinFence: fenced.FenceRepeatable},
 	},
 	{
 		name: "redlock",
@@ -37,8 +38,8 @@ var backendCases = []backendCase{
 			}
 			return "redlock://:s3cret@" + strings.Join(hosts, ",") + "/0"
 		},
-		runFlags: []string{"--allow-no-fence"},
-		opts:     fenced.LeaseOptions{AllowNoFence: true},
+		runFlags: []string{"--min-fence=none"},
+		opts:     fenced.LeaseOptions{MinFence: fenced.FenceNone},
 	},
 	{name: "postgres", start: func(t *testing.T) string { return testenv.StartPostgres(t).URL() }},
 	{name: "mysql", start: func(t *testing.T) string { return testenv.StartMySQL(t).URL() }},
@@ -79,7 +80,7 @@ func TestCommandsOnEveryBackend(t *testing.T) {
 				return f
 			}
 			first, second := fenceOf(r), fenceOf(run("cli:job"))
-			if bc.opts.AllowNoFence {
+			if bc.opts.MinFence == fenced.FenceNone {
 				if first != 0 || second != 0 {
 					t.Fatalf("fences %d, %d from a store without a fence; want 0", first, second)
 				}
@@ -110,6 +111,19 @@ func TestCommandsOnEveryBackend(t *testing.T) {
 			}
 			if strings.Contains(r.stderr, "s3cret") {
 				t.Fatal("a password reached stderr")
+			}
+			// Issue 16 item 16: COMMAND sees the store without its password.
+			args := append(append([]string{"run"}, bc.runFlags...), "cli:env", "--", "sh", "-c", `echo "$FENCED_STORE"`)
+			r = cli(t, store, args...)
+			if r.code != 0 || !strings.Contains(r.stdout, "://") {
+				t.Fatalf("run: exit %d, stdout %q, stderr %s", r.code, r.stdout, r.stderr)
+			}
+			u, err := url.Parse(store)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if pw, ok := u.User.Password(); ok && pw != "" && strings.Contains(r.stdout, pw) || strings.Contains(r.stdout, "s3cret") {
+				t.Fatalf("COMMAND got the store's password in FENCED_STORE=%q", r.stdout)
 			}
 		})
 	}

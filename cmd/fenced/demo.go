@@ -20,6 +20,7 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/fence"
+	"github.com/fenced-dev/fenced/internal/supervise"
 	"github.com/fenced-dev/fenced/sqlite"
 )
 
@@ -145,6 +146,10 @@ func runDemo(ctx context.Context, g *globals, noFence, keep bool) error {
 	workers := map[string]*exec.Cmd{}
 	var wg sync.WaitGroup
 	exited := make(chan string, 3)
+	// Workers die with the demo (Pdeathsig), which needs the forking thread
+	// to live as long as they do.
+	launcher := supervise.NewLauncher()
+	defer launcher.Close()
 	for i := 1; i <= 3; i++ {
 		name := "worker-" + strconv.Itoa(i)
 		args := []string{"demo-worker", name, leases, billing}
@@ -158,7 +163,7 @@ func runDemo(ctx context.Context, g *globals, noFence, keep bool) error {
 		if err != nil {
 			return err
 		}
-		if err := cmd.Start(); err != nil {
+		if err := launcher.Start(cmd); err != nil {
 			return fmt.Errorf("demo: start %s: %w", name, err)
 		}
 		workers[name] = cmd
@@ -320,7 +325,7 @@ func demoWorker(ctx context.Context, name, leases, billing string, noFence bool)
 	// That also keeps the freeze away from a write in flight: a process
 	// stopped inside an SQLite write holds the file's write lock and would
 	// stall the other workers until it is continued.
-	lease, err := client.Acquire(ctx, demoKey, &fenced.LeaseOptions{TTL: demoTTL, MaxWait: 20 * time.Second, NoAutoRenew: true})
+	lease, err := client.Acquire(ctx, demoKey, &fenced.LeaseOptions{TTL: demoTTL, MaxWait: 20 * time.Second, AutoRenew: fenced.Off})
 	if err != nil {
 		emit("outcome", 0, "gave up: %v", err)
 		return nil

@@ -1,7 +1,7 @@
 // Command fenced runs commands under fenced leases and administers lease
 // stores.
 //
-//	fenced run KEY -- COMMAND [ARGS...]   run COMMAND while holding a lease on KEY
+//	fenced run KEY [--] COMMAND [ARGS...] run COMMAND while holding a lease on KEY
 //	fenced ls [PREFIX]                    list held leases
 //	fenced inspect KEY                    show one key: holder, fence, time left, breaks
 //	fenced break KEY --reason TEXT        end a lease whoever holds it
@@ -9,19 +9,31 @@
 //	fenced demo [--no-fence]              the billing scenario, run for real
 //
 // The store is chosen with --store or FENCED_STORE; the default is the
-// embedded SQLite file under the user's state directory.
+// embedded SQLite file under the invoking user's state directory, so it is
+// per user (-v prints the store used).
 //
-// Exit codes of fenced run: the child's own code when it ran and the lease
-// held; 75 when the key was held and the wait ran out (nothing ran); 77
-// when the lease was lost while the child ran (the child got SIGTERM, then
-// SIGKILL after --grace); 69 when the store was unavailable; 64 for usage
-// errors; 1 for other errors.
+// fenced run owns COMMAND's whole process tree (a process group, with
+// fenced as child subreaper): on loss it sends SIGTERM and, after --grace,
+// SIGKILL to every process, and it releases the lease only when none is
+// left; it stops and continues together with COMMAND; and COMMAND dies with
+// fenced. See fenced run --help and internal/supervise.
+//
+// Exit codes of fenced run: the child's own code when it ran and its lease
+// held until its last process ended; 75 when the key was held and the wait
+// ran out (nothing ran); 77 when the lease was lost, or could not be
+// confirmed, before that; 69 when the store was unavailable; 64 for usage
+// errors; 127 when COMMAND could not be started; 1 for other errors.
+// fenced's own codes come with a last stderr line "fenced: ... (exit N)";
+// a code passed on from COMMAND comes without one.
 package main
 
 import (
 	"os"
+
+	"github.com/fenced-dev/fenced/internal/supervise"
 )
 
 func main() {
+	supervise.MaybeRunGuard() // this process may be fenced run's guard
 	os.Exit(execute(os.Args[1:], os.Stdout, os.Stderr))
 }

@@ -14,11 +14,13 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/internal/supervise"
 )
 
 // The test binary doubles as the fenced binary: with FENCED_TEST_AS_CLI=1
 // it runs main's logic, so tests see real exit codes and real processes.
 func TestMain(m *testing.M) {
+	supervise.MaybeRunGuard()
 	if os.Getenv("FENCED_TEST_AS_CLI") == "1" {
 		os.Exit(execute(os.Args[1:], os.Stdout, os.Stderr))
 	}
@@ -274,6 +276,9 @@ func TestBadInput(t *testing.T) {
 		{[]string{"--store", "postgres://u:secret@127.0.0.1:1/db?connect_timeout=5", "ls"}, 69, "unavailable"},
 		{[]string{"run", "", "--", "true"}, 64, "key is empty"},
 		{[]string{"run", "k", "--ttl", "-1s", "--", "true"}, 64, "TTL"},
+		{[]string{"run", "k", "--ttl", "0", "--", "true"}, 64, "TTL must be positive"},
+		{[]string{"run", "k", "--min-fence", "weak", "--", "true"}, 64, "--min-fence"},
+		{[]string{"run", "k", "--max-hold", "-1s", "--", "true"}, 64, "--max-hold"},
 		{[]string{"run", "k"}, 64, "KEY -- COMMAND"},
 		{[]string{"nosuchcommand"}, 64, "unknown command"},
 	} {

@@ -21,7 +21,7 @@ import (
 	_ "github.com/fenced-dev/fenced/postgres"
 	_ "github.com/fenced-dev/fenced/redis"
 	_ "github.com/fenced-dev/fenced/redlock"
-	_ "github.com/fenced-dev/fenced/sqlite"
+	"github.com/fenced-dev/fenced/sqlite"
 	_ "github.com/fenced-dev/fenced/zookeeper"
 )
 
@@ -56,18 +56,19 @@ func codeFor(err error) int {
 		return exitHeld
 	case errors.Is(err, fenced.ErrUnavailable):
 		return exitUnavailable
-	case errors.Is(err, fenced.ErrInvalidKey), errors.Is(err, fenced.ErrInvalidTTL), errors.Is(err, fenced.ErrInvalidURL):
+	case errors.Is(err, fenced.ErrInvalidKey), errors.Is(err, fenced.ErrInvalidTTL), errors.Is(err, fenced.ErrInvalidOptions), errors.Is(err, fenced.ErrInvalidURL):
 		return exitUsage
 	}
 	return exitError
 }
 
 type globals struct {
-	store  string
-	output string
-	stdout io.Writer
-	stderr io.Writer
-	extra  []*cobra.Command // hidden commands registered by others
+	store   string
+	verbose bool
+	output  string
+	stdout  io.Writer
+	stderr  io.Writer
+	extra   []*cobra.Command // hidden commands registered by others
 }
 
 func execute(args []string, stdout, stderr io.Writer) int {
@@ -84,11 +85,14 @@ func execute(args []string, stdout, stderr io.Writer) int {
 	if errors.As(err, &ee) && ee.err == nil {
 		return ee.code
 	}
-	fmt.Fprintln(stderr, "fenced:", strings.TrimPrefix(err.Error(), "fenced: "))
+	code := codeFor(err)
 	if strings.HasPrefix(err.Error(), "unknown command") || strings.Contains(err.Error(), "flag") || strings.Contains(err.Error(), "arg(s)") {
-		return exitUsage
+		code = exitUsage
 	}
-	return codeFor(err)
+	// The "(exit N)" tells fenced's own exit codes from a command's: fenced
+	// run passes a command's code on with no such line (see run --help).
+	fmt.Fprintf(stderr, "fenced: %s (exit %d)\n", strings.TrimPrefix(err.Error(), "fenced: "), code)
+	return code
 }
 
 func newRoot(g *globals) *cobra.Command {
@@ -100,7 +104,10 @@ func newRoot(g *globals) *cobra.Command {
 runs, and stops the work the moment the lease is lost.
 
 The store is chosen with --store or FENCED_STORE. The default is the embedded SQLite
-file ` + defaultStoreHint() + `.`,
+file ` + defaultStoreHint() + `, which is per user:
+another user, or the same user with another HOME or XDG_STATE_HOME (cron, sudo,
+systemd), gets another file, and their leases never exclude each other. -v prints
+the store actually used.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
@@ -108,7 +115,8 @@ file ` + defaultStoreHint() + `.`,
 	if def == "" {
 		def = "sqlite:"
 	}
-	root.PersistentFlags().StringVar(&g.store, "store", def, "store URL (env FENCED_STORE; schemes: "+strings.Join(fenced.Schemes(), ", ")+")")
+	root.PersistentFlags().StringVar(&g.store, "store", def, "store URL (env FENCED_STORE; schemes: "+strings.Join(fenced.Schemes(), ", ")+"; default: a per-user SQLite file)")
+	root.PersistentFlags().BoolVarP(&g.verbose, "verbose", "v", false, "say on stderr which store is used and what fenced does")
 	root.AddCommand(newRunCmd(g), newLsCmd(g), newInspectCmd(g), newBreakCmd(g), newGuaranteesCmd(g), newDemoCmd(g))
 	root.AddCommand(g.extra...)
 	return root
@@ -119,7 +127,26 @@ func defaultStoreHint() string {
 }
 
 func (g *globals) open(ctx context.Context) (*fenced.Client, error) {
+	if g.verbose {
+		fmt.Fprintf(g.stderr, "fenced: store %s\n", describeStore(g.store))
+	}
 	return fenced.Open(ctx, g.store, nil)
+}
+
+// describeStore returns the store URL, password redacted, with the default
+// SQLite file spelled out, so a user can see which file (whose) the leases
+// are in.
+func describeStore(store string) string {
+	u, err := fenced.ParseURL(store)
+	if err != nil || u.Scheme != "sqlite" || u.Opaque != "" || u.Path != "" {
+		return fenced.Redact(store)
+	}
+	p, err := sqlite.DefaultPath()
+	if err != nil {
+		return fenced.Redact(store) + " (no default file: " + err.Error() + ")"
+	}
+	u.Path = p
+	return fenced.Redact(u.String()) + " (the default, per user)"
 }
 
 // withClient opens the store, runs fn and closes the store.
@@ -291,6 +318,14 @@ evicted holder still sends are refused by fenced resources. The break is recorde
 			var info fenced.LeaseInfo
 			err := g.withClient(cmd.Context(), func(c *fenced.Client) (err error) {
 				info, err = c.Break(cmd.Context(), args[0], reason, by)
+				if errors.Is(err, fenced.ErrNotHeld) {
+					// Nothing held: say whether the key was ever granted here,
+					// which catches a mistyped key or the wrong --store.
+					if _, ierr := c.Inspect(cmd.Context(), args[0]); errors.Is(ierr, fenced.ErrNotFound) {
+						return fmt.Errorf("break %q: %w: no lease on it was ever granted in %s", args[0], fenced.ErrNotFound, describeStore(g.store))
+					}
+					return fmt.Errorf("break %q: nothing to break, no one holds it now: %w", args[0], err)
+				}
 				return err
 			})
 			if err != nil {

@@ -52,8 +52,9 @@ type Harness struct {
 	Workers, Rounds int
 	// LeaseDefaults become Options.Defaults of every client the suite opens
 	// (unless a test sets its own). Backends whose fence is weaker than
-	// strict set AllowRepeatableFence (or AllowNoFence) here, since the
-	// suite's leases have the default purpose, Correctness.
+	// strict set MinFence (FenceRepeatable or FenceNone) here, since the
+	// suite's leases leave MinFence to the client, whose package default
+	// is FenceStrict.
 	LeaseDefaults fenced.LeaseOptions
 }
 
@@ -837,7 +838,7 @@ func (s *suite) testLongWait(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.AfterFunc(2*ttl, func() { la.Release(context.Background()) })
-	lb, err := b.Acquire(ctx, key, &fenced.LeaseOptions{TTL: ttl, MaxWait: 30 * time.Second, NoAutoRenew: true})
+	lb, err := b.Acquire(ctx, key, &fenced.LeaseOptions{TTL: ttl, MaxWait: 30 * time.Second, AutoRenew: fenced.Off})
 	if err != nil {
 		t.Fatalf("waiter: %v", err)
 	}

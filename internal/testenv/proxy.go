@@ -18,6 +18,8 @@ type Proxy struct {
 	// before the server's reply reaches the client.
 	cutAfter func(chunk []byte) bool
 	cuts     int
+	down     bool
+	observe  func(chunk []byte)
 	ln       net.Listener
 }
 
@@ -36,6 +38,13 @@ func StartProxy(t testing.TB, target string) *Proxy {
 			if err != nil {
 				return
 			}
+			p.mu.Lock()
+			down := p.down
+			p.mu.Unlock()
+			if down {
+				c.Close()
+				continue
+			}
 			go p.serve(c, target)
 		}
 	}()
@@ -49,6 +58,24 @@ func (p *Proxy) CutAfter(match func(chunk []byte) bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.cutAfter = match
+}
+
+// SetDown makes the proxy close every new connection at once while down is
+// true, as a server that went away would; connections already open are not
+// affected (cut them with CutAfter).
+func (p *Proxy) SetDown(down bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.down = down
+}
+
+// Observe makes the proxy call f with every chunk a client sends, before
+// forwarding it (nil stops). f runs under the proxy's lock: it must not
+// block or call the proxy.
+func (p *Proxy) Observe(f func(chunk []byte)) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.observe = f
 }
 
 // Cuts returns how many connections the proxy has cut.
@@ -94,6 +121,9 @@ func (p *Proxy) serve(client net.Conn, target string) {
 		n, err := client.Read(buf)
 		if n > 0 {
 			p.mu.Lock()
+			if p.observe != nil {
+				p.observe(buf[:n])
+			}
 			armed := p.cutAfter != nil && p.cutAfter(buf[:n])
 			if armed {
 				p.cutAfter = nil

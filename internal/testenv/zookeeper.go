@@ -30,8 +30,9 @@ type ZKNode struct {
 type ZKEnsemble struct {
 	Nodes []*ZKNode
 	// TickTime is the server's tick; sessions may time out between
-	// 2*TickTime and MaxSessionTimeout.
+	// MinSessionTimeout (2*TickTime) and MaxSessionTimeout.
 	TickTime          time.Duration
+	MinSessionTimeout time.Duration
 	MaxSessionTimeout time.Duration
 }
 
@@ -63,12 +64,39 @@ func StartZooKeeper(t testing.TB) *ZKEnsemble { return StartZooKeeperEnsemble(t,
 // short as 200ms; the longest session allowed is two minutes.
 func StartZooKeeperEnsemble(t testing.TB, n int) *ZKEnsemble {
 	t.Helper()
+	return StartZooKeeperWith(t, ZKConfig{Nodes: n})
+}
+
+// ZKConfig configures the servers StartZooKeeperWith starts.
+type ZKConfig struct {
+	// Nodes is how many servers form the quorum; 0 or 1 starts one
+	// standalone server.
+	Nodes int
+	// TickTime is the servers' tickTime, rounded to milliseconds; default
+	// 100ms. The shortest session allowed is two ticks (ZooKeeper's
+	// default minSessionTimeout), the longest two minutes.
+	TickTime time.Duration
+	// Prepare, if set, is called with each server's data directory before
+	// the server first starts, to seed its data (for example with a
+	// snapshot written by ZooKeeper's own classes).
+	Prepare func(t testing.TB, dataDir string)
+}
+
+// StartZooKeeperWith starts the servers cfg describes and waits until they
+// serve requests.
+func StartZooKeeperWith(t testing.TB, cfg ZKConfig) *ZKEnsemble {
+	t.Helper()
 	RequireBinary(t, "default-jre-headless", "java")
 	if _, err := os.Stat("/usr/share/java/zookeeper.jar"); err != nil {
 		t.Fatal("ZooKeeper server jar /usr/share/java/zookeeper.jar not found; install the Debian package \"zookeeper\" (the README's test command does)")
 	}
+	n := max(cfg.Nodes, 1)
+	tick := cfg.TickTime.Round(time.Millisecond)
+	if tick <= 0 {
+		tick = 100 * time.Millisecond
+	}
 	dir := TempDir(t, "zk")
-	e := &ZKEnsemble{TickTime: 100 * time.Millisecond, MaxSessionTimeout: 2 * time.Minute}
+	e := &ZKEnsemble{TickTime: tick, MinSessionTimeout: 2 * tick, MaxSessionTimeout: 2 * time.Minute}
 	type ports struct{ client, peer, election int }
 	ps := make([]ports, n)
 	for i := range ps {
@@ -79,12 +107,12 @@ func StartZooKeeperEnsemble(t testing.TB, n int) *ZKEnsemble {
 		if err := os.MkdirAll(nd.Dir, 0o755); err != nil {
 			t.Fatal(err)
 		}
-		cfg := []string{
-			"tickTime=100",
+		conf := []string{
+			fmt.Sprintf("tickTime=%d", tick.Milliseconds()),
 			"initLimit=50",
 			"syncLimit=20",
-			"minSessionTimeout=200",
-			"maxSessionTimeout=120000",
+			fmt.Sprintf("minSessionTimeout=%d", e.MinSessionTimeout.Milliseconds()),
+			fmt.Sprintf("maxSessionTimeout=%d", e.MaxSessionTimeout.Milliseconds()),
 			"dataDir=" + nd.Dir,
 			fmt.Sprintf("clientPort=%d", ps[i].client),
 			"clientPortAddress=127.0.0.1",
@@ -94,15 +122,18 @@ func StartZooKeeperEnsemble(t testing.TB, n int) *ZKEnsemble {
 		}
 		if n > 1 {
 			for j := 0; j < n; j++ {
-				cfg = append(cfg, fmt.Sprintf("server.%d=127.0.0.1:%d:%d", j+1, ps[j].peer, ps[j].election))
+				conf = append(conf, fmt.Sprintf("server.%d=127.0.0.1:%d:%d", j+1, ps[j].peer, ps[j].election))
 			}
 			if err := os.WriteFile(filepath.Join(nd.Dir, "myid"), []byte(fmt.Sprint(i+1)), 0o644); err != nil {
 				t.Fatal(err)
 			}
 		}
 		nd.cfgPath = filepath.Join(nd.Dir, "zoo.cfg")
-		if err := os.WriteFile(nd.cfgPath, []byte(strings.Join(cfg, "\n")+"\n"), 0o644); err != nil {
+		if err := os.WriteFile(nd.cfgPath, []byte(strings.Join(conf, "\n")+"\n"), 0o644); err != nil {
 			t.Fatal(err)
+		}
+		if cfg.Prepare != nil {
+			cfg.Prepare(t, nd.Dir)
 		}
 		e.Nodes = append(e.Nodes, nd)
 	}

@@ -122,7 +122,7 @@ func Run(t *testing.T, hooks func(store string) fenced.Hooks, held func()) {
 		t.Fatal(err)
 	}
 
-	daily, err := a.TryAcquire(ctx, "report:daily", &fenced.LeaseOptions{TTL: time.Second, NoAutoRenew: true})
+	daily, err := a.TryAcquire(ctx, "report:daily", &fenced.LeaseOptions{TTL: time.Second, AutoRenew: fenced.Off})
 	if err != nil {
 		t.Fatal(err)
 	}

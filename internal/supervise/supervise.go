@@ -1,0 +1,546 @@
+//go:build linux
+
+// Package supervise runs a command as a supervised job: in a process group of
+// its own, with every process it starts kept under the supervisor, so that
+// the supervisor can stop, continue and end all of it, and know when none of
+// it is left. `fenced run` is built on it.
+//
+// What a Group guarantees, and how:
+//
+//   - Every descendant stays countable. Start makes the calling process a
+//     child subreaper (PR_SET_CHILD_SUBREAPER): a process whose parent exits
+//     is re-parented to the supervisor instead of init, so "the supervisor
+//     has no child left" means "no process the command started is left",
+//     including processes that left the group (setsid, double forks). The
+//     Group reaps them all (wait4 on any child) and reports Gone once none
+//     is left.
+//   - The whole tree can be signalled. SignalAll signals the process group
+//     and every descendant found in /proc, so processes that left the group
+//     are not missed.
+//   - The command dies with the supervisor. The command's leader gets
+//     Pdeathsig SIGKILL. The kernel sends Pdeathsig when the *thread* that
+//     forked the child exits, not the process (go.dev/issue/27505), so the
+//     child is forked from a goroutine locked to its OS thread that stays
+//     locked (reaping) until the tree is gone. Pdeathsig reaches only the
+//     leader; the rest of the group is ended by a guard process (the
+//     supervisor's own binary, re-executed; see MaybeRunGuard) that waits on
+//     a pipe from the supervisor and kills the group with SIGKILL when the
+//     pipe closes without a goodbye, that is when the supervisor died.
+//     Processes that left the group are not reached after the supervisor's
+//     death: once it is gone they are re-parented away from it.
+//   - Interactive commands keep the terminal. If the command's stdin is the
+//     caller's controlling terminal and the caller's group is in its
+//     foreground, the command's group is put in the foreground as it starts
+//     (before exec, so its first read cannot race). The caller takes it back
+//     with TakeTerminal or Stop, and Continue gives it to the command again
+//     whenever the caller is in the foreground by then (a job started in the
+//     background and brought to the foreground with fg gets it too).
+//     tcsetpgrp from a background group raises SIGTTOU, so the Group blocks
+//     SIGTTOU on its own thread around the call.
+//
+// Processes are found by scanning /proc; a process id read there could in
+// theory be reused between the scan and the kill, but only after the
+// process was reaped by this Group, which makes that window a few
+// microseconds long on a pid space that must wrap around first.
+package supervise
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// EventKind says what happened to a supervised command.
+type EventKind int
+
+const (
+	// Stopped: the command's leader (the process Start started) was
+	// stopped, by job control (SIGTSTP, SIGTTIN, SIGTTOU) or SIGSTOP.
+	// Signal is the stop signal.
+	Stopped EventKind = iota + 1
+	// Exited: the leader exited or was killed. Code is its exit code, or
+	// 128+N if signal N killed it (then Signal is N).
+	Exited
+	// Gone: no process the command started is left, whether in its group
+	// or not. It is the last event.
+	Gone
+)
+
+// Event is a change of state of a supervised command.
+type Event struct {
+	Kind   EventKind
+	Code   int            // Exited: the exit code (128+N for signal N)
+	Signal syscall.Signal // Stopped: the stop signal; Exited: the killing signal or 0
+	// Reaped is, with Gone, how many processes other than the leader were
+	// re-parented to the supervisor and reaped by it.
+	Reaped int
+}
+
+// Group is a command started by Start. Its methods may be called from any
+// goroutine.
+type Group struct {
+	cmd    *exec.Cmd
+	pid    int // the leader's pid, which is also the group's id
+	self   int
+	tty    int // the caller's controlling terminal if it is the command's stdin, or -1
+	events chan Event
+
+	stopMu  sync.Mutex
+	stopped []int // processes outside the group that Stop stopped
+
+	guardPid atomic.Int64 // 0 once the guard is gone (or never ran)
+	guardMu  sync.Mutex
+	guardW   *os.File // the guard's pipe; nil after Close
+	reaped   int      // touched only by the reaping goroutine
+}
+
+// ErrSetup marks a failure of Start's own setup (the subreaper, the guard),
+// as opposed to a command that could not be started; either way nothing ran.
+var ErrSetup = errors.New("supervise: cannot supervise")
+
+var (
+	subreaperOnce sync.Once
+	subreaperErr  error
+	active        atomic.Bool // a Group is being reaped
+)
+
+// Start starts cmd in a new process group of its own and supervises it.
+//
+// cmd must not have been started; its Stdin, Stdout and Stderr must be nil
+// or *os.File, because Start reaps the process itself and cmd.Wait must not
+// be called (nothing would copy a pipe). Start sets in cmd.SysProcAttr:
+// Setpgid, Pdeathsig SIGKILL, and Foreground with Ctty when the terminal is
+// handed over; other fields are kept.
+//
+// Start makes the whole calling process a child subreaper, and the Group
+// reaps every child of the process (wait4(-1)): a process that supervises a
+// Group must not start and Wait for other children of its own meanwhile,
+// and only one Group can run at a time (Start fails with ErrSetup until the
+// previous one reported Gone).
+//
+// Errors from starting the command are returned as cmd.Start returns them;
+// a failure of the supervision itself matches ErrSetup.
+func Start(cmd *exec.Cmd) (*Group, error) {
+	for _, s := range []any{cmd.Stdin, cmd.Stdout, cmd.Stderr} {
+		if _, ok := s.(*os.File); s != nil && !ok {
+			return nil, fmt.Errorf("supervise: stdio must be nil or *os.File, got %T", s)
+		}
+	}
+	subreaperOnce.Do(func() {
+		subreaperErr = unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+	})
+	if subreaperErr != nil {
+		return nil, fmt.Errorf("%w: become a child subreaper: %v", ErrSetup, subreaperErr)
+	}
+	if !active.CompareAndSwap(false, true) {
+		return nil, fmt.Errorf("%w: another Group of this process is still running", ErrSetup)
+	}
+	g := &Group{cmd: cmd, self: os.Getpid(), tty: -1, events: make(chan Event, 16)}
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	attr := cmd.SysProcAttr
+	attr.Setpgid, attr.Pgid = true, 0
+	attr.Pdeathsig = syscall.SIGKILL
+	if f, ok := cmd.Stdin.(*os.File); ok && f != nil {
+		// TIOCGPGRP succeeds only on the caller's controlling terminal.
+		fd := int(f.Fd())
+		if fg, err := unix.IoctlGetInt(fd, unix.TIOCGPGRP); err == nil {
+			g.tty = fd
+			if fg == unix.Getpgrp() { // started in the foreground
+				attr.Foreground, attr.Ctty = true, fd
+			}
+		}
+	}
+
+	started := make(chan error, 1)
+	go func() {
+		// The thread that forks the child must outlive it (Pdeathsig), so
+		// this goroutine keeps its thread locked and reaps until the tree
+		// is gone. It never unlocks: the runtime then ends the thread when
+		// the goroutine returns, which is harmless once no child is left.
+		runtime.LockOSThread()
+		if err := g.startGuard(); err != nil {
+			active.Store(false)
+			started <- err
+			return
+		}
+		if err := cmd.Start(); err != nil {
+			g.Close()
+			active.Store(false)
+			started <- err
+			return
+		}
+		g.pid = cmd.Process.Pid
+		g.tellGuard(fmt.Sprintf("group %d\n", g.pid))
+		started <- nil
+		g.reap()
+	}()
+	if err := <-started; err != nil {
+		return nil, err
+	}
+	return g, nil
+}
+
+// Pid returns the leader's process id, which is also the group's id.
+func (g *Group) Pid() int { return g.pid }
+
+// Events returns the channel of the command's events. Gone is the last one;
+// the channel is closed after it.
+func (g *Group) Events() <-chan Event { return g.events }
+
+// Signal sends sig to the command's process group. It returns an error
+// matching syscall.ESRCH when no process of the group is left.
+func (g *Group) Signal(sig syscall.Signal) error {
+	return unix.Kill(-g.pid, sig)
+}
+
+// SignalAll sends sig to the command's process group and to every living
+// descendant of the supervisor except the guard, so processes that left the
+// group are reached too. It returns how many living processes it found.
+func (g *Group) SignalAll(sig syscall.Signal) int {
+	n := 0
+	for _, p := range g.descendants() {
+		if p.state == 'Z' {
+			continue
+		}
+		if unix.Kill(p.pid, sig) == nil {
+			n++
+		}
+	}
+	_ = unix.Kill(-g.pid, sig)
+	return n
+}
+
+// Stop stops the command's group and every other running descendant (a
+// process that left the group must not run on either) with SIGSTOP, which
+// they cannot catch or ignore, and takes the terminal back if the group had
+// it. Continue continues what Stop stopped.
+func (g *Group) Stop() {
+	_ = unix.Kill(-g.pid, syscall.SIGSTOP)
+	var stoppedNow []int
+	for _, p := range g.descendants() {
+		if p.state == 'T' || p.state == 't' || p.state == 'Z' {
+			continue // stopped before, by someone else, or dead
+		}
+		if unix.Kill(p.pid, syscall.SIGSTOP) == nil {
+			stoppedNow = append(stoppedNow, p.pid)
+		}
+	}
+	g.stopMu.Lock()
+	g.stopped = append(g.stopped, stoppedNow...)
+	g.stopMu.Unlock()
+	g.TakeTerminal()
+}
+
+// LeaderStopped reports whether the leader is stopped now (by a signal or
+// a tracer), read from /proc. Stopped events may be stale: the group may
+// have been continued since.
+func (g *Group) LeaderStopped() bool {
+	p, ok := readProc(strconv.Itoa(g.pid))
+	return ok && (p.state == 'T' || p.state == 't')
+}
+
+// Continue gives the terminal to the command's group if the caller's group
+// is in the terminal's foreground (a job continued in the background does
+// not take the terminal), then continues the group, as job control does,
+// and the processes outside it that Stop stopped.
+func (g *Group) Continue() {
+	if g.tty >= 0 {
+		if fg, err := unix.IoctlGetInt(g.tty, unix.TIOCGPGRP); err == nil && fg == unix.Getpgrp() {
+			_ = setForeground(g.tty, g.pid)
+		}
+	}
+	_ = unix.Kill(-g.pid, syscall.SIGCONT)
+	g.stopMu.Lock()
+	stopped := g.stopped
+	g.stopped = nil
+	g.stopMu.Unlock()
+	for _, pid := range stopped {
+		_ = unix.Kill(pid, syscall.SIGCONT) // a stopped process exits only if killed
+	}
+}
+
+// TakeTerminal puts the caller's group back in the terminal's foreground if
+// the command's group is there. It does nothing without a terminal.
+func (g *Group) TakeTerminal() {
+	if g.tty < 0 {
+		return
+	}
+	if fg, err := unix.IoctlGetInt(g.tty, unix.TIOCGPGRP); err == nil && fg == g.pid {
+		_ = setForeground(g.tty, unix.Getpgrp())
+	}
+}
+
+// Close tells the guard that the supervisor ends on purpose, so it exits
+// without killing anything, and lets go of the leader's process handle.
+// Call it after Gone. A second call does nothing.
+func (g *Group) Close() {
+	g.guardMu.Lock()
+	defer g.guardMu.Unlock()
+	if g.guardW == nil {
+		return
+	}
+	_, _ = io.WriteString(g.guardW, "done\n")
+	_ = g.guardW.Close()
+	g.guardW = nil
+	if g.cmd.Process != nil {
+		_ = g.cmd.Process.Release()
+	}
+}
+
+// StopSelf stops the calling process with SIGSTOP and returns once it has
+// been continued (SIGCONT).
+func StopSelf() {
+	cont := make(chan os.Signal, 1)
+	signal.Notify(cont, syscall.SIGCONT)
+	defer signal.Stop(cont)
+	if unix.Kill(os.Getpid(), syscall.SIGSTOP) == nil {
+		<-cont
+	}
+}
+
+// reap waits for every child of the process, reports the leader's stops
+// and exit, and reports Gone once no child other than the guard is left.
+func (g *Group) reap() {
+	for {
+		var ws unix.WaitStatus
+		pid, err := unix.Wait4(-1, &ws, unix.WUNTRACED, nil)
+		switch {
+		case errors.Is(err, syscall.EINTR):
+			continue
+		case err != nil: // ECHILD: no child at all, not even the guard
+			g.gone()
+			return
+		}
+		g.record(pid, ws)
+		if ws.Stopped() {
+			continue
+		}
+		for { // reap every other dead child before counting the living
+			pid, err := unix.Wait4(-1, &ws, unix.WUNTRACED|unix.WNOHANG, nil)
+			if err != nil || pid <= 0 {
+				break
+			}
+			g.record(pid, ws)
+		}
+		if !g.anyChildLeft() {
+			g.gone()
+			return
+		}
+	}
+}
+
+func (g *Group) gone() {
+	active.Store(false)
+	g.events <- Event{Kind: Gone, Reaped: g.reaped}
+	close(g.events)
+}
+
+func (g *Group) record(pid int, ws unix.WaitStatus) {
+	switch {
+	case pid == g.pid && ws.Stopped():
+		g.events <- Event{Kind: Stopped, Signal: ws.StopSignal()}
+	case pid == g.pid && ws.Signaled():
+		g.events <- Event{Kind: Exited, Code: 128 + int(ws.Signal()), Signal: ws.Signal()}
+	case pid == g.pid && ws.Exited():
+		g.events <- Event{Kind: Exited, Code: ws.ExitStatus()}
+	case ws.Stopped():
+		// A re-parented descendant stopped: it is ended with the tree.
+	case int64(pid) == g.guardPid.Load():
+		g.guardPid.Store(0)
+	default:
+		g.reaped++
+	}
+}
+
+// anyChildLeft reports whether the process has a child other than the
+// guard. As a subreaper it then has no descendant of the command either.
+func (g *Group) anyChildLeft() bool {
+	guard := int(g.guardPid.Load())
+	for _, p := range readProcs() {
+		if p.ppid == g.self && p.pid != guard {
+			return true
+		}
+	}
+	return false
+}
+
+type proc struct {
+	pid, ppid int
+	state     byte
+}
+
+// descendants returns every descendant of the process except the guard.
+func (g *Group) descendants() []proc {
+	procs := readProcs()
+	kids := map[int][]proc{}
+	for _, p := range procs {
+		kids[p.ppid] = append(kids[p.ppid], p)
+	}
+	guard := int(g.guardPid.Load())
+	var out []proc
+	queue := []int{g.self}
+	for len(queue) > 0 {
+		parent := queue[0]
+		queue = queue[1:]
+		for _, p := range kids[parent] {
+			if p.pid == guard {
+				continue
+			}
+			out = append(out, p)
+			queue = append(queue, p.pid)
+		}
+	}
+	return out
+}
+
+// readProcs lists the processes in /proc with their parent and state.
+// Processes that vanish while it reads are skipped.
+func readProcs() []proc {
+	d, err := os.Open("/proc")
+	if err != nil {
+		return nil
+	}
+	defer d.Close()
+	names, _ := d.Readdirnames(-1)
+	out := make([]proc, 0, len(names))
+	for _, name := range names {
+		if p, ok := readProc(name); ok {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// readProc reads the parent and state of process name (a pid in decimal).
+func readProc(name string) (proc, bool) {
+	pid, err := strconv.Atoi(name)
+	if err != nil {
+		return proc{}, false
+	}
+	b, err := os.ReadFile("/proc/" + name + "/stat")
+	if err != nil {
+		return proc{}, false
+	}
+	// pid (comm) state ppid ...; comm may hold spaces and parentheses.
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return proc{}, false
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 2 {
+		return proc{}, false
+	}
+	ppid, err := strconv.Atoi(f[1])
+	if err != nil {
+		return proc{}, false
+	}
+	return proc{pid: pid, ppid: ppid, state: f[0][0]}, true
+}
+
+// setForeground makes pgid the terminal's foreground group. A background
+// caller gets SIGTTOU from tcsetpgrp unless the signal is blocked or
+// ignored, so it is blocked on this (locked) thread around the call; the
+// process keeps its SIGTTOU handling everywhere else.
+func setForeground(fd, pgid int) error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var set, old unix.Sigset_t
+	const bits = 8 * int(unsafe.Sizeof(set.Val[0]))
+	n := int(syscall.SIGTTOU) - 1
+	set.Val[n/bits] |= 1 << (n % bits)
+	if err := unix.PthreadSigmask(unix.SIG_BLOCK, &set, &old); err != nil {
+		return err
+	}
+	defer unix.PthreadSigmask(unix.SIG_SETMASK, &old, nil)
+	return unix.IoctlSetPointerInt(fd, unix.TIOCSPGRP, pgid)
+}
+
+// guardEnv carries nothing but marks a guard process (see MaybeRunGuard).
+const guardEnv = "FENCED_SUPERVISE_GUARD"
+
+// startGuard starts the guard: this binary again, reading its orders from a
+// pipe. It is in a process group of its own (no terminal signals reach it)
+// and is not the command's descendant, so ending the tree spares it.
+func (g *Group) startGuard() error {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return fmt.Errorf("%w: guard pipe: %v", ErrSetup, err)
+	}
+	defer r.Close()
+	guard := &exec.Cmd{
+		Path:        "/proc/self/exe", // this binary, even if replaced on disk since
+		Args:        []string{os.Args[0] + " (guard)"},
+		Env:         append(os.Environ(), guardEnv+"=1"),
+		Stdin:       r,
+		SysProcAttr: &syscall.SysProcAttr{Setpgid: true},
+	}
+	if err := guard.Start(); err != nil {
+		w.Close()
+		return fmt.Errorf("%w: start the guard process: %v", ErrSetup, err)
+	}
+	g.guardPid.Store(int64(guard.Process.Pid))
+	_ = guard.Process.Release() // reaped by reap, by pid
+	g.guardW = w
+	return nil
+}
+
+func (g *Group) tellGuard(line string) {
+	g.guardMu.Lock()
+	defer g.guardMu.Unlock()
+	if g.guardW != nil {
+		_, _ = io.WriteString(g.guardW, line)
+	}
+}
+
+// MaybeRunGuard runs the guard and exits if this process was started as a
+// Group's guard; otherwise it returns at once. Programs that use Start must
+// call it first in main (and tests in TestMain).
+//
+// The guard ignores job-control and termination signals, reads "group N"
+// and then waits. When its pipe closes without "done", the supervisor has
+// died: it sends SIGKILL to group N until the group is gone (at most a few
+// seconds), then exits.
+func MaybeRunGuard() {
+	if os.Getenv(guardEnv) == "" {
+		return
+	}
+	signal.Ignore(syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGTSTP,
+		syscall.SIGTTIN, syscall.SIGTTOU, syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGPIPE)
+	group := 0
+	sc := bufio.NewScanner(os.Stdin)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "done" {
+			os.Exit(0)
+		}
+		if n, ok := strings.CutPrefix(line, "group "); ok {
+			group, _ = strconv.Atoi(n)
+		}
+	}
+	if group > 1 {
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
+			if errors.Is(unix.Kill(-group, syscall.SIGKILL), syscall.ESRCH) {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	os.Exit(0)
+}
