@@ -118,6 +118,7 @@ the store actually used.`,
 	root.PersistentFlags().StringVar(&g.store, "store", def, "store URL (env FENCED_STORE; schemes: "+strings.Join(fenced.Schemes(), ", ")+"; default: a per-user SQLite file)")
 	root.PersistentFlags().BoolVarP(&g.verbose, "verbose", "v", false, "say on stderr which store is used and what fenced does")
 	root.AddCommand(newRunCmd(g), newLsCmd(g), newInspectCmd(g), newBreakCmd(g), newGuaranteesCmd(g), newDemoCmd(g))
+	root.AddCommand(newPlanCmd(g))
 	root.AddCommand(g.extra...)
 	return root
 }
