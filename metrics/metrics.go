@@ -228,58 +228,66 @@ type Options struct {
 	MaxKeyGroups int
 }
 
-// Tracker follows the leases held through the hooks it built, for the
-// gauges (leases held, least remaining validity) that exporters read when
-// they are scraped. It also bounds the key groups. Safe for concurrent use.
-type Tracker struct {
+// Groups maps keys to their bounded key groups: KeyGroup's value, or
+// OtherGroup once MaxKeyGroups other groups have been seen. Safe for
+// concurrent use.
+type Groups struct {
 	keyGroup  func(string) string
 	maxGroups int
 
-	mu     sync.Mutex
-	groups map[string]struct{}
-	seen   map[Labels]struct{}
-	held   map[*fenced.Lease]Labels
+	mu   sync.Mutex
+	seen map[string]struct{}
 }
 
-// NewTracker returns a Tracker with opts (nil for the defaults).
-func NewTracker(opts *Options) *Tracker {
-	t := &Tracker{keyGroup: DefaultKeyGroup, maxGroups: DefaultMaxKeyGroups, groups: map[string]struct{}{}, seen: map[Labels]struct{}{}, held: map[*fenced.Lease]Labels{}}
+// NewGroups returns the groups of opts (nil for the defaults).
+func NewGroups(opts *Options) *Groups {
+	g := &Groups{keyGroup: DefaultKeyGroup, maxGroups: DefaultMaxKeyGroups, seen: map[string]struct{}{}}
 	if opts != nil {
 		if opts.KeyGroup != nil {
-			t.keyGroup = opts.KeyGroup
+			g.keyGroup = opts.KeyGroup
 		}
 		if opts.MaxKeyGroups > 0 {
-			t.maxGroups = opts.MaxKeyGroups
+			g.maxGroups = opts.MaxKeyGroups
 		}
-	}
-	return t
-}
-
-// Group returns the key group of key: its KeyGroup, or OtherGroup once
-// MaxKeyGroups other groups have been seen.
-func (t *Tracker) Group(key string) string {
-	g := t.keyGroup(key)
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.groupLocked(g)
-}
-
-func (t *Tracker) groupLocked(g string) string {
-	if _, ok := t.groups[g]; !ok {
-		if len(t.groups) >= t.maxGroups {
-			return OtherGroup
-		}
-		t.groups[g] = struct{}{}
 	}
 	return g
 }
 
+// Of returns the key group of key.
+func (g *Groups) Of(key string) string {
+	group := g.keyGroup(key)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if _, ok := g.seen[group]; !ok {
+		if len(g.seen) >= g.maxGroups {
+			return OtherGroup
+		}
+		g.seen[group] = struct{}{}
+	}
+	return group
+}
+
+// Tracker follows the leases held through the hooks it built, for the
+// gauges (leases held, least remaining validity) that exporters read when
+// they are scraped. Safe for concurrent use.
+type Tracker struct {
+	*Groups
+
+	mu   sync.Mutex
+	seen map[Labels]struct{}
+	held map[*fenced.Lease]Labels
+}
+
+// NewTracker returns a Tracker with opts (nil for the defaults).
+func NewTracker(opts *Options) *Tracker {
+	return &Tracker{Groups: NewGroups(opts), seen: map[Labels]struct{}{}, held: map[*fenced.Lease]Labels{}}
+}
+
 // labels returns the labels of key in store, and whether they are new.
 func (t *Tracker) labels(store, key string) (Labels, bool) {
-	g := t.keyGroup(key)
+	l := Labels{Store: store, KeyGroup: t.Of(key)}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	l := Labels{Store: store, KeyGroup: t.groupLocked(g)}
 	if _, ok := t.seen[l]; ok {
 		return l, false
 	}

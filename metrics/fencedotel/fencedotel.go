@@ -240,7 +240,7 @@ func (r recorder) OwnerChange(l metrics.Labels) { r.t.ownerChanges.Add(bg, 1, wi
 // spanHooks records the acquire and hold spans.
 func (t *Telemetry) spanHooks(store string) fenced.Hooks {
 	attrs := func(key string, extra ...attribute.KeyValue) []attribute.KeyValue {
-		a := append(extra, AttrStore.String(store), AttrKeyGroup.String(t.tracker.Group(key)))
+		a := append(extra, AttrStore.String(store), AttrKeyGroup.String(t.tracker.Of(key)))
 		if t.opts.RecordKey {
 			a = append(a, AttrKey.String(key))
 		}
