@@ -38,7 +38,7 @@ var pages = template.Must(template.New("").Funcs(template.FuncMap{
 		}
 		return t.Format("15:04:05")
 	},
-	"stamp": func(t time.Time) string { return t.Format("2006-01-02 15:04:05") },
+	"stamp":  func(t time.Time) string { return t.Format("2006-01-02 15:04:05") },
 	"keyURL": func(key string) string { return "/keys/" + url.PathEscape(key) },
 }).ParseFS(assets, "assets/*.html"))
 
