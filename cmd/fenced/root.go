@@ -119,6 +119,7 @@ the store actually used.`,
 	root.PersistentFlags().BoolVarP(&g.verbose, "verbose", "v", false, "say on stderr which store is used and what fenced does")
 	root.AddCommand(newRunCmd(g), newLsCmd(g), newInspectCmd(g), newBreakCmd(g), newGuaranteesCmd(g), newDemoCmd(g))
 	root.AddCommand(newPlanCmd(g))
+	root.AddCommand(newServeCmd(g))
 	root.AddCommand(g.extra...)
 	return root
 }

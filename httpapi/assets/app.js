@@ -192,10 +192,11 @@
 
   async function updatePlan() {
     const ttlMS = +$("#ttl").value;
-    const renewMS = Math.max(1, Math.round((ttlMS * +$("#renew").value) / 100));
+    const perTTL = +$("#renew").value; // renewals per TTL: 3 is the default, TTL/3
+    const renewMS = Math.max(1, Math.round(ttlMS / perTTL));
     const pauseMS = +$("#pause").value;
     $("#ttl-out").textContent = fmtMS(ttlMS);
-    $("#renew-out").textContent = fmtMS(renewMS) + " (" + $("#renew").value + "%)";
+    $("#renew-out").textContent = fmtMS(renewMS) + " (TTL/" + perTTL + ")";
     $("#pause-out").textContent = pauseMS > 0 ? fmtMS(pauseMS) : "0s";
     const q = new URLSearchParams({ ttl: ttlMS + "ms", renew_every: renewMS + "ms", backend: $("#backend").value });
     if (pauseMS > 0) q.set("max_pause", pauseMS + "ms");
@@ -233,7 +234,7 @@
     const chart = $("#plan-chart");
     const left = 150, width = 590;
     const renew = p.renew_every_ms, pause = p.max_pause_ms;
-    const tMax = 1.08 * Math.max(p.authority_ttl_ms, renew + pause, p.ttl_ms);
+    const tMax = 1.3 * Math.max(p.authority_ttl_ms, renew + pause, p.ttl_ms);
     const x = (t) => left + (Math.min(t, tMax) / tMax) * width;
     const lane = (y, label) => svg("text", { x: 8, y: y + 12, class: "lane" }, label);
     const bar = (t0, t1, y, cls, label) => {
@@ -252,7 +253,7 @@
       bar(0, p.local_validity_ms, 54, "valid", "local validity " + fmtMS(p.local_validity_ms)),
       lane(88, "authority keeps it"),
       bar(0, p.authority_ttl_ms, 88, "grant", "grant " + fmtMS(p.authority_ttl_ms)),
-      bar(p.authority_ttl_ms, tMax, 88, "other", "another worker may hold the key"),
+      bar(p.authority_ttl_ms, tMax, 88, "other", "others may get the key"),
       lane(122, "only the fence"),
     ];
     if (pause > 0) {
@@ -263,8 +264,8 @@
       nodes.push(svg("text", { x: x(renew) + 4, y: 26 }, "renewal due: the freeze starts here"));
     }
     const absorbed = renew + p.freeze_absorbed_ms;
-    nodes.push(svg("line", { x1: x(absorbed), y1: 6, x2: x(absorbed), y2: 146, class: "marker" }),
-      svg("text", { x: x(absorbed) + 3, y: 152 }, "absorbed up to here"));
+    nodes.push(svg("line", { x1: x(absorbed), y1: 6, x2: x(absorbed), y2: 150, class: "marker" }),
+      svg("text", { x: x(absorbed) - 4, y: 158, "text-anchor": "end" }, "freezes up to here are absorbed"));
     nodes.push(svg("line", { x1: left, y1: 166, x2: left + width, y2: 166, class: "axis" }));
     const step = niceStep(tMax / 8);
     for (let t = 0; t <= tMax; t += step) {
@@ -346,15 +347,17 @@
       }
       for (const e of mine) {
         const cx = x(e.at_ms), cy = y + 8;
+        // Labels near the right edge end at their mark instead of starting there.
+        const label = (text) => cx > left + 0.7 * width
+          ? svg("text", { x: cx - 9, y: cy + 22, "text-anchor": "end" }, text)
+          : svg("text", { x: cx + 9, y: cy + 16 }, text);
         if (e.kind === "sent") {
-          nodes.push(svg("g", { class: "outcome sent-mark" }, svg("circle", { cx, cy, r: 6, class: "sent" }),
-            svg("text", { x: cx + 9, y: cy + 16 }, "sent, fence " + e.fence)));
+          nodes.push(svg("g", { class: "outcome sent-mark" }, svg("circle", { cx, cy, r: 6, class: "sent" }), label("sent, fence " + e.fence)));
         } else if (e.kind === "refused") {
           nodes.push(svg("g", { class: "outcome refused-mark" }, svg("rect", { x: cx - 6, y: cy - 6, width: 12, height: 12, class: "refused" }),
-            svg("text", { x: cx + 9, y: cy + 16 }, "write refused: stale fence " + e.fence)));
+            label("write refused: stale fence " + e.fence)));
         } else if (e.kind === "nothing") {
-          nodes.push(svg("g", { class: "outcome" }, svg("circle", { cx, cy, r: 5, class: "nothing" }),
-            svg("text", { x: cx + 9, y: cy + 16 }, "nothing to do")));
+          nodes.push(svg("g", { class: "outcome" }, svg("circle", { cx, cy, r: 5, class: "nothing" }), label("nothing to do")));
         }
       }
     }
