@@ -21,6 +21,8 @@ require (
 	modernc.org/sqlite v1.62.0
 )
 
+require github.com/anishathalye/porcupine v1.3.1
+
 require (
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/chromedp/cdproto v0.160.1 // indirect

@@ -44,6 +44,38 @@
 // keep the row, so the counter never restarts. A batch of renewals is one
 // UPDATE plus one SELECT that reads back which grants it kept.
 //
+// Keys and owners are VARBINARY: compared byte for byte, so job:A, job:a
+// and "job:a " are three keys whatever the server's default character set
+// and collation (latin1_swedish_ci, MariaDB's default, would take them for
+// one), and an owner token matches only itself.
+//
+// # Fence floor and pruning
+//
+// The table NAME_floor holds one number, the fence floor. A grant's fence
+// is one more than the larger of the row's counter and the floor (a new
+// row starts at floor + 1), decided in the grant's one statement, which
+// reads the floor with a shared lock. RaiseFenceFloor raises it, so that
+// keys moved from another table or store start above the fences their
+// resources have seen (fenced floor raise). Prune deletes the rows of keys
+// unused for a given time and raises the floor to the highest fence it
+// deleted, in one transaction per batch that locks the floor row first:
+// a grant either finishes before the batch or reads the raised floor, so
+// no fence is ever reissued (fenced prune). Release and break record no
+// time, so a released or broken key is old enough for any age.
+//
+// # Tables made by someone else
+//
+// New checks the tables that already exist before it creates or changes
+// anything, and refuses with ErrSchema, naming every difference, a table
+// that would break the grant: no primary key or unique index on exactly
+// lease_key (ON DUPLICATE KEY UPDATE would then insert a second row for a
+// key, and grant it to a second owner), a prefix or another unique index,
+// an extra AUTO_INCREMENT column (its value would be reported through
+// LAST_INSERT_ID instead of the fence), character key or owner columns
+// (their collation could take different keys or owners for one), columns
+// too short for a key, expiry without microseconds, or a storage engine
+// other than InnoDB.
+//
 // The driver relies on no session state (no GET_LOCK, no user variables;
 // autocommit statements, and break in one transaction), so a proxy that
 // routes each transaction to any server connection cannot break it (tested
@@ -76,9 +108,9 @@ func init() {
 
 const paramSocket = "socket"
 
-// ErrSchema means the lease or audit table exists with a shape other than
-// the one the driver needs (from an older fenced or another tool). Nothing
-// is changed when it is returned.
+// ErrSchema means the lease, audit or floor table exists with a shape
+// other than the one the driver needs (from an older fenced or another
+// tool). Nothing is changed when it is returned.
 var ErrSchema = leasetable.ErrSchema
 
 // Options configure New. The zero value (or nil) gives the defaults.
@@ -88,14 +120,16 @@ type Options struct {
 }
 
 // Driver is the MySQL/MariaDB lease-table driver. It implements
-// driver.Driver, driver.BatchRenewer and driver.BreakLogger. Its methods
-// are safe for concurrent use.
+// driver.Driver, driver.BatchRenewer, driver.BreakLogger,
+// driver.FenceFloorer and driver.Pruner. Its methods are safe for
+// concurrent use.
 type Driver struct {
 	db    *sql.DB
 	ownDB bool
 	table string
-	t, b  string // quoted lease and audit table names
-	stmts struct {
+	// t, b and f are the quoted names of the lease, audit and floor tables.
+	t, b, f string
+	stmts   struct {
 		acquire, renew, release, inspect *sql.Stmt
 	}
 
@@ -225,7 +259,7 @@ func New(ctx context.Context, db *sql.DB, opts *Options) (*Driver, error) {
 	if err := leasetable.ValidateTable(o.Table); err != nil {
 		return nil, fmt.Errorf("mysql: %w", err)
 	}
-	d := &Driver{db: db, table: o.Table, t: quoteIdent(o.Table), b: quoteIdent(o.Table + leasetable.BreaksSuffix)}
+	d := &Driver{db: db, table: o.Table, t: quoteIdent(o.Table), b: quoteIdent(o.Table + leasetable.BreaksSuffix), f: quoteIdent(o.Table + leasetable.FloorSuffix)}
 	if err := d.ensureSchema(ctx); err != nil {
 		return nil, err
 	}
@@ -270,12 +304,23 @@ const remainingExpr = `TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at)`
 // sees the new owner. A free row always has expires_at = freeExpiry, so
 // "expired" covers "free". Parameters: key, owner, ttl, owner, owner,
 // owner, owner, ttl.
+//
+// A grant's fence is one more than the larger of the row's counter and the
+// table's fence floor (see FenceFloor); a new row starts at floor + 1. The
+// VALUES row is evaluated first, so every grant takes a shared lock on the
+// floor row before it touches a lease row. Prune takes the floor row
+// exclusively before it deletes lease rows: a grant either completes
+// before a prune starts or reads the floor that prune raised, under any
+// isolation level (a plain subquery would be a non-locking read under
+// READ COMMITTED, and could miss a floor raised by a prune that deleted the
+// very row the grant then inserts again).
 func (d *Driver) acquireSQL() string {
+	floor := `COALESCE((SELECT fence_floor FROM ` + d.f + ` WHERE id = 1 LOCK IN SHARE MODE), 0)`
 	return `INSERT INTO ` + d.t + ` (lease_key, owner, fence, expires_at)
-VALUES (?, ?, 1, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)
+VALUES (?, ?, LAST_INSERT_ID(` + floor + ` + 1), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)
 ON DUPLICATE KEY UPDATE
   owner = IF(expires_at <= UTC_TIMESTAMP(6) OR owner = ?, ?, owner),
-  fence = IF(expires_at <= UTC_TIMESTAMP(6), LAST_INSERT_ID(fence + 1),
+  fence = IF(expires_at <= UTC_TIMESTAMP(6), LAST_INSERT_ID(GREATEST(fence, ` + floor + `) + 1),
           IF(owner = ?, LAST_INSERT_ID(fence),
              fence + 0 * LAST_INSERT_ID(` + fmt.Sprint(refusedMark) + ` + GREATEST(0, ` + remainingExpr + `)))),
   expires_at = IF(owner = ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, expires_at)`
@@ -309,11 +354,8 @@ func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Dur
 	}
 	switch v := uint64(id); {
 	case v == 0:
-		// No LAST_INSERT_ID(expr) ran: the row was inserted, fence 1.
-		if n, _ := res.RowsAffected(); n != 1 {
-			return 0, fmt.Errorf("mysql: acquire %q: unexpected reply (no fence, %d rows affected)", key, n)
-		}
-		return 1, nil
+		// Every path of the statement sets LAST_INSERT_ID to at least 1.
+		return 0, fmt.Errorf("mysql: acquire %q: unexpected reply (no fence): is the table's shape what fenced created?", key)
 	case v >= refusedMark:
 		return 0, leasetable.Held(key, leasetable.FromMicros(int64(v-refusedMark)))
 	default:
@@ -568,35 +610,51 @@ func (d *Driver) Close() error {
 	return nil
 }
 
-// The shapes the driver needs, as information_schema.columns.data_type
-// reports them.
+// The shapes the driver needs, in the terms readTable reports them. Keys
+// and owners are binary strings: a character column would compare them by
+// its collation, and MySQL's defaults (latin1_swedish_ci, utf8mb4_*_ci)
+// take job:A for job:a and, with PAD SPACE, "job:a " for job:a.
 var (
-	leaseShape = []leasetable.Column{
-		{Name: "lease_key", Type: "varbinary"},
-		{Name: "owner", Type: "varbinary"},
-		{Name: "fence", Type: "bigint"},
-		{Name: "expires_at", Type: "datetime"},
+	leaseShape = leasetable.Shape{
+		Columns: []leasetable.Column{
+			{Name: "lease_key", Type: "varbinary", Identity: true, MinBytes: fenced.MaxKeyLen},
+			{Name: "owner", Type: "varbinary", Identity: true, MinBytes: maxOwnerLen},
+			{Name: "fence", Type: "bigint"},
+			{Name: "expires_at", Type: "datetime(6)"},
+		},
+		Key: "lease_key",
 	}
-	breakShape = []leasetable.Column{
-		{Name: "id", Type: "bigint"},
-		{Name: "broken_at", Type: "datetime"},
-		{Name: "lease_key", Type: "varbinary"},
-		{Name: "fence", Type: "bigint"},
-		{Name: "owner", Type: "varchar"},
-		{Name: "reason", Type: "text"},
-		{Name: "broken_by", Type: "text"},
+	breakShape = leasetable.Shape{
+		Columns: []leasetable.Column{
+			{Name: "id", Type: "bigint"},
+			{Name: "broken_at", Type: "datetime(6)"},
+			{Name: "lease_key", Type: "varbinary", Identity: true, MinBytes: fenced.MaxKeyLen},
+			{Name: "fence", Type: "bigint"},
+			{Name: "owner", Type: "varchar"},
+			{Name: "reason", Type: "text"},
+			{Name: "broken_by", Type: "text"},
+		},
+		AutoIncrement: []string{"id"},
+	}
+	floorShape = leasetable.Shape{
+		Columns: []leasetable.Column{{Name: "id", Type: "tinyint"}, {Name: "fence_floor", Type: "bigint"}},
+		Key:     "id",
 	}
 )
+
+// maxOwnerLen is the owner column's width: owner tokens are far shorter.
+const maxOwnerLen = 255
 
 // ensureSchema checks the shape of existing tables, then creates the
 // missing ones (checking first, because MySQL commits each DDL statement
 // on its own: nothing is created when an existing table is wrong). CREATE
 // TABLE IF NOT EXISTS is safe when several processes start at once; the
-// shape is checked again after creating.
+// shape of a table created then (by this process or another) is checked
+// after creating. Last, it makes sure the floor row exists.
 func (d *Driver) ensureSchema(ctx context.Context) error {
 	tables := []struct {
 		name   string
-		shape  []leasetable.Column
+		shape  leasetable.Shape
 		create string
 	}{
 		{d.table, leaseShape, `CREATE TABLE IF NOT EXISTS ` + d.t + ` (
@@ -615,46 +673,129 @@ func (d *Driver) ensureSchema(ctx context.Context) error {
   broken_by  TEXT NOT NULL,
   KEY (lease_key, id)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4`},
+		{d.table + leasetable.FloorSuffix, floorShape, `CREATE TABLE IF NOT EXISTS ` + d.f + ` (
+  id          TINYINT UNSIGNED NOT NULL PRIMARY KEY,
+  fence_floor BIGINT UNSIGNED NOT NULL
+) ENGINE=InnoDB`},
 	}
+	checked := map[string]bool{}
 	for create := range 2 {
 		for _, s := range tables {
-			cols, err := d.columns(ctx, s.name)
+			if checked[s.name] {
+				continue
+			}
+			found, exists, err := d.readTable(ctx, s.name)
 			if err != nil {
 				return classify("prepare tables", s.name, err)
 			}
-			if len(cols) == 0 && create == 1 {
+			if !exists && create == 1 {
 				if _, err := d.db.ExecContext(ctx, s.create); err != nil {
 					return classify("create table", s.name, err)
 				}
-				if cols, err = d.columns(ctx, s.name); err != nil {
+				if found, exists, err = d.readTable(ctx, s.name); err != nil {
 					return classify("prepare tables", s.name, err)
 				}
 			}
-			if len(cols) > 0 {
-				if err := leasetable.CheckShape(s.name, s.shape, cols, true); err != nil {
+			if exists {
+				if err := leasetable.Check(s.name, s.shape, found); err != nil {
 					return fmt.Errorf("mysql: %w", err)
 				}
+				checked[s.name] = true
 			}
 		}
+	}
+	if _, err := d.db.ExecContext(ctx, `INSERT INTO `+d.f+` (id, fence_floor) VALUES (1, 0) ON DUPLICATE KEY UPDATE id = id`); err != nil {
+		return classify("prepare tables", d.table+leasetable.FloorSuffix, err)
 	}
 	return nil
 }
 
-func (d *Driver) columns(ctx context.Context, table string) (map[string]string, error) {
-	rows, err := d.db.QueryContext(ctx, `SELECT column_name, data_type FROM information_schema.columns WHERE table_schema = DATABASE() AND table_name = ?`, table)
+// readTable reads table's shape from information_schema: its columns
+// (datetime types with their precision, character columns with their
+// collation), its unique indexes, and whether it is an InnoDB base table.
+func (d *Driver) readTable(ctx context.Context, table string) (leasetable.Existing, bool, error) {
+	found := leasetable.Existing{Columns: map[string]leasetable.ExistingColumn{}}
+	var kind, engine sql.NullString
+	err := d.db.QueryRowContext(ctx, `SELECT table_type, engine FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = ?`, table).Scan(&kind, &engine)
+	if errors.Is(err, sql.ErrNoRows) {
+		return found, false, nil
+	}
 	if err != nil {
-		return nil, err
+		return found, false, err
+	}
+	if kind.String != "BASE TABLE" {
+		found.Problems = append(found.Problems, fmt.Sprintf("it is a %s, not a table", strings.ToLower(kind.String)))
+	} else if !strings.EqualFold(engine.String, "InnoDB") {
+		found.Problems = append(found.Problems, fmt.Sprintf("its engine is %s, want InnoDB (row locks and transactions)", engine.String))
+	}
+	rows, err := d.db.QueryContext(ctx, `SELECT column_name, data_type, COALESCE(datetime_precision, -1), COALESCE(collation_name, ''), COALESCE(character_octet_length, 0), extra
+  FROM information_schema.columns WHERE table_schema = DATABASE() AND table_name = ?`, table)
+	if err != nil {
+		return found, true, err
 	}
 	defer rows.Close()
-	cols := map[string]string{}
 	for rows.Next() {
-		var name, typ string
-		if err := rows.Scan(&name, &typ); err != nil {
-			return nil, err
+		var name, typ, collation, extra string
+		var precision, octets int64
+		if err := rows.Scan(&name, &typ, &precision, &collation, &octets, &extra); err != nil {
+			return found, true, err
 		}
-		cols[strings.ToLower(name)] = strings.ToLower(typ)
+		c := leasetable.ExistingColumn{Type: strings.ToLower(typ), MaxBytes: octets, AutoIncrement: strings.Contains(strings.ToLower(extra), "auto_increment")}
+		if precision >= 0 && (c.Type == "datetime" || c.Type == "timestamp" || c.Type == "time") {
+			c.Type = fmt.Sprintf("%s(%d)", c.Type, precision)
+		}
+		c.Inexact = collationHazard(collation)
+		found.Columns[strings.ToLower(name)] = c
 	}
-	return cols, rows.Err()
+	if err := rows.Err(); err != nil {
+		return found, true, err
+	}
+	rows.Close()
+	ix, err := d.db.QueryContext(ctx, `SELECT index_name, column_name, sub_part FROM information_schema.statistics
+ WHERE table_schema = DATABASE() AND table_name = ? AND non_unique = 0 ORDER BY index_name, seq_in_index`, table)
+	if err != nil {
+		return found, true, err
+	}
+	defer ix.Close()
+	for ix.Next() {
+		var name string
+		var col sql.NullString
+		var prefix sql.NullInt64
+		if err := ix.Scan(&name, &col, &prefix); err != nil {
+			return found, true, err
+		}
+		n := len(found.Unique)
+		if n == 0 || found.Unique[n-1].Name != name {
+			found.Unique = append(found.Unique, leasetable.UniqueIndex{Name: name})
+			n++
+		}
+		u := &found.Unique[n-1]
+		u.Columns = append(u.Columns, strings.ToLower(col.String))
+		if prefix.Valid {
+			u.Defect = fmt.Sprintf("covers only the first %d bytes of %s", prefix.Int64, col.String)
+		}
+	}
+	return found, true, ix.Err()
+}
+
+// collationHazard describes how a character column's collation can take
+// different strings for equal; "" for a binary column.
+func collationHazard(collation string) string {
+	if collation == "" {
+		return ""
+	}
+	c := strings.ToLower(collation)
+	var how []string
+	if strings.Contains(c, "_ci") || strings.Contains(c, "_ai") {
+		how = append(how, "compares case-insensitively")
+	}
+	if !strings.Contains(c, "nopad") && !strings.Contains(c, "_0900_") {
+		how = append(how, "ignores trailing spaces")
+	}
+	if len(how) == 0 {
+		how = append(how, "compares by character, not byte")
+	}
+	return "collation " + collation + ", which " + strings.Join(how, " and ")
 }
 
 // classify wraps err from operation op so that it matches the driver

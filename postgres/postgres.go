@@ -21,7 +21,8 @@
 //
 //   - table=NAME: the lease table (default fenced_leases). Lower-case
 //     letters, digits and underscores, at most 48 bytes; the audit table is
-//     NAME_breaks. Use search_path to choose a schema.
+//     NAME_breaks, the floor table NAME_floor. Use search_path to choose a
+//     schema.
 //   - notify=off: do not LISTEN; waiters poll with backoff and jitter.
 //
 // # Sharing the database
@@ -49,6 +50,31 @@
 // fences survive release, expiry, break, server restart and crash recovery
 // (the fence is as durable as any committed row; with synchronous
 // replication, failover too).
+//
+// # Fence floor and pruning
+//
+// The table NAME_floor holds one number, the fence floor. A grant's fence
+// is one more than the larger of the row's counter and the floor (a new
+// row starts at floor + 1), in the grant's one statement. RaiseFenceFloor
+// raises it, so that keys moved from another table or store, or restored
+// after a failover that lost recent grants, start above the fences their
+// resources have seen (fenced floor raise). Prune deletes the rows of keys
+// unused for a given time (release and break record their time in
+// expires_at) and raises the floor to the highest fence it deleted, in one
+// transaction per batch (fenced prune). A grant racing with it cannot
+// reissue a fence: each batch locks the lease table against writers
+// (SHARE ROW EXCLUSIVE, for a few milliseconds), so a grant either
+// finishes before it or takes its snapshot, and reads the floor, after it.
+//
+// # Tables made by someone else
+//
+// New checks the tables that already exist, in the same transaction that
+// creates the missing ones, and refuses with ErrSchema, naming every
+// difference, a table that would break the grant: no primary key or
+// unique index on exactly lease_key (or one that is partial, deferrable,
+// an exclusion constraint, or on a nondeterministic collation), another
+// unique index, retyped columns, or a key or owner column with a
+// nondeterministic collation (which can take job:A for job:a).
 //
 // # Waiting
 //
@@ -116,8 +142,9 @@ type Options struct {
 }
 
 // Driver is the PostgreSQL lease-table driver. It implements driver.Driver,
-// driver.Notifier, driver.BatchRenewer and driver.BreakLogger. Its methods
-// are safe for concurrent use.
+// driver.Notifier, driver.BatchRenewer, driver.BreakLogger,
+// driver.FenceFloorer and driver.Pruner. Its methods are safe for
+// concurrent use.
 type Driver struct {
 	pool     *pgxpool.Pool
 	ownsPool bool
@@ -138,9 +165,9 @@ var (
 	_ driver.BreakLogger  = (*Driver)(nil)
 )
 
-// ErrSchema means the lease or audit table exists with a shape other than
-// the one the driver needs (from an older fenced or another tool). Nothing
-// is changed when it is returned.
+// ErrSchema means the lease, audit or floor table exists with a shape
+// other than the one the driver needs (from an older fenced or another
+// tool). Nothing is changed when it is returned.
 var ErrSchema = leasetable.ErrSchema
 
 // urlParams are fenced's own URL query parameters, removed before the URL

@@ -21,6 +21,8 @@ type statements struct {
 	acquire, renew, renewBatch, release     string
 	inspect, list, lockRow, breakRow, audit string
 	breaks                                  string
+	floor, raiseFloor, pruneCutoff, prune   string
+	lockForPrune                            string
 }
 
 // quoteIdent quotes a (validated) identifier for PostgreSQL.
@@ -35,6 +37,7 @@ const remainingExpr = `(extract(epoch FROM (expires_at - now())) * 1000000)::big
 func newStatements(table string) statements {
 	t := quoteIdent(table)
 	b := quoteIdent(table + leasetable.BreaksSuffix)
+	f := quoteIdent(table + leasetable.FloorSuffix)
 	return statements{
 		// One statement: grant if free, expired or already ours (then the
 		// fence is kept and the expiry extended), else report how long the
@@ -49,6 +52,18 @@ func newStatements(table string) statements {
 		// finds another transaction already working on the row (most
 		// likely the waiter that wins, or a release whose notification
 		// follows) is refused at once instead of waiting behind it.
+		//
+		// The fence of a grant is one more than the larger of the row's
+		// counter and the table's fence floor; a new row starts at floor
+		// + 1 (excluded.fence). The floor is read in the statement's
+		// snapshot. That snapshot can be older than a prune that commits
+		// while the statement runs: the insert may wait for another
+		// grant's insert of the key, which is then released and pruned
+		// before this one retries into the empty slot with its old floor.
+		// So a prune batch locks the lease table against every writer
+		// (see lockForPrune): this statement takes its table lock before
+		// its snapshot, and either finishes before the batch starts or
+		// starts after it committed.
 		acquire: `WITH cur AS (
   SELECT owner, expires_at FROM ` + t + ` WHERE lease_key = $1
 ), lk AS (
@@ -56,10 +71,10 @@ func newStatements(table string) statements {
   FOR UPDATE SKIP LOCKED
 ), granted AS (
   INSERT INTO ` + t + ` AS l (lease_key, owner, fence, expires_at)
-  SELECT $1, $2, 1, now() + $3::bigint * interval '1 microsecond'
+  SELECT $1, $2, COALESCE((SELECT fence_floor FROM ` + f + ` WHERE id = 1), 0) + 1, now() + $3::bigint * interval '1 microsecond'
    WHERE EXISTS (SELECT FROM lk) OR NOT EXISTS (SELECT FROM cur)
   ON CONFLICT (lease_key) DO UPDATE
-     SET fence = CASE WHEN l.owner = excluded.owner AND l.expires_at > now() THEN l.fence ELSE l.fence + 1 END,
+     SET fence = CASE WHEN l.owner = excluded.owner AND l.expires_at > now() THEN l.fence ELSE GREATEST(l.fence + 1, excluded.fence) END,
          owner = excluded.owner,
          expires_at = excluded.expires_at
    WHERE l.owner = '' OR l.expires_at <= now() OR l.owner = excluded.owner
@@ -89,45 +104,77 @@ SELECT pg_notify($4, lease_key) FROM released`,
 		breakRow: `UPDATE ` + t + ` SET owner = '', expires_at = now() WHERE lease_key = $1`,
 		audit:    `INSERT INTO ` + b + ` (lease_key, fence, owner, reason, broken_by) VALUES ($1, $2, $3, $4, $5)`,
 		breaks:   `SELECT ` + leasetable.BreakColumns + ` FROM ` + b + ` WHERE $1 = '' OR lease_key = $1 ORDER BY id`,
+		floor:    `SELECT COALESCE((SELECT fence_floor FROM ` + f + ` WHERE id = 1), 0), COALESCE((SELECT max(fence) FROM ` + t + `), 0)`,
+		raiseFloor: `INSERT INTO ` + f + ` AS fl (id, fence_floor) VALUES (1, $1)
+ON CONFLICT (id) DO UPDATE SET fence_floor = GREATEST(fl.fence_floor, excluded.fence_floor)
+RETURNING fence_floor`,
+		pruneCutoff: `SELECT now() - $1::bigint * interval '1 microsecond'`,
+		// One batch of a prune, after lockForPrune in the same
+		// transaction, so no row can change meanwhile: delete up to $3
+		// rows after key $1 that expired before $2, and raise the floor
+		// to the highest fence deleted.
+		lockForPrune: `LOCK TABLE ` + t + ` IN SHARE ROW EXCLUSIVE MODE`,
+		prune: `WITH victims AS (
+  SELECT lease_key FROM ` + t + ` WHERE lease_key > $1 AND expires_at < $2 ORDER BY lease_key LIMIT $3
+), del AS (
+  DELETE FROM ` + t + ` d USING victims v WHERE d.lease_key = v.lease_key RETURNING d.fence
+), raised AS (
+  INSERT INTO ` + f + ` AS fl (id, fence_floor) SELECT 1, max(fence) FROM del HAVING count(*) > 0
+  ON CONFLICT (id) DO UPDATE SET fence_floor = GREATEST(fl.fence_floor, excluded.fence_floor)
+  RETURNING fence_floor
+)
+SELECT (SELECT count(*) FROM victims), COALESCE((SELECT max(lease_key) FROM victims), ''), (SELECT count(*) FROM del),
+       COALESCE((SELECT fence_floor FROM raised), (SELECT fence_floor FROM ` + f + ` WHERE id = 1), 0)`,
 	}
 }
 
-// The shapes the driver needs, as pg_catalog's format_type reports them.
+// The shapes the driver needs, as readTable reports them (types as
+// pg_catalog's format_type gives them).
 var (
-	leaseShape = []leasetable.Column{
-		{Name: "lease_key", Type: "text"},
-		{Name: "owner", Type: "text"},
-		{Name: "fence", Type: "bigint"},
-		{Name: "expires_at", Type: "timestamp with time zone"},
+	leaseShape = leasetable.Shape{
+		Columns: []leasetable.Column{
+			{Name: "lease_key", Type: "text", Identity: true},
+			{Name: "owner", Type: "text", Identity: true},
+			{Name: "fence", Type: "bigint"},
+			{Name: "expires_at", Type: "timestamp with time zone"},
+		},
+		Key: "lease_key",
 	}
-	breakShape = []leasetable.Column{
-		{Name: "id", Type: "bigint"},
-		{Name: "broken_at", Type: "timestamp with time zone"},
-		{Name: "lease_key", Type: "text"},
-		{Name: "fence", Type: "bigint"},
-		{Name: "owner", Type: "text"},
-		{Name: "reason", Type: "text"},
-		{Name: "broken_by", Type: "text"},
+	breakShape = leasetable.Shape{
+		Columns: []leasetable.Column{
+			{Name: "id", Type: "bigint"},
+			{Name: "broken_at", Type: "timestamp with time zone"},
+			{Name: "lease_key", Type: "text", Identity: true},
+			{Name: "fence", Type: "bigint"},
+			{Name: "owner", Type: "text"},
+			{Name: "reason", Type: "text"},
+			{Name: "broken_by", Type: "text"},
+		},
+	}
+	floorShape = leasetable.Shape{
+		Columns: []leasetable.Column{{Name: "id", Type: "smallint"}, {Name: "fence_floor", Type: "bigint"}},
+		Key:     "id",
 	}
 )
 
 // ensureSchema creates the tables if missing and checks the shape of those
-// that exist. Concurrent starters serialize on a transaction-scoped
-// advisory lock, which (unlike a session lock) is safe behind a pooler.
+// that exist, in one transaction, so that a refusal changes nothing.
+// Concurrent starters serialize on a transaction-scoped advisory lock,
+// which (unlike a session lock) is safe behind a pooler.
 func (d *Driver) ensureSchema(ctx context.Context) error {
-	t, b := d.table, d.table+leasetable.BreaksSuffix
+	t, b, f := d.table, d.table+leasetable.BreaksSuffix, d.table+leasetable.FloorSuffix
 	err := pgx.BeginFunc(ctx, d.pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, AdvisoryKey("fenced schema "+t)); err != nil {
 			return err
 		}
 		for _, s := range []struct {
 			name   string
-			shape  []leasetable.Column
+			shape  leasetable.Shape
 			create string
 		}{
 			{t, leaseShape, `CREATE TABLE ` + quoteIdent(t) + ` (
   lease_key  text COLLATE "C" PRIMARY KEY,
-  owner      text NOT NULL,
+  owner      text COLLATE "C" NOT NULL,
   fence      bigint NOT NULL CHECK (fence > 0),
   expires_at timestamptz NOT NULL
 )`},
@@ -141,8 +188,12 @@ func (d *Driver) ensureSchema(ctx context.Context) error {
   broken_by  text NOT NULL
 );
 CREATE INDEX ` + quoteIdent(b+"_key") + ` ON ` + quoteIdent(b) + ` (lease_key, id)`},
+			{f, floorShape, `CREATE TABLE ` + quoteIdent(f) + ` (
+  id          smallint PRIMARY KEY CHECK (id = 1),
+  fence_floor bigint NOT NULL CHECK (fence_floor >= 0)
+)`},
 		} {
-			cols, exists, err := columns(ctx, tx, s.name)
+			found, exists, err := readTable(ctx, tx, s.name)
 			if err != nil {
 				return err
 			}
@@ -154,23 +205,12 @@ CREATE INDEX ` + quoteIdent(b+"_key") + ` ON ` + quoteIdent(b) + ` (lease_key, i
 				}
 				continue
 			}
-			if err := leasetable.CheckShape(s.name, s.shape, cols, true); err != nil {
+			if err := leasetable.Check(s.name, s.shape, found); err != nil {
 				return err
 			}
 		}
-		// ON CONFLICT (lease_key) needs a unique index on exactly that column.
-		var unique bool
-		err := tx.QueryRow(ctx, `SELECT EXISTS (
-  SELECT FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
-   WHERE i.indrelid = to_regclass($1) AND i.indisunique AND i.indnkeyatts = 1 AND a.attname = 'lease_key')`,
-			quoteIdent(t)).Scan(&unique)
-		if err != nil {
-			return err
-		}
-		if !unique {
-			return fmt.Errorf("%w: table %q has no primary key or unique index on lease_key alone", leasetable.ErrSchema, t)
-		}
-		return nil
+		_, err := tx.Exec(ctx, `INSERT INTO `+quoteIdent(f)+` (id, fence_floor) VALUES (1, 0) ON CONFLICT (id) DO NOTHING`)
+		return err
 	})
 	if err != nil {
 		if errors.Is(err, leasetable.ErrSchema) {
@@ -181,25 +221,79 @@ CREATE INDEX ` + quoteIdent(b+"_key") + ` ON ` + quoteIdent(b) + ` (lease_key, i
 	return nil
 }
 
-// columns returns the columns of table (as the search path resolves it)
-// and their types, and whether the table exists.
-func columns(ctx context.Context, tx pgx.Tx, table string) (map[string]string, bool, error) {
-	var exists bool
-	if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, quoteIdent(table)).Scan(&exists); err != nil || !exists {
-		return nil, false, err
+// deterministic is true for a pg_collation row co (or none) whose equality
+// is byte for byte. It reads collisdeterministic through to_jsonb, so the
+// query also runs on servers older than 12, where every collation is.
+const deterministic = `COALESCE((to_jsonb(co) ->> 'collisdeterministic')::boolean, true)`
+
+// readTable reads the shape of table (as the search path resolves it)
+// from pg_catalog: its kind, its columns with their types and
+// nondeterministic collations, and its unique indexes and exclusion
+// constraints. The second result is false when the table does not exist.
+func readTable(ctx context.Context, tx pgx.Tx, table string) (leasetable.Existing, bool, error) {
+	found := leasetable.Existing{Columns: map[string]leasetable.ExistingColumn{}}
+	q := quoteIdent(table)
+	var kind *string
+	if err := tx.QueryRow(ctx, `SELECT (SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1))`, q).Scan(&kind); err != nil || kind == nil {
+		return found, false, err
 	}
-	rows, err := tx.Query(ctx, `SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute
- WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped`, quoteIdent(table))
+	switch *kind {
+	case "r", "p":
+	case "v", "m":
+		found.Problems = append(found.Problems, "it is a view, not a table")
+	default:
+		found.Problems = append(found.Problems, fmt.Sprintf("it is a relation of kind %q, not a table", *kind))
+	}
+	rows, err := tx.Query(ctx, `SELECT a.attname, format_type(a.atttypid, a.atttypmod), CASE WHEN `+deterministic+` THEN '' ELSE co.collname END
+  FROM pg_attribute a LEFT JOIN pg_collation co ON co.oid = a.attcollation
+ WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped`, q)
 	if err != nil {
-		return nil, true, err
+		return found, true, err
 	}
-	cols := map[string]string{}
-	var name, typ string
-	_, err = pgx.ForEachRow(rows, []any{&name, &typ}, func() error {
-		cols[name] = typ
+	var name, typ, collation string
+	_, err = pgx.ForEachRow(rows, []any{&name, &typ, &collation}, func() error {
+		c := leasetable.ExistingColumn{Type: typ}
+		if collation != "" {
+			c.Inexact = fmt.Sprintf("nondeterministic collation %q, which can take different strings for equal", collation)
+		}
+		found.Columns[name] = c
 		return nil
 	})
-	return cols, true, err
+	if err != nil {
+		return found, true, err
+	}
+	rows, err = tx.Query(ctx, `SELECT c.relname, i.indisexclusion, i.indisvalid, i.indimmediate, i.indpred IS NOT NULL,
+       ARRAY(SELECT COALESCE(a.attname::text, '') FROM unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, n)
+               LEFT JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+              WHERE k.n <= i.indnkeyatts ORDER BY k.n),
+       COALESCE((SELECT string_agg(co.collname, ', ') FROM unnest(i.indcollation::oid[]) AS ic(oid)
+                   JOIN pg_collation co ON co.oid = ic.oid WHERE NOT `+deterministic+`), '')
+  FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+ WHERE i.indrelid = to_regclass($1) AND (i.indisunique OR i.indisexclusion)
+ ORDER BY c.relname`, q)
+	if err != nil {
+		return found, true, err
+	}
+	var exclusion, valid, immediate, partial bool
+	var cols []string
+	_, err = pgx.ForEachRow(rows, []any{&name, &exclusion, &valid, &immediate, &partial, &cols, &collation}, func() error {
+		ix := leasetable.UniqueIndex{Name: name, Columns: cols}
+		switch {
+		case exclusion:
+			ix.Defect = "is an exclusion constraint, which ON CONFLICT DO UPDATE cannot use"
+		case !valid:
+			ix.Defect = "is invalid (a failed CREATE INDEX CONCURRENTLY?)"
+		case !immediate:
+			ix.Defect = "is deferrable, which ON CONFLICT cannot use"
+		case partial:
+			ix.Defect = "has a WHERE clause, so it does not cover every row"
+		case collation != "":
+			ix.Defect = fmt.Sprintf("uses nondeterministic collation %q, which can take different keys for equal", collation)
+		}
+		found.Unique = append(found.Unique, ix)
+		return nil
+	})
+	return found, true, err
 }
 
 // classify wraps err from operation op so that it matches the driver

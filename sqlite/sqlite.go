@@ -9,8 +9,24 @@
 // succeeds only if the key is free or expired and returns the new fence.
 // Expiry is decided inside the statement by SQLite's clock, which for an
 // embedded database is the host's clock: every process on the host reads
-// the same one. Rows are never deleted, so the counter survives release,
-// expiry, break and restart.
+// the same one. Release, expiry and break keep the row, so the counter
+// survives them and restarts.
+//
+// The table TABLE_floor holds the fence floor: a grant's fence is one more
+// than the larger of the row's counter and the floor (a new row starts at
+// floor + 1). RaiseFenceFloor raises it, for keys moved here from another
+// table or store (fenced floor raise). Prune deletes the rows of keys
+// unused for a given time (a released or broken key counts as unused
+// since long ago: the row keeps no release time) and raises the floor to
+// the highest fence it deleted, in the same transaction, under SQLite's
+// write lock, so a key granted again starts above its old fences (fenced
+// prune).
+//
+// An existing table is checked before anything is created, in the same
+// transaction: one whose key has no unique index of its own, or whose key
+// or owner column compares case-insensitively or ignores trailing spaces
+// (COLLATE NOCASE, RTRIM), or with retyped columns, is refused with
+// ErrSchema and nothing changes.
 //
 // URL forms:
 //
@@ -22,7 +38,7 @@
 // several processes (creating it, switching it to WAL, creating tables).
 //
 // Query parameters: table (default fenced_leases; the break log is
-// TABLE_breaks), busy_timeout (default 5s).
+// TABLE_breaks, the fence floor TABLE_floor), busy_timeout (default 5s).
 //
 // Availability caveat of one shared file: a process stopped in the middle
 // of a write (SIGSTOP, a debugger, a frozen VM) keeps SQLite's write lock
@@ -40,6 +56,7 @@ package sqlite
 import (
 	"context"
 	"database/sql"
+	sqldriver "database/sql/driver"
 	"errors"
 	"fmt"
 	"net/url"
@@ -63,6 +80,11 @@ func init() {
 
 // DefaultTable is the lease table's default name.
 const DefaultTable = leasetable.DefaultTable
+
+// ErrSchema means the lease, audit or floor table exists with a shape other
+// than the one the driver needs (from an older fenced or another tool).
+// Nothing is changed when it is returned.
+var ErrSchema = leasetable.ErrSchema
 
 // DefaultPath returns the default lease file:
 // $XDG_STATE_HOME/fenced/fenced.db, or ~/.local/state/fenced/fenced.db.
@@ -206,8 +228,8 @@ func lockInit(ctx context.Context, lockPath string, timeout time.Duration) (unlo
 }
 
 // Driver is the SQLite lease driver. It implements driver.Driver,
-// driver.BatchRenewer, driver.BreakLogger and driver.Notifier (by change
-// detection: see Subscribe).
+// driver.BatchRenewer, driver.BreakLogger, driver.Notifier (by change
+// detection: see Subscribe), driver.FenceFloorer and driver.Pruner.
 type Driver struct {
 	db     *sql.DB
 	ownsDB bool
@@ -250,15 +272,23 @@ const now = `CAST(unixepoch('subsec') * 1000 AS INTEGER)`
 
 type queries struct {
 	acquire, heldFor, renew, release, inspect, list, breakLease, logBreak, breaks string
+	floor, raiseFloor, pruneCutoff, pruneRaise, pruneCount, pruneDelete           string
 }
 
 func newQueries(t string) queries {
 	r := strings.NewReplacer("T_", t, "NOW", now)
+	// candidates are the rows one prune batch deletes: up to ?3 rows
+	// after key ?1 that expired before ?2.
+	const candidates = `SELECT key, fence FROM T_ WHERE key > ?1 AND expires_ms < ?2 ORDER BY key LIMIT ?3`
 	return queries{
+		// A grant's fence is one more than the larger of the row's counter
+		// and the table's fence floor; a new row starts at floor + 1. The
+		// statement runs under SQLite's write lock, so no prune can run
+		// between its read of the floor and its write.
 		acquire: r.Replace(`INSERT INTO T_ (key, owner, fence, expires_ms, granted_ms)
-VALUES (?1, ?2, 1, NOW + ?3, NOW)
+VALUES (?1, ?2, COALESCE((SELECT fence_floor FROM T__floor WHERE id = 1), 0) + 1, NOW + ?3, NOW)
 ON CONFLICT (key) DO UPDATE SET
-  fence = CASE WHEN T_.owner = excluded.owner AND T_.expires_ms > NOW THEN T_.fence ELSE T_.fence + 1 END,
+  fence = CASE WHEN T_.owner = excluded.owner AND T_.expires_ms > NOW THEN T_.fence ELSE max(T_.fence + 1, excluded.fence) END,
   granted_ms = CASE WHEN T_.owner = excluded.owner AND T_.expires_ms > NOW THEN T_.granted_ms ELSE excluded.granted_ms END,
   owner = excluded.owner,
   expires_ms = excluded.expires_ms
@@ -275,29 +305,97 @@ WHERE key = ?1 AND owner IS NOT NULL AND expires_ms > NOW
 RETURNING fence, NOW`),
 		logBreak: r.Replace(`INSERT INTO T__breaks (key, fence, owner, reason, by_whom, at_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6)`),
 		breaks:   r.Replace(`SELECT at_ms * 1000, key, fence, owner, reason, by_whom FROM T__breaks WHERE ?1 = '' OR key = ?1 ORDER BY id`),
+		floor:    r.Replace(`SELECT COALESCE((SELECT fence_floor FROM T__floor WHERE id = 1), 0), COALESCE((SELECT max(fence) FROM T_), 0)`),
+		raiseFloor: r.Replace(`INSERT INTO T__floor (id, fence_floor) VALUES (1, ?1)
+ON CONFLICT (id) DO UPDATE SET fence_floor = max(fence_floor, excluded.fence_floor)
+RETURNING fence_floor`),
+		pruneCutoff: r.Replace(`SELECT NOW - ?1`),
+		// A prune batch writes the floor first, so that its transaction
+		// holds the write lock before it reads the candidates: nothing can
+		// change them before they are deleted.
+		pruneRaise: r.Replace(`INSERT INTO T__floor (id, fence_floor) VALUES (1, COALESCE((SELECT max(fence) FROM (` + candidates + `)), 0))
+ON CONFLICT (id) DO UPDATE SET fence_floor = max(fence_floor, excluded.fence_floor)
+RETURNING fence_floor`),
+		pruneCount:  r.Replace(`SELECT count(*), COALESCE(max(key), '') FROM (` + candidates + `)`),
+		pruneDelete: r.Replace(`DELETE FROM T_ WHERE key IN (SELECT key FROM (` + candidates + `))`),
 	}
 }
 
 // The shapes the driver needs, with the declared types pragma_table_info
 // reports.
 var (
-	leaseColumns = []leasetable.Column{{Name: "key", Type: "text"}, {Name: "owner", Type: "text"}, {Name: "fence", Type: "integer"},
-		{Name: "expires_ms", Type: "integer"}, {Name: "granted_ms", Type: "integer"}}
-	breakColumns = []leasetable.Column{{Name: "id", Type: "integer"}, {Name: "key", Type: "text"}, {Name: "fence", Type: "integer"},
-		{Name: "owner", Type: "text"}, {Name: "reason", Type: "text"}, {Name: "by_whom", Type: "text"}, {Name: "at_ms", Type: "integer"}}
+	leaseShape = leasetable.Shape{
+		Columns: []leasetable.Column{
+			{Name: "key", Type: "text", Identity: true},
+			{Name: "owner", Type: "text", Identity: true},
+			{Name: "fence", Type: "integer"},
+			{Name: "expires_ms", Type: "integer"},
+			{Name: "granted_ms", Type: "integer"},
+		},
+		Key: "key",
+	}
+	breakShape = leasetable.Shape{
+		Columns: []leasetable.Column{
+			{Name: "id", Type: "integer"},
+			{Name: "key", Type: "text", Identity: true},
+			{Name: "fence", Type: "integer"},
+			{Name: "owner", Type: "text"},
+			{Name: "reason", Type: "text"},
+			{Name: "by_whom", Type: "text"},
+			{Name: "at_ms", Type: "integer"},
+		},
+	}
+	floorShape = leasetable.Shape{
+		Columns: []leasetable.Column{{Name: "id", Type: "integer"}, {Name: "fence_floor", Type: "integer"}},
+		Key:     "id",
+	}
 )
 
+// querier is what readTable needs of a connection.
+type querier interface {
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// migrate creates the missing tables and checks the shape of those that
+// exist, in one transaction, so that a refusal changes nothing. The
+// transaction is begun IMMEDIATE whatever the database's default: a
+// deferred one would read the catalog first and could then fail to take
+// the write lock (SQLITE_BUSY, without waiting) because another process
+// wrote in between.
 func (d *Driver) migrate(ctx context.Context) error {
 	t := d.table
-	stmts := []string{
-		`CREATE TABLE IF NOT EXISTS ` + t + ` (
+	tx, err := d.db.Conn(ctx)
+	if err != nil {
+		return fmt.Errorf("create lease tables: %w", classify(err))
+	}
+	defer tx.Close()
+	if _, err := tx.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+		return fmt.Errorf("create lease tables: %w", classify(err))
+	}
+	committed := false
+	defer func() {
+		if committed {
+			return
+		}
+		if _, err := tx.ExecContext(context.WithoutCancel(ctx), "ROLLBACK"); err != nil {
+			// Never hand a connection inside a transaction back to the pool.
+			tx.Raw(func(any) error { return sqldriver.ErrBadConn })
+		}
+	}()
+	for _, s := range []struct {
+		name   string
+		shape  leasetable.Shape
+		create string
+	}{
+		{t, leaseShape, `CREATE TABLE ` + t + ` (
   key TEXT PRIMARY KEY NOT NULL,
   owner TEXT,
   fence INTEGER NOT NULL CHECK (fence > 0),
   expires_ms INTEGER NOT NULL,
   granted_ms INTEGER NOT NULL
-) WITHOUT ROWID`,
-		`CREATE TABLE IF NOT EXISTS ` + t + `_breaks (
+) WITHOUT ROWID`},
+		{t + leasetable.BreaksSuffix, breakShape, `CREATE TABLE ` + t + leasetable.BreaksSuffix + ` (
   id INTEGER PRIMARY KEY AUTOINCREMENT,
   key TEXT NOT NULL,
   fence INTEGER NOT NULL,
@@ -305,39 +403,179 @@ func (d *Driver) migrate(ctx context.Context) error {
   reason TEXT NOT NULL,
   by_whom TEXT NOT NULL,
   at_ms INTEGER NOT NULL
-)`,
-	}
-	for _, s := range stmts {
-		if _, err := d.db.ExecContext(ctx, s); err != nil {
-			return fmt.Errorf("create lease tables: %w", classify(err))
-		}
-	}
-	if err := d.checkColumns(ctx, t, leaseColumns); err != nil {
-		return err
-	}
-	return d.checkColumns(ctx, t+"_breaks", breakColumns)
-}
-
-// checkColumns fails clearly (with leasetable.ErrSchema) when a table of
-// ours exists in another shape.
-func (d *Driver) checkColumns(ctx context.Context, table string, want []leasetable.Column) error {
-	rows, err := d.db.QueryContext(ctx, `SELECT name, type FROM pragma_table_info(?1)`, table)
-	if err != nil {
-		return classify(err)
-	}
-	defer rows.Close()
-	have := map[string]string{}
-	for rows.Next() {
-		var n, typ string
-		if err := rows.Scan(&n, &typ); err != nil {
+)`},
+		{t + leasetable.FloorSuffix, floorShape, `CREATE TABLE ` + t + leasetable.FloorSuffix + ` (
+  id INTEGER PRIMARY KEY CHECK (id = 1),
+  fence_floor INTEGER NOT NULL CHECK (fence_floor >= 0)
+)`},
+	} {
+		found, exists, err := readTable(ctx, tx, s.name)
+		if err != nil {
 			return classify(err)
 		}
-		have[n] = strings.ToLower(typ)
+		if !exists {
+			if _, err := tx.ExecContext(ctx, s.create); err != nil {
+				return fmt.Errorf("create table %s: %w", s.name, classify(err))
+			}
+			continue
+		}
+		if err := leasetable.Check(s.name, s.shape, found); err != nil {
+			return err
+		}
 	}
-	if err := rows.Err(); err != nil {
+	if _, err := tx.ExecContext(ctx, `INSERT INTO `+t+leasetable.FloorSuffix+` (id, fence_floor) VALUES (1, 0) ON CONFLICT (id) DO NOTHING`); err != nil {
 		return classify(err)
 	}
-	return leasetable.CheckShape(table, want, have, true)
+	if _, err := tx.ExecContext(ctx, "COMMIT"); err != nil {
+		return classify(err)
+	}
+	committed = true
+	return nil
+}
+
+// readTable reads the shape of table from SQLite's catalog: declared
+// column types, unique indexes (with their collations), and how each
+// column compares, found by comparing 'job:a' with its upper-case and
+// space-padded forms under the column's own collation (SQLite has no
+// pragma that names a column's collation). The second result is false
+// when the table does not exist.
+func readTable(ctx context.Context, tx querier, table string) (leasetable.Existing, bool, error) {
+	found := leasetable.Existing{Columns: map[string]leasetable.ExistingColumn{}}
+	var kind string
+	err := tx.QueryRowContext(ctx, `SELECT type FROM sqlite_schema WHERE name = ?1 AND type IN ('table', 'view')`, table).Scan(&kind)
+	if errors.Is(err, sql.ErrNoRows) {
+		return found, false, nil
+	}
+	if err != nil {
+		return found, false, err
+	}
+	if kind != "table" {
+		found.Problems = append(found.Problems, "it is a "+kind+", not a table")
+		return found, true, nil
+	}
+	rows, err := tx.QueryContext(ctx, `SELECT name, type, pk FROM pragma_table_info(?1) ORDER BY cid`, table)
+	if err != nil {
+		return found, true, err
+	}
+	var names, pk []string
+	for rows.Next() {
+		var name, typ string
+		var inPK int
+		if err := rows.Scan(&name, &typ, &inPK); err != nil {
+			rows.Close()
+			return found, true, err
+		}
+		name = strings.ToLower(name)
+		names = append(names, name)
+		found.Columns[name] = leasetable.ExistingColumn{Type: strings.ToLower(typ)}
+		if inPK > 0 {
+			pk = append(pk, name)
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return found, true, err
+	}
+	if err := probeCollations(ctx, tx, table, names, found.Columns); err != nil {
+		return found, true, err
+	}
+	type index struct {
+		name, origin string
+		partial      bool
+	}
+	var indexes []index
+	rows, err = tx.QueryContext(ctx, `SELECT name, origin, partial FROM pragma_index_list(?1) WHERE "unique"`, table)
+	if err != nil {
+		return found, true, err
+	}
+	for rows.Next() {
+		var ix index
+		if err := rows.Scan(&ix.name, &ix.origin, &ix.partial); err != nil {
+			rows.Close()
+			return found, true, err
+		}
+		indexes = append(indexes, ix)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return found, true, err
+	}
+	hasPKIndex := false
+	for _, ix := range indexes {
+		u := leasetable.UniqueIndex{Name: ix.name}
+		if ix.partial {
+			u.Defect = "has a WHERE clause, so it does not cover every row"
+		}
+		hasPKIndex = hasPKIndex || ix.origin == "pk"
+		cols, err := tx.QueryContext(ctx, `SELECT cid, COALESCE(name, ''), coll FROM pragma_index_xinfo(?1) WHERE key ORDER BY seqno`, ix.name)
+		if err != nil {
+			return found, true, err
+		}
+		for cols.Next() {
+			var cid int
+			var name, coll string
+			if err := cols.Scan(&cid, &name, &coll); err != nil {
+				cols.Close()
+				return found, true, err
+			}
+			u.Columns = append(u.Columns, strings.ToLower(name))
+			if !strings.EqualFold(coll, "BINARY") && u.Defect == "" {
+				u.Defect = fmt.Sprintf("uses collation %s, which can take different keys for equal", coll)
+			}
+		}
+		cols.Close()
+		if err := cols.Err(); err != nil {
+			return found, true, err
+		}
+		found.Unique = append(found.Unique, u)
+	}
+	if !hasPKIndex && len(pk) == 1 {
+		// An INTEGER PRIMARY KEY is the rowid itself and has no index of
+		// its own.
+		found.Unique = append(found.Unique, leasetable.UniqueIndex{Name: "PRIMARY KEY", Columns: pk})
+	}
+	return found, true, nil
+}
+
+// probeCollations sets Inexact on the columns of table whose collation
+// takes 'job:a' for equal to 'JOB:A' or to 'job:a '. A compound SELECT's
+// column takes the collation of its leftmost part, here the table's
+// column, over a row that comes from the literal.
+func probeCollations(ctx context.Context, tx querier, table string, names []string, cols map[string]leasetable.ExistingColumn) error {
+	if len(names) == 0 {
+		return nil
+	}
+	var sel, probes, lits []string
+	for i, n := range names {
+		a := fmt.Sprintf("c%d", i)
+		sel = append(sel, `"`+strings.ReplaceAll(n, `"`, `""`)+`" AS `+a)
+		lits = append(lits, `'job:a'`)
+		probes = append(probes, a+" = upper("+a+")", a+" = "+a+" || ' '")
+	}
+	q := `SELECT ` + strings.Join(probes, ", ") + ` FROM (SELECT ` + strings.Join(sel, ", ") + ` FROM ` + table + ` WHERE 0 UNION ALL SELECT ` + strings.Join(lits, ", ") + `)`
+	got := make([]bool, len(probes))
+	dest := make([]any, len(probes))
+	for i := range got {
+		dest[i] = &got[i]
+	}
+	if err := tx.QueryRowContext(ctx, q).Scan(dest...); err != nil {
+		return err
+	}
+	for i, n := range names {
+		var how []string
+		if got[2*i] {
+			how = append(how, "compares case-insensitively (as COLLATE NOCASE does)")
+		}
+		if got[2*i+1] {
+			how = append(how, "ignores trailing spaces (as COLLATE RTRIM does)")
+		}
+		if len(how) > 0 {
+			c := cols[n]
+			c.Inexact = "a collation that " + strings.Join(how, " and ")
+			cols[n] = c
+		}
+	}
+	return nil
 }
 
 // classify maps SQLite errors to fenced's sentinels: a busy or locked

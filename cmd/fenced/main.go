@@ -2,10 +2,16 @@
 // stores.
 //
 //	fenced run KEY [--] COMMAND [ARGS...] run COMMAND while holding a lease on KEY
+//	fenced run -n N NAME -- COMMAND       up to N at once, a lease per permit
+//	fenced run KEY1 KEY2 -- COMMAND       leases on every key, canonical order
+//	fenced elect NAME -- COMMAND          run COMMAND while leader of NAME
+//	fenced observe NAME                   print each change of NAME's leader
 //	fenced ls [PREFIX]                    list held leases
 //	fenced inspect KEY                    show one key: holder, fence, time left, breaks
 //	fenced break KEY --reason TEXT        end a lease whoever holds it
 //	fenced guarantees                     what the store promises
+//	fenced floor [raise N|--from STORE]   show or raise the fence floor (SQL stores)
+//	fenced prune --older-than DURATION    delete unused keys' rows, keeping fences increasing
 //	fenced demo [--no-fence]              the billing scenario, run for real
 //
 // The store is chosen with --store or FENCED_STORE; the default is the

@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"net/url"
 	"regexp"
-	"sort"
 	"strings"
 	"time"
 
@@ -20,10 +19,12 @@ import (
 )
 
 // DefaultTable is the lease table's name when the URL names none. The
-// break audit table is the lease table's name plus BreaksSuffix.
+// break audit table is the lease table's name plus BreaksSuffix, and the
+// table that holds its fence floor the name plus FloorSuffix.
 const (
 	DefaultTable = "fenced_leases"
 	BreaksSuffix = "_breaks"
+	FloorSuffix  = "_floor"
 	// TableParam is the URL query parameter that names the lease table.
 	TableParam = "table"
 )
@@ -35,9 +36,10 @@ const MaxTableLen = 48
 
 var lowerRE = regexp.MustCompile(`^[a-z0-9_]*$`)
 
-// ErrSchema means the lease table (or its audit table) exists with a shape
-// other than the one the backend needs, for example a table from an older
-// version of fenced or another tool. Nothing is changed in that case.
+// ErrSchema means the lease table (or its audit or floor table) exists
+// with a shape other than the one the backend needs, for example a table
+// from an older version of fenced or another tool. Nothing is changed in
+// that case.
 var ErrSchema = errors.New("lease table has an unexpected shape")
 
 // ValidateTable checks a lease table name, with the same rule for every SQL
@@ -100,55 +102,6 @@ func TakeParams(q url.Values, names ...string) map[string]string {
 		}
 	}
 	return out
-}
-
-// Column is one column of a table's expected shape.
-type Column struct {
-	Name string
-	// Type is the type as the database's catalog reports it, lower case
-	// (for example "text", "bigint", "timestamp with time zone").
-	Type string
-}
-
-// CheckShape compares the columns an existing table has (name to catalog
-// type, lower case) with the ones the backend needs, and describes every
-// difference. Extra columns are allowed only if the backend tolerates them
-// (allowExtra); missing or retyped columns never are. The error matches
-// ErrSchema.
-func CheckShape(table string, want []Column, got map[string]string, allowExtra bool) error {
-	var problems []string
-	wanted := map[string]bool{}
-	for _, c := range want {
-		wanted[c.Name] = true
-		typ, ok := got[c.Name]
-		switch {
-		case !ok:
-			problems = append(problems, fmt.Sprintf("missing column %s %s", c.Name, c.Type))
-		case !strings.EqualFold(typ, c.Type):
-			problems = append(problems, fmt.Sprintf("column %s is %s, want %s", c.Name, typ, c.Type))
-		}
-	}
-	if !allowExtra {
-		var extra []string
-		for name := range got {
-			if !wanted[name] {
-				extra = append(extra, name)
-			}
-		}
-		sort.Strings(extra)
-		for _, name := range extra {
-			problems = append(problems, fmt.Sprintf("unexpected column %s", name))
-		}
-	}
-	if len(problems) == 0 {
-		return nil
-	}
-	var shape []string
-	for _, c := range want {
-		shape = append(shape, c.Name+" "+c.Type)
-	}
-	return fmt.Errorf("%w: table %q exists but %s; fenced needs (%s). It may be from an older fenced or another tool: migrate it, or choose another table with ?%s=",
-		ErrSchema, table, strings.Join(problems, "; "), strings.Join(shape, ", "), TableParam)
 }
 
 // Scanner is implemented by *sql.Rows, *sql.Row, pgx.Rows and pgx.Row.

@@ -1,8 +1,11 @@
 package leasetable
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"net/url"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -45,17 +48,68 @@ func TestTableFromQuery(t *testing.T) {
 }
 
 func TestCheckShape(t *testing.T) {
-	want := []Column{{"k", "text"}, {"fence", "bigint"}}
-	if err := CheckShape("t", want, map[string]string{"k": "TEXT", "fence": "bigint", "extra": "int"}, true); err != nil {
-		t.Errorf("matching shape: %v", err)
+	want := Shape{Columns: []Column{{Name: "k", Type: "text"}, {Name: "fence", Type: "bigint"}}}
+	got := Existing{Columns: map[string]ExistingColumn{"k": {Type: "TEXT"}, "fence": {Type: "bigint"}, "extra": {Type: "int"}}}
+	if err := Check("t", want, got); err != nil {
+		t.Errorf("matching shape with an extra column: %v", err)
 	}
-	err := CheckShape("t", want, map[string]string{"fence": "integer", "extra": "int"}, false)
+	err := Check("t", want, Existing{Columns: map[string]ExistingColumn{"fence": {Type: "integer"}}})
 	if !errors.Is(err, ErrSchema) {
 		t.Fatalf("wrong shape: %v, want ErrSchema", err)
 	}
-	for _, s := range []string{"missing column k text", "column fence is integer, want bigint", "unexpected column extra"} {
+	for _, s := range []string{"missing column k text", "column fence is integer, want bigint", `table "t"`} {
 		if !strings.Contains(err.Error(), s) {
 			t.Errorf("%q does not say %q", err, s)
+		}
+	}
+}
+
+// Each way a foreign table can break identity or the upsert is named.
+func TestCheckKeysAndIdentity(t *testing.T) {
+	want := Shape{
+		Columns: []Column{
+			{Name: "k", Type: "varbinary", Identity: true, MinBytes: 256},
+			{Name: "o", Type: "varbinary", Identity: true},
+			{Name: "fence", Type: "bigint"},
+		},
+		Key:           "k",
+		AutoIncrement: []string{"fence"},
+	}
+	good := func() Existing {
+		return Existing{
+			Columns: map[string]ExistingColumn{"k": {Type: "varbinary", MaxBytes: 256}, "o": {Type: "varbinary"}, "fence": {Type: "bigint", AutoIncrement: true}},
+			Unique:  []UniqueIndex{{Name: "PRIMARY", Columns: []string{"k"}}},
+		}
+	}
+	if err := Check("t", want, good()); err != nil {
+		t.Fatalf("good shape: %v", err)
+	}
+	cases := []struct {
+		name   string
+		change func(*Existing)
+		says   string
+	}{
+		{"no unique index", func(e *Existing) { e.Unique = nil }, "no primary key or unique index on k alone"},
+		{"unique on two columns", func(e *Existing) { e.Unique = []UniqueIndex{{Name: "ko", Columns: []string{"k", "o"}}} }, "unique index ko on (k, o) could make the grants of two different keys collide"},
+		{"another unique index", func(e *Existing) { e.Unique = append(e.Unique, UniqueIndex{Name: "f", Columns: []string{"fence"}}) }, "unique index f on (fence)"},
+		{"expression index", func(e *Existing) { e.Unique = append(e.Unique, UniqueIndex{Name: "lower", Columns: []string{""}}) }, "unique index lower on (an expression)"},
+		{"prefix index", func(e *Existing) {
+			e.Unique = []UniqueIndex{{Name: "p", Columns: []string{"k"}, Defect: "covers only the first 8 bytes of k"}}
+		}, "unique index p on (k) covers only the first 8 bytes"},
+		{"auto increment", func(e *Existing) { e.Columns["n"] = ExistingColumn{Type: "int", AutoIncrement: true} }, "column n is AUTO_INCREMENT"},
+		{"inexact identity", func(e *Existing) { e.Columns["o"] = ExistingColumn{Type: "varbinary", Inexact: "collation x_ci"} }, "column o: collation x_ci"},
+		{"retyped with a collation", func(e *Existing) {
+			e.Columns["k"] = ExistingColumn{Type: "varchar", Inexact: "collation latin1_swedish_ci"}
+		}, "column k is varchar with collation latin1_swedish_ci, want varbinary"},
+		{"too short", func(e *Existing) { e.Columns["k"] = ExistingColumn{Type: "varbinary", MaxBytes: 10} }, "column k holds at most 10 bytes, want 256"},
+		{"backend problem", func(e *Existing) { e.Problems = []string{"its engine is MyISAM"} }, "its engine is MyISAM"},
+	}
+	for _, tc := range cases {
+		e := good()
+		tc.change(&e)
+		err := Check("t", want, e)
+		if !errors.Is(err, ErrSchema) || !strings.Contains(err.Error(), tc.says) {
+			t.Errorf("%s: %v; want ErrSchema saying %q", tc.name, err, tc.says)
 		}
 	}
 }
@@ -95,5 +149,58 @@ func TestMicros(t *testing.T) {
 	}
 	if got := FromMicros(Micros(time.Minute)); got != time.Minute {
 		t.Errorf("round trip of a minute = %v", got)
+	}
+}
+
+func TestPruneInBatches(t *testing.T) {
+	var afters []string
+	res, err := PruneInBatches(context.Background(), func(after string) (PruneBatch, error) {
+		afters = append(afters, after)
+		n := PruneBatchSize
+		if len(afters) == 3 {
+			n = 7
+		}
+		return PruneBatch{Examined: n, Deleted: int64(n - 1), Last: fmt.Sprintf("k%d", len(afters)), Floor: uint64(10 * len(afters))}, nil
+	})
+	if err != nil || res.Deleted != int64(2*(PruneBatchSize-1)+6) || res.Floor != 30 {
+		t.Fatalf("PruneInBatches = %+v, %v", res, err)
+	}
+	if want := []string{"", "k1", "k2"}; !slices.Equal(afters, want) {
+		t.Errorf("batches started after %q, want %q", afters, want)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	calls := 0
+	_, err = PruneInBatches(ctx, func(string) (PruneBatch, error) {
+		calls++
+		cancel()
+		return PruneBatch{Examined: PruneBatchSize, Deleted: 1}, nil
+	})
+	if !errors.Is(err, context.Canceled) || calls != 1 {
+		t.Errorf("cancelled prune: %v after %d batches, want context.Canceled after 1", err, calls)
+	}
+	boom := errors.New("boom")
+	res, err = PruneInBatches(context.Background(), func(after string) (PruneBatch, error) {
+		if after != "" {
+			return PruneBatch{}, boom
+		}
+		return PruneBatch{Examined: PruneBatchSize, Deleted: 3, Last: "k", Floor: 9}, nil
+	})
+	if !errors.Is(err, boom) || res.Deleted != 3 || res.Floor != 9 {
+		t.Errorf("failing second batch: %+v, %v; want the first batch's work and the error", res, err)
+	}
+}
+
+func TestCheckFloorAndAge(t *testing.T) {
+	if err := CheckFloor(driver.MaxFenceFloor); err != nil {
+		t.Errorf("CheckFloor(MaxFenceFloor) = %v", err)
+	}
+	if err := CheckFloor(driver.MaxFenceFloor + 1); !errors.Is(err, driver.ErrInvalidFloor) {
+		t.Errorf("CheckFloor(MaxFenceFloor+1) = %v, want ErrInvalidFloor", err)
+	}
+	if err := CheckOlderThan(0); err != nil {
+		t.Errorf("CheckOlderThan(0) = %v", err)
+	}
+	if err := CheckOlderThan(-time.Nanosecond); !errors.Is(err, driver.ErrInvalidTTL) {
+		t.Errorf("CheckOlderThan(-1ns) = %v, want ErrInvalidTTL", err)
 	}
 }

@@ -1,0 +1,80 @@
+package leasetable
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/fenced-dev/fenced/driver"
+)
+
+// CheckFloor refuses a fence floor above driver.MaxFenceFloor, with an
+// error matching driver.ErrInvalidFloor.
+func CheckFloor(floor uint64) error {
+	if floor > driver.MaxFenceFloor {
+		return fmt.Errorf("%w: %d is above the highest floor, %d", driver.ErrInvalidFloor, floor, driver.MaxFenceFloor)
+	}
+	return nil
+}
+
+// CheckOlderThan refuses a negative prune age, with an error matching
+// driver.ErrInvalidTTL.
+func CheckOlderThan(olderThan time.Duration) error {
+	if olderThan < 0 {
+		return fmt.Errorf("%w: prune older than %v: the age is negative", driver.ErrInvalidTTL, olderThan)
+	}
+	return nil
+}
+
+// PruneBatchSize bounds the rows one prune transaction examines, so that
+// grants, which wait for it (MySQL) or for its write lock (SQLite), are
+// held up for milliseconds, not for the time a whole table takes.
+const PruneBatchSize = 500
+
+// PruneBatch is what one prune transaction did.
+type PruneBatch struct {
+	// Examined is the number of candidate rows the batch looked at, in
+	// key order; fewer than PruneBatchSize means it reached the end.
+	Examined int
+	// Deleted is the number of rows it deleted (a candidate taken by a
+	// grant in the meantime is kept).
+	Deleted int64
+	// Last is the last candidate key examined; the next batch starts
+	// after it.
+	Last string
+	// Floor is the fence floor after the batch.
+	Floor uint64
+}
+
+// PruneInBatches runs batch, each call one transaction over the candidate
+// rows after the key it is given ("" at first), until a batch examines
+// fewer than PruneBatchSize rows, and sums what they did. Between batches
+// it waits as long as the last batch took (at least a millisecond), so
+// that a prune of a large table holds the locks grants and renewals need
+// at most half of the time: SQLite's busy handler, for one, gives no
+// waiter priority over a writer that comes straight back. It stops at the
+// first error or when ctx ends; the batches before are committed and safe.
+func PruneInBatches(ctx context.Context, batch func(after string) (PruneBatch, error)) (driver.PruneResult, error) {
+	var res driver.PruneResult
+	after := ""
+	for {
+		start := time.Now()
+		b, err := batch(after)
+		if err != nil {
+			return res, err
+		}
+		res.Deleted += b.Deleted
+		res.Floor = max(res.Floor, b.Floor)
+		if b.Examined < PruneBatchSize {
+			return res, nil
+		}
+		after = b.Last
+		t := time.NewTimer(max(time.Since(start), time.Millisecond))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return res, ctx.Err()
+		case <-t.C:
+		}
+	}
+}
