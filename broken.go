@@ -32,7 +32,7 @@ const breakLookupTimeout = time.Second
 // there is one, a plain refusal otherwise.
 func (l *Lease) refusedCause(err error) error {
 	if rec, ok := l.recordedBreak(); ok {
-		return fmt.Errorf("%w: %w by %s at %s: %s", ErrLost, ErrBroken, rec.By, rec.Time.UTC().Format(time.RFC3339), rec.Reason)
+		return fmt.Errorf("%w: %w (%s, at %s): %s", ErrLost, ErrBroken, rec.By, rec.Time.UTC().Format(time.RFC3339), rec.Reason)
 	}
 	return fmt.Errorf("%w: the authority refused renewal: %v", ErrLost, err)
 }

@@ -301,6 +301,12 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 				expiring[g]++
 			}
 		}
+		// Groups seen before and holding nothing now report zero.
+		o.mu.Lock()
+		for g := range o.ownerChanges {
+			held[g] += 0
+		}
+		o.mu.Unlock()
 		for g, n := range held {
 			ch <- prometheus.MustNewConstMetric(descHeld, prometheus.GaugeValue, n, g)
 			ch <- prometheus.MustNewConstMetric(descExpiring, prometheus.GaugeValue, expiring[g], g)
