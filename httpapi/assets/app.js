@@ -332,9 +332,13 @@
       const acquired = mine.find((e) => e.kind === "acquired");
       const last = mine[mine.length - 1];
       if (acquired) {
+        const barWidth = Math.max(2, x(last.at_ms) - x(acquired.at_ms));
+        // A short bar gets its label before it.
+        const fenceLabel = barWidth > 60
+          ? svg("text", { x: x(acquired.at_ms) + 4, y: y + 12 }, "fence " + acquired.fence)
+          : svg("text", { x: x(acquired.at_ms) - 4, y: y + 12, "text-anchor": "end" }, "fence " + acquired.fence);
         nodes.push(svg("g", { class: "grant-bar", "data-worker": w },
-          svg("rect", { x: x(acquired.at_ms), y, width: Math.max(2, x(last.at_ms) - x(acquired.at_ms)), height: 16, class: "hold" }),
-          svg("text", { x: x(acquired.at_ms) + 4, y: y + 12 }, "fence " + acquired.fence)));
+          svg("rect", { x: x(acquired.at_ms), y, width: barWidth, height: 16, class: "hold" }), fenceLabel));
       }
       if (w === r.frozen) {
         const freeze = events.find((e) => e.kind === "freeze");
