@@ -214,10 +214,18 @@ func TestServeDashboardInBrowser(t *testing.T) {
 	shoot(t, "dashboard-scenario.png", in(t, ctx, "screenshot", chromedp.Screenshot(css("#scenario"), chromedp.NodeVisible)))
 
 	// A break through the page, with the token, ends the holder: exit 77.
-	in(t, ctx, "break", chromedp.Steps(
+	// The table refreshes every second meanwhile, and must leave the form
+	// being typed in alone.
+	in(t, ctx, "break form", chromedp.Steps(
 		chromedp.Click(css(row+" button.break")),
 		chromedp.WaitVisible(css("tr.break-form .reason")),
-		chromedp.SendKeys(css("tr.break-form .reason"), "browser test: worker wedged"),
+		chromedp.SendKeys(css("tr.break-form .reason"), "browser test: ")))
+	time.Sleep(1500 * time.Millisecond)
+	if focused := in(t, ctx, "focus", chromedp.Evaluate[bool](`document.activeElement.classList.contains('reason') && document.activeElement.value === 'browser test: '`)); !focused {
+		t.Fatal("the break form lost its focus or its text when the table refreshed")
+	}
+	in(t, ctx, "break", chromedp.Steps(
+		chromedp.SendKeys(css("tr.break-form .reason"), "worker wedged"),
 		chromedp.Click(css("tr.break-form .confirm-break")),
 		until(`document.querySelector('#message').textContent.startsWith('Broke ')`)))
 	if message := in(t, ctx, "message", chromedp.Text(css("#message"))); !strings.Contains(message, key) || !strings.Contains(message, "http:alice") {

@@ -96,16 +96,29 @@
     $(".since", tr).textContent = l.held_since ? new Date(l.held_since).toLocaleTimeString([], { hour12: false }) : "–";
   }
 
+  // renderLeases updates the table in place: rows that stay are neither
+  // rebuilt nor moved, so an open break form keeps its focus and its text.
   function renderLeases(leases) {
     const tbody = $("#lease-rows");
-    const rows = new Map([...tbody.querySelectorAll("tr.lease")].map((tr) => [tr.dataset.key, tr]));
-    const forms = new Map([...tbody.querySelectorAll("tr.break-form")].map((tr) => [tr.dataset.key, tr]));
-    tbody.replaceChildren();
+    const keep = new Set(leases.map((l) => l.key));
+    for (const tr of [...tbody.children]) {
+      if (tr.classList.contains("empty") || !keep.has(tr.dataset.key)) tr.remove();
+    }
+    const rowOf = (key, cls) => [...tbody.querySelectorAll("tr." + cls)].find((tr) => tr.dataset.key === key);
+    let cursor = tbody.firstElementChild;
     for (const l of leases) {
-      const tr = rows.get(l.key) || leaseRow(l);
+      let tr = rowOf(l.key, "lease");
+      if (!tr) {
+        tr = leaseRow(l);
+        tbody.insertBefore(tr, cursor);
+      } else if (tr !== cursor) {
+        tbody.insertBefore(tr, cursor);
+        const form = rowOf(l.key, "break-form");
+        if (form) tr.after(form);
+      }
       updateRow(tr, l);
-      tbody.append(tr);
-      if (forms.has(l.key)) tbody.append(forms.get(l.key));
+      cursor = tr.nextElementSibling;
+      if (cursor && cursor.classList.contains("break-form") && cursor.dataset.key === l.key) cursor = cursor.nextElementSibling;
     }
     if (!leases.length) tbody.append(el("tr", { class: "empty" }, el("td", { colspan: 6 }, "No lease is held.")));
     $("#lease-count").textContent = leases.length;
