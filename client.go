@@ -232,7 +232,7 @@ func (c *Client) Acquire(ctx context.Context, key string, opts *LeaseOptions) (*
 
 func (c *Client) acquire(ctx context.Context, key string, opts *LeaseOptions, try bool) (*Lease, error) {
 	began := c.clock.Now()
-	ev := AcquireEvent{Key: key}
+	ev := AcquireEvent{Key: key, Context: ctx}
 	l, err := c.acquireChecked(ctx, key, opts, try, &ev)
 	ev.Waited = c.clock.Now().Sub(began)
 	if err != nil {
@@ -241,6 +241,7 @@ func (c *Client) acquire(ctx context.Context, key string, opts *LeaseOptions, tr
 	} else {
 		ev.Fence = l.fence
 		ev.FailedOpen = l.failedOpen
+		ev.Lease = l
 	}
 	c.hooks.acquired(ev)
 	return l, err
@@ -257,6 +258,7 @@ func (c *Client) acquireChecked(ctx context.Context, key string, opts *LeaseOpti
 	if try {
 		spec.MaxWait = NoWait
 	}
+	ev.MaxWait = spec.MaxWait
 	if err := c.admit(); err != nil {
 		return nil, err
 	}
@@ -298,7 +300,7 @@ func (c *Client) acquireLoop(ctx context.Context, key string, s LeaseSpec, ev *A
 	for attempt := 1; ; attempt++ {
 		wake := c.wakeup(key)
 		ev.Attempts = attempt
-		c.hooks.attempt(AttemptEvent{Key: key, Attempt: attempt})
+		c.hooks.attempt(AttemptEvent{Key: key, Attempt: attempt, Context: ctx})
 		sent := c.clock.Now()
 		fence, err := c.tryAcquire(dctx, key, owner, s)
 		if err == nil {
@@ -408,7 +410,7 @@ func (c *Client) acquireQueued(ctx, dctx context.Context, q driver.Queuer, key, 
 		}()
 	}
 	ev.Attempts = 1
-	c.hooks.attempt(AttemptEvent{Key: key, Attempt: 1})
+	c.hooks.attempt(AttemptEvent{Key: key, Attempt: 1, Context: ctx})
 	sent := c.clock.Now()
 	var (
 		fence uint64

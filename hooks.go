@@ -1,10 +1,18 @@
 package fenced
 
-import "time"
+import (
+	"context"
+	"time"
+)
 
 // Hooks observe what the client does, so metrics and tracing adapters plug
-// in without touching backends. Every field may be nil. Hooks run
+// in without touching backends (package metrics and its fencedprom and
+// fencedotel adapters are built on them). Every field may be nil. Hooks run
 // synchronously on the client's goroutines and must not block.
+//
+// Every event about a granted lease carries the *Lease, so an adapter can
+// follow a lease from its grant to its end (by pointer) and read its TTL,
+// Remaining validity and Client.
 type Hooks struct {
 	// AcquireAttempt is called before each request to the authority.
 	AcquireAttempt func(AttemptEvent)
@@ -26,6 +34,10 @@ type Hooks struct {
 type AttemptEvent struct {
 	Key     string
 	Attempt int // 1-based
+	// Context is the context passed to Acquire, TryAcquire or Do, so that
+	// a tracing hook can parent what it records to the caller's span. Hooks
+	// must not keep it past their return.
+	Context context.Context
 }
 
 // AcquireEvent is the outcome of one acquisition.
@@ -33,6 +45,12 @@ type AcquireEvent struct {
 	Key      string
 	Fence    uint64
 	Attempts int
+	// MaxWait is the resolved wait of the call: NoWait for TryAcquire and
+	// for leases that do not wait, WaitForever, or a positive duration
+	// (zero when the options were refused before a wait was resolved). It
+	// tells a refusal at once (an error matching ErrHeld with MaxWait
+	// NoWait) from a wait that ran out (ErrHeld after a positive MaxWait).
+	MaxWait time.Duration
 	// Waited is the time from the call to the outcome.
 	Waited time.Duration
 	// Contended reports whether the key was found held at least once.
@@ -43,6 +61,11 @@ type AcquireEvent struct {
 	FailedOpen bool
 	// Err is nil on success.
 	Err error
+	// Lease is the granted lease, nil when Err is not nil.
+	Lease *Lease
+	// Context is the context passed to Acquire, TryAcquire or Do (see
+	// AttemptEvent.Context).
+	Context context.Context
 }
 
 // RenewEvent is the outcome of one renewal.
@@ -50,6 +73,8 @@ type RenewEvent struct {
 	Key   string
 	Fence uint64
 	Err   error
+	// Lease is the renewed lease.
+	Lease *Lease
 }
 
 // LostEvent says a lease was lost before it was released.
@@ -58,9 +83,12 @@ type LostEvent struct {
 	Fence uint64
 	// Held is how long the lease was held.
 	Held time.Duration
-	// Cause matches ErrLost (the authority said so) or ErrExpired (local
-	// validity ran out).
+	// Cause matches ErrLost (the authority said so; also ErrBroken when
+	// the store's audit log shows that an admin broke this grant) or
+	// ErrExpired (local validity ran out).
 	Cause error
+	// Lease is the lost lease.
+	Lease *Lease
 }
 
 // ReleaseEvent is the outcome of a release.
@@ -69,6 +97,14 @@ type ReleaseEvent struct {
 	Fence uint64
 	Held  time.Duration
 	Err   error
+	// Cause is the lease's end cause: ErrReleased when the holder called
+	// Release, ErrClosed when Client.Close released the lease (its work
+	// was cancelled with ErrClosed while it still held the lease), or the
+	// loss cause of a lease that was lost before it was released (its Lost
+	// event came first).
+	Cause error
+	// Lease is the released lease.
+	Lease *Lease
 }
 
 // StaleWriteEvent is reported by guards that refuse a write.

@@ -244,7 +244,7 @@ func (l *Lease) free(ctx context.Context) error {
 	if err != nil {
 		err = fmt.Errorf("fenced: release %q: %w", l.key, err)
 	}
-	l.c.hooks.released(ReleaseEvent{Key: l.key, Fence: l.fence, Held: held, Err: err})
+	l.c.hooks.released(ReleaseEvent{Key: l.key, Fence: l.fence, Held: held, Err: err, Cause: context.Cause(l.ctx), Lease: l})
 	l.releaseErr = err
 	close(l.freed)
 	return err
@@ -262,14 +262,14 @@ func (l *Lease) lose(cause error) {
 	l.c.renew.remove(l)
 	l.c.forget(l)
 	l.cancel(cause)
-	l.c.hooks.lost(LostEvent{Key: l.key, Fence: l.fence, Held: l.c.clock.Now().Sub(l.acquired), Cause: cause})
+	l.c.hooks.lost(LostEvent{Key: l.key, Fence: l.fence, Held: l.c.clock.Now().Sub(l.acquired), Cause: cause, Lease: l})
 }
 
 // applyRenew records the outcome of a renewal request sent at sent.
 func (l *Lease) applyRenew(sent time.Time, err error) {
-	l.c.hooks.renewed(RenewEvent{Key: l.key, Fence: l.fence, Err: err})
+	l.c.hooks.renewed(RenewEvent{Key: l.key, Fence: l.fence, Err: err, Lease: l})
 	if err != nil && errors.Is(err, ErrNotHeld) {
-		l.lose(fmt.Errorf("%w: the authority refused renewal: %v", ErrLost, err))
+		l.lose(l.refusedCause(err))
 		return
 	}
 	l.mu.Lock()

@@ -33,6 +33,8 @@ package driver
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"time"
@@ -133,6 +135,21 @@ func ShortOwner(owner string) string {
 	return owner[:8] + "…"
 }
 
+// OwnerDigest returns a 32-character hex digest of an owner token: enough to
+// tell grants apart, useless for renewing or releasing the lease. Fence
+// guards record it (fence.OwnerDigest is this function), and LeaseInfo
+// carries it, so listings never need the token itself.
+func OwnerDigest(owner string) string {
+	sum := sha256.Sum256([]byte("fenced-owner:" + owner))
+	return hex.EncodeToString(sum[:16])
+}
+
+// SetOwner records the holder's full owner token in i the way admins may
+// see it: shortened (Owner) and digested (OwnerDigest).
+func (i *LeaseInfo) SetOwner(owner string) {
+	i.Owner, i.OwnerDigest = ShortOwner(owner), OwnerDigest(owner)
+}
+
 // LeaseInfo is what an admin sees of a key.
 type LeaseInfo struct {
 	Key string
@@ -141,6 +158,12 @@ type LeaseInfo struct {
 	// Owner is the holder's owner token, shortened with ShortOwner. Empty
 	// when not held.
 	Owner string
+	// OwnerDigest is OwnerDigest of the holder's full owner token: what a
+	// fence guard records beside the fence (package fence), so an admin can
+	// match a holder to the writes a resource accepted from it, and safe to
+	// show anywhere. Empty when not held, and for holders that are not
+	// fenced clients (an etcdctl lock, a Curator mutex).
+	OwnerDigest string
 	// Fence is the fence of the current grant, or of the last grant when the
 	// key is free (zero when never granted).
 	Fence uint64

@@ -22,7 +22,7 @@ func (d *Driver) info(key string, it leaseItem, at time.Time) driver.LeaseInfo {
 	left := d.obs.see(key, it, at)
 	if it.owner != "" && left > 0 {
 		info.Held = true
-		info.Owner = driver.ShortOwner(it.owner)
+		info.SetOwner(it.owner)
 		info.Remaining = left
 	}
 	return info
@@ -139,8 +139,8 @@ func (d *Driver) Break(ctx context.Context, key string, req driver.BreakRequest)
 				return driver.LeaseInfo{Key: key}, err
 			}
 		}
-		info := driver.LeaseInfo{Key: key, Held: true, Owner: driver.ShortOwner(it.owner), Fence: it.fence,
-			Remaining: max(d.obs.see(key, it, at), 0)}
+		info := driver.LeaseInfo{Key: key, Held: true, Fence: it.fence, Remaining: max(d.obs.see(key, it, at), 0)}
+		info.SetOwner(it.owner)
 		rec := driver.BreakRecord{
 			Time: time.Now().UTC().Truncate(time.Microsecond), Key: key, Fence: it.fence,
 			Owner: info.Owner, Reason: req.Reason, By: req.By,

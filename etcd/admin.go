@@ -15,14 +15,16 @@ import (
 	"github.com/fenced-dev/fenced/internal/keyname"
 )
 
-// holderOwner is how an admin sees the owner of a waiter key: the fenced
-// owner token shortened, or the etcd lease of a foreign holder (etcdctl
-// lock and concurrency.Mutex put an empty value).
-func holderOwner(kv *mvccpb.KeyValue) string {
+// setHolder records how an admin sees the owner of a waiter key: the
+// fenced owner token shortened and digested, or the etcd lease of a
+// foreign holder (etcdctl lock and concurrency.Mutex put an empty value),
+// which has no digest.
+func setHolder(info *driver.LeaseInfo, kv *mvccpb.KeyValue) {
 	if len(kv.Value) > 0 {
-		return driver.ShortOwner(string(kv.Value))
+		info.SetOwner(string(kv.Value))
+		return
 	}
-	return fmt.Sprintf("lease:%x", kv.Lease)
+	info.Owner = fmt.Sprintf("lease:%x", kv.Lease)
 }
 
 // Inspect implements driver.Driver.
@@ -38,7 +40,8 @@ func (d *Driver) Inspect(ctx context.Context, key string) (driver.LeaseInfo, err
 	info := driver.LeaseInfo{Key: key}
 	if first := resp.Responses[0].GetResponseRange().Kvs; len(first) > 0 {
 		kv := first[0]
-		info.Held, info.Owner, info.Fence = true, holderOwner(kv), uint64(kv.CreateRevision)
+		info.Held, info.Fence = true, uint64(kv.CreateRevision)
+		setHolder(&info, kv)
 		if kv.Lease != 0 {
 			if ttl, err := d.cli.TimeToLive(ctx, clientv3.LeaseID(kv.Lease)); err == nil && ttl.TTL > 0 {
 				info.Remaining = time.Duration(ttl.TTL) * time.Second
@@ -83,7 +86,9 @@ func (d *Driver) List(ctx context.Context, prefix string) ([]driver.LeaseInfo, e
 	}
 	out := make([]driver.LeaseInfo, 0, len(holders))
 	for k, kv := range holders {
-		out = append(out, driver.LeaseInfo{Key: k, Held: true, Owner: holderOwner(kv), Fence: uint64(kv.CreateRevision)})
+		info := driver.LeaseInfo{Key: k, Held: true, Fence: uint64(kv.CreateRevision)}
+		setHolder(&info, kv)
+		out = append(out, info)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
 	return out, nil
@@ -102,7 +107,8 @@ func (d *Driver) Break(ctx context.Context, key string, req driver.BreakRequest)
 		return driver.LeaseInfo{Key: key}, fmt.Errorf("etcd: break %q: %w", key, driver.ErrNotHeld)
 	}
 	kv := resp.Kvs[0]
-	info := driver.LeaseInfo{Key: key, Held: true, Owner: holderOwner(kv), Fence: uint64(kv.CreateRevision)}
+	info := driver.LeaseInfo{Key: key, Held: true, Fence: uint64(kv.CreateRevision)}
+	setHolder(&info, kv)
 	tr, err := d.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(string(kv.Key)), "=", kv.CreateRevision)).
 		Then(clientv3.OpDelete(string(kv.Key)), clientv3.OpPut(d.recordKey(name), fmt.Sprint(kv.CreateRevision))).

@@ -2,14 +2,13 @@ package fence
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"math"
 	"unicode"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/driver"
 )
 
 // Errors returned by the guards, matched with errors.Is. A refusal because a
@@ -92,10 +91,9 @@ func From(l *fenced.Lease) Token {
 
 // OwnerDigest returns a 32-character hex digest of an owner token: enough to
 // tell grants apart, useless for renewing or releasing the lease.
-func OwnerDigest(owner string) string {
-	sum := sha256.Sum256([]byte("fenced-owner:" + owner))
-	return hex.EncodeToString(sum[:16])
-}
+// It is driver.OwnerDigest, which listings (fenced.LeaseInfo.OwnerDigest,
+// fenced serve) show, so a row's recorded owner names its holder there.
+func OwnerDigest(owner string) string { return driver.OwnerDigest(owner) }
 
 // Validate reports whether t can be presented to a guard: a key accepted by
 // fenced.ValidateKey, a fence in 1..MaxFence, an owner of 1..MaxOwnerLen

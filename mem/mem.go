@@ -198,7 +198,7 @@ func (s *Store) info(key string, e *entry, now time.Time) driver.LeaseInfo {
 	info := driver.LeaseInfo{Key: key, Fence: e.fence}
 	if e.heldAt(now) {
 		info.Held = true
-		info.Owner = driver.ShortOwner(e.owner)
+		info.SetOwner(e.owner)
 		info.Remaining = e.expires.Sub(now)
 	}
 	return info

@@ -439,7 +439,8 @@ func inspectReply(key string, k rediskit.Keys, res []any) (driver.LeaseInfo, err
 			return info, fmt.Errorf("redis: inspect %q: %w", key, rediskit.ForeignError(k.Lock))
 		}
 		pttl, _ := res[1].(int64)
-		info.Held, info.Owner, info.Fence, info.Remaining = true, driver.ShortOwner(o), f, rediskit.PTTL(pttl)
+		info.Held, info.Fence, info.Remaining = true, f, rediskit.PTTL(pttl)
+		info.SetOwner(o)
 		return info, nil
 	}
 	s, ok := res[2].(string)

@@ -767,7 +767,8 @@ func (d *Driver) Inspect(ctx context.Context, key string) (driver.LeaseInfo, err
 		if len(ttls) >= d.quorum {
 			f, o, _ := rediskit.ParseValue(v)
 			sort.Slice(ttls, func(i, j int) bool { return ttls[i] > ttls[j] })
-			info.Held, info.Owner, info.Fence, info.Remaining = true, driver.ShortOwner(o), f, rediskit.PTTL(ttls[d.quorum-1])
+			info.Held, info.Fence, info.Remaining = true, f, rediskit.PTTL(ttls[d.quorum-1])
+			info.SetOwner(o)
 			return info, nil
 		}
 	}

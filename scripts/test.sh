@@ -31,6 +31,7 @@ need libcurator-recipes-java test -f /usr/share/java/curator-recipes.jar
 need default-jdk-headless command -v javac
 need python3-redis /usr/bin/python3 -I -c 'import redis' # -I: not the repo's redis/ directory
 need curl command -v curl # fence: the documented shell-child request is run as written
+need chromium command -v chromium # cmd/fenced drives the dashboard of fenced serve in headless Chromium (chromedp)
 need gcc command -v gcc # testenv.WallClock compiles its clock-stepping preload library (and -race needs cgo)
 need nodejs command -v node # runs dynalite, the DynamoDB-compatible server of the dynamodb tests
 need npm command -v npm

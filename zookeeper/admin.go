@@ -82,13 +82,15 @@ func (d *Driver) holder(conn *zk.Conn, lockPath string) (name string, stat *zk.S
 	return "", nil, nil, record, nil
 }
 
-// ownerOf shows a holder's owner: the fenced owner token shortened, or a
-// foreign holder's session (Curator stores the client's address).
-func ownerOf(stat *zk.Stat, data []byte) string {
+// setHolder records a holder's owner in info: the fenced owner token
+// shortened and digested, or a foreign holder's session (Curator stores
+// the client's address), which has no digest.
+func setHolder(info *driver.LeaseInfo, stat *zk.Stat, data []byte) {
 	if len(data) == 32 {
-		return driver.ShortOwner(string(data))
+		info.SetOwner(string(data))
+		return
 	}
-	return fmt.Sprintf("session:%x", stat.EphemeralOwner)
+	info.Owner = fmt.Sprintf("session:%x", stat.EphemeralOwner)
 }
 
 // remaining is the time left on a grant this driver holds; zero for other
@@ -124,7 +126,8 @@ func (d *Driver) Inspect(ctx context.Context, key string) (driver.LeaseInfo, err
 		info.Fence = record
 		return info, nil
 	}
-	info.Held, info.Owner, info.Fence = true, ownerOf(stat, data), uint64(stat.Czxid)
+	info.Held, info.Fence = true, uint64(stat.Czxid)
+	setHolder(&info, stat, data)
 	info.Remaining = d.remaining(key, stat, data)
 	return info, nil
 }
@@ -168,7 +171,9 @@ func (d *Driver) List(ctx context.Context, prefix string) ([]driver.LeaseInfo, e
 			case err != nil:
 				errs = append(errs, err)
 			case name != "":
-				out = append(out, driver.LeaseInfo{Key: key, Held: true, Owner: ownerOf(stat, data), Fence: uint64(stat.Czxid), Remaining: d.remaining(key, stat, data)})
+				info := driver.LeaseInfo{Key: key, Held: true, Fence: uint64(stat.Czxid), Remaining: d.remaining(key, stat, data)}
+				setHolder(&info, stat, data)
+				out = append(out, info)
 			}
 		}()
 	}
@@ -196,7 +201,8 @@ func (d *Driver) Break(ctx context.Context, key string, req driver.BreakRequest)
 	if err != nil {
 		return info, readErr("break", err)
 	}
-	info.Held, info.Owner, info.Fence = true, ownerOf(stat, data), uint64(stat.Czxid)
+	info.Held, info.Fence = true, uint64(stat.Czxid)
+	setHolder(&info, stat, data)
 	err = conn.Delete(lockPath+"/"+name, stat.Version)
 	if errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrBadVersion) {
 		return info, fmt.Errorf("zookeeper: break %q: %w: released meanwhile", key, driver.ErrNotHeld)

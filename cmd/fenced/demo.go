@@ -116,33 +116,90 @@ func setupBilling(ctx context.Context, path string) error {
 	return guard.EnsureColumns(ctx)
 }
 
+// scenarioEvent is one step of the billing scenario, printed by fenced demo
+// and drawn by the dashboard's timeline.
+type scenarioEvent struct {
+	// At is the time since the scenario started.
+	At time.Duration
+	// Worker is worker-N, or "demo" for the freeze and the resume.
+	Worker string
+	// Kind is wait, acquired, render, sending, freeze, resume, or an
+	// outcome: sent, refused, nothing, not_sending, gave_up, error, log.
+	Kind  string
+	Fence uint64
+	Text  string
+}
+
+// scenarioSend is an invoice the resource recorded as sent.
+type scenarioSend struct {
+	Worker string
+	Fence  uint64
+}
+
+// scenarioOutcome is what the resource holds after the scenario.
+type scenarioOutcome struct {
+	Sends       []scenarioSend
+	Frozen      string
+	FrozenFence uint64
+	// Verdict says what happened, in one line; Err is set when an
+	// invariant broke (or, without the fence, the hazard did not show).
+	Verdict string
+	Err     error
+}
+
 func runDemo(ctx context.Context, g *globals, noFence, keep bool) error {
-	dir, err := os.MkdirTemp("", "fenced-demo-")
-	if err != nil {
-		return err
-	}
-	if keep {
-		fmt.Fprintf(g.stdout, "files kept in %s\n", dir)
-	} else {
-		defer os.RemoveAll(dir)
-	}
-	leases, billing := filepath.Join(dir, "leases.db"), filepath.Join(dir, "billing.db")
-	if err := setupBilling(ctx, billing); err != nil {
-		return fmt.Errorf("demo: set up invoice_jobs: %w", err)
-	}
-	self, err := os.Executable()
-	if err != nil {
-		return err
-	}
 	mode := "with the fence guard"
 	if noFence {
 		mode = "WITHOUT the fence guard (--no-fence)"
 	}
 	fmt.Fprintf(g.stdout, "fenced demo: 3 workers compete for %s (TTL %v), %s\n", demoKey, demoTTL, mode)
-	fmt.Fprintf(g.stdout, "  lease store: sqlite:%s\n  resource:    invoice_jobs in %s\n\n", leases, billing)
+	out, err := runScenario(ctx, noFence, keep, func(dir string) {
+		if keep {
+			fmt.Fprintf(g.stdout, "files kept in %s\n", dir)
+		}
+		fmt.Fprintf(g.stdout, "  lease store: sqlite:%s\n  resource:    invoice_jobs in %s\n\n", filepath.Join(dir, "leases.db"), filepath.Join(dir, "billing.db"))
+	}, func(e scenarioEvent) {
+		fmt.Fprintf(g.stdout, "%+8.3fs  %-9s %s\n", e.At.Seconds(), e.Worker, e.Text)
+	})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(g.stdout, "\ninvoices sent for %s: %d\n", demoInvoice, len(out.Sends))
+	for _, s := range out.Sends {
+		fmt.Fprintf(g.stdout, "  by %s with fence %d\n", s.Worker, s.Fence)
+	}
+	if out.Err != nil {
+		return out.Err
+	}
+	fmt.Fprintln(g.stdout, out.Verdict)
+	return nil
+}
+
+// runScenario runs the billing scenario in a new temporary directory
+// (removed afterwards unless keep), telling where first and then every
+// event as it happens, and judges the outcome from the resource's tables.
+// err reports a scenario that could not run; outcome.Err one that ran
+// and broke its invariants.
+func runScenario(ctx context.Context, noFence, keep bool, where func(dir string), emit func(scenarioEvent)) (scenarioOutcome, error) {
+	dir, err := os.MkdirTemp("", "fenced-demo-")
+	if err != nil {
+		return scenarioOutcome{}, err
+	}
+	if !keep {
+		defer os.RemoveAll(dir)
+	}
+	where(dir)
+	leases, billing := filepath.Join(dir, "leases.db"), filepath.Join(dir, "billing.db")
+	if err := setupBilling(ctx, billing); err != nil {
+		return scenarioOutcome{}, fmt.Errorf("demo: set up invoice_jobs: %w", err)
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return scenarioOutcome{}, err
+	}
 
 	start := time.Now()
-	events := make(chan demoEvent, 64)
+	events := make(chan scenarioEvent, 64)
 	workers := map[string]*exec.Cmd{}
 	var wg sync.WaitGroup
 	exited := make(chan string, 3)
@@ -150,6 +207,12 @@ func runDemo(ctx context.Context, g *globals, noFence, keep bool) error {
 	// to live as long as they do.
 	launcher := supervise.NewLauncher()
 	defer launcher.Close()
+	defer func() {
+		for _, c := range workers {
+			_ = c.Process.Signal(syscall.SIGCONT)
+			_ = c.Process.Kill()
+		}
+	}()
 	for i := 1; i <= 3; i++ {
 		name := "worker-" + strconv.Itoa(i)
 		args := []string{"demo-worker", name, leases, billing}
@@ -157,53 +220,43 @@ func runDemo(ctx context.Context, g *globals, noFence, keep bool) error {
 			args = append(args, "--no-fence")
 		}
 		cmd := exec.CommandContext(ctx, self, args...)
-		cmd.Stderr = g.stderr
+		cmd.Stderr = os.Stderr
 		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 		out, err := cmd.StdoutPipe()
 		if err != nil {
-			return err
+			return scenarioOutcome{}, err
 		}
 		if err := launcher.Start(cmd); err != nil {
-			return fmt.Errorf("demo: start %s: %w", name, err)
+			return scenarioOutcome{}, fmt.Errorf("demo: start %s: %w", name, err)
 		}
 		workers[name] = cmd
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			readEvents(name, out, events)
+			readEvents(name, out, events, start)
 			cmd.Wait()
 			exited <- name
 		}()
 	}
-	defer func() {
-		for _, c := range workers {
-			_ = c.Process.Signal(syscall.SIGCONT)
-			_ = c.Process.Kill()
-		}
-	}()
 
-	say := func(who, text string) {
-		fmt.Fprintf(g.stdout, "%+8.3fs  %-9s %s\n", time.Since(start).Seconds(), who, text)
+	say := func(who, kind string, fence uint64, text string) {
+		emit(scenarioEvent{At: time.Since(start), Worker: who, Kind: kind, Fence: fence, Text: text})
 	}
 	var frozen string
 	var frozenFence uint64
-	outcome := map[string]string{}
 	running := 3
 	deadline := time.After(30 * time.Second)
 	resumeAt := (<-chan time.Time)(nil)
 	for running > 0 {
 		select {
 		case e := <-events:
-			say(e.Worker, e.Text)
+			emit(e)
 			if e.Kind == "sending" && frozen == "" {
 				frozen, frozenFence = e.Worker, e.Fence
 				if err := workers[frozen].Process.Signal(syscall.SIGSTOP); err != nil {
-					return fmt.Errorf("demo: SIGSTOP %s: %w", frozen, err)
+					return scenarioOutcome{}, fmt.Errorf("demo: SIGSTOP %s: %w", frozen, err)
 				}
-				say("demo", fmt.Sprintf("SIGSTOP %s: frozen after checking its lease, before its write lands", frozen))
-			}
-			if e.Kind == "outcome" {
-				outcome[e.Worker] = e.Text
+				say("demo", "freeze", frozenFence, fmt.Sprintf("SIGSTOP %s: frozen after checking its lease, before its write lands", frozen))
 			}
 		case name := <-exited:
 			running--
@@ -213,88 +266,80 @@ func runDemo(ctx context.Context, g *globals, noFence, keep bool) error {
 			}
 		case <-resumeAt:
 			resumeAt = nil
-			say("demo", fmt.Sprintf("SIGCONT %s: it resumes, unaware that its lease expired, and its write goes out", frozen))
+			say("demo", "resume", frozenFence, fmt.Sprintf("SIGCONT %s: it resumes, unaware that its lease expired, and its write goes out", frozen))
 			if err := workers[frozen].Process.Signal(syscall.SIGCONT); err != nil {
-				return err
+				return scenarioOutcome{}, err
 			}
 		case <-deadline:
-			return errors.New("demo: workers did not finish within 30s")
+			return scenarioOutcome{}, errors.New("demo: workers did not finish within 30s")
+		case <-ctx.Done():
+			return scenarioOutcome{}, context.Cause(ctx)
 		}
 	}
 	wg.Wait()
 	for len(events) > 0 {
-		e := <-events
-		say(e.Worker, e.Text)
+		emit(<-events)
 	}
-	return checkDemo(ctx, g, billing, noFence, frozen, frozenFence)
+	return judgeScenario(ctx, billing, noFence, frozen, frozenFence)
 }
 
-func readEvents(name string, r io.Reader, events chan<- demoEvent) {
+func readEvents(name string, r io.Reader, events chan<- scenarioEvent, start time.Time) {
 	sc := bufio.NewScanner(r)
 	for sc.Scan() {
 		var e demoEvent
 		if json.Unmarshal(sc.Bytes(), &e) != nil {
 			e = demoEvent{Worker: name, Kind: "log", Text: sc.Text()}
 		}
-		events <- e
+		events <- scenarioEvent{At: time.Since(start), Worker: e.Worker, Kind: e.Kind, Fence: e.Fence, Text: e.Text}
 	}
 }
 
-// checkDemo reads the resource and checks the invariants.
-func checkDemo(ctx context.Context, g *globals, billing string, noFence bool, frozen string, frozenFence uint64) error {
+// judgeScenario reads the resource and checks the invariants.
+func judgeScenario(ctx context.Context, billing string, noFence bool, frozen string, frozenFence uint64) (scenarioOutcome, error) {
+	out := scenarioOutcome{Frozen: frozen, FrozenFence: frozenFence}
 	db, err := openBilling(billing)
 	if err != nil {
-		return err
+		return out, err
 	}
 	defer db.Close()
 	rows, err := db.QueryContext(ctx, `SELECT worker, fence FROM sent_invoices WHERE invoice = ? ORDER BY seq`, demoInvoice)
 	if err != nil {
-		return err
+		return out, err
 	}
 	defer rows.Close()
-	type send struct {
-		worker string
-		fence  uint64
-	}
-	var sends []send
 	for rows.Next() {
-		var s send
-		if err := rows.Scan(&s.worker, &s.fence); err != nil {
-			return err
+		var s scenarioSend
+		if err := rows.Scan(&s.Worker, &s.Fence); err != nil {
+			return out, err
 		}
-		sends = append(sends, s)
+		out.Sends = append(out.Sends, s)
 	}
 	if err := rows.Err(); err != nil {
-		return err
-	}
-	fmt.Fprintf(g.stdout, "\ninvoices sent for %s: %d\n", demoInvoice, len(sends))
-	for _, s := range sends {
-		fmt.Fprintf(g.stdout, "  by %s with fence %d\n", s.worker, s.fence)
+		return out, err
 	}
 	if frozen == "" {
-		return errors.New("demo: no worker reached the send step; nothing was demonstrated")
+		out.Err = errors.New("demo: no worker reached the send step; nothing was demonstrated")
+		return out, nil
 	}
 	frozenSent := false
-	for _, s := range sends {
-		if s.worker == frozen {
+	for _, s := range out.Sends {
+		if s.Worker == frozen {
 			frozenSent = true
 		}
 	}
-	if noFence {
-		if len(sends) == 2 && frozenSent {
-			fmt.Fprintf(g.stdout, "HAZARD REPRODUCED: %s's late write (fence %d) was accepted and the customer got two invoices.\nRun without --no-fence to see the fence refuse it.\n", frozen, frozenFence)
-			return nil
-		}
-		return fmt.Errorf("demo: expected the unguarded run to send two invoices, got %d", len(sends))
+	switch {
+	case noFence && len(out.Sends) == 2 && frozenSent:
+		out.Verdict = fmt.Sprintf("HAZARD REPRODUCED: %s's late write (fence %d) was accepted and the customer got two invoices.\nRun without --no-fence to see the fence refuse it.", frozen, frozenFence)
+	case noFence:
+		out.Err = fmt.Errorf("demo: expected the unguarded run to send two invoices, got %d", len(out.Sends))
+	case len(out.Sends) != 1:
+		out.Err = fmt.Errorf("demo: INVARIANT BROKEN: %d invoices sent, want exactly 1", len(out.Sends))
+	case frozenSent || out.Sends[0].Fence <= frozenFence:
+		out.Err = fmt.Errorf("demo: INVARIANT BROKEN: the invoice was sent by %s with fence %d, not by a newer holder", out.Sends[0].Worker, out.Sends[0].Fence)
+	default:
+		out.Verdict = fmt.Sprintf("OK: exactly one invoice sent, by %s (fence %d); %s's late write with fence %d was refused.", out.Sends[0].Worker, out.Sends[0].Fence, frozen, frozenFence)
 	}
-	if len(sends) != 1 {
-		return fmt.Errorf("demo: INVARIANT BROKEN: %d invoices sent, want exactly 1", len(sends))
-	}
-	if frozenSent || sends[0].fence <= frozenFence {
-		return fmt.Errorf("demo: INVARIANT BROKEN: the invoice was sent by %s with fence %d, not by a newer holder", sends[0].worker, sends[0].fence)
-	}
-	fmt.Fprintf(g.stdout, "OK: exactly one invoice sent, by %s (fence %d); %s's late write with fence %d was refused.\n", sends[0].worker, sends[0].fence, frozen, frozenFence)
-	return nil
+	return out, nil
 }
 
 // demoWorker is one worker process: it competes for the invoice lease and
@@ -327,7 +372,7 @@ func demoWorker(ctx context.Context, name, leases, billing string, noFence bool)
 	// stall the other workers until it is continued.
 	lease, err := client.Acquire(ctx, demoKey, &fenced.LeaseOptions{TTL: demoTTL, MaxWait: 20 * time.Second, AutoRenew: fenced.Off})
 	if err != nil {
-		emit("outcome", 0, "gave up: %v", err)
+		emit("gave_up", 0, "gave up: %v", err)
 		return nil
 	}
 	f := lease.Fence()
@@ -359,17 +404,17 @@ func demoWorker(ctx context.Context, name, leases, billing string, noFence bool)
 		}
 	}
 	if err != nil {
-		emit("outcome", f, "error: %v", err)
+		emit("error", f, "error: %v", err)
 		return err
 	}
 	if status != "due" {
-		emit("outcome", f, "invoice is already %s: nothing to do", status)
+		emit("nothing", f, "invoice is already %s: nothing to do", status)
 		return nil
 	}
 	emit("render", f, "invoice is due; rendering it (300ms)")
 	time.Sleep(300 * time.Millisecond)
 	if err := lease.Err(); err != nil {
-		emit("outcome", f, "lease ended before sending (%v): not sending", err)
+		emit("not_sending", f, "lease ended before sending (%v): not sending", err)
 		return nil
 	}
 	emit("sending", f, "lease still valid (%v left): sending the invoice", lease.Remaining().Round(time.Millisecond))
@@ -393,10 +438,10 @@ func demoWorker(ctx context.Context, name, leases, billing string, noFence bool)
 		}
 		switch res.Outcome {
 		case fence.Stale:
-			emit("outcome", f, "write REFUSED by the resource: stale fence %d, the row carries %d", f, res.Current)
+			emit("refused", f, "write REFUSED by the resource: stale fence %d, the row carries %d", f, res.Current)
 			return nil
 		case fence.PreconditionFailed:
-			emit("outcome", f, "invoice no longer due: nothing sent")
+			emit("nothing", f, "invoice no longer due: nothing sent")
 			return nil
 		}
 	}
@@ -406,6 +451,6 @@ func demoWorker(ctx context.Context, name, leases, billing string, noFence bool)
 	if err := tx.Commit(); err != nil {
 		return err
 	}
-	emit("outcome", f, "invoice SENT with fence %d", f)
+	emit("sent", f, "invoice SENT with fence %d", f)
 	return nil
 }

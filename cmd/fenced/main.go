@@ -13,6 +13,8 @@
 //	fenced floor [raise N|--from STORE]   show or raise the fence floor (SQL stores)
 //	fenced prune --older-than DURATION    delete unused keys' rows, keeping fences increasing
 //	fenced demo [--no-fence]              the billing scenario, run for real
+//	fenced plan --ttl 30s [--max-pause D] size a lease: freeze absorbed, stale window, recovery
+//	fenced serve [--addr A] [--admin-token-file F]  HTTP API, metrics and live dashboard
 //
 // The store is chosen with --store or FENCED_STORE; the default is the
 // embedded SQLite file under the invoking user's state directory, so it is

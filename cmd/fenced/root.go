@@ -122,6 +122,8 @@ the store actually used.`,
 	root.AddCommand(newFloorCmd(g), newPruneCmd(g))
 	root.AddCommand(newProofCmd(g))
 	root.AddCommand(newElectCmd(g), newObserveCmd(g))
+	root.AddCommand(newPlanCmd(g))
+	root.AddCommand(newServeCmd(g))
 	root.AddCommand(g.extra...)
 	return root
 }

@@ -276,7 +276,9 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, keys, argv []st
 
 	what := strings.Join(keys, ", ")
 	acqCtx, stopWait := interruptible(ctx, sigs, what)
+	stopStatus := showWaitStatus(acqCtx, g.stderr, c, keys, f.wait) // a live line on a terminal
 	h, err := acquireHold(acqCtx, c, f, keys, opts, g.store)
+	stopStatus()
 	stopWait()
 	if err != nil {
 		if errors.Is(err, fenced.ErrHeld) {

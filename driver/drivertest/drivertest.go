@@ -564,12 +564,14 @@ func (s *suite) testAdmin(t *testing.T) {
 		t.Fatalf("Inspect of a never-granted key: %v, want ErrNotFound", err)
 	}
 	var leases []*fenced.Lease
+	digests := map[string]string{}
 	for _, k := range []string{"b", "a", "c"} {
 		l, err := c.TryAcquire(ctx, prefix+k, &fenced.LeaseOptions{TTL: time.Minute})
 		if err != nil {
 			t.Fatal(err)
 		}
 		leases = append(leases, l)
+		digests[l.Key()] = driver.OwnerDigest(l.Owner())
 	}
 	other, err := c.TryAcquire(ctx, prefix[:len(prefix)-1]+"-other", nil)
 	if err != nil {
@@ -589,6 +591,9 @@ func (s *suite) testAdmin(t *testing.T) {
 		if len(i.Owner) > 12 {
 			t.Errorf("List reveals a %d-character owner token; owners must be shortened", len(i.Owner))
 		}
+		if i.OwnerDigest != digests[i.Key] {
+			t.Errorf("listed %s with owner digest %q, want driver.OwnerDigest of its owner %q", i.Key, i.OwnerDigest, digests[i.Key])
+		}
 	}
 	if got := strings.Join(keys, ","); got != "a,b,c" {
 		t.Fatalf("List(%q) keys = %s, want a,b,c (sorted, prefix only)", prefix, got)
@@ -600,12 +605,15 @@ func (s *suite) testAdmin(t *testing.T) {
 	if !info.Held || info.Fence != leases[0].Fence() || info.Remaining <= 0 || info.Remaining > time.Minute+time.Second {
 		t.Fatalf("Inspect = %+v, want held with fence %d and time left", info, leases[0].Fence())
 	}
+	if info.OwnerDigest != digests[prefix+"b"] {
+		t.Fatalf("Inspect owner digest %q, want driver.OwnerDigest of the owner %q", info.OwnerDigest, digests[prefix+"b"])
+	}
 	broken, err := c.Break(ctx, prefix+"b", "conformance test", "drivertest")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if broken.Fence != leases[0].Fence() {
-		t.Fatalf("Break reported fence %d, want %d", broken.Fence, leases[0].Fence())
+	if broken.Fence != leases[0].Fence() || broken.OwnerDigest != digests[prefix+"b"] {
+		t.Fatalf("Break reported fence %d owner digest %q, want %d and %q", broken.Fence, broken.OwnerDigest, leases[0].Fence(), digests[prefix+"b"])
 	}
 	if _, err := c.Break(ctx, prefix+"b", "again", "drivertest"); !errors.Is(err, fenced.ErrNotHeld) {
 		t.Fatalf("second Break: %v, want ErrNotHeld", err)
@@ -614,8 +622,8 @@ func (s *suite) testAdmin(t *testing.T) {
 		t.Fatal("Break without a reason succeeded")
 	}
 	info, err = c.Inspect(ctx, prefix+"b")
-	if err != nil || info.Held || info.Fence != leases[0].Fence() {
-		t.Fatalf("Inspect after break = %+v, %v; want free, fence kept", info, err)
+	if err != nil || info.Held || info.Fence != leases[0].Fence() || info.OwnerDigest != "" {
+		t.Fatalf("Inspect after break = %+v, %v; want free, fence kept, no owner", info, err)
 	}
 	if recs, err := c.Breaks(ctx, prefix+"b"); err == nil {
 		if len(recs) != 1 || recs[0].Reason != "conformance test" || recs[0].By != "drivertest" || recs[0].Fence != leases[0].Fence() || recs[0].Time.IsZero() {

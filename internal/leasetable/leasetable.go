@@ -170,7 +170,7 @@ func Info(key, owner string, fence int64, remaining time.Duration) driver.LeaseI
 	info := driver.LeaseInfo{Key: key, Fence: uint64(fence)}
 	if owner != "" && remaining > 0 {
 		info.Held = true
-		info.Owner = driver.ShortOwner(owner)
+		info.SetOwner(owner)
 		info.Remaining = remaining
 	}
 	return info

@@ -72,7 +72,9 @@ func ReadGrants(ctx context.Context, c redis.UniversalClient, l Layout, names []
 		if !ok || ttl <= 0 && ttl != -1 {
 			continue
 		}
-		out = append(out, driver.LeaseInfo{Key: key, Held: true, Owner: driver.ShortOwner(o), Fence: f, Remaining: max(ttl, 0)})
+		info := driver.LeaseInfo{Key: key, Held: true, Fence: f, Remaining: max(ttl, 0)}
+		info.SetOwner(o)
+		out = append(out, info)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
 	return out, nil
@@ -96,6 +98,10 @@ func BreakReply(key string, k Keys, res []any) (driver.LeaseInfo, error) {
 	fs, _ := res[1].(string)
 	info.Fence, _ = strconv.ParseUint(fs, 10, 64)
 	info.Owner, _ = res[2].(string)
+	if len(res) > 5 {
+		full, _ := res[5].(string)
+		info.SetOwner(full)
+	}
 	pttl, _ := res[3].(int64)
 	info.Held, info.Remaining = true, PTTL(pttl)
 	return info, nil

@@ -177,12 +177,13 @@ local v = redis.call('GET', KEYS[1])
 if not v then return {0} end
 local f, o = string.match(v, '^(%d+):(.*)$')
 if not f then return {-1} end
+local full = o
 if #o > 8 then o = string.sub(o, 1, 8) .. '…' end
 local pttl = redis.call('PTTL', KEYS[1])
 redis.call('DEL', KEYS[1])
 local id = redis.call('XADD', KEYS[2], 'MAXLEN', ARGV[4], '*', 'fence', f, 'owner', o, 'reason', ARGV[2], 'by', ARGV[3])
 redis.call('PUBLISH', ARGV[1], '')
-return {1, f, o, pttl, id}`)
+return {1, f, o, pttl, id, full}`)
 )
 
 // Classify maps a go-redis error to the driver's sentinels. mayApply says
