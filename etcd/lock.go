@@ -126,9 +126,7 @@ func (d *Driver) confirm(ctx context.Context, e *entry, ttl time.Duration, start
 		return 0, asUnknown(kaErr)
 	}
 	e.rev = mine[0].CreateRevision
-	e.granted = true
-	d.grants.Track(e, ttl, start)
-	return uint64(e.rev), nil
+	return d.grant(e, ttl, start), nil
 }
 
 // Acquire implements driver.Queuer; see AcquireTimed.
@@ -214,9 +212,7 @@ func (d *Driver) AcquireTimed(ctx context.Context, key, owner string, ttl time.D
 	if err := sessionlock.WaitTurn(ctx, step, func(err error) bool { return err != confirmErr && !errors.Is(err, errVanished) }); err != nil {
 		return fail(err)
 	}
-	e.granted = true
-	d.grants.Track(e, ttl, sent)
-	return uint64(e.rev), sent, nil
+	return d.grant(e, ttl, sent), sent, nil
 }
 
 // keepAliveAsync makes sure s outlives from+ttl at the server: it sends a

@@ -44,6 +44,14 @@ type entry struct {
 // GrantID implements sessionlock.Entry.
 func (e *entry) GrantID() sessionlock.ID { return e.id }
 
+// grant marks e granted, arms its deadline at from+ttl and returns its
+// fence.
+func (d *Driver) grant(e *entry, ttl time.Duration, from time.Time) uint64 {
+	e.granted = true
+	d.grants.Track(e, ttl, from)
+	return uint64(e.rev)
+}
+
 // errSessionGone means the etcd lease behind a session has expired or was
 // revoked.
 var errSessionGone = errors.New("etcd session (lease) expired or revoked")

@@ -38,6 +38,14 @@ func (e *entry) GrantID() sessionlock.ID { return e.id }
 
 func (e *entry) protectedPrefix() string { return "_c_" + e.uuid + "-" }
 
+// grant marks e granted, arms its deadline at from+ttl and returns its
+// fence.
+func (d *Driver) grant(e *entry, ttl time.Duration, from time.Time) uint64 {
+	e.granted = true
+	d.grants.Track(e, ttl, from)
+	return uint64(e.czxid)
+}
+
 // setNode records the identity of e's node. It is the only place that sets
 // it, so that no way of finding the node (create, or lookup by protected
 // prefix after an unknown outcome) can leave part of it unset.
@@ -228,9 +236,7 @@ func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Dur
 		}
 		return 0, &driver.HeldError{Key: key}
 	}
-	e.granted = true
-	d.grants.Track(e, ttl, start)
-	return uint64(e.czxid), nil
+	return d.grant(e, ttl, start), nil
 }
 
 // syncLeader waits for headroom for a grant of ttl valid from start (see
@@ -283,9 +289,7 @@ func (d *Driver) confirm(ctx context.Context, e *entry, ttl time.Duration, start
 	if !l.first() {
 		return 0, &driver.HeldError{Key: e.id.Key}
 	}
-	e.granted = true
-	d.grants.Track(e, ttl, start)
-	return uint64(e.czxid), nil
+	return d.grant(e, ttl, start), nil
 }
 
 // Acquire implements driver.Queuer; see AcquireTimed.
@@ -361,9 +365,7 @@ func (d *Driver) AcquireTimed(ctx context.Context, key, owner string, ttl time.D
 	if err := sessionlock.WaitTurn(ctx, step, func(err error) bool { return err != finalErr && transient(err) }); err != nil {
 		return fail(err)
 	}
-	e.granted = true
-	d.grants.Track(e, ttl, sent)
-	return uint64(e.czxid), sent, nil
+	return d.grant(e, ttl, sent), sent, nil
 }
 
 // readErrOrNil is readErr for a non-nil err, else nil.
