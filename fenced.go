@@ -29,6 +29,15 @@
 // An option a lease sets always beats the client's default for it; see
 // LeaseOptions and Client.Resolve.
 //
+// # Recipes
+//
+// Election, Semaphore and Client.AcquireAll are leases underneath and work
+// on every backend: an election's epoch is its lease's fence, each
+// semaphore permit is a lease of its own (so a crashed holder's permit
+// comes back after its TTL), and several keys are taken in one canonical
+// order, all or nothing. docs/recipes.md gives each one's guarantees per
+// backend.
+//
 // # Errors
 //
 // Errors match the sentinels below with errors.Is and are wrapped once with

@@ -12,6 +12,8 @@ require (
 	modernc.org/sqlite v1.62.0
 )
 
+require github.com/anishathalye/porcupine v1.3.1
+
 require (
 	filippo.io/edwards25519 v1.2.0 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect

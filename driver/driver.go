@@ -364,3 +364,21 @@ type BreakLogger interface {
 type TTLBounds interface {
 	TTLBounds() (min, max time.Duration)
 }
+
+// Valuer is implemented by drivers whose grants carry a value that anyone
+// can read along with the holder: the proclaimed value of an election
+// (fenced.Leadership.Proclaim), which etcd's election recipe keeps in the
+// holder's key itself so that `etcdctl elect` and fenced see each other's
+// proclamations. Backends without such a slot do not implement it, and
+// fenced.Election then refuses a value with ErrUnsupported.
+type Valuer interface {
+	// SetValue sets the value of g, which must be the current grant of its
+	// key; otherwise it returns an error matching ErrNotHeld and changes
+	// nothing. The value lives as long as the grant.
+	SetValue(ctx context.Context, g Grant, value string) error
+	// Value returns key's current holder as Inspect describes it, and the
+	// value of its grant ("" when the holder set none). A key that is not
+	// held returns Held false and no value; a key never granted returns
+	// ErrNotFound, as Inspect does.
+	Value(ctx context.Context, key string) (LeaseInfo, string, error)
+}

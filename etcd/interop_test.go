@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/etcd"
 	"github.com/fenced-dev/fenced/internal/testenv"
@@ -164,4 +166,60 @@ func TestEtcdctlLockInterop(t *testing.T) {
 		}
 		unlock()
 	})
+}
+
+// TestElectionValueInEtcdLayout checks the driver.Valuer hook: a fenced
+// leader's proclaimed value is the value of its key in etcd's election
+// layout (what `etcdctl elect -l` prints), and the grant keeps renewing
+// and releases normally once its owner token is no longer the key's value.
+func TestElectionValueInEtcdLayout(t *testing.T) {
+	cluster := testenv.StartEtcd(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	client, err := fenced.Open(ctx, cluster.URL("prefix=elections/"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	el, err := fenced.NewElection(client, "svc", &fenced.LeaseOptions{TTL: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ld, err := el.Campaign(ctx, "10.0.0.7:8080")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cli := client.Driver().(*etcd.Driver).Client()
+	resp, err := cli.Get(ctx, "elections/svc/", clientv3.WithPrefix())
+	if err != nil || len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != "10.0.0.7:8080" || uint64(resp.Kvs[0].CreateRevision) != ld.Epoch() {
+		t.Fatalf("etcd keys %v, %v; want one key with the value and create revision %d", resp, err, ld.Epoch())
+	}
+	if err := ld.Proclaim(ctx, "10.0.0.8:8080"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2500 * time.Millisecond) // several renewals
+	if err := ld.Err(); err != nil {
+		t.Fatalf("leadership ended after proclaiming: %v", err)
+	}
+	l, err := el.Leader(ctx)
+	if err != nil || !l.Present || l.Epoch != ld.Epoch() || l.Value != "10.0.0.8:8080" {
+		t.Fatalf("Leader = %v, %v", l, err)
+	}
+	if err := ld.Resign(ctx); err != nil {
+		t.Fatalf("Resign after proclaiming: %v", err)
+	}
+	if l, err := el.Leader(ctx); err != nil || l.Present {
+		t.Fatalf("Leader after Resign = %v, %v", l, err)
+	}
+
+	// A lock holder's key holds its owner token, which Value never shows.
+	lease, err := client.TryAcquire(ctx, "lock", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lease.Release(ctx)
+	lockEl, _ := fenced.NewElection(client, "lock", nil)
+	if l, err := lockEl.Leader(ctx); err != nil || !l.Present || l.Value != "" || strings.Contains(l.Owner, lease.Owner()) {
+		t.Fatalf("Leader of a lock = %+v, %v; want held, no value, no owner token", l, err)
+	}
 }

@@ -111,7 +111,7 @@ func (d *Driver) confirm(ctx context.Context, e *entry, ttl time.Duration, start
 	}
 	mine := resp.Responses[0].GetResponseRange().Kvs
 	first := resp.Responses[1].GetResponseRange().Kvs
-	if len(mine) == 0 || string(mine[0].Value) != e.id.Owner {
+	if len(mine) == 0 || string(mine[0].Value) != e.id.Owner && !(e.proclaimed.Load() && mine[0].CreateRevision == e.rev) {
 		d.grants.Forget(e)
 		// Our earlier attempt left nothing: try afresh.
 		return d.TryAcquire(ctx, e.id.Key, e.id.Owner, ttl)
@@ -348,7 +348,7 @@ func (d *Driver) RenewBatch(ctx context.Context, reqs []driver.RenewRequest) ([]
 	for j, i := range idx {
 		e := entries[i]
 		kvs := resp.Responses[j].GetResponseRange().Kvs
-		if len(kvs) == 0 || kvs[0].CreateRevision != e.rev || string(kvs[0].Value) != e.id.Owner {
+		if len(kvs) == 0 || !e.holds(kvs[0]) {
 			d.grants.Forget(e)
 			errs[i] = fmt.Errorf("etcd: renew %s: %w: key %s is gone", reqs[i].Grant, driver.ErrNotHeld, e.etcdKey)
 			continue
@@ -375,8 +375,7 @@ func (d *Driver) Release(ctx context.Context, g driver.Grant) error {
 		return fmt.Errorf("etcd: release %s: %w", g, driver.ErrNotHeld)
 	}
 	resp, err := d.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(e.etcdKey), "=", e.rev),
-			clientv3.Compare(clientv3.Value(e.etcdKey), "=", g.Owner)).
+		If(clientv3.Compare(clientv3.CreateRevision(e.etcdKey), "=", e.rev), e.ownedCmp()).
 		Then(clientv3.OpDelete(e.etcdKey), clientv3.OpPut(d.recordKey(e.name), fmt.Sprint(e.rev))).
 		Commit()
 	if err != nil {

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -39,6 +41,25 @@ type entry struct {
 	s       *session
 	rev     int64 // create revision once known
 	granted bool
+	// proclaimed is set (before the write) once SetValue replaced the
+	// owner token in the key's value with a leader's value; from then on
+	// the key is recognised by its create revision alone.
+	proclaimed atomic.Bool
+}
+
+// holds reports whether kv is e's key as e put it: its create revision,
+// and its owner token as value unless e proclaimed a value since.
+func (e *entry) holds(kv *mvccpb.KeyValue) bool {
+	return kv.CreateRevision == e.rev && (e.proclaimed.Load() || string(kv.Value) == e.id.Owner)
+}
+
+// ownedCmp is the comparison a transaction on e's key makes to be sure the
+// key is still e's.
+func (e *entry) ownedCmp() clientv3.Cmp {
+	if e.proclaimed.Load() {
+		return clientv3.Compare(clientv3.CreateRevision(e.etcdKey), "=", e.rev)
+	}
+	return clientv3.Compare(clientv3.Value(e.etcdKey), "=", e.id.Owner)
 }
 
 // GrantID implements sessionlock.Entry.
@@ -194,7 +215,7 @@ func (d *Driver) deleteOwned(ctx context.Context, e *entry) (bool, error) {
 		ops = append(ops, clientv3.OpPut(d.recordKey(e.name), fmt.Sprint(e.rev)))
 	}
 	resp, err := d.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.Value(e.etcdKey), "=", e.id.Owner)).
+		If(e.ownedCmp()).
 		Then(ops...).
 		Commit()
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -16,17 +17,26 @@ import (
 const DefaultEtcdFencePrefix = "fenced/fence/"
 
 // Etcd guards resources stored in etcd. For each resource it keeps one key,
-// FencePrefix + resource, holding the newest fence and its owner (encoded
-// as a 20-digit zero-padded fence, a space and the owner, so etcd's byte-wise
-// comparison orders fences numerically). A guarded write is one etcd
-// transaction that compares that key and applies the caller's operations
-// only when the fence admits the writer, so it is atomic with the write and
-// linearizable like every etcd transaction.
+// FencePrefix + resource, holding the lease key the resource is bound to,
+// the newest fence and its owner (encoded as the lease key, a newline, a
+// 20-digit zero-padded fence, a space and the owner, so that etcd's
+// byte-wise comparison orders the fences of one lease key numerically). A
+// guarded write is one etcd transaction that compares that key and applies
+// the caller's operations only when the fence admits the writer, so it is
+// atomic with the write and linearizable like every etcd transaction.
+//
+// The first admitted write binds a resource to its token's lease key; a
+// token for any other key is then refused with ErrWrongKey whatever its
+// fence, because fences are only comparable within one key. A fence key
+// written before guards recorded the lease key ("fence owner", no newline)
+// is bound by its next admitted write. EtcdOptions.LeaseKey also checks the
+// key before the first write.
 //
 // Never delete the fence keys: that would forget the fences.
 type Etcd struct {
 	kv     clientv3.KV
 	prefix string
+	checks tokenChecks
 	hooks  fenced.Hooks
 }
 
@@ -34,6 +44,14 @@ type Etcd struct {
 type EtcdOptions struct {
 	// FencePrefix prefixes fence keys; default DefaultEtcdFencePrefix.
 	FencePrefix string
+	// LeaseKey, when set, returns the lease key that guards resource; a
+	// token for another key is refused with ErrWrongKey before anything is
+	// sent, even for a resource not yet bound.
+	LeaseKey func(resource string) string
+	// Check, when set, must accept every token before it is compared (for
+	// example a *Verifier for signed tokens); a refusal is returned as the
+	// error and nothing is sent.
+	Check Checker
 	// Hooks receive a StaleWrite event for every refused stale write.
 	Hooks fenced.Hooks
 }
@@ -49,6 +67,7 @@ func NewEtcd(kv clientv3.KV, opts *EtcdOptions) (*Etcd, error) {
 		if opts.FencePrefix != "" {
 			g.prefix = opts.FencePrefix
 		}
+		g.checks = tokenChecks{leaseKey: opts.LeaseKey, check: opts.Check}
 		g.hooks = opts.Hooks
 	}
 	return g, nil
@@ -57,17 +76,38 @@ func NewEtcd(kv clientv3.KV, opts *EtcdOptions) (*Etcd, error) {
 // FenceKey returns the key recording resource's fence.
 func (g *Etcd) FenceKey(resource string) string { return g.prefix + resource }
 
-func encodeEtcd(t Token) string { return fmt.Sprintf("%020d %s", t.Fence, t.Owner) }
+// etcdFencePart is the part of a fence key's value that follows the lease
+// key and its newline: the zero-padded fence, a space and the owner.
+func etcdFencePart(fence uint64, owner string) string { return fmt.Sprintf("%020d %s", fence, owner) }
 
-func decodeEtcd(v string) (uint64, string, error) {
-	if len(v) < 21 || v[20] != ' ' {
-		return 0, "", fmt.Errorf("%w: fence key holds %q, not a fence", ErrSchema, v)
+func encodeEtcd(t Token) string { return t.Key + "\n" + etcdFencePart(t.Fence, t.Owner) }
+
+// etcdRecord is a decoded fence key. legacy marks the format without a
+// lease key.
+type etcdRecord struct {
+	key    string
+	fence  uint64
+	owner  string
+	legacy bool
+}
+
+func decodeEtcd(v string) (etcdRecord, error) {
+	var r etcdRecord
+	key, rest, found := strings.Cut(v, "\n")
+	if found {
+		r.key = key
+	} else {
+		rest, r.legacy = v, true
 	}
-	f, err := strconv.ParseUint(v[:20], 10, 64)
+	if len(rest) < 21 || rest[20] != ' ' || (found && fenced.ValidateKey(key) != nil) {
+		return etcdRecord{}, fmt.Errorf("%w: fence key holds %q, not a fence", ErrSchema, v)
+	}
+	f, err := strconv.ParseUint(rest[:20], 10, 64)
 	if err != nil || f > MaxFence {
-		return 0, "", fmt.Errorf("%w: fence key holds %q, not a fence", ErrSchema, v)
+		return etcdRecord{}, fmt.Errorf("%w: fence key holds %q, not a fence", ErrSchema, v)
 	}
-	return f, v[21:], nil
+	r.fence, r.owner = f, rest[21:]
+	return r, nil
 }
 
 // EtcdWrite is a guarded etcd transaction.
@@ -85,58 +125,109 @@ func (g *Etcd) Claim(ctx context.Context, resource string, t Token) (Result, err
 	return g.Write(ctx, resource, t, EtcdWrite{})
 }
 
-// Write applies w in one transaction if resource's recorded fence admits t
-// (newer, or equal with the same owner) and w.If holds, recording t's fence
-// and owner. A resource never written has fence 0. Errors: ErrInvalidToken
-// for a bad token, ErrSchema when the fence key holds something else, and
+// Write applies w in one transaction if resource is bound to t's lease key
+// (or to none yet), its recorded fence admits t (newer, or equal with the
+// same owner) and w.If holds, recording t's key, fence and owner. A
+// resource never written has fence 0. Errors: ErrInvalidToken for a bad
+// token, ErrWrongKey for a token of another lease key, the Checker's error
+// when it refuses t, ErrSchema when the fence key holds something else, and
 // etcd errors wrapped (an error after sending may mean the transaction was
 // applied; read before retrying).
 func (g *Etcd) Write(ctx context.Context, resource string, t Token, w EtcdWrite) (Result, error) {
-	if err := t.Validate(); err != nil {
-		return Result{}, fmt.Errorf("fence: etcd write %q: %w", resource, err)
-	}
 	if resource == "" {
 		return Result{}, errors.New("fence: etcd write: resource is empty")
+	}
+	if err := g.checks.run(ctx, resource, t); err != nil {
+		return Result{}, fmt.Errorf("fence: etcd write %q: %w", resource, err)
 	}
 	fk := g.FenceKey(resource)
 	val := encodeEtcd(t)
 	then := append([]clientv3.Op{clientv3.OpPut(fk, val)}, w.Then...)
-	cond := func(c clientv3.Cmp) []clientv3.Cmp { return append([]clientv3.Cmp{c}, w.If...) }
-	// Three ways to be admitted, tried in one request: no fence recorded; an
-	// older fence (any owner); the same fence and owner.
-	same := clientv3.OpTxn(cond(clientv3.Compare(clientv3.Value(fk), "=", val)), then, []clientv3.Op{clientv3.OpGet(fk)})
-	// The lower bound keeps a value that is not a fence (which may sort
-	// below every fence) from passing as an older one.
-	older := clientv3.OpTxn(append(cond(clientv3.Compare(clientv3.Value(fk), "<", fmt.Sprintf("%020d ", t.Fence))),
-		clientv3.Compare(clientv3.Value(fk), ">", fmt.Sprintf("%020d", 0))), then, []clientv3.Op{same})
-	resp, err := g.kv.Txn(ctx).If(cond(clientv3.Compare(clientv3.Version(fk), "=", 0))...).Then(then...).Else(older).Commit()
-	if err != nil {
-		return Result{}, fmt.Errorf("fence: etcd write %q: %w", resource, err)
-	}
-	applied := resp.Succeeded
-	for depth := 0; !applied && depth < 2; depth++ {
-		if len(resp.Responses) != 1 || resp.Responses[0].GetResponseTxn() == nil {
-			return Result{}, fmt.Errorf("fence: etcd write %q: unexpected transaction response", resource)
-		}
-		resp = (*clientv3.TxnResponse)(resp.Responses[0].GetResponseTxn())
-		applied = resp.Succeeded
-	}
-	if applied {
-		return Result{Outcome: Applied, Current: t.Fence}, nil
-	}
-	if len(resp.Responses) != 1 || resp.Responses[0].GetResponseRange() == nil {
-		return Result{}, fmt.Errorf("fence: etcd write %q: unexpected transaction response", resource)
-	}
-	var cur uint64
-	var owner string
-	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
-		if cur, owner, err = decodeEtcd(string(kvs[0].Value)); err != nil {
+	cond := func(c ...clientv3.Cmp) []clientv3.Cmp { return append(c, w.If...) }
+	// A fence key written before keys were recorded is bound by the first
+	// admitted write, replacing exactly the value read (so a concurrent
+	// change sends us round again). The loop ends: after the first
+	// replacement no legacy value is left.
+	for attempt := 0; ; attempt++ {
+		// Three ways to be admitted, tried in one request: no fence
+		// recorded; an older fence of the same lease key (any owner); the
+		// same key, fence and owner. Both bounds of the range start with
+		// t.Key and a newline, which no key contains, so only values of
+		// that lease key fall between them; the lower bound also keeps a
+		// value that is not a fence from passing as an older one.
+		prefix := t.Key + "\n"
+		same := clientv3.OpTxn(cond(clientv3.Compare(clientv3.Value(fk), "=", val)), then, []clientv3.Op{clientv3.OpGet(fk)})
+		older := clientv3.OpTxn(cond(
+			clientv3.Compare(clientv3.Value(fk), "<", prefix+fmt.Sprintf("%020d ", t.Fence)),
+			clientv3.Compare(clientv3.Value(fk), ">", prefix+fmt.Sprintf("%020d", 0))), then, []clientv3.Op{same})
+		resp, err := g.kv.Txn(ctx).If(cond(clientv3.Compare(clientv3.Version(fk), "=", 0))...).Then(then...).Else(older).Commit()
+		if err != nil {
 			return Result{}, fmt.Errorf("fence: etcd write %q: %w", resource, err)
 		}
+		applied, cur, err := etcdOutcome(resp, 2)
+		if err != nil {
+			return Result{}, fmt.Errorf("fence: etcd write %q: %w", resource, err)
+		}
+		if applied {
+			return Result{Outcome: Applied, Current: t.Fence}, nil
+		}
+		var rec etcdRecord
+		if cur != nil {
+			if rec, err = decodeEtcd(*cur); err != nil {
+				return Result{}, fmt.Errorf("fence: etcd write %q: %w", resource, err)
+			}
+		}
+		if cur != nil && !rec.legacy {
+			if err := checkKey(rec.key, t.Key); err != nil {
+				return Result{}, fmt.Errorf("fence: etcd write %q: %w", resource, err)
+			}
+		}
+		if cur != nil && rec.legacy && t.admits(rec.fence, rec.owner) {
+			resp, err := g.kv.Txn(ctx).If(cond(clientv3.Compare(clientv3.Value(fk), "=", *cur))...).Then(then...).Else(clientv3.OpGet(fk)).Commit()
+			if err != nil {
+				return Result{}, fmt.Errorf("fence: etcd write %q: %w", resource, err)
+			}
+			applied, now, err := etcdOutcome(resp, 0)
+			switch {
+			case err != nil:
+				return Result{}, fmt.Errorf("fence: etcd write %q: %w", resource, err)
+			case applied:
+				return Result{Outcome: Applied, Current: t.Fence}, nil
+			case now == nil || *now != *cur:
+				if attempt < 8 {
+					continue // changed since read: decide again
+				}
+				return Result{}, fmt.Errorf("fence: etcd write %q: fence key keeps changing; nothing written", resource)
+			}
+			// Unchanged, so w.If did not hold.
+		}
+		r := classify(t, rec.fence, rec.owner)
+		report(g.hooks, t, r, resource)
+		return r, nil
 	}
-	r := classify(t, cur, owner)
-	report(g.hooks, t, r, resource)
-	return r, nil
+}
+
+// etcdOutcome follows the Else branches of a transaction nested depth
+// levels deep and reports whether one of them applied, or else the value
+// read by the innermost Else (nil when the key does not exist).
+func etcdOutcome(resp *clientv3.TxnResponse, depth int) (applied bool, value *string, err error) {
+	for d := 0; !resp.Succeeded && d < depth; d++ {
+		if len(resp.Responses) != 1 || resp.Responses[0].GetResponseTxn() == nil {
+			return false, nil, errors.New("unexpected transaction response")
+		}
+		resp = (*clientv3.TxnResponse)(resp.Responses[0].GetResponseTxn())
+	}
+	if resp.Succeeded {
+		return true, nil, nil
+	}
+	if len(resp.Responses) != 1 || resp.Responses[0].GetResponseRange() == nil {
+		return false, nil, errors.New("unexpected transaction response")
+	}
+	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
+		v := string(kvs[0].Value)
+		return false, &v, nil
+	}
+	return false, nil, nil
 }
 
 // Current returns the fence and owner recorded for resource (0 and "" if
@@ -149,9 +240,9 @@ func (g *Etcd) Current(ctx context.Context, resource string) (uint64, string, er
 	if len(resp.Kvs) == 0 {
 		return 0, "", nil
 	}
-	f, o, err := decodeEtcd(string(resp.Kvs[0].Value))
+	rec, err := decodeEtcd(string(resp.Kvs[0].Value))
 	if err != nil {
 		return 0, "", fmt.Errorf("fence: etcd read %q: %w", resource, err)
 	}
-	return f, o, nil
+	return rec.fence, rec.owner, nil
 }

@@ -8,7 +8,6 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/fence"
 	"github.com/fenced-dev/fenced/internal/testenv"
 )
@@ -64,8 +63,8 @@ func TestEtcdGuard(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	runKVGuardTests(t, func(t *testing.T, hooks fenced.Hooks) kvGuard {
-		g, err := fence.NewEtcd(c, &fence.EtcdOptions{Hooks: hooks})
+	runKVGuardTests(t, func(t *testing.T, o kvOpts) kvGuard {
+		g, err := fence.NewEtcd(c, &fence.EtcdOptions{Hooks: o.hooks, Check: o.check, LeaseKey: o.leaseKey})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -86,6 +85,49 @@ func TestEtcdGuard(t *testing.T) {
 		}
 		if _, err := fence.NewEtcd(nil, nil); err == nil {
 			t.Error("nil client accepted")
+		}
+		c.Put(ctx, g.FenceKey("badkey"), "\n00000000000000000005 o")
+		if _, err := g.Claim(ctx, "badkey", tok(6, "o")); !errors.Is(err, fence.ErrSchema) {
+			t.Errorf("fence key bound to an empty lease key: %v", err)
+		}
+	})
+
+	// A fence key written before lease keys were recorded ("fence owner"):
+	// the next admitted write binds it, replacing exactly that value, and
+	// then other keys are refused.
+	t.Run("UnboundFenceKey", func(t *testing.T) {
+		ctx := context.Background()
+		g, _ := fence.NewEtcd(c, nil)
+		fk := g.FenceKey("legacy")
+		legacy := "00000000000000000005 o5"
+		c.Put(ctx, fk, legacy)
+		note := func(text string) fence.EtcdWrite {
+			return fence.EtcdWrite{Then: []clientv3.Op{clientv3.OpPut("legacy/note", text)}}
+		}
+		if r, err := g.Write(ctx, "legacy", fence.Token{Key: "invoice:1", Fence: 4, Owner: "o4"}, note("stale")); err != nil || r.Outcome != fence.Stale || r.Current != 5 {
+			t.Fatalf("older fence on an unbound fence key: %+v %v", r, err)
+		}
+		if r, err := g.Write(ctx, "legacy", fence.Token{Key: "invoice:1", Fence: 5, Owner: "other"}, note("same fence")); err != nil || !r.SameFenceOtherOwner {
+			t.Fatalf("equal fence, other owner, on an unbound fence key: %+v %v", r, err)
+		}
+		cond := fence.EtcdWrite{If: []clientv3.Cmp{clientv3.Compare(clientv3.Value("legacy/status"), "=", "PENDING")}, Then: note("cond").Then}
+		if r, err := g.Write(ctx, "legacy", fence.Token{Key: "invoice:1", Fence: 6, Owner: "o6"}, cond); err != nil || r.Outcome != fence.PreconditionFailed {
+			t.Fatalf("newer fence whose precondition fails: %+v %v", r, err)
+		}
+		if r, _ := c.Get(ctx, fk); string(r.Kvs[0].Value) != legacy {
+			t.Fatalf("writes that did not apply changed the fence key to %q", r.Kvs[0].Value)
+		}
+		if r, err := g.Write(ctx, "legacy", fence.Token{Key: "invoice:1", Fence: 6, Owner: "o6"}, note("y")); err != nil || !r.Applied() {
+			t.Fatalf("newer fence on an unbound fence key: %+v %v", r, err)
+		}
+		if r, _ := c.Get(ctx, fk); string(r.Kvs[0].Value) != "invoice:1\n00000000000000000006 o6" {
+			t.Fatalf("fence key holds %q after binding", r.Kvs[0].Value)
+		}
+		if _, err := g.Write(ctx, "legacy", fence.Token{Key: "batch:all", Fence: 900, Owner: "b"}, note("z")); !errors.Is(err, fence.ErrWrongKey) {
+			t.Fatalf("other key after binding: %v", err)
+		}
+		if f, o, err := g.Current(ctx, "legacy"); err != nil || f != 6 || o != "o6" {
+			t.Fatalf("Current = %d %q %v", f, o, err)
 		}
 	})
 }

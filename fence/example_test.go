@@ -55,21 +55,27 @@ func ExampleSQL() {
 
 // A service that checks fences over HTTP: the client's Transport sends the
 // lease's token, the server's Middleware refuses a holder older than one it
-// has already seen with 409 and the standard JSON body.
+// has already seen with 409 and the standard JSON body. The lease key each
+// request needs comes from its route, never from the client.
 func ExampleMiddleware() {
 	ctx := context.Background()
 	leases := fenced.NewClient(mem.NewStore(nil).Driver(), nil)
 	defer leases.Close()
 
 	var ledger []string
-	srv := httptest.NewServer(fence.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	mux := http.NewServeMux()
+	mux.Handle("POST /ledger/{acct}", fence.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
 		ledger = append(ledger, string(b)) // serialized per key by the Store
-	}), &fence.MiddlewareOptions{Store: fence.NewMemoryStore()}))
+	}), &fence.MiddlewareOptions{
+		Key:   func(r *http.Request) (string, error) { return "ledger:" + r.PathValue("acct"), nil },
+		Store: fence.NewMemoryStore(),
+	}))
+	srv := httptest.NewServer(mux)
 	defer srv.Close()
 	client := &http.Client{Transport: &fence.Transport{}}
-	post := func(l *fenced.Lease, body string) {
-		req, _ := http.NewRequestWithContext(fence.WithLease(ctx, l), "POST", srv.URL, strings.NewReader(body))
+	post := func(l *fenced.Lease, acct, body string) {
+		req, _ := http.NewRequestWithContext(fence.WithLease(ctx, l), "POST", srv.URL+"/ledger/"+acct, strings.NewReader(body))
 		resp, err := client.Do(req)
 		if err != nil {
 			fmt.Println(err)
@@ -84,16 +90,18 @@ func ExampleMiddleware() {
 	}
 
 	a, _ := leases.TryAcquire(ctx, "ledger:acct1", nil)
-	post(a, "a")
+	post(a, "acct1", "a")
 	leases.Break(ctx, "ledger:acct1", "A is frozen", "ops") // A does not notice
 	b, _ := leases.TryAcquire(ctx, "ledger:acct1", nil)
 	defer b.Release(ctx)
-	post(b, "b")
-	post(a, "a-late")
+	post(b, "acct1", "b")
+	post(a, "acct1", "a-late")
+	post(b, "acct2", "b-elsewhere") // a token for ledger:acct1 on ledger:acct2
 	fmt.Println(ledger)
 	// Output:
 	// 200
 	// 200
 	// 409 fence: HTTP 409 fence_stale: stale fence: a newer holder exists: resource has fence 2
+	// 403 fence: HTTP 403 fence_wrong_key: fence: token is for another lease key: token is for "ledger:acct1", resource is bound to "ledger:acct2"
 	// [a b]
 }

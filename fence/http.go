@@ -1,7 +1,7 @@
 package fence
 
 import (
-	"context"
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,21 +9,24 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
 
 	"github.com/fenced-dev/fenced"
 )
 
 // HTTP header names carrying a token. They are sent by Transport and read by
-// Middleware; other languages' clients set them the same way.
+// Middleware; other languages' clients and shell scripts set them the same
+// way (a child of `fenced run` finds the values in FENCED_KEY, FENCED_FENCE
+// and FENCED_OWNER; see TokenFromEnv).
 //
-//	Fenced-Key:   invoice:inv_72                     the lease key
-//	Fenced-Fence: 42                                 decimal, 1..9223372036854775807
-//	Fenced-Owner: 3f1c9a0d5e7b2c4a8f6e1d0c9b8a7f6e   OwnerDigest of the lease's owner
+//	Fenced-Key:       invoice:inv_72                     the lease key
+//	Fenced-Fence:     42                                 decimal, 1..9223372036854775807
+//	Fenced-Owner:     3f1c9a0d5e7b2c4a8f6e1d0c9b8a7f6e   OwnerDigest of the lease's owner
+//	Fenced-Signature: k2026.Zm9vYmFy…                    optional, Token.Sig (see Signer)
 const (
-	HeaderKey   = "Fenced-Key"
-	HeaderFence = "Fenced-Fence"
-	HeaderOwner = "Fenced-Owner"
+	HeaderKey       = "Fenced-Key"
+	HeaderFence     = "Fenced-Fence"
+	HeaderOwner     = "Fenced-Owner"
+	HeaderSignature = "Fenced-Signature"
 )
 
 // ErrNoToken means a request that needs a token carried none.
@@ -35,6 +38,7 @@ const (
 	CodeMissing      = "fence_missing"      // 428 Precondition Required: no token headers
 	CodeMalformed    = "fence_malformed"    // 400 Bad Request: headers present but invalid
 	CodeWrongKey     = "fence_wrong_key"    // 403 Forbidden: token for another lease key
+	CodeUnverified   = "fence_unverified"   // 403 Forbidden: the Checker refused the token (unsigned, bad signature, never granted)
 	CodeStale        = "fence_stale"        // 409 Conflict: a newer holder exists
 	CodePrecondition = "fence_precondition" // 412 Precondition Failed: work already done
 )
@@ -46,7 +50,8 @@ const (
 //	{"error":"fence_stale","message":"...","key":"invoice:inv_72","presented":41,"current":42}
 //
 // ResponseError turns such a response back into an *HTTPError, which matches
-// ErrStale, ErrPrecondition, ErrInvalidToken or ErrNoToken with errors.Is.
+// ErrStale, ErrPrecondition, ErrInvalidToken, ErrWrongKey, ErrUnverified or
+// ErrNoToken with errors.Is.
 type HTTPError struct {
 	Status    int    `json:"-"`
 	Code      string `json:"error"`
@@ -66,8 +71,12 @@ func (e *HTTPError) Unwrap() error {
 	switch e.Code {
 	case CodeMissing:
 		return ErrNoToken
-	case CodeMalformed, CodeWrongKey:
+	case CodeMalformed:
 		return ErrInvalidToken
+	case CodeWrongKey:
+		return ErrWrongKey
+	case CodeUnverified:
+		return ErrUnverified
 	case CodeStale:
 		return ErrStale
 	case CodePrecondition:
@@ -76,17 +85,20 @@ func (e *HTTPError) Unwrap() error {
 	return nil
 }
 
-// SetHeaders validates t and sets its headers on h.
+// SetHeaders validates t and sets its headers on h: the signature header
+// when t is signed, and otherwise none (an old one is removed).
 func SetHeaders(h http.Header, t Token) error {
-	if err := fenced.ValidateKey(t.Key); err != nil {
-		return fmt.Errorf("%w: %v", ErrInvalidToken, err)
-	}
 	if err := t.Validate(); err != nil {
 		return err
 	}
 	h.Set(HeaderKey, t.Key)
 	h.Set(HeaderFence, strconv.FormatUint(t.Fence, 10))
 	h.Set(HeaderOwner, t.Owner)
+	if t.Sig != "" {
+		h.Set(HeaderSignature, t.Sig)
+	} else {
+		h.Del(HeaderSignature)
+	}
 	return nil
 }
 
@@ -94,10 +106,15 @@ func SetHeaders(h http.Header, t Token) error {
 // when none of the headers is present, and ErrInvalidToken when some are
 // missing, repeated or invalid (a fence that is not a plain decimal in
 // 1..MaxFence, such as "-1", "+5", "0x2a", "007" or a value that overflows).
+// The signature header is optional; given, it must appear once. ParseHeaders
+// does not verify the signature (see Verifier).
 func ParseHeaders(h http.Header) (Token, error) {
-	keys, fences, owners := h.Values(HeaderKey), h.Values(HeaderFence), h.Values(HeaderOwner)
-	if len(keys)+len(fences)+len(owners) == 0 {
+	keys, fences, owners, sigs := h.Values(HeaderKey), h.Values(HeaderFence), h.Values(HeaderOwner), h.Values(HeaderSignature)
+	if len(keys)+len(fences)+len(owners)+len(sigs) == 0 {
 		return Token{}, fmt.Errorf("%w: headers %s, %s and %s are missing", ErrNoToken, HeaderKey, HeaderFence, HeaderOwner)
+	}
+	if len(sigs) > 1 {
+		return Token{}, fmt.Errorf("%w: header %s given %d times, want at most once", ErrInvalidToken, HeaderSignature, len(sigs))
 	}
 	for _, c := range []struct {
 		name string
@@ -108,6 +125,9 @@ func ParseHeaders(h http.Header) (Token, error) {
 		}
 	}
 	t := Token{Key: keys[0], Owner: owners[0]}
+	if len(sigs) == 1 {
+		t.Sig = sigs[0]
+	}
 	if err := fenced.ValidateKey(t.Key); err != nil {
 		return Token{}, fmt.Errorf("%w: header %s: %v", ErrInvalidToken, HeaderKey, err)
 	}
@@ -117,7 +137,7 @@ func ParseHeaders(h http.Header) (Token, error) {
 	}
 	t.Fence = f
 	if err := t.Validate(); err != nil {
-		return Token{}, fmt.Errorf("header %s or %s: %w", HeaderFence, HeaderOwner, err)
+		return Token{}, fmt.Errorf("header %s, %s or %s: %w", HeaderFence, HeaderOwner, HeaderSignature, err)
 	}
 	return t, nil
 }
@@ -158,6 +178,9 @@ func parseFence(s string) (uint64, error) {
 type Transport struct {
 	// Base sends the request; nil means http.DefaultTransport.
 	Base http.RoundTripper
+	// Signer, when set, signs each request's token before it is sent (for
+	// resources whose Middleware checks signatures with a Verifier).
+	Signer *Signer
 }
 
 // RoundTrip implements http.RoundTripper.
@@ -171,6 +194,13 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if !ok {
 		closeBody()
 		return nil, fmt.Errorf("%w in the request context (use fence.WithLease)", ErrNoToken)
+	}
+	if t.Signer != nil {
+		var err error
+		if tok, err = t.Signer.Sign(tok); err != nil {
+			closeBody()
+			return nil, err
+		}
 	}
 	r := req.Clone(req.Context())
 	if err := SetHeaders(r.Header, tok); err != nil {
@@ -204,8 +234,8 @@ func ResponseError(resp *http.Response) error {
 }
 
 // WriteError writes the standard response for err: 428 for ErrNoToken, 400
-// for ErrInvalidToken, 409 for ErrStale, 412 for ErrPrecondition (an
-// *HTTPError is written as is). It returns false, writing nothing, for
+// for ErrInvalidToken, 403 for ErrWrongKey and ErrUnverified, 409 for
+// ErrStale, 412 for ErrPrecondition (an *HTTPError is written as is). It returns false, writing nothing, for
 // other errors. t, when known, fills the key and presented fence; current
 // is the resource's fence for a stale refusal.
 func WriteError(w http.ResponseWriter, err error, t Token, current uint64) bool {
@@ -217,6 +247,10 @@ func WriteError(w http.ResponseWriter, err error, t Token, current uint64) bool 
 			he.Status, he.Code = http.StatusPreconditionRequired, CodeMissing
 		case errors.Is(err, ErrInvalidToken):
 			he.Status, he.Code = http.StatusBadRequest, CodeMalformed
+		case errors.Is(err, ErrWrongKey):
+			he.Status, he.Code = http.StatusForbidden, CodeWrongKey
+		case errors.Is(err, ErrUnverified):
+			he.Status, he.Code = http.StatusForbidden, CodeUnverified
 		case errors.Is(err, ErrStale):
 			he.Status, he.Code, he.Current = http.StatusConflict, CodeStale, current
 		case errors.Is(err, ErrPrecondition):
@@ -232,100 +266,68 @@ func WriteError(w http.ResponseWriter, err error, t Token, current uint64) bool 
 	return true
 }
 
-// Store records the newest token admitted per key, for Middleware.
-type Store interface {
-	// Admit waits until no other admitted request for t.Key is in progress,
-	// then compares t with the newest token recorded for t.Key. If t is
-	// admitted it is recorded and Admit returns a done func that the caller
-	// must call when its write is finished; until then other requests for
-	// the key wait, so admission and write are atomic together. If t is
-	// refused, Admit returns the Stale result and a nil done.
-	Admit(ctx context.Context, t Token) (Result, func(), error)
-}
+// DefaultMaxBodyBytes is the request body size MiddlewareOptions.MaxBodyBytes
+// means when zero.
+const DefaultMaxBodyBytes = 1 << 20
 
-// MemoryStore is a Store in process memory, for a resource served by one
-// process: it serializes the writes of each key and remembers the newest
-// token per key until the process exits. A restart forgets every fence, so
-// a resource whose state outlives the process should record the fence with
-// the state (a SQL guard in the handler's transaction).
-type MemoryStore struct {
-	mu   sync.Mutex
-	keys map[string]*memEntry
-}
-
-type memEntry struct {
-	sem   chan struct{} // one slot: held while an admitted write runs
-	fence uint64
-	owner string
-}
-
-// NewMemoryStore returns an empty MemoryStore.
-func NewMemoryStore() *MemoryStore { return &MemoryStore{keys: map[string]*memEntry{}} }
-
-// Admit implements Store.
-func (s *MemoryStore) Admit(ctx context.Context, t Token) (Result, func(), error) {
-	if err := t.Validate(); err != nil {
-		return Result{}, nil, err
-	}
-	s.mu.Lock()
-	e := s.keys[t.Key]
-	if e == nil {
-		e = &memEntry{sem: make(chan struct{}, 1)}
-		s.keys[t.Key] = e
-	}
-	s.mu.Unlock()
-	select {
-	case e.sem <- struct{}{}:
-	case <-ctx.Done():
-		return Result{}, nil, context.Cause(ctx)
-	}
-	if !t.admits(e.fence, e.owner) {
-		r := classify(t, e.fence, e.owner)
-		<-e.sem
-		return r, nil, nil
-	}
-	e.fence, e.owner = t.Fence, t.Owner
-	var once sync.Once
-	return Result{Outcome: Applied, Current: t.Fence}, func() { once.Do(func() { <-e.sem }) }, nil
-}
-
-// Current returns the newest fence and owner recorded for key.
-func (s *MemoryStore) Current(key string) (fence uint64, owner string) {
-	s.mu.Lock()
-	e := s.keys[key]
-	s.mu.Unlock()
-	if e == nil {
-		return 0, ""
-	}
-	e.sem <- struct{}{}
-	defer func() { <-e.sem }()
-	return e.fence, e.owner
-}
-
-// MiddlewareOptions configure Middleware. nil gives the defaults.
+// MiddlewareOptions configure Middleware. Key is required.
 type MiddlewareOptions struct {
+	// Key returns the lease key that guards the resource a request writes,
+	// typically derived from its route (for example "invoice:" +
+	// r.PathValue("id")); FixedKey serves a resource with one key. A token
+	// for another key is refused with 403 and code fence_wrong_key, and an
+	// error from Key with 400. It is required: fences are only comparable
+	// within one key, so a middleware that took the key from the client's
+	// own Fenced-Key header would let a token for any key (with any fence)
+	// through. A resource that really accepts whatever key the client names
+	// (because the handler's own guard checks it) must say so by returning
+	// r.Header.Get(HeaderKey).
+	Key func(r *http.Request) (string, error)
 	// Store, when set, admits each request's token before the handler runs
 	// and holds the key until it returns (see Store), refusing stale tokens
-	// with 409. When nil the middleware only parses and validates the token
-	// and the handler must check it atomically with its write, for example
-	// with a SQL guard in its transaction, answering with WriteError.
+	// with 409. When nil the middleware only parses and checks the token
+	// and the handler must compare it atomically with its write, for
+	// example with a SQL guard in its transaction, answering with
+	// WriteError.
 	Store Store
-	// Key, when set, returns the lease key a request must carry (for
-	// example derived from its path); a token for another key is refused
-	// with 403 and code fence_wrong_key.
-	Key func(r *http.Request) (string, error)
+	// Check, when set, must accept each token (for example a *Verifier for
+	// signed tokens, or a *Sequencer); a refusal is answered with 403
+	// fence_unverified (409 fence_stale when the error matches ErrStale,
+	// 503 for other errors) before the store or the handler sees the
+	// request.
+	Check Checker
+	// MaxBodyBytes bounds the request body the middleware reads before a
+	// Store admits the token (0 means DefaultMaxBodyBytes; a larger body is
+	// refused with 413). The body is read first so that a client that
+	// stalls mid-body (paused, cut off) never holds the key while newer
+	// holders wait. A negative value streams the body to the handler
+	// instead, while the key is held: then set the server's ReadTimeout, or
+	// a stalled body blocks the key's newer holders for as long as it
+	// stalls. Without a Store the body is never read here.
+	MaxBodyBytes int64
 	// Hooks receive a StaleWrite event for every refused stale token.
 	Hooks fenced.Hooks
+}
+
+// FixedKey returns a MiddlewareOptions.Key for a resource guarded by one
+// lease key.
+func FixedKey(key string) func(*http.Request) (string, error) {
+	return func(*http.Request) (string, error) { return key, nil }
 }
 
 // Middleware checks the token headers of every request before next runs,
 // and hands the token to next in the request context (TokenFrom). Refusals
 // use the standard error response: 428 fence_missing, 400 fence_malformed,
-// 403 fence_wrong_key, 409 fence_stale. opts may be nil.
+// 403 fence_wrong_key or fence_unverified, 409 fence_stale; a store that
+// fails answers 503. It panics if opts or opts.Key is nil, a programming
+// error found when the handler is built rather than a hole found later.
 func Middleware(next http.Handler, opts *MiddlewareOptions) http.Handler {
-	var o MiddlewareOptions
-	if opts != nil {
-		o = *opts
+	if opts == nil || opts.Key == nil {
+		panic("fence: Middleware needs MiddlewareOptions.Key, the lease key that guards each request's resource (fence.FixedKey(key) for one key)")
+	}
+	o := *opts
+	if o.MaxBodyBytes == 0 {
+		o.MaxBodyBytes = DefaultMaxBodyBytes
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		t, err := ParseHeaders(r.Header)
@@ -333,19 +335,38 @@ func Middleware(next http.Handler, opts *MiddlewareOptions) http.Handler {
 			WriteError(w, err, Token{}, 0)
 			return
 		}
-		if o.Key != nil {
-			want, err := o.Key(r)
-			if err != nil {
-				WriteError(w, fmt.Errorf("%w: %v", ErrInvalidToken, err), t, 0)
-				return
-			}
-			if want != t.Key {
-				WriteError(w, &HTTPError{Status: http.StatusForbidden, Code: CodeWrongKey,
-					Message: fmt.Sprintf("token is for lease key %q, this resource needs %q", t.Key, want), Key: t.Key, Presented: t.Fence}, t, 0)
+		want, err := o.Key(r)
+		if err != nil {
+			WriteError(w, fmt.Errorf("%w: %v", ErrInvalidToken, err), t, 0)
+			return
+		}
+		if err := checkKey(want, t.Key); err != nil {
+			WriteError(w, err, t, 0)
+			return
+		}
+		if o.Check != nil {
+			if err := o.Check.Check(r.Context(), t); err != nil {
+				if !WriteError(w, err, t, 0) {
+					http.Error(w, "fence check: "+err.Error(), http.StatusServiceUnavailable)
+				}
 				return
 			}
 		}
 		if o.Store != nil {
+			if o.MaxBodyBytes > 0 && r.Body != nil && r.Body != http.NoBody {
+				body, err := io.ReadAll(io.LimitReader(r.Body, o.MaxBodyBytes+1))
+				r.Body.Close()
+				switch {
+				case err != nil:
+					http.Error(w, "fence: reading the request body: "+err.Error(), http.StatusBadRequest)
+					return
+				case int64(len(body)) > o.MaxBodyBytes:
+					http.Error(w, fmt.Sprintf("fence: request body is larger than %d bytes (MiddlewareOptions.MaxBodyBytes)", o.MaxBodyBytes), http.StatusRequestEntityTooLarge)
+					return
+				}
+				r.Body = io.NopCloser(bytes.NewReader(body))
+				r.ContentLength = int64(len(body))
+			}
 			res, done, err := o.Store.Admit(r.Context(), t)
 			if err != nil {
 				http.Error(w, "fence store: "+err.Error(), http.StatusServiceUnavailable)

@@ -5,9 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -129,7 +129,7 @@ func TestHTTPStaleHolderRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := fence.ResponseError(resp); resp.StatusCode != http.StatusForbidden || !errors.Is(err, fence.ErrInvalidToken) {
+	if err := fence.ResponseError(resp); resp.StatusCode != http.StatusForbidden || !errors.Is(err, fence.ErrWrongKey) {
 		t.Fatalf("token for another key: %d %v", resp.StatusCode, err)
 	}
 	mu.Lock()
@@ -141,7 +141,7 @@ func TestHTTPStaleHolderRefused(t *testing.T) {
 
 func TestHTTPBadHeaders(t *testing.T) {
 	led := &ledger{}
-	srv := httptest.NewServer(fence.Middleware(led, &fence.MiddlewareOptions{Store: fence.NewMemoryStore()}))
+	srv := httptest.NewServer(fence.Middleware(led, &fence.MiddlewareOptions{Store: fence.NewMemoryStore(), Key: fence.FixedKey("k")}))
 	defer srv.Close()
 	owner := fence.OwnerDigest("x")
 	for _, c := range []struct {
@@ -226,7 +226,7 @@ func TestHTTPHandlerChecksToken(t *testing.T) {
 			return
 		}
 		done()
-	}), nil)
+	}), &fence.MiddlewareOptions{Key: fence.FixedKey("k")})
 	srv := httptest.NewServer(h)
 	defer srv.Close()
 	c := &http.Client{Transport: &fence.Transport{}}
@@ -246,73 +246,55 @@ func TestHTTPHandlerChecksToken(t *testing.T) {
 	}
 }
 
-// TestMemoryStoreProperty: concurrent requests with random (fence, owner)
-// are admitted in an order that never goes back.
-func TestMemoryStoreProperty(t *testing.T) {
-	s := fence.NewMemoryStore()
-	var mu sync.Mutex
-	var order []fence.Token
-	var wg sync.WaitGroup
-	for w := 0; w < 8; w++ {
-		wg.Add(1)
-		go func(w int) {
-			defer wg.Done()
-			rng := rand.New(rand.NewPCG(uint64(w), 7))
-			for i := 0; i < 300; i++ {
-				tk := fence.Token{Key: "k", Fence: 1 + rng.Uint64N(50), Owner: fmt.Sprint("o", rng.IntN(2))}
-				r, done, err := s.Admit(context.Background(), tk)
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				if r.Applied() {
-					mu.Lock()
-					order = append(order, tk)
-					mu.Unlock()
-					done()
-				} else if r.Outcome != fence.Stale || done != nil {
-					t.Errorf("refusal %+v", r)
-				}
-			}
-		}(w)
-	}
-	wg.Wait()
-	if len(order) == 0 {
-		t.Fatal("nothing admitted")
-	}
-	for i := 1; i < len(order); i++ {
-		p, c := order[i-1], order[i]
-		if c.Fence < p.Fence || (c.Fence == p.Fence && c.Owner != p.Owner) {
-			t.Fatalf("admitted %v after %v", c, p)
-		}
-	}
-	if f, o := s.Current("k"); f != order[len(order)-1].Fence || o != order[len(order)-1].Owner {
-		t.Fatalf("Current = %d %s", f, o)
-	}
-}
-
-// FuzzParseHeaders: any header values either parse to a valid token that
-// round-trips, or give an error matching ErrInvalidToken or ErrNoToken.
+// FuzzParseHeaders: any header values, each given once or twice, either
+// parse to exactly the token the headers spell (the fence is the header's
+// number, written canonically) or give an error matching ErrInvalidToken
+// or ErrNoToken; and they parse exactly when an independent reading of the
+// rules says they should.
 func FuzzParseHeaders(f *testing.F) {
-	for _, s := range [][3]string{{"invoice:1", "42", fence.OwnerDigest("x")}, {"k", "-1", "o"}, {"k", "9223372036854775807", "o"}, {"", "", ""}, {"k", "0", "o"}, {"k", "1e3", "o"}} {
-		f.Add(s[0], s[1], s[2])
+	for _, s := range []struct {
+		key, fence, owner, sig string
+		dup                    uint8
+	}{
+		{"invoice:1", "42", fence.OwnerDigest("x"), "", 0},
+		{"invoice:1", "42", fence.OwnerDigest("x"), "k1.c2ln", 0},
+		{"k", "-1", "o", "", 0}, {"k", "9223372036854775807", "o", "", 0}, {"k", "9223372036854775808", "o", "", 0},
+		{"", "", "", "", 0}, {"k", "0", "o", "", 0}, {"k", "1e3", "o", "", 0}, {"k", "007", "o", "", 0},
+		{"k", "+5", "o", "", 0}, {"k", " 5", "o", "", 0}, {"k", "5", "o p", "", 0}, {" k", "5", "o", "", 0},
+		{"k", "5", "o", "", 1}, {"k", "5", "o", "", 2}, {"k", "5", "o", "", 4}, {"k", "5", "o", "s", 8}, {"k", "5", "o", "", 8},
+	} {
+		f.Add(s.key, s.fence, s.owner, s.sig, s.dup)
 	}
-	f.Fuzz(func(t *testing.T, key, fenceVal, owner string) {
+	f.Fuzz(func(t *testing.T, key, fenceVal, owner, sig string, dup uint8) {
 		h := http.Header{}
-		for _, kv := range [][2]string{{fence.HeaderKey, key}, {fence.HeaderFence, fenceVal}, {fence.HeaderOwner, owner}} {
-			if kv[1] != "" {
-				h.Set(kv[0], kv[1])
+		dupd := false
+		for i, kv := range [][2]string{{fence.HeaderKey, key}, {fence.HeaderFence, fenceVal}, {fence.HeaderOwner, owner}, {fence.HeaderSignature, sig}} {
+			if kv[1] == "" {
+				continue
+			}
+			h.Add(kv[0], kv[1])
+			if dup&(1<<i) != 0 {
+				h.Add(kv[0], kv[1])
+				dupd = true
 			}
 		}
 		tk, err := fence.ParseHeaders(h)
+		want := !dupd && key != "" && owner != "" && fenced.ValidateKey(key) == nil &&
+			canonicalFence(fenceVal) && plainASCII(owner, fence.MaxOwnerLen) && (sig == "" || plainASCII(sig, fence.MaxSigLen))
 		if err != nil {
 			if !errors.Is(err, fence.ErrInvalidToken) && !errors.Is(err, fence.ErrNoToken) {
 				t.Fatalf("error %v matches neither sentinel", err)
 			}
+			if want {
+				t.Fatalf("valid headers %q %q %q %q refused: %v", key, fenceVal, owner, sig, err)
+			}
 			return
 		}
-		if tk.Fence == 0 || tk.Fence > fence.MaxFence || tk.Validate() != nil {
-			t.Fatalf("accepted invalid token %+v", tk)
+		if !want {
+			t.Fatalf("invalid headers %q %q %q %q (dup %b) accepted as %+v", key, fenceVal, owner, sig, dup, tk)
+		}
+		if tk.Key != key || tk.Owner != owner || tk.Sig != sig || strconv.FormatUint(tk.Fence, 10) != fenceVal {
+			t.Fatalf("headers %q %q %q %q parsed as %+v", key, fenceVal, owner, sig, tk)
 		}
 		h2 := http.Header{}
 		if err := fence.SetHeaders(h2, tk); err != nil {
@@ -322,4 +304,28 @@ func FuzzParseHeaders(f *testing.F) {
 			t.Fatalf("round trip %+v -> %+v %v", tk, back, err)
 		}
 	})
+}
+
+// canonicalFence reports whether s is a fence written as the guards want
+// it: decimal digits without sign or leading zero, 1..MaxFence.
+func canonicalFence(s string) bool {
+	if s == "" || s[0] == '0' || strings.Trim(s, "0123456789") != "" {
+		return false
+	}
+	n, err := strconv.ParseUint(s, 10, 64)
+	return err == nil && n <= fence.MaxFence
+}
+
+// plainASCII reports whether s has 1..max bytes, all printable ASCII
+// other than space.
+func plainASCII(s string, max int) bool {
+	if s == "" || len(s) > max {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] <= ' ' || s[i] >= 0x7f {
+			return false
+		}
+	}
+	return true
 }

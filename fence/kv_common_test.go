@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -25,12 +26,22 @@ type kvGuard interface {
 	current(ctx context.Context, res string) (uint64, string)
 }
 
-func runKVGuardTests(t *testing.T, newGuard func(t *testing.T, hooks fenced.Hooks) kvGuard) {
+// kvOpts are the options every KV guard offers.
+type kvOpts struct {
+	hooks    fenced.Hooks
+	check    fence.Checker
+	leaseKey func(resource string) string
+}
+
+func runKVGuardTests(t *testing.T, newGuard func(t *testing.T, o kvOpts) kvGuard) {
 	t.Run("Semantics", func(t *testing.T) { testKVSemantics(t, newGuard) })
-	t.Run("Orderings", func(t *testing.T) { testKVOrderings(t, newGuard(t, fenced.Hooks{})) })
-	t.Run("BadTokens", func(t *testing.T) { testKVBadTokens(t, newGuard(t, fenced.Hooks{})) })
-	t.Run("PropertySequential", func(t *testing.T) { testKVPropertySequential(t, newGuard(t, fenced.Hooks{})) })
-	t.Run("PropertyConcurrent", func(t *testing.T) { testKVPropertyConcurrent(t, newGuard(t, fenced.Hooks{})) })
+	t.Run("Orderings", func(t *testing.T) { testKVOrderings(t, newGuard(t, kvOpts{})) })
+	t.Run("BadTokens", func(t *testing.T) { testKVBadTokens(t, newGuard(t, kvOpts{})) })
+	t.Run("WrongKey", func(t *testing.T) { testKVWrongKey(t, newGuard(t, kvOpts{})) })
+	t.Run("LeaseKey", func(t *testing.T) { testKVLeaseKey(t, newGuard) })
+	t.Run("SignedTokens", func(t *testing.T) { testKVSignedTokens(t, newGuard) })
+	t.Run("PropertySequential", func(t *testing.T) { testKVPropertySequential(t, newGuard(t, kvOpts{})) })
+	t.Run("PropertyConcurrent", func(t *testing.T) { testKVPropertyConcurrent(t, newGuard(t, kvOpts{})) })
 }
 
 var resSeq = map[string]int{}
@@ -43,15 +54,15 @@ func newRes(t *testing.T) string {
 	return fmt.Sprintf("res/%s/%d/%d", t.Name(), time.Now().UnixNano(), resSeq[t.Name()])
 }
 
-func testKVSemantics(t *testing.T, newGuard func(t *testing.T, hooks fenced.Hooks) kvGuard) {
+func testKVSemantics(t *testing.T, newGuard func(t *testing.T, o kvOpts) kvGuard) {
 	ctx := context.Background()
 	var mu sync.Mutex
 	var stale []fenced.StaleWriteEvent
-	g := newGuard(t, fenced.Hooks{StaleWrite: func(e fenced.StaleWriteEvent) {
+	g := newGuard(t, kvOpts{hooks: fenced.Hooks{StaleWrite: func(e fenced.StaleWriteEvent) {
 		mu.Lock()
 		stale = append(stale, e)
 		mu.Unlock()
-	}})
+	}}})
 	res := newRes(t)
 	a, b := tok(41, "owner-a"), tok(42, "owner-b")
 	// A resource never written accepts the first holder, many times.
@@ -181,6 +192,92 @@ func testKVBadTokens(t *testing.T, g kvGuard) {
 	}
 }
 
+// testKVPropertySequential drives one resource with random tokens and checks
+// every decision against a model, and then what the resource really holds
+// (its recorded fence and owner, and the note of the last write the model
+// says was applied), so a guard that reports one thing and stores another
+// fails.
+// testKVWrongKey: fences are comparable only within one lease key, so a
+// resource written under invoice:inv_72 refuses a token for batch:all
+// whatever its fence, changes nothing, and its real holder keeps writing.
+func testKVWrongKey(t *testing.T, g kvGuard) {
+	ctx := context.Background()
+	res := newRes(t)
+	inv := fence.Token{Key: "invoice:inv_72", Fence: 5, Owner: "owner-a"}
+	if r, err := g.put(ctx, res, inv, "a", "", ""); err != nil || !r.Applied() {
+		t.Fatal(r, err)
+	}
+	batch := fence.Token{Key: "batch:all", Fence: 900, Owner: "owner-b"}
+	if r, err := g.claim(ctx, res, batch); !errors.Is(err, fence.ErrWrongKey) || r.Applied() {
+		t.Errorf("claim with a token for another key: %+v %v, want ErrWrongKey", r, err)
+	}
+	if r, err := g.put(ctx, res, batch, "batch", "", ""); !errors.Is(err, fence.ErrWrongKey) || r.Applied() {
+		t.Errorf("write with a token for another key: %+v %v, want ErrWrongKey", r, err)
+	} else if !strings.Contains(err.Error(), "batch:all") || !strings.Contains(err.Error(), "invoice:inv_72") {
+		t.Errorf("error %q does not name both keys", err)
+	}
+	if f, o := g.current(ctx, res); f != 5 || o != "owner-a" || g.note(ctx, res) != "a" {
+		t.Fatalf("token for another key changed the resource: fence %d owner %q note %q", f, o, g.note(ctx, res))
+	}
+	next := fence.Token{Key: "invoice:inv_72", Fence: 6, Owner: "owner-c"}
+	if r, err := g.put(ctx, res, next, "c", "", ""); err != nil || !r.Applied() {
+		t.Fatalf("the key's next holder after a wrong-key token: %+v %v", r, err)
+	}
+}
+
+// testKVLeaseKey: with LeaseKey set, a token for another key is refused
+// before anything is sent, even on a resource never written (which the
+// recorded key cannot protect: the first write would bind it).
+func testKVLeaseKey(t *testing.T, newGuard func(t *testing.T, o kvOpts) kvGuard) {
+	ctx := context.Background()
+	g := newGuard(t, kvOpts{leaseKey: func(res string) string { return "lease:" + res }})
+	res := newRes(t)
+	if r, err := g.claim(ctx, res, fence.Token{Key: "batch:all", Fence: 900, Owner: "o"}); !errors.Is(err, fence.ErrWrongKey) || r.Applied() {
+		t.Fatalf("token for another key on a fresh resource: %+v %v, want ErrWrongKey", r, err)
+	}
+	if f, _ := g.current(ctx, res); f != 0 {
+		t.Fatalf("refused token recorded fence %d", f)
+	}
+	if r, err := g.put(ctx, res, fence.Token{Key: "lease:" + res, Fence: 1, Owner: "o"}, "ok", "", ""); err != nil || !r.Applied() {
+		t.Fatalf("token for the derived key: %+v %v", r, err)
+	}
+}
+
+// testKVSignedTokens: with a Verifier as Check, an unsigned or forged
+// token is refused with ErrUnverified and changes nothing, so a forged
+// fence far above the real ones cannot lock the key's holders out; a token
+// signed with the shared key is applied.
+func testKVSignedTokens(t *testing.T, newGuard func(t *testing.T, o kvOpts) kvGuard) {
+	ctx := context.Background()
+	signer, verifier := testKeys(t)
+	g := newGuard(t, kvOpts{check: verifier})
+	res := newRes(t)
+	good, err := signer.Sign(fence.Token{Key: "invoice:inv_72", Fence: 5, Owner: "owner-a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, err := g.put(ctx, res, good, "a", "", ""); err != nil || !r.Applied() {
+		t.Fatalf("signed token: %+v %v", r, err)
+	}
+	forged := fence.Token{Key: "invoice:inv_72", Fence: math.MaxInt64, Owner: "mallory"}
+	altered := good
+	altered.Fence = math.MaxInt64
+	otherSigner, _ := testKeys(t)
+	foreign, _ := otherSigner.Sign(forged)
+	for name, bad := range map[string]fence.Token{"unsigned": forged, "altered fence": altered, "other secret": foreign} {
+		if r, err := g.claim(ctx, res, bad); !errors.Is(err, fence.ErrUnverified) || r.Applied() {
+			t.Errorf("%s: %+v %v, want ErrUnverified", name, r, err)
+		}
+	}
+	if f, o := g.current(ctx, res); f != 5 || o != "owner-a" || g.note(ctx, res) != "a" {
+		t.Fatalf("refused tokens changed the resource: %d %q %q", f, o, g.note(ctx, res))
+	}
+	next, _ := signer.Sign(fence.Token{Key: "invoice:inv_72", Fence: 6, Owner: "owner-b"})
+	if r, err := g.put(ctx, res, next, "b", "", ""); err != nil || !r.Applied() {
+		t.Fatalf("next signed holder: %+v %v", r, err)
+	}
+}
+
 func testKVPropertySequential(t *testing.T, g kvGuard) {
 	ctx := context.Background()
 	seed := uint64(time.Now().UnixNano())
@@ -188,13 +285,13 @@ func testKVPropertySequential(t *testing.T, g kvGuard) {
 	for round := 0; round < 20; round++ {
 		res := newRes(t)
 		var mf uint64
-		var mo string
-		var accepted []fence.Token
+		var mo, note string
 		for step := 0; step < 25; step++ {
 			tk := fence.Token{Key: res, Fence: 1 + rng.Uint64N(8), Owner: fmt.Sprint("o", rng.IntN(3))}
 			var r fence.Result
 			var err error
-			if rng.IntN(3) == 0 {
+			claim := rng.IntN(3) == 0
+			if claim {
 				r, err = g.claim(ctx, res, tk)
 			} else {
 				r, err = g.put(ctx, res, tk, fmt.Sprint(step), "", "")
@@ -207,14 +304,16 @@ func testKVPropertySequential(t *testing.T, g kvGuard) {
 				t.Fatalf("seed %d: %v on (%d,%s): %+v, want applied=%v", seed, tk, mf, mo, r, want)
 			}
 			if want {
-				accepted = append(accepted, tk)
 				mf, mo = tk.Fence, tk.Owner
+				if !claim {
+					note = fmt.Sprint(step)
+				}
 			}
-		}
-		for i := 1; i < len(accepted); i++ {
-			p, c := accepted[i-1], accepted[i]
-			if c.Fence < p.Fence || (c.Fence == p.Fence && c.Owner != p.Owner) {
-				t.Fatalf("seed %d: accepted %v after %v", seed, c, p)
+			if f, o := g.current(ctx, res); f != mf || o != mo {
+				t.Fatalf("seed %d step %d: resource records (%d,%s), model (%d,%s)", seed, step, f, o, mf, mo)
+			}
+			if n := g.note(ctx, res); n != note {
+				t.Fatalf("seed %d step %d: resource note %q, want %q (the last applied write)", seed, step, n, note)
 			}
 		}
 	}

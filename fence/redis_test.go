@@ -7,7 +7,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/fence"
 	"github.com/fenced-dev/fenced/internal/testenv"
 )
@@ -59,8 +58,8 @@ func TestRedisGuard(t *testing.T) {
 	srv := testenv.StartRedis(t, testenv.RedisConfig{})
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	t.Cleanup(func() { c.Close() })
-	runKVGuardTests(t, func(t *testing.T, hooks fenced.Hooks) kvGuard {
-		g, err := fence.NewRedis(c, &fence.RedisOptions{Hooks: hooks})
+	runKVGuardTests(t, func(t *testing.T, o kvOpts) kvGuard {
+		g, err := fence.NewRedis(c, &fence.RedisOptions{Hooks: o.hooks, Check: o.check, LeaseKey: o.leaseKey})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -99,6 +98,35 @@ func TestRedisGuard(t *testing.T) {
 		}
 		if _, err := fence.NewRedis(c, &fence.RedisOptions{FenceField: "x", OwnerField: "x"}); !errors.Is(err, fence.ErrSchema) {
 			t.Errorf("same field names: %v", err)
+		}
+		if _, err := fence.NewRedis(c, &fence.RedisOptions{KeyField: "fence"}); !errors.Is(err, fence.ErrSchema) {
+			t.Errorf("key field named like the fence field: %v", err)
+		}
+		if _, err := g.Write(ctx, "h", tok(5, "o"), fence.RedisWrite{Set: []string{"fence_key", "batch:all"}}); err == nil {
+			t.Error("Set of the key field accepted")
+		}
+	})
+
+	// A hash guarded before keys were recorded has no key field: the next
+	// admitted write binds it, and then other keys are refused.
+	t.Run("UnboundHash", func(t *testing.T) {
+		ctx := context.Background()
+		g, _ := fence.NewRedis(c, nil)
+		c.HSet(ctx, "legacy", "fence", "5", "fence_owner", "o5", "note", "x")
+		if r, err := g.Write(ctx, "legacy", fence.Token{Key: "invoice:1", Fence: 4, Owner: "o4"}, fence.RedisWrite{Set: []string{"note", "stale"}}); err != nil || r.Outcome != fence.Stale {
+			t.Fatalf("older fence on an unbound hash: %+v %v", r, err)
+		}
+		if c.HExists(ctx, "legacy", "fence_key").Val() {
+			t.Fatal("a refused write bound the hash")
+		}
+		if r, err := g.Write(ctx, "legacy", fence.Token{Key: "invoice:1", Fence: 6, Owner: "o6"}, fence.RedisWrite{Set: []string{"note", "y"}}); err != nil || !r.Applied() {
+			t.Fatalf("newer fence on an unbound hash: %+v %v", r, err)
+		}
+		if k := c.HGet(ctx, "legacy", "fence_key").Val(); k != "invoice:1" {
+			t.Fatalf("bound to %q, want invoice:1", k)
+		}
+		if _, err := g.Write(ctx, "legacy", fence.Token{Key: "batch:all", Fence: 900, Owner: "b"}, fence.RedisWrite{Set: []string{"note", "z"}}); !errors.Is(err, fence.ErrWrongKey) {
+			t.Fatalf("other key after binding: %v", err)
 		}
 	})
 }

@@ -23,8 +23,9 @@ var (
 	// precondition did not hold: typically the work was already done.
 	ErrPrecondition = errors.New("fence: precondition did not hold")
 	// ErrInvalidToken means a token was rejected before anything was sent:
-	// fence zero, a fence that does not fit a signed 64-bit column, or an
-	// empty, overlong or non-printable owner.
+	// an invalid key, fence zero, a fence that does not fit a signed 64-bit
+	// column, an empty, overlong or non-printable owner, or a malformed
+	// signature.
 	ErrInvalidToken = errors.New("fence: invalid token")
 	// ErrSchema means the guarded table or one of its columns is missing,
 	// or an identifier is not acceptable.
@@ -41,11 +42,22 @@ const MaxFence = math.MaxInt64
 // MaxOwnerLen bounds Token.Owner, so it fits the owner column.
 const MaxOwnerLen = 64
 
+// MaxSigLen bounds Token.Sig.
+const MaxSigLen = 128
+
 // Token is what a writer presents to a guarded resource.
+//
+// Tokens are not secret and, unless signed, not authenticated: anyone who
+// can reach a resource can present any key, fence and owner, and a forged
+// fence far above the real ones (Fenced-Fence: 9223372036854775807) would
+// lock the key's real holders out of that resource for good. Where the
+// writers are not all trusted, sign tokens (Signer, with a Verifier as the
+// guard's Checker) or have the resource ask the lease store (Sequencer).
 type Token struct {
 	// Key is the lease key the fence belongs to (for example
-	// "invoice:inv_72"). Fences are only comparable within one key. Guards
-	// use it to report stale writes and the HTTP transport sends it.
+	// "invoice:inv_72"). Fences are only comparable within one key: the
+	// Redis, etcd and HTTP guards record it with the fence and refuse a
+	// token for another key with ErrWrongKey.
 	Key string
 	// Fence is the lease's fencing token: 1..MaxFence.
 	Fence uint64
@@ -55,6 +67,10 @@ type Token struct {
 	// it with OwnerDigest(lease.Owner()), never the owner token itself, so a
 	// resource never learns a secret that could renew or release the lease.
 	Owner string
+	// Sig, when not empty, is a signature of Key, Fence and Owner made by a
+	// Signer ("keyid.base64url-mac"), checked by a Verifier. Guards
+	// without a Verifier ignore it.
+	Sig string
 
 	// issuer is the client that granted the lease, set by From. A guard
 	// without hooks of its own reports the token's stale writes to the
@@ -62,13 +78,14 @@ type Token struct {
 	issuer *fenced.Client
 }
 
-// From returns the token of a held lease: its key, fence and owner digest.
-// It also remembers the client that granted the lease: a guard whose
-// options set no Hooks reports this token's stale writes to that client's
-// Hooks (a guard's own Hooks, when set, take precedence). So one guard,
-// created once without hooks, serves every worker and every client. Two
-// tokens from From compare equal (==) when they come from the same client;
-// compare a decoded token with one built by hand field by field.
+// From returns the token of a held lease: its key, fence and owner digest,
+// unsigned (see Signer.Sign). It also remembers the client that granted the
+// lease: a guard whose options set no Hooks reports this token's stale
+// writes to that client's Hooks (a guard's own Hooks, when set, take
+// precedence). So one guard, created once without hooks, serves every
+// worker and every client. Two tokens from From compare equal (==) when
+// they come from the same client; compare a decoded token with one built by
+// hand field by field.
 func From(l *fenced.Lease) Token {
 	return Token{Key: l.Key(), Fence: l.Fence(), Owner: OwnerDigest(l.Owner()), issuer: l.Client()}
 }
@@ -80,10 +97,15 @@ func OwnerDigest(owner string) string {
 	return hex.EncodeToString(sum[:16])
 }
 
-// Validate reports whether t can be presented to a guard: a fence in
-// 1..MaxFence and an owner of 1..MaxOwnerLen printable ASCII characters
-// without spaces. Errors match ErrInvalidToken.
+// Validate reports whether t can be presented to a guard: a key accepted by
+// fenced.ValidateKey, a fence in 1..MaxFence, an owner of 1..MaxOwnerLen
+// printable ASCII characters without spaces, and a Sig that is empty or of
+// the same kind with at most MaxSigLen characters. It does not check the
+// signature itself (see Verifier). Errors match ErrInvalidToken.
 func (t Token) Validate() error {
+	if err := fenced.ValidateKey(t.Key); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalidToken, err)
+	}
 	switch {
 	case t.Fence == 0:
 		return fmt.Errorf("%w: fence is 0 (fences start at 1; a lease without a fence cannot write to a guarded resource)", ErrInvalidToken)
@@ -93,17 +115,30 @@ func (t Token) Validate() error {
 		return fmt.Errorf("%w: owner is empty", ErrInvalidToken)
 	case len(t.Owner) > MaxOwnerLen:
 		return fmt.Errorf("%w: owner is %d bytes, longer than %d", ErrInvalidToken, len(t.Owner), MaxOwnerLen)
+	case len(t.Sig) > MaxSigLen:
+		return fmt.Errorf("%w: signature is %d bytes, longer than %d", ErrInvalidToken, len(t.Sig), MaxSigLen)
 	}
-	for i := 0; i < len(t.Owner); i++ {
-		c := t.Owner[i]
-		if c > unicode.MaxASCII || c <= ' ' || c == 0x7f {
-			return fmt.Errorf("%w: owner has a space, control or non-ASCII byte at %d", ErrInvalidToken, i)
-		}
+	if i := badTokenByte(t.Owner); i >= 0 {
+		return fmt.Errorf("%w: owner has a space, control or non-ASCII byte at %d", ErrInvalidToken, i)
+	}
+	if i := badTokenByte(t.Sig); i >= 0 {
+		return fmt.Errorf("%w: signature has a space, control or non-ASCII byte at %d", ErrInvalidToken, i)
 	}
 	return nil
 }
 
-// String describes t without the full owner.
+// badTokenByte returns the index of the first byte of s that is not
+// printable ASCII or is a space, or -1.
+func badTokenByte(s string) int {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c > unicode.MaxASCII || c <= ' ' || c == 0x7f {
+			return i
+		}
+	}
+	return -1
+}
+
+// String describes t without the full owner or the signature.
 func (t Token) String() string {
 	o := t.Owner
 	if len(o) > 8 {

@@ -69,6 +69,7 @@ type entry struct {
 	owner   string
 	fence   uint64
 	expires time.Time
+	value   string // the grant's value (driver.Valuer); reset by every grant
 }
 
 // NewStore returns an empty store whose expiry follows clk.
@@ -109,6 +110,7 @@ var (
 	_ driver.Driver      = (*Driver)(nil)
 	_ driver.Notifier    = (*Driver)(nil)
 	_ driver.BreakLogger = (*Driver)(nil)
+	_ driver.Valuer      = (*Driver)(nil)
 )
 
 func (d *Driver) lock() (*Store, error) {
@@ -150,6 +152,7 @@ func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Dur
 	e.fence++
 	e.owner = owner
 	e.expires = now.Add(ttl)
+	e.value = ""
 	return e.fence, nil
 }
 
@@ -305,3 +308,39 @@ func (d *Driver) Subscribe(ctx context.Context, key string) (driver.Subscription
 
 // notify wakes the waiters of key.
 func (s *Store) notify(key string) { s.wake.Wake(key) }
+
+// SetValue implements driver.Valuer.
+func (d *Driver) SetValue(ctx context.Context, g driver.Grant, value string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s, err := d.lock()
+	if err != nil {
+		return err
+	}
+	defer s.mu.Unlock()
+	e := s.keys[g.Key]
+	if e == nil || !e.heldAt(s.clock.Now()) || e.owner != g.Owner || e.fence != g.Fence {
+		return fmt.Errorf("%s fence %d: %w", g.Key, g.Fence, driver.ErrNotHeld)
+	}
+	e.value = value
+	return nil
+}
+
+// Value implements driver.Valuer.
+func (d *Driver) Value(ctx context.Context, key string) (driver.LeaseInfo, string, error) {
+	s, err := d.lock()
+	if err != nil {
+		return driver.LeaseInfo{}, "", err
+	}
+	defer s.mu.Unlock()
+	e := s.keys[key]
+	if e == nil || e.fence == 0 {
+		return driver.LeaseInfo{Key: key}, "", driver.ErrNotFound
+	}
+	info := s.info(key, e, s.clock.Now())
+	if !info.Held {
+		return info, "", nil
+	}
+	return info, e.value, nil
+}

@@ -28,6 +28,7 @@ need zookeeper test -f /usr/share/java/zookeeper.jar
 need libcurator-recipes-java test -f /usr/share/java/curator-recipes.jar
 need default-jdk-headless command -v javac
 need python3-redis /usr/bin/python3 -I -c 'import redis' # -I: not the repo's redis/ directory
+need curl command -v curl # fence: the documented shell-child request is run as written
 need gcc command -v gcc # testenv.WallClock compiles its clock-stepping preload library (and -race needs cgo)
 
 if ((${#missing[@]})); then

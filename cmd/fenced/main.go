@@ -2,6 +2,10 @@
 // stores.
 //
 //	fenced run KEY [--] COMMAND [ARGS...] run COMMAND while holding a lease on KEY
+//	fenced run -n N NAME -- COMMAND       up to N at once, a lease per permit
+//	fenced run KEY1 KEY2 -- COMMAND       leases on every key, canonical order
+//	fenced elect NAME -- COMMAND          run COMMAND while leader of NAME
+//	fenced observe NAME                   print each change of NAME's leader
 //	fenced ls [PREFIX]                    list held leases
 //	fenced inspect KEY                    show one key: holder, fence, time left, breaks
 //	fenced break KEY --reason TEXT        end a lease whoever holds it

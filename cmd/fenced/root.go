@@ -119,6 +119,8 @@ the store actually used.`,
 	root.PersistentFlags().BoolVarP(&g.verbose, "verbose", "v", false, "say on stderr which store is used and what fenced does")
 	root.AddCommand(newRunCmd(g), newLsCmd(g), newInspectCmd(g), newBreakCmd(g), newGuaranteesCmd(g), newDemoCmd(g))
 	root.AddCommand(newFloorCmd(g), newPruneCmd(g))
+	root.AddCommand(newProofCmd(g))
+	root.AddCommand(newElectCmd(g), newObserveCmd(g))
 	root.AddCommand(g.extra...)
 	return root
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -23,18 +24,37 @@ import (
 
 type runFlags struct {
 	ttl, wait, grace time.Duration
-	maxHold          time.Duration
+	maxHold, minHold time.Duration
 	minFence         string
+	permits          int
 }
 
 func newRunCmd(g *globals) *cobra.Command {
 	f := &runFlags{}
 	cmd := &cobra.Command{
-		Use:   "run [flags] KEY [--] COMMAND [ARGS...]",
-		Short: "Run COMMAND while holding a lease on KEY; stop it if the lease is lost",
+		Use:   "run [flags] KEY [KEY...] [--] COMMAND [ARGS...]",
+		Short: "Run COMMAND while holding a lease on KEY (or on several keys, or one of N permits); stop it if a lease is lost",
 		Long: `Run acquires a lease on KEY, runs COMMAND while renewing the lease, and releases
 it when COMMAND and every process it started have ended. Everything after KEY is
-COMMAND and its arguments; flags go before KEY, or between KEY and a "--".
+COMMAND and its arguments; flags go before KEY, or between KEY and a "--". When
+COMMAND's own arguments contain a lone "--", write one after KEY too:
+fenced run KEY -- COMMAND ARGS... (otherwise the words before it are taken as keys).
+
+Several keys: fenced run KEY1 KEY2 ... -- COMMAND (the "--" is required) takes a
+lease on every key, all or nothing, in one canonical (sorted) order whatever order
+they are given in, so two runs that need overlapping keys never deadlock; --wait
+bounds the whole acquisition, and the keys taken are released if one cannot be.
+Losing any one lease stops COMMAND.
+
+Semaphore: fenced run -n N NAME -- COMMAND lets up to N COMMANDs run at once (as
+consul lock -n). Each holds a lease of its own on one permit, the key NAME#SLOT for
+a SLOT in 0..N-1, with its own fence; a holder that dies frees its permit when its
+lease's TTL runs out. Every run on NAME must use the same N.
+
+Cron: --min-hold D keeps the lease after COMMAND ends until D has passed since it
+was granted (ShedLock's lockAtLeastFor), so the same job started a little later on
+another host (its cron fired late, or its clock is behind) finds KEY held and exits
+75 instead of running again. Treat 75 as success in the cron wrapper.
 
 COMMAND's environment:
   FENCED_KEY    KEY
@@ -45,6 +65,10 @@ COMMAND's environment:
                 another grant
   FENCED_STORE  the store URL with any password redacted: the lease is fenced's,
                 COMMAND needs no credentials of the store
+  FENCED_SLOT   with -n: the permit's slot (FENCED_KEY is then NAME#SLOT)
+  FENCED_FENCES with several keys: a JSON object from each key to its fence (and
+  FENCED_OWNERS FENCED_OWNERS from each key to its owner digest); FENCED_KEY,
+                FENCED_FENCE and FENCED_OWNER are then not set
 
 The default store (sqlite:) is a file in the invoking user's state directory,
 $XDG_STATE_HOME/fenced/fenced.db or ~/.local/state/fenced/fenced.db: runs by
@@ -82,7 +106,7 @@ Ctrl-Z itself), and fenced takes it back when COMMAND stops or exits.
 
 Exit codes:
   child's code  COMMAND ran and ended under a valid lease (128+N if signal N killed it)
-  75            KEY was held and --wait ran out: nothing ran
+  75            KEY (a key, or all N permits) was held and --wait ran out: nothing ran
   77            the lease was lost, or could not be confirmed, before the last process
                 of COMMAND ended; the work may be incomplete or may have overlapped
                 another holder's
@@ -99,6 +123,15 @@ no such line. So a 77 without that line is COMMAND's own.`,
   # must-happen work: wait up to 5 minutes for the key
   fenced run --wait 5m --ttl 1m invoice:inv_72 -- ./send-invoice inv_72
 
+  # at most 3 encoders at once across the hosts sharing the store
+  fenced run -n 3 --wait 1h encoders -- ./encode "$FILE"
+
+  # both accounts, in any order on the command line, without deadlock
+  fenced run --wait 1m account:17 account:4 -- ./transfer 4 17 100
+
+  # cron on every host at 02:00: run once, even if a clock is a minute behind
+  fenced run --min-hold 5m --store postgres://app@db/app report:daily -- ./report || [ $? -eq 75 ]
+
   # a shell pipeline as COMMAND
   fenced run job:x sh -c 'pg_dump app | gzip > app.sql.gz'
 
@@ -106,11 +139,11 @@ no such line. So a 77 without that line is COMMAND's own.`,
   FENCED_STORE=postgres://app@db/app fenced run migrate -- ./migrate up`,
 		Args: cobra.ArbitraryArgs, // parsed by splitRunArgs: after KEY everything is COMMAND
 		RunE: func(cmd *cobra.Command, args []string) error {
-			key, argv, err := splitRunArgs(cmd, args)
-			if err != nil || key == "" && argv == nil {
+			keys, argv, err := splitRunArgs(cmd, args)
+			if err != nil || keys == nil && argv == nil {
 				return err
 			}
-			return runUnderLease(cmd.Context(), g, f, key, argv)
+			return runUnderLease(cmd.Context(), g, f, keys, argv)
 		},
 	}
 	fl := cmd.Flags()
@@ -118,6 +151,8 @@ no such line. So a 77 without that line is COMMAND's own.`,
 	fl.DurationVar(&f.wait, "wait", 0, "how long to wait for a held KEY (0: exit 75 at once if held)")
 	fl.DurationVar(&f.grace, "grace", 10*time.Second, "after SIGTERM on lease loss, how long before SIGKILL")
 	fl.DurationVar(&f.maxHold, "max-hold", 0, "stop renewing after this long; the lease then expires (0: no cap)")
+	fl.DurationVar(&f.minHold, "min-hold", 0, "keep the lease after COMMAND ends until this long after the grant (cron: skip a late duplicate)")
+	fl.IntVarP(&f.permits, "permits", "n", 0, "semaphore: up to N holders of KEY at once, each with a lease on one permit (0: a plain lease)")
 	fl.StringVar(&f.minFence, "min-fence", "strict", "weakest fence the lease accepts: strict; repeatable (can repeat after a failover: single-node Redis); "+
 		"none (no fence: Redlock without a fence source, or work whose duplicates only waste effort; the resource must then be protected otherwise)")
 	fl.SetInterspersed(false) // after KEY, everything is COMMAND (see splitRunArgs)
@@ -160,54 +195,74 @@ func minFenceHint(g fenced.Guarantees) string {
 }
 
 // runUsage is the one-line usage of run, for errors.
-const runUsage = "want KEY -- COMMAND [ARGS...] (the -- may be left out)"
+const runUsage = "want KEY -- COMMAND [ARGS...] (the -- may be left out) or KEY1 KEY2 ... -- COMMAND [ARGS...]"
 
-// splitRunArgs splits run's arguments into KEY and COMMAND. Flags are parsed
-// up to KEY; after KEY everything is COMMAND, so "fenced run k sh -c 'x'"
-// needs no "--". The older form "fenced run k --ttl 1s -- cmd" still works:
-// when the first word after KEY is a flag, the words up to "--" are flags.
-// It returns an empty key and nil argv when it printed help.
-func splitRunArgs(cmd *cobra.Command, args []string) (key string, argv []string, err error) {
+// splitRunArgs splits run's arguments into keys and COMMAND. Flags are
+// parsed up to KEY; after KEY everything is COMMAND, so "fenced run k sh -c
+// 'x'" needs no "--", unless words that are not flags come before a "--":
+// "fenced run a b -- cmd" takes keys a and b. The older form "fenced run k
+// --ttl 1s -- cmd" still works: when the first word after KEY is a flag,
+// the words up to "--" are flags. It returns nil keys and argv when it
+// printed help.
+func splitRunArgs(cmd *cobra.Command, args []string) (keys, argv []string, err error) {
 	if len(args) == 0 {
-		return "", nil, withCode(exitUsage, errors.New("run: no KEY: "+runUsage))
+		return nil, nil, withCode(exitUsage, errors.New("run: no KEY: "+runUsage))
 	}
 	key, rest := args[0], args[1:]
+	keys = []string{key}
+	if dash := slices.Index(rest, "--"); dash > 0 && !slices.ContainsFunc(rest[:dash], isFlag) {
+		keys = append(keys, rest[:dash]...)
+		rest = rest[dash:]
+	}
 	if len(rest) > 0 && rest[0] == "--" {
 		rest = rest[1:]
-	} else if len(rest) > 0 && strings.HasPrefix(rest[0], "-") && rest[0] != "-" {
+	} else if len(rest) > 0 && isFlag(rest[0]) {
 		dash := slices.Index(rest, "--")
 		if dash < 0 && (rest[0] == "-h" || rest[0] == "--help") {
-			return "", nil, cmd.Help()
+			return nil, nil, cmd.Help()
 		}
 		if dash < 0 {
-			return "", nil, withCode(exitUsage, fmt.Errorf("run: %q after KEY %q: flags after KEY need a -- before COMMAND: fenced run [FLAGS] KEY [FLAGS --] COMMAND [ARGS...]", rest[0], key))
+			return nil, nil, withCode(exitUsage, fmt.Errorf("run: %q after KEY %q: flags after KEY need a -- before COMMAND: fenced run [FLAGS] KEY [FLAGS --] COMMAND [ARGS...]", rest[0], key))
 		}
 		if err := cmd.Flags().Parse(rest[:dash]); err != nil {
-			return "", nil, withCode(exitUsage, fmt.Errorf("run: %w", err))
+			return nil, nil, withCode(exitUsage, fmt.Errorf("run: %w", err))
 		}
 		if n := cmd.Flags().NArg(); n > 0 {
-			return "", nil, withCode(exitUsage, fmt.Errorf("run: want exactly one KEY before --, got %d arguments", n+1))
+			return nil, nil, withCode(exitUsage, fmt.Errorf("run: want exactly one KEY before flags and --, got %d arguments; give several keys before any flag: fenced run [FLAGS] KEY1 KEY2 -- COMMAND", n+1))
 		}
 		if help, _ := cmd.Flags().GetBool("help"); help {
-			return "", nil, cmd.Help()
+			return nil, nil, cmd.Help()
 		}
 		rest = rest[dash+1:]
 	}
 	if len(rest) == 0 {
-		return "", nil, withCode(exitUsage, errors.New("run: no COMMAND: "+runUsage))
+		return nil, nil, withCode(exitUsage, errors.New("run: no COMMAND: "+runUsage))
 	}
-	return key, rest, nil
+	return keys, rest, nil
 }
+
+// isFlag reports whether word looks like a flag.
+func isFlag(word string) bool { return strings.HasPrefix(word, "-") && word != "-" }
 
 var forwarded = []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2}
 
-func runUnderLease(ctx context.Context, g *globals, f *runFlags, key string, argv []string) error {
+func runUnderLease(ctx context.Context, g *globals, f *runFlags, keys, argv []string) error {
 	if f.grace < 0 {
 		return withCode(exitUsage, fmt.Errorf("run: --grace %v is negative", f.grace))
 	}
 	opts, err := f.leaseOptions()
 	if err != nil {
 		return withCode(exitUsage, err)
+	}
+	switch {
+	case f.permits < 0 || f.permits > fenced.MaxPermits:
+		return withCode(exitUsage, fmt.Errorf("run: -n %d: want 1 to %d permits", f.permits, fenced.MaxPermits))
+	case f.permits > 0 && len(keys) > 1:
+		return withCode(exitUsage, fmt.Errorf("run: -n takes one NAME, got %d keys %q", len(keys), keys))
+	case f.minHold < 0:
+		return withCode(exitUsage, fmt.Errorf("run: --min-hold %v is negative", f.minHold))
+	case f.maxHold > 0 && f.minHold > f.maxHold:
+		return withCode(exitUsage, fmt.Errorf("run: --min-hold %v is longer than --max-hold %v, after which the lease expires", f.minHold, f.maxHold))
 	}
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, forwarded...)
@@ -219,18 +274,10 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, key string, arg
 	}
 	defer c.Close()
 
-	// A signal while waiting for the key stops the wait; nothing runs.
-	acqCtx, stopWait := context.WithCancelCause(ctx)
-	waitDone := make(chan struct{})
-	go func() {
-		select {
-		case s := <-sigs:
-			stopWait(fmt.Errorf("interrupted by %v while waiting for %s", s, key))
-		case <-waitDone:
-		}
-	}()
-	lease, err := c.Acquire(acqCtx, key, opts)
-	close(waitDone)
+	what := strings.Join(keys, ", ")
+	acqCtx, stopWait := interruptible(ctx, sigs, what)
+	h, err := acquireHold(acqCtx, c, f, keys, opts, g.store)
+	stopWait()
 	if err != nil {
 		if errors.Is(err, fenced.ErrHeld) {
 			return withCode(exitHeld, fmt.Errorf("%w; nothing ran", err))
@@ -240,21 +287,106 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, key string, arg
 		}
 		return err
 	}
+	h.grace, h.minHold = f.grace, f.minHold
+	return superviseCommand(ctx, g, h, argv, sigs)
+}
 
+// interruptible returns a context for waiting for a lease that a signal
+// from sigs cancels: a signal while waiting stops the wait, and nothing
+// runs. Call stop once the wait is over, before reading sigs again.
+func interruptible(ctx context.Context, sigs <-chan os.Signal, what string) (context.Context, func()) {
+	acqCtx, stopWait := context.WithCancelCause(ctx)
+	waitDone := make(chan struct{})
+	exited := make(chan struct{})
+	go func() {
+		defer close(exited)
+		select {
+		case s := <-sigs:
+			stopWait(fmt.Errorf("interrupted by %v while waiting for %s", s, what))
+		case <-waitDone:
+		}
+	}()
+	return acqCtx, func() {
+		close(waitDone)
+		<-exited
+	}
+}
+
+// hold is what COMMAND runs under: one lease, a semaphore permit, the
+// leases on several keys, or a leadership. It ends (Done) when any lease
+// of it ends.
+type hold struct {
+	lease interface {
+		Done() <-chan struct{}
+		Err() error
+		Remaining() time.Duration
+		Release(ctx context.Context) error
+	}
+	desc    string   // "the lease on k (fence 5)", for messages
+	env     []string // COMMAND's environment
+	granted time.Time
+	grace   time.Duration // SIGTERM to SIGKILL on loss
+	minHold time.Duration // keep the lease this long after granted
+}
+
+// acquireHold takes the lease (or permit, or leases) run's arguments ask
+// for and prepares COMMAND's environment.
+func acquireHold(ctx context.Context, c *fenced.Client, f *runFlags, keys []string, opts *fenced.LeaseOptions, store string) (*hold, error) {
+	switch {
+	case f.permits > 0:
+		sem, err := fenced.NewSemaphore(c, keys[0], f.permits, opts)
+		if err != nil {
+			return nil, err
+		}
+		p, err := sem.Acquire(ctx)
+		if err != nil {
+			return nil, err
+		}
+		env := append(childEnv(os.Environ(), p.Lease, store), "FENCED_SLOT="+strconv.Itoa(p.Slot()))
+		return &hold{lease: p, env: env, granted: time.Now(),
+			desc: fmt.Sprintf("the lease on permit %s of %d (fence %d)", p.Key(), f.permits, p.Fence())}, nil
+	case len(keys) > 1:
+		set, err := c.AcquireAll(ctx, keys, opts)
+		if err != nil {
+			return nil, err
+		}
+		return &hold{lease: set, env: setEnv(os.Environ(), set, store), granted: time.Now(),
+			desc: fmt.Sprintf("the leases on %s (fences %s)", strings.Join(set.Keys(), ", "), fencesDesc(set))}, nil
+	}
+	l, err := c.Acquire(ctx, keys[0], opts)
+	if err != nil {
+		return nil, err
+	}
+	return &hold{lease: l, env: childEnv(os.Environ(), l, store), granted: time.Now(),
+		desc: fmt.Sprintf("the lease on %s (fence %d)", l.Key(), l.Fence())}, nil
+}
+
+// fencesDesc lists a set's fences in key order.
+func fencesDesc(set *fenced.LeaseSet) string {
+	var parts []string
+	for _, l := range set.Leases() {
+		parts = append(parts, strconv.FormatUint(l.Fence(), 10))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// superviseCommand starts argv under h and supervises it until no process
+// of it is left; see run --help. It releases h in every case.
+func superviseCommand(ctx context.Context, g *globals, h *hold, argv []string, sigs chan os.Signal) error {
 	child := exec.Command(argv[0], argv[1:]...)
 	child.Stdin, child.Stdout, child.Stderr = os.Stdin, os.Stdout, os.Stderr
-	child.Env = childEnv(os.Environ(), lease, g.store)
+	child.Env = h.env
 	signal.Notify(sigs, stopSignals...) // from here on fenced stops the group first
 	grp, err := supervise.Start(child)
 	if err != nil {
-		lease.Release(context.WithoutCancel(ctx))
+		h.lease.Release(context.WithoutCancel(ctx))
 		if errors.Is(err, supervise.ErrSetup) {
 			return fmt.Errorf("run: %w; nothing ran", err)
 		}
 		return withCode(127, fmt.Errorf("run: start %s: %w", argv[0], err))
 	}
 	defer grp.Close()
-	s := &supervision{g: g, f: f, key: key, name: argv[0], lease: lease, grp: grp}
+	s := &supervision{g: g, h: h, name: argv[0], grp: grp}
 	return s.run(ctx, sigs)
 }
 
@@ -266,10 +398,7 @@ var stopSignals = []os.Signal{syscall.SIGTSTP, syscall.SIGTTIN, syscall.SIGTTOU}
 // it inherited, plus the lease's key, fence and owner digest, and the store
 // URL with its password redacted.
 func childEnv(env []string, lease *fenced.Lease, store string) []string {
-	out := slices.DeleteFunc(slices.Clone(env), func(kv string) bool {
-		return strings.HasPrefix(kv, "FENCED_")
-	})
-	return append(out,
+	return append(cleanEnv(env),
 		"FENCED_KEY="+lease.Key(),
 		"FENCED_FENCE="+strconv.FormatUint(lease.Fence(), 10),
 		"FENCED_OWNER="+fence.OwnerDigest(lease.Owner()),
@@ -277,15 +406,37 @@ func childEnv(env []string, lease *fenced.Lease, store string) []string {
 	)
 }
 
-// supervision is one COMMAND running under one lease.
-type supervision struct {
-	g     *globals
-	f     *runFlags
-	key   string
-	name  string // COMMAND's name, for messages
-	lease *fenced.Lease
-	grp   *supervise.Group
+// cleanEnv returns env without any FENCED_ variable it inherited.
+func cleanEnv(env []string) []string {
+	return slices.DeleteFunc(slices.Clone(env), func(kv string) bool {
+		return strings.HasPrefix(kv, "FENCED_")
+	})
+}
 
+// setEnv returns COMMAND's environment under several leases: FENCED_FENCES
+// and FENCED_OWNERS, JSON objects keyed by key, and the redacted store.
+func setEnv(env []string, set *fenced.LeaseSet, store string) []string {
+	owners := map[string]string{}
+	for _, l := range set.Leases() {
+		owners[l.Key()] = fence.OwnerDigest(l.Owner())
+	}
+	fj, _ := json.Marshal(set.Fences())
+	oj, _ := json.Marshal(owners)
+	return append(cleanEnv(env),
+		"FENCED_FENCES="+string(fj),
+		"FENCED_OWNERS="+string(oj),
+		"FENCED_STORE="+fenced.Redact(store),
+	)
+}
+
+// supervision is one COMMAND running under one hold.
+type supervision struct {
+	g    *globals
+	h    *hold
+	name string // COMMAND's name, for messages
+	grp  *supervise.Group
+
+	heldOn    bool  // the lease was kept after COMMAND for --min-hold
 	code      int   // COMMAND's exit code, once it exited
 	exited    bool  // COMMAND (the group's leader) has exited
 	lost      error // why the lease was lost while something ran, if it was
@@ -300,7 +451,7 @@ type supervision struct {
 func (s *supervision) run(ctx context.Context, sigs <-chan os.Signal) error {
 	var reaped int
 	var killAgain <-chan time.Time
-	leaseDone := s.lease.Done()
+	leaseDone := s.h.lease.Done()
 loop:
 	for {
 		if s.killAgain != nil {
@@ -329,7 +480,7 @@ loop:
 				s.grp.TakeTerminal()
 				if !s.ending {
 					if n := s.terminate(); n > 0 {
-						fmt.Fprintf(s.g.stderr, "fenced: %s exited and left %d processes; sending them SIGTERM, SIGKILL in %v\n", s.name, n, s.f.grace)
+						fmt.Fprintf(s.g.stderr, "fenced: %s exited and left %d processes; sending them SIGTERM, SIGKILL in %v\n", s.name, n, s.h.grace)
 					}
 				}
 			case supervise.Gone:
@@ -338,11 +489,11 @@ loop:
 			}
 		case <-leaseDone:
 			leaseDone = nil
-			s.lose(s.lease.Err())
+			s.lose(s.h.lease.Err())
 		case <-s.killTimer:
 			s.killTimer = nil
 			if n := s.grp.SignalAll(syscall.SIGKILL); n > 0 {
-				fmt.Fprintf(s.g.stderr, "fenced: %d processes of %s still running %v after SIGTERM; sending SIGKILL\n", n, s.name, s.f.grace)
+				fmt.Fprintf(s.g.stderr, "fenced: %d processes of %s still running %v after SIGTERM; sending SIGKILL\n", n, s.name, s.h.grace)
 			}
 			s.killAgain = time.NewTicker(100 * time.Millisecond)
 		case <-killAgain:
@@ -356,7 +507,7 @@ loop:
 	if s.g.verbose && reaped > 0 {
 		fmt.Fprintf(s.g.stderr, "fenced: reaped %d processes of %s that had lost their parent\n", reaped, s.name)
 	}
-	return s.finish(ctx)
+	return s.finish(ctx, sigs)
 }
 
 // terminate sends SIGTERM to every process of COMMAND, and SIGCONT so that
@@ -367,7 +518,7 @@ func (s *supervision) terminate() int {
 	n := s.grp.SignalAll(syscall.SIGTERM)
 	s.grp.SignalAll(syscall.SIGCONT)
 	if n > 0 {
-		s.killTimer = time.After(s.f.grace)
+		s.killTimer = time.After(s.h.grace)
 	} else {
 		s.killAgain = time.NewTicker(100 * time.Millisecond) // in case one was forking
 	}
@@ -382,10 +533,10 @@ func (s *supervision) lose(cause error) {
 	}
 	s.lost = cause
 	if s.ending {
-		fmt.Fprintf(s.g.stderr, "fenced: lease on %s (fence %d) lost: %v; processes of %s are already being ended\n", s.key, s.lease.Fence(), cause, s.name)
+		fmt.Fprintf(s.g.stderr, "fenced: %s lost: %v; processes of %s are already being ended\n", s.h.desc, cause, s.name)
 		return
 	}
-	fmt.Fprintf(s.g.stderr, "fenced: lease on %s (fence %d) lost: %v; sending SIGTERM to %s and its processes, SIGKILL in %v\n", s.key, s.lease.Fence(), cause, s.name, s.f.grace)
+	fmt.Fprintf(s.g.stderr, "fenced: %s lost: %v; sending SIGTERM to %s and its processes, SIGKILL in %v\n", s.h.desc, cause, s.name, s.h.grace)
 	s.terminate()
 }
 
@@ -393,7 +544,7 @@ func (s *supervision) lose(cause error) {
 // validity now, reading the clock rather than waiting for the lease's
 // timers, which may not have run yet after a stop.
 func (s *supervision) leaseValid() bool {
-	return s.lease.Err() == nil && s.lease.Remaining() > 0
+	return s.h.lease.Err() == nil && s.h.lease.Remaining() > 0
 }
 
 // suspend stops COMMAND's group, then fenced itself; once fenced is
@@ -401,46 +552,81 @@ func (s *supervision) leaseValid() bool {
 // otherwise kills the group, which never runs again.
 func (s *supervision) suspend(why string) {
 	s.grp.Stop()
-	fmt.Fprintf(s.g.stderr, "fenced: %s; stopping %s and fenced (the lease on %s is not renewed while stopped and ends in %v)\n",
-		why, s.name, s.key, s.lease.Remaining().Round(time.Millisecond))
+	fmt.Fprintf(s.g.stderr, "fenced: %s; stopping %s and fenced (%s is not renewed while stopped and ends in %v)\n",
+		why, s.name, s.h.desc, s.h.lease.Remaining().Round(time.Millisecond))
 	supervise.StopSelf()
 	if s.leaseValid() {
 		if s.g.verbose {
-			fmt.Fprintf(s.g.stderr, "fenced: continued; the lease on %s is still valid (%v left): continuing %s\n", s.key, s.lease.Remaining().Round(time.Millisecond), s.name)
+			fmt.Fprintf(s.g.stderr, "fenced: continued; %s is still valid (%v left): continuing %s\n", s.h.desc, s.h.lease.Remaining().Round(time.Millisecond), s.name)
 		}
 		s.grp.Continue()
 		return
 	}
-	cause := s.lease.Err()
+	cause := s.h.lease.Err()
 	if cause == nil {
 		cause = fmt.Errorf("%w: local validity ran out while stopped", fenced.ErrExpired)
 	}
 	s.lost = cause
 	s.ending = true
-	fmt.Fprintf(s.g.stderr, "fenced: continued after the lease on %s ended (%v); killing the stopped %s without continuing it\n", s.key, cause, s.name)
+	fmt.Fprintf(s.g.stderr, "fenced: continued after %s ended (%v); killing the stopped %s without continuing it\n", s.h.desc, cause, s.name)
 	s.grp.SignalAll(syscall.SIGKILL)
 	s.killAgain = time.NewTicker(100 * time.Millisecond)
+}
+
+// holdAtLeast keeps the lease, renewed, until --min-hold has passed since
+// the grant, so that a late duplicate of the job finds the key held. A
+// signal (INT, TERM, ...) or the lease's end cuts it short; the work is
+// done either way.
+func (s *supervision) holdAtLeast(sigs <-chan os.Signal) {
+	left := s.h.minHold - time.Since(s.h.granted)
+	if left <= 0 {
+		return
+	}
+	s.heldOn = true
+	if s.g.verbose {
+		fmt.Fprintf(s.g.stderr, "fenced: %s ended; keeping %s for %v more (--min-hold %v)\n", s.name, s.h.desc, left.Round(time.Millisecond), s.h.minHold)
+	}
+	t := time.NewTimer(left)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			return
+		case <-s.h.lease.Done():
+			fmt.Fprintf(s.g.stderr, "fenced: %s ended while kept for --min-hold, after %s had ended: %v\n", s.h.desc, s.name, s.h.lease.Err())
+			return
+		case sig := <-sigs:
+			if slices.Contains(stopSignals, sig) {
+				continue // nothing runs; the hold is all that is left
+			}
+			fmt.Fprintf(s.g.stderr, "fenced: %v while keeping %s for --min-hold; releasing it now\n", sig, s.h.desc)
+			return
+		}
+	}
 }
 
 // finish releases the lease once the tree is gone and picks the exit code.
 // The release doubles as the final check: a store that no longer has the
 // grant (broken, or expired and perhaps granted again) refuses it, and the
 // work is then reported as lost even if fenced had not noticed yet.
-func (s *supervision) finish(ctx context.Context) error {
+func (s *supervision) finish(ctx context.Context, sigs <-chan os.Signal) error {
 	validAtEnd := s.leaseValid()
-	left := s.lease.Remaining()
+	left := s.h.lease.Remaining()
+	if validAtEnd && s.lost == nil {
+		s.holdAtLeast(sigs)
+	}
 	relCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	relErr := s.lease.Release(relCtx)
+	relErr := s.h.lease.Release(relCtx)
 	lost := s.lost
 	switch {
 	case lost != nil:
 	case !validAtEnd:
-		lost = s.lease.Err()
+		lost = s.h.lease.Err()
 		if lost == nil || errors.Is(lost, fenced.ErrReleased) {
 			lost = fmt.Errorf("%w: local validity ran out", fenced.ErrExpired)
 		}
-	case errors.Is(relErr, fenced.ErrNotHeld):
+	case errors.Is(relErr, fenced.ErrNotHeld) && !s.heldOn:
 		lost = fmt.Errorf("the store no longer had the grant when %s ended (broken, or expired): %w", s.name, relErr)
 	case relErr != nil:
 		// The store could not be asked; the lease was valid by the local
@@ -453,8 +639,8 @@ func (s *supervision) finish(ctx context.Context) error {
 		if s.exited {
 			what = fmt.Sprintf("ran (it exited %d)", s.code)
 		}
-		return withCode(exitLost, fmt.Errorf("run %s: the lease (fence %d) was lost before %s and its processes ended; %s %s, and its work may be incomplete or overlap another holder's: %w",
-			s.key, s.lease.Fence(), s.name, s.name, what, lost))
+		return withCode(exitLost, fmt.Errorf("%s was lost before %s and its processes ended; %s %s, and its work may be incomplete or overlap another holder's: %w",
+			s.h.desc, s.name, s.name, what, lost))
 	}
 	if s.code != 0 {
 		return withCode(s.code, nil)

@@ -172,3 +172,6 @@ func installMariaDB(t testing.TB, installDB, dir string) {
 	}
 	t.Fatalf("testenv: mariadb-install-db: %v\n%s", err, out)
 }
+
+// Process returns the running server, for tests that signal it.
+func (m *MySQL) Process() *Process { return m.proc }

@@ -133,3 +133,11 @@ func (p *Postgres) Restart(t testing.TB) {
 	os.Remove(filepath.Join(p.Dir, fmt.Sprintf(".s.PGSQL.%d.lock", p.Port)))
 	p.start(t)
 }
+
+// Process returns the running postmaster (its process group holds every
+// backend), for tests that signal the server.
+func (p *Postgres) Process() *Process {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.proc
+}

@@ -1,0 +1,400 @@
+package fenced
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/fenced-dev/fenced/driver"
+)
+
+// Election is leader election on one name: a lease on the name, held for
+// as long as the leader leads and kept alive by renewal. The lease's fence
+// is the leader's epoch: every new leader has a higher one, so a follower
+// or a downstream resource that remembers the highest epoch it has seen
+// refuses commands from a deposed leader (package fence does this for SQL,
+// Redis, etcd and HTTP resources; pass Leadership.Epoch as the fence and
+// the name as the key).
+//
+// An Election works on every backend through the portable Client, with the
+// guarantees the backend declares (Client.Guarantees): on etcd and
+// ZooKeeper candidates wait in a FIFO queue; elsewhere they are woken by
+// notification or poll. On etcd the election uses etcd's own election key
+// layout, so `etcdctl elect NAME` on the backend's lock name for the same
+// key (etcd.Driver.LockName) and fenced exclude each other.
+//
+// The pitfalls of other implementations do not arise:
+//
+//   - leadership is a lease measured on the local monotonic clock, so a
+//     leader cut off from the store stops leading (its context is
+//     cancelled) before the store can elect another, never after;
+//   - a candidate whose own session at the store ended while it waited
+//     (etcd) starts a new campaign instead of waiting forever;
+//   - Observe reports "no leader" between two leaders;
+//   - Run calls OnStoppedLeading only for a term that started.
+//
+// An Election is safe for concurrent use; each Campaign is one candidacy.
+type Election struct {
+	c    *Client
+	name string
+	opts LeaseOptions
+}
+
+// NewElection returns the election on name (validated like a key), whose
+// leaderships are leases with opts (nil: the client's defaults). MaxWait is
+// ignored: Campaign waits until its context ends. It returns an error
+// matching ErrInvalidKey, ErrInvalidOptions or ErrNoFence when name or
+// opts cannot be used.
+func NewElection(c *Client, name string, opts *LeaseOptions) (*Election, error) {
+	if err := ValidateKey(name); err != nil {
+		return nil, fmt.Errorf("fenced: election: %w", err)
+	}
+	e := &Election{c: c, name: name}
+	if opts != nil {
+		e.opts = *opts
+	}
+	e.opts.MaxWait = WaitForever
+	if _, err := c.Resolve(&e.opts); err != nil {
+		return nil, fmt.Errorf("fenced: election %q: %w", name, err)
+	}
+	return e, nil
+}
+
+// Name returns the election's name, which is also the key of its lease.
+func (e *Election) Name() string { return e.name }
+
+// CanProclaim reports whether the backend publishes a leader's value
+// (driver.Valuer: etcd and mem). Elsewhere Campaign with a non-empty value
+// and Proclaim return ErrUnsupported, and Observe reports leaders without
+// a value.
+func (e *Election) CanProclaim() bool {
+	_, ok := e.c.drv.(driver.Valuer)
+	return ok
+}
+
+// Campaign blocks until this process is the leader or ctx ends, and
+// returns the leadership. value is published for observers (see
+// CanProclaim); with "" nothing is published. A store that is unavailable
+// or answers with an unknown outcome is retried with backoff until ctx
+// ends; other errors (ErrNoFence, ErrClosed, ErrUnsupported) are returned
+// at once. When ctx ends the error matches ctx's cause.
+//
+// The leadership outlives ctx: end it with Resign.
+func (e *Election) Campaign(ctx context.Context, value string) (*Leadership, error) {
+	valuer, _ := e.c.drv.(driver.Valuer)
+	if value != "" && valuer == nil {
+		return nil, fmt.Errorf("fenced: campaign %q: %w: this backend has no slot for a leader's value (etcd and mem have one); campaign with an empty value", e.name, ErrUnsupported)
+	}
+	for attempt := 0; ; attempt++ {
+		l, err := e.c.Acquire(ctx, e.name, &e.opts)
+		if err == nil {
+			ld := &Leadership{e: e, lease: l, value: value}
+			if valuer == nil {
+				return ld, nil
+			}
+			// Always write the value, even "": until then etcd's key
+			// holds the owner token.
+			if err = ld.publish(ctx, value); err == nil {
+				return ld, nil
+			}
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.c.opts.CloseTimeout)
+			_ = l.Release(rctx)
+			cancel()
+		}
+		if !errors.Is(err, ErrUnavailable) && !errors.Is(err, ErrUnknownOutcome) && !errors.Is(err, ErrNotHeld) {
+			return nil, err
+		}
+		if ctx.Err() != nil {
+			return nil, context.Cause(ctx)
+		}
+		t := e.c.clock.NewTimer(e.c.backoff(attempt))
+		select {
+		case <-t.C():
+		case <-ctx.Done():
+			t.Stop()
+			return nil, context.Cause(ctx)
+		}
+	}
+}
+
+// Leader returns the current leader, or a Leader with Present false when
+// nobody leads (its Epoch is then the last leader's, zero if none ever
+// led).
+func (e *Election) Leader(ctx context.Context) (Leader, error) {
+	var (
+		info  LeaseInfo
+		value string
+		err   error
+	)
+	if v, ok := e.c.drv.(driver.Valuer); ok {
+		info, value, err = v.Value(ctx, e.name)
+	} else {
+		info, err = e.c.drv.Inspect(ctx, e.name)
+	}
+	if errors.Is(err, ErrNotFound) {
+		return Leader{}, nil
+	}
+	if err != nil {
+		return Leader{}, fmt.Errorf("fenced: leader of %q: %w", e.name, err)
+	}
+	return Leader{Present: info.Held, Epoch: info.Fence, Value: value, Owner: info.Owner, Remaining: info.Remaining}, nil
+}
+
+// Leader is one state of an election as Observe and Leader report it.
+type Leader struct {
+	// Present is false when nobody leads.
+	Present bool
+	// Epoch is the leader's fence; with Present false, the last leader's
+	// (zero when nobody ever led).
+	Epoch uint64
+	// Value is what the leader proclaimed ("" when it proclaimed nothing,
+	// or the backend has no value slot).
+	Value string
+	// Owner is the leader's owner token shortened (never the whole token),
+	// as LeaseInfo.Owner.
+	Owner string
+	// Remaining is the time left on the leader's lease by the store's
+	// clock when it was read, zero when unknown. Not part of a change.
+	Remaining time.Duration
+}
+
+// same reports whether l and m are the same state of the election.
+func (l Leader) same(m Leader) bool {
+	return l.Present == m.Present && l.Epoch == m.Epoch && l.Value == m.Value
+}
+
+// String describes the leader for logs.
+func (l Leader) String() string {
+	if !l.Present {
+		return fmt.Sprintf("no leader (last epoch %d)", l.Epoch)
+	}
+	return fmt.Sprintf("leader epoch %d value %q", l.Epoch, l.Value)
+}
+
+// ObserveEvery is how often Observe reads the election when the backend
+// cannot tell it of a change. Observe also reads it when the leader's
+// lease is due to expire, and at once when a backend that notifies
+// (driver.Notifier) reports a release.
+const ObserveEvery = 250 * time.Millisecond
+
+// Observe reports the election's changes on the returned channel, which is
+// closed when ctx ends: first the current state, then every new leader,
+// every change of the leader's value, and "no leader" (Present false)
+// whenever nobody leads. A term short enough to begin and end between two
+// reads may go unreported. Between two different leaders it always reports
+// "no leader" first, even when it did not read the store in the moment
+// between them: leaderships never overlap, so the first ended before the
+// second began. Errors reading the store are not reported; Observe keeps
+// trying, and reports the state it reads next.
+//
+// Observe reads the store every ObserveEvery, when the leader's lease is
+// due to expire, and on a release where the backend notifies. A slow
+// receiver delays reading, never drops a change.
+func (e *Election) Observe(ctx context.Context) <-chan Leader {
+	ch := make(chan Leader)
+	go e.observe(ctx, ch)
+	return ch
+}
+
+func (e *Election) observe(ctx context.Context, ch chan<- Leader) {
+	defer close(ch)
+	send := func(l Leader) bool {
+		select {
+		case ch <- l:
+			return true
+		case <-ctx.Done():
+			return false
+		}
+	}
+	var sub driver.Subscription
+	if n, ok := e.c.drv.(driver.Notifier); ok {
+		if s, err := n.Subscribe(ctx, e.name); err == nil {
+			sub = s
+			defer s.Close()
+		}
+	}
+	var (
+		last  Leader
+		first = true
+	)
+	for ctx.Err() == nil {
+		wait := ObserveEvery
+		cur, err := e.Leader(ctx)
+		if err == nil {
+			switch {
+			case first:
+				first = false
+				if !send(cur) {
+					return
+				}
+			case cur.same(last), !cur.Present && !last.Present:
+				// Nobody leads still (a term may have come and gone
+				// unseen between two reads).
+			case last.Present && cur.Present && cur.Epoch != last.Epoch:
+				if !send(Leader{Epoch: last.Epoch}) || !send(cur) {
+					return
+				}
+			default:
+				if !send(cur) {
+					return
+				}
+			}
+			last = cur
+			if cur.Present && cur.Remaining > 0 {
+				wait = min(wait, cur.Remaining+time.Millisecond)
+			}
+		}
+		var subC <-chan struct{}
+		if sub != nil {
+			subC = sub.C()
+		}
+		t := e.c.clock.NewTimer(wait)
+		select {
+		case <-t.C():
+		case <-subC:
+		case <-ctx.Done():
+		}
+		t.Stop()
+	}
+}
+
+// Leadership is one term of this process as leader. Its methods are safe
+// for concurrent use.
+type Leadership struct {
+	e     *Election
+	lease *Lease
+	value string
+}
+
+// Epoch returns the term's epoch, the fence of its lease: higher than every
+// earlier leader's. Send it with every command, and have followers and
+// resources refuse an epoch lower than the highest they have seen.
+func (l *Leadership) Epoch() uint64 { return l.lease.Fence() }
+
+// Lease returns the lease behind the leadership.
+func (l *Leadership) Lease() *Lease { return l.lease }
+
+// Context returns a context cancelled, with the lease's cause, the moment
+// leadership is lost or resigned. Lead under it.
+func (l *Leadership) Context() context.Context { return l.lease.Context() }
+
+// Done is closed when the term ends; Err then tells why.
+func (l *Leadership) Done() <-chan struct{} { return l.lease.Done() }
+
+// Err returns nil while this process leads, and afterwards why the term
+// ended: IsLost for a loss, ErrReleased after Resign, ErrClosed after the
+// client was closed.
+func (l *Leadership) Err() error { return l.lease.Err() }
+
+// Value returns the value last proclaimed by this leader.
+func (l *Leadership) Value() string {
+	l.e.c.mu.Lock()
+	defer l.e.c.mu.Unlock()
+	return l.value
+}
+
+// Proclaim publishes value as the leader's value without a new election
+// (observers see a change with the same epoch). It returns an error
+// matching ErrUnsupported on backends without a value slot (see
+// Election.CanProclaim), and ErrNotHeld (or the term's end cause) when this
+// process no longer leads.
+func (l *Leadership) Proclaim(ctx context.Context, value string) error {
+	if !l.e.CanProclaim() {
+		return fmt.Errorf("fenced: proclaim %q: %w: this backend has no slot for a leader's value", l.e.name, ErrUnsupported)
+	}
+	return l.publish(ctx, value)
+}
+
+func (l *Leadership) publish(ctx context.Context, value string) error {
+	if err := l.lease.Err(); err != nil {
+		return fmt.Errorf("fenced: proclaim %q: %w", l.e.name, err)
+	}
+	v := l.e.c.drv.(driver.Valuer)
+	if err := v.SetValue(ctx, driver.Grant{Key: l.lease.Key(), Owner: l.lease.Owner(), Fence: l.lease.Fence()}, value); err != nil {
+		if errors.Is(err, ErrNotHeld) {
+			l.lease.lose(fmt.Errorf("%w: the store refused the proclamation: %v", ErrLost, err))
+		}
+		return fmt.Errorf("fenced: proclaim %q: %w", l.e.name, err)
+	}
+	l.e.c.mu.Lock()
+	l.value = value
+	l.e.c.mu.Unlock()
+	return nil
+}
+
+// Resign ends the term: the leadership's context is cancelled first, then
+// the lease is released so another candidate can lead. Resigning a term
+// that was already lost returns an error matching ErrNotHeld. A process
+// that campaigns again at once may win again on backends that do not queue
+// candidates in order; wait a while first to hand leadership over.
+func (l *Leadership) Resign(ctx context.Context) error { return l.lease.Release(ctx) }
+
+// Callbacks are the client-go-style form of an election; see Election.Run.
+// Every field may be nil.
+type Callbacks struct {
+	// OnStartedLeading runs when this process becomes leader, with a
+	// context cancelled when leadership is lost (or Run's ctx ends). It
+	// must return promptly once ctx is cancelled: the lease is released
+	// only after it returns. When it returns on its own, the process
+	// resigns.
+	OnStartedLeading func(ctx context.Context, l *Leadership)
+	// OnStoppedLeading runs after a term that started has ended and
+	// OnStartedLeading has returned, with why the term ended (IsLost for a
+	// loss, ErrReleased for a resignation). It never runs for a process
+	// that did not lead.
+	OnStoppedLeading func(cause error)
+	// OnNewLeader runs for every change Observe reports, this process's
+	// own term included, one call at a time, until Run returns.
+	OnNewLeader func(Leader)
+}
+
+// Run campaigns with value, leads with cb.OnStartedLeading, resigns when it
+// returns, calls cb.OnStoppedLeading and returns: one term per call, as
+// client-go's LeaderElector.Run; call it again to stand again. It returns
+// nil after a resignation, the cause (IsLost) after a loss, or an error
+// from Campaign (ctx's cause when ctx ended before this process led).
+func (e *Election) Run(ctx context.Context, value string, cb Callbacks) error {
+	if cb.OnNewLeader != nil {
+		octx, stop := context.WithCancel(ctx)
+		done := make(chan struct{})
+		defer func() {
+			stop()
+			<-done
+		}()
+		go func() {
+			defer close(done)
+			for l := range e.Observe(octx) {
+				cb.OnNewLeader(l)
+			}
+		}()
+	}
+	ld, err := e.Campaign(ctx, value)
+	if err != nil {
+		return err
+	}
+	lctx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(ld.Context(), func() { cancel(context.Cause(ld.Context())) })
+	if cb.OnStartedLeading != nil {
+		cb.OnStartedLeading(lctx, ld)
+	}
+	stop()
+	cancel(ErrReleased)
+	cause := ld.Err()
+	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), e.c.opts.CloseTimeout)
+	relErr := ld.Resign(rctx)
+	rcancel()
+	if cause == nil {
+		cause = ErrReleased
+		if relErr != nil && errors.Is(relErr, ErrNotHeld) {
+			cause = fmt.Errorf("%w: %v", ErrLost, relErr)
+		}
+	}
+	if cb.OnStoppedLeading != nil {
+		cb.OnStoppedLeading(cause)
+	}
+	if errors.Is(cause, ErrReleased) {
+		return nil
+	}
+	return cause
+}

@@ -1,0 +1,31 @@
+// Package proof is fenced's fault-injection harness: worker processes, a
+// nemesis, a recorded history and a checker, in the manner of Jepsen and
+// etcd's robustness suite.
+//
+// A Run starts W worker processes (the caller's binary re-executed; it must
+// call MaybeRunWorker first). Each loops on one or a few keys: acquire (with
+// wait), read the protected resource, work, check its lease, append to a
+// guarded ledger carrying its fence and send one "invoice" per entry,
+// release. The resource is a scratch SQLite file guarded by package fence,
+// with either ordering: ClaimFirst (claim the fence in the transaction that
+// reads) or WriteOnly (guard only the write). Every invocation and
+// completion is appended to history.jsonl with CLOCK_MONOTONIC, comparable
+// across the processes of one host.
+//
+// The nemesis injects one Fault per run, at the same protocol moment every
+// time: the victim takes an arming file at a point ("before-write") and
+// signals itself (SIGSTOP for M1/M13, SIGKILL for M3) or delays its write
+// (M2); per-worker TCP proxies cut a worker off (M4) or let the nemesis
+// SIGSTOP it right after its acquire request left (M9); a Server
+// implementation pauses (M5) or kills and restarts (M6) the authority.
+//
+// Check reads the history and the ledger and reports stale writes
+// attempted, refused and accepted, fence regressions and repeats (with the
+// backend's declared strength), overlapping holders, duplicate effects,
+// porcupine's verdict on the ledger (see linearize.go for the model) and
+// recovery time. The checker is believed because, with fencing off, it
+// sees the M1 hazard (TestCheckerSeesHazardWithFencingOff).
+//
+// `fenced proof --store URL` runs the client-side faults against a user's
+// store; scripts/proof.sh runs the full matrix and writes docs/proof.md.
+package proof

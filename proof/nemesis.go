@@ -1,0 +1,216 @@
+package proof
+
+import (
+	"context"
+	"fmt"
+	"syscall"
+	"time"
+)
+
+// nemesis injects the run's fault Injections times, each once the workload
+// has made progress (two accepted writes) since the previous one, and then
+// lets the workload run on for two TTLs.
+func (r *run) nemesis(ctx context.Context) error {
+	ttl := r.cfg.TTL
+	progress := func(from int) (int, error) {
+		n := 0
+		_, i, err := r.waitEvent(ctx, from, 20*ttl+20*time.Second, func(e Event) bool {
+			if e.Kind == WriteOK {
+				n++
+			}
+			return n >= 2
+		})
+		return i, err
+	}
+	from := 0
+	for k := 0; k < r.cfg.Injections; k++ {
+		i, err := progress(from)
+		if err != nil {
+			return fmt.Errorf("proof: no progress before injection %d of %s: %w", k+1, r.cfg.Fault, err)
+		}
+		from = i
+		r.cfg.Logf("inject %s #%d", r.cfg.Fault, k+1)
+		if err := r.inject(ctx); err != nil {
+			return fmt.Errorf("proof: injection %d of %s: %w", k+1, r.cfg.Fault, err)
+		}
+		from = r.eventCount()
+	}
+	_, err := progress(from)
+	if err != nil {
+		return fmt.Errorf("proof: no progress after the last injection of %s: %w", r.cfg.Fault, err)
+	}
+	select {
+	case <-time.After(2 * ttl):
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return nil
+}
+
+func (r *run) inject(ctx context.Context) error {
+	ttl := r.cfg.TTL
+	long := 20*ttl + 20*time.Second
+	from := r.eventCount()
+	switch f := r.cfg.Fault; f {
+	case None:
+		return nil
+	case M1, M13:
+		if err := r.arm("before-write", -1, string(f)+" stop"); err != nil {
+			return err
+		}
+		a, at, err := r.waitEvent(ctx, from, long, func(e Event) bool { return e.Kind == FaultStart && e.Fault == string(f) })
+		if err != nil {
+			r.disarm("before-write", -1)
+			return err
+		}
+		cmd, _ := r.worker(a.Worker)
+		for !isStopped(cmd.Process.Pid) {
+			time.Sleep(time.Millisecond)
+		}
+		grant, _ := r.lastGrant(a.Worker, at)
+		continued := false
+		cont := func() {
+			if !continued {
+				continued = true
+				cmd.Process.Signal(syscall.SIGCONT)
+				r.record(Event{Kind: FaultEnd, Worker: a.Worker, Fault: string(f)})
+			}
+		}
+		defer cont()
+		if f == M1 {
+			// Continue A once another worker has been granted the key and
+			// has written.
+			// If none does within 8 TTLs (A may have stopped holding the
+			// SQLite authority's write lock in a renewal, which stalls the
+			// others), continue A anyway: the run then has no stale write.
+			_, _, err := r.waitEvent(ctx, at, 8*ttl, func(e Event) bool {
+				return e.Kind == WriteOK && e.Key == grant.Key && e.Worker != a.Worker
+			})
+			if err != nil && ctx.Err() == nil {
+				r.cfg.Logf("M1: no other worker wrote while worker %d was stopped: %v", a.Worker, err)
+				return nil
+			}
+			return err
+		}
+		// M13: hold the new holder B between its read and its write, then
+		// let A's stale write land first.
+		b, bat, err := r.waitEvent(ctx, at, long, func(e Event) bool {
+			return e.Kind == AcquireOK && e.Key == grant.Key && e.Worker != a.Worker
+		})
+		if err != nil {
+			return err
+		}
+		if err := r.arm("before-write", b.Worker, "M13 hold"); err != nil {
+			return err
+		}
+		if _, _, err := r.waitEvent(ctx, bat, long, func(e Event) bool {
+			return (e.Kind == Held && e.Worker == b.Worker) || (e.Worker == b.Worker && (e.Kind == ReleaseInvoke || e.Kind == Abandon))
+		}); err != nil {
+			r.disarm("before-write", b.Worker)
+			return err
+		}
+		r.disarm("before-write", b.Worker)
+		cont()
+		_, _, err = r.waitEvent(ctx, at, long, func(e Event) bool {
+			return e.Worker == a.Worker && (e.Kind == WriteOK || e.Kind == WriteRefused || e.Kind == WriteFail)
+		})
+		removeHolding(r.cfg.Dir, b.Worker)
+		return err
+	case M2:
+		if err := r.arm("before-write", -1, fmt.Sprintf("M2 delay %s", 3*ttl)); err != nil {
+			return err
+		}
+		_, _, err := r.waitEvent(ctx, from, long+3*ttl, func(e Event) bool { return e.Kind == FaultEnd && e.Fault == string(M2) })
+		return err
+	case M3:
+		if err := r.arm("before-write", -1, "M3 kill"); err != nil {
+			return err
+		}
+		a, _, err := r.waitEvent(ctx, from, long, func(e Event) bool { return e.Kind == FaultStart && e.Fault == string(M3) })
+		if err != nil {
+			r.disarm("before-write", -1)
+			return err
+		}
+		_, exited := r.worker(a.Worker)
+		<-exited
+		r.record(Event{Kind: FaultEnd, Worker: a.Worker, Fault: string(M3)})
+		return r.startWorker(a.Worker)
+	case M4:
+		a, _, err := r.waitEvent(ctx, from, long, func(e Event) bool { return e.Kind == AcquireOK })
+		if err != nil {
+			return err
+		}
+		r.record(Event{Kind: FaultStart, Worker: a.Worker, Fault: string(M4)})
+		for _, p := range r.proxies[a.Worker] {
+			p.setDown(true)
+		}
+		time.Sleep(3 * ttl)
+		for _, p := range r.proxies[a.Worker] {
+			p.setDown(false)
+		}
+		r.record(Event{Kind: FaultEnd, Worker: a.Worker, Fault: string(M4)})
+		return nil
+	case M9:
+		a, _, err := r.waitEvent(ctx, from, long, func(e Event) bool { return e.Kind == ReleaseDone })
+		if err != nil {
+			return err
+		}
+		cmd, _ := r.worker(a.Worker)
+		stopped := make(chan struct{})
+		for _, p := range r.proxies[a.Worker] {
+			p.afterNextSend(func() {
+				select {
+				case <-stopped:
+					return
+				default:
+				}
+				cmd.Process.Signal(syscall.SIGSTOP)
+				r.record(Event{Kind: FaultStart, Worker: a.Worker, Fault: string(M9)})
+				close(stopped)
+			})
+		}
+		select {
+		case <-stopped:
+		case <-time.After(long):
+			return fmt.Errorf("worker %d sent nothing after its release", a.Worker)
+		}
+		for _, p := range r.proxies[a.Worker] {
+			p.afterNextSend(nil)
+		}
+		time.Sleep(2 * ttl)
+		cmd.Process.Signal(syscall.SIGCONT)
+		r.record(Event{Kind: FaultEnd, Worker: a.Worker, Fault: string(M9)})
+		return nil
+	case M5:
+		if err := r.cfg.Server.Pause(); err != nil {
+			return err
+		}
+		r.record(Event{Kind: FaultStart, Worker: -1, Fault: string(M5)})
+		time.Sleep(2 * ttl)
+		err := r.cfg.Server.Resume()
+		r.record(Event{Kind: FaultEnd, Worker: -1, Fault: string(M5)})
+		return err
+	case M6:
+		if err := r.cfg.Server.Crash(); err != nil {
+			return err
+		}
+		r.record(Event{Kind: FaultStart, Worker: -1, Fault: string(M6)})
+		err := r.cfg.Server.Restart()
+		r.record(Event{Kind: FaultEnd, Worker: -1, Fault: string(M6)})
+		return err
+	default:
+		return fmt.Errorf("fault %s is not one the nemesis injects", f)
+	}
+}
+
+// lastGrant returns worker w's last grant before index before.
+func (r *run) lastGrant(w, before int) (Event, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i := min(before, len(r.events)-1); i >= 0; i-- {
+		if e := r.events[i]; e.Worker == w && e.Kind == AcquireOK {
+			return e, true
+		}
+	}
+	return Event{}, false
+}

@@ -1,0 +1,406 @@
+package proof
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/fenced-dev/fenced"
+)
+
+// Fault names a fault of the nemesis (the table).
+type Fault string
+
+// The faults the nemesis injects.
+const (
+	// None runs the workload without a fault.
+	None Fault = ""
+	// M1 pauses a holder past its TTL: it stops itself with SIGSTOP after
+	// its last lease check, just before its write, and the nemesis sends
+	// SIGCONT once another worker has been granted the key and has written.
+	M1 Fault = "M1"
+	// M2 delays a holder's write: it is sent after the last lease check and
+	// reaches the resource 3 TTLs later, after the holder gave up waiting
+	// for it and released. The resource is a local SQLite file, so the
+	// delay is in the worker, not in a TCP link.
+	M2 Fault = "M2"
+	// M3 kills a holder with SIGKILL mid-hold (after its read, before its
+	// write); the nemesis starts a new worker in its place.
+	M3 Fault = "M3"
+	// M4 cuts a holder off from the authority: its proxy forwards nothing
+	// for 3 TTLs.
+	M4 Fault = "M4"
+	// M5 pauses the authority with SIGSTOP for 2 TTLs.
+	M5 Fault = "M5"
+	// M6 kills the authority with SIGKILL and restarts it on its data.
+	M6 Fault = "M6"
+	// M9 stops a worker with SIGSTOP right after its proxy forwarded the
+	// first request of its next acquire, before it reads the reply, for 2
+	// TTLs.
+	M9 Fault = "M9"
+	// M13 reorders the guard: holder A stops before its write (as in M1);
+	// once B has been granted the key and has read (and, claim-first,
+	// claimed) it, B is held before its write, A is continued and writes,
+	// then B writes.
+	M13 Fault = "M13"
+)
+
+// NeedsProxy reports whether f needs a proxy between the workers and the
+// authority (a networked store).
+func (f Fault) NeedsProxy() bool { return f == M4 || f == M9 }
+
+// NeedsServer reports whether f acts on the authority's process.
+func (f Fault) NeedsServer() bool { return f == M5 || f == M6 }
+
+// Server lets the nemesis fault the authority's server process.
+type Server interface {
+	// Pause stops the server (SIGSTOP); Resume continues it.
+	Pause() error
+	Resume() error
+	// Crash kills the server with SIGKILL; Restart starts it again on its
+	// data and returns once it serves.
+	Crash() error
+	Restart() error
+}
+
+// Config describes one run.
+type Config struct {
+	// Store is the authority's URL.
+	Store string
+	// MinFence is the weakest fence the leases accept (the backend's
+	// declared strength is checked against it by fenced itself).
+	MinFence fenced.FenceStrength
+	// Workers is the number of worker processes; default 3.
+	Workers int
+	// Keys are the lease keys, all under one run-specific prefix; default
+	// one key.
+	Keys []string
+	// TTL of the leases; default 1s. Work is the time between a holder's
+	// read and its write; default TTL/5.
+	TTL, Work time.Duration
+	// Fencing says whether the resource checks fences; Ordering is the
+	// guard ordering (default ClaimFirst).
+	Fencing  bool
+	Ordering Ordering
+	// Fault is injected Injections times (default 1), each once the
+	// workload has made progress since the last.
+	Fault      Fault
+	Injections int
+	// Server is needed for M5 and M6.
+	Server Server
+	// Command returns the command that starts a worker: a binary that
+	// calls MaybeRunWorker first. Its environment is extended.
+	Command func() *exec.Cmd
+	// Dir is the run's directory, created if needed: history.jsonl,
+	// resource.db and the workers' logs stay there.
+	Dir string
+	// Logf, if set, narrates the run.
+	Logf func(format string, args ...any)
+}
+
+// Result is a checked run.
+type Result struct {
+	Config Config
+	Report Report
+	// Events is the history, in time order.
+	Events []Event
+}
+
+type run struct {
+	cfg     Config
+	rec     *Recorder
+	mu      sync.Mutex
+	events  []Event
+	changed chan struct{}
+	procs   map[int]*exec.Cmd
+	exited  map[int]chan struct{}
+	proxies map[int][]*proxy
+	wg      sync.WaitGroup
+}
+
+// Run runs the workload with the nemesis and checks the history.
+func Run(ctx context.Context, cfg Config) (*Result, error) {
+	if cfg.Workers == 0 {
+		cfg.Workers = 3
+	}
+	if cfg.TTL == 0 {
+		cfg.TTL = time.Second
+	}
+	if cfg.Work == 0 {
+		cfg.Work = cfg.TTL / 5
+	}
+	if cfg.Ordering == "" {
+		cfg.Ordering = ClaimFirst
+	}
+	if cfg.Injections == 0 {
+		cfg.Injections = 1
+	}
+	if cfg.Logf == nil {
+		cfg.Logf = func(string, ...any) {}
+	}
+	switch {
+	case len(cfg.Keys) == 0:
+		return nil, errors.New("proof: Config.Keys is empty")
+	case cfg.Command == nil:
+		return nil, errors.New("proof: Config.Command is nil")
+	case cfg.Fault.NeedsServer() && cfg.Server == nil:
+		return nil, fmt.Errorf("proof: fault %s needs Config.Server", cfg.Fault)
+	}
+	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
+		return nil, err
+	}
+	strength, err := declaredFence(ctx, cfg.Store)
+	if err != nil {
+		return nil, err
+	}
+	res, err := OpenResource(filepath.Join(cfg.Dir, resourceFile))
+	if err != nil {
+		return nil, err
+	}
+	defer res.Close()
+	if err := res.Setup(ctx, cfg.Keys); err != nil {
+		return nil, err
+	}
+	r := &run{cfg: cfg, changed: make(chan struct{}), procs: map[int]*exec.Cmd{}, exited: map[int]chan struct{}{}, proxies: map[int][]*proxy{}}
+	if r.rec, err = OpenRecorder(filepath.Join(cfg.Dir, historyFile), -1); err != nil {
+		return nil, err
+	}
+	defer r.rec.Close()
+	tailCtx, stopTail := context.WithCancel(ctx)
+	defer stopTail()
+	go r.tail(tailCtx)
+	defer r.closeProxies()
+	for i := 0; i < cfg.Workers; i++ {
+		if err := r.startWorker(i); err != nil {
+			r.stopWorkers()
+			return nil, err
+		}
+	}
+	nemErr := r.nemesis(ctx)
+	r.stopWorkers()
+	stopTail()
+	events, err := ReadHistory(filepath.Join(cfg.Dir, historyFile))
+	if err != nil {
+		return nil, err
+	}
+	contents, err := res.Contents(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rep := Check(events, contents, strength)
+	return &Result{Config: cfg, Report: rep, Events: events}, nemErr
+}
+
+// declaredFence returns the fence strength the store's backend declares.
+func declaredFence(ctx context.Context, store string) (fenced.FenceStrength, error) {
+	c, err := fenced.Open(ctx, store, nil)
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	return c.Guarantees().Fence, nil
+}
+
+func (r *run) tail(ctx context.Context) {
+	path := filepath.Join(r.cfg.Dir, historyFile)
+	var off int64
+	var partial []byte
+	for ctx.Err() == nil {
+		f, err := os.Open(path)
+		if err == nil {
+			st, _ := f.Stat()
+			if st != nil && st.Size() > off {
+				buf := make([]byte, st.Size()-off)
+				n, _ := f.ReadAt(buf, off)
+				off += int64(n)
+				partial = append(partial, buf[:n]...)
+				var add []Event
+				for {
+					i := strings.IndexByte(string(partial), '\n')
+					if i < 0 {
+						break
+					}
+					var e Event
+					if json.Unmarshal(partial[:i], &e) == nil {
+						add = append(add, e)
+					}
+					partial = partial[i+1:]
+				}
+				if len(add) > 0 {
+					r.mu.Lock()
+					r.events = append(r.events, add...)
+					close(r.changed)
+					r.changed = make(chan struct{})
+					r.mu.Unlock()
+				}
+			}
+			f.Close()
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+}
+
+// waitEvent waits for an event recorded at or after index from that
+// matches, and returns it with its index.
+func (r *run) waitEvent(ctx context.Context, from int, timeout time.Duration, match func(Event) bool) (Event, int, error) {
+	deadline := time.After(timeout)
+	for {
+		r.mu.Lock()
+		evs, ch := r.events, r.changed
+		r.mu.Unlock()
+		for i := from; i < len(evs); i++ {
+			if match(evs[i]) {
+				return evs[i], i, nil
+			}
+		}
+		from = max(from, len(evs))
+		select {
+		case <-ch:
+		case <-deadline:
+			return Event{}, from, fmt.Errorf("proof: waited %v for an event that did not come", timeout)
+		case <-ctx.Done():
+			return Event{}, from, ctx.Err()
+		}
+	}
+}
+
+func (r *run) eventCount() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.events)
+}
+
+func (r *run) startWorker(i int) error {
+	store := r.cfg.Store
+	if r.cfg.Fault.NeedsProxy() {
+		for _, p := range r.proxies[i] {
+			p.close()
+		}
+		r.proxies[i] = nil
+		var err error
+		store, err = proxyURL(store, func(hp string) (string, error) {
+			p, err := startProxy(hp)
+			if err != nil {
+				return "", err
+			}
+			r.proxies[i] = append(r.proxies[i], p)
+			return p.addr(), nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+	wc := WorkerConfig{Worker: i, Store: store, Keys: r.cfg.Keys, TTL: r.cfg.TTL, Work: r.cfg.Work, Fencing: r.cfg.Fencing, Ordering: r.cfg.Ordering, MinFence: r.cfg.MinFence, Dir: r.cfg.Dir}
+	raw, err := json.Marshal(wc)
+	if err != nil {
+		return err
+	}
+	cmd := r.cfg.Command()
+	cmd.Env = append(os.Environ(), envWorker+"="+string(raw))
+	logf, err := os.OpenFile(filepath.Join(r.cfg.Dir, fmt.Sprintf("worker-%d.log", i)), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	if err != nil {
+		return err
+	}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return fmt.Errorf("proof: start worker %d: %w", i, err)
+	}
+	exited := make(chan struct{})
+	r.mu.Lock()
+	r.procs[i], r.exited[i] = cmd, exited
+	r.mu.Unlock()
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		cmd.Wait()
+		logf.Close()
+		close(exited)
+	}()
+	return nil
+}
+
+func (r *run) worker(i int) (*exec.Cmd, chan struct{}) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.procs[i], r.exited[i]
+}
+
+func (r *run) closeProxies() {
+	for _, ps := range r.proxies {
+		for _, p := range ps {
+			p.close()
+		}
+	}
+}
+
+// stopWorkers asks every worker to finish its round and exit, and kills
+// the ones that do not within a bound.
+func (r *run) stopWorkers() {
+	os.WriteFile(filepath.Join(r.cfg.Dir, stopFile), nil, 0o644)
+	deadline := time.After(10*r.cfg.TTL + 20*time.Second)
+	for i := range r.cfg.Workers {
+		cmd, exited := r.worker(i)
+		if cmd == nil {
+			continue
+		}
+		cmd.Process.Signal(syscall.SIGCONT)
+		select {
+		case <-exited:
+		case <-deadline:
+			cmd.Process.Kill()
+			<-exited
+		}
+	}
+	r.wg.Wait()
+}
+
+// isStopped reports whether pid is stopped by a signal.
+func isStopped(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i >= 0 && i+2 < len(s) && (s[i+2] == 'T' || s[i+2] == 't')
+}
+
+func (r *run) record(e Event) {
+	if err := r.rec.Record(e); err != nil {
+		r.cfg.Logf("proof: %v", err)
+	}
+}
+
+// arm writes an arming file for a worker (or any worker, w < 0).
+func (r *run) arm(point string, w int, action string) error {
+	name := "arm-" + point
+	if w >= 0 {
+		name += fmt.Sprintf("-w%d", w)
+	}
+	tmp := filepath.Join(r.cfg.Dir, name+".tmp")
+	if err := os.WriteFile(tmp, []byte(action), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, filepath.Join(r.cfg.Dir, name))
+}
+
+func (r *run) disarm(point string, w int) {
+	name := "arm-" + point
+	if w >= 0 {
+		name += fmt.Sprintf("-w%d", w)
+	}
+	os.Remove(filepath.Join(r.cfg.Dir, name))
+}
