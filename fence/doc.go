@@ -13,8 +13,13 @@
 //     database/sql, or native pgx through package fence/pgxfence): Claim
 //     raises a row's fence first, Update applies a write only when the row's
 //     fence is not newer than the writer's.
-//   - Redis guards hashes with one Lua script per write.
-//   - Etcd guards keys with one transaction per write.
+//   - redisfence.Guard (package fence/redisfence) guards Redis hashes with
+//     one Lua script per write.
+//   - etcdfence.Guard (package fence/etcdfence) guards etcd keys with one
+//     transaction per write.
+//     Both live in their own packages, so package fence links neither
+//     go-redis nor etcd's client; they build on Prechecks, Refusal and
+//     ReportStale, which a guard for another store can use too.
 //   - Transport and Middleware carry the token over HTTP (headers
 //     Fenced-Key, Fenced-Fence, Fenced-Owner, optionally Fenced-Signature)
 //     and check it at the server, with the fences kept by a MemoryStore or,
