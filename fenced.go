@@ -109,6 +109,7 @@ var reserved = map[string]string{
 	"rediss":     "github.com/fenced-dev/fenced/redis",
 	"redlock":    "github.com/fenced-dev/fenced/redlock",
 	"etcd":       "github.com/fenced-dev/fenced/etcd",
+	"dynamodb":   "github.com/fenced-dev/fenced/dynamodb",
 	"zk":         "github.com/fenced-dev/fenced/zookeeper",
 }
 

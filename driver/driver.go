@@ -13,7 +13,8 @@
 // # Contract
 //
 //   - A key is granted to at most one owner at a time, as judged by the
-//     authority's own clock.
+//     authority's own clock (or, for a store without one, by the waiter's
+//     observation; see Guarantees.ServerClock).
 //   - Every grant of a key returns a fence strictly greater than every fence
 //     previously returned for that key (within the strength declared by
 //     Guarantees.Fence). Releasing, expiring or breaking a grant never lowers
@@ -91,7 +92,11 @@ var (
 type HeldError struct {
 	Key string
 	// Remaining is the time left on the current grant by the authority's
-	// clock, or zero when unknown.
+	// clock, or zero when unknown. A driver without a server clock (whose
+	// Guarantees.ServerClock is false) reports instead how long until it
+	// may take the grant over: what is left of its own watch of the grant
+	// (see ServerClock). Either way it is how long a poller should wait
+	// before trying again, at most.
 	Remaining time.Duration
 }
 
@@ -141,7 +146,10 @@ type LeaseInfo struct {
 	Fence uint64
 	// Remaining is the time left on the grant by the authority's clock (zero
 	// when not held, or when the backend's leases are sessions without a
-	// deadline of their own).
+	// deadline of their own). Without a server clock it is what is left of
+	// the inspecting driver's watch of the grant (a whole TTL at its first
+	// look), and Held means that driver has not yet seen the grant
+	// unchanged for its TTL.
 	Remaining time.Duration
 }
 
@@ -205,7 +213,13 @@ type Guarantees struct {
 	// Fence is the strength of the fencing token.
 	Fence FenceStrength
 	// ServerClock reports whether expiry is decided by the authority's own
-	// clock (true for every backend shipped with fenced).
+	// clock. It is false for stores whose conditional writes cannot read a
+	// clock (DynamoDB): there expiry is observed, a waiter may take a grant
+	// over only after it has seen the same grant version unchanged for a
+	// whole TTL on its own monotonic clock (every renewal changes the
+	// version, and the takeover is conditional on the version seen), so a
+	// waiter that arrives after the holder died waits up to one TTL longer,
+	// and a TryAcquire that does not wait never takes over a dead holder.
 	ServerClock bool
 	// ClockStepSafe reports whether a step of the authority's wall clock
 	// leaves its grants' expiry alone: true where expiry is counted on a

@@ -15,9 +15,9 @@ import (
 )
 
 // billingWorker is the guarded invoice send: take the lease (skip if
-// another instance has it), claim the job and read its state in one
-// transaction, then send with a guarded update. pause stands for a GC
-// pause or a frozen VM between the decision and the write.
+// another instance has it), claim the job and read its state in one short
+// transaction, then send with a guarded update of its own. pause stands
+// for a GC pause or a frozen VM between the decision and the write.
 func billingWorker(ctx context.Context, name string, leases *fenced.Client, db *sql.DB, guard *fence.SQL, opts *fenced.LeaseOptions, pause func()) string {
 	lease, err := leases.Acquire(ctx, "invoice:inv_72", opts)
 	if errors.Is(err, fenced.ErrHeld) {
@@ -29,24 +29,15 @@ func billingWorker(ctx context.Context, name string, leases *fenced.Client, db *
 	defer lease.Release(context.Background())
 	tok := fence.From(lease)
 
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		return name + ": " + err.Error()
-	}
-	defer tx.Rollback()
-	claim, err := guard.Claim(ctx, tx, "inv_72", tok)
+	var status string
+	claim, err := guard.ClaimAndRead(ctx, "inv_72", tok, func(ctx context.Context, tx *sql.Tx) error {
+		return tx.QueryRowContext(ctx, "SELECT status FROM invoice_jobs WHERE job_id = ?", "inv_72").Scan(&status)
+	})
 	if err != nil {
 		return name + ": " + err.Error()
 	}
 	if claim.Outcome == fence.Stale {
 		return name + ": abandoned, a newer holder exists"
-	}
-	var status string
-	if err := tx.QueryRowContext(ctx, "SELECT status FROM invoice_jobs WHERE job_id = ?", "inv_72").Scan(&status); err != nil {
-		return name + ": " + err.Error()
-	}
-	if err := tx.Commit(); err != nil {
-		return name + ": " + err.Error()
 	}
 	if status != "PENDING" {
 		return name + ": nothing to do, invoice is " + status
@@ -90,7 +81,8 @@ func Example_billing() {
 	db := drv.DB() // the same file holds the leases and the invoices
 	db.Exec(`CREATE TABLE invoice_jobs (job_id TEXT PRIMARY KEY, status TEXT NOT NULL, sends INTEGER NOT NULL DEFAULT 0)`)
 	db.Exec(`INSERT INTO invoice_jobs (job_id, status) VALUES ('inv_72', 'PENDING')`)
-	guard, err := fence.NewSQL(db, fence.SQLite, fence.Table{Name: "invoice_jobs", Key: "job_id"}, &fence.SQLOptions{
+	guard, err := fence.NewSQL(db, fence.SQLite, fence.Table{Name: "invoice_jobs", Key: "job_id",
+		LeaseKey: func(id any) string { return fmt.Sprint("invoice:", id) }}, &fence.SQLOptions{
 		Hooks: fenced.Hooks{StaleWrite: func(e fenced.StaleWriteEvent) {
 			fmt.Printf("stale write caught on %s: fence %d < %d\n", e.Resource, e.Presented, e.Current)
 		}},

@@ -29,6 +29,8 @@ func TestMain(m *testing.M) {
 		os.Exit(childPausedWriter())
 	case "pg-writer":
 		os.Exit(childPGWriter())
+	case "canonical-worker":
+		os.Exit(childCanonicalWorker())
 	}
 	fmt.Fprintln(os.Stderr, "unknown child mode")
 	os.Exit(2)

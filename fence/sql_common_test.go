@@ -123,6 +123,13 @@ func runSQLGuardTests(t *testing.T, e sqlEnv) {
 	t.Run("BadInput", func(t *testing.T) { testSQLBadInput(t, e) })
 	t.Run("PropertySequential", func(t *testing.T) { testSQLPropertySequential(t, e) })
 	t.Run("PropertyConcurrent", func(t *testing.T) { testSQLPropertyConcurrent(t, e) })
+	t.Run("Fragments", func(t *testing.T) { testFragments(t, e) })
+	t.Run("WrongKey", func(t *testing.T) { testWrongKey(t, e) })
+	t.Run("Shape", func(t *testing.T) { testShape(t, e) })
+	t.Run("UncheckedGuard", func(t *testing.T) { testUncheckedGuard(t, e) })
+	t.Run("ClaimAndRead", func(t *testing.T) { testClaimAndRead(t, e) })
+	t.Run("RestartHint", func(t *testing.T) { testRestartHint(t, e) })
+	t.Run("Checker", func(t *testing.T) { testChecker(t, e) })
 }
 
 func testSQLSemantics(t *testing.T, e sqlEnv) {
@@ -368,8 +375,8 @@ func testSQLBadInput(t *testing.T, e sqlEnv) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := noFence.Claim(ctx, nil, "inv_9", tok(9, "owner-a")); !errors.Is(err, fence.ErrSchema) || !strings.Contains(err.Error(), "no column fence, fence_owner") {
-		t.Errorf("Claim without fence columns: %v, want ErrSchema naming both columns", err)
+	if _, err := noFence.Claim(ctx, nil, "inv_9", tok(9, "owner-a")); !errors.Is(err, fence.ErrSchema) || !strings.Contains(err.Error(), "no column fence, fence_owner, fence_key") {
+		t.Errorf("Claim without fence columns: %v, want ErrSchema naming the three columns", err)
 	}
 	var n int
 	if err := e.db.QueryRow(fmt.Sprintf("SELECT COUNT(*) FROM %s WHERE status = 'PENDING'", plain)).Scan(&n); err != nil || n != 1 {
@@ -414,6 +421,11 @@ func testSQLBadInput(t *testing.T, e sqlEnv) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// EnsureColumns adds the lease key column (and on MySQL converts the
+	// owner column to a binary collation) but keeps the fence column as is.
+	if err := gh.EnsureColumns(ctx); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := gh.Update(ctx, nil, "j", tok(5, "owner-a"), fence.Write{Set: "note = " + e.ph(1), SetArgs: []any{"new"}}); !errors.Is(err, fence.ErrSchema) || !strings.Contains(err.Error(), "negative fence -3") {
 		t.Errorf("write over a negative fence: %v, want ErrSchema naming it", err)
 	}
@@ -429,9 +441,10 @@ func testSQLBadInput(t *testing.T, e sqlEnv) {
 }
 
 // testSQLPropertySequential: for random sequences of writes carrying (fence,
-// owner), the accepted fences never go back, an equal fence is only
-// accepted from the owner that first wrote it, and every refusal is
-// classified as the model predicts.
+// owner), every outcome is the one the model predicts, and the row itself
+// (read with plain SQL after every write, not through the guard) changes
+// exactly when a write is reported applied, never goes back in fence order
+// and never records a second owner at one fence.
 func testSQLPropertySequential(t *testing.T, e sqlEnv) {
 	ctx := context.Background()
 	seed := uint64(time.Now().UnixNano())
@@ -444,15 +457,17 @@ func testSQLPropertySequential(t *testing.T, e sqlEnv) {
 		e.exec(t, fmt.Sprintf(`INSERT INTO %s (job_id, status) VALUES (%s, 'PENDING')`, table, e.ph(1)), id)
 		var modelFence uint64
 		var modelOwner string
-		var accepted []fence.Token
+		prev := e.row(t, table, id)
 		for step := 0; step < steps; step++ {
-			tk := fence.Token{Key: id, Fence: 1 + rng.Uint64N(8), Owner: fmt.Sprintf("o%d", rng.IntN(3))}
+			tk := fence.Token{Key: "job:" + id, Fence: 1 + rng.Uint64N(8), Owner: fmt.Sprintf("o%d", rng.IntN(3))}
+			marker := fmt.Sprint("step-", step)
 			var r fence.Result
 			var err error
-			if rng.IntN(3) == 0 {
+			claim := rng.IntN(3) == 0
+			if claim {
 				r, err = g.Claim(ctx, nil, id, tk)
 			} else {
-				r, err = e.note(ctx, g, nil, id, tk, fmt.Sprint(step))
+				r, err = e.note(ctx, g, nil, id, tk, marker)
 			}
 			if err != nil {
 				t.Fatalf("seed %d: %v", seed, err)
@@ -462,17 +477,21 @@ func testSQLPropertySequential(t *testing.T, e sqlEnv) {
 				t.Fatalf("seed %d round %d step %d: %v on row (%d,%s): got %+v, want applied=%v", seed, round, step, tk, modelFence, modelOwner, r, wantApplied)
 			}
 			if wantApplied {
-				accepted = append(accepted, tk)
 				modelFence, modelOwner = tk.Fence, tk.Owner
 			} else if r.Outcome != fence.Stale || r.Current != modelFence {
 				t.Fatalf("seed %d: refusal of %v classified %+v, want Stale(%d)", seed, tk, r, modelFence)
 			}
-		}
-		for i := 1; i < len(accepted); i++ {
-			p, c := accepted[i-1], accepted[i]
-			if c.Fence < p.Fence || (c.Fence == p.Fence && c.Owner != p.Owner) {
-				t.Fatalf("seed %d: accepted sequence went back: %v then %v", seed, p, c)
+			// What the database holds now.
+			got := e.row(t, table, id)
+			switch {
+			case r.Applied() && (got.fence != int64(tk.Fence) || got.owner != tk.Owner || (!claim && got.note.String != marker)):
+				t.Fatalf("seed %d: %v reported applied, but the row holds %+v", seed, tk, got)
+			case !r.Applied() && got != prev:
+				t.Fatalf("seed %d: %v reported %v, but the row changed: %+v -> %+v", seed, tk, r.Outcome, prev, got)
+			case got.fence < prev.fence || (got.fence == prev.fence && prev.fence != 0 && got.owner != prev.owner):
+				t.Fatalf("seed %d: the row went back: (%d,%s) after (%d,%s)", seed, got.fence, got.owner, prev.fence, prev.owner)
 			}
+			prev = got
 		}
 	}
 }

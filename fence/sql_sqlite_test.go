@@ -11,11 +11,17 @@ import (
 )
 
 // openSQLite opens a fresh SQLite file in a temporary directory, in WAL
-// mode with a busy timeout, as applications should.
+// mode with a busy timeout, as applications should, and with BEGIN
+// IMMEDIATE.
 func openSQLite(t testing.TB) *sql.DB {
+	return openSQLiteDSN(t, "?_pragma=busy_timeout(20000)&_pragma=journal_mode(WAL)&_txlock=immediate")
+}
+
+// openSQLiteDSN opens a fresh SQLite file with the given DSN parameters.
+func openSQLiteDSN(t testing.TB, params string) *sql.DB {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "resource.db")
-	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(20000)&_pragma=journal_mode(WAL)&_txlock=immediate")
+	db, err := sql.Open("sqlite", "file:"+path+params)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -25,4 +31,11 @@ func openSQLite(t testing.TB) *sql.DB {
 
 func TestSQLGuardSQLite(t *testing.T) {
 	runSQLGuardTests(t, sqlEnv{db: openSQLite(t), d: fence.SQLite})
+}
+
+// TestSQLGuardSQLiteDeferred runs the same tests with the driver's default
+// deferred BEGIN, which most applications get: a transaction starts as a
+// reader and takes the write lock at its first write.
+func TestSQLGuardSQLiteDeferred(t *testing.T) {
+	runSQLGuardTests(t, sqlEnv{db: openSQLiteDSN(t, "?_pragma=busy_timeout(20000)&_pragma=journal_mode(WAL)"), d: fence.SQLite})
 }

@@ -214,6 +214,9 @@ type Result struct {
 	// presented by a different owner: the fence source repeated a number,
 	// as an asynchronously replicated authority can after a failover.
 	SameFenceOtherOwner bool
+	// Presented is the fence of the token the write carried (0 when the
+	// guard did not say).
+	Presented uint64
 }
 
 // Applied reports whether the write happened.
@@ -229,7 +232,7 @@ func (r Result) Err() error {
 		if r.SameFenceOtherOwner {
 			return fmt.Errorf("%w: fence %d was already used by another owner", ErrStale, r.Current)
 		}
-		return fmt.Errorf("%w: resource has fence %d", ErrStale, r.Current)
+		return fmt.Errorf("%w: resource has fence %d%s", ErrStale, r.Current, restartHint(r.Presented, r.Current))
 	case PreconditionFailed:
 		return fmt.Errorf("%w (resource fence %d)", ErrPrecondition, r.Current)
 	}
@@ -241,11 +244,11 @@ func (r Result) Err() error {
 func classify(t Token, fence uint64, owner string) Result {
 	switch {
 	case fence > t.Fence:
-		return Result{Outcome: Stale, Current: fence}
+		return Result{Outcome: Stale, Current: fence, Presented: t.Fence}
 	case fence == t.Fence && owner != t.Owner:
-		return Result{Outcome: Stale, Current: fence, SameFenceOtherOwner: true}
+		return Result{Outcome: Stale, Current: fence, SameFenceOtherOwner: true, Presented: t.Fence}
 	}
-	return Result{Outcome: PreconditionFailed, Current: fence}
+	return Result{Outcome: PreconditionFailed, Current: fence, Presented: t.Fence}
 }
 
 // report sends a stale refusal to the guard's hooks h or, when h has no

@@ -2,6 +2,7 @@ package proof
 
 // Every backend, so a worker can open any store URL.
 import (
+	_ "github.com/fenced-dev/fenced/dynamodb"
 	_ "github.com/fenced-dev/fenced/etcd"
 	_ "github.com/fenced-dev/fenced/mysql"
 	_ "github.com/fenced-dev/fenced/postgres"

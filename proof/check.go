@@ -70,9 +70,16 @@ type Report struct {
 }
 
 // Check examines a run's history and the resource's final contents.
-// strength is the backend's declared fence strength.
+// strength is the backend's declared fence strength. For a lock that gives
+// no fence (FenceNone or FenceUnset: a Locker), the checker first derives
+// the fences an ideal lock would have issued, per key in the order the
+// grants were confirmed, and judges the run by them; res is then changed
+// in place.
 func Check(events []Event, res Contents, strength fenced.FenceStrength) Report {
 	sort.SliceStable(events, func(i, j int) bool { return events[i].T < events[j].T })
+	if strength <= fenced.FenceNone {
+		deriveFences(events, &res)
+	}
 	var r Report
 	end := int64(0)
 	if len(events) > 0 {

@@ -17,7 +17,8 @@
 // signals itself (SIGSTOP for M1/M13, SIGKILL for M3) or delays its write
 // (M2); per-worker TCP proxies cut a worker off (M4) or let the nemesis
 // SIGSTOP it right after its acquire request left (M9); a Server
-// implementation pauses (M5) or kills and restarts (M6) the authority.
+// implementation pauses (M5) or kills and restarts (M6) the authority, or
+// kills and restarts the leader of an etcd cluster (M10).
 //
 // Check reads the history and the ledger and reports stale writes
 // attempted, refused and accepted, fence regressions and repeats (with the

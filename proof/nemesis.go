@@ -190,13 +190,13 @@ func (r *run) inject(ctx context.Context) error {
 		err := r.cfg.Server.Resume()
 		r.record(Event{Kind: FaultEnd, Worker: -1, Fault: string(M5)})
 		return err
-	case M6:
+	case M6, M10:
 		if err := r.cfg.Server.Crash(); err != nil {
 			return err
 		}
-		r.record(Event{Kind: FaultStart, Worker: -1, Fault: string(M6)})
+		r.record(Event{Kind: FaultStart, Worker: -1, Fault: string(f)})
 		err := r.cfg.Server.Restart()
-		r.record(Event{Kind: FaultEnd, Worker: -1, Fault: string(M6)})
+		r.record(Event{Kind: FaultEnd, Worker: -1, Fault: string(f)})
 		return err
 	default:
 		return fmt.Errorf("fault %s is not one the nemesis injects", f)

@@ -42,6 +42,9 @@ const (
 	M5 Fault = "M5"
 	// M6 kills the authority with SIGKILL and restarts it on its data.
 	M6 Fault = "M6"
+	// M10 kills the leader of a 3-member etcd cluster with SIGKILL under
+	// load and restarts it on its data (Config.Server crashes the leader).
+	M10 Fault = "M10"
 	// M9 stops a worker with SIGSTOP right after its proxy forwarded the
 	// first request of its next acquire, before it reads the reply, for 2
 	// TTLs.
@@ -58,11 +61,13 @@ const (
 func (f Fault) NeedsProxy() bool { return f == M4 || f == M9 }
 
 // NeedsServer reports whether f acts on the authority's process.
-func (f Fault) NeedsServer() bool { return f == M5 || f == M6 }
+func (f Fault) NeedsServer() bool { return f == M5 || f == M6 || f == M10 }
 
 // Server lets the nemesis fault the authority's server process.
 type Server interface {
-	// Pause stops the server (SIGSTOP); Resume continues it.
+	// Pause stops the server (SIGSTOP); Resume continues it. For a
+	// cluster, Crash and Restart act on the member the fault names (M10:
+	// the leader).
 	Pause() error
 	Resume() error
 	// Crash kills the server with SIGKILL; Restart starts it again on its
@@ -94,7 +99,7 @@ type Config struct {
 	// workload has made progress since the last.
 	Fault      Fault
 	Injections int
-	// Server is needed for M5 and M6.
+	// Server is needed for M5, M6 and M10.
 	Server Server
 	// Command returns the command that starts a worker: a binary that
 	// calls MaybeRunWorker first. Its environment is extended.
@@ -102,6 +107,12 @@ type Config struct {
 	// Dir is the run's directory, created if needed: history.jsonl,
 	// resource.db and the workers' logs stay there.
 	Dir string
+	// Locker, if set, names a Locker registered (with RegisterLocker) in
+	// the binary Command starts: the workers lock with it instead of
+	// fenced, and Store is the address it opens. It gives no fence, so
+	// Fencing must be false; the checker derives the fences an ideal lock
+	// would have issued (see Check).
+	Locker string
 	// Logf, if set, narrates the run.
 	Logf func(format string, args ...any)
 }
@@ -153,13 +164,18 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		return nil, errors.New("proof: Config.Command is nil")
 	case cfg.Fault.NeedsServer() && cfg.Server == nil:
 		return nil, fmt.Errorf("proof: fault %s needs Config.Server", cfg.Fault)
+	case cfg.Locker != "" && cfg.Fencing:
+		return nil, fmt.Errorf("proof: Locker %q gives no fence; Config.Fencing must be false", cfg.Locker)
 	}
 	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
 		return nil, err
 	}
-	strength, err := declaredFence(ctx, cfg.Store)
-	if err != nil {
-		return nil, err
+	strength := fenced.FenceNone
+	if cfg.Locker == "" {
+		var err error
+		if strength, err = declaredFence(ctx, cfg.Store); err != nil {
+			return nil, err
+		}
 	}
 	res, err := OpenResource(filepath.Join(cfg.Dir, resourceFile))
 	if err != nil {
@@ -301,7 +317,7 @@ func (r *run) startWorker(i int) error {
 			return err
 		}
 	}
-	wc := WorkerConfig{Worker: i, Store: store, Keys: r.cfg.Keys, TTL: r.cfg.TTL, Work: r.cfg.Work, Fencing: r.cfg.Fencing, Ordering: r.cfg.Ordering, MinFence: r.cfg.MinFence, Dir: r.cfg.Dir}
+	wc := WorkerConfig{Worker: i, Store: store, Keys: r.cfg.Keys, TTL: r.cfg.TTL, Work: r.cfg.Work, Fencing: r.cfg.Fencing, Ordering: r.cfg.Ordering, MinFence: r.cfg.MinFence, Dir: r.cfg.Dir, Locker: r.cfg.Locker}
 	raw, err := json.Marshal(wc)
 	if err != nil {
 		return err

@@ -59,6 +59,9 @@ type WorkerConfig struct {
 	MinFence fenced.FenceStrength `json:"min_fence"`
 	// Dir is the run's directory: history, resource, arming files.
 	Dir string `json:"dir"`
+	// Locker, if set, names the registered Locker the worker locks with
+	// instead of fenced (Fencing is then false).
+	Locker string `json:"locker,omitempty"`
 }
 
 // Files of a run directory.
@@ -93,6 +96,7 @@ type worker struct {
 	rec    *Recorder
 	res    *Resource
 	client *fenced.Client
+	locker Locker
 	seq    atomic.Int64
 	pid    int64
 	late   sync.WaitGroup // delayed writes still in flight
@@ -115,23 +119,34 @@ func runWorker(cfg WorkerConfig) error {
 	}
 	defer res.Close()
 	w := &worker{cfg: cfg, rec: rec, res: res, pid: int64(os.Getpid())}
-	hooks := fenced.Hooks{
-		Lost: func(e fenced.LostEvent) {
-			w.record(Event{Kind: Lost, Key: e.Key, Fence: e.Fence, Err: errString(e.Cause)})
-		},
-		Renewed: func(e fenced.RenewEvent) {
-			k := Renewed
-			if e.Err != nil {
-				k = RenewFail
-			}
-			w.record(Event{Kind: k, Key: e.Key, Fence: e.Fence, Err: errString(e.Err)})
-		},
+	if cfg.Locker != "" {
+		open, err := lookupLocker(cfg.Locker)
+		if err != nil {
+			return err
+		}
+		if w.locker, err = open(ctx, cfg.Store); err != nil {
+			return err
+		}
+		defer w.locker.Close()
+	} else {
+		hooks := fenced.Hooks{
+			Lost: func(e fenced.LostEvent) {
+				w.record(Event{Kind: Lost, Key: e.Key, Fence: e.Fence, Err: errString(e.Cause)})
+			},
+			Renewed: func(e fenced.RenewEvent) {
+				k := Renewed
+				if e.Err != nil {
+					k = RenewFail
+				}
+				w.record(Event{Kind: k, Key: e.Key, Fence: e.Fence, Err: errString(e.Err)})
+			},
+		}
+		w.client, err = fenced.Open(ctx, cfg.Store, &fenced.Options{Hooks: hooks, MinBackoff: 5 * time.Millisecond, MaxBackoff: 100 * time.Millisecond, FallbackPoll: cfg.TTL})
+		if err != nil {
+			return err
+		}
+		defer w.client.Close()
 	}
-	w.client, err = fenced.Open(ctx, cfg.Store, &fenced.Options{Hooks: hooks, MinBackoff: 5 * time.Millisecond, MaxBackoff: 100 * time.Millisecond, FallbackPoll: cfg.TTL})
-	if err != nil {
-		return err
-	}
-	defer w.client.Close()
 	w.record(Event{Kind: WorkerStart})
 	for i := 0; ; i++ {
 		if _, err := os.Stat(filepath.Join(cfg.Dir, stopFile)); err == nil {
@@ -165,16 +180,17 @@ func (w *worker) round(ctx context.Context, key string) {
 	op := w.op()
 	w.record(Event{Kind: AcquireInvoke, Op: op, Key: key})
 	actx, cancel := context.WithTimeout(ctx, 20*w.cfg.TTL+10*time.Second)
-	l, err := w.client.Acquire(actx, key, &fenced.LeaseOptions{TTL: w.cfg.TTL, MaxWait: fenced.WaitForever, MinFence: w.cfg.MinFence})
+	l, err := w.acquire(actx, key, op)
 	cancel()
 	if err != nil {
 		w.record(Event{Kind: AcquireFail, Op: op, Key: key, Err: errString(err)})
 		time.Sleep(w.cfg.TTL / 10)
 		return
 	}
-	tok := fence.From(l)
+	defer l.cancel()
+	tok := l.tok
 	w.record(Event{Kind: AcquireOK, Op: op, Key: key, Fence: tok.Fence, Owner: tok.Owner})
-	defer w.release(l, tok)
+	defer w.release(l)
 
 	// Read the state the holder inherits (claiming it first, in that
 	// ordering).
@@ -182,7 +198,7 @@ func (w *worker) round(ctx context.Context, key string) {
 	w.record(Event{Kind: ReadInvoke, Op: op, Key: key, Fence: tok.Fence, Owner: tok.Owner})
 	var prev int64
 	if w.cfg.Fencing && w.cfg.Ordering == ClaimFirst {
-		out, err := w.res.ClaimRead(l.Context(), key, tok, op)
+		out, err := w.res.ClaimRead(l.ctx, key, tok, op)
 		switch {
 		case err != nil:
 			w.record(Event{Kind: ReadFail, Op: op, Key: key, Fence: tok.Fence, Owner: tok.Owner, Err: errString(err)})
@@ -193,7 +209,7 @@ func (w *worker) round(ctx context.Context, key string) {
 		}
 		prev = out.Length
 	} else {
-		prev, err = w.res.Read(l.Context(), key)
+		prev, err = w.res.Read(l.ctx, key)
 		if err != nil {
 			w.record(Event{Kind: ReadFail, Op: op, Key: key, Fence: tok.Fence, Owner: tok.Owner, Err: errString(err)})
 			return
@@ -205,10 +221,10 @@ func (w *worker) round(ctx context.Context, key string) {
 	// narrows the window but cannot close it: the faults strike after it.
 	select {
 	case <-time.After(w.cfg.Work):
-	case <-l.Done():
+	case <-l.ctx.Done():
 	}
-	if err := l.Context().Err(); err != nil {
-		w.record(Event{Kind: Abandon, Key: key, Fence: tok.Fence, Owner: tok.Owner, Err: errString(context.Cause(l.Context()))})
+	if err := l.ctx.Err(); err != nil {
+		w.record(Event{Kind: Abandon, Key: key, Fence: tok.Fence, Owner: tok.Owner, Err: errString(context.Cause(l.ctx))})
 		return
 	}
 	delay := w.atPoint("before-write")
@@ -249,11 +265,53 @@ func boolInt(b bool) int64 {
 	return 0
 }
 
-func (w *worker) release(l *fenced.Lease, tok fence.Token) {
+// holding is a lock a worker holds: a fenced lease, or a Locker's lock.
+type holding struct {
+	// tok is the lease's token; for a Locker's lock, its fence is zero
+	// (the checker derives one) and its owner is unique to the grant.
+	tok fence.Token
+	// ctx ends when the worker learns the lock is lost.
+	ctx    context.Context
+	cancel context.CancelFunc
+	unlock func(context.Context) error
+}
+
+// acquire takes key with fenced or with the worker's Locker; op names the
+// grant's owner for a Locker.
+func (w *worker) acquire(ctx context.Context, key string, op int64) (*holding, error) {
+	if w.locker == nil {
+		l, err := w.client.Acquire(ctx, key, &fenced.LeaseOptions{TTL: w.cfg.TTL, MaxWait: fenced.WaitForever, MinFence: w.cfg.MinFence})
+		if err != nil {
+			return nil, err
+		}
+		lctx, cancel := context.WithCancel(l.Context())
+		return &holding{tok: fence.From(l), ctx: lctx, cancel: cancel, unlock: l.Release}, nil
+	}
+	u, err := w.locker.Lock(ctx, key, w.cfg.TTL)
+	if err != nil {
+		return nil, err
+	}
+	tok := fence.Token{Key: key, Owner: fmt.Sprintf("%s-%d", w.cfg.Locker, op)}
+	lctx, cancel := context.WithCancelCause(context.Background())
+	if lost := u.Lost(); lost != nil {
+		go func() {
+			select {
+			case <-lost:
+				w.record(Event{Kind: Lost, Key: key, Owner: tok.Owner})
+				cancel(errors.New("the lock library reported the lock lost"))
+			case <-lctx.Done():
+			}
+		}()
+	}
+	return &holding{tok: tok, ctx: lctx, cancel: func() { cancel(nil) }, unlock: u.Unlock}, nil
+}
+
+func (w *worker) release(l *holding) {
+	tok := l.tok
 	w.record(Event{Kind: ReleaseInvoke, Key: tok.Key, Fence: tok.Fence, Owner: tok.Owner})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	err := l.Release(ctx)
+	err := l.unlock(ctx)
 	w.record(Event{Kind: ReleaseDone, Key: tok.Key, Fence: tok.Fence, Owner: tok.Owner, Err: errString(err)})
 }
 

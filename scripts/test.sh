@@ -3,9 +3,11 @@
 #
 # On a fresh Debian machine it first installs, with apt-get, the server
 # packages the tests start themselves (PostgreSQL, MariaDB, Redis, etcd,
-# ZooKeeper, Curator and the Python peers) and gcc (for cgo and a test
-# helper that steps a server's clock). It needs root or sudo for that,
-# and only for that. Extra arguments go to `go test` (for example -run).
+# ZooKeeper, Curator and the Python peers), gcc (for cgo and a test
+# helper that steps a server's clock) and Node.js with npm. It needs root
+# or sudo for that, and only for that. With npm it installs dynalite (a
+# DynamoDB-compatible server, pinned) into a cache directory outside the
+# repository. Extra arguments go to `go test` (for example -run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PATH:/usr/local/go/bin:/usr/lib/go/bin"
@@ -30,6 +32,8 @@ need default-jdk-headless command -v javac
 need python3-redis /usr/bin/python3 -I -c 'import redis' # -I: not the repo's redis/ directory
 need curl command -v curl # fence: the documented shell-child request is run as written
 need gcc command -v gcc # testenv.WallClock compiles its clock-stepping preload library (and -race needs cgo)
+need nodejs command -v node # runs dynalite, the DynamoDB-compatible server of the dynamodb tests
+need npm command -v npm
 
 if ((${#missing[@]})); then
 	echo "test.sh: installing missing Debian packages: ${missing[*]}"
@@ -39,6 +43,17 @@ if ((${#missing[@]})); then
 	$sudo apt-get update -qq
 	$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/tmp/fenced-apt.log 2>&1 ||
 		{ tail -50 /tmp/fenced-apt.log; exit 1; }
+fi
+
+# dynalite (npm, pinned; keep in step with testenv.DynaliteVersion) goes
+# into a cache directory outside the repository, where testenv finds it.
+dynalite_version=4.0.0
+dynalite_dir=${FENCED_DYNALITE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/fenced/dynalite}
+if ! grep -qs "\"version\": \"$dynalite_version\"" "$dynalite_dir/node_modules/dynalite/package.json"; then
+	echo "test.sh: installing dynalite@$dynalite_version into $dynalite_dir"
+	mkdir -p "$dynalite_dir"
+	npm install --prefix "$dynalite_dir" --no-audit --no-fund --save-exact "dynalite@$dynalite_version" >/tmp/fenced-npm.log 2>&1 ||
+		{ tail -50 /tmp/fenced-npm.log; exit 1; }
 fi
 
 command -v go >/dev/null || { echo "test.sh: Go is not installed (want go 1.26 or newer)"; exit 1; }

@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"errors"
 	"net/url"
+	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
@@ -45,6 +47,49 @@ var backendCases = []backendCase{
 	{name: "mysql", start: func(t *testing.T) string { return testenv.StartMySQL(t).URL() }},
 	{name: "etcd", start: func(t *testing.T) string { return testenv.StartEtcd(t).URL("") }},
 	{name: "zookeeper", start: func(t *testing.T) string { return testenv.StartZooKeeper(t).URL("/fenced-cli", "") }},
+	{name: "dynamodb", start: func(t *testing.T) string {
+		return testenv.StartDynalite(t, testenv.DynaliteConfig{}).URL("leases", "create=1")
+	}},
+}
+
+// TestRunWaitAndBreakOnDynamoDB checks the rest of the CLI contract on the
+// store without a server clock: a waiting run gets the key with a higher
+// fence once the holder's run is broken, and the broken run exits 77.
+func TestRunWaitAndBreakOnDynamoDB(t *testing.T) {
+	t.Parallel()
+	store := testenv.StartDynalite(t, testenv.DynaliteConfig{}).URL("leases", "create=1")
+	admin := client(t, store)
+	key := "cli:dynamo"
+	holder, hout, herr := cliCmd(t, store, "run", "--ttl", "2s", "--grace", "500ms", key, "--", "sh", "-c", `echo "held $FENCED_FENCE"; sleep 30 & wait`)
+	if err := holder.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Process.Kill()
+	info := waitHeld(t, admin, key)
+	waiter, wout, werr := cliCmd(t, store, "run", "--ttl", "2s", "--wait", "30s", key, "--", "sh", "-c", `echo "got $FENCED_FENCE"`)
+	if err := waiter.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer waiter.Process.Kill()
+	time.Sleep(3 * time.Second) // the holder renews: the waiter keeps waiting
+	if now, err := admin.Inspect(context.Background(), key); err != nil || !now.Held || now.Fence != info.Fence {
+		t.Fatalf("while the holder renewed: %+v, %v; want still held with fence %d", now, err, info.Fence)
+	}
+	if r := cli(t, store, "break", key, "--reason", "cli test"); r.code != 0 {
+		t.Fatalf("break: %d %s", r.code, r.stderr)
+	}
+	err := holder.Wait()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 77 {
+		t.Fatalf("broken holder: exit %v, want 77; stdout %q stderr %q", err, hout.String(), herr.String())
+	}
+	if err := waiter.Wait(); err != nil {
+		t.Fatalf("waiter: %v; stderr %q", err, werr.String())
+	}
+	got, err := strconv.ParseUint(strings.TrimPrefix(strings.TrimSpace(wout.String()), "got "), 10, 64)
+	if err != nil || got <= info.Fence {
+		t.Fatalf("waiter ran with %q, want a fence above the broken holder's %d", wout.String(), info.Fence)
+	}
 }
 
 // TestCommandsOnEveryBackend runs run, ls, inspect and break against every

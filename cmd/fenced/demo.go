@@ -335,30 +335,29 @@ func demoWorker(ctx context.Context, name, leases, billing string, noFence bool)
 	emit("acquired", f, "acquired %s with fence %d", demoKey, f)
 	defer lease.Release(context.WithoutCancel(ctx))
 
-	// Read the job. With the fence, claim the row first in the same
-	// transaction, so that a stale holder is refused even before our
-	// first real write.
-	status, err := func() (string, error) {
-		tx, err := db.BeginTx(ctx, nil)
-		if err != nil {
-			return "", err
+	// Read the job. With the fence, claim the row first in the same short
+	// transaction (committed before the work), so that a stale holder is
+	// refused even before our first real write.
+	readStatus := func(ctx context.Context, q interface {
+		QueryRowContext(context.Context, string, ...any) *sql.Row
+	}) (status string, err error) {
+		err = q.QueryRowContext(ctx, `SELECT status FROM invoice_jobs WHERE id = ?`, demoInvoice).Scan(&status)
+		return status, err
+	}
+	var status string
+	if noFence {
+		status, err = readStatus(ctx, db)
+	} else {
+		var res fence.Result
+		res, err = guard.ClaimAndRead(ctx, demoInvoice, tok, func(ctx context.Context, tx *sql.Tx) error {
+			var err error
+			status, err = readStatus(ctx, tx)
+			return err
+		})
+		if err == nil && res.Outcome == fence.Stale {
+			err = fmt.Errorf("claim refused: the row already carries fence %d", res.Current)
 		}
-		defer tx.Rollback()
-		if !noFence {
-			res, err := guard.Claim(ctx, tx, demoInvoice, tok)
-			if err != nil {
-				return "", err
-			}
-			if res.Outcome == fence.Stale {
-				return "", fmt.Errorf("claim refused: the row already carries fence %d", res.Current)
-			}
-		}
-		var status string
-		if err := tx.QueryRowContext(ctx, `SELECT status FROM invoice_jobs WHERE id = ?`, demoInvoice).Scan(&status); err != nil {
-			return "", err
-		}
-		return status, tx.Commit()
-	}()
+	}
 	if err != nil {
 		emit("outcome", f, "error: %v", err)
 		return err

@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/fenced-dev/fenced"
+	_ "github.com/fenced-dev/fenced/dynamodb"
 	_ "github.com/fenced-dev/fenced/etcd"
 	_ "github.com/fenced-dev/fenced/mem"
 	_ "github.com/fenced-dev/fenced/mysql"

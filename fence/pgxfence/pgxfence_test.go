@@ -5,6 +5,7 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 
@@ -39,7 +40,26 @@ func TestNativePgx(t *testing.T) {
 	a := fence.Token{Key: "job:j1", Fence: 4, Owner: "owner-a"}
 	b := fence.Token{Key: "job:j1", Fence: 5, Owner: "owner-b"}
 
-	// The new holder claims inside a native pgx transaction.
+	// The new holder claims and reads inside a native pgx transaction that
+	// the guard commits.
+	var status string
+	r, err := pgxfence.ClaimAndRead(ctx, g, pool, "j1", b, func(ctx context.Context, tx pgx.Tx) error {
+		return tx.QueryRow(ctx, `SELECT status FROM jobs WHERE id = $1`, "j1").Scan(&status)
+	})
+	if err != nil || !r.Applied() || status != "PENDING" {
+		t.Fatalf("claim and read: %+v %v, status %q", r, err, status)
+	}
+	if f, _, err := g.CurrentConn(ctx, pgxfence.Conn(pool), "j1"); err != nil || f != 5 {
+		t.Fatalf("claim not committed: fence %d %v", f, err)
+	}
+	called := false
+	if r, err := pgxfence.ClaimAndRead(ctx, g, pool, "j1", a, func(context.Context, pgx.Tx) error { called = true; return nil }); err != nil || r.Outcome != fence.Stale || called {
+		t.Fatalf("stale claim and read: %+v %v (read called %v)", r, err, called)
+	}
+	if _, err := pgxfence.ClaimAndRead(ctx, g, pool, "j1", fence.Token{Key: "job:other", Fence: 9, Owner: "o"}, nil); !errors.Is(err, fence.ErrWrongKey) {
+		t.Fatalf("token of another key: %v", err)
+	}
+	// Claiming in the caller's own pgx transaction works too.
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -66,7 +86,7 @@ func TestNativePgx(t *testing.T) {
 	if f, o, err := g.CurrentConn(ctx, pgxfence.Conn(pool), "j1"); err != nil || f != 5 || o != "owner-b" {
 		t.Fatalf("current %d %q %v", f, o, err)
 	}
-	if stale != 1 {
-		t.Fatalf("%d stale reports, want 1", stale)
+	if stale != 2 {
+		t.Fatalf("%d stale reports, want 2", stale)
 	}
 }

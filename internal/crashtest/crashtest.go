@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"strconv"
@@ -21,13 +22,15 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/fence"
 	"github.com/fenced-dev/fenced/internal/testenv"
 )
 
 const (
-	envURL = "FENCED_CRASHTEST_URL"
-	envKey = "FENCED_CRASHTEST_KEY"
-	envTTL = "FENCED_CRASHTEST_TTL"
+	envURL   = "FENCED_CRASHTEST_URL"
+	envKey   = "FENCED_CRASHTEST_KEY"
+	envTTL   = "FENCED_CRASHTEST_TTL"
+	envGuard = "FENCED_CRASHTEST_GUARD"
 )
 
 // MaybeRunHolder runs the holder and exits the process if this process was
@@ -36,6 +39,13 @@ const (
 //
 // The holder takes the lease, prints "FENCE <n>", keeps renewing it, and
 // when the lease ends prints "ENDED <lost|expired|other> <cause>".
+//
+// Started by GuardedHolderCommand, it also writes to a fenced HTTP
+// resource with its lease's token in a loop, whatever its lease says (as a
+// worker paused between its check and its write would), printing
+// "WRITE <i> applied" for each accepted write, until a write is refused as
+// stale ("REFUSED <i> <error>"); once the lease has ended it waits for that
+// refusal (10s at most) before printing ENDED and exiting.
 func MaybeRunHolder() {
 	url := os.Getenv(envURL)
 	if url == "" {
@@ -59,7 +69,17 @@ func MaybeRunHolder() {
 	}
 	// The lease renews itself until the process is killed or paused.
 	fmt.Printf("FENCE %d\n", l.Fence())
+	refused := make(chan struct{})
+	if guard := os.Getenv(envGuard); guard != "" {
+		go writeGuarded(guard, l, refused)
+	} else {
+		close(refused)
+	}
 	<-l.Done()
+	select {
+	case <-refused:
+	case <-time.After(10 * time.Second):
+	}
 	cause := "other"
 	switch {
 	case errors.Is(l.Err(), fenced.ErrLost):
@@ -77,6 +97,47 @@ func HolderCommand(url, key string, ttl time.Duration) *exec.Cmd {
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), envURL+"="+url, envKey+"="+key, envTTL+"="+ttl.String())
 	return cmd
+}
+
+// GuardedHolderCommand is HolderCommand for a holder that also writes to
+// the fenced HTTP resource at guardURL (served with fence.Middleware) in a
+// loop; see MaybeRunHolder.
+func GuardedHolderCommand(url, key string, ttl time.Duration, guardURL string) *exec.Cmd {
+	cmd := HolderCommand(url, key, ttl)
+	cmd.Env = append(cmd.Env, envGuard+"="+guardURL)
+	return cmd
+}
+
+// writeGuarded posts to guardURL with l's token every 10ms until a write
+// is refused as stale, then closes refused.
+func writeGuarded(guardURL string, l *fenced.Lease, refused chan<- struct{}) {
+	defer close(refused)
+	client := &http.Client{Transport: &fence.Transport{}, Timeout: 10 * time.Second}
+	ctx := fence.WithLease(context.Background(), l)
+	for i := 0; ; i++ {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, guardURL, nil)
+		if err != nil {
+			fmt.Println("WRITE", i, "error", err)
+			return
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			fmt.Println("WRITE", i, "error", err)
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		if err := fence.ResponseError(resp); err != nil {
+			if errors.Is(err, fence.ErrStale) {
+				fmt.Println("REFUSED", i, err)
+				return
+			}
+			fmt.Println("WRITE", i, "error", err)
+		} else {
+			resp.Body.Close()
+			fmt.Println("WRITE", i, "applied")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // KilledHolderIsReplaced starts a child process that takes a lease on a

@@ -209,3 +209,70 @@ func Handover(b *testing.B, waiters int, open func(b *testing.B) *fenced.Client)
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// RenewalRequests holds m leases with ttl through c (renewed automatically
+// every ttl/3) and reports how many requests the client sends in one
+// renewal period, counted by rt (which must count c's connections): once
+// every lease has been renewed at least once, it counts over one period.
+// A backend that renews in batches (driver.BatchRenewer) sends far fewer
+// requests than m; one that renews each lease with its own request sends
+// about m. It also reports how many leases were lost meanwhile (a backend
+// whose renewals cannot keep up loses some) and fails if any was. ttl must
+// leave room for m renewals per period on the store under test.
+func RenewalRequests(b *testing.B, c *fenced.Client, rt *RoundTrips, m int, ttl time.Duration) {
+	ctx := context.Background()
+	prefix := fmt.Sprintf("bench:renewals:%d:", time.Now().UnixNano())
+	opts := &fenced.LeaseOptions{TTL: ttl}
+	leases := make([]*fenced.Lease, m)
+	var (
+		wg    sync.WaitGroup
+		next  atomic.Int64
+		first atomic.Value
+	)
+	began := time.Now()
+	for range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := int(next.Add(1)) - 1; i < m; i = int(next.Add(1)) - 1 {
+				l, err := c.TryAcquire(ctx, fmt.Sprintf("%s%06d", prefix, i), opts)
+				if err != nil {
+					first.CompareAndSwap(nil, err)
+					return
+				}
+				leases[i] = l
+			}
+		}()
+	}
+	wg.Wait()
+	if err, _ := first.Load().(error); err != nil {
+		b.Fatal(err)
+	}
+	acquired := time.Since(began)
+	period := ttl / 3
+	// Every lease is due within one period of its grant; after that (plus
+	// a margin for the renewals in flight) each one renews once a period.
+	b.ResetTimer()
+	time.Sleep(period + period/4)
+	before := rt.Count()
+	time.Sleep(period)
+	requests := rt.Count() - before
+	b.StopTimer()
+	lost := 0
+	for _, l := range leases {
+		if l.Err() != nil {
+			lost++
+		}
+	}
+	for _, l := range leases {
+		_ = l.Release(ctx)
+	}
+	b.ReportMetric(float64(requests), "requests/period")
+	b.ReportMetric(float64(requests)/float64(m), "requests/lease/period")
+	b.ReportMetric(float64(lost), "lost")
+	b.ReportMetric(acquired.Seconds(), "acquire-all-s")
+	b.ReportMetric(0, "ns/op")
+	if lost > 0 {
+		b.Fatalf("%d of %d leases lost: renewals did not keep up with a %v period", lost, m, period)
+	}
+}
