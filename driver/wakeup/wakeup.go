@@ -22,6 +22,14 @@ type Registry struct {
 	// Idle, if set, is called after the last subscriber of key left
 	// (outside the registry's lock), so the driver can stop listening.
 	Idle func(key string)
+	// PassOn makes a subscriber that closes with a wake-up it did not
+	// consume hand it to the next subscriber of the key without one
+	// pending. Set it when the driver wakes one waiter per release
+	// (WakeOne), so a release is not lost when its waiter leaves; a driver
+	// that wakes every waiter (Wake) leaves it off, since the others were
+	// woken already and a second wake-up would only add a look at the
+	// store.
+	PassOn bool
 
 	mu   sync.Mutex
 	subs map[string][]*Sub
@@ -129,10 +137,9 @@ func (s *Sub) Key() string { return s.key }
 // have been freed.
 func (s *Sub) C() <-chan struct{} { return s.c }
 
-// Close implements driver.Subscription. A wake-up s received but did not
-// consume goes to the next subscriber of the key without one pending, so
-// a release is not lost when its waiter leaves. Close is idempotent and
-// never fails.
+// Close implements driver.Subscription. With PassOn, a wake-up s received
+// but did not consume goes to the next subscriber of the key without one
+// pending. Close is idempotent and never fails.
 func (s *Sub) Close() error {
 	s.once.Do(func() {
 		r := s.r
@@ -144,10 +151,12 @@ func (s *Sub) Close() error {
 				break
 			}
 		}
-		select {
-		case <-s.c:
-			r.wakeOneLocked(s.key, s)
-		default:
+		if r.PassOn {
+			select {
+			case <-s.c:
+				r.wakeOneLocked(s.key, s)
+			default:
+			}
 		}
 		last := len(subs) == 0
 		if last {

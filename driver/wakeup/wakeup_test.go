@@ -41,7 +41,7 @@ func TestWakeOneOldestFirst(t *testing.T) {
 
 func TestCloseHandsOnUnconsumedWake(t *testing.T) {
 	var idle []string
-	r := Registry{Idle: func(k string) { idle = append(idle, k) }}
+	r := Registry{Idle: func(k string) { idle = append(idle, k) }, PassOn: true}
 	a1, a2 := r.Subscribe("a"), r.Subscribe("a")
 	r.WakeOne("a") // to a1, which leaves without looking
 	a1.Close()
@@ -67,5 +67,15 @@ func TestWakeEvery(t *testing.T) {
 	r.WakeEvery()
 	if !pending(a) || !pending(b) {
 		t.Fatal("WakeEvery missed a waiter")
+	}
+}
+
+func TestCloseWithoutPassOnKeepsOthersAsTheyAre(t *testing.T) {
+	var r Registry
+	a1, a2 := r.Subscribe("a"), r.Subscribe("a")
+	r.WakeOne("a") // to a1, which leaves without looking
+	a1.Close()
+	if pending(a2) {
+		t.Fatal("a registry without PassOn handed on a wake-up")
 	}
 }

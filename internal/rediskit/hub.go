@@ -71,6 +71,7 @@ type sub struct {
 func NewHub(c redis.UniversalClient) *Hub {
 	h := &Hub{client: c, topics: map[string]*topic{}, pending: map[string][]chan struct{}{}, done: make(chan struct{})}
 	h.wake.Idle = h.idle
+	h.wake.PassOn = true // one wake-up per release: hand it on
 	return h
 }
 
