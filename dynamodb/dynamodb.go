@@ -129,7 +129,6 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -144,6 +143,7 @@ import (
 	"github.com/fenced-dev/fenced/clock"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/leasetable"
+	"github.com/fenced-dev/fenced/internal/urlquery"
 )
 
 func init() {
@@ -244,23 +244,22 @@ func open(ctx context.Context, u *url.URL) (*Driver, error) {
 	if u.Opaque != "" {
 		return nil, fmt.Errorf("%w: want dynamodb:///TABLE?region=R or dynamodb://HOST:PORT/TABLE", driver.ErrInvalidURL)
 	}
-	q, err := leasetable.ParseQuery(u.RawQuery)
+	q, err := urlquery.Parse(u.RawQuery)
 	if err != nil {
 		return nil, err
 	}
+	own := map[string]string{}
 	for _, p := range []string{paramRegion, paramCreate} {
-		if len(q[p]) > 1 {
-			return nil, fmt.Errorf("%w: %s= given %d times", driver.ErrInvalidURL, p, len(q[p]))
+		v, ok, err := q.Take(p)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			own[p] = v
 		}
 	}
-	own := leasetable.TakeParams(q, paramRegion, paramCreate)
-	if len(q) > 0 {
-		var unknown []string
-		for k := range q {
-			unknown = append(unknown, k)
-		}
-		sort.Strings(unknown)
-		return nil, fmt.Errorf("%w: unknown parameter %s (known: %s, %s)", driver.ErrInvalidURL, strings.Join(unknown, ", "), paramRegion, paramCreate)
+	if err := q.NoRest(paramRegion, paramCreate); err != nil {
+		return nil, err
 	}
 	opts := &Options{Table: strings.TrimPrefix(u.Path, "/")}
 	if v, ok := own[paramCreate]; ok {

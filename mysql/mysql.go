@@ -92,7 +92,6 @@ import (
 	"net"
 	"net/url"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
@@ -100,6 +99,9 @@ import (
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/leasetable"
+	"github.com/fenced-dev/fenced/internal/sqlident"
+	"github.com/fenced-dev/fenced/internal/sqllease"
+	"github.com/fenced-dev/fenced/internal/urlquery"
 )
 
 func init() {
@@ -125,23 +127,16 @@ type Options struct {
 // concurrent use.
 type Driver struct {
 	db    *sql.DB
-	ownDB bool
 	table string
 	// t, b and f are the quoted names of the lease, audit and floor tables.
 	t, b, f string
-	stmts   struct {
-		acquire, renew, release, inspect *sql.Stmt
-	}
-
-	mu     sync.Mutex
-	closed bool
+	std     *sqllease.StdDB
+	*sqllease.Engine
 }
 
-var (
-	_ driver.Driver       = (*Driver)(nil)
-	_ driver.BatchRenewer = (*Driver)(nil)
-	_ driver.BreakLogger  = (*Driver)(nil)
-)
+// The engine implements driver.BatchRenewer, driver.BreakLogger,
+// driver.FenceFloorer and driver.Pruner for every SQL backend.
+var _ driver.Driver = (*Driver)(nil)
 
 // Open connects to the store named by a mysql:// URL (see the package
 // documentation) and returns a driver that owns its *sql.DB. Errors match
@@ -169,15 +164,19 @@ func Config(u *url.URL) (*mysql.Config, string, error) {
 	if u.Opaque != "" || u.Host == "" {
 		return nil, "", fmt.Errorf("%w: want mysql://user:password@host:port/database", driver.ErrInvalidURL)
 	}
-	q, err := leasetable.ParseQuery(u.RawQuery)
+	p, err := urlquery.Parse(u.RawQuery)
 	if err != nil {
 		return nil, "", err
 	}
-	table, err := leasetable.TableFromQuery(q)
+	table, err := leasetable.TakeTable(p)
 	if err != nil {
 		return nil, "", err
 	}
-	own := leasetable.TakeParams(q, leasetable.TableParam, paramSocket)
+	socket, viaSocket, err := p.Take(paramSocket)
+	if err != nil {
+		return nil, "", err
+	}
+	q := p.Rest()
 	db := strings.TrimPrefix(u.Path, "/")
 	if db == "" || strings.Contains(db, "/") {
 		return nil, "", fmt.Errorf("%w: the path must name one database, as in mysql://host/dbname", driver.ErrInvalidURL)
@@ -196,8 +195,8 @@ func Config(u *url.URL) (*mysql.Config, string, error) {
 	cfg.User = u.User.Username()
 	cfg.Passwd, _ = u.User.Password()
 	cfg.Net, cfg.Addr = "tcp", addr
-	if s, ok := own[paramSocket]; ok {
-		cfg.Net, cfg.Addr = "unix", s
+	if viaSocket {
+		cfg.Net, cfg.Addr = "unix", socket
 	}
 	cfg.DBName = db
 	if _, set := q["interpolateParams"]; !set {
@@ -232,7 +231,7 @@ func open(ctx context.Context, u *url.URL) (*Driver, error) {
 		db.Close()
 		return nil, err
 	}
-	d.ownDB = true
+	d.std.SetOwned()
 	return d, nil
 }
 
@@ -249,41 +248,30 @@ func connectError(cfg *mysql.Config, err error) error {
 // ErrSchema and changes nothing. Close does not close db. opts
 // may be nil.
 func New(ctx context.Context, db *sql.DB, opts *Options) (*Driver, error) {
-	var o Options
+	var name string
 	if opts != nil {
-		o = *opts
+		name = opts.Table
 	}
-	if o.Table == "" {
-		o.Table = leasetable.DefaultTable
-	}
-	if err := leasetable.ValidateTable(o.Table); err != nil {
+	table, err := leasetable.TableOrDefault(name)
+	if err != nil {
 		return nil, fmt.Errorf("mysql: %w", err)
 	}
-	d := &Driver{db: db, table: o.Table, t: quoteIdent(o.Table), b: quoteIdent(o.Table + leasetable.BreaksSuffix), f: quoteIdent(o.Table + leasetable.FloorSuffix)}
+	d := &Driver{db: db, table: table, t: quoteIdent(table), b: quoteIdent(table + leasetable.BreaksSuffix), f: quoteIdent(table + leasetable.FloorSuffix)}
+	d.std = sqllease.NewStdDB(db, false)
+	dialect := d.dialect()
+	d.Engine = sqllease.New(dialect, d.std)
 	if err := d.ensureSchema(ctx); err != nil {
+		d.std.Close()
 		return nil, err
 	}
-	for _, p := range []struct {
-		stmt **sql.Stmt
-		sql  string
-	}{
-		{&d.stmts.acquire, d.acquireSQL()},
-		{&d.stmts.renew, `UPDATE ` + d.t + ` SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, fence = LAST_INSERT_ID(fence)
- WHERE lease_key = ? AND owner = ? AND fence = ? AND expires_at > UTC_TIMESTAMP(6)`},
-		{&d.stmts.release, `UPDATE ` + d.t + ` SET owner = '', expires_at = ` + freeExpiry + ` WHERE lease_key = ? AND owner = ? AND fence = ?`},
-		{&d.stmts.inspect, `SELECT owner, fence, ` + remainingExpr + ` FROM ` + d.t + ` WHERE lease_key = ?`},
-	} {
-		s, err := db.PrepareContext(ctx, p.sql)
-		if err != nil {
-			d.closeStmts()
-			return nil, classify("prepare", "", err)
-		}
-		*p.stmt = s
+	// The hot statements run prepared: one round trip each.
+	if err := d.std.Prepare(ctx, d.acquireSQL(), dialect.Renew.SQL, dialect.Release.SQL, dialect.Inspect.SQL); err != nil {
+		return nil, d.Wrap("prepare", "", err)
 	}
 	return d, nil
 }
 
-func quoteIdent(name string) string { return "`" + strings.ReplaceAll(name, "`", "``") + "`" }
+func quoteIdent(name string) string { return sqlident.QuoteMySQL(name) }
 
 // freeExpiry is the expiry of a released or broken row: far in the past,
 // so "expired" alone decides that a row can be granted, whatever the
@@ -326,97 +314,84 @@ ON DUPLICATE KEY UPDATE
   expires_at = IF(owner = ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, expires_at)`
 }
 
-func (d *Driver) checkOpen() error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.closed {
-		return driver.ErrClosed
+// dialect is MySQL's part of the lease-table engine.
+func (d *Driver) dialect() *sqllease.Dialect {
+	acquire := d.acquireSQL()
+	return &sqllease.Dialect{
+		Name: "mysql",
+		Unit: time.Microsecond,
+		Statements: sqllease.Statements{
+			Renew: sqllease.Stmt{
+				SQL: `UPDATE ` + d.t + ` SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, fence = LAST_INSERT_ID(fence)
+ WHERE lease_key = ? AND owner = ? AND fence = ? AND expires_at > UTC_TIMESTAMP(6)`,
+				Args: func(a sqllease.Args) []any { return []any{a.TTL, a.Key, a.Owner, a.Fence} },
+			},
+			Release: sqllease.Stmt{SQL: `UPDATE ` + d.t + ` SET owner = '', expires_at = ` + freeExpiry + ` WHERE lease_key = ? AND owner = ? AND fence = ?`},
+			Inspect: sqllease.Stmt{SQL: `SELECT owner, fence, ` + remainingExpr + ` FROM ` + d.t + ` WHERE lease_key = ?`},
+			// Keys are binary strings, sorted byte-wise; the prefix is
+			// compared as bytes.
+			List: sqllease.Stmt{
+				SQL: `SELECT lease_key, owner, fence, ` + remainingExpr + ` FROM ` + d.t + `
+ WHERE LEFT(lease_key, ?) = ? AND owner <> '' AND expires_at > UTC_TIMESTAMP(6) ORDER BY lease_key`,
+				Args: func(a sqllease.Args) []any { return []any{len(a.Prefix), []byte(a.Prefix)} },
+			},
+			LockRow:  sqllease.Stmt{SQL: `SELECT owner, fence, ` + remainingExpr + ` FROM ` + d.t + ` WHERE lease_key = ? FOR UPDATE`},
+			BreakRow: sqllease.Stmt{SQL: `UPDATE ` + d.t + ` SET owner = '', expires_at = ` + freeExpiry + ` WHERE lease_key = ?`},
+			Audit:    sqllease.Stmt{SQL: `INSERT INTO ` + d.b + ` (broken_at, lease_key, fence, owner, reason, broken_by) VALUES (UTC_TIMESTAMP(6), ?, ?, ?, ?, ?)`},
+			// broken_at travels as microseconds since the epoch, so the
+			// result does not depend on the pool's parseTime or loc
+			// settings.
+			Breaks: sqllease.Stmt{
+				SQL: `SELECT TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', broken_at), lease_key, fence, owner, reason, broken_by
+  FROM ` + d.b + ` WHERE ? = '' OR lease_key = ? ORDER BY id`,
+				Args: func(a sqllease.Args) []any { return []any{a.Key, a.Key} },
+			},
+			Floor:       sqllease.Stmt{SQL: `SELECT COALESCE((SELECT fence_floor FROM ` + d.f + ` WHERE id = 1), 0), COALESCE((SELECT MAX(fence) FROM ` + d.t + `), 0)`},
+			PruneCutoff: sqllease.Stmt{SQL: `SELECT CAST(UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND AS CHAR)`},
+		},
+		Acquire: func(ctx context.Context, c sqllease.Conn, key, owner string, us int64) (uint64, int64, error) {
+			res, err := c.Exec(ctx, acquire, key, owner, us, owner, owner, owner, owner, us)
+			if err != nil {
+				return 0, 0, err
+			}
+			switch v := uint64(res.LastInsertID); {
+			case v == 0:
+				// Every path of the statement sets LAST_INSERT_ID to at
+				// least 1.
+				return 0, 0, errors.New("unexpected reply (no fence): is the table's shape what fenced created?")
+			case v >= refusedMark:
+				return 0, int64(v - refusedMark), nil
+			default:
+				return v, 0, nil
+			}
+		},
+		// LAST_INSERT_ID(fence) runs only on the matched row; unlike the
+		// affected-row count it does not depend on the clientFoundRows
+		// setting or on whether the new expiry differs from the old.
+		RenewedByInsertID: true,
+		RenewBatch:        d.renewBatch,
+		MaxBatch:          maxBatch,
+		RaiseFloor:        d.raiseFloor,
+		PruneBatch:        d.pruneBatch,
+		Classify:          classify,
 	}
-	return nil
-}
-
-// TryAcquire implements driver.Driver in one statement and one round trip.
-func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
-	if err := d.checkOpen(); err != nil {
-		return 0, err
-	}
-	if err := leasetable.CheckOwner(owner); err != nil {
-		return 0, fmt.Errorf("mysql: acquire %q: %w", key, err)
-	}
-	us := leasetable.Micros(ttl)
-	res, err := d.stmts.acquire.ExecContext(ctx, key, owner, us, owner, owner, owner, owner, us)
-	if err != nil {
-		return 0, classify("acquire", key, err)
-	}
-	id, err := res.LastInsertId()
-	if err != nil {
-		return 0, classify("acquire", key, err)
-	}
-	switch v := uint64(id); {
-	case v == 0:
-		// Every path of the statement sets LAST_INSERT_ID to at least 1.
-		return 0, fmt.Errorf("mysql: acquire %q: unexpected reply (no fence): is the table's shape what fenced created?", key)
-	case v >= refusedMark:
-		return 0, leasetable.Held(key, leasetable.FromMicros(int64(v-refusedMark)))
-	default:
-		return v, nil
-	}
-}
-
-// Renew implements driver.Driver in one statement.
-func (d *Driver) Renew(ctx context.Context, g driver.Grant, ttl time.Duration) error {
-	if err := d.checkOpen(); err != nil {
-		return err
-	}
-	if g.Owner == "" {
-		return leasetable.NotHeld(g)
-	}
-	res, err := d.stmts.renew.ExecContext(ctx, leasetable.Micros(ttl), g.Key, g.Owner, g.Fence)
-	if err != nil {
-		return classify("renew", g.Key, err)
-	}
-	// LAST_INSERT_ID(fence) ran only on the matched row; unlike the
-	// affected-row count it does not depend on the clientFoundRows setting
-	// or on whether the new expiry differs from the old.
-	if id, err := res.LastInsertId(); err != nil || id == 0 || uint64(id) != g.Fence {
-		return leasetable.NotHeld(g)
-	}
-	return nil
 }
 
 // maxBatch bounds one batched renewal (4 placeholders per grant, MySQL
 // allows 65535).
 const maxBatch = 1000
 
-// RenewBatch implements driver.BatchRenewer: one UPDATE renews every grant
-// in reqs (per thousand), then one SELECT reads back which ones are held
-// by their owner with the same fence and unexpired. A grant the UPDATE
-// skipped because it had expired cannot look unexpired afterwards (only
-// its owner could extend it, and a re-acquire after expiry raises the
-// fence), so the read-back is exact.
-func (d *Driver) RenewBatch(ctx context.Context, reqs []driver.RenewRequest) ([]error, error) {
-	if err := d.checkOpen(); err != nil {
-		return nil, err
-	}
-	errs := make([]error, 0, len(reqs))
-	for len(reqs) > 0 {
-		n := min(len(reqs), maxBatch)
-		e, err := d.renewBatch(ctx, reqs[:n])
-		if err != nil {
-			return nil, err
-		}
-		errs = append(errs, e...)
-		reqs = reqs[n:]
-	}
-	return errs, nil
-}
-
-func (d *Driver) renewBatch(ctx context.Context, reqs []driver.RenewRequest) ([]error, error) {
+// renewBatch is one UPDATE that renews every grant in reqs, then one
+// SELECT that reads back which ones are held by their owner with the same
+// fence and unexpired. A grant the UPDATE skipped because it had expired
+// cannot look unexpired afterwards (only its owner could extend it, and a
+// re-acquire after expiry raises the fence), so the read-back is exact.
+func (d *Driver) renewBatch(ctx context.Context, c sqllease.Conn, reqs []sqllease.Renewal) ([]driver.Grant, error) {
 	var rows, tuples []string
 	var upd, sel []any
 	for _, r := range reqs {
 		rows = append(rows, "SELECT ? AS k, ? AS o, ? AS f, ? AS ttl")
-		upd = append(upd, r.Grant.Key, r.Grant.Owner, r.Grant.Fence, leasetable.Micros(r.TTL))
+		upd = append(upd, r.Grant.Key, r.Grant.Owner, r.Grant.Fence, r.TTL)
 		tuples = append(tuples, "(?, ?, ?)")
 		sel = append(sel, r.Grant.Key, r.Grant.Owner, r.Grant.Fence)
 	}
@@ -424,152 +399,11 @@ func (d *Driver) renewBatch(ctx context.Context, reqs []driver.RenewRequest) ([]
     ON l.lease_key = r.k AND l.owner = r.o AND l.fence = r.f
    SET l.expires_at = UTC_TIMESTAMP(6) + INTERVAL r.ttl MICROSECOND
  WHERE l.expires_at > UTC_TIMESTAMP(6)`
-	if _, err := d.db.ExecContext(ctx, update, upd...); err != nil {
-		return nil, classify("renew batch", "", err)
+	if _, err := c.Exec(ctx, update, upd...); err != nil {
+		return nil, err
 	}
 	q := `SELECT lease_key, owner, fence FROM ` + d.t + ` WHERE (lease_key, owner, fence) IN (` + strings.Join(tuples, ", ") + `) AND expires_at > UTC_TIMESTAMP(6)`
-	rs, err := d.db.QueryContext(ctx, q, sel...)
-	if err != nil {
-		return nil, classify("renew batch", "", err)
-	}
-	defer rs.Close()
-	held := map[driver.Grant]bool{}
-	for rs.Next() {
-		var g driver.Grant
-		if err := rs.Scan(&g.Key, &g.Owner, &g.Fence); err != nil {
-			return nil, classify("renew batch", "", err)
-		}
-		held[g] = true
-	}
-	if err := rs.Err(); err != nil {
-		return nil, classify("renew batch", "", err)
-	}
-	errs := make([]error, len(reqs))
-	for i, r := range reqs {
-		if !held[r.Grant] || r.Grant.Owner == "" {
-			errs[i] = leasetable.NotHeld(r.Grant)
-		}
-	}
-	return errs, nil
-}
-
-// Release implements driver.Driver in one statement.
-func (d *Driver) Release(ctx context.Context, g driver.Grant) error {
-	if err := d.checkOpen(); err != nil {
-		return err
-	}
-	if g.Owner == "" {
-		return leasetable.NotHeld(g)
-	}
-	res, err := d.stmts.release.ExecContext(ctx, g.Key, g.Owner, g.Fence)
-	if err != nil {
-		return classify("release", g.Key, err)
-	}
-	// The owner always changes (to ''), so a matched row is a changed row.
-	if n, err := res.RowsAffected(); err != nil || n != 1 {
-		return leasetable.NotHeld(g)
-	}
-	return nil
-}
-
-// Inspect implements driver.Driver.
-func (d *Driver) Inspect(ctx context.Context, key string) (driver.LeaseInfo, error) {
-	if err := d.checkOpen(); err != nil {
-		return driver.LeaseInfo{}, err
-	}
-	var owner string
-	var fence, remaining int64
-	err := d.stmts.inspect.QueryRowContext(ctx, key).Scan(&owner, &fence, &remaining)
-	if errors.Is(err, sql.ErrNoRows) {
-		return driver.LeaseInfo{Key: key}, fmt.Errorf("%s: %w", key, driver.ErrNotFound)
-	}
-	if err != nil {
-		return driver.LeaseInfo{Key: key}, classify("inspect", key, err)
-	}
-	return leasetable.Info(key, owner, fence, leasetable.FromMicros(remaining)), nil
-}
-
-// List implements driver.Driver. Keys are binary strings, sorted byte-wise.
-func (d *Driver) List(ctx context.Context, prefix string) ([]driver.LeaseInfo, error) {
-	if err := d.checkOpen(); err != nil {
-		return nil, err
-	}
-	rows, err := d.db.QueryContext(ctx, `SELECT lease_key, owner, fence, `+remainingExpr+` FROM `+d.t+`
- WHERE LEFT(lease_key, ?) = ? AND owner <> '' AND expires_at > UTC_TIMESTAMP(6) ORDER BY lease_key`, len(prefix), []byte(prefix))
-	if err != nil {
-		return nil, classify("list", prefix, err)
-	}
-	defer rows.Close()
-	var out []driver.LeaseInfo
-	for rows.Next() {
-		var key, owner string
-		var fence, remaining int64
-		if err := rows.Scan(&key, &owner, &fence, &remaining); err != nil {
-			return nil, classify("list", prefix, err)
-		}
-		out = append(out, leasetable.Info(key, owner, fence, leasetable.FromMicros(remaining)))
-	}
-	if err := rows.Err(); err != nil {
-		return nil, classify("list", prefix, err)
-	}
-	return out, nil
-}
-
-// Break implements driver.Driver: in one transaction it ends the grant and
-// records an audit row.
-func (d *Driver) Break(ctx context.Context, key string, req driver.BreakRequest) (driver.LeaseInfo, error) {
-	if err := d.checkOpen(); err != nil {
-		return driver.LeaseInfo{}, err
-	}
-	tx, err := d.db.BeginTx(ctx, nil)
-	if err != nil {
-		return driver.LeaseInfo{Key: key}, classify("break", key, err)
-	}
-	defer tx.Rollback()
-	var owner string
-	var fence, remaining int64
-	err = tx.QueryRowContext(ctx, `SELECT owner, fence, `+remainingExpr+` FROM `+d.t+` WHERE lease_key = ? FOR UPDATE`, key).Scan(&owner, &fence, &remaining)
-	if errors.Is(err, sql.ErrNoRows) {
-		return driver.LeaseInfo{Key: key}, fmt.Errorf("%s: %w", key, driver.ErrNotHeld)
-	}
-	if err != nil {
-		return driver.LeaseInfo{Key: key}, classify("break", key, err)
-	}
-	info := leasetable.Info(key, owner, fence, leasetable.FromMicros(remaining))
-	if !info.Held {
-		return driver.LeaseInfo{Key: key}, fmt.Errorf("%s: %w", key, driver.ErrNotHeld)
-	}
-	if _, err := tx.ExecContext(ctx, `UPDATE `+d.t+` SET owner = '', expires_at = `+freeExpiry+` WHERE lease_key = ?`, key); err != nil {
-		return driver.LeaseInfo{Key: key}, classify("break", key, err)
-	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO `+d.b+` (broken_at, lease_key, fence, owner, reason, broken_by) VALUES (UTC_TIMESTAMP(6), ?, ?, ?, ?, ?)`,
-		key, fence, info.Owner, req.Reason, req.By); err != nil {
-		return driver.LeaseInfo{Key: key}, classify("break", key, err)
-	}
-	if err := tx.Commit(); err != nil {
-		return driver.LeaseInfo{Key: key}, classify("break commit", key, err)
-	}
-	return info, nil
-}
-
-// Breaks implements driver.BreakLogger.
-func (d *Driver) Breaks(ctx context.Context, key string) ([]driver.BreakRecord, error) {
-	if err := d.checkOpen(); err != nil {
-		return nil, err
-	}
-	// broken_at travels as microseconds since the epoch, so the result does
-	// not depend on the pool's parseTime or loc settings.
-	rows, err := d.db.QueryContext(ctx, `SELECT TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', broken_at), lease_key, fence, owner, reason, broken_by
-  FROM `+d.b+` WHERE ? = '' OR lease_key = ? ORDER BY id`, key, key)
-	if err != nil {
-		return nil, classify("breaks", key, err)
-	}
-	defer rows.Close()
-	out, err := leasetable.ScanBreaks(rows)
-	if err != nil {
-		return nil, classify("breaks", key, err)
-	}
-	return out, nil
+	return sqllease.ScanGrants(c.Query(ctx, q, sel...))
 }
 
 // Guarantees implements driver.Driver.
@@ -585,62 +419,22 @@ func (d *Driver) Guarantees() driver.Guarantees {
 	}
 }
 
-func (d *Driver) closeStmts() {
-	for _, s := range []*sql.Stmt{d.stmts.acquire, d.stmts.renew, d.stmts.release, d.stmts.inspect} {
-		if s != nil {
-			s.Close()
-		}
-	}
-}
-
 // Close implements driver.Driver. It closes the driver's prepared
 // statements and, for a driver opened by URL, its *sql.DB.
 func (d *Driver) Close() error {
-	d.mu.Lock()
-	if d.closed {
-		d.mu.Unlock()
-		return nil
-	}
-	d.closed = true
-	d.mu.Unlock()
-	d.closeStmts()
-	if d.ownDB {
-		return d.db.Close()
-	}
-	return nil
+	_, err := d.Engine.Close()
+	return err
 }
 
 // The shapes the driver needs, in the terms readTable reports them. Keys
 // and owners are binary strings: a character column would compare them by
 // its collation, and MySQL's defaults (latin1_swedish_ci, utf8mb4_*_ci)
 // take job:A for job:a and, with PAD SPACE, "job:a " for job:a.
-var (
-	leaseShape = leasetable.Shape{
-		Columns: []leasetable.Column{
-			{Name: "lease_key", Type: "varbinary", Identity: true, MinBytes: fenced.MaxKeyLen},
-			{Name: "owner", Type: "varbinary", Identity: true, MinBytes: maxOwnerLen},
-			{Name: "fence", Type: "bigint"},
-			{Name: "expires_at", Type: "datetime(6)"},
-		},
-		Key: "lease_key",
-	}
-	breakShape = leasetable.Shape{
-		Columns: []leasetable.Column{
-			{Name: "id", Type: "bigint"},
-			{Name: "broken_at", Type: "datetime(6)"},
-			{Name: "lease_key", Type: "varbinary", Identity: true, MinBytes: fenced.MaxKeyLen},
-			{Name: "fence", Type: "bigint"},
-			{Name: "owner", Type: "varchar"},
-			{Name: "reason", Type: "text"},
-			{Name: "broken_by", Type: "text"},
-		},
-		AutoIncrement: []string{"id"},
-	}
-	floorShape = leasetable.Shape{
-		Columns: []leasetable.Column{{Name: "id", Type: "tinyint"}, {Name: "fence_floor", Type: "bigint"}},
-		Key:     "id",
-	}
-)
+var leaseShape, breakShape, floorShape = leasetable.ColumnTypes{
+	Key: "varbinary", KeyBytes: fenced.MaxKeyLen, Owner: "varbinary", OwnerBytes: maxOwnerLen,
+	Fence: "bigint", Time: "datetime(6)", AuditID: "bigint", AuditIDAuto: true,
+	AuditOwner: "varchar", AuditText: "text", FloorID: "tinyint",
+}.Shapes()
 
 // maxOwnerLen is the owner column's width: owner tokens are far shorter.
 const maxOwnerLen = 255
@@ -686,14 +480,14 @@ func (d *Driver) ensureSchema(ctx context.Context) error {
 			}
 			found, exists, err := d.readTable(ctx, s.name)
 			if err != nil {
-				return classify("prepare tables", s.name, err)
+				return d.Wrap("prepare tables", s.name, err)
 			}
 			if !exists && create == 1 {
 				if _, err := d.db.ExecContext(ctx, s.create); err != nil {
-					return classify("create table", s.name, err)
+					return d.Wrap("create table", s.name, err)
 				}
 				if found, exists, err = d.readTable(ctx, s.name); err != nil {
-					return classify("prepare tables", s.name, err)
+					return d.Wrap("prepare tables", s.name, err)
 				}
 			}
 			if exists {
@@ -705,7 +499,7 @@ func (d *Driver) ensureSchema(ctx context.Context) error {
 		}
 	}
 	if _, err := d.db.ExecContext(ctx, `INSERT INTO `+d.f+` (id, fence_floor) VALUES (1, 0) ON DUPLICATE KEY UPDATE id = id`); err != nil {
-		return classify("prepare tables", d.table+leasetable.FloorSuffix, err)
+		return d.Wrap("prepare tables", d.table+leasetable.FloorSuffix, err)
 	}
 	return nil
 }
@@ -798,14 +592,9 @@ func collationHazard(collation string) string {
 	return "collation " + collation + ", which " + strings.Join(how, " and ")
 }
 
-// classify wraps err from operation op so that it matches the driver
-// sentinels: driver.ErrUnavailable when nothing can have been applied,
-// driver.ErrUnknownOutcome when the request may have been applied.
-func classify(op, key string, err error) error {
-	where := op
-	if key != "" {
-		where = fmt.Sprintf("%s %q", op, key)
-	}
+// classify names the sentinel a MySQL error matches (see
+// sqllease.Dialect.Classify).
+func classify(err error) error {
 	var myErr *mysql.MySQLError
 	if errors.As(err, &myErr) {
 		switch myErr.Number {
@@ -813,18 +602,18 @@ func classify(op, key string, err error) error {
 			// Too many connections, access denied, shutdown, lock wait
 			// timeout, deadlock, connection killed: the statement was not
 			// applied.
-			return fmt.Errorf("mysql: %s: %w: %w", where, driver.ErrUnavailable, err)
+			return driver.ErrUnavailable
 		}
-		return fmt.Errorf("mysql: %s: %w", where, err)
+		return nil
 	}
 	var opErr *net.OpError
 	if errors.Is(err, sqldriver.ErrBadConn) || (errors.As(err, &opErr) && opErr.Op == "dial") {
-		return fmt.Errorf("mysql: %s: %w: %w", where, driver.ErrUnavailable, err)
+		return driver.ErrUnavailable
 	}
 	var netErr net.Error
 	if errors.Is(err, mysql.ErrInvalidConn) || errors.As(err, &netErr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, sql.ErrConnDone) {
-		return fmt.Errorf("mysql: %s: %w: %w", where, driver.ErrUnknownOutcome, err)
+		return driver.ErrUnknownOutcome
 	}
-	return fmt.Errorf("mysql: %s: %w", where, err)
+	return nil
 }

@@ -108,7 +108,6 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -118,6 +117,8 @@ import (
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/leasetable"
+	"github.com/fenced-dev/fenced/internal/sqllease"
+	"github.com/fenced-dev/fenced/internal/urlquery"
 )
 
 func init() {
@@ -147,23 +148,20 @@ type Options struct {
 // concurrent use.
 type Driver struct {
 	pool     *pgxpool.Pool
-	ownsPool bool
+	db       *pgxDB
 	table    string // unquoted, validated
 	channel  string
-	sql      statements
 	listener *listener // nil when notifications are off
 	note     string
-
-	mu     sync.Mutex
-	closed bool
+	*sqllease.Engine
 }
 
-var (
-	_ driver.Driver       = (*Driver)(nil)
-	_ driver.Notifier     = (*Driver)(nil)
-	_ driver.BatchRenewer = (*Driver)(nil)
-	_ driver.BreakLogger  = (*Driver)(nil)
-)
+// Besides what the engine implements for every SQL backend
+// (sqllease.Engine), the driver is a driver.Notifier.
+var _ interface {
+	driver.Driver
+	driver.Notifier
+} = (*Driver)(nil)
 
 // ErrSchema means the lease, audit or floor table exists with a shape
 // other than the one the driver needs (from an older fenced or another
@@ -201,17 +199,21 @@ func open(ctx context.Context, u *url.URL) (*Driver, error) {
 	if u.Opaque != "" {
 		return nil, fmt.Errorf("%w: want postgres://user:password@host:port/database", driver.ErrInvalidURL)
 	}
-	q, err := leasetable.ParseQuery(u.RawQuery)
+	p, err := urlquery.Parse(u.RawQuery)
 	if err != nil {
 		return nil, err
 	}
-	table, err := leasetable.TableFromQuery(q)
+	table, err := leasetable.TakeTable(p)
 	if err != nil {
 		return nil, err
 	}
-	own := leasetable.TakeParams(q, ownParams...)
 	opts := &Options{Table: table}
-	if v, ok := own[paramNotify]; ok {
+	v, ok, err := p.Take(paramNotify)
+	if err != nil {
+		return nil, err
+	}
+	q := p.Rest()
+	if ok {
 		switch strings.ToLower(v) {
 		case "on", "true", "1":
 		case "off", "false", "0":
@@ -247,7 +249,7 @@ func open(ctx context.Context, u *url.URL) (*Driver, error) {
 		pool.Close()
 		return nil, err
 	}
-	d.ownsPool = true
+	d.db.owns = true
 	return d, nil
 }
 
@@ -272,16 +274,16 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts *Options) (*Driver, error
 	if opts != nil {
 		o = *opts
 	}
-	if o.Table == "" {
-		o.Table = leasetable.DefaultTable
-	}
-	if err := leasetable.ValidateTable(o.Table); err != nil {
+	table, err := leasetable.TableOrDefault(o.Table)
+	if err != nil {
 		return nil, fmt.Errorf("postgres: %w", err)
 	}
+	o.Table = table
 	if o.ProbeTimeout <= 0 {
 		o.ProbeTimeout = 5 * time.Second
 	}
-	d := &Driver{pool: pool, table: o.Table, channel: o.Table + "_free", sql: newStatements(o.Table)}
+	d := &Driver{pool: pool, db: &pgxDB{pgxConn: pgxConn{pool}, pool: pool}, table: o.Table, channel: o.Table + "_free"}
+	d.Engine = sqllease.New(d.dialect(), d.db)
 	if err := d.ensureSchema(ctx); err != nil {
 		return nil, err
 	}
@@ -299,6 +301,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts *Options) (*Driver, error
 		return d, nil
 	}
 	d.listener = l
+	d.db.listener = l
 	return d, nil
 }
 
@@ -309,207 +312,6 @@ func (d *Driver) Pool() *pgxpool.Pool { return d.pool }
 
 // Table returns the lease table's name.
 func (d *Driver) Table() string { return d.table }
-
-func (d *Driver) checkOpen() error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.closed {
-		return driver.ErrClosed
-	}
-	return nil
-}
-
-// TryAcquire implements driver.Driver in one statement and one round trip.
-func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
-	if err := d.checkOpen(); err != nil {
-		return 0, err
-	}
-	if err := leasetable.CheckOwner(owner); err != nil {
-		return 0, fmt.Errorf("postgres: acquire %q: %w", key, err)
-	}
-	var fence, remaining int64
-	err := d.pool.QueryRow(ctx, d.sql.acquire, key, owner, leasetable.Micros(ttl)).Scan(&fence, &remaining)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		// The row appeared after this statement's snapshot: someone else
-		// inserted it concurrently and holds it.
-		return 0, leasetable.Held(key, 0)
-	case err != nil:
-		return 0, classify("acquire", key, err)
-	case fence == 0:
-		return 0, leasetable.Held(key, leasetable.FromMicros(remaining))
-	}
-	return uint64(fence), nil
-}
-
-// Renew implements driver.Driver in one statement.
-func (d *Driver) Renew(ctx context.Context, g driver.Grant, ttl time.Duration) error {
-	if err := d.checkOpen(); err != nil {
-		return err
-	}
-	if g.Owner == "" {
-		return leasetable.NotHeld(g)
-	}
-	tag, err := d.pool.Exec(ctx, d.sql.renew, g.Key, g.Owner, int64(g.Fence), leasetable.Micros(ttl))
-	if err != nil {
-		return classify("renew", g.Key, err)
-	}
-	if tag.RowsAffected() != 1 {
-		return leasetable.NotHeld(g)
-	}
-	return nil
-}
-
-// RenewBatch implements driver.BatchRenewer: one UPDATE renews every grant
-// in reqs.
-func (d *Driver) RenewBatch(ctx context.Context, reqs []driver.RenewRequest) ([]error, error) {
-	if err := d.checkOpen(); err != nil {
-		return nil, err
-	}
-	keys := make([]string, len(reqs))
-	owners := make([]string, len(reqs))
-	fences := make([]int64, len(reqs))
-	ttls := make([]int64, len(reqs))
-	for i, r := range reqs {
-		keys[i], owners[i], fences[i], ttls[i] = r.Grant.Key, r.Grant.Owner, int64(r.Grant.Fence), leasetable.Micros(r.TTL)
-	}
-	rows, err := d.pool.Query(ctx, d.sql.renewBatch, keys, owners, fences, ttls)
-	if err != nil {
-		return nil, classify("renew batch", "", err)
-	}
-	renewed := map[driver.Grant]bool{}
-	var g driver.Grant
-	var fence int64
-	_, err = pgx.ForEachRow(rows, []any{&g.Key, &g.Owner, &fence}, func() error {
-		g.Fence = uint64(fence)
-		renewed[g] = true
-		return nil
-	})
-	if err != nil {
-		return nil, classify("renew batch", "", err)
-	}
-	errs := make([]error, len(reqs))
-	for i, r := range reqs {
-		if !renewed[r.Grant] || r.Grant.Owner == "" {
-			errs[i] = leasetable.NotHeld(r.Grant)
-		}
-	}
-	return errs, nil
-}
-
-// Release implements driver.Driver in one statement, which also notifies
-// the key's waiters.
-func (d *Driver) Release(ctx context.Context, g driver.Grant) error {
-	if err := d.checkOpen(); err != nil {
-		return err
-	}
-	if g.Owner == "" {
-		return leasetable.NotHeld(g)
-	}
-	tag, err := d.pool.Exec(ctx, d.sql.release, g.Key, g.Owner, int64(g.Fence), d.channel)
-	if err != nil {
-		return classify("release", g.Key, err)
-	}
-	if tag.RowsAffected() != 1 {
-		return leasetable.NotHeld(g)
-	}
-	return nil
-}
-
-// Inspect implements driver.Driver.
-func (d *Driver) Inspect(ctx context.Context, key string) (driver.LeaseInfo, error) {
-	if err := d.checkOpen(); err != nil {
-		return driver.LeaseInfo{}, err
-	}
-	var owner string
-	var fence, remaining int64
-	err := d.pool.QueryRow(ctx, d.sql.inspect, key).Scan(&owner, &fence, &remaining)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return driver.LeaseInfo{Key: key}, fmt.Errorf("%s: %w", key, driver.ErrNotFound)
-	}
-	if err != nil {
-		return driver.LeaseInfo{Key: key}, classify("inspect", key, err)
-	}
-	return leasetable.Info(key, owner, fence, leasetable.FromMicros(remaining)), nil
-}
-
-// List implements driver.Driver. Keys are sorted byte-wise.
-func (d *Driver) List(ctx context.Context, prefix string) ([]driver.LeaseInfo, error) {
-	if err := d.checkOpen(); err != nil {
-		return nil, err
-	}
-	rows, err := d.pool.Query(ctx, d.sql.list, prefix)
-	if err != nil {
-		return nil, classify("list", prefix, err)
-	}
-	var out []driver.LeaseInfo
-	var key, owner string
-	var fence, remaining int64
-	_, err = pgx.ForEachRow(rows, []any{&key, &owner, &fence, &remaining}, func() error {
-		out = append(out, leasetable.Info(key, owner, fence, leasetable.FromMicros(remaining)))
-		return nil
-	})
-	if err != nil {
-		return nil, classify("list", prefix, err)
-	}
-	return out, nil
-}
-
-// Break implements driver.Driver: in one transaction it ends the grant,
-// records an audit row and notifies the key's waiters.
-func (d *Driver) Break(ctx context.Context, key string, req driver.BreakRequest) (driver.LeaseInfo, error) {
-	if err := d.checkOpen(); err != nil {
-		return driver.LeaseInfo{}, err
-	}
-	var info driver.LeaseInfo
-	err := pgx.BeginFunc(ctx, d.pool, func(tx pgx.Tx) error {
-		var owner string
-		var fence, remaining int64
-		err := tx.QueryRow(ctx, d.sql.lockRow, key).Scan(&owner, &fence, &remaining)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return fmt.Errorf("%s: %w", key, driver.ErrNotHeld)
-		}
-		if err != nil {
-			return err
-		}
-		info = leasetable.Info(key, owner, fence, leasetable.FromMicros(remaining))
-		if !info.Held {
-			return fmt.Errorf("%s: %w", key, driver.ErrNotHeld)
-		}
-		if _, err := tx.Exec(ctx, d.sql.breakRow, key); err != nil {
-			return err
-		}
-		if _, err := tx.Exec(ctx, d.sql.audit, key, fence, info.Owner, req.Reason, req.By); err != nil {
-			return err
-		}
-		_, err = tx.Exec(ctx, "SELECT pg_notify($1, $2)", d.channel, key)
-		return err
-	})
-	if err != nil {
-		if errors.Is(err, driver.ErrNotHeld) {
-			return driver.LeaseInfo{Key: key}, err
-		}
-		return driver.LeaseInfo{Key: key}, classify("break", key, err)
-	}
-	return info, nil
-}
-
-// Breaks implements driver.BreakLogger.
-func (d *Driver) Breaks(ctx context.Context, key string) ([]driver.BreakRecord, error) {
-	if err := d.checkOpen(); err != nil {
-		return nil, err
-	}
-	rows, err := d.pool.Query(ctx, d.sql.breaks, key)
-	if err != nil {
-		return nil, classify("breaks", key, err)
-	}
-	defer rows.Close()
-	out, err := leasetable.ScanBreaks(rows)
-	if err != nil {
-		return nil, classify("breaks", key, err)
-	}
-	return out, nil
-}
 
 // Guarantees implements driver.Driver. The fence is strict: it lives in a
 // committed row, so it survives restarts and crash recovery; a failover
@@ -534,20 +336,8 @@ func (d *Driver) Guarantees() driver.Guarantees {
 // Close implements driver.Driver. It stops the LISTEN connection and, for a
 // driver opened by URL, closes its pool. Grants are left to expire.
 func (d *Driver) Close() error {
-	d.mu.Lock()
-	if d.closed {
-		d.mu.Unlock()
-		return nil
-	}
-	d.closed = true
-	d.mu.Unlock()
-	if d.listener != nil {
-		d.listener.close()
-	}
-	if d.ownsPool {
-		d.pool.Close()
-	}
-	return nil
+	_, err := d.Engine.Close()
+	return err
 }
 
 // Subscribe implements driver.Notifier. The subscription is woken when a
@@ -556,7 +346,7 @@ func (d *Driver) Close() error {
 // missed). It fails when notifications are off or unavailable, and the
 // portable client then polls.
 func (d *Driver) Subscribe(ctx context.Context, key string) (driver.Subscription, error) {
-	if err := d.checkOpen(); err != nil {
+	if err := d.CheckOpen(); err != nil {
 		return nil, err
 	}
 	if d.listener == nil {

@@ -9,11 +9,8 @@ import (
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/leasetable"
+	"github.com/fenced-dev/fenced/internal/urlquery"
 )
-
-// ownParams are the store URL's query parameters that fenced reads itself
-// and removes before the rest goes to pgx.
-var ownParams = []string{leasetable.TableParam, paramNotify}
 
 // DatabaseURL returns a store URL without fenced's own query parameters
 // (table, notify) and the pool_* settings of fenced's pool, in the form pgx (pgxpool.New, pgx.Connect),
@@ -29,11 +26,15 @@ func DatabaseURL(rawURL string) (string, error) {
 	if u.Scheme != "postgres" && u.Scheme != "postgresql" {
 		return "", fmt.Errorf("postgres: %s: %w: scheme %q, want postgres or postgresql", fenced.Redact(rawURL), driver.ErrInvalidURL, u.Scheme)
 	}
-	q, err := leasetable.ParseQuery(u.RawQuery)
+	p, err := urlquery.Parse(u.RawQuery)
 	if err != nil {
 		return "", fmt.Errorf("postgres: %s: %w", fenced.Redact(rawURL), err)
 	}
-	leasetable.TakeParams(q, ownParams...)
+	// fenced's own parameters; the store URL's values were checked when
+	// the store was opened.
+	p.Take(leasetable.TableParam)
+	p.Take(paramNotify)
+	q := p.Rest()
 	for k := range q {
 		if strings.HasPrefix(k, "pool_") {
 			delete(q, k) // the sizing of fenced's pool, which pgx.Connect refuses

@@ -2,17 +2,21 @@ package postgres
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/leasetable"
+	"github.com/fenced-dev/fenced/internal/sqlident"
+	"github.com/fenced-dev/fenced/internal/sqllease"
 )
 
 // statements are the driver's SQL, built once from the validated table
@@ -26,9 +30,7 @@ type statements struct {
 }
 
 // quoteIdent quotes a (validated) identifier for PostgreSQL.
-func quoteIdent(name string) string {
-	return `"` + strings.ReplaceAll(name, `"`, `""`) + `"`
-}
+func quoteIdent(name string) string { return sqlident.QuoteANSI(name) }
 
 // remainingExpr is the time left on a row's grant in microseconds, by the
 // database's clock.
@@ -130,32 +132,10 @@ SELECT (SELECT count(*) FROM victims), COALESCE((SELECT max(lease_key) FROM vict
 
 // The shapes the driver needs, as readTable reports them (types as
 // pg_catalog's format_type gives them).
-var (
-	leaseShape = leasetable.Shape{
-		Columns: []leasetable.Column{
-			{Name: "lease_key", Type: "text", Identity: true},
-			{Name: "owner", Type: "text", Identity: true},
-			{Name: "fence", Type: "bigint"},
-			{Name: "expires_at", Type: "timestamp with time zone"},
-		},
-		Key: "lease_key",
-	}
-	breakShape = leasetable.Shape{
-		Columns: []leasetable.Column{
-			{Name: "id", Type: "bigint"},
-			{Name: "broken_at", Type: "timestamp with time zone"},
-			{Name: "lease_key", Type: "text", Identity: true},
-			{Name: "fence", Type: "bigint"},
-			{Name: "owner", Type: "text"},
-			{Name: "reason", Type: "text"},
-			{Name: "broken_by", Type: "text"},
-		},
-	}
-	floorShape = leasetable.Shape{
-		Columns: []leasetable.Column{{Name: "id", Type: "smallint"}, {Name: "fence_floor", Type: "bigint"}},
-		Key:     "id",
-	}
-)
+var leaseShape, breakShape, floorShape = leasetable.ColumnTypes{
+	Key: "text", Owner: "text", Fence: "bigint", Time: "timestamp with time zone",
+	AuditID: "bigint", AuditOwner: "text", AuditText: "text", FloorID: "smallint",
+}.Shapes()
 
 // ensureSchema creates the tables if missing and checks the shape of those
 // that exist, in one transaction, so that a refusal changes nothing.
@@ -296,16 +276,17 @@ func readTable(ctx context.Context, tx pgx.Tx, table string) (leasetable.Existin
 	return found, true, err
 }
 
-// classify wraps err from operation op so that it matches the driver
-// sentinels: driver.ErrUnavailable when nothing can have been applied (no
+// classify wraps err from operation op on key once (see sqllease.Wrap).
+func classify(op, key string, err error) error {
+	return sqllease.Wrap("postgres", classifyError, op, key, err)
+}
+
+// classifyError names the sentinel a pgx error matches:
+// driver.ErrUnavailable when nothing can have been applied (no
 // connection, a statement the server rejected and rolled back),
 // driver.ErrUnknownOutcome when a request may have been applied before the
 // connection or the context failed.
-func classify(op, key string, err error) error {
-	where := op
-	if key != "" {
-		where = fmt.Sprintf("%s %q", op, key)
-	}
+func classifyError(err error) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		switch pgErr.Code[:2] {
@@ -313,19 +294,67 @@ func classify(op, key string, err error) error {
 			// Connection problems, authentication, rollbacks (deadlock,
 			// serialization), resources, shutdown, system errors: the
 			// statement failed as a whole and changed nothing.
-			return fmt.Errorf("postgres: %s: %w: %w", where, driver.ErrUnavailable, err)
+			return driver.ErrUnavailable
 		}
-		return fmt.Errorf("postgres: %s: %w", where, err)
+		return nil
 	}
 	var connectErr *pgconn.ConnectError
 	if errors.As(err, &connectErr) || pgconn.SafeToRetry(err) {
-		return fmt.Errorf("postgres: %s: %w: %w", where, driver.ErrUnavailable, err)
+		return driver.ErrUnavailable
 	}
 	var netErr net.Error
 	if errors.As(err, &netErr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || pgconn.Timeout(err) ||
 		strings.Contains(err.Error(), "conn closed") {
-		return fmt.Errorf("postgres: %s: %w: %w", where, driver.ErrUnknownOutcome, err)
+		return driver.ErrUnknownOutcome
 	}
-	return fmt.Errorf("postgres: %s: %w", where, err)
+	return nil
+}
+
+// dialect is PostgreSQL's part of the lease-table engine.
+func (d *Driver) dialect() *sqllease.Dialect {
+	q := newStatements(d.table)
+	grant := func(a sqllease.Args) []any { return []any{a.Key, a.Owner, int64(a.Fence)} }
+	return &sqllease.Dialect{
+		Name: "postgres",
+		Unit: time.Microsecond,
+		Statements: sqllease.Statements{
+			Renew: sqllease.Stmt{SQL: q.renew},
+			Release: sqllease.Stmt{SQL: q.release, Args: func(a sqllease.Args) []any {
+				return append(grant(a), d.channel)
+			}},
+			Inspect:     sqllease.Stmt{SQL: q.inspect},
+			List:        sqllease.Stmt{SQL: q.list},
+			LockRow:     sqllease.Stmt{SQL: q.lockRow},
+			BreakRow:    sqllease.Stmt{SQL: q.breakRow},
+			Audit:       sqllease.Stmt{SQL: q.audit},
+			Notify:      sqllease.Stmt{SQL: `SELECT pg_notify($1, $2)`, Args: func(a sqllease.Args) []any { return []any{d.channel, a.Key} }},
+			Breaks:      sqllease.Stmt{SQL: q.breaks},
+			Floor:       sqllease.Stmt{SQL: q.floor},
+			PruneCutoff: sqllease.Stmt{SQL: q.pruneCutoff},
+			RaiseFloor:  sqllease.Stmt{SQL: q.raiseFloor},
+		},
+		Acquire: func(ctx context.Context, c sqllease.Conn, key, owner string, us int64) (uint64, int64, error) {
+			var fence, remaining int64
+			err := c.QueryRow(ctx, q.acquire, key, owner, us).Scan(&fence, &remaining)
+			if errors.Is(err, sql.ErrNoRows) {
+				// The row appeared after this statement's snapshot:
+				// someone else inserted it concurrently and holds it.
+				return 0, 0, nil
+			}
+			return uint64(fence), remaining, err
+		},
+		RenewBatch: func(ctx context.Context, c sqllease.Conn, reqs []sqllease.Renewal) ([]driver.Grant, error) {
+			keys := make([]string, len(reqs))
+			owners := make([]string, len(reqs))
+			fences := make([]int64, len(reqs))
+			ttls := make([]int64, len(reqs))
+			for i, r := range reqs {
+				keys[i], owners[i], fences[i], ttls[i] = r.Grant.Key, r.Grant.Owner, int64(r.Grant.Fence), r.TTL
+			}
+			return sqllease.ScanGrants(c.Query(ctx, q.renewBatch, keys, owners, fences, ttls))
+		},
+		PruneBatch: q.pruneBatch,
+		Classify:   classifyError,
+	}
 }

@@ -72,6 +72,9 @@ import (
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/leasetable"
+	"github.com/fenced-dev/fenced/internal/sqlident"
+	"github.com/fenced-dev/fenced/internal/sqllease"
+	"github.com/fenced-dev/fenced/internal/urlquery"
 )
 
 func init() {
@@ -125,29 +128,27 @@ func openURL(ctx context.Context, u *url.URL) (driver.Driver, error) {
 	} else if p, err := url.PathUnescape(path); err == nil {
 		path = p
 	}
-	var opts Options
-	q, err := url.ParseQuery(u.RawQuery)
+	p, err := urlquery.Parse(u.RawQuery)
 	if err != nil {
-		return nil, fmt.Errorf("%w: query %q: %v", driver.ErrInvalidURL, u.RawQuery, err)
+		return nil, err
 	}
-	for k := range q {
-		switch k {
-		case "table":
-			opts.Table = q.Get(k)
-		case "busy_timeout":
-			d, err := time.ParseDuration(q.Get(k))
-			if err != nil || d < 0 {
-				return nil, fmt.Errorf("%w: busy_timeout %q is not a duration such as 5s", driver.ErrInvalidURL, q.Get(k))
-			}
-			opts.BusyTimeout = d
-		default:
-			return nil, fmt.Errorf("%w: unknown sqlite URL parameter %q (known: table, busy_timeout)", driver.ErrInvalidURL, k)
-		}
+	var opts Options
+	if opts.Table, err = leasetable.TakeTable(p); err != nil {
+		return nil, err
 	}
-	if opts.Table != "" {
-		if err := leasetable.ValidateTable(opts.Table); err != nil {
-			return nil, err
+	busy, ok, err := p.Take("busy_timeout")
+	if err != nil {
+		return nil, err
+	}
+	if ok {
+		d, err := time.ParseDuration(busy)
+		if err != nil || d < 0 {
+			return nil, fmt.Errorf("%w: busy_timeout %q is not a duration such as 5s", driver.ErrInvalidURL, busy)
 		}
+		opts.BusyTimeout = d
+	}
+	if err := p.NoRest(leasetable.TableParam, "busy_timeout"); err != nil {
+		return nil, err
 	}
 	return OpenFile(ctx, path, &opts)
 }
@@ -193,7 +194,7 @@ func OpenFile(ctx context.Context, path string, opts *Options) (*Driver, error) 
 		db.Close()
 		return nil, fmt.Errorf("sqlite: %s: %w", path, err)
 	}
-	d.ownsDB = true
+	d.std.SetOwned()
 	return d, nil
 }
 
@@ -231,36 +232,32 @@ func lockInit(ctx context.Context, lockPath string, timeout time.Duration) (unlo
 // driver.BatchRenewer, driver.BreakLogger, driver.Notifier (by change
 // detection: see Subscribe), driver.FenceFloorer and driver.Pruner.
 type Driver struct {
-	db     *sql.DB
-	ownsDB bool
-	table  string
-	q      queries
-	watch  watcher
+	db    *sql.DB
+	std   *sqllease.StdDB
+	table string
+	watch watcher
+	*sqllease.Engine
 }
 
-var (
-	_ driver.Driver       = (*Driver)(nil)
-	_ driver.BatchRenewer = (*Driver)(nil)
-	_ driver.BreakLogger  = (*Driver)(nil)
-	_ driver.Notifier     = (*Driver)(nil)
-)
+var _ driver.Driver = (*Driver)(nil)
+
+var _ driver.Notifier = (*Driver)(nil) // by change detection, see watch.go
 
 // New returns a driver over an open SQLite database, creating the lease and
 // break tables if missing. The caller keeps ownership of db (Close does not
 // close it); it should have been opened with a busy timeout. opts may be
 // nil. A table that exists with another shape is an error.
 func New(ctx context.Context, db *sql.DB, opts *Options) (*Driver, error) {
-	var o Options
+	table := ""
 	if opts != nil {
-		o = *opts
+		table = opts.Table
 	}
-	if o.Table == "" {
-		o.Table = DefaultTable
-	}
-	if err := leasetable.ValidateTable(o.Table); err != nil {
+	table, err := leasetable.TableOrDefault(table)
+	if err != nil {
 		return nil, err
 	}
-	d := &Driver{db: db, table: o.Table, q: newQueries(o.Table)}
+	d := &Driver{db: db, std: sqllease.NewStdDB(db, false), table: table}
+	d.Engine = sqllease.New(d.dialect(), d.std)
 	if err := d.migrate(ctx); err != nil {
 		return nil, err
 	}
@@ -270,17 +267,20 @@ func New(ctx context.Context, db *sql.DB, opts *Options) (*Driver, error) {
 // now is SQLite's clock in Unix milliseconds, stable within one statement.
 const now = `CAST(unixepoch('subsec') * 1000 AS INTEGER)`
 
+// queries are the engine's statements (sqllease.Statements) and those
+// only SQLite's dialect runs.
 type queries struct {
-	acquire, heldFor, renew, release, inspect, list, breakLease, logBreak, breaks string
-	floor, raiseFloor, pruneCutoff, pruneRaise, pruneCount, pruneDelete           string
+	sqllease.Statements
+	acquire, heldFor, renewBatch, pruneRaise, pruneCount, pruneDelete string
 }
 
 func newQueries(t string) queries {
 	r := strings.NewReplacer("T_", t, "NOW", now)
+	stmt := func(sql string) sqllease.Stmt { return sqllease.Stmt{SQL: r.Replace(sql)} }
 	// candidates are the rows one prune batch deletes: up to ?3 rows
 	// after key ?1 that expired before ?2.
 	const candidates = `SELECT key, fence FROM T_ WHERE key > ?1 AND expires_ms < ?2 ORDER BY key LIMIT ?3`
-	return queries{
+	q := queries{
 		// A grant's fence is one more than the larger of the row's counter
 		// and the table's fence floor; a new row starts at floor + 1. The
 		// statement runs under SQLite's write lock, so no prune can run
@@ -295,21 +295,6 @@ ON CONFLICT (key) DO UPDATE SET
 WHERE T_.owner IS NULL OR T_.expires_ms <= NOW OR T_.owner = excluded.owner
 RETURNING fence`),
 		heldFor: r.Replace(`SELECT expires_ms - NOW FROM T_ WHERE key = ?1`),
-		renew:   r.Replace(`UPDATE T_ SET expires_ms = NOW + ?4 WHERE key = ?1 AND owner = ?2 AND fence = ?3 AND expires_ms > NOW`),
-		release: r.Replace(`UPDATE T_ SET owner = NULL, expires_ms = 0 WHERE key = ?1 AND owner = ?2 AND fence = ?3`),
-		inspect: r.Replace(`SELECT key, owner, fence, expires_ms - NOW FROM T_ WHERE key = ?1`),
-		list: r.Replace(`SELECT key, owner, fence, expires_ms - NOW FROM T_
-WHERE substr(key, 1, length(?1)) = ?1 AND owner IS NOT NULL AND expires_ms > NOW ORDER BY key`),
-		breakLease: r.Replace(`UPDATE T_ SET owner = NULL, expires_ms = 0
-WHERE key = ?1 AND owner IS NOT NULL AND expires_ms > NOW
-RETURNING fence, NOW`),
-		logBreak: r.Replace(`INSERT INTO T__breaks (key, fence, owner, reason, by_whom, at_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6)`),
-		breaks:   r.Replace(`SELECT at_ms * 1000, key, fence, owner, reason, by_whom FROM T__breaks WHERE ?1 = '' OR key = ?1 ORDER BY id`),
-		floor:    r.Replace(`SELECT COALESCE((SELECT fence_floor FROM T__floor WHERE id = 1), 0), COALESCE((SELECT max(fence) FROM T_), 0)`),
-		raiseFloor: r.Replace(`INSERT INTO T__floor (id, fence_floor) VALUES (1, ?1)
-ON CONFLICT (id) DO UPDATE SET fence_floor = max(fence_floor, excluded.fence_floor)
-RETURNING fence_floor`),
-		pruneCutoff: r.Replace(`SELECT NOW - ?1`),
 		// A prune batch writes the floor first, so that its transaction
 		// holds the write lock before it reads the candidates: nothing can
 		// change them before they are deleted.
@@ -318,7 +303,31 @@ ON CONFLICT (id) DO UPDATE SET fence_floor = max(fence_floor, excluded.fence_flo
 RETURNING fence_floor`),
 		pruneCount:  r.Replace(`SELECT count(*), COALESCE(max(key), '') FROM (` + candidates + `)`),
 		pruneDelete: r.Replace(`DELETE FROM T_ WHERE key IN (SELECT key FROM (` + candidates + `))`),
+		// A batch renewal is this prefix, a VALUES row (?, ?, ?, ?) per
+		// grant, then renewBatchTail.
+		renewBatch: r.Replace(`WITH r(k, o, f, ttl) AS (VALUES `),
 	}
+	q.Statements = sqllease.Statements{
+		Renew:   stmt(`UPDATE T_ SET expires_ms = NOW + ?4 WHERE key = ?1 AND owner = ?2 AND fence = ?3 AND expires_ms > NOW`),
+		Release: stmt(`UPDATE T_ SET owner = NULL, expires_ms = 0 WHERE key = ?1 AND owner = ?2 AND fence = ?3`),
+		Inspect: stmt(`SELECT owner, fence, expires_ms - NOW FROM T_ WHERE key = ?1`),
+		List: stmt(`SELECT key, owner, fence, expires_ms - NOW FROM T_
+WHERE substr(key, 1, length(?1)) = ?1 AND owner IS NOT NULL AND expires_ms > NOW ORDER BY key`),
+		// The break transaction holds SQLite's write lock (a file opened
+		// with OpenFile begins every transaction IMMEDIATE), and BreakRow
+		// checks again that the key is held.
+		LockRow: stmt(`SELECT owner, fence, expires_ms - NOW FROM T_ WHERE key = ?1`),
+		BreakRow: stmt(`UPDATE T_ SET owner = NULL, expires_ms = 0
+WHERE key = ?1 AND owner IS NOT NULL AND expires_ms > NOW`),
+		Audit:  stmt(`INSERT INTO T__breaks (key, fence, owner, reason, by_whom, at_ms) VALUES (?1, ?2, ?3, ?4, ?5, NOW)`),
+		Breaks: stmt(`SELECT at_ms * 1000, key, fence, owner, reason, by_whom FROM T__breaks WHERE ?1 = '' OR key = ?1 ORDER BY id`),
+		Floor:  stmt(`SELECT COALESCE((SELECT fence_floor FROM T__floor WHERE id = 1), 0), COALESCE((SELECT max(fence) FROM T_), 0)`),
+		RaiseFloor: stmt(`INSERT INTO T__floor (id, fence_floor) VALUES (1, ?1)
+ON CONFLICT (id) DO UPDATE SET fence_floor = max(fence_floor, excluded.fence_floor)
+RETURNING fence_floor`),
+		PruneCutoff: stmt(`SELECT NOW - ?1`),
+	}
+	return q
 }
 
 // The shapes the driver needs, with the declared types pragma_table_info
@@ -367,11 +376,11 @@ func (d *Driver) migrate(ctx context.Context) error {
 	t := d.table
 	tx, err := d.db.Conn(ctx)
 	if err != nil {
-		return fmt.Errorf("create lease tables: %w", classify(err))
+		return wrap("create lease tables", err)
 	}
 	defer tx.Close()
 	if _, err := tx.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
-		return fmt.Errorf("create lease tables: %w", classify(err))
+		return wrap("create lease tables", err)
 	}
 	committed := false
 	defer func() {
@@ -411,11 +420,11 @@ func (d *Driver) migrate(ctx context.Context) error {
 	} {
 		found, exists, err := readTable(ctx, tx, s.name)
 		if err != nil {
-			return classify(err)
+			return wrap("create lease tables", err)
 		}
 		if !exists {
 			if _, err := tx.ExecContext(ctx, s.create); err != nil {
-				return fmt.Errorf("create table %s: %w", s.name, classify(err))
+				return wrap("create table "+s.name, err)
 			}
 			continue
 		}
@@ -424,10 +433,10 @@ func (d *Driver) migrate(ctx context.Context) error {
 		}
 	}
 	if _, err := tx.ExecContext(ctx, `INSERT INTO `+t+leasetable.FloorSuffix+` (id, fence_floor) VALUES (1, 0) ON CONFLICT (id) DO NOTHING`); err != nil {
-		return classify(err)
+		return wrap("create lease tables", err)
 	}
 	if _, err := tx.ExecContext(ctx, "COMMIT"); err != nil {
-		return classify(err)
+		return wrap("create lease tables", err)
 	}
 	committed = true
 	return nil
@@ -548,7 +557,7 @@ func probeCollations(ctx context.Context, tx querier, table string, names []stri
 	var sel, probes, lits []string
 	for i, n := range names {
 		a := fmt.Sprintf("c%d", i)
-		sel = append(sel, `"`+strings.ReplaceAll(n, `"`, `""`)+`" AS `+a)
+		sel = append(sel, sqlident.QuoteANSI(n)+` AS `+a)
 		lits = append(lits, `'job:a'`)
 		probes = append(probes, a+" = upper("+a+")", a+" = "+a+" || ' '")
 	}
@@ -578,205 +587,72 @@ func probeCollations(ctx context.Context, tx querier, table string, names []stri
 	return nil
 }
 
-// classify maps SQLite errors to fenced's sentinels: a busy or locked
+// renewBatchTail ends the batch renewal that queries.renewBatch starts.
+func renewBatchTail(t string) string {
+	return strings.NewReplacer("T_", t, "NOW", now).Replace(`) UPDATE T_ SET expires_ms = NOW + r.ttl FROM r
+WHERE T_.key = r.k AND T_.owner = r.o AND T_.fence = r.f AND T_.expires_ms > NOW
+RETURNING T_.key, T_.owner, T_.fence`)
+}
+
+// classify names the sentinel a SQLite error matches: a busy or locked
 // database and I/O failures mean nothing was applied.
 func classify(err error) error {
-	if err == nil {
-		return nil
-	}
-	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		return err
-	}
 	var se *sqlite.Error
 	if errors.As(err, &se) {
 		switch se.Code() & 0xff {
 		case sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_FULL, sqlite3.SQLITE_READONLY:
-			return fmt.Errorf("%w: %v", driver.ErrUnavailable, err)
+			return driver.ErrUnavailable
 		}
 	}
 	if errors.Is(err, sql.ErrConnDone) {
-		return fmt.Errorf("%w: %v", driver.ErrClosed, err)
-	}
-	return err
-}
-
-// TryAcquire implements driver.Driver in one statement.
-func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
-	var fence int64
-	err := d.db.QueryRowContext(ctx, d.q.acquire, key, owner, ttl.Milliseconds()).Scan(&fence)
-	if errors.Is(err, sql.ErrNoRows) {
-		held := &driver.HeldError{Key: key}
-		var left int64
-		if d.db.QueryRowContext(ctx, d.q.heldFor, key).Scan(&left) == nil && left > 0 {
-			held.Remaining = time.Duration(left) * time.Millisecond
-		}
-		return 0, held
-	}
-	if err != nil {
-		return 0, classify(err)
-	}
-	return uint64(fence), nil
-}
-
-// Renew implements driver.Driver.
-func (d *Driver) Renew(ctx context.Context, g driver.Grant, ttl time.Duration) error {
-	res, err := d.db.ExecContext(ctx, d.q.renew, g.Key, g.Owner, int64(g.Fence), ttl.Milliseconds())
-	return affected(res, err, g)
-}
-
-// Release implements driver.Driver.
-func (d *Driver) Release(ctx context.Context, g driver.Grant) error {
-	res, err := d.db.ExecContext(ctx, d.q.release, g.Key, g.Owner, int64(g.Fence))
-	return affected(res, err, g)
-}
-
-func affected(res sql.Result, err error, g driver.Grant) error {
-	if err != nil {
-		return classify(err)
-	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return classify(err)
-	}
-	if n == 0 {
-		return fmt.Errorf("%s fence %d: %w", g.Key, g.Fence, driver.ErrNotHeld)
+		return driver.ErrClosed
 	}
 	return nil
 }
 
-// RenewBatch implements driver.BatchRenewer with one statement for the
-// whole batch.
-func (d *Driver) RenewBatch(ctx context.Context, reqs []driver.RenewRequest) ([]error, error) {
-	if len(reqs) == 0 {
-		return nil, nil
-	}
-	var b strings.Builder
-	args := make([]any, 0, 4*len(reqs))
-	b.WriteString("WITH r(k, o, f, ttl) AS (VALUES ")
-	for i, r := range reqs {
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		b.WriteString("(?, ?, ?, ?)")
-		args = append(args, r.Grant.Key, r.Grant.Owner, int64(r.Grant.Fence), r.TTL.Milliseconds())
-	}
-	b.WriteString(") UPDATE " + d.table + " SET expires_ms = " + now + " + r.ttl FROM r WHERE " +
-		d.table + ".key = r.k AND " + d.table + ".owner = r.o AND " + d.table + ".fence = r.f AND " +
-		d.table + ".expires_ms > " + now + " RETURNING " + d.table + ".key, " + d.table + ".fence")
-	rows, err := d.db.QueryContext(ctx, b.String(), args...)
-	if err != nil {
-		return nil, classify(err)
-	}
-	defer rows.Close()
-	renewed := map[driver.Grant]bool{}
-	for rows.Next() {
-		var k string
-		var f int64
-		if err := rows.Scan(&k, &f); err != nil {
-			return nil, classify(err)
-		}
-		renewed[driver.Grant{Key: k, Fence: uint64(f)}] = true
-	}
-	if err := rows.Err(); err != nil {
-		return nil, classify(err)
-	}
-	errs := make([]error, len(reqs))
-	for i, r := range reqs {
-		if !renewed[driver.Grant{Key: r.Grant.Key, Fence: r.Grant.Fence}] {
-			errs[i] = fmt.Errorf("%s fence %d: %w", r.Grant.Key, r.Grant.Fence, driver.ErrNotHeld)
-		}
-	}
-	return errs, nil
-}
+// wrap wraps an error of opening or preparing the file.
+func wrap(op string, err error) error { return sqllease.Wrap("sqlite", classify, op, "", err) }
 
-func scanInfo(sc interface{ Scan(...any) error }) (driver.LeaseInfo, error) {
-	var info driver.LeaseInfo
-	var owner sql.NullString
-	var fence, left int64
-	if err := sc.Scan(&info.Key, &owner, &fence, &left); err != nil {
-		return info, err
-	}
-	info.Fence = uint64(fence)
-	if owner.Valid && left > 0 {
-		info.Held = true
-		info.Owner = driver.ShortOwner(owner.String)
-		info.Remaining = time.Duration(left) * time.Millisecond
-	}
-	return info, nil
-}
+// dialect is SQLite's part of the lease-table engine. SQLite counts time
+// in milliseconds (unixepoch('subsec')).
+func (d *Driver) dialect() *sqllease.Dialect {
+	q := newQueries(d.table)
+	tail := renewBatchTail(d.table)
+	return &sqllease.Dialect{
+		Name:       "sqlite",
+		Unit:       time.Millisecond,
+		Statements: q.Statements,
 
-// Inspect implements driver.Driver.
-func (d *Driver) Inspect(ctx context.Context, key string) (driver.LeaseInfo, error) {
-	info, err := scanInfo(d.db.QueryRowContext(ctx, d.q.inspect, key))
-	if errors.Is(err, sql.ErrNoRows) {
-		return driver.LeaseInfo{Key: key}, driver.ErrNotFound
+		Acquire: func(ctx context.Context, c sqllease.Conn, key, owner string, ttl int64) (uint64, int64, error) {
+			var fence, left int64
+			err := c.QueryRow(ctx, q.acquire, key, owner, ttl).Scan(&fence)
+			if errors.Is(err, sql.ErrNoRows) {
+				// Refused: a second read tells how long the holder has
+				// left (best effort).
+				if c.QueryRow(ctx, q.heldFor, key).Scan(&left) != nil {
+					left = 0
+				}
+				return 0, left, nil
+			}
+			return uint64(fence), 0, err
+		},
+		RenewBatch: func(ctx context.Context, c sqllease.Conn, reqs []sqllease.Renewal) ([]driver.Grant, error) {
+			var b strings.Builder
+			args := make([]any, 0, 4*len(reqs))
+			b.WriteString(q.renewBatch)
+			for i, r := range reqs {
+				if i > 0 {
+					b.WriteString(", ")
+				}
+				b.WriteString("(?, ?, ?, ?)")
+				args = append(args, r.Grant.Key, r.Grant.Owner, int64(r.Grant.Fence), r.TTL)
+			}
+			b.WriteString(tail)
+			return sqllease.ScanGrants(c.Query(ctx, b.String(), args...))
+		},
+		PruneBatch: q.pruneBatch,
+		Classify:   classify,
 	}
-	return info, classify(err)
-}
-
-// List implements driver.Driver.
-func (d *Driver) List(ctx context.Context, prefix string) ([]driver.LeaseInfo, error) {
-	rows, err := d.db.QueryContext(ctx, d.q.list, prefix)
-	if err != nil {
-		return nil, classify(err)
-	}
-	defer rows.Close()
-	var out []driver.LeaseInfo
-	for rows.Next() {
-		info, err := scanInfo(rows)
-		if err != nil {
-			return nil, classify(err)
-		}
-		out = append(out, info)
-	}
-	return out, classify(rows.Err())
-}
-
-// Break implements driver.Driver: in one transaction it frees the key and
-// records the break in TABLE_breaks.
-func (d *Driver) Break(ctx context.Context, key string, req driver.BreakRequest) (driver.LeaseInfo, error) {
-	tx, err := d.db.BeginTx(ctx, nil)
-	if err != nil {
-		return driver.LeaseInfo{}, classify(err)
-	}
-	defer tx.Rollback()
-	var info driver.LeaseInfo
-	var inspectLeft int64
-	var owner sql.NullString
-	var fence int64
-	if err := tx.QueryRowContext(ctx, d.q.inspect, key).Scan(&info.Key, &owner, &fence, &inspectLeft); err != nil {
-		if errors.Is(err, sql.ErrNoRows) {
-			return driver.LeaseInfo{Key: key}, fmt.Errorf("%s: %w", key, driver.ErrNotHeld)
-		}
-		return info, classify(err)
-	}
-	var nowMS int64
-	err = tx.QueryRowContext(ctx, d.q.breakLease, key).Scan(&fence, &nowMS)
-	if errors.Is(err, sql.ErrNoRows) {
-		return driver.LeaseInfo{Key: key, Fence: uint64(fence)}, fmt.Errorf("%s: %w", key, driver.ErrNotHeld)
-	}
-	if err != nil {
-		return info, classify(err)
-	}
-	info = driver.LeaseInfo{Key: key, Held: true, Owner: driver.ShortOwner(owner.String), Fence: uint64(fence), Remaining: time.Duration(inspectLeft) * time.Millisecond}
-	if _, err := tx.ExecContext(ctx, d.q.logBreak, key, fence, info.Owner, req.Reason, req.By, nowMS); err != nil {
-		return driver.LeaseInfo{}, classify(err)
-	}
-	if err := tx.Commit(); err != nil {
-		return driver.LeaseInfo{}, classify(err)
-	}
-	return info, nil
-}
-
-// Breaks implements driver.BreakLogger.
-func (d *Driver) Breaks(ctx context.Context, key string) ([]driver.BreakRecord, error) {
-	rows, err := d.db.QueryContext(ctx, d.q.breaks, key)
-	if err != nil {
-		return nil, classify(err)
-	}
-	defer rows.Close()
-	out, err := leasetable.ScanBreaks(rows)
-	return out, classify(err)
 }
 
 // Guarantees implements driver.Driver.
@@ -803,10 +679,8 @@ func (d *Driver) Close() error {
 	if done != nil {
 		<-done
 	}
-	if d.ownsDB {
-		return d.db.Close()
-	}
-	return nil
+	_, err := d.Engine.Close()
+	return err
 }
 
 // DB returns the underlying database, for guards that keep the protected

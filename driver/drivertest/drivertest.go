@@ -6,6 +6,15 @@
 // A backend's test calls RunConformanceTests with a Harness that opens
 // drivers on one store (each Open is a new connection, as another process
 // would make).
+//
+// Every capability a driver declares is verified, not trusted:
+// Guarantees.Notify (a waiter is woken by the release, not by polling),
+// Guarantees.FIFO (waiters are granted the key in the order they
+// arrived), driver.LossWatcher (a grant broken by someone else is
+// reported without being asked) and driver.BatchRenewer (one batch renews
+// exactly the current grants). A capability the driver does not declare
+// is skipped with t.Skip naming it; that is the only skip in the suite,
+// so a PASS means every declared capability was seen to work.
 package drivertest
 
 import (
@@ -92,8 +101,17 @@ func RunConformanceTests(t *testing.T, h Harness) {
 		t.Run("BadURLs", s.testBadURLs)
 	}
 	t.Run("NotifiedWaiterIsWokenWithoutPolling", s.testNotify)
+	t.Run("FIFOWaitersServedInArrivalOrder", s.testFIFO)
+	t.Run("LossWatchReportsBreak", s.testLossWatch)
 	t.Run("WaitLongerThanTTLGivesFullLease", s.testLongWait)
 	t.Run("BatchRenewReportsEachGrant", s.testBatchRenew)
+}
+
+// skipUndeclared skips t because the backend does not declare capability;
+// the only kind of skip the suite has.
+func skipUndeclared(t *testing.T, capability, otherwise string) {
+	t.Helper()
+	t.Skipf("capability %s not declared by this backend (%s)", capability, otherwise)
 }
 
 type suite struct{ h Harness }
@@ -780,10 +798,14 @@ func (s *suite) testBadURLs(t *testing.T) {
 // another client on release although that waiter would otherwise sleep far
 // longer than the test allows.
 func (s *suite) testNotify(t *testing.T) {
-	g := s.drv(t).Guarantees()
-	if !g.Notify {
-		t.Logf("backend declares no notification (Notify=false); waiters poll with backoff")
-		return
+	d := s.drv(t)
+	if !d.Guarantees().Notify {
+		skipUndeclared(t, "Notify (Guarantees.Notify)", "waiters poll with backoff")
+	}
+	_, notifier := d.(driver.Notifier)
+	_, queuer := d.(driver.Queuer)
+	if !notifier && !queuer {
+		t.Fatalf("%T declares Notify but implements neither driver.Notifier nor driver.Queuer", d)
 	}
 	ctx := ctxT(t)
 	a := s.client(t, nil)
@@ -812,6 +834,99 @@ func (s *suite) testNotify(t *testing.T) {
 		}
 	case <-time.After(20 * time.Second):
 		t.Fatal("waiter not woken by the release within 20s although polling was set to once a minute")
+	}
+}
+
+// testFIFO checks that a backend declaring FIFO grants a released key to
+// its waiters in the order they started waiting, each in another client.
+// The waiters arrive half a second apart, so that their order is clear
+// whatever the machine's load; each holds the key briefly and releases it.
+func (s *suite) testFIFO(t *testing.T) {
+	if !s.drv(t).Guarantees().FIFO {
+		skipUndeclared(t, "FIFO (Guarantees.FIFO)", "waiters are not served in arrival order")
+	}
+	ctx := ctxT(t)
+	key := uniqueKey(t, "fifo")
+	holder, err := s.client(t, nil).TryAcquire(ctx, key, &fenced.LeaseOptions{TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const waiters = 3
+	served := make(chan int, waiters)
+	failed := make(chan error, waiters)
+	for i := range waiters {
+		c := s.client(t, &fenced.Options{MinBackoff: 5 * time.Millisecond, MaxBackoff: 50 * time.Millisecond})
+		go func() {
+			l, err := c.Acquire(ctx, key, &fenced.LeaseOptions{TTL: time.Minute, MaxWait: 45 * time.Second})
+			if err != nil {
+				failed <- fmt.Errorf("waiter %d: %w", i, err)
+				return
+			}
+			served <- i
+			time.Sleep(50 * time.Millisecond)
+			if err := l.Release(ctx); err != nil {
+				failed <- fmt.Errorf("waiter %d release: %w", i, err)
+			}
+		}()
+		time.Sleep(500 * time.Millisecond)
+	}
+	if err := holder.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var order []int
+	for len(order) < waiters {
+		select {
+		case i := <-served:
+			order = append(order, i)
+		case err := <-failed:
+			t.Fatal(err)
+		case <-ctx.Done():
+			t.Fatalf("waiters served so far %v: %v", order, ctx.Err())
+		}
+	}
+	for i, w := range order {
+		if w != i {
+			t.Fatalf("backend declares FIFO, but waiters that arrived in order 0..%d were served in order %v", waiters-1, order)
+		}
+	}
+}
+
+// testLossWatch checks that a driver implementing driver.LossWatcher
+// reports a grant broken by another client on the watch channel with an
+// error matching driver.ErrLost, and reports nothing while the grant is
+// held.
+func (s *suite) testLossWatch(t *testing.T) {
+	d := s.drv(t)
+	w, ok := d.(driver.LossWatcher)
+	if !ok {
+		skipUndeclared(t, "LossWatcher (driver.LossWatcher)", "a lost grant is found by the next renewal")
+	}
+	ctx := ctxT(t)
+	key := uniqueKey(t, "losswatch")
+	o := owner()
+	fence, err := d.TryAcquire(ctx, key, o, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch, err := w.WatchLoss(ctx, driver.Grant{Key: key, Owner: o, Fence: fence})
+	if err != nil {
+		t.Fatalf("WatchLoss: %v", err)
+	}
+	select {
+	case err, ok := <-ch:
+		t.Fatalf("loss reported while the grant is held: %v (channel open: %v)", err, ok)
+	case <-time.After(300 * time.Millisecond):
+	}
+	if _, err := s.drv(t).Break(ctx, key, driver.BreakRequest{Reason: "drivertest loss watch", By: "drivertest"}); err != nil {
+		t.Fatalf("break: %v", err)
+	}
+	select {
+	case err, ok := <-ch:
+		if !ok || !errors.Is(err, driver.ErrLost) {
+			t.Fatalf("after a break the watch gave %v (channel open: %v), want an error matching ErrLost", err, ok)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("backend implements LossWatcher, but a break by another client was not reported within 20s")
 	}
 }
 
@@ -850,8 +965,7 @@ func (s *suite) testBatchRenew(t *testing.T) {
 	d := s.drv(t)
 	br, ok := d.(driver.BatchRenewer)
 	if !ok {
-		t.Logf("backend does not implement driver.BatchRenewer; leases are renewed one request each")
-		return
+		skipUndeclared(t, "BatchRenewer (driver.BatchRenewer)", "leases are renewed one request each")
 	}
 	ctx := ctxT(t)
 	prefix := uniqueKey(t, "batch") + ":"

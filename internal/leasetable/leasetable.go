@@ -1,21 +1,22 @@
-// Package leasetable holds what the SQL lease-table backends (PostgreSQL,
-// MySQL/MariaDB, SQLite) share: validation of the table name taken from a
-// store URL, the check that an existing table has the shape the backend
-// needs, the scanning of break audit rows, and the small conversions and
-// errors every one of them needs. The SQL itself differs per dialect and
-// stays in each backend.
+// Package leasetable holds the table-level pieces the SQL lease-table
+// backends (PostgreSQL, MySQL/MariaDB, SQLite) share: validation of the
+// table name taken from a store URL, the table shapes (ColumnTypes) and
+// the check that an existing table has the shape the backend needs, the
+// scanning of break audit rows, the prune loop, and the small conversions
+// and errors every one of them needs. The lease operations themselves run
+// in the engine, internal/sqllease, over each backend's dialect.
 package leasetable
 
 import (
 	"errors"
 	"fmt"
-	"net/url"
 	"regexp"
 	"strings"
 	"time"
 
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/sqlident"
+	"github.com/fenced-dev/fenced/internal/urlquery"
 )
 
 // DefaultTable is the lease table's name when the URL names none. The
@@ -62,46 +63,30 @@ func ValidateTable(name string) error {
 	return nil
 }
 
-// TableFromQuery returns the validated table name given by the URL query
-// parameter TableParam, DefaultTable when absent.
-func TableFromQuery(q url.Values) (string, error) {
-	vs, ok := q[TableParam]
-	if !ok {
+// TableOrDefault returns name validated with ValidateTable, or
+// DefaultTable when name is "" (an option left at its zero value).
+func TableOrDefault(name string) (string, error) {
+	if name == "" {
 		return DefaultTable, nil
 	}
-	if len(vs) != 1 {
-		return "", fmt.Errorf("%w: %s= given %d times", driver.ErrInvalidURL, TableParam, len(vs))
+	return name, ValidateTable(name)
+}
+
+// TakeTable takes the validated table name given by the URL query
+// parameter TableParam from p; DefaultTable when absent. Errors match
+// driver.ErrInvalidURL.
+func TakeTable(p urlquery.Params) (string, error) {
+	name, ok, err := p.Take(TableParam)
+	switch {
+	case err != nil:
+		return "", err
+	case !ok:
+		return DefaultTable, nil
 	}
-	if err := ValidateTable(vs[0]); err != nil {
+	if err := ValidateTable(name); err != nil {
 		return "", err
 	}
-	return vs[0], nil
-}
-
-// ParseQuery parses a store URL's query strictly: url.URL.Query silently
-// drops what it cannot parse (a semicolon, a bad escape), which would let
-// "table=a;drop" fall back to the default table unnoticed.
-func ParseQuery(rawQuery string) (url.Values, error) {
-	q, err := url.ParseQuery(rawQuery)
-	if err != nil {
-		return nil, fmt.Errorf("%w: query: %v", driver.ErrInvalidURL, err)
-	}
-	return q, nil
-}
-
-// TakeParams removes the named parameters from q and returns their values
-// (the last one when repeated), so that what is left can be passed to the
-// database driver, which would reject or misread parameters it does not
-// know.
-func TakeParams(q url.Values, names ...string) map[string]string {
-	out := map[string]string{}
-	for _, n := range names {
-		if vs, ok := q[n]; ok {
-			out[n] = vs[len(vs)-1]
-			delete(q, n)
-		}
-	}
-	return out
+	return name, nil
 }
 
 // Scanner is implemented by *sql.Rows, *sql.Row, pgx.Rows and pgx.Row.
@@ -156,15 +141,6 @@ func ScanBreaks(rows Rows) ([]driver.BreakRecord, error) {
 	}
 	return out, rows.Err()
 }
-
-// Micros converts a TTL to whole microseconds, the unit every SQL backend
-// passes to the database (rounded up, so a TTL is never shortened to zero).
-func Micros(d time.Duration) int64 {
-	return int64((d + time.Microsecond - 1) / time.Microsecond)
-}
-
-// FromMicros converts microseconds reported by the database to a duration.
-func FromMicros(us int64) time.Duration { return time.Duration(us) * time.Microsecond }
 
 // NotHeld is the refusal of a renew or release of g.
 func NotHeld(g driver.Grant) error {

@@ -5,6 +5,7 @@ package sqlident
 import (
 	"fmt"
 	"regexp"
+	"strings"
 )
 
 var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
@@ -18,4 +19,17 @@ func Check(what, name string) error {
 		return fmt.Errorf("%s name %q is not a plain SQL identifier (letters, digits and _, starting with a letter or _, at most 63 characters)", what, name)
 	}
 	return nil
+}
+
+// QuoteANSI quotes name as a standard SQL identifier, in double quotes
+// (PostgreSQL, SQLite, and MySQL in ANSI_QUOTES mode), doubling any double
+// quote in it. Quoted names are matched with their exact spelling.
+func QuoteANSI(name string) string {
+	return `"` + strings.ReplaceAll(name, `"`, `""`) + `"`
+}
+
+// QuoteMySQL quotes name as a MySQL/MariaDB identifier, in backticks,
+// doubling any backtick in it.
+func QuoteMySQL(name string) string {
+	return "`" + strings.ReplaceAll(name, "`", "``") + "`"
 }

@@ -14,3 +14,12 @@ func TestCheck(t *testing.T) {
 		}
 	}
 }
+
+func TestQuote(t *testing.T) {
+	if got := QuoteANSI(`a"b`); got != `"a""b"` {
+		t.Errorf("QuoteANSI = %s", got)
+	}
+	if got := QuoteMySQL("a`b"); got != "`a``b`" {
+		t.Errorf("QuoteMySQL = %s", got)
+	}
+}

@@ -221,6 +221,11 @@ func (p *Process) WaitLog(t testing.TB, substr string, timeout time.Duration) {
 		}
 		select {
 		case <-p.exited:
+			// The log is complete once the process has exited: look once
+			// more, for a line written just before the exit.
+			if bytes.Contains([]byte(p.Log.String()), []byte(substr)) {
+				return
+			}
 			t.Fatalf("testenv: %s exited before logging %q:\n%s", p.Name, substr, tail(p.Log.String(), 4000))
 		case <-time.After(50 * time.Millisecond):
 		}

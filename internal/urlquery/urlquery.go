@@ -1,0 +1,61 @@
+// Package urlquery reads a store URL's query strictly, the one way every
+// backend's URL opener does: url.URL.Query silently drops what it cannot
+// parse (a semicolon, a bad escape), and url.Values.Get silently takes the
+// first of repeated values, so "table=a;drop" or "table=a&table=b" would
+// fall back to another table unnoticed. Here a malformed query, a
+// parameter of the backend's own given twice, and (where the backend
+// passes nothing on to a client library) an unknown parameter are errors
+// matching driver.ErrInvalidURL that name what was wrong.
+package urlquery
+
+import (
+	"fmt"
+	"net/url"
+	"sort"
+	"strings"
+
+	"github.com/fenced-dev/fenced/driver"
+)
+
+// Params is a parsed query whose parameters are taken one by one.
+type Params struct{ v url.Values }
+
+// Parse parses rawQuery (u.RawQuery) strictly.
+func Parse(rawQuery string) (Params, error) {
+	v, err := url.ParseQuery(rawQuery)
+	if err != nil {
+		return Params{}, fmt.Errorf("%w: query: %v", driver.ErrInvalidURL, err)
+	}
+	return Params{v}, nil
+}
+
+// Take removes the parameter name and returns its value; ok is false when
+// it is absent. A parameter given more than once is an error.
+func (p Params) Take(name string) (value string, ok bool, err error) {
+	vs, ok := p.v[name]
+	if !ok {
+		return "", false, nil
+	}
+	delete(p.v, name)
+	if len(vs) != 1 {
+		return "", true, fmt.Errorf("%w: %s= given %d times", driver.ErrInvalidURL, name, len(vs))
+	}
+	return vs[0], true, nil
+}
+
+// Rest returns the parameters not taken, for a client library that reads
+// them itself. The caller owns the result.
+func (p Params) Rest() url.Values { return p.v }
+
+// NoRest refuses any parameter not taken, naming it and the known ones.
+func (p Params) NoRest(known ...string) error {
+	if len(p.v) == 0 {
+		return nil
+	}
+	var names []string
+	for k := range p.v {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	return fmt.Errorf("%w: unknown parameter %q (known: %s)", driver.ErrInvalidURL, names[0], strings.Join(known, ", "))
+}

@@ -1,0 +1,34 @@
+package urlquery
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/fenced-dev/fenced/driver"
+)
+
+func TestStrict(t *testing.T) {
+	if _, err := Parse("table=a;drop"); !errors.Is(err, driver.ErrInvalidURL) {
+		t.Errorf("a semicolon: %v, want ErrInvalidURL", err)
+	}
+	p, err := Parse("table=a&table=b&x=1&busy=2s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := p.Take("table"); !errors.Is(err, driver.ErrInvalidURL) || !strings.Contains(err.Error(), "table= given 2 times") {
+		t.Errorf("repeated: %v", err)
+	}
+	if v, ok, err := p.Take("busy"); v != "2s" || !ok || err != nil {
+		t.Errorf("Take(busy) = %q, %v, %v", v, ok, err)
+	}
+	if _, ok, err := p.Take("busy"); ok || err != nil {
+		t.Errorf("a taken parameter is still there: %v, %v", ok, err)
+	}
+	if err := p.NoRest("table", "busy"); !errors.Is(err, driver.ErrInvalidURL) || !strings.Contains(err.Error(), `unknown parameter "x" (known: table, busy)`) {
+		t.Errorf("NoRest: %v", err)
+	}
+	if got := p.Rest().Encode(); got != "x=1" {
+		t.Errorf("Rest = %q", got)
+	}
+}
