@@ -15,7 +15,7 @@ import (
 	"github.com/fenced-dev/fenced/fence"
 	"github.com/fenced-dev/fenced/fence/etcdfence"
 	"github.com/fenced-dev/fenced/fence/redisfence"
-	"github.com/fenced-dev/fenced/internal/testenv"
+	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 
 // measure runs op b.N times and reports p50 and p99 latency.

@@ -10,7 +10,7 @@ import (
 
 	"github.com/fenced-dev/fenced/fence"
 	"github.com/fenced-dev/fenced/fence/etcdfence"
-	"github.com/fenced-dev/fenced/internal/testenv"
+	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 
 // etcdKV stores a resource as two keys, RES/note and RES/status.

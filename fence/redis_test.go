@@ -9,7 +9,7 @@ import (
 
 	"github.com/fenced-dev/fenced/fence"
 	"github.com/fenced-dev/fenced/fence/redisfence"
-	"github.com/fenced-dev/fenced/internal/testenv"
+	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 
 type redisKV struct {
