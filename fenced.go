@@ -97,11 +97,6 @@ const (
 // Opener opens a driver for a store URL. Backends register one per scheme.
 type Opener func(ctx context.Context, u *url.URL) (driver.Driver, error)
 
-var (
-	registryMu sync.RWMutex
-	registry   = map[string]Opener{}
-)
-
 // reserved lists the schemes fenced ships backends for, so Open can tell a
 // user which package to import instead of calling the scheme unknown.
 var reserved = map[string]string{
@@ -118,53 +113,96 @@ var reserved = map[string]string{
 	"zk":         "github.com/fenced-dev/fenced/zookeeper",
 }
 
-// Register makes a backend available under a URL scheme. It is meant to be
-// called from a backend package's init function and panics if opener is nil
-// or the scheme is registered twice, like sql.Register.
-func Register(scheme string, opener Opener) {
-	registryMu.Lock()
-	defer registryMu.Unlock()
+// URLMux maps URL schemes to the backends that open them, like gocloud's
+// URLMux. The zero value is an empty mux, ready to use; it is safe for
+// concurrent use. Most programs use the default mux through the package
+// functions Register, Schemes and Open, which backend packages register
+// with from their init functions; a program that wants its own set of
+// backends (a test, or a plugin host) makes its own URLMux.
+type URLMux struct {
+	mu      sync.RWMutex
+	openers map[string]Opener
+}
+
+// defaultMux is the mux behind Register, Schemes and Open.
+var defaultMux URLMux
+
+// DefaultURLMux returns the mux that Register, Schemes and Open use. It is
+// the only package-level state, and the package functions only forward to
+// it.
+func DefaultURLMux() *URLMux { return &defaultMux }
+
+// Register makes a backend available under a URL scheme on m. It panics
+// if opener is nil or the scheme is registered twice, like sql.Register.
+// Schemes are case-insensitive.
+func (m *URLMux) Register(scheme string, opener Opener) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	scheme = strings.ToLower(scheme)
 	if opener == nil {
 		panic("fenced: Register opener is nil for scheme " + scheme)
 	}
-	if _, dup := registry[scheme]; dup {
+	if _, dup := m.openers[scheme]; dup {
 		panic("fenced: Register called twice for scheme " + scheme)
 	}
-	registry[scheme] = opener
+	if m.openers == nil {
+		m.openers = map[string]Opener{}
+	}
+	m.openers[scheme] = opener
 }
 
-// Schemes returns the registered URL schemes, sorted.
-func Schemes() []string {
-	registryMu.RLock()
-	defer registryMu.RUnlock()
+// Schemes returns the schemes registered on m, sorted.
+func (m *URLMux) Schemes() []string {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
 	var s []string
-	for k := range registry {
+	for k := range m.openers {
 		s = append(s, k)
 	}
 	sort.Strings(s)
 	return s
 }
 
-// Open opens the store named by rawURL with the backend registered for its
-// scheme and returns a Client over it. opts may be nil.
+// opener returns the opener of scheme, or nil.
+func (m *URLMux) opener(scheme string) Opener {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return m.openers[scheme]
+}
+
+// Register makes a backend available under a URL scheme on the default
+// mux. It is meant to be called from a backend package's init function and
+// panics if opener is nil or the scheme is registered twice, like
+// sql.Register.
+func Register(scheme string, opener Opener) { defaultMux.Register(scheme, opener) }
+
+// Schemes returns the schemes registered on the default mux, sorted.
+func Schemes() []string { return defaultMux.Schemes() }
+
+// Open opens the store named by rawURL on the default mux; see
+// URLMux.Open.
+func Open(ctx context.Context, rawURL string, opts *Options) (*Client, error) {
+	return defaultMux.Open(ctx, rawURL, opts)
+}
+
+// Open opens the store named by rawURL with the backend registered on m
+// for its scheme and returns a Client over it. opts may be nil.
 //
 // Malformed URLs and unknown schemes return errors matching ErrInvalidURL;
 // a scheme fenced ships a backend for, whose package was not imported, says
-// which package to import. The password in a URL never appears in errors.
-func Open(ctx context.Context, rawURL string, opts *Options) (*Client, error) {
+// which package to import; another unknown scheme's error lists the
+// registered ones. The password in a URL never appears in errors.
+func (m *URLMux) Open(ctx context.Context, rawURL string, opts *Options) (*Client, error) {
 	u, err := ParseURL(rawURL)
 	if err != nil {
 		return nil, err
 	}
-	registryMu.RLock()
-	opener := registry[u.Scheme]
-	registryMu.RUnlock()
+	opener := m.opener(u.Scheme)
 	if opener == nil {
 		if pkg, ok := reserved[u.Scheme]; ok {
 			return nil, fmt.Errorf("fenced: open %s: %w: backend for scheme %q is not linked in; import _ %q", Redact(rawURL), ErrInvalidURL, u.Scheme, pkg)
 		}
-		return nil, fmt.Errorf("fenced: open %s: %w: unknown scheme %q (registered: %s)", Redact(rawURL), ErrInvalidURL, u.Scheme, strings.Join(Schemes(), ", "))
+		return nil, fmt.Errorf("fenced: open %s: %w: unknown scheme %q (registered: %s)", Redact(rawURL), ErrInvalidURL, u.Scheme, strings.Join(m.Schemes(), ", "))
 	}
 	drv, err := opener(ctx, u)
 	if err != nil {

@@ -13,7 +13,7 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/dynamodb"
-	"github.com/fenced-dev/fenced/internal/leasebench"
+	"github.com/fenced-dev/fenced/internal/testkit/leasebench"
 )
 
 // benchClient opens a client over its own DynamoDB client whose

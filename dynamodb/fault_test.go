@@ -15,8 +15,8 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/fence"
-	"github.com/fenced-dev/fenced/internal/crashtest"
-	"github.com/fenced-dev/fenced/internal/testenv"
+	"github.com/fenced-dev/fenced/internal/testkit/crashtest"
+	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 
 func uniqueKey(name string) string {

@@ -18,7 +18,7 @@ var _ driver.Valuer = (*Driver)(nil)
 // prints the value. From then on the driver recognises g's key by its
 // create revision alone, since the owner token is no longer its value.
 func (d *Driver) SetValue(ctx context.Context, g driver.Grant, value string) error {
-	e := d.lookup(g.Key, g.Owner)
+	e := d.grants.Lookup(g.Key, g.Owner)
 	if e == nil || !e.granted || g.Fence == 0 || uint64(e.rev) != g.Fence {
 		return fmt.Errorf("etcd: set value %s: %w", g, driver.ErrNotHeld)
 	}

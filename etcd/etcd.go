@@ -63,9 +63,7 @@ package etcd
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/url"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -76,7 +74,7 @@ import (
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/keyname"
-	"github.com/fenced-dev/fenced/internal/reaper"
+	"github.com/fenced-dev/fenced/internal/sessionlock"
 )
 
 // DefaultPrefix is prepended to keys when Options.Prefix is empty.
@@ -106,16 +104,9 @@ func openURL(ctx context.Context, u *url.URL) (driver.Driver, error) {
 	if u.Path != "" && u.Path != "/" {
 		return nil, fmt.Errorf("%w: etcd URL has path %q; give the key prefix as ?prefix=", driver.ErrInvalidURL, u.Path)
 	}
-	var eps []string
-	for _, hp := range strings.Split(u.Host, ",") {
-		host, port, err := net.SplitHostPort(hp)
-		if err != nil || host == "" {
-			return nil, fmt.Errorf("%w: etcd endpoint %q is not host:port", driver.ErrInvalidURL, hp)
-		}
-		if n, err := strconv.Atoi(port); err != nil || n <= 0 || n > 65535 {
-			return nil, fmt.Errorf("%w: etcd endpoint %q has a bad port", driver.ErrInvalidURL, hp)
-		}
-		eps = append(eps, hp)
+	eps, err := sessionlock.Endpoints(u.Host, "etcd endpoint")
+	if err != nil {
+		return nil, err
 	}
 	var opts Options
 	dialTimeout := 5 * time.Second
@@ -173,9 +164,8 @@ type Driver struct {
 	mu       sync.Mutex
 	closed   bool
 	sessions map[int64][]*session // by TTL in seconds
-	entries  map[entryID]*entry
 	ka       *keepAliver
-	reaper   *reaper.Reaper[*entry]
+	grants   *sessionlock.Grants[*entry]
 	ctx      context.Context // cancelled by Close
 	cancel   context.CancelFunc
 }
@@ -200,11 +190,10 @@ func New(cli *clientv3.Client, opts *Options) (*Driver, error) {
 	d := &Driver{
 		cli: cli, prefix: o.Prefix,
 		sessions: map[int64][]*session{},
-		entries:  map[entryID]*entry{},
 		ctx:      ctx, cancel: cancel,
 		ka: &keepAliver{conn: cli.ActiveConnection(), ctx: ctx},
 	}
-	d.reaper = reaper.New(d.reap, time.Second)
+	d.grants = sessionlock.NewGrants(d.endEntry, d.freeName)
 	return d, nil
 }
 
@@ -216,16 +205,9 @@ func (d *Driver) LockName(key string) string { return d.prefix + keyname.Escape(
 
 // Guarantees implements driver.Driver.
 func (d *Driver) Guarantees() driver.Guarantees {
-	return driver.Guarantees{
-		Fence:       driver.FenceStrict,
-		ServerClock: true,
+	return sessionlock.Guarantees("fence = create revision of the holder's key (Raft-agreed, never reissued); TTLs are whole seconds at the server; " +
 		// The lessor counts TTLs on the leader's monotonic clock.
-		ClockStepSafe: true,
-		Notify:        true,
-		FIFO:          true,
-		Note: "fence = create revision of the holder's key (Raft-agreed, never reissued); TTLs are whole seconds at the server; " +
-			"safe from clock steps: lease TTLs count down on the leader's monotonic clock, and a new leader extends them, never shortens them",
-	}
+		"safe from clock steps: lease TTLs count down on the leader's monotonic clock, and a new leader extends them, never shortens them")
 }
 
 // TTLBounds implements driver.TTLBounds: etcd leases have a one-second
@@ -237,13 +219,13 @@ func (d *Driver) TTLBounds() (min, max time.Duration) { return time.Second, fenc
 // sessions.
 func (d *Driver) Close() error {
 	d.mu.Lock()
-	if d.closed {
-		d.mu.Unlock()
-		return nil
-	}
+	already := d.closed
 	d.closed = true
 	d.mu.Unlock()
-	d.reaper.Close()
+	if already {
+		return nil
+	}
+	d.grants.Close()
 	d.cancel()
 	if d.ownsClient {
 		return d.cli.Close()

@@ -15,7 +15,7 @@ import (
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/driver/drivertest"
 	"github.com/fenced-dev/fenced/etcd"
-	"github.com/fenced-dev/fenced/internal/testenv"
+	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 
 // newClient returns an etcd client on the cluster, closed when t ends.

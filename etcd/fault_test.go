@@ -6,9 +6,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fenced-dev/fenced/internal/crashtest"
-	"github.com/fenced-dev/fenced/internal/faulttest"
-	"github.com/fenced-dev/fenced/internal/testenv"
+	"github.com/fenced-dev/fenced/internal/testkit/crashtest"
+	"github.com/fenced-dev/fenced/internal/testkit/faulttest"
+	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 
 func TestMain(m *testing.M) {

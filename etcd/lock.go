@@ -11,6 +11,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/sessionlock"
 )
 
 // waiterKey is the key a session puts under lock name, exactly as etcd's
@@ -24,7 +25,7 @@ func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Dur
 	start := time.Now()
 	name := d.LockName(key)
 	pfx := name + "/"
-	if e := d.lookup(key, owner); e != nil {
+	if e := d.grants.Lookup(key, owner); e != nil {
 		// Our own earlier grant (or an attempt whose outcome was unknown).
 		return d.confirm(ctx, e, ttl, start)
 	}
@@ -32,25 +33,16 @@ func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Dur
 	if err != nil {
 		return 0, err
 	}
-	e := &entry{id: entryID{key, owner}, etcdKey: waiterKey(name, s), name: name, s: s}
-	kaDone := d.keepAliveAsync(ctx, s, start, ttl)
-	resp, err := d.cli.Txn(ctx).
+	e := &entry{id: sessionlock.ID{Key: key, Owner: owner}, etcdKey: waiterKey(name, s), name: name, s: s}
+	resp, kaErr, err := d.put(ctx, e, ttl, start, d.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(pfx), "=", 0).WithPrefix()).
 		Then(clientv3.OpPut(e.etcdKey, owner, clientv3.WithLease(s.id))).
-		Else(clientv3.OpGet(pfx, clientv3.WithFirstCreate()...)).
-		Commit()
-	kaErr := <-kaDone
+		Else(clientv3.OpGet(pfx, clientv3.WithFirstCreate()...)))
+	if errors.Is(err, errStartOver) {
+		return d.TryAcquire(ctx, key, owner, ttl)
+	}
 	if err != nil {
-		werr := writeErr("acquire", err)
-		if errors.Is(werr, errSessionGone) && time.Since(start) < time.Duration(s.ttl)*time.Second {
-			// Nothing was put: the session had expired. Start a new one.
-			d.markDead(s)
-			return d.TryAcquire(ctx, key, owner, ttl)
-		}
-		// The key may have been put: keep the entry so that a retry by the
-		// same owner finds it, and the reaper deletes it if nobody does.
-		d.track(e, ttl, start)
-		return 0, werr
+		return 0, err
 	}
 	if !resp.Succeeded {
 		d.unreserve(s, name)
@@ -62,11 +54,39 @@ func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Dur
 	}
 	e.rev = resp.Header.Revision
 	e.granted = true
-	d.track(e, ttl, start)
+	d.grants.Track(e, ttl, start)
 	if kaErr != nil {
 		return 0, fmt.Errorf("etcd: acquire: key put but the session keep-alive failed: %w", asUnknown(kaErr))
 	}
 	return uint64(e.rev), nil
+}
+
+// errStartOver means an acquisition found its session expired before its
+// key was put: nothing was put, and it starts over with a new session.
+var errStartOver = errors.New("session expired before the put; start over")
+
+// put commits txn, which puts e's key on its session, with a keep-alive
+// of the session sent alongside: if the key is granted at once the session
+// then outlives the lease's local validity (from start), without a second
+// round trip. kaErr is the keep-alive's outcome. When the session had
+// expired, so that nothing was put, put drops the session and fails with
+// errStartOver; on any other failure the key may have been put, so e is
+// tracked: a retry by the same owner finds it, and the reaper deletes it
+// if nobody does.
+func (d *Driver) put(ctx context.Context, e *entry, ttl time.Duration, start time.Time, txn clientv3.Txn) (resp *clientv3.TxnResponse, kaErr, err error) {
+	kaDone := d.keepAliveAsync(ctx, e.s, start, ttl)
+	resp, err = txn.Commit()
+	kaErr = <-kaDone
+	if err == nil {
+		return resp, kaErr, nil
+	}
+	werr := writeErr("acquire", err)
+	if errors.Is(werr, errSessionGone) && time.Since(start) < time.Duration(e.s.ttl)*time.Second {
+		d.markDead(e.s)
+		return nil, kaErr, fmt.Errorf("%w: %w", errStartOver, werr)
+	}
+	d.grants.Track(e, ttl, start)
+	return nil, kaErr, werr
 }
 
 func asUnknown(err error) error {
@@ -91,30 +111,27 @@ func (d *Driver) confirm(ctx context.Context, e *entry, ttl time.Duration, start
 	}
 	mine := resp.Responses[0].GetResponseRange().Kvs
 	first := resp.Responses[1].GetResponseRange().Kvs
-	if len(mine) == 0 || string(mine[0].Value) != e.id.owner && !(e.proclaimed.Load() && mine[0].CreateRevision == e.rev) {
-		d.forget(e)
+	if len(mine) == 0 || string(mine[0].Value) != e.id.Owner && !(e.proclaimed.Load() && mine[0].CreateRevision == e.rev) {
+		d.grants.Forget(e)
 		// Our earlier attempt left nothing: try afresh.
-		return d.TryAcquire(ctx, e.id.key, e.id.owner, ttl)
+		return d.TryAcquire(ctx, e.id.Key, e.id.Owner, ttl)
 	}
 	if len(first) == 0 || first[0].CreateRevision != mine[0].CreateRevision {
 		if !e.granted {
-			d.abandon(e) // TryAcquire never leaves a key queued
+			d.grants.EndNow(e) // TryAcquire never leaves a key queued
 		}
-		return 0, &driver.HeldError{Key: e.id.key}
+		return 0, &driver.HeldError{Key: e.id.Key}
 	}
 	if kaErr != nil {
 		return 0, asUnknown(kaErr)
 	}
 	e.rev = mine[0].CreateRevision
-	e.granted = true
-	d.track(e, ttl, start)
-	return uint64(e.rev), nil
+	return d.grant(e, ttl, start), nil
 }
 
 // Acquire implements driver.Queuer; see AcquireTimed.
 func (d *Driver) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
-	f, _, err := d.AcquireTimed(ctx, key, owner, ttl)
-	return f, err
+	return sessionlock.Untimed(ctx, d.AcquireTimed, key, owner, ttl)
 }
 
 // AcquireTimed implements driver.TimedQueuer with etcd's recipe: put a
@@ -131,40 +148,30 @@ func (d *Driver) AcquireTimed(ctx context.Context, key, owner string, ttl time.D
 	if err != nil {
 		return 0, time.Time{}, err
 	}
-	e := &entry{id: entryID{key, owner}, etcdKey: waiterKey(name, s), name: name, s: s}
+	e := &entry{id: sessionlock.ID{Key: key, Owner: owner}, etcdKey: waiterKey(name, s), name: name, s: s}
 	fail := func(err error) (uint64, time.Time, error) {
-		d.abandon(e)
+		d.grants.EndNow(e)
 		if ctx.Err() != nil {
 			return 0, time.Time{}, context.Cause(ctx)
 		}
 		return 0, time.Time{}, err
 	}
-	// A keep-alive sent with the put makes the session outlive the lease's
-	// local validity if the key is granted at once, without a second round
-	// trip.
-	kaDone := d.keepAliveAsync(ctx, s, start, ttl)
-	resp, err := d.cli.Txn(ctx).
+	resp, kaErr, err := d.put(ctx, e, ttl, start, d.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(e.etcdKey), "=", 0)).
 		Then(clientv3.OpPut(e.etcdKey, owner, clientv3.WithLease(s.id)), clientv3.OpGet(pfx, clientv3.WithFirstCreate()...)).
-		Else(clientv3.OpGet(e.etcdKey)).
-		Commit()
-	kaErr := <-kaDone
+		Else(clientv3.OpGet(e.etcdKey)))
+	if errors.Is(err, errStartOver) {
+		return d.AcquireTimed(ctx, key, owner, ttl)
+	}
 	if err != nil {
-		werr := writeErr("acquire", err)
-		if errors.Is(werr, errSessionGone) && time.Since(start) < time.Duration(s.ttl)*time.Second {
-			// Nothing was put: the session had expired. Start a new one.
-			d.markDead(s)
-			return d.AcquireTimed(ctx, key, owner, ttl)
-		}
-		d.track(e, ttl, start)
-		return fail(werr)
+		return fail(err)
 	}
 	if !resp.Succeeded {
 		d.unreserve(s, name)
 		return 0, time.Time{}, fmt.Errorf("etcd: acquire: session %x already has key %s (another process shares the lease)", int64(s.id), e.etcdKey)
 	}
 	e.rev = resp.Header.Revision
-	d.track(e, ttl, start)
+	d.grants.Track(e, ttl, start)
 	first := resp.Responses[1].GetResponseRange().Kvs
 	if len(first) > 0 && first[0].CreateRevision == e.rev && kaErr == nil {
 		e.granted = true
@@ -174,23 +181,17 @@ func (d *Driver) AcquireTimed(ctx context.Context, key, owner string, ttl time.D
 	wctx, stopKA := context.WithCancel(ctx)
 	defer stopKA()
 	go d.keepWaiting(wctx, e, ttl)
-	for {
-		sent := time.Now()
+	var sent time.Time   // when the look that found our key oldest was sent
+	var confirmErr error // a failed confirmation ends the wait
+	step := func(ctx context.Context) (bool, error) {
+		sent = time.Now()
 		kaDone := d.keepAliveAsync(ctx, s, sent, ttl)
 		pred, hdrRev, err := d.predecessor(ctx, e)
 		kaErr := <-kaDone
 		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, errVanished) {
-				return fail(err)
-			}
-			// The cluster did not answer (a leader election, a member
-			// down): keep waiting, and look again.
-			select {
-			case <-ctx.Done():
-				return fail(ctx.Err())
-			case <-time.After(100 * time.Millisecond):
-			}
-			continue
+			// errVanished ends the wait; otherwise the cluster did not
+			// answer (a leader election, a member down): look again.
+			return false, err
 		}
 		if pred == "" {
 			stopKA()
@@ -198,27 +199,20 @@ func (d *Driver) AcquireTimed(ctx context.Context, key, owner string, ttl time.D
 				// Confirm the session with a keep-alive of its own.
 				sent = time.Now()
 				if err := d.keepAlive(ctx, s); err != nil {
-					return fail(err)
+					confirmErr = err
+					return false, err
 				}
 			}
-			e.granted = true
-			d.track(e, ttl, sent)
-			return uint64(e.rev), sent, nil
+			return true, nil
 		}
-		if err := d.waitDelete(ctx, pred, hdrRev+1); err != nil {
-			if ctx.Err() != nil {
-				return fail(err)
-			}
-			// The watch broke (its member lost the leader, or the
-			// connection): look at the queue again, which also tells
-			// whether our key survived.
-			select {
-			case <-ctx.Done():
-				return fail(ctx.Err())
-			case <-time.After(100 * time.Millisecond):
-			}
-		}
+		// A broken watch (its member lost the leader, or the connection)
+		// is retried: the next look also tells whether our key survived.
+		return false, d.waitDelete(ctx, pred, hdrRev+1)
 	}
+	if err := sessionlock.WaitTurn(ctx, step, func(err error) bool { return err != confirmErr && !errors.Is(err, errVanished) }); err != nil {
+		return fail(err)
+	}
+	return d.grant(e, ttl, sent), sent, nil
 }
 
 // keepAliveAsync makes sure s outlives from+ttl at the server: it sends a
@@ -293,15 +287,11 @@ func (d *Driver) keepWaiting(ctx context.Context, e *entry, ttl time.Duration) {
 		case <-t.C:
 			sent := time.Now()
 			if err := d.keepAlive(ctx, e.s); err == nil {
-				d.track(e, ttl, sent)
+				d.grants.Track(e, ttl, sent)
 			}
 		}
 	}
 }
-
-// abandon deletes e's key now (without the caller's context, which may be
-// done); if that fails the reaper keeps trying in the background.
-func (d *Driver) abandon(e *entry) { _ = d.reaper.EndNow(e) }
 
 // Renew implements driver.Driver: it confirms that g's key still exists and
 // sends a keep-alive for its session. ttl cannot change a session's TTL;
@@ -324,7 +314,7 @@ func (d *Driver) RenewBatch(ctx context.Context, reqs []driver.RenewRequest) ([]
 	var idx []int
 	sessions := map[*session]time.Duration{} // the longest TTL renewed on each
 	for i, r := range reqs {
-		e := d.lookup(r.Grant.Key, r.Grant.Owner)
+		e := d.grants.Lookup(r.Grant.Key, r.Grant.Owner)
 		if e == nil || !e.granted || r.Grant.Fence == 0 || uint64(e.rev) != r.Grant.Fence {
 			errs[i] = fmt.Errorf("etcd: renew %s: %w", r.Grant, driver.ErrNotHeld)
 			continue
@@ -359,20 +349,20 @@ func (d *Driver) RenewBatch(ctx context.Context, reqs []driver.RenewRequest) ([]
 		e := entries[i]
 		kvs := resp.Responses[j].GetResponseRange().Kvs
 		if len(kvs) == 0 || !e.holds(kvs[0]) {
-			d.forget(e)
+			d.grants.Forget(e)
 			errs[i] = fmt.Errorf("etcd: renew %s: %w: key %s is gone", reqs[i].Grant, driver.ErrNotHeld, e.etcdKey)
 			continue
 		}
 		if kerr := kaErrs[e.s]; kerr != nil {
 			if errors.Is(kerr, errSessionGone) {
-				d.forget(e)
+				d.grants.Forget(e)
 				errs[i] = fmt.Errorf("etcd: renew %s: %w: %v", reqs[i].Grant, driver.ErrNotHeld, kerr)
 			} else {
 				errs[i] = kerr
 			}
 			continue
 		}
-		d.track(e, reqs[i].TTL, start)
+		d.grants.Track(e, reqs[i].TTL, start)
 	}
 	return errs, nil
 }
@@ -380,7 +370,7 @@ func (d *Driver) RenewBatch(ctx context.Context, reqs []driver.RenewRequest) ([]
 // Release implements driver.Driver: it deletes g's key if it still carries
 // g's fence and owner, and records the fence for Inspect.
 func (d *Driver) Release(ctx context.Context, g driver.Grant) error {
-	e := d.lookup(g.Key, g.Owner)
+	e := d.grants.Lookup(g.Key, g.Owner)
 	if e == nil || !e.granted || g.Fence == 0 || uint64(e.rev) != g.Fence {
 		return fmt.Errorf("etcd: release %s: %w", g, driver.ErrNotHeld)
 	}
@@ -391,70 +381,42 @@ func (d *Driver) Release(ctx context.Context, g driver.Grant) error {
 	if err != nil {
 		return writeErr("release", err)
 	}
-	d.forget(e)
+	d.grants.Forget(e)
 	if !resp.Succeeded {
 		return fmt.Errorf("etcd: release %s: %w", g, driver.ErrNotHeld)
 	}
 	return nil
 }
 
-// lossWatchDelay is how long after a grant its loss watch starts. The
-// watch replays events from the key's creation on, so a deletion in the
-// meantime is still reported, a little later.
-const lossWatchDelay = 100 * time.Millisecond
-
 // WatchLoss implements driver.LossWatcher: it watches g's key from its
 // creation on and reports ErrLost when the key is deleted by anyone but
 // this driver's release (an admin break, or the session expiring).
 func (d *Driver) WatchLoss(ctx context.Context, g driver.Grant) (<-chan error, error) {
-	e := d.lookup(g.Key, g.Owner)
+	e := d.grants.Lookup(g.Key, g.Owner)
 	if e == nil || uint64(e.rev) != g.Fence {
 		return nil, fmt.Errorf("etcd: watch %s: %w", g, driver.ErrNotHeld)
 	}
-	ch := make(chan error, 1)
-	go func() {
-		defer close(ch)
-		// Short holds end before the watch would start: that costs the
-		// authority nothing. The first look still sees a deletion that
-		// happened meanwhile.
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(lossWatchDelay):
-		}
-		for ctx.Err() == nil {
-			wctx, cancel := context.WithCancel(ctx)
-			wch := d.cli.Watch(wctx, e.etcdKey, clientv3.WithRev(e.rev+1), clientv3.WithFilterPut())
-			for wr := range wch {
-				if wr.Err() != nil {
-					break
-				}
-				for _, ev := range wr.Events {
-					if ev.Type == mvccpb.DELETE {
-						cancel()
-						if ctx.Err() == nil {
-							ch <- fmt.Errorf("%w: etcd key %s was deleted (broken by an admin, or its session expired)", driver.ErrLost, e.etcdKey)
-						}
-						return
-					}
-				}
+	look := func(ctx context.Context) (time.Duration, error) {
+		wctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		for wr := range d.cli.Watch(wctx, e.etcdKey, clientv3.WithRev(e.rev+1), clientv3.WithFilterPut()) {
+			if wr.Err() != nil {
+				break
 			}
-			cancel()
-			// The watch failed (compaction, shutdown): check directly.
-			gctx, gcancel := context.WithTimeout(ctx, 5*time.Second)
-			resp, err := d.cli.Get(gctx, e.etcdKey)
-			gcancel()
-			if err == nil && (len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != e.rev) {
-				if ctx.Err() == nil {
-					ch <- fmt.Errorf("%w: etcd key %s is gone", driver.ErrLost, e.etcdKey)
+			for _, ev := range wr.Events {
+				if ev.Type == mvccpb.DELETE {
+					return 0, fmt.Errorf("%w: etcd key %s was deleted (broken by an admin, or its session expired)", driver.ErrLost, e.etcdKey)
 				}
-				return
-			}
-			select {
-			case <-ctx.Done():
-			case <-time.After(time.Second):
 			}
 		}
-	}()
-	return ch, nil
+		// The watch failed (compaction, shutdown): check directly.
+		gctx, gcancel := context.WithTimeout(ctx, 5*time.Second)
+		resp, err := d.cli.Get(gctx, e.etcdKey)
+		gcancel()
+		if err == nil && (len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != e.rev) {
+			return 0, fmt.Errorf("%w: etcd key %s is gone", driver.ErrLost, e.etcdKey)
+		}
+		return time.Second, nil
+	}
+	return sessionlock.WatchLoss(ctx, look), nil
 }

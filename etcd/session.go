@@ -12,6 +12,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/sessionlock"
 )
 
 // session is one etcd lease shared by every key this driver holds or
@@ -29,15 +30,12 @@ type session struct {
 	until time.Time
 }
 
-// entryID names a key this driver put (or may have put) for an owner.
-type entryID struct{ key, owner string }
-
 // entry tracks a key this driver put. Its deadline (kept by the driver's
 // reaper) is pushed back by every renewal, or by its waiter's keep-alives;
 // once it passes the driver deletes the key, so a grant nobody renews ends
 // after its TTL even while other grants keep the shared session alive.
 type entry struct {
-	id      entryID
+	id      sessionlock.ID
 	etcdKey string
 	name    string
 	s       *session
@@ -52,7 +50,7 @@ type entry struct {
 // holds reports whether kv is e's key as e put it: its create revision,
 // and its owner token as value unless e proclaimed a value since.
 func (e *entry) holds(kv *mvccpb.KeyValue) bool {
-	return kv.CreateRevision == e.rev && (e.proclaimed.Load() || string(kv.Value) == e.id.owner)
+	return kv.CreateRevision == e.rev && (e.proclaimed.Load() || string(kv.Value) == e.id.Owner)
 }
 
 // ownedCmp is the comparison a transaction on e's key makes to be sure the
@@ -61,7 +59,18 @@ func (e *entry) ownedCmp() clientv3.Cmp {
 	if e.proclaimed.Load() {
 		return clientv3.Compare(clientv3.CreateRevision(e.etcdKey), "=", e.rev)
 	}
-	return clientv3.Compare(clientv3.Value(e.etcdKey), "=", e.id.owner)
+	return clientv3.Compare(clientv3.Value(e.etcdKey), "=", e.id.Owner)
+}
+
+// GrantID implements sessionlock.Entry.
+func (e *entry) GrantID() sessionlock.ID { return e.id }
+
+// grant marks e granted, arms its deadline at from+ttl and returns its
+// fence.
+func (d *Driver) grant(e *entry, ttl time.Duration, from time.Time) uint64 {
+	e.granted = true
+	d.grants.Track(e, ttl, from)
+	return uint64(e.rev)
 }
 
 // errSessionGone means the etcd lease behind a session has expired or was
@@ -182,52 +191,20 @@ func (d *Driver) keepAlive(ctx context.Context, s *session) error {
 	}
 }
 
-// track records (or refreshes) the entry for id and (re)arms its deadline
-// at from+ttl.
-func (d *Driver) track(e *entry, ttl time.Duration, from time.Time) {
-	d.mu.Lock()
-	if d.closed {
-		d.mu.Unlock()
-		return
-	}
-	old := d.entries[e.id]
-	d.entries[e.id] = e
-	d.mu.Unlock()
-	if old != nil && old != e {
-		d.reaper.Forget(old)
-	}
-	d.reaper.Set(e, from.Add(ttl))
-}
-
-// lookup returns the entry for key and owner, if any.
-func (d *Driver) lookup(key, owner string) *entry {
+// freeName frees e's lock name on its session (e was forgotten).
+func (d *Driver) freeName(e *entry) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.entries[entryID{key, owner}]
-}
-
-// forget drops e (if it is still the current entry for its id), disarms
-// its deadline and frees its name on the session.
-func (d *Driver) forget(e *entry) {
-	d.mu.Lock()
-	if cur, ok := d.entries[e.id]; ok && cur == e {
-		delete(d.entries, e.id)
-	}
 	delete(e.s.names, e.name)
-	d.mu.Unlock()
-	d.reaper.Forget(e)
 }
 
-// reap deletes e's key (the reaper calls it when e's deadline passed
-// without renewal) and forgets e.
-func (d *Driver) reap(e *entry) error {
+// endEntry deletes e's key if it is still e's (the reaper calls it when
+// e's deadline passed without renewal, and abandoning a key calls it).
+func (d *Driver) endEntry(e *entry) error {
 	ctx, cancel := context.WithTimeout(d.ctx, 5*time.Second)
 	defer cancel()
-	if _, err := d.deleteOwned(ctx, e); err != nil {
-		return err
-	}
-	d.forget(e)
-	return nil
+	_, err := d.deleteOwned(ctx, e)
+	return err
 }
 
 // deleteOwned deletes e's key if it still carries e's owner, recording the

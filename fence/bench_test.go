@@ -13,7 +13,9 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/fence"
-	"github.com/fenced-dev/fenced/internal/testenv"
+	"github.com/fenced-dev/fenced/fence/etcdfence"
+	"github.com/fenced-dev/fenced/fence/redisfence"
+	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 
 // measure runs op b.N times and reports p50 and p99 latency.
@@ -98,14 +100,14 @@ func BenchmarkRedisGuard(b *testing.B) {
 	srv := testenv.StartRedis(b, testenv.RedisConfig{NoPersistence: true})
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	defer c.Close()
-	g, _ := fence.NewRedis(c, &fence.RedisOptions{Hooks: fenced.Hooks{}})
+	g, _ := redisfence.New(c, &redisfence.Options{Hooks: fenced.Hooks{}})
 	tk := tok(7, "owner-bench")
 	b.Run("PlainHSET", func(b *testing.B) {
 		measure(b, func(int) error { return c.HSet(ctx, "plain", "note", "n").Err() })
 	})
 	b.Run("Guarded", func(b *testing.B) {
 		measure(b, func(int) error {
-			_, err := g.Write(ctx, "guarded", tk, fence.RedisWrite{Set: []string{"note", "n"}})
+			_, err := g.Write(ctx, "guarded", tk, redisfence.Write{Set: []string{"note", "n"}})
 			return err
 		})
 	})
@@ -119,14 +121,14 @@ func BenchmarkEtcdGuard(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer c.Close()
-	g, _ := fence.NewEtcd(c, nil)
+	g, _ := etcdfence.New(c, nil)
 	tk := tok(7, "owner-bench")
 	b.Run("PlainPut", func(b *testing.B) {
 		measure(b, func(int) error { _, err := c.Put(ctx, "plain/note", "n"); return err })
 	})
 	b.Run("Guarded", func(b *testing.B) {
 		measure(b, func(int) error {
-			_, err := g.Write(ctx, "guarded", tk, fence.EtcdWrite{Then: []clientv3.Op{clientv3.OpPut("guarded/note", "n")}})
+			_, err := g.Write(ctx, "guarded", tk, etcdfence.Write{Then: []clientv3.Op{clientv3.OpPut("guarded/note", "n")}})
 			return err
 		})
 	})

@@ -14,8 +14,13 @@
 //     ClaimAndRead raises a row's fence and reads its state first, Update
 //     applies a write only when the row's fence is not newer than the
 //     writer's.
-//   - Redis guards hashes with one Lua script per write.
-//   - Etcd guards keys with one transaction per write.
+//   - redisfence.Guard (package fence/redisfence) guards Redis hashes with
+//     one Lua script per write.
+//   - etcdfence.Guard (package fence/etcdfence) guards etcd keys with one
+//     transaction per write.
+//     Both live in their own packages, so package fence links neither
+//     go-redis nor etcd's client; they build on Prechecks, Refusal and
+//     ReportStale, which a guard for another store can use too.
 //   - Object guards objects in an object store (ObjectStore; S3-compatible
 //     stores through package fence/s3fence): the fence lives in the
 //     object's metadata and each write is a conditional PUT on the version

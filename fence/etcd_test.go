@@ -9,12 +9,13 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/fenced-dev/fenced/fence"
-	"github.com/fenced-dev/fenced/internal/testenv"
+	"github.com/fenced-dev/fenced/fence/etcdfence"
+	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 
 // etcdKV stores a resource as two keys, RES/note and RES/status.
 type etcdKV struct {
-	g *fence.Etcd
+	g *etcdfence.Guard
 	c *clientv3.Client
 }
 
@@ -23,7 +24,7 @@ func (e etcdKV) claim(ctx context.Context, res string, t fence.Token) (fence.Res
 }
 
 func (e etcdKV) put(ctx context.Context, res string, t fence.Token, note, ifStatus, newStatus string) (fence.Result, error) {
-	w := fence.EtcdWrite{Then: []clientv3.Op{clientv3.OpPut(res+"/note", note)}}
+	w := etcdfence.Write{Then: []clientv3.Op{clientv3.OpPut(res+"/note", note)}}
 	if ifStatus != "" {
 		w.If = []clientv3.Cmp{clientv3.Compare(clientv3.Value(res+"/status"), "=", ifStatus)}
 		w.Then = append(w.Then, clientv3.OpPut(res+"/status", newStatus))
@@ -32,7 +33,7 @@ func (e etcdKV) put(ctx context.Context, res string, t fence.Token, note, ifStat
 }
 
 func (e etcdKV) setStatus(ctx context.Context, res string, t fence.Token, status string) error {
-	_, err := e.g.Write(ctx, res, t, fence.EtcdWrite{Then: []clientv3.Op{clientv3.OpPut(res+"/status", status)}})
+	_, err := e.g.Write(ctx, res, t, etcdfence.Write{Then: []clientv3.Op{clientv3.OpPut(res+"/status", status)}})
 	return err
 }
 
@@ -64,7 +65,7 @@ func TestEtcdGuard(t *testing.T) {
 	}
 	t.Cleanup(func() { c.Close() })
 	runKVGuardTests(t, func(t *testing.T, o kvOpts) kvGuard {
-		g, err := fence.NewEtcd(c, &fence.EtcdOptions{Hooks: o.hooks, Check: o.check, LeaseKey: o.leaseKey})
+		g, err := etcdfence.New(c, &etcdfence.Options{Hooks: o.hooks, Check: o.check, LeaseKey: o.leaseKey})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -72,9 +73,9 @@ func TestEtcdGuard(t *testing.T) {
 	})
 	t.Run("BadInput", func(t *testing.T) {
 		ctx := context.Background()
-		g, _ := fence.NewEtcd(c, nil)
+		g, _ := etcdfence.New(c, nil)
 		c.Put(ctx, g.FenceKey("corrupt"), "-3")
-		if _, err := g.Write(ctx, "corrupt", tok(5, "o"), fence.EtcdWrite{Then: []clientv3.Op{clientv3.OpPut("corrupt/note", "y")}}); !errors.Is(err, fence.ErrSchema) {
+		if _, err := g.Write(ctx, "corrupt", tok(5, "o"), etcdfence.Write{Then: []clientv3.Op{clientv3.OpPut("corrupt/note", "y")}}); !errors.Is(err, fence.ErrSchema) {
 			t.Errorf("corrupt fence key: %v", err)
 		}
 		if r, _ := c.Get(ctx, "corrupt/note"); len(r.Kvs) != 0 {
@@ -83,7 +84,7 @@ func TestEtcdGuard(t *testing.T) {
 		if _, err := g.Claim(ctx, "", tok(5, "o")); err == nil {
 			t.Error("empty resource accepted")
 		}
-		if _, err := fence.NewEtcd(nil, nil); err == nil {
+		if _, err := etcdfence.New(nil, nil); err == nil {
 			t.Error("nil client accepted")
 		}
 		c.Put(ctx, g.FenceKey("badkey"), "\n00000000000000000005 o")
@@ -97,12 +98,12 @@ func TestEtcdGuard(t *testing.T) {
 	// then other keys are refused.
 	t.Run("UnboundFenceKey", func(t *testing.T) {
 		ctx := context.Background()
-		g, _ := fence.NewEtcd(c, nil)
+		g, _ := etcdfence.New(c, nil)
 		fk := g.FenceKey("legacy")
 		legacy := "00000000000000000005 o5"
 		c.Put(ctx, fk, legacy)
-		note := func(text string) fence.EtcdWrite {
-			return fence.EtcdWrite{Then: []clientv3.Op{clientv3.OpPut("legacy/note", text)}}
+		note := func(text string) etcdfence.Write {
+			return etcdfence.Write{Then: []clientv3.Op{clientv3.OpPut("legacy/note", text)}}
 		}
 		if r, err := g.Write(ctx, "legacy", fence.Token{Key: "invoice:1", Fence: 4, Owner: "o4"}, note("stale")); err != nil || r.Outcome != fence.Stale || r.Current != 5 {
 			t.Fatalf("older fence on an unbound fence key: %+v %v", r, err)
@@ -110,7 +111,7 @@ func TestEtcdGuard(t *testing.T) {
 		if r, err := g.Write(ctx, "legacy", fence.Token{Key: "invoice:1", Fence: 5, Owner: "other"}, note("same fence")); err != nil || !r.SameFenceOtherOwner {
 			t.Fatalf("equal fence, other owner, on an unbound fence key: %+v %v", r, err)
 		}
-		cond := fence.EtcdWrite{If: []clientv3.Cmp{clientv3.Compare(clientv3.Value("legacy/status"), "=", "PENDING")}, Then: note("cond").Then}
+		cond := etcdfence.Write{If: []clientv3.Cmp{clientv3.Compare(clientv3.Value("legacy/status"), "=", "PENDING")}, Then: note("cond").Then}
 		if r, err := g.Write(ctx, "legacy", fence.Token{Key: "invoice:1", Fence: 6, Owner: "o6"}, cond); err != nil || r.Outcome != fence.PreconditionFailed {
 			t.Fatalf("newer fence whose precondition fails: %+v %v", r, err)
 		}

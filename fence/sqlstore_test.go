@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced/fence"
-	"github.com/fenced-dev/fenced/internal/testenv"
+	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 
 var storeTableSeq atomic.Int64

@@ -14,7 +14,7 @@ import (
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/fence"
 	"github.com/fenced-dev/fenced/intent"
-	"github.com/fenced-dev/fenced/internal/payprovider"
+	"github.com/fenced-dev/fenced/internal/testkit/payprovider"
 	"github.com/fenced-dev/fenced/sqlite"
 )
 

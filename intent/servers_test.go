@@ -11,7 +11,7 @@ import (
 
 	"github.com/fenced-dev/fenced/fence"
 	"github.com/fenced-dev/fenced/intent"
-	"github.com/fenced-dev/fenced/internal/testenv"
+	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 
 func openDB(t *testing.T, driverName, dsn string) *sql.DB {

@@ -22,6 +22,7 @@ import (
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/clock"
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/driver/wakeup"
 )
 
 func init() {
@@ -61,7 +62,7 @@ type Store struct {
 	mu     sync.Mutex
 	keys   map[string]*entry
 	breaks []driver.BreakRecord
-	subs   map[string]map[*subscription]struct{}
+	wake   wakeup.Registry // waiters by key
 }
 
 type entry struct {
@@ -76,7 +77,7 @@ func NewStore(clk clock.Clock) *Store {
 	if clk == nil {
 		clk = clock.Real()
 	}
-	return &Store{clock: clk, keys: map[string]*entry{}, subs: map[string]map[*subscription]struct{}{}}
+	return &Store{clock: clk, keys: map[string]*entry{}}
 }
 
 // Driver returns a new driver over s. Closing it does not affect s.
@@ -294,24 +295,6 @@ func (d *Driver) Close() error {
 	return nil
 }
 
-type subscription struct {
-	s   *Store
-	key string
-	c   chan struct{}
-}
-
-func (sub *subscription) C() <-chan struct{} { return sub.c }
-
-func (sub *subscription) Close() error {
-	sub.s.mu.Lock()
-	defer sub.s.mu.Unlock()
-	delete(sub.s.subs[sub.key], sub)
-	if len(sub.s.subs[sub.key]) == 0 {
-		delete(sub.s.subs, sub.key)
-	}
-	return nil
-}
-
 // Subscribe implements driver.Notifier. A release or break wakes the
 // waiters of that key only; waiters of other keys are not disturbed.
 func (d *Driver) Subscribe(ctx context.Context, key string) (driver.Subscription, error) {
@@ -320,23 +303,11 @@ func (d *Driver) Subscribe(ctx context.Context, key string) (driver.Subscription
 		return nil, err
 	}
 	defer s.mu.Unlock()
-	sub := &subscription{s: s, key: key, c: make(chan struct{}, 1)}
-	if s.subs[key] == nil {
-		s.subs[key] = map[*subscription]struct{}{}
-	}
-	s.subs[key][sub] = struct{}{}
-	return sub, nil
+	return s.wake.Subscribe(key), nil
 }
 
-// notify wakes the waiters of key. Called with s.mu held.
-func (s *Store) notify(key string) {
-	for sub := range s.subs[key] {
-		select {
-		case sub.c <- struct{}{}:
-		default:
-		}
-	}
-}
+// notify wakes the waiters of key.
+func (s *Store) notify(key string) { s.wake.Wake(key) }
 
 // SetValue implements driver.Valuer.
 func (d *Driver) SetValue(ctx context.Context, g driver.Grant, value string) error {

@@ -3,9 +3,9 @@ package postgres
 import (
 	"context"
 	"fmt"
-	"sync"
 	"time"
 
+	"github.com/fenced-dev/fenced/driver/wakeup"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -19,9 +19,8 @@ type listener struct {
 	d   *Driver
 	cfg *pgx.ConnConfig
 
-	mu    sync.Mutex
-	subs  map[string]map[*subscription]struct{}
-	probe chan struct{} // signalled on a probe payload
+	wake  wakeup.Registry // waiters by key
+	probe chan struct{}   // signalled on a probe payload
 
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -32,7 +31,7 @@ type listener struct {
 // timeout (it would not behind a transaction-mode pooler). Then it serves
 // notifications until close.
 func startListener(ctx context.Context, d *Driver, cfg *pgx.ConnConfig, timeout time.Duration) (*listener, error) {
-	l := &listener{d: d, cfg: cfg, subs: map[string]map[*subscription]struct{}{}, probe: make(chan struct{}, 1), done: make(chan struct{})}
+	l := &listener{d: d, cfg: cfg, probe: make(chan struct{}, 1), done: make(chan struct{})}
 	conn, err := l.connect(ctx)
 	if err != nil {
 		return nil, err
@@ -88,7 +87,7 @@ func (l *listener) run(ctx context.Context, conn *pgx.Conn) {
 			if err == nil {
 				conn = c
 				backoff = 50 * time.Millisecond
-				l.wakeAll()
+				l.wake.WakeEvery()
 			}
 		}
 		n, err := conn.WaitForNotification(ctx)
@@ -100,7 +99,7 @@ func (l *listener) run(ctx context.Context, conn *pgx.Conn) {
 			}
 			// Waiters keep their fallback timers while the connection is
 			// re-established; wake them so they check once now.
-			l.wakeAll()
+			l.wake.WakeEvery()
 			continue
 		}
 		if n.Payload == probePayload {
@@ -110,7 +109,7 @@ func (l *listener) run(ctx context.Context, conn *pgx.Conn) {
 			}
 			continue
 		}
-		l.wake(n.Payload)
+		l.wake.Wake(n.Payload)
 	}
 }
 
@@ -119,62 +118,4 @@ func (l *listener) close() {
 	<-l.done
 }
 
-func (l *listener) wake(key string) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for s := range l.subs[key] {
-		s.signal()
-	}
-}
-
-func (l *listener) wakeAll() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, subs := range l.subs {
-		for s := range subs {
-			s.signal()
-		}
-	}
-}
-
-func (l *listener) subscribe(key string) *subscription {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	s := &subscription{l: l, key: key, c: make(chan struct{}, 1)}
-	if l.subs[key] == nil {
-		l.subs[key] = map[*subscription]struct{}{}
-	}
-	l.subs[key][s] = struct{}{}
-	return s
-}
-
-// subscription implements driver.Subscription.
-type subscription struct {
-	l    *listener
-	key  string
-	c    chan struct{}
-	once sync.Once
-}
-
-func (s *subscription) signal() {
-	select {
-	case s.c <- struct{}{}:
-	default:
-	}
-}
-
-// C implements driver.Subscription.
-func (s *subscription) C() <-chan struct{} { return s.c }
-
-// Close implements driver.Subscription.
-func (s *subscription) Close() error {
-	s.once.Do(func() {
-		s.l.mu.Lock()
-		defer s.l.mu.Unlock()
-		delete(s.l.subs[s.key], s)
-		if len(s.l.subs[s.key]) == 0 {
-			delete(s.l.subs, s.key)
-		}
-	})
-	return nil
-}
+func (l *listener) subscribe(key string) *wakeup.Sub { return l.wake.Subscribe(key) }

@@ -8,8 +8,8 @@ import (
 
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/driver/drivertest"
-	"github.com/fenced-dev/fenced/internal/crashtest"
-	"github.com/fenced-dev/fenced/internal/testenv"
+	"github.com/fenced-dev/fenced/internal/testkit/crashtest"
+	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 	"github.com/fenced-dev/fenced/postgres"
 )
 

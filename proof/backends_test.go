@@ -13,7 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/internal/testenv"
+	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 
 // procServer faults a server through its process group.

@@ -11,7 +11,7 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
-	"github.com/fenced-dev/fenced/internal/testenv"
+	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 	fredis "github.com/fenced-dev/fenced/redis"
 	"github.com/redis/go-redis/v9"
 )

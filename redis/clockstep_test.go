@@ -7,7 +7,8 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/fence"
-	"github.com/fenced-dev/fenced/internal/testenv"
+	"github.com/fenced-dev/fenced/fence/redisfence"
+	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 
 // TestClockStepEndsGrantEarly reproduces the hazard the Redis backend
@@ -64,14 +65,14 @@ func TestClockStepEndsGrantEarly(t *testing.T) {
 		t.Fatalf("B's fence %d is not above A's %d", lb.Fence(), la.Fence())
 	}
 
-	guard, err := fence.NewRedis(admin(t, resource), nil)
+	guard, err := redisfence.New(admin(t, resource), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if r, err := guard.Claim(ctx, "account:1", fence.From(lb)); err != nil || !r.Applied() {
 		t.Fatalf("B's claim: %+v, %v", r, err)
 	}
-	r, err := guard.Write(ctx, "account:1", fence.From(la), fence.RedisWrite{Set: []string{"balance", "100"}})
+	r, err := guard.Write(ctx, "account:1", fence.From(la), redisfence.Write{Set: []string{"balance", "100"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +82,7 @@ func TestClockStepEndsGrantEarly(t *testing.T) {
 	if v, err := admin(t, resource).HGet(ctx, "account:1", "balance").Result(); err == nil {
 		t.Fatalf("A's refused write left balance=%q", v)
 	}
-	if r, err := guard.Write(ctx, "account:1", fence.From(lb), fence.RedisWrite{Set: []string{"balance", "90"}}); err != nil || !r.Applied() {
+	if r, err := guard.Write(ctx, "account:1", fence.From(lb), redisfence.Write{Set: []string{"balance", "90"}}); err != nil || !r.Applied() {
 		t.Fatalf("B's write: %+v, %v", r, err)
 	}
 	// A learns of the loss from the authority at its next renewal.

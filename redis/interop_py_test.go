@@ -13,7 +13,7 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/internal/rediskit"
-	"github.com/fenced-dev/fenced/internal/testenv"
+	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 	fredis "github.com/fenced-dev/fenced/redis"
 )
 

@@ -6,7 +6,7 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
-	"github.com/fenced-dev/fenced/internal/testenv"
+	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 
 func woken(s driver.Subscription, within time.Duration) bool {

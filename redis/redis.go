@@ -197,16 +197,9 @@ func open(ctx context.Context, u *url.URL) (driver.Driver, error) {
 	if err := q.Err(); err != nil {
 		return nil, err
 	}
-	retries, dialRetries := u.Query().Has("max_retries"), u.Query().Has("dialer_retries")
-	ro, err := redis.ParseURL(u.String())
+	ro, err := rediskit.ClientOptions(u)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %s", driver.ErrInvalidURL, strings.TrimPrefix(err.Error(), "redis: "))
-	}
-	if !retries {
-		ro.MaxRetries = -1
-	}
-	if !dialRetries {
-		ro.DialerRetries = 1
+		return nil, err
 	}
 	c := redis.NewClient(ro)
 	if err := rediskit.Ping(ctx, c, ro.Addr, ro.DialTimeout+2*time.Second); err != nil {
@@ -223,18 +216,9 @@ func open(ctx context.Context, u *url.URL) (driver.Driver, error) {
 }
 
 // acquireScript: KEYS[1] lock, KEYS[2] fence; ARGV[1] owner, ARGV[2] ttl
-// ms. Returns {status, fence, pttl} with the statuses of rediskit.
-var acquireScript = redis.NewScript(`
-local v = redis.call('GET', KEYS[1])
-if v then
-  local f, o = string.match(v, '^(%d+):(.*)$')
-  if not f then return {-1, '0', redis.call('PTTL', KEYS[1])} end
-  if o == ARGV[1] then
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
-    return {2, f, 0}
-  end
-  return {0, f, redis.call('PTTL', KEYS[1])}
-end
+// ms. Returns {status, fence, pttl} with the statuses of rediskit; a free
+// key takes the next value of its fence counter.
+var acquireScript = rediskit.AcquireScript(`
 local f = string.format('%d', redis.call('INCR', KEYS[2]))
 redis.call('SET', KEYS[1], f .. ':' .. ARGV[1], 'PX', ARGV[2])
 return {1, f, 0}`)
@@ -255,31 +239,19 @@ func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Dur
 	if err != nil {
 		return 0, d.scriptErr("acquire", key, err, true, k.Lock, k.Fence)
 	}
-	status, fence, pttl := acquireReply(res)
-	return d.acquireResult(key, k, status, fence, pttl)
+	return d.acquireResult(key, k, rediskit.ParseAcquire(res))
 }
 
-func acquireReply(res []any) (status int64, fence uint64, pttl int64) {
-	if len(res) != 3 {
-		return -100, 0, 0
-	}
-	status, _ = res[0].(int64)
-	s, _ := res[1].(string)
-	fence, _ = strconv.ParseUint(s, 10, 64)
-	pttl, _ = res[2].(int64)
-	return status, fence, pttl
-}
-
-func (d *Driver) acquireResult(key string, k rediskit.Keys, status int64, fence uint64, pttl int64) (uint64, error) {
-	switch status {
+func (d *Driver) acquireResult(key string, k rediskit.Keys, a rediskit.Acquired) (uint64, error) {
+	switch a.Status {
 	case rediskit.StatusGranted, rediskit.StatusAgain:
-		return fence, nil
+		return a.Fence, nil
 	case rediskit.StatusHeld:
-		return 0, &driver.HeldError{Key: key, Remaining: rediskit.PTTL(pttl)}
+		return 0, &driver.HeldError{Key: key, Remaining: rediskit.PTTL(a.PTTL)}
 	case rediskit.StatusForeign:
 		return 0, fmt.Errorf("redis: acquire %q: %w", key, rediskit.ForeignError(k.Lock))
 	}
-	return 0, fmt.Errorf("redis: acquire %q: unexpected script reply (status %d)", key, status)
+	return 0, fmt.Errorf("redis: acquire %q: unexpected script reply (status %d)", key, a.Status)
 }
 
 func (d *Driver) acquireAndWait(ctx context.Context, key string, k rediskit.Keys, keys []string, args []any) (uint64, error) {
@@ -302,10 +274,11 @@ func (d *Driver) acquireAndWait(ctx context.Context, key string, k rediskit.Keys
 		return 0, d.scriptErr("acquire", key, acq.Err(), true, k.Lock, k.Fence)
 	}
 	res, _ := acq.Slice()
-	status, fence, pttl := acquireReply(res)
-	if status != rediskit.StatusGranted && status != rediskit.StatusAgain {
-		return d.acquireResult(key, k, status, fence, pttl)
+	a := rediskit.ParseAcquire(res)
+	if !a.Ours() {
+		return d.acquireResult(key, k, a)
 	}
+	fence := a.Fence
 	acked, werr := wait.Result()
 	if werr == nil && err == nil && acked >= int64(d.opts.WaitReplicas) {
 		return fence, nil
@@ -363,39 +336,19 @@ func (d *Driver) RenewBatch(ctx context.Context, reqs []driver.RenewRequest) ([]
 	if err := d.usable(); err != nil {
 		return nil, err
 	}
-	run := func() ([]*redis.Cmd, error) {
-		pipe := d.c.Pipeline()
-		cmds := make([]*redis.Cmd, len(reqs))
-		for i, r := range reqs {
-			k := d.layout.Keys(r.Grant.Key)
-			cmds[i] = rediskit.Renew.EvalSha(ctx, pipe, []string{k.Lock}, rediskit.Value(r.Grant.Fence, r.Grant.Owner), rediskit.Millis(r.TTL))
-		}
-		_, err := pipe.Exec(ctx)
-		return cmds, err
-	}
-	cmds, err := run()
-	if err != nil && len(cmds) > 0 && redis.HasErrorPrefix(cmds[0].Err(), "NOSCRIPT") {
-		if lerr := rediskit.Renew.Load(ctx, d.c).Err(); lerr != nil {
-			return nil, fmt.Errorf("redis: renew batch: %w", rediskit.Classify(lerr, false))
-		}
-		cmds, err = run() // renewing twice is harmless
+	replies, err := rediskit.RenewAll(ctx, d.c, d.layout, reqs)
+	if err != nil {
+		return nil, fmt.Errorf("redis: renew batch of %d: %w", len(reqs), err)
 	}
 	errs := make([]error, len(reqs))
-	for i, cmd := range cmds {
-		n, cerr := cmd.Int64()
+	for i, r := range replies {
 		switch {
-		case cerr != nil:
-			var rerr redis.Error
-			if !errors.As(cerr, &rerr) {
-				// The connection failed: the whole batch's outcome is unknown.
-				return nil, fmt.Errorf("redis: renew batch of %d: %w", len(reqs), rediskit.Classify(cerr, true))
-			}
-			errs[i] = d.scriptErr("renew", reqs[i].Grant.Key, cerr, true)
-		case n != 1:
+		case r.Err != nil:
+			errs[i] = d.scriptErr("renew", reqs[i].Grant.Key, r.Err, true)
+		case !r.Renewed:
 			errs[i] = fmt.Errorf("redis: renew %v: %w", reqs[i].Grant, driver.ErrNotHeld)
 		}
 	}
-	_ = err
 	return errs, nil
 }
 

@@ -14,7 +14,7 @@ import (
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/driver/drivertest"
-	"github.com/fenced-dev/fenced/internal/testenv"
+	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 	"github.com/fenced-dev/fenced/mem"
 	_ "github.com/fenced-dev/fenced/redis" // the fence source in TestFenceFromURL
 	"github.com/fenced-dev/fenced/redlock"

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced/driver"
-	"github.com/fenced-dev/fenced/internal/testenv"
+	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 	"github.com/redis/go-redis/v9"
 )
 

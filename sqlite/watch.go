@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/driver/wakeup"
 )
 
 // watchEvery is how often the watcher reads PRAGMA data_version while
@@ -22,34 +23,22 @@ const watchEvery = 2 * time.Millisecond
 // waiter touches the lease table until its key is free, so a release
 // causes no herd, across keys or on one key's write lock.
 type watcher struct {
-	d *Driver
+	d    *Driver
+	wake wakeup.Registry // waiters by key
 
 	mu   sync.Mutex
-	subs map[string]map[*subscription]struct{}
 	stop context.CancelFunc
 	done chan struct{}
 }
 
-type subscription struct {
-	w   *watcher
-	key string
-	c   chan struct{}
-}
-
-func (s *subscription) C() <-chan struct{} { return s.c }
-
-func (s *subscription) Close() error {
-	s.w.mu.Lock()
-	defer s.w.mu.Unlock()
-	delete(s.w.subs[s.key], s)
-	if len(s.w.subs[s.key]) == 0 {
-		delete(s.w.subs, s.key)
+// idle stops the loop once no key has waiters.
+func (w *watcher) idle(string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.wake.Len() == 0 && w.stop != nil {
+		w.stop()
+		w.stop = nil
 	}
-	if len(s.w.subs) == 0 && s.w.stop != nil {
-		s.w.stop()
-		s.w.stop = nil
-	}
-	return nil
 }
 
 // Subscribe implements driver.Notifier with change detection (see watcher).
@@ -57,15 +46,11 @@ func (d *Driver) Subscribe(ctx context.Context, key string) (driver.Subscription
 	w := &d.watch
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.subs == nil {
+	if w.d == nil {
 		w.d = d
-		w.subs = map[string]map[*subscription]struct{}{}
+		w.wake.Idle = w.idle
 	}
-	s := &subscription{w: w, key: key, c: make(chan struct{}, 1)}
-	if w.subs[key] == nil {
-		w.subs[key] = map[*subscription]struct{}{}
-	}
-	w.subs[key][s] = struct{}{}
+	s := w.wake.Subscribe(key)
 	if w.stop == nil {
 		if w.done != nil {
 			<-w.done // the previous loop is exiting
@@ -110,14 +95,13 @@ func (w *watcher) loop(ctx context.Context, done chan struct{}) {
 
 // wakeFree wakes the subscribers of every watched key that is free now.
 func (w *watcher) wakeFree(ctx context.Context, conn *sql.Conn) {
-	w.mu.Lock()
-	keys := make([]any, 0, len(w.subs))
-	for k := range w.subs {
-		keys = append(keys, k)
-	}
-	w.mu.Unlock()
-	if len(keys) == 0 {
+	waited := w.wake.Keys()
+	if len(waited) == 0 {
 		return
+	}
+	keys := make([]any, len(waited))
+	for i, k := range waited {
+		keys[i] = k
 	}
 	q := `SELECT key FROM ` + w.d.table + ` WHERE key IN (?` + strings.Repeat(", ?", len(keys)-1) +
 		`) AND (owner IS NULL OR expires_ms <= ` + now + `)`
@@ -131,13 +115,6 @@ func (w *watcher) wakeFree(ctx context.Context, conn *sql.Conn) {
 		if rows.Scan(&k) != nil {
 			return
 		}
-		w.mu.Lock()
-		for s := range w.subs[k] {
-			select {
-			case s.c <- struct{}{}:
-			default:
-			}
-		}
-		w.mu.Unlock()
+		w.wake.Wake(k)
 	}
 }

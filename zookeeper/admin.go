@@ -96,8 +96,8 @@ func setHolder(info *driver.LeaseInfo, stat *zk.Stat, data []byte) {
 // remaining is the time left on a grant this driver holds; zero for other
 // holders, whose session timeouts the server does not expose.
 func (d *Driver) remaining(key string, stat *zk.Stat, data []byte) time.Duration {
-	if e := d.lookup(key, string(data)); e != nil && e.czxid == stat.Czxid {
-		if dl, ok := d.reaper.Deadline(e); ok {
+	if e := d.grants.Lookup(key, string(data)); e != nil && e.czxid == stat.Czxid {
+		if dl, ok := d.grants.Deadline(e); ok {
 			return max(0, time.Until(dl))
 		}
 	}

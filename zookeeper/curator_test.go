@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/internal/testenv"
+	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 	"github.com/fenced-dev/fenced/zookeeper"
 )
 

@@ -10,7 +10,7 @@ import (
 	"github.com/go-zookeeper/zk"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/internal/testenv"
+	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 
 // testSessionOutlivesValidity renews a lease held through a follower and

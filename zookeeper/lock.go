@@ -10,21 +10,19 @@ import (
 	"github.com/go-zookeeper/zk"
 
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/sessionlock"
 )
 
 // lockMarker separates the protected prefix from the sequence number in
 // lock node names, as in Curator's InterProcessMutex ("lock-").
 const lockMarker = "lock-"
 
-// entryID names a node this driver created (or may have created).
-type entryID struct{ key, owner string }
-
 // entry tracks one lock node of this driver. Its deadline (kept by the
 // driver's reaper) is pushed back by every renewal; once it passes the
 // driver deletes the node, so a grant nobody renews ends after its TTL even
 // though the process keeps its session alive.
 type entry struct {
-	id       entryID
+	id       sessionlock.ID
 	zc       *zsession
 	lockPath string
 	uuid     string
@@ -35,7 +33,18 @@ type entry struct {
 	granted bool
 }
 
+// GrantID implements sessionlock.Entry.
+func (e *entry) GrantID() sessionlock.ID { return e.id }
+
 func (e *entry) protectedPrefix() string { return "_c_" + e.uuid + "-" }
+
+// grant marks e granted, arms its deadline at from+ttl and returns its
+// fence.
+func (d *Driver) grant(e *entry, ttl time.Duration, from time.Time) uint64 {
+	e.granted = true
+	d.grants.Track(e, ttl, from)
+	return uint64(e.czxid)
+}
 
 // setNode records the identity of e's node. It is the only place that sets
 // it, so that no way of finding the node (create, or lookup by protected
@@ -54,53 +63,6 @@ func (e *entry) adoptNode(path string, stat *zk.Stat) bool {
 	e.setNode(path, stat.Czxid, stat.EphemeralOwner)
 	return true
 }
-
-func (d *Driver) lookup(key, owner string) *entry {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.entries[entryID{key, owner}]
-}
-
-// track records e and (re)arms its deadline at from+ttl.
-func (d *Driver) track(e *entry, ttl time.Duration, from time.Time) {
-	d.mu.Lock()
-	if d.closed {
-		d.mu.Unlock()
-		return
-	}
-	old := d.entries[e.id]
-	d.entries[e.id] = e
-	d.mu.Unlock()
-	if old != nil && old != e {
-		d.reaper.Forget(old)
-	}
-	d.reaper.Set(e, from.Add(ttl))
-}
-
-// forget drops e (if it is still the current entry for its id) and
-// disarms its deadline.
-func (d *Driver) forget(e *entry) {
-	d.mu.Lock()
-	if d.entries[e.id] == e {
-		delete(d.entries, e.id)
-	}
-	d.mu.Unlock()
-	d.reaper.Forget(e)
-}
-
-// reap deletes e's node (the reaper calls it when e's deadline passed
-// without renewal) and forgets e.
-func (d *Driver) reap(e *entry) error {
-	if err := d.deleteNode(e); err != nil {
-		return err
-	}
-	d.forget(e)
-	return nil
-}
-
-// abandon deletes e's node now; if that fails the reaper keeps trying in
-// the background.
-func (d *Driver) abandon(e *entry) { _ = d.reaper.EndNow(e) }
 
 // deleteNode deletes e's node, finding it by its protected prefix when its
 // path is unknown. A node already gone is not an error.
@@ -168,7 +130,7 @@ func (d *Driver) createNode(ctx context.Context, e *entry) error {
 		err            error
 	}
 	ch := make(chan result, 1)
-	data := []byte(e.id.owner)
+	data := []byte(e.id.Owner)
 	go func() {
 		create := func() (result, error) {
 			res, err := e.zc.conn.Multi(
@@ -238,14 +200,14 @@ func (d *Driver) newEntry(ctx context.Context, key, owner string, ttl time.Durat
 	if err != nil {
 		return nil, err
 	}
-	return &entry{id: entryID{key, owner}, zc: zc, lockPath: d.lockPath(key), uuid: newUUID()}, nil
+	return &entry{id: sessionlock.ID{Key: key, Owner: owner}, zc: zc, lockPath: d.lockPath(key), uuid: newUUID()}, nil
 }
 
 // TryAcquire implements driver.Driver: create a node, and delete it again
 // unless it is the lowest.
 func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
 	start := time.Now()
-	if e := d.lookup(key, owner); e != nil {
+	if e := d.grants.Lookup(key, owner); e != nil {
 		return d.confirm(ctx, e, ttl, start)
 	}
 	e, err := d.newEntry(ctx, key, owner, ttl)
@@ -259,13 +221,13 @@ func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Dur
 	}
 	if err := d.createNode(ctx, e); err != nil {
 		if errors.Is(err, driver.ErrUnknownOutcome) {
-			d.track(e, ttl, start) // a retry finds it; else the reaper deletes it
+			d.grants.Track(e, ttl, start) // a retry finds it; else the reaper deletes it
 		}
 		return 0, err
 	}
 	l, err := d.lookLine(e, nil, true)
 	if err != nil || !l.first() {
-		d.abandon(e)
+		d.grants.EndNow(e)
 		switch {
 		case err != nil:
 			return 0, err
@@ -274,9 +236,7 @@ func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Dur
 		}
 		return 0, &driver.HeldError{Key: key}
 	}
-	e.granted = true
-	d.track(e, ttl, start)
-	return uint64(e.czxid), nil
+	return d.grant(e, ttl, start), nil
 }
 
 // syncLeader waits for headroom for a grant of ttl valid from start (see
@@ -305,8 +265,8 @@ func (d *Driver) confirm(ctx context.Context, e *entry, ttl time.Duration, start
 			return 0, readErr("find lock node", err)
 		}
 		if p == "" {
-			d.forget(e)
-			return d.TryAcquire(ctx, e.id.key, e.id.owner, ttl)
+			d.grants.Forget(e)
+			return d.TryAcquire(ctx, e.id.Key, e.id.Owner, ttl)
 		}
 		ok, stat, err := e.zc.conn.Exists(p)
 		if err != nil || !ok {
@@ -314,8 +274,8 @@ func (d *Driver) confirm(ctx context.Context, e *entry, ttl time.Duration, start
 		}
 		if !e.adoptNode(p, stat) {
 			// Made by a session that has ended since; the server deletes it.
-			d.forget(e)
-			return d.TryAcquire(ctx, e.id.key, e.id.owner, ttl)
+			d.grants.Forget(e)
+			return d.TryAcquire(ctx, e.id.Key, e.id.Owner, ttl)
 		}
 	}
 	l, err := d.lookLine(e, nil, true)
@@ -323,21 +283,18 @@ func (d *Driver) confirm(ctx context.Context, e *entry, ttl time.Duration, start
 		return 0, err
 	}
 	if !l.present {
-		d.forget(e)
-		return d.TryAcquire(ctx, e.id.key, e.id.owner, ttl)
+		d.grants.Forget(e)
+		return d.TryAcquire(ctx, e.id.Key, e.id.Owner, ttl)
 	}
 	if !l.first() {
-		return 0, &driver.HeldError{Key: e.id.key}
+		return 0, &driver.HeldError{Key: e.id.Key}
 	}
-	e.granted = true
-	d.track(e, ttl, start)
-	return uint64(e.czxid), nil
+	return d.grant(e, ttl, start), nil
 }
 
 // Acquire implements driver.Queuer; see AcquireTimed.
 func (d *Driver) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
-	f, _, err := d.AcquireTimed(ctx, key, owner, ttl)
-	return f, err
+	return sessionlock.Untimed(ctx, d.AcquireTimed, key, owner, ttl)
 }
 
 // AcquireTimed implements driver.TimedQueuer: create a node, then wait for
@@ -355,78 +312,73 @@ func (d *Driver) AcquireTimed(ctx context.Context, key, owner string, ttl time.D
 	}
 	if err := d.createNode(ctx, e); err != nil {
 		if errors.Is(err, driver.ErrUnknownOutcome) {
-			d.abandon(e)
+			d.grants.EndNow(e)
 		}
 		return 0, time.Time{}, err
 	}
-	d.track(e, max(ttl, time.Hour), start) // waiting: the session keeps the node
+	d.grants.Track(e, max(ttl, time.Hour), start) // waiting: the session keeps the node
 	fail := func(err error) (uint64, time.Time, error) {
-		d.abandon(e)
+		d.grants.EndNow(e)
 		if ctx.Err() != nil {
 			return 0, time.Time{}, context.Cause(ctx)
 		}
 		return 0, time.Time{}, err
 	}
-	// pause waits a little before looking again after a connection loss
-	// (the client reconnects within the session, keeping our node).
-	pause := func() bool {
-		select {
-		case <-ctx.Done():
-			return false
-		case <-time.After(100 * time.Millisecond):
-			return true
-		}
-	}
-	var prev *line // the last look at the line, once there is one
-	for {
-		sent := time.Now()
+	var sent time.Time // when the look that found our node oldest was sent
+	var prev *line     // the last look at the line, once there is one
+	var finalErr error // ends the wait whatever it is
+	step := func(ctx context.Context) (bool, error) {
+		sent = time.Now()
 		if err := d.syncLeader(ctx, e, sent, ttl); err != nil {
-			if transient(err) && pause() {
-				continue
-			}
-			return fail(err)
+			return false, err
 		}
 		l, err := d.lookLine(e, prev, false)
 		if err != nil {
-			if transient(err) && pause() {
-				continue
-			}
-			return fail(err)
+			return false, err
 		}
 		if l.first() {
-			e.granted = true
-			d.track(e, ttl, sent)
-			return uint64(e.czxid), sent, nil
+			return true, nil
 		}
 		if !l.present {
-			return fail(fmt.Errorf("zookeeper: %w: our lock node %s vanished (session expired or broken)", driver.ErrUnavailable, e.path))
+			finalErr = fmt.Errorf("zookeeper: %w: our lock node %s vanished (session expired or broken)", driver.ErrUnavailable, e.path)
+			return false, finalErr
 		}
 		prev = &l
 		// Wait for the youngest node ahead of ours: one waiter per node.
 		pred := l.elders[newest(l.elders)]
 		ok, _, ch, err := e.zc.conn.ExistsW(e.lockPath + "/" + pred.name)
-		if err != nil {
-			if transient(err) && pause() {
-				continue
-			}
-			return fail(readErr("watch predecessor", err))
-		}
-		if !ok {
-			continue
+		if err != nil || !ok {
+			return false, readErrOrNil("watch predecessor", err)
 		}
 		select {
 		case <-ch:
+			return false, nil
 		case <-e.zc.expiredC():
-			return fail(fmt.Errorf("zookeeper: %w: session expired while waiting", driver.ErrUnavailable))
+			finalErr = fmt.Errorf("zookeeper: %w: session expired while waiting", driver.ErrUnavailable)
+			return false, finalErr
 		case <-ctx.Done():
-			return fail(ctx.Err())
+			return false, ctx.Err()
 		}
 	}
+	// A connection loss is followed by another look after a pause: the
+	// client reconnects within the session, keeping our node.
+	if err := sessionlock.WaitTurn(ctx, step, func(err error) bool { return err != finalErr && transient(err) }); err != nil {
+		return fail(err)
+	}
+	return d.grant(e, ttl, sent), sent, nil
+}
+
+// readErrOrNil is readErr for a non-nil err, else nil.
+func readErrOrNil(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return readErr(op, err)
 }
 
 // grantEntry returns the entry for g, or ErrNotHeld.
 func (d *Driver) grantEntry(op string, g driver.Grant) (*entry, error) {
-	e := d.lookup(g.Key, g.Owner)
+	e := d.grants.Lookup(g.Key, g.Owner)
 	if e == nil || !e.granted || g.Fence == 0 || uint64(e.czxid) != g.Fence {
 		return nil, fmt.Errorf("zookeeper: %s %s: %w", op, g, driver.ErrNotHeld)
 	}
@@ -473,7 +425,7 @@ func (d *Driver) Renew(ctx context.Context, g driver.Grant, ttl time.Duration) e
 	}
 	if r.err != nil {
 		if errors.Is(r.err, zk.ErrSessionExpired) {
-			d.forget(e)
+			d.grants.Forget(e)
 			return fmt.Errorf("zookeeper: renew %s: %w: session expired", g, driver.ErrNotHeld)
 		}
 		return r.err // classified by syncLeader or readErr
@@ -481,10 +433,10 @@ func (d *Driver) Renew(ctx context.Context, g driver.Grant, ttl time.Duration) e
 	if !r.ok || r.stat.Czxid != e.czxid || r.stat.EphemeralOwner != e.session || e.zc.conn.SessionID() != e.session {
 		// The grant is over. A node of ours that is still there goes now,
 		// so that it cannot hold the key for as long as the session lives.
-		d.abandon(e)
+		d.grants.EndNow(e)
 		return fmt.Errorf("zookeeper: renew %s: %w: node %s is gone or belongs to another session", g, driver.ErrNotHeld, e.path)
 	}
-	d.track(e, ttl, start)
+	d.grants.Track(e, ttl, start)
 	return nil
 }
 
@@ -502,19 +454,15 @@ func (d *Driver) Release(ctx context.Context, g driver.Grant) error {
 		return fmt.Errorf("zookeeper: release %s: %w: %w", g, driver.ErrUnknownOutcome, ctx.Err())
 	}
 	if errors.Is(err, zk.ErrNoNode) {
-		d.forget(e)
+		d.grants.Forget(e)
 		return fmt.Errorf("zookeeper: release %s: %w", g, driver.ErrNotHeld)
 	}
 	if err != nil {
 		return writeErr("release", err)
 	}
-	d.forget(e)
+	d.grants.Forget(e)
 	return nil
 }
-
-// lossWatchDelay is how long after a grant its loss watch starts; the
-// first look finds a node deleted in the meantime.
-const lossWatchDelay = 100 * time.Millisecond
 
 // WatchLoss implements driver.LossWatcher with a watch on g's node and on
 // its session's expiry.
@@ -523,64 +471,40 @@ func (d *Driver) WatchLoss(ctx context.Context, g driver.Grant) (<-chan error, e
 	if err != nil {
 		return nil, err
 	}
-	out := make(chan error, 1)
-	go func() {
-		defer close(out)
-		lost := func(why string) {
-			if ctx.Err() == nil {
-				out <- fmt.Errorf("%w: ZooKeeper node %s %s", driver.ErrLost, e.path, why)
-			}
+	lost := func(why string) error {
+		return fmt.Errorf("%w: ZooKeeper node %s %s", driver.ErrLost, e.path, why)
+	}
+	const (
+		expired = "is gone: the session expired"
+		deleted = "was deleted (broken by an admin, or its session expired)"
+	)
+	look := func(ctx context.Context) (time.Duration, error) {
+		ok, stat, ch, err := e.zc.conn.ExistsW(e.path)
+		switch {
+		case errors.Is(err, zk.ErrSessionExpired):
+			return 0, lost(expired)
+		case err != nil:
+			// Disconnected: local validity covers the gap; look again.
+			return 200 * time.Millisecond, nil
+		case !ok || stat.Czxid != e.czxid:
+			return 0, lost(deleted)
 		}
-		// Short holds end before the watch would start: that costs the
-		// authority nothing. The first look still sees a deletion that
-		// happened meanwhile.
 		select {
+		case ev := <-ch:
+			switch {
+			case ev.Type == zk.EventNodeDeleted:
+				return 0, lost(deleted)
+			case errors.Is(ev.Err, zk.ErrSessionExpired):
+				return 0, lost(expired)
+			case ev.Type == zk.EventNotWatching:
+				return 200 * time.Millisecond, nil
+			}
+			return 0, nil
+		case <-e.zc.expiredC():
+			return 0, lost(expired)
 		case <-ctx.Done():
-			return
-		case <-time.After(lossWatchDelay):
+			return 0, nil
 		}
-		for ctx.Err() == nil {
-			ok, stat, ch, err := e.zc.conn.ExistsW(e.path)
-			if errors.Is(err, zk.ErrSessionExpired) {
-				lost("is gone: the session expired")
-				return
-			}
-			if err == nil && (!ok || stat.Czxid != e.czxid) {
-				lost("was deleted (broken by an admin, or its session expired)")
-				return
-			}
-			if err != nil {
-				// Disconnected: local validity covers the gap; look again.
-				select {
-				case <-ctx.Done():
-					return
-				case <-time.After(200 * time.Millisecond):
-				}
-				continue
-			}
-			select {
-			case ev := <-ch:
-				switch {
-				case ev.Type == zk.EventNodeDeleted:
-					lost("was deleted (broken by an admin, or its session expired)")
-					return
-				case errors.Is(ev.Err, zk.ErrSessionExpired):
-					lost("is gone: the session expired")
-					return
-				case ev.Type == zk.EventNotWatching:
-					select {
-					case <-ctx.Done():
-						return
-					case <-time.After(200 * time.Millisecond):
-					}
-				}
-			case <-e.zc.expiredC():
-				lost("is gone: the session expired")
-				return
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
-	return out, nil
+	}
+	return sessionlock.WatchLoss(ctx, look), nil
 }

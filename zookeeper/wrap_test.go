@@ -13,7 +13,7 @@ import (
 	"github.com/go-zookeeper/zk"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/internal/testenv"
+	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 
 // seedWrappedCounter is a Java program (run from source) that writes a

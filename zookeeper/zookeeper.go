@@ -123,7 +123,6 @@ import (
 	"log"
 	"net"
 	"net/url"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -134,7 +133,7 @@ import (
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/keyname"
-	"github.com/fenced-dev/fenced/internal/reaper"
+	"github.com/fenced-dev/fenced/internal/sessionlock"
 )
 
 // DefaultRoot is the parent of lock paths when the URL or Options give none.
@@ -175,16 +174,9 @@ func openURL(ctx context.Context, u *url.URL) (driver.Driver, error) {
 	if u.User != nil {
 		return nil, fmt.Errorf("%w: ZooKeeper URLs take no user information", driver.ErrInvalidURL)
 	}
-	var servers []string
-	for _, hp := range strings.Split(u.Host, ",") {
-		host, port, err := net.SplitHostPort(hp)
-		if err != nil || host == "" {
-			return nil, fmt.Errorf("%w: ZooKeeper server %q is not host:port", driver.ErrInvalidURL, hp)
-		}
-		if n, err := strconv.Atoi(port); err != nil || n <= 0 || n > 65535 {
-			return nil, fmt.Errorf("%w: ZooKeeper server %q has a bad port", driver.ErrInvalidURL, hp)
-		}
-		servers = append(servers, hp)
+	servers, err := sessionlock.Endpoints(u.Host, "ZooKeeper server")
+	if err != nil {
+		return nil, err
 	}
 	root := strings.TrimSuffix(u.Path, "/")
 	if root == "" {
@@ -312,8 +304,7 @@ type Driver struct {
 	closed   bool
 	fixed    *zsession                   // New: the caller's connection
 	sessions map[time.Duration]*zsession // by requested TTL (URL mode)
-	entries  map[entryID]*entry
-	reaper   *reaper.Reaper[*entry]
+	grants   *sessionlock.Grants[*entry]
 	ctx      context.Context
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
@@ -324,8 +315,8 @@ func newDriver(root string, acl []zk.ACL) *Driver {
 		acl = zk.WorldACL(zk.PermAll)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	d := &Driver{root: root, acl: acl, sessions: map[time.Duration]*zsession{}, entries: map[entryID]*entry{}, ctx: ctx, cancel: cancel}
-	d.reaper = reaper.New(d.reap, time.Second)
+	d := &Driver{root: root, acl: acl, sessions: map[time.Duration]*zsession{}, ctx: ctx, cancel: cancel}
+	d.grants = sessionlock.NewGrants(d.deleteNode, nil)
 	return d
 }
 
@@ -490,20 +481,13 @@ func (d *Driver) session(ctx context.Context, ttl time.Duration) (*zsession, err
 
 // Guarantees implements driver.Driver.
 func (d *Driver) Guarantees() driver.Guarantees {
-	return driver.Guarantees{
-		Fence:       driver.FenceStrict,
-		ServerClock: true,
+	return sessionlock.Guarantees("fence = czxid of the holder's znode (Zab-ordered, never reused); the lease is the ZooKeeper session, " +
+		"whose timeout T = (TTL + tickTime)*8/7 outlives the holder's local validity (TTL - margin from before the request): " +
+		"the leader hears of a session's requests to a follower only at its next ping (every tickTime/2), " +
+		"the driver sends a keep-alive every T/16, and a grant or renewal waits until a keep-alive answered at least a tick earlier was sent no earlier than start + TTL - T; " +
+		"a crashed holder's key is free after T; " +
 		// Session expiry runs on the leader's tick clock (System.nanoTime).
-		ClockStepSafe: true,
-		Notify:        true,
-		FIFO:          true,
-		Note: "fence = czxid of the holder's znode (Zab-ordered, never reused); the lease is the ZooKeeper session, " +
-			"whose timeout T = (TTL + tickTime)*8/7 outlives the holder's local validity (TTL - margin from before the request): " +
-			"the leader hears of a session's requests to a follower only at its next ping (every tickTime/2), " +
-			"the driver sends a keep-alive every T/16, and a grant or renewal waits until a keep-alive answered at least a tick earlier was sent no earlier than start + TTL - T; " +
-			"a crashed holder's key is free after T; " +
-			"safe from clock steps: the leader expires sessions on its tick clock, which is monotonic (System.nanoTime), not the wall clock",
-	}
+		"safe from clock steps: the leader expires sessions on its tick clock, which is monotonic (System.nanoTime), not the wall clock")
 }
 
 // TTLBounds implements driver.TTLBounds: a TTL longer than the session
@@ -521,10 +505,7 @@ func (d *Driver) Close() error {
 		return nil
 	}
 	d.closed = true
-	var left []*entry
-	for _, e := range d.entries {
-		left = append(left, e)
-	}
+	left := d.grants.Seal()
 	sessions := d.sessions
 	fixed := d.fixed
 	d.mu.Unlock()
@@ -551,7 +532,7 @@ func (d *Driver) Close() error {
 	if fixed != nil {
 		fixed.close()
 	}
-	d.reaper.Close()
+	d.grants.Close()
 	d.wg.Wait()
 	return nil
 }

@@ -29,7 +29,7 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	_ "github.com/fenced-dev/fenced/etcd"
-	"github.com/fenced-dev/fenced/internal/testenv"
+	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 	_ "github.com/fenced-dev/fenced/zookeeper"
 )
 

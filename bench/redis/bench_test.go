@@ -30,7 +30,7 @@ import (
 	"github.com/bsm/redislock"
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
-	"github.com/fenced-dev/fenced/internal/testenv"
+	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 	fredis "github.com/fenced-dev/fenced/redis"
 	"github.com/go-redsync/redsync/v4"
 	"github.com/go-redsync/redsync/v4/redis/goredis/v9"

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/internal/testenv"
+	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 
 // backendCase is a store the CLI is checked against, started for real.

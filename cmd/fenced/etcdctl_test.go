@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fenced-dev/fenced/internal/testenv"
+	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 
 // TestRunInteropsWithEtcdctlLock checks, through the CLI only, that

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fenced-dev/fenced/internal/testenv"
+	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 
 // Tests of the recipes through the CLI, with real processes: fenced elect

@@ -6,7 +6,7 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
-	"github.com/fenced-dev/fenced/internal/leasebench"
+	"github.com/fenced-dev/fenced/internal/testkit/leasebench"
 )
 
 // RoundTrips counts the request/response round trips of the connections

@@ -12,7 +12,7 @@ import (
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/fence"
 	"github.com/fenced-dev/fenced/fence/pgxfence"
-	"github.com/fenced-dev/fenced/internal/testenv"
+	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 
 func TestNativePgx(t *testing.T) {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/driver/wakeup"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -43,13 +44,13 @@ type Hub struct {
 	ps      *redis.PubSub
 	topics  map[string]*topic
 	pending map[string][]chan struct{} // per channel, SUBSCRIBEs awaiting confirmation, in order sent
+	wake    wakeup.Registry            // waiters by channel
 	closed  bool
 	done    chan struct{}
 }
 
 type topic struct {
 	ready chan struct{} // closed when the server confirmed the subscription
-	subs  []*sub        // oldest first
 	idle  *time.Timer   // unsubscribes after Linger without subscribers
 	gen   int           // identifies the current idle timer
 }
@@ -59,16 +60,19 @@ type topic struct {
 // does not pay a SUBSCRIBE round trip each time.
 const Linger = 5 * time.Second
 
+// sub is a waiter's subscription: the registry's, closed in order with
+// SUBSCRIBE and UNSUBSCRIBE.
 type sub struct {
-	h       *Hub
-	channel string
-	c       chan struct{}
-	once    sync.Once
+	*wakeup.Sub
+	h *Hub
 }
 
 // NewHub returns a Hub over c. It connects on first use.
 func NewHub(c redis.UniversalClient) *Hub {
-	return &Hub{client: c, topics: map[string]*topic{}, pending: map[string][]chan struct{}{}, done: make(chan struct{})}
+	h := &Hub{client: c, topics: map[string]*topic{}, pending: map[string][]chan struct{}{}, done: make(chan struct{})}
+	h.wake.Idle = h.idle
+	h.wake.PassOn = true // one wake-up per release: hand it on
+	return h
 }
 
 // confirmTimeout bounds the wait for a SUBSCRIBE confirmation.
@@ -78,7 +82,6 @@ const confirmTimeout = 5 * time.Second
 // confirmed it, so a release published after Subscribe returns is never
 // missed.
 func (h *Hub) Subscribe(ctx context.Context, channel string) (driver.Subscription, error) {
-	s := &sub{h: h, channel: channel, c: make(chan struct{}, 1)}
 	h.cmdMu.Lock()
 	h.mu.Lock()
 	if h.closed {
@@ -98,7 +101,7 @@ func (h *Hub) Subscribe(ctx context.Context, channel string) (driver.Subscriptio
 		h.topics[channel] = t
 		h.pending[channel] = append(h.pending[channel], t.ready)
 	}
-	t.subs = append(t.subs, s)
+	s := sub{Sub: h.wake.Subscribe(channel), h: h}
 	start := h.ps == nil
 	if start {
 		h.ps = h.client.Subscribe(context.WithoutCancel(ctx))
@@ -199,73 +202,35 @@ func (h *Hub) handle(m any) {
 		} else if t := h.topics[m.Channel]; t != nil {
 			// Re-subscribed after a reconnect: a release may have been
 			// missed, so let every waiter check.
-			for _, s := range t.subs {
-				s.wake()
-			}
+			h.wake.Wake(m.Channel)
 		}
 	case *redis.Message:
-		if t := h.topics[m.Channel]; t != nil {
-			t.wakeOne(nil)
+		if h.topics[m.Channel] != nil {
+			h.wake.WakeOne(m.Channel)
 		}
 	}
 }
-
-// wakeOne wakes the oldest subscriber (other than skip) without a pending
-// wake. Called with h.mu held.
-func (t *topic) wakeOne(skip *sub) {
-	for _, s := range t.subs {
-		if s != skip && s.wake() {
-			return
-		}
-	}
-}
-
-// wake delivers a wake-up; it reports false if one was already pending.
-func (s *sub) wake() bool {
-	select {
-	case s.c <- struct{}{}:
-		return true
-	default:
-		return false
-	}
-}
-
-// C implements driver.Subscription.
-func (s *sub) C() <-chan struct{} { return s.c }
 
 // Close implements driver.Subscription. A wake-up this subscriber did not
 // consume goes to the next waiter; Linger after the last subscriber of a
 // key left, the channel is unsubscribed.
-func (s *sub) Close() error {
-	s.once.Do(func() {
-		h := s.h
-		h.cmdMu.Lock()
-		defer h.cmdMu.Unlock()
-		h.mu.Lock()
-		t := h.topics[s.channel]
-		if t == nil {
-			h.mu.Unlock()
-			return
-		}
-		for i, x := range t.subs {
-			if x == s {
-				t.subs = append(t.subs[:i:i], t.subs[i+1:]...)
-				break
-			}
-		}
-		select {
-		case <-s.c:
-			t.wakeOne(s)
-		default:
-		}
-		if len(t.subs) == 0 {
-			t.gen++
-			gen, channel := t.gen, s.channel
-			t.idle = time.AfterFunc(Linger, func() { h.unsubscribeIdle(channel, t, gen) })
-		}
-		h.mu.Unlock()
-	})
-	return nil
+func (s sub) Close() error {
+	s.h.cmdMu.Lock()
+	defer s.h.cmdMu.Unlock()
+	return s.Sub.Close()
+}
+
+// idle arms the idle timer of channel, whose last subscriber left.
+func (h *Hub) idle(channel string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	t := h.topics[channel]
+	if t == nil {
+		return
+	}
+	t.gen++
+	gen := t.gen
+	t.idle = time.AfterFunc(Linger, func() { h.unsubscribeIdle(channel, t, gen) })
 }
 
 // unsubscribeIdle drops t if it is still idle with timer idle.
@@ -273,7 +238,7 @@ func (h *Hub) unsubscribeIdle(channel string, t *topic, gen int) {
 	h.cmdMu.Lock()
 	defer h.cmdMu.Unlock()
 	h.mu.Lock()
-	if h.topics[channel] != t || t.gen != gen || t.idle == nil || len(t.subs) > 0 {
+	if h.topics[channel] != t || t.gen != gen || t.idle == nil || h.wake.Waiting(channel) {
 		h.mu.Unlock()
 		return
 	}

@@ -123,7 +123,105 @@ const (
 	StatusGranted = 1  // new grant
 	StatusAgain   = 2  // already held by this owner: extended
 	StatusStale   = -3 // redlock: a newer fence was granted on this node
+	// StatusBadReply is what ParseAcquire reports for a reply that is not
+	// {status, fence, pttl}; it counts as none of the above.
+	StatusBadReply = -100
 )
+
+// acquireHead is the start of every acquire script: KEYS[1] is the lock,
+// ARGV[1] the owner, ARGV[2] the TTL in ms. A key held by a value fenced
+// did not write is refused ({-1, '0', pttl}); a grant of the same owner is
+// extended and keeps its fence ({2, fence, 0}); another owner's grant is
+// reported with its time left ({0, fence, pttl}). When the key is free the
+// script goes on with the backend's own grant step.
+const acquireHead = `
+local v = redis.call('GET', KEYS[1])
+if v then
+  local f, o = string.match(v, '^(%d+):(.*)$')
+  if not f then return {-1, '0', redis.call('PTTL', KEYS[1])} end
+  if o == ARGV[1] then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return {2, f, 0}
+  end
+  return {0, f, redis.call('PTTL', KEYS[1])}
+end`
+
+// AcquireScript returns an acquire script: the shared head (see the
+// statuses above), then grant, the Lua that grants the free key and
+// returns {StatusGranted, fence, 0} (or another status).
+func AcquireScript(grant string) *redis.Script { return redis.NewScript(acquireHead + grant) }
+
+// Acquired is the reply of an acquire script.
+type Acquired struct {
+	Status int64
+	Fence  uint64
+	PTTL   int64 // ms left on another owner's grant
+}
+
+// Ours reports whether the reply grants the key to the caller (new, or
+// extended).
+func (a Acquired) Ours() bool { return a.Status == StatusGranted || a.Status == StatusAgain }
+
+// ParseAcquire reads an acquire script's reply; a reply of another shape
+// has Status StatusBadReply.
+func ParseAcquire(res []any) Acquired {
+	if len(res) != 3 {
+		return Acquired{Status: StatusBadReply}
+	}
+	var a Acquired
+	a.Status, _ = res[0].(int64)
+	s, _ := res[1].(string)
+	a.Fence, _ = strconv.ParseUint(s, 10, 64)
+	a.PTTL, _ = res[2].(int64)
+	return a
+}
+
+// RenewReply is one request's outcome in RenewAll.
+type RenewReply struct {
+	// Renewed is true when the grant was still there and its expiry reset.
+	Renewed bool
+	// Err is the server's error for this request alone (a redis.Error
+	// such as WRONGTYPE, LOADING or OOM), unclassified.
+	Err error
+}
+
+// RenewAll renews every grant of reqs on c in one pipeline of Renew
+// scripts: one round trip (on Cluster, one per node involved). If the
+// server does not know the script (NOSCRIPT) it loads it and sends the
+// pipeline again (renewing twice is harmless). It fails as a whole, with
+// the error classified (see Classify), when the script cannot be loaded or
+// the connection fails: then each renewal may or may not have been
+// applied.
+func RenewAll(ctx context.Context, c redis.UniversalClient, l Layout, reqs []driver.RenewRequest) ([]RenewReply, error) {
+	run := func() []*redis.Cmd {
+		pipe := c.Pipeline()
+		cmds := make([]*redis.Cmd, len(reqs))
+		for i, r := range reqs {
+			k := l.Keys(r.Grant.Key)
+			cmds[i] = Renew.EvalSha(ctx, pipe, []string{k.Lock}, Value(r.Grant.Fence, r.Grant.Owner), Millis(r.TTL))
+		}
+		_, _ = pipe.Exec(ctx) // each command carries its own error
+		return cmds
+	}
+	cmds := run()
+	if len(cmds) > 0 && redis.HasErrorPrefix(cmds[0].Err(), "NOSCRIPT") {
+		if err := Renew.Load(ctx, c).Err(); err != nil {
+			return nil, Classify(err, false)
+		}
+		cmds = run()
+	}
+	out := make([]RenewReply, len(cmds))
+	for i, cmd := range cmds {
+		n, err := cmd.Int64()
+		var rerr redis.Error
+		if err != nil && !errors.As(err, &rerr) {
+			// The connection failed: the whole batch's outcome is unknown.
+			return nil, Classify(err, true)
+		}
+		out[i] = RenewReply{Renewed: err == nil && n == 1, Err: err}
+	}
+	return out, nil
+}
 
 // The scripts shared by both backends. KEYS and ARGV are documented above
 // each; every script reads before it writes, so an error (a key of the

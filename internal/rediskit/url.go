@@ -4,9 +4,11 @@ import (
 	"fmt"
 	"net/url"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/redis/go-redis/v9"
 )
 
 // Query holds the fenced-specific query parameters of a redis:// or
@@ -78,3 +80,24 @@ func (q *Query) fail(err error) {
 
 // Err returns the first malformed parameter.
 func (q *Query) Err() error { return q.err }
+
+// ClientOptions parses a redis:// URL (with fenced's own parameters
+// already taken out by TakeQuery) into go-redis options with fenced's
+// defaults: no command retries unless max_retries is given (a retried
+// script whose first attempt was applied would be reported wrongly), and
+// one dial attempt unless dialer_retries is given. Errors wrap
+// driver.ErrInvalidURL.
+func ClientOptions(u *url.URL) (*redis.Options, error) {
+	q := u.Query()
+	ro, err := redis.ParseURL(u.String())
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s", driver.ErrInvalidURL, strings.TrimPrefix(err.Error(), "redis: "))
+	}
+	if !q.Has("max_retries") {
+		ro.MaxRetries = -1
+	}
+	if !q.Has("dialer_retries") {
+		ro.DialerRetries = 1
+	}
+	return ro, nil
+}

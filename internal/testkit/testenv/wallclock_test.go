@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fenced-dev/fenced/internal/testenv"
+	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 )

@@ -1,4 +1,13 @@
-package fence
+// Package redisfence is the resource-side guard of package fence for data
+// kept in Redis hashes: one Lua script compares the hash's recorded fence
+// and writes, atomically.
+//
+//	guard, _ := redisfence.New(rdb, nil)
+//	res, err := guard.Write(ctx, "account:1", fence.From(lease), redisfence.Write{Set: []string{"balance", "100"}})
+//
+// It lives in its own package so that package fence does not link
+// go-redis.
+package redisfence
 
 import (
 	"context"
@@ -9,62 +18,63 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/fence"
 )
 
-// DefaultRedisKeyField names the hash field in which the Redis guard
+// DefaultKeyField names the hash field in which the Redis guard
 // records the lease key a hash is bound to.
-const DefaultRedisKeyField = "fence_key"
+const DefaultKeyField = "fence_key"
 
-// Redis guards resources stored as Redis hashes. The hash itself records
+// Guard guards resources stored as Redis hashes. The hash itself records
 // the newest fence, its owner and the lease key they belong to (fields
 // "fence", "fence_owner" and "fence_key" by default) and a Lua script
 // compares and writes in one atomic step, so no other command can run in
 // between.
 //
 // The first admitted write binds a hash to its token's lease key; a token
-// for any other key is then refused with ErrWrongKey whatever its fence,
+// for any other key is then refused with fence.ErrWrongKey whatever its fence,
 // because fences are only comparable within one key. A hash written before
 // guards recorded the key (no key field) is bound by its next admitted
-// write. RedisOptions.LeaseKey also checks the key before the first write.
+// write. Options.LeaseKey also checks the key before the first write.
 //
 // Never delete or expire a guarded hash: that would forget its fence and
 // accept the next stale write. Mark it deleted with a field instead.
 //
 // Fences are compared as canonical decimal strings inside the script, not
 // as Lua numbers, which lose precision above 2^53.
-type Redis struct {
+type Guard struct {
 	c                                redis.Scripter
 	fenceField, ownerField, keyField string
-	checks                           tokenChecks
+	checks                           fence.Prechecks
 	hooks                            fenced.Hooks
 }
 
-// RedisOptions configure a Redis guard. nil gives the defaults.
-type RedisOptions struct {
+// Options configure a Redis guard. nil gives the defaults.
+type Options struct {
 	// FenceField, OwnerField and KeyField name the hash fields recording
 	// the newest fence, its owner and the lease key; defaults "fence",
 	// "fence_owner" and "fence_key". They must differ.
 	FenceField, OwnerField, KeyField string
 	// LeaseKey, when set, returns the lease key that guards the hash named
 	// by its argument (for example "invoice:" + id for "invoices/" + id);
-	// a token for another key is refused with ErrWrongKey before anything
+	// a token for another key is refused with fence.ErrWrongKey before anything
 	// is sent, even to a hash not yet bound.
 	LeaseKey func(hash string) string
 	// Check, when set, must accept every token before it is compared (for
-	// example a *Verifier for signed tokens); a refusal is returned as the
+	// example a *fence.Verifier for signed tokens); a refusal is returned as the
 	// error and nothing is sent.
-	Check Checker
+	Check fence.Checker
 	// Hooks receive a StaleWrite event for every refused stale write.
 	Hooks fenced.Hooks
 }
 
-// NewRedis returns a guard using c (a *redis.Client, *redis.ClusterClient or
+// New returns a guard using c (a *redis.Client, *redis.ClusterClient or
 // any redis.Scripter). opts may be nil.
-func NewRedis(c redis.Scripter, opts *RedisOptions) (*Redis, error) {
+func New(c redis.Scripter, opts *Options) (*Guard, error) {
 	if c == nil {
-		return nil, errors.New("fence: NewRedis: client is nil")
+		return nil, errors.New("fence: New: client is nil")
 	}
-	g := &Redis{c: c, fenceField: DefaultFenceColumn, ownerField: DefaultOwnerColumn, keyField: DefaultRedisKeyField}
+	g := &Guard{c: c, fenceField: fence.DefaultFenceColumn, ownerField: fence.DefaultOwnerColumn, keyField: DefaultKeyField}
 	if opts != nil {
 		if opts.FenceField != "" {
 			g.fenceField = opts.FenceField
@@ -75,23 +85,23 @@ func NewRedis(c redis.Scripter, opts *RedisOptions) (*Redis, error) {
 		if opts.KeyField != "" {
 			g.keyField = opts.KeyField
 		}
-		g.checks = tokenChecks{leaseKey: opts.LeaseKey, check: opts.Check}
+		g.checks = fence.Prechecks{LeaseKey: opts.LeaseKey, Check: opts.Check}
 		g.hooks = opts.Hooks
 	}
 	if g.fenceField == g.ownerField || g.fenceField == g.keyField || g.ownerField == g.keyField {
-		return nil, fmt.Errorf("fence: NewRedis: %w: fence, owner and key fields must differ (%q, %q, %q)", ErrSchema, g.fenceField, g.ownerField, g.keyField)
+		return nil, fmt.Errorf("fence: New: %w: fence, owner and key fields must differ (%q, %q, %q)", fence.ErrSchema, g.fenceField, g.ownerField, g.keyField)
 	}
 	return g, nil
 }
 
-// RedisWrite is a guarded change to a hash.
-type RedisWrite struct {
+// Write is a guarded change to a hash.
+type Write struct {
 	// Set lists field, value pairs to store (HSET). It must not name the
 	// guard's fence, owner or key fields.
 	Set []string
 	// If lists field, value pairs that must all hold for the write to apply;
 	// a missing field equals "". When one does not hold the result is
-	// PreconditionFailed.
+	// fence.PreconditionFailed.
 	If []string
 }
 
@@ -139,31 +149,31 @@ return {1, ARGV[1], ARGV[2], ARGV[6]}
 
 // Claim records t's fence on the hash at key (creating it if needed) before
 // the holder does anything else; see SQL.Claim.
-func (g *Redis) Claim(ctx context.Context, key string, t Token) (Result, error) {
-	return g.Write(ctx, key, t, RedisWrite{})
+func (g *Guard) Claim(ctx context.Context, key string, t fence.Token) (fence.Result, error) {
+	return g.Write(ctx, key, t, Write{})
 }
 
 // Write applies w to the hash at key in one script if the hash is bound to
 // t's lease key (or to none yet), its recorded fence admits t (newer, or
 // equal with the same owner) and w.If holds, recording t's fence, owner and
-// key. A missing hash has fence 0. Errors: ErrInvalidToken for a bad token
-// or malformed pairs, ErrWrongKey for a token of another lease key, the
-// Checker's error when it refuses t, ErrSchema when the fence field holds
+// key. A missing hash has fence 0. Errors: fence.ErrInvalidToken for a bad token
+// or malformed pairs, fence.ErrWrongKey for a token of another lease key, the
+// fence.Checker's error when it refuses t, fence.ErrSchema when the fence field holds
 // something that is not a fence, and Redis errors (a key of another type,
 // connection failures) wrapped. On every error nothing is changed.
-func (g *Redis) Write(ctx context.Context, key string, t Token, w RedisWrite) (Result, error) {
+func (g *Guard) Write(ctx context.Context, key string, t fence.Token, w Write) (fence.Result, error) {
 	if key == "" {
-		return Result{}, fmt.Errorf("fence: redis write: key is empty")
+		return fence.Result{}, fmt.Errorf("fence: redis write: key is empty")
 	}
-	if err := g.checks.run(ctx, key, t); err != nil {
-		return Result{}, fmt.Errorf("fence: redis write %q: %w", key, err)
+	if err := g.checks.Run(ctx, key, t); err != nil {
+		return fence.Result{}, fmt.Errorf("fence: redis write %q: %w", key, err)
 	}
 	if len(w.Set)%2 != 0 || len(w.If)%2 != 0 {
-		return Result{}, fmt.Errorf("fence: redis write %q: %w: Set and If must be field, value pairs", key, ErrInvalidToken)
+		return fence.Result{}, fmt.Errorf("fence: redis write %q: %w: Set and If must be field, value pairs", key, fence.ErrInvalidToken)
 	}
 	for i := 0; i < len(w.Set); i += 2 {
 		if f := w.Set[i]; f == g.fenceField || f == g.ownerField || f == g.keyField {
-			return Result{}, fmt.Errorf("fence: redis write %q: Set names the guard's field %q", key, f)
+			return fence.Result{}, fmt.Errorf("fence: redis write %q: Set names the guard's field %q", key, f)
 		}
 	}
 	args := make([]any, 0, 7+len(w.If)+len(w.Set))
@@ -176,10 +186,10 @@ func (g *Redis) Write(ctx context.Context, key string, t Token, w RedisWrite) (R
 	}
 	vals, err := redisScript.Run(ctx, g.c, []string{key}, args...).Slice()
 	if err != nil {
-		return Result{}, fmt.Errorf("fence: redis write %q: %w", key, err)
+		return fence.Result{}, fmt.Errorf("fence: redis write %q: %w", key, err)
 	}
 	if len(vals) != 4 {
-		return Result{}, fmt.Errorf("fence: redis write %q: unexpected script reply %v", key, vals)
+		return fence.Result{}, fmt.Errorf("fence: redis write %q: unexpected script reply %v", key, vals)
 	}
 	code, _ := vals[0].(int64)
 	curS, _ := vals[1].(string)
@@ -187,25 +197,25 @@ func (g *Redis) Write(ctx context.Context, key string, t Token, w RedisWrite) (R
 	bound, _ := vals[3].(string)
 	switch code {
 	case -1:
-		return Result{}, fmt.Errorf("fence: redis write %q: %w: field %s holds %q, not a fence", key, ErrSchema, g.fenceField, curS)
+		return fence.Result{}, fmt.Errorf("fence: redis write %q: %w: field %s holds %q, not a fence", key, fence.ErrSchema, g.fenceField, curS)
 	case -2:
-		return Result{}, fmt.Errorf("fence: redis write %q: %w", key, checkKey(bound, t.Key))
+		return fence.Result{}, fmt.Errorf("fence: redis write %q: %w", key, fence.CheckKey(bound, t.Key))
 	}
 	cur, err := strconv.ParseUint(curS, 10, 64)
 	if err != nil {
-		return Result{}, fmt.Errorf("fence: redis write %q: %w: field %s holds %q", key, ErrSchema, g.fenceField, curS)
+		return fence.Result{}, fmt.Errorf("fence: redis write %q: %w: field %s holds %q", key, fence.ErrSchema, g.fenceField, curS)
 	}
-	var r Result
+	var r fence.Result
 	switch code {
 	case 1:
-		r = Result{Outcome: Applied, Current: t.Fence}
+		r = fence.Result{Outcome: fence.Applied, Current: t.Fence}
 	case 2:
-		r = classify(t, cur, owner)
+		r = fence.Refusal(t, cur, owner)
 	case 3:
-		r = Result{Outcome: PreconditionFailed, Current: cur}
+		r = fence.Result{Outcome: fence.PreconditionFailed, Current: cur}
 	default:
-		return Result{}, fmt.Errorf("fence: redis write %q: unexpected script outcome %d", key, code)
+		return fence.Result{}, fmt.Errorf("fence: redis write %q: unexpected script outcome %d", key, code)
 	}
-	report(g.hooks, t, r, key)
+	fence.ReportStale(g.hooks, t, r, key)
 	return r, nil
 }

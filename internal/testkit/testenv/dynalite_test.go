@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fenced-dev/fenced/internal/testenv"
+	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 
 // A client that closes its connection in the middle of a request must not

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/fenced-dev/fenced/internal/payprovider"
+	"github.com/fenced-dev/fenced/internal/testkit/payprovider"
 )
 
 // TestReplayKeepsStatus: a repeated idempotency key gets the first answer

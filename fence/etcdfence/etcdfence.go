@@ -1,4 +1,14 @@
-package fence
+// Package etcdfence is the resource-side guard of package fence for data
+// kept in etcd: a guarded write is one etcd transaction that compares the
+// resource's recorded fence and applies the caller's operations only when
+// the token's fence admits the writer.
+//
+//	guard, _ := etcdfence.New(cli, nil)
+//	res, err := guard.Write(ctx, "invoice/72", fence.From(lease), etcdfence.Write{Then: ops})
+//
+// It lives in its own package so that package fence does not link etcd's
+// client.
+package etcdfence
 
 import (
 	"context"
@@ -10,13 +20,14 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/fence"
 )
 
-// DefaultEtcdFencePrefix prefixes the keys in which the etcd guard records
+// DefaultFencePrefix prefixes the keys in which the etcd guard records
 // each resource's newest fence.
-const DefaultEtcdFencePrefix = "fenced/fence/"
+const DefaultFencePrefix = "fenced/fence/"
 
-// Etcd guards resources stored in etcd. For each resource it keeps one key,
+// Guard guards resources stored in etcd. For each resource it keeps one key,
 // FencePrefix + resource, holding the lease key the resource is bound to,
 // the newest fence and its owner (encoded as the lease key, a newline, a
 // 20-digit zero-padded fence, a space and the owner, so that etcd's
@@ -26,61 +37,61 @@ const DefaultEtcdFencePrefix = "fenced/fence/"
 // atomic with the write and linearizable like every etcd transaction.
 //
 // The first admitted write binds a resource to its token's lease key; a
-// token for any other key is then refused with ErrWrongKey whatever its
+// token for any other key is then refused with fence.ErrWrongKey whatever its
 // fence, because fences are only comparable within one key. A fence key
 // written before guards recorded the lease key ("fence owner", no newline)
-// is bound by its next admitted write. EtcdOptions.LeaseKey also checks the
+// is bound by its next admitted write. Options.LeaseKey also checks the
 // key before the first write.
 //
 // Never delete the fence keys: that would forget the fences.
-type Etcd struct {
+type Guard struct {
 	kv     clientv3.KV
 	prefix string
-	checks tokenChecks
+	checks fence.Prechecks
 	hooks  fenced.Hooks
 }
 
-// EtcdOptions configure an etcd guard. nil gives the defaults.
-type EtcdOptions struct {
-	// FencePrefix prefixes fence keys; default DefaultEtcdFencePrefix.
+// Options configure an etcd guard. nil gives the defaults.
+type Options struct {
+	// FencePrefix prefixes fence keys; default DefaultFencePrefix.
 	FencePrefix string
 	// LeaseKey, when set, returns the lease key that guards resource; a
-	// token for another key is refused with ErrWrongKey before anything is
+	// token for another key is refused with fence.ErrWrongKey before anything is
 	// sent, even for a resource not yet bound.
 	LeaseKey func(resource string) string
 	// Check, when set, must accept every token before it is compared (for
-	// example a *Verifier for signed tokens); a refusal is returned as the
+	// example a *fence.Verifier for signed tokens); a refusal is returned as the
 	// error and nothing is sent.
-	Check Checker
+	Check fence.Checker
 	// Hooks receive a StaleWrite event for every refused stale write.
 	Hooks fenced.Hooks
 }
 
-// NewEtcd returns a guard using kv (a *clientv3.Client or any clientv3.KV).
+// New returns a guard using kv (a *clientv3.Client or any clientv3.KV).
 // opts may be nil.
-func NewEtcd(kv clientv3.KV, opts *EtcdOptions) (*Etcd, error) {
+func New(kv clientv3.KV, opts *Options) (*Guard, error) {
 	if kv == nil {
-		return nil, errors.New("fence: NewEtcd: client is nil")
+		return nil, errors.New("fence: New: client is nil")
 	}
-	g := &Etcd{kv: kv, prefix: DefaultEtcdFencePrefix}
+	g := &Guard{kv: kv, prefix: DefaultFencePrefix}
 	if opts != nil {
 		if opts.FencePrefix != "" {
 			g.prefix = opts.FencePrefix
 		}
-		g.checks = tokenChecks{leaseKey: opts.LeaseKey, check: opts.Check}
+		g.checks = fence.Prechecks{LeaseKey: opts.LeaseKey, Check: opts.Check}
 		g.hooks = opts.Hooks
 	}
 	return g, nil
 }
 
 // FenceKey returns the key recording resource's fence.
-func (g *Etcd) FenceKey(resource string) string { return g.prefix + resource }
+func (g *Guard) FenceKey(resource string) string { return g.prefix + resource }
 
 // etcdFencePart is the part of a fence key's value that follows the lease
 // key and its newline: the zero-padded fence, a space and the owner.
 func etcdFencePart(fence uint64, owner string) string { return fmt.Sprintf("%020d %s", fence, owner) }
 
-func encodeEtcd(t Token) string { return t.Key + "\n" + etcdFencePart(t.Fence, t.Owner) }
+func encodeEtcd(t fence.Token) string { return t.Key + "\n" + etcdFencePart(t.Fence, t.Owner) }
 
 // etcdRecord is a decoded fence key. legacy marks the format without a
 // lease key.
@@ -100,20 +111,20 @@ func decodeEtcd(v string) (etcdRecord, error) {
 		rest, r.legacy = v, true
 	}
 	if len(rest) < 21 || rest[20] != ' ' || (found && fenced.ValidateKey(key) != nil) {
-		return etcdRecord{}, fmt.Errorf("%w: fence key holds %q, not a fence", ErrSchema, v)
+		return etcdRecord{}, fmt.Errorf("%w: fence key holds %q, not a fence", fence.ErrSchema, v)
 	}
 	f, err := strconv.ParseUint(rest[:20], 10, 64)
-	if err != nil || f > MaxFence {
-		return etcdRecord{}, fmt.Errorf("%w: fence key holds %q, not a fence", ErrSchema, v)
+	if err != nil || f > fence.MaxFence {
+		return etcdRecord{}, fmt.Errorf("%w: fence key holds %q, not a fence", fence.ErrSchema, v)
 	}
 	r.fence, r.owner = f, rest[21:]
 	return r, nil
 }
 
-// EtcdWrite is a guarded etcd transaction.
-type EtcdWrite struct {
+// Write is a guarded etcd transaction.
+type Write struct {
 	// If are the write's own preconditions; when one fails the result is
-	// PreconditionFailed.
+	// fence.PreconditionFailed.
 	If []clientv3.Cmp
 	// Then are the operations to apply. They must not touch the fence key.
 	Then []clientv3.Op
@@ -121,24 +132,24 @@ type EtcdWrite struct {
 
 // Claim records t's fence for resource before the holder does anything
 // else; see SQL.Claim.
-func (g *Etcd) Claim(ctx context.Context, resource string, t Token) (Result, error) {
-	return g.Write(ctx, resource, t, EtcdWrite{})
+func (g *Guard) Claim(ctx context.Context, resource string, t fence.Token) (fence.Result, error) {
+	return g.Write(ctx, resource, t, Write{})
 }
 
 // Write applies w in one transaction if resource is bound to t's lease key
 // (or to none yet), its recorded fence admits t (newer, or equal with the
 // same owner) and w.If holds, recording t's key, fence and owner. A
-// resource never written has fence 0. Errors: ErrInvalidToken for a bad
-// token, ErrWrongKey for a token of another lease key, the Checker's error
-// when it refuses t, ErrSchema when the fence key holds something else, and
+// resource never written has fence 0. Errors: fence.ErrInvalidToken for a bad
+// token, fence.ErrWrongKey for a token of another lease key, the fence.Checker's error
+// when it refuses t, fence.ErrSchema when the fence key holds something else, and
 // etcd errors wrapped (an error after sending may mean the transaction was
 // applied; read before retrying).
-func (g *Etcd) Write(ctx context.Context, resource string, t Token, w EtcdWrite) (Result, error) {
+func (g *Guard) Write(ctx context.Context, resource string, t fence.Token, w Write) (fence.Result, error) {
 	if resource == "" {
-		return Result{}, errors.New("fence: etcd write: resource is empty")
+		return fence.Result{}, errors.New("fence: etcd write: resource is empty")
 	}
-	if err := g.checks.run(ctx, resource, t); err != nil {
-		return Result{}, fmt.Errorf("fence: etcd write %q: %w", resource, err)
+	if err := g.checks.Run(ctx, resource, t); err != nil {
+		return fence.Result{}, fmt.Errorf("fence: etcd write %q: %w", resource, err)
 	}
 	fk := g.FenceKey(resource)
 	val := encodeEtcd(t)
@@ -162,47 +173,47 @@ func (g *Etcd) Write(ctx context.Context, resource string, t Token, w EtcdWrite)
 			clientv3.Compare(clientv3.Value(fk), ">", prefix+fmt.Sprintf("%020d", 0))), then, []clientv3.Op{same})
 		resp, err := g.kv.Txn(ctx).If(cond(clientv3.Compare(clientv3.Version(fk), "=", 0))...).Then(then...).Else(older).Commit()
 		if err != nil {
-			return Result{}, fmt.Errorf("fence: etcd write %q: %w", resource, err)
+			return fence.Result{}, fmt.Errorf("fence: etcd write %q: %w", resource, err)
 		}
 		applied, cur, err := etcdOutcome(resp, 2)
 		if err != nil {
-			return Result{}, fmt.Errorf("fence: etcd write %q: %w", resource, err)
+			return fence.Result{}, fmt.Errorf("fence: etcd write %q: %w", resource, err)
 		}
 		if applied {
-			return Result{Outcome: Applied, Current: t.Fence}, nil
+			return fence.Result{Outcome: fence.Applied, Current: t.Fence}, nil
 		}
 		var rec etcdRecord
 		if cur != nil {
 			if rec, err = decodeEtcd(*cur); err != nil {
-				return Result{}, fmt.Errorf("fence: etcd write %q: %w", resource, err)
+				return fence.Result{}, fmt.Errorf("fence: etcd write %q: %w", resource, err)
 			}
 		}
 		if cur != nil && !rec.legacy {
-			if err := checkKey(rec.key, t.Key); err != nil {
-				return Result{}, fmt.Errorf("fence: etcd write %q: %w", resource, err)
+			if err := fence.CheckKey(rec.key, t.Key); err != nil {
+				return fence.Result{}, fmt.Errorf("fence: etcd write %q: %w", resource, err)
 			}
 		}
-		if cur != nil && rec.legacy && t.admits(rec.fence, rec.owner) {
+		if cur != nil && rec.legacy && t.Admits(rec.fence, rec.owner) {
 			resp, err := g.kv.Txn(ctx).If(cond(clientv3.Compare(clientv3.Value(fk), "=", *cur))...).Then(then...).Else(clientv3.OpGet(fk)).Commit()
 			if err != nil {
-				return Result{}, fmt.Errorf("fence: etcd write %q: %w", resource, err)
+				return fence.Result{}, fmt.Errorf("fence: etcd write %q: %w", resource, err)
 			}
 			applied, now, err := etcdOutcome(resp, 0)
 			switch {
 			case err != nil:
-				return Result{}, fmt.Errorf("fence: etcd write %q: %w", resource, err)
+				return fence.Result{}, fmt.Errorf("fence: etcd write %q: %w", resource, err)
 			case applied:
-				return Result{Outcome: Applied, Current: t.Fence}, nil
+				return fence.Result{Outcome: fence.Applied, Current: t.Fence}, nil
 			case now == nil || *now != *cur:
 				if attempt < 8 {
 					continue // changed since read: decide again
 				}
-				return Result{}, fmt.Errorf("fence: etcd write %q: fence key keeps changing; nothing written", resource)
+				return fence.Result{}, fmt.Errorf("fence: etcd write %q: fence key keeps changing; nothing written", resource)
 			}
 			// Unchanged, so w.If did not hold.
 		}
-		r := classify(t, rec.fence, rec.owner)
-		report(g.hooks, t, r, resource)
+		r := fence.Refusal(t, rec.fence, rec.owner)
+		fence.ReportStale(g.hooks, t, r, resource)
 		return r, nil
 	}
 }
@@ -232,7 +243,7 @@ func etcdOutcome(resp *clientv3.TxnResponse, depth int) (applied bool, value *st
 
 // Current returns the fence and owner recorded for resource (0 and "" if
 // none).
-func (g *Etcd) Current(ctx context.Context, resource string) (uint64, string, error) {
+func (g *Guard) Current(ctx context.Context, resource string) (uint64, string, error) {
 	resp, err := g.kv.Get(ctx, g.FenceKey(resource))
 	if err != nil {
 		return 0, "", fmt.Errorf("fence: etcd read %q: %w", resource, err)

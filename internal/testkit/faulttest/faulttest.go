@@ -20,7 +20,7 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/internal/crashtest"
+	"github.com/fenced-dev/fenced/internal/testkit/crashtest"
 )
 
 // PausedHolderLosesLease re-executes the test binary as a child that holds

@@ -1,0 +1,81 @@
+package wakeup
+
+import (
+	"testing"
+)
+
+func pending(s *Sub) bool {
+	select {
+	case <-s.C():
+		return true
+	default:
+		return false
+	}
+}
+
+func TestWakeOnlyThatKey(t *testing.T) {
+	var r Registry
+	a1, a2, b := r.Subscribe("a"), r.Subscribe("a"), r.Subscribe("b")
+	r.Wake("a")
+	r.Wake("a") // a second wake-up while one is pending is absorbed
+	if !pending(a1) || !pending(a2) {
+		t.Fatal("a waiter of the woken key was not woken")
+	}
+	if pending(a1) || pending(b) {
+		t.Fatal("a wake-up was delivered twice, or to another key's waiter")
+	}
+}
+
+func TestWakeOneOldestFirst(t *testing.T) {
+	var r Registry
+	a1, a2 := r.Subscribe("a"), r.Subscribe("a")
+	if !r.WakeOne("a") || !pending(a1) || pending(a2) {
+		t.Fatal("WakeOne did not wake exactly the oldest waiter")
+	}
+	r.WakeOne("a")
+	r.WakeOne("a") // a1 has none pending again, so it gets this one
+	if !pending(a1) || !pending(a2) {
+		t.Fatal("WakeOne skipped a waiter with no wake-up pending")
+	}
+}
+
+func TestCloseHandsOnUnconsumedWake(t *testing.T) {
+	var idle []string
+	r := Registry{Idle: func(k string) { idle = append(idle, k) }, PassOn: true}
+	a1, a2 := r.Subscribe("a"), r.Subscribe("a")
+	r.WakeOne("a") // to a1, which leaves without looking
+	a1.Close()
+	a1.Close() // idempotent
+	if !pending(a2) {
+		t.Fatal("a wake-up left unconsumed by a closed waiter was lost")
+	}
+	if len(idle) != 0 || !r.Waiting("a") {
+		t.Fatalf("idle = %v with a waiter left", idle)
+	}
+	a2.Close()
+	if len(idle) != 1 || idle[0] != "a" || r.Waiting("a") || r.Len() != 0 {
+		t.Fatalf("after the last waiter left: idle = %v, waiting %v, len %d", idle, r.Waiting("a"), r.Len())
+	}
+}
+
+func TestWakeEvery(t *testing.T) {
+	var r Registry
+	a, b := r.Subscribe("a"), r.Subscribe("b")
+	if got := len(r.Keys()); got != 2 {
+		t.Fatalf("Keys has %d keys, want 2", got)
+	}
+	r.WakeEvery()
+	if !pending(a) || !pending(b) {
+		t.Fatal("WakeEvery missed a waiter")
+	}
+}
+
+func TestCloseWithoutPassOnKeepsOthersAsTheyAre(t *testing.T) {
+	var r Registry
+	a1, a2 := r.Subscribe("a"), r.Subscribe("a")
+	r.WakeOne("a") // to a1, which leaves without looking
+	a1.Close()
+	if pending(a2) {
+		t.Fatal("a registry without PassOn handed on a wake-up")
+	}
+}

@@ -1,0 +1,261 @@
+// Package sessionlock is the core that the session-based backends (etcd
+// and ZooKeeper) share: both hold a lease as a key (or znode) attached to
+// a server session, queue waiters in creation order, and lose a grant when
+// the key disappears.
+//
+// The core does the parts that do not depend on the store:
+//
+//   - Grants tracks the keys a driver put (or may have put, after an
+//     unknown outcome) by lease key and owner, and ends (through the
+//     driver's delete function) those whose deadline passes without a
+//     renewal: a session outlives each of its grants, so a grant nobody
+//     renews must still end after its TTL (see internal/reaper).
+//   - WaitTurn is the predecessor wait: look at the queue, wait for the key
+//     ahead, look again, with a short pause after a transient failure.
+//   - WatchLoss is the loss-watch loop behind driver.LossWatcher.
+//   - Guarantees are the guarantees both stores give.
+//
+// The store-specific parts (sessions and keep-alives, how a key is put,
+// ordered and found again after an unknown outcome) stay in the backends.
+package sessionlock
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/reaper"
+)
+
+// ID names a grant: the lease key and the owner token.
+type ID struct{ Key, Owner string }
+
+// Entry is what a backend tracks per key it put. Entries are compared
+// with ==, so they are pointers in practice.
+type Entry interface {
+	comparable
+	// GrantID returns the grant the entry belongs to.
+	GrantID() ID
+}
+
+// reapRetry is how long the reaper waits before trying a failed end again.
+const reapRetry = time.Second
+
+// Grants tracks a driver's entries, at most one per ID, each with a
+// deadline. It is safe for concurrent use.
+type Grants[E Entry] struct {
+	end    func(E) error
+	forgot func(E)
+	reaper *reaper.Reaper[E]
+	mu     sync.Mutex
+	closed bool
+	byID   map[ID]E
+}
+
+// NewGrants returns an empty Grants. end deletes an entry's key at the
+// store (a key already gone is not an error); it is called when an
+// entry's deadline passes, and by EndNow, and tried again every second
+// until it succeeds. forgot, if not nil, is called whenever an entry is
+// forgotten (by Forget, or after end succeeded), with no lock held, so the
+// driver can free what the entry reserved.
+func NewGrants[E Entry](end func(E) error, forgot func(E)) *Grants[E] {
+	g := &Grants[E]{end: end, forgot: forgot, byID: map[ID]E{}}
+	g.reaper = reaper.New(g.reap, reapRetry)
+	return g
+}
+
+func (g *Grants[E]) reap(e E) error {
+	if err := g.end(e); err != nil {
+		return err
+	}
+	g.Forget(e)
+	return nil
+}
+
+// Lookup returns the entry of key and owner (the zero E if none).
+func (g *Grants[E]) Lookup(key, owner string) E {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.byID[ID{key, owner}]
+}
+
+// Track records e as the entry of its ID (replacing and disarming an
+// older one) and (re)arms its deadline at from+ttl. After Seal it does
+// nothing.
+func (g *Grants[E]) Track(e E, ttl time.Duration, from time.Time) {
+	id := e.GrantID()
+	g.mu.Lock()
+	if g.closed {
+		g.mu.Unlock()
+		return
+	}
+	old, had := g.byID[id]
+	g.byID[id] = e
+	g.mu.Unlock()
+	if had && old != e {
+		g.reaper.Forget(old)
+	}
+	g.reaper.Set(e, from.Add(ttl))
+}
+
+// Forget drops e (if it is still the entry of its ID) and disarms its
+// deadline, without ending it.
+func (g *Grants[E]) Forget(e E) {
+	id := e.GrantID()
+	g.mu.Lock()
+	if cur, ok := g.byID[id]; ok && cur == e {
+		delete(g.byID, id)
+	}
+	g.mu.Unlock()
+	g.reaper.Forget(e)
+	if g.forgot != nil {
+		g.forgot(e)
+	}
+}
+
+// Deadline returns e's deadline, if it is armed.
+func (g *Grants[E]) Deadline(e E) (time.Time, bool) { return g.reaper.Deadline(e) }
+
+// EndNow deletes e's key now, on the caller's goroutine (without the
+// caller's context, which may be done), and forgets e; if that fails the
+// reaper keeps trying in the background.
+func (g *Grants[E]) EndNow(e E) { _ = g.reaper.EndNow(e) }
+
+// Seal stops Track from recording entries and returns those tracked now.
+func (g *Grants[E]) Seal() []E {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.closed = true
+	left := make([]E, 0, len(g.byID))
+	for _, e := range g.byID {
+		left = append(left, e)
+	}
+	return left
+}
+
+// Close seals g, disarms every deadline and waits for ends in progress.
+func (g *Grants[E]) Close() {
+	g.Seal()
+	g.reaper.Close()
+}
+
+// Untimed serves driver.Queuer's Acquire with a driver's AcquireTimed
+// (driver.TimedQueuer), dropping the confirmation time.
+func Untimed(ctx context.Context, acquireTimed func(ctx context.Context, key, owner string, ttl time.Duration) (uint64, time.Time, error), key, owner string, ttl time.Duration) (uint64, error) {
+	fence, _, err := acquireTimed(ctx, key, owner, ttl)
+	return fence, err
+}
+
+// RetryPause is how long WaitTurn pauses after a transient failure before
+// it looks at the queue again.
+const RetryPause = 100 * time.Millisecond
+
+// Pause waits d or until ctx ends; it reports whether d passed.
+func Pause(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// WaitTurn is the predecessor wait of a queued acquisition. step looks at
+// the queue once: it reports true when the caller's key is the oldest (the
+// grant), or else waits for the key just ahead of it to go (or for
+// anything that makes another look worthwhile) and reports false. An error
+// for which retry reports true (the store did not answer, a watch broke)
+// is followed by RetryPause and another look; any other error ends the
+// wait. Once ctx ends WaitTurn returns context.Cause(ctx) unless step
+// reported the grant.
+func WaitTurn(ctx context.Context, step func(context.Context) (bool, error), retry func(error) bool) error {
+	for {
+		granted, err := step(ctx)
+		switch {
+		case err == nil && granted:
+			return nil
+		case ctx.Err() != nil:
+			return context.Cause(ctx)
+		case err == nil:
+		case !retry(err):
+			return err
+		case !Pause(ctx, RetryPause):
+			return context.Cause(ctx)
+		}
+	}
+}
+
+// LossWatchDelay is how long after a grant its loss watch starts. Short
+// holds end before the watch would start, which costs the authority
+// nothing; the first look still sees a loss that happened meanwhile.
+const LossWatchDelay = 100 * time.Millisecond
+
+// WatchLoss implements the loop of driver.LossWatcher. After
+// LossWatchDelay it calls look until ctx ends: look returns a non-nil
+// error (wrapping driver.ErrLost) once it knows the grant is lost, which
+// is delivered unless ctx ended meanwhile; otherwise it returns how long
+// to pause before the next look (zero for none) and a nil error. The returned channel is
+// closed when the loop ends.
+func WatchLoss(ctx context.Context, look func(context.Context) (pause time.Duration, lost error)) <-chan error {
+	out := make(chan error, 1)
+	go func() {
+		defer close(out)
+		if !Pause(ctx, LossWatchDelay) {
+			return
+		}
+		for ctx.Err() == nil {
+			pause, lost := look(ctx)
+			if lost != nil {
+				if ctx.Err() == nil {
+					out <- lost
+				}
+				return
+			}
+			if pause > 0 && !Pause(ctx, pause) {
+				return
+			}
+		}
+	}()
+	return out
+}
+
+// Guarantees returns the guarantees of a session-lock backend: a strict
+// fence the consensus log orders, expiry on the leader's monotonic clock
+// (safe from clock steps), waiters woken by a watch on their predecessor
+// and served in arrival order. note says where the fence comes from and
+// how the session covers a grant.
+func Guarantees(note string) driver.Guarantees {
+	return driver.Guarantees{
+		Fence:         driver.FenceStrict,
+		ServerClock:   true,
+		ClockStepSafe: true,
+		Notify:        true,
+		FIFO:          true,
+		Note:          note,
+	}
+}
+
+// Endpoints splits a URL host list "host:port[,host:port...]" and checks
+// each part. what names a part in errors ("etcd endpoint", "ZooKeeper
+// server"); errors wrap driver.ErrInvalidURL.
+func Endpoints(hosts, what string) ([]string, error) {
+	var out []string
+	for _, hp := range strings.Split(hosts, ",") {
+		host, port, err := net.SplitHostPort(hp)
+		if err != nil || host == "" {
+			return nil, fmt.Errorf("%w: %s %q is not host:port", driver.ErrInvalidURL, what, hp)
+		}
+		if n, err := strconv.Atoi(port); err != nil || n <= 0 || n > 65535 {
+			return nil, fmt.Errorf("%w: %s %q has a bad port", driver.ErrInvalidURL, what, hp)
+		}
+		out = append(out, hp)
+	}
+	return out, nil
+}

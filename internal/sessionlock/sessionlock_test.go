@@ -1,0 +1,186 @@
+package sessionlock
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fenced-dev/fenced/driver"
+)
+
+type testEntry struct{ id ID }
+
+func (e *testEntry) GrantID() ID { return e.id }
+
+func TestGrantsTrackLookupForget(t *testing.T) {
+	var mu sync.Mutex
+	var ended, forgot []*testEntry
+	g := NewGrants(func(e *testEntry) error {
+		mu.Lock()
+		defer mu.Unlock()
+		ended = append(ended, e)
+		return nil
+	}, func(e *testEntry) {
+		mu.Lock()
+		defer mu.Unlock()
+		forgot = append(forgot, e)
+	})
+	defer g.Close()
+	a := &testEntry{ID{"k", "o"}}
+	g.Track(a, time.Hour, time.Now())
+	if got := g.Lookup("k", "o"); got != a {
+		t.Fatalf("Lookup = %v, want %v", got, a)
+	}
+	// A newer entry for the same grant replaces the older; forgetting the
+	// older then leaves the newer in place.
+	b := &testEntry{ID{"k", "o"}}
+	g.Track(b, time.Hour, time.Now())
+	g.Forget(a)
+	if got := g.Lookup("k", "o"); got != b {
+		t.Fatalf("Lookup after forgetting the replaced entry = %v, want %v", got, b)
+	}
+	if _, ok := g.Deadline(a); ok {
+		t.Fatal("the replaced entry's deadline is still armed")
+	}
+	g.Forget(b)
+	if got := g.Lookup("k", "o"); got != nil {
+		t.Fatalf("Lookup after Forget = %v, want nil", got)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(ended) != 0 || len(forgot) != 2 {
+		t.Fatalf("ended %d, forgot %d; want 0 and 2", len(ended), len(forgot))
+	}
+}
+
+func TestGrantsEndAtDeadlineAndRetry(t *testing.T) {
+	ends := make(chan *testEntry, 4)
+	fails := 1
+	var mu sync.Mutex
+	g := NewGrants(func(e *testEntry) error {
+		mu.Lock()
+		defer mu.Unlock()
+		ends <- e
+		if fails > 0 {
+			fails--
+			return errors.New("store down")
+		}
+		return nil
+	}, nil)
+	defer g.Close()
+	e := &testEntry{ID{"k", "o"}}
+	g.Track(e, 10*time.Millisecond, time.Now())
+	for range 2 { // one failure, then the retry a second later
+		select {
+		case got := <-ends:
+			if got != e {
+				t.Fatalf("ended %v, want %v", got, e)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("the entry was not ended at its deadline and retried")
+		}
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for g.Lookup("k", "o") != nil {
+		if time.Now().After(deadline) {
+			t.Fatal("an ended entry is still tracked")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func TestGrantsSealStopsTracking(t *testing.T) {
+	g := NewGrants(func(*testEntry) error { return nil }, nil)
+	defer g.Close()
+	a := &testEntry{ID{"a", "o"}}
+	g.Track(a, time.Hour, time.Now())
+	left := g.Seal()
+	if len(left) != 1 || left[0] != a {
+		t.Fatalf("Seal = %v, want [%v]", left, a)
+	}
+	g.Track(&testEntry{ID{"b", "o"}}, time.Hour, time.Now())
+	if g.Lookup("b", "o") != nil {
+		t.Fatal("Track recorded an entry after Seal")
+	}
+}
+
+func TestWaitTurn(t *testing.T) {
+	transient := errors.New("transient")
+	final := errors.New("final")
+	retry := func(err error) bool { return errors.Is(err, transient) }
+
+	t.Run("granted after waits and transient failures", func(t *testing.T) {
+		steps := []error{nil, transient, nil}
+		n := 0
+		err := WaitTurn(context.Background(), func(context.Context) (bool, error) {
+			if n < len(steps) {
+				n++
+				return false, steps[n-1]
+			}
+			return true, nil
+		}, retry)
+		if err != nil || n != len(steps) {
+			t.Fatalf("WaitTurn = %v after %d steps, want nil after %d", err, n, len(steps))
+		}
+	})
+	t.Run("final error ends the wait", func(t *testing.T) {
+		err := WaitTurn(context.Background(), func(context.Context) (bool, error) { return false, final }, retry)
+		if !errors.Is(err, final) {
+			t.Fatalf("WaitTurn = %v, want %v", err, final)
+		}
+	})
+	t.Run("context cause wins over a step error", func(t *testing.T) {
+		cause := errors.New("caller gave up")
+		ctx, cancel := context.WithCancelCause(context.Background())
+		err := WaitTurn(ctx, func(context.Context) (bool, error) {
+			cancel(cause)
+			return false, transient
+		}, retry)
+		if !errors.Is(err, cause) {
+			t.Fatalf("WaitTurn = %v, want the context's cause", err)
+		}
+	})
+}
+
+func TestWatchLoss(t *testing.T) {
+	t.Run("reports the loss", func(t *testing.T) {
+		looks := 0
+		ch := WatchLoss(context.Background(), func(context.Context) (time.Duration, error) {
+			looks++
+			if looks < 3 {
+				return time.Millisecond, nil
+			}
+			return 0, driver.ErrLost
+		})
+		if err := <-ch; !errors.Is(err, driver.ErrLost) {
+			t.Fatalf("got %v, want ErrLost", err)
+		}
+		if _, open := <-ch; open {
+			t.Fatal("channel not closed after the loss")
+		}
+	})
+	t.Run("closes silently when the context ends", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(context.Background())
+		ch := WatchLoss(ctx, func(ctx context.Context) (time.Duration, error) {
+			cancel()
+			return 0, driver.ErrLost // ctx ended first: not delivered
+		})
+		if err, open := <-ch; open {
+			t.Fatalf("got %v after the context ended, want a closed channel", err)
+		}
+	})
+}
+
+func TestEndpoints(t *testing.T) {
+	got, err := Endpoints("a:1,b:2", "server")
+	if err != nil || len(got) != 2 || got[0] != "a:1" || got[1] != "b:2" {
+		t.Fatalf("Endpoints = %v, %v", got, err)
+	}
+	for _, bad := range []string{"a", ":1", "a:0", "a:x", "a:1,", "a:70000"} {
+		if _, err := Endpoints(bad, "server"); !errors.Is(err, driver.ErrInvalidURL) {
+			t.Errorf("Endpoints(%q) = %v, want ErrInvalidURL", bad, err)
+		}
+	}
+}
