@@ -160,19 +160,29 @@ func (s *Server) getLease(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, v)
 }
 
+// keyRequest authorizes r for role and validates the key in its path,
+// writing the refusal itself; ok is false when the request was refused.
+func (s *Server) keyRequest(w http.ResponseWriter, r *http.Request, role role) (name, key string, ok bool) {
+	name, aerr := s.authorize(r, role)
+	if aerr != nil {
+		s.refused(r, aerr)
+		writeError(w, aerr)
+		return "", "", false
+	}
+	key = r.PathValue("key")
+	if err := fenced.ValidateKey(key); err != nil {
+		writeError(w, storeError(err))
+		return "", "", false
+	}
+	return name, key, true
+}
+
 // MaxReasonLen bounds a break's reason, in bytes.
 const MaxReasonLen = 1024
 
 func (s *Server) breakLease(w http.ResponseWriter, r *http.Request) {
-	name, aerr := s.authorize(r, roleAdmin)
-	if aerr != nil {
-		s.refused(r, aerr)
-		writeError(w, aerr)
-		return
-	}
-	key := r.PathValue("key")
-	if err := fenced.ValidateKey(key); err != nil {
-		writeError(w, storeError(err))
+	name, key, ok := s.keyRequest(w, r, roleAdmin)
+	if !ok {
 		return
 	}
 	var body struct {
@@ -247,15 +257,8 @@ type grantView struct {
 const MaxOwnerLen = 64
 
 func (s *Server) acquireLease(w http.ResponseWriter, r *http.Request) {
-	name, aerr := s.authorize(r, roleClient)
-	if aerr != nil {
-		s.refused(r, aerr)
-		writeError(w, aerr)
-		return
-	}
-	key := r.PathValue("key")
-	if err := fenced.ValidateKey(key); err != nil {
-		writeError(w, storeError(err))
+	name, key, ok := s.keyRequest(w, r, roleClient)
+	if !ok {
 		return
 	}
 	var body struct {
@@ -338,15 +341,8 @@ type holderRequest struct {
 // know it (it restarted), for the driver to judge.
 func (s *Server) holder(w http.ResponseWriter, r *http.Request) (string, holderRequest, *fenced.Lease, bool) {
 	var req holderRequest
-	_, aerr := s.authorize(r, roleClient)
-	if aerr != nil {
-		s.refused(r, aerr)
-		writeError(w, aerr)
-		return "", req, nil, false
-	}
-	key := r.PathValue("key")
-	if err := fenced.ValidateKey(key); err != nil {
-		writeError(w, storeError(err))
+	_, key, ok := s.keyRequest(w, r, roleClient)
+	if !ok {
 		return "", req, nil, false
 	}
 	if aerr := s.decode(w, r, &req, false); aerr != nil {
