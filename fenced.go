@@ -21,6 +21,13 @@
 //
 //	client, err := fenced.Open(ctx, "sqlite:///var/lib/app/leases.db")
 //
+// The backends in this module and their schemes: mem (mem:), sqlite
+// (sqlite:), postgres (postgres:, postgresql:), mysql (mysql:), redis
+// (redis:, rediss:), redlock (redlock:), etcd (etcd:), zookeeper (zk:) and
+// dynamodb (dynamodb:). The root package imports none of them; Open on a
+// scheme whose package is not linked in says so and lists the registered
+// ones.
+//
 // Every backend declares its Guarantees (fence strength, whose clock decides
 // expiry, notification, FIFO). A lease is refused on a backend whose fence
 // is weaker than its LeaseOptions.MinFence, strict unless the lease (or the
@@ -50,6 +57,7 @@ import (
 	"context"
 	"fmt"
 	"net/url"
+	"reflect"
 	"sort"
 	"strings"
 	"sync"
@@ -96,22 +104,6 @@ const (
 
 // Opener opens a driver for a store URL. Backends register one per scheme.
 type Opener func(ctx context.Context, u *url.URL) (driver.Driver, error)
-
-// reserved lists the schemes fenced ships backends for, so Open can tell a
-// user which package to import instead of calling the scheme unknown.
-var reserved = map[string]string{
-	"mem":        "github.com/fenced-dev/fenced/mem",
-	"sqlite":     "github.com/fenced-dev/fenced/sqlite",
-	"postgres":   "github.com/fenced-dev/fenced/postgres",
-	"postgresql": "github.com/fenced-dev/fenced/postgres",
-	"mysql":      "github.com/fenced-dev/fenced/mysql",
-	"redis":      "github.com/fenced-dev/fenced/redis",
-	"rediss":     "github.com/fenced-dev/fenced/redis",
-	"redlock":    "github.com/fenced-dev/fenced/redlock",
-	"etcd":       "github.com/fenced-dev/fenced/etcd",
-	"dynamodb":   "github.com/fenced-dev/fenced/dynamodb",
-	"zk":         "github.com/fenced-dev/fenced/zookeeper",
-}
 
 // URLMux maps URL schemes to the backends that open them, like gocloud's
 // URLMux. The zero value is an empty mux, ready to use; it is safe for
@@ -189,9 +181,10 @@ func Open(ctx context.Context, rawURL string, opts *Options) (*Client, error) {
 // for its scheme and returns a Client over it. opts may be nil.
 //
 // Malformed URLs and unknown schemes return errors matching ErrInvalidURL;
-// a scheme fenced ships a backend for, whose package was not imported, says
-// which package to import; another unknown scheme's error lists the
-// registered ones. The password in a URL never appears in errors.
+// an unknown scheme's error lists the registered ones and reminds the
+// caller to import the backend's package (the root package knows no
+// backend by name, like database/sql). The password in a URL never
+// appears in errors.
 func (m *URLMux) Open(ctx context.Context, rawURL string, opts *Options) (*Client, error) {
 	u, err := ParseURL(rawURL)
 	if err != nil {
@@ -199,16 +192,29 @@ func (m *URLMux) Open(ctx context.Context, rawURL string, opts *Options) (*Clien
 	}
 	opener := m.opener(u.Scheme)
 	if opener == nil {
-		if pkg, ok := reserved[u.Scheme]; ok {
-			return nil, fmt.Errorf("fenced: open %s: %w: backend for scheme %q is not linked in; import _ %q", Redact(rawURL), ErrInvalidURL, u.Scheme, pkg)
-		}
-		return nil, fmt.Errorf("fenced: open %s: %w: unknown scheme %q (registered: %s)", Redact(rawURL), ErrInvalidURL, u.Scheme, strings.Join(m.Schemes(), ", "))
+		return nil, fmt.Errorf("fenced: open %s: %w: unknown scheme %q: no backend registered for it (registered: %s); "+
+			"import the package that registers it for its side effect (fenced's own backends are packages under %s/, "+
+			"listed with their schemes in the package documentation)",
+			Redact(rawURL), ErrInvalidURL, u.Scheme, registeredSchemes(m), modulePath)
 	}
 	drv, err := opener(ctx, u)
 	if err != nil {
 		return nil, fmt.Errorf("fenced: open %s: %w", Redact(rawURL), err)
 	}
 	return NewClient(drv, opts), nil
+}
+
+// modulePath is this package's import path, which fenced's own backend
+// packages sit under; it is read from a type rather than written out, so
+// the root names no backend.
+var modulePath = reflect.TypeOf(URLMux{}).PkgPath()
+
+// registeredSchemes lists m's schemes for an error message.
+func registeredSchemes(m *URLMux) string {
+	if s := m.Schemes(); len(s) > 0 {
+		return strings.Join(s, ", ")
+	}
+	return "none"
 }
 
 // ParseURL parses a store URL and checks that it has a scheme. Scheme names
