@@ -185,20 +185,20 @@ type RenewReply struct {
 	Err error
 }
 
-// RenewAll renews every grant of reqs on c in one pipeline of Renew
+// RenewAll renews every grant of grants (each for its TTL) on c in one pipeline of Renew
 // scripts: one round trip (on Cluster, one per node involved). If the
 // server does not know the script (NOSCRIPT) it loads it and sends the
 // pipeline again (renewing twice is harmless). It fails as a whole, with
 // the error classified (see Classify), when the script cannot be loaded or
 // the connection fails: then each renewal may or may not have been
 // applied.
-func RenewAll(ctx context.Context, c redis.UniversalClient, l Layout, reqs []driver.RenewRequest) ([]RenewReply, error) {
+func RenewAll(ctx context.Context, c redis.UniversalClient, l Layout, grants []driver.Grant) ([]RenewReply, error) {
 	run := func() []*redis.Cmd {
 		pipe := c.Pipeline()
-		cmds := make([]*redis.Cmd, len(reqs))
-		for i, r := range reqs {
-			k := l.Keys(r.Grant.Key)
-			cmds[i] = Renew.EvalSha(ctx, pipe, []string{k.Lock}, Value(r.Grant.Fence, r.Grant.Owner), Millis(r.TTL))
+		cmds := make([]*redis.Cmd, len(grants))
+		for i, g := range grants {
+			k := l.Keys(g.Key)
+			cmds[i] = Renew.EvalSha(ctx, pipe, []string{k.Lock}, Value(g.Fence, g.Owner), Millis(g.TTL))
 		}
 		_, _ = pipe.Exec(ctx) // each command carries its own error
 		return cmds
