@@ -328,23 +328,18 @@ type Notifier interface {
 	Subscribe(ctx context.Context, key string) (Subscription, error)
 }
 
-// Queuer is implemented by drivers whose authority keeps a native FIFO wait
-// queue (etcd and ZooKeeper recipes). Acquire blocks until owner is granted
-// key or ctx is done; on ctx end it must leave nothing queued behind.
-type Queuer interface {
-	Acquire(ctx context.Context, key, owner string, ttl time.Duration) (fence uint64, err error)
-}
-
-// TimedQueuer is implemented by Queuers whose wait can outlast the TTL.
-// AcquireTimed is Acquire that also returns when the request that
-// confirmed the grant (the one that found owner first in the queue with its
-// session alive) was sent, on the local monotonic clock. The grant's
-// validity is measured from that moment instead of from the start of the
-// wait, so the driver must have made sure that the authority keeps the
-// grant for ttl from then (for example by a session keep-alive sent no
-// earlier).
+// TimedQueuer is implemented by drivers whose authority keeps a native
+// FIFO wait queue (etcd and ZooKeeper recipes); the portable layer then
+// waits in that queue instead of polling. AcquireTimed blocks until owner
+// is granted key or ctx is done; on ctx end it must leave nothing queued
+// behind. Since a wait can outlast the TTL, it also returns when the
+// request that confirmed the grant (the one that found owner first in the
+// queue with its session alive) was sent, on the local monotonic clock.
+// The grant's validity is measured from that moment instead of from the
+// start of the wait, so the driver must have made sure that the authority
+// keeps the grant for ttl from then (for example by a session keep-alive
+// sent no earlier).
 type TimedQueuer interface {
-	Queuer
 	AcquireTimed(ctx context.Context, key, owner string, ttl time.Duration) (fence uint64, confirmed time.Time, err error)
 }
 

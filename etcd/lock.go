@@ -129,11 +129,6 @@ func (d *Driver) confirm(ctx context.Context, e *entry, ttl time.Duration, start
 	return d.grant(e, ttl, start), nil
 }
 
-// Acquire implements driver.Queuer; see AcquireTimed.
-func (d *Driver) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
-	return sessionlock.Untimed(ctx, d.AcquireTimed, key, owner, ttl)
-}
-
 // AcquireTimed implements driver.TimedQueuer with etcd's recipe: put a
 // waiter key, then wait for the deletion of the key created just before it,
 // until none is left. The session is kept alive while waiting, and each

@@ -804,9 +804,9 @@ func (s *suite) testNotify(t *testing.T) {
 		skipUndeclared(t, "Notify (Guarantees.Notify)", "waiters poll with backoff")
 	}
 	_, notifier := d.(driver.Notifier)
-	_, queuer := d.(driver.Queuer)
+	_, queuer := d.(driver.TimedQueuer)
 	if !notifier && !queuer {
-		t.Fatalf("%T declares Notify but implements neither driver.Notifier nor driver.Queuer", d)
+		t.Fatalf("%T declares Notify but implements neither driver.Notifier nor driver.TimedQueuer", d)
 	}
 	ctx := ctxT(t)
 	a := s.client(t, nil)
