@@ -50,6 +50,9 @@ func TestConformance(t *testing.T) {
 			"etcd://127.0.0.1:2379/?unknown=1",
 			"etcd://127.0.0.1:2379/?dial_timeout=-1s",
 			"etcd://127.0.0.1:2379/?prefix=",
+			"etcd://127.0.0.1:2379/?prefix=a;b",
+			"etcd://127.0.0.1:2379/?prefix=a&prefix=b",
+			"etcd://127.0.0.1:2379/?dial_timeout=%zz",
 		},
 	})
 }

@@ -85,13 +85,7 @@ var errSessionGone = errors.New("etcd session (lease) expired or revoked")
 // about one keep-alive per second per session, however many grants it
 // makes, at the price of a crashed holder blocking others one second
 // longer.
-func sessionSeconds(ttl time.Duration) int64 { return ttlSeconds(ttl) + 1 }
-
-// ttlSeconds rounds ttl up to whole seconds.
-func ttlSeconds(ttl time.Duration) int64 {
-	s := int64((ttl + time.Second - 1) / time.Second)
-	return max(s, 1)
-}
+func sessionSeconds(ttl time.Duration) int64 { return driver.TTLUnits(ttl, time.Second) + 1 }
 
 // reserve returns a live session of ttl with no key under name and marks
 // name as used on it, granting a new etcd lease when none fits.

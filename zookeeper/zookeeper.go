@@ -134,6 +134,7 @@ import (
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/keyname"
 	"github.com/fenced-dev/fenced/internal/sessionlock"
+	"github.com/fenced-dev/fenced/internal/urlquery"
 )
 
 // DefaultRoot is the parent of lock paths when the URL or Options give none.
@@ -185,24 +186,23 @@ func openURL(ctx context.Context, u *url.URL) (driver.Driver, error) {
 	if err := validRoot(root); err != nil {
 		return nil, err
 	}
-	dialTimeout := 10 * time.Second
-	var tick time.Duration
-	for k, vs := range u.Query() {
-		v := vs[len(vs)-1]
-		switch k {
-		case "dial_timeout", "tick_time":
-			dur, err := time.ParseDuration(v)
-			if err != nil || dur <= 0 {
-				return nil, fmt.Errorf("%w: ZooKeeper URL option %s=%q is not a positive duration", driver.ErrInvalidURL, k, v)
-			}
-			if k == "dial_timeout" {
-				dialTimeout = dur
-			} else {
-				tick = dur
-			}
-		default:
-			return nil, fmt.Errorf("%w: unknown ZooKeeper URL option %q (known: dial_timeout, tick_time)", driver.ErrInvalidURL, k)
-		}
+	q, err := urlquery.Parse(u.RawQuery)
+	if err != nil {
+		return nil, fmt.Errorf("ZooKeeper URL: %w", err)
+	}
+	dialTimeout, ok, err := q.TakeDuration("dial_timeout")
+	if err != nil {
+		return nil, fmt.Errorf("ZooKeeper URL: %w", err)
+	}
+	if !ok {
+		dialTimeout = 10 * time.Second
+	}
+	tick, _, err := q.TakeDuration("tick_time")
+	if err != nil {
+		return nil, fmt.Errorf("ZooKeeper URL: %w", err)
+	}
+	if err := q.NoRest("dial_timeout", "tick_time"); err != nil {
+		return nil, fmt.Errorf("ZooKeeper URL: %w", err)
 	}
 	d := newDriver(root, nil)
 	d.servers, d.dialTimeout = servers, dialTimeout

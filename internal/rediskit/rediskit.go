@@ -344,8 +344,10 @@ func Ping(ctx context.Context, c redis.UniversalClient, addr string, timeout tim
 	return nil
 }
 
-// Millis converts a duration to whole milliseconds, at least 1.
-func Millis(d time.Duration) int64 { return max(1, d.Milliseconds()) }
+// Millis converts a TTL to the whole milliseconds Redis counts in (PX,
+// PEXPIRE) by the one TTL rounding rule (driver.TTLUnits): rounded up, so
+// a grant never ends before the holder's local validity.
+func Millis(ttl time.Duration) int64 { return driver.TTLUnits(ttl, time.Millisecond) }
 
 // PTTL converts a PTTL reply to a duration (zero for none or unknown).
 func PTTL(ms int64) time.Duration {
