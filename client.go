@@ -497,9 +497,17 @@ func (c *Client) Inspect(ctx context.Context, key string) (LeaseInfo, error) {
 	}
 	info, err := c.drv.Inspect(ctx, key)
 	if err != nil {
-		return info, fmt.Errorf("fenced: inspect %q: %w", key, err)
+		return shortOwner(info), fmt.Errorf("fenced: inspect %q: %w", key, err)
 	}
-	return info, nil
+	return shortOwner(info), nil
+}
+
+// shortOwner makes sure that no owner token leaves the admin API whole,
+// whatever the driver reported: drivers shorten owners already
+// (LeaseInfo.SetOwner), and ShortOwner leaves a shortened owner as it is.
+func shortOwner(info LeaseInfo) LeaseInfo {
+	info.Owner = driver.ShortOwner(info.Owner)
+	return info
 }
 
 // List returns the held leases whose keys start with prefix ("" for all),
@@ -508,6 +516,9 @@ func (c *Client) List(ctx context.Context, prefix string) ([]LeaseInfo, error) {
 	infos, err := c.drv.List(ctx, prefix)
 	if err != nil {
 		return nil, fmt.Errorf("fenced: list %q: %w", prefix, err)
+	}
+	for i := range infos {
+		infos[i] = shortOwner(infos[i])
 	}
 	return infos, nil
 }
@@ -526,9 +537,9 @@ func (c *Client) Break(ctx context.Context, key, reason, by string) (LeaseInfo, 
 	}
 	info, err := c.drv.Break(ctx, key, driver.BreakRequest{Reason: reason, By: by})
 	if err != nil {
-		return info, fmt.Errorf("fenced: break %q: %w", key, err)
+		return shortOwner(info), fmt.Errorf("fenced: break %q: %w", key, err)
 	}
-	return info, nil
+	return shortOwner(info), nil
 }
 
 // Breaks returns the recorded breaks of key ("" for every key), oldest
@@ -541,6 +552,9 @@ func (c *Client) Breaks(ctx context.Context, key string) ([]BreakRecord, error) 
 	recs, err := bl.Breaks(ctx, key)
 	if err != nil {
 		return nil, fmt.Errorf("fenced: breaks %q: %w", key, err)
+	}
+	for i := range recs {
+		recs[i].Owner = driver.ShortOwner(recs[i].Owner)
 	}
 	return recs, nil
 }

@@ -147,6 +147,9 @@ func (d *Driver) Renew(ctx context.Context, g driver.Grant) error {
 	if err := d.checkOpen(); err != nil {
 		return err
 	}
+	if err := g.CheckTTL(); err != nil {
+		return err
+	}
 	if g.Owner == "" {
 		return leasetable.NotHeld(g)
 	}

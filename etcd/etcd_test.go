@@ -67,3 +67,28 @@ func TestUnreachable(t *testing.T) {
 		t.Fatalf("Open(%s) = %v, want ErrUnavailable saying it cannot reach etcd", url, err)
 	}
 }
+
+// TestRenewLongerThanSession checks that a renewal asking for more than
+// the session its grant rides on is refused rather than reported done: a
+// keep-alive extends the session by its own TTL only, so the grant would
+// end before the TTL the caller counts on.
+func TestRenewLongerThanSession(t *testing.T) {
+	ctx := context.Background()
+	d, err := etcd.New(newClient(t, testenv.StartEtcd(t)), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	g := driver.Grant{Key: "k", Owner: "owner-renewing-longer", TTL: 2 * time.Second}
+	if g.Fence, err = d.TryAcquire(ctx, g.Key, g.Owner, g.TTL); err != nil {
+		t.Fatal(err)
+	}
+	longer := g
+	longer.TTL = time.Minute
+	if err := d.Renew(ctx, longer); !errors.Is(err, driver.ErrInvalidTTL) {
+		t.Fatalf("renewal for %v of a grant made for %v: %v, want ErrInvalidTTL", longer.TTL, g.TTL, err)
+	}
+	if err := d.Renew(ctx, g); err != nil {
+		t.Fatalf("renewal for the grant's own TTL: %v", err)
+	}
+}

@@ -169,6 +169,9 @@ func (d *Driver) Renew(ctx context.Context, g driver.Grant) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	if err := g.CheckTTL(); err != nil {
+		return err
+	}
 	s, err := d.lock()
 	if err != nil {
 		return err

@@ -387,6 +387,9 @@ func (d *Driver) grantEntry(op string, g driver.Grant) (*entry, error) {
 // session. The session itself is kept alive by the connection; g.TTL must
 // not exceed the longest TTL the session covers.
 func (d *Driver) Renew(ctx context.Context, g driver.Grant) error {
+	if err := g.CheckTTL(); err != nil {
+		return err
+	}
 	ttl := g.TTL
 	start := time.Now()
 	e, err := d.grantEntry("renew", g)

@@ -560,9 +560,19 @@ func newUUID() string {
 	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
 }
 
+// classify is ZooKeeper's driver.Classifier: an expired session or no
+// server to talk to applied nothing; any other failure may have come
+// after the request was sent.
+func classify(err error) error {
+	if errors.Is(err, zk.ErrSessionExpired) || errors.Is(err, zk.ErrNoServer) {
+		return driver.ErrUnavailable
+	}
+	return driver.ErrUnknownOutcome
+}
+
 // readErr classifies a ZooKeeper error of a request that changes nothing.
 func readErr(op string, err error) error {
-	return fmt.Errorf("zookeeper: %s: %w: %w", op, driver.ErrUnavailable, err)
+	return fmt.Errorf("zookeeper: %s: %w", op, driver.Classify(err, false, classify))
 }
 
 // transient reports whether err is a connection loss that the client
@@ -573,8 +583,5 @@ func transient(err error) bool {
 
 // writeErr classifies the error of a request that may have been applied.
 func writeErr(op string, err error) error {
-	if errors.Is(err, zk.ErrSessionExpired) || errors.Is(err, zk.ErrNoServer) {
-		return fmt.Errorf("zookeeper: %s: %w: %v", op, driver.ErrUnavailable, err)
-	}
-	return fmt.Errorf("zookeeper: %s: %w: %v", op, driver.ErrUnknownOutcome, err)
+	return fmt.Errorf("zookeeper: %s: %w", op, driver.Classify(err, true, classify))
 }
