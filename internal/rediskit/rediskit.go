@@ -185,42 +185,140 @@ type RenewReply struct {
 	Err error
 }
 
-// RenewAll renews every grant of reqs on c in one pipeline of Renew
-// scripts: one round trip (on Cluster, one per node involved). If the
-// server does not know the script (NOSCRIPT) it loads it and sends the
-// pipeline again (renewing twice is harmless). It fails as a whole, with
-// the error classified (see Classify), when the script cannot be loaded or
-// the connection fails: then each renewal may or may not have been
-// applied.
+// RenewChunk is how many grants one call of the RenewMany script renews.
+// A script blocks the server while it runs: at about a microsecond per
+// grant, a chunk holds other clients up for well under a millisecond, and
+// a period's renewal of M leases costs M/RenewChunk script calls.
+const RenewChunk = 256
+
+// RenewAll renews every grant of reqs on c in one pipeline of RenewMany
+// scripts, RenewChunk grants per script: one round trip (on Cluster, one
+// per node involved, the grants grouped by hash slot, since a script may
+// only touch keys of one slot). If the server does not know the script
+// (NOSCRIPT) it loads it and sends the pipeline again (renewing twice is
+// harmless). It fails as a whole, with the error classified (see
+// Classify), when the script cannot be loaded or the connection fails:
+// then each renewal may or may not have been applied. A server error that
+// refuses one script call (LOADING, BUSY, OOM, a key of another type) is
+// the Err of each of that call's grants: their outcome is unknown, never
+// a refusal.
 func RenewAll(ctx context.Context, c redis.UniversalClient, l Layout, reqs []driver.RenewRequest) ([]RenewReply, error) {
+	chunks := renewChunks(c, l, reqs)
 	run := func() []*redis.Cmd {
 		pipe := c.Pipeline()
-		cmds := make([]*redis.Cmd, len(reqs))
-		for i, r := range reqs {
-			k := l.Keys(r.Grant.Key)
-			cmds[i] = Renew.EvalSha(ctx, pipe, []string{k.Lock}, Value(r.Grant.Fence, r.Grant.Owner), Millis(r.TTL))
+		cmds := make([]*redis.Cmd, len(chunks))
+		for i, ch := range chunks {
+			cmds[i] = RenewMany.EvalSha(ctx, pipe, ch.keys, ch.args...)
 		}
 		_, _ = pipe.Exec(ctx) // each command carries its own error
 		return cmds
 	}
 	cmds := run()
-	if len(cmds) > 0 && redis.HasErrorPrefix(cmds[0].Err(), "NOSCRIPT") {
-		if err := Renew.Load(ctx, c).Err(); err != nil {
-			return nil, Classify(err, false)
+	for _, cmd := range cmds {
+		if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+			if err := RenewMany.Load(ctx, c).Err(); err != nil {
+				return nil, Classify(err, false)
+			}
+			cmds = run()
+			break
 		}
-		cmds = run()
 	}
-	out := make([]RenewReply, len(cmds))
+	out := make([]RenewReply, len(reqs))
 	for i, cmd := range cmds {
-		n, err := cmd.Int64()
+		ch := chunks[i]
+		res, err := cmd.Slice()
 		var rerr redis.Error
 		if err != nil && !errors.As(err, &rerr) {
 			// The connection failed: the whole batch's outcome is unknown.
 			return nil, Classify(err, true)
 		}
-		out[i] = RenewReply{Renewed: err == nil && n == 1, Err: err}
+		if err == nil && len(res) != len(ch.index) {
+			err = fmt.Errorf("renew script returned %d results for %d grants", len(res), len(ch.index))
+		}
+		for j, at := range ch.index {
+			if err != nil {
+				out[at] = RenewReply{Err: err}
+				continue
+			}
+			switch v := res[j].(type) {
+			case int64:
+				out[at] = RenewReply{Renewed: v == 1}
+			case string:
+				// GET's error on this key alone (WRONGTYPE).
+				out[at] = RenewReply{Err: serverError(v)}
+			default:
+				out[at] = RenewReply{Err: fmt.Errorf("renew script: unexpected result %v", v)}
+			}
+		}
 	}
 	return out, nil
+}
+
+// serverError is an error the server reported inside a script's result
+// (as a string, since a script cannot return an error for one element).
+// It is a redis.Error, as the same error in a reply of its own would be.
+type serverError string
+
+func (e serverError) Error() string { return string(e) }
+
+// RedisError marks serverError as a server reply (redis.Error).
+func (e serverError) RedisError() {}
+
+// renewChunk is one call of RenewMany: its keys and arguments, and the
+// positions in the batch of the grants it renews.
+type renewChunk struct {
+	keys  []string
+	args  []any
+	index []int
+}
+
+// renewChunks splits reqs into script calls of at most RenewChunk grants;
+// on a Cluster client each call's keys share one hash slot.
+func renewChunks(c redis.UniversalClient, l Layout, reqs []driver.RenewRequest) []renewChunk {
+	_, cluster := c.(*redis.ClusterClient)
+	var chunks []renewChunk
+	open := map[uint16]int{} // slot → index of its chunk with room left
+	for i, r := range reqs {
+		lock := l.Keys(r.Grant.Key).Lock
+		var slot uint16
+		if cluster {
+			slot = HashSlot(lock)
+		}
+		at, ok := open[slot]
+		if !ok || len(chunks[at].index) == RenewChunk {
+			chunks = append(chunks, renewChunk{})
+			at = len(chunks) - 1
+			open[slot] = at
+		}
+		ch := &chunks[at]
+		ch.keys = append(ch.keys, lock)
+		ch.args = append(ch.args, Value(r.Grant.Fence, r.Grant.Owner), Millis(r.TTL))
+		ch.index = append(ch.index, i)
+	}
+	return chunks
+}
+
+// HashSlot is the Redis Cluster hash slot of key: CRC16 (XMODEM) of its
+// hash tag (the text between the first '{' and the next '}', when not
+// empty) or of the whole key, modulo 16384.
+func HashSlot(key string) uint16 {
+	if i := strings.IndexByte(key, '{'); i >= 0 {
+		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
+			key = key[i+1 : i+1+j]
+		}
+	}
+	var crc uint16
+	for k := 0; k < len(key); k++ {
+		crc ^= uint16(key[k]) << 8
+		for b := 0; b < 8; b++ {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return crc % 16384
 }
 
 // The scripts shared by both backends. KEYS and ARGV are documented above
@@ -234,6 +332,25 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return 0`)
+
+	// RenewMany renews many grants at once: KEYS[i] lock i; ARGV[2i-1]
+	// its value, ARGV[2i] its ttl ms. Returns one result per key: 1 if
+	// the value matched and the expiry was reset, 0 if not, or the
+	// server's error message for that key alone (a key of another type),
+	// which leaves that key untouched and the others renewed.
+	RenewMany = redis.NewScript(`
+local out = {}
+for i, k in ipairs(KEYS) do
+  local v = redis.pcall('GET', k)
+  if type(v) == 'table' and v.err then
+    out[i] = v.err
+  elseif v == ARGV[2*i-1] then
+    out[i] = redis.call('PEXPIRE', k, ARGV[2*i])
+  else
+    out[i] = 0
+  end
+end
+return out`)
 
 	// Release: KEYS[1] lock; ARGV[1] value, ARGV[2] channel. Deletes the
 	// lock if the value matches and wakes waiters. Returns 1 or 0.
