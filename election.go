@@ -311,7 +311,7 @@ func (l *Leadership) publish(ctx context.Context, value string) error {
 		return fmt.Errorf("fenced: proclaim %q: %w", l.e.name, err)
 	}
 	v := l.e.c.drv.(driver.Valuer)
-	if err := v.SetValue(ctx, driver.Grant{Key: l.lease.Key(), Owner: l.lease.Owner(), Fence: l.lease.Fence()}, value); err != nil {
+	if err := v.SetValue(ctx, l.lease.grant(), value); err != nil {
 		if errors.Is(err, ErrNotHeld) {
 			l.lease.lose(fmt.Errorf("%w: the store refused the proclamation: %v", ErrLost, err))
 		}

@@ -179,11 +179,11 @@ func (r *renewer) renewBatch(batch []*Lease) {
 	defer cancel()
 	sent := r.c.clock.Now()
 	if br, ok := r.c.drv.(driver.BatchRenewer); ok && len(batch) > 1 {
-		reqs := make([]driver.RenewRequest, len(batch))
+		grants := make([]driver.Grant, len(batch))
 		for i, l := range batch {
-			reqs[i] = driver.RenewRequest{Grant: l.grant(), TTL: l.spec.TTL}
+			grants[i] = l.grant()
 		}
-		errs, err := br.RenewBatch(ctx, reqs)
+		errs, err := br.RenewBatch(ctx, grants)
 		for i, l := range batch {
 			e := err
 			if e == nil {
@@ -198,7 +198,7 @@ func (r *renewer) renewBatch(batch []*Lease) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			l.applyRenew(sent, r.c.drv.Renew(ctx, l.grant(), l.spec.TTL))
+			l.applyRenew(sent, r.c.drv.Renew(ctx, l.grant()))
 		}()
 	}
 	wg.Wait()

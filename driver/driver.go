@@ -114,11 +114,17 @@ func (e *HeldError) Error() string {
 func (e *HeldError) Is(target error) bool { return target == ErrHeld }
 
 // Grant identifies one grant of a key: the key, the owner token that proves
-// ownership and the fence issued with it.
+// ownership and the fence issued with it, and the TTL it was granted for.
 type Grant struct {
 	Key   string
 	Owner string
 	Fence uint64
+	// TTL is how long the authority keeps the grant without renewal: the
+	// TTL it was granted with, which every renewal grants again (Renew,
+	// RenewBatch). The portable layer sets it from the lease's terms. It
+	// plays no part in identifying the grant: a driver matches key, owner
+	// and fence only.
+	TTL time.Duration
 }
 
 // String describes g without revealing the whole owner token.
@@ -280,9 +286,12 @@ type Driver interface {
 	// extends the grant. Otherwise it returns an error matching ErrHeld
 	// (preferably a *HeldError) and changes nothing.
 	TryAcquire(ctx context.Context, key, owner string, ttl time.Duration) (fence uint64, err error)
-	// Renew extends g by ttl from now (authority's clock). It returns an
+	// Renew extends g by g.TTL from now (authority's clock). It returns an
 	// error matching ErrNotHeld if g is not the current unexpired grant.
-	Renew(ctx context.Context, g Grant, ttl time.Duration) error
+	// g.TTL is the TTL the grant was made with; a backend whose grants
+	// ride on sessions of a fixed TTL (etcd leases, ZooKeeper sessions)
+	// renews the session.
+	Renew(ctx context.Context, g Grant) error
 	// Release ends g, keeping the key's fence counter. It returns an error
 	// matching ErrNotHeld if g is not the current grant; it never removes
 	// another owner's grant.
@@ -367,18 +376,13 @@ type TermsAcquirer interface {
 	TryAcquireTerms(ctx context.Context, key, owner string, t Terms) (fence uint64, err error)
 }
 
-// RenewRequest is one element of a batched renewal.
-type RenewRequest struct {
-	Grant Grant
-	TTL   time.Duration
-}
-
 // BatchRenewer is implemented by drivers that renew many grants in one
-// round trip. RenewBatch returns one error per request, in order (nil for
-// renewed, ErrNotHeld for not held); a non-nil second result means the whole
-// batch failed and errs is nil.
+// round trip. RenewBatch renews each grant as Renew does (for its own TTL)
+// and returns one error per grant, in order (nil for renewed, ErrNotHeld
+// for not held); a non-nil second result means the whole batch failed and
+// errs is nil.
 type BatchRenewer interface {
-	RenewBatch(ctx context.Context, reqs []RenewRequest) (errs []error, err error)
+	RenewBatch(ctx context.Context, grants []Grant) (errs []error, err error)
 }
 
 // LossWatcher is implemented by drivers that learn of a lost grant without

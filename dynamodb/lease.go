@@ -145,7 +145,7 @@ func (d *Driver) reconfirm(ctx context.Context, key, owner string, fence uint64,
 // fence, which raises the version (so waiters watching the grant start
 // their watch again) and sets the TTL. A grant nobody has taken over is
 // still current, so it can be renewed even after its TTL has run out.
-func (d *Driver) Renew(ctx context.Context, g driver.Grant, ttl time.Duration) error {
+func (d *Driver) Renew(ctx context.Context, g driver.Grant) error {
 	if err := d.checkOpen(); err != nil {
 		return err
 	}
@@ -153,7 +153,7 @@ func (d *Driver) Renew(ctx context.Context, g driver.Grant, ttl time.Duration) e
 		return leasetable.NotHeld(g)
 	}
 	_, refused, err := d.updateGrant(ctx, "renew", g.Key, g, "SET #v = #v + :one, #t = :ttl",
-		map[string]types.AttributeValue{":ttl": num(millis(ttl))}, nil)
+		map[string]types.AttributeValue{":ttl": num(millis(g.TTL))}, nil)
 	if err != nil {
 		return err
 	}

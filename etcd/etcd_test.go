@@ -40,7 +40,6 @@ func TestConformance(t *testing.T) {
 			return d
 		},
 		ShortTTL: time.Second,
-		FixedTTL: true,
 		BadURLs: []string{
 			"etcd://",
 			"etcd:opaque",

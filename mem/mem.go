@@ -157,7 +157,7 @@ func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Dur
 }
 
 // Renew implements driver.Driver.
-func (d *Driver) Renew(ctx context.Context, g driver.Grant, ttl time.Duration) error {
+func (d *Driver) Renew(ctx context.Context, g driver.Grant) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -171,7 +171,7 @@ func (d *Driver) Renew(ctx context.Context, g driver.Grant, ttl time.Duration) e
 	if e == nil || !e.heldAt(now) || e.owner != g.Owner || e.fence != g.Fence {
 		return fmt.Errorf("%s fence %d: %w", g.Key, g.Fence, driver.ErrNotHeld)
 	}
-	e.expires = now.Add(ttl)
+	e.expires = now.Add(g.TTL)
 	return nil
 }
 

@@ -92,7 +92,7 @@ func TestRenewBatchAtScale(t *testing.T) {
 					errc <- err
 					return
 				}
-				grants[i] = driver.Grant{Key: k, Owner: o, Fence: f}
+				grants[i] = driver.Grant{Key: k, Owner: o, Fence: f, TTL: ttl}
 			}
 		}()
 	}
@@ -101,10 +101,11 @@ func TestRenewBatchAtScale(t *testing.T) {
 	if err := <-errc; err != nil {
 		t.Fatal(err)
 	}
-	reqs := make([]driver.RenewRequest, n)
+	reqs := make([]driver.Grant, n)
 	others := map[int]uint64{} // fence of the grant that replaced a released one
 	for i, g := range grants {
-		reqs[i] = driver.RenewRequest{Grant: g, TTL: 3 * time.Minute}
+		reqs[i] = g
+		reqs[i].TTL = 3 * time.Minute
 		switch kind(i) {
 		case released, otherOwner:
 			if err := d.Release(ctx, g); err != nil {
@@ -118,7 +119,7 @@ func TestRenewBatchAtScale(t *testing.T) {
 				others[i] = f
 			}
 		case wrongFence:
-			reqs[i].Grant.Fence++
+			reqs[i].Fence++
 		case broken:
 			if _, err := d.Break(ctx, g.Key, driver.BreakRequest{Reason: "test", By: "test"}); err != nil {
 				t.Fatal(err)
@@ -153,7 +154,7 @@ func TestRenewBatchAtScale(t *testing.T) {
 		t.Fatalf("%d results for %d grants", len(errs), n)
 	}
 	for i, e := range errs {
-		g := reqs[i].Grant
+		g := reqs[i]
 		switch kind(i) {
 		case current:
 			if e != nil {
@@ -206,14 +207,14 @@ func TestRenewBatchFailsWhole(t *testing.T) {
 	ctx := testCtx(t)
 	srv := testenv.StartRedis(t, testenv.RedisConfig{NoPersistence: true})
 	d := newDriver(t, srv, nil)
-	var reqs []driver.RenewRequest
+	var reqs []driver.Grant
 	for i := 0; i < 600; i++ {
 		k, o := fmt.Sprintf("whole:%d", i), owner()
 		f, err := d.TryAcquire(ctx, k, o, time.Minute)
 		if err != nil {
 			t.Fatal(err)
 		}
-		reqs = append(reqs, driver.RenewRequest{Grant: driver.Grant{Key: k, Owner: o, Fence: f}, TTL: time.Minute})
+		reqs = append(reqs, driver.Grant{Key: k, Owner: o, Fence: f, TTL: time.Minute})
 	}
 	srv.Kill()
 	errs, err := d.RenewBatch(ctx, reqs)

@@ -315,12 +315,12 @@ func (d *Driver) usable() error {
 }
 
 // Renew implements driver.Driver.
-func (d *Driver) Renew(ctx context.Context, g driver.Grant, ttl time.Duration) error {
+func (d *Driver) Renew(ctx context.Context, g driver.Grant) error {
 	if err := d.usable(); err != nil {
 		return err
 	}
 	k := d.layout.Keys(g.Key)
-	n, err := rediskit.Renew.Run(ctx, d.c, []string{k.Lock}, rediskit.Value(g.Fence, g.Owner), rediskit.Millis(ttl)).Int64()
+	n, err := rediskit.Renew.Run(ctx, d.c, []string{k.Lock}, rediskit.Value(g.Fence, g.Owner), rediskit.Millis(g.TTL)).Int64()
 	if err != nil {
 		return d.scriptErr("renew", g.Key, err, true, k.Lock)
 	}
@@ -332,21 +332,21 @@ func (d *Driver) Renew(ctx context.Context, g driver.Grant, ttl time.Duration) e
 
 // RenewBatch implements driver.BatchRenewer: one pipeline of renew
 // scripts, one round trip (on Cluster, one per node involved).
-func (d *Driver) RenewBatch(ctx context.Context, reqs []driver.RenewRequest) ([]error, error) {
+func (d *Driver) RenewBatch(ctx context.Context, grants []driver.Grant) ([]error, error) {
 	if err := d.usable(); err != nil {
 		return nil, err
 	}
-	replies, err := rediskit.RenewAll(ctx, d.c, d.layout, reqs)
+	replies, err := rediskit.RenewAll(ctx, d.c, d.layout, grants)
 	if err != nil {
-		return nil, fmt.Errorf("redis: renew batch of %d: %w", len(reqs), err)
+		return nil, fmt.Errorf("redis: renew batch of %d: %w", len(grants), err)
 	}
-	errs := make([]error, len(reqs))
+	errs := make([]error, len(grants))
 	for i, r := range replies {
 		switch {
 		case r.Err != nil:
-			errs[i] = d.scriptErr("renew", reqs[i].Grant.Key, r.Err, true)
+			errs[i] = d.scriptErr("renew", grants[i].Key, r.Err, true)
 		case !r.Renewed:
-			errs[i] = fmt.Errorf("redis: renew %v: %w", reqs[i].Grant, driver.ErrNotHeld)
+			errs[i] = fmt.Errorf("redis: renew %v: %w", grants[i], driver.ErrNotHeld)
 		}
 	}
 	return errs, nil

@@ -386,12 +386,13 @@ func (d *Driver) grantEntry(op string, g driver.Grant) (*entry, error) {
 }
 
 // Renew implements driver.Driver: once the session has headroom for
-// another ttl from now (awaitHeadroom), it syncs with the leader and then
+// another g.TTL from now (awaitHeadroom), it syncs with the leader and then
 // (not concurrently: the read must see what the sync made visible) reads
 // g's node, confirming that it still exists and belongs to the live
-// session. The session itself is kept alive by the connection; ttl must
+// session. The session itself is kept alive by the connection; g.TTL must
 // not exceed the longest TTL the session covers.
-func (d *Driver) Renew(ctx context.Context, g driver.Grant, ttl time.Duration) error {
+func (d *Driver) Renew(ctx context.Context, g driver.Grant) error {
+	ttl := g.TTL
 	start := time.Now()
 	e, err := d.grantEntry("renew", g)
 	if err != nil {

@@ -42,7 +42,6 @@ func TestZooKeeper(t *testing.T) {
 				return openDriver(t, ens.URL("/conformance", ""))
 			},
 			ShortTTL: 500 * time.Millisecond,
-			FixedTTL: true,
 			BadURLs: []string{
 				"zk://",
 				"zk:opaque",
@@ -73,7 +72,6 @@ func TestZooKeeper(t *testing.T) {
 				return d
 			},
 			ShortTTL: 500 * time.Millisecond,
-			FixedTTL: true,
 		})
 	})
 	t.Run("Curator", func(t *testing.T) { testCurator(t, ens) })

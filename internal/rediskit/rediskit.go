@@ -191,8 +191,8 @@ type RenewReply struct {
 // a period's renewal of M leases costs M/RenewChunk script calls.
 const RenewChunk = 256
 
-// RenewAll renews every grant of reqs on c in one pipeline of RenewMany
-// scripts, RenewChunk grants per script: one round trip (on Cluster, one
+// RenewAll renews every grant of grants (each for its TTL) on c in one
+// pipeline of RenewMany scripts, RenewChunk grants per script: one round trip (on Cluster, one
 // per node involved, the grants grouped by hash slot, since a script may
 // only touch keys of one slot). If the server does not know the script
 // (NOSCRIPT) it loads it and sends the pipeline again (renewing twice is
@@ -202,8 +202,8 @@ const RenewChunk = 256
 // refuses one script call (LOADING, BUSY, OOM, a key of another type) is
 // the Err of each of that call's grants: their outcome is unknown, never
 // a refusal.
-func RenewAll(ctx context.Context, c redis.UniversalClient, l Layout, reqs []driver.RenewRequest) ([]RenewReply, error) {
-	chunks := renewChunks(c, l, reqs)
+func RenewAll(ctx context.Context, c redis.UniversalClient, l Layout, grants []driver.Grant) ([]RenewReply, error) {
+	chunks := renewChunks(c, l, grants)
 	run := func() []*redis.Cmd {
 		pipe := c.Pipeline()
 		cmds := make([]*redis.Cmd, len(chunks))
@@ -223,7 +223,7 @@ func RenewAll(ctx context.Context, c redis.UniversalClient, l Layout, reqs []dri
 			break
 		}
 	}
-	out := make([]RenewReply, len(reqs))
+	out := make([]RenewReply, len(grants))
 	for i, cmd := range cmds {
 		ch := chunks[i]
 		res, err := cmd.Slice()
@@ -272,14 +272,14 @@ type renewChunk struct {
 	index []int
 }
 
-// renewChunks splits reqs into script calls of at most RenewChunk grants;
+// renewChunks splits grants into script calls of at most RenewChunk grants;
 // on a Cluster client each call's keys share one hash slot.
-func renewChunks(c redis.UniversalClient, l Layout, reqs []driver.RenewRequest) []renewChunk {
+func renewChunks(c redis.UniversalClient, l Layout, grants []driver.Grant) []renewChunk {
 	_, cluster := c.(*redis.ClusterClient)
 	var chunks []renewChunk
 	open := map[uint16]int{} // slot → index of its chunk with room left
-	for i, r := range reqs {
-		lock := l.Keys(r.Grant.Key).Lock
+	for i, g := range grants {
+		lock := l.Keys(g.Key).Lock
 		var slot uint16
 		if cluster {
 			slot = HashSlot(lock)
@@ -292,7 +292,7 @@ func renewChunks(c redis.UniversalClient, l Layout, reqs []driver.RenewRequest) 
 		}
 		ch := &chunks[at]
 		ch.keys = append(ch.keys, lock)
-		ch.args = append(ch.args, Value(r.Grant.Fence, r.Grant.Owner), Millis(r.TTL))
+		ch.args = append(ch.args, Value(g.Fence, g.Owner), Millis(g.TTL))
 		ch.index = append(ch.index, i)
 	}
 	return chunks

@@ -320,14 +320,14 @@ func (e *Engine) TryAcquire(ctx context.Context, key, owner string, ttl time.Dur
 }
 
 // Renew implements driver.Driver in one statement.
-func (e *Engine) Renew(ctx context.Context, g driver.Grant, ttl time.Duration) error {
+func (e *Engine) Renew(ctx context.Context, g driver.Grant) error {
 	if err := e.CheckOpen(); err != nil {
 		return err
 	}
 	if g.Owner == "" {
 		return leasetable.NotHeld(g)
 	}
-	a := Args{Key: g.Key, Owner: g.Owner, Fence: g.Fence, TTL: e.units(ttl)}
+	a := Args{Key: g.Key, Owner: g.Owner, Fence: g.Fence, TTL: e.units(g.TTL)}
 	res, err := e.db.Exec(ctx, e.d.Renew.SQL, e.d.Renew.args(a, g.Key, g.Owner, int64(g.Fence), a.TTL)...)
 	if err != nil {
 		return e.Wrap("renew", g.Key, err)
@@ -344,19 +344,19 @@ func (e *Engine) Renew(ctx context.Context, g driver.Grant, ttl time.Duration) e
 
 // RenewBatch implements driver.BatchRenewer: one round trip per
 // Dialect.MaxBatch grants, and one ErrNotHeld per grant not renewed.
-func (e *Engine) RenewBatch(ctx context.Context, reqs []driver.RenewRequest) ([]error, error) {
+func (e *Engine) RenewBatch(ctx context.Context, grants []driver.Grant) ([]error, error) {
 	if err := e.CheckOpen(); err != nil {
 		return nil, err
 	}
-	errs := make([]error, 0, len(reqs))
-	for len(reqs) > 0 {
-		n := len(reqs)
+	errs := make([]error, 0, len(grants))
+	for len(grants) > 0 {
+		n := len(grants)
 		if e.d.MaxBatch > 0 {
 			n = min(n, e.d.MaxBatch)
 		}
 		chunk := make([]Renewal, n)
-		for i, r := range reqs[:n] {
-			chunk[i] = Renewal{Grant: r.Grant, TTL: e.units(r.TTL)}
+		for i, g := range grants[:n] {
+			chunk[i] = Renewal{Grant: g, TTL: e.units(g.TTL)}
 		}
 		got, err := e.d.RenewBatch(ctx, e.db, chunk)
 		if err != nil {
@@ -364,16 +364,16 @@ func (e *Engine) RenewBatch(ctx context.Context, reqs []driver.RenewRequest) ([]
 		}
 		renewed := make(map[driver.Grant]bool, len(got))
 		for _, g := range got {
-			renewed[g] = true
+			renewed[grantID(g)] = true
 		}
-		for _, r := range reqs[:n] {
+		for _, g := range grants[:n] {
 			var err error
-			if !renewed[r.Grant] || r.Grant.Owner == "" {
-				err = leasetable.NotHeld(r.Grant)
+			if !renewed[grantID(g)] || g.Owner == "" {
+				err = leasetable.NotHeld(g)
 			}
 			errs = append(errs, err)
 		}
-		reqs = reqs[n:]
+		grants = grants[n:]
 	}
 	return errs, nil
 }
@@ -572,4 +572,11 @@ func (e *Engine) Prune(ctx context.Context, olderThan time.Duration) (driver.Pru
 		return res, err
 	}
 	return res, nil
+}
+
+// grantID is g without its TTL, which plays no part in identifying a
+// grant: the grants a dialect's RenewBatch returns carry none.
+func grantID(g driver.Grant) driver.Grant {
+	g.TTL = 0
+	return g
 }
