@@ -29,6 +29,11 @@ type Keys struct {
 	Fence   string // the fence counter, never expires
 	Audit   string // capped stream of breaks
 	Channel string // pub/sub channel published on release and break
+	// Waiters, where the backend uses it (redis), says that a process may
+	// be waiting for the key: a refused try of a process with subscribers
+	// sets it (with an expiry), and a release publishes only when it
+	// deletes it. See the redis package's acquire and release scripts.
+	Waiters string
 }
 
 // Layout maps lease keys to Redis keys under a prefix.
@@ -42,7 +47,7 @@ const (
 // Keys returns the Redis keys for lease key k.
 func (l Layout) Keys(k string) Keys {
 	base := l.Prefix + "{" + k
-	return Keys{Lock: base + lockSuffix, Fence: base + "}:fence", Audit: base + auditSuffix, Channel: base + "}:free"}
+	return Keys{Lock: base + lockSuffix, Fence: base + "}:fence", Audit: base + auditSuffix, Channel: base + "}:free", Waiters: base + "}:waiters"}
 }
 
 // LockPattern is a SCAN MATCH pattern for the lock keys of lease keys
