@@ -255,9 +255,13 @@ const waitersSlack = time.Second
 // changed). Otherwise, or when the SET found the lock, it reads the lock:
 // a foreign value is refused, the same owner's grant is extended, another
 // owner's grant is reported with its PTTL; and when the process has
-// subscribers, the refusal also sets the waiters mark for that PTTL plus
-// the slack, in the same atomic step, so the release that follows (which
-// deletes the mark) publishes. A grant made while the process has other
+// subscribers, the refusal also makes sure, in the same atomic step, that
+// the waiters mark lives for that PTTL plus at least half the slack
+// (setting it for PTTL plus the slack if not), so the release that follows
+// (which deletes the mark) publishes. Only the first refusal of a grant,
+// and the first after a renewal, writes the mark: the others only read
+// its PTTL, so a crowd of refused waiters costs the server no writes (no
+// AOF fsync under appendfsync always). A grant made while the process has other
 // subscribers sets the mark too: the release that woke this waiter
 // consumed the mark its neighbours had set.
 var acquireScript = redis.NewScript(`
@@ -280,9 +284,11 @@ if v then
   end
   local pttl = redis.call('PTTL', KEYS[1])
   if here > 0 then
-    local keep = tonumber(ARGV[2])
+    local keep, slack = tonumber(ARGV[2]), tonumber(ARGV[4])
     if pttl > 0 then keep = pttl end
-    redis.call('SET', KEYS[3], '1', 'PX', keep + tonumber(ARGV[4]))
+    if redis.call('PTTL', KEYS[3]) < keep + slack / 2 then
+      redis.call('SET', KEYS[3], '1', 'PX', keep + slack)
+    end
   end
   return {0, f, pttl}
 end
