@@ -40,6 +40,34 @@ func readServerCalls(b *testing.B, c *redis.Client) serverCalls {
 	return out
 }
 
+// scriptMicros reads the microseconds the server has spent in scripts
+// (INFO commandstats usec of EVALSHA and EVAL): how long scripts kept the
+// single thread from everyone else.
+func scriptMicros(b *testing.B, c *redis.Client) int64 {
+	b.Helper()
+	s, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var us int64
+	for _, line := range strings.Split(s, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || (name != "cmdstat_evalsha" && name != "cmdstat_eval") {
+			continue
+		}
+		for _, field := range strings.Split(rest, ",") {
+			if v, ok := strings.CutPrefix(field, "usec="); ok {
+				n, err := strconv.ParseInt(v, 10, 64)
+				if err != nil {
+					b.Fatalf("commandstats line %q: %v", line, err)
+				}
+				us += n
+			}
+		}
+	}
+	return us
+}
+
 // since returns the calls made between before and s, leaving out the INFO
 // calls that read them.
 func (s serverCalls) since(before serverCalls) serverCalls {

@@ -18,7 +18,9 @@ import (
 // period; it reports what the server ran per period (INFO commandstats):
 // scripts/period (script calls, the requests that reach the single
 // thread) and srvcmds/period (commands those scripts ran), the period's
-// wall time, and lost/period, the grants the batch did not renew (must be
+// wall time, how long the server spent in the scripts (script-ms/period,
+// and µs/script: how long one call keeps the single thread from other
+// clients), and lost/period, the grants the batch did not renew (must be
 // 0). The M grants are taken first with 64 in flight.
 //
 //	cd bench/redis && go test -run '^$' -bench RenewalPeriod -benchtime 5x
@@ -39,6 +41,7 @@ func BenchmarkRenewalPeriod(b *testing.B) {
 				b.Fatal(err)
 			}
 			before := readServerCalls(b, c)
+			busy := scriptMicros(b, c)
 			lost := 0
 			lat := make([]time.Duration, 0, b.N)
 			b.ResetTimer()
@@ -56,8 +59,11 @@ func BenchmarkRenewalPeriod(b *testing.B) {
 				}
 			}
 			b.StopTimer()
+			busy = scriptMicros(b, c) - busy
 			served := readServerCalls(b, c).since(before)
 			served.report(b, b.N, "period")
+			b.ReportMetric(float64(busy)/float64(b.N)/1000, "script-ms/period")
+			b.ReportMetric(float64(busy)/float64(max(served.scripts(), 1)), "µs/script")
 			b.ReportMetric(float64(lost)/float64(b.N), "lost/period")
 			reportPercentiles(b, lat, "period")
 			b.Logf("server, %d periods of %d leases: %v", b.N, m, served)
