@@ -78,7 +78,9 @@
 // woken in arrival order, across processes whoever retries first wins.
 // Breaks are recorded in a capped stream per key (BreakLogger).
 // Renewals of many leases are pipelined into one round trip (BatchRenewer),
-// rediskit.RenewChunk grants per script call (on Cluster, per hash slot).
+// 256 grants per script call (on Cluster, per primary: the script may
+// touch keys of every slot of its node, Redis 7's allow-cross-slot-keys;
+// a grant it could not renew there is tried again per hash slot).
 package redis
 
 import (
@@ -423,7 +425,7 @@ func (d *Driver) Renew(ctx context.Context, g driver.Grant) error {
 
 // RenewBatch implements driver.BatchRenewer: one pipeline of batch renew
 // scripts of rediskit.RenewChunk grants each, one round trip (on Cluster,
-// one per node involved, a script per hash slot). Each grant's result is
+// one per node involved; see rediskit.RenewAll). Each grant's result is
 // nil (renewed), ErrNotHeld (its lock is gone or someone else's), or the
 // server's error for its script call (outcome unknown, never a refusal).
 func (d *Driver) RenewBatch(ctx context.Context, grants []driver.Grant) ([]error, error) {

@@ -199,23 +199,110 @@ type RenewReply struct {
 const RenewChunk = 256
 
 // RenewAll renews every grant of grants (each for its TTL) on c in one
-// pipeline of RenewMany scripts, RenewChunk grants per script: one round trip (on Cluster, one
-// per node involved, the grants grouped by hash slot, since a script may
-// only touch keys of one slot). If the server does not know the script
-// (NOSCRIPT) it loads it and sends the pipeline again (renewing twice is
-// harmless). It fails as a whole, with the error classified (see
-// Classify), when the script cannot be loaded or the connection fails:
-// then each renewal may or may not have been applied. A server error that
-// refuses one script call (LOADING, BUSY, OOM, a key of another type) is
-// the Err of each of that call's grants: their outcome is unknown, never
-// a refusal.
+// pipeline of batch scripts, RenewChunk grants per script: one round trip
+// (on Cluster, one per node involved). On a Cluster client the grants are
+// grouped by the primary that serves their slot and renewed by
+// RenewManyAcross, which may touch keys of many slots of its node; grants
+// it could not renew there (a slot moved, a server older than Redis 7
+// without script flags) are renewed again by RenewMany, whose keys share
+// one slot, in a second round trip. If the server does not know a script
+// (NOSCRIPT) RenewAll loads it and sends the pipeline again (renewing
+// twice is harmless). It fails as a whole, with the error classified (see
+// Classify), when a script cannot be loaded or the connection fails: then
+// each renewal may or may not have been applied. A server error that
+// refuses one script call (LOADING, BUSY, OOM) or one key (a key of
+// another type) is the Err of each grant concerned: its outcome is
+// unknown, never a refusal.
 func RenewAll(ctx context.Context, c redis.UniversalClient, l Layout, grants []driver.Grant) ([]RenewReply, error) {
-	chunks := renewChunks(c, l, grants)
+	out := make([]RenewReply, len(grants))
+	locks := make([]string, len(grants))
+	todo := make([]int, len(grants))
+	for i, g := range grants {
+		locks[i], todo[i] = l.Keys(g.Key).Lock, i
+	}
+	cc, cluster := c.(*redis.ClusterClient)
+	if cluster {
+		var err error
+		if todo, err = runRenewals(ctx, c, RenewManyAcross, nodeChunks(ctx, cc, locks, grants), out); err != nil {
+			return nil, err
+		}
+	}
+	if len(todo) > 0 {
+		if _, err := runRenewals(ctx, c, RenewMany, slotChunks(cluster, locks, grants, todo), out); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// renewChunk is one call of a batch renew script: its keys and arguments,
+// and the positions in the batch of the grants it renews.
+type renewChunk struct {
+	keys  []string
+	args  []any
+	index []int
+}
+
+// slotChunks splits the grants at positions todo into RenewMany calls of
+// at most RenewChunk grants; with cluster, each call's keys share one hash
+// slot.
+func slotChunks(cluster bool, locks []string, grants []driver.Grant, todo []int) []renewChunk {
+	var chunks []renewChunk
+	open := map[uint16]int{} // slot → index of its chunk with room left
+	for _, i := range todo {
+		var slot uint16
+		if cluster {
+			slot = HashSlot(locks[i])
+		}
+		at, ok := open[slot]
+		if !ok || len(chunks[at].index) == RenewChunk {
+			chunks = append(chunks, renewChunk{})
+			at = len(chunks) - 1
+			open[slot] = at
+		}
+		ch := &chunks[at]
+		ch.keys = append(ch.keys, locks[i])
+		ch.args = append(ch.args, Value(grants[i].Fence, grants[i].Owner), Millis(grants[i].TTL))
+		ch.index = append(ch.index, i)
+	}
+	return chunks
+}
+
+// nodeChunks splits grants into RenewManyAcross calls of at most
+// RenewChunk grants whose slots the same primary serves (as the client's
+// slot map says): the first lock is the call's one declared key, which
+// routes it; every lock, value and TTL is an argument.
+func nodeChunks(ctx context.Context, cc *redis.ClusterClient, locks []string, grants []driver.Grant) []renewChunk {
+	var chunks []renewChunk
+	open := map[string]int{} // node address → index of its chunk with room left
+	for i := range grants {
+		node := ""
+		if n, err := cc.MasterForKey(ctx, locks[i]); err == nil {
+			node = n.Options().Addr
+		} // else: the chunk of unknown nodes; go-redis routes it by its first key
+		at, ok := open[node]
+		if !ok || len(chunks[at].index) == RenewChunk {
+			chunks = append(chunks, renewChunk{keys: []string{locks[i]}})
+			at = len(chunks) - 1
+			open[node] = at
+		}
+		ch := &chunks[at]
+		ch.args = append(ch.args, locks[i], Value(grants[i].Fence, grants[i].Owner), Millis(grants[i].TTL))
+		ch.index = append(ch.index, i)
+	}
+	return chunks
+}
+
+// runRenewals sends chunks through s in one pipeline and writes each
+// grant's outcome into out. It returns the positions of the grants whose
+// outcome is an error (of the whole call or of the grant alone), or an
+// error when the connection failed.
+func runRenewals(ctx context.Context, c redis.UniversalClient, s *redis.Script, chunks []renewChunk, out []RenewReply) ([]int, error) {
 	run := func() []*redis.Cmd {
 		pipe := c.Pipeline()
 		cmds := make([]*redis.Cmd, len(chunks))
 		for i, ch := range chunks {
-			cmds[i] = RenewMany.EvalSha(ctx, pipe, ch.keys, ch.args...)
+			cmds[i] = s.EvalSha(ctx, pipe, ch.keys, ch.args...)
 		}
 		_, _ = pipe.Exec(ctx) // each command carries its own error
 		return cmds
@@ -223,14 +310,14 @@ func RenewAll(ctx context.Context, c redis.UniversalClient, l Layout, grants []d
 	cmds := run()
 	for _, cmd := range cmds {
 		if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
-			if err := RenewMany.Load(ctx, c).Err(); err != nil {
+			if err := s.Load(ctx, c).Err(); err != nil {
 				return nil, Classify(err, false)
 			}
 			cmds = run()
 			break
 		}
 	}
-	out := make([]RenewReply, len(grants))
+	var failed []int
 	for i, cmd := range cmds {
 		ch := chunks[i]
 		res, err := cmd.Slice()
@@ -243,22 +330,26 @@ func RenewAll(ctx context.Context, c redis.UniversalClient, l Layout, grants []d
 			err = fmt.Errorf("renew script returned %d results for %d grants", len(res), len(ch.index))
 		}
 		for j, at := range ch.index {
-			if err != nil {
-				out[at] = RenewReply{Err: err}
-				continue
+			r := RenewReply{Err: err}
+			if err == nil {
+				switch v := res[j].(type) {
+				case int64:
+					r = RenewReply{Renewed: v == 1}
+				case string:
+					// The server's error on this key alone (WRONGTYPE,
+					// or a key of a slot this node does not serve).
+					r = RenewReply{Err: serverError(v)}
+				default:
+					r = RenewReply{Err: fmt.Errorf("renew script: unexpected result %v", v)}
+				}
 			}
-			switch v := res[j].(type) {
-			case int64:
-				out[at] = RenewReply{Renewed: v == 1}
-			case string:
-				// GET's error on this key alone (WRONGTYPE).
-				out[at] = RenewReply{Err: serverError(v)}
-			default:
-				out[at] = RenewReply{Err: fmt.Errorf("renew script: unexpected result %v", v)}
+			out[at] = r
+			if r.Err != nil {
+				failed = append(failed, at)
 			}
 		}
 	}
-	return out, nil
+	return failed, nil
 }
 
 // serverError is an error the server reported inside a script's result
@@ -270,40 +361,6 @@ func (e serverError) Error() string { return string(e) }
 
 // RedisError marks serverError as a server reply (redis.Error).
 func (e serverError) RedisError() {}
-
-// renewChunk is one call of RenewMany: its keys and arguments, and the
-// positions in the batch of the grants it renews.
-type renewChunk struct {
-	keys  []string
-	args  []any
-	index []int
-}
-
-// renewChunks splits grants into script calls of at most RenewChunk grants;
-// on a Cluster client each call's keys share one hash slot.
-func renewChunks(c redis.UniversalClient, l Layout, grants []driver.Grant) []renewChunk {
-	_, cluster := c.(*redis.ClusterClient)
-	var chunks []renewChunk
-	open := map[uint16]int{} // slot → index of its chunk with room left
-	for i, g := range grants {
-		lock := l.Keys(g.Key).Lock
-		var slot uint16
-		if cluster {
-			slot = HashSlot(lock)
-		}
-		at, ok := open[slot]
-		if !ok || len(chunks[at].index) == RenewChunk {
-			chunks = append(chunks, renewChunk{})
-			at = len(chunks) - 1
-			open[slot] = at
-		}
-		ch := &chunks[at]
-		ch.keys = append(ch.keys, lock)
-		ch.args = append(ch.args, Value(g.Fence, g.Owner), Millis(g.TTL))
-		ch.index = append(ch.index, i)
-	}
-	return chunks
-}
 
 // HashSlot is the Redis Cluster hash slot of key: CRC16 (XMODEM) of its
 // hash tag (the text between the first '{' and the next '}', when not
@@ -353,6 +410,27 @@ for i, k in ipairs(KEYS) do
     out[i] = v.err
   elseif v == ARGV[2*i-1] then
     out[i] = redis.call('PEXPIRE', k, ARGV[2*i])
+  else
+    out[i] = 0
+  end
+end
+return out`)
+
+	// RenewManyAcross is RenewMany for keys of many hash slots of one
+	// Cluster node (Redis 7's allow-cross-slot-keys): KEYS[1] is one of
+	// the locks, only to route the call; ARGV[3i-2] is lock i, ARGV[3i-1]
+	// its value, ARGV[3i] its ttl ms. A lock of a slot the node does not
+	// serve gets the server's error as its result, like a key of another
+	// type.
+	RenewManyAcross = redis.NewScript(`#!lua flags=allow-cross-slot-keys
+local out = {}
+for i = 1, #ARGV / 3 do
+  local k = ARGV[3*i-2]
+  local v = redis.pcall('GET', k)
+  if type(v) == 'table' and v.err then
+    out[i] = v.err
+  elseif v == ARGV[3*i-1] then
+    out[i] = redis.call('PEXPIRE', k, ARGV[3*i])
   else
     out[i] = 0
   end
