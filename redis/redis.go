@@ -70,11 +70,10 @@
 // the neighbours whose mark that release consumed. A subscriber that
 // never tries (an election observer) is woken by breaks, by releases
 // others wait for, and otherwise by its own timer. A grant that expires
-// without a release publishes nothing: the refusal a
-// waiter got carried the grant's PTTL, and the waiter retries then (the
-// mark outlives that PTTL, so a missed wake-up never strands a waiter past
-// the time left on the grant that refused it). FIFO is
-// not promised (Guarantees.FIFO is false): within one process waiters are
+// without a release publishes nothing: the refusal a waiter got carried
+// the grant's PTTL, and the waiter retries then (the mark outlives that
+// PTTL, so a missed wake-up never strands a waiter past the time left on
+// the grant that refused it). FIFO is not promised (Guarantees.FIFO is false): within one process waiters are
 // woken in arrival order, across processes whoever retries first wins.
 // Breaks are recorded in a capped stream per key (BreakLogger).
 // Renewals of many leases are pipelined into one round trip (BatchRenewer),
@@ -263,8 +262,8 @@ const waitersSlack = time.Second
 // (which deletes the mark) publishes. Only the first refusal of a grant,
 // and the first after a renewal, writes the mark: the others only read
 // its PTTL, so a crowd of refused waiters costs the server no writes (no
-// AOF fsync under appendfsync always). A grant made while the process has other
-// subscribers sets the mark too: the release that woke this waiter
+// AOF fsync under appendfsync always). A grant made while the process has
+// other subscribers sets the mark too: the release that woke this waiter
 // consumed the mark its neighbours had set.
 var acquireScript = redis.NewScript(`
 local here = tonumber(ARGV[3])
