@@ -138,7 +138,7 @@ func (e *Election) Leader(ctx context.Context) (Leader, error) {
 	if err != nil {
 		return Leader{}, fmt.Errorf("fenced: leader of %q: %w", e.name, err)
 	}
-	return Leader{Present: info.Held, Epoch: info.Fence, Value: value, Owner: info.Owner, Remaining: info.Remaining}, nil
+	return Leader{Present: info.Held, Epoch: info.Fence, Value: value, Owner: driver.ShortOwner(info.Owner), Remaining: info.Remaining}, nil
 }
 
 // Leader is one state of an election as Observe and Leader report it.

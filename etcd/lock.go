@@ -129,11 +129,6 @@ func (d *Driver) confirm(ctx context.Context, e *entry, ttl time.Duration, start
 	return d.grant(e, ttl, start), nil
 }
 
-// Acquire implements driver.Queuer; see AcquireTimed.
-func (d *Driver) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
-	return sessionlock.Untimed(ctx, d.AcquireTimed, key, owner, ttl)
-}
-
 // AcquireTimed implements driver.TimedQueuer with etcd's recipe: put a
 // waiter key, then wait for the deletion of the key created just before it,
 // until none is left. The session is kept alive while waiting, and each
@@ -307,6 +302,9 @@ func (d *Driver) Renew(ctx context.Context, g driver.Grant) error {
 // RenewBatch implements driver.BatchRenewer: one keep-alive per session and
 // one read for all keys, sent concurrently.
 func (d *Driver) RenewBatch(ctx context.Context, grants []driver.Grant) ([]error, error) {
+	if err := driver.CheckTTLs(grants); err != nil {
+		return nil, err
+	}
 	start := time.Now()
 	errs := make([]error, len(grants))
 	entries := make([]*entry, len(grants))
@@ -317,6 +315,12 @@ func (d *Driver) RenewBatch(ctx context.Context, grants []driver.Grant) ([]error
 		e := d.grants.Lookup(g.Key, g.Owner)
 		if e == nil || !e.granted || g.Fence == 0 || uint64(e.rev) != g.Fence {
 			errs[i] = fmt.Errorf("etcd: renew %s: %w", g, driver.ErrNotHeld)
+			continue
+		}
+		if limit := time.Duration(e.s.ttl) * time.Second; g.TTL > limit {
+			// A keep-alive would extend the session by its own TTL only:
+			// the grant would end before the TTL the caller counts on.
+			errs[i] = fmt.Errorf("etcd: renew %s: %w: TTL %v exceeds the %v of the session the grant rides on (renew with the TTL it was granted with)", g, driver.ErrInvalidTTL, g.TTL, limit)
 			continue
 		}
 		entries[i] = e

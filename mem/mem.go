@@ -23,12 +23,20 @@ import (
 	"github.com/fenced-dev/fenced/clock"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/driver/wakeup"
+	"github.com/fenced-dev/fenced/internal/urlquery"
 )
 
 func init() {
 	fenced.Register("mem", func(_ context.Context, u *url.URL) (driver.Driver, error) {
-		if u.Opaque != "" || (u.Path != "" && u.Path != "/") || u.RawQuery != "" {
+		if u.Opaque != "" || (u.Path != "" && u.Path != "/") {
 			return nil, fmt.Errorf("%w: mem URL takes only a name: mem://NAME", driver.ErrInvalidURL)
+		}
+		q, err := urlquery.Parse(u.RawQuery)
+		if err == nil {
+			err = q.NoRest()
+		}
+		if err != nil {
+			return nil, fmt.Errorf("mem URL takes only a name (mem://NAME): %w", err)
 		}
 		if u.Host == "" {
 			return New(nil), nil
@@ -159,6 +167,9 @@ func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Dur
 // Renew implements driver.Driver.
 func (d *Driver) Renew(ctx context.Context, g driver.Grant) error {
 	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := g.CheckTTL(); err != nil {
 		return err
 	}
 	s, err := d.lock()

@@ -88,7 +88,6 @@ import (
 	"fmt"
 	"net/url"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -390,25 +389,27 @@ func (d *Driver) acquireAndWait(ctx context.Context, key string, k rediskit.Keys
 // sentinels, a key of the wrong type or a counter that is not a number
 // becomes ErrForeignValue naming the keys involved.
 func (d *Driver) scriptErr(op, key string, err error, mayApply bool, redisKeys ...string) error {
-	msg := err.Error()
-	if strings.Contains(msg, "WRONGTYPE") || strings.Contains(msg, "not an integer") {
-		return fmt.Errorf("redis: %s %q: %w (keys %s; server said: %s)", op, key, ErrForeignValue, strings.Join(redisKeys, ", "), msg)
+	if ferr := rediskit.ForeignReply(err, redisKeys...); ferr != nil {
+		return fmt.Errorf("redis: %s %q: %w", op, key, ferr)
 	}
 	return fmt.Errorf("redis: %s %q: %w", op, key, rediskit.Classify(err, mayApply))
 }
 
-func (d *Driver) usable() error {
+// usable returns ErrClosed once d is closed and, for a renewal, an error
+// matching ErrInvalidTTL when a grant to renew carries no TTL
+// (driver.CheckTTLs).
+func (d *Driver) usable(renewing ...driver.Grant) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
 		return driver.ErrClosed
 	}
-	return nil
+	return driver.CheckTTLs(renewing)
 }
 
 // Renew implements driver.Driver.
 func (d *Driver) Renew(ctx context.Context, g driver.Grant) error {
-	if err := d.usable(); err != nil {
+	if err := d.usable(g); err != nil {
 		return err
 	}
 	k := d.layout.Keys(g.Key)
@@ -428,7 +429,7 @@ func (d *Driver) Renew(ctx context.Context, g driver.Grant) error {
 // nil (renewed), ErrNotHeld (its lock is gone or someone else's), or the
 // server's error for its script call (outcome unknown, never a refusal).
 func (d *Driver) RenewBatch(ctx context.Context, grants []driver.Grant) ([]error, error) {
-	if err := d.usable(); err != nil {
+	if err := d.usable(grants...); err != nil {
 		return nil, err
 	}
 	replies, err := rediskit.RenewAll(ctx, d.c, d.layout, grants)

@@ -118,7 +118,7 @@ func (d *Driver) tallyErrs(rs []reply[int64]) (ok, refused int, errs []error) {
 
 // Renew implements driver.Driver: a majority must still hold g.
 func (d *Driver) Renew(ctx context.Context, g driver.Grant) error {
-	if err := d.usable(); err != nil {
+	if err := d.usable(g); err != nil {
 		return err
 	}
 	k := d.layout.Keys(g.Key)
@@ -142,7 +142,7 @@ func (d *Driver) verdict(op string, g driver.Grant, ok, refused int, errs []erro
 // replies are counted as Renew counts them (tally), so a server error on
 // a node (LOADING, BUSY, OOM) is never taken for a refusal.
 func (d *Driver) RenewBatch(ctx context.Context, grants []driver.Grant) ([]error, error) {
-	if err := d.usable(); err != nil {
+	if err := d.usable(grants...); err != nil {
 		return nil, err
 	}
 	// A node answers with one reply per request; a request's own server

@@ -91,6 +91,8 @@ func TestConformance(t *testing.T) {
 				"redlock://127.0.0.1:notaport,127.0.0.1:2/0",
 				"redlock://127.0.0.1:6379/0?budget=fast",
 				"redlock://127.0.0.1:6379/0?nosuchoption=1",
+				"redlock://127.0.0.1:6379/0?prefix=a;b",
+				"redlock://127.0.0.1:6379/0?budget=1s&budget=2s",
 				"redlock://127.0.0.1:6379/x",
 			},
 		})

@@ -292,11 +292,6 @@ func (d *Driver) confirm(ctx context.Context, e *entry, ttl time.Duration, start
 	return d.grant(e, ttl, start), nil
 }
 
-// Acquire implements driver.Queuer; see AcquireTimed.
-func (d *Driver) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
-	return sessionlock.Untimed(ctx, d.AcquireTimed, key, owner, ttl)
-}
-
 // AcquireTimed implements driver.TimedQueuer: create a node, then wait for
 // the deletion of the youngest node ahead of it until none is left. Each
 // look at the line is a sync with the leader followed by a listing, so the
@@ -392,6 +387,9 @@ func (d *Driver) grantEntry(op string, g driver.Grant) (*entry, error) {
 // session. The session itself is kept alive by the connection; g.TTL must
 // not exceed the longest TTL the session covers.
 func (d *Driver) Renew(ctx context.Context, g driver.Grant) error {
+	if err := g.CheckTTL(); err != nil {
+		return err
+	}
 	ttl := g.TTL
 	start := time.Now()
 	e, err := d.grantEntry("renew", g)

@@ -54,6 +54,8 @@ func TestZooKeeper(t *testing.T) {
 				"zk://127.0.0.1:2181/x?dial_timeout=0s",
 				"zk://127.0.0.1:2181/x?tick_time=-1s",
 				"zk://127.0.0.1:2181/x?tick_time=2",
+				"zk://127.0.0.1:2181/x?dial_timeout=1s;tick_time=2s",
+				"zk://127.0.0.1:2181/x?dial_timeout=1s&dial_timeout=2s",
 			},
 		})
 	})

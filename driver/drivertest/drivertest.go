@@ -334,6 +334,24 @@ func (s *suite) testOwnership(t *testing.T) {
 	if err := d.Renew(ctx, g); err != nil {
 		t.Fatalf("renew by owner: %v", err)
 	}
+	// A grant built without its TTL is refused, not renewed for nothing.
+	noTTL := g
+	noTTL.TTL = 0
+	if err := d.Renew(ctx, noTTL); !errors.Is(err, driver.ErrInvalidTTL) {
+		t.Errorf("renew of a grant without its TTL: %v, want ErrInvalidTTL", err)
+	}
+	if br, ok := d.(driver.BatchRenewer); ok {
+		errs, err := br.RenewBatch(ctx, []driver.Grant{noTTL})
+		if err == nil && len(errs) == 1 {
+			err = errs[0]
+		}
+		if !errors.Is(err, driver.ErrInvalidTTL) {
+			t.Errorf("batch renewal of a grant without its TTL: %v, want ErrInvalidTTL", err)
+		}
+	}
+	if info, err := d.Inspect(ctx, key); err != nil || !info.Held || info.Fence != f {
+		t.Fatalf("after renewals without a TTL: %+v, %v; want still held with fence %d", info, err, f)
+	}
 	if err := d.Release(ctx, g); err != nil {
 		t.Fatalf("release by owner: %v", err)
 	}
@@ -804,9 +822,9 @@ func (s *suite) testNotify(t *testing.T) {
 		skipUndeclared(t, "Notify (Guarantees.Notify)", "waiters poll with backoff")
 	}
 	_, notifier := d.(driver.Notifier)
-	_, queuer := d.(driver.Queuer)
+	_, queuer := d.(driver.TimedQueuer)
 	if !notifier && !queuer {
-		t.Fatalf("%T declares Notify but implements neither driver.Notifier nor driver.Queuer", d)
+		t.Fatalf("%T declares Notify but implements neither driver.Notifier nor driver.TimedQueuer", d)
 	}
 	ctx := ctxT(t)
 	a := s.client(t, nil)

@@ -208,11 +208,12 @@ type Dialect struct {
 	// before cutoff (as PruneCutoff returned it), raising the floor to the
 	// highest fence deleted.
 	PruneBatch func(ctx context.Context, db DB, cutoff any, after string) (leasetable.PruneBatch, error)
-	// Classify returns driver.ErrUnavailable when err means that nothing
-	// was applied, driver.ErrUnknownOutcome when the request may have
-	// been applied, driver.ErrClosed when the pool was closed, and nil
-	// for any other error (which is then reported as it is).
-	Classify func(err error) error
+	// Classify is the database's error-classification hook (see
+	// driver.Classifier): driver.ErrUnavailable when err means that
+	// nothing was applied, driver.ErrUnknownOutcome when the request may
+	// have been applied, driver.ErrClosed when the pool was closed, and
+	// nil for any other error (which is then reported as it is).
+	Classify driver.Classifier
 }
 
 // Engine implements the lease operations of driver.Driver,
@@ -268,26 +269,19 @@ func (e *Engine) Wrap(op, key string, err error) error {
 }
 
 // Wrap is Engine.Wrap for code that runs without an engine (a backend's
-// own helpers): "name: op "key": sentinel: cause", where classify names
-// the sentinel (nil: none; a cancelled or expired context then counts as
-// driver.ErrUnknownOutcome). Refusals (driver.ErrNotHeld,
-// driver.ErrNotFound) are returned as they are.
-func Wrap(name string, classify func(error) error, op, key string, err error) error {
+// own helpers): "name: op "key": sentinel: cause", where the sentinel is
+// the one driver.Classify gives with the dialect's classify hook (every
+// statement is taken as one that may have been applied). Refusals
+// (driver.IsRefusal) are returned as they are.
+func Wrap(name string, classify driver.Classifier, op, key string, err error) error {
+	if driver.IsRefusal(err) {
+		return err
+	}
 	where := op
 	if key != "" {
 		where = fmt.Sprintf("%s %q", op, key)
 	}
-	if errors.Is(err, driver.ErrNotHeld) || errors.Is(err, driver.ErrNotFound) {
-		return err
-	}
-	sentinel := classify(err)
-	if sentinel == nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
-		sentinel = driver.ErrUnknownOutcome
-	}
-	if sentinel == nil {
-		return fmt.Errorf("%s: %s: %w", name, where, err)
-	}
-	return fmt.Errorf("%s: %s: %w: %w", name, where, sentinel, err)
+	return fmt.Errorf("%s: %s: %w", name, where, driver.Classify(err, true, classify))
 }
 
 func (e *Engine) units(d time.Duration) int64 { return driver.TTLUnits(d, e.d.Unit) }
@@ -324,6 +318,9 @@ func (e *Engine) Renew(ctx context.Context, g driver.Grant) error {
 	if err := e.CheckOpen(); err != nil {
 		return err
 	}
+	if err := g.CheckTTL(); err != nil {
+		return err
+	}
 	if g.Owner == "" {
 		return leasetable.NotHeld(g)
 	}
@@ -346,6 +343,9 @@ func (e *Engine) Renew(ctx context.Context, g driver.Grant) error {
 // Dialect.MaxBatch grants, and one ErrNotHeld per grant not renewed.
 func (e *Engine) RenewBatch(ctx context.Context, grants []driver.Grant) ([]error, error) {
 	if err := e.CheckOpen(); err != nil {
+		return nil, err
+	}
+	if err := driver.CheckTTLs(grants); err != nil {
 		return nil, err
 	}
 	errs := make([]error, 0, len(grants))
