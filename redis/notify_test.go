@@ -1,6 +1,7 @@
 package redis_test
 
 import (
+	"errors"
 	"testing"
 	"time"
 
@@ -21,6 +22,9 @@ func woken(s driver.Subscription, within time.Duration) bool {
 // TestWakeups checks the fan-out of releases: only waiters of the released
 // key are woken (no herd across keys), one waiter per process per release
 // in arrival order, and a wake-up a waiter leaves unconsumed passes on.
+// Each time, the waiters' process has tried the key after subscribing and
+// been refused, as the Client does before it waits: that refusal is what
+// makes the release publish (see the acquire script).
 func TestWakeups(t *testing.T) {
 	ctx := testCtx(t)
 	srv := testenv.StartRedis(t, testenv.RedisConfig{})
@@ -48,6 +52,13 @@ func TestWakeups(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer onB.Close()
+	refused := func(key string) {
+		t.Helper()
+		if _, err := waiters.TryAcquire(ctx, key, owner(), time.Minute); !errors.Is(err, driver.ErrHeld) {
+			t.Fatalf("a waiter's try of held %s: %v, want ErrHeld", key, err)
+		}
+	}
+	refused("a")
 
 	if err := holder.Release(ctx, ga); err != nil {
 		t.Fatal(err)
@@ -65,6 +76,7 @@ func TestWakeups(t *testing.T) {
 	// The first waiter is woken again but leaves without looking: its
 	// wake-up goes to the second.
 	ga = grant("a")
+	refused("a")
 	if err := holder.Release(ctx, ga); err != nil {
 		t.Fatal(err)
 	}

@@ -23,10 +23,14 @@
 // INCRs the key's fence counter (which never expires) and SETs the lock key
 // to "<fence>:<owner>" with PX ttl; if the same owner holds it, it extends
 // the expiry and returns the same fence; otherwise it returns the fence and
-// PTTL of the current grant, so a waiter can wake when it expires. Renew
+// PTTL of the current grant, so a waiter can wake when it expires. An
+// uncontended grant runs two commands (INCR, SET NX), its release two (GET,
+// DEL): the fence costs one command over a plain SET NX lock. Renew
 // and release are compare-then-act scripts on the whole value (owner and
-// fence). The lock key, counter, audit stream and pub/sub channel of a key
-// share the hash tag {key}, so the scripts also run on Redis Cluster.
+// fence). Renewals of many leases run 256 grants per script call
+// (BatchRenewer). The lock key, counter, waiters mark, audit stream and
+// pub/sub channel of a key share the hash tag {key}, so the scripts also
+// run on Redis Cluster.
 // Scripts are used even where Redis 8.4's native compare-and-delete
 // (DELEX IFEQ) exists, because release must also publish the wake-up in
 // the same atomic step.
@@ -34,7 +38,8 @@
 // Keys in the namespace that hold anything fenced did not write (another
 // type, a value of another format, a counter that is not a number) are
 // never deleted or overwritten: operations on them fail with an error
-// matching ErrForeignValue.
+// matching ErrForeignValue. (The waiters mark, a flag with an expiry, is
+// set and deleted whatever it holds.)
 //
 // # Guarantees
 //
@@ -54,12 +59,27 @@
 // Waiters are woken by pub/sub: release and break PUBLISH on the key's
 // channel inside their script; each driver holds one subscriber connection
 // and wakes only waiters of that key, one per release, oldest first. A
-// grant that expires without a release publishes nothing: the refusal a
-// waiter got carried the grant's PTTL, and the waiter retries then. FIFO is
-// not promised (Guarantees.FIFO is false): within one process waiters are
+// release publishes only when someone may be waiting: a refused try made
+// while its process has a subscription to the key sets the key's waiters
+// mark ({key}:waiters, for the holder's PTTL plus a second) in the same
+// script, and the release deletes lock and mark together and publishes
+// only if the mark was there. The Client subscribes before its second try
+// and waits only after a refusal, so no release can slip between its
+// announcement and its wait; a waiter woken by a release that then takes
+// the key sets the mark again when its process has other subscribers, for
+// the neighbours whose mark that release consumed. A subscriber that
+// never tries (an election observer) is woken by breaks, by releases
+// others wait for, and otherwise by its own timer. A grant that expires
+// without a release publishes nothing: the refusal a waiter got carried
+// the grant's PTTL, and the waiter retries then (the mark outlives that
+// PTTL, so a missed wake-up never strands a waiter past the time left on
+// the grant that refused it). FIFO is not promised (Guarantees.FIFO is false): within one process waiters are
 // woken in arrival order, across processes whoever retries first wins.
 // Breaks are recorded in a capped stream per key (BreakLogger).
-// Renewals of many leases are pipelined into one round trip (BatchRenewer).
+// Renewals of many leases are pipelined into one round trip (BatchRenewer),
+// 256 grants per script call (on Cluster, per primary: the script may
+// touch keys of every slot of its node, Redis 7's allow-cross-slot-keys;
+// a grant it could not renew there is tried again per hash slot).
 package redis
 
 import (
@@ -214,13 +234,84 @@ func open(ctx context.Context, u *url.URL) (driver.Driver, error) {
 	return d, nil
 }
 
-// acquireScript: KEYS[1] lock, KEYS[2] fence; ARGV[1] owner, ARGV[2] ttl
-// ms. Returns {status, fence, pttl} with the statuses of rediskit; a free
-// key takes the next value of its fence counter.
-var acquireScript = rediskit.AcquireScript(`
+// waitersSlack is how much longer than the grant a refused try's
+// Keys.Waiters mark lives: the waiter sleeps at most the grant's PTTL
+// (plus a millisecond) on its own clock, which starts when the reply
+// arrives, so the mark must outlive that sleep for a release just before
+// the waiter's retry to still publish. A mark that outlives its waiters
+// costs one PUBLISH nobody needed.
+const waitersSlack = time.Second
+
+// acquireScript: KEYS[1] lock, KEYS[2] fence counter, KEYS[3] waiters
+// mark; ARGV[1] owner, ARGV[2] ttl ms, ARGV[3] how many subscriptions to
+// the key the caller's process has open (Hub.Subscribers), ARGV[4]
+// waitersSlack in ms. Returns {status, fence, pttl} with the statuses of
+// rediskit.
+//
+// With no subscription in the process, the key is most likely free: the
+// script INCRs the counter and SETs the lock NX, two commands, and takes
+// the increment back if the lock was there (so the counter counts grants
+// only, and a counter that is not a number fails before anything
+// changed). Otherwise, or when the SET found the lock, it reads the lock:
+// a foreign value is refused, the same owner's grant is extended, another
+// owner's grant is reported with its PTTL; and when the process has
+// subscribers, the refusal also makes sure, in the same atomic step, that
+// the waiters mark lives for that PTTL plus at least half the slack
+// (setting it for PTTL plus the slack if not), so the release that follows
+// (which deletes the mark) publishes. Only the first refusal of a grant,
+// and the first after a renewal, writes the mark: the others only read
+// its PTTL, so a crowd of refused waiters costs the server no writes (no
+// AOF fsync under appendfsync always). A grant made while the process has
+// other subscribers sets the mark too: the release that woke this waiter
+// consumed the mark its neighbours had set.
+var acquireScript = redis.NewScript(`
+local here = tonumber(ARGV[3])
+if here == 0 then
+  local n = redis.call('INCR', KEYS[2])
+  local f = string.format('%d', n)
+  if redis.call('SET', KEYS[1], f .. ':' .. ARGV[1], 'NX', 'PX', ARGV[2]) then
+    return {1, f, 0}
+  end
+  if n == 1 then redis.call('DEL', KEYS[2]) else redis.call('DECR', KEYS[2]) end
+end
+local v = redis.call('GET', KEYS[1])
+if v then
+  local f, o = string.match(v, '^(%d+):(.*)$')
+  if not f then return {-1, '0', redis.call('PTTL', KEYS[1])} end
+  if o == ARGV[1] then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return {2, f, 0}
+  end
+  local pttl = redis.call('PTTL', KEYS[1])
+  if here > 0 then
+    local keep, slack = tonumber(ARGV[2]), tonumber(ARGV[4])
+    if pttl > 0 then keep = pttl end
+    if redis.call('PTTL', KEYS[3]) < keep + slack / 2 then
+      redis.call('SET', KEYS[3], '1', 'PX', keep + slack)
+    end
+  end
+  return {0, f, pttl}
+end
 local f = string.format('%d', redis.call('INCR', KEYS[2]))
 redis.call('SET', KEYS[1], f .. ':' .. ARGV[1], 'PX', ARGV[2])
+if here > 1 then redis.call('SET', KEYS[3], '1', 'PX', tonumber(ARGV[2]) + tonumber(ARGV[4])) end
 return {1, f, 0}`)
+
+// releaseScript: KEYS[1] lock, KEYS[2] waiters mark; ARGV[1] value,
+// ARGV[2] channel. Deletes the lock if the value matches, and publishes
+// on the channel only if the waiters mark was there too (deleting it).
+// Returns 1 or 0.
+var releaseScript = redis.NewScript(`
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  if redis.call('DEL', KEYS[1], KEYS[2]) == 2 then redis.call('PUBLISH', ARGV[2], '') end
+  return 1
+end
+return 0`)
+
+// release runs releaseScript for g's value on k.
+func (d *Driver) release(ctx context.Context, k rediskit.Keys, value string) *redis.Cmd {
+	return releaseScript.Run(ctx, d.c, []string{k.Lock, k.Waiters}, value, k.Channel)
+}
 
 // TryAcquire implements driver.Driver in one round trip (two with
 // WaitReplicas: the WAIT is pipelined after the script on the same
@@ -230,7 +321,8 @@ func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Dur
 		return 0, err
 	}
 	k := d.layout.Keys(key)
-	keys, args := []string{k.Lock, k.Fence}, []any{owner, rediskit.Millis(ttl)}
+	keys := []string{k.Lock, k.Fence, k.Waiters}
+	args := []any{owner, rediskit.Millis(ttl), d.hub.Subscribers(k.Channel), waitersSlack.Milliseconds()}
 	if d.opts.WaitReplicas > 0 {
 		return d.acquireAndWait(ctx, key, k, keys, args)
 	}
@@ -286,7 +378,7 @@ func (d *Driver) acquireAndWait(ctx context.Context, key string, k rediskit.Keys
 	// anyway) so nobody works under a fence only this primary knows.
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.opts.WaitTimeout)
 	defer cancel()
-	_ = rediskit.Release.Run(rctx, d.c, []string{k.Lock}, rediskit.Value(fence, args[0].(string)), k.Channel).Err()
+	_ = d.release(rctx, k, rediskit.Value(fence, args[0].(string))).Err()
 	if werr != nil {
 		return 0, fmt.Errorf("redis: acquire %q: WAIT for %d replicas failed, grant of fence %d released: %w", key, d.opts.WaitReplicas, fence, rediskit.Classify(werr, false))
 	}
@@ -331,8 +423,11 @@ func (d *Driver) Renew(ctx context.Context, g driver.Grant) error {
 	return nil
 }
 
-// RenewBatch implements driver.BatchRenewer: one pipeline of renew
-// scripts, one round trip (on Cluster, one per node involved).
+// RenewBatch implements driver.BatchRenewer: one pipeline of batch renew
+// scripts of rediskit.RenewChunk grants each, one round trip (on Cluster,
+// one per node involved; see rediskit.RenewAll). Each grant's result is
+// nil (renewed), ErrNotHeld (its lock is gone or someone else's), or the
+// server's error for its script call (outcome unknown, never a refusal).
 func (d *Driver) RenewBatch(ctx context.Context, grants []driver.Grant) ([]error, error) {
 	if err := d.usable(grants...); err != nil {
 		return nil, err
@@ -359,7 +454,7 @@ func (d *Driver) Release(ctx context.Context, g driver.Grant) error {
 		return err
 	}
 	k := d.layout.Keys(g.Key)
-	n, err := rediskit.Release.Run(ctx, d.c, []string{k.Lock}, rediskit.Value(g.Fence, g.Owner), k.Channel).Int64()
+	n, err := d.release(ctx, k, rediskit.Value(g.Fence, g.Owner)).Int64()
 	if err != nil {
 		return d.scriptErr("release", g.Key, err, true, k.Lock)
 	}

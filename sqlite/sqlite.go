@@ -587,6 +587,12 @@ func probeCollations(ctx context.Context, tx querier, table string, names []stri
 	return nil
 }
 
+// maxBatch bounds one batched renewal: 4 bound variables per grant, and
+// SQLite refuses a statement with more than 32766 ("too many SQL
+// variables"), which failed every renewal of a client holding more than
+// 8191 leases.
+const maxBatch = 1000
+
 // renewBatchTail ends the batch renewal that queries.renewBatch starts.
 func renewBatchTail(t string) string {
 	return strings.NewReplacer("T_", t, "NOW", now).Replace(`) UPDATE T_ SET expires_ms = NOW + r.ttl FROM r
@@ -621,6 +627,7 @@ func (d *Driver) dialect() *sqllease.Dialect {
 	return &sqllease.Dialect{
 		Name:       "sqlite",
 		Unit:       time.Millisecond,
+		MaxBatch:   maxBatch,
 		Statements: q.Statements,
 
 		Acquire: func(ctx context.Context, c sqllease.Conn, key, owner string, ttl int64) (uint64, int64, error) {

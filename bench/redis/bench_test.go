@@ -5,7 +5,9 @@
 //	cd bench/redis && go test -run XXX -bench . -benchtime 200x   # appendfsync always
 //
 // Uncontended reports round trips per acquire+release pair (a go-redis hook
-// counts every command, and every pipeline as one). Handover reports the
+// counts every command, and every pipeline as one) and what the server
+// executed per pair, from INFO commandstats: srvcmds (data commands, those
+// scripts ran included) and scripts (script calls). Handover reports the
 // time from the holder starting its release to the next holder's acquire
 // returning, p50 and p99, with 1, 8 and 64 waiters; a releaser waits until
 // someone else got the lock before contending again, so each sample is a
@@ -180,6 +182,7 @@ func BenchmarkUncontended(b *testing.B) {
 			}
 			lat := make([]time.Duration, 0, b.N)
 			before := h.trips.Load()
+			calls := readServerCalls(b, c)
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
 				start := time.Now()
@@ -194,6 +197,9 @@ func BenchmarkUncontended(b *testing.B) {
 			}
 			b.StopTimer()
 			b.ReportMetric(float64(h.trips.Load()-before)/float64(b.N), "trips/op")
+			served := readServerCalls(b, c).since(calls)
+			served.report(b, b.N, "op")
+			b.Logf("server, %d pairs: %v", b.N, served)
 			reportPercentiles(b, lat, "pair")
 		})
 	}

@@ -32,6 +32,11 @@ func BenchmarkWake(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
+		// The waiter is refused once, as the Client's waiter is before it
+		// waits; that refusal asks the release to publish.
+		if _, err := waiter.TryAcquire(ctx, "wake", "waiter", time.Minute); err == nil {
+			b.Fatal("the waiter got a held key")
+		}
 		time.Sleep(time.Millisecond)
 		start := time.Now()
 		c1.Ping(ctx) // the round-trip floor after the same idle gap

@@ -14,7 +14,9 @@ import (
 )
 
 // Hub wakes waiters through Redis pub/sub. The release and break scripts
-// PUBLISH on the key's channel in the same atomic step that frees the key.
+// PUBLISH on the key's channel in the same atomic step that frees the key
+// (the redis backend's release only when a waiter announced itself; it
+// asks Subscribers whether this process has one).
 //
 // Why pub/sub: a blocking list (BLPOP) needs one blocked connection per
 // waiting goroutine, and a token pushed for a waiter that has since given
@@ -43,6 +45,7 @@ type Hub struct {
 	mu      sync.Mutex
 	ps      *redis.PubSub
 	topics  map[string]*topic
+	subs    map[string]int             // per channel, open subscriptions
 	pending map[string][]chan struct{} // per channel, SUBSCRIBEs awaiting confirmation, in order sent
 	wake    wakeup.Registry            // waiters by channel
 	closed  bool
@@ -61,15 +64,17 @@ type topic struct {
 const Linger = 5 * time.Second
 
 // sub is a waiter's subscription: the registry's, closed in order with
-// SUBSCRIBE and UNSUBSCRIBE.
+// SUBSCRIBE and UNSUBSCRIBE, and counted in Hub.subs until closed.
 type sub struct {
 	*wakeup.Sub
-	h *Hub
+	h       *Hub
+	channel string
+	once    sync.Once
 }
 
 // NewHub returns a Hub over c. It connects on first use.
 func NewHub(c redis.UniversalClient) *Hub {
-	h := &Hub{client: c, topics: map[string]*topic{}, pending: map[string][]chan struct{}{}, done: make(chan struct{})}
+	h := &Hub{client: c, topics: map[string]*topic{}, subs: map[string]int{}, pending: map[string][]chan struct{}{}, done: make(chan struct{})}
 	h.wake.Idle = h.idle
 	h.wake.PassOn = true // one wake-up per release: hand it on
 	return h
@@ -101,7 +106,8 @@ func (h *Hub) Subscribe(ctx context.Context, channel string) (driver.Subscriptio
 		h.topics[channel] = t
 		h.pending[channel] = append(h.pending[channel], t.ready)
 	}
-	s := sub{Sub: h.wake.Subscribe(channel), h: h}
+	s := &sub{Sub: h.wake.Subscribe(channel), h: h, channel: channel}
+	h.subs[channel]++
 	start := h.ps == nil
 	if start {
 		h.ps = h.client.Subscribe(context.WithoutCancel(ctx))
@@ -214,10 +220,27 @@ func (h *Hub) handle(m any) {
 // Close implements driver.Subscription. A wake-up this subscriber did not
 // consume goes to the next waiter; Linger after the last subscriber of a
 // key left, the channel is unsubscribed.
-func (s sub) Close() error {
+func (s *sub) Close() error {
+	s.once.Do(func() {
+		s.h.mu.Lock()
+		if s.h.subs[s.channel]--; s.h.subs[s.channel] <= 0 {
+			delete(s.h.subs, s.channel)
+		}
+		s.h.mu.Unlock()
+	})
 	s.h.cmdMu.Lock()
 	defer s.h.cmdMu.Unlock()
 	return s.Sub.Close()
+}
+
+// Subscribers returns how many subscriptions to channel are open in this
+// hub (subscribed or being subscribed). The redis backend's acquire script
+// takes it to decide whether a refused try must ask for a publish on
+// release (Keys.Waiters).
+func (h *Hub) Subscribers(channel string) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.subs[channel]
 }
 
 // idle arms the idle timer of channel, whose last subscriber left.

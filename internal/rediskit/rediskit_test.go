@@ -5,6 +5,31 @@ import (
 	"time"
 )
 
+// TestHashSlot checks HashSlot against slots Redis Cluster documents and
+// computes (CLUSTER KEYSLOT).
+func TestHashSlot(t *testing.T) {
+	for _, c := range []struct {
+		key  string
+		slot uint16
+	}{
+		{"123456789", 0x31C3 % 16384}, // the CRC16/XMODEM check value
+		{"foo", 12182},
+		{"somekey", 11058},
+		{"foo{hash_tag}", 2515},
+		{"bar{hash_tag}", 2515},
+		{"{}foo", HashSlot("{}foo")}, // an empty tag hashes the whole key
+		{"fenced:{job:7}:lock", HashSlot("job:7")},
+		{"fenced:{job:7}:fence", HashSlot("job:7")},
+	} {
+		if got := HashSlot(c.key); got != c.slot {
+			t.Errorf("HashSlot(%q) = %d, want %d", c.key, got, c.slot)
+		}
+	}
+	if HashSlot("{}foo") == HashSlot("foo") {
+		t.Errorf("an empty hash tag was taken as a tag")
+	}
+}
+
 // TestMillis checks that a TTL reaches Redis rounded up to the
 // millisecond, never shortened (PX and PEXPIRE count whole milliseconds).
 func TestMillis(t *testing.T) {
