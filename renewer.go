@@ -99,6 +99,9 @@ func (r *renewer) remove(l *Lease) {
 func (r *renewer) reschedule(leases ...*Lease) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	// Many leases at once (a large batch) are cheaper to place by
+	// rebuilding the heap than one by one.
+	bulk := len(leases) > len(r.heap)/4
 	for _, l := range leases {
 		if l.heapIdx < 0 {
 			continue // ended meanwhile
@@ -110,10 +113,15 @@ func (r *renewer) reschedule(leases ...*Lease) {
 			continue
 		}
 		l.wake = wake
-		r.fix(l.heapIdx)
-		if wake < r.armed {
-			r.wake()
+		if !bulk {
+			r.fix(l.heapIdx)
 		}
+	}
+	if bulk {
+		r.heapify()
+	}
+	if len(r.heap) > 0 && r.heap[0].wake < r.armed {
+		r.wake()
 	}
 }
 
@@ -223,8 +231,16 @@ func (r *renewer) due() (expired, batch []*Lease, next time.Duration) {
 		l.mu.Unlock()
 		looked = append(looked, l)
 	}
-	for _, l := range looked {
-		r.push(l)
+	if len(looked) > len(r.heap)/4 {
+		for _, l := range looked {
+			l.heapIdx = len(r.heap)
+			r.heap = append(r.heap, l)
+		}
+		r.heapify()
+	} else {
+		for _, l := range looked {
+			r.push(l)
+		}
 	}
 	next = loopIdle
 	if len(r.heap) > 0 {
@@ -322,6 +338,12 @@ func (r *renewer) removeAt(i int) {
 	gone.heapIdx = -1
 	if i != last {
 		r.fix(i)
+	}
+}
+
+func (r *renewer) heapify() {
+	for i := len(r.heap)/2 - 1; i >= 0; i-- {
+		r.down(i)
 	}
 }
 
