@@ -37,7 +37,7 @@ type Client struct {
 	// Options.CloseTimeout) or has finished: requests still in flight are
 	// abandoned then.
 	halt       context.Context
-	cancelHalt context.CancelFunc
+	cancelHalt context.CancelCauseFunc
 	closeDone  chan struct{} // closed when the first Close returns
 
 	mu        sync.Mutex
@@ -83,7 +83,7 @@ func NewClient(drv driver.Driver, opts *Options) *Client {
 	c.epoch = c.clock.Now()
 	c.hooks = c.opts.Hooks
 	c.closing, c.beginClosing = context.WithCancel(context.Background())
-	c.halt, c.cancelHalt = context.WithCancel(context.Background())
+	c.halt, c.cancelHalt = context.WithCancelCause(context.Background())
 	c.renew = newRenewer(c)
 	return c
 }
@@ -192,7 +192,7 @@ const maxReleasers = 64
 // haltRequests abandons every request still in flight: Close has stopped
 // waiting for the store, or is over.
 func (c *Client) haltRequests() {
-	c.cancelHalt()
+	c.cancelHalt(ErrClosed)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, cancel := range c.acquiring {
@@ -202,31 +202,61 @@ func (c *Client) haltRequests() {
 
 // admit registers an acquisition with c, so that Close waits for it, or
 // reports ErrClosed once Close has begun. It returns the context for the
-// acquisition's requests to the store: ctx, also cancelled with ErrClosed
-// when Close stops waiting for the store. The caller passes the returned id
-// and cancel to finish when the acquisition is over.
+// acquisition's requests to the store: ctx, also cancelled when Close stops
+// waiting for the store. The caller passes the returned id and cancel to
+// finish when the acquisition is over.
+//
+// A ctx that can never be cancelled (context.Background and the like) needs
+// no context of its own: its requests run under c.halt, with ctx's values.
 func (c *Client) admit(ctx context.Context) (dctx context.Context, id uint64, cancel context.CancelCauseFunc, err error) {
-	dctx, cancel = context.WithCancelCause(ctx)
+	if _, hasDeadline := ctx.Deadline(); ctx.Done() == nil && !hasDeadline {
+		dctx = haltable{Context: c.halt, values: ctx}
+	} else {
+		dctx, cancel = context.WithCancelCause(ctx)
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
-		cancel(nil)
+		if cancel != nil {
+			cancel(nil)
+		}
 		return nil, 0, nil, ErrClosed
 	}
 	c.inflight.Add(1)
-	c.admitted++
-	id = c.admitted
-	c.acquiring[id] = cancel
+	if cancel != nil {
+		c.admitted++
+		id = c.admitted
+		c.acquiring[id] = cancel
+	}
 	return dctx, id, cancel, nil
 }
 
 // finish ends an acquisition that admit admitted.
 func (c *Client) finish(id uint64, cancel context.CancelCauseFunc) {
-	c.mu.Lock()
-	delete(c.acquiring, id)
-	c.mu.Unlock()
-	cancel(nil)
+	if cancel != nil {
+		c.mu.Lock()
+		delete(c.acquiring, id)
+		c.mu.Unlock()
+		cancel(nil)
+	}
 	c.inflight.Done()
+}
+
+// haltable is c.halt (done, with cause ErrClosed, when Close stops waiting
+// for the store) with the values of a context that is never done.
+type haltable struct {
+	context.Context
+	values context.Context
+}
+
+// Value implements context.Context: values' values, and c.halt's for the
+// keys values has nothing for (c.halt has none of its own, but
+// context.Cause finds its cause this way).
+func (h haltable) Value(key any) any {
+	if v := h.values.Value(key); v != nil {
+		return v
+	}
+	return h.Context.Value(key)
 }
 
 // register puts l on c's schedule, which Close ends, unless Close has
@@ -303,14 +333,14 @@ func (c *Client) acquireChecked(ctx context.Context, key string, opts *LeaseOpti
 		spec.MaxWait = NoWait
 	}
 	ev.MaxWait = spec.MaxWait
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
 	dctx, id, cancel, err := c.admit(ctx)
 	if err != nil {
 		return nil, err
 	}
 	defer c.finish(id, cancel)
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	return c.acquireLoop(ctx, dctx, key, spec, ev)
 }
 

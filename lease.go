@@ -50,15 +50,10 @@ type Lease struct {
 	maxHoldHit bool
 	ended      bool
 	released   bool // Release or Close has taken the lease over
+	freed      bool // the release at the authority is over
 	lastErr    error
-	rel        *releasing // set when released becomes true
-}
-
-// releasing is what a lease needs once Release or Close has taken it over,
-// kept apart so a held lease does not carry it.
-type releasing struct {
-	freed chan struct{} // closed when the release at the authority is over
-	err   error         // set before freed is closed
+	releaseErr error         // the release's outcome, set with freed
+	freedCh    chan struct{} // made by a second Release that waits, closed with freed
 }
 
 // makeLease returns the lease of a grant whose request was sent at sent (on
@@ -71,8 +66,17 @@ func (c *Client) makeLease(parent context.Context, key, owner string, fence uint
 		validUntil: at + s.validity(),
 		nextRenew:  at + s.RenewEvery,
 	}
-	l.ctx, l.cancel = context.WithCancelCause(context.WithoutCancel(parent))
+	l.ctx, l.cancel = context.WithCancelCause(withoutCancel(parent))
 	return l
+}
+
+// withoutCancel returns parent without its cancellation, as
+// context.WithoutCancel does, or parent itself when it has none to drop.
+func withoutCancel(parent context.Context) context.Context {
+	if _, hasDeadline := parent.Deadline(); parent.Done() == nil && !hasDeadline {
+		return parent
+	}
+	return context.WithoutCancel(parent)
 }
 
 // newLease hands out a grant, or releases it and returns ErrClosed if Close
@@ -217,11 +221,20 @@ func (l *Lease) Renew(ctx context.Context) error {
 func (l *Lease) Release(ctx context.Context) error {
 	if !l.end(ErrReleased) {
 		l.mu.Lock()
-		rel := l.rel
+		if l.freed {
+			defer l.mu.Unlock()
+			return l.releaseErr
+		}
+		if l.freedCh == nil {
+			l.freedCh = make(chan struct{})
+		}
+		freed := l.freedCh
 		l.mu.Unlock()
 		select {
-		case <-rel.freed:
-			return rel.err
+		case <-freed:
+			l.mu.Lock()
+			defer l.mu.Unlock()
+			return l.releaseErr
 		case <-ctx.Done():
 			return fmt.Errorf("fenced: release %q: %w", l.key, context.Cause(ctx))
 		}
@@ -242,7 +255,6 @@ func (l *Lease) end(cause error) bool {
 	}
 	l.released = true
 	l.ended = true
-	l.rel = &releasing{freed: make(chan struct{})}
 	l.mu.Unlock()
 	l.c.renew.remove(l)
 	l.cancel(cause)
@@ -261,8 +273,12 @@ func (l *Lease) free(ctx context.Context) error {
 		err = fmt.Errorf("fenced: release %q: %w", l.key, err)
 	}
 	l.c.hooks.released(ReleaseEvent{Key: l.key, Fence: l.fence, Held: held, Err: err, Cause: context.Cause(l.ctx), Lease: l})
-	l.rel.err = err
-	close(l.rel.freed)
+	l.mu.Lock()
+	l.freed, l.releaseErr = true, err
+	if l.freedCh != nil {
+		close(l.freedCh)
+	}
+	l.mu.Unlock()
 	return err
 }
 
