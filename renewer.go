@@ -205,15 +205,32 @@ func (r *renewer) due() (expired, batch []*Lease, next time.Duration) {
 	defer r.mu.Unlock()
 	r.armed = loopBusy
 	now := r.c.now()
-	horizon := now // looking ahead as far as this; later once a renewal is due
-	var looked []*Lease
-	for len(r.heap) > 0 && r.heap[0].wake <= horizon {
+	// Look as far as now, or, when the earliest lease's renewal is due,
+	// as far as half its period ahead.
+	horizon := now
+	if len(r.heap) > 0 {
 		l := r.heap[0]
-		r.removeAt(0)
+		l.mu.Lock()
+		if now < l.validUntil && l.renewsNext() && l.nextRenew <= now {
+			horizon = now + l.spec.RenewEvery/2
+		}
+		l.mu.Unlock()
+	}
+	looked := r.upTo(horizon, nil)
+	// Many leases at once (a large batch) are cheaper to put back in order
+	// by rebuilding the heap than one by one.
+	bulk := len(looked) > len(r.heap)/4
+	if !bulk {
+		for _, l := range looked {
+			r.removeAt(l.heapIdx)
+		}
+	}
+	for _, l := range looked {
 		l.mu.Lock()
 		if now >= l.validUntil {
 			l.mu.Unlock()
 			expired = append(expired, l)
+			l.heapIdx = -1 // taken off below (bulk) or already
 			continue
 		}
 		if l.renewsNext() && l.nextRenew <= now+l.spec.RenewEvery/2 && (l.nextRenew <= now || horizon > now) {
@@ -224,23 +241,25 @@ func (r *renewer) due() (expired, batch []*Lease, next time.Duration) {
 			} else {
 				l.renewing = true
 				batch = append(batch, l)
-				horizon = max(horizon, now+l.spec.RenewEvery/2)
 			}
 		}
 		l.wake = l.nextEvent()
 		l.mu.Unlock()
-		looked = append(looked, l)
-	}
-	if len(looked) > len(r.heap)/4 {
-		for _, l := range looked {
-			l.heapIdx = len(r.heap)
-			r.heap = append(r.heap, l)
-		}
-		r.heapify()
-	} else {
-		for _, l := range looked {
+		if !bulk {
 			r.push(l)
 		}
+	}
+	if bulk {
+		kept := r.heap[:0]
+		for _, l := range r.heap {
+			if l.heapIdx >= 0 {
+				l.heapIdx = len(kept)
+				kept = append(kept, l)
+			}
+		}
+		clear(r.heap[len(kept):])
+		r.heap = kept
+		r.heapify()
 	}
 	next = loopIdle
 	if len(r.heap) > 0 {
@@ -248,6 +267,26 @@ func (r *renewer) due() (expired, batch []*Lease, next time.Duration) {
 	}
 	r.armed = next
 	return expired, batch, next
+}
+
+// upTo appends to dst the leases on the heap whose wake is no later than
+// limit: a subtree at the heap's top, found without looking further.
+func (r *renewer) upTo(limit time.Duration, dst []*Lease) []*Lease {
+	if len(r.heap) == 0 || r.heap[0].wake > limit {
+		return dst
+	}
+	stack := []int{0}
+	for len(stack) > 0 {
+		i := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		dst = append(dst, r.heap[i])
+		for _, child := range [2]int{2*i + 1, 2*i + 2} {
+			if child < len(r.heap) && r.heap[child].wake <= limit {
+				stack = append(stack, child)
+			}
+		}
+	}
+	return dst
 }
 
 // renewBatch renews batch: in one call to a driver.BatchRenewer, or with

@@ -32,7 +32,9 @@ func (l fencedDefaultsLocker) lock(ctx context.Context, key string) (func(contex
 // the driver alone, the Client (the bench's wait/no-renew shape and the
 // renewing defaults) and redislock in turn, in shuffled order, each on its
 // own key and go-redis client, after a discarded warm-up, and reports each
-// one's p50 and p99 and the Client's p50 over the driver's.
+// one's p50 and p99, the Client's p50 over the driver's, and the median
+// over rounds of the Client's time minus the driver's in the same round
+// (over-driver-paired, the steadiest figure on a loaded machine).
 //
 //	cd bench/redis && FENCED_BENCH_AOF=0 go test -run XXX -bench ClientCost -benchtime 3000x
 func BenchmarkClientCost(b *testing.B) {
@@ -112,9 +114,16 @@ func BenchmarkClientCost(b *testing.B) {
 		b.ReportMetric(p50, im.name+"-p50-µs")
 		b.ReportMetric(p99, im.name+"-p99-µs")
 	}
+	// The paired figure: the median over rounds of the Client's time minus
+	// the driver's in the same round, which cancels the load both saw.
 	for _, im := range impls {
 		if im.name == "fenced" || im.name == "fenced-defaults" {
 			b.ReportMetric(quantileUS(im.lat, 0.50)-driverP50, im.name+"-over-driver-p50-µs")
+			diffs := make([]time.Duration, len(im.lat))
+			for i := range diffs {
+				diffs[i] = im.lat[i] - impls[0].lat[i]
+			}
+			b.ReportMetric(quantileUS(diffs, 0.50), im.name+"-over-driver-paired-µs")
 		}
 	}
 	b.ReportMetric(0, "ns/op")
