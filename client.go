@@ -305,10 +305,17 @@ func (c *Client) Acquire(ctx context.Context, key string, opts *LeaseOptions) (*
 }
 
 func (c *Client) acquire(ctx context.Context, key string, opts *LeaseOptions, try bool) (*Lease, error) {
-	began := c.clock.Now()
+	// The clock is read for the hook only: reading it is not free on
+	// every machine.
+	var began time.Time
+	if c.hooks.Acquired != nil {
+		began = c.clock.Now()
+	}
 	ev := AcquireEvent{Key: key, Context: ctx}
 	l, err := c.acquireChecked(ctx, key, opts, try, &ev)
-	ev.Waited = c.clock.Now().Sub(began)
+	if c.hooks.Acquired != nil {
+		ev.Waited = c.clock.Now().Sub(began)
+	}
 	if err != nil {
 		err = fmt.Errorf("fenced: acquire %q: %w", key, err)
 		ev.Err = err
@@ -348,7 +355,7 @@ func (c *Client) acquireChecked(ctx context.Context, key string, opts *LeaseOpti
 // Close (see admit), for requests to the store.
 func (c *Client) acquireLoop(ctx, dctx context.Context, key string, s LeaseSpec, ev *AcquireEvent) (*Lease, error) {
 	owner := newOwner()
-	began := c.clock.Now()
+	var began time.Time // when the first request was sent
 	wait := s.MaxWait != NoWait
 	var (
 		waitTimer clock.Timer
@@ -368,6 +375,7 @@ func (c *Client) acquireLoop(ctx, dctx context.Context, key string, s LeaseSpec,
 		}
 	}()
 	if q, ok := c.drv.(driver.Queuer); ok && wait {
+		began = c.clock.Now()
 		startWaitTimer()
 		return c.acquireQueued(ctx, dctx, q, key, owner, s, waitOver, ev)
 	}
@@ -397,6 +405,9 @@ func (c *Client) acquireLoop(ctx, dctx context.Context, key string, s LeaseSpec,
 		ev.Attempts = attempt
 		c.hooks.attempt(AttemptEvent{Key: key, Attempt: attempt, Context: ctx})
 		sent := c.clock.Now()
+		if attempt == 1 {
+			began = sent
+		}
 		fence, err := c.tryAcquire(dctx, key, owner, s)
 		if err == nil {
 			return c.newLease(ctx, key, owner, fence, sent, s)

@@ -31,8 +31,9 @@ import (
 //
 // ClientCost interleaves the driver's and the Client's uncontended
 // acquire+release in shuffled order in one loop (the only comparison this
-// noisy machine allows) and reports both means and p50s and their
-// difference. PairAllocs reports the allocations of each (deterministic, so
+// noisy machine allows) and reports both means and p50s, the difference of
+// the means, and the median over rounds of the Client's time minus the
+// driver's in the same round (overhead-paired-ns). PairAllocs reports the allocations of each (deterministic, so
 // separate sub-benchmarks are fine). HeldLeases holds M leases on one
 // client and reports heap bytes and goroutines per held lease, the client's
 // CPU seconds per second and the renewal requests per renewal period.
@@ -112,6 +113,11 @@ func BenchmarkClientCost(b *testing.B) {
 			}
 			b.StopTimer()
 			dm, cm := mean(drvLat), mean(cliLat)
+			diffs := make([]time.Duration, len(cliLat))
+			for i := range diffs {
+				diffs[i] = cliLat[i] - drvLat[i]
+			}
+			b.ReportMetric(float64(pct(diffs, 50)), "overhead-paired-ns")
 			b.ReportMetric(dm, "driver-ns/pair")
 			b.ReportMetric(cm, "client-ns/pair")
 			b.ReportMetric(cm-dm, "overhead-ns/pair")

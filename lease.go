@@ -268,11 +268,13 @@ func (l *Lease) free(ctx context.Context) error {
 		err = l.c.drv.Release(ctx, l.grant())
 	}
 	l.c.signalRelease(l.key)
-	held := l.c.now() - l.acquired
 	if err != nil {
 		err = fmt.Errorf("fenced: release %q: %w", l.key, err)
 	}
-	l.c.hooks.released(ReleaseEvent{Key: l.key, Fence: l.fence, Held: held, Err: err, Cause: context.Cause(l.ctx), Lease: l})
+	if l.c.hooks.Released != nil {
+		held := l.c.now() - l.acquired
+		l.c.hooks.released(ReleaseEvent{Key: l.key, Fence: l.fence, Held: held, Err: err, Cause: context.Cause(l.ctx), Lease: l})
+	}
 	l.mu.Lock()
 	l.freed, l.releaseErr = true, err
 	if l.freedCh != nil {
