@@ -44,9 +44,11 @@ import (
 var costOptions = []struct {
 	name string
 	opts fenced.LeaseOptions
+	do   bool // through Client.Do instead of Acquire and Release
 }{
-	{"wait-norenew", fenced.LeaseOptions{TTL: 10 * time.Second, MaxWait: fenced.WaitForever, MinFence: fenced.FenceNone, AutoRenew: fenced.Off}},
-	{"defaults", fenced.LeaseOptions{TTL: 10 * time.Second}},
+	{"wait-norenew", fenced.LeaseOptions{TTL: 10 * time.Second, MaxWait: fenced.WaitForever, MinFence: fenced.FenceNone, AutoRenew: fenced.Off}, false},
+	{"defaults", fenced.LeaseOptions{TTL: 10 * time.Second}, false},
+	{"do-defaults", fenced.LeaseOptions{TTL: 10 * time.Second}, true},
 }
 
 // driverPair is the driver's own acquire+release, with an owner token made
@@ -63,6 +65,13 @@ func driverPair(ctx context.Context, d driver.Driver, key string) error {
 }
 
 func clientPair(ctx context.Context, c *fenced.Client, key string, opts *fenced.LeaseOptions) error {
+	return clientPairVia(ctx, c, key, opts, false)
+}
+
+func clientPairVia(ctx context.Context, c *fenced.Client, key string, opts *fenced.LeaseOptions, do bool) error {
+	if do {
+		return c.Do(ctx, key, opts, func(context.Context, *fenced.Lease) error { return nil })
+	}
 	l, err := c.Acquire(ctx, key, opts)
 	if err != nil {
 		return err
@@ -84,7 +93,7 @@ func BenchmarkClientCost(b *testing.B) {
 				start := time.Now()
 				var err error
 				if client {
-					err = clientPair(ctx, c, "cost:client", &opts)
+					err = clientPairVia(ctx, c, "cost:client", &opts, o.do)
 				} else {
 					err = driverPair(ctx, d, "cost:driver")
 				}
@@ -147,7 +156,7 @@ func BenchmarkPairAllocs(b *testing.B) {
 			opts := o.opts
 			b.ReportAllocs()
 			for i := 0; i < b.N; i++ {
-				if err := clientPair(ctx, c, "allocs", &opts); err != nil {
+				if err := clientPairVia(ctx, c, "allocs", &opts, o.do); err != nil {
 					b.Fatal(err)
 				}
 			}
