@@ -383,7 +383,6 @@ func (c *Client) acquireLoop(ctx, dctx context.Context, key string, s LeaseSpec,
 	// A waiter registers for local release signals only once the key is
 	// found held; releases counts what it could have missed before that.
 	waiting := false
-	releasesBefore := c.releases.Load()
 	defer func() {
 		if waiting {
 			c.stopWaiting(key)
@@ -399,8 +398,12 @@ func (c *Client) acquireLoop(ctx, dctx context.Context, key string, s LeaseSpec,
 	var lastErr error
 	for attempt := 1; ; attempt++ {
 		var wake <-chan struct{}
+		registered := false // as a waiter, after this attempt's request
+		releasesBefore := uint64(0)
 		if waiting {
 			wake = c.wakeup(key)
+		} else {
+			releasesBefore = c.releases.Load()
 		}
 		ev.Attempts = attempt
 		c.hooks.attempt(AttemptEvent{Key: key, Attempt: attempt, Context: ctx})
@@ -420,14 +423,10 @@ func (c *Client) acquireLoop(ctx, dctx context.Context, key string, s LeaseSpec,
 				return nil, err
 			}
 			if !waiting {
-				// Register for local release signals, then try again at
-				// once if a release through c may have come between the
-				// failed try and the registration (see signalRelease).
+				// Register for local release signals (see the check
+				// before the sleep below).
 				wake = c.startWaiting(key)
-				waiting = true
-				if c.releases.Load() != releasesBefore {
-					continue
-				}
+				waiting, registered = true, true
 			}
 			if notifier != nil && sub == nil {
 				// Subscribe, then try again at once: a release between the
@@ -479,6 +478,12 @@ func (c *Client) acquireLoop(ctx, dctx context.Context, key string, s LeaseSpec,
 			// (one per process for Redis), so the local broadcast is not
 			// needed and would only make every local waiter retry at once.
 			wake = nil
+		}
+		if registered && c.releases.Load() != releasesBefore {
+			// A release through c may have come between this attempt's
+			// request and the registration, and no channel saw it (see
+			// signalRelease): try again at once.
+			continue
 		}
 		startWaitTimer()
 		t := c.clock.NewTimer(sleep)

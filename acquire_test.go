@@ -77,3 +77,81 @@ func TestCloseAbandonsHungAcquisitions(t *testing.T) {
 		}
 	}
 }
+
+// pollOnly is a mem driver seen only through driver.Driver: no
+// notifications, so its waiters poll. afterHeld, if set, runs once when a
+// TryAcquire finds the key held, before the answer reaches the client.
+type pollOnly struct {
+	driver.Driver
+	mu        sync.Mutex
+	afterHeld func()
+}
+
+func (p *pollOnly) TryAcquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
+	fence, err := p.Driver.TryAcquire(ctx, key, owner, ttl)
+	p.mu.Lock()
+	after := p.afterHeld
+	if errors.Is(err, driver.ErrHeld) {
+		p.afterHeld = nil
+	} else {
+		after = nil
+	}
+	p.mu.Unlock()
+	if after != nil {
+		after()
+	}
+	return fence, err
+}
+
+// TestLocalReleaseWakesWaiter checks that a waiter on a backend that
+// cannot notify is woken by a release through its own client at once,
+// not at its next poll: when it is already waiting, and when the release
+// comes between the store finding the key held and the waiter registering
+// for the wake-up (which it does only once it has found the key held).
+func TestLocalReleaseWakesWaiter(t *testing.T) {
+	ctx := context.Background()
+	p := &pollOnly{Driver: mem.New(nil)}
+	// Polls far apart: a waiter that got its key within a second was woken.
+	c := fenced.NewClient(p, &fenced.Options{MinBackoff: 20 * time.Second, MaxBackoff: 20 * time.Second})
+	defer c.Close()
+	for _, racing := range []bool{false, true} {
+		key := fmt.Sprintf("wake:%v", racing)
+		holder, err := c.TryAcquire(ctx, key, &fenced.LeaseOptions{TTL: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		released := make(chan struct{})
+		release := func() {
+			if err := holder.Release(ctx); err != nil {
+				t.Error(err)
+			}
+			close(released)
+		}
+		if racing {
+			p.mu.Lock()
+			p.afterHeld = release
+			p.mu.Unlock()
+		}
+		got := make(chan error, 1)
+		go func() {
+			l, err := c.Acquire(ctx, key, &fenced.LeaseOptions{TTL: time.Minute, MaxWait: 10 * time.Second})
+			if err == nil {
+				err = l.Release(ctx)
+			}
+			got <- err
+		}()
+		if !racing {
+			time.Sleep(20 * time.Millisecond) // the waiter is waiting
+			release()
+		}
+		<-released
+		select {
+		case err := <-got:
+			if err != nil {
+				t.Fatalf("racing %v: waiter: %v", racing, err)
+			}
+		case <-time.After(2 * time.Second):
+			t.Fatalf("racing %v: the waiter was not woken by the release", racing)
+		}
+	}
+}
