@@ -374,7 +374,7 @@ func (c *Client) acquireLoop(ctx, dctx context.Context, key string, s LeaseSpec,
 			waitTimer.Stop()
 		}
 	}()
-	if q, ok := c.drv.(driver.Queuer); ok && wait {
+	if q, ok := c.drv.(driver.TimedQueuer); ok && wait {
 		began = c.clock.Now()
 		startWaitTimer()
 		return c.acquireQueued(ctx, dctx, q, key, owner, s, waitOver, ev)
@@ -516,7 +516,7 @@ func (c *Client) tryAcquire(ctx context.Context, key, owner string, s LeaseSpec)
 
 // acquireQueued waits in the backend's native queue. ctx is the caller's;
 // dctx is ctx bounded by Close (see untilHalt).
-func (c *Client) acquireQueued(ctx, dctx context.Context, q driver.Queuer, key, owner string, s LeaseSpec, waitOver <-chan time.Time, ev *AcquireEvent) (*Lease, error) {
+func (c *Client) acquireQueued(ctx, dctx context.Context, q driver.TimedQueuer, key, owner string, s LeaseSpec, waitOver <-chan time.Time, ev *AcquireEvent) (*Lease, error) {
 	qctx, cancel := context.WithCancelCause(dctx)
 	defer cancel(nil)
 	// Close ends the wait at once; the queue leaves nothing behind.
@@ -534,22 +534,13 @@ func (c *Client) acquireQueued(ctx, dctx context.Context, q driver.Queuer, key, 
 	ev.Attempts = 1
 	c.hooks.attempt(AttemptEvent{Key: key, Attempt: 1, Context: ctx})
 	sent := c.clock.Now()
-	var (
-		fence uint64
-		err   error
-	)
-	if tq, ok := q.(driver.TimedQueuer); ok {
-		// Validity starts when the grant was confirmed, not when the wait
-		// began. The driver reports that on the real clock; carry the
-		// offset over to c's clock.
-		realStart := time.Now()
-		var confirmed time.Time
-		fence, confirmed, err = tq.AcquireTimed(qctx, key, owner, s.TTL)
-		if err == nil && confirmed.After(realStart) {
-			sent = sent.Add(confirmed.Sub(realStart))
-		}
-	} else {
-		fence, err = q.Acquire(qctx, key, owner, s.TTL)
+	// Validity starts when the grant was confirmed, not when the wait
+	// began. The driver reports that on the real clock; carry the offset
+	// over to c's clock.
+	realStart := time.Now()
+	fence, confirmed, err := q.AcquireTimed(qctx, key, owner, s.TTL)
+	if err == nil && confirmed.After(realStart) {
+		sent = sent.Add(confirmed.Sub(realStart))
 	}
 	if err != nil {
 		switch cause := context.Cause(qctx); {
@@ -645,9 +636,17 @@ func (c *Client) Inspect(ctx context.Context, key string) (LeaseInfo, error) {
 	}
 	info, err := c.drv.Inspect(ctx, key)
 	if err != nil {
-		return info, fmt.Errorf("fenced: inspect %q: %w", key, err)
+		return shortOwner(info), fmt.Errorf("fenced: inspect %q: %w", key, err)
 	}
-	return info, nil
+	return shortOwner(info), nil
+}
+
+// shortOwner makes sure that no owner token leaves the admin API whole,
+// whatever the driver reported: drivers shorten owners already
+// (LeaseInfo.SetOwner), and ShortOwner leaves a shortened owner as it is.
+func shortOwner(info LeaseInfo) LeaseInfo {
+	info.Owner = driver.ShortOwner(info.Owner)
+	return info
 }
 
 // List returns the held leases whose keys start with prefix ("" for all),
@@ -656,6 +655,9 @@ func (c *Client) List(ctx context.Context, prefix string) ([]LeaseInfo, error) {
 	infos, err := c.drv.List(ctx, prefix)
 	if err != nil {
 		return nil, fmt.Errorf("fenced: list %q: %w", prefix, err)
+	}
+	for i := range infos {
+		infos[i] = shortOwner(infos[i])
 	}
 	return infos, nil
 }
@@ -674,9 +676,9 @@ func (c *Client) Break(ctx context.Context, key, reason, by string) (LeaseInfo, 
 	}
 	info, err := c.drv.Break(ctx, key, driver.BreakRequest{Reason: reason, By: by})
 	if err != nil {
-		return info, fmt.Errorf("fenced: break %q: %w", key, err)
+		return shortOwner(info), fmt.Errorf("fenced: break %q: %w", key, err)
 	}
-	return info, nil
+	return shortOwner(info), nil
 }
 
 // Breaks returns the recorded breaks of key ("" for every key), oldest
@@ -689,6 +691,9 @@ func (c *Client) Breaks(ctx context.Context, key string) ([]BreakRecord, error) 
 	recs, err := bl.Breaks(ctx, key)
 	if err != nil {
 		return nil, fmt.Errorf("fenced: breaks %q: %w", key, err)
+	}
+	for i := range recs {
+		recs[i].Owner = driver.ShortOwner(recs[i].Owner)
 	}
 	return recs, nil
 }

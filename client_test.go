@@ -46,7 +46,7 @@ func (f *faulty) TryAcquire(ctx context.Context, key, owner string, ttl time.Dur
 	return fence, err
 }
 
-func (f *faulty) Renew(ctx context.Context, g driver.Grant, ttl time.Duration) error {
+func (f *faulty) Renew(ctx context.Context, g driver.Grant) error {
 	f.renewCalls.Add(1)
 	f.mu.Lock()
 	err := f.renewErr
@@ -54,7 +54,7 @@ func (f *faulty) Renew(ctx context.Context, g driver.Grant, ttl time.Duration) e
 	if err != nil {
 		return err
 	}
-	return f.Driver.Renew(ctx, g, ttl)
+	return f.Driver.Renew(ctx, g)
 }
 
 func (f *faulty) Guarantees() driver.Guarantees {
@@ -75,11 +75,11 @@ func (f *faulty) set(fn func(f *faulty)) {
 // batching adds driver.BatchRenewer to faulty.
 type batching struct{ *faulty }
 
-func (b batching) RenewBatch(ctx context.Context, reqs []driver.RenewRequest) ([]error, error) {
+func (b batching) RenewBatch(ctx context.Context, grants []driver.Grant) ([]error, error) {
 	b.batchCalls.Add(1)
-	errs := make([]error, len(reqs))
-	for i, r := range reqs {
-		errs[i] = b.Driver.Renew(ctx, r.Grant, r.TTL)
+	errs := make([]error, len(grants))
+	for i, g := range grants {
+		errs[i] = b.Driver.Renew(ctx, g)
 	}
 	return errs, nil
 }

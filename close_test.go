@@ -46,14 +46,14 @@ func (g *gate) TryAcquire(ctx context.Context, key, owner string, ttl time.Durat
 	return fence, err
 }
 
-func (g *gate) Renew(ctx context.Context, gr driver.Grant, ttl time.Duration) error {
+func (g *gate) Renew(ctx context.Context, gr driver.Grant) error {
 	g.mu.Lock()
 	hang := g.hangRenew
 	g.mu.Unlock()
 	if hang {
 		<-g.hang
 	}
-	return g.Driver.Renew(ctx, gr, ttl)
+	return g.Driver.Renew(ctx, gr)
 }
 
 func (g *gate) Release(ctx context.Context, gr driver.Grant) error {

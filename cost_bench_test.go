@@ -189,10 +189,10 @@ type countingRenewals struct {
 	inDriver                  atomic.Int64 // nanoseconds spent in the driver's renewals
 }
 
-func (d *countingRenewals) Renew(ctx context.Context, g driver.Grant, ttl time.Duration) error {
+func (d *countingRenewals) Renew(ctx context.Context, g driver.Grant) error {
 	d.singles.Add(1)
 	defer d.timeDriver(time.Now())
-	return d.Driver.Renew(ctx, g, ttl)
+	return d.Driver.Renew(ctx, g)
 }
 
 func (d *countingRenewals) timeDriver(start time.Time) { d.inDriver.Add(int64(time.Since(start))) }
@@ -200,13 +200,13 @@ func (d *countingRenewals) timeDriver(start time.Time) { d.inDriver.Add(int64(ti
 // countingBatches adds driver.BatchRenewer to countingRenewals.
 type countingBatches struct{ *countingRenewals }
 
-func (d countingBatches) RenewBatch(ctx context.Context, reqs []driver.RenewRequest) ([]error, error) {
+func (d countingBatches) RenewBatch(ctx context.Context, grants []driver.Grant) ([]error, error) {
 	d.batches.Add(1)
-	d.batched.Add(int64(len(reqs)))
+	d.batched.Add(int64(len(grants)))
 	defer d.timeDriver(time.Now())
-	errs := make([]error, len(reqs))
-	for i, r := range reqs {
-		errs[i] = d.Driver.Renew(ctx, r.Grant, r.TTL)
+	errs := make([]error, len(grants))
+	for i, g := range grants {
+		errs[i] = d.Driver.Renew(ctx, g)
 	}
 	return errs, nil
 }

@@ -138,7 +138,7 @@ func (e *Election) Leader(ctx context.Context) (Leader, error) {
 	if err != nil {
 		return Leader{}, fmt.Errorf("fenced: leader of %q: %w", e.name, err)
 	}
-	return Leader{Present: info.Held, Epoch: info.Fence, Value: value, Owner: info.Owner, Remaining: info.Remaining}, nil
+	return Leader{Present: info.Held, Epoch: info.Fence, Value: value, Owner: driver.ShortOwner(info.Owner), Remaining: info.Remaining}, nil
 }
 
 // Leader is one state of an election as Observe and Leader report it.
@@ -311,7 +311,7 @@ func (l *Leadership) publish(ctx context.Context, value string) error {
 		return fmt.Errorf("fenced: proclaim %q: %w", l.e.name, err)
 	}
 	v := l.e.c.drv.(driver.Valuer)
-	if err := v.SetValue(ctx, driver.Grant{Key: l.lease.Key(), Owner: l.lease.Owner(), Fence: l.lease.Fence()}, value); err != nil {
+	if err := v.SetValue(ctx, l.lease.grant(), value); err != nil {
 		if errors.Is(err, ErrNotHeld) {
 			l.lease.lose(fmt.Errorf("%w: the store refused the proclamation: %v", ErrLost, err))
 		}

@@ -5,6 +5,24 @@ import (
 	"fmt"
 )
 
+// Sentinel errors of the portable layer and the resources it protects,
+// which no driver returns.
+var (
+	// ErrExpired is the cause given to a lease's context when its local
+	// validity ran out before a renewal was confirmed.
+	ErrExpired = errors.New("lease validity expired locally")
+	// ErrStaleFence means a protected resource refused a write because it
+	// has already seen a newer fence for the key.
+	ErrStaleFence = errors.New("stale fence: a newer holder exists")
+	// ErrNoFence means a lease was requested on a backend whose fence is
+	// weaker than the lease's minimum (LeaseOptions.MinFence).
+	ErrNoFence = errors.New("backend cannot provide the fencing token this lease requires")
+	// ErrInvalidOptions means lease options failed validation: a value out
+	// of range or a combination that cannot be honoured (FailOpen with a
+	// fence required). Errors about durations match ErrInvalidTTL as well.
+	ErrInvalidOptions = errors.New("invalid lease options")
+)
+
 // IsLost reports whether err says that a lease ended without its holder
 // ending it: the authority no longer had the grant (ErrLost: a renewal was
 // refused, an admin broke the lease, the session ended) or the lease's

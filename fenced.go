@@ -65,20 +65,17 @@ import (
 	"github.com/fenced-dev/fenced/driver"
 )
 
-// Sentinel errors; see package driver for their meaning.
+// Sentinel errors that drivers return; see package driver for their
+// meaning.
 var (
 	ErrHeld           = driver.ErrHeld
 	ErrNotHeld        = driver.ErrNotHeld
 	ErrLost           = driver.ErrLost
-	ErrExpired        = driver.ErrExpired
-	ErrStaleFence     = driver.ErrStaleFence
 	ErrClosed         = driver.ErrClosed
 	ErrUnavailable    = driver.ErrUnavailable
 	ErrUnknownOutcome = driver.ErrUnknownOutcome
-	ErrNoFence        = driver.ErrNoFence
 	ErrInvalidKey     = driver.ErrInvalidKey
 	ErrInvalidTTL     = driver.ErrInvalidTTL
-	ErrInvalidOptions = driver.ErrInvalidOptions
 	ErrInvalidURL     = driver.ErrInvalidURL
 	ErrNotFound       = driver.ErrNotFound
 	ErrUnsupported    = driver.ErrUnsupported

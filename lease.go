@@ -112,7 +112,10 @@ func (c *Client) failOpenLease(parent context.Context, key, owner string, sent t
 	return l, nil
 }
 
-func (l *Lease) grant() driver.Grant { return driver.Grant{Key: l.key, Owner: l.owner, Fence: l.fence} }
+// grant is l's grant as drivers see it, with the TTL it is renewed for.
+func (l *Lease) grant() driver.Grant {
+	return driver.Grant{Key: l.key, Owner: l.owner, Fence: l.fence, TTL: l.spec.TTL}
+}
 
 // Key returns the leased key.
 func (l *Lease) Key() string { return l.key }
@@ -200,7 +203,7 @@ func (l *Lease) Renew(ctx context.Context) error {
 		return fmt.Errorf("fenced: renew %q: lease failed open: %w", l.key, ErrUnavailable)
 	}
 	sent := l.c.now()
-	err := l.c.drv.Renew(ctx, l.grant(), l.spec.TTL)
+	err := l.c.drv.Renew(ctx, l.grant())
 	if l.applyRenew(sent, err) {
 		l.c.renew.reschedule(l)
 	}

@@ -293,11 +293,11 @@ func (r *renewer) upTo(limit time.Duration, dst []*Lease) []*Lease {
 // up to maxRenewers single renewals at a time.
 func (r *renewer) renewBatch(batch []*Lease) {
 	now := r.c.now()
-	var reqs []driver.RenewRequest
+	var grants []driver.Grant
 	br, batched := r.c.drv.(driver.BatchRenewer)
 	batched = batched && len(batch) > 1
 	if batched {
-		reqs = make([]driver.RenewRequest, len(batch))
+		grants = make([]driver.Grant, len(batch))
 	}
 	deadline := time.Duration(loopIdle)
 	for i, l := range batch {
@@ -305,7 +305,7 @@ func (r *renewer) renewBatch(batch []*Lease) {
 		deadline = min(deadline, l.validUntil)
 		l.mu.Unlock()
 		if batched {
-			reqs[i] = driver.RenewRequest{Grant: l.grant(), TTL: l.spec.TTL}
+			grants[i] = l.grant()
 		}
 	}
 	// A renewal confirmed after local validity ran out is useless, so the
@@ -314,7 +314,7 @@ func (r *renewer) renewBatch(batch []*Lease) {
 	defer cancel()
 	sent := r.c.now()
 	if batched {
-		errs, err := br.RenewBatch(ctx, reqs)
+		errs, err := br.RenewBatch(ctx, grants)
 		kept := batch[:0:0]
 		for i, l := range batch {
 			e := err
@@ -346,7 +346,7 @@ func (r *renewer) renewBatch(batch []*Lease) {
 					return
 				}
 				l := batch[i]
-				if l.applyRenew(sent, r.c.drv.Renew(ctx, l.grant(), l.spec.TTL)) {
+				if l.applyRenew(sent, r.c.drv.Renew(ctx, l.grant())) {
 					r.reschedule(l)
 				}
 			}

@@ -111,7 +111,7 @@ func (s *Semaphore) acquire(ctx context.Context) (*Permit, error) {
 	if err == nil || !errors.Is(err, ErrHeld) || spec.MaxWait == NoWait {
 		return p, err
 	}
-	_, queues := s.c.drv.(driver.Queuer)
+	_, queues := s.c.drv.(driver.TimedQueuer)
 	_, notifies := s.c.drv.(driver.Notifier)
 	if queues || notifies {
 		return s.race(ctx)

@@ -28,7 +28,12 @@
 //   - Errors are the sentinels of this package, wrapped with detail; a
 //     driver distinguishes "refused" (ErrHeld, ErrNotHeld) from "could not
 //     reach the authority" (ErrUnavailable) and "the request may or may not
-//     have been applied" (ErrUnknownOutcome).
+//     have been applied" (ErrUnknownOutcome). A driver names the sentinel
+//     of its client library's errors with one hook (a Classifier) and
+//     leaves the shared rules to Classify.
+//   - A grant carries the TTL it was made with (Grant.TTL); a renewal
+//     renews it for that TTL. Every TTL reaches the authority through
+//     TTLUnits: rounded up to the authority's unit, never shortened.
 package driver
 
 import (
@@ -40,8 +45,10 @@ import (
 	"time"
 )
 
-// Sentinel errors shared by drivers and the portable API. The fenced package
-// re-exports each of them under the same name; check them with errors.Is.
+// Sentinel errors that drivers return. The fenced package re-exports each
+// of them under the same name, beside the sentinels of its own that no
+// driver returns (ErrExpired, ErrStaleFence, ErrNoFence,
+// ErrInvalidOptions); check them with errors.Is.
 var (
 	// ErrHeld means the key is held by another owner.
 	ErrHeld = errors.New("lease held by another owner")
@@ -51,12 +58,6 @@ var (
 	// ErrLost is the cause given to a lease's context when the authority says
 	// the lease is no longer ours.
 	ErrLost = errors.New("lease lost")
-	// ErrExpired is the cause given to a lease's context when its local
-	// validity ran out before a renewal was confirmed.
-	ErrExpired = errors.New("lease validity expired locally")
-	// ErrStaleFence means a protected resource refused a write because it has
-	// already seen a newer fence for the key.
-	ErrStaleFence = errors.New("stale fence: a newer holder exists")
 	// ErrClosed means the client or driver has been closed.
 	ErrClosed = errors.New("store closed")
 	// ErrUnavailable means the authority could not be reached; nothing was
@@ -65,18 +66,11 @@ var (
 	// ErrUnknownOutcome means a request was sent but its outcome is unknown
 	// (for example the connection broke after the write was sent).
 	ErrUnknownOutcome = errors.New("outcome unknown")
-	// ErrNoFence means a lease was requested on a backend whose fence is
-	// weaker than the lease's minimum (fenced.LeaseOptions.MinFence).
-	ErrNoFence = errors.New("backend cannot provide the fencing token this lease requires")
 	// ErrInvalidKey means a key failed validation.
 	ErrInvalidKey = errors.New("invalid key")
 	// ErrInvalidTTL means a TTL, or another duration of a lease's terms,
 	// failed validation.
 	ErrInvalidTTL = errors.New("invalid TTL")
-	// ErrInvalidOptions means lease options failed validation: a value out
-	// of range or a combination that cannot be honoured (FailOpen with a
-	// fence required). Errors about durations match ErrInvalidTTL as well.
-	ErrInvalidOptions = errors.New("invalid lease options")
 	// ErrInvalidURL means a store URL could not be parsed or names an
 	// unknown scheme.
 	ErrInvalidURL = errors.New("invalid store URL")
@@ -114,11 +108,38 @@ func (e *HeldError) Error() string {
 func (e *HeldError) Is(target error) bool { return target == ErrHeld }
 
 // Grant identifies one grant of a key: the key, the owner token that proves
-// ownership and the fence issued with it.
+// ownership and the fence issued with it, and the TTL it was granted for.
 type Grant struct {
 	Key   string
 	Owner string
 	Fence uint64
+	// TTL is how long the authority keeps the grant without renewal: the
+	// TTL it was granted with, which every renewal grants again (Renew,
+	// RenewBatch). The portable layer sets it from the lease's terms. It
+	// plays no part in identifying the grant: a driver matches key, owner
+	// and fence only.
+	TTL time.Duration
+}
+
+// CheckTTL returns an error matching ErrInvalidTTL unless g.TTL is
+// positive. Renew and RenewBatch check it before anything else: a grant
+// built without its TTL would otherwise be "renewed" for nothing (Redis's
+// PEXPIRE 0 deletes the key and reports success).
+func (g Grant) CheckTTL() error {
+	if g.TTL <= 0 {
+		return fmt.Errorf("renew %s: %w: the grant carries no TTL (%v)", g, ErrInvalidTTL, g.TTL)
+	}
+	return nil
+}
+
+// CheckTTLs is CheckTTL for every grant of a batch.
+func CheckTTLs(grants []Grant) error {
+	for _, g := range grants {
+		if err := g.CheckTTL(); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // String describes g without revealing the whole owner token.
@@ -280,9 +301,12 @@ type Driver interface {
 	// extends the grant. Otherwise it returns an error matching ErrHeld
 	// (preferably a *HeldError) and changes nothing.
 	TryAcquire(ctx context.Context, key, owner string, ttl time.Duration) (fence uint64, err error)
-	// Renew extends g by ttl from now (authority's clock). It returns an
+	// Renew extends g by g.TTL from now (authority's clock). It returns an
 	// error matching ErrNotHeld if g is not the current unexpired grant.
-	Renew(ctx context.Context, g Grant, ttl time.Duration) error
+	// g.TTL is the TTL the grant was made with; a backend whose grants
+	// ride on sessions of a fixed TTL (etcd leases, ZooKeeper sessions)
+	// renews the session.
+	Renew(ctx context.Context, g Grant) error
 	// Release ends g, keeping the key's fence counter. It returns an error
 	// matching ErrNotHeld if g is not the current grant; it never removes
 	// another owner's grant.
@@ -319,23 +343,18 @@ type Notifier interface {
 	Subscribe(ctx context.Context, key string) (Subscription, error)
 }
 
-// Queuer is implemented by drivers whose authority keeps a native FIFO wait
-// queue (etcd and ZooKeeper recipes). Acquire blocks until owner is granted
-// key or ctx is done; on ctx end it must leave nothing queued behind.
-type Queuer interface {
-	Acquire(ctx context.Context, key, owner string, ttl time.Duration) (fence uint64, err error)
-}
-
-// TimedQueuer is implemented by Queuers whose wait can outlast the TTL.
-// AcquireTimed is Acquire that also returns when the request that
-// confirmed the grant (the one that found owner first in the queue with its
-// session alive) was sent, on the local monotonic clock. The grant's
-// validity is measured from that moment instead of from the start of the
-// wait, so the driver must have made sure that the authority keeps the
-// grant for ttl from then (for example by a session keep-alive sent no
-// earlier).
+// TimedQueuer is implemented by drivers whose authority keeps a native
+// FIFO wait queue (etcd and ZooKeeper recipes); the portable layer then
+// waits in that queue instead of polling. AcquireTimed blocks until owner
+// is granted key or ctx is done; on ctx end it must leave nothing queued
+// behind. Since a wait can outlast the TTL, it also returns when the
+// request that confirmed the grant (the one that found owner first in the
+// queue with its session alive) was sent, on the local monotonic clock.
+// The grant's validity is measured from that moment instead of from the
+// start of the wait, so the driver must have made sure that the authority
+// keeps the grant for ttl from then (for example by a session keep-alive
+// sent no earlier).
 type TimedQueuer interface {
-	Queuer
 	AcquireTimed(ctx context.Context, key, owner string, ttl time.Duration) (fence uint64, confirmed time.Time, err error)
 }
 
@@ -367,18 +386,13 @@ type TermsAcquirer interface {
 	TryAcquireTerms(ctx context.Context, key, owner string, t Terms) (fence uint64, err error)
 }
 
-// RenewRequest is one element of a batched renewal.
-type RenewRequest struct {
-	Grant Grant
-	TTL   time.Duration
-}
-
 // BatchRenewer is implemented by drivers that renew many grants in one
-// round trip. RenewBatch returns one error per request, in order (nil for
-// renewed, ErrNotHeld for not held); a non-nil second result means the whole
-// batch failed and errs is nil.
+// round trip. RenewBatch renews each grant as Renew does (for its own TTL)
+// and returns one error per grant, in order (nil for renewed, ErrNotHeld
+// for not held); a non-nil second result means the whole batch failed and
+// errs is nil.
 type BatchRenewer interface {
-	RenewBatch(ctx context.Context, reqs []RenewRequest) (errs []error, err error)
+	RenewBatch(ctx context.Context, grants []Grant) (errs []error, err error)
 }
 
 // LossWatcher is implemented by drivers that learn of a lost grant without

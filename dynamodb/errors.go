@@ -47,41 +47,43 @@ func (d *Driver) call(ctx context.Context, fn func(ctx context.Context) error) (
 }
 
 // classify maps an error of one DynamoDB request onto the driver's
-// sentinels: throttling and credential or table problems were refused
-// before anything was applied (ErrUnavailable); a write that was sent and
-// got no answer, or a server error, may or may not have been applied
-// (ErrUnknownOutcome); a request that never left applied nothing
-// (ErrUnavailable). Conditional-check failures are refusals and are
-// handled by the callers before classify.
+// sentinels with driver.Classify and the hook sentinel: only a write that
+// was sent (write && sent) can have an unknown outcome; a read, or a
+// request that never left, applied nothing (ErrUnavailable).
+// Conditional-check failures are refusals and are handled by the callers
+// before classify.
 func (d *Driver) classify(op, key string, write, sent bool, err error) error {
 	where := op
 	if key != "" {
 		where = fmt.Sprintf("%s %q", op, key)
 	}
+	return fmt.Errorf("dynamodb: %s: %w", where, driver.Classify(err, write && sent, d.sentinel))
+}
+
+// sentinel is DynamoDB's driver.Classifier: throttling and credential or
+// table problems were refused before anything was applied
+// (ErrUnavailable); a server error (5xx) or a request without an answer
+// may or may not have been applied (ErrUnknownOutcome); any other API
+// error is reported as it is.
+func (d *Driver) sentinel(err error) error {
 	var apiErr smithy.APIError
-	if errors.As(err, &apiErr) {
-		switch apiErr.ErrorCode() {
-		case "ProvisionedThroughputExceededException", "ThrottlingException", "RequestLimitExceeded", "LimitExceededException":
-			return fmt.Errorf("dynamodb: %s: throttled: %w: %w", where, driver.ErrUnavailable, err)
-		case "ResourceNotFoundException":
-			return fmt.Errorf("dynamodb: %s: table %q not found: %w: %w", where, d.table, driver.ErrUnavailable, err)
-		case "UnrecognizedClientException", "AccessDeniedException", "InvalidSignatureException", "IncompleteSignature",
-			"MissingAuthenticationToken", "ExpiredTokenException", "InvalidClientTokenId":
-			return fmt.Errorf("dynamodb: %s: credentials refused: %w: %w", where, driver.ErrUnavailable, err)
-		}
-		var re *smithyhttp.ResponseError
-		if errors.As(err, &re) && re.HTTPStatusCode() >= 500 {
-			// InternalServerError, ServiceUnavailable: DynamoDB documents
-			// that the request may or may not have been applied.
-			if write {
-				return fmt.Errorf("dynamodb: %s: %w: %w", where, driver.ErrUnknownOutcome, err)
-			}
-			return fmt.Errorf("dynamodb: %s: %w: %w", where, driver.ErrUnavailable, err)
-		}
-		return fmt.Errorf("dynamodb: %s: %w", where, err)
+	if !errors.As(err, &apiErr) {
+		return fmt.Errorf("request sent, no answer: %w", driver.ErrUnknownOutcome)
 	}
-	if write && sent {
-		return fmt.Errorf("dynamodb: %s: request sent, no answer: %w: %w", where, driver.ErrUnknownOutcome, err)
+	switch apiErr.ErrorCode() {
+	case "ProvisionedThroughputExceededException", "ThrottlingException", "RequestLimitExceeded", "LimitExceededException":
+		return fmt.Errorf("throttled: %w", driver.ErrUnavailable)
+	case "ResourceNotFoundException":
+		return fmt.Errorf("table %q not found: %w", d.table, driver.ErrUnavailable)
+	case "UnrecognizedClientException", "AccessDeniedException", "InvalidSignatureException", "IncompleteSignature",
+		"MissingAuthenticationToken", "ExpiredTokenException", "InvalidClientTokenId":
+		return fmt.Errorf("credentials refused: %w", driver.ErrUnavailable)
 	}
-	return fmt.Errorf("dynamodb: %s: %w: %w", where, driver.ErrUnavailable, err)
+	var re *smithyhttp.ResponseError
+	if errors.As(err, &re) && re.HTTPStatusCode() >= 500 {
+		// InternalServerError, ServiceUnavailable: DynamoDB documents
+		// that the request may or may not have been applied.
+		return driver.ErrUnknownOutcome
+	}
+	return nil
 }

@@ -38,11 +38,9 @@ func num(n uint64) types.AttributeValue {
 	return &types.AttributeValueMemberN{Value: strconv.FormatUint(n, 10)}
 }
 
-// millis is a TTL in whole milliseconds, rounded up so that it is never
-// shortened to zero.
-func millis(ttl time.Duration) uint64 {
-	return uint64((ttl + time.Millisecond - 1) / time.Millisecond)
-}
+// millis is a TTL in whole milliseconds, the unit the item stores, by the
+// one TTL rounding rule (driver.TTLUnits: rounded up, never shortened).
+func millis(ttl time.Duration) uint64 { return uint64(driver.TTLUnits(ttl, time.Millisecond)) }
 
 // TryAcquire implements driver.Driver. Uncontended it is one conditional
 // UpdateItem; a refusal costs one consistent GetItem more on servers that
@@ -145,15 +143,18 @@ func (d *Driver) reconfirm(ctx context.Context, key, owner string, fence uint64,
 // fence, which raises the version (so waiters watching the grant start
 // their watch again) and sets the TTL. A grant nobody has taken over is
 // still current, so it can be renewed even after its TTL has run out.
-func (d *Driver) Renew(ctx context.Context, g driver.Grant, ttl time.Duration) error {
+func (d *Driver) Renew(ctx context.Context, g driver.Grant) error {
 	if err := d.checkOpen(); err != nil {
+		return err
+	}
+	if err := g.CheckTTL(); err != nil {
 		return err
 	}
 	if g.Owner == "" {
 		return leasetable.NotHeld(g)
 	}
 	_, refused, err := d.updateGrant(ctx, "renew", g.Key, g, "SET #v = #v + :one, #t = :ttl",
-		map[string]types.AttributeValue{":ttl": num(millis(ttl))}, nil)
+		map[string]types.AttributeValue{":ttl": num(millis(g.TTL))}, nil)
 	if err != nil {
 		return err
 	}

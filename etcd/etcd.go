@@ -75,6 +75,7 @@ import (
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/keyname"
 	"github.com/fenced-dev/fenced/internal/sessionlock"
+	"github.com/fenced-dev/fenced/internal/urlquery"
 )
 
 // DefaultPrefix is prepended to keys when Options.Prefix is empty.
@@ -108,25 +109,28 @@ func openURL(ctx context.Context, u *url.URL) (driver.Driver, error) {
 	if err != nil {
 		return nil, err
 	}
+	q, err := urlquery.Parse(u.RawQuery)
+	if err != nil {
+		return nil, fmt.Errorf("etcd URL: %w", err)
+	}
 	var opts Options
-	dialTimeout := 5 * time.Second
-	for k, vs := range u.Query() {
-		v := vs[len(vs)-1]
-		switch k {
-		case "prefix":
-			if v == "" {
-				return nil, fmt.Errorf("%w: etcd URL option prefix is empty", driver.ErrInvalidURL)
-			}
-			opts.Prefix = v
-		case "dial_timeout":
-			d, err := time.ParseDuration(v)
-			if err != nil || d <= 0 {
-				return nil, fmt.Errorf("%w: etcd URL option dial_timeout=%q is not a positive duration", driver.ErrInvalidURL, v)
-			}
-			dialTimeout = d
-		default:
-			return nil, fmt.Errorf("%w: unknown etcd URL option %q (known: prefix, dial_timeout)", driver.ErrInvalidURL, k)
-		}
+	prefix, ok, err := q.Take("prefix")
+	if err == nil && ok && prefix == "" {
+		err = fmt.Errorf("%w: etcd URL option prefix is empty", driver.ErrInvalidURL)
+	}
+	if err != nil {
+		return nil, err
+	}
+	opts.Prefix = prefix
+	dialTimeout, ok, err := q.TakeDuration("dial_timeout")
+	if err != nil {
+		return nil, fmt.Errorf("etcd URL: %w", err)
+	}
+	if !ok {
+		dialTimeout = 5 * time.Second
+	}
+	if err := q.NoRest("prefix", "dial_timeout"); err != nil {
+		return nil, fmt.Errorf("etcd URL: %w", err)
 	}
 	cfg := clientv3.Config{Endpoints: eps, DialTimeout: dialTimeout, Logger: zap.NewNop()}
 	if u.User != nil {

@@ -40,7 +40,6 @@ func TestConformance(t *testing.T) {
 			return d
 		},
 		ShortTTL: time.Second,
-		FixedTTL: true,
 		BadURLs: []string{
 			"etcd://",
 			"etcd:opaque",
@@ -51,6 +50,9 @@ func TestConformance(t *testing.T) {
 			"etcd://127.0.0.1:2379/?unknown=1",
 			"etcd://127.0.0.1:2379/?dial_timeout=-1s",
 			"etcd://127.0.0.1:2379/?prefix=",
+			"etcd://127.0.0.1:2379/?prefix=a;b",
+			"etcd://127.0.0.1:2379/?prefix=a&prefix=b",
+			"etcd://127.0.0.1:2379/?dial_timeout=%zz",
 		},
 	})
 }
@@ -63,5 +65,30 @@ func TestUnreachable(t *testing.T) {
 	_, err := fenced.Open(ctx, url, nil)
 	if !errors.Is(err, fenced.ErrUnavailable) || !strings.Contains(err.Error(), "cannot reach etcd") {
 		t.Fatalf("Open(%s) = %v, want ErrUnavailable saying it cannot reach etcd", url, err)
+	}
+}
+
+// TestRenewLongerThanSession checks that a renewal asking for more than
+// the session its grant rides on is refused rather than reported done: a
+// keep-alive extends the session by its own TTL only, so the grant would
+// end before the TTL the caller counts on.
+func TestRenewLongerThanSession(t *testing.T) {
+	ctx := context.Background()
+	d, err := etcd.New(newClient(t, testenv.StartEtcd(t)), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	g := driver.Grant{Key: "k", Owner: "owner-renewing-longer", TTL: 2 * time.Second}
+	if g.Fence, err = d.TryAcquire(ctx, g.Key, g.Owner, g.TTL); err != nil {
+		t.Fatal(err)
+	}
+	longer := g
+	longer.TTL = time.Minute
+	if err := d.Renew(ctx, longer); !errors.Is(err, driver.ErrInvalidTTL) {
+		t.Fatalf("renewal for %v of a grant made for %v: %v, want ErrInvalidTTL", longer.TTL, g.TTL, err)
+	}
+	if err := d.Renew(ctx, g); err != nil {
+		t.Fatalf("renewal for the grant's own TTL: %v", err)
 	}
 }

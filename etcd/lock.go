@@ -129,11 +129,6 @@ func (d *Driver) confirm(ctx context.Context, e *entry, ttl time.Duration, start
 	return d.grant(e, ttl, start), nil
 }
 
-// Acquire implements driver.Queuer; see AcquireTimed.
-func (d *Driver) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
-	return sessionlock.Untimed(ctx, d.AcquireTimed, key, owner, ttl)
-}
-
 // AcquireTimed implements driver.TimedQueuer with etcd's recipe: put a
 // waiter key, then wait for the deletion of the key created just before it,
 // until none is left. The session is kept alive while waiting, and each
@@ -294,10 +289,10 @@ func (d *Driver) keepWaiting(ctx context.Context, e *entry, ttl time.Duration) {
 }
 
 // Renew implements driver.Driver: it confirms that g's key still exists and
-// sends a keep-alive for its session. ttl cannot change a session's TTL;
-// the session's own TTL (fixed at its first grant) applies.
-func (d *Driver) Renew(ctx context.Context, g driver.Grant, ttl time.Duration) error {
-	errs, err := d.RenewBatch(ctx, []driver.RenewRequest{{Grant: g, TTL: ttl}})
+// sends a keep-alive for its session, which keeps the grant for g.TTL
+// (the session's TTL covers it: it was chosen at the grant).
+func (d *Driver) Renew(ctx context.Context, g driver.Grant) error {
+	errs, err := d.RenewBatch(ctx, []driver.Grant{g})
 	if err != nil {
 		return err
 	}
@@ -306,21 +301,30 @@ func (d *Driver) Renew(ctx context.Context, g driver.Grant, ttl time.Duration) e
 
 // RenewBatch implements driver.BatchRenewer: one keep-alive per session and
 // one read for all keys, sent concurrently.
-func (d *Driver) RenewBatch(ctx context.Context, reqs []driver.RenewRequest) ([]error, error) {
+func (d *Driver) RenewBatch(ctx context.Context, grants []driver.Grant) ([]error, error) {
+	if err := driver.CheckTTLs(grants); err != nil {
+		return nil, err
+	}
 	start := time.Now()
-	errs := make([]error, len(reqs))
-	entries := make([]*entry, len(reqs))
+	errs := make([]error, len(grants))
+	entries := make([]*entry, len(grants))
 	var ops []clientv3.Op
 	var idx []int
 	sessions := map[*session]time.Duration{} // the longest TTL renewed on each
-	for i, r := range reqs {
-		e := d.grants.Lookup(r.Grant.Key, r.Grant.Owner)
-		if e == nil || !e.granted || r.Grant.Fence == 0 || uint64(e.rev) != r.Grant.Fence {
-			errs[i] = fmt.Errorf("etcd: renew %s: %w", r.Grant, driver.ErrNotHeld)
+	for i, g := range grants {
+		e := d.grants.Lookup(g.Key, g.Owner)
+		if e == nil || !e.granted || g.Fence == 0 || uint64(e.rev) != g.Fence {
+			errs[i] = fmt.Errorf("etcd: renew %s: %w", g, driver.ErrNotHeld)
+			continue
+		}
+		if limit := time.Duration(e.s.ttl) * time.Second; g.TTL > limit {
+			// A keep-alive would extend the session by its own TTL only:
+			// the grant would end before the TTL the caller counts on.
+			errs[i] = fmt.Errorf("etcd: renew %s: %w: TTL %v exceeds the %v of the session the grant rides on (renew with the TTL it was granted with)", g, driver.ErrInvalidTTL, g.TTL, limit)
 			continue
 		}
 		entries[i] = e
-		sessions[e.s] = max(sessions[e.s], r.TTL)
+		sessions[e.s] = max(sessions[e.s], g.TTL)
 		ops = append(ops, clientv3.OpGet(e.etcdKey))
 		idx = append(idx, i)
 	}
@@ -350,19 +354,19 @@ func (d *Driver) RenewBatch(ctx context.Context, reqs []driver.RenewRequest) ([]
 		kvs := resp.Responses[j].GetResponseRange().Kvs
 		if len(kvs) == 0 || !e.holds(kvs[0]) {
 			d.grants.Forget(e)
-			errs[i] = fmt.Errorf("etcd: renew %s: %w: key %s is gone", reqs[i].Grant, driver.ErrNotHeld, e.etcdKey)
+			errs[i] = fmt.Errorf("etcd: renew %s: %w: key %s is gone", grants[i], driver.ErrNotHeld, e.etcdKey)
 			continue
 		}
 		if kerr := kaErrs[e.s]; kerr != nil {
 			if errors.Is(kerr, errSessionGone) {
 				d.grants.Forget(e)
-				errs[i] = fmt.Errorf("etcd: renew %s: %w: %v", reqs[i].Grant, driver.ErrNotHeld, kerr)
+				errs[i] = fmt.Errorf("etcd: renew %s: %w: %v", grants[i], driver.ErrNotHeld, kerr)
 			} else {
 				errs[i] = kerr
 			}
 			continue
 		}
-		d.grants.Track(e, reqs[i].TTL, start)
+		d.grants.Track(e, grants[i].TTL, start)
 	}
 	return errs, nil
 }

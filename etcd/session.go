@@ -85,13 +85,7 @@ var errSessionGone = errors.New("etcd session (lease) expired or revoked")
 // about one keep-alive per second per session, however many grants it
 // makes, at the price of a crashed holder blocking others one second
 // longer.
-func sessionSeconds(ttl time.Duration) int64 { return ttlSeconds(ttl) + 1 }
-
-// ttlSeconds rounds ttl up to whole seconds.
-func ttlSeconds(ttl time.Duration) int64 {
-	s := int64((ttl + time.Second - 1) / time.Second)
-	return max(s, 1)
-}
+func sessionSeconds(ttl time.Duration) int64 { return driver.TTLUnits(ttl, time.Second) + 1 }
 
 // reserve returns a live session of ttl with no key under name and marks
 // name as used on it, granting a new etcd lease when none fits.
@@ -229,23 +223,28 @@ func (d *Driver) deleteOwned(ctx context.Context, e *entry) (bool, error) {
 // outside the range etcd's recipe scans.
 func (d *Driver) recordKey(name string) string { return name }
 
-// readErr wraps the failure of a request that changes nothing.
+// classify is etcd's driver.Classifier: a lease that is not found means
+// the session is gone; any other failure of the client may have come
+// after the request was sent.
+func classify(err error) error {
+	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		return errSessionGone
+	}
+	return driver.ErrUnknownOutcome
+}
+
+// readErr wraps the failure of a request that changes nothing; the end
+// of the caller's context is returned as it is.
 func readErr(op string, err error) error {
 	if ctxErr(err) {
 		return err
 	}
-	return fmt.Errorf("etcd: %s: %w: %v", op, driver.ErrUnavailable, err)
+	return fmt.Errorf("etcd: %s: %w", op, driver.Classify(err, false, classify))
 }
 
 // writeErr wraps the failure of a request that may have been applied.
 func writeErr(op string, err error) error {
-	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
-		return fmt.Errorf("etcd: %s: %w", op, errSessionGone)
-	}
-	if ctxErr(err) {
-		return fmt.Errorf("etcd: %s: %w: %w", op, driver.ErrUnknownOutcome, err)
-	}
-	return fmt.Errorf("etcd: %s: %w: %v", op, driver.ErrUnknownOutcome, err)
+	return fmt.Errorf("etcd: %s: %w", op, driver.Classify(err, true, classify))
 }
 
 func ctxErr(err error) bool {

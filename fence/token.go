@@ -138,11 +138,7 @@ func badTokenByte(s string) int {
 
 // String describes t without the full owner or the signature.
 func (t Token) String() string {
-	o := t.Owner
-	if len(o) > 8 {
-		o = o[:8] + "…"
-	}
-	return fmt.Sprintf("%s fence=%d owner=%s", t.Key, t.Fence, o)
+	return fmt.Sprintf("%s fence=%d owner=%s", t.Key, t.Fence, driver.ShortOwner(t.Owner))
 }
 
 // admits reports whether a resource whose newest recorded write carries

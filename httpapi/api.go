@@ -388,7 +388,7 @@ func (s *Server) renewLease(w http.ResponseWriter, r *http.Request) {
 	// The server no longer knows this lease: the authority judges owner
 	// and fence.
 	sent := time.Now()
-	if err := s.cfg.Client.Driver().Renew(r.Context(), driver.Grant{Key: key, Owner: req.Owner, Fence: req.Fence}, ttl); err != nil {
+	if err := s.cfg.Client.Driver().Renew(r.Context(), driver.Grant{Key: key, Owner: req.Owner, Fence: req.Fence, TTL: ttl}); err != nil {
 		writeError(w, storeError(err))
 		return
 	}

@@ -23,12 +23,20 @@ import (
 	"github.com/fenced-dev/fenced/clock"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/driver/wakeup"
+	"github.com/fenced-dev/fenced/internal/urlquery"
 )
 
 func init() {
 	fenced.Register("mem", func(_ context.Context, u *url.URL) (driver.Driver, error) {
-		if u.Opaque != "" || (u.Path != "" && u.Path != "/") || u.RawQuery != "" {
+		if u.Opaque != "" || (u.Path != "" && u.Path != "/") {
 			return nil, fmt.Errorf("%w: mem URL takes only a name: mem://NAME", driver.ErrInvalidURL)
+		}
+		q, err := urlquery.Parse(u.RawQuery)
+		if err == nil {
+			err = q.NoRest()
+		}
+		if err != nil {
+			return nil, fmt.Errorf("mem URL takes only a name (mem://NAME): %w", err)
 		}
 		if u.Host == "" {
 			return New(nil), nil
@@ -157,8 +165,11 @@ func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Dur
 }
 
 // Renew implements driver.Driver.
-func (d *Driver) Renew(ctx context.Context, g driver.Grant, ttl time.Duration) error {
+func (d *Driver) Renew(ctx context.Context, g driver.Grant) error {
 	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := g.CheckTTL(); err != nil {
 		return err
 	}
 	s, err := d.lock()
@@ -171,7 +182,7 @@ func (d *Driver) Renew(ctx context.Context, g driver.Grant, ttl time.Duration) e
 	if e == nil || !e.heldAt(now) || e.owner != g.Owner || e.fence != g.Fence {
 		return fmt.Errorf("%s fence %d: %w", g.Key, g.Fence, driver.ErrNotHeld)
 	}
-	e.expires = now.Add(ttl)
+	e.expires = now.Add(g.TTL)
 	return nil
 }
 

@@ -24,6 +24,6 @@ func TestConformance(t *testing.T) {
 			}
 			return byClock[clk].Driver()
 		},
-		BadURLs: []string{"mem://name/path", "mem://x?y=1", "mem:opaque", "://nothing", "", "nosuchscheme://x"},
+		BadURLs: []string{"mem://name/path", "mem://x?y=1", "mem://x?y;z", "mem:opaque", "://nothing", "", "nosuchscheme://x"},
 	})
 }

@@ -160,7 +160,7 @@ func TestKeysAndOwnersAreExactOnLatin1Server(t *testing.T) {
 		if err != nil || f != 1 {
 			t.Fatalf("acquire %q by %q: fence %d, %v; want a grant of its own with fence 1", k, owners[i], f, err)
 		}
-		grants[i] = driver.Grant{Key: k, Owner: owners[i], Fence: f}
+		grants[i] = driver.Grant{Key: k, Owner: owners[i], Fence: f, TTL: time.Minute}
 	}
 	infos, err := d.List(ctx, "job:")
 	if err != nil || len(infos) != 3 {
@@ -171,7 +171,7 @@ func TestKeysAndOwnersAreExactOnLatin1Server(t *testing.T) {
 		if _, err := d.TryAcquire(ctx, "job:a", o, time.Minute); !errors.Is(err, driver.ErrHeld) {
 			t.Errorf("acquire of job:a by %q: %v, want ErrHeld", o, err)
 		}
-		if err := d.Renew(ctx, driver.Grant{Key: "job:a", Owner: o, Fence: 1}, time.Minute); !errors.Is(err, driver.ErrNotHeld) {
+		if err := d.Renew(ctx, driver.Grant{Key: "job:a", Owner: o, Fence: 1, TTL: time.Minute}); !errors.Is(err, driver.ErrNotHeld) {
 			t.Errorf("renew of job:a by %q: %v, want ErrNotHeld", o, err)
 		}
 		if err := d.Release(ctx, driver.Grant{Key: "job:a", Owner: o, Fence: 1}); !errors.Is(err, driver.ErrNotHeld) {
@@ -184,7 +184,7 @@ func TestKeysAndOwnersAreExactOnLatin1Server(t *testing.T) {
 	if recs, err := d.Breaks(ctx, "job:a"); err != nil || len(recs) != 0 {
 		t.Errorf("breaks of job:a after breaking job:A: %+v, %v; want none", recs, err)
 	}
-	if err := d.Renew(ctx, grants[0], time.Minute); err != nil {
+	if err := d.Renew(ctx, grants[0]); err != nil {
 		t.Errorf("job:a's holder after job:A was broken: %v", err)
 	}
 }

@@ -187,16 +187,16 @@ func TestBatchRenewalIsOneStatement(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var reqs []driver.RenewRequest
+	var grants []driver.Grant
 	for i := range 50 {
-		g := driver.Grant{Key: t.Name() + ":" + string(rune('a'+i%26)) + string(rune('a'+i/26)), Owner: "o"}
-		if g.Fence, err = d.TryAcquire(ctx, g.Key, g.Owner, time.Minute); err != nil {
+		g := driver.Grant{Key: t.Name() + ":" + string(rune('a'+i%26)) + string(rune('a'+i/26)), Owner: "o", TTL: time.Minute}
+		if g.Fence, err = d.TryAcquire(ctx, g.Key, g.Owner, g.TTL); err != nil {
 			t.Fatal(err)
 		}
-		reqs = append(reqs, driver.RenewRequest{Grant: g, TTL: time.Minute})
+		grants = append(grants, g)
 	}
 	before := counter.n.Load()
-	errs, err := d.RenewBatch(ctx, reqs)
+	errs, err := d.RenewBatch(ctx, grants)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -206,6 +206,6 @@ func TestBatchRenewalIsOneStatement(t *testing.T) {
 		}
 	}
 	if n := counter.n.Load() - before; n != 1 {
-		t.Fatalf("renewing %d leases took %d statements, want 1", len(reqs), n)
+		t.Fatalf("renewing %d leases took %d statements, want 1", len(grants), n)
 	}
 }

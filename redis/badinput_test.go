@@ -96,7 +96,7 @@ func TestForeignValuesAreLeftAlone(t *testing.T) {
 				t.Fatal("Break of a foreign value succeeded")
 			}
 			d.Release(ctx, driver.Grant{Key: key, Owner: "someone else's token", Fence: 0})
-			d.Renew(ctx, driver.Grant{Key: key, Owner: "x", Fence: 1}, time.Minute)
+			d.Renew(ctx, driver.Grant{Key: key, Owner: "x", Fence: 1, TTL: time.Minute})
 			if _, err := d.Inspect(ctx, key); err == nil {
 				t.Fatal("Inspect of a foreign value succeeded")
 			}
@@ -170,10 +170,10 @@ func TestRoundTrips(t *testing.T) {
 	// Load the scripts first: a cold server costs one extra EVAL once.
 	o := owner()
 	f, _ := d.TryAcquire(ctx, "warm", o, time.Minute)
-	g := driver.Grant{Key: "warm", Owner: o, Fence: f}
-	d.Renew(ctx, g, time.Minute)
+	g := driver.Grant{Key: "warm", Owner: o, Fence: f, TTL: time.Minute}
+	d.Renew(ctx, g)
 	d.Release(ctx, g)
-	d.RenewBatch(ctx, []driver.RenewRequest{{Grant: g, TTL: time.Minute}})
+	d.RenewBatch(ctx, []driver.Grant{g})
 
 	h := &countingHook{}
 	rc.AddHook(h)
@@ -185,13 +185,13 @@ func TestRoundTrips(t *testing.T) {
 			t.Errorf("%s took %d round trips, want %d", what, got, want)
 		}
 	}
-	var reqs []driver.RenewRequest
+	var grants []driver.Grant
 	trips("acquire", 1, func() { f, err = d.TryAcquire(ctx, "one", o, time.Minute) })
 	if err != nil {
 		t.Fatal(err)
 	}
-	g = driver.Grant{Key: "one", Owner: o, Fence: f}
-	trips("renew", 1, func() { err = d.Renew(ctx, g, time.Minute) })
+	g = driver.Grant{Key: "one", Owner: o, Fence: f, TTL: time.Minute}
+	trips("renew", 1, func() { err = d.Renew(ctx, g) })
 	trips("release", 1, func() { err = d.Release(ctx, g) })
 	for i := 0; i < 50; i++ {
 		k := fmt.Sprintf("batch:%d", i)
@@ -199,11 +199,11 @@ func TestRoundTrips(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		reqs = append(reqs, driver.RenewRequest{Grant: driver.Grant{Key: k, Owner: o, Fence: f}, TTL: time.Minute})
+		grants = append(grants, driver.Grant{Key: k, Owner: o, Fence: f, TTL: time.Minute})
 	}
-	reqs[7].Grant.Fence++ // one stale grant in the batch
+	grants[7].Fence++ // one stale grant in the batch
 	var errs []error
-	trips("renewal of 50 leases", 1, func() { errs, err = d.RenewBatch(ctx, reqs) })
+	trips("renewal of 50 leases", 1, func() { errs, err = d.RenewBatch(ctx, grants) })
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -68,7 +68,6 @@ import (
 	"fmt"
 	"net/url"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -298,29 +297,31 @@ func (d *Driver) acquireAndWait(ctx context.Context, key string, k rediskit.Keys
 // sentinels, a key of the wrong type or a counter that is not a number
 // becomes ErrForeignValue naming the keys involved.
 func (d *Driver) scriptErr(op, key string, err error, mayApply bool, redisKeys ...string) error {
-	msg := err.Error()
-	if strings.Contains(msg, "WRONGTYPE") || strings.Contains(msg, "not an integer") {
-		return fmt.Errorf("redis: %s %q: %w (keys %s; server said: %s)", op, key, ErrForeignValue, strings.Join(redisKeys, ", "), msg)
+	if ferr := rediskit.ForeignReply(err, redisKeys...); ferr != nil {
+		return fmt.Errorf("redis: %s %q: %w", op, key, ferr)
 	}
 	return fmt.Errorf("redis: %s %q: %w", op, key, rediskit.Classify(err, mayApply))
 }
 
-func (d *Driver) usable() error {
+// usable returns ErrClosed once d is closed and, for a renewal, an error
+// matching ErrInvalidTTL when a grant to renew carries no TTL
+// (driver.CheckTTLs).
+func (d *Driver) usable(renewing ...driver.Grant) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
 		return driver.ErrClosed
 	}
-	return nil
+	return driver.CheckTTLs(renewing)
 }
 
 // Renew implements driver.Driver.
-func (d *Driver) Renew(ctx context.Context, g driver.Grant, ttl time.Duration) error {
-	if err := d.usable(); err != nil {
+func (d *Driver) Renew(ctx context.Context, g driver.Grant) error {
+	if err := d.usable(g); err != nil {
 		return err
 	}
 	k := d.layout.Keys(g.Key)
-	n, err := rediskit.Renew.Run(ctx, d.c, []string{k.Lock}, rediskit.Value(g.Fence, g.Owner), rediskit.Millis(ttl)).Int64()
+	n, err := rediskit.Renew.Run(ctx, d.c, []string{k.Lock}, rediskit.Value(g.Fence, g.Owner), rediskit.Millis(g.TTL)).Int64()
 	if err != nil {
 		return d.scriptErr("renew", g.Key, err, true, k.Lock)
 	}
@@ -332,21 +333,21 @@ func (d *Driver) Renew(ctx context.Context, g driver.Grant, ttl time.Duration) e
 
 // RenewBatch implements driver.BatchRenewer: one pipeline of renew
 // scripts, one round trip (on Cluster, one per node involved).
-func (d *Driver) RenewBatch(ctx context.Context, reqs []driver.RenewRequest) ([]error, error) {
-	if err := d.usable(); err != nil {
+func (d *Driver) RenewBatch(ctx context.Context, grants []driver.Grant) ([]error, error) {
+	if err := d.usable(grants...); err != nil {
 		return nil, err
 	}
-	replies, err := rediskit.RenewAll(ctx, d.c, d.layout, reqs)
+	replies, err := rediskit.RenewAll(ctx, d.c, d.layout, grants)
 	if err != nil {
-		return nil, fmt.Errorf("redis: renew batch of %d: %w", len(reqs), err)
+		return nil, fmt.Errorf("redis: renew batch of %d: %w", len(grants), err)
 	}
-	errs := make([]error, len(reqs))
+	errs := make([]error, len(grants))
 	for i, r := range replies {
 		switch {
 		case r.Err != nil:
-			errs[i] = d.scriptErr("renew", reqs[i].Grant.Key, r.Err, true)
+			errs[i] = d.scriptErr("renew", grants[i].Key, r.Err, true)
 		case !r.Renewed:
-			errs[i] = fmt.Errorf("redis: renew %v: %w", reqs[i].Grant, driver.ErrNotHeld)
+			errs[i] = fmt.Errorf("redis: renew %v: %w", grants[i], driver.ErrNotHeld)
 		}
 	}
 	return errs, nil

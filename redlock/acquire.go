@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"sort"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -183,9 +182,8 @@ func (d *Driver) releaseOwnerOn(i int, k rediskit.Keys, owner string) {
 // nodeErr classifies one node's error; a key of the wrong type or a
 // counter that is not a number becomes ErrForeignValue.
 func (d *Driver) nodeErr(err error, mayApply bool, k rediskit.Keys) error {
-	msg := err.Error()
-	if strings.Contains(msg, "WRONGTYPE") || strings.Contains(msg, "not an integer") {
-		return fmt.Errorf("%w (keys %s, %s; server said: %s)", ErrForeignValue, k.Lock, k.Fence, msg)
+	if ferr := rediskit.ForeignReply(err, k.Lock, k.Fence); ferr != nil {
+		return ferr
 	}
 	if errors.Is(err, context.DeadlineExceeded) {
 		if mayApply {

@@ -117,13 +117,13 @@ func (d *Driver) tallyErrs(rs []reply[int64]) (ok, refused int, errs []error) {
 }
 
 // Renew implements driver.Driver: a majority must still hold g.
-func (d *Driver) Renew(ctx context.Context, g driver.Grant, ttl time.Duration) error {
-	if err := d.usable(); err != nil {
+func (d *Driver) Renew(ctx context.Context, g driver.Grant) error {
+	if err := d.usable(g); err != nil {
 		return err
 	}
 	k := d.layout.Keys(g.Key)
 	decided := func(ok, refused int) bool { return ok >= d.quorum || refused > len(d.nodes)-d.quorum }
-	ok, refused, errs := d.majority(ctx, min(d.opts.Budget, ttl/3), decided, rediskit.Renew, []string{k.Lock}, rediskit.Value(g.Fence, g.Owner), rediskit.Millis(ttl))
+	ok, refused, errs := d.majority(ctx, min(d.opts.Budget, g.TTL/3), decided, rediskit.Renew, []string{k.Lock}, rediskit.Value(g.Fence, g.Owner), rediskit.Millis(g.TTL))
 	return d.verdict("renew", g, ok, refused, errs)
 }
 
@@ -141,15 +141,15 @@ func (d *Driver) verdict(op string, g driver.Grant, ok, refused int, errs []erro
 // nodes in parallel, so one round trip for the whole batch. Each grant's
 // replies are counted as Renew counts them (tally), so a server error on
 // a node (LOADING, BUSY, OOM) is never taken for a refusal.
-func (d *Driver) RenewBatch(ctx context.Context, reqs []driver.RenewRequest) ([]error, error) {
-	if err := d.usable(); err != nil {
+func (d *Driver) RenewBatch(ctx context.Context, grants []driver.Grant) ([]error, error) {
+	if err := d.usable(grants...); err != nil {
 		return nil, err
 	}
 	// A node answers with one reply per request; a request's own server
 	// error is in its reply, a failure of the whole pipeline (transport)
 	// in the node's.
 	rs := fanout(ctx, d, d.opts.Budget, func(ctx context.Context, c redis.UniversalClient) ([]rediskit.RenewReply, error) {
-		return rediskit.RenewAll(ctx, c, d.layout, reqs)
+		return rediskit.RenewAll(ctx, c, d.layout, grants)
 	}, nil, nil)
 	var nodeErrs []error
 	answered := 0
@@ -164,10 +164,10 @@ func (d *Driver) RenewBatch(ctx context.Context, reqs []driver.RenewRequest) ([]
 		nodeErrs = append(nodeErrs, fmt.Errorf("%w: %d nodes did not answer within %v", driver.ErrUnknownOutcome, missing, d.opts.Budget))
 	}
 	if answered < d.quorum {
-		return nil, fmt.Errorf("redlock: renew batch of %d: %w: %d of %d nodes answered (need %d): %w", len(reqs), driver.ErrUnknownOutcome, answered, len(d.nodes), d.quorum, errors.Join(nodeErrs...))
+		return nil, fmt.Errorf("redlock: renew batch of %d: %w: %d of %d nodes answered (need %d): %w", len(grants), driver.ErrUnknownOutcome, answered, len(d.nodes), d.quorum, errors.Join(nodeErrs...))
 	}
-	out := make([]error, len(reqs))
-	for i, req := range reqs {
+	out := make([]error, len(grants))
+	for i, g := range grants {
 		var replies []reply[int64]
 		for _, r := range rs {
 			if r.err == nil {
@@ -175,7 +175,7 @@ func (d *Driver) RenewBatch(ctx context.Context, reqs []driver.RenewRequest) ([]
 			}
 		}
 		ok, refused, errs := d.tallyErrs(replies)
-		out[i] = d.verdict("renew", req.Grant, ok, refused, append(errs, nodeErrs...))
+		out[i] = d.verdict("renew", g, ok, refused, append(errs, nodeErrs...))
 	}
 	return out, nil
 }

@@ -181,12 +181,15 @@ func New(clients []redis.UniversalClient, opts *Options) (*Driver, error) {
 // Nodes returns the number of nodes and the majority needed.
 func (d *Driver) Nodes() (n, quorum int) { return len(d.nodes), d.quorum }
 
-func (d *Driver) usable() error {
+// usable returns ErrClosed once d is closed and, for a renewal, an error
+// matching ErrInvalidTTL when a grant to renew carries no TTL
+// (driver.CheckTTLs).
+func (d *Driver) usable(renewing ...driver.Grant) error {
 	select {
 	case <-d.closed:
 		return driver.ErrClosed
 	default:
-		return nil
+		return driver.CheckTTLs(renewing)
 	}
 }
 

@@ -91,6 +91,8 @@ func TestConformance(t *testing.T) {
 				"redlock://127.0.0.1:notaport,127.0.0.1:2/0",
 				"redlock://127.0.0.1:6379/0?budget=fast",
 				"redlock://127.0.0.1:6379/0?nosuchoption=1",
+				"redlock://127.0.0.1:6379/0?prefix=a;b",
+				"redlock://127.0.0.1:6379/0?budget=1s&budget=2s",
 				"redlock://127.0.0.1:6379/x",
 			},
 		})
@@ -222,8 +224,8 @@ func TestSlowNodesDoNotStall(t *testing.T) {
 	if took := time.Since(start); took > bound {
 		t.Fatalf("2 of 5 stopped: acquisition took %v, budget %v", took, budget)
 	}
-	g := driver.Grant{Key: "k", Owner: o, Fence: f}
-	if err := d.Renew(ctx, g, 10*time.Second); err != nil {
+	g := driver.Grant{Key: "k", Owner: o, Fence: f, TTL: 10 * time.Second}
+	if err := d.Renew(ctx, g); err != nil {
 		t.Fatalf("renew with 2 of 5 stopped: %v", err)
 	}
 	if err := d.Release(ctx, g); err != nil {
@@ -366,7 +368,7 @@ func TestRenewBatch(t *testing.T) {
 	ctx := ctxT(t)
 	c := startCluster(t, 5)
 	d := c.open(t, c.nodes, c.fenced(t))
-	var reqs []driver.RenewRequest
+	var grants []driver.Grant
 	for i := 0; i < 10; i++ {
 		key := "batch:" + string(rune('a'+i))
 		o := owner()
@@ -374,11 +376,11 @@ func TestRenewBatch(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		reqs = append(reqs, driver.RenewRequest{Grant: driver.Grant{Key: key, Owner: o, Fence: f}, TTL: time.Minute})
+		grants = append(grants, driver.Grant{Key: key, Owner: o, Fence: f, TTL: time.Minute})
 	}
-	reqs[3].Grant.Fence++ // not a current grant
+	grants[3].Fence++ // not a current grant
 	c.nodes[2].Kill()
-	errs, err := d.RenewBatch(ctx, reqs)
+	errs, err := d.RenewBatch(ctx, grants)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -393,7 +395,7 @@ func TestRenewBatch(t *testing.T) {
 	}
 	c.nodes[3].Kill()
 	c.nodes[4].Kill()
-	if _, err := d.RenewBatch(ctx, reqs); !errors.Is(err, driver.ErrUnknownOutcome) {
+	if _, err := d.RenewBatch(ctx, grants); !errors.Is(err, driver.ErrUnknownOutcome) {
 		t.Fatalf("renewal with 3 of 5 nodes down: %v, want ErrUnknownOutcome", err)
 	}
 }
@@ -462,7 +464,7 @@ func TestRestartWithoutPersistenceGivesTwoHolders(t *testing.T) {
 			// Until its next renewal A still believes it holds the key; that
 			// renewal fails (the grant survives on node 2 only), so A's
 			// lease context would be cancelled then, not before.
-			renewErr := a.Renew(ctx, driver.Grant{Key: "ledger", Owner: oa, Fence: fa}, time.Minute)
+			renewErr := a.Renew(ctx, driver.Grant{Key: "ledger", Owner: oa, Fence: fa, TTL: time.Minute})
 			t.Logf("A holds fence %d (renewal now: %v); B was granted fence %d", fa, renewErr, fb)
 			if !withSource {
 				if fa != 0 || fb != 0 {

@@ -65,7 +65,7 @@ func TestServerErrorsAreNotRefusals(t *testing.T) {
 	opts := c.fenced(t)
 	opts.Budget = 2 * time.Second // generous for a loaded machine under -race
 	d := c.open(t, c.nodes, opts)
-	var reqs []driver.RenewRequest
+	var grants []driver.Grant
 	for i := 0; i < 4; i++ {
 		key := "busy:" + string(rune('a'+i))
 		o := owner()
@@ -73,13 +73,13 @@ func TestServerErrorsAreNotRefusals(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		reqs = append(reqs, driver.RenewRequest{Grant: driver.Grant{Key: key, Owner: o, Fence: f}, TTL: time.Minute})
+		grants = append(grants, driver.Grant{Key: key, Owner: o, Fence: f, TTL: time.Minute})
 	}
 	// One renewal while every node answers: the scripts are loaded, so
 	// what follows exercises the BUSY replies, not script loading.
 	renewAll := func(when string) {
 		t.Helper()
-		errs, err := d.RenewBatch(ctx, reqs)
+		errs, err := d.RenewBatch(ctx, grants)
 		if err != nil {
 			t.Fatalf("renew batch %s: %v", when, err)
 		}
@@ -92,8 +92,8 @@ func TestServerErrorsAreNotRefusals(t *testing.T) {
 	renewAll("before")
 
 	end0, end1 := makeBusy(t, c.nodes[0]), makeBusy(t, c.nodes[1])
-	single := d.Renew(ctx, reqs[0].Grant, time.Minute)
-	errs, err := d.RenewBatch(ctx, reqs)
+	single := d.Renew(ctx, grants[0])
+	errs, err := d.RenewBatch(ctx, grants)
 	end0()
 	end1()
 
@@ -115,10 +115,10 @@ func TestServerErrorsAreNotRefusals(t *testing.T) {
 		}
 	}
 	renewAll("after the nodes answer again")
-	for _, r := range reqs {
-		info, err := d.Inspect(ctx, r.Grant.Key)
-		if err != nil || !info.Held || info.Fence != r.Grant.Fence {
-			t.Fatalf("%s after the BUSY spell: %+v, %v; want still held with fence %d", r.Grant.Key, info, err, r.Grant.Fence)
+	for _, g := range grants {
+		info, err := d.Inspect(ctx, g.Key)
+		if err != nil || !info.Held || info.Fence != g.Fence {
+			t.Fatalf("%s after the BUSY spell: %+v, %v; want still held with fence %d", g.Key, info, err, g.Fence)
 		}
 	}
 }

@@ -117,7 +117,7 @@ func testConnectionLossOnCreateAndLookup(t *testing.T, ens *testenv.ZKEnsemble) 
 		t.Fatal(err)
 	}
 
-	g := driver.Grant{Key: "cut-lookup", Owner: strings.Repeat("2", 32)}
+	g := driver.Grant{Key: "cut-lookup", Owner: strings.Repeat("2", 32), TTL: ttl}
 	proxy.SetDown(true) // the connection in use stays; reconnects fail
 	proxy.CutAfter(isMulti)
 	_, err = d.TryAcquire(ctx, g.Key, g.Owner, ttl)
@@ -156,7 +156,7 @@ func testConnectionLossOnCreateAndLookup(t *testing.T, ens *testenv.ZKEnsemble) 
 	if _, st, err := conn.Get("/connloss/cut-lookup/" + kids[0]); err != nil || uint64(st.Czxid) != g.Fence {
 		t.Fatalf("the grant's fence %d is not its node's czxid (%+v, %v)", g.Fence, st, err)
 	}
-	if err := d.Renew(ctx, g, ttl); err != nil {
+	if err := d.Renew(ctx, g); err != nil {
 		t.Fatalf("renewing the grant found again by the retry: %v", err)
 	}
 	if err := d.Release(ctx, g); err != nil {

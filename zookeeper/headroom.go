@@ -19,7 +19,7 @@ import (
 func sessionTimeoutFor(ttl, tick time.Duration) time.Duration {
 	t := (ttl + tick) * 8
 	t = (t + 6) / 7
-	return (t + time.Millisecond - 1).Truncate(time.Millisecond)
+	return time.Duration(driver.TTLUnits(t, time.Millisecond)) * time.Millisecond
 }
 
 // maxTTLFor returns the longest TTL a session of timeout t covers when the

@@ -292,11 +292,6 @@ func (d *Driver) confirm(ctx context.Context, e *entry, ttl time.Duration, start
 	return d.grant(e, ttl, start), nil
 }
 
-// Acquire implements driver.Queuer; see AcquireTimed.
-func (d *Driver) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
-	return sessionlock.Untimed(ctx, d.AcquireTimed, key, owner, ttl)
-}
-
 // AcquireTimed implements driver.TimedQueuer: create a node, then wait for
 // the deletion of the youngest node ahead of it until none is left. Each
 // look at the line is a sync with the leader followed by a listing, so the
@@ -386,12 +381,16 @@ func (d *Driver) grantEntry(op string, g driver.Grant) (*entry, error) {
 }
 
 // Renew implements driver.Driver: once the session has headroom for
-// another ttl from now (awaitHeadroom), it syncs with the leader and then
+// another g.TTL from now (awaitHeadroom), it syncs with the leader and then
 // (not concurrently: the read must see what the sync made visible) reads
 // g's node, confirming that it still exists and belongs to the live
-// session. The session itself is kept alive by the connection; ttl must
+// session. The session itself is kept alive by the connection; g.TTL must
 // not exceed the longest TTL the session covers.
-func (d *Driver) Renew(ctx context.Context, g driver.Grant, ttl time.Duration) error {
+func (d *Driver) Renew(ctx context.Context, g driver.Grant) error {
+	if err := g.CheckTTL(); err != nil {
+		return err
+	}
+	ttl := g.TTL
 	start := time.Now()
 	e, err := d.grantEntry("renew", g)
 	if err != nil {

@@ -134,6 +134,7 @@ import (
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/keyname"
 	"github.com/fenced-dev/fenced/internal/sessionlock"
+	"github.com/fenced-dev/fenced/internal/urlquery"
 )
 
 // DefaultRoot is the parent of lock paths when the URL or Options give none.
@@ -185,24 +186,23 @@ func openURL(ctx context.Context, u *url.URL) (driver.Driver, error) {
 	if err := validRoot(root); err != nil {
 		return nil, err
 	}
-	dialTimeout := 10 * time.Second
-	var tick time.Duration
-	for k, vs := range u.Query() {
-		v := vs[len(vs)-1]
-		switch k {
-		case "dial_timeout", "tick_time":
-			dur, err := time.ParseDuration(v)
-			if err != nil || dur <= 0 {
-				return nil, fmt.Errorf("%w: ZooKeeper URL option %s=%q is not a positive duration", driver.ErrInvalidURL, k, v)
-			}
-			if k == "dial_timeout" {
-				dialTimeout = dur
-			} else {
-				tick = dur
-			}
-		default:
-			return nil, fmt.Errorf("%w: unknown ZooKeeper URL option %q (known: dial_timeout, tick_time)", driver.ErrInvalidURL, k)
-		}
+	q, err := urlquery.Parse(u.RawQuery)
+	if err != nil {
+		return nil, fmt.Errorf("ZooKeeper URL: %w", err)
+	}
+	dialTimeout, ok, err := q.TakeDuration("dial_timeout")
+	if err != nil {
+		return nil, fmt.Errorf("ZooKeeper URL: %w", err)
+	}
+	if !ok {
+		dialTimeout = 10 * time.Second
+	}
+	tick, _, err := q.TakeDuration("tick_time")
+	if err != nil {
+		return nil, fmt.Errorf("ZooKeeper URL: %w", err)
+	}
+	if err := q.NoRest("dial_timeout", "tick_time"); err != nil {
+		return nil, fmt.Errorf("ZooKeeper URL: %w", err)
 	}
 	d := newDriver(root, nil)
 	d.servers, d.dialTimeout = servers, dialTimeout
@@ -560,9 +560,19 @@ func newUUID() string {
 	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
 }
 
+// classify is ZooKeeper's driver.Classifier: an expired session or no
+// server to talk to applied nothing; any other failure may have come
+// after the request was sent.
+func classify(err error) error {
+	if errors.Is(err, zk.ErrSessionExpired) || errors.Is(err, zk.ErrNoServer) {
+		return driver.ErrUnavailable
+	}
+	return driver.ErrUnknownOutcome
+}
+
 // readErr classifies a ZooKeeper error of a request that changes nothing.
 func readErr(op string, err error) error {
-	return fmt.Errorf("zookeeper: %s: %w: %w", op, driver.ErrUnavailable, err)
+	return fmt.Errorf("zookeeper: %s: %w", op, driver.Classify(err, false, classify))
 }
 
 // transient reports whether err is a connection loss that the client
@@ -573,8 +583,5 @@ func transient(err error) bool {
 
 // writeErr classifies the error of a request that may have been applied.
 func writeErr(op string, err error) error {
-	if errors.Is(err, zk.ErrSessionExpired) || errors.Is(err, zk.ErrNoServer) {
-		return fmt.Errorf("zookeeper: %s: %w: %v", op, driver.ErrUnavailable, err)
-	}
-	return fmt.Errorf("zookeeper: %s: %w: %v", op, driver.ErrUnknownOutcome, err)
+	return fmt.Errorf("zookeeper: %s: %w", op, driver.Classify(err, true, classify))
 }

@@ -42,7 +42,6 @@ func TestZooKeeper(t *testing.T) {
 				return openDriver(t, ens.URL("/conformance", ""))
 			},
 			ShortTTL: 500 * time.Millisecond,
-			FixedTTL: true,
 			BadURLs: []string{
 				"zk://",
 				"zk:opaque",
@@ -55,6 +54,8 @@ func TestZooKeeper(t *testing.T) {
 				"zk://127.0.0.1:2181/x?dial_timeout=0s",
 				"zk://127.0.0.1:2181/x?tick_time=-1s",
 				"zk://127.0.0.1:2181/x?tick_time=2",
+				"zk://127.0.0.1:2181/x?dial_timeout=1s;tick_time=2s",
+				"zk://127.0.0.1:2181/x?dial_timeout=1s&dial_timeout=2s",
 			},
 		})
 	})
@@ -73,7 +74,6 @@ func TestZooKeeper(t *testing.T) {
 				return d
 			},
 			ShortTTL: 500 * time.Millisecond,
-			FixedTTL: true,
 		})
 	})
 	t.Run("Curator", func(t *testing.T) { testCurator(t, ens) })

@@ -10,7 +10,7 @@
 // implementations run in alternating rounds of 20 operations, so load from
 // elsewhere on the machine hits them alike; each reports <name>-p50-µs and
 // <name>-p99-µs, and fenced/<name>-p50-ratio compares fenced with each.
-// "driver" is fenced's driver called directly (driver.Queuer and Release),
+// "driver" is fenced's driver called directly (driver.TimedQueuer and Release),
 // without the portable Client, to show what the Client costs.
 package consensus
 

@@ -11,7 +11,7 @@ import (
 	"github.com/fenced-dev/fenced/driver"
 )
 
-// driverLocker calls a driver's Queuer directly, without the portable
+// driverLocker calls a driver's wait queue (driver.TimedQueuer) directly, without the portable
 // Client, to separate the driver's cost from the Client's.
 type driverLocker struct {
 	d   driver.Driver
@@ -23,8 +23,9 @@ func (l *driverLocker) Lock(ctx context.Context) error {
 	var b [16]byte
 	rand.Read(b[:])
 	owner := hex.EncodeToString(b[:])
-	f, err := l.d.(driver.Queuer).Acquire(ctx, l.key, owner, 10*time.Second)
-	l.g = driver.Grant{Key: l.key, Owner: owner, Fence: f}
+	const ttl = 10 * time.Second
+	f, _, err := l.d.(driver.TimedQueuer).AcquireTimed(ctx, l.key, owner, ttl)
+	l.g = driver.Grant{Key: l.key, Owner: owner, Fence: f, TTL: ttl}
 	return err
 }
 

@@ -47,13 +47,6 @@ type Harness struct {
 	// ShortTTL is the shortest TTL the backend honours reliably; expiry
 	// tests sleep about this long. Default 300ms.
 	ShortTTL time.Duration
-	// FixedTTL says a grant's TTL is fixed when it is granted, because
-	// grants ride on sessions of that TTL (etcd leases, ZooKeeper
-	// sessions): Renew extends a grant by its own TTL, whatever TTL it is
-	// passed. Tests that renew with a new TTL then grant with that TTL in
-	// the first place and wait a few seconds before renewing, so that a
-	// renewal that did nothing is still caught.
-	FixedTTL bool
 	// BadURLs are malformed store URLs for the backend's scheme; each must
 	// make fenced.Open fail with an error matching fenced.ErrInvalidURL.
 	BadURLs []string
@@ -316,14 +309,14 @@ func (s *suite) testOwnership(t *testing.T) {
 		t.Fatal(err)
 	}
 	bad := []driver.Grant{
-		{Key: key, Owner: owner(), Fence: f}, // another owner
-		{Key: key, Owner: o, Fence: f + 1},   // our owner, wrong fence
-		{Key: key, Owner: o, Fence: f - 1},   // our owner, older fence
-		{Key: key, Owner: "", Fence: f},      // no owner
-		{Key: key + "x", Owner: o, Fence: f}, // another key
+		{Key: key, Owner: owner(), Fence: f, TTL: time.Minute}, // another owner
+		{Key: key, Owner: o, Fence: f + 1, TTL: time.Minute},   // our owner, wrong fence
+		{Key: key, Owner: o, Fence: f - 1, TTL: time.Minute},   // our owner, older fence
+		{Key: key, Owner: "", Fence: f, TTL: time.Minute},      // no owner
+		{Key: key + "x", Owner: o, Fence: f, TTL: time.Minute}, // another key
 	}
 	for _, g := range bad {
-		if err := d.Renew(ctx, g, time.Minute); !errors.Is(err, driver.ErrNotHeld) {
+		if err := d.Renew(ctx, g); !errors.Is(err, driver.ErrNotHeld) {
 			t.Errorf("Renew(%v) = %v, want ErrNotHeld", g, err)
 		}
 		if err := d.Release(ctx, g); !errors.Is(err, driver.ErrNotHeld) {
@@ -337,9 +330,27 @@ func (s *suite) testOwnership(t *testing.T) {
 	if !info.Held || info.Fence != f {
 		t.Fatalf("after refused renew/release: %+v, want held with fence %d", info, f)
 	}
-	g := driver.Grant{Key: key, Owner: o, Fence: f}
-	if err := d.Renew(ctx, g, time.Minute); err != nil {
+	g := driver.Grant{Key: key, Owner: o, Fence: f, TTL: time.Minute}
+	if err := d.Renew(ctx, g); err != nil {
 		t.Fatalf("renew by owner: %v", err)
+	}
+	// A grant built without its TTL is refused, not renewed for nothing.
+	noTTL := g
+	noTTL.TTL = 0
+	if err := d.Renew(ctx, noTTL); !errors.Is(err, driver.ErrInvalidTTL) {
+		t.Errorf("renew of a grant without its TTL: %v, want ErrInvalidTTL", err)
+	}
+	if br, ok := d.(driver.BatchRenewer); ok {
+		errs, err := br.RenewBatch(ctx, []driver.Grant{noTTL})
+		if err == nil && len(errs) == 1 {
+			err = errs[0]
+		}
+		if !errors.Is(err, driver.ErrInvalidTTL) {
+			t.Errorf("batch renewal of a grant without its TTL: %v, want ErrInvalidTTL", err)
+		}
+	}
+	if info, err := d.Inspect(ctx, key); err != nil || !info.Held || info.Fence != f {
+		t.Fatalf("after renewals without a TTL: %+v, %v; want still held with fence %d", info, err, f)
 	}
 	if err := d.Release(ctx, g); err != nil {
 		t.Fatalf("release by owner: %v", err)
@@ -347,7 +358,7 @@ func (s *suite) testOwnership(t *testing.T) {
 	if err := d.Release(ctx, g); !errors.Is(err, driver.ErrNotHeld) {
 		t.Fatalf("second release: %v, want ErrNotHeld", err)
 	}
-	if err := d.Renew(ctx, g, time.Minute); !errors.Is(err, driver.ErrNotHeld) {
+	if err := d.Renew(ctx, g); !errors.Is(err, driver.ErrNotHeld) {
 		t.Fatalf("renew after release: %v, want ErrNotHeld", err)
 	}
 }
@@ -368,11 +379,11 @@ func (s *suite) testStaleGrant(t *testing.T) {
 	if err != nil {
 		t.Fatalf("B acquire after A expired: %v", err)
 	}
-	stale := driver.Grant{Key: key, Owner: a, Fence: fa}
+	stale := driver.Grant{Key: key, Owner: a, Fence: fa, TTL: ttl}
 	if err := d.Release(ctx, stale); !errors.Is(err, driver.ErrNotHeld) {
 		t.Fatalf("A's stale release: %v, want ErrNotHeld", err)
 	}
-	if err := d.Renew(ctx, stale, time.Minute); !errors.Is(err, driver.ErrNotHeld) {
+	if err := d.Renew(ctx, stale); !errors.Is(err, driver.ErrNotHeld) {
 		t.Fatalf("A's stale renew: %v, want ErrNotHeld", err)
 	}
 	info, err := d.Inspect(ctx, key)
@@ -811,9 +822,9 @@ func (s *suite) testNotify(t *testing.T) {
 		skipUndeclared(t, "Notify (Guarantees.Notify)", "waiters poll with backoff")
 	}
 	_, notifier := d.(driver.Notifier)
-	_, queuer := d.(driver.Queuer)
+	_, queuer := d.(driver.TimedQueuer)
 	if !notifier && !queuer {
-		t.Fatalf("%T declares Notify but implements neither driver.Notifier nor driver.Queuer", d)
+		t.Fatalf("%T declares Notify but implements neither driver.Notifier nor driver.TimedQueuer", d)
 	}
 	ctx := ctxT(t)
 	a := s.client(t, nil)
@@ -967,10 +978,10 @@ func (s *suite) testLongWait(t *testing.T) {
 }
 
 // testBatchRenew checks, for drivers implementing driver.BatchRenewer, that
-// one batch renews exactly the grants that are current and refuses the
-// others one by one, without touching them.
+// one batch renews exactly the grants that are current, each for its own
+// TTL, and refuses the others one by one, without touching them.
 func (s *suite) testBatchRenew(t *testing.T) {
-	d := s.drv(t)
+	d, clk := s.expiryDriver(t)
 	br, ok := d.(driver.BatchRenewer)
 	if !ok {
 		skipUndeclared(t, "BatchRenewer (driver.BatchRenewer)", "leases are renewed one request each")
@@ -978,17 +989,16 @@ func (s *suite) testBatchRenew(t *testing.T) {
 	ctx := ctxT(t)
 	prefix := uniqueKey(t, "batch") + ":"
 	var grants []driver.Grant
-	grantTTL := []time.Duration{time.Minute, time.Minute, time.Minute, time.Minute}
-	if s.h.FixedTTL {
-		grantTTL = []time.Duration{2 * time.Minute, time.Minute, time.Minute, 3 * time.Minute}
-	}
-	for i, k := range []string{"a", "b", "c", "d"} {
+	for _, g := range []struct {
+		key string
+		ttl time.Duration
+	}{{"a", 2 * time.Minute}, {"b", time.Minute}, {"c", time.Minute}, {"d", 3 * time.Minute}} {
 		o := owner()
-		f, err := d.TryAcquire(ctx, prefix+k, o, grantTTL[i])
+		f, err := d.TryAcquire(ctx, prefix+g.key, o, g.ttl)
 		if err != nil {
 			t.Fatal(err)
 		}
-		grants = append(grants, driver.Grant{Key: prefix + k, Owner: o, Fence: f})
+		grants = append(grants, driver.Grant{Key: prefix + g.key, Owner: o, Fence: f, TTL: g.ttl})
 	}
 	if err := d.Release(ctx, grants[1]); err != nil {
 		t.Fatal(err)
@@ -1000,33 +1010,35 @@ func (s *suite) testBatchRenew(t *testing.T) {
 	}
 	wrongFence := grants[2]
 	wrongFence.Fence++
-	reqs := []driver.RenewRequest{
-		{Grant: grants[0], TTL: 2 * time.Minute},
-		{Grant: grants[1], TTL: 2 * time.Minute}, // released, now someone else's
-		{Grant: wrongFence, TTL: 2 * time.Minute},
-		{Grant: grants[3], TTL: 3 * time.Minute},
-		{Grant: driver.Grant{Key: prefix + "never", Owner: owner(), Fence: 1}, TTL: time.Minute},
+	batch := []driver.Grant{
+		grants[0],
+		grants[1], // released, now someone else's
+		wrongFence,
+		grants[3],
+		{Key: prefix + "never", Owner: owner(), Fence: 1, TTL: time.Minute},
 	}
-	// With fixed TTLs the grants already have the TTLs asked for: let time
-	// pass so that only a real renewal restores them (checked below).
-	slack := 30 * time.Second
-	if s.h.FixedTTL {
-		time.Sleep(3 * time.Second)
-		slack = 2 * time.Second
+	// The grants already have their whole TTLs: let time pass (on the
+	// fake clock when there is one) so that only a real renewal restores
+	// them (checked below).
+	const wait, slack = 3 * time.Second, 2 * time.Second
+	if clk != nil {
+		clk.Advance(wait)
+	} else {
+		time.Sleep(wait)
 	}
-	errs, err := br.RenewBatch(ctx, reqs)
+	errs, err := br.RenewBatch(ctx, batch)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(errs) != len(reqs) {
-		t.Fatalf("RenewBatch returned %d results for %d requests", len(errs), len(reqs))
+	if len(errs) != len(batch) {
+		t.Fatalf("RenewBatch returned %d results for %d grants", len(errs), len(batch))
 	}
 	for i, want := range []bool{true, false, false, true, false} {
 		if want && errs[i] != nil {
-			t.Errorf("request %d (%v): %v, want renewed", i, reqs[i].Grant, errs[i])
+			t.Errorf("grant %d (%v): %v, want renewed", i, batch[i], errs[i])
 		}
 		if !want && !errors.Is(errs[i], driver.ErrNotHeld) {
-			t.Errorf("request %d (%v): %v, want ErrNotHeld", i, reqs[i].Grant, errs[i])
+			t.Errorf("grant %d (%v): %v, want ErrNotHeld", i, batch[i], errs[i])
 		}
 	}
 	for _, c := range []struct {

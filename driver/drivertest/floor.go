@@ -72,7 +72,7 @@ func grant(t *testing.T, d driver.Driver, key string, ttl time.Duration) driver.
 	if err != nil {
 		t.Fatalf("acquire %s: %v", key, err)
 	}
-	return driver.Grant{Key: key, Owner: o, Fence: f}
+	return driver.Grant{Key: key, Owner: o, Fence: f, TTL: ttl}
 }
 
 // cycle grants key and releases it, returning the fence.
@@ -107,7 +107,7 @@ func (s *floorSuite) testRaise(t *testing.T) {
 	if f, err := d.TryAcquire(ctx, held.Key, held.Owner, time.Minute); err != nil || f != held.Fence {
 		t.Fatalf("re-acquire by the holder after a raise = %d, %v; want its fence %d", f, err, held.Fence)
 	}
-	if err := d.Renew(ctx, held, time.Minute); err != nil {
+	if err := d.Renew(ctx, held); err != nil {
 		t.Fatalf("renew after a raise: %v", err)
 	}
 	// Existing and new keys alike start above the floor.
@@ -180,10 +180,10 @@ func (s *floorSuite) testPrune(t *testing.T) {
 	if info, err := d.Inspect(ctx, held.Key); err != nil || !info.Held || info.Fence != held.Fence {
 		t.Fatalf("the held key after prune: %+v, %v", info, err)
 	}
-	if err := d.Renew(ctx, held, time.Minute); err != nil {
+	if err := d.Renew(ctx, held); err != nil {
 		t.Fatalf("renew of the held key after prune: %v", err)
 	}
-	if err := d.Renew(ctx, expired, time.Minute); !errors.Is(err, driver.ErrNotHeld) {
+	if err := d.Renew(ctx, expired); !errors.Is(err, driver.ErrNotHeld) {
 		t.Fatalf("renew of a pruned grant: %v, want ErrNotHeld", err)
 	}
 	for k, f := range fences {

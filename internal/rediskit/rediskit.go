@@ -116,6 +116,18 @@ func ForeignError(redisKey string) error {
 	return fmt.Errorf("%w (key %q; inspect it with redis-cli and remove it yourself if it is stale, or use another key prefix)", ErrForeignValue, redisKey)
 }
 
+// ForeignReply returns err, a script's error, as an error matching
+// ErrForeignValue naming keys when the server's reply says that one of
+// them holds something fenced did not write (a key of the wrong type, a
+// fence counter that is not a number), and nil for any other error.
+func ForeignReply(err error, keys ...string) error {
+	msg := err.Error()
+	if !strings.Contains(msg, "WRONGTYPE") && !strings.Contains(msg, "not an integer") {
+		return nil
+	}
+	return fmt.Errorf("%w (keys %s; server said: %s)", ErrForeignValue, strings.Join(keys, ", "), msg)
+}
+
 // Status codes returned by the scripts.
 const (
 	StatusForeign = -1 // the lock key holds a foreign value
@@ -185,20 +197,20 @@ type RenewReply struct {
 	Err error
 }
 
-// RenewAll renews every grant of reqs on c in one pipeline of Renew
+// RenewAll renews every grant of grants (each for its TTL) on c in one pipeline of Renew
 // scripts: one round trip (on Cluster, one per node involved). If the
 // server does not know the script (NOSCRIPT) it loads it and sends the
 // pipeline again (renewing twice is harmless). It fails as a whole, with
 // the error classified (see Classify), when the script cannot be loaded or
 // the connection fails: then each renewal may or may not have been
 // applied.
-func RenewAll(ctx context.Context, c redis.UniversalClient, l Layout, reqs []driver.RenewRequest) ([]RenewReply, error) {
+func RenewAll(ctx context.Context, c redis.UniversalClient, l Layout, grants []driver.Grant) ([]RenewReply, error) {
 	run := func() []*redis.Cmd {
 		pipe := c.Pipeline()
-		cmds := make([]*redis.Cmd, len(reqs))
-		for i, r := range reqs {
-			k := l.Keys(r.Grant.Key)
-			cmds[i] = Renew.EvalSha(ctx, pipe, []string{k.Lock}, Value(r.Grant.Fence, r.Grant.Owner), Millis(r.TTL))
+		cmds := make([]*redis.Cmd, len(grants))
+		for i, g := range grants {
+			k := l.Keys(g.Key)
+			cmds[i] = Renew.EvalSha(ctx, pipe, []string{k.Lock}, Value(g.Fence, g.Owner), Millis(g.TTL))
 		}
 		_, _ = pipe.Exec(ctx) // each command carries its own error
 		return cmds
@@ -284,43 +296,44 @@ redis.call('PUBLISH', ARGV[1], '')
 return {1, f, o, pttl, id, full}`)
 )
 
-// Classify maps a go-redis error to the driver's sentinels. mayApply says
-// whether the command could have been applied by the server when the
-// connection failed after sending it (false for reads). Server replies
+// Classify maps a go-redis error to the driver's sentinels by
+// driver.Classify with classifyRedis, the hook of both Redis backends.
+// mayApply says whether the command could have been applied by the server
+// when the connection failed after sending it (false for reads).
+func Classify(err error, mayApply bool) error { return driver.Classify(err, mayApply, classifyRedis) }
+
+// classifyRedis is the Redis backends' driver.Classifier. Server replies
 // that refuse the command before running it (loading, busy, read-only
-// replica, cluster down) match ErrUnavailable; other server errors are
-// returned as they are, with their message, for the caller to wrap.
-func Classify(err error, mayApply bool) error {
-	if err == nil {
-		return nil
-	}
+// replica, cluster down, authentication) match ErrUnavailable; other
+// server errors are returned as they are, with their message, for the
+// caller to wrap. A failed dial or an exhausted pool sent nothing; any
+// other failure of the connection may have come after the command was
+// sent.
+func classifyRedis(err error) error {
 	if errors.Is(err, redis.ErrClosed) {
-		return fmt.Errorf("%w: %v", driver.ErrClosed, err)
+		return driver.ErrClosed
 	}
 	var rerr redis.Error
 	if errors.As(err, &rerr) {
 		msg := rerr.Error()
 		for _, p := range []string{"LOADING", "BUSY", "MASTERDOWN", "READONLY", "CLUSTERDOWN", "TRYAGAIN", "NOREPLICAS", "MOVED", "ASK"} {
 			if strings.HasPrefix(msg, p) {
-				return fmt.Errorf("%w: %s", driver.ErrUnavailable, msg)
+				return driver.ErrUnavailable
 			}
 		}
 		if strings.HasPrefix(msg, "NOAUTH") || strings.HasPrefix(msg, "WRONGPASS") {
-			return fmt.Errorf("%w: authentication failed: %s", driver.ErrUnavailable, msg)
+			return fmt.Errorf("%w: authentication failed", driver.ErrUnavailable)
 		}
-		return err
+		return nil
 	}
 	var op *net.OpError
 	if errors.As(err, &op) && op.Op == "dial" {
-		return fmt.Errorf("%w: %v", driver.ErrUnavailable, err)
+		return driver.ErrUnavailable
 	}
 	if errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrPoolExhausted) {
-		return fmt.Errorf("%w: %v", driver.ErrUnavailable, err)
+		return driver.ErrUnavailable
 	}
-	if mayApply {
-		return fmt.Errorf("%w: %w", driver.ErrUnknownOutcome, err)
-	}
-	return fmt.Errorf("%w: %w", driver.ErrUnavailable, err)
+	return driver.ErrUnknownOutcome
 }
 
 // IsTransport reports whether err (as returned by Classify) means the
@@ -344,8 +357,10 @@ func Ping(ctx context.Context, c redis.UniversalClient, addr string, timeout tim
 	return nil
 }
 
-// Millis converts a duration to whole milliseconds, at least 1.
-func Millis(d time.Duration) int64 { return max(1, d.Milliseconds()) }
+// Millis converts a TTL to the whole milliseconds Redis counts in (PX,
+// PEXPIRE) by the one TTL rounding rule (driver.TTLUnits): rounded up, so
+// a grant never ends before the holder's local validity.
+func Millis(ttl time.Duration) int64 { return driver.TTLUnits(ttl, time.Millisecond) }
 
 // PTTL converts a PTTL reply to a duration (zero for none or unknown).
 func PTTL(ms int64) time.Duration {

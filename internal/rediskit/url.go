@@ -8,33 +8,44 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/urlquery"
 	"github.com/redis/go-redis/v9"
 )
 
 // Query holds the fenced-specific query parameters of a redis:// or
 // redlock:// URL, removed from the URL before go-redis parses the rest.
 type Query struct {
-	values url.Values
+	values map[string]string
 	err    error
 }
 
-// TakeQuery removes and returns the parameters named in names from u.
+// TakeQuery removes and returns the parameters named in names from u. The
+// query is parsed strictly (urlquery): a malformed query or one of names
+// given twice is reported by Err, and what is left for go-redis is
+// re-encoded, so it never sees the malformed part either.
 func TakeQuery(u *url.URL, names ...string) *Query {
-	q := u.Query()
-	mine := url.Values{}
+	q := &Query{values: map[string]string{}}
+	p, err := urlquery.Parse(u.RawQuery)
+	if err != nil {
+		q.fail(err)
+		return q
+	}
 	for _, n := range names {
-		if v, ok := q[n]; ok {
-			mine[n] = v
-			q.Del(n)
+		v, ok, err := p.Take(n)
+		if err != nil {
+			q.fail(err)
+		}
+		if ok {
+			q.values[n] = v
 		}
 	}
-	u.RawQuery = q.Encode()
-	return &Query{values: mine}
+	u.RawQuery = p.Rest().Encode()
+	return q
 }
 
 // String returns the parameter's value or def.
 func (q *Query) String(name, def string) string {
-	if v := q.values.Get(name); v != "" {
+	if v := q.values[name]; v != "" {
 		return v
 	}
 	return def
@@ -42,7 +53,7 @@ func (q *Query) String(name, def string) string {
 
 // Int returns the parameter as a non-negative int, or def.
 func (q *Query) Int(name string, def int) int {
-	v := q.values.Get(name)
+	v := q.values[name]
 	if v == "" {
 		return def
 	}
@@ -57,7 +68,7 @@ func (q *Query) Int(name string, def int) int {
 // Duration returns the parameter as a positive duration ("250ms"; a bare
 // number means milliseconds), or def.
 func (q *Query) Duration(name string, def time.Duration) time.Duration {
-	v := q.values.Get(name)
+	v := q.values[name]
 	if v == "" {
 		return def
 	}
@@ -88,7 +99,11 @@ func (q *Query) Err() error { return q.err }
 // one dial attempt unless dialer_retries is given. Errors wrap
 // driver.ErrInvalidURL.
 func ClientOptions(u *url.URL) (*redis.Options, error) {
-	q := u.Query()
+	p, err := urlquery.Parse(u.RawQuery)
+	if err != nil {
+		return nil, err
+	}
+	q := p.Rest()
 	ro, err := redis.ParseURL(u.String())
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s", driver.ErrInvalidURL, strings.TrimPrefix(err.Error(), "redis: "))

@@ -144,13 +144,6 @@ func (g *Grants[E]) Close() {
 	g.reaper.Close()
 }
 
-// Untimed serves driver.Queuer's Acquire with a driver's AcquireTimed
-// (driver.TimedQueuer), dropping the confirmation time.
-func Untimed(ctx context.Context, acquireTimed func(ctx context.Context, key, owner string, ttl time.Duration) (uint64, time.Time, error), key, owner string, ttl time.Duration) (uint64, error) {
-	fence, _, err := acquireTimed(ctx, key, owner, ttl)
-	return fence, err
-}
-
 // RetryPause is how long WaitTurn pauses after a transient failure before
 // it looks at the queue again.
 const RetryPause = 100 * time.Millisecond

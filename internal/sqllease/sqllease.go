@@ -208,11 +208,12 @@ type Dialect struct {
 	// before cutoff (as PruneCutoff returned it), raising the floor to the
 	// highest fence deleted.
 	PruneBatch func(ctx context.Context, db DB, cutoff any, after string) (leasetable.PruneBatch, error)
-	// Classify returns driver.ErrUnavailable when err means that nothing
-	// was applied, driver.ErrUnknownOutcome when the request may have
-	// been applied, driver.ErrClosed when the pool was closed, and nil
-	// for any other error (which is then reported as it is).
-	Classify func(err error) error
+	// Classify is the database's error-classification hook (see
+	// driver.Classifier): driver.ErrUnavailable when err means that
+	// nothing was applied, driver.ErrUnknownOutcome when the request may
+	// have been applied, driver.ErrClosed when the pool was closed, and
+	// nil for any other error (which is then reported as it is).
+	Classify driver.Classifier
 }
 
 // Engine implements the lease operations of driver.Driver,
@@ -268,26 +269,19 @@ func (e *Engine) Wrap(op, key string, err error) error {
 }
 
 // Wrap is Engine.Wrap for code that runs without an engine (a backend's
-// own helpers): "name: op "key": sentinel: cause", where classify names
-// the sentinel (nil: none; a cancelled or expired context then counts as
-// driver.ErrUnknownOutcome). Refusals (driver.ErrNotHeld,
-// driver.ErrNotFound) are returned as they are.
-func Wrap(name string, classify func(error) error, op, key string, err error) error {
+// own helpers): "name: op "key": sentinel: cause", where the sentinel is
+// the one driver.Classify gives with the dialect's classify hook (every
+// statement is taken as one that may have been applied). Refusals
+// (driver.IsRefusal) are returned as they are.
+func Wrap(name string, classify driver.Classifier, op, key string, err error) error {
+	if driver.IsRefusal(err) {
+		return err
+	}
 	where := op
 	if key != "" {
 		where = fmt.Sprintf("%s %q", op, key)
 	}
-	if errors.Is(err, driver.ErrNotHeld) || errors.Is(err, driver.ErrNotFound) {
-		return err
-	}
-	sentinel := classify(err)
-	if sentinel == nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
-		sentinel = driver.ErrUnknownOutcome
-	}
-	if sentinel == nil {
-		return fmt.Errorf("%s: %s: %w", name, where, err)
-	}
-	return fmt.Errorf("%s: %s: %w: %w", name, where, sentinel, err)
+	return fmt.Errorf("%s: %s: %w", name, where, driver.Classify(err, true, classify))
 }
 
 func (e *Engine) units(d time.Duration) int64 { return driver.TTLUnits(d, e.d.Unit) }
@@ -320,14 +314,17 @@ func (e *Engine) TryAcquire(ctx context.Context, key, owner string, ttl time.Dur
 }
 
 // Renew implements driver.Driver in one statement.
-func (e *Engine) Renew(ctx context.Context, g driver.Grant, ttl time.Duration) error {
+func (e *Engine) Renew(ctx context.Context, g driver.Grant) error {
 	if err := e.CheckOpen(); err != nil {
+		return err
+	}
+	if err := g.CheckTTL(); err != nil {
 		return err
 	}
 	if g.Owner == "" {
 		return leasetable.NotHeld(g)
 	}
-	a := Args{Key: g.Key, Owner: g.Owner, Fence: g.Fence, TTL: e.units(ttl)}
+	a := Args{Key: g.Key, Owner: g.Owner, Fence: g.Fence, TTL: e.units(g.TTL)}
 	res, err := e.db.Exec(ctx, e.d.Renew.SQL, e.d.Renew.args(a, g.Key, g.Owner, int64(g.Fence), a.TTL)...)
 	if err != nil {
 		return e.Wrap("renew", g.Key, err)
@@ -344,19 +341,22 @@ func (e *Engine) Renew(ctx context.Context, g driver.Grant, ttl time.Duration) e
 
 // RenewBatch implements driver.BatchRenewer: one round trip per
 // Dialect.MaxBatch grants, and one ErrNotHeld per grant not renewed.
-func (e *Engine) RenewBatch(ctx context.Context, reqs []driver.RenewRequest) ([]error, error) {
+func (e *Engine) RenewBatch(ctx context.Context, grants []driver.Grant) ([]error, error) {
 	if err := e.CheckOpen(); err != nil {
 		return nil, err
 	}
-	errs := make([]error, 0, len(reqs))
-	for len(reqs) > 0 {
-		n := len(reqs)
+	if err := driver.CheckTTLs(grants); err != nil {
+		return nil, err
+	}
+	errs := make([]error, 0, len(grants))
+	for len(grants) > 0 {
+		n := len(grants)
 		if e.d.MaxBatch > 0 {
 			n = min(n, e.d.MaxBatch)
 		}
 		chunk := make([]Renewal, n)
-		for i, r := range reqs[:n] {
-			chunk[i] = Renewal{Grant: r.Grant, TTL: e.units(r.TTL)}
+		for i, g := range grants[:n] {
+			chunk[i] = Renewal{Grant: g, TTL: e.units(g.TTL)}
 		}
 		got, err := e.d.RenewBatch(ctx, e.db, chunk)
 		if err != nil {
@@ -364,16 +364,16 @@ func (e *Engine) RenewBatch(ctx context.Context, reqs []driver.RenewRequest) ([]
 		}
 		renewed := make(map[driver.Grant]bool, len(got))
 		for _, g := range got {
-			renewed[g] = true
+			renewed[grantID(g)] = true
 		}
-		for _, r := range reqs[:n] {
+		for _, g := range grants[:n] {
 			var err error
-			if !renewed[r.Grant] || r.Grant.Owner == "" {
-				err = leasetable.NotHeld(r.Grant)
+			if !renewed[grantID(g)] || g.Owner == "" {
+				err = leasetable.NotHeld(g)
 			}
 			errs = append(errs, err)
 		}
-		reqs = reqs[n:]
+		grants = grants[n:]
 	}
 	return errs, nil
 }
@@ -572,4 +572,11 @@ func (e *Engine) Prune(ctx context.Context, olderThan time.Duration) (driver.Pru
 		return res, err
 	}
 	return res, nil
+}
+
+// grantID is g without its TTL, which plays no part in identifying a
+// grant: the grants a dialect's RenewBatch returns carry none.
+func grantID(g driver.Grant) driver.Grant {
+	g.TTL = 0
+	return g
 }

@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/fenced-dev/fenced/driver"
 )
@@ -43,6 +44,19 @@ func (p Params) Take(name string) (value string, ok bool, err error) {
 	return vs[0], true, nil
 }
 
+// TakeDuration is Take for a positive duration such as 5s or 250ms.
+func (p Params) TakeDuration(name string) (d time.Duration, ok bool, err error) {
+	v, ok, err := p.Take(name)
+	if !ok || err != nil {
+		return 0, ok, err
+	}
+	d, err = time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		return 0, true, fmt.Errorf("%w: %s=%q is not a positive duration such as 5s", driver.ErrInvalidURL, name, v)
+	}
+	return d, true, nil
+}
+
 // Rest returns the parameters not taken, for a client library that reads
 // them itself. The caller owns the result.
 func (p Params) Rest() url.Values { return p.v }
@@ -57,5 +71,8 @@ func (p Params) NoRest(known ...string) error {
 		names = append(names, k)
 	}
 	sort.Strings(names)
+	if len(known) == 0 {
+		return fmt.Errorf("%w: unknown parameter %q (none are known)", driver.ErrInvalidURL, names[0])
+	}
 	return fmt.Errorf("%w: unknown parameter %q (known: %s)", driver.ErrInvalidURL, names[0], strings.Join(known, ", "))
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/fenced-dev/fenced/driver"
 )
@@ -30,5 +31,23 @@ func TestStrict(t *testing.T) {
 	}
 	if got := p.Rest().Encode(); got != "x=1" {
 		t.Errorf("Rest = %q", got)
+	}
+}
+
+func TestTakeDuration(t *testing.T) {
+	p, err := Parse("a=250ms&zero=0s&neg=-1s&word=soon&twice=1s&twice=2s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, ok, err := p.TakeDuration("a"); d != 250*time.Millisecond || !ok || err != nil {
+		t.Errorf("TakeDuration(a) = %v, %v, %v", d, ok, err)
+	}
+	if d, ok, err := p.TakeDuration("absent"); d != 0 || ok || err != nil {
+		t.Errorf("TakeDuration(absent) = %v, %v, %v", d, ok, err)
+	}
+	for _, name := range []string{"zero", "neg", "word", "twice"} {
+		if _, ok, err := p.TakeDuration(name); !ok || !errors.Is(err, driver.ErrInvalidURL) || !strings.Contains(err.Error(), name+"=") {
+			t.Errorf("TakeDuration(%s) = %v, %v; want ErrInvalidURL naming it", name, ok, err)
+		}
 	}
 }

@@ -1,0 +1,59 @@
+package driver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+)
+
+// Classifier is a backend's error-classification hook: it names the
+// sentinel an error of its client library matches, and knows nothing
+// else. It returns ErrUnavailable (or an error wrapping it, with detail)
+// when the request cannot have been applied (no connection, refused
+// before it ran: throttled, busy, shutting down), ErrUnknownOutcome when
+// it may have been applied (the connection failed after the request was
+// sent), ErrClosed when the client library was closed, and nil for any
+// other error, which is then reported as it is (a server's own refusal
+// of a malformed request, say). The rules every backend shares are in
+// Classify.
+type Classifier func(err error) error
+
+// Classify wraps err with the sentinel classify names, by the rules every
+// driver follows:
+//
+//   - A refusal (an error matching ErrHeld, ErrNotHeld or ErrNotFound) is
+//     returned as it is: it is an answer, not a failure.
+//   - A cancelled or expired context that classify names no sentinel for
+//     matches ErrUnknownOutcome: the request may have been sent.
+//   - A request that cannot change anything (mayApply false: a read) has
+//     no unknown outcome: ErrUnknownOutcome becomes ErrUnavailable.
+//
+// The result is "sentinel: err" (both wrapped, so errors.Is finds the
+// cause too), or err itself when no sentinel applies. classify may be nil
+// (no error of the library is recognised).
+func Classify(err error, mayApply bool, classify Classifier) error {
+	if err == nil || IsRefusal(err) {
+		return err
+	}
+	var sentinel error
+	if classify != nil {
+		sentinel = classify(err)
+	}
+	if sentinel == nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
+		sentinel = ErrUnknownOutcome
+	}
+	if sentinel == nil {
+		return err
+	}
+	if !mayApply && errors.Is(sentinel, ErrUnknownOutcome) {
+		sentinel = ErrUnavailable
+	}
+	return fmt.Errorf("%w: %w", sentinel, err)
+}
+
+// IsRefusal reports whether err is the authority's answer that the
+// request was refused (ErrHeld, ErrNotHeld, ErrNotFound) rather than a
+// failure to get an answer.
+func IsRefusal(err error) bool {
+	return errors.Is(err, ErrHeld) || errors.Is(err, ErrNotHeld) || errors.Is(err, ErrNotFound)
+}
