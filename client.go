@@ -150,20 +150,9 @@ func (c *Client) Close() error {
 		}
 	}
 	renewerDone := c.renew.stop()
-	var releases sync.WaitGroup
-	var next atomic.Int64
-	for range min(len(ended), maxReleasers) {
-		releases.Add(1)
-		go func() {
-			defer releases.Done()
-			for i := next.Add(1) - 1; i < int64(len(ended)); i = next.Add(1) - 1 {
-				_ = ended[i].free(c.halt)
-			}
-		}()
-	}
 	settled := make(chan struct{})
 	go func() {
-		releases.Wait()
+		inParallel(min(len(ended), maxReleasers), len(ended), func(i int) { _ = ended[i].free(c.halt) })
 		c.inflight.Wait() // acquisitions release what they were granted
 		<-renewerDone
 		close(settled)
