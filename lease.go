@@ -204,7 +204,7 @@ func (l *Lease) Renew(ctx context.Context) error {
 	}
 	sent := l.c.now()
 	err := l.c.drv.Renew(ctx, l.grant())
-	if l.applyRenew(sent, err) {
+	if l.applyRenew(sent, sent, err) {
 		l.c.renew.reschedule(l)
 	}
 	if err != nil {
@@ -302,10 +302,14 @@ func (l *Lease) lose(cause error) {
 }
 
 // applyRenew records the outcome of a renewal request sent at sent (on
-// c's timeline). A refused renewal loses the lease. Otherwise it reports
-// true, and the caller hands the lease back to the schedule
-// (renewer.reschedule), whose look at it the outcome has moved.
-func (l *Lease) applyRenew(sent time.Duration, err error) bool {
+// c's timeline), as part of a batch that began at began (sent, for a
+// renewal of its own). Local validity runs from sent; the next automatic
+// renewal is due a period after began, so that the leases of a batch,
+// whose requests leave over some time, stay due together. A refused
+// renewal loses the lease. Otherwise it reports true, and the caller hands
+// the lease back to the schedule (renewer.reschedule), whose look at it
+// the outcome has moved.
+func (l *Lease) applyRenew(began, sent time.Duration, err error) bool {
 	l.c.hooks.renewed(RenewEvent{Key: l.key, Fence: l.fence, Err: err, Lease: l})
 	if err != nil && errors.Is(err, ErrNotHeld) {
 		l.lose(l.refusedCause(err))
@@ -325,7 +329,9 @@ func (l *Lease) applyRenew(sent time.Duration, err error) bool {
 	}
 	l.lastErr = nil
 	l.validUntil = max(l.validUntil, sent+l.spec.validity())
-	l.nextRenew = sent + l.spec.RenewEvery
+	// At least half a period after this request, though, should the batch
+	// have taken that long.
+	l.nextRenew = max(began+l.spec.RenewEvery, sent+l.spec.RenewEvery/2)
 	return true
 }
 

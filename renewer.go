@@ -209,17 +209,7 @@ func (r *renewer) due() (expired, batch []*Lease, next time.Duration) {
 	defer r.mu.Unlock()
 	r.armed = loopBusy
 	now := r.c.now()
-	// Look as far as now, or, when the earliest lease's renewal is due,
-	// as far as half its period ahead.
-	horizon := now
-	if len(r.heap) > 0 {
-		l := r.heap[0]
-		l.mu.Lock()
-		if now < l.validUntil && l.renewsNext() && l.nextRenew <= now {
-			horizon = now + l.spec.RenewEvery/2
-		}
-		l.mu.Unlock()
-	}
+	horizon := r.horizon(now)
 	looked := r.upTo(horizon, nil)
 	// Many leases at once (a large batch) are cheaper to put back in order
 	// by rebuilding the heap than one by one.
@@ -273,6 +263,34 @@ func (r *renewer) due() (expired, batch []*Lease, next time.Duration) {
 	return expired, batch, next
 }
 
+// horizon returns how far ahead due looks: now, or, once a lease's
+// renewal is due, half its period ahead, so that the leases due within it
+// are renewed together with it. In the common case the heap's top lease is
+// due; otherwise the leases whose wake has come are looked at until one is.
+func (r *renewer) horizon(now time.Duration) time.Duration {
+	if len(r.heap) == 0 || r.heap[0].wake > now {
+		return now
+	}
+	stack := []int{0}
+	for len(stack) > 0 {
+		i := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		l := r.heap[i]
+		l.mu.Lock()
+		due := now < l.validUntil && l.renewsNext() && l.nextRenew <= now
+		l.mu.Unlock()
+		if due {
+			return now + l.spec.RenewEvery/2
+		}
+		for _, child := range [2]int{2*i + 1, 2*i + 2} {
+			if child < len(r.heap) && r.heap[child].wake <= now {
+				stack = append(stack, child)
+			}
+		}
+	}
+	return now
+}
+
 // upTo appends to dst the leases on the heap whose wake is no later than
 // limit: a subtree at the heap's top, found without looking further.
 func (r *renewer) upTo(limit time.Duration, dst []*Lease) []*Lease {
@@ -301,6 +319,7 @@ func (r *renewer) upTo(limit time.Duration, dst []*Lease) []*Lease {
 // once, and still give a store that renews many grants in one request
 // thousands at a time.
 func (r *renewer) renewBatch(batch []*Lease) {
+	began := r.c.now()
 	items := make([]renewal, len(batch))
 	for i, l := range batch {
 		l.mu.Lock()
@@ -311,16 +330,16 @@ func (r *renewer) renewBatch(batch []*Lease) {
 	if br, ok := r.c.drv.(driver.BatchRenewer); ok && len(items) > 1 {
 		calls := (len(items) + maxBatchGrants - 1) / maxBatchGrants
 		inParallel(min(calls, maxBatchCalls), calls, func(i int) {
-			r.renewCall(br, items[i*maxBatchGrants:min((i+1)*maxBatchGrants, len(items))])
+			r.renewCall(br, began, items[i*maxBatchGrants:min((i+1)*maxBatchGrants, len(items))])
 		})
 		return
 	}
 	ctx, cancel := r.renewContext(items[len(items)-1].until)
 	defer cancel()
-	sent := r.c.now()
 	inParallel(min(len(items), maxRenewers), len(items), func(i int) {
 		l := items[i].l
-		if l.applyRenew(sent, r.c.drv.Renew(ctx, l.grant())) {
+		sent := r.c.now()
+		if l.applyRenew(began, sent, r.c.drv.Renew(ctx, l.grant())) {
 			r.reschedule(l)
 		}
 	})
@@ -340,8 +359,9 @@ const (
 	maxBatchCalls  = 4
 )
 
-// renewCall renews items, sorted by validity, in one call to br.
-func (r *renewer) renewCall(br driver.BatchRenewer, items []renewal) {
+// renewCall renews items, sorted by validity, in one call to br, as part
+// of a batch that began at began.
+func (r *renewer) renewCall(br driver.BatchRenewer, began time.Duration, items []renewal) {
 	ctx, cancel := r.renewContext(items[len(items)-1].until)
 	defer cancel()
 	grants := make([]driver.Grant, len(items))
@@ -359,7 +379,7 @@ func (r *renewer) renewCall(br driver.BatchRenewer, items []renewal) {
 		if e == nil {
 			e = errs[i]
 		}
-		if it.l.applyRenew(sent, e) {
+		if it.l.applyRenew(began, sent, e) {
 			kept = append(kept, it.l)
 		}
 	}

@@ -107,8 +107,15 @@ func holdRedisLeases(b *testing.B, addr string, m, periods int, ttl time.Duratio
 	if err != nil {
 		b.Fatal(err)
 	}
-	var lost atomic.Int64
-	c := fenced.NewClient(d, &fenced.Options{Hooks: fenced.Hooks{Lost: func(fenced.LostEvent) { lost.Add(1) }}})
+	var (
+		lost      atomic.Int64
+		firstLoss atomic.Value // why the first lost lease was lost
+	)
+	c := fenced.NewClient(d, &fenced.Options{Hooks: fenced.Hooks{Lost: func(e fenced.LostEvent) {
+		if lost.Add(1) == 1 {
+			firstLoss.Store(fmt.Sprintf("%v (held %v)", e.Cause, e.Held))
+		}
+	}}})
 	defer c.Close()
 	run := keySeq.Add(1)
 	keys := make([]string, m)
@@ -229,7 +236,7 @@ func holdRedisLeases(b *testing.B, addr string, m, periods int, ttl time.Duratio
 	if ended > 0 {
 		// A failed benchmark prints no metrics: log them.
 		b.Logf("M=%d: %+v", m, figures)
-		b.Errorf("%d of %d leases ended while held", ended, m)
+		b.Errorf("%d of %d leases ended while held; the first lost: %v", ended, m, firstLoss.Load())
 	}
 	// Release in bulk through Close (deferred), as an application would.
 }
