@@ -186,16 +186,12 @@ func pct(d []time.Duration, p int) time.Duration {
 type countingRenewals struct {
 	driver.Driver
 	singles, batches, batched atomic.Int64
-	inDriver                  atomic.Int64 // nanoseconds spent in the driver's renewals
 }
 
 func (d *countingRenewals) Renew(ctx context.Context, g driver.Grant) error {
 	d.singles.Add(1)
-	defer d.timeDriver(time.Now())
 	return d.Driver.Renew(ctx, g)
 }
-
-func (d *countingRenewals) timeDriver(start time.Time) { d.inDriver.Add(int64(time.Since(start))) }
 
 // countingBatches adds driver.BatchRenewer to countingRenewals.
 type countingBatches struct{ *countingRenewals }
@@ -203,7 +199,6 @@ type countingBatches struct{ *countingRenewals }
 func (d countingBatches) RenewBatch(ctx context.Context, grants []driver.Grant) ([]error, error) {
 	d.batches.Add(1)
 	d.batched.Add(int64(len(grants)))
-	defer d.timeDriver(time.Now())
 	errs := make([]error, len(grants))
 	for i, g := range grants {
 		errs[i] = d.Driver.Renew(ctx, g)
@@ -217,9 +212,8 @@ func (d countingBatches) RenewBatch(ctx context.Context, grants []driver.Grant) 
 // lease the live heap (after GC, over the heap before the leases), the
 // goroutine stacks and the goroutines; the process's CPU seconds per second
 // while holding (the mem authority runs in-process, so this includes its
-// share, which in-driver-s/s reports apart as the time spent in the
-// driver's renewals); the renewal requests per period and the grants they
-// renewed; and leases lost (must be 0). FENCED_HOLD_TTL_MS sets the TTL
+// share: a CPU profile, FENCED_HOLD_CPUPROFILE, tells the two apart); the
+// renewal requests per period and the grants they renewed; and leases lost (must be 0). FENCED_HOLD_TTL_MS sets the TTL
 // (default 6000), FENCED_HOLD_BATCH=0 hides the driver's BatchRenewer, and
 // FENCED_HOLD_CPUPROFILE names a file for a CPU profile of the holding.
 func BenchmarkHeldLeases(b *testing.B) {
@@ -314,7 +308,6 @@ func holdLeases(b *testing.B, m, periods int, ttl time.Duration, batch bool) {
 	period := ttl / 3
 	cpu0, wall0 := cpuTime(), time.Now()
 	s0, b0, n0 := counted.singles.Load(), counted.batches.Load(), counted.batched.Load()
-	d0 := counted.inDriver.Load()
 	if path := os.Getenv("FENCED_HOLD_CPUPROFILE"); path != "" {
 		f, err := os.Create(path)
 		if err != nil {
@@ -325,7 +318,6 @@ func holdLeases(b *testing.B, m, periods int, ttl time.Duration, batch bool) {
 	}
 	time.Sleep(time.Duration(periods) * period)
 	pprof.StopCPUProfile()
-	inDriver := time.Duration(counted.inDriver.Load() - d0)
 	cpu, wall := cpuTime()-cpu0, time.Since(wall0)
 	s1, b1, n1 := counted.singles.Load(), counted.batches.Load(), counted.batched.Load()
 	b.StopTimer()
@@ -344,7 +336,6 @@ func holdLeases(b *testing.B, m, periods int, ttl time.Duration, batch bool) {
 		{float64(int64(stack1)-int64(stack0)) / float64(m), "stack-B/lease"},
 		{float64(g1-g0) / float64(m), "goroutines/lease"},
 		{cpu.Seconds() / wall.Seconds(), "cpu-s/s"},
-		{inDriver.Seconds() / wall.Seconds(), "in-driver-s/s"},
 		{perPeriod(s1 - s0 + b1 - b0), "renew-calls/period"},
 		{perPeriod(n1 - n0 + s1 - s0), "grants-renewed/period"},
 		{float64(lost.Load()), "lost"},
