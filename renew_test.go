@@ -2,6 +2,7 @@ package fenced_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -84,5 +85,45 @@ func TestManyLeasesRenewInFewLargeBatches(t *testing.T) {
 	if periods := 4; renewed < periods*n || renewed > (periods+1)*n || len(calls) > (periods+1)*2 {
 		t.Fatalf("%d batch calls renewing %d grants in %d periods (sizes %v); want about %d calls renewing each of %d leases once per period",
 			len(calls), renewed, periods, calls, periods*2, n)
+	}
+}
+
+// TestScheduleEndsEachLeaseOnTime checks that one schedule serves leases
+// of very different deadlines: a short lease granted after a long one (the
+// schedule's timer is set for the long one's renewal) still ends the
+// moment its own validity runs out, and the long one is renewed on time.
+func TestScheduleEndsEachLeaseOnTime(t *testing.T) {
+	clk := clock.NewFake(time.Unix(1000, 0))
+	d := &batchSizes{Driver: mem.New(&mem.Options{Clock: clk})}
+	c := fenced.NewClient(d, &fenced.Options{Clock: clk})
+	defer c.Close()
+	ctx := context.Background()
+	long, err := c.TryAcquire(ctx, "long", &fenced.LeaseOptions{TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	settle() // the schedule's timer is set for the long lease's renewal
+	short, err := c.TryAcquire(ctx, "short", &fenced.LeaseOptions{TTL: time.Second, AutoRenew: fenced.Off})
+	if err != nil {
+		t.Fatal(err)
+	}
+	end := short.ValidUntil()
+	for clk.Now().Before(end) {
+		if short.Err() != nil {
+			t.Fatalf("the short lease ended %v before its validity ran out: %v", end.Sub(clk.Now()), short.Err())
+		}
+		clk.Advance(10 * time.Millisecond)
+		settle()
+	}
+	if !errors.Is(short.Err(), fenced.ErrExpired) {
+		t.Fatalf("the short lease at %v past its validity: %v, want ErrExpired", clk.Now().Sub(end), short.Err())
+	}
+	// The long lease renews at a third of its TTL, 20s after its grant.
+	advance(clk, 20*time.Second, 500*time.Millisecond)
+	if long.Err() != nil {
+		t.Fatal(long.Err())
+	}
+	if got := long.ValidUntil(); !got.After(end.Add(time.Minute - time.Second)) {
+		t.Fatalf("the long lease was not renewed by its third of the TTL: valid until %v", got)
 	}
 }
