@@ -312,7 +312,12 @@ func (l *Lease) lose(cause error) {
 func (l *Lease) applyRenew(began, sent time.Duration, err error) bool {
 	l.c.hooks.renewed(RenewEvent{Key: l.key, Fence: l.fence, Err: err, Lease: l})
 	if err != nil && errors.Is(err, ErrNotHeld) {
-		l.lose(l.refusedCause(err))
+		l.mu.Lock()
+		ended := l.ended
+		l.mu.Unlock()
+		if !ended { // else no cause to look up (a release raced the renewal)
+			l.lose(l.refusedCause(err))
+		}
 		return false
 	}
 	l.mu.Lock()

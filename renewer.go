@@ -24,8 +24,10 @@ import (
 //
 // When a renewal falls due, the loop renews, together, every lease whose
 // renewal falls within half a period of it. Leases renewed together stay
-// together, so a client holding many leases converges to few batches, and a
-// driver that implements driver.BatchRenewer gets each batch in one call.
+// together (they are next due a period after their batch began), so a
+// client holding many leases converges to one batch per period, and a
+// driver that implements driver.BatchRenewer gets each batch in calls of
+// thousands of grants (see renewBatch).
 //
 // Local validity is the schedule's other duty: a lease whose validity runs
 // out (no renewal confirmed in time, MaxHold reached, or AutoRenew off) is
