@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fenced-dev/fenced/clock"
@@ -21,6 +22,10 @@ type Client struct {
 	opts  Options
 	clock clock.Clock
 	hooks Hooks
+	// epoch is c's clock when c was made. Leases keep their moments as
+	// durations since it (see since), which are smaller than time.Time
+	// values and keep the monotonic reading of a real clock.
+	epoch time.Time
 
 	renew *renewer
 
@@ -32,15 +37,22 @@ type Client struct {
 	// Options.CloseTimeout) or has finished: requests still in flight are
 	// abandoned then.
 	halt       context.Context
-	cancelHalt context.CancelFunc
+	cancelHalt context.CancelCauseFunc
 	closeDone  chan struct{} // closed when the first Close returns
 
-	mu       sync.Mutex
-	closed   bool
-	inflight sync.WaitGroup // acquisitions admitted before Close began
-	leases   map[*Lease]struct{}
-	wakeups  map[string]chan struct{} // local release signals, per waited-for key
-	waiting  map[string]int           // waiters per key; wakeups entries live while > 0
+	mu        sync.Mutex
+	closed    bool
+	inflight  sync.WaitGroup                     // acquisitions admitted before Close began
+	acquiring map[uint64]context.CancelCauseFunc // their requests' contexts, by admission
+	admitted  uint64                             // admissions so far, the keys of acquiring
+	wakeups   map[string]chan struct{}           // local release signals, per waited-for key
+	waiting   map[string]int                     // waiters per key; wakeups entries live while > 0
+
+	// releases counts releases through c, and waiters the entries of
+	// waiting, so that a release need not take mu when nobody waits, and
+	// a waiter can tell whether a release happened before it registered.
+	releases atomic.Uint64
+	waiters  atomic.Int64
 }
 
 // NewClient returns a Client over drv, for backends opened with their typed
@@ -48,7 +60,7 @@ type Client struct {
 // Options.Defaults are not checked here: a lease is checked, defaults
 // included, when it is acquired (or by Resolve).
 func NewClient(drv driver.Driver, opts *Options) *Client {
-	c := &Client{drv: drv, leases: map[*Lease]struct{}{}, wakeups: map[string]chan struct{}{}, waiting: map[string]int{}, closeDone: make(chan struct{})}
+	c := &Client{drv: drv, acquiring: map[uint64]context.CancelCauseFunc{}, wakeups: map[string]chan struct{}{}, waiting: map[string]int{}, closeDone: make(chan struct{})}
 	if opts != nil {
 		c.opts = *opts
 	}
@@ -68,12 +80,23 @@ func NewClient(drv driver.Driver, opts *Options) *Client {
 		c.opts.CloseTimeout = DefaultCloseTimeout
 	}
 	c.clock = c.opts.Clock
+	c.epoch = c.clock.Now()
 	c.hooks = c.opts.Hooks
 	c.closing, c.beginClosing = context.WithCancel(context.Background())
-	c.halt, c.cancelHalt = context.WithCancel(context.Background())
+	c.halt, c.cancelHalt = context.WithCancelCause(context.Background())
 	c.renew = newRenewer(c)
 	return c
 }
+
+// since returns t as a duration since c.epoch: c's timeline, on which
+// leases keep their moments.
+func (c *Client) since(t time.Time) time.Duration { return t.Sub(c.epoch) }
+
+// at returns the moment d of c's timeline as a time.
+func (c *Client) at(d time.Duration) time.Time { return c.epoch.Add(d) }
+
+// now returns c's clock now, on c's timeline.
+func (c *Client) now() time.Duration { return c.since(c.clock.Now()) }
 
 // Driver returns the driver under c, for guards and tools that need a
 // backend's own client.
@@ -112,13 +135,11 @@ func (c *Client) Close() error {
 	}
 	c.closed = true
 	c.beginClosing()
-	held := make([]*Lease, 0, len(c.leases))
-	for l := range c.leases {
-		held = append(held, l)
-	}
 	c.mu.Unlock()
+	// No lease joins the schedule once closed is set (see register).
+	held := c.renew.held()
 	defer close(c.closeDone)
-	bound := time.AfterFunc(c.opts.CloseTimeout, c.cancelHalt)
+	bound := time.AfterFunc(c.opts.CloseTimeout, c.haltRequests)
 	defer bound.Stop()
 
 	// Cancel every lease's context first, then free the keys.
@@ -129,17 +150,9 @@ func (c *Client) Close() error {
 		}
 	}
 	renewerDone := c.renew.stop()
-	var releases sync.WaitGroup
-	for _, l := range ended {
-		releases.Add(1)
-		go func() {
-			defer releases.Done()
-			_ = l.free(c.halt)
-		}()
-	}
 	settled := make(chan struct{})
 	go func() {
-		releases.Wait()
+		inParallel(min(len(ended), maxReleasers), len(ended), func(i int) { _ = ended[i].free(c.halt) })
 		c.inflight.Wait() // acquisitions release what they were granted
 		<-renewerDone
 		close(settled)
@@ -158,43 +171,93 @@ func (c *Client) Close() error {
 				ErrUnknownOutcome, c.opts.CloseTimeout)
 		}
 	}
-	c.cancelHalt()
+	c.haltRequests()
 	return c.drv.Close()
 }
 
+// maxReleasers bounds the releases Close sends at once.
+const maxReleasers = 64
+
+// haltRequests abandons every request still in flight: Close has stopped
+// waiting for the store, or is over.
+func (c *Client) haltRequests() {
+	c.cancelHalt(ErrClosed)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, cancel := range c.acquiring {
+		cancel(ErrClosed)
+	}
+}
+
 // admit registers an acquisition with c, so that Close waits for it, or
-// reports ErrClosed once Close has begun. The caller calls
-// c.inflight.Done when the acquisition is over.
-func (c *Client) admit() error {
+// reports ErrClosed once Close has begun. It returns the context for the
+// acquisition's requests to the store: ctx, also cancelled when Close stops
+// waiting for the store. The caller passes the returned id and cancel to
+// finish when the acquisition is over.
+//
+// A ctx that can never be cancelled (context.Background and the like) needs
+// no context of its own: its requests run under c.halt, with ctx's values.
+func (c *Client) admit(ctx context.Context) (dctx context.Context, id uint64, cancel context.CancelCauseFunc, err error) {
+	if _, hasDeadline := ctx.Deadline(); ctx.Done() == nil && !hasDeadline {
+		dctx = haltable{Context: c.halt, values: ctx}
+	} else {
+		dctx, cancel = context.WithCancelCause(ctx)
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
-		return ErrClosed
+		if cancel != nil {
+			cancel(nil)
+		}
+		return nil, 0, nil, ErrClosed
 	}
 	c.inflight.Add(1)
-	return nil
+	if cancel != nil {
+		c.admitted++
+		id = c.admitted
+		c.acquiring[id] = cancel
+	}
+	return dctx, id, cancel, nil
 }
 
-// register adds l to the leases Close ends, unless Close has begun.
+// finish ends an acquisition that admit admitted.
+func (c *Client) finish(id uint64, cancel context.CancelCauseFunc) {
+	if cancel != nil {
+		c.mu.Lock()
+		delete(c.acquiring, id)
+		c.mu.Unlock()
+		cancel(nil)
+	}
+	c.inflight.Done()
+}
+
+// haltable is c.halt (done, with cause ErrClosed, when Close stops waiting
+// for the store) with the values of a context that is never done.
+type haltable struct {
+	context.Context
+	values context.Context
+}
+
+// Value implements context.Context: values' values, and c.halt's for the
+// keys values has nothing for (c.halt has none of its own, but
+// context.Cause finds its cause this way).
+func (h haltable) Value(key any) any {
+	if v := h.values.Value(key); v != nil {
+		return v
+	}
+	return h.Context.Value(key)
+}
+
+// register puts l on c's schedule, which Close ends, unless Close has
+// begun.
 func (c *Client) register(l *Lease) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
 		return false
 	}
-	c.leases[l] = struct{}{}
+	c.renew.add(l)
 	return true
-}
-
-// untilHalt returns a context for requests to the store: ctx, also
-// cancelled with ErrClosed when Close stops waiting for the store.
-func (c *Client) untilHalt(ctx context.Context) (context.Context, func()) {
-	hctx, cancel := context.WithCancelCause(ctx)
-	stop := context.AfterFunc(c.halt, func() { cancel(ErrClosed) })
-	return hctx, func() {
-		stop()
-		cancel(nil)
-	}
 }
 
 // releaseOrphan releases a grant that arrived after Close began and
@@ -231,10 +294,17 @@ func (c *Client) Acquire(ctx context.Context, key string, opts *LeaseOptions) (*
 }
 
 func (c *Client) acquire(ctx context.Context, key string, opts *LeaseOptions, try bool) (*Lease, error) {
-	began := c.clock.Now()
+	// The clock is read for the hook only: reading it is not free on
+	// every machine.
+	var began time.Time
+	if c.hooks.Acquired != nil {
+		began = c.clock.Now()
+	}
 	ev := AcquireEvent{Key: key, Context: ctx}
 	l, err := c.acquireChecked(ctx, key, opts, try, &ev)
-	ev.Waited = c.clock.Now().Sub(began)
+	if c.hooks.Acquired != nil {
+		ev.Waited = c.clock.Now().Sub(began)
+	}
 	if err != nil {
 		err = fmt.Errorf("fenced: acquire %q: %w", key, err)
 		ev.Err = err
@@ -259,36 +329,54 @@ func (c *Client) acquireChecked(ctx context.Context, key string, opts *LeaseOpti
 		spec.MaxWait = NoWait
 	}
 	ev.MaxWait = spec.MaxWait
-	if err := c.admit(); err != nil {
+	dctx, id, cancel, err := c.admit(ctx)
+	if err != nil {
 		return nil, err
 	}
-	defer c.inflight.Done()
+	defer c.finish(id, cancel)
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	return c.acquireLoop(ctx, key, spec, ev)
+	return c.acquireLoop(ctx, dctx, key, spec, ev)
 }
 
-func (c *Client) acquireLoop(ctx context.Context, key string, s LeaseSpec, ev *AcquireEvent) (*Lease, error) {
+// acquireLoop acquires key. ctx is the caller's; dctx is ctx bounded by
+// Close (see admit), for requests to the store.
+func (c *Client) acquireLoop(ctx, dctx context.Context, key string, s LeaseSpec, ev *AcquireEvent) (*Lease, error) {
 	owner := newOwner()
-	dctx, stop := c.untilHalt(ctx)
-	defer stop()
-
+	var began time.Time // when the first request was sent
 	wait := s.MaxWait != NoWait
-	var waitOver <-chan time.Time
-	if wait && s.MaxWait != WaitForever {
-		t := c.clock.NewTimer(s.MaxWait)
-		defer t.Stop()
-		waitOver = t.C()
+	var (
+		waitTimer clock.Timer
+		waitOver  <-chan time.Time
+	)
+	// startWaitTimer starts the MaxWait timer, measured from began, the
+	// first time it is needed: an acquisition granted at once has none.
+	startWaitTimer := func() {
+		if waitTimer == nil && wait && s.MaxWait != WaitForever {
+			waitTimer = c.clock.NewTimer(s.MaxWait - c.clock.Now().Sub(began))
+			waitOver = waitTimer.C()
+		}
 	}
+	defer func() {
+		if waitTimer != nil {
+			waitTimer.Stop()
+		}
+	}()
 	if q, ok := c.drv.(driver.TimedQueuer); ok && wait {
+		began = c.clock.Now()
+		startWaitTimer()
 		return c.acquireQueued(ctx, dctx, q, key, owner, s, waitOver, ev)
 	}
 
-	if wait {
-		c.startWaiting(key)
-		defer c.stopWaiting(key)
-	}
+	// A waiter registers for local release signals only once the key is
+	// found held; releases counts what it could have missed before that.
+	waiting := false
+	defer func() {
+		if waiting {
+			c.stopWaiting(key)
+		}
+	}()
 	notifier, _ := c.drv.(driver.Notifier)
 	var sub driver.Subscription
 	defer func() {
@@ -298,10 +386,20 @@ func (c *Client) acquireLoop(ctx context.Context, key string, s LeaseSpec, ev *A
 	}()
 	var lastErr error
 	for attempt := 1; ; attempt++ {
-		wake := c.wakeup(key)
+		var wake <-chan struct{}
+		registered := false // as a waiter, after this attempt's request
+		releasesBefore := uint64(0)
+		if waiting {
+			wake = c.wakeup(key)
+		} else {
+			releasesBefore = c.releases.Load()
+		}
 		ev.Attempts = attempt
 		c.hooks.attempt(AttemptEvent{Key: key, Attempt: attempt, Context: ctx})
 		sent := c.clock.Now()
+		if attempt == 1 {
+			began = sent
+		}
 		fence, err := c.tryAcquire(dctx, key, owner, s)
 		if err == nil {
 			return c.newLease(ctx, key, owner, fence, sent, s)
@@ -312,6 +410,12 @@ func (c *Client) acquireLoop(ctx context.Context, key string, s LeaseSpec, ev *A
 			ev.Contended = true
 			if !wait {
 				return nil, err
+			}
+			if !waiting {
+				// Register for local release signals (see the check
+				// before the sleep below).
+				wake = c.startWaiting(key)
+				waiting, registered = true, true
 			}
 			if notifier != nil && sub == nil {
 				// Subscribe, then try again at once: a release between the
@@ -364,6 +468,13 @@ func (c *Client) acquireLoop(ctx context.Context, key string, s LeaseSpec, ev *A
 			// needed and would only make every local waiter retry at once.
 			wake = nil
 		}
+		if registered && c.releases.Load() != releasesBefore {
+			// A release through c may have come between this attempt's
+			// request and the registration, and no channel saw it (see
+			// signalRelease): try again at once.
+			continue
+		}
+		startWaitTimer()
 		t := c.clock.NewTimer(sleep)
 		select {
 		case <-t.C():
@@ -438,15 +549,20 @@ func (c *Client) acquireQueued(ctx, dctx context.Context, q driver.TimedQueuer, 
 	return c.newLease(ctx, key, owner, fence, sent, s)
 }
 
-func (c *Client) startWaiting(key string) {
+// startWaiting registers a waiter for key and returns the channel of the
+// next local release of key (see wakeup).
+func (c *Client) startWaiting(key string) <-chan struct{} {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.waiting[key]++
+	c.waiters.Add(1)
+	return c.wakeupLocked(key)
 }
 
 func (c *Client) stopWaiting(key string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.waiters.Add(-1)
 	if c.waiting[key]--; c.waiting[key] <= 0 {
 		delete(c.waiting, key)
 		delete(c.wakeups, key)
@@ -460,6 +576,10 @@ func (c *Client) stopWaiting(key string) {
 func (c *Client) wakeup(key string) <-chan struct{} {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	return c.wakeupLocked(key)
+}
+
+func (c *Client) wakeupLocked(key string) <-chan struct{} {
 	if c.waiting[key] == 0 {
 		return nil
 	}
@@ -471,7 +591,15 @@ func (c *Client) wakeup(key string) <-chan struct{} {
 	return ch
 }
 
+// signalRelease wakes the local waiters of key after a release. It counts
+// the release first and looks for waiters after, while a waiter registers
+// first and looks at the count after, so at least one of them sees the
+// other: either the waiter tries again at once, or its channel is closed.
 func (c *Client) signalRelease(key string) {
+	c.releases.Add(1)
+	if c.waiters.Load() == 0 {
+		return
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if ch, ok := c.wakeups[key]; ok {

@@ -45,13 +45,28 @@ func (c *Client) Do(ctx context.Context, key string, opts *LeaseOptions, fn func
 	if err != nil {
 		return err
 	}
-	runCtx, cancel := context.WithCancelCause(ctx)
-	stop := context.AfterFunc(l.Context(), func() { cancel(context.Cause(l.Context())) })
+	// fn runs under the lease's own context when ctx can never end: that
+	// context has ctx's values, ends when the lease does, and is cancelled
+	// by the Release below before the key is freed. Otherwise fn's context
+	// ends with either.
+	runCtx := l.Context()
+	var (
+		cancel context.CancelCauseFunc
+		stop   func() bool
+	)
+	if _, hasDeadline := ctx.Deadline(); ctx.Done() != nil || hasDeadline {
+		runCtx, cancel = context.WithCancelCause(ctx)
+		stop = context.AfterFunc(l.Context(), func() { cancel(context.Cause(l.Context())) })
+	}
 	fnErr := fn(runCtx, l)
-	stop()
+	if stop != nil {
+		stop()
+	}
 	lostErr := l.Err() // nil unless the lease ended before fn returned
-	cancel(ErrReleased)
-	relCtx, relCancel := context.WithTimeout(context.WithoutCancel(ctx), c.opts.CloseTimeout)
+	if cancel != nil {
+		cancel(ErrReleased)
+	}
+	relCtx, relCancel := context.WithTimeout(withoutCancel(ctx), c.opts.CloseTimeout)
 	defer relCancel()
 	relErr := l.Release(relCtx)
 	if lostErr != nil {

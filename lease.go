@@ -33,46 +33,62 @@ type Lease struct {
 	key, owner string
 	fence      uint64
 	spec       LeaseSpec
-	acquired   time.Time
+	acquired   time.Duration // when the acquire request was sent, on c's timeline (see Client.since)
 	failedOpen bool
 
 	ctx    context.Context
 	cancel context.CancelCauseFunc
-	reset  chan struct{}
-	freed  chan struct{} // closed when the release at the authority is over
+
+	// Guarded by c.renew.mu: the lease's place in its client's schedule.
+	wake    time.Duration // when the schedule looks at the lease next; never later than its next event
+	heapIdx int           // index in the schedule's heap, -1 when not in it
 
 	mu         sync.Mutex
-	validUntil time.Time
-	nextRenew  time.Time
+	validUntil time.Duration // end of local validity, on c's timeline
+	nextRenew  time.Duration // when automatic renewal is next due, on c's timeline
 	renewing   bool
-	lastErr    error
 	maxHoldHit bool
 	ended      bool
-	released   bool  // Release or Close has taken the lease over
-	releaseErr error // set before freed is closed
+	released   bool // Release or Close has taken the lease over
+	freed      bool // the release at the authority is over
+	lastErr    error
+	releaseErr error         // the release's outcome, set with freed
+	freedCh    chan struct{} // made by a second Release that waits, closed with freed
 }
 
+// makeLease returns the lease of a grant whose request was sent at sent (on
+// c's clock). Local validity is measured from sent.
 func (c *Client) makeLease(parent context.Context, key, owner string, fence uint64, sent time.Time, s LeaseSpec) *Lease {
+	at := c.since(sent)
 	l := &Lease{
-		c: c, key: key, owner: owner, fence: fence, spec: s, acquired: sent,
-		reset:      make(chan struct{}, 1),
-		freed:      make(chan struct{}),
-		validUntil: sent.Add(s.validity()),
-		nextRenew:  sent.Add(s.RenewEvery),
+		c: c, key: key, owner: owner, fence: fence, spec: s, acquired: at,
+		heapIdx:    -1,
+		validUntil: at + s.validity(),
+		nextRenew:  at + s.RenewEvery,
 	}
-	l.ctx, l.cancel = context.WithCancelCause(context.WithoutCancel(parent))
+	l.ctx, l.cancel = context.WithCancelCause(withoutCancel(parent))
 	return l
 }
 
+// withoutCancel returns parent without its cancellation, as
+// context.WithoutCancel does, or parent itself when it has none to drop.
+func withoutCancel(parent context.Context) context.Context {
+	if _, hasDeadline := parent.Deadline(); parent.Done() == nil && !hasDeadline {
+		return parent
+	}
+	return context.WithoutCancel(parent)
+}
+
 // newLease hands out a grant, or releases it and returns ErrClosed if Close
-// began while it was being granted.
+// began while it was being granted. The lease joins its client's schedule,
+// which ends it when its local validity runs out and renews it if it
+// renews automatically: no goroutine or timer of its own.
 func (c *Client) newLease(parent context.Context, key, owner string, fence uint64, sent time.Time, s LeaseSpec) (*Lease, error) {
 	l := c.makeLease(parent, key, owner, fence, sent, s)
 	if !c.register(l) {
 		l.cancel(ErrClosed)
 		return nil, c.releaseOrphan(l.grant())
 	}
-	go l.watchExpiry()
 	if w, ok := c.drv.(driver.LossWatcher); ok {
 		if ch, err := w.WatchLoss(l.ctx, l.grant()); err == nil {
 			go func() {
@@ -81,9 +97,6 @@ func (c *Client) newLease(parent context.Context, key, owner string, fence uint6
 				}
 			}()
 		}
-	}
-	if s.AutoRenew {
-		c.renew.add(l)
 	}
 	return l, nil
 }
@@ -96,7 +109,6 @@ func (c *Client) failOpenLease(parent context.Context, key, owner string, sent t
 		l.cancel(ErrClosed)
 		return nil, ErrClosed
 	}
-	go l.watchExpiry()
 	return l, nil
 }
 
@@ -152,7 +164,7 @@ func (l *Lease) Err() error {
 func (l *Lease) ValidUntil() time.Time {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.validUntil
+	return l.c.at(l.validUntil)
 }
 
 // Remaining returns how much local validity is left; zero once the lease
@@ -161,7 +173,9 @@ func (l *Lease) Remaining() time.Duration {
 	if l.ctx.Err() != nil {
 		return 0
 	}
-	return max(0, l.ValidUntil().Sub(l.c.clock.Now()))
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return max(0, l.validUntil-l.c.now())
 }
 
 // Healthy reports whether the lease is held and its last renewal (if any)
@@ -171,7 +185,7 @@ func (l *Lease) Remaining() time.Duration {
 func (l *Lease) Healthy() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return !l.ended && l.lastErr == nil && l.c.clock.Now().Before(l.validUntil)
+	return !l.ended && l.lastErr == nil && l.c.now() < l.validUntil
 }
 
 // String describes the lease without revealing the owner token.
@@ -188,9 +202,11 @@ func (l *Lease) Renew(ctx context.Context) error {
 	if l.failedOpen {
 		return fmt.Errorf("fenced: renew %q: lease failed open: %w", l.key, ErrUnavailable)
 	}
-	sent := l.c.clock.Now()
+	sent := l.c.now()
 	err := l.c.drv.Renew(ctx, l.grant())
-	l.applyRenew(sent, err)
+	if l.applyRenew(sent, sent, err) {
+		l.c.renew.reschedule(l)
+	}
 	if err != nil {
 		return fmt.Errorf("fenced: renew %q: %w", l.key, err)
 	}
@@ -207,8 +223,20 @@ func (l *Lease) Renew(ctx context.Context) error {
 // error if ctx ends first.
 func (l *Lease) Release(ctx context.Context) error {
 	if !l.end(ErrReleased) {
+		l.mu.Lock()
+		if l.freed {
+			defer l.mu.Unlock()
+			return l.releaseErr
+		}
+		if l.freedCh == nil {
+			l.freedCh = make(chan struct{})
+		}
+		freed := l.freedCh
+		l.mu.Unlock()
 		select {
-		case <-l.freed:
+		case <-freed:
+			l.mu.Lock()
+			defer l.mu.Unlock()
 			return l.releaseErr
 		case <-ctx.Done():
 			return fmt.Errorf("fenced: release %q: %w", l.key, context.Cause(ctx))
@@ -217,10 +245,11 @@ func (l *Lease) Release(ctx context.Context) error {
 	return l.free(ctx)
 }
 
-// end ends the lease locally: it stops renewal, forgets the lease and
-// cancels its context with cause (which keeps an earlier cause if the lease
-// was already lost). It reports false, doing nothing, if Release or Close
-// already took the lease over. The caller then frees the grant.
+// end ends the lease locally: it takes the lease off its client's
+// schedule (no more renewal) and cancels its context with cause (which
+// keeps an earlier cause if the lease was already lost). It reports false,
+// doing nothing, if Release or Close already took the lease over. The
+// caller then frees the grant.
 func (l *Lease) end(cause error) bool {
 	l.mu.Lock()
 	if l.released {
@@ -231,7 +260,6 @@ func (l *Lease) end(cause error) bool {
 	l.ended = true
 	l.mu.Unlock()
 	l.c.renew.remove(l)
-	l.c.forget(l)
 	l.cancel(cause)
 	return true
 }
@@ -243,13 +271,19 @@ func (l *Lease) free(ctx context.Context) error {
 		err = l.c.drv.Release(ctx, l.grant())
 	}
 	l.c.signalRelease(l.key)
-	held := l.c.clock.Now().Sub(l.acquired)
 	if err != nil {
 		err = fmt.Errorf("fenced: release %q: %w", l.key, err)
 	}
-	l.c.hooks.released(ReleaseEvent{Key: l.key, Fence: l.fence, Held: held, Err: err, Cause: context.Cause(l.ctx), Lease: l})
-	l.releaseErr = err
-	close(l.freed)
+	if l.c.hooks.Released != nil {
+		held := l.c.now() - l.acquired
+		l.c.hooks.released(ReleaseEvent{Key: l.key, Fence: l.fence, Held: held, Err: err, Cause: context.Cause(l.ctx), Lease: l})
+	}
+	l.mu.Lock()
+	l.freed, l.releaseErr = true, err
+	if l.freedCh != nil {
+		close(l.freedCh)
+	}
+	l.mu.Unlock()
 	return err
 }
 
@@ -263,17 +297,28 @@ func (l *Lease) lose(cause error) {
 	l.ended = true
 	l.mu.Unlock()
 	l.c.renew.remove(l)
-	l.c.forget(l)
 	l.cancel(cause)
-	l.c.hooks.lost(LostEvent{Key: l.key, Fence: l.fence, Held: l.c.clock.Now().Sub(l.acquired), Cause: cause, Lease: l})
+	l.c.hooks.lost(LostEvent{Key: l.key, Fence: l.fence, Held: l.c.now() - l.acquired, Cause: cause, Lease: l})
 }
 
-// applyRenew records the outcome of a renewal request sent at sent.
-func (l *Lease) applyRenew(sent time.Time, err error) {
+// applyRenew records the outcome of a renewal request sent at sent (on
+// c's timeline), as part of a batch that began at began (sent, for a
+// renewal of its own). Local validity runs from sent; the next automatic
+// renewal is due a period after began, so that the leases of a batch,
+// whose requests leave over some time, stay due together. A refused
+// renewal loses the lease. Otherwise it reports true, and the caller hands
+// the lease back to the schedule (renewer.reschedule), whose look at it
+// the outcome has moved.
+func (l *Lease) applyRenew(began, sent time.Duration, err error) bool {
 	l.c.hooks.renewed(RenewEvent{Key: l.key, Fence: l.fence, Err: err, Lease: l})
 	if err != nil && errors.Is(err, ErrNotHeld) {
-		l.lose(l.refusedCause(err))
-		return
+		l.mu.Lock()
+		ended := l.ended
+		l.mu.Unlock()
+		if !ended { // else no cause to look up (a release raced the renewal)
+			l.lose(l.refusedCause(err))
+		}
+		return false
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -282,58 +327,50 @@ func (l *Lease) applyRenew(sent time.Time, err error) {
 		l.lastErr = err
 		// Try again soon, but not in a tight loop: a fraction of what
 		// validity is left.
-		left := l.validUntil.Sub(l.c.clock.Now())
-		l.nextRenew = l.c.clock.Now().Add(max(min(l.spec.RenewEvery/4, left/3), time.Millisecond))
-		return
+		now := l.c.now()
+		left := l.validUntil - now
+		l.nextRenew = now + max(min(l.spec.RenewEvery/4, left/3), time.Millisecond)
+		return true
 	}
 	l.lastErr = nil
-	if v := sent.Add(l.spec.validity()); v.After(l.validUntil) {
-		l.validUntil = v
+	l.validUntil = max(l.validUntil, sent+l.spec.validity())
+	// At least half a period after this request, though, should the batch
+	// have taken that long.
+	l.nextRenew = max(began+l.spec.RenewEvery, sent+l.spec.RenewEvery/2)
+	return true
+}
+
+// nextEvent returns when the schedule must look at l next: the end of its
+// local validity, or its next automatic renewal if that comes first and
+// none is in flight. l.mu must be held.
+func (l *Lease) nextEvent() time.Duration {
+	next := l.validUntil
+	if l.renewsNext() && l.nextRenew < next {
+		next = l.nextRenew
 	}
-	l.nextRenew = sent.Add(l.spec.RenewEvery)
-	select {
-	case l.reset <- struct{}{}:
+	return next
+}
+
+// renewsNext reports whether automatic renewal will send l's next renewal.
+// l.mu must be held.
+func (l *Lease) renewsNext() bool {
+	return l.spec.AutoRenew && !l.renewing && !l.maxHoldHit && !l.ended
+}
+
+// expire ends l because its local validity ran out, saying why no renewal
+// kept it.
+func (l *Lease) expire() {
+	l.mu.Lock()
+	lastErr, maxHold := l.lastErr, l.maxHoldHit
+	l.mu.Unlock()
+	switch {
+	case maxHold:
+		l.lose(fmt.Errorf("%w: MaxHold %v reached, renewal stopped", ErrExpired, l.spec.MaxHold))
+	case lastErr != nil:
+		l.lose(fmt.Errorf("%w: no renewal confirmed in time (last error: %v)", ErrExpired, lastErr))
+	case !l.spec.AutoRenew:
+		l.lose(fmt.Errorf("%w: TTL %v ran out without renewal", ErrExpired, l.spec.TTL))
 	default:
+		l.lose(fmt.Errorf("%w: no renewal confirmed in time", ErrExpired))
 	}
-}
-
-// watchExpiry ends the lease when its local validity runs out.
-func (l *Lease) watchExpiry() {
-	for {
-		l.mu.Lock()
-		until := l.validUntil
-		l.mu.Unlock()
-		d := until.Sub(l.c.clock.Now())
-		if d <= 0 {
-			l.mu.Lock()
-			lastErr, maxHold := l.lastErr, l.maxHoldHit
-			l.mu.Unlock()
-			switch {
-			case maxHold:
-				l.lose(fmt.Errorf("%w: MaxHold %v reached, renewal stopped", ErrExpired, l.spec.MaxHold))
-			case lastErr != nil:
-				l.lose(fmt.Errorf("%w: no renewal confirmed in time (last error: %v)", ErrExpired, lastErr))
-			case !l.spec.AutoRenew:
-				l.lose(fmt.Errorf("%w: TTL %v ran out without renewal", ErrExpired, l.spec.TTL))
-			default:
-				l.lose(fmt.Errorf("%w: no renewal confirmed in time", ErrExpired))
-			}
-			return
-		}
-		t := l.c.clock.NewTimer(d)
-		select {
-		case <-t.C():
-		case <-l.reset:
-			t.Stop()
-		case <-l.ctx.Done():
-			t.Stop()
-			return
-		}
-	}
-}
-
-func (c *Client) forget(l *Lease) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	delete(c.leases, l)
 }

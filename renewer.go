@@ -1,18 +1,38 @@
 package fenced
 
 import (
+	"cmp"
 	"context"
+	"fmt"
+	"math"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fenced-dev/fenced/driver"
 )
 
-// renewer renews every auto-renewed lease of one client. It wakes at the
-// earliest due renewal and renews, together, every lease whose renewal falls
-// within half a period of it. Leases renewed together stay together, so a
-// client holding many leases converges to few batches, and a driver that
-// implements driver.BatchRenewer renews each batch in one round trip.
+// renewer is the one schedule of every lease of one client: a min-heap of
+// the moment each lease needs looking at next (its next automatic renewal,
+// or the end of its local validity, whichever comes first), serviced by one
+// goroutine with one timer. A lease costs no goroutine and no timer of its
+// own, so a client can hold hundreds of thousands of them, and granting or
+// releasing a lease is a heap insertion or removal under one lock; the loop
+// is woken only when a new deadline comes before the one its timer is set
+// for.
+//
+// When a renewal falls due, the loop renews, together, every lease whose
+// renewal falls within half a period of it. Leases renewed together stay
+// together (they are next due a period after their batch began), so a
+// client holding many leases converges to one batch per period, and a
+// driver that implements driver.BatchRenewer gets each batch in calls of
+// thousands of grants (see renewBatch).
+//
+// Local validity is the schedule's other duty: a lease whose validity runs
+// out (no renewal confirmed in time, MaxHold reached, or AutoRenew off) is
+// ended by the loop the moment its deadline passes, whether or not a
+// renewal of it is in flight.
 type renewer struct {
 	c *Client
 
@@ -21,8 +41,13 @@ type renewer struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 
-	mu      sync.Mutex
-	leases  map[*Lease]struct{}
+	mu   sync.Mutex
+	heap []*Lease // min-heap on Lease.wake; Lease.heapIdx is each one's index
+	// armed is the moment the loop's timer is set for: the loop need not
+	// be woken for a lease whose wake is no earlier. It is loopBusy while
+	// the loop is looking at the heap (it looks again before it sleeps)
+	// and loopIdle when the loop sleeps without a timer.
+	armed   time.Duration
 	started bool
 	stopped bool
 	kick    chan struct{}
@@ -30,39 +55,88 @@ type renewer struct {
 	wg      sync.WaitGroup
 }
 
+const (
+	loopBusy time.Duration = math.MinInt64
+	loopIdle time.Duration = math.MaxInt64
+)
+
+// maxRenewers bounds the renewal requests a batch sends at once to a driver
+// without driver.BatchRenewer, so a client with many leases neither starts
+// a goroutine per lease nor floods its store.
+const maxRenewers = 64
+
 func newRenewer(c *Client) *renewer {
-	r := &renewer{c: c, leases: map[*Lease]struct{}{}, kick: make(chan struct{}, 1), done: make(chan struct{})}
+	r := &renewer{c: c, kick: make(chan struct{}, 1), done: make(chan struct{}), armed: loopIdle}
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	return r
 }
 
-// add schedules l for renewal, unless the renewer has stopped or l has
-// already ended (Close can end a lease between its grant and this call).
+// add puts l on the schedule. The caller (Client.register) holds c.mu and
+// has checked that Close has not begun, so the renewer has not stopped.
 func (r *renewer) add(l *Lease) {
+	l.mu.Lock()
+	wake := l.nextEvent()
+	l.mu.Unlock()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.stopped {
-		return
-	}
-	l.mu.Lock()
-	ended := l.ended
-	l.mu.Unlock()
-	if ended {
-		return
-	}
-	r.leases[l] = struct{}{}
+	l.wake = wake
+	r.push(l)
 	if !r.started {
 		r.started = true
 		r.wg.Add(1)
 		go r.loop()
 	}
-	r.wake()
+	if wake < r.armed {
+		r.wake()
+	}
 }
 
+// remove takes l off the schedule, if it is on it.
 func (r *renewer) remove(l *Lease) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	delete(r.leases, l)
+	if l.heapIdx >= 0 {
+		r.removeAt(l.heapIdx)
+	}
+}
+
+// reschedule moves l's place on the schedule to its next event, after a
+// renewal's outcome changed it.
+func (r *renewer) reschedule(leases ...*Lease) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	// Many leases at once (a large batch) are cheaper to place by
+	// rebuilding the heap than one by one.
+	bulk := len(leases) > len(r.heap)/4
+	for _, l := range leases {
+		if l.heapIdx < 0 {
+			continue // ended meanwhile
+		}
+		l.mu.Lock()
+		wake := l.nextEvent()
+		l.mu.Unlock()
+		if wake == l.wake {
+			continue
+		}
+		l.wake = wake
+		if !bulk {
+			r.fix(l.heapIdx)
+		}
+	}
+	if bulk {
+		r.heapify()
+	}
+	if len(r.heap) > 0 && r.heap[0].wake < r.armed {
+		r.wake()
+	}
+}
+
+// held returns the leases on the schedule: every lease of the client that
+// has not ended.
+func (r *renewer) held() []*Lease {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]*Lease(nil), r.heap...)
 }
 
 func (r *renewer) wake() {
@@ -99,30 +173,27 @@ func (r *renewer) loop() {
 			return
 		default:
 		}
-		batch, next := r.due()
+		expired, batch, next := r.due()
+		for _, l := range expired {
+			l.expire()
+		}
 		if len(batch) > 0 {
 			r.wg.Add(1)
 			go func() {
 				defer r.wg.Done()
 				r.renewBatch(batch)
-				r.wake()
 			}()
-			continue
 		}
 		var timerC <-chan time.Time
 		var t interface{ Stop() bool }
-		if !next.IsZero() {
-			tm := r.c.clock.NewTimer(next.Sub(r.c.clock.Now()))
+		if next != loopIdle {
+			tm := r.c.clock.NewTimer(next - r.c.now())
 			timerC, t = tm.C(), tm
 		}
 		select {
 		case <-timerC:
 		case <-r.kick:
 		case <-r.done:
-			if t != nil {
-				t.Stop()
-			}
-			return
 		}
 		if t != nil {
 			t.Stop()
@@ -130,76 +201,285 @@ func (r *renewer) loop() {
 	}
 }
 
-// due returns the leases to renew now, marked as renewing, or else the time
-// of the next renewal (zero when none is scheduled).
-func (r *renewer) due() (batch []*Lease, next time.Time) {
+// due takes off the heap the leases whose validity has run out, and marks
+// as renewing (and returns) the leases to renew now: once one lease's
+// renewal is due, every lease whose renewal falls within half a period of
+// now. It returns when the loop must look again (loopIdle for never), and
+// arms the schedule for it.
+func (r *renewer) due() (expired, batch []*Lease, next time.Duration) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	now := r.c.clock.Now()
-	var earliest time.Time
-	for l := range r.leases {
-		l.mu.Lock()
-		if !l.renewing && (earliest.IsZero() || l.nextRenew.Before(earliest)) {
-			earliest = l.nextRenew
+	r.armed = loopBusy
+	now := r.c.now()
+	horizon := r.horizon(now)
+	looked := r.upTo(horizon, nil)
+	// Many leases at once (a large batch) are cheaper to put back in order
+	// by rebuilding the heap than one by one.
+	bulk := len(looked) > len(r.heap)/4
+	if !bulk {
+		for _, l := range looked {
+			r.removeAt(l.heapIdx)
 		}
-		l.mu.Unlock()
 	}
-	if earliest.IsZero() || earliest.After(now) {
-		return nil, earliest
-	}
-	for l := range r.leases {
+	for _, l := range looked {
 		l.mu.Lock()
-		if !l.renewing && !l.nextRenew.After(now.Add(l.spec.RenewEvery/2)) {
-			if l.spec.MaxHold != HoldForever && now.Add(l.spec.TTL).After(l.acquired.Add(l.spec.MaxHold)) {
+		if now >= l.validUntil {
+			l.mu.Unlock()
+			expired = append(expired, l)
+			l.heapIdx = -1 // taken off below (bulk) or already
+			continue
+		}
+		if l.renewsNext() && l.nextRenew <= now+l.spec.RenewEvery/2 && (l.nextRenew <= now || horizon > now) {
+			if l.spec.MaxHold != HoldForever && now+l.spec.TTL-l.acquired > l.spec.MaxHold {
 				// Renewing would extend the lease past MaxHold: stop here and
 				// let it expire.
 				l.maxHoldHit = true
-				delete(r.leases, l)
 			} else {
 				l.renewing = true
 				batch = append(batch, l)
 			}
 		}
+		l.wake = l.nextEvent()
 		l.mu.Unlock()
+		if !bulk {
+			r.push(l)
+		}
 	}
-	return batch, time.Time{}
+	if bulk {
+		kept := r.heap[:0]
+		for _, l := range r.heap {
+			if l.heapIdx >= 0 {
+				l.heapIdx = len(kept)
+				kept = append(kept, l)
+			}
+		}
+		clear(r.heap[len(kept):])
+		r.heap = kept
+		r.heapify()
+	}
+	next = loopIdle
+	if len(r.heap) > 0 {
+		next = r.heap[0].wake
+	}
+	r.armed = next
+	return expired, batch, next
 }
 
-func (r *renewer) renewBatch(batch []*Lease) {
-	now := r.c.clock.Now()
-	deadline := time.Time{}
-	for _, l := range batch {
-		if v := l.ValidUntil(); deadline.IsZero() || v.Before(deadline) {
-			deadline = v
+// horizon returns how far ahead due looks: now, or, once a lease's
+// renewal is due, half its period ahead, so that the leases due within it
+// are renewed together with it. In the common case the heap's top lease is
+// due; otherwise the leases whose wake has come are looked at until one is.
+func (r *renewer) horizon(now time.Duration) time.Duration {
+	if len(r.heap) == 0 || r.heap[0].wake > now {
+		return now
+	}
+	stack := []int{0}
+	for len(stack) > 0 {
+		i := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		l := r.heap[i]
+		l.mu.Lock()
+		due := now < l.validUntil && l.renewsNext() && l.nextRenew <= now
+		l.mu.Unlock()
+		if due {
+			return now + l.spec.RenewEvery/2
+		}
+		for _, child := range [2]int{2*i + 1, 2*i + 2} {
+			if child < len(r.heap) && r.heap[child].wake <= now {
+				stack = append(stack, child)
+			}
 		}
 	}
-	// A renewal confirmed after local validity ran out is useless, so the
-	// request may take at most that long (but at least a little).
-	ctx, cancel := context.WithTimeout(r.ctx, max(deadline.Sub(now), 50*time.Millisecond))
-	defer cancel()
-	sent := r.c.clock.Now()
-	if br, ok := r.c.drv.(driver.BatchRenewer); ok && len(batch) > 1 {
-		grants := make([]driver.Grant, len(batch))
-		for i, l := range batch {
-			grants[i] = l.grant()
-		}
-		errs, err := br.RenewBatch(ctx, grants)
-		for i, l := range batch {
-			e := err
-			if e == nil {
-				e = errs[i]
+	return now
+}
+
+// upTo appends to dst the leases on the heap whose wake is no later than
+// limit: a subtree at the heap's top, found without looking further.
+func (r *renewer) upTo(limit time.Duration, dst []*Lease) []*Lease {
+	if len(r.heap) == 0 || r.heap[0].wake > limit {
+		return dst
+	}
+	stack := []int{0}
+	for len(stack) > 0 {
+		i := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		dst = append(dst, r.heap[i])
+		for _, child := range [2]int{2*i + 1, 2*i + 2} {
+			if child < len(r.heap) && r.heap[child].wake <= limit {
+				stack = append(stack, child)
 			}
-			l.applyRenew(sent, e)
 		}
+	}
+	return dst
+}
+
+// renewBatch renews batch, most urgent first (the leases whose validity
+// ends soonest): in calls of up to maxBatchGrants grants to a
+// driver.BatchRenewer, up to maxBatchCalls of them at a time, or with up to
+// maxRenewers single renewals at a time. Calls of bounded size keep a slow
+// or failed call from holding up, or failing, every lease of a client at
+// once, and still give a store that renews many grants in one request
+// thousands at a time.
+func (r *renewer) renewBatch(batch []*Lease) {
+	began := r.c.now()
+	items := make([]renewal, len(batch))
+	for i, l := range batch {
+		l.mu.Lock()
+		items[i] = renewal{l: l, until: l.validUntil}
+		l.mu.Unlock()
+	}
+	slices.SortFunc(items, func(a, b renewal) int { return cmp.Compare(a.until, b.until) })
+	if br, ok := r.c.drv.(driver.BatchRenewer); ok && len(items) > 1 {
+		calls := (len(items) + maxBatchGrants - 1) / maxBatchGrants
+		inParallel(min(calls, maxBatchCalls), calls, func(i int) {
+			r.renewCall(br, began, items[i*maxBatchGrants:min((i+1)*maxBatchGrants, len(items))])
+		})
 		return
 	}
-	var wg sync.WaitGroup
-	for _, l := range batch {
+	ctx, cancel := r.renewContext(items[len(items)-1].until)
+	defer cancel()
+	inParallel(min(len(items), maxRenewers), len(items), func(i int) {
+		l := items[i].l
+		sent := r.c.now()
+		if l.applyRenew(began, sent, r.c.drv.Renew(ctx, l.grant())) {
+			r.reschedule(l)
+		}
+	})
+}
+
+// renewal is a lease to renew and the end of its validity when its renewal
+// began.
+type renewal struct {
+	l     *Lease
+	until time.Duration
+}
+
+// Batched renewal: at most maxBatchGrants grants per driver.BatchRenewer
+// call, and at most maxBatchCalls calls at a time.
+const (
+	maxBatchGrants = 4096
+	maxBatchCalls  = 4
+)
+
+// renewCall renews items, sorted by validity, in one call to br, as part
+// of a batch that began at began.
+func (r *renewer) renewCall(br driver.BatchRenewer, began time.Duration, items []renewal) {
+	ctx, cancel := r.renewContext(items[len(items)-1].until)
+	defer cancel()
+	grants := make([]driver.Grant, len(items))
+	for i, it := range items {
+		grants[i] = it.l.grant()
+	}
+	sent := r.c.now()
+	errs, err := br.RenewBatch(ctx, grants)
+	if err == nil && len(errs) != len(grants) {
+		err = fmt.Errorf("%w: the driver's RenewBatch returned %d results for %d grants", ErrUnknownOutcome, len(errs), len(grants))
+	}
+	kept := make([]*Lease, 0, len(items))
+	for i, it := range items {
+		e := err
+		if e == nil {
+			e = errs[i]
+		}
+		if it.l.applyRenew(began, sent, e) {
+			kept = append(kept, it.l)
+		}
+	}
+	r.reschedule(kept...)
+}
+
+// renewContext bounds renewal requests for leases whose validity ends by
+// until at the latest: a renewal confirmed after that is useless, so a
+// request may take that long (but at least a little), and no longer.
+func (r *renewer) renewContext(until time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(r.ctx, max(until-r.c.now(), 50*time.Millisecond))
+}
+
+// inParallel calls fn(i) for every i in [0, n) on workers goroutines.
+func inParallel(workers, n int, fn func(i int)) {
+	var (
+		wg   sync.WaitGroup
+		next atomic.Int64
+	)
+	for range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			l.applyRenew(sent, r.c.drv.Renew(ctx, l.grant()))
+			for i := int(next.Add(1) - 1); i < n; i = int(next.Add(1) - 1) {
+				fn(i)
+			}
 		}()
 	}
 	wg.Wait()
+}
+
+// The heap: a binary min-heap on Lease.wake that keeps Lease.heapIdx.
+// r.mu must be held.
+
+func (r *renewer) push(l *Lease) {
+	l.heapIdx = len(r.heap)
+	r.heap = append(r.heap, l)
+	r.up(l.heapIdx)
+}
+
+func (r *renewer) removeAt(i int) {
+	h := r.heap
+	last := len(h) - 1
+	gone := h[i]
+	if i != last {
+		h[i] = h[last]
+		h[i].heapIdx = i
+	}
+	h[last] = nil
+	r.heap = h[:last]
+	gone.heapIdx = -1
+	if i != last {
+		r.fix(i)
+	}
+}
+
+func (r *renewer) heapify() {
+	for i := len(r.heap)/2 - 1; i >= 0; i-- {
+		r.down(i)
+	}
+}
+
+func (r *renewer) fix(i int) {
+	if !r.down(i) {
+		r.up(i)
+	}
+}
+
+func (r *renewer) up(i int) {
+	h := r.heap
+	for i > 0 {
+		parent := (i - 1) / 2
+		if h[parent].wake <= h[i].wake {
+			break
+		}
+		h[parent], h[i] = h[i], h[parent]
+		h[parent].heapIdx, h[i].heapIdx = parent, i
+		i = parent
+	}
+}
+
+// down sifts h[i] down and reports whether it moved.
+func (r *renewer) down(i int) bool {
+	h := r.heap
+	start := i
+	for {
+		least := i
+		if l := 2*i + 1; l < len(h) && h[l].wake < h[least].wake {
+			least = l
+		}
+		if rt := 2*i + 2; rt < len(h) && h[rt].wake < h[least].wake {
+			least = rt
+		}
+		if least == i {
+			return i != start
+		}
+		h[least], h[i] = h[i], h[least]
+		h[least].heapIdx, h[i].heapIdx = least, i
+		i = least
+	}
 }

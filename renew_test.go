@@ -1,0 +1,129 @@
+package fenced_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/clock"
+	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/mem"
+)
+
+// batchSizes is a mem driver with driver.BatchRenewer that records the
+// size of every batch it is given.
+type batchSizes struct {
+	*mem.Driver
+	mu    sync.Mutex
+	sizes []int
+}
+
+func (b *batchSizes) RenewBatch(ctx context.Context, grants []driver.Grant) ([]error, error) {
+	b.mu.Lock()
+	b.sizes = append(b.sizes, len(grants))
+	b.mu.Unlock()
+	errs := make([]error, len(grants))
+	for i, g := range grants {
+		errs[i] = b.Driver.Renew(ctx, g)
+	}
+	return errs, nil
+}
+
+func (b *batchSizes) calls() []int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]int(nil), b.sizes...)
+}
+
+// TestManyLeasesRenewInFewLargeBatches checks that a client holding many
+// leases acquired at different moments renews them in batches of
+// thousands (not one call per lease, and not one unbounded call), every
+// lease once per period, and loses none.
+func TestManyLeasesRenewInFewLargeBatches(t *testing.T) {
+	const n = 6000
+	clk := clock.NewFake(time.Unix(1000, 0))
+	d := &batchSizes{Driver: mem.New(&mem.Options{Clock: clk})}
+	c := fenced.NewClient(d, &fenced.Options{Clock: clk})
+	defer c.Close()
+	ctx := context.Background()
+	var leases []*fenced.Lease
+	for i := range n {
+		l, err := c.TryAcquire(ctx, fmt.Sprintf("many:%05d", i), &fenced.LeaseOptions{TTL: 3 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		leases = append(leases, l)
+		if i%1000 == 999 {
+			clk.Advance(80 * time.Millisecond) // acquired over half a second
+		}
+	}
+	// A tenth of a period at a time, with time for the client to renew
+	// thousands of leases (slowly, under the race detector) in between.
+	for range 40 {
+		clk.Advance(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond)
+	}
+	for _, l := range leases {
+		if l.Err() != nil {
+			t.Fatalf("%s ended: %v", l.Key(), l.Err())
+		}
+	}
+	calls := d.calls()
+	renewed := 0
+	for _, size := range calls {
+		if size > 4096 {
+			t.Errorf("a batch of %d grants: batches are bounded", size)
+		}
+		renewed += size
+	}
+	// 4s at TTL/3 = 1s is 4 periods; 6000 leases need 2 calls of at most
+	// 4096 per period.
+	if periods := 4; renewed < periods*n || renewed > (periods+1)*n || len(calls) > (periods+1)*2 {
+		t.Fatalf("%d batch calls renewing %d grants in %d periods (sizes %v); want about %d calls renewing each of %d leases once per period",
+			len(calls), renewed, periods, calls, periods*2, n)
+	}
+}
+
+// TestScheduleEndsEachLeaseOnTime checks that one schedule serves leases
+// of very different deadlines: a short lease granted after a long one (the
+// schedule's timer is set for the long one's renewal) still ends the
+// moment its own validity runs out, and the long one is renewed on time.
+func TestScheduleEndsEachLeaseOnTime(t *testing.T) {
+	clk := clock.NewFake(time.Unix(1000, 0))
+	d := &batchSizes{Driver: mem.New(&mem.Options{Clock: clk})}
+	c := fenced.NewClient(d, &fenced.Options{Clock: clk})
+	defer c.Close()
+	ctx := context.Background()
+	long, err := c.TryAcquire(ctx, "long", &fenced.LeaseOptions{TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	settle() // the schedule's timer is set for the long lease's renewal
+	short, err := c.TryAcquire(ctx, "short", &fenced.LeaseOptions{TTL: time.Second, AutoRenew: fenced.Off})
+	if err != nil {
+		t.Fatal(err)
+	}
+	end := short.ValidUntil()
+	for clk.Now().Before(end) {
+		if short.Err() != nil {
+			t.Fatalf("the short lease ended %v before its validity ran out: %v", end.Sub(clk.Now()), short.Err())
+		}
+		clk.Advance(10 * time.Millisecond)
+		settle()
+	}
+	if !errors.Is(short.Err(), fenced.ErrExpired) {
+		t.Fatalf("the short lease at %v past its validity: %v, want ErrExpired", clk.Now().Sub(end), short.Err())
+	}
+	// The long lease renews at a third of its TTL, 20s after its grant.
+	advance(clk, 20*time.Second, 500*time.Millisecond)
+	if long.Err() != nil {
+		t.Fatal(long.Err())
+	}
+	if got := long.ValidUntil(); !got.After(end.Add(time.Minute - time.Second)) {
+		t.Fatalf("the long lease was not renewed by its third of the TTL: valid until %v", got)
+	}
+}
