@@ -7,7 +7,6 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -67,32 +66,6 @@ func cpuTime() time.Duration {
 		panic(err)
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-// serverCalls returns Redis's command counts: script runs (EVAL, EVALSHA,
-// FCALL and their read-only forms) and all commands, excluding INFO.
-func serverCalls(b *testing.B, c *redis.Client) (scripts, all int64) {
-	info, err := c.Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		b.Fatal(err)
-	}
-	for _, line := range strings.Split(info, "\n") {
-		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
-		if !ok || !strings.HasPrefix(name, "cmdstat_") || name == "cmdstat_info" {
-			continue
-		}
-		calls, _, _ := strings.Cut(strings.TrimPrefix(rest, "calls="), ",")
-		n, err := strconv.ParseInt(calls, 10, 64)
-		if err != nil {
-			continue
-		}
-		all += n
-		switch strings.TrimPrefix(name, "cmdstat_") {
-		case "eval", "evalsha", "eval_ro", "evalsha_ro", "fcall", "fcall_ro":
-			scripts += n
-		}
-	}
-	return scripts, all
 }
 
 func holdRedisLeases(b *testing.B, addr string, m, periods int, ttl time.Duration) {
@@ -182,7 +155,7 @@ func holdRedisLeases(b *testing.B, addr string, m, periods int, ttl time.Duratio
 	}
 
 	period := ttl / 3
-	scripts0, all0 := serverCalls(b, admin)
+	calls0 := readServerCalls(b, admin)
 	trips0 := h.trips.Load()
 	if path := os.Getenv("FENCED_HOLD_CPUPROFILE"); path != "" {
 		f, err := os.Create(path)
@@ -196,7 +169,7 @@ func holdRedisLeases(b *testing.B, addr string, m, periods int, ttl time.Duratio
 	time.Sleep(time.Duration(periods) * period)
 	cpu, wall := cpuTime()-cpu0, time.Since(wall0)
 	pprof.StopCPUProfile()
-	scripts1, all1 := serverCalls(b, admin)
+	calls := readServerCalls(b, admin).since(calls0)
 	trips1 := h.trips.Load()
 	// The held leases' memory between renewals, and with a renewal batch
 	// in flight: the least and the most of samples over one more period.
@@ -223,8 +196,8 @@ func holdRedisLeases(b *testing.B, addr string, m, periods int, ttl time.Duratio
 		{float64(int64(stack1)-int64(stack0)) / float64(m), "stack-B/lease"},
 		{float64(g1-g0) / float64(m), "goroutines/lease"},
 		{cpu.Seconds() / wall.Seconds(), "cpu-s/s"},
-		{perPeriod(scripts1 - scripts0), "server-scripts/period"},
-		{perPeriod(all1 - all0), "server-commands/period"},
+		{perPeriod(calls.scripts()), "server-scripts/period"},
+		{perPeriod(calls.scripts() + calls.commands()), "server-commands/period"},
 		{perPeriod(trips1 - trips0), "round-trips/period"},
 		{float64(lost.Load()), "lost"},
 		{acquireTook.Seconds(), "acquire-s"},
