@@ -47,7 +47,8 @@ type listener struct {
 	lines     map[string]*line // keys with a line
 	lineless  map[string]bool  // waited-for keys without a line
 	interrupt func()           // ends the listener's current wait, to LISTEN or UNLISTEN
-	wg        sync.WaitGroup   // line goroutines
+	spare     *pgx.Conn        // a connected line connection, so a first wait need not connect
+	wg        sync.WaitGroup   // line and spare goroutines
 }
 
 // startListener connects, LISTENs, and proves that a notification sent
@@ -72,6 +73,7 @@ func startListener(ctx context.Context, d *Driver, cfg *pgx.ConnConfig, timeout 
 	defer t.Stop()
 	select {
 	case <-l.probe:
+		l.fillSpare()
 		return l, nil
 	case <-t.C:
 		l.close()
@@ -203,6 +205,64 @@ func (l *listener) close() {
 	l.cancel()
 	<-l.done
 	l.wg.Wait()
+	l.mu.Lock()
+	spare := l.spare
+	l.spare = nil
+	l.mu.Unlock()
+	if spare != nil {
+		spare.Close(context.Background())
+	}
+}
+
+// fillSpare connects a spare line connection in the background unless
+// there is one.
+func (l *listener) fillSpare() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.spare != nil || l.ctx.Err() != nil {
+		return
+	}
+	l.wg.Add(1)
+	go func() {
+		defer l.wg.Done()
+		c, err := pgx.ConnectConfig(l.ctx, l.lineConfig())
+		if err != nil {
+			return
+		}
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if l.spare == nil && l.ctx.Err() == nil {
+			l.spare, c = c, nil
+		}
+		if c != nil {
+			c.Close(context.Background())
+		}
+	}()
+}
+
+// takeSpare returns the spare line connection, or nil, and starts
+// connecting the next one.
+func (l *listener) takeSpare() *pgx.Conn {
+	l.mu.Lock()
+	c := l.spare
+	l.spare = nil
+	l.mu.Unlock()
+	if c != nil {
+		l.fillSpare()
+	}
+	return c
+}
+
+// keepSpare keeps c, a line's connection that is no longer needed, as the
+// spare if there is none, and reports whether it did.
+func (l *listener) keepSpare(c *pgx.Conn) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.spare != nil || l.ctx.Err() != nil || c.IsClosed() {
+		return false
+	}
+	l.spare = c
+	return true
 }
 
 // A line orders the waiters of one key across drivers (processes), so a
@@ -364,6 +424,9 @@ func (l *listener) runLine(ln *line) {
 			if !l.wake.Waiting(ln.key) {
 				delete(l.lines, ln.key)
 				l.mu.Unlock()
+				if conn != nil && l.keepSpare(conn) {
+					conn = nil
+				}
 				return
 			}
 			l.mu.Unlock()
@@ -372,7 +435,10 @@ func (l *listener) runLine(ln *line) {
 		if conn == nil {
 			// A release while the line connects is looked at when it
 			// becomes head.
-			c, err := pgx.ConnectConfig(ctx, l.cfg)
+			c, err := l.takeSpare(), error(nil)
+			if c == nil {
+				c, err = pgx.ConnectConfig(ctx, l.lineConfig())
+			}
 			if err != nil {
 				// The listener's connection serves this key's waiters.
 				l.drop(ln)
@@ -391,6 +457,20 @@ func (l *listener) runLine(ln *line) {
 			}
 		}
 	}
+}
+
+// lineConfig is the listener's connection config for a line: its wait
+// for the lock may last as long as the key is held, so no server or role
+// default timeout ends it.
+func (l *listener) lineConfig() *pgx.ConnConfig {
+	cfg := l.cfg.Copy()
+	if cfg.RuntimeParams == nil {
+		cfg.RuntimeParams = map[string]string{}
+	}
+	cfg.RuntimeParams["statement_timeout"] = "0"
+	cfg.RuntimeParams["lock_timeout"] = "0"
+	cfg.RuntimeParams["application_name"] = "fenced line"
+	return cfg
 }
 
 // queue waits on conn for ln's lock and reports whether ln is head now.
