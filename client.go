@@ -378,11 +378,25 @@ func (c *Client) acquireLoop(ctx, dctx context.Context, key string, s LeaseSpec,
 		}
 	}()
 	notifier, _ := c.drv.(driver.Notifier)
-	var sub driver.Subscription
+	var (
+		sub driver.Subscription
+		// owed is set while a wake-up taken from sub has not been acted
+		// on: no look at the store since showed the key held again (or
+		// granted it). A waiter that leaves owing one forwards it, so a
+		// backend that wakes one waiter per release strands nobody.
+		owed    bool
+		granted bool
+	)
 	defer func() {
-		if sub != nil {
-			sub.Close()
+		if sub == nil {
+			return
 		}
+		if owed && !granted {
+			if f, ok := sub.(driver.WakeForwarder); ok {
+				f.Forward()
+			}
+		}
+		sub.Close()
 	}()
 	var lastErr error
 	for attempt := 1; ; attempt++ {
@@ -402,12 +416,14 @@ func (c *Client) acquireLoop(ctx, dctx context.Context, key string, s LeaseSpec,
 		}
 		fence, err := c.tryAcquire(dctx, key, owner, s)
 		if err == nil {
+			granted = true
 			return c.newLease(ctx, key, owner, fence, sent, s)
 		}
 		var sleep time.Duration
 		switch {
 		case errors.Is(err, ErrHeld):
 			ev.Contended = true
+			owed = false // the holder's release will wake a waiter
 			if !wait {
 				return nil, err
 			}
@@ -479,6 +495,7 @@ func (c *Client) acquireLoop(ctx, dctx context.Context, key string, s LeaseSpec,
 		select {
 		case <-t.C():
 		case <-subC:
+			owed = true
 		case <-wake:
 		case <-waitOver:
 			t.Stop()

@@ -334,6 +334,19 @@ type Subscription interface {
 	Close() error
 }
 
+// WakeForwarder is implemented by Subscriptions that wake one waiter per
+// release instead of every waiter of the key (a head-of-line waiter, one
+// pub/sub wake-up per process). There a wake-up that its waiter consumed
+// but did not act on would be lost with it, and the other waiters would
+// sleep until their fallback timers. The portable client calls Forward
+// before Close when it gives up (context done, MaxWait, Close) after it
+// took a wake-up and before a look at the store showed the key held again:
+// Forward hands the wake-up on to the next waiter of the key, as Close
+// does with one that was never taken.
+type WakeForwarder interface {
+	Forward()
+}
+
 // Notifier is implemented by drivers whose authority can tell waiters that
 // a key was released or broken (LISTEN/NOTIFY, pub/sub, watches). The
 // portable layer subscribes before trying, so a release between a failed try

@@ -181,7 +181,7 @@ func (d *Driver) AcquireTimed(ctx context.Context, key, owner string, ttl time.D
 	step := func(ctx context.Context) (bool, error) {
 		sent = time.Now()
 		kaDone := d.keepAliveAsync(ctx, s, sent, ttl)
-		pred, hdrRev, err := d.predecessor(ctx, e)
+		pred, err := d.predecessor(ctx, e)
 		kaErr := <-kaDone
 		if err != nil {
 			// errVanished ends the wait; otherwise the cluster did not
@@ -202,7 +202,7 @@ func (d *Driver) AcquireTimed(ctx context.Context, key, owner string, ttl time.D
 		}
 		// A broken watch (its member lost the leader, or the connection)
 		// is retried: the next look also tells whether our key survived.
-		return false, d.waitDelete(ctx, pred, hdrRev+1)
+		return false, d.waitDelete(ctx, e, pred)
 	}
 	if err := sessionlock.WaitTurn(ctx, step, func(err error) bool { return err != confirmErr && !errors.Is(err, errVanished) }); err != nil {
 		return fail(err)
@@ -227,36 +227,59 @@ func (d *Driver) keepAliveAsync(ctx context.Context, s *session, from time.Time,
 var errVanished = errors.New("our waiter key vanished while waiting")
 
 // predecessor returns the key created just before e's under its lock name
-// ("" when e's key is the oldest) and the revision of the read. It fails
-// with errVanished if e's key is gone (session expired, or broken).
-func (d *Driver) predecessor(ctx context.Context, e *entry) (string, int64, error) {
+// ("" when e's key is the oldest). It fails with errVanished if e's key is
+// gone (session expired, or broken).
+func (d *Driver) predecessor(ctx context.Context, e *entry) (string, error) {
 	resp, err := d.cli.Txn(ctx).Then(
 		clientv3.OpGet(e.etcdKey),
 		clientv3.OpGet(e.name+"/", append(clientv3.WithLastCreate(), clientv3.WithMaxCreateRev(e.rev-1))...),
 	).Commit()
 	if err != nil {
-		return "", 0, readErr("wait for predecessor", err)
+		return "", readErr("wait for predecessor", err)
 	}
 	mine := resp.Responses[0].GetResponseRange().Kvs
 	if len(mine) == 0 || mine[0].CreateRevision != e.rev {
-		return "", 0, fmt.Errorf("etcd: acquire: %w: %w: %s (session expired or broken)", driver.ErrUnavailable, errVanished, e.etcdKey)
+		return "", fmt.Errorf("etcd: acquire: %w: %w: %s (session expired or broken)", driver.ErrUnavailable, errVanished, e.etcdKey)
 	}
 	pred := resp.Responses[1].GetResponseRange().Kvs
 	if len(pred) == 0 {
-		return "", resp.Header.Revision, nil
+		return "", nil
 	}
-	return string(pred[0].Key), resp.Header.Revision, nil
+	return string(pred[0].Key), nil
 }
 
-// waitDelete waits for key to be deleted at or after revision rev. Watching
-// from the revision after our read starts the watch "synced" when nothing
-// changed in between, so it needs no server sync tick.
-func (d *Driver) waitDelete(ctx context.Context, key string, rev int64) error {
+// waitDelete waits until key, which e read as its predecessor, is gone.
+//
+// The watch starts at the store's current revision (no WithRev), never at
+// an older one: etcd puts a watch that starts at a past revision in its
+// "unsynced" group, which delivers events only on its sync tick (every
+// 100 ms), so a release that happened to land between our read and the
+// watch's registration, or any write to the store in that gap, would
+// delay the wake-up by up to 100 ms. A watch from the current revision is
+// "synced" and is told of a delete as it commits. It does not replay
+// what happened before it was registered, so once the server confirms
+// the watch, one linearizable read asks whether the predecessor is still
+// there: if it is, its delete lies ahead and the watch will see it; if it
+// is gone (or was recreated after e, so it no longer precedes e), the
+// caller looks at the queue again.
+func (d *Driver) waitDelete(ctx context.Context, e *entry, key string) error {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
-	for wr := range d.cli.Watch(wctx, key, clientv3.WithRev(rev), clientv3.WithFilterPut()) {
+	wch := d.cli.Watch(wctx, key, clientv3.WithFilterPut(), clientv3.WithCreatedNotify())
+	created := false
+	for wr := range wch {
 		if err := wr.Err(); err != nil {
 			return readErr("watch predecessor", err)
+		}
+		if !created && wr.Created {
+			created = true
+			resp, err := d.cli.Get(ctx, key)
+			if err != nil {
+				return readErr("watch predecessor", err)
+			}
+			if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision >= e.rev {
+				return nil
+			}
 		}
 		for _, ev := range wr.Events {
 			if ev.Type == mvccpb.DELETE {

@@ -79,12 +79,19 @@
 // # Waiting
 //
 // A release or break sends pg_notify on a channel named after the table,
-// with the key as payload, in the same statement. Each driver keeps one
-// LISTEN connection and wakes only the waiters of that key, so a release
-// does not make waiters of other keys touch the database. A grant that
-// expires without a release sends nothing; the portable client's fallback
-// timer, capped by the time left that a refused acquire reports, catches
-// it.
+// with the key as payload, in the same statement. A release wakes one
+// waiter of that key in all, whatever the number of waiting processes:
+// the drivers that wait for a key queue for a session advisory lock of
+// their own (a "line", two-int pg_advisory_lock, on one extra connection
+// per waited-for key, at most 32 per driver), and only the head of the
+// line LISTENs and hands the notification to one of its waiters; the
+// head moves on when one of its waiters leaves, and a new head lets one
+// waiter look at once. Idle drivers do not LISTEN, since PostgreSQL
+// signals every listening backend of the database at every NOTIFY. The
+// lock decides nothing about the lease. A grant that expires without a
+// release sends nothing, and a head that stopped without its session
+// ending hears for nobody; the portable client's fallback timer, capped by
+// the time left that a refused acquire reports, catches both.
 //
 // # Connection poolers
 //
@@ -328,7 +335,7 @@ func (d *Driver) Guarantees() driver.Guarantees {
 	if d.note != "" {
 		g.Note += "; " + d.note
 	} else {
-		g.Note += "; waiters woken by LISTEN/NOTIFY, expiry without release caught by the client's fallback timer"
+		g.Note += "; waiters woken by LISTEN/NOTIFY, one per release across processes (a per-key line on a session advisory lock), expiry without release caught by the client's fallback timer"
 	}
 	return g
 }

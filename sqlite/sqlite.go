@@ -46,11 +46,14 @@
 // every other process waits up to busy_timeout, then fails with
 // ErrUnavailable. Safety is unaffected: nothing is granted twice.
 //
-// SQLite cannot notify another process. Waiters instead detect commits by
-// any process through PRAGMA data_version (a cheap read on one connection
-// per driver, every 2ms while somebody waits) and retry only when their key
-// is free; a grant that expires without a release is caught by the
-// client's timer at the holder's expiry.
+// SQLite cannot notify another process. Waiters instead learn of commits
+// by any process from the kernel (inotify on the database's directory: a
+// write to the file or its WAL), confirm them with PRAGMA data_version (a
+// cheap read on one connection per driver), and retry only when their key
+// is free; an idle waiter costs nothing. Without inotify the driver reads
+// data_version every 2ms while somebody waits. A grant that expires
+// without a release is caught by the client's timer at the holder's
+// expiry.
 package sqlite
 
 import (
@@ -669,7 +672,7 @@ func (d *Driver) Guarantees() driver.Guarantees {
 		ServerClock: true,
 		// unixepoch() inside the statement reads the host's wall clock.
 		ClockStepSafe: false,
-		Note:          "one host: the fence counter is a row in the file and survives restarts; expiry uses the host's wall clock inside the statement (not safe from clock steps); waiters detect commits by other processes (PRAGMA data_version every 2ms) and retry only when their key is free",
+		Note:          "one host: the fence counter is a row in the file and survives restarts; expiry uses the host's wall clock inside the statement (not safe from clock steps); waiters learn of commits by other processes from inotify on the database's directory (PRAGMA data_version every 2ms where inotify is unavailable) and retry only when their key is free",
 	}
 }
 

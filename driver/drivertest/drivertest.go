@@ -94,6 +94,7 @@ func RunConformanceTests(t *testing.T, h Harness) {
 		t.Run("BadURLs", s.testBadURLs)
 	}
 	t.Run("NotifiedWaiterIsWokenWithoutPolling", s.testNotify)
+	t.Run("WaiterGivingUpMidLookStrandsNobody", s.testGiveUpMidLook)
 	t.Run("FIFOWaitersServedInArrivalOrder", s.testFIFO)
 	t.Run("LossWatchReportsBreak", s.testLossWatch)
 	t.Run("WaitLongerThanTTLGivesFullLease", s.testLongWait)

@@ -130,6 +130,20 @@ func (s *Sub) wake() bool {
 	}
 }
 
+// Forward implements driver.WakeForwarder: with PassOn, it wakes the next
+// subscriber of the key without a wake-up pending (never s itself), to
+// take over a wake-up that s consumed and will not act on. Without PassOn
+// every subscriber was woken already, and Forward does nothing.
+func (s *Sub) Forward() {
+	r := s.r
+	if !r.PassOn {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.wakeOneLocked(s.key, s)
+}
+
 // Key returns the key s waits for.
 func (s *Sub) Key() string { return s.key }
 

@@ -79,3 +79,30 @@ func TestCloseWithoutPassOnKeepsOthersAsTheyAre(t *testing.T) {
 		t.Fatal("a registry without PassOn handed on a wake-up")
 	}
 }
+
+func TestForwardHandsAConsumedWakeUpOn(t *testing.T) {
+	r := Registry{PassOn: true}
+	a1, a2 := r.Subscribe("a"), r.Subscribe("a")
+	r.WakeOne("a")
+	if !pending(a1) {
+		t.Fatal("WakeOne did not wake the oldest waiter")
+	}
+	// a1 consumed its wake-up and gives up without acting on it.
+	a1.Forward()
+	a1.Close()
+	if !pending(a2) {
+		t.Fatal("a consumed wake-up forwarded by a waiter that gave up did not reach the next waiter")
+	}
+	if pending(a1) {
+		t.Fatal("Forward woke the forwarding waiter itself")
+	}
+}
+
+func TestForwardWithoutPassOnWakesNobody(t *testing.T) {
+	var r Registry
+	a1, a2 := r.Subscribe("a"), r.Subscribe("a")
+	a1.Forward()
+	if pending(a1) || pending(a2) {
+		t.Fatal("Forward woke a waiter of a registry that wakes every waiter anyway")
+	}
+}
