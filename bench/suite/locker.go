@@ -79,12 +79,23 @@ func (p *fencedProcess) lock(ctx context.Context, key string) (func(context.Cont
 	return l.Release, nil
 }
 
-// driverProcess calls a fenced driver directly: driver.Queuer's Acquire
-// where the driver has one, else TryAcquire (the key is free in the
-// uncontended workload), then Release. No lease object, renewal or hooks.
+// driverProcess calls a fenced driver directly: its native wait queue
+// where it has one, else TryAcquire (the key is free in the uncontended
+// workload), then Release. No lease object, renewal or hooks.
 type driverProcess struct {
 	d driver.Driver
 }
+
+// The native wait queue's methods, matched by shape rather than through
+// the driver package's interface names, which are being reshaped.
+type (
+	timedQueuer interface {
+		AcquireTimed(ctx context.Context, key, owner string, ttl time.Duration) (uint64, time.Time, error)
+	}
+	queuer interface {
+		Acquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error)
+	}
+)
 
 func (p driverProcess) worker() (locker, error) { return p, nil }
 func (p driverProcess) close()                  { p.d.Close() }
@@ -95,7 +106,9 @@ func (p driverProcess) lock(ctx context.Context, key string) (func(context.Conte
 		f   uint64
 		err error
 	)
-	if q, ok := p.d.(driver.Queuer); ok {
+	if q, ok := p.d.(timedQueuer); ok {
+		f, _, err = q.AcquireTimed(ctx, key, owner, benchTTL)
+	} else if q, ok := p.d.(queuer); ok {
 		f, err = q.Acquire(ctx, key, owner, benchTTL)
 	} else {
 		f, err = p.d.TryAcquire(ctx, key, owner, benchTTL)
