@@ -8,7 +8,8 @@
 #
 #   ./scripts/bench.sh [--quick] [--only redis,redlock,etcd,zookeeper,postgres,mysql,sqlite]
 #       [--workloads uncontended,handover,throughput,renewal]
-#   ./scripts/bench.sh --render bench/results/<file>.json   # re-render the report only
+#   ./scripts/bench.sh --render bench/results/<file>.json [--docs docs/other.md]
+#       # only renders a report from a run's figures
 #
 # --quick takes about 5 minutes on a 2-core machine (renewal with 10 000
 # leases); the full run (renewal with 10 000 and 100 000 leases, longer
@@ -24,12 +25,12 @@ args=()
 while (($#)); do
 	case $1 in
 	--quick) args+=(-quick) ;;
-	--only | --workloads | --render)
+	--only | --workloads | --render | --docs)
 		(($# >= 2)) || { echo "bench.sh: $1 needs a value"; exit 2; }
 		args+=("-${1#--}" "$2")
 		shift
 		;;
-	--only=* | --workloads=* | --render=*) args+=("-${1#--}") ;;
+	--only=* | --workloads=* | --render=* | --docs=*) args+=("-${1#--}") ;;
 	-h | --help)
 		sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
 		exit 0
@@ -41,6 +42,8 @@ done
 
 root=$(pwd)
 start=$(date +%s)
-(cd bench/suite && go build -o "${TMPDIR:-/tmp}/fenced-bench-suite" .)
-"${TMPDIR:-/tmp}/fenced-bench-suite" -results "$root/bench/results" -docs "$root/docs/benchmarks.md" -command "$cmdline" "${args[@]}"
+bin=$(mktemp -d "${TMPDIR:-/tmp}/fenced-bench.XXXXXX")
+trap 'rm -rf "$bin"' EXIT
+(cd bench/suite && go build -o "$bin/suite" .)
+"$bin/suite" -results "$root/bench/results" -docs "$root/docs/benchmarks.md" -command "$cmdline" "${args[@]}"
 echo "bench.sh: done in $(($(date +%s) - start))s"

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -173,5 +172,3 @@ func redactURL(u string) string {
 	}
 	return u
 }
-
-var errTimeout = errors.New("timed out")

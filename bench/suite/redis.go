@@ -16,7 +16,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 	fredis "github.com/fenced-dev/fenced/redis"
 	"github.com/fenced-dev/fenced/redlock"
@@ -306,5 +305,3 @@ func redlockBackend(tb *testenv.MainTB) *backend {
 	return &backend{name: "redlock", impls: impls, count: redisCommands(addrs),
 		note: "5 redis-servers, appendfsync always; no fence on either side"}
 }
-
-var _ driver.Driver = (*fredis.Driver)(nil)

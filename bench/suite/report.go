@@ -19,7 +19,12 @@ func renderReport(res Results, jsonPath, docs string) error {
 		return err
 	}
 	rel := func(target string) string {
-		r, err := filepath.Rel(filepath.Dir(docs), target)
+		absDocs, err1 := filepath.Abs(docs)
+		absTarget, err2 := filepath.Abs(target)
+		if err1 != nil || err2 != nil {
+			return target
+		}
+		r, err := filepath.Rel(filepath.Dir(absDocs), absTarget)
 		if err != nil {
 			return target
 		}
@@ -68,8 +73,8 @@ func renderReport(res Results, jsonPath, docs string) error {
 		}
 		w("\n")
 		for _, b := range backendsOf(rs) {
-			f, okF := find(rs, b, "fenced", nil)
-			d, okD := find(rs, b, "fenced-driver", nil)
+			f, okF := find(rs, b, "fenced")
+			d, okD := find(rs, b, "fenced-driver")
 			if okF && okD {
 				w("- %s: the Client costs %+.0f µs at p50 over its driver (%s vs %s µs).\n", b, f.P50us-d.P50us, num(f.P50us), num(d.P50us))
 			}
@@ -254,7 +259,7 @@ func ratioCell(r Row, rs []Row, same func(a, b Row) bool, f func(Row) float64, h
 	return fmt.Sprintf("%.2f× (%s)", f(r)/best, bestName)
 }
 
-func find(rs []Row, backend, impl string, params map[string]any) (Row, bool) {
+func find(rs []Row, backend, impl string) (Row, bool) {
 	for _, r := range rs {
 		if r.Backend == backend && r.Implementation == impl {
 			return r, true

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -139,6 +140,9 @@ func interleave(all []*opened, rounds int, run func(o *opened, warm bool) error)
 		}
 	}
 }
+
+// errTimeout is the error of a round that did not finish in time.
+var errTimeout = errors.New("timed out")
 
 // withTimeout runs f and gives up waiting after d (f keeps running; the
 // implementation is dropped).
