@@ -37,6 +37,9 @@ type holderImpl struct {
 // renewal workload takes its leases.
 const acquireParallel = 64
 
+// acquireLimit bounds how long the renewal workload takes its leases.
+const acquireLimit = 5 * time.Minute
+
 // renewal runs W4: one process holds m leases for several renewal
 // periods; the backend's server counts the requests it gets per period.
 func (s *suite) renewal(ctx context.Context, b *backend) {
@@ -73,11 +76,18 @@ func (s *suite) renewOnce(ctx context.Context, b *backend, hi holderImpl, m int,
 		errOnce  sync.Once
 		firstErr error
 	)
+	// The leases' context must outlive the acquisition, so the time limit
+	// stops taking new keys rather than cancelling the calls.
+	deadline := began.Add(acquireLimit)
 	for range acquireParallel {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for i := int(next.Add(1)) - 1; i < m; i = int(next.Add(1)) - 1 {
+				if time.Now().After(deadline) {
+					errOnce.Do(func() { firstErr = fmt.Errorf("%w: took only %d of %d leases in %v", errTimeout, i, m, acquireLimit) })
+					return
+				}
 				if err := h.acquire(ctx, keys[i], ttl); err != nil {
 					errOnce.Do(func() { firstErr = fmt.Errorf("acquire %d of %d: %w", i, m, err) })
 					return
