@@ -18,6 +18,16 @@ func renderReport(res Results, jsonPath, docs string) error {
 	if err := os.MkdirAll(chartDir, 0o755); err != nil {
 		return err
 	}
+	// Charts of an earlier run that this one lacks must not linger.
+	old, err := filepath.Glob(filepath.Join(chartDir, "*.svg"))
+	if err != nil {
+		return err
+	}
+	for _, f := range old {
+		if err := os.Remove(f); err != nil {
+			return err
+		}
+	}
 	rel := func(target string) string {
 		absDocs, err1 := filepath.Abs(docs)
 		absTarget, err2 := filepath.Abs(target)
