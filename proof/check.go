@@ -33,10 +33,12 @@ type Report struct {
 	StaleAccepted int `json:"stale_accepted"`
 	// FenceRegressions counts grants whose fence is lower than that of a
 	// grant of the same key confirmed before they were requested, and,
-	// when the backend's fence is strict, equal to it (a repeat).
+	// when the backend's fence is strict, pairs of grants to different
+	// owners with one fence (a repeat), in whatever order.
 	FenceRegressions int `json:"fence_regressions"`
-	// FenceRepeats counts equal fences on a backend whose fence may repeat
-	// (declared; the guard's owner rule refuses the second holder).
+	// FenceRepeats counts pairs of grants to different owners with one
+	// fence on a backend whose fence may repeat (declared; the guard's
+	// owner rule refuses the second holder's writes).
 	FenceRepeats int `json:"fence_repeats"`
 	// Overlaps counts pairs of holders of one key who both believed they
 	// held it at the same time (from the confirmed grant to the moment the
@@ -141,20 +143,21 @@ func Check(events []Event, res Contents, strength fenced.FenceStrength) Report {
 			if a.key != b.key {
 				continue
 			}
-			// Fence order, where the real-time order of the grants is known.
+			// Two grants with one fence are a repeat whatever their order
+			// (an acquire that waited may have been invoked before the
+			// other grant was confirmed); a lower fence is a regression
+			// where the real-time order of the grants is known.
 			first, second := a, b
 			if b.ok < a.invoke {
 				first, second = b, a
 			}
-			if first.ok < second.invoke {
-				switch {
-				case second.fence < first.fence:
-					r.FenceRegressions++
-				case second.fence == first.fence && strength >= fenced.FenceStrict:
-					r.FenceRegressions++
-				case second.fence == first.fence:
-					r.FenceRepeats++
-				}
+			switch {
+			case a.fence == b.fence && a.owner != b.owner && strength >= fenced.FenceStrict:
+				r.FenceRegressions++
+			case a.fence == b.fence && a.owner != b.owner:
+				r.FenceRepeats++
+			case first.ok < second.invoke && second.fence < first.fence:
+				r.FenceRegressions++
 			}
 			lo, hi := max(a.ok, b.ok), min(a.end, b.end)
 			if hi > lo && a.owner != b.owner {
