@@ -44,11 +44,29 @@ func (e env) config() Config {
 	return Config{Store: e.store, Server: e.server, Failover: e.failover, Clock: e.clock}
 }
 
-// backend starts one store for the matrix.
+// backend starts one store for the matrix; with clock, on a
+// testenv.WallClock the nemesis can step (where the backend has a wall
+// clock to step; TestMatrixCI runs without, as before M8 and M12).
 type backend struct {
 	name     string
 	minFence fenced.FenceStrength
-	start    func(t *testing.T) env
+	start    func(t *testing.T, clock bool) env
+}
+
+// wallClock returns a new testenv.WallClock if want, else nil.
+func wallClock(t *testing.T, want bool) *testenv.WallClock {
+	if !want {
+		return nil
+	}
+	return testenv.NewWallClock(t)
+}
+
+// clockOf returns c as a Clock, nil (not a nil *WallClock) if c is nil.
+func clockOf(c *testenv.WallClock) Clock {
+	if c == nil {
+		return nil
+	}
+	return c
 }
 
 // topologyFaults are the faults that run only on a backend built for them
@@ -62,8 +80,8 @@ var topologyFaults = map[string][]Fault{
 
 // redlockEnv starts n redis-servers, node 0 on a clock of its own, as one
 // Redlock store; the nemesis faults node 0.
-func redlockEnv(t *testing.T, n int) env {
-	clock := testenv.NewWallClock(t)
+func redlockEnv(t *testing.T, n int, withClock bool) env {
+	clock := wallClock(t, withClock)
 	var hosts []string
 	var nodes []*testenv.Redis
 	for i := range n {
@@ -81,55 +99,55 @@ func redlockEnv(t *testing.T, n int) env {
 	return env{
 		store:  "redlock://" + strings.Join(hosts, ",") + "/0?fence=" + url.QueryEscape(src),
 		server: procServer{func() *testenv.Process { return node.Process }, func() error { node = node.Restart(t); return nil }},
-		clock:  clock,
+		clock:  clockOf(clock),
 	}
 }
 
 func backends() []backend {
 	return []backend{
-		{"sqlite", fenced.FenceStrict, func(t *testing.T) env {
+		{"sqlite", fenced.FenceStrict, func(t *testing.T, withClock bool) env {
 			return env{store: "sqlite://" + filepath.Join(t.TempDir(), "leases.db")}
 		}},
-		{"postgres", fenced.FenceStrict, func(t *testing.T) env {
-			clock := testenv.NewWallClock(t)
+		{"postgres", fenced.FenceStrict, func(t *testing.T, withClock bool) env {
+			clock := wallClock(t, withClock)
 			pg := testenv.StartPostgresOnClock(t, clock)
-			return env{store: pg.URL(), server: procServer{pg.Process, func() error { pg.StartAgain(t); return nil }}, clock: clock}
+			return env{store: pg.URL(), server: procServer{pg.Process, func() error { pg.StartAgain(t); return nil }}, clock: clockOf(clock)}
 		}},
-		{"mysql", fenced.FenceStrict, func(t *testing.T) env {
-			clock := testenv.NewWallClock(t)
+		{"mysql", fenced.FenceStrict, func(t *testing.T, withClock bool) env {
+			clock := wallClock(t, withClock)
 			m := testenv.StartMySQLOnClock(t, clock)
-			return env{store: m.URL(), server: procServer{m.Process, func() error { m.StartAgain(t); return nil }}, clock: clock}
+			return env{store: m.URL(), server: procServer{m.Process, func() error { m.StartAgain(t); return nil }}, clock: clockOf(clock)}
 		}},
-		{"redis", fenced.FenceRepeatable, func(t *testing.T) env {
-			clock := testenv.NewWallClock(t)
+		{"redis", fenced.FenceRepeatable, func(t *testing.T, withClock bool) env {
+			clock := wallClock(t, withClock)
 			r := testenv.StartRedis(t, testenv.RedisConfig{WallClock: clock})
-			return env{store: r.URL(), server: procServer{func() *testenv.Process { return r.Process }, func() error { r = r.Restart(t); return nil }}, clock: clock}
+			return env{store: r.URL(), server: procServer{func() *testenv.Process { return r.Process }, func() error { r = r.Restart(t); return nil }}, clock: clockOf(clock)}
 		}},
-		{"redlock", fenced.FenceStrict, func(t *testing.T) env { return redlockEnv(t, 3) }},
-		{"etcd", fenced.FenceStrict, func(t *testing.T) env {
+		{"redlock", fenced.FenceStrict, func(t *testing.T, _ bool) env { return redlockEnv(t, 3, false) }},
+		{"etcd", fenced.FenceStrict, func(t *testing.T, withClock bool) env {
 			c := testenv.StartEtcd(t)
 			m := c.Members[0]
 			return env{store: c.URL(""), server: procServer{m.Process, func() error { m.Start(); m.WaitReady(); return nil }}}
 		}},
-		{"zookeeper", fenced.FenceStrict, func(t *testing.T) env {
+		{"zookeeper", fenced.FenceStrict, func(t *testing.T, withClock bool) env {
 			e := testenv.StartZooKeeper(t)
 			n := e.Nodes[0]
 			return env{store: e.URL("/fenced-proof", ""), server: procServer{n.Process, func() error { n.Start(); n.WaitReady(); return nil }}}
 		}},
-		{"dynamodb", fenced.FenceStrict, func(t *testing.T) env {
+		{"dynamodb", fenced.FenceStrict, func(t *testing.T, withClock bool) env {
 			// On disk, so a crashed and restarted server keeps its counters.
 			d := testenv.StartDynalite(t, testenv.DynaliteConfig{Persistent: true})
 			return env{store: d.URL("fenced_proof", "create=1"), server: procServer{func() *testenv.Process { return d.Process }, func() error { d.StartAgain(t); return nil }}}
 		}},
-		{"etcd (3 members)", fenced.FenceStrict, func(t *testing.T) env {
+		{"etcd (3 members)", fenced.FenceStrict, func(t *testing.T, withClock bool) env {
 			c := testenv.StartEtcdCluster(t, 3)
 			return env{store: c.URL(""), server: &etcdLeaderServer{t: t, cluster: c}}
 		}},
-		{"redis (primary + replica)", fenced.FenceRepeatable, func(t *testing.T) env {
+		{"redis (primary + replica)", fenced.FenceRepeatable, func(t *testing.T, withClock bool) env {
 			f := testenv.StartRedisFailover(t)
 			return env{store: f.URL(), failover: f}
 		}},
-		{"redlock (5 nodes)", fenced.FenceStrict, func(t *testing.T) env { return redlockEnv(t, 5) }},
+		{"redlock (5 nodes)", fenced.FenceStrict, func(t *testing.T, withClock bool) env { return redlockEnv(t, 5, withClock) }},
 	}
 }
 
@@ -150,7 +168,7 @@ func TestMatrixCI(t *testing.T) {
 			continue
 		}
 		t.Run(b.name, func(t *testing.T) {
-			e := b.start(t)
+			e := b.start(t, false)
 			scenarios := []scenario{{M1, true}, {M1, false}, {M3, true}, {M13, true}}
 			if e.server != nil {
 				scenarios = append(scenarios, scenario{M5, true})

@@ -103,7 +103,7 @@ func TestMatrixFull(t *testing.T) {
 			continue
 		}
 		t.Run(b.name, func(t *testing.T) {
-			e := b.start(t)
+			e := b.start(t, true)
 			for _, s := range scenarios {
 				row := Row{Backend: b.name, Fault: s.f, Fencing: s.fencing, Ordering: s.ordering}
 				if row.NA = notApplicable(b.name, e, s.f); row.NA == "skip" {
