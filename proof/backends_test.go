@@ -78,8 +78,8 @@ var topologyFaults = map[string][]Fault{
 	"redlock (5 nodes)":         {M8},
 }
 
-// redlockEnv starts n redis-servers, node 0 on a clock of its own, as one
-// Redlock store; the nemesis faults node 0.
+// redlockEnv starts n redis-servers (node 0 on a clock of its own if
+// withClock) as one Redlock store; the nemesis faults node 0.
 func redlockEnv(t *testing.T, n int, withClock bool) env {
 	clock := wallClock(t, withClock)
 	var hosts []string

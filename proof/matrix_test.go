@@ -224,4 +224,17 @@ write-only ordering is the seed's documented limit: a stale write that reaches
 the resource before the new holder's first write is accepted, and the new
 holder then builds on state read before it; claim-first closes it.
 
+M7, M8, M11 and M12 hold a holder before its write while its lease is taken
+away behind its back, and let it write once another worker has: M7 fails a
+Redis primary over to a replica cut off before the grant (the promoted
+replica repeats the fence: "repeats" counts the pairs of grants that share
+one; the guard's owner rule refuses the second owner's claim), M8 steps one
+of five Redlock nodes' clocks forward by 10 TTLs, M11 partitions the holder
+from ZooKeeper past its session timeout, M12 steps the authority's wall
+clock forward by 10 TTLs (the backends declare ClockStepSafe false: the
+lease ends early and two holders overlap; the fence refuses the older).
+Where the authority keeps the grant (M8: four nodes of five still hold it),
+the holder is let go after 8 TTLs, and recovery (measured from the fault to
+the next grant) includes that wait.
+
 `
