@@ -186,17 +186,21 @@ func TestMatrixCI(t *testing.T) {
 
 // checkScenario asserts the promise: with fencing, nothing stale is
 // accepted, no invoice is sent twice, the ledger is linearizable and fences
-// never go backwards; without, the pause fault is seen.
+// never go backwards (and, under M7, the declared repeat happens); without,
+// the pause (M1) and failover (M7) hazards are seen.
 func checkScenario(t *testing.T, backend string, f Fault, fencing bool, rep Report) {
 	t.Helper()
 	if fencing {
 		if rep.StaleAccepted != 0 || rep.DuplicateEffects != 0 || !rep.Linearizable || rep.FenceRegressions != 0 {
 			t.Errorf("%s %s fencing on: %+v; want no stale write accepted, no duplicate effect, linearizable, no fence regression", backend, f, rep)
 		}
+		if f == M7 && rep.FenceRepeats == 0 {
+			t.Errorf("%s M7 fencing on: %+v; the promoted replica must repeat the fence (the declared hazard the owner rule is there for)", backend, rep)
+		}
 		return
 	}
-	if f == M1 && !rep.HazardSeen {
-		t.Errorf("%s M1 fencing off: %+v; the checker must see the hazard", backend, rep)
+	if (f == M1 || f == M7) && !rep.HazardSeen {
+		t.Errorf("%s %s fencing off: %+v; the checker must see the hazard", backend, f, rep)
 	}
 }
 
