@@ -3,6 +3,7 @@ package proof
 import (
 	"context"
 	"fmt"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -156,17 +157,17 @@ func (r *run) inject(ctx context.Context) error {
 			return err
 		}
 		cmd, _ := r.worker(a.Worker)
+		// A worker of a multi-host store (Redlock: one proxy per node)
+		// sends to several proxies at once: the first one stops it.
 		stopped := make(chan struct{})
+		var stop sync.Once
 		for _, p := range r.proxies[a.Worker] {
 			p.afterNextSend(func() {
-				select {
-				case <-stopped:
-					return
-				default:
-				}
-				cmd.Process.Signal(syscall.SIGSTOP)
-				r.record(Event{Kind: FaultStart, Worker: a.Worker, Fault: string(M9)})
-				close(stopped)
+				stop.Do(func() {
+					cmd.Process.Signal(syscall.SIGSTOP)
+					r.record(Event{Kind: FaultStart, Worker: a.Worker, Fault: string(M9)})
+					close(stopped)
+				})
 			})
 		}
 		select {
