@@ -215,7 +215,9 @@ stale writes *attempted* were sent (or, delayed, landed) after a newer grant was
 confirmed; *accepted* counts writes the resource accepted after it had accepted a
 higher fence. Fence regressions count a lower fence (or an equal one, where the
 backend's fence is strict) granted after a grant confirmed earlier; repeats are
-equal fences on a backend that declares them (Redis). Overlaps are pairs of
+equal fences on a backend that declares them (Redis), where a lower fence
+that reissues one granted before (a failover rolled the counter back) is
+the declared repeat, not a regression. Overlaps are pairs of
 workers that both believed they held the key. Porcupine checks the ledger
 against a fenced append log (see proof/linearize.go). Recovery is the longest
 time from a fault to the next grant. Fencing off: the resource ignores fences,
