@@ -35,7 +35,7 @@ func notApplicable(b string, e env, f Fault) string {
 	case f == M8 && b == "redlock":
 		return "runs on five nodes: the redlock (5 nodes) row"
 	case f == M8:
-		return "a clock jump on one Redlock node; M12 steps this backend's authority clock"
+		return "a clock jump on one Redlock node of five (M12 is a step of the authority's clock)"
 	case f == M11 && b != "zookeeper":
 		return "ZooKeeper session loss; M4 cuts a holder off on this backend"
 	case f == M12 && e.clock == nil:
