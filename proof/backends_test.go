@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/url"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -29,74 +30,124 @@ func (s procServer) Restart() error {
 	return s.restart()
 }
 
-// backend starts one store for the matrix.
+// env is a started store and the handles the nemesis faults it through
+// (nil where the backend has none).
+type env struct {
+	store    string
+	server   Server
+	failover Failover
+	clock    Clock
+}
+
+// config returns a run's Config on e.
+func (e env) config() Config {
+	return Config{Store: e.store, Server: e.server, Failover: e.failover, Clock: e.clock}
+}
+
+// backend starts one store for the matrix; with clock, on a
+// testenv.WallClock the nemesis can step (where the backend has a wall
+// clock to step; TestMatrixCI runs without, as before M8 and M12).
 type backend struct {
 	name     string
 	minFence fenced.FenceStrength
-	start    func(t *testing.T) (store string, srv Server)
+	start    func(t *testing.T, clock bool) env
+}
+
+// wallClock returns a new testenv.WallClock if want, else nil.
+func wallClock(t *testing.T, want bool) *testenv.WallClock {
+	if !want {
+		return nil
+	}
+	return testenv.NewWallClock(t)
+}
+
+// clockOf returns c as a Clock, nil (not a nil *WallClock) if c is nil.
+func clockOf(c *testenv.WallClock) Clock {
+	if c == nil {
+		return nil
+	}
+	return c
 }
 
 // topologyFaults are the faults that run only on a backend built for them
 // (by name), and the only faults such a backend runs; TestMatrixCI skips
 // these backends.
 var topologyFaults = map[string][]Fault{
-	"etcd (3 members)": {M10},
+	"etcd (3 members)":          {M10},
+	"redis (primary + replica)": {M7},
+	"redlock (5 nodes)":         {M8},
+}
+
+// redlockEnv starts n redis-servers (node 0 on a clock of its own if
+// withClock) as one Redlock store; the nemesis faults node 0.
+func redlockEnv(t *testing.T, n int, withClock bool) env {
+	clock := wallClock(t, withClock)
+	var hosts []string
+	var nodes []*testenv.Redis
+	for i := range n {
+		cfg := testenv.RedisConfig{}
+		if i == 0 {
+			cfg.WallClock = clock
+		}
+		nodes = append(nodes, testenv.StartRedis(t, cfg))
+		hosts = append(hosts, nodes[i].Addr())
+	}
+	// Redlock has no fence of its own; a SQLite counter is its fence
+	// source.
+	src := "sqlite://" + filepath.Join(t.TempDir(), "fence.db")
+	node := nodes[0]
+	return env{
+		store:  "redlock://" + strings.Join(hosts, ",") + "/0?fence=" + url.QueryEscape(src),
+		server: procServer{func() *testenv.Process { return node.Process }, func() error { node = node.Restart(t); return nil }},
+		clock:  clockOf(clock),
+	}
 }
 
 func backends() []backend {
 	return []backend{
-		{"sqlite", fenced.FenceStrict, func(t *testing.T) (string, Server) {
-			return "sqlite://" + filepath.Join(t.TempDir(), "leases.db"), nil
+		{"sqlite", fenced.FenceStrict, func(t *testing.T, withClock bool) env {
+			return env{store: "sqlite://" + filepath.Join(t.TempDir(), "leases.db")}
 		}},
-		{"postgres", fenced.FenceStrict, func(t *testing.T) (string, Server) {
-			pg := testenv.StartPostgres(t)
-			return pg.URL(), procServer{pg.Process, func() error { pg.StartAgain(t); return nil }}
+		{"postgres", fenced.FenceStrict, func(t *testing.T, withClock bool) env {
+			clock := wallClock(t, withClock)
+			pg := testenv.StartPostgresOnClock(t, clock)
+			return env{store: pg.URL(), server: procServer{pg.Process, func() error { pg.StartAgain(t); return nil }}, clock: clockOf(clock)}
 		}},
-		{"mysql", fenced.FenceStrict, func(t *testing.T) (string, Server) {
-			m := testenv.StartMySQL(t)
-			return m.URL(), procServer{m.Process, func() error { m.StartAgain(t); return nil }}
+		{"mysql", fenced.FenceStrict, func(t *testing.T, withClock bool) env {
+			clock := wallClock(t, withClock)
+			m := testenv.StartMySQLOnClock(t, clock)
+			return env{store: m.URL(), server: procServer{m.Process, func() error { m.StartAgain(t); return nil }}, clock: clockOf(clock)}
 		}},
-		{"redis", fenced.FenceRepeatable, func(t *testing.T) (string, Server) {
-			r := testenv.StartRedis(t, testenv.RedisConfig{})
-			return r.URL(), procServer{func() *testenv.Process { return r.Process }, func() error { r = r.Restart(t); return nil }}
+		{"redis", fenced.FenceRepeatable, func(t *testing.T, withClock bool) env {
+			clock := wallClock(t, withClock)
+			r := testenv.StartRedis(t, testenv.RedisConfig{WallClock: clock})
+			return env{store: r.URL(), server: procServer{func() *testenv.Process { return r.Process }, func() error { r = r.Restart(t); return nil }}, clock: clockOf(clock)}
 		}},
-		{"redlock", fenced.FenceStrict, func(t *testing.T) (string, Server) {
-			var hosts string
-			var nodes []*testenv.Redis
-			for i := range 3 {
-				n := testenv.StartRedis(t, testenv.RedisConfig{})
-				nodes = append(nodes, n)
-				if i > 0 {
-					hosts += ","
-				}
-				hosts += n.Addr()
-			}
-			// Redlock has no fence of its own; a SQLite counter is its
-			// fence source. The nemesis faults one node of three.
-			src := "sqlite://" + filepath.Join(t.TempDir(), "fence.db")
-			n := nodes[0]
-			return "redlock://" + hosts + "/0?fence=" + url.QueryEscape(src),
-				procServer{func() *testenv.Process { return n.Process }, func() error { n = n.Restart(t); return nil }}
-		}},
-		{"etcd", fenced.FenceStrict, func(t *testing.T) (string, Server) {
+		{"redlock", fenced.FenceStrict, func(t *testing.T, _ bool) env { return redlockEnv(t, 3, false) }},
+		{"etcd", fenced.FenceStrict, func(t *testing.T, withClock bool) env {
 			c := testenv.StartEtcd(t)
 			m := c.Members[0]
-			return c.URL(""), procServer{m.Process, func() error { m.Start(); m.WaitReady(); return nil }}
+			return env{store: c.URL(""), server: procServer{m.Process, func() error { m.Start(); m.WaitReady(); return nil }}}
 		}},
-		{"zookeeper", fenced.FenceStrict, func(t *testing.T) (string, Server) {
+		{"zookeeper", fenced.FenceStrict, func(t *testing.T, withClock bool) env {
 			e := testenv.StartZooKeeper(t)
 			n := e.Nodes[0]
-			return e.URL("/fenced-proof", ""), procServer{n.Process, func() error { n.Start(); n.WaitReady(); return nil }}
+			return env{store: e.URL("/fenced-proof", ""), server: procServer{n.Process, func() error { n.Start(); n.WaitReady(); return nil }}}
 		}},
-		{"dynamodb", fenced.FenceStrict, func(t *testing.T) (string, Server) {
+		{"dynamodb", fenced.FenceStrict, func(t *testing.T, withClock bool) env {
 			// On disk, so a crashed and restarted server keeps its counters.
 			d := testenv.StartDynalite(t, testenv.DynaliteConfig{Persistent: true})
-			return d.URL("fenced_proof", "create=1"), procServer{func() *testenv.Process { return d.Process }, func() error { d.StartAgain(t); return nil }}
+			return env{store: d.URL("fenced_proof", "create=1"), server: procServer{func() *testenv.Process { return d.Process }, func() error { d.StartAgain(t); return nil }}}
 		}},
-		{"etcd (3 members)", fenced.FenceStrict, func(t *testing.T) (string, Server) {
+		{"etcd (3 members)", fenced.FenceStrict, func(t *testing.T, withClock bool) env {
 			c := testenv.StartEtcdCluster(t, 3)
-			return c.URL(""), &etcdLeaderServer{t: t, cluster: c}
+			return env{store: c.URL(""), server: &etcdLeaderServer{t: t, cluster: c}}
 		}},
+		{"redis (primary + replica)", fenced.FenceRepeatable, func(t *testing.T, withClock bool) env {
+			f := testenv.StartRedisFailover(t)
+			return env{store: f.URL(), failover: f}
+		}},
+		{"redlock (5 nodes)", fenced.FenceStrict, func(t *testing.T, withClock bool) env { return redlockEnv(t, 5, withClock) }},
 	}
 }
 
@@ -117,14 +168,16 @@ func TestMatrixCI(t *testing.T) {
 			continue
 		}
 		t.Run(b.name, func(t *testing.T) {
-			store, srv := b.start(t)
+			e := b.start(t, false)
 			scenarios := []scenario{{M1, true}, {M1, false}, {M3, true}, {M13, true}}
-			if srv != nil {
+			if e.server != nil {
 				scenarios = append(scenarios, scenario{M5, true})
 			}
 			for _, sc := range scenarios {
-				key := fmt.Sprintf("fenced-proof:ci:%s:%s:%v:%d", b.name, sc.fault, sc.fencing, time.Now().UnixNano())
-				rep := runScenario(t, store, Config{Fault: sc.fault, Fencing: sc.fencing, MinFence: b.minFence, Server: srv, Keys: []string{key}, TTL: time.Second})
+				cfg := e.config()
+				cfg.Fault, cfg.Fencing, cfg.MinFence, cfg.TTL = sc.fault, sc.fencing, b.minFence, time.Second
+				cfg.Keys = []string{fmt.Sprintf("fenced-proof:ci:%s:%s:%v:%d", b.name, sc.fault, sc.fencing, time.Now().UnixNano())}
+				rep := runScenario(t, e.store, cfg)
 				checkScenario(t, b.name, sc.fault, sc.fencing, rep)
 			}
 		})
@@ -133,17 +186,21 @@ func TestMatrixCI(t *testing.T) {
 
 // checkScenario asserts the promise: with fencing, nothing stale is
 // accepted, no invoice is sent twice, the ledger is linearizable and fences
-// never go backwards; without, the pause fault is seen.
+// never go backwards (and, under M7, the declared repeat happens); without,
+// the pause (M1) and failover (M7) hazards are seen.
 func checkScenario(t *testing.T, backend string, f Fault, fencing bool, rep Report) {
 	t.Helper()
 	if fencing {
 		if rep.StaleAccepted != 0 || rep.DuplicateEffects != 0 || !rep.Linearizable || rep.FenceRegressions != 0 {
 			t.Errorf("%s %s fencing on: %+v; want no stale write accepted, no duplicate effect, linearizable, no fence regression", backend, f, rep)
 		}
+		if f == M7 && rep.FenceRepeats == 0 {
+			t.Errorf("%s M7 fencing on: %+v; the promoted replica must repeat the fence (the declared hazard the owner rule is there for)", backend, rep)
+		}
 		return
 	}
-	if f == M1 && !rep.HazardSeen {
-		t.Errorf("%s M1 fencing off: %+v; the checker must see the hazard", backend, rep)
+	if (f == M1 || f == M7) && !rep.HazardSeen {
+		t.Errorf("%s %s fencing off: %+v; the checker must see the hazard", backend, f, rep)
 	}
 }
 

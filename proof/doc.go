@@ -18,7 +18,12 @@
 // (M2); per-worker TCP proxies cut a worker off (M4) or let the nemesis
 // SIGSTOP it right after its acquire request left (M9); a Server
 // implementation pauses (M5) or kills and restarts (M6) the authority, or
-// kills and restarts the leader of an etcd cluster (M10).
+// kills and restarts the leader of an etcd cluster (M10). For the faults
+// that take a lease away behind its holder's back, the holder is held
+// before its write while a Failover cuts a Redis replica off and promotes
+// it (M7), a Clock steps the wall clock of one Redlock node (M8) or of the
+// authority (M12), or its proxy partitions it from ZooKeeper past its
+// session timeout (M11); it writes once another worker has.
 //
 // Check reads the history and the ledger and reports stale writes
 // attempted, refused and accepted, fence regressions and repeats (with the

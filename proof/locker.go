@@ -109,9 +109,10 @@ func deriveFences(events []Event, res *Contents) {
 	}
 }
 
-// LockerFaults are the faults a Locker's rows run: those of the issue's
-// incumbents table that apply to a client (M7, Redis failover, needs a
-// server topology).
+// LockerFaults are the faults a Locker's rows run on one server: those of
+// the incumbents table that apply to a client. M7 (Redis
+// failover) needs a primary and a replica: bench/redis runs it on
+// testenv.RedisFailover.
 var LockerFaults = []Fault{M1, M3, M4, M9}
 
 // RunLocker runs base (whose Locker, Store and Command are set) once per

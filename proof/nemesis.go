@@ -3,6 +3,7 @@ package proof
 import (
 	"context"
 	"fmt"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -156,17 +157,17 @@ func (r *run) inject(ctx context.Context) error {
 			return err
 		}
 		cmd, _ := r.worker(a.Worker)
+		// A worker of a multi-host store (Redlock: one proxy per node)
+		// sends to several proxies at once: the first one stops it.
 		stopped := make(chan struct{})
+		var stop sync.Once
 		for _, p := range r.proxies[a.Worker] {
 			p.afterNextSend(func() {
-				select {
-				case <-stopped:
-					return
-				default:
-				}
-				cmd.Process.Signal(syscall.SIGSTOP)
-				r.record(Event{Kind: FaultStart, Worker: a.Worker, Fault: string(M9)})
-				close(stopped)
+				stop.Do(func() {
+					cmd.Process.Signal(syscall.SIGSTOP)
+					r.record(Event{Kind: FaultStart, Worker: a.Worker, Fault: string(M9)})
+					close(stopped)
+				})
 			})
 		}
 		select {
@@ -198,9 +199,104 @@ func (r *run) inject(ctx context.Context) error {
 		err := r.cfg.Server.Restart()
 		r.record(Event{Kind: FaultEnd, Worker: -1, Fault: string(f)})
 		return err
+	case M7, M8, M11, M12:
+		return r.holdAcross(ctx, f)
 	default:
 		return fmt.Errorf("fault %s is not one the nemesis injects", f)
 	}
+}
+
+// holdAcross injects a fault that takes a holder's lease away behind its
+// back (M7, M8, M11, M12): a holder A, granted after the fault began (M7:
+// after the replica was cut off, so on the primary alone), is held before
+// its write; the nemesis fails the primary over (M7), steps the wall clock
+// (M8, M12) or partitions A (M11); once another worker has written to the
+// key (or after 8 TTLs: the authority kept A's grant), the partition heals
+// and A is let go and writes, stale if the authority granted the key again.
+func (r *run) holdAcross(ctx context.Context, f Fault) error {
+	ttl := r.cfg.TTL
+	long := 20*ttl + 20*time.Second
+	start := Now()
+	if f == M7 {
+		if err := r.cfg.Failover.CutReplica(); err != nil {
+			return err
+		}
+		start = Now()
+		r.record(Event{Kind: FaultStart, Worker: -1, Fault: string(f)})
+	}
+	// A: a grant whose acquire began after start, held before its write.
+	var a Event
+	for from, attempt := r.eventCount(), 0; ; attempt++ {
+		if attempt == 5 {
+			return fmt.Errorf("no holder reached its write to be held in 5 grants")
+		}
+		invoked := map[int64]bool{}
+		g, at, err := r.waitEvent(ctx, from, long, func(e Event) bool {
+			if e.Kind == AcquireInvoke && e.T > start {
+				invoked[e.Op] = true
+			}
+			return e.Kind == AcquireOK && invoked[e.Op]
+		})
+		if err != nil {
+			return err
+		}
+		if err := r.arm("before-write", g.Worker, string(f)+" hold"); err != nil {
+			return err
+		}
+		e, i, err := r.waitEvent(ctx, at, long, func(e Event) bool {
+			return e.Worker == g.Worker && (e.Kind == Held || e.Kind == ReleaseInvoke || e.Kind == Abandon)
+		})
+		if err != nil {
+			r.disarm("before-write", g.Worker)
+			return err
+		}
+		if e.Kind == Held {
+			a = g
+			break
+		}
+		// A lost its lease before its write (and released): another grant.
+		r.disarm("before-write", g.Worker)
+		removeHolding(r.cfg.Dir, g.Worker)
+		from = i
+	}
+	defer r.disarm("before-write", a.Worker)
+	defer removeHolding(r.cfg.Dir, a.Worker)
+	switch f {
+	case M7:
+		if err := r.cfg.Failover.Failover(); err != nil {
+			return err
+		}
+		r.record(Event{Kind: FaultEnd, Worker: -1, Fault: string(f)})
+	case M8, M12:
+		r.record(Event{Kind: FaultStart, Worker: -1, Fault: string(f)})
+		r.cfg.Clock.Step(10 * ttl)
+		r.record(Event{Kind: FaultEnd, Worker: -1, Fault: string(f)})
+	case M11:
+		r.record(Event{Kind: FaultStart, Worker: a.Worker, Fault: string(f)})
+		for _, p := range r.proxies[a.Worker] {
+			p.setDown(true)
+		}
+	}
+	from := r.eventCount()
+	if _, _, err := r.waitEvent(ctx, from, 8*ttl, func(e Event) bool {
+		return e.Kind == WriteOK && e.Key == a.Key && e.Worker != a.Worker
+	}); err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		r.cfg.Logf("%s: no other worker wrote while worker %d was held: %v", f, a.Worker, err)
+	}
+	if f == M11 {
+		for _, p := range r.proxies[a.Worker] {
+			p.setDown(false)
+		}
+		r.record(Event{Kind: FaultEnd, Worker: a.Worker, Fault: string(f)})
+	}
+	removeHolding(r.cfg.Dir, a.Worker)
+	_, _, err := r.waitEvent(ctx, from, long, func(e Event) bool {
+		return e.Worker == a.Worker && (e.Kind == WriteOK || e.Kind == WriteRefused || e.Kind == WriteFail)
+	})
+	return err
 }
 
 // lastGrant returns worker w's last grant before index before.

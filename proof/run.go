@@ -49,6 +49,27 @@ const (
 	// first request of its next acquire, before it reads the reply, for 2
 	// TTLs.
 	M9 Fault = "M9"
+	// M7 is a Redis asynchronous failover: the replica is cut off, a
+	// worker is granted the key on the primary alone and held before its
+	// write, the primary is killed and the replica promoted
+	// (Config.Failover). The promoted replica has not seen the grant, so
+	// the next holder may get the same fence (a repeat, declared by
+	// FenceRepeatable); once another worker has written, the first one is
+	// let go and writes.
+	M7 Fault = "M7"
+	// M8 steps one Redlock node's wall clock forward by 10 TTLs
+	// (Config.Clock) while a holder is held before its write; it is let go
+	// once another worker has written, or after 8 TTLs.
+	M8 Fault = "M8"
+	// M11 partitions one holder from the ZooKeeper ensemble (its proxy
+	// forwards nothing) past its session timeout while it is held before
+	// its write; the partition heals and the holder writes once another
+	// worker has written, or after 8 TTLs.
+	M11 Fault = "M11"
+	// M12 steps the authority's wall clock forward by 10 TTLs (more than
+	// any safety margin a lease keeps; Config.Clock) while a holder is held
+	// before its write, as in M8.
+	M12 Fault = "M12"
 	// M13 reorders the guard: holder A stops before its write (as in M1);
 	// once B has been granted the key and has read (and, claim-first,
 	// claimed) it, B is held before its write, A is continued and writes,
@@ -58,7 +79,7 @@ const (
 
 // NeedsProxy reports whether f needs a proxy between the workers and the
 // authority (a networked store).
-func (f Fault) NeedsProxy() bool { return f == M4 || f == M9 }
+func (f Fault) NeedsProxy() bool { return f == M4 || f == M9 || f == M11 }
 
 // NeedsServer reports whether f acts on the authority's process.
 func (f Fault) NeedsServer() bool { return f == M5 || f == M6 || f == M10 }
@@ -74,6 +95,26 @@ type Server interface {
 	// data and returns once it serves.
 	Crash() error
 	Restart() error
+}
+
+// Failover lets the nemesis fail a primary over to its asynchronous
+// replica (M7); testenv.RedisFailover is one.
+type Failover interface {
+	// CutReplica stops replication: nothing the primary does after it
+	// returns reaches the replica.
+	CutReplica() error
+	// Failover kills the primary, promotes the replica and sends the
+	// clients at the store's address to it; it returns once the promoted
+	// replica serves (and has a replica of its own, for the next
+	// injection).
+	Failover() error
+}
+
+// Clock lets the nemesis step the wall clock of the authority (M12) or of
+// one Redlock node (M8); testenv.WallClock is one.
+type Clock interface {
+	// Step moves the clock by d, forward if positive.
+	Step(d time.Duration)
 }
 
 // Config describes one run.
@@ -99,8 +140,11 @@ type Config struct {
 	// workload has made progress since the last.
 	Fault      Fault
 	Injections int
-	// Server is needed for M5, M6 and M10.
-	Server Server
+	// Server is needed for M5, M6 and M10, Failover for M7, Clock for M8
+	// and M12.
+	Server   Server
+	Failover Failover
+	Clock    Clock
 	// Command returns the command that starts a worker: a binary that
 	// calls MaybeRunWorker first. Its environment is extended.
 	Command func() *exec.Cmd
@@ -164,6 +208,10 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		return nil, errors.New("proof: Config.Command is nil")
 	case cfg.Fault.NeedsServer() && cfg.Server == nil:
 		return nil, fmt.Errorf("proof: fault %s needs Config.Server", cfg.Fault)
+	case cfg.Fault == M7 && cfg.Failover == nil:
+		return nil, errors.New("proof: fault M7 needs Config.Failover")
+	case (cfg.Fault == M8 || cfg.Fault == M12) && cfg.Clock == nil:
+		return nil, fmt.Errorf("proof: fault %s needs Config.Clock", cfg.Fault)
 	case cfg.Locker != "" && cfg.Fencing:
 		return nil, fmt.Errorf("proof: Locker %q gives no fence; Config.Fencing must be false", cfg.Locker)
 	}

@@ -106,7 +106,8 @@ func (redislockHeld) Lost() <-chan struct{} { return nil }
 func (h redislockHeld) Unlock(ctx context.Context) error { return h.lk.Release(ctx) }
 
 // TestProofIncumbents runs redsync and redislock under the incumbents'
-// faults (proof.LockerFaults) with the proof workload, and writes their
+// faults (proof.LockerFaults on one server, M7 on a primary with an
+// asynchronous replica) with the proof workload, and writes their
 // rows to $FENCED_PROOF_OUT/proof/incumbents-redis.json for the report
 // (scripts/proof.sh). It runs only when FENCED_PROOF_OUT is set.
 // FENCED_PROOF_FAULTS (comma-separated) limits the faults.
@@ -116,27 +117,40 @@ func TestProofIncumbents(t *testing.T) {
 		t.Skip("set FENCED_PROOF_OUT (scripts/proof.sh) to run the incumbents' rows")
 	}
 	srv := testenv.StartRedis(t, testenv.RedisConfig{})
+	// M7 runs on a primary with an asynchronous replica, behind a proxy
+	// that follows the failover.
+	failover := testenv.StartRedisFailover(t)
 	var rows []proof.Row
 	for _, lib := range []string{"redsync", "redislock"} {
-		base := proof.Config{
-			Locker:     lib,
-			Store:      "redis://" + srv.Addr() + "/0",
-			TTL:        time.Second,
-			Injections: 2,
-			Command:    func() *exec.Cmd { return exec.Command(os.Args[0], "-test.run=^$") },
-			Dir:        t.TempDir(),
-			Logf:       t.Logf,
-		}
-		r, err := proof.RunLocker(t.Context(), lib, base, proofFaults())
-		if err != nil {
-			t.Error(err)
-		}
-		for _, row := range r {
-			if row.Report != nil {
-				t.Logf("%s %s: %+v", lib, row.Fault, *row.Report)
+		for _, topo := range []struct {
+			store    string
+			failover proof.Failover
+			faults   []proof.Fault
+		}{
+			{"redis://" + srv.Addr() + "/0", nil, proofFaults(proof.LockerFaults)},
+			{failover.URL(), failover, proofFaults([]proof.Fault{proof.M7})},
+		} {
+			base := proof.Config{
+				Locker:     lib,
+				Store:      topo.store,
+				Failover:   topo.failover,
+				TTL:        time.Second,
+				Injections: 2,
+				Command:    func() *exec.Cmd { return exec.Command(os.Args[0], "-test.run=^$") },
+				Dir:        t.TempDir(),
+				Logf:       t.Logf,
 			}
+			r, err := proof.RunLocker(t.Context(), lib, base, topo.faults)
+			if err != nil {
+				t.Error(err)
+			}
+			for _, row := range r {
+				if row.Report != nil {
+					t.Logf("%s %s: %+v", lib, row.Fault, *row.Report)
+				}
+			}
+			rows = append(rows, r...)
 		}
-		rows = append(rows, r...)
 	}
 	if err := os.MkdirAll(filepath.Join(out, "proof"), 0o755); err != nil {
 		t.Fatal(err)
@@ -146,11 +160,11 @@ func TestProofIncumbents(t *testing.T) {
 	}
 }
 
-// proofFaults returns proof.LockerFaults, limited by FENCED_PROOF_FAULTS.
-func proofFaults() []proof.Fault {
+// proofFaults returns faults, limited by FENCED_PROOF_FAULTS.
+func proofFaults(faults []proof.Fault) []proof.Fault {
 	only := os.Getenv("FENCED_PROOF_FAULTS")
 	var fs []proof.Fault
-	for _, f := range proof.LockerFaults {
+	for _, f := range faults {
 		if only == "" || strings.Contains(","+only+",", ","+string(f)+",") {
 			fs = append(fs, f)
 		}

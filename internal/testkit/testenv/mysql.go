@@ -33,16 +33,26 @@ type MySQL struct {
 	bin  string
 	mu   sync.Mutex
 	proc *Process
+	// clock is the wall clock the server reads (nil: the host's).
+	clock *WallClock
 }
 
 // StartMySQL initializes a data directory and starts MariaDB, as user
 // "nobody" when the test runs as root. The server is stopped when t ends.
 func StartMySQL(t testing.TB) *MySQL {
 	t.Helper()
+	return StartMySQLOnClock(t, nil)
+}
+
+// StartMySQLOnClock is StartMySQL with the server reading clock as its
+// wall clock (NOW(), UTC_TIMESTAMP()), also after a restart; a nil clock
+// is the host's.
+func StartMySQLOnClock(t testing.TB, clock *WallClock) *MySQL {
+	t.Helper()
 	bin := RequireBinary(t, "mariadb-server", "mariadbd", "mysqld")
 	installDB := RequireBinary(t, "mariadb-server", "mariadb-install-db", "mysql_install_db")
 	dir := TempDir(t, "mariadb")
-	m := &MySQL{User: "fenced", Password: "my-secret-" + strconv.Itoa(os.Getpid()), Database: "fenced", Dir: dir, bin: bin}
+	m := &MySQL{User: "fenced", Password: "my-secret-" + strconv.Itoa(os.Getpid()), Database: "fenced", Dir: dir, bin: bin, clock: clock}
 	ChownNobody(t, dir)
 	installMariaDB(t, installDB, dir)
 	m.Port = FreePort(t)
@@ -78,6 +88,7 @@ func (m *MySQL) start(t testing.TB) {
 		"--innodb-buffer-pool-size=32M", "--innodb-log-file-size=32M", "--max-connections=400",
 		"--performance-schema=OFF")
 	RunAsNobody(cmd)
+	m.clock.Apply(cmd)
 	proc := Start(t, "mariadbd", cmd)
 	// The TCP port opens before the unix socket accepts connections; the
 	// server logs (to stderr, without --log-error) when both are ready.

@@ -21,6 +21,8 @@ type Proxy struct {
 	down     bool
 	observe  func(chunk []byte)
 	ln       net.Listener
+	target   string
+	open     map[net.Conn]struct{} // both ends of every open connection
 }
 
 // StartProxy forwards a free loopback port to target until the test ends.
@@ -30,7 +32,7 @@ func StartProxy(t testing.TB, target string) *Proxy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &Proxy{Addr: ln.Addr().String(), ln: ln}
+	p := &Proxy{Addr: ln.Addr().String(), ln: ln, target: target, open: map[net.Conn]struct{}{}}
 	t.Cleanup(func() { ln.Close() })
 	go func() {
 		for {
@@ -39,7 +41,7 @@ func StartProxy(t testing.TB, target string) *Proxy {
 				return
 			}
 			p.mu.Lock()
-			down := p.down
+			down, target := p.down, p.target
 			p.mu.Unlock()
 			if down {
 				c.Close()
@@ -78,6 +80,18 @@ func (p *Proxy) Observe(f func(chunk []byte)) {
 	p.observe = f
 }
 
+// Retarget sends new connections to target from now on and closes every
+// connection open through the proxy, as clients that follow a failover to
+// a new primary do.
+func (p *Proxy) Retarget(target string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.target = target
+	for c := range p.open {
+		c.Close()
+	}
+}
+
 // Cuts returns how many connections the proxy has cut.
 func (p *Proxy) Cuts() int {
 	p.mu.Lock()
@@ -93,7 +107,19 @@ func (p *Proxy) serve(client net.Conn, target string) {
 	}
 	var once sync.Once
 	cut := make(chan struct{})
-	closeBoth := func() { once.Do(func() { client.Close(); server.Close() }) }
+	p.mu.Lock()
+	p.open[client], p.open[server] = struct{}{}, struct{}{}
+	p.mu.Unlock()
+	closeBoth := func() {
+		once.Do(func() {
+			client.Close()
+			server.Close()
+			p.mu.Lock()
+			delete(p.open, client)
+			delete(p.open, server)
+			p.mu.Unlock()
+		})
+	}
 	go func() { // server -> client, unless cut
 		buf := make([]byte, 64<<10)
 		for {
