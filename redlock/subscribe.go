@@ -87,6 +87,18 @@ type merged struct {
 
 func (m *merged) C() <-chan struct{} { return m.c }
 
+// Forward implements driver.WakeForwarder. The wake-up a waiter took from
+// m may have come from any node (they are coalesced), so every node's
+// subscription hands one on: a waiter that gave up strands nobody, and
+// an extra wake-up only costs the woken waiter one look at the nodes.
+func (m *merged) Forward() {
+	for _, s := range m.subs {
+		if f, ok := s.(driver.WakeForwarder); ok {
+			f.Forward()
+		}
+	}
+}
+
 func (m *merged) Close() error {
 	m.once.Do(func() {
 		close(m.done)
