@@ -24,6 +24,7 @@ const lockMarker = "lock-"
 type entry struct {
 	id       sessionlock.ID
 	zc       *zsession
+	nodes    *ownNodes // the driver's, where setNode registers the node
 	lockPath string
 	uuid     string
 	// The node's identity, set together by setNode once known.
@@ -51,6 +52,7 @@ func (d *Driver) grant(e *entry, ttl time.Duration, from time.Time) uint64 {
 // prefix after an unknown outcome) can leave part of it unset.
 func (e *entry) setNode(path string, czxid, session int64) {
 	e.path, e.czxid, e.session = path, czxid, session
+	e.nodes.add(path, czxid)
 }
 
 // adoptNode records the node at path, found by its protected prefix, as
@@ -200,7 +202,7 @@ func (d *Driver) newEntry(ctx context.Context, key, owner string, ttl time.Durat
 	if err != nil {
 		return nil, err
 	}
-	return &entry{id: sessionlock.ID{Key: key, Owner: owner}, zc: zc, lockPath: d.lockPath(key), uuid: newUUID()}, nil
+	return &entry{id: sessionlock.ID{Key: key, Owner: owner}, zc: zc, nodes: &d.nodes, lockPath: d.lockPath(key), uuid: newUUID()}, nil
 }
 
 // TryAcquire implements driver.Driver: create a node, and delete it again

@@ -305,6 +305,7 @@ type Driver struct {
 	fixed    *zsession                   // New: the caller's connection
 	sessions map[time.Duration]*zsession // by requested TTL (URL mode)
 	grants   *sessionlock.Grants[*entry]
+	nodes    ownNodes
 	ctx      context.Context
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
@@ -316,7 +317,7 @@ func newDriver(root string, acl []zk.ACL) *Driver {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	d := &Driver{root: root, acl: acl, sessions: map[time.Duration]*zsession{}, ctx: ctx, cancel: cancel}
-	d.grants = sessionlock.NewGrants(d.deleteNode, nil)
+	d.grants = sessionlock.NewGrants(d.deleteNode, func(e *entry) { d.nodes.remove(e.path, e.czxid) })
 	return d
 }
 
