@@ -295,17 +295,30 @@ func (d *Driver) confirm(ctx context.Context, e *entry, ttl time.Duration, start
 }
 
 // AcquireTimed implements driver.TimedQueuer: create a node, then wait for
-// the deletion of the youngest node ahead of it until none is left. Each
-// look at the line is a sync with the leader followed by a listing, so the
-// grant is confirmed by a listing that reflects the leader's state when the
-// sync was sent, with our node (so our session) still there; the lease's
-// validity starts before that sync, once the session has headroom for it
-// (awaitHeadroom).
+// the deletion of the youngest node ahead of it until none is left. The
+// first look is a listing right after the create, as in TryAcquire (the
+// create reaches the leader; validity from before it, once the session
+// has headroom: awaitHeadroom). Each later look is a sync with the leader
+// followed by a listing, so the grant is confirmed by a listing that
+// reflects the leader's state when the sync was sent, with our node (so
+// our session) still there; the lease's validity then starts before that
+// sync, once the session has headroom for it.
 func (d *Driver) AcquireTimed(ctx context.Context, key, owner string, ttl time.Duration) (uint64, time.Time, error) {
 	start := time.Now()
 	e, err := d.newEntry(ctx, key, owner, ttl)
 	if err != nil {
 		return 0, time.Time{}, err
+	}
+	// As in TryAcquire, the create reaches the leader after start, so the
+	// first look needs no sync: the listing that follows the create's
+	// answer reflects every older node still there, and a grant from it is
+	// valid from start.
+	checked := e.zc.conn.SessionID()
+	if err := d.awaitHeadroom(ctx, e.zc, start, ttl); err != nil {
+		return 0, time.Time{}, err
+	}
+	if e.zc.conn.SessionID() != checked {
+		checked = 0 // a new session meanwhile: which one had headroom is unknown
 	}
 	if err := d.createNode(ctx, e); err != nil {
 		if errors.Is(err, driver.ErrUnknownOutcome) {
@@ -324,10 +337,18 @@ func (d *Driver) AcquireTimed(ctx context.Context, key, owner string, ttl time.D
 	var sent time.Time // when the look that found our node oldest was sent
 	var prev *line     // the last look at the line, once there is one
 	var finalErr error // ends the wait whatever it is
+	// The next look directly follows the create, made on the session whose
+	// headroom was checked (else it syncs like the later ones).
+	afterCreate := checked != 0 && e.session == checked
 	step := func(ctx context.Context) (bool, error) {
-		sent = time.Now()
-		if err := d.syncLeader(ctx, e, sent, ttl); err != nil {
-			return false, err
+		if afterCreate {
+			afterCreate = false
+			sent = start
+		} else {
+			sent = time.Now()
+			if err := d.syncLeader(ctx, e, sent, ttl); err != nil {
+				return false, err
+			}
 		}
 		l, err := d.lookLine(e, prev, false)
 		if err != nil {
