@@ -106,7 +106,15 @@
 // TTLs above the longest are refused (TTLBounds reports it). Renewal syncs
 // with the leader and then reads the node (not concurrently: the read must
 // see what the sync made visible), confirming that it still belongs to the
-// live session; a waiter looks at its line the same way. A reconnect
+// live session; a waiter looks at its line the same way. A batch of
+// renewals (the Client's renewer, through driver.BatchRenewer) costs one
+// request per session and thousand grants instead: once the session has
+// headroom, a transaction of version checks on the grants' nodes goes
+// through the leader and succeeds only if every node still exists there
+// (a node's path carries its entry's random UUID, so it is the grant's
+// own node; the connection's session is checked to be the one that made
+// them). A waiter's first look follows its create without a sync, as a
+// try's does: the create itself reaches the leader. A reconnect
 // within the session keeps every lease; session expiry (seen on reconnect)
 // or the node's deletion by an admin ends the lease through
 // driver.LossWatcher. A grant its holder stops renewing while the process
