@@ -341,16 +341,19 @@ func (d *Driver) AcquireTimed(ctx context.Context, key, owner string, ttl time.D
 	// headroom was checked (else it syncs like the later ones).
 	afterCreate := checked != 0 && e.session == checked
 	step := func(ctx context.Context) (bool, error) {
+		var l line
+		var err error
 		if afterCreate {
 			afterCreate = false
 			sent = start
+			l, err = d.lookLine(e, prev, false)
 		} else {
 			sent = time.Now()
-			if err := d.syncLeader(ctx, e, sent, ttl); err != nil {
+			if err := d.awaitHeadroom(ctx, e.zc, sent, ttl); err != nil {
 				return false, err
 			}
+			l, err = d.syncLookLine(e, prev)
 		}
-		l, err := d.lookLine(e, prev, false)
 		if err != nil {
 			return false, err
 		}

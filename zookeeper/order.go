@@ -216,6 +216,26 @@ func (d *Driver) lookLine(e *entry, prev *line, anyElder bool) (line, error) {
 	if err != nil {
 		return line{}, readErr("list lock nodes", err)
 	}
+	return d.lineFrom(e, names, prev, anyElder)
+}
+
+// syncLookLine is lookLine after a sync with the leader, sent back to back
+// with the listing (zk.Conn.SyncChildren): the listing reflects the
+// leader's state when the sync reached it. The caller has checked the
+// session's headroom (awaitHeadroom) before.
+func (d *Driver) syncLookLine(e *entry, prev *line) (line, error) {
+	names, _, syncErr, err := e.zc.conn.SyncChildren(e.lockPath, e.lockPath)
+	if syncErr != nil && !errors.Is(syncErr, zk.ErrNoNode) {
+		return line{}, readErr("sync", syncErr)
+	}
+	if err != nil {
+		return line{}, readErr("list lock nodes", err)
+	}
+	return d.lineFrom(e, names, prev, false)
+}
+
+// lineFrom is lookLine on names, a listing of e's lock path.
+func (d *Driver) lineFrom(e *entry, names []string, prev *line, anyElder bool) (line, error) {
 	children, err := parseChildren(e.lockPath, names)
 	if err != nil {
 		return line{}, err
