@@ -24,6 +24,7 @@ const lockMarker = "lock-"
 type entry struct {
 	id       sessionlock.ID
 	zc       *zsession
+	nodes    *ownNodes // the driver's, where setNode registers the node
 	lockPath string
 	uuid     string
 	// The node's identity, set together by setNode once known.
@@ -51,6 +52,7 @@ func (d *Driver) grant(e *entry, ttl time.Duration, from time.Time) uint64 {
 // prefix after an unknown outcome) can leave part of it unset.
 func (e *entry) setNode(path string, czxid, session int64) {
 	e.path, e.czxid, e.session = path, czxid, session
+	e.nodes.add(path, czxid)
 }
 
 // adoptNode records the node at path, found by its protected prefix, as
@@ -200,7 +202,7 @@ func (d *Driver) newEntry(ctx context.Context, key, owner string, ttl time.Durat
 	if err != nil {
 		return nil, err
 	}
-	return &entry{id: sessionlock.ID{Key: key, Owner: owner}, zc: zc, lockPath: d.lockPath(key), uuid: newUUID()}, nil
+	return &entry{id: sessionlock.ID{Key: key, Owner: owner}, zc: zc, nodes: &d.nodes, lockPath: d.lockPath(key), uuid: newUUID()}, nil
 }
 
 // TryAcquire implements driver.Driver: create a node, and delete it again
@@ -293,17 +295,30 @@ func (d *Driver) confirm(ctx context.Context, e *entry, ttl time.Duration, start
 }
 
 // AcquireTimed implements driver.TimedQueuer: create a node, then wait for
-// the deletion of the youngest node ahead of it until none is left. Each
-// look at the line is a sync with the leader followed by a listing, so the
-// grant is confirmed by a listing that reflects the leader's state when the
-// sync was sent, with our node (so our session) still there; the lease's
-// validity starts before that sync, once the session has headroom for it
-// (awaitHeadroom).
+// the deletion of the youngest node ahead of it until none is left. The
+// first look is a listing right after the create, as in TryAcquire (the
+// create reaches the leader; validity from before it, once the session
+// has headroom: awaitHeadroom). Each later look is a sync with the leader
+// followed by a listing, so the grant is confirmed by a listing that
+// reflects the leader's state when the sync was sent, with our node (so
+// our session) still there; the lease's validity then starts before that
+// sync, once the session has headroom for it.
 func (d *Driver) AcquireTimed(ctx context.Context, key, owner string, ttl time.Duration) (uint64, time.Time, error) {
 	start := time.Now()
 	e, err := d.newEntry(ctx, key, owner, ttl)
 	if err != nil {
 		return 0, time.Time{}, err
+	}
+	// As in TryAcquire, the create reaches the leader after start, so the
+	// first look needs no sync: the listing that follows the create's
+	// answer reflects every older node still there, and a grant from it is
+	// valid from start.
+	checked := e.zc.conn.SessionID()
+	if err := d.awaitHeadroom(ctx, e.zc, start, ttl); err != nil {
+		return 0, time.Time{}, err
+	}
+	if e.zc.conn.SessionID() != checked {
+		checked = 0 // a new session meanwhile: which one had headroom is unknown
 	}
 	if err := d.createNode(ctx, e); err != nil {
 		if errors.Is(err, driver.ErrUnknownOutcome) {
@@ -322,12 +337,23 @@ func (d *Driver) AcquireTimed(ctx context.Context, key, owner string, ttl time.D
 	var sent time.Time // when the look that found our node oldest was sent
 	var prev *line     // the last look at the line, once there is one
 	var finalErr error // ends the wait whatever it is
+	// The next look directly follows the create, made on the session whose
+	// headroom was checked (else it syncs like the later ones).
+	afterCreate := checked != 0 && e.session == checked
 	step := func(ctx context.Context) (bool, error) {
-		sent = time.Now()
-		if err := d.syncLeader(ctx, e, sent, ttl); err != nil {
-			return false, err
+		var l line
+		var err error
+		if afterCreate {
+			afterCreate = false
+			sent = start
+			l, err = d.lookLine(e, prev, false)
+		} else {
+			sent = time.Now()
+			if err := d.awaitHeadroom(ctx, e.zc, sent, ttl); err != nil {
+				return false, err
+			}
+			l, err = d.syncLookLine(e, prev)
 		}
-		l, err := d.lookLine(e, prev, false)
 		if err != nil {
 			return false, err
 		}
@@ -437,6 +463,148 @@ func (d *Driver) Renew(ctx context.Context, g driver.Grant) error {
 	}
 	d.grants.Track(e, ttl, start)
 	return nil
+}
+
+// checksPerMulti bounds the grants one RenewBatch transaction checks (a
+// check is about a hundred bytes; the server refuses requests over its
+// jute.maxbuffer, 1 MB by default).
+const checksPerMulti = 1000
+
+// RenewBatch implements driver.BatchRenewer: per session, once it has
+// headroom for the longest TTL renewed on it (awaitHeadroom), one
+// transaction of version checks (any version) on the grants' nodes per
+// checksPerMulti grants, instead of a sync and a read per grant. The
+// transaction goes through the leader, like the sync Renew sends, and
+// succeeds only if every node exists there, in the session the grant was
+// made on (still the connection's session before and after). A node's
+// path carries its entry's random UUID, so a node with that path is the
+// grant's own node. When a check fails, the grants whose nodes are gone
+// end and the rest are checked again; a failure that names no node falls
+// back to Renew for each grant of the transaction.
+func (d *Driver) RenewBatch(ctx context.Context, grants []driver.Grant) ([]error, error) {
+	if err := driver.CheckTTLs(grants); err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	errs := make([]error, len(grants))
+	bySession := map[*zsession][]int{}
+	longest := map[*zsession]time.Duration{}
+	for i, g := range grants {
+		e, err := d.grantEntry("renew", g)
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		if limit := maxTTLFor(e.zc.timeout, d.tick); g.TTL > limit {
+			errs[i] = fmt.Errorf("zookeeper: renew %s: %w: TTL %v exceeds %v, the longest a %v session covers", g, driver.ErrInvalidTTL, g.TTL, limit, e.zc.timeout)
+			continue
+		}
+		bySession[e.zc] = append(bySession[e.zc], i)
+		longest[e.zc] = max(longest[e.zc], g.TTL)
+	}
+	for zc, idx := range bySession {
+		if err := d.awaitHeadroom(ctx, zc, start, longest[zc]); err != nil {
+			for _, i := range idx {
+				errs[i] = fmt.Errorf("zookeeper: renew %s: %w", grants[i], err)
+			}
+			continue
+		}
+		for len(idx) > 0 {
+			n := min(len(idx), checksPerMulti)
+			d.renewChecked(ctx, zc, grants, idx[:n], start, errs)
+			idx = idx[n:]
+		}
+	}
+	return errs, nil
+}
+
+// renewChecked renews the grants at idx, all on zc, with transactions of
+// version checks (see RenewBatch), setting their errs.
+func (d *Driver) renewChecked(ctx context.Context, zc *zsession, grants []driver.Grant, idx []int, start time.Time, errs []error) {
+	for len(idx) > 0 {
+		session := zc.conn.SessionID()
+		entries := make([]*entry, 0, len(idx))
+		live := idx[:0:0]
+		ops := make([]any, 0, len(idx))
+		for _, i := range idx {
+			e := d.grants.Lookup(grants[i].Key, grants[i].Owner)
+			if e == nil || !e.granted || uint64(e.czxid) != grants[i].Fence {
+				errs[i] = fmt.Errorf("zookeeper: renew %s: %w", grants[i], driver.ErrNotHeld)
+				continue
+			}
+			if e.session != session {
+				d.grants.EndNow(e)
+				errs[i] = fmt.Errorf("zookeeper: renew %s: %w: node %s belongs to another session", grants[i], driver.ErrNotHeld, e.path)
+				continue
+			}
+			entries = append(entries, e)
+			live = append(live, i)
+			ops = append(ops, &zk.CheckVersionRequest{Path: e.path, Version: -1})
+		}
+		if len(ops) == 0 {
+			return
+		}
+		type result struct {
+			res []zk.MultiResponse
+			err error
+		}
+		ch := make(chan result, 1)
+		go func() {
+			res, err := zc.conn.Multi(ops...)
+			ch <- result{res, err}
+		}()
+		var r result
+		select {
+		case r = <-ch:
+		case <-ctx.Done():
+			for _, i := range live {
+				errs[i] = fmt.Errorf("zookeeper: renew %s: %w: %w", grants[i], driver.ErrUnavailable, ctx.Err())
+			}
+			return
+		}
+		if r.err == nil && zc.conn.SessionID() == session {
+			for j, i := range live {
+				d.grants.Track(entries[j], grants[i].TTL, start)
+			}
+			return
+		}
+		var retry []int
+		switch {
+		case r.err == nil, errors.Is(r.err, zk.ErrSessionExpired):
+			// The session changed or ended: none of these grants is held.
+			for j, i := range live {
+				d.grants.Forget(entries[j])
+				errs[i] = fmt.Errorf("zookeeper: renew %s: %w: session expired", grants[i], driver.ErrNotHeld)
+			}
+		case errors.Is(r.err, zk.ErrNoNode) && len(r.res) == len(live):
+			gone := 0
+			for j, i := range live {
+				if errors.Is(r.res[j].Error, zk.ErrNoNode) {
+					gone++
+					d.grants.EndNow(entries[j])
+					errs[i] = fmt.Errorf("zookeeper: renew %s: %w: node %s is gone", grants[i], driver.ErrNotHeld, entries[j].path)
+				} else {
+					retry = append(retry, i)
+				}
+			}
+			if gone == 0 {
+				retry = nil
+				for _, i := range live {
+					errs[i] = d.Renew(ctx, grants[i])
+				}
+			}
+		case errors.Is(r.err, zk.ErrNoNode):
+			// Which node is gone is not reported: ask each.
+			for _, i := range live {
+				errs[i] = d.Renew(ctx, grants[i])
+			}
+		default:
+			for _, i := range live {
+				errs[i] = fmt.Errorf("zookeeper: renew %s: %w", grants[i], readErr("check lock nodes", r.err))
+			}
+		}
+		idx = retry
+	}
 }
 
 // Release implements driver.Driver: it deletes g's node.

@@ -120,6 +120,52 @@ func readCzxids(conn *zk.Conn, lockPath string, children []child) ([]child, erro
 	return out, nil
 }
 
+// ownNodes are the czxids of the lock nodes this driver created (or
+// adopted) and still tracks, by full path, so that a look at a line of
+// nodes mostly made by this process reads no czxid from the server. A
+// path is a safe key: its name carries the creating entry's random UUID
+// (the protected prefix), so no other node ever has it, whatever the
+// sequence counter does, and a node's czxid never changes. An entry that
+// outlives its node (the session expired) only leaves a name that is
+// never listed again, until the entry is forgotten.
+type ownNodes struct {
+	mu     sync.Mutex
+	czxids map[string]int64
+}
+
+// add records the node at path with its czxid.
+func (o *ownNodes) add(path string, czxid int64) {
+	if path == "" || czxid == 0 {
+		return
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.czxids == nil {
+		o.czxids = map[string]int64{}
+	}
+	o.czxids[path] = czxid
+}
+
+// remove forgets the node at path if it was recorded with czxid.
+func (o *ownNodes) remove(path string, czxid int64) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if c, ok := o.czxids[path]; ok && c == czxid {
+		delete(o.czxids, path)
+	}
+}
+
+// fill sets the czxid of every child of lockPath that is a node of ours.
+func (o *ownNodes) fill(lockPath string, children []child) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for i := range children {
+		if c, ok := o.czxids[lockPath+"/"+children[i].name]; ok && children[i].czxid == 0 {
+			children[i].czxid = c
+		}
+	}
+}
+
 // oldest returns the index of the child with the lowest czxid (all known),
 // or -1 when there are none.
 func oldest(children []child) int {
@@ -170,6 +216,26 @@ func (d *Driver) lookLine(e *entry, prev *line, anyElder bool) (line, error) {
 	if err != nil {
 		return line{}, readErr("list lock nodes", err)
 	}
+	return d.lineFrom(e, names, prev, anyElder)
+}
+
+// syncLookLine is lookLine after a sync with the leader, sent back to back
+// with the listing (zk.Conn.SyncChildren): the listing reflects the
+// leader's state when the sync reached it. The caller has checked the
+// session's headroom (awaitHeadroom) before.
+func (d *Driver) syncLookLine(e *entry, prev *line) (line, error) {
+	names, _, syncErr, err := e.zc.conn.SyncChildren(e.lockPath, e.lockPath)
+	if syncErr != nil && !errors.Is(syncErr, zk.ErrNoNode) {
+		return line{}, readErr("sync", syncErr)
+	}
+	if err != nil {
+		return line{}, readErr("list lock nodes", err)
+	}
+	return d.lineFrom(e, names, prev, false)
+}
+
+// lineFrom is lookLine on names, a listing of e's lock path.
+func (d *Driver) lineFrom(e *entry, names []string, prev *line, anyElder bool) (line, error) {
 	children, err := parseChildren(e.lockPath, names)
 	if err != nil {
 		return line{}, err
@@ -198,6 +264,8 @@ func (d *Driver) lookLine(e *entry, prev *line, anyElder bool) (line, error) {
 		}
 		return l, nil
 	}
+	// Our own nodes' czxids are known (ownNodes); only foreign ones are read.
+	d.nodes.fill(e.lockPath, others)
 	if anyElder && len(others) > 1 {
 		// The suffix order's first node is almost always the holder.
 		probe, err := readCzxids(e.zc.conn, e.lockPath, others[:1])

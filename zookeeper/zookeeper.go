@@ -106,7 +106,15 @@
 // TTLs above the longest are refused (TTLBounds reports it). Renewal syncs
 // with the leader and then reads the node (not concurrently: the read must
 // see what the sync made visible), confirming that it still belongs to the
-// live session; a waiter looks at its line the same way. A reconnect
+// live session; a waiter looks at its line the same way. A batch of
+// renewals (the Client's renewer, through driver.BatchRenewer) costs one
+// request per session and thousand grants instead: once the session has
+// headroom, a transaction of version checks on the grants' nodes goes
+// through the leader and succeeds only if every node still exists there
+// (a node's path carries its entry's random UUID, so it is the grant's
+// own node; the connection's session is checked to be the one that made
+// them). A waiter's first look follows its create without a sync, as a
+// try's does: the create itself reaches the leader. A reconnect
 // within the session keeps every lease; session expiry (seen on reconnect)
 // or the node's deletion by an admin ends the lease through
 // driver.LossWatcher. A grant its holder stops renewing while the process
@@ -305,6 +313,7 @@ type Driver struct {
 	fixed    *zsession                   // New: the caller's connection
 	sessions map[time.Duration]*zsession // by requested TTL (URL mode)
 	grants   *sessionlock.Grants[*entry]
+	nodes    ownNodes
 	ctx      context.Context
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
@@ -316,7 +325,7 @@ func newDriver(root string, acl []zk.ACL) *Driver {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	d := &Driver{root: root, acl: acl, sessions: map[time.Duration]*zsession{}, ctx: ctx, cancel: cancel}
-	d.grants = sessionlock.NewGrants(d.deleteNode, nil)
+	d.grants = sessionlock.NewGrants(d.deleteNode, func(e *entry) { d.nodes.remove(e.path, e.czxid) })
 	return d
 }
 

@@ -988,12 +988,20 @@ func (s *suite) testBatchRenew(t *testing.T) {
 		skipUndeclared(t, "BatchRenewer (driver.BatchRenewer)", "leases are renewed one request each")
 	}
 	ctx := ctxT(t)
+	// TTLs in units of a minute, or less where the driver's longest TTL is
+	// under three minutes (ZooKeeper's session bound).
+	unit := time.Minute
+	if b, ok := d.(driver.TTLBounds); ok {
+		if _, longest := b.TTLBounds(); longest < 3*unit {
+			unit = (longest / 3).Truncate(time.Second)
+		}
+	}
 	prefix := uniqueKey(t, "batch") + ":"
 	var grants []driver.Grant
 	for _, g := range []struct {
 		key string
 		ttl time.Duration
-	}{{"a", 2 * time.Minute}, {"b", time.Minute}, {"c", time.Minute}, {"d", 3 * time.Minute}} {
+	}{{"a", 2 * unit}, {"b", unit}, {"c", unit}, {"d", 3 * unit}} {
 		o := owner()
 		f, err := d.TryAcquire(ctx, prefix+g.key, o, g.ttl)
 		if err != nil {
@@ -1005,7 +1013,7 @@ func (s *suite) testBatchRenew(t *testing.T) {
 		t.Fatal(err)
 	}
 	other := owner()
-	fb, err := d.TryAcquire(ctx, grants[1].Key, other, time.Minute)
+	fb, err := d.TryAcquire(ctx, grants[1].Key, other, unit)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1016,7 +1024,7 @@ func (s *suite) testBatchRenew(t *testing.T) {
 		grants[1], // released, now someone else's
 		wrongFence,
 		grants[3],
-		{Key: prefix + "never", Owner: owner(), Fence: 1, TTL: time.Minute},
+		{Key: prefix + "never", Owner: owner(), Fence: 1, TTL: unit},
 	}
 	// The grants already have their whole TTLs: let time pass (on the
 	// fake clock when there is one) so that only a real renewal restores
@@ -1047,10 +1055,10 @@ func (s *suite) testBatchRenew(t *testing.T) {
 		fence uint64
 		min   time.Duration
 	}{
-		{grants[0].Key, grants[0].Fence, 2*time.Minute - slack},
+		{grants[0].Key, grants[0].Fence, 2*unit - slack},
 		{grants[1].Key, fb, 0},
 		{grants[2].Key, grants[2].Fence, 0},
-		{grants[3].Key, grants[3].Fence, 3*time.Minute - slack},
+		{grants[3].Key, grants[3].Fence, 3*unit - slack},
 	} {
 		info, err := d.Inspect(ctx, c.key)
 		if err != nil {

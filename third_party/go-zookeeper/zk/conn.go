@@ -1267,6 +1267,44 @@ func (c *Conn) Sync(path string) (string, error) {
 	return res.Path, err
 }
 
+// SyncChildren sends a sync of syncPath and, right behind it on the same
+// connection, a getChildren of path, and waits for both answers (added for
+// fenced). The server answers a session's requests in order and holds its
+// later reads until a sync has come back from the leader, so the listing
+// reflects all the leader had committed when the sync reached it, as with
+// Sync followed by Children, one round trip sooner. syncErr is the sync's
+// error; when it is not nil the listing may have been served without the
+// sync (on a new connection) and must not be used.
+func (c *Conn) SyncChildren(syncPath, path string) (children []string, stat *Stat, syncErr, err error) {
+	if err := validatePath(syncPath, false); err != nil {
+		return nil, nil, err, err
+	}
+	if err := validatePath(path, false); err != nil {
+		return nil, nil, nil, err
+	}
+	sres := &syncResponse{}
+	sync := c.queueRequest(opSync, &syncRequest{Path: syncPath}, sres, nil)
+	cres := &getChildren2Response{}
+	list := c.queueRequest(opGetChildren2, &getChildren2Request{Path: path, Watch: false}, cres, nil)
+	for _, ch := range []struct {
+		recv <-chan response
+		err  *error
+	}{{sync, &syncErr}, {list, &err}} {
+		select {
+		case r := <-ch.recv:
+			*ch.err = r.err
+		case <-c.shouldQuit:
+			// As in request: the response may still be written; do not
+			// read it.
+			return nil, nil, ErrConnectionClosed, ErrConnectionClosed
+		}
+	}
+	if err != nil {
+		return nil, nil, syncErr, err
+	}
+	return cres.Children, &cres.Stat, syncErr, nil
+}
+
 // MultiResponse is the result of a Multi call.
 type MultiResponse struct {
 	Stat   *Stat
