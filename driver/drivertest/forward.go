@@ -46,7 +46,7 @@ func (s *stalling) Subscribe(ctx context.Context, key string) (driver.Subscripti
 func (s *suite) testGiveUpMidLook(t *testing.T) {
 	d := s.drv(t)
 	n, notifier := d.(driver.Notifier)
-	if _, queuer := d.(driver.Queuer); !d.Guarantees().Notify || !notifier || queuer {
+	if _, queuer := d.(driver.TimedQueuer); !d.Guarantees().Notify || !notifier || queuer {
 		skipUndeclared(t, "Notify (Guarantees.Notify) through driver.Notifier", "waiters poll, or wait in the authority's own queue")
 	}
 	ctx := ctxT(t)
