@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -322,8 +323,23 @@ func (d *Driver) Renew(ctx context.Context, g driver.Grant) error {
 	return errs[0]
 }
 
-// RenewBatch implements driver.BatchRenewer: one keep-alive per session and
-// one read for all keys, sent concurrently.
+// maxReadsPerTxn is how many key reads one renewal transaction carries.
+// etcd refuses a transaction with more operations than its --max-txn-ops
+// (128 by default) as a whole, so a larger batch is split into
+// transactions of this size.
+const maxReadsPerTxn = 128
+
+// renewReadsInFlight bounds the read transactions one RenewBatch has in
+// flight at once, so a large batch does not flood the server.
+const renewReadsInFlight = 4
+
+// RenewBatch implements driver.BatchRenewer: one keep-alive per session
+// (none when a recent one covers the TTL) and the keys read in
+// transactions of at most maxReadsPerTxn reads, sent concurrently with
+// the keep-alives. A grant is renewed only when its key still holds its
+// revision and its session's keep-alive was answered. A read transaction
+// that fails fails only its own grants (with the read's error, never
+// ErrNotHeld); the batch fails as a whole only when every read failed.
 func (d *Driver) RenewBatch(ctx context.Context, grants []driver.Grant) ([]error, error) {
 	if err := driver.CheckTTLs(grants); err != nil {
 		return nil, err
@@ -331,7 +347,6 @@ func (d *Driver) RenewBatch(ctx context.Context, grants []driver.Grant) ([]error
 	start := time.Now()
 	errs := make([]error, len(grants))
 	entries := make([]*entry, len(grants))
-	var ops []clientv3.Op
 	var idx []int
 	sessions := map[*session]time.Duration{} // the longest TTL renewed on each
 	for i, g := range grants {
@@ -348,10 +363,9 @@ func (d *Driver) RenewBatch(ctx context.Context, grants []driver.Grant) ([]error
 		}
 		entries[i] = e
 		sessions[e.s] = max(sessions[e.s], g.TTL)
-		ops = append(ops, clientv3.OpGet(e.etcdKey))
 		idx = append(idx, i)
 	}
-	if len(ops) == 0 {
+	if len(idx) == 0 {
 		return errs, nil
 	}
 	kaErrs := map[*session]error{}
@@ -367,15 +381,55 @@ func (d *Driver) RenewBatch(ctx context.Context, grants []driver.Grant) ([]error
 			mu.Unlock()
 		}()
 	}
-	resp, err := d.cli.Txn(ctx).Then(ops...).Commit()
+	// kvs[j] is what the read of entries[idx[j]] found; readErrs[j] is set
+	// when the transaction carrying that read failed.
+	kvs := make([]*mvccpb.KeyValue, len(idx))
+	readErrs := make([]error, len(idx))
+	var failed atomic.Int64
+	chunks := make(chan int)
+	var rg sync.WaitGroup
+	for range min(renewReadsInFlight, (len(idx)+maxReadsPerTxn-1)/maxReadsPerTxn) {
+		rg.Add(1)
+		go func() {
+			defer rg.Done()
+			for lo := range chunks {
+				hi := min(lo+maxReadsPerTxn, len(idx))
+				ops := make([]clientv3.Op, 0, hi-lo)
+				for _, i := range idx[lo:hi] {
+					ops = append(ops, clientv3.OpGet(entries[i].etcdKey))
+				}
+				resp, err := d.cli.Txn(ctx).Then(ops...).Commit()
+				for j := lo; j < hi; j++ {
+					if err != nil {
+						readErrs[j] = readErr("renew", err)
+						continue
+					}
+					if r := resp.Responses[j-lo].GetResponseRange().Kvs; len(r) > 0 {
+						kvs[j] = r[0]
+					}
+				}
+				if err != nil {
+					failed.Add(int64(hi - lo))
+				}
+			}
+		}()
+	}
+	for lo := 0; lo < len(idx); lo += maxReadsPerTxn {
+		chunks <- lo
+	}
+	close(chunks)
+	rg.Wait()
 	wg.Wait()
-	if err != nil {
-		return nil, readErr("renew", err)
+	if int(failed.Load()) == len(idx) {
+		return nil, readErrs[0]
 	}
 	for j, i := range idx {
 		e := entries[i]
-		kvs := resp.Responses[j].GetResponseRange().Kvs
-		if len(kvs) == 0 || !e.holds(kvs[0]) {
+		if readErrs[j] != nil {
+			errs[i] = readErrs[j]
+			continue
+		}
+		if kvs[j] == nil || !e.holds(kvs[j]) {
 			d.grants.Forget(e)
 			errs[i] = fmt.Errorf("etcd: renew %s: %w: key %s is gone", grants[i], driver.ErrNotHeld, e.etcdKey)
 			continue

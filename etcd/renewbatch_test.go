@@ -1,0 +1,88 @@
+package etcd_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/etcd"
+	"github.com/fenced-dev/fenced/internal/testkit/testenv"
+)
+
+// TestRenewBatchLarge renews more grants in one RenewBatch than etcd
+// accepts operations in one transaction (--max-txn-ops, 128 by default),
+// with every seventh grant's key deleted behind the driver's back: each
+// live grant must be reported renewed and each deleted one not held, and
+// the batch must not fail as a whole.
+func TestRenewBatchLarge(t *testing.T) {
+	const n = 1500
+	ctx := context.Background()
+	cli := newClient(t, testenv.StartEtcd(t))
+	d, err := etcd.New(cli, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	grants := make([]driver.Grant, n)
+	var wg sync.WaitGroup
+	errc := make(chan error, n)
+	sem := make(chan struct{}, 16)
+	for i := range grants {
+		grants[i] = driver.Grant{Key: fmt.Sprintf("batch-%d", i), Owner: fmt.Sprintf("owner-%d", i), TTL: 10 * time.Second}
+		wg.Add(1)
+		sem <- struct{}{}
+		go func(g *driver.Grant) {
+			defer wg.Done()
+			defer func() { <-sem }()
+			var err error
+			if g.Fence, err = d.TryAcquire(ctx, g.Key, g.Owner, g.TTL); err != nil {
+				errc <- fmt.Errorf("acquire %s: %w", g.Key, err)
+			}
+		}(&grants[i])
+	}
+	wg.Wait()
+	close(errc)
+	for err := range errc {
+		t.Fatal(err)
+	}
+	stale := func(i int) bool { return i%7 == 3 }
+	for i, g := range grants {
+		if stale(i) {
+			if _, err := cli.Delete(ctx, d.LockName(g.Key)+"/", clientv3.WithPrefix()); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	errs, err := d.RenewBatch(ctx, grants)
+	if err != nil {
+		t.Fatalf("RenewBatch of %d grants failed as a whole: %v", n, err)
+	}
+	if len(errs) != n {
+		t.Fatalf("RenewBatch returned %d results for %d grants", len(errs), n)
+	}
+	for i, err := range errs {
+		if stale(i) {
+			if !errors.Is(err, driver.ErrNotHeld) {
+				t.Errorf("grant %d (key deleted): %v, want ErrNotHeld", i, err)
+			}
+		} else if err != nil {
+			t.Errorf("grant %d (key intact): %v, want renewed", i, err)
+		}
+	}
+	// A second pass: the deleted grants stay not held, the rest renew again.
+	errs, err = d.RenewBatch(ctx, grants)
+	if err != nil {
+		t.Fatalf("second RenewBatch: %v", err)
+	}
+	for i, err := range errs {
+		if stale(i) != errors.Is(err, driver.ErrNotHeld) || !stale(i) && err != nil {
+			t.Errorf("second pass, grant %d (stale %v): %v", i, stale(i), err)
+		}
+	}
+}
