@@ -189,8 +189,11 @@ const ObserveEvery = 250 * time.Millisecond
 // trying, and reports the state it reads next.
 //
 // Observe reads the store every ObserveEvery, when the leader's lease is
-// due to expire, and on a release where the backend notifies. A slow
-// receiver delays reading, never drops a change.
+// due to expire, and on a release where the backend notifies. On Redis a
+// release publishes only when a waiter announced itself by a refused try
+// (package redis), so while no candidate is campaigning an observer learns
+// of a release at its next read, within ObserveEvery. A slow receiver
+// delays reading, never drops a change.
 func (e *Election) Observe(ctx context.Context) <-chan Leader {
 	ch := make(chan Leader)
 	go e.observe(ctx, ch)
