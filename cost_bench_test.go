@@ -10,15 +10,14 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"slices"
-	"strconv"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/testkit/leasebench"
 	"github.com/fenced-dev/fenced/mem"
 )
 
@@ -217,38 +216,13 @@ func (d countingBatches) RenewBatch(ctx context.Context, grants []driver.Grant) 
 // (default 6000), FENCED_HOLD_BATCH=0 hides the driver's BatchRenewer, and
 // FENCED_HOLD_CPUPROFILE names a file for a CPU profile of the holding.
 func BenchmarkHeldLeases(b *testing.B) {
-	m := envInt("FENCED_HOLD_LEASES", 10000)
-	periods := envInt("FENCED_HOLD_PERIODS", 3)
-	ttl := time.Duration(envInt("FENCED_HOLD_TTL_MS", 6000)) * time.Millisecond
-	batch := envInt("FENCED_HOLD_BATCH", 1) != 0
+	m := leasebench.EnvInt("FENCED_HOLD_LEASES", 10000)
+	periods := leasebench.EnvInt("FENCED_HOLD_PERIODS", 3)
+	ttl := time.Duration(leasebench.EnvInt("FENCED_HOLD_TTL_MS", 6000)) * time.Millisecond
+	batch := leasebench.EnvInt("FENCED_HOLD_BATCH", 1) != 0
 	for i := 0; i < b.N; i++ {
 		holdLeases(b, m, periods, ttl, batch)
 	}
-}
-
-func envInt(name string, def int) int {
-	if v, err := strconv.Atoi(os.Getenv(name)); err == nil {
-		return v
-	}
-	return def
-}
-
-// liveMemory returns the live heap after GC and the goroutine stacks in
-// use.
-func liveMemory() (heap, stacks uint64) {
-	runtime.GC()
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	return ms.HeapAlloc, ms.StackInuse
-}
-
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		panic(err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 func holdLeases(b *testing.B, m, periods int, ttl time.Duration, batch bool) {
@@ -276,7 +250,7 @@ func holdLeases(b *testing.B, m, periods int, ttl time.Duration, batch bool) {
 		}
 	}
 	leases := make([]*fenced.Lease, m)
-	heap0, stack0 := liveMemory()
+	heap0, stack0 := leasebench.LiveMemory()
 	g0 := runtime.NumGoroutine()
 	b.ResetTimer()
 	began := time.Now()
@@ -302,11 +276,11 @@ func holdLeases(b *testing.B, m, periods int, ttl time.Duration, batch bool) {
 	}
 	wg.Wait()
 	acquireTook := time.Since(began)
-	heap1, stack1 := liveMemory()
+	heap1, stack1 := leasebench.LiveMemory()
 	g1 := runtime.NumGoroutine()
 	// Hold for the periods, measuring CPU and renewal requests.
 	period := ttl / 3
-	cpu0, wall0 := cpuTime(), time.Now()
+	cpu0, wall0 := leasebench.CPUTime(), time.Now()
 	s0, b0, n0 := counted.singles.Load(), counted.batches.Load(), counted.batched.Load()
 	if path := os.Getenv("FENCED_HOLD_CPUPROFILE"); path != "" {
 		f, err := os.Create(path)
@@ -318,7 +292,7 @@ func holdLeases(b *testing.B, m, periods int, ttl time.Duration, batch bool) {
 	}
 	time.Sleep(time.Duration(periods) * period)
 	pprof.StopCPUProfile()
-	cpu, wall := cpuTime()-cpu0, time.Since(wall0)
+	cpu, wall := leasebench.CPUTime()-cpu0, time.Since(wall0)
 	s1, b1, n1 := counted.singles.Load(), counted.batches.Load(), counted.batched.Load()
 	b.StopTimer()
 	perPeriod := func(n int64) float64 { return float64(n) / (float64(wall) / float64(period)) }

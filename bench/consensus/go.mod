@@ -4,6 +4,8 @@ go 1.26.8
 
 replace github.com/fenced-dev/fenced => ../..
 
+replace github.com/go-zookeeper/zk => ../../third_party/go-zookeeper/zk
+
 require (
 	github.com/fenced-dev/fenced v0.0.0-00010101000000-000000000000
 	github.com/go-zookeeper/zk v1.0.4

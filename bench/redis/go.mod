@@ -4,6 +4,8 @@ go 1.26.8
 
 replace github.com/fenced-dev/fenced => ../..
 
+replace github.com/go-zookeeper/zk => ../../third_party/go-zookeeper/zk
+
 require (
 	github.com/bsm/redislock v0.9.4
 	github.com/fenced-dev/fenced v0.0.0

@@ -6,14 +6,13 @@ import (
 	"os"
 	"runtime"
 	"runtime/pprof"
-	"strconv"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/internal/testkit/leasebench"
 	fredis "github.com/fenced-dev/fenced/redis"
 	"github.com/redis/go-redis/v9"
 )
@@ -36,36 +35,13 @@ import (
 //
 //	cd bench/redis && FENCED_BENCH_AOF=0 FENCED_HOLD_LEASES=100000 go test -run XXX -bench HeldLeases -benchtime 1x -timeout 30m
 func BenchmarkHeldLeases(b *testing.B) {
-	m := envInt("FENCED_HOLD_LEASES", 10000)
-	periods := envInt("FENCED_HOLD_PERIODS", 3)
-	ttl := time.Duration(envInt("FENCED_HOLD_TTL_MS", 6000)) * time.Millisecond
+	m := leasebench.EnvInt("FENCED_HOLD_LEASES", 10000)
+	periods := leasebench.EnvInt("FENCED_HOLD_PERIODS", 3)
+	ttl := time.Duration(leasebench.EnvInt("FENCED_HOLD_TTL_MS", 6000)) * time.Millisecond
 	srv := startServer(b)
 	for i := 0; i < b.N; i++ {
 		holdRedisLeases(b, srv.Addr(), m, periods, ttl)
 	}
-}
-
-func envInt(name string, def int) int {
-	if v, err := strconv.Atoi(os.Getenv(name)); err == nil {
-		return v
-	}
-	return def
-}
-
-func liveMemory() (heap, stacks uint64) {
-	runtime.GC()
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	return ms.HeapAlloc, ms.StackInuse
-}
-
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		panic(err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 func holdRedisLeases(b *testing.B, addr string, m, periods int, ttl time.Duration) {
@@ -118,7 +94,7 @@ func holdRedisLeases(b *testing.B, addr string, m, periods int, ttl time.Duratio
 		}()
 	}
 	wg.Wait()
-	heap0, stack0 := liveMemory()
+	heap0, stack0 := leasebench.LiveMemory()
 	g0 := runtime.NumGoroutine()
 	b.ResetTimer()
 	began := time.Now()
@@ -143,7 +119,7 @@ func holdRedisLeases(b *testing.B, addr string, m, periods int, ttl time.Duratio
 	}
 	wg.Wait()
 	acquireTook := time.Since(began)
-	heap1, stack1 := liveMemory()
+	heap1, stack1 := leasebench.LiveMemory()
 	g1 := runtime.NumGoroutine()
 	if path := os.Getenv("FENCED_HOLD_HEAPPROFILE"); path != "" {
 		f, err := os.Create(path)
@@ -165,9 +141,9 @@ func holdRedisLeases(b *testing.B, addr string, m, periods int, ttl time.Duratio
 		pprof.StartCPUProfile(f)
 		defer f.Close()
 	}
-	cpu0, wall0 := cpuTime(), time.Now()
+	cpu0, wall0 := leasebench.CPUTime(), time.Now()
 	time.Sleep(time.Duration(periods) * period)
-	cpu, wall := cpuTime()-cpu0, time.Since(wall0)
+	cpu, wall := leasebench.CPUTime()-cpu0, time.Since(wall0)
 	pprof.StopCPUProfile()
 	calls := readServerCalls(b, admin).since(calls0)
 	trips1 := h.trips.Load()
@@ -176,7 +152,7 @@ func holdRedisLeases(b *testing.B, addr string, m, periods int, ttl time.Duratio
 	minHeap, maxHeap := heap1, heap1
 	for range 4 {
 		time.Sleep(period / 4)
-		h, _ := liveMemory()
+		h, _ := leasebench.LiveMemory()
 		minHeap, maxHeap = min(minHeap, h), max(maxHeap, h)
 	}
 	b.StopTimer()

@@ -6,10 +6,10 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/internal/testkit/leasebench"
 )
 
 // holder is one implementation holding many leases from one process and
@@ -105,9 +105,9 @@ func (s *suite) renewOnce(ctx context.Context, b *backend, hi holderImpl, m int,
 	// Every lease is due within a period of its grant; after that (and a
 	// margin for renewals in flight) each renews once a period.
 	time.Sleep(period + period/4)
-	cpu0, t0 := cpuSeconds(), time.Now()
+	cpu0, t0 := leasebench.CPUTime().Seconds(), time.Now()
 	calls := delta(b.renewalCount, func() { time.Sleep(time.Duration(s.cfg.periods) * period) })
-	cpu := cpuSeconds() - cpu0
+	cpu := leasebench.CPUTime().Seconds() - cpu0
 	wall := time.Since(t0).Seconds()
 	heap1, gor1 := heapAndGoroutines()
 	lost, cause := h.lost()
@@ -130,15 +130,6 @@ func heapAndGoroutines() (uint64, int) {
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	return ms.HeapAlloc, runtime.NumGoroutine()
-}
-
-// cpuSeconds is the CPU time (user and system) this process has used.
-func cpuSeconds() float64 {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
 }
 
 // fencedHolder holds leases through one fenced.Client, renewed by the
