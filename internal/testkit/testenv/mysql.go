@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -30,9 +29,8 @@ type MySQL struct {
 	// Dir holds the data directory and the unix socket.
 	Dir string
 
-	bin  string
-	mu   sync.Mutex
-	proc *Process
+	bin string
+	restartable
 	// clock is the wall clock the server reads (nil: the host's).
 	clock *WallClock
 }
@@ -94,9 +92,7 @@ func (m *MySQL) start(t testing.TB) {
 	// server logs (to stderr, without --log-error) when both are ready.
 	proc.WaitLog(t, "ready for connections", 60*time.Second)
 	proc.WaitPort(t, Addr(m.Port), 60*time.Second)
-	m.mu.Lock()
-	m.proc = proc
-	m.mu.Unlock()
+	m.running(proc)
 }
 
 // Socket is the server's unix socket.
@@ -124,16 +120,6 @@ func (m *MySQL) DSN() string {
 	c := mysql.NewConfig()
 	c.User, c.Passwd, c.Net, c.Addr, c.DBName = m.User, m.Password, "tcp", Addr(m.Port), m.Database
 	return c.FormatDSN()
-}
-
-// Kill stops the server with SIGKILL, as a crash would.
-func (m *MySQL) Kill() {
-	m.mu.Lock()
-	proc := m.proc
-	m.mu.Unlock()
-	if proc != nil {
-		proc.Kill()
-	}
 }
 
 // StartAgain starts a server stopped with Kill again, on the same data
@@ -183,6 +169,3 @@ func installMariaDB(t testing.TB, installDB, dir string) {
 	}
 	t.Fatalf("testenv: mariadb-install-db: %v\n%s", err, out)
 }
-
-// Process returns the running server, for tests that signal it.
-func (m *MySQL) Process() *Process { return m.proc }

@@ -7,7 +7,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 )
@@ -28,8 +27,7 @@ type Postgres struct {
 	bin       string
 	startArgs []string
 	clock     *WallClock
-	mu        sync.Mutex
-	proc      *Process
+	restartable
 }
 
 // StartPostgres initializes a cluster and starts PostgreSQL, as user
@@ -82,9 +80,7 @@ func (p *Postgres) start(t testing.TB) {
 	proc := Start(t, "postgres", cmd)
 	proc.WaitLog(t, "database system is ready to accept connections", 60*time.Second)
 	proc.WaitPort(t, Addr(p.Port), 30*time.Second)
-	p.mu.Lock()
-	p.proc = proc
-	p.mu.Unlock()
+	p.running(proc)
 }
 
 // URL returns a postgres:// URL for the server with the given extra query
@@ -104,17 +100,6 @@ func (p *Postgres) URLAs(user, password string, params ...string) string {
 	return u.String()
 }
 
-// Kill stops the server with SIGKILL (every backend with it), as a crash
-// or power cut would.
-func (p *Postgres) Kill() {
-	p.mu.Lock()
-	proc := p.proc
-	p.mu.Unlock()
-	if proc != nil {
-		proc.Kill()
-	}
-}
-
 // StartAgain starts a server stopped with Kill again, on the same data
 // directory and port.
 func (p *Postgres) StartAgain(t testing.TB) {
@@ -132,12 +117,4 @@ func (p *Postgres) Restart(t testing.TB) {
 	// PID and removes it, but the socket lock file may linger.
 	os.Remove(filepath.Join(p.Dir, fmt.Sprintf(".s.PGSQL.%d.lock", p.Port)))
 	p.start(t)
-}
-
-// Process returns the running postmaster (its process group holds every
-// backend), for tests that signal the server.
-func (p *Postgres) Process() *Process {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.proc
 }

@@ -295,3 +295,34 @@ func TempDir(t testing.TB, pattern string) string {
 	t.Cleanup(func() { os.RemoveAll(d) })
 	return d
 }
+
+// restartable holds the current process of a server that tests kill and
+// start again (Kill, StartAgain), so every server type keeps it the same
+// way; it is embedded by MySQL and Postgres.
+type restartable struct {
+	mu   sync.Mutex
+	proc *Process
+}
+
+// running records proc as the server's current process.
+func (r *restartable) running(proc *Process) {
+	r.mu.Lock()
+	r.proc = proc
+	r.mu.Unlock()
+}
+
+// Process returns the server's current process (its process group holds
+// every child), for tests that signal the server.
+func (r *restartable) Process() *Process {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.proc
+}
+
+// Kill stops the server with SIGKILL (its whole process group), as a crash
+// or power cut would. StartAgain brings it back on the same data.
+func (r *restartable) Kill() {
+	if proc := r.Process(); proc != nil {
+		proc.Kill()
+	}
+}
