@@ -4,7 +4,9 @@
 # backends, on real servers the run starts itself (the same ones
 # scripts/test.sh installs). Writes the raw figures to
 # bench/results/<date>-<quick|full>.json and renders docs/benchmarks.md
-# with its SVG charts in docs/benchmarks/.
+# with its SVG charts in docs/benchmarks/ (a run of some backends or
+# workloads renders docs/benchmarks-partial.md instead, unless --docs is
+# given, so the published report keeps every backend).
 #
 #   ./scripts/bench.sh [--quick] [--only redis,redlock,etcd,zookeeper,postgres,mysql,sqlite]
 #       [--workloads uncontended,handover,throughput,renewal]
@@ -32,7 +34,7 @@ while (($#)); do
 		;;
 	--only=* | --workloads=* | --render=* | --docs=*) args+=("-${1#--}") ;;
 	-h | --help)
-		sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
+		sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'
 		exit 0
 		;;
 	*) echo "bench.sh: unknown argument $1 (see --help)"; exit 2 ;;
@@ -45,5 +47,5 @@ start=$(date +%s)
 bin=$(mktemp -d "${TMPDIR:-/tmp}/fenced-bench.XXXXXX")
 trap 'rm -rf "$bin"' EXIT
 (cd bench/suite && go build -o "$bin/suite" .)
-"$bin/suite" -results "$root/bench/results" -docs "$root/docs/benchmarks.md" -command "$cmdline" "${args[@]}"
+"$bin/suite" -results "$root/bench/results" -command "$cmdline" "${args[@]}"
 echo "bench.sh: done in $(($(date +%s) - start))s"

@@ -116,12 +116,27 @@ func stopOnSignal() {
 	}()
 }
 
+// fullReport is the published report, rendered by a run of every backend
+// and workload; partialReport (not in git) is where a run of some of them
+// goes unless -docs names a file.
+const (
+	fullReport    = "docs/benchmarks.md"
+	partialReport = "docs/benchmarks-partial.md"
+)
+
+// flagSet reports whether the command line set the flag name.
+func flagSet(name string) bool {
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}
+
 func main() {
 	quick := flag.Bool("quick", false, "smaller runs (about 5 minutes on 2 cores); renewal with 10 000 leases instead of 10 000 and 100 000")
 	only := flag.String("only", "", "comma-separated backends (default all): "+backendNames())
 	workloads := flag.String("workloads", strings.Join(allWorkloads, ","), "comma-separated workloads")
 	resultsDir := flag.String("results", "bench/results", "directory of the JSON results")
-	docs := flag.String("docs", "docs/benchmarks.md", "report to render (its SVG charts go next to it, in benchmarks/)")
+	docs := flag.String("docs", fullReport, "report to render (its SVG charts go in the directory of its name without .md); a run of some backends or workloads renders "+partialReport+" unless -docs is given")
 	render := flag.String("render", "", "only render the report from this results file")
 	command := flag.String("command", "", "the command line to print in the report")
 	flag.Parse()
@@ -147,6 +162,11 @@ func main() {
 	wls, err := pick(*workloads, strings.Join(allWorkloads, ","))
 	if err != nil {
 		log.Fatal(err)
+	}
+	if partial := len(selected) < len(backends) || len(wls) < len(allWorkloads); partial && !flagSet("docs") {
+		// The published report covers every backend and workload; a
+		// partial run must not replace it with its own few rows.
+		*docs = partialReport
 	}
 	s := &suite{cfg: fullConfig}
 	if *quick {
