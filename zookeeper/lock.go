@@ -366,7 +366,7 @@ func (d *Driver) AcquireTimed(ctx context.Context, key, owner string, ttl time.D
 		}
 		prev = &l
 		// Wait for the youngest node ahead of ours: one waiter per node.
-		pred := l.elders[newest(l.elders)]
+		pred := l.predecessor()
 		ok, _, ch, err := e.zc.conn.ExistsW(e.lockPath + "/" + pred.name)
 		if err != nil || !ok {
 			return false, readErrOrNil("watch predecessor", err)

@@ -50,14 +50,20 @@
 //
 // # Sequence wrap
 //
-// Age is judged by czxid, never by the sequence suffix. The suffix is the
-// lock path's signed 32-bit count of child creations, which fenced never
-// resets; after 2^31 creations under one lock path (eight months of 100
-// tries a second) ZooKeeper names every new node "...-2147483647", and
-// creations in flight together "-2147483648" and up, so by suffix a
-// newcomer ties with or precedes the holder. By czxid (64 bits, strictly
-// increasing) the order stays right. A try that finds the key held reads
-// one node's czxid; a waiter reads those of the nodes ahead of it once.
+// Age is judged by creation order (czxid), never by a plain reading of the
+// sequence suffix. The suffix is the lock path's signed 32-bit count of
+// child creations, which fenced never resets; after 2^31 creations under
+// one lock path (eight months of 100 tries a second) ZooKeeper names every
+// new node "...-2147483647", and creations in flight together
+// "-2147483648" and up, so by suffix a newcomer ties with or precedes the
+// holder. By czxid (64 bits, strictly increasing) the order stays right.
+// A suffix the counter gave before it overflowed (0 to 2147483646) orders
+// its node exactly as the czxid does, and every such node is older than
+// every later one, so a look at the line is a single listing: no czxid is
+// read, and a handover costs the same few requests however many waiters
+// (in however many processes) stand in line. Only nodes made from the
+// overflow on need their czxids read: a try that finds the key held by one
+// reads one, a waiter reads those ahead of it once.
 // Curator orders by the suffix as a string, which matches czxid order until
 // the wrap and not after: from then on Curator clients on that path can
 // hold together, and beside a fenced holder (fenced leases still exclude

@@ -78,6 +78,7 @@ func TestZooKeeper(t *testing.T) {
 	})
 	t.Run("Curator", func(t *testing.T) { testCurator(t, ens) })
 	t.Run("ForeignNodes", func(t *testing.T) { testForeignNodes(t, ens) })
+	t.Run("HandoverRequests", func(t *testing.T) { testHandoverRequests(t, ens) })
 	t.Run("ConnectionLossOnCreate", func(t *testing.T) { testConnectionLossOnCreate(t, ens) })
 	t.Run("ConnectionLossOnCreateAndLookup", func(t *testing.T) { testConnectionLossOnCreateAndLookup(t, ens) })
 	t.Run("PausedHolderLosesSession", func(t *testing.T) {
