@@ -277,6 +277,9 @@ type zsession struct {
 	// recorded is closed (and replaced) when one is added.
 	acts     []activity
 	recorded chan struct{}
+	// lastWrite is the latest-sent write of the session that was answered
+	// (session and sent only; see recordWrite).
+	lastWrite activity
 }
 
 func newZSession(conn *zk.Conn, timeout time.Duration, owned bool) *zsession {
