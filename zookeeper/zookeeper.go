@@ -120,7 +120,11 @@
 // (a node's path carries its entry's random UUID, so it is the grant's
 // own node; the connection's session is checked to be the one that made
 // them). A waiter's first look follows its create without a sync, as a
-// try's does: the create itself reaches the leader. A reconnect
+// try's does: the create itself reaches the leader. So does a later look
+// that follows, by at most TTL/32, a write of the session answered since
+// the wait began (its own create, or another grant's create or release
+// on the shared session): validity then counts from that write's sending,
+// with headroom judged as of then. A reconnect
 // within the session keeps every lease; session expiry (seen on reconnect)
 // or the node's deletion by an admin ends the lease through
 // driver.LossWatcher. A grant its holder stops renewing while the process
