@@ -126,12 +126,13 @@ func writeProofAge(ttl time.Duration) time.Duration { return ttl / 32 }
 // leaderProof returns when the latest answered write of session on zc
 // was sent, if it was sent no earlier than notBefore (the start of the
 // caller's acquisition, which its validity may not precede) and at most
-// writeProofAge(ttl) before now, and the session had headroom then for a grant of ttl valid from that moment
-// (the condition awaitHeadroom waits for, judged at the write's sending,
-// when it was the request that reached the leader). A listing sent now
-// is then as good as one sent behind a sync at that moment: it reflects
-// the leader's state when the write reached it, or later, and the leader
-// keeps the session for ttl from the write's sending.
+// writeProofAge(ttl) before now, and the session had headroom then for a
+// grant of ttl valid from that moment (the condition awaitHeadroom waits
+// for, judged at the write's sending, when it was the request that
+// reached the leader). A listing sent now is then as good as one sent
+// behind a sync at that moment: it reflects the leader's state when the
+// write reached it, or later, and the leader keeps the session for ttl
+// from the write's sending.
 func (d *Driver) leaderProof(zc *zsession, session int64, notBefore, now time.Time, ttl time.Duration) (time.Time, bool) {
 	zc.mu.Lock()
 	w := zc.lastWrite
