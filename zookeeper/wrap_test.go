@@ -160,7 +160,7 @@ func TestSequenceWrap(t *testing.T) {
 // the first nodes get the counter's last values below 2147483647, which
 // order them without any czxid read, and the later ones the stuck value,
 // ordered by czxid. Every waiter must get the key in arrival order, one
-// at a time, with increasing fences.
+// at a time, with increasing fences, and Inspect must name each holder.
 func TestLineAcrossSequenceWrap(t *testing.T) {
 	const lockPath = "/wrap/k"
 	ens := startWithCounter(t, lockPath, math.MaxInt32-2)
@@ -179,12 +179,16 @@ func TestLineAcrossSequenceWrap(t *testing.T) {
 	}
 	got := make(chan result, n)
 	opts := &fenced.LeaseOptions{TTL: 10 * time.Second, MaxWait: 30 * time.Second}
+	var admin *fenced.Client
 	for i := range n {
 		c, err := fenced.Open(ctx, ens.URL("/wrap", ""), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { c.Close() })
+		if admin == nil {
+			admin = c
+		}
 		go func() {
 			l, err := c.Acquire(ctx, "k", opts)
 			got <- result{i, l, err}
@@ -230,6 +234,9 @@ func TestLineAcrossSequenceWrap(t *testing.T) {
 			t.Fatalf("waiter %d's fence %d not above %d", r.i, r.l.Fence(), fence)
 		}
 		fence = r.l.Fence()
+		if info, err := admin.Inspect(ctx, "k"); err != nil || !info.Held || info.Fence != fence {
+			t.Fatalf("Inspect while waiter %d holds: %+v, %v; want it held with fence %d", r.i, info, err, fence)
+		}
 		select {
 		case r := <-got:
 			t.Fatalf("waiter %d got the key while waiter %d held it (%v)", r.i, want, r.err)
