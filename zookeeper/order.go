@@ -47,7 +47,10 @@ import (
 // uncounted nodes ahead of it once. This relies on every child of a lock
 // path being a sequential node made by a lock recipe (fenced, Curator,
 // kazoo): a node someone creates with a made-up suffix is ordered by its
-// name.
+// name. It also relies on the counter stopping at its overflow, as it
+// does from ZooKeeper 3.5 on: a 3.4 server lets it run on through the
+// negative values and back into the counted ones, which could mislead
+// only about a node that lived through 2^32 creations under its lock path.
 //
 // Curator's InterProcessMutex (and kazoo's Lock) order by the suffix as a
 // string. Before a lock path's 2^31st child creation that is the same
