@@ -97,6 +97,7 @@ func TestMain(m *testing.M) {
 func TestEnsemble(t *testing.T) {
 	ens := testenv.StartZooKeeperWith(t, testenv.ZKConfig{Nodes: 3, TickTime: 200 * time.Millisecond})
 	t.Run("SessionOutlivesValidity", func(t *testing.T) { testSessionOutlivesValidity(t, ens) })
+	t.Run("WaiterSessionOutlivesValidity", func(t *testing.T) { testWaiterSessionOutlivesValidity(t, ens) })
 	t.Run("LosesNode", func(t *testing.T) { testEnsembleLosesNode(t, ens) })
 }
 
