@@ -61,14 +61,21 @@ func (d *Driver) holder(conn *zk.Conn, lockPath string) (name string, stat *zk.S
 	if err != nil {
 		return "", nil, nil, 0, err
 	}
-	// The holder is the oldest node by czxid (see order.go); nodes
-	// released meanwhile drop out.
-	children, err = readCzxids(conn, lockPath, children)
-	if err != nil {
-		return "", nil, nil, 0, err
-	}
+	// The holder is the oldest node (see order.go): the first in suffix
+	// order when its suffix is counted, else (all the nodes left came
+	// from the counter's overflow on) the oldest by czxid. Nodes released
+	// meanwhile drop out.
 	for len(children) > 0 {
-		i := oldest(children)
+		i := 0
+		if !counted(children[0].seq) {
+			if children, err = readCzxids(conn, lockPath, children); err != nil {
+				return "", nil, nil, 0, err
+			}
+			if len(children) == 0 {
+				break
+			}
+			i = oldest(children)
+		}
 		data, stat, err = conn.Get(lockPath + "/" + children[i].name)
 		if errors.Is(err, zk.ErrNoNode) {
 			children = append(children[:i], children[i+1:]...)

@@ -98,6 +98,55 @@ func (s *zsession) known(session int64, at time.Time, tick time.Duration) (lates
 	return latest, ok, next, s.recorded
 }
 
+// recordWrite notes a successful write (a create, delete or check
+// transaction) of session sent at sent, if zc's connection still carries
+// that session now that the answer is in. Every write passes through the
+// leader, so, like a sync, a write answered on the session proves that the
+// follower serving it reached the leader after it was sent, and every
+// later read of the session reflects the leader's state when the write
+// reached it (ZooKeeper answers a session in order, and a reconnect within
+// the session only goes to a server at least as recent as its last answer).
+func (s *zsession) recordWrite(session int64, sent time.Time) {
+	if session == 0 || s.conn.SessionID() != session {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.lastWrite.session != session || sent.After(s.lastWrite.sent) {
+		s.lastWrite = activity{session: session, sent: sent}
+	}
+}
+
+// writeProofAge bounds how old a write may be for a waiter's look to
+// stand on it instead of a sync of its own (see leaderProof): the grant's
+// validity then counts from the write, so this is the most of a ttl the
+// waiter gives up.
+func writeProofAge(ttl time.Duration) time.Duration { return ttl / 32 }
+
+// leaderProof returns when the latest answered write of session on zc
+// was sent, if it was sent no earlier than notBefore (the start of the
+// caller's acquisition, which its validity may not precede) and at most
+// writeProofAge(ttl) before now, and the session had headroom then for a
+// grant of ttl valid from that moment (the condition awaitHeadroom waits
+// for, judged at the write's sending, when it was the request that
+// reached the leader). A listing sent now is then as good as one sent
+// behind a sync at that moment: it reflects the leader's state when the
+// write reached it, or later, and the leader keeps the session for ttl
+// from the write's sending.
+func (d *Driver) leaderProof(zc *zsession, session int64, notBefore, now time.Time, ttl time.Duration) (time.Time, bool) {
+	zc.mu.Lock()
+	w := zc.lastWrite
+	zc.mu.Unlock()
+	if session == 0 || w.session != session || w.sent.Before(notBefore) || w.sent.Before(now.Add(-writeProofAge(ttl))) {
+		return time.Time{}, false
+	}
+	latest, ok, _, _ := zc.known(session, w.sent, d.tick)
+	if !ok || latest.Add(zc.timeout).Before(w.sent.Add(ttl)) {
+		return time.Time{}, false
+	}
+	return w.sent, true
+}
+
 // keepAlive sends a small request on zc every keepaliveEvery(zc.timeout)
 // until the driver closes zc or itself, and records the answered ones. The
 // client library's own pings (every third of the timeout) are not seen by

@@ -24,18 +24,7 @@ import (
 // TTL, and the node went up to a client ping interval (a third of the TTL)
 // before the holder stopped trusting its lease.
 func testSessionOutlivesValidity(t *testing.T, ens *testenv.ZKEnsemble) {
-	var leader, follower *testenv.ZKNode
-	for _, n := range ens.Nodes {
-		switch mode, _ := n.Mode(); mode {
-		case "leader":
-			leader = n
-		case "follower":
-			follower = n
-		}
-	}
-	if leader == nil || follower == nil {
-		t.Fatal("no leader and follower found")
-	}
+	leader, follower := leaderAndFollower(t, ens)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	proxy := testenv.StartProxy(t, follower.Addr) // the client reaches this follower only
@@ -59,24 +48,7 @@ func testSessionOutlivesValidity(t *testing.T, ens *testenv.ZKEnsemble) {
 	if err != nil || len(kids) != 1 {
 		t.Fatalf("lock nodes %v, %v; want the holder's", kids, err)
 	}
-	gone := make(chan time.Time, 1)
-	go func() {
-		for {
-			ok, _, ch, err := observer.ExistsW("/headroom/k/" + kids[0])
-			if err == nil && !ok {
-				gone <- time.Now()
-				return
-			}
-			if err != nil {
-				if errors.Is(err, zk.ErrClosing) {
-					return
-				}
-				time.Sleep(10 * time.Millisecond)
-				continue
-			}
-			<-ch
-		}
-	}()
+	gone := deletedAt(observer, "/headroom/k/"+kids[0])
 
 	// Renew a while after a ping of the client library (it pings every
 	// third of the session timeout), so that the renewal is the first
@@ -106,8 +78,55 @@ func testSessionOutlivesValidity(t *testing.T, ens *testenv.ZKEnsemble) {
 		}
 		follower.WaitReady()
 	}()
-	validUntil := l.ValidUntil()
+	checkValidityEndsFirst(t, l, stopped, gone)
+}
 
+// leaderAndFollower returns the leader of ens and one of its followers.
+func leaderAndFollower(t *testing.T, ens *testenv.ZKEnsemble) (leader, follower *testenv.ZKNode) {
+	t.Helper()
+	for _, n := range ens.Nodes {
+		switch mode, _ := n.Mode(); mode {
+		case "leader":
+			leader = n
+		case "follower":
+			follower = n
+		}
+	}
+	if leader == nil || follower == nil {
+		t.Fatal("no leader and follower found")
+	}
+	return leader, follower
+}
+
+// deletedAt reports when observer sees the node at path deleted.
+func deletedAt(observer *zk.Conn, path string) <-chan time.Time {
+	gone := make(chan time.Time, 1)
+	go func() {
+		for {
+			ok, _, ch, err := observer.ExistsW(path)
+			if err == nil && !ok {
+				gone <- time.Now()
+				return
+			}
+			if err != nil {
+				if errors.Is(err, zk.ErrClosing) {
+					return
+				}
+				time.Sleep(10 * time.Millisecond)
+				continue
+			}
+			<-ch
+		}
+	}()
+	return gone
+}
+
+// checkValidityEndsFirst checks that l, cut off from the ensemble at
+// stopped, stops trusting itself before the leader deletes its node
+// (reported on gone), and ends as expired.
+func checkValidityEndsFirst(t *testing.T, l *fenced.Lease, stopped time.Time, gone <-chan time.Time) {
+	t.Helper()
+	validUntil := l.ValidUntil()
 	var goneAt time.Time
 	select {
 	case goneAt = <-gone:
@@ -127,4 +146,79 @@ func testSessionOutlivesValidity(t *testing.T, ens *testenv.ZKEnsemble) {
 	if !errors.Is(l.Err(), fenced.ErrExpired) {
 		t.Fatalf("the cut-off lease ended with %v, want ErrExpired", l.Err())
 	}
+}
+
+// testWaiterSessionOutlivesValidity is testSessionOutlivesValidity for a
+// grant made to a waiter: its look after the wake-up stands on its own
+// create (leaderProof, no sync), and the follower serving it is cut off
+// right after the grant. The lease's validity, counted from the create,
+// must end before the leader deletes the node.
+func testWaiterSessionOutlivesValidity(t *testing.T, ens *testenv.ZKEnsemble) {
+	leader, follower := leaderAndFollower(t, ens)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	proxy := testenv.StartProxy(t, follower.Addr) // the waiter reaches this follower only
+	waiter, err := fenced.Open(ctx, "zk://"+proxy.Addr+"/headroom-wait", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer waiter.Close()
+	holder, err := fenced.Open(ctx, "zk://"+leader.Addr+"/headroom-wait", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	const ttl = 3 * time.Second
+	opts := &fenced.LeaseOptions{TTL: ttl, AutoRenew: fenced.Off, MaxWait: 30 * time.Second}
+	h, err := holder.TryAcquire(ctx, "k", opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	observer, _, err := zk.Connect([]string{leader.Addr}, 10*time.Second, zk.WithLogInfo(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer observer.Close()
+	type result struct {
+		l   *fenced.Lease
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		l, err := waiter.Acquire(ctx, "k", opts)
+		got <- result{l, err}
+	}()
+	var kids []string
+	for deadline := time.Now().Add(10 * time.Second); len(kids) < 2; time.Sleep(5 * time.Millisecond) {
+		if kids, _, err = observer.Children("/headroom-wait/k"); err != nil {
+			t.Fatal(err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the waiter's node never appeared: %v", kids)
+		}
+	}
+	// Released well within writeProofAge (TTL/32) of the waiter's create.
+	time.Sleep(20 * time.Millisecond)
+	if err := h.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-got
+	if err := follower.Process().Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stopped := time.Now()
+	defer func() {
+		if err := follower.Process().Signal(syscall.SIGCONT); err != nil {
+			t.Error(err)
+		}
+		follower.WaitReady()
+	}()
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	kids, _, err = observer.Children("/headroom-wait/k")
+	if err != nil || len(kids) != 1 {
+		t.Fatalf("lock nodes %v, %v; want the waiter's", kids, err)
+	}
+	checkValidityEndsFirst(t, r.l, stopped, deletedAt(observer, "/headroom-wait/k/"+kids[0]))
 }

@@ -135,12 +135,14 @@ func (d *Driver) createNode(ctx context.Context, e *entry) error {
 	data := []byte(e.id.Owner)
 	go func() {
 		create := func() (result, error) {
+			session, sent := e.zc.conn.SessionID(), time.Now()
 			res, err := e.zc.conn.Multi(
 				&zk.CreateRequest{Path: e.lockPath + "/" + e.protectedPrefix() + lockMarker, Data: data, Acl: d.acl, Flags: zk.FlagEphemeral | zk.FlagSequence},
 				&zk.SetDataRequest{Path: e.lockPath, Version: -1})
 			if err != nil {
 				return result{}, err
 			}
+			e.zc.recordWrite(session, sent)
 			if len(res) != 2 || res[1].Stat == nil {
 				return result{}, fmt.Errorf("unexpected multi response %+v", res)
 			}
@@ -302,7 +304,10 @@ func (d *Driver) confirm(ctx context.Context, e *entry, ttl time.Duration, start
 // followed by a listing, so the grant is confirmed by a listing that
 // reflects the leader's state when the sync was sent, with our node (so
 // our session) still there; the lease's validity then starts before that
-// sync, once the session has headroom for it.
+// sync, once the session has headroom for it. A write of the session
+// answered lately does what the sync would (leaderProof): a look then is
+// a listing alone, and validity starts when that write was sent, no
+// earlier than the call and at most writeProofAge before the look.
 func (d *Driver) AcquireTimed(ctx context.Context, key, owner string, ttl time.Duration) (uint64, time.Time, error) {
 	start := time.Now()
 	e, err := d.newEntry(ctx, key, owner, ttl)
@@ -343,12 +348,19 @@ func (d *Driver) AcquireTimed(ctx context.Context, key, owner string, ttl time.D
 	step := func(ctx context.Context) (bool, error) {
 		var l line
 		var err error
-		if afterCreate {
+		now := time.Now()
+		switch w, proof := d.leaderProof(e.zc, e.session, start, now, ttl); {
+		case afterCreate:
 			afterCreate = false
 			sent = start
 			l, err = d.lookLine(e, prev, false)
-		} else {
-			sent = time.Now()
+		case proof:
+			// A write of the session (another grant's create or release,
+			// most often) reached the leader lately: it serves as the sync.
+			sent = w
+			l, err = d.lookLine(e, prev, false)
+		default:
+			sent = now
 			if err := d.awaitHeadroom(ctx, e.zc, sent, ttl); err != nil {
 				return false, err
 			}
@@ -366,7 +378,7 @@ func (d *Driver) AcquireTimed(ctx context.Context, key, owner string, ttl time.D
 		}
 		prev = &l
 		// Wait for the youngest node ahead of ours: one waiter per node.
-		pred := l.elders[newest(l.elders)]
+		pred := l.predecessor()
 		ok, _, ch, err := e.zc.conn.ExistsW(e.lockPath + "/" + pred.name)
 		if err != nil || !ok {
 			return false, readErrOrNil("watch predecessor", err)
@@ -550,7 +562,11 @@ func (d *Driver) renewChecked(ctx context.Context, zc *zsession, grants []driver
 		}
 		ch := make(chan result, 1)
 		go func() {
+			sent := time.Now()
 			res, err := zc.conn.Multi(ops...)
+			if err == nil {
+				zc.recordWrite(session, sent)
+			}
 			ch <- result{res, err}
 		}()
 		var r result
@@ -614,7 +630,14 @@ func (d *Driver) Release(ctx context.Context, g driver.Grant) error {
 		return err
 	}
 	ch := make(chan error, 1)
-	go func() { ch <- e.zc.conn.Delete(e.path, -1) }()
+	go func() {
+		session, sent := e.zc.conn.SessionID(), time.Now()
+		err := e.zc.conn.Delete(e.path, -1)
+		if err == nil {
+			e.zc.recordWrite(session, sent)
+		}
+		ch <- err
+	}()
 	select {
 	case err = <-ch:
 	case <-ctx.Done():

@@ -3,6 +3,7 @@ package zookeeper
 import (
 	"errors"
 	"fmt"
+	"math"
 	"sort"
 	"strconv"
 	"strings"
@@ -11,21 +12,45 @@ import (
 	"github.com/go-zookeeper/zk"
 )
 
-// Who holds a lock, and whom a waiter waits for, is decided by the czxid of
-// the lock nodes (the zxid of the transaction that created each), never by
-// their sequence suffix.
+// Who holds a lock, and whom a waiter waits for, is decided by creation
+// order: the order of the zxids of the transactions that created the lock
+// nodes (their czxids), never by a plain reading of their sequence
+// suffixes.
 //
 // The suffix is the lock path's child version (cversion) when the node was
 // created: a signed 32-bit counter of child creations that fenced never
 // resets, since it never deletes lock paths. After 2^31 creations under one
-// lock path it overflows, and ZooKeeper (3.5 and later; 3.8 tested) then
-// keeps naming every new node "...-2147483647" (its data tree refuses the
-// lower counter that the overflow gives, so the counter stops), except
-// that creations in flight together may get "-2147483648" and upwards.
-// Ordered by suffix, a new node then ties with or sorts before the holder,
-// and two owners hold the key. The czxid is 64 bits wide and strictly
-// increasing across the whole ensemble (epoch in the high half): it cannot
-// wrap, and it orders nodes by creation whatever their names.
+// lock path it overflows, and ZooKeeper (3.5 and later; 3.8 tested, and
+// TestSequenceWrap checks it on the server under test) then keeps naming
+// every new node "...-2147483647" (its data tree refuses the lower counter
+// that the overflow gives, so the counter stops), except that creations in
+// flight together may get "-2147483648" and upwards. Ordered by suffix, a
+// new node then ties with or sorts before the holder, and two owners hold
+// the key. The czxid is 64 bits wide and strictly increasing across the
+// whole ensemble (epoch in the high half): it cannot wrap, and it orders
+// nodes by creation whatever their names.
+//
+// Reading every czxid costs a request per node, though, and a waiter that
+// joins a line of N others would read N of them: with waiters in separate
+// processes every handover cost O(N) requests. Most suffixes need no read.
+// Call a suffix counted when it is in [0, 2^31-1): the counter gave it
+// before it overflowed (after the overflow it gives only 2^31-1 and
+// negative values). Until the overflow the counter strictly increases with
+// every child creation, and the leader assigns a creation's suffix and its
+// zxid together, in one thread, in order; a lock path cannot be deleted and
+// made again while it has children. So a node with a counted suffix was
+// created after every node with a smaller non-negative suffix and before
+// every other node listed with it: counted suffixes order their nodes
+// exactly as czxids do, and every counted node is older than every
+// uncounted one. Only the order among uncounted nodes (from the 2^31st
+// creation under a lock path on) needs czxids; a waiter reads those of the
+// uncounted nodes ahead of it once. This relies on every child of a lock
+// path being a sequential node made by a lock recipe (fenced, Curator,
+// kazoo): a node someone creates with a made-up suffix is ordered by its
+// name. It also relies on the counter stopping at its overflow, as it
+// does from ZooKeeper 3.5 on: a 3.4 server lets it run on through the
+// negative values and back into the counted ones, which could mislead
+// only about a node that lived through 2^32 creations under its lock path.
 //
 // Curator's InterProcessMutex (and kazoo's Lock) order by the suffix as a
 // string. Before a lock path's 2^31st child creation that is the same
@@ -48,11 +73,16 @@ type child struct {
 	czxid int64
 }
 
+// counted reports whether a lock node's sequence suffix was given before
+// its lock path's counter overflowed, so that it orders the node (see
+// above).
+func counted(seq int64) bool { return seq >= 0 && seq < math.MaxInt32 }
+
 // parseChildren checks that names are all lock nodes and returns them in
 // the order their suffixes suggest: ascending, reading a negative suffix
-// as the unsigned counter value it is. That is creation order as long as
-// the counter has not wrapped within the nodes' lifetimes; it only decides
-// which node to look at first, never who holds.
+// as the unsigned counter value it is. That is creation order for the
+// nodes with counted suffixes, which come first; among the others it only
+// decides which node to look at first, never who holds.
 func parseChildren(lockPath string, names []string) ([]child, error) {
 	out := make([]child, 0, len(names))
 	for _, n := range names {
@@ -178,39 +208,34 @@ func oldest(children []child) int {
 	return best
 }
 
-// newest returns the index of the child with the highest czxid (all
-// known), or -1 when there are none.
-func newest(children []child) int {
-	best := -1
-	for i, c := range children {
-		if best < 0 || c.czxid > children[best].czxid {
-			best = i
-		}
-	}
-	return best
-}
-
 // line is what a lock node's owner knows of the nodes ahead of it.
 type line struct {
 	// present is false when the owner's node is gone (its session expired,
 	// or an admin broke it).
 	present bool
-	// elders are the nodes created before the owner's, with their czxids.
+	// elders are the nodes created before the owner's, oldest first: those
+	// with counted suffixes by suffix, then the others by czxid (known for
+	// them; zero for counted ones, which need none).
 	elders []child
 }
 
 // first reports whether the owner's node is the oldest: it holds the lock.
 func (l line) first() bool { return l.present && len(l.elders) == 0 }
 
+// predecessor returns the youngest node ahead of the owner's, the one it
+// waits for; only when there is one.
+func (l line) predecessor() child { return l.elders[len(l.elders)-1] }
+
 // lookLine lists e's lock path and finds the nodes ahead of e's node.
 //
 // prev is the line from an earlier look by the same owner, or nil. A node
 // that was not listed then was created after that listing, so after e's
-// node: only the earlier elders still listed need be considered, and no
-// czxid is read again (a waiter's look after its predecessor went costs
-// one listing). Without prev the czxid of every other node is read; with
-// anyElder set it stops at the first elder found (a try that only needs
-// to know whether the lock is free reads one node when it is held).
+// node: of the nodes with uncounted suffixes only the earlier elders still
+// listed need be considered, and no czxid is read again. Without prev the
+// czxid of every other uncounted node is read; with anyElder set a try
+// that only needs to know whether the lock is free stops at the first
+// elder found. Nodes with counted suffixes (all of them, until a lock
+// path's 2^31st creation) cost no read at all: a look is one listing.
 func (d *Driver) lookLine(e *entry, prev *line, anyElder bool) (line, error) {
 	names, _, err := e.zc.conn.Children(e.lockPath)
 	if err != nil {
@@ -241,10 +266,11 @@ func (d *Driver) lineFrom(e *entry, names []string, prev *line, anyElder bool) (
 		return line{}, err
 	}
 	var l line
+	var own child
 	others := make([]child, 0, len(children))
 	for _, c := range children {
 		if e.lockPath+"/"+c.name == e.path {
-			l.present = true
+			l.present, own = true, c
 		} else {
 			others = append(others, c)
 		}
@@ -252,23 +278,44 @@ func (d *Driver) lineFrom(e *entry, names []string, prev *line, anyElder bool) (
 	if !l.present {
 		return l, nil
 	}
+	// children are in suffix order: counted suffixes first, ascending, so
+	// the counted elders come out oldest first.
+	var uncounted []child
+	for _, c := range others {
+		switch {
+		case counted(c.seq) && counted(own.seq):
+			if c.seq < own.seq {
+				l.elders = append(l.elders, c)
+			}
+		case counted(c.seq):
+			l.elders = append(l.elders, c) // ours came after the overflow
+		case counted(own.seq):
+			// c came after the overflow, so after ours.
+		default:
+			uncounted = append(uncounted, c)
+		}
+	}
+	if len(uncounted) == 0 || anyElder && len(l.elders) > 0 {
+		return l, nil
+	}
+	var later []child // uncounted elders, by czxid
 	if prev != nil {
-		listed := make(map[string]bool, len(others))
-		for _, c := range others {
+		listed := make(map[string]bool, len(uncounted))
+		for _, c := range uncounted {
 			listed[c.name] = true
 		}
 		for _, c := range prev.elders {
-			if listed[c.name] {
-				l.elders = append(l.elders, c)
+			if !counted(c.seq) && listed[c.name] {
+				later = append(later, c)
 			}
 		}
-		return l, nil
+		return line{present: true, elders: append(l.elders, later...)}, nil
 	}
 	// Our own nodes' czxids are known (ownNodes); only foreign ones are read.
-	d.nodes.fill(e.lockPath, others)
-	if anyElder && len(others) > 1 {
+	d.nodes.fill(e.lockPath, uncounted)
+	if anyElder && len(uncounted) > 1 {
 		// The suffix order's first node is almost always the holder.
-		probe, err := readCzxids(e.zc.conn, e.lockPath, others[:1])
+		probe, err := readCzxids(e.zc.conn, e.lockPath, uncounted[:1])
 		if err != nil {
 			return line{}, readErr("read lock node", err)
 		}
@@ -276,16 +323,18 @@ func (d *Driver) lineFrom(e *entry, names []string, prev *line, anyElder bool) (
 			l.elders = probe
 			return l, nil
 		}
-		others = others[1:]
+		uncounted = uncounted[1:]
 	}
-	others, err = readCzxids(e.zc.conn, e.lockPath, others)
+	uncounted, err = readCzxids(e.zc.conn, e.lockPath, uncounted)
 	if err != nil {
 		return line{}, readErr("read lock nodes", err)
 	}
-	for _, c := range others {
+	for _, c := range uncounted {
 		if c.czxid < e.czxid {
-			l.elders = append(l.elders, c)
+			later = append(later, c)
 		}
 	}
+	sort.Slice(later, func(i, j int) bool { return later[i].czxid < later[j].czxid })
+	l.elders = append(l.elders, later...)
 	return l, nil
 }

@@ -54,17 +54,74 @@ func TestOrderAfterSequenceWrap(t *testing.T) {
 		t.Errorf("lowest suffix %s (%d), want _c_neg1-lock--2147483648", bySuffix.name, bySuffix.seq)
 	}
 	// _c_late waits for the youngest of its elders: _c_neg2.
-	var elders []child
-	for _, c := range children {
-		if c.czxid < nodes["_c_late-lock-2147483647"] {
-			elders = append(elders, c)
-		}
+	d := newDriver("/fenced", nil)
+	defer d.Close()
+	for n, czxid := range nodes {
+		d.nodes.add(lockPath+"/"+n, czxid)
 	}
-	if p := elders[newest(elders)].name; p != "_c_neg2-lock--2147483647" {
+	l := lineOf(t, d, lockPath, names, "_c_late-lock-2147483647", nodes["_c_late-lock-2147483647"])
+	if p := l.predecessor().name; p != "_c_neg2-lock--2147483647" {
 		t.Errorf("_c_late's predecessor %s, want _c_neg2-lock--2147483647", p)
 	}
-	if oldest(nil) != -1 || newest(nil) != -1 {
-		t.Error("oldest/newest of no nodes must be -1")
+	if oldest(nil) != -1 {
+		t.Error("oldest of no nodes must be -1")
+	}
+}
+
+// lineOf is the line of the node called own (czxid ownCzxid) among names,
+// for a driver that knows the czxid of every uncounted node (it reads none).
+func lineOf(t *testing.T, d *Driver, lockPath string, names []string, own string, ownCzxid int64) line {
+	t.Helper()
+	e := &entry{zc: &zsession{}, nodes: &d.nodes, lockPath: lockPath, path: lockPath + "/" + own, czxid: ownCzxid}
+	l, err := d.lineFrom(e, names, nil, false)
+	if err != nil || !l.present {
+		t.Fatalf("line of %s: %+v, %v", own, l, err)
+	}
+	return l
+}
+
+// TestOrderAcrossSequenceWrap checks the order of a line whose suffixes
+// run through the counter's overflow: nodes with counted suffixes are
+// ordered by them, without their czxids, and come before every node made
+// from the overflow on, which are ordered by czxid.
+func TestOrderAcrossSequenceWrap(t *testing.T) {
+	const lockPath = "/fenced/k"
+	// In creation order. Only the uncounted nodes' czxids are known: a
+	// counted node's czxid is never needed.
+	order := []string{
+		"_c_a-lock-2147483644",
+		"_c_b-lock-2147483645",
+		"_c_c-lock-2147483646",
+		"_c_d-lock-2147483647", // the counter's last value, or a stuck one
+		"_c_e-lock--2147483648",
+		"_c_f-lock-2147483647",
+	}
+	czxids := map[string]int64{"_c_d-lock-2147483647": 203, "_c_e-lock--2147483648": 204, "_c_f-lock-2147483647": 205}
+	d := newDriver("/fenced", nil)
+	defer d.Close()
+	for n, czxid := range czxids {
+		d.nodes.add(lockPath+"/"+n, czxid)
+	}
+	// Listed in no particular order.
+	names := []string{order[4], order[1], order[5], order[0], order[3], order[2]}
+	for i, own := range order {
+		l := lineOf(t, d, lockPath, names, own, max(czxids[own], 100+int64(i)))
+		var got []string
+		for _, c := range l.elders {
+			got = append(got, c.name)
+		}
+		if want := order[:i]; strings.Join(got, " ") != strings.Join(want, " ") {
+			t.Errorf("elders of %s: %v, want %v (oldest first)", own, got, want)
+		}
+		if i == 0 {
+			if !l.first() {
+				t.Errorf("%s is the oldest but does not hold", own)
+			}
+			continue
+		}
+		if p := l.predecessor().name; p != order[i-1] {
+			t.Errorf("%s waits for %s, want %s", own, p, order[i-1])
+		}
 	}
 }
 

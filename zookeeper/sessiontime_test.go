@@ -118,3 +118,52 @@ func TestAwaitHeadroom(t *testing.T) {
 		t.Fatalf("with ctx cancelled: %v, want context.Canceled", err)
 	}
 }
+
+// TestLeaderProof checks when a waiter's look may stand on a recent write
+// of its session instead of a sync: only a write of that session, sent no
+// earlier than the acquisition began and at most writeProofAge before the
+// look, at whose sending the session had headroom for the whole TTL from
+// it (a keep-alive answered a tick before, recent enough).
+func TestLeaderProof(t *testing.T) {
+	const (
+		tick = 100 * time.Millisecond
+		ttl  = 10 * time.Second
+	)
+	d := &Driver{tick: tick}
+	timeout := sessionTimeoutFor(ttl, tick)
+	t0 := time.Now()
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	newSession := func() *zsession {
+		zc := newZSession(nil, timeout, false)
+		// A keep-alive answered at 10ms: it counts from 110ms.
+		zc.record(activity{session: 7, sent: at(0), done: at(10 * time.Millisecond)})
+		return zc
+	}
+	for _, c := range []struct {
+		name            string
+		write           *activity
+		notBefore, look time.Duration
+		ok              bool
+	}{
+		{name: "no write", look: 200 * time.Millisecond},
+		{name: "write of the session", write: &activity{session: 7, sent: at(150 * time.Millisecond)}, look: 160 * time.Millisecond, ok: true},
+		{name: "write of another session", write: &activity{session: 8, sent: at(150 * time.Millisecond)}, look: 160 * time.Millisecond},
+		{name: "write before the acquisition", write: &activity{session: 7, sent: at(150 * time.Millisecond)}, notBefore: 151 * time.Millisecond, look: 160 * time.Millisecond},
+		{name: "write too old", write: &activity{session: 7, sent: at(150 * time.Millisecond)}, look: 150*time.Millisecond + writeProofAge(ttl) + time.Millisecond},
+		{name: "write as old as allowed", write: &activity{session: 7, sent: at(150 * time.Millisecond)}, look: 150*time.Millisecond + writeProofAge(ttl), ok: true},
+		// The keep-alive was answered less than a tick before the write:
+		// the leader may not have heard of it when the write passed.
+		{name: "no keep-alive heard of", write: &activity{session: 7, sent: at(50 * time.Millisecond)}, look: 60 * time.Millisecond},
+		// The keep-alive is too old to cover a TTL from the write.
+		{name: "no headroom", write: &activity{session: 7, sent: at(timeout - ttl + time.Millisecond)}, look: timeout - ttl + 2*time.Millisecond},
+	} {
+		zc := newSession()
+		if c.write != nil {
+			zc.lastWrite = *c.write
+		}
+		got, ok := d.leaderProof(zc, 7, at(c.notBefore), at(c.look), ttl)
+		if ok != c.ok || ok && !got.Equal(c.write.sent) {
+			t.Errorf("%s: leaderProof = %v, %v; want ok %v (the write's sending)", c.name, got, ok, c.ok)
+		}
+	}
+}

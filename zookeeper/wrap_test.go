@@ -3,9 +3,11 @@ package zookeeper_test
 import (
 	"context"
 	"errors"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -50,6 +52,22 @@ public class SeedWrappedCounter {
 }
 `
 
+// startWithCounter starts a standalone server whose lockPath has made
+// cversion child creations (seeded by snapshot).
+func startWithCounter(t *testing.T, lockPath string, cversion int) *testenv.ZKEnsemble {
+	java := testenv.RequireBinary(t, "default-jre-headless", "java")
+	return testenv.StartZooKeeperWith(t, testenv.ZKConfig{Prepare: func(t testing.TB, dataDir string) {
+		src := filepath.Join(t.TempDir(), "SeedWrappedCounter.java")
+		if err := os.WriteFile(src, []byte(seedWrappedCounter), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		out, err := exec.Command(java, "-XX:TieredStopAtLevel=1", "-cp", testenv.ZooKeeperJars, src, dataDir, lockPath, strconv.Itoa(cversion)).CombinedOutput()
+		if err != nil {
+			t.Fatalf("seeding the snapshot: %v\n%s", err, out)
+		}
+	}})
+}
+
 // TestSequenceWrap runs fenced on a real server whose lock path has made
 // 2^31-1 child creations (seeded by snapshot, since making them takes
 // months), so that the sequence suffix wraps (issue 9 item 9). ZooKeeper
@@ -58,18 +76,8 @@ public class SeedWrappedCounter {
 // czxid, tries are refused, a waiter waits, Inspect names the holder, and
 // the waiter gets the key only after the release.
 func TestSequenceWrap(t *testing.T) {
-	java := testenv.RequireBinary(t, "default-jre-headless", "java")
 	const lockPath = "/wrap/k"
-	ens := testenv.StartZooKeeperWith(t, testenv.ZKConfig{Prepare: func(t testing.TB, dataDir string) {
-		src := filepath.Join(t.TempDir(), "SeedWrappedCounter.java")
-		if err := os.WriteFile(src, []byte(seedWrappedCounter), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		out, err := exec.Command(java, "-XX:TieredStopAtLevel=1", "-cp", testenv.ZooKeeperJars, src, dataDir, lockPath, "2147483647").CombinedOutput()
-		if err != nil {
-			t.Fatalf("seeding the snapshot: %v\n%s", err, out)
-		}
-	}})
+	ens := startWithCounter(t, lockPath, math.MaxInt32)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	open := func() *fenced.Client {
@@ -145,4 +153,97 @@ func TestSequenceWrap(t *testing.T) {
 		t.Fatalf("waiter's fence %d not above the holder's %d", r.l.Fence(), holder.Fence())
 	}
 	r.l.Release(ctx)
+}
+
+// TestLineAcrossSequenceWrap runs a line of waiters on a real server
+// whose lock path's counter stands two creations short of its overflow:
+// the first nodes get the counter's last values below 2147483647, which
+// order them without any czxid read, and the later ones the stuck value,
+// ordered by czxid. Every waiter must get the key in arrival order, one
+// at a time, with increasing fences, and Inspect must name each holder.
+func TestLineAcrossSequenceWrap(t *testing.T) {
+	const lockPath = "/wrap/k"
+	ens := startWithCounter(t, lockPath, math.MaxInt32-2)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	conn, _, err := zk.Connect(ens.Servers(), 10*time.Second, zk.WithLogInfo(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	const n = 5
+	type result struct {
+		i   int
+		l   *fenced.Lease
+		err error
+	}
+	got := make(chan result, n)
+	opts := &fenced.LeaseOptions{TTL: 10 * time.Second, MaxWait: 30 * time.Second}
+	var admin *fenced.Client
+	for i := range n {
+		c, err := fenced.Open(ctx, ens.URL("/wrap", ""), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		if admin == nil {
+			admin = c
+		}
+		go func() {
+			l, err := c.Acquire(ctx, "k", opts)
+			got <- result{i, l, err}
+		}()
+		// The next one joins only once this one's node is there.
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			kids, _, err := conn.Children(lockPath)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(kids) == i+1 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("waiter %d's node never appeared: %v", i, kids)
+			}
+		}
+	}
+	kids, _, err := conn.Children(lockPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	suffixes := map[string]int{}
+	for _, k := range kids {
+		suffixes[k[strings.LastIndex(k, "-lock-")+len("-lock-"):]]++
+	}
+	// Says how this server numbers nodes across the overflow.
+	if suffixes["2147483645"] != 1 || suffixes["2147483646"] != 1 || suffixes["2147483647"] != n-2 {
+		t.Fatalf("lock nodes %v: want suffixes 2147483645, 2147483646, then 2147483647 for the rest", kids)
+	}
+	var fence uint64
+	for want := range n {
+		var r result
+		select {
+		case r = <-got:
+		case <-ctx.Done():
+			t.Fatalf("waiter %d never got the key", want)
+		}
+		if r.err != nil || r.i != want {
+			t.Fatalf("grant %d went to waiter %d (%v), want waiter %d", want, r.i, r.err, want)
+		}
+		if r.l.Fence() <= fence {
+			t.Fatalf("waiter %d's fence %d not above %d", r.i, r.l.Fence(), fence)
+		}
+		fence = r.l.Fence()
+		if info, err := admin.Inspect(ctx, "k"); err != nil || !info.Held || info.Fence != fence {
+			t.Fatalf("Inspect while waiter %d holds: %+v, %v; want it held with fence %d", r.i, info, err, fence)
+		}
+		select {
+		case r := <-got:
+			t.Fatalf("waiter %d got the key while waiter %d held it (%v)", r.i, want, r.err)
+		case <-time.After(200 * time.Millisecond):
+		}
+		if err := r.l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
 }

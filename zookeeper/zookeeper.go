@@ -50,14 +50,20 @@
 //
 // # Sequence wrap
 //
-// Age is judged by czxid, never by the sequence suffix. The suffix is the
-// lock path's signed 32-bit count of child creations, which fenced never
-// resets; after 2^31 creations under one lock path (eight months of 100
-// tries a second) ZooKeeper names every new node "...-2147483647", and
-// creations in flight together "-2147483648" and up, so by suffix a
-// newcomer ties with or precedes the holder. By czxid (64 bits, strictly
-// increasing) the order stays right. A try that finds the key held reads
-// one node's czxid; a waiter reads those of the nodes ahead of it once.
+// Age is judged by creation order (czxid), never by a plain reading of the
+// sequence suffix. The suffix is the lock path's signed 32-bit count of
+// child creations, which fenced never resets; after 2^31 creations under
+// one lock path (eight months of 100 tries a second) ZooKeeper names every
+// new node "...-2147483647", and creations in flight together
+// "-2147483648" and up, so by suffix a newcomer ties with or precedes the
+// holder. By czxid (64 bits, strictly increasing) the order stays right.
+// A suffix the counter gave before it overflowed (0 to 2147483646) orders
+// its node exactly as the czxid does, and every such node is older than
+// every later one, so a look at the line is a single listing: no czxid is
+// read, and a handover costs the same few requests however many waiters
+// (in however many processes) stand in line. Only nodes made from the
+// overflow on need their czxids read: a try that finds the key held by one
+// reads one, a waiter reads those ahead of it once.
 // Curator orders by the suffix as a string, which matches czxid order until
 // the wrap and not after: from then on Curator clients on that path can
 // hold together, and beside a fenced holder (fenced leases still exclude
@@ -114,7 +120,11 @@
 // (a node's path carries its entry's random UUID, so it is the grant's
 // own node; the connection's session is checked to be the one that made
 // them). A waiter's first look follows its create without a sync, as a
-// try's does: the create itself reaches the leader. A reconnect
+// try's does: the create itself reaches the leader. So does a later look
+// that follows, by at most TTL/32, a write of the session answered since
+// the wait began (its own create, or another grant's create or release
+// on the shared session): validity then counts from that write's sending,
+// with headroom judged as of then. A reconnect
 // within the session keeps every lease; session expiry (seen on reconnect)
 // or the node's deletion by an admin ends the lease through
 // driver.LossWatcher. A grant its holder stops renewing while the process
@@ -271,6 +281,9 @@ type zsession struct {
 	// recorded is closed (and replaced) when one is added.
 	acts     []activity
 	recorded chan struct{}
+	// lastWrite is the latest-sent write of the session that was answered
+	// (session and sent only; see recordWrite).
+	lastWrite activity
 }
 
 func newZSession(conn *zk.Conn, timeout time.Duration, owned bool) *zsession {

@@ -78,6 +78,7 @@ func TestZooKeeper(t *testing.T) {
 	})
 	t.Run("Curator", func(t *testing.T) { testCurator(t, ens) })
 	t.Run("ForeignNodes", func(t *testing.T) { testForeignNodes(t, ens) })
+	t.Run("HandoverRequests", func(t *testing.T) { testHandoverRequests(t, ens) })
 	t.Run("ConnectionLossOnCreate", func(t *testing.T) { testConnectionLossOnCreate(t, ens) })
 	t.Run("ConnectionLossOnCreateAndLookup", func(t *testing.T) { testConnectionLossOnCreateAndLookup(t, ens) })
 	t.Run("PausedHolderLosesSession", func(t *testing.T) {
@@ -96,6 +97,7 @@ func TestMain(m *testing.M) {
 func TestEnsemble(t *testing.T) {
 	ens := testenv.StartZooKeeperWith(t, testenv.ZKConfig{Nodes: 3, TickTime: 200 * time.Millisecond})
 	t.Run("SessionOutlivesValidity", func(t *testing.T) { testSessionOutlivesValidity(t, ens) })
+	t.Run("WaiterSessionOutlivesValidity", func(t *testing.T) { testWaiterSessionOutlivesValidity(t, ens) })
 	t.Run("LosesNode", func(t *testing.T) { testEnsembleLosesNode(t, ens) })
 }
 
