@@ -33,7 +33,7 @@ type config struct {
 }
 
 var quickConfig = config{
-	uncontendedRounds: 10, uncontendedPerRound: 20,
+	uncontendedRounds: 100, uncontendedPerRound: 10,
 	handoverRounds: 3, handoversPerRound: 8, waiters: []int{1, 8, 64},
 	keys: []int{1, 100, 10000}, clients: []int{1, 8, 64},
 	throughputRounds: 2, window: 400 * time.Millisecond, warmWindow: 100 * time.Millisecond,
@@ -42,7 +42,7 @@ var quickConfig = config{
 }
 
 var fullConfig = config{
-	uncontendedRounds: 40, uncontendedPerRound: 50,
+	uncontendedRounds: 200, uncontendedPerRound: 10,
 	handoverRounds: 6, handoversPerRound: 20, waiters: []int{1, 8, 64},
 	keys: []int{1, 100, 10000}, clients: []int{1, 8, 64},
 	throughputRounds: 3, window: 2 * time.Second, warmWindow: 500 * time.Millisecond,
