@@ -54,6 +54,7 @@ type Lease struct {
 	lastErr    error
 	releaseErr error         // the release's outcome, set with freed
 	freedCh    chan struct{} // made by a second Release that waits, closed with freed
+	lossWatch  *time.Timer   // starts the driver's loss watch (see lossWatchDelay); nil without one
 }
 
 // makeLease returns the lease of a grant whose request was sent at sent (on
@@ -90,15 +91,36 @@ func (c *Client) newLease(parent context.Context, key, owner string, fence uint6
 		return nil, c.releaseOrphan(l.grant())
 	}
 	if w, ok := c.drv.(driver.LossWatcher); ok {
-		if ch, err := w.WatchLoss(l.ctx, l.grant()); err == nil {
-			go func() {
-				if err, ok := <-ch; ok && err != nil {
-					l.lose(err)
-				}
-			}()
-		}
+		t := time.AfterFunc(lossWatchDelay, func() { l.watchLoss(w) })
+		l.mu.Lock()
+		l.lossWatch = t
+		l.mu.Unlock()
 	}
 	return l, nil
+}
+
+// lossWatchDelay is how long after its grant a lease starts its driver's
+// loss watch (driver.LossWatcher). A short hold (most locks) ends before
+// then and costs neither the authority a watch nor the client a goroutine:
+// only a runtime timer, stopped when the lease ends. The watch's first look
+// still sees a loss that happened meanwhile (each driver's watch starts
+// from the grant), and until then renewal and the local validity deadline
+// guard the lease as they always do.
+const lossWatchDelay = 100 * time.Millisecond
+
+// watchLoss runs w's loss watch of l, on the goroutine of l's lossWatch
+// timer, until l ends: a loss it reports ends l.
+func (l *Lease) watchLoss(w driver.LossWatcher) {
+	if l.ctx.Err() != nil {
+		return
+	}
+	ch, err := w.WatchLoss(l.ctx, l.grant())
+	if err != nil {
+		return // not held any more: the next renewal finds out
+	}
+	if err, ok := <-ch; ok && err != nil {
+		l.lose(err)
+	}
 }
 
 func (c *Client) failOpenLease(parent context.Context, key, owner string, sent time.Time, s LeaseSpec) (*Lease, error) {
@@ -258,6 +280,9 @@ func (l *Lease) end(cause error) bool {
 	}
 	l.released = true
 	l.ended = true
+	if l.lossWatch != nil {
+		l.lossWatch.Stop()
+	}
 	l.mu.Unlock()
 	l.c.renew.remove(l)
 	l.cancel(cause)

@@ -185,24 +185,17 @@ func WaitTurn(ctx context.Context, step func(context.Context) (bool, error), ret
 	}
 }
 
-// LossWatchDelay is how long after a grant its loss watch starts. Short
-// holds end before the watch would start, which costs the authority
-// nothing; the first look still sees a loss that happened meanwhile.
-const LossWatchDelay = 100 * time.Millisecond
-
-// WatchLoss implements the loop of driver.LossWatcher. After
-// LossWatchDelay it calls look until ctx ends: look returns a non-nil
-// error (wrapping driver.ErrLost) once it knows the grant is lost, which
-// is delivered unless ctx ended meanwhile; otherwise it returns how long
-// to pause before the next look (zero for none) and a nil error. The returned channel is
-// closed when the loop ends.
+// WatchLoss implements the loop of driver.LossWatcher. It calls look until
+// ctx ends: look returns a non-nil error (wrapping driver.ErrLost) once it
+// knows the grant is lost, which is delivered unless ctx ended meanwhile;
+// otherwise it returns how long to pause before the next look (zero for
+// none) and a nil error. The returned channel is closed when the loop
+// ends. (The portable Client starts a lease's watch only once the lease
+// has been held for a while, so short holds cost no watch.)
 func WatchLoss(ctx context.Context, look func(context.Context) (pause time.Duration, lost error)) <-chan error {
 	out := make(chan error, 1)
 	go func() {
 		defer close(out)
-		if !Pause(ctx, LossWatchDelay) {
-			return
-		}
 		for ctx.Err() == nil {
 			pause, lost := look(ctx)
 			if lost != nil {

@@ -1,0 +1,106 @@
+package fenced_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/mem"
+)
+
+// lossWatching is a mem driver that implements driver.LossWatcher: each
+// watch it is asked for records its grant and waits for a loss that the
+// test reports with lose.
+type lossWatching struct {
+	*mem.Driver
+	mu      sync.Mutex
+	watched []driver.Grant
+	losses  map[string]chan error // by owner
+}
+
+func (w *lossWatching) WatchLoss(ctx context.Context, g driver.Grant) (<-chan error, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.watched = append(w.watched, g)
+	in := make(chan error, 1)
+	w.losses[g.Owner] = in
+	out := make(chan error, 1)
+	go func() {
+		defer close(out)
+		select {
+		case err := <-in:
+			out <- err
+		case <-ctx.Done():
+		}
+	}()
+	return out, nil
+}
+
+func (w *lossWatching) watches() []driver.Grant {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return append([]driver.Grant(nil), w.watched...)
+}
+
+// lose reports owner's grant lost through its watch.
+func (w *lossWatching) lose(owner string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	ch, ok := w.losses[owner]
+	if ok {
+		ch <- driver.ErrLost
+	}
+	return ok
+}
+
+// TestLossWatchStartsOnlyForLeasesHeldAWhile checks that a lease released
+// soon after its grant never starts its driver's loss watch (a short hold
+// costs the authority no watch and the client no goroutine), and that a
+// lease held longer does, and ends when the watch reports the loss.
+func TestLossWatchStartsOnlyForLeasesHeldAWhile(t *testing.T) {
+	w := &lossWatching{Driver: mem.New(nil), losses: map[string]chan error{}}
+	c := fenced.NewClient(w, nil)
+	defer c.Close()
+	ctx := context.Background()
+	opts := &fenced.LeaseOptions{TTL: 10 * time.Second}
+
+	for range 20 {
+		l, err := c.Acquire(ctx, "short", opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	long, err := c.Acquire(ctx, "long", opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for len(w.watches()) == 0 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	got := w.watches()
+	if len(got) != 1 || got[0].Key != "long" || got[0].Fence != long.Fence() || got[0].Owner != long.Owner() {
+		t.Fatalf("watches started: %+v; want exactly one, of the lease held past the delay (fence %d)", got, long.Fence())
+	}
+	if long.Err() != nil {
+		t.Fatalf("lease ended before any loss: %v", long.Err())
+	}
+	if !w.lose(long.Owner()) {
+		t.Fatal("no watch for the held lease's owner")
+	}
+	select {
+	case <-long.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the lease did not end within 5s of its watch reporting the loss")
+	}
+	if err := long.Err(); !errors.Is(err, fenced.ErrLost) {
+		t.Fatalf("lease ended with %v, want ErrLost", err)
+	}
+}
