@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"sort"
-	"strconv"
 	"strings"
 	"time"
 
@@ -53,9 +52,9 @@ func (d *Driver) Inspect(ctx context.Context, key string) (driver.LeaseInfo, err
 	if len(rec) == 0 {
 		return info, fmt.Errorf("etcd: inspect %q: %w", key, driver.ErrNotFound)
 	}
-	f, err := strconv.ParseUint(string(rec[0].Value), 10, 64)
+	f, err := recordedFence(rec[0])
 	if err != nil {
-		return info, fmt.Errorf("etcd: inspect %q: record %s holds %q, not a fence", key, rec[0].Key, rec[0].Value)
+		return info, fmt.Errorf("etcd: inspect %q: %w", key, err)
 	}
 	info.Fence = f
 	return info, nil

@@ -19,8 +19,9 @@
 // # Recipe
 //
 // A lease on key K is etcd's mutex on the lock name prefix+K: the holder
-// puts the key prefix+K+"/"+hex(etcd lease ID) attached to an etcd lease,
-// and the key with the lowest create revision holds the lock. A waiter
+// puts the key prefix+K+"/"+hex(etcd lease ID)+"_"+hex(n) attached to an
+// etcd lease (n numbers the driver's keys, so that each key name belongs to
+// one grant), and the key with the lowest create revision holds the lock. A waiter
 // watches only the key created just before its own (no thundering herd) and
 // is served in arrival order. The fence is the holder key's create
 // revision: etcd's revision is a cluster-wide counter agreed by Raft, so the
@@ -32,10 +33,13 @@
 // which it got the lock, which is still above every earlier holder's fence. A '/' or '%' in a key is escaped (%2F, %25) so a key maps to
 // exactly one lock name.
 //
-// Release and Break also write the fence of the grant they end to the key
-// prefix+K itself (beside the lock's waiter keys prefix+K+"/...", outside
-// the range etcd's recipe scans), so Inspect can report the last fence of a
-// free key. A grant that ended by expiry leaves the previous record.
+// The transaction that puts a waiter key also writes the key prefix+K
+// itself (beside the lock's waiter keys prefix+K+"/...", outside the range
+// etcd's recipes scan), whose mod revision is then the new key's fence, so
+// Inspect reports the newest fence of a free key however its last grant
+// ended (released, broken or expired), and a release is one plain delete,
+// as concurrency.Mutex's Unlock is. Break records the fence of the holder
+// it deletes (etcdctl's holders write no record of their own).
 //
 // # Sessions
 //
@@ -66,6 +70,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -170,6 +175,7 @@ type Driver struct {
 	sessions map[int64][]*session // by TTL in seconds
 	ka       *keepAliver
 	grants   *sessionlock.Grants[*entry]
+	keySeq   atomic.Uint64   // numbers the keys this driver puts (see waiterKey)
 	ctx      context.Context // cancelled by Close
 	cancel   context.CancelFunc
 }

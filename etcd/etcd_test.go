@@ -92,3 +92,70 @@ func TestRenewLongerThanSession(t *testing.T) {
 		t.Fatalf("renewal for the grant's own TTL: %v", err)
 	}
 }
+
+// TestEachGrantHasItsOwnKeyName checks what lets a release be a plain
+// delete: a grant that ended behind its holder's back (here, reaped by the
+// driver after its TTL without renewal) and the next grant of the same
+// lock name on the same session never share an etcd key name, so a late
+// delete of the first cannot remove the second. It also checks that the
+// first grant's fence stays recorded for Inspect although nobody released
+// it.
+func TestEachGrantHasItsOwnKeyName(t *testing.T) {
+	ctx := context.Background()
+	cli := newClient(t, testenv.StartEtcd(t))
+	d, err := etcd.New(cli, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	const ttl = time.Second
+	keysOf := func() []string {
+		resp, err := cli.Get(ctx, d.LockName("k")+"/", clientv3.WithPrefix())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var keys []string
+		for _, kv := range resp.Kvs {
+			keys = append(keys, fmt.Sprintf("%s@%d(lease %x)", kv.Key, kv.CreateRevision, kv.Lease))
+		}
+		return keys
+	}
+	a := driver.Grant{Key: "k", Owner: "owner-a-not-renewed", TTL: ttl}
+	if a.Fence, err = d.TryAcquire(ctx, a.Key, a.Owner, ttl); err != nil {
+		t.Fatal(err)
+	}
+	first := keysOf()
+	if len(first) != 1 {
+		t.Fatalf("keys after the first grant: %v", first)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for len(keysOf()) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the unrenewed grant's key is still there 10s after its %v TTL: %v", ttl, keysOf())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if info, err := d.Inspect(ctx, "k"); err != nil || info.Held || info.Fence != a.Fence {
+		t.Fatalf("Inspect after the grant expired: %+v, %v; want free with fence %d", info, err, a.Fence)
+	}
+	b := driver.Grant{Key: "k", Owner: "owner-b-next-grant", TTL: ttl}
+	if b.Fence, err = d.TryAcquire(ctx, b.Key, b.Owner, ttl); err != nil {
+		t.Fatal(err)
+	}
+	second := keysOf()
+	if len(second) != 1 || strings.SplitN(second[0], "@", 2)[0] == strings.SplitN(first[0], "@", 2)[0] {
+		t.Fatalf("the next grant's key %v reuses the name of the first's %v", second, first)
+	}
+	if err := d.Release(ctx, a); !errors.Is(err, driver.ErrNotHeld) {
+		t.Fatalf("late release of the expired grant: %v, want ErrNotHeld", err)
+	}
+	if info, err := d.Inspect(ctx, "k"); err != nil || !info.Held || info.Fence != b.Fence {
+		t.Fatalf("after the late release, Inspect = %+v, %v; want held with the next grant's fence %d", info, err, b.Fence)
+	}
+	if err := d.Release(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	if info, err := d.Inspect(ctx, "k"); err != nil || info.Held || info.Fence != b.Fence {
+		t.Fatalf("after release, Inspect = %+v, %v; want free with fence %d", info, err, b.Fence)
+	}
+}

@@ -15,9 +15,18 @@ import (
 	"github.com/fenced-dev/fenced/internal/sessionlock"
 )
 
-// waiterKey is the key a session puts under lock name, exactly as etcd's
-// concurrency.Mutex names it.
-func waiterKey(name string, s *session) string { return fmt.Sprintf("%s/%x", name, int64(s.id)) }
+// waiterKey returns a new key for a session to put under lock name: the
+// session's lease ID in hex, as etcd's concurrency.Mutex names its keys,
+// then a number this driver never hands out twice. etcd's recipes order a
+// lock's keys by create revision and never read the suffix, so they queue
+// with fenced's keys as with their own; the number makes each key name
+// belong to one grant only, so a release can delete it without a
+// transaction that compares first (a grant that ended behind its back, and
+// a later one of the same session under the same name, can never share a
+// key name).
+func (d *Driver) waiterKey(name string, s *session) string {
+	return fmt.Sprintf("%s/%x_%x", name, int64(s.id), d.keySeq.Add(1))
+}
 
 // TryAcquire implements driver.Driver. It puts the waiter key only if no key
 // exists under the lock name (one transaction), so it never queues; a
@@ -34,10 +43,10 @@ func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Dur
 	if err != nil {
 		return 0, err
 	}
-	e := &entry{id: sessionlock.ID{Key: key, Owner: owner}, etcdKey: waiterKey(name, s), name: name, s: s}
+	e := &entry{id: sessionlock.ID{Key: key, Owner: owner}, etcdKey: d.waiterKey(name, s), name: name, s: s}
 	resp, kaErr, err := d.put(ctx, e, ttl, start, d.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(pfx), "=", 0).WithPrefix()).
-		Then(clientv3.OpPut(e.etcdKey, owner, clientv3.WithLease(s.id))).
+		Then(clientv3.OpPut(e.etcdKey, owner, clientv3.WithLease(s.id)), d.recordPut(name)).
 		Else(clientv3.OpGet(pfx, clientv3.WithFirstCreate()...)))
 	if errors.Is(err, errStartOver) {
 		return d.TryAcquire(ctx, key, owner, ttl)
@@ -144,7 +153,7 @@ func (d *Driver) AcquireTimed(ctx context.Context, key, owner string, ttl time.D
 	if err != nil {
 		return 0, time.Time{}, err
 	}
-	e := &entry{id: sessionlock.ID{Key: key, Owner: owner}, etcdKey: waiterKey(name, s), name: name, s: s}
+	e := &entry{id: sessionlock.ID{Key: key, Owner: owner}, etcdKey: d.waiterKey(name, s), name: name, s: s}
 	fail := func(err error) (uint64, time.Time, error) {
 		d.grants.EndNow(e)
 		if ctx.Err() != nil {
@@ -154,7 +163,7 @@ func (d *Driver) AcquireTimed(ctx context.Context, key, owner string, ttl time.D
 	}
 	resp, kaErr, err := d.put(ctx, e, ttl, start, d.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(e.etcdKey), "=", 0)).
-		Then(clientv3.OpPut(e.etcdKey, owner, clientv3.WithLease(s.id)), clientv3.OpGet(pfx, clientv3.WithFirstCreate()...)).
+		Then(clientv3.OpPut(e.etcdKey, owner, clientv3.WithLease(s.id)), clientv3.OpGet(pfx, clientv3.WithFirstCreate()...), d.recordPut(name)).
 		Else(clientv3.OpGet(e.etcdKey)))
 	if errors.Is(err, errStartOver) {
 		return d.AcquireTimed(ctx, key, owner, ttl)
@@ -448,22 +457,21 @@ func (d *Driver) RenewBatch(ctx context.Context, grants []driver.Grant) ([]error
 	return errs, nil
 }
 
-// Release implements driver.Driver: it deletes g's key if it still carries
-// g's fence and owner, and records the fence for Inspect.
+// Release implements driver.Driver: it deletes g's key, a plain delete as
+// concurrency.Mutex's Unlock makes (the key's name belongs to g's grant
+// alone, see waiterKey, and the fence was recorded when it was put). A key
+// already gone (broken, or its session expired) fails with ErrNotHeld.
 func (d *Driver) Release(ctx context.Context, g driver.Grant) error {
 	e := d.grants.Lookup(g.Key, g.Owner)
 	if e == nil || !e.granted || g.Fence == 0 || uint64(e.rev) != g.Fence {
 		return fmt.Errorf("etcd: release %s: %w", g, driver.ErrNotHeld)
 	}
-	resp, err := d.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(e.etcdKey), "=", e.rev), e.ownedCmp()).
-		Then(clientv3.OpDelete(e.etcdKey), clientv3.OpPut(d.recordKey(e.name), fmt.Sprint(e.rev))).
-		Commit()
+	resp, err := d.cli.Delete(ctx, e.etcdKey)
 	if err != nil {
 		return writeErr("release", err)
 	}
 	d.grants.Forget(e)
-	if !resp.Succeeded {
+	if resp.Deleted == 0 {
 		return fmt.Errorf("etcd: release %s: %w", g, driver.ErrNotHeld)
 	}
 	return nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -201,16 +202,12 @@ func (d *Driver) endEntry(e *entry) error {
 	return err
 }
 
-// deleteOwned deletes e's key if it still carries e's owner, recording the
-// fence of a held key. It reports whether a key was deleted.
+// deleteOwned deletes e's key if it still carries e's owner (its fence was
+// recorded when it was put). It reports whether a key was deleted.
 func (d *Driver) deleteOwned(ctx context.Context, e *entry) (bool, error) {
-	ops := []clientv3.Op{clientv3.OpDelete(e.etcdKey)}
-	if e.granted && e.rev > 0 {
-		ops = append(ops, clientv3.OpPut(d.recordKey(e.name), fmt.Sprint(e.rev)))
-	}
 	resp, err := d.cli.Txn(ctx).
 		If(e.ownedCmp()).
-		Then(ops...).
+		Then(clientv3.OpDelete(e.etcdKey)).
 		Commit()
 	if err != nil {
 		return false, writeErr("delete key", err)
@@ -218,10 +215,35 @@ func (d *Driver) deleteOwned(ctx context.Context, e *entry) (bool, error) {
 	return resp.Succeeded, nil
 }
 
-// recordKey is where the fence of the last released or broken grant of a
-// lock name is kept. It sits beside the lock's waiter keys (name + "/..."),
-// outside the range etcd's recipe scans.
+// recordKey is where the newest fence of a lock name is kept, for Inspect
+// to report once the name is free. It sits beside the lock's waiter keys
+// (name + "/..."), outside the range etcd's recipes scan.
 func (d *Driver) recordKey(name string) string { return name }
+
+// recordPut records the fence of the key that the same transaction puts
+// under lock name: the record's value is empty, and its mod revision is the
+// transaction's revision, which is the new key's create revision, its
+// fence. So the record costs no write of its own at release, and it holds
+// a fence at least as new as any grant of the name, whether that grant is
+// released, broken or expires with its session. (A waiter's key that never
+// became a grant is recorded too: no later grant gets a lower fence, which
+// is what a guard or fence.Sequencer needs of it.) Break records the
+// broken holder's fence as the value instead, as older versions of this
+// driver recorded every release.
+func (d *Driver) recordPut(name string) clientv3.Op { return clientv3.OpPut(d.recordKey(name), "") }
+
+// recordedFence is the fence the record kv of a lock name holds (see
+// recordPut).
+func recordedFence(kv *mvccpb.KeyValue) (uint64, error) {
+	if len(kv.Value) == 0 {
+		return uint64(kv.ModRevision), nil
+	}
+	f, err := strconv.ParseUint(string(kv.Value), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("record %s holds %q, not a fence", kv.Key, kv.Value)
+	}
+	return f, nil
+}
 
 // classify is etcd's driver.Classifier: a lease that is not found means
 // the session is gone; any other failure of the client may have come
