@@ -108,19 +108,19 @@ func (c *Client) newLease(parent context.Context, key, owner string, fence uint6
 // guard the lease as they always do.
 const lossWatchDelay = 100 * time.Millisecond
 
-// watchLoss runs w's loss watch of l, on the goroutine of l's lossWatch
-// timer, until l ends: a loss it reports ends l.
+// watchLoss starts w's loss watch of l (on the goroutine of l's lossWatch
+// timer): a loss it reports ends l, and the watch stops when l ends.
 func (l *Lease) watchLoss(w driver.LossWatcher) {
 	if l.ctx.Err() != nil {
 		return
 	}
-	ch, err := w.WatchLoss(l.ctx, l.grant())
+	stop, err := w.WatchLoss(l.grant(), l.lose)
 	if err != nil {
 		return // not held any more: the next renewal finds out
 	}
-	if err, ok := <-ch; ok && err != nil {
-		l.lose(err)
-	}
+	// Run when l ends, on a goroutine of its own: l.lose ends l from
+	// inside the driver's report, which stop waits for.
+	context.AfterFunc(l.ctx, stop)
 }
 
 func (c *Client) failOpenLease(parent context.Context, key, owner string, sent time.Time, s LeaseSpec) (*Lease, error) {

@@ -19,25 +19,21 @@ type lossWatching struct {
 	*mem.Driver
 	mu      sync.Mutex
 	watched []driver.Grant
-	losses  map[string]chan error // by owner
+	losses  map[string]func(error) // by owner, while watched
+	stopped int
 }
 
-func (w *lossWatching) WatchLoss(ctx context.Context, g driver.Grant) (<-chan error, error) {
+func (w *lossWatching) WatchLoss(g driver.Grant, lost func(error)) (func(), error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.watched = append(w.watched, g)
-	in := make(chan error, 1)
-	w.losses[g.Owner] = in
-	out := make(chan error, 1)
-	go func() {
-		defer close(out)
-		select {
-		case err := <-in:
-			out <- err
-		case <-ctx.Done():
-		}
-	}()
-	return out, nil
+	w.losses[g.Owner] = lost
+	return func() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		delete(w.losses, g.Owner)
+		w.stopped++
+	}, nil
 }
 
 func (w *lossWatching) watches() []driver.Grant {
@@ -49,20 +45,27 @@ func (w *lossWatching) watches() []driver.Grant {
 // lose reports owner's grant lost through its watch.
 func (w *lossWatching) lose(owner string) bool {
 	w.mu.Lock()
-	defer w.mu.Unlock()
-	ch, ok := w.losses[owner]
+	lost, ok := w.losses[owner]
+	w.mu.Unlock()
 	if ok {
-		ch <- driver.ErrLost
+		lost(driver.ErrLost)
 	}
 	return ok
+}
+
+func (w *lossWatching) stops() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.stopped
 }
 
 // TestLossWatchStartsOnlyForLeasesHeldAWhile checks that a lease released
 // soon after its grant never starts its driver's loss watch (a short hold
 // costs the authority no watch and the client no goroutine), and that a
-// lease held longer does, and ends when the watch reports the loss.
+// lease held longer does, ends when the watch reports the loss, and then
+// stops its watch.
 func TestLossWatchStartsOnlyForLeasesHeldAWhile(t *testing.T) {
-	w := &lossWatching{Driver: mem.New(nil), losses: map[string]chan error{}}
+	w := &lossWatching{Driver: mem.New(nil), losses: map[string]func(error){}}
 	c := fenced.NewClient(w, nil)
 	defer c.Close()
 	ctx := context.Background()
@@ -102,5 +105,11 @@ func TestLossWatchStartsOnlyForLeasesHeldAWhile(t *testing.T) {
 	}
 	if err := long.Err(); !errors.Is(err, fenced.ErrLost) {
 		t.Fatalf("lease ended with %v, want ErrLost", err)
+	}
+	for w.stops() != 1 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if n := w.stops(); n != 1 {
+		t.Fatalf("the ended lease's watch was stopped %d times, want once", n)
 	}
 }

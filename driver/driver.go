@@ -410,10 +410,19 @@ type BatchRenewer interface {
 
 // LossWatcher is implemented by drivers that learn of a lost grant without
 // being asked (an etcd or ZooKeeper session expiring, a key deleted by an
-// admin). The returned channel receives one error matching ErrLost, or is
-// closed without a value when ctx ends.
+// admin). WatchLoss watches g, a grant this driver made, and calls lost
+// once, with an error matching ErrLost, when it learns that g is lost. The
+// watch lasts until stop is called (or the driver is closed); after stop
+// returns lost is not called. lost may be called from any goroutine; it
+// must not block, nor call stop. A grant the driver does not hold fails
+// with ErrNotHeld.
+//
+// The Client watches a lease only once it has been held for a while, so
+// a driver need not make a watch cheap to set up; it should make a watch
+// cheap to keep (no goroutine per watched grant), since a client may hold
+// a great many leases.
 type LossWatcher interface {
-	WatchLoss(ctx context.Context, g Grant) (<-chan error, error)
+	WatchLoss(g Grant, lost func(error)) (stop func(), err error)
 }
 
 // BreakLogger is implemented by drivers that keep an audit log of breaks.

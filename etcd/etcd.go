@@ -174,6 +174,7 @@ type Driver struct {
 	closed   bool
 	sessions map[int64][]*session // by TTL in seconds
 	ka       *keepAliver
+	losses   *lossWatches
 	grants   *sessionlock.Grants[*entry]
 	keySeq   atomic.Uint64   // numbers the keys this driver puts (see waiterKey)
 	ctx      context.Context // cancelled by Close
@@ -203,6 +204,7 @@ func New(cli *clientv3.Client, opts *Options) (*Driver, error) {
 		ctx:      ctx, cancel: cancel,
 		ka: &keepAliver{conn: cli.ActiveConnection(), ctx: ctx},
 	}
+	d.losses = &lossWatches{conn: cli.ActiveConnection(), ctx: ctx, get: d.getKey}
 	d.grants = sessionlock.NewGrants(d.endEntry, d.freeName)
 	return d, nil
 }
@@ -236,6 +238,7 @@ func (d *Driver) Close() error {
 		return nil
 	}
 	d.grants.Close()
+	d.losses.close()
 	d.cancel()
 	if d.ownsClient {
 		return d.cli.Close()

@@ -2,10 +2,12 @@ package etcd_test
 
 import (
 	"context"
+	"errors"
 	"os"
 	"testing"
 	"time"
 
+	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/internal/testkit/crashtest"
 	"github.com/fenced-dev/fenced/internal/testkit/faulttest"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
@@ -41,4 +43,48 @@ func TestFaults(t *testing.T) {
 	t.Run("PausedHolderLosesSession", func(t *testing.T) {
 		faulttest.PausedHolderLosesLease(t, testenv.StartEtcd(t).URL(""), "paused", 3*time.Second)
 	})
+}
+
+// TestLossWatchSurvivesRestart checks that the driver's loss watches, which
+// share one Watch stream, are set up again when the stream breaks: a lease
+// held across a restart of the (single) etcd member, then broken by an
+// admin, ends with ErrLost long before its local validity would end it (it
+// is not renewed, so nothing else would notice).
+func TestLossWatchSurvivesRestart(t *testing.T) {
+	cluster := testenv.StartEtcd(t)
+	ctx := context.Background()
+	c, err := fenced.Open(ctx, cluster.URL(""), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	l, err := c.Acquire(ctx, "restart", &fenced.LeaseOptions{TTL: 30 * time.Second, AutoRenew: fenced.Off})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond) // the loss watch starts
+	m := cluster.Members[0]
+	m.Kill()
+	m.Start()
+	m.WaitReady()
+	time.Sleep(2 * time.Second) // the stream is opened again
+	if l.Err() != nil {
+		t.Fatalf("lease ended across the restart: %v", l.Err())
+	}
+	admin, err := fenced.Open(ctx, cluster.URL(""), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	if _, err := admin.Break(ctx, "restart", "test", "TestLossWatchSurvivesRestart"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-l.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the broken lease was not ended within 10s of the break after a restart")
+	}
+	if err := l.Err(); !errors.Is(err, fenced.ErrLost) {
+		t.Fatalf("lease ended with %v, want ErrLost", err)
+	}
 }

@@ -479,33 +479,13 @@ func (d *Driver) Release(ctx context.Context, g driver.Grant) error {
 
 // WatchLoss implements driver.LossWatcher: it watches g's key from its
 // creation on and reports ErrLost when the key is deleted by anyone but
-// this driver's release (an admin break, or the session expiring).
-func (d *Driver) WatchLoss(ctx context.Context, g driver.Grant) (<-chan error, error) {
+// this driver's release (an admin break, or the session expiring). Every
+// watch of the driver shares one Watch stream and no goroutine (see
+// lossWatches).
+func (d *Driver) WatchLoss(g driver.Grant, lost func(error)) (func(), error) {
 	e := d.grants.Lookup(g.Key, g.Owner)
-	if e == nil || uint64(e.rev) != g.Fence {
+	if e == nil || !e.granted || uint64(e.rev) != g.Fence {
 		return nil, fmt.Errorf("etcd: watch %s: %w", g, driver.ErrNotHeld)
 	}
-	look := func(ctx context.Context) (time.Duration, error) {
-		wctx, cancel := context.WithCancel(ctx)
-		defer cancel()
-		for wr := range d.cli.Watch(wctx, e.etcdKey, clientv3.WithRev(e.rev+1), clientv3.WithFilterPut()) {
-			if wr.Err() != nil {
-				break
-			}
-			for _, ev := range wr.Events {
-				if ev.Type == mvccpb.DELETE {
-					return 0, fmt.Errorf("%w: etcd key %s was deleted (broken by an admin, or its session expired)", driver.ErrLost, e.etcdKey)
-				}
-			}
-		}
-		// The watch failed (compaction, shutdown): check directly.
-		gctx, gcancel := context.WithTimeout(ctx, 5*time.Second)
-		resp, err := d.cli.Get(gctx, e.etcdKey)
-		gcancel()
-		if err == nil && (len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != e.rev) {
-			return 0, fmt.Errorf("%w: etcd key %s is gone", driver.ErrLost, e.etcdKey)
-		}
-		return time.Second, nil
-	}
-	return sessionlock.WatchLoss(ctx, look), nil
+	return d.losses.add(e, sessionlock.NewLoss(lost)), nil
 }

@@ -272,3 +272,16 @@ func writeErr(op string, err error) error {
 func ctxErr(err error) bool {
 	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
 }
+
+// getKey reads key: its KeyValue (nil when absent) and the store's
+// revision at the read.
+func (d *Driver) getKey(ctx context.Context, key string) (*mvccpb.KeyValue, int64, error) {
+	resp, err := d.cli.Get(ctx, key)
+	if err != nil {
+		return nil, 0, readErr("read key", err)
+	}
+	if len(resp.Kvs) == 0 {
+		return nil, resp.Header.Revision, nil
+	}
+	return resp.Kvs[0], resp.Header.Revision, nil
+}

@@ -655,12 +655,29 @@ func (d *Driver) Release(ctx context.Context, g driver.Grant) error {
 }
 
 // WatchLoss implements driver.LossWatcher with a watch on g's node and on
-// its session's expiry.
-func (d *Driver) WatchLoss(ctx context.Context, g driver.Grant) (<-chan error, error) {
+// its session's expiry, kept by a goroutine of its own until stop.
+func (d *Driver) WatchLoss(g driver.Grant, lost func(error)) (func(), error) {
 	e, err := d.grantEntry("watch", g)
 	if err != nil {
 		return nil, err
 	}
+	ctx, cancel := context.WithCancel(d.ctx)
+	loss := sessionlock.NewLoss(lost)
+	ch := d.watchLoss(ctx, e)
+	go func() {
+		if err, ok := <-ch; ok {
+			loss.Report(err)
+		}
+	}()
+	return func() {
+		loss.Stop()
+		cancel()
+	}, nil
+}
+
+// watchLoss is the loop behind WatchLoss: the channel receives the loss of
+// e's node, or is closed when ctx ends.
+func (d *Driver) watchLoss(ctx context.Context, e *entry) <-chan error {
 	lost := func(why string) error {
 		return fmt.Errorf("%w: ZooKeeper node %s %s", driver.ErrLost, e.path, why)
 	}
@@ -696,5 +713,5 @@ func (d *Driver) WatchLoss(ctx context.Context, g driver.Grant) (<-chan error, e
 			return 0, nil
 		}
 	}
-	return sessionlock.WatchLoss(ctx, look), nil
+	return sessionlock.WatchLoss(ctx, look)
 }

@@ -73,13 +73,8 @@ func (s silent) Close() error       { return nil }
 // blind implements driver.LossWatcher but never reports a loss.
 type blind struct{ *mem.Driver }
 
-func (blind) WatchLoss(ctx context.Context, g driver.Grant) (<-chan error, error) {
-	ch := make(chan error)
-	go func() {
-		<-ctx.Done()
-		close(ch)
-	}()
-	return ch, nil
+func (blind) WatchLoss(g driver.Grant, lost func(error)) (func(), error) {
+	return func() {}, nil
 }
 
 // TestBrokenDriverHelper is not a test of its own: TestBrokenDriversFail

@@ -912,9 +912,10 @@ func (s *suite) testFIFO(t *testing.T) {
 }
 
 // testLossWatch checks that a driver implementing driver.LossWatcher
-// reports a grant broken by another client on the watch channel with an
-// error matching driver.ErrLost, and reports nothing while the grant is
-// held.
+// reports a grant broken by another client exactly once, with an error
+// matching driver.ErrLost, and reports nothing while the grant is held,
+// nothing after the watch's stop, and refuses to watch a grant it does not
+// hold.
 func (s *suite) testLossWatch(t *testing.T) {
 	d := s.drv(t)
 	w, ok := d.(driver.LossWatcher)
@@ -922,31 +923,64 @@ func (s *suite) testLossWatch(t *testing.T) {
 		skipUndeclared(t, "LossWatcher (driver.LossWatcher)", "a lost grant is found by the next renewal")
 	}
 	ctx := ctxT(t)
-	key := uniqueKey(t, "losswatch")
-	o := owner()
-	fence, err := d.TryAcquire(ctx, key, o, time.Minute)
-	if err != nil {
-		t.Fatal(err)
+	grant := func(name string) driver.Grant {
+		g := driver.Grant{Key: uniqueKey(t, name), Owner: owner(), TTL: time.Minute}
+		var err error
+		if g.Fence, err = d.TryAcquire(ctx, g.Key, g.Owner, g.TTL); err != nil {
+			t.Fatal(err)
+		}
+		return g
 	}
-	ch, err := w.WatchLoss(ctx, driver.Grant{Key: key, Owner: o, Fence: fence})
-	if err != nil {
-		t.Fatalf("WatchLoss: %v", err)
+	watch := func(g driver.Grant) (<-chan error, func()) {
+		reports := make(chan error, 4)
+		stop, err := w.WatchLoss(g, func(err error) { reports <- err })
+		if err != nil {
+			t.Fatalf("WatchLoss(%s): %v", g, err)
+		}
+		return reports, stop
 	}
+	breakKey := func(key string) {
+		if _, err := s.drv(t).Break(ctx, key, driver.BreakRequest{Reason: "drivertest loss watch", By: "drivertest"}); err != nil {
+			t.Fatalf("break %s: %v", key, err)
+		}
+	}
+	g := grant("losswatch")
+	reports, stop := watch(g)
+	defer stop()
+	stranger := g
+	stranger.Owner = owner()
+	if stop, err := w.WatchLoss(stranger, func(error) {}); !errors.Is(err, driver.ErrNotHeld) {
+		if stop != nil {
+			stop()
+		}
+		t.Errorf("WatchLoss of a grant the driver does not hold: %v, want ErrNotHeld", err)
+	}
+	stopped := grant("losswatch-stopped")
+	stoppedReports, stopIt := watch(stopped)
 	select {
-	case err, ok := <-ch:
-		t.Fatalf("loss reported while the grant is held: %v (channel open: %v)", err, ok)
+	case err := <-reports:
+		t.Fatalf("loss reported while the grant is held: %v", err)
+	case err := <-stoppedReports:
+		t.Fatalf("loss reported while the grant is held: %v", err)
 	case <-time.After(300 * time.Millisecond):
 	}
-	if _, err := s.drv(t).Break(ctx, key, driver.BreakRequest{Reason: "drivertest loss watch", By: "drivertest"}); err != nil {
-		t.Fatalf("break: %v", err)
-	}
+	stopIt()
+	breakKey(stopped.Key)
+	breakKey(g.Key)
 	select {
-	case err, ok := <-ch:
-		if !ok || !errors.Is(err, driver.ErrLost) {
-			t.Fatalf("after a break the watch gave %v (channel open: %v), want an error matching ErrLost", err, ok)
+	case err := <-reports:
+		if !errors.Is(err, driver.ErrLost) {
+			t.Fatalf("after a break the watch reported %v, want an error matching ErrLost", err)
 		}
 	case <-time.After(20 * time.Second):
 		t.Fatal("backend implements LossWatcher, but a break by another client was not reported within 20s")
+	}
+	select {
+	case err := <-reports:
+		t.Fatalf("a second report of the same loss: %v", err)
+	case err := <-stoppedReports:
+		t.Fatalf("a watch reported a loss after its stop returned: %v", err)
+	case <-time.After(time.Second):
 	}
 }
 

@@ -185,6 +185,36 @@ func WaitTurn(ctx context.Context, step func(context.Context) (bool, error), ret
 	}
 }
 
+// Loss delivers one loss watch's report (see driver.LossWatcher): at most
+// once, and never once Stop has returned. It is safe for concurrent use.
+type Loss struct {
+	mu   sync.Mutex
+	done bool
+	lost func(error)
+}
+
+// NewLoss returns a Loss that reports to lost.
+func NewLoss(lost func(error)) *Loss { return &Loss{lost: lost} }
+
+// Report calls lost with err, unless a report was made or Stop called
+// before. lost runs with the Loss locked, so a Stop waits for it.
+func (l *Loss) Report(err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.done {
+		return
+	}
+	l.done = true
+	l.lost(err)
+}
+
+// Stop ends l: no report is made after it returns.
+func (l *Loss) Stop() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.done = true
+}
+
 // WatchLoss implements the loop of driver.LossWatcher. It calls look until
 // ctx ends: look returns a non-nil error (wrapping driver.ErrLost) once it
 // knows the grant is lost, which is delivered unless ctx ended meanwhile;
