@@ -54,7 +54,10 @@ type Lease struct {
 	lastErr    error
 	releaseErr error         // the release's outcome, set with freed
 	freedCh    chan struct{} // made by a second Release that waits, closed with freed
-	lossWatch  *time.Timer   // starts the driver's loss watch (see lossWatchDelay); nil without one
+	// The driver's loss watch (see lossWatchDelay): the timer that starts
+	// it, then the function that stops it; nil without one.
+	lossWatch     *time.Timer
+	stopLossWatch func()
 }
 
 // makeLease returns the lease of a grant whose request was sent at sent (on
@@ -114,13 +117,39 @@ func (l *Lease) watchLoss(w driver.LossWatcher) {
 	if l.ctx.Err() != nil {
 		return
 	}
-	stop, err := w.WatchLoss(l.grant(), l.lose)
+	// The driver's report must not block: the lease ends on a goroutine
+	// of its own (which also runs the Lost hook).
+	stop, err := w.WatchLoss(l.grant(), func(err error) { go l.lose(err) })
 	if err != nil {
 		return // not held any more: the next renewal finds out
 	}
-	// Run when l ends, on a goroutine of its own: l.lose ends l from
-	// inside the driver's report, which stop waits for.
-	context.AfterFunc(l.ctx, stop)
+	l.mu.Lock()
+	l.lossWatch = nil
+	if l.ended {
+		l.mu.Unlock()
+		stop()
+		return
+	}
+	l.stopLossWatch = stop
+	l.mu.Unlock()
+}
+
+// takeLossWatch returns what ends l's loss watch: the timer that would
+// start it, or the watch's stop function (either may be nil). l.mu must be
+// held; the caller calls endLossWatch after unlocking it.
+func (l *Lease) takeLossWatch() (*time.Timer, func()) {
+	t, stop := l.lossWatch, l.stopLossWatch
+	l.lossWatch, l.stopLossWatch = nil, nil
+	return t, stop
+}
+
+func endLossWatch(t *time.Timer, stop func()) {
+	if t != nil {
+		t.Stop()
+	}
+	if stop != nil {
+		stop()
+	}
 }
 
 func (c *Client) failOpenLease(parent context.Context, key, owner string, sent time.Time, s LeaseSpec) (*Lease, error) {
@@ -280,10 +309,9 @@ func (l *Lease) end(cause error) bool {
 	}
 	l.released = true
 	l.ended = true
-	if l.lossWatch != nil {
-		l.lossWatch.Stop()
-	}
+	t, stop := l.takeLossWatch()
 	l.mu.Unlock()
+	endLossWatch(t, stop)
 	l.c.renew.remove(l)
 	l.cancel(cause)
 	return true
@@ -320,7 +348,9 @@ func (l *Lease) lose(cause error) {
 		return
 	}
 	l.ended = true
+	t, stop := l.takeLossWatch()
 	l.mu.Unlock()
+	endLossWatch(t, stop)
 	l.c.renew.remove(l)
 	l.cancel(cause)
 	l.c.hooks.lost(LostEvent{Key: l.key, Fence: l.fence, Held: l.c.now() - l.acquired, Cause: cause, Lease: l})

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -344,8 +345,9 @@ const renewReadsInFlight = 4
 
 // RenewBatch implements driver.BatchRenewer: one keep-alive per session
 // (none when a recent one covers the TTL) and the keys read in
-// transactions of at most maxReadsPerTxn reads, sent concurrently with
-// the keep-alives. A grant is renewed only when its key still holds its
+// transactions of at most maxReadsPerTxn reads, or, for a session that
+// carries more of the batch's grants than that, one LeaseTimeToLive
+// listing the session's keys, all sent concurrently with the keep-alives. A grant is renewed only when its key still holds its
 // revision and its session's keep-alive was answered. A read transaction
 // that fails fails only its own grants (with the read's error, never
 // ErrNotHeld); the batch fails as a whole only when every read failed.
@@ -390,31 +392,63 @@ func (d *Driver) RenewBatch(ctx context.Context, grants []driver.Grant) ([]error
 			mu.Unlock()
 		}()
 	}
-	// kvs[j] is what the read of entries[idx[j]] found; readErrs[j] is set
-	// when the transaction carrying that read failed.
-	kvs := make([]*mvccpb.KeyValue, len(idx))
+	// held[j] tells whether the read of entries[idx[j]] found its key as
+	// the entry put it; readErrs[j] is set when the request carrying that
+	// read failed.
+	held := make([]bool, len(idx))
 	readErrs := make([]error, len(idx))
 	var failed atomic.Int64
+	// The grants of a session that carries many of them are checked with
+	// one LeaseTimeToLive listing the session's keys, instead of a read per
+	// key: a key name belongs to one grant (see waiterKey), so finding the
+	// name attached to the session finds the grant.
+	bySession := map[*session][]int{} // positions in idx
+	for j, i := range idx {
+		bySession[entries[i].s] = append(bySession[entries[i].s], j)
+	}
+	var reads []int // positions in idx read key by key
+	for s, js := range bySession {
+		if len(js) <= maxReadsPerTxn {
+			reads = append(reads, js...)
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			attached, err := d.attachedKeys(ctx, s, start.Add(-listingReuse))
+			if err != nil {
+				for _, j := range js {
+					readErrs[j] = err
+				}
+				failed.Add(int64(len(js)))
+				return
+			}
+			for _, j := range js {
+				held[j] = attached[entries[idx[j]].etcdKey]
+			}
+		}()
+	}
+	slices.Sort(reads)
 	chunks := make(chan int)
 	var rg sync.WaitGroup
-	for range min(renewReadsInFlight, (len(idx)+maxReadsPerTxn-1)/maxReadsPerTxn) {
+	for range min(renewReadsInFlight, (len(reads)+maxReadsPerTxn-1)/maxReadsPerTxn) {
 		rg.Add(1)
 		go func() {
 			defer rg.Done()
 			for lo := range chunks {
-				hi := min(lo+maxReadsPerTxn, len(idx))
+				hi := min(lo+maxReadsPerTxn, len(reads))
 				ops := make([]clientv3.Op, 0, hi-lo)
-				for _, i := range idx[lo:hi] {
-					ops = append(ops, clientv3.OpGet(entries[i].etcdKey))
+				for _, j := range reads[lo:hi] {
+					ops = append(ops, clientv3.OpGet(entries[idx[j]].etcdKey))
 				}
 				resp, err := d.cli.Txn(ctx).Then(ops...).Commit()
-				for j := lo; j < hi; j++ {
+				for n, j := range reads[lo:hi] {
 					if err != nil {
 						readErrs[j] = readErr("renew", err)
 						continue
 					}
-					if r := resp.Responses[j-lo].GetResponseRange().Kvs; len(r) > 0 {
-						kvs[j] = r[0]
+					if r := resp.Responses[n].GetResponseRange().Kvs; len(r) > 0 {
+						held[j] = entries[idx[j]].holds(r[0])
 					}
 				}
 				if err != nil {
@@ -423,7 +457,7 @@ func (d *Driver) RenewBatch(ctx context.Context, grants []driver.Grant) ([]error
 			}
 		}()
 	}
-	for lo := 0; lo < len(idx); lo += maxReadsPerTxn {
+	for lo := 0; lo < len(reads); lo += maxReadsPerTxn {
 		chunks <- lo
 	}
 	close(chunks)
@@ -438,7 +472,7 @@ func (d *Driver) RenewBatch(ctx context.Context, grants []driver.Grant) ([]error
 			errs[i] = readErrs[j]
 			continue
 		}
-		if kvs[j] == nil || !e.holds(kvs[j]) {
+		if !held[j] {
 			d.grants.Forget(e)
 			errs[i] = fmt.Errorf("etcd: renew %s: %w: key %s is gone", grants[i], driver.ErrNotHeld, e.etcdKey)
 			continue
@@ -455,6 +489,67 @@ func (d *Driver) RenewBatch(ctx context.Context, grants []driver.Grant) ([]error
 		d.grants.Track(e, grants[i].TTL, start)
 	}
 	return errs, nil
+}
+
+// listingReuse is how long before a RenewBatch call began a listing of a
+// session's keys (see attachedKeys) may have been sent and still serve
+// it. A client renews its leases in calls of a few thousand grants, a few
+// at a time; this way one listing serves them all, where each would
+// otherwise fetch every key of the session. A key deleted in that time
+// (broken by an admin) is reported by the loss watch, as one deleted just
+// after a fresh listing would be.
+const listingReuse = time.Second
+
+// keyListing is one LeaseTimeToLive listing of a session's keys, shared by
+// the RenewBatch calls that need it.
+type keyListing struct {
+	sent time.Time
+	done chan struct{} // closed once keys or err is set
+	keys map[string]bool
+	err  error
+}
+
+// attachedKeys returns the keys attached to s's etcd lease, from a
+// listing sent no earlier than notBefore: one in flight or just made if
+// there is one, else a new one.
+func (d *Driver) attachedKeys(ctx context.Context, s *session, notBefore time.Time) (map[string]bool, error) {
+	d.mu.Lock()
+	if kl := s.listing; kl != nil && !kl.sent.Before(notBefore) {
+		d.mu.Unlock()
+		select {
+		case <-kl.done:
+		case <-ctx.Done():
+			return nil, readErr("renew", ctx.Err())
+		}
+		if kl.err == nil {
+			return kl.keys, nil
+		}
+		// The request that made it failed (perhaps only its caller's
+		// context ended): make one of our own.
+		d.mu.Lock()
+	}
+	kl := &keyListing{sent: time.Now(), done: make(chan struct{})}
+	s.listing = kl
+	d.mu.Unlock()
+	resp, err := d.cli.TimeToLive(ctx, s.id, clientv3.WithAttachedKeys())
+	if err != nil {
+		kl.err = readErr("renew", err)
+	} else {
+		kl.keys = make(map[string]bool, len(resp.Keys))
+		for _, k := range resp.Keys {
+			kl.keys[string(k)] = true
+		}
+	}
+	close(kl.done)
+	// Do not keep a large listing past its use.
+	time.AfterFunc(listingReuse, func() {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		if s.listing == kl {
+			s.listing = nil
+		}
+	})
+	return kl.keys, kl.err
 }
 
 // Release implements driver.Driver: it deletes g's key, a plain delete as

@@ -29,6 +29,10 @@ type session struct {
 	// the send time of its last confirmed keep-alive (or grant) plus its
 	// TTL. Past it the session is dropped without asking the server.
 	until time.Time
+	// listing is the newest listing of the session's keys, kept for a
+	// moment for the renewals that share it (see attachedKeys); guarded by
+	// Driver.mu.
+	listing *keyListing
 }
 
 // entry tracks a key this driver put. Its deadline (kept by the driver's

@@ -11,6 +11,7 @@
 package reaper
 
 import (
+	"container/heap"
 	"sync"
 	"time"
 )
@@ -18,30 +19,32 @@ import (
 // Reaper calls end for an item once its deadline passes without being moved.
 // If end fails it is tried again every retry until it succeeds, the item is
 // forgotten or the Reaper is closed. Items are compared with ==.
+//
+// All deadlines share one timer, set for the earliest (a min-heap keeps
+// them in order), so an armed item costs a map entry and a heap slot, not
+// a runtime timer: a driver holding a hundred thousand grants arms as many.
 type Reaper[T comparable] struct {
 	end   func(T) error
 	retry time.Duration
 
 	mu     sync.Mutex
-	items  map[T]*item
+	items  map[T]*item[T]
+	queue  queue[T]    // the armed items, earliest deadline first
+	timer  *time.Timer // set for queue's earliest deadline; nil before the first
+	armed  time.Time   // what timer is set for (zero: not set)
 	closed bool
 	wg     sync.WaitGroup
 }
 
-type item struct {
+type item[T comparable] struct {
+	x        T
 	deadline time.Time
-	timer    *time.Timer // nil while an EndNow runs
-}
-
-func (it *item) stop() {
-	if it.timer != nil {
-		it.timer.Stop()
-	}
+	idx      int // in the queue; -1 while not in it (an end in progress)
 }
 
 // New returns a Reaper that ends items with end.
 func New[T comparable](end func(T) error, retry time.Duration) *Reaper[T] {
-	return &Reaper[T]{end: end, retry: retry, items: map[T]*item{}}
+	return &Reaper[T]{end: end, retry: retry, items: map[T]*item[T]{}}
 }
 
 // Set arms (or moves) x's deadline.
@@ -53,13 +56,39 @@ func (r *Reaper[T]) Set(x T, deadline time.Time) {
 	}
 	it := r.items[x]
 	if it == nil {
-		it = &item{}
+		it = &item[T]{x: x, idx: -1}
 		r.items[x] = it
-	} else {
-		it.stop()
 	}
+	r.armLocked(it, deadline)
+}
+
+// armLocked puts it in the queue at deadline (moving it if it is there).
+func (r *Reaper[T]) armLocked(it *item[T], deadline time.Time) {
 	it.deadline = deadline
-	it.timer = time.AfterFunc(time.Until(deadline), func() { r.fire(x, it) })
+	if it.idx >= 0 {
+		heap.Fix(&r.queue, it.idx)
+	} else {
+		heap.Push(&r.queue, it)
+	}
+	r.resetLocked()
+}
+
+// resetLocked sets the timer for the queue's earliest deadline, unless it
+// is set for that moment already.
+func (r *Reaper[T]) resetLocked() {
+	if len(r.queue) == 0 || r.closed {
+		return
+	}
+	next := r.queue[0].deadline
+	if !r.armed.IsZero() && r.armed.Equal(next) {
+		return
+	}
+	r.armed = next
+	if r.timer == nil {
+		r.timer = time.AfterFunc(time.Until(next), r.fire)
+		return
+	}
+	r.timer.Reset(time.Until(next))
 }
 
 // Deadline returns x's deadline, if it is armed.
@@ -77,7 +106,9 @@ func (r *Reaper[T]) Forget(x T) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if it := r.items[x]; it != nil {
-		it.stop()
+		if it.idx >= 0 {
+			heap.Remove(&r.queue, it.idx)
+		}
 		delete(r.items, x)
 	}
 }
@@ -92,58 +123,99 @@ func (r *Reaper[T]) EndNow(x T) error {
 	}
 	it := r.items[x]
 	if it == nil {
-		it = &item{}
+		it = &item[T]{x: x, idx: -1}
 		r.items[x] = it
-	} else {
-		it.stop()
+	} else if it.idx >= 0 {
+		heap.Remove(&r.queue, it.idx)
 	}
-	it.deadline, it.timer = time.Now(), nil
+	it.deadline = time.Now()
 	r.wg.Add(1)
 	r.mu.Unlock()
 	defer r.wg.Done()
-	return r.run(x, it)
+	return r.run(it)
 }
 
 // Close disarms everything and waits for ends in progress.
 func (r *Reaper[T]) Close() {
 	r.mu.Lock()
 	r.closed = true
-	for x, it := range r.items {
-		it.stop()
-		delete(r.items, x)
+	if r.timer != nil {
+		r.timer.Stop()
 	}
+	clear(r.items)
+	for _, it := range r.queue {
+		it.idx = -1
+	}
+	r.queue = nil
 	r.mu.Unlock()
 	r.wg.Wait()
 }
 
-func (r *Reaper[T]) fire(x T, it *item) {
+// fire starts the end of every item whose deadline has passed, each on a
+// goroutine of its own, and sets the timer for the next deadline.
+func (r *Reaper[T]) fire() {
 	r.mu.Lock()
-	if r.closed || r.items[x] != it || time.Now().Before(it.deadline) {
+	r.armed = time.Time{}
+	if r.closed {
 		r.mu.Unlock()
 		return
 	}
-	r.wg.Add(1)
+	now := time.Now()
+	var due []*item[T]
+	for len(r.queue) > 0 && !r.queue[0].deadline.After(now) {
+		due = append(due, heap.Pop(&r.queue).(*item[T]))
+	}
+	r.wg.Add(len(due))
+	r.resetLocked()
 	r.mu.Unlock()
-	defer r.wg.Done()
-	_ = r.run(x, it)
+	for _, it := range due {
+		go func() {
+			defer r.wg.Done()
+			_ = r.run(it)
+		}()
+	}
 }
 
-// run calls end and, on failure, rearms x for a retry.
-func (r *Reaper[T]) run(x T, it *item) error {
-	err := r.end(x)
+// run calls end for it, which is out of the queue, and, on failure,
+// arms it again for a retry.
+func (r *Reaper[T]) run(it *item[T]) error {
+	err := r.end(it.x)
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.items[x] != it {
-		return err // moved or forgotten meanwhile
+	if r.items[it.x] != it || it.idx >= 0 {
+		return err // forgotten, or armed again (Set) meanwhile
 	}
 	if err == nil {
-		it.stop()
-		delete(r.items, x)
+		delete(r.items, it.x)
 		return nil
 	}
 	if !r.closed {
-		it.stop()
-		it.timer = time.AfterFunc(r.retry, func() { r.fire(x, it) })
+		r.armLocked(it, time.Now().Add(r.retry))
 	}
 	return err
+}
+
+// queue is a min-heap of items by deadline (container/heap).
+type queue[T comparable] []*item[T]
+
+func (q queue[T]) Len() int           { return len(q) }
+func (q queue[T]) Less(i, j int) bool { return q[i].deadline.Before(q[j].deadline) }
+func (q queue[T]) Swap(i, j int) {
+	q[i], q[j] = q[j], q[i]
+	q[i].idx, q[j].idx = i, j
+}
+
+func (q *queue[T]) Push(x any) {
+	it := x.(*item[T])
+	it.idx = len(*q)
+	*q = append(*q, it)
+}
+
+func (q *queue[T]) Pop() any {
+	old := *q
+	it := old[len(old)-1]
+	old[len(old)-1] = nil
+	it.idx = -1
+	*q = old[:len(old)-1]
+	return it
 }

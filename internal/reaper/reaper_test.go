@@ -90,3 +90,58 @@ func TestCloseDisarms(t *testing.T) {
 		t.Fatal("an item ended after Close")
 	}
 }
+
+// TestManyItems arms a thousand items on the one timer, in shuffled
+// deadline order, moves some far ahead and forgets others: exactly the
+// rest end, each once, and none before its deadline.
+func TestManyItems(t *testing.T) {
+	var mu sync.Mutex
+	early := 0
+	ended := map[int]int{}
+	var deadlines sync.Map
+	r := New(func(x int) error {
+		d, _ := deadlines.Load(x)
+		mu.Lock()
+		defer mu.Unlock()
+		if time.Now().Before(d.(time.Time)) {
+			early++
+		}
+		ended[x]++
+		return nil
+	}, 10*time.Millisecond)
+	defer r.Close()
+	const n = 1000
+	now := time.Now().Add(200 * time.Millisecond) // time to move and forget some first
+	for i := range n {
+		d := now.Add(time.Duration((i*7919)%n) * 200 * time.Microsecond)
+		deadlines.Store(i, d)
+		r.Set(i, d)
+	}
+	for i := 0; i < n; i += 10 {
+		r.Set(i, now.Add(time.Hour)) // renewed
+	}
+	for i := 5; i < n; i += 10 {
+		r.Forget(i) // released
+	}
+	want := n - n/10 - n/10
+	waitFor(t, "every due item to end", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(ended) == want
+	})
+	time.Sleep(50 * time.Millisecond)
+	mu.Lock()
+	defer mu.Unlock()
+	for i := range n {
+		wantEnds := 1
+		if i%10 == 0 || i%10 == 5 {
+			wantEnds = 0
+		}
+		if ended[i] != wantEnds {
+			t.Errorf("item %d ended %d times, want %d", i, ended[i], wantEnds)
+		}
+	}
+	if early > 0 {
+		t.Errorf("%d items ended before their deadline", early)
+	}
+}

@@ -197,7 +197,8 @@ type Loss struct {
 func NewLoss(lost func(error)) *Loss { return &Loss{lost: lost} }
 
 // Report calls lost with err, unless a report was made or Stop called
-// before. lost runs with the Loss locked, so a Stop waits for it.
+// before. lost runs with the Loss locked, so a Stop waits for it (lost
+// must not block, nor call Stop).
 func (l *Loss) Report(err error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
