@@ -1396,7 +1396,8 @@ func (c *Conn) queueRequestContext(ctx context.Context, opcode int32, req interf
 // with Multi followed by Children, one round trip sooner. The listing may
 // go to a new connection when the old one breaks between the two; it is
 // then served by a server at least as recent as the multi's answer.
-// childrenErr is the listing's error.
+// childrenErr is the listing's error; when the multi fails it is the
+// multi's, and MultiChildren does not wait for the listing.
 //
 // When ctx ends first both errors are ctx's, and the multi may still be
 // applied: late, if not nil, is then called once, on a goroutine of its
@@ -1436,6 +1437,11 @@ func (c *Conn) MultiChildren(ctx context.Context, late func([]MultiResponse, err
 			}()
 		}
 		return nil, ctx.Err(), nil, ctx.Err()
+	}
+	if multiErr != nil {
+		// The listing would tell nothing about a multi that failed; it
+		// may not come until a new connection serves it.
+		return res, multiErr, nil, multiErr
 	}
 	if crecv == nil {
 		return res, multiErr, nil, ctx.Err()
