@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
+	"github.com/fenced-dev/fenced/zookeeper"
 )
 
 // isRequest returns a matcher for client chunks that start with a
@@ -164,5 +166,72 @@ func testConnectionLossOnCreateAndLookup(t *testing.T, ens *testenv.ZKEnsemble) 
 	}
 	if kids, _, _ := conn.Children("/connloss/cut-lookup"); len(kids) != 0 {
 		t.Fatalf("nodes left after release: %v", kids)
+	}
+}
+
+// testCreateAbandoned ends an acquisition's context while its create is at
+// a stopped server: the call returns at once, and once the server answers,
+// the node it created is deleted, so that it cannot hold the key for as
+// long as the session lives.
+func testCreateAbandoned(t *testing.T, ens *testenv.ZKEnsemble) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	d := openDriver(t, ens.URL("/abandoned", ""))
+	defer d.Close()
+	q := d.(driver.TimedQueuer)
+	const ttl = 5 * time.Second
+	// Opens the session and makes the lock path.
+	f0, _, err := q.AcquireTimed(ctx, "k", "owner-warm-up-0000000000000000000", ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Release(ctx, driver.Grant{Key: "k", Owner: "owner-warm-up-0000000000000000000", Fence: f0, TTL: ttl}); err != nil {
+		t.Fatal(err)
+	}
+	server := ens.Nodes[0].Process()
+	if err := server.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stopped := true
+	defer func() {
+		if stopped {
+			server.Signal(syscall.SIGCONT)
+		}
+	}()
+	short, cancelShort := context.WithTimeout(ctx, 300*time.Millisecond)
+	began := time.Now()
+	_, _, err = q.AcquireTimed(short, "k", "owner-abandoned-000000000000000000", ttl)
+	cancelShort()
+	if took := time.Since(began); err == nil || took > 2*time.Second {
+		t.Fatalf("acquire at a stopped server: %v after %v, want the context's error at once", err, took)
+	}
+	if err := server.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	stopped = false
+	conn, _, err := zk.Connect(ens.Servers(), 10*time.Second, zk.WithLogInfo(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	lockPath := d.(*zookeeper.Driver).LockPath("k")
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		names, _, err := conn.Children(lockPath)
+		if err == nil && len(names) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("lock nodes left under %s after the abandoned create: %v, %v", lockPath, names, err)
+		}
+	}
+	// The create was applied (the lock path records its fence) and then
+	// deleted: the key is free and its next fence is higher still.
+	info, err := d.Inspect(ctx, "k")
+	if err != nil || info.Held || info.Fence <= f0 {
+		t.Fatalf("Inspect after the abandoned create = %+v, %v; want free with a fence above %d", info, err, f0)
+	}
+	f, _, err := q.AcquireTimed(ctx, "k", "owner-after-0000000000000000000000", ttl)
+	if err != nil || f <= info.Fence {
+		t.Fatalf("acquire after the abandoned create: fence %d, %v; want above %d", f, err, info.Fence)
 	}
 }

@@ -118,85 +118,142 @@ func (d *Driver) ensureParents(conn *zk.Conn, path string) error {
 	return nil
 }
 
-// createNode creates e's ephemeral sequential node and learns its czxid.
-// The create travels in one transaction with a write to the lock path's
-// data, whose stat then carries the transaction's zxid: the new node's
-// czxid, without another round trip. On a connection loss it looks for the
-// node by its protected prefix before giving up, so a create the server
-// applied is used, never orphaned. If ctx ends first, the node is deleted
-// as soon as the create returns.
-func (d *Driver) createNode(ctx context.Context, e *entry) error {
-	type result struct {
-		path           string
-		czxid, session int64
-		err            error
+// created is the outcome of a create of an entry's lock node.
+type created struct {
+	path           string
+	czxid, session int64
+	// names is the listing of the lock path that followed the create on
+	// the connection, when listed: it reflects the create.
+	names  []string
+	listed bool
+	// abandoned is set when ctx ended before the create was answered (err
+	// is ctx's error).
+	abandoned bool
+	err       error
+}
+
+// create sends e's create and, right behind it on the connection, a
+// listing of e's lock path (zk.Conn.MultiChildren): the server serves the
+// listing once the create is applied, so it is the listing that would
+// follow the create's answer, one round trip sooner. The create travels in
+// one transaction with a write to the lock path's data, whose stat then
+// carries the transaction's zxid: the new node's czxid, without another
+// round trip. When ctx ends before the create is answered it returns
+// ctx's error, and late (if not nil) is called with the outcome once it is
+// known.
+func (d *Driver) create(ctx context.Context, e *entry, late func(created)) created {
+	session, sent := e.zc.conn.SessionID(), time.Now()
+	outcome := func(res []zk.MultiResponse, err error) created {
+		if err != nil {
+			return created{err: err}
+		}
+		if len(res) != 2 || res[1].Stat == nil {
+			return created{err: fmt.Errorf("unexpected multi response %+v", res)}
+		}
+		e.zc.recordWrite(session, sent)
+		// The session that just created the node owns it (taken now: a new
+		// connection has no session id until it is established).
+		return created{path: res[0].String, czxid: res[1].Stat.Mzxid, session: e.zc.conn.SessionID()}
 	}
-	ch := make(chan result, 1)
-	data := []byte(e.id.Owner)
-	go func() {
-		create := func() (result, error) {
-			session, sent := e.zc.conn.SessionID(), time.Now()
-			res, err := e.zc.conn.Multi(
-				&zk.CreateRequest{Path: e.lockPath + "/" + e.protectedPrefix() + lockMarker, Data: data, Acl: d.acl, Flags: zk.FlagEphemeral | zk.FlagSequence},
-				&zk.SetDataRequest{Path: e.lockPath, Version: -1})
-			if err != nil {
-				return result{}, err
-			}
-			e.zc.recordWrite(session, sent)
-			if len(res) != 2 || res[1].Stat == nil {
-				return result{}, fmt.Errorf("unexpected multi response %+v", res)
-			}
-			// The session that just created the node owns it (taken now: a
-			// new connection has no session id until it is established).
-			return result{path: res[0].String, czxid: res[1].Stat.Mzxid, session: e.zc.conn.SessionID()}, nil
+	var lateOutcome func([]zk.MultiResponse, error)
+	if late != nil {
+		lateOutcome = func(res []zk.MultiResponse, err error) { late(outcome(res, err)) }
+	}
+	res, err, names, listErr := e.zc.conn.MultiChildren(ctx, lateOutcome, e.lockPath,
+		&zk.CreateRequest{Path: e.lockPath + "/" + e.protectedPrefix() + lockMarker, Data: []byte(e.id.Owner), Acl: d.acl, Flags: zk.FlagEphemeral | zk.FlagSequence},
+		&zk.SetDataRequest{Path: e.lockPath, Version: -1})
+	if ctxErr := ctx.Err(); err != nil && ctxErr != nil && errors.Is(err, ctxErr) {
+		return created{err: err, abandoned: true}
+	}
+	r := outcome(res, err)
+	if r.err == nil && listErr == nil {
+		r.names, r.listed = names, true
+	}
+	return r
+}
+
+// recoverCreate finishes a create that failed with r: it makes a missing
+// lock path and creates once more, and after a connection loss looks for
+// the node by its protected prefix, so a create the server applied is
+// used, never orphaned. It ignores ctx, as a create in flight would.
+func (d *Driver) recoverCreate(e *entry, r created) created {
+	if errors.Is(r.err, zk.ErrNoNode) {
+		// The lock path does not exist yet: the transaction failed,
+		// nothing was applied. Make the path and create once.
+		if err := d.ensureParents(e.zc.conn, e.lockPath); err != nil {
+			return created{err: err}
 		}
-		r, err := create()
-		if errors.Is(err, zk.ErrNoNode) {
-			// The lock path does not exist yet: the transaction failed,
-			// nothing was applied. Make the path and create once.
-			if perr := d.ensureParents(e.zc.conn, e.lockPath); perr != nil {
-				ch <- result{err: perr}
-				return
+		r = d.create(context.Background(), e, nil)
+	}
+	err := r.err
+	if err != nil && !errors.Is(err, zk.ErrNodeExists) && !errors.Is(err, zk.ErrNoAuth) && !errors.Is(err, zk.ErrSessionExpired) && !errors.Is(err, zk.ErrNoNode) {
+		// Connection loss: the create may have been applied.
+		found, ferr := d.findProtected(e)
+		switch {
+		case ferr == nil && found != "":
+			ok, stat, serr := e.zc.conn.Exists(found)
+			if serr == nil && ok {
+				r = created{path: found, czxid: stat.Czxid, session: stat.EphemeralOwner}
 			}
-			r, err = create()
+		case ferr == nil:
+			r.err = fmt.Errorf("%w: %v (no node with our protected prefix was created)", driver.ErrUnavailable, err)
 		}
-		if err != nil && !errors.Is(err, zk.ErrNodeExists) && !errors.Is(err, zk.ErrNoAuth) && !errors.Is(err, zk.ErrSessionExpired) && !errors.Is(err, zk.ErrNoNode) {
-			// Connection loss: the create may have been applied.
-			found, ferr := d.findProtected(e)
-			switch {
-			case ferr == nil && found != "":
-				ok, stat, serr := e.zc.conn.Exists(found)
-				if serr == nil && ok {
-					r, err = result{path: found, czxid: stat.Czxid, session: stat.EphemeralOwner}, nil
-				}
-			case ferr == nil:
-				err = fmt.Errorf("%w: %v (no node with our protected prefix was created)", driver.ErrUnavailable, err)
-			}
-		}
-		r.err = err
-		ch <- r
-	}()
-	select {
-	case r := <-ch:
+	}
+	return r
+}
+
+// createNode creates e's ephemeral sequential node and learns its czxid
+// (see create), returning the listing that followed the create when there
+// is one (see created). A failed create goes through recoverCreate. If
+// ctx ends first, the node is deleted as soon as the create returns.
+func (d *Driver) createNode(ctx context.Context, e *entry) (created, error) {
+	drop := func(r created) {
 		if r.err != nil {
-			if errors.Is(r.err, driver.ErrUnavailable) || errors.Is(r.err, zk.ErrSessionExpired) {
-				return fmt.Errorf("zookeeper: create lock node: %w", r.err)
-			}
-			if errors.Is(r.err, zk.ErrNoAuth) || errors.Is(r.err, zk.ErrNoNode) {
-				return fmt.Errorf("zookeeper: create lock node under %s: %w", e.lockPath, r.err)
-			}
-			return writeErr("create lock node", r.err)
+			r = d.recoverCreate(e, r)
 		}
-		e.setNode(r.path, r.czxid, r.session)
-		return nil
-	case <-ctx.Done():
-		go func() {
-			if r := <-ch; r.err == nil {
-				_ = e.zc.conn.Delete(r.path, -1)
-			}
-		}()
-		return context.Cause(ctx)
+		if r.err == nil {
+			_ = e.zc.conn.Delete(r.path, -1)
+		}
 	}
+	r := d.create(ctx, e, drop)
+	if r.abandoned {
+		return created{}, context.Cause(ctx)
+	}
+	if r.err != nil {
+		// Rare: on a goroutine of its own, so that ctx still ends the wait.
+		ch := make(chan created, 1)
+		go func() { ch <- d.recoverCreate(e, r) }()
+		select {
+		case r = <-ch:
+		case <-ctx.Done():
+			go func() {
+				if r := <-ch; r.err == nil {
+					_ = e.zc.conn.Delete(r.path, -1)
+				}
+			}()
+			return created{}, context.Cause(ctx)
+		}
+	}
+	if r.err != nil {
+		if errors.Is(r.err, driver.ErrUnavailable) || errors.Is(r.err, zk.ErrSessionExpired) {
+			return created{}, fmt.Errorf("zookeeper: create lock node: %w", r.err)
+		}
+		if errors.Is(r.err, zk.ErrNoAuth) || errors.Is(r.err, zk.ErrNoNode) {
+			return created{}, fmt.Errorf("zookeeper: create lock node under %s: %w", e.lockPath, r.err)
+		}
+		return created{}, writeErr("create lock node", r.err)
+	}
+	e.setNode(r.path, r.czxid, r.session)
+	return r, nil
+}
+
+// lineAfter is lookLine for the first look after e's create r: the
+// listing that followed the create when there is one, else a new one.
+func (d *Driver) lineAfter(e *entry, r created, anyElder bool) (line, error) {
+	if r.listed {
+		return d.lineFrom(e, r.names, nil, anyElder)
+	}
+	return d.lookLine(e, nil, anyElder)
 }
 
 func (d *Driver) newEntry(ctx context.Context, key, owner string, ttl time.Duration) (*entry, error) {
@@ -223,13 +280,14 @@ func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Dur
 	if err := d.awaitHeadroom(ctx, e.zc, start, ttl); err != nil {
 		return 0, err
 	}
-	if err := d.createNode(ctx, e); err != nil {
+	r, err := d.createNode(ctx, e)
+	if err != nil {
 		if errors.Is(err, driver.ErrUnknownOutcome) {
 			d.grants.Track(e, ttl, start) // a retry finds it; else the reaper deletes it
 		}
 		return 0, err
 	}
-	l, err := d.lookLine(e, nil, true)
+	l, err := d.lineAfter(e, r, true)
 	if err != nil || !l.first() {
 		d.grants.EndNow(e)
 		switch {
@@ -298,7 +356,8 @@ func (d *Driver) confirm(ctx context.Context, e *entry, ttl time.Duration, start
 
 // AcquireTimed implements driver.TimedQueuer: create a node, then wait for
 // the deletion of the youngest node ahead of it until none is left. The
-// first look is a listing right after the create, as in TryAcquire (the
+// first look is the listing sent right behind the create (see create), as
+// in TryAcquire (the
 // create reaches the leader; validity from before it, once the session
 // has headroom: awaitHeadroom). Each later look is a sync with the leader
 // followed by a listing, so the grant is confirmed by a listing that
@@ -325,7 +384,8 @@ func (d *Driver) AcquireTimed(ctx context.Context, key, owner string, ttl time.D
 	if e.zc.conn.SessionID() != checked {
 		checked = 0 // a new session meanwhile: which one had headroom is unknown
 	}
-	if err := d.createNode(ctx, e); err != nil {
+	r, err := d.createNode(ctx, e)
+	if err != nil {
 		if errors.Is(err, driver.ErrUnknownOutcome) {
 			d.grants.EndNow(e)
 		}
@@ -353,7 +413,7 @@ func (d *Driver) AcquireTimed(ctx context.Context, key, owner string, ttl time.D
 		case afterCreate:
 			afterCreate = false
 			sent = start
-			l, err = d.lookLine(e, prev, false)
+			l, err = d.lineAfter(e, r, false)
 		case proof:
 			// A write of the session (another grant's create or release,
 			// most often) reached the leader lately: it serves as the sync.
@@ -629,19 +689,13 @@ func (d *Driver) Release(ctx context.Context, g driver.Grant) error {
 	if err != nil {
 		return err
 	}
-	ch := make(chan error, 1)
-	go func() {
-		session, sent := e.zc.conn.SessionID(), time.Now()
-		err := e.zc.conn.Delete(e.path, -1)
-		if err == nil {
-			e.zc.recordWrite(session, sent)
-		}
-		ch <- err
-	}()
-	select {
-	case err = <-ch:
-	case <-ctx.Done():
-		return fmt.Errorf("zookeeper: release %s: %w: %w", g, driver.ErrUnknownOutcome, ctx.Err())
+	session, sent := e.zc.conn.SessionID(), time.Now()
+	err = e.zc.conn.DeleteContext(ctx, e.path, -1)
+	if ctxErr := ctx.Err(); err != nil && ctxErr != nil && errors.Is(err, ctxErr) {
+		return fmt.Errorf("zookeeper: release %s: %w: %w", g, driver.ErrUnknownOutcome, ctxErr)
+	}
+	if err == nil {
+		e.zc.recordWrite(session, sent)
 	}
 	if errors.Is(err, zk.ErrNoNode) {
 		d.grants.Forget(e)

@@ -120,7 +120,11 @@
 // (a node's path carries its entry's random UUID, so it is the grant's
 // own node; the connection's session is checked to be the one that made
 // them). A waiter's first look follows its create without a sync, as a
-// try's does: the create itself reaches the leader. So does a later look
+// try's does: the create itself reaches the leader. That listing is sent
+// right behind the create, without waiting for its answer: the server
+// serves a session's read only once the session's earlier writes are
+// applied, so it reflects the create, and an acquisition of a free key
+// costs one round trip, and its release another. So does a later look
 // that follows, by at most TTL/32, a write of the session answered since
 // the wait began (its own create, or another grant's create or release
 // on the shared session): validity then counts from that write's sending,

@@ -1316,6 +1316,17 @@ type MultiResponse struct {
 // ops must be one of *CreateRequest, *DeleteRequest, *SetDataRequest, or
 // *CheckVersionRequest.
 func (c *Conn) Multi(ops ...interface{}) ([]MultiResponse, error) {
+	req, err := newMultiRequest(ops)
+	if err != nil {
+		return nil, err
+	}
+	res := &multiResponse{}
+	_, err = c.request(opMulti, req, res, nil)
+	return multiResult(res, err)
+}
+
+// newMultiRequest is the request of Multi(ops...).
+func newMultiRequest(ops []interface{}) (*multiRequest, error) {
 	req := &multiRequest{
 		Ops:        make([]multiRequestOp, 0, len(ops)),
 		DoneHeader: multiHeader{Type: -1, Done: true, Err: -1},
@@ -1336,8 +1347,11 @@ func (c *Conn) Multi(ops ...interface{}) ([]MultiResponse, error) {
 		}
 		req.Ops = append(req.Ops, multiRequestOp{multiHeader{opCode, false, -1}, op})
 	}
-	res := &multiResponse{}
-	_, err := c.request(opMulti, req, res, nil)
+	return req, nil
+}
+
+// multiResult is what Multi returns for the answer res and its error.
+func multiResult(res *multiResponse, err error) ([]MultiResponse, error) {
 	if err == ErrConnectionClosed {
 		return nil, err
 	}
@@ -1346,6 +1360,124 @@ func (c *Conn) Multi(ops ...interface{}) ([]MultiResponse, error) {
 		mr[i] = MultiResponse{Stat: op.Stat, String: op.String, Error: op.Err.toError()}
 	}
 	return mr, err
+}
+
+// queueRequestContext is queueRequest for requests other than opClose,
+// except that it gives up when ctx ends before the request could be
+// queued (added for fenced); it then returns nil: nothing was sent.
+func (c *Conn) queueRequestContext(ctx context.Context, opcode int32, req interface{}, res interface{}) <-chan response {
+	rq := &request{
+		xid:        c.nextXid(),
+		opcode:     opcode,
+		pkt:        req,
+		recvStruct: res,
+		recvChan:   make(chan response, 2),
+	}
+	select {
+	case <-c.shouldQuit:
+		rq.recvChan <- response{-1, ErrConnectionClosed}
+	case c.sendChan <- rq:
+		select {
+		case <-c.shouldQuit:
+			rq.recvChan <- response{-1, ErrConnectionClosed}
+		default:
+		}
+	case <-ctx.Done():
+		return nil
+	}
+	return rq.recvChan
+}
+
+// MultiChildren sends Multi(ops...) and, right behind it on the same
+// connection, a getChildren of path, and waits for both answers or for
+// ctx to end (added for fenced). The server answers a session's requests
+// in order and serves a read only once the session's earlier writes are
+// applied, so a listing that follows a successful multi reflects it, as
+// with Multi followed by Children, one round trip sooner. The listing may
+// go to a new connection when the old one breaks between the two; it is
+// then served by a server at least as recent as the multi's answer.
+// childrenErr is the listing's error; when the multi fails it is the
+// multi's, and MultiChildren does not wait for the listing.
+//
+// When ctx ends first both errors are ctx's, and the multi may still be
+// applied: late, if not nil, is then called once, on a goroutine of its
+// own, with the multi's results once they are known (unless the multi
+// was never sent).
+func (c *Conn) MultiChildren(ctx context.Context, late func([]MultiResponse, error), path string, ops ...interface{}) (res []MultiResponse, multiErr error, children []string, childrenErr error) {
+	if err := validatePath(path, false); err != nil {
+		return nil, err, nil, err
+	}
+	req, err := newMultiRequest(ops)
+	if err != nil {
+		return nil, err, nil, err
+	}
+	mres := &multiResponse{}
+	mrecv := c.queueRequestContext(ctx, opMulti, req, mres)
+	if mrecv == nil {
+		return nil, ctx.Err(), nil, ctx.Err()
+	}
+	cres := &getChildren2Response{}
+	crecv := c.queueRequestContext(ctx, opGetChildren2, &getChildren2Request{Path: path, Watch: false}, cres)
+	select {
+	case r := <-mrecv:
+		res, multiErr = multiResult(mres, r.err)
+	case <-c.shouldQuit:
+		// As in request: the response may still be written; do not read
+		// it.
+		return nil, ErrConnectionClosed, nil, ErrConnectionClosed
+	case <-ctx.Done():
+		if late != nil {
+			go func() {
+				select {
+				case r := <-mrecv:
+					late(multiResult(mres, r.err))
+				case <-c.shouldQuit:
+					late(nil, ErrConnectionClosed)
+				}
+			}()
+		}
+		return nil, ctx.Err(), nil, ctx.Err()
+	}
+	if multiErr != nil {
+		// The listing would tell nothing about a multi that failed; it
+		// may not come until a new connection serves it.
+		return res, multiErr, nil, multiErr
+	}
+	if crecv == nil {
+		return res, multiErr, nil, ctx.Err()
+	}
+	select {
+	case r := <-crecv:
+		childrenErr = r.err
+	case <-c.shouldQuit:
+		return res, multiErr, nil, ErrConnectionClosed
+	case <-ctx.Done():
+		return res, multiErr, nil, ctx.Err()
+	}
+	if childrenErr != nil {
+		return res, multiErr, nil, childrenErr
+	}
+	return res, multiErr, cres.Children, nil
+}
+
+// DeleteContext is Delete, except that it returns ctx's error as soon as
+// ctx ends (added for fenced); the delete may then still be applied.
+func (c *Conn) DeleteContext(ctx context.Context, path string, version int32) error {
+	if err := validatePath(path, false); err != nil {
+		return err
+	}
+	recv := c.queueRequestContext(ctx, opDelete, &DeleteRequest{path, version}, &deleteResponse{})
+	if recv == nil {
+		return ctx.Err()
+	}
+	select {
+	case r := <-recv:
+		return r.err
+	case <-c.shouldQuit:
+		return ErrConnectionClosed
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // IncrementalReconfig is the zookeeper reconfiguration api that allows adding and removing servers
