@@ -717,21 +717,16 @@ func (d *Driver) WatchLoss(g driver.Grant, lost func(error)) (func(), error) {
 	}
 	ctx, cancel := context.WithCancel(d.ctx)
 	loss := sessionlock.NewLoss(lost)
-	ch := d.watchLoss(ctx, e)
-	go func() {
-		if err, ok := <-ch; ok {
-			loss.Report(err)
-		}
-	}()
+	sessionlock.WatchLoss(ctx, loss, d.lossLook(e))
 	return func() {
 		loss.Stop()
 		cancel()
 	}, nil
 }
 
-// watchLoss is the loop behind WatchLoss: the channel receives the loss of
-// e's node, or is closed when ctx ends.
-func (d *Driver) watchLoss(ctx context.Context, e *entry) <-chan error {
+// lossLook is one look of the loss watch of e's node (see
+// sessionlock.WatchLoss).
+func (d *Driver) lossLook(e *entry) func(context.Context) (time.Duration, error) {
 	lost := func(why string) error {
 		return fmt.Errorf("%w: ZooKeeper node %s %s", driver.ErrLost, e.path, why)
 	}
@@ -767,5 +762,5 @@ func (d *Driver) watchLoss(ctx context.Context, e *entry) <-chan error {
 			return 0, nil
 		}
 	}
-	return sessionlock.WatchLoss(ctx, look)
+	return look
 }

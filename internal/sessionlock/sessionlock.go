@@ -216,23 +216,19 @@ func (l *Loss) Stop() {
 	l.done = true
 }
 
-// WatchLoss implements the loop of driver.LossWatcher. It calls look until
-// ctx ends: look returns a non-nil error (wrapping driver.ErrLost) once it
-// knows the grant is lost, which is delivered unless ctx ended meanwhile;
-// otherwise it returns how long to pause before the next look (zero for
-// none) and a nil error. The returned channel is closed when the loop
-// ends. (The portable Client starts a lease's watch only once the lease
-// has been held for a while, so short holds cost no watch.)
-func WatchLoss(ctx context.Context, look func(context.Context) (pause time.Duration, lost error)) <-chan error {
-	out := make(chan error, 1)
+// WatchLoss runs the loop of a driver.LossWatcher on a goroutine of its
+// own: it calls look until ctx ends or loss is stopped. look returns a
+// non-nil error (wrapping driver.ErrLost) once it knows the grant is lost,
+// which is reported to loss; otherwise it returns how long to pause before
+// the next look (zero for none) and a nil error. (The portable Client
+// starts a lease's watch only once the lease has been held for a while,
+// so short holds cost no watch.)
+func WatchLoss(ctx context.Context, loss *Loss, look func(context.Context) (pause time.Duration, lost error)) {
 	go func() {
-		defer close(out)
 		for ctx.Err() == nil {
 			pause, lost := look(ctx)
 			if lost != nil {
-				if ctx.Err() == nil {
-					out <- lost
-				}
+				loss.Report(lost)
 				return
 			}
 			if pause > 0 && !Pause(ctx, pause) {
@@ -240,7 +236,6 @@ func WatchLoss(ctx context.Context, look func(context.Context) (pause time.Durat
 			}
 		}
 	}()
-	return out
 }
 
 // Guarantees returns the guarantees of a session-lock backend: a strict

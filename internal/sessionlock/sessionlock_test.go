@@ -147,28 +147,41 @@ func TestWaitTurn(t *testing.T) {
 func TestWatchLoss(t *testing.T) {
 	t.Run("reports the loss", func(t *testing.T) {
 		looks := 0
-		ch := WatchLoss(context.Background(), func(context.Context) (time.Duration, error) {
+		reports := make(chan error, 2)
+		WatchLoss(context.Background(), NewLoss(func(err error) { reports <- err }), func(context.Context) (time.Duration, error) {
 			looks++
 			if looks < 3 {
 				return time.Millisecond, nil
 			}
 			return 0, driver.ErrLost
 		})
-		if err := <-ch; !errors.Is(err, driver.ErrLost) {
+		if err := <-reports; !errors.Is(err, driver.ErrLost) {
 			t.Fatalf("got %v, want ErrLost", err)
 		}
-		if _, open := <-ch; open {
-			t.Fatal("channel not closed after the loss")
+		select {
+		case err := <-reports:
+			t.Fatalf("a second report: %v", err)
+		case <-time.After(20 * time.Millisecond):
 		}
 	})
-	t.Run("closes silently when the context ends", func(t *testing.T) {
+	t.Run("reports nothing once stopped", func(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
-		ch := WatchLoss(ctx, func(ctx context.Context) (time.Duration, error) {
-			cancel()
-			return 0, driver.ErrLost // ctx ended first: not delivered
+		defer cancel()
+		reports := make(chan error, 1)
+		loss := NewLoss(func(err error) { reports <- err })
+		looked := make(chan struct{})
+		WatchLoss(ctx, loss, func(ctx context.Context) (time.Duration, error) {
+			close(looked)
+			<-ctx.Done()
+			return 0, driver.ErrLost // after stop: not delivered
 		})
-		if err, open := <-ch; open {
-			t.Fatalf("got %v after the context ended, want a closed channel", err)
+		<-looked
+		loss.Stop()
+		cancel()
+		select {
+		case err := <-reports:
+			t.Fatalf("got %v after the watch stopped", err)
+		case <-time.After(20 * time.Millisecond):
 		}
 	})
 }
