@@ -235,3 +235,45 @@ func testCreateAbandoned(t *testing.T, ens *testenv.ZKEnsemble) {
 		t.Fatalf("acquire after the abandoned create: fence %d, %v; want above %d", f, err, info.Fence)
 	}
 }
+
+// testLossWatchAcrossRestart checks that a held lease's loss watch (a
+// function-delivered exists watch, zk.Conn.ExistsWFunc) survives the
+// connection's loss: the server is killed and restarted (the session
+// survives, its timeout being longer), the connection reconnects and sets
+// its watches again, and a break by an admin then ends the lease with
+// ErrLost long before its local validity would (it is not renewed).
+func testLossWatchAcrossRestart(t *testing.T, ens *testenv.ZKEnsemble) {
+	ctx := context.Background()
+	c, err := fenced.Open(ctx, ens.URL("/losswatch-restart", ""), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	l, err := c.Acquire(ctx, "k", &fenced.LeaseOptions{TTL: 30 * time.Second, AutoRenew: fenced.Off})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond) // the loss watch starts
+	n := ens.Nodes[0]
+	n.Kill()
+	n.Start()
+	n.WaitReady()
+	admin, err := fenced.Open(ctx, ens.URL("/losswatch-restart", ""), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	// The holder's connection reconnects on its own schedule; the break
+	// is reported once it has.
+	if _, err := admin.Break(ctx, "k", "test", "testLossWatchAcrossRestart"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-l.Done():
+	case <-time.After(15 * time.Second):
+		t.Fatal("the broken lease was not ended within 15s of the break after a restart")
+	}
+	if err := l.Err(); !errors.Is(err, fenced.ErrLost) {
+		t.Fatalf("lease ended with %v, want ErrLost", err)
+	}
+}

@@ -82,6 +82,7 @@ func TestZooKeeper(t *testing.T) {
 	t.Run("ConnectionLossOnCreate", func(t *testing.T) { testConnectionLossOnCreate(t, ens) })
 	t.Run("ConnectionLossOnCreateAndLookup", func(t *testing.T) { testConnectionLossOnCreateAndLookup(t, ens) })
 	t.Run("CreateAbandoned", func(t *testing.T) { testCreateAbandoned(t, ens) })
+	t.Run("LossWatchAcrossRestart", func(t *testing.T) { testLossWatchAcrossRestart(t, ens) })
 	t.Run("PausedHolderLosesSession", func(t *testing.T) {
 		faulttest.PausedHolderLosesLease(t, ens.URL("/paused", ""), "paused", 2*time.Second)
 	})

@@ -12,7 +12,8 @@
 //     renews must still end after its TTL (see internal/reaper).
 //   - WaitTurn is the predecessor wait: look at the queue, wait for the key
 //     ahead, look again, with a short pause after a transient failure.
-//   - WatchLoss is the loss-watch loop behind driver.LossWatcher.
+//   - Loss delivers a driver.LossWatcher's report once, never after its
+//     stop.
 //   - Guarantees are the guarantees both stores give.
 //
 // The store-specific parts (sessions and keep-alives, how a key is put,
@@ -214,28 +215,6 @@ func (l *Loss) Stop() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.done = true
-}
-
-// WatchLoss runs the loop of a driver.LossWatcher on a goroutine of its
-// own: it calls look until ctx ends or loss is stopped. look returns a
-// non-nil error (wrapping driver.ErrLost) once it knows the grant is lost,
-// which is reported to loss; otherwise it returns how long to pause before
-// the next look (zero for none) and a nil error. (The portable Client
-// starts a lease's watch only once the lease has been held for a while,
-// so short holds cost no watch.)
-func WatchLoss(ctx context.Context, loss *Loss, look func(context.Context) (pause time.Duration, lost error)) {
-	go func() {
-		for ctx.Err() == nil {
-			pause, lost := look(ctx)
-			if lost != nil {
-				loss.Report(lost)
-				return
-			}
-			if pause > 0 && !Pause(ctx, pause) {
-				return
-			}
-		}
-	}()
 }
 
 // Guarantees returns the guarantees of a session-lock backend: a strict

@@ -144,46 +144,20 @@ func TestWaitTurn(t *testing.T) {
 	})
 }
 
-func TestWatchLoss(t *testing.T) {
-	t.Run("reports the loss", func(t *testing.T) {
-		looks := 0
-		reports := make(chan error, 2)
-		WatchLoss(context.Background(), NewLoss(func(err error) { reports <- err }), func(context.Context) (time.Duration, error) {
-			looks++
-			if looks < 3 {
-				return time.Millisecond, nil
-			}
-			return 0, driver.ErrLost
-		})
-		if err := <-reports; !errors.Is(err, driver.ErrLost) {
-			t.Fatalf("got %v, want ErrLost", err)
-		}
-		select {
-		case err := <-reports:
-			t.Fatalf("a second report: %v", err)
-		case <-time.After(20 * time.Millisecond):
-		}
-	})
-	t.Run("reports nothing once stopped", func(t *testing.T) {
-		ctx, cancel := context.WithCancel(context.Background())
-		defer cancel()
-		reports := make(chan error, 1)
-		loss := NewLoss(func(err error) { reports <- err })
-		looked := make(chan struct{})
-		WatchLoss(ctx, loss, func(ctx context.Context) (time.Duration, error) {
-			close(looked)
-			<-ctx.Done()
-			return 0, driver.ErrLost // after stop: not delivered
-		})
-		<-looked
-		loss.Stop()
-		cancel()
-		select {
-		case err := <-reports:
-			t.Fatalf("got %v after the watch stopped", err)
-		case <-time.After(20 * time.Millisecond):
-		}
-	})
+func TestLoss(t *testing.T) {
+	reports := make(chan error, 2)
+	l := NewLoss(func(err error) { reports <- err })
+	l.Report(driver.ErrLost)
+	l.Report(driver.ErrLost)
+	if len(reports) != 1 {
+		t.Fatalf("%d reports, want exactly one", len(reports))
+	}
+	stopped := NewLoss(func(err error) { reports <- err })
+	stopped.Stop()
+	stopped.Report(driver.ErrLost)
+	if len(reports) != 1 {
+		t.Fatal("a report after Stop")
+	}
 }
 
 func TestEndpoints(t *testing.T) {

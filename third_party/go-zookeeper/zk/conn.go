@@ -96,7 +96,7 @@ type Conn struct {
 	sendChan     chan *request
 	requests     map[int32]*request // Xid -> pending request
 	requestsLock sync.Mutex
-	watchers     map[watchPathType][]chan Event
+	watchers     map[watchPathType][]watcher
 	watchersLock sync.Mutex
 	closeChan    chan struct{} // channel to tell send loop stop
 
@@ -199,7 +199,7 @@ func Connect(servers []string, sessionTimeout time.Duration, options ...connOpti
 		connectTimeout: 1 * time.Second,
 		sendChan:       make(chan *request, sendChanSize),
 		requests:       make(map[int32]*request),
-		watchers:       make(map[watchPathType][]chan Event),
+		watchers:       make(map[watchPathType][]watcher),
 		passwd:         emptyPassword,
 		logger:         DefaultLogger,
 		logInfo:        true, // default is true for backwards compatability
@@ -548,9 +548,8 @@ func (c *Conn) notifyWatches(ev Event) {
 	for _, t := range wTypes {
 		wpt := watchPathType{ev.Path, t}
 		if watchers := c.watchers[wpt]; len(watchers) > 0 {
-			for _, ch := range watchers {
-				ch <- ev
-				close(ch)
+			for _, w := range watchers {
+				w.deliver(ev)
 			}
 			delete(c.watchers, wpt)
 		}
@@ -566,12 +565,11 @@ func (c *Conn) invalidateWatches(err error) {
 		for pathType, watchers := range c.watchers {
 			ev := Event{Type: EventNotWatching, State: StateDisconnected, Path: pathType.path, Err: err}
 			c.sendEvent(ev) // also publish globally
-			for _, ch := range watchers {
-				ch <- ev
-				close(ch)
+			for _, w := range watchers {
+				w.deliver(ev)
 			}
 		}
-		c.watchers = make(map[watchPathType][]chan Event)
+		c.watchers = make(map[watchPathType][]watcher)
 	}
 }
 
@@ -886,8 +884,60 @@ func (c *Conn) addWatcher(path string, watchType watchType) <-chan Event {
 
 	ch := make(chan Event, 1)
 	wpt := watchPathType{path, watchType}
-	c.watchers[wpt] = append(c.watchers[wpt], ch)
+	c.watchers[wpt] = append(c.watchers[wpt], watcher{ch: ch})
 	return ch
+}
+
+// watcher is one watch: a channel that receives its event and is closed,
+// or (fenced) a function called with it.
+type watcher struct {
+	ch chan Event
+	fn func(Event)
+}
+
+func (w watcher) deliver(ev Event) {
+	if w.fn != nil {
+		w.fn(ev)
+		return
+	}
+	w.ch <- ev
+	close(w.ch)
+}
+
+// ExistsWFunc is ExistsW with the watch's event delivered to fn instead of
+// a channel (added for fenced: a watch then costs its caller no goroutine
+// waiting on a channel). fn is called once, on the connection's receiving
+// goroutine and with its watch table locked: it must not block, nor call
+// the connection. Like ExistsW's channel, it gets an EventNotWatching (with
+// Err set) when the watch is dropped: the session expired, or the
+// connection was closed. A watch set while the connection is down is kept
+// and set again on the server when it reconnects.
+func (c *Conn) ExistsWFunc(path string, fn func(Event)) (bool, *Stat, error) {
+	if err := validatePath(path, false); err != nil {
+		return false, nil, err
+	}
+	res := &existsResponse{}
+	_, err := c.request(opExists, &existsRequest{Path: path, Watch: true}, res, func(req *request, res *responseHeader, err error) {
+		wt := watchTypeData
+		if err == ErrNoNode {
+			wt = watchTypeExist
+		} else if err != nil {
+			return
+		}
+		c.watchersLock.Lock()
+		defer c.watchersLock.Unlock()
+		wpt := watchPathType{path, wt}
+		c.watchers[wpt] = append(c.watchers[wpt], watcher{fn: fn})
+	})
+	exists := true
+	if err == ErrNoNode {
+		exists = false
+		err = nil
+	}
+	if err != nil {
+		return false, nil, err
+	}
+	return exists, &res.Stat, nil
 }
 
 func (c *Conn) queueRequest(opcode int32, req interface{}, res interface{}, recvFunc func(*request, *responseHeader, error)) <-chan response {
