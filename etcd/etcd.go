@@ -19,9 +19,8 @@
 // # Recipe
 //
 // A lease on key K is etcd's mutex on the lock name prefix+K: the holder
-// puts the key prefix+K+"/"+hex(etcd lease ID)+"_"+hex(n) attached to an
-// etcd lease (n numbers the driver's keys, so that each key name belongs to
-// one grant), and the key with the lowest create revision holds the lock. A waiter
+// puts the key prefix+K+"/"+hex(etcd lease ID) attached to an etcd lease,
+// and the key with the lowest create revision holds the lock. A waiter
 // watches only the key created just before its own (no thundering herd) and
 // is served in arrival order. The fence is the holder key's create
 // revision: etcd's revision is a cluster-wide counter agreed by Raft, so the
@@ -70,7 +69,6 @@ import (
 	"net/url"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -176,7 +174,6 @@ type Driver struct {
 	ka       *keepAliver
 	losses   *lossWatches
 	grants   *sessionlock.Grants[*entry]
-	keySeq   atomic.Uint64   // numbers the keys this driver puts (see waiterKey)
 	ctx      context.Context // cancelled by Close
 	cancel   context.CancelFunc
 }

@@ -16,18 +16,14 @@ import (
 	"github.com/fenced-dev/fenced/internal/sessionlock"
 )
 
-// waiterKey returns a new key for a session to put under lock name: the
-// session's lease ID in hex, as etcd's concurrency.Mutex names its keys,
-// then a number this driver never hands out twice. etcd's recipes order a
-// lock's keys by create revision and never read the suffix, so they queue
-// with fenced's keys as with their own; the number makes each key name
-// belong to one grant only, so a release can delete it without a
-// transaction that compares first (a grant that ended behind its back, and
-// a later one of the same session under the same name, can never share a
-// key name).
-func (d *Driver) waiterKey(name string, s *session) string {
-	return fmt.Sprintf("%s/%x_%x", name, int64(s.id), d.keySeq.Add(1))
-}
+// waiterKey is the key a session puts under lock name, exactly as etcd's
+// concurrency.Mutex names it. A session holds one key per lock name at a
+// time (see session.names), and a name is reused on a session only once
+// the driver has forgotten the grant that had it: a key name that never
+// changes keeps etcd's index of the lock's keys at one entry per session,
+// where a new name per grant would grow it by one entry per grant until
+// the next compaction (and every look at the lock's line scans it).
+func waiterKey(name string, s *session) string { return fmt.Sprintf("%s/%x", name, int64(s.id)) }
 
 // TryAcquire implements driver.Driver. It puts the waiter key only if no key
 // exists under the lock name (one transaction), so it never queues; a
@@ -44,7 +40,7 @@ func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Dur
 	if err != nil {
 		return 0, err
 	}
-	e := &entry{id: sessionlock.ID{Key: key, Owner: owner}, etcdKey: d.waiterKey(name, s), name: name, s: s}
+	e := &entry{id: sessionlock.ID{Key: key, Owner: owner}, etcdKey: waiterKey(name, s), name: name, s: s}
 	resp, kaErr, err := d.put(ctx, e, ttl, start, d.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(pfx), "=", 0).WithPrefix()).
 		Then(clientv3.OpPut(e.etcdKey, owner, clientv3.WithLease(s.id)), d.recordPut(name)).
@@ -154,7 +150,7 @@ func (d *Driver) AcquireTimed(ctx context.Context, key, owner string, ttl time.D
 	if err != nil {
 		return 0, time.Time{}, err
 	}
-	e := &entry{id: sessionlock.ID{Key: key, Owner: owner}, etcdKey: d.waiterKey(name, s), name: name, s: s}
+	e := &entry{id: sessionlock.ID{Key: key, Owner: owner}, etcdKey: waiterKey(name, s), name: name, s: s}
 	fail := func(err error) (uint64, time.Time, error) {
 		d.grants.EndNow(e)
 		if ctx.Err() != nil {
@@ -400,8 +396,7 @@ func (d *Driver) RenewBatch(ctx context.Context, grants []driver.Grant) ([]error
 	var failed atomic.Int64
 	// The grants of a session that carries many of them are checked with
 	// one LeaseTimeToLive listing the session's keys, instead of a read per
-	// key: a key name belongs to one grant (see waiterKey), so finding the
-	// name attached to the session finds the grant.
+	// key.
 	bySession := map[*session][]int{} // positions in idx
 	for j, i := range idx {
 		bySession[entries[i].s] = append(bySession[entries[i].s], j)
@@ -424,7 +419,11 @@ func (d *Driver) RenewBatch(ctx context.Context, grants []driver.Grant) ([]error
 				return
 			}
 			for _, j := range js {
-				held[j] = attached[entries[idx[j]].etcdKey]
+				// The name listed is e's key if e is still tracked now:
+				// until the driver forgets e, no other grant can put a
+				// key of that name on s (see waiterKey).
+				e := entries[idx[j]]
+				held[j] = attached[e.etcdKey] && d.grants.Lookup(e.id.Key, e.id.Owner) == e
 			}
 		}()
 	}
@@ -552,15 +551,19 @@ func (d *Driver) attachedKeys(ctx context.Context, s *session, notBefore time.Ti
 	return kl.keys, kl.err
 }
 
-// Release implements driver.Driver: it deletes g's key, a plain delete as
-// concurrency.Mutex's Unlock makes (the key's name belongs to g's grant
-// alone, see waiterKey, and the fence was recorded when it was put). A key
-// already gone (broken, or its session expired) fails with ErrNotHeld.
+// Release implements driver.Driver: it deletes g's key with a plain
+// delete, as concurrency.Mutex's Unlock does (the fence was recorded when
+// the key was put). That is safe because the key's name stays reserved for
+// g's grant on its session until the delete is done (see holdName), so no
+// later grant of the driver can have put a key of the same name meanwhile.
+// A key already gone (broken, or its session expired) fails with
+// ErrNotHeld.
 func (d *Driver) Release(ctx context.Context, g driver.Grant) error {
 	e := d.grants.Lookup(g.Key, g.Owner)
-	if e == nil || !e.granted || g.Fence == 0 || uint64(e.rev) != g.Fence {
+	if e == nil || !e.granted || g.Fence == 0 || uint64(e.rev) != g.Fence || !d.holdName(e) {
 		return fmt.Errorf("etcd: release %s: %w", g, driver.ErrNotHeld)
 	}
+	defer d.unholdName(e)
 	resp, err := d.cli.Delete(ctx, e.etcdKey)
 	if err != nil {
 		return writeErr("release", err)

@@ -46,6 +46,10 @@ type entry struct {
 	s       *session
 	rev     int64 // create revision once known
 	granted bool
+	// releasing is set while a release holds e's name (see holdName);
+	// nameOwed then records that e was forgotten meanwhile. Both are
+	// guarded by Driver.mu.
+	releasing, nameOwed bool
 	// proclaimed is set (before the write) once SetValue replaced the
 	// owner token in the key's value with a leader's value; from then on
 	// the key is recognised by its create revision alone.
@@ -190,11 +194,47 @@ func (d *Driver) keepAlive(ctx context.Context, s *session) error {
 	}
 }
 
-// freeName frees e's lock name on its session (e was forgotten).
+// freeName frees e's lock name on its session (e was forgotten), or, while
+// a release of e holds the name, leaves that to the release.
 func (d *Driver) freeName(e *entry) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if e.releasing {
+		e.nameOwed = true
+		return
+	}
 	delete(e.s.names, e.name)
+}
+
+// holdName keeps e's lock name on its session reserved until unholdName,
+// even if e is forgotten meanwhile (its grant reaped, or found gone), so
+// that a release can delete e's key by name: no other grant of the driver
+// gets the name on that session, and so puts that key, in between. It
+// reports false, holding nothing, if e was forgotten already (its name may
+// be another grant's by now).
+func (d *Driver) holdName(e *entry) bool {
+	d.mu.Lock()
+	e.releasing = true
+	d.mu.Unlock()
+	// Forget drops e from the grants before it frees the name: if e is
+	// still there, its name is still e's, and freeName now waits for
+	// unholdName.
+	if d.grants.Lookup(e.id.Key, e.id.Owner) != e {
+		d.unholdName(e)
+		return false
+	}
+	return true
+}
+
+// unholdName ends holdName, freeing the name if e was forgotten meanwhile.
+func (d *Driver) unholdName(e *entry) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	e.releasing = false
+	if e.nameOwed {
+		e.nameOwed = false
+		delete(e.s.names, e.name)
+	}
 }
 
 // endEntry deletes e's key if it is still e's (the reaper calls it when
