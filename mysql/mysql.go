@@ -119,6 +119,14 @@ var ErrSchema = leasetable.ErrSchema
 type Options struct {
 	// Table is the lease table (default "fenced_leases").
 	Table string
+	// Bells bounds the connections the driver keeps for doorbells (see
+	// "Waiting" in the package documentation): a waiter asleep on a
+	// doorbell, or a grant holding one, takes one each. Zero means 8; a
+	// negative value turns doorbells off, and waiters poll. A driver made
+	// with New takes them from the *sql.DB it was given (they count
+	// against its SetMaxOpenConns), one opened by URL from a pool of its
+	// own.
+	Bells int
 }
 
 // Driver is the MySQL/MariaDB lease-table driver. It implements
@@ -131,12 +139,18 @@ type Driver struct {
 	// t, b and f are the quoted names of the lease, audit and floor tables.
 	t, b, f string
 	std     *sqllease.StdDB
+	bell    *doorbell
 	*sqllease.Engine
 }
 
 // The engine implements driver.BatchRenewer, driver.BreakLogger,
-// driver.FenceFloorer and driver.Pruner for every SQL backend.
-var _ driver.Driver = (*Driver)(nil)
+// driver.FenceFloorer and driver.Pruner for every SQL backend; the
+// doorbell driver.TimedQueuer.
+var (
+	_ driver.Driver       = (*Driver)(nil)
+	_ driver.TimedQueuer  = (*Driver)(nil)
+	_ driver.BatchRenewer = (*Driver)(nil)
+)
 
 // Open connects to the store named by a mysql:// URL (see the package
 // documentation) and returns a driver that owns its *sql.DB. Errors match
@@ -232,6 +246,12 @@ func open(ctx context.Context, u *url.URL) (*Driver, error) {
 		return nil, err
 	}
 	d.std.SetOwned()
+	// Doorbell connections come from a pool of their own, so that
+	// sleeping waiters never take the connections renewals need.
+	bells := sql.OpenDB(connector)
+	bells.SetMaxOpenConns(cap(d.bell.slots))
+	bells.SetMaxIdleConns(cap(d.bell.slots))
+	d.bell.pool, d.bell.ownPool = bells, true
 	return d, nil
 }
 
@@ -249,8 +269,15 @@ func connectError(cfg *mysql.Config, err error) error {
 // may be nil.
 func New(ctx context.Context, db *sql.DB, opts *Options) (*Driver, error) {
 	var name string
+	bells := defaultBells
 	if opts != nil {
 		name = opts.Table
+		switch {
+		case opts.Bells < 0:
+			bells = 0
+		case opts.Bells > 0:
+			bells = opts.Bells
+		}
 	}
 	table, err := leasetable.TableOrDefault(name)
 	if err != nil {
@@ -264,6 +291,12 @@ func New(ctx context.Context, db *sql.DB, opts *Options) (*Driver, error) {
 		d.std.Close()
 		return nil, err
 	}
+	var database string
+	if err := db.QueryRowContext(ctx, `SELECT DATABASE()`).Scan(&database); err != nil {
+		d.std.Close()
+		return nil, d.Wrap("prepare", "", err)
+	}
+	d.bell = newDoorbell(d, db, database, bells)
 	// The hot statements run prepared: one round trip each.
 	if err := d.std.Prepare(ctx, d.acquireSQL(), dialect.Renew.SQL, dialect.Release.SQL, dialect.Inspect.SQL); err != nil {
 		return nil, d.Wrap("prepare", "", err)
@@ -413,16 +446,19 @@ func (d *Driver) Guarantees() driver.Guarantees {
 		ServerClock: true,
 		// UTC_TIMESTAMP is the server's wall clock.
 		ClockStepSafe: false,
-		Notify:        false,
+		Notify:        cap(d.bell.slots) > 0,
 		Note: "fence is a counter on the InnoDB lease row (durable with the row; after a failover only if replication was semi-synchronous or Galera); " +
-			"expiry by the server's UTC_TIMESTAMP, its wall clock (not safe from clock steps); no notifications: waiters poll with backoff and full jitter, capped by the holder's remaining time",
+			"expiry by the server's UTC_TIMESTAMP, its wall clock (not safe from clock steps); " + d.bell.note(),
 	}
 }
 
 // Close implements driver.Driver. It closes the driver's prepared
 // statements and, for a driver opened by URL, its *sql.DB.
 func (d *Driver) Close() error {
-	_, err := d.Engine.Close()
+	first, err := d.Engine.Close()
+	if first {
+		d.bell.close()
+	}
 	return err
 }
 
