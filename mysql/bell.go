@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fenced-dev/fenced/driver"
@@ -70,8 +71,11 @@ const defaultBells = 8
 
 // maxBellSleep bounds one GET_LOCK wait, so that a doorbell held by a
 // session that will not ring (a stopped process) delays handovers by no
-// more than this.
-const maxBellSleep = 2 * time.Second
+// more than this. (Atomic, for the tests that prove a release wakes a
+// sleeper well before it would look again anyway.)
+var maxBellSleep atomic.Int64
+
+func init() { maxBellSleep.Store(int64(2 * time.Second)) }
 
 // Polling backoff of a waiter without the doorbell's help (head of the
 // line, or without a connection): full jitter between 0 and
@@ -90,9 +94,13 @@ type doorbell struct {
 	mu      sync.Mutex
 	pool    *sql.DB // where doorbell connections come from
 	ownPool bool
-	rung    map[driver.Grant]*sql.Conn // grants (TTL zeroed) holding their key's doorbell
-	lines   map[string]*line
-	closed  bool
+	// contended holds the keys this driver's waiters found held lately,
+	// with when: a grant of such a key taken at once takes the doorbell
+	// too, so that its release wakes the waiters that will come.
+	contended map[string]time.Time
+	rung      map[driver.Grant]*sql.Conn // grants (TTL zeroed) holding their key's doorbell
+	lines     map[string]*line
+	closed    bool
 	// wholeSeconds is set once the server was seen to round GET_LOCK's
 	// timeout down to whole seconds (MySQL before fractional timeouts).
 	wholeSeconds bool
@@ -109,7 +117,7 @@ func newDoorbell(d *Driver, pool *sql.DB, database string, bells int) *doorbell 
 	return &doorbell{
 		d: d, pool: pool, prefix: database + "\x00" + d.table + "\x00",
 		slots: make(chan struct{}, bells),
-		rung:  map[driver.Grant]*sql.Conn{}, lines: map[string]*line{},
+		rung:  map[driver.Grant]*sql.Conn{}, lines: map[string]*line{}, contended: map[string]time.Time{},
 	}
 }
 
@@ -182,17 +190,68 @@ func (b *doorbell) attach(g driver.Grant, c *sql.Conn) {
 	}
 }
 
+// take detaches and returns the connection holding g's doorbell, nil if
+// this process does not hold it for g.
+func (b *doorbell) take(g driver.Grant) *sql.Conn {
+	g.TTL = 0
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	c := b.rung[g]
+	delete(b.rung, g)
+	return c
+}
+
 // done rings g's doorbell if its process holds it: g was released, or
 // found lost.
 func (b *doorbell) done(g driver.Grant) {
-	g.TTL = 0
-	b.mu.Lock()
-	c := b.rung[g]
-	delete(b.rung, g)
-	b.mu.Unlock()
-	if c != nil {
+	if c := b.take(g); c != nil {
 		b.ring(c, g.Key)
 	}
+}
+
+// contendedWindow is how long a key counts as contended after a waiter
+// of the driver found it held.
+const contendedWindow = 10 * time.Second
+
+func (b *doorbell) markContended(key string) {
+	now := time.Now()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.contended) >= 1024 {
+		for k, t := range b.contended {
+			if now.Sub(t) > contendedWindow {
+				delete(b.contended, k)
+			}
+		}
+	}
+	if len(b.contended) < 4096 {
+		b.contended[key] = now
+	}
+}
+
+func (b *doorbell) wasContended(key string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	t, ok := b.contended[key]
+	if ok && time.Since(t) > contendedWindow {
+		delete(b.contended, key)
+		ok = false
+	}
+	return ok
+}
+
+// takeFree takes g's key's doorbell for g if it is free (g was granted at
+// once on a key contended lately).
+func (b *doorbell) takeFree(ctx context.Context, g driver.Grant) {
+	c, ok := b.conn(ctx)
+	if !ok {
+		return
+	}
+	if !b.tryBell(ctx, c, g.Key) {
+		b.put(c, true)
+		return
+	}
+	b.attach(g, c)
 }
 
 // doneKey rings key's doorbell whichever grant of this process holds it
@@ -253,7 +312,7 @@ func (b *doorbell) leave(key string, l *line) {
 // millisecond past its expiry, at most maxBellSleep; zero when the server
 // cannot wait that short (then the waiter polls).
 func (b *doorbell) timeout(remaining time.Duration) time.Duration {
-	t := maxBellSleep
+	t := time.Duration(maxBellSleep.Load())
 	if remaining > 0 {
 		t = min(t, remaining+time.Millisecond)
 	}
@@ -332,10 +391,14 @@ func heldRemaining(err error) time.Duration {
 func (d *Driver) AcquireTimed(ctx context.Context, key, owner string, ttl time.Duration) (uint64, time.Time, error) {
 	sent := time.Now()
 	fence, err := d.TryAcquire(ctx, key, owner, ttl)
+	b := d.bell
+	if err == nil && b.wasContended(key) {
+		b.takeFree(ctx, driver.Grant{Key: key, Owner: owner, Fence: fence})
+	}
 	if !errors.Is(err, driver.ErrHeld) {
 		return fence, sent, err
 	}
-	b := d.bell
+	b.markContended(key)
 	l := b.join(key)
 	defer b.leave(key, l)
 	w := &waiter{b: b, key: key, owner: owner, ttl: ttl, remaining: heldRemaining(err)}
@@ -470,12 +533,13 @@ func (b *doorbell) note() string {
 }
 
 // Release implements driver.Driver: the row, then the doorbell if this
-// process holds it for g (whatever the row said: g is over either way).
+// process holds it for g, whatever the row said (g is over either way).
+// The row is released through the pool, never through the doorbell's
+// connection, so a doorbell connection that was killed cannot make a
+// release fail.
 func (d *Driver) Release(ctx context.Context, g driver.Grant) error {
 	err := d.Engine.Release(ctx, g)
-	if err == nil || errors.Is(err, driver.ErrNotHeld) {
-		d.bell.done(g)
-	}
+	d.bell.done(g)
 	return err
 }
 
