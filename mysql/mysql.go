@@ -1,8 +1,8 @@
 // Package mysql is the MySQL and MariaDB backend of fenced: a lease table
 // whose rows carry the fencing counter, with the same contract as the
-// PostgreSQL backend. MySQL has no LISTEN/NOTIFY, so waiters poll with
-// backoff and full jitter, capped by the time the holder has left
-// (Guarantees().Notify is false).
+// PostgreSQL backend. MySQL has no LISTEN/NOTIFY; waiters are woken by a
+// doorbell instead, a named lock (GET_LOCK) per key that the holder frees
+// after its release, which wakes one waiter (see Waiting).
 //
 // Import it for its side effect to open stores by URL:
 //
@@ -76,10 +76,35 @@
 // too short for a key, expiry without microseconds, or a storage engine
 // other than InnoDB.
 //
-// The driver relies on no session state (no GET_LOCK, no user variables;
+// # Waiting
+//
+// Each key has a doorbell: a named lock (GET_LOCK) whose name is a digest
+// of the database, the lease table and the key. It is only ever a hint:
+// the lease row alone decides owner, fence and expiry. The session that
+// holds a key's doorbell is the head of the key's line: the holder that
+// won the key while it was contended, or the one waiter polling for it.
+// In each process one waiter per key sleeps in SELECT GET_LOCK on a
+// connection of its own, never longer than the holder's remaining time
+// (or 2 s); the other waiters of that process wait behind it. A release
+// frees the row, then the doorbell, so the server wakes exactly one
+// sleeper, which tries the row and keeps the doorbell with its grant: one
+// statement on the lease table per waiter per handover, whatever the
+// number of waiters. A holder that dies, is stopped or whose connection is
+// killed strands nobody past its grant's expiry; its key's handovers may
+// then take up to 2 s each until its session ends or it finds its grant
+// lost. Waiters are not served in arrival order.
+//
+// The doorbell connections are bounded (Options.Bells, 8 by default); a
+// waiter without one polls with backoff and full jitter, capped by the
+// holder's remaining time. Named locks need MySQL 5.7+ or MariaDB 10.0.2+.
+//
+// Apart from the doorbells, which are session state on connections of
+// their own, the driver relies on no session state (no user variables;
 // autocommit statements, and break in one transaction), so a proxy that
-// routes each transaction to any server connection cannot break it (tested
-// against PgBouncer for the PostgreSQL driver; no MySQL proxy is tested).
+// routes each transaction to any server connection cannot break a grant
+// (tested against PgBouncer for the PostgreSQL driver; no MySQL proxy is
+// tested). Behind such a proxy the doorbells may not ring: turn them off
+// (Options.Bells < 0) and waiters poll.
 package mysql
 
 import (
@@ -130,8 +155,9 @@ type Options struct {
 }
 
 // Driver is the MySQL/MariaDB lease-table driver. It implements
-// driver.Driver, driver.BatchRenewer, driver.BreakLogger,
-// driver.FenceFloorer and driver.Pruner. Its methods are safe for
+// driver.Driver, driver.TimedQueuer (waiting by doorbell),
+// driver.BatchRenewer, driver.BreakLogger, driver.FenceFloorer and
+// driver.Pruner. Its methods are safe for
 // concurrent use.
 type Driver struct {
 	db    *sql.DB
