@@ -98,7 +98,7 @@ type doorbell struct {
 	// with when: a grant of such a key taken at once takes the doorbell
 	// too, so that its release wakes the waiters that will come.
 	contended map[string]time.Time
-	rung      map[driver.Grant]*sql.Conn // grants (TTL zeroed) holding their key's doorbell
+	rung      map[driver.Grant]*rung // grants (TTL zeroed) holding their key's doorbell
 	lines     map[string]*line
 	closed    bool
 	// wholeSeconds is set once the server was seen to round GET_LOCK's
@@ -117,7 +117,7 @@ func newDoorbell(d *Driver, pool *sql.DB, database string, bells int) *doorbell 
 	return &doorbell{
 		d: d, pool: pool, prefix: database + "\x00" + d.table + "\x00",
 		slots: make(chan struct{}, bells),
-		rung:  map[driver.Grant]*sql.Conn{}, lines: map[string]*line{}, contended: map[string]time.Time{},
+		rung:  map[driver.Grant]*rung{}, lines: map[string]*line{}, contended: map[string]time.Time{},
 	}
 }
 
@@ -173,8 +173,19 @@ func (b *doorbell) ring(c *sql.Conn, key string) {
 	b.put(c, err == nil)
 }
 
+// rung is a grant's hold on its key's doorbell.
+type rung struct {
+	c   *sql.Conn
+	ttl time.Duration
+	// expire rings the doorbell when the grant was neither renewed nor
+	// released for its TTL (its holder forgot it): a doorbell never
+	// outlives its grant by more than that.
+	expire *time.Timer
+}
+
 // attach records that g's process holds g's key's doorbell on c.
 func (b *doorbell) attach(g driver.Grant, c *sql.Conn) {
+	ttl := g.TTL
 	g.TTL = 0
 	b.mu.Lock()
 	if b.closed {
@@ -183,10 +194,11 @@ func (b *doorbell) attach(g driver.Grant, c *sql.Conn) {
 		return
 	}
 	old := b.rung[g]
-	b.rung[g] = c
+	b.rung[g] = &rung{c: c, ttl: ttl, expire: time.AfterFunc(ttl, func() { b.done(g) })}
 	b.mu.Unlock()
 	if old != nil {
-		b.ring(old, g.Key)
+		old.expire.Stop()
+		b.ring(old.c, g.Key)
 	}
 }
 
@@ -196,9 +208,32 @@ func (b *doorbell) take(g driver.Grant) *sql.Conn {
 	g.TTL = 0
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	c := b.rung[g]
+	r := b.rung[g]
+	if r == nil {
+		return nil
+	}
 	delete(b.rung, g)
-	return c
+	r.expire.Stop()
+	return r.c
+}
+
+// renewed pushes back the expiry of the doorbells held for the grants
+// whose renewal succeeded (errs[i] == nil; errs nil for one grant).
+func (b *doorbell) renewed(grants []driver.Grant, errs []error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.rung) == 0 {
+		return
+	}
+	for i, g := range grants {
+		if errs != nil && errs[i] != nil {
+			continue
+		}
+		g.TTL = 0
+		if r := b.rung[g]; r != nil {
+			r.expire.Reset(r.ttl)
+		}
+	}
 }
 
 // done rings g's doorbell if its process holds it: g was released, or
@@ -276,11 +311,12 @@ func (b *doorbell) doneKey(key string) {
 func (b *doorbell) close() {
 	b.mu.Lock()
 	b.closed = true
-	rung := b.rung
-	b.rung = map[driver.Grant]*sql.Conn{}
+	held := b.rung
+	b.rung = map[driver.Grant]*rung{}
 	b.mu.Unlock()
-	for g, c := range rung {
-		b.ring(c, g.Key)
+	for g, r := range held {
+		r.expire.Stop()
+		b.ring(r.c, g.Key)
 	}
 	if b.ownPool {
 		b.pool.Close()
@@ -393,7 +429,7 @@ func (d *Driver) AcquireTimed(ctx context.Context, key, owner string, ttl time.D
 	fence, err := d.TryAcquire(ctx, key, owner, ttl)
 	b := d.bell
 	if err == nil && b.wasContended(key) {
-		b.takeFree(ctx, driver.Grant{Key: key, Owner: owner, Fence: fence})
+		b.takeFree(ctx, driver.Grant{Key: key, Owner: owner, Fence: fence, TTL: ttl})
 	}
 	if !errors.Is(err, driver.ErrHeld) {
 		return fence, sent, err
@@ -446,7 +482,7 @@ func (w *waiter) wait(ctx context.Context) (uint64, time.Time, error) {
 		fence, err := w.b.d.TryAcquire(ctx, w.key, w.owner, w.ttl)
 		switch {
 		case err == nil:
-			w.granted(ctx, driver.Grant{Key: w.key, Owner: w.owner, Fence: fence})
+			w.granted(ctx, driver.Grant{Key: w.key, Owner: w.owner, Fence: fence, TTL: w.ttl})
 			return fence, sent, nil
 		case errors.Is(err, driver.ErrHeld):
 			w.remaining = heldRemaining(err)
@@ -546,7 +582,10 @@ func (d *Driver) Release(ctx context.Context, g driver.Grant) error {
 // Renew implements driver.Driver; a grant found lost rings its doorbell.
 func (d *Driver) Renew(ctx context.Context, g driver.Grant) error {
 	err := d.Engine.Renew(ctx, g)
-	if errors.Is(err, driver.ErrNotHeld) {
+	switch {
+	case err == nil:
+		d.bell.renewed([]driver.Grant{g}, nil)
+	case errors.Is(err, driver.ErrNotHeld):
 		d.bell.done(g)
 	}
 	return err
@@ -556,6 +595,9 @@ func (d *Driver) Renew(ctx context.Context, g driver.Grant) error {
 // doorbell.
 func (d *Driver) RenewBatch(ctx context.Context, grants []driver.Grant) ([]error, error) {
 	errs, err := d.Engine.RenewBatch(ctx, grants)
+	if err == nil {
+		d.bell.renewed(grants, errs)
+	}
 	for i, e := range errs {
 		if errors.Is(e, driver.ErrNotHeld) {
 			d.bell.done(grants[i])

@@ -472,3 +472,24 @@ func TestStoppedBellHolder(t *testing.T) {
 	child.WaitLog(t, "LOST", time.Minute)
 	waitFor(t, "the resumed holder frees the doorbell", 10*time.Second, func() bool { return bellHolder(t, db, bell) == 0 })
 }
+
+// A grant that its holder neither renews nor releases (a lease object
+// dropped without Release) gives up its doorbell once its TTL has passed,
+// as the row does.
+func TestForgottenGrantFreesDoorbell(t *testing.T) {
+	t.Parallel() // waits on a TTL
+	db := admin(t, my.DSN())
+	key := fmt.Sprintf("bell:forgotten:%d", time.Now().UnixNano())
+	d := open(t)
+	bell := mysql.BellName(d, key)
+	const ttl = time.Second
+	holdWithBell(t, d, key, ttl)
+	held := time.Now()
+	if bellHolder(t, db, bell) == 0 {
+		t.Fatal("the holder does not hold its doorbell")
+	}
+	waitFor(t, "the doorbell freed after the TTL", 5*time.Second, func() bool { return bellHolder(t, db, bell) == 0 })
+	if took := time.Since(held); took < ttl-100*time.Millisecond {
+		t.Errorf("doorbell freed %v after the grant, before its TTL %v", took, ttl)
+	}
+}
