@@ -80,9 +80,14 @@ func init() { maxBellSleep.Store(int64(2 * time.Second)) }
 // Polling backoff of a waiter without the doorbell's help (head of the
 // line, or without a connection): full jitter between 0 and
 // min(pollMax, pollMin << attempt), capped by the holder's remaining time.
+// It starts short, since the usual reason to poll is a holder that took
+// the key without its doorbell and holds it briefly; pollMax bounds the
+// cost of a holder that keeps such a key for long (4 looks a second at
+// most, by one waiter per key across all processes: the others sleep on
+// the doorbell the poller holds).
 const (
 	pollMin = time.Millisecond
-	pollMax = 64 * time.Millisecond
+	pollMax = 250 * time.Millisecond
 )
 
 // doorbell is a driver's part of waiting by doorbell.
