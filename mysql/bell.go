@@ -142,11 +142,20 @@ func (b *doorbell) conn(ctx context.Context) (*sql.Conn, bool) {
 		return nil, false
 	}
 	b.mu.Lock()
-	pool, closed := b.pool, b.closed
+	pool, closed, own := b.pool, b.closed, b.ownPool
 	b.mu.Unlock()
 	if closed {
 		<-b.slots
 		return nil, false
+	}
+	if !own {
+		// The caller's pool: doorbells take at most half of its limit,
+		// so renewals and the application's own statements always find
+		// a connection.
+		if m := pool.Stats().MaxOpenConnections; m > 0 && len(b.slots) > m/2 {
+			<-b.slots
+			return nil, false
+		}
 	}
 	// A pool at its limit must not hold the waiter up: it polls instead.
 	cctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)

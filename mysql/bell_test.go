@@ -493,3 +493,55 @@ func TestForgottenGrantFreesDoorbell(t *testing.T) {
 		t.Errorf("doorbell freed %v after the grant, before its TTL %v", took, ttl)
 	}
 }
+
+// Over a caller's pool limited to one connection, doorbells take none of
+// it: the waiter polls, the holder's renewals and release go through, and
+// the waiter gets the key after the release.
+func TestDoorbellsLeaveCallersPoolAlone(t *testing.T) {
+	// A doorbell wait would hold the pool's one connection for a minute.
+	defer mysql.SetMaxBellSleep(time.Minute)()
+	ctx := ctxT(t)
+	db, err := sql.Open("mysql", my.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	db.SetMaxOpenConns(1)
+	d, err := mysql.New(ctx, db, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	key := fmt.Sprintf("bell:callers-pool:%d", time.Now().UnixNano())
+	g := driver.Grant{Key: key, Owner: "holder-owner-0123456789abcdef", TTL: time.Minute}
+	if g.Fence, err = d.TryAcquire(ctx, key, g.Owner, g.TTL); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	var fence uint64
+	go func() {
+		var err error
+		fence, _, err = d.AcquireTimed(ctx, key, "waiter-owner-0123456789abcdef", time.Minute)
+		got <- err
+	}()
+	time.Sleep(200 * time.Millisecond)
+	rctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	if err := d.Renew(rctx, g); err != nil {
+		t.Fatalf("renewal while a waiter waits on a one-connection pool: %v", err)
+	}
+	if err := d.Release(rctx, g); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the waiter did not get the released key within 10s")
+	}
+	if fence <= g.Fence {
+		t.Fatalf("fence %d after %d", fence, g.Fence)
+	}
+}

@@ -149,8 +149,8 @@ type Options struct {
 	// doorbell, or a grant holding one, takes one each. Zero means 8; a
 	// negative value turns doorbells off, and waiters poll. A driver made
 	// with New takes them from the *sql.DB it was given (they count
-	// against its SetMaxOpenConns), one opened by URL from a pool of its
-	// own.
+	// against its SetMaxOpenConns, of which they take at most half), one
+	// opened by URL from a pool of its own.
 	Bells int
 }
 
