@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
+
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/sessionlock"
 )
@@ -533,10 +535,18 @@ func (w *waiter) pause(ctx context.Context) error {
 	got, err := w.b.sleep(ctx, w.c, w.key, t)
 	if err != nil {
 		// The connection is gone (killed, or ctx ended mid-wait, which
-		// closes it): the server frees whatever it held.
+		// closes it): the server frees whatever it held. A server that
+		// refuses GET_LOCK itself (a Galera node, a proxy) makes this
+		// waiter poll from now on. Either way it pauses before its next
+		// look, so that a failing doorbell cannot make it spin.
 		w.b.put(w.c, false)
 		w.c = nil
-		if ctx.Err() != nil {
+		var myErr *mysql.MySQLError
+		if errors.As(err, &myErr) && !transientBellError[myErr.Number] {
+			w.noConn = true
+		}
+		w.polls++
+		if !sessionlock.Pause(ctx, pollSleep(w.polls, w.remaining)) {
 			return context.Cause(ctx)
 		}
 		return nil
@@ -545,6 +555,12 @@ func (w *waiter) pause(ctx context.Context) error {
 	w.polls = 0
 	return nil
 }
+
+// transientBellError are the server errors of a doorbell wait after
+// which the waiter tries a doorbell again: query interrupted (KILL QUERY,
+// on servers that report it as an error), connection killed, server
+// shutting down, too many connections.
+var transientBellError = map[uint16]bool{1317: true, 1927: true, 1053: true, 1040: true}
 
 // granted keeps the doorbell with grant g: the one it woke with, or, when
 // it got the grant without it (the holder's time ran out), the doorbell if
