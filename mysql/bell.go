@@ -80,16 +80,19 @@ var maxBellSleep atomic.Int64
 func init() { maxBellSleep.Store(int64(2 * time.Second)) }
 
 // Polling backoff of a waiter without the doorbell's help (head of the
-// line, or without a connection): full jitter between 0 and
-// min(pollMax, pollMin << attempt), capped by the holder's remaining time.
-// It starts short, since the usual reason to poll is a holder that took
-// the key without its doorbell and holds it briefly; pollMax bounds the
-// cost of a holder that keeps such a key for long (4 looks a second at
-// most, by one waiter per key across all processes: the others sleep on
-// the doorbell the poller holds).
+// line, or without a connection): full jitter between 0 and a ceiling of
+// pollMin << attempt, at most pollFast for the first pollFastTries
+// attempts and pollSlow after, capped by the holder's remaining time. It
+// starts short, since the usual reason to poll is a holder that took the
+// key without its doorbell and holds it briefly; pollSlow bounds the cost
+// of a holder that keeps such a key for long (4 looks a second at most,
+// by one waiter per key across all processes: the others sleep on the
+// doorbell the poller holds).
 const (
-	pollMin = time.Millisecond
-	pollMax = 250 * time.Millisecond
+	pollMin       = time.Millisecond
+	pollFast      = 64 * time.Millisecond
+	pollSlow      = 250 * time.Millisecond
+	pollFastTries = 20
 )
 
 // doorbell is a driver's part of waiting by doorbell.
@@ -411,9 +414,9 @@ func (b *doorbell) tryBell(ctx context.Context, c *sql.Conn, key string) bool {
 // pollSleep is a poller's sleep before attempt n, full jitter, capped by
 // the holder's remaining time.
 func pollSleep(n int, remaining time.Duration) time.Duration {
-	ceil := pollMax
-	if n < 16 {
-		ceil = min(pollMax, pollMin<<n)
+	ceil := pollSlow
+	if n < pollFastTries {
+		ceil = min(pollFast, pollMin<<n)
 	}
 	s := rand.N(ceil) + 1
 	if remaining > 0 {
