@@ -31,7 +31,7 @@ func Example() {
 		log.Fatal(err)
 	}
 	// Output:
-	// notified waiters: false
+	// notified waiters: true
 	// holding with a fence: true
 }
 

@@ -1,8 +1,8 @@
 // Package mysql is the MySQL and MariaDB backend of fenced: a lease table
 // whose rows carry the fencing counter, with the same contract as the
-// PostgreSQL backend. MySQL has no LISTEN/NOTIFY, so waiters poll with
-// backoff and full jitter, capped by the time the holder has left
-// (Guarantees().Notify is false).
+// PostgreSQL backend. MySQL has no LISTEN/NOTIFY; waiters are woken by a
+// doorbell instead, a named lock (GET_LOCK) per key that the holder frees
+// after its release, which wakes one waiter (see Waiting).
 //
 // Import it for its side effect to open stores by URL:
 //
@@ -76,10 +76,35 @@
 // too short for a key, expiry without microseconds, or a storage engine
 // other than InnoDB.
 //
-// The driver relies on no session state (no GET_LOCK, no user variables;
+// # Waiting
+//
+// Each key has a doorbell: a named lock (GET_LOCK) whose name is a digest
+// of the database, the lease table and the key. It is only ever a hint:
+// the lease row alone decides owner, fence and expiry. The session that
+// holds a key's doorbell is the head of the key's line: the holder that
+// won the key while it was contended, or the one waiter polling for it.
+// In each process one waiter per key sleeps in SELECT GET_LOCK on a
+// connection of its own, never longer than the holder's remaining time
+// (or 2 s); the other waiters of that process wait behind it. A release
+// frees the row, then the doorbell, so the server wakes exactly one
+// sleeper, which tries the row and keeps the doorbell with its grant: one
+// statement on the lease table per waiter per handover, whatever the
+// number of waiters. A holder that dies, is stopped or whose connection is
+// killed strands nobody past its grant's expiry; its key's handovers may
+// then take up to 2 s each until its session ends or it finds its grant
+// lost. Waiters are not served in arrival order.
+//
+// The doorbell connections are bounded (Options.Bells, 8 by default); a
+// waiter without one polls with backoff and full jitter, capped by the
+// holder's remaining time. Named locks need MySQL 5.7+ or MariaDB 10.0.2+.
+//
+// Apart from the doorbells, which are session state on connections of
+// their own, the driver relies on no session state (no user variables;
 // autocommit statements, and break in one transaction), so a proxy that
-// routes each transaction to any server connection cannot break it (tested
-// against PgBouncer for the PostgreSQL driver; no MySQL proxy is tested).
+// routes each transaction to any server connection cannot break a grant
+// (tested against PgBouncer for the PostgreSQL driver; no MySQL proxy is
+// tested). Behind such a proxy the doorbells may not ring: turn them off
+// (Options.Bells < 0) and waiters poll.
 package mysql
 
 import (
@@ -119,11 +144,20 @@ var ErrSchema = leasetable.ErrSchema
 type Options struct {
 	// Table is the lease table (default "fenced_leases").
 	Table string
+	// Bells bounds the connections the driver keeps for doorbells (see
+	// "Waiting" in the package documentation): a waiter asleep on a
+	// doorbell, or a grant holding one, takes one each. Zero means 8; a
+	// negative value turns doorbells off, and waiters poll. A driver made
+	// with New takes them from the *sql.DB it was given (they count
+	// against its SetMaxOpenConns, of which they take at most half), one
+	// opened by URL from a pool of its own.
+	Bells int
 }
 
 // Driver is the MySQL/MariaDB lease-table driver. It implements
-// driver.Driver, driver.BatchRenewer, driver.BreakLogger,
-// driver.FenceFloorer and driver.Pruner. Its methods are safe for
+// driver.Driver, driver.TimedQueuer (waiting by doorbell),
+// driver.BatchRenewer, driver.BreakLogger, driver.FenceFloorer and
+// driver.Pruner. Its methods are safe for
 // concurrent use.
 type Driver struct {
 	db    *sql.DB
@@ -131,12 +165,18 @@ type Driver struct {
 	// t, b and f are the quoted names of the lease, audit and floor tables.
 	t, b, f string
 	std     *sqllease.StdDB
+	bell    *doorbell
 	*sqllease.Engine
 }
 
 // The engine implements driver.BatchRenewer, driver.BreakLogger,
-// driver.FenceFloorer and driver.Pruner for every SQL backend.
-var _ driver.Driver = (*Driver)(nil)
+// driver.FenceFloorer and driver.Pruner for every SQL backend; the
+// doorbell driver.TimedQueuer.
+var (
+	_ driver.Driver       = (*Driver)(nil)
+	_ driver.TimedQueuer  = (*Driver)(nil)
+	_ driver.BatchRenewer = (*Driver)(nil)
+)
 
 // Open connects to the store named by a mysql:// URL (see the package
 // documentation) and returns a driver that owns its *sql.DB. Errors match
@@ -232,6 +272,12 @@ func open(ctx context.Context, u *url.URL) (*Driver, error) {
 		return nil, err
 	}
 	d.std.SetOwned()
+	// Doorbell connections come from a pool of their own, so that
+	// sleeping waiters never take the connections renewals need.
+	bells := sql.OpenDB(connector)
+	bells.SetMaxOpenConns(cap(d.bell.slots))
+	bells.SetMaxIdleConns(cap(d.bell.slots))
+	d.bell.pool, d.bell.ownPool = bells, true
 	return d, nil
 }
 
@@ -249,8 +295,15 @@ func connectError(cfg *mysql.Config, err error) error {
 // may be nil.
 func New(ctx context.Context, db *sql.DB, opts *Options) (*Driver, error) {
 	var name string
+	bells := defaultBells
 	if opts != nil {
 		name = opts.Table
+		switch {
+		case opts.Bells < 0:
+			bells = 0
+		case opts.Bells > 0:
+			bells = opts.Bells
+		}
 	}
 	table, err := leasetable.TableOrDefault(name)
 	if err != nil {
@@ -264,6 +317,12 @@ func New(ctx context.Context, db *sql.DB, opts *Options) (*Driver, error) {
 		d.std.Close()
 		return nil, err
 	}
+	var database string
+	if err := db.QueryRowContext(ctx, `SELECT DATABASE()`).Scan(&database); err != nil {
+		d.std.Close()
+		return nil, d.Wrap("prepare", "", err)
+	}
+	d.bell = newDoorbell(d, db, database, bells)
 	// The hot statements run prepared: one round trip each.
 	if err := d.std.Prepare(ctx, d.acquireSQL(), dialect.Renew.SQL, dialect.Release.SQL, dialect.Inspect.SQL); err != nil {
 		return nil, d.Wrap("prepare", "", err)
@@ -413,16 +472,19 @@ func (d *Driver) Guarantees() driver.Guarantees {
 		ServerClock: true,
 		// UTC_TIMESTAMP is the server's wall clock.
 		ClockStepSafe: false,
-		Notify:        false,
+		Notify:        cap(d.bell.slots) > 0,
 		Note: "fence is a counter on the InnoDB lease row (durable with the row; after a failover only if replication was semi-synchronous or Galera); " +
-			"expiry by the server's UTC_TIMESTAMP, its wall clock (not safe from clock steps); no notifications: waiters poll with backoff and full jitter, capped by the holder's remaining time",
+			"expiry by the server's UTC_TIMESTAMP, its wall clock (not safe from clock steps); " + d.bell.note(),
 	}
 }
 
 // Close implements driver.Driver. It closes the driver's prepared
 // statements and, for a driver opened by URL, its *sql.DB.
 func (d *Driver) Close() error {
-	_, err := d.Engine.Close()
+	first, err := d.Engine.Close()
+	if first {
+		d.bell.close()
+	}
 	return err
 }
 

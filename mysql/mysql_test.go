@@ -18,6 +18,7 @@ var my *testenv.MySQL
 
 func TestMain(m *testing.M) {
 	crashtest.MaybeRunHolder()
+	maybeRunBellHolder()
 	tb := testenv.NewMainTB()
 	my = testenv.StartMySQL(tb)
 	os.Setenv("DATABASE_URL", my.URL()) // for the examples
