@@ -88,7 +88,7 @@ import (
 	"fmt"
 	"net/url"
 	"strconv"
-	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fenced-dev/fenced"
@@ -147,8 +147,8 @@ type Driver struct {
 	// guarantees is what Guarantees returns, set by New.
 	guarantees driver.Guarantees
 
-	mu     sync.Mutex
-	closed bool
+	// closed is set once by Close; read without a lock on every call.
+	closed atomic.Bool
 }
 
 var (
@@ -457,9 +457,7 @@ func (d *Driver) scriptErr(op, key string, err error, mayApply bool, redisKeys .
 // matching ErrInvalidTTL when a grant to renew carries no TTL
 // (driver.CheckTTLs).
 func (d *Driver) usable(renewing ...driver.Grant) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.closed {
+	if d.closed.Load() {
 		return driver.ErrClosed
 	}
 	return driver.CheckTTLs(renewing)
@@ -646,13 +644,9 @@ func (d *Driver) makeGuarantees() driver.Guarantees {
 // Close implements driver.Driver. It closes the subscriber connection, and
 // the go-redis client when the driver was opened by URL.
 func (d *Driver) Close() error {
-	d.mu.Lock()
-	if d.closed {
-		d.mu.Unlock()
+	if !d.closed.CompareAndSwap(false, true) {
 		return nil
 	}
-	d.closed = true
-	d.mu.Unlock()
 	err := d.hub.Close()
 	if d.owns {
 		if cerr := d.c.Close(); err == nil {

@@ -75,6 +75,10 @@ func (l Layout) Keys(k string) Keys {
 	return Keys{Lock: s[lock0:lock1], Fence: s[fence0:fence1], Audit: s[audit0:audit1], Channel: s[chan0:chan1], Waiters: s[wait0:wait1]}
 }
 
+// Lock returns the lock key of lease key k alone (Keys(k).Lock, without
+// building the other names), for batches of many keys.
+func (l Layout) Lock(k string) string { return l.Prefix + "{" + k + lockSuffix }
+
 // LockPattern is a SCAN MATCH pattern for the lock keys of lease keys
 // starting with prefix.
 func (l Layout) LockPattern(prefix string) string {
@@ -261,7 +265,7 @@ func RenewAll(ctx context.Context, c redis.UniversalClient, l Layout, grants []d
 	locks := make([]string, len(grants))
 	todo := make([]int, len(grants))
 	for i, g := range grants {
-		locks[i], todo[i] = l.Keys(g.Key).Lock, i
+		locks[i], todo[i] = l.Lock(g.Key), i
 	}
 	cc, cluster := c.(*redis.ClusterClient)
 	if cluster {

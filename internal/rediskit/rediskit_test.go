@@ -57,8 +57,12 @@ func TestKeys(t *testing.T) {
 		{"fenced:", "job", Keys{Lock: "fenced:{job}:lock", Fence: "fenced:{job}:fence", Audit: "fenced:{job}:breaks", Channel: "fenced:{job}:free", Waiters: "fenced:{job}:waiters"}},
 		{"", "a{b}c", Keys{Lock: "{a{b}c}:lock", Fence: "{a{b}c}:fence", Audit: "{a{b}c}:breaks", Channel: "{a{b}c}:free", Waiters: "{a{b}c}:waiters"}},
 	} {
-		if got := (Layout{Prefix: tc.prefix}).Keys(tc.key); got != tc.want {
+		l := Layout{Prefix: tc.prefix}
+		if got := l.Keys(tc.key); got != tc.want {
 			t.Errorf("Keys(%q) under %q = %+v, want %+v", tc.key, tc.prefix, got, tc.want)
+		}
+		if got := l.Lock(tc.key); got != tc.want.Lock {
+			t.Errorf("Lock(%q) under %q = %q, want %q", tc.key, tc.prefix, got, tc.want.Lock)
 		}
 	}
 	if n := testing.AllocsPerRun(100, func() { _ = Layout{Prefix: "fenced:"}.Keys("invoice:inv_72") }); n > 1 {
