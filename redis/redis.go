@@ -25,7 +25,9 @@
 // the expiry and returns the same fence; otherwise it returns the fence and
 // PTTL of the current grant, so a waiter can wake when it expires. An
 // uncontended grant runs two commands (INCR, SET NX), its release two (GET,
-// DEL): the fence costs one command over a plain SET NX lock. Renew
+// DEL): the fence costs one command over a plain SET NX lock. A process
+// that is not waiting for the key sends the grant as a smaller script (two
+// keys, two arguments, the fence alone as its reply). Renew
 // and release are compare-then-act scripts on the whole value (owner and
 // fence). Renewals of many leases run 256 grants per script call
 // (BatchRenewer). The lock key, counter, waiters mark, audit stream and
