@@ -152,3 +152,79 @@ func TestHandoverStrandsNoWaiter(t *testing.T) {
 		t.Fatalf("an acquire waited %v with %d waiters holding for 1ms each: a release failed to wake it", longest, processes*perProcess-1)
 	}
 }
+
+// TestSubscribeAroundRelease: a waiter in a process with no subscription
+// is refused (by the cheap acquire, which writes no waiters mark), then
+// subscribes and tries again, as the Client does, while the holder
+// releases at about that moment: before the subscription, between it and
+// the retry, or after the retry. Whatever the order, the waiter either
+// gets the key on its retry or is woken by the release; a release that
+// published nothing can only have come before the retry, which then
+// found the key free.
+func TestSubscribeAroundRelease(t *testing.T) {
+	ctx := testCtx(t)
+	srv := testenv.StartRedis(t, testenv.RedisConfig{NoPersistence: true})
+	holder, waiter := newDriver(t, srv, nil), newDriver(t, srv, nil)
+	var grantedOnRetry, wokenByRelease int
+	for i := 0; i < 300; i++ {
+		key := fmt.Sprintf("job-%d", i)
+		o := owner()
+		f, err := holder.TryAcquire(ctx, key, o, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g := driver.Grant{Key: key, Owner: o, Fence: f, TTL: time.Minute}
+		if _, err := waiter.TryAcquire(ctx, key, owner(), time.Minute); !errors.Is(err, driver.ErrHeld) {
+			t.Fatalf("first try of a held key: %v, want ErrHeld", err)
+		}
+		released := make(chan error, 1)
+		release := func() { released <- holder.Release(ctx, g) }
+		// Rounds 0, 1, 2 (mod 4) release before the subscription, between
+		// it and the retry, after the retry; round 3 races the release
+		// against the subscription and retry.
+		phase := i % 4
+		if phase == 0 {
+			release()
+		}
+		if phase == 3 {
+			go func() {
+				time.Sleep(time.Duration(i%7) * 50 * time.Microsecond)
+				release()
+			}()
+		}
+		sub, err := waiter.Subscribe(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if phase == 1 {
+			release()
+		}
+		wo := owner()
+		_, err = waiter.TryAcquire(ctx, key, wo, time.Minute)
+		if phase == 2 {
+			release()
+		}
+		if err := <-released; err != nil {
+			t.Fatalf("round %d: release: %v", i, err)
+		}
+		switch {
+		case err == nil:
+			grantedOnRetry++
+		case errors.Is(err, driver.ErrHeld):
+			if !woken(sub, 10*time.Second) {
+				t.Fatalf("round %d (phase %d): the waiter was refused after subscribing and the release did not wake it", i, phase)
+			}
+			wokenByRelease++
+			if _, err := waiter.TryAcquire(ctx, key, wo, time.Minute); err != nil {
+				t.Fatalf("round %d: try after the wake-up: %v", i, err)
+			}
+		default:
+			t.Fatalf("round %d: retry: %v", i, err)
+		}
+		sub.Close()
+	}
+	t.Logf("granted on the retry %d times, woken by the release %d times", grantedOnRetry, wokenByRelease)
+	if wokenByRelease < 75 {
+		t.Fatalf("woken by the release only %d times: the rounds that release after the retry must all be", wokenByRelease)
+	}
+}

@@ -25,7 +25,9 @@
 // the expiry and returns the same fence; otherwise it returns the fence and
 // PTTL of the current grant, so a waiter can wake when it expires. An
 // uncontended grant runs two commands (INCR, SET NX), its release two (GET,
-// DEL): the fence costs one command over a plain SET NX lock. Renew
+// DEL): the fence costs one command over a plain SET NX lock. A process
+// that is not waiting for the key sends the grant as a smaller script (two
+// keys, two arguments, the fence alone as its reply). Renew
 // and release are compare-then-act scripts on the whole value (owner and
 // fence). Renewals of many leases run 256 grants per script call
 // (BatchRenewer). The lock key, counter, waiters mark, audit stream and
@@ -88,7 +90,7 @@ import (
 	"fmt"
 	"net/url"
 	"strconv"
-	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fenced-dev/fenced"
@@ -144,9 +146,11 @@ type Driver struct {
 	layout rediskit.Layout
 	opts   Options
 	hub    *rediskit.Hub
+	// guarantees is what Guarantees returns, set by New.
+	guarantees driver.Guarantees
 
-	mu     sync.Mutex
-	closed bool
+	// closed is set once by Close; read without a lock on every call.
+	closed atomic.Bool
 }
 
 var (
@@ -190,6 +194,7 @@ func New(c redis.UniversalClient, opts *Options) (*Driver, error) {
 		return nil, errors.New("redis: a Ring client is not supported: its shards move keys, which would reset fence counters")
 	}
 	d.layout = rediskit.Layout{Prefix: d.opts.Prefix}
+	d.guarantees = d.makeGuarantees()
 	return d, nil
 }
 
@@ -248,7 +253,8 @@ const waitersSlack = time.Second
 // waitersSlack in ms. Returns {status, fence, pttl} with the statuses of
 // rediskit.
 //
-// With no subscription in the process, the key is most likely free: the
+// With no subscription in the process, the key is most likely free (and
+// TryAcquire sends acquireFreeScript instead, unless a WAIT follows): the
 // script INCRs the counter and SETs the lock NX, two commands, and takes
 // the increment back if the lock was there (so the counter counts grants
 // only, and a counter that is not a number fails before anything
@@ -297,6 +303,52 @@ redis.call('SET', KEYS[1], f .. ':' .. ARGV[1], 'PX', ARGV[2])
 if here > 1 then redis.call('SET', KEYS[3], '1', 'PX', tonumber(ARGV[2]) + tonumber(ARGV[4])) end
 return {1, f, 0}`)
 
+// acquireFreeScript is acquireScript for a process with no subscription
+// to the key (ARGV[3] = 0), which is most likely free: KEYS[1] lock,
+// KEYS[2] fence counter; ARGV[1] owner, ARGV[2] ttl ms. Fewer keys and
+// arguments to send and unpack, and a grant's reply is the fence alone,
+// as a string, not an array. It INCRs the counter and SETs the lock NX,
+// and takes the increment back if the lock was there (so the counter
+// counts grants only, and a counter that is not a number fails before
+// anything changed); then it answers as acquireScript does, with
+// {status, fence, pttl}: a foreign value refused, the same owner's grant
+// extended, another owner's grant reported with its PTTL. It never
+// writes the waiters mark: a process with no subscription has no waiter
+// to announce. (One that subscribes after the caller read the count
+// announces itself: the Client subscribes before its next try, and that
+// try, refused, is made with a subscription.)
+var acquireFreeScript = redis.NewScript(`
+local n = redis.call('INCR', KEYS[2])
+local f = string.format('%d', n)
+if redis.call('SET', KEYS[1], f .. ':' .. ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return f
+end
+if n == 1 then redis.call('DEL', KEYS[2]) else redis.call('DECR', KEYS[2]) end
+local o
+f, o = string.match(redis.call('GET', KEYS[1]), '^(%d+):(.*)$')
+if not f then return {-1, '0', redis.call('PTTL', KEYS[1])} end
+if o == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return {2, f, 0}
+end
+return {0, f, redis.call('PTTL', KEYS[1])}`)
+
+// parseAcquireFree reads acquireFreeScript's reply: a fence alone is a
+// new grant.
+func parseAcquireFree(res any) rediskit.Acquired {
+	switch r := res.(type) {
+	case string:
+		f, err := strconv.ParseUint(r, 10, 64)
+		if err != nil {
+			return rediskit.Acquired{Status: rediskit.StatusBadReply}
+		}
+		return rediskit.Acquired{Status: rediskit.StatusGranted, Fence: f}
+	case []any:
+		return rediskit.ParseAcquire(r)
+	}
+	return rediskit.Acquired{Status: rediskit.StatusBadReply}
+}
+
 // releaseScript: KEYS[1] lock, KEYS[2] waiters mark; ARGV[1] value,
 // ARGV[2] channel. Deletes the lock if the value matches, and publishes
 // on the channel only if the waiters mark was there too (deleting it).
@@ -321,8 +373,16 @@ func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Dur
 		return 0, err
 	}
 	k := d.layout.Keys(key)
+	subs := d.hub.Subscribers(k.Channel)
+	if subs == 0 && d.opts.WaitReplicas == 0 {
+		res, err := acquireFreeScript.Run(ctx, d.c, []string{k.Lock, k.Fence}, owner, rediskit.Millis(ttl)).Result()
+		if err != nil {
+			return 0, d.scriptErr("acquire", key, err, true, k.Lock, k.Fence)
+		}
+		return d.acquireResult(key, k, parseAcquireFree(res))
+	}
 	keys := []string{k.Lock, k.Fence, k.Waiters}
-	args := []any{owner, rediskit.Millis(ttl), d.hub.Subscribers(k.Channel), waitersSlack.Milliseconds()}
+	args := []any{owner, rediskit.Millis(ttl), subs, waitersSlack.Milliseconds()}
 	if d.opts.WaitReplicas > 0 {
 		return d.acquireAndWait(ctx, key, k, keys, args)
 	}
@@ -399,9 +459,7 @@ func (d *Driver) scriptErr(op, key string, err error, mayApply bool, redisKeys .
 // matching ErrInvalidTTL when a grant to renew carries no TTL
 // (driver.CheckTTLs).
 func (d *Driver) usable(renewing ...driver.Grant) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.closed {
+	if d.closed.Load() {
 		return driver.ErrClosed
 	}
 	return driver.CheckTTLs(renewing)
@@ -563,8 +621,12 @@ const guaranteesNote = "redis: fences come from a per-key INCR counter and rise 
 	"which needs appendonly yes, appendfsync always and no eviction; replication is asynchronous, so a failover to a replica " +
 	"that missed a grant, or a restart without persistence, loses the lock and can hand the same fence to a second holder"
 
-// Guarantees implements driver.Driver.
-func (d *Driver) Guarantees() driver.Guarantees {
+// Guarantees implements driver.Driver. The Client asks for them on every
+// acquire (to check the lease's MinFence), so New computes them once.
+func (d *Driver) Guarantees() driver.Guarantees { return d.guarantees }
+
+// makeGuarantees is what Guarantees returns for d's options.
+func (d *Driver) makeGuarantees() driver.Guarantees {
 	note := guaranteesNote
 	if d.opts.WaitReplicas > 0 {
 		note += fmt.Sprintf("; grants wait for %d replica acknowledgements (WAIT), which narrows but does not close this window", d.opts.WaitReplicas)
@@ -584,13 +646,9 @@ func (d *Driver) Guarantees() driver.Guarantees {
 // Close implements driver.Driver. It closes the subscriber connection, and
 // the go-redis client when the driver was opened by URL.
 func (d *Driver) Close() error {
-	d.mu.Lock()
-	if d.closed {
-		d.mu.Unlock()
+	if !d.closed.CompareAndSwap(false, true) {
 		return nil
 	}
-	d.closed = true
-	d.mu.Unlock()
 	err := d.hub.Close()
 	if d.owns {
 		if cerr := d.c.Close(); err == nil {

@@ -6,7 +6,9 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -119,4 +121,41 @@ func (s serverCalls) String() string {
 		fmt.Fprintf(&b, "%s=%d ", name, s[name])
 	}
 	return strings.TrimSpace(b.String())
+}
+
+// cpuTimes is CPU time used so far by this process (user and system, every
+// goroutine) and by the redis-server (INFO cpu used_cpu_user and
+// used_cpu_sys, every thread).
+type cpuTimes struct{ process, server time.Duration }
+
+// readCPU reads both through c (the server's counter has microsecond
+// resolution).
+func readCPU(b *testing.B, c *redis.Client) cpuTimes {
+	b.Helper()
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	t := cpuTimes{process: time.Duration(ru.Utime.Nano() + ru.Stime.Nano())}
+	s, err := c.Info(context.Background(), "cpu").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, line := range strings.Split(s, "\n") {
+		name, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || (name != "used_cpu_user" && name != "used_cpu_sys") {
+			continue
+		}
+		secs, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			b.Fatalf("INFO cpu line %q: %v", line, err)
+		}
+		t.server += time.Duration(secs * float64(time.Second))
+	}
+	return t
+}
+
+// since returns the CPU time used between before and t.
+func (t cpuTimes) since(before cpuTimes) cpuTimes {
+	return cpuTimes{process: t.process - before.process, server: t.server - before.server}
 }

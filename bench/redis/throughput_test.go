@@ -14,9 +14,13 @@ import (
 // BenchmarkThroughput runs acquire-release loops on K keys from C
 // goroutines sharing one go-redis client, for fenced and each incumbent,
 // in 2s windows that alternate between the implementations in shuffled
-// order (two windows each), and reports each one's ops/s, acquire p99 and
-// the server's commands per op (INFO commandstats). The b.N loop is not
-// used: run it with -benchtime 1x.
+// order (two windows each), and reports each one's ops/s, acquire p99,
+// the server's commands per op (INFO commandstats), and the CPU time per
+// op of this process (the clients: client-cpu-µs/op) and of the server
+// (server-cpu-µs/op). On a loaded machine ops/s moves with whatever else
+// runs, while the CPU an op costs moves much less: with two cores shared
+// by clients and server, it is what decides the throughput. The b.N loop
+// is not used: run it with -benchtime 1x.
 //
 //	cd bench/redis && go test -run '^$' -bench Throughput -benchtime 1x
 func BenchmarkThroughput(b *testing.B) {
@@ -29,6 +33,7 @@ func BenchmarkThroughput(b *testing.B) {
 				lat  []time.Duration
 				cmds int64
 				srv  serverCalls
+				cpu  cpuTimes
 			}
 			results := map[string]*result{}
 			add := func(r *result, s serverCalls) {
@@ -53,9 +58,12 @@ func BenchmarkThroughput(b *testing.B) {
 				rand.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
 				for _, name := range order {
 					r := results[name]
-					before := readServerCalls(b, probe)
+					before, cpu := readServerCalls(b, probe), readCPU(b, probe)
 					ops, lat, took := loop(b, lockers[name], fmt.Sprintf("bench:tp:%s:%s", run, name), cell.keys, cell.clients, 2*time.Second)
+					used := readCPU(b, probe).since(cpu)
 					served := readServerCalls(b, probe).since(before)
+					r.cpu.process += used.process
+					r.cpu.server += used.server
 					r.cmds += served.commands()
 					add(r, served)
 					r.ops += ops
@@ -74,6 +82,8 @@ func BenchmarkThroughput(b *testing.B) {
 				b.ReportMetric(float64(r.ops)/r.took.Seconds(), name+"-ops/s")
 				b.ReportMetric(float64(p99.Microseconds()), name+"-acquire-p99-µs")
 				b.ReportMetric(float64(r.cmds)/float64(max(r.ops, 1)), name+"-srvcmds/op")
+				b.ReportMetric(float64(r.cpu.process.Nanoseconds())/1e3/float64(max(r.ops, 1)), name+"-client-cpu-µs/op")
+				b.ReportMetric(float64(r.cpu.server.Nanoseconds())/1e3/float64(max(r.ops, 1)), name+"-server-cpu-µs/op")
 				b.Logf("%s: %d ops, server: %v", name, r.ops, r.srv)
 			}
 		})

@@ -48,3 +48,40 @@ func TestMillis(t *testing.T) {
 		}
 	}
 }
+
+func TestKeys(t *testing.T) {
+	for _, tc := range []struct {
+		prefix, key string
+		want        Keys
+	}{
+		{"fenced:", "job", Keys{Lock: "fenced:{job}:lock", Fence: "fenced:{job}:fence", Audit: "fenced:{job}:breaks", Channel: "fenced:{job}:free", Waiters: "fenced:{job}:waiters"}},
+		{"", "a{b}c", Keys{Lock: "{a{b}c}:lock", Fence: "{a{b}c}:fence", Audit: "{a{b}c}:breaks", Channel: "{a{b}c}:free", Waiters: "{a{b}c}:waiters"}},
+	} {
+		l := Layout{Prefix: tc.prefix}
+		if got := l.Keys(tc.key); got != tc.want {
+			t.Errorf("Keys(%q) under %q = %+v, want %+v", tc.key, tc.prefix, got, tc.want)
+		}
+		if got := l.Lock(tc.key); got != tc.want.Lock {
+			t.Errorf("Lock(%q) under %q = %q, want %q", tc.key, tc.prefix, got, tc.want.Lock)
+		}
+	}
+	if n := testing.AllocsPerRun(100, func() { _ = Layout{Prefix: "fenced:"}.Keys("invoice:inv_72") }); n > 1 {
+		t.Errorf("Keys allocates %v times, want 1", n)
+	}
+}
+
+func TestValue(t *testing.T) {
+	for _, tc := range []struct {
+		fence uint64
+		owner string
+	}{{1, "o"}, {0, ""}, {18446744073709551615, "0123456789abcdef0123456789abcdef"}} {
+		v := Value(tc.fence, tc.owner)
+		f, o, ok := ParseValue(v)
+		if !ok || f != tc.fence || o != tc.owner {
+			t.Errorf("Value(%d, %q) = %q, parsed back as %d, %q, %v", tc.fence, tc.owner, v, f, o, ok)
+		}
+	}
+	if v := Value(72, "abc"); v != "72:abc" {
+		t.Errorf("Value(72, abc) = %q", v)
+	}
+}
