@@ -50,9 +50,13 @@ var fullConfig = config{
 }
 
 // settle is how long a holder waits, once every other participant is
-// inside its lock call, before releasing: time for a waiter to have
-// registered its watch or subscription.
-const settle = 2 * time.Millisecond
+// inside its lock call, before releasing: time for a waiter to be in line
+// (its watch, subscription or queue entry in place). With 2 ms, waiters
+// that take several round trips to get in line (go-zookeeper's Lock: a
+// create, a listing, an exists watch) were often still on their way when
+// the holder released, and then found the key free instead of being
+// handed it, which is no handover.
+const settle = 20 * time.Millisecond
 
 // roundTimeout bounds one implementation's round; past it the
 // implementation is dropped from the workload with an error row.
