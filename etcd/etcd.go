@@ -45,13 +45,18 @@
 // The driver keeps one etcd lease (a session) per TTL (whole seconds,
 // rounded up) and shares it between all the keys it holds with that TTL,
 // so renewing a thousand fenced leases costs one keep-alive plus one read,
-// not a thousand writes (the driver implements driver.BatchRenewer).
+// not a thousand writes (the driver implements driver.BatchRenewer; the
+// keys of a session carrying many grants are checked with one listing of
+// the session's keys, LeaseTimeToLive, whatever their number).
 // Keep-alives go out on one long-lived stream, on demand: every acquisition
 // and renewal makes sure one was sent no earlier than the request began, so
-// the session outlives the lease's local validity. If the process stalls, the session expires on the
-// server's clock and etcd deletes every key on it; the driver's loss watch
-// (driver.LossWatcher) cancels the lease of a key deleted behind its back
-// (session expired, or broken by an admin). A grant that its holder stops
+// the session outlives the lease's local validity. If the process stalls,
+// the session expires on the server's clock and etcd deletes every key on
+// it; the driver's loss watch (driver.LossWatcher) cancels the lease of a
+// key deleted behind its back (session expired, or broken by an admin).
+// All loss watches share one long-lived Watch stream, with no goroutine
+// per watched lease, so a client can hold a hundred thousand leases with a
+// handful of goroutines. A grant that its holder stops
 // renewing while the session is kept alive by other grants is deleted by
 // the driver when its TTL has passed, so leases with AutoRenew Off end on time.
 //
