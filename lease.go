@@ -143,6 +143,9 @@ func (l *Lease) takeLossWatch() (*time.Timer, func()) {
 	return t, stop
 }
 
+// endLossWatch stops what takeLossWatch returned. It is called after the
+// lease's context is cancelled: a driver's stop may take a moment, and the
+// protected work must hear of the lease's end first.
 func endLossWatch(t *time.Timer, stop func()) {
 	if t != nil {
 		t.Stop()
@@ -311,9 +314,9 @@ func (l *Lease) end(cause error) bool {
 	l.ended = true
 	t, stop := l.takeLossWatch()
 	l.mu.Unlock()
-	endLossWatch(t, stop)
 	l.c.renew.remove(l)
 	l.cancel(cause)
+	endLossWatch(t, stop)
 	return true
 }
 
@@ -350,9 +353,9 @@ func (l *Lease) lose(cause error) {
 	l.ended = true
 	t, stop := l.takeLossWatch()
 	l.mu.Unlock()
-	endLossWatch(t, stop)
 	l.c.renew.remove(l)
 	l.cancel(cause)
+	endLossWatch(t, stop)
 	l.c.hooks.lost(LostEvent{Key: l.key, Fence: l.fence, Held: l.c.now() - l.acquired, Cause: cause, Lease: l})
 }
 
