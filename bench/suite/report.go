@@ -97,7 +97,7 @@ func renderReport(res Results, jsonPath, docs string) error {
 		w("## Handover\n\n")
 		w("From the holder's release call to the next holder's acquire returning, with N waiters on one key, each its own\n")
 		w("process (client and connections). A holder releases only once every other participant is inside its acquire call\n")
-		w("(plus 20 ms for every waiter to be in line: watch, subscription or queue entry in place), and does not contend again until someone else got the key, so each sample is a\n")
+		w("(plus 20–40 ms, at random, for every waiter to be in line: watch, subscription or queue entry in place), and does not contend again until someone else got the key, so each sample is a\n")
 		w("real handover. Requests per handover include the waiters' polling.\n\n")
 		w("| backend | waiters | implementation | p50 µs | p99 µs | requests/handover | ratio p50 | ratio p99 |\n| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |\n")
 		for _, r := range rs {

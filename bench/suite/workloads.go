@@ -58,6 +58,13 @@ var fullConfig = config{
 // handed it, which is no handover.
 const settle = 20 * time.Millisecond
 
+// settleJitter is the most a holder waits on top of settle, at random: a
+// fixed wait would be in phase with a waiter that polls at a fixed period
+// (redislock's 10 ms retry), which then finds the key free just after
+// each release, every time. Uniform over 20 ms, the release falls at a
+// random point of such a waiter's period, as it would in use.
+const settleJitter = 20 * time.Millisecond
+
 // roundTimeout bounds one implementation's round; past it the
 // implementation is dropped from the workload with an error row.
 const roundTimeout = 3 * time.Minute
@@ -245,7 +252,7 @@ func (s *suite) handover(ctx context.Context, b *backend) {
 			return err
 		})
 		for _, o := range all {
-			s.add(latencyRow("handover", b.name, o, map[string]any{"waiters": w, "settle_ms": settle.Milliseconds()}))
+			s.add(latencyRow("handover", b.name, o, map[string]any{"waiters": w, "settle_ms": settle.Milliseconds(), "settle_jitter_ms": settleJitter.Milliseconds()}))
 		}
 		closeAll(all)
 	}
@@ -305,7 +312,7 @@ func handoverRound(ctx context.Context, ls []locker, key string, n int) ([]time.
 					for waiting.Load() < int64(len(ls)-1) && !failed.Load() {
 						time.Sleep(50 * time.Microsecond)
 					}
-					time.Sleep(settle)
+					time.Sleep(settle + rand.N(settleJitter))
 				}
 				mu.Lock()
 				released = time.Now()
