@@ -402,6 +402,10 @@ func (d *Driver) RenewBatch(ctx context.Context, grants []driver.Grant) ([]error
 		bySession[entries[i].s] = append(bySession[entries[i].s], j)
 	}
 	var reads []int // positions in idx read key by key
+	var (
+		unlistedMu sync.Mutex
+		unlisted   []int // positions in idx missing from a listing older than the call
+	)
 	for s, js := range bySession {
 		if len(js) <= maxReadsPerTxn {
 			reads = append(reads, js...)
@@ -410,7 +414,7 @@ func (d *Driver) RenewBatch(ctx context.Context, grants []driver.Grant) ([]error
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			attached, err := d.attachedKeys(ctx, s, start.Add(-listingReuse))
+			attached, sent, err := d.attachedKeys(ctx, s, start.Add(-listingReuse))
 			if err != nil {
 				for _, j := range js {
 					readErrs[j] = err
@@ -423,45 +427,62 @@ func (d *Driver) RenewBatch(ctx context.Context, grants []driver.Grant) ([]error
 				// until the driver forgets e, no other grant can put a
 				// key of that name on s (see waiterKey).
 				e := entries[idx[j]]
-				held[j] = attached[e.etcdKey] && d.grants.Lookup(e.id.Key, e.id.Owner) == e
+				switch {
+				case attached[e.etcdKey]:
+					held[j] = d.grants.Lookup(e.id.Key, e.id.Owner) == e
+				case sent.Before(start):
+					unlistedMu.Lock()
+					unlisted = append(unlisted, j)
+					unlistedMu.Unlock()
+				}
 			}
 		}()
 	}
-	slices.Sort(reads)
-	chunks := make(chan int)
-	var rg sync.WaitGroup
-	for range min(renewReadsInFlight, (len(reads)+maxReadsPerTxn-1)/maxReadsPerTxn) {
-		rg.Add(1)
-		go func() {
-			defer rg.Done()
-			for lo := range chunks {
-				hi := min(lo+maxReadsPerTxn, len(reads))
-				ops := make([]clientv3.Op, 0, hi-lo)
-				for _, j := range reads[lo:hi] {
-					ops = append(ops, clientv3.OpGet(entries[idx[j]].etcdKey))
-				}
-				resp, err := d.cli.Txn(ctx).Then(ops...).Commit()
-				for n, j := range reads[lo:hi] {
+	// readKeys reads the keys of the grants at positions in idx, in
+	// transactions of at most maxReadsPerTxn reads, a few at a time.
+	readKeys := func(positions []int) {
+		slices.Sort(positions)
+		chunks := make(chan int)
+		var rg sync.WaitGroup
+		for range min(renewReadsInFlight, (len(positions)+maxReadsPerTxn-1)/maxReadsPerTxn) {
+			rg.Add(1)
+			go func() {
+				defer rg.Done()
+				for lo := range chunks {
+					hi := min(lo+maxReadsPerTxn, len(positions))
+					ops := make([]clientv3.Op, 0, hi-lo)
+					for _, j := range positions[lo:hi] {
+						ops = append(ops, clientv3.OpGet(entries[idx[j]].etcdKey))
+					}
+					resp, err := d.cli.Txn(ctx).Then(ops...).Commit()
+					for n, j := range positions[lo:hi] {
+						if err != nil {
+							readErrs[j] = readErr("renew", err)
+							continue
+						}
+						if r := resp.Responses[n].GetResponseRange().Kvs; len(r) > 0 {
+							held[j] = entries[idx[j]].holds(r[0])
+						}
+					}
 					if err != nil {
-						readErrs[j] = readErr("renew", err)
-						continue
-					}
-					if r := resp.Responses[n].GetResponseRange().Kvs; len(r) > 0 {
-						held[j] = entries[idx[j]].holds(r[0])
+						failed.Add(int64(hi - lo))
 					}
 				}
-				if err != nil {
-					failed.Add(int64(hi - lo))
-				}
-			}
-		}()
+			}()
+		}
+		for lo := 0; lo < len(positions); lo += maxReadsPerTxn {
+			chunks <- lo
+		}
+		close(chunks)
+		rg.Wait()
 	}
-	for lo := 0; lo < len(reads); lo += maxReadsPerTxn {
-		chunks <- lo
-	}
-	close(chunks)
-	rg.Wait()
+	readKeys(reads)
 	wg.Wait()
+	// A grant missing from a listing sent before this call began may have
+	// been put after it: its key is read before the grant is called gone.
+	if len(unlisted) > 0 {
+		readKeys(unlisted)
+	}
 	if int(failed.Load()) == len(idx) {
 		return nil, readErrs[0]
 	}
@@ -508,20 +529,21 @@ type keyListing struct {
 	err  error
 }
 
-// attachedKeys returns the keys attached to s's etcd lease, from a
-// listing sent no earlier than notBefore: one in flight or just made if
-// there is one, else a new one.
-func (d *Driver) attachedKeys(ctx context.Context, s *session, notBefore time.Time) (map[string]bool, error) {
+// attachedKeys returns the keys attached to s's etcd lease, and when the
+// listing's request was sent, from a listing sent no earlier than
+// notBefore: one in flight or just made if there is one, else a new one.
+// A key put after that moment is missing from it.
+func (d *Driver) attachedKeys(ctx context.Context, s *session, notBefore time.Time) (keys map[string]bool, sent time.Time, err error) {
 	d.mu.Lock()
 	if kl := s.listing; kl != nil && !kl.sent.Before(notBefore) {
 		d.mu.Unlock()
 		select {
 		case <-kl.done:
 		case <-ctx.Done():
-			return nil, readErr("renew", ctx.Err())
+			return nil, time.Time{}, readErr("renew", ctx.Err())
 		}
 		if kl.err == nil {
-			return kl.keys, nil
+			return kl.keys, kl.sent, nil
 		}
 		// The request that made it failed (perhaps only its caller's
 		// context ended): make one of our own.
@@ -548,7 +570,7 @@ func (d *Driver) attachedKeys(ctx context.Context, s *session, notBefore time.Ti
 			s.listing = nil
 		}
 	})
-	return kl.keys, kl.err
+	return kl.keys, kl.sent, kl.err
 }
 
 // Release implements driver.Driver: it deletes g's key with a plain

@@ -88,3 +88,46 @@ func TestRenewBatchLarge(t *testing.T) {
 		}
 	}
 }
+
+// TestRenewBatchGrantNewerThanListing renews, within a second of a renewal
+// that listed a session's keys, a grant put after that listing: it must
+// be renewed, not found gone (one listing serves the renewals that begin
+// within a second of it, and the new grant's key is not in it).
+func TestRenewBatchGrantNewerThanListing(t *testing.T) {
+	const n = 300 // more than one transaction's reads, so the session's keys are listed
+	ctx := context.Background()
+	d, err := etcd.New(newClient(t, testenv.StartEtcd(t)), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	grants := make([]driver.Grant, n)
+	for i := range grants {
+		grants[i] = driver.Grant{Key: fmt.Sprintf("listed-%d", i), Owner: fmt.Sprintf("owner-%d", i), TTL: 10 * time.Second}
+		if grants[i].Fence, err = d.TryAcquire(ctx, grants[i].Key, grants[i].Owner, grants[i].TTL); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if errs, err := d.RenewBatch(ctx, grants); err != nil {
+		t.Fatal(err)
+	} else {
+		for i, err := range errs {
+			if err != nil {
+				t.Fatalf("grant %d: %v", i, err)
+			}
+		}
+	}
+	late := driver.Grant{Key: "put-after-the-listing", Owner: "owner-late", TTL: 10 * time.Second}
+	if late.Fence, err = d.TryAcquire(ctx, late.Key, late.Owner, late.TTL); err != nil {
+		t.Fatal(err)
+	}
+	errs, err := d.RenewBatch(ctx, append(grants, late))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("grant %d of %d (the last put after the listing): %v, want renewed", i, n+1, err)
+		}
+	}
+}
