@@ -80,7 +80,18 @@ func StartMySQLOnClock(t testing.TB, clock *WallClock) *MySQL {
 
 func (m *MySQL) start(t testing.TB) {
 	t.Helper()
-	cmd := exec.Command(m.bin, "--no-defaults", "--datadir="+filepath.Join(m.Dir, "data"),
+	// The server's temporary tables go in a directory of its own, not the
+	// shared /tmp: a full suite runs several servers at once, and one of
+	// them once failed a statement because its temporary table's file in
+	// /tmp was gone when it came to delete it.
+	tmp := filepath.Join(m.Dir, "tmp")
+	if err := os.MkdirAll(tmp, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(tmp, 0o777); err != nil { // the server runs as nobody
+		t.Fatal(err)
+	}
+	cmd := exec.Command(m.bin, "--no-defaults", "--datadir="+filepath.Join(m.Dir, "data"), "--tmpdir="+tmp,
 		"--socket="+m.Socket(), "--port="+strconv.Itoa(m.Port), "--bind-address=127.0.0.1",
 		"--pid-file="+filepath.Join(m.Dir, "mariadb.pid"), "--skip-name-resolve",
 		"--innodb-buffer-pool-size=32M", "--innodb-log-file-size=32M", "--max-connections=400",
