@@ -46,10 +46,11 @@ func TestFaults(t *testing.T) {
 }
 
 // TestLossWatchSurvivesRestart checks that the driver's loss watches, which
-// share one Watch stream, are set up again when the stream breaks: a lease
-// held across a restart of the (single) etcd member, then broken by an
-// admin, ends with ErrLost long before its local validity would end it (it
-// is not renewed, so nothing else would notice).
+// share one Watch stream, are set up again when the stream breaks, even
+// when the history they start from was compacted meanwhile: a lease held
+// across a compaction and a restart of the (single) etcd member, then
+// broken by an admin, ends with ErrLost long before its local validity
+// would end it (it is not renewed, so nothing else would notice).
 func TestLossWatchSurvivesRestart(t *testing.T) {
 	cluster := testenv.StartEtcd(t)
 	ctx := context.Background()
@@ -63,6 +64,17 @@ func TestLossWatchSurvivesRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(500 * time.Millisecond) // the loss watch starts
+	// Compact the history past the lease's key: the watch set up again on
+	// the new stream asks for revisions that are gone, the server cancels
+	// it, and the driver reads the key instead and watches it from there.
+	cli := newClient(t, cluster)
+	put, err := cli.Put(ctx, "unrelated", "write")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Compact(ctx, put.Header.Revision); err != nil {
+		t.Fatal(err)
+	}
 	m := cluster.Members[0]
 	m.Kill()
 	m.Start()
