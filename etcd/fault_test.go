@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/internal/testkit/crashtest"
 	"github.com/fenced-dev/fenced/internal/testkit/faulttest"
@@ -68,9 +70,11 @@ func TestLossWatchSurvivesRestart(t *testing.T) {
 	// the new stream asks for revisions that are gone, the server cancels
 	// it, and the driver reads the key instead and watches it from there.
 	cli := newClient(t, cluster)
-	put, err := cli.Put(ctx, "unrelated", "write")
-	if err != nil {
-		t.Fatal(err)
+	var put *clientv3.PutResponse
+	for range 2 { // compaction keeps the revision it is made at
+		if put, err = cli.Put(ctx, "unrelated", "write"); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if _, err := cli.Compact(ctx, put.Header.Revision); err != nil {
 		t.Fatal(err)
