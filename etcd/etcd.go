@@ -181,6 +181,10 @@ type Driver struct {
 	grants   *sessionlock.Grants[*entry]
 	ctx      context.Context // cancelled by Close
 	cancel   context.CancelFunc
+
+	// renewHook, set by tests only, runs in RenewBatch after the reads,
+	// before their outcome is applied.
+	renewHook func()
 }
 
 // New returns a driver over cli, which stays the caller's to close (after

@@ -10,7 +10,10 @@ import (
 	"github.com/fenced-dev/fenced/driver"
 )
 
-type testEntry struct{ id ID }
+type testEntry struct {
+	Tracking
+	id ID
+}
 
 func (e *testEntry) GrantID() ID { return e.id }
 
@@ -28,14 +31,14 @@ func TestGrantsTrackLookupForget(t *testing.T) {
 		forgot = append(forgot, e)
 	})
 	defer g.Close()
-	a := &testEntry{ID{"k", "o"}}
+	a := &testEntry{id: ID{"k", "o"}}
 	g.Track(a, time.Hour, time.Now())
 	if got := g.Lookup("k", "o"); got != a {
 		t.Fatalf("Lookup = %v, want %v", got, a)
 	}
 	// A newer entry for the same grant replaces the older; forgetting the
 	// older then leaves the newer in place.
-	b := &testEntry{ID{"k", "o"}}
+	b := &testEntry{id: ID{"k", "o"}}
 	g.Track(b, time.Hour, time.Now())
 	g.Forget(a)
 	if got := g.Lookup("k", "o"); got != b {
@@ -70,7 +73,7 @@ func TestGrantsEndAtDeadlineAndRetry(t *testing.T) {
 		return nil
 	}, nil)
 	defer g.Close()
-	e := &testEntry{ID{"k", "o"}}
+	e := &testEntry{id: ID{"k", "o"}}
 	g.Track(e, 10*time.Millisecond, time.Now())
 	for range 2 { // one failure, then the retry a second later
 		select {
@@ -94,13 +97,13 @@ func TestGrantsEndAtDeadlineAndRetry(t *testing.T) {
 func TestGrantsSealStopsTracking(t *testing.T) {
 	g := NewGrants(func(*testEntry) error { return nil }, nil)
 	defer g.Close()
-	a := &testEntry{ID{"a", "o"}}
+	a := &testEntry{id: ID{"a", "o"}}
 	g.Track(a, time.Hour, time.Now())
 	left := g.Seal()
 	if len(left) != 1 || left[0] != a {
 		t.Fatalf("Seal = %v, want [%v]", left, a)
 	}
-	g.Track(&testEntry{ID{"b", "o"}}, time.Hour, time.Now())
+	g.Track(&testEntry{id: ID{"b", "o"}}, time.Hour, time.Now())
 	if g.Lookup("b", "o") != nil {
 		t.Fatal("Track recorded an entry after Seal")
 	}

@@ -1,0 +1,68 @@
+package fenced
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/fenced-dev/fenced/driver"
+)
+
+// abandonLooks are the moments, after an acquisition gave up, at which
+// abandon looks for the grant it may have left behind: at once, and a few
+// times more, since a request the caller stopped waiting for can still be
+// applied by the store a moment later (a statement waiting on a row lock
+// runs on after its client has gone).
+var abandonLooks = []time.Duration{0, 20 * time.Millisecond, 100 * time.Millisecond, 500 * time.Millisecond, 2 * time.Second}
+
+// mayHaveGranted reports whether a grant request that failed with err may
+// nonetheless have granted the key: its outcome is unknown, or the
+// request's context ended while it was in flight (the driver's error then
+// says nothing of what the store did).
+func mayHaveGranted(dctx context.Context, err error) bool {
+	if errors.Is(err, ErrHeld) || errors.Is(err, ErrInvalidKey) || errors.Is(err, ErrInvalidTTL) || errors.Is(err, ErrInvalidOptions) {
+		return false
+	}
+	return errors.Is(err, ErrUnknownOutcome) || dctx.Err() != nil
+}
+
+// abandon releases, in the background, the grant of key to owner that an
+// acquisition which is giving up may have been given (see
+// mayHaveGranted): nobody holds that grant's lease, and it would keep the
+// key from everybody for its whole TTL. The owner token was made before
+// the first request, so the grant is found by it: abandon looks at the
+// key (driver Inspect) at each of abandonLooks and releases the grant
+// whose owner digest is owner's. It gives up after the last look, or
+// after Options.CloseTimeout; Close waits for it.
+//
+// The caller must still be admitted (see admit), so that Close, which
+// waits for admitted acquisitions, also waits for this.
+func (c *Client) abandon(ctx context.Context, key, owner string, ttl time.Duration) {
+	c.inflight.Add(1)
+	go func() {
+		defer c.inflight.Done()
+		rctx, cancel := context.WithTimeout(haltable{Context: c.halt, values: ctx}, c.opts.CloseTimeout)
+		defer cancel()
+		digest := driver.OwnerDigest(owner)
+		began := time.Now()
+		for _, at := range abandonLooks {
+			if wait := time.Until(began.Add(at)); wait > 0 {
+				t := time.NewTimer(wait)
+				select {
+				case <-t.C:
+				case <-rctx.Done():
+					t.Stop()
+					return
+				}
+			}
+			info, err := c.drv.Inspect(rctx, key)
+			if err != nil || !info.Held || info.OwnerDigest != digest {
+				continue
+			}
+			if err := c.drv.Release(rctx, driver.Grant{Key: key, Owner: owner, Fence: info.Fence, TTL: ttl}); err == nil {
+				c.signalRelease(key)
+				return
+			}
+		}
+	}()
+}
