@@ -50,19 +50,33 @@ func (c *Client) abandon(ctx context.Context, key, owner string, ttl time.Durati
 				t := time.NewTimer(wait)
 				select {
 				case <-t.C:
+				case <-c.closing.Done():
+					// Close waits for this: look once more now, not later.
+					t.Stop()
+					c.releaseAbandoned(rctx, key, owner, digest, ttl)
+					return
 				case <-rctx.Done():
 					t.Stop()
 					return
 				}
 			}
-			info, err := c.drv.Inspect(rctx, key)
-			if err != nil || !info.Held || info.OwnerDigest != digest {
-				continue
-			}
-			if err := c.drv.Release(rctx, driver.Grant{Key: key, Owner: owner, Fence: info.Fence, TTL: ttl}); err == nil {
-				c.signalRelease(key)
+			if c.releaseAbandoned(rctx, key, owner, digest, ttl) {
 				return
 			}
 		}
 	}()
+}
+
+// releaseAbandoned looks at key once and releases its grant if owner
+// holds it (digest is owner's digest). It reports whether it did.
+func (c *Client) releaseAbandoned(ctx context.Context, key, owner, digest string, ttl time.Duration) bool {
+	info, err := c.drv.Inspect(ctx, key)
+	if err != nil || !info.Held || info.OwnerDigest != digest {
+		return false
+	}
+	if err := c.drv.Release(ctx, driver.Grant{Key: key, Owner: owner, Fence: info.Fence, TTL: ttl}); err != nil {
+		return false
+	}
+	c.signalRelease(key)
+	return true
 }
