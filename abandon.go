@@ -20,10 +20,13 @@ var abandonLooks = []time.Duration{0, 20 * time.Millisecond, 100 * time.Millisec
 // request's context ended while it was in flight (the driver's error then
 // says nothing of what the store did).
 func mayHaveGranted(dctx context.Context, err error) bool {
-	if errors.Is(err, ErrHeld) || errors.Is(err, ErrInvalidKey) || errors.Is(err, ErrInvalidTTL) || errors.Is(err, ErrInvalidOptions) {
-		return false
-	}
-	return errors.Is(err, ErrUnknownOutcome) || dctx.Err() != nil
+	return !refused(err) && (errors.Is(err, ErrUnknownOutcome) || dctx.Err() != nil)
+}
+
+// refused reports whether err says the store granted nothing: the key is
+// held by another owner, or the request was invalid.
+func refused(err error) bool {
+	return errors.Is(err, ErrHeld) || errors.Is(err, ErrInvalidKey) || errors.Is(err, ErrInvalidTTL) || errors.Is(err, ErrInvalidOptions)
 }
 
 // abandon releases, in the background, the grant of key to owner that an

@@ -377,7 +377,9 @@ func (c *Client) acquireLoop(ctx, dctx context.Context, key string, s LeaseSpec,
 		began = c.clock.Now()
 		startWaitTimer()
 		l, err := c.acquireQueued(ctx, dctx, q, key, owner, s, waitOver, ev)
-		unresolved = err != nil // the driver ends its wait, but may not know of a grant that crossed it
+		// The driver ends its wait when ctx ends (or MaxWait runs out:
+		// ErrHeld), but a grant may have crossed that.
+		unresolved = err != nil && (errors.Is(err, ErrHeld) || !refused(err))
 		return l, err
 	}
 
