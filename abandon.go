@@ -13,7 +13,7 @@ import (
 // times more, since a request the caller stopped waiting for can still be
 // applied by the store a moment later (a statement waiting on a row lock
 // runs on after its client has gone).
-var abandonLooks = []time.Duration{0, 20 * time.Millisecond, 100 * time.Millisecond, 500 * time.Millisecond, 2 * time.Second}
+var abandonLooks = []time.Duration{0, 50 * time.Millisecond, 250 * time.Millisecond, time.Second}
 
 // mayHaveGranted reports whether a grant request that failed with err may
 // nonetheless have granted the key: its outcome is unknown, or the
