@@ -342,8 +342,18 @@ func (c *Client) acquireChecked(ctx context.Context, key string, opts *LeaseOpti
 
 // acquireLoop acquires key. ctx is the caller's; dctx is ctx bounded by
 // Close (see admit), for requests to the store.
-func (c *Client) acquireLoop(ctx, dctx context.Context, key string, s LeaseSpec, ev *AcquireEvent) (*Lease, error) {
+func (c *Client) acquireLoop(ctx, dctx context.Context, key string, s LeaseSpec, ev *AcquireEvent) (_ *Lease, err error) {
 	owner := newOwner()
+	// unresolved is set while a request may have granted the key to owner
+	// without saying so (see mayHaveGranted): an acquisition that gives up
+	// then releases that grant (abandon), which nobody would otherwise
+	// hold.
+	unresolved := false
+	defer func() {
+		if err != nil && unresolved {
+			c.abandon(ctx, key, owner, s.TTL)
+		}
+	}()
 	var began time.Time // when the first request was sent
 	wait := s.MaxWait != NoWait
 	var (
@@ -366,7 +376,11 @@ func (c *Client) acquireLoop(ctx, dctx context.Context, key string, s LeaseSpec,
 	if q, ok := c.drv.(driver.TimedQueuer); ok && wait {
 		began = c.clock.Now()
 		startWaitTimer()
-		return c.acquireQueued(ctx, dctx, q, key, owner, s, waitOver, ev)
+		l, err := c.acquireQueued(ctx, dctx, q, key, owner, s, waitOver, ev)
+		// The driver ends its wait when ctx ends (or MaxWait runs out:
+		// ErrHeld), but a grant may have crossed that.
+		unresolved = err != nil && (errors.Is(err, ErrHeld) || !refused(err))
+		return l, err
 	}
 
 	// A waiter registers for local release signals only once the key is
@@ -416,8 +430,13 @@ func (c *Client) acquireLoop(ctx, dctx context.Context, key string, s LeaseSpec,
 		}
 		fence, err := c.tryAcquire(dctx, key, owner, s)
 		if err == nil {
-			granted = true
+			granted, unresolved = true, false
 			return c.newLease(ctx, key, owner, fence, sent, s)
+		}
+		if mayHaveGranted(dctx, err) {
+			unresolved = true
+		} else if errors.Is(err, ErrHeld) {
+			unresolved = false // owner would have been given its own grant back
 		}
 		var sleep time.Duration
 		switch {

@@ -36,8 +36,9 @@
 // itself (beside the lock's waiter keys prefix+K+"/...", outside the range
 // etcd's recipes scan), whose mod revision is then the new key's fence, so
 // Inspect reports the newest fence of a free key however its last grant
-// ended (released, broken or expired), and a release is one plain delete,
-// as concurrency.Mutex's Unlock is. Break records the fence of the holder
+// ended (released, broken or expired), and a release is one delete, in a
+// transaction that compares the key's create revision and owner, so it can
+// never remove a later grant's key of the same name. Break records the fence of the holder
 // it deletes (etcdctl's holders write no record of their own).
 //
 // # Sessions
@@ -181,6 +182,10 @@ type Driver struct {
 	grants   *sessionlock.Grants[*entry]
 	ctx      context.Context // cancelled by Close
 	cancel   context.CancelFunc
+
+	// renewHook, set by tests only, runs in RenewBatch after the reads,
+	// before their outcome is applied.
+	renewHook func()
 }
 
 // New returns a driver over cli, which stays the caller's to close (after

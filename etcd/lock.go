@@ -133,7 +133,12 @@ func (d *Driver) confirm(ctx context.Context, e *entry, ttl time.Duration, start
 		return 0, asUnknown(kaErr)
 	}
 	e.rev = mine[0].CreateRevision
-	return d.grant(e, ttl, start), nil
+	f, err := d.grant(e, ttl, start)
+	if err != nil {
+		// Ended by the reaper as we confirmed it: try afresh.
+		return d.TryAcquire(ctx, e.id.Key, e.id.Owner, ttl)
+	}
+	return f, nil
 }
 
 // AcquireTimed implements driver.TimedQueuer with etcd's recipe: put a
@@ -214,7 +219,11 @@ func (d *Driver) AcquireTimed(ctx context.Context, key, owner string, ttl time.D
 	if err := sessionlock.WaitTurn(ctx, step, func(err error) bool { return err != confirmErr && !errors.Is(err, errVanished) }); err != nil {
 		return fail(err)
 	}
-	return d.grant(e, ttl, sent), sent, nil
+	f, err := d.grant(e, ttl, sent)
+	if err != nil {
+		return fail(err)
+	}
+	return f, sent, nil
 }
 
 // keepAliveAsync makes sure s outlives from+ttl at the server: it sends a
@@ -311,8 +320,8 @@ func (d *Driver) keepWaiting(ctx context.Context, e *entry, ttl time.Duration) {
 			return
 		case <-t.C:
 			sent := time.Now()
-			if err := d.keepAlive(ctx, e.s); err == nil {
-				d.grants.Track(e, ttl, sent)
+			if err := d.keepAlive(ctx, e.s); err == nil && !d.grants.Extend(e, ttl, sent) {
+				return // ended: the wait finds out at its next look
 			}
 		}
 	}
@@ -402,10 +411,6 @@ func (d *Driver) RenewBatch(ctx context.Context, grants []driver.Grant) ([]error
 		bySession[entries[i].s] = append(bySession[entries[i].s], j)
 	}
 	var reads []int // positions in idx read key by key
-	var (
-		unlistedMu sync.Mutex
-		unlisted   []int // positions in idx missing from a listing older than the call
-	)
 	for s, js := range bySession {
 		if len(js) <= maxReadsPerTxn {
 			reads = append(reads, js...)
@@ -414,7 +419,9 @@ func (d *Driver) RenewBatch(ctx context.Context, grants []driver.Grant) ([]error
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			attached, sent, err := d.attachedKeys(ctx, s, start.Add(-listingReuse))
+			// Only a listing sent after this call began will do: one sent
+			// earlier may list a key deleted (broken) since.
+			attached, err := d.attachedKeys(ctx, s, start)
 			if err != nil {
 				for _, j := range js {
 					readErrs[j] = err
@@ -425,16 +432,10 @@ func (d *Driver) RenewBatch(ctx context.Context, grants []driver.Grant) ([]error
 			for _, j := range js {
 				// The name listed is e's key if e is still tracked now:
 				// until the driver forgets e, no other grant can put a
-				// key of that name on s (see waiterKey).
+				// key of that name on s (see waiterKey), and a tracked
+				// entry's key was put before this call began.
 				e := entries[idx[j]]
-				switch {
-				case attached[e.etcdKey]:
-					held[j] = d.grants.Lookup(e.id.Key, e.id.Owner) == e
-				case sent.Before(start):
-					unlistedMu.Lock()
-					unlisted = append(unlisted, j)
-					unlistedMu.Unlock()
-				}
+				held[j] = attached[e.etcdKey] && d.grants.Lookup(e.id.Key, e.id.Owner) == e
 			}
 		}()
 	}
@@ -478,10 +479,8 @@ func (d *Driver) RenewBatch(ctx context.Context, grants []driver.Grant) ([]error
 	}
 	readKeys(reads)
 	wg.Wait()
-	// A grant missing from a listing sent before this call began may have
-	// been put after it: its key is read before the grant is called gone.
-	if len(unlisted) > 0 {
-		readKeys(unlisted)
+	if d.renewHook != nil {
+		d.renewHook()
 	}
 	if int(failed.Load()) == len(idx) {
 		return nil, readErrs[0]
@@ -506,18 +505,22 @@ func (d *Driver) RenewBatch(ctx context.Context, grants []driver.Grant) ([]error
 			}
 			continue
 		}
-		d.grants.Track(e, grants[i].TTL, start)
+		if !d.grants.Extend(e, grants[i].TTL, start) {
+			// Ended meanwhile (its deadline passed, the reaper is deleting
+			// it or has): whatever the reads found, it is not held.
+			errs[i] = fmt.Errorf("etcd: renew %s: %w: the grant ended during the renewal", grants[i], driver.ErrNotHeld)
+		}
 	}
 	return errs, nil
 }
 
-// listingReuse is how long before a RenewBatch call began a listing of a
-// session's keys (see attachedKeys) may have been sent and still serve
-// it. A client renews its leases in calls of a few thousand grants, a few
-// at a time; this way one listing serves them all, where each would
-// otherwise fetch every key of the session. A key deleted in that time
-// (broken by an admin) is reported by the loss watch, as one deleted just
-// after a fresh listing would be.
+// listingReuse is how long a listing of a session's keys (see
+// attachedKeys) is kept after it was made, for the RenewBatch calls that
+// began before its request was sent: a client renews its leases in calls
+// of a few thousand grants, a few at a time, and one listing serves them
+// all, where each would otherwise fetch every key of the session. A call
+// that began after the listing was sent makes a listing of its own, so no
+// renewal reports held a key that was deleted after its listing was taken.
 const listingReuse = time.Second
 
 // keyListing is one LeaseTimeToLive listing of a session's keys, shared by
@@ -529,21 +532,20 @@ type keyListing struct {
 	err  error
 }
 
-// attachedKeys returns the keys attached to s's etcd lease, and when the
-// listing's request was sent, from a listing sent no earlier than
-// notBefore: one in flight or just made if there is one, else a new one.
-// A key put after that moment is missing from it.
-func (d *Driver) attachedKeys(ctx context.Context, s *session, notBefore time.Time) (keys map[string]bool, sent time.Time, err error) {
+// attachedKeys returns the keys attached to s's etcd lease, from a
+// listing whose request was sent no earlier than notBefore: one in flight
+// or just made if there is one, else a new one.
+func (d *Driver) attachedKeys(ctx context.Context, s *session, notBefore time.Time) (keys map[string]bool, err error) {
 	d.mu.Lock()
 	if kl := s.listing; kl != nil && !kl.sent.Before(notBefore) {
 		d.mu.Unlock()
 		select {
 		case <-kl.done:
 		case <-ctx.Done():
-			return nil, time.Time{}, readErr("renew", ctx.Err())
+			return nil, readErr("renew", ctx.Err())
 		}
 		if kl.err == nil {
-			return kl.keys, kl.sent, nil
+			return kl.keys, nil
 		}
 		// The request that made it failed (perhaps only its caller's
 		// context ended): make one of our own.
@@ -570,29 +572,58 @@ func (d *Driver) attachedKeys(ctx context.Context, s *session, notBefore time.Ti
 			s.listing = nil
 		}
 	})
-	return kl.keys, kl.sent, kl.err
+	return kl.keys, kl.err
 }
 
-// Release implements driver.Driver: it deletes g's key with a plain
-// delete, as concurrency.Mutex's Unlock does (the fence was recorded when
-// the key was put). That is safe because the key's name stays reserved for
-// g's grant on its session until the delete is done (see holdName), so no
-// later grant of the driver can have put a key of the same name meanwhile.
-// A key already gone (broken, or its session expired) fails with
-// ErrNotHeld.
+// Release implements driver.Driver: it deletes g's key in a transaction
+// that compares the key's create revision with g's fence (and its value
+// with g's owner token, unless a leader's value replaced it), so it can
+// only ever remove g's own key: never a key of the same name that a later
+// grant put on the same session once the driver had forgotten g (key
+// names are reused, see waiterKey). A key already gone (broken, reaped,
+// or its session expired) fails with ErrNotHeld.
+//
+// A grant the driver does not track as granted (its acquisition's outcome
+// was unknown, or the acquisition gave up as it was granted, and the
+// driver ended or forgot it) is found as the lock's oldest key, and
+// released if that key carries g's owner token and fence: the client
+// releases such a grant by owner once its caller has gone.
 func (d *Driver) Release(ctx context.Context, g driver.Grant) error {
-	e := d.grants.Lookup(g.Key, g.Owner)
-	if e == nil || !e.granted || g.Fence == 0 || uint64(e.rev) != g.Fence || !d.holdName(e) {
-		return fmt.Errorf("etcd: release %s: %w", g, driver.ErrNotHeld)
+	notHeld := fmt.Errorf("etcd: release %s: %w", g, driver.ErrNotHeld)
+	if g.Fence == 0 || g.Owner == "" {
+		return notHeld
 	}
-	defer d.unholdName(e)
-	resp, err := d.cli.Delete(ctx, e.etcdKey)
+	e := d.grants.Lookup(g.Key, g.Owner)
+	var key string
+	byOwner := true
+	switch {
+	case e != nil && uint64(e.rev) == g.Fence:
+		key, byOwner = e.etcdKey, !e.proclaimed.Load()
+	case e != nil && (e.granted || e.rev != 0):
+		return notHeld // another grant of the same owner
+	default:
+		resp, err := d.cli.Get(ctx, d.LockName(g.Key)+"/", clientv3.WithFirstCreate()...)
+		if err != nil {
+			return readErr("release", err)
+		}
+		if len(resp.Kvs) == 0 || uint64(resp.Kvs[0].CreateRevision) != g.Fence || string(resp.Kvs[0].Value) != g.Owner {
+			return notHeld
+		}
+		key = string(resp.Kvs[0].Key)
+	}
+	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(key), "=", int64(g.Fence))}
+	if byOwner {
+		cmps = append(cmps, clientv3.Compare(clientv3.Value(key), "=", g.Owner))
+	}
+	resp, err := d.cli.Txn(ctx).If(cmps...).Then(clientv3.OpDelete(key)).Commit()
 	if err != nil {
 		return writeErr("release", err)
 	}
-	d.grants.Forget(e)
-	if resp.Deleted == 0 {
-		return fmt.Errorf("etcd: release %s: %w", g, driver.ErrNotHeld)
+	if e != nil && (resp.Succeeded || e.granted) {
+		d.grants.Forget(e)
+	}
+	if !resp.Succeeded {
+		return notHeld
 	}
 	return nil
 }

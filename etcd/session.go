@@ -40,16 +40,13 @@ type session struct {
 // once it passes the driver deletes the key, so a grant nobody renews ends
 // after its TTL even while other grants keep the shared session alive.
 type entry struct {
+	sessionlock.Tracking
 	id      sessionlock.ID
 	etcdKey string
 	name    string
 	s       *session
 	rev     int64 // create revision once known
 	granted bool
-	// releasing is set while a release holds e's name (see holdName);
-	// nameOwed then records that e was forgotten meanwhile. Both are
-	// guarded by Driver.mu.
-	releasing, nameOwed bool
 	// proclaimed is set (before the write) once SetValue replaced the
 	// owner token in the key's value with a leader's value; from then on
 	// the key is recognised by its create revision alone.
@@ -74,12 +71,15 @@ func (e *entry) ownedCmp() clientv3.Cmp {
 // GrantID implements sessionlock.Entry.
 func (e *entry) GrantID() sessionlock.ID { return e.id }
 
-// grant marks e granted, arms its deadline at from+ttl and returns its
-// fence.
-func (d *Driver) grant(e *entry, ttl time.Duration, from time.Time) uint64 {
+// grant marks e granted, moves its deadline to from+ttl and returns its
+// fence. It fails with ErrNotHeld if e ended meanwhile (see
+// sessionlock.Grants.Extend): its key is being deleted, or is gone.
+func (d *Driver) grant(e *entry, ttl time.Duration, from time.Time) (uint64, error) {
 	e.granted = true
-	d.grants.Track(e, ttl, from)
-	return uint64(e.rev)
+	if !d.grants.Extend(e, ttl, from) {
+		return 0, fmt.Errorf("etcd: acquire %s: %w: the grant ended as it was confirmed", e.id.Key, driver.ErrNotHeld)
+	}
+	return uint64(e.rev), nil
 }
 
 // errSessionGone means the etcd lease behind a session has expired or was
@@ -194,47 +194,14 @@ func (d *Driver) keepAlive(ctx context.Context, s *session) error {
 	}
 }
 
-// freeName frees e's lock name on its session (e was forgotten), or, while
-// a release of e holds the name, leaves that to the release.
+// freeName frees e's lock name on its session (e was forgotten). A later
+// grant of the driver may then put a key of the same name on the session:
+// every delete of e's key compares its create revision or owner, so none
+// can remove that key (see Release).
 func (d *Driver) freeName(e *entry) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if e.releasing {
-		e.nameOwed = true
-		return
-	}
 	delete(e.s.names, e.name)
-}
-
-// holdName keeps e's lock name on its session reserved until unholdName,
-// even if e is forgotten meanwhile (its grant reaped, or found gone), so
-// that a release can delete e's key by name: no other grant of the driver
-// gets the name on that session, and so puts that key, in between. It
-// reports false, holding nothing, if e was forgotten already (its name may
-// be another grant's by now).
-func (d *Driver) holdName(e *entry) bool {
-	d.mu.Lock()
-	e.releasing = true
-	d.mu.Unlock()
-	// Forget drops e from the grants before it frees the name: if e is
-	// still there, its name is still e's, and freeName now waits for
-	// unholdName.
-	if d.grants.Lookup(e.id.Key, e.id.Owner) != e {
-		d.unholdName(e)
-		return false
-	}
-	return true
-}
-
-// unholdName ends holdName, freeing the name if e was forgotten meanwhile.
-func (d *Driver) unholdName(e *entry) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	e.releasing = false
-	if e.nameOwed {
-		e.nameOwed = false
-		delete(e.s.names, e.name)
-	}
 }
 
 // endEntry deletes e's key if it is still e's (the reaper calls it when

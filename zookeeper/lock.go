@@ -23,6 +23,7 @@ const lockMarker = "lock-"
 // driver deletes the node, so a grant nobody renews ends after its TTL even
 // though the process keeps its session alive.
 type entry struct {
+	sessionlock.Tracking
 	id       sessionlock.ID
 	zc       *zsession
 	nodes    *ownNodes // the driver's, where setNode registers the node
@@ -40,12 +41,15 @@ func (e *entry) GrantID() sessionlock.ID { return e.id }
 
 func (e *entry) protectedPrefix() string { return "_c_" + e.uuid + "-" }
 
-// grant marks e granted, arms its deadline at from+ttl and returns its
-// fence.
-func (d *Driver) grant(e *entry, ttl time.Duration, from time.Time) uint64 {
+// grant marks e granted, tracks it (or moves its deadline) to from+ttl
+// and returns its fence. It fails with ErrNotHeld if e ended meanwhile
+// (see sessionlock.Grants.Extend): its node is being deleted, or is gone.
+func (d *Driver) grant(e *entry, ttl time.Duration, from time.Time) (uint64, error) {
 	e.granted = true
-	d.grants.Track(e, ttl, from)
-	return uint64(e.czxid)
+	if !d.grants.Track(e, ttl, from) && !d.grants.Extend(e, ttl, from) {
+		return 0, fmt.Errorf("zookeeper: acquire %s: %w: the grant ended as it was confirmed", e.id.Key, driver.ErrNotHeld)
+	}
+	return uint64(e.czxid), nil
 }
 
 // setNode records the identity of e's node. It is the only place that sets
@@ -299,7 +303,7 @@ func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Dur
 		}
 		return 0, &driver.HeldError{Key: key}
 	}
-	return d.grant(e, ttl, start), nil
+	return d.grant(e, ttl, start)
 }
 
 // syncLeader waits for headroom for a grant of ttl valid from start (see
@@ -352,7 +356,7 @@ func (d *Driver) confirm(ctx context.Context, e *entry, ttl time.Duration, start
 	if !l.first() {
 		return 0, &driver.HeldError{Key: e.id.Key}
 	}
-	return d.grant(e, ttl, start), nil
+	return d.grant(e, ttl, start)
 }
 
 // AcquireTimed implements driver.TimedQueuer: create a node, then wait for
@@ -459,7 +463,11 @@ func (d *Driver) AcquireTimed(ctx context.Context, key, owner string, ttl time.D
 	if err := sessionlock.WaitTurn(ctx, step, func(err error) bool { return err != finalErr && transient(err) }); err != nil {
 		return fail(err)
 	}
-	return d.grant(e, ttl, sent), sent, nil
+	f, err := d.grant(e, ttl, sent)
+	if err != nil {
+		return fail(err)
+	}
+	return f, sent, nil
 }
 
 // readErrOrNil is readErr for a non-nil err, else nil.
@@ -534,7 +542,9 @@ func (d *Driver) Renew(ctx context.Context, g driver.Grant) error {
 		d.grants.EndNow(e)
 		return fmt.Errorf("zookeeper: renew %s: %w: node %s is gone or belongs to another session", g, driver.ErrNotHeld, e.path)
 	}
-	d.grants.Track(e, ttl, start)
+	if !d.grants.Extend(e, ttl, start) {
+		return fmt.Errorf("zookeeper: renew %s: %w: the grant ended during the renewal", g, driver.ErrNotHeld)
+	}
 	return nil
 }
 
@@ -641,7 +651,9 @@ func (d *Driver) renewChecked(ctx context.Context, zc *zsession, grants []driver
 		}
 		if r.err == nil && zc.conn.SessionID() == session {
 			for j, i := range live {
-				d.grants.Track(entries[j], grants[i].TTL, start)
+				if !d.grants.Extend(entries[j], grants[i].TTL, start) {
+					errs[i] = fmt.Errorf("zookeeper: renew %s: %w: the grant ended during the renewal", grants[i], driver.ErrNotHeld)
+				}
 			}
 			return
 		}

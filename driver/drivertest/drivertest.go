@@ -86,6 +86,7 @@ func RunConformanceTests(t *testing.T, h Harness) {
 	t.Run("WaitAndMaxWait", s.testWait)
 	t.Run("TryAcquire", s.testTryAcquire)
 	t.Run("CancelWhileWaiting", s.testCancel)
+	t.Run("CancelledAcquireLeavesNoGrant", s.testCancelledAcquireLeavesNoGrant)
 	t.Run("ListInspectBreak", s.testAdmin)
 	t.Run("BreakCancelsHolder", s.testBreakCancelsHolder)
 	t.Run("DoSkipsOrWaits", s.testDo)

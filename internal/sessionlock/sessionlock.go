@@ -37,83 +37,168 @@ import (
 type ID struct{ Key, Owner string }
 
 // Entry is what a backend tracks per key it put. Entries are compared
-// with ==, so they are pointers in practice.
+// with ==, so they are pointers in practice, to a struct that embeds
+// Tracking.
 type Entry interface {
 	comparable
 	// GrantID returns the grant the entry belongs to.
 	GrantID() ID
+	tracking() *Tracking
 }
+
+// Tracking is the state Grants keeps in each entry. A backend's entry
+// type embeds it; the zero value is an entry Grants has not seen yet.
+//
+// An entry goes one way only: new, tracked (Track), ending (its key is
+// being deleted: its deadline passed, or EndNow), gone (forgotten). Once it
+// has left "tracked" nothing brings it back, so a renewal or a release that
+// was sent for an entry before it ended can never act on it afterwards,
+// whatever it found at the store: it gets false from Extend, nil from
+// Lookup.
+type Tracking struct {
+	state entryState // guarded by the Grants' mutex
+}
+
+func (t *Tracking) tracking() *Tracking { return t }
+
+type entryState uint8
+
+const (
+	stateNew entryState = iota
+	stateTracked
+	stateEnding
+	stateGone
+)
 
 // reapRetry is how long the reaper waits before trying a failed end again.
 const reapRetry = time.Second
 
-// Grants tracks a driver's entries, at most one per ID, each with a
-// deadline. It is safe for concurrent use.
+// Grants tracks a driver's entries, at most one current entry per ID,
+// each with a deadline. It is safe for concurrent use.
 type Grants[E Entry] struct {
 	end    func(E) error
 	forgot func(E)
 	reaper *reaper.Reaper[E]
-	mu     sync.Mutex
+	mu     sync.Mutex // taken before the reaper's own
 	closed bool
 	byID   map[ID]E
 }
 
 // NewGrants returns an empty Grants. end deletes an entry's key at the
-// store (a key already gone is not an error); it is called when an
-// entry's deadline passes, and by EndNow, and tried again every second
-// until it succeeds. forgot, if not nil, is called whenever an entry is
-// forgotten (by Forget, or after end succeeded), with no lock held, so the
-// driver can free what the entry reserved.
+// store, if it is still that entry's (a key already gone is not an error);
+// it is called when an entry's deadline passes, and by EndNow, and tried
+// again every second until it succeeds. forgot, if not nil, is called
+// once for every entry that is forgotten (by Forget, or after end
+// succeeded), with no lock held, so the driver can free what the entry
+// reserved.
 func NewGrants[E Entry](end func(E) error, forgot func(E)) *Grants[E] {
 	g := &Grants[E]{end: end, forgot: forgot, byID: map[ID]E{}}
 	g.reaper = reaper.New(g.reap, reapRetry)
 	return g
 }
 
+// reap is the reaper's end: it ends e once its deadline has passed (and
+// was not moved meanwhile), or once EndNow made it ending.
 func (g *Grants[E]) reap(e E) error {
+	t := e.tracking()
+	g.mu.Lock()
+	switch t.state {
+	case stateTracked:
+		if dl, ok := g.reaper.Deadline(e); ok && time.Now().Before(dl) {
+			g.mu.Unlock()
+			return nil // extended meanwhile: the reaper keeps it armed
+		}
+		g.startEndingLocked(e)
+	case stateEnding:
+	default:
+		g.mu.Unlock()
+		return nil
+	}
+	g.mu.Unlock()
 	if err := g.end(e); err != nil {
 		return err
 	}
-	g.Forget(e)
+	g.mu.Lock()
+	done := t.state == stateEnding
+	t.state = stateGone
+	g.mu.Unlock()
+	if done && g.forgot != nil {
+		g.forgot(e)
+	}
 	return nil
 }
 
-// Lookup returns the entry of key and owner (the zero E if none).
+// startEndingLocked moves e to ending: it is no longer the entry of its
+// ID. g.mu must be held.
+func (g *Grants[E]) startEndingLocked(e E) {
+	e.tracking().state = stateEnding
+	id := e.GrantID()
+	if cur, ok := g.byID[id]; ok && cur == e {
+		delete(g.byID, id)
+	}
+}
+
+// Lookup returns the tracked entry of key and owner (the zero E if none).
 func (g *Grants[E]) Lookup(key, owner string) E {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return g.byID[ID{key, owner}]
 }
 
-// Track records e as the entry of its ID (replacing and disarming an
-// older one) and (re)arms its deadline at from+ttl. After Seal it does
-// nothing.
-func (g *Grants[E]) Track(e E, ttl time.Duration, from time.Time) {
+// Track records e, which Grants has not seen before, as the entry of its
+// ID (replacing and disarming an older one) and arms its deadline at
+// from+ttl. It reports false, doing nothing, for an entry it has seen
+// before (to push a tracked entry's deadline back, use Extend) and after
+// Seal.
+func (g *Grants[E]) Track(e E, ttl time.Duration, from time.Time) bool {
 	id := e.GrantID()
 	g.mu.Lock()
-	if g.closed {
-		g.mu.Unlock()
-		return
+	defer g.mu.Unlock()
+	if g.closed || e.tracking().state != stateNew {
+		return false
 	}
+	e.tracking().state = stateTracked
 	old, had := g.byID[id]
 	g.byID[id] = e
-	g.mu.Unlock()
 	if had && old != e {
 		g.reaper.Forget(old)
 	}
 	g.reaper.Set(e, from.Add(ttl))
+	return true
 }
 
-// Forget drops e (if it is still the entry of its ID) and disarms its
-// deadline, without ending it.
-func (g *Grants[E]) Forget(e E) {
+// Extend moves e's deadline to from+ttl if e is still the tracked entry of
+// its ID, and reports whether it was. A renewal calls it once the store
+// confirmed e's key: false means e ended meanwhile (its deadline passed,
+// or it was ended or forgotten), whatever the store said, and the renewal
+// must report the grant not held.
+func (g *Grants[E]) Extend(e E, ttl time.Duration, from time.Time) bool {
 	id := e.GrantID()
 	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed || e.tracking().state != stateTracked || g.byID[id] != e {
+		return false
+	}
+	g.reaper.Set(e, from.Add(ttl))
+	return true
+}
+
+// Forget drops e and disarms its deadline, without ending it. An entry
+// being ended is left to its end, which forgets it.
+func (g *Grants[E]) Forget(e E) {
+	t := e.tracking()
+	id := e.GrantID()
+	g.mu.Lock()
+	if t.state == stateEnding || t.state == stateGone {
+		g.mu.Unlock()
+		return
+	}
+	t.state = stateGone
 	if cur, ok := g.byID[id]; ok && cur == e {
 		delete(g.byID, id)
 	}
-	g.mu.Unlock()
 	g.reaper.Forget(e)
+	g.mu.Unlock()
 	if g.forgot != nil {
 		g.forgot(e)
 	}
@@ -124,8 +209,20 @@ func (g *Grants[E]) Deadline(e E) (time.Time, bool) { return g.reaper.Deadline(e
 
 // EndNow deletes e's key now, on the caller's goroutine (without the
 // caller's context, which may be done), and forgets e; if that fails the
-// reaper keeps trying in the background.
-func (g *Grants[E]) EndNow(e E) { _ = g.reaper.EndNow(e) }
+// reaper keeps trying in the background. From the call on, e is no
+// longer tracked: Lookup does not return it and Extend refuses it.
+func (g *Grants[E]) EndNow(e E) {
+	g.mu.Lock()
+	switch e.tracking().state {
+	case stateNew, stateTracked:
+		g.startEndingLocked(e)
+	default:
+		g.mu.Unlock()
+		return // being ended, or gone
+	}
+	g.mu.Unlock()
+	_ = g.reaper.EndNow(e)
+}
 
 // Seal stops Track from recording entries and returns those tracked now.
 func (g *Grants[E]) Seal() []E {

@@ -10,7 +10,10 @@ import (
 	"github.com/fenced-dev/fenced/driver"
 )
 
-type testEntry struct{ id ID }
+type testEntry struct {
+	Tracking
+	id ID
+}
 
 func (e *testEntry) GrantID() ID { return e.id }
 
@@ -28,14 +31,14 @@ func TestGrantsTrackLookupForget(t *testing.T) {
 		forgot = append(forgot, e)
 	})
 	defer g.Close()
-	a := &testEntry{ID{"k", "o"}}
+	a := &testEntry{id: ID{"k", "o"}}
 	g.Track(a, time.Hour, time.Now())
 	if got := g.Lookup("k", "o"); got != a {
 		t.Fatalf("Lookup = %v, want %v", got, a)
 	}
 	// A newer entry for the same grant replaces the older; forgetting the
 	// older then leaves the newer in place.
-	b := &testEntry{ID{"k", "o"}}
+	b := &testEntry{id: ID{"k", "o"}}
 	g.Track(b, time.Hour, time.Now())
 	g.Forget(a)
 	if got := g.Lookup("k", "o"); got != b {
@@ -70,7 +73,7 @@ func TestGrantsEndAtDeadlineAndRetry(t *testing.T) {
 		return nil
 	}, nil)
 	defer g.Close()
-	e := &testEntry{ID{"k", "o"}}
+	e := &testEntry{id: ID{"k", "o"}}
 	g.Track(e, 10*time.Millisecond, time.Now())
 	for range 2 { // one failure, then the retry a second later
 		select {
@@ -94,13 +97,13 @@ func TestGrantsEndAtDeadlineAndRetry(t *testing.T) {
 func TestGrantsSealStopsTracking(t *testing.T) {
 	g := NewGrants(func(*testEntry) error { return nil }, nil)
 	defer g.Close()
-	a := &testEntry{ID{"a", "o"}}
+	a := &testEntry{id: ID{"a", "o"}}
 	g.Track(a, time.Hour, time.Now())
 	left := g.Seal()
 	if len(left) != 1 || left[0] != a {
 		t.Fatalf("Seal = %v, want [%v]", left, a)
 	}
-	g.Track(&testEntry{ID{"b", "o"}}, time.Hour, time.Now())
+	g.Track(&testEntry{id: ID{"b", "o"}}, time.Hour, time.Now())
 	if g.Lookup("b", "o") != nil {
 		t.Fatal("Track recorded an entry after Seal")
 	}
@@ -169,5 +172,84 @@ func TestEndpoints(t *testing.T) {
 		if _, err := Endpoints(bad, "server"); !errors.Is(err, driver.ErrInvalidURL) {
 			t.Errorf("Endpoints(%q) = %v, want ErrInvalidURL", bad, err)
 		}
+	}
+}
+
+// TestGrantsEndedEntryNeverComesBack checks that an entry that was
+// forgotten, or ended, is refused by Extend and Track from then on: a
+// renewal or an acquisition that raced its end cannot register it again.
+func TestGrantsEndedEntryNeverComesBack(t *testing.T) {
+	var mu sync.Mutex
+	forgot := map[*testEntry]int{}
+	g := NewGrants(func(*testEntry) error { return nil }, func(e *testEntry) {
+		mu.Lock()
+		defer mu.Unlock()
+		forgot[e]++
+	})
+	defer g.Close()
+	a := &testEntry{id: ID{"a", "o"}}
+	if !g.Track(a, time.Hour, time.Now()) || !g.Extend(a, time.Hour, time.Now()) {
+		t.Fatal("a new entry was not tracked and extended")
+	}
+	if g.Track(a, time.Hour, time.Now()) {
+		t.Fatal("Track of an entry already tracked succeeded")
+	}
+	g.Forget(a)
+	b := &testEntry{id: ID{"b", "o"}}
+	g.Track(b, time.Hour, time.Now())
+	g.EndNow(b)
+	c := &testEntry{id: ID{"c", "o"}}
+	g.Track(c, 10*time.Millisecond, time.Now())
+	deadline := time.Now().Add(5 * time.Second)
+	for g.Lookup("c", "o") != nil {
+		if time.Now().After(deadline) {
+			t.Fatal("the reaper did not end c")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	for _, e := range []*testEntry{a, b, c} {
+		if g.Extend(e, time.Hour, time.Now()) || g.Track(e, time.Hour, time.Now()) {
+			t.Fatalf("%v came back after it ended", e.id)
+		}
+		if got := g.Lookup(e.id.Key, e.id.Owner); got != nil {
+			t.Fatalf("Lookup(%v) = %v after it ended", e.id, got)
+		}
+		g.Forget(e)
+		g.EndNow(e)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, e := range []*testEntry{a, b, c} {
+		if forgot[e] != 1 {
+			t.Fatalf("%v forgotten %d times, want once", e.id, forgot[e])
+		}
+	}
+}
+
+// TestGrantsExtendBeatsDueReap checks that an entry extended after its
+// deadline passed, but before the reaper claimed it, is not ended.
+func TestGrantsExtendBeatsDueReap(t *testing.T) {
+	ended := make(chan struct{}, 1)
+	var g *Grants[*testEntry]
+	e := &testEntry{id: ID{"k", "o"}}
+	g = NewGrants(func(*testEntry) error { ended <- struct{}{}; return nil }, nil)
+	defer g.Close()
+	g.Track(e, time.Hour, time.Now())
+	// Due now, extended before the reaper's end runs: g.reap sees the
+	// moved deadline and leaves e alone.
+	g.mu.Lock()
+	g.reaper.Set(e, time.Now().Add(-time.Second))
+	g.reaper.Set(e, time.Now().Add(time.Hour))
+	g.mu.Unlock()
+	if err := g.reap(e); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-ended:
+		t.Fatal("an extended entry was ended")
+	case <-time.After(50 * time.Millisecond):
+	}
+	if g.Lookup("k", "o") != e {
+		t.Fatal("an extended entry was dropped")
 	}
 }
