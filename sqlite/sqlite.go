@@ -35,7 +35,8 @@
 //	sqlite:relative/leases.db       a path relative to the working directory
 //
 // Beside the file, FILE.lock serializes the first open of a new file by
-// several processes (creating it, switching it to WAL, creating tables).
+// several processes (creating it, switching it to WAL, creating tables),
+// and FILE.wake is the waiters' doorbell (see below).
 //
 // Query parameters: table (default fenced_leases; the break log is
 // TABLE_breaks, the fence floor TABLE_floor), busy_timeout (default 5s).
@@ -46,14 +47,17 @@
 // every other process waits up to busy_timeout, then fails with
 // ErrUnavailable. Safety is unaffected: nothing is granted twice.
 //
-// SQLite cannot notify another process. Waiters instead learn of commits
-// by any process from the kernel (inotify on the database's directory: a
-// write to the file or its WAL), confirm them with PRAGMA data_version (a
-// cheap read on one connection per driver), and retry only when their key
-// is free; an idle waiter costs nothing. Without inotify the driver reads
-// data_version every 2ms while somebody waits. A grant that expires
-// without a release is caught by the client's timer at the holder's
-// expiry.
+// SQLite cannot notify another process. Instead every driver, after each
+// commit that may free a key (release, break), opens the doorbell
+// FILE.wake beside the database; waiters in every process learn of it
+// from the kernel (inotify on the database's directory), confirm a change
+// with PRAGMA data_version (a cheap read on one connection per driver),
+// and retry only when their key is free; an idle waiter costs nothing.
+// The doorbell rings after the commit is durable and visible, so a waiter
+// is woken however long the commit's fsync took. Without inotify the
+// driver reads data_version every 2ms while somebody waits. A grant that
+// expires without a release, or a key freed by another program, is caught
+// by the client's fallback timer.
 package sqlite
 
 import (
@@ -238,6 +242,7 @@ type Driver struct {
 	db    *sql.DB
 	std   *sqllease.StdDB
 	table string
+	bell  doorbell
 	watch watcher
 	*sqllease.Engine
 }
@@ -264,7 +269,48 @@ func New(ctx context.Context, db *sql.DB, opts *Options) (*Driver, error) {
 	if err := d.migrate(ctx); err != nil {
 		return nil, err
 	}
+	file, err := mainFile(ctx, db)
+	if err != nil {
+		return nil, wrap("find the database file", err)
+	}
+	d.bell = newDoorbell(file)
 	return d, nil
+}
+
+// mainFile returns the path of db's main database file, "" for an
+// in-memory database.
+func mainFile(ctx context.Context, db *sql.DB) (string, error) {
+	rows, err := db.QueryContext(ctx, `PRAGMA database_list`)
+	if err != nil {
+		return "", err
+	}
+	defer rows.Close()
+	path := ""
+	for rows.Next() {
+		var seq int
+		var name, file string
+		if err := rows.Scan(&seq, &name, &file); err != nil {
+			return "", err
+		}
+		if name == "main" {
+			path = file
+		}
+	}
+	return path, rows.Err()
+}
+
+// Release implements driver.Driver, and rings the doorbell (see watcher).
+// It rings whatever the outcome: a commit whose reply was lost may still
+// have freed the key.
+func (d *Driver) Release(ctx context.Context, g driver.Grant) error {
+	defer d.bell.ring()
+	return d.Engine.Release(ctx, g)
+}
+
+// Break implements driver.Driver, and rings the doorbell (see watcher).
+func (d *Driver) Break(ctx context.Context, key string, req driver.BreakRequest) (driver.LeaseInfo, error) {
+	defer d.bell.ring()
+	return d.Engine.Break(ctx, key, req)
 }
 
 // now is SQLite's clock in Unix milliseconds, stable within one statement.
@@ -672,7 +718,7 @@ func (d *Driver) Guarantees() driver.Guarantees {
 		ServerClock: true,
 		// unixepoch() inside the statement reads the host's wall clock.
 		ClockStepSafe: false,
-		Note:          "one host: the fence counter is a row in the file and survives restarts; expiry uses the host's wall clock inside the statement (not safe from clock steps); waiters learn of commits by other processes from inotify on the database's directory (PRAGMA data_version every 2ms where inotify is unavailable) and retry only when their key is free",
+		Note:          "one host: the fence counter is a row in the file and survives restarts; expiry uses the host's wall clock inside the statement (not safe from clock steps); waiters are woken through a doorbell file every release and break opens after its commit, watched with inotify (PRAGMA data_version every 2ms where inotify is unavailable), and retry only when their key is free",
 	}
 }
 
