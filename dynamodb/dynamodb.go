@@ -24,8 +24,8 @@
 //
 // In both, ACCESS_KEY:SECRET@ before the host gives static credentials
 // (the secret is redacted from errors), TABLE defaults to fenced_leases and
-// follows the SQL backends' rule (lower-case letters, digits and
-// underscores, here at least 3 and at most 48 bytes), and the parameters
+// follows DynamoDB's rule (3 to 255 letters, digits, underscores, hyphens
+// and dots: fenced-leases and Prod.Leases are fine), and the parameters
 // are:
 //
 //   - region=R: the region (signing region for a local endpoint, default
@@ -129,6 +129,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -156,9 +157,6 @@ const DefaultTable = leasetable.DefaultTable
 // DefaultMaxInFlight is the default limit on one driver's requests in
 // flight.
 const DefaultMaxInFlight = 64
-
-// minTableLen is DynamoDB's shortest table name.
-const minTableLen = 3
 
 // localRegion is the signing region for a local endpoint named without
 // ?region=.
@@ -330,19 +328,19 @@ func open(ctx context.Context, u *url.URL) (*Driver, error) {
 	return New(ctx, client, opts)
 }
 
-// checkTable applies the SQL backends' table-name rule, plus DynamoDB's
-// minimum length. Errors match driver.ErrInvalidURL.
+// tableRE is DynamoDB's rule for table names: 3 to 255 letters, digits,
+// underscores, hyphens and dots.
+var tableRE = regexp.MustCompile(`^[A-Za-z0-9_.-]{3,255}$`)
+
+// checkTable applies DynamoDB's own rule for table names (tableRE), the
+// one place this backend checks them; "" stands for DefaultTable. Names
+// are only ever sent as request fields, never spliced into an expression.
+// Errors match driver.ErrInvalidURL and name the bad value and the rule.
 func checkTable(name string) error {
-	if name == "" {
+	if name == "" || tableRE.MatchString(name) {
 		return nil
 	}
-	if err := leasetable.ValidateTable(name); err != nil {
-		return err
-	}
-	if len(name) < minTableLen {
-		return fmt.Errorf("%w: table name %q is shorter than DynamoDB's minimum of %d bytes", driver.ErrInvalidURL, name, minTableLen)
-	}
-	return nil
+	return fmt.Errorf("%w: table name %q is not a DynamoDB table name (3 to 255 characters, each a letter, digit, _, - or .)", driver.ErrInvalidURL, name)
 }
 
 // New returns a driver over client, checking that the lease table exists
