@@ -246,30 +246,17 @@ func open(ctx context.Context, u *url.URL) (*Driver, error) {
 	if err != nil {
 		return nil, err
 	}
-	own := map[string]string{}
-	for _, p := range []string{paramRegion, paramCreate} {
-		v, ok, err := q.Take(p)
-		if err != nil {
-			return nil, err
-		}
-		if ok {
-			own[p] = v
-		}
+	opts := &Options{Table: strings.TrimPrefix(u.Path, "/")}
+	if opts.Create, _, err = q.TakeBool(paramCreate); err != nil {
+		return nil, err
+	}
+	region, hasRegion, err := q.Take(paramRegion)
+	if err != nil {
+		return nil, err
 	}
 	if err := q.NoRest(paramRegion, paramCreate); err != nil {
 		return nil, err
 	}
-	opts := &Options{Table: strings.TrimPrefix(u.Path, "/")}
-	if v, ok := own[paramCreate]; ok {
-		switch strings.ToLower(v) {
-		case "1", "true", "on", "yes":
-			opts.Create = true
-		case "0", "false", "off", "no":
-		default:
-			return nil, fmt.Errorf("%w: create=%q, want 1 or 0", driver.ErrInvalidURL, v)
-		}
-	}
-	region, hasRegion := own[paramRegion]
 	if hasRegion && region == "" {
 		return nil, fmt.Errorf("%w: region= is empty", driver.ErrInvalidURL)
 	}

@@ -39,7 +39,11 @@
 // and FILE.wake is the waiters' doorbell (see below).
 //
 // Query parameters: table (default fenced_leases; the break log is
-// TABLE_breaks, the fence floor TABLE_floor), busy_timeout (default 5s).
+// TABLE_breaks, the fence floor TABLE_floor), busy_timeout (default 5s),
+// create=1 (create the file's directory if it is missing; without it a
+// path whose directory does not exist is refused, matching ErrNoDir and
+// driver.ErrInvalidURL, since it is most likely mistyped). The default
+// file's directory is always created. Any other parameter is refused.
 //
 // Availability caveat of one shared file: a process stopped in the middle
 // of a write (SIGSTOP, a debugger, a frozen VM) keeps SQLite's write lock
@@ -116,7 +120,18 @@ type Options struct {
 	// BusyTimeout is how long a statement waits for another process's
 	// write lock before failing with ErrUnavailable. Default 5s.
 	BusyTimeout time.Duration
+	// CreateDir creates the file's directory (and its parents) when it
+	// is missing. Without it OpenFile refuses a file in a directory that
+	// does not exist (ErrNoDir): a mistyped path would otherwise give a
+	// new, empty lease file that excludes nobody. The file itself is
+	// created either way.
+	CreateDir bool
 }
+
+// ErrNoDir means the lease file's directory does not exist and the driver
+// was not asked to create it (?create=1, Options.CreateDir). Through a URL
+// the error also matches driver.ErrInvalidURL.
+var ErrNoDir = errors.New("the lease file's directory does not exist")
 
 func openURL(ctx context.Context, u *url.URL) (driver.Driver, error) {
 	if u.Host != "" {
@@ -126,12 +141,14 @@ func openURL(ctx context.Context, u *url.URL) (driver.Driver, error) {
 	if path == "" {
 		path = u.Path
 	}
+	var opts Options
 	if path == "" {
 		p, err := DefaultPath()
 		if err != nil {
 			return nil, err
 		}
-		path = p
+		// The default file is fenced's own: its directory is made.
+		path, opts.CreateDir = p, true
 	} else if p, err := url.PathUnescape(path); err == nil {
 		path = p
 	}
@@ -139,7 +156,11 @@ func openURL(ctx context.Context, u *url.URL) (driver.Driver, error) {
 	if err != nil {
 		return nil, err
 	}
-	var opts Options
+	create, _, err := p.TakeBool("create")
+	if err != nil {
+		return nil, err
+	}
+	opts.CreateDir = opts.CreateDir || create
 	if opts.Table, err = leasetable.TakeTable(p); err != nil {
 		return nil, err
 	}
@@ -154,14 +175,19 @@ func openURL(ctx context.Context, u *url.URL) (driver.Driver, error) {
 		}
 		opts.BusyTimeout = d
 	}
-	if err := p.NoRest(leasetable.TableParam, "busy_timeout"); err != nil {
+	if err := p.NoRest(leasetable.TableParam, "busy_timeout", "create"); err != nil {
 		return nil, err
 	}
-	return OpenFile(ctx, path, &opts)
+	d, err := OpenFile(ctx, path, &opts)
+	if errors.Is(err, ErrNoDir) {
+		return nil, fmt.Errorf("%w: %w", driver.ErrInvalidURL, err)
+	}
+	return d, err
 }
 
-// OpenFile opens (creating if needed) the lease file at path, and its
-// parent directory. opts may be nil.
+// OpenFile opens (creating if needed) the lease file at path. Its
+// directory must exist unless opts.CreateDir is set (else ErrNoDir).
+// opts may be nil.
 func OpenFile(ctx context.Context, path string, opts *Options) (*Driver, error) {
 	var o Options
 	if opts != nil {
@@ -170,8 +196,15 @@ func OpenFile(ctx context.Context, path string, opts *Options) (*Driver, error) 
 	if o.BusyTimeout == 0 {
 		o.BusyTimeout = 5 * time.Second
 	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return nil, fmt.Errorf("sqlite: %w: %v", driver.ErrUnavailable, err)
+	dir := filepath.Dir(path)
+	if o.CreateDir {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, fmt.Errorf("sqlite: %w: %v", driver.ErrUnavailable, err)
+		}
+	} else if fi, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("sqlite: lease file %s: %w: %s (check the path; add ?create=1 to the URL to create it)", path, ErrNoDir, dir)
+	} else if err == nil && !fi.IsDir() {
+		return nil, fmt.Errorf("sqlite: lease file %s: %w: %s is not a directory", path, ErrNoDir, dir)
 	}
 	dsn := "file:" + (&url.URL{Path: path}).EscapedPath() + "?" + url.Values{
 		"_pragma": {
