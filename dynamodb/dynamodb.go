@@ -24,8 +24,8 @@
 //
 // In both, ACCESS_KEY:SECRET@ before the host gives static credentials
 // (the secret is redacted from errors), TABLE defaults to fenced_leases and
-// follows the SQL backends' rule (lower-case letters, digits and
-// underscores, here at least 3 and at most 48 bytes), and the parameters
+// follows DynamoDB's rule (3 to 255 letters, digits, underscores, hyphens
+// and dots: fenced-leases and Prod.Leases are fine), and the parameters
 // are:
 //
 //   - region=R: the region (signing region for a local endpoint, default
@@ -129,6 +129,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -156,9 +157,6 @@ const DefaultTable = leasetable.DefaultTable
 // DefaultMaxInFlight is the default limit on one driver's requests in
 // flight.
 const DefaultMaxInFlight = 64
-
-// minTableLen is DynamoDB's shortest table name.
-const minTableLen = 3
 
 // localRegion is the signing region for a local endpoint named without
 // ?region=.
@@ -248,30 +246,17 @@ func open(ctx context.Context, u *url.URL) (*Driver, error) {
 	if err != nil {
 		return nil, err
 	}
-	own := map[string]string{}
-	for _, p := range []string{paramRegion, paramCreate} {
-		v, ok, err := q.Take(p)
-		if err != nil {
-			return nil, err
-		}
-		if ok {
-			own[p] = v
-		}
+	opts := &Options{Table: strings.TrimPrefix(u.Path, "/")}
+	if opts.Create, _, err = q.TakeBool(paramCreate); err != nil {
+		return nil, err
+	}
+	region, hasRegion, err := q.Take(paramRegion)
+	if err != nil {
+		return nil, err
 	}
 	if err := q.NoRest(paramRegion, paramCreate); err != nil {
 		return nil, err
 	}
-	opts := &Options{Table: strings.TrimPrefix(u.Path, "/")}
-	if v, ok := own[paramCreate]; ok {
-		switch strings.ToLower(v) {
-		case "1", "true", "on", "yes":
-			opts.Create = true
-		case "0", "false", "off", "no":
-		default:
-			return nil, fmt.Errorf("%w: create=%q, want 1 or 0", driver.ErrInvalidURL, v)
-		}
-	}
-	region, hasRegion := own[paramRegion]
 	if hasRegion && region == "" {
 		return nil, fmt.Errorf("%w: region= is empty", driver.ErrInvalidURL)
 	}
@@ -330,19 +315,19 @@ func open(ctx context.Context, u *url.URL) (*Driver, error) {
 	return New(ctx, client, opts)
 }
 
-// checkTable applies the SQL backends' table-name rule, plus DynamoDB's
-// minimum length. Errors match driver.ErrInvalidURL.
+// tableRE is DynamoDB's rule for table names: 3 to 255 letters, digits,
+// underscores, hyphens and dots.
+var tableRE = regexp.MustCompile(`^[A-Za-z0-9_.-]{3,255}$`)
+
+// checkTable applies DynamoDB's own rule for table names (tableRE), the
+// one place this backend checks them; "" stands for DefaultTable. Names
+// are only ever sent as request fields, never spliced into an expression.
+// Errors match driver.ErrInvalidURL and name the bad value and the rule.
 func checkTable(name string) error {
-	if name == "" {
+	if name == "" || tableRE.MatchString(name) {
 		return nil
 	}
-	if err := leasetable.ValidateTable(name); err != nil {
-		return err
-	}
-	if len(name) < minTableLen {
-		return fmt.Errorf("%w: table name %q is shorter than DynamoDB's minimum of %d bytes", driver.ErrInvalidURL, name, minTableLen)
-	}
-	return nil
+	return fmt.Errorf("%w: table name %q is not a DynamoDB table name (3 to 255 characters, each a letter, digit, _, - or .)", driver.ErrInvalidURL, name)
 }
 
 // New returns a driver over client, checking that the lease table exists

@@ -78,7 +78,7 @@ func TestConformance(t *testing.T) {
 			return d
 		},
 		BadURLs: []string{
-			"dynamodb://127.0.0.1:1/Bad-Name",
+			"dynamodb://127.0.0.1:1/Bad%20Name",
 			"dynamodb://127.0.0.1:1/ab",
 			"dynamodb://127.0.0.1:1/a/b",
 			"dynamodb://127.0.0.1:1/leases?create=maybe",

@@ -103,6 +103,16 @@ func init() {
 	fenced.Register("etcd", openURL)
 }
 
+// checkPrefix applies the backend's rule for key prefixes: etcd keys are
+// any bytes, but a NUL would end the name in tools that print keys as C
+// strings (and etcdctl cannot type it). Errors match driver.ErrInvalidURL.
+func checkPrefix(prefix string) error {
+	if i := strings.IndexByte(prefix, 0); i >= 0 {
+		return fmt.Errorf("%w: etcd key prefix %q has a NUL byte at byte %d (any other bytes are allowed)", driver.ErrInvalidURL, prefix, i)
+	}
+	return nil
+}
+
 // openURL opens etcd://host:port[,host:port...][/][?prefix=...&dial_timeout=...].
 func openURL(ctx context.Context, u *url.URL) (driver.Driver, error) {
 	if u.Opaque != "" {
@@ -126,6 +136,9 @@ func openURL(ctx context.Context, u *url.URL) (driver.Driver, error) {
 	prefix, ok, err := q.Take("prefix")
 	if err == nil && ok && prefix == "" {
 		err = fmt.Errorf("%w: etcd URL option prefix is empty", driver.ErrInvalidURL)
+	}
+	if err == nil {
+		err = checkPrefix(prefix)
 	}
 	if err != nil {
 		return nil, err
@@ -201,8 +214,8 @@ func New(cli *clientv3.Client, opts *Options) (*Driver, error) {
 	if o.Prefix == "" {
 		o.Prefix = DefaultPrefix
 	}
-	if strings.ContainsRune(o.Prefix, 0) {
-		return nil, fmt.Errorf("etcd: %w: prefix contains a NUL byte", driver.ErrInvalidURL)
+	if err := checkPrefix(o.Prefix); err != nil {
+		return nil, fmt.Errorf("etcd: %w", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	d := &Driver{

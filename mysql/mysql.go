@@ -20,7 +20,11 @@
 // bytes; the audit table is NAME_breaks) and socket=PATH (connect over a
 // unix socket instead of TCP). Every other parameter is passed to
 // go-sql-driver/mysql (tls, timeout, readTimeout, ...; an unknown name is
-// sent to the server as a session variable, as that driver does).
+// set on the server as a session variable when connecting, as that driver
+// does, so sql_mode=... and time_zone=... work). A variable the server
+// does not know (a mistyped parameter such as tabel=x) or a value it
+// refuses fails the open with an error matching driver.ErrInvalidURL, not
+// ErrUnavailable: it is a usage error, and the store is up.
 //
 // # Sharing the database
 //
@@ -283,6 +287,14 @@ func open(ctx context.Context, u *url.URL) (*Driver, error) {
 
 func connectError(cfg *mysql.Config, err error) error {
 	var myErr *mysql.MySQLError
+	if errors.As(err, &myErr) && (myErr.Number == 1193 || myErr.Number == 1231 || myErr.Number == 1232) {
+		// go-sql-driver sets every parameter it does not know itself as a
+		// system variable when it connects (so tabel=x reaches the
+		// server): an unknown variable or a refused value is a usage
+		// error, not an outage.
+		return fmt.Errorf("%w: a URL parameter that is neither fenced's (%s, %s) nor go-sql-driver's is set as a system variable, and the server refused it: %s (error %d)",
+			driver.ErrInvalidURL, leasetable.TableParam, paramSocket, leasetable.Scrub(myErr.Message, cfg.Passwd), myErr.Number)
+	}
 	if errors.As(err, &myErr) && (myErr.Number == 1045 || myErr.Number == 1044 || myErr.Number == 1698) {
 		return fmt.Errorf("%w: access denied for user %q at %s: %s (error %d)", driver.ErrUnavailable, cfg.User, cfg.Addr, leasetable.Scrub(myErr.Message, cfg.Passwd), myErr.Number)
 	}

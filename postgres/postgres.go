@@ -16,8 +16,16 @@
 //
 // postgres://user:password@host:port/database?param=value (postgresql://
 // too). Every parameter pgx understands (sslmode, connect_timeout,
-// pool_max_conns, default_query_exec_mode, ...) is passed to pgx, and these
-// are fenced's own:
+// pool_max_conns, default_query_exec_mode, ...) is passed to pgx, and so
+// are these server settings: application_name, client_encoding, options,
+// search_path, timezone, datestyle, intervalstyle, statement_timeout,
+// lock_timeout, idle_in_transaction_session_timeout and
+// idle_session_timeout. Any other setting goes in options=-c NAME=VALUE
+// (as with libpq), and any other parameter is refused (ErrInvalidURL)
+// before anything connects: pgx would send it to the server as a setting,
+// and the server's refusal would look like an outage. A setting the server
+// refuses is reported as ErrInvalidURL too. These parameters are fenced's
+// own:
 //
 //   - table=NAME: the lease table (default fenced_leases). Lower-case
 //     letters, digits and underscores, at most 48 bytes; the audit table is
@@ -235,10 +243,13 @@ func open(ctx context.Context, u *url.URL) (*Driver, error) {
 	}
 	pu := *u
 	pu.Scheme = "postgres"
-	pu.RawQuery = q.Encode()
+	pu.RawQuery = urlquery.Encode(q)
 	cfg, err := pgxpool.ParseConfig(pu.String())
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s", driver.ErrInvalidURL, leasetable.Scrub(err.Error(), password))
+	}
+	if err := checkParams(q, cfg); err != nil {
+		return nil, err
 	}
 	if cfg.ConnConfig.ConnectTimeout == 0 {
 		cfg.ConnConfig.ConnectTimeout = 10 * time.Second
@@ -264,6 +275,11 @@ func open(ctx context.Context, u *url.URL) (*Driver, error) {
 // password, matching driver.ErrUnavailable.
 func connectError(cfg *pgx.ConnConfig, err error, password string) error {
 	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && (pgErr.Code == "42704" || pgErr.Code == "22023") {
+		// A setting of the URL (options=-c NAME=VALUE) the server does
+		// not know, or a value it refuses: a usage error, not an outage.
+		return fmt.Errorf("%w: the server refused a setting of the URL: %s (SQLSTATE %s)", driver.ErrInvalidURL, leasetable.Scrub(pgErr.Message, password), pgErr.Code)
+	}
 	if errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "28") {
 		return fmt.Errorf("%w: authentication failed for user %q at %s:%d: %s (SQLSTATE %s)",
 			driver.ErrUnavailable, cfg.User, cfg.Host, cfg.Port, leasetable.Scrub(pgErr.Message, password), pgErr.Code)

@@ -66,6 +66,7 @@ func TestConformance(t *testing.T) {
 			"postgresql://127.0.0.1:1/db?notify=maybe",
 			"postgres://127.0.0.1:notaport/db",
 			"postgres://127.0.0.1:1/db?sslmode=bogus",
+			"postgres://127.0.0.1:1/db?tabel=x",
 		},
 	})
 }

@@ -40,7 +40,7 @@ func DatabaseURL(rawURL string) (string, error) {
 			delete(q, k) // the sizing of fenced's pool, which pgx.Connect refuses
 		}
 	}
-	u.RawQuery = q.Encode()
+	u.RawQuery = urlquery.Encode(q)
 	return u.String(), nil
 }
 

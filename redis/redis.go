@@ -178,6 +178,9 @@ func New(c redis.UniversalClient, opts *Options) (*Driver, error) {
 	if d.opts.Prefix == "" {
 		d.opts.Prefix = rediskit.DefaultPrefix
 	}
+	if err := rediskit.CheckPrefix(d.opts.Prefix); err != nil {
+		return nil, fmt.Errorf("redis: %w", err)
+	}
 	if d.opts.WaitReplicas < 0 {
 		return nil, fmt.Errorf("redis: WaitReplicas %d is negative", d.opts.WaitReplicas)
 	}
@@ -213,7 +216,7 @@ func open(ctx context.Context, u *url.URL) (driver.Driver, error) {
 	}
 	q := rediskit.TakeQuery(u, "prefix", "wait_replicas", "wait_timeout", "audit_len")
 	opts := &Options{
-		Prefix:       q.String("prefix", ""),
+		Prefix:       q.Prefix(""),
 		WaitReplicas: q.Int("wait_replicas", 0),
 		WaitTimeout:  q.Duration("wait_timeout", 0),
 		AuditLen:     q.Int("audit_len", 0),

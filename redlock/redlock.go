@@ -155,6 +155,9 @@ func New(clients []redis.UniversalClient, opts *Options) (*Driver, error) {
 	if d.opts.Prefix == "" {
 		d.opts.Prefix = rediskit.DefaultPrefix
 	}
+	if err := rediskit.CheckPrefix(d.opts.Prefix); err != nil {
+		return nil, fmt.Errorf("redlock: %w", err)
+	}
 	if d.opts.Budget <= 0 {
 		d.opts.Budget = 250 * time.Millisecond
 	}

@@ -30,7 +30,7 @@ func open(ctx context.Context, u *url.URL) (driver.Driver, error) {
 		_, _ = host, port
 	}
 	q := rediskit.TakeQuery(u, "prefix", "budget", "fence", "audit_len")
-	opts := &Options{Prefix: q.String("prefix", ""), Budget: q.Duration("budget", 0), AuditLen: q.Int("audit_len", 0)}
+	opts := &Options{Prefix: q.Prefix(""), Budget: q.Duration("budget", 0), AuditLen: q.Int("audit_len", 0)}
 	if err := q.Err(); err != nil {
 		return nil, err
 	}

@@ -33,6 +33,7 @@ need python3-redis /usr/bin/python3 -I -c 'import redis' # -I: not the repo's re
 need curl command -v curl # fence: the documented shell-child request is run as written
 need chromium command -v chromium # cmd/fenced drives the dashboard of fenced serve in headless Chromium (chromedp)
 need gcc command -v gcc # testenv.WallClock compiles its clock-stepping preload library (and -race needs cgo)
+need strace command -v strace # sqlite: delays the releasing process's fsync (a pure-Go process that no LD_PRELOAD library sees)
 need nodejs command -v node # runs dynalite, the DynamoDB-compatible server of the dynamodb tests
 need npm command -v npm
 

@@ -30,6 +30,8 @@ func TestMain(m *testing.M) {
 		os.Exit(childRounds())
 	case "hold":
 		os.Exit(childHold())
+	case "slowrelease":
+		os.Exit(childSlowRelease())
 	}
 	fmt.Fprintln(os.Stderr, "unknown child mode")
 	os.Exit(2)

@@ -35,10 +35,15 @@
 //	sqlite:relative/leases.db       a path relative to the working directory
 //
 // Beside the file, FILE.lock serializes the first open of a new file by
-// several processes (creating it, switching it to WAL, creating tables).
+// several processes (creating it, switching it to WAL, creating tables),
+// and FILE.wake is the waiters' doorbell (see below).
 //
 // Query parameters: table (default fenced_leases; the break log is
-// TABLE_breaks, the fence floor TABLE_floor), busy_timeout (default 5s).
+// TABLE_breaks, the fence floor TABLE_floor), busy_timeout (default 5s),
+// create=1 (create the file's directory if it is missing; without it a
+// path whose directory does not exist is refused, matching ErrNoDir and
+// driver.ErrInvalidURL, since it is most likely mistyped). The default
+// file's directory is always created. Any other parameter is refused.
 //
 // Availability caveat of one shared file: a process stopped in the middle
 // of a write (SIGSTOP, a debugger, a frozen VM) keeps SQLite's write lock
@@ -46,14 +51,17 @@
 // every other process waits up to busy_timeout, then fails with
 // ErrUnavailable. Safety is unaffected: nothing is granted twice.
 //
-// SQLite cannot notify another process. Waiters instead learn of commits
-// by any process from the kernel (inotify on the database's directory: a
-// write to the file or its WAL), confirm them with PRAGMA data_version (a
-// cheap read on one connection per driver), and retry only when their key
-// is free; an idle waiter costs nothing. Without inotify the driver reads
-// data_version every 2ms while somebody waits. A grant that expires
-// without a release is caught by the client's timer at the holder's
-// expiry.
+// SQLite cannot notify another process. Instead every driver, after each
+// commit that may free a key (release, break), opens the doorbell
+// FILE.wake beside the database; waiters in every process learn of it
+// from the kernel (inotify on the database's directory), confirm a change
+// with PRAGMA data_version (a cheap read on one connection per driver),
+// and retry only when their key is free; an idle waiter costs nothing.
+// The doorbell rings after the commit is durable and visible, so a waiter
+// is woken however long the commit's fsync took. Without inotify the
+// driver reads data_version every 2ms while somebody waits. A grant that
+// expires without a release, or a key freed by another program, is caught
+// by the client's fallback timer.
 package sqlite
 
 import (
@@ -112,7 +120,18 @@ type Options struct {
 	// BusyTimeout is how long a statement waits for another process's
 	// write lock before failing with ErrUnavailable. Default 5s.
 	BusyTimeout time.Duration
+	// CreateDir creates the file's directory (and its parents) when it
+	// is missing. Without it OpenFile refuses a file in a directory that
+	// does not exist (ErrNoDir): a mistyped path would otherwise give a
+	// new, empty lease file that excludes nobody. The file itself is
+	// created either way.
+	CreateDir bool
 }
+
+// ErrNoDir means the lease file's directory does not exist and the driver
+// was not asked to create it (?create=1, Options.CreateDir). Through a URL
+// the error also matches driver.ErrInvalidURL.
+var ErrNoDir = errors.New("the lease file's directory does not exist")
 
 func openURL(ctx context.Context, u *url.URL) (driver.Driver, error) {
 	if u.Host != "" {
@@ -122,12 +141,14 @@ func openURL(ctx context.Context, u *url.URL) (driver.Driver, error) {
 	if path == "" {
 		path = u.Path
 	}
+	var opts Options
 	if path == "" {
 		p, err := DefaultPath()
 		if err != nil {
 			return nil, err
 		}
-		path = p
+		// The default file is fenced's own: its directory is made.
+		path, opts.CreateDir = p, true
 	} else if p, err := url.PathUnescape(path); err == nil {
 		path = p
 	}
@@ -135,7 +156,11 @@ func openURL(ctx context.Context, u *url.URL) (driver.Driver, error) {
 	if err != nil {
 		return nil, err
 	}
-	var opts Options
+	create, _, err := p.TakeBool("create")
+	if err != nil {
+		return nil, err
+	}
+	opts.CreateDir = opts.CreateDir || create
 	if opts.Table, err = leasetable.TakeTable(p); err != nil {
 		return nil, err
 	}
@@ -150,14 +175,19 @@ func openURL(ctx context.Context, u *url.URL) (driver.Driver, error) {
 		}
 		opts.BusyTimeout = d
 	}
-	if err := p.NoRest(leasetable.TableParam, "busy_timeout"); err != nil {
+	if err := p.NoRest(leasetable.TableParam, "busy_timeout", "create"); err != nil {
 		return nil, err
 	}
-	return OpenFile(ctx, path, &opts)
+	d, err := OpenFile(ctx, path, &opts)
+	if errors.Is(err, ErrNoDir) {
+		return nil, fmt.Errorf("%w: %w", driver.ErrInvalidURL, err)
+	}
+	return d, err
 }
 
-// OpenFile opens (creating if needed) the lease file at path, and its
-// parent directory. opts may be nil.
+// OpenFile opens (creating if needed) the lease file at path. Its
+// directory must exist unless opts.CreateDir is set (else ErrNoDir).
+// opts may be nil.
 func OpenFile(ctx context.Context, path string, opts *Options) (*Driver, error) {
 	var o Options
 	if opts != nil {
@@ -166,8 +196,15 @@ func OpenFile(ctx context.Context, path string, opts *Options) (*Driver, error) 
 	if o.BusyTimeout == 0 {
 		o.BusyTimeout = 5 * time.Second
 	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return nil, fmt.Errorf("sqlite: %w: %v", driver.ErrUnavailable, err)
+	dir := filepath.Dir(path)
+	if o.CreateDir {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, fmt.Errorf("sqlite: %w: %v", driver.ErrUnavailable, err)
+		}
+	} else if fi, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("sqlite: lease file %s: %w: %s (check the path; add ?create=1 to the URL to create it)", path, ErrNoDir, dir)
+	} else if err == nil && !fi.IsDir() {
+		return nil, fmt.Errorf("sqlite: lease file %s: %w: %s is not a directory", path, ErrNoDir, dir)
 	}
 	dsn := "file:" + (&url.URL{Path: path}).EscapedPath() + "?" + url.Values{
 		"_pragma": {
@@ -238,6 +275,7 @@ type Driver struct {
 	db    *sql.DB
 	std   *sqllease.StdDB
 	table string
+	bell  doorbell
 	watch watcher
 	*sqllease.Engine
 }
@@ -264,7 +302,48 @@ func New(ctx context.Context, db *sql.DB, opts *Options) (*Driver, error) {
 	if err := d.migrate(ctx); err != nil {
 		return nil, err
 	}
+	file, err := mainFile(ctx, db)
+	if err != nil {
+		return nil, wrap("find the database file", err)
+	}
+	d.bell = newDoorbell(file)
 	return d, nil
+}
+
+// mainFile returns the path of db's main database file, "" for an
+// in-memory database.
+func mainFile(ctx context.Context, db *sql.DB) (string, error) {
+	rows, err := db.QueryContext(ctx, `PRAGMA database_list`)
+	if err != nil {
+		return "", err
+	}
+	defer rows.Close()
+	path := ""
+	for rows.Next() {
+		var seq int
+		var name, file string
+		if err := rows.Scan(&seq, &name, &file); err != nil {
+			return "", err
+		}
+		if name == "main" {
+			path = file
+		}
+	}
+	return path, rows.Err()
+}
+
+// Release implements driver.Driver, and rings the doorbell (see watcher).
+// It rings whatever the outcome: a commit whose reply was lost may still
+// have freed the key.
+func (d *Driver) Release(ctx context.Context, g driver.Grant) error {
+	defer d.bell.ring()
+	return d.Engine.Release(ctx, g)
+}
+
+// Break implements driver.Driver, and rings the doorbell (see watcher).
+func (d *Driver) Break(ctx context.Context, key string, req driver.BreakRequest) (driver.LeaseInfo, error) {
+	defer d.bell.ring()
+	return d.Engine.Break(ctx, key, req)
 }
 
 // now is SQLite's clock in Unix milliseconds, stable within one statement.
@@ -672,7 +751,7 @@ func (d *Driver) Guarantees() driver.Guarantees {
 		ServerClock: true,
 		// unixepoch() inside the statement reads the host's wall clock.
 		ClockStepSafe: false,
-		Note:          "one host: the fence counter is a row in the file and survives restarts; expiry uses the host's wall clock inside the statement (not safe from clock steps); waiters learn of commits by other processes from inotify on the database's directory (PRAGMA data_version every 2ms where inotify is unavailable) and retry only when their key is free",
+		Note:          "one host: the fence counter is a row in the file and survives restarts; expiry uses the host's wall clock inside the statement (not safe from clock steps); waiters are woken through a doorbell file every release and break opens after its commit, watched with inotify (PRAGMA data_version every 2ms where inotify is unavailable), and retry only when their key is free",
 	}
 }
 

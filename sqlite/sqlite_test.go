@@ -29,6 +29,8 @@ func TestConformance(t *testing.T) {
 			"sqlite:" + path + "?table=x;drop",
 			"sqlite:" + path + "?busy_timeout=soon",
 			"sqlite:" + path + "?nosuch=1",
+			"sqlite://" + filepath.Join(filepath.Dir(path), "nonexistent", "x.db"),
+			"sqlite:" + path + "?create=maybe",
 		},
 	})
 }

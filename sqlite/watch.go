@@ -12,25 +12,26 @@ import (
 )
 
 // watchEvery is how often the watcher reads PRAGMA data_version while
-// somebody waits, where it cannot be told of writes to the file (see
-// fileEvents). The read touches no table and takes no write lock.
+// somebody waits, where the doorbell cannot be watched (see doorbell). The
+// read touches no table and takes no write lock.
 const watchEvery = 2 * time.Millisecond
 
 // watcher wakes waiters in this process when another connection (any
 // process on the host) frees a key they wait for. SQLite cannot push
-// notifications, but every commit writes the database file or its WAL,
-// and the kernel tells the watcher so (inotify on the file's directory,
-// see fileEvents): an idle waiter costs nothing, not even a timer. On each
-// write the watcher reads PRAGMA data_version, which changes whenever
-// another connection committed; only then does it read the waited-for
-// keys, in one query, and wake the waiters of the keys that are now free.
-// No waiter touches the lease table until its key is free, so a release
-// causes no herd, across keys or on one key's write lock. Where inotify is
-// unavailable (an in-memory database, a platform without it, the
-// watch limit reached) the watcher reads data_version every watchEvery
-// instead; a write the kernel does not report (another host writing the
-// file over a network file system, which SQLite does not support anyway)
-// is caught by the client's fallback timer.
+// notifications, so every driver rings a doorbell after each commit that
+// may have freed a key, once the commit is durable and visible (see
+// doorbell), and the kernel tells the watcher (inotify): an idle waiter
+// costs nothing, not even a timer, and no waiting depends on how long a
+// commit takes. On each ring the watcher reads PRAGMA data_version, which
+// changes whenever another connection committed; only then does it read
+// the waited-for keys, in one query, and wake the waiters of the keys that
+// are now free. No waiter touches the lease table until its key is free,
+// so a release causes no herd, across keys or on one key's write lock.
+// Where inotify is unavailable (an in-memory database, a platform without
+// it, the watch limit reached) the watcher reads data_version every
+// watchEvery instead. A key freed without a ring (by another program, or
+// by a process killed between its commit and the ring) is found at the
+// client's fallback timer.
 type watcher struct {
 	d    *Driver
 	wake wakeup.Registry // waiters by key
@@ -79,10 +80,9 @@ func (w *watcher) loop(ctx context.Context, done chan struct{}) {
 		return // waiters fall back to the client's timers
 	}
 	defer conn.Close()
-	// Arm the file watch before the first look, so no commit falls
-	// between them.
+	// Arm the watch before the first look, so no ring falls between them.
 	var changed <-chan struct{}
-	if ev, err := watchFile(ctx, conn); err == nil {
+	if ev, err := watchDoorbell(w.d.bell); err == nil {
 		defer ev.close()
 		changed = ev.changed
 	} else {
@@ -106,7 +106,6 @@ func (w *watcher) loop(ctx context.Context, done chan struct{}) {
 		changed = ticks
 	}
 	var last int64 = -1
-	var settle time.Time // until when a write may still be committing
 	for {
 		var v int64
 		if err := conn.QueryRowContext(ctx, `PRAGMA data_version`).Scan(&v); err != nil {
@@ -117,36 +116,15 @@ func (w *watcher) loop(ctx context.Context, done chan struct{}) {
 			// Also on the first look: a release may have come after
 			// the waiter's own look and before the watch was armed.
 			w.wakeFree(ctx, conn)
-			last, settle = v, time.Time{}
-		}
-		var again <-chan time.Time
-		var t *time.Timer
-		if time.Now().Before(settle) {
-			// A WAL commit writes its frames (which the kernel reports)
-			// before it publishes them in the shared-memory index (which
-			// it does not): look again shortly.
-			t = time.NewTimer(settleEvery)
-			again = t.C
+			last = v
 		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-changed:
-			settle = time.Now().Add(settleFor)
-		case <-again:
-		}
-		if t != nil {
-			t.Stop()
 		}
 	}
 }
-
-// settleFor is how long after a reported write the watcher keeps reading
-// data_version (every settleEvery) until the commit shows.
-const (
-	settleFor   = 50 * time.Millisecond
-	settleEvery = 500 * time.Microsecond
-)
 
 // wakeFree wakes the subscribers of every watched key that is free now.
 func (w *watcher) wakeFree(ctx context.Context, conn *sql.Conn) {

@@ -149,6 +149,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/go-zookeeper/zk"
 
@@ -265,6 +266,15 @@ func validRoot(root string) error {
 	for _, part := range strings.Split(root[1:], "/") {
 		if part == "." || part == ".." {
 			return fmt.Errorf("%w: ZooKeeper chroot %q contains %q", driver.ErrInvalidURL, root, part)
+		}
+	}
+	if root == "/zookeeper" || strings.HasPrefix(root, "/zookeeper/") {
+		return fmt.Errorf("%w: ZooKeeper chroot %q is under /zookeeper, which ZooKeeper reserves for itself", driver.ErrInvalidURL, root)
+	}
+	// ZooKeeper's own path rule (PathUtils.validatePath).
+	for i, r := range root {
+		if r < 0x20 || r >= 0x7f && r <= 0x9f || r >= 0xd800 && r <= 0xf8ff || r >= 0xfff0 || r == utf8.RuneError {
+			return fmt.Errorf("%w: ZooKeeper chroot %q has %q at byte %d, a character ZooKeeper refuses in a path", driver.ErrInvalidURL, root, r, i)
 		}
 	}
 	return nil

@@ -39,6 +39,20 @@ type Keys struct {
 // Layout maps lease keys to Redis keys under a prefix.
 type Layout struct{ Prefix string }
 
+// CheckPrefix applies the Redis backends' rule for key prefixes, the one
+// place redis and redlock check them: any bytes but { and } (every key of
+// a lease is PREFIX{KEY}:..., and Redis Cluster hashes the first {...} of
+// a name, so a brace in the prefix would scatter a lease's keys over
+// slots its scripts cannot reach at once) and control characters (which
+// redis-cli and logs cannot show). Errors match driver.ErrInvalidURL and
+// name the prefix and the rule.
+func CheckPrefix(prefix string) error {
+	if i := strings.IndexFunc(prefix, func(r rune) bool { return r == '{' || r == '}' || r < 0x20 || r == 0x7f }); i >= 0 {
+		return fmt.Errorf("%w: key prefix %q has %q at byte %d (a Redis prefix may not contain { or }, which would move the Cluster hash tag, nor control characters)", driver.ErrInvalidURL, prefix, prefix[i:i+1], i)
+	}
+	return nil
+}
+
 const (
 	lockSuffix  = "}:lock"
 	auditSuffix = "}:breaks"

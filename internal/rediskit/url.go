@@ -51,6 +51,16 @@ func (q *Query) String(name, def string) string {
 	return def
 }
 
+// Prefix returns the prefix= parameter, or def, checked with
+// CheckPrefix before anything connects; a bad one is reported by Err.
+func (q *Query) Prefix(def string) string {
+	p := q.String("prefix", def)
+	if err := CheckPrefix(p); err != nil {
+		q.fail(err)
+	}
+	return p
+}
+
 // Int returns the parameter as a non-negative int, or def.
 func (q *Query) Int(name string, def int) int {
 	v := q.values[name]

@@ -57,9 +57,30 @@ func (p Params) TakeDuration(name string) (d time.Duration, ok bool, err error) 
 	return d, true, nil
 }
 
+// TakeBool is Take for a switch: 1, true, on or yes; 0, false, off or no
+// (any case).
+func (p Params) TakeBool(name string) (b bool, ok bool, err error) {
+	v, ok, err := p.Take(name)
+	if !ok || err != nil {
+		return false, ok, err
+	}
+	switch strings.ToLower(v) {
+	case "1", "true", "on", "yes":
+		return true, true, nil
+	case "0", "false", "off", "no":
+		return false, true, nil
+	}
+	return false, true, fmt.Errorf("%w: %s=%q, want 1 or 0", driver.ErrInvalidURL, name, v)
+}
+
 // Rest returns the parameters not taken, for a client library that reads
 // them itself. The caller owns the result.
 func (p Params) Rest() url.Values { return p.v }
+
+// Encode encodes v as url.Values.Encode does, but with spaces as %20, not
+// +: pgx reads a query's + literally, so options=-c name=value reached the
+// server as "-c+name=value". (A + in a value is %2B either way.)
+func Encode(v url.Values) string { return strings.ReplaceAll(v.Encode(), "+", "%20") }
 
 // NoRest refuses any parameter not taken, naming it and the known ones.
 func (p Params) NoRest(known ...string) error {

@@ -2,6 +2,7 @@ package urlquery
 
 import (
 	"errors"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -49,5 +50,32 @@ func TestTakeDuration(t *testing.T) {
 		if _, ok, err := p.TakeDuration(name); !ok || !errors.Is(err, driver.ErrInvalidURL) || !strings.Contains(err.Error(), name+"=") {
 			t.Errorf("TakeDuration(%s) = %v, %v; want ErrInvalidURL naming it", name, ok, err)
 		}
+	}
+}
+
+func TestTakeBool(t *testing.T) {
+	p, err := Parse("a=1&b=OFF&c=Yes&bad=maybe&twice=1&twice=0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]bool{"a": true, "b": false, "c": true} {
+		if b, ok, err := p.TakeBool(name); b != want || !ok || err != nil {
+			t.Errorf("TakeBool(%s) = %v, %v, %v; want %v", name, b, ok, err, want)
+		}
+	}
+	if b, ok, err := p.TakeBool("absent"); b || ok || err != nil {
+		t.Errorf("TakeBool(absent) = %v, %v, %v", b, ok, err)
+	}
+	for _, name := range []string{"bad", "twice"} {
+		if _, _, err := p.TakeBool(name); !errors.Is(err, driver.ErrInvalidURL) || !strings.Contains(err.Error(), name+"=") {
+			t.Errorf("TakeBool(%s): %v, want ErrInvalidURL naming it", name, err)
+		}
+	}
+}
+
+func TestEncode(t *testing.T) {
+	v := url.Values{"options": {"-c a=b+c"}}
+	if got := Encode(v); got != "options=-c%20a%3Db%2Bc" {
+		t.Errorf("Encode = %q", got)
 	}
 }
