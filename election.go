@@ -210,9 +210,11 @@ func (e *Election) observe(ctx context.Context, ch chan<- Leader) {
 			return false
 		}
 	}
+	// Only an observer's subscription: a waiter's could take the one
+	// wake-up a release gives the candidates (driver.ObserveNotifier).
 	var sub driver.Subscription
-	if n, ok := e.c.drv.(driver.Notifier); ok {
-		if s, err := n.Subscribe(ctx, e.name); err == nil {
+	if n, ok := e.c.drv.(driver.ObserveNotifier); ok {
+		if s, err := n.SubscribeObserver(ctx, e.name); err == nil {
 			sub = s
 			defer s.Close()
 		}

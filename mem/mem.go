@@ -317,6 +317,17 @@ func (d *Driver) Subscribe(ctx context.Context, key string) (driver.Subscription
 	return s.wake.Subscribe(key), nil
 }
 
+// SubscribeObserver implements driver.ObserveNotifier: an observer is
+// woken by every release or break of key, and never counts as a waiter.
+func (d *Driver) SubscribeObserver(ctx context.Context, key string) (driver.Subscription, error) {
+	s, err := d.lock()
+	if err != nil {
+		return nil, err
+	}
+	defer s.mu.Unlock()
+	return s.wake.Observe(key), nil
+}
+
 // notify wakes the waiters of key.
 func (s *Store) notify(key string) { s.wake.Wake(key) }
 

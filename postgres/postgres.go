@@ -361,3 +361,16 @@ func (d *Driver) Subscribe(ctx context.Context, key string) (driver.Subscription
 	}
 	return d.listener.subscribe(key), nil
 }
+
+// SubscribeObserver implements driver.ObserveNotifier: the subscription
+// is woken by every notified release or break of key, and never takes
+// the wake-up meant for a waiter (see listener).
+func (d *Driver) SubscribeObserver(ctx context.Context, key string) (driver.Subscription, error) {
+	if err := d.CheckOpen(); err != nil {
+		return nil, err
+	}
+	if d.listener == nil {
+		return nil, fmt.Errorf("postgres: %w: %s", driver.ErrUnsupported, d.note)
+	}
+	return d.listener.observe(key), nil
+}

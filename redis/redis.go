@@ -615,6 +615,16 @@ func (d *Driver) Subscribe(ctx context.Context, key string) (driver.Subscription
 	return d.hub.Subscribe(ctx, d.layout.Keys(key).Channel)
 }
 
+// SubscribeObserver implements driver.ObserveNotifier: the observer is
+// woken by every message on the key's channel and never takes the wake-up
+// of this process's waiters (rediskit.Hub.Observe).
+func (d *Driver) SubscribeObserver(ctx context.Context, key string) (driver.Subscription, error) {
+	if err := d.usable(); err != nil {
+		return nil, err
+	}
+	return d.hub.Observe(ctx, d.layout.Keys(key).Channel)
+}
+
 // guaranteesNote is the Note of Guarantees; the portable Client quotes it
 // when it refuses a lease whose MinFence is strict.
 const guaranteesNote = "redis: fences come from a per-key INCR counter and rise strictly only while this node keeps its data, " +
