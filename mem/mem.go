@@ -115,10 +115,11 @@ type Driver struct {
 }
 
 var (
-	_ driver.Driver      = (*Driver)(nil)
-	_ driver.Notifier    = (*Driver)(nil)
-	_ driver.BreakLogger = (*Driver)(nil)
-	_ driver.Valuer      = (*Driver)(nil)
+	_ driver.Driver          = (*Driver)(nil)
+	_ driver.Notifier        = (*Driver)(nil)
+	_ driver.ObserveNotifier = (*Driver)(nil)
+	_ driver.BreakLogger     = (*Driver)(nil)
+	_ driver.Valuer          = (*Driver)(nil)
 )
 
 func (d *Driver) lock() (*Store, error) {

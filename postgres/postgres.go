@@ -164,10 +164,12 @@ type Driver struct {
 }
 
 // Besides what the engine implements for every SQL backend
-// (sqllease.Engine), the driver is a driver.Notifier.
+// (sqllease.Engine), the driver is a driver.Notifier and a
+// driver.ObserveNotifier.
 var _ interface {
 	driver.Driver
 	driver.Notifier
+	driver.ObserveNotifier
 } = (*Driver)(nil)
 
 // ErrSchema means the lease, audit or floor table exists with a shape

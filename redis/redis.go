@@ -154,10 +154,11 @@ type Driver struct {
 }
 
 var (
-	_ driver.Driver       = (*Driver)(nil)
-	_ driver.Notifier     = (*Driver)(nil)
-	_ driver.BatchRenewer = (*Driver)(nil)
-	_ driver.BreakLogger  = (*Driver)(nil)
+	_ driver.Driver          = (*Driver)(nil)
+	_ driver.Notifier        = (*Driver)(nil)
+	_ driver.ObserveNotifier = (*Driver)(nil)
+	_ driver.BatchRenewer    = (*Driver)(nil)
+	_ driver.BreakLogger     = (*Driver)(nil)
 )
 
 // New returns a driver over an existing go-redis client: a *redis.Client,
