@@ -74,6 +74,7 @@ under the prefix, and leaves keys only under it. --quick runs one injection per
 scenario (about a minute); otherwise three.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			g.noteStore()
 			if err := g.checkOutput(); err != nil {
 				return err
 			}

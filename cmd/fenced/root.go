@@ -66,6 +66,10 @@ func codeFor(err error) int {
 type globals struct {
 	store   string
 	verbose bool
+	quiet   bool // no note that the default store is used
+	noted   bool // the note was written
+	// storeChosen reports whether --store was given (set by newRoot).
+	storeChosen func() bool
 	output  string
 	stdout  io.Writer
 	stderr  io.Writer
@@ -118,6 +122,9 @@ the store actually used.`,
 	}
 	root.PersistentFlags().StringVar(&g.store, "store", def, "store URL (env FENCED_STORE; schemes: "+strings.Join(fenced.Schemes(), ", ")+"; default: a per-user SQLite file)")
 	root.PersistentFlags().BoolVarP(&g.verbose, "verbose", "v", false, "say on stderr which store is used and what fenced does")
+	root.PersistentFlags().BoolVarP(&g.quiet, "quiet", "q", false, "do not say on stderr that the default store is used when none was chosen")
+	fromEnv := os.Getenv("FENCED_STORE") != ""
+	g.storeChosen = func() bool { return fromEnv || root.PersistentFlags().Changed("store") }
 	root.AddCommand(newRunCmd(g), newLsCmd(g), newInspectCmd(g), newBreakCmd(g), newGuaranteesCmd(g), newDemoCmd(g))
 	root.AddCommand(newFloorCmd(g), newPruneCmd(g))
 	root.AddCommand(newProofCmd(g))
@@ -133,10 +140,30 @@ func defaultStoreHint() string {
 }
 
 func (g *globals) open(ctx context.Context) (*fenced.Client, error) {
-	if g.verbose {
-		fmt.Fprintf(g.stderr, "fenced: store %s\n", describeStore(g.store))
-	}
+	g.noteStore()
 	return fenced.Open(ctx, g.store, nil)
+}
+
+// noteStore says on stderr which store is used: with -v always, and once
+// when no store was chosen (neither --store nor FENCED_STORE), unless
+// --quiet, since leases on the per-user default file exclude nobody using
+// another store.
+func (g *globals) noteStore() {
+	switch {
+	case g.verbose:
+		fmt.Fprintf(g.stderr, "fenced: store %s\n", describeStore(g.store))
+	case g.quiet || g.noted || g.storeChosen == nil || g.storeChosen():
+		return
+	default:
+		fmt.Fprintf(g.stderr, "fenced: no store chosen, using %s; choose one with --store or FENCED_STORE (--quiet hides this line)\n", describeStore(g.store))
+	}
+	g.noted = true
+}
+
+// writeStoreHeader writes the store line that heads the table output of
+// ls and observe.
+func (g *globals) writeStoreHeader(w io.Writer) {
+	fmt.Fprintf(w, "store: %s\n", describeStore(g.store))
 }
 
 // describeStore returns the store URL, password redacted, with the default
@@ -229,6 +256,7 @@ func newLsCmd(g *globals) *cobra.Command {
 				}
 				return writeJSON(g.stdout, out)
 			}
+			g.writeStoreHeader(g.stdout)
 			tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "KEY\tFENCE\tOWNER\tREMAINING")
 			for _, i := range infos {
@@ -289,6 +317,7 @@ func newInspectCmd(g *globals) *cobra.Command {
 			if info.Held {
 				state = "held"
 			}
+			fmt.Fprintf(tw, "store:\t%s\n", describeStore(g.store))
 			fmt.Fprintf(tw, "key:\t%s\n", info.Key)
 			fmt.Fprintf(tw, "state:\t%s\n", state)
 			fmt.Fprintf(tw, "fence:\t%d\n", info.Fence)

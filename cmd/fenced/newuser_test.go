@@ -1,0 +1,71 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+// cliDefault runs the CLI with neither --store nor FENCED_STORE, its
+// default store in a temporary state directory.
+func cliDefault(t *testing.T, state string, args ...string) result {
+	t.Helper()
+	cmd, out, errb := cliCmd(t, "", args...)
+	cmd.Env = append(cmd.Env, "XDG_STATE_HOME="+state)
+	_ = cmd.Run()
+	return result{cmd.ProcessState.ExitCode(), out.String(), errb.String()}
+}
+
+func TestImplicitDefaultStoreIsNamedOnce(t *testing.T) {
+	state := t.TempDir()
+	r := cliDefault(t, state, "ls")
+	if r.code != 0 {
+		t.Fatalf("ls: exit %d, stderr %s", r.code, r.stderr)
+	}
+	if n := strings.Count(r.stderr, "no store chosen"); n != 1 || !strings.Contains(r.stderr, state) ||
+		!strings.Contains(r.stderr, "--store or FENCED_STORE") || !strings.Contains(r.stderr, "--quiet") {
+		t.Fatalf("ls on the implicit default store: stderr %q, want one note naming %s, --store or FENCED_STORE and --quiet", r.stderr, state)
+	}
+	if !strings.HasPrefix(r.stdout, "store: sqlite://"+state+"/fenced/fenced.db (the default, per user)\n") {
+		t.Fatalf("ls output does not begin with the store: %q", r.stdout)
+	}
+	// elect runs a command under the default store; the note is still once.
+	if r := cliDefault(t, state, "elect", "svc", "--", "true"); strings.Count(r.stderr, "no store chosen") != 1 {
+		t.Fatalf("elect: exit %d, stderr %q, want the note once", r.code, r.stderr)
+	}
+	if r := cliDefault(t, state, "--quiet", "ls"); r.code != 0 || r.stderr != "" {
+		t.Fatalf("ls --quiet: exit %d, stderr %q, want nothing", r.code, r.stderr)
+	}
+	if r := cliDefault(t, state, "-q", "inspect", "svc"); r.code != 0 || r.stderr != "" || !strings.Contains(r.stdout, "store:") {
+		t.Fatalf("inspect -q: exit %d, stderr %q, stdout %q", r.code, r.stderr, r.stdout)
+	}
+	// Chosen stores, by flag or environment, are not remarked on.
+	store := tempStore(t)
+	if r := cliDefault(t, state, "--store", store, "ls"); r.code != 0 || r.stderr != "" || !strings.HasPrefix(r.stdout, "store: "+store+"\n") {
+		t.Fatalf("ls --store: exit %d, stderr %q, stdout %q", r.code, r.stderr, r.stdout)
+	}
+	if r := cli(t, store, "inspect", "nothing:here"); strings.Contains(r.stderr, "no store chosen") {
+		t.Fatalf("FENCED_STORE set, yet: %q", r.stderr)
+	}
+}
+
+func TestInspectAndObserveNameTheStore(t *testing.T) {
+	store := tempStore(t)
+	if r := cli(t, store, "run", "k", "--", "true"); r.code != 0 {
+		t.Fatalf("run: exit %d, %s", r.code, r.stderr)
+	}
+	r := cli(t, store, "inspect", "k")
+	if r.code != 0 || !strings.Contains(r.stdout, "store:") || !strings.Contains(r.stdout, store) {
+		t.Fatalf("inspect: exit %d, stdout %q, want a store line naming %s", r.code, r.stdout, store)
+	}
+	obs, out, _ := startRun(t, store, "observe", "k")
+	eventually(t, 10*time.Second, "observe printed no store header", func() bool {
+		return strings.HasPrefix(out.String(), "store: "+store+"\n")
+	})
+	_ = obs.Process.Kill()
+	// A password in the store URL is not printed, not even in the error.
+	r = cli(t, "postgres://app:s3cret@127.0.0.1:1/db?connect_timeout=1", "ls")
+	if strings.Contains(r.stdout+r.stderr, "s3cret") {
+		t.Fatalf("the password was printed: %q %q", r.stdout, r.stderr)
+	}
+}
