@@ -70,10 +70,10 @@ type globals struct {
 	noted   bool // the note was written
 	// storeChosen reports whether --store was given (set by newRoot).
 	storeChosen func() bool
-	output  string
-	stdout  io.Writer
-	stderr  io.Writer
-	extra   []*cobra.Command // hidden commands registered by others
+	output      string
+	stdout      io.Writer
+	stderr      io.Writer
+	extra       []*cobra.Command // hidden commands registered by others
 }
 
 func execute(args []string, stdout, stderr io.Writer) int {
