@@ -112,7 +112,8 @@ The store is chosen with --store or FENCED_STORE. The default is the embedded SQ
 file ` + defaultStoreHint() + `, which is per user:
 another user, or the same user with another HOME or XDG_STATE_HOME (cron, sudo,
 systemd), gets another file, and their leases never exclude each other. -v prints
-the store actually used.`,
+the store actually used; without --store or FENCED_STORE every command says once
+that it uses the default (--quiet hides that line).`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
