@@ -104,7 +104,7 @@ func electAndRun(ctx context.Context, g *globals, f *electFlags, name string, ar
 	el, err := fenced.NewElection(c, name, opts)
 	if err != nil {
 		if errors.Is(err, fenced.ErrNoFence) {
-			return withCode(exitUsage, fmt.Errorf("%w\n(%s)", err, minFenceHint(c.Guarantees())))
+			return withCode(exitUsage, fmt.Errorf("%w\n(%s)", err, minFenceHint("elect", c.Guarantees())))
 		}
 		return err
 	}

@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 
 // cliDefault runs the CLI with neither --store nor FENCED_STORE, its
@@ -67,5 +69,28 @@ func TestInspectAndObserveNameTheStore(t *testing.T) {
 	r = cli(t, "postgres://app:s3cret@127.0.0.1:1/db?connect_timeout=1", "ls")
 	if strings.Contains(r.stdout+r.stderr, "s3cret") {
 		t.Fatalf("the password was printed: %q %q", r.stdout, r.stderr)
+	}
+}
+
+// TestProofOnRedisNamesTheFlagAndWarnsOfNoPersistence runs fenced proof
+// on a Redis without persistence with the default (strict) fence: it is
+// refused at once, naming the CLI flag (not the Go option), and it warns
+// that fences can repeat after the server restarts. A Redis with
+// appendonly yes and appendfsync always gets no warning.
+func TestProofOnRedisNamesTheFlagAndWarnsOfNoPersistence(t *testing.T) {
+	bare := testenv.StartRedis(t, testenv.RedisConfig{NoPersistence: true}).URL()
+	r := cli(t, bare, "proof", "--quick")
+	if r.code != exitUsage {
+		t.Fatalf("proof on Redis with a strict fence: exit %d, want %d; stderr %s", r.code, exitUsage, r.stderr)
+	}
+	if !strings.Contains(r.stderr, "--min-fence repeatable") || strings.Contains(r.stderr, "FenceRepeatable") {
+		t.Fatalf("proof's refusal does not name --min-fence repeatable (or names the Go option): %s", r.stderr)
+	}
+	if !strings.Contains(r.stderr, "warning: this Redis keeps no data across a restart") || !strings.Contains(r.stderr, "fences can repeat") {
+		t.Fatalf("no warning that fences can repeat after a restart: %s", r.stderr)
+	}
+	durable := testenv.StartRedis(t, testenv.RedisConfig{}).URL()
+	if r := cli(t, durable, "proof", "--quick"); r.code != exitUsage || strings.Contains(r.stderr, "warning") {
+		t.Fatalf("proof on a durable Redis: exit %d, stderr %s; want the refusal without a warning", r.code, r.stderr)
 	}
 }

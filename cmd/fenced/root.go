@@ -183,6 +183,29 @@ func describeStore(store string) string {
 	return fenced.Redact(u.String()) + " (the default, per user)"
 }
 
+// flagFence is the --min-fence value that names s.
+func flagFence(s fenced.FenceStrength) string {
+	switch s {
+	case fenced.FenceStrict:
+		return "strict"
+	case fenced.FenceRepeatable:
+		return "repeatable"
+	}
+	return "none"
+}
+
+// noFenceError is a command's refusal of a store whose fence is weaker
+// than --min-fence min, in the CLI's words: it names the flag's values,
+// not the library's option names.
+func noFenceError(command string, min fenced.FenceStrength, g fenced.Guarantees) error {
+	what := "issues no fencing token"
+	if g.Fence >= fenced.FenceRepeatable {
+		what = "has a fence that can repeat (" + g.Fence.String() + ")"
+	}
+	return withCode(exitUsage, fmt.Errorf("%s: %w: this store %s, weaker than --min-fence %s (the default is strict)\n(%s)\n(the store says: %s)",
+		command, fenced.ErrNoFence, what, flagFence(min), minFenceHint(command, g), g.Note))
+}
+
 // withClient opens the store, runs fn and closes the store.
 func (g *globals) withClient(ctx context.Context, fn func(*fenced.Client) error) error {
 	c, err := g.open(ctx)
