@@ -94,3 +94,13 @@ func TestProofOnRedisNamesTheFlagAndWarnsOfNoPersistence(t *testing.T) {
 		t.Fatalf("proof on a durable Redis: exit %d, stderr %s; want the refusal without a warning", r.code, r.stderr)
 	}
 }
+
+func TestPlanRoundsDurations(t *testing.T) {
+	r := cli(t, tempStore(t), "plan", "--ttl", "10s", "--max-pause", "7s")
+	if r.code != 0 {
+		t.Fatalf("plan: exit %d, %s", r.code, r.stderr)
+	}
+	if !strings.Contains(r.stdout, "renewed every 3.333s") || strings.Contains(r.stdout, "3333333") || strings.Contains(r.stdout, "6666666") {
+		t.Fatalf("plan prints unrounded durations:\n%s", r.stdout)
+	}
+}
