@@ -111,7 +111,7 @@ func electAndRun(ctx context.Context, g *globals, f *electFlags, name string, ar
 	if f.value != "" && !el.CanProclaim() {
 		return withCode(exitUsage, fmt.Errorf("elect: --value: this store keeps no value with a leader (only etcd does); leave --value out"))
 	}
-	acqCtx, stopWait := interruptible(ctx, sigs, "the leadership of "+name)
+	acqCtx, stopWait := interruptible(ctx, sigs, "the leadership") // the error names the key
 	ld, err := el.Campaign(acqCtx, f.value)
 	stopWait()
 	if err != nil {

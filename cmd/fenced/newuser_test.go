@@ -2,6 +2,7 @@ package main
 
 import (
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -102,5 +103,27 @@ func TestPlanRoundsDurations(t *testing.T) {
 	}
 	if !strings.Contains(r.stdout, "renewed every 3.333s") || strings.Contains(r.stdout, "3333333") || strings.Contains(r.stdout, "6666666") {
 		t.Fatalf("plan prints unrounded durations:\n%s", r.stdout)
+	}
+}
+
+// TestErrorsNameTheKeyOnce checks that a refused or interrupted acquire
+// names its key once (it said acquire "k": k: lease held…).
+func TestErrorsNameTheKeyOnce(t *testing.T) {
+	store := tempStore(t)
+	holder, hout, _ := startRun(t, store, "run", "job:dup", "--", "sh", "-c", "echo in; exec sleep 60")
+	defer holder.Process.Kill()
+	eventually(t, 10*time.Second, "the holder did not start", func() bool { return strings.Contains(hout.String(), "in") })
+	r := cli(t, store, "run", "job:dup", "--", "true")
+	if r.code != exitHeld || strings.Count(r.stderr, "job:dup") != 1 || !strings.Contains(r.stderr, "lease held by another owner") {
+		t.Fatalf("refused run: exit %d, stderr %q; want exit %d naming job:dup once", r.code, r.stderr, exitHeld)
+	}
+	for _, args := range [][]string{{"run", "--wait", "1m", "job:dup", "--", "true"}, {"elect", "job:dup", "--", "true"}} {
+		w, _, werr := startRun(t, store, args...)
+		time.Sleep(500 * time.Millisecond) // waiting now
+		_ = w.Process.Signal(syscall.SIGTERM)
+		_ = w.Wait()
+		if s := werr.String(); strings.Count(s, "job:dup") != 1 || !strings.Contains(s, "interrupted") {
+			t.Fatalf("%s interrupted while waiting: stderr %q, want job:dup named once", args[0], s)
+		}
 	}
 }

@@ -275,7 +275,10 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, keys, argv []st
 	}
 	defer c.Close()
 
-	what := strings.Join(keys, ", ")
+	what := "the lease" // the error names the keys already
+	if len(keys) > 1 {
+		what = "the leases"
+	}
 	acqCtx, stopWait := interruptible(ctx, sigs, what)
 	stopStatus := showWaitStatus(acqCtx, g.stderr, c, keys, f.wait) // a live line on a terminal
 	h, err := acquireHold(acqCtx, c, f, keys, opts, g.store)
