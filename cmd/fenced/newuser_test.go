@@ -127,3 +127,10 @@ func TestErrorsNameTheKeyOnce(t *testing.T) {
 		}
 	}
 }
+
+func TestDemoRefusesStore(t *testing.T) {
+	r := cli(t, "", "demo", "--store", "postgres://app:s3cret@127.0.0.1:1/db")
+	if r.code != exitUsage || !strings.Contains(r.stderr, "--store") || !strings.Contains(r.stderr, "fenced proof") || strings.Contains(r.stderr, "s3cret") {
+		t.Fatalf("demo --store: exit %d, stderr %q; want exit %d naming --store and fenced proof, password redacted", r.code, r.stderr, exitUsage)
+	}
+}

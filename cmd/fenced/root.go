@@ -68,8 +68,9 @@ type globals struct {
 	verbose bool
 	quiet   bool // no note that the default store is used
 	noted   bool // the note was written
-	// storeChosen reports whether --store was given (set by newRoot).
-	storeChosen func() bool
+	// storeChosen reports whether --store or FENCED_STORE chose the
+	// store, storeFlag whether --store did (both set by newRoot).
+	storeChosen, storeFlag func() bool
 	output      string
 	stdout      io.Writer
 	stderr      io.Writer
@@ -125,7 +126,8 @@ that it uses the default (--quiet hides that line).`,
 	root.PersistentFlags().BoolVarP(&g.verbose, "verbose", "v", false, "say on stderr which store is used and what fenced does")
 	root.PersistentFlags().BoolVarP(&g.quiet, "quiet", "q", false, "do not say on stderr that the default store is used when none was chosen")
 	fromEnv := os.Getenv("FENCED_STORE") != ""
-	g.storeChosen = func() bool { return fromEnv || root.PersistentFlags().Changed("store") }
+	g.storeFlag = func() bool { return root.PersistentFlags().Changed("store") }
+	g.storeChosen = func() bool { return fromEnv || g.storeFlag() }
 	root.AddCommand(newRunCmd(g), newLsCmd(g), newInspectCmd(g), newBreakCmd(g), newGuaranteesCmd(g), newDemoCmd(g))
 	root.AddCommand(newFloorCmd(g), newPruneCmd(g))
 	root.AddCommand(newProofCmd(g))
