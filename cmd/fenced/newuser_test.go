@@ -1,10 +1,15 @@
 package main
 
 import (
+	"context"
+	"net/url"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/chromedp/chromedp"
 
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
@@ -132,5 +137,66 @@ func TestDemoRefusesStore(t *testing.T) {
 	r := cli(t, "", "demo", "--store", "postgres://app:s3cret@127.0.0.1:1/db")
 	if r.code != exitUsage || !strings.Contains(r.stderr, "--store") || !strings.Contains(r.stderr, "fenced proof") || strings.Contains(r.stderr, "s3cret") {
 		t.Fatalf("demo --store: exit %d, stderr %q; want exit %d naming --store and fenced proof, password redacted", r.code, r.stderr, exitUsage)
+	}
+}
+
+// TestDashboardAtANarrowWindow renders the dashboard in headless Chromium
+// 700px wide: the Break button is inside the viewport and inside its own
+// cell (a fixed-width column clipped it), the page does not scroll
+// sideways, every time on both pages has one format, and the key page
+// links back to the list.
+func TestDashboardAtANarrowWindow(t *testing.T) {
+	store := tempStore(t)
+	base := startServe(t, store)
+	const key = "invoice:inv_72-with-a-rather-long-key-name"
+	startRun(t, store, "run", "--ttl", "30s", key, "--", "sleep", "60")
+	waitHeld(t, client(t, store), key)
+	if r := cli(t, store, "break", key, "--reason", "narrow window test"); r.code != 0 {
+		t.Fatalf("break: exit %d, %s", r.code, r.stderr)
+	}
+	startRun(t, store, "run", "--ttl", "30s", key, "--", "sleep", "60")
+	eventually(t, 10*time.Second, "the key was not taken again", func() bool {
+		i, err := client(t, store).Inspect(context.Background(), key)
+		return err == nil && i.Held
+	})
+	ctx := browser(t)
+	row := `tr.lease[data-key="` + key + `"]`
+	in(t, ctx, "dashboard at 700px", chromedp.Steps(
+		chromedp.EmulateViewport(700, 900),
+		chromedp.Navigate(base+"/"),
+		chromedp.WaitVisible(chromedp.CSS(row))))
+	time.Sleep(1500 * time.Millisecond) // the table refreshed once from the API
+	layout := in(t, ctx, "layout", chromedp.Evaluate[map[string]float64](`(() => {
+		const b = document.querySelector('`+row+` button.break').getBoundingClientRect();
+		const td = document.querySelector('`+row+` td.actions').getBoundingClientRect();
+		return {right: b.right, left: b.left, tdRight: td.right, tdLeft: td.left, width: window.innerWidth,
+			scroll: document.documentElement.scrollWidth};
+	})()`))
+	if layout["right"] > layout["width"] || layout["right"] > layout["tdRight"]+0.5 || layout["left"] < layout["tdLeft"]-0.5 || layout["scroll"] > layout["width"] {
+		t.Fatalf("at 700px the Break button is clipped or the page scrolls sideways: %v", layout)
+	}
+	shoot(t, "dashboard-narrow.png", in(t, ctx, "screenshot", chromedp.FullScreenshot(100)))
+	stamp := regexp.MustCompile(`^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC$`)
+	since := in(t, ctx, "held since", chromedp.Text(chromedp.CSS(row+" td.since")))
+	if !stamp.MatchString(since) {
+		t.Fatalf("held since %q, want the one date format (2006-01-02 15:04:05 UTC)", since)
+	}
+	in(t, ctx, "key page", chromedp.Steps(
+		chromedp.Navigate(base+"/keys/"+url.PathEscape(key)),
+		chromedp.WaitVisible(chromedp.CSS("#since"))))
+	back := in(t, ctx, "back link", chromedp.Evaluate[string](`(() => { const a = document.querySelector('a.back'); return a ? a.getAttribute('href') + ' ' + a.textContent : ''; })()`))
+	if !strings.HasPrefix(back, "/ ") {
+		t.Fatalf("the key page has no link back to the list (a.back): %q", back)
+	}
+	time.Sleep(1500 * time.Millisecond)
+	times := in(t, ctx, "times", chromedp.Evaluate[[]string](`[document.querySelector('#since').textContent,
+		...[...document.querySelectorAll('#history-rows td:nth-child(3), #history-rows td:nth-child(4), #break-rows td:nth-child(1)')].map((td) => td.textContent)]`))
+	if len(times) < 3 {
+		t.Fatalf("key page shows too few times: %q", times)
+	}
+	for _, s := range times {
+		if !stamp.MatchString(s) {
+			t.Fatalf("key page times %q: want each in one format (2006-01-02 15:04:05 UTC)", times)
+		}
 	}
 }
