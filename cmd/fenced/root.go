@@ -71,10 +71,10 @@ type globals struct {
 	// storeChosen reports whether --store or FENCED_STORE chose the
 	// store, storeFlag whether --store did (both set by newRoot).
 	storeChosen, storeFlag func() bool
-	output      string
-	stdout      io.Writer
-	stderr      io.Writer
-	extra       []*cobra.Command // hidden commands registered by others
+	output                 string
+	stdout                 io.Writer
+	stderr                 io.Writer
+	extra                  []*cobra.Command // hidden commands registered by others
 }
 
 func execute(args []string, stdout, stderr io.Writer) int {
