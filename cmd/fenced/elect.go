@@ -104,7 +104,7 @@ func electAndRun(ctx context.Context, g *globals, f *electFlags, name string, ar
 	el, err := fenced.NewElection(c, name, opts)
 	if err != nil {
 		if errors.Is(err, fenced.ErrNoFence) {
-			return withCode(exitUsage, fmt.Errorf("%w\n(%s)", err, minFenceHint("elect", c.Guarantees())))
+			return noFenceError("elect", opts.MinFence, c.Guarantees())
 		}
 		return err
 	}

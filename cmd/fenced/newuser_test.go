@@ -89,11 +89,17 @@ func TestProofOnRedisNamesTheFlagAndWarnsOfNoPersistence(t *testing.T) {
 	if r.code != exitUsage {
 		t.Fatalf("proof on Redis with a strict fence: exit %d, want %d; stderr %s", r.code, exitUsage, r.stderr)
 	}
-	if !strings.Contains(r.stderr, "--min-fence repeatable") || strings.Contains(r.stderr, "FenceRepeatable") {
-		t.Fatalf("proof's refusal does not name --min-fence repeatable (or names the Go option): %s", r.stderr)
+	if !strings.Contains(r.stderr, "--min-fence=repeatable") || strings.Contains(r.stderr, "FenceRepeatable") {
+		t.Fatalf("proof's refusal does not name --min-fence=repeatable (or names the Go option): %s", r.stderr)
 	}
 	if !strings.Contains(r.stderr, "warning: this Redis keeps no data across a restart") || !strings.Contains(r.stderr, "fences can repeat") {
 		t.Fatalf("no warning that fences can repeat after a restart: %s", r.stderr)
+	}
+	for _, args := range [][]string{{"run", "k", "--", "true"}, {"elect", "k", "--", "true"}} {
+		r := cli(t, bare, args...)
+		if r.code != exitUsage || !strings.Contains(r.stderr, "--min-fence=repeatable") || strings.Contains(r.stderr, "FenceRepeatable") {
+			t.Fatalf("%s on Redis with a strict fence: exit %d, stderr %s; want %d naming --min-fence=repeatable, not the Go option", args[0], r.code, r.stderr, exitUsage)
+		}
 	}
 	durable := testenv.StartRedis(t, testenv.RedisConfig{}).URL()
 	if r := cli(t, durable, "proof", "--quick"); r.code != exitUsage || strings.Contains(r.stderr, "warning") {

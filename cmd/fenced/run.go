@@ -190,9 +190,9 @@ func (f *runFlags) leaseOptions() (*fenced.LeaseOptions, error) {
 // --min-fence accepts the store's fence.
 func minFenceHint(command string, g fenced.Guarantees) string {
 	if g.Fence >= fenced.FenceRepeatable {
-		return "with fenced " + command + ": --min-fence repeatable accepts a fence that can repeat after a failover; --min-fence none marks work that needs no fence"
+		return "with fenced " + command + ": --min-fence=repeatable accepts a fence that can repeat after a failover; --min-fence=none marks work that needs no fence"
 	}
-	return "with fenced " + command + ": --min-fence none accepts a store without a fence, for work that needs none or whose resource is protected otherwise"
+	return "with fenced " + command + ": --min-fence=none accepts a store without a fence, for work that needs none or whose resource is protected otherwise"
 }
 
 // runUsage is the one-line usage of run, for errors.
@@ -289,7 +289,7 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, keys, argv []st
 			return withCode(exitHeld, fmt.Errorf("%w; nothing ran", err))
 		}
 		if errors.Is(err, fenced.ErrNoFence) {
-			return withCode(exitUsage, fmt.Errorf("%w\n(%s)", err, minFenceHint("run", c.Guarantees())))
+			return noFenceError("run", opts.MinFence, c.Guarantees())
 		}
 		return err
 	}
