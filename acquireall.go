@@ -17,13 +17,6 @@ import (
 // when it runs out, or anything else fails, the leases already taken are
 // released (in reverse order) and the error says which key failed.
 //
-// Once the last key is granted, every earlier lease is renewed once, so
-// that a lease broken or expired while AcquireAll waited for a later key
-// fails the whole call (the leases are released and the error names the
-// key) instead of being handed out: the set starts with every lease
-// confirmed after the last grant was. That costs about one round trip
-// for two keys or more.
-//
 // The returned set's context is cancelled, with that lease's cause, when
 // any one of its leases ends, so work under it stops the moment a single
 // key is lost. Each lease keeps its own fence: send each resource the fence
@@ -67,45 +60,8 @@ func (c *Client) AcquireAll(ctx context.Context, keys []string, opts *LeaseOptio
 		}
 		set.leases = append(set.leases, l)
 	}
-	if err := set.confirm(ctx); err != nil {
-		set.releaseAll(ctx)
-		return nil, fmt.Errorf("fenced: acquire all %q: took all %d keys, but %w; released them", ordered, len(ordered), err)
-	}
 	set.start(ctx)
 	return set, nil
-}
-
-// confirm checks, once the last lease is granted, that the earlier ones
-// are still held: while AcquireAll waited for a later key, an earlier
-// lease may have been broken or have expired at the authority, and that
-// lease would learn of it only at its next renewal. Each earlier lease is
-// renewed once (concurrently, so about one round trip in all), and any
-// lease that has ended, or whose renewal is refused, fails the set. A
-// renewal that fails for another reason (the store did not answer) leaves
-// the lease as its local validity says: held, and not Healthy.
-func (s *LeaseSet) confirm(ctx context.Context) error {
-	errs := make([]error, len(s.leases))
-	var wg sync.WaitGroup
-	for i, l := range s.leases[:len(s.leases)-1] {
-		if l.failedOpen {
-			continue
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[i] = l.Renew(ctx)
-		}()
-	}
-	wg.Wait()
-	for i, l := range s.leases {
-		if err := l.Err(); err != nil {
-			return fmt.Errorf("the lease on %q ended meanwhile: %w", l.Key(), err)
-		}
-		if errors.Is(errs[i], ErrNotHeld) {
-			return fmt.Errorf("the lease on %q was lost meanwhile: %w", l.Key(), errs[i])
-		}
-	}
-	return nil
 }
 
 // canonicalKeys validates keys and returns them sorted.
@@ -144,50 +100,12 @@ type LeaseSet struct {
 // lease to end.
 func (s *LeaseSet) start(parent context.Context) {
 	s.done = make(chan struct{})
-	var ctx context.Context
-	ctx, s.cancel = context.WithCancelCause(context.WithoutCancel(parent))
-	s.ctx = setContext{Context: ctx, s: s}
+	s.ctx, s.cancel = context.WithCancelCause(context.WithoutCancel(parent))
 	for _, l := range s.leases {
-		s.stops = append(s.stops, context.AfterFunc(l.Context(), func() { s.lost(l) }))
+		s.stops = append(s.stops, context.AfterFunc(l.Context(), func() {
+			s.cancel(fmt.Errorf("lease on %q: %w", l.Key(), context.Cause(l.Context())))
+		}))
 	}
-}
-
-// lost cancels the set's context with the cause of l, which has ended
-// (unless the set's context was cancelled already).
-func (s *LeaseSet) lost(l *Lease) {
-	s.cancel(fmt.Errorf("lease on %q: %w", l.Key(), context.Cause(l.Context())))
-}
-
-// check cancels the set's context if a lease has ended and the AfterFunc
-// that does so has not run yet, so that the set never reports itself live
-// while one of its leases is not.
-func (s *LeaseSet) check() {
-	for _, l := range s.leases {
-		if l.ctx.Err() != nil {
-			s.lost(l)
-			return
-		}
-	}
-}
-
-// setContext is a LeaseSet's context: its Err and Done look at the
-// set's leases first (see LeaseSet.check), so a lease's end shows in them
-// at once, not only once the AfterFunc that cancels the set has run.
-type setContext struct {
-	context.Context
-	s *LeaseSet
-}
-
-// Done implements context.Context.
-func (c setContext) Done() <-chan struct{} {
-	c.s.check()
-	return c.Context.Done()
-}
-
-// Err implements context.Context.
-func (c setContext) Err() error {
-	c.s.check()
-	return c.Context.Err()
 }
 
 // Leases returns the leases in canonical (sorted) key order.
@@ -213,17 +131,14 @@ func (s *LeaseSet) Fences() map[string]uint64 {
 
 // Context returns a context cancelled when any lease of the set ends, with
 // a cause naming the key and matching that lease's cause (IsLost for a
-// loss, ErrReleased after Release). Its Err and Done reflect a lease's
-// end as soon as that lease's own context does.
+// loss, ErrReleased after Release).
 func (s *LeaseSet) Context() context.Context { return s.ctx }
 
-// Done is closed when any lease of the set has ended: a Done called after
-// a lease's context is done returns a closed channel.
+// Done is closed when any lease of the set has ended.
 func (s *LeaseSet) Done() <-chan struct{} { return s.ctx.Done() }
 
 // Err returns nil while every lease is held, and afterwards the cause of
-// the first to end. The set is healthy only while all its leases are: Err
-// is not nil once any lease's Err is not.
+// the first to end.
 func (s *LeaseSet) Err() error {
 	if s.ctx.Err() == nil {
 		return nil
