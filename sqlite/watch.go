@@ -122,7 +122,6 @@ func (w *watcher) loop(ctx context.Context, done chan struct{}) {
 	}
 	var last int64 = -1
 	var settle time.Time // until when a write may still be committing
-	step := settleEvery  // the next re-read's delay while settling
 	for {
 		var v int64
 		if err := conn.QueryRowContext(ctx, `PRAGMA data_version`).Scan(&v); err != nil {
@@ -133,28 +132,22 @@ func (w *watcher) loop(ctx context.Context, done chan struct{}) {
 			// Also on the first look: a release may have come after
 			// the waiter's own look and before the watch was armed.
 			w.wakeFree(ctx, conn)
-			last = v
-			// Keep settling: the change seen may be an earlier commit
-			// published late, and the write that was reported still on
-			// its way (a grant seen only at its release's event hid
-			// that release until the waiters' fallback timers).
+			last, settle = v, time.Time{}
 		}
 		var again <-chan time.Time
 		var t *time.Timer
 		if time.Now().Before(settle) {
 			// A WAL commit writes its frames (which the kernel reports)
 			// before it publishes them in the shared-memory index (which
-			// it does not): look again shortly, less often as the
-			// window passes (the publish waits for the WAL's fsync).
-			t = time.NewTimer(step)
+			// it does not): look again shortly.
+			t = time.NewTimer(settleEvery)
 			again = t.C
-			step = min(2*step, maxSettleEvery)
 		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-changed:
-			settle, step = time.Now().Add(settleFor), settleEvery
+			settle = time.Now().Add(settleFor)
 		case <-again:
 		}
 		if t != nil {
@@ -164,14 +157,10 @@ func (w *watcher) loop(ctx context.Context, done chan struct{}) {
 }
 
 // settleFor is how long after a reported write the watcher keeps reading
-// data_version: first settleEvery after the event, then at doubling
-// intervals up to maxSettleEvery (about 60 reads in all). It outlasts a
-// slow fsync of the WAL on a loaded disk, which delays the publish of a
-// commit whose frames the kernel already reported.
+// data_version (every settleEvery) until the commit shows.
 const (
-	settleFor      = 500 * time.Millisecond
-	settleEvery    = 500 * time.Microsecond
-	maxSettleEvery = 10 * time.Millisecond
+	settleFor   = 50 * time.Millisecond
+	settleEvery = 500 * time.Microsecond
 )
 
 // wakeFree wakes the subscribers of every watched key that is free now.
