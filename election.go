@@ -175,7 +175,8 @@ func (l Leader) String() string {
 // ObserveEvery is how often Observe reads the election when the backend
 // cannot tell it of a change. Observe also reads it when the leader's
 // lease is due to expire, and at once when a backend that notifies
-// (driver.Notifier) reports a release.
+// observers (driver.ObserveNotifier) reports a release. An observer never
+// takes the wake-up a release gives the candidates.
 const ObserveEvery = 250 * time.Millisecond
 
 // Observe reports the election's changes on the returned channel, which is
@@ -210,9 +211,11 @@ func (e *Election) observe(ctx context.Context, ch chan<- Leader) {
 			return false
 		}
 	}
+	// Only an observer's subscription: a waiter's could take the one
+	// wake-up a release gives the candidates (driver.ObserveNotifier).
 	var sub driver.Subscription
-	if n, ok := e.c.drv.(driver.Notifier); ok {
-		if s, err := n.Subscribe(ctx, e.name); err == nil {
+	if n, ok := e.c.drv.(driver.ObserveNotifier); ok {
+		if s, err := n.SubscribeObserver(ctx, e.name); err == nil {
 			sub = s
 			defer s.Close()
 		}

@@ -84,7 +84,7 @@ func (p *Permit) Slot() int { return p.slot }
 // TryAcquire takes a free permit, or fails at once with an error matching
 // ErrHeld when all N are held.
 func (s *Semaphore) TryAcquire(ctx context.Context) (*Permit, error) {
-	p, _, err := s.round(ctx)
+	p, _, err := s.round(withSemaphore(ctx, s.name))
 	if err != nil {
 		return nil, fmt.Errorf("fenced: semaphore %q: %w", s.name, err)
 	}
@@ -95,7 +95,7 @@ func (s *Semaphore) TryAcquire(ctx context.Context) (*Permit, error) {
 // Client.Acquire does. When the wait runs out the error matches ErrHeld;
 // when ctx ends it matches ctx's cause.
 func (s *Semaphore) Acquire(ctx context.Context) (*Permit, error) {
-	p, err := s.acquire(ctx)
+	p, err := s.acquire(withSemaphore(ctx, s.name))
 	if err != nil {
 		return nil, fmt.Errorf("fenced: semaphore %q: %w", s.name, err)
 	}

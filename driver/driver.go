@@ -97,11 +97,13 @@ type HeldError struct {
 }
 
 // Error implements error.
+// The key is not repeated: whoever returns the error wraps it once with
+// the operation and the key (fenced: acquire "k": lease held…).
 func (e *HeldError) Error() string {
 	if e.Remaining > 0 {
-		return fmt.Sprintf("%s: %v (about %v left)", e.Key, ErrHeld, e.Remaining.Round(time.Millisecond))
+		return fmt.Sprintf("%v (about %v left)", ErrHeld, e.Remaining.Round(time.Millisecond))
 	}
-	return fmt.Sprintf("%s: %v", e.Key, ErrHeld)
+	return ErrHeld.Error()
 }
 
 // Is makes errors.Is(err, ErrHeld) true.

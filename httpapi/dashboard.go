@@ -19,6 +19,10 @@ import (
 //go:embed assets
 var assets embed.FS
 
+// stampLayout is the one format of every time the dashboard shows, in
+// UTC (app.js's stamp writes the same).
+const stampLayout = "2006-01-02 15:04:05 UTC"
+
 var pages = template.Must(template.New("").Funcs(template.FuncMap{
 	"ms": func(ms int64) string {
 		if ms <= 0 {
@@ -36,9 +40,9 @@ var pages = template.Must(template.New("").Funcs(template.FuncMap{
 		if t == nil {
 			return "–"
 		}
-		return t.Format("15:04:05")
+		return t.UTC().Format(stampLayout)
 	},
-	"stamp":  func(t time.Time) string { return t.Format("2006-01-02 15:04:05") },
+	"stamp":  func(t time.Time) string { return t.UTC().Format(stampLayout) },
 	"keyURL": func(key string) string { return "/keys/" + url.PathEscape(key) },
 }).ParseFS(assets, "assets/*.html"))
 

@@ -115,10 +115,11 @@ type Driver struct {
 }
 
 var (
-	_ driver.Driver      = (*Driver)(nil)
-	_ driver.Notifier    = (*Driver)(nil)
-	_ driver.BreakLogger = (*Driver)(nil)
-	_ driver.Valuer      = (*Driver)(nil)
+	_ driver.Driver          = (*Driver)(nil)
+	_ driver.Notifier        = (*Driver)(nil)
+	_ driver.ObserveNotifier = (*Driver)(nil)
+	_ driver.BreakLogger     = (*Driver)(nil)
+	_ driver.Valuer          = (*Driver)(nil)
 )
 
 func (d *Driver) lock() (*Store, error) {
@@ -315,6 +316,17 @@ func (d *Driver) Subscribe(ctx context.Context, key string) (driver.Subscription
 	}
 	defer s.mu.Unlock()
 	return s.wake.Subscribe(key), nil
+}
+
+// SubscribeObserver implements driver.ObserveNotifier: an observer is
+// woken by every release or break of key, and never counts as a waiter.
+func (d *Driver) SubscribeObserver(ctx context.Context, key string) (driver.Subscription, error) {
+	s, err := d.lock()
+	if err != nil {
+		return nil, err
+	}
+	defer s.mu.Unlock()
+	return s.wake.Observe(key), nil
 }
 
 // notify wakes the waiters of key.

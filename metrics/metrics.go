@@ -35,7 +35,11 @@
 // bounded projection of the key, never the key itself (keys such as
 // invoice:inv_72 are unbounded) and never the owner: by default the key up
 // to its first ':' (invoice:inv_72 → "invoice"; a key without ':' is its
-// own group), or a caller's KeyGroup function. Groups beyond MaxKeyGroups
+// own group), or a caller's KeyGroup function. The permits of a semaphore
+// (fenced.Semaphore, keys encoders#0, encoders#1, …) are grouped by the
+// semaphore's name, so its N slots are one group: the semaphore marks its
+// acquisitions (fenced.SemaphoreOf), and a key of the same form taken
+// outside a semaphore is grouped as any other key. Groups beyond MaxKeyGroups
 // (default 100) distinct values are folded into OtherGroup, so a key
 // scheme without colons (job-8f3a…) cannot explode the series count.
 // result and reason take the fixed values listed below. Per store and key
@@ -273,14 +277,39 @@ func (g *Groups) Of(key string) string {
 type Tracker struct {
 	*Groups
 
-	mu   sync.Mutex
-	seen map[Labels]struct{}
-	held map[*fenced.Lease]Labels
+	mu      sync.Mutex
+	seen    map[Labels]struct{}
+	held    map[*fenced.Lease]Labels
+	permits map[string]string // semaphore permit key → semaphore name
+}
+
+// maxPermitKeys bounds the permit keys a Tracker remembers; permits seen
+// beyond it are grouped by their key as any other.
+const maxPermitKeys = 4096
+
+// permit records that key is a permit of the semaphore name.
+func (t *Tracker) permit(key, name string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, ok := t.permits[key]; ok || len(t.permits) < maxPermitKeys {
+		t.permits[key] = name
+	}
+}
+
+// groupKey returns what key is grouped by: the name of the semaphore key
+// is a permit of, or key itself.
+func (t *Tracker) groupKey(key string) string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if name, ok := t.permits[key]; ok {
+		return name
+	}
+	return key
 }
 
 // NewTracker returns a Tracker with opts (nil for the defaults).
 func NewTracker(opts *Options) *Tracker {
-	return &Tracker{Groups: NewGroups(opts), seen: map[Labels]struct{}{}, held: map[*fenced.Lease]Labels{}}
+	return &Tracker{Groups: NewGroups(opts), seen: map[Labels]struct{}{}, held: map[*fenced.Lease]Labels{}, permits: map[string]string{}}
 }
 
 // labels returns the labels of key in store, and whether they are new.
@@ -356,7 +385,7 @@ func (t *Tracker) Gauges() []Gauge {
 // guard needs no hooks of its own.
 func Hooks(store string, t *Tracker, r Recorder) fenced.Hooks {
 	labels := func(key string) Labels {
-		l, isNew := t.labels(store, key)
+		l, isNew := t.labels(store, t.groupKey(key))
 		if isNew {
 			r.Init(l)
 		}
@@ -374,6 +403,9 @@ func Hooks(store string, t *Tracker, r Recorder) fenced.Hooks {
 	}
 	return fenced.Hooks{
 		Acquired: func(e fenced.AcquireEvent) {
+			if name, ok := fenced.SemaphoreOf(e.Context); ok {
+				t.permit(e.Key, name)
+			}
 			l := labels(e.Key)
 			result := AcquireResult(e)
 			r.AcquireAttempt(l, result)

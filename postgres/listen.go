@@ -31,7 +31,14 @@ const probePayload = ""
 // 1.3 ms on a 2-core machine. So a connection LISTENs only while it has a
 // notification to wait for: a line's connection while it is the head of
 // its key's line, and the listener's own connection only while this
-// driver waits for a key that has no line.
+// driver waits for a key that has no line, or observes a key.
+//
+// Observers (SubscribeObserver: election observers, fenced observe) never
+// join a line: a line hands each notification to one waiter, and an
+// observer that held a key's line would take every wake-up and act on
+// none, leaving every candidate in every process to its fallback timer.
+// The listener's own connection LISTENs while this driver has observers
+// and wakes them at every notification of their key.
 type listener struct {
 	d   *Driver
 	cfg *pgx.ConnConfig
@@ -46,6 +53,7 @@ type listener struct {
 	mu        sync.Mutex
 	lines     map[string]*line // keys with a line
 	lineless  map[string]bool  // waited-for keys without a line
+	observed  map[string]int   // observers per key
 	interrupt func()           // ends the listener's current wait, to LISTEN or UNLISTEN
 	spare     *pgx.Conn        // a connected line connection, so a first wait need not connect
 	wg        sync.WaitGroup   // line and spare goroutines
@@ -57,7 +65,7 @@ type listener struct {
 // notifications until close.
 func startListener(ctx context.Context, d *Driver, cfg *pgx.ConnConfig, timeout time.Duration) (*listener, error) {
 	l := &listener{d: d, cfg: cfg, probe: make(chan struct{}, 1), done: make(chan struct{}),
-		lines: map[string]*line{}, lineless: map[string]bool{}}
+		lines: map[string]*line{}, lineless: map[string]bool{}, observed: map[string]int{}}
 	l.wake.PassOn = true // one wake-up per release: a waiter that leaves hands it on
 	conn, err := l.connect(ctx)
 	if err != nil {
@@ -97,12 +105,15 @@ func (l *listener) connect(ctx context.Context) (*pgx.Conn, error) {
 }
 
 // wantsListen reports whether the listener's connection must LISTEN: until
-// the startup probe arrived, and while a waited-for key has no line.
+// the startup probe arrived, while a waited-for key has no line, and
+// while a key is observed.
 func (l *listener) wantsListen(probed bool) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return !probed || len(l.lineless) > 0
+	return !probed || l.listensLocked()
 }
+
+func (l *listener) listensLocked() bool { return len(l.lineless) > 0 || len(l.observed) > 0 }
 
 // run delivers notifications of keys without a line, and reconnects (with
 // backoff) when the connection breaks. After a reconnect every
@@ -180,24 +191,35 @@ func (l *listener) run(ctx context.Context, conn *pgx.Conn) {
 			continue
 		}
 		l.mu.Lock()
-		mine := l.lineless[n.Payload]
+		mine, watched := l.lineless[n.Payload], l.observed[n.Payload] > 0
 		l.mu.Unlock()
-		if mine {
-			l.wake.WakeOne(n.Payload)
+		switch {
+		case mine:
+			l.wake.WakeOne(n.Payload) // and its observers
+		case watched:
+			l.wake.WakeObservers(n.Payload) // its line serves its waiters
 		}
 	}
 }
 
-// wakeLineless wakes one waiter of each key without a line.
+// wakeLineless wakes one waiter of each key without a line, and the
+// observers of every observed key.
 func (l *listener) wakeLineless() {
 	l.mu.Lock()
 	keys := make([]string, 0, len(l.lineless))
 	for k := range l.lineless {
 		keys = append(keys, k)
 	}
+	watched := make([]string, 0, len(l.observed))
+	for k := range l.observed {
+		watched = append(watched, k)
+	}
 	l.mu.Unlock()
 	for _, k := range keys {
 		l.wake.WakeOne(k)
+	}
+	for _, k := range watched {
+		l.wake.WakeObservers(k)
 	}
 }
 
@@ -328,6 +350,42 @@ func (s lineSub) Close() error {
 	return nil
 }
 
+// observerSub is an observer's subscription, served by the listener's
+// connection.
+type observerSub struct {
+	*wakeup.Sub
+	l *listener
+}
+
+// Close implements driver.Subscription.
+func (s observerSub) Close() error {
+	s.Sub.Close()
+	l := s.l
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.observed[s.Key()]--; l.observed[s.Key()] <= 0 {
+		delete(l.observed, s.Key())
+		if !l.listensLocked() && l.interrupt != nil {
+			l.interrupt() // UNLISTEN
+		}
+	}
+	return nil
+}
+
+// observe returns an observer's subscription to key: the listener's
+// connection LISTENs for it, and it never joins key's line.
+func (l *listener) observe(key string) driver.Subscription {
+	s := observerSub{Sub: l.wake.Observe(key), l: l}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	first := !l.listensLocked()
+	l.observed[key]++
+	if first && l.interrupt != nil {
+		l.interrupt() // LISTEN
+	}
+	return s
+}
+
 func (l *listener) subscribe(key string) driver.Subscription {
 	s := lineSub{Sub: l.wake.Subscribe(key), l: l}
 	l.mu.Lock()
@@ -353,8 +411,9 @@ func (l *listener) subscribe(key string) driver.Subscription {
 // key, which has no line.
 func (l *listener) setLinelessLocked(key string) {
 	if !l.lineless[key] {
+		first := !l.listensLocked()
 		l.lineless[key] = true
-		if len(l.lineless) == 1 && l.interrupt != nil {
+		if first && l.interrupt != nil {
 			l.interrupt() // LISTEN
 		}
 	}
@@ -364,7 +423,7 @@ func (l *listener) setLinelessLocked(key string) {
 func (l *listener) unsetLinelessLocked(key string) {
 	if l.lineless[key] {
 		delete(l.lineless, key)
-		if len(l.lineless) == 0 && l.interrupt != nil {
+		if !l.listensLocked() && l.interrupt != nil {
 			l.interrupt() // UNLISTEN
 		}
 	}

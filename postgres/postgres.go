@@ -172,10 +172,12 @@ type Driver struct {
 }
 
 // Besides what the engine implements for every SQL backend
-// (sqllease.Engine), the driver is a driver.Notifier.
+// (sqllease.Engine), the driver is a driver.Notifier and a
+// driver.ObserveNotifier.
 var _ interface {
 	driver.Driver
 	driver.Notifier
+	driver.ObserveNotifier
 } = (*Driver)(nil)
 
 // ErrSchema means the lease, audit or floor table exists with a shape
@@ -376,4 +378,17 @@ func (d *Driver) Subscribe(ctx context.Context, key string) (driver.Subscription
 		return nil, fmt.Errorf("postgres: %w: %s", driver.ErrUnsupported, d.note)
 	}
 	return d.listener.subscribe(key), nil
+}
+
+// SubscribeObserver implements driver.ObserveNotifier: the subscription
+// is woken by every notified release or break of key, and never takes
+// the wake-up meant for a waiter (see listener).
+func (d *Driver) SubscribeObserver(ctx context.Context, key string) (driver.Subscription, error) {
+	if err := d.CheckOpen(); err != nil {
+		return nil, err
+	}
+	if d.listener == nil {
+		return nil, fmt.Errorf("postgres: %w: %s", driver.ErrUnsupported, d.note)
+	}
+	return d.listener.observe(key), nil
 }

@@ -154,10 +154,11 @@ type Driver struct {
 }
 
 var (
-	_ driver.Driver       = (*Driver)(nil)
-	_ driver.Notifier     = (*Driver)(nil)
-	_ driver.BatchRenewer = (*Driver)(nil)
-	_ driver.BreakLogger  = (*Driver)(nil)
+	_ driver.Driver          = (*Driver)(nil)
+	_ driver.Notifier        = (*Driver)(nil)
+	_ driver.ObserveNotifier = (*Driver)(nil)
+	_ driver.BatchRenewer    = (*Driver)(nil)
+	_ driver.BreakLogger     = (*Driver)(nil)
 )
 
 // New returns a driver over an existing go-redis client: a *redis.Client,
@@ -616,6 +617,16 @@ func (d *Driver) Subscribe(ctx context.Context, key string) (driver.Subscription
 		return nil, err
 	}
 	return d.hub.Subscribe(ctx, d.layout.Keys(key).Channel)
+}
+
+// SubscribeObserver implements driver.ObserveNotifier: the observer is
+// woken by every message on the key's channel and never takes the wake-up
+// of this process's waiters (rediskit.Hub.Observe).
+func (d *Driver) SubscribeObserver(ctx context.Context, key string) (driver.Subscription, error) {
+	if err := d.usable(); err != nil {
+		return nil, err
+	}
+	return d.hub.Observe(ctx, d.layout.Keys(key).Channel)
 }
 
 // guaranteesNote is the Note of Guarantees; the portable Client quotes it

@@ -131,11 +131,12 @@ type node struct {
 }
 
 var (
-	_ driver.Driver        = (*Driver)(nil)
-	_ driver.TermsAcquirer = (*Driver)(nil)
-	_ driver.Notifier      = (*Driver)(nil)
-	_ driver.BatchRenewer  = (*Driver)(nil)
-	_ driver.BreakLogger   = (*Driver)(nil)
+	_ driver.Driver          = (*Driver)(nil)
+	_ driver.TermsAcquirer   = (*Driver)(nil)
+	_ driver.Notifier        = (*Driver)(nil)
+	_ driver.ObserveNotifier = (*Driver)(nil)
+	_ driver.BatchRenewer    = (*Driver)(nil)
+	_ driver.BreakLogger     = (*Driver)(nil)
 )
 
 // New returns a Redlock driver over clients, one per independent Redis

@@ -16,6 +16,17 @@ import (
 // publishes on release and break), returns once a majority confirmed, and
 // merges the wake-ups.
 func (d *Driver) Subscribe(ctx context.Context, key string) (driver.Subscription, error) {
+	return d.subscribe(ctx, key, false)
+}
+
+// SubscribeObserver implements driver.ObserveNotifier: as Subscribe, with
+// each node's subscription an observer's (rediskit.Hub.Observe), so it
+// never takes a waiter's wake-up.
+func (d *Driver) SubscribeObserver(ctx context.Context, key string) (driver.Subscription, error) {
+	return d.subscribe(ctx, key, true)
+}
+
+func (d *Driver) subscribe(ctx context.Context, key string, observer bool) (driver.Subscription, error) {
 	if err := d.usable(); err != nil {
 		return nil, err
 	}
@@ -25,6 +36,9 @@ func (d *Driver) Subscribe(ctx context.Context, key string) (driver.Subscription
 	rs := fanout(sctx, d, d.opts.Budget*4, func(ctx context.Context, c redis.UniversalClient) (driver.Subscription, error) {
 		for _, n := range d.nodes {
 			if n.c == c {
+				if observer {
+					return n.hub.Observe(ctx, ch)
+				}
 				return n.hub.Subscribe(ctx, ch)
 			}
 		}

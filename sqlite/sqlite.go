@@ -284,6 +284,8 @@ var _ driver.Driver = (*Driver)(nil)
 
 var _ driver.Notifier = (*Driver)(nil) // by change detection, see watch.go
 
+var _ driver.ObserveNotifier = (*Driver)(nil)
+
 // New returns a driver over an open SQLite database, creating the lease and
 // break tables if missing. The caller keeps ownership of db (Close does not
 // close it); it should have been opened with a busy timeout. opts may be

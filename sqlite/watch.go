@@ -53,6 +53,16 @@ func (w *watcher) idle(string) {
 
 // Subscribe implements driver.Notifier with change detection (see watcher).
 func (d *Driver) Subscribe(ctx context.Context, key string) (driver.Subscription, error) {
+	return d.subscribe(key, false), nil
+}
+
+// SubscribeObserver implements driver.ObserveNotifier: an observer is
+// woken whenever key is seen free, and never counts as a waiter.
+func (d *Driver) SubscribeObserver(ctx context.Context, key string) (driver.Subscription, error) {
+	return d.subscribe(key, true), nil
+}
+
+func (d *Driver) subscribe(key string, observer bool) driver.Subscription {
 	w := &d.watch
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -60,7 +70,12 @@ func (d *Driver) Subscribe(ctx context.Context, key string) (driver.Subscription
 		w.d = d
 		w.wake.Idle = w.idle
 	}
-	s := w.wake.Subscribe(key)
+	var s *wakeup.Sub
+	if observer {
+		s = w.wake.Observe(key)
+	} else {
+		s = w.wake.Subscribe(key)
+	}
 	if w.stop == nil {
 		if w.done != nil {
 			<-w.done // the previous loop is exiting
@@ -70,7 +85,7 @@ func (d *Driver) Subscribe(ctx context.Context, key string) (driver.Subscription
 		w.done = make(chan struct{})
 		go w.loop(lctx, w.done)
 	}
-	return s, nil
+	return s
 }
 
 func (w *watcher) loop(ctx context.Context, done chan struct{}) {

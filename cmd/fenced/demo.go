@@ -63,11 +63,20 @@ With the fence the resource refuses the late write and exactly one invoice is se
 With --no-fence the same run writes without the guard and the customer gets two.
 The demo checks its invariants from the resource's tables and exits 0 only when
 they held: one invoice with the fence (or, with --no-fence, the double send
-reproduced).`,
+reproduced).
+
+The demo always runs on its own temporary store: --store is refused (exit 64),
+and FENCED_STORE is not used. To run faults against your store, see fenced proof.`,
 		Example: `  fenced demo
   fenced demo --no-fence`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if g.storeFlag != nil && g.storeFlag() {
+				return withCode(exitUsage, fmt.Errorf("demo: --store %s: the demo runs on a temporary SQLite store of its own (it freezes and kills its workers and leaves nothing behind); to run faults against your store, use fenced proof", fenced.Redact(g.store)))
+			}
+			if os.Getenv("FENCED_STORE") != "" && !g.quiet {
+				fmt.Fprintln(g.stderr, "fenced: demo: FENCED_STORE is not used; the demo runs on a temporary store of its own")
+			}
 			return runDemo(cmd.Context(), g, noFence, keep)
 		},
 	}

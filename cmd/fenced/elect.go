@@ -104,14 +104,14 @@ func electAndRun(ctx context.Context, g *globals, f *electFlags, name string, ar
 	el, err := fenced.NewElection(c, name, opts)
 	if err != nil {
 		if errors.Is(err, fenced.ErrNoFence) {
-			return withCode(exitUsage, fmt.Errorf("%w\n(%s)", err, minFenceHint(c.Guarantees())))
+			return noFenceError("elect", opts.MinFence, c.Guarantees())
 		}
 		return err
 	}
 	if f.value != "" && !el.CanProclaim() {
 		return withCode(exitUsage, fmt.Errorf("elect: --value: this store keeps no value with a leader (only etcd does); leave --value out"))
 	}
-	acqCtx, stopWait := interruptible(ctx, sigs, "the leadership of "+name)
+	acqCtx, stopWait := interruptible(ctx, sigs, "the leadership") // the error names the key
 	ld, err := el.Campaign(acqCtx, f.value)
 	stopWait()
 	if err != nil {

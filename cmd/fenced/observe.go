@@ -62,6 +62,9 @@ reads may not be printed.`,
 }
 
 func observe(ctx context.Context, g *globals, el *fenced.Election) error {
+	if g.output != "json" {
+		g.writeStoreHeader(g.stdout)
+	}
 	for l := range el.Observe(ctx) {
 		if g.output == "json" {
 			if err := writeJSONLine(g, leaderJSON{Time: time.Now().UTC(), Name: el.Name(), Leader: l.Present, Epoch: l.Epoch, Value: l.Value, Owner: l.Owner}); err != nil {

@@ -71,22 +71,22 @@ func printPlan(g *globals, p leaseplan.Plan) error {
 	a := p.Authority
 	tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "backend:\t%s (%s): %s\n", a.Name, a.Scheme, a.Note)
-	fmt.Fprintf(tw, "TTL:\t%v, renewed every %v, safety margin %v\n", p.TTL, p.RenewEvery, p.SafetyMargin)
-	fmt.Fprintf(tw, "authority keeps:\t%v an unrenewed grant\n", p.AuthorityTTL)
-	fmt.Fprintf(tw, "freeze absorbed:\t%v (a freeze that starts as a renewal falls due)\n", p.FreezeAbsorbed)
-	fmt.Fprintf(tw, "regrant after:\t%v into such a freeze another worker may hold the key\n", p.RegrantAfter)
+	fmt.Fprintf(tw, "TTL:\t%v, renewed every %v, safety margin %v\n", planDur(p.TTL), planDur(p.RenewEvery), planDur(p.SafetyMargin))
+	fmt.Fprintf(tw, "authority keeps:\t%v an unrenewed grant\n", planDur(p.AuthorityTTL))
+	fmt.Fprintf(tw, "freeze absorbed:\t%v (a freeze that starts as a renewal falls due)\n", planDur(p.FreezeAbsorbed))
+	fmt.Fprintf(tw, "regrant after:\t%v into such a freeze another worker may hold the key\n", planDur(p.RegrantAfter))
 	if p.MaxPause > 0 {
 		if p.StaleWindow > 0 {
-			fmt.Fprintf(tw, "stale window:\t%v for a %v pause: only the fence protects the resource\n", p.StaleWindow, p.MaxPause)
+			fmt.Fprintf(tw, "stale window:\t%v for a %v pause: only the fence protects the resource\n", planDur(p.StaleWindow), planDur(p.MaxPause))
 		} else {
-			fmt.Fprintf(tw, "stale window:\tnone for a %v pause\n", p.MaxPause)
+			fmt.Fprintf(tw, "stale window:\tnone for a %v pause\n", planDur(p.MaxPause))
 		}
 	}
-	fmt.Fprintf(tw, "recovery after a crash:\t%v to %v\n", p.RecoveryBest, p.RecoveryWorst)
+	fmt.Fprintf(tw, "recovery after a crash:\t%v to %v\n", planDur(p.RecoveryBest), planDur(p.RecoveryWorst))
 	fmt.Fprintf(tw, "renewal traffic:\t%.3g requests/s per lease (%.0f/s for 1000 leases)\n", p.RenewalsPerSecond, p.RenewalsPerSecond*1000)
 	fmt.Fprintf(tw, "failed renewals tolerated:\t%d in a row\n", p.FailedRenewalsTolerated)
 	if p.RecommendedTTL > 0 {
-		fmt.Fprintf(tw, "recommended TTL:\t%v (renew every %v)\n", p.RecommendedTTL, (p.RecommendedTTL / 3).Round(time.Millisecond))
+		fmt.Fprintf(tw, "recommended TTL:\t%v (renew every %v)\n", planDur(p.RecommendedTTL), planDur(p.RecommendedTTL/3))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -96,4 +96,13 @@ func printPlan(g *globals, p leaseplan.Plan) error {
 		fmt.Fprintln(g.stdout, "- "+a)
 	}
 	return nil
+}
+
+// planDur rounds d for the plan's table: to the millisecond (3.333s, not
+// 3.333333333s), or to the microsecond below a millisecond.
+func planDur(d time.Duration) time.Duration {
+	if d >= time.Millisecond || d <= -time.Millisecond {
+		return d.Round(time.Millisecond)
+	}
+	return d.Round(time.Microsecond)
 }

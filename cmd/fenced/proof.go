@@ -12,10 +12,12 @@ import (
 	"text/tabwriter"
 	"time"
 
+	goredis "github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/proof"
+	fencedredis "github.com/fenced-dev/fenced/redis"
 )
 
 // A proof worker is this binary re-executed; it must start working before
@@ -74,6 +76,7 @@ under the prefix, and leaves keys only under it. --quick runs one injection per
 scenario (about a minute); otherwise three.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			g.noteStore()
 			if err := g.checkOutput(); err != nil {
 				return err
 			}
@@ -92,7 +95,7 @@ scenario (about a minute); otherwise three.`,
 			if err != nil {
 				return err
 			}
-			if err := checkProofPrefix(ctx, g.store, strength); err != nil {
+			if err := checkProofPrefix(ctx, g, strength); err != nil {
 				return err
 			}
 			if dir == "" {
@@ -208,13 +211,26 @@ func proofVerdict(ss []proofScenarioJSON) (string, bool) {
 // checkProofPrefix refuses a store holding leases under the proof prefix:
 // proof creates fresh keys for every run and releases them, so a held one
 // belongs to someone else (or to a proof still running).
-func checkProofPrefix(ctx context.Context, store string, strength fenced.FenceStrength) error {
-	c, err := fenced.Open(ctx, store, nil)
+//
+// It also warns on stderr when the store is a Redis that does not keep
+// its data across a restart (proof does not restart the server, so a PASS
+// says nothing about that), and refuses a store whose fence is weaker
+// than strength, naming the --min-fence that accepts it.
+func checkProofPrefix(ctx context.Context, g *globals, strength fenced.FenceStrength) error {
+	c, err := fenced.Open(ctx, g.store, nil)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
+	if rd, ok := c.Driver().(*fencedredis.Driver); ok {
+		if w := redisPersistenceWarning(ctx, rd.Client()); w != "" {
+			fmt.Fprintf(g.stderr, "fenced: warning: %s\n", w)
+		}
+	}
 	if _, err := c.Resolve(&fenced.LeaseOptions{MinFence: strength, TTL: time.Second}); err != nil {
+		if errors.Is(err, fenced.ErrNoFence) {
+			return noFenceError("proof", strength, c.Guarantees())
+		}
 		return withCode(exitUsage, err)
 	}
 	infos, err := c.List(ctx, proofPrefix)
@@ -230,4 +246,32 @@ func checkProofPrefix(ctx context.Context, store string, strength fenced.FenceSt
 		}
 	}
 	return nil
+}
+
+// redisPersistenceWarning asks a Redis server whether it keeps its data
+// across a restart (CONFIG GET appendonly, appendfsync, save) and returns
+// a warning when it does not, or when it cannot tell; "" when the server
+// has appendonly yes and appendfsync always. A Redis fence is a counter in
+// the server's memory: a restart that loses it starts it over, and a fence
+// already used can be handed out again.
+func redisPersistenceWarning(ctx context.Context, rc goredis.UniversalClient) string {
+	const repeat = "after a restart of the server its fences can repeat (the counter is lost with the data); " +
+		"proof does not restart the server, so its verdict does not cover that. " +
+		"Set appendonly yes and appendfsync always"
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	conf, err := rc.ConfigGet(cctx, "*").Result()
+	if err != nil {
+		return fmt.Sprintf("cannot tell whether this Redis keeps its data across a restart (CONFIG GET refused: %v); without appendonly yes and appendfsync always, %s", err, repeat)
+	}
+	aof, fsync, save := conf["appendonly"], conf["appendfsync"], conf["save"]
+	switch {
+	case aof != "yes" && save == "":
+		return fmt.Sprintf("this Redis keeps no data across a restart (appendonly %s, no save points): %s", aof, repeat)
+	case aof != "yes":
+		return fmt.Sprintf("this Redis keeps only snapshots (appendonly %s, save %q): a restart loses the grants since the last one, and %s", aof, save, repeat)
+	case fsync != "always":
+		return fmt.Sprintf("this Redis syncs its append-only file %q, not always: a crash can lose the last grants, and %s", fsync, repeat)
+	}
+	return ""
 }

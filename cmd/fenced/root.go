@@ -66,10 +66,15 @@ func codeFor(err error) int {
 type globals struct {
 	store   string
 	verbose bool
-	output  string
-	stdout  io.Writer
-	stderr  io.Writer
-	extra   []*cobra.Command // hidden commands registered by others
+	quiet   bool // no note that the default store is used
+	noted   bool // the note was written
+	// storeChosen reports whether --store or FENCED_STORE chose the
+	// store, storeFlag whether --store did (both set by newRoot).
+	storeChosen, storeFlag func() bool
+	output                 string
+	stdout                 io.Writer
+	stderr                 io.Writer
+	extra                  []*cobra.Command // hidden commands registered by others
 }
 
 func execute(args []string, stdout, stderr io.Writer) int {
@@ -108,7 +113,8 @@ The store is chosen with --store or FENCED_STORE. The default is the embedded SQ
 file ` + defaultStoreHint() + `, which is per user:
 another user, or the same user with another HOME or XDG_STATE_HOME (cron, sudo,
 systemd), gets another file, and their leases never exclude each other. -v prints
-the store actually used.`,
+the store actually used; without --store or FENCED_STORE every command says once
+that it uses the default (--quiet hides that line).`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
@@ -118,6 +124,10 @@ the store actually used.`,
 	}
 	root.PersistentFlags().StringVar(&g.store, "store", def, "store URL (env FENCED_STORE; schemes: "+strings.Join(fenced.Schemes(), ", ")+"; default: a per-user SQLite file)")
 	root.PersistentFlags().BoolVarP(&g.verbose, "verbose", "v", false, "say on stderr which store is used and what fenced does")
+	root.PersistentFlags().BoolVarP(&g.quiet, "quiet", "q", false, "do not say on stderr that the default store is used when none was chosen")
+	fromEnv := os.Getenv("FENCED_STORE") != ""
+	g.storeFlag = func() bool { return root.PersistentFlags().Changed("store") }
+	g.storeChosen = func() bool { return fromEnv || g.storeFlag() }
 	root.AddCommand(newRunCmd(g), newLsCmd(g), newInspectCmd(g), newBreakCmd(g), newGuaranteesCmd(g), newDemoCmd(g))
 	root.AddCommand(newFloorCmd(g), newPruneCmd(g))
 	root.AddCommand(newProofCmd(g))
@@ -133,10 +143,30 @@ func defaultStoreHint() string {
 }
 
 func (g *globals) open(ctx context.Context) (*fenced.Client, error) {
-	if g.verbose {
-		fmt.Fprintf(g.stderr, "fenced: store %s\n", describeStore(g.store))
-	}
+	g.noteStore()
 	return fenced.Open(ctx, g.store, nil)
+}
+
+// noteStore says on stderr which store is used: with -v always, and once
+// when no store was chosen (neither --store nor FENCED_STORE), unless
+// --quiet, since leases on the per-user default file exclude nobody using
+// another store.
+func (g *globals) noteStore() {
+	switch {
+	case g.verbose:
+		fmt.Fprintf(g.stderr, "fenced: store %s\n", describeStore(g.store))
+	case g.quiet || g.noted || g.storeChosen == nil || g.storeChosen():
+		return
+	default:
+		fmt.Fprintf(g.stderr, "fenced: no store chosen, using %s; choose one with --store or FENCED_STORE (--quiet hides this line)\n", describeStore(g.store))
+	}
+	g.noted = true
+}
+
+// writeStoreHeader writes the store line that heads the table output of
+// ls and observe.
+func (g *globals) writeStoreHeader(w io.Writer) {
+	fmt.Fprintf(w, "store: %s\n", describeStore(g.store))
 }
 
 // describeStore returns the store URL, password redacted, with the default
@@ -153,6 +183,29 @@ func describeStore(store string) string {
 	}
 	u.Path = p
 	return fenced.Redact(u.String()) + " (the default, per user)"
+}
+
+// flagFence is the --min-fence value that names s.
+func flagFence(s fenced.FenceStrength) string {
+	switch s {
+	case fenced.FenceStrict:
+		return "strict"
+	case fenced.FenceRepeatable:
+		return "repeatable"
+	}
+	return "none"
+}
+
+// noFenceError is a command's refusal of a store whose fence is weaker
+// than --min-fence min, in the CLI's words: it names the flag's values,
+// not the library's option names.
+func noFenceError(command string, min fenced.FenceStrength, g fenced.Guarantees) error {
+	what := "issues no fencing token"
+	if g.Fence >= fenced.FenceRepeatable {
+		what = "has a fence that can repeat (" + g.Fence.String() + ")"
+	}
+	return withCode(exitUsage, fmt.Errorf("%s: %w: this store %s, weaker than --min-fence %s (the default is strict)\n(%s)\n(the store says: %s)",
+		command, fenced.ErrNoFence, what, flagFence(min), minFenceHint(command, g), g.Note))
 }
 
 // withClient opens the store, runs fn and closes the store.
@@ -229,6 +282,7 @@ func newLsCmd(g *globals) *cobra.Command {
 				}
 				return writeJSON(g.stdout, out)
 			}
+			g.writeStoreHeader(g.stdout)
 			tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "KEY\tFENCE\tOWNER\tREMAINING")
 			for _, i := range infos {
@@ -289,6 +343,7 @@ func newInspectCmd(g *globals) *cobra.Command {
 			if info.Held {
 				state = "held"
 			}
+			fmt.Fprintf(tw, "store:\t%s\n", describeStore(g.store))
 			fmt.Fprintf(tw, "key:\t%s\n", info.Key)
 			fmt.Fprintf(tw, "state:\t%s\n", state)
 			fmt.Fprintf(tw, "fence:\t%d\n", info.Fence)

@@ -186,12 +186,13 @@ func (f *runFlags) leaseOptions() (*fenced.LeaseOptions, error) {
 	return o, nil
 }
 
-// minFenceHint tells the user which --min-fence accepts the store's fence.
-func minFenceHint(g fenced.Guarantees) string {
+// minFenceHint tells the user of command (run, elect, proof) which
+// --min-fence accepts the store's fence.
+func minFenceHint(command string, g fenced.Guarantees) string {
 	if g.Fence >= fenced.FenceRepeatable {
-		return "with fenced run: --min-fence=repeatable accepts a fence that can repeat after a failover; --min-fence=none marks work that needs no fence"
+		return "with fenced " + command + ": --min-fence=repeatable accepts a fence that can repeat after a failover; --min-fence=none marks work that needs no fence"
 	}
-	return "with fenced run: --min-fence=none accepts a store without a fence, for work that needs none or whose resource is protected otherwise"
+	return "with fenced " + command + ": --min-fence=none accepts a store without a fence, for work that needs none or whose resource is protected otherwise"
 }
 
 // runUsage is the one-line usage of run, for errors.
@@ -274,7 +275,10 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, keys, argv []st
 	}
 	defer c.Close()
 
-	what := strings.Join(keys, ", ")
+	what := "the lease" // the error names the keys already
+	if len(keys) > 1 {
+		what = "the leases"
+	}
 	acqCtx, stopWait := interruptible(ctx, sigs, what)
 	stopStatus := showWaitStatus(acqCtx, g.stderr, c, keys, f.wait) // a live line on a terminal
 	h, err := acquireHold(acqCtx, c, f, keys, opts, g.store)
@@ -285,7 +289,7 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, keys, argv []st
 			return withCode(exitHeld, fmt.Errorf("%w; nothing ran", err))
 		}
 		if errors.Is(err, fenced.ErrNoFence) {
-			return withCode(exitUsage, fmt.Errorf("%w\n(%s)", err, minFenceHint(c.Guarantees())))
+			return noFenceError("run", opts.MinFence, c.Guarantees())
 		}
 		return err
 	}

@@ -118,9 +118,7 @@ func runServe(ctx context.Context, g *globals, f *serveFlags) error {
 	if err != nil {
 		return err
 	}
-	if g.verbose {
-		fmt.Fprintf(g.stderr, "fenced: store %s\n", describeStore(g.store))
-	}
+	g.noteStore()
 	c, err := fenced.Open(ctx, g.store, &fenced.Options{Hooks: m.Hooks(u.Scheme)})
 	if err != nil {
 		return err

@@ -96,6 +96,7 @@ func RunConformanceTests(t *testing.T, h Harness) {
 	}
 	t.Run("NotifiedWaiterIsWokenWithoutPolling", s.testNotify)
 	t.Run("WaiterGivingUpMidLookStrandsNobody", s.testGiveUpMidLook)
+	t.Run("ObserverTakesNoWakeUp", s.testObserverTakesNoWakeUp)
 	t.Run("FIFOWaitersServedInArrivalOrder", s.testFIFO)
 	t.Run("LossWatchReportsBreak", s.testLossWatch)
 	t.Run("WaitLongerThanTTLGivesFullLease", s.testLongWait)

@@ -9,6 +9,13 @@
 // waiter one look at the store. A wake-up is a hint, never a grant: the
 // waiter still asks the store.
 //
+// An observer (Observe) is woken by every wake-up of its key and never
+// takes one meant for a waiter: a driver that wakes one waiter per release
+// (WakeOne) still wakes that waiter, plus every observer. An election
+// observer that took the single wake-up of a release, and never acted on
+// it, left the candidates to their fallback timers (1 s handovers instead
+// of 20 ms on PostgreSQL).
+//
 // The mem, sqlite, postgres, redis and redlock backends use it; a
 // third-party backend with any notification source can use it too.
 package wakeup
@@ -20,7 +27,8 @@ import "sync"
 // use.
 type Registry struct {
 	// Idle, if set, is called after the last subscriber of key left
-	// (outside the registry's lock), so the driver can stop listening.
+	// (waiter or observer; outside the registry's lock), so the driver can
+	// stop listening.
 	Idle func(key string)
 	// PassOn makes a subscriber that closes with a wake-up it did not
 	// consume hand it to the next subscriber of the key without one
@@ -32,46 +40,80 @@ type Registry struct {
 	PassOn bool
 
 	mu   sync.Mutex
-	subs map[string][]*Sub
+	subs map[string][]*Sub // waiters
+	obs  map[string][]*Sub // observers
 }
 
 // Sub is one waiter's subscription to a key. It implements
 // driver.Subscription.
 type Sub struct {
-	r    *Registry
-	key  string
-	c    chan struct{}
-	once sync.Once
+	r        *Registry
+	key      string
+	observer bool
+	c        chan struct{}
+	once     sync.Once
 }
 
-// Subscribe adds a subscriber to key.
+// Subscribe adds a waiter to key.
 func (r *Registry) Subscribe(key string) *Sub {
-	s := &Sub{r: r, key: key, c: make(chan struct{}, 1)}
+	return r.add(key, false)
+}
+
+// Observe adds an observer to key: it is woken by every wake-up of key
+// (Wake, WakeOne, WakeEvery, WakeObservers) and never counts as a waiter
+// (Waiting, WakeOne's choice, PassOn).
+func (r *Registry) Observe(key string) *Sub {
+	return r.add(key, true)
+}
+
+func (r *Registry) add(key string, observer bool) *Sub {
+	s := &Sub{r: r, key: key, observer: observer, c: make(chan struct{}, 1)}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.subs == nil {
-		r.subs = map[string][]*Sub{}
+	m := &r.subs
+	if observer {
+		m = &r.obs
 	}
-	r.subs[key] = append(r.subs[key], s)
+	if *m == nil {
+		*m = map[string][]*Sub{}
+	}
+	(*m)[key] = append((*m)[key], s)
 	return s
 }
 
-// Wake wakes every subscriber of key.
+// Wake wakes every waiter and observer of key.
 func (r *Registry) Wake(key string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, s := range r.subs[key] {
 		s.wake()
 	}
+	r.wakeObserversLocked(key)
 }
 
-// WakeOne wakes the oldest subscriber of key that has no wake-up pending
-// (one release, one waiter: no herd within the key). It reports whether
-// it woke one.
+// WakeOne wakes the oldest waiter of key that has no wake-up pending
+// (one release, one waiter: no herd within the key), and every observer
+// of key. It reports whether it woke a waiter.
 func (r *Registry) WakeOne(key string) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.wakeObserversLocked(key)
 	return r.wakeOneLocked(key, nil)
+}
+
+// WakeObservers wakes the observers of key only: for a notification
+// that a driver heard for its observers while another path serves the
+// key's waiters.
+func (r *Registry) WakeObservers(key string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.wakeObserversLocked(key)
+}
+
+func (r *Registry) wakeObserversLocked(key string) {
+	for _, s := range r.obs[key] {
+		s.wake()
+	}
 }
 
 func (r *Registry) wakeOneLocked(key string, skip *Sub) bool {
@@ -88,36 +130,57 @@ func (r *Registry) wakeOneLocked(key string, skip *Sub) bool {
 func (r *Registry) WakeEvery() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for _, subs := range r.subs {
-		for _, s := range subs {
-			s.wake()
+	for _, m := range []map[string][]*Sub{r.subs, r.obs} {
+		for _, subs := range m {
+			for _, s := range subs {
+				s.wake()
+			}
 		}
 	}
 }
 
-// Keys returns the keys that have subscribers, in no particular order.
+// Keys returns the keys that have waiters or observers, in no particular
+// order.
 func (r *Registry) Keys() []string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	keys := make([]string, 0, len(r.subs))
+	keys := make([]string, 0, len(r.subs)+len(r.obs))
 	for k := range r.subs {
 		keys = append(keys, k)
+	}
+	for k := range r.obs {
+		if _, dup := r.subs[k]; !dup {
+			keys = append(keys, k)
+		}
 	}
 	return keys
 }
 
-// Len returns the number of keys that have subscribers.
+// Len returns the number of keys that have waiters or observers.
 func (r *Registry) Len() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return len(r.subs)
+	n := len(r.subs)
+	for k := range r.obs {
+		if _, dup := r.subs[k]; !dup {
+			n++
+		}
+	}
+	return n
 }
 
-// Waiting reports whether key has subscribers.
+// Waiting reports whether key has waiters (observers do not count).
 func (r *Registry) Waiting(key string) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return len(r.subs[key]) > 0
+}
+
+// Observed reports whether key has observers.
+func (r *Registry) Observed(key string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.obs[key]) > 0
 }
 
 // wake delivers a wake-up; it reports false if one was already pending.
@@ -133,10 +196,12 @@ func (s *Sub) wake() bool {
 // Forward implements driver.WakeForwarder: with PassOn, it wakes the next
 // subscriber of the key without a wake-up pending (never s itself), to
 // take over a wake-up that s consumed and will not act on. Without PassOn
-// every subscriber was woken already, and Forward does nothing.
+// every subscriber was woken already, and Forward does nothing; an
+// observer's wake-ups were never a waiter's, so its Forward does nothing
+// either.
 func (s *Sub) Forward() {
 	r := s.r
-	if !r.PassOn {
+	if !r.PassOn || s.observer {
 		return
 	}
 	r.mu.Lock()
@@ -151,33 +216,37 @@ func (s *Sub) Key() string { return s.key }
 // have been freed.
 func (s *Sub) C() <-chan struct{} { return s.c }
 
-// Close implements driver.Subscription. With PassOn, a wake-up s received
-// but did not consume goes to the next subscriber of the key without one
-// pending. Close is idempotent and never fails.
+// Close implements driver.Subscription. With PassOn, a wake-up a waiter
+// received but did not consume goes to the next waiter of the key without
+// one pending. Close is idempotent and never fails.
 func (s *Sub) Close() error {
 	s.once.Do(func() {
 		r := s.r
 		r.mu.Lock()
-		subs := r.subs[s.key]
+		m := r.subs
+		if s.observer {
+			m = r.obs
+		}
+		subs := m[s.key]
 		for i, x := range subs {
 			if x == s {
 				subs = append(subs[:i:i], subs[i+1:]...)
 				break
 			}
 		}
-		if r.PassOn {
+		if r.PassOn && !s.observer {
 			select {
 			case <-s.c:
 				r.wakeOneLocked(s.key, s)
 			default:
 			}
 		}
-		last := len(subs) == 0
-		if last {
-			delete(r.subs, s.key)
+		if len(subs) == 0 {
+			delete(m, s.key)
 		} else {
-			r.subs[s.key] = subs
+			m[s.key] = subs
 		}
+		last := len(r.subs[s.key]) == 0 && len(r.obs[s.key]) == 0
 		r.mu.Unlock()
 		if last && r.Idle != nil {
 			r.Idle(s.key)

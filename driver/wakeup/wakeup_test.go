@@ -106,3 +106,36 @@ func TestForwardWithoutPassOnWakesNobody(t *testing.T) {
 		t.Fatal("Forward woke a waiter of a registry that wakes every waiter anyway")
 	}
 }
+
+func TestObserverNeverTakesAWaitersWakeUp(t *testing.T) {
+	r := Registry{PassOn: true}
+	o := r.Observe("a") // oldest, as an observer started first would be
+	w := r.Subscribe("a")
+	if r.Waiting("b") || !r.Observed("a") {
+		t.Fatal("Observed or Waiting wrong")
+	}
+	if !r.WakeOne("a") || !pending(w) || !pending(o) {
+		t.Fatal("WakeOne did not wake the waiter and the observer")
+	}
+	r.WakeOne("a")
+	o.Forward() // an observer's wake-up was never a waiter's
+	o.Close()   // nor is one left unconsumed
+	if !pending(w) {
+		t.Fatal("the waiter's wake-up was lost")
+	}
+	if pending(w) {
+		t.Fatal("an observer handed a wake-up on to the waiter")
+	}
+	w.Close()
+	if r.Len() != 0 {
+		t.Fatalf("Len = %d after every subscriber left", r.Len())
+	}
+	o2 := r.Observe("b")
+	if r.Waiting("b") || r.Len() != 1 {
+		t.Fatal("an observer counts as a waiter")
+	}
+	r.WakeObservers("b")
+	if !pending(o2) {
+		t.Fatal("WakeObservers did not wake the observer")
+	}
+}

@@ -93,7 +93,7 @@
     const bar = $(".bar", tr);
     bar.dataset.remaining = l.remaining_ms;
     bar.dataset.ttl = l.ttl_ms || 0;
-    $(".since", tr).textContent = l.held_since ? new Date(l.held_since).toLocaleTimeString([], { hour12: false }) : "–";
+    $(".since", tr).textContent = stamp(l.held_since);
   }
 
   // renderLeases updates the table in place: rows that stay are neither
@@ -143,7 +143,7 @@
       const data = await api("GET", "/api/v1/leases");
       fetchedAt = performance.now();
       renderLeases(data.leases);
-      $("#updated").textContent = "updated " + new Date().toLocaleTimeString([], { hour12: false });
+      $("#updated").textContent = "updated " + stamp(new Date().toISOString());
       const err = $("#store-error");
       if (err) err.remove();
     } catch (e) {
@@ -398,8 +398,11 @@
 
   // ---- One key -----------------------------------------------------------
 
+  // stamp formats a time as the server's pages do (stampLayout in
+  // dashboard.go), in UTC: one format on every page, whatever the
+  // browser's locale.
   function stamp(s) {
-    return s ? new Date(s).toLocaleString([], { hour12: false }) : "–";
+    return s ? new Date(s).toISOString().slice(0, 19).replace("T", " ") + " UTC" : "–";
   }
 
   async function refreshKey(key) {

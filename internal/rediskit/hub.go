@@ -67,9 +67,10 @@ const Linger = 5 * time.Second
 // SUBSCRIBE and UNSUBSCRIBE, and counted in Hub.subs until closed.
 type sub struct {
 	*wakeup.Sub
-	h       *Hub
-	channel string
-	once    sync.Once
+	h        *Hub
+	channel  string
+	observer bool // not counted in Hub.subs
+	once     sync.Once
 }
 
 // NewHub returns a Hub over c. It connects on first use.
@@ -87,6 +88,18 @@ const confirmTimeout = 5 * time.Second
 // confirmed it, so a release published after Subscribe returns is never
 // missed.
 func (h *Hub) Subscribe(ctx context.Context, channel string) (driver.Subscription, error) {
+	return h.subscribe(ctx, channel, false)
+}
+
+// Observe is Subscribe for an observer (driver.ObserveNotifier): it is
+// woken by every message on channel, never takes the one wake-up a
+// release gives this process's waiters, and is not counted by
+// Subscribers, so it never asks a release to publish.
+func (h *Hub) Observe(ctx context.Context, channel string) (driver.Subscription, error) {
+	return h.subscribe(ctx, channel, true)
+}
+
+func (h *Hub) subscribe(ctx context.Context, channel string, observer bool) (driver.Subscription, error) {
 	h.cmdMu.Lock()
 	h.mu.Lock()
 	if h.closed {
@@ -106,8 +119,13 @@ func (h *Hub) Subscribe(ctx context.Context, channel string) (driver.Subscriptio
 		h.topics[channel] = t
 		h.pending[channel] = append(h.pending[channel], t.ready)
 	}
-	s := &sub{Sub: h.wake.Subscribe(channel), h: h, channel: channel}
-	h.subs[channel]++
+	s := &sub{h: h, channel: channel, observer: observer}
+	if observer {
+		s.Sub = h.wake.Observe(channel)
+	} else {
+		s.Sub = h.wake.Subscribe(channel)
+		h.subs[channel]++
+	}
 	start := h.ps == nil
 	if start {
 		h.ps = h.client.Subscribe(context.WithoutCancel(ctx))
@@ -222,6 +240,9 @@ func (h *Hub) handle(m any) {
 // key left, the channel is unsubscribed.
 func (s *sub) Close() error {
 	s.once.Do(func() {
+		if s.observer {
+			return
+		}
 		s.h.mu.Lock()
 		if s.h.subs[s.channel]--; s.h.subs[s.channel] <= 0 {
 			delete(s.h.subs, s.channel)
@@ -261,7 +282,7 @@ func (h *Hub) unsubscribeIdle(channel string, t *topic, gen int) {
 	h.cmdMu.Lock()
 	defer h.cmdMu.Unlock()
 	h.mu.Lock()
-	if h.topics[channel] != t || t.gen != gen || t.idle == nil || h.wake.Waiting(channel) {
+	if h.topics[channel] != t || t.gen != gen || t.idle == nil || h.wake.Waiting(channel) || h.wake.Observed(channel) {
 		h.mu.Unlock()
 		return
 	}

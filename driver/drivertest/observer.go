@@ -1,0 +1,109 @@
+package drivertest
+
+import (
+	"context"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fenced-dev/fenced"
+)
+
+// testObserverTakesNoWakeUp checks that an election observer (Observe, as
+// fenced observe runs it in a process of its own, or as a candidate's
+// OnNewLeader callbacks run it beside the candidate's own wait) never
+// takes the wake-up a release gives the waiters: a handover from a holder
+// to a waiter takes about as long with an observer of the key present,
+// on another driver or on the waiter's, as without one. Rounds with and without the observer are interleaved, so
+// the machine's noise hits both alike. The waiters' fallback timer is set
+// to 2s: an observer that took the one wake-up of a release (it did on
+// PostgreSQL) leaves the waiter asleep that long.
+func (s *suite) testObserverTakesNoWakeUp(t *testing.T) {
+	ctx := ctxT(t)
+	key := uniqueKey(t, "observer")
+	var attempts atomic.Int64
+	opts := func(hooks fenced.Hooks) *fenced.Options {
+		return &fenced.Options{FallbackPoll: 2 * time.Second, MinBackoff: 5 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, Defaults: s.h.LeaseDefaults, Hooks: hooks}
+	}
+	holder := fenced.NewClient(s.h.Open(t), opts(fenced.Hooks{}))
+	waiterDrv := s.h.Open(t)
+	waiter := fenced.NewClient(waiterDrv, opts(fenced.Hooks{AcquireAttempt: func(fenced.AttemptEvent) { attempts.Add(1) }}))
+	watcher := fenced.NewClient(s.h.Open(t), opts(fenced.Hooks{}))
+	beside := fenced.NewClient(waiterDrv, opts(fenced.Hooks{})) // the waiter's driver
+	t.Cleanup(func() { holder.Close(); waiter.Close(); watcher.Close(); beside.Close() })
+	elOther, err := fenced.NewElection(watcher, key, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	elBeside, err := fenced.NewElection(beside, key, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease := &fenced.LeaseOptions{TTL: 30 * time.Second, MaxWait: 20 * time.Second}
+	handover := func(el *fenced.Election) time.Duration {
+		t.Helper()
+		if el != nil {
+			octx, stop := context.WithCancel(ctx)
+			defer stop()
+			events := el.Observe(octx)
+			<-events // subscribed and read: it watches before the waiter waits
+			go func() {
+				for range events {
+				}
+			}()
+		}
+		held, err := holder.Acquire(ctx, key, lease)
+		if err != nil {
+			t.Fatal(err)
+		}
+		attempts.Store(0)
+		type result struct {
+			l   *fenced.Lease
+			at  time.Time
+			err error
+		}
+		got := make(chan result, 1)
+		go func() {
+			l, err := waiter.Acquire(ctx, key, lease)
+			got <- result{l, time.Now(), err}
+		}()
+		for attempts.Load() < 1 {
+			time.Sleep(time.Millisecond)
+		}
+		time.Sleep(200 * time.Millisecond) // the waiter is waiting now
+		start := time.Now()
+		if err := held.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		r := <-got
+		if r.err != nil {
+			t.Fatalf("waiter: %v", r.err)
+		}
+		if err := r.l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return r.at.Sub(start)
+	}
+	handover(nil) // warm-up: connections, lines, subscriptions
+	var without, other, same []time.Duration
+	for range 3 {
+		without = append(without, handover(nil))
+		other = append(other, handover(elOther))
+		same = append(same, handover(elBeside))
+	}
+	for _, d := range [][]time.Duration{without, other, same} {
+		slices.Sort(d)
+	}
+	a := without[1]
+	t.Logf("handover p50 without an observer %v, with one on another driver %v, on the waiter's %v (each %v / %v / %v)",
+		a, other[1], same[1], without, other, same)
+	for _, c := range []struct {
+		where string
+		d     time.Duration
+	}{{"another driver", other[1]}, {"the waiter's driver", same[1]}} {
+		if c.d > 3*a && c.d-a > 200*time.Millisecond {
+			t.Errorf("an observer of the key on %s slows a handover from %v to %v (p50 of 3): it took the waiter's wake-up", c.where, a, c.d)
+		}
+	}
+}
