@@ -373,7 +373,7 @@ type hold struct {
 	}
 	leases  []*fenced.Lease // every lease of the hold, for confirm
 	desc    string          // "the lease on k (fence 5)", for messages
-	env     []string // COMMAND's environment
+	env     []string        // COMMAND's environment
 	granted time.Time
 	grace   time.Duration // SIGTERM to SIGKILL on loss
 	minHold time.Duration // keep the lease this long after granted
