@@ -100,7 +100,8 @@ func electAndRun(ctx context.Context, g *globals, f *electFlags, name string, ar
 	if err != nil {
 		return err
 	}
-	defer c.Close()
+	var held *hold
+	defer func() { closeClient(c, held) }()
 	el, err := fenced.NewElection(c, name, opts)
 	if err != nil {
 		if errors.Is(err, fenced.ErrNoFence) {
@@ -126,5 +127,6 @@ func electAndRun(ctx context.Context, g *globals, f *electFlags, name string, ar
 	if g.verbose {
 		fmt.Fprintf(g.stderr, "fenced: leading: %s\n", h.desc)
 	}
+	held = h
 	return superviseCommand(ctx, g, h, argv, sigs)
 }

@@ -294,7 +294,8 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, keys, argv []st
 	if err != nil {
 		return err
 	}
-	defer c.Close()
+	var held *hold
+	defer func() { closeClient(c, held) }()
 
 	what := strings.Join(keys, ", ")
 	h, err := acquireOrInterrupt(ctx, sigs, what, func(acqCtx context.Context) (*hold, error) {
@@ -312,7 +313,23 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, keys, argv []st
 		return err
 	}
 	h.grace, h.minHold = f.grace, f.minHold
+	held = h
 	return superviseCommand(ctx, g, h, argv, sigs)
+}
+
+// closeClient closes c once the work under h (nil if none ran) is over.
+// If h was lost rather than released, it does not wait for the store,
+// which may be why: a renewal still waiting for it would hold Close for
+// its whole CloseTimeout. The lease has ended locally already, and its
+// grant expires at the store by itself.
+func closeClient(c *fenced.Client, h *hold) {
+	if h != nil {
+		if err := h.lease.Err(); err != nil && !errors.Is(err, fenced.ErrReleased) {
+			go c.Close()
+			return
+		}
+	}
+	c.Close()
 }
 
 // interruptible returns a context for waiting for a lease that a signal
