@@ -157,3 +157,33 @@ func TestCloseBeforeGoneKillsTree(t *testing.T) {
 		}
 	})
 }
+
+// Stop holds a process that keeps forking and exiting (each time leaving
+// the session): one scan for processes finds a process that is gone by the
+// time it is stopped, while its child runs on. In the cgroup, Stop freezes
+// them all at once. Only the cgroup mode is tested: the process-tree walk
+// rescans until stable, but a hopper can outrun any walk of /proc, and
+// this one sometimes did on this machine even at one hop per 2 ms.
+func TestStopHoldsAHopper(t *testing.T) {
+	t.Setenv(ModeEnv, "")
+	t.Logf("supervision mode: %s", Probe())
+	{
+		bin := buildC(t, "hopper")
+		out := filepath.Join(t.TempDir(), "out")
+		g := start(t, exec.Command(bin, out, "300"))
+		if !growing(out, 5*time.Second) {
+			t.Fatal("the hopper does not run")
+		}
+		for i := range 10 {
+			g.Stop()
+			time.Sleep(20 * time.Millisecond)
+			if growing(out, 300*time.Millisecond) {
+				t.Fatalf("stop %d: the hopper runs on while the Group is stopped", i)
+			}
+			g.Continue()
+			if !growing(out, 5*time.Second) {
+				t.Fatalf("continue %d: the hopper was not continued", i)
+			}
+		}
+	}
+}

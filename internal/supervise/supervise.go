@@ -49,6 +49,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -279,30 +280,49 @@ func (g *Group) SignalAll(sig syscall.Signal) int {
 		}
 		return n
 	}
-	return len(g.eachLiving(func(p proc) bool { return unix.Kill(p.pid, sig) == nil }))
+	return len(g.eachLiving(func(p proc) bool { return unix.Kill(p.pid, sig) == nil }, nil))
 }
 
 // eachLiving calls f once for every living descendant (process-tree
-// mode), scanning /proc until a scan finds no living process f has not
-// seen; f reports whether it acted on the process. It returns the pids f
-// acted on.
-func (g *Group) eachLiving(f func(proc) bool) []int {
+// mode); f reports whether it acted on the process, and settle, if not
+// nil, is called with the pids f acted on in a scan before the next scan.
+// /proc is scanned again until a scan finds no process f has not seen and
+// the same living processes as the scan before: a process that forked and
+// exited during a scan shows its child by the next one. It returns the
+// pids f acted on.
+func (g *Group) eachLiving(f func(proc) bool, settle func([]int)) []int {
 	seen := map[int]bool{}
 	var acted []int
+	var prev map[int]bool
 	for range 100 { // a fork bomb must not hold the supervisor forever
-		fresh := false
+		cur := map[int]bool{}
+		var fresh []int
 		for _, p := range g.descendants() {
-			if seen[p.pid] || !p.living() {
+			if !p.living() {
 				continue
 			}
-			seen[p.pid], fresh = true, true
+			cur[p.pid] = true
+			if seen[p.pid] {
+				continue
+			}
+			seen[p.pid] = true
 			if f(p) {
-				acted = append(acted, p.pid)
+				fresh = append(fresh, p.pid)
 			}
 		}
-		if !fresh {
+		acted = append(acted, fresh...)
+		if len(fresh) > 0 && settle != nil {
+			settle(fresh)
+		}
+		if len(fresh) == 0 && maps.Equal(cur, prev) {
 			break
 		}
+		if len(fresh) == 0 {
+			// A process that forked and exited may not show its child
+			// at once: look again a little later.
+			time.Sleep(2 * time.Millisecond)
+		}
+		prev = cur
 	}
 	return acted
 }
@@ -335,12 +355,15 @@ func (g *Group) Stop() {
 		waitStopped(stoppedNow, time.Second)
 		_ = g.cg.freeze(true, 2*time.Second)
 	} else {
+		// Each scan of /proc is made once every process stopped in the
+		// scan before has acted on its SIGSTOP, so a child it forked
+		// meanwhile exists by then and is found.
 		stoppedNow = g.eachLiving(func(p proc) bool {
 			if p.state == 'T' || p.state == 't' {
 				return false // stopped before, by someone else
 			}
 			return unix.Kill(p.pid, syscall.SIGSTOP) == nil
-		})
+		}, func(pids []int) { waitStopped(pids, time.Second) })
 	}
 	g.stopMu.Lock()
 	g.stopped = append(g.stopped, stoppedNow...)
@@ -348,18 +371,28 @@ func (g *Group) Stop() {
 	g.TakeTerminal()
 }
 
-// waitStopped waits up to d until each of tids is stopped (or gone).
-func waitStopped(tids []int, d time.Duration) {
+// waitStopped waits up to d until none of pids runs code of its own: each
+// is stopped, gone, or blocked in the kernel (D: a vfork parent waits for
+// its stopped child so).
+func waitStopped(pids []int, d time.Duration) {
 	deadline := time.Now().Add(d)
-	for _, tid := range tids {
-		for time.Now().Before(deadline) {
-			p, ok := readProc(strconv.Itoa(tid))
-			if !ok || p.state == 'T' || p.state == 't' || p.state == 'Z' || p.state == 'X' {
-				break
-			}
-			time.Sleep(time.Millisecond)
+	for _, pid := range pids {
+		for !settled(pid) && time.Now().Before(deadline) {
+			time.Sleep(200 * time.Microsecond)
 		}
 	}
+}
+
+// settled reports whether no thread of pid runs (see waitStopped).
+func settled(pid int) bool {
+	for _, st := range threadStates(pid) {
+		switch st {
+		case 'T', 't', 'D', 'Z', 'X':
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 // LeaderStopped reports whether the leader is stopped now (by a signal or
@@ -540,23 +573,35 @@ func (p proc) living() bool {
 // livingThreads counts the threads of pid that are neither zombies nor
 // dead, from /proc/PID/task.
 func livingThreads(pid int) int {
+	n := 0
+	for _, st := range threadStates(pid) {
+		if st != 'Z' && st != 'X' {
+			n++
+		}
+	}
+	return n
+}
+
+// threadStates returns the state letter of each thread of pid, from
+// /proc/PID/task; none if pid is gone.
+func threadStates(pid int) []byte {
 	dir := "/proc/" + strconv.Itoa(pid) + "/task"
 	names, err := os.ReadDir(dir)
 	if err != nil {
-		return 0
+		return nil
 	}
-	n := 0
+	var out []byte
 	for _, e := range names {
 		b, err := os.ReadFile(dir + "/" + e.Name() + "/stat")
 		if err != nil {
 			continue
 		}
 		s := string(b)
-		if i := strings.LastIndexByte(s, ')'); i >= 0 && i+2 < len(s) && s[i+2] != 'Z' && s[i+2] != 'X' {
-			n++
+		if i := strings.LastIndexByte(s, ')'); i >= 0 && i+2 < len(s) {
+			out = append(out, s[i+2])
 		}
 	}
-	return n
+	return out
 }
 
 // descendants returns every descendant of the process except the guard.
