@@ -1,9 +1,31 @@
 //go:build linux
 
 // Package supervise runs a command as a supervised job: in a process group of
-// its own, with every process it starts kept under the supervisor, so that
-// the supervisor can stop, continue and end all of it, and know when none of
-// it is left. `fenced run` is built on it.
+// its own and, where the system allows it, in a cgroup of its own, with every
+// process it starts kept under the supervisor, so that the supervisor can
+// stop, continue and end all of it, and know when none of it is left.
+// `fenced run` is built on it.
+//
+// Two modes (Group.Mode and Probe say which is in effect):
+//
+//   - cgroup: Start makes a cgroup v2 child of the cgroup the supervisor runs
+//     in (found from /proc/self/mountinfo and /proc/self/cgroup; no
+//     controller is needed) and starts the command into it
+//     (CLONE_INTO_CGROUP, so it is inside before it runs). No setsid, double
+//     fork or exited main thread leaves it: SIGKILL goes through cgroup.kill
+//     (and to each process listed in cgroup.threads, since cgroup.kill and
+//     cgroup.procs miss a process whose main thread exited while others
+//     run), Stop freezes it (cgroup.freeze), and Gone also waits for
+//     cgroup.events to say "populated 0". The cgroup is removed after Gone,
+//     or by the guard if the supervisor died.
+//   - process tree, where no cgroup can be made (no cgroup v2, no permission
+//     or delegation, or a kernel before 5.14, which lacks cgroup.kill), or
+//     when ModeEnv forces it for tests: processes are found by walking /proc
+//     from the supervisor, counting a process as living by its threads
+//     (/proc/PID/task), so a zombie main thread does not hide a running
+//     process, and scanning again until the scan is stable. A process that
+//     forks and exits faster than a walk of /proc can outrun it, and a
+//     process that left the group survives a kill -9 of the supervisor.
 //
 // What a Group guarantees, and how:
 //
@@ -13,21 +35,22 @@
 //     has no child left" means "no process the command started is left",
 //     including processes that left the group (setsid, double forks). The
 //     Group reaps them all (wait4 on any child) and reports Gone once none
-//     is left.
+//     is left (and, in cgroup mode, the cgroup is empty).
 //   - The whole tree can be signalled. SignalAll signals the process group
-//     and every descendant found in /proc, so processes that left the group
-//     are not missed.
+//     and every process of the cgroup, or every descendant found in /proc,
+//     so processes that left the group are not missed.
 //   - The command dies with the supervisor. The command's leader gets
 //     Pdeathsig SIGKILL. The kernel sends Pdeathsig when the *thread* that
 //     forked the child exits, not the process (go.dev/issue/27505), so the
 //     child is forked from a goroutine locked to its OS thread that stays
-//     locked (reaping) until the tree is gone. Pdeathsig reaches only the
-//     leader; the rest of the group is ended by a guard process (the
-//     supervisor's own binary, re-executed; see MaybeRunGuard) that waits on
-//     a pipe from the supervisor and kills the group with SIGKILL when the
-//     pipe closes without a goodbye, that is when the supervisor died.
-//     Processes that left the group are not reached after the supervisor's
-//     death: once it is gone they are re-parented away from it.
+//     locked (reaping) until the tree is gone. The rest of the tree is ended
+//     by a guard process (the supervisor's own binary, re-executed; see
+//     MaybeRunGuard) that waits on a pipe from the supervisor and, when the
+//     pipe closes without a goodbye (the supervisor died, or Close was
+//     called before Gone, as a panic unwinding does), kills the cgroup and
+//     the group. In process-tree mode, processes that left the group are
+//     not reached after the supervisor's death: once it is gone they are
+//     re-parented away from it.
 //   - Interactive commands keep the terminal. If the command's stdin is the
 //     caller's controlling terminal and the caller's group is in its
 //     foreground, the command's group is put in the foreground as it starts
@@ -38,10 +61,11 @@
 //     tcsetpgrp from a background group raises SIGTTOU, so the Group blocks
 //     SIGTTOU on its own thread around the call.
 //
-// Processes are found by scanning /proc; a process id read there could in
-// theory be reused between the scan and the kill, but only after the
-// process was reaped by this Group, which makes that window a few
-// microseconds long on a pid space that must wrap around first.
+// Processes are found by scanning /proc (or the cgroup's files); a process
+// id read there could in theory be reused between the scan and the kill,
+// but only after the process was reaped by this Group, which makes that
+// window a few microseconds long on a pid space that must wrap around
+// first.
 package supervise
 
 import (
