@@ -244,3 +244,60 @@ func cgroup2Dir(t *testing.T) string {
 	t.Fatal("no cgroup2 mount")
 	return ""
 }
+
+// run --help and -v say which supervision mode is in effect.
+func TestRunSaysSupervisionMode(t *testing.T) {
+	inMode(t, func(t *testing.T, mode string) {
+		r := cli(t, tempStore(t), "run", "--help")
+		if !strings.Contains(r.stdout, "Supervision on this system: "+mode) || !strings.Contains(r.stdout, supervise.ModeEnv) {
+			t.Fatalf("run --help does not say the mode in effect (%s):\n%s", mode, r.stdout)
+		}
+		t.Logf("supervision mode: %s", mode)
+		r = cli(t, tempStore(t), "-v", "run", "job:mode", "--", "true")
+		if r.code != 0 || !strings.Contains(r.stderr, "fenced: supervision: "+mode) {
+			t.Fatalf("-v: exit %d, stderr %q; want the mode %s", r.code, r.stderr, mode)
+		}
+	})
+}
+
+// Where no cgroup can be made (here fenced runs in a cgroup that allows
+// no child: cgroup.max.descendants 0), fenced falls back to the process
+// tree, says why with -v, and still runs COMMAND and ends its tree.
+func TestRunFallsBackWhenNoCgroupCanBeMade(t *testing.T) {
+	dir := filepath.Join(cgroup2Dir(t), "fenced-test-"+strconv.Itoa(os.Getpid()))
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for deadline := time.Now().Add(10 * time.Second); os.Remove(dir) != nil && time.Now().Before(deadline); {
+			time.Sleep(20 * time.Millisecond)
+		}
+	})
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.max.descendants"), []byte("0"), 0); err != nil {
+		t.Fatal(err)
+	}
+	fd, err := syscall.Open(dir, syscall.O_RDONLY|syscall.O_DIRECTORY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Close(fd)
+	store := tempStore(t)
+	leftover := filepath.Join(t.TempDir(), "leftover")
+	cmd, _, errb := cliCmd(t, store, "-v", "run", "--grace", "200ms", "job:fallback", "--", "sh", "-c",
+		"setsid sh -c 'trap \"\" TERM; echo $$ > "+leftover+"; exec sleep 30' & while [ ! -s "+leftover+" ]; do sleep 0.01; done")
+	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: fd}
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("%v; stderr %s", err, errb)
+	}
+	if !strings.Contains(errb.String(), "fenced: supervision: process tree (no cgroup: mkdir") {
+		t.Fatalf("-v does not say fenced fell back to the process tree and why: %s", errb)
+	}
+	for _, l := range strings.Split(errb.String(), "\n") {
+		if strings.Contains(l, "supervision:") {
+			t.Logf("supervision mode: %s", strings.TrimPrefix(l, "fenced: supervision: "))
+		}
+	}
+	if pid := readPid(t, leftover); alive(pid) {
+		t.Fatalf("the process %d COMMAND left behind still runs", pid)
+	}
+}

@@ -241,13 +241,15 @@ func Start(cmd *exec.Cmd) (*Group, error) {
 // cgroup is dropped and the command started once more without it.
 func (g *Group) startCommand() error {
 	if g.cg != nil {
+		// The guard learns of the cgroup before anything runs in it, so a
+		// supervisor that dies at any moment leaves nothing behind.
+		g.tellGuard("cgroup " + g.cg.dir + "\n")
 		fd, err := g.cg.openDir()
 		if err == nil {
 			g.cmd.SysProcAttr.UseCgroupFD, g.cmd.SysProcAttr.CgroupFD = true, fd
 			err = g.cmd.Start()
 			unix.Close(fd)
 			if err == nil {
-				g.tellGuard("cgroup " + g.cg.dir + "\n")
 				return nil
 			}
 			// A failed Start leaves cmd startable again (its stdio are
