@@ -131,7 +131,8 @@ type Group struct {
 	cg   *cgroup // the command's cgroup, or nil in process-tree mode
 	mode string  // the supervision mode, for Mode
 
-	goneFlag atomic.Bool // Gone was reported
+	goneFlag atomic.Bool  // Gone was reported
+	exits    atomic.Int64 // children reaped so far, for eachLiving
 
 	guardPid atomic.Int64 // 0 once the guard is gone (or never ran)
 	guardMu  sync.Mutex
@@ -312,15 +313,17 @@ func (g *Group) SignalAll(sig syscall.Signal) int {
 // eachLiving calls f once for every living descendant (process-tree
 // mode); f reports whether it acted on the process, and settle, if not
 // nil, is called with the pids f acted on in a scan before the next scan.
-// /proc is scanned again until a scan finds no process f has not seen and
-// the same living processes as the scan before: a process that forked and
-// exited during a scan shows its child by the next one. It returns the
-// pids f acted on.
+// /proc is scanned again until a scan finds no process f has not seen, the
+// same living processes as the scan before, and no child of the supervisor
+// exited while it ran: a process that forked and exited during a scan
+// shows its child by the next one (the child is re-parented to the
+// supervisor, which reaps the parent). It returns the pids f acted on.
 func (g *Group) eachLiving(f func(proc) bool, settle func([]int)) []int {
 	seen := map[int]bool{}
 	var acted []int
 	var prev map[int]bool
 	for range 100 { // a fork bomb must not hold the supervisor forever
+		exits := g.exits.Load()
 		cur := map[int]bool{}
 		var fresh []int
 		for _, p := range g.descendants() {
@@ -340,8 +343,8 @@ func (g *Group) eachLiving(f func(proc) bool, settle func([]int)) []int {
 		if len(fresh) > 0 && settle != nil {
 			settle(fresh)
 		}
-		if len(fresh) == 0 && maps.Equal(cur, prev) {
-			break
+		if len(fresh) == 0 && maps.Equal(cur, prev) && g.exits.Load() == exits {
+			break // a child that exited meanwhile may have left one that the scan missed
 		}
 		if len(fresh) == 0 {
 			// A process that forked and exited may not show its child
@@ -552,6 +555,9 @@ func (g *Group) gone() {
 }
 
 func (g *Group) record(pid int, ws unix.WaitStatus) {
+	if !ws.Stopped() {
+		g.exits.Add(1)
+	}
 	switch {
 	case pid == g.pid && ws.Stopped():
 		g.events <- Event{Kind: Stopped, Signal: ws.StopSignal()}
