@@ -314,24 +314,23 @@ func (g *Group) SignalAll(sig syscall.Signal) int {
 // mode); f reports whether it acted on the process, and settle, if not
 // nil, is called with the pids f acted on in a scan before the next scan.
 // /proc is scanned again until a scan finds no process f has not seen, the
-// same living processes as the scan before, and no child of the supervisor
-// exited while it ran: a process that forked and exited during a scan
-// shows its child by the next one (the child is re-parented to the
-// supervisor, which reaps the parent). It returns the pids f acted on.
+// same processes, living and dead (zombies), as the scan before, and no
+// child of the supervisor exited while it ran: a process that forked and
+// exited during a scan shows as a zombie, and its child by a later scan
+// (the child is re-parented to the supervisor, which reaps the parent). It
+// returns the pids f acted on.
 func (g *Group) eachLiving(f func(proc) bool, settle func([]int)) []int {
 	seen := map[int]bool{}
 	var acted []int
 	var prev map[int]bool
 	for range 100 { // a fork bomb must not hold the supervisor forever
 		exits := g.exits.Load()
-		cur := map[int]bool{}
+		cur := map[int]bool{} // pid: living
 		var fresh []int
 		for _, p := range g.descendants() {
-			if !p.living() {
-				continue
-			}
-			cur[p.pid] = true
-			if seen[p.pid] {
+			living := p.living()
+			cur[p.pid] = living
+			if !living || seen[p.pid] {
 				continue
 			}
 			seen[p.pid] = true
