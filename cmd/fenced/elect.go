@@ -100,7 +100,8 @@ func electAndRun(ctx context.Context, g *globals, f *electFlags, name string, ar
 	if err != nil {
 		return err
 	}
-	defer c.Close()
+	var held *hold
+	defer func() { closeClient(c, held) }()
 	el, err := fenced.NewElection(c, name, opts)
 	if err != nil {
 		if errors.Is(err, fenced.ErrNoFence) {
@@ -111,17 +112,22 @@ func electAndRun(ctx context.Context, g *globals, f *electFlags, name string, ar
 	if f.value != "" && !el.CanProclaim() {
 		return withCode(exitUsage, fmt.Errorf("elect: --value: this store keeps no value with a leader (only etcd does); leave --value out"))
 	}
-	acqCtx, stopWait := interruptible(ctx, sigs, "the leadership") // the error names the key
-	ld, err := el.Campaign(acqCtx, f.value)
-	stopWait()
+	// The error names the key already.
+	h, err := acquireOrInterrupt(ctx, sigs, "the leadership", func(acqCtx context.Context) (*hold, error) {
+		ld, err := el.Campaign(acqCtx, f.value)
+		if err != nil {
+			return nil, err
+		}
+		env := append(childEnv(os.Environ(), ld.Lease(), g.store), "FENCED_EPOCH="+strconv.FormatUint(ld.Epoch(), 10))
+		return &hold{lease: ld.Lease(), leases: []*fenced.Lease{ld.Lease()}, env: env, granted: time.Now(), grace: f.grace,
+			desc: fmt.Sprintf("the leadership of %s (epoch %d)", name, ld.Epoch())}, nil
+	})
 	if err != nil {
 		return err
 	}
 	if g.verbose {
-		fmt.Fprintf(g.stderr, "fenced: leading %s with epoch %d\n", name, ld.Epoch())
+		fmt.Fprintf(g.stderr, "fenced: leading: %s\n", h.desc)
 	}
-	env := append(childEnv(os.Environ(), ld.Lease(), g.store), "FENCED_EPOCH="+strconv.FormatUint(ld.Epoch(), 10))
-	h := &hold{lease: ld.Lease(), env: env, granted: time.Now(), grace: f.grace,
-		desc: fmt.Sprintf("the leadership of %s (epoch %d)", name, ld.Epoch())}
+	held = h
 	return superviseCommand(ctx, g, h, argv, sigs)
 }

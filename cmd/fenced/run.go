@@ -79,6 +79,13 @@ exclude across users and hosts. -v prints the store actually used.
 COMMAND runs in a process group of its own, and fenced owns all of it: fenced is a
 child subreaper, so processes that leave the group or lose their parent stay
 fenced's, and the lease is released only when no process COMMAND started is left.
+Where the system allows it (cgroup v2, and permission to make a child of fenced's
+own cgroup), COMMAND also runs in a cgroup of its own: it is killed, frozen and
+counted as one, so no setsid, double fork or exited main thread leaves it, even
+when fenced is killed with kill -9. Otherwise fenced walks /proc for COMMAND's
+processes (the "process tree" mode): then a process that left the group survives
+a kill -9 of fenced. -v and the end of this help say which mode is in effect
+(FENCED_SUPERVISE_MODE=proctree forces the process tree; it is meant for tests).
   - Signals sent to fenced (INT, TERM, HUP, QUIT, USR1, USR2) go to the group.
   - If the lease is lost (renewal refused, broken by an admin, or not confirmed
     before local validity ran out), every process gets SIGTERM, then SIGKILL after
@@ -87,7 +94,7 @@ fenced's, and the lease is released only when no process COMMAND started is left
   - When COMMAND exits, the processes it left behind get SIGTERM, then SIGKILL
     after --grace, before the lease is released.
   - If fenced dies (even kill -9), COMMAND gets SIGKILL (Pdeathsig) and a guard
-    process sends SIGKILL to its group.
+    process kills its cgroup (in process-tree mode: its group).
 
 Stopping: fenced and COMMAND's group stop and continue together. If fenced gets
 SIGTSTP, SIGTTIN or SIGTTOU (Ctrl-Z), or COMMAND stops (job control, or SIGSTOP),
@@ -146,6 +153,10 @@ no such line. So a 77 without that line is COMMAND's own.`,
 			return runUnderLease(cmd.Context(), g, f, keys, argv)
 		},
 	}
+	cmd.SetHelpFunc(func(c *cobra.Command, args []string) {
+		c.Long = strings.TrimSuffix(c.Long, supervisionHelp(false)) + supervisionHelp(true)
+		c.Root().HelpFunc()(c, args)
+	})
 	fl := cmd.Flags()
 	fl.DurationVar(&f.ttl, "ttl", 30*time.Second, "lease time to live, positive; renewed every third of it")
 	fl.DurationVar(&f.wait, "wait", 0, "how long to wait for a held KEY (0: exit 75 at once if held)")
@@ -157,6 +168,17 @@ no such line. So a 77 without that line is COMMAND's own.`,
 		"none (no fence: Redlock without a fence source, or work whose duplicates only waste effort; the resource must then be protected otherwise)")
 	fl.SetInterspersed(false) // after KEY, everything is COMMAND (see splitRunArgs)
 	return cmd
+}
+
+var probed string
+
+// supervisionHelp is the last paragraph of run --help: the supervision
+// mode in effect on this system (probed once, by making a cgroup).
+func supervisionHelp(probe bool) string {
+	if probe && probed == "" {
+		probed = "\n\nSupervision on this system: " + supervise.Probe() + "."
+	}
+	return probed
 }
 
 // leaseOptions turns the flags into explicit lease options: every field is
@@ -273,17 +295,18 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, keys, argv []st
 	if err != nil {
 		return err
 	}
-	defer c.Close()
+	var held *hold
+	defer func() { closeClient(c, held) }()
 
 	what := "the lease" // the error names the keys already
 	if len(keys) > 1 {
 		what = "the leases"
 	}
-	acqCtx, stopWait := interruptible(ctx, sigs, what)
-	stopStatus := showWaitStatus(acqCtx, g.stderr, c, keys, f.wait) // a live line on a terminal
-	h, err := acquireHold(acqCtx, c, f, keys, opts, g.store)
-	stopStatus()
-	stopWait()
+	h, err := acquireOrInterrupt(ctx, sigs, what, func(acqCtx context.Context) (*hold, error) {
+		stopStatus := showWaitStatus(acqCtx, g.stderr, c, keys, f.wait) // a live line on a terminal
+		defer stopStatus()
+		return acquireHold(acqCtx, c, f, keys, opts, g.store)
+	})
 	if err != nil {
 		if errors.Is(err, fenced.ErrHeld) {
 			return withCode(exitHeld, fmt.Errorf("%w; nothing ran", err))
@@ -294,29 +317,70 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, keys, argv []st
 		return err
 	}
 	h.grace, h.minHold = f.grace, f.minHold
+	held = h
 	return superviseCommand(ctx, g, h, argv, sigs)
+}
+
+// closeClient closes c once the work under h (nil if none ran) is over.
+// If h was lost rather than released, it does not wait for the store,
+// which may be why: a renewal still waiting for it would hold Close for
+// its whole CloseTimeout. The lease has ended locally already, and its
+// grant expires at the store by itself.
+func closeClient(c *fenced.Client, h *hold) {
+	if h != nil {
+		if err := h.lease.Err(); err != nil && !errors.Is(err, fenced.ErrReleased) {
+			go c.Close()
+			return
+		}
+	}
+	c.Close()
 }
 
 // interruptible returns a context for waiting for a lease that a signal
 // from sigs cancels: a signal while waiting stops the wait, and nothing
-// runs. Call stop once the wait is over, before reading sigs again.
-func interruptible(ctx context.Context, sigs <-chan os.Signal, what string) (context.Context, func()) {
+// runs. Call stop once the wait is over, before reading sigs again; it
+// returns the signal that came meanwhile, if one did. A signal that came
+// as the grant landed (the wait succeeded all the same) is the caller's
+// to act on: it must release what it got and run nothing.
+func interruptible(ctx context.Context, sigs <-chan os.Signal, what string) (context.Context, func() os.Signal) {
 	acqCtx, stopWait := context.WithCancelCause(ctx)
 	waitDone := make(chan struct{})
 	exited := make(chan struct{})
+	var got os.Signal
 	go func() {
 		defer close(exited)
 		select {
 		case s := <-sigs:
+			got = s
 			stopWait(fmt.Errorf("interrupted by %v while waiting for %s", s, what))
 		case <-waitDone:
 		}
 	}()
-	return acqCtx, func() {
+	return acqCtx, func() os.Signal {
 		close(waitDone)
 		<-exited
+		return got
 	}
 }
+
+// acquireOrInterrupt runs acquire under a context that a signal from sigs
+// cancels (see interruptible). If a signal comes as the grant lands, the
+// hold is released at once and nothing runs.
+func acquireOrInterrupt(ctx context.Context, sigs <-chan os.Signal, what string, acquire func(context.Context) (*hold, error)) (*hold, error) {
+	acqCtx, stopWait := interruptible(ctx, sigs, what)
+	h, err := acquire(acqCtx)
+	sig := stopWait()
+	if err != nil || sig == nil {
+		return h, err
+	}
+	relCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
+	_ = h.lease.Release(relCtx)
+	return nil, fmt.Errorf("interrupted by %v as %s was granted; released it, nothing ran", sig, h.desc)
+}
+
+// releaseTimeout bounds the release of a lease that is still valid.
+const releaseTimeout = 5 * time.Second
 
 // hold is what COMMAND runs under: one lease, a semaphore permit, the
 // leases on several keys, or a leadership. It ends (Done) when any lease
@@ -328,8 +392,9 @@ type hold struct {
 		Remaining() time.Duration
 		Release(ctx context.Context) error
 	}
-	desc    string   // "the lease on k (fence 5)", for messages
-	env     []string // COMMAND's environment
+	leases  []*fenced.Lease // every lease of the hold, for confirm
+	desc    string          // "the lease on k (fence 5)", for messages
+	env     []string        // COMMAND's environment
 	granted time.Time
 	grace   time.Duration // SIGTERM to SIGKILL on loss
 	minHold time.Duration // keep the lease this long after granted
@@ -349,21 +414,21 @@ func acquireHold(ctx context.Context, c *fenced.Client, f *runFlags, keys []stri
 			return nil, err
 		}
 		env := append(childEnv(os.Environ(), p.Lease, store), "FENCED_SLOT="+strconv.Itoa(p.Slot()))
-		return &hold{lease: p, env: env, granted: time.Now(),
+		return &hold{lease: p, leases: []*fenced.Lease{p.Lease}, env: env, granted: time.Now(),
 			desc: fmt.Sprintf("the lease on permit %s of %d (fence %d)", p.Key(), f.permits, p.Fence())}, nil
 	case len(keys) > 1:
 		set, err := c.AcquireAll(ctx, keys, opts)
 		if err != nil {
 			return nil, err
 		}
-		return &hold{lease: set, env: setEnv(os.Environ(), set, store), granted: time.Now(),
+		return &hold{lease: set, leases: set.Leases(), env: setEnv(os.Environ(), set, store), granted: time.Now(),
 			desc: fmt.Sprintf("the leases on %s (fences %s)", strings.Join(set.Keys(), ", "), fencesDesc(set))}, nil
 	}
 	l, err := c.Acquire(ctx, keys[0], opts)
 	if err != nil {
 		return nil, err
 	}
-	return &hold{lease: l, env: childEnv(os.Environ(), l, store), granted: time.Now(),
+	return &hold{lease: l, leases: []*fenced.Lease{l}, env: childEnv(os.Environ(), l, store), granted: time.Now(),
 		desc: fmt.Sprintf("the lease on %s (fence %d)", l.Key(), l.Fence())}, nil
 }
 
@@ -391,7 +456,10 @@ func superviseCommand(ctx context.Context, g *globals, h *hold, argv []string, s
 		}
 		return withCode(127, fmt.Errorf("run: start %s: %w", argv[0], err))
 	}
-	defer grp.Close()
+	defer grp.Close() // before Gone (a panic), it kills the tree
+	if g.verbose {
+		fmt.Fprintf(g.stderr, "fenced: supervision: %s\n", grp.Mode())
+	}
 	s := &supervision{g: g, h: h, name: argv[0], grp: grp}
 	return s.run(ctx, sigs)
 }
@@ -582,7 +650,7 @@ func (s *supervision) suspend(why string) {
 // holdAtLeast keeps the lease, renewed, until --min-hold has passed since
 // the grant, so that a late duplicate of the job finds the key held. A
 // signal (INT, TERM, ...) or the lease's end cuts it short; the work is
-// done either way.
+// done, and was confirmed under the lease, either way.
 func (s *supervision) holdAtLeast(sigs <-chan os.Signal) {
 	left := s.h.minHold - time.Since(s.h.granted)
 	if left <= 0 {
@@ -599,7 +667,8 @@ func (s *supervision) holdAtLeast(sigs <-chan os.Signal) {
 		case <-t.C:
 			return
 		case <-s.h.lease.Done():
-			fmt.Fprintf(s.g.stderr, "fenced: %s ended while kept for --min-hold, after %s had ended: %v\n", s.h.desc, s.name, s.h.lease.Err())
+			fmt.Fprintf(s.g.stderr, "fenced: %s ended while kept for --min-hold, after %s and its processes had ended under it (confirmed by the store): %v\n",
+				s.h.desc, s.name, errText(s.h.lease.Err()))
 			return
 		case sig := <-sigs:
 			if slices.Contains(stopSignals, sig) {
@@ -611,34 +680,80 @@ func (s *supervision) holdAtLeast(sigs <-chan os.Signal) {
 	}
 }
 
+// confirm asks the store whether it still has every grant of the hold, by
+// renewing each. It returns an error matching fenced.ErrNotHeld if one is
+// gone (broken, or expired and perhaps granted again).
+func (s *supervision) confirm(ctx context.Context) error {
+	for _, l := range s.h.leases {
+		if err := l.Renew(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// errText is err's message without the "fenced: " that library errors
+// start with, for lines that start with it already.
+func errText(err error) string {
+	if err == nil {
+		return "<nil>"
+	}
+	return strings.TrimPrefix(err.Error(), "fenced: ")
+}
+
 // finish releases the lease once the tree is gone and picks the exit code.
-// The release doubles as the final check: a store that no longer has the
-// grant (broken, or expired and perhaps granted again) refuses it, and the
-// work is then reported as lost even if fenced had not noticed yet.
+//
+// The work is reported as lost (77) if the lease was lost while anything
+// ran, if its local validity had run out when the last process ended, or
+// if the store no longer had the grant then. The release doubles as that
+// last check; with --min-hold, the lease is kept on after the work, so the
+// check is made first, by a renewal, before the hold: a loss is never
+// hidden behind the hold. A lease already lost is ended locally without
+// waiting for the store, which may be the reason it was lost.
 func (s *supervision) finish(ctx context.Context, sigs <-chan os.Signal) error {
 	validAtEnd := s.leaseValid()
 	left := s.h.lease.Remaining()
-	if validAtEnd && s.lost == nil {
-		s.holdAtLeast(sigs)
-	}
-	relCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	relErr := s.h.lease.Release(relCtx)
 	lost := s.lost
-	switch {
-	case lost != nil:
-	case !validAtEnd:
+	if lost == nil && !validAtEnd {
 		lost = s.h.lease.Err()
 		if lost == nil || errors.Is(lost, fenced.ErrReleased) {
 			lost = fmt.Errorf("%w: local validity ran out", fenced.ErrExpired)
 		}
-	case errors.Is(relErr, fenced.ErrNotHeld) && !s.heldOn:
-		lost = fmt.Errorf("the store no longer had the grant when %s ended (broken, or expired): %w", s.name, relErr)
-	case relErr != nil:
-		// The store could not be asked; the lease was valid by the local
-		// clock (started before the grant was sent, minus the safety
-		// margin) when the last process ended, which is the contract.
-		fmt.Fprintf(s.g.stderr, "fenced: %v (the lease was valid for %v more when %s ended; it will expire by itself)\n", relErr, left.Round(time.Millisecond), s.name)
+	}
+	if lost == nil && s.h.minHold > time.Since(s.h.granted) {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(left, releaseTimeout))
+		err := s.confirm(cctx)
+		cancel()
+		switch {
+		case errors.Is(err, fenced.ErrNotHeld) || errors.Is(err, fenced.ErrLost):
+			lost = fmt.Errorf("the store no longer had the grant when %s ended (broken, or expired): %w", s.name, err)
+		case err != nil:
+			fmt.Fprintf(s.g.stderr, "fenced: could not confirm %s when %s ended: %s (it was valid for %v more by the local clock)\n",
+				s.h.desc, s.name, errText(err), left.Round(time.Millisecond))
+		}
+		if lost == nil {
+			s.holdAtLeast(sigs)
+		}
+	}
+	if lost == nil && s.h.lease.Err() == nil {
+		relCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+		relErr := s.h.lease.Release(relCtx)
+		cancel()
+		switch {
+		case errors.Is(relErr, fenced.ErrNotHeld) && !s.heldOn:
+			lost = fmt.Errorf("the store no longer had the grant when %s ended (broken, or expired): %w", s.name, relErr)
+		case relErr != nil:
+			// The store could not be asked; the lease was valid by the local
+			// clock (started before the grant was sent, minus the safety
+			// margin) when the last process ended, which is the contract.
+			fmt.Fprintf(s.g.stderr, "fenced: %s (the lease was valid for %v more when %s ended; it will expire by itself)\n", errText(relErr), left.Round(time.Millisecond), s.name)
+		}
+	} else {
+		// Lost, or ended during the hold: end it here (its context is
+		// cancelled already) without waiting for a store that may be why.
+		relCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+		cancel()
+		_ = s.h.lease.Release(relCtx)
 	}
 	if lost != nil {
 		what := "ran"

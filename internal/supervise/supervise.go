@@ -1,9 +1,31 @@
 //go:build linux
 
 // Package supervise runs a command as a supervised job: in a process group of
-// its own, with every process it starts kept under the supervisor, so that
-// the supervisor can stop, continue and end all of it, and know when none of
-// it is left. `fenced run` is built on it.
+// its own and, where the system allows it, in a cgroup of its own, with every
+// process it starts kept under the supervisor, so that the supervisor can
+// stop, continue and end all of it, and know when none of it is left.
+// `fenced run` is built on it.
+//
+// Two modes (Group.Mode and Probe say which is in effect):
+//
+//   - cgroup: Start makes a cgroup v2 child of the cgroup the supervisor runs
+//     in (found from /proc/self/mountinfo and /proc/self/cgroup; no
+//     controller is needed) and starts the command into it
+//     (CLONE_INTO_CGROUP, so it is inside before it runs). No setsid, double
+//     fork or exited main thread leaves it: SIGKILL goes through cgroup.kill
+//     (and to each process listed in cgroup.threads, since cgroup.kill and
+//     cgroup.procs miss a process whose main thread exited while others
+//     run), Stop freezes it (cgroup.freeze), and Gone also waits for
+//     cgroup.events to say "populated 0". The cgroup is removed after Gone,
+//     or by the guard if the supervisor died.
+//   - process tree, where no cgroup can be made (no cgroup v2, no permission
+//     or delegation, or a kernel before 5.14, which lacks cgroup.kill), or
+//     when ModeEnv forces it for tests: processes are found by walking /proc
+//     from the supervisor, counting a process as living by its threads
+//     (/proc/PID/task), so a zombie main thread does not hide a running
+//     process, and scanning again until the scan is stable. A process that
+//     forks and exits faster than a walk of /proc can outrun it, and a
+//     process that left the group survives a kill -9 of the supervisor.
 //
 // What a Group guarantees, and how:
 //
@@ -13,21 +35,22 @@
 //     has no child left" means "no process the command started is left",
 //     including processes that left the group (setsid, double forks). The
 //     Group reaps them all (wait4 on any child) and reports Gone once none
-//     is left.
+//     is left (and, in cgroup mode, the cgroup is empty).
 //   - The whole tree can be signalled. SignalAll signals the process group
-//     and every descendant found in /proc, so processes that left the group
-//     are not missed.
+//     and every process of the cgroup, or every descendant found in /proc,
+//     so processes that left the group are not missed.
 //   - The command dies with the supervisor. The command's leader gets
 //     Pdeathsig SIGKILL. The kernel sends Pdeathsig when the *thread* that
 //     forked the child exits, not the process (go.dev/issue/27505), so the
 //     child is forked from a goroutine locked to its OS thread that stays
-//     locked (reaping) until the tree is gone. Pdeathsig reaches only the
-//     leader; the rest of the group is ended by a guard process (the
-//     supervisor's own binary, re-executed; see MaybeRunGuard) that waits on
-//     a pipe from the supervisor and kills the group with SIGKILL when the
-//     pipe closes without a goodbye, that is when the supervisor died.
-//     Processes that left the group are not reached after the supervisor's
-//     death: once it is gone they are re-parented away from it.
+//     locked (reaping) until the tree is gone. The rest of the tree is ended
+//     by a guard process (the supervisor's own binary, re-executed; see
+//     MaybeRunGuard) that waits on a pipe from the supervisor and, when the
+//     pipe closes without a goodbye (the supervisor died, or Close was
+//     called before Gone, as a panic unwinding does), kills the cgroup and
+//     the group. In process-tree mode, processes that left the group are
+//     not reached after the supervisor's death: once it is gone they are
+//     re-parented away from it.
 //   - Interactive commands keep the terminal. If the command's stdin is the
 //     caller's controlling terminal and the caller's group is in its
 //     foreground, the command's group is put in the foreground as it starts
@@ -38,10 +61,11 @@
 //     tcsetpgrp from a background group raises SIGTTOU, so the Group blocks
 //     SIGTTOU on its own thread around the call.
 //
-// Processes are found by scanning /proc; a process id read there could in
-// theory be reused between the scan and the kill, but only after the
-// process was reaped by this Group, which makes that window a few
-// microseconds long on a pid space that must wrap around first.
+// Processes are found by scanning /proc (or the cgroup's files); a process
+// id read there could in theory be reused between the scan and the kill,
+// but only after the process was reaped by this Group, which makes that
+// window a few microseconds long on a pid space that must wrap around
+// first.
 package supervise
 
 import (
@@ -49,9 +73,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -101,6 +127,12 @@ type Group struct {
 
 	stopMu  sync.Mutex
 	stopped []int // processes outside the group that Stop stopped
+
+	cg   *cgroup // the command's cgroup, or nil in process-tree mode
+	mode string  // the supervision mode, for Mode
+
+	goneFlag atomic.Bool  // Gone was reported
+	exits    atomic.Int64 // children reaped so far, for eachLiving
 
 	guardPid atomic.Int64 // 0 once the guard is gone (or never ran)
 	guardMu  sync.Mutex
@@ -156,6 +188,13 @@ func Start(cmd *exec.Cmd) (*Group, error) {
 	attr := cmd.SysProcAttr
 	attr.Setpgid, attr.Pgid = true, 0
 	attr.Pdeathsig = syscall.SIGKILL
+	if os.Getenv(ModeEnv) == "proctree" {
+		g.mode = procTreeMode(ModeEnv + "=proctree")
+	} else if cg, err := newCgroup(); err != nil {
+		g.mode = procTreeMode(err.Error())
+	} else {
+		g.cg, g.mode = cg, cgroupMode(filepath.Dir(cg.dir))
+	}
 	if f, ok := cmd.Stdin.(*os.File); ok && f != nil {
 		// TIOCGPGRP succeeds only on the caller's controlling terminal.
 		fd := int(f.Fd())
@@ -179,7 +218,8 @@ func Start(cmd *exec.Cmd) (*Group, error) {
 			started <- err
 			return
 		}
-		if err := cmd.Start(); err != nil {
+		if err := g.startCommand(); err != nil {
+			g.goneFlag.Store(true) // nothing runs: Close only dismisses the guard
 			g.Close()
 			active.Store(false)
 			started <- err
@@ -196,6 +236,40 @@ func Start(cmd *exec.Cmd) (*Group, error) {
 	return g, nil
 }
 
+// startCommand starts the command, in its cgroup if there is one
+// (CLONE_INTO_CGROUP, so it is in the cgroup before it runs). If the
+// command cannot be started into the cgroup (clone3 refused, say), the
+// cgroup is dropped and the command started once more without it.
+func (g *Group) startCommand() error {
+	if g.cg != nil {
+		// The guard learns of the cgroup before anything runs in it, so a
+		// supervisor that dies at any moment leaves nothing behind.
+		g.tellGuard("cgroup " + g.cg.dir + "\n")
+		fd, err := g.cg.openDir()
+		if err == nil {
+			g.cmd.SysProcAttr.UseCgroupFD, g.cmd.SysProcAttr.CgroupFD = true, fd
+			err = g.cmd.Start()
+			unix.Close(fd)
+			if err == nil {
+				return nil
+			}
+			// A failed Start leaves cmd startable again (its stdio are
+			// files, so nothing was consumed).
+			g.cmd.SysProcAttr.UseCgroupFD, g.cmd.SysProcAttr.CgroupFD = false, 0
+		}
+		_ = g.cg.remove(time.Second)
+		g.mode = procTreeMode(fmt.Sprintf("cannot start into cgroup %s: %v", g.cg.dir, err))
+		g.cg = nil
+	}
+	return g.cmd.Start()
+}
+
+// Mode describes how the Group holds the command's tree: in a cgroup v2 of
+// its own (every process, wherever it moves in the process tree, is killed
+// and frozen with the cgroup), or by walking /proc (the fallback where no
+// cgroup can be made), with the reason.
+func (g *Group) Mode() string { return g.mode }
+
 // Pid returns the leader's process id, which is also the group's id.
 func (g *Group) Pid() int { return g.pid }
 
@@ -209,42 +283,144 @@ func (g *Group) Signal(sig syscall.Signal) error {
 	return unix.Kill(-g.pid, sig)
 }
 
-// SignalAll sends sig to the command's process group and to every living
-// descendant of the supervisor except the guard, so processes that left the
-// group are reached too. It returns how many living processes it found.
+// SignalAll sends sig to every living process of the command, wherever
+// it is in the process tree, and to the command's process group. It
+// returns how many living processes it found.
+//
+// In cgroup mode that is every process in the cgroup (SIGKILL goes through
+// cgroup.kill, which no fork escapes). In process-tree mode it is every
+// descendant of the supervisor but the guard, found in /proc, including a
+// process whose main thread exited while its other threads run (shown as a
+// zombie); /proc is scanned again until a scan finds no process not
+// signalled yet, so a process forked meanwhile is reached too.
 func (g *Group) SignalAll(sig syscall.Signal) int {
-	n := 0
-	for _, p := range g.descendants() {
-		if p.state == 'Z' {
-			continue
+	defer unix.Kill(-g.pid, sig)
+	if g.cg != nil {
+		if sig == syscall.SIGKILL {
+			return g.cg.killAll()
 		}
-		if unix.Kill(p.pid, sig) == nil {
-			n++
+		n := 0
+		for _, pid := range g.cg.members() {
+			if unix.Kill(pid, sig) == nil {
+				n++
+			}
 		}
+		return n
 	}
-	_ = unix.Kill(-g.pid, sig)
-	return n
+	return len(g.eachLiving(func(p proc) bool { return unix.Kill(p.pid, sig) == nil }, nil))
 }
 
-// Stop stops the command's group and every other running descendant (a
-// process that left the group must not run on either) with SIGSTOP, which
-// they cannot catch or ignore, and takes the terminal back if the group had
-// it. Continue continues what Stop stopped.
+// eachLiving calls f once for every living descendant (process-tree
+// mode); f reports whether it acted on the process, and settle, if not
+// nil, is called with the pids f acted on in a scan before the next scan.
+// /proc is scanned again until a scan finds no process f has not seen, the
+// same processes, living and dead (zombies), as the scan before, and no
+// child of the supervisor exited while it ran: a process that forked and
+// exited during a scan shows as a zombie, and its child by a later scan
+// (the child is re-parented to the supervisor, which reaps the parent). It
+// returns the pids f acted on.
+func (g *Group) eachLiving(f func(proc) bool, settle func([]int)) []int {
+	seen := map[int]bool{}
+	var acted []int
+	var prev map[int]bool
+	for range 100 { // a fork bomb must not hold the supervisor forever
+		exits := g.exits.Load()
+		cur := map[int]bool{} // pid: living
+		var fresh []int
+		for _, p := range g.descendants() {
+			living := p.living()
+			cur[p.pid] = living
+			if !living || seen[p.pid] {
+				continue
+			}
+			seen[p.pid] = true
+			if f(p) {
+				fresh = append(fresh, p.pid)
+			}
+		}
+		acted = append(acted, fresh...)
+		if len(fresh) > 0 && settle != nil {
+			settle(fresh)
+		}
+		if len(fresh) == 0 && maps.Equal(cur, prev) && g.exits.Load() == exits {
+			break // a child that exited meanwhile may have left one that the scan missed
+		}
+		if len(fresh) == 0 {
+			// A process that forked and exited may not show its child
+			// at once: look again a little later.
+			time.Sleep(2 * time.Millisecond)
+		}
+		prev = cur
+	}
+	return acted
+}
+
+// Stop stops the command's group and every other process of the command
+// (a process that left the group must not run on either) with SIGSTOP,
+// which they cannot catch or ignore, and takes the terminal back if the
+// group had it. In cgroup mode it then freezes the cgroup, so a process
+// forked while the signals went out is held too. Continue continues what
+// Stop stopped.
 func (g *Group) Stop() {
 	_ = unix.Kill(-g.pid, syscall.SIGSTOP)
 	var stoppedNow []int
-	for _, p := range g.descendants() {
-		if p.state == 'T' || p.state == 't' || p.state == 'Z' {
-			continue // stopped before, by someone else, or dead
+	if g.cg != nil {
+		// Frozen, nothing forks while the processes are listed; each gets
+		// SIGSTOP and acts on it when thawed, before it runs any code of
+		// its own, and shows as stopped (job control sees it); then the
+		// cgroup is frozen again, so that nothing runs even if someone
+		// else continues a process.
+		_ = g.cg.freeze(true, 2*time.Second)
+		for _, tid := range g.cg.members() {
+			if p, ok := readProc(strconv.Itoa(tid)); ok && (p.state == 'T' || p.state == 't') {
+				continue // stopped before, by someone else
+			}
+			if unix.Kill(tid, syscall.SIGSTOP) == nil {
+				stoppedNow = append(stoppedNow, tid)
+			}
 		}
-		if unix.Kill(p.pid, syscall.SIGSTOP) == nil {
-			stoppedNow = append(stoppedNow, p.pid)
-		}
+		_ = g.cg.freeze(false, 0)
+		waitStopped(stoppedNow, time.Second)
+		_ = g.cg.freeze(true, 2*time.Second)
+	} else {
+		// Each scan of /proc is made once every process stopped in the
+		// scan before has acted on its SIGSTOP, so a child it forked
+		// meanwhile exists by then and is found.
+		stoppedNow = g.eachLiving(func(p proc) bool {
+			if p.state == 'T' || p.state == 't' {
+				return false // stopped before, by someone else
+			}
+			return unix.Kill(p.pid, syscall.SIGSTOP) == nil
+		}, func(pids []int) { waitStopped(pids, time.Second) })
 	}
 	g.stopMu.Lock()
 	g.stopped = append(g.stopped, stoppedNow...)
 	g.stopMu.Unlock()
 	g.TakeTerminal()
+}
+
+// waitStopped waits up to d until none of pids runs code of its own: each
+// is stopped, gone, or blocked in the kernel (D: a vfork parent waits for
+// its stopped child so).
+func waitStopped(pids []int, d time.Duration) {
+	deadline := time.Now().Add(d)
+	for _, pid := range pids {
+		for !settled(pid) && time.Now().Before(deadline) {
+			time.Sleep(200 * time.Microsecond)
+		}
+	}
+}
+
+// settled reports whether no thread of pid runs (see waitStopped).
+func settled(pid int) bool {
+	for _, st := range threadStates(pid) {
+		switch st {
+		case 'T', 't', 'D', 'Z', 'X':
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 // LeaderStopped reports whether the leader is stopped now (by a signal or
@@ -264,6 +440,9 @@ func (g *Group) Continue() {
 		if fg, err := unix.IoctlGetInt(g.tty, unix.TIOCGPGRP); err == nil && fg == unix.Getpgrp() {
 			_ = setForeground(g.tty, g.pid)
 		}
+	}
+	if g.cg != nil {
+		_ = g.cg.freeze(false, 0)
 	}
 	_ = unix.Kill(-g.pid, syscall.SIGCONT)
 	g.stopMu.Lock()
@@ -286,16 +465,23 @@ func (g *Group) TakeTerminal() {
 	}
 }
 
-// Close tells the guard that the supervisor ends on purpose, so it exits
-// without killing anything, and lets go of the leader's process handle.
-// Call it after Gone. A second call does nothing.
+// Close ends the supervision. After Gone it tells the guard that the
+// supervisor ends on purpose, so it exits without killing anything, and
+// lets go of the leader's process handle. Called before Gone (a panic
+// unwinding through the supervisor, say), it kills the command's whole
+// tree and leaves the guard to make sure of it. A second call does
+// nothing.
 func (g *Group) Close() {
 	g.guardMu.Lock()
 	defer g.guardMu.Unlock()
 	if g.guardW == nil {
 		return
 	}
-	_, _ = io.WriteString(g.guardW, "done\n")
+	if g.goneFlag.Load() {
+		_, _ = io.WriteString(g.guardW, "done\n")
+	} else if g.pid != 0 {
+		g.SignalAll(syscall.SIGKILL) // and the guard kills again, without "done"
+	}
 	_ = g.guardW.Close()
 	g.guardW = nil
 	if g.cmd.Process != nil {
@@ -324,6 +510,7 @@ func (g *Group) reap() {
 		case errors.Is(err, syscall.EINTR):
 			continue
 		case err != nil: // ECHILD: no child at all, not even the guard
+			g.waitEmpty()
 			g.gone()
 			return
 		}
@@ -339,19 +526,37 @@ func (g *Group) reap() {
 			g.record(pid, ws)
 		}
 		if !g.anyChildLeft() {
+			g.waitEmpty()
 			g.gone()
 			return
 		}
 	}
 }
 
+// waitEmpty waits, in cgroup mode, until the cgroup reports no process
+// left (a process the supervisor has no child link to, such as one moved
+// out of its subtree, still counts), then removes it.
+func (g *Group) waitEmpty() {
+	if g.cg == nil {
+		return
+	}
+	for g.cg.populated() {
+		time.Sleep(10 * time.Millisecond)
+	}
+	_ = g.cg.remove(5 * time.Second)
+}
+
 func (g *Group) gone() {
+	g.goneFlag.Store(true)
 	active.Store(false)
 	g.events <- Event{Kind: Gone, Reaped: g.reaped}
 	close(g.events)
 }
 
 func (g *Group) record(pid int, ws unix.WaitStatus) {
+	if !ws.Stopped() {
+		g.exits.Add(1)
+	}
 	switch {
 	case pid == g.pid && ws.Stopped():
 		g.events <- Event{Kind: Stopped, Signal: ws.StopSignal()}
@@ -383,6 +588,51 @@ func (g *Group) anyChildLeft() bool {
 type proc struct {
 	pid, ppid int
 	state     byte
+}
+
+// living reports whether the process runs: it is not a zombie, or it is a
+// zombie only because its main thread exited (pthread_exit) while another
+// of its threads still runs. Such a process is alive and can be signalled
+// through its pid.
+func (p proc) living() bool {
+	if p.state != 'Z' && p.state != 'X' {
+		return true
+	}
+	return livingThreads(p.pid) > 0
+}
+
+// livingThreads counts the threads of pid that are neither zombies nor
+// dead, from /proc/PID/task.
+func livingThreads(pid int) int {
+	n := 0
+	for _, st := range threadStates(pid) {
+		if st != 'Z' && st != 'X' {
+			n++
+		}
+	}
+	return n
+}
+
+// threadStates returns the state letter of each thread of pid, from
+// /proc/PID/task; none if pid is gone.
+func threadStates(pid int) []byte {
+	dir := "/proc/" + strconv.Itoa(pid) + "/task"
+	names, err := os.ReadDir(dir)
+	if err != nil {
+		return nil
+	}
+	var out []byte
+	for _, e := range names {
+		b, err := os.ReadFile(dir + "/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		s := string(b)
+		if i := strings.LastIndexByte(s, ')'); i >= 0 && i+2 < len(s) {
+			out = append(out, s[i+2])
+		}
+	}
+	return out
 }
 
 // descendants returns every descendant of the process except the guard.
@@ -514,9 +764,11 @@ func (g *Group) tellGuard(line string) {
 // call it first in main (and tests in TestMain).
 //
 // The guard ignores job-control and termination signals, reads "group N"
-// and then waits. When its pipe closes without "done", the supervisor has
-// died: it sends SIGKILL to group N until the group is gone (at most a few
-// seconds), then exits.
+// and, in cgroup mode, "cgroup DIR", and then waits. When its pipe closes
+// without "done", the supervisor has died (or gave up before the tree was
+// gone): it kills the cgroup (cgroup.kill: every process in it, wherever
+// it moved in the process tree) and sends SIGKILL to group N, until both
+// are empty (at most a few seconds), removes the cgroup, and exits.
 func MaybeRunGuard() {
 	if os.Getenv(guardEnv) == "" {
 		return
@@ -524,6 +776,7 @@ func MaybeRunGuard() {
 	signal.Ignore(syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGTSTP,
 		syscall.SIGTTIN, syscall.SIGTTOU, syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGPIPE)
 	group := 0
+	var cg *cgroup
 	sc := bufio.NewScanner(os.Stdin)
 	for sc.Scan() {
 		line := sc.Text()
@@ -533,14 +786,25 @@ func MaybeRunGuard() {
 		if n, ok := strings.CutPrefix(line, "group "); ok {
 			group, _ = strconv.Atoi(n)
 		}
-	}
-	if group > 1 {
-		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
-			if errors.Is(unix.Kill(-group, syscall.SIGKILL), syscall.ESRCH) {
-				break
-			}
-			time.Sleep(20 * time.Millisecond)
+		if dir, ok := strings.CutPrefix(line, "cgroup "); ok {
+			cg = &cgroup{dir: dir}
 		}
+	}
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		left := false
+		if cg != nil && cg.populated() {
+			cg.killAll()
+			left = true
+		}
+		if group > 1 && !errors.Is(unix.Kill(-group, syscall.SIGKILL), syscall.ESRCH) {
+			left = true
+		}
+		if !left {
+			break
+		}
+	}
+	if cg != nil {
+		_ = cg.remove(5 * time.Second)
 	}
 	os.Exit(0)
 }

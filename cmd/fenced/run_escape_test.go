@@ -1,0 +1,303 @@
+package main
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/internal/supervise"
+)
+
+// Tests of `fenced run` against processes that escape a naive supervisor
+// (a main thread that exited while another writes, setsid), in both
+// supervision modes, and of the exit after a loss. Each test logs the
+// supervision mode fenced reported with -v.
+
+// runModes are the supervision modes: the cgroup, made for real on this
+// machine, and the process-tree walk, forced with supervise.ModeEnv.
+var runModes = []struct{ name, env, want string }{
+	{"cgroup", "", "cgroup v2"},
+	{"proctree", "proctree", "process tree"},
+}
+
+// inMode runs f in each supervision mode in modes (all if none is named).
+func inMode(t *testing.T, f func(t *testing.T, env string), only ...string) {
+	for _, m := range runModes {
+		if len(only) > 0 && !strings.Contains(strings.Join(only, " "), m.name) {
+			continue
+		}
+		t.Run(m.name, func(t *testing.T) {
+			t.Setenv(supervise.ModeEnv, m.env) // inherited by fenced
+			if got := supervise.Probe(); !strings.HasPrefix(got, m.want) {
+				t.Fatalf("supervision mode here is %q, want %s", got, m.want)
+			}
+			f(t, m.want)
+		})
+	}
+}
+
+// checkMode fails unless fenced's -v output names the mode want, and logs it.
+func checkMode(t *testing.T, errb outFile, want string) {
+	t.Helper()
+	var line string
+	eventually(t, 20*time.Second, "fenced -v did not say its supervision mode", func() bool {
+		for _, l := range strings.Split(errb.String(), "\n") {
+			if strings.HasPrefix(l, "fenced: supervision: ") {
+				line = l
+				return true
+			}
+		}
+		return false
+	})
+	t.Logf("supervision mode: %s", strings.TrimPrefix(line, "fenced: supervision: "))
+	if !strings.Contains(line, want) {
+		t.Fatalf("fenced runs in mode %q, want %s", line, want)
+	}
+}
+
+// mainExit compiles internal/supervise/testdata/mainexit.c.
+func mainExit(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "mainexit")
+	if out, err := exec.Command("gcc", "-O1", "-pthread", "-o", bin, "../../internal/supervise/testdata/mainexit.c").CombinedOutput(); err != nil {
+		t.Fatalf("gcc: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// fileSize returns the size of file, 0 if it does not exist.
+func fileSize(file string) int64 {
+	fi, err := os.Stat(file)
+	if err != nil {
+		return 0
+	}
+	return fi.Size()
+}
+
+// grows reports whether file grows within d.
+func grows(file string, d time.Duration) bool {
+	before := fileSize(file)
+	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if fileSize(file) > before {
+			return true
+		}
+	}
+	return false
+}
+
+// threadsAlive reports whether any thread of pid is alive (a process whose
+// main thread exited shows as a zombie while its other threads run).
+func threadsAlive(pid int) bool {
+	names, _ := filepath.Glob("/proc/" + strconv.Itoa(pid) + "/task/*/stat")
+	for _, name := range names {
+		b, err := os.ReadFile(name)
+		if err != nil {
+			continue
+		}
+		s := string(b)
+		if i := strings.LastIndexByte(s, ')'); i >= 0 && i+2 < len(s) && s[i+2] != 'Z' && s[i+2] != 'X' {
+			return true
+		}
+	}
+	return false
+}
+
+// startMainExit starts `fenced -v run ARGS... -- mainexit` writing
+// "fence=$FENCED_FENCE" every 50 ms for 20 s from a process that left the
+// session, ignores SIGTERM and whose main thread exited. It returns fenced,
+// its stderr, the file written and the writer's pid, once the writer is a
+// zombie that writes.
+func startMainExit(t *testing.T, store string, args ...string) (*exec.Cmd, outFile, string, int) {
+	t.Helper()
+	bin := mainExit(t)
+	dir := t.TempDir()
+	out, pidFile := filepath.Join(dir, "out"), filepath.Join(dir, "pid")
+	args = append(append([]string{"-v", "run"}, args...), "--", bin, out, pidFile, "50", "20000")
+	cmd, _, errb := startRun(t, store, args...)
+	pid := readPid(t, pidFile)
+	eventually(t, 10*time.Second, "the writer is not a zombie: the test would prove nothing", func() bool { return procState(pid) == 'Z' })
+	if !grows(out, 5*time.Second) {
+		t.Fatal("the writer does not write")
+	}
+	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) })
+	return cmd, errb, out, pid
+}
+
+// The issue's reproduction: after a break, a process whose main thread
+// exited (and that left the session, and ignores SIGTERM) is killed after
+// --grace; fenced exits 77 once it is gone, and it never writes with fence
+// 1 after a new holder got fence 2.
+func TestRunLossEndsMainThreadExit(t *testing.T) {
+	inMode(t, func(t *testing.T, mode string) {
+		store := tempStore(t)
+		cmd, errb, out, pid := startMainExit(t, store, "--ttl", "3s", "--grace", "500ms", "job:z")
+		checkMode(t, errb, mode)
+		admin := client(t, store)
+		if _, err := admin.Break(context.Background(), "job:z", "test", "test"); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		if code := waitExit(t, cmd, 15*time.Second); code != 77 {
+			t.Fatalf("exit %d, want 77; stderr %s", code, errb)
+		}
+		if took := time.Since(start); took > 5*time.Second {
+			t.Fatalf("fenced took %v to end the tree after the break (--grace 500ms)", took)
+		}
+		if threadsAlive(pid) {
+			t.Fatalf("fenced exited 77 while the writer %d still runs", pid)
+		}
+		l, err := admin.TryAcquire(context.Background(), "job:z", &fenced.LeaseOptions{TTL: 5 * time.Second})
+		if err != nil || l.Fence() != 2 {
+			t.Fatalf("new holder: %v; want fence 2", err)
+		}
+		if grows(out, time.Second) {
+			t.Fatal("the old holder's process writes fence=1 while fence 2 is held")
+		}
+	})
+}
+
+// kill -9 of fenced ends every process of COMMAND, including one that left
+// the session (here also with its main thread exited). Only the cgroup can
+// promise it: in process-tree mode such a process is re-parented away from
+// fenced's guard (run --help says so).
+func TestRunKill9EndsSetsidDescendants(t *testing.T) {
+	inMode(t, func(t *testing.T, mode string) {
+		store := tempStore(t)
+		cmd, errb, out, pid := startMainExit(t, store, "--ttl", "2s", "job:k9")
+		checkMode(t, errb, mode)
+		if err := cmd.Process.Kill(); err != nil {
+			t.Fatal(err)
+		}
+		_ = cmd.Wait()
+		eventually(t, 10*time.Second, "a process that left the session survived kill -9 of fenced", func() bool { return !threadsAlive(pid) })
+		if grows(out, 500*time.Millisecond) {
+			t.Fatal("still writing after fenced died")
+		}
+		eventually(t, 10*time.Second, "the guard left the cgroup behind", func() bool {
+			m, _ := filepath.Glob(filepath.Join(cgroup2Dir(t), "fenced-"+strconv.Itoa(cmd.Process.Pid)+"-*"))
+			return len(m) == 0
+		})
+	}, "cgroup")
+}
+
+// Ctrl-Z (SIGTSTP to fenced) stops a process whose main thread exited too,
+// and fg continues it.
+func TestRunCtrlZStopsMainThreadExit(t *testing.T) {
+	inMode(t, func(t *testing.T, mode string) {
+		store := tempStore(t)
+		cmd, errb, out, _ := startMainExit(t, store, "--ttl", "30s", "--grace", "200ms", "job:tstp")
+		checkMode(t, errb, mode)
+		if err := cmd.Process.Signal(syscall.SIGTSTP); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 10*time.Second, "fenced did not stop", func() bool { return stopped(cmd.Process.Pid) })
+		time.Sleep(100 * time.Millisecond)
+		if grows(out, time.Second) {
+			t.Fatal("the process whose main thread exited writes on while fenced is stopped")
+		}
+		if err := cmd.Process.Signal(syscall.SIGCONT); err != nil {
+			t.Fatal(err)
+		}
+		if !grows(out, 5*time.Second) {
+			t.Fatal("not continued with fenced")
+		}
+		if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+		if code := waitExit(t, cmd, 15*time.Second); code != 128+int(syscall.SIGTERM) {
+			t.Fatalf("exit %d after SIGTERM, want 143; stderr %s", code, errb)
+		}
+	})
+}
+
+// cgroup2Dir returns the cgroup v2 directory of the test process, where
+// fenced makes its cgroups.
+func cgroup2Dir(t *testing.T) string {
+	t.Helper()
+	info, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	own, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rel string
+	for _, l := range strings.Split(string(own), "\n") {
+		if p, ok := strings.CutPrefix(l, "0::"); ok {
+			rel = p
+		}
+	}
+	for _, l := range strings.Split(string(info), "\n") {
+		if pre, post, ok := strings.Cut(l, " - "); ok && strings.HasPrefix(post, "cgroup2 ") {
+			f := strings.Fields(pre)
+			return filepath.Join(f[4], strings.TrimPrefix(rel, f[3]))
+		}
+	}
+	t.Fatal("no cgroup2 mount")
+	return ""
+}
+
+// run --help and -v say which supervision mode is in effect.
+func TestRunSaysSupervisionMode(t *testing.T) {
+	inMode(t, func(t *testing.T, mode string) {
+		r := cli(t, tempStore(t), "run", "--help")
+		if !strings.Contains(r.stdout, "Supervision on this system: "+mode) || !strings.Contains(r.stdout, supervise.ModeEnv) {
+			t.Fatalf("run --help does not say the mode in effect (%s):\n%s", mode, r.stdout)
+		}
+		t.Logf("supervision mode: %s", mode)
+		r = cli(t, tempStore(t), "-v", "run", "job:mode", "--", "true")
+		if r.code != 0 || !strings.Contains(r.stderr, "fenced: supervision: "+mode) {
+			t.Fatalf("-v: exit %d, stderr %q; want the mode %s", r.code, r.stderr, mode)
+		}
+	})
+}
+
+// Where no cgroup can be made (here fenced runs in a cgroup that allows
+// no child: cgroup.max.descendants 0), fenced falls back to the process
+// tree, says why with -v, and still runs COMMAND and ends its tree.
+func TestRunFallsBackWhenNoCgroupCanBeMade(t *testing.T) {
+	dir := filepath.Join(cgroup2Dir(t), "fenced-test-"+strconv.Itoa(os.Getpid()))
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for deadline := time.Now().Add(10 * time.Second); os.Remove(dir) != nil && time.Now().Before(deadline); {
+			time.Sleep(20 * time.Millisecond)
+		}
+	})
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.max.descendants"), []byte("0"), 0); err != nil {
+		t.Fatal(err)
+	}
+	fd, err := syscall.Open(dir, syscall.O_RDONLY|syscall.O_DIRECTORY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Close(fd)
+	store := tempStore(t)
+	leftover := filepath.Join(t.TempDir(), "leftover")
+	cmd, _, errb := cliCmd(t, store, "-v", "run", "--grace", "200ms", "job:fallback", "--", "sh", "-c",
+		"setsid sh -c 'trap \"\" TERM; echo $$ > "+leftover+"; exec sleep 30' & while [ ! -s "+leftover+" ]; do sleep 0.01; done")
+	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: fd}
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("%v; stderr %s", err, errb)
+	}
+	if !strings.Contains(errb.String(), "fenced: supervision: process tree (no cgroup: mkdir") {
+		t.Fatalf("-v does not say fenced fell back to the process tree and why: %s", errb)
+	}
+	for _, l := range strings.Split(errb.String(), "\n") {
+		if strings.Contains(l, "supervision:") {
+			t.Logf("supervision mode: %s", strings.TrimPrefix(l, "fenced: supervision: "))
+		}
+	}
+	if pid := readPid(t, leftover); alive(pid) {
+		t.Fatalf("the process %d COMMAND left behind still runs", pid)
+	}
+}

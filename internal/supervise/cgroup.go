@@ -1,0 +1,257 @@
+//go:build linux
+
+package supervise
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// ModeEnv, set to "proctree" in a supervisor's environment, makes Start
+// skip the cgroup and use the process-tree walk, as if no cgroup could be
+// made. It exists so tests can exercise the fallback on a machine that
+// allows cgroups; nothing else should set it.
+const ModeEnv = "FENCED_SUPERVISE_MODE"
+
+// cgroup is a cgroup v2 directory of the supervisor's own, holding the
+// command's whole tree.
+type cgroup struct{ dir string }
+
+var cgroupSeq atomic.Int64
+
+// newCgroup makes a cgroup v2 child of the cgroup this process runs in.
+// It fails, changing nothing, where cgroup v2 is not mounted, the process
+// may not create a child cgroup (no permission, no delegation), or the
+// kernel lacks cgroup.kill (before 5.14).
+func newCgroup() (*cgroup, error) {
+	mount, root, err := cgroup2Mount()
+	if err != nil {
+		return nil, err
+	}
+	own, err := ownCgroup()
+	if err != nil {
+		return nil, err
+	}
+	rel, ok := strings.CutPrefix(own, root)
+	if !ok {
+		return nil, fmt.Errorf("own cgroup %s is outside the cgroup2 mount's root %s", own, root)
+	}
+	name := fmt.Sprintf("fenced-%d-%d", os.Getpid(), cgroupSeq.Add(1))
+	dir := filepath.Join(mount, rel, name)
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		return nil, err
+	}
+	c := &cgroup{dir: dir}
+	if _, err := os.Stat(filepath.Join(dir, "cgroup.kill")); err != nil {
+		_ = os.Remove(dir)
+		return nil, fmt.Errorf("%s has no cgroup.kill (kernel before 5.14)", dir)
+	}
+	return c, nil
+}
+
+// cgroup2Mount finds the cgroup2 mount in /proc/self/mountinfo and returns
+// its mount point and the cgroup path it shows (its root).
+func cgroup2Mount() (mount, root string, err error) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return "", "", err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		// id parent major:minor root mountpoint options [optional...] - fstype source super
+		pre, post, ok := strings.Cut(sc.Text(), " - ")
+		if !ok {
+			continue
+		}
+		pf, qf := strings.Fields(pre), strings.Fields(post)
+		if len(pf) >= 5 && len(qf) >= 1 && qf[0] == "cgroup2" {
+			return unescapeMount(pf[4]), unescapeMount(pf[3]), nil
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return "", "", err
+	}
+	return "", "", errors.New("no cgroup2 file system is mounted")
+}
+
+// unescapeMount undoes mountinfo's octal escapes (\040 for a space).
+func unescapeMount(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// ownCgroup returns this process's cgroup v2 path ("0::/path").
+func ownCgroup() (string, error) {
+	b, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		return "", err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if p, ok := strings.CutPrefix(line, "0::"); ok {
+			return p, nil
+		}
+	}
+	return "", errors.New("this process is in no cgroup v2 hierarchy")
+}
+
+// openDir opens the cgroup's directory for CLONE_INTO_CGROUP.
+func (c *cgroup) openDir() (int, error) {
+	return unix.Open(c.dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+}
+
+func (c *cgroup) write(file, value string) error {
+	return os.WriteFile(filepath.Join(c.dir, file), []byte(value), 0)
+}
+
+// kill sends SIGKILL to every process in the cgroup, in one step that no
+// fork can escape.
+func (c *cgroup) kill() error { return c.write("cgroup.kill", "1") }
+
+// freeze freezes (or thaws) every process in the cgroup, including those
+// forked while it freezes, and waits up to d for the freeze to complete.
+func (c *cgroup) freeze(on bool, d time.Duration) error {
+	v := "0"
+	if on {
+		v = "1"
+	}
+	if err := c.write("cgroup.freeze", v); err != nil {
+		return err
+	}
+	for deadline := time.Now().Add(d); c.event("frozen") != on; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s: not frozen=%v after %v", c.dir, on, d)
+		}
+	}
+	return nil
+}
+
+// populated reports whether any process is left in the cgroup. It reports
+// true if cgroup.events cannot be read while the directory exists.
+func (c *cgroup) populated() bool {
+	b, err := os.ReadFile(filepath.Join(c.dir, "cgroup.events"))
+	if err != nil {
+		return !errors.Is(err, os.ErrNotExist)
+	}
+	return strings.Contains(string(b), "populated 1")
+}
+
+// event reports whether cgroup.events says "key 1".
+func (c *cgroup) event(key string) bool {
+	b, err := os.ReadFile(filepath.Join(c.dir, "cgroup.events"))
+	return err == nil && strings.Contains(string(b), key+" 1")
+}
+
+// members lists the processes in the cgroup, one thread id for each
+// (kill on a thread id signals its whole process). It reads
+// cgroup.threads, not cgroup.procs: a process whose main thread exited
+// (pthread_exit) while others run is missing from cgroup.procs, and
+// cgroup.kill misses it too, but its threads are listed.
+func (c *cgroup) members() []int {
+	b, err := os.ReadFile(filepath.Join(c.dir, "cgroup.threads"))
+	if err != nil {
+		return nil
+	}
+	seen := map[int]bool{}
+	var out []int
+	for _, f := range strings.Fields(string(b)) {
+		tid, err := strconv.Atoi(f)
+		if err != nil {
+			continue
+		}
+		tgid := threadGroup(tid)
+		if tgid == 0 || seen[tgid] {
+			continue
+		}
+		seen[tgid] = true
+		out = append(out, tid)
+	}
+	return out
+}
+
+// threadGroup returns the process (thread group) id of thread tid, or 0
+// if it is gone.
+func threadGroup(tid int) int {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(tid) + "/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "Tgid:"); ok {
+			n, _ := strconv.Atoi(strings.TrimSpace(v))
+			return n
+		}
+	}
+	return 0
+}
+
+// killAll sends SIGKILL to every process in the cgroup: cgroup.kill, which
+// no fork escapes, and each member, which reaches a process cgroup.kill
+// misses (see members). It returns how many processes it found.
+func (c *cgroup) killAll() int {
+	m := c.members()
+	_ = c.kill()
+	for _, tid := range m {
+		_ = unix.Kill(tid, syscall.SIGKILL)
+	}
+	return len(m)
+}
+
+// remove removes the cgroup once it is empty, trying for up to d (the
+// kernel may take a moment to drop dead tasks).
+func (c *cgroup) remove(d time.Duration) error {
+	for deadline := time.Now().Add(d); ; time.Sleep(5 * time.Millisecond) {
+		err := unix.Rmdir(c.dir)
+		if err == nil || errors.Is(err, syscall.ENOENT) {
+			return nil
+		}
+		if !errors.Is(err, syscall.EBUSY) || time.Now().After(deadline) {
+			return fmt.Errorf("remove cgroup %s: %w", c.dir, err)
+		}
+	}
+}
+
+// Probe says which supervision mode Start would use here: it makes (and
+// removes) a cgroup, as Start would.
+func Probe() string {
+	if os.Getenv(ModeEnv) == "proctree" {
+		return procTreeMode(ModeEnv + "=proctree")
+	}
+	c, err := newCgroup()
+	if err != nil {
+		return procTreeMode(err.Error())
+	}
+	_ = c.remove(time.Second)
+	return cgroupMode(filepath.Dir(c.dir))
+}
+
+func cgroupMode(parent string) string {
+	return "cgroup v2 (a cgroup of its own under " + parent + ": cgroup.kill ends the whole tree, cgroup.freeze stops it)"
+}
+
+func procTreeMode(why string) string {
+	return "process tree (no cgroup: " + why + "; processes found by walking /proc; a process that left the group survives a kill -9 of the supervisor)"
+}
