@@ -127,7 +127,7 @@ func (l *Lease) watchLoss(w driver.LossWatcher) {
 	l.lossWatch = nil
 	if l.ended {
 		l.mu.Unlock()
-		stop()
+		l.c.renew.cleanup.do(stop)
 		return
 	}
 	l.stopLossWatch = stop
@@ -144,14 +144,17 @@ func (l *Lease) takeLossWatch() (*time.Timer, func()) {
 }
 
 // endLossWatch stops what takeLossWatch returned. It is called after the
-// lease's context is cancelled: a driver's stop may take a moment, and the
-// protected work must hear of the lease's end first.
-func endLossWatch(t *time.Timer, stop func()) {
+// lease's context is cancelled, and it never waits for the driver: the
+// driver's stop runs on the client's cleanup workers (see cleaner), since
+// it may block (on etcd, a Send on a stream whose peer stopped reading)
+// and the caller may be the schedule, which must go on ending the other
+// leases at their validity.
+func (l *Lease) endLossWatch(t *time.Timer, stop func()) {
 	if t != nil {
 		t.Stop()
 	}
 	if stop != nil {
-		stop()
+		l.c.renew.cleanup.do(stop)
 	}
 }
 
@@ -316,7 +319,7 @@ func (l *Lease) end(cause error) bool {
 	l.mu.Unlock()
 	l.c.renew.remove(l)
 	l.cancel(cause)
-	endLossWatch(t, stop)
+	l.endLossWatch(t, stop)
 	return true
 }
 
@@ -355,7 +358,7 @@ func (l *Lease) lose(cause error) {
 	l.mu.Unlock()
 	l.c.renew.remove(l)
 	l.cancel(cause)
-	endLossWatch(t, stop)
+	l.endLossWatch(t, stop)
 	l.c.hooks.lost(LostEvent{Key: l.key, Fence: l.fence, Held: l.c.now() - l.acquired, Cause: cause, Lease: l})
 }
 
