@@ -348,18 +348,49 @@ func (l *Lease) free(ctx context.Context) error {
 
 // lose ends the lease with cause unless it has already ended.
 func (l *Lease) lose(cause error) {
+	if e, ok := l.endLost(cause, true); ok {
+		e.finish()
+	}
+}
+
+// endLost is the first half of lose: it ends l locally and cancels its
+// context with cause, unless l has already ended (ok false). scheduled
+// says whether l may still be on its client's schedule; the schedule's own
+// loop, which has taken the leases it ends off its heap, passes false and
+// so ends a great many leases at once without taking the schedule's lock
+// for each. The caller calls finish on the result.
+func (l *Lease) endLost(cause error, scheduled bool) (e lossEnd, ok bool) {
 	l.mu.Lock()
 	if l.ended {
 		l.mu.Unlock()
-		return
+		return lossEnd{}, false
 	}
 	l.ended = true
 	t, stop := l.takeLossWatch()
 	l.mu.Unlock()
-	l.c.renew.remove(l)
+	if scheduled {
+		l.c.renew.remove(l)
+	}
 	l.cancel(cause)
-	l.endLossWatch(t, stop)
-	l.c.hooks.lost(LostEvent{Key: l.key, Fence: l.fence, Held: l.c.now() - l.acquired, Cause: cause, Lease: l})
+	return lossEnd{l: l, t: t, stop: stop, cause: cause}, true
+}
+
+// lossEnd is what remains to do after a lost lease's context is
+// cancelled: stop its loss watch (on the cleanup workers) and call the
+// Lost hook.
+type lossEnd struct {
+	l     *Lease
+	t     *time.Timer
+	stop  func()
+	cause error
+}
+
+func (e lossEnd) finish() {
+	l := e.l
+	l.endLossWatch(e.t, e.stop)
+	if l.c.hooks.Lost != nil {
+		l.c.hooks.lost(LostEvent{Key: l.key, Fence: l.fence, Held: l.c.now() - l.acquired, Cause: e.cause, Lease: l})
+	}
 }
 
 // applyRenew records the outcome of a renewal request sent at sent (on
@@ -419,19 +450,34 @@ func (l *Lease) renewsNext() bool {
 }
 
 // expire ends l because its local validity ran out, saying why no renewal
-// kept it.
-func (l *Lease) expire() {
+// kept it; see endLost.
+func (l *Lease) expire(scheduled bool) (lossEnd, bool) {
 	l.mu.Lock()
-	lastErr, maxHold := l.lastErr, l.maxHoldHit
+	e := &expiry{lastErr: l.lastErr, maxHold: l.maxHoldHit, l: l}
 	l.mu.Unlock()
-	switch {
-	case maxHold:
-		l.lose(fmt.Errorf("%w: MaxHold %v reached, renewal stopped", ErrExpired, l.spec.MaxHold))
-	case lastErr != nil:
-		l.lose(fmt.Errorf("%w: no renewal confirmed in time (last error: %v)", ErrExpired, lastErr))
-	case !l.spec.AutoRenew:
-		l.lose(fmt.Errorf("%w: TTL %v ran out without renewal", ErrExpired, l.spec.TTL))
-	default:
-		l.lose(fmt.Errorf("%w: no renewal confirmed in time", ErrExpired))
-	}
+	return l.endLost(e, scheduled)
 }
+
+// expiry is the cause of a lease whose local validity ran out. Its message
+// is made when asked for, not by the schedule, which may end thousands of
+// leases at once.
+type expiry struct {
+	l       *Lease
+	lastErr error
+	maxHold bool
+}
+
+func (e *expiry) Error() string {
+	switch s := e.l.spec; {
+	case e.maxHold:
+		return fmt.Sprintf("%v: MaxHold %v reached, renewal stopped", ErrExpired, s.MaxHold)
+	case e.lastErr != nil:
+		return fmt.Sprintf("%v: no renewal confirmed in time (last error: %v)", ErrExpired, e.lastErr)
+	case !s.AutoRenew:
+		return fmt.Sprintf("%v: TTL %v ran out without renewal", ErrExpired, s.TTL)
+	}
+	return fmt.Sprintf("%v: no renewal confirmed in time", ErrExpired)
+}
+
+// Unwrap makes an expiry match ErrExpired.
+func (e *expiry) Unwrap() error { return ErrExpired }

@@ -182,8 +182,16 @@ func (r *renewer) loop() {
 		default:
 		}
 		expired, batch, next := r.due()
+		// Every expired lease's context is cancelled before anything else
+		// is done about any of them (hooks, the driver's cleanup).
+		ends := make([]lossEnd, 0, len(expired))
 		for _, l := range expired {
-			l.expire()
+			if e, ok := l.expire(false); ok { // due took it off the heap
+				ends = append(ends, e)
+			}
+		}
+		for _, e := range ends {
+			e.finish()
 		}
 		if len(batch) > 0 {
 			r.wg.Add(1)

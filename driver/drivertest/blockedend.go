@@ -76,38 +76,41 @@ func (s *stuck) WatchLoss(g driver.Grant, lost func(error)) (func(), error) {
 	}, nil
 }
 
-// ends records when each of a set of leases ended.
+// ends records when each of a set of leases ended, seen by one goroutine
+// that looks at every lease in turn (a callback per lease would add a
+// goroutine to each context's cancellation, on the path it measures).
 type ends struct {
-	mu sync.Mutex
-	at map[*fenced.Lease]time.Time
+	leases []*fenced.Lease
+	at     []time.Time
 }
 
-func (e *ends) watch(l *fenced.Lease) {
-	context.AfterFunc(l.Context(), func() {
-		now := time.Now()
-		e.mu.Lock()
-		defer e.mu.Unlock()
-		e.at[l] = now
-	})
+// watchEnds returns a recorder of when each of leases ends.
+func watchEnds(leases []*fenced.Lease) *ends {
+	return &ends{leases: leases, at: make([]time.Time, len(leases))}
 }
 
-// wait waits until every lease in leases has ended or deadline passes, and
-// returns the end times seen.
-func (e *ends) wait(leases []*fenced.Lease, deadline time.Time) map[*fenced.Lease]time.Time {
-	for {
-		e.mu.Lock()
-		n := len(e.at)
-		e.mu.Unlock()
-		if n >= len(leases) || time.Now().After(deadline) {
-			break
+// wait waits until every lease has ended or deadline passes, and returns
+// the end times seen (to within a sweep of the leases).
+func (e *ends) wait(deadline time.Time) map[*fenced.Lease]time.Time {
+	left := len(e.leases)
+	for left > 0 && time.Now().Before(deadline) {
+		for i, l := range e.leases {
+			if e.at[i].IsZero() {
+				select {
+				case <-l.Done():
+					e.at[i] = time.Now()
+					left--
+				default:
+				}
+			}
 		}
-		time.Sleep(5 * time.Millisecond)
+		time.Sleep(time.Millisecond)
 	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	out := make(map[*fenced.Lease]time.Time, len(e.at))
-	for l, at := range e.at {
-		out[l] = at
+	out := make(map[*fenced.Lease]time.Time, len(e.leases))
+	for i, l := range e.leases {
+		if !e.at[i].IsZero() {
+			out[l] = e.at[i]
+		}
 	}
 	return out
 }
@@ -153,10 +156,7 @@ func (s *suite) testBlockedDriverDelaysNoEnd(t *testing.T) {
 		ttl := max(s.h.ShortTTL, 500*time.Millisecond)
 		leases := acquire(c, uniqueKey(t, "stuckend"), ttl)
 		d.blocked.Store(true)
-		e := &ends{at: map[*fenced.Lease]time.Time{}}
-		for _, l := range leases {
-			e.watch(l)
-		}
+		e := watchEnds(leases)
 		// One lease is released: its Release never returns, and its
 		// context is cancelled at once all the same.
 		releasing := time.Now()
@@ -167,7 +167,7 @@ func (s *suite) testBlockedDriverDelaysNoEnd(t *testing.T) {
 				last = u
 			}
 		}
-		seen := e.wait(leases, last.Add(time.Second))
+		seen := e.wait(last.Add(time.Second))
 		if at, ok := seen[leases[0]]; !ok || at.Sub(releasing) > lateSlack {
 			t.Errorf("a Release blocked in the driver delayed its own lease's end (ended %v)", ok)
 		}
@@ -193,14 +193,11 @@ func (s *suite) testBlockedDriverDelaysNoEnd(t *testing.T) {
 		leases := acquire(c, uniqueKey(t, "stuckclose"), ttl)
 		watched(d)
 		d.blocked.Store(true)
-		e := &ends{at: map[*fenced.Lease]time.Time{}}
-		for _, l := range leases {
-			e.watch(l)
-		}
+		e := watchEnds(leases)
 		began := time.Now()
 		closed := make(chan error, 1)
 		go func() { closed <- c.Close() }()
-		seen := e.wait(leases, began.Add(2*time.Second))
+		seen := e.wait(began.Add(2 * time.Second))
 		worst, _ := checkEnds(t, leases, seen, func(*fenced.Lease) time.Time { return began })
 		t.Logf("Close with the driver stuck: every context cancelled within %v", worst.Round(time.Millisecond))
 		select {
@@ -242,4 +239,78 @@ func checkEnds(t *testing.T, leases []*fenced.Lease, seen map[*fenced.Lease]time
 			missed, len(leases), late, lateSlack, worst)
 	}
 	return worst, missed
+}
+
+// CheckEndsThroughBlackHole acquires n leases of TTL ttl through c, with
+// up to 64 requests at a time, turns the network between c and its store
+// into a black hole with hole(true) (connections stay open; nothing gets
+// through, so writes end up blocking: testenv's Proxy.BlackHole), and
+// checks that every lease's context is cancelled by its ValidUntil plus
+// 250ms, whatever the driver's calls do meanwhile. It ends the black hole
+// with hole(false) before it returns, and reports the worst lateness.
+func CheckEndsThroughBlackHole(t *testing.T, c *fenced.Client, n int, ttl time.Duration, hole func(on bool)) {
+	t.Helper()
+	ctx := ctxT(t)
+	prefix := uniqueKey(t, "blackhole")
+	leases := make([]*fenced.Lease, n)
+	began := time.Now()
+	var (
+		wg     sync.WaitGroup
+		next   atomic.Int64
+		failed atomic.Value
+	)
+	for range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := int(next.Add(1) - 1); i < n && failed.Load() == nil; i = int(next.Add(1) - 1) {
+				l, err := c.TryAcquire(ctx, fmt.Sprintf("%s:%d", prefix, i), &fenced.LeaseOptions{TTL: ttl, AutoRenew: fenced.On})
+				if err != nil {
+					failed.Store(err)
+					return
+				}
+				leases[i] = l
+			}
+		}()
+	}
+	wg.Wait()
+	if err := failed.Load(); err != nil {
+		t.Fatalf("acquire: %v", err)
+	}
+	t.Logf("%d leases acquired in %v", n, time.Since(began).Round(time.Millisecond))
+	// Let every lease start its loss watch (a tenth of a second after its
+	// grant), so that ending a lease has the driver stop one.
+	time.Sleep(300 * time.Millisecond)
+	for _, l := range leases {
+		if l.Err() != nil {
+			t.Fatalf("lease %s ended before the black hole: %v", l.Key(), l.Err())
+		}
+	}
+	e := watchEnds(leases)
+	hole(true)
+	cut := time.Now()
+	defer hole(false)
+	// A renewal confirmed just before the cut extends a lease once more,
+	// by a TTL at most.
+	seen := e.wait(cut.Add(ttl + time.Second))
+	worst, missed := checkEnds(t, leases, seen, nil)
+	t.Logf("%d leases through a black hole: %d ended, worst lateness after ValidUntil %v, last end %v after the cut",
+		n, len(seen), worst.Round(time.Millisecond), lastEnd(seen).Sub(cut).Round(time.Millisecond))
+	if missed == 0 {
+		for _, l := range leases {
+			if err := l.Err(); !errors.Is(err, fenced.ErrExpired) && !errors.Is(err, fenced.ErrLost) {
+				t.Fatalf("lease %s ended with %v, want ErrExpired or ErrLost", l.Key(), err)
+			}
+		}
+	}
+}
+
+func lastEnd(seen map[*fenced.Lease]time.Time) time.Time {
+	var last time.Time
+	for _, at := range seen {
+		if at.After(last) {
+			last = at
+		}
+	}
+	return last
 }
