@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/fenced-dev/fenced/clock"
 	"github.com/fenced-dev/fenced/driver"
 )
 
@@ -18,9 +19,13 @@ var ErrReleased = errors.New("lease released")
 // A lease is valid until the first of: Release, the authority saying it is
 // no longer ours (renewal refused, session lost, broken by an admin), or its
 // local validity running out. Local validity is measured on the client's
-// monotonic clock from the moment the acquire (or last successful renew)
-// request was sent, minus SafetyMargin, so it never outlasts the
-// authority's view. When the lease ends its context is cancelled with a
+// clock (Options.Clock; by default clock.Real, which on Linux counts the
+// time the machine spent suspended) from the moment the acquire (or last
+// successful renew) request was sent, minus SafetyMargin, so it never
+// outlasts the authority's view. Err, Remaining and Healthy read that
+// clock when called, so right after a resume from a suspend they already
+// say the lease is over; its context is cancelled by the client's schedule,
+// whose timer may wake up to clock.MaxTimerStep after the resume. When the lease ends its context is cancelled with a
 // cause matching ErrLost, ErrExpired, ErrReleased or ErrClosed; when it
 // ends by Release or Close, that happens before the key is freed at the
 // authority.
@@ -208,20 +213,33 @@ func (l *Lease) Context() context.Context { return l.ctx }
 func (l *Lease) Done() <-chan struct{} { return l.ctx.Done() }
 
 // Err returns nil while the lease is held, and afterwards why it ended (an
-// error matching ErrLost, ErrExpired, ErrReleased or ErrClosed).
+// error matching ErrLost, ErrExpired, ErrReleased or ErrClosed). It reads
+// the client's clock: a lease whose validity has run out is ended by Err
+// itself if the schedule has not ended it yet (after a resume from a
+// suspend, Go's timers are late).
 func (l *Lease) Err() error {
 	if l.ctx.Err() == nil {
-		return nil
+		l.mu.Lock()
+		over := !l.ended && l.c.now() >= l.validUntil
+		l.mu.Unlock()
+		if !over {
+			return nil
+		}
+		if e, ok := l.expire(true); ok {
+			e.finish()
+		}
 	}
 	return context.Cause(l.ctx)
 }
 
 // ValidUntil returns the local deadline after which the lease must not be
-// trusted (it carries a monotonic clock reading with the real clock).
+// trusted, as a time comparable with time.Now (clock.Local), so it moves
+// earlier by the time the machine spends suspended. Remaining is the
+// better question: it asks the client's clock.
 func (l *Lease) ValidUntil() time.Time {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.c.at(l.validUntil)
+	return clock.Local(l.c.clock, l.c.at(l.validUntil))
 }
 
 // Remaining returns how much local validity is left; zero once the lease
