@@ -13,7 +13,8 @@ import (
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 
-// TestBlackHoleEndsLeasesAtValidity holds 10 000 leases on etcd through a
+// TestBlackHoleEndsLeasesAtValidity holds 10 000 leases (2 000 under the
+// race detector) on etcd through a
 // proxy that turns into a black hole (connections open, nothing through):
 // the driver's loss-watch stops then block on a full stream, and still
 // every lease's context is cancelled at its local validity.

@@ -11,7 +11,8 @@ import (
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 
-// TestBlackHoleEndsLeasesAtValidity holds 10 000 leases on ZooKeeper
+// TestBlackHoleEndsLeasesAtValidity holds 10 000 leases (2 000 under the
+// race detector) on ZooKeeper
 // through a proxy that turns into a black hole (connections open, nothing
 // through): every lease's context is still cancelled at its local
 // validity, whatever the driver's calls do meanwhile.

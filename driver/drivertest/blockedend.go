@@ -90,21 +90,26 @@ func watchEnds(leases []*fenced.Lease) *ends {
 }
 
 // wait waits until every lease has ended or deadline passes, and returns
-// the end times seen (to within a sweep of the leases).
+// the end times seen, to within a sweep of the leases not yet ended plus
+// 5ms (the sweeps are spaced out, so that they take little of the
+// machine from the schedule they measure).
 func (e *ends) wait(deadline time.Time) map[*fenced.Lease]time.Time {
-	left := len(e.leases)
-	for left > 0 && time.Now().Before(deadline) {
-		for i, l := range e.leases {
-			if e.at[i].IsZero() {
-				select {
-				case <-l.Done():
-					e.at[i] = time.Now()
-					left--
-				default:
-				}
+	left := make([]int, len(e.leases))
+	for i := range left {
+		left[i] = i
+	}
+	for len(left) > 0 && time.Now().Before(deadline) {
+		kept := left[:0]
+		for _, i := range left {
+			select {
+			case <-e.leases[i].Done():
+				e.at[i] = time.Now()
+			default:
+				kept = append(kept, i)
 			}
 		}
-		time.Sleep(time.Millisecond)
+		left = kept
+		time.Sleep(5 * time.Millisecond)
 	}
 	out := make(map[*fenced.Lease]time.Time, len(e.leases))
 	for i, l := range e.leases {
@@ -248,8 +253,15 @@ func checkEnds(t *testing.T, leases []*fenced.Lease, seen map[*fenced.Lease]time
 // checks that every lease's context is cancelled by its ValidUntil plus
 // 250ms, whatever the driver's calls do meanwhile. It ends the black hole
 // with hole(false) before it returns, and reports the worst lateness.
+//
+// Under the race detector, which makes every lease's work several times
+// dearer (and a shared two-core machine then misses the deadline by CPU
+// alone), it holds n/5 leases: the deadline stays the same.
 func CheckEndsThroughBlackHole(t *testing.T, c *fenced.Client, n int, ttl time.Duration, hole func(on bool)) {
 	t.Helper()
+	if raceDetector {
+		n /= 5
+	}
 	ctx := ctxT(t)
 	prefix := uniqueKey(t, "blackhole")
 	leases := make([]*fenced.Lease, n)
