@@ -14,10 +14,10 @@ import (
 )
 
 // TestBlackHoleEndsLeasesAtValidity holds 10 000 leases (2 000 under the
-// race detector) on etcd through a
-// proxy that turns into a black hole (connections open, nothing through):
-// the driver's loss-watch stops then block on a full stream, and still
-// every lease's context is cancelled at its local validity.
+// race detector) on etcd through a proxy that turns into a black hole
+// (connections open, nothing through): every lease's context is still
+// cancelled at its local validity, whatever the driver's requests, loss
+// watches and reaper are doing meanwhile.
 func TestBlackHoleEndsLeasesAtValidity(t *testing.T) {
 	cluster := testenv.StartEtcd(t)
 	proxy := testenv.StartProxy(t, cluster.Endpoints()[0])

@@ -12,10 +12,10 @@ import (
 )
 
 // TestBlackHoleEndsLeasesAtValidity holds 10 000 leases (2 000 under the
-// race detector) on ZooKeeper
-// through a proxy that turns into a black hole (connections open, nothing
-// through): every lease's context is still cancelled at its local
-// validity, whatever the driver's calls do meanwhile.
+// race detector) on ZooKeeper through a proxy that turns into a black hole
+// (connections open, nothing through): every lease's context is still
+// cancelled at its local validity, whatever the driver's calls do
+// meanwhile.
 func TestBlackHoleEndsLeasesAtValidity(t *testing.T) {
 	ens := testenv.StartZooKeeper(t)
 	proxy := testenv.StartProxy(t, ens.Servers()[0])
