@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/fenced-dev/fenced/clock"
 	"github.com/fenced-dev/fenced/driver"
 )
 
@@ -18,9 +19,13 @@ var ErrReleased = errors.New("lease released")
 // A lease is valid until the first of: Release, the authority saying it is
 // no longer ours (renewal refused, session lost, broken by an admin), or its
 // local validity running out. Local validity is measured on the client's
-// monotonic clock from the moment the acquire (or last successful renew)
-// request was sent, minus SafetyMargin, so it never outlasts the
-// authority's view. When the lease ends its context is cancelled with a
+// clock (Options.Clock; by default clock.Real, which on Linux counts the
+// time the machine spent suspended) from the moment the acquire (or last
+// successful renew) request was sent, minus SafetyMargin, so it never
+// outlasts the authority's view. Err, Remaining and Healthy read that
+// clock when called, so right after a resume from a suspend they already
+// say the lease is over; its context is cancelled by the client's schedule,
+// whose timer may wake up to clock.MaxTimerStep after the resume. When the lease ends its context is cancelled with a
 // cause matching ErrLost, ErrExpired, ErrReleased or ErrClosed; when it
 // ends by Release or Close, that happens before the key is freed at the
 // authority.
@@ -127,7 +132,7 @@ func (l *Lease) watchLoss(w driver.LossWatcher) {
 	l.lossWatch = nil
 	if l.ended {
 		l.mu.Unlock()
-		stop()
+		l.c.renew.cleanup.do(stop)
 		return
 	}
 	l.stopLossWatch = stop
@@ -144,14 +149,17 @@ func (l *Lease) takeLossWatch() (*time.Timer, func()) {
 }
 
 // endLossWatch stops what takeLossWatch returned. It is called after the
-// lease's context is cancelled: a driver's stop may take a moment, and the
-// protected work must hear of the lease's end first.
-func endLossWatch(t *time.Timer, stop func()) {
+// lease's context is cancelled, and it never waits for the driver: the
+// driver's stop runs on the client's cleanup workers (see cleaner), since
+// it may block (on etcd, a Send on a stream whose peer stopped reading)
+// and the caller may be the schedule, which must go on ending the other
+// leases at their validity.
+func (l *Lease) endLossWatch(t *time.Timer, stop func()) {
 	if t != nil {
 		t.Stop()
 	}
 	if stop != nil {
-		stop()
+		l.c.renew.cleanup.do(stop)
 	}
 }
 
@@ -205,20 +213,33 @@ func (l *Lease) Context() context.Context { return l.ctx }
 func (l *Lease) Done() <-chan struct{} { return l.ctx.Done() }
 
 // Err returns nil while the lease is held, and afterwards why it ended (an
-// error matching ErrLost, ErrExpired, ErrReleased or ErrClosed).
+// error matching ErrLost, ErrExpired, ErrReleased or ErrClosed). It reads
+// the client's clock: a lease whose validity has run out is ended by Err
+// itself if the schedule has not ended it yet (after a resume from a
+// suspend, Go's timers are late).
 func (l *Lease) Err() error {
 	if l.ctx.Err() == nil {
-		return nil
+		l.mu.Lock()
+		over := !l.ended && l.c.now() >= l.validUntil
+		l.mu.Unlock()
+		if !over {
+			return nil
+		}
+		if e, ok := l.expire(true); ok {
+			e.finish()
+		}
 	}
 	return context.Cause(l.ctx)
 }
 
 // ValidUntil returns the local deadline after which the lease must not be
-// trusted (it carries a monotonic clock reading with the real clock).
+// trusted, as a time comparable with time.Now (clock.Local), so it moves
+// earlier by the time the machine spends suspended. Remaining is the
+// better question: it asks the client's clock.
 func (l *Lease) ValidUntil() time.Time {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.c.at(l.validUntil)
+	return clock.Local(l.c.clock, l.c.at(l.validUntil))
 }
 
 // Remaining returns how much local validity is left; zero once the lease
@@ -316,7 +337,7 @@ func (l *Lease) end(cause error) bool {
 	l.mu.Unlock()
 	l.c.renew.remove(l)
 	l.cancel(cause)
-	endLossWatch(t, stop)
+	l.endLossWatch(t, stop)
 	return true
 }
 
@@ -345,18 +366,49 @@ func (l *Lease) free(ctx context.Context) error {
 
 // lose ends the lease with cause unless it has already ended.
 func (l *Lease) lose(cause error) {
+	if e, ok := l.endLost(cause, true); ok {
+		e.finish()
+	}
+}
+
+// endLost is the first half of lose: it ends l locally and cancels its
+// context with cause, unless l has already ended (ok false). scheduled
+// says whether l may still be on its client's schedule; the schedule's own
+// loop, which has taken the leases it ends off its heap, passes false and
+// so ends a great many leases at once without taking the schedule's lock
+// for each. The caller calls finish on the result.
+func (l *Lease) endLost(cause error, scheduled bool) (e lossEnd, ok bool) {
 	l.mu.Lock()
 	if l.ended {
 		l.mu.Unlock()
-		return
+		return lossEnd{}, false
 	}
 	l.ended = true
 	t, stop := l.takeLossWatch()
 	l.mu.Unlock()
-	l.c.renew.remove(l)
+	if scheduled {
+		l.c.renew.remove(l)
+	}
 	l.cancel(cause)
-	endLossWatch(t, stop)
-	l.c.hooks.lost(LostEvent{Key: l.key, Fence: l.fence, Held: l.c.now() - l.acquired, Cause: cause, Lease: l})
+	return lossEnd{l: l, t: t, stop: stop, cause: cause}, true
+}
+
+// lossEnd is what remains to do after a lost lease's context is
+// cancelled: stop its loss watch (on the cleanup workers) and call the
+// Lost hook.
+type lossEnd struct {
+	l     *Lease
+	t     *time.Timer
+	stop  func()
+	cause error
+}
+
+func (e lossEnd) finish() {
+	l := e.l
+	l.endLossWatch(e.t, e.stop)
+	if l.c.hooks.Lost != nil {
+		l.c.hooks.lost(LostEvent{Key: l.key, Fence: l.fence, Held: l.c.now() - l.acquired, Cause: e.cause, Lease: l})
+	}
 }
 
 // applyRenew records the outcome of a renewal request sent at sent (on
@@ -416,19 +468,34 @@ func (l *Lease) renewsNext() bool {
 }
 
 // expire ends l because its local validity ran out, saying why no renewal
-// kept it.
-func (l *Lease) expire() {
+// kept it; see endLost.
+func (l *Lease) expire(scheduled bool) (lossEnd, bool) {
 	l.mu.Lock()
-	lastErr, maxHold := l.lastErr, l.maxHoldHit
+	e := &expiry{lastErr: l.lastErr, maxHold: l.maxHoldHit, l: l}
 	l.mu.Unlock()
-	switch {
-	case maxHold:
-		l.lose(fmt.Errorf("%w: MaxHold %v reached, renewal stopped", ErrExpired, l.spec.MaxHold))
-	case lastErr != nil:
-		l.lose(fmt.Errorf("%w: no renewal confirmed in time (last error: %v)", ErrExpired, lastErr))
-	case !l.spec.AutoRenew:
-		l.lose(fmt.Errorf("%w: TTL %v ran out without renewal", ErrExpired, l.spec.TTL))
-	default:
-		l.lose(fmt.Errorf("%w: no renewal confirmed in time", ErrExpired))
-	}
+	return l.endLost(e, scheduled)
 }
+
+// expiry is the cause of a lease whose local validity ran out. Its message
+// is made when asked for, not by the schedule, which may end thousands of
+// leases at once.
+type expiry struct {
+	l       *Lease
+	lastErr error
+	maxHold bool
+}
+
+func (e *expiry) Error() string {
+	switch s := e.l.spec; {
+	case e.maxHold:
+		return fmt.Sprintf("%v: MaxHold %v reached, renewal stopped", ErrExpired, s.MaxHold)
+	case e.lastErr != nil:
+		return fmt.Sprintf("%v: no renewal confirmed in time (last error: %v)", ErrExpired, e.lastErr)
+	case !s.AutoRenew:
+		return fmt.Sprintf("%v: TTL %v ran out without renewal", ErrExpired, s.TTL)
+	}
+	return fmt.Sprintf("%v: no renewal confirmed in time", ErrExpired)
+}
+
+// Unwrap makes an expiry match ErrExpired.
+func (e *expiry) Unwrap() error { return ErrExpired }

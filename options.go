@@ -89,7 +89,9 @@ func ParseFenceStrength(s string) (FenceStrength, error) {
 
 // Options configure a Client. The zero value (or nil) gives the defaults.
 type Options struct {
-	// Clock measures local validity and drives timers. Default: clock.Real().
+	// Clock measures local validity and drives timers. Default:
+	// clock.Real(), which on Linux counts the time the machine spends
+	// suspended (CLOCK_BOOTTIME).
 	Clock clock.Clock
 	// Hooks observe acquisitions, renewals, losses and releases.
 	Hooks Hooks

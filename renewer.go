@@ -32,7 +32,11 @@ import (
 // Local validity is the schedule's other duty: a lease whose validity runs
 // out (no renewal confirmed in time, MaxHold reached, or AutoRenew off) is
 // ended by the loop the moment its deadline passes, whether or not a
-// renewal of it is in flight.
+// renewal of it is in flight. On its way to cancelling a lease's context
+// the loop never calls into the driver: what the driver must do after a
+// lease ends (stop its loss watch) is handed to the client's cleanup
+// workers (see cleaner), so a driver call that blocks (a Send on a stream
+// whose peer stopped reading) delays no lease's end.
 type renewer struct {
 	c *Client
 
@@ -53,6 +57,9 @@ type renewer struct {
 	kick    chan struct{}
 	done    chan struct{}
 	wg      sync.WaitGroup
+
+	// cleanup runs the driver's part of ending leases, off the schedule.
+	cleanup cleaner
 }
 
 const (
@@ -160,6 +167,7 @@ func (r *renewer) stop() <-chan struct{} {
 	gone := make(chan struct{})
 	go func() {
 		r.wg.Wait()
+		r.cleanup.wait()
 		close(gone)
 	}()
 	return gone
@@ -174,8 +182,16 @@ func (r *renewer) loop() {
 		default:
 		}
 		expired, batch, next := r.due()
+		// Every expired lease's context is cancelled before anything else
+		// is done about any of them (hooks, the driver's cleanup).
+		ends := make([]lossEnd, 0, len(expired))
 		for _, l := range expired {
-			l.expire()
+			if e, ok := l.expire(false); ok { // due took it off the heap
+				ends = append(ends, e)
+			}
+		}
+		for _, e := range ends {
+			e.finish()
 		}
 		if len(batch) > 0 {
 			r.wg.Add(1)
@@ -411,6 +427,69 @@ func inParallel(workers, n int, fn func(i int)) {
 		}()
 	}
 	wg.Wait()
+}
+
+// cleaner runs the driver calls that follow the end of a lease (stopping
+// its loss watch) on at most maxCleaners goroutines of its own, started on
+// demand and gone once the queue is empty, so that the goroutine ending a
+// lease (the schedule's, Close's, a renewal's) never waits for the driver.
+// A driver call that never returns holds up one worker, not the leases:
+// with every worker stuck the queue grows (a closure per ended lease)
+// while leases still end on time, and no more goroutines are started.
+type cleaner struct {
+	mu      sync.Mutex
+	queue   []func()
+	workers int
+	idle    chan struct{} // closed when workers drops to zero; nil while none wait
+}
+
+// maxCleaners bounds the goroutines of a client's cleaner.
+const maxCleaners = 8
+
+// do queues f to run on a worker.
+func (q *cleaner) do(f func()) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.queue = append(q.queue, f)
+	if q.workers < maxCleaners {
+		q.workers++
+		go q.work()
+	}
+}
+
+func (q *cleaner) work() {
+	for {
+		q.mu.Lock()
+		if len(q.queue) == 0 {
+			q.workers--
+			if q.workers == 0 && q.idle != nil {
+				close(q.idle)
+				q.idle = nil
+			}
+			q.mu.Unlock()
+			return
+		}
+		f := q.queue[0]
+		q.queue[0] = nil
+		q.queue = q.queue[1:]
+		q.mu.Unlock()
+		f()
+	}
+}
+
+// wait returns once the queue is empty and no work is running.
+func (q *cleaner) wait() {
+	q.mu.Lock()
+	if q.workers == 0 {
+		q.mu.Unlock()
+		return
+	}
+	if q.idle == nil {
+		q.idle = make(chan struct{})
+	}
+	idle := q.idle
+	q.mu.Unlock()
+	<-idle
 }
 
 // The heap: a binary min-heap on Lease.wake that keeps Lease.heapIdx.

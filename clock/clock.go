@@ -1,9 +1,18 @@
 // Package clock abstracts the local clock fenced measures validity with, so
 // tests can drive lease expiry without sleeping.
 //
-// Real returns the process's clock: time.Now carries a monotonic reading, so
-// durations measured with it are immune to wall-clock jumps. Fake is a
-// manual clock for tests; it only moves when Advance is called.
+// Real returns the process's clock. Durations between its readings are
+// immune to wall-clock jumps and, on Linux, include the time the machine
+// spent suspended: they are read on CLOCK_BOOTTIME. Package time's
+// monotonic clock (CLOCK_MONOTONIC on Linux, which Go's timers also run
+// on) stops while a VM or laptop is suspended, so a lease measured on it
+// would still look valid after a resume although wall time passed and the
+// authority expired it. Elsewhere Real is package time's monotonic clock;
+// Go's monotonic clock does not count suspended time on most systems
+// (golang/go#24595), so there a suspend overstates a lease's validity by
+// the time suspended, and only the fence protects the resource.
+//
+// Fake is a manual clock for tests; it only moves when Advance is called.
 package clock
 
 import (
@@ -14,9 +23,12 @@ import (
 
 // Clock is the subset of the time package fenced uses.
 type Clock interface {
-	// Now returns the current time; for Real it carries a monotonic reading.
+	// Now returns the current time. Only durations between readings of
+	// the same clock mean anything; for Real they carry a monotonic
+	// reading.
 	Now() time.Time
-	// NewTimer returns a timer that fires once after d.
+	// NewTimer returns a timer that fires once after d, measured on the
+	// clock.
 	NewTimer(d time.Duration) Timer
 }
 
@@ -28,19 +40,101 @@ type Timer interface {
 	Stop() bool
 }
 
-// Real returns the clock backed by package time.
+// Real returns the clock fenced uses by default. Its Now is the time the
+// process started plus the time elapsed since on the boot clock (Linux:
+// CLOCK_BOOTTIME, suspended time included; elsewhere package time's
+// monotonic clock). A reading carries the monotonic reading of that
+// start moved by the same amount, so until the machine is first suspended
+// it agrees with time.Now; after a suspend it is ahead of time.Now by the
+// time suspended. Use Local to compare a reading with time.Now.
+//
+// Its timers fire after d has passed on the same clock: on Linux a timer
+// wakes at least every MaxTimerStep of Go's (suspend-blind) timer time to
+// look at the boot clock, so after a resume it fires within MaxTimerStep
+// instead of after the whole of d again.
 func Real() Clock { return realClock{} }
+
+// MaxTimerStep is the longest a Real timer sleeps on Go's runtime timer
+// before it looks at the boot clock again (Linux only): how late it may
+// fire after the machine resumes from a suspend.
+const MaxTimerStep = 500 * time.Millisecond
+
+// start is when the process started, on both clocks.
+var start = time.Now()
+
+// elapsed is sinceStart; tests replace it to act out a suspend.
+var elapsed = sinceStart
 
 type realClock struct{}
 
-func (realClock) Now() time.Time { return time.Now() }
+func (realClock) Now() time.Time { return start.Add(elapsed()) }
 
-func (realClock) NewTimer(d time.Duration) Timer { return realTimer{time.NewTimer(d)} }
+// Local converts t, a reading of c, into a time comparable with time.Now:
+// for Real, t moved back by the time the machine has spent suspended since
+// the process started (zero except on Linux); other clocks' readings are
+// returned as they are.
+func Local(c Clock, t time.Time) time.Time {
+	if _, ok := c.(realClock); ok {
+		now := time.Now()
+		return t.Add(now.Sub(start) - elapsed())
+	}
+	return t
+}
 
-type realTimer struct{ t *time.Timer }
+func (realClock) NewTimer(d time.Duration) Timer {
+	if !bootClock {
+		return stdTimer{time.NewTimer(d)}
+	}
+	t := &bootTimer{c: make(chan time.Time, 1), deadline: elapsed() + d}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.t = time.AfterFunc(min(d, MaxTimerStep), t.fire)
+	return t
+}
 
-func (t realTimer) C() <-chan time.Time { return t.t.C }
-func (t realTimer) Stop() bool          { return t.t.Stop() }
+type stdTimer struct{ t *time.Timer }
+
+func (t stdTimer) C() <-chan time.Time { return t.t.C }
+func (t stdTimer) Stop() bool          { return t.t.Stop() }
+
+// bootTimer fires once the boot clock reaches deadline, looking at it at
+// least every MaxTimerStep.
+type bootTimer struct {
+	c        chan time.Time
+	deadline time.Duration // on sinceStart's scale
+
+	mu   sync.Mutex
+	t    *time.Timer
+	done bool // fired or stopped
+}
+
+func (t *bootTimer) fire() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.done {
+		return
+	}
+	now := elapsed()
+	if left := t.deadline - now; left > 0 {
+		t.t.Reset(min(left, MaxTimerStep))
+		return
+	}
+	t.done = true
+	t.c <- start.Add(now)
+}
+
+func (t *bootTimer) C() <-chan time.Time { return t.c }
+
+func (t *bootTimer) Stop() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.done {
+		return false
+	}
+	t.done = true
+	t.t.Stop()
+	return true
+}
 
 // Fake is a manual clock. Its zero value is not usable; call NewFake.
 type Fake struct {

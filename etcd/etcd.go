@@ -16,6 +16,17 @@
 // prefix (default "fenced/") is prepended to every key to form the etcd lock
 // name; dial_timeout (default 5s) bounds the first contact.
 //
+// The client fenced builds from a URL pings each connection with gRPC
+// keepalive after KeepAliveTime (10s) without a word from the server and
+// drops it when a ping is not answered within KeepAliveTimeout (5s), so a
+// connection whose peer stopped answering without closing it (a
+// partition, a frozen server) is given up within 15s: its blocked requests
+// and streams fail and the client moves to another endpoint. etcd refuses
+// pings more frequent than its --grpc-keepalive-min-time (default 5s). A
+// lease's local validity does not wait for any of this: its context is
+// cancelled when its validity runs out whatever its requests are doing. A
+// client passed to New is the caller's, keepalive included.
+//
 // # Recipe
 //
 // A lease on key K is etcd's mutex on the lock name prefix+K: the holder
@@ -90,6 +101,13 @@ import (
 // DefaultPrefix is prepended to keys when Options.Prefix is empty.
 const DefaultPrefix = "fenced/"
 
+// The gRPC keepalive of the client fenced builds from a URL (see the
+// package comment).
+const (
+	KeepAliveTime    = 10 * time.Second
+	KeepAliveTimeout = 5 * time.Second
+)
+
 // Options configure a Driver. The zero value gives the defaults.
 type Options struct {
 	// Prefix is prepended to every key to form its etcd lock name, as used
@@ -154,7 +172,8 @@ func openURL(ctx context.Context, u *url.URL) (driver.Driver, error) {
 	if err := q.NoRest("prefix", "dial_timeout"); err != nil {
 		return nil, fmt.Errorf("etcd URL: %w", err)
 	}
-	cfg := clientv3.Config{Endpoints: eps, DialTimeout: dialTimeout, Logger: zap.NewNop()}
+	cfg := clientv3.Config{Endpoints: eps, DialTimeout: dialTimeout, Logger: zap.NewNop(),
+		DialKeepAliveTime: KeepAliveTime, DialKeepAliveTimeout: KeepAliveTimeout}
 	if u.User != nil {
 		cfg.Username = u.User.Username()
 		cfg.Password, _ = u.User.Password()

@@ -30,7 +30,8 @@ import (
 //
 // Requests on the stream are sent under sendMu, which is taken before mu;
 // the receiving goroutine takes mu only, never sendMu, so a Send blocked on
-// flow control can never wait for the receiver.
+// flow control can never wait for the receiver. A watch's stop takes mu
+// only: it queues the cancel request for a goroutine of the type's own.
 type lossWatches struct {
 	conn *grpc.ClientConn
 	ctx  context.Context // the driver's; ends the stream on Close
@@ -46,6 +47,10 @@ type lossWatches struct {
 	closed  bool
 	nextID  int64
 	watches map[int64]*lossWatch
+	// cancels are the watches stopped whose cancel requests are still to
+	// be sent on stream, by sendCancels while cancelling.
+	cancels    []int64
+	cancelling bool
 }
 
 // lossWatch is one watched key. id and from are guarded by lossWatches.mu.
@@ -87,27 +92,54 @@ func (lw *lossWatches) add(e *entry, loss *sessionlock.Loss) (stop func()) {
 	return func() { lw.stop(w) }
 }
 
-// stop ends w: after it returns, w's loss is never reported.
+// stop ends w: after it returns, w's loss is never reported. It does not
+// wait for the stream: the watch's cancel request is queued for
+// sendCancels, so a stop never blocks on a stream whose peer stopped
+// reading (a partition whose connection stays open fills the stream's
+// write quota, and a Send then waits until gRPC keepalive drops the
+// connection).
 func (lw *lossWatches) stop(w *lossWatch) {
 	w.loss.Stop()
-	lw.sendMu.Lock()
-	defer lw.sendMu.Unlock()
 	lw.mu.Lock()
+	defer lw.mu.Unlock()
 	if lw.watches[w.id] != w {
-		lw.mu.Unlock()
 		return
 	}
 	delete(lw.watches, w.id)
-	st, id := lw.stream, w.id
-	lw.mu.Unlock()
-	if st == nil {
-		return
+	if lw.stream == nil {
+		return // a new stream sets up only the watches left
 	}
-	err := st.Send(&pb.WatchRequest{RequestUnion: &pb.WatchRequest_CancelRequest{
-		CancelRequest: &pb.WatchCancelRequest{WatchId: id},
-	}})
-	if err != nil {
-		lw.failed(st)
+	lw.cancels = append(lw.cancels, w.id)
+	if !lw.cancelling {
+		lw.cancelling = true
+		go lw.sendCancels()
+	}
+}
+
+// sendCancels sends the queued cancel requests, until none are left, on
+// the goroutine stop starts (one at a time).
+func (lw *lossWatches) sendCancels() {
+	lw.sendMu.Lock()
+	defer lw.sendMu.Unlock()
+	for {
+		lw.mu.Lock()
+		ids, st := lw.cancels, lw.stream
+		lw.cancels = nil
+		if len(ids) == 0 || st == nil {
+			lw.cancelling = false
+			lw.mu.Unlock()
+			return
+		}
+		lw.mu.Unlock()
+		for _, id := range ids {
+			err := st.Send(&pb.WatchRequest{RequestUnion: &pb.WatchRequest_CancelRequest{
+				CancelRequest: &pb.WatchCancelRequest{WatchId: id},
+			}})
+			if err != nil {
+				lw.failed(st) // drops the rest: the next stream has no such watches
+				break
+			}
+		}
 	}
 }
 
@@ -180,6 +212,7 @@ func (lw *lossWatches) failed(st pb.Watch_WatchClient) {
 	}
 	lw.cancel()
 	lw.stream, lw.cancel = nil, nil
+	lw.cancels = nil
 	lw.scheduleLocked()
 }
 
@@ -290,4 +323,5 @@ func (lw *lossWatches) close() {
 	}
 	lw.stream, lw.cancel = nil, nil
 	lw.watches = nil
+	lw.cancels = nil
 }

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
+	"strings"
 	"time"
 	"unicode"
 
@@ -262,7 +264,7 @@ func (s *Server) acquireLease(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var body struct {
-		TTLMS    int64  `json:"ttl_ms"`
+		TTLMS    *int64 `json:"ttl_ms"`
 		WaitMS   int64  `json:"wait_ms"`
 		MinFence string `json:"min_fence"`
 	}
@@ -270,14 +272,12 @@ func (s *Server) acquireLease(w http.ResponseWriter, r *http.Request) {
 		writeError(w, aerr)
 		return
 	}
-	opts := &fenced.LeaseOptions{TTL: fenced.DefaultTTL, MaxWait: fenced.NoWait, AutoRenew: fenced.Off, FailOpen: fenced.Off}
-	switch {
-	case body.TTLMS < 0:
-		writeError(w, &apiError{status: http.StatusBadRequest, Code: "invalid_ttl", Message: fmt.Sprintf("ttl_ms %d is negative", body.TTLMS)})
+	ttl, aerr := s.requestTTL(body.TTLMS)
+	if aerr != nil {
+		writeError(w, aerr)
 		return
-	case body.TTLMS > 0:
-		opts.TTL = time.Duration(body.TTLMS) * time.Millisecond
 	}
+	opts := &fenced.LeaseOptions{TTL: ttl, MaxWait: fenced.NoWait, AutoRenew: fenced.Off, FailOpen: fenced.Off}
 	switch wait := time.Duration(body.WaitMS) * time.Millisecond; {
 	case body.WaitMS < 0:
 		writeError(w, &apiError{status: http.StatusBadRequest, Code: "invalid_wait", Message: fmt.Sprintf("wait_ms %d is negative", body.WaitMS)})
@@ -332,8 +332,42 @@ type holderRequest struct {
 	Owner string `json:"owner"`
 	Fence uint64 `json:"fence"`
 	// TTLMS is the TTL to renew with when this server no longer knows the
-	// lease (it restarted since the acquire); default DefaultTTL.
-	TTLMS int64 `json:"ttl_ms"`
+	// lease (it restarted since the acquire); default DefaultTTL. It is
+	// checked like every TTL (requestTTL) whether or not it is used.
+	TTLMS *int64 `json:"ttl_ms"`
+
+	ttl time.Duration // TTLMS, checked
+}
+
+// requestTTL returns the TTL a request's ttl_ms asks for (DefaultTTL when
+// it is absent), checked as every lease's TTL is checked, by
+// Client.Resolve (the package's bounds and the backend's), or the 400
+// refusal naming the field.
+func (s *Server) requestTTL(ms *int64) (time.Duration, *apiError) {
+	if ms == nil {
+		return fenced.DefaultTTL, nil
+	}
+	refuse := func(why string) *apiError {
+		return &apiError{status: http.StatusBadRequest, Code: "invalid_ttl", Message: fmt.Sprintf("ttl_ms %d: %s", *ms, why)}
+	}
+	if *ms == 0 {
+		// LeaseOptions would take a zero TTL for "inherit".
+		return 0, refuse(fmt.Sprintf("not a TTL; leave ttl_ms out for the default (%v)", fenced.DefaultTTL))
+	}
+	ttl := time.Duration(*ms) * time.Millisecond
+	if ttl/time.Millisecond != time.Duration(*ms) {
+		// Overflowed: beyond every bound, on the same side.
+		ttl = math.MaxInt64
+		if *ms < 0 {
+			ttl = math.MinInt64
+		}
+	}
+	// Only the TTL is asked about: the rest accepts anything.
+	_, err := s.cfg.Client.Resolve(&fenced.LeaseOptions{TTL: ttl, MaxWait: fenced.NoWait, MinFence: fenced.FenceNone, AutoRenew: fenced.Off, FailOpen: fenced.Off})
+	if errors.Is(err, fenced.ErrInvalidTTL) {
+		return 0, refuse(strings.TrimPrefix(err.Error(), "fenced: "))
+	}
+	return ttl, nil
 }
 
 // holder authorizes a renew or release and finds the lease it names: the
@@ -353,10 +387,12 @@ func (s *Server) holder(w http.ResponseWriter, r *http.Request) (string, holderR
 		writeError(w, aerr)
 		return "", req, nil, false
 	}
-	if req.TTLMS < 0 {
-		writeError(w, &apiError{status: http.StatusBadRequest, Code: "invalid_ttl", Message: fmt.Sprintf("ttl_ms %d is negative", req.TTLMS)})
+	ttl, aerr := s.requestTTL(req.TTLMS)
+	if aerr != nil {
+		writeError(w, aerr)
 		return "", req, nil, false
 	}
+	req.ttl = ttl
 	s.mu.Lock()
 	l := s.leases[req.Owner]
 	s.mu.Unlock()
@@ -381,10 +417,7 @@ func (s *Server) renewLease(w http.ResponseWriter, r *http.Request) {
 			TTLMS: l.TTL().Milliseconds(), ValidForMS: l.Remaining().Milliseconds(), RenewEveryMS: (l.TTL() / 3).Milliseconds()})
 		return
 	}
-	ttl := fenced.DefaultTTL
-	if req.TTLMS > 0 {
-		ttl = time.Duration(req.TTLMS) * time.Millisecond
-	}
+	ttl := req.ttl
 	// The server no longer knows this lease: the authority judges owner
 	// and fence.
 	sent := time.Now()

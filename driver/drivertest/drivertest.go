@@ -101,6 +101,7 @@ func RunConformanceTests(t *testing.T, h Harness) {
 	t.Run("LossWatchReportsBreak", s.testLossWatch)
 	t.Run("WaitLongerThanTTLGivesFullLease", s.testLongWait)
 	t.Run("BatchRenewReportsEachGrant", s.testBatchRenew)
+	t.Run("BlockedDriverDelaysNoLeaseEnd", s.testBlockedDriverDelaysNoEnd)
 }
 
 // skipUndeclared skips t because the backend does not declare capability;

@@ -34,7 +34,16 @@ type Reaper[T comparable] struct {
 	armed  time.Time   // what timer is set for (zero: not set)
 	closed bool
 	wg     sync.WaitGroup
+	// due are the items whose deadline passed, waiting for one of at most
+	// maxEnders goroutines (enders counts them) to end them.
+	due    []*item[T]
+	enders int
 }
+
+// maxEnders bounds the goroutines that end items at once: a store that
+// stopped answering holds up that many, not one per grant (a driver may
+// hold a hundred thousand, all due together).
+const maxEnders = 16
 
 type item[T comparable] struct {
 	x        T
@@ -147,32 +156,47 @@ func (r *Reaper[T]) Close() {
 		it.idx = -1
 	}
 	r.queue = nil
+	r.due = nil
 	r.mu.Unlock()
 	r.wg.Wait()
 }
 
-// fire starts the end of every item whose deadline has passed, each on a
-// goroutine of its own, and sets the timer for the next deadline.
+// fire hands every item whose deadline has passed to the enders (see
+// maxEnders) and sets the timer for the next deadline.
 func (r *Reaper[T]) fire() {
 	r.mu.Lock()
+	defer r.mu.Unlock()
 	r.armed = time.Time{}
 	if r.closed {
-		r.mu.Unlock()
 		return
 	}
 	now := time.Now()
-	var due []*item[T]
 	for len(r.queue) > 0 && !r.queue[0].deadline.After(now) {
-		due = append(due, heap.Pop(&r.queue).(*item[T]))
+		r.due = append(r.due, heap.Pop(&r.queue).(*item[T]))
 	}
-	r.wg.Add(len(due))
+	for r.enders < min(len(r.due), maxEnders) {
+		r.enders++
+		r.wg.Add(1)
+		go r.ender()
+	}
 	r.resetLocked()
-	r.mu.Unlock()
-	for _, it := range due {
-		go func() {
-			defer r.wg.Done()
-			_ = r.run(it)
-		}()
+}
+
+// ender ends due items until there are none (or the Reaper is closed).
+func (r *Reaper[T]) ender() {
+	defer r.wg.Done()
+	for {
+		r.mu.Lock()
+		if len(r.due) == 0 || r.closed {
+			r.enders--
+			r.mu.Unlock()
+			return
+		}
+		it := r.due[0]
+		r.due[0] = nil
+		r.due = r.due[1:]
+		r.mu.Unlock()
+		_ = r.run(it)
 	}
 }
 

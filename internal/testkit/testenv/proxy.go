@@ -8,7 +8,8 @@ import (
 )
 
 // Proxy forwards TCP connections from a local port to a server, and can
-// cut a connection at a chosen moment, to inject connection loss.
+// cut a connection at a chosen moment, to inject connection loss, or turn
+// into a black hole (BlackHole): a partition whose connections stay open.
 type Proxy struct {
 	Addr string // where clients connect
 
@@ -23,6 +24,9 @@ type Proxy struct {
 	ln       net.Listener
 	target   string
 	open     map[net.Conn]struct{} // both ends of every open connection
+	// hole is non-nil while the proxy is a black hole; it is closed when
+	// the black hole ends.
+	hole chan struct{}
 }
 
 // StartProxy forwards a free loopback port to target until the test ends.
@@ -33,7 +37,10 @@ func StartProxy(t testing.TB, target string) *Proxy {
 		t.Fatal(err)
 	}
 	p := &Proxy{Addr: ln.Addr().String(), ln: ln, target: target, open: map[net.Conn]struct{}{}}
-	t.Cleanup(func() { ln.Close() })
+	t.Cleanup(func() {
+		ln.Close()
+		p.BlackHole(false) // let the forwarders see their connections close
+	})
 	go func() {
 		for {
 			c, err := ln.Accept()
@@ -92,6 +99,35 @@ func (p *Proxy) Retarget(target string) {
 	}
 }
 
+// BlackHole makes the proxy, while on is true, stop reading from and
+// writing to every connection, open or new, without closing any: bytes
+// already sent are neither delivered nor refused, the peers' socket
+// buffers and flow-control windows fill, and writes then block, as
+// over a network that drops every packet. New connections are accepted
+// (the kernel does so anyway) and left silent. Turning it off forwards
+// what was held and resumes.
+func (p *Proxy) BlackHole(on bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch {
+	case on && p.hole == nil:
+		p.hole = make(chan struct{})
+	case !on && p.hole != nil:
+		close(p.hole)
+		p.hole = nil
+	}
+}
+
+// pass returns when the proxy is not a black hole.
+func (p *Proxy) pass() {
+	p.mu.Lock()
+	hole := p.hole
+	p.mu.Unlock()
+	if hole != nil {
+		<-hole
+	}
+}
+
 // Cuts returns how many connections the proxy has cut.
 func (p *Proxy) Cuts() int {
 	p.mu.Lock()
@@ -100,6 +136,7 @@ func (p *Proxy) Cuts() int {
 }
 
 func (p *Proxy) serve(client net.Conn, target string) {
+	p.pass()
 	server, err := net.Dial("tcp", target)
 	if err != nil {
 		client.Close()
@@ -123,7 +160,9 @@ func (p *Proxy) serve(client net.Conn, target string) {
 	go func() { // server -> client, unless cut
 		buf := make([]byte, 64<<10)
 		for {
+			p.pass()
 			n, err := server.Read(buf)
+			p.pass()
 			select {
 			case <-cut:
 				closeBoth()
@@ -144,7 +183,9 @@ func (p *Proxy) serve(client net.Conn, target string) {
 	}()
 	buf := make([]byte, 64<<10)
 	for {
+		p.pass()
 		n, err := client.Read(buf)
+		p.pass()
 		if n > 0 {
 			p.mu.Lock()
 			if p.observe != nil {

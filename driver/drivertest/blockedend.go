@@ -1,0 +1,328 @@
+package drivertest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/driver"
+)
+
+// lateSlack is how long after its local validity (or after Close began) a
+// lease's context may be cancelled: the schedule's own latency on a busy
+// machine, not a driver's.
+const lateSlack = 250 * time.Millisecond
+
+// stuck passes a driver through, except that once blocked is set every
+// call that follows a lease's end never returns (until the test is over):
+// Release, and the stop of a loss watch (stuck is a driver.LossWatcher
+// whether or not the driver under it is one: its own watches report
+// nothing). Renewals then hang until their context ends. That is a store
+// behind a partition whose connections stay open: requests are written
+// and never answered, until the writes block too.
+type stuck struct {
+	driver.Driver
+	blocked atomic.Bool
+	unblock chan struct{} // closed when the test is over
+	watches atomic.Int64  // loss watches started
+	stops   atomic.Int64  // loss watch stops called (and stuck)
+}
+
+// newStuck wraps d, and returns a client on it with opts. When the test
+// is over the driver's calls are unblocked, and then the client closed.
+func newStuck(t *testing.T, d driver.Driver, opts *fenced.Options) (*stuck, *fenced.Client) {
+	s := &stuck{Driver: d, unblock: make(chan struct{})}
+	c := fenced.NewClient(s, opts)
+	t.Cleanup(func() { c.Close() })
+	t.Cleanup(func() { close(s.unblock) })
+	return s, c
+}
+
+func (s *stuck) Renew(ctx context.Context, g driver.Grant) error {
+	if s.blocked.Load() {
+		<-ctx.Done()
+		return fmt.Errorf("drivertest: renew %s: %w: %v", g, driver.ErrUnknownOutcome, ctx.Err())
+	}
+	return s.Driver.Renew(ctx, g)
+}
+
+func (s *stuck) Release(ctx context.Context, g driver.Grant) error {
+	if s.blocked.Load() {
+		<-s.unblock
+	}
+	return s.Driver.Release(ctx, g)
+}
+
+func (s *stuck) WatchLoss(g driver.Grant, lost func(error)) (func(), error) {
+	stop := func() {}
+	if w, ok := s.Driver.(driver.LossWatcher); ok {
+		var err error
+		if stop, err = w.WatchLoss(g, lost); err != nil {
+			return nil, err
+		}
+	}
+	s.watches.Add(1)
+	return func() {
+		if s.blocked.Load() {
+			s.stops.Add(1)
+			<-s.unblock
+		}
+		stop()
+	}, nil
+}
+
+// ends records when each of a set of leases ended, seen by one goroutine
+// that looks at every lease in turn (a callback per lease would add a
+// goroutine to each context's cancellation, on the path it measures).
+type ends struct {
+	leases []*fenced.Lease
+	at     []time.Time
+}
+
+// watchEnds returns a recorder of when each of leases ends.
+func watchEnds(leases []*fenced.Lease) *ends {
+	return &ends{leases: leases, at: make([]time.Time, len(leases))}
+}
+
+// wait waits until every lease has ended or deadline passes, and returns
+// the end times seen, to within a sweep of the leases not yet ended plus
+// 5ms (the sweeps are spaced out, so that they take little of the
+// machine from the schedule they measure).
+func (e *ends) wait(deadline time.Time) map[*fenced.Lease]time.Time {
+	left := make([]int, len(e.leases))
+	for i := range left {
+		left[i] = i
+	}
+	for len(left) > 0 && time.Now().Before(deadline) {
+		kept := left[:0]
+		for _, i := range left {
+			select {
+			case <-e.leases[i].Done():
+				e.at[i] = time.Now()
+			default:
+				kept = append(kept, i)
+			}
+		}
+		left = kept
+		time.Sleep(5 * time.Millisecond)
+	}
+	out := make(map[*fenced.Lease]time.Time, len(e.leases))
+	for i, l := range e.leases {
+		if !e.at[i].IsZero() {
+			out[l] = e.at[i]
+		}
+	}
+	return out
+}
+
+// testBlockedDriverDelaysNoEnd checks the rule that a lease's context is
+// cancelled at its local validity whatever the driver does: with every
+// release and loss-watch stop of the driver blocked for ever and renewals
+// hanging, each lease still ends by its ValidUntil (plus lateSlack), a
+// Release ends its own lease at once, and Close cancels every lease's
+// context at once and returns after Options.CloseTimeout.
+func (s *suite) testBlockedDriverDelaysNoEnd(t *testing.T) {
+	const n = 20
+	ctx := ctxT(t)
+	opts := func() *fenced.Options {
+		return &fenced.Options{Defaults: s.h.LeaseDefaults, CloseTimeout: 300 * time.Millisecond}
+	}
+	acquire := func(c *fenced.Client, prefix string, ttl time.Duration) []*fenced.Lease {
+		t.Helper()
+		leases := make([]*fenced.Lease, n)
+		for i := range leases {
+			l, err := c.TryAcquire(ctx, fmt.Sprintf("%s:%d", prefix, i), &fenced.LeaseOptions{TTL: ttl, AutoRenew: fenced.On})
+			if err != nil {
+				t.Fatal(err)
+			}
+			leases[i] = l
+		}
+		return leases
+	}
+	watched := func(d *stuck) {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); d.watches.Load() < n; {
+			if time.Now().After(deadline) {
+				t.Fatalf("only %d of %d loss watches started", d.watches.Load(), n)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+
+	t.Run("Validity", func(t *testing.T) {
+		d, c := newStuck(t, s.h.Open(t), opts())
+		// Long enough for the loss watches to start (a tenth of a second
+		// after the grant) well before validity ends.
+		ttl := max(s.h.ShortTTL, 500*time.Millisecond)
+		leases := acquire(c, uniqueKey(t, "stuckend"), ttl)
+		d.blocked.Store(true)
+		e := watchEnds(leases)
+		// One lease is released: its Release never returns, and its
+		// context is cancelled at once all the same.
+		releasing := time.Now()
+		go leases[0].Release(context.Background())
+		last := releasing
+		for _, l := range leases[1:] {
+			if u := l.ValidUntil(); u.After(last) {
+				last = u
+			}
+		}
+		seen := e.wait(last.Add(time.Second))
+		if at, ok := seen[leases[0]]; !ok || at.Sub(releasing) > lateSlack {
+			t.Errorf("a Release blocked in the driver delayed its own lease's end (ended %v)", ok)
+		}
+		worst, missed := checkEnds(t, leases[1:], seen, nil)
+		t.Logf("%d leases, driver stuck: worst lateness after ValidUntil %v; %d loss watch stops stuck", n-1, worst.Round(time.Millisecond), d.stops.Load())
+		if missed == 0 && d.stops.Load() == 0 {
+			t.Fatal("no loss watch was stopped at expiry: the check exercised nothing")
+		}
+		for _, l := range leases[1:] {
+			if err := l.Err(); err != nil && !errors.Is(err, fenced.ErrExpired) {
+				t.Errorf("lease %s ended with %v, want ErrExpired", l.Key(), err)
+			}
+		}
+	})
+
+	t.Run("Close", func(t *testing.T) {
+		d, c := newStuck(t, s.h.Open(t), opts())
+		ttl := 30 * time.Second
+		if b, ok := d.Driver.(driver.TTLBounds); ok {
+			_, hi := b.TTLBounds()
+			ttl = min(ttl, hi)
+		}
+		leases := acquire(c, uniqueKey(t, "stuckclose"), ttl)
+		watched(d)
+		d.blocked.Store(true)
+		e := watchEnds(leases)
+		began := time.Now()
+		closed := make(chan error, 1)
+		go func() { closed <- c.Close() }()
+		seen := e.wait(began.Add(2 * time.Second))
+		worst, _ := checkEnds(t, leases, seen, func(*fenced.Lease) time.Time { return began })
+		t.Logf("Close with the driver stuck: every context cancelled within %v", worst.Round(time.Millisecond))
+		select {
+		case err := <-closed:
+			if !errors.Is(err, fenced.ErrUnknownOutcome) {
+				t.Errorf("Close with every release stuck: %v, want ErrUnknownOutcome", err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Error("Close did not return within 5s of its CloseTimeout (300ms) with the driver stuck")
+		}
+	})
+}
+
+// checkEnds reports every lease that did not end within lateSlack of its
+// deadline (ValidUntil, or by(l)) and returns the worst lateness and how
+// many leases did not end at all.
+func checkEnds(t *testing.T, leases []*fenced.Lease, seen map[*fenced.Lease]time.Time, by func(*fenced.Lease) time.Time) (worst time.Duration, missed int) {
+	t.Helper()
+	late := 0
+	for _, l := range leases {
+		deadline := l.ValidUntil()
+		if by != nil {
+			deadline = by(l)
+		}
+		at, ok := seen[l]
+		if !ok {
+			missed++
+			continue
+		}
+		if d := at.Sub(deadline); d > worst {
+			worst = d
+		}
+		if at.Sub(deadline) > lateSlack {
+			late++
+		}
+	}
+	if missed > 0 || late > 0 {
+		t.Errorf("%d of %d leases never ended and %d ended more than %v late (worst %v): a driver call blocked the path that ends leases",
+			missed, len(leases), late, lateSlack, worst)
+	}
+	return worst, missed
+}
+
+// CheckEndsThroughBlackHole acquires n leases of TTL ttl through c, with
+// up to 64 requests at a time, turns the network between c and its store
+// into a black hole with hole(true) (connections stay open; nothing gets
+// through, so writes end up blocking: testenv's Proxy.BlackHole), and
+// checks that every lease's context is cancelled by its ValidUntil plus
+// 250ms, whatever the driver's calls do meanwhile. It ends the black hole
+// with hole(false) before it returns, and reports the worst lateness.
+//
+// Under the race detector, which makes every lease's work several times
+// dearer (and a shared two-core machine then misses the deadline by CPU
+// alone), it holds n/5 leases: the deadline stays the same.
+func CheckEndsThroughBlackHole(t *testing.T, c *fenced.Client, n int, ttl time.Duration, hole func(on bool)) {
+	t.Helper()
+	if raceDetector {
+		n /= 5
+	}
+	ctx := ctxT(t)
+	prefix := uniqueKey(t, "blackhole")
+	leases := make([]*fenced.Lease, n)
+	began := time.Now()
+	var (
+		wg     sync.WaitGroup
+		next   atomic.Int64
+		failed atomic.Value
+	)
+	for range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := int(next.Add(1) - 1); i < n && failed.Load() == nil; i = int(next.Add(1) - 1) {
+				l, err := c.TryAcquire(ctx, fmt.Sprintf("%s:%d", prefix, i), &fenced.LeaseOptions{TTL: ttl, AutoRenew: fenced.On})
+				if err != nil {
+					failed.Store(err)
+					return
+				}
+				leases[i] = l
+			}
+		}()
+	}
+	wg.Wait()
+	if err := failed.Load(); err != nil {
+		t.Fatalf("acquire: %v", err)
+	}
+	t.Logf("%d leases acquired in %v", n, time.Since(began).Round(time.Millisecond))
+	// Let every lease start its loss watch (a tenth of a second after its
+	// grant), so that ending a lease has the driver stop one.
+	time.Sleep(300 * time.Millisecond)
+	for _, l := range leases {
+		if l.Err() != nil {
+			t.Fatalf("lease %s ended before the black hole: %v", l.Key(), l.Err())
+		}
+	}
+	e := watchEnds(leases)
+	hole(true)
+	cut := time.Now()
+	defer hole(false)
+	// A renewal confirmed just before the cut extends a lease once more,
+	// by a TTL at most.
+	seen := e.wait(cut.Add(ttl + time.Second))
+	worst, missed := checkEnds(t, leases, seen, nil)
+	t.Logf("%d leases through a black hole: %d ended, worst lateness after ValidUntil %v, last end %v after the cut",
+		n, len(seen), worst.Round(time.Millisecond), lastEnd(seen).Sub(cut).Round(time.Millisecond))
+	if missed == 0 {
+		for _, l := range leases {
+			if err := l.Err(); !errors.Is(err, fenced.ErrExpired) && !errors.Is(err, fenced.ErrLost) {
+				t.Fatalf("lease %s ended with %v, want ErrExpired or ErrLost", l.Key(), err)
+			}
+		}
+	}
+}
+
+func lastEnd(seen map[*fenced.Lease]time.Time) time.Time {
+	var last time.Time
+	for _, at := range seen {
+		if at.After(last) {
+			last = at
+		}
+	}
+	return last
+}
