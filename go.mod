@@ -1,6 +1,6 @@
 module github.com/fenced-dev/fenced
 
-go 1.26.8
+go 1.26.0
 
 require github.com/redis/go-redis/v9 v9.23.0
 
@@ -68,7 +68,6 @@ require (
 	github.com/coreos/go-semver v0.3.1 // indirect
 	github.com/coreos/go-systemd/v22 v22.7.0 // indirect
 	github.com/dustin/go-humanize v1.1.0 // indirect
-	github.com/go-zookeeper/zk v1.0.4
 	github.com/golang/protobuf v1.5.4 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/grpc-ecosystem/grpc-gateway/v2 v2.29.0 // indirect
@@ -97,5 +96,3 @@ require (
 	modernc.org/mathutil v1.7.1 // indirect
 	modernc.org/memory v1.12.1 // indirect
 )
-
-replace github.com/go-zookeeper/zk => ./third_party/go-zookeeper/zk
