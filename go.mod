@@ -28,7 +28,10 @@ require (
 	modernc.org/sqlite v1.62.0
 )
 
-require github.com/anishathalye/porcupine v1.3.1
+require (
+	github.com/anishathalye/porcupine v1.3.1
+	golang.org/x/mod v0.42.0
+)
 
 require (
 	github.com/aws/aws-sdk-go-v2/aws/protocol/eventstream v1.7.27 // indirect
