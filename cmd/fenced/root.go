@@ -123,7 +123,7 @@ the store actually used.`,
 	root.AddCommand(newProofCmd(g))
 	root.AddCommand(newElectCmd(g), newObserveCmd(g))
 	root.AddCommand(newPlanCmd(g))
-	root.AddCommand(newServeCmd(g))
+	root.AddCommand(newServeCmd(g), newVersionCmd(g))
 	root.AddCommand(g.extra...)
 	return root
 }
