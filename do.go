@@ -2,6 +2,7 @@ package fenced
 
 import (
 	"context"
+	"time"
 )
 
 // Do runs fn while holding a lease on key: it acquires the lease, calls fn
@@ -40,11 +41,17 @@ import (
 // freed, so goroutines fn left behind are told to stop before another
 // worker can get the key. The release uses a fresh timeout of
 // Options.CloseTimeout, so it happens even when ctx has ended.
+//
+// With a MinHold, Do keeps the lease after fn returns (with or without an
+// error) until MinHold has passed since Acquire returned, unless ctx ends
+// or the lease does first: a duplicate started a little later elsewhere
+// finds the key held.
 func (c *Client) Do(ctx context.Context, key string, opts *LeaseOptions, fn func(ctx context.Context, l *Lease) error) error {
 	l, err := c.Acquire(ctx, key, opts)
 	if err != nil {
 		return err
 	}
+	granted := time.Now()
 	// fn runs under the lease's own context when ctx can never end: that
 	// context has ctx's values, ends when the lease does, and is cancelled
 	// by the Release below before the key is freed. Otherwise fn's context
@@ -65,6 +72,9 @@ func (c *Client) Do(ctx context.Context, key string, opts *LeaseOptions, fn func
 	lostErr := l.Err() // nil unless the lease ended before fn returned
 	if cancel != nil {
 		cancel(ErrReleased)
+	}
+	if lostErr == nil {
+		l.HoldAtLeast(ctx, granted)
 	}
 	relCtx, relCancel := context.WithTimeout(withoutCancel(ctx), c.opts.CloseTimeout)
 	defer relCancel()

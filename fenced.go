@@ -19,7 +19,7 @@
 //
 //	import _ "github.com/fenced-dev/fenced/sqlite"
 //
-//	client, err := fenced.Open(ctx, "sqlite:///var/lib/app/leases.db")
+//	client, err := fenced.Open(ctx, "sqlite:///var/lib/app/leases.db", nil)
 //
 // The backends in this module and their schemes: mem (mem:), sqlite
 // (sqlite:), postgres (postgres:, postgresql:), mysql (mysql:), redis

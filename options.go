@@ -173,6 +173,15 @@ type LeaseOptions struct {
 	// after it, renewal stops and the lease expires. HoldForever (the
 	// default) sets no cap.
 	MaxHold time.Duration
+	// MinHold keeps the lease, renewed, until at least this long after it
+	// was granted, even when the work ends sooner (ShedLock's
+	// lockAtLeastFor): Do returns only then, so a duplicate of a short
+	// periodic job started a little later on another instance (whose
+	// clock or tick differs) finds the key held and skips. The lease's end
+	// or the caller's context cuts the hold short. Default 0 (none); it
+	// must not exceed MaxHold, and with AutoRenew Off it must be shorter
+	// than the local validity.
+	MinHold time.Duration
 	// SafetyMargin is subtracted from the TTL for local validity, to allow
 	// for clock drift between worker and authority and for the round trip.
 	// Default TTL/100 + 2ms; it must be shorter than the TTL. Backends whose
@@ -200,6 +209,8 @@ type LeaseSpec struct {
 	RenewEvery time.Duration
 	// MaxHold is HoldForever or a positive cap on renewal.
 	MaxHold time.Duration
+	// MinHold is zero or how long after the grant Do keeps the lease.
+	MinHold time.Duration
 	// SafetyMargin is positive and shorter than TTL.
 	SafetyMargin time.Duration
 }
@@ -343,6 +354,9 @@ func (c *Client) Resolve(opts *LeaseOptions) (LeaseSpec, error) {
 	s.MaxHold, from = pick(l.MaxHold, d.MaxHold, HoldForever)
 	if s.MaxHold < 0 {
 		return LeaseSpec{}, invalid(true, "MaxHold", from, "%v is negative; use HoldForever for no cap", s.MaxHold)
+	}
+	if err := s.resolveMinHold(l.MinHold, d.MinHold); err != nil {
+		return LeaseSpec{}, err
 	}
 
 	if err := c.checkFence(s.MinFence, fenceFrom); err != nil {

@@ -6,7 +6,7 @@ import (
 	"log"
 	"time"
 
-	"github.com/go-zookeeper/zk"
+	"github.com/fenced-dev/fenced/zookeeper/zk"
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/zookeeper"

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-zookeeper/zk"
+	"github.com/fenced-dev/fenced/zookeeper/zk"
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/go-zookeeper/zk"
+	"github.com/fenced-dev/fenced/zookeeper/zk"
 )
 
 // Who holds a lock, and whom a waiter waits for, is decided by creation

@@ -7,7 +7,9 @@
 //
 //	client, err := fenced.Open(ctx, "zk://10.0.0.1:2181,10.0.0.2:2181/app/locks", nil)
 //
-// or wrap a connection you already have with New.
+// or wrap a connection you already have with New: dial it with package
+// github.com/fenced-dev/fenced/zookeeper/zk, go-zookeeper v1.0.4 with the
+// few methods the driver needs added (see its README.fenced.md).
 //
 // # URL
 //
@@ -151,7 +153,7 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/go-zookeeper/zk"
+	"github.com/fenced-dev/fenced/zookeeper/zk"
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"

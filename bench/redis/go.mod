@@ -1,10 +1,8 @@
 module github.com/fenced-dev/fenced/bench/redis
 
-go 1.26.8
+go 1.26.0
 
 replace github.com/fenced-dev/fenced => ../..
-
-replace github.com/go-zookeeper/zk => ../../third_party/go-zookeeper/zk
 
 require (
 	github.com/bsm/redislock v0.9.4
@@ -37,7 +35,6 @@ require (
 	github.com/coreos/go-systemd/v22 v22.7.0 // indirect
 	github.com/dustin/go-humanize v1.1.0 // indirect
 	github.com/go-sql-driver/mysql v1.10.1 // indirect
-	github.com/go-zookeeper/zk v1.0.4 // indirect
 	github.com/golang/protobuf v1.5.4 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/grpc-ecosystem/grpc-gateway/v2 v2.29.0 // indirect

@@ -1,10 +1,8 @@
 module github.com/fenced-dev/fenced/bench/suite
 
-go 1.26.8
+go 1.26.0
 
 replace github.com/fenced-dev/fenced => ../..
-
-replace github.com/go-zookeeper/zk => ../../third_party/go-zookeeper/zk
 
 require (
 	github.com/bsm/redislock v0.9.4

@@ -1,0 +1,198 @@
+package fencedk8s_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/tools/leaderelection"
+
+	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/fencedk8s"
+	"github.com/fenced-dev/fenced/internal/testkit/testenv"
+	_ "github.com/fenced-dev/fenced/sqlite"
+)
+
+const childEnv = "FENCEDK8S_TEST_CHILD"
+
+func TestMain(m *testing.M) {
+	switch os.Getenv(childEnv) {
+	case "":
+		os.Exit(m.Run())
+	case "candidate":
+		os.Exit(childCandidate())
+	}
+	fmt.Fprintln(os.Stderr, "unknown child mode")
+	os.Exit(2)
+}
+
+// childCandidate runs client-go's elector on $STORE until killed; while it
+// leads it appends "lead PID EPOCH" once, then "beat PID EPOCH" every 50ms,
+// to $OUT.
+func childCandidate() int {
+	ctx := context.Background()
+	client, err := fenced.Open(ctx, os.Getenv("STORE"), nil)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer client.Close()
+	pid := os.Getpid()
+	lock, err := fencedk8s.New(client, "controller", "candidate-"+strconv.Itoa(pid), nil)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	out, err := os.OpenFile(os.Getenv("OUT"), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	leaderelection.RunOrDie(ctx, leaderelection.LeaderElectionConfig{
+		Lock:          lock,
+		LeaseDuration: 2 * time.Second,
+		RenewDeadline: 1500 * time.Millisecond,
+		RetryPeriod:   200 * time.Millisecond,
+		Callbacks: leaderelection.LeaderCallbacks{
+			OnStartedLeading: func(ctx context.Context) {
+				l := lock.Lease()
+				if l == nil {
+					return // lost already
+				}
+				epoch := l.Fence()
+				fmt.Fprintf(out, "lead %d %d\n", pid, epoch)
+				lctx := l.Context()
+				t := time.NewTicker(50 * time.Millisecond)
+				defer t.Stop()
+				for {
+					select {
+					case <-ctx.Done():
+						return
+					case <-lctx.Done():
+						return
+					case <-t.C:
+						fmt.Fprintf(out, "beat %d %d\n", pid, epoch)
+					}
+				}
+			},
+			OnStoppedLeading: func() { fmt.Fprintf(out, "stopped %d\n", pid) },
+		},
+	})
+	return 0
+}
+
+type event struct {
+	kind       string
+	pid, epoch int
+}
+
+func readEvents(t *testing.T, path string) []event {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	var evs []event
+	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 {
+			continue
+		}
+		ev := event{kind: f[0]}
+		ev.pid, _ = strconv.Atoi(f[1])
+		if len(f) > 2 {
+			ev.epoch, _ = strconv.Atoi(f[2])
+		}
+		evs = append(evs, ev)
+	}
+	return evs
+}
+
+func leaders(evs []event) []event {
+	var out []event
+	for _, e := range evs {
+		if e.kind == "lead" {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// TestClientGoElectorOnFenced: three processes run client-go's
+// LeaderElector on one SQLite store through ResourceLock. One leads; after
+// a kill -9 of it, exactly one other takes over, with a higher epoch, and
+// no process beats as leader while another does.
+func TestClientGoElectorOnFenced(t *testing.T) {
+	dir := t.TempDir()
+	store := "sqlite://" + filepath.Join(dir, "leases.db")
+	out := filepath.Join(dir, "events")
+	procs := map[int]*testenv.Process{}
+	for i := range 3 {
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), childEnv+"=candidate", "STORE="+store, "OUT="+out)
+		p := testenv.Start(t, fmt.Sprintf("candidate %d", i), cmd)
+		procs[p.Cmd.Process.Pid] = p
+	}
+	waitLeaders := func(n int) []event {
+		deadline := time.Now().Add(15 * time.Second)
+		for time.Now().Before(deadline) {
+			if ls := leaders(readEvents(t, out)); len(ls) >= n {
+				return ls
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		t.Fatalf("fewer than %d leaders in 15s: %v", n, readEvents(t, out))
+		return nil
+	}
+	first := waitLeaders(1)[0]
+	time.Sleep(500 * time.Millisecond) // the others are campaigning
+	if ls := leaders(readEvents(t, out)); len(ls) != 1 {
+		t.Fatalf("two leaders at once: %v", ls)
+	}
+	killed := procs[first.pid]
+	if killed == nil {
+		t.Fatalf("leader pid %d is none of the candidates", first.pid)
+	}
+	if err := killed.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-killed.Exited()
+	second := waitLeaders(2)[1]
+	time.Sleep(time.Second)
+	evs := readEvents(t, out)
+	if ls := leaders(evs); len(ls) != 2 {
+		t.Fatalf("leaders after the kill: %v, want one new", ls)
+	}
+	if second.pid == first.pid || second.epoch <= first.epoch {
+		t.Fatalf("new leader %+v after %+v: want another process with a higher epoch", second, first)
+	}
+	// Beats alternate by term: once the new leader beats, the old never
+	// does again.
+	newSeen := false
+	for _, e := range evs {
+		if e.kind != "beat" {
+			continue
+		}
+		switch e.pid {
+		case second.pid:
+			newSeen = true
+		case first.pid:
+			if newSeen {
+				t.Fatalf("the killed leader beat after the new one: %v", evs)
+			}
+		default:
+			t.Fatalf("pid %d beat without leading", e.pid)
+		}
+	}
+	t.Logf("leader pid %d epoch %d killed; pid %d took over with epoch %d", first.pid, first.epoch, second.pid, second.epoch)
+	if !newSeen {
+		t.Fatalf("the new leader never beat: %v", evs)
+	}
+}

@@ -1,0 +1,42 @@
+package fenced
+
+import (
+	"context"
+	"time"
+)
+
+// resolveMinHold sets s.MinHold from the lease's and the client's values
+// and checks it against the rest of s (MaxHold, AutoRenew and the local
+// validity must already be resolved).
+func (s *LeaseSpec) resolveMinHold(lease, client time.Duration) error {
+	var from origin
+	s.MinHold, from = pick(lease, client, 0)
+	switch {
+	case s.MinHold < 0:
+		return invalid(true, "MinHold", from, "%v is negative", s.MinHold)
+	case s.MinHold > 0 && s.MaxHold != HoldForever && s.MinHold > s.MaxHold:
+		return invalid(true, "MinHold", from, "%v is longer than MaxHold %v, after which renewal stops and the lease expires", s.MinHold, s.MaxHold)
+	case s.MinHold > 0 && !s.AutoRenew && s.MinHold >= s.validity():
+		return invalid(true, "MinHold", from, "%v is not shorter than the local validity %v with AutoRenew Off: the lease would end before the hold", s.MinHold, s.validity())
+	}
+	return nil
+}
+
+// HoldAtLeast waits until the lease's MinHold (from its Spec) has passed
+// since granted, the time its holder learnt of the grant, or until the
+// lease ends or ctx is done, whichever comes first. It does not release
+// the lease. Adapters that release a lease themselves (a scheduler's
+// Unlock) call it first; Do does so after its work.
+func (l *Lease) HoldAtLeast(ctx context.Context, granted time.Time) {
+	left := l.spec.MinHold - time.Since(granted)
+	if left <= 0 {
+		return
+	}
+	t := time.NewTimer(left)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-l.Done():
+	case <-ctx.Done():
+	}
+}
