@@ -28,6 +28,7 @@ func (s *StdDB) Prepare(ctx context.Context, queries ...string) error {
 		st, err := s.db.PrepareContext(ctx, q)
 		if err != nil {
 			s.closeStmts()
+			s.stmts = map[string]*sql.Stmt{}
 			return err
 		}
 		s.stmts[q] = st
@@ -138,10 +139,13 @@ func (t txConn) Query(ctx context.Context, q string, args ...any) (Rows, error) 
 	return query(ctx, t.tx, q, args)
 }
 
+// closeStmts closes every prepared statement. It leaves the map as it
+// is: Close may run while a call the client gave up on still uses a
+// statement (sql.Stmt is safe for that; the call gets an error), and the
+// map is only read once Prepare has returned.
 func (s *StdDB) closeStmts() {
-	for q, st := range s.stmts {
+	for _, st := range s.stmts {
 		st.Close()
-		delete(s.stmts, q)
 	}
 }
 
