@@ -30,6 +30,11 @@ func pooler(t *testing.T) *testenv.PgBouncer {
 	if bouncer == nil {
 		t.Fatal("pgbouncer did not start")
 	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("--- pgbouncer output ---\n%s", bouncer.Output())
+		}
+	})
 	return bouncer
 }
 

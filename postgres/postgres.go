@@ -121,6 +121,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"strings"
 	"time"
@@ -155,6 +156,13 @@ type Options struct {
 	// ProbeTimeout bounds the startup check that notifications arrive.
 	// Default 5s.
 	ProbeTimeout time.Duration
+	// ListenThroughProxy LISTENs on the pool's connection config even when
+	// the server sees another client address than the pool's connection
+	// has (a TCP proxy or a pooler in between). By default such a driver
+	// does not LISTEN: behind a transaction-mode pooler the LISTEN would
+	// stay on a shared server connection (PgBouncer 1.18 then dies when a
+	// notification meets a cancelled query). The URL says notify=on.
+	ListenThroughProxy bool
 }
 
 // Driver is the PostgreSQL lease-table driver. It implements driver.Driver,
@@ -233,6 +241,7 @@ func open(ctx context.Context, u *url.URL) (*Driver, error) {
 	if ok {
 		switch strings.ToLower(v) {
 		case "on", "true", "1":
+			opts.ListenThroughProxy = true
 		case "off", "false", "0":
 			opts.DisableNotify = true
 		default:
@@ -318,6 +327,12 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts *Options) (*Driver, error
 	}
 	lcfg := o.ListenConfig
 	if lcfg == nil {
+		if !o.ListenThroughProxy {
+			if err := checkDirect(ctx, pool); err != nil {
+				d.note = fmt.Sprintf("LISTEN unavailable (%v): waiters poll with backoff and jitter; behind a transaction-mode pooler set Options.ListenConfig to a direct connection, behind a plain TCP proxy say notify=on", err)
+				return d, nil
+			}
+		}
 		lcfg = pool.Config().ConnConfig.Copy()
 	}
 	l, err := startListener(ctx, d, lcfg, o.ProbeTimeout)
@@ -391,4 +406,33 @@ func (d *Driver) SubscribeObserver(ctx context.Context, key string) (driver.Subs
 		return nil, fmt.Errorf("postgres: %w: %s", driver.ErrUnsupported, d.note)
 	}
 	return d.listener.observe(key), nil
+}
+
+// checkDirect returns an error when the pool's connections do not reach
+// the server directly: the server sees another client port than the
+// connection's own (a pooler or a TCP proxy is in between). A connection
+// over a Unix socket, or a server that cannot say, counts as direct; the
+// LISTEN probe still checks that notifications arrive.
+func checkDirect(ctx context.Context, pool *pgxpool.Pool) error {
+	c, err := pool.Acquire(ctx)
+	if err != nil {
+		return nil // the probe will say what is wrong
+	}
+	defer c.Release()
+	local, ok := c.Conn().PgConn().Conn().LocalAddr().(*net.TCPAddr)
+	if !ok {
+		return nil
+	}
+	var port *int32
+	if err := c.QueryRow(ctx, "SELECT inet_client_port()").Scan(&port); err != nil {
+		return nil
+	}
+	if port == nil || int(*port) != local.Port {
+		seen := "no client port"
+		if port != nil {
+			seen = fmt.Sprintf("client port %d", *port)
+		}
+		return fmt.Errorf("the server sees %s, this connection's is %d: a pooler or proxy is in between", seen, local.Port)
+	}
+	return nil
 }

@@ -19,7 +19,11 @@ import (
 type PgBouncer struct {
 	Port int
 	pg   *Postgres
+	proc *Process
 }
+
+// Output returns the end of PgBouncer's log, for a failing test to show.
+func (b *PgBouncer) Output() string { return tail(b.proc.Log.String(), 4000) }
 
 // StartPgBouncer starts PgBouncer in front of pg, as "nobody" when the test
 // runs as root; it is stopped when t ends.
@@ -56,8 +60,8 @@ admin_users = %s
 	ChownNobody(t, dir)
 	cmd := exec.Command(bin, filepath.Join(dir, "pgbouncer.ini"))
 	RunAsNobody(cmd)
-	proc := Start(t, "pgbouncer", cmd)
-	proc.WaitPort(t, Addr(b.Port), 30*time.Second)
+	b.proc = Start(t, "pgbouncer", cmd)
+	b.proc.WaitPort(t, Addr(b.Port), 30*time.Second)
 	return b
 }
 
