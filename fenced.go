@@ -38,12 +38,10 @@
 //
 // # Recipes
 //
-// Election, Semaphore and Client.AcquireAll are leases underneath and work
-// on every backend: an election's epoch is its lease's fence, each
-// semaphore permit is a lease of its own (so a crashed holder's permit
-// comes back after its TTL), and several keys are taken in one canonical
-// order, all or nothing. docs/recipes.md gives each one's guarantees per
-// backend.
+// Package recipe builds election, semaphore and multi-key locking on the
+// public API of this package only, so users can write recipes of their
+// own the same way. Client.Clock, Client.Backoff, Client.CloseTimeout and
+// Client.Closing are the hooks it needs besides leases.
 //
 // # Errors
 //

@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/recipe"
 )
 
 type electFlags struct {
@@ -101,7 +102,7 @@ func electAndRun(ctx context.Context, g *globals, f *electFlags, name string, ar
 		return err
 	}
 	defer c.Close()
-	el, err := fenced.NewElection(c, name, opts)
+	el, err := recipe.NewElection(c, name, opts)
 	if err != nil {
 		if errors.Is(err, fenced.ErrNoFence) {
 			return withCode(exitUsage, fmt.Errorf("%w\n(%s)", err, minFenceHint(c.Guarantees())))

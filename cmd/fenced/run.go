@@ -20,6 +20,7 @@ import (
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/fence"
 	"github.com/fenced-dev/fenced/internal/supervise"
+	"github.com/fenced-dev/fenced/recipe"
 )
 
 type runFlags struct {
@@ -255,8 +256,8 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, keys, argv []st
 		return withCode(exitUsage, err)
 	}
 	switch {
-	case f.permits < 0 || f.permits > fenced.MaxPermits:
-		return withCode(exitUsage, fmt.Errorf("run: -n %d: want 1 to %d permits", f.permits, fenced.MaxPermits))
+	case f.permits < 0 || f.permits > recipe.MaxPermits:
+		return withCode(exitUsage, fmt.Errorf("run: -n %d: want 1 to %d permits", f.permits, recipe.MaxPermits))
 	case f.permits > 0 && len(keys) > 1:
 		return withCode(exitUsage, fmt.Errorf("run: -n takes one NAME, got %d keys %q", len(keys), keys))
 	case f.minHold < 0:
@@ -336,7 +337,7 @@ type hold struct {
 func acquireHold(ctx context.Context, c *fenced.Client, f *runFlags, keys []string, opts *fenced.LeaseOptions, store string) (*hold, error) {
 	switch {
 	case f.permits > 0:
-		sem, err := fenced.NewSemaphore(c, keys[0], f.permits, opts)
+		sem, err := recipe.NewSemaphore(c, keys[0], f.permits, opts)
 		if err != nil {
 			return nil, err
 		}
@@ -348,7 +349,7 @@ func acquireHold(ctx context.Context, c *fenced.Client, f *runFlags, keys []stri
 		return &hold{lease: p, env: env, granted: time.Now(),
 			desc: fmt.Sprintf("the lease on permit %s of %d (fence %d)", p.Key(), f.permits, p.Fence())}, nil
 	case len(keys) > 1:
-		set, err := c.AcquireAll(ctx, keys, opts)
+		set, err := recipe.AcquireAll(ctx, c, keys, opts)
 		if err != nil {
 			return nil, err
 		}
@@ -364,7 +365,7 @@ func acquireHold(ctx context.Context, c *fenced.Client, f *runFlags, keys []stri
 }
 
 // fencesDesc lists a set's fences in key order.
-func fencesDesc(set *fenced.LeaseSet) string {
+func fencesDesc(set *recipe.LeaseSet) string {
 	var parts []string
 	for _, l := range set.Leases() {
 		parts = append(parts, strconv.FormatUint(l.Fence(), 10))
@@ -417,7 +418,7 @@ func cleanEnv(env []string) []string {
 
 // setEnv returns COMMAND's environment under several leases: FENCED_FENCES
 // and FENCED_OWNERS, JSON objects keyed by key, and the redacted store.
-func setEnv(env []string, set *fenced.LeaseSet, store string) []string {
+func setEnv(env []string, set *recipe.LeaseSet, store string) []string {
 	owners := map[string]string{}
 	for _, l := range set.Leases() {
 		owners[l.Key()] = fence.OwnerDigest(l.Owner())

@@ -1,4 +1,4 @@
-package fenced_test
+package recipe_test
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/recipe"
 )
 
 // TestAcquireAllFailsWhenAnEarlierLeaseWasBroken breaks k1 on SQLite
@@ -25,12 +26,12 @@ func TestAcquireAllFailsWhenAnEarlierLeaseWasBroken(t *testing.T) {
 		t.Fatal(err)
 	}
 	type result struct {
-		set *fenced.LeaseSet
+		set *recipe.LeaseSet
 		err error
 	}
 	done := make(chan result, 1)
 	go func() {
-		set, err := c.AcquireAll(ctx, []string{"k2", "k1"}, opts)
+		set, err := recipe.AcquireAll(ctx, c, []string{"k2", "k1"}, opts)
 		done <- result{set, err}
 	}()
 	// AcquireAll holds k1 and waits for k2.
@@ -75,7 +76,7 @@ func TestLeaseSetReflectsALossAtOnce(t *testing.T) {
 	cs := openN(t, sqliteURL(t), 2)
 	c, admin := cs[0], cs[1]
 	for range 20 {
-		set, err := c.AcquireAll(ctx, []string{"a", "b"}, &fenced.LeaseOptions{TTL: 30 * time.Second})
+		set, err := recipe.AcquireAll(ctx, c, []string{"a", "b"}, &fenced.LeaseOptions{TTL: 30 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
