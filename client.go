@@ -666,59 +666,10 @@ func (c *Client) Inspect(ctx context.Context, key string) (LeaseInfo, error) {
 	return shortOwner(info), nil
 }
 
-// shortOwner makes sure that no owner token leaves the admin API whole,
+// shortOwner makes sure that no owner token leaves Inspect whole,
 // whatever the driver reported: drivers shorten owners already
 // (LeaseInfo.SetOwner), and ShortOwner leaves a shortened owner as it is.
 func shortOwner(info LeaseInfo) LeaseInfo {
 	info.Owner = driver.ShortOwner(info.Owner)
 	return info
-}
-
-// List returns the held leases whose keys start with prefix ("" for all),
-// sorted by key.
-func (c *Client) List(ctx context.Context, prefix string) ([]LeaseInfo, error) {
-	infos, err := c.drv.List(ctx, prefix)
-	if err != nil {
-		return nil, fmt.Errorf("fenced: list %q: %w", prefix, err)
-	}
-	for i := range infos {
-		infos[i] = shortOwner(infos[i])
-	}
-	return infos, nil
-}
-
-// Break ends the current grant of key whoever holds it: the holder's next
-// renewal fails (its lease context is cancelled with ErrLost) and the next
-// grant gets a higher fence. reason is required; by names who broke it.
-// Backends that keep an audit log record the break (see Breaks). It returns
-// what was broken, or an error matching ErrNotHeld when nothing was held.
-func (c *Client) Break(ctx context.Context, key, reason, by string) (LeaseInfo, error) {
-	if err := ValidateKey(key); err != nil {
-		return LeaseInfo{}, fmt.Errorf("fenced: break: %w", err)
-	}
-	if reason == "" {
-		return LeaseInfo{}, fmt.Errorf("fenced: break %q: a reason is required", key)
-	}
-	info, err := c.drv.Break(ctx, key, driver.BreakRequest{Reason: reason, By: by})
-	if err != nil {
-		return shortOwner(info), fmt.Errorf("fenced: break %q: %w", key, err)
-	}
-	return shortOwner(info), nil
-}
-
-// Breaks returns the recorded breaks of key ("" for every key), oldest
-// first. Backends without an audit log return ErrUnsupported.
-func (c *Client) Breaks(ctx context.Context, key string) ([]BreakRecord, error) {
-	bl, ok := c.drv.(driver.BreakLogger)
-	if !ok {
-		return nil, fmt.Errorf("fenced: breaks: %w", ErrUnsupported)
-	}
-	recs, err := bl.Breaks(ctx, key)
-	if err != nil {
-		return nil, fmt.Errorf("fenced: breaks %q: %w", key, err)
-	}
-	for i := range recs {
-		recs[i].Owner = driver.ShortOwner(recs[i].Owner)
-	}
-	return recs, nil
 }

@@ -443,7 +443,7 @@ type TTLBounds interface {
 // (fenced.Leadership.Proclaim), which etcd's election recipe keeps in the
 // holder's key itself so that `etcdctl elect` and fenced see each other's
 // proclamations. Backends without such a slot do not implement it, and
-// fenced.Election then refuses a value with ErrUnsupported.
+// recipe.Election then refuses a value with ErrUnsupported.
 type Valuer interface {
 	// SetValue sets the value of g, which must be the current grant of its
 	// key; otherwise it returns an error matching ErrNotHeld and changes

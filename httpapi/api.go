@@ -9,6 +9,7 @@ import (
 	"unicode"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/admin"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/leaseplan"
 )
@@ -137,7 +138,7 @@ func (s *Server) keyDetails(ctx context.Context, key string) (keyView, *apiError
 		}
 		v.History = append(v.History, h)
 	}
-	recs, err := s.cfg.Client.Breaks(ctx, key)
+	recs, err := admin.Breaks(ctx, s.cfg.Client, key)
 	switch {
 	case err == nil:
 		v.BreaksRecorded = true
@@ -197,7 +198,7 @@ func (s *Server) breakLease(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	by := "http:" + name
-	info, err := s.cfg.Client.Break(r.Context(), key, body.Reason, by)
+	info, err := admin.Break(r.Context(), s.cfg.Client, key, body.Reason, by)
 	if err != nil {
 		aerr := storeError(err)
 		if errors.Is(err, fenced.ErrNotHeld) {

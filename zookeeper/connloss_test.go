@@ -12,6 +12,7 @@ import (
 	"github.com/go-zookeeper/zk"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/admin"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 	"github.com/fenced-dev/fenced/zookeeper"
@@ -258,14 +259,14 @@ func testLossWatchAcrossRestart(t *testing.T, ens *testenv.ZKEnsemble) {
 	n.Kill()
 	n.Start()
 	n.WaitReady()
-	admin, err := fenced.Open(ctx, ens.URL("/losswatch-restart", ""), nil)
+	operator, err := fenced.Open(ctx, ens.URL("/losswatch-restart", ""), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer admin.Close()
+	defer operator.Close()
 	// The holder's connection reconnects on its own schedule; the break
 	// is reported once it has.
-	if _, err := admin.Break(ctx, "k", "test", "testLossWatchAcrossRestart"); err != nil {
+	if _, err := admin.Break(ctx, operator, "k", "test", "testLossWatchAcrossRestart"); err != nil {
 		t.Fatal(err)
 	}
 	select {

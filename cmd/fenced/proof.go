@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/admin"
 	"github.com/fenced-dev/fenced/proof"
 )
 
@@ -217,7 +218,7 @@ func checkProofPrefix(ctx context.Context, store string, strength fenced.FenceSt
 	if _, err := c.Resolve(&fenced.LeaseOptions{MinFence: strength, TTL: time.Second}); err != nil {
 		return withCode(exitUsage, err)
 	}
-	infos, err := c.List(ctx, proofPrefix)
+	infos, err := admin.List(ctx, c, proofPrefix)
 	if errors.Is(err, fenced.ErrUnsupported) {
 		return fmt.Errorf("proof: this store cannot list leases, so proof cannot check that %q holds none it did not create: %w", proofPrefix, err)
 	}

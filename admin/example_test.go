@@ -1,4 +1,4 @@
-package fenced_test
+package admin_test
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/admin"
 	_ "github.com/fenced-dev/fenced/mem"
 	_ "github.com/fenced-dev/fenced/sqlite"
 )
@@ -17,7 +18,7 @@ import (
 // Keys moved to a new table start their counters again; seeding the new
 // table's floor with the old table's highest fence keeps every key above
 // the fences its resources have seen.
-func ExampleClient_RaiseFenceFloor() {
+func ExampleRaiseFenceFloor() {
 	dir, _ := os.MkdirTemp("", "fenced-example-")
 	defer os.RemoveAll(dir)
 	ctx := context.Background()
@@ -35,7 +36,7 @@ func ExampleClient_RaiseFenceFloor() {
 		}
 		l.Release(ctx)
 	}
-	info, err := old.FenceFloor(ctx)
+	info, err := admin.FenceFloor(ctx, old)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -45,7 +46,7 @@ func ExampleClient_RaiseFenceFloor() {
 		log.Fatal(err)
 	}
 	defer moved.Close()
-	floor, err := moved.RaiseFenceFloor(ctx, max(info.Floor, info.MaxFence))
+	floor, err := admin.RaiseFenceFloor(ctx, moved, max(info.Floor, info.MaxFence))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -60,7 +61,7 @@ func ExampleClient_RaiseFenceFloor() {
 
 // Prune deletes the rows of keys nobody used for a while; the floor keeps
 // a pruned key's next fence above its old ones.
-func ExampleClient_Prune() {
+func ExamplePrune() {
 	dir, _ := os.MkdirTemp("", "fenced-example-")
 	defer os.RemoveAll(dir)
 	ctx := context.Background()
@@ -76,7 +77,7 @@ func ExampleClient_Prune() {
 		}
 		l.Release(ctx)
 	}
-	res, err := client.Prune(ctx, 30*24*time.Hour)
+	res, err := admin.Prune(ctx, client, 30*24*time.Hour)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -93,7 +94,7 @@ func ExampleClient_Prune() {
 		log.Fatal(err)
 	}
 	defer mem.Close()
-	_, err = mem.Prune(ctx, time.Hour)
+	_, err = admin.Prune(ctx, mem, time.Hour)
 	fmt.Println(errors.Is(err, fenced.ErrUnsupported))
 	// Output:
 	// pruned: 1 floor: 2 next fence: 3
