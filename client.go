@@ -57,8 +57,7 @@ type Client struct {
 
 // NewClient returns a Client over drv, for backends opened with their typed
 // constructors. opts may be nil. The Client owns drv and closes it on Close.
-// Options.Defaults are not checked here: a lease is checked, defaults
-// included, when it is acquired (or by Resolve).
+// Options.MinFence is checked when a lease is acquired (or by Resolve).
 func NewClient(drv driver.Driver, opts *Options) *Client {
 	c := &Client{drv: drv, acquiring: map[uint64]context.CancelCauseFunc{}, wakeups: map[string]chan struct{}{}, waiting: map[string]int{}, closeDone: make(chan struct{})}
 	if opts != nil {
@@ -270,8 +269,8 @@ func (c *Client) releaseOrphan(g driver.Grant) error {
 }
 
 // TryAcquire acquires a lease on key without waiting: if the key is held it
-// returns an error matching ErrHeld at once. opts may be nil; its MaxWait
-// (and the client's default wait) is checked but not used.
+// returns an error matching ErrHeld at once. opts may be nil; its MaxWait is
+// checked but not used.
 func (c *Client) TryAcquire(ctx context.Context, key string, opts *LeaseOptions) (*Lease, error) {
 	return c.acquire(ctx, key, opts, true)
 }
@@ -280,8 +279,7 @@ func (c *Client) TryAcquire(ctx context.Context, key string, opts *LeaseOptions)
 // MaxWait (see LeaseOptions: NoWait, the default, not at all; WaitForever
 // until ctx ends). Waiting uses the backend's notifications or native queue
 // when it has them and polls with exponential backoff and full jitter
-// otherwise. opts may be nil; Resolve describes how it combines with the
-// client's defaults.
+// otherwise. opts may be nil; Resolve shows what it resolves to.
 //
 // The returned lease outlives ctx: cancelling ctx stops the wait, not the
 // lease. End the lease with Release. When the wait runs out the error
@@ -342,7 +340,7 @@ func (c *Client) acquireChecked(ctx context.Context, key string, opts *LeaseOpti
 
 // acquireLoop acquires key. ctx is the caller's; dctx is ctx bounded by
 // Close (see admit), for requests to the store.
-func (c *Client) acquireLoop(ctx, dctx context.Context, key string, s LeaseSpec, ev *AcquireEvent) (_ *Lease, err error) {
+func (c *Client) acquireLoop(ctx, dctx context.Context, key string, s LeaseOptions, ev *AcquireEvent) (_ *Lease, err error) {
 	owner := newOwner()
 	// unresolved is set while a request may have granted the key to owner
 	// without saying so (see mayHaveGranted): an acquisition that gives up
@@ -532,7 +530,7 @@ func (c *Client) acquireLoop(ctx, dctx context.Context, key string, s LeaseSpec,
 
 // tryAcquire makes one grant request, with the lease's terms for drivers
 // that take them.
-func (c *Client) tryAcquire(ctx context.Context, key, owner string, s LeaseSpec) (uint64, error) {
+func (c *Client) tryAcquire(ctx context.Context, key, owner string, s LeaseOptions) (uint64, error) {
 	if ta, ok := c.drv.(driver.TermsAcquirer); ok {
 		return ta.TryAcquireTerms(ctx, key, owner, s.terms())
 	}
@@ -541,7 +539,7 @@ func (c *Client) tryAcquire(ctx context.Context, key, owner string, s LeaseSpec)
 
 // acquireQueued waits in the backend's native queue. ctx is the caller's;
 // dctx is ctx bounded by Close (see untilHalt).
-func (c *Client) acquireQueued(ctx, dctx context.Context, q driver.TimedQueuer, key, owner string, s LeaseSpec, waitOver <-chan time.Time, ev *AcquireEvent) (*Lease, error) {
+func (c *Client) acquireQueued(ctx, dctx context.Context, q driver.TimedQueuer, key, owner string, s LeaseOptions, waitOver <-chan time.Time, ev *AcquireEvent) (*Lease, error) {
 	qctx, cancel := context.WithCancelCause(dctx)
 	defer cancel(nil)
 	// Close ends the wait at once; the queue leaves nothing behind.

@@ -30,11 +30,10 @@
 //
 // Every backend declares its Guarantees (fence strength, whose clock decides
 // expiry, notification, FIFO). A lease is refused on a backend whose fence
-// is weaker than its LeaseOptions.MinFence, strict unless the lease (or the
-// client's defaults) names a weaker one: FenceRepeatable, or FenceNone for
-// work that needs no fence. Only a lease that accepts no fence may FailOpen.
-// An option a lease sets always beats the client's default for it; see
-// LeaseOptions and Client.Resolve.
+// is weaker than its LeaseOptions.MinFence. That is strict unless the lease
+// (or Options.MinFence) names a weaker one: FenceRepeatable, or FenceNone
+// for work that needs no fence. Only a lease that accepts no fence may
+// FailOpen.
 //
 // # Recipes
 //
@@ -89,7 +88,7 @@ type (
 )
 
 // Fence strengths, weakest first. FenceUnset is the zero value: as
-// LeaseOptions.MinFence it inherits the client's default.
+// LeaseOptions.MinFence it takes Options.MinFence.
 const (
 	FenceUnset      = driver.FenceUnset
 	FenceNone       = driver.FenceNone

@@ -127,7 +127,7 @@ func TestBrokenLeaseCauseNamesTheBreak(t *testing.T) {
 	// is lost, not broken.
 	c2 := fenced.NewClient(mem.New(&mem.Options{Clock: clk}), &fenced.Options{Clock: clk})
 	defer c2.Close()
-	l2, err := c2.TryAcquire(ctx, "job:expired", &fenced.LeaseOptions{TTL: 3 * time.Second, AutoRenew: fenced.Off})
+	l2, err := c2.TryAcquire(ctx, "job:expired", &fenced.LeaseOptions{TTL: 3 * time.Second, ManualRenew: true})
 	if err != nil {
 		t.Fatal(err)
 	}

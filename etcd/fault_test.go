@@ -62,7 +62,7 @@ func TestLossWatchSurvivesRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	l, err := c.Acquire(ctx, "restart", &fenced.LeaseOptions{TTL: 30 * time.Second, AutoRenew: fenced.Off})
+	l, err := c.Acquire(ctx, "restart", &fenced.LeaseOptions{TTL: 30 * time.Second, ManualRenew: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -271,7 +271,7 @@ func (s *Server) acquireLease(w http.ResponseWriter, r *http.Request) {
 		writeError(w, aerr)
 		return
 	}
-	opts := &fenced.LeaseOptions{TTL: fenced.DefaultTTL, MaxWait: fenced.NoWait, AutoRenew: fenced.Off, FailOpen: fenced.Off}
+	opts := &fenced.LeaseOptions{TTL: fenced.DefaultTTL, MaxWait: fenced.NoWait, ManualRenew: true, FailOpen: false}
 	switch {
 	case body.TTLMS < 0:
 		writeError(w, &apiError{status: http.StatusBadRequest, Code: "invalid_ttl", Message: fmt.Sprintf("ttl_ms %d is negative", body.TTLMS)})

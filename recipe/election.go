@@ -44,7 +44,7 @@ type Election struct {
 }
 
 // NewElection returns the election on name (validated like a key), whose
-// leaderships are leases with opts (nil: the client's defaults). MaxWait is
+// leaderships are leases with opts (nil for the defaults). MaxWait is
 // ignored: Campaign waits until its context ends. It returns an error
 // matching ErrInvalidKey, ErrInvalidOptions or ErrNoFence when name or
 // opts cannot be used.

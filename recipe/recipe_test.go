@@ -314,10 +314,10 @@ func TestSemaphoreLimitAndNoLeak(t *testing.T) {
 		t.Fatalf("%d permits held at once, want at most 3", maxSeen)
 	}
 
-	// Three holders that never renew (AutoRenew Off stands in for a
+	// Three holders that never renew (ManualRenew stands in for a
 	// crash): a fourth waits and gets a permit once their TTL ran out.
 	crashed := openN(t, url, 1)[0]
-	dead, _ := recipe.NewSemaphore(crashed, "pool", 3, &fenced.LeaseOptions{TTL: time.Second, AutoRenew: fenced.Off})
+	dead, _ := recipe.NewSemaphore(crashed, "pool", 3, &fenced.LeaseOptions{TTL: time.Second, ManualRenew: true})
 	fences := map[int]uint64{}
 	for range 3 {
 		p, err := dead.TryAcquire(ctx)

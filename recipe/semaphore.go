@@ -45,7 +45,7 @@ type Semaphore struct {
 func PermitKey(name string, slot int) string { return name + "#" + strconv.Itoa(slot) }
 
 // NewSemaphore returns the semaphore of permits permits on name, whose
-// permits are leases with opts (nil: the client's defaults; MaxWait says
+// permits are leases with opts (nil for the defaults; MaxWait says
 // how long Acquire waits). It returns an error matching ErrInvalidOptions
 // when permits is not in [1, MaxPermits], ErrInvalidKey when a permit key
 // would be invalid, or the error Client.Resolve gives for opts.
@@ -211,7 +211,7 @@ func (s *Semaphore) race(ctx context.Context) (*Permit, error) {
 
 // poll retries rounds with jittered backoff, no later than the soonest
 // known expiry, until MaxWait runs out.
-func (s *Semaphore) poll(ctx context.Context, spec fenced.LeaseSpec, hint time.Duration) (*Permit, error) {
+func (s *Semaphore) poll(ctx context.Context, spec fenced.LeaseOptions, hint time.Duration) (*Permit, error) {
 	var waitOver <-chan time.Time
 	if spec.MaxWait != fenced.WaitForever {
 		t := s.c.Clock().NewTimer(spec.MaxWait)

@@ -250,7 +250,7 @@ func testLossWatchAcrossRestart(t *testing.T, ens *testenv.ZKEnsemble) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	l, err := c.Acquire(ctx, "k", &fenced.LeaseOptions{TTL: 30 * time.Second, AutoRenew: fenced.Off})
+	l, err := c.Acquire(ctx, "k", &fenced.LeaseOptions{TTL: 30 * time.Second, ManualRenew: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -177,7 +177,7 @@ func (f *runFlags) leaseOptions() (*fenced.LeaseOptions, error) {
 	if err != nil {
 		return nil, fmt.Errorf("run: --min-fence: %w", err)
 	}
-	o := &fenced.LeaseOptions{TTL: f.ttl, MaxWait: f.wait, MaxHold: f.maxHold, MinFence: minFence, FailOpen: fenced.Off}
+	o := &fenced.LeaseOptions{TTL: f.ttl, MaxWait: f.wait, MaxHold: f.maxHold, MinFence: minFence, FailOpen: false}
 	if f.wait == 0 {
 		o.MaxWait = fenced.NoWait
 	}

@@ -53,12 +53,11 @@ type Harness struct {
 	BadURLs []string
 	// Workers and Rounds size the mutual-exclusion test. Defaults 6 and 15.
 	Workers, Rounds int
-	// LeaseDefaults become Options.Defaults of every client the suite opens
+	// MinFence becomes Options.MinFence of every client the suite opens
 	// (unless a test sets its own). Backends whose fence is weaker than
-	// strict set MinFence (FenceRepeatable or FenceNone) here, since the
-	// suite's leases leave MinFence to the client, whose package default
-	// is FenceStrict.
-	LeaseDefaults fenced.LeaseOptions
+	// strict set it (FenceRepeatable or FenceNone), since the suite's
+	// leases leave MinFence to the client, whose default is FenceStrict.
+	MinFence fenced.FenceStrength
 }
 
 func (h *Harness) defaults() {
@@ -126,8 +125,8 @@ func (s *suite) client(t *testing.T, opts *fenced.Options) *fenced.Client {
 	if opts != nil {
 		o = *opts
 	}
-	if o.Defaults == (fenced.LeaseOptions{}) {
-		o.Defaults = s.h.LeaseDefaults
+	if o.MinFence == fenced.FenceUnset {
+		o.MinFence = s.h.MinFence
 	}
 	c := fenced.NewClient(s.h.Open(t), &o)
 	t.Cleanup(func() { c.Close() })
@@ -1001,7 +1000,7 @@ func (s *suite) testLongWait(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.AfterFunc(2*ttl, func() { la.Release(context.Background()) })
-	lb, err := b.Acquire(ctx, key, &fenced.LeaseOptions{TTL: ttl, MaxWait: 30 * time.Second, AutoRenew: fenced.Off})
+	lb, err := b.Acquire(ctx, key, &fenced.LeaseOptions{TTL: ttl, MaxWait: 30 * time.Second, ManualRenew: true})
 	if err != nil {
 		t.Fatalf("waiter: %v", err)
 	}

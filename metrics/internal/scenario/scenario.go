@@ -123,7 +123,7 @@ func Run(t *testing.T, hooks func(store string) fenced.Hooks, held func()) {
 		t.Fatal(err)
 	}
 
-	daily, err := a.TryAcquire(ctx, "report:daily", &fenced.LeaseOptions{TTL: time.Second, AutoRenew: fenced.Off})
+	daily, err := a.TryAcquire(ctx, "report:daily", &fenced.LeaseOptions{TTL: time.Second, ManualRenew: true})
 	if err != nil {
 		t.Fatal(err)
 	}
