@@ -84,7 +84,6 @@ type (
 	Guarantees    = driver.Guarantees
 	FenceStrength = driver.FenceStrength
 	LeaseInfo     = driver.LeaseInfo
-	BreakRecord   = driver.BreakRecord
 )
 
 // Fence strengths, weakest first. FenceUnset is the zero value: as
