@@ -12,20 +12,19 @@ import (
 // calls on c return ErrClosed; a second Close waits for the first and
 // returns nil.
 //
-// In order: new acquisitions are refused and waiters give up with
-// ErrClosed; every lease's context is cancelled with ErrClosed, before any
-// key is freed, so no work under a lease's context is live once another
-// client can hold its key; then the leases are released at the authority,
-// in parallel. A grant that completes while Close runs is released, never
-// handed out (its Acquire returns ErrClosed).
+// In order: new acquisitions are refused, and waiters give up with
+// ErrClosed. Every lease's context is cancelled with ErrClosed before any
+// key is freed, so no work under a lease is live once another client can
+// hold its key. Then the leases are released at the authority, in
+// parallel. A grant that completes while Close runs is released, not
+// handed out: its Acquire returns ErrClosed.
 //
-// Close waits for the store at most Options.CloseTimeout (real time,
-// default DefaultCloseTimeout), plus the driver's own Close once no request
-// is in flight. If the store has not answered by then (a hung authority),
-// Close returns an error matching ErrUnknownOutcome: every lease's context
-// is cancelled all the same, grants whose release was not confirmed expire
-// at the authority within their TTL, and the driver is closed in the
-// background once its requests return.
+// Close waits for the store at most Options.CloseTimeout (real time),
+// plus the driver's own Close once no request is in flight. If the store
+// has not answered by then, Close returns an error matching
+// ErrUnknownOutcome. Every lease's context is cancelled all the same.
+// Grants whose release was not confirmed expire at the authority within
+// their TTL, and the driver is closed once its requests return.
 func (c *Client) Close() error {
 	c.mu.Lock()
 	if c.closed {

@@ -99,11 +99,10 @@ const (
 type Opener func(ctx context.Context, u *url.URL) (driver.Driver, error)
 
 // URLMux maps URL schemes to the backends that open them, like gocloud's
-// URLMux. The zero value is an empty mux, ready to use; it is safe for
-// concurrent use. Most programs use the default mux through the package
-// functions Register, Schemes and Open, which backend packages register
-// with from their init functions; a program that wants its own set of
-// backends (a test, or a plugin host) makes its own URLMux.
+// URLMux. The zero value is an empty mux, ready to use. It is safe for
+// concurrent use. Backend packages register with the default mux from
+// their init functions; the package functions Register, Schemes and Open
+// use it. A test or a plugin host can make a URLMux of its own.
 type URLMux struct {
 	mu      sync.RWMutex
 	openers map[string]Opener
@@ -173,10 +172,9 @@ func Open(ctx context.Context, rawURL string, opts *Options) (*Client, error) {
 // Open opens the store named by rawURL with the backend registered on m
 // for its scheme and returns a Client over it. opts may be nil.
 //
-// Malformed URLs and unknown schemes return errors matching ErrInvalidURL;
-// an unknown scheme's error lists the registered ones and reminds the
-// caller to import the backend's package (the root package knows no
-// backend by name, like database/sql). The password in a URL never
+// Malformed URLs and unknown schemes return errors matching ErrInvalidURL.
+// An unknown scheme's error lists the registered ones and names the
+// package to import: the root package knows no backend by name. The password in a URL never
 // appears in errors.
 func (m *URLMux) Open(ctx context.Context, rawURL string, opts *Options) (*Client, error) {
 	u, err := ParseURL(rawURL)
@@ -234,12 +232,11 @@ func ParseURL(rawURL string) (*url.URL, error) {
 	return u, nil
 }
 
-// Redact returns rawURL with any password replaced by "xxxxx", for logs and
-// errors: the userinfo password, query parameters that carry secrets
-// (password, sslpassword, as PostgreSQL URLs allow), and the same in URLs
-// nested in query parameters (redlock://…?fence=postgres://u:pw@…). Strings
-// that do not parse are cut at the first '@', and an unparseable query is
-// dropped.
+// Redact returns rawURL with every password replaced by "xxxxx", for logs
+// and errors. It covers the userinfo password, secret query parameters
+// (password, sslpassword) and URLs nested in query parameters
+// (redlock://…?fence=postgres://u:pw@…). A string that does not parse is
+// cut at its first '@', and a query that does not parse is dropped.
 func Redact(rawURL string) string {
 	u, err := url.Parse(rawURL)
 	if err != nil {

@@ -87,10 +87,9 @@ type LeaseOptions struct {
 	// TTL is how long the authority keeps the lease without renewal.
 	// Default 30s; must be within [MinTTL, MaxTTL] and the backend's bounds.
 	TTL time.Duration
-	// MaxWait is how long Acquire and Do wait for a held key: NoWait (zero)
-	// fails at once with ErrHeld, WaitForever waits until the context
-	// ends, a positive duration waits that long. Negative values are
-	// errors. TryAcquire never waits.
+	// MaxWait is how long Acquire and Do wait for a held key. NoWait (zero)
+	// fails at once with ErrHeld. WaitForever waits until the context
+	// ends. A positive duration waits that long. TryAcquire never waits.
 	MaxWait time.Duration
 	// MinFence is the weakest fence the lease accepts. FenceStrict is for
 	// work whose stale writes the resource must refuse. FenceRepeatable

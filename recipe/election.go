@@ -12,29 +12,20 @@ import (
 )
 
 // Election is leader election on one name: a lease on the name, held for
-// as long as the leader leads and kept alive by renewal. The lease's fence
-// is the leader's epoch: every new leader has a higher one, so a follower
-// or a downstream resource that remembers the highest epoch it has seen
-// refuses commands from a deposed leader (package fence does this for SQL,
-// Redis, etcd and HTTP resources; pass Leadership.Epoch as the fence and
-// the name as the key).
+// as long as the leader leads. The lease's fence is the leader's epoch.
+// Every new leader has a higher one, so a resource that remembers the
+// highest epoch it has seen refuses a deposed leader. Pass Leadership.Epoch
+// as the fence and the name as the key to a guard in package fence.
 //
-// An Election works on every backend through the portable Client, with the
-// guarantees the backend declares (Client.Guarantees): on etcd and
-// ZooKeeper candidates wait in a FIFO queue; elsewhere they are woken by
-// notification or poll. On etcd the election uses etcd's own election key
-// layout, so `etcdctl elect NAME` on the backend's lock name for the same
-// key (etcd.Driver.LockName) and fenced exclude each other.
+// An Election works on every backend, with the guarantees the backend
+// declares. On etcd and ZooKeeper candidates wait in a FIFO queue;
+// elsewhere they are woken by notification or poll. On etcd it uses
+// etcd's own election key layout, so `etcdctl elect` on the same name
+// (etcd.Driver.LockName) and fenced exclude each other.
 //
-// The pitfalls of other implementations do not arise:
-//
-//   - leadership is a lease measured on the local monotonic clock, so a
-//     leader cut off from the store stops leading (its context is
-//     cancelled) before the store can elect another, never after;
-//   - a candidate whose own session at the store ended while it waited
-//     (etcd) starts a new campaign instead of waiting forever;
-//   - Observe reports "no leader" between two leaders;
-//   - Run calls OnStoppedLeading only for a term that started.
+// A leader cut off from the store stops leading (its context is
+// cancelled) before the store can elect another. docs/recipes.md compares
+// it with other elections.
 //
 // An Election is safe for concurrent use; each Campaign is one candidacy.
 type Election struct {

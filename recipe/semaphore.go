@@ -18,10 +18,9 @@ const MaxPermits = 1024
 
 // Semaphore lets up to N holders into a name at once. Each holder holds a
 // lease of its own on one permit, the key PermitKey(name, slot) for a slot
-// in [0, N): it has its own fence, is renewed, lost and released like any
-// lease, and a holder that crashes frees its permit when the lease's TTL
-// runs out at the store, so permits never leak (the Redisson and Curator
-// semaphores leak a dead holder's permit).
+// in [0, N). A permit has its own fence and is renewed, lost and released
+// like any lease. A holder that crashes frees its permit when the lease's
+// TTL runs out at the store, so permits never leak.
 //
 // Every user of a name must agree on N: permits are found by their keys,
 // so a Semaphore with N=5 uses two permits that one with N=3 never looks
