@@ -100,3 +100,44 @@ func ExamplePrune() {
 	// pruned: 1 floor: 2 next fence: 3
 	// true
 }
+
+// An operator lists the held leases, breaks a wedged holder's lease and
+// reads the audit log. The holder's next renewal is refused, and the next
+// grant of the key gets a higher fence.
+func ExampleBreak() {
+	ctx := context.Background()
+	client, err := fenced.Open(ctx, "mem://example-break", nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.Close()
+	if _, err := client.TryAcquire(ctx, "job:nightly", nil); err != nil {
+		log.Fatal(err)
+	}
+
+	held, err := admin.List(ctx, client, "job:")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("held:", held[0].Key, "fence", held[0].Fence)
+
+	broken, err := admin.Break(ctx, client, "job:nightly", "host wedged, OPS-12", "alice")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("broke fence", broken.Fence)
+
+	recs, err := admin.Breaks(ctx, client, "job:nightly")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("audit: %s broke %s: %s\n", recs[0].By, recs[0].Key, recs[0].Reason)
+
+	_, err = admin.Break(ctx, client, "job:nightly", "again", "alice")
+	fmt.Println("nothing held:", errors.Is(err, fenced.ErrNotHeld))
+	// Output:
+	// held: job:nightly fence 1
+	// broke fence 1
+	// audit: alice broke job:nightly: host wedged, OPS-12
+	// nothing held: true
+}
