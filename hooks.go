@@ -67,17 +67,13 @@ type AcquireEvent struct {
 
 // RenewEvent is the outcome of one renewal.
 type RenewEvent struct {
-	Key   string
-	Fence uint64
-	Err   error
-	// Lease is the renewed lease.
+	Err error
+	// Lease is the renewed lease (its Key and Fence say which).
 	Lease *Lease
 }
 
 // LostEvent says a lease was lost before it was released.
 type LostEvent struct {
-	Key   string
-	Fence uint64
 	// Held is how long the lease was held.
 	Held time.Duration
 	// Cause matches ErrLost (the authority said so; also ErrBroken when
@@ -90,10 +86,8 @@ type LostEvent struct {
 
 // ReleaseEvent is the outcome of a release.
 type ReleaseEvent struct {
-	Key   string
-	Fence uint64
-	Held  time.Duration
-	Err   error
+	Held time.Duration
+	Err  error
 	// Cause is the lease's end cause: ErrReleased after Release, ErrClosed
 	// after Client.Close, or the loss cause of a lease lost before it was
 	// released (its Lost event came first).

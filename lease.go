@@ -333,7 +333,7 @@ func (l *Lease) free(ctx context.Context) error {
 	}
 	if l.c.hooks.Released != nil {
 		held := l.c.now() - l.acquired
-		l.c.hooks.released(ReleaseEvent{Key: l.key, Fence: l.fence, Held: held, Err: err, Cause: context.Cause(l.ctx), Lease: l})
+		l.c.hooks.released(ReleaseEvent{Held: held, Err: err, Cause: context.Cause(l.ctx), Lease: l})
 	}
 	l.mu.Lock()
 	l.freed, l.releaseErr = true, err
@@ -357,7 +357,7 @@ func (l *Lease) lose(cause error) {
 	l.c.renew.remove(l)
 	l.cancel(cause)
 	endLossWatch(t, stop)
-	l.c.hooks.lost(LostEvent{Key: l.key, Fence: l.fence, Held: l.c.now() - l.acquired, Cause: cause, Lease: l})
+	l.c.hooks.lost(LostEvent{Held: l.c.now() - l.acquired, Cause: cause, Lease: l})
 }
 
 // applyRenew records the outcome of a renewal request sent at sent (on
@@ -369,7 +369,7 @@ func (l *Lease) lose(cause error) {
 // the lease back to the schedule (renewer.reschedule), whose look at it
 // the outcome has moved.
 func (l *Lease) applyRenew(began, sent time.Duration, err error) bool {
-	l.c.hooks.renewed(RenewEvent{Key: l.key, Fence: l.fence, Err: err, Lease: l})
+	l.c.hooks.renewed(RenewEvent{Err: err, Lease: l})
 	if err != nil && errors.Is(err, ErrNotHeld) {
 		l.mu.Lock()
 		ended := l.ended

@@ -389,7 +389,7 @@ func Hooks(store string, t *Tracker, r Recorder) fenced.Hooks {
 			}
 		},
 		Renewed: func(e fenced.RenewEvent) {
-			r.Renewal(labels(e.Key), RenewResult(e.Err))
+			r.Renewal(labels(e.Lease.Key()), RenewResult(e.Err))
 		},
 		Lost: func(e fenced.LostEvent) {
 			if l, ok := end(e.Lease, e.Held); ok {
