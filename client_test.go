@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/admin"
 	"github.com/fenced-dev/fenced/clock"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/mem"
@@ -155,7 +156,7 @@ func TestRefusedRenewalLosesLeaseAtOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Break(ctx, "k", "test", "me"); err != nil {
+	if _, err := admin.Break(ctx, c, "k", "test", "me"); err != nil {
 		t.Fatal(err)
 	}
 	advance(clk, 1100*time.Millisecond, 100*time.Millisecond)
@@ -202,12 +203,12 @@ func TestFailOpenOnlyWithoutFence(t *testing.T) {
 	if _, err := c.TryAcquire(ctx, "k", &fenced.LeaseOptions{MinFence: fenced.FenceNone}); !errors.Is(err, fenced.ErrUnavailable) {
 		t.Fatalf("fenceless lease without FailOpen: %v, want ErrUnavailable", err)
 	}
-	l, err := c.TryAcquire(ctx, "k", &fenced.LeaseOptions{MinFence: fenced.FenceNone, FailOpen: fenced.On})
+	l, err := c.TryAcquire(ctx, "k", &fenced.LeaseOptions{MinFence: fenced.FenceNone, FailOpen: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !l.FailedOpen() || l.Fence() != 0 || l.Err() != nil || l.Spec().AutoRenew {
-		t.Fatalf("failed-open lease: FailedOpen %v fence %d err %v spec %+v", l.FailedOpen(), l.Fence(), l.Err(), l.Spec())
+	if !l.FailedOpen() || l.Fence() != 0 || l.Err() != nil || !l.Options().ManualRenew {
+		t.Fatalf("failed-open lease: FailedOpen %v fence %d err %v spec %+v", l.FailedOpen(), l.Fence(), l.Err(), l.Options())
 	}
 	if last := events[len(events)-1]; !last.FailedOpen {
 		t.Fatalf("Acquired hook did not report the fail-open: %+v", last)
@@ -309,16 +310,15 @@ func TestAcquireOptionsValidation(t *testing.T) {
 		{TTL: time.Second, RenewEvery: -time.Second},
 		{TTL: time.Second, RenewEvery: 995 * time.Millisecond}, // after local validity ends
 		{MaxWait: -time.Second},
-		{FailOpen: fenced.On},
-		{MinFence: fenced.FenceStrict, FailOpen: fenced.On},
+		{FailOpen: true},
+		{MinFence: fenced.FenceStrict, FailOpen: true},
 		{MinFence: fenced.FenceStrength(9)},
-		{AutoRenew: fenced.Switch(7)},
 	} {
 		if _, err := c.TryAcquire(ctx, "k", &o); !errors.Is(err, fenced.ErrInvalidOptions) {
 			t.Errorf("options %+v: %v, want ErrInvalidOptions", o, err)
 		}
 	}
-	if l, _ := c.List(ctx, ""); len(l) != 0 {
+	if l, _ := admin.List(ctx, c, ""); len(l) != 0 {
 		t.Fatalf("rejected options left leases: %+v", l)
 	}
 }

@@ -45,7 +45,7 @@ var costOptions = []struct {
 	opts fenced.LeaseOptions
 	do   bool // through Client.Do instead of Acquire and Release
 }{
-	{"wait-norenew", fenced.LeaseOptions{TTL: 10 * time.Second, MaxWait: fenced.WaitForever, MinFence: fenced.FenceNone, AutoRenew: fenced.Off}, false},
+	{"wait-norenew", fenced.LeaseOptions{TTL: 10 * time.Second, MaxWait: fenced.WaitForever, MinFence: fenced.FenceNone, ManualRenew: true}, false},
 	{"defaults", fenced.LeaseOptions{TTL: 10 * time.Second}, false},
 	{"do-defaults", fenced.LeaseOptions{TTL: 10 * time.Second}, true},
 }
@@ -245,7 +245,7 @@ func holdLeases(b *testing.B, m, periods int, ttl time.Duration, batch bool) {
 	// release every key once first, so the baseline includes the store's
 	// entries.
 	for _, k := range keys {
-		if err := clientPair(ctx, c, k, &fenced.LeaseOptions{TTL: ttl, AutoRenew: fenced.Off}); err != nil {
+		if err := clientPair(ctx, c, k, &fenced.LeaseOptions{TTL: ttl, ManualRenew: true}); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -11,11 +11,9 @@ import (
 //
 // Contention follows the resolved MaxWait, giving the two usual behaviours:
 //
-//   - NoWait (the default when neither opts nor the client's defaults set
-//     MaxWait) skips: if another worker holds the key, fn does not run and
-//     Do returns an error matching ErrHeld. Use it for periodic work, where
-//     the next run will catch up. Say MaxWait: NoWait to skip even on a
-//     client whose defaults wait.
+//   - NoWait (the zero value) skips: if another worker holds the key, fn
+//     does not run and Do returns an error matching ErrHeld. Use it for
+//     periodic work, where the next run will catch up.
 //   - A positive MaxWait (or WaitForever) waits up to that long for the
 //     key. Use it for work that must happen.
 //

@@ -20,7 +20,7 @@ func ExampleLeaseEndedError() {
 	clk := clock.NewFake(time.Unix(0, 0))
 	client := fenced.NewClient(mem.New(&mem.Options{Clock: clk}), &fenced.Options{Clock: clk})
 	defer client.Close()
-	opts := &fenced.LeaseOptions{TTL: 10 * time.Second, AutoRenew: fenced.Off}
+	opts := &fenced.LeaseOptions{TTL: 10 * time.Second, ManualRenew: true}
 
 	report := func(err error) {
 		var ended *fenced.LeaseEndedError

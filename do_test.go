@@ -21,7 +21,7 @@ func TestDoTellsFinishedWorkFromUnfinished(t *testing.T) {
 	clk := clock.NewFake(time.Unix(1000, 0))
 	c := fenced.NewClient(mem.New(&mem.Options{Clock: clk}), &fenced.Options{Clock: clk})
 	defer c.Close()
-	opts := &fenced.LeaseOptions{TTL: 10 * time.Second, AutoRenew: fenced.Off}
+	opts := &fenced.LeaseOptions{TTL: 10 * time.Second, ManualRenew: true}
 	stall := func(ctx context.Context) {
 		clk.Advance(time.Minute)
 		<-ctx.Done()

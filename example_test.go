@@ -116,38 +116,33 @@ func ExampleLeaseOptions_minFence() {
 	// Work whose duplicates only waste effort accepts any store and may run
 	// without a lease when the store is down. Failing open is only possible
 	// for a lease that accepts no fence, so asking for it alone is refused.
-	_, err := client.TryAcquire(ctx, "cache:warm", &fenced.LeaseOptions{FailOpen: fenced.On})
+	_, err := client.TryAcquire(ctx, "cache:warm", &fenced.LeaseOptions{FailOpen: true})
 	fmt.Println(err)
 
-	l, err := client.TryAcquire(ctx, "cache:warm", &fenced.LeaseOptions{MinFence: fenced.FenceNone, FailOpen: fenced.On})
+	l, err := client.TryAcquire(ctx, "cache:warm", &fenced.LeaseOptions{MinFence: fenced.FenceNone, FailOpen: true})
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer l.Release(ctx)
-	fmt.Println("min fence:", l.Spec().MinFence, "fail open:", l.Spec().FailOpen)
+	fmt.Println("min fence:", l.Options().MinFence, "fail open:", l.Options().FailOpen)
 	// Output:
-	// fenced: acquire "cache:warm": invalid lease options: FailOpen (set on the lease): On needs MinFence FenceNone, since a lease that fails open has no fence, but MinFence is strict (package default)
+	// fenced: acquire "cache:warm": invalid lease options: FailOpen: it needs MinFence FenceNone, since a lease that fails open has no fence, but MinFence is strict (package default)
 	// min fence: none fail open: true
 }
 
 func ExampleClient_Resolve() {
 	ctx := context.Background()
-	// A client whose defaults suit cache work: any store, fail open, wait.
-	client, _ := fenced.Open(ctx, "mem://example-resolve", &fenced.Options{Defaults: fenced.LeaseOptions{
-		MinFence: fenced.FenceNone,
-		FailOpen: fenced.On,
-		MaxWait:  time.Minute,
-	}})
+	// A client for cache work accepts any store.
+	client, _ := fenced.Open(ctx, "mem://example-resolve", &fenced.Options{MinFence: fenced.FenceNone})
 	defer client.Close()
 
-	// A lease that says what it needs gets exactly that: the client's
-	// fail-open default cannot apply to a lease that wants a strict fence,
-	// and NoWait beats the default wait.
-	spec, err := client.Resolve(&fenced.LeaseOptions{MinFence: fenced.FenceStrict, MaxWait: fenced.NoWait})
+	// A lease that says what it needs gets exactly that: a strict fence
+	// beats the client's MinFence, and the zero MaxWait does not wait.
+	opts, err := client.Resolve(&fenced.LeaseOptions{MinFence: fenced.FenceStrict})
 	if err != nil {
 		log.Fatal(err)
 	}
-	fmt.Println("min fence:", spec.MinFence, "fail open:", spec.FailOpen, "no wait:", spec.MaxWait == fenced.NoWait)
+	fmt.Println("min fence:", opts.MinFence, "fail open:", opts.FailOpen, "no wait:", opts.MaxWait == fenced.NoWait)
 	// Output:
 	// min fence: strict fail open: false no wait: true
 }

@@ -30,20 +30,17 @@
 //
 // Every backend declares its Guarantees (fence strength, whose clock decides
 // expiry, notification, FIFO). A lease is refused on a backend whose fence
-// is weaker than its LeaseOptions.MinFence, strict unless the lease (or the
-// client's defaults) names a weaker one: FenceRepeatable, or FenceNone for
-// work that needs no fence. Only a lease that accepts no fence may FailOpen.
-// An option a lease sets always beats the client's default for it; see
-// LeaseOptions and Client.Resolve.
+// is weaker than its LeaseOptions.MinFence. That is strict unless the lease
+// (or Options.MinFence) names a weaker one: FenceRepeatable, or FenceNone
+// for work that needs no fence. Only a lease that accepts no fence may
+// FailOpen.
 //
 // # Recipes
 //
-// Election, Semaphore and Client.AcquireAll are leases underneath and work
-// on every backend: an election's epoch is its lease's fence, each
-// semaphore permit is a lease of its own (so a crashed holder's permit
-// comes back after its TTL), and several keys are taken in one canonical
-// order, all or nothing. docs/recipes.md gives each one's guarantees per
-// backend.
+// Package recipe builds election, semaphore and multi-key locking on the
+// public API of this package only, so users can write recipes of their
+// own the same way. Client.Clock, Client.Backoff, Client.CloseTimeout and
+// Client.Closing are the hooks it needs besides leases.
 //
 // # Errors
 //
@@ -87,11 +84,10 @@ type (
 	Guarantees    = driver.Guarantees
 	FenceStrength = driver.FenceStrength
 	LeaseInfo     = driver.LeaseInfo
-	BreakRecord   = driver.BreakRecord
 )
 
 // Fence strengths, weakest first. FenceUnset is the zero value: as
-// LeaseOptions.MinFence it inherits the client's default.
+// LeaseOptions.MinFence it takes Options.MinFence.
 const (
 	FenceUnset      = driver.FenceUnset
 	FenceNone       = driver.FenceNone
@@ -103,11 +99,10 @@ const (
 type Opener func(ctx context.Context, u *url.URL) (driver.Driver, error)
 
 // URLMux maps URL schemes to the backends that open them, like gocloud's
-// URLMux. The zero value is an empty mux, ready to use; it is safe for
-// concurrent use. Most programs use the default mux through the package
-// functions Register, Schemes and Open, which backend packages register
-// with from their init functions; a program that wants its own set of
-// backends (a test, or a plugin host) makes its own URLMux.
+// URLMux. The zero value is an empty mux, ready to use. It is safe for
+// concurrent use. Backend packages register with the default mux from
+// their init functions; the package functions Register, Schemes and Open
+// use it. A test or a plugin host can make a URLMux of its own.
 type URLMux struct {
 	mu      sync.RWMutex
 	openers map[string]Opener
@@ -177,10 +172,9 @@ func Open(ctx context.Context, rawURL string, opts *Options) (*Client, error) {
 // Open opens the store named by rawURL with the backend registered on m
 // for its scheme and returns a Client over it. opts may be nil.
 //
-// Malformed URLs and unknown schemes return errors matching ErrInvalidURL;
-// an unknown scheme's error lists the registered ones and reminds the
-// caller to import the backend's package (the root package knows no
-// backend by name, like database/sql). The password in a URL never
+// Malformed URLs and unknown schemes return errors matching ErrInvalidURL.
+// An unknown scheme's error lists the registered ones and names the
+// package to import: the root package knows no backend by name. The password in a URL never
 // appears in errors.
 func (m *URLMux) Open(ctx context.Context, rawURL string, opts *Options) (*Client, error) {
 	u, err := ParseURL(rawURL)
@@ -238,12 +232,11 @@ func ParseURL(rawURL string) (*url.URL, error) {
 	return u, nil
 }
 
-// Redact returns rawURL with any password replaced by "xxxxx", for logs and
-// errors: the userinfo password, query parameters that carry secrets
-// (password, sslpassword, as PostgreSQL URLs allow), and the same in URLs
-// nested in query parameters (redlock://…?fence=postgres://u:pw@…). Strings
-// that do not parse are cut at the first '@', and an unparseable query is
-// dropped.
+// Redact returns rawURL with every password replaced by "xxxxx", for logs
+// and errors. It covers the userinfo password, secret query parameters
+// (password, sslpassword) and URLs nested in query parameters
+// (redlock://…?fence=postgres://u:pw@…). A string that does not parse is
+// cut at its first '@', and a query that does not parse is dropped.
 func Redact(rawURL string) string {
 	u, err := url.Parse(rawURL)
 	if err != nil {

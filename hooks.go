@@ -10,9 +10,8 @@ import (
 // fencedotel adapters are built on them). Every field may be nil. Hooks run
 // synchronously on the client's goroutines and must not block.
 //
-// Every event about a granted lease carries the *Lease, so an adapter can
-// follow a lease from its grant to its end (by pointer) and read its TTL,
-// Remaining validity and Client.
+// Every event about a granted lease carries the *Lease. An adapter can
+// follow a lease by pointer from its grant to its end.
 type Hooks struct {
 	// AcquireAttempt is called before each request to the authority.
 	AcquireAttempt func(AttemptEvent)
@@ -45,19 +44,17 @@ type AcquireEvent struct {
 	Key      string
 	Fence    uint64
 	Attempts int
-	// MaxWait is the resolved wait of the call: NoWait for TryAcquire and
-	// for leases that do not wait, WaitForever, or a positive duration
-	// (zero when the options were refused before a wait was resolved). It
-	// tells a refusal at once (an error matching ErrHeld with MaxWait
-	// NoWait) from a wait that ran out (ErrHeld after a positive MaxWait).
+	// MaxWait is the resolved wait of the call: NoWait (TryAcquire, a
+	// lease that does not wait, or refused options), WaitForever or a
+	// positive duration. It tells a refusal at once (ErrHeld with NoWait)
+	// from a wait that ran out (ErrHeld after a positive MaxWait).
 	MaxWait time.Duration
 	// Waited is the time from the call to the outcome.
 	Waited time.Duration
 	// Contended reports whether the key was found held at least once.
 	Contended bool
 	// FailedOpen reports a lease granted locally because the authority was
-	// unavailable and the lease may fail open (MinFence FenceNone, FailOpen
-	// On).
+	// unavailable and the lease has FailOpen set.
 	FailedOpen bool
 	// Err is nil on success.
 	Err error
@@ -70,17 +67,13 @@ type AcquireEvent struct {
 
 // RenewEvent is the outcome of one renewal.
 type RenewEvent struct {
-	Key   string
-	Fence uint64
-	Err   error
-	// Lease is the renewed lease.
+	Err error
+	// Lease is the renewed lease (its Key and Fence say which).
 	Lease *Lease
 }
 
 // LostEvent says a lease was lost before it was released.
 type LostEvent struct {
-	Key   string
-	Fence uint64
 	// Held is how long the lease was held.
 	Held time.Duration
 	// Cause matches ErrLost (the authority said so; also ErrBroken when
@@ -93,15 +86,11 @@ type LostEvent struct {
 
 // ReleaseEvent is the outcome of a release.
 type ReleaseEvent struct {
-	Key   string
-	Fence uint64
-	Held  time.Duration
-	Err   error
-	// Cause is the lease's end cause: ErrReleased when the holder called
-	// Release, ErrClosed when Client.Close released the lease (its work
-	// was cancelled with ErrClosed while it still held the lease), or the
-	// loss cause of a lease that was lost before it was released (its Lost
-	// event came first).
+	Held time.Duration
+	Err  error
+	// Cause is the lease's end cause: ErrReleased after Release, ErrClosed
+	// after Client.Close, or the loss cause of a lease lost before it was
+	// released (its Lost event came first).
 	Cause error
 	// Lease is the released lease.
 	Lease *Lease

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/admin"
 	"github.com/fenced-dev/fenced/clock"
 	"github.com/fenced-dev/fenced/mem"
 )
@@ -105,7 +106,7 @@ func TestBrokenLeaseCauseNamesTheBreak(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Break(ctx, "job:broken", "host wedged, OPS-12", "alice"); err != nil {
+	if _, err := admin.Break(ctx, c, "job:broken", "host wedged, OPS-12", "alice"); err != nil {
 		t.Fatal(err)
 	}
 	advance(clk, 1100*time.Millisecond, 100*time.Millisecond)
@@ -126,7 +127,7 @@ func TestBrokenLeaseCauseNamesTheBreak(t *testing.T) {
 	// is lost, not broken.
 	c2 := fenced.NewClient(mem.New(&mem.Options{Clock: clk}), &fenced.Options{Clock: clk})
 	defer c2.Close()
-	l2, err := c2.TryAcquire(ctx, "job:expired", &fenced.LeaseOptions{TTL: 3 * time.Second, AutoRenew: fenced.Off})
+	l2, err := c2.TryAcquire(ctx, "job:expired", &fenced.LeaseOptions{TTL: 3 * time.Second, ManualRenew: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -37,7 +37,7 @@ type Lease struct {
 	c          *Client
 	key, owner string
 	fence      uint64
-	spec       LeaseSpec
+	spec       LeaseOptions
 	acquired   time.Duration // when the acquire request was sent, on c's timeline (see Client.since)
 	failedOpen bool
 
@@ -67,7 +67,7 @@ type Lease struct {
 
 // makeLease returns the lease of a grant whose request was sent at sent (on
 // c's clock). Local validity is measured from sent.
-func (c *Client) makeLease(parent context.Context, key, owner string, fence uint64, sent time.Time, s LeaseSpec) *Lease {
+func (c *Client) makeLease(parent context.Context, key, owner string, fence uint64, sent time.Time, s LeaseOptions) *Lease {
 	at := c.since(sent)
 	l := &Lease{
 		c: c, key: key, owner: owner, fence: fence, spec: s, acquired: at,
@@ -92,7 +92,7 @@ func withoutCancel(parent context.Context) context.Context {
 // began while it was being granted. The lease joins its client's schedule,
 // which ends it when its local validity runs out and renews it if it
 // renews automatically: no goroutine or timer of its own.
-func (c *Client) newLease(parent context.Context, key, owner string, fence uint64, sent time.Time, s LeaseSpec) (*Lease, error) {
+func (c *Client) newLease(parent context.Context, key, owner string, fence uint64, sent time.Time, s LeaseOptions) (*Lease, error) {
 	l := c.makeLease(parent, key, owner, fence, sent, s)
 	if !c.register(l) {
 		l.cancel(ErrClosed)
@@ -163,8 +163,8 @@ func (l *Lease) endLossWatch(t *time.Timer, stop func()) {
 	}
 }
 
-func (c *Client) failOpenLease(parent context.Context, key, owner string, sent time.Time, s LeaseSpec) (*Lease, error) {
-	s.AutoRenew, s.RenewEvery = false, 0
+func (c *Client) failOpenLease(parent context.Context, key, owner string, sent time.Time, s LeaseOptions) (*Lease, error) {
+	s.ManualRenew, s.RenewEvery = true, 0
 	l := c.makeLease(parent, key, owner, 0, sent, s)
 	l.failedOpen = true
 	if !c.register(l) {
@@ -198,9 +198,10 @@ func (l *Lease) Owner() string { return l.owner }
 // renewed.
 func (l *Lease) FailedOpen() bool { return l.failedOpen }
 
-// Spec returns the terms the lease was granted with, as Client.Resolve
-// decided them. A lease that failed open reports AutoRenew false.
-func (l *Lease) Spec() LeaseSpec { return l.spec }
+// Options returns the options the lease was granted with, as
+// Client.Resolve filled them in. A lease that failed open reports
+// ManualRenew.
+func (l *Lease) Options() LeaseOptions { return l.spec }
 
 // TTL returns the lease's time to live at the authority.
 func (l *Lease) TTL() time.Duration { return l.spec.TTL }
@@ -267,7 +268,7 @@ func (l *Lease) Healthy() bool {
 func (l *Lease) String() string { return l.grant().String() }
 
 // Renew extends the lease by its TTL now. Automatic renewal makes this
-// unnecessary unless AutoRenew is Off. It returns an error matching
+// unnecessary unless ManualRenew is set. It returns an error matching
 // ErrNotHeld (and the lease ends with ErrLost) if the authority no longer
 // has this grant, or the lease's end cause if it has already ended.
 func (l *Lease) Renew(ctx context.Context) error {
@@ -353,7 +354,7 @@ func (l *Lease) free(ctx context.Context) error {
 	}
 	if l.c.hooks.Released != nil {
 		held := l.c.now() - l.acquired
-		l.c.hooks.released(ReleaseEvent{Key: l.key, Fence: l.fence, Held: held, Err: err, Cause: context.Cause(l.ctx), Lease: l})
+		l.c.hooks.released(ReleaseEvent{Held: held, Err: err, Cause: context.Cause(l.ctx), Lease: l})
 	}
 	l.mu.Lock()
 	l.freed, l.releaseErr = true, err
@@ -406,9 +407,7 @@ type lossEnd struct {
 func (e lossEnd) finish() {
 	l := e.l
 	l.endLossWatch(e.t, e.stop)
-	if l.c.hooks.Lost != nil {
-		l.c.hooks.lost(LostEvent{Key: l.key, Fence: l.fence, Held: l.c.now() - l.acquired, Cause: e.cause, Lease: l})
-	}
+	l.c.hooks.lost(LostEvent{Held: l.c.now() - l.acquired, Cause: e.cause, Lease: l})
 }
 
 // applyRenew records the outcome of a renewal request sent at sent (on
@@ -420,7 +419,7 @@ func (e lossEnd) finish() {
 // the lease back to the schedule (renewer.reschedule), whose look at it
 // the outcome has moved.
 func (l *Lease) applyRenew(began, sent time.Duration, err error) bool {
-	l.c.hooks.renewed(RenewEvent{Key: l.key, Fence: l.fence, Err: err, Lease: l})
+	l.c.hooks.renewed(RenewEvent{Err: err, Lease: l})
 	if err != nil && errors.Is(err, ErrNotHeld) {
 		l.mu.Lock()
 		ended := l.ended
@@ -464,7 +463,7 @@ func (l *Lease) nextEvent() time.Duration {
 // renewsNext reports whether automatic renewal will send l's next renewal.
 // l.mu must be held.
 func (l *Lease) renewsNext() bool {
-	return l.spec.AutoRenew && !l.renewing && !l.maxHoldHit && !l.ended
+	return !l.spec.ManualRenew && !l.renewing && !l.maxHoldHit && !l.ended
 }
 
 // expire ends l because its local validity ran out, saying why no renewal
@@ -491,7 +490,7 @@ func (e *expiry) Error() string {
 		return fmt.Sprintf("%v: MaxHold %v reached, renewal stopped", ErrExpired, s.MaxHold)
 	case e.lastErr != nil:
 		return fmt.Sprintf("%v: no renewal confirmed in time (last error: %v)", ErrExpired, e.lastErr)
-	case !s.AutoRenew:
+	case s.ManualRenew:
 		return fmt.Sprintf("%v: TTL %v ran out without renewal", ErrExpired, s.TTL)
 	}
 	return fmt.Sprintf("%v: no renewal confirmed in time", ErrExpired)

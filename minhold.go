@@ -5,24 +5,21 @@ import (
 	"time"
 )
 
-// resolveMinHold sets s.MinHold from the lease's and the client's values
-// and checks it against the rest of s (MaxHold, AutoRenew and the local
-// validity must already be resolved).
-func (s *LeaseSpec) resolveMinHold(lease, client time.Duration) error {
-	var from origin
-	s.MinHold, from = pick(lease, client, 0)
+// checkMinHold checks s.MinHold against the rest of s (MaxHold,
+// ManualRenew and the local validity must already be resolved).
+func (s *LeaseOptions) checkMinHold() error {
 	switch {
 	case s.MinHold < 0:
-		return invalid(true, "MinHold", from, "%v is negative", s.MinHold)
+		return invalid(true, "MinHold", "%v is negative", s.MinHold)
 	case s.MinHold > 0 && s.MaxHold != HoldForever && s.MinHold > s.MaxHold:
-		return invalid(true, "MinHold", from, "%v is longer than MaxHold %v, after which renewal stops and the lease expires", s.MinHold, s.MaxHold)
-	case s.MinHold > 0 && !s.AutoRenew && s.MinHold >= s.validity():
-		return invalid(true, "MinHold", from, "%v is not shorter than the local validity %v with AutoRenew Off: the lease would end before the hold", s.MinHold, s.validity())
+		return invalid(true, "MinHold", "%v is longer than MaxHold %v, after which renewal stops and the lease expires", s.MinHold, s.MaxHold)
+	case s.MinHold > 0 && s.ManualRenew && s.MinHold >= s.validity():
+		return invalid(true, "MinHold", "%v is not shorter than the local validity %v with ManualRenew: the lease would end before the hold", s.MinHold, s.validity())
 	}
 	return nil
 }
 
-// HoldAtLeast waits until the lease's MinHold (from its Spec) has passed
+// HoldAtLeast waits until the lease's MinHold (from its Options) has passed
 // since granted, the time its holder learnt of the grant, or until the
 // lease ends or ctx is done, whichever comes first. It does not release
 // the lease. Adapters that release a lease themselves (a scheduler's

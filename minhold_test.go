@@ -70,19 +70,19 @@ func TestDoMinHoldEndsWithTheContext(t *testing.T) {
 	l.Release(context.Background())
 }
 
-// TestResolveMinHold: MinHold inherits like every option and is refused
-// when negative, above MaxHold, or beyond the validity without renewal.
+// TestResolveMinHold: MinHold is kept by Resolve and refused when
+// negative, above MaxHold, or beyond the validity without renewal.
 func TestResolveMinHold(t *testing.T) {
-	c := fenced.NewClient(mem.New(nil), &fenced.Options{Defaults: fenced.LeaseOptions{MinHold: time.Second}})
+	c := fenced.NewClient(mem.New(nil), nil)
 	defer c.Close()
-	s, err := c.Resolve(nil)
+	s, err := c.Resolve(&fenced.LeaseOptions{MinHold: time.Second})
 	if err != nil || s.MinHold != time.Second {
-		t.Fatalf("inherited MinHold: %v, %v; want 1s", s.MinHold, err)
+		t.Fatalf("resolved MinHold: %v, %v; want 1s", s.MinHold, err)
 	}
 	for _, o := range []fenced.LeaseOptions{
 		{MinHold: -time.Second},
 		{MinHold: 5 * time.Second, MaxHold: 2 * time.Second},
-		{TTL: 2 * time.Second, MinHold: 3 * time.Second, AutoRenew: fenced.Off},
+		{TTL: 2 * time.Second, MinHold: 3 * time.Second, ManualRenew: true},
 	} {
 		if _, err := c.Resolve(&o); !errors.Is(err, fenced.ErrInvalidOptions) || !errors.Is(err, fenced.ErrInvalidTTL) {
 			t.Errorf("Resolve(%+v): %v, want ErrInvalidOptions and ErrInvalidTTL", o, err)

@@ -21,56 +21,25 @@ const (
 	MinTTL = 10 * time.Millisecond
 	// MaxTTL is the longest lease accepted. Longer work should renew.
 	MaxTTL = 7 * 24 * time.Hour
-	// DefaultTTL is the TTL of a lease whose options and client defaults
-	// name none.
+	// DefaultTTL is the TTL of a lease whose options name none.
 	DefaultTTL = 30 * time.Second
 	// DefaultCloseTimeout bounds Client.Close when Options.CloseTimeout is
 	// not set.
 	DefaultCloseTimeout = 5 * time.Second
 )
 
-// Sentinel durations for LeaseOptions.MaxWait and LeaseOptions.MaxHold.
-// Zero in those fields means "inherit", so saying "do not wait" or "no cap"
-// over a client default that says otherwise needs a value of its own. They
-// are the extreme durations, so a wait or cap computed from a clock (which
-// is an error when negative) cannot produce one by accident.
+// Durations with a meaning of their own in LeaseOptions.MaxWait and
+// LeaseOptions.MaxHold.
 const (
 	// NoWait, as MaxWait, fails at once with ErrHeld when the key is held.
-	// It is the package default.
-	NoWait time.Duration = math.MinInt64
+	// It is the zero value.
+	NoWait time.Duration = 0
 	// WaitForever, as MaxWait, waits for a held key until the context ends.
 	WaitForever time.Duration = math.MaxInt64
 	// HoldForever, as MaxHold, lets automatic renewal keep the lease for as
-	// long as the holder wants it. It is the package default.
+	// long as the holder wants it. A zero MaxHold means the same.
 	HoldForever time.Duration = math.MaxInt64
 )
-
-// Switch is an on/off lease option whose zero value, Inherit, takes the
-// client's default (Options.Defaults), then the package default. A lease
-// says On or Off to override a client default either way.
-type Switch uint8
-
-const (
-	// Inherit takes the client's default, then the package default.
-	Inherit Switch = iota
-	// On turns the option on, whatever the client's default says.
-	On
-	// Off turns the option off, whatever the client's default says.
-	Off
-)
-
-// String returns "inherit", "on" or "off".
-func (s Switch) String() string {
-	switch s {
-	case Inherit:
-		return "inherit"
-	case On:
-		return "on"
-	case Off:
-		return "off"
-	}
-	return fmt.Sprintf("Switch(%d)", uint8(s))
-}
 
 // ParseFenceStrength parses a minimum fence strength as the CLI and
 // configuration files write it: "strict", "repeatable" (or its full name
@@ -95,10 +64,9 @@ type Options struct {
 	Clock clock.Clock
 	// Hooks observe acquisitions, renewals, losses and releases.
 	Hooks Hooks
-	// Defaults stand in for the fields a LeaseOptions leaves at their zero
-	// value ("inherit"). A field the lease sets always wins; see
-	// LeaseOptions for how the two are combined.
-	Defaults LeaseOptions
+	// MinFence is the weakest fence a lease accepts when its own MinFence
+	// is FenceUnset. Default: FenceStrict. A lease's own MinFence wins.
+	MinFence FenceStrength
 	// MinBackoff and MaxBackoff bound the full-jitter backoff of polling
 	// waiters. Defaults: 10ms and 1s.
 	MinBackoff, MaxBackoff time.Duration
@@ -112,66 +80,39 @@ type Options struct {
 	CloseTimeout time.Duration
 }
 
-// LeaseOptions configure one lease. Every field's zero value means
-// "inherit": the client's Options.Defaults supply it, then the package
-// default. Set a field to choose explicitly; explicit values of their own
-// (NoWait, HoldForever, Off, ...) exist wherever the zero value could
-// otherwise be mistaken for a choice.
-//
-// Resolution follows three rules, so that a lease gets what it says:
-//
-//   - A field set on the lease wins over the client's default for it.
-//   - A client default that contradicts a choice the lease made yields to
-//     it: FailOpen On in the defaults is dropped for a lease whose MinFence
-//     is stronger than FenceNone, and a default RenewEvery that is not
-//     shorter than the lease's own TTL gives way to TTL/3.
-//   - Nothing weakens the fence unless it is named: no option implies a
-//     lower MinFence, so FailOpen On with a fence required is an error,
-//     not a silent downgrade.
-//
-// Combinations that cannot be honoured are errors naming the field and
-// where its value came from (this lease, Options.Defaults or the package
-// default); they match ErrInvalidOptions, and ErrInvalidTTL as well for
-// durations. Client.Resolve gives the resulting LeaseSpec without
-// acquiring anything.
-//
-// This replaces an earlier design with a Purpose (Correctness or
-// Efficiency) and AllowRepeatableFence/AllowNoFence booleans: the zero
-// Purpose could not be told from "unset", so a client default of
-// Efficiency turned an explicit Correctness lease into one that failed
-// open, and booleans could only be turned on by a default, never back off.
+// LeaseOptions configure one lease. Every zero value is the safe
+// default: a strict fence, no wait, automatic renewal, no fail-open.
+// Client.Resolve fills in the defaults and checks the result; invalid
+// combinations match ErrInvalidOptions (and ErrInvalidTTL for durations).
+// docs/design.md explains the rules.
 type LeaseOptions struct {
 	// TTL is how long the authority keeps the lease without renewal.
 	// Default 30s; must be within [MinTTL, MaxTTL] and the backend's bounds.
 	TTL time.Duration
-	// MaxWait is how long Acquire and Do wait for a held key: NoWait (the
-	// default) fails at once with ErrHeld, WaitForever waits until the
-	// context ends, a positive duration waits that long. Other negative
-	// values are errors. TryAcquire never waits.
+	// MaxWait is how long Acquire and Do wait for a held key. NoWait (zero)
+	// fails at once with ErrHeld. WaitForever waits until the context
+	// ends. A positive duration waits that long. TryAcquire never waits.
 	MaxWait time.Duration
-	// MinFence is the weakest fence the lease accepts: FenceStrict (the
-	// default) for work whose stale writes the resource must refuse;
-	// FenceRepeatable to accept a fence that can repeat after a failover
-	// (single-node Redis with replicas); FenceNone for work that needs no
-	// fence (a duplicate only wastes effort) or that the caller fences
-	// itself. A backend with a weaker fence is refused with ErrNoFence.
-	// FenceUnset (the zero value) inherits.
+	// MinFence is the weakest fence the lease accepts. FenceStrict is for
+	// work whose stale writes the resource must refuse. FenceRepeatable
+	// accepts a fence that can repeat after a failover. FenceNone is for
+	// work that needs no fence. A backend with a weaker fence is refused
+	// with ErrNoFence. FenceUnset (zero) takes Options.MinFence.
 	MinFence FenceStrength
-	// FailOpen On runs the work without a lease when the authority is
+	// FailOpen runs the work without a lease when the authority is
 	// unavailable: the lease reports FailedOpen, excludes nobody and has
-	// fence zero. It is allowed only with MinFence FenceNone, since a lease
-	// that fails open has no fence. Default Off.
-	FailOpen Switch
-	// AutoRenew Off turns automatic renewal off: the lease ends when its
-	// TTL runs out unless the holder calls Renew. Default On.
-	AutoRenew Switch
+	// fence zero. It needs MinFence FenceNone.
+	FailOpen bool
+	// ManualRenew turns automatic renewal off: the lease ends when its TTL
+	// runs out unless the holder calls Renew.
+	ManualRenew bool
 	// RenewEvery is the automatic renewal period. Default TTL/3; it must be
-	// shorter than the local validity (TTL minus SafetyMargin). Ignored when
-	// AutoRenew is Off.
+	// shorter than the local validity (TTL minus SafetyMargin). Ignored
+	// with ManualRenew.
 	RenewEvery time.Duration
 	// MaxHold caps the total time automatic renewal may keep the lease;
-	// after it, renewal stops and the lease expires. HoldForever (the
-	// default) sets no cap.
+	// after it, renewal stops and the lease expires. Zero or HoldForever
+	// sets no cap.
 	MaxHold time.Duration
 	// MinHold keeps the lease, renewed, until at least this long after it
 	// was granted, even when the work ends sooner (ShedLock's
@@ -179,47 +120,20 @@ type LeaseOptions struct {
 	// periodic job started a little later on another instance (whose
 	// clock or tick differs) finds the key held and skips. The lease's end
 	// or the caller's context cuts the hold short. Default 0 (none); it
-	// must not exceed MaxHold, and with AutoRenew Off it must be shorter
+	// must not exceed MaxHold, and with ManualRenew it must be shorter
 	// than the local validity.
 	MinHold time.Duration
 	// SafetyMargin is subtracted from the TTL for local validity, to allow
-	// for clock drift between worker and authority and for the round trip.
-	// Default TTL/100 + 2ms; it must be shorter than the TTL. Backends whose
-	// own grant decision needs a drift allowance (Redlock) use this one.
-	SafetyMargin time.Duration
-}
-
-// LeaseSpec is the final, validated terms of one lease: what Client.Resolve
-// returns and what the Client, its renewer and the backend act on. Every
-// field is explicit; nothing in a LeaseSpec inherits.
-type LeaseSpec struct {
-	// TTL is how long the authority keeps the lease without renewal.
-	TTL time.Duration
-	// MaxWait is NoWait, WaitForever or a positive duration.
-	MaxWait time.Duration
-	// MinFence is FenceNone, FenceRepeatable or FenceStrict, and the
-	// backend's fence is at least that strong.
-	MinFence FenceStrength
-	// FailOpen is true only when MinFence is FenceNone.
-	FailOpen bool
-	// AutoRenew says whether the client renews the lease by itself.
-	AutoRenew bool
-	// RenewEvery is the renewal period, shorter than TTL-SafetyMargin; zero
-	// when AutoRenew is false.
-	RenewEvery time.Duration
-	// MaxHold is HoldForever or a positive cap on renewal.
-	MaxHold time.Duration
-	// MinHold is zero or how long after the grant Do keeps the lease.
-	MinHold time.Duration
-	// SafetyMargin is positive and shorter than TTL.
+	// for clock drift and the round trip. Default TTL/100 + 2ms; it must
+	// be shorter than the TTL. Redlock also uses it as its drift allowance.
 	SafetyMargin time.Duration
 }
 
 // validity is how long local validity lasts from the moment a request was
 // sent.
-func (s LeaseSpec) validity() time.Duration { return s.TTL - s.SafetyMargin }
+func (s LeaseOptions) validity() time.Duration { return s.TTL - s.SafetyMargin }
 
-func (s LeaseSpec) terms() driver.Terms {
+func (s LeaseOptions) terms() driver.Terms {
 	return driver.Terms{TTL: s.TTL, SafetyMargin: s.SafetyMargin}
 }
 
@@ -237,135 +151,96 @@ func (o origin) String() string {
 	case fromLease:
 		return "set on the lease"
 	case fromClient:
-		return "client default, Options.Defaults"
+		return "client default, Options.MinFence"
 	}
 	return "package default"
 }
 
-// pick returns the lease's value unless it is the zero value (inherit),
-// then the client default's, then def.
-func pick[T comparable](lease, client, def T) (T, origin) {
-	var zero T
-	switch {
-	case lease != zero:
-		return lease, fromLease
-	case client != zero:
-		return client, fromClient
-	}
-	return def, fromPackage
-}
-
 // invalid returns an error matching ErrInvalidOptions (and ErrInvalidTTL
-// for durations) about field, whose value came from o.
-func invalid(duration bool, field string, o origin, format string, args ...any) error {
+// for durations) about field.
+func invalid(duration bool, field string, format string, args ...any) error {
 	msg := fmt.Sprintf(format, args...)
 	if duration {
-		return fmt.Errorf("%w: %w: %s (%s): %s", ErrInvalidOptions, ErrInvalidTTL, field, o, msg)
+		return fmt.Errorf("%w: %w: %s: %s", ErrInvalidOptions, ErrInvalidTTL, field, msg)
 	}
-	return fmt.Errorf("%w: %s (%s): %s", ErrInvalidOptions, field, o, msg)
+	return fmt.Errorf("%w: %s: %s", ErrInvalidOptions, field, msg)
 }
 
-// Resolve combines opts (nil means all inherit) with c's defaults and the
-// package defaults, validates the result against the rules LeaseOptions
-// describes and the backend's guarantees, and returns the spec a lease
-// acquired with opts would get. It is the one place lease policy is
-// decided; Acquire, TryAcquire and Do call it first. Errors match
+// Resolve returns the options a lease acquired with opts (nil for none)
+// would get: every default filled in and checked against the backend's
+// guarantees. Acquire, TryAcquire and Do call it first. Errors match
 // ErrInvalidOptions (and ErrInvalidTTL for durations), or ErrNoFence when
 // the backend's fence is weaker than MinFence.
-func (c *Client) Resolve(opts *LeaseOptions) (LeaseSpec, error) {
-	var l LeaseOptions
+func (c *Client) Resolve(opts *LeaseOptions) (LeaseOptions, error) {
+	var s LeaseOptions
 	if opts != nil {
-		l = *opts
+		s = *opts
 	}
-	d := c.opts.Defaults
-	var s LeaseSpec
-
-	var ttlFrom origin
-	s.TTL, ttlFrom = pick(l.TTL, d.TTL, DefaultTTL)
+	if s.TTL == 0 {
+		s.TTL = DefaultTTL
+	}
 	if err := c.validateTTL(s.TTL); err != nil {
-		return LeaseSpec{}, fmt.Errorf("%w: TTL (%s): %w", ErrInvalidOptions, ttlFrom, err)
+		return LeaseOptions{}, fmt.Errorf("%w: TTL: %w", ErrInvalidOptions, err)
+	}
+	if s.MaxWait < 0 {
+		return LeaseOptions{}, invalid(true, "MaxWait", "%v is negative; use NoWait or WaitForever", s.MaxWait)
 	}
 
-	var from origin
-	s.MaxWait, from = pick(l.MaxWait, d.MaxWait, NoWait)
-	if s.MaxWait < 0 && s.MaxWait != NoWait {
-		return LeaseSpec{}, invalid(true, "MaxWait", from, "%v is negative; use NoWait or WaitForever", s.MaxWait)
-	}
-
-	var fenceFrom origin
-	s.MinFence, fenceFrom = pick(l.MinFence, d.MinFence, FenceStrict)
-	if s.MinFence < FenceNone || s.MinFence > FenceStrict {
-		return LeaseSpec{}, invalid(false, "MinFence", fenceFrom, "%v is not FenceNone, FenceRepeatable or FenceStrict", s.MinFence)
-	}
-
+	fenceFrom := fromLease
 	switch {
-	case !validSwitch(l.FailOpen):
-		return LeaseSpec{}, invalid(false, "FailOpen", fromLease, "%v is not Inherit, On or Off", l.FailOpen)
-	case !validSwitch(d.FailOpen):
-		return LeaseSpec{}, invalid(false, "FailOpen", fromClient, "%v is not Inherit, On or Off", d.FailOpen)
-	case l.FailOpen == On || (l.FailOpen == Inherit && d.FailOpen == On):
-		failOpenFrom := fromLease
-		if l.FailOpen == Inherit {
-			failOpenFrom = fromClient
-		}
-		switch {
-		case s.MinFence == FenceNone:
-			s.FailOpen = true
-		case failOpenFrom == fromClient && fenceFrom == fromLease:
-			// The lease asked for a fence; the client's fail-open default
-			// cannot apply to it.
-			s.FailOpen = false
-		default:
-			return LeaseSpec{}, invalid(false, "FailOpen", failOpenFrom,
-				"On needs MinFence FenceNone, since a lease that fails open has no fence, but MinFence is %v (%s)", s.MinFence, fenceFrom)
-		}
+	case s.MinFence != FenceUnset:
+	case c.opts.MinFence != FenceUnset:
+		s.MinFence, fenceFrom = c.opts.MinFence, fromClient
+	default:
+		s.MinFence, fenceFrom = FenceStrict, fromPackage
+	}
+	if s.MinFence < FenceNone || s.MinFence > FenceStrict {
+		return LeaseOptions{}, fmt.Errorf("%w: MinFence (%s): %v is not FenceNone, FenceRepeatable or FenceStrict", ErrInvalidOptions, fenceFrom, s.MinFence)
+	}
+	if s.FailOpen && s.MinFence != FenceNone {
+		return LeaseOptions{}, invalid(false, "FailOpen",
+			"it needs MinFence FenceNone, since a lease that fails open has no fence, but MinFence is %v (%s)", s.MinFence, fenceFrom)
 	}
 
-	autoRenew, from := pick(l.AutoRenew, d.AutoRenew, On)
-	if !validSwitch(autoRenew) {
-		return LeaseSpec{}, invalid(false, "AutoRenew", from, "%v is not Inherit, On or Off", autoRenew)
+	if s.SafetyMargin == 0 {
+		s.SafetyMargin = driver.DefaultSafetyMargin(s.TTL)
 	}
-	s.AutoRenew = autoRenew == On
-
-	var marginFrom origin
-	s.SafetyMargin, marginFrom = pick(l.SafetyMargin, d.SafetyMargin, driver.DefaultSafetyMargin(s.TTL))
 	if s.SafetyMargin < 0 || s.SafetyMargin >= s.TTL {
-		return LeaseSpec{}, invalid(true, "SafetyMargin", marginFrom, "%v must be positive and shorter than the TTL %v (%s)", s.SafetyMargin, s.TTL, ttlFrom)
+		return LeaseOptions{}, invalid(true, "SafetyMargin", "%v must be positive and shorter than the TTL %v", s.SafetyMargin, s.TTL)
 	}
 
-	if l.RenewEvery < 0 {
-		return LeaseSpec{}, invalid(true, "RenewEvery", fromLease, "%v is negative", l.RenewEvery)
+	if s.RenewEvery < 0 {
+		return LeaseOptions{}, invalid(true, "RenewEvery", "%v is negative", s.RenewEvery)
 	}
-	if s.AutoRenew {
-		var renewFrom origin
-		s.RenewEvery, renewFrom = pick(l.RenewEvery, d.RenewEvery, s.TTL/3)
-		if renewFrom == fromClient && ttlFrom == fromLease && s.RenewEvery >= s.validity() {
-			// A default period made for a longer TTL yields to the TTL
-			// this lease chose.
-			s.RenewEvery, renewFrom = s.TTL/3, fromPackage
-		}
-		if s.RenewEvery <= 0 || s.RenewEvery >= s.validity() {
-			return LeaseSpec{}, invalid(true, "RenewEvery", renewFrom,
-				"%v must be positive and shorter than the local validity %v (TTL %v minus SafetyMargin %v), or the lease expires before it is renewed",
+	switch {
+	case s.ManualRenew:
+		s.RenewEvery = 0
+	case s.RenewEvery == 0:
+		s.RenewEvery = s.TTL / 3
+		fallthrough
+	default:
+		if s.RenewEvery >= s.validity() {
+			return LeaseOptions{}, invalid(true, "RenewEvery",
+				"%v must be shorter than the local validity %v (TTL %v minus SafetyMargin %v), or the lease expires before it is renewed",
 				s.RenewEvery, s.validity(), s.TTL, s.SafetyMargin)
 		}
 	}
 
-	s.MaxHold, from = pick(l.MaxHold, d.MaxHold, HoldForever)
 	if s.MaxHold < 0 {
-		return LeaseSpec{}, invalid(true, "MaxHold", from, "%v is negative; use HoldForever for no cap", s.MaxHold)
+		return LeaseOptions{}, invalid(true, "MaxHold", "%v is negative; use HoldForever for no cap", s.MaxHold)
 	}
-	if err := s.resolveMinHold(l.MinHold, d.MinHold); err != nil {
-		return LeaseSpec{}, err
+	if s.MaxHold == 0 {
+		s.MaxHold = HoldForever
+	}
+	if err := s.checkMinHold(); err != nil {
+		return LeaseOptions{}, err
 	}
 
 	if err := c.checkFence(s.MinFence, fenceFrom); err != nil {
-		return LeaseSpec{}, err
+		return LeaseOptions{}, err
 	}
 	return s, nil
 }
-
-func validSwitch(s Switch) bool { return s <= Off }
 
 // checkFence refuses a backend whose fence is weaker than min, telling the
 // user which value accepts it.

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/admin"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/mem"
 )
@@ -63,17 +64,17 @@ func TestAdminNeverShowsWholeOwner(t *testing.T) {
 		t.Fatal(err)
 	}
 	owners = append(owners, info.Owner)
-	infos, err := c.List(ctx, "job:")
+	infos, err := admin.List(ctx, c, "job:")
 	if err != nil || len(infos) != 1 {
 		t.Fatalf("List = %+v, %v", infos, err)
 	}
 	owners = append(owners, infos[0].Owner)
-	broken, err := c.Break(ctx, "job:a", "test", t.Name())
+	broken, err := admin.Break(ctx, c, "job:a", "test", t.Name())
 	if err != nil {
 		t.Fatal(err)
 	}
 	owners = append(owners, broken.Owner)
-	recs, err := c.Breaks(ctx, "job:a")
+	recs, err := admin.Breaks(ctx, c, "job:a")
 	if err != nil || len(recs) != 1 {
 		t.Fatalf("Breaks = %+v, %v", recs, err)
 	}

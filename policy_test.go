@@ -12,43 +12,27 @@ import (
 	"github.com/fenced-dev/fenced/driver"
 )
 
-// cacheDefaults are client defaults made for cache work: any store, fail
-// open, wait a minute, no renewal, a short hold, a slow renewal period.
-var cacheDefaults = fenced.LeaseOptions{
-	MinFence:   fenced.FenceNone,
-	FailOpen:   fenced.On,
-	MaxWait:    time.Minute,
-	AutoRenew:  fenced.Off,
-	MaxHold:    5 * time.Second,
-	RenewEvery: 20 * time.Second,
-}
-
 // TestExplicitLeaseChoiceBeatsClientDefault is the regression test for
-// issue 9 item 6: a lease that says "strict fence, do not wait, renew, no
-// cap, do not fail open" on a client whose defaults say the opposite gets
-// exactly what it said, not the defaults.
+// issue 9 item 6, on today's options: a lease that says "strict fence" on
+// a client whose Options.MinFence accepts no fence gets a strict fence;
+// and a lease's zero values (no wait, renew, no cap, no fail-open) are
+// what it gets, whatever the client is for.
 func TestExplicitLeaseChoiceBeatsClientDefault(t *testing.T) {
 	clk := clock.NewFake(time.Unix(1000, 0))
 	f := newFaulty(clk)
-	c := fenced.NewClient(f, &fenced.Options{Clock: clk, Defaults: cacheDefaults})
+	c := fenced.NewClient(f, &fenced.Options{Clock: clk, MinFence: fenced.FenceNone})
 	defer c.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 
-	strict := &fenced.LeaseOptions{
-		TTL:       3 * time.Second,
-		MinFence:  fenced.FenceStrict,
-		MaxWait:   fenced.NoWait,
-		AutoRenew: fenced.On,
-		MaxHold:   fenced.HoldForever,
-	}
-	want := fenced.LeaseSpec{
+	strict := &fenced.LeaseOptions{TTL: 3 * time.Second, MinFence: fenced.FenceStrict}
+	want := fenced.LeaseOptions{
 		TTL:          3 * time.Second,
 		MaxWait:      fenced.NoWait,
 		MinFence:     fenced.FenceStrict,
 		FailOpen:     false,
-		AutoRenew:    true,
-		RenewEvery:   time.Second, // the default 20s does not fit the lease's 3s TTL
+		ManualRenew:  false,
+		RenewEvery:   time.Second,
 		MaxHold:      fenced.HoldForever,
 		SafetyMargin: 3*time.Second/100 + 2*time.Millisecond,
 	}
@@ -56,20 +40,18 @@ func TestExplicitLeaseChoiceBeatsClientDefault(t *testing.T) {
 		t.Fatalf("Resolve = %+v, %v; want %+v", got, err, want)
 	}
 
-	// The store is down: the strict lease fails closed instead of running
-	// without a lease as the client's fail-open default would.
+	// The store is down: the strict lease fails closed, and so does a
+	// fenceless lease that did not ask to fail open.
 	f.set(func(f *faulty) { f.acquireErr = driver.ErrUnavailable })
 	if l, err := c.Acquire(ctx, "ledger", strict); !errors.Is(err, fenced.ErrUnavailable) {
 		t.Fatalf("strict lease with the store down: lease %v, err %v; want ErrUnavailable (fail closed)", l, err)
 	}
-	// FailOpen Off turns the default off for a fenceless lease too.
-	if l, err := c.TryAcquire(ctx, "cache", &fenced.LeaseOptions{FailOpen: fenced.Off}); !errors.Is(err, fenced.ErrUnavailable) {
-		t.Fatalf("FailOpen Off over a fail-open default: lease %v, err %v; want ErrUnavailable", l, err)
+	if l, err := c.TryAcquire(ctx, "cache", nil); !errors.Is(err, fenced.ErrUnavailable) {
+		t.Fatalf("a lease without FailOpen on a fenceless client: lease %v, err %v; want ErrUnavailable", l, err)
 	}
 	f.set(func(f *faulty) { f.acquireErr = nil })
 
-	// The key is held: NoWait fails at once instead of waiting the
-	// client's minute (which, on the fake clock, would never pass).
+	// The key is held: the zero MaxWait fails at once.
 	other := fenced.NewClient(f, &fenced.Options{Clock: clk})
 	defer other.Close()
 	holder, err := other.TryAcquire(ctx, "ledger", &fenced.LeaseOptions{TTL: time.Minute})
@@ -77,76 +59,77 @@ func TestExplicitLeaseChoiceBeatsClientDefault(t *testing.T) {
 		t.Fatal(err)
 	}
 	if _, err := c.Acquire(ctx, "ledger", strict); !errors.Is(err, fenced.ErrHeld) {
-		t.Fatalf("NoWait on a held key with a client default wait: %v; want ErrHeld at once", err)
+		t.Fatalf("zero MaxWait on a held key: %v; want ErrHeld at once", err)
 	}
 	if err := holder.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
 
-	// Granted: renewed although the default says not to, and kept past the
-	// default MaxHold because the lease said HoldForever.
+	// Granted: renewed, and kept past any cap since MaxHold is zero.
 	l, err := c.Acquire(ctx, "ledger", strict)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if l.Spec() != want {
-		t.Fatalf("lease spec %+v, want %+v", l.Spec(), want)
+	if l.Options() != want {
+		t.Fatalf("lease options %+v, want %+v", l.Options(), want)
 	}
 	advance(clk, 8*time.Second, 100*time.Millisecond)
 	if l.Err() != nil || f.renewCalls.Load() == 0 {
-		t.Fatalf("after 8s (default MaxHold 5s, TTL 3s): err %v, %d renewals; want held and renewed", l.Err(), f.renewCalls.Load())
+		t.Fatalf("after 8s (TTL 3s): err %v, %d renewals; want held and renewed", l.Err(), f.renewCalls.Load())
 	}
 	if err := l.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
 }
 
-// TestClientDefaultsApplyWhenLeaseIsSilent checks the other half: a lease
-// that sets nothing gets the client's defaults, and contradictory defaults
-// are errors naming Options.Defaults.
-func TestClientDefaultsApplyWhenLeaseIsSilent(t *testing.T) {
+// TestClientMinFenceAppliesWhenLeaseIsSilent checks the other half: a
+// lease that leaves MinFence unset gets Options.MinFence, may then fail
+// open if it asks to, and a combination that cannot be honoured is an
+// error naming the field and where its value came from.
+func TestClientMinFenceAppliesWhenLeaseIsSilent(t *testing.T) {
 	f := newFaulty(nil)
-	c := fenced.NewClient(f, &fenced.Options{Defaults: cacheDefaults})
+	c := fenced.NewClient(f, &fenced.Options{MinFence: fenced.FenceNone})
 	defer c.Close()
-	got, err := c.Resolve(nil)
-	want := fenced.LeaseSpec{
+	cache := &fenced.LeaseOptions{FailOpen: true, MaxWait: time.Minute, ManualRenew: true, MaxHold: 5 * time.Second}
+	got, err := c.Resolve(cache)
+	want := fenced.LeaseOptions{
 		TTL:          fenced.DefaultTTL,
 		MaxWait:      time.Minute,
 		MinFence:     fenced.FenceNone,
 		FailOpen:     true,
-		AutoRenew:    false,
+		ManualRenew:  true,
 		MaxHold:      5 * time.Second,
 		SafetyMargin: fenced.DefaultTTL/100 + 2*time.Millisecond,
 	}
 	if err != nil || got != want {
-		t.Fatalf("Resolve(nil) = %+v, %v; want %+v", got, err, want)
+		t.Fatalf("Resolve = %+v, %v; want %+v", got, err, want)
 	}
 	f.set(func(f *faulty) { f.acquireErr = driver.ErrUnavailable })
-	l, err := c.TryAcquire(context.Background(), "cache", nil)
+	l, err := c.TryAcquire(context.Background(), "cache", cache)
 	if err != nil || !l.FailedOpen() {
-		t.Fatalf("silent lease with fail-open defaults and the store down: %v, %v; want a failed-open lease", l, err)
+		t.Fatalf("fail-open lease on a fenceless client with the store down: %v, %v; want a failed-open lease", l, err)
 	}
 	l.Release(context.Background())
 
 	for _, tc := range []struct {
-		defaults fenced.LeaseOptions
-		lease    fenced.LeaseOptions
-		want     string
+		client fenced.FenceStrength
+		lease  fenced.LeaseOptions
+		want   string
 	}{
-		// Fail-open defaults without MinFence none: no lease can use them.
-		{fenced.LeaseOptions{FailOpen: fenced.On}, fenced.LeaseOptions{}, "FailOpen (client default, Options.Defaults)"},
-		// A lease asking to fail open never lowers the client's fence.
-		{fenced.LeaseOptions{MinFence: fenced.FenceRepeatable}, fenced.LeaseOptions{FailOpen: fenced.On}, "MinFence is repeatable-after-failover (client default, Options.Defaults)"},
-		// A default margin that does not fit the lease's TTL is not
-		// silently shrunk.
-		{fenced.LeaseOptions{SafetyMargin: time.Second}, fenced.LeaseOptions{TTL: 500 * time.Millisecond}, "SafetyMargin (client default, Options.Defaults)"},
-		{fenced.LeaseOptions{TTL: time.Second, RenewEvery: 2 * time.Second}, fenced.LeaseOptions{}, "RenewEvery (client default, Options.Defaults)"},
-		{fenced.LeaseOptions{MaxWait: -time.Second}, fenced.LeaseOptions{}, "MaxWait (client default, Options.Defaults)"},
+		// Failing open never lowers the fence: with the package default...
+		{fenced.FenceUnset, fenced.LeaseOptions{FailOpen: true}, "MinFence is strict (package default)"},
+		// ... or the client's.
+		{fenced.FenceRepeatable, fenced.LeaseOptions{FailOpen: true}, "MinFence is repeatable-after-failover (client default, Options.MinFence)"},
+		// A margin that does not fit the TTL is not silently shrunk.
+		{fenced.FenceNone, fenced.LeaseOptions{SafetyMargin: time.Second, TTL: 500 * time.Millisecond}, "SafetyMargin"},
+		{fenced.FenceNone, fenced.LeaseOptions{TTL: time.Second, RenewEvery: 2 * time.Second}, "RenewEvery"},
+		{fenced.FenceNone, fenced.LeaseOptions{MaxWait: -time.Second}, "MaxWait"},
+		{fenced.FenceStrength(9), fenced.LeaseOptions{}, "MinFence (client default, Options.MinFence)"},
 	} {
-		c := fenced.NewClient(newFaulty(nil), &fenced.Options{Defaults: tc.defaults})
+		c := fenced.NewClient(newFaulty(nil), &fenced.Options{MinFence: tc.client})
 		_, err := c.TryAcquire(context.Background(), "k", &tc.lease)
 		if !errors.Is(err, fenced.ErrInvalidOptions) || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("defaults %+v, lease %+v: %v; want ErrInvalidOptions naming %q", tc.defaults, tc.lease, err, tc.want)
+			t.Errorf("client MinFence %v, lease %+v: %v; want ErrInvalidOptions naming %q", tc.client, tc.lease, err, tc.want)
 		}
 		c.Close()
 	}

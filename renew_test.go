@@ -103,7 +103,7 @@ func TestScheduleEndsEachLeaseOnTime(t *testing.T) {
 		t.Fatal(err)
 	}
 	settle() // the schedule's timer is set for the long lease's renewal
-	short, err := c.TryAcquire(ctx, "short", &fenced.LeaseOptions{TTL: time.Second, AutoRenew: fenced.Off})
+	short, err := c.TryAcquire(ctx, "short", &fenced.LeaseOptions{TTL: time.Second, ManualRenew: true})
 	if err != nil {
 		t.Fatal(err)
 	}

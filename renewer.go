@@ -30,7 +30,7 @@ import (
 // thousands of grants (see renewBatch).
 //
 // Local validity is the schedule's other duty: a lease whose validity runs
-// out (no renewal confirmed in time, MaxHold reached, or AutoRenew off) is
+// out (no renewal confirmed in time, MaxHold reached, or ManualRenew) is
 // ended by the loop the moment its deadline passes, whether or not a
 // renewal of it is in flight. On its way to cancelling a lease's context
 // the loop never calls into the driver: what the driver must do after a

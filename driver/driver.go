@@ -222,7 +222,7 @@ type FenceStrength int
 
 const (
 	// FenceUnset is the zero value and no strength at all. In
-	// fenced.LeaseOptions.MinFence it means "inherit the client's default";
+	// fenced.LeaseOptions.MinFence it means "take the client's Options.MinFence";
 	// in Guarantees.Fence it means the backend did not declare a strength,
 	// and the portable layer treats it as FenceNone.
 	FenceUnset FenceStrength = iota
@@ -380,7 +380,7 @@ type TimedQueuer interface {
 func DefaultSafetyMargin(ttl time.Duration) time.Duration { return ttl/100 + 2*time.Millisecond }
 
 // Terms are the parts of a lease's resolved, validated terms (see
-// fenced.LeaseSpec) that a driver may act on beyond its TTL.
+// fenced.LeaseOptions) that a driver may act on beyond its TTL.
 type Terms struct {
 	// TTL is how long the authority keeps the grant without renewal.
 	TTL time.Duration
@@ -445,7 +445,7 @@ type TTLBounds interface {
 // (fenced.Leadership.Proclaim), which etcd's election recipe keeps in the
 // holder's key itself so that `etcdctl elect` and fenced see each other's
 // proclamations. Backends without such a slot do not implement it, and
-// fenced.Election then refuses a value with ErrUnsupported.
+// recipe.Election then refuses a value with ErrUnsupported.
 type Valuer interface {
 	// SetValue sets the value of g, which must be the current grant of its
 	// key; otherwise it returns an error matching ErrNotHeld and changes

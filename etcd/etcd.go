@@ -70,7 +70,7 @@
 // per watched lease, so a client can hold a hundred thousand leases with a
 // handful of goroutines. A grant that its holder stops
 // renewing while the session is kept alive by other grants is deleted by
-// the driver when its TTL has passed, so leases with AutoRenew Off end on time.
+// the driver when its TTL has passed, so leases with ManualRenew end on time.
 //
 // etcd counts lease TTLs in whole seconds and raises short ones to its own
 // minimum (one and a half election timeouts), so the driver accepts TTLs of

@@ -10,6 +10,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/admin"
 	"github.com/fenced-dev/fenced/internal/testkit/crashtest"
 	"github.com/fenced-dev/fenced/internal/testkit/faulttest"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
@@ -61,7 +62,7 @@ func TestLossWatchSurvivesRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	l, err := c.Acquire(ctx, "restart", &fenced.LeaseOptions{TTL: 30 * time.Second, AutoRenew: fenced.Off})
+	l, err := c.Acquire(ctx, "restart", &fenced.LeaseOptions{TTL: 30 * time.Second, ManualRenew: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,12 +88,12 @@ func TestLossWatchSurvivesRestart(t *testing.T) {
 	if l.Err() != nil {
 		t.Fatalf("lease ended across the restart: %v", l.Err())
 	}
-	admin, err := fenced.Open(ctx, cluster.URL(""), nil)
+	operator, err := fenced.Open(ctx, cluster.URL(""), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer admin.Close()
-	if _, err := admin.Break(ctx, "restart", "test", "TestLossWatchSurvivesRestart"); err != nil {
+	defer operator.Close()
+	if _, err := admin.Break(ctx, operator, "restart", "test", "TestLossWatchSurvivesRestart"); err != nil {
 		t.Fatal(err)
 	}
 	select {

@@ -18,6 +18,7 @@ import (
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/etcd"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
+	"github.com/fenced-dev/fenced/recipe"
 )
 
 // etcdctlLock starts `etcdctl lock name` running a shell that prints
@@ -181,7 +182,7 @@ func TestElectionValueInEtcdLayout(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer client.Close()
-	el, err := fenced.NewElection(client, "svc", &fenced.LeaseOptions{TTL: time.Second})
+	el, err := recipe.NewElection(client, "svc", &fenced.LeaseOptions{TTL: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -218,7 +219,7 @@ func TestElectionValueInEtcdLayout(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer lease.Release(ctx)
-	lockEl, _ := fenced.NewElection(client, "lock", nil)
+	lockEl, _ := recipe.NewElection(client, "lock", nil)
 	if l, err := lockEl.Leader(ctx); err != nil || !l.Present || l.Value != "" || strings.Contains(l.Owner, lease.Owner()) {
 		t.Fatalf("Leader of a lock = %+v, %v; want held, no value, no owner token", l, err)
 	}

@@ -98,7 +98,7 @@ func Example_billing() {
 	aDecided, aResume, aDone := make(chan struct{}), make(chan struct{}), make(chan string)
 	go func() {
 		// A's lease is not renewed while it stalls.
-		aDone <- billingWorker(ctx, "A", leases, db, guard, &fenced.LeaseOptions{TTL: time.Second, AutoRenew: fenced.Off},
+		aDone <- billingWorker(ctx, "A", leases, db, guard, &fenced.LeaseOptions{TTL: time.Second, ManualRenew: true},
 			func() { close(aDecided); <-aResume })
 	}()
 	<-aDecided

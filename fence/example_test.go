@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/admin"
 	"github.com/fenced-dev/fenced/fence"
 	"github.com/fenced-dev/fenced/mem"
 )
@@ -91,7 +92,7 @@ func ExampleMiddleware() {
 
 	a, _ := leases.TryAcquire(ctx, "ledger:acct1", nil)
 	post(a, "acct1", "a")
-	leases.Break(ctx, "ledger:acct1", "A is frozen", "ops") // A does not notice
+	admin.Break(ctx, leases, "ledger:acct1", "A is frozen", "ops") // A does not notice
 	b, _ := leases.TryAcquire(ctx, "ledger:acct1", nil)
 	defer b.Release(ctx)
 	post(b, "acct1", "b")

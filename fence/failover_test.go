@@ -20,6 +20,9 @@ import (
 // holder. Both now present fence N. The guard records the owner beside the
 // fence, so the holder that did not write first is refused instead of
 // interleaving its writes with the other's.
+// failoverLease is a minute's lease that is never renewed.
+var failoverLease = &fenced.LeaseOptions{TTL: time.Minute, ManualRenew: true}
+
 func TestRepeatedFenceAfterFailoverRefused(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -37,7 +40,7 @@ func TestRepeatedFenceAfterFailoverRefused(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		lc := fenced.NewClient(d, &fenced.Options{Defaults: fenced.LeaseOptions{MinFence: fenced.FenceRepeatable, TTL: time.Minute, AutoRenew: fenced.Off}})
+		lc := fenced.NewClient(d, &fenced.Options{MinFence: fenced.FenceRepeatable})
 		t.Cleanup(func() { lc.Close() })
 		return lc
 	}
@@ -51,7 +54,7 @@ func TestRepeatedFenceAfterFailoverRefused(t *testing.T) {
 
 	// A few grants that do reach the replica.
 	for i := 0; i < 3; i++ {
-		l, err := onPrimary.TryAcquire(ctx, pauseKey, nil)
+		l, err := onPrimary.TryAcquire(ctx, pauseKey, failoverLease)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -69,7 +72,7 @@ func TestRepeatedFenceAfterFailoverRefused(t *testing.T) {
 	if err := adminP.ClientKillByFilter(ctx, "TYPE", "replica").Err(); err != nil {
 		t.Fatal(err)
 	}
-	a, err := onPrimary.TryAcquire(ctx, pauseKey, nil)
+	a, err := onPrimary.TryAcquire(ctx, pauseKey, failoverLease)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,7 +87,7 @@ func TestRepeatedFenceAfterFailoverRefused(t *testing.T) {
 	if err := adminR.Do(ctx, "REPLICAOF", "NO", "ONE").Err(); err != nil {
 		t.Fatal(err)
 	}
-	b, err := leaseClient(replica).TryAcquire(ctx, pauseKey, nil)
+	b, err := leaseClient(replica).TryAcquire(ctx, pauseKey, failoverLease)
 	if err != nil {
 		t.Fatalf("B on the promoted replica: %v", err)
 	}

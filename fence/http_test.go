@@ -77,7 +77,7 @@ func TestHTTPStaleHolderRefused(t *testing.T) {
 	client := &http.Client{Transport: &fence.Transport{}}
 
 	// A holds a short lease without renewal and lets it run out.
-	a, err := leases.Acquire(ctx, "ledger:acct1", &fenced.LeaseOptions{TTL: 100 * time.Millisecond, AutoRenew: fenced.Off})
+	a, err := leases.Acquire(ctx, "ledger:acct1", &fenced.LeaseOptions{TTL: 100 * time.Millisecond, ManualRenew: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -72,7 +72,7 @@ func childPausedWriter() int {
 	// blocks every other process (the lease store and the resource alike)
 	// until it is continued. The pause is what makes the lease expire, with
 	// or without renewal.
-	lease, err := c.Acquire(ctx, pauseKey, &fenced.LeaseOptions{TTL: 2 * time.Second, AutoRenew: fenced.Off})
+	lease, err := c.Acquire(ctx, pauseKey, &fenced.LeaseOptions{TTL: 2 * time.Second, ManualRenew: true})
 	if err != nil {
 		fmt.Println("ERROR", err)
 		return 1

@@ -32,6 +32,7 @@ import (
 	"github.com/go-co-op/gocron/v2"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/recipe"
 )
 
 // DefaultMinHold is the Locker's minimum hold when Options.Lease.MinHold is
@@ -130,7 +131,7 @@ var ErrNotLeader = errors.New("fencedgocron: this instance is not the leader")
 // instance leads now.
 type Elector struct {
 	mu   sync.Mutex
-	lead *fenced.Leadership
+	lead *recipe.Leadership
 	done chan struct{}
 }
 
@@ -144,7 +145,7 @@ func NewElector(ctx context.Context, c *fenced.Client, name string, opts *Option
 	if opts != nil {
 		o = *opts
 	}
-	e, err := fenced.NewElection(c, name, &o.Lease)
+	e, err := recipe.NewElection(c, name, &o.Lease)
 	if err != nil {
 		return nil, fmt.Errorf("fencedgocron: %w", err)
 	}
@@ -153,7 +154,7 @@ func NewElector(ctx context.Context, c *fenced.Client, name string, opts *Option
 	return el, nil
 }
 
-func (el *Elector) campaign(ctx context.Context, e *fenced.Election) {
+func (el *Elector) campaign(ctx context.Context, e *recipe.Election) {
 	defer close(el.done)
 	for ctx.Err() == nil {
 		ld, err := e.Campaign(ctx, "")

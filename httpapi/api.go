@@ -11,6 +11,7 @@ import (
 	"unicode"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/admin"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/leaseplan"
 )
@@ -139,7 +140,7 @@ func (s *Server) keyDetails(ctx context.Context, key string) (keyView, *apiError
 		}
 		v.History = append(v.History, h)
 	}
-	recs, err := s.cfg.Client.Breaks(ctx, key)
+	recs, err := admin.Breaks(ctx, s.cfg.Client, key)
 	switch {
 	case err == nil:
 		v.BreaksRecorded = true
@@ -199,7 +200,7 @@ func (s *Server) breakLease(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	by := "http:" + name
-	info, err := s.cfg.Client.Break(r.Context(), key, body.Reason, by)
+	info, err := admin.Break(r.Context(), s.cfg.Client, key, body.Reason, by)
 	if err != nil {
 		aerr := storeError(err)
 		if errors.Is(err, fenced.ErrNotHeld) {
@@ -277,7 +278,7 @@ func (s *Server) acquireLease(w http.ResponseWriter, r *http.Request) {
 		writeError(w, aerr)
 		return
 	}
-	opts := &fenced.LeaseOptions{TTL: ttl, MaxWait: fenced.NoWait, AutoRenew: fenced.Off, FailOpen: fenced.Off}
+	opts := &fenced.LeaseOptions{TTL: ttl, MaxWait: fenced.NoWait, ManualRenew: true}
 	switch wait := time.Duration(body.WaitMS) * time.Millisecond; {
 	case body.WaitMS < 0:
 		writeError(w, &apiError{status: http.StatusBadRequest, Code: "invalid_wait", Message: fmt.Sprintf("wait_ms %d is negative", body.WaitMS)})
@@ -363,7 +364,7 @@ func (s *Server) requestTTL(ms *int64) (time.Duration, *apiError) {
 		}
 	}
 	// Only the TTL is asked about: the rest accepts anything.
-	_, err := s.cfg.Client.Resolve(&fenced.LeaseOptions{TTL: ttl, MaxWait: fenced.NoWait, MinFence: fenced.FenceNone, AutoRenew: fenced.Off, FailOpen: fenced.Off})
+	_, err := s.cfg.Client.Resolve(&fenced.LeaseOptions{TTL: ttl, MaxWait: fenced.NoWait, MinFence: fenced.FenceNone, ManualRenew: true})
 	if errors.Is(err, fenced.ErrInvalidTTL) {
 		return 0, refuse(strings.TrimPrefix(err.Error(), "fenced: "))
 	}

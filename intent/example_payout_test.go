@@ -113,7 +113,7 @@ func payoutScenario(withKey bool) (int, intent.Intent, error) {
 	wg.Add(2)
 	go func() { // A: a lease that is not renewed (its process stalls)
 		defer wg.Done()
-		errs[0] = attempt(&fenced.LeaseOptions{TTL: time.Second, AutoRenew: fenced.Off}, aHolds)
+		errs[0] = attempt(&fenced.LeaseOptions{TTL: time.Second, ManualRenew: true}, aHolds)
 	}()
 	go func() { // B: waits for the lease and retries the payout
 		defer wg.Done()

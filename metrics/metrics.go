@@ -38,7 +38,7 @@
 // own group), or a caller's KeyGroup function. The permits of a semaphore
 // (fenced.Semaphore, keys encoders#0, encoders#1, …) are grouped by the
 // semaphore's name, so its N slots are one group: the semaphore marks its
-// acquisitions (fenced.SemaphoreOf), and a key of the same form taken
+// acquisitions (fenced.WithKeyGroup), and a key of the same form taken
 // outside a semaphore is grouped as any other key. Groups beyond MaxKeyGroups
 // (default 100) distinct values are folded into OtherGroup, so a key
 // scheme without colons (job-8f3a…) cannot explode the series count.
@@ -403,7 +403,7 @@ func Hooks(store string, t *Tracker, r Recorder) fenced.Hooks {
 	}
 	return fenced.Hooks{
 		Acquired: func(e fenced.AcquireEvent) {
-			if name, ok := fenced.SemaphoreOf(e.Context); ok {
+			if name, ok := fenced.KeyGroup(e.Context); ok {
 				t.permit(e.Key, name)
 			}
 			l := labels(e.Key)
@@ -421,7 +421,7 @@ func Hooks(store string, t *Tracker, r Recorder) fenced.Hooks {
 			}
 		},
 		Renewed: func(e fenced.RenewEvent) {
-			r.Renewal(labels(e.Key), RenewResult(e.Err))
+			r.Renewal(labels(e.Lease.Key()), RenewResult(e.Err))
 		},
 		Lost: func(e fenced.LostEvent) {
 			if l, ok := end(e.Lease, e.Held); ok {

@@ -44,7 +44,7 @@ func TestClockStepEndsGrantEarly(t *testing.T) {
 	// validity runs out, as a holder between two renewals does. The TTL is
 	// long only so that a loaded machine cannot end A's local validity
 	// before B's grant; nothing waits for it.
-	opts := &fenced.LeaseOptions{TTL: 20 * time.Second, AutoRenew: fenced.Off}
+	opts := &fenced.LeaseOptions{TTL: 20 * time.Second, ManualRenew: true}
 	la, err := a.TryAcquire(ctx, "ledger", opts)
 	if err != nil {
 		t.Fatal(err)

@@ -131,14 +131,14 @@ func runWorker(cfg WorkerConfig) error {
 	} else {
 		hooks := fenced.Hooks{
 			Lost: func(e fenced.LostEvent) {
-				w.record(Event{Kind: Lost, Key: e.Key, Fence: e.Fence, Err: errString(e.Cause)})
+				w.record(Event{Kind: Lost, Key: e.Lease.Key(), Fence: e.Lease.Fence(), Err: errString(e.Cause)})
 			},
 			Renewed: func(e fenced.RenewEvent) {
 				k := Renewed
 				if e.Err != nil {
 					k = RenewFail
 				}
-				w.record(Event{Kind: k, Key: e.Key, Fence: e.Fence, Err: errString(e.Err)})
+				w.record(Event{Kind: k, Key: e.Lease.Key(), Fence: e.Lease.Fence(), Err: errString(e.Err)})
 			},
 		}
 		w.client, err = fenced.Open(ctx, cfg.Store, &fenced.Options{Hooks: hooks, MinBackoff: 5 * time.Millisecond, MaxBackoff: 100 * time.Millisecond, FallbackPoll: cfg.TTL})

@@ -60,7 +60,7 @@ func TestForeignValuesAreLeftAlone(t *testing.T) {
 	srv := testenv.StartRedis(t, testenv.RedisConfig{})
 	rc := admin(t, srv)
 	d := newDriver(t, srv, nil)
-	c := fenced.NewClient(newDriver(t, srv, nil), &fenced.Options{Defaults: fenced.LeaseOptions{MinFence: fenced.FenceRepeatable}})
+	c := fenced.NewClient(newDriver(t, srv, nil), &fenced.Options{MinFence: fenced.FenceRepeatable})
 	defer c.Close()
 
 	plant := map[string]func(k string) error{
@@ -218,7 +218,7 @@ func TestRoundTrips(t *testing.T) {
 func TestTLS(t *testing.T) {
 	ctx := testCtx(t)
 	srv := testenv.StartRedis(t, testenv.RedisConfig{TLS: true, Password: "tls-pw"})
-	c, err := fenced.Open(ctx, srv.URL(), &fenced.Options{Defaults: fenced.LeaseOptions{MinFence: fenced.FenceRepeatable}})
+	c, err := fenced.Open(ctx, srv.URL(), &fenced.Options{MinFence: fenced.FenceRepeatable})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -28,7 +28,7 @@ func TestClockStepEndsGrantEarly(t *testing.T) {
 	// validity runs out, as a holder between two renewals does. The TTL is
 	// long only so that a loaded machine cannot end A's local validity
 	// before B's grant; nothing waits for it.
-	opts := &fenced.LeaseOptions{TTL: 20 * time.Second, AutoRenew: fenced.Off, MinFence: fenced.FenceRepeatable}
+	opts := &fenced.LeaseOptions{TTL: 20 * time.Second, ManualRenew: true, MinFence: fenced.FenceRepeatable}
 	a := fenced.NewClient(newDriver(t, srv, nil), nil)
 	defer a.Close()
 	b := fenced.NewClient(newDriver(t, srv, nil), nil)

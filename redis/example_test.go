@@ -37,7 +37,7 @@ func ExampleNew() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	client := fenced.NewClient(drv, &fenced.Options{Defaults: fenced.LeaseOptions{MinFence: fenced.FenceNone}})
+	client := fenced.NewClient(drv, &fenced.Options{MinFence: fenced.FenceNone})
 	defer client.Close()
 	fmt.Println(client.Guarantees().Fence)
 }

@@ -110,7 +110,7 @@ func TestHandoverStrandsNoWaiter(t *testing.T) {
 				defer wg.Done()
 				for r := 0; r < rounds; r++ {
 					start := time.Now()
-					l, err := c.Acquire(ctx, "hot", &fenced.LeaseOptions{TTL: time.Minute, MinFence: fenced.FenceRepeatable, MaxWait: fenced.WaitForever, AutoRenew: fenced.Off})
+					l, err := c.Acquire(ctx, "hot", &fenced.LeaseOptions{TTL: time.Minute, MinFence: fenced.FenceRepeatable, MaxWait: fenced.WaitForever, ManualRenew: true})
 					if err != nil {
 						errc <- fmt.Errorf("acquire: %w", err)
 						return

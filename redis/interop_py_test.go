@@ -102,7 +102,7 @@ func TestInteropWithRedisPyLock(t *testing.T) {
 	}()
 	py := &pyPeer{t: t, in: in, out: bufio.NewReader(outPipe)}
 
-	c, err := fenced.Open(ctx, srv.URL(), &fenced.Options{Defaults: fenced.LeaseOptions{MinFence: fenced.FenceRepeatable}})
+	c, err := fenced.Open(ctx, srv.URL(), &fenced.Options{MinFence: fenced.FenceRepeatable})
 	if err != nil {
 		t.Fatal(err)
 	}

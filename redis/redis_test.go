@@ -31,9 +31,9 @@ func newDriver(t testing.TB, srv *testenv.Redis, opts *fredis.Options) *fredis.D
 func TestConformance(t *testing.T) {
 	srv := testenv.StartRedis(t, testenv.RedisConfig{Password: "s3cret"})
 	drivertest.RunConformanceTests(t, drivertest.Harness{
-		Open:          func(t *testing.T) driver.Driver { return newDriver(t, srv, nil) },
-		LeaseDefaults: fenced.LeaseOptions{MinFence: fenced.FenceRepeatable},
-		ShortTTL:      300 * time.Millisecond,
+		Open:     func(t *testing.T) driver.Driver { return newDriver(t, srv, nil) },
+		MinFence: fenced.FenceRepeatable,
+		ShortTTL: 300 * time.Millisecond,
 		BadURLs: []string{
 			"redis://",
 			"redis:///0",

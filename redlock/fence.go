@@ -25,7 +25,7 @@ func (f *clientFence) Next(ctx context.Context, key string) (uint64, error) {
 		// Every term is explicit, so c's defaults cannot change them: any
 		// fence c's store issues will do (Strength reports which), but a
 		// lease that failed open has none, so never fail open.
-		TTL: 10 * time.Second, MaxWait: fenced.WaitForever, MinFence: fenced.FenceNone, FailOpen: fenced.Off, AutoRenew: fenced.Off,
+		TTL: 10 * time.Second, MaxWait: fenced.WaitForever, MinFence: fenced.FenceNone, FailOpen: false, ManualRenew: true,
 	})
 	if err != nil {
 		return 0, err

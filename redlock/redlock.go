@@ -22,7 +22,7 @@
 // once a majority (N/2+1) granted it within the budget (at most a third of
 // the TTL); it then checks that the TTL minus the time taken minus a drift
 // allowance is still positive. The allowance is the lease's SafetyMargin
-// (fenced.LeaseSpec, 1% of the TTL + 2ms unless the lease or the client's
+// (fenced.LeaseOptions, 1% of the TTL + 2ms unless the lease or the client's
 // defaults set another), which the driver receives through
 // driver.TermsAcquirer, so its check and the holder's local validity are
 // the same arithmetic. It returns as soon as

@@ -79,7 +79,7 @@ func TestConformance(t *testing.T) {
 				opts.Budget = time.Second // generous for a loaded machine under -race
 				return c.open(t, c.nodes, opts)
 			},
-			LeaseDefaults: fenced.LeaseOptions{MinFence: fenced.FenceRepeatable},
+			MinFence: fenced.FenceRepeatable,
 			// The acquisition budget is at most a third of the TTL; keep it
 			// large enough for a loaded machine under -race.
 			ShortTTL: 900 * time.Millisecond,
@@ -490,7 +490,7 @@ func TestSafetyMarginIsDriftAllowance(t *testing.T) {
 	cl := fenced.NewClient(c.open(t, c.nodes, redlock.Options{}), nil)
 	defer cl.Close()
 	ttl := time.Second
-	_, err := cl.TryAcquire(ctx, "margin", &fenced.LeaseOptions{TTL: ttl, SafetyMargin: ttl - time.Nanosecond, MinFence: fenced.FenceNone, AutoRenew: fenced.Off})
+	_, err := cl.TryAcquire(ctx, "margin", &fenced.LeaseOptions{TTL: ttl, SafetyMargin: ttl - time.Nanosecond, MinFence: fenced.FenceNone, ManualRenew: true})
 	if !errors.Is(err, fenced.ErrUnavailable) || !strings.Contains(err.Error(), "drift allowance 999.999999ms") {
 		t.Fatalf("grant with a margin of all but 1ns of the TTL: %v; want ErrUnavailable naming the lease's margin as the drift allowance", err)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/fenced-dev/fenced/zookeeper/zk"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/admin"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 	"github.com/fenced-dev/fenced/zookeeper"
@@ -249,7 +250,7 @@ func testLossWatchAcrossRestart(t *testing.T, ens *testenv.ZKEnsemble) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	l, err := c.Acquire(ctx, "k", &fenced.LeaseOptions{TTL: 30 * time.Second, AutoRenew: fenced.Off})
+	l, err := c.Acquire(ctx, "k", &fenced.LeaseOptions{TTL: 30 * time.Second, ManualRenew: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -258,14 +259,14 @@ func testLossWatchAcrossRestart(t *testing.T, ens *testenv.ZKEnsemble) {
 	n.Kill()
 	n.Start()
 	n.WaitReady()
-	admin, err := fenced.Open(ctx, ens.URL("/losswatch-restart", ""), nil)
+	operator, err := fenced.Open(ctx, ens.URL("/losswatch-restart", ""), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer admin.Close()
+	defer operator.Close()
 	// The holder's connection reconnects on its own schedule; the break
 	// is reported once it has.
-	if _, err := admin.Break(ctx, "k", "test", "testLossWatchAcrossRestart"); err != nil {
+	if _, err := admin.Break(ctx, operator, "k", "test", "testLossWatchAcrossRestart"); err != nil {
 		t.Fatal(err)
 	}
 	select {

@@ -34,7 +34,7 @@ func testSessionOutlivesValidity(t *testing.T, ens *testenv.ZKEnsemble) {
 	}
 	defer c.Close()
 	const ttl = 3 * time.Second
-	l, err := c.TryAcquire(ctx, "k", &fenced.LeaseOptions{TTL: ttl, AutoRenew: fenced.Off})
+	l, err := c.TryAcquire(ctx, "k", &fenced.LeaseOptions{TTL: ttl, ManualRenew: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -169,7 +169,7 @@ func testWaiterSessionOutlivesValidity(t *testing.T, ens *testenv.ZKEnsemble) {
 	}
 	defer holder.Close()
 	const ttl = 3 * time.Second
-	opts := &fenced.LeaseOptions{TTL: ttl, AutoRenew: fenced.Off, MaxWait: 30 * time.Second}
+	opts := &fenced.LeaseOptions{TTL: ttl, ManualRenew: true, MaxWait: 30 * time.Second}
 	h, err := holder.TryAcquire(ctx, "k", opts)
 	if err != nil {
 		t.Fatal(err)

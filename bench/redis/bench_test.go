@@ -80,7 +80,7 @@ type locker interface {
 type fencedLocker struct{ c *fenced.Client }
 
 func (l fencedLocker) lock(ctx context.Context, key string) (func(context.Context) error, error) {
-	lease, err := l.c.Acquire(ctx, key, &fenced.LeaseOptions{TTL: 10 * time.Second, MaxWait: fenced.WaitForever, MinFence: fenced.FenceNone, AutoRenew: fenced.Off})
+	lease, err := l.c.Acquire(ctx, key, &fenced.LeaseOptions{TTL: 10 * time.Second, MaxWait: fenced.WaitForever, MinFence: fenced.FenceNone, ManualRenew: true})
 	if err != nil {
 		return nil, err
 	}

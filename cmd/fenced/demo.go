@@ -379,7 +379,7 @@ func demoWorker(ctx context.Context, name, leases, billing string, noFence bool)
 	// That also keeps the freeze away from a write in flight: a process
 	// stopped inside an SQLite write holds the file's write lock and would
 	// stall the other workers until it is continued.
-	lease, err := client.Acquire(ctx, demoKey, &fenced.LeaseOptions{TTL: demoTTL, MaxWait: 20 * time.Second, AutoRenew: fenced.Off})
+	lease, err := client.Acquire(ctx, demoKey, &fenced.LeaseOptions{TTL: demoTTL, MaxWait: 20 * time.Second, ManualRenew: true})
 	if err != nil {
 		emit("gave_up", 0, "gave up: %v", err)
 		return nil

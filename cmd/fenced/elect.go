@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/recipe"
 )
 
 type electFlags struct {
@@ -91,7 +92,7 @@ func electAndRun(ctx context.Context, g *globals, f *electFlags, name string, ar
 	if err != nil {
 		return withCode(exitUsage, fmt.Errorf("elect: --min-fence: %w", err))
 	}
-	opts := &fenced.LeaseOptions{TTL: f.ttl, MinFence: minFence, FailOpen: fenced.Off, MaxHold: fenced.HoldForever}
+	opts := &fenced.LeaseOptions{TTL: f.ttl, MinFence: minFence, FailOpen: false, MaxHold: fenced.HoldForever}
 
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, forwarded...)
@@ -102,7 +103,7 @@ func electAndRun(ctx context.Context, g *globals, f *electFlags, name string, ar
 	}
 	var held *hold
 	defer func() { closeClient(c, held) }()
-	el, err := fenced.NewElection(c, name, opts)
+	el, err := recipe.NewElection(c, name, opts)
 	if err != nil {
 		if errors.Is(err, fenced.ErrNoFence) {
 			return noFenceError("elect", opts.MinFence, c.Guarantees())

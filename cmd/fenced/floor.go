@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/admin"
 )
 
 // floorJSON is the machine-readable form of a store's floor.
@@ -37,9 +38,9 @@ of the two is what to seed a new store with. The floor lives in the SQL stores
 			if err := g.checkOutput(); err != nil {
 				return err
 			}
-			var info fenced.FloorInfo
+			var info admin.FloorInfo
 			err := g.withClient(cmd.Context(), func(c *fenced.Client) (err error) {
-				info, err = c.FenceFloor(cmd.Context())
+				info, err = admin.FenceFloor(cmd.Context(), c)
 				return err
 			})
 			if err != nil {
@@ -80,8 +81,8 @@ never lowered: raising it to less than it is changes nothing.`,
 				return withCode(exitUsage, errors.New("floor raise: give N or --from, not both"))
 			case len(args) == 1:
 				n, err := strconv.ParseUint(args[0], 10, 64)
-				if err != nil || n > fenced.MaxFenceFloor {
-					return withCode(exitUsage, fmt.Errorf("floor raise: %q is not a number from 0 to %d", args[0], fenced.MaxFenceFloor))
+				if err != nil || n > admin.MaxFenceFloor {
+					return withCode(exitUsage, fmt.Errorf("floor raise: %q is not a number from 0 to %d", args[0], admin.MaxFenceFloor))
 				}
 				target = n
 			case from != "":
@@ -89,7 +90,7 @@ never lowered: raising it to less than it is changes nothing.`,
 				if err != nil {
 					return fmt.Errorf("floor raise --from: %w", err)
 				}
-				info, err := src.FenceFloor(ctx)
+				info, err := admin.FenceFloor(ctx, src)
 				src.Close()
 				if err != nil {
 					return fmt.Errorf("floor raise --from %s: %w", fenced.Redact(from), explainNoFloor(err))
@@ -101,10 +102,10 @@ never lowered: raising it to less than it is changes nothing.`,
 			}
 			var now uint64
 			err := g.withClient(ctx, func(c *fenced.Client) (err error) {
-				now, err = c.RaiseFenceFloor(ctx, target)
+				now, err = admin.RaiseFenceFloor(ctx, c, target)
 				return err
 			})
-			if errors.Is(err, fenced.ErrInvalidFloor) {
+			if errors.Is(err, admin.ErrInvalidFloor) {
 				return withCode(exitUsage, err)
 			}
 			if err != nil {

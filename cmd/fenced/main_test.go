@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/admin"
 	"github.com/fenced-dev/fenced/internal/supervise"
 )
 
@@ -81,7 +82,7 @@ func TestRunGivesChildKeyFenceStore(t *testing.T) {
 		}
 	}
 	// The lease was released: nothing is held.
-	if l, _ := client(t, store).List(context.Background(), ""); len(l) != 0 {
+	if l, _ := admin.List(context.Background(), client(t, store), ""); len(l) != 0 {
 		t.Fatalf("lease still held after run: %+v", l)
 	}
 }
@@ -143,7 +144,7 @@ func waitHeld(t *testing.T, c *fenced.Client, key string) fenced.LeaseInfo {
 
 func TestRunLostLeaseStopsChild(t *testing.T) {
 	store := tempStore(t)
-	admin := client(t, store)
+	operator := client(t, store)
 	for _, tc := range []struct {
 		name, script, want string
 	}{
@@ -157,9 +158,9 @@ func TestRunLostLeaseStopsChild(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer cmd.Process.Kill()
-			info := waitHeld(t, admin, key)
+			info := waitHeld(t, operator, key)
 			start := time.Now()
-			if _, err := admin.Break(context.Background(), key, "test eviction", "cli test"); err != nil {
+			if _, err := admin.Break(context.Background(), operator, key, "test eviction", "cli test"); err != nil {
 				t.Fatal(err)
 			}
 			err := cmd.Wait()

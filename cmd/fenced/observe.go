@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/recipe"
 )
 
 // leaderJSON is one line of fenced observe -o json, stable for scripts.
@@ -49,7 +50,7 @@ reads may not be printed.`,
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 			defer stop()
 			return g.withClient(ctx, func(c *fenced.Client) error {
-				el, err := fenced.NewElection(c, args[0], &fenced.LeaseOptions{MinFence: fenced.FenceNone})
+				el, err := recipe.NewElection(c, args[0], &fenced.LeaseOptions{MinFence: fenced.FenceNone})
 				if err != nil {
 					return err
 				}
@@ -61,7 +62,7 @@ reads may not be printed.`,
 	return cmd
 }
 
-func observe(ctx context.Context, g *globals, el *fenced.Election) error {
+func observe(ctx context.Context, g *globals, el *recipe.Election) error {
 	if g.output != "json" {
 		g.writeStoreHeader(g.stdout)
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/admin"
 	"github.com/fenced-dev/fenced/proof"
 	fencedredis "github.com/fenced-dev/fenced/redis"
 )
@@ -233,7 +234,7 @@ func checkProofPrefix(ctx context.Context, g *globals, strength fenced.FenceStre
 		}
 		return withCode(exitUsage, err)
 	}
-	infos, err := c.List(ctx, proofPrefix)
+	infos, err := admin.List(ctx, c, proofPrefix)
 	if errors.Is(err, fenced.ErrUnsupported) {
 		return fmt.Errorf("proof: this store cannot list leases, so proof cannot check that %q holds none it did not create: %w", proofPrefix, err)
 	}

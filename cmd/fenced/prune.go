@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/admin"
 )
 
 // pruneJSON is the machine-readable result of a prune.
@@ -44,9 +45,9 @@ works in batches of a few hundred rows, each one transaction.`,
 			if olderThan < 0 {
 				return withCode(exitUsage, fmt.Errorf("prune: --older-than %v is negative", olderThan))
 			}
-			var res fenced.PruneResult
+			var res admin.PruneResult
 			err := g.withClient(cmd.Context(), func(c *fenced.Client) (err error) {
-				res, err = c.Prune(cmd.Context(), olderThan)
+				res, err = admin.Prune(cmd.Context(), c, olderThan)
 				return err
 			})
 			if err != nil {

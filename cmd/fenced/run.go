@@ -20,6 +20,7 @@ import (
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/fence"
 	"github.com/fenced-dev/fenced/internal/supervise"
+	"github.com/fenced-dev/fenced/recipe"
 )
 
 type runFlags struct {
@@ -198,7 +199,7 @@ func (f *runFlags) leaseOptions() (*fenced.LeaseOptions, error) {
 	if err != nil {
 		return nil, fmt.Errorf("run: --min-fence: %w", err)
 	}
-	o := &fenced.LeaseOptions{TTL: f.ttl, MaxWait: f.wait, MaxHold: f.maxHold, MinFence: minFence, FailOpen: fenced.Off}
+	o := &fenced.LeaseOptions{TTL: f.ttl, MaxWait: f.wait, MaxHold: f.maxHold, MinFence: minFence, FailOpen: false}
 	if f.wait == 0 {
 		o.MaxWait = fenced.NoWait
 	}
@@ -278,8 +279,8 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, keys, argv []st
 		return withCode(exitUsage, err)
 	}
 	switch {
-	case f.permits < 0 || f.permits > fenced.MaxPermits:
-		return withCode(exitUsage, fmt.Errorf("run: -n %d: want 1 to %d permits", f.permits, fenced.MaxPermits))
+	case f.permits < 0 || f.permits > recipe.MaxPermits:
+		return withCode(exitUsage, fmt.Errorf("run: -n %d: want 1 to %d permits", f.permits, recipe.MaxPermits))
 	case f.permits > 0 && len(keys) > 1:
 		return withCode(exitUsage, fmt.Errorf("run: -n takes one NAME, got %d keys %q", len(keys), keys))
 	case f.minHold < 0:
@@ -405,7 +406,7 @@ type hold struct {
 func acquireHold(ctx context.Context, c *fenced.Client, f *runFlags, keys []string, opts *fenced.LeaseOptions, store string) (*hold, error) {
 	switch {
 	case f.permits > 0:
-		sem, err := fenced.NewSemaphore(c, keys[0], f.permits, opts)
+		sem, err := recipe.NewSemaphore(c, keys[0], f.permits, opts)
 		if err != nil {
 			return nil, err
 		}
@@ -417,7 +418,7 @@ func acquireHold(ctx context.Context, c *fenced.Client, f *runFlags, keys []stri
 		return &hold{lease: p, leases: []*fenced.Lease{p.Lease}, env: env, granted: time.Now(),
 			desc: fmt.Sprintf("the lease on permit %s of %d (fence %d)", p.Key(), f.permits, p.Fence())}, nil
 	case len(keys) > 1:
-		set, err := c.AcquireAll(ctx, keys, opts)
+		set, err := recipe.AcquireAll(ctx, c, keys, opts)
 		if err != nil {
 			return nil, err
 		}
@@ -433,7 +434,7 @@ func acquireHold(ctx context.Context, c *fenced.Client, f *runFlags, keys []stri
 }
 
 // fencesDesc lists a set's fences in key order.
-func fencesDesc(set *fenced.LeaseSet) string {
+func fencesDesc(set *recipe.LeaseSet) string {
 	var parts []string
 	for _, l := range set.Leases() {
 		parts = append(parts, strconv.FormatUint(l.Fence(), 10))
@@ -489,7 +490,7 @@ func cleanEnv(env []string) []string {
 
 // setEnv returns COMMAND's environment under several leases: FENCED_FENCES
 // and FENCED_OWNERS, JSON objects keyed by key, and the redacted store.
-func setEnv(env []string, set *fenced.LeaseSet, store string) []string {
+func setEnv(env []string, set *recipe.LeaseSet, store string) []string {
 	owners := map[string]string{}
 	for _, l := range set.Leases() {
 		owners[l.Key()] = fence.OwnerDigest(l.Owner())

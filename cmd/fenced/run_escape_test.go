@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/admin"
 	"github.com/fenced-dev/fenced/internal/supervise"
 )
 
@@ -139,8 +140,8 @@ func TestRunLossEndsMainThreadExit(t *testing.T) {
 		store := tempStore(t)
 		cmd, errb, out, pid := startMainExit(t, store, "--ttl", "3s", "--grace", "500ms", "job:z")
 		checkMode(t, errb, mode)
-		admin := client(t, store)
-		if _, err := admin.Break(context.Background(), "job:z", "test", "test"); err != nil {
+		adm := client(t, store)
+		if _, err := admin.Break(context.Background(), adm, "job:z", "test", "test"); err != nil {
 			t.Fatal(err)
 		}
 		start := time.Now()
@@ -153,7 +154,7 @@ func TestRunLossEndsMainThreadExit(t *testing.T) {
 		if threadsAlive(pid) {
 			t.Fatalf("fenced exited 77 while the writer %d still runs", pid)
 		}
-		l, err := admin.TryAcquire(context.Background(), "job:z", &fenced.LeaseOptions{TTL: 5 * time.Second})
+		l, err := adm.TryAcquire(context.Background(), "job:z", &fenced.LeaseOptions{TTL: 5 * time.Second})
 		if err != nil || l.Fence() != 2 {
 			t.Fatalf("new holder: %v; want fence 2", err)
 		}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/admin"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 
@@ -26,12 +27,12 @@ func TestRunMinHoldLossIs77(t *testing.T) {
 	cmd, _, errb := startRun(t, store, "-v", "run", "--ttl", "30s", "--min-hold", "1m", "job:mh", "--",
 		"sh", "-c", "while [ ! -e "+goFile+" ]; do sleep 0.01; done; exit 0")
 	checkMode(t, errb, "")
-	admin := client(t, store)
-	waitHeld(t, admin, "job:mh")
-	if _, err := admin.Break(context.Background(), "job:mh", "test", "test"); err != nil {
+	adm := client(t, store)
+	waitHeld(t, adm, "job:mh")
+	if _, err := admin.Break(context.Background(), adm, "job:mh", "test", "test"); err != nil {
 		t.Fatal(err)
 	}
-	l, err := admin.TryAcquire(context.Background(), "job:mh", &fenced.LeaseOptions{TTL: time.Minute})
+	l, err := adm.TryAcquire(context.Background(), "job:mh", &fenced.LeaseOptions{TTL: time.Minute})
 	if err != nil || l.Fence() != 2 {
 		t.Fatalf("second holder: %v; want fence 2 while COMMAND still runs", err)
 	}
@@ -74,7 +75,7 @@ func TestSignalAsGrantLandsRunsNothing(t *testing.T) {
 	if ran || !strings.Contains(err.Error(), "terminated") {
 		t.Fatalf("SIGTERM as the grant landed: err %v; want an error naming the signal, and nothing run", err)
 	}
-	if l, _ := c.List(context.Background(), ""); len(l) != 0 {
+	if l, _ := admin.List(context.Background(), c, ""); len(l) != 0 {
 		t.Fatalf("the lease was kept: %+v", l)
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/admin"
 	"github.com/fenced-dev/fenced/fence"
 )
 
@@ -190,8 +191,8 @@ func TestRunLostLeaseEndsWholeGroup(t *testing.T) {
 	script := fmt.Sprintf(`trap 'exit 0' TERM; sh -c 'trap "" TERM; echo $$ > %s; sleep 2; echo LATE >> %s' & wait`, pidFile, marker)
 	cmd, _, errb := startRun(t, store, "run", "--ttl", "2s", "--grace", "500ms", "job:x", "--", "sh", "-c", script)
 	grandchild := readPid(t, pidFile)
-	admin := client(t, store)
-	if _, err := admin.Break(context.Background(), "job:x", "test", "test"); err != nil {
+	operator := client(t, store)
+	if _, err := admin.Break(context.Background(), operator, "job:x", "test", "test"); err != nil {
 		t.Fatal(err)
 	}
 	if code := waitExit(t, cmd, 20*time.Second); code != 77 {
@@ -200,7 +201,7 @@ func TestRunLostLeaseEndsWholeGroup(t *testing.T) {
 	if alive(grandchild) {
 		t.Fatalf("fenced exited while the grandchild %d (ignoring SIGTERM) was still running; stderr %s", grandchild, errb)
 	}
-	l, err := admin.TryAcquire(context.Background(), "job:x", &fenced.LeaseOptions{TTL: 5 * time.Second})
+	l, err := operator.TryAcquire(context.Background(), "job:x", &fenced.LeaseOptions{TTL: 5 * time.Second})
 	if err != nil || l.Fence() != 2 {
 		t.Fatalf("new holder: %v, fence %d; want fence 2", err, l.Fence())
 	}
@@ -237,7 +238,7 @@ exit 3`, inGroup, escaped, inGroup, escaped)
 			t.Fatalf("process %d left by COMMAND still runs after fenced released the lease and exited; stderr %s", pid, errb)
 		}
 	}
-	if l, _ := client(t, store).List(context.Background(), ""); len(l) != 0 {
+	if l, _ := admin.List(context.Background(), client(t, store), ""); len(l) != 0 {
 		t.Fatalf("lease still held: %+v", l)
 	}
 	if !strings.Contains(errb.String(), "exited and left 4 processes") { // two sh and their sleeps
@@ -368,7 +369,7 @@ func TestRunLostBeforeExitIs77(t *testing.T) {
 	// notice the break.
 	cmd, _, errb := startRun(t, store, "run", "job:late", "--", "sh", "-c", script)
 	waitHeld(t, client(t, store), "job:late")
-	if _, err := client(t, store).Break(context.Background(), "job:late", "test", "test"); err != nil {
+	if _, err := admin.Break(context.Background(), client(t, store), "job:late", "test", "test"); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(goFile, nil, 0o644); err != nil {

@@ -132,13 +132,13 @@ func (s *suite) testBlockedDriverDelaysNoEnd(t *testing.T) {
 	const n = 20
 	ctx := ctxT(t)
 	opts := func() *fenced.Options {
-		return &fenced.Options{Defaults: s.h.LeaseDefaults, CloseTimeout: 300 * time.Millisecond}
+		return &fenced.Options{MinFence: s.h.MinFence, CloseTimeout: 300 * time.Millisecond}
 	}
 	acquire := func(c *fenced.Client, prefix string, ttl time.Duration) []*fenced.Lease {
 		t.Helper()
 		leases := make([]*fenced.Lease, n)
 		for i := range leases {
-			l, err := c.TryAcquire(ctx, fmt.Sprintf("%s:%d", prefix, i), &fenced.LeaseOptions{TTL: ttl, AutoRenew: fenced.On})
+			l, err := c.TryAcquire(ctx, fmt.Sprintf("%s:%d", prefix, i), &fenced.LeaseOptions{TTL: ttl})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -278,7 +278,7 @@ func CheckEndsThroughBlackHole(t *testing.T, c *fenced.Client, n int, ttl time.D
 		go func() {
 			defer wg.Done()
 			for i := int(next.Add(1) - 1); i < n && failed.Load() == nil; i = int(next.Add(1) - 1) {
-				l, err := c.TryAcquire(ctx, fmt.Sprintf("%s:%d", prefix, i), &fenced.LeaseOptions{TTL: ttl, AutoRenew: fenced.On})
+				l, err := c.TryAcquire(ctx, fmt.Sprintf("%s:%d", prefix, i), &fenced.LeaseOptions{TTL: ttl})
 				if err != nil {
 					failed.Store(err)
 					return

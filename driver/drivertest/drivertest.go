@@ -30,6 +30,7 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/admin"
 	"github.com/fenced-dev/fenced/clock"
 	"github.com/fenced-dev/fenced/driver"
 )
@@ -52,12 +53,11 @@ type Harness struct {
 	BadURLs []string
 	// Workers and Rounds size the mutual-exclusion test. Defaults 6 and 15.
 	Workers, Rounds int
-	// LeaseDefaults become Options.Defaults of every client the suite opens
+	// MinFence becomes Options.MinFence of every client the suite opens
 	// (unless a test sets its own). Backends whose fence is weaker than
-	// strict set MinFence (FenceRepeatable or FenceNone) here, since the
-	// suite's leases leave MinFence to the client, whose package default
-	// is FenceStrict.
-	LeaseDefaults fenced.LeaseOptions
+	// strict set it (FenceRepeatable or FenceNone), since the suite's
+	// leases leave MinFence to the client, whose default is FenceStrict.
+	MinFence fenced.FenceStrength
 }
 
 func (h *Harness) defaults() {
@@ -127,8 +127,8 @@ func (s *suite) client(t *testing.T, opts *fenced.Options) *fenced.Client {
 	if opts != nil {
 		o = *opts
 	}
-	if o.Defaults == (fenced.LeaseOptions{}) {
-		o.Defaults = s.h.LeaseDefaults
+	if o.MinFence == fenced.FenceUnset {
+		o.MinFence = s.h.MinFence
 	}
 	c := fenced.NewClient(s.h.Open(t), &o)
 	t.Cleanup(func() { c.Close() })
@@ -593,7 +593,7 @@ func (s *suite) testAdmin(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer other.Release(ctx)
-	list, err := c.List(ctx, prefix)
+	list, err := admin.List(ctx, c, prefix)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -623,24 +623,24 @@ func (s *suite) testAdmin(t *testing.T) {
 	if info.OwnerDigest != digests[prefix+"b"] {
 		t.Fatalf("Inspect owner digest %q, want driver.OwnerDigest of the owner %q", info.OwnerDigest, digests[prefix+"b"])
 	}
-	broken, err := c.Break(ctx, prefix+"b", "conformance test", "drivertest")
+	broken, err := admin.Break(ctx, c, prefix+"b", "conformance test", "drivertest")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if broken.Fence != leases[0].Fence() || broken.OwnerDigest != digests[prefix+"b"] {
 		t.Fatalf("Break reported fence %d owner digest %q, want %d and %q", broken.Fence, broken.OwnerDigest, leases[0].Fence(), digests[prefix+"b"])
 	}
-	if _, err := c.Break(ctx, prefix+"b", "again", "drivertest"); !errors.Is(err, fenced.ErrNotHeld) {
+	if _, err := admin.Break(ctx, c, prefix+"b", "again", "drivertest"); !errors.Is(err, fenced.ErrNotHeld) {
 		t.Fatalf("second Break: %v, want ErrNotHeld", err)
 	}
-	if _, err := c.Break(ctx, prefix+"a", "", "drivertest"); err == nil {
+	if _, err := admin.Break(ctx, c, prefix+"a", "", "drivertest"); err == nil {
 		t.Fatal("Break without a reason succeeded")
 	}
 	info, err = c.Inspect(ctx, prefix+"b")
 	if err != nil || info.Held || info.Fence != leases[0].Fence() || info.OwnerDigest != "" {
 		t.Fatalf("Inspect after break = %+v, %v; want free, fence kept, no owner", info, err)
 	}
-	if recs, err := c.Breaks(ctx, prefix+"b"); err == nil {
+	if recs, err := admin.Breaks(ctx, c, prefix+"b"); err == nil {
 		if len(recs) != 1 || recs[0].Reason != "conformance test" || recs[0].By != "drivertest" || recs[0].Fence != leases[0].Fence() || recs[0].Time.IsZero() {
 			t.Fatalf("break records = %+v", recs)
 		}
@@ -652,21 +652,21 @@ func (s *suite) testAdmin(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if list, _ := c.List(ctx, prefix); len(list) != 0 {
+	if list, _ := admin.List(ctx, c, prefix); len(list) != 0 {
 		t.Fatalf("List after releasing all = %+v", list)
 	}
 }
 
 func (s *suite) testBreakCancelsHolder(t *testing.T) {
 	ctx := ctxT(t)
-	holder, admin := s.client(t, nil), s.client(t, nil)
+	holder, operator := s.client(t, nil), s.client(t, nil)
 	key := uniqueKey(t, "breakholder")
 	ttl := s.h.ShortTTL
 	l, err := holder.TryAcquire(ctx, key, &fenced.LeaseOptions{TTL: ttl})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := admin.Break(ctx, key, "evict", "drivertest"); err != nil {
+	if _, err := admin.Break(ctx, operator, key, "evict", "drivertest"); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -677,7 +677,7 @@ func (s *suite) testBreakCancelsHolder(t *testing.T) {
 	if !errors.Is(l.Err(), fenced.ErrLost) && !errors.Is(l.Err(), fenced.ErrExpired) {
 		t.Fatalf("cause = %v, want ErrLost", l.Err())
 	}
-	l2, err := admin.TryAcquire(ctx, key, nil)
+	l2, err := operator.TryAcquire(ctx, key, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -688,7 +688,7 @@ func (s *suite) testBreakCancelsHolder(t *testing.T) {
 	if err := l.Release(ctx); !errors.Is(err, fenced.ErrNotHeld) {
 		t.Fatalf("evicted holder's release: %v, want ErrNotHeld", err)
 	}
-	if info, _ := admin.Inspect(ctx, key); !info.Held || info.Fence != l2.Fence() {
+	if info, _ := operator.Inspect(ctx, key); !info.Held || info.Fence != l2.Fence() {
 		t.Fatalf("evicted holder's release touched the new grant: %+v", info)
 	}
 }
@@ -749,7 +749,7 @@ func (s *suite) testBadInput(t *testing.T) {
 	ctx := ctxT(t)
 	c := s.client(t, nil)
 	key := uniqueKey(t, "bad")
-	before, err := c.List(ctx, "dt:")
+	before, err := admin.List(ctx, c, "dt:")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -784,13 +784,13 @@ func (s *suite) testBadInput(t *testing.T) {
 	if _, err := c.Inspect(ctx, ""); !errors.Is(err, fenced.ErrInvalidKey) {
 		t.Errorf("Inspect(\"\"): %v, want ErrInvalidKey", err)
 	}
-	if _, err := c.Break(ctx, "", "x", "y"); !errors.Is(err, fenced.ErrInvalidKey) {
+	if _, err := admin.Break(ctx, c, "", "x", "y"); !errors.Is(err, fenced.ErrInvalidKey) {
 		t.Errorf("Break(\"\"): %v, want ErrInvalidKey", err)
 	}
 	if _, err := c.Inspect(ctx, key); !errors.Is(err, fenced.ErrNotFound) {
 		t.Errorf("bad input left key %q in the store: Inspect = %v", key, err)
 	}
-	after, err := c.List(ctx, "dt:")
+	after, err := admin.List(ctx, c, "dt:")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1002,7 +1002,7 @@ func (s *suite) testLongWait(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.AfterFunc(2*ttl, func() { la.Release(context.Background()) })
-	lb, err := b.Acquire(ctx, key, &fenced.LeaseOptions{TTL: ttl, MaxWait: 30 * time.Second, AutoRenew: fenced.Off})
+	lb, err := b.Acquire(ctx, key, &fenced.LeaseOptions{TTL: ttl, MaxWait: 30 * time.Second, ManualRenew: true})
 	if err != nil {
 		t.Fatalf("waiter: %v", err)
 	}

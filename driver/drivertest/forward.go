@@ -57,7 +57,7 @@ func (s *suite) testGiveUpMidLook(t *testing.T) {
 	}
 	opts := func(attempts *atomic.Int64) *fenced.Options {
 		return &fenced.Options{MinBackoff: time.Minute, MaxBackoff: time.Minute, FallbackPoll: time.Minute,
-			Defaults: s.h.LeaseDefaults,
+			MinFence: s.h.MinFence,
 			Hooks:    fenced.Hooks{AcquireAttempt: func(fenced.AttemptEvent) { attempts.Add(1) }}}
 	}
 	var n1, n2 atomic.Int64

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/recipe"
 )
 
 // testObserverTakesNoWakeUp checks that an election observer (Observe, as
@@ -24,7 +25,7 @@ func (s *suite) testObserverTakesNoWakeUp(t *testing.T) {
 	key := uniqueKey(t, "observer")
 	var attempts atomic.Int64
 	opts := func(hooks fenced.Hooks) *fenced.Options {
-		return &fenced.Options{FallbackPoll: 2 * time.Second, MinBackoff: 5 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, Defaults: s.h.LeaseDefaults, Hooks: hooks}
+		return &fenced.Options{FallbackPoll: 2 * time.Second, MinBackoff: 5 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, MinFence: s.h.MinFence, Hooks: hooks}
 	}
 	holder := fenced.NewClient(s.h.Open(t), opts(fenced.Hooks{}))
 	waiterDrv := s.h.Open(t)
@@ -32,16 +33,16 @@ func (s *suite) testObserverTakesNoWakeUp(t *testing.T) {
 	watcher := fenced.NewClient(s.h.Open(t), opts(fenced.Hooks{}))
 	beside := fenced.NewClient(waiterDrv, opts(fenced.Hooks{})) // the waiter's driver
 	t.Cleanup(func() { holder.Close(); waiter.Close(); watcher.Close(); beside.Close() })
-	elOther, err := fenced.NewElection(watcher, key, nil)
+	elOther, err := recipe.NewElection(watcher, key, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	elBeside, err := fenced.NewElection(beside, key, nil)
+	elBeside, err := recipe.NewElection(beside, key, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	lease := &fenced.LeaseOptions{TTL: 30 * time.Second, MaxWait: 20 * time.Second}
-	handover := func(el *fenced.Election) time.Duration {
+	handover := func(el *recipe.Election) time.Duration {
 		t.Helper()
 		if el != nil {
 			octx, stop := context.WithCancel(ctx)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/recipe"
 )
 
 // orphanTTL is the TTL of the grants testCancelledAcquireLeavesNoGrant
@@ -133,16 +134,16 @@ func (s *suite) testCancelledAcquireLeavesNoGrant(t *testing.T) {
 	// the attempts that lose; a cancelled one gives up all of them.
 	const permits = 3
 	name := uniqueKey(t, "orphansem")
-	sem, err := fenced.NewSemaphore(c, name, permits, opts)
+	sem, err := recipe.NewSemaphore(c, name, permits, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	otherSem, err := fenced.NewSemaphore(other, name, permits, opts)
+	otherSem, err := recipe.NewSemaphore(other, name, permits, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for round := range 10 {
-		var held []*fenced.Permit
+		var held []*recipe.Permit
 		for range permits {
 			p, err := otherSem.TryAcquire(ctx)
 			if err != nil {
@@ -171,7 +172,7 @@ func (s *suite) testCancelledAcquireLeavesNoGrant(t *testing.T) {
 		}
 		wg.Wait()
 		for slot := range permits {
-			checkFree(fmt.Sprintf("semaphore round %d", round), fenced.PermitKey(name, slot))
+			checkFree(fmt.Sprintf("semaphore round %d", round), recipe.PermitKey(name, slot))
 		}
 	}
 }

@@ -4,7 +4,7 @@
 //
 // A session outlives each of its grants: other grants, or the client
 // library's own pings, keep it alive. A grant whose holder stopped renewing
-// (AutoRenew Off, a lost outcome, a waiter that gave up) must still end on
+// (ManualRenew, a lost outcome, a waiter that gave up) must still end on
 // time, so the driver arms a deadline per grant and deletes the grant's key
 // when the deadline passes without being pushed back. The authority's clock
 // still decides expiry when the process stalls: then the session lapses.

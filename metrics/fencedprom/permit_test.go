@@ -10,6 +10,7 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/metrics/fencedprom"
+	"github.com/fenced-dev/fenced/recipe"
 )
 
 // TestSemaphorePermitsAreOneGroup checks that the permits of a semaphore
@@ -28,7 +29,7 @@ func TestSemaphorePermitsAreOneGroup(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	sem, err := fenced.NewSemaphore(c, "encoders", 3, nil)
+	sem, err := recipe.NewSemaphore(c, "encoders", 3, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -29,6 +29,7 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/admin"
 	"github.com/fenced-dev/fenced/clock"
 	"github.com/fenced-dev/fenced/fence"
 	"github.com/fenced-dev/fenced/metrics"
@@ -66,11 +67,11 @@ func Run(t *testing.T, hooks func(store string) fenced.Hooks, held func()) {
 	seeRefusal := fenced.Hooks{AcquireAttempt: func(e fenced.AttemptEvent) { bAttempt.Store(int64(e.Attempt)) }}
 	clk := clock.NewFake(time.Now())
 	a, b, c := open(clk, fenced.Hooks{}), open(clock.Real(), seeRefusal), open(clock.Real(), fenced.Hooks{})
-	admin, err := fenced.Open(ctx, "sqlite://"+filepath.Join(dir, "leases.db"), nil)
+	operator, err := fenced.Open(ctx, "sqlite://"+filepath.Join(dir, "leases.db"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer admin.Close()
+	defer operator.Close()
 	db, guard := invoices(t, filepath.Join(dir, "billing.db"))
 
 	const key = "invoice:inv_72"
@@ -98,7 +99,7 @@ func Run(t *testing.T, hooks func(store string) fenced.Hooks, held func()) {
 		granted <- l
 	}()
 	waitFor(t, "B to find the key held", func() bool { return bAttempt.Load() >= 2 })
-	if _, err := admin.Break(ctx, key, "scenario", "metrics test"); err != nil {
+	if _, err := admin.Break(ctx, operator, key, "scenario", "metrics test"); err != nil {
 		t.Fatal(err)
 	}
 	lb := <-granted
@@ -122,7 +123,7 @@ func Run(t *testing.T, hooks func(store string) fenced.Hooks, held func()) {
 		t.Fatal(err)
 	}
 
-	daily, err := a.TryAcquire(ctx, "report:daily", &fenced.LeaseOptions{TTL: time.Second, AutoRenew: fenced.Off})
+	daily, err := a.TryAcquire(ctx, "report:daily", &fenced.LeaseOptions{TTL: time.Second, ManualRenew: true})
 	if err != nil {
 		t.Fatal(err)
 	}

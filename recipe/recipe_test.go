@@ -1,4 +1,4 @@
-package fenced_test
+package recipe_test
 
 import (
 	"context"
@@ -11,7 +11,9 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/admin"
 	_ "github.com/fenced-dev/fenced/mem"
+	"github.com/fenced-dev/fenced/recipe"
 	_ "github.com/fenced-dev/fenced/sqlite"
 )
 
@@ -43,12 +45,12 @@ func TestElectionOneLeaderEpochsAndNoLeader(t *testing.T) {
 	defer cancel()
 	cs := openN(t, sqliteURL(t), 4)
 	opts := &fenced.LeaseOptions{TTL: time.Second}
-	obsEl, err := fenced.NewElection(cs[3], "leader", opts)
+	obsEl, err := recipe.NewElection(cs[3], "leader", opts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	octx, stopObs := context.WithCancel(ctx)
-	var seen []fenced.Leader
+	var seen []recipe.Leader
 	obsDone := make(chan struct{})
 	go func() {
 		defer close(obsDone)
@@ -65,7 +67,7 @@ func TestElectionOneLeaderEpochsAndNoLeader(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			el, err := fenced.NewElection(cs[i], "leader", opts)
+			el, err := recipe.NewElection(cs[i], "leader", opts)
 			if err != nil {
 				t.Error(err)
 				return
@@ -92,7 +94,7 @@ func TestElectionOneLeaderEpochsAndNoLeader(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	time.Sleep(2 * fenced.ObserveEvery)
+	time.Sleep(2 * recipe.ObserveEvery)
 	stopObs()
 	<-obsDone
 	for i := 1; i < len(epochs); i++ {
@@ -129,22 +131,22 @@ func TestElectionRunCallbacks(t *testing.T) {
 	defer cancel()
 	cs := openN(t, sqliteURL(t), 2)
 	opts := &fenced.LeaseOptions{TTL: 2 * time.Second}
-	a, _ := fenced.NewElection(cs[0], "job", opts)
-	b, _ := fenced.NewElection(cs[1], "job", opts)
+	a, _ := recipe.NewElection(cs[0], "job", opts)
+	b, _ := recipe.NewElection(cs[1], "job", opts)
 
 	started := make(chan uint64, 1)
 	var stoppedCause error
-	var newLeaders []fenced.Leader
+	var newLeaders []recipe.Leader
 	var nlMu sync.Mutex
 	runErr := make(chan error, 1)
 	go func() {
-		runErr <- a.Run(ctx, "", fenced.Callbacks{
-			OnStartedLeading: func(ctx context.Context, l *fenced.Leadership) {
+		runErr <- a.Run(ctx, "", recipe.Callbacks{
+			OnStartedLeading: func(ctx context.Context, l *recipe.Leadership) {
 				started <- l.Epoch()
 				<-ctx.Done()
 			},
 			OnStoppedLeading: func(cause error) { stoppedCause = cause },
-			OnNewLeader: func(l fenced.Leader) {
+			OnNewLeader: func(l recipe.Leader) {
 				nlMu.Lock()
 				newLeaders = append(newLeaders, l)
 				nlMu.Unlock()
@@ -157,8 +159,8 @@ func TestElectionRunCallbacks(t *testing.T) {
 	bStopped := false
 	bErr := make(chan error, 1)
 	go func() {
-		bErr <- b.Run(bctx, "", fenced.Callbacks{
-			OnStartedLeading: func(ctx context.Context, l *fenced.Leadership) {
+		bErr <- b.Run(bctx, "", recipe.Callbacks{
+			OnStartedLeading: func(ctx context.Context, l *recipe.Leadership) {
 				if l.Epoch() <= epoch {
 					t.Errorf("second leader epoch %d not above %d", l.Epoch(), epoch)
 				}
@@ -169,7 +171,7 @@ func TestElectionRunCallbacks(t *testing.T) {
 		})
 	}()
 	time.Sleep(300 * time.Millisecond)
-	if _, err := cs[1].Break(ctx, "job", "test", "test"); err != nil {
+	if _, err := admin.Break(ctx, cs[1], "job", "test", "test"); err != nil {
 		t.Fatal(err)
 	}
 	err := <-runErr
@@ -193,8 +195,8 @@ func TestElectionRunCallbacks(t *testing.T) {
 	}
 
 	// A candidate that never leads is never told it stopped.
-	c, _ := fenced.NewElection(cs[1], "other", opts)
-	hold, err := fenced.NewElection(cs[0], "other", opts)
+	c, _ := recipe.NewElection(cs[1], "other", opts)
+	hold, err := recipe.NewElection(cs[0], "other", opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -206,7 +208,7 @@ func TestElectionRunCallbacks(t *testing.T) {
 	cctx, ccancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	defer ccancel()
 	called := false
-	if err := c.Run(cctx, "", fenced.Callbacks{OnStoppedLeading: func(error) { called = true }}); !errors.Is(err, context.DeadlineExceeded) {
+	if err := c.Run(cctx, "", recipe.Callbacks{OnStoppedLeading: func(error) { called = true }}); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Run of a candidate that never led = %v", err)
 	}
 	if called {
@@ -220,8 +222,8 @@ func TestElectionProclaim(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	cs := openN(t, "mem://election-proclaim", 2)
-	el, _ := fenced.NewElection(cs[0], "svc", nil)
-	obs, _ := fenced.NewElection(cs[1], "svc", nil)
+	el, _ := recipe.NewElection(cs[0], "svc", nil)
+	obs, _ := recipe.NewElection(cs[1], "svc", nil)
 	ch := obs.Observe(ctx)
 	if l := <-ch; l.Present {
 		t.Fatalf("first state %v; want no leader", l)
@@ -248,7 +250,7 @@ func TestElectionProclaim(t *testing.T) {
 	}
 
 	sq := openN(t, sqliteURL(t), 1)[0]
-	sel, _ := fenced.NewElection(sq, "svc", nil)
+	sel, _ := recipe.NewElection(sq, "svc", nil)
 	if _, err := sel.Campaign(ctx, "v"); !errors.Is(err, fenced.ErrUnsupported) {
 		t.Fatalf("Campaign with a value on SQLite = %v; want ErrUnsupported", err)
 	}
@@ -279,7 +281,7 @@ func TestSemaphoreLimitAndNoLeak(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			sem, err := fenced.NewSemaphore(cs[i], "pool", 3, opts)
+			sem, err := recipe.NewSemaphore(cs[i], "pool", 3, opts)
 			if err != nil {
 				t.Error(err)
 				return
@@ -312,10 +314,10 @@ func TestSemaphoreLimitAndNoLeak(t *testing.T) {
 		t.Fatalf("%d permits held at once, want at most 3", maxSeen)
 	}
 
-	// Three holders that never renew (AutoRenew Off stands in for a
+	// Three holders that never renew (ManualRenew stands in for a
 	// crash): a fourth waits and gets a permit once their TTL ran out.
 	crashed := openN(t, url, 1)[0]
-	dead, _ := fenced.NewSemaphore(crashed, "pool", 3, &fenced.LeaseOptions{TTL: time.Second, AutoRenew: fenced.Off})
+	dead, _ := recipe.NewSemaphore(crashed, "pool", 3, &fenced.LeaseOptions{TTL: time.Second, ManualRenew: true})
 	fences := map[int]uint64{}
 	for range 3 {
 		p, err := dead.TryAcquire(ctx)
@@ -324,7 +326,7 @@ func TestSemaphoreLimitAndNoLeak(t *testing.T) {
 		}
 		fences[p.Slot()] = p.Fence()
 	}
-	sem, _ := fenced.NewSemaphore(cs[0], "pool", 3, opts)
+	sem, _ := recipe.NewSemaphore(cs[0], "pool", 3, opts)
 	if _, err := sem.TryAcquire(ctx); !errors.Is(err, fenced.ErrHeld) {
 		t.Fatalf("TryAcquire with every permit held = %v; want ErrHeld", err)
 	}
@@ -335,12 +337,12 @@ func TestSemaphoreLimitAndNoLeak(t *testing.T) {
 	if p.Fence() <= fences[p.Slot()] {
 		t.Fatalf("permit %d fence %d not above the dead holder's %d", p.Slot(), p.Fence(), fences[p.Slot()])
 	}
-	if p.Key() != fenced.PermitKey("pool", p.Slot()) {
+	if p.Key() != recipe.PermitKey("pool", p.Slot()) {
 		t.Fatalf("permit key %q", p.Key())
 	}
 	p.Release(ctx)
 
-	if _, err := fenced.NewSemaphore(cs[0], "pool", 0, nil); !errors.Is(err, fenced.ErrInvalidOptions) {
+	if _, err := recipe.NewSemaphore(cs[0], "pool", 0, nil); !errors.Is(err, fenced.ErrInvalidOptions) {
 		t.Fatalf("zero permits = %v", err)
 	}
 }
@@ -361,7 +363,7 @@ func TestAcquireAllOrderAndAllOrNothing(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for range 10 {
-				set, err := cs[i].AcquireAll(ctx, keys, opts)
+				set, err := recipe.AcquireAll(ctx, cs[i], keys, opts)
 				if err != nil {
 					t.Error(err)
 					return
@@ -384,7 +386,7 @@ func TestAcquireAllOrderAndAllOrNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = cs[0].AcquireAll(ctx, []string{"b", "a"}, &fenced.LeaseOptions{MaxWait: 100 * time.Millisecond})
+	_, err = recipe.AcquireAll(ctx, cs[0], []string{"b", "a"}, &fenced.LeaseOptions{MaxWait: 100 * time.Millisecond})
 	if !errors.Is(err, fenced.ErrHeld) {
 		t.Fatalf("AcquireAll with b held = %v; want ErrHeld", err)
 	}
@@ -393,7 +395,7 @@ func TestAcquireAllOrderAndAllOrNothing(t *testing.T) {
 	}
 	lb.Release(ctx)
 
-	set, err := cs[0].AcquireAll(ctx, []string{"b", "a"}, &fenced.LeaseOptions{TTL: time.Second})
+	set, err := recipe.AcquireAll(ctx, cs[0], []string{"b", "a"}, &fenced.LeaseOptions{TTL: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -404,7 +406,7 @@ func TestAcquireAllOrderAndAllOrNothing(t *testing.T) {
 	if f["a"] == 0 || f["b"] == 0 {
 		t.Fatalf("fences %v", f)
 	}
-	if _, err := cs[1].Break(ctx, "b", "test", "test"); err != nil {
+	if _, err := admin.Break(ctx, cs[1], "b", "test", "test"); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -423,7 +425,7 @@ func TestAcquireAllOrderAndAllOrNothing(t *testing.T) {
 	}
 
 	for _, bad := range [][]string{nil, {"a", "a"}, {"a", ""}} {
-		if _, err := cs[0].AcquireAll(ctx, bad, nil); !errors.Is(err, fenced.ErrInvalidKey) {
+		if _, err := recipe.AcquireAll(ctx, cs[0], bad, nil); !errors.Is(err, fenced.ErrInvalidKey) {
 			t.Fatalf("AcquireAll(%q) = %v; want ErrInvalidKey", bad, err)
 		}
 	}

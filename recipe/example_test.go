@@ -1,4 +1,4 @@
-package fenced_test
+package recipe_test
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/fence"
 	_ "github.com/fenced-dev/fenced/mem"
+	"github.com/fenced-dev/fenced/recipe"
 )
 
 // A leader sends its epoch with every command; the resource refuses an
@@ -22,12 +23,12 @@ func ExampleElection() {
 		log.Fatal(err)
 	}
 	defer client.Close()
-	election, err := fenced.NewElection(client, "scheduler", &fenced.LeaseOptions{TTL: 10 * time.Second})
+	election, err := recipe.NewElection(client, "scheduler", &fenced.LeaseOptions{TTL: 10 * time.Second})
 	if err != nil {
 		log.Fatal(err)
 	}
 	resource := fence.NewMemoryStore() // stands in for a fenced follower or database
-	command := func(l *fenced.Leadership) string {
+	command := func(l *recipe.Leadership) string {
 		res, done, err := resource.Admit(ctx, fence.From(l.Lease()))
 		if err != nil {
 			return err.Error()
@@ -73,7 +74,7 @@ func ExampleElection_Observe() {
 		log.Fatal(err)
 	}
 	defer client.Close()
-	election, _ := fenced.NewElection(client, "api", nil)
+	election, _ := recipe.NewElection(client, "api", nil)
 	changes := election.Observe(ctx)
 	fmt.Println(<-changes)
 	l, _ := election.Campaign(ctx, "a")
@@ -98,9 +99,9 @@ func ExampleElection_Run() {
 		log.Fatal(err)
 	}
 	defer client.Close()
-	election, _ := fenced.NewElection(client, "reconciler", nil)
-	err = election.Run(ctx, "", fenced.Callbacks{
-		OnStartedLeading: func(ctx context.Context, l *fenced.Leadership) {
+	election, _ := recipe.NewElection(client, "reconciler", nil)
+	err = election.Run(ctx, "", recipe.Callbacks{
+		OnStartedLeading: func(ctx context.Context, l *recipe.Leadership) {
 			fmt.Println("leading with epoch", l.Epoch())
 			// Lead until ctx is cancelled; here the work is short and
 			// returning resigns.
@@ -125,7 +126,7 @@ func ExampleSemaphore() {
 		log.Fatal(err)
 	}
 	defer client.Close()
-	sem, err := fenced.NewSemaphore(client, "encoders", 2, &fenced.LeaseOptions{MaxWait: time.Minute})
+	sem, err := recipe.NewSemaphore(client, "encoders", 2, &fenced.LeaseOptions{MaxWait: time.Minute})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -147,14 +148,14 @@ func ExampleSemaphore() {
 
 // AcquireAll takes the keys in one canonical order, so callers naming them
 // in any order never deadlock, and gives each key its own fence.
-func ExampleClient_AcquireAll() {
+func ExampleAcquireAll() {
 	ctx := context.Background()
 	client, err := fenced.Open(ctx, "mem://example-acquire-all", nil)
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer client.Close()
-	set, err := client.AcquireAll(ctx, []string{"account:17", "account:4"}, &fenced.LeaseOptions{MaxWait: time.Minute})
+	set, err := recipe.AcquireAll(ctx, client, []string{"account:17", "account:4"}, &fenced.LeaseOptions{MaxWait: time.Minute})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -165,7 +166,7 @@ func ExampleClient_AcquireAll() {
 
 	// All or nothing: with account:4 held elsewhere, nothing is taken.
 	other, _ := client.TryAcquire(ctx, "account:4", nil)
-	_, err = client.AcquireAll(ctx, []string{"account:4", "account:17"}, nil)
+	_, err = recipe.AcquireAll(ctx, client, []string{"account:4", "account:17"}, nil)
 	info, _ := client.Inspect(ctx, "account:17")
 	fmt.Println(errors.Is(err, fenced.ErrHeld), "account:17 held:", info.Held)
 	other.Release(ctx)

@@ -1,4 +1,4 @@
-package fenced_test
+package recipe_test
 
 import (
 	"context"
@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/admin"
+	"github.com/fenced-dev/fenced/recipe"
 )
 
 // TestAcquireAllFailsWhenAnEarlierLeaseWasBroken breaks k1 on SQLite
@@ -18,24 +20,24 @@ func TestAcquireAllFailsWhenAnEarlierLeaseWasBroken(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cs := openN(t, sqliteURL(t), 2)
-	c, admin := cs[0], cs[1]
+	c, operator := cs[0], cs[1]
 	opts := &fenced.LeaseOptions{TTL: 30 * time.Second, MaxWait: 20 * time.Second}
-	k2, err := admin.TryAcquire(ctx, "k2", opts)
+	k2, err := operator.TryAcquire(ctx, "k2", opts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	type result struct {
-		set *fenced.LeaseSet
+		set *recipe.LeaseSet
 		err error
 	}
 	done := make(chan result, 1)
 	go func() {
-		set, err := c.AcquireAll(ctx, []string{"k2", "k1"}, opts)
+		set, err := recipe.AcquireAll(ctx, c, []string{"k2", "k1"}, opts)
 		done <- result{set, err}
 	}()
 	// AcquireAll holds k1 and waits for k2.
 	for {
-		info, err := admin.Inspect(ctx, "k1")
+		info, err := operator.Inspect(ctx, "k1")
 		if err == nil && info.Held {
 			break
 		}
@@ -44,7 +46,7 @@ func TestAcquireAllFailsWhenAnEarlierLeaseWasBroken(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	if _, err := admin.Break(ctx, "k1", "test", "test"); err != nil {
+	if _, err := admin.Break(ctx, operator, "k1", "test", "test"); err != nil {
 		t.Fatal(err)
 	}
 	if err := k2.Release(ctx); err != nil {
@@ -59,7 +61,7 @@ func TestAcquireAllFailsWhenAnEarlierLeaseWasBroken(t *testing.T) {
 	if !errors.Is(r.err, fenced.ErrNotHeld) && !fenced.IsLost(r.err) {
 		t.Fatalf("AcquireAll = %v; want the loss of k1", r.err)
 	}
-	if l, err := admin.TryAcquire(ctx, "k2", opts); err != nil {
+	if l, err := operator.TryAcquire(ctx, "k2", opts); err != nil {
 		t.Fatalf("k2 after the failed AcquireAll: %v; want free", err)
 	} else {
 		l.Release(ctx)
@@ -73,13 +75,13 @@ func TestLeaseSetReflectsALossAtOnce(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cs := openN(t, sqliteURL(t), 2)
-	c, admin := cs[0], cs[1]
+	c, operator := cs[0], cs[1]
 	for range 20 {
-		set, err := c.AcquireAll(ctx, []string{"a", "b"}, &fenced.LeaseOptions{TTL: 30 * time.Second})
+		set, err := recipe.AcquireAll(ctx, c, []string{"a", "b"}, &fenced.LeaseOptions{TTL: 30 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := admin.Break(ctx, "a", "test", "test"); err != nil {
+		if _, err := admin.Break(ctx, operator, "a", "test", "test"); err != nil {
 			t.Fatal(err)
 		}
 		lease := set.Leases()[0]

@@ -1,4 +1,4 @@
-package fenced_test
+package admin_test
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/admin"
 	_ "github.com/fenced-dev/fenced/mem"
 	_ "github.com/fenced-dev/fenced/sqlite"
 )
@@ -17,7 +18,7 @@ import (
 // Keys moved to a new table start their counters again; seeding the new
 // table's floor with the old table's highest fence keeps every key above
 // the fences its resources have seen.
-func ExampleClient_RaiseFenceFloor() {
+func ExampleRaiseFenceFloor() {
 	dir, _ := os.MkdirTemp("", "fenced-example-")
 	defer os.RemoveAll(dir)
 	ctx := context.Background()
@@ -35,7 +36,7 @@ func ExampleClient_RaiseFenceFloor() {
 		}
 		l.Release(ctx)
 	}
-	info, err := old.FenceFloor(ctx)
+	info, err := admin.FenceFloor(ctx, old)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -45,7 +46,7 @@ func ExampleClient_RaiseFenceFloor() {
 		log.Fatal(err)
 	}
 	defer moved.Close()
-	floor, err := moved.RaiseFenceFloor(ctx, max(info.Floor, info.MaxFence))
+	floor, err := admin.RaiseFenceFloor(ctx, moved, max(info.Floor, info.MaxFence))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -60,7 +61,7 @@ func ExampleClient_RaiseFenceFloor() {
 
 // Prune deletes the rows of keys nobody used for a while; the floor keeps
 // a pruned key's next fence above its old ones.
-func ExampleClient_Prune() {
+func ExamplePrune() {
 	dir, _ := os.MkdirTemp("", "fenced-example-")
 	defer os.RemoveAll(dir)
 	ctx := context.Background()
@@ -76,7 +77,7 @@ func ExampleClient_Prune() {
 		}
 		l.Release(ctx)
 	}
-	res, err := client.Prune(ctx, 30*24*time.Hour)
+	res, err := admin.Prune(ctx, client, 30*24*time.Hour)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -93,9 +94,50 @@ func ExampleClient_Prune() {
 		log.Fatal(err)
 	}
 	defer mem.Close()
-	_, err = mem.Prune(ctx, time.Hour)
+	_, err = admin.Prune(ctx, mem, time.Hour)
 	fmt.Println(errors.Is(err, fenced.ErrUnsupported))
 	// Output:
 	// pruned: 1 floor: 2 next fence: 3
 	// true
+}
+
+// An operator lists the held leases, breaks a wedged holder's lease and
+// reads the audit log. The holder's next renewal is refused, and the next
+// grant of the key gets a higher fence.
+func ExampleBreak() {
+	ctx := context.Background()
+	client, err := fenced.Open(ctx, "mem://example-break", nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.Close()
+	if _, err := client.TryAcquire(ctx, "job:nightly", nil); err != nil {
+		log.Fatal(err)
+	}
+
+	held, err := admin.List(ctx, client, "job:")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("held:", held[0].Key, "fence", held[0].Fence)
+
+	broken, err := admin.Break(ctx, client, "job:nightly", "host wedged, OPS-12", "alice")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("broke fence", broken.Fence)
+
+	recs, err := admin.Breaks(ctx, client, "job:nightly")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("audit: %s broke %s: %s\n", recs[0].By, recs[0].Key, recs[0].Reason)
+
+	_, err = admin.Break(ctx, client, "job:nightly", "again", "alice")
+	fmt.Println("nothing held:", errors.Is(err, fenced.ErrNotHeld))
+	// Output:
+	// held: job:nightly fence 1
+	// broke fence 1
+	// audit: alice broke job:nightly: host wedged, OPS-12
+	// nothing held: true
 }

@@ -1,60 +1,53 @@
-package fenced
+package recipe
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
+	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 )
 
 // Election is leader election on one name: a lease on the name, held for
-// as long as the leader leads and kept alive by renewal. The lease's fence
-// is the leader's epoch: every new leader has a higher one, so a follower
-// or a downstream resource that remembers the highest epoch it has seen
-// refuses commands from a deposed leader (package fence does this for SQL,
-// Redis, etcd and HTTP resources; pass Leadership.Epoch as the fence and
-// the name as the key).
+// as long as the leader leads. The lease's fence is the leader's epoch.
+// Every new leader has a higher one, so a resource that remembers the
+// highest epoch it has seen refuses a deposed leader. Pass Leadership.Epoch
+// as the fence and the name as the key to a guard in package fence.
 //
-// An Election works on every backend through the portable Client, with the
-// guarantees the backend declares (Client.Guarantees): on etcd and
-// ZooKeeper candidates wait in a FIFO queue; elsewhere they are woken by
-// notification or poll. On etcd the election uses etcd's own election key
-// layout, so `etcdctl elect NAME` on the backend's lock name for the same
-// key (etcd.Driver.LockName) and fenced exclude each other.
+// An Election works on every backend, with the guarantees the backend
+// declares. On etcd and ZooKeeper candidates wait in a FIFO queue;
+// elsewhere they are woken by notification or poll. On etcd it uses
+// etcd's own election key layout, so `etcdctl elect` on the same name
+// (etcd.Driver.LockName) and fenced exclude each other.
 //
-// The pitfalls of other implementations do not arise:
-//
-//   - leadership is a lease measured on the local monotonic clock, so a
-//     leader cut off from the store stops leading (its context is
-//     cancelled) before the store can elect another, never after;
-//   - a candidate whose own session at the store ended while it waited
-//     (etcd) starts a new campaign instead of waiting forever;
-//   - Observe reports "no leader" between two leaders;
-//   - Run calls OnStoppedLeading only for a term that started.
+// A leader cut off from the store stops leading (its context is
+// cancelled) before the store can elect another. docs/recipes.md compares
+// it with other elections.
 //
 // An Election is safe for concurrent use; each Campaign is one candidacy.
 type Election struct {
-	c    *Client
+	c    *fenced.Client
 	name string
-	opts LeaseOptions
+	opts fenced.LeaseOptions
 }
 
 // NewElection returns the election on name (validated like a key), whose
-// leaderships are leases with opts (nil: the client's defaults). MaxWait is
+// leaderships are leases with opts (nil for the defaults). MaxWait is
 // ignored: Campaign waits until its context ends. It returns an error
 // matching ErrInvalidKey, ErrInvalidOptions or ErrNoFence when name or
 // opts cannot be used.
-func NewElection(c *Client, name string, opts *LeaseOptions) (*Election, error) {
-	if err := ValidateKey(name); err != nil {
+func NewElection(c *fenced.Client, name string, opts *fenced.LeaseOptions) (*Election, error) {
+	if err := fenced.ValidateKey(name); err != nil {
 		return nil, fmt.Errorf("fenced: election: %w", err)
 	}
 	e := &Election{c: c, name: name}
 	if opts != nil {
 		e.opts = *opts
 	}
-	e.opts.MaxWait = WaitForever
+	e.opts.MaxWait = fenced.WaitForever
 	if _, err := c.Resolve(&e.opts); err != nil {
 		return nil, fmt.Errorf("fenced: election %q: %w", name, err)
 	}
@@ -69,7 +62,7 @@ func (e *Election) Name() string { return e.name }
 // and Proclaim return ErrUnsupported, and Observe reports leaders without
 // a value.
 func (e *Election) CanProclaim() bool {
-	_, ok := e.c.drv.(driver.Valuer)
+	_, ok := e.c.Driver().(driver.Valuer)
 	return ok
 }
 
@@ -82,9 +75,9 @@ func (e *Election) CanProclaim() bool {
 //
 // The leadership outlives ctx: end it with Resign.
 func (e *Election) Campaign(ctx context.Context, value string) (*Leadership, error) {
-	valuer, _ := e.c.drv.(driver.Valuer)
+	valuer, _ := e.c.Driver().(driver.Valuer)
 	if value != "" && valuer == nil {
-		return nil, fmt.Errorf("fenced: campaign %q: %w: this backend has no slot for a leader's value (etcd and mem have one); campaign with an empty value", e.name, ErrUnsupported)
+		return nil, fmt.Errorf("fenced: campaign %q: %w: this backend has no slot for a leader's value (etcd and mem have one); campaign with an empty value", e.name, fenced.ErrUnsupported)
 	}
 	for attempt := 0; ; attempt++ {
 		l, err := e.c.Acquire(ctx, e.name, &e.opts)
@@ -98,17 +91,17 @@ func (e *Election) Campaign(ctx context.Context, value string) (*Leadership, err
 			if err = ld.publish(ctx, value); err == nil {
 				return ld, nil
 			}
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.c.opts.CloseTimeout)
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.c.CloseTimeout())
 			_ = l.Release(rctx)
 			cancel()
 		}
-		if !errors.Is(err, ErrUnavailable) && !errors.Is(err, ErrUnknownOutcome) && !errors.Is(err, ErrNotHeld) {
+		if !errors.Is(err, fenced.ErrUnavailable) && !errors.Is(err, fenced.ErrUnknownOutcome) && !errors.Is(err, fenced.ErrNotHeld) {
 			return nil, err
 		}
 		if ctx.Err() != nil {
 			return nil, context.Cause(ctx)
 		}
-		t := e.c.clock.NewTimer(e.c.backoff(attempt))
+		t := e.c.Clock().NewTimer(e.c.Backoff(attempt))
 		select {
 		case <-t.C():
 		case <-ctx.Done():
@@ -123,16 +116,16 @@ func (e *Election) Campaign(ctx context.Context, value string) (*Leadership, err
 // led).
 func (e *Election) Leader(ctx context.Context) (Leader, error) {
 	var (
-		info  LeaseInfo
+		info  fenced.LeaseInfo
 		value string
 		err   error
 	)
-	if v, ok := e.c.drv.(driver.Valuer); ok {
+	if v, ok := e.c.Driver().(driver.Valuer); ok {
 		info, value, err = v.Value(ctx, e.name)
 	} else {
-		info, err = e.c.drv.Inspect(ctx, e.name)
+		info, err = e.c.Driver().Inspect(ctx, e.name)
 	}
-	if errors.Is(err, ErrNotFound) {
+	if errors.Is(err, fenced.ErrNotFound) {
 		return Leader{}, nil
 	}
 	if err != nil {
@@ -214,7 +207,7 @@ func (e *Election) observe(ctx context.Context, ch chan<- Leader) {
 	// Only an observer's subscription: a waiter's could take the one
 	// wake-up a release gives the candidates (driver.ObserveNotifier).
 	var sub driver.Subscription
-	if n, ok := e.c.drv.(driver.ObserveNotifier); ok {
+	if n, ok := e.c.Driver().(driver.ObserveNotifier); ok {
 		if s, err := n.SubscribeObserver(ctx, e.name); err == nil {
 			sub = s
 			defer s.Close()
@@ -255,7 +248,7 @@ func (e *Election) observe(ctx context.Context, ch chan<- Leader) {
 		if sub != nil {
 			subC = sub.C()
 		}
-		t := e.c.clock.NewTimer(wait)
+		t := e.c.Clock().NewTimer(wait)
 		select {
 		case <-t.C():
 		case <-subC:
@@ -269,7 +262,9 @@ func (e *Election) observe(ctx context.Context, ch chan<- Leader) {
 // for concurrent use.
 type Leadership struct {
 	e     *Election
-	lease *Lease
+	lease *fenced.Lease
+
+	mu    sync.Mutex
 	value string
 }
 
@@ -279,7 +274,7 @@ type Leadership struct {
 func (l *Leadership) Epoch() uint64 { return l.lease.Fence() }
 
 // Lease returns the lease behind the leadership.
-func (l *Leadership) Lease() *Lease { return l.lease }
+func (l *Leadership) Lease() *fenced.Lease { return l.lease }
 
 // Context returns a context cancelled, with the lease's cause, the moment
 // leadership is lost or resigned. Lead under it.
@@ -295,8 +290,8 @@ func (l *Leadership) Err() error { return l.lease.Err() }
 
 // Value returns the value last proclaimed by this leader.
 func (l *Leadership) Value() string {
-	l.e.c.mu.Lock()
-	defer l.e.c.mu.Unlock()
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	return l.value
 }
 
@@ -307,7 +302,7 @@ func (l *Leadership) Value() string {
 // process no longer leads.
 func (l *Leadership) Proclaim(ctx context.Context, value string) error {
 	if !l.e.CanProclaim() {
-		return fmt.Errorf("fenced: proclaim %q: %w: this backend has no slot for a leader's value", l.e.name, ErrUnsupported)
+		return fmt.Errorf("fenced: proclaim %q: %w: this backend has no slot for a leader's value", l.e.name, fenced.ErrUnsupported)
 	}
 	return l.publish(ctx, value)
 }
@@ -316,17 +311,24 @@ func (l *Leadership) publish(ctx context.Context, value string) error {
 	if err := l.lease.Err(); err != nil {
 		return fmt.Errorf("fenced: proclaim %q: %w", l.e.name, err)
 	}
-	v := l.e.c.drv.(driver.Valuer)
-	if err := v.SetValue(ctx, l.lease.grant(), value); err != nil {
-		if errors.Is(err, ErrNotHeld) {
-			l.lease.lose(fmt.Errorf("%w: the store refused the proclamation: %v", ErrLost, err))
+	v := l.e.c.Driver().(driver.Valuer)
+	if err := v.SetValue(ctx, grantOf(l.lease), value); err != nil {
+		if errors.Is(err, fenced.ErrNotHeld) {
+			// The store no longer has this grant. A renewal asks it
+			// once more and, refused, ends the lease with ErrLost.
+			_ = l.lease.Renew(ctx)
 		}
 		return fmt.Errorf("fenced: proclaim %q: %w", l.e.name, err)
 	}
-	l.e.c.mu.Lock()
+	l.mu.Lock()
 	l.value = value
-	l.e.c.mu.Unlock()
+	l.mu.Unlock()
 	return nil
+}
+
+// grantOf is l's grant as drivers see it.
+func grantOf(l *fenced.Lease) driver.Grant {
+	return driver.Grant{Key: l.Key(), Owner: l.Owner(), Fence: l.Fence(), TTL: l.TTL()}
 }
 
 // Resign ends the term: the leadership's context is cancelled first, then
@@ -385,21 +387,21 @@ func (e *Election) Run(ctx context.Context, value string, cb Callbacks) error {
 		cb.OnStartedLeading(lctx, ld)
 	}
 	stop()
-	cancel(ErrReleased)
+	cancel(fenced.ErrReleased)
 	cause := ld.Err()
-	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), e.c.opts.CloseTimeout)
+	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), e.c.CloseTimeout())
 	relErr := ld.Resign(rctx)
 	rcancel()
 	if cause == nil {
-		cause = ErrReleased
-		if relErr != nil && errors.Is(relErr, ErrNotHeld) {
-			cause = fmt.Errorf("%w: %v", ErrLost, relErr)
+		cause = fenced.ErrReleased
+		if relErr != nil && errors.Is(relErr, fenced.ErrNotHeld) {
+			cause = fmt.Errorf("%w: %v", fenced.ErrLost, relErr)
 		}
 	}
 	if cb.OnStoppedLeading != nil {
 		cb.OnStoppedLeading(cause)
 	}
-	if errors.Is(cause, ErrReleased) {
+	if errors.Is(cause, fenced.ErrReleased) {
 		return nil
 	}
 	return cause

@@ -1,17 +1,18 @@
-package fenced
+package admin
 
 import (
 	"context"
 	"fmt"
 	"time"
 
+	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 )
 
-// FloorInfo describes a store's fence floor; see Client.FenceFloor.
+// FloorInfo describes a store's fence floor; see FenceFloor.
 type FloorInfo = driver.FloorInfo
 
-// PruneResult is what Client.Prune did.
+// PruneResult is what Prune did.
 type PruneResult = driver.PruneResult
 
 // MaxFenceFloor is the highest fence floor a store accepts.
@@ -26,10 +27,10 @@ var ErrInvalidFloor = driver.ErrInvalidFloor
 // store or table with (RaiseFenceFloor there) before moving keys to it, so
 // that no resource ever sees a fence go back. Stores without a floor (all
 // but the SQL ones) return ErrUnsupported.
-func (c *Client) FenceFloor(ctx context.Context) (FloorInfo, error) {
-	ff, ok := c.drv.(driver.FenceFloorer)
+func FenceFloor(ctx context.Context, c *fenced.Client) (FloorInfo, error) {
+	ff, ok := c.Driver().(driver.FenceFloorer)
 	if !ok {
-		return FloorInfo{}, fmt.Errorf("fenced: fence floor: %w", ErrUnsupported)
+		return FloorInfo{}, fmt.Errorf("fenced: fence floor: %w", fenced.ErrUnsupported)
 	}
 	info, err := ff.FenceFloor(ctx)
 	if err != nil {
@@ -45,10 +46,10 @@ func (c *Client) FenceFloor(ctx context.Context) (FloorInfo, error) {
 // another table or store, lease rows deleted by hand) while resources hold
 // fences from before. A floor above MaxFenceFloor fails with
 // ErrInvalidFloor; stores without a floor return ErrUnsupported.
-func (c *Client) RaiseFenceFloor(ctx context.Context, floor uint64) (uint64, error) {
-	ff, ok := c.drv.(driver.FenceFloorer)
+func RaiseFenceFloor(ctx context.Context, c *fenced.Client, floor uint64) (uint64, error) {
+	ff, ok := c.Driver().(driver.FenceFloorer)
 	if !ok {
-		return 0, fmt.Errorf("fenced: raise fence floor: %w", ErrUnsupported)
+		return 0, fmt.Errorf("fenced: raise fence floor: %w", fenced.ErrUnsupported)
 	}
 	got, err := ff.RaiseFenceFloor(ctx, floor)
 	if err != nil {
@@ -64,12 +65,12 @@ func (c *Client) RaiseFenceFloor(ctx context.Context, floor uint64) (uint64, err
 // otherwise keep one row per key for ever. Where a store does not record
 // when a grant was released (MySQL, SQLite), a released or broken key is
 // old enough for any olderThan. A negative olderThan fails with
-// ErrInvalidTTL; stores that keep no per-key state to prune return
+// fenced.ErrInvalidTTL; stores that keep no per-key state to prune return
 // ErrUnsupported.
-func (c *Client) Prune(ctx context.Context, olderThan time.Duration) (PruneResult, error) {
-	p, ok := c.drv.(driver.Pruner)
+func Prune(ctx context.Context, c *fenced.Client, olderThan time.Duration) (PruneResult, error) {
+	p, ok := c.Driver().(driver.Pruner)
 	if !ok {
-		return PruneResult{}, fmt.Errorf("fenced: prune: %w", ErrUnsupported)
+		return PruneResult{}, fmt.Errorf("fenced: prune: %w", fenced.ErrUnsupported)
 	}
 	res, err := p.Prune(ctx, olderThan)
 	if err != nil {

@@ -1,4 +1,4 @@
-package fenced
+package recipe
 
 import (
 	"context"
@@ -7,6 +7,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/fenced-dev/fenced"
 )
 
 // AcquireAll acquires a lease on every key, all or nothing. It takes the
@@ -31,7 +33,7 @@ import (
 //
 // keys must be non-empty and name no key twice; errors match ErrInvalidKey
 // then. opts may be nil.
-func (c *Client) AcquireAll(ctx context.Context, keys []string, opts *LeaseOptions) (*LeaseSet, error) {
+func AcquireAll(ctx context.Context, c *fenced.Client, keys []string, opts *fenced.LeaseOptions) (*LeaseSet, error) {
 	ordered, err := canonicalKeys(keys)
 	if err != nil {
 		return nil, fmt.Errorf("fenced: acquire all: %w", err)
@@ -40,22 +42,22 @@ func (c *Client) AcquireAll(ctx context.Context, keys []string, opts *LeaseOptio
 	if err != nil {
 		return nil, fmt.Errorf("fenced: acquire all: %w", err)
 	}
-	var o LeaseOptions
+	var o fenced.LeaseOptions
 	if opts != nil {
 		o = *opts
 	}
 	var deadline time.Time
-	if spec.MaxWait != NoWait && spec.MaxWait != WaitForever {
-		deadline = c.clock.Now().Add(spec.MaxWait)
+	if spec.MaxWait != fenced.NoWait && spec.MaxWait != fenced.WaitForever {
+		deadline = c.Clock().Now().Add(spec.MaxWait)
 	}
 	set := &LeaseSet{c: c}
 	for _, key := range ordered {
 		if !deadline.IsZero() {
-			left := deadline.Sub(c.clock.Now())
+			left := deadline.Sub(c.Clock().Now())
 			if left <= 0 {
 				// Wait once more, as little as possible: a free key is
 				// still taken, a held one fails at once.
-				o.MaxWait = NoWait
+				o.MaxWait = fenced.NoWait
 			} else {
 				o.MaxWait = left
 			}
@@ -87,7 +89,7 @@ func (s *LeaseSet) confirm(ctx context.Context) error {
 	errs := make([]error, len(s.leases))
 	var wg sync.WaitGroup
 	for i, l := range s.leases[:len(s.leases)-1] {
-		if l.failedOpen {
+		if l.FailedOpen() {
 			continue
 		}
 		wg.Add(1)
@@ -101,7 +103,7 @@ func (s *LeaseSet) confirm(ctx context.Context) error {
 		if err := l.Err(); err != nil {
 			return fmt.Errorf("the lease on %q ended meanwhile: %w", l.Key(), err)
 		}
-		if errors.Is(errs[i], ErrNotHeld) {
+		if errors.Is(errs[i], fenced.ErrNotHeld) {
 			return fmt.Errorf("the lease on %q was lost meanwhile: %w", l.Key(), errs[i])
 		}
 	}
@@ -111,16 +113,16 @@ func (s *LeaseSet) confirm(ctx context.Context) error {
 // canonicalKeys validates keys and returns them sorted.
 func canonicalKeys(keys []string) ([]string, error) {
 	if len(keys) == 0 {
-		return nil, fmt.Errorf("%w: no keys", ErrInvalidKey)
+		return nil, fmt.Errorf("%w: no keys", fenced.ErrInvalidKey)
 	}
 	ordered := slices.Clone(keys)
 	slices.Sort(ordered)
 	for i, k := range ordered {
-		if err := ValidateKey(k); err != nil {
+		if err := fenced.ValidateKey(k); err != nil {
 			return nil, err
 		}
 		if i > 0 && ordered[i-1] == k {
-			return nil, fmt.Errorf("%w: key %q is named twice", ErrInvalidKey, k)
+			return nil, fmt.Errorf("%w: key %q is named twice", fenced.ErrInvalidKey, k)
 		}
 	}
 	return ordered, nil
@@ -129,8 +131,8 @@ func canonicalKeys(keys []string) ([]string, error) {
 // LeaseSet is the leases AcquireAll took, one per key, in canonical order.
 // Its methods are safe for concurrent use.
 type LeaseSet struct {
-	c      *Client
-	leases []*Lease
+	c      *fenced.Client
+	leases []*fenced.Lease
 
 	ctx    context.Context
 	cancel context.CancelCauseFunc
@@ -154,7 +156,7 @@ func (s *LeaseSet) start(parent context.Context) {
 
 // lost cancels the set's context with the cause of l, which has ended
 // (unless the set's context was cancelled already).
-func (s *LeaseSet) lost(l *Lease) {
+func (s *LeaseSet) lost(l *fenced.Lease) {
 	s.cancel(fmt.Errorf("lease on %q: %w", l.Key(), context.Cause(l.Context())))
 }
 
@@ -163,7 +165,7 @@ func (s *LeaseSet) lost(l *Lease) {
 // while one of its leases is not.
 func (s *LeaseSet) check() {
 	for _, l := range s.leases {
-		if l.ctx.Err() != nil {
+		if l.Context().Err() != nil {
 			s.lost(l)
 			return
 		}
@@ -191,7 +193,7 @@ func (c setContext) Err() error {
 }
 
 // Leases returns the leases in canonical (sorted) key order.
-func (s *LeaseSet) Leases() []*Lease { return slices.Clone(s.leases) }
+func (s *LeaseSet) Leases() []*fenced.Lease { return slices.Clone(s.leases) }
 
 // Keys returns the keys in canonical order.
 func (s *LeaseSet) Keys() []string {
@@ -248,7 +250,7 @@ func (s *LeaseSet) Remaining() time.Duration {
 // waits for the first and returns its result.
 func (s *LeaseSet) Release(ctx context.Context) error {
 	s.once.Do(func() {
-		s.cancel(ErrReleased)
+		s.cancel(fenced.ErrReleased)
 		for _, stop := range s.stops {
 			stop()
 		}
@@ -266,7 +268,7 @@ func (s *LeaseSet) Release(ctx context.Context) error {
 // releaseAll releases the leases in reverse order, with a fresh timeout
 // of Options.CloseTimeout so that it happens even when ctx has ended.
 func (s *LeaseSet) releaseAll(ctx context.Context) error {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.c.opts.CloseTimeout)
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.c.CloseTimeout())
 	defer cancel()
 	var errs []error
 	for i := len(s.leases) - 1; i >= 0; i-- {

@@ -1,4 +1,4 @@
-package fenced
+package recipe
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 )
 
@@ -17,10 +18,9 @@ const MaxPermits = 1024
 
 // Semaphore lets up to N holders into a name at once. Each holder holds a
 // lease of its own on one permit, the key PermitKey(name, slot) for a slot
-// in [0, N): it has its own fence, is renewed, lost and released like any
-// lease, and a holder that crashes frees its permit when the lease's TTL
-// runs out at the store, so permits never leak (the Redisson and Curator
-// semaphores leak a dead holder's permit).
+// in [0, N). A permit has its own fence and is renewed, lost and released
+// like any lease. A holder that crashes frees its permit when the lease's
+// TTL runs out at the store, so permits never leak.
 //
 // Every user of a name must agree on N: permits are found by their keys,
 // so a Semaphore with N=5 uses two permits that one with N=3 never looks
@@ -34,28 +34,28 @@ const MaxPermits = 1024
 // jittered backoff, waking no later than the soonest expiry it was told
 // of.
 type Semaphore struct {
-	c       *Client
+	c       *fenced.Client
 	name    string
 	permits int
-	opts    LeaseOptions
+	opts    fenced.LeaseOptions
 }
 
 // PermitKey returns the key of a semaphore's permit: name, '#', slot.
 func PermitKey(name string, slot int) string { return name + "#" + strconv.Itoa(slot) }
 
 // NewSemaphore returns the semaphore of permits permits on name, whose
-// permits are leases with opts (nil: the client's defaults; MaxWait says
+// permits are leases with opts (nil for the defaults; MaxWait says
 // how long Acquire waits). It returns an error matching ErrInvalidOptions
 // when permits is not in [1, MaxPermits], ErrInvalidKey when a permit key
 // would be invalid, or the error Client.Resolve gives for opts.
-func NewSemaphore(c *Client, name string, permits int, opts *LeaseOptions) (*Semaphore, error) {
+func NewSemaphore(c *fenced.Client, name string, permits int, opts *fenced.LeaseOptions) (*Semaphore, error) {
 	if permits < 1 || permits > MaxPermits {
-		return nil, fmt.Errorf("fenced: semaphore %q: %w: %d permits, want 1 to %d", name, ErrInvalidOptions, permits, MaxPermits)
+		return nil, fmt.Errorf("fenced: semaphore %q: %w: %d permits, want 1 to %d", name, fenced.ErrInvalidOptions, permits, MaxPermits)
 	}
-	if err := ValidateKey(name); err != nil {
+	if err := fenced.ValidateKey(name); err != nil {
 		return nil, fmt.Errorf("fenced: semaphore: %w", err)
 	}
-	if err := ValidateKey(PermitKey(name, permits-1)); err != nil {
+	if err := fenced.ValidateKey(PermitKey(name, permits-1)); err != nil {
 		return nil, fmt.Errorf("fenced: semaphore: %w", err)
 	}
 	s := &Semaphore{c: c, name: name, permits: permits}
@@ -74,7 +74,7 @@ func (s *Semaphore) Permits() int { return s.permits }
 // Permit is one holder's lease on one slot of a Semaphore. Release it like
 // any lease.
 type Permit struct {
-	*Lease
+	*fenced.Lease
 	slot int
 }
 
@@ -84,7 +84,7 @@ func (p *Permit) Slot() int { return p.slot }
 // TryAcquire takes a free permit, or fails at once with an error matching
 // ErrHeld when all N are held.
 func (s *Semaphore) TryAcquire(ctx context.Context) (*Permit, error) {
-	p, _, err := s.round(withSemaphore(ctx, s.name))
+	p, _, err := s.round(fenced.WithKeyGroup(ctx, s.name))
 	if err != nil {
 		return nil, fmt.Errorf("fenced: semaphore %q: %w", s.name, err)
 	}
@@ -95,7 +95,7 @@ func (s *Semaphore) TryAcquire(ctx context.Context) (*Permit, error) {
 // Client.Acquire does. When the wait runs out the error matches ErrHeld;
 // when ctx ends it matches ctx's cause.
 func (s *Semaphore) Acquire(ctx context.Context) (*Permit, error) {
-	p, err := s.acquire(withSemaphore(ctx, s.name))
+	p, err := s.acquire(fenced.WithKeyGroup(ctx, s.name))
 	if err != nil {
 		return nil, fmt.Errorf("fenced: semaphore %q: %w", s.name, err)
 	}
@@ -108,11 +108,11 @@ func (s *Semaphore) acquire(ctx context.Context) (*Permit, error) {
 		return nil, err
 	}
 	p, hint, err := s.round(ctx)
-	if err == nil || !errors.Is(err, ErrHeld) || spec.MaxWait == NoWait {
+	if err == nil || !errors.Is(err, fenced.ErrHeld) || spec.MaxWait == fenced.NoWait {
 		return p, err
 	}
-	_, queues := s.c.drv.(driver.TimedQueuer)
-	_, notifies := s.c.drv.(driver.Notifier)
+	_, queues := s.c.Driver().(driver.TimedQueuer)
+	_, notifies := s.c.Driver().(driver.Notifier)
 	if queues || notifies {
 		return s.race(ctx)
 	}
@@ -139,7 +139,7 @@ func (s *Semaphore) round(ctx context.Context) (*Permit, time.Duration, error) {
 			if held.Remaining > 0 && (hint == 0 || held.Remaining < hint) {
 				hint = held.Remaining
 			}
-		case errors.Is(err, ErrHeld):
+		case errors.Is(err, fenced.ErrHeld):
 		default:
 			otherErr = err
 		}
@@ -147,7 +147,7 @@ func (s *Semaphore) round(ctx context.Context) (*Permit, time.Duration, error) {
 	if otherErr != nil {
 		return nil, 0, otherErr
 	}
-	return nil, hint, fmt.Errorf("all %d permits are held: %w", s.permits, ErrHeld)
+	return nil, hint, fmt.Errorf("all %d permits are held: %w", s.permits, fenced.ErrHeld)
 }
 
 // race waits on every permit at once with the client's own waiting (native
@@ -187,7 +187,7 @@ func (s *Semaphore) race(ctx context.Context) (*Permit, error) {
 			cancel()
 		case r.p != nil:
 			// A second grant raced the first: give it back.
-			relCtx, relCancel := context.WithTimeout(context.WithoutCancel(ctx), s.c.opts.CloseTimeout)
+			relCtx, relCancel := context.WithTimeout(context.WithoutCancel(ctx), s.c.CloseTimeout())
 			_ = r.p.Release(relCtx)
 			relCancel()
 		case won == nil:
@@ -201,7 +201,7 @@ func (s *Semaphore) race(ctx context.Context) (*Permit, error) {
 		return nil, context.Cause(ctx)
 	}
 	for _, err := range errs {
-		if !errors.Is(err, ErrHeld) {
+		if !errors.Is(err, fenced.ErrHeld) {
 			return nil, err
 		}
 	}
@@ -210,33 +210,33 @@ func (s *Semaphore) race(ctx context.Context) (*Permit, error) {
 
 // poll retries rounds with jittered backoff, no later than the soonest
 // known expiry, until MaxWait runs out.
-func (s *Semaphore) poll(ctx context.Context, spec LeaseSpec, hint time.Duration) (*Permit, error) {
+func (s *Semaphore) poll(ctx context.Context, spec fenced.LeaseOptions, hint time.Duration) (*Permit, error) {
 	var waitOver <-chan time.Time
-	if spec.MaxWait != WaitForever {
-		t := s.c.clock.NewTimer(spec.MaxWait)
+	if spec.MaxWait != fenced.WaitForever {
+		t := s.c.Clock().NewTimer(spec.MaxWait)
 		defer t.Stop()
 		waitOver = t.C()
 	}
 	for attempt := 0; ; attempt++ {
-		sleep := s.c.backoff(attempt)
+		sleep := s.c.Backoff(attempt)
 		if hint > 0 {
 			sleep = min(sleep, hint+time.Millisecond)
 		}
-		t := s.c.clock.NewTimer(sleep)
+		t := s.c.Clock().NewTimer(sleep)
 		select {
 		case <-t.C():
 		case <-waitOver:
 			t.Stop()
-			return nil, fmt.Errorf("gave up after waiting %v: all %d permits are held: %w", spec.MaxWait, s.permits, ErrHeld)
+			return nil, fmt.Errorf("gave up after waiting %v: all %d permits are held: %w", spec.MaxWait, s.permits, fenced.ErrHeld)
 		case <-ctx.Done():
 			t.Stop()
 			return nil, context.Cause(ctx)
-		case <-s.c.closing.Done():
+		case <-s.c.Closing():
 			t.Stop()
-			return nil, ErrClosed
+			return nil, fenced.ErrClosed
 		}
 		p, h, err := s.round(ctx)
-		if err == nil || !errors.Is(err, ErrHeld) {
+		if err == nil || !errors.Is(err, fenced.ErrHeld) {
 			return p, err
 		}
 		hint = h

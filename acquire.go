@@ -1,0 +1,326 @@
+package fenced
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/fenced-dev/fenced/clock"
+	"github.com/fenced-dev/fenced/driver"
+)
+
+// TryAcquire acquires a lease on key without waiting: if the key is held it
+// returns an error matching ErrHeld at once. opts may be nil; its MaxWait is
+// checked but not used.
+func (c *Client) TryAcquire(ctx context.Context, key string, opts *LeaseOptions) (*Lease, error) {
+	return c.acquire(ctx, key, opts, true)
+}
+
+// Acquire acquires a lease on key, waiting while it is held for up to
+// MaxWait (see LeaseOptions: NoWait, the default, not at all; WaitForever
+// until ctx ends). Waiting uses the backend's notifications or native queue
+// when it has them and polls with exponential backoff and full jitter
+// otherwise. opts may be nil; Resolve shows what it resolves to.
+//
+// The returned lease outlives ctx: cancelling ctx stops the wait, not the
+// lease. End the lease with Release. When the wait runs out the error
+// matches ErrHeld; when ctx ends it matches ctx.Err(). A backend whose
+// fence is weaker than MinFence fails with ErrNoFence. When the authority
+// is unreachable the error matches ErrUnavailable, unless the lease may
+// FailOpen. Once Close has begun the error matches ErrClosed.
+func (c *Client) Acquire(ctx context.Context, key string, opts *LeaseOptions) (*Lease, error) {
+	return c.acquire(ctx, key, opts, false)
+}
+
+func (c *Client) acquire(ctx context.Context, key string, opts *LeaseOptions, try bool) (*Lease, error) {
+	// The clock is read for the hook only: reading it is not free on
+	// every machine.
+	var began time.Time
+	if c.hooks.Acquired != nil {
+		began = c.clock.Now()
+	}
+	ev := AcquireEvent{Key: key, Context: ctx}
+	l, err := c.acquireChecked(ctx, key, opts, try, &ev)
+	if c.hooks.Acquired != nil {
+		ev.Waited = c.clock.Now().Sub(began)
+	}
+	if err != nil {
+		err = fmt.Errorf("fenced: acquire %q: %w", key, err)
+		ev.Err = err
+	} else {
+		ev.Fence = l.fence
+		ev.FailedOpen = l.failedOpen
+		ev.Lease = l
+	}
+	c.hooks.acquired(ev)
+	return l, err
+}
+
+func (c *Client) acquireChecked(ctx context.Context, key string, opts *LeaseOptions, try bool, ev *AcquireEvent) (*Lease, error) {
+	if err := ValidateKey(key); err != nil {
+		return nil, err
+	}
+	spec, err := c.Resolve(opts)
+	if err != nil {
+		return nil, err
+	}
+	if try {
+		spec.MaxWait = NoWait
+	}
+	ev.MaxWait = spec.MaxWait
+	dctx, id, cancel, err := c.admit(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer c.finish(id, cancel)
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return c.acquireLoop(ctx, dctx, key, spec, ev)
+}
+
+// acquireLoop acquires key. ctx is the caller's; dctx is ctx bounded by
+// Close (see admit), for requests to the store.
+func (c *Client) acquireLoop(ctx, dctx context.Context, key string, s LeaseOptions, ev *AcquireEvent) (_ *Lease, err error) {
+	owner := newOwner()
+	// unresolved is set while a request may have granted the key to owner
+	// without saying so (see mayHaveGranted): an acquisition that gives up
+	// then releases that grant (abandon), which nobody would otherwise
+	// hold.
+	unresolved := false
+	defer func() {
+		if err != nil && unresolved {
+			c.abandon(ctx, key, owner, s.TTL)
+		}
+	}()
+	var began time.Time // when the first request was sent
+	wait := s.MaxWait != NoWait
+	var (
+		waitTimer clock.Timer
+		waitOver  <-chan time.Time
+	)
+	// startWaitTimer starts the MaxWait timer, measured from began, the
+	// first time it is needed: an acquisition granted at once has none.
+	startWaitTimer := func() {
+		if waitTimer == nil && wait && s.MaxWait != WaitForever {
+			waitTimer = c.clock.NewTimer(s.MaxWait - c.clock.Now().Sub(began))
+			waitOver = waitTimer.C()
+		}
+	}
+	defer func() {
+		if waitTimer != nil {
+			waitTimer.Stop()
+		}
+	}()
+	if q, ok := c.drv.(driver.TimedQueuer); ok && wait {
+		began = c.clock.Now()
+		startWaitTimer()
+		l, err := c.acquireQueued(ctx, dctx, q, key, owner, s, waitOver, ev)
+		// The driver ends its wait when ctx ends (or MaxWait runs out:
+		// ErrHeld), but a grant may have crossed that.
+		unresolved = err != nil && (errors.Is(err, ErrHeld) || !refused(err))
+		return l, err
+	}
+
+	// A waiter registers for local release signals only once the key is
+	// found held; releases counts what it could have missed before that.
+	waiting := false
+	defer func() {
+		if waiting {
+			c.stopWaiting(key)
+		}
+	}()
+	notifier, _ := c.drv.(driver.Notifier)
+	var (
+		sub driver.Subscription
+		// owed is set while a wake-up taken from sub has not been acted
+		// on: no look at the store since showed the key held again (or
+		// granted it). A waiter that leaves owing one forwards it, so a
+		// backend that wakes one waiter per release strands nobody.
+		owed    bool
+		granted bool
+	)
+	defer func() {
+		if sub == nil {
+			return
+		}
+		if owed && !granted {
+			if f, ok := sub.(driver.WakeForwarder); ok {
+				f.Forward()
+			}
+		}
+		sub.Close()
+	}()
+	var lastErr error
+	for attempt := 1; ; attempt++ {
+		var wake <-chan struct{}
+		registered := false // as a waiter, after this attempt's request
+		releasesBefore := uint64(0)
+		if waiting {
+			wake = c.wakeup(key)
+		} else {
+			releasesBefore = c.releases.Load()
+		}
+		ev.Attempts = attempt
+		c.hooks.attempt(AttemptEvent{Key: key, Attempt: attempt, Context: ctx})
+		sent := c.clock.Now()
+		if attempt == 1 {
+			began = sent
+		}
+		fence, err := c.tryAcquire(dctx, key, owner, s)
+		if err == nil {
+			granted, unresolved = true, false
+			return c.newLease(ctx, key, owner, fence, sent, s)
+		}
+		if mayHaveGranted(dctx, err) {
+			unresolved = true
+		} else if errors.Is(err, ErrHeld) {
+			unresolved = false // owner would have been given its own grant back
+		}
+		var sleep time.Duration
+		switch {
+		case errors.Is(err, ErrHeld):
+			ev.Contended = true
+			owed = false // the holder's release will wake a waiter
+			if !wait {
+				return nil, err
+			}
+			if !waiting {
+				// Register for local release signals (see the check
+				// before the sleep below).
+				wake = c.startWaiting(key)
+				waiting, registered = true, true
+			}
+			if notifier != nil && sub == nil {
+				// Subscribe, then try again at once: a release between the
+				// failed try and the subscription must not be missed.
+				if ns, serr := notifier.Subscribe(dctx, key); serr == nil {
+					sub = ns
+					continue
+				}
+				notifier = nil // fall back to polling
+			}
+			var held *driver.HeldError
+			hint := time.Duration(0)
+			if errors.As(err, &held) && held.Remaining > 0 {
+				hint = held.Remaining + time.Millisecond
+			}
+			if sub != nil {
+				sleep = c.opts.FallbackPoll
+				if hint > 0 {
+					sleep = min(sleep, hint)
+				}
+			} else {
+				sleep = c.backoff(attempt - 1)
+				if hint > 0 {
+					sleep = min(sleep, hint)
+				}
+			}
+		case errors.Is(err, ErrUnknownOutcome), errors.Is(err, ErrUnavailable):
+			// The owner token makes a retried TryAcquire idempotent, so an
+			// unknown outcome is resolved by asking again.
+			if errors.Is(err, ErrUnavailable) && s.FailOpen {
+				return c.failOpenLease(ctx, key, owner, sent, s)
+			}
+			if !wait && attempt > 1 {
+				return nil, err
+			}
+			sleep = c.backoff(attempt - 1)
+			if !wait {
+				sleep = 0
+			}
+		default:
+			return nil, err
+		}
+		lastErr = err
+		var subC <-chan struct{}
+		if sub != nil {
+			subC = sub.C()
+			// The backend's notification also covers releases through this
+			// client, and may wake fewer waiters than a broadcast would
+			// (one per process for Redis), so the local broadcast is not
+			// needed and would only make every local waiter retry at once.
+			wake = nil
+		}
+		if registered && c.releases.Load() != releasesBefore {
+			// A release through c may have come between this attempt's
+			// request and the registration, and no channel saw it (see
+			// signalRelease): try again at once.
+			continue
+		}
+		startWaitTimer()
+		t := c.clock.NewTimer(sleep)
+		select {
+		case <-t.C():
+		case <-subC:
+			owed = true
+		case <-wake:
+		case <-waitOver:
+			t.Stop()
+			return nil, fmt.Errorf("gave up after waiting %v: %w", s.MaxWait, lastErr)
+		case <-ctx.Done():
+			t.Stop()
+			return nil, context.Cause(ctx)
+		case <-c.closing.Done():
+			t.Stop()
+			return nil, ErrClosed
+		}
+		t.Stop()
+	}
+}
+
+// tryAcquire makes one grant request, with the lease's terms for drivers
+// that take them.
+func (c *Client) tryAcquire(ctx context.Context, key, owner string, s LeaseOptions) (uint64, error) {
+	if ta, ok := c.drv.(driver.TermsAcquirer); ok {
+		return ta.TryAcquireTerms(ctx, key, owner, s.terms())
+	}
+	return c.drv.TryAcquire(ctx, key, owner, s.TTL)
+}
+
+// acquireQueued waits in the backend's native queue. ctx is the caller's;
+// dctx is ctx bounded by Close (see untilHalt).
+func (c *Client) acquireQueued(ctx, dctx context.Context, q driver.TimedQueuer, key, owner string, s LeaseOptions, waitOver <-chan time.Time, ev *AcquireEvent) (*Lease, error) {
+	qctx, cancel := context.WithCancelCause(dctx)
+	defer cancel(nil)
+	// Close ends the wait at once; the queue leaves nothing behind.
+	defer context.AfterFunc(c.closing, func() { cancel(ErrClosed) })()
+	errWaitOver := fmt.Errorf("gave up after waiting %v: %w", s.MaxWait, ErrHeld)
+	if waitOver != nil {
+		go func() {
+			select {
+			case <-waitOver:
+				cancel(errWaitOver)
+			case <-qctx.Done():
+			}
+		}()
+	}
+	ev.Attempts = 1
+	c.hooks.attempt(AttemptEvent{Key: key, Attempt: 1, Context: ctx})
+	sent := c.clock.Now()
+	// Validity starts when the grant was confirmed, not when the wait
+	// began. The driver reports that on the real clock; carry the offset
+	// over to c's clock.
+	realStart := time.Now()
+	fence, confirmed, err := q.AcquireTimed(qctx, key, owner, s.TTL)
+	if err == nil && confirmed.After(realStart) {
+		sent = sent.Add(confirmed.Sub(realStart))
+	}
+	if err != nil {
+		switch cause := context.Cause(qctx); {
+		case cause == errWaitOver:
+			ev.Contended = true
+			return nil, errWaitOver
+		case ctx.Err() != nil:
+			return nil, context.Cause(ctx)
+		case errors.Is(cause, ErrClosed):
+			return nil, ErrClosed
+		}
+		if errors.Is(err, ErrUnavailable) && s.FailOpen {
+			return c.failOpenLease(ctx, key, owner, sent, s)
+		}
+		return nil, err
+	}
+	return c.newLease(ctx, key, owner, fence, sent, s)
+}
