@@ -38,15 +38,6 @@ func script(flags string, files ...string) *redis.Script {
 	return redis.NewScript(b.String())
 }
 
-// scripts lists every script, for the test that loads them.
-func scripts() map[string]*redis.Script {
-	return map[string]*redis.Script{
-		"Acquire": Acquire, "AcquireNode": AcquireNode, "Renew": Renew, "RenewMany": RenewMany,
-		"RenewManyAcross": RenewManyAcross, "Release": Release, "ReleaseWaiters": ReleaseWaiters,
-		"ReleaseOwner": ReleaseOwner, "Inspect": Inspect, "Break": Break,
-	}
-}
-
 // The scripts; see each file for its keys, arguments and reply.
 var (
 	// Acquire is the redis backend's grant (lua/acquire.lua): a new

@@ -51,3 +51,12 @@ func TestScriptsLoad(t *testing.T) {
 		t.Errorf("RenewMany of the holder's grant = %v, %v; want [1]", res, err)
 	}
 }
+
+// scripts lists every script, for the test that loads them.
+func scripts() map[string]*redis.Script {
+	return map[string]*redis.Script{
+		"Acquire": Acquire, "AcquireNode": AcquireNode, "Renew": Renew, "RenewMany": RenewMany,
+		"RenewManyAcross": RenewManyAcross, "Release": Release, "ReleaseWaiters": ReleaseWaiters,
+		"ReleaseOwner": ReleaseOwner, "Inspect": Inspect, "Break": Break,
+	}
+}
