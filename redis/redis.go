@@ -26,10 +26,11 @@
 // PTTL of the current grant, so a waiter can wake when it expires. An
 // uncontended grant runs two commands (INCR, SET NX), its release two (GET,
 // DEL): the fence costs one command over a plain SET NX lock. A process
-// that is not waiting for the key sends the grant as a smaller script (two
-// keys, two arguments, the fence alone as its reply). Renew
+// that is not waiting for the key sends the grant with two keys and two
+// arguments, and a new grant's reply is the fence alone. Renew
 // and release are compare-then-act scripts on the whole value (owner and
-// fence). Renewals of many leases run 256 grants per script call
+// fence). Every script is a file of internal/rediskit/lua, shared with the
+// redlock backend. Renewals of many leases run 256 grants per script call
 // (BatchRenewer). The lock key, counter, waiters mark, audit stream and
 // pub/sub channel of a key share the hash tag {key}, so the scripts also
 // run on Redis Cluster.
@@ -251,122 +252,26 @@ func open(ctx context.Context, u *url.URL) (driver.Driver, error) {
 // costs one PUBLISH nobody needed.
 const waitersSlack = time.Second
 
-// acquireScript: KEYS[1] lock, KEYS[2] fence counter, KEYS[3] waiters
-// mark; ARGV[1] owner, ARGV[2] ttl ms, ARGV[3] how many subscriptions to
-// the key the caller's process has open (Hub.Subscribers), ARGV[4]
-// waitersSlack in ms. Returns {status, fence, pttl} with the statuses of
-// rediskit.
-//
-// With no subscription in the process, the key is most likely free (and
-// TryAcquire sends acquireFreeScript instead, unless a WAIT follows): the
-// script INCRs the counter and SETs the lock NX, two commands, and takes
-// the increment back if the lock was there (so the counter counts grants
-// only, and a counter that is not a number fails before anything
-// changed). Otherwise, or when the SET found the lock, it reads the lock:
-// a foreign value is refused, the same owner's grant is extended, another
-// owner's grant is reported with its PTTL; and when the process has
-// subscribers, the refusal also makes sure, in the same atomic step, that
-// the waiters mark lives for that PTTL plus at least half the slack
-// (setting it for PTTL plus the slack if not), so the release that follows
-// (which deletes the mark) publishes. Only the first refusal of a grant,
-// and the first after a renewal, writes the mark: the others only read
-// its PTTL, so a crowd of refused waiters costs the server no writes (no
-// AOF fsync under appendfsync always). A grant made while the process has
-// other subscribers sets the mark too: the release that woke this waiter
-// consumed the mark its neighbours had set.
-var acquireScript = redis.NewScript(`
-local here = tonumber(ARGV[3])
-if here == 0 then
-  local n = redis.call('INCR', KEYS[2])
-  local f = string.format('%d', n)
-  if redis.call('SET', KEYS[1], f .. ':' .. ARGV[1], 'NX', 'PX', ARGV[2]) then
-    return {1, f, 0}
-  end
-  if n == 1 then redis.call('DEL', KEYS[2]) else redis.call('DECR', KEYS[2]) end
-end
-local v = redis.call('GET', KEYS[1])
-if v then
-  local f, o = string.match(v, '^(%d+):(.*)$')
-  if not f then return {-1, '0', redis.call('PTTL', KEYS[1])} end
-  if o == ARGV[1] then
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
-    return {2, f, 0}
-  end
-  local pttl = redis.call('PTTL', KEYS[1])
-  if here > 0 then
-    local keep, slack = tonumber(ARGV[2]), tonumber(ARGV[4])
-    if pttl > 0 then keep = pttl end
-    if redis.call('PTTL', KEYS[3]) < keep + slack / 2 then
-      redis.call('SET', KEYS[3], '1', 'PX', keep + slack)
-    end
-  end
-  return {0, f, pttl}
-end
-local f = string.format('%d', redis.call('INCR', KEYS[2]))
-redis.call('SET', KEYS[1], f .. ':' .. ARGV[1], 'PX', ARGV[2])
-if here > 1 then redis.call('SET', KEYS[3], '1', 'PX', tonumber(ARGV[2]) + tonumber(ARGV[4])) end
-return {1, f, 0}`)
+// The scripts are rediskit's (internal/rediskit/lua): rediskit.Acquire
+// grants, rediskit.ReleaseWaiters releases. A process with no
+// subscription to the key (most likely free) sends the grant with two
+// keys and two arguments: INCR and SET NX, and a reply of the fence alone.
+// One with subscribers sends the waiters mark and its count too: a
+// refusal then makes sure, in the same atomic step, that the mark lives
+// for the holder's PTTL plus at least half of waitersSlack (so the
+// release that follows publishes), and a grant made while the process
+// has other subscribers sets the mark again, since the release that woke
+// this waiter consumed the one its neighbours had set. Only the first
+// refusal of a grant, and the first after a renewal, writes the mark: the
+// others only read its PTTL, so a crowd of refused waiters costs the
+// server no writes (no AOF fsync under appendfsync always). A process
+// that subscribes after the caller read the count announces itself: the
+// Client subscribes before its next try, and that try, refused, is made
+// with a subscription.
 
-// acquireFreeScript is acquireScript for a process with no subscription
-// to the key (ARGV[3] = 0), which is most likely free: KEYS[1] lock,
-// KEYS[2] fence counter; ARGV[1] owner, ARGV[2] ttl ms. Fewer keys and
-// arguments to send and unpack, and a grant's reply is the fence alone,
-// as a string, not an array. It INCRs the counter and SETs the lock NX,
-// and takes the increment back if the lock was there (so the counter
-// counts grants only, and a counter that is not a number fails before
-// anything changed); then it answers as acquireScript does, with
-// {status, fence, pttl}: a foreign value refused, the same owner's grant
-// extended, another owner's grant reported with its PTTL. It never
-// writes the waiters mark: a process with no subscription has no waiter
-// to announce. (One that subscribes after the caller read the count
-// announces itself: the Client subscribes before its next try, and that
-// try, refused, is made with a subscription.)
-var acquireFreeScript = redis.NewScript(`
-local n = redis.call('INCR', KEYS[2])
-local f = string.format('%d', n)
-if redis.call('SET', KEYS[1], f .. ':' .. ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return f
-end
-if n == 1 then redis.call('DEL', KEYS[2]) else redis.call('DECR', KEYS[2]) end
-local o
-f, o = string.match(redis.call('GET', KEYS[1]), '^(%d+):(.*)$')
-if not f then return {-1, '0', redis.call('PTTL', KEYS[1])} end
-if o == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {2, f, 0}
-end
-return {0, f, redis.call('PTTL', KEYS[1])}`)
-
-// parseAcquireFree reads acquireFreeScript's reply: a fence alone is a
-// new grant.
-func parseAcquireFree(res any) rediskit.Acquired {
-	switch r := res.(type) {
-	case string:
-		f, err := strconv.ParseUint(r, 10, 64)
-		if err != nil {
-			return rediskit.Acquired{Status: rediskit.StatusBadReply}
-		}
-		return rediskit.Acquired{Status: rediskit.StatusGranted, Fence: f}
-	case []any:
-		return rediskit.ParseAcquire(r)
-	}
-	return rediskit.Acquired{Status: rediskit.StatusBadReply}
-}
-
-// releaseScript: KEYS[1] lock, KEYS[2] waiters mark; ARGV[1] value,
-// ARGV[2] channel. Deletes the lock if the value matches, and publishes
-// on the channel only if the waiters mark was there too (deleting it).
-// Returns 1 or 0.
-var releaseScript = redis.NewScript(`
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  if redis.call('DEL', KEYS[1], KEYS[2]) == 2 then redis.call('PUBLISH', ARGV[2], '') end
-  return 1
-end
-return 0`)
-
-// release runs releaseScript for g's value on k.
+// release runs rediskit.ReleaseWaiters for value on k.
 func (d *Driver) release(ctx context.Context, k rediskit.Keys, value string) *redis.Cmd {
-	return releaseScript.Run(ctx, d.c, []string{k.Lock, k.Waiters}, value, k.Channel)
+	return rediskit.ReleaseWaiters.Run(ctx, d.c, []string{k.Lock, k.Waiters}, value, k.Channel)
 }
 
 // TryAcquire implements driver.Driver in one round trip (two with
@@ -379,18 +284,18 @@ func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Dur
 	k := d.layout.Keys(key)
 	subs := d.hub.Subscribers(k.Channel)
 	if subs == 0 && d.opts.WaitReplicas == 0 {
-		res, err := acquireFreeScript.Run(ctx, d.c, []string{k.Lock, k.Fence}, owner, rediskit.Millis(ttl)).Result()
+		res, err := rediskit.Acquire.Run(ctx, d.c, []string{k.Lock, k.Fence}, owner, rediskit.Millis(ttl)).Result()
 		if err != nil {
 			return 0, d.scriptErr("acquire", key, err, true, k.Lock, k.Fence)
 		}
-		return d.acquireResult(key, k, parseAcquireFree(res))
+		return d.acquireResult(key, k, rediskit.ParseAcquire(res))
 	}
 	keys := []string{k.Lock, k.Fence, k.Waiters}
 	args := []any{owner, rediskit.Millis(ttl), subs, waitersSlack.Milliseconds()}
 	if d.opts.WaitReplicas > 0 {
 		return d.acquireAndWait(ctx, key, k, keys, args)
 	}
-	res, err := acquireScript.Run(ctx, d.c, keys, args...).Slice()
+	res, err := rediskit.Acquire.Run(ctx, d.c, keys, args...).Result()
 	if err != nil {
 		return 0, d.scriptErr("acquire", key, err, true, k.Lock, k.Fence)
 	}
@@ -412,7 +317,7 @@ func (d *Driver) acquireResult(key string, k rediskit.Keys, a rediskit.Acquired)
 func (d *Driver) acquireAndWait(ctx context.Context, key string, k rediskit.Keys, keys []string, args []any) (uint64, error) {
 	run := func() (*redis.Cmd, *redis.IntCmd, error) {
 		pipe := d.c.Pipeline()
-		acq := acquireScript.EvalSha(ctx, pipe, keys, args...)
+		acq := rediskit.Acquire.EvalSha(ctx, pipe, keys, args...)
 		wait := redis.NewIntCmd(ctx, "wait", d.opts.WaitReplicas, d.opts.WaitTimeout.Milliseconds())
 		_ = pipe.Process(ctx, wait)
 		_, err := pipe.Exec(ctx)
@@ -420,7 +325,7 @@ func (d *Driver) acquireAndWait(ctx context.Context, key string, k rediskit.Keys
 	}
 	acq, wait, err := run()
 	if err != nil && redis.HasErrorPrefix(acq.Err(), "NOSCRIPT") {
-		if lerr := acquireScript.Load(ctx, d.c).Err(); lerr != nil {
+		if lerr := rediskit.Acquire.Load(ctx, d.c).Err(); lerr != nil {
 			return 0, d.scriptErr("acquire", key, lerr, false)
 		}
 		acq, wait, err = run()
@@ -428,8 +333,7 @@ func (d *Driver) acquireAndWait(ctx context.Context, key string, k rediskit.Keys
 	if acq.Err() != nil {
 		return 0, d.scriptErr("acquire", key, acq.Err(), true, k.Lock, k.Fence)
 	}
-	res, _ := acq.Slice()
-	a := rediskit.ParseAcquire(res)
+	a := rediskit.ParseAcquire(acq.Val())
 	if !a.Ours() {
 		return d.acquireResult(key, k, a)
 	}

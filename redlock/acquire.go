@@ -17,21 +17,6 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// acquireScript: KEYS[1] lock, KEYS[2] highest fence granted on this
-// node; ARGV[1] owner, ARGV[2] ttl ms, ARGV[3] fence ('0' without a
-// source). Returns {status, fence, pttl}; a free key is granted unless
-// this node granted a newer fence ({-3, last, 0}).
-var acquireScript = rediskit.AcquireScript(`
-local last = redis.call('GET', KEYS[2])
-if last then
-  local n = tonumber(last)
-  if not n then return redis.error_reply('ERR fence counter is not an integer') end
-  if ARGV[3] ~= '0' and n >= tonumber(ARGV[3]) then return {-3, last, 0} end
-end
-if ARGV[3] ~= '0' or not last then redis.call('SET', KEYS[2], ARGV[3]) end
-redis.call('SET', KEYS[1], ARGV[3] .. ':' .. ARGV[1], 'PX', ARGV[2])
-return {1, ARGV[3], 0}`)
-
 // TryAcquire implements driver.Driver: TryAcquireTerms with the default
 // drift allowance, driver.DefaultSafetyMargin(ttl).
 func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
@@ -89,7 +74,7 @@ func (d *Driver) TryAcquireTerms(ctx context.Context, key, owner string, t drive
 		}
 	}
 	rs := fanout(ctx, d, budget, func(ctx context.Context, c redis.UniversalClient) (rediskit.Acquired, error) {
-		res, err := acquireScript.Run(ctx, c, []string{k.Lock, k.Fence}, args...).Slice()
+		res, err := rediskit.AcquireNode.Run(ctx, c, []string{k.Lock, k.Fence}, args...).Result()
 		if err != nil {
 			return rediskit.Acquired{}, err
 		}

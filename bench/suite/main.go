@@ -53,6 +53,7 @@ var backends = []struct {
 	start func(tb *testenv.MainTB) *backend
 }{
 	{"redis", redisBackend},
+	{"redis-aof", redisAOFBackend},
 	{"redlock", redlockBackend},
 	{"etcd", etcdBackend},
 	{"zookeeper", zookeeperBackend},

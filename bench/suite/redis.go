@@ -153,10 +153,21 @@ func redislockLock(c *redislock.Client) lockFunc {
 	}
 }
 
-// redisBackend is one redis-server with the append-only file fsynced on
-// every write (testenv's default, as fenced recommends).
-func redisBackend(tb *testenv.MainTB) *backend {
-	srv := testenv.StartRedis(tb, testenv.RedisConfig{})
+// redisBackend is one redis-server without the append-only file, as most
+// Redis lock users run it: the headline, where client and script costs
+// show.
+func redisBackend(tb *testenv.MainTB) *backend { return redisServer(tb, false) }
+
+// redisAOFBackend is one redis-server with the append-only file fsynced
+// on every write (what fenced recommends for a fence that survives a
+// restart): each write waits for an fsync, which hides client and script
+// costs.
+func redisAOFBackend(tb *testenv.MainTB) *backend { return redisServer(tb, true) }
+
+// redisServer is the Redis backend on one redis-server, with the
+// append-only file fsynced on every write (aof) or without it.
+func redisServer(tb *testenv.MainTB, aof bool) *backend {
+	srv := testenv.StartRedis(tb, testenv.RedisConfig{NoPersistence: !aof})
 	addr := srv.Addr()
 	withClient := func(f func(c *redis.Client) (process, error)) func(context.Context) (process, error) {
 		return func(context.Context) (process, error) {
@@ -190,6 +201,8 @@ func redisBackend(tb *testenv.MainTB) *backend {
 		{name: "redislock", open: withClient(func(c *redis.Client) (process, error) {
 			return clientProcess{l: redislockLock(redislock.New(c)), closers: []func() error{c.Close}}, nil
 		})},
+		{name: "rueidislock", open: func(context.Context) (process, error) { return openRueidislock(addr, 0) }},
+		{name: "rueidislock-1key", open: func(context.Context) (process, error) { return openRueidislock(addr, 1) }},
 	}
 	holders := []holderImpl{
 		{name: "fenced", how: "Client auto-renew (driver batch renewal where it has one)", open: func(ctx context.Context, ttl time.Duration) (holder, error) {
@@ -209,8 +222,12 @@ func redisBackend(tb *testenv.MainTB) *backend {
 			return &redislockHolder{rl: redislock.New(c), c: c, refresher: newRefresher(ttl / 3)}, nil
 		}},
 	}
+	name, setup := "redis", "redis-server without the append-only file (appendonly no)"
+	if aof {
+		name, setup = "redis-aof", "redis-server with appendfsync always"
+	}
 	return &backend{
-		name: "redis", impls: impls, holders: holders,
+		name: name, impls: impls, holders: holders,
 		count: redisCommands([]string{addr}), renewalCount: redisScriptCalls([]string{addr}),
 		renewalTTL: func(m int) time.Duration {
 			if m > 20000 {
@@ -218,7 +235,7 @@ func redisBackend(tb *testenv.MainTB) *backend {
 			}
 			return 6 * time.Second
 		},
-		note: "redis-server with appendfsync always; requests are commands the server executed (INFO total_commands_processed, commands inside scripts included), except in renewal, where they are script calls (INFO commandstats); redislock retries every 10ms; redsync's default retry delay (50-250ms)",
+		note: setup + "; requests are commands the server executed (INFO total_commands_processed, commands inside scripts included), except in renewal, where they are script calls (INFO commandstats); redislock retries every 10ms; redsync's default retry delay (50-250ms); rueidislock with its defaults (2 of 3 keys, auto-extend, waits by client-side caching) and with KeyMajority 1 (one key, rueidislock-1key); only fenced has a fence (redislock v0.9.4, the newest release, has none, nor has rueidislock)",
 	}
 }
 

@@ -55,7 +55,11 @@ func renderReport(res Results, jsonPath, docs string) error {
 	w("its server. **Ratio** is fenced ÷ the best incumbent measured in the same run on the same backend: for latencies\n")
 	w("below 1 means fenced is faster, for throughput above 1 means fenced does more. *fenced* is the portable Client with\n")
 	w("default options (auto-renew on); *fenced-driver* is the backend's driver called directly, without the Client.\n")
-	w("Requests are counted on the server side (see the notes per backend).\n\n")
+	w("Requests are counted on the server side (see the notes per backend). Redis runs twice: *redis* without the\n")
+	w("append-only file, as most Redis lock users run it (the headline: client and script costs show), and *redis-aof*\n")
+	w("with appendfsync always, where every write waits for an fsync that hides them. None of the Redis incumbents gives\n")
+	w("a fencing token: redsync, redislock (v0.9.4, the newest release: no fence option) and rueidislock; only fenced's\n")
+	w("grants carry one (an INCR inside the grant's script).\n\n")
 	for _, n := range res.Notes {
 		w("- %s\n", n)
 	}

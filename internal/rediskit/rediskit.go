@@ -1,7 +1,7 @@
 // Package rediskit holds what the redis and redlock backends share: the key
-// layout, the stored value, the Lua scripts that are the same on every
-// node, the classification of go-redis errors into the driver sentinels,
-// the pub/sub hub that wakes waiters, and URL parsing.
+// layout, the stored value, the Lua scripts of both (files of lua/,
+// embedded), the classification of go-redis errors into the driver
+// sentinels, the pub/sub hub that wakes waiters, and URL parsing.
 package rediskit
 
 import (
@@ -194,29 +194,6 @@ const (
 	StatusBadReply = -100
 )
 
-// acquireHead is the start of every acquire script: KEYS[1] is the lock,
-// ARGV[1] the owner, ARGV[2] the TTL in ms. A key held by a value fenced
-// did not write is refused ({-1, '0', pttl}); a grant of the same owner is
-// extended and keeps its fence ({2, fence, 0}); another owner's grant is
-// reported with its time left ({0, fence, pttl}). When the key is free the
-// script goes on with the backend's own grant step.
-const acquireHead = `
-local v = redis.call('GET', KEYS[1])
-if v then
-  local f, o = string.match(v, '^(%d+):(.*)$')
-  if not f then return {-1, '0', redis.call('PTTL', KEYS[1])} end
-  if o == ARGV[1] then
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
-    return {2, f, 0}
-  end
-  return {0, f, redis.call('PTTL', KEYS[1])}
-end`
-
-// AcquireScript returns an acquire script: the shared head (see the
-// statuses above), then grant, the Lua that grants the free key and
-// returns {StatusGranted, fence, 0} (or another status).
-func AcquireScript(grant string) *redis.Script { return redis.NewScript(acquireHead + grant) }
-
 // Acquired is the reply of an acquire script.
 type Acquired struct {
 	Status int64
@@ -228,17 +205,26 @@ type Acquired struct {
 // extended).
 func (a Acquired) Ours() bool { return a.Status == StatusGranted || a.Status == StatusAgain }
 
-// ParseAcquire reads an acquire script's reply; a reply of another shape
-// has Status StatusBadReply.
-func ParseAcquire(res []any) Acquired {
-	if len(res) != 3 {
+// ParseAcquire reads an acquire script's reply: a fence alone (a string)
+// is a new grant, {status, fence, pttl} anything else; a reply of another
+// shape has Status StatusBadReply.
+func ParseAcquire(res any) Acquired {
+	if s, ok := res.(string); ok {
+		f, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			return Acquired{Status: StatusBadReply}
+		}
+		return Acquired{Status: StatusGranted, Fence: f}
+	}
+	r, ok := res.([]any)
+	if !ok || len(r) != 3 {
 		return Acquired{Status: StatusBadReply}
 	}
 	var a Acquired
-	a.Status, _ = res[0].(int64)
-	s, _ := res[1].(string)
+	a.Status, _ = r[0].(int64)
+	s, _ := r[1].(string)
 	a.Fence, _ = strconv.ParseUint(s, 10, 64)
-	a.PTTL, _ = res[2].(int64)
+	a.PTTL, _ = r[2].(int64)
 	return a
 }
 
@@ -445,107 +431,6 @@ func HashSlot(key string) uint16 {
 	}
 	return crc % 16384
 }
-
-// The scripts shared by both backends. KEYS and ARGV are documented above
-// each; every script reads before it writes, so an error (a key of the
-// wrong type, a counter that is not a number) leaves nothing changed.
-var (
-	// Renew: KEYS[1] lock; ARGV[1] value, ARGV[2] ttl ms. Returns 1 if the
-	// value matched and the expiry was reset, else 0.
-	Renew = redis.NewScript(`
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-return 0`)
-
-	// RenewMany renews many grants at once: KEYS[i] lock i; ARGV[2i-1]
-	// its value, ARGV[2i] its ttl ms. Returns one result per key: 1 if
-	// the value matched and the expiry was reset, 0 if not, or the
-	// server's error message for that key alone (a key of another type),
-	// which leaves that key untouched and the others renewed.
-	RenewMany = redis.NewScript(`
-local out = {}
-for i, k in ipairs(KEYS) do
-  local v = redis.pcall('GET', k)
-  if type(v) == 'table' and v.err then
-    out[i] = v.err
-  elseif v == ARGV[2*i-1] then
-    out[i] = redis.call('PEXPIRE', k, ARGV[2*i])
-  else
-    out[i] = 0
-  end
-end
-return out`)
-
-	// RenewManyAcross is RenewMany for keys of many hash slots of one
-	// Cluster node (Redis 7's allow-cross-slot-keys): KEYS[1] is one of
-	// the locks, only to route the call; ARGV[3i-2] is lock i, ARGV[3i-1]
-	// its value, ARGV[3i] its ttl ms. A lock of a slot the node does not
-	// serve gets the server's error as its result, like a key of another
-	// type.
-	RenewManyAcross = redis.NewScript(`#!lua flags=allow-cross-slot-keys
-local out = {}
-for i = 1, #ARGV / 3 do
-  local k = ARGV[3*i-2]
-  local v = redis.pcall('GET', k)
-  if type(v) == 'table' and v.err then
-    out[i] = v.err
-  elseif v == ARGV[3*i-1] then
-    out[i] = redis.call('PEXPIRE', k, ARGV[3*i])
-  else
-    out[i] = 0
-  end
-end
-return out`)
-
-	// Release: KEYS[1] lock; ARGV[1] value, ARGV[2] channel. Deletes the
-	// lock if the value matches and wakes waiters. Returns 1 or 0.
-	Release = redis.NewScript(`
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', ARGV[2], '')
-  return 1
-end
-return 0`)
-
-	// ReleaseOwner: KEYS[1] lock; ARGV[1] owner, ARGV[2] channel. Deletes
-	// the lock if the owner matches whatever the fence (redlock's cleanup
-	// after a failed attempt, whose fence a node may not have seen).
-	ReleaseOwner = redis.NewScript(`
-local v = redis.call('GET', KEYS[1])
-if v then
-  local f, o = string.match(v, '^(%d+):(.*)$')
-  if o == ARGV[1] then
-    redis.call('DEL', KEYS[1])
-    redis.call('PUBLISH', ARGV[2], '')
-    return 1
-  end
-end
-return 0`)
-
-	// Inspect: KEYS[1] lock, KEYS[2] fence. Returns {value|false, pttl,
-	// counter|false}.
-	Inspect = redis.NewScript(`
-return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2])}`)
-
-	// Break: KEYS[1] lock, KEYS[2] audit; ARGV[1] channel, ARGV[2] reason,
-	// ARGV[3] by, ARGV[4] audit length. Deletes whatever grant exists,
-	// appends to the capped audit stream and wakes waiters. Returns {0}
-	// when free, {-1} for a foreign value, else {1, fence, short owner,
-	// pttl, stream id}.
-	Break = redis.NewScript(`
-local v = redis.call('GET', KEYS[1])
-if not v then return {0} end
-local f, o = string.match(v, '^(%d+):(.*)$')
-if not f then return {-1} end
-local full = o
-if #o > 8 then o = string.sub(o, 1, 8) .. '…' end
-local pttl = redis.call('PTTL', KEYS[1])
-redis.call('DEL', KEYS[1])
-local id = redis.call('XADD', KEYS[2], 'MAXLEN', ARGV[4], '*', 'fence', f, 'owner', o, 'reason', ARGV[2], 'by', ARGV[3])
-redis.call('PUBLISH', ARGV[1], '')
-return {1, f, o, pttl, id, full}`)
-)
 
 // Classify maps a go-redis error to the driver's sentinels by
 // driver.Classify with classifyRedis, the hook of both Redis backends.

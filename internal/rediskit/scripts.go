@@ -1,0 +1,69 @@
+package rediskit
+
+import (
+	"embed"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// The Lua scripts of both backends live in lua/, one file each, and only
+// there. A script is its file after the files of the local functions it
+// calls (held.lua, renew_one.lua). KEYS and ARGV are documented at the top
+// of each file; every script reads before it writes, so an error (a key of
+// the wrong type, a counter that is not a number) leaves nothing changed.
+//
+//go:embed lua/*.lua
+var luaFiles embed.FS
+
+// luaUsed records the files script has read, for the test that every
+// file is part of a script.
+var luaUsed = map[string]bool{}
+
+// script joins the named files of lua/ into one script, after a flags
+// line (Redis 7's "#!lua flags=...") when flags is not empty.
+func script(flags string, files ...string) *redis.Script {
+	var b strings.Builder
+	if flags != "" {
+		b.WriteString("#!lua flags=" + flags + "\n")
+	}
+	for _, f := range files {
+		src, err := luaFiles.ReadFile("lua/" + f)
+		if err != nil {
+			panic("rediskit: " + err.Error()) // embedded at build time
+		}
+		b.Write(src)
+		luaUsed[f] = true
+	}
+	return redis.NewScript(b.String())
+}
+
+// The scripts; see each file for its keys, arguments and reply.
+var (
+	// Acquire is the redis backend's grant (lua/acquire.lua): a new
+	// grant's reply is its fence alone, any other reply {status, fence,
+	// pttl} (see ParseAcquire).
+	Acquire = script("", "held.lua", "acquire.lua")
+	// AcquireNode is Redlock's grant on one node (lua/redlock_acquire.lua).
+	AcquireNode = script("", "held.lua", "redlock_acquire.lua")
+	// Renew renews one grant (lua/renew.lua).
+	Renew = script("", "renew.lua")
+	// RenewMany renews many grants whose keys share one hash slot
+	// (lua/renew_many.lua).
+	RenewMany = script("", "renew_one.lua", "renew_many.lua")
+	// RenewManyAcross renews many grants of one Cluster node, across its
+	// slots (lua/renew_many_across.lua).
+	RenewManyAcross = script("allow-cross-slot-keys", "renew_one.lua", "renew_many_across.lua")
+	// Release is Redlock's release on one node (lua/release.lua).
+	Release = script("", "release.lua")
+	// ReleaseWaiters is the redis backend's release, which publishes only
+	// when the waiters mark is there (lua/release_waiters.lua).
+	ReleaseWaiters = script("", "release_waiters.lua")
+	// ReleaseOwner deletes an owner's grant whatever its fence
+	// (lua/release_owner.lua).
+	ReleaseOwner = script("", "release_owner.lua")
+	// Inspect reads a grant and the fence counter (lua/inspect.lua).
+	Inspect = script("", "inspect.lua")
+	// Break deletes a grant and records it (lua/break.lua).
+	Break = script("", "break.lua")
+)
