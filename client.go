@@ -106,7 +106,7 @@ func (c *Client) Driver() driver.Driver { return c.drv }
 func (c *Client) Hooks() Hooks { return c.hooks }
 
 // Guarantees returns what the backend promises.
-func (c *Client) Guarantees() Guarantees { return c.drv.Guarantees() }
+func (c *Client) Guarantees() Guarantees { return driver.GuaranteesOf(c.drv) }
 
 // Close ends every lease still held through c and closes the driver. Later
 // calls on c return ErrClosed; a second Close waits for the first and
@@ -373,7 +373,7 @@ func (c *Client) acquireLoop(ctx, dctx context.Context, key string, s LeaseSpec,
 			waitTimer.Stop()
 		}
 	}()
-	if q, ok := c.drv.(driver.TimedQueuer); ok && wait {
+	if q := c.ops().Queuer; q != nil && wait {
 		began = c.clock.Now()
 		startWaitTimer()
 		l, err := c.acquireQueued(ctx, dctx, q, key, owner, s, waitOver, ev)
@@ -391,7 +391,7 @@ func (c *Client) acquireLoop(ctx, dctx context.Context, key string, s LeaseSpec,
 			c.stopWaiting(key)
 		}
 	}()
-	notifier, _ := c.drv.(driver.Notifier)
+	notifier := c.ops().Notifier
 	var (
 		sub driver.Subscription
 		// owed is set while a wake-up taken from sub has not been acted
@@ -533,7 +533,7 @@ func (c *Client) acquireLoop(ctx, dctx context.Context, key string, s LeaseSpec,
 // tryAcquire makes one grant request, with the lease's terms for drivers
 // that take them.
 func (c *Client) tryAcquire(ctx context.Context, key, owner string, s LeaseSpec) (uint64, error) {
-	if ta, ok := c.drv.(driver.TermsAcquirer); ok {
+	if ta := c.ops().TermsAcquirer; ta != nil {
 		return ta.TryAcquireTerms(ctx, key, owner, s.terms())
 	}
 	return c.drv.TryAcquire(ctx, key, owner, s.TTL)
@@ -709,8 +709,8 @@ func (c *Client) Break(ctx context.Context, key, reason, by string) (LeaseInfo, 
 // Breaks returns the recorded breaks of key ("" for every key), oldest
 // first. Backends without an audit log return ErrUnsupported.
 func (c *Client) Breaks(ctx context.Context, key string) ([]BreakRecord, error) {
-	bl, ok := c.drv.(driver.BreakLogger)
-	if !ok {
+	bl := c.ops().BreakLogger
+	if bl == nil {
 		return nil, fmt.Errorf("fenced: breaks: %w", ErrUnsupported)
 	}
 	recs, err := bl.Breaks(ctx, key)

@@ -69,8 +69,7 @@ func (e *Election) Name() string { return e.name }
 // and Proclaim return ErrUnsupported, and Observe reports leaders without
 // a value.
 func (e *Election) CanProclaim() bool {
-	_, ok := e.c.drv.(driver.Valuer)
-	return ok
+	return driver.CapabilitiesOf(e.c.drv).Valuer != nil
 }
 
 // Campaign blocks until this process is the leader or ctx ends, and
@@ -82,7 +81,7 @@ func (e *Election) CanProclaim() bool {
 //
 // The leadership outlives ctx: end it with Resign.
 func (e *Election) Campaign(ctx context.Context, value string) (*Leadership, error) {
-	valuer, _ := e.c.drv.(driver.Valuer)
+	valuer := driver.CapabilitiesOf(e.c.drv).Valuer
 	if value != "" && valuer == nil {
 		return nil, fmt.Errorf("fenced: campaign %q: %w: this backend has no slot for a leader's value (etcd and mem have one); campaign with an empty value", e.name, ErrUnsupported)
 	}
@@ -127,7 +126,7 @@ func (e *Election) Leader(ctx context.Context) (Leader, error) {
 		value string
 		err   error
 	)
-	if v, ok := e.c.drv.(driver.Valuer); ok {
+	if v := driver.CapabilitiesOf(e.c.drv).Valuer; v != nil {
 		info, value, err = v.Value(ctx, e.name)
 	} else {
 		info, err = e.c.drv.Inspect(ctx, e.name)
@@ -214,7 +213,7 @@ func (e *Election) observe(ctx context.Context, ch chan<- Leader) {
 	// Only an observer's subscription: a waiter's could take the one
 	// wake-up a release gives the candidates (driver.ObserveNotifier).
 	var sub driver.Subscription
-	if n, ok := e.c.drv.(driver.ObserveNotifier); ok {
+	if n := driver.CapabilitiesOf(e.c.drv).Observer; n != nil {
 		if s, err := n.SubscribeObserver(ctx, e.name); err == nil {
 			sub = s
 			defer s.Close()
@@ -316,7 +315,7 @@ func (l *Leadership) publish(ctx context.Context, value string) error {
 	if err := l.lease.Err(); err != nil {
 		return fmt.Errorf("fenced: proclaim %q: %w", l.e.name, err)
 	}
-	v := l.e.c.drv.(driver.Valuer)
+	v := driver.CapabilitiesOf(l.e.c.drv).Valuer
 	if err := v.SetValue(ctx, l.lease.grant(), value); err != nil {
 		if errors.Is(err, ErrNotHeld) {
 			l.lease.lose(fmt.Errorf("%w: the store refused the proclamation: %v", ErrLost, err))

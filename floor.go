@@ -27,8 +27,8 @@ var ErrInvalidFloor = driver.ErrInvalidFloor
 // that no resource ever sees a fence go back. Stores without a floor (all
 // but the SQL ones) return ErrUnsupported.
 func (c *Client) FenceFloor(ctx context.Context) (FloorInfo, error) {
-	ff, ok := c.drv.(driver.FenceFloorer)
-	if !ok {
+	ff := c.ops().FenceFloorer
+	if ff == nil {
 		return FloorInfo{}, fmt.Errorf("fenced: fence floor: %w", ErrUnsupported)
 	}
 	info, err := ff.FenceFloor(ctx)
@@ -46,8 +46,8 @@ func (c *Client) FenceFloor(ctx context.Context) (FloorInfo, error) {
 // fences from before. A floor above MaxFenceFloor fails with
 // ErrInvalidFloor; stores without a floor return ErrUnsupported.
 func (c *Client) RaiseFenceFloor(ctx context.Context, floor uint64) (uint64, error) {
-	ff, ok := c.drv.(driver.FenceFloorer)
-	if !ok {
+	ff := c.ops().FenceFloorer
+	if ff == nil {
 		return 0, fmt.Errorf("fenced: raise fence floor: %w", ErrUnsupported)
 	}
 	got, err := ff.RaiseFenceFloor(ctx, floor)
@@ -67,8 +67,8 @@ func (c *Client) RaiseFenceFloor(ctx context.Context, floor uint64) (uint64, err
 // ErrInvalidTTL; stores that keep no per-key state to prune return
 // ErrUnsupported.
 func (c *Client) Prune(ctx context.Context, olderThan time.Duration) (PruneResult, error) {
-	p, ok := c.drv.(driver.Pruner)
-	if !ok {
+	p := c.ops().Pruner
+	if p == nil {
 		return PruneResult{}, fmt.Errorf("fenced: prune: %w", ErrUnsupported)
 	}
 	res, err := p.Prune(ctx, olderThan)

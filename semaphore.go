@@ -111,9 +111,7 @@ func (s *Semaphore) acquire(ctx context.Context) (*Permit, error) {
 	if err == nil || !errors.Is(err, ErrHeld) || spec.MaxWait == NoWait {
 		return p, err
 	}
-	_, queues := s.c.drv.(driver.TimedQueuer)
-	_, notifies := s.c.drv.(driver.Notifier)
-	if queues || notifies {
+	if ops := driver.CapabilitiesOf(s.c.drv); ops.Queuer != nil || ops.Notifier != nil {
 		return s.race(ctx)
 	}
 	return s.poll(ctx, spec, hint)

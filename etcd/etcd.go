@@ -242,9 +242,13 @@ func (d *Driver) Guarantees() driver.Guarantees {
 		"safe from clock steps: lease TTLs count down on the leader's monotonic clock, and a new leader extends them, never shortens them")
 }
 
-// TTLBounds implements driver.TTLBounds: etcd leases have a one-second
-// granularity.
-func (d *Driver) TTLBounds() (min, max time.Duration) { return time.Second, fenced.MaxTTL }
+// Capabilities implements driver.Driver: the election recipe's FIFO queue
+// of keys (a watch on the predecessor), batch renewal, loss watches and
+// proclaimed values; TTLs of a second or more (etcd leases have a
+// one-second granularity).
+func (d *Driver) Capabilities() driver.Capabilities {
+	return driver.Capabilities{Queue: true, FIFO: true, BatchRenew: true, WatchLoss: true, Value: true, MinTTL: time.Second}
+}
 
 // Close stops the driver's background work and, when the driver was opened
 // by URL, closes its etcd client. Grants are left to expire with their

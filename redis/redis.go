@@ -651,10 +651,14 @@ func (d *Driver) makeGuarantees() driver.Guarantees {
 		ServerClock: true,
 		// PX expiry compares with the server's wall clock (mstime).
 		ClockStepSafe: false,
-		Notify:        true,
-		FIFO:          false,
 		Note:          note,
 	}
+}
+
+// Capabilities implements driver.Driver: waiters and observers woken by
+// pub/sub, batch renewal in one script, and the break log.
+func (d *Driver) Capabilities() driver.Capabilities {
+	return driver.Capabilities{Subscribe: true, Observe: true, BatchRenew: true, BreakLog: true}
 }
 
 // Close implements driver.Driver. It closes the subscriber connection, and

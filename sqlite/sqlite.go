@@ -757,6 +757,13 @@ func (d *Driver) Guarantees() driver.Guarantees {
 	}
 }
 
+// Capabilities implements driver.Driver: waiters and observers woken by
+// the doorbell file (watch.go), and the lease table's batch renewal, break
+// log, fence floor and prune.
+func (d *Driver) Capabilities() driver.Capabilities {
+	return driver.Capabilities{Subscribe: true, Observe: true, BatchRenew: true, BreakLog: true, FenceFloor: true, Prune: true}
+}
+
 // Close implements driver.Driver. It closes the database only if the
 // driver opened it.
 func (d *Driver) Close() error {
