@@ -441,14 +441,13 @@ func (s *suite) testExpiry(t *testing.T) {
 
 func (s *suite) testAutoRenew(t *testing.T) {
 	ctx := ctxT(t)
-	c := s.client(t, nil)
 	key := uniqueKey(t, "renew")
 	// At least a second, so a renewal every third of it still lands on a
 	// loaded machine; the test checks renewal, not the shortest TTL.
 	ttl := max(s.h.ShortTTL, time.Second)
 	var renewals atomic.Int32
 	c2 := s.client(t, &fenced.Options{Hooks: fenced.Hooks{}})
-	c = s.client(t, &fenced.Options{Hooks: fenced.Hooks{Renewed: func(e fenced.RenewEvent) {
+	c := s.client(t, &fenced.Options{Hooks: fenced.Hooks{Renewed: func(e fenced.RenewEvent) {
 		if e.Err == nil {
 			renewals.Add(1)
 		}
