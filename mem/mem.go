@@ -43,6 +43,7 @@ func init() {
 		}
 		return Named(u.Host), nil
 	})
+	fenced.RegisterExpiry("mem", driver.Expiry{Name: "in-process memory", Note: "expiry to the nanosecond; the store dies with the process"})
 }
 
 var (
@@ -107,6 +108,12 @@ type Options struct {
 	// (driver.TimedQueuer, as on etcd and ZooKeeper) instead of being
 	// woken through Subscribe.
 	Queue bool
+	// Terms and BatchRenew declare driver.TermsAcquirer and
+	// driver.BatchRenewer. Like Queue, each stands in for a Driver method
+	// (TryAcquire, Renew) that the portable layer then no longer calls, so
+	// they are off by default: a test double that embeds a *Driver and
+	// overrides TryAcquire or Renew would be bypassed.
+	Terms, BatchRenew bool
 	// MinTTL and MaxTTL, when not zero, narrow the TTLs the driver
 	// declares it accepts (driver.Capabilities), as a backend with bounds
 	// of its own does.

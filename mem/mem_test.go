@@ -10,14 +10,17 @@ import (
 	"github.com/fenced-dev/fenced/mem"
 )
 
-// TestConformance runs the suite on mem twice: as it opens by default
-// (waiters woken through Subscribe) and with Options.Queue (a FIFO
-// queue), so that between the two every test of the suite runs.
+// TestConformance runs the suite on mem twice, with every capability
+// declared: waiters woken through Subscribe, and with Options.Queue (a
+// FIFO queue), so that between the two every test of the suite runs.
 func TestConformance(t *testing.T) {
 	for _, c := range []struct {
 		name string
 		opts mem.Options
-	}{{"Subscribe", mem.Options{}}, {"Queue", mem.Options{Queue: true}}} {
+	}{
+		{"Subscribe", mem.Options{Terms: true, BatchRenew: true}},
+		{"Queue", mem.Options{Queue: true, Terms: true, BatchRenew: true}},
+	} {
 		t.Run(c.name, func(t *testing.T) {
 			store := mem.NewStore(nil)
 			var mu sync.Mutex

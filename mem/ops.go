@@ -22,13 +22,14 @@ var (
 	_ driver.Pruner        = (*Driver)(nil)
 )
 
-// Capabilities implements driver.Driver: every optional operation. The
-// FIFO queue (TimedQueuer) only for a driver opened with Options.Queue:
-// otherwise waiters are woken through Subscribe, as on most backends.
+// Capabilities implements driver.Driver: every optional operation, those
+// that stand in for a Driver method (the FIFO queue, terms, batches) when
+// Options ask for them. Without Options.Queue waiters are woken through
+// Subscribe, as on most backends.
 func (d *Driver) Capabilities() driver.Capabilities {
 	return driver.Capabilities{
-		Subscribe: true, Observe: true, Queue: d.opts.Queue, FIFO: d.opts.Queue, Terms: true,
-		BatchRenew: true, WatchLoss: true, BreakLog: true, Value: true, FenceFloor: true, Prune: true,
+		Subscribe: true, Observe: true, Queue: d.opts.Queue, FIFO: d.opts.Queue, Terms: d.opts.Terms,
+		BatchRenew: d.opts.BatchRenew, WatchLoss: true, BreakLog: true, Value: true, FenceFloor: true, Prune: true,
 		MinTTL: d.opts.MinTTL, MaxTTL: d.opts.MaxTTL,
 	}
 }
@@ -68,15 +69,23 @@ func (e *entry) endedAt() time.Time {
 	return e.ended
 }
 
-// TryAcquireTerms implements driver.TermsAcquirer. mem's grant needs
+// TryAcquireTerms implements driver.TermsAcquirer (with Options.Terms;
+// otherwise it refuses with driver.ErrUnsupported). mem's grant needs
 // nothing of the terms beyond the TTL: it is TryAcquire with t.TTL.
 func (d *Driver) TryAcquireTerms(ctx context.Context, key, owner string, t driver.Terms) (uint64, error) {
+	if !d.opts.Terms {
+		return 0, fmt.Errorf("mem: acquire on terms: %w: the driver was opened without Options.Terms", driver.ErrUnsupported)
+	}
 	return d.TryAcquire(ctx, key, owner, t.TTL)
 }
 
-// RenewBatch implements driver.BatchRenewer: every grant renewed as Renew
-// does, in one step under the store's lock.
+// RenewBatch implements driver.BatchRenewer (with Options.BatchRenew;
+// otherwise it refuses with driver.ErrUnsupported): every grant renewed as
+// Renew does, in one step under the store's lock.
 func (d *Driver) RenewBatch(ctx context.Context, grants []driver.Grant) ([]error, error) {
+	if !d.opts.BatchRenew {
+		return nil, fmt.Errorf("mem: renew a batch: %w: the driver was opened without Options.BatchRenew", driver.ErrUnsupported)
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}

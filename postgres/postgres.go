@@ -139,6 +139,9 @@ import (
 func init() {
 	fenced.Register("postgres", openURL)
 	fenced.Register("postgresql", openURL)
+	expiry := driver.Expiry{Name: "PostgreSQL", Note: "expiry by now() inside the statement, to the microsecond"}
+	fenced.RegisterExpiry("postgres", expiry)
+	fenced.RegisterExpiry("postgresql", expiry)
 }
 
 // Options configure New. The zero value (or nil) gives the defaults.

@@ -145,7 +145,7 @@ func TestBrokenDriversFail(t *testing.T) {
 		{"notify", "NotifiedWaiterIsWokenWithoutPolling", true, "waiter not woken by the release"},
 		{"loss", "LossWatchReportsBreak", true, "was not reported within 20s"},
 		{"claims", "CapabilitiesMatchMethods", true, "declares Subscribe (driver.Notifier) but lacks its methods"},
-		{"hidden", "CapabilitiesMatchMethods", true, "has the methods of BatchRenew (driver.BatchRenewer) but does not declare it"},
+		{"hidden", "CapabilitiesMatchMethods", true, "has the methods of WatchLoss (driver.LossWatcher) but does not declare it"},
 		{"hidden", "CapabilitiesMatchMethods", true, "has the methods of Subscribe (driver.Notifier) but does not declare it, and they answer <nil>"},
 		// mem as it is, without Options.Queue: no FIFO queue.
 		{"honest", "FIFOWaitersServedInArrivalOrder", false, "capability FIFO (Capabilities.FIFO) not declared"},

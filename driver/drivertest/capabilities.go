@@ -13,8 +13,9 @@ import (
 // and its methods agree: every declared operation has its methods (a flag
 // without them would be silently dropped by driver.CapabilitiesOf), a
 // method present but not declared is not there at all, or, for the
-// subscriptions and the queue (whose availability may depend on how the
-// driver was opened), refuses with driver.ErrUnsupported; and the
+// subscriptions, the queue, terms and batches (whose availability may
+// depend on how the driver was opened), refuses with
+// driver.ErrUnsupported; and the
 // driver's own Guarantees do not claim Notify or FIFO beyond what the
 // declaration gives (driver.GuaranteesOf). The other declared operations
 // are exercised by the tests named after them.
@@ -45,8 +46,15 @@ func (s *suite) testCapabilities(t *testing.T) {
 			_, _, err := d.(driver.TimedQueuer).AcquireTimed(context.Background(), uniqueKey(t, "caps"), owner(), time.Second)
 			return err
 		}},
-		{"Terms (driver.TermsAcquirer)", declared.Terms, has.Terms, nil},
-		{"BatchRenew (driver.BatchRenewer)", declared.BatchRenew, has.BatchRenew, nil},
+		{"Terms (driver.TermsAcquirer)", declared.Terms, has.Terms, func() error {
+			_, err := d.(driver.TermsAcquirer).TryAcquireTerms(context.Background(), uniqueKey(t, "caps"), owner(),
+				driver.Terms{TTL: time.Second, SafetyMargin: driver.DefaultSafetyMargin(time.Second)})
+			return err
+		}},
+		{"BatchRenew (driver.BatchRenewer)", declared.BatchRenew, has.BatchRenew, func() error {
+			_, err := d.(driver.BatchRenewer).RenewBatch(context.Background(), []driver.Grant{{Key: uniqueKey(t, "caps"), Owner: owner(), Fence: 1, TTL: time.Second}})
+			return err
+		}},
 		{"WatchLoss (driver.LossWatcher)", declared.WatchLoss, has.WatchLoss, nil},
 		{"BreakLog (driver.BreakLogger)", declared.BreakLog, has.BreakLog, nil},
 		{"Value (driver.Valuer)", declared.Value, has.Value, nil},
