@@ -25,7 +25,7 @@ var ErrInvalidFloor = driver.ErrInvalidFloor
 // records for any key. The larger of the two is the number to seed a new
 // store or table with (RaiseFenceFloor there) before moving keys to it, so
 // that no resource ever sees a fence go back. Stores without a floor (all
-// but the SQL ones) return ErrUnsupported.
+// but the SQL ones and mem) return ErrUnsupported.
 func (c *Client) FenceFloor(ctx context.Context) (FloorInfo, error) {
 	ff := c.ops().FenceFloorer
 	if ff == nil {

@@ -158,14 +158,19 @@ func (d *Driver) lock() (*Store, error) {
 	return d.s, nil
 }
 
+// lockCtx is lock for a request, which ctx may have ended already.
+func (d *Driver) lockCtx(ctx context.Context) (*Store, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return d.lock()
+}
+
 func (e *entry) heldAt(now time.Time) bool { return e.owner != "" && now.Before(e.expires) }
 
 // TryAcquire implements driver.Driver.
 func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
-	if err := ctx.Err(); err != nil {
-		return 0, err
-	}
-	s, err := d.lock()
+	s, err := d.lockCtx(ctx)
 	if err != nil {
 		return 0, err
 	}
@@ -213,10 +218,7 @@ func (d *Driver) Renew(ctx context.Context, g driver.Grant) error {
 
 // Release implements driver.Driver.
 func (d *Driver) Release(ctx context.Context, g driver.Grant) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	s, err := d.lock()
+	s, err := d.lockCtx(ctx)
 	if err != nil {
 		return err
 	}
@@ -356,10 +358,7 @@ func (s *Store) notify(key string) {
 
 // SetValue implements driver.Valuer.
 func (d *Driver) SetValue(ctx context.Context, g driver.Grant, value string) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	s, err := d.lock()
+	s, err := d.lockCtx(ctx)
 	if err != nil {
 		return err
 	}

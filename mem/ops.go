@@ -180,10 +180,7 @@ func (d *Driver) RaiseFenceFloor(ctx context.Context, floor uint64) (uint64, err
 	if floor > driver.MaxFenceFloor {
 		return 0, fmt.Errorf("%w: %d is above %d", driver.ErrInvalidFloor, floor, driver.MaxFenceFloor)
 	}
-	if err := ctx.Err(); err != nil {
-		return 0, err
-	}
-	s, err := d.lock()
+	s, err := d.lockCtx(ctx)
 	if err != nil {
 		return 0, err
 	}
@@ -197,10 +194,7 @@ func (d *Driver) Prune(ctx context.Context, olderThan time.Duration) (driver.Pru
 	if olderThan < 0 {
 		return driver.PruneResult{}, fmt.Errorf("%w: prune older than %v: negative", driver.ErrInvalidTTL, olderThan)
 	}
-	if err := ctx.Err(); err != nil {
-		return driver.PruneResult{}, err
-	}
-	s, err := d.lock()
+	s, err := d.lockCtx(ctx)
 	if err != nil {
 		return driver.PruneResult{}, err
 	}
@@ -233,10 +227,7 @@ func (d *Driver) AcquireTimed(ctx context.Context, key, owner string, ttl time.D
 	if !d.opts.Queue {
 		return 0, time.Time{}, fmt.Errorf("mem: wait in a queue: %w: the driver was opened without Options.Queue", driver.ErrUnsupported)
 	}
-	if err := ctx.Err(); err != nil {
-		return 0, time.Time{}, err
-	}
-	s, err := d.lock()
+	s, err := d.lockCtx(ctx)
 	if err != nil {
 		return 0, time.Time{}, err
 	}
