@@ -113,7 +113,7 @@ func (c *Client) acquireLoop(ctx, dctx context.Context, key string, s LeaseOptio
 			waitTimer.Stop()
 		}
 	}()
-	if q, ok := c.drv.(driver.TimedQueuer); ok && wait {
+	if q := c.ops().Queuer; q != nil && wait {
 		began = c.clock.Now()
 		startWaitTimer()
 		l, err := c.acquireQueued(ctx, dctx, q, key, owner, s, waitOver, ev)
@@ -131,7 +131,7 @@ func (c *Client) acquireLoop(ctx, dctx context.Context, key string, s LeaseOptio
 			c.stopWaiting(key)
 		}
 	}()
-	notifier, _ := c.drv.(driver.Notifier)
+	notifier := c.ops().Notifier
 	var (
 		sub driver.Subscription
 		// owed is set while a wake-up taken from sub has not been acted
@@ -273,7 +273,7 @@ func (c *Client) acquireLoop(ctx, dctx context.Context, key string, s LeaseOptio
 // tryAcquire makes one grant request, with the lease's terms for drivers
 // that take them.
 func (c *Client) tryAcquire(ctx context.Context, key, owner string, s LeaseOptions) (uint64, error) {
-	if ta, ok := c.drv.(driver.TermsAcquirer); ok {
+	if ta := c.ops().TermsAcquirer; ta != nil {
 		return ta.TryAcquireTerms(ctx, key, owner, s.terms())
 	}
 	return c.drv.TryAcquire(ctx, key, owner, s.TTL)

@@ -39,8 +39,8 @@ func (l *Lease) refusedCause(err error) error {
 
 // recordedBreak looks in the store's break log for a break of l's grant.
 func (l *Lease) recordedBreak() (driver.BreakRecord, bool) {
-	bl, ok := l.c.drv.(driver.BreakLogger)
-	if !ok {
+	bl := l.c.ops().BreakLogger
+	if bl == nil {
 		return driver.BreakRecord{}, false
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), breakLookupTimeout)

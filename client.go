@@ -104,7 +104,7 @@ func (c *Client) Driver() driver.Driver { return c.drv }
 func (c *Client) Hooks() Hooks { return c.hooks }
 
 // Guarantees returns what the backend promises.
-func (c *Client) Guarantees() Guarantees { return c.drv.Guarantees() }
+func (c *Client) Guarantees() Guarantees { return driver.GuaranteesOf(c.drv) }
 
 // newOwner returns 128 random bits, hex encoded.
 func newOwner() string {

@@ -76,6 +76,13 @@ func (f *faulty) set(fn func(f *faulty)) {
 // batching adds driver.BatchRenewer to faulty.
 type batching struct{ *faulty }
 
+// Capabilities declares the batches, which mem leaves off by default.
+func (b batching) Capabilities() driver.Capabilities {
+	c := b.faulty.Capabilities()
+	c.BatchRenew = true
+	return c
+}
+
 func (b batching) RenewBatch(ctx context.Context, grants []driver.Grant) ([]error, error) {
 	b.batchCalls.Add(1)
 	errs := make([]error, len(grants))

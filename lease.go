@@ -98,7 +98,7 @@ func (c *Client) newLease(parent context.Context, key, owner string, fence uint6
 		l.cancel(ErrClosed)
 		return nil, c.releaseOrphan(l.grant())
 	}
-	if w, ok := c.drv.(driver.LossWatcher); ok {
+	if w := c.ops().LossWatcher; w != nil {
 		t := time.AfterFunc(lossWatchDelay, func() { l.watchLoss(w) })
 		l.mu.Lock()
 		l.lossWatch = t

@@ -285,14 +285,8 @@ func ValidateKey(key string) error {
 
 func (c *Client) validateTTL(ttl time.Duration) error {
 	lo, hi := MinTTL, MaxTTL
-	if b, ok := c.drv.(driver.TTLBounds); ok {
-		dlo, dhi := b.TTLBounds()
-		lo, hi = max(lo, dlo), min(hi, dhi)
-	}
-	if ttl < lo || ttl > hi {
-		return fmt.Errorf("%w: %v is outside [%v, %v]", ErrInvalidTTL, ttl, lo, hi)
-	}
-	return nil
+	lo, hi = c.ops().TTLBounds(lo, hi)
+	return driver.CheckTTL(ttl, lo, hi)
 }
 
 // backoff returns the sleep before poll attempt n (0-based): full jitter

@@ -33,6 +33,13 @@ func (b *batchSizes) RenewBatch(ctx context.Context, grants []driver.Grant) ([]e
 	return errs, nil
 }
 
+// Capabilities declares the batches, which mem leaves off by default.
+func (b *batchSizes) Capabilities() driver.Capabilities {
+	c := b.Driver.Capabilities()
+	c.BatchRenew = true
+	return c
+}
+
 func (b *batchSizes) calls() []int {
 	b.mu.Lock()
 	defer b.mu.Unlock()

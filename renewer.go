@@ -367,7 +367,7 @@ func (r *renewer) renewBatch(batch []*Lease) {
 		l.mu.Unlock()
 	}
 	slices.SortFunc(items, func(a, b renewal) int { return cmp.Compare(a.until, b.until) })
-	if br, ok := r.c.drv.(driver.BatchRenewer); ok && len(items) > 1 {
+	if br := r.c.ops().BatchRenewer; br != nil && len(items) > 1 {
 		calls := (len(items) + maxBatchGrants - 1) / maxBatchGrants
 		inParallel(min(calls, maxBatchCalls), calls, func(i int) {
 			r.renewCall(br, began, items[i*maxBatchGrants:min((i+1)*maxBatchGrants, len(items))])

@@ -55,8 +55,8 @@ func Break(ctx context.Context, c *fenced.Client, key, reason, by string) (fence
 // Breaks returns the recorded breaks of key ("" for every key), oldest
 // first. Backends without an audit log return fenced.ErrUnsupported.
 func Breaks(ctx context.Context, c *fenced.Client, key string) ([]BreakRecord, error) {
-	bl, ok := c.Driver().(driver.BreakLogger)
-	if !ok {
+	bl := driver.CapabilitiesOf(c.Driver()).BreakLogger
+	if bl == nil {
 		return nil, fmt.Errorf("fenced: breaks: %w", fenced.ErrUnsupported)
 	}
 	recs, err := bl.Breaks(ctx, key)

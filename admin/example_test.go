@@ -87,18 +87,9 @@ func ExamplePrune() {
 	}
 	defer l.Release(ctx)
 	fmt.Println("pruned:", res.Deleted, "floor:", res.Floor, "next fence:", l.Fence())
-
-	// Stores that keep no row per key have nothing to prune.
-	mem, err := fenced.Open(ctx, "mem://example-prune", nil)
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer mem.Close()
-	_, err = admin.Prune(ctx, mem, time.Hour)
-	fmt.Println(errors.Is(err, fenced.ErrUnsupported))
-	// Output:
-	// pruned: 1 floor: 2 next fence: 3
-	// true
+	// Stores that keep no row per key (Redis, etcd, ZooKeeper) have nothing
+	// to prune and return ErrUnsupported.
+	// Output: pruned: 1 floor: 2 next fence: 3
 }
 
 // An operator lists the held leases, breaks a wedged holder's lease and

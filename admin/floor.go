@@ -26,10 +26,10 @@ var ErrInvalidFloor = driver.ErrInvalidFloor
 // records for any key. The larger of the two is the number to seed a new
 // store or table with (RaiseFenceFloor there) before moving keys to it, so
 // that no resource ever sees a fence go back. Stores without a floor (all
-// but the SQL ones) return ErrUnsupported.
+// but the SQL ones and mem) return ErrUnsupported.
 func FenceFloor(ctx context.Context, c *fenced.Client) (FloorInfo, error) {
-	ff, ok := c.Driver().(driver.FenceFloorer)
-	if !ok {
+	ff := driver.CapabilitiesOf(c.Driver()).FenceFloorer
+	if ff == nil {
 		return FloorInfo{}, fmt.Errorf("fenced: fence floor: %w", fenced.ErrUnsupported)
 	}
 	info, err := ff.FenceFloor(ctx)
@@ -47,8 +47,8 @@ func FenceFloor(ctx context.Context, c *fenced.Client) (FloorInfo, error) {
 // fences from before. A floor above MaxFenceFloor fails with
 // ErrInvalidFloor; stores without a floor return ErrUnsupported.
 func RaiseFenceFloor(ctx context.Context, c *fenced.Client, floor uint64) (uint64, error) {
-	ff, ok := c.Driver().(driver.FenceFloorer)
-	if !ok {
+	ff := driver.CapabilitiesOf(c.Driver()).FenceFloorer
+	if ff == nil {
 		return 0, fmt.Errorf("fenced: raise fence floor: %w", fenced.ErrUnsupported)
 	}
 	got, err := ff.RaiseFenceFloor(ctx, floor)
@@ -68,8 +68,8 @@ func RaiseFenceFloor(ctx context.Context, c *fenced.Client, floor uint64) (uint6
 // fenced.ErrInvalidTTL; stores that keep no per-key state to prune return
 // ErrUnsupported.
 func Prune(ctx context.Context, c *fenced.Client, olderThan time.Duration) (PruneResult, error) {
-	p, ok := c.Driver().(driver.Pruner)
-	if !ok {
+	p := driver.CapabilitiesOf(c.Driver()).Pruner
+	if p == nil {
 		return PruneResult{}, fmt.Errorf("fenced: prune: %w", fenced.ErrUnsupported)
 	}
 	res, err := p.Prune(ctx, olderThan)

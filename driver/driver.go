@@ -283,9 +283,12 @@ type Guarantees struct {
 	// promises nothing, so a driver that does not say is taken as unsafe.
 	ClockStepSafe bool
 	// Notify reports whether waiters are woken by a notification from the
-	// authority rather than by polling.
+	// authority rather than by polling. GuaranteesOf derives it from the
+	// driver's Capabilities (Subscribe or Queue); a driver leaves it unset.
 	Notify bool
 	// FIFO reports whether waiters are served in arrival order.
+	// GuaranteesOf derives it from Capabilities.FIFO; a driver leaves it
+	// unset.
 	FIFO bool
 	// Note explains anything a user must know (for example the failover
 	// hazard of a repeatable fence).
@@ -322,8 +325,12 @@ type Driver interface {
 	// next renewal fails and the next grant gets a higher fence. It returns
 	// what was broken, or an error matching ErrNotHeld if nothing was held.
 	Break(ctx context.Context, key string, req BreakRequest) (LeaseInfo, error)
-	// Guarantees declares what the backend promises.
+	// Guarantees declares what the backend promises (its Notify and FIFO
+	// come from Capabilities: see GuaranteesOf).
 	Guarantees() Guarantees
+	// Capabilities declares, once, the optional operations the driver
+	// offers; the portable layer reads them with CapabilitiesOf.
+	Capabilities() Capabilities
 	// Close releases the driver's resources. Grants are left to expire.
 	Close() error
 }
@@ -432,12 +439,6 @@ type BreakLogger interface {
 	// Breaks returns the recorded breaks of key, oldest first; with key ""
 	// it returns all of them.
 	Breaks(ctx context.Context, key string) ([]BreakRecord, error)
-}
-
-// TTLBounds is implemented by drivers that accept a narrower TTL range than
-// the portable layer's (ZooKeeper session timeouts, for example).
-type TTLBounds interface {
-	TTLBounds() (min, max time.Duration)
 }
 
 // Valuer is implemented by drivers whose grants carry a value that anyone

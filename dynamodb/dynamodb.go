@@ -404,10 +404,13 @@ func (d *Driver) Guarantees() driver.Guarantees {
 		Fence:         d.fence,
 		ServerClock:   false,
 		ClockStepSafe: true,
-		Notify:        false,
-		FIFO:          false,
 		Note:          note,
 	}
+}
+
+// Capabilities implements driver.Driver: the break log.
+func (d *Driver) Capabilities() driver.Capabilities {
+	return driver.Capabilities{BreakLog: true}
 }
 
 // Close implements driver.Driver: later calls return ErrClosed. The

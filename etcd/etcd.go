@@ -119,6 +119,7 @@ type Options struct {
 
 func init() {
 	fenced.Register("etcd", openURL)
+	fenced.RegisterExpiry("etcd", Expiry)
 }
 
 // checkPrefix applies the backend's rule for key prefixes: etcd keys are
@@ -261,9 +262,22 @@ func (d *Driver) Guarantees() driver.Guarantees {
 		"safe from clock steps: lease TTLs count down on the leader's monotonic clock, and a new leader extends them, never shortens them")
 }
 
-// TTLBounds implements driver.TTLBounds: etcd leases have a one-second
-// granularity.
-func (d *Driver) TTLBounds() (min, max time.Duration) { return time.Second, fenced.MaxTTL }
+// Expiry is how etcd keeps a grant: the session carrying it is the TTL
+// rounded up to whole seconds plus one (sessionSeconds), and the lessor
+// revokes expired leases every 500ms. TTLs are a second or more.
+var Expiry = driver.Expiry{
+	Name: "etcd", Pad: time.Second, Granularity: time.Second, Sweep: 500 * time.Millisecond,
+	MinTTL: time.Second, MaxTTL: fenced.MaxTTL,
+	Note: "etcd counts lease TTLs in whole seconds: the session is ceil(TTL)+1s, and the lessor revokes expired leases every 500ms",
+}
+
+// Capabilities implements driver.Driver: the election recipe's FIFO queue
+// of keys (a watch on the predecessor), batch renewal, loss watches and
+// proclaimed values; TTLs of a second or more (etcd leases have a
+// one-second granularity).
+func (d *Driver) Capabilities() driver.Capabilities {
+	return driver.Capabilities{Queue: true, FIFO: true, BatchRenew: true, WatchLoss: true, Value: true, MinTTL: Expiry.MinTTL}
+}
 
 // Close stops the driver's background work and, when the driver was opened
 // by URL, closes its etcd client. Grants are left to expire with their

@@ -94,7 +94,7 @@ var errSessionGone = errors.New("etcd session (lease) expired or revoked")
 // about one keep-alive per second per session, however many grants it
 // makes, at the price of a crashed holder blocking others one second
 // longer.
-func sessionSeconds(ttl time.Duration) int64 { return driver.TTLUnits(ttl, time.Second) + 1 }
+func sessionSeconds(ttl time.Duration) int64 { return int64(Expiry.Rounded(ttl) / time.Second) }
 
 // reserve returns a live session of ttl with no key under name and marks
 // name as used on it, granting a new etcd lease when none fits.

@@ -459,7 +459,7 @@ func (s *Server) plan(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	in := leaseplan.Input{TTL: fenced.DefaultTTL, Authority: s.auth}
 	if b := q.Get("backend"); b != "" && b != s.auth.Scheme {
-		a, ok := leaseplan.Authorities[b]
+		a, ok := leaseplan.Authorities()[b]
 		if !ok {
 			writeError(w, &apiError{status: http.StatusBadRequest, Code: "invalid_backend", Message: fmt.Sprintf("backend %q is not one of fenced's URL schemes", b)})
 			return

@@ -83,7 +83,7 @@ func (s *Server) dashboard(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	seen := map[string]bool{}
-	for scheme, a := range leaseplan.Authorities {
+	for scheme, a := range leaseplan.Authorities() {
 		if seen[a.Name] && scheme != s.auth.Scheme {
 			continue // postgresql, rediss: aliases
 		}

@@ -58,6 +58,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/leaseplan"
 )
 
@@ -195,11 +196,7 @@ func New(cfg Config) (*Server, error) {
 	s := &Server{cfg: cfg, keys: keys, log: cfg.Logger, leases: map[string]*fenced.Lease{}}
 	s.obs = newObserver(cfg.Client, cfg.Now)
 	s.auth = leaseplan.ForScheme(cfg.Scheme)
-	if b, ok := cfg.Client.Driver().(interface {
-		TTLBounds() (time.Duration, time.Duration)
-	}); ok {
-		s.auth = s.auth.WithBounds(b.TTLBounds())
-	}
+	s.auth = s.auth.WithBounds(driver.CapabilitiesOf(cfg.Client.Driver()).TTLBounds(s.auth.MinTTL, s.auth.MaxTTL))
 	if err := cfg.Registry.Register(collector{s.obs}); err != nil {
 		return nil, fmt.Errorf("httpapi: register the store collector: %w", err)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/admin"
 	"github.com/fenced-dev/fenced/driver"
+	_ "github.com/fenced-dev/fenced/etcd" // the plan of another backend (its registered rounding)
 	"github.com/fenced-dev/fenced/httpapi"
 	_ "github.com/fenced-dev/fenced/sqlite"
 )

@@ -43,6 +43,7 @@ func init() {
 		}
 		return Named(u.Host), nil
 	})
+	fenced.RegisterExpiry("mem", driver.Expiry{Name: "in-process memory", Note: "expiry to the nanosecond; the store dies with the process"})
 }
 
 var (
@@ -67,17 +68,21 @@ func Named(name string) *Driver {
 type Store struct {
 	clock clock.Clock
 
-	mu     sync.Mutex
-	keys   map[string]*entry
-	breaks []driver.BreakRecord
-	wake   wakeup.Registry // waiters by key
+	mu      sync.Mutex
+	keys    map[string]*entry
+	breaks  []driver.BreakRecord
+	wake    wakeup.Registry // waiters by key
+	floor   uint64          // driver.FenceFloorer
+	watches map[string][]*lossWatch
+	queues  map[string][]*ticket // driver.TimedQueuer, head first
 }
 
 type entry struct {
 	owner   string
 	fence   uint64
 	expires time.Time
-	value   string // the grant's value (driver.Valuer); reset by every grant
+	value   string    // the grant's value (driver.Valuer); reset by every grant
+	ended   time.Time // when the last grant was released or broken
 }
 
 // NewStore returns an empty store whose expiry follows clk.
@@ -91,24 +96,44 @@ func NewStore(clk clock.Clock) *Store {
 // Driver returns a new driver over s. Closing it does not affect s.
 func (s *Store) Driver() *Driver { return &Driver{s: s} }
 
+// DriverWith returns a new driver over s with opts, whose Clock is ignored
+// (s has its own).
+func (s *Store) DriverWith(opts Options) *Driver { return &Driver{s: s, opts: opts} }
+
 // Options configure New.
 type Options struct {
 	// Clock decides expiry. Default: the real clock.
 	Clock clock.Clock
+	// Queue makes waiters wait in the store's FIFO queue of each key
+	// (driver.TimedQueuer, as on etcd and ZooKeeper) instead of being
+	// woken through Subscribe.
+	Queue bool
+	// Terms and BatchRenew declare driver.TermsAcquirer and
+	// driver.BatchRenewer. Like Queue, each stands in for a Driver method
+	// (TryAcquire, Renew) that the portable layer then no longer calls, so
+	// they are off by default: a test double that embeds a *Driver and
+	// overrides TryAcquire or Renew would be bypassed.
+	Terms, BatchRenew bool
+	// MinTTL and MaxTTL, when not zero, narrow the TTLs the driver
+	// declares it accepts (driver.Capabilities), as a backend with bounds
+	// of its own does.
+	MinTTL, MaxTTL time.Duration
 }
 
 // New returns a driver over a fresh private store. opts may be nil.
 func New(opts *Options) *Driver {
-	var clk clock.Clock
+	var o Options
 	if opts != nil {
-		clk = opts.Clock
+		o = *opts
 	}
-	return NewStore(clk).Driver()
+	return NewStore(o.Clock).DriverWith(o)
 }
 
-// Driver implements driver.Driver, driver.Notifier and driver.BreakLogger.
+// Driver implements driver.Driver and every optional operation of
+// driver.Capabilities.
 type Driver struct {
-	s *Store
+	s    *Store
+	opts Options
 
 	mu     sync.Mutex
 	closed bool
@@ -133,19 +158,30 @@ func (d *Driver) lock() (*Store, error) {
 	return d.s, nil
 }
 
+// lockCtx is lock for a request, which ctx may have ended already.
+func (d *Driver) lockCtx(ctx context.Context) (*Store, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return d.lock()
+}
+
 func (e *entry) heldAt(now time.Time) bool { return e.owner != "" && now.Before(e.expires) }
 
 // TryAcquire implements driver.Driver.
 func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
-	if err := ctx.Err(); err != nil {
-		return 0, err
-	}
-	s, err := d.lock()
+	s, err := d.lockCtx(ctx)
 	if err != nil {
 		return 0, err
 	}
 	defer s.mu.Unlock()
-	now := s.clock.Now()
+	return s.tryLocked(key, owner, ttl, s.clock.Now(), false)
+}
+
+// tryLocked is TryAcquire under the store's lock. A key with waiters in
+// its queue goes to the head of the queue only (head set), so a try that
+// is not the head's is refused while anyone queues.
+func (s *Store) tryLocked(key, owner string, ttl time.Duration, now time.Time, head bool) (uint64, error) {
 	e := s.keys[key]
 	if e == nil {
 		e = &entry{}
@@ -158,11 +194,10 @@ func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Dur
 		e.expires = now.Add(ttl)
 		return e.fence, nil
 	}
-	e.fence++
-	e.owner = owner
-	e.expires = now.Add(ttl)
-	e.value = ""
-	return e.fence, nil
+	if !head && len(s.queues[key]) > 0 {
+		return 0, &driver.HeldError{Key: key}
+	}
+	return s.grant(key, e, owner, ttl, now), nil
 }
 
 // Renew implements driver.Driver.
@@ -178,21 +213,12 @@ func (d *Driver) Renew(ctx context.Context, g driver.Grant) error {
 		return err
 	}
 	defer s.mu.Unlock()
-	now := s.clock.Now()
-	e := s.keys[g.Key]
-	if e == nil || !e.heldAt(now) || e.owner != g.Owner || e.fence != g.Fence {
-		return fmt.Errorf("%s fence %d: %w", g.Key, g.Fence, driver.ErrNotHeld)
-	}
-	e.expires = now.Add(g.TTL)
-	return nil
+	return s.renew(g, s.clock.Now())
 }
 
 // Release implements driver.Driver.
 func (d *Driver) Release(ctx context.Context, g driver.Grant) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	s, err := d.lock()
+	s, err := d.lockCtx(ctx)
 	if err != nil {
 		return err
 	}
@@ -201,9 +227,7 @@ func (d *Driver) Release(ctx context.Context, g driver.Grant) error {
 	if e == nil || e.owner != g.Owner || e.fence != g.Fence {
 		return fmt.Errorf("%s fence %d: %w", g.Key, g.Fence, driver.ErrNotHeld)
 	}
-	e.owner = ""
-	e.expires = time.Time{}
-	s.notify(g.Key)
+	s.end(g.Key, e, s.clock.Now(), nil)
 	return nil
 }
 
@@ -265,9 +289,7 @@ func (d *Driver) Break(ctx context.Context, key string, req driver.BreakRequest)
 	s.breaks = append(s.breaks, driver.BreakRecord{
 		Time: now, Key: key, Fence: e.fence, Owner: info.Owner, Reason: req.Reason, By: req.By,
 	})
-	e.owner = ""
-	e.expires = time.Time{}
-	s.notify(key)
+	s.end(key, e, now, fmt.Errorf("%w: %s was broken by %q: %s", driver.ErrLost, key, req.By, req.Reason))
 	return info, nil
 }
 
@@ -294,7 +316,6 @@ func (d *Driver) Guarantees() driver.Guarantees {
 		ServerClock: true,
 		// The real clock's readings carry Go's monotonic clock.
 		ClockStepSafe: true,
-		Notify:        true,
 		Note:          "in-process only: excludes nothing across processes; fences live as long as the process; expiry on the Store's clock (the real one is monotonic)",
 	}
 }
@@ -329,15 +350,15 @@ func (d *Driver) SubscribeObserver(ctx context.Context, key string) (driver.Subs
 	return s.wake.Observe(key), nil
 }
 
-// notify wakes the waiters of key.
-func (s *Store) notify(key string) { s.wake.Wake(key) }
+// notify wakes the waiters of key and the head of its queue.
+func (s *Store) notify(key string) {
+	s.wake.Wake(key)
+	s.signalHead(key)
+}
 
 // SetValue implements driver.Valuer.
 func (d *Driver) SetValue(ctx context.Context, g driver.Grant, value string) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	s, err := d.lock()
+	s, err := d.lockCtx(ctx)
 	if err != nil {
 		return err
 	}

@@ -10,20 +10,50 @@ import (
 	"github.com/fenced-dev/fenced/mem"
 )
 
+// TestConformance runs the suite on mem twice, with every capability
+// declared: waiters woken through Subscribe, and with Options.Queue (a
+// FIFO queue), so that between the two every test of the suite runs.
 func TestConformance(t *testing.T) {
-	store := mem.NewStore(nil)
+	for _, c := range []struct {
+		name string
+		opts mem.Options
+	}{
+		{"Subscribe", mem.Options{Terms: true, BatchRenew: true}},
+		{"Queue", mem.Options{Queue: true, Terms: true, BatchRenew: true}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			store := mem.NewStore(nil)
+			var mu sync.Mutex
+			byClock := map[clock.Clock]*mem.Store{}
+			drivertest.RunConformanceTests(t, drivertest.Harness{
+				Open: func(*testing.T) driver.Driver { return store.DriverWith(c.opts) },
+				OpenWithClock: func(_ *testing.T, clk clock.Clock) driver.Driver {
+					mu.Lock()
+					defer mu.Unlock()
+					if byClock[clk] == nil {
+						byClock[clk] = mem.NewStore(clk)
+					}
+					return byClock[clk].DriverWith(c.opts)
+				},
+				BadURLs: []string{"mem://name/path", "mem://x?y=1", "mem://x?y;z", "mem:opaque", "://nothing", "", "nosuchscheme://x"},
+			})
+		})
+	}
+}
+
+// TestFloor runs the fence floor and prune suite on mem, a store per
+// table.
+func TestFloor(t *testing.T) {
 	var mu sync.Mutex
-	byClock := map[clock.Clock]*mem.Store{}
-	drivertest.RunConformanceTests(t, drivertest.Harness{
-		Open: func(*testing.T) driver.Driver { return store.Driver() },
-		OpenWithClock: func(_ *testing.T, clk clock.Clock) driver.Driver {
+	stores := map[string]*mem.Store{}
+	drivertest.RunFloorTests(t, drivertest.FloorHarness{
+		OpenTable: func(_ *testing.T, table string) driver.Driver {
 			mu.Lock()
 			defer mu.Unlock()
-			if byClock[clk] == nil {
-				byClock[clk] = mem.NewStore(clk)
+			if stores[table] == nil {
+				stores[table] = mem.NewStore(nil)
 			}
-			return byClock[clk].Driver()
+			return stores[table].Driver()
 		},
-		BadURLs: []string{"mem://name/path", "mem://x?y=1", "mem://x?y;z", "mem:opaque", "://nothing", "", "nosuchscheme://x"},
 	})
 }

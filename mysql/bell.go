@@ -435,7 +435,9 @@ func heldRemaining(err error) time.Duration {
 	return 0
 }
 
-// AcquireTimed implements driver.TimedQueuer: one try of the row, then,
+// AcquireTimed implements driver.TimedQueuer (declared only with
+// doorbells on; with them off it refuses with driver.ErrUnsupported): one
+// try of the row, then,
 // while the key is held, the head of the key's local line waits on the
 // key's doorbell (see the comment at the top of bell.go) and tries the row
 // again each time the doorbell rings or the holder's time runs out. The
@@ -444,6 +446,9 @@ func heldRemaining(err error) time.Duration {
 // retried try idempotent) are retried until ctx ends; those of the first
 // try are returned, so that a caller that fails open can.
 func (d *Driver) AcquireTimed(ctx context.Context, key, owner string, ttl time.Duration) (uint64, time.Time, error) {
+	if cap(d.bell.slots) == 0 {
+		return 0, time.Time{}, fmt.Errorf("mysql: wait in a queue: %w: doorbells are off (Options.Bells < 0)", driver.ErrUnsupported)
+	}
 	sent := time.Now()
 	fence, err := d.TryAcquire(ctx, key, owner, ttl)
 	b := d.bell

@@ -135,6 +135,7 @@ import (
 
 func init() {
 	fenced.Register("mysql", func(ctx context.Context, u *url.URL) (driver.Driver, error) { return open(ctx, u) })
+	fenced.RegisterExpiry("mysql", driver.Expiry{Name: "MySQL/MariaDB", Note: "expiry by the server's clock inside the statement, to the microsecond"})
 }
 
 const paramSocket = "socket"
@@ -484,10 +485,17 @@ func (d *Driver) Guarantees() driver.Guarantees {
 		ServerClock: true,
 		// UTC_TIMESTAMP is the server's wall clock.
 		ClockStepSafe: false,
-		Notify:        cap(d.bell.slots) > 0,
 		Note: "fence is a counter on the InnoDB lease row (durable with the row; after a failover only if replication was semi-synchronous or Galera); " +
 			"expiry by the server's UTC_TIMESTAMP, its wall clock (not safe from clock steps); " + d.bell.note(),
 	}
+}
+
+// Capabilities implements driver.Driver: waiting by doorbell (a queue of
+// the driver's own, not FIFO across processes) when the driver has doorbell
+// connections, and the lease table's batch renewal, break log, fence floor
+// and prune.
+func (d *Driver) Capabilities() driver.Capabilities {
+	return driver.Capabilities{Queue: cap(d.bell.slots) > 0, BatchRenew: true, BreakLog: true, FenceFloor: true, Prune: true}
 }
 
 // Close implements driver.Driver. It closes the driver's prepared

@@ -7,7 +7,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fenced-dev/fenced/driver"
-	"github.com/fenced-dev/fenced/postgres"
 )
 
 // drain returns the indexes of subs with a wake-up pending after d.
@@ -32,7 +31,6 @@ func TestOneWaiterPerReleaseAcrossDrivers(t *testing.T) {
 	const params = "table=line_leases"
 	holder := open(t, params)
 	key := "line:" + t.Name()
-	var waiters []*postgres.Driver
 	var subs []driver.Subscription
 	for range 4 {
 		d := open(t, params)
@@ -41,7 +39,7 @@ func TestOneWaiterPerReleaseAcrossDrivers(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { s.Close() })
-		waiters, subs = append(waiters, d), append(subs, s)
+		subs = append(subs, s)
 	}
 	f, err := holder.TryAcquire(ctx, key, "holder", time.Minute)
 	if err != nil {

@@ -27,8 +27,8 @@ func signalled(c <-chan struct{}, within time.Duration) bool {
 func TestReleaseWakesOnlyThatKey(t *testing.T) {
 	ctx := ctxT(t)
 	waiter, holder := open(t), open(t)
-	if !waiter.Guarantees().Notify {
-		t.Fatalf("driver does not declare notifications: %s", waiter.Guarantees().Note)
+	if !driver.GuaranteesOf(waiter).Notify {
+		t.Fatalf("driver does not declare notifications: %s", driver.GuaranteesOf(waiter).Note)
 	}
 	keyA, keyB := "fanout:a:"+t.Name(), "fanout:b:"+t.Name()
 	fa, err := holder.TryAcquire(ctx, keyA, "holder-a", time.Minute)
@@ -98,7 +98,7 @@ func TestNotifyDegradesToPollingAndSaysSo(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.Close()
-	g := d.Guarantees()
+	g := driver.GuaranteesOf(d)
 	if g.Notify || !strings.Contains(g.Note, "LISTEN unavailable") || !strings.Contains(g.Note, "poll") {
 		t.Fatalf("degraded driver declares %+v", g)
 	}

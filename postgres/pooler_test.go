@@ -49,7 +49,7 @@ func TestConformanceThroughTransactionPooler(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := d.Guarantees()
+	g := driver.GuaranteesOf(d)
 	d.Close()
 	if g.Notify || !strings.Contains(g.Note, "LISTEN unavailable") {
 		t.Fatalf("through a transaction pooler the driver declares %+v; want Notify=false and a note saying LISTEN is unavailable", g)
@@ -91,8 +91,8 @@ func TestPoolerWithDirectListenConnection(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.Close()
-	if !d.Guarantees().Notify {
-		t.Fatalf("with a direct LISTEN connection: %+v", d.Guarantees())
+	if !driver.GuaranteesOf(d).Notify {
+		t.Fatalf("with a direct LISTEN connection: %+v", driver.GuaranteesOf(d))
 	}
 	key := "pooler:direct-listen"
 	f, err := d.TryAcquire(ctx, key, "holder", 60e9)

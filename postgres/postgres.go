@@ -140,6 +140,9 @@ import (
 func init() {
 	fenced.Register("postgres", openURL)
 	fenced.Register("postgresql", openURL)
+	expiry := driver.Expiry{Name: "PostgreSQL", Note: "expiry by now() inside the statement, to the microsecond"}
+	fenced.RegisterExpiry("postgres", expiry)
+	fenced.RegisterExpiry("postgresql", expiry)
 }
 
 // Options configure New. The zero value (or nil) gives the defaults.
@@ -362,7 +365,6 @@ func (d *Driver) Guarantees() driver.Guarantees {
 		ServerClock: true,
 		// now() is the database's wall clock.
 		ClockStepSafe: false,
-		Notify:        d.listener != nil,
 		Note:          "fence is a counter on the lease row (durable with the row; after a failover only if replication was synchronous); expiry by the database's now(), its wall clock (not safe from clock steps)",
 	}
 	if d.note != "" {
@@ -371,6 +373,14 @@ func (d *Driver) Guarantees() driver.Guarantees {
 		g.Note += "; waiters woken by LISTEN/NOTIFY, one per release across processes (a per-key line on a session advisory lock), expiry without release caught by the client's fallback timer"
 	}
 	return g
+}
+
+// Capabilities implements driver.Driver: waiters and observers woken by
+// LISTEN/NOTIFY while the driver has its LISTEN connection, and the lease
+// table's batch renewal, break log, fence floor and prune.
+func (d *Driver) Capabilities() driver.Capabilities {
+	notify := d.listener != nil
+	return driver.Capabilities{Subscribe: notify, Observe: notify, BatchRenew: true, BreakLog: true, FenceFloor: true, Prune: true}
 }
 
 // Close implements driver.Driver. It stops the LISTEN connection and, for a

@@ -25,11 +25,9 @@ func (r *run) nemesis(ctx context.Context) error {
 	}
 	from := 0
 	for k := 0; k < r.cfg.Injections; k++ {
-		i, err := progress(from)
-		if err != nil {
+		if _, err := progress(from); err != nil {
 			return fmt.Errorf("proof: no progress before injection %d of %s: %w", k+1, r.cfg.Fault, err)
 		}
-		from = i
 		r.cfg.Logf("inject %s #%d", r.cfg.Fault, k+1)
 		if err := r.inject(ctx); err != nil {
 			return fmt.Errorf("proof: injection %d of %s: %w", k+1, r.cfg.Fault, err)

@@ -62,8 +62,7 @@ func (e *Election) Name() string { return e.name }
 // and Proclaim return ErrUnsupported, and Observe reports leaders without
 // a value.
 func (e *Election) CanProclaim() bool {
-	_, ok := e.c.Driver().(driver.Valuer)
-	return ok
+	return driver.CapabilitiesOf(e.c.Driver()).Valuer != nil
 }
 
 // Campaign blocks until this process is the leader or ctx ends, and
@@ -75,7 +74,7 @@ func (e *Election) CanProclaim() bool {
 //
 // The leadership outlives ctx: end it with Resign.
 func (e *Election) Campaign(ctx context.Context, value string) (*Leadership, error) {
-	valuer, _ := e.c.Driver().(driver.Valuer)
+	valuer := driver.CapabilitiesOf(e.c.Driver()).Valuer
 	if value != "" && valuer == nil {
 		return nil, fmt.Errorf("fenced: campaign %q: %w: this backend has no slot for a leader's value (etcd and mem have one); campaign with an empty value", e.name, fenced.ErrUnsupported)
 	}
@@ -120,7 +119,7 @@ func (e *Election) Leader(ctx context.Context) (Leader, error) {
 		value string
 		err   error
 	)
-	if v, ok := e.c.Driver().(driver.Valuer); ok {
+	if v := driver.CapabilitiesOf(e.c.Driver()).Valuer; v != nil {
 		info, value, err = v.Value(ctx, e.name)
 	} else {
 		info, err = e.c.Driver().Inspect(ctx, e.name)
@@ -207,7 +206,7 @@ func (e *Election) observe(ctx context.Context, ch chan<- Leader) {
 	// Only an observer's subscription: a waiter's could take the one
 	// wake-up a release gives the candidates (driver.ObserveNotifier).
 	var sub driver.Subscription
-	if n, ok := e.c.Driver().(driver.ObserveNotifier); ok {
+	if n := driver.CapabilitiesOf(e.c.Driver()).Observer; n != nil {
 		if s, err := n.SubscribeObserver(ctx, e.name); err == nil {
 			sub = s
 			defer s.Close()
@@ -311,7 +310,7 @@ func (l *Leadership) publish(ctx context.Context, value string) error {
 	if err := l.lease.Err(); err != nil {
 		return fmt.Errorf("fenced: proclaim %q: %w", l.e.name, err)
 	}
-	v := l.e.c.Driver().(driver.Valuer)
+	v := driver.CapabilitiesOf(l.e.c.Driver()).Valuer
 	if err := v.SetValue(ctx, grantOf(l.lease), value); err != nil {
 		if errors.Is(err, fenced.ErrNotHeld) {
 			// The store no longer has this grant. A renewal asks it

@@ -111,9 +111,7 @@ func (s *Semaphore) acquire(ctx context.Context) (*Permit, error) {
 	if err == nil || !errors.Is(err, fenced.ErrHeld) || spec.MaxWait == fenced.NoWait {
 		return p, err
 	}
-	_, queues := s.c.Driver().(driver.TimedQueuer)
-	_, notifies := s.c.Driver().(driver.Notifier)
-	if queues || notifies {
+	if ops := driver.CapabilitiesOf(s.c.Driver()); ops.Queuer != nil || ops.Notifier != nil {
 		return s.race(ctx)
 	}
 	return s.poll(ctx, spec, hint)

@@ -103,6 +103,9 @@ import (
 func init() {
 	fenced.Register("redis", open)
 	fenced.Register("rediss", open)
+	expiry := driver.Expiry{Name: "Redis", Note: "PX in milliseconds; an expired key is gone on its next access"}
+	fenced.RegisterExpiry("redis", expiry)
+	fenced.RegisterExpiry("rediss", expiry)
 }
 
 // ErrForeignValue means a Redis key in fenced's namespace holds something
@@ -555,10 +558,14 @@ func (d *Driver) makeGuarantees() driver.Guarantees {
 		ServerClock: true,
 		// PX expiry compares with the server's wall clock (mstime).
 		ClockStepSafe: false,
-		Notify:        true,
-		FIFO:          false,
 		Note:          note,
 	}
+}
+
+// Capabilities implements driver.Driver: waiters and observers woken by
+// pub/sub, batch renewal in one script, and the break log.
+func (d *Driver) Capabilities() driver.Capabilities {
+	return driver.Capabilities{Subscribe: true, Observe: true, BatchRenew: true, BreakLog: true}
 }
 
 // Close implements driver.Driver. It closes the subscriber connection, and

@@ -78,6 +78,7 @@ import (
 
 func init() {
 	fenced.Register("redlock", open)
+	fenced.RegisterExpiry("redlock", driver.Expiry{Name: "Redlock", Note: "PX in milliseconds on each node; validity also loses the acquire time and the drift allowance"})
 }
 
 // ErrForeignValue means a Redis key in fenced's namespace holds something
@@ -208,7 +209,14 @@ func (d *Driver) Guarantees() driver.Guarantees {
 		note += "; Redlock has no monotonic token of its own, so supply a FenceSource with redlock.Options.Fence or fence= in the URL"
 	}
 	note += "; expiry is PX on each node's wall clock: a forward step on the nodes of a holder's majority that a rival needs (one node, when that majority is exact) ends the grant early there, and a second majority can form (not safe from clock steps)"
-	return driver.Guarantees{Fence: strength, ServerClock: true, ClockStepSafe: false, Notify: true, FIFO: false, Note: note}
+	return driver.Guarantees{Fence: strength, ServerClock: true, ClockStepSafe: false, Note: note}
+}
+
+// Capabilities implements driver.Driver: waiters and observers woken by
+// pub/sub, grants decided on the lease's terms (TryAcquireTerms), batch
+// renewal and the break log.
+func (d *Driver) Capabilities() driver.Capabilities {
+	return driver.Capabilities{Subscribe: true, Observe: true, Terms: true, BatchRenew: true, BreakLog: true}
 }
 
 // Close implements driver.Driver: it closes the subscriber connections,

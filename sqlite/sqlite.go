@@ -90,6 +90,7 @@ import (
 
 func init() {
 	fenced.Register("sqlite", openURL)
+	fenced.RegisterExpiry("sqlite", driver.Expiry{Name: "SQLite", Note: "expiry in milliseconds by the host's clock inside the statement"})
 }
 
 // DefaultTable is the lease table's default name.
@@ -755,6 +756,13 @@ func (d *Driver) Guarantees() driver.Guarantees {
 		ClockStepSafe: false,
 		Note:          "one host: the fence counter is a row in the file and survives restarts; expiry uses the host's wall clock inside the statement (not safe from clock steps); waiters are woken through a doorbell file every release and break opens after its commit, watched with inotify (PRAGMA data_version every 2ms where inotify is unavailable), and retry only when their key is free",
 	}
+}
+
+// Capabilities implements driver.Driver: waiters and observers woken by
+// the doorbell file (watch.go), and the lease table's batch renewal, break
+// log, fence floor and prune.
+func (d *Driver) Capabilities() driver.Capabilities {
+	return driver.Capabilities{Subscribe: true, Observe: true, BatchRenew: true, BreakLog: true, FenceFloor: true, Prune: true}
 }
 
 // Close implements driver.Driver. It closes the database only if the

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 )
 
@@ -16,10 +17,19 @@ import (
 // the servers' tickTime is at most tick: T with T*7/8 >= ttl + tick, that
 // is T >= ttl + tick + 2*keepaliveEvery(T). Rounded up to the millisecond,
 // the unit ZooKeeper negotiates in.
-func sessionTimeoutFor(ttl, tick time.Duration) time.Duration {
-	t := (ttl + tick) * 8
-	t = (t + 6) / 7
-	return time.Duration(driver.TTLUnits(t, time.Millisecond)) * time.Millisecond
+func sessionTimeoutFor(ttl, tick time.Duration) time.Duration { return ExpiryFor(tick).Rounded(ttl) }
+
+// ExpiryFor is how ZooKeeper keeps a grant when the servers' tickTime is
+// at most tick: a session of (TTL + tick)×8/7 (sessionTimeoutFor), at
+// least minSessionTimeout (two ticks by default), expired on tick
+// boundaries; TTLs up to what ZooKeeper's default maxSessionTimeout of 20
+// ticks covers (maxTTLFor).
+func ExpiryFor(tick time.Duration) driver.Expiry {
+	return driver.Expiry{
+		Name: "ZooKeeper", Pad: tick, ScaleNum: 8, ScaleDen: 7, Granularity: time.Millisecond,
+		Floor: 2 * tick, Sweep: tick, MinTTL: fenced.MinTTL, MaxTTL: maxTTLFor(20*tick, tick),
+		Note: fmt.Sprintf("the session is (TTL + tickTime)×8/7, at least minSessionTimeout, expired on tick boundaries; figures assume tickTime %v and ZooKeeper's default sessions of 2 to 20 ticks", tick),
+	}
 }
 
 // maxTTLFor returns the longest TTL a session of timeout t covers when the

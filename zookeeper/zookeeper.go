@@ -188,6 +188,7 @@ type Options struct {
 
 func init() {
 	fenced.Register("zk", openURL)
+	fenced.RegisterExpiry("zk", ExpiryFor(2*time.Second)) // ZooKeeper's default tickTime
 }
 
 var nopLogger = log.New(io.Discard, "", 0)
@@ -528,9 +529,13 @@ func (d *Driver) Guarantees() driver.Guarantees {
 		"safe from clock steps: the leader expires sessions on its tick clock, which is monotonic (System.nanoTime), not the wall clock")
 }
 
-// TTLBounds implements driver.TTLBounds: a TTL longer than the session
-// timeout the server allows cannot be honoured.
-func (d *Driver) TTLBounds() (min, max time.Duration) { return fenced.MinTTL, d.maxTTL }
+// Capabilities implements driver.Driver: the lock recipe's FIFO queue of
+// sequential znodes (a watch on the predecessor), batch renewal and loss
+// watches; no TTL longer than the session timeout the server allows, which
+// could not be honoured.
+func (d *Driver) Capabilities() driver.Capabilities {
+	return driver.Capabilities{Queue: true, FIFO: true, BatchRenew: true, WatchLoss: true, MaxTTL: d.maxTTL}
+}
 
 // Close closes the sessions the driver opened (their ephemeral nodes go at
 // once) and stops its background work. On a caller's connection (New),

@@ -193,8 +193,7 @@ func (s *suite) testBlockedDriverDelaysNoEnd(t *testing.T) {
 	t.Run("Close", func(t *testing.T) {
 		d, c := newStuck(t, s.h.Open(t), opts())
 		ttl := 30 * time.Second
-		if b, ok := d.Driver.(driver.TTLBounds); ok {
-			_, hi := b.TTLBounds()
+		if hi := d.Driver.Capabilities().MaxTTL; hi > 0 {
 			ttl = min(ttl, hi)
 		}
 		leases := acquire(c, uniqueKey(t, "stuckclose"), ttl)

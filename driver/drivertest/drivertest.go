@@ -102,6 +102,7 @@ func RunConformanceTests(t *testing.T, h Harness) {
 	t.Run("WaitLongerThanTTLGivesFullLease", s.testLongWait)
 	t.Run("BatchRenewReportsEachGrant", s.testBatchRenew)
 	t.Run("BlockedDriverDelaysNoLeaseEnd", s.testBlockedDriverDelaysNoEnd)
+	t.Run("CapabilitiesMatchMethods", s.testCapabilities)
 }
 
 // skipUndeclared skips t because the backend does not declare capability;
@@ -344,7 +345,7 @@ func (s *suite) testOwnership(t *testing.T) {
 	if err := d.Renew(ctx, noTTL); !errors.Is(err, driver.ErrInvalidTTL) {
 		t.Errorf("renew of a grant without its TTL: %v, want ErrInvalidTTL", err)
 	}
-	if br, ok := d.(driver.BatchRenewer); ok {
+	if br := driver.CapabilitiesOf(d).BatchRenewer; br != nil {
 		errs, err := br.RenewBatch(ctx, []driver.Grant{noTTL})
 		if err == nil && len(errs) == 1 {
 			err = errs[0]
@@ -441,14 +442,13 @@ func (s *suite) testExpiry(t *testing.T) {
 
 func (s *suite) testAutoRenew(t *testing.T) {
 	ctx := ctxT(t)
-	c := s.client(t, nil)
 	key := uniqueKey(t, "renew")
 	// At least a second, so a renewal every third of it still lands on a
 	// loaded machine; the test checks renewal, not the shortest TTL.
 	ttl := max(s.h.ShortTTL, time.Second)
 	var renewals atomic.Int32
 	c2 := s.client(t, &fenced.Options{Hooks: fenced.Hooks{}})
-	c = s.client(t, &fenced.Options{Hooks: fenced.Hooks{Renewed: func(e fenced.RenewEvent) {
+	c := s.client(t, &fenced.Options{Hooks: fenced.Hooks{Renewed: func(e fenced.RenewEvent) {
 		if e.Err == nil {
 			renewals.Add(1)
 		}
@@ -822,13 +822,8 @@ func (s *suite) testBadURLs(t *testing.T) {
 // longer than the test allows.
 func (s *suite) testNotify(t *testing.T) {
 	d := s.drv(t)
-	if !d.Guarantees().Notify {
-		skipUndeclared(t, "Notify (Guarantees.Notify)", "waiters poll with backoff")
-	}
-	_, notifier := d.(driver.Notifier)
-	_, queuer := d.(driver.TimedQueuer)
-	if !notifier && !queuer {
-		t.Fatalf("%T declares Notify but implements neither driver.Notifier nor driver.TimedQueuer", d)
+	if !driver.GuaranteesOf(d).Notify {
+		skipUndeclared(t, "Notify (Capabilities.Subscribe or Queue)", "waiters poll with backoff")
 	}
 	ctx := ctxT(t)
 	a := s.client(t, nil)
@@ -865,8 +860,8 @@ func (s *suite) testNotify(t *testing.T) {
 // The waiters arrive half a second apart, so that their order is clear
 // whatever the machine's load; each holds the key briefly and releases it.
 func (s *suite) testFIFO(t *testing.T) {
-	if !s.drv(t).Guarantees().FIFO {
-		skipUndeclared(t, "FIFO (Guarantees.FIFO)", "waiters are not served in arrival order")
+	if !driver.GuaranteesOf(s.drv(t)).FIFO {
+		skipUndeclared(t, "FIFO (Capabilities.FIFO)", "waiters are not served in arrival order")
 	}
 	ctx := ctxT(t)
 	key := uniqueKey(t, "fifo")
@@ -921,9 +916,9 @@ func (s *suite) testFIFO(t *testing.T) {
 // hold.
 func (s *suite) testLossWatch(t *testing.T) {
 	d := s.drv(t)
-	w, ok := d.(driver.LossWatcher)
-	if !ok {
-		skipUndeclared(t, "LossWatcher (driver.LossWatcher)", "a lost grant is found by the next renewal")
+	w := driver.CapabilitiesOf(d).LossWatcher
+	if w == nil {
+		skipUndeclared(t, "WatchLoss (driver.LossWatcher)", "a lost grant is found by the next renewal")
 	}
 	ctx := ctxT(t)
 	grant := func(name string) driver.Grant {
@@ -1020,18 +1015,16 @@ func (s *suite) testLongWait(t *testing.T) {
 // TTL, and refuses the others one by one, without touching them.
 func (s *suite) testBatchRenew(t *testing.T) {
 	d, clk := s.expiryDriver(t)
-	br, ok := d.(driver.BatchRenewer)
-	if !ok {
-		skipUndeclared(t, "BatchRenewer (driver.BatchRenewer)", "leases are renewed one request each")
+	br := driver.CapabilitiesOf(d).BatchRenewer
+	if br == nil {
+		skipUndeclared(t, "BatchRenew (driver.BatchRenewer)", "leases are renewed one request each")
 	}
 	ctx := ctxT(t)
 	// TTLs in units of a minute, or less where the driver's longest TTL is
 	// under three minutes (ZooKeeper's session bound).
 	unit := time.Minute
-	if b, ok := d.(driver.TTLBounds); ok {
-		if _, longest := b.TTLBounds(); longest < 3*unit {
-			unit = (longest / 3).Truncate(time.Second)
-		}
+	if longest := driver.CapabilitiesOf(d).Declared.MaxTTL; longest > 0 && longest < 3*unit {
+		unit = (longest / 3).Truncate(time.Second)
 	}
 	prefix := uniqueKey(t, "batch") + ":"
 	var grants []driver.Grant

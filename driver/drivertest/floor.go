@@ -39,7 +39,7 @@ func RunFloorTests(t *testing.T, h FloorHarness) {
 type floorSuite struct{ h FloorHarness }
 
 // floorDriver is what the suite needs of a driver.
-type floorDriver interface {
+type floorDriver struct {
 	driver.Driver
 	driver.FenceFloorer
 	driver.Pruner
@@ -57,11 +57,11 @@ func (s *floorSuite) open(t *testing.T, table string) floorDriver {
 	t.Helper()
 	d := s.h.OpenTable(t, table)
 	t.Cleanup(func() { d.Close() })
-	fd, ok := d.(floorDriver)
-	if !ok {
-		t.Fatalf("%T does not implement driver.FenceFloorer and driver.Pruner", d)
+	ops := driver.CapabilitiesOf(d)
+	if ops.FenceFloorer == nil || ops.Pruner == nil {
+		t.Fatalf("%T does not declare and implement driver.FenceFloorer and driver.Pruner (Capabilities.FenceFloor, Prune)", d)
 	}
-	return fd
+	return floorDriver{d, ops.FenceFloorer, ops.Pruner}
 }
 
 // grant acquires key for a fresh owner and fails the test unless granted.

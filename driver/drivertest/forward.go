@@ -45,9 +45,10 @@ func (s *stalling) Subscribe(ctx context.Context, key string) (driver.Subscripti
 // (driver.WakeForwarder).
 func (s *suite) testGiveUpMidLook(t *testing.T) {
 	d := s.drv(t)
-	n, notifier := d.(driver.Notifier)
-	if _, queuer := d.(driver.TimedQueuer); !d.Guarantees().Notify || !notifier || queuer {
-		skipUndeclared(t, "Notify (Guarantees.Notify) through driver.Notifier", "waiters poll, or wait in the authority's own queue")
+	ops := driver.CapabilitiesOf(d)
+	n := ops.Notifier
+	if n == nil || ops.Queuer != nil {
+		skipUndeclared(t, "Subscribe (driver.Notifier) without a Queue", "waiters poll, or wait in the authority's own queue")
 	}
 	ctx := ctxT(t)
 	key := uniqueKey(t, "giveup")

@@ -26,13 +26,12 @@
 //     (crash just after one; Sweep is how late the authority may notice
 //     an expiry).
 //
-// How backends round TTLs comes from their drivers (see Authorities).
+// How backends round TTLs comes from their packages (see Authority).
 package leaseplan
 
 import (
 	"errors"
 	"fmt"
-	"math"
 	"time"
 
 	"github.com/fenced-dev/fenced"
@@ -40,92 +39,51 @@ import (
 )
 
 // Authority describes how a backend turns a requested TTL into the time it
-// keeps an unrenewed grant.
+// keeps an unrenewed grant: the Expiry its package registers beside its URL
+// opener (fenced.RegisterExpiry), under the URL scheme. The rounding rules
+// live with each backend; this package only figures with them.
 type Authority struct {
-	// Scheme is the store URL scheme; Name the backend's name.
-	Scheme, Name string
-	// Granularity rounds the TTL up to a multiple of it (etcd: whole
-	// seconds). Zero: milliseconds, as requested.
-	Granularity time.Duration
-	// Pad is added to the rounded TTL (etcd: the driver's session outlives
-	// the grant by one second).
-	Pad time.Duration
-	// Scale multiplies the padded TTL (ZooKeeper: the session is 8/7 of
-	// TTL + tick). Zero means 1.
-	Scale float64
-	// Floor is the least time the authority keeps a grant whatever the TTL
-	// (ZooKeeper's minSessionTimeout).
-	Floor time.Duration
-	// Sweep is how late the authority may notice an expiry (etcd's lessor
-	// checks every 500ms; ZooKeeper expires sessions on tick boundaries).
-	Sweep time.Duration
-	// MinTTL and MaxTTL bound the TTLs the backend accepts.
-	MinTTL, MaxTTL time.Duration
-	// Note explains the rounding, for humans.
-	Note string
-}
-
-// KeepsFor returns how long the authority keeps a grant of ttl that is not
-// renewed, at least: the TTL rounded, padded, scaled and floored.
-func (a Authority) KeepsFor(ttl time.Duration) time.Duration {
-	t := ttl
-	if g := a.Granularity; g > 0 {
-		t = (t + g - 1) / g * g
-	}
-	t += a.Pad
-	if a.Scale > 0 && a.Scale != 1 {
-		t = time.Duration(math.Ceil(float64(t) * a.Scale))
-	}
-	return max(t, a.Floor)
+	// Scheme is the store URL scheme.
+	Scheme string
+	driver.Expiry
 }
 
 // WithBounds narrows a's TTL bounds to what a live driver reports
-// (driver.TTLBounds), such as a ZooKeeper ensemble's maxSessionTimeout.
+// (driver.Capabilities), such as a ZooKeeper ensemble's maxSessionTimeout.
 func (a Authority) WithBounds(lo, hi time.Duration) Authority {
 	a.MinTTL, a.MaxTTL = max(a.MinTTL, lo), min(a.MaxTTL, hi)
 	return a
 }
 
-// zkTick is ZooKeeper's default tickTime, which the ZooKeeper figures
-// assume (the driver's tick_time URL option names another).
-const zkTick = 2 * time.Second
-
-// exact is a backend whose authority decides expiry to the millisecond on
-// its own clock.
-func exact(scheme, name, note string) Authority {
-	return Authority{Scheme: scheme, Name: name, MinTTL: fenced.MinTTL, MaxTTL: fenced.MaxTTL, Note: note}
-}
-
-// Authorities lists the shipped backends by URL scheme, after their
-// drivers: see the package documentation of each.
-var Authorities = map[string]Authority{
-	"sqlite":     exact("sqlite", "SQLite", "expiry in milliseconds by the host's clock inside the statement"),
-	"postgres":   exact("postgres", "PostgreSQL", "expiry by now() inside the statement, to the microsecond"),
-	"postgresql": exact("postgresql", "PostgreSQL", "expiry by now() inside the statement, to the microsecond"),
-	"mysql":      exact("mysql", "MySQL/MariaDB", "expiry by the server's clock inside the statement, to the microsecond"),
-	"redis":      exact("redis", "Redis", "PX in milliseconds; an expired key is gone on its next access"),
-	"rediss":     exact("rediss", "Redis", "PX in milliseconds; an expired key is gone on its next access"),
-	"redlock":    exact("redlock", "Redlock", "PX in milliseconds on each node; validity also loses the acquire time and the drift allowance"),
-	"mem":        exact("mem", "in-process memory", "expiry to the nanosecond; the store dies with the process"),
-	"etcd": {
-		Scheme: "etcd", Name: "etcd", Granularity: time.Second, Pad: time.Second, Sweep: 500 * time.Millisecond,
-		MinTTL: time.Second, MaxTTL: fenced.MaxTTL,
-		Note: "etcd counts lease TTLs in whole seconds: the session is ceil(TTL)+1s, and the lessor revokes expired leases every 500ms",
-	},
-	"zk": {
-		Scheme: "zk", Name: "ZooKeeper", Pad: zkTick, Scale: 8.0 / 7, Floor: 2 * zkTick, Sweep: zkTick,
-		MinTTL: fenced.MinTTL, MaxTTL: 40*time.Second*7/8 - zkTick,
-		Note: "the session is (TTL + tickTime)×8/7, at least minSessionTimeout, expired on tick boundaries; figures assume ZooKeeper's defaults (tickTime 2s, sessions 4s to 40s)",
-	},
-}
-
-// ForScheme returns the Authority of a URL scheme; an unknown scheme gets
-// an exact authority named after it.
-func ForScheme(scheme string) Authority {
-	if a, ok := Authorities[scheme]; ok {
-		return a
+// authority returns the Authority of scheme for e, with the portable TTL
+// bounds where e names none.
+func authority(scheme string, e driver.Expiry) Authority {
+	if e.MinTTL == 0 {
+		e.MinTTL = fenced.MinTTL
 	}
-	return exact(scheme, scheme, "unknown backend: assumed to expire grants exactly at the TTL")
+	if e.MaxTTL == 0 {
+		e.MaxTTL = fenced.MaxTTL
+	}
+	return Authority{Scheme: scheme, Expiry: e}
+}
+
+// Authorities returns the registered backends by URL scheme: those whose
+// packages the program imports.
+func Authorities() map[string]Authority {
+	out := map[string]Authority{}
+	for scheme, e := range fenced.Expiries() {
+		out[scheme] = authority(scheme, e)
+	}
+	return out
+}
+
+// ForScheme returns the Authority of a URL scheme; a scheme that registered
+// none gets an exact authority named after it.
+func ForScheme(scheme string) Authority {
+	if e, ok := fenced.Expiries()[scheme]; ok {
+		return authority(scheme, e)
+	}
+	return authority(scheme, driver.Expiry{Name: scheme, Note: "unknown backend: assumed to expire grants exactly at the TTL"})
 }
 
 // Input is what to plan. Zero RenewEvery and SafetyMargin take the client's

@@ -324,8 +324,6 @@ func Guarantees(note string) driver.Guarantees {
 		Fence:         driver.FenceStrict,
 		ServerClock:   true,
 		ClockStepSafe: true,
-		Notify:        true,
-		FIFO:          true,
 		Note:          note,
 	}
 }

@@ -261,7 +261,7 @@ func RestartKeepsFences(t *testing.T, srv Server, open func(t *testing.T) driver
 			t.Errorf("key %s: fence %d after restart, want > %d from before the crash", k, f, before)
 		}
 	}
-	if bl, ok := d2.(driver.BreakLogger); ok {
+	if bl := driver.CapabilitiesOf(d2).BreakLogger; bl != nil {
 		recs, err := bl.Breaks(ctx, prefix+"broken")
 		if err != nil || len(recs) != 1 || recs[0].Fence != last["broken"] {
 			t.Errorf("audit of the break after restart = %+v, %v", recs, err)

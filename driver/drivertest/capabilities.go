@@ -1,0 +1,89 @@
+package drivertest
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/fenced-dev/fenced/driver"
+)
+
+// testCapabilities checks that the driver's declaration (Capabilities)
+// and its methods agree: every declared operation has its methods (a flag
+// without them would be silently dropped by driver.CapabilitiesOf), a
+// method present but not declared is not there at all, or, for the
+// subscriptions, the queue, terms and batches (whose availability may
+// depend on how the driver was opened), refuses with
+// driver.ErrUnsupported; and the
+// driver's own Guarantees do not claim Notify or FIFO beyond what the
+// declaration gives (driver.GuaranteesOf). The other declared operations
+// are exercised by the tests named after them.
+func (s *suite) testCapabilities(t *testing.T) {
+	d := s.drv(t)
+	declared := d.Capabilities()
+	has := driver.Implemented(d)
+	flags := []struct {
+		name              string
+		declared, has     bool
+		refusesUndeclared func() error
+	}{
+		{"Subscribe (driver.Notifier)", declared.Subscribe, has.Subscribe, func() error {
+			sub, err := d.(driver.Notifier).Subscribe(context.Background(), uniqueKey(t, "caps"))
+			if err == nil {
+				sub.Close()
+			}
+			return err
+		}},
+		{"Observe (driver.ObserveNotifier)", declared.Observe, has.Observe, func() error {
+			sub, err := d.(driver.ObserveNotifier).SubscribeObserver(context.Background(), uniqueKey(t, "caps"))
+			if err == nil {
+				sub.Close()
+			}
+			return err
+		}},
+		{"Queue (driver.TimedQueuer)", declared.Queue, has.Queue, func() error {
+			_, _, err := d.(driver.TimedQueuer).AcquireTimed(context.Background(), uniqueKey(t, "caps"), owner(), time.Second)
+			return err
+		}},
+		{"Terms (driver.TermsAcquirer)", declared.Terms, has.Terms, func() error {
+			_, err := d.(driver.TermsAcquirer).TryAcquireTerms(context.Background(), uniqueKey(t, "caps"), owner(),
+				driver.Terms{TTL: time.Second, SafetyMargin: driver.DefaultSafetyMargin(time.Second)})
+			return err
+		}},
+		{"BatchRenew (driver.BatchRenewer)", declared.BatchRenew, has.BatchRenew, func() error {
+			_, err := d.(driver.BatchRenewer).RenewBatch(context.Background(), []driver.Grant{{Key: uniqueKey(t, "caps"), Owner: owner(), Fence: 1, TTL: time.Second}})
+			return err
+		}},
+		{"WatchLoss (driver.LossWatcher)", declared.WatchLoss, has.WatchLoss, nil},
+		{"BreakLog (driver.BreakLogger)", declared.BreakLog, has.BreakLog, nil},
+		{"Value (driver.Valuer)", declared.Value, has.Value, nil},
+		{"FenceFloor (driver.FenceFloorer)", declared.FenceFloor, has.FenceFloor, nil},
+		{"Prune (driver.Pruner)", declared.Prune, has.Prune, nil},
+	}
+	for _, f := range flags {
+		switch {
+		case f.declared && !f.has:
+			t.Errorf("%T declares %s but lacks its methods", d, f.name)
+		case !f.declared && f.has && f.refusesUndeclared == nil:
+			t.Errorf("%T has the methods of %s but does not declare it: declare it, or drop the methods", d, f.name)
+		case !f.declared && f.has:
+			if err := f.refusesUndeclared(); !errors.Is(err, driver.ErrUnsupported) {
+				t.Errorf("%T has the methods of %s but does not declare it, and they answer %v, want an error matching ErrUnsupported", d, f.name, err)
+			}
+		}
+	}
+	if declared.FIFO && !declared.Queue {
+		t.Errorf("%T declares FIFO without a Queue: only a queue of the authority's serves waiters in order", d)
+	}
+	if declared.MinTTL < 0 || declared.MaxTTL < 0 || (declared.MaxTTL > 0 && declared.MaxTTL < declared.MinTTL) {
+		t.Errorf("%T declares TTL bounds [%v, %v]", d, declared.MinTTL, declared.MaxTTL)
+	}
+	own, derived := d.Guarantees(), driver.GuaranteesOf(d)
+	if own.Notify && !derived.Notify {
+		t.Errorf("%T's Guarantees claim Notify, but it declares neither Subscribe nor Queue", d)
+	}
+	if own.FIFO && !derived.FIFO {
+		t.Errorf("%T's Guarantees claim FIFO, but it declares no FIFO Queue", d)
+	}
+}

@@ -1,0 +1,50 @@
+package driver
+
+import "time"
+
+// Expiry says how an authority turns a requested TTL into the time it
+// keeps a grant that is not renewed: the backend's own rounding, which its
+// driver applies and `fenced plan` figures with. A backend registers its
+// Expiry beside its URL opener (fenced.RegisterExpiry), so that a plan
+// needs no connection, and its driver computes what it asks the authority
+// for with the same value (Rounded), so the two cannot drift apart.
+type Expiry struct {
+	// Name is the backend's name, for humans.
+	Name string
+	// Pad is added to the TTL (etcd: the session outlives the grant by a
+	// second; ZooKeeper: a tick for the keep-alive to be reported).
+	Pad time.Duration
+	// ScaleNum/ScaleDen multiplies the padded TTL, rounding up (ZooKeeper:
+	// a session of 8/7 of it leaves two keep-alive periods). Zero means 1.
+	ScaleNum, ScaleDen int64
+	// Granularity rounds the result up to a multiple of it (etcd: whole
+	// seconds; ZooKeeper: milliseconds). Zero: no rounding.
+	Granularity time.Duration
+	// Floor is the least time the authority keeps a grant whatever the TTL
+	// (ZooKeeper's minSessionTimeout).
+	Floor time.Duration
+	// Sweep is how late the authority may notice an expiry (etcd's lessor
+	// checks every 500ms; ZooKeeper expires sessions on tick boundaries).
+	Sweep time.Duration
+	// MinTTL and MaxTTL, when not zero, bound the TTLs the backend accepts.
+	MinTTL, MaxTTL time.Duration
+	// Note explains the rounding, for humans.
+	Note string
+}
+
+// Rounded returns what the driver asks the authority for, for a grant of
+// ttl: ttl padded, scaled and rounded up, never shorter than ttl.
+func (e Expiry) Rounded(ttl time.Duration) time.Duration {
+	t := ttl + e.Pad
+	if e.ScaleNum > 0 && e.ScaleDen > 0 {
+		t = (t*time.Duration(e.ScaleNum) + time.Duration(e.ScaleDen) - 1) / time.Duration(e.ScaleDen)
+	}
+	if e.Granularity > 0 {
+		t = time.Duration(TTLUnits(t, e.Granularity)) * e.Granularity
+	}
+	return t
+}
+
+// KeepsFor returns how long the authority keeps a grant of ttl that is not
+// renewed, at least: Rounded, and no less than Floor.
+func (e Expiry) KeepsFor(ttl time.Duration) time.Duration { return max(e.Rounded(ttl), e.Floor) }

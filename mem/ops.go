@@ -1,0 +1,296 @@
+package mem
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/fenced-dev/fenced/clock"
+	"github.com/fenced-dev/fenced/driver"
+)
+
+// The optional operations of driver.Capabilities, every one of them, so
+// that mem is the reference of each and a test double that needs no server.
+
+var (
+	_ driver.TimedQueuer   = (*Driver)(nil)
+	_ driver.TermsAcquirer = (*Driver)(nil)
+	_ driver.BatchRenewer  = (*Driver)(nil)
+	_ driver.LossWatcher   = (*Driver)(nil)
+	_ driver.FenceFloorer  = (*Driver)(nil)
+	_ driver.Pruner        = (*Driver)(nil)
+)
+
+// Capabilities implements driver.Driver: every optional operation, those
+// that stand in for a Driver method (the FIFO queue, terms, batches) when
+// Options ask for them. Without Options.Queue waiters are woken through
+// Subscribe, as on most backends.
+func (d *Driver) Capabilities() driver.Capabilities {
+	return driver.Capabilities{
+		Subscribe: true, Observe: true, Queue: d.opts.Queue, FIFO: d.opts.Queue, Terms: d.opts.Terms,
+		BatchRenew: d.opts.BatchRenew, WatchLoss: true, BreakLog: true, Value: true, FenceFloor: true, Prune: true,
+		MinTTL: d.opts.MinTTL, MaxTTL: d.opts.MaxTTL,
+	}
+}
+
+// grant makes e, the state of key, a new grant to owner for ttl: its fence
+// is above the key's counter and the store's floor. A previous holder's
+// loss watches learn that their grant is lost.
+func (s *Store) grant(key string, e *entry, owner string, ttl time.Duration, now time.Time) uint64 {
+	s.lose(key, fmt.Errorf("%w: %s was granted again", driver.ErrLost, key))
+	e.fence = max(e.fence, s.floor) + 1
+	e.owner = owner
+	e.expires = now.Add(ttl)
+	e.value = ""
+	return e.fence
+}
+
+// end ends key's grant at now. lost is the error its loss watches get (nil
+// for a release by its owner, which loses nothing); the key's waiters and
+// the head of its queue are woken.
+func (s *Store) end(key string, e *entry, now time.Time, lost error) {
+	if lost != nil {
+		s.lose(key, lost)
+	}
+	delete(s.watches, key)
+	e.owner = ""
+	e.expires = time.Time{}
+	e.ended = now
+	s.notify(key)
+}
+
+// ended returns when e's last grant ended: at its release or break, or at
+// its expiry.
+func (e *entry) endedAt() time.Time {
+	if e.owner != "" {
+		return e.expires
+	}
+	return e.ended
+}
+
+// TryAcquireTerms implements driver.TermsAcquirer (with Options.Terms;
+// otherwise it refuses with driver.ErrUnsupported). mem's grant needs
+// nothing of the terms beyond the TTL: it is TryAcquire with t.TTL.
+func (d *Driver) TryAcquireTerms(ctx context.Context, key, owner string, t driver.Terms) (uint64, error) {
+	if !d.opts.Terms {
+		return 0, fmt.Errorf("mem: acquire on terms: %w: the driver was opened without Options.Terms", driver.ErrUnsupported)
+	}
+	return d.TryAcquire(ctx, key, owner, t.TTL)
+}
+
+// RenewBatch implements driver.BatchRenewer (with Options.BatchRenew;
+// otherwise it refuses with driver.ErrUnsupported): every grant renewed as
+// Renew does, in one step under the store's lock.
+func (d *Driver) RenewBatch(ctx context.Context, grants []driver.Grant) ([]error, error) {
+	if !d.opts.BatchRenew {
+		return nil, fmt.Errorf("mem: renew a batch: %w: the driver was opened without Options.BatchRenew", driver.ErrUnsupported)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if err := driver.CheckTTLs(grants); err != nil {
+		return nil, err
+	}
+	s, err := d.lock()
+	if err != nil {
+		return nil, err
+	}
+	defer s.mu.Unlock()
+	now := s.clock.Now()
+	errs := make([]error, len(grants))
+	for i, g := range grants {
+		errs[i] = s.renew(g, now)
+	}
+	return errs, nil
+}
+
+// renew extends g by its TTL, if it is the current grant of its key.
+func (s *Store) renew(g driver.Grant, now time.Time) error {
+	e := s.keys[g.Key]
+	if e == nil || !e.heldAt(now) || e.owner != g.Owner || e.fence != g.Fence {
+		return fmt.Errorf("%s fence %d: %w", g.Key, g.Fence, driver.ErrNotHeld)
+	}
+	e.expires = now.Add(g.TTL)
+	return nil
+}
+
+// lossWatch is one WatchLoss.
+type lossWatch struct {
+	g    driver.Grant
+	lost func(error)
+}
+
+// WatchLoss implements driver.LossWatcher: a grant is reported lost when it
+// is broken or granted again after it expired. lost is called under the
+// store's lock, which stop takes, so that it is never called after stop
+// returns.
+func (d *Driver) WatchLoss(g driver.Grant, lost func(error)) (func(), error) {
+	s, err := d.lock()
+	if err != nil {
+		return nil, err
+	}
+	defer s.mu.Unlock()
+	e := s.keys[g.Key]
+	if e == nil || !e.heldAt(s.clock.Now()) || e.owner != g.Owner || e.fence != g.Fence {
+		return nil, fmt.Errorf("%s fence %d: %w", g.Key, g.Fence, driver.ErrNotHeld)
+	}
+	w := &lossWatch{g: g, lost: lost}
+	if s.watches == nil {
+		s.watches = map[string][]*lossWatch{}
+	}
+	s.watches[g.Key] = append(s.watches[g.Key], w)
+	return func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.watches[g.Key] = slices.DeleteFunc(s.watches[g.Key], func(o *lossWatch) bool { return o == w })
+		if len(s.watches[g.Key]) == 0 {
+			delete(s.watches, g.Key)
+		}
+	}, nil
+}
+
+// lose tells the loss watches of key's current grant that it is lost.
+func (s *Store) lose(key string, err error) {
+	e := s.keys[key]
+	for _, w := range s.watches[key] {
+		if e != nil && w.g.Fence == e.fence && w.g.Owner == e.owner {
+			w.lost(err)
+		}
+	}
+	delete(s.watches, key)
+}
+
+// FenceFloor implements driver.FenceFloorer.
+func (d *Driver) FenceFloor(ctx context.Context) (driver.FloorInfo, error) {
+	s, err := d.lock()
+	if err != nil {
+		return driver.FloorInfo{}, err
+	}
+	defer s.mu.Unlock()
+	info := driver.FloorInfo{Floor: s.floor}
+	for _, e := range s.keys {
+		info.MaxFence = max(info.MaxFence, e.fence)
+	}
+	return info, nil
+}
+
+// RaiseFenceFloor implements driver.FenceFloorer.
+func (d *Driver) RaiseFenceFloor(ctx context.Context, floor uint64) (uint64, error) {
+	if floor > driver.MaxFenceFloor {
+		return 0, fmt.Errorf("%w: %d is above %d", driver.ErrInvalidFloor, floor, driver.MaxFenceFloor)
+	}
+	s, err := d.lockCtx(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer s.mu.Unlock()
+	s.floor = max(s.floor, floor)
+	return s.floor, nil
+}
+
+// Prune implements driver.Pruner, in one step under the store's lock.
+func (d *Driver) Prune(ctx context.Context, olderThan time.Duration) (driver.PruneResult, error) {
+	if olderThan < 0 {
+		return driver.PruneResult{}, fmt.Errorf("%w: prune older than %v: negative", driver.ErrInvalidTTL, olderThan)
+	}
+	s, err := d.lockCtx(ctx)
+	if err != nil {
+		return driver.PruneResult{}, err
+	}
+	defer s.mu.Unlock()
+	now := s.clock.Now()
+	var res driver.PruneResult
+	for k, e := range s.keys {
+		if e.heldAt(now) || len(s.queues[k]) > 0 || now.Sub(e.endedAt()) <= olderThan {
+			continue
+		}
+		s.floor = max(s.floor, e.fence)
+		delete(s.keys, k)
+		res.Deleted++
+	}
+	res.Floor = s.floor
+	return res, nil
+}
+
+// ticket is one waiter in a key's queue; next is signalled when it may
+// have become the head with the key free.
+type ticket struct{ next chan struct{} }
+
+// AcquireTimed implements driver.TimedQueuer: a FIFO queue of waiters per
+// key. Only the head of a key's queue is granted it, when the key is free
+// (released, broken, or expired by the store's clock); a TryAcquire while
+// anyone queues is refused, so nobody overtakes the queue. A driver opened
+// without Options.Queue does not declare it and refuses with
+// driver.ErrUnsupported.
+func (d *Driver) AcquireTimed(ctx context.Context, key, owner string, ttl time.Duration) (uint64, time.Time, error) {
+	if !d.opts.Queue {
+		return 0, time.Time{}, fmt.Errorf("mem: wait in a queue: %w: the driver was opened without Options.Queue", driver.ErrUnsupported)
+	}
+	s, err := d.lockCtx(ctx)
+	if err != nil {
+		return 0, time.Time{}, err
+	}
+	t := &ticket{next: make(chan struct{}, 1)}
+	if s.queues == nil {
+		s.queues = map[string][]*ticket{}
+	}
+	s.queues[key] = append(s.queues[key], t)
+	for {
+		now := s.clock.Now()
+		e := s.keys[key]
+		if s.queues[key][0] == t && (e == nil || !e.heldAt(now) || e.owner == owner) {
+			s.dequeue(key, t)
+			confirmed := time.Now()
+			fence, err := s.tryLocked(key, owner, ttl, now, true)
+			s.mu.Unlock()
+			return fence, confirmed, err
+		}
+		var timer clock.Timer
+		var expiry <-chan time.Time
+		if e != nil && e.heldAt(now) {
+			timer = s.clock.NewTimer(e.expires.Sub(now))
+			expiry = timer.C()
+		}
+		s.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			err = context.Cause(ctx)
+		case <-t.next:
+		case <-expiry:
+		}
+		if timer != nil {
+			timer.Stop()
+		}
+		if err == nil {
+			_, err = d.lock()
+		}
+		if err != nil {
+			s.mu.Lock()
+			s.dequeue(key, t)
+			s.mu.Unlock()
+			return 0, time.Time{}, err
+		}
+	}
+}
+
+// dequeue takes t out of key's queue and signals the new head.
+func (s *Store) dequeue(key string, t *ticket) {
+	q := slices.DeleteFunc(s.queues[key], func(o *ticket) bool { return o == t })
+	if len(q) == 0 {
+		delete(s.queues, key)
+		return
+	}
+	s.queues[key] = q
+	s.signalHead(key)
+}
+
+// signalHead wakes the head of key's queue, if any.
+func (s *Store) signalHead(key string) {
+	if q := s.queues[key]; len(q) > 0 {
+		select {
+		case q[0].next <- struct{}{}:
+		default:
+		}
+	}
+}
