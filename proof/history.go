@@ -90,6 +90,8 @@ type Event struct {
 	// Current is the resource's fence when it refused.
 	Current uint64 `json:"cur,omitempty"`
 	Fault   string `json:"fault,omitempty"`
+	// Name is the operation of a generative run (see RunGen).
+	Name string `json:"n,omitempty"`
 	Err     string `json:"err,omitempty"`
 }
 

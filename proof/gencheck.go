@@ -1,0 +1,215 @@
+package proof
+
+import (
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/fenced-dev/fenced"
+)
+
+// GenReport is the checker's verdict on a generative run.
+type GenReport struct {
+	// Seed is the run's seed: rerun with it to draw the same operations
+	// and faults.
+	Seed uint64 `json:"seed"`
+	// Ops counts the operations invoked, ByOp per kind of operation;
+	// Grants counts the leases granted (each lease of a set once).
+	Ops    int            `json:"ops"`
+	ByOp   map[string]int `json:"by_op"`
+	Grants int            `json:"grants"`
+	// Faults counts the faults the nemesis injected.
+	Faults int `json:"faults"`
+	// FenceRegressions counts grants with a fence lower than one
+	// confirmed on the key before they were invoked, and (strict fence)
+	// pairs of grants to different owners with one fence; FenceRepeats
+	// counts the latter where the backend declares its fence repeatable.
+	FenceRegressions int `json:"fence_regressions"`
+	FenceRepeats     int `json:"fence_repeats"`
+	// LivePastValidity counts the samples in which a worker saw a lease's
+	// context live past the lease's local validity (by more than the
+	// grace) on its own clock; MaxOvershoot is the largest such overshoot.
+	LivePastValidity int           `json:"live_past_validity"`
+	MaxOvershoot     time.Duration `json:"max_overshoot_ns"`
+	// Orphans counts grants that no Acquire returned (their owner is in no
+	// grant of the history) seen held for longer than a TTL;
+	// SlowOrphans counts those seen held for longer than the orphan bound
+	// while no fault was active; OrphansSeen counts every such grant seen
+	// at all (released in time or not).
+	Orphans     int `json:"orphans"`
+	SlowOrphans int `json:"slow_orphans"`
+	OrphansSeen int `json:"orphans_seen"`
+	// SetsHealthyWithLost counts sets reported healthy while a member had
+	// ended: at the moment AcquireAll returned (a newer grant of a
+	// member's key was confirmed before), or when the worker looked.
+	SetsHealthyWithLost int `json:"sets_healthy_with_lost"`
+	// Errors counts failed acquisitions (refusals included).
+	Errors int `json:"errors"`
+	// Problems describes the first violations found.
+	Problems []string `json:"problems,omitempty"`
+}
+
+// Failed reports whether the run broke a promise.
+func (r GenReport) Failed() bool {
+	return r.FenceRegressions > 0 || r.LivePastValidity > 0 || r.Orphans > 0 || r.SlowOrphans > 0 || r.SetsHealthyWithLost > 0
+}
+
+func (r *GenReport) problem(format string, args ...any) {
+	if len(r.Problems) < 20 {
+		r.Problems = append(r.Problems, fmt.Sprintf(format, args...))
+	}
+}
+
+// CheckGen examines a generative run's history. strength is the backend's
+// declared fence strength, ttl the longest TTL an orphan grant can have,
+// bound how long one may be seen held while no fault is active.
+func CheckGen(events []Event, strength fenced.FenceStrength, ttl, bound time.Duration) GenReport {
+	sort.SliceStable(events, func(i, j int) bool { return events[i].T < events[j].T })
+	r := GenReport{ByOp: map[string]int{}}
+	type grant struct {
+		key, owner  string
+		fence       uint64
+		invoke, ok  int64
+		worker      int
+		op          int64
+		setHealthy  bool
+		setMember   bool
+		invokeKnown bool
+	}
+	type opKey struct {
+		op  int64
+		key string
+	}
+	invokes := map[opKey]int64{}
+	seenOp := map[int64]bool{}
+	var grants []*grant
+	returned := map[string]bool{}
+	type span struct{ first, last int64 }
+	observed := map[[2]string]*span{}
+	type window struct{ start, end int64 }
+	var faults []window
+	open := map[string]int{}
+	end := int64(0)
+	if len(events) > 0 {
+		end = events[len(events)-1].T
+	}
+	for _, e := range events {
+		switch e.Kind {
+		case AcquireInvoke, BreakInvoke:
+			invokes[opKey{e.Op, e.Key}] = e.T
+			if !seenOp[e.Op] {
+				seenOp[e.Op] = true
+				r.Ops++
+				r.ByOp[e.Name]++
+			}
+		case AcquireOK, SetMember:
+			inv, known := invokes[opKey{e.Op, e.Key}]
+			grants = append(grants, &grant{key: e.Key, owner: e.Owner, fence: e.Fence, invoke: inv, invokeKnown: known, ok: e.T, worker: e.Worker, op: e.Op, setMember: e.Kind == SetMember, setHealthy: e.Kind == SetMember && e.Value == 1})
+			returned[e.Owner] = true
+		case AcquireFail:
+			r.Errors++
+		case LivePastValidity:
+			r.LivePastValidity++
+			r.MaxOvershoot = max(r.MaxOvershoot, time.Duration(e.Value))
+			r.problem("worker %d: lease on %s (fence %d) live %v past its local validity", e.Worker, e.Key, e.Fence, time.Duration(e.Value))
+		case SetHealthyLost:
+			r.SetsHealthyWithLost++
+			r.problem("worker %d: a set reported healthy while its lease on %s (fence %d) had ended: %s", e.Worker, e.Key, e.Fence, e.Err)
+		case Observed:
+			if e.Owner == "" {
+				continue
+			}
+			k := [2]string{e.Key, e.Owner}
+			if s := observed[k]; s != nil {
+				s.last = e.T
+			} else {
+				observed[k] = &span{e.T, e.T}
+			}
+		case FaultStart:
+			r.Faults++
+			open[fmt.Sprintf("%s/%d", e.Fault, e.Worker)] = len(faults)
+			faults = append(faults, window{e.T, end})
+		case FaultEnd:
+			if i, ok := open[fmt.Sprintf("%s/%d", e.Fault, e.Worker)]; ok {
+				faults[i].end = e.T
+			}
+		}
+	}
+	r.Grants = len(grants)
+
+	// Fences, per key in the order the grants were confirmed.
+	byKey := map[string][]*grant{}
+	for _, g := range grants {
+		byKey[g.key] = append(byKey[g.key], g)
+	}
+	for key, gs := range byKey {
+		// gs is in ok order (events were sorted).
+		prefixMax := make([]uint64, len(gs))
+		var m uint64
+		owners := map[uint64]string{}
+		for i, g := range gs {
+			m = max(m, g.fence)
+			prefixMax[i] = m
+			if o, ok := owners[g.fence]; ok && o != g.owner {
+				if strength >= fenced.FenceStrict {
+					r.FenceRegressions++
+					r.problem("%s: fence %d granted to two owners", key, g.fence)
+				} else {
+					r.FenceRepeats++
+				}
+			}
+			owners[g.fence] = g.owner
+		}
+		// maxBefore returns the highest fence confirmed before t.
+		maxBefore := func(t int64) uint64 {
+			i := sort.Search(len(gs), func(i int) bool { return gs[i].ok >= t })
+			if i == 0 {
+				return 0
+			}
+			return prefixMax[i-1]
+		}
+		for _, g := range gs {
+			if g.invokeKnown {
+				if f := maxBefore(g.invoke); g.fence < f && strength >= fenced.FenceStrict {
+					r.FenceRegressions++
+					r.problem("%s: fence %d granted (worker %d) after fence %d was confirmed", key, g.fence, g.worker, f)
+				}
+			}
+			if g.setHealthy {
+				if f := maxBefore(g.ok); f > g.fence {
+					r.SetsHealthyWithLost++
+					r.problem("%s: AcquireAll (worker %d, op %d) returned a healthy set whose lease (fence %d) was already superseded by fence %d", key, g.worker, g.op, g.fence, f)
+				}
+			}
+		}
+	}
+
+	// Orphans: grants nobody was handed.
+	for k, s := range observed {
+		if returned[k[1]] {
+			continue
+		}
+		r.OrphansSeen++
+		held := time.Duration(s.last - s.first)
+		if held > ttl+time.Second {
+			r.Orphans++
+			r.problem("%s: a grant no Acquire returned (owner %.8s) was held for %v, past its TTL", k[0], k[1], held)
+			continue
+		}
+		if held <= bound {
+			continue
+		}
+		quiet := true
+		for _, f := range faults {
+			if f.start <= s.last && f.end >= s.first-int64(ttl) {
+				quiet = false
+				break
+			}
+		}
+		if quiet {
+			r.SlowOrphans++
+			r.problem("%s: a grant no Acquire returned (owner %.8s) was held for %v with no fault active", k[0], k[1], held)
+		}
+	}
+	return r
+}
