@@ -27,12 +27,12 @@ type GenConfig struct {
 	// the same seed gives the same sequence of operations and faults
 	// (their timing still depends on the machine).
 	Seed uint64
-	// Workers (default 3) processes each run Streams (default 4)
+	// Workers (default 3) processes each run Streams (default 6)
 	// concurrent operation streams.
 	Workers, Streams int
 	// Keys cold keys (default 1000) hold the pool leases, at most MaxHeld
 	// (default 100) per worker at once, with PoolTTL (default 4 TTLs);
-	// HotKeys contended keys (default 4) take the rest of the mix.
+	// HotKeys contended keys (default 6) take the rest of the mix.
 	Keys, HotKeys, MaxHeld int
 	PoolTTL                time.Duration
 	// TTL of the contended leases; default 1s.
@@ -93,9 +93,9 @@ func RunGen(ctx context.Context, cfg GenConfig) (*GenResult, error) {
 		}
 	}
 	def(&cfg.Workers, 3)
-	def(&cfg.Streams, 4)
+	def(&cfg.Streams, 6)
 	def(&cfg.Keys, 1000)
-	def(&cfg.HotKeys, 4)
+	def(&cfg.HotKeys, 6)
 	def(&cfg.MaxHeld, 100)
 	if cfg.TTL == 0 {
 		cfg.TTL = time.Second

@@ -40,8 +40,8 @@ type GenReport struct {
 	SlowOrphans int `json:"slow_orphans"`
 	OrphansSeen int `json:"orphans_seen"`
 	// SetsHealthyWithLost counts sets reported healthy while a member had
-	// ended: at the moment AcquireAll returned (a newer grant of a
-	// member's key was confirmed before), or when the worker looked.
+	// ended: when AcquireAll returned (a newer grant of a member's key had
+	// been confirmed setMargin before), or when the worker looked.
 	SetsHealthyWithLost int `json:"sets_healthy_with_lost"`
 	// Errors counts failed acquisitions (refusals included).
 	Errors int `json:"errors"`
@@ -59,6 +59,13 @@ func (r *GenReport) problem(format string, args ...any) {
 		r.Problems = append(r.Problems, fmt.Sprintf(format, args...))
 	}
 }
+
+// setMargin is how long before AcquireAll returned a newer grant of a
+// member's key must have been confirmed for the set to count as returned
+// with a lost member: the worker records the return a moment after
+// AcquireAll last confirmed its leases, and a break in that moment is no
+// fault of AcquireAll's.
+const setMargin = 250 * time.Millisecond
 
 // CheckGen examines a generative run's history. strength is the backend's
 // declared fence strength, ttl the longest TTL an orphan grant can have,
@@ -176,7 +183,7 @@ func CheckGen(events []Event, strength fenced.FenceStrength, ttl, bound time.Dur
 				}
 			}
 			if g.setHealthy {
-				if f := maxBefore(g.ok); f > g.fence {
+				if f := maxBefore(g.ok - int64(setMargin)); f > g.fence {
 					r.SetsHealthyWithLost++
 					r.problem("%s: AcquireAll (worker %d, op %d) returned a healthy set whose lease (fence %d) was already superseded by fence %d", key, g.worker, g.op, g.fence, f)
 				}

@@ -81,7 +81,7 @@ var genOps = []struct {
 	name   string
 	weight int
 }{
-	{"hold", 25}, {"try", 10}, {"acquire", 15}, {"do", 10}, {"all", 12},
+	{"hold", 40}, {"try", 10}, {"acquire", 12}, {"do", 8}, {"all", 10},
 	{"sem", 5}, {"elect", 5}, {"cancel", 12}, {"break", 6},
 }
 
@@ -184,7 +184,7 @@ func (w *genWorker) step(ctx context.Context, rng *rand.Rand) {
 	}
 	cfg := w.cfg
 	hot := hotKey(cfg.Prefix, rng.IntN(cfg.HotKeys))
-	hold := time.Duration(rng.Int64N(int64(cfg.TTL)))
+	hold := time.Duration(rng.Int64N(int64(cfg.TTL / 5)))
 	opts := &fenced.LeaseOptions{TTL: cfg.TTL, MaxWait: 3 * cfg.TTL, MinFence: cfg.MinFence}
 	op := w.op()
 	switch name {

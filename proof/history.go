@@ -92,7 +92,7 @@ type Event struct {
 	Fault   string `json:"fault,omitempty"`
 	// Name is the operation of a generative run (see RunGen).
 	Name string `json:"n,omitempty"`
-	Err     string `json:"err,omitempty"`
+	Err  string `json:"err,omitempty"`
 }
 
 // Now returns the host's CLOCK_MONOTONIC in nanoseconds: comparable between
