@@ -45,8 +45,12 @@ type GenReport struct {
 	SetsHealthyWithLost int `json:"sets_healthy_with_lost"`
 	// Errors counts failed acquisitions (refusals included).
 	Errors int `json:"errors"`
-	// Problems describes the first violations found.
-	Problems []string `json:"problems,omitempty"`
+	// Problems describes the first violations found; FirstViolation is
+	// how long into the run the earliest one happened.
+	Problems       []string      `json:"problems,omitempty"`
+	FirstViolation time.Duration `json:"first_violation_ns,omitempty"`
+
+	start int64
 }
 
 // Failed reports whether the run broke a promise.
@@ -54,7 +58,11 @@ func (r GenReport) Failed() bool {
 	return r.FenceRegressions > 0 || r.LivePastValidity > 0 || r.Orphans > 0 || r.SlowOrphans > 0 || r.SetsHealthyWithLost > 0
 }
 
-func (r *GenReport) problem(format string, args ...any) {
+// problem records a violation that happened at t.
+func (r *GenReport) problem(t int64, format string, args ...any) {
+	if d := time.Duration(t - r.start); r.FirstViolation == 0 || d < r.FirstViolation {
+		r.FirstViolation = max(d, 1)
+	}
 	if len(r.Problems) < 20 {
 		r.Problems = append(r.Problems, fmt.Sprintf(format, args...))
 	}
@@ -73,6 +81,9 @@ const setMargin = 250 * time.Millisecond
 func CheckGen(events []Event, strength fenced.FenceStrength, ttl, bound time.Duration) GenReport {
 	sort.SliceStable(events, func(i, j int) bool { return events[i].T < events[j].T })
 	r := GenReport{ByOp: map[string]int{}}
+	if len(events) > 0 {
+		r.start = events[0].T
+	}
 	type grant struct {
 		key, owner  string
 		fence       uint64
@@ -118,10 +129,10 @@ func CheckGen(events []Event, strength fenced.FenceStrength, ttl, bound time.Dur
 		case LivePastValidity:
 			r.LivePastValidity++
 			r.MaxOvershoot = max(r.MaxOvershoot, time.Duration(e.Value))
-			r.problem("worker %d: lease on %s (fence %d) live %v past its local validity", e.Worker, e.Key, e.Fence, time.Duration(e.Value))
+			r.problem(e.T, "worker %d: lease on %s (fence %d) live %v past its local validity", e.Worker, e.Key, e.Fence, time.Duration(e.Value))
 		case SetHealthyLost:
 			r.SetsHealthyWithLost++
-			r.problem("worker %d: a set reported healthy while its lease on %s (fence %d) had ended: %s", e.Worker, e.Key, e.Fence, e.Err)
+			r.problem(e.T, "worker %d: a set reported healthy while its lease on %s (fence %d) had ended: %s", e.Worker, e.Key, e.Fence, e.Err)
 		case Observed:
 			if e.Owner == "" {
 				continue
@@ -160,7 +171,7 @@ func CheckGen(events []Event, strength fenced.FenceStrength, ttl, bound time.Dur
 			if o, ok := owners[g.fence]; ok && o != g.owner {
 				if strength >= fenced.FenceStrict {
 					r.FenceRegressions++
-					r.problem("%s: fence %d granted to two owners", key, g.fence)
+					r.problem(g.ok, "%s: fence %d granted to two owners", key, g.fence)
 				} else {
 					r.FenceRepeats++
 				}
@@ -179,13 +190,13 @@ func CheckGen(events []Event, strength fenced.FenceStrength, ttl, bound time.Dur
 			if g.invokeKnown {
 				if f := maxBefore(g.invoke); g.fence < f && strength >= fenced.FenceStrict {
 					r.FenceRegressions++
-					r.problem("%s: fence %d granted (worker %d) after fence %d was confirmed", key, g.fence, g.worker, f)
+					r.problem(g.ok, "%s: fence %d granted (worker %d) after fence %d was confirmed", key, g.fence, g.worker, f)
 				}
 			}
 			if g.setHealthy {
 				if f := maxBefore(g.ok - int64(setMargin)); f > g.fence {
 					r.SetsHealthyWithLost++
-					r.problem("%s: AcquireAll (worker %d, op %d) returned a healthy set whose lease (fence %d) was already superseded by fence %d", key, g.worker, g.op, g.fence, f)
+					r.problem(g.ok, "%s: AcquireAll (worker %d, op %d) returned a healthy set whose lease (fence %d) was already superseded by fence %d", key, g.worker, g.op, g.fence, f)
 				}
 			}
 		}
@@ -200,7 +211,7 @@ func CheckGen(events []Event, strength fenced.FenceStrength, ttl, bound time.Dur
 		held := time.Duration(s.last - s.first)
 		if held > ttl+time.Second {
 			r.Orphans++
-			r.problem("%s: a grant no Acquire returned (owner %.8s) was held for %v, past its TTL", k[0], k[1], held)
+			r.problem(s.first+int64(ttl), "%s: a grant no Acquire returned (owner %.8s) was held for %v, past its TTL", k[0], k[1], held)
 			continue
 		}
 		if held <= bound {
@@ -215,7 +226,7 @@ func CheckGen(events []Event, strength fenced.FenceStrength, ttl, bound time.Dur
 		}
 		if quiet {
 			r.SlowOrphans++
-			r.problem("%s: a grant no Acquire returned (owner %.8s) was held for %v with no fault active", k[0], k[1], held)
+			r.problem(s.first+int64(bound), "%s: a grant no Acquire returned (owner %.8s) was held for %v with no fault active", k[0], k[1], held)
 		}
 	}
 	return r
