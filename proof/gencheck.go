@@ -34,7 +34,8 @@ type GenReport struct {
 	// Orphans counts grants that no Acquire returned (their owner is in no
 	// grant of the history) seen held for longer than a TTL;
 	// SlowOrphans counts those seen held for longer than the orphan bound
-	// while no fault was active; OrphansSeen counts every such grant seen
+	// while neither the authority nor a worker whose acquisition on the
+	// key gave up shortly before was faulted; OrphansSeen counts every such grant seen
 	// at all (released in time or not).
 	Orphans     int `json:"orphans"`
 	SlowOrphans int `json:"slow_orphans"`
@@ -104,7 +105,15 @@ func CheckGen(events []Event, strength fenced.FenceStrength, ttl, bound time.Dur
 	returned := map[string]bool{}
 	type span struct{ first, last int64 }
 	observed := map[[2]string]*span{}
-	type window struct{ start, end int64 }
+	type window struct {
+		start, end int64
+		worker     int // -1: the authority
+	}
+	type failure struct {
+		t      int64
+		worker int
+	}
+	cancelled := map[string][]failure{} // acquisitions that gave up, per key
 	var faults []window
 	open := map[string]int{}
 	end := int64(0)
@@ -126,6 +135,7 @@ func CheckGen(events []Event, strength fenced.FenceStrength, ttl, bound time.Dur
 			returned[e.Owner] = true
 		case AcquireFail:
 			r.Errors++
+			cancelled[e.Key] = append(cancelled[e.Key], failure{e.T, e.Worker})
 		case LivePastValidity:
 			r.LivePastValidity++
 			r.MaxOvershoot = max(r.MaxOvershoot, time.Duration(e.Value))
@@ -146,7 +156,7 @@ func CheckGen(events []Event, strength fenced.FenceStrength, ttl, bound time.Dur
 		case FaultStart:
 			r.Faults++
 			open[fmt.Sprintf("%s/%d", e.Fault, e.Worker)] = len(faults)
-			faults = append(faults, window{e.T, end})
+			faults = append(faults, window{e.T, end, e.Worker})
 		case FaultEnd:
 			if i, ok := open[fmt.Sprintf("%s/%d", e.Fault, e.Worker)]; ok {
 				faults[i].end = e.T
@@ -217,11 +227,22 @@ func CheckGen(events []Event, strength fenced.FenceStrength, ttl, bound time.Dur
 		if held <= bound {
 			continue
 		}
-		quiet := true
+		// The acquisitions that may have left it: those on its key that
+		// gave up up to a TTL before it was first seen (or just after).
+		// It counts only if none of their workers, nor the authority, was
+		// faulted from the first of them to the orphan's last sighting.
+		var from []failure
+		for _, c := range cancelled[k[0]] {
+			if c.t >= s.first-int64(ttl) && c.t <= s.first+int64(200*time.Millisecond) {
+				from = append(from, c)
+			}
+		}
+		quiet := len(from) > 0
 		for _, f := range faults {
-			if f.start <= s.last && f.end >= s.first-int64(ttl) {
-				quiet = false
-				break
+			for _, c := range from {
+				if (f.worker < 0 || f.worker == c.worker) && f.start <= s.last && f.end >= c.t {
+					quiet = false
+				}
 			}
 		}
 		if quiet {

@@ -43,6 +43,7 @@ func TestCheckGenFindsEachViolation(t *testing.T) {
 			{T: 17500 * ms, Kind: Observed, Worker: -1, Key: "k", Fence: 4, Owner: "y"},
 		}, func(r GenReport) int { return r.Orphans }},
 		"slow orphan": {[]Event{
+			{T: 10990 * ms, Kind: AcquireFail, Worker: 1, Op: 9, Name: "cancel", Key: "k"},
 			{T: 11000 * ms, Kind: Observed, Worker: -1, Key: "k", Fence: 4, Owner: "y"},
 			{T: 14000 * ms, Kind: Observed, Worker: -1, Key: "k", Fence: 4, Owner: "y"},
 		}, func(r GenReport) int { return r.SlowOrphans }},
@@ -65,6 +66,7 @@ func TestCheckGenFindsEachViolation(t *testing.T) {
 	// A slow orphan while a fault is active is not counted.
 	evs := append(append([]Event(nil), clean...),
 		Event{T: 10900 * ms, Kind: FaultStart, Worker: 1, Fault: "M4"},
+		Event{T: 10990 * ms, Kind: AcquireFail, Worker: 1, Op: 9, Name: "cancel", Key: "k"},
 		Event{T: 11000 * ms, Kind: Observed, Worker: -1, Key: "k", Fence: 4, Owner: "y"},
 		Event{T: 14000 * ms, Kind: Observed, Worker: -1, Key: "k", Fence: 4, Owner: "y"},
 		Event{T: 14100 * ms, Kind: FaultEnd, Worker: 1, Fault: "M4"})
