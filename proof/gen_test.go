@@ -59,6 +59,23 @@ func runGen(t *testing.T, b backend, cfg GenConfig) GenReport {
 	if rep.Failed() {
 		t.Errorf("%s: the generative proof failed with seed %d (rerun: FENCED_PROOF_SEED=%d), first violation %v into the run; history in %s:\n%s", b.name, rep.Seed, rep.Seed, rep.FirstViolation.Round(time.Second), cfg.Dir, strings.Join(rep.Problems, "\n"))
 	}
+	if out := os.Getenv("FENCED_PROOF_OUT"); out != "" {
+		build := os.Getenv("FENCED_PROOF_BUILD")
+		if build == "" {
+			build = "main"
+		}
+		mode := "slice"
+		if os.Getenv("FENCED_PROOF_LONG") != "" {
+			mode = "long"
+		}
+		rows := filepath.Join(out, "proof", "generative.json")
+		row := GenRow{Build: build, Backend: b.name, Mode: mode, Duration: time.Since(started).Round(time.Second), Report: rep, Date: time.Now().UTC().Format("2006-01-02")}
+		if err := SaveGenRow(rows, row); err != nil {
+			t.Error(err)
+		} else if err := UpdateGenSection(filepath.Join(out, "proof.md"), rows); err != nil {
+			t.Error(err)
+		}
+	}
 	if rep.Ops < 1000 {
 		t.Errorf("%s seed %d: only %d operations; the slice must run thousands", b.name, rep.Seed, rep.Ops)
 	}
