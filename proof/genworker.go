@@ -405,15 +405,18 @@ func (w *genWorker) checkSet(set *fenced.LeaseSet) {
 
 // sample looks, every few milliseconds, at every lease the worker holds,
 // and records one whose context is live past its local validity (by more
-// than Grace) on the worker's own clock. A round that starts late (the
-// process was stopped, or starved of CPU, for more than Grace) is skipped:
-// no timer can fire in a stopped process, and that is the pause the fence
-// is for, not a lease that outlives its validity.
+// than Grace) on the worker's own clock. Time the process did not run for
+// does not count: a round that starts late (the process was stopped, or
+// starved of CPU, for more than Grace) marks a resumption, and a lease
+// counts only once the process has run for Grace since both its validity
+// ran out and the last resumption. No timer can fire in a stopped process;
+// that pause is what the fence is for, not a lease outliving its validity.
 func (w *genWorker) sample(ctx context.Context) {
 	const every = 10 * time.Millisecond
 	tick := time.NewTicker(every)
 	defer tick.Stop()
 	last := time.Now()
+	resumed := last
 	for {
 		select {
 		case <-ctx.Done():
@@ -421,11 +424,10 @@ func (w *genWorker) sample(ctx context.Context) {
 		case <-tick.C:
 		}
 		began := time.Now()
-		late := began.Sub(last) > every+w.cfg.Grace/2
-		last = began
-		if late {
-			continue
+		if began.Sub(last) > every+w.cfg.Grace/2 {
+			resumed = began
 		}
+		last = began
 		w.mu.Lock()
 		leases := make([]*fenced.Lease, 0, len(w.held))
 		for l := range w.held {
@@ -442,7 +444,11 @@ func (w *genWorker) sample(ctx context.Context) {
 			if now.Sub(began) > w.cfg.Grace/2 {
 				break // this round is starved; the next one looks again
 			}
-			if l.Context().Err() == nil && now.Sub(until) > w.cfg.Grace && l.ValidUntil().Equal(until) {
+			from := until
+			if resumed.After(from) {
+				from = resumed
+			}
+			if l.Context().Err() == nil && now.Sub(from) > w.cfg.Grace && l.ValidUntil().Equal(until) {
 				w.record(Event{Kind: LivePastValidity, Key: l.Key(), Fence: l.Fence(), Owner: fence.OwnerDigest(l.Owner()), Value: int64(now.Sub(until))})
 			}
 		}
