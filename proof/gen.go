@@ -288,7 +288,8 @@ func (r *genRun) observe(ctx context.Context) {
 }
 
 // nemesis injects, until the run's Duration is over, faults drawn from
-// the seed: a pause of 0.5 to 2 TTLs between faults, then one of
+// the seed: a pause of 0.5 to 2 TTLs between faults (one time in four a
+// quiet spell of 4 to 8 TTLs), then one of
 // cfg.Faults on a drawn worker, for a drawn time.
 func (r *genRun) nemesis(ctx context.Context) error {
 	rng := rand.New(rand.NewPCG(r.cfg.Seed, 1<<40))
@@ -307,7 +308,11 @@ func (r *genRun) nemesis(ctx context.Context) error {
 		}
 	}
 	for k := 1; time.Now().Before(end); k++ {
-		if err := sleep(between(0.5, 2)); err != nil {
+		gap := between(0.5, 2)
+		if rng.IntN(4) == 0 {
+			gap = between(4, 8) // a quiet spell, for what only shows without faults
+		}
+		if err := sleep(gap); err != nil {
 			return err
 		}
 		if !time.Now().Before(end) {

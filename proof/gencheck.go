@@ -33,9 +33,10 @@ type GenReport struct {
 	MaxOvershoot     time.Duration `json:"max_overshoot_ns"`
 	// Orphans counts grants that no Acquire returned (their owner is in no
 	// grant of the history) seen held for longer than a TTL;
-	// SlowOrphans counts those seen held for longer than the orphan bound
-	// while neither the authority nor a worker whose acquisition on the
-	// key gave up shortly before was faulted; OrphansSeen counts every such grant seen
+	// SlowOrphans counts those still held the orphan bound after every
+	// acquisition on the key that gave up shortly before they were seen,
+	// while neither the authority nor those acquisitions' workers were
+	// faulted; OrphansSeen counts every such grant seen
 	// at all (released in time or not).
 	Orphans     int `json:"orphans"`
 	SlowOrphans int `json:"slow_orphans"`
@@ -229,8 +230,11 @@ func CheckGen(events []Event, strength fenced.FenceStrength, ttl, bound time.Dur
 		}
 		// The acquisitions that may have left it: those on its key that
 		// gave up up to a TTL before it was first seen (or just after).
-		// It counts only if none of their workers, nor the authority, was
-		// faulted from the first of them to the orphan's last sighting.
+		// The Client looks for such a grant for a second after giving up
+		// and releases it; the orphan counts only if it was still held
+		// past the bound after each of them, and neither their workers nor
+		// the authority were faulted from a second before each gave up to
+		// the bound after.
 		var from []failure
 		for _, c := range cancelled[k[0]] {
 			if c.t >= s.first-int64(ttl) && c.t <= s.first+int64(200*time.Millisecond) {
@@ -238,9 +242,12 @@ func CheckGen(events []Event, strength fenced.FenceStrength, ttl, bound time.Dur
 			}
 		}
 		quiet := len(from) > 0
-		for _, f := range faults {
-			for _, c := range from {
-				if (f.worker < 0 || f.worker == c.worker) && f.start <= s.last && f.end >= c.t {
+		for _, c := range from {
+			if s.last < c.t+int64(bound) {
+				quiet = false
+			}
+			for _, f := range faults {
+				if (f.worker < 0 || f.worker == c.worker) && f.start <= c.t+int64(bound) && f.end >= c.t-int64(time.Second) {
 					quiet = false
 				}
 			}

@@ -142,14 +142,16 @@ mix of Acquire, TryAcquire, Do, AcquireAll over 2-3 contended keys, a
 semaphore permit, an election campaign, an Acquire cancelled 0-5 ms after it
 began (TTL 5 s), a Break, and pool leases held for up to 40 TTLs on 1 000
 cold keys (100 at once per worker; 10 000 in the long mode), while the
-nemesis draws from the same seed a fault every 0.5-2 TTLs: a worker stopped
+nemesis draws from the same seed a fault every 0.5-2 TTLs (one gap in four
+a quiet spell of 4-8 TTLs): a worker stopped
 (M1) or cut off by its proxy (M4) for 0.5-3 TTLs, the authority paused (M5)
 or killed and restarted (M6). A listing of the contended keys is recorded
 every 100 ms. Checks: fences never repeat or go backwards; no lease's context
 is seen live more than 100 ms past its local validity, sampled on the
 worker's own clock (rounds in which the worker itself was stopped are
-skipped); no grant that no Acquire returned is held past its TTL, nor for
-more than 2 s while neither its worker nor the authority is faulted; no
+skipped); no grant that no Acquire returned is held past its TTL, nor 2 s
+after the acquisitions that may have left it gave up, when neither their
+workers nor the authority were faulted then; no
 AcquireAll returns a set reported healthy whose member's key was granted
 again 250 ms before, and no set reports itself healthy once a member has
 ended. A failure prints the seed; FENCED_PROOF_SEED reruns it (the same
