@@ -1,6 +1,8 @@
 package proof
 
 import (
+	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -72,5 +74,32 @@ func TestCheckGenFindsEachViolation(t *testing.T) {
 		Event{T: 14100 * ms, Kind: FaultEnd, Worker: 1, Fault: "M4"})
 	if r := CheckGen(evs, fenced.FenceStrict, ttl, bound); r.Failed() {
 		t.Errorf("slow orphan during a partition: %+v; want no violation", r)
+	}
+}
+
+// TestUpdateGenSection rewrites the generative section in place and keeps
+// the rest of the report.
+func TestUpdateGenSection(t *testing.T) {
+	dir := t.TempDir()
+	md, rows := dir+"/proof.md", dir+"/generative.json"
+	if err := os.WriteFile(md, []byte("# Proof matrix\n\nrows\n\n## Timelines\n\nsvg\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, ops := range []int{1200, 3400} {
+		if err := SaveGenRow(rows, GenRow{Build: "main", Backend: "sqlite", Mode: "slice", Duration: time.Minute, Report: GenReport{Seed: 7, Ops: ops, ByOp: map[string]int{"hold": ops}}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := UpdateGenSection(md, rows); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b, err := os.ReadFile(md)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(b)
+	if strings.Count(s, genBegin) != 1 || !strings.Contains(s, "| 3400 |") || strings.Contains(s, "| 1200 |") ||
+		!strings.HasPrefix(s, "# Proof matrix\n\nrows\n\n"+genBegin) || !strings.HasSuffix(s, genEnd+"\n\n## Timelines\n\nsvg\n") {
+		t.Fatalf("report after two updates:\n%s", s)
 	}
 }

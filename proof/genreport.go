@@ -91,7 +91,7 @@ func WriteGenSection(w io.Writer, rows []GenRow) {
 		rep := r.Report
 		first := "none"
 		if rep.FirstViolation > 0 {
-			first = fmt.Sprintf("after %.1f min", rep.FirstViolation.Minutes())
+			first = fmt.Sprintf("%v in", rep.FirstViolation.Round(time.Second))
 		}
 		fmt.Fprintf(w, "| %s | %s | %s | %d | %.1f | %d | %d | %d | %d | %d | %d / %d / %d | %d | %s |\n",
 			r.Build, r.Backend, r.Mode, rep.Seed, r.Duration.Minutes(), rep.Ops, rep.Grants, rep.Faults, rep.FenceRegressions,
@@ -143,20 +143,25 @@ semaphore permit, an election campaign, an Acquire cancelled 0-5 ms after it
 began (TTL 5 s), a Break, and pool leases held for up to 40 TTLs on 1 000
 cold keys (100 at once per worker; 10 000 in the long mode), while the
 nemesis draws from the same seed a fault every 0.5-2 TTLs (one gap in four
-a quiet spell of 4-8 TTLs): a worker stopped
-(M1) or cut off by its proxy (M4) for 0.5-3 TTLs, the authority paused (M5)
-or killed and restarted (M6). A listing of the contended keys is recorded
+a quiet spell of 4-8 TTLs): a worker stopped (M1) or cut off by its proxy
+(M4) for 0.5-3 TTLs, the authority paused (M5) or killed and restarted (M6). A listing of the contended keys is recorded
 every 100 ms. Checks: fences never repeat or go backwards; no lease's context
 is seen live more than 100 ms past its local validity, sampled on the
 worker's own clock (rounds in which the worker itself was stopped are
 skipped); no grant that no Acquire returned is held past its TTL, nor 2 s
 after the acquisitions that may have left it gave up, when neither their
-workers nor the authority were faulted then; no
-AcquireAll returns a set reported healthy whose member's key was granted
-again 250 ms before, and no set reports itself healthy once a member has
-ended. A failure prints the seed; FENCED_PROOF_SEED reruns it (the same
+workers nor the authority were faulted then; no AcquireAll returns a set
+reported healthy whose member's key was granted again 250 ms before, and no
+set reports itself healthy once a member has ended. A failure prints the seed; FENCED_PROOF_SEED reruns it (the same
 operations and faults; their timing is the machine's). Rows other than main
 ran against a scratch copy with one fix reverted; "first violation" is how
 far into the run the checker's earliest finding happened.
+
+Jepsen's scenarios run beside it (proof/jepsen_test.go, etcd): a waiter
+whose session expires while it is queued (etcd#11456) is never granted the
+key while another holds it, and the key is not blocked by its reaped entry;
+a lock request whose reply is lost, then retried (jetcd 0.8.2), leaves no
+grant behind that keeps the key, and the retry is the one holder the store
+names, with a higher fence.
 
 `
