@@ -3,6 +3,7 @@ package proof
 import (
 	"fmt"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/fenced-dev/fenced"
@@ -34,9 +35,8 @@ type GenReport struct {
 	// Orphans counts grants that no Acquire returned (their owner is in no
 	// grant of the history) seen held for longer than a TTL;
 	// SlowOrphans counts those still held the orphan bound after every
-	// acquisition on the key that gave up shortly before they were seen,
-	// while neither the authority nor those acquisitions' workers were
-	// faulted; OrphansSeen counts every such grant seen
+	// acquisition on the key that may have left them had completed, while
+	// neither the authority nor those acquisitions' workers were faulted; OrphansSeen counts every such grant seen
 	// at all (released in time or not).
 	Orphans     int `json:"orphans"`
 	SlowOrphans int `json:"slow_orphans"`
@@ -110,11 +110,16 @@ func CheckGen(events []Event, strength fenced.FenceStrength, ttl, bound time.Dur
 		start, end int64
 		worker     int // -1: the authority
 	}
-	type failure struct {
-		t      int64
-		worker int
+	// acq is one acquisition: the keys it was invoked on, when, and when
+	// it completed (0: never), and whether it failed.
+	type acq struct {
+		name         string
+		worker       int
+		keys         []string
+		invoke, done int64
+		failed       bool
 	}
-	cancelled := map[string][]failure{} // acquisitions that gave up, per key
+	acqs := map[int64]*acq{}
 	var faults []window
 	open := map[string]int{}
 	end := int64(0)
@@ -125,18 +130,31 @@ func CheckGen(events []Event, strength fenced.FenceStrength, ttl, bound time.Dur
 		switch e.Kind {
 		case AcquireInvoke, BreakInvoke:
 			invokes[opKey{e.Op, e.Key}] = e.T
+			if e.Kind == AcquireInvoke {
+				a := acqs[e.Op]
+				if a == nil {
+					a = &acq{name: e.Name, worker: e.Worker, invoke: e.T}
+					acqs[e.Op] = a
+				}
+				a.keys = append(a.keys, e.Key)
+			}
 			if !seenOp[e.Op] {
 				seenOp[e.Op] = true
 				r.Ops++
 				r.ByOp[e.Name]++
 			}
 		case AcquireOK, SetMember:
+			if a := acqs[e.Op]; a != nil && a.done == 0 {
+				a.done = e.T
+			}
 			inv, known := invokes[opKey{e.Op, e.Key}]
 			grants = append(grants, &grant{key: e.Key, owner: e.Owner, fence: e.Fence, invoke: inv, invokeKnown: known, ok: e.T, worker: e.Worker, op: e.Op, setMember: e.Kind == SetMember, setHealthy: e.Kind == SetMember && e.Value == 1})
 			returned[e.Owner] = true
 		case AcquireFail:
 			r.Errors++
-			cancelled[e.Key] = append(cancelled[e.Key], failure{e.T, e.Worker})
+			if a := acqs[e.Op]; a != nil && a.done == 0 {
+				a.done, a.failed = e.T, true
+			}
 		case LivePastValidity:
 			r.LivePastValidity++
 			r.MaxOvershoot = max(r.MaxOvershoot, time.Duration(e.Value))
@@ -228,26 +246,39 @@ func CheckGen(events []Event, strength fenced.FenceStrength, ttl, bound time.Dur
 		if held <= bound {
 			continue
 		}
-		// The acquisitions that may have left it: those on its key that
-		// gave up up to a TTL before it was first seen (or just after).
-		// The Client looks for such a grant for a second after giving up
-		// and releases it; the orphan counts only if it was still held
-		// past the bound after each of them, and neither their workers nor
-		// the authority were faulted from a second before each gave up to
+		// The acquisitions that may have left it: those invoked on its key
+		// (or, for a semaphore, on the name its permit keys start with)
+		// before it was seen, not completed a TTL before, that failed or
+		// take several grants (a set, a permit, a campaign). A grant such
+		// an acquisition holds while it runs is not an orphan. The Client
+		// looks for the grant of a failed one for a second and releases
+		// it; the orphan counts only if it was still held the bound after
+		// each of them completed, and neither their workers nor the
+		// authority were faulted from a second before each completed to
 		// the bound after.
-		var from []failure
-		for _, c := range cancelled[k[0]] {
-			if c.t >= s.first-int64(ttl) && c.t <= s.first+int64(200*time.Millisecond) {
-				from = append(from, c)
+		var from []*acq
+		for _, a := range acqs {
+			if a.invoke > s.first+int64(200*time.Millisecond) || (a.done != 0 && a.done < s.first-int64(ttl)) {
+				continue
+			}
+			if !a.failed && a.done != 0 && a.name != "all" && a.name != "sem" && a.name != "elect" {
+				continue
+			}
+			for _, key := range a.keys {
+				if key == k[0] || strings.HasPrefix(k[0], key+"#") {
+					from = append(from, a)
+					break
+				}
 			}
 		}
 		quiet := len(from) > 0
 		for _, c := range from {
-			if s.last < c.t+int64(bound) {
+			if c.done == 0 || s.last < c.done+int64(bound) {
 				quiet = false
+				break
 			}
 			for _, f := range faults {
-				if (f.worker < 0 || f.worker == c.worker) && f.start <= c.t+int64(bound) && f.end >= c.t-int64(time.Second) {
+				if (f.worker < 0 || f.worker == c.worker) && f.start <= c.done+int64(bound) && f.end >= c.done-int64(time.Second) {
 					quiet = false
 				}
 			}

@@ -45,6 +45,7 @@ func TestCheckGenFindsEachViolation(t *testing.T) {
 			{T: 17500 * ms, Kind: Observed, Worker: -1, Key: "k", Fence: 4, Owner: "y"},
 		}, func(r GenReport) int { return r.Orphans }},
 		"slow orphan": {[]Event{
+			{T: 10980 * ms, Kind: AcquireInvoke, Worker: 1, Op: 9, Name: "cancel", Key: "k"},
 			{T: 10990 * ms, Kind: AcquireFail, Worker: 1, Op: 9, Name: "cancel", Key: "k"},
 			{T: 11000 * ms, Kind: Observed, Worker: -1, Key: "k", Fence: 4, Owner: "y"},
 			{T: 14000 * ms, Kind: Observed, Worker: -1, Key: "k", Fence: 4, Owner: "y"},
@@ -68,12 +69,24 @@ func TestCheckGenFindsEachViolation(t *testing.T) {
 	// A slow orphan while a fault is active is not counted.
 	evs := append(append([]Event(nil), clean...),
 		Event{T: 10900 * ms, Kind: FaultStart, Worker: 1, Fault: "M4"},
+		Event{T: 10980 * ms, Kind: AcquireInvoke, Worker: 1, Op: 9, Name: "cancel", Key: "k"},
 		Event{T: 10990 * ms, Kind: AcquireFail, Worker: 1, Op: 9, Name: "cancel", Key: "k"},
 		Event{T: 11000 * ms, Kind: Observed, Worker: -1, Key: "k", Fence: 4, Owner: "y"},
 		Event{T: 14000 * ms, Kind: Observed, Worker: -1, Key: "k", Fence: 4, Owner: "y"},
 		Event{T: 14100 * ms, Kind: FaultEnd, Worker: 1, Fault: "M4"})
 	if r := CheckGen(evs, fenced.FenceStrict, ttl, bound); r.Failed() {
 		t.Errorf("slow orphan during a partition: %+v; want no violation", r)
+	}
+	// Nor is a grant an AcquireAll holds while it waits for its next key.
+	evs = append(append([]Event(nil), clean...),
+		Event{T: 10900 * ms, Kind: AcquireInvoke, Worker: 2, Op: 10, Name: "all", Key: "k"},
+		Event{T: 10900 * ms, Kind: AcquireInvoke, Worker: 2, Op: 10, Name: "all", Key: "q"},
+		Event{T: 10990 * ms, Kind: AcquireFail, Worker: 0, Op: 11, Name: "cancel", Key: "k"},
+		Event{T: 11000 * ms, Kind: Observed, Worker: -1, Key: "k", Fence: 4, Owner: "y"},
+		Event{T: 13500 * ms, Kind: Observed, Worker: -1, Key: "k", Fence: 4, Owner: "y"},
+		Event{T: 13600 * ms, Kind: AcquireFail, Worker: 2, Op: 10, Name: "all"})
+	if r := CheckGen(evs, fenced.FenceStrict, ttl, bound); r.Failed() {
+		t.Errorf("a grant held by a waiting AcquireAll: %+v; want no violation", r)
 	}
 }
 
