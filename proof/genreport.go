@@ -162,6 +162,11 @@ whose session expires while it is queued (etcd#11456) is never granted the
 key while another holds it, and the key is not blocked by its reaped entry;
 a lock request whose reply is lost, then retried (jetcd 0.8.2), leaves no
 grant behind that keeps the key, and the retry is the one holder the store
-names, with a higher fence.
+names, with a higher fence. TestRedisLostWrites (proof/lostwrites_test.go)
+is the lost-writes row: a Redis killed and restarted on a copy of its data
+directory taken up to a second before (what appendfsync no or everysec
+loses) rolls its fence counter back; the run must show the repeated fence
+(Redis declares FenceRepeatable), and with fencing the resource accepts
+nothing stale.
 
 `
