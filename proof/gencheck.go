@@ -19,6 +19,8 @@ type GenReport struct {
 	Ops    int            `json:"ops"`
 	ByOp   map[string]int `json:"by_op"`
 	Grants int            `json:"grants"`
+	// MaxHeld is the most leases one worker held at once.
+	MaxHeld int `json:"max_held"`
 	// Faults counts the faults the nemesis injected.
 	Faults int `json:"faults"`
 	// FenceRegressions counts grants with a fence lower than one
@@ -120,6 +122,7 @@ func CheckGen(events []Event, strength fenced.FenceStrength, ttl, bound time.Dur
 		failed       bool
 	}
 	acqs := map[int64]*acq{}
+	holding := map[int]int{} // leases held, per worker
 	var faults []window
 	open := map[string]int{}
 	end := int64(0)
@@ -143,7 +146,11 @@ func CheckGen(events []Event, strength fenced.FenceStrength, ttl, bound time.Dur
 				r.Ops++
 				r.ByOp[e.Name]++
 			}
+		case ReleaseInvoke:
+			holding[e.Worker]--
 		case AcquireOK, SetMember:
+			holding[e.Worker]++
+			r.MaxHeld = max(r.MaxHeld, holding[e.Worker])
 			if a := acqs[e.Op]; a != nil && a.done == 0 {
 				a.done = e.T
 			}

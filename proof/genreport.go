@@ -85,16 +85,16 @@ func WriteGenSection(w io.Writer, rows []GenRow) {
 		fmt.Fprintf(w, "Not run yet.\n%s\n", genEnd)
 		return
 	}
-	fmt.Fprintln(w, "| build | backend | mode | seed | minutes | ops | grants | faults | fence regr. | live past validity | orphans (past TTL / slow / seen) | sets healthy with a lost member | first violation |")
-	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+	fmt.Fprintln(w, "| build | backend | mode | seed | minutes | ops | grants | most held | faults | fence regr. | live past validity | orphans (past TTL / slow / seen) | sets healthy with a lost member | first violation |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 	for _, r := range rows {
 		rep := r.Report
 		first := "none"
 		if rep.FirstViolation > 0 {
 			first = fmt.Sprintf("%v in", rep.FirstViolation.Round(time.Second))
 		}
-		fmt.Fprintf(w, "| %s | %s | %s | %d | %.1f | %d | %d | %d | %d | %d | %d / %d / %d | %d | %s |\n",
-			r.Build, r.Backend, r.Mode, rep.Seed, r.Duration.Minutes(), rep.Ops, rep.Grants, rep.Faults, rep.FenceRegressions,
+		fmt.Fprintf(w, "| %s | %s | %s | %d | %.1f | %d | %d | %d | %d | %d | %d | %d / %d / %d | %d | %s |\n",
+			r.Build, r.Backend, r.Mode, rep.Seed, r.Duration.Minutes(), rep.Ops, rep.Grants, rep.MaxHeld, rep.Faults, rep.FenceRegressions,
 			rep.LivePastValidity, rep.Orphans, rep.SlowOrphans, rep.OrphansSeen, rep.SetsHealthyWithLost, first)
 	}
 	fmt.Fprintln(w, "\nOperations per kind (ops column):")

@@ -189,33 +189,31 @@ func (w *genWorker) step(ctx context.Context, rng *rand.Rand) {
 	op := w.op()
 	switch name {
 	case "hold":
-		key := coldKey(cfg.Prefix, rng.IntN(cfg.Keys))
-		po := &fenced.LeaseOptions{TTL: cfg.PoolTTL, MinFence: cfg.MinFence}
-		var l *fenced.Lease
-		var err error
-		w.invoke(op, name, key)
-		if rng.IntN(2) == 0 {
-			l, err = w.client.TryAcquire(ctx, key, po)
-		} else {
-			po.MaxWait = cfg.TTL
-			l, err = w.client.Acquire(ctx, key, po)
+		// MaxHeld/100 pool leases at once (one in the CI slice), so that a
+		// worker of the long mode reaches thousands of held leases.
+		n := max(1, cfg.MaxHeld/100)
+		type draw struct {
+			key   string
+			try   bool
+			until time.Duration
 		}
-		if !w.granted(op, name, key, l, err) {
-			return
+		draws := make([]draw, n)
+		for i := range draws {
+			draws[i] = draw{coldKey(cfg.Prefix, rng.IntN(cfg.Keys)), rng.IntN(2) == 0, time.Duration(rng.Int64N(int64(10 * cfg.PoolTTL)))}
 		}
-		w.mu.Lock()
-		h := w.held[l]
-		h.until = time.Now().Add(time.Duration(rng.Int64N(int64(10 * cfg.PoolTTL))))
-		w.held[l] = h
-		w.pool = append(w.pool, l)
-		var evict *fenced.Lease
-		if len(w.pool) > cfg.MaxHeld {
-			evict, w.pool = w.pool[0], w.pool[1:]
+		var wg sync.WaitGroup
+		for i, d := range draws {
+			op := op
+			if i > 0 {
+				op = w.op()
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				w.hold(ctx, op, d.key, d.try, d.until)
+			}()
 		}
-		w.mu.Unlock()
-		if evict != nil {
-			w.release(evict)
-		}
+		wg.Wait()
 	case "try", "acquire":
 		w.invoke(op, name, hot)
 		var l *fenced.Lease
@@ -321,6 +319,39 @@ func (w *genWorker) step(ctx context.Context, rng *rand.Rand) {
 		w.record(Event{Kind: BreakInvoke, Op: op, Name: name, Key: hot})
 		info, err := w.client.Break(ctx, hot, "proof: generative break", fmt.Sprintf("worker %d", cfg.Worker))
 		w.record(Event{Kind: BreakDone, Op: op, Name: name, Key: hot, Fence: info.Fence, Owner: info.OwnerDigest, Err: errString(err)})
+	}
+}
+
+// hold takes a pool lease on key (TryAcquire if try, else Acquire waiting
+// up to a TTL) and keeps it for hold, evicting the oldest pool lease when
+// the pool is full.
+func (w *genWorker) hold(ctx context.Context, op int64, key string, try bool, hold time.Duration) {
+	cfg := w.cfg
+	po := &fenced.LeaseOptions{TTL: cfg.PoolTTL, MinFence: cfg.MinFence}
+	var l *fenced.Lease
+	var err error
+	w.invoke(op, "hold", key)
+	if try {
+		l, err = w.client.TryAcquire(ctx, key, po)
+	} else {
+		po.MaxWait = cfg.TTL
+		l, err = w.client.Acquire(ctx, key, po)
+	}
+	if !w.granted(op, "hold", key, l, err) {
+		return
+	}
+	w.mu.Lock()
+	h := w.held[l]
+	h.until = time.Now().Add(hold)
+	w.held[l] = h
+	w.pool = append(w.pool, l)
+	var evict *fenced.Lease
+	if len(w.pool) > cfg.MaxHeld {
+		evict, w.pool = w.pool[0], w.pool[1:]
+	}
+	w.mu.Unlock()
+	if evict != nil {
+		w.release(evict)
 	}
 }
 
