@@ -93,8 +93,12 @@ func WriteGenSection(w io.Writer, rows []GenRow) {
 		if rep.FirstViolation > 0 {
 			first = fmt.Sprintf("%v in", rep.FirstViolation.Round(time.Second))
 		}
-		fmt.Fprintf(w, "| %s | %s | %s | %d | %.1f | %d | %d | %d | %d | %d | %d | %d / %d / %d | %d | %s |\n",
-			r.Build, r.Backend, r.Mode, rep.Seed, r.Duration.Minutes(), rep.Ops, rep.Grants, rep.MaxHeld, rep.Faults, rep.FenceRegressions,
+		held := "-" // not measured by that run
+		if rep.MaxHeld > 0 {
+			held = fmt.Sprint(rep.MaxHeld)
+		}
+		fmt.Fprintf(w, "| %s | %s | %s | %d | %.1f | %d | %d | %s | %d | %d | %d | %d / %d / %d | %d | %s |\n",
+			r.Build, r.Backend, r.Mode, rep.Seed, r.Duration.Minutes(), rep.Ops, rep.Grants, held, rep.Faults, rep.FenceRegressions,
 			rep.LivePastValidity, rep.Orphans, rep.SlowOrphans, rep.OrphansSeen, rep.SetsHealthyWithLost, first)
 	}
 	fmt.Fprintln(w, "\nOperations per kind (ops column):")
