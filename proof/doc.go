@@ -32,6 +32,15 @@
 // recovery time. The checker is believed because, with fencing off, it
 // sees the M1 hazard (TestCheckerSeesHazardWithFencingOff).
 //
+// RunGen is the generative mode: many keys and leases per worker, a random
+// mix of every kind of acquisition (Acquire, TryAcquire, Do, AcquireAll,
+// semaphore, election, cancelled mid-way, Break) and a random nemesis
+// schedule, all drawn from one seed, judged by CheckGen: fences, no lease
+// context live past its local validity on the worker's own clock, no
+// grant that no Acquire returned left holding a key, no set reported
+// healthy with a lost member. TestGenerativeSlice is its CI slice,
+// `scripts/proof.sh --long` its nightly run.
+//
 // `fenced proof --store URL` runs the client-side faults against a user's
 // store; scripts/proof.sh runs the full matrix and writes docs/proof.md.
 package proof

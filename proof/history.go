@@ -90,7 +90,9 @@ type Event struct {
 	// Current is the resource's fence when it refused.
 	Current uint64 `json:"cur,omitempty"`
 	Fault   string `json:"fault,omitempty"`
-	Err     string `json:"err,omitempty"`
+	// Name is the operation of a generative run (see RunGen).
+	Name string `json:"n,omitempty"`
+	Err  string `json:"err,omitempty"`
 }
 
 // Now returns the host's CLOCK_MONOTONIC in nanoseconds: comparable between

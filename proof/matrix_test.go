@@ -151,6 +151,12 @@ func TestMatrixFull(t *testing.T) {
 	if err := writeIncumbents(&md, filepath.Join(out, "proof")); err != nil {
 		t.Fatal(err)
 	}
+	genRows, err := ReadGenRows(filepath.Join(out, "proof", "generative.json"))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		t.Fatal(err)
+	}
+	md.WriteString("\n")
+	WriteGenSection(&md, genRows)
 	md.WriteString("\n## Timelines\n\nOne run per fault, fencing on, drawn from its recorded history.\n\n")
 	for _, f := range matrixFaults {
 		evs := svgs[f]

@@ -75,6 +75,7 @@ const (
 // started as one by a Run; otherwise it returns at once. Call it first in
 // TestMain, or early in main.
 func MaybeRunWorker() {
+	maybeRunGenWorker()
 	raw := os.Getenv(envWorker)
 	if raw == "" {
 		return

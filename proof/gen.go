@@ -1,0 +1,375 @@
+package proof
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/fenced-dev/fenced"
+)
+
+// GenConfig describes one generative run (RunGen).
+type GenConfig struct {
+	// Store is the authority's URL; MinFence the weakest fence the leases
+	// accept.
+	Store    string
+	MinFence fenced.FenceStrength
+	// Seed draws every worker's operations and the nemesis's schedule:
+	// the same seed gives the same sequence of operations and faults
+	// (their timing still depends on the machine).
+	Seed uint64
+	// Workers (default 3) processes each run Streams (default 6)
+	// concurrent operation streams.
+	Workers, Streams int
+	// Keys cold keys (default 1000) hold the pool leases, at most MaxHeld
+	// (default 100) per worker at once, with PoolTTL (default 4 TTLs);
+	// HotKeys contended keys (default 6) take the rest of the mix.
+	Keys, HotKeys, MaxHeld int
+	PoolTTL                time.Duration
+	// TTL of the contended leases; default 1s.
+	TTL time.Duration
+	// Duration of the workload; default 30s.
+	Duration time.Duration
+	// Grace is how late a lease's context may end after its local
+	// validity (timer latency); default 100ms. OrphanBound is how long a
+	// grant nobody was handed may be seen held while no fault is active;
+	// default 2s (the Client looks for one for a second).
+	Grace, OrphanBound time.Duration
+	// Faults is what the nemesis draws from: any of M1 (stop a worker),
+	// M4 (cut a worker off; needs a networked store), M5 (pause the
+	// authority) and M6 (crash and restart it; both need Server). Empty:
+	// every one the configuration allows.
+	Faults []Fault
+	Server Server
+	// Command starts a worker (a binary that calls MaybeRunWorker first).
+	Command func() *exec.Cmd
+	// Dir is the run's directory.
+	Dir  string
+	Logf func(format string, args ...any)
+}
+
+// GenResult is a checked generative run.
+type GenResult struct {
+	Config GenConfig
+	Report GenReport
+	Events []Event
+}
+
+type genRun struct {
+	cfg     GenConfig
+	rec     *Recorder
+	prefix  string
+	mu      sync.Mutex
+	procs   map[int]*exec.Cmd
+	exited  map[int]chan struct{}
+	proxies map[int][]*proxy
+	wg      sync.WaitGroup
+}
+
+// networked reports whether store is reached over TCP (a proxy can cut a
+// worker off from it).
+func networked(store string) bool { return !strings.HasPrefix(store, "sqlite:") }
+
+// RunGen runs a generative workload: Workers processes, each with Streams
+// streams drawing operations (Acquire, TryAcquire, Do, AcquireAll, a
+// semaphore permit, an election campaign, an Acquire cancelled after a few
+// milliseconds, a Break, and pool leases held for several TTLs, up to
+// MaxHeld at once) from Seed, while the nemesis injects faults drawn from
+// the same seed, and a listing of the contended keys is recorded every
+// 100ms. CheckGen judges the history.
+func RunGen(ctx context.Context, cfg GenConfig) (*GenResult, error) {
+	def := func(v *int, d int) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	def(&cfg.Workers, 3)
+	def(&cfg.Streams, 6)
+	def(&cfg.Keys, 1000)
+	def(&cfg.HotKeys, 6)
+	def(&cfg.MaxHeld, 100)
+	if cfg.TTL == 0 {
+		cfg.TTL = time.Second
+	}
+	if cfg.PoolTTL == 0 {
+		cfg.PoolTTL = 4 * cfg.TTL
+	}
+	if cfg.Duration == 0 {
+		cfg.Duration = 30 * time.Second
+	}
+	if cfg.Grace == 0 {
+		cfg.Grace = 100 * time.Millisecond
+	}
+	if cfg.OrphanBound == 0 {
+		cfg.OrphanBound = 2 * time.Second
+	}
+	if cfg.Logf == nil {
+		cfg.Logf = func(string, ...any) {}
+	}
+	if len(cfg.Faults) == 0 {
+		cfg.Faults = []Fault{M1}
+		if networked(cfg.Store) {
+			cfg.Faults = append(cfg.Faults, M4)
+		}
+		if cfg.Server != nil {
+			cfg.Faults = append(cfg.Faults, M5, M6)
+		}
+	}
+	for _, f := range cfg.Faults {
+		switch {
+		case f == M4 && !networked(cfg.Store):
+			return nil, fmt.Errorf("proof: fault M4 needs a networked store, not %s", cfg.Store)
+		case (f == M5 || f == M6) && cfg.Server == nil:
+			return nil, fmt.Errorf("proof: fault %s needs GenConfig.Server", f)
+		case f != M1 && f != M4 && f != M5 && f != M6:
+			return nil, fmt.Errorf("proof: the generative nemesis does not inject %s", f)
+		}
+	}
+	if cfg.Command == nil {
+		return nil, errors.New("proof: GenConfig.Command is nil")
+	}
+	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
+		return nil, err
+	}
+	strength, err := declaredFence(ctx, cfg.Store)
+	if err != nil {
+		return nil, err
+	}
+	r := &genRun{cfg: cfg, prefix: fmt.Sprintf("fenced-gen:%d:%d:", cfg.Seed, time.Now().UnixNano()), procs: map[int]*exec.Cmd{}, exited: map[int]chan struct{}{}, proxies: map[int][]*proxy{}}
+	if r.rec, err = OpenRecorder(filepath.Join(cfg.Dir, historyFile), -1); err != nil {
+		return nil, err
+	}
+	defer r.rec.Close()
+	defer r.closeProxies()
+	for i := range cfg.Workers {
+		if err := r.startWorker(i); err != nil {
+			r.stopWorkers()
+			return nil, err
+		}
+	}
+	octx, stopObserver := context.WithCancel(ctx)
+	var observer sync.WaitGroup
+	observer.Add(1)
+	go func() { defer observer.Done(); r.observe(octx) }()
+	nemErr := r.nemesis(ctx)
+	r.stopWorkers()
+	stopObserver()
+	observer.Wait()
+	events, err := ReadHistory(filepath.Join(cfg.Dir, historyFile))
+	if err != nil {
+		return nil, err
+	}
+	rep := CheckGen(events, strength, cancelTTLFactor*cfg.TTL, cfg.OrphanBound)
+	rep.Seed = cfg.Seed
+	return &GenResult{Config: cfg, Report: rep, Events: events}, nemErr
+}
+
+func (r *genRun) record(e Event) {
+	if err := r.rec.Record(e); err != nil {
+		r.cfg.Logf("proof: %v", err)
+	}
+}
+
+func (r *genRun) startWorker(i int) error {
+	store := r.cfg.Store
+	if networked(store) {
+		var err error
+		store, err = proxyURL(store, func(hp string) (string, error) {
+			p, err := startProxy(hp)
+			if err != nil {
+				return "", err
+			}
+			r.proxies[i] = append(r.proxies[i], p)
+			return p.addr(), nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+	wc := GenWorkerConfig{Worker: i, Seed: r.cfg.Seed, Store: store, Prefix: r.prefix, Keys: r.cfg.Keys, HotKeys: r.cfg.HotKeys, MaxHeld: r.cfg.MaxHeld, Streams: r.cfg.Streams, TTL: r.cfg.TTL, PoolTTL: r.cfg.PoolTTL, Grace: r.cfg.Grace, MinFence: r.cfg.MinFence, Dir: r.cfg.Dir}
+	raw, err := json.Marshal(wc)
+	if err != nil {
+		return err
+	}
+	cmd := r.cfg.Command()
+	cmd.Env = append(os.Environ(), envGen+"="+string(raw))
+	logf, err := os.OpenFile(filepath.Join(r.cfg.Dir, fmt.Sprintf("worker-%d.log", i)), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	if err != nil {
+		return err
+	}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return fmt.Errorf("proof: start worker %d: %w", i, err)
+	}
+	exited := make(chan struct{})
+	r.mu.Lock()
+	r.procs[i], r.exited[i] = cmd, exited
+	r.mu.Unlock()
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		cmd.Wait()
+		logf.Close()
+		close(exited)
+	}()
+	return nil
+}
+
+func (r *genRun) closeProxies() {
+	for _, ps := range r.proxies {
+		for _, p := range ps {
+			p.close()
+		}
+	}
+}
+
+func (r *genRun) stopWorkers() {
+	os.WriteFile(filepath.Join(r.cfg.Dir, stopFile), nil, 0o644)
+	deadline := time.After(10*r.cfg.PoolTTL + 30*time.Second)
+	for i := range r.cfg.Workers {
+		r.mu.Lock()
+		cmd, exited := r.procs[i], r.exited[i]
+		r.mu.Unlock()
+		if cmd == nil {
+			continue
+		}
+		cmd.Process.Signal(syscall.SIGCONT)
+		select {
+		case <-exited:
+		case <-deadline:
+			r.cfg.Logf("proof: worker %d did not stop; killed", i)
+			cmd.Process.Kill()
+			<-exited
+		}
+	}
+	r.wg.Wait()
+}
+
+// observe records, every 100ms, the holders of the contended and the
+// cancelled-acquire keys, as the store lists them.
+func (r *genRun) observe(ctx context.Context) {
+	c, err := fenced.Open(ctx, r.cfg.Store, nil)
+	if err != nil {
+		r.cfg.Logf("proof: observer: %v", err)
+		return
+	}
+	defer c.Close()
+	for ctx.Err() == nil {
+		for _, p := range []string{r.prefix + "h:", r.prefix + "c:"} {
+			lctx, cancel := context.WithTimeout(ctx, time.Second)
+			infos, err := c.List(lctx, p)
+			cancel()
+			if err != nil {
+				continue
+			}
+			now := Now()
+			for _, in := range infos {
+				if in.Held {
+					r.record(Event{T: now, Worker: -1, Kind: Observed, Key: in.Key, Fence: in.Fence, Owner: in.OwnerDigest})
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// nemesis injects, until the run's Duration is over, faults drawn from
+// the seed: a pause of 0.5 to 2 TTLs between faults (one time in four a
+// quiet spell of 4 to 8 TTLs), then one of
+// cfg.Faults on a drawn worker, for a drawn time.
+func (r *genRun) nemesis(ctx context.Context) error {
+	rng := rand.New(rand.NewPCG(r.cfg.Seed, 1<<40))
+	ttl := r.cfg.TTL
+	end := time.Now().Add(r.cfg.Duration)
+	between := func(lo, hi float64) time.Duration {
+		return time.Duration((lo + rng.Float64()*(hi-lo)) * float64(ttl))
+	}
+	sleep := func(d time.Duration) error {
+		d = min(d, max(0, time.Until(end)))
+		select {
+		case <-time.After(d):
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	for k := 1; time.Now().Before(end); k++ {
+		gap := between(0.5, 2)
+		if rng.IntN(4) == 0 {
+			gap = between(4, 8) // a quiet spell, for what only shows without faults
+		}
+		if err := sleep(gap); err != nil {
+			return err
+		}
+		if !time.Now().Before(end) {
+			break
+		}
+		f := r.cfg.Faults[rng.IntN(len(r.cfg.Faults))]
+		w := rng.IntN(r.cfg.Workers)
+		d := between(0.5, 3)
+		r.cfg.Logf("seed %d: fault %d: %s worker %d for %v", r.cfg.Seed, k, f, w, d.Round(time.Millisecond))
+		switch f {
+		case M1:
+			r.mu.Lock()
+			cmd := r.procs[w]
+			r.mu.Unlock()
+			cmd.Process.Signal(syscall.SIGSTOP)
+			r.record(Event{Kind: FaultStart, Worker: w, Fault: string(f)})
+			sleep(d)
+			cmd.Process.Signal(syscall.SIGCONT)
+			r.record(Event{Kind: FaultEnd, Worker: w, Fault: string(f)})
+		case M4:
+			r.record(Event{Kind: FaultStart, Worker: w, Fault: string(f)})
+			for _, p := range r.proxies[w] {
+				p.setDown(true)
+			}
+			sleep(d)
+			for _, p := range r.proxies[w] {
+				p.setDown(false)
+			}
+			r.record(Event{Kind: FaultEnd, Worker: w, Fault: string(f)})
+		case M5:
+			if err := r.cfg.Server.Pause(); err != nil {
+				return err
+			}
+			r.record(Event{Kind: FaultStart, Worker: -1, Fault: string(f)})
+			sleep(min(d, 2*ttl))
+			err := r.cfg.Server.Resume()
+			r.record(Event{Kind: FaultEnd, Worker: -1, Fault: string(f)})
+			if err != nil {
+				return err
+			}
+		case M6:
+			if err := r.cfg.Server.Crash(); err != nil {
+				return err
+			}
+			r.record(Event{Kind: FaultStart, Worker: -1, Fault: string(f)})
+			err := r.cfg.Server.Restart()
+			r.record(Event{Kind: FaultEnd, Worker: -1, Fault: string(f)})
+			if err != nil {
+				return err
+			}
+		}
+	}
+	// Let the workload settle after the last fault.
+	select {
+	case <-time.After(2 * ttl):
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

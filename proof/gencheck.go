@@ -1,0 +1,299 @@
+package proof
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/fenced-dev/fenced"
+)
+
+// GenReport is the checker's verdict on a generative run.
+type GenReport struct {
+	// Seed is the run's seed: rerun with it to draw the same operations
+	// and faults.
+	Seed uint64 `json:"seed"`
+	// Ops counts the operations invoked, ByOp per kind of operation;
+	// Grants counts the leases granted (each lease of a set once).
+	Ops    int            `json:"ops"`
+	ByOp   map[string]int `json:"by_op"`
+	Grants int            `json:"grants"`
+	// MaxHeld is the most leases one worker held at once.
+	MaxHeld int `json:"max_held"`
+	// Faults counts the faults the nemesis injected.
+	Faults int `json:"faults"`
+	// FenceRegressions counts grants with a fence lower than one
+	// confirmed on the key before they were invoked, and (strict fence)
+	// pairs of grants to different owners with one fence; FenceRepeats
+	// counts the latter where the backend declares its fence repeatable.
+	FenceRegressions int `json:"fence_regressions"`
+	FenceRepeats     int `json:"fence_repeats"`
+	// LivePastValidity counts the samples in which a worker saw a lease's
+	// context live past the lease's local validity (by more than the
+	// grace) on its own clock; MaxOvershoot is the largest such overshoot.
+	LivePastValidity int           `json:"live_past_validity"`
+	MaxOvershoot     time.Duration `json:"max_overshoot_ns"`
+	// Orphans counts grants that no Acquire returned (their owner is in no
+	// grant of the history) seen held for longer than a TTL;
+	// SlowOrphans counts those still held the orphan bound after every
+	// acquisition on the key that may have left them had completed, while
+	// neither the authority nor those acquisitions' workers were faulted; OrphansSeen counts every such grant seen
+	// at all (released in time or not).
+	Orphans     int `json:"orphans"`
+	SlowOrphans int `json:"slow_orphans"`
+	OrphansSeen int `json:"orphans_seen"`
+	// SetsHealthyWithLost counts sets reported healthy while a member had
+	// ended: when AcquireAll returned (a newer grant of a member's key had
+	// been confirmed setMargin before), or when the worker looked.
+	SetsHealthyWithLost int `json:"sets_healthy_with_lost"`
+	// Errors counts failed acquisitions (refusals included).
+	Errors int `json:"errors"`
+	// Problems describes the first violations found; FirstViolation is
+	// how long into the run the earliest one happened.
+	Problems       []string      `json:"problems,omitempty"`
+	FirstViolation time.Duration `json:"first_violation_ns,omitempty"`
+
+	start int64
+}
+
+// Failed reports whether the run broke a promise.
+func (r GenReport) Failed() bool {
+	return r.FenceRegressions > 0 || r.LivePastValidity > 0 || r.Orphans > 0 || r.SlowOrphans > 0 || r.SetsHealthyWithLost > 0
+}
+
+// problem records a violation that happened at t.
+func (r *GenReport) problem(t int64, format string, args ...any) {
+	if d := time.Duration(t - r.start); r.FirstViolation == 0 || d < r.FirstViolation {
+		r.FirstViolation = max(d, 1)
+	}
+	if len(r.Problems) < 20 {
+		r.Problems = append(r.Problems, fmt.Sprintf(format, args...))
+	}
+}
+
+// setMargin is how long before AcquireAll returned a newer grant of a
+// member's key must have been confirmed for the set to count as returned
+// with a lost member: the worker records the return a moment after
+// AcquireAll last confirmed its leases, and a break in that moment is no
+// fault of AcquireAll's.
+const setMargin = 250 * time.Millisecond
+
+// CheckGen examines a generative run's history. strength is the backend's
+// declared fence strength, ttl the longest TTL an orphan grant can have,
+// bound how long one may be seen held while no fault is active.
+func CheckGen(events []Event, strength fenced.FenceStrength, ttl, bound time.Duration) GenReport {
+	sort.SliceStable(events, func(i, j int) bool { return events[i].T < events[j].T })
+	r := GenReport{ByOp: map[string]int{}}
+	if len(events) > 0 {
+		r.start = events[0].T
+	}
+	type grant struct {
+		key, owner  string
+		fence       uint64
+		invoke, ok  int64
+		worker      int
+		op          int64
+		setHealthy  bool
+		setMember   bool
+		invokeKnown bool
+	}
+	type opKey struct {
+		op  int64
+		key string
+	}
+	invokes := map[opKey]int64{}
+	seenOp := map[int64]bool{}
+	var grants []*grant
+	returned := map[string]bool{}
+	type span struct{ first, last int64 }
+	observed := map[[2]string]*span{}
+	type window struct {
+		start, end int64
+		worker     int // -1: the authority
+	}
+	// acq is one acquisition: the keys it was invoked on, when, and when
+	// it completed (0: never), and whether it failed.
+	type acq struct {
+		name         string
+		worker       int
+		keys         []string
+		invoke, done int64
+		failed       bool
+	}
+	acqs := map[int64]*acq{}
+	holding := map[int]int{} // leases held, per worker
+	var faults []window
+	open := map[string]int{}
+	end := int64(0)
+	if len(events) > 0 {
+		end = events[len(events)-1].T
+	}
+	for _, e := range events {
+		switch e.Kind {
+		case AcquireInvoke, BreakInvoke:
+			invokes[opKey{e.Op, e.Key}] = e.T
+			if e.Kind == AcquireInvoke {
+				a := acqs[e.Op]
+				if a == nil {
+					a = &acq{name: e.Name, worker: e.Worker, invoke: e.T}
+					acqs[e.Op] = a
+				}
+				a.keys = append(a.keys, e.Key)
+			}
+			if !seenOp[e.Op] {
+				seenOp[e.Op] = true
+				r.Ops++
+				r.ByOp[e.Name]++
+			}
+		case ReleaseInvoke:
+			holding[e.Worker]--
+		case AcquireOK, SetMember:
+			holding[e.Worker]++
+			r.MaxHeld = max(r.MaxHeld, holding[e.Worker])
+			if a := acqs[e.Op]; a != nil && a.done == 0 {
+				a.done = e.T
+			}
+			inv, known := invokes[opKey{e.Op, e.Key}]
+			grants = append(grants, &grant{key: e.Key, owner: e.Owner, fence: e.Fence, invoke: inv, invokeKnown: known, ok: e.T, worker: e.Worker, op: e.Op, setMember: e.Kind == SetMember, setHealthy: e.Kind == SetMember && e.Value == 1})
+			returned[e.Owner] = true
+		case AcquireFail:
+			r.Errors++
+			if a := acqs[e.Op]; a != nil && a.done == 0 {
+				a.done, a.failed = e.T, true
+			}
+		case LivePastValidity:
+			r.LivePastValidity++
+			r.MaxOvershoot = max(r.MaxOvershoot, time.Duration(e.Value))
+			r.problem(e.T, "worker %d: lease on %s (fence %d) live %v past its local validity", e.Worker, e.Key, e.Fence, time.Duration(e.Value))
+		case SetHealthyLost:
+			r.SetsHealthyWithLost++
+			r.problem(e.T, "worker %d: a set reported healthy while its lease on %s (fence %d) had ended: %s", e.Worker, e.Key, e.Fence, e.Err)
+		case Observed:
+			if e.Owner == "" {
+				continue
+			}
+			k := [2]string{e.Key, e.Owner}
+			if s := observed[k]; s != nil {
+				s.last = e.T
+			} else {
+				observed[k] = &span{e.T, e.T}
+			}
+		case FaultStart:
+			r.Faults++
+			open[fmt.Sprintf("%s/%d", e.Fault, e.Worker)] = len(faults)
+			faults = append(faults, window{e.T, end, e.Worker})
+		case FaultEnd:
+			if i, ok := open[fmt.Sprintf("%s/%d", e.Fault, e.Worker)]; ok {
+				faults[i].end = e.T
+			}
+		}
+	}
+	r.Grants = len(grants)
+
+	// Fences, per key in the order the grants were confirmed.
+	byKey := map[string][]*grant{}
+	for _, g := range grants {
+		byKey[g.key] = append(byKey[g.key], g)
+	}
+	for key, gs := range byKey {
+		// gs is in ok order (events were sorted).
+		prefixMax := make([]uint64, len(gs))
+		var m uint64
+		owners := map[uint64]string{}
+		for i, g := range gs {
+			m = max(m, g.fence)
+			prefixMax[i] = m
+			if o, ok := owners[g.fence]; ok && o != g.owner {
+				if strength >= fenced.FenceStrict {
+					r.FenceRegressions++
+					r.problem(g.ok, "%s: fence %d granted to two owners", key, g.fence)
+				} else {
+					r.FenceRepeats++
+				}
+			}
+			owners[g.fence] = g.owner
+		}
+		// maxBefore returns the highest fence confirmed before t.
+		maxBefore := func(t int64) uint64 {
+			i := sort.Search(len(gs), func(i int) bool { return gs[i].ok >= t })
+			if i == 0 {
+				return 0
+			}
+			return prefixMax[i-1]
+		}
+		for _, g := range gs {
+			if g.invokeKnown {
+				if f := maxBefore(g.invoke); g.fence < f && strength >= fenced.FenceStrict {
+					r.FenceRegressions++
+					r.problem(g.ok, "%s: fence %d granted (worker %d) after fence %d was confirmed", key, g.fence, g.worker, f)
+				}
+			}
+			if g.setHealthy {
+				if f := maxBefore(g.ok - int64(setMargin)); f > g.fence {
+					r.SetsHealthyWithLost++
+					r.problem(g.ok, "%s: AcquireAll (worker %d, op %d) returned a healthy set whose lease (fence %d) was already superseded by fence %d", key, g.worker, g.op, g.fence, f)
+				}
+			}
+		}
+	}
+
+	// Orphans: grants nobody was handed.
+	for k, s := range observed {
+		if returned[k[1]] {
+			continue
+		}
+		r.OrphansSeen++
+		held := time.Duration(s.last - s.first)
+		if held > ttl+time.Second {
+			r.Orphans++
+			r.problem(s.first+int64(ttl), "%s: a grant no Acquire returned (owner %.8s) was held for %v, past its TTL", k[0], k[1], held)
+			continue
+		}
+		if held <= bound {
+			continue
+		}
+		// The acquisitions that may have left it: those invoked on its key
+		// (or, for a semaphore, on the name its permit keys start with)
+		// before it was seen, not completed a TTL before, that failed or
+		// take several grants (a set, a permit, a campaign). A grant such
+		// an acquisition holds while it runs is not an orphan. The Client
+		// looks for the grant of a failed one for a second and releases
+		// it; the orphan counts only if it was still held the bound after
+		// each of them completed, and neither their workers nor the
+		// authority were faulted from a second before each completed to
+		// the bound after.
+		var from []*acq
+		for _, a := range acqs {
+			if a.invoke > s.first+int64(200*time.Millisecond) || (a.done != 0 && a.done < s.first-int64(ttl)) {
+				continue
+			}
+			if !a.failed && a.done != 0 && a.name != "all" && a.name != "sem" && a.name != "elect" {
+				continue
+			}
+			for _, key := range a.keys {
+				if key == k[0] || strings.HasPrefix(k[0], key+"#") {
+					from = append(from, a)
+					break
+				}
+			}
+		}
+		quiet := len(from) > 0
+		for _, c := range from {
+			if c.done == 0 || s.last < c.done+int64(bound) {
+				quiet = false
+				break
+			}
+			for _, f := range faults {
+				if (f.worker < 0 || f.worker == c.worker) && f.start <= c.done+int64(bound) && f.end >= c.done-int64(time.Second) {
+					quiet = false
+				}
+			}
+		}
+		if quiet {
+			r.SlowOrphans++
+			r.problem(s.first+int64(bound), "%s: a grant no Acquire returned (owner %.8s) was held for %v with no fault active", k[0], k[1], held)
+		}
+	}
+	return r
+}

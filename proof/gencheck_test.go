@@ -1,0 +1,118 @@
+package proof
+
+import (
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fenced-dev/fenced"
+)
+
+// TestCheckGenFindsEachViolation feeds CheckGen small histories, each with
+// one violation of a generative check, and one without.
+func TestCheckGenFindsEachViolation(t *testing.T) {
+	ms := int64(time.Millisecond)
+	ttl, bound := 5*time.Second, 2*time.Second
+	clean := []Event{
+		{T: 1 * ms, Kind: AcquireInvoke, Op: 1, Name: "acquire", Key: "k"},
+		{T: 2 * ms, Kind: AcquireOK, Op: 1, Name: "acquire", Key: "k", Fence: 1, Owner: "a"},
+		{T: 3 * ms, Kind: Observed, Worker: -1, Key: "k", Fence: 1, Owner: "a"},
+		{T: 9000 * ms, Kind: Observed, Worker: -1, Key: "k", Fence: 1, Owner: "a"},
+		{T: 9001 * ms, Kind: AcquireInvoke, Op: 2, Name: "all", Key: "k"},
+		{T: 9500 * ms, Kind: AcquireOK, Op: 3, Key: "j", Fence: 7, Owner: "b"},
+		{T: 9600 * ms, Kind: SetMember, Op: 2, Name: "all", Key: "k", Fence: 5, Owner: "c", Value: 1},
+		// An orphan released within the bound.
+		{T: 9700 * ms, Kind: Observed, Worker: -1, Key: "k", Fence: 3, Owner: "x"},
+		{T: 10500 * ms, Kind: Observed, Worker: -1, Key: "k", Fence: 3, Owner: "x"},
+	}
+	if r := CheckGen(append([]Event(nil), clean...), fenced.FenceStrict, ttl, bound); r.Failed() || r.Ops != 2 || r.Grants != 3 || r.OrphansSeen != 1 {
+		t.Fatalf("clean history: %+v", r)
+	}
+	cases := map[string]struct {
+		add  []Event
+		want func(GenReport) int
+	}{
+		"fence regression": {[]Event{
+			{T: 10600 * ms, Kind: AcquireInvoke, Op: 4, Key: "k"},
+			{T: 10700 * ms, Kind: AcquireOK, Op: 4, Key: "k", Fence: 3, Owner: "d"},
+		}, func(r GenReport) int { return r.FenceRegressions }},
+		"live past validity": {[]Event{
+			{T: 10600 * ms, Kind: LivePastValidity, Key: "k", Fence: 2, Value: int64(time.Second)},
+		}, func(r GenReport) int { return r.LivePastValidity }},
+		"orphan past its TTL": {[]Event{
+			{T: 11000 * ms, Kind: Observed, Worker: -1, Key: "k", Fence: 4, Owner: "y"},
+			{T: 17500 * ms, Kind: Observed, Worker: -1, Key: "k", Fence: 4, Owner: "y"},
+		}, func(r GenReport) int { return r.Orphans }},
+		"slow orphan": {[]Event{
+			{T: 10980 * ms, Kind: AcquireInvoke, Worker: 1, Op: 9, Name: "cancel", Key: "k"},
+			{T: 10990 * ms, Kind: AcquireFail, Worker: 1, Op: 9, Name: "cancel", Key: "k"},
+			{T: 11000 * ms, Kind: Observed, Worker: -1, Key: "k", Fence: 4, Owner: "y"},
+			{T: 14000 * ms, Kind: Observed, Worker: -1, Key: "k", Fence: 4, Owner: "y"},
+		}, func(r GenReport) int { return r.SlowOrphans }},
+		"set returned with a superseded member": {[]Event{
+			{T: 10000 * ms, Kind: AcquireInvoke, Op: 5, Name: "all", Key: "m"},
+			{T: 10100 * ms, Kind: AcquireOK, Op: 6, Key: "m", Fence: 9, Owner: "e"},
+			{T: 11000 * ms, Kind: SetMember, Op: 5, Name: "all", Key: "m", Fence: 8, Owner: "f", Value: 1},
+		}, func(r GenReport) int { return r.SetsHealthyWithLost }},
+		"set healthy with an ended lease": {[]Event{
+			{T: 10600 * ms, Kind: SetHealthyLost, Key: "k", Fence: 2},
+		}, func(r GenReport) int { return r.SetsHealthyWithLost }},
+	}
+	for name, c := range cases {
+		evs := append(append([]Event(nil), clean...), c.add...)
+		r := CheckGen(evs, fenced.FenceStrict, ttl, bound)
+		if c.want(r) != 1 || !r.Failed() {
+			t.Errorf("%s: %+v; want it counted once", name, r)
+		}
+	}
+	// A slow orphan while a fault is active is not counted.
+	evs := append(append([]Event(nil), clean...),
+		Event{T: 10900 * ms, Kind: FaultStart, Worker: 1, Fault: "M4"},
+		Event{T: 10980 * ms, Kind: AcquireInvoke, Worker: 1, Op: 9, Name: "cancel", Key: "k"},
+		Event{T: 10990 * ms, Kind: AcquireFail, Worker: 1, Op: 9, Name: "cancel", Key: "k"},
+		Event{T: 11000 * ms, Kind: Observed, Worker: -1, Key: "k", Fence: 4, Owner: "y"},
+		Event{T: 14000 * ms, Kind: Observed, Worker: -1, Key: "k", Fence: 4, Owner: "y"},
+		Event{T: 14100 * ms, Kind: FaultEnd, Worker: 1, Fault: "M4"})
+	if r := CheckGen(evs, fenced.FenceStrict, ttl, bound); r.Failed() {
+		t.Errorf("slow orphan during a partition: %+v; want no violation", r)
+	}
+	// Nor is a grant an AcquireAll holds while it waits for its next key.
+	evs = append(append([]Event(nil), clean...),
+		Event{T: 10900 * ms, Kind: AcquireInvoke, Worker: 2, Op: 10, Name: "all", Key: "k"},
+		Event{T: 10900 * ms, Kind: AcquireInvoke, Worker: 2, Op: 10, Name: "all", Key: "q"},
+		Event{T: 10990 * ms, Kind: AcquireFail, Worker: 0, Op: 11, Name: "cancel", Key: "k"},
+		Event{T: 11000 * ms, Kind: Observed, Worker: -1, Key: "k", Fence: 4, Owner: "y"},
+		Event{T: 13500 * ms, Kind: Observed, Worker: -1, Key: "k", Fence: 4, Owner: "y"},
+		Event{T: 13600 * ms, Kind: AcquireFail, Worker: 2, Op: 10, Name: "all"})
+	if r := CheckGen(evs, fenced.FenceStrict, ttl, bound); r.Failed() {
+		t.Errorf("a grant held by a waiting AcquireAll: %+v; want no violation", r)
+	}
+}
+
+// TestUpdateGenSection rewrites the generative section in place and keeps
+// the rest of the report.
+func TestUpdateGenSection(t *testing.T) {
+	dir := t.TempDir()
+	md, rows := dir+"/proof.md", dir+"/generative.json"
+	if err := os.WriteFile(md, []byte("# Proof matrix\n\nrows\n\n## Timelines\n\nsvg\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, ops := range []int{1200, 3400} {
+		if err := SaveGenRow(rows, GenRow{Build: "main", Backend: "sqlite", Mode: "slice", Duration: time.Minute, Report: GenReport{Seed: 7, Ops: ops, ByOp: map[string]int{"hold": ops}}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := UpdateGenSection(md, rows); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b, err := os.ReadFile(md)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(b)
+	if strings.Count(s, genBegin) != 1 || !strings.Contains(s, "| 3400 |") || strings.Contains(s, "| 1200 |") ||
+		!strings.HasPrefix(s, "# Proof matrix\n\nrows\n\n"+genBegin) || !strings.HasSuffix(s, genEnd+"\n\n## Timelines\n\nsvg\n") {
+		t.Fatalf("report after two updates:\n%s", s)
+	}
+}

@@ -1,0 +1,509 @@
+package proof
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/fence"
+)
+
+// envGen carries a generative worker's GenWorkerConfig, as JSON.
+const envGen = "FENCED_PROOF_GEN"
+
+// Event kinds of the generative mode (see RunGen).
+const (
+	// SetMember is one lease of a set AcquireAll returned (Op is the
+	// call's); Value is 1 if the set reported itself healthy (Err nil)
+	// when it was returned.
+	SetMember Kind = "set_member"
+	// SetHealthyLost says a worker saw a set report itself healthy while
+	// one of its leases had ended (Key names it).
+	SetHealthyLost Kind = "set_healthy_lost"
+	// LivePastValidity says a worker saw a lease's context live past the
+	// lease's local validity on its own clock (Value: by how many ns).
+	LivePastValidity Kind = "live_past_validity"
+	// Observed is a holder the controller saw in the store's listing
+	// (Owner is its digest).
+	Observed Kind = "observed"
+	// BreakInvoke and BreakDone bracket a Break (Fence: what was broken).
+	BreakInvoke Kind = "break"
+	BreakDone   Kind = "broken"
+)
+
+// GenWorkerConfig is what one generative worker process needs.
+type GenWorkerConfig struct {
+	Worker int    `json:"worker"`
+	Seed   uint64 `json:"seed"`
+	Store  string `json:"store"`
+	// Prefix starts every key of the run.
+	Prefix string `json:"prefix"`
+	// Keys is the number of cold keys (pool leases), HotKeys the number
+	// of contended ones.
+	Keys    int `json:"keys"`
+	HotKeys int `json:"hot_keys"`
+	// MaxHeld bounds the pool of leases the worker holds at once.
+	MaxHeld int `json:"max_held"`
+	// Streams is the number of concurrent operation streams.
+	Streams int `json:"streams"`
+	// TTL of the contended leases; pool leases get PoolTTL.
+	TTL     time.Duration `json:"ttl"`
+	PoolTTL time.Duration `json:"pool_ttl"`
+	// Grace is how far past its local validity a lease's context may be
+	// seen live (timer latency on a loaded machine).
+	Grace    time.Duration        `json:"grace"`
+	MinFence fenced.FenceStrength `json:"min_fence"`
+	Dir      string               `json:"dir"`
+}
+
+// Key spaces of a generative run, under its prefix.
+func hotKey(prefix string, i int) string    { return fmt.Sprintf("%sh:%d", prefix, i) }
+func coldKey(prefix string, i int) string   { return fmt.Sprintf("%sk:%d", prefix, i) }
+func cancelKey(prefix string, i int) string { return fmt.Sprintf("%sc:%d", prefix, i) }
+func semName(prefix string) string          { return prefix + "h:sem" }
+func electName(prefix string) string        { return prefix + "h:lead" }
+
+// cancelTTLFactor makes the TTL of a lease asked for by an acquisition that
+// is cancelled mid-way that many times the run's TTL, so that an orphan
+// grant left by it outlives the orphan bound by far.
+const cancelTTLFactor = 5
+
+// genOps are the operations of the mix, with their weights.
+var genOps = []struct {
+	name   string
+	weight int
+}{
+	{"hold", 40}, {"try", 10}, {"acquire", 12}, {"do", 8}, {"all", 10},
+	{"sem", 5}, {"elect", 5}, {"cancel", 12}, {"break", 6},
+}
+
+type genWorker struct {
+	cfg    GenWorkerConfig
+	rec    *Recorder
+	client *fenced.Client
+	rcp    *recipes
+	pid    int64
+	seq    atomic.Int64
+
+	mu   sync.Mutex
+	held map[*fenced.Lease]heldLease // every lease the worker believes it holds
+	sets map[*fenced.LeaseSet]struct{}
+	pool []*fenced.Lease // pool leases, oldest first
+}
+
+type heldLease struct {
+	owner string // digest
+	until time.Time
+}
+
+func (w *genWorker) op() int64 { return w.pid<<24 | w.seq.Add(1) }
+
+func (w *genWorker) record(e Event) {
+	if err := w.rec.Record(e); err != nil {
+		fmt.Fprintln(os.Stderr, "proof worker:", err)
+		os.Exit(1)
+	}
+}
+
+func runGenWorker(cfg GenWorkerConfig) error {
+	ctx := context.Background()
+	rec, err := OpenRecorder(filepath.Join(cfg.Dir, historyFile), cfg.Worker)
+	if err != nil {
+		return err
+	}
+	defer rec.Close()
+	w := &genWorker{cfg: cfg, rec: rec, pid: int64(os.Getpid()), held: map[*fenced.Lease]heldLease{}, sets: map[*fenced.LeaseSet]struct{}{}}
+	hooks := fenced.Hooks{Lost: func(e fenced.LostEvent) {
+		w.record(Event{Kind: Lost, Key: e.Key, Fence: e.Fence, Err: errString(e.Cause)})
+	}}
+	w.client, err = fenced.Open(ctx, cfg.Store, &fenced.Options{Hooks: hooks, MinBackoff: 5 * time.Millisecond, MaxBackoff: 100 * time.Millisecond, FallbackPoll: cfg.TTL})
+	if err != nil {
+		return err
+	}
+	opts := &fenced.LeaseOptions{TTL: cfg.TTL, MaxWait: 3 * cfg.TTL, MinFence: cfg.MinFence}
+	if w.rcp, err = newRecipes(w.client, semName(cfg.Prefix), 2, electName(cfg.Prefix), opts); err != nil {
+		return err
+	}
+	w.record(Event{Kind: WorkerStart})
+	sctx, stopSampler := context.WithCancel(ctx)
+	var sampler sync.WaitGroup
+	sampler.Add(1)
+	go func() { defer sampler.Done(); w.sample(sctx) }()
+	var streams sync.WaitGroup
+	for s := range cfg.Streams {
+		streams.Add(1)
+		go func() {
+			defer streams.Done()
+			rng := rand.New(rand.NewPCG(cfg.Seed, uint64(cfg.Worker)<<16|uint64(s)))
+			for {
+				if _, err := os.Stat(filepath.Join(cfg.Dir, stopFile)); err == nil {
+					return
+				}
+				w.releaseDue(ctx)
+				w.step(ctx, rng)
+			}
+		}()
+	}
+	streams.Wait()
+	stopSampler()
+	sampler.Wait()
+	w.mu.Lock()
+	pool := w.pool
+	w.pool = nil
+	w.mu.Unlock()
+	for _, l := range pool {
+		w.release(l)
+	}
+	w.client.Close()
+	w.record(Event{Kind: WorkerExit})
+	return nil
+}
+
+// step runs one operation drawn from rng.
+func (w *genWorker) step(ctx context.Context, rng *rand.Rand) {
+	total := 0
+	for _, o := range genOps {
+		total += o.weight
+	}
+	n := rng.IntN(total)
+	name := ""
+	for _, o := range genOps {
+		if n < o.weight {
+			name = o.name
+			break
+		}
+		n -= o.weight
+	}
+	cfg := w.cfg
+	hot := hotKey(cfg.Prefix, rng.IntN(cfg.HotKeys))
+	hold := time.Duration(rng.Int64N(int64(cfg.TTL / 5)))
+	opts := &fenced.LeaseOptions{TTL: cfg.TTL, MaxWait: 3 * cfg.TTL, MinFence: cfg.MinFence}
+	op := w.op()
+	switch name {
+	case "hold":
+		// MaxHeld/100 pool leases at once (one in the CI slice), so that a
+		// worker of the long mode reaches thousands of held leases.
+		n := max(1, cfg.MaxHeld/100)
+		type draw struct {
+			key   string
+			try   bool
+			until time.Duration
+		}
+		draws := make([]draw, n)
+		for i := range draws {
+			draws[i] = draw{coldKey(cfg.Prefix, rng.IntN(cfg.Keys)), rng.IntN(2) == 0, time.Duration(rng.Int64N(int64(10 * cfg.PoolTTL)))}
+		}
+		var wg sync.WaitGroup
+		for i, d := range draws {
+			op := op
+			if i > 0 {
+				op = w.op()
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				w.hold(ctx, op, d.key, d.try, d.until)
+			}()
+		}
+		wg.Wait()
+	case "try", "acquire":
+		w.invoke(op, name, hot)
+		var l *fenced.Lease
+		var err error
+		if name == "try" {
+			l, err = w.client.TryAcquire(ctx, hot, opts)
+		} else {
+			l, err = w.client.Acquire(ctx, hot, opts)
+		}
+		if w.granted(op, name, hot, l, err) {
+			w.sleepUnder(l.Context(), hold)
+			w.release(l)
+		}
+	case "do":
+		w.invoke(op, name, hot)
+		var got *fenced.Lease
+		err := w.client.Do(ctx, hot, opts, func(ctx context.Context, l *fenced.Lease) error {
+			got = l
+			w.granted(op, name, hot, l, nil)
+			w.sleepUnder(ctx, hold)
+			w.forget(l, ReleaseInvoke)
+			return nil
+		})
+		if got == nil {
+			w.granted(op, name, hot, nil, err)
+		} else {
+			w.record(Event{Kind: ReleaseDone, Key: hot, Fence: got.Fence(), Owner: fence.OwnerDigest(got.Owner()), Err: errString(err)})
+		}
+	case "all":
+		n := 2 + rng.IntN(2)
+		keys := map[string]bool{}
+		for len(keys) < min(n, cfg.HotKeys) {
+			keys[hotKey(cfg.Prefix, rng.IntN(cfg.HotKeys))] = true
+		}
+		var list []string
+		for k := range keys {
+			list = append(list, k)
+			w.invoke(op, name, k)
+		}
+		set, err := acquireAll(ctx, w.client, list, opts)
+		if err != nil {
+			w.record(Event{Kind: AcquireFail, Op: op, Name: name, Err: errString(err)})
+			return
+		}
+		healthy := set.Err() == nil
+		for _, l := range set.Leases() {
+			w.record(Event{Kind: SetMember, Op: op, Name: name, Key: l.Key(), Fence: l.Fence(), Owner: fence.OwnerDigest(l.Owner()), Value: boolInt(healthy)})
+			w.mu.Lock()
+			w.held[l] = heldLease{owner: fence.OwnerDigest(l.Owner())}
+			w.mu.Unlock()
+		}
+		w.mu.Lock()
+		w.sets[set] = struct{}{}
+		w.mu.Unlock()
+		w.checkSet(set)
+		w.sleepUnder(set.Context(), hold)
+		w.checkSet(set)
+		w.mu.Lock()
+		delete(w.sets, set)
+		for _, l := range set.Leases() {
+			delete(w.held, l)
+			w.record(Event{Kind: ReleaseInvoke, Key: l.Key(), Fence: l.Fence(), Owner: fence.OwnerDigest(l.Owner())})
+		}
+		w.mu.Unlock()
+		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err = set.Release(rctx)
+		cancel()
+		w.record(Event{Kind: ReleaseDone, Op: op, Name: name, Err: errString(err)})
+	case "sem", "elect":
+		key := semName(cfg.Prefix)
+		if name == "elect" {
+			key = electName(cfg.Prefix)
+		}
+		w.invoke(op, name, key)
+		actx, cancel := context.WithTimeout(ctx, 3*cfg.TTL)
+		var l *fenced.Lease
+		var err error
+		if name == "sem" {
+			l, err = w.rcp.permit(actx)
+		} else {
+			l, err = w.rcp.campaign(actx)
+		}
+		cancel()
+		if w.granted(op, name, key, l, err) {
+			w.sleepUnder(l.Context(), hold)
+			w.release(l)
+		}
+	case "cancel":
+		key := hot
+		if rng.IntN(2) == 0 {
+			key = cancelKey(cfg.Prefix, rng.IntN(cfg.HotKeys))
+		}
+		co := &fenced.LeaseOptions{TTL: cancelTTLFactor * cfg.TTL, MaxWait: fenced.WaitForever, MinFence: cfg.MinFence}
+		after := time.Duration(rng.Int64N(int64(5 * time.Millisecond)))
+		w.invoke(op, name, key)
+		actx, cancel := context.WithTimeout(ctx, after)
+		l, err := w.client.Acquire(actx, key, co)
+		cancel()
+		if w.granted(op, name, key, l, err) {
+			w.release(l)
+		}
+	case "break":
+		w.record(Event{Kind: BreakInvoke, Op: op, Name: name, Key: hot})
+		info, err := w.client.Break(ctx, hot, "proof: generative break", fmt.Sprintf("worker %d", cfg.Worker))
+		w.record(Event{Kind: BreakDone, Op: op, Name: name, Key: hot, Fence: info.Fence, Owner: info.OwnerDigest, Err: errString(err)})
+	}
+}
+
+// hold takes a pool lease on key (TryAcquire if try, else Acquire waiting
+// up to a TTL) and keeps it for hold, evicting the oldest pool lease when
+// the pool is full.
+func (w *genWorker) hold(ctx context.Context, op int64, key string, try bool, hold time.Duration) {
+	cfg := w.cfg
+	po := &fenced.LeaseOptions{TTL: cfg.PoolTTL, MinFence: cfg.MinFence}
+	var l *fenced.Lease
+	var err error
+	w.invoke(op, "hold", key)
+	if try {
+		l, err = w.client.TryAcquire(ctx, key, po)
+	} else {
+		po.MaxWait = cfg.TTL
+		l, err = w.client.Acquire(ctx, key, po)
+	}
+	if !w.granted(op, "hold", key, l, err) {
+		return
+	}
+	w.mu.Lock()
+	h := w.held[l]
+	h.until = time.Now().Add(hold)
+	w.held[l] = h
+	w.pool = append(w.pool, l)
+	var evict *fenced.Lease
+	if len(w.pool) > cfg.MaxHeld {
+		evict, w.pool = w.pool[0], w.pool[1:]
+	}
+	w.mu.Unlock()
+	if evict != nil {
+		w.release(evict)
+	}
+}
+
+func (w *genWorker) invoke(op int64, name, key string) {
+	w.record(Event{Kind: AcquireInvoke, Op: op, Name: name, Key: key})
+}
+
+// granted records the outcome of an acquisition and, on success, adds l to
+// the leases the worker holds. It reports whether l was granted.
+func (w *genWorker) granted(op int64, name, key string, l *fenced.Lease, err error) bool {
+	if err != nil || l == nil {
+		w.record(Event{Kind: AcquireFail, Op: op, Name: name, Key: key, Err: errString(err)})
+		return false
+	}
+	d := fence.OwnerDigest(l.Owner())
+	w.record(Event{Kind: AcquireOK, Op: op, Name: name, Key: l.Key(), Fence: l.Fence(), Owner: d})
+	w.mu.Lock()
+	w.held[l] = heldLease{owner: d}
+	w.mu.Unlock()
+	return true
+}
+
+// forget drops l from the held leases, recording kind (ReleaseInvoke).
+func (w *genWorker) forget(l *fenced.Lease, kind Kind) {
+	w.mu.Lock()
+	delete(w.held, l)
+	w.mu.Unlock()
+	w.record(Event{Kind: kind, Key: l.Key(), Fence: l.Fence(), Owner: fence.OwnerDigest(l.Owner())})
+}
+
+func (w *genWorker) release(l *fenced.Lease) {
+	w.forget(l, ReleaseInvoke)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err := l.Release(ctx)
+	if errors.Is(err, fenced.ErrReleased) {
+		err = nil
+	}
+	w.record(Event{Kind: ReleaseDone, Key: l.Key(), Fence: l.Fence(), Owner: fence.OwnerDigest(l.Owner()), Err: errString(err)})
+}
+
+// releaseDue releases the pool leases whose holding time is over (or
+// that have ended).
+func (w *genWorker) releaseDue(ctx context.Context) {
+	now := time.Now()
+	var due []*fenced.Lease
+	w.mu.Lock()
+	keep := w.pool[:0]
+	for _, l := range w.pool {
+		if h := w.held[l]; now.After(h.until) || l.Err() != nil {
+			due = append(due, l)
+		} else {
+			keep = append(keep, l)
+		}
+	}
+	w.pool = keep
+	w.mu.Unlock()
+	for _, l := range due {
+		w.release(l)
+	}
+}
+
+func (w *genWorker) sleepUnder(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
+
+// checkSet records a set that reports itself healthy while one of its
+// leases has ended.
+func (w *genWorker) checkSet(set *fenced.LeaseSet) {
+	for _, l := range set.Leases() {
+		if l.Err() != nil && set.Err() == nil {
+			w.record(Event{Kind: SetHealthyLost, Key: l.Key(), Fence: l.Fence(), Owner: fence.OwnerDigest(l.Owner()), Err: errString(l.Err())})
+			return
+		}
+	}
+}
+
+// sample looks, every few milliseconds, at every lease the worker holds,
+// and records one whose context is live past its local validity (by more
+// than Grace) on the worker's own clock. Time the process did not run for
+// does not count: a round that starts late (the process was stopped, or
+// starved of CPU, for more than Grace) marks a resumption, and a lease
+// counts only once the process has run for Grace since both its validity
+// ran out and the last resumption. No timer can fire in a stopped process;
+// that pause is what the fence is for, not a lease outliving its validity.
+func (w *genWorker) sample(ctx context.Context) {
+	const every = 10 * time.Millisecond
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	last := time.Now()
+	resumed := last
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		began := time.Now()
+		if began.Sub(last) > every+w.cfg.Grace/2 {
+			resumed = began
+		}
+		last = began
+		w.mu.Lock()
+		leases := make([]*fenced.Lease, 0, len(w.held))
+		for l := range w.held {
+			leases = append(leases, l)
+		}
+		sets := make([]*fenced.LeaseSet, 0, len(w.sets))
+		for s := range w.sets {
+			sets = append(sets, s)
+		}
+		w.mu.Unlock()
+		for _, l := range leases {
+			until := l.ValidUntil()
+			now := time.Now()
+			if now.Sub(began) > w.cfg.Grace/2 {
+				break // this round is starved; the next one looks again
+			}
+			from := until
+			if resumed.After(from) {
+				from = resumed
+			}
+			if l.Context().Err() == nil && now.Sub(from) > w.cfg.Grace && l.ValidUntil().Equal(until) {
+				w.record(Event{Kind: LivePastValidity, Key: l.Key(), Fence: l.Fence(), Owner: fence.OwnerDigest(l.Owner()), Value: int64(now.Sub(until))})
+			}
+		}
+		for _, s := range sets {
+			w.checkSet(s)
+		}
+	}
+}
+
+// maybeRunGenWorker runs a generative worker and exits if this process was
+// started as one.
+func maybeRunGenWorker() {
+	raw := os.Getenv(envGen)
+	if raw == "" {
+		return
+	}
+	var cfg GenWorkerConfig
+	if err := json.Unmarshal([]byte(raw), &cfg); err != nil {
+		fmt.Fprintln(os.Stderr, "proof worker: bad config:", err)
+		os.Exit(2)
+	}
+	if err := runGenWorker(cfg); err != nil {
+		fmt.Fprintln(os.Stderr, "proof worker:", err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+}
