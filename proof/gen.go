@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/admin"
 )
 
 // GenConfig describes one generative run (RunGen).
@@ -268,7 +269,7 @@ func (r *genRun) observe(ctx context.Context) {
 	for ctx.Err() == nil {
 		for _, p := range []string{r.prefix + "h:", r.prefix + "c:"} {
 			lctx, cancel := context.WithTimeout(ctx, time.Second)
-			infos, err := c.List(lctx, p)
+			infos, err := admin.List(lctx, c, p)
 			cancel()
 			if err != nil {
 				continue

@@ -7,22 +7,23 @@ import (
 	"context"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/recipe"
 )
 
 // recipes are one worker's semaphore and election.
 type recipes struct {
-	sem   *fenced.Semaphore
-	elect *fenced.Election
+	sem   *recipe.Semaphore
+	elect *recipe.Election
 }
 
 // newRecipes makes the semaphore of permits permits on semName and the
 // election on electName, with opts for their leases.
 func newRecipes(c *fenced.Client, semName string, permits int, electName string, opts *fenced.LeaseOptions) (*recipes, error) {
-	sem, err := fenced.NewSemaphore(c, semName, permits, opts)
+	sem, err := recipe.NewSemaphore(c, semName, permits, opts)
 	if err != nil {
 		return nil, err
 	}
-	elect, err := fenced.NewElection(c, electName, opts)
+	elect, err := recipe.NewElection(c, electName, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -30,8 +31,8 @@ func newRecipes(c *fenced.Client, semName string, permits int, electName string,
 }
 
 // acquireAll takes every key, all or nothing (fenced's AcquireAll).
-func acquireAll(ctx context.Context, c *fenced.Client, keys []string, opts *fenced.LeaseOptions) (*fenced.LeaseSet, error) {
-	return c.AcquireAll(ctx, keys, opts)
+func acquireAll(ctx context.Context, c *fenced.Client, keys []string, opts *fenced.LeaseOptions) (*recipe.LeaseSet, error) {
+	return recipe.AcquireAll(ctx, c, keys, opts)
 }
 
 // permit takes one permit of the semaphore and returns its lease.

@@ -13,7 +13,9 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/admin"
 	"github.com/fenced-dev/fenced/fence"
+	"github.com/fenced-dev/fenced/recipe"
 )
 
 // envGen carries a generative worker's GenWorkerConfig, as JSON.
@@ -95,7 +97,7 @@ type genWorker struct {
 
 	mu   sync.Mutex
 	held map[*fenced.Lease]heldLease // every lease the worker believes it holds
-	sets map[*fenced.LeaseSet]struct{}
+	sets map[*recipe.LeaseSet]struct{}
 	pool []*fenced.Lease // pool leases, oldest first
 }
 
@@ -120,9 +122,9 @@ func runGenWorker(cfg GenWorkerConfig) error {
 		return err
 	}
 	defer rec.Close()
-	w := &genWorker{cfg: cfg, rec: rec, pid: int64(os.Getpid()), held: map[*fenced.Lease]heldLease{}, sets: map[*fenced.LeaseSet]struct{}{}}
+	w := &genWorker{cfg: cfg, rec: rec, pid: int64(os.Getpid()), held: map[*fenced.Lease]heldLease{}, sets: map[*recipe.LeaseSet]struct{}{}}
 	hooks := fenced.Hooks{Lost: func(e fenced.LostEvent) {
-		w.record(Event{Kind: Lost, Key: e.Key, Fence: e.Fence, Err: errString(e.Cause)})
+		w.record(Event{Kind: Lost, Key: e.Lease.Key(), Fence: e.Lease.Fence(), Err: errString(e.Cause)})
 	}}
 	w.client, err = fenced.Open(ctx, cfg.Store, &fenced.Options{Hooks: hooks, MinBackoff: 5 * time.Millisecond, MaxBackoff: 100 * time.Millisecond, FallbackPoll: cfg.TTL})
 	if err != nil {
@@ -317,7 +319,7 @@ func (w *genWorker) step(ctx context.Context, rng *rand.Rand) {
 		}
 	case "break":
 		w.record(Event{Kind: BreakInvoke, Op: op, Name: name, Key: hot})
-		info, err := w.client.Break(ctx, hot, "proof: generative break", fmt.Sprintf("worker %d", cfg.Worker))
+		info, err := admin.Break(ctx, w.client, hot, "proof: generative break", fmt.Sprintf("worker %d", cfg.Worker))
 		w.record(Event{Kind: BreakDone, Op: op, Name: name, Key: hot, Fence: info.Fence, Owner: info.OwnerDigest, Err: errString(err)})
 	}
 }
@@ -425,7 +427,7 @@ func (w *genWorker) sleepUnder(ctx context.Context, d time.Duration) {
 
 // checkSet records a set that reports itself healthy while one of its
 // leases has ended.
-func (w *genWorker) checkSet(set *fenced.LeaseSet) {
+func (w *genWorker) checkSet(set *recipe.LeaseSet) {
 	for _, l := range set.Leases() {
 		if l.Err() != nil && set.Err() == nil {
 			w.record(Event{Kind: SetHealthyLost, Key: l.Key(), Fence: l.Fence(), Owner: fence.OwnerDigest(l.Owner()), Err: errString(l.Err())})
@@ -464,7 +466,7 @@ func (w *genWorker) sample(ctx context.Context) {
 		for l := range w.held {
 			leases = append(leases, l)
 		}
-		sets := make([]*fenced.LeaseSet, 0, len(w.sets))
+		sets := make([]*recipe.LeaseSet, 0, len(w.sets))
 		for s := range w.sets {
 			sets = append(sets, s)
 		}
