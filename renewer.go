@@ -51,13 +51,7 @@ type renewer struct {
 	// be woken for a lease whose wake is no earlier. It is loopBusy while
 	// the loop is looking at the heap (it looks again before it sleeps)
 	// and loopIdle when the loop sleeps without a timer.
-	armed time.Duration
-	// lingered is set once the loop, finding the schedule empty, has kept
-	// its timer for idleLinger instead of sleeping without one; a kick
-	// clears it.
-	lingered bool
-	// loops counts the loop's looks at the schedule, for tests.
-	loops   atomic.Int64
+	armed   time.Duration
 	started bool
 	stopped bool
 	kick    chan struct{}
@@ -72,17 +66,6 @@ const (
 	loopBusy time.Duration = math.MinInt64
 	loopIdle time.Duration = math.MaxInt64
 )
-
-// idleLinger is how long the loop keeps a timer after it finds the
-// schedule empty. A client that takes and releases leases one after the
-// other (a lock around short work) empties the schedule between them; a
-// loop sleeping without a timer then had to be woken for each new lease
-// (a goroutine wake-up per acquisition, which on a busy machine cost tens
-// of microseconds). With the timer kept, a lease whose first event comes
-// later than it wakes nobody: the loop sees it when the timer fires. An
-// idle client's loop wakes once more, idleLinger after its last lease,
-// and then sleeps without a timer.
-const idleLinger = time.Second
 
 // maxRenewers bounds the renewal requests a batch sends at once to a driver
 // without driver.BatchRenewer, so a client with many leases neither starts
@@ -111,7 +94,6 @@ func (r *renewer) add(l *Lease) {
 		go r.loop()
 	}
 	if wake < r.armed {
-		r.lingered = false
 		r.wake()
 	}
 }
@@ -199,7 +181,6 @@ func (r *renewer) loop() {
 			return
 		default:
 		}
-		r.loops.Add(1)
 		expired, batch, next := r.due()
 		// Every expired lease's context is cancelled before anything else
 		// is done about any of them (hooks, the driver's cleanup).
@@ -293,11 +274,8 @@ func (r *renewer) due() (expired, batch []*Lease, next time.Duration) {
 		r.heapify()
 	}
 	next = loopIdle
-	switch {
-	case len(r.heap) > 0:
-		next, r.lingered = r.heap[0].wake, false
-	case !r.lingered:
-		next, r.lingered = now+idleLinger, true
+	if len(r.heap) > 0 {
+		next = r.heap[0].wake
 	}
 	r.armed = next
 	return expired, batch, next
