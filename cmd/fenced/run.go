@@ -526,6 +526,7 @@ func (s *supervision) run(ctx context.Context, sigs <-chan os.Signal) error {
 	var reaped int
 	var killAgain <-chan time.Time
 	leaseDone := s.h.lease.Done()
+	window, ending := s.endingWindow()
 loop:
 	for {
 		if s.killAgain != nil {
@@ -561,6 +562,8 @@ loop:
 				reaped = ev.Reaped
 				break loop
 			}
+		case <-ending:
+			ending = s.endUnrenewed(window)
 		case <-leaseDone:
 			leaseDone = nil
 			s.lose(s.h.lease.Err())
