@@ -517,6 +517,7 @@ type supervision struct {
 	ending    bool  // the tree has been told to end (SIGTERM sent)
 	killTimer <-chan time.Time
 	killAgain *time.Ticker // SIGKILL again until the tree is gone
+	unrenewed bool         // the tree was ended before an unrenewed lease ran out
 }
 
 // run supervises until no process of COMMAND is left, then releases the
@@ -754,6 +755,9 @@ func (s *supervision) finish(ctx context.Context, sigs <-chan os.Signal) error {
 	} else {
 		// Lost, or ended during the hold: end it here (its context is
 		// cancelled already) without waiting for a store that may be why.
+		// A lease whose tree was ended unrenewed (endUnrenewed) is let run
+		// out first, so no renewal is left in flight.
+		s.awaitEnd()
 		relCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 		cancel()
 		_ = s.h.lease.Release(relCtx)
