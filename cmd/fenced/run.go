@@ -90,7 +90,10 @@ a kill -9 of fenced. -v and the end of this help say which mode is in effect
   - If the lease is lost (renewal refused, broken by an admin, or not confirmed
     before local validity ran out), every process gets SIGTERM, then SIGKILL after
     --grace, whether or not COMMAND itself has exited; fenced exits 77 when none
-    is left.
+    is left. A lease whose renewal is not confirmed does not wait for the loss:
+    its processes get SIGTERM --grace (at most half the TTL) before its local
+    validity ends and SIGKILL shortly before it ends, so that none is left, and
+    none writes with the old fence, once another holder may be granted the key.
   - When COMMAND exits, the processes it left behind get SIGTERM, then SIGKILL
     after --grace, before the lease is released.
   - If fenced dies (even kill -9), COMMAND gets SIGKILL (Pdeathsig) and a guard
