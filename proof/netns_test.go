@@ -1,6 +1,8 @@
 package proof
 
 import (
+	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -185,3 +187,38 @@ func TestPacketPartitions(t *testing.T) {
 		}
 	}
 }
+
+// writePacketRows writes the packet-level section from the rows
+// TestPacketPartitions left in file (FENCED_PROOF_NETNS_OUT), or says it
+// was not run.
+func writePacketRows(md *bytes.Buffer, file string) error {
+	md.WriteString("\n## Partitions at the packet level\n\n")
+	md.WriteString(packetPreamble)
+	rows, err := ReadRows(file)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		md.WriteString("Not run yet (scripts/proof.sh runs TestPacketPartitions as root).\n")
+		return nil
+	case err != nil:
+		return err
+	}
+	WriteMarkdownTable(md, rows)
+	return nil
+}
+
+const packetPreamble = `The same workload with the links cut in the kernel instead of in a
+userspace proxy: every worker and server process runs in a network namespace
+of its own (ip netns exec), joined to a bridge by a veth pair, with addresses
+that exist only inside those namespaces; a cut is a blackhole qdisc on both
+ends of a host's veth (this kernel has no netem), so packets are dropped and
+connections see silence. M4 cuts a holder's host for 3 TTLs; M9 stops a
+worker with SIGSTOP as soon as its host's packet counter moves after its
+release (its next acquire's request has left the link); M11 cuts a held
+holder from ZooKeeper past its session. P1 runs a 3-member etcd or ZooKeeper
+ensemble, each worker on the host of one member, and cuts a held holder's
+host, member and all, from the other two: a minority/majority partition with
+the holder on the minority side (Hazelcast 3.8.3's finding). P1 is also
+checked to end the minority holder's lease (Lost) before the majority grants
+the key again, and to refuse its late write.
+
+`
