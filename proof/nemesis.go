@@ -263,7 +263,7 @@ func (r *run) holdAcross(ctx context.Context, f Fault) error {
 		}
 	}
 	from := r.eventCount()
-	if _, _, err := r.waitEvent(ctx, from, 8*ttl, func(e Event) bool {
+	if _, _, err := r.waitEvent(ctx, from, heldFor(f, ttl), func(e Event) bool {
 		return e.Kind == WriteOK && e.Key == a.Key && e.Worker != a.Worker
 	}); err != nil {
 		if ctx.Err() != nil {

@@ -13,10 +13,21 @@ import (
 // (Config.Partition places it), a holder is held before its write and its
 // host is cut off, member and all. The majority expires the holder's lease
 // and grants the key again; the partition heals once another worker has
-// written (or after 8 TTLs), and the holder, let go, writes with its old
+// written (or after 16 TTLs), and the holder, let go, writes with its old
 // fence. Checked: its lease ended (its context was cancelled) before the
 // majority's next grant, and the fence refuses its write.
 const P1 Fault = "P1"
+
+// heldFor is how long holdAcross waits for another worker's write while a
+// holder is held: 8 TTLs, and 16 for P1, where the majority may first have
+// to elect a leader (etcd's new leader also extends every lease by an
+// election timeout) before it expires the holder's lease.
+func heldFor(f Fault, ttl time.Duration) time.Duration {
+	if f == P1 {
+		return 16 * ttl
+	}
+	return 8 * ttl
+}
 
 // Partition puts each worker process on a host of a private network whose
 // links the nemesis cuts at the packet level, instead of through the
