@@ -23,7 +23,11 @@
 // before its write while a Failover cuts a Redis replica off and promotes
 // it (M7), a Clock steps the wall clock of one Redlock node (M8) or of the
 // authority (M12), or its proxy partitions it from ZooKeeper past its
-// session timeout (M11); it writes once another worker has.
+// session timeout (M11); it writes once another worker has. With a
+// Config.Partition the workers run on hosts of a private network and M4,
+// M9 and M11 cut their links at the packet level instead of in the
+// proxies; P1 cuts a holder, with one member of a 3-member ensemble, from
+// the majority (see partition.go).
 //
 // Check reads the history and the ledger and reports stale writes
 // attempted, refused and accepted, fence regressions and repeats (with the

@@ -148,6 +148,9 @@ func TestMatrixFull(t *testing.T) {
 	fmt.Fprintf(&md, " on a 2-core Debian machine; 3 worker processes, 1 s leases, %d injections per row; took %v.\n\n", injections, time.Since(started).Round(time.Second))
 	md.WriteString(matrixPreamble)
 	md.Write(tables.Bytes())
+	if err := writePacketRows(&md, filepath.Join(out, "proof", "netns.json")); err != nil {
+		t.Fatal(err)
+	}
 	if err := writeIncumbents(&md, filepath.Join(out, "proof")); err != nil {
 		t.Fatal(err)
 	}

@@ -3,7 +3,6 @@ package proof
 import (
 	"context"
 	"fmt"
-	"sync"
 	"syscall"
 	"time"
 )
@@ -140,12 +139,12 @@ func (r *run) inject(ctx context.Context) error {
 			return err
 		}
 		r.record(Event{Kind: FaultStart, Worker: a.Worker, Fault: string(M4)})
-		for _, p := range r.proxies[a.Worker] {
-			p.setDown(true)
+		if err := r.cutOff(a.Worker, true); err != nil {
+			return err
 		}
 		time.Sleep(3 * ttl)
-		for _, p := range r.proxies[a.Worker] {
-			p.setDown(false)
+		if err := r.cutOff(a.Worker, false); err != nil {
+			return err
 		}
 		r.record(Event{Kind: FaultEnd, Worker: a.Worker, Fault: string(M4)})
 		return nil
@@ -155,26 +154,12 @@ func (r *run) inject(ctx context.Context) error {
 			return err
 		}
 		cmd, _ := r.worker(a.Worker)
-		// A worker of a multi-host store (Redlock: one proxy per node)
-		// sends to several proxies at once: the first one stops it.
-		stopped := make(chan struct{})
-		var stop sync.Once
-		for _, p := range r.proxies[a.Worker] {
-			p.afterNextSend(func() {
-				stop.Do(func() {
-					cmd.Process.Signal(syscall.SIGSTOP)
-					r.record(Event{Kind: FaultStart, Worker: a.Worker, Fault: string(M9)})
-					close(stopped)
-				})
-			})
-		}
-		select {
-		case <-stopped:
-		case <-time.After(long):
-			return fmt.Errorf("worker %d sent nothing after its release", a.Worker)
-		}
-		for _, p := range r.proxies[a.Worker] {
-			p.afterNextSend(nil)
+		if r.cfg.Partition != nil {
+			if err := r.stopAfterSend(a.Worker, long); err != nil {
+				return err
+			}
+		} else if err := r.stopAfterProxySend(a.Worker, cmd, long); err != nil {
+			return err
 		}
 		time.Sleep(2 * ttl)
 		cmd.Process.Signal(syscall.SIGCONT)
@@ -197,7 +182,7 @@ func (r *run) inject(ctx context.Context) error {
 		err := r.cfg.Server.Restart()
 		r.record(Event{Kind: FaultEnd, Worker: -1, Fault: string(f)})
 		return err
-	case M7, M8, M11, M12:
+	case M7, M8, M11, M12, P1:
 		return r.holdAcross(ctx, f)
 	default:
 		return fmt.Errorf("fault %s is not one the nemesis injects", f)
@@ -269,14 +254,14 @@ func (r *run) holdAcross(ctx context.Context, f Fault) error {
 		r.record(Event{Kind: FaultStart, Worker: -1, Fault: string(f)})
 		r.cfg.Clock.Step(10 * ttl)
 		r.record(Event{Kind: FaultEnd, Worker: -1, Fault: string(f)})
-	case M11:
+	case M11, P1:
 		r.record(Event{Kind: FaultStart, Worker: a.Worker, Fault: string(f)})
-		for _, p := range r.proxies[a.Worker] {
-			p.setDown(true)
+		if err := r.cutOff(a.Worker, true); err != nil {
+			return err
 		}
 	}
 	from := r.eventCount()
-	if _, _, err := r.waitEvent(ctx, from, 8*ttl, func(e Event) bool {
+	if _, _, err := r.waitEvent(ctx, from, heldFor(f, ttl), func(e Event) bool {
 		return e.Kind == WriteOK && e.Key == a.Key && e.Worker != a.Worker
 	}); err != nil {
 		if ctx.Err() != nil {
@@ -284,9 +269,9 @@ func (r *run) holdAcross(ctx context.Context, f Fault) error {
 		}
 		r.cfg.Logf("%s: no other worker wrote while worker %d was held: %v", f, a.Worker, err)
 	}
-	if f == M11 {
-		for _, p := range r.proxies[a.Worker] {
-			p.setDown(false)
+	if f == M11 || f == P1 {
+		if err := r.cutOff(a.Worker, false); err != nil {
+			return err
 		}
 		r.record(Event{Kind: FaultEnd, Worker: a.Worker, Fault: string(f)})
 	}

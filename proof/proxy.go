@@ -5,8 +5,11 @@ import (
 	"io"
 	"net"
 	"net/url"
+	"os/exec"
 	"strings"
 	"sync"
+	"syscall"
+	"time"
 )
 
 // proxy forwards one worker's connections to one authority address, so the
@@ -147,4 +150,33 @@ func proxyURL(store string, via func(hostport string) (string, error)) (string, 
 	}
 	u.Host = strings.Join(hosts, ",")
 	return u.String(), nil
+}
+
+// stopAfterProxySend stops worker w (cmd) with SIGSTOP right after one of
+// its proxies forwarded the next chunk it sends (M9), and records the stop.
+// A worker of a multi-host store (Redlock: one proxy per node) sends to
+// several proxies at once: the first one stops it.
+func (r *run) stopAfterProxySend(w int, cmd *exec.Cmd, long time.Duration) error {
+	stopped := make(chan struct{})
+	var stop sync.Once
+	for _, p := range r.proxies[w] {
+		p.afterNextSend(func() {
+			stop.Do(func() {
+				cmd.Process.Signal(syscall.SIGSTOP)
+				r.record(Event{Kind: FaultStart, Worker: w, Fault: string(M9)})
+				close(stopped)
+			})
+		})
+	}
+	defer func() {
+		for _, p := range r.proxies[w] {
+			p.afterNextSend(nil)
+		}
+	}()
+	select {
+	case <-stopped:
+		return nil
+	case <-time.After(long):
+		return fmt.Errorf("worker %d sent nothing after its release", w)
+	}
 }

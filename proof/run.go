@@ -159,6 +159,12 @@ type Config struct {
 	Locker string
 	// Logf, if set, narrates the run.
 	Logf func(format string, args ...any)
+	// Partition, if set, places the workers on a private network and
+	// cuts their links at the packet level (see Partition); fault P1
+	// needs it. Declared, if set, is the backend's declared fence
+	// strength, which Run otherwise asks the store for.
+	Partition Partition
+	Declared  *fenced.FenceStrength
 }
 
 // Result is a checked run.
@@ -212,6 +218,8 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		return nil, errors.New("proof: fault M7 needs Config.Failover")
 	case (cfg.Fault == M8 || cfg.Fault == M12) && cfg.Clock == nil:
 		return nil, fmt.Errorf("proof: fault %s needs Config.Clock", cfg.Fault)
+	case cfg.Fault == P1 && cfg.Partition == nil:
+		return nil, errors.New("proof: fault P1 needs Config.Partition")
 	case cfg.Locker != "" && cfg.Fencing:
 		return nil, fmt.Errorf("proof: Locker %q gives no fence; Config.Fencing must be false", cfg.Locker)
 	}
@@ -219,7 +227,9 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		return nil, err
 	}
 	strength := fenced.FenceNone
-	if cfg.Locker == "" {
+	if cfg.Declared != nil {
+		strength = *cfg.Declared
+	} else if cfg.Locker == "" {
 		var err error
 		if strength, err = declaredFence(ctx, cfg.Store); err != nil {
 			return nil, err
@@ -347,7 +357,7 @@ func (r *run) eventCount() int {
 
 func (r *run) startWorker(i int) error {
 	store := r.cfg.Store
-	if r.cfg.Fault.NeedsProxy() {
+	if r.cfg.Fault.NeedsProxy() && r.cfg.Partition == nil {
 		for _, p := range r.proxies[i] {
 			p.close()
 		}
@@ -378,6 +388,9 @@ func (r *run) startWorker(i int) error {
 	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if r.cfg.Partition != nil {
+		r.cfg.Partition.Place(i, cmd)
+	}
 	if err := cmd.Start(); err != nil {
 		logf.Close()
 		return fmt.Errorf("proof: start worker %d: %w", i, err)

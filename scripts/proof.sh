@@ -36,5 +36,8 @@ if [ "${FENCED_PROOF_INCUMBENTS:-1}" != 0 ]; then
 	(cd bench/redis && go test -count=1 -timeout 1h -run '^TestProofIncumbents$' -v .)
 	(cd bench/consensus && go test -count=1 -timeout 1h -run '^TestProofIncumbents$' -v .)
 fi
+# The packet-level rows (network namespaces; needs root), long variant.
+FENCED_PROOF_NETNS_OUT="$FENCED_PROOF_OUT/proof/netns.json" FENCED_PROOF_NETNS_LONG=1 \
+	go test -count=1 -timeout 1h -run '^TestPacketPartitions$' -v ./proof/
 go test -count=1 -timeout 3h -run '^TestMatrixFull$' -v ./proof/ "$@"
 echo "wrote docs/proof.md"

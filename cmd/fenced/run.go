@@ -91,7 +91,10 @@ a kill -9 of fenced. -v and the end of this help say which mode is in effect
   - If the lease is lost (renewal refused, broken by an admin, or not confirmed
     before local validity ran out), every process gets SIGTERM, then SIGKILL after
     --grace, whether or not COMMAND itself has exited; fenced exits 77 when none
-    is left.
+    is left. A lease whose renewal is not confirmed does not wait for the loss:
+    its processes get SIGTERM --grace (at most half the TTL) before its local
+    validity ends and SIGKILL shortly before it ends, so that none is left, and
+    none writes with the old fence, once another holder may be granted the key.
   - When COMMAND exits, the processes it left behind get SIGTERM, then SIGKILL
     after --grace, before the lease is released.
   - If fenced dies (even kill -9), COMMAND gets SIGKILL (Pdeathsig) and a guard
@@ -518,6 +521,7 @@ type supervision struct {
 	ending    bool  // the tree has been told to end (SIGTERM sent)
 	killTimer <-chan time.Time
 	killAgain *time.Ticker // SIGKILL again until the tree is gone
+	unrenewed bool         // the tree was ended before an unrenewed lease ran out
 }
 
 // run supervises until no process of COMMAND is left, then releases the
@@ -527,6 +531,7 @@ func (s *supervision) run(ctx context.Context, sigs <-chan os.Signal) error {
 	var reaped int
 	var killAgain <-chan time.Time
 	leaseDone := s.h.lease.Done()
+	window, ending := s.endingWindow()
 loop:
 	for {
 		if s.killAgain != nil {
@@ -562,6 +567,8 @@ loop:
 				reaped = ev.Reaped
 				break loop
 			}
+		case <-ending:
+			ending = s.endUnrenewed(window)
 		case <-leaseDone:
 			leaseDone = nil
 			s.lose(s.h.lease.Err())
@@ -752,6 +759,9 @@ func (s *supervision) finish(ctx context.Context, sigs <-chan os.Signal) error {
 	} else {
 		// Lost, or ended during the hold: end it here (its context is
 		// cancelled already) without waiting for a store that may be why.
+		// A lease whose tree was ended unrenewed (endUnrenewed) is let run
+		// out first, so no renewal is left in flight.
+		s.awaitEnd()
 		relCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 		cancel()
 		_ = s.h.lease.Release(relCtx)

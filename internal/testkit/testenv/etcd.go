@@ -20,6 +20,7 @@ type EtcdMember struct {
 	args []string
 	t    testing.TB
 	proc *Process
+	host *NetHost // nil: loopback
 }
 
 // EtcdCluster is a set of etcd members forming one cluster.
@@ -56,19 +57,39 @@ func StartEtcd(t testing.TB) *EtcdCluster { return StartEtcdCluster(t, 1) }
 // TTL to one second.
 func StartEtcdCluster(t testing.TB, n int) *EtcdCluster {
 	t.Helper()
+	return startEtcdCluster(t, n, nil)
+}
+
+// StartEtcdClusterOn starts one etcd member on each host of a Net, for
+// partitions at the packet level (NetHost.Cut); only processes on the Net's
+// hosts can reach it.
+func StartEtcdClusterOn(t testing.TB, hosts ...*NetHost) *EtcdCluster {
+	t.Helper()
+	return startEtcdCluster(t, len(hosts), hosts)
+}
+
+func startEtcdCluster(t testing.TB, n int, hosts []*NetHost) *EtcdCluster {
+	t.Helper()
 	bin := RequireBinary(t, "etcd-server", "etcd")
 	dir := TempDir(t, "etcd")
 	c := &EtcdCluster{}
 	var initial []string
 	for i := 0; i < n; i++ {
 		cp, pp := FreePort(t), FreePort(t)
+		client, peer := Addr(cp), Addr(pp)
+		var host *NetHost
+		if hosts != nil {
+			host = hosts[i]
+			client, peer = host.Addr(2379), host.Addr(2380)
+		}
 		m := &EtcdMember{
 			Name:      fmt.Sprintf("m%d", i),
-			ClientURL: "http://" + Addr(cp),
-			Endpoint:  Addr(cp),
-			PeerURL:   "http://" + Addr(pp),
+			ClientURL: "http://" + client,
+			Endpoint:  client,
+			PeerURL:   "http://" + peer,
 			DataDir:   filepath.Join(dir, fmt.Sprintf("m%d", i)),
 			t:         t,
+			host:      host,
 		}
 		c.Members = append(c.Members, m)
 		initial = append(initial, m.Name+"="+m.PeerURL)
@@ -103,6 +124,10 @@ func (m *EtcdMember) Start() {
 	m.t.Helper()
 	bin, _ := FindBinary("etcd")
 	cmd := exec.Command(bin, m.args...)
+	if m.host != nil {
+		m.proc = StartOn(m.t, m.host, "etcd "+m.Name, cmd)
+		return
+	}
 	m.proc = Start(m.t, "etcd "+m.Name, cmd)
 }
 

@@ -98,6 +98,9 @@ type Process struct {
 	mu     sync.Mutex
 	exited chan struct{}
 	err    error
+	// host, if set, is the network namespace the process runs in
+	// (StartOn); WaitPort probes from there.
+	host *NetHost
 }
 
 // SafeBuffer is a bytes.Buffer safe for concurrent writes and reads.
@@ -201,8 +204,11 @@ func (p *Process) WaitPort(t testing.TB, addr string, timeout time.Duration) {
 			t.Fatalf("testenv: %s exited before listening on %s:\n%s", p.Name, addr, tail(p.Log.String(), 4000))
 		default:
 		}
-		c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
-		if err == nil {
+		if p.host != nil {
+			if _, err := p.host.Exchange(addr, ""); err == nil {
+				return
+			}
+		} else if c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond); err == nil {
 			c.Close()
 			return
 		}

@@ -24,6 +24,7 @@ type ZKNode struct {
 	cfgPath string
 	t       testing.TB
 	proc    *Process
+	host    *NetHost // nil: loopback
 }
 
 // ZKEnsemble is a standalone ZooKeeper server or a quorum of them.
@@ -80,6 +81,10 @@ type ZKConfig struct {
 	// the server first starts, to seed its data (for example with a
 	// snapshot written by ZooKeeper's own classes).
 	Prepare func(t testing.TB, dataDir string)
+	// Hosts, if set, puts server i on Hosts[i] of a Net (one per node),
+	// for partitions at the packet level (NetHost.Cut); only processes on
+	// the Net's hosts can reach them.
+	Hosts []*NetHost
 }
 
 // StartZooKeeperWith starts the servers cfg describes and waits until they
@@ -91,6 +96,15 @@ func StartZooKeeperWith(t testing.TB, cfg ZKConfig) *ZKEnsemble {
 		t.Fatal("ZooKeeper server jar /usr/share/java/zookeeper.jar not found; install the Debian package \"zookeeper\" (the README's test command does)")
 	}
 	n := max(cfg.Nodes, 1)
+	if cfg.Hosts != nil && len(cfg.Hosts) != n {
+		t.Fatalf("testenv: %d ZooKeeper servers on %d hosts", n, len(cfg.Hosts))
+	}
+	ip := func(i int) string {
+		if cfg.Hosts != nil {
+			return cfg.Hosts[i].IP
+		}
+		return "127.0.0.1"
+	}
 	tick := cfg.TickTime.Round(time.Millisecond)
 	if tick <= 0 {
 		tick = 100 * time.Millisecond
@@ -103,7 +117,10 @@ func StartZooKeeperWith(t testing.TB, cfg ZKConfig) *ZKEnsemble {
 		ps[i] = ports{FreePort(t), FreePort(t), FreePort(t)}
 	}
 	for i := 0; i < n; i++ {
-		nd := &ZKNode{ID: i + 1, Addr: Addr(ps[i].client), Dir: filepath.Join(dir, fmt.Sprintf("n%d", i+1)), t: t}
+		nd := &ZKNode{ID: i + 1, Addr: net.JoinHostPort(ip(i), fmt.Sprint(ps[i].client)), Dir: filepath.Join(dir, fmt.Sprintf("n%d", i+1)), t: t}
+		if cfg.Hosts != nil {
+			nd.host = cfg.Hosts[i]
+		}
 		if err := os.MkdirAll(nd.Dir, 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -115,14 +132,14 @@ func StartZooKeeperWith(t testing.TB, cfg ZKConfig) *ZKEnsemble {
 			fmt.Sprintf("maxSessionTimeout=%d", e.MaxSessionTimeout.Milliseconds()),
 			"dataDir=" + nd.Dir,
 			fmt.Sprintf("clientPort=%d", ps[i].client),
-			"clientPortAddress=127.0.0.1",
+			"clientPortAddress=" + ip(i),
 			"admin.enableServer=false",
 			"4lw.commands.whitelist=*",
 			"maxClientCnxns=0",
 		}
 		if n > 1 {
 			for j := 0; j < n; j++ {
-				conf = append(conf, fmt.Sprintf("server.%d=127.0.0.1:%d:%d", j+1, ps[j].peer, ps[j].election))
+				conf = append(conf, fmt.Sprintf("server.%d=%s:%d:%d", j+1, ip(j), ps[j].peer, ps[j].election))
 			}
 			if err := os.WriteFile(filepath.Join(nd.Dir, "myid"), []byte(fmt.Sprint(i+1)), 0o644); err != nil {
 				t.Fatal(err)
@@ -155,6 +172,10 @@ func (n *ZKNode) Start() {
 		"-Dzookeeper.jmx.log4j.disable=true", "-cp", ZooKeeperJars,
 		"org.apache.zookeeper.server.quorum.QuorumPeerMain", n.cfgPath)
 	cmd.Dir = n.Dir
+	if n.host != nil {
+		n.proc = StartOn(n.t, n.host, fmt.Sprintf("zookeeper %d", n.ID), cmd)
+		return
+	}
 	n.proc = Start(n.t, fmt.Sprintf("zookeeper %d", n.ID), cmd)
 }
 
@@ -176,16 +197,21 @@ func (n *ZKNode) WaitReady() {
 // Mode asks the node (four-letter word srvr) whether it serves requests and
 // as what: "leader", "follower" or "standalone".
 func (n *ZKNode) Mode() (string, bool) {
-	c, err := net.DialTimeout("tcp", n.Addr, time.Second)
-	if err != nil {
-		return "", false
+	var b []byte
+	if n.host != nil {
+		b, _ = n.host.Exchange(n.Addr, "srvr")
+	} else {
+		c, err := net.DialTimeout("tcp", n.Addr, time.Second)
+		if err != nil {
+			return "", false
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+		if _, err := c.Write([]byte("srvr")); err != nil {
+			return "", false
+		}
+		b, _ = io.ReadAll(c)
 	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
-	if _, err := c.Write([]byte("srvr")); err != nil {
-		return "", false
-	}
-	b, _ := io.ReadAll(c)
 	for _, l := range Lines(string(b)) {
 		if m, ok := strings.CutPrefix(l, "Mode: "); ok {
 			return strings.TrimSpace(m), true
