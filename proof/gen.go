@@ -203,28 +203,11 @@ func (r *genRun) startWorker(i int) error {
 	}
 	cmd := r.cfg.Command()
 	cmd.Env = append(os.Environ(), envGen+"="+string(raw))
-	logf, err := os.OpenFile(filepath.Join(r.cfg.Dir, fmt.Sprintf("worker-%d.log", i)), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
-	if err != nil {
-		return err
-	}
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		logf.Close()
-		return fmt.Errorf("proof: start worker %d: %w", i, err)
-	}
-	exited := make(chan struct{})
-	r.mu.Lock()
-	r.procs[i], r.exited[i] = cmd, exited
-	r.mu.Unlock()
-	r.wg.Add(1)
-	go func() {
-		defer r.wg.Done()
-		cmd.Wait()
-		logf.Close()
-		close(exited)
-	}()
-	return nil
+	return startWorkerProcess(cmd, r.cfg.Dir, i, &r.wg, func(exited chan struct{}) {
+		r.mu.Lock()
+		r.procs[i], r.exited[i] = cmd, exited
+		r.mu.Unlock()
+	}, nil)
 }
 
 func (r *genRun) closeProxies() {

@@ -382,26 +382,40 @@ func (r *run) startWorker(i int) error {
 	}
 	cmd := r.cfg.Command()
 	cmd.Env = append(os.Environ(), envWorker+"="+string(raw))
-	logf, err := os.OpenFile(filepath.Join(r.cfg.Dir, fmt.Sprintf("worker-%d.log", i)), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	return startWorkerProcess(cmd, r.cfg.Dir, i, &r.wg, func(exited chan struct{}) {
+		r.mu.Lock()
+		r.procs[i], r.exited[i] = cmd, exited
+		r.mu.Unlock()
+	}, func() {
+		if r.cfg.Partition != nil {
+			r.cfg.Partition.Place(i, cmd)
+		}
+	})
+}
+
+// startWorkerProcess starts worker i's cmd with its output in the run
+// directory's worker-i.log, killed if the controller dies, after place (nil
+// for none) put it where it runs. register records it with the channel
+// closed when it has exited; wg counts the goroutine that waits for it.
+func startWorkerProcess(cmd *exec.Cmd, dir string, i int, wg *sync.WaitGroup, register func(exited chan struct{}), place func()) error {
+	logf, err := os.OpenFile(filepath.Join(dir, fmt.Sprintf("worker-%d.log", i)), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
 	if err != nil {
 		return err
 	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if r.cfg.Partition != nil {
-		r.cfg.Partition.Place(i, cmd)
+	if place != nil {
+		place()
 	}
 	if err := cmd.Start(); err != nil {
 		logf.Close()
 		return fmt.Errorf("proof: start worker %d: %w", i, err)
 	}
 	exited := make(chan struct{})
-	r.mu.Lock()
-	r.procs[i], r.exited[i] = cmd, exited
-	r.mu.Unlock()
-	r.wg.Add(1)
+	register(exited)
+	wg.Add(1)
 	go func() {
-		defer r.wg.Done()
+		defer wg.Done()
 		cmd.Wait()
 		logf.Close()
 		close(exited)
