@@ -431,6 +431,24 @@ func ListMembers(ctx context.Context, c *fenced.Client, group string) ([]GroupMe
 	return out, nil
 }
 
+// ListPartitionLeases returns the held partition leases of group, by
+// partition number.
+func ListPartitionLeases(ctx context.Context, c *fenced.Client, group string) (map[int]fenced.LeaseInfo, error) {
+	infos, err := listLeases(ctx, c, group+"/p/")
+	if err != nil {
+		return nil, err
+	}
+	out := map[int]fenced.LeaseInfo{}
+	for _, in := range infos {
+		i, err := strconv.Atoi(strings.TrimPrefix(in.Key, group+"/p/"))
+		if err != nil || !in.Held || i < 0 {
+			continue
+		}
+		out[i] = in
+	}
+	return out, nil
+}
+
 // readMembers returns the live members with this member's partition
 // count, and a description of each live member with another.
 func (g *Partitions) readMembers(ctx context.Context) (same, others []string, err error) {

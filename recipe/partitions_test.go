@@ -132,7 +132,21 @@ func (lg *partLedger) work(member string) recipe.PartitionWork {
 		lg.holder[p.Index], lg.fences[p.Index] = member, p.Fence()
 		lg.mu.Unlock()
 		<-ctx.Done()
+		if cause := context.Cause(ctx); errors.Is(cause, recipe.ErrHandedOff) || errors.Is(cause, recipe.ErrLeft) {
+			// Graceful: the work is cancelled first, the lease released
+			// only after the work returns.
+			if err := p.Lease.Err(); err != nil {
+				lg.mu.Lock()
+				lg.fail("partition %d: %s's lease ended (%v) before its work returned from %v", p.Index, member, err, cause)
+				lg.mu.Unlock()
+			}
+		}
 		time.Sleep(5 * time.Millisecond) // a little clean-up after the cancel
+		if errors.Is(context.Cause(ctx), recipe.ErrHandedOff) && p.Lease.Err() != nil {
+			lg.mu.Lock()
+			lg.fail("partition %d: %s's lease ended during its hand-off clean-up", p.Index, member)
+			lg.mu.Unlock()
+		}
 		lg.mu.Lock()
 		delete(lg.holder, p.Index)
 		lg.mu.Unlock()
