@@ -151,6 +151,9 @@ func TestMatrixFull(t *testing.T) {
 	if err := writeIncumbents(&md, filepath.Join(out, "proof")); err != nil {
 		t.Fatal(err)
 	}
+	if err := WritePartitions(&md, filepath.Join(out, "proof")); err != nil {
+		t.Fatal(err)
+	}
 	md.WriteString("\n## Timelines\n\nOne run per fault, fencing on, drawn from its recorded history.\n\n")
 	for _, f := range matrixFaults {
 		evs := svgs[f]

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"database/sql"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -23,6 +24,7 @@ import (
 	"github.com/fenced-dev/fenced/fence"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 	_ "github.com/fenced-dev/fenced/postgres"
+	"github.com/fenced-dev/fenced/proof"
 	"github.com/fenced-dev/fenced/recipe"
 	_ "github.com/fenced-dev/fenced/redis"
 )
@@ -66,24 +68,24 @@ func proofChurn(t *testing.T) time.Duration {
 }
 
 func TestPartitionsProofSQLite(t *testing.T) {
-	runPartitionsProof(t, "sqlite://"+filepath.Join(t.TempDir(), "leases.db"), fenced.FenceStrict)
+	runPartitionsProof(t, "sqlite", "sqlite://"+filepath.Join(t.TempDir(), "leases.db"), fenced.FenceStrict)
 }
 
 func TestPartitionsProofPostgres(t *testing.T) {
 	pg := testenv.StartPostgres(t)
-	runPartitionsProof(t, pg.URL(), fenced.FenceStrict)
+	runPartitionsProof(t, "postgres", pg.URL(), fenced.FenceStrict)
 }
 
 func TestPartitionsProofRedis(t *testing.T) {
 	r := testenv.StartRedis(t, testenv.RedisConfig{})
 	// Single-node Redis: the fence repeats only after a failover or a
 	// restart without persistence, neither of which happens here.
-	runPartitionsProof(t, r.URL(), fenced.FenceRepeatable)
+	runPartitionsProof(t, "redis", r.URL(), fenced.FenceRepeatable)
 }
 
 func TestPartitionsProofEtcd(t *testing.T) {
 	e := testenv.StartEtcd(t)
-	runPartitionsProof(t, e.URL(""), fenced.FenceStrict)
+	runPartitionsProof(t, "etcd", e.URL(""), fenced.FenceStrict)
 }
 
 // TestPartitionsProofMember is a member process of the proof; it does
@@ -198,7 +200,7 @@ type proofSlot struct {
 	stopped bool
 }
 
-func runPartitionsProof(t *testing.T, store string, minFence fenced.FenceStrength) {
+func runPartitionsProof(t *testing.T, backend, store string, minFence fenced.FenceStrength) {
 	dir := t.TempDir()
 	db, err := sql.Open("sqlite", "file:"+filepath.Join(dir, "resource.db")+"?_pragma=busy_timeout(10000)&_pragma=journal_mode(wal)")
 	if err != nil {
@@ -384,6 +386,10 @@ func runPartitionsProof(t *testing.T, store string, minFence fenced.FenceStrengt
 	believers := map[int]map[string]bool{}
 	lastWrite := map[int]int64{}
 	var gaps []time.Duration
+	var longestAt int64
+	longestP := -1
+	single := time.Duration(0) // the longest gap that spans at most one fault
+	var longestGap int64
 	for _, e := range evs {
 		switch e.kind {
 		case "S":
@@ -400,7 +406,20 @@ func runPartitionsProof(t *testing.T, store string, minFence fenced.FenceStrengt
 			delete(believers[e.p], e.proc)
 		case "W":
 			if l, ok := lastWrite[e.p]; ok {
-				gaps = append(gaps, time.Duration(e.at-l))
+				gap := time.Duration(e.at - l)
+				gaps = append(gaps, gap)
+				within := 0
+				for _, f := range faults {
+					if at := f.at.UnixNano(); at >= l && at <= e.at {
+						within++
+					}
+				}
+				if within <= 1 && gap > single {
+					single = gap
+				}
+				if longestP < 0 || gap > time.Duration(longestGap) {
+					longestAt, longestP, longestGap = l, e.p, int64(gap)
+				}
 			}
 			lastWrite[e.p] = e.at
 		}
@@ -424,8 +443,34 @@ func runPartitionsProof(t *testing.T, store string, minFence fenced.FenceStrengt
 	// its leases expire, one TTL after its last renewal), or a kill and a
 	// restart after up to 2 s: the partitions are written again within the
 	// TTL, a poll, and the restart's join, plus room for a loaded machine.
-	if bound := 4*proofTTL + 3*time.Second; longest > bound {
-		t.Errorf("a partition went %v without an accepted write, over the %v bound", longest, bound)
+	t.Logf("longest gap: partition %d from %s; longest gap spanning at most one fault: %v", longestP,
+		time.Unix(0, longestAt).Format("15:04:05.000"), single.Round(time.Millisecond))
+	// One fault (a kill, a stop past the TTL, a leave) leaves a partition
+	// unwritten for at most: the stop itself (up to 2.5 TTLs: a member
+	// stopped inside its write transaction holds the resource file's
+	// write lock, which stalls every member's writes, an availability
+	// hazard of a shared SQLite file, not of Partitions), the TTL (the
+	// dead or stopped owner's leases expire), a poll (TTL/3) for the
+	// survivors to see it, and room for a loaded 2-core machine (1.5 s).
+	// Faults come every 0.3 to 1.5 s, so a partition can be hit by
+	// several in a row; those gaps are reported, not bounded.
+	if bound := proofTTL*5/2 + proofTTL + proofTTL/3 + 1500*time.Millisecond; single > bound {
+		t.Errorf("a partition went %v without an accepted write across one fault, over the %v bound", single, bound)
+	}
+	if testing.Verbose() || t.Failed() {
+		for _, f := range faults {
+			t.Logf("fault at %s: %s", f.at.Format("15:04:05.000"), f.what)
+		}
+	}
+	if out := os.Getenv("PARTITIONS_PROOF_OUT"); out != "" {
+		res := proof.PartitionsResult{Backend: backend, Churn: proofChurn(t).String(), Members: proofMembers, Partitions: proofPartitions,
+			TTL: proofTTL.String(), Faults: counts, WritesAccepted: accepted, StaleAccepted: staleAccepted, StaleRefused: refused,
+			Overlaps: overlaps, LongestGap: longest.Round(time.Millisecond).String(), BalancedAfter: balancedAt.Round(time.Millisecond).String(),
+			Owned: owned, HandOffs: handoffs, Passed: !t.Failed()}
+		b, _ := json.MarshalIndent(res, "", "  ")
+		if err := os.WriteFile(filepath.Join(out, "partitions-"+backend+".json"), append(b, '\n'), 0o644); err != nil {
+			t.Error(err)
+		}
 	}
 	if t.Failed() {
 		for _, s := range slots {
