@@ -544,7 +544,7 @@ func runPartitionsProof(t *testing.T, backend, store string, minFence fenced.Fen
 	if out := os.Getenv("PARTITIONS_PROOF_OUT"); out != "" {
 		res := proof.PartitionsResult{Backend: backend, Churn: proofChurn(t).String(), Members: proofMembers, Partitions: proofPartitions,
 			TTL: proofTTL.String(), Faults: counts, WritesAccepted: accepted, StaleAccepted: staleAccepted, StaleRefused: refused,
-			Overlaps: overlaps, LongestGap: longest.Round(time.Millisecond).String(), BalancedAfter: balancedAt.Round(time.Millisecond).String(),
+			Overlaps: overlaps, Recovery: recovery.Round(time.Millisecond).String(), LongestGap: longest.Round(time.Millisecond).String(), BalancedAfter: balancedAt.Round(time.Millisecond).String(),
 			Owned: owned, HandOffs: handoffs, Passed: !t.Failed()}
 		b, _ := json.MarshalIndent(res, "", "  ")
 		if err := os.WriteFile(filepath.Join(out, "partitions-"+backend+".json"), append(b, '\n'), 0o644); err != nil {
@@ -554,12 +554,12 @@ func runPartitionsProof(t *testing.T, backend, store string, minFence fenced.Fen
 	if t.Failed() {
 		for _, s := range slots {
 			b, _ := os.ReadFile(filepath.Join(dir, "stderr-"+s.id))
-			t.Logf("%s stderr (tail): %s", s.id, tail(string(b), 1500))
+			t.Logf("%s stderr (tail): %s", s.id, proofTail(string(b), 1500))
 		}
 	}
 }
 
-func tail(s string, n int) string {
+func proofTail(s string, n int) string {
 	if len(s) > n {
 		return s[len(s)-n:]
 	}

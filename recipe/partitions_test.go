@@ -196,9 +196,9 @@ func partOpen(t *testing.T, url string) *fenced.Client {
 	return c
 }
 
-// balanced waits until the members own every partition between them,
+// partBalanced waits until the members own every partition between them,
 // each ⌊P/N⌋ or ⌈P/N⌉, and returns what each owns.
-func balanced(t *testing.T, ms []*recipe.Partitions, p int, within time.Duration) map[string][]int {
+func partBalanced(t *testing.T, ms []*recipe.Partitions, p int, within time.Duration) map[string][]int {
 	t.Helper()
 	deadline := time.Now().Add(within)
 	for {
@@ -253,11 +253,11 @@ func TestPartitionsRebalance(t *testing.T) {
 				join(id)
 			}
 			// Notified backends rebalance well within the poll (TTL/3).
-			before := balanced(t, ms, p, rebalanceBound)
+			before := partBalanced(t, ms, p, rebalanceBound)
 			lg.check()
 
 			join("d")
-			after := balanced(t, ms, p, rebalanceBound)
+			after := partBalanced(t, ms, p, rebalanceBound)
 			lg.check()
 			if moved, minimum := movedPartitions(before, after), len(after["d"]); moved > minimum+3 {
 				t.Errorf("join moved %d partitions, minimum %d: %v → %v", moved, minimum, before, after)
@@ -276,7 +276,7 @@ func TestPartitionsRebalance(t *testing.T) {
 				t.Errorf("a owns %v after Leave", o)
 			}
 			ms = ms[1:]
-			balanced(t, ms, p, rebalanceBound)
+			partBalanced(t, ms, p, rebalanceBound)
 			lg.check()
 			handoffs := uint64(0)
 			for _, m := range ms {
@@ -305,9 +305,9 @@ func TestPartitionsStickyRestart(t *testing.T) {
 		t.Cleanup(func() { m.Leave(ctx) })
 		ms = append(ms, m)
 	}
-	first := balanced(t, ms, 12, rebalanceBound)
+	first := partBalanced(t, ms, 12, rebalanceBound)
 	ms[2].Leave(ctx)
-	balanced(t, ms[:2], 12, rebalanceBound)
+	partBalanced(t, ms[:2], 12, rebalanceBound)
 	m, err := recipe.JoinPartitions(ctx, partOpen(t, url), "g", 12, lg.work("c"),
 		&recipe.PartitionsOptions{MemberID: "c", Lease: &fenced.LeaseOptions{TTL: 2 * time.Second}})
 	if err != nil {
@@ -315,7 +315,7 @@ func TestPartitionsStickyRestart(t *testing.T) {
 	}
 	t.Cleanup(func() { m.Leave(ctx) })
 	ms[2] = m
-	again := balanced(t, ms, 12, rebalanceBound)
+	again := partBalanced(t, ms, 12, rebalanceBound)
 	if !slices.Equal(first["c"], again["c"]) {
 		t.Errorf("c had %v, got %v back", first["c"], again["c"])
 	}
@@ -389,9 +389,9 @@ func TestPartitionsClientClosed(t *testing.T) {
 		t.Cleanup(func() { m.Leave(ctx) })
 		ms, clients = append(ms, m), append(clients, c)
 	}
-	balanced(t, ms, 9, rebalanceBound)
+	partBalanced(t, ms, 9, rebalanceBound)
 	clients[0].Close()
-	balanced(t, ms[1:], 9, ttl+2*time.Second)
+	partBalanced(t, ms[1:], 9, ttl+2*time.Second)
 	if o := ms[0].Owned(); len(o) != 0 {
 		t.Errorf("a owns %v with its client closed", o)
 	}
