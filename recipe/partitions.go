@@ -191,7 +191,8 @@ type PartitionsOptions struct {
 
 // PartitionStats are a member's counters, for metrics.
 type PartitionStats struct {
-	// Owned is how many partitions the member holds now; Target how many
+	// Owned is how many partitions the member holds now, not counting
+	// those being handed off (as Owned does); Target how many
 	// the assignment gives it; Members how many live members it saw last.
 	Owned, Target, Members int
 	// Rebalances counts changes of the member's target set.
@@ -325,7 +326,12 @@ func (g *Partitions) Stats() PartitionStats {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	s := g.stats
-	s.Owned, s.Target, s.Members = len(g.owned), len(g.targets), len(g.members)
+	s.Target, s.Members = len(g.targets), len(g.members)
+	for _, o := range g.owned {
+		if o.handoff.IsZero() && o.lease.Err() == nil {
+			s.Owned++
+		}
+	}
 	if !g.unownedAt.IsZero() {
 		s.UnownedTime += time.Since(g.unownedAt)
 	}
