@@ -56,6 +56,10 @@ func TestPartitionsRunHandsOffOnLeave(t *testing.T) {
 		return cmd
 	}
 	start("a")
+	eventually(t, 8*time.Second, "a holds all 4 partitions alone", func() bool {
+		held, members := partitionsLs(t, store, "g")
+		return len(held) == 4 && members == 1
+	})
 	b := start("b")
 	eventually(t, 8*time.Second, "b runs 2 commands and 4 partitions are held", func() bool {
 		held, members := partitionsLs(t, store, "g")
