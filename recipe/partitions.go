@@ -400,10 +400,18 @@ func (g *Partitions) memberKey() string {
 }
 func (g *Partitions) bellKey() string { return g.group + "/bell" }
 
-// listLeases lists the held leases under prefix. It is the only call of
-// the admin listing, to be switched to package admin's.
+// listLeases lists the held leases under prefix, through the driver
+// (Client.Driver) as package admin's List does, with owners shortened.
+// It is the recipe's only listing.
 func listLeases(ctx context.Context, c *fenced.Client, prefix string) ([]fenced.LeaseInfo, error) {
-	return c.List(ctx, prefix)
+	infos, err := c.Driver().List(ctx, prefix)
+	if err != nil {
+		return nil, fmt.Errorf("fenced: list %q: %w", prefix, err)
+	}
+	for i := range infos {
+		infos[i].Owner = driver.ShortOwner(infos[i].Owner)
+	}
+	return infos, nil
 }
 
 // GroupMember is a live member of a group as the authority lists it.
