@@ -160,6 +160,9 @@ func TestMatrixFull(t *testing.T) {
 	}
 	md.WriteString("\n")
 	WriteGenSection(&md, genRows)
+	if err := WritePartitions(&md, filepath.Join(out, "proof")); err != nil {
+		t.Fatal(err)
+	}
 	md.WriteString("\n## Timelines\n\nOne run per fault, fencing on, drawn from its recorded history.\n\n")
 	for _, f := range matrixFaults {
 		evs := svgs[f]

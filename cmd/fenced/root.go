@@ -134,6 +134,7 @@ that it uses the default (--quiet hides that line).`,
 	root.AddCommand(newProofCmd(g))
 	root.AddCommand(newElectCmd(g), newObserveCmd(g))
 	root.AddCommand(newPlanCmd(g))
+	root.AddCommand(newPartitionsCmd(g))
 	root.AddCommand(newServeCmd(g), newVersionCmd(g))
 	root.AddCommand(g.extra...)
 	return root

@@ -1,0 +1,397 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/recipe"
+)
+
+// newPartitionsCmd is `fenced partitions`: run, ls, and the hidden
+// per-partition supervisor.
+func newPartitionsCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "partitions",
+		Short: "Share P partitions among the live members of a group, one owner each, and run a command per owned partition",
+	}
+	cmd.AddCommand(newPartitionsRunCmd(g), newPartitionsLsCmd(g), newPartitionSuperviseCmd(g))
+	return cmd
+}
+
+type partitionsFlags struct {
+	partitions int
+	ttl        time.Duration
+	grace      time.Duration
+	id         string
+	minFence   string
+}
+
+func newPartitionsRunCmd(g *globals) *cobra.Command {
+	f := &partitionsFlags{}
+	cmd := &cobra.Command{
+		Use:   "run GROUP -p P [flags] -- COMMAND [ARGS...]",
+		Short: "Join GROUP and run COMMAND once for every partition this member owns",
+		Long: `Run makes this process a member of GROUP, a group of P partitions (0 to P-1) shared
+among its live members so that every partition has exactly one owner: each member
+owns P/N of them, within one, and a partition moves only when a member joins,
+leaves or dies. Every partition is a lease on GROUP/p/<i>; its fence rises with
+every change of owner, so a resource that checks it refuses a previous owner.
+
+For every partition it owns, run starts COMMAND with:
+  FENCED_PARTITION  the partition's number
+  FENCED_PARTITIONS P
+  FENCED_FENCE      the partition lease's fence; send it with every write
+  FENCED_KEY        GROUP/p/<i>
+  FENCED_OWNER      the owner digest (see fenced run --help)
+  FENCED_STORE      the store URL with any password redacted
+
+Each COMMAND is supervised as by fenced run: when its partition is lost or handed
+off to another member, every process of it gets SIGTERM, then SIGKILL after
+--grace, and the lease is released only once none is left. A COMMAND that exits
+by itself is started again, with a new fence, at the member's next look at the
+group (a third of --ttl). SIGINT or SIGTERM makes the member leave: it ends every
+COMMAND, releases its partitions and exits 0. Every member must use the same -p.`,
+		Example: `  # 64 shards of billing work across the hosts that run this
+  fenced partitions run --store postgres://app@db/app billing -p 64 -- ./bill-shard`,
+		Args: cobra.ArbitraryArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			dash := cmd.ArgsLenAtDash()
+			switch {
+			case len(args) == 0 || dash == 0:
+				return withCode(exitUsage, errors.New("partitions run: no GROUP: want GROUP -p P -- COMMAND [ARGS...]"))
+			case dash < 0:
+				return withCode(exitUsage, errors.New("partitions run: no -- before COMMAND: want GROUP -p P -- COMMAND [ARGS...]"))
+			case dash > 1:
+				return withCode(exitUsage, fmt.Errorf("partitions run: %q: one GROUP before --, got %d words", args[:dash], dash))
+			case dash == len(args):
+				return withCode(exitUsage, errors.New("partitions run: no COMMAND after --"))
+			}
+			return runPartitions(cmd.Context(), g, f, args[0], args[1:])
+		},
+	}
+	fl := cmd.Flags()
+	fl.IntVarP(&f.partitions, "partitions", "p", 0, "number of partitions of the group, the same for every member (required)")
+	fl.DurationVar(&f.ttl, "ttl", 15*time.Second, "lease time to live of the membership and of each partition; a dead member's partitions move after about this long")
+	fl.DurationVar(&f.grace, "grace", 10*time.Second, "after SIGTERM on loss or hand-off of a partition, how long before SIGKILL")
+	fl.StringVar(&f.id, "id", "", "member ID (no '/'); a member that restarts with the same ID gets its partitions back (default: the host name and process ID)")
+	fl.StringVar(&f.minFence, "min-fence", "strict", "weakest partition fence accepted: strict, repeatable or none; see fenced run --help")
+	return cmd
+}
+
+func runPartitions(ctx context.Context, g *globals, f *partitionsFlags, group string, argv []string) error {
+	switch {
+	case f.partitions < 1 || f.partitions > recipe.MaxPartitions:
+		return withCode(exitUsage, fmt.Errorf("partitions run: -p %d: want 1 to %d partitions", f.partitions, recipe.MaxPartitions))
+	case f.ttl <= 0:
+		return withCode(exitUsage, fmt.Errorf("partitions run: --ttl %v: the lease TTL must be positive", f.ttl))
+	case f.grace < 0:
+		return withCode(exitUsage, fmt.Errorf("partitions run: --grace %v is negative", f.grace))
+	}
+	minFence, err := fenced.ParseFenceStrength(f.minFence)
+	if err != nil {
+		return withCode(exitUsage, fmt.Errorf("partitions run: --min-fence: %w", err))
+	}
+	id := f.id
+	if id == "" {
+		host, _ := os.Hostname()
+		id = host + "-" + strconv.Itoa(os.Getpid())
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("partitions run: %w", err)
+	}
+	sigs := make(chan os.Signal, 8)
+	signal.Notify(sigs, forwarded...)
+	defer signal.Stop(sigs)
+	c, err := g.open(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+
+	work := func(ctx context.Context, p recipe.Partition) error {
+		vars := append(childEnv(nil, p.Lease, g.store),
+			"FENCED_PARTITION="+strconv.Itoa(p.Index), "FENCED_PARTITIONS="+strconv.Itoa(f.partitions))
+		return superviseProcess(ctx, g, self, f.grace, argv, vars)
+	}
+	opts := &recipe.PartitionsOptions{
+		MemberID:     id,
+		Lease:        &fenced.LeaseOptions{TTL: f.ttl, MinFence: minFence},
+		HandoffGrace: f.grace + f.ttl,
+		OnEvent: func(e recipe.PartitionEvent) {
+			if !g.verbose {
+				return
+			}
+			switch e.Kind {
+			case recipe.PartitionAcquired:
+				fmt.Fprintf(g.stderr, "fenced: %s: acquired partition %d (fence %d)\n", id, e.Partition, e.Fence)
+			case recipe.PartitionReleased:
+				fmt.Fprintf(g.stderr, "fenced: %s: released partition %d (fence %d): %s\n", id, e.Partition, e.Fence, errText(e.Cause))
+			}
+		},
+	}
+	joinCtx, stopJoin := interruptible(ctx, sigs, "the membership")
+	m, err := recipe.JoinPartitions(joinCtx, c, group, f.partitions, work, opts)
+	if sig := stopJoin(); sig != nil && err == nil {
+		m.Leave(context.WithoutCancel(ctx))
+		return fmt.Errorf("partitions run: interrupted by %v as the membership was granted; left the group", sig)
+	}
+	if err != nil {
+		switch {
+		case errors.Is(err, fenced.ErrNoFence):
+			return noFenceError("partitions run", minFence, c.Guarantees())
+		case errors.Is(err, recipe.ErrPartitionCount), errors.Is(err, recipe.ErrMemberLive):
+			return withCode(exitUsage, err)
+		}
+		return err
+	}
+	if g.verbose {
+		fmt.Fprintf(g.stderr, "fenced: %s joined %s (%d partitions)\n", id, group, f.partitions)
+	}
+	for {
+		select {
+		case sig := <-sigs:
+			if slices.Contains(stopSignals, sig) {
+				continue
+			}
+			fmt.Fprintf(g.stderr, "fenced: %v: leaving %s\n", sig, group)
+			return m.Leave(context.WithoutCancel(ctx))
+		case <-m.Done():
+			return m.Leave(context.WithoutCancel(ctx))
+		}
+	}
+}
+
+// superviseProcess runs argv, with the FENCED_ variables vars, under a
+// `fenced partitions supervise` child of this binary, which supervises it
+// as fenced run does, until ctx ends
+// (then the child ends it: SIGTERM, SIGKILL after grace) or it exits. The
+// child learns of the end by the close of a pipe, which also happens if
+// this process dies. It returns once the child, and so every process of
+// argv, is gone.
+func superviseProcess(ctx context.Context, g *globals, self string, grace time.Duration, argv, vars []string) error {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return err
+	}
+	args := []string{"partitions", "supervise", "--grace", grace.String()}
+	for _, kv := range vars {
+		args = append(args, "--env", kv)
+	}
+	args = append(args, "--")
+	if g.verbose {
+		args = append([]string{"-v"}, args...)
+	}
+	cmd := exec.Command(self, append(args, argv...)...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = nil, os.Stdout, os.Stderr
+	cmd.ExtraFiles = []*os.File{r} // fd 3
+	// Its own group: a terminal's ^C reaches this member, which leaves,
+	// and the supervisors end their commands when told.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	err = cmd.Start()
+	r.Close()
+	if err != nil {
+		w.Close()
+		return err
+	}
+	waited := make(chan error, 1)
+	go func() { waited <- cmd.Wait() }()
+	select {
+	case err = <-waited:
+		w.Close()
+	case <-ctx.Done():
+		fmt.Fprint(w, errText(context.Cause(ctx))) // why, for the child's messages
+		w.Close()
+		err = <-waited
+	}
+	return err
+}
+
+// pipeLink is the hold of a `fenced partitions supervise` process: the
+// partition's lease is held by the parent member, which closes the pipe
+// on fd 3 when the partition is lost or handed off, or by dying.
+type pipeLink struct {
+	done chan struct{}
+	why  string // what the member wrote before closing
+}
+
+func (p *pipeLink) Done() <-chan struct{} { return p.done }
+
+func (p *pipeLink) Err() error {
+	select {
+	case <-p.done:
+		if p.why != "" {
+			return fmt.Errorf("%w: %s", fenced.ErrLost, p.why)
+		}
+		return fmt.Errorf("%w: the member died", fenced.ErrLost)
+	default:
+		return nil
+	}
+}
+
+// Remaining is unknown here; the member's lease decides, and the pipe
+// closes when it ends.
+func (p *pipeLink) Remaining() time.Duration {
+	if p.Err() != nil {
+		return 0
+	}
+	return time.Hour
+}
+
+func (p *pipeLink) Release(context.Context) error { return nil }
+
+func newPartitionSuperviseCmd(g *globals) *cobra.Command {
+	var grace time.Duration
+	var vars []string
+	cmd := &cobra.Command{
+		Use:    "supervise --grace D -- COMMAND [ARGS...]",
+		Short:  "Supervise COMMAND for fenced partitions run until fd 3 closes (internal)",
+		Hidden: true,
+		Args:   cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			link := os.NewFile(3, "member")
+			if link == nil {
+				return withCode(exitUsage, errors.New("partitions supervise: no pipe on fd 3; it is run by fenced partitions run"))
+			}
+			pl := &pipeLink{done: make(chan struct{})}
+			go func() {
+				why, _ := io.ReadAll(io.LimitReader(link, 4096))
+				pl.why = string(why)
+				close(pl.done)
+			}()
+			sigs := make(chan os.Signal, 8)
+			signal.Notify(sigs, forwarded...)
+			defer signal.Stop(sigs)
+			h := &hold{lease: pl, env: append(cleanEnv(os.Environ()), vars...), granted: time.Now(), grace: grace,
+				desc: partitionDesc(vars)}
+			return superviseCommand(cmd.Context(), g, h, argv, sigs)
+		},
+	}
+	cmd.Flags().DurationVar(&grace, "grace", 10*time.Second, "after SIGTERM, how long before SIGKILL")
+	cmd.Flags().StringArrayVar(&vars, "env", nil, "a FENCED_ variable K=V for COMMAND's environment")
+	cmd.Flags().SetInterspersed(false)
+	return cmd
+}
+
+func newPartitionsLsCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "ls GROUP",
+		Short: "Show GROUP's live members and its partitions: holder fence, time left, and the member each should move to",
+		Long: `Ls shows the live members of GROUP, each with its partition count and the time left on
+its membership, and every partition: whether it is held, its fence, the time left on
+its lease, and its target, the member the assignment gives it. The lag is the number
+of partitions not held: being handed off, or waiting for a dead owner's lease to run out.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := g.checkOutput(); err != nil {
+				return err
+			}
+			return lsPartitions(cmd.Context(), g, args[0])
+		},
+	}
+	addOutputFlag(cmd, g)
+	return cmd
+}
+
+// partitionRow is one partition as ls shows it.
+type partitionRow struct {
+	Partition int           `json:"partition"`
+	Held      bool          `json:"held"`
+	Fence     uint64        `json:"fence"`
+	Remaining time.Duration `json:"remaining_ns"`
+	Target    string        `json:"target"`
+}
+
+func lsPartitions(ctx context.Context, g *globals, group string) error {
+	c, err := g.open(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	members, err := recipe.ListMembers(ctx, c, group)
+	if err != nil {
+		return err
+	}
+	// The group's P is the live members' (the first, if they disagree).
+	p := 0
+	var ids []string
+	for _, m := range members {
+		if p == 0 {
+			p = m.Partitions
+		}
+		if m.Partitions == p {
+			ids = append(ids, m.ID)
+		}
+	}
+	target := map[int]string{}
+	for id, ps := range recipe.AssignPartitions(ids, p) {
+		for _, i := range ps {
+			target[i] = id
+		}
+	}
+	rows := make([]partitionRow, p)
+	for i := range rows {
+		rows[i] = partitionRow{Partition: i, Target: target[i]}
+	}
+	held, err := recipe.ListPartitionLeases(ctx, c, group)
+	if err != nil {
+		return err
+	}
+	lag := p
+	for i, in := range held {
+		if i < p {
+			rows[i].Held, rows[i].Fence, rows[i].Remaining = true, in.Fence, in.Remaining
+			lag--
+		}
+	}
+	if g.output == "json" {
+		return json.NewEncoder(g.stdout).Encode(map[string]any{
+			"group": group, "partitions": p, "members": members, "lag": lag, "partition": rows,
+		})
+	}
+	g.writeStoreHeader(g.stdout)
+	fmt.Fprintf(g.stdout, "group %s: %d partitions, %d members, lag %d (partitions not held)\n", group, p, len(ids), lag)
+	tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "MEMBER\tPARTITIONS\tREMAINING")
+	for _, m := range members {
+		fmt.Fprintf(tw, "%s\t%d\t%v\n", m.ID, m.Partitions, m.Remaining.Round(time.Millisecond))
+	}
+	tw.Flush()
+	tw = tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "PARTITION\tHELD\tFENCE\tREMAINING\tTARGET")
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%d\t%v\t%d\t%v\t%s\n", r.Partition, r.Held, r.Fence, r.Remaining.Round(time.Millisecond), r.Target)
+	}
+	return tw.Flush()
+}
+
+// partitionDesc names the partition of the FENCED_ variables vars, for
+// messages: "partition 3 of billing (fence 7)".
+func partitionDesc(vars []string) string {
+	get := func(k string) string {
+		for _, kv := range vars {
+			if v, ok := strings.CutPrefix(kv, k+"="); ok {
+				return v
+			}
+		}
+		return "?"
+	}
+	key := get("FENCED_KEY")
+	group, _, _ := strings.Cut(key, "/p/")
+	return fmt.Sprintf("partition %s of %s (fence %s)", get("FENCED_PARTITION"), group, get("FENCED_FENCE"))
+}

@@ -1,0 +1,131 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// partitionsLs returns `fenced partitions ls -o json GROUP`.
+func partitionsLs(t *testing.T, store, group string) (held map[int]uint64, members int) {
+	t.Helper()
+	r := cli(t, store, "partitions", "ls", "-o", "json", group)
+	if r.code != 0 {
+		t.Fatalf("ls: exit %d: %s", r.code, r.stderr)
+	}
+	var out struct {
+		Members   []json.RawMessage `json:"members"`
+		Partition []struct {
+			Partition int    `json:"partition"`
+			Held      bool   `json:"held"`
+			Fence     uint64 `json:"fence"`
+		} `json:"partition"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &out); err != nil {
+		t.Fatalf("ls: %v: %s", err, r.stdout)
+	}
+	held = map[int]uint64{}
+	for _, p := range out.Partition {
+		if p.Held {
+			held[p.Partition] = p.Fence
+		}
+	}
+	return held, len(out.Members)
+}
+
+// TestPartitionsRunHandsOffOnLeave runs two `fenced partitions run`
+// members of a 4-partition group on SQLite. Each partition's COMMAND
+// gets FENCED_PARTITION and FENCED_FENCE and runs until ended. On SIGTERM
+// one member leaves: its commands are ended (none is left), it exits 0,
+// and the other member owns all four partitions, with higher fences for
+// those that moved. A member with another -p is refused with 64.
+func TestPartitionsRunHandsOffOnLeave(t *testing.T) {
+	store := tempStore(t)
+	dir := t.TempDir()
+	// Each command records its partition, fence and pid, then sleeps.
+	script := `echo "$FENCED_PARTITION $FENCED_FENCE $$" >> ` + dir + `/$1.log; exec sleep 300`
+	start := func(id string) *exec.Cmd {
+		cmd, _, _ := startRun(t, store, "partitions", "run", "g", "-p", "4", "--ttl", "2s", "--grace", "1s", "--id", id,
+			"--", "sh", "-c", script, "sh", id)
+		return cmd
+	}
+	start("a")
+	eventually(t, 8*time.Second, "a holds all 4 partitions alone", func() bool {
+		held, members := partitionsLs(t, store, "g")
+		return len(held) == 4 && members == 1
+	})
+	b := start("b")
+	eventually(t, 8*time.Second, "b runs 2 commands and 4 partitions are held", func() bool {
+		held, members := partitionsLs(t, store, "g")
+		return len(commandPids(t, filepath.Join(dir, "b.log"))) == 2 && len(held) == 4 && members == 2
+	})
+	before, _ := partitionsLs(t, store, "g")
+	bPids := commandPids(t, filepath.Join(dir, "b.log"))
+	if len(bPids) == 0 {
+		t.Fatalf("b runs no command; a's log: %s", readFileOr(filepath.Join(dir, "a.log")))
+	}
+	if err := b.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := waitExit(t, b, 10*time.Second); code != 0 {
+		t.Errorf("b left with exit %d, want 0", code)
+	}
+	for _, pid := range bPids {
+		if alive(pid) {
+			t.Errorf("b's command %d still runs after b left", pid)
+		}
+	}
+	eventually(t, 8*time.Second, "a holds all 4 partitions", func() bool {
+		held, members := partitionsLs(t, store, "g")
+		return len(held) == 4 && members == 1
+	})
+	after, _ := partitionsLs(t, store, "g")
+	moved := 0
+	for p, f := range after {
+		if f != before[p] {
+			moved++
+			if f <= before[p] {
+				t.Errorf("partition %d: fence %d after the move, %d before", p, f, before[p])
+			}
+		}
+	}
+	if moved != len(bPids) {
+		t.Errorf("%d partitions moved, b ran %d commands", moved, len(bPids))
+	}
+	r := cli(t, store, "partitions", "run", "g", "-p", "8", "--id", "c", "--", "true")
+	if r.code != exitUsage || !strings.Contains(r.stderr, "4") {
+		t.Errorf("-p 8 beside -p 4: exit %d, %q; want 64 naming both counts", r.code, r.stderr)
+	}
+	r = cli(t, store, "partitions", "run", "g", "-p", "4", "true")
+	if r.code != exitUsage {
+		t.Errorf("no --: exit %d, want 64", r.code)
+	}
+}
+
+// commandPids returns the pids a partition command log records.
+func commandPids(t *testing.T, file string) []int {
+	t.Helper()
+	var pids []int
+	for _, line := range strings.Split(strings.TrimSpace(readFileOr(file)), "\n") {
+		f := strings.Fields(line)
+		if len(f) != 3 {
+			continue
+		}
+		pid, err := strconv.Atoi(f[2])
+		if err == nil {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+func readFileOr(file string) string {
+	b, _ := os.ReadFile(file)
+	return string(b)
+}

@@ -1,0 +1,736 @@
+package recipe
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/driver"
+)
+
+// MaxPartitions is the largest partition count of a group.
+const MaxPartitions = 4096
+
+// Errors of Partitions, matched with errors.Is.
+var (
+	// ErrPartitionCount means a live member of the group has another
+	// partition count: every member must be started with the same P.
+	ErrPartitionCount = errors.New("partition count disagrees with the group's")
+	// ErrMemberLive means another process holds the membership of this
+	// member ID and kept it for twice the TTL.
+	ErrMemberLive = errors.New("member ID is live in the group already")
+	// ErrHandedOff is the cause of a partition's context when the
+	// assignment gave the partition to another member.
+	ErrHandedOff = errors.New("partition handed off")
+	// ErrLeft is the cause of a partition's context when its member
+	// leaves the group (Leave, or the context given to JoinPartitions
+	// ended).
+	ErrLeft = errors.New("member left the group")
+)
+
+// Partitions is one member of a partitioned group: a named group of P
+// partitions, numbered 0 to P-1, shared out among the members that are
+// live, so that each partition has exactly one owner at a time. It is the
+// alternative to a lock per item: route every item to partition
+// hash(item) mod P, and the owner of that partition does the item's work
+// with no further locking, fenced by the partition's fence.
+//
+// How it works, and why:
+//
+//   - Every partition is a lease on key GROUP/p/<i>, with the lease
+//     options given (FenceStrict by default). Its fence rises on every
+//     change of owner, so a guard at the resource (package fence) refuses
+//     the previous owner's late writes. A member only ever takes a
+//     partition with TryAcquire: it never takes one before the previous
+//     owner released it or its lease expired.
+//   - Every member holds a membership lease on GROUP/m/<P>/<member ID>,
+//     with no fence: membership decides who should own a partition, not
+//     who may write. P is in the membership key's name because not every
+//     backend can store a value with a grant (driver.Valuer): the live
+//     members' keys are the group's record of P at the authority, and a
+//     member whose P differs from a live member's is refused
+//     (ErrPartitionCount). A group with no live member can start again
+//     with another P; the partition keys do not carry P, so each
+//     partition's fence keeps rising across such a restart.
+//   - Each member lists the live members (one request), computes the same
+//     assignment from the sorted list (AssignPartitions: rendezvous
+//     hashing with capacities, balanced within one, moving about P/N
+//     partitions per join or leave, giving a restarted member its old
+//     partitions back), hands off what it should no longer own and tries
+//     for what it should. A hand-off cancels the partition's context with
+//     ErrHandedOff, waits for the work function to return (at most
+//     HandoffGrace) and only then releases the lease.
+//   - Wake-ups: a member that joins or leaves rings a doorbell, a
+//     release of key GROUP/bell (a refused try first, so that backends
+//     which publish only to announced waiters publish); members watch the
+//     bell and the partitions they are waiting for as observers
+//     (driver.ObserveNotifier) where the backend can notify, so a join,
+//     leave or hand-off is acted on at once. Crashes are noticed when the
+//     membership lease expires, at the next poll (Poll, TTL/3 by
+//     default), and on backends without notification every change is.
+//   - All leases of a member are leases of one fenced.Client, so the
+//     client's renewer renews them together (in one batch where the
+//     backend batches renewals).
+//
+// A member whose membership lease is lost (a pause past the TTL) hands
+// off everything, since its partition leases are ending too, and joins
+// again when it can.
+type Partitions struct {
+	c         *fenced.Client
+	group     string
+	n         int
+	id        string
+	work      PartitionWork
+	onEvent   func(PartitionEvent)
+	part      fenced.LeaseOptions // partition leases
+	member    fenced.LeaseOptions // the membership lease
+	ttl       time.Duration
+	poll      time.Duration
+	grace     time.Duration
+	runCtx    context.Context
+	stopRun   context.CancelCauseFunc
+	kick      chan struct{}
+	loopDone  chan struct{}
+	leaveOnce sync.Once
+	leaveErr  error
+
+	mu         sync.Mutex
+	membership *fenced.Lease
+	owned      map[int]*ownedPartition
+	members    []string
+	targets    []int
+	stats      PartitionStats
+	unownedAt  time.Time // when a target first went unowned; zero if none is
+	wg         sync.WaitGroup
+}
+
+// ownedPartition is a partition whose lease this member holds.
+type ownedPartition struct {
+	lease    *fenced.Lease
+	cancel   context.CancelCauseFunc
+	handoff  time.Time // when the hand-off began; zero if none
+	released bool      // the lease was released before the work returned
+}
+
+// Partition is one owned partition, given to the work function.
+type Partition struct {
+	// Index is the partition's number, in [0, P).
+	Index int
+	// Lease is the partition's lease. Send its Fence with every write.
+	Lease *fenced.Lease
+}
+
+// Fence returns the partition lease's fence.
+func (p Partition) Fence() uint64 { return p.Lease.Fence() }
+
+// PartitionWork does a partition's work while the member owns it. Its
+// context ends when the partition is lost (the lease's cause), handed off
+// (ErrHandedOff) or the member leaves (ErrLeft); it must return soon
+// after. When it returns the lease is released; if the partition is still
+// the member's, the member takes it again (with a new fence) and calls
+// the work function again at its next look at the group.
+type PartitionWork func(ctx context.Context, p Partition) error
+
+// EventKind says what a PartitionEvent reports.
+type EventKind int
+
+// Kinds of PartitionEvent.
+const (
+	// PartitionAcquired: the member took the partition; its work starts.
+	PartitionAcquired EventKind = iota + 1
+	// PartitionReleased: the partition's work returned and its lease
+	// was released (or had ended).
+	PartitionReleased
+)
+
+// PartitionEvent reports a change in what a member owns.
+type PartitionEvent struct {
+	Kind      EventKind
+	Partition int
+	Fence     uint64
+	// Cause is why the partition's context ended (Released only): nil if
+	// the work returned by itself, ErrHandedOff, ErrLeft or the lease's
+	// end.
+	Cause error
+	// WorkErr is what the work function returned (Released only).
+	WorkErr error
+	// HandOff is the time from the decision to hand the partition off to
+	// its release (Released after a hand-off only).
+	HandOff time.Duration
+}
+
+// PartitionsOptions configure a member. The zero value (or nil) gives the
+// defaults.
+type PartitionsOptions struct {
+	// MemberID names the member; a member that restarts with the same ID
+	// gets its partitions back. It must not contain '/'. Default: random.
+	MemberID string
+	// Lease configures the partition leases (TTL, MinFence, ...); the
+	// membership lease takes the same TTL and no fence. AutoRenew is
+	// always on and FailOpen always off.
+	Lease *fenced.LeaseOptions
+	// Poll is how often a member reads the group when nothing woke it.
+	// Default: a third of the TTL.
+	Poll time.Duration
+	// HandoffGrace bounds how long a hand-off waits for the work function
+	// to return before releasing the lease anyway (the fence then refuses
+	// the late work). Default: the TTL.
+	HandoffGrace time.Duration
+	// OnEvent, if set, is called for every PartitionEvent, on the
+	// member's goroutines; it must not block.
+	OnEvent func(PartitionEvent)
+}
+
+// PartitionStats are a member's counters, for metrics.
+type PartitionStats struct {
+	// Owned is how many partitions the member holds now, not counting
+	// those being handed off (as Owned does); Target how many
+	// the assignment gives it; Members how many live members it saw last.
+	Owned, Target, Members int
+	// Rebalances counts changes of the member's target set.
+	Rebalances uint64
+	// Acquired and HandOffs count partitions taken and handed off.
+	Acquired, HandOffs uint64
+	// HandOffTime is the total time hand-offs took, from the decision to
+	// the release.
+	HandOffTime time.Duration
+	// UnownedTime is the total time during which a partition the
+	// assignment gave this member was not yet held by it.
+	UnownedTime time.Duration
+}
+
+// JoinPartitions makes c a member of group, a group of partitions
+// partitions, and returns once the membership is held (it waits up to
+// twice the TTL for an earlier process with the same MemberID to be
+// gone). From then on the member takes and hands off partitions by
+// itself, running work for each partition it owns, until Leave or until
+// ctx ends.
+func JoinPartitions(ctx context.Context, c *fenced.Client, group string, partitions int, work PartitionWork, opts *PartitionsOptions) (*Partitions, error) {
+	if partitions < 1 || partitions > MaxPartitions {
+		return nil, fmt.Errorf("fenced: partitions %q: %w: %d partitions, want 1 to %d", group, fenced.ErrInvalidOptions, partitions, MaxPartitions)
+	}
+	if work == nil {
+		return nil, fmt.Errorf("fenced: partitions %q: %w: no work function", group, fenced.ErrInvalidOptions)
+	}
+	var o PartitionsOptions
+	if opts != nil {
+		o = *opts
+	}
+	if o.MemberID == "" {
+		var b [8]byte
+		rand.Read(b[:])
+		o.MemberID = hex.EncodeToString(b[:])
+	}
+	if strings.Contains(o.MemberID, "/") {
+		return nil, fmt.Errorf("fenced: partitions %q: %w: member ID %q contains '/'", group, fenced.ErrInvalidOptions, o.MemberID)
+	}
+	g := &Partitions{c: c, group: group, n: partitions, id: o.MemberID, work: work, onEvent: o.OnEvent,
+		kick: make(chan struct{}, 1), loopDone: make(chan struct{}), owned: map[int]*ownedPartition{}}
+	for _, k := range []string{group, g.partitionKey(partitions - 1), g.memberKey(), g.bellKey()} {
+		if err := fenced.ValidateKey(k); err != nil {
+			return nil, fmt.Errorf("fenced: partitions %q: %w", group, err)
+		}
+	}
+	if o.Lease != nil {
+		g.part = *o.Lease
+	}
+	g.part.ManualRenew, g.part.FailOpen, g.part.MaxWait = false, false, fenced.NoWait
+	spec, err := c.Resolve(&g.part)
+	if err != nil {
+		return nil, fmt.Errorf("fenced: partitions %q: %w", group, err)
+	}
+	g.ttl = spec.TTL
+	g.member = g.part
+	g.member.TTL, g.member.MinFence, g.member.MaxHold = spec.TTL, fenced.FenceNone, fenced.HoldForever
+	g.member.MaxWait = 2 * spec.TTL
+	if _, err := c.Resolve(&g.member); err != nil {
+		return nil, fmt.Errorf("fenced: partitions %q: membership: %w", group, err)
+	}
+	g.poll, g.grace = o.Poll, o.HandoffGrace
+	if g.poll <= 0 {
+		g.poll = spec.TTL / 3
+	}
+	if g.grace <= 0 {
+		g.grace = spec.TTL
+	}
+
+	m, err := c.Acquire(ctx, g.memberKey(), &g.member)
+	if err != nil {
+		if errors.Is(err, fenced.ErrHeld) {
+			return nil, fmt.Errorf("fenced: partitions %q: %w: %q (held for more than %v)", group, ErrMemberLive, g.id, g.member.MaxWait)
+		}
+		return nil, fmt.Errorf("fenced: partitions %q: join: %w", group, err)
+	}
+	_, others, err := g.readMembers(ctx)
+	if err != nil {
+		m.Release(context.WithoutCancel(ctx))
+		return nil, fmt.Errorf("fenced: partitions %q: join: %w", group, err)
+	}
+	if len(others) > 0 {
+		m.Release(context.WithoutCancel(ctx))
+		return nil, fmt.Errorf("fenced: partitions %q: %w: this member has %d partitions, live members have %s",
+			group, ErrPartitionCount, partitions, strings.Join(others, ", "))
+	}
+	g.membership = m
+	g.ring(ctx)
+	g.runCtx, g.stopRun = context.WithCancelCause(context.WithoutCancel(ctx))
+	go g.loop()
+	go func() {
+		select {
+		case <-ctx.Done():
+			g.Leave(context.WithoutCancel(ctx))
+		case <-g.loopDone:
+		}
+	}()
+	return g, nil
+}
+
+// MemberID returns the member's ID.
+func (g *Partitions) MemberID() string { return g.id }
+
+// Partitions returns P.
+func (g *Partitions) Partitions() int { return g.n }
+
+// Owned returns the partitions the member holds now, sorted.
+func (g *Partitions) Owned() []int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var out []int
+	for p, o := range g.owned {
+		if o.handoff.IsZero() && o.lease.Err() == nil {
+			out = append(out, p)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Members returns the live members the member saw at its last look,
+// sorted.
+func (g *Partitions) Members() []string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return slices.Clone(g.members)
+}
+
+// Stats returns the member's counters.
+func (g *Partitions) Stats() PartitionStats {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	s := g.stats
+	s.Target, s.Members = len(g.targets), len(g.members)
+	for _, o := range g.owned {
+		if o.handoff.IsZero() && o.lease.Err() == nil {
+			s.Owned++
+		}
+	}
+	if !g.unownedAt.IsZero() {
+		s.UnownedTime += time.Since(g.unownedAt)
+	}
+	return s
+}
+
+// Done is closed once the member has left.
+func (g *Partitions) Done() <-chan struct{} { return g.loopDone }
+
+// Leave ends the member's work: every partition's context is cancelled
+// with ErrLeft, its work function is waited for (at most HandoffGrace)
+// and its lease released, then the membership is released and the
+// doorbell rung, so that the others take the partitions at once. It is
+// safe to call more than once.
+func (g *Partitions) Leave(ctx context.Context) error {
+	g.leaveOnce.Do(func() {
+		g.stopRun(ErrLeft)
+		<-g.loopDone
+		g.mu.Lock()
+		for _, o := range g.owned {
+			o.cancel(ErrLeft)
+		}
+		g.mu.Unlock()
+		g.waitWork(g.grace)
+		g.mu.Lock()
+		m := g.membership
+		g.mu.Unlock()
+		if m != nil {
+			if err := m.Release(ctx); err != nil && !fenced.IsLost(err) && !errors.Is(err, fenced.ErrReleased) {
+				g.leaveErr = fmt.Errorf("fenced: partitions %q: leave: %w", g.group, err)
+			}
+		}
+		g.ring(ctx)
+	})
+	return g.leaveErr
+}
+
+// waitWork waits for every work function to return, and after grace
+// releases the leases of those that have not (their goroutines still end
+// and report when the work returns).
+func (g *Partitions) waitWork(grace time.Duration) {
+	done := make(chan struct{})
+	go func() { g.wg.Wait(); close(done) }()
+	t := time.NewTimer(grace)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		g.mu.Lock()
+		var ls []*fenced.Lease
+		for _, o := range g.owned {
+			o.released = true
+			ls = append(ls, o.lease)
+		}
+		g.mu.Unlock()
+		for _, l := range ls {
+			g.releaseLease(l)
+		}
+	}
+}
+
+func (g *Partitions) partitionKey(p int) string { return g.group + "/p/" + strconv.Itoa(p) }
+func (g *Partitions) memberPrefix() string      { return g.group + "/m/" }
+func (g *Partitions) memberKey() string {
+	return g.memberPrefix() + strconv.Itoa(g.n) + "/" + g.id
+}
+func (g *Partitions) bellKey() string { return g.group + "/bell" }
+
+// listLeases lists the held leases under prefix, through the driver
+// (Client.Driver) as package admin's List does, with owners shortened.
+// It is the recipe's only listing.
+func listLeases(ctx context.Context, c *fenced.Client, prefix string) ([]fenced.LeaseInfo, error) {
+	infos, err := c.Driver().List(ctx, prefix)
+	if err != nil {
+		return nil, fmt.Errorf("fenced: list %q: %w", prefix, err)
+	}
+	for i := range infos {
+		infos[i].Owner = driver.ShortOwner(infos[i].Owner)
+	}
+	return infos, nil
+}
+
+// GroupMember is a live member of a group as the authority lists it.
+type GroupMember struct {
+	ID         string
+	Partitions int
+	Remaining  time.Duration
+}
+
+// ListMembers returns the live members of group, sorted by ID, whatever
+// their partition count.
+func ListMembers(ctx context.Context, c *fenced.Client, group string) ([]GroupMember, error) {
+	infos, err := listLeases(ctx, c, group+"/m/")
+	if err != nil {
+		return nil, err
+	}
+	var out []GroupMember
+	for _, in := range infos {
+		if !in.Held {
+			continue
+		}
+		rest := strings.TrimPrefix(in.Key, group+"/m/")
+		ps, id, ok := strings.Cut(rest, "/")
+		n, err := strconv.Atoi(ps)
+		if !ok || err != nil || id == "" {
+			continue // not a member key
+		}
+		out = append(out, GroupMember{ID: id, Partitions: n, Remaining: in.Remaining})
+	}
+	slices.SortFunc(out, func(a, b GroupMember) int { return strings.Compare(a.ID, b.ID) })
+	return out, nil
+}
+
+// ListPartitionLeases returns the held partition leases of group, by
+// partition number.
+func ListPartitionLeases(ctx context.Context, c *fenced.Client, group string) (map[int]fenced.LeaseInfo, error) {
+	infos, err := listLeases(ctx, c, group+"/p/")
+	if err != nil {
+		return nil, err
+	}
+	out := map[int]fenced.LeaseInfo{}
+	for _, in := range infos {
+		i, err := strconv.Atoi(strings.TrimPrefix(in.Key, group+"/p/"))
+		if err != nil || !in.Held || i < 0 {
+			continue
+		}
+		out[i] = in
+	}
+	return out, nil
+}
+
+// readMembers returns the live members with this member's partition
+// count, and a description of each live member with another.
+func (g *Partitions) readMembers(ctx context.Context) (same, others []string, err error) {
+	ms, err := ListMembers(ctx, g.c, g.group)
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, m := range ms {
+		if m.Partitions == g.n {
+			same = append(same, m.ID)
+		} else {
+			others = append(others, fmt.Sprintf("%q with %d", m.ID, m.Partitions))
+		}
+	}
+	return same, others, nil
+}
+
+// ring wakes the members watching the doorbell: a grant and release of
+// the bell key, with a refused try between them, since some backends
+// (Redis) publish a release only when a try was refused. Errors are
+// ignored: members also poll.
+func (g *Partitions) ring(ctx context.Context) {
+	if driver.CapabilitiesOf(g.c.Driver()).Observer == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.ttl)
+	defer cancel()
+	bell := fenced.LeaseOptions{TTL: g.ttl, MinFence: fenced.FenceNone, ManualRenew: true}
+	l, err := g.c.TryAcquire(ctx, g.bellKey(), &bell)
+	if err != nil {
+		return // held: its holder is ringing, and our refused try makes it publish
+	}
+	_, _ = g.c.TryAcquire(ctx, g.bellKey(), &bell)
+	_ = l.Release(ctx)
+}
+
+// poke wakes the loop.
+func (g *Partitions) poke() {
+	select {
+	case g.kick <- struct{}{}:
+	default:
+	}
+}
+
+// releaseLease releases l within a bounded time.
+func (g *Partitions) releaseLease(l *fenced.Lease) {
+	ctx, cancel := context.WithTimeout(context.Background(), g.ttl)
+	defer cancel()
+	_ = l.Release(ctx)
+}
+
+func (g *Partitions) emit(e PartitionEvent) {
+	if g.onEvent != nil {
+		g.onEvent(e)
+	}
+}
+
+// watches holds the member's observer subscriptions, each forwarding its
+// wake-ups to the loop.
+type watches struct {
+	g    *Partitions
+	obs  driver.ObserveNotifier
+	subs map[string]func()
+}
+
+// set keeps subscriptions on exactly keys.
+func (w *watches) set(ctx context.Context, keys map[string]bool) {
+	if w.obs == nil {
+		return
+	}
+	for k, stop := range w.subs {
+		if !keys[k] {
+			stop()
+			delete(w.subs, k)
+		}
+	}
+	for k := range keys {
+		if _, ok := w.subs[k]; ok {
+			continue
+		}
+		sub, err := w.obs.SubscribeObserver(ctx, k)
+		if err != nil {
+			continue // polled instead
+		}
+		stop := make(chan struct{})
+		go func() {
+			for {
+				select {
+				case <-sub.C():
+					w.g.poke()
+				case <-stop:
+					return
+				}
+			}
+		}()
+		w.subs[k] = func() { close(stop); sub.Close() }
+	}
+}
+
+func (w *watches) close() {
+	for _, stop := range w.subs {
+		stop()
+	}
+}
+
+// loop is the member's one goroutine that decides: it reads the group,
+// hands off, tries for partitions and sleeps until woken or the poll.
+func (g *Partitions) loop() {
+	defer close(g.loopDone)
+	ctx := g.runCtx
+	w := &watches{g: g, subs: map[string]func(){}}
+	w.obs = driver.CapabilitiesOf(g.c.Driver()).Observer
+	defer w.close()
+	for ctx.Err() == nil {
+		next := g.step(ctx, w)
+		t := time.NewTimer(next)
+		select {
+		case <-t.C:
+		case <-g.kick:
+		case <-ctx.Done():
+		}
+		t.Stop()
+	}
+}
+
+// step is one look at the group; it returns how long to sleep at most.
+func (g *Partitions) step(ctx context.Context, w *watches) time.Duration {
+	next := g.poll
+	g.mu.Lock()
+	m := g.membership
+	g.mu.Unlock()
+	if m.Err() != nil {
+		// Lost (a pause past the TTL, or a break): the partition leases
+		// are ending too. Hand everything off and join again.
+		if nm, err := g.c.TryAcquire(ctx, g.memberKey(), &g.member); err == nil {
+			g.mu.Lock()
+			g.membership = nm
+			g.mu.Unlock()
+			m = nm
+			g.ring(ctx)
+		} else {
+			m = nil
+		}
+	}
+	var targets []int
+	if m != nil {
+		members, _, err := g.readMembers(ctx)
+		if err != nil {
+			return min(next, time.Second) // keep what we hold; leases decide
+		}
+		if !slices.Contains(members, g.id) {
+			members = append(members, g.id) // we hold it; the listing lags
+			slices.Sort(members)
+		}
+		g.mu.Lock()
+		g.members = members
+		g.mu.Unlock()
+		targets = AssignPartitions(members, g.n)[g.id]
+	}
+	isTarget := make(map[int]bool, len(targets))
+	for _, p := range targets {
+		isTarget[p] = true
+	}
+
+	// Hand off what is no longer ours; release the work that ignored its
+	// cancellation past the grace.
+	now := time.Now()
+	var late []*fenced.Lease
+	g.mu.Lock()
+	if !slices.Equal(targets, g.targets) {
+		g.stats.Rebalances++
+		g.targets = targets
+	}
+	for p, o := range g.owned {
+		switch {
+		case isTarget[p] && o.handoff.IsZero():
+		case o.handoff.IsZero():
+			o.handoff = now
+			g.stats.HandOffs++
+			o.cancel(ErrHandedOff)
+		case !o.released && now.Sub(o.handoff) >= g.grace:
+			o.released = true
+			late = append(late, o.lease)
+		}
+	}
+	g.mu.Unlock()
+	for _, l := range late {
+		g.releaseLease(l)
+	}
+
+	// Try for the targets we do not hold.
+	watch := map[string]bool{g.bellKey(): true}
+	missing := 0
+	for _, p := range targets {
+		g.mu.Lock()
+		_, have := g.owned[p]
+		g.mu.Unlock()
+		if have {
+			continue
+		}
+		l, err := g.c.TryAcquire(ctx, g.partitionKey(p), &g.part)
+		if err != nil {
+			missing++
+			var held *driver.HeldError
+			if errors.As(err, &held) && held.Remaining > 0 {
+				next = min(next, held.Remaining+time.Millisecond)
+			}
+			watch[g.partitionKey(p)] = true
+			continue
+		}
+		g.start(p, l)
+	}
+	g.mu.Lock()
+	switch {
+	case missing > 0 && g.unownedAt.IsZero():
+		g.unownedAt = now
+	case missing == 0 && !g.unownedAt.IsZero():
+		g.stats.UnownedTime += now.Sub(g.unownedAt)
+		g.unownedAt = time.Time{}
+	}
+	g.mu.Unlock()
+	w.set(ctx, watch)
+	return next
+}
+
+// start runs the work of partition p, held by l, and releases l after it.
+func (g *Partitions) start(p int, l *fenced.Lease) {
+	wctx, cancel := context.WithCancelCause(l.Context())
+	o := &ownedPartition{lease: l, cancel: cancel}
+	g.mu.Lock()
+	g.owned[p] = o
+	g.stats.Acquired++
+	g.wg.Add(1)
+	g.mu.Unlock()
+	g.emit(PartitionEvent{Kind: PartitionAcquired, Partition: p, Fence: l.Fence()})
+	go func() {
+		defer g.wg.Done()
+		workErr := g.runWork(wctx, Partition{Index: p, Lease: l})
+		cause := context.Cause(wctx)
+		cancel(nil)
+		g.mu.Lock()
+		released := o.released
+		g.mu.Unlock()
+		if !released {
+			g.releaseLease(l)
+		}
+		ev := PartitionEvent{Kind: PartitionReleased, Partition: p, Fence: l.Fence(), Cause: cause, WorkErr: workErr}
+		g.mu.Lock()
+		delete(g.owned, p)
+		if !o.handoff.IsZero() {
+			ev.HandOff = time.Since(o.handoff)
+			g.stats.HandOffTime += ev.HandOff
+		}
+		g.mu.Unlock()
+		g.emit(ev)
+		if cause != nil {
+			g.poke() // a work that returned by itself is run again at the next poll, not in a loop
+		}
+	}()
+}
+
+// runWork calls the work function, turning a panic into an error so that
+// the lease is still released.
+func (g *Partitions) runWork(ctx context.Context, p Partition) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("fenced: partition %d: work panicked: %v", p.Index, r)
+		}
+	}()
+	return g.work(ctx, p)
+}

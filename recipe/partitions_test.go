@@ -1,0 +1,406 @@
+package recipe_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fenced-dev/fenced"
+	_ "github.com/fenced-dev/fenced/mem"
+	"github.com/fenced-dev/fenced/recipe"
+	_ "github.com/fenced-dev/fenced/sqlite"
+)
+
+// TestAssignPartitionsBalanceAndMovement checks the assignment alone:
+// every partition has one owner, counts are ⌊P/N⌋ or ⌈P/N⌉, and a join or
+// leave moves few partitions more than the minimum (those the newcomer
+// gets, or those the leaver had).
+func TestAssignPartitionsBalanceAndMovement(t *testing.T) {
+	for _, p := range []int{1, 7, 64, 1024} {
+		for n := 1; n <= 9; n++ {
+			members := make([]string, n)
+			for i := range members {
+				members[i] = fmt.Sprintf("m%d", i)
+			}
+			a := recipe.AssignPartitions(members, p)
+			checkAssignment(t, a, members, p)
+			// Join of one more member.
+			joined := append(slices.Clone(members), "new")
+			b := recipe.AssignPartitions(joined, p)
+			checkAssignment(t, b, joined, p)
+			moved := movedPartitions(a, b)
+			minimum := len(b["new"])
+			// Besides what the newcomer takes, a quarter more and one per
+			// member move at most: rendezvous with capacities cascades a
+			// little when a member's share shrinks (measured: at most 22%
+			// more than the minimum, P=1024 N=9→10).
+			if moved > minimum*5/4+n {
+				t.Errorf("P=%d N=%d→%d: %d partitions moved, minimum %d", p, n, n+1, moved, minimum)
+			}
+			// Leave of m0, from the joined group.
+			left := joined[1:]
+			c := recipe.AssignPartitions(left, p)
+			checkAssignment(t, c, left, p)
+			moved = movedPartitions(b, c)
+			if minimum := len(b["m0"]); moved > minimum*5/4+n {
+				t.Errorf("P=%d N=%d→%d: %d partitions moved, minimum %d", p, n+1, n, moved, minimum)
+			}
+			// Deterministic whatever the order of the list.
+			rev := slices.Clone(members)
+			slices.Reverse(rev)
+			if d := recipe.AssignPartitions(rev, p); movedPartitions(a, d) != 0 {
+				t.Errorf("P=%d N=%d: assignment depends on the members' order", p, n)
+			}
+		}
+	}
+}
+
+func checkAssignment(t *testing.T, a map[string][]int, members []string, p int) {
+	t.Helper()
+	seen := make([]int, p)
+	n := len(members)
+	for _, m := range members {
+		got := len(a[m])
+		if got != p/n && got != (p+n-1)/n {
+			t.Errorf("P=%d N=%d: %s owns %d partitions", p, n, m, got)
+		}
+		for _, i := range a[m] {
+			seen[i]++
+		}
+	}
+	for i, s := range seen {
+		if s != 1 {
+			t.Errorf("P=%d N=%d: partition %d has %d owners", p, n, i, s)
+		}
+	}
+}
+
+// movedPartitions counts partitions whose owner differs between a and b.
+func movedPartitions(a, b map[string][]int) int {
+	owner := map[int]string{}
+	for m, ps := range a {
+		for _, p := range ps {
+			owner[p] = m
+		}
+	}
+	moved := 0
+	for m, ps := range b {
+		for _, p := range ps {
+			if owner[p] != m {
+				moved++
+			}
+		}
+	}
+	return moved
+}
+
+// partLedger records, across the members of one test, who holds each
+// partition according to their events and work, and fails on an overlap.
+type partLedger struct {
+	t       *testing.T
+	mu      sync.Mutex
+	holder  map[int]string // partition -> member whose work runs
+	fences  map[int]uint64 // partition -> last fence
+	running map[int]bool   // work function running
+	errs    []string
+}
+
+func newPartLedger(t *testing.T) *partLedger {
+	return &partLedger{t: t, holder: map[int]string{}, fences: map[int]uint64{}, running: map[int]bool{}}
+}
+
+func (lg *partLedger) fail(format string, args ...any) {
+	lg.errs = append(lg.errs, fmt.Sprintf(format, args...))
+}
+
+// work returns a member's work function: it marks the partition as
+// worked on, waits for its context, and unmarks it before returning.
+func (lg *partLedger) work(member string) recipe.PartitionWork {
+	return func(ctx context.Context, p recipe.Partition) error {
+		lg.mu.Lock()
+		if h, ok := lg.holder[p.Index]; ok {
+			lg.fail("partition %d: %s starts work while %s works on it", p.Index, member, h)
+		}
+		if f := p.Fence(); f <= lg.fences[p.Index] {
+			lg.fail("partition %d: fence %d not above %d", p.Index, f, lg.fences[p.Index])
+		}
+		lg.holder[p.Index], lg.fences[p.Index] = member, p.Fence()
+		lg.mu.Unlock()
+		<-ctx.Done()
+		if cause := context.Cause(ctx); errors.Is(cause, recipe.ErrHandedOff) || errors.Is(cause, recipe.ErrLeft) {
+			// Graceful: the work is cancelled first, the lease released
+			// only after the work returns.
+			if err := p.Lease.Err(); err != nil {
+				lg.mu.Lock()
+				lg.fail("partition %d: %s's lease ended (%v) before its work returned from %v", p.Index, member, err, cause)
+				lg.mu.Unlock()
+			}
+		}
+		time.Sleep(5 * time.Millisecond) // a little clean-up after the cancel
+		if errors.Is(context.Cause(ctx), recipe.ErrHandedOff) && p.Lease.Err() != nil {
+			lg.mu.Lock()
+			lg.fail("partition %d: %s's lease ended during its hand-off clean-up", p.Index, member)
+			lg.mu.Unlock()
+		}
+		lg.mu.Lock()
+		delete(lg.holder, p.Index)
+		lg.mu.Unlock()
+		return nil
+	}
+}
+
+// onEvent checks that a release is reported only after the work returned.
+func (lg *partLedger) onEvent(member string) func(recipe.PartitionEvent) {
+	return func(e recipe.PartitionEvent) {
+		if e.Kind != recipe.PartitionReleased {
+			return
+		}
+		lg.mu.Lock()
+		defer lg.mu.Unlock()
+		if h, ok := lg.holder[e.Partition]; ok && h == member {
+			lg.fail("partition %d: released by %s before its work returned", e.Partition, member)
+		}
+	}
+}
+
+func (lg *partLedger) check() {
+	lg.t.Helper()
+	lg.mu.Lock()
+	defer lg.mu.Unlock()
+	for _, e := range lg.errs {
+		lg.t.Error(e)
+	}
+	lg.errs = nil
+}
+
+// partStores are the stores the in-process tests run on.
+func partStores(t *testing.T) map[string]string {
+	return map[string]string{
+		"mem":    "mem://" + t.Name(),
+		"sqlite": "sqlite://" + filepath.Join(t.TempDir(), "leases.db"),
+	}
+}
+
+func partOpen(t *testing.T, url string) *fenced.Client {
+	t.Helper()
+	c, err := fenced.Open(context.Background(), url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// partBalanced waits until the members own every partition between them,
+// each ⌊P/N⌋ or ⌈P/N⌉, and returns what each owns.
+func partBalanced(t *testing.T, ms []*recipe.Partitions, p int, within time.Duration) map[string][]int {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		got := map[string][]int{}
+		total, ok := 0, true
+		for _, m := range ms {
+			o := m.Owned()
+			got[m.MemberID()] = o
+			total += len(o)
+			if len(o) != p/len(ms) && len(o) != (p+len(ms)-1)/len(ms) {
+				ok = false
+			}
+		}
+		if ok && total == p {
+			return got
+		}
+		if time.Now().After(deadline) {
+			for _, m := range ms {
+				t.Logf("%s: stats %+v members %v", m.MemberID(), m.Stats(), m.Members())
+			}
+			t.Fatalf("not balanced after %v: %v", within, got)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestPartitionsRebalance runs members in one process on mem and SQLite:
+// three share 16 partitions within ±1; a fourth joins and gets its share
+// with few moves and no overlap; one leaves gracefully and its
+// partitions are taken at once, after its work has returned.
+func TestPartitionsRebalance(t *testing.T) {
+	for name, url := range partStores(t) {
+		t.Run(name, func(t *testing.T) {
+			const p = 16
+			ctx := context.Background()
+			lg := newPartLedger(t)
+			opts := func(id string) *recipe.PartitionsOptions {
+				return &recipe.PartitionsOptions{MemberID: id, Lease: &fenced.LeaseOptions{TTL: 2 * time.Second},
+					OnEvent: lg.onEvent(id)}
+			}
+			var ms []*recipe.Partitions
+			join := func(id string) *recipe.Partitions {
+				m, err := recipe.JoinPartitions(ctx, partOpen(t, url), "billing", p, lg.work(id), opts(id))
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { m.Leave(ctx) })
+				ms = append(ms, m)
+				return m
+			}
+			for _, id := range []string{"a", "b", "c"} {
+				join(id)
+			}
+			// Notified backends rebalance well within the poll (TTL/3).
+			before := partBalanced(t, ms, p, rebalanceBound)
+			lg.check()
+
+			join("d")
+			after := partBalanced(t, ms, p, rebalanceBound)
+			lg.check()
+			if moved, minimum := movedPartitions(before, after), len(after["d"]); moved > minimum+3 {
+				t.Errorf("join moved %d partitions, minimum %d: %v → %v", moved, minimum, before, after)
+			}
+			// Each member's fences: every partition has a fence.
+			for _, m := range ms {
+				if s := m.Stats(); s.Owned != len(m.Owned()) {
+					t.Errorf("%s: stats say %d owned, Owned says %d", m.MemberID(), s.Owned, len(m.Owned()))
+				}
+			}
+
+			if err := ms[0].Leave(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if o := ms[0].Owned(); len(o) != 0 {
+				t.Errorf("a owns %v after Leave", o)
+			}
+			ms = ms[1:]
+			partBalanced(t, ms, p, rebalanceBound)
+			lg.check()
+			handoffs := uint64(0)
+			for _, m := range ms {
+				handoffs += m.Stats().HandOffs
+			}
+			if handoffs == 0 {
+				t.Errorf("no hand-off counted after a join")
+			}
+		})
+	}
+}
+
+// TestPartitionsStickyRestart: a member that leaves and joins again with
+// the same ID gets the same partitions back.
+func TestPartitionsStickyRestart(t *testing.T) {
+	ctx := context.Background()
+	url := "sqlite://" + filepath.Join(t.TempDir(), "leases.db")
+	lg := newPartLedger(t)
+	var ms []*recipe.Partitions
+	for _, id := range []string{"a", "b", "c"} {
+		m, err := recipe.JoinPartitions(ctx, partOpen(t, url), "g", 12, lg.work(id),
+			&recipe.PartitionsOptions{MemberID: id, Lease: &fenced.LeaseOptions{TTL: 2 * time.Second}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { m.Leave(ctx) })
+		ms = append(ms, m)
+	}
+	first := partBalanced(t, ms, 12, rebalanceBound)
+	ms[2].Leave(ctx)
+	partBalanced(t, ms[:2], 12, rebalanceBound)
+	m, err := recipe.JoinPartitions(ctx, partOpen(t, url), "g", 12, lg.work("c"),
+		&recipe.PartitionsOptions{MemberID: "c", Lease: &fenced.LeaseOptions{TTL: 2 * time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Leave(ctx) })
+	ms[2] = m
+	again := partBalanced(t, ms, 12, rebalanceBound)
+	if !slices.Equal(first["c"], again["c"]) {
+		t.Errorf("c had %v, got %v back", first["c"], again["c"])
+	}
+	lg.check()
+}
+
+// TestPartitionsCountMismatch: a member with another P is refused while
+// a member with the group's P is live, with an error naming both.
+func TestPartitionsCountMismatch(t *testing.T) {
+	ctx := context.Background()
+	url := "mem://" + t.Name()
+	idle := func(ctx context.Context, p recipe.Partition) error { <-ctx.Done(); return nil }
+	m, err := recipe.JoinPartitions(ctx, partOpen(t, url), "g", 16, idle, &recipe.PartitionsOptions{MemberID: "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Leave(ctx)
+	_, err = recipe.JoinPartitions(ctx, partOpen(t, url), "g", 8, idle, &recipe.PartitionsOptions{MemberID: "b"})
+	if !errors.Is(err, recipe.ErrPartitionCount) {
+		t.Fatalf("join with P=8 beside P=16: got %v, want ErrPartitionCount", err)
+	}
+	t.Logf("refused: %v", err)
+	if ms, err := recipe.ListMembers(ctx, partOpen(t, url), "g"); err != nil || len(ms) != 1 {
+		t.Errorf("members after the refusal: %v, %v; want a alone", ms, err)
+	}
+	// Bad input.
+	for _, tc := range []struct {
+		p  int
+		id string
+	}{{0, "x"}, {recipe.MaxPartitions + 1, "x"}, {4, "x/y"}} {
+		if _, err := recipe.JoinPartitions(ctx, partOpen(t, url), "g", tc.p, idle, &recipe.PartitionsOptions{MemberID: tc.id}); !errors.Is(err, fenced.ErrInvalidOptions) {
+			t.Errorf("P=%d ID=%q: got %v, want ErrInvalidOptions", tc.p, tc.id, err)
+		}
+	}
+}
+
+// TestPartitionsMemberLive: a second live process with the same member ID
+// is refused once the first has kept the membership for twice the TTL.
+func TestPartitionsMemberLive(t *testing.T) {
+	ctx := context.Background()
+	url := "mem://" + t.Name()
+	idle := func(ctx context.Context, p recipe.Partition) error { <-ctx.Done(); return nil }
+	o := &recipe.PartitionsOptions{MemberID: "a", Lease: &fenced.LeaseOptions{TTL: 200 * time.Millisecond}}
+	m, err := recipe.JoinPartitions(ctx, partOpen(t, url), "g", 4, idle, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Leave(ctx)
+	if _, err := recipe.JoinPartitions(ctx, partOpen(t, url), "g", 4, idle, o); !errors.Is(err, recipe.ErrMemberLive) {
+		t.Fatalf("second member a: got %v, want ErrMemberLive", err)
+	}
+}
+
+// TestPartitionsClientClosed: a member whose client is closed under it
+// (its leases end with ErrClosed, the member's loop still runs) stops
+// owning anything, and the survivors take its partitions, with higher
+// fences. Kill -9 and SIGSTOP are the multi-process proof's.
+func TestPartitionsClientClosed(t *testing.T) {
+	ctx := context.Background()
+	url := "sqlite://" + filepath.Join(t.TempDir(), "leases.db")
+	lg := newPartLedger(t)
+	ttl := 600 * time.Millisecond
+	var ms []*recipe.Partitions
+	var clients []*fenced.Client
+	for _, id := range []string{"a", "b", "c"} {
+		c := partOpen(t, url)
+		m, err := recipe.JoinPartitions(ctx, c, "g", 9, lg.work(id), &recipe.PartitionsOptions{MemberID: id, Lease: &fenced.LeaseOptions{TTL: ttl}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { m.Leave(ctx) })
+		ms, clients = append(ms, m), append(clients, c)
+	}
+	partBalanced(t, ms, 9, rebalanceBound)
+	clients[0].Close()
+	partBalanced(t, ms[1:], 9, ttl+2*time.Second)
+	if o := ms[0].Owned(); len(o) != 0 {
+		t.Errorf("a owns %v with its client closed", o)
+	}
+	lg.check()
+}
+
+// rebalanceBound is how long the in-process tests give a rebalance with a
+// 2 s TTL: a poll (TTL/3) for a member that missed the doorbell, the
+// hand-off, and a poll for the taker that missed the release, with room for
+// a loaded 2-core machine under -race. Notified backends usually take tens
+// of milliseconds.
+const rebalanceBound = 4 * time.Second
