@@ -66,7 +66,7 @@ func TestTimerFiresAfterSuspend(t *testing.T) {
 	if d := c.Now().Sub(before); d < time.Hour {
 		t.Fatalf("Real measured %v across an hour's suspend", d)
 	}
-	if d := Local(c, c.Now()).Sub(time.Now()); d > time.Millisecond || d < -time.Millisecond {
+	if d := time.Until(Local(c, c.Now())); d > time.Millisecond || d < -time.Millisecond {
 		t.Fatalf("Local(Real reading) is %v off time.Now after the suspend", d)
 	}
 	if tm.Stop() {
