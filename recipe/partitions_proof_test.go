@@ -452,13 +452,32 @@ func runPartitionsProof(t *testing.T, backend, store string, minFence fenced.Fen
 	// some member, with a higher fence) within a bound: the requirement,
 	// measured on ownership rather than on writes, which a stopped member
 	// can stall (see below).
+	// The bound: the TTL (the dead member's leases expire), as long again
+	// for the authority to act on it (etcd revokes expired leases in a
+	// periodic loop; a SQLite or PostgreSQL grant is only taken over by a
+	// try that comes after the expiry), a poll (TTL/3), and room for a
+	// loaded 2-core machine. It is checked for the kills that no stop
+	// follows within it: a stopped member holds its leases (and on SQLite
+	// may hold the write lock) until its own TTL ends, which delays the
+	// partitions that rendezvous gives it.
+	bound := 2*proofTTL + proofTTL/3 + 1500*time.Millisecond
 	recovery := time.Duration(0)
 	slowP, slowKill := -1, int64(0)
+	checked := 0
 	for _, f := range faults {
 		if !strings.HasPrefix(f.what, "kill") {
 			continue
 		}
 		tk := f.at.UnixNano()
+		quiet := true
+		for _, o := range faults {
+			if d := o.at.Sub(f.at); strings.HasPrefix(o.what, "stop") && d >= -2*proofTTL && d <= bound {
+				quiet = false
+			}
+		}
+		if quiet {
+			checked++
+		}
 		type grant struct {
 			at    int64
 			fence uint64
@@ -490,18 +509,13 @@ func runPartitionsProof(t *testing.T, backend, store string, minFence fenced.Fen
 				t.Errorf("%s at %s: partition %d (fence %d) never owned again", f.what, f.at.Format("15:04:05.000"), p, fn)
 				continue
 			}
-			if d := time.Duration(again - tk); d > recovery {
+			if d := time.Duration(again - tk); quiet && d > recovery {
 				recovery, slowP, slowKill = d, p, tk
 			}
 		}
 	}
-	t.Logf("longest time from a kill to its partitions' new grants: %v", recovery.Round(time.Millisecond))
-	// The bound: the TTL (the dead member's leases expire), as long again
-	// for the authority to act on it (etcd revokes expired leases in a
-	// periodic loop; a SQLite or PostgreSQL grant is only taken over by a
-	// try that comes after the expiry), a poll (TTL/3), and room for a
-	// loaded 2-core machine.
-	if bound := 2*proofTTL + proofTTL/3 + 1500*time.Millisecond; recovery > bound {
+	t.Logf("longest time from a kill to its partitions' new grants: %v (%d kills with no stop near them checked against the bound)", recovery.Round(time.Millisecond), checked)
+	if recovery > bound {
 		t.Errorf("a killed member's partition %d was owned again only %v after the kill, over the %v bound", slowP, recovery, bound)
 		for _, e := range evs {
 			if e.p == slowP && e.kind != "W" && e.at >= slowKill-int64(2*time.Second) && e.at <= slowKill+int64(recovery+time.Second) {

@@ -45,6 +45,14 @@ func newStuck(t *testing.T, d driver.Driver, opts *fenced.Options) (*stuck, *fen
 	return s, c
 }
 
+// Capabilities declares what the driver under s declares, and a loss
+// watch in any case (WatchLoss below).
+func (s *stuck) Capabilities() driver.Capabilities {
+	c := s.Driver.Capabilities()
+	c.WatchLoss = true
+	return c
+}
+
 func (s *stuck) Renew(ctx context.Context, g driver.Grant) error {
 	if s.blocked.Load() {
 		<-ctx.Done()
