@@ -1,6 +1,7 @@
 package postgres_test
 
 import (
+	"github.com/fenced-dev/fenced/driver"
 	"net/url"
 	"strings"
 	"testing"
@@ -17,7 +18,7 @@ import (
 // notify=on, waiters are woken by notification.
 func TestListenOnlyOnADirectConnection(t *testing.T) {
 	direct := open(t, "table=direct_leases")
-	if g := direct.Guarantees(); !g.Notify {
+	if g := driver.GuaranteesOf(direct); !g.Notify {
 		t.Fatalf("direct connection: Notify=false (%s)", g.Note)
 	}
 
@@ -35,7 +36,7 @@ func TestListenOnlyOnADirectConnection(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		g := d.Guarantees()
+		g := driver.GuaranteesOf(d)
 		d.Close()
 		if g.Notify != c.notify {
 			t.Errorf("through a TCP proxy%s: Notify=%v, want %v (%s)", c.param, g.Notify, c.notify, g.Note)

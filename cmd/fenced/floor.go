@@ -127,7 +127,7 @@ never lowered: raising it to less than it is changes nothing.`,
 // stores have one.
 func explainNoFloor(err error) error {
 	if errors.Is(err, fenced.ErrUnsupported) {
-		return fmt.Errorf("%w; only the SQL stores (sqlite, postgres, mysql) keep a fence floor and a row per key", err)
+		return fmt.Errorf("%w; only the SQL stores (sqlite, postgres, mysql) and mem keep a fence floor and a row per key", err)
 	}
 	return err
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 	"strconv"
 	"strings"
 	"testing"
@@ -113,8 +114,10 @@ func TestFloorAndPruneBadInput(t *testing.T) {
 		{[]string{"prune"}, 64, "--older-than is required"},
 		{[]string{"prune", "--older-than", "-1s"}, 64, "negative"},
 		{[]string{"prune", "--older-than", "a while"}, 64, "older-than"},
-		{[]string{"--store", "mem://x", "floor"}, 1, "only the SQL stores"},
-		{[]string{"--store", "mem://x", "prune", "--older-than", "1h"}, 1, "only the SQL stores"},
+		// mem keeps a floor too (the reference backend has every
+		// capability); TestFloorUnsupportedOnRedis covers a store without.
+		{[]string{"--store", "mem://x", "floor"}, 0, ""},
+		{[]string{"--store", "mem://x", "prune", "--older-than", "1h"}, 0, ""},
 	} {
 		r := cli(t, store, tc.args...)
 		if r.code != tc.code || !strings.Contains(r.stderr, tc.want) {
@@ -129,6 +132,22 @@ func TestFloorAndPruneBadInput(t *testing.T) {
 // The commands work on the server-backed SQL stores too: a raised floor
 // lifts the next grant, and prune deletes a released key whose fence then
 // comes back above its old one.
+// A store that keeps no fence floor (Redis) refuses floor and prune with
+// exit 1 and says which stores keep one.
+func TestFloorUnsupportedOnRedis(t *testing.T) {
+	r := testenv.StartRedis(t, testenv.RedisConfig{})
+	store := tempStore(t)
+	for _, args := range [][]string{
+		{"--store", r.URL(), "floor"},
+		{"--store", r.URL(), "prune", "--older-than", "1h"},
+	} {
+		res := cli(t, store, args...)
+		if res.code != 1 || !strings.Contains(res.stderr, "only the SQL stores") {
+			t.Errorf("fenced %q: exit %d stderr %q; want 1 and %q", args, res.code, res.stderr, "only the SQL stores")
+		}
+	}
+}
+
 func TestFloorAndPruneOnSQLServers(t *testing.T) {
 	for _, bc := range backendCases {
 		if bc.name != "postgres" && bc.name != "mysql" {
