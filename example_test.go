@@ -11,7 +11,7 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	_ "github.com/fenced-dev/fenced/mem"
-	_ "github.com/fenced-dev/fenced/sqlite"
+	_ "github.com/fenced-dev/fenced/fencedsqlite"
 )
 
 func ExampleOpen() {

@@ -17,7 +17,7 @@
 // Stores are opened by URL, like database/sql, after importing the backend
 // package for its side effect:
 //
-//	import _ "github.com/fenced-dev/fenced/sqlite"
+//	import _ "github.com/fenced-dev/fenced/fencedsqlite"
 //
 //	client, err := fenced.Open(ctx, "sqlite:///var/lib/app/leases.db", nil)
 //

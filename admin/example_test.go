@@ -12,7 +12,7 @@ import (
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/admin"
 	_ "github.com/fenced-dev/fenced/mem"
-	_ "github.com/fenced-dev/fenced/sqlite"
+	_ "github.com/fenced-dev/fenced/fencedsqlite"
 )
 
 // Keys moved to a new table start their counters again; seeding the new

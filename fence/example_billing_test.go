@@ -11,7 +11,7 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/fence"
-	"github.com/fenced-dev/fenced/sqlite"
+	"github.com/fenced-dev/fenced/fencedsqlite"
 )
 
 // billingWorker is the guarded invoice send: take the lease (skip if
@@ -71,7 +71,7 @@ func Example_billing() {
 	ctx := context.Background()
 	dir, _ := os.MkdirTemp("", "billing-")
 	defer os.RemoveAll(dir)
-	drv, err := sqlite.OpenFile(ctx, filepath.Join(dir, "billing.db"), nil)
+	drv, err := fencedsqlite.OpenFile(ctx, filepath.Join(dir, "billing.db"), nil)
 	if err != nil {
 		fmt.Println(err)
 		return

@@ -11,7 +11,7 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/fence"
-	_ "github.com/fenced-dev/fenced/postgres"
+	_ "github.com/fenced-dev/fenced/fencedpostgres"
 )
 
 // render stands for the slow work of the canonical worker (rendering the

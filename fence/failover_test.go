@@ -10,8 +10,8 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/fence"
+	"github.com/fenced-dev/fenced/fencedredis"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
-	fredis "github.com/fenced-dev/fenced/redis"
 )
 
 // TestRepeatedFenceAfterFailoverRefused: a Redis lease store with an
@@ -36,7 +36,7 @@ func TestRepeatedFenceAfterFailoverRefused(t *testing.T) {
 	leaseClient := func(srv *testenv.Redis) *fenced.Client {
 		c := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1})
 		t.Cleanup(func() { c.Close() })
-		d, err := fredis.New(c, nil)
+		d, err := fencedredis.New(c, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

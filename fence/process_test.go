@@ -14,9 +14,9 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/fence"
+	"github.com/fenced-dev/fenced/fencedpostgres"
+	"github.com/fenced-dev/fenced/fencedsqlite"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
-	"github.com/fenced-dev/fenced/postgres"
-	"github.com/fenced-dev/fenced/sqlite"
 )
 
 const childEnv = "FENCED_FENCE_TEST_CHILD"
@@ -41,7 +41,7 @@ const pauseKey = "invoice:inv_72"
 // openShared opens the SQLite file that holds both the lease table and the
 // guarded invoice_jobs table, shared by the test and its child process.
 func openShared(path string) (*fenced.Client, *fence.SQL, *sql.DB, error) {
-	drv, err := sqlite.OpenFile(context.Background(), path, nil)
+	drv, err := fencedsqlite.OpenFile(context.Background(), path, nil)
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -213,7 +213,7 @@ func TestPausedProcessRefused(t *testing.T) {
 // openPG opens the PostgreSQL lease store and the guarded table shared by
 // the test and its child.
 func openPG(url string) (*fenced.Client, *fence.SQL, *sql.DB, error) {
-	drv, err := postgres.Open(context.Background(), url)
+	drv, err := fencedpostgres.Open(context.Background(), url)
 	if err != nil {
 		return nil, nil, nil, err
 	}

@@ -11,7 +11,7 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/fencedcron"
-	_ "github.com/fenced-dev/fenced/sqlite"
+	_ "github.com/fenced-dev/fenced/fencedsqlite"
 )
 
 // TestThreeCronsRunEachTickOnce: three crons, each with its own client on

@@ -10,7 +10,7 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/fencedgocron"
-	_ "github.com/fenced-dev/fenced/sqlite"
+	_ "github.com/fenced-dev/fenced/fencedsqlite"
 )
 
 // Run a job every minute on whichever of the application's instances gets

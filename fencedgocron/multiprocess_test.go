@@ -17,8 +17,8 @@ import (
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/fencedgocron"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
-	_ "github.com/fenced-dev/fenced/postgres"
-	_ "github.com/fenced-dev/fenced/sqlite"
+	_ "github.com/fenced-dev/fenced/fencedpostgres"
+	_ "github.com/fenced-dev/fenced/fencedsqlite"
 )
 
 const childEnv = "FENCEDGOCRON_TEST_CHILD"

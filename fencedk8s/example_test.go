@@ -10,7 +10,7 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/fencedk8s"
-	_ "github.com/fenced-dev/fenced/postgres"
+	_ "github.com/fenced-dev/fenced/fencedpostgres"
 )
 
 // Elect a controller's leader on PostgreSQL with client-go's elector, and

@@ -17,7 +17,7 @@ import (
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/fencedk8s"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
-	_ "github.com/fenced-dev/fenced/sqlite"
+	_ "github.com/fenced-dev/fenced/fencedsqlite"
 )
 
 const childEnv = "FENCEDK8S_TEST_CHILD"

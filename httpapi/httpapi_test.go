@@ -18,9 +18,9 @@ import (
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/admin"
 	"github.com/fenced-dev/fenced/driver"
-	_ "github.com/fenced-dev/fenced/etcd" // the plan of another backend (its registered rounding)
+	_ "github.com/fenced-dev/fenced/fencedetcd" // the plan of another backend (its registered rounding)
 	"github.com/fenced-dev/fenced/httpapi"
-	_ "github.com/fenced-dev/fenced/sqlite"
+	_ "github.com/fenced-dev/fenced/fencedsqlite"
 )
 
 const (

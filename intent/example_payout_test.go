@@ -11,9 +11,9 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/fence"
+	"github.com/fenced-dev/fenced/fencedsqlite"
 	"github.com/fenced-dev/fenced/intent"
 	"github.com/fenced-dev/fenced/internal/testkit/payprovider"
-	"github.com/fenced-dev/fenced/sqlite"
 )
 
 // The payout scheduler from the design notes: worker A's lease runs out
@@ -49,7 +49,7 @@ func payoutScenario(withKey bool) (int, intent.Intent, error) {
 	defer os.RemoveAll(dir)
 
 	// One SQLite file holds the leases and the intents.
-	drv, err := sqlite.OpenFile(ctx, filepath.Join(dir, "app.db"), nil)
+	drv, err := fencedsqlite.OpenFile(ctx, filepath.Join(dir, "app.db"), nil)
 	if err != nil {
 		return 0, intent.Intent{}, err
 	}

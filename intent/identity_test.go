@@ -14,9 +14,9 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/fence"
+	"github.com/fenced-dev/fenced/fencedsqlite"
 	"github.com/fenced-dev/fenced/intent"
 	"github.com/fenced-dev/fenced/internal/testkit/payprovider"
-	"github.com/fenced-dev/fenced/sqlite"
 )
 
 // dbTests run on SQLite (TestSQLite) and on PostgreSQL and MariaDB
@@ -451,7 +451,7 @@ func mustExec(t *testing.T, db *sql.DB, q string, args ...any) {
 // transition to the hooks of the client that granted the lease.
 func TestStaleReportedToLeaseClient(t *testing.T) {
 	ctx := context.Background()
-	drv, err := sqlite.OpenFile(ctx, filepath.Join(t.TempDir(), "app.db"), nil)
+	drv, err := fencedsqlite.OpenFile(ctx, filepath.Join(t.TempDir(), "app.db"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

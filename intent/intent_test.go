@@ -13,9 +13,9 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/fence"
+	"github.com/fenced-dev/fenced/fencedsqlite"
 	"github.com/fenced-dev/fenced/intent"
 	"github.com/fenced-dev/fenced/internal/testkit/payprovider"
-	"github.com/fenced-dev/fenced/sqlite"
 )
 
 type env struct {
@@ -43,7 +43,7 @@ func uniqueTable() string { return fmt.Sprintf("intents_%d", tables.Add(1)) }
 func newEnvWith(t *testing.T, db *sql.DB, d fence.Dialect, opts *intent.Options) env {
 	t.Helper()
 	ctx := context.Background()
-	drv, err := sqlite.OpenFile(ctx, filepath.Join(t.TempDir(), "app.db"), nil)
+	drv, err := fencedsqlite.OpenFile(ctx, filepath.Join(t.TempDir(), "app.db"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,13 +20,13 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
-	_ "github.com/fenced-dev/fenced/etcd"
+	_ "github.com/fenced-dev/fenced/fencedetcd"
 	"github.com/fenced-dev/fenced/fence"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
-	_ "github.com/fenced-dev/fenced/postgres"
-	"github.com/fenced-dev/fenced/proof"
+	_ "github.com/fenced-dev/fenced/fencedpostgres"
+	"github.com/fenced-dev/fenced/internal/proof"
 	"github.com/fenced-dev/fenced/recipe"
-	_ "github.com/fenced-dev/fenced/redis"
+	_ "github.com/fenced-dev/fenced/fencedredis"
 )
 
 // The multi-process proof of Partitions: member processes (this test

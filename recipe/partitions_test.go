@@ -13,7 +13,7 @@ import (
 	"github.com/fenced-dev/fenced"
 	_ "github.com/fenced-dev/fenced/mem"
 	"github.com/fenced-dev/fenced/recipe"
-	_ "github.com/fenced-dev/fenced/sqlite"
+	_ "github.com/fenced-dev/fenced/fencedsqlite"
 )
 
 // TestAssignPartitionsBalanceAndMovement checks the assignment alone:

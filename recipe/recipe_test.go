@@ -14,7 +14,7 @@ import (
 	"github.com/fenced-dev/fenced/admin"
 	_ "github.com/fenced-dev/fenced/mem"
 	"github.com/fenced-dev/fenced/recipe"
-	_ "github.com/fenced-dev/fenced/sqlite"
+	_ "github.com/fenced-dev/fenced/fencedsqlite"
 )
 
 // openN opens n clients on one store, as n processes would.

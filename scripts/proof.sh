@@ -30,7 +30,7 @@ if [ "${1:-}" = --long ]; then
 		shift 2
 	fi
 	export FENCED_PROOF_LONG
-	exec go test -count=1 -timeout 24h -run '^TestGenerativeLong$' -v ./proof/ "$@"
+	exec go test -count=1 -timeout 24h -run '^TestGenerativeLong$' -v ./internal/proof/ "$@"
 fi
 if [ "${FENCED_PROOF_INCUMBENTS:-1}" != 0 ]; then
 	(cd bench/redis && go test -count=1 -timeout 1h -run '^TestProofIncumbents$' -v .)
@@ -38,8 +38,8 @@ if [ "${FENCED_PROOF_INCUMBENTS:-1}" != 0 ]; then
 fi
 # The packet-level rows (network namespaces; needs root), long variant.
 FENCED_PROOF_NETNS_OUT="$FENCED_PROOF_OUT/proof/netns.json" FENCED_PROOF_NETNS_LONG=1 \
-	go test -count=1 -timeout 1h -run '^TestPacketPartitions$' -v ./proof/
+	go test -count=1 -timeout 1h -run '^TestPacketPartitions$' -v ./internal/proof/
 PARTITIONS_PROOF_OUT="$FENCED_PROOF_OUT/proof" PARTITIONS_PROOF_FOR="${PARTITIONS_PROOF_FOR:-3m}" \
 	go test -count=1 -timeout 1h -run '^TestPartitionsProof(SQLite|Postgres|Redis|Etcd)$' -v ./recipe/
-go test -count=1 -timeout 3h -run '^TestMatrixFull$' -v ./proof/ "$@"
+go test -count=1 -timeout 3h -run '^TestMatrixFull$' -v ./internal/proof/ "$@"
 echo "wrote docs/proof.md"

@@ -28,9 +28,9 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/fenced-dev/fenced"
-	_ "github.com/fenced-dev/fenced/etcd"
+	_ "github.com/fenced-dev/fenced/fencedetcd"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
-	_ "github.com/fenced-dev/fenced/zookeeper"
+	_ "github.com/fenced-dev/fenced/fencedzookeeper"
 )
 
 type locker interface {

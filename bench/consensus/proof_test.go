@@ -18,7 +18,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
-	"github.com/fenced-dev/fenced/proof"
+	"github.com/fenced-dev/fenced/internal/proof"
 )
 
 // TestMain lets this test binary serve as a proof worker (re-executed by

@@ -32,8 +32,8 @@ import (
 	"github.com/bsm/redislock"
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/fencedredis"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
-	fredis "github.com/fenced-dev/fenced/redis"
 	"github.com/go-redsync/redsync/v4"
 	"github.com/go-redsync/redsync/v4/redis/goredis/v9"
 	"github.com/redis/go-redis/v9"
@@ -90,7 +90,7 @@ func (l fencedLocker) lock(ctx context.Context, key string) (func(context.Contex
 // driverLocker calls the fenced driver directly, without the portable
 // Client (no lease object, no renewal, no hooks): the cost of the scripts
 // alone.
-type driverLocker struct{ d *fredis.Driver }
+type driverLocker struct{ d *fencedredis.Driver }
 
 func (l driverLocker) lock(ctx context.Context, key string) (func(context.Context) error, error) {
 	owner := fmt.Sprintf("%016x%016x", rand.Uint64(), rand.Uint64())
@@ -133,7 +133,7 @@ type contender struct {
 
 var contenders = []contender{
 	{"fenced", func(b *testing.B, c *redis.Client) locker {
-		d, err := fredis.New(c, nil)
+		d, err := fencedredis.New(c, nil)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -160,7 +160,7 @@ func BenchmarkUncontended(b *testing.B) {
 	ctx := context.Background()
 	srv := startServer(b)
 	all := append([]contender{{"fenced-driver", func(b *testing.B, c *redis.Client) locker {
-		d, err := fredis.New(c, nil)
+		d, err := fencedredis.New(c, nil)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -10,7 +10,7 @@ import (
 
 	"github.com/bsm/redislock"
 	"github.com/fenced-dev/fenced"
-	fredis "github.com/fenced-dev/fenced/redis"
+	"github.com/fenced-dev/fenced/fencedredis"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -46,8 +46,8 @@ func BenchmarkClientCost(b *testing.B) {
 		key  string
 		lat  []time.Duration
 	}
-	newDriver := func(c *redis.Client) *fredis.Driver {
-		d, err := fredis.New(c, nil)
+	newDriver := func(c *redis.Client) *fencedredis.Driver {
+		d, err := fencedredis.New(c, nil)
 		if err != nil {
 			b.Fatal(err)
 		}

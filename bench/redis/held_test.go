@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/fencedredis"
 	"github.com/fenced-dev/fenced/internal/testkit/leasebench"
-	fredis "github.com/fenced-dev/fenced/redis"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -52,7 +52,7 @@ func holdRedisLeases(b *testing.B, addr string, m, periods int, ttl time.Duratio
 	rc.AddHook(h)
 	admin := redis.NewClient(&redis.Options{Addr: addr})
 	defer admin.Close()
-	d, err := fredis.New(rc, nil)
+	d, err := fencedredis.New(rc, nil)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -17,7 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
-	"github.com/fenced-dev/fenced/proof"
+	"github.com/fenced-dev/fenced/internal/proof"
 )
 
 // TestMain lets this test binary serve as a proof worker (re-executed by

@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/fencedredlock"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
-	"github.com/fenced-dev/fenced/redlock"
 	"github.com/go-redsync/redsync/v4"
 	redsyncredis "github.com/go-redsync/redsync/v4/redis"
 	"github.com/go-redsync/redsync/v4/redis/goredis/v9"
@@ -42,7 +42,7 @@ func BenchmarkRedlock(b *testing.B) {
 		for _, c := range cs {
 			ucs = append(ucs, c)
 		}
-		d, err := redlock.New(ucs, nil)
+		d, err := fencedredlock.New(ucs, nil)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced/driver"
-	fredis "github.com/fenced-dev/fenced/redis"
+	"github.com/fenced-dev/fenced/fencedredis"
 )
 
 // BenchmarkRenewalPeriod measures one renewal period of M leases held by
@@ -30,7 +30,7 @@ func BenchmarkRenewalPeriod(b *testing.B) {
 		b.Run(fmt.Sprintf("M=%d", m), func(b *testing.B) {
 			ctx := context.Background()
 			c, _ := newClient(b, srv)
-			d, err := fredis.New(c, nil)
+			d, err := fencedredis.New(c, nil)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -72,7 +72,7 @@ func BenchmarkRenewalPeriod(b *testing.B) {
 }
 
 // holdMany takes m fresh keys through d, 64 at a time.
-func holdMany(b *testing.B, d *fredis.Driver, m int, ttl time.Duration) []driver.Grant {
+func holdMany(b *testing.B, d *fencedredis.Driver, m int, ttl time.Duration) []driver.Grant {
 	b.Helper()
 	ctx := context.Background()
 	run := rand.Uint64()

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced/driver"
-	fredis "github.com/fenced-dev/fenced/redis"
+	"github.com/fenced-dev/fenced/fencedredis"
 )
 
 // BenchmarkWake isolates the notification path: time from the start of a
@@ -16,8 +16,8 @@ func BenchmarkWake(b *testing.B) {
 	srv := startServer(b)
 	c1, _ := newClient(b, srv)
 	c2, _ := newClient(b, srv)
-	holder, _ := fredis.New(c1, nil)
-	waiter, _ := fredis.New(c2, nil)
+	holder, _ := fencedredis.New(c1, nil)
+	waiter, _ := fencedredis.New(c2, nil)
 	defer holder.Close()
 	defer waiter.Close()
 	sub, err := waiter.Subscribe(ctx, "wake")

@@ -17,9 +17,9 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 	"go.uber.org/zap"
 
-	_ "github.com/fenced-dev/fenced/etcd"
+	_ "github.com/fenced-dev/fenced/fencedetcd"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
-	_ "github.com/fenced-dev/fenced/zookeeper"
+	_ "github.com/fenced-dev/fenced/fencedzookeeper"
 )
 
 // etcdBackend is a single-node etcd: fenced against concurrency.Mutex.

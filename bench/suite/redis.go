@@ -16,9 +16,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/fencedredis"
+	"github.com/fenced-dev/fenced/fencedredlock"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
-	fredis "github.com/fenced-dev/fenced/redis"
-	"github.com/fenced-dev/fenced/redlock"
 )
 
 // newRedisClient is the go-redis client every Redis implementation gets,
@@ -181,7 +181,7 @@ func redisServer(tb *testenv.MainTB, aof bool) *backend {
 	}
 	impls := []impl{
 		{name: "fenced", open: withClient(func(c *redis.Client) (process, error) {
-			d, err := fredis.New(c, nil)
+			d, err := fencedredis.New(c, nil)
 			if err != nil {
 				return nil, err
 			}
@@ -189,7 +189,7 @@ func redisServer(tb *testenv.MainTB, aof bool) *backend {
 			return clientProcess{l: p, closers: []func() error{p.c.Close, c.Close}}, nil
 		})},
 		{name: "fenced-driver", driverOnly: true, open: withClient(func(c *redis.Client) (process, error) {
-			d, err := fredis.New(c, nil)
+			d, err := fencedredis.New(c, nil)
 			if err != nil {
 				return nil, err
 			}
@@ -207,7 +207,7 @@ func redisServer(tb *testenv.MainTB, aof bool) *backend {
 	holders := []holderImpl{
 		{name: "fenced", how: "Client auto-renew (driver batch renewal where it has one)", open: func(ctx context.Context, ttl time.Duration) (holder, error) {
 			c := newRedisClient(addr)
-			d, err := fredis.New(c, nil)
+			d, err := fencedredis.New(c, nil)
 			if err != nil {
 				return nil, err
 			}
@@ -303,7 +303,7 @@ func redlockBackend(tb *testenv.MainTB) *backend {
 			for _, c := range cs {
 				ucs = append(ucs, c)
 			}
-			d, err := redlock.New(ucs, nil)
+			d, err := fencedredlock.New(ucs, nil)
 			if err != nil {
 				return nil, err
 			}

@@ -9,9 +9,9 @@ import (
 	_ "github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5"
 
-	_ "github.com/fenced-dev/fenced/mysql"
-	_ "github.com/fenced-dev/fenced/postgres"
-	_ "github.com/fenced-dev/fenced/sqlite"
+	_ "github.com/fenced-dev/fenced/fencedmysql"
+	_ "github.com/fenced-dev/fenced/fencedpostgres"
+	_ "github.com/fenced-dev/fenced/fencedsqlite"
 
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )

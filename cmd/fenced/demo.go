@@ -20,8 +20,8 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/fence"
+	"github.com/fenced-dev/fenced/fencedsqlite"
 	"github.com/fenced-dev/fenced/internal/supervise"
-	"github.com/fenced-dev/fenced/sqlite"
 )
 
 // The demo is the billing scenario of the design notes, run for real: three
@@ -358,7 +358,7 @@ func demoWorker(ctx context.Context, name, leases, billing string, noFence bool)
 	emit := func(kind string, f uint64, format string, a ...any) {
 		_ = enc.Encode(demoEvent{Worker: name, Kind: kind, Fence: f, Text: fmt.Sprintf(format, a...)})
 	}
-	drv, err := sqlite.OpenFile(ctx, leases, nil)
+	drv, err := fencedsqlite.OpenFile(ctx, leases, nil)
 	if err != nil {
 		return err
 	}

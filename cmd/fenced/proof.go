@@ -17,8 +17,8 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/admin"
-	"github.com/fenced-dev/fenced/proof"
-	fencedredis "github.com/fenced-dev/fenced/redis"
+	"github.com/fenced-dev/fenced/fencedredis"
+	"github.com/fenced-dev/fenced/internal/proof"
 )
 
 // A proof worker is this binary re-executed; it must start working before

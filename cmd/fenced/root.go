@@ -16,15 +16,15 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/admin"
-	_ "github.com/fenced-dev/fenced/dynamodb"
-	_ "github.com/fenced-dev/fenced/etcd"
+	_ "github.com/fenced-dev/fenced/fenceddynamodb"
+	_ "github.com/fenced-dev/fenced/fencedetcd"
+	_ "github.com/fenced-dev/fenced/fencedmysql"
+	_ "github.com/fenced-dev/fenced/fencedpostgres"
+	_ "github.com/fenced-dev/fenced/fencedredis"
+	_ "github.com/fenced-dev/fenced/fencedredlock"
+	"github.com/fenced-dev/fenced/fencedsqlite"
+	_ "github.com/fenced-dev/fenced/fencedzookeeper"
 	_ "github.com/fenced-dev/fenced/mem"
-	_ "github.com/fenced-dev/fenced/mysql"
-	_ "github.com/fenced-dev/fenced/postgres"
-	_ "github.com/fenced-dev/fenced/redis"
-	_ "github.com/fenced-dev/fenced/redlock"
-	"github.com/fenced-dev/fenced/sqlite"
-	_ "github.com/fenced-dev/fenced/zookeeper"
 )
 
 // Exit codes, documented in the package comment and in --help.
@@ -179,7 +179,7 @@ func describeStore(store string) string {
 	if err != nil || u.Scheme != "sqlite" || u.Opaque != "" || u.Path != "" {
 		return fenced.Redact(store)
 	}
-	p, err := sqlite.DefaultPath()
+	p, err := fencedsqlite.DefaultPath()
 	if err != nil {
 		return fenced.Redact(store) + " (no default file: " + err.Error() + ")"
 	}

@@ -13,7 +13,7 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
-	"github.com/fenced-dev/fenced/proof"
+	"github.com/fenced-dev/fenced/internal/proof"
 )
 
 // attackKinds are the processes attacker.c starts (see its comment).

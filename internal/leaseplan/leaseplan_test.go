@@ -7,11 +7,11 @@ import (
 	"time"
 
 	// The backends whose registered rounding the tests figure with.
-	_ "github.com/fenced-dev/fenced/etcd"
-	_ "github.com/fenced-dev/fenced/postgres"
-	_ "github.com/fenced-dev/fenced/redis"
-	_ "github.com/fenced-dev/fenced/sqlite"
-	_ "github.com/fenced-dev/fenced/zookeeper"
+	_ "github.com/fenced-dev/fenced/fencedetcd"
+	_ "github.com/fenced-dev/fenced/fencedpostgres"
+	_ "github.com/fenced-dev/fenced/fencedredis"
+	_ "github.com/fenced-dev/fenced/fencedsqlite"
+	_ "github.com/fenced-dev/fenced/fencedzookeeper"
 )
 
 func TestDefaultsOnSQLite(t *testing.T) {

@@ -32,8 +32,8 @@ import (
 	"github.com/fenced-dev/fenced/admin"
 	"github.com/fenced-dev/fenced/clock"
 	"github.com/fenced-dev/fenced/fence"
+	"github.com/fenced-dev/fenced/fencedsqlite"
 	"github.com/fenced-dev/fenced/metrics"
-	"github.com/fenced-dev/fenced/sqlite"
 )
 
 // Store is the store label the scenario's clients report under.
@@ -54,7 +54,7 @@ func Run(t *testing.T, hooks func(store string) fenced.Hooks, held func()) {
 	ctx := context.Background()
 	dir := t.TempDir()
 	open := func(clk clock.Clock, extra fenced.Hooks) *fenced.Client {
-		drv, err := sqlite.OpenFile(ctx, filepath.Join(dir, "leases.db"), nil)
+		drv, err := fencedsqlite.OpenFile(ctx, filepath.Join(dir, "leases.db"), nil)
 		if err != nil {
 			t.Fatal(err)
 		}

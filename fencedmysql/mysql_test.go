@@ -1,0 +1,101 @@
+package fencedmysql_test
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/driver/drivertest"
+	"github.com/fenced-dev/fenced/fencedmysql"
+	"github.com/fenced-dev/fenced/internal/testkit/crashtest"
+	"github.com/fenced-dev/fenced/internal/testkit/testenv"
+)
+
+// my is the server every test of the package shares, started once.
+var my *testenv.MySQL
+
+func TestMain(m *testing.M) {
+	crashtest.MaybeRunHolder()
+	maybeRunBellHolder()
+	tb := testenv.NewMainTB()
+	my = testenv.StartMySQL(tb)
+	os.Setenv("DATABASE_URL", my.URL()) // for the examples
+	os.Setenv("MYSQL_DSN", my.DSN())
+	code := m.Run()
+	tb.Close()
+	os.Exit(code)
+}
+
+func ctxT(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func open(t testing.TB, params ...string) *fencedmysql.Driver {
+	t.Helper()
+	d, err := fencedmysql.Open(ctxT(t), my.URL(params...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
+func TestConformance(t *testing.T) {
+	drivertest.RunConformanceTests(t, drivertest.Harness{
+		// Generous for a loaded CI machine: expiry tests sleep about this long.
+		ShortTTL: time.Second,
+		Open: func(t *testing.T) driver.Driver {
+			d, err := fencedmysql.Open(ctxT(t), my.URL())
+			if err != nil {
+				t.Fatal(err)
+			}
+			return d
+		},
+		BadURLs: []string{
+			"mysql://127.0.0.1:1/db?table=Bad-Name",
+			"mysql://127.0.0.1:1/db?table=",
+			"mysql://127.0.0.1:1/db?table=a;drop",
+			"mysql://127.0.0.1:1/db?table=x&table=y",
+			"mysql://127.0.0.1:1/",
+			"mysql://127.0.0.1:1/a/b",
+			"mysql:///db",
+			"mysql://127.0.0.1:notaport/db",
+			"mysql://127.0.0.1:1/db?timeout=forever",
+			"mysql://127.0.0.1:1/db?tls=nosuchconfig",
+		},
+	})
+}
+
+func TestKilledHolderIsReplaced(t *testing.T) {
+	t.Parallel() // waits on TTLs and restarts; independent of the other tests
+	crashtest.KilledHolderIsReplaced(t, my.URL())
+}
+
+func TestRestartKeepsFences(t *testing.T) {
+	t.Parallel() // waits on TTLs and restarts; independent of the other tests
+	srv := testenv.StartMySQL(t)
+	crashtest.RestartKeepsFences(t, srv, func(t *testing.T) driver.Driver {
+		d, err := fencedmysql.Open(ctxT(t), srv.URL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	})
+}
+
+// A server that goes away and comes back: errors are actionable and the
+// driver recovers.
+func TestServerDownThenBack(t *testing.T) {
+	t.Parallel() // waits on TTLs and restarts; independent of the other tests
+	srv := testenv.StartMySQL(t)
+	d, err := fencedmysql.Open(ctxT(t), srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	crashtest.ServerDownThenBack(t, srv, d)
+}

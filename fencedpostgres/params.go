@@ -1,0 +1,58 @@
+package fencedpostgres
+
+import (
+	"fmt"
+	"net/url"
+	"sort"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/fenced-dev/fenced/driver"
+)
+
+// serverSettings are the PostgreSQL settings a store URL may set as
+// parameters of their own. pgx sends every parameter it does not know
+// itself to the server as a setting, so a mistyped parameter (tabel=x)
+// would reach the server, whose refusal looks like an outage; the URL
+// therefore sets directly only the settings below (libpq's
+// application_name, client_encoding and options, and those people put in
+// connection strings), and any other one in options=-c NAME=VALUE, as
+// with libpq.
+var serverSettings = map[string]bool{
+	"application_name":                    true,
+	"client_encoding":                     true,
+	"options":                             true,
+	"search_path":                         true,
+	"timezone":                            true,
+	"datestyle":                           true,
+	"intervalstyle":                       true,
+	"statement_timeout":                   true,
+	"lock_timeout":                        true,
+	"idle_in_transaction_session_timeout": true,
+	"idle_session_timeout":                true,
+}
+
+// checkParams refuses, before anything connects, the parameters of q
+// (the URL's query without fenced's own) that pgx did not take as its own
+// when it parsed them into cfg, unless they are serverSettings. Errors
+// match driver.ErrInvalidURL and name the parameter and what is accepted.
+func checkParams(q url.Values, cfg *pgxpool.Config) error {
+	var bad []string
+	for k := range q {
+		if _, sent := cfg.ConnConfig.RuntimeParams[k]; sent && !serverSettings[strings.ToLower(k)] {
+			bad = append(bad, k)
+		}
+	}
+	if len(bad) == 0 {
+		return nil
+	}
+	sort.Strings(bad)
+	settings := make([]string, 0, len(serverSettings))
+	for s := range serverSettings {
+		settings = append(settings, s)
+	}
+	sort.Strings(settings)
+	return fmt.Errorf("%w: unknown parameter %q (fenced's: %s, %s; pgx's connection and pool parameters: sslmode, connect_timeout, target_session_attrs, pool_max_conns, default_query_exec_mode and the rest of pgx.ParseConfig's; server settings: %s; any other server setting goes in options=-c NAME=VALUE)",
+		driver.ErrInvalidURL, bad[0], "table", paramNotify, strings.Join(settings, ", "))
+}

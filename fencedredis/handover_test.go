@@ -1,0 +1,230 @@
+package fencedredis_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/testkit/testenv"
+	"github.com/redis/go-redis/v9"
+)
+
+// publishes reads how many PUBLISH commands the server has run.
+func publishes(t *testing.T, c *redis.Client) int64 {
+	t.Helper()
+	s, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(s, "\n") {
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_publish:calls="); ok {
+			calls, _, _ := strings.Cut(rest, ",")
+			n, err := strconv.ParseInt(calls, 10, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+	}
+	return 0
+}
+
+// TestReleasePublishesOnlyForWaiters: a release that nobody waits for
+// publishes nothing; a refused try of a subscribed process makes the next
+// release publish and wake it; that release consumes the mark.
+func TestReleasePublishesOnlyForWaiters(t *testing.T) {
+	ctx := testCtx(t)
+	srv := testenv.StartRedis(t, testenv.RedisConfig{NoPersistence: true})
+	rc := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1})
+	t.Cleanup(func() { rc.Close() })
+	holder, waiter := newDriver(t, srv, nil), newDriver(t, srv, nil)
+	grant := func() driver.Grant {
+		o := owner()
+		f, err := holder.TryAcquire(ctx, "job", o, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return driver.Grant{Key: "job", Owner: o, Fence: f, TTL: time.Minute}
+	}
+	release := func(g driver.Grant, wantPublished int64) {
+		t.Helper()
+		before := publishes(t, rc)
+		if err := holder.Release(ctx, g); err != nil {
+			t.Fatal(err)
+		}
+		if got := publishes(t, rc) - before; got != wantPublished {
+			t.Fatalf("release published %d times, want %d", got, wantPublished)
+		}
+	}
+	release(grant(), 0)
+
+	sub, err := waiter.Subscribe(ctx, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	g := grant()
+	if _, err := waiter.TryAcquire(ctx, "job", owner(), time.Minute); !errors.Is(err, driver.ErrHeld) {
+		t.Fatalf("try of a held key: %v", err)
+	}
+	release(g, 1)
+	if !woken(sub, 10*time.Second) {
+		t.Fatal("the refused, subscribed waiter was not woken by the release")
+	}
+	release(grant(), 0) // the mark was consumed
+}
+
+// TestHandoverStrandsNoWaiter: waiters in two processes (two Clients),
+// several per process, take one key in turn many times. Their fallback
+// poll and backoff are a minute, so a release that failed to wake a
+// waiter that needs it would show as an acquire waiting about a minute
+// (or the test timing out), and the grants (TTL one minute) never expire
+// on their own: every handover is a notification.
+func TestHandoverStrandsNoWaiter(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	srv := testenv.StartRedis(t, testenv.RedisConfig{NoPersistence: true})
+	const processes, perProcess, rounds = 2, 6, 8
+	slow := &fenced.Options{FallbackPoll: time.Minute, MinBackoff: time.Minute, MaxBackoff: time.Minute}
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		longest time.Duration
+		holders int
+		fences  []uint64
+	)
+	errc := make(chan error, processes*perProcess)
+	for p := 0; p < processes; p++ {
+		c := fenced.NewClient(newDriver(t, srv, nil), slow)
+		defer c.Close()
+		for w := 0; w < perProcess; w++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for r := 0; r < rounds; r++ {
+					start := time.Now()
+					l, err := c.Acquire(ctx, "hot", &fenced.LeaseOptions{TTL: time.Minute, MinFence: fenced.FenceRepeatable, MaxWait: fenced.WaitForever, ManualRenew: true})
+					if err != nil {
+						errc <- fmt.Errorf("acquire: %w", err)
+						return
+					}
+					mu.Lock()
+					longest = max(longest, time.Since(start))
+					holders++
+					if holders != 1 {
+						mu.Unlock()
+						errc <- errors.New("two holders at once")
+						return
+					}
+					fences = append(fences, l.Fence())
+					mu.Unlock()
+					time.Sleep(time.Millisecond)
+					mu.Lock()
+					holders--
+					mu.Unlock()
+					if err := l.Release(ctx); err != nil {
+						errc <- fmt.Errorf("release: %w", err)
+						return
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	close(errc)
+	for err := range errc {
+		t.Fatal(err)
+	}
+	for i := 1; i < len(fences); i++ {
+		if fences[i] <= fences[i-1] {
+			t.Fatalf("fence %d after %d", fences[i], fences[i-1])
+		}
+	}
+	t.Logf("%d grants, longest acquire %v", len(fences), longest)
+	if longest > 20*time.Second {
+		t.Fatalf("an acquire waited %v with %d waiters holding for 1ms each: a release failed to wake it", longest, processes*perProcess-1)
+	}
+}
+
+// TestSubscribeAroundRelease: a waiter in a process with no subscription
+// is refused (by the cheap acquire, which writes no waiters mark), then
+// subscribes and tries again, as the Client does, while the holder
+// releases at about that moment: before the subscription, between it and
+// the retry, or after the retry. Whatever the order, the waiter either
+// gets the key on its retry or is woken by the release; a release that
+// published nothing can only have come before the retry, which then
+// found the key free.
+func TestSubscribeAroundRelease(t *testing.T) {
+	ctx := testCtx(t)
+	srv := testenv.StartRedis(t, testenv.RedisConfig{NoPersistence: true})
+	holder, waiter := newDriver(t, srv, nil), newDriver(t, srv, nil)
+	var grantedOnRetry, wokenByRelease int
+	for i := 0; i < 300; i++ {
+		key := fmt.Sprintf("job-%d", i)
+		o := owner()
+		f, err := holder.TryAcquire(ctx, key, o, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g := driver.Grant{Key: key, Owner: o, Fence: f, TTL: time.Minute}
+		if _, err := waiter.TryAcquire(ctx, key, owner(), time.Minute); !errors.Is(err, driver.ErrHeld) {
+			t.Fatalf("first try of a held key: %v, want ErrHeld", err)
+		}
+		released := make(chan error, 1)
+		release := func() { released <- holder.Release(ctx, g) }
+		// Rounds 0, 1, 2 (mod 4) release before the subscription, between
+		// it and the retry, after the retry; round 3 races the release
+		// against the subscription and retry.
+		phase := i % 4
+		if phase == 0 {
+			release()
+		}
+		if phase == 3 {
+			go func() {
+				time.Sleep(time.Duration(i%7) * 50 * time.Microsecond)
+				release()
+			}()
+		}
+		sub, err := waiter.Subscribe(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if phase == 1 {
+			release()
+		}
+		wo := owner()
+		_, err = waiter.TryAcquire(ctx, key, wo, time.Minute)
+		if phase == 2 {
+			release()
+		}
+		if err := <-released; err != nil {
+			t.Fatalf("round %d: release: %v", i, err)
+		}
+		switch {
+		case err == nil:
+			grantedOnRetry++
+		case errors.Is(err, driver.ErrHeld):
+			if !woken(sub, 10*time.Second) {
+				t.Fatalf("round %d (phase %d): the waiter was refused after subscribing and the release did not wake it", i, phase)
+			}
+			wokenByRelease++
+			if _, err := waiter.TryAcquire(ctx, key, wo, time.Minute); err != nil {
+				t.Fatalf("round %d: try after the wake-up: %v", i, err)
+			}
+		default:
+			t.Fatalf("round %d: retry: %v", i, err)
+		}
+		sub.Close()
+	}
+	t.Logf("granted on the retry %d times, woken by the release %d times", grantedOnRetry, wokenByRelease)
+	if wokenByRelease < 75 {
+		t.Fatalf("woken by the release only %d times: the rounds that release after the retry must all be", wokenByRelease)
+	}
+}

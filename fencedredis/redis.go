@@ -1,0 +1,584 @@
+// Package fencedredis is the fenced backend for a single Redis primary (or a
+// Redis Cluster), over go-redis v9.
+//
+//	import _ "github.com/fenced-dev/fenced/fencedredis"
+//
+//	client, err := fenced.Open(ctx, "redis://:password@127.0.0.1:6379/0", nil)
+//
+// URLs are go-redis URLs (redis:// and rediss:// for TLS, with go-redis's
+// query options such as dial_timeout) plus these fenced options:
+//
+//	prefix=fenced:      namespace of every Redis key fenced writes
+//	wait_replicas=N     after each grant, WAIT for N replicas (see Options)
+//	wait_timeout=1s     how long that WAIT may take
+//	audit_len=100       breaks kept per key in the audit stream
+//
+// Opened by URL, go-redis's own retries of commands and dials are off
+// (fenced's Client decides about retries); pass max_retries or
+// dialer_retries to override.
+//
+// # How a lease is kept
+//
+// A grant is one Lua script, one round trip: if the lock key is absent it
+// INCRs the key's fence counter (which never expires) and SETs the lock key
+// to "<fence>:<owner>" with PX ttl; if the same owner holds it, it extends
+// the expiry and returns the same fence; otherwise it returns the fence and
+// PTTL of the current grant, so a waiter can wake when it expires. An
+// uncontended grant runs two commands (INCR, SET NX), its release two (GET,
+// DEL): the fence costs one command over a plain SET NX lock. A process
+// that is not waiting for the key sends the grant with two keys and two
+// arguments, and a new grant's reply is the fence alone. Renew
+// and release are compare-then-act scripts on the whole value (owner and
+// fence). Every script is a file of internal/rediskit/lua, shared with the
+// redlock backend. Renewals of many leases run 256 grants per script call
+// (BatchRenewer). The lock key, counter, waiters mark, audit stream and
+// pub/sub channel of a key share the hash tag {key}, so the scripts also
+// run on Redis Cluster.
+// Scripts are used even where Redis 8.4's native compare-and-delete
+// (DELEX IFEQ) exists, because release must also publish the wake-up in
+// the same atomic step.
+//
+// Keys in the namespace that hold anything fenced did not write (another
+// type, a value of another format, a counter that is not a number) are
+// never deleted or overwritten: operations on them fail with an error
+// matching ErrForeignValue. (The waiters mark, a flag with an expiry, is
+// set and deleted whatever it holds.)
+//
+// # Guarantees
+//
+// Expiry follows the Redis server's wall clock (PX), so a forward step of
+// that clock larger than the safety margin ends grants early while their
+// holders still trust them, and a second holder can be granted the key
+// (Guarantees.ClockStepSafe is false; the fence is what refuses the first
+// holder at the resource). The fence is FenceRepeatable:
+// strictly increasing while the node's data survives (appendonly yes with
+// appendfsync always, and no eviction of the counter: maxmemory-policy
+// noeviction or volatile-*), but Redis replicates asynchronously, so after a
+// failover to a replica that had not received a grant, or a restart without
+// persistence, the lock is gone and the same fence can be issued to a second
+// holder. A lease on it therefore needs LeaseOptions.MinFence FenceRepeatable
+// (or FenceNone): the default minimum, FenceStrict, is refused.
+//
+// Waiters are woken by pub/sub: release and break PUBLISH on the key's
+// channel inside their script; each driver holds one subscriber connection
+// and wakes only waiters of that key, one per release, oldest first. A
+// release publishes only when someone may be waiting: a refused try made
+// while its process has a subscription to the key sets the key's waiters
+// mark ({key}:waiters, for the holder's PTTL plus a second) in the same
+// script, and the release deletes lock and mark together and publishes
+// only if the mark was there. The Client subscribes before its second try
+// and waits only after a refusal, so no release can slip between its
+// announcement and its wait; a waiter woken by a release that then takes
+// the key sets the mark again when its process has other subscribers, for
+// the neighbours whose mark that release consumed. A subscriber that
+// never tries (an election observer) is woken by breaks, by releases
+// others wait for, and otherwise by its own timer. A grant that expires
+// without a release publishes nothing: the refusal a waiter got carried
+// the grant's PTTL, and the waiter retries then (the mark outlives that
+// PTTL, so a missed wake-up never strands a waiter past the time left on
+// the grant that refused it). FIFO is not promised (Guarantees.FIFO is false): within one process waiters are
+// woken in arrival order, across processes whoever retries first wins.
+// Breaks are recorded in a capped stream per key (BreakLogger).
+// Renewals of many leases are pipelined into one round trip (BatchRenewer),
+// 256 grants per script call (on Cluster, per primary: the script may
+// touch keys of every slot of its node, Redis 7's allow-cross-slot-keys;
+// a grant it could not renew there is tried again per hash slot).
+package fencedredis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/rediskit"
+	"github.com/redis/go-redis/v9"
+)
+
+func init() {
+	fenced.Register("redis", open)
+	fenced.Register("rediss", open)
+	expiry := driver.Expiry{Name: "Redis", Note: "PX in milliseconds; an expired key is gone on its next access"}
+	fenced.RegisterExpiry("redis", expiry)
+	fenced.RegisterExpiry("rediss", expiry)
+}
+
+// ErrForeignValue means a Redis key in fenced's namespace holds something
+// fenced did not write; fenced refuses to touch it.
+var ErrForeignValue = rediskit.ErrForeignValue
+
+// Options configure a Driver. The zero value gives the defaults.
+type Options struct {
+	// Prefix starts every Redis key and channel fenced uses. Default
+	// "fenced:".
+	Prefix string
+	// WaitReplicas, if positive, makes every grant wait (Redis WAIT) until
+	// that many replicas acknowledged it, within WaitTimeout. A grant that
+	// fewer replicas acknowledged is released again and reported as an
+	// error matching ErrUnavailable, so no caller uses a fence that only
+	// the primary knows.
+	//
+	// What it fixes: a failover to an acknowledging replica keeps the grant
+	// and the counter, so the promoted node neither grants the key twice
+	// nor repeats the fence. What it does not fix: WAIT is not consensus.
+	// A failover may still promote a replica that did not acknowledge (if
+	// WaitReplicas is lower than the number of replicas, or an
+	// acknowledging one is down); replicas acknowledge receipt, not fsync,
+	// so a replica restarting without persistence loses the grant;
+	// renewals and releases are not waited for; and the grant's clock
+	// restarts on the promoted node. The fence stays FenceRepeatable.
+	// Not available on Redis Cluster clients.
+	WaitReplicas int
+	// WaitTimeout bounds the WAIT of each grant. Default 1s.
+	WaitTimeout time.Duration
+	// AuditLen is how many breaks the audit stream of a key keeps. Default
+	// 100.
+	AuditLen int
+}
+
+// Driver is a fenced driver over one go-redis client. It implements
+// driver.Driver, driver.Notifier, driver.BatchRenewer and
+// driver.BreakLogger, and is safe for concurrent use.
+type Driver struct {
+	c      redis.UniversalClient
+	owns   bool
+	layout rediskit.Layout
+	opts   Options
+	hub    *rediskit.Hub
+	// guarantees is what Guarantees returns, set by New.
+	guarantees driver.Guarantees
+
+	// closed is set once by Close; read without a lock on every call.
+	closed atomic.Bool
+}
+
+var (
+	_ driver.Driver          = (*Driver)(nil)
+	_ driver.Notifier        = (*Driver)(nil)
+	_ driver.ObserveNotifier = (*Driver)(nil)
+	_ driver.BatchRenewer    = (*Driver)(nil)
+	_ driver.BreakLogger     = (*Driver)(nil)
+)
+
+// New returns a driver over an existing go-redis client: a *redis.Client,
+// a Sentinel failover client or a *redis.ClusterClient (a *redis.Ring is
+// refused, since its shards move keys and so reset fence counters). opts
+// may be nil. The driver does not own c:
+// Close leaves it open. go-redis retries failed commands by default
+// (MaxRetries 3); every fenced script is safe to retry except that a
+// release retried after it took effect reports ErrNotHeld.
+func New(c redis.UniversalClient, opts *Options) (*Driver, error) {
+	if c == nil {
+		return nil, errors.New("redis: New: nil client")
+	}
+	d := &Driver{c: c, hub: rediskit.NewHub(c)}
+	if opts != nil {
+		d.opts = *opts
+	}
+	if d.opts.Prefix == "" {
+		d.opts.Prefix = rediskit.DefaultPrefix
+	}
+	if err := rediskit.CheckPrefix(d.opts.Prefix); err != nil {
+		return nil, fmt.Errorf("redis: %w", err)
+	}
+	if d.opts.WaitReplicas < 0 {
+		return nil, fmt.Errorf("redis: WaitReplicas %d is negative", d.opts.WaitReplicas)
+	}
+	if d.opts.WaitTimeout <= 0 {
+		d.opts.WaitTimeout = time.Second
+	}
+	if d.opts.AuditLen <= 0 {
+		d.opts.AuditLen = 100
+	}
+	if _, ok := c.(*redis.ClusterClient); ok && d.opts.WaitReplicas > 0 {
+		return nil, errors.New("redis: WaitReplicas is not supported on a Cluster client (WAIT must follow the grant on the same connection)")
+	}
+	if _, ok := c.(*redis.Ring); ok {
+		return nil, errors.New("redis: a Ring client is not supported: its shards move keys, which would reset fence counters")
+	}
+	d.layout = rediskit.Layout{Prefix: d.opts.Prefix}
+	d.guarantees = d.makeGuarantees()
+	return d, nil
+}
+
+// Client returns the go-redis client under d, for resource-side guards.
+func (d *Driver) Client() redis.UniversalClient { return d.c }
+
+// open is the URL opener for redis:// and rediss://.
+func open(ctx context.Context, u *url.URL) (driver.Driver, error) {
+	if u.Host == "" || u.Hostname() == "" {
+		return nil, fmt.Errorf("%w: redis URL needs a host, as in redis://127.0.0.1:6379/0", driver.ErrInvalidURL)
+	}
+	if p := u.Port(); p != "" {
+		if n, err := strconv.Atoi(p); err != nil || n <= 0 || n > 65535 {
+			return nil, fmt.Errorf("%w: port %q is not a TCP port", driver.ErrInvalidURL, p)
+		}
+	}
+	q := rediskit.TakeQuery(u, "prefix", "wait_replicas", "wait_timeout", "audit_len")
+	opts := &Options{
+		Prefix:       q.Prefix(""),
+		WaitReplicas: q.Int("wait_replicas", 0),
+		WaitTimeout:  q.Duration("wait_timeout", 0),
+		AuditLen:     q.Int("audit_len", 0),
+	}
+	if err := q.Err(); err != nil {
+		return nil, err
+	}
+	ro, err := rediskit.ClientOptions(u)
+	if err != nil {
+		return nil, err
+	}
+	c := redis.NewClient(ro)
+	if err := rediskit.Ping(ctx, c, ro.Addr, ro.DialTimeout+2*time.Second); err != nil {
+		c.Close()
+		return nil, err
+	}
+	d, err := New(c, opts)
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	d.owns = true
+	return d, nil
+}
+
+// waitersSlack is how much longer than the grant a refused try's
+// Keys.Waiters mark lives: the waiter sleeps at most the grant's PTTL
+// (plus a millisecond) on its own clock, which starts when the reply
+// arrives, so the mark must outlive that sleep for a release just before
+// the waiter's retry to still publish. A mark that outlives its waiters
+// costs one PUBLISH nobody needed.
+const waitersSlack = time.Second
+
+// The scripts are rediskit's (internal/rediskit/lua): rediskit.Acquire
+// grants, rediskit.ReleaseWaiters releases. A process with no
+// subscription to the key (most likely free) sends the grant with two
+// keys and two arguments: INCR and SET NX, and a reply of the fence alone.
+// One with subscribers sends the waiters mark and its count too: a
+// refusal then makes sure, in the same atomic step, that the mark lives
+// for the holder's PTTL plus at least half of waitersSlack (so the
+// release that follows publishes), and a grant made while the process
+// has other subscribers sets the mark again, since the release that woke
+// this waiter consumed the one its neighbours had set. Only the first
+// refusal of a grant, and the first after a renewal, writes the mark: the
+// others only read its PTTL, so a crowd of refused waiters costs the
+// server no writes (no AOF fsync under appendfsync always). A process
+// that subscribes after the caller read the count announces itself: the
+// Client subscribes before its next try, and that try, refused, is made
+// with a subscription.
+
+// release runs rediskit.ReleaseWaiters for value on k.
+func (d *Driver) release(ctx context.Context, k rediskit.Keys, value string) *redis.Cmd {
+	return rediskit.ReleaseWaiters.Run(ctx, d.c, []string{k.Lock, k.Waiters}, value, k.Channel)
+}
+
+// TryAcquire implements driver.Driver in one round trip (two with
+// WaitReplicas: the WAIT is pipelined after the script on the same
+// connection, and returns once the replicas acknowledged).
+func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
+	if err := d.usable(); err != nil {
+		return 0, err
+	}
+	k := d.layout.Keys(key)
+	subs := d.hub.Subscribers(k.Channel)
+	if subs == 0 && d.opts.WaitReplicas == 0 {
+		res, err := rediskit.Acquire.Run(ctx, d.c, []string{k.Lock, k.Fence}, owner, rediskit.Millis(ttl)).Result()
+		if err != nil {
+			return 0, d.scriptErr("acquire", key, err, true, k.Lock, k.Fence)
+		}
+		return d.acquireResult(key, k, rediskit.ParseAcquire(res))
+	}
+	keys := []string{k.Lock, k.Fence, k.Waiters}
+	args := []any{owner, rediskit.Millis(ttl), subs, waitersSlack.Milliseconds()}
+	if d.opts.WaitReplicas > 0 {
+		return d.acquireAndWait(ctx, key, k, keys, args)
+	}
+	res, err := rediskit.Acquire.Run(ctx, d.c, keys, args...).Result()
+	if err != nil {
+		return 0, d.scriptErr("acquire", key, err, true, k.Lock, k.Fence)
+	}
+	return d.acquireResult(key, k, rediskit.ParseAcquire(res))
+}
+
+func (d *Driver) acquireResult(key string, k rediskit.Keys, a rediskit.Acquired) (uint64, error) {
+	switch a.Status {
+	case rediskit.StatusGranted, rediskit.StatusAgain:
+		return a.Fence, nil
+	case rediskit.StatusHeld:
+		return 0, &driver.HeldError{Key: key, Remaining: rediskit.PTTL(a.PTTL)}
+	case rediskit.StatusForeign:
+		return 0, fmt.Errorf("redis: acquire %q: %w", key, rediskit.ForeignError(k.Lock))
+	}
+	return 0, fmt.Errorf("redis: acquire %q: unexpected script reply (status %d)", key, a.Status)
+}
+
+func (d *Driver) acquireAndWait(ctx context.Context, key string, k rediskit.Keys, keys []string, args []any) (uint64, error) {
+	run := func() (*redis.Cmd, *redis.IntCmd, error) {
+		pipe := d.c.Pipeline()
+		acq := rediskit.Acquire.EvalSha(ctx, pipe, keys, args...)
+		wait := redis.NewIntCmd(ctx, "wait", d.opts.WaitReplicas, d.opts.WaitTimeout.Milliseconds())
+		_ = pipe.Process(ctx, wait)
+		_, err := pipe.Exec(ctx)
+		return acq, wait, err
+	}
+	acq, wait, err := run()
+	if err != nil && redis.HasErrorPrefix(acq.Err(), "NOSCRIPT") {
+		if lerr := rediskit.Acquire.Load(ctx, d.c).Err(); lerr != nil {
+			return 0, d.scriptErr("acquire", key, lerr, false)
+		}
+		acq, wait, err = run()
+	}
+	if acq.Err() != nil {
+		return 0, d.scriptErr("acquire", key, acq.Err(), true, k.Lock, k.Fence)
+	}
+	a := rediskit.ParseAcquire(acq.Val())
+	if !a.Ours() {
+		return d.acquireResult(key, k, a)
+	}
+	fence := a.Fence
+	acked, werr := wait.Result()
+	if werr == nil && err == nil && acked >= int64(d.opts.WaitReplicas) {
+		return fence, nil
+	}
+	// Not acknowledged: take the grant back (best effort; it expires
+	// anyway) so nobody works under a fence only this primary knows.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.opts.WaitTimeout)
+	defer cancel()
+	_ = d.release(rctx, k, rediskit.Value(fence, args[0].(string))).Err()
+	if werr != nil {
+		return 0, fmt.Errorf("redis: acquire %q: WAIT for %d replicas failed, grant of fence %d released: %w", key, d.opts.WaitReplicas, fence, rediskit.Classify(werr, false))
+	}
+	return 0, fmt.Errorf("redis: acquire %q: %w: only %d of %d replicas acknowledged the grant of fence %d within %v; released it", key, driver.ErrUnavailable, acked, d.opts.WaitReplicas, fence, d.opts.WaitTimeout)
+}
+
+// scriptErr wraps a script error: transport failures become the driver
+// sentinels, a key of the wrong type or a counter that is not a number
+// becomes ErrForeignValue naming the keys involved.
+func (d *Driver) scriptErr(op, key string, err error, mayApply bool, redisKeys ...string) error {
+	if ferr := rediskit.ForeignReply(err, redisKeys...); ferr != nil {
+		return fmt.Errorf("redis: %s %q: %w", op, key, ferr)
+	}
+	return fmt.Errorf("redis: %s %q: %w", op, key, rediskit.Classify(err, mayApply))
+}
+
+// usable returns ErrClosed once d is closed and, for a renewal, an error
+// matching ErrInvalidTTL when a grant to renew carries no TTL
+// (driver.CheckTTLs).
+func (d *Driver) usable(renewing ...driver.Grant) error {
+	if d.closed.Load() {
+		return driver.ErrClosed
+	}
+	return driver.CheckTTLs(renewing)
+}
+
+// Renew implements driver.Driver.
+func (d *Driver) Renew(ctx context.Context, g driver.Grant) error {
+	if err := d.usable(g); err != nil {
+		return err
+	}
+	k := d.layout.Keys(g.Key)
+	n, err := rediskit.Renew.Run(ctx, d.c, []string{k.Lock}, rediskit.Value(g.Fence, g.Owner), rediskit.Millis(g.TTL)).Int64()
+	if err != nil {
+		return d.scriptErr("renew", g.Key, err, true, k.Lock)
+	}
+	if n != 1 {
+		return fmt.Errorf("redis: renew %v: %w", g, driver.ErrNotHeld)
+	}
+	return nil
+}
+
+// RenewBatch implements driver.BatchRenewer: one pipeline of batch renew
+// scripts of rediskit.RenewChunk grants each, one round trip (on Cluster,
+// one per node involved; see rediskit.RenewAll). Each grant's result is
+// nil (renewed), ErrNotHeld (its lock is gone or someone else's), or the
+// server's error for its script call (outcome unknown, never a refusal).
+func (d *Driver) RenewBatch(ctx context.Context, grants []driver.Grant) ([]error, error) {
+	if err := d.usable(grants...); err != nil {
+		return nil, err
+	}
+	replies, err := rediskit.RenewAll(ctx, d.c, d.layout, grants)
+	if err != nil {
+		return nil, fmt.Errorf("redis: renew batch of %d: %w", len(grants), err)
+	}
+	errs := make([]error, len(grants))
+	for i, r := range replies {
+		switch {
+		case r.Err != nil:
+			errs[i] = d.scriptErr("renew", grants[i].Key, r.Err, true)
+		case !r.Renewed:
+			errs[i] = fmt.Errorf("redis: renew %v: %w", grants[i], driver.ErrNotHeld)
+		}
+	}
+	return errs, nil
+}
+
+// Release implements driver.Driver. It wakes the key's waiters.
+func (d *Driver) Release(ctx context.Context, g driver.Grant) error {
+	if err := d.usable(); err != nil {
+		return err
+	}
+	k := d.layout.Keys(g.Key)
+	n, err := d.release(ctx, k, rediskit.Value(g.Fence, g.Owner)).Int64()
+	if err != nil {
+		return d.scriptErr("release", g.Key, err, true, k.Lock)
+	}
+	if n != 1 {
+		return fmt.Errorf("redis: release %v: %w", g, driver.ErrNotHeld)
+	}
+	return nil
+}
+
+// Inspect implements driver.Driver in one round trip.
+func (d *Driver) Inspect(ctx context.Context, key string) (driver.LeaseInfo, error) {
+	if err := d.usable(); err != nil {
+		return driver.LeaseInfo{}, err
+	}
+	k := d.layout.Keys(key)
+	res, err := rediskit.Inspect.Run(ctx, d.c, []string{k.Lock, k.Fence}).Slice()
+	if err != nil {
+		return driver.LeaseInfo{}, d.scriptErr("inspect", key, err, false, k.Lock)
+	}
+	return inspectReply(key, k, res)
+}
+
+func inspectReply(key string, k rediskit.Keys, res []any) (driver.LeaseInfo, error) {
+	info := driver.LeaseInfo{Key: key}
+	if len(res) != 3 {
+		return info, fmt.Errorf("redis: inspect %q: unexpected script reply", key)
+	}
+	if v, ok := res[0].(string); ok {
+		f, o, ok := rediskit.ParseValue(v)
+		if !ok {
+			return info, fmt.Errorf("redis: inspect %q: %w", key, rediskit.ForeignError(k.Lock))
+		}
+		pttl, _ := res[1].(int64)
+		info.Held, info.Fence, info.Remaining = true, f, rediskit.PTTL(pttl)
+		info.SetOwner(o)
+		return info, nil
+	}
+	s, ok := res[2].(string)
+	if !ok {
+		return info, fmt.Errorf("redis: inspect %q: %w", key, driver.ErrNotFound)
+	}
+	f, err := strconv.ParseUint(s, 10, 64)
+	if err != nil {
+		return info, fmt.Errorf("redis: inspect %q: %w", key, rediskit.ForeignError(k.Fence))
+	}
+	info.Fence = f
+	return info, nil
+}
+
+// List implements driver.Driver: a SCAN of the namespace (on every primary
+// of a Cluster), then one pipelined read of the grants found.
+func (d *Driver) List(ctx context.Context, prefix string) ([]driver.LeaseInfo, error) {
+	if err := d.usable(); err != nil {
+		return nil, err
+	}
+	names, err := rediskit.ScanAll(ctx, d.c, d.layout.LockPattern(prefix))
+	if err != nil {
+		return nil, fmt.Errorf("redis: list %q: %w", prefix, err)
+	}
+	infos, err := rediskit.ReadGrants(ctx, d.c, d.layout, names)
+	if err != nil {
+		return nil, fmt.Errorf("redis: list %q: %w", prefix, err)
+	}
+	return infos, nil
+}
+
+// Break implements driver.Driver: it deletes the current grant, appends a
+// record to the key's audit stream and wakes waiters, in one script. A
+// foreign value is left alone.
+func (d *Driver) Break(ctx context.Context, key string, req driver.BreakRequest) (driver.LeaseInfo, error) {
+	if err := d.usable(); err != nil {
+		return driver.LeaseInfo{}, err
+	}
+	k := d.layout.Keys(key)
+	res, err := rediskit.Break.Run(ctx, d.c, []string{k.Lock, k.Audit}, k.Channel, req.Reason, req.By, d.opts.AuditLen).Slice()
+	if err != nil {
+		return driver.LeaseInfo{}, d.scriptErr("break", key, err, true, k.Lock, k.Audit)
+	}
+	return rediskit.BreakReply(key, k, res)
+}
+
+// Breaks implements driver.BreakLogger from the capped audit streams.
+func (d *Driver) Breaks(ctx context.Context, key string) ([]driver.BreakRecord, error) {
+	if err := d.usable(); err != nil {
+		return nil, err
+	}
+	recs, err := rediskit.ReadBreaks(ctx, d.c, d.layout, key)
+	if err != nil {
+		return nil, fmt.Errorf("redis: breaks %q: %w", key, err)
+	}
+	return recs, nil
+}
+
+// Subscribe implements driver.Notifier over pub/sub; see rediskit.Hub for
+// the design (one subscriber connection per driver, fan-out per key).
+func (d *Driver) Subscribe(ctx context.Context, key string) (driver.Subscription, error) {
+	if err := d.usable(); err != nil {
+		return nil, err
+	}
+	return d.hub.Subscribe(ctx, d.layout.Keys(key).Channel)
+}
+
+// SubscribeObserver implements driver.ObserveNotifier: the observer is
+// woken by every message on the key's channel and never takes the wake-up
+// of this process's waiters (rediskit.Hub.Observe).
+func (d *Driver) SubscribeObserver(ctx context.Context, key string) (driver.Subscription, error) {
+	if err := d.usable(); err != nil {
+		return nil, err
+	}
+	return d.hub.Observe(ctx, d.layout.Keys(key).Channel)
+}
+
+// guaranteesNote is the Note of Guarantees; the portable Client quotes it
+// when it refuses a lease whose MinFence is strict.
+const guaranteesNote = "redis: fences come from a per-key INCR counter and rise strictly only while this node keeps its data, " +
+	"which needs appendonly yes, appendfsync always and no eviction; replication is asynchronous, so a failover to a replica " +
+	"that missed a grant, or a restart without persistence, loses the lock and can hand the same fence to a second holder"
+
+// Guarantees implements driver.Driver. The Client asks for them on every
+// acquire (to check the lease's MinFence), so New computes them once.
+func (d *Driver) Guarantees() driver.Guarantees { return d.guarantees }
+
+// makeGuarantees is what Guarantees returns for d's options.
+func (d *Driver) makeGuarantees() driver.Guarantees {
+	note := guaranteesNote
+	if d.opts.WaitReplicas > 0 {
+		note += fmt.Sprintf("; grants wait for %d replica acknowledgements (WAIT), which narrows but does not close this window", d.opts.WaitReplicas)
+	}
+	note += "; expiry is PX on the server's wall clock, so a forward step of that clock ends grants early (not safe from clock steps)"
+	return driver.Guarantees{
+		Fence:       driver.FenceRepeatable,
+		ServerClock: true,
+		// PX expiry compares with the server's wall clock (mstime).
+		ClockStepSafe: false,
+		Note:          note,
+	}
+}
+
+// Capabilities implements driver.Driver: waiters and observers woken by
+// pub/sub, batch renewal in one script, and the break log.
+func (d *Driver) Capabilities() driver.Capabilities {
+	return driver.Capabilities{Subscribe: true, Observe: true, BatchRenew: true, BreakLog: true}
+}
+
+// Close implements driver.Driver. It closes the subscriber connection, and
+// the go-redis client when the driver was opened by URL.
+func (d *Driver) Close() error {
+	if !d.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	err := d.hub.Close()
+	if d.owns {
+		if cerr := d.c.Close(); err == nil {
+			err = cerr
+		}
+	}
+	return err
+}

@@ -1,0 +1,180 @@
+package fencedredlock
+
+// Quorum acquisition: one grant round on every node, counted by fence.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/rediskit"
+	"github.com/redis/go-redis/v9"
+)
+
+// TryAcquire implements driver.Driver: TryAcquireTerms with the default
+// drift allowance, driver.DefaultSafetyMargin(ttl).
+func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
+	return d.TryAcquireTerms(ctx, key, owner, driver.Terms{TTL: ttl, SafetyMargin: driver.DefaultSafetyMargin(ttl)})
+}
+
+// TryAcquireTerms implements driver.TermsAcquirer: one parallel round to
+// every node (after one request to the fence source, if any); the grant
+// counts if a majority made it and t.TTL minus the time the round took
+// minus t.SafetyMargin (the drift allowance) is still positive.
+func (d *Driver) TryAcquireTerms(ctx context.Context, key, owner string, t driver.Terms) (uint64, error) {
+	ttl, drift := t.TTL, t.SafetyMargin
+	if err := d.usable(); err != nil {
+		return 0, err
+	}
+	start := time.Now()
+	var fence uint64
+	if d.opts.Fence != nil {
+		f, err := d.opts.Fence.Next(ctx, key)
+		if err != nil {
+			return 0, fmt.Errorf("redlock: acquire %q: fence source: %w", key, err)
+		}
+		if f == 0 {
+			return 0, fmt.Errorf("redlock: acquire %q: fence source returned fence 0", key)
+		}
+		fence = f
+	}
+	k := d.layout.Keys(key)
+	budget := min(d.opts.Budget, ttl/3)
+	args := []any{owner, rediskit.Millis(ttl), strconv.FormatUint(fence, 10)}
+	isOurs := func(r reply[rediskit.Acquired]) bool {
+		return r.err == nil && r.val.Ours()
+	}
+	// Success is decided at a majority; failure waits for every node (or
+	// the budget), so that the cleanup below finds every grant this
+	// attempt made instead of racing with one still in flight.
+	decided := func(rs []reply[rediskit.Acquired]) bool {
+		ok := 0
+		for _, r := range rs {
+			if isOurs(r) {
+				ok++
+			}
+		}
+		return ok >= d.quorum
+	}
+	// A grant that lands after the attempt was decided as failed is
+	// released where it landed.
+	var failed atomic.Bool
+	outcome := make(chan struct{})
+	defer close(outcome)
+	late := func(r reply[rediskit.Acquired]) {
+		<-outcome
+		if failed.Load() && (isOurs(r) || r.err != nil) {
+			d.releaseOwnerOn(r.node, k, owner)
+		}
+	}
+	rs := fanout(ctx, d, budget, func(ctx context.Context, c redis.UniversalClient) (rediskit.Acquired, error) {
+		res, err := rediskit.AcquireNode.Run(ctx, c, []string{k.Lock, k.Fence}, args...).Result()
+		if err != nil {
+			return rediskit.Acquired{}, err
+		}
+		return rediskit.ParseAcquire(res), nil
+	}, decided, late)
+	elapsed := time.Since(start)
+
+	// Tally: ours by fence (an idempotent re-acquire keeps its old fence).
+	byFence := map[uint64]int{}
+	var heldTTLs []int64
+	var nodeErrs []error
+	foreign, stale, unknown := false, false, false
+	for _, r := range rs {
+		switch {
+		case r.err != nil:
+			nodeErrs = append(nodeErrs, fmt.Errorf("%s: %w", d.nodes[r.node].name, d.nodeErr(r.err, true, k)))
+			if errors.Is(d.nodeErr(r.err, true, k), driver.ErrUnknownOutcome) {
+				unknown = true
+			}
+		case isOurs(r):
+			byFence[r.val.Fence]++
+		case r.val.Status == rediskit.StatusHeld:
+			heldTTLs = append(heldTTLs, r.val.PTTL)
+		case r.val.Status == rediskit.StatusForeign:
+			foreign = true
+		case r.val.Status == rediskit.StatusStale:
+			stale = true
+		}
+	}
+	var granted uint64
+	ours := 0
+	for f, n := range byFence {
+		if n > ours {
+			ours, granted = n, f
+		}
+	}
+	validity := ttl - elapsed - drift
+	if ours >= d.quorum && validity > 0 {
+		return granted, nil
+	}
+
+	// Failed: take back what this attempt got, on every node that granted
+	// it or may have (late answers are handled by late).
+	failed.Store(true)
+	var cleanup sync.WaitGroup
+	for _, r := range rs {
+		if isOurs(r) || r.err != nil {
+			cleanup.Add(1)
+			go func() {
+				defer cleanup.Done()
+				d.releaseOwnerOn(r.node, k, owner)
+			}()
+		}
+	}
+	cleanup.Wait()
+
+	switch {
+	case foreign:
+		return 0, fmt.Errorf("redlock: acquire %q: %w", key, rediskit.ForeignError(k.Lock))
+	case ours >= d.quorum:
+		return 0, fmt.Errorf("redlock: acquire %q: %w: a majority granted it but only after %v of the %v TTL (drift allowance %v); released it",
+			key, driver.ErrUnavailable, elapsed.Round(time.Millisecond), ttl, drift)
+	case len(heldTTLs) > 0 || stale:
+		// Held elsewhere: the key frees when enough holders' grants end;
+		// the shortest remaining time is the earliest worth another try.
+		sort.Slice(heldTTLs, func(i, j int) bool { return heldTTLs[i] < heldTTLs[j] })
+		var rem time.Duration
+		if len(heldTTLs) > 0 {
+			rem = rediskit.PTTL(heldTTLs[0])
+		}
+		return 0, &driver.HeldError{Key: key, Remaining: rem}
+	}
+	sentinel := driver.ErrUnavailable
+	if unknown {
+		sentinel = driver.ErrUnknownOutcome
+	}
+	missing := len(d.nodes) - len(rs)
+	return 0, fmt.Errorf("redlock: acquire %q: %w: %d of %d nodes granted it (need %d), %d did not answer within %v: %w",
+		key, sentinel, ours, len(d.nodes), d.quorum, missing, budget, errors.Join(nodeErrs...))
+}
+
+// releaseOwnerOn deletes owner's grant of k on one node, whatever its
+// fence, within the budget.
+func (d *Driver) releaseOwnerOn(i int, k rediskit.Keys, owner string) {
+	ctx, cancel := context.WithTimeout(context.Background(), d.opts.Budget)
+	defer cancel()
+	_ = rediskit.ReleaseOwner.Run(ctx, d.nodes[i].c, []string{k.Lock}, owner, k.Channel).Err()
+}
+
+// nodeErr classifies one node's error; a key of the wrong type or a
+// counter that is not a number becomes ErrForeignValue.
+func (d *Driver) nodeErr(err error, mayApply bool, k rediskit.Keys) error {
+	if ferr := rediskit.ForeignReply(err, k.Lock, k.Fence); ferr != nil {
+		return ferr
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		if mayApply {
+			return fmt.Errorf("%w: no answer within the budget", driver.ErrUnknownOutcome)
+		}
+		return fmt.Errorf("%w: no answer within the budget", driver.ErrUnavailable)
+	}
+	return rediskit.Classify(err, mayApply)
+}

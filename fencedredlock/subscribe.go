@@ -1,0 +1,125 @@
+package fencedredlock
+
+// Release notification: one subscription per node, merged.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/fenced-dev/fenced/driver"
+	"github.com/redis/go-redis/v9"
+)
+
+// Subscribe implements driver.Notifier: it subscribes on the nodes (each
+// publishes on release and break), returns once a majority confirmed, and
+// merges the wake-ups.
+func (d *Driver) Subscribe(ctx context.Context, key string) (driver.Subscription, error) {
+	return d.subscribe(ctx, key, false)
+}
+
+// SubscribeObserver implements driver.ObserveNotifier: as Subscribe, with
+// each node's subscription an observer's (rediskit.Hub.Observe), so it
+// never takes a waiter's wake-up.
+func (d *Driver) SubscribeObserver(ctx context.Context, key string) (driver.Subscription, error) {
+	return d.subscribe(ctx, key, true)
+}
+
+func (d *Driver) subscribe(ctx context.Context, key string, observer bool) (driver.Subscription, error) {
+	if err := d.usable(); err != nil {
+		return nil, err
+	}
+	ch := d.layout.Keys(key).Channel
+	sctx, cancel := context.WithTimeout(ctx, d.opts.Budget*4)
+	defer cancel()
+	rs := fanout(sctx, d, d.opts.Budget*4, func(ctx context.Context, c redis.UniversalClient) (driver.Subscription, error) {
+		for _, n := range d.nodes {
+			if n.c == c {
+				if observer {
+					return n.hub.Observe(ctx, ch)
+				}
+				return n.hub.Subscribe(ctx, ch)
+			}
+		}
+		return nil, errors.New("unknown node")
+	}, func(rs []reply[driver.Subscription]) bool {
+		// A majority suffices: every grant is on a majority of nodes, so
+		// its release publishes on at least one of them; a stopped node
+		// must not delay the wait.
+		ok := 0
+		for _, r := range rs {
+			if r.err == nil {
+				ok++
+			}
+		}
+		return ok >= d.quorum
+	}, func(r reply[driver.Subscription]) {
+		if r.err == nil {
+			r.val.Close()
+		}
+	})
+	m := &merged{c: make(chan struct{}, 1), done: make(chan struct{})}
+	var errs []error
+	for _, r := range rs {
+		if r.err != nil {
+			errs = append(errs, r.err)
+			continue
+		}
+		m.subs = append(m.subs, r.val)
+	}
+	if len(m.subs) == 0 {
+		return nil, fmt.Errorf("redlock: subscribe %q: %w", key, errors.Join(errs...))
+	}
+	for _, s := range m.subs {
+		m.wg.Add(1)
+		go func() {
+			defer m.wg.Done()
+			for {
+				select {
+				case <-s.C():
+					select {
+					case m.c <- struct{}{}:
+					default:
+					}
+				case <-m.done:
+					return
+				}
+			}
+		}()
+	}
+	return m, nil
+}
+
+type merged struct {
+	c    chan struct{}
+	subs []driver.Subscription
+	done chan struct{}
+	once sync.Once
+	wg   sync.WaitGroup
+}
+
+func (m *merged) C() <-chan struct{} { return m.c }
+
+// Forward implements driver.WakeForwarder. The wake-up a waiter took from
+// m may have come from any node (they are coalesced), so every node's
+// subscription hands one on: a waiter that gave up strands nobody, and
+// an extra wake-up only costs the woken waiter one look at the nodes.
+func (m *merged) Forward() {
+	for _, s := range m.subs {
+		if f, ok := s.(driver.WakeForwarder); ok {
+			f.Forward()
+		}
+	}
+}
+
+func (m *merged) Close() error {
+	m.once.Do(func() {
+		close(m.done)
+		m.wg.Wait()
+		for _, s := range m.subs {
+			s.Close()
+		}
+	})
+	return nil
+}

@@ -1,0 +1,81 @@
+package fencedsqlite_test
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/fenced-dev/fenced"
+
+	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/driver/drivertest"
+	"github.com/fenced-dev/fenced/fencedsqlite"
+)
+
+func TestConformance(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "leases.db")
+	drivertest.RunConformanceTests(t, drivertest.Harness{
+		Open: func(t *testing.T) driver.Driver {
+			d, err := fencedsqlite.OpenFile(context.Background(), path, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return d
+		},
+		BadURLs: []string{
+			"sqlite://host/file.db",
+			"sqlite:" + path + "?table=bad-name",
+			"sqlite:" + path + "?table=x;drop",
+			"sqlite:" + path + "?busy_timeout=soon",
+			"sqlite:" + path + "?nosuch=1",
+			"sqlite://" + filepath.Join(filepath.Dir(path), "nonexistent", "x.db"),
+			"sqlite:" + path + "?create=maybe",
+		},
+	})
+}
+
+// TestWaiterInAnotherConnectionIsWokenByCommit shows that a waiter on a
+// separate connection pool (as another process would have) is woken by the
+// holder's release through change detection, although its polling and
+// fallback are set to once a minute.
+func TestWaiterInAnotherConnectionIsWokenByCommit(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "leases.db")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	open := func(opts *fenced.Options) *fenced.Client {
+		d, err := fencedsqlite.OpenFile(ctx, path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := fenced.NewClient(d, opts)
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	holder := open(nil)
+	waiter := open(&fenced.Options{MinBackoff: time.Minute, MaxBackoff: time.Minute, FallbackPoll: time.Minute})
+	l, err := holder.TryAcquire(ctx, "wake", &fenced.LeaseOptions{TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		w, err := waiter.Acquire(ctx, "wake", &fenced.LeaseOptions{MaxWait: 20 * time.Second})
+		if err == nil {
+			w.Release(ctx)
+		}
+		got <- err
+	}()
+	time.Sleep(300 * time.Millisecond)
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatalf("waiter: %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("waiter in another connection pool not woken by the release")
+	}
+}

@@ -1,0 +1,248 @@
+package fencedzookeeper
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/driver"
+)
+
+// Session headroom: a holder's local validity must end before the server
+// can expire its session. See "Sessions" in the package documentation for
+// the argument; this file holds its parts.
+
+// sessionTimeoutFor returns the session timeout a grant of ttl needs when
+// the servers' tickTime is at most tick: T with T*7/8 >= ttl + tick, that
+// is T >= ttl + tick + 2*keepaliveEvery(T). Rounded up to the millisecond,
+// the unit ZooKeeper negotiates in.
+func sessionTimeoutFor(ttl, tick time.Duration) time.Duration { return ExpiryFor(tick).Rounded(ttl) }
+
+// ExpiryFor is how ZooKeeper keeps a grant when the servers' tickTime is
+// at most tick: a session of (TTL + tick)×8/7 (sessionTimeoutFor), at
+// least minSessionTimeout (two ticks by default), expired on tick
+// boundaries; TTLs up to what ZooKeeper's default maxSessionTimeout of 20
+// ticks covers (maxTTLFor).
+func ExpiryFor(tick time.Duration) driver.Expiry {
+	return driver.Expiry{
+		Name: "ZooKeeper", Pad: tick, ScaleNum: 8, ScaleDen: 7, Granularity: time.Millisecond,
+		Floor: 2 * tick, Sweep: tick, MinTTL: fenced.MinTTL, MaxTTL: maxTTLFor(20*tick, tick),
+		Note: fmt.Sprintf("the session is (TTL + tickTime)×8/7, at least minSessionTimeout, expired on tick boundaries; figures assume tickTime %v and ZooKeeper's default sessions of 2 to 20 ticks", tick),
+	}
+}
+
+// maxTTLFor returns the longest TTL a session of timeout t covers when the
+// servers' tickTime is at most tick (the inverse of sessionTimeoutFor);
+// zero or less when none.
+func maxTTLFor(t, tick time.Duration) time.Duration { return t*7/8 - tick }
+
+// keepaliveEvery is how often the driver sends a request of its own on a
+// session of timeout t, so that the leader never goes long without news of
+// the session.
+func keepaliveEvery(t time.Duration) time.Duration { return t / 16 }
+
+// minProbeTimeout is the session timeout asked for when probing the
+// servers' minSessionTimeout (which they raise it to): small enough to
+// learn any common minimum, large enough that the client's handshake
+// deadlines (ten times two thirds of it) hold on a slow network.
+const minProbeTimeout = 100 * time.Millisecond
+
+// activity is a request of one session that the server answered.
+type activity struct {
+	session int64
+	// sent is when the request was handed to the client library (no later
+	// than it reached the server); done when its answer came back.
+	sent, done time.Time
+	// atLeader is set for the session's creation, which the leader itself
+	// registers. Other requests reach the leader's session tracker only
+	// through the follower that served them, at its next ping.
+	atLeader bool
+}
+
+// record adds a to s's activity record, dropping entries too old to ever
+// matter (sent more than a session timeout ago), and wakes waiters.
+func (s *zsession) record(a activity) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	keep := s.acts[:0]
+	for _, old := range s.acts {
+		if old.sent.After(a.done.Add(-s.timeout)) {
+			keep = append(keep, old)
+		}
+	}
+	s.acts = append(keep, a)
+	close(s.recorded)
+	s.recorded = make(chan struct{})
+}
+
+// known returns the latest moment at which session was active that the
+// leader has certainly heard of by time at, should the follower serving the
+// session stay connected to the leader until then: the latest send time of
+// a creation done by at, or of a request done by at-tick (the follower
+// reported it at a ping in between; leaders ping every tickTime/2). ok is
+// false when there is none. next is when the next entry that does not
+// count yet will count (zero when none), so that a waiter knows when to
+// look again.
+func (s *zsession) known(session int64, at time.Time, tick time.Duration) (latest time.Time, ok bool, next time.Time, changed <-chan struct{}) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, a := range s.acts {
+		if a.session != session {
+			continue
+		}
+		countsFrom := a.done.Add(tick)
+		if a.atLeader {
+			countsFrom = a.done
+		}
+		if countsFrom.After(at) {
+			if next.IsZero() || countsFrom.Before(next) {
+				next = countsFrom
+			}
+			continue
+		}
+		if !ok || a.sent.After(latest) {
+			latest, ok = a.sent, true
+		}
+	}
+	return latest, ok, next, s.recorded
+}
+
+// recordWrite notes a successful write (a create, delete or check
+// transaction) of session sent at sent, if zc's connection still carries
+// that session now that the answer is in. Every write passes through the
+// leader, so, like a sync, a write answered on the session proves that the
+// follower serving it reached the leader after it was sent, and every
+// later read of the session reflects the leader's state when the write
+// reached it (ZooKeeper answers a session in order, and a reconnect within
+// the session only goes to a server at least as recent as its last answer).
+func (s *zsession) recordWrite(session int64, sent time.Time) {
+	if session == 0 || s.conn.SessionID() != session {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.lastWrite.session != session || sent.After(s.lastWrite.sent) {
+		s.lastWrite = activity{session: session, sent: sent}
+	}
+}
+
+// writeProofAge bounds how old a write may be for a waiter's look to
+// stand on it instead of a sync of its own (see leaderProof): the grant's
+// validity then counts from the write, so this is the most of a ttl the
+// waiter gives up.
+func writeProofAge(ttl time.Duration) time.Duration { return ttl / 32 }
+
+// leaderProof returns when the latest answered write of session on zc
+// was sent, if it was sent no earlier than notBefore (the start of the
+// caller's acquisition, which its validity may not precede) and at most
+// writeProofAge(ttl) before now, and the session had headroom then for a
+// grant of ttl valid from that moment (the condition awaitHeadroom waits
+// for, judged at the write's sending, when it was the request that
+// reached the leader). A listing sent now is then as good as one sent
+// behind a sync at that moment: it reflects the leader's state when the
+// write reached it, or later, and the leader keeps the session for ttl
+// from the write's sending.
+func (d *Driver) leaderProof(zc *zsession, session int64, notBefore, now time.Time, ttl time.Duration) (time.Time, bool) {
+	zc.mu.Lock()
+	w := zc.lastWrite
+	zc.mu.Unlock()
+	if session == 0 || w.session != session || w.sent.Before(notBefore) || w.sent.Before(now.Add(-writeProofAge(ttl))) {
+		return time.Time{}, false
+	}
+	latest, ok, _, _ := zc.known(session, w.sent, d.tick)
+	if !ok || latest.Add(zc.timeout).Before(w.sent.Add(ttl)) {
+		return time.Time{}, false
+	}
+	return w.sent, true
+}
+
+// keepAlive sends a small request on zc every keepaliveEvery(zc.timeout)
+// until the driver closes zc or itself, and records the answered ones. The
+// client library's own pings (every third of the timeout) are not seen by
+// the driver and count for nothing here.
+func (d *Driver) keepAlive(zc *zsession) {
+	defer d.wg.Done()
+	every := keepaliveEvery(zc.timeout)
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		select {
+		case <-timer.C:
+		case <-zc.stop:
+			return
+		case <-d.ctx.Done():
+			return
+		}
+		session, sent := zc.conn.SessionID(), time.Now()
+		answered := make(chan error, 1)
+		// Not waited for by Close: a request on a caller's connection that
+		// is down returns only when it reconnects or is closed.
+		go func() { _, _, err := zc.conn.Exists("/"); answered <- err }()
+		select {
+		case err := <-answered:
+			// Only an answer within one known session counts (before the
+			// connection is first established the session id is zero: try
+			// again soon).
+			switch {
+			case err != nil:
+				timer.Reset(every)
+			case session != 0 && zc.conn.SessionID() == session:
+				zc.record(activity{session: session, sent: sent, done: time.Now()})
+				timer.Reset(every)
+			default:
+				timer.Reset(min(every, keepaliveRetry))
+			}
+		case <-zc.stop:
+			return
+		case <-d.ctx.Done():
+			return
+		}
+	}
+}
+
+// keepaliveRetry is how soon a keep-alive answered outside one known
+// session is sent again.
+const keepaliveRetry = 20 * time.Millisecond
+
+// awaitHeadroom returns once the session of zc is certain to outlive
+// start+ttl at the server if it is cut off from the ensemble right after
+// the caller's next request to the leader (a sync or a create, which
+// proves the follower still reaches the leader): the session's known
+// activity plus its timeout reaches start+ttl. Normally that holds at once;
+// after a pause of the process (or right after New) it waits for a
+// keep-alive to be answered and reported, about a tick. It gives up with
+// ErrUnavailable when the session has no answered request for longer than
+// the grant allows, and with ctx's error when ctx ends.
+func (d *Driver) awaitHeadroom(ctx context.Context, zc *zsession, start time.Time, ttl time.Duration) error {
+	return d.awaitHeadroomOf(ctx, zc, zc.conn.SessionID, start, ttl)
+}
+
+// awaitHeadroomOf is awaitHeadroom for the session that sessionID names
+// at each look (a session that expired is replaced by a new one).
+func (d *Driver) awaitHeadroomOf(ctx context.Context, zc *zsession, sessionID func() int64, start time.Time, ttl time.Duration) error {
+	giveUp := start.Add(zc.timeout - ttl)
+	for {
+		now := time.Now()
+		latest, ok, next, changed := zc.known(sessionID(), now, d.tick)
+		if ok && !latest.Add(zc.timeout).Before(start.Add(ttl)) {
+			return nil
+		}
+		if !now.Before(giveUp) {
+			return fmt.Errorf("zookeeper: %w: no request of the session was answered recently enough to cover a %v grant in a %v session (is the connection down?)", driver.ErrUnavailable, ttl, zc.timeout)
+		}
+		wake := giveUp
+		if !next.IsZero() && next.Before(wake) {
+			wake = next
+		}
+		t := time.NewTimer(wake.Sub(now))
+		select {
+		case <-t.C:
+		case <-changed:
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("zookeeper: %w: %w", driver.ErrUnavailable, context.Cause(ctx))
+		}
+		t.Stop()
+	}
+}

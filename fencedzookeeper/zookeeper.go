@@ -1,0 +1,630 @@
+// Package fencedzookeeper is the fenced backend for Apache ZooKeeper, compatible
+// with Apache Curator's InterProcessMutex.
+//
+// Import it for its side effect to open stores by URL:
+//
+//	import _ "github.com/fenced-dev/fenced/fencedzookeeper"
+//
+//	client, err := fenced.Open(ctx, "zk://10.0.0.1:2181,10.0.0.2:2181/app/locks", nil)
+//
+// or wrap a connection you already have with New: dial it with package
+// github.com/fenced-dev/fenced/fencedzookeeper/zk, go-zookeeper v1.0.4 with the
+// few methods the driver needs added (see its README.fenced.md).
+//
+// # URL
+//
+// zk://host:port[,host:port...][/chroot][?dial_timeout=D&tick_time=D]
+//
+// The chroot (default /fenced) is the parent of every lock path; key K
+// locks the znode chroot+"/"+K, with '/' and '%' in K escaped as %2F and
+// %25 (and the keys "." and ".." as %2E and %2E%2E). dial_timeout bounds
+// each connection attempt (default 10s). tick_time is the ensemble's
+// tickTime, or an upper bound of it; without it the driver takes half the
+// servers' minSessionTimeout (see Sessions).
+//
+// # Recipe
+//
+// A lease is Curator's lock recipe: an ephemeral sequential znode
+// "_c_<uuid>-lock-<sequence>" under the lock path, holding the owner token.
+// The oldest node holds; every waiter watches only the youngest node older
+// than its own, so a release wakes one waiter, in arrival order. A Curator
+// InterProcessMutex on the same path and a fenced lease exclude each other
+// (but see Sequence wrap). When the connection breaks during a create, the
+// driver looks for a child carrying its own protected prefix "_c_<uuid>-"
+// before reporting anything, as Curator does, so a create that the server
+// applied is found and used (with its owning session: renewals check it)
+// and never left behind to hold the lock forever.
+//
+// The fence is the holder node's czxid: the zxid of the transaction that
+// created it. Zxids are assigned by the leader in one total order (epoch in
+// the high 32 bits, counter in the low 32) and never reused, across leader
+// elections and server restarts, so the fence strictly increases per lock,
+// even when the lock path is deleted and created again (which resets the
+// sequence numbers that Curator and go-zookeeper's Lock hand out).
+//
+// The driver learns a new node's czxid without a second request: it
+// creates the node in one transaction (multi) with an empty write to the
+// lock path's data, whose returned stat carries the transaction's zxid. So
+// the lock path's mzxid is always the czxid of the last node fenced created
+// there, which Inspect reports as the fence of a free lock (the last fence
+// handed out, or reserved by a waiter that gave up). Curator ignores the
+// lock path's data.
+//
+// # Sequence wrap
+//
+// Age is judged by creation order (czxid), never by a plain reading of the
+// sequence suffix. The suffix is the lock path's signed 32-bit count of
+// child creations, which fenced never resets; after 2^31 creations under
+// one lock path (eight months of 100 tries a second) ZooKeeper names every
+// new node "...-2147483647", and creations in flight together
+// "-2147483648" and up, so by suffix a newcomer ties with or precedes the
+// holder. By czxid (64 bits, strictly increasing) the order stays right.
+// A suffix the counter gave before it overflowed (0 to 2147483646) orders
+// its node exactly as the czxid does, and every such node is older than
+// every later one, so a look at the line is a single listing: no czxid is
+// read, and a handover costs the same few requests however many waiters
+// (in however many processes) stand in line. Only nodes made from the
+// overflow on need their czxids read: a try that finds the key held by one
+// reads one, a waiter reads those ahead of it once.
+// Curator orders by the suffix as a string, which matches czxid order until
+// the wrap and not after: from then on Curator clients on that path can
+// hold together, and beside a fenced holder (fenced leases still exclude
+// each other). To keep sharing such a path with Curator, delete it while
+// it has no children (ZooKeeper refuses while any lock node exists); both
+// create it again, counting from zero.
+//
+// # Sessions
+//
+// The ZooKeeper session is the lease: the server deletes the ephemeral node
+// when the session expires, so the session must outlive the holder's local
+// validity, which ends TTL (minus the safety margin) after the acquire or
+// renewal request was sent. The leader expires a session a session timeout
+// T after the last activity of the session that it has heard of, and it
+// hears of requests served by a follower only at its next ping of that
+// follower (every tickTime/2): a holder cut off together with its follower
+// right after a renewal loses its session T after an older activity. So
+// the driver
+//
+//   - sends a keep-alive (exists "/") on each session every T/16 and records
+//     when the answered ones were sent and answered;
+//   - grants or renews (validity from s) only once a keep-alive answered at
+//     least one tick before the request that reaches the leader (the create,
+//     or a sync that renewal sends before its read) was sent no earlier than
+//     s + TTL - T. The leader heard of it at a ping before that request
+//     passed, so it expires the session no earlier than s + TTL, after the
+//     local validity ends. The session's creation counts at once: the leader
+//     registers it itself;
+//   - asks for T = (TTL + tick)*8/7, so that T - TTL = tick + 2*(T/16): a
+//     tick for the report, a keep-alive period, and one more for delays.
+//     Normally the condition holds at once; after a pause of the process a
+//     grant or renewal waits for a fresh keep-alive (about a tick), and fails
+//     with ErrUnavailable if none is answered within T - TTL.
+//
+// tick is the tick_time URL option, or half the servers' minSessionTimeout
+// (probed at Open by asking for a 100ms session: ZooKeeper's default
+// minimum is two ticks; an ensemble configured with a lower minimum must
+// name its tickTime), or Options.TickTime for New. The longest TTL is
+// maxSessionTimeout*7/8 - tick (SessionTimeout*7/8 - TickTime for New):
+// 33s under ZooKeeper's defaults (tickTime 2s, maxSessionTimeout 40s),
+// where a 30s TTL gets a 36.6s session. The price is liveness: a crashed
+// holder's key is free after T, not after TTL.
+//
+// The driver opened by URL keeps one session per distinct TTL; the server
+// may raise T to its minSessionTimeout (safe) but must not lower it, so
+// TTLs above the longest are refused (TTLBounds reports it). Renewal syncs
+// with the leader and then reads the node (not concurrently: the read must
+// see what the sync made visible), confirming that it still belongs to the
+// live session; a waiter looks at its line the same way. A batch of
+// renewals (the Client's renewer, through driver.BatchRenewer) costs one
+// request per session and thousand grants instead: once the session has
+// headroom, a transaction of version checks on the grants' nodes goes
+// through the leader and succeeds only if every node still exists there
+// (a node's path carries its entry's random UUID, so it is the grant's
+// own node; the connection's session is checked to be the one that made
+// them). A waiter's first look follows its create without a sync, as a
+// try's does: the create itself reaches the leader. That listing is sent
+// right behind the create, without waiting for its answer: the server
+// serves a session's read only once the session's earlier writes are
+// applied, so it reflects the create, and an acquisition of a free key
+// costs one round trip, and its release another. So does a later look
+// that follows, by at most TTL/32, a write of the session answered since
+// the wait began (its own create, or another grant's create or release
+// on the shared session): validity then counts from that write's sending,
+// with headroom judged as of then. A reconnect
+// within the session keeps every lease; session expiry (seen on reconnect)
+// or the node's deletion by an admin ends the lease through
+// driver.LossWatcher. A grant its holder stops renewing while the process
+// keeps the session alive is deleted when its TTL has passed.
+package fencedzookeeper
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"github.com/fenced-dev/fenced/fencedzookeeper/zk"
+
+	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/keyname"
+	"github.com/fenced-dev/fenced/internal/sessionlock"
+	"github.com/fenced-dev/fenced/internal/urlquery"
+)
+
+// DefaultRoot is the parent of lock paths when the URL or Options give none.
+const DefaultRoot = "/fenced"
+
+// Options configure a Driver made with New. The zero value gives the
+// defaults except SessionTimeout, which New requires.
+type Options struct {
+	// Root is the parent znode of every lock path. Default DefaultRoot.
+	Root string
+	// SessionTimeout is the session timeout the connection negotiated with
+	// the server (required). It bounds the TTLs the driver accepts to
+	// SessionTimeout*7/8 - TickTime, so that the session always outlives a
+	// holder's local validity (see Sessions in the package documentation).
+	SessionTimeout time.Duration
+	// TickTime is the ensemble's tickTime (zoo.cfg), or an upper bound of
+	// it (required). The leader hears of a session's activity on a
+	// follower only at its next ping, every TickTime/2, so the driver
+	// counts a keep-alive only a TickTime after its answer: the first grant
+	// after New waits about that long.
+	TickTime time.Duration
+	// ACL is set on the nodes the driver creates. Default
+	// zk.WorldACL(zk.PermAll).
+	ACL []zk.ACL
+}
+
+func init() {
+	fenced.Register("zk", openURL)
+	fenced.RegisterExpiry("zk", ExpiryFor(2*time.Second)) // ZooKeeper's default tickTime
+}
+
+var nopLogger = log.New(io.Discard, "", 0)
+
+// openURL opens zk://host:port[,host:port...][/chroot][?dial_timeout=D].
+func openURL(ctx context.Context, u *url.URL) (driver.Driver, error) {
+	if u.Opaque != "" || u.Host == "" {
+		return nil, fmt.Errorf("%w: ZooKeeper URL must look like zk://host:port[,host:port...][/chroot]", driver.ErrInvalidURL)
+	}
+	if u.User != nil {
+		return nil, fmt.Errorf("%w: ZooKeeper URLs take no user information", driver.ErrInvalidURL)
+	}
+	servers, err := sessionlock.Endpoints(u.Host, "ZooKeeper server")
+	if err != nil {
+		return nil, err
+	}
+	root := strings.TrimSuffix(u.Path, "/")
+	if root == "" {
+		root = DefaultRoot
+	}
+	if err := validRoot(root); err != nil {
+		return nil, err
+	}
+	q, err := urlquery.Parse(u.RawQuery)
+	if err != nil {
+		return nil, fmt.Errorf("ZooKeeper URL: %w", err)
+	}
+	dialTimeout, ok, err := q.TakeDuration("dial_timeout")
+	if err != nil {
+		return nil, fmt.Errorf("ZooKeeper URL: %w", err)
+	}
+	if !ok {
+		dialTimeout = 10 * time.Second
+	}
+	tick, _, err := q.TakeDuration("tick_time")
+	if err != nil {
+		return nil, fmt.Errorf("ZooKeeper URL: %w", err)
+	}
+	if err := q.NoRest("dial_timeout", "tick_time"); err != nil {
+		return nil, fmt.Errorf("ZooKeeper URL: %w", err)
+	}
+	d := newDriver(root, nil)
+	d.servers, d.dialTimeout = servers, dialTimeout
+	fail := func(err error) (driver.Driver, error) {
+		d.Close()
+		return nil, err
+	}
+	if tick == 0 {
+		// Ask for a tiny session timeout: the servers raise it to their
+		// minSessionTimeout, which is two ticks unless configured.
+		zc, err := d.connect(ctx, minProbeTimeout)
+		if err != nil {
+			return fail(err)
+		}
+		tick = zc.timeout / 2
+		zc.close()
+	}
+	d.tick = tick
+	// Probe with a very long timeout: the servers lower it to their
+	// maxSessionTimeout, which bounds the TTLs we can honour. The probe
+	// session then serves admin reads.
+	zc, err := d.connect(ctx, time.Hour)
+	if err != nil {
+		return fail(err)
+	}
+	d.sessions[zc.timeout] = zc // closed by Close
+	d.maxTTL = maxTTLFor(zc.timeout, tick)
+	if d.maxTTL < fenced.MinTTL {
+		return fail(fmt.Errorf("zookeeper: %w: the servers' maxSessionTimeout %v leaves no TTL of at least %v with a tickTime of %v (see Sessions in the package documentation)", driver.ErrInvalidTTL, zc.timeout, fenced.MinTTL, tick))
+	}
+	return d, nil
+}
+
+func validRoot(root string) error {
+	if !strings.HasPrefix(root, "/") || strings.Contains(root, "//") || strings.HasSuffix(root, "/") && root != "/" {
+		return fmt.Errorf("%w: ZooKeeper chroot %q must be an absolute path like /app/locks", driver.ErrInvalidURL, root)
+	}
+	for _, part := range strings.Split(root[1:], "/") {
+		if part == "." || part == ".." {
+			return fmt.Errorf("%w: ZooKeeper chroot %q contains %q", driver.ErrInvalidURL, root, part)
+		}
+	}
+	if root == "/zookeeper" || strings.HasPrefix(root, "/zookeeper/") {
+		return fmt.Errorf("%w: ZooKeeper chroot %q is under /zookeeper, which ZooKeeper reserves for itself", driver.ErrInvalidURL, root)
+	}
+	// ZooKeeper's own path rule (PathUtils.validatePath).
+	for i, r := range root {
+		if r < 0x20 || r >= 0x7f && r <= 0x9f || r >= 0xd800 && r <= 0xf8ff || r >= 0xfff0 || r == utf8.RuneError {
+			return fmt.Errorf("%w: ZooKeeper chroot %q has %q at byte %d, a character ZooKeeper refuses in a path", driver.ErrInvalidURL, root, r, i)
+		}
+	}
+	return nil
+}
+
+// zsession is one ZooKeeper connection and the session it carries.
+type zsession struct {
+	conn    *zk.Conn
+	timeout time.Duration // negotiated session timeout
+	owned   bool
+	stop    chan struct{} // closed when the driver is done with the session
+
+	mu sync.Mutex
+	// expired is closed (and replaced) when the server reports the
+	// session expired; only for sessions the driver opened.
+	expired chan struct{}
+	// acts are the session's recently answered keep-alives (headroom.go);
+	// recorded is closed (and replaced) when one is added.
+	acts     []activity
+	recorded chan struct{}
+	// lastWrite is the latest-sent write of the session that was answered
+	// (session and sent only; see recordWrite).
+	lastWrite activity
+}
+
+func newZSession(conn *zk.Conn, timeout time.Duration, owned bool) *zsession {
+	return &zsession{conn: conn, timeout: timeout, owned: owned, stop: make(chan struct{}), expired: make(chan struct{}), recorded: make(chan struct{})}
+}
+
+// close stops the session's background work and, if the driver opened the
+// connection, closes it (its ephemeral nodes go at once).
+func (s *zsession) close() {
+	s.mu.Lock()
+	select {
+	case <-s.stop:
+	default:
+		close(s.stop)
+	}
+	s.mu.Unlock()
+	if s.owned {
+		s.conn.Close()
+	}
+}
+
+func (s *zsession) expiredC() <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.expired
+}
+
+// Driver is the ZooKeeper driver. Wrap it with fenced.NewClient. It is safe
+// for concurrent use.
+type Driver struct {
+	root        string
+	acl         []zk.ACL
+	servers     []string
+	dialTimeout time.Duration
+	maxTTL      time.Duration
+	tick        time.Duration // upper bound of the servers' tickTime
+
+	mu       sync.Mutex
+	closed   bool
+	fixed    *zsession                   // New: the caller's connection
+	sessions map[time.Duration]*zsession // by requested TTL (URL mode)
+	grants   *sessionlock.Grants[*entry]
+	nodes    ownNodes
+	ctx      context.Context
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+}
+
+func newDriver(root string, acl []zk.ACL) *Driver {
+	if acl == nil {
+		acl = zk.WorldACL(zk.PermAll)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	d := &Driver{root: root, acl: acl, sessions: map[time.Duration]*zsession{}, ctx: ctx, cancel: cancel}
+	d.grants = sessionlock.NewGrants(d.deleteNode, func(e *entry) { d.nodes.remove(e.path, e.czxid) })
+	return d
+}
+
+// New returns a driver over conn, which stays the caller's to close (after
+// the driver). opts.SessionTimeout (the session timeout conn negotiated)
+// and opts.TickTime are required; the driver accepts TTLs up to
+// SessionTimeout*7/8 - TickTime, and sends a small read (exists "/") on
+// conn every SessionTimeout/16.
+func New(conn *zk.Conn, opts *Options) (*Driver, error) {
+	if conn == nil {
+		return nil, errors.New("zookeeper: New: nil connection")
+	}
+	if opts == nil || opts.SessionTimeout <= 0 {
+		return nil, errors.New("zookeeper: New: Options.SessionTimeout (the connection's negotiated session timeout) is required")
+	}
+	root := opts.Root
+	if root == "" {
+		root = DefaultRoot
+	}
+	if err := validRoot(root); err != nil {
+		return nil, err
+	}
+	if opts.TickTime <= 0 {
+		return nil, errors.New("zookeeper: New: Options.TickTime (the ensemble's tickTime, from zoo.cfg, or an upper bound of it) is required")
+	}
+	tick := opts.TickTime
+	maxTTL := maxTTLFor(opts.SessionTimeout, tick)
+	if maxTTL < fenced.MinTTL {
+		return nil, fmt.Errorf("zookeeper: New: %w: a %v session with a tickTime of %v covers no TTL of at least %v (the longest TTL is SessionTimeout*7/8 - TickTime; see Sessions in the package documentation)", driver.ErrInvalidTTL, opts.SessionTimeout, tick, fenced.MinTTL)
+	}
+	d := newDriver(root, opts.ACL)
+	d.fixed = newZSession(conn, opts.SessionTimeout, false)
+	d.maxTTL, d.tick = maxTTL, tick
+	d.wg.Add(1)
+	go d.keepAlive(d.fixed)
+	return d, nil
+}
+
+// timeoutConn reads the session timeout out of the server's connect
+// response, the first frame on every new connection: length, protocol
+// version, timeout (all big-endian int32), then the session id.
+type timeoutConn struct {
+	net.Conn
+	buf    []byte
+	done   bool
+	report func(time.Duration)
+}
+
+func (c *timeoutConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if !c.done && n > 0 {
+		c.buf = append(c.buf, p[:n]...)
+		if len(c.buf) >= 12 {
+			c.done = true
+			c.report(time.Duration(int32(binary.BigEndian.Uint32(c.buf[8:12]))) * time.Millisecond)
+			c.buf = nil
+		}
+	}
+	return n, err
+}
+
+// connect opens a session asking for timeout and waits until the server
+// grants it.
+func (d *Driver) connect(ctx context.Context, timeout time.Duration) (*zsession, error) {
+	var negotiated atomic.Int64
+	dialer := func(network, addr string, to time.Duration) (net.Conn, error) {
+		c, err := net.DialTimeout(network, addr, to)
+		if err != nil {
+			return nil, err
+		}
+		return &timeoutConn{Conn: c, report: func(t time.Duration) { negotiated.Store(int64(t)) }}, nil
+	}
+	dialed := time.Now()
+	conn, events, err := zk.Connect(d.servers, timeout, zk.WithDialer(dialer), zk.WithLogger(nopLogger))
+	if err != nil {
+		return nil, fmt.Errorf("%w: ZooKeeper at %s: %v", driver.ErrUnavailable, strings.Join(d.servers, ","), err)
+	}
+	wait, cancel := context.WithTimeout(ctx, d.dialTimeout)
+	defer cancel()
+	for {
+		select {
+		case ev := <-events:
+			if ev.State != zk.StateHasSession {
+				continue
+			}
+			zc := newZSession(conn, time.Duration(negotiated.Load()), true)
+			// The leader registered the new session after we dialed.
+			zc.record(activity{session: conn.SessionID(), sent: dialed, done: time.Now(), atLeader: true})
+			d.wg.Add(2)
+			go d.watchSession(zc, events)
+			go d.keepAlive(zc)
+			return zc, nil
+		case <-wait.Done():
+			conn.Close()
+			return nil, fmt.Errorf("%w: cannot reach ZooKeeper at %s within %v", driver.ErrUnavailable, strings.Join(d.servers, ","), d.dialTimeout)
+		}
+	}
+}
+
+// watchSession drains a session's events and signals its expiry.
+func (d *Driver) watchSession(zc *zsession, events <-chan zk.Event) {
+	defer d.wg.Done()
+	for {
+		select {
+		case ev, ok := <-events:
+			if !ok {
+				return
+			}
+			if ev.State == zk.StateExpired {
+				zc.mu.Lock()
+				close(zc.expired)
+				zc.expired = make(chan struct{})
+				zc.mu.Unlock()
+			}
+		case <-d.ctx.Done():
+			return
+		}
+	}
+}
+
+// session returns the session for ttl, opening it if needed.
+func (d *Driver) session(ctx context.Context, ttl time.Duration) (*zsession, error) {
+	if ttl > d.maxTTL {
+		return nil, fmt.Errorf("zookeeper: %w: TTL %v exceeds the longest TTL %v that a session can cover here (the servers' maxSessionTimeout*7/8 - tickTime, or SessionTimeout*7/8 - TickTime for New)", driver.ErrInvalidTTL, ttl, d.maxTTL)
+	}
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return nil, driver.ErrClosed
+	}
+	if d.fixed != nil {
+		d.mu.Unlock()
+		return d.fixed, nil
+	}
+	if zc, ok := d.sessions[ttl]; ok {
+		d.mu.Unlock()
+		return zc, nil
+	}
+	d.mu.Unlock()
+	want := sessionTimeoutFor(ttl, d.tick)
+	zc, err := d.connect(ctx, want)
+	if err != nil {
+		return nil, err
+	}
+	if zc.timeout < want {
+		zc.close()
+		return nil, fmt.Errorf("zookeeper: %w: the servers granted a %v session where TTL %v needs %v", driver.ErrInvalidTTL, zc.timeout, ttl, want)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if old, ok := d.sessions[ttl]; ok {
+		zc.close()
+		return old, nil
+	}
+	if d.closed {
+		zc.close()
+		return nil, driver.ErrClosed
+	}
+	d.sessions[ttl] = zc
+	return zc, nil
+}
+
+// Guarantees implements driver.Driver.
+func (d *Driver) Guarantees() driver.Guarantees {
+	return sessionlock.Guarantees("fence = czxid of the holder's znode (Zab-ordered, never reused); the lease is the ZooKeeper session, " +
+		"whose timeout T = (TTL + tickTime)*8/7 outlives the holder's local validity (TTL - margin from before the request): " +
+		"the leader hears of a session's requests to a follower only at its next ping (every tickTime/2), " +
+		"the driver sends a keep-alive every T/16, and a grant or renewal waits until a keep-alive answered at least a tick earlier was sent no earlier than start + TTL - T; " +
+		"a crashed holder's key is free after T; " +
+		// Session expiry runs on the leader's tick clock (System.nanoTime).
+		"safe from clock steps: the leader expires sessions on its tick clock, which is monotonic (System.nanoTime), not the wall clock")
+}
+
+// Capabilities implements driver.Driver: the lock recipe's FIFO queue of
+// sequential znodes (a watch on the predecessor), batch renewal and loss
+// watches; no TTL longer than the session timeout the server allows, which
+// could not be honoured.
+func (d *Driver) Capabilities() driver.Capabilities {
+	return driver.Capabilities{Queue: true, FIFO: true, BatchRenew: true, WatchLoss: true, MaxTTL: d.maxTTL}
+}
+
+// Close closes the sessions the driver opened (their ephemeral nodes go at
+// once) and stops its background work. On a caller's connection (New),
+// whose session outlives the driver, it deletes the nodes of the grants it
+// still tracks instead (for up to a few seconds).
+func (d *Driver) Close() error {
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return nil
+	}
+	d.closed = true
+	left := d.grants.Seal()
+	sessions := d.sessions
+	fixed := d.fixed
+	d.mu.Unlock()
+	if fixed != nil && len(left) > 0 {
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for _, e := range left {
+				_ = d.deleteNode(e)
+			}
+		}()
+		select {
+		case <-done:
+		case <-time.After(3 * time.Second):
+		}
+	}
+	d.cancel()
+	// Closing the connections first fails requests in flight, so no end
+	// the reaper is running can block Close. The caller's connection stays
+	// open.
+	for _, zc := range sessions {
+		zc.close()
+	}
+	if fixed != nil {
+		fixed.close()
+	}
+	d.grants.Close()
+	d.wg.Wait()
+	return nil
+}
+
+// lockPath returns the znode under which key's lock nodes live.
+func (d *Driver) lockPath(key string) string {
+	if d.root == "/" {
+		return "/" + keyname.Escape(key)
+	}
+	return d.root + "/" + keyname.Escape(key)
+}
+
+// LockPath returns the lock path of key, as given to Curator's
+// InterProcessMutex.
+func (d *Driver) LockPath(key string) string { return d.lockPath(key) }
+
+// newUUID returns a random (version 4) UUID in Curator's text form.
+func newUUID() string {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic("zookeeper: crypto/rand failed: " + err.Error())
+	}
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
+}
+
+// classify is ZooKeeper's driver.Classifier: an expired session or no
+// server to talk to applied nothing; any other failure may have come
+// after the request was sent.
+func classify(err error) error {
+	if errors.Is(err, zk.ErrSessionExpired) || errors.Is(err, zk.ErrNoServer) {
+		return driver.ErrUnavailable
+	}
+	return driver.ErrUnknownOutcome
+}
+
+// readErr classifies a ZooKeeper error of a request that changes nothing.
+func readErr(op string, err error) error {
+	return fmt.Errorf("zookeeper: %s: %w", op, driver.Classify(err, false, classify))
+}
+
+// transient reports whether err is a connection loss that the client
+// library recovers from by reconnecting within the session.
+func transient(err error) bool {
+	return errors.Is(err, zk.ErrConnectionClosed) || errors.Is(err, zk.ErrNoServer)
+}
+
+// writeErr classifies the error of a request that may have been applied.
+func writeErr(op string, err error) error {
+	return fmt.Errorf("zookeeper: %s: %w", op, driver.Classify(err, true, classify))
+}
