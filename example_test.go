@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
-	_ "github.com/fenced-dev/fenced/mem"
 	_ "github.com/fenced-dev/fenced/fencedsqlite"
+	_ "github.com/fenced-dev/fenced/mem"
 )
 
 func ExampleOpen() {

@@ -11,8 +11,8 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/admin"
-	_ "github.com/fenced-dev/fenced/mem"
 	_ "github.com/fenced-dev/fenced/fencedsqlite"
+	_ "github.com/fenced-dev/fenced/mem"
 )
 
 // Keys moved to a new table start their counters again; seeding the new

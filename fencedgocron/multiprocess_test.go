@@ -16,9 +16,9 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/fencedgocron"
-	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 	_ "github.com/fenced-dev/fenced/fencedpostgres"
 	_ "github.com/fenced-dev/fenced/fencedsqlite"
+	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 
 const childEnv = "FENCEDGOCRON_TEST_CHILD"

@@ -16,8 +16,8 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/fencedk8s"
-	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 	_ "github.com/fenced-dev/fenced/fencedsqlite"
+	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 
 const childEnv = "FENCEDK8S_TEST_CHILD"

@@ -19,8 +19,8 @@ import (
 	"github.com/fenced-dev/fenced/admin"
 	"github.com/fenced-dev/fenced/driver"
 	_ "github.com/fenced-dev/fenced/fencedetcd" // the plan of another backend (its registered rounding)
-	"github.com/fenced-dev/fenced/httpapi"
 	_ "github.com/fenced-dev/fenced/fencedsqlite"
+	"github.com/fenced-dev/fenced/httpapi"
 )
 
 const (

@@ -20,13 +20,13 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
-	_ "github.com/fenced-dev/fenced/fencedetcd"
 	"github.com/fenced-dev/fenced/fence"
-	"github.com/fenced-dev/fenced/internal/testkit/testenv"
+	_ "github.com/fenced-dev/fenced/fencedetcd"
 	_ "github.com/fenced-dev/fenced/fencedpostgres"
-	"github.com/fenced-dev/fenced/internal/proof"
-	"github.com/fenced-dev/fenced/recipe"
 	_ "github.com/fenced-dev/fenced/fencedredis"
+	"github.com/fenced-dev/fenced/internal/proof"
+	"github.com/fenced-dev/fenced/internal/testkit/testenv"
+	"github.com/fenced-dev/fenced/recipe"
 )
 
 // The multi-process proof of Partitions: member processes (this test

@@ -11,9 +11,9 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
+	_ "github.com/fenced-dev/fenced/fencedsqlite"
 	_ "github.com/fenced-dev/fenced/mem"
 	"github.com/fenced-dev/fenced/recipe"
-	_ "github.com/fenced-dev/fenced/fencedsqlite"
 )
 
 // TestAssignPartitionsBalanceAndMovement checks the assignment alone:

@@ -12,9 +12,9 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/admin"
+	_ "github.com/fenced-dev/fenced/fencedsqlite"
 	_ "github.com/fenced-dev/fenced/mem"
 	"github.com/fenced-dev/fenced/recipe"
-	_ "github.com/fenced-dev/fenced/fencedsqlite"
 )
 
 // openN opens n clients on one store, as n processes would.

@@ -29,8 +29,8 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	_ "github.com/fenced-dev/fenced/fencedetcd"
-	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 	_ "github.com/fenced-dev/fenced/fencedzookeeper"
+	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 
 type locker interface {

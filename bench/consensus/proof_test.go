@@ -17,8 +17,8 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 	"go.uber.org/zap"
 
-	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 	"github.com/fenced-dev/fenced/internal/proof"
+	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 
 // TestMain lets this test binary serve as a proof worker (re-executed by

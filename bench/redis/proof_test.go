@@ -16,8 +16,8 @@ import (
 	"github.com/go-redsync/redsync/v4/redis/goredis/v9"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 	"github.com/fenced-dev/fenced/internal/proof"
+	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 
 // TestMain lets this test binary serve as a proof worker (re-executed by

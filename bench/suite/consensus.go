@@ -18,8 +18,8 @@ import (
 	"go.uber.org/zap"
 
 	_ "github.com/fenced-dev/fenced/fencedetcd"
-	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 	_ "github.com/fenced-dev/fenced/fencedzookeeper"
+	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 
 // etcdBackend is a single-node etcd: fenced against concurrency.Mutex.

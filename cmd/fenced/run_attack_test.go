@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 	"github.com/fenced-dev/fenced/internal/proof"
+	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 
 // attackKinds are the processes attacker.c starts (see its comment).

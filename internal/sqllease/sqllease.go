@@ -31,7 +31,7 @@
 //     database's errors mean "nothing was applied" (driver.ErrUnavailable)
 //     and which "perhaps applied" (driver.ErrUnknownOutcome).
 //  3. Wrap the client: StdDB for a database/sql pool, or a few lines over
-//     the native client (postgres/conn.go over pgx).
+//     the native client (fencedpostgres/conn.go over pgx).
 //  4. Embed the *Engine that New returns in the backend's Driver, and run
 //     drivertest.RunConformanceTests and drivertest.RunFloorTests against
 //     a real server.
