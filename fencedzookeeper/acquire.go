@@ -50,10 +50,10 @@ func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Dur
 }
 
 // syncLeader waits for headroom for a grant of ttl valid from start (see
-// awaitHeadroom), then syncs e's session with the leader: the session's
-// later reads reflect all the leader had committed when the sync was sent,
-// and the sync's answer proves that the follower serving the session
-// reached the leader after start.
+// awaitHeadroom), then syncs e's session with the leader. The session's
+// later reads reflect all the leader had committed when the sync was sent.
+// The sync's answer proves that the follower serving the session reached
+// the leader after start.
 func (d *Driver) syncLeader(ctx context.Context, e *entry, start time.Time, ttl time.Duration) error {
 	if err := d.awaitHeadroom(ctx, e.zc, start, ttl); err != nil {
 		return err
@@ -103,18 +103,22 @@ func (d *Driver) confirm(ctx context.Context, e *entry, ttl time.Duration, start
 }
 
 // AcquireTimed implements driver.TimedQueuer: create a node, then wait for
-// the deletion of the youngest node ahead of it until none is left. The
-// first look is the listing sent right behind the create (see create), as
-// in TryAcquire (the
-// create reaches the leader; validity from before it, once the session
-// has headroom: awaitHeadroom). Each later look is a sync with the leader
-// followed by a listing, so the grant is confirmed by a listing that
-// reflects the leader's state when the sync was sent, with our node (so
-// our session) still there; the lease's validity then starts before that
-// sync, once the session has headroom for it. A write of the session
-// answered lately does what the sync would (leaderProof): a look then is
-// a listing alone, and validity starts when that write was sent, no
-// earlier than the call and at most writeProofAge before the look.
+// the deletion of the youngest node ahead of it until none is left.
+//
+// The first look is the listing sent right behind the create (see create),
+// as in TryAcquire. The create reaches the leader, and validity starts
+// before it, once the session has headroom (awaitHeadroom).
+//
+// Each later look is a sync with the leader followed by a listing. So the
+// grant is confirmed by a listing that reflects the leader's state when the
+// sync was sent, with our node (so our session) still there. The lease's
+// validity then starts before that sync, once the session has headroom for
+// it.
+//
+// A write of the session answered lately does what the sync would
+// (leaderProof). A look is then a listing alone. Validity starts when that
+// write was sent, no earlier than the call and at most writeProofAge before
+// the look.
 func (d *Driver) AcquireTimed(ctx context.Context, key, owner string, ttl time.Duration) (uint64, time.Time, error) {
 	start := time.Now()
 	e, err := d.newEntry(ctx, key, owner, ttl)
