@@ -291,10 +291,9 @@ type MiddlewareOptions struct {
 	// WriteError.
 	Store Store
 	// Check, when set, must accept each token (for example a *Verifier for
-	// signed tokens, or a *Sequencer); a refusal is answered with 403
-	// fence_unverified (409 fence_stale when the error matches ErrStale,
-	// 503 for other errors) before the store or the handler sees the
-	// request.
+	// signed tokens, or a *Sequencer). A refusal is answered before the
+	// store or the handler sees the request: 403 fence_unverified, 409
+	// fence_stale when the error matches ErrStale, or 503 for other errors.
 	Check Checker
 	// MaxBodyBytes bounds the request body the middleware reads before a
 	// Store admits the token (0 means DefaultMaxBodyBytes; a larger body is

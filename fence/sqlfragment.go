@@ -6,12 +6,12 @@ import (
 	"strings"
 )
 
-// ErrInvalidWrite means a Write was refused before anything was sent: a
-// fragment that could change the statement's structure (a comment, a
-// semicolon, unbalanced brackets, an unterminated literal), a placeholder
-// count that does not match the arguments, placeholders of another
-// dialect, or an assignment to one of the guard's own columns. The error
-// names the fragment, the byte offset and what was wrong.
+// ErrInvalidWrite means a Write was refused before anything was sent. Its
+// cause is one of: a fragment that could change the statement's structure (a
+// comment, a semicolon, unbalanced brackets, an unterminated literal); a
+// placeholder count that does not match the arguments; placeholders of
+// another dialect; an assignment to one of the guard's own columns. The
+// error names the fragment, the byte offset and what was wrong.
 var ErrInvalidWrite = errors.New("fence: invalid write")
 
 // fragment is what scanFragment learned about a Write.Set or Write.Where.

@@ -46,12 +46,12 @@ const MaxSigLen = 128
 
 // Token is what a writer presents to a guarded resource.
 //
-// Tokens are not secret and, unless signed, not authenticated: anyone who
-// can reach a resource can present any key, fence and owner, and a forged
-// fence far above the real ones (Fenced-Fence: 9223372036854775807) would
-// lock the key's real holders out of that resource for good. Where the
-// writers are not all trusted, sign tokens (Signer, with a Verifier as the
-// guard's Checker) or have the resource ask the lease store (Sequencer).
+// Tokens are not secret and, unless signed, not authenticated. Anyone who
+// can reach a resource can present any key, fence and owner. A forged fence
+// far above the real ones (Fenced-Fence: 9223372036854775807) would lock the
+// key's real holders out of that resource for good. Where the writers are
+// not all trusted, sign tokens (Signer, with a Verifier as the guard's
+// Checker) or have the resource ask the lease store (Sequencer).
 type Token struct {
 	// Key is the lease key the fence belongs to (for example
 	// "invoice:inv_72"). Fences are only comparable within one key: the

@@ -36,13 +36,13 @@
 // An intent is identified by its Store's Namespace and its id: stores with
 // different namespaces may share one table, and the same id in two
 // namespaces ("42" as a refund and "42" as a payout) is two intents with two
-// idempotency keys. Ids and namespaces compare byte for byte: "po_1",
-// "PO_1" and "po_1 " are three intents on every database. (On MySQL and
-// MariaDB the identity columns are VARBINARY for that reason: a _ci
-// collation folds case and every PAD SPACE collation, _bin ones included,
-// ignores trailing spaces.) EnsureTable refuses a table whose key or
-// collations would merge distinct intents, with an error matching ErrSchema
-// that names each difference; nothing is changed then.
+// idempotency keys. Ids and namespaces compare byte for byte: "po_1", "PO_1"
+// and "po_1 " are three intents on every database. (On MySQL and MariaDB the
+// identity columns are VARBINARY for that reason. A _ci collation folds
+// case, and every PAD SPACE collation, _bin ones included, ignores trailing
+// spaces.) EnsureTable refuses a table whose key or collations would merge
+// distinct intents. The error matches ErrSchema and names each difference;
+// nothing is changed then.
 //
 // # Upgrading a table from before namespaces
 //

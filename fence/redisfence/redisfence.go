@@ -153,14 +153,15 @@ func (g *Guard) Claim(ctx context.Context, key string, t fence.Token) (fence.Res
 	return g.Write(ctx, key, t, Write{})
 }
 
-// Write applies w to the hash at key in one script if the hash is bound to
-// t's lease key (or to none yet), its recorded fence admits t (newer, or
-// equal with the same owner) and w.If holds, recording t's fence, owner and
-// key. A missing hash has fence 0. Errors: fence.ErrInvalidToken for a bad token
-// or malformed pairs, fence.ErrWrongKey for a token of another lease key, the
-// fence.Checker's error when it refuses t, fence.ErrSchema when the fence field holds
-// something that is not a fence, and Redis errors (a key of another type,
-// connection failures) wrapped. On every error nothing is changed.
+// Write applies w to the hash at key in one script, recording t's fence,
+// owner and key. It does so only if the hash is bound to t's lease key (or
+// to none yet), its recorded fence admits t (newer, or equal with the same
+// owner), and w.If holds. A missing hash has fence 0. Errors:
+// fence.ErrInvalidToken for a bad token or malformed pairs;
+// fence.ErrWrongKey for a token of another lease key; the fence.Checker's
+// error when it refuses t; fence.ErrSchema when the fence field holds
+// something that is not a fence. Redis errors (a key of another type,
+// connection failures) are wrapped. On every error nothing is changed.
 func (g *Guard) Write(ctx context.Context, key string, t fence.Token, w Write) (fence.Result, error) {
 	if key == "" {
 		return fence.Result{}, fmt.Errorf("fence: redis write: key is empty")
