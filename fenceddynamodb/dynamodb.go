@@ -62,8 +62,8 @@
 // clock (the receipt of the response that first showed it). It may take a
 // grant over only once it has seen the same version for the grant's whole
 // TTL, and the takeover write names that version: a renewal that landed
-// meanwhile raised the version and makes the takeover fail. This is the
-// observed expiry of Chubby, client-go's leader election and dynamolock.
+// meanwhile raised the version and makes the takeover fail. This is observed
+// expiry (docs/no-server-clock.md).
 //
 // Consequences, declared in Guarantees:
 //

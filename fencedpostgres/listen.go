@@ -288,9 +288,8 @@ func (l *listener) keepSpare(c *pgx.Conn) bool {
 }
 
 // A line orders the waiters of one key across drivers (processes). So a
-// release wakes one waiter in all, not one per driver. Without it, every
-// driver with a waiter retried on each NOTIFY: with 64 waiting processes, 64
-// upserts queued on the row for one grant.
+// release wakes one waiter in all, not one per driver (docs/design-notes.md
+// says why).
 //
 // Each driver that has waiters of key queues for a session advisory lock
 // derived from the key (pg_advisory_lock on a connection of its own, granted
