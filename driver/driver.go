@@ -268,9 +268,9 @@ type Guarantees struct {
 	// A TryAcquire that does not wait never takes over a dead holder.
 	ServerClock bool
 	// ClockStepSafe reports whether a step of the authority's wall clock
-	// leaves its grants' expiry alone: true where expiry is counted on a
-	// monotonic clock (etcd's lessor, ZooKeeper's session ticks), false
-	// where the wall clock decides it (SQL now(), Redis PX).
+	// leaves its grants' expiry alone. It is true where expiry is counted on
+	// a monotonic clock (etcd's lessor, ZooKeeper's session ticks). It is
+	// false where the wall clock decides it (SQL now(), Redis PX).
 	//
 	// When false, a forward step of the authority's wall clock larger than
 	// the lease's SafetyMargin ends grants early at the authority. (NTP

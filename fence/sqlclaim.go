@@ -82,12 +82,12 @@ func (g *SQL) ClaimAndRead(ctx context.Context, key any, t Token, read func(ctx 
 }
 
 // ClaimAndReadConn is ClaimAndRead on a connection that is not a
-// database/sql one: begin starts a transaction (fence/pgxfence.ClaimAndRead
-// does it for pgx), in which the guard claims the row, calls read and
-// commits, or rolls back on a Stale result or an error. The guard's Timeout
-// is a deadline on the whole; on PostgreSQL the guard also sets
-// transaction-local lock, statement and idle timeouts. Session-level
-// limits (MySQL, SQLite) are the caller's to set on such a connection.
+// database/sql one. begin starts a transaction (fence/pgxfence.ClaimAndRead
+// does it for pgx). In it the guard claims the row, calls read and commits.
+// It rolls back on a Stale result or an error. The guard's Timeout is a
+// deadline on the whole; on PostgreSQL the guard also sets transaction-local
+// lock, statement and idle timeouts. Session-level limits (MySQL, SQLite)
+// are the caller's to set on such a connection.
 //
 // If the table's shape has not been checked yet, the check runs inside the
 // transaction, before the claim.

@@ -43,8 +43,8 @@ func isDigit(c byte) bool { return '0' <= c && c <= '9' }
 // whatever it accepts is lexed the same way by all of them, so a fragment
 // cannot hide a comment or a bracket from it. Quoted spans ('…', "…", and
 // `…` on MySQL and SQLite, […] on SQLite) are skipped, with a doubled quote
-// as the only escape; backslashes are refused everywhere because MySQL
-// treats them as escapes inside literals and the other dialects do not.
+// as the only escape. Backslashes are refused everywhere: MySQL treats them
+// as escapes inside literals, and the other dialects do not.
 func scanFragment(d Dialect, what, s string) (fragment, error) {
 	var f fragment
 	fail := func(at int, format string, args ...any) (fragment, error) {

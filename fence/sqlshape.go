@@ -303,10 +303,10 @@ func (g *SQL) Check(ctx context.Context) error {
 // with another collation (as earlier versions created the owner column) to
 // that definition, which rebuilds the table. Then it runs Check.
 //
-// It does not create the table and never changes the key or fence column:
-// a missing table or key column, a key that is not unique or a fence
-// column of the wrong type is an error matching ErrSchema, and nothing is
-// changed. Running it concurrently from several processes is safe.
+// It does not create the table and never changes the key or fence column. A
+// missing table or key column, a key that is not unique, or a fence column
+// of the wrong type is an error matching ErrSchema; nothing is changed then.
+// Running it concurrently from several processes is safe.
 func (g *SQL) EnsureColumns(ctx context.Context) error {
 	c := sqlConn{g.db}
 	sh, err := g.shapeOf(ctx, c)

@@ -15,12 +15,12 @@ import (
 // SQLStoreOptions.Table is empty.
 const DefaultStoreTable = "fenced_http_fences"
 
-// SQLStore is a durable Store for Middleware: the newest fence and owner
-// of each lease key are rows of a table in SQLite or PostgreSQL, so a
-// restart of the resource forgets nothing, and keys are not bounded by
-// memory. The row is raised in its own committed statement when a token is
-// admitted, before the handler runs, so an admission is never lost even if
-// the process dies during the handler.
+// SQLStore is a durable Store for Middleware. The newest fence and owner of
+// each lease key are rows of a table in SQLite or PostgreSQL. So a restart
+// of the resource forgets nothing, and keys are not bounded by memory. The
+// row is raised in its own committed statement when a token is admitted,
+// before the handler runs, so an admission is never lost even if the process
+// dies during the handler.
 //
 // Admission and write stay atomic together: the key is held while the
 // handler runs. So an older write never runs after (or beside) a newer one.
@@ -254,10 +254,11 @@ func (s *SQLStore) Admit(ctx context.Context, t Token) (Result, func(), error) {
 }
 
 // lockAcrossProcesses takes t.Key's advisory lock in a transaction that
-// holds it until rolled back, then reads the key's row in it: if a newer
-// token was admitted by another process while this one waited, it returns
-// that Stale result and no transaction. The row was raised before, in its
-// own statement, so the two steps never need two connections at once.
+// holds it until rolled back. Then it reads the key's row in that
+// transaction. If another process admitted a newer token while this one
+// waited, it returns that Stale result and no transaction. The row was
+// raised before, in its own statement, so the two steps never need two
+// connections at once.
 func (s *SQLStore) lockAcrossProcesses(ctx context.Context, t Token) (*sql.Tx, Result, error) {
 	// The transaction must outlive a cancelled request context
 	// (database/sql rolls a transaction back when its context ends, which

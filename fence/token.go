@@ -95,11 +95,12 @@ func From(l *fenced.Lease) Token {
 // fenced serve) show, so a row's recorded owner names its holder there.
 func OwnerDigest(owner string) string { return driver.OwnerDigest(owner) }
 
-// Validate reports whether t can be presented to a guard: a key accepted by
-// fenced.ValidateKey, a fence in 1..MaxFence, an owner of 1..MaxOwnerLen
-// printable ASCII characters without spaces, and a Sig that is empty or of
-// the same kind with at most MaxSigLen characters. It does not check the
-// signature itself (see Verifier). Errors match ErrInvalidToken.
+// Validate reports whether t can be presented to a guard. That needs a key
+// accepted by fenced.ValidateKey and a fence in 1..MaxFence. The owner must
+// be 1..MaxOwnerLen printable ASCII characters without spaces. The Sig must
+// be empty, or of the same kind with at most MaxSigLen characters. It does
+// not check the signature itself (see Verifier). Errors match
+// ErrInvalidToken.
 func (t Token) Validate() error {
 	if err := fenced.ValidateKey(t.Key); err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalidToken, err)

@@ -162,9 +162,9 @@ func (v *Verifier) Check(_ context.Context, t Token) error {
 // token.
 //
 // The store reports owners shortened, so a Sequencer cannot compare the
-// token's owner digest: a writer that learns the current fence can still
-// present it under another owner and, by writing first, lock the real
-// holder out until the next grant. Use a Verifier where that matters.
+// token's owner digest. A writer that learns the current fence can still
+// present it under another owner. By writing first, it locks the real holder
+// out until the next grant. Use a Verifier where that matters.
 type Sequencer struct {
 	c *fenced.Client
 }

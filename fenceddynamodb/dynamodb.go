@@ -87,9 +87,9 @@
 //
 // # Waiting and renewal
 //
-// DynamoDB cannot notify: waiters poll with backoff and full jitter, each
-// sleep capped by the time left on the waiter's observation, so a waiter
-// polls about once a second at most and tries the takeover as soon as it is
+// DynamoDB cannot notify: waiters poll with backoff and full jitter. The
+// time left on the waiter's observation caps each sleep. So a waiter polls
+// about once a second at most, and tries the takeover as soon as it is
 // allowed. BatchWriteItem cannot carry conditions. TransactWriteItems fails
 // as a whole when one condition fails, at twice the write cost. So renewal
 // is one conditional UpdateItem per lease per renewal period. They are sent

@@ -26,8 +26,8 @@ func noRetry(o *dynamodb.Options) {
 }
 
 // call runs one request against DynamoDB under the driver's limit on
-// requests in flight, and reports whether the request was written to the
-// network, which tells an unknown outcome (sent, no answer) from a request
+// requests in flight. It reports whether the request was written to the
+// network. That tells an unknown outcome (sent, no answer) from a request
 // that never left (nothing applied).
 func (d *Driver) call(ctx context.Context, fn func(ctx context.Context) error) (sent bool, err error) {
 	select {

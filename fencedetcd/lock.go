@@ -72,14 +72,13 @@ func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Dur
 // key was put: nothing was put, and it starts over with a new session.
 var errStartOver = errors.New("session expired before the put; start over")
 
-// put commits txn, which puts e's key on its session, with a keep-alive
-// of the session sent alongside: if the key is granted at once the session
-// then outlives the lease's local validity (from start), without a second
-// round trip. kaErr is the keep-alive's outcome. When the session had
-// expired, so that nothing was put, put drops the session and fails with
-// errStartOver; on any other failure the key may have been put, so e is
-// tracked: a retry by the same owner finds it, and the reaper deletes it
-// if nobody does.
+// put commits txn, which puts e's key on its session, and sends a keep-alive
+// of the session alongside. If the key is granted at once, the session then
+// outlives the lease's local validity (from start) without a second round
+// trip. kaErr is the keep-alive's outcome. When the session had expired,
+// nothing was put: put drops the session and fails with errStartOver. On any
+// other failure the key may have been put, so e is tracked. A retry by the
+// same owner finds it, and the reaper deletes it if nobody does.
 func (d *Driver) put(ctx context.Context, e *entry, ttl time.Duration, start time.Time, txn clientv3.Txn) (resp *clientv3.TxnResponse, kaErr, err error) {
 	kaDone := d.keepAliveAsync(ctx, e.s, start, ttl)
 	resp, err = txn.Commit()

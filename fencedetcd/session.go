@@ -36,9 +36,9 @@ type session struct {
 }
 
 // entry tracks a key this driver put. Its deadline (kept by the driver's
-// reaper) is pushed back by every renewal, or by its waiter's keep-alives;
-// once it passes the driver deletes the key, so a grant nobody renews ends
-// after its TTL even while other grants keep the shared session alive.
+// reaper) is pushed back by every renewal, or by its waiter's keep-alives.
+// Once it passes, the driver deletes the key. So a grant nobody renews ends
+// after its TTL, even while other grants keep the shared session alive.
 type entry struct {
 	sessionlock.Tracking
 	id      sessionlock.ID

@@ -303,18 +303,18 @@ func (l *listener) keepSpare(c *pgx.Conn) bool {
 // up, or its process died and the server ended its session), nor one that
 // came before the LISTEN.
 //
-// Nothing depends on the line for safety: a wake-up is only a hint, every
-// grant is the row's conditional upsert, and every waiter keeps the
-// client's fallback timer (capped by the time a refused acquire reports
-// left on the grant). A head that stops (SIGSTOP, a network cut that
-// leaves its session open) delays the others by at most that timer.
+// Nothing depends on the line for safety. A wake-up is only a hint, and
+// every grant is the row's conditional upsert. Every waiter keeps the
+// client's fallback timer, capped by the time a refused acquire reports left
+// on the grant. A head that stops (SIGSTOP, a network cut that leaves its
+// session open) delays the others by at most that timer.
 //
 // The lock id is a pair of int4s from a SHA-256 of the channel and key, in
-// the two-int space of pg_advisory_lock, which never collides with the
-// bigint ids of WithAdvisoryLock (AdvisoryKey); two keys whose pair
-// collides only share a line. A driver keeps at most maxLines lines;
-// waiters of further keys are woken through the listener's connection, one
-// per driver per release.
+// the two-int space of pg_advisory_lock. That space never collides with the
+// bigint ids of WithAdvisoryLock (AdvisoryKey). Two keys whose pair collides
+// only share a line. A driver keeps at most maxLines lines; waiters of
+// further keys are woken through the listener's connection, one per driver
+// per release.
 type line struct {
 	key  string
 	a, b int32

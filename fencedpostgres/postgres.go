@@ -60,18 +60,18 @@
 //
 // # Fence floor and pruning
 //
-// The table NAME_floor holds one number, the fence floor. A grant's fence
-// is one more than the larger of the row's counter and the floor (a new
-// row starts at floor + 1), in the grant's one statement. RaiseFenceFloor
-// raises it, so that keys moved from another table or store, or restored
-// after a failover that lost recent grants, start above the fences their
-// resources have seen (fenced floor raise). Prune deletes the rows of keys
-// unused for a given time (release and break record their time in
-// expires_at) and raises the floor to the highest fence it deleted, in one
-// transaction per batch (fenced prune). A grant racing with it cannot
-// reissue a fence: each batch locks the lease table against writers
-// (SHARE ROW EXCLUSIVE, for a few milliseconds), so a grant either
-// finishes before it or takes its snapshot, and reads the floor, after it.
+// The table NAME_floor holds one number, the fence floor. A grant's fence is
+// one more than the larger of the row's counter and the floor (a new row
+// starts at floor + 1), in the grant's one statement. RaiseFenceFloor raises
+// it, so that keys moved from another table or store, or restored after a
+// failover that lost recent grants, start above the fences their resources
+// have seen (fenced floor raise). Prune deletes the rows of keys unused for
+// a given time (release and break record their time in expires_at) and
+// raises the floor to the highest fence it deleted, in one transaction per
+// batch (fenced prune). A grant racing with it cannot reissue a fence. Each
+// batch locks the lease table against writers (SHARE ROW EXCLUSIVE, for a
+// few milliseconds). So a grant either finishes before it, or takes its
+// snapshot and reads the floor after it.
 //
 // # Tables made by someone else
 //

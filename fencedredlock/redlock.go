@@ -45,14 +45,13 @@
 // second majority form (Guarantees.ClockStepSafe is false). When the
 // holder's majority is exact, one node is enough.
 //
-// Redlock has no monotonic token: with no FenceSource the driver declares
-// FenceNone, every fence is zero, and a lease is refused unless its
+// Redlock has no monotonic token. With no FenceSource the driver declares
+// FenceNone, and every fence is zero. A lease is then refused unless its
 // LeaseOptions.MinFence is FenceNone: work whose duplicates only waste
 // effort, or a caller who fences the resource itself. Its mutual exclusion
-// also rests on timing
-// assumptions (bounded clock drift between nodes, pauses and network delays
-// shorter than the TTL) and on nodes keeping their data across restarts
-// (appendfsync always, or restarts delayed by a TTL).
+// also rests on timing assumptions (bounded clock drift between nodes,
+// pauses and network delays shorter than the TTL) and on nodes keeping their
+// data across restarts (appendfsync always, or restarts delayed by a TTL).
 //
 // With a FenceSource, the fence of each grant comes from that source, taken
 // before the grant. Every node remembers the highest fence it granted and

@@ -13,8 +13,8 @@ import (
 const doorbellSuffix = ".wake"
 
 // doorbell is the file a driver opens (and closes at once) after every
-// commit that may have freed a key, so that watchers in every process on
-// the host, told by the kernel (inotify), look at the lease table then.
+// commit that may have freed a key. The kernel (inotify) tells watchers in
+// every process on the host, and they look at the lease table then.
 //
 // The open comes after the commit has returned. SQLite has then made it
 // durable (synchronous FULL: the WAL was synced) and visible (published in

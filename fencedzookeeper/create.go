@@ -26,15 +26,14 @@ type created struct {
 	err       error
 }
 
-// create sends e's create and, right behind it on the connection, a
-// listing of e's lock path (zk.Conn.MultiChildren): the server serves the
-// listing once the create is applied, so it is the listing that would
-// follow the create's answer, one round trip sooner. The create travels in
-// one transaction with a write to the lock path's data, whose stat then
-// carries the transaction's zxid: the new node's czxid, without another
-// round trip. When ctx ends before the create is answered it returns
-// ctx's error, and late (if not nil) is called with the outcome once it is
-// known.
+// create sends e's create and, right behind it on the connection, a listing
+// of e's lock path (zk.Conn.MultiChildren). The server serves the listing
+// once the create is applied. So it is the listing that would follow the
+// create's answer, one round trip sooner. The create travels in one
+// transaction with a write to the lock path's data, whose stat then carries
+// the transaction's zxid: the new node's czxid, without another round trip.
+// When ctx ends before the create is answered it returns ctx's error, and
+// late (if not nil) is called with the outcome once it is known.
 func (d *Driver) create(ctx context.Context, e *entry, late func(created)) created {
 	session, sent := e.zc.conn.SessionID(), time.Now()
 	outcome := func(res []zk.MultiResponse, err error) created {
@@ -66,10 +65,10 @@ func (d *Driver) create(ctx context.Context, e *entry, late func(created)) creat
 	return r
 }
 
-// recoverCreate finishes a create that failed with r: it makes a missing
-// lock path and creates once more, and after a connection loss looks for
-// the node by its protected prefix, so a create the server applied is
-// used, never orphaned. It ignores ctx, as a create in flight would.
+// recoverCreate finishes a create that failed with r. It makes a missing
+// lock path and creates once more. After a connection loss it looks for the
+// node by its protected prefix, so a create the server applied is used,
+// never orphaned. It ignores ctx, as a create in flight would.
 func (d *Driver) recoverCreate(e *entry, r created) created {
 	if errors.Is(r.err, zk.ErrNoNode) {
 		// The lock path does not exist yet: the transaction failed,

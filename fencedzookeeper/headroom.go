@@ -19,10 +19,10 @@ import (
 // the unit ZooKeeper negotiates in.
 func sessionTimeoutFor(ttl, tick time.Duration) time.Duration { return ExpiryFor(tick).Rounded(ttl) }
 
-// ExpiryFor is how ZooKeeper keeps a grant when the servers' tickTime is
-// at most tick: a session of (TTL + tick)×8/7 (sessionTimeoutFor), at
-// least minSessionTimeout (two ticks by default), expired on tick
-// boundaries; TTLs up to what ZooKeeper's default maxSessionTimeout of 20
+// ExpiryFor is how ZooKeeper keeps a grant when the servers' tickTime is at
+// most tick. A grant gets a session of (TTL + tick)×8/7 (sessionTimeoutFor),
+// at least minSessionTimeout (two ticks by default), expired on tick
+// boundaries. TTLs go up to what ZooKeeper's default maxSessionTimeout of 20
 // ticks covers (maxTTLFor).
 func ExpiryFor(tick time.Duration) driver.Expiry {
 	return driver.Expiry{
@@ -42,10 +42,10 @@ func maxTTLFor(t, tick time.Duration) time.Duration { return t*7/8 - tick }
 // the session.
 func keepaliveEvery(t time.Duration) time.Duration { return t / 16 }
 
-// minProbeTimeout is the session timeout asked for when probing the
-// servers' minSessionTimeout (which they raise it to): small enough to
-// learn any common minimum, large enough that the client's handshake
-// deadlines (ten times two thirds of it) hold on a slow network.
+// minProbeTimeout is the session timeout asked for when probing the servers'
+// minSessionTimeout, which they raise it to. It is small enough to learn any
+// common minimum. It is large enough that the client's handshake deadlines
+// (ten times two thirds of it) hold on a slow network.
 const minProbeTimeout = 100 * time.Millisecond
 
 // activity is a request of one session that the server answered.
@@ -128,10 +128,10 @@ func (s *zsession) recordWrite(session int64, sent time.Time) {
 	}
 }
 
-// writeProofAge bounds how old a write may be for a waiter's look to
-// stand on it instead of a sync of its own (see leaderProof): the grant's
-// validity then counts from the write, so this is the most of a ttl the
-// waiter gives up.
+// writeProofAge bounds how old a write may be for a waiter's look to stand
+// on it instead of a sync of its own (see leaderProof). The grant's validity
+// then counts from the write. So this is the most of a ttl the waiter gives
+// up.
 func writeProofAge(ttl time.Duration) time.Duration { return ttl / 32 }
 
 // leaderProof returns when the latest answered write of session on zc was

@@ -14,10 +14,10 @@ import (
 
 // WatchLoss implements driver.LossWatcher with an exists watch on g's node
 // whose event is handed to a function (zk.Conn.ExistsWFunc), so a watched
-// grant costs no goroutine. The watch is set again after an event that
-// does not end the grant (the node's data changed, the connection dropped
-// the watch), 200 ms later when it cannot be set; the session's expiry
-// reaches it as the event of a dropped watch.
+// grant costs no goroutine. The watch is set again after an event that does
+// not end the grant: the node's data changed, or the connection dropped the
+// watch. When it cannot be set, it is tried again 200 ms later. The
+// session's expiry reaches it as the event of a dropped watch.
 func (d *Driver) WatchLoss(g driver.Grant, lost func(error)) (func(), error) {
 	e, err := d.grantEntry("watch", g)
 	if err != nil {

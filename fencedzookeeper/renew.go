@@ -11,11 +11,11 @@ import (
 	"github.com/fenced-dev/fenced/driver"
 )
 
-// Renew implements driver.Driver: once the session has headroom for
-// another g.TTL from now (awaitHeadroom), it syncs with the leader and then
-// (not concurrently: the read must see what the sync made visible) reads
-// g's node, confirming that it still exists and belongs to the live
-// session. The session itself is kept alive by the connection; g.TTL must
+// Renew implements driver.Driver. Once the session has headroom for another
+// g.TTL from now (awaitHeadroom), it syncs with the leader. Then it reads
+// g's node, confirming that it still exists and belongs to the live session.
+// The read is not concurrent with the sync: it must see what the sync made
+// visible. The session itself is kept alive by the connection; g.TTL must
 // not exceed the longest TTL the session covers.
 func (d *Driver) Renew(ctx context.Context, g driver.Grant) error {
 	if err := g.CheckTTL(); err != nil {
@@ -77,17 +77,17 @@ func (d *Driver) Renew(ctx context.Context, g driver.Grant) error {
 // jute.maxbuffer, 1 MB by default).
 const checksPerMulti = 1000
 
-// RenewBatch implements driver.BatchRenewer: per session, once it has
-// headroom for the longest TTL renewed on it (awaitHeadroom), one
+// RenewBatch implements driver.BatchRenewer. Per session, once it has
+// headroom for the longest TTL renewed on it (awaitHeadroom), it sends one
 // transaction of version checks (any version) on the grants' nodes per
-// checksPerMulti grants, instead of a sync and a read per grant. The
+// checksPerMulti grants. That replaces a sync and a read per grant. The
 // transaction goes through the leader, like the sync Renew sends, and
 // succeeds only if every node exists there, in the session the grant was
-// made on (still the connection's session before and after). A node's
-// path carries its entry's random UUID, so a node with that path is the
-// grant's own node. When a check fails, the grants whose nodes are gone
-// end and the rest are checked again; a failure that names no node falls
-// back to Renew for each grant of the transaction.
+// made on (still the connection's session before and after). A node's path
+// carries its entry's random UUID, so a node with that path is the grant's
+// own node. When a check fails, the grants whose nodes are gone end and the
+// rest are checked again; a failure that names no node falls back to Renew
+// for each grant of the transaction.
 func (d *Driver) RenewBatch(ctx context.Context, grants []driver.Grant) ([]error, error) {
 	if err := driver.CheckTTLs(grants); err != nil {
 		return nil, err

@@ -13,11 +13,11 @@ import (
 
 // AcquireAll acquires a lease on every key, all or nothing. It takes the
 // keys in one canonical order (sorted bytewise, whatever order they were
-// given in), so two callers that need overlapping sets can never deadlock
-// by each holding a key the other waits for. MaxWait (see LeaseOptions)
-// bounds the whole acquisition, not each key: if some key is still held
-// when it runs out, or anything else fails, the leases already taken are
-// released (in reverse order) and the error says which key failed.
+// given in), so two callers that need overlapping sets can never deadlock by
+// each holding a key the other waits for. MaxWait (see LeaseOptions) bounds
+// the whole acquisition, not each key. Some key may still be held when it
+// runs out, or anything else may fail. The leases already taken are then
+// released (in reverse order), and the error says which key failed.
 //
 // Once the last key is granted, every earlier lease is renewed once. A lease
 // broken or expired while AcquireAll waited for a later key then fails the

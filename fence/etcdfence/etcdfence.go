@@ -1,6 +1,6 @@
 // Package etcdfence is the resource-side guard of package fence for data
-// kept in etcd: a guarded write is one etcd transaction that compares the
-// resource's recorded fence and applies the caller's operations only when
+// kept in etcd. A guarded write is one etcd transaction that compares the
+// resource's recorded fence. It applies the caller's operations only when
 // the token's fence admits the writer.
 //
 //	guard, _ := etcdfence.New(cli, nil)

@@ -25,11 +25,10 @@ import (
 // records the lease key a hash is bound to.
 const DefaultKeyField = "fence_key"
 
-// Guard guards resources stored as Redis hashes. The hash itself records
-// the newest fence, its owner and the lease key they belong to (fields
-// "fence", "fence_owner" and "fence_key" by default) and a Lua script
-// compares and writes in one atomic step, so no other command can run in
-// between.
+// Guard guards resources stored as Redis hashes. The hash itself records the
+// newest fence, its owner and the lease key they belong to (fields "fence",
+// "fence_owner" and "fence_key" by default). A Lua script compares and
+// writes in one atomic step, so no other command can run in between.
 //
 // The first admitted write binds a hash to its token's lease key; a token
 // for any other key is then refused with fence.ErrWrongKey whatever its fence,
@@ -56,9 +55,9 @@ type Options struct {
 	// "fence_owner" and "fence_key". They must differ.
 	FenceField, OwnerField, KeyField string
 	// LeaseKey, when set, returns the lease key that guards the hash named
-	// by its argument (for example "invoice:" + id for "invoices/" + id);
-	// a token for another key is refused with fence.ErrWrongKey before anything
-	// is sent, even to a hash not yet bound.
+	// by its argument (for example "invoice:" + id for "invoices/" + id). A
+	// token for another key is refused with fence.ErrWrongKey before
+	// anything is sent, even to a hash not yet bound.
 	LeaseKey func(hash string) string
 	// Check, when set, must accept every token before it is compared (for
 	// example a *fence.Verifier for signed tokens); a refusal is returned as the
