@@ -18,13 +18,11 @@ var my *testenv.MySQL
 func TestMain(m *testing.M) {
 	crashtest.MaybeRunHolder()
 	maybeRunBellHolder()
-	tb := testenv.NewMainTB()
-	my = testenv.StartMySQL(tb)
-	os.Setenv("DATABASE_URL", my.URL()) // for the examples
-	os.Setenv("MYSQL_DSN", my.DSN())
-	code := m.Run()
-	tb.Close()
-	os.Exit(code)
+	testenv.RunMain(m, func(tb *testenv.MainTB) {
+		my = testenv.StartMySQL(tb)
+		os.Setenv("DATABASE_URL", my.URL()) // for the examples
+		os.Setenv("MYSQL_DSN", my.DSN())
+	})
 }
 
 // ctxT is the context of a test: it ends with the test, or after two

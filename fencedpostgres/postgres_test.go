@@ -22,13 +22,11 @@ var (
 
 func TestMain(m *testing.M) {
 	crashtest.MaybeRunHolder()
-	tb := testenv.NewMainTB()
-	mainTB = tb
-	pg = testenv.StartPostgres(tb)
-	os.Setenv("DATABASE_URL", pg.URL()) // for the examples
-	code := m.Run()
-	tb.Close()
-	os.Exit(code)
+	testenv.RunMain(m, func(tb *testenv.MainTB) {
+		mainTB = tb
+		pg = testenv.StartPostgres(tb)
+		os.Setenv("DATABASE_URL", pg.URL()) // for the examples
+	})
 }
 
 // ctxT is the context of a test: it ends with the test, or after two
