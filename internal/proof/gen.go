@@ -117,21 +117,21 @@ func RunGen(ctx context.Context, cfg GenConfig) (*GenResult, error) {
 		cfg.Logf = func(string, ...any) {}
 	}
 	if len(cfg.Faults) == 0 {
-		cfg.Faults = []Fault{M1}
+		cfg.Faults = []Fault{PauseHolder}
 		if networked(cfg.Store) {
-			cfg.Faults = append(cfg.Faults, M4)
+			cfg.Faults = append(cfg.Faults, CutHolder)
 		}
 		if cfg.Server != nil {
-			cfg.Faults = append(cfg.Faults, M5, M6)
+			cfg.Faults = append(cfg.Faults, PauseAuthority, CrashAuthority)
 		}
 	}
 	for _, f := range cfg.Faults {
 		switch {
-		case f == M4 && !networked(cfg.Store):
+		case f == CutHolder && !networked(cfg.Store):
 			return nil, fmt.Errorf("proof: fault M4 needs a networked store, not %s", cfg.Store)
-		case (f == M5 || f == M6) && cfg.Server == nil:
+		case (f == PauseAuthority || f == CrashAuthority) && cfg.Server == nil:
 			return nil, fmt.Errorf("proof: fault %s needs GenConfig.Server", f)
-		case f != M1 && f != M4 && f != M5 && f != M6:
+		case f != PauseHolder && f != CutHolder && f != PauseAuthority && f != CrashAuthority:
 			return nil, fmt.Errorf("proof: the generative nemesis does not inject %s", f)
 		}
 	}
@@ -307,7 +307,7 @@ func (r *genRun) nemesis(ctx context.Context) error {
 		d := between(0.5, 3)
 		r.cfg.Logf("seed %d: fault %d: %s worker %d for %v", r.cfg.Seed, k, f, w, d.Round(time.Millisecond))
 		switch f {
-		case M1:
+		case PauseHolder:
 			r.mu.Lock()
 			cmd := r.procs[w]
 			r.mu.Unlock()
@@ -316,7 +316,7 @@ func (r *genRun) nemesis(ctx context.Context) error {
 			sleep(d)
 			cmd.Process.Signal(syscall.SIGCONT)
 			r.record(Event{Kind: FaultEnd, Worker: w, Fault: string(f)})
-		case M4:
+		case CutHolder:
 			r.record(Event{Kind: FaultStart, Worker: w, Fault: string(f)})
 			for _, p := range r.proxies[w] {
 				p.setDown(true)
@@ -326,7 +326,7 @@ func (r *genRun) nemesis(ctx context.Context) error {
 				p.setDown(false)
 			}
 			r.record(Event{Kind: FaultEnd, Worker: w, Fault: string(f)})
-		case M5:
+		case PauseAuthority:
 			if err := r.cfg.Server.Pause(); err != nil {
 				return err
 			}
@@ -337,7 +337,7 @@ func (r *genRun) nemesis(ctx context.Context) error {
 			if err != nil {
 				return err
 			}
-		case M6:
+		case CrashAuthority:
 			if err := r.cfg.Server.Crash(); err != nil {
 				return err
 			}

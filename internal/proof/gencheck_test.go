@@ -68,12 +68,12 @@ func TestCheckGenFindsEachViolation(t *testing.T) {
 	}
 	// A slow orphan while a fault is active is not counted.
 	evs := append(append([]Event(nil), clean...),
-		Event{T: 10900 * ms, Kind: FaultStart, Worker: 1, Fault: "M4"},
+		Event{T: 10900 * ms, Kind: FaultStart, Worker: 1, Fault: string(CutHolder)},
 		Event{T: 10980 * ms, Kind: AcquireInvoke, Worker: 1, Op: 9, Name: "cancel", Key: "k"},
 		Event{T: 10990 * ms, Kind: AcquireFail, Worker: 1, Op: 9, Name: "cancel", Key: "k"},
 		Event{T: 11000 * ms, Kind: Observed, Worker: -1, Key: "k", Fence: 4, Owner: "y"},
 		Event{T: 14000 * ms, Kind: Observed, Worker: -1, Key: "k", Fence: 4, Owner: "y"},
-		Event{T: 14100 * ms, Kind: FaultEnd, Worker: 1, Fault: "M4"})
+		Event{T: 14100 * ms, Kind: FaultEnd, Worker: 1, Fault: string(CutHolder)})
 	if r := CheckGen(evs, fenced.FenceStrict, ttl, bound); r.Failed() {
 		t.Errorf("slow orphan during a partition: %+v; want no violation", r)
 	}
