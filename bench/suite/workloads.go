@@ -224,7 +224,7 @@ func (s *suite) handover(ctx context.Context, b *backend) {
 		}
 	}
 	for _, w := range s.cfg.waiters {
-		all := openAll(ctx, impls, w+1, w+1)
+		all := s.openHandover(ctx, b, impls, w+1)
 		keys := map[*opened]string{}
 		for _, o := range all {
 			keys[o] = uniqueKey("hand-", w, "-", o.impl.name)
@@ -252,7 +252,7 @@ func (s *suite) handover(ctx context.Context, b *backend) {
 			return err
 		})
 		for _, o := range all {
-			s.add(latencyRow("handover", b.name, o, map[string]any{"waiters": w, "settle_ms": settle.Milliseconds(), "settle_jitter_ms": settleJitter.Milliseconds()}))
+			s.add(latencyRow("handover", b.name, o, map[string]any{"waiters": w, "settle_ms": settle.Milliseconds(), "settle_jitter_ms": settleJitter.Milliseconds(), "processes": b.spawn.Set != ""}))
 		}
 		closeAll(all)
 	}
@@ -267,16 +267,17 @@ func (s *suite) handover(ctx context.Context, b *backend) {
 // more (a lock call cannot be abandoned in every library) and stops.
 func handoverRound(ctx context.Context, ls []locker, key string, n int) ([]time.Duration, error) {
 	var (
-		mu        sync.Mutex
-		cond      = sync.NewCond(&mu)
-		lat       []time.Duration
-		released  time.Time
-		grants    int
-		waiting   atomic.Int64
-		failed    atomic.Bool
-		wg        sync.WaitGroup
-		errOnce   sync.Once
-		firstErr  error
+		mu       sync.Mutex
+		cond     = sync.NewCond(&mu)
+		granted  []time.Time // every grant's time, in order
+		releases []time.Time // releases[i]: when the holder of grant i began to release
+		waiting  atomic.Int64
+		failed   atomic.Bool
+		wg       sync.WaitGroup
+		errOnce  sync.Once
+		firstErr error
+		// finishedN: the n handovers, the first grant (which follows no
+		// release) and nobody else.
 		finishedN = n + 1
 	)
 	fail := func(err error) {
@@ -292,20 +293,16 @@ func handoverRound(ctx context.Context, ls []locker, key string, n int) ([]time.
 			defer wg.Done()
 			for {
 				waiting.Add(1)
-				unlock, err := l.lock(ctx, key)
-				now := time.Now()
+				at, unlock, err := timedLock(ctx, l, key)
 				waiting.Add(-1)
 				if err != nil {
 					fail(err)
 					return
 				}
 				mu.Lock()
-				if !released.IsZero() && len(lat) < n {
-					lat = append(lat, now.Sub(released))
-				}
-				grants++
-				mine := grants
-				finished := grants >= finishedN || failed.Load()
+				granted = append(granted, at)
+				mine := len(granted)
+				finished := mine >= finishedN || failed.Load()
 				cond.Broadcast()
 				mu.Unlock()
 				if !finished {
@@ -314,21 +311,29 @@ func handoverRound(ctx context.Context, ls []locker, key string, n int) ([]time.
 					}
 					time.Sleep(settle + rand.N(settleJitter))
 				}
+				// The key is held until unlock: no other grant, so no
+				// other release, can come between taking the slot and
+				// filling it.
 				mu.Lock()
-				released = time.Now()
+				slot := len(releases)
+				releases = append(releases, time.Time{})
 				mu.Unlock()
-				if err := unlock(context.Background()); err != nil {
+				rel, err := unlock(context.Background())
+				if err != nil {
 					fail(err)
 					return
 				}
+				mu.Lock()
+				releases[slot] = rel
+				mu.Unlock()
 				if finished {
 					return
 				}
 				mu.Lock()
-				for grants == mine && !failed.Load() {
+				for len(granted) == mine && !failed.Load() {
 					cond.Wait()
 				}
-				finished = grants >= finishedN || failed.Load()
+				finished = len(granted) >= finishedN || failed.Load()
 				mu.Unlock()
 				if finished {
 					return
@@ -337,7 +342,27 @@ func handoverRound(ctx context.Context, ls []locker, key string, n int) ([]time.
 		}()
 	}
 	wg.Wait()
+	var lat []time.Duration
+	for i := 0; i+1 < len(granted) && i < len(releases) && len(lat) < n; i++ {
+		lat = append(lat, granted[i+1].Sub(releases[i]))
+	}
 	return lat, firstErr
+}
+
+// openHandover opens, for each implementation, procs participants, each
+// in a process of its own when the backend can spawn them, else each a
+// client of its own in this process.
+func (s *suite) openHandover(ctx context.Context, b *backend, impls []impl, procs int) []*opened {
+	if b.spawn.Set == "" {
+		return openAll(ctx, impls, procs, procs)
+	}
+	var spawned []impl
+	for _, im := range impls {
+		sp := b.spawn
+		sp.Impl = im.name
+		spawned = append(spawned, impl{name: im.name, open: func(context.Context) (process, error) { return openChild(sp) }})
+	}
+	return openAll(ctx, spawned, procs, procs)
 }
 
 // throughput runs W3: for each K and C, C workers of one process loop
