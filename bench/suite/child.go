@@ -162,7 +162,7 @@ func (c *childProcess) close() {
 	go func() { c.cmd.Wait(); close(done) }()
 	select {
 	case <-done:
-	case <-time.After(10 * time.Second):
+	case <-time.After(3 * time.Second):
 		c.cmd.Process.Kill()
 		<-done
 	}

@@ -69,6 +69,13 @@ const settleJitter = 20 * time.Millisecond
 // implementation is dropped from the workload with an error row.
 const roundTimeout = 3 * time.Minute
 
+// handoverTimeout bounds one implementation's handover round: 8–20
+// handovers of 20–40 ms settle each, or a few redsync retries (up to
+// 250 ms) each, finish well inside it; a round past it has a waiter that
+// missed every wake-up (rueidislock-1key, with waiters in processes of
+// their own, did at 8 and 64 waiters: timed out after 3 minutes).
+const handoverTimeout = 30 * time.Second
+
 // counter returns a server-side count of requests so far, corrected for
 // the requests it makes itself; nil when the backend has none.
 type counter func() (int64, error)
@@ -239,7 +246,7 @@ func (s *suite) handover(ctx context.Context, b *backend) {
 				err error
 			)
 			reqs := delta(b.count, func() {
-				err = withTimeout(roundTimeout, func() (err error) {
+				err = withTimeout(handoverTimeout, func() (err error) {
 					lat, err = handoverRound(ctx, o.workers, keys[o], n)
 					return err
 				})
@@ -472,10 +479,16 @@ func throughputWindow(ctx context.Context, workers []locker, keys []string, wind
 	return len(lat), lat, firstErr
 }
 
+// closeAll closes every process of all, all at once (a child process
+// stuck in a lock call takes seconds to give up).
 func closeAll(all []*opened) {
+	var wg sync.WaitGroup
 	for _, o := range all {
-		o.close()
+		for _, p := range o.procs {
+			wg.Go(p.close)
+		}
 	}
+	wg.Wait()
 }
 
 // latencyRow is o's figures as a row (with its error, if any).
