@@ -219,6 +219,10 @@ func renderReport(res Results, jsonPath, docs string) error {
 		}
 	}
 
+	if rs := byWorkload("renewal"); len(rs) > 0 {
+		writePeers(w, rs)
+	}
+
 	var errs []Row
 	for _, r := range res.Rows {
 		if r.Error != "" {
