@@ -28,9 +28,13 @@ func TestHandoverRoundPairsReleaseWithNextGrant(t *testing.T) {
 	for range 4 {
 		ls = append(ls, chanLocker{slot})
 	}
-	lat, err := handoverRound(context.Background(), ls, "k", 6)
+	var marks []bool
+	lat, err := handoverRound(context.Background(), ls, "k", 6, func(last bool) { marks = append(marks, last) })
 	if err != nil {
 		t.Fatal(err)
+	}
+	if len(marks) != 2 || marks[0] || !marks[1] {
+		t.Errorf("marks %v, want [false true]: the first grant, then the last measured", marks)
 	}
 	if len(lat) != 6 {
 		t.Fatalf("got %d samples, want 6", len(lat))

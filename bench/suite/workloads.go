@@ -245,11 +245,27 @@ func (s *suite) handover(ctx context.Context, b *backend) {
 				lat []time.Duration
 				err error
 			)
-			reqs := delta(b.count, func() {
-				err = withTimeout(handoverTimeout, func() (err error) {
-					lat, err = handoverRound(ctx, o.workers, keys[o], n)
-					return err
-				})
+			// Requests are counted from the first grant to the last
+			// measured one: the drain after it (every participant still
+			// waiting takes the key once more, 64 grants at 64 waiters for
+			// 8 measured) would otherwise count as the handovers' own.
+			var reqs int64
+			var first int64
+			var firstErr error
+			mark := func(last bool) {
+				if b.count == nil {
+					return
+				}
+				c, cerr := b.count()
+				if !last {
+					first, firstErr = c, cerr
+				} else if cerr == nil && firstErr == nil {
+					reqs = c - first
+				}
+			}
+			err = withTimeout(handoverTimeout, func() (err error) {
+				lat, err = handoverRound(ctx, o.workers, keys[o], n, mark)
+				return err
 			})
 			if !warm {
 				o.lat = append(o.lat, lat...)
@@ -272,7 +288,10 @@ func (s *suite) handover(ctx context.Context, b *backend) {
 // a real handover to a waiting participant, never the releaser barging
 // back in. Once n samples are in, every participant takes the key once
 // more (a lock call cannot be abandoned in every library) and stops.
-func handoverRound(ctx context.Context, ls []locker, key string, n int) ([]time.Duration, error) {
+//
+// mark, if not nil, is called by the holder of the first grant and of the
+// last measured one (last true), before they release.
+func handoverRound(ctx context.Context, ls []locker, key string, n int, mark func(last bool)) ([]time.Duration, error) {
 	var (
 		mu       sync.Mutex
 		cond     = sync.NewCond(&mu)
@@ -312,6 +331,9 @@ func handoverRound(ctx context.Context, ls []locker, key string, n int) ([]time.
 				finished := mine >= finishedN || failed.Load()
 				cond.Broadcast()
 				mu.Unlock()
+				if mark != nil && (mine == 1 || mine == finishedN) {
+					mark(mine == finishedN)
+				}
 				if !finished {
 					for waiting.Load() < int64(len(ls)-1) && !failed.Load() {
 						time.Sleep(50 * time.Microsecond)
