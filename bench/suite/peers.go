@@ -52,9 +52,10 @@ func writePeers(w func(string, ...any), renewal []Row) {
 		w("| backend | leases held | TTL s | server requests/period | requests per lease per period |\n| --- | ---: | ---: | ---: | ---: |\n")
 		w("%s\n", strings.Join(rows, ""))
 	}
-	w("On etcd a fenced process therefore keeps one etcd lease per TTL, whatever the number of fenced leases it holds: at\n")
-	w("the 25 000–60 000 leases of jetcd#749 and etcd#11886 it sends one keep-alive a period, not 25 000–60 000, and a\n")
-	w("process that dies expires one etcd lease (etcd deletes its keys together), not one per key, so the expiry rate\n")
-	w("that etcd#9360 measured is reached only by hundreds of processes dying each second. A release is a delete, never\n")
-	w("an expiry. These are the peers' figures on their hardware; this run did not reproduce their setups.\n\n")
+	w("On etcd a fenced process keeps one etcd lease per TTL, whatever the number of fenced leases it holds, and its\n")
+	w("requests per period are that session's work, not one per lease (W4 above: the per-lease figure falls as M grows).\n")
+	w("At the 25 000–60 000 leases of jetcd#749 and etcd#11886 a per-lease keep-alive is 25 000–60 000 requests a period;\n")
+	w("a fenced process that dies expires one etcd lease (etcd deletes its keys together), not one per key, so the\n")
+	w("expiry rate of etcd#9360 takes hundreds of processes dying each second. A release is a delete, never an expiry.\n")
+	w("These are the peers' figures on their hardware; this run did not reproduce their setups.\n\n")
 }
