@@ -83,7 +83,7 @@ func (c *Client) acquireChecked(ctx context.Context, key string, opts *LeaseOpti
 // acquireLoop acquires key. ctx is the caller's; dctx is ctx bounded by
 // Close (see admit), for requests to the store.
 func (c *Client) acquireLoop(ctx, dctx context.Context, key string, s LeaseOptions, ev *AcquireEvent) (_ *Lease, err error) {
-	owner := newOwner()
+	owner := s.OwnerTag + newOwner()
 	// unresolved is set while a request may have granted the key to owner
 	// without saying so (see mayHaveGranted): an acquisition that gives up
 	// then releases that grant (abandon), which nobody would otherwise

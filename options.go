@@ -127,7 +127,18 @@ type LeaseOptions struct {
 	// for clock drift and the round trip. Default TTL/100 + 2ms; it must
 	// be shorter than the TTL. Redlock also uses it as its drift allowance.
 	SafetyMargin time.Duration
+	// OwnerTag, if set, starts every owner token of the lease, before its
+	// 128 random bits, so that a listing's shortened owner (its first 8
+	// characters, LeaseInfo.Owner) says who holds the key:
+	// recipe.Partitions tags its leases with its member. At most
+	// MaxOwnerTagLen characters, lowercase letters and digits only. It
+	// is no secret: the random bits keep the token unguessable.
+	OwnerTag string
 }
+
+// MaxOwnerTagLen is the longest LeaseOptions.OwnerTag: what a shortened
+// owner shows.
+const MaxOwnerTagLen = 8
 
 // validity is how long local validity lasts from the moment a request was
 // sent.
@@ -181,6 +192,9 @@ func (c *Client) Resolve(opts *LeaseOptions) (LeaseOptions, error) {
 	}
 	if err := c.validateTTL(s.TTL); err != nil {
 		return LeaseOptions{}, fmt.Errorf("%w: TTL: %w", ErrInvalidOptions, err)
+	}
+	if err := checkOwnerTag(s.OwnerTag); err != nil {
+		return LeaseOptions{}, err
 	}
 	if s.MaxWait < 0 {
 		return LeaseOptions{}, invalid(true, "MaxWait", "%v is negative; use NoWait or WaitForever", s.MaxWait)
@@ -240,6 +254,20 @@ func (c *Client) Resolve(opts *LeaseOptions) (LeaseOptions, error) {
 		return LeaseOptions{}, err
 	}
 	return s, nil
+}
+
+// checkOwnerTag refuses an OwnerTag that is too long or not lowercase
+// letters and digits.
+func checkOwnerTag(tag string) error {
+	if len(tag) > MaxOwnerTagLen {
+		return invalid(false, "OwnerTag", "%q is %d characters, more than %d", tag, len(tag), MaxOwnerTagLen)
+	}
+	for _, r := range tag {
+		if (r < 'a' || r > 'z') && (r < '0' || r > '9') {
+			return invalid(false, "OwnerTag", "%q has %q; want lowercase letters and digits", tag, r)
+		}
+	}
+	return nil
 }
 
 // checkFence refuses a backend whose fence is weaker than min, telling the

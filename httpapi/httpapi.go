@@ -218,6 +218,7 @@ func (s *Server) routes() {
 	m.HandleFunc("/api/v1/leases/{key}/acquire", methods(map[string]http.HandlerFunc{"POST": s.acquireLease}))
 	m.HandleFunc("/api/v1/leases/{key}/renew", methods(map[string]http.HandlerFunc{"POST": s.renewLease}))
 	m.HandleFunc("/api/v1/leases/{key}/release", methods(map[string]http.HandlerFunc{"POST": s.releaseLease}))
+	m.HandleFunc("/api/v1/partitions/{group...}", methods(map[string]http.HandlerFunc{"GET": s.getGroup}))
 	m.HandleFunc("/api/v1/plan", methods(map[string]http.HandlerFunc{"GET": s.plan}))
 	m.HandleFunc("/api/v1/scenario", methods(map[string]http.HandlerFunc{"POST": s.runScenario}))
 	m.HandleFunc("/api/", func(w http.ResponseWriter, r *http.Request) {
@@ -225,6 +226,7 @@ func (s *Server) routes() {
 	})
 	m.HandleFunc("GET /{$}", s.dashboard)
 	m.HandleFunc("GET /keys/{key}", s.keyPage)
+	m.HandleFunc("GET /partitions/{group...}", s.groupPage)
 	m.Handle("GET /static/", staticHandler())
 	s.mux = m
 }

@@ -29,7 +29,7 @@ var (
 	ErrMemberLive = errors.New("member ID is live in the group already")
 	// ErrHandedOff is the cause of a partition's context when the
 	// assignment gave the partition to another member.
-	ErrHandedOff = errors.New("partition handed off")
+	ErrHandedOff = errors.New("partition handed off to another member")
 	// ErrLeft is the cause of a partition's context when its member
 	// leaves the group (Leave, or the context given to JoinPartitions
 	// ended).
@@ -60,11 +60,12 @@ var (
 //     (ErrPartitionCount). A group with no live member can start again
 //     with another P; the partition keys do not carry P, so each
 //     partition's fence keeps rising across such a restart.
-//   - Each member lists the live members (one request), computes the same
-//     assignment from the sorted list (AssignPartitions: rendezvous
-//     hashing with capacities, balanced within one, moving about P/N
-//     partitions per join or leave, giving a restarted member its old
-//     partitions back), hands off what it should no longer own and tries
+//   - Each member lists the group (one request: the live members and the
+//     partition leases, whose owners start with a tag of their member,
+//     fenced.LeaseOptions.OwnerTag), computes the same assignment from it
+//     (AssignPartitions: balanced within one, keeping current owners up
+//     to their capacity, so a join or leave moves only the newcomer's or
+//     leaver's share), hands off what it should no longer own and tries
 //     for what it should. A hand-off cancels the partition's context with
 //     ErrHandedOff, waits for the work function to return (at most
 //     HandoffGrace) and only then releases the lease.
@@ -175,7 +176,7 @@ type PartitionsOptions struct {
 	MemberID string
 	// Lease configures the partition leases (TTL, MinFence, ...); the
 	// membership lease takes the same TTL and no fence. AutoRenew is
-	// always on and FailOpen always off.
+	// always on and FailOpen always off; OwnerTag is the member's.
 	Lease *fenced.LeaseOptions
 	// Poll is how often a member reads the group when nothing woke it.
 	// Default: a third of the TTL.
@@ -243,6 +244,7 @@ func JoinPartitions(ctx context.Context, c *fenced.Client, group string, partiti
 		g.part = *o.Lease
 	}
 	g.part.ManualRenew, g.part.FailOpen, g.part.MaxWait = false, false, fenced.NoWait
+	g.part.OwnerTag = ownerTag(o.MemberID)
 	spec, err := c.Resolve(&g.part)
 	if err != nil {
 		return nil, fmt.Errorf("fenced: partitions %q: %w", group, err)
@@ -250,6 +252,7 @@ func JoinPartitions(ctx context.Context, c *fenced.Client, group string, partiti
 	g.ttl = spec.TTL
 	g.member = g.part
 	g.member.TTL, g.member.MinFence, g.member.MaxHold = spec.TTL, fenced.FenceNone, fenced.HoldForever
+	g.member.OwnerTag = ""
 	g.member.MaxWait = 2 * spec.TTL
 	if _, err := c.Resolve(&g.member); err != nil {
 		return nil, fmt.Errorf("fenced: partitions %q: membership: %w", group, err)
@@ -269,7 +272,7 @@ func JoinPartitions(ctx context.Context, c *fenced.Client, group string, partiti
 		}
 		return nil, fmt.Errorf("fenced: partitions %q: join: %w", group, err)
 	}
-	_, others, err := g.readMembers(ctx)
+	_, _, others, err := g.readMembers(ctx)
 	if err != nil {
 		m.Release(context.WithoutCancel(ctx))
 		return nil, fmt.Errorf("fenced: partitions %q: join: %w", group, err)
@@ -421,63 +424,136 @@ type GroupMember struct {
 	Remaining  time.Duration
 }
 
-// ListMembers returns the live members of group, sorted by ID, whatever
-// their partition count.
-func ListMembers(ctx context.Context, c *fenced.Client, group string) ([]GroupMember, error) {
-	infos, err := listLeases(ctx, c, group+"/m/")
+// GroupState is a partition group as one listing of the authority shows
+// it: what every member reads at each look at the group, and what
+// `fenced partitions ls` and the dashboard show.
+type GroupState struct {
+	// Members are the live members, sorted by ID, whatever their
+	// partition count.
+	Members []GroupMember
+	// Leases are the held partition leases, by partition number.
+	Leases map[int]fenced.LeaseInfo
+	// Owners gives the live member holding each held partition, known by
+	// the tag its partition leases' owners start with. A partition is
+	// missing when no live member's tag matches: its holder is gone (or
+	// paused past its membership), predates the tags, or shares its tag
+	// with another live member (32 bits: about one group in 10⁶ of a
+	// hundred members). The assignment treats such a partition as free,
+	// which costs a move, never an overlap: the leases decide who holds.
+	Owners map[int]string
+}
+
+// ReadGroup lists group in one request.
+func ReadGroup(ctx context.Context, c *fenced.Client, group string) (GroupState, error) {
+	infos, err := listLeases(ctx, c, group+"/")
 	if err != nil {
-		return nil, err
+		return GroupState{}, err
 	}
-	var out []GroupMember
+	st := GroupState{Leases: map[int]fenced.LeaseInfo{}, Owners: map[int]string{}}
 	for _, in := range infos {
 		if !in.Held {
 			continue
 		}
-		rest := strings.TrimPrefix(in.Key, group+"/m/")
-		ps, id, ok := strings.Cut(rest, "/")
-		n, err := strconv.Atoi(ps)
-		if !ok || err != nil || id == "" {
-			continue // not a member key
+		rest := strings.TrimPrefix(in.Key, group+"/")
+		if s, ok := strings.CutPrefix(rest, "p/"); ok {
+			// Atoi is strict, so keys of a group named GROUP/p/x or
+			// GROUP/m/x do not parse here.
+			if i, err := strconv.Atoi(s); err == nil && i >= 0 {
+				st.Leases[i] = in
+			}
+			continue
 		}
-		out = append(out, GroupMember{ID: id, Partitions: n, Remaining: in.Remaining})
+		if s, ok := strings.CutPrefix(rest, "m/"); ok {
+			ps, id, ok := strings.Cut(s, "/")
+			n, err := strconv.Atoi(ps)
+			if !ok || err != nil || id == "" || strings.Contains(id, "/") {
+				continue // not a member key
+			}
+			st.Members = append(st.Members, GroupMember{ID: id, Partitions: n, Remaining: in.Remaining})
+		}
 	}
-	slices.SortFunc(out, func(a, b GroupMember) int { return strings.Compare(a.ID, b.ID) })
-	return out, nil
+	slices.SortFunc(st.Members, func(a, b GroupMember) int { return strings.Compare(a.ID, b.ID) })
+	byTag := map[string]string{}
+	for _, m := range st.Members {
+		t := ownerTag(m.ID)
+		if _, dup := byTag[t]; dup {
+			byTag[t] = "" // ambiguous
+			continue
+		}
+		byTag[t] = m.ID
+	}
+	for i, in := range st.Leases {
+		if len(in.Owner) < MemberTagLen {
+			continue
+		}
+		if id := byTag[in.Owner[:MemberTagLen]]; id != "" {
+			st.Owners[i] = id
+		}
+	}
+	return st, nil
+}
+
+// MemberTagLen is how many characters of a partition lease's owner name
+// its member.
+const MemberTagLen = fenced.MaxOwnerTagLen
+
+// Partitions returns the group's partition count: that of its first live
+// member (members with another count are refused at their join), or zero
+// when no member is live.
+func (s GroupState) Partitions() int {
+	if len(s.Members) == 0 {
+		return 0
+	}
+	return s.Members[0].Partitions
+}
+
+// MemberIDs returns the IDs of the live members with partition count p.
+func (s GroupState) MemberIDs(p int) []string {
+	var ids []string
+	for _, m := range s.Members {
+		if m.Partitions == p {
+			ids = append(ids, m.ID)
+		}
+	}
+	return ids
+}
+
+// Assign returns the assignment the members with partition count p
+// compute from this listing (AssignPartitions).
+func (s GroupState) Assign(p int) map[string][]int {
+	return AssignPartitions(s.MemberIDs(p), p, s.Owners)
+}
+
+// ListMembers returns the live members of group, sorted by ID, whatever
+// their partition count.
+func ListMembers(ctx context.Context, c *fenced.Client, group string) ([]GroupMember, error) {
+	st, err := ReadGroup(ctx, c, group)
+	return st.Members, err
 }
 
 // ListPartitionLeases returns the held partition leases of group, by
 // partition number.
 func ListPartitionLeases(ctx context.Context, c *fenced.Client, group string) (map[int]fenced.LeaseInfo, error) {
-	infos, err := listLeases(ctx, c, group+"/p/")
-	if err != nil {
-		return nil, err
-	}
-	out := map[int]fenced.LeaseInfo{}
-	for _, in := range infos {
-		i, err := strconv.Atoi(strings.TrimPrefix(in.Key, group+"/p/"))
-		if err != nil || !in.Held || i < 0 {
-			continue
-		}
-		out[i] = in
-	}
-	return out, nil
+	st, err := ReadGroup(ctx, c, group)
+	return st.Leases, err
 }
 
-// readMembers returns the live members with this member's partition
-// count, and a description of each live member with another.
-func (g *Partitions) readMembers(ctx context.Context) (same, others []string, err error) {
-	ms, err := ListMembers(ctx, g.c, g.group)
+// readMembers returns the group's listing, the live members with this
+// member's partition count, and a description of each live member with
+// another.
+func (g *Partitions) readMembers(ctx context.Context) (st GroupState, same, others []string, err error) {
+	st, err = ReadGroup(ctx, g.c, g.group)
 	if err != nil {
-		return nil, nil, err
+		return st, nil, nil, err
 	}
-	for _, m := range ms {
+	for _, m := range st.Members {
 		if m.Partitions == g.n {
 			same = append(same, m.ID)
 		} else {
 			others = append(others, fmt.Sprintf("%q with %d", m.ID, m.Partitions))
 		}
 	}
-	return same, others, nil
+	return st, same, others, nil
 }
 
 // ring wakes the members watching the doorbell: a grant and release of
@@ -609,7 +685,7 @@ func (g *Partitions) step(ctx context.Context, w *watches) time.Duration {
 	}
 	var targets []int
 	if m != nil {
-		members, _, err := g.readMembers(ctx)
+		st, members, _, err := g.readMembers(ctx)
 		if err != nil {
 			return min(next, time.Second) // keep what we hold; leases decide
 		}
@@ -620,7 +696,7 @@ func (g *Partitions) step(ctx context.Context, w *watches) time.Duration {
 		g.mu.Lock()
 		g.members = members
 		g.mu.Unlock()
-		targets = AssignPartitions(members, g.n)[g.id]
+		targets = AssignPartitions(members, g.n, st.Owners)[g.id]
 	}
 	isTarget := make(map[int]bool, len(targets))
 	for _, p := range targets {

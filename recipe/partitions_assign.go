@@ -2,88 +2,256 @@ package recipe
 
 import (
 	"cmp"
+	"fmt"
 	"hash/fnv"
 	"slices"
 )
 
 // AssignPartitions returns which partitions of [0, partitions) each of
 // members owns in a group: a map from member ID to its sorted partitions.
-// Every member of the group computes it from the same sorted list of live
-// members, so they agree without talking to each other.
+// current says who owns each partition now (partitions missing from it,
+// or owned by someone not in members, are free); nil means nobody does.
+// Every member of the group computes it from the same listing of the
+// authority (the live members and the partitions' holders), so they agree
+// without talking to each other; the order of members does not matter.
 //
-// It is rendezvous (highest random weight) hashing with capacities: every
-// (partition, member) pair gets a pseudo-random score from the two names
-// alone, and pairs are taken in decreasing score while the partition is
-// unassigned and the member below its capacity. Capacities are
-// ⌊P/N⌋ or ⌈P/N⌉, so the balance is within one. Scores do not depend on
-// the other members, so a join or leave moves about P/N partitions, not
-// P: a partition moves only when its winner changes or a capacity is
-// reached earlier or later. A member that restarts with the same ID gets
-// the same partitions back (stickiness).
-func AssignPartitions(members []string, partitions int) map[string][]int {
-	out := make(map[string][]int, len(members))
+// Counts are ⌊P/N⌋ or ⌈P/N⌉, so the balance is within one, and an
+// assignment computed from the previous one moves only what must move: on
+// a join, only the ⌊P/N⌋ partitions the newcomer takes; on a leave or
+// crash, only the leaver's. It works in three steps:
+//
+//  1. Capacities. The P mod N members that get ⌈P/N⌉ are those that hold
+//     the most now (counted up to ⌈P/N⌉), ties going to the member with
+//     the highest score of its own, so no member holding ⌈P/N⌉ is cut
+//     to ⌊P/N⌋ while another is raised.
+//  2. Keep. Every member keeps its current partitions up to its capacity.
+//     One over its capacity sheds the surplus, first the partitions that
+//     its fresh assignment (below) gives to others.
+//  3. Fill. The free partitions go to the members below their capacity:
+//     first each to its owner in the fresh assignment if that member has
+//     room, then by rendezvous score.
+//
+// The fresh assignment is rendezvous (highest random weight) hashing with
+// capacities: every (partition, member) pair gets a pseudo-random score
+// from the two names alone, and pairs are taken in decreasing score while
+// the partition is free and the member below its capacity. It is the
+// assignment of a group that starts with nothing owned, and the shape
+// that steps 2 and 3 pull towards, so a member that restarts with the
+// same ID gets its old partitions back (all of them when its share is
+// ⌊P/N⌋).
+//
+// No assignment computed from the member set alone can do this: with a
+// balance within one and arbitrary joins and leaves, some join or leave
+// must move more than the newcomer's or leaver's share (docs/recipes.md
+// shows why), which is why the current owners are an input.
+func AssignPartitions(members []string, partitions int, current map[int]string) map[string][]int {
 	members = slices.Clone(members)
 	slices.Sort(members)
 	members = slices.Compact(members)
 	n := len(members)
+	out := make(map[string][]int, n)
 	if n == 0 || partitions <= 0 {
 		return out
 	}
-	// Which members get the ⌈P/N⌉ capacities: the P mod N with the
-	// highest score of their own, so the choice too is stable.
-	type ranked struct {
-		id    string
-		score uint64
+	a := newAssigner(members, partitions)
+	fresh := a.assign(a.capacities(nil), allPartitions(partitions), nil)
+	if len(current) == 0 {
+		return a.result(fresh)
 	}
-	byScore := make([]ranked, n)
-	hashes := make([]uint64, n)
+
+	// 1. Capacities, from the current counts.
+	owner := make([]int32, partitions) // member index, or -1 when free
+	count := make([]int, n)
+	index := make(map[string]int32, n)
 	for i, m := range members {
-		hashes[i] = nameHash(m)
-		byScore[i] = ranked{m, mix(hashes[i])}
+		index[m] = int32(i)
 	}
-	slices.SortFunc(byScore, func(a, b ranked) int {
-		return cmp.Or(cmp.Compare(b.score, a.score), cmp.Compare(a.id, b.id))
+	for p := range owner {
+		owner[p] = -1
+		if id, ok := current[p]; ok {
+			if m, ok := index[id]; ok {
+				owner[p] = m
+				count[m]++
+			}
+		}
+	}
+	capacity := a.capacities(count)
+
+	// 2. Keep up to the capacity: the fresh assignment's partitions
+	// first, then by score.
+	held := make([][]int, n)
+	for p, m := range owner {
+		if m >= 0 {
+			held[m] = append(held[m], p)
+		}
+	}
+	var free []int
+	for p, m := range owner {
+		if m < 0 {
+			free = append(free, p)
+		}
+	}
+	result := make([]int32, partitions)
+	for p := range result {
+		result[p] = -1
+	}
+	for m, ps := range held {
+		if len(ps) > capacity[m] {
+			slices.SortFunc(ps, func(x, y int) int {
+				return cmp.Or(
+					cmp.Compare(b2i(fresh[y] == int32(m)), b2i(fresh[x] == int32(m))),
+					cmp.Compare(a.score(y, m), a.score(x, m)),
+					cmp.Compare(x, y))
+			})
+			free = append(free, ps[capacity[m]:]...)
+			ps = ps[:capacity[m]]
+		}
+		for _, p := range ps {
+			result[p] = int32(m)
+		}
+		capacity[m] -= len(ps)
+	}
+	slices.Sort(free)
+
+	// 3. Fill: the fresh owner if it has room, then by score.
+	var rest []int
+	for _, p := range free {
+		if m := fresh[p]; capacity[m] > 0 {
+			result[p] = m
+			capacity[m]--
+			continue
+		}
+		rest = append(rest, p)
+	}
+	a.assign(capacity, rest, result)
+	return a.result(result)
+}
+
+// assigner holds the members' hashes for one computation.
+type assigner struct {
+	members    []string
+	partitions int
+	hashes     []uint64
+}
+
+func newAssigner(members []string, partitions int) *assigner {
+	a := &assigner{members: members, partitions: partitions, hashes: make([]uint64, len(members))}
+	for i, m := range members {
+		a.hashes[i] = nameHash(m)
+	}
+	return a
+}
+
+// score is the rendezvous score of partition p for member m.
+func (a *assigner) score(p, m int) uint64 {
+	return mix(a.hashes[m] ^ mix(uint64(p)+0x9e3779b97f4a7c15))
+}
+
+// capacities returns each member's capacity: ⌊P/N⌋, plus one for the
+// P mod N members ranked first by min(count, ⌈P/N⌉) (nil: all zero),
+// then by the member's own score, then by ID.
+func (a *assigner) capacities(count []int) []int {
+	n := len(a.members)
+	q, r := a.partitions/n, a.partitions%n
+	rank := make([]int, n)
+	for i := range rank {
+		rank[i] = i
+	}
+	held := func(m int) int {
+		if count == nil {
+			return 0
+		}
+		return min(count[m], q+1)
+	}
+	slices.SortFunc(rank, func(x, y int) int {
+		return cmp.Or(cmp.Compare(held(y), held(x)),
+			cmp.Compare(mix(a.hashes[y]), mix(a.hashes[x])),
+			cmp.Compare(a.members[x], a.members[y]))
 	})
-	capacity := make(map[string]int, n)
-	for i, r := range byScore {
-		capacity[r.id] = partitions / n
-		if i < partitions%n {
-			capacity[r.id]++
+	capacity := make([]int, n)
+	for i, m := range rank {
+		capacity[m] = q
+		if i < r {
+			capacity[m]++
+		}
+	}
+	return capacity
+}
+
+// assign gives each of free to a member, taking (partition, member)
+// pairs in decreasing score while the partition is unassigned and the
+// member has capacity left (it consumes capacity). It fills into (a new
+// slice when into is nil, every partition -1 first) and returns it.
+func (a *assigner) assign(capacity []int, free []int, into []int32) []int32 {
+	if into == nil {
+		into = make([]int32, a.partitions)
+		for p := range into {
+			into[p] = -1
 		}
 	}
 	type pair struct {
 		score uint64
-		p     int32
-		m     int32
+		p, m  int32
 	}
-	pairs := make([]pair, 0, partitions*n)
-	for p := range partitions {
-		hp := mix(uint64(p) + 0x9e3779b97f4a7c15)
-		for m := range n {
-			pairs = append(pairs, pair{mix(hashes[m] ^ hp), int32(p), int32(m)})
+	var pairs []pair
+	for _, p := range free {
+		for m := range a.members {
+			if capacity[m] > 0 {
+				pairs = append(pairs, pair{a.score(p, m), int32(p), int32(m)})
+			}
 		}
 	}
-	slices.SortFunc(pairs, func(a, b pair) int {
-		return cmp.Or(cmp.Compare(b.score, a.score), cmp.Compare(a.p, b.p), cmp.Compare(a.m, b.m))
+	slices.SortFunc(pairs, func(x, y pair) int {
+		return cmp.Or(cmp.Compare(y.score, x.score), cmp.Compare(x.p, y.p), cmp.Compare(x.m, y.m))
 	})
-	taken := make([]bool, partitions)
-	left := partitions
+	left := len(free)
 	for _, pr := range pairs {
-		id := members[pr.m]
-		if taken[pr.p] || capacity[id] == 0 {
-			continue
-		}
-		taken[pr.p] = true
-		capacity[id]--
-		out[id] = append(out[id], int(pr.p))
-		if left--; left == 0 {
+		if left == 0 {
 			break
 		}
+		if into[pr.p] >= 0 || capacity[pr.m] == 0 {
+			continue
+		}
+		into[pr.p] = pr.m
+		capacity[pr.m]--
+		left--
 	}
-	for id := range out {
-		slices.Sort(out[id])
+	return into
+}
+
+// result turns an owner per partition into the map AssignPartitions
+// returns.
+func (a *assigner) result(owner []int32) map[string][]int {
+	out := make(map[string][]int, len(a.members))
+	for p, m := range owner {
+		if m >= 0 {
+			id := a.members[m]
+			out[id] = append(out[id], p) // p ascending: sorted
+		}
 	}
 	return out
+}
+
+func allPartitions(n int) []int {
+	ps := make([]int, n)
+	for i := range ps {
+		ps[i] = i
+	}
+	return ps
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// ownerTag is the OwnerTag of a member's partition leases: 32 bits of a
+// hash of its ID, so that a listing of the partitions says which member
+// holds each (the shortened owner shows the tag).
+func ownerTag(memberID string) string {
+	return fmt.Sprintf("%08x", uint32(nameHash("fenced-partitions:"+memberID)))
 }
 
 // nameHash is FNV-1a of s.

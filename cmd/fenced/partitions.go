@@ -215,7 +215,14 @@ func superviseProcess(ctx context.Context, g *globals, self string, grace time.D
 	case err = <-waited:
 		w.Close()
 	case <-ctx.Done():
-		fmt.Fprint(w, errText(context.Cause(ctx))) // why, for the child's messages
+		// Why, for the child's messages: a hand-off or leave is planned,
+		// anything else a loss.
+		cause := context.Cause(ctx)
+		kind := "lost"
+		if errors.Is(cause, recipe.ErrHandedOff) || errors.Is(cause, recipe.ErrLeft) {
+			kind = "planned"
+		}
+		fmt.Fprint(w, kind+":"+errText(cause))
 		w.Close()
 		err = <-waited
 	}
@@ -235,13 +242,29 @@ func (p *pipeLink) Done() <-chan struct{} { return p.done }
 func (p *pipeLink) Err() error {
 	select {
 	case <-p.done:
-		if p.why != "" {
-			return fmt.Errorf("%w: %s", fenced.ErrLost, p.why)
+		if why, ok := strings.CutPrefix(p.why, "planned:"); ok {
+			return plannedEnd(why)
+		}
+		if why, ok := strings.CutPrefix(p.why, "lost:"); ok {
+			return fmt.Errorf("%w: %s", fenced.ErrLost, why)
 		}
 		return fmt.Errorf("%w: the member died", fenced.ErrLost)
 	default:
 		return nil
 	}
+}
+
+// plannedEnd is the end of a partition's hold that is no loss: the
+// partition was handed off to another member, or its member left the
+// group. The member releases the lease only after COMMAND has ended.
+type plannedEnd string
+
+func (e plannedEnd) Error() string { return string(e) }
+
+// isPlannedEnd reports whether err is a plannedEnd.
+func isPlannedEnd(err error) bool {
+	var p plannedEnd
+	return errors.As(err, &p)
 }
 
 // Remaining is unknown here; the member's lease decides, and the pipe
@@ -312,6 +335,7 @@ of partitions not held: being handed off, or waiting for a dead owner's lease to
 type partitionRow struct {
 	Partition int           `json:"partition"`
 	Held      bool          `json:"held"`
+	Owner     string        `json:"owner,omitempty"`
 	Fence     uint64        `json:"fence"`
 	Remaining time.Duration `json:"remaining_ns"`
 	Target    string        `json:"target"`
@@ -323,23 +347,15 @@ func lsPartitions(ctx context.Context, g *globals, group string) error {
 		return err
 	}
 	defer c.Close()
-	members, err := recipe.ListMembers(ctx, c, group)
+	st, err := recipe.ReadGroup(ctx, c, group)
 	if err != nil {
 		return err
 	}
-	// The group's P is the live members' (the first, if they disagree).
-	p := 0
-	var ids []string
-	for _, m := range members {
-		if p == 0 {
-			p = m.Partitions
-		}
-		if m.Partitions == p {
-			ids = append(ids, m.ID)
-		}
-	}
+	members := st.Members
+	p := st.Partitions()
+	ids := st.MemberIDs(p)
 	target := map[int]string{}
-	for id, ps := range recipe.AssignPartitions(ids, p) {
+	for id, ps := range st.Assign(p) {
 		for _, i := range ps {
 			target[i] = id
 		}
@@ -348,14 +364,10 @@ func lsPartitions(ctx context.Context, g *globals, group string) error {
 	for i := range rows {
 		rows[i] = partitionRow{Partition: i, Target: target[i]}
 	}
-	held, err := recipe.ListPartitionLeases(ctx, c, group)
-	if err != nil {
-		return err
-	}
 	lag := p
-	for i, in := range held {
+	for i, in := range st.Leases {
 		if i < p {
-			rows[i].Held, rows[i].Fence, rows[i].Remaining = true, in.Fence, in.Remaining
+			rows[i].Held, rows[i].Owner, rows[i].Fence, rows[i].Remaining = true, st.Owners[i], in.Fence, in.Remaining
 			lag--
 		}
 	}
@@ -373,9 +385,9 @@ func lsPartitions(ctx context.Context, g *globals, group string) error {
 	}
 	tw.Flush()
 	tw = tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "PARTITION\tHELD\tFENCE\tREMAINING\tTARGET")
+	fmt.Fprintln(tw, "PARTITION\tHELD\tOWNER\tFENCE\tREMAINING\tTARGET")
 	for _, r := range rows {
-		fmt.Fprintf(tw, "%d\t%v\t%d\t%v\t%s\n", r.Partition, r.Held, r.Fence, r.Remaining.Round(time.Millisecond), r.Target)
+		fmt.Fprintf(tw, "%d\t%v\t%s\t%d\t%v\t%s\n", r.Partition, r.Held, r.Owner, r.Fence, r.Remaining.Round(time.Millisecond), r.Target)
 	}
 	return tw.Flush()
 }

@@ -50,9 +50,11 @@ func TestPartitionsRunHandsOffOnLeave(t *testing.T) {
 	dir := t.TempDir()
 	// Each command records its partition, fence and pid, then sleeps.
 	script := `echo "$FENCED_PARTITION $FENCED_FENCE $$" >> ` + dir + `/$1.log; exec sleep 300`
+	stderrs := map[string]outFile{}
 	start := func(id string) *exec.Cmd {
-		cmd, _, _ := startRun(t, store, "partitions", "run", "g", "-p", "4", "--ttl", "2s", "--grace", "1s", "--id", id,
+		cmd, _, errb := startRun(t, store, "partitions", "run", "g", "-p", "4", "--ttl", "2s", "--grace", "1s", "--id", id,
 			"--", "sh", "-c", script, "sh", id)
+		stderrs[id] = errb
 		return cmd
 	}
 	start("a")
@@ -66,6 +68,13 @@ func TestPartitionsRunHandsOffOnLeave(t *testing.T) {
 		return len(commandPids(t, filepath.Join(dir, "b.log"))) == 2 && len(held) == 4 && members == 2
 	})
 	before, _ := partitionsLs(t, store, "g")
+	// a handed two partitions off: said so, and not as a loss.
+	eventually(t, 8*time.Second, "a reports its hand-offs", func() bool {
+		return strings.Count(readFileOr(string(stderrs["a"])), "processes have ended, before the lease is released") == 2
+	})
+	if e := readFileOr(string(stderrs["a"])); !strings.Contains(e, "handed off to another member") || strings.Contains(e, "lost") || strings.Contains(e, "77") {
+		t.Errorf("a's hand-offs are reported as losses, or not as hand-offs:\n%s", e)
+	}
 	bPids := commandPids(t, filepath.Join(dir, "b.log"))
 	if len(bPids) == 0 {
 		t.Fatalf("b runs no command; a's log: %s", readFileOr(filepath.Join(dir, "a.log")))
@@ -75,6 +84,9 @@ func TestPartitionsRunHandsOffOnLeave(t *testing.T) {
 	}
 	if code := waitExit(t, b, 10*time.Second); code != 0 {
 		t.Errorf("b left with exit %d, want 0", code)
+	}
+	if e := readFileOr(string(stderrs["b"])); !strings.Contains(e, "member left the group") || strings.Contains(e, "lost") {
+		t.Errorf("b's leave is reported as a loss, or not as a leave:\n%s", e)
 	}
 	for _, pid := range bPids {
 		if alive(pid) {

@@ -614,11 +614,15 @@ func (s *supervision) lose(cause error) {
 		return
 	}
 	s.lost = cause
+	verb := " lost" // a planned end says what it is by itself
+	if isPlannedEnd(cause) {
+		verb = ""
+	}
 	if s.ending {
-		fmt.Fprintf(s.g.stderr, "fenced: %s lost: %v; processes of %s are already being ended\n", s.h.desc, cause, s.name)
+		fmt.Fprintf(s.g.stderr, "fenced: %s%s: %v; processes of %s are already being ended\n", s.h.desc, verb, cause, s.name)
 		return
 	}
-	fmt.Fprintf(s.g.stderr, "fenced: %s lost: %v; sending SIGTERM to %s and its processes, SIGKILL in %v\n", s.h.desc, cause, s.name, s.h.grace)
+	fmt.Fprintf(s.g.stderr, "fenced: %s%s: %v; sending SIGTERM to %s and its processes, SIGKILL in %v\n", s.h.desc, verb, cause, s.name, s.h.grace)
 	s.terminate()
 }
 
@@ -765,6 +769,12 @@ func (s *supervision) finish(ctx context.Context, sigs <-chan os.Signal) error {
 		relCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 		cancel()
 		_ = s.h.lease.Release(relCtx)
+	}
+	if isPlannedEnd(lost) {
+		// A hand-off or leave: the member releases the lease only now
+		// that the tree is gone, so nothing overlapped.
+		fmt.Fprintf(s.g.stderr, "fenced: %s: %v; %s and its processes have ended, before the lease is released\n", s.h.desc, lost, s.name)
+		return nil
 	}
 	if lost != nil {
 		what := "ran"

@@ -1,0 +1,108 @@
+package httpapi
+
+import (
+	"context"
+	"net/http"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/recipe"
+)
+
+// groupView is a partition group (recipe.Partitions) as the API and the
+// dashboard show it.
+type groupView struct {
+	Store      string    `json:"store"`
+	Group      string    `json:"group"`
+	Now        time.Time `json:"now"`
+	Partitions int       `json:"partitions"`
+	// Members are the live members, with how many partitions each holds
+	// now and how many the assignment gives it.
+	Members []groupMemberView `json:"members"`
+	// Partition lists every partition, 0 to P-1.
+	Partition []partitionView `json:"partition"`
+	// Unowned are the partitions nobody holds: being handed off, or
+	// waiting for a dead owner's lease to run out.
+	Unowned []int `json:"unowned"`
+}
+
+type groupMemberView struct {
+	ID          string `json:"id"`
+	Partitions  int    `json:"partitions"` // the member's P
+	Owned       int    `json:"owned"`
+	Target      int    `json:"target"`
+	RemainingMS int64  `json:"remaining_ms"`
+}
+
+type partitionView struct {
+	Partition   int    `json:"partition"`
+	Key         string `json:"key"`
+	Held        bool   `json:"held"`
+	Owner       string `json:"owner,omitempty"` // the member holding it, when its tag names a live one
+	Fence       uint64 `json:"fence"`
+	RemainingMS int64  `json:"remaining_ms"`
+	Target      string `json:"target"`
+}
+
+// groupDetails reads group in one listing.
+func (s *Server) groupDetails(ctx context.Context, group string) (groupView, *apiError) {
+	if err := fenced.ValidateKey(group + "/p/0"); err != nil {
+		return groupView{}, storeError(err)
+	}
+	st, err := recipe.ReadGroup(ctx, s.cfg.Client, group)
+	if err != nil {
+		return groupView{}, storeError(err)
+	}
+	p := st.Partitions()
+	v := groupView{Store: s.cfg.Store, Group: group, Now: s.cfg.Now().UTC(), Partitions: p,
+		Members: []groupMemberView{}, Partition: make([]partitionView, p), Unowned: []int{}}
+	target := map[int]string{}
+	targets := st.Assign(p)
+	for id, ps := range targets {
+		for _, i := range ps {
+			target[i] = id
+		}
+	}
+	owned := map[string]int{}
+	for i := range v.Partition {
+		pv := partitionView{Partition: i, Key: group + "/p/" + strconv.Itoa(i), Target: target[i]}
+		if in, ok := st.Leases[i]; ok {
+			pv.Held, pv.Fence, pv.RemainingMS, pv.Owner = true, in.Fence, in.Remaining.Milliseconds(), st.Owners[i]
+			owned[pv.Owner]++
+		} else {
+			v.Unowned = append(v.Unowned, i)
+		}
+		v.Partition[i] = pv
+	}
+	for _, m := range st.Members {
+		v.Members = append(v.Members, groupMemberView{ID: m.ID, Partitions: m.Partitions, Owned: owned[m.ID],
+			Target: len(targets[m.ID]), RemainingMS: m.Remaining.Milliseconds()})
+	}
+	slices.Sort(v.Unowned)
+	return v, nil
+}
+
+func (s *Server) getGroup(w http.ResponseWriter, r *http.Request) {
+	v, aerr := s.groupDetails(r.Context(), r.PathValue("group"))
+	if aerr != nil {
+		writeError(w, aerr)
+		return
+	}
+	writeJSON(w, http.StatusOK, v)
+}
+
+type groupPage struct {
+	groupView
+	Error string
+}
+
+func (s *Server) groupPage(w http.ResponseWriter, r *http.Request) {
+	v, aerr := s.groupDetails(r.Context(), r.PathValue("group"))
+	p := groupPage{groupView: v}
+	if aerr != nil {
+		p.Store, p.Group, p.Error = s.cfg.Store, r.PathValue("group"), aerr.Message
+	}
+	s.render(w, "partitions.html", p)
+}
