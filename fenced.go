@@ -39,8 +39,8 @@
 //
 // Package recipe builds election, semaphore and multi-key locking on the
 // public API of this package only, so users can write recipes of their
-// own the same way. Client.Clock, Client.Backoff, Client.CloseTimeout and
-// Client.Closing are the hooks it needs besides leases.
+// own the same way. Client.Options, Client.Backoff and Client.Closing are
+// what it needs besides leases.
 //
 // # Errors
 //

@@ -203,9 +203,6 @@ func (l *Lease) FailedOpen() bool { return l.failedOpen }
 // ManualRenew.
 func (l *Lease) Options() LeaseOptions { return l.spec }
 
-// TTL returns the lease's time to live at the authority.
-func (l *Lease) TTL() time.Duration { return l.spec.TTL }
-
 // Context returns a context that is cancelled, with a cause, when the lease
 // ends. Run the protected work under it.
 func (l *Lease) Context() context.Context { return l.ctx }
@@ -352,9 +349,8 @@ func (l *Lease) free(ctx context.Context) error {
 	if err != nil {
 		err = fmt.Errorf("fenced: release %q: %w", l.key, err)
 	}
-	if l.c.hooks.Released != nil {
-		held := l.c.now() - l.acquired
-		l.c.hooks.released(ReleaseEvent{Held: held, Err: err, Cause: context.Cause(l.ctx), Lease: l})
+	if l.c.opts.Hook != nil {
+		l.c.emit(Event{Kind: EventRelease, Key: l.key, Fence: l.fence, Lease: l, Err: err, Duration: l.c.now() - l.acquired})
 	}
 	l.mu.Lock()
 	l.freed, l.releaseErr = true, err
@@ -407,7 +403,7 @@ type lossEnd struct {
 func (e lossEnd) finish() {
 	l := e.l
 	l.endLossWatch(e.t, e.stop)
-	l.c.hooks.lost(LostEvent{Held: l.c.now() - l.acquired, Cause: e.cause, Lease: l})
+	l.c.emit(Event{Kind: EventLost, Key: l.key, Fence: l.fence, Lease: l, Err: e.cause, Duration: l.c.now() - l.acquired})
 }
 
 // applyRenew records the outcome of a renewal request sent at sent (on
@@ -419,7 +415,7 @@ func (e lossEnd) finish() {
 // the lease back to the schedule (renewer.reschedule), whose look at it
 // the outcome has moved.
 func (l *Lease) applyRenew(began, sent time.Duration, err error) bool {
-	l.c.hooks.renewed(RenewEvent{Err: err, Lease: l})
+	l.c.emit(Event{Kind: EventRenew, Key: l.key, Fence: l.fence, Lease: l, Err: err})
 	if err != nil && errors.Is(err, ErrNotHeld) {
 		l.mu.Lock()
 		ended := l.ended

@@ -62,8 +62,10 @@ type Options struct {
 	// clock.Real(), which on Linux counts the time the machine spends
 	// suspended (CLOCK_BOOTTIME).
 	Clock clock.Clock
-	// Hooks observe acquisitions, renewals, losses and releases.
-	Hooks Hooks
+	// Hook, if set, receives an Event for every acquisition, attempt,
+	// renewal, loss, release and refused stale write. It runs on the
+	// client's goroutines and must not block.
+	Hook func(Event)
 	// MinFence is the weakest fence a lease accepts when its own MinFence
 	// is FenceUnset. Default: FenceStrict. A lease's own MinFence wins.
 	MinFence FenceStrength

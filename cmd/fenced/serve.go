@@ -119,7 +119,7 @@ func runServe(ctx context.Context, g *globals, f *serveFlags) error {
 		return err
 	}
 	g.noteStore()
-	c, err := fenced.Open(ctx, g.store, &fenced.Options{Hooks: m.Hooks(u.Scheme)})
+	c, err := fenced.Open(ctx, g.store, &fenced.Options{Hook: m.Hook(u.Scheme)})
 	if err != nil {
 		return err
 	}
