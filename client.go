@@ -74,7 +74,7 @@ func NewClient(drv driver.Driver, opts *Options) *Client {
 		c.opts.FallbackPoll = 2 * time.Second
 	}
 	if c.opts.CloseTimeout <= 0 {
-		c.opts.CloseTimeout = DefaultCloseTimeout
+		c.opts.CloseTimeout = defaultCloseTimeout
 	}
 	c.clock = c.opts.Clock
 	c.epoch = c.clock.Now()

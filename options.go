@@ -23,9 +23,9 @@ const (
 	MaxTTL = 7 * 24 * time.Hour
 	// DefaultTTL is the TTL of a lease whose options name none.
 	DefaultTTL = 30 * time.Second
-	// DefaultCloseTimeout bounds Client.Close when Options.CloseTimeout is
+	// defaultCloseTimeout bounds Client.Close when Options.CloseTimeout is
 	// not set.
-	DefaultCloseTimeout = 5 * time.Second
+	defaultCloseTimeout = 5 * time.Second
 )
 
 // Durations with a meaning of their own in LeaseOptions.MaxWait and
@@ -78,7 +78,7 @@ type Options struct {
 	FallbackPoll time.Duration
 	// CloseTimeout bounds Close, on the real clock: how long it waits for
 	// the authority to confirm the releases of the leases still held and
-	// for requests in flight. Zero or negative means DefaultCloseTimeout.
+	// for requests in flight. Zero or negative means 5s.
 	CloseTimeout time.Duration
 }
 
