@@ -116,14 +116,12 @@ type LeaseOptions struct {
 	// after it, renewal stops and the lease expires. Zero or HoldForever
 	// sets no cap.
 	MaxHold time.Duration
-	// MinHold keeps the lease, renewed, until at least this long after it
-	// was granted, even when the work ends sooner (ShedLock's
-	// lockAtLeastFor): Do returns only then, so a duplicate of a short
-	// periodic job started a little later on another instance (whose
-	// clock or tick differs) finds the key held and skips. The lease's end
-	// or the caller's context cuts the hold short. Default 0 (none); it
-	// must not exceed MaxHold, and with ManualRenew it must be shorter
-	// than the local validity.
+	// MinHold keeps the lease, renewed, until at least this long after
+	// the grant, even when the work ends sooner. Do returns only then. A
+	// duplicate of a short periodic job, started a little later elsewhere,
+	// then finds the key held and skips. The lease's end or the caller's
+	// context cuts the hold short. Default 0 (none). It must not exceed
+	// MaxHold. With ManualRenew it must be shorter than the local validity.
 	MinHold time.Duration
 	// SafetyMargin is subtracted from the TTL for local validity, to allow
 	// for clock drift and the round trip. Default TTL/100 + 2ms; it must
