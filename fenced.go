@@ -86,10 +86,9 @@ type (
 	LeaseInfo     = driver.LeaseInfo
 )
 
-// Fence strengths, weakest first. FenceUnset is the zero value: as
-// LeaseOptions.MinFence it takes Options.MinFence.
+// Fence strengths, weakest first. A zero LeaseOptions.MinFence takes
+// Options.MinFence.
 const (
-	FenceUnset      = driver.FenceUnset
 	FenceNone       = driver.FenceNone
 	FenceRepeatable = driver.FenceRepeatable
 	FenceStrict     = driver.FenceStrict

@@ -53,7 +53,7 @@ func ParseFenceStrength(s string) (FenceStrength, error) {
 	case "none":
 		return FenceNone, nil
 	}
-	return FenceUnset, fmt.Errorf("%w: fence strength %q: want strict, repeatable or none", ErrInvalidOptions, s)
+	return driver.FenceUnset, fmt.Errorf("%w: fence strength %q: want strict, repeatable or none", ErrInvalidOptions, s)
 }
 
 // Options configure a Client. The zero value (or nil) gives the defaults.
@@ -67,7 +67,7 @@ type Options struct {
 	// client's goroutines and must not block.
 	Hook func(Event)
 	// MinFence is the weakest fence a lease accepts when its own MinFence
-	// is FenceUnset. Default: FenceStrict. A lease's own MinFence wins.
+	// is zero. Default: FenceStrict. A lease's own MinFence wins.
 	MinFence FenceStrength
 	// MinBackoff and MaxBackoff bound the full-jitter backoff of polling
 	// waiters. Defaults: 10ms and 1s.
@@ -99,7 +99,7 @@ type LeaseOptions struct {
 	// work whose stale writes the resource must refuse. FenceRepeatable
 	// accepts a fence that can repeat after a failover. FenceNone is for
 	// work that needs no fence. A backend with a weaker fence is refused
-	// with ErrNoFence. FenceUnset (zero) takes Options.MinFence.
+	// with ErrNoFence. Zero takes Options.MinFence.
 	MinFence FenceStrength
 	// FailOpen runs the work without a lease when the authority is
 	// unavailable: the lease reports FailedOpen, excludes nobody and has
@@ -188,8 +188,8 @@ func (c *Client) Resolve(opts *LeaseOptions) (LeaseOptions, error) {
 
 	fenceFrom := fromLease
 	switch {
-	case s.MinFence != FenceUnset:
-	case c.opts.MinFence != FenceUnset:
+	case s.MinFence != driver.FenceUnset:
+	case c.opts.MinFence != driver.FenceUnset:
 		s.MinFence, fenceFrom = c.opts.MinFence, fromClient
 	default:
 		s.MinFence, fenceFrom = FenceStrict, fromPackage

@@ -128,7 +128,7 @@ func (s *suite) client(t *testing.T, opts *fenced.Options) *fenced.Client {
 	if opts != nil {
 		o = *opts
 	}
-	if o.MinFence == fenced.FenceUnset {
+	if o.MinFence == driver.FenceUnset {
 		o.MinFence = s.h.MinFence
 	}
 	c := fenced.NewClient(s.h.Open(t), &o)
