@@ -37,27 +37,26 @@ func (c *Client) acquire(ctx context.Context, key string, opts *LeaseOptions, tr
 	// The clock is read for the hook only: reading it is not free on
 	// every machine.
 	var began time.Time
-	if c.hooks.Acquired != nil {
+	if c.opts.Hook != nil {
 		began = c.clock.Now()
 	}
-	ev := AcquireEvent{Key: key, Context: ctx}
+	ev := Event{Kind: EventAcquire, Key: key, Context: ctx}
 	l, err := c.acquireChecked(ctx, key, opts, try, &ev)
-	if c.hooks.Acquired != nil {
-		ev.Waited = c.clock.Now().Sub(began)
+	if c.opts.Hook != nil {
+		ev.Duration = c.clock.Now().Sub(began)
 	}
 	if err != nil {
 		err = fmt.Errorf("fenced: acquire %q: %w", key, err)
 		ev.Err = err
 	} else {
 		ev.Fence = l.fence
-		ev.FailedOpen = l.failedOpen
 		ev.Lease = l
 	}
-	c.hooks.acquired(ev)
+	c.emit(ev)
 	return l, err
 }
 
-func (c *Client) acquireChecked(ctx context.Context, key string, opts *LeaseOptions, try bool, ev *AcquireEvent) (*Lease, error) {
+func (c *Client) acquireChecked(ctx context.Context, key string, opts *LeaseOptions, try bool, ev *Event) (*Lease, error) {
 	if err := ValidateKey(key); err != nil {
 		return nil, err
 	}
@@ -82,7 +81,7 @@ func (c *Client) acquireChecked(ctx context.Context, key string, opts *LeaseOpti
 
 // acquireLoop acquires key. ctx is the caller's; dctx is ctx bounded by
 // Close (see admit), for requests to the store.
-func (c *Client) acquireLoop(ctx, dctx context.Context, key string, s LeaseOptions, ev *AcquireEvent) (_ *Lease, err error) {
+func (c *Client) acquireLoop(ctx, dctx context.Context, key string, s LeaseOptions, ev *Event) (_ *Lease, err error) {
 	owner := s.OwnerTag + newOwner()
 	// unresolved is set while a request may have granted the key to owner
 	// without saying so (see mayHaveGranted): an acquisition that gives up
@@ -162,8 +161,8 @@ func (c *Client) acquireLoop(ctx, dctx context.Context, key string, s LeaseOptio
 		} else {
 			releasesBefore = c.releases.Load()
 		}
-		ev.Attempts = attempt
-		c.hooks.attempt(AttemptEvent{Key: key, Attempt: attempt, Context: ctx})
+		ev.Attempt = attempt
+		c.emit(Event{Kind: EventAttempt, Key: key, Attempt: attempt, Context: ctx})
 		sent := c.clock.Now()
 		if attempt == 1 {
 			began = sent
@@ -281,7 +280,7 @@ func (c *Client) tryAcquire(ctx context.Context, key, owner string, s LeaseOptio
 
 // acquireQueued waits in the backend's native queue. ctx is the caller's;
 // dctx is ctx bounded by Close (see untilHalt).
-func (c *Client) acquireQueued(ctx, dctx context.Context, q driver.TimedQueuer, key, owner string, s LeaseOptions, waitOver <-chan time.Time, ev *AcquireEvent) (*Lease, error) {
+func (c *Client) acquireQueued(ctx, dctx context.Context, q driver.TimedQueuer, key, owner string, s LeaseOptions, waitOver <-chan time.Time, ev *Event) (*Lease, error) {
 	qctx, cancel := context.WithCancelCause(dctx)
 	defer cancel(nil)
 	// Close ends the wait at once; the queue leaves nothing behind.
@@ -296,8 +295,8 @@ func (c *Client) acquireQueued(ctx, dctx context.Context, q driver.TimedQueuer, 
 			}
 		}()
 	}
-	ev.Attempts = 1
-	c.hooks.attempt(AttemptEvent{Key: key, Attempt: 1, Context: ctx})
+	ev.Attempt = 1
+	c.emit(Event{Kind: EventAttempt, Key: key, Attempt: 1, Context: ctx})
 	sent := c.clock.Now()
 	// Validity starts when the grant was confirmed, not when the wait
 	// began. The driver reports that on the real clock; carry the offset

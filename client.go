@@ -20,7 +20,6 @@ type Client struct {
 	drv   driver.Driver
 	opts  Options
 	clock clock.Clock
-	hooks Hooks
 	// epoch is c's clock when c was made. Leases keep their moments as
 	// durations since it (see since), which are smaller than time.Time
 	// values and keep the monotonic reading of a real clock.
@@ -75,11 +74,10 @@ func NewClient(drv driver.Driver, opts *Options) *Client {
 		c.opts.FallbackPoll = 2 * time.Second
 	}
 	if c.opts.CloseTimeout <= 0 {
-		c.opts.CloseTimeout = DefaultCloseTimeout
+		c.opts.CloseTimeout = defaultCloseTimeout
 	}
 	c.clock = c.opts.Clock
 	c.epoch = c.clock.Now()
-	c.hooks = c.opts.Hooks
 	c.closing, c.beginClosing = context.WithCancel(context.Background())
 	c.halt, c.cancelHalt = context.WithCancelCause(context.Background())
 	c.renew = newRenewer(c)
@@ -99,9 +97,6 @@ func (c *Client) now() time.Duration { return c.since(c.clock.Now()) }
 // Driver returns the driver under c, for guards and tools that need a
 // backend's own client.
 func (c *Client) Driver() driver.Driver { return c.drv }
-
-// Hooks returns the hooks c reports to, for guards that report stale writes.
-func (c *Client) Hooks() Hooks { return c.hooks }
 
 // Guarantees returns what the backend promises.
 func (c *Client) Guarantees() Guarantees { return driver.GuaranteesOf(c.drv) }

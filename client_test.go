@@ -152,11 +152,13 @@ func TestRefusedRenewalLosesLeaseAtOnce(t *testing.T) {
 	clk := clock.NewFake(time.Unix(1000, 0))
 	f := newFaulty(clk)
 	var lost atomic.Int32
-	c := fenced.NewClient(f, &fenced.Options{Clock: clk, Hooks: fenced.Hooks{Lost: func(e fenced.LostEvent) {
-		if errors.Is(e.Cause, fenced.ErrLost) {
-			lost.Add(1)
+	c := fenced.NewClient(f, &fenced.Options{Clock: clk, Hook: func(e fenced.Event) {
+		if e.Kind == fenced.EventLost {
+			if errors.Is(e.Err, fenced.ErrLost) {
+				lost.Add(1)
+			}
 		}
-	}}})
+	}})
 	defer c.Close()
 	ctx := context.Background()
 	l, err := c.TryAcquire(ctx, "k", &fenced.LeaseOptions{TTL: 3 * time.Second})
@@ -200,8 +202,12 @@ func TestMaxHoldStopsRenewal(t *testing.T) {
 func TestFailOpenOnlyWithoutFence(t *testing.T) {
 	f := newFaulty(nil)
 	f.acquireErr = driver.ErrUnavailable
-	var events []fenced.AcquireEvent
-	c := fenced.NewClient(f, &fenced.Options{Hooks: fenced.Hooks{Acquired: func(e fenced.AcquireEvent) { events = append(events, e) }}})
+	var events []fenced.Event
+	c := fenced.NewClient(f, &fenced.Options{Hook: func(e fenced.Event) {
+		if e.Kind == fenced.EventAcquire {
+			events = append(events, e)
+		}
+	}})
 	defer c.Close()
 	ctx := context.Background()
 	if _, err := c.TryAcquire(ctx, "k", nil); !errors.Is(err, fenced.ErrUnavailable) {
@@ -217,7 +223,7 @@ func TestFailOpenOnlyWithoutFence(t *testing.T) {
 	if !l.FailedOpen() || l.Fence() != 0 || l.Err() != nil || !l.Options().ManualRenew {
 		t.Fatalf("failed-open lease: FailedOpen %v fence %d err %v spec %+v", l.FailedOpen(), l.Fence(), l.Err(), l.Options())
 	}
-	if last := events[len(events)-1]; !last.FailedOpen {
+	if last := events[len(events)-1]; last.Lease == nil || !last.Lease.FailedOpen() {
 		t.Fatalf("Acquired hook did not report the fail-open: %+v", last)
 	}
 	if err := l.Release(ctx); err != nil {

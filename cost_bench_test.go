@@ -239,7 +239,11 @@ func holdLeases(b *testing.B, m, periods int, ttl time.Duration, batch bool) {
 		drv = countingBatches{counted}
 	}
 	var lost atomic.Int64
-	c := fenced.NewClient(drv, &fenced.Options{Hooks: fenced.Hooks{Lost: func(fenced.LostEvent) { lost.Add(1) }}})
+	c := fenced.NewClient(drv, &fenced.Options{Hook: func(e fenced.Event) {
+		if e.Kind == fenced.EventLost {
+			lost.Add(1)
+		}
+	}})
 	defer c.Close()
 	// The store's own memory per key is not the client's: grant and
 	// release every key once first, so the baseline includes the store's

@@ -35,15 +35,15 @@ import (
 //		return err // retry later, under a new lease
 //	}
 //
-// When fn returns, the context it was given is cancelled before the key is
-// freed, so goroutines fn left behind are told to stop before another
-// worker can get the key. The release uses a fresh timeout of
-// Options.CloseTimeout, so it happens even when ctx has ended.
+// When fn returns, its context is cancelled before the key is freed. So
+// goroutines fn left behind are told to stop before another worker can get
+// the key. The release has a fresh timeout of Options.CloseTimeout, so it
+// happens even when ctx has ended.
 //
-// With a MinHold, Do keeps the lease after fn returns (with or without an
-// error) until MinHold has passed since Acquire returned, unless ctx ends
-// or the lease does first: a duplicate started a little later elsewhere
-// finds the key held.
+// With a MinHold, Do keeps the lease after fn returns, with or without an
+// error, until MinHold has passed since Acquire returned. An end of ctx or
+// of the lease cuts that short. A duplicate started a little later
+// elsewhere finds the key held.
 func (c *Client) Do(ctx context.Context, key string, opts *LeaseOptions, fn func(ctx context.Context, l *Lease) error) error {
 	l, err := c.Acquire(ctx, key, opts)
 	if err != nil {

@@ -23,17 +23,16 @@ var (
 	ErrInvalidOptions = errors.New("invalid lease options")
 )
 
-// IsLost reports whether err says that a lease ended without its holder
-// ending it: the authority no longer had the grant (ErrLost: a renewal was
-// refused, an admin broke the lease, the session ended) or the lease's
-// local validity ran out before a renewal was confirmed (ErrExpired).
-// Either way another worker may hold the key now: stop, and let the fence
-// decide which of the writes already sent count.
+// IsLost reports whether a lease ended without its holder ending it. That
+// is ErrLost (the authority no longer had the grant: renewal refused,
+// broken by an admin, session ended) or ErrExpired (local validity ran out
+// before a renewal was confirmed). Another worker may hold the key now.
+// Stop, and let the fence decide which writes already sent count.
 //
-// It is false for the endings the holder chose, ErrReleased (Release was
-// called) and ErrClosed (the client was closed, which releases its
-// leases), and for ErrStaleFence, which is a resource's refusal of a write
-// rather than news about the lease (it does mean a newer holder exists).
+// It is false for the endings the holder chose: ErrReleased (Release) and
+// ErrClosed (Client.Close releases its leases). It is also false for
+// ErrStaleFence. That is a resource refusing a write, not news about the
+// lease, though it does mean a newer holder exists.
 func IsLost(err error) bool {
 	return errors.Is(err, ErrLost) || errors.Is(err, ErrExpired)
 }

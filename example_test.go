@@ -146,3 +146,31 @@ func ExampleClient_Resolve() {
 	// Output:
 	// min fence: strict fail open: false no wait: true
 }
+
+// One hook receives every Event; Kind says which fields are set.
+func ExampleEvent() {
+	ctx := context.Background()
+	hook := func(e fenced.Event) {
+		switch e.Kind {
+		case fenced.EventAcquire:
+			fmt.Printf("acquire %s: fence %d, held by another: %v\n", e.Key, e.Fence, errors.Is(e.Err, fenced.ErrHeld))
+		case fenced.EventRelease:
+			fmt.Printf("release %s: end cause %v\n", e.Key, e.Lease.Err())
+		}
+	}
+	client, err := fenced.Open(ctx, "mem://example-event", &fenced.Options{Hook: hook})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.Close()
+	l, err := client.TryAcquire(ctx, "report:daily", nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	client.TryAcquire(ctx, "report:daily", nil) // held: refused
+	l.Release(ctx)
+	// Output:
+	// acquire report:daily: fence 1, held by another: false
+	// acquire report:daily: fence 0, held by another: true
+	// release report:daily: end cause lease released
+}

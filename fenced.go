@@ -39,8 +39,8 @@
 //
 // Package recipe builds election, semaphore and multi-key locking on the
 // public API of this package only, so users can write recipes of their
-// own the same way. Client.Clock, Client.Backoff, Client.CloseTimeout and
-// Client.Closing are the hooks it needs besides leases.
+// own the same way. Client.Options, Client.Backoff and Client.Closing are
+// what it needs besides leases.
 //
 // # Errors
 //
@@ -86,57 +86,50 @@ type (
 	LeaseInfo     = driver.LeaseInfo
 )
 
-// Fence strengths, weakest first. FenceUnset is the zero value: as
-// LeaseOptions.MinFence it takes Options.MinFence.
+// Fence strengths, weakest first. A zero LeaseOptions.MinFence takes
+// Options.MinFence.
 const (
-	FenceUnset      = driver.FenceUnset
 	FenceNone       = driver.FenceNone
 	FenceRepeatable = driver.FenceRepeatable
 	FenceStrict     = driver.FenceStrict
 )
 
-// Opener opens a driver for a store URL. Backends register one per scheme.
-type Opener func(ctx context.Context, u *url.URL) (driver.Driver, error)
+// opener opens a driver for a store URL. Backends register one per scheme.
+type opener = func(ctx context.Context, u *url.URL) (driver.Driver, error)
 
-// URLMux maps URL schemes to the backends that open them, like gocloud's
+// urlMux maps URL schemes to the backends that open them, like gocloud's
 // URLMux. The zero value is an empty mux, ready to use. It is safe for
-// concurrent use. Backend packages register with the default mux from
-// their init functions; the package functions Register, Schemes and Open
-// use it. A test or a plugin host can make a URLMux of its own.
-type URLMux struct {
+// concurrent use.
+type urlMux struct {
 	mu      sync.RWMutex
-	openers map[string]Opener
+	openers map[string]opener
 }
 
-// defaultMux is the mux behind Register, Schemes and Open.
-var defaultMux URLMux
+// defaultMux is the mux behind Register, Schemes and Open: the only
+// package-level state.
+var defaultMux urlMux
 
-// DefaultURLMux returns the mux that Register, Schemes and Open use. It is
-// the only package-level state, and the package functions only forward to
-// it.
-func DefaultURLMux() *URLMux { return &defaultMux }
-
-// Register makes a backend available under a URL scheme on m. It panics
+// register makes a backend available under a URL scheme on m. It panics
 // if opener is nil or the scheme is registered twice, like sql.Register.
 // Schemes are case-insensitive.
-func (m *URLMux) Register(scheme string, opener Opener) {
+func (m *urlMux) register(scheme string, open opener) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	scheme = strings.ToLower(scheme)
-	if opener == nil {
+	if open == nil {
 		panic("fenced: Register opener is nil for scheme " + scheme)
 	}
 	if _, dup := m.openers[scheme]; dup {
 		panic("fenced: Register called twice for scheme " + scheme)
 	}
 	if m.openers == nil {
-		m.openers = map[string]Opener{}
+		m.openers = map[string]opener{}
 	}
-	m.openers[scheme] = opener
+	m.openers[scheme] = open
 }
 
-// Schemes returns the schemes registered on m, sorted.
-func (m *URLMux) Schemes() []string {
+// schemes returns the schemes registered on m, sorted.
+func (m *urlMux) schemes() []string {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	var s []string
@@ -147,41 +140,41 @@ func (m *URLMux) Schemes() []string {
 	return s
 }
 
-// opener returns the opener of scheme, or nil.
-func (m *URLMux) opener(scheme string) Opener {
+// lookup returns the opener of scheme, or nil.
+func (m *urlMux) lookup(scheme string) opener {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	return m.openers[scheme]
 }
 
-// Register makes a backend available under a URL scheme on the default
-// mux. It is meant to be called from a backend package's init function and
-// panics if opener is nil or the scheme is registered twice, like
-// sql.Register.
-func Register(scheme string, opener Opener) { defaultMux.Register(scheme, opener) }
-
-// Schemes returns the schemes registered on the default mux, sorted.
-func Schemes() []string { return defaultMux.Schemes() }
-
-// Open opens the store named by rawURL on the default mux; see
-// URLMux.Open.
-func Open(ctx context.Context, rawURL string, opts *Options) (*Client, error) {
-	return defaultMux.Open(ctx, rawURL, opts)
+// Register makes a backend available under a URL scheme (case-insensitive).
+// A backend package calls it from its init function. It panics if open is
+// nil or the scheme is registered twice, like sql.Register.
+func Register(scheme string, open func(ctx context.Context, u *url.URL) (driver.Driver, error)) {
+	defaultMux.register(scheme, open)
 }
 
-// Open opens the store named by rawURL with the backend registered on m
-// for its scheme and returns a Client over it. opts may be nil.
+// Schemes returns the registered schemes, sorted.
+func Schemes() []string { return defaultMux.schemes() }
+
+// Open opens the store named by rawURL with the backend registered for its
+// scheme and returns a Client over it. opts may be nil.
 //
 // Malformed URLs and unknown schemes return errors matching ErrInvalidURL.
 // An unknown scheme's error lists the registered ones and names the
-// package to import: the root package knows no backend by name. The password in a URL never
-// appears in errors.
-func (m *URLMux) Open(ctx context.Context, rawURL string, opts *Options) (*Client, error) {
-	u, err := ParseURL(rawURL)
+// package to import: the root package knows no backend by name. The
+// password in a URL never appears in errors.
+func Open(ctx context.Context, rawURL string, opts *Options) (*Client, error) {
+	return defaultMux.open(ctx, rawURL, opts)
+}
+
+// open is Open on m.
+func (m *urlMux) open(ctx context.Context, rawURL string, opts *Options) (*Client, error) {
+	u, err := driver.ParseURL(rawURL)
 	if err != nil {
 		return nil, err
 	}
-	opener := m.opener(u.Scheme)
+	opener := m.lookup(u.Scheme)
 	if opener == nil {
 		return nil, fmt.Errorf("fenced: open %s: %w: unknown scheme %q: no backend registered for it (registered: %s); "+
 			"import the package that registers it for its side effect (fenced's own backends are packages under %s/, "+
@@ -198,38 +191,14 @@ func (m *URLMux) Open(ctx context.Context, rawURL string, opts *Options) (*Clien
 // modulePath is this package's import path, which fenced's own backend
 // packages sit under; it is read from a type rather than written out, so
 // the root names no backend.
-var modulePath = reflect.TypeOf(URLMux{}).PkgPath()
+var modulePath = reflect.TypeOf(urlMux{}).PkgPath()
 
 // registeredSchemes lists m's schemes for an error message.
-func registeredSchemes(m *URLMux) string {
-	if s := m.Schemes(); len(s) > 0 {
+func registeredSchemes(m *urlMux) string {
+	if s := m.schemes(); len(s) > 0 {
 		return strings.Join(s, ", ")
 	}
 	return "none"
-}
-
-// ParseURL parses a store URL and checks that it has a scheme. Scheme names
-// are lower-cased. Errors match ErrInvalidURL.
-func ParseURL(rawURL string) (*url.URL, error) {
-	if strings.TrimSpace(rawURL) == "" {
-		return nil, fmt.Errorf("fenced: %w: empty URL", ErrInvalidURL)
-	}
-	u, err := url.Parse(rawURL)
-	if err != nil {
-		// url.Error repeats the URL, which may contain a password.
-		var ue *url.Error
-		msg := err.Error()
-		if e, ok := err.(*url.Error); ok {
-			ue = e
-			msg = ue.Err.Error()
-		}
-		return nil, fmt.Errorf("fenced: %w: %s: %s", ErrInvalidURL, Redact(rawURL), msg)
-	}
-	if u.Scheme == "" {
-		return nil, fmt.Errorf("fenced: %w: %q has no scheme (want for example sqlite:///path/to/file.db or postgres://host/db)", ErrInvalidURL, Redact(rawURL))
-	}
-	u.Scheme = strings.ToLower(u.Scheme)
-	return u, nil
 }
 
 // Redact returns rawURL with every password replaced by "xxxxx", for logs
@@ -237,40 +206,4 @@ func ParseURL(rawURL string) (*url.URL, error) {
 // (password, sslpassword) and URLs nested in query parameters
 // (redlock://…?fence=postgres://u:pw@…). A string that does not parse is
 // cut at its first '@', and a query that does not parse is dropped.
-func Redact(rawURL string) string {
-	u, err := url.Parse(rawURL)
-	if err != nil {
-		if i := strings.LastIndex(rawURL, "@"); i >= 0 {
-			rawURL = "…" + rawURL[i:]
-		}
-		if i := strings.Index(rawURL, "?"); i >= 0 {
-			rawURL = rawURL[:i] + "?…"
-		}
-		return rawURL
-	}
-	if u.RawQuery != "" {
-		q, err := url.ParseQuery(u.RawQuery)
-		if err != nil {
-			u.RawQuery = "…"
-		} else {
-			changed := false
-			for k, vs := range q {
-				for i, v := range vs {
-					r := v
-					if strings.EqualFold(k, "password") || strings.EqualFold(k, "sslpassword") {
-						r = "xxxxx"
-					} else if strings.Contains(v, "@") {
-						r = Redact(v)
-					}
-					if r != v {
-						vs[i], changed = r, true
-					}
-				}
-			}
-			if changed {
-				u.RawQuery = q.Encode()
-			}
-		}
-	}
-	return u.Redacted()
-}
+func Redact(rawURL string) string { return driver.Redact(rawURL) }

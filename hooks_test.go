@@ -17,20 +17,30 @@ import (
 // recorder keeps every hook event, for tests of what adapters receive.
 type recorder struct {
 	mu       sync.Mutex
-	attempts []fenced.AttemptEvent
-	acquired []fenced.AcquireEvent
-	renewed  []fenced.RenewEvent
-	lost     []fenced.LostEvent
-	released []fenced.ReleaseEvent
+	attempts []fenced.Event
+	acquired []fenced.Event
+	renewed  []fenced.Event
+	lost     []fenced.Event
+	released []fenced.Event
+	// endCauses are the lease's end causes, read in the release hook.
+	endCauses []error
 }
 
-func (r *recorder) hooks() fenced.Hooks {
-	return fenced.Hooks{
-		AcquireAttempt: func(e fenced.AttemptEvent) { r.mu.Lock(); r.attempts = append(r.attempts, e); r.mu.Unlock() },
-		Acquired:       func(e fenced.AcquireEvent) { r.mu.Lock(); r.acquired = append(r.acquired, e); r.mu.Unlock() },
-		Renewed:        func(e fenced.RenewEvent) { r.mu.Lock(); r.renewed = append(r.renewed, e); r.mu.Unlock() },
-		Lost:           func(e fenced.LostEvent) { r.mu.Lock(); r.lost = append(r.lost, e); r.mu.Unlock() },
-		Released:       func(e fenced.ReleaseEvent) { r.mu.Lock(); r.released = append(r.released, e); r.mu.Unlock() },
+func (r *recorder) hook(e fenced.Event) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch e.Kind {
+	case fenced.EventAttempt:
+		r.attempts = append(r.attempts, e)
+	case fenced.EventAcquire:
+		r.acquired = append(r.acquired, e)
+	case fenced.EventRenew:
+		r.renewed = append(r.renewed, e)
+	case fenced.EventLost:
+		r.lost = append(r.lost, e)
+	case fenced.EventRelease:
+		r.released = append(r.released, e)
+		r.endCauses = append(r.endCauses, e.Lease.Err())
 	}
 }
 
@@ -42,7 +52,7 @@ type ctxKey struct{}
 func TestHookEventsCarryLeaseContextAndCause(t *testing.T) {
 	clk := clock.NewFake(time.Unix(1000, 0))
 	var r recorder
-	c := fenced.NewClient(mem.New(&mem.Options{Clock: clk}), &fenced.Options{Clock: clk, Hooks: r.hooks()})
+	c := fenced.NewClient(mem.New(&mem.Options{Clock: clk}), &fenced.Options{Clock: clk, Hook: r.hook})
 	ctx := context.WithValue(context.Background(), ctxKey{}, "caller")
 
 	l, err := c.TryAcquire(ctx, "job:a", &fenced.LeaseOptions{TTL: 3 * time.Second})
@@ -65,32 +75,32 @@ func TestHookEventsCarryLeaseContextAndCause(t *testing.T) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if len(r.attempts) == 0 || r.attempts[0].Context == nil || r.attempts[0].Context.Value(ctxKey{}) != "caller" {
-		t.Fatalf("AttemptEvent does not carry the caller's context: %+v", r.attempts)
+		t.Fatalf("EventAttempt does not carry the caller's context: %+v", r.attempts)
 	}
 	if len(r.acquired) != 3 {
 		t.Fatalf("%d acquire events, want 3", len(r.acquired))
 	}
 	ok, held, waited := r.acquired[0], r.acquired[1], r.acquired[2]
 	if ok.Lease != l || ok.Context.Value(ctxKey{}) != "caller" || ok.MaxWait != fenced.NoWait {
-		t.Fatalf("granted AcquireEvent: Lease %p (want %p), MaxWait %v, context %v", ok.Lease, l, ok.MaxWait, ok.Context)
+		t.Fatalf("granted EventAcquire: Lease %p (want %p), MaxWait %v, context %v", ok.Lease, l, ok.MaxWait, ok.Context)
 	}
 	if held.Lease != nil || held.Err == nil || held.MaxWait != fenced.NoWait {
-		t.Fatalf("refused AcquireEvent: %+v", held)
+		t.Fatalf("refused EventAcquire: %+v", held)
 	}
 	if waited.Lease != closed || waited.MaxWait != time.Second {
-		t.Fatalf("waiting AcquireEvent: Lease %p (want %p), MaxWait %v", waited.Lease, closed, waited.MaxWait)
+		t.Fatalf("waiting EventAcquire: Lease %p (want %p), MaxWait %v", waited.Lease, closed, waited.MaxWait)
 	}
 	if len(r.renewed) == 0 || r.renewed[0].Lease != l {
-		t.Fatalf("RenewEvent without the lease: %+v", r.renewed)
+		t.Fatalf("EventRenew without the lease: %+v", r.renewed)
 	}
 	if len(r.released) != 2 {
 		t.Fatalf("%d release events, want 2", len(r.released))
 	}
-	if e := r.released[0]; e.Lease != l || !errors.Is(e.Cause, fenced.ErrReleased) {
-		t.Fatalf("Release: Lease %p (want %p), Cause %v (want ErrReleased)", e.Lease, l, e.Cause)
+	if e, cause := r.released[0], r.endCauses[0]; e.Lease != l || e.Key != "job:a" || !errors.Is(cause, fenced.ErrReleased) {
+		t.Fatalf("Release: Lease %p (want %p), key %q, end cause %v (want ErrReleased)", e.Lease, l, e.Key, cause)
 	}
-	if e := r.released[1]; e.Lease != closed || !errors.Is(e.Cause, fenced.ErrClosed) {
-		t.Fatalf("Close: Lease %p (want %p), Cause %v (want ErrClosed)", e.Lease, closed, e.Cause)
+	if e, cause := r.released[1], r.endCauses[1]; e.Lease != closed || !errors.Is(cause, fenced.ErrClosed) {
+		t.Fatalf("Close: Lease %p (want %p), end cause %v (want ErrClosed)", e.Lease, closed, cause)
 	}
 }
 
@@ -99,7 +109,7 @@ func TestHookEventsCarryLeaseContextAndCause(t *testing.T) {
 func TestBrokenLeaseCauseNamesTheBreak(t *testing.T) {
 	clk := clock.NewFake(time.Unix(1000, 0))
 	var r recorder
-	c := fenced.NewClient(mem.New(&mem.Options{Clock: clk}), &fenced.Options{Clock: clk, Hooks: r.hooks()})
+	c := fenced.NewClient(mem.New(&mem.Options{Clock: clk}), &fenced.Options{Clock: clk, Hook: r.hook})
 	defer c.Close()
 	ctx := context.Background()
 	l, err := c.TryAcquire(ctx, "job:broken", &fenced.LeaseOptions{TTL: 3 * time.Second})
@@ -119,7 +129,7 @@ func TestBrokenLeaseCauseNamesTheBreak(t *testing.T) {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if len(r.lost) != 1 || r.lost[0].Lease != l || !errors.Is(r.lost[0].Cause, fenced.ErrBroken) {
+	if len(r.lost) != 1 || r.lost[0].Lease != l || !errors.Is(r.lost[0].Err, fenced.ErrBroken) {
 		t.Fatalf("Lost events %+v: want one for the lease, with ErrBroken", r.lost)
 	}
 

@@ -16,19 +16,21 @@ var ErrReleased = errors.New("lease released")
 
 // Lease is one grant of a key. Its methods are safe for concurrent use.
 //
-// A lease is valid until the first of: Release, the authority saying it is
-// no longer ours (renewal refused, session lost, broken by an admin), or its
-// local validity running out. Local validity is measured on the client's
-// clock (Options.Clock; by default clock.Real, which on Linux counts the
-// time the machine spent suspended) from the moment the acquire (or last
-// successful renew) request was sent, minus SafetyMargin, so it never
-// outlasts the authority's view. Err, Remaining and Healthy read that
-// clock when called, so right after a resume from a suspend they already
-// say the lease is over; its context is cancelled by the client's schedule,
-// whose timer may wake up to clock.MaxTimerStep after the resume. When the lease ends its context is cancelled with a
-// cause matching ErrLost, ErrExpired, ErrReleased or ErrClosed; when it
-// ends by Release or Close, that happens before the key is freed at the
-// authority.
+// A lease is valid until the first of: Release; the authority saying it
+// is no longer ours (renewal refused, session lost, broken by an admin);
+// or its local validity running out.
+//
+// Local validity runs on the client's clock (Options.Clock). By default
+// that is clock.Real, which on Linux counts time spent suspended. It starts
+// when the acquire (or last successful renew) request was sent. It is the
+// TTL minus SafetyMargin, so it never outlasts the authority's view.
+//
+// Err, Remaining and Healthy read that clock when called. Right after a
+// resume from a suspend they already say the lease is over. Its context is
+// cancelled by the client's schedule, whose timer may wake up to
+// clock.MaxTimerStep after the resume. The context's cause matches
+// ErrLost, ErrExpired, ErrReleased or ErrClosed. After Release or Close it
+// is cancelled before the key is freed at the authority.
 //
 // Checking the lease before a write is not enough: the process can pause
 // between the check and the write. Send Fence with every write and let the
@@ -203,9 +205,6 @@ func (l *Lease) FailedOpen() bool { return l.failedOpen }
 // ManualRenew.
 func (l *Lease) Options() LeaseOptions { return l.spec }
 
-// TTL returns the lease's time to live at the authority.
-func (l *Lease) TTL() time.Duration { return l.spec.TTL }
-
 // Context returns a context that is cancelled, with a cause, when the lease
 // ends. Run the protected work under it.
 func (l *Lease) Context() context.Context { return l.ctx }
@@ -213,11 +212,11 @@ func (l *Lease) Context() context.Context { return l.ctx }
 // Done is closed when the lease ends; Err then tells why.
 func (l *Lease) Done() <-chan struct{} { return l.ctx.Done() }
 
-// Err returns nil while the lease is held, and afterwards why it ended (an
-// error matching ErrLost, ErrExpired, ErrReleased or ErrClosed). It reads
-// the client's clock: a lease whose validity has run out is ended by Err
-// itself if the schedule has not ended it yet (after a resume from a
-// suspend, Go's timers are late).
+// Err returns nil while the lease is held. Afterwards it says why the
+// lease ended: an error matching ErrLost, ErrExpired, ErrReleased or
+// ErrClosed. It reads the client's clock. So it ends a lease whose
+// validity has run out even before the schedule does (Go's timers are late
+// after a resume from a suspend).
 func (l *Lease) Err() error {
 	if l.ctx.Err() == nil {
 		l.mu.Lock()
@@ -234,9 +233,9 @@ func (l *Lease) Err() error {
 }
 
 // ValidUntil returns the local deadline after which the lease must not be
-// trusted, as a time comparable with time.Now (clock.Local), so it moves
-// earlier by the time the machine spends suspended. Remaining is the
-// better question: it asks the client's clock.
+// trusted. It is comparable with time.Now (clock.Local). It moves earlier
+// by the time the machine spends suspended. Prefer Remaining, which asks
+// the client's clock.
 func (l *Lease) ValidUntil() time.Time {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -267,10 +266,10 @@ func (l *Lease) Healthy() bool {
 // String describes the lease without revealing the owner token.
 func (l *Lease) String() string { return l.grant().String() }
 
-// Renew extends the lease by its TTL now. Automatic renewal makes this
-// unnecessary unless ManualRenew is set. It returns an error matching
-// ErrNotHeld (and the lease ends with ErrLost) if the authority no longer
-// has this grant, or the lease's end cause if it has already ended.
+// Renew extends the lease by its TTL from now. Only leases with
+// ManualRenew need it. If the authority no longer has this grant, it
+// returns an error matching ErrNotHeld, and the lease ends with ErrLost.
+// If the lease has already ended, it returns the end cause.
 func (l *Lease) Renew(ctx context.Context) error {
 	if err := l.Err(); err != nil {
 		return fmt.Errorf("fenced: renew %q: %w", l.key, err)
@@ -289,14 +288,15 @@ func (l *Lease) Renew(ctx context.Context) error {
 	return nil
 }
 
-// Release ends the lease: it first cancels the lease's context with
-// ErrReleased (unless the lease has already ended with another cause), so
-// that no work under it is live once another client can get the key, and
-// then ends the grant at the authority, keeping the key's fence counter.
-// It never removes another owner's grant: if the grant was lost or replaced
-// it returns an error matching ErrNotHeld. A second call (or a call after
-// Close) waits for the first release and returns its result, or ctx's
-// error if ctx ends first.
+// Release ends the lease. It first cancels the lease's context with
+// ErrReleased, unless the lease has already ended with another cause. So no
+// work under it is live once another client can get the key. Then it ends
+// the grant at the authority, which keeps the key's fence counter.
+//
+// It never removes another owner's grant. If the grant was lost or
+// replaced, it returns an error matching ErrNotHeld. A second call, or a
+// call after Close, waits for the first release and returns its result. It
+// returns ctx's error if ctx ends first.
 func (l *Lease) Release(ctx context.Context) error {
 	if !l.end(ErrReleased) {
 		l.mu.Lock()
@@ -352,9 +352,8 @@ func (l *Lease) free(ctx context.Context) error {
 	if err != nil {
 		err = fmt.Errorf("fenced: release %q: %w", l.key, err)
 	}
-	if l.c.hooks.Released != nil {
-		held := l.c.now() - l.acquired
-		l.c.hooks.released(ReleaseEvent{Held: held, Err: err, Cause: context.Cause(l.ctx), Lease: l})
+	if l.c.opts.Hook != nil {
+		l.c.emit(Event{Kind: EventRelease, Key: l.key, Fence: l.fence, Lease: l, Err: err, Duration: l.c.now() - l.acquired})
 	}
 	l.mu.Lock()
 	l.freed, l.releaseErr = true, err
@@ -407,7 +406,7 @@ type lossEnd struct {
 func (e lossEnd) finish() {
 	l := e.l
 	l.endLossWatch(e.t, e.stop)
-	l.c.hooks.lost(LostEvent{Held: l.c.now() - l.acquired, Cause: e.cause, Lease: l})
+	l.c.emit(Event{Kind: EventLost, Key: l.key, Fence: l.fence, Lease: l, Err: e.cause, Duration: l.c.now() - l.acquired})
 }
 
 // applyRenew records the outcome of a renewal request sent at sent (on
@@ -419,7 +418,7 @@ func (e lossEnd) finish() {
 // the lease back to the schedule (renewer.reschedule), whose look at it
 // the outcome has moved.
 func (l *Lease) applyRenew(began, sent time.Duration, err error) bool {
-	l.c.hooks.renewed(RenewEvent{Err: err, Lease: l})
+	l.c.emit(Event{Kind: EventRenew, Key: l.key, Fence: l.fence, Lease: l, Err: err})
 	if err != nil && errors.Is(err, ErrNotHeld) {
 		l.mu.Lock()
 		ended := l.ended

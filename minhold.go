@@ -19,11 +19,11 @@ func (s *LeaseOptions) checkMinHold() error {
 	return nil
 }
 
-// HoldAtLeast waits until the lease's MinHold (from its Options) has passed
-// since granted, the time its holder learnt of the grant, or until the
-// lease ends or ctx is done, whichever comes first. It does not release
-// the lease. Adapters that release a lease themselves (a scheduler's
-// Unlock) call it first; Do does so after its work.
+// HoldAtLeast waits until the lease's MinHold has passed since granted,
+// the time its holder learnt of the grant. It returns sooner when the
+// lease ends or ctx is done. It does not release the lease. Adapters that
+// release a lease themselves (a scheduler's Unlock) call it first. Do
+// calls it after its work.
 func (l *Lease) HoldAtLeast(ctx context.Context, granted time.Time) {
 	left := l.spec.MinHold - time.Since(granted)
 	if left <= 0 {

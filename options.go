@@ -23,9 +23,9 @@ const (
 	MaxTTL = 7 * 24 * time.Hour
 	// DefaultTTL is the TTL of a lease whose options name none.
 	DefaultTTL = 30 * time.Second
-	// DefaultCloseTimeout bounds Client.Close when Options.CloseTimeout is
+	// defaultCloseTimeout bounds Client.Close when Options.CloseTimeout is
 	// not set.
-	DefaultCloseTimeout = 5 * time.Second
+	defaultCloseTimeout = 5 * time.Second
 )
 
 // Durations with a meaning of their own in LeaseOptions.MaxWait and
@@ -53,7 +53,7 @@ func ParseFenceStrength(s string) (FenceStrength, error) {
 	case "none":
 		return FenceNone, nil
 	}
-	return FenceUnset, fmt.Errorf("%w: fence strength %q: want strict, repeatable or none", ErrInvalidOptions, s)
+	return driver.FenceUnset, fmt.Errorf("%w: fence strength %q: want strict, repeatable or none", ErrInvalidOptions, s)
 }
 
 // Options configure a Client. The zero value (or nil) gives the defaults.
@@ -62,10 +62,12 @@ type Options struct {
 	// clock.Real(), which on Linux counts the time the machine spends
 	// suspended (CLOCK_BOOTTIME).
 	Clock clock.Clock
-	// Hooks observe acquisitions, renewals, losses and releases.
-	Hooks Hooks
+	// Hook, if set, receives an Event for every acquisition, attempt,
+	// renewal, loss, release and refused stale write. It runs on the
+	// client's goroutines and must not block.
+	Hook func(Event)
 	// MinFence is the weakest fence a lease accepts when its own MinFence
-	// is FenceUnset. Default: FenceStrict. A lease's own MinFence wins.
+	// is zero. Default: FenceStrict. A lease's own MinFence wins.
 	MinFence FenceStrength
 	// MinBackoff and MaxBackoff bound the full-jitter backoff of polling
 	// waiters. Defaults: 10ms and 1s.
@@ -76,7 +78,7 @@ type Options struct {
 	FallbackPoll time.Duration
 	// CloseTimeout bounds Close, on the real clock: how long it waits for
 	// the authority to confirm the releases of the leases still held and
-	// for requests in flight. Zero or negative means DefaultCloseTimeout.
+	// for requests in flight. Zero or negative means 5s.
 	CloseTimeout time.Duration
 }
 
@@ -97,7 +99,7 @@ type LeaseOptions struct {
 	// work whose stale writes the resource must refuse. FenceRepeatable
 	// accepts a fence that can repeat after a failover. FenceNone is for
 	// work that needs no fence. A backend with a weaker fence is refused
-	// with ErrNoFence. FenceUnset (zero) takes Options.MinFence.
+	// with ErrNoFence. Zero takes Options.MinFence.
 	MinFence FenceStrength
 	// FailOpen runs the work without a lease when the authority is
 	// unavailable: the lease reports FailedOpen, excludes nobody and has
@@ -114,14 +116,12 @@ type LeaseOptions struct {
 	// after it, renewal stops and the lease expires. Zero or HoldForever
 	// sets no cap.
 	MaxHold time.Duration
-	// MinHold keeps the lease, renewed, until at least this long after it
-	// was granted, even when the work ends sooner (ShedLock's
-	// lockAtLeastFor): Do returns only then, so a duplicate of a short
-	// periodic job started a little later on another instance (whose
-	// clock or tick differs) finds the key held and skips. The lease's end
-	// or the caller's context cuts the hold short. Default 0 (none); it
-	// must not exceed MaxHold, and with ManualRenew it must be shorter
-	// than the local validity.
+	// MinHold keeps the lease, renewed, until at least this long after
+	// the grant, even when the work ends sooner. Do returns only then. A
+	// duplicate of a short periodic job, started a little later elsewhere,
+	// then finds the key held and skips. The lease's end or the caller's
+	// context cuts the hold short. Default 0 (none). It must not exceed
+	// MaxHold. With ManualRenew it must be shorter than the local validity.
 	MinHold time.Duration
 	// SafetyMargin is subtracted from the TTL for local validity, to allow
 	// for clock drift and the round trip. Default TTL/100 + 2ms; it must
@@ -202,8 +202,8 @@ func (c *Client) Resolve(opts *LeaseOptions) (LeaseOptions, error) {
 
 	fenceFrom := fromLease
 	switch {
-	case s.MinFence != FenceUnset:
-	case c.opts.MinFence != FenceUnset:
+	case s.MinFence != driver.FenceUnset:
+	case c.opts.MinFence != driver.FenceUnset:
 		s.MinFence, fenceFrom = c.opts.MinFence, fromClient
 	default:
 		s.MinFence, fenceFrom = FenceStrict, fromPackage

@@ -117,7 +117,7 @@ func TestClientMinFenceAppliesWhenLeaseIsSilent(t *testing.T) {
 		want   string
 	}{
 		// Failing open never lowers the fence: with the package default...
-		{fenced.FenceUnset, fenced.LeaseOptions{FailOpen: true}, "MinFence is strict (package default)"},
+		{driver.FenceUnset, fenced.LeaseOptions{FailOpen: true}, "MinFence is strict (package default)"},
 		// ... or the client's.
 		{fenced.FenceRepeatable, fenced.LeaseOptions{FailOpen: true}, "MinFence is repeatable-after-failover (client default, Options.MinFence)"},
 		// A margin that does not fit the TTL is not silently shrunk.

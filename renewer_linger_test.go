@@ -59,12 +59,10 @@ func lingerClient(t *testing.T) (c *fenced.Client, clk *clock.Fake, renewals *at
 	t.Helper()
 	clk = clock.NewFake(time.Unix(1000, 0))
 	renewals = new(atomic.Int64)
-	c = fenced.NewClient(mem.New(&mem.Options{Clock: clk}), &fenced.Options{Clock: clk, Hooks: fenced.Hooks{
-		Renewed: func(e fenced.RenewEvent) {
-			if e.Err == nil {
-				renewals.Add(1)
-			}
-		},
+	c = fenced.NewClient(mem.New(&mem.Options{Clock: clk}), &fenced.Options{Clock: clk, Hook: func(e fenced.Event) {
+		if e.Kind == fenced.EventRenew && e.Err == nil {
+			renewals.Add(1)
+		}
 	}})
 	t.Cleanup(func() { c.Close() })
 	ctx := context.Background()

@@ -11,7 +11,6 @@ import (
 	"github.com/redis/go-redis/v9"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/fence"
 	"github.com/fenced-dev/fenced/fence/etcdfence"
 	"github.com/fenced-dev/fenced/fence/redisfence"
@@ -100,7 +99,7 @@ func BenchmarkRedisGuard(b *testing.B) {
 	srv := testenv.StartRedis(b, testenv.RedisConfig{NoPersistence: true})
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	defer c.Close()
-	g, _ := redisfence.New(c, &redisfence.Options{Hooks: fenced.Hooks{}})
+	g, _ := redisfence.New(c, &redisfence.Options{})
 	tk := tok(7, "owner-bench")
 	b.Run("PlainHSET", func(b *testing.B) {
 		measure(b, func(int) error { return c.HSet(ctx, "plain", "note", "n").Err() })

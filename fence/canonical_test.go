@@ -30,7 +30,7 @@ func openInvoices(ctx context.Context, url string) (*fenced.Client, *fence.SQL, 
 		return nil, nil, nil, err
 	}
 	guard, err := fence.NewSQL(db, fence.Postgres, fence.Table{Name: "invoices", Key: "id",
-		LeaseKey: func(id any) string { return fmt.Sprint("invoice:", id) }}, &fence.SQLOptions{Hooks: leases.Hooks()})
+		LeaseKey: func(id any) string { return fmt.Sprint("invoice:", id) }}, &fence.SQLOptions{Hook: leases.Options().Hook})
 	if err != nil {
 		leases.Close()
 		db.Close()

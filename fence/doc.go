@@ -39,8 +39,8 @@
 // with asynchronous replicas) from letting two holders write. Refusals say
 // why, so the caller never re-reads to find out: Stale, with the newer
 // fence, or PreconditionFailed (the fence was fine but the work was already
-// done). Stale refusals are reported to fenced.Hooks.StaleWrite: each one is
-// a pause that really happened.
+// done). Each stale refusal is reported as an EventStaleWrite to the client's
+// hook: a pause that really happened.
 //
 // Fences are comparable only within one lease key. So every guard binds each
 // resource (a SQL row, a Redis hash, an etcd key, an HTTP resource) to one
@@ -115,7 +115,7 @@
 //	guard, err := fence.NewSQL(db, fence.Postgres, fence.Table{
 //		Name: "invoices", Key: "id",
 //		LeaseKey: func(id any) string { return fmt.Sprint("invoice:", id) },
-//	}, &fence.SQLOptions{Hooks: leases.Hooks()}) // Timeout: 5 s, below a third of the TTL
+//	}, &fence.SQLOptions{Hook: leases.Options().Hook}) // Timeout: 5 s, below a third of the TTL
 //	if err != nil {
 //		log.Fatal(err)
 //	}

@@ -65,7 +65,7 @@ func TestEtcdGuard(t *testing.T) {
 	}
 	t.Cleanup(func() { c.Close() })
 	runKVGuardTests(t, func(t *testing.T, o kvOpts) kvGuard {
-		g, err := etcdfence.New(c, &etcdfence.Options{Hooks: o.hooks, Check: o.check, LeaseKey: o.leaseKey})
+		g, err := etcdfence.New(c, &etcdfence.Options{Hook: o.hooks, Check: o.check, LeaseKey: o.leaseKey})
 		if err != nil {
 			t.Fatal(err)
 		}

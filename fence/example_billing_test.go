@@ -83,9 +83,11 @@ func Example_billing() {
 	db.Exec(`INSERT INTO invoice_jobs (job_id, status) VALUES ('inv_72', 'PENDING')`)
 	guard, err := fence.NewSQL(db, fence.SQLite, fence.Table{Name: "invoice_jobs", Key: "job_id",
 		LeaseKey: func(id any) string { return fmt.Sprint("invoice:", id) }}, &fence.SQLOptions{
-		Hooks: fenced.Hooks{StaleWrite: func(e fenced.StaleWriteEvent) {
-			fmt.Printf("stale write caught on %s: fence %d < %d\n", e.Resource, e.Presented, e.Current)
-		}},
+		Hook: func(e fenced.Event) {
+			if e.Kind == fenced.EventStaleWrite {
+				fmt.Printf("stale write caught on %s: fence %d < %d\n", e.Resource, e.Fence, e.Current)
+			}
+		},
 	})
 	if err == nil {
 		err = guard.EnsureColumns(ctx)

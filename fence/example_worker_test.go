@@ -86,7 +86,7 @@ func Example_worker() {
 	guard, err := fence.NewSQL(db, fence.Postgres, fence.Table{
 		Name: "invoices", Key: "id",
 		LeaseKey: func(id any) string { return fmt.Sprint("invoice:", id) },
-	}, &fence.SQLOptions{Hooks: leases.Hooks()}) // Timeout: 5 s, below a third of the TTL
+	}, &fence.SQLOptions{Hook: leases.Options().Hook}) // Timeout: 5 s, below a third of the TTL
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -49,8 +49,12 @@ func TestRepeatedFenceAfterFailoverRefused(t *testing.T) {
 	// The resource: a SQLite table guarded by the fence.
 	e := sqlEnv{db: openSQLite(t), d: fence.SQLite}
 	table := e.jobsTable(t, "inv_72")
-	var stale []fenced.StaleWriteEvent
-	g := e.guard(t, table, fenced.Hooks{StaleWrite: func(ev fenced.StaleWriteEvent) { stale = append(stale, ev) }})
+	var stale []fenced.Event
+	g := e.guard(t, table, func(ev fenced.Event) {
+		if ev.Kind == fenced.EventStaleWrite {
+			stale = append(stale, ev)
+		}
+	})
 
 	// A few grants that do reach the replica.
 	for i := 0; i < 3; i++ {
@@ -109,7 +113,7 @@ func TestRepeatedFenceAfterFailoverRefused(t *testing.T) {
 	if got := e.row(t, table, "inv_72"); got.sends != 1 || got.owner != ta.Owner || got.note.Valid {
 		t.Fatalf("row %+v: want only A's send", got)
 	}
-	if len(stale) != 2 || stale[0].Presented != ta.Fence || stale[0].Current != ta.Fence {
+	if len(stale) != 2 || stale[0].Fence != ta.Fence || stale[0].Current != ta.Fence {
 		t.Fatalf("stale reports %+v", stale)
 	}
 }

@@ -7,7 +7,6 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/fence"
 )
 
@@ -32,7 +31,7 @@ func FuzzSQLGuardOrder(f *testing.F) {
 	if _, err := e.db.Exec(`CREATE TABLE fuzz_jobs (job_id TEXT PRIMARY KEY, status TEXT NOT NULL, sends INTEGER NOT NULL DEFAULT 0, note TEXT)`); err != nil {
 		f.Fatal(err)
 	}
-	g, err := fence.NewSQL(e.db, e.d, fence.Table{Name: table, Key: "job_id"}, &fence.SQLOptions{Hooks: fenced.Hooks{}})
+	g, err := fence.NewSQL(e.db, e.d, fence.Table{Name: table, Key: "job_id"}, &fence.SQLOptions{})
 	if err == nil {
 		err = g.EnsureColumns(context.Background())
 	}

@@ -22,10 +22,10 @@ func (t Token) Admits(fence uint64, owner string) bool { return t.admits(fence, 
 // is newer (or equal with another owner), else PreconditionFailed.
 func Refusal(t Token, fence uint64, owner string) Result { return classify(t, fence, owner) }
 
-// ReportStale sends a Stale result r for resource to the guard's hooks h
-// or, when h has no StaleWrite hook, to the hooks of the client that
+// ReportStale sends a Stale result r for resource to the guard's hook h
+// or, when h is nil, to the hook of the client that
 // issued t. Other outcomes are not reported.
-func ReportStale(h fenced.Hooks, t Token, r Result, resource string) { report(h, t, r, resource) }
+func ReportStale(h func(fenced.Event), t Token, r Result, resource string) { report(h, t, r, resource) }
 
 // CheckKey returns an error matching ErrWrongKey unless token, the lease
 // key a token carries, equals bound, the key a resource is bound to.

@@ -304,8 +304,9 @@ type MiddlewareOptions struct {
 	// a stalled body blocks the key's newer holders for as long as it
 	// stalls. Without a Store the body is never read here.
 	MaxBodyBytes int64
-	// Hooks receive a StaleWrite event for every refused stale token.
-	Hooks fenced.Hooks
+	// Hook receives an EventStaleWrite for every refused stale token
+	// (when nil, the hook of the client that issued the token).
+	Hook func(fenced.Event)
 }
 
 // FixedKey returns a MiddlewareOptions.Key for a resource guarded by one
@@ -372,7 +373,7 @@ func Middleware(next http.Handler, opts *MiddlewareOptions) http.Handler {
 				return
 			}
 			if !res.Applied() {
-				report(o.Hooks, t, res, r.URL.Path)
+				report(o.Hook, t, res, r.URL.Path)
 				WriteError(w, res.Err(), t, res.Current)
 				return
 			}

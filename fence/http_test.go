@@ -61,17 +61,19 @@ func TestHTTPStaleHolderRefused(t *testing.T) {
 	ctx := context.Background()
 	leases := fenced.NewClient(mem.NewStore(nil).Driver(), nil)
 	defer leases.Close()
-	var stale []fenced.StaleWriteEvent
+	var stale []fenced.Event
 	var mu sync.Mutex
 	led := &ledger{}
 	srv := httptest.NewServer(fence.Middleware(led, &fence.MiddlewareOptions{
 		Store: fence.NewMemoryStore(),
 		Key:   func(r *http.Request) (string, error) { return "ledger:" + strings.TrimPrefix(r.URL.Path, "/"), nil },
-		Hooks: fenced.Hooks{StaleWrite: func(e fenced.StaleWriteEvent) {
-			mu.Lock()
-			stale = append(stale, e)
-			mu.Unlock()
-		}},
+		Hook: func(e fenced.Event) {
+			if e.Kind == fenced.EventStaleWrite {
+				mu.Lock()
+				stale = append(stale, e)
+				mu.Unlock()
+			}
+		},
 	}))
 	defer srv.Close()
 	client := &http.Client{Transport: &fence.Transport{}}
@@ -134,7 +136,7 @@ func TestHTTPStaleHolderRefused(t *testing.T) {
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	if len(stale) != 1 || stale[0].Presented != a.Fence() || stale[0].Current != b.Fence() || stale[0].Resource != "/acct1" {
+	if len(stale) != 1 || stale[0].Fence != a.Fence() || stale[0].Current != b.Fence() || stale[0].Resource != "/acct1" {
 		t.Fatalf("stale reports %+v", stale)
 	}
 }

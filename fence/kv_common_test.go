@@ -28,7 +28,7 @@ type kvGuard interface {
 
 // kvOpts are the options every KV guard offers.
 type kvOpts struct {
-	hooks    fenced.Hooks
+	hooks    func(fenced.Event)
 	check    fence.Checker
 	leaseKey func(resource string) string
 }
@@ -57,12 +57,14 @@ func newRes(t *testing.T) string {
 func testKVSemantics(t *testing.T, newGuard func(t *testing.T, o kvOpts) kvGuard) {
 	ctx := context.Background()
 	var mu sync.Mutex
-	var stale []fenced.StaleWriteEvent
-	g := newGuard(t, kvOpts{hooks: fenced.Hooks{StaleWrite: func(e fenced.StaleWriteEvent) {
-		mu.Lock()
-		stale = append(stale, e)
-		mu.Unlock()
-	}}})
+	var stale []fenced.Event
+	g := newGuard(t, kvOpts{hooks: func(e fenced.Event) {
+		if e.Kind == fenced.EventStaleWrite {
+			mu.Lock()
+			stale = append(stale, e)
+			mu.Unlock()
+		}
+	}})
 	res := newRes(t)
 	a, b := tok(41, "owner-a"), tok(42, "owner-b")
 	// A resource never written accepts the first holder, many times.
@@ -114,7 +116,7 @@ func testKVSemantics(t *testing.T, newGuard func(t *testing.T, o kvOpts) kvGuard
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	if len(stale) != 2 || stale[0].Presented != 41 || stale[0].Current != 42 || stale[0].Resource != res {
+	if len(stale) != 2 || stale[0].Fence != 41 || stale[0].Current != 42 || stale[0].Resource != res {
 		t.Fatalf("stale reports %+v", stale)
 	}
 }

@@ -72,9 +72,9 @@ type ObjectOptions struct {
 	// example a *Verifier for signed tokens); a refusal is returned as the
 	// error and nothing is written.
 	Check Checker
-	// Hooks receive a StaleWrite event for every refused stale token (when
-	// nil, the hooks of the client that issued the token).
-	Hooks fenced.Hooks
+	// Hook receives an EventStaleWrite for every refused stale token (when
+	// nil, the hook of the client that issued the token).
+	Hook func(fenced.Event)
 	// MaxRaces bounds how often one write re-reads the object after
 	// another write won the race to it. Default 16.
 	MaxRaces int
@@ -97,7 +97,7 @@ type ObjectOptions struct {
 type Object struct {
 	store    ObjectStore
 	checks   tokenChecks
-	hooks    fenced.Hooks
+	hook     func(fenced.Event)
 	maxRaces int
 }
 
@@ -108,7 +108,7 @@ func NewObject(store ObjectStore, opts *ObjectOptions) (*Object, error) {
 	}
 	g := &Object{store: store, maxRaces: 16}
 	if opts != nil {
-		g.hooks = opts.Hooks
+		g.hook = opts.Hook
 		g.checks = tokenChecks{leaseKey: opts.LeaseKey, check: opts.Check}
 		if opts.MaxRaces > 0 {
 			g.maxRaces = opts.MaxRaces
@@ -164,7 +164,7 @@ func (g *Object) Update(ctx context.Context, name string, t Token, fn func(curre
 		}
 		if !t.admits(fence, owner) {
 			r := classify(t, fence, owner)
-			report(g.hooks, t, r, name)
+			report(g.hook, t, r, name)
 			return r, nil
 		}
 		body, err := fn(cur.Body, exists)

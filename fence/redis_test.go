@@ -60,7 +60,7 @@ func TestRedisGuard(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	t.Cleanup(func() { c.Close() })
 	runKVGuardTests(t, func(t *testing.T, o kvOpts) kvGuard {
-		g, err := redisfence.New(c, &redisfence.Options{Hooks: o.hooks, Check: o.check, LeaseKey: o.leaseKey})
+		g, err := redisfence.New(c, &redisfence.Options{Hook: o.hooks, Check: o.check, LeaseKey: o.leaseKey})
 		if err != nil {
 			t.Fatal(err)
 		}

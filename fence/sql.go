@@ -156,9 +156,9 @@ func validIdent(what, s string, allowSchema bool) error {
 
 // SQLOptions configure a SQL guard. nil gives the defaults.
 type SQLOptions struct {
-	// Hooks receive a StaleWrite event for every write refused as stale.
-	// Typically client.Hooks() of the fenced.Client issuing the leases.
-	Hooks fenced.Hooks
+	// Hook receives an EventStaleWrite for every write refused as stale
+	// (when nil, the hook of the client that issued the token).
+	Hook func(fenced.Event)
 	// Check, when set, must accept every token before it is compared (for
 	// example a *Verifier for signed tokens, or a *Sequencer); a refusal is
 	// returned as the error and nothing is sent.
@@ -295,7 +295,7 @@ type SQL struct {
 	db      *sql.DB
 	dialect Dialect
 	table   Table
-	hooks   fenced.Hooks
+	hook    func(fenced.Event)
 	check   Checker
 	timeout time.Duration
 	// checked is set once the table's shape was found right (by Check,
@@ -342,7 +342,7 @@ func NewSQL(db *sql.DB, d Dialect, t Table, opts *SQLOptions) (*SQL, error) {
 	}
 	g := &SQL{db: db, dialect: d, table: t, timeout: DefaultTimeout}
 	if opts != nil {
-		g.hooks, g.check = opts.Hooks, opts.Check
+		g.hook, g.check = opts.Hook, opts.Check
 		switch {
 		case opts.Timeout < 0:
 			return nil, fmt.Errorf("fence: NewSQL: Timeout %v is negative", opts.Timeout)
@@ -431,7 +431,7 @@ func (g *SQL) ClaimConn(ctx context.Context, c Conn, key any, t Token) (Result, 
 // token, ErrWrongKey for a token of another lease key, ErrInvalidWrite for
 // a fragment or argument list the guard refuses, ErrNoRow when the row does
 // not exist, ErrSchema when the table's shape is wrong. A Stale result is
-// also reported to the Hooks.
+// also reported to the Hook.
 func (g *SQL) Update(ctx context.Context, q Querier, key any, t Token, w Write) (Result, error) {
 	c, own := g.conn(q)
 	return g.write(ctx, "update", c, own, key, t, w)
@@ -524,7 +524,7 @@ func (g *SQL) write(ctx context.Context, op string, c Conn, own bool, key any, t
 		// but every value was already what it wrote.
 		return Result{Outcome: Applied, Current: t.Fence, Presented: t.Fence}, nil
 	}
-	report(g.hooks, t, r, g.table.Name)
+	report(g.hook, t, r, g.table.Name)
 	return r, nil
 }
 

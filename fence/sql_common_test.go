@@ -52,9 +52,9 @@ func (e sqlEnv) exec(t *testing.T, q string, args ...any) {
 	}
 }
 
-func (e sqlEnv) guard(t *testing.T, table string, hooks fenced.Hooks) *fence.SQL {
+func (e sqlEnv) guard(t *testing.T, table string, hooks func(fenced.Event)) *fence.SQL {
 	t.Helper()
-	g, err := fence.NewSQL(e.db, e.d, fence.Table{Name: table, Key: "job_id"}, &fence.SQLOptions{Hooks: hooks})
+	g, err := fence.NewSQL(e.db, e.d, fence.Table{Name: table, Key: "job_id"}, &fence.SQLOptions{Hook: hooks})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,13 +135,15 @@ func runSQLGuardTests(t *testing.T, e sqlEnv) {
 func testSQLSemantics(t *testing.T, e sqlEnv) {
 	ctx := context.Background()
 	table := e.jobsTable(t, "inv_72")
-	var stale []fenced.StaleWriteEvent
+	var stale []fenced.Event
 	var mu sync.Mutex
-	g := e.guard(t, table, fenced.Hooks{StaleWrite: func(ev fenced.StaleWriteEvent) {
-		mu.Lock()
-		stale = append(stale, ev)
-		mu.Unlock()
-	}})
+	g := e.guard(t, table, func(ev fenced.Event) {
+		if ev.Kind == fenced.EventStaleWrite {
+			mu.Lock()
+			stale = append(stale, ev)
+			mu.Unlock()
+		}
+	})
 	// EnsureColumns twice is harmless.
 	if err := g.EnsureColumns(ctx); err != nil {
 		t.Fatal(err)
@@ -218,7 +220,7 @@ func testSQLSemantics(t *testing.T, e sqlEnv) {
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	if len(stale) != 2 || stale[0].Presented != 41 || stale[0].Current != 42 || stale[0].Key != "invoice:inv_72" || stale[0].Resource != table {
+	if len(stale) != 2 || stale[0].Fence != 41 || stale[0].Current != 42 || stale[0].Key != "invoice:inv_72" || stale[0].Resource != table {
 		t.Fatalf("stale write reports: %+v, want two, first 41 refused by 42 on %s", stale, table)
 	}
 }
@@ -229,7 +231,7 @@ func testSQLSemantics(t *testing.T, e sqlEnv) {
 func testOrdering(t *testing.T, e sqlEnv, claim bool) {
 	ctx := context.Background()
 	table := e.jobsTable(t, "inv_72")
-	g := e.guard(t, table, fenced.Hooks{})
+	g := e.guard(t, table, nil)
 	a, b := tok(41, "owner-a"), tok(42, "owner-b")
 
 	// B starts: with claiming on it raises the fence in the transaction in
@@ -286,7 +288,7 @@ func testOrdering(t *testing.T, e sqlEnv, claim bool) {
 func testSQLBadInput(t *testing.T, e sqlEnv) {
 	ctx := context.Background()
 	table := e.jobsTable(t, "inv_72")
-	g := e.guard(t, table, fenced.Hooks{})
+	g := e.guard(t, table, nil)
 	if r, err := e.note(ctx, g, nil, "inv_72", tok(5, "owner-a"), "ok"); err != nil || !r.Applied() {
 		t.Fatalf("setup write: %+v %v", r, err)
 	}
@@ -324,7 +326,7 @@ func testSQLBadInput(t *testing.T, e sqlEnv) {
 	}
 	// The largest storable fence works (and locks everyone else out).
 	table2 := e.jobsTable(t, "inv_1")
-	g2 := e.guard(t, table2, fenced.Hooks{})
+	g2 := e.guard(t, table2, nil)
 	if r, err := g2.Claim(ctx, nil, "inv_1", tok(math.MaxInt64, "owner-max")); err != nil || !r.Applied() {
 		t.Fatalf("claim with MaxInt64: %+v %v", r, err)
 	}
@@ -450,7 +452,7 @@ func testSQLPropertySequential(t *testing.T, e sqlEnv) {
 	seed := uint64(time.Now().UnixNano())
 	rng := rand.New(rand.NewPCG(seed, 1))
 	table := e.jobsTable(t)
-	g := e.guard(t, table, fenced.Hooks{})
+	g := e.guard(t, table, nil)
 	rounds, steps := 30, 25
 	for round := 0; round < rounds; round++ {
 		id := fmt.Sprintf("job_%d", round)
@@ -511,7 +513,7 @@ func testSQLPropertyConcurrent(t *testing.T, e sqlEnv) {
 		idCol = "seq BIGINT AUTO_INCREMENT PRIMARY KEY"
 	}
 	e.exec(t, fmt.Sprintf("CREATE TABLE %s (%s, fence BIGINT NOT NULL, owner VARCHAR(64) NOT NULL)", logTable, idCol))
-	g := e.guard(t, table, fenced.Hooks{})
+	g := e.guard(t, table, nil)
 	var wg sync.WaitGroup
 	var applied atomic.Int64
 	errs := make(chan error, 64)

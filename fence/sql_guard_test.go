@@ -35,7 +35,7 @@ func uniqueName(prefix string) string {
 func testFragments(t *testing.T, e sqlEnv) {
 	ctx := context.Background()
 	table := e.jobsTable(t, "inv_72", "inv_73")
-	g := e.guard(t, table, fenced.Hooks{})
+	g := e.guard(t, table, nil)
 	cur, stale := tok(42, "owner-b"), tok(41, "owner-a")
 	for _, id := range []string{"inv_72", "inv_73"} {
 		if r, err := g.Claim(ctx, nil, id, cur); err != nil || !r.Applied() {
@@ -166,7 +166,7 @@ func testFragments(t *testing.T, e sqlEnv) {
 func testWrongKey(t *testing.T, e sqlEnv) {
 	ctx := context.Background()
 	table := e.jobsTable(t, "inv_72", "inv_73", "inv_74")
-	g := e.guard(t, table, fenced.Hooks{})
+	g := e.guard(t, table, nil)
 	holder := fence.Token{Key: "invoice:inv_72", Fence: 5, Owner: "owner-a"}
 	if r, err := g.Claim(ctx, nil, "inv_72", holder); err != nil || !r.Applied() {
 		t.Fatalf("claim by the key's holder: %+v %v", r, err)
@@ -339,7 +339,7 @@ func testShape(t *testing.T, e sqlEnv) {
 func testUncheckedGuard(t *testing.T, e sqlEnv) {
 	ctx := context.Background()
 	table := e.jobsTable(t, "inv_72")
-	e.guard(t, table, fenced.Hooks{}) // the migration: adds the columns
+	e.guard(t, table, nil) // the migration: adds the columns
 	g, err := fence.NewSQL(e.db, e.d, fence.Table{Name: table, Key: "job_id"}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -386,7 +386,7 @@ func testUncheckedGuard(t *testing.T, e sqlEnv) {
 func testClaimAndRead(t *testing.T, e sqlEnv) {
 	ctx := context.Background()
 	table := e.jobsTable(t, "inv_72")
-	g := e.guard(t, table, fenced.Hooks{})
+	g := e.guard(t, table, nil)
 	selectStatus := fmt.Sprintf("SELECT status FROM %s WHERE job_id = %s", table, e.ph(1))
 	a, b := tok(41, "owner-a"), tok(42, "owner-b")
 
@@ -449,7 +449,7 @@ func testClaimAndRead(t *testing.T, e sqlEnv) {
 func testRestartHint(t *testing.T, e sqlEnv) {
 	ctx := context.Background()
 	table := e.jobsTable(t, "inv_72")
-	g := e.guard(t, table, fenced.Hooks{})
+	g := e.guard(t, table, nil)
 	if r, err := g.Claim(ctx, nil, "inv_72", tok(44, "owner-old")); err != nil || !r.Applied() {
 		t.Fatalf("claim at 44: %+v %v", r, err)
 	}
@@ -478,7 +478,7 @@ func (refuseTokens) Check(context.Context, fence.Token) error { return errNotTru
 func testChecker(t *testing.T, e sqlEnv) {
 	ctx := context.Background()
 	table := e.jobsTable(t, "inv_72")
-	e.guard(t, table, fenced.Hooks{})
+	e.guard(t, table, nil)
 	before := e.row(t, table, "inv_72")
 	g, err := fence.NewSQL(e.db, e.d, fence.Table{Name: table, Key: "job_id"}, &fence.SQLOptions{Check: refuseTokens{}})
 	if err != nil {

@@ -12,7 +12,6 @@ import (
 	_ "github.com/go-sql-driver/mysql"
 	_ "github.com/jackc/pgx/v5/stdlib"
 
-	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/fence"
 	"github.com/fenced-dev/fenced/internal/testkit/opentest"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
@@ -121,7 +120,7 @@ func TestSQLGuardPostgresPausedTransaction(t *testing.T) {
 	pg := testenv.StartPostgres(t)
 	e := sqlEnv{db: opentest.DB(t, "pgx", pg.URL()), d: fence.Postgres}
 	table := e.jobsTable(t, "inv_72")
-	g := e.guard(t, table, fenced.Hooks{}) // the default Timeout
+	g := e.guard(t, table, nil) // the default Timeout
 	a, b := tok(41, "owner-a"), tok(42, "owner-b")
 
 	txA, err := e.db.BeginTx(ctx, nil)

@@ -72,16 +72,16 @@ type Token struct {
 	Sig string
 
 	// issuer is the client that granted the lease, set by From. A guard
-	// without hooks of its own reports the token's stale writes to the
-	// issuer's hooks, so one guard serves leases of any client.
+	// without a hook of its own reports the token's stale writes to the
+	// issuer's hook, so one guard serves leases of any client.
 	issuer *fenced.Client
 }
 
 // From returns the token of a held lease: its key, fence and owner digest,
 // unsigned (see Signer.Sign). It also remembers the client that granted the
-// lease: a guard whose options set no Hooks reports this token's stale
-// writes to that client's Hooks (a guard's own Hooks, when set, take
-// precedence). So one guard, created once without hooks, serves every
+// lease: a guard whose options set no Hook reports this token's stale
+// writes to that client's Options.Hook (a guard's own Hook, when set,
+// takes precedence). So one guard, created once without a hook, serves every
 // worker and every client. Two tokens from From compare equal (==) when
 // they come from the same client; compare a decoded token with one built by
 // hand field by field.
@@ -246,14 +246,16 @@ func classify(t Token, fence uint64, owner string) Result {
 	return Result{Outcome: PreconditionFailed, Current: fence, Presented: t.Fence}
 }
 
-// report sends a stale refusal to the guard's hooks h or, when h has no
-// StaleWrite hook, to the hooks of the client that issued t.
-func report(h fenced.Hooks, t Token, r Result, resource string) {
+// report sends a stale refusal to the guard's hook h or, when h is nil,
+// to the hook of the client that issued t.
+func report(h func(fenced.Event), t Token, r Result, resource string) {
 	if r.Outcome != Stale {
 		return
 	}
-	if h.StaleWrite == nil && t.issuer != nil {
-		h = t.issuer.Hooks()
+	if h == nil && t.issuer != nil {
+		h = t.issuer.Options().Hook
 	}
-	h.ReportStaleWrite(fenced.StaleWriteEvent{Key: t.Key, Presented: t.Fence, Current: r.Current, Resource: resource})
+	if h != nil {
+		h(fenced.Event{Kind: fenced.EventStaleWrite, Key: t.Key, Fence: t.Fence, Current: r.Current, Resource: resource})
+	}
 }

@@ -24,10 +24,18 @@ func TestGuardReportsToIssuingClient(t *testing.T) {
 		t.Fatal(err)
 	}
 	store := mem.NewStore(nil) // one authority, two clients with their own hooks
-	var staleA, staleB, staleGuard []fenced.StaleWriteEvent
-	a := fenced.NewClient(store.Driver(), &fenced.Options{Hooks: fenced.Hooks{StaleWrite: func(e fenced.StaleWriteEvent) { staleA = append(staleA, e) }}})
+	var staleA, staleB, staleGuard []fenced.Event
+	a := fenced.NewClient(store.Driver(), &fenced.Options{Hook: func(e fenced.Event) {
+		if e.Kind == fenced.EventStaleWrite {
+			staleA = append(staleA, e)
+		}
+	}})
 	defer a.Close()
-	b := fenced.NewClient(store.Driver(), &fenced.Options{Hooks: fenced.Hooks{StaleWrite: func(e fenced.StaleWriteEvent) { staleB = append(staleB, e) }}})
+	b := fenced.NewClient(store.Driver(), &fenced.Options{Hook: func(e fenced.Event) {
+		if e.Kind == fenced.EventStaleWrite {
+			staleB = append(staleB, e)
+		}
+	}})
 	defer b.Close()
 
 	table := fence.Table{Name: "invoice_jobs", Key: "job_id"}
@@ -38,7 +46,11 @@ func TestGuardReportsToIssuingClient(t *testing.T) {
 	if err := guard.EnsureColumns(ctx); err != nil {
 		t.Fatal(err)
 	}
-	withHooks, err := fence.NewSQL(db, fence.SQLite, table, &fence.SQLOptions{Hooks: fenced.Hooks{StaleWrite: func(e fenced.StaleWriteEvent) { staleGuard = append(staleGuard, e) }}})
+	withHooks, err := fence.NewSQL(db, fence.SQLite, table, &fence.SQLOptions{Hook: func(e fenced.Event) {
+		if e.Kind == fenced.EventStaleWrite {
+			staleGuard = append(staleGuard, e)
+		}
+	}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,10 +74,10 @@ func TestGuardReportsToIssuingClient(t *testing.T) {
 			t.Fatalf("stale claim with fence %d: %+v %v", tok.Fence, res, err)
 		}
 	}
-	if len(staleA) != 1 || staleA[0].Presented != oldA.Fence || staleA[0].Current != newest.Fence || staleA[0].Key != "invoice:inv_72" || staleA[0].Resource != "invoice_jobs" {
+	if len(staleA) != 1 || staleA[0].Fence != oldA.Fence || staleA[0].Current != newest.Fence || staleA[0].Key != "invoice:inv_72" || staleA[0].Resource != "invoice_jobs" {
 		t.Fatalf("client A's hook got %+v", staleA)
 	}
-	if len(staleB) != 1 || staleB[0].Presented != oldB.Fence {
+	if len(staleB) != 1 || staleB[0].Fence != oldB.Fence {
 		t.Fatalf("client B's hook got %+v", staleB)
 	}
 	// A guard's own hooks take precedence: nothing goes to the client too.

@@ -224,7 +224,7 @@ func openURL(ctx context.Context, u *url.URL) (driver.Driver, error) { return op
 // parameter), driver.ErrUnavailable (endpoint unreachable, credentials
 // refused), ErrNoTable or ErrSchema; none contains the secret key.
 func Open(ctx context.Context, rawURL string) (*Driver, error) {
-	u, err := fenced.ParseURL(rawURL)
+	u, err := driver.ParseURL(rawURL)
 	if err != nil {
 		return nil, err
 	}

@@ -199,7 +199,7 @@ var (
 // driver.ErrUnavailable (server unreachable, access denied); none contains
 // the password.
 func Open(ctx context.Context, rawURL string) (*Driver, error) {
-	u, err := fenced.ParseURL(rawURL)
+	u, err := driver.ParseURL(rawURL)
 	if err != nil {
 		return nil, err
 	}

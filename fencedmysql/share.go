@@ -23,7 +23,7 @@ func (d *Driver) Table() string { return d.table }
 // the lease store's database with it. Errors match fenced.ErrInvalidURL and
 // never contain the password.
 func DSN(rawURL string) (string, error) {
-	u, err := fenced.ParseURL(rawURL)
+	u, err := driver.ParseURL(rawURL)
 	if err != nil {
 		return "", err
 	}

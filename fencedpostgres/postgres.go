@@ -208,7 +208,7 @@ func openURL(ctx context.Context, u *url.URL) (driver.Driver, error) { return op
 // authentication refused) or ErrSchema; none contains the
 // password.
 func Open(ctx context.Context, rawURL string) (*Driver, error) {
-	u, err := fenced.ParseURL(rawURL)
+	u, err := driver.ParseURL(rawURL)
 	if err != nil {
 		return nil, err
 	}

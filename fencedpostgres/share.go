@@ -20,7 +20,7 @@ import (
 // "table" as an unknown setting). Errors match fenced.ErrInvalidURL and
 // never contain the password.
 func DatabaseURL(rawURL string) (string, error) {
-	u, err := fenced.ParseURL(rawURL)
+	u, err := driver.ParseURL(rawURL)
 	if err != nil {
 		return "", err
 	}

@@ -252,3 +252,9 @@ func (d *Driver) awaitHeadroomOf(ctx context.Context, zc *zsession, sessionID fu
 		t.Stop()
 	}
 }
+
+// errTTLTooLong is the one refusal of a TTL longer than limit, the longest
+// TTL the session in use covers (maxTTLFor).
+func errTTLTooLong(ttl, limit time.Duration) error {
+	return fmt.Errorf("%w: TTL %v exceeds %v, the longest a session covers here (session timeout*7/8 - tickTime: the servers' maxSessionTimeout, or SessionTimeout for New; see Sessions in the package documentation)", driver.ErrInvalidTTL, ttl, limit)
+}

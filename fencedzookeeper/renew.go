@@ -28,7 +28,7 @@ func (d *Driver) Renew(ctx context.Context, g driver.Grant) error {
 		return err
 	}
 	if limit := maxTTLFor(e.zc.timeout, d.tick); ttl > limit {
-		return fmt.Errorf("zookeeper: renew %s: %w: TTL %v exceeds %v, the longest a %v session covers", g, driver.ErrInvalidTTL, ttl, limit, e.zc.timeout)
+		return fmt.Errorf("zookeeper: renew %s: %w", g, errTTLTooLong(ttl, limit))
 	}
 	type result struct {
 		ok   bool
@@ -103,7 +103,7 @@ func (d *Driver) RenewBatch(ctx context.Context, grants []driver.Grant) ([]error
 			continue
 		}
 		if limit := maxTTLFor(e.zc.timeout, d.tick); g.TTL > limit {
-			errs[i] = fmt.Errorf("zookeeper: renew %s: %w: TTL %v exceeds %v, the longest a %v session covers", g, driver.ErrInvalidTTL, g.TTL, limit, e.zc.timeout)
+			errs[i] = fmt.Errorf("zookeeper: renew %s: %w", g, errTTLTooLong(g.TTL, limit))
 			continue
 		}
 		bySession[e.zc] = append(bySession[e.zc], i)

@@ -490,7 +490,7 @@ func (d *Driver) watchSession(zc *zsession, events <-chan zk.Event) {
 // session returns the session for ttl, opening it if needed.
 func (d *Driver) session(ctx context.Context, ttl time.Duration) (*zsession, error) {
 	if ttl > d.maxTTL {
-		return nil, fmt.Errorf("zookeeper: %w: TTL %v exceeds the longest TTL %v that a session can cover here (the servers' maxSessionTimeout*7/8 - tickTime, or SessionTimeout*7/8 - TickTime for New)", driver.ErrInvalidTTL, ttl, d.maxTTL)
+		return nil, fmt.Errorf("zookeeper: %w", errTTLTooLong(ttl, d.maxTTL))
 	}
 	d.mu.Lock()
 	if d.closed {

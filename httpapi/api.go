@@ -322,10 +322,10 @@ func (s *Server) acquireLease(w http.ResponseWriter, r *http.Request) {
 		delete(s.leases, l.Owner())
 		s.mu.Unlock()
 	}()
-	s.obs.acquired(fenced.LeaseInfo{Key: key, Held: true, Fence: l.Fence(), OwnerDigest: digest, Remaining: l.Remaining()}, l.TTL())
-	s.log.Info("fenced serve: lease granted through the API", "key", key, "fence", l.Fence(), "owner_digest", digest, "ttl", l.TTL(), "token", name, "remote", r.RemoteAddr)
+	s.obs.acquired(fenced.LeaseInfo{Key: key, Held: true, Fence: l.Fence(), OwnerDigest: digest, Remaining: l.Remaining()}, l.Options().TTL)
+	s.log.Info("fenced serve: lease granted through the API", "key", key, "fence", l.Fence(), "owner_digest", digest, "ttl", l.Options().TTL, "token", name, "remote", r.RemoteAddr)
 	writeJSON(w, http.StatusOK, grantView{Key: key, Fence: l.Fence(), Owner: l.Owner(), OwnerDigest: digest,
-		TTLMS: l.TTL().Milliseconds(), ValidForMS: l.Remaining().Milliseconds(), RenewEveryMS: (l.TTL() / 3).Milliseconds()})
+		TTLMS: l.Options().TTL.Milliseconds(), ValidForMS: l.Remaining().Milliseconds(), RenewEveryMS: (l.Options().TTL / 3).Milliseconds()})
 }
 
 // holderRequest is the body of renew and release.
@@ -415,7 +415,7 @@ func (s *Server) renewLease(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		writeJSON(w, http.StatusOK, grantView{Key: key, Fence: l.Fence(), OwnerDigest: driver.OwnerDigest(l.Owner()),
-			TTLMS: l.TTL().Milliseconds(), ValidForMS: l.Remaining().Milliseconds(), RenewEveryMS: (l.TTL() / 3).Milliseconds()})
+			TTLMS: l.Options().TTL.Milliseconds(), ValidForMS: l.Remaining().Milliseconds(), RenewEveryMS: (l.Options().TTL / 3).Milliseconds()})
 		return
 	}
 	ttl := req.ttl

@@ -455,8 +455,12 @@ func TestStaleReportedToLeaseClient(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var stale []fenced.StaleWriteEvent
-	leases := fenced.NewClient(drv, &fenced.Options{Hooks: fenced.Hooks{StaleWrite: func(e fenced.StaleWriteEvent) { stale = append(stale, e) }}})
+	var stale []fenced.Event
+	leases := fenced.NewClient(drv, &fenced.Options{Hook: func(e fenced.Event) {
+		if e.Kind == fenced.EventStaleWrite {
+			stale = append(stale, e)
+		}
+	}})
 	defer leases.Close()
 	s, err := intent.New(drv.DB(), fence.SQLite, nil)
 	if err != nil {
@@ -481,7 +485,7 @@ func TestStaleReportedToLeaseClient(t *testing.T) {
 	if err := s.Complete(ctx, "po_1", old, "pay_1"); !errors.Is(err, fenced.ErrStaleFence) {
 		t.Fatalf("stale Complete: %v", err)
 	}
-	if len(stale) != 1 || stale[0].Presented != old.Fence || stale[0].Resource != intent.DefaultTable {
+	if len(stale) != 1 || stale[0].Fence != old.Fence || stale[0].Resource != intent.DefaultTable {
 		t.Fatalf("client hooks got %+v", stale)
 	}
 }

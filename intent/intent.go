@@ -175,10 +175,10 @@ type Options struct {
 	// of printable ASCII without spaces (it is sent in Idempotency-Key
 	// headers).
 	Namespace string
-	// Hooks receive StaleWrite events for transitions refused as stale.
-	// Leave it empty to report to the hooks of the client that issued each
+	// Hook receives an EventStaleWrite for each transition refused as
+	// stale. Leave it nil to report to the hook of the client that issued each
 	// lease (fence.From carries them); set it to report elsewhere.
-	Hooks fenced.Hooks
+	Hook func(fenced.Event)
 }
 
 // Store keeps intents in a SQL table. It is safe for concurrent use.
@@ -213,7 +213,7 @@ func New(db *sql.DB, d fence.Dialect, opts *Options) (*Store, error) {
 	if err := checkNamespace(o.Namespace); err != nil {
 		return nil, err
 	}
-	g, err := fence.NewSQL(db, d, fence.Table{Name: o.Table, Key: "idempotency_key"}, &fence.SQLOptions{Hooks: o.Hooks})
+	g, err := fence.NewSQL(db, d, fence.Table{Name: o.Table, Key: "idempotency_key"}, &fence.SQLOptions{Hook: o.Hook})
 	if err != nil {
 		return nil, fmt.Errorf("intent: %w", err)
 	}

@@ -21,7 +21,7 @@ import (
 type env struct {
 	leases *fenced.Client
 	store  *intent.Store
-	stale  chan fenced.StaleWriteEvent
+	stale  chan fenced.Event
 	db     *sql.DB
 	d      fence.Dialect
 }
@@ -52,12 +52,16 @@ func newEnvWith(t *testing.T, db *sql.DB, d fence.Dialect, opts *intent.Options)
 	if db == nil {
 		db, d = drv.DB(), fence.SQLite
 	}
-	e := env{leases: leases, stale: make(chan fenced.StaleWriteEvent, 16), db: db, d: d}
+	e := env{leases: leases, stale: make(chan fenced.Event, 16), db: db, d: d}
 	var o intent.Options
 	if opts != nil {
 		o = *opts
 	}
-	o.Hooks = fenced.Hooks{StaleWrite: func(ev fenced.StaleWriteEvent) { e.stale <- ev }}
+	o.Hook = func(ev fenced.Event) {
+		if ev.Kind == fenced.EventStaleWrite {
+			e.stale <- ev
+		}
+	}
 	e.store = e.newStore(t, &o)
 	return e
 }
@@ -122,7 +126,7 @@ func testLifecycle(t *testing.T, e env) {
 	}
 	select {
 	case ev := <-e.stale:
-		if ev.Presented != 1 || ev.Current != 2 || ev.Resource != s.Table() {
+		if ev.Fence != 1 || ev.Current != 2 || ev.Resource != s.Table() {
 			t.Fatalf("stale event %+v", ev)
 		}
 	default:

@@ -1,4 +1,4 @@
-// Package metrics turns a fenced.Client's hooks into the observations an
+// Package metrics turns a fenced.Client's events into the observations an
 // operator needs, independently of any metrics library. It names every
 // series and classifies each event into a bounded set of label values. It
 // keeps track of the leases a process holds, and calls a Recorder. Its two
@@ -11,7 +11,7 @@
 //     metric.MeterProvider and spans (acquire, hold) on a
 //     trace.TracerProvider.
 //
-// Both are driven by the same Hooks function below, so they count the
+// Both are driven by the same Hook function below, so they count the
 // same things the same way. The series, after the source texts' "what to
 // monitor" list (contention and wait time, renewal failures, critical
 // section against the lease length, stale writes refused by the fence,
@@ -30,7 +30,7 @@
 //
 // # Labels and cardinality
 //
-// store is the name given to Hooks (one per client: the URL scheme, or a
+// store is the name given to Hook (one per client: the URL scheme, or a
 // name of the caller's choosing such as "billing-pg"). key_group is a
 // bounded projection of the key. It is never the key itself (keys such as
 // invoice:inv_72 are unbounded) and never the owner. By default it is the
@@ -136,10 +136,11 @@ const (
 // LostReasons lists every value of the reason label of LeasesLost.
 var LostReasons = []string{LostRefused, LostExpired, LostBroken, LostClosed}
 
-// AcquireResult classifies the outcome of one acquisition.
-func AcquireResult(e fenced.AcquireEvent) string {
+// AcquireResult classifies the outcome of one acquisition (an
+// EventAcquire).
+func AcquireResult(e fenced.Event) string {
 	switch {
-	case e.Err == nil && e.FailedOpen:
+	case e.Err == nil && e.Lease != nil && e.Lease.FailedOpen():
 		return ResultFailedOpen
 	case e.Err == nil:
 		return ResultAcquired
@@ -201,7 +202,7 @@ type Labels struct {
 	Store, KeyGroup string
 }
 
-// Recorder receives the observations of Hooks. The exporters implement it;
+// Recorder receives the observations of Hook. The exporters implement it;
 // calls come from the client's goroutines, concurrently, and must not
 // block.
 type Recorder interface {
@@ -222,7 +223,7 @@ type Recorder interface {
 	OwnerChange(l Labels)
 }
 
-// Options configure Hooks. The zero value gives the defaults.
+// Options configure Hook. The zero value gives the defaults.
 type Options struct {
 	// KeyGroup maps a key to its bounded group. Default DefaultKeyGroup.
 	// It must return few distinct values; MaxKeyGroups caps them anyway.
@@ -378,12 +379,12 @@ func (t *Tracker) Gauges() []Gauge {
 	return gs
 }
 
-// Hooks returns hooks that report the events of a client on store to r and
-// keep t up to date. Give each client its own store name; one Tracker and
-// Recorder may serve several clients. Guards in package fence report
-// stale writes to the hooks of the client that issued the token, so a
-// guard needs no hooks of its own.
-func Hooks(store string, t *Tracker, r Recorder) fenced.Hooks {
+// Hook returns a hook that reports the events of a client on store to r
+// and keeps t up to date. Give each client its own store name; one Tracker
+// and Recorder may serve several clients. Guards in package fence report
+// stale writes to the hook of the client that issued the token, so a
+// guard needs no hook of its own.
+func Hook(store string, t *Tracker, r Recorder) func(fenced.Event) {
 	labels := func(key string) Labels {
 		l, isNew := t.labels(store, t.groupKey(key))
 		if isNew {
@@ -397,12 +398,13 @@ func Hooks(store string, t *Tracker, r Recorder) fenced.Hooks {
 		}
 		lb, ok := t.remove(l)
 		if ok {
-			r.Hold(lb, held, l.TTL())
+			r.Hold(lb, held, l.Options().TTL)
 		}
 		return lb, ok
 	}
-	return fenced.Hooks{
-		Acquired: func(e fenced.AcquireEvent) {
+	return func(e fenced.Event) {
+		switch e.Kind {
+		case fenced.EventAcquire:
 			if name, ok := fenced.KeyGroup(e.Context); ok {
 				t.permit(e.Key, name)
 			}
@@ -412,54 +414,48 @@ func Hooks(store string, t *Tracker, r Recorder) fenced.Hooks {
 			if result != ResultAcquired {
 				return
 			}
-			r.AcquireWait(l, e.Waited)
+			r.AcquireWait(l, e.Duration)
 			if e.Contended {
 				r.OwnerChange(l)
 			}
 			if e.Lease != nil {
 				t.add(e.Lease, l)
 			}
-		},
-		Renewed: func(e fenced.RenewEvent) {
-			r.Renewal(labels(e.Lease.Key()), RenewResult(e.Err))
-		},
-		Lost: func(e fenced.LostEvent) {
-			if l, ok := end(e.Lease, e.Held); ok {
-				r.Lost(l, LostReason(e.Cause))
+		case fenced.EventRenew:
+			r.Renewal(labels(e.Key), RenewResult(e.Err))
+		case fenced.EventLost:
+			if l, ok := end(e.Lease, e.Duration); ok {
+				r.Lost(l, LostReason(e.Err))
 			}
-		},
-		Released: func(e fenced.ReleaseEvent) {
-			if l, ok := end(e.Lease, e.Held); ok && errors.Is(e.Cause, fenced.ErrClosed) {
+		case fenced.EventRelease:
+			if l, ok := end(e.Lease, e.Duration); ok && errors.Is(e.Lease.Err(), fenced.ErrClosed) {
 				r.Lost(l, LostClosed)
 			}
-		},
-		StaleWrite: func(e fenced.StaleWriteEvent) {
+		case fenced.EventStaleWrite:
 			r.StaleWrite(labels(e.Key))
-		},
+		}
 	}
 }
 
-// Join returns hooks that call each of hs in order, for a client reported
-// to several exporters (or to an exporter and the caller's own logging).
-func Join(hs ...fenced.Hooks) fenced.Hooks {
-	var j fenced.Hooks
+// Join returns a hook that calls each of hs (nil ones skipped) in order,
+// for a client reported to several exporters, or to an exporter and the
+// caller's own logging.
+func Join(hs ...func(fenced.Event)) func(fenced.Event) {
+	var j []func(fenced.Event)
 	for _, h := range hs {
-		j.AcquireAttempt = chain(j.AcquireAttempt, h.AcquireAttempt)
-		j.Acquired = chain(j.Acquired, h.Acquired)
-		j.Renewed = chain(j.Renewed, h.Renewed)
-		j.Lost = chain(j.Lost, h.Lost)
-		j.Released = chain(j.Released, h.Released)
-		j.StaleWrite = chain(j.StaleWrite, h.StaleWrite)
+		if h != nil {
+			j = append(j, h)
+		}
 	}
-	return j
-}
-
-func chain[E any](a, b func(E)) func(E) {
-	switch {
-	case a == nil:
-		return b
-	case b == nil:
-		return a
+	switch len(j) {
+	case 0:
+		return nil
+	case 1:
+		return j[0]
 	}
-	return func(e E) { a(e); b(e) }
+	return func(e fenced.Event) {
+		for _, h := range j {
+			h(e)
+		}
+	}
 }

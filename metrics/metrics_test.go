@@ -8,24 +8,44 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/mem"
 )
+
+// downDriver is a store that is unavailable for acquisitions.
+type downDriver struct{ driver.Driver }
+
+func (downDriver) TryAcquire(context.Context, string, string, time.Duration) (uint64, error) {
+	return 0, driver.ErrUnavailable
+}
+
+// failedOpen returns a real lease granted locally with the store down.
+func failedOpen(t *testing.T) *fenced.Lease {
+	c := fenced.NewClient(downDriver{mem.New(nil)}, nil)
+	t.Cleanup(func() { c.Close() })
+	l, err := c.TryAcquire(context.Background(), "k", &fenced.LeaseOptions{MinFence: fenced.FenceNone, FailOpen: true})
+	if err != nil || !l.FailedOpen() {
+		t.Fatalf("fail-open lease: %v (failed open: %v)", err, err == nil && l.FailedOpen())
+	}
+	return l
+}
 
 func TestClassification(t *testing.T) {
 	held := fmt.Errorf("fenced: acquire %q: %w", "k", fenced.ErrHeld)
 	for _, tc := range []struct {
-		e    fenced.AcquireEvent
+		e    fenced.Event
 		want string
 	}{
-		{fenced.AcquireEvent{}, ResultAcquired},
-		{fenced.AcquireEvent{FailedOpen: true}, ResultFailedOpen},
-		{fenced.AcquireEvent{Err: held, MaxWait: fenced.NoWait}, ResultHeld},
-		{fenced.AcquireEvent{Err: held}, ResultHeld}, // options refused before a wait was resolved
-		{fenced.AcquireEvent{Err: held, MaxWait: time.Second}, ResultTimeout},
-		{fenced.AcquireEvent{Err: held, MaxWait: fenced.WaitForever}, ResultTimeout},
-		{fenced.AcquireEvent{Err: context.DeadlineExceeded, MaxWait: fenced.WaitForever}, ResultTimeout},
-		{fenced.AcquireEvent{Err: context.Canceled, MaxWait: time.Second}, ResultCanceled},
-		{fenced.AcquireEvent{Err: fenced.ErrUnavailable}, ResultError},
-		{fenced.AcquireEvent{Err: fenced.ErrNoFence}, ResultError},
+		{fenced.Event{}, ResultAcquired},
+		{fenced.Event{Lease: failedOpen(t)}, ResultFailedOpen},
+		{fenced.Event{Err: held, MaxWait: fenced.NoWait}, ResultHeld},
+		{fenced.Event{Err: held}, ResultHeld}, // options refused before a wait was resolved
+		{fenced.Event{Err: held, MaxWait: time.Second}, ResultTimeout},
+		{fenced.Event{Err: held, MaxWait: fenced.WaitForever}, ResultTimeout},
+		{fenced.Event{Err: context.DeadlineExceeded, MaxWait: fenced.WaitForever}, ResultTimeout},
+		{fenced.Event{Err: context.Canceled, MaxWait: time.Second}, ResultCanceled},
+		{fenced.Event{Err: fenced.ErrUnavailable}, ResultError},
+		{fenced.Event{Err: fenced.ErrNoFence}, ResultError},
 	} {
 		if got := AcquireResult(tc.e); got != tc.want {
 			t.Errorf("AcquireResult(%+v) = %q, want %q", tc.e, got, tc.want)
@@ -59,12 +79,15 @@ func TestClassification(t *testing.T) {
 
 func TestJoinCallsEachInOrder(t *testing.T) {
 	var got []string
-	hook := func(name string) fenced.Hooks {
-		return fenced.Hooks{Lost: func(fenced.LostEvent) { got = append(got, name) }}
+	hook := func(name string) func(fenced.Event) {
+		return func(e fenced.Event) { got = append(got, name+":"+fmt.Sprint(e.Kind)) }
 	}
-	j := Join(hook("a"), fenced.Hooks{}, hook("b"))
-	j.Lost(fenced.LostEvent{})
-	if fmt.Sprint(got) != "[a b]" || j.Acquired != nil {
-		t.Fatalf("joined hooks called %v; Acquired set: %v", got, j.Acquired != nil)
+	j := Join(hook("a"), nil, hook("b"))
+	j(fenced.Event{Kind: fenced.EventLost})
+	if fmt.Sprint(got) != fmt.Sprintf("[a:%d b:%d]", fenced.EventLost, fenced.EventLost) {
+		t.Fatalf("joined hooks called %v", got)
+	}
+	if Join(nil, nil) != nil {
+		t.Fatal("Join of no hooks is not nil")
 	}
 }

@@ -47,12 +47,12 @@ func AcquireAll(ctx context.Context, c *fenced.Client, keys []string, opts *fenc
 	}
 	var deadline time.Time
 	if spec.MaxWait != fenced.NoWait && spec.MaxWait != fenced.WaitForever {
-		deadline = c.Clock().Now().Add(spec.MaxWait)
+		deadline = c.Options().Clock.Now().Add(spec.MaxWait)
 	}
 	set := &LeaseSet{c: c}
 	for _, key := range ordered {
 		if !deadline.IsZero() {
-			left := deadline.Sub(c.Clock().Now())
+			left := deadline.Sub(c.Options().Clock.Now())
 			if left <= 0 {
 				// Wait once more, as little as possible: a free key is
 				// still taken, a held one fails at once.
@@ -267,7 +267,7 @@ func (s *LeaseSet) Release(ctx context.Context) error {
 // releaseAll releases the leases in reverse order, with a fresh timeout
 // of Options.CloseTimeout so that it happens even when ctx has ended.
 func (s *LeaseSet) releaseAll(ctx context.Context) error {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.c.CloseTimeout())
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.c.Options().CloseTimeout)
 	defer cancel()
 	var errs []error
 	for i := len(s.leases) - 1; i >= 0; i-- {

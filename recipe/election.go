@@ -90,7 +90,7 @@ func (e *Election) Campaign(ctx context.Context, value string) (*Leadership, err
 			if err = ld.publish(ctx, value); err == nil {
 				return ld, nil
 			}
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.c.CloseTimeout())
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.c.Options().CloseTimeout)
 			_ = l.Release(rctx)
 			cancel()
 		}
@@ -100,7 +100,7 @@ func (e *Election) Campaign(ctx context.Context, value string) (*Leadership, err
 		if ctx.Err() != nil {
 			return nil, context.Cause(ctx)
 		}
-		t := e.c.Clock().NewTimer(e.c.Backoff(attempt))
+		t := e.c.Options().Clock.NewTimer(e.c.Backoff(attempt))
 		select {
 		case <-t.C():
 		case <-ctx.Done():
@@ -247,7 +247,7 @@ func (e *Election) observe(ctx context.Context, ch chan<- Leader) {
 		if sub != nil {
 			subC = sub.C()
 		}
-		t := e.c.Clock().NewTimer(wait)
+		t := e.c.Options().Clock.NewTimer(wait)
 		select {
 		case <-t.C():
 		case <-subC:
@@ -327,7 +327,7 @@ func (l *Leadership) publish(ctx context.Context, value string) error {
 
 // grantOf is l's grant as drivers see it.
 func grantOf(l *fenced.Lease) driver.Grant {
-	return driver.Grant{Key: l.Key(), Owner: l.Owner(), Fence: l.Fence(), TTL: l.TTL()}
+	return driver.Grant{Key: l.Key(), Owner: l.Owner(), Fence: l.Fence(), TTL: l.Options().TTL}
 }
 
 // Resign ends the term: the leadership's context is cancelled first, then
@@ -388,7 +388,7 @@ func (e *Election) Run(ctx context.Context, value string, cb Callbacks) error {
 	stop()
 	cancel(fenced.ErrReleased)
 	cause := ld.Err()
-	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), e.c.CloseTimeout())
+	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), e.c.Options().CloseTimeout)
 	relErr := ld.Resign(rctx)
 	rcancel()
 	if cause == nil {

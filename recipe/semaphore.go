@@ -185,7 +185,7 @@ func (s *Semaphore) race(ctx context.Context) (*Permit, error) {
 			cancel()
 		case r.p != nil:
 			// A second grant raced the first: give it back.
-			relCtx, relCancel := context.WithTimeout(context.WithoutCancel(ctx), s.c.CloseTimeout())
+			relCtx, relCancel := context.WithTimeout(context.WithoutCancel(ctx), s.c.Options().CloseTimeout)
 			_ = r.p.Release(relCtx)
 			relCancel()
 		case won == nil:
@@ -211,7 +211,7 @@ func (s *Semaphore) race(ctx context.Context) (*Permit, error) {
 func (s *Semaphore) poll(ctx context.Context, spec fenced.LeaseOptions, hint time.Duration) (*Permit, error) {
 	var waitOver <-chan time.Time
 	if spec.MaxWait != fenced.WaitForever {
-		t := s.c.Clock().NewTimer(spec.MaxWait)
+		t := s.c.Options().Clock.NewTimer(spec.MaxWait)
 		defer t.Stop()
 		waitOver = t.C()
 	}
@@ -220,7 +220,7 @@ func (s *Semaphore) poll(ctx context.Context, spec fenced.LeaseOptions, hint tim
 		if hint > 0 {
 			sleep = min(sleep, hint+time.Millisecond)
 		}
-		t := s.c.Clock().NewTimer(sleep)
+		t := s.c.Options().Clock.NewTimer(sleep)
 		select {
 		case <-t.C():
 		case <-waitOver:

@@ -60,11 +60,13 @@ func holdRedisLeases(b *testing.B, addr string, m, periods int, ttl time.Duratio
 		lost      atomic.Int64
 		firstLoss atomic.Value // why the first lost lease was lost
 	)
-	c := fenced.NewClient(d, &fenced.Options{Hooks: fenced.Hooks{Lost: func(e fenced.LostEvent) {
-		if lost.Add(1) == 1 {
-			firstLoss.Store(fmt.Sprintf("%v (held %v)", e.Cause, e.Held))
+	c := fenced.NewClient(d, &fenced.Options{Hook: func(e fenced.Event) {
+		if e.Kind == fenced.EventLost {
+			if lost.Add(1) == 1 {
+				firstLoss.Store(fmt.Sprintf("%v (held %v)", e.Err, e.Duration))
+			}
 		}
-	}}})
+	}})
 	defer c.Close()
 	run := keySeq.Add(1)
 	keys := make([]string, m)

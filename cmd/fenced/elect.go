@@ -82,9 +82,6 @@ etcdctl elect PREFIX+NAME exclude each other.`,
 }
 
 func electAndRun(ctx context.Context, g *globals, f *electFlags, name string, argv []string) error {
-	if f.ttl <= 0 {
-		return withCode(exitUsage, fmt.Errorf("elect: --ttl %v: the lease TTL must be positive", f.ttl))
-	}
 	if f.grace < 0 {
 		return withCode(exitUsage, fmt.Errorf("elect: --grace %v is negative", f.grace))
 	}
@@ -103,6 +100,9 @@ func electAndRun(ctx context.Context, g *globals, f *electFlags, name string, ar
 	}
 	var held *hold
 	defer func() { closeClient(c, held) }()
+	if err := checkTTL(c, "elect", f.ttl, opts); err != nil {
+		return err
+	}
 	el, err := recipe.NewElection(c, name, opts)
 	if err != nil {
 		if errors.Is(err, fenced.ErrNoFence) {

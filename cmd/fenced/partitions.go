@@ -97,8 +97,6 @@ func runPartitions(ctx context.Context, g *globals, f *partitionsFlags, group st
 	switch {
 	case f.partitions < 1 || f.partitions > recipe.MaxPartitions:
 		return withCode(exitUsage, fmt.Errorf("partitions run: -p %d: want 1 to %d partitions", f.partitions, recipe.MaxPartitions))
-	case f.ttl <= 0:
-		return withCode(exitUsage, fmt.Errorf("partitions run: --ttl %v: the lease TTL must be positive", f.ttl))
 	case f.grace < 0:
 		return withCode(exitUsage, fmt.Errorf("partitions run: --grace %v is negative", f.grace))
 	}
@@ -123,6 +121,9 @@ func runPartitions(ctx context.Context, g *globals, f *partitionsFlags, group st
 		return err
 	}
 	defer c.Close()
+	if err := checkTTL(c, "partitions run", f.ttl, &fenced.LeaseOptions{MinFence: minFence}); err != nil {
+		return err
+	}
 
 	work := func(ctx context.Context, p recipe.Partition) error {
 		vars := append(childEnv(nil, p.Lease, g.store),

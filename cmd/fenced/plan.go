@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/leaseplan"
 )
 
@@ -44,7 +45,7 @@ figured with ZooKeeper's default tickTime of 2s.`,
 			if err := g.checkOutput(); err != nil {
 				return err
 			}
-			u, err := fenced.ParseURL(g.store)
+			u, err := driver.ParseURL(g.store)
 			if err != nil {
 				return err
 			}

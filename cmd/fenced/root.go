@@ -16,6 +16,7 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/admin"
+	"github.com/fenced-dev/fenced/driver"
 	_ "github.com/fenced-dev/fenced/fenceddynamodb"
 	_ "github.com/fenced-dev/fenced/fencedetcd"
 	_ "github.com/fenced-dev/fenced/fencedmysql"
@@ -175,7 +176,7 @@ func (g *globals) writeStoreHeader(w io.Writer) {
 // SQLite file spelled out, so a user can see which file (whose) the leases
 // are in.
 func describeStore(store string) string {
-	u, err := fenced.ParseURL(store)
+	u, err := driver.ParseURL(store)
 	if err != nil || u.Scheme != "sqlite" || u.Opaque != "" || u.Path != "" {
 		return fenced.Redact(store)
 	}

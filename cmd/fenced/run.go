@@ -189,9 +189,6 @@ func supervisionHelp(probe bool) string {
 // set, so nothing is left to a default by accident (--wait 0 is NoWait,
 // --max-hold 0 is HoldForever).
 func (f *runFlags) leaseOptions() (*fenced.LeaseOptions, error) {
-	if f.ttl <= 0 {
-		return nil, fmt.Errorf("run: --ttl %v: the lease TTL must be positive", f.ttl)
-	}
 	if f.wait < 0 {
 		return nil, fmt.Errorf("run: --wait %v is negative", f.wait)
 	}
@@ -301,6 +298,9 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, keys, argv []st
 	}
 	var held *hold
 	defer func() { closeClient(c, held) }()
+	if err := checkTTL(c, "run", f.ttl, opts); err != nil {
+		return err
+	}
 
 	what := "the lease" // the error names the keys already
 	if len(keys) > 1 {

@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/httpapi"
 	"github.com/fenced-dev/fenced/metrics/fencedprom"
 )
@@ -105,7 +106,7 @@ func runServe(ctx context.Context, g *globals, f *serveFlags) error {
 	if !loopback && f.tlsCert == "" {
 		fmt.Fprintf(g.stderr, "fenced serve: warning: %s is not loopback and TLS is off: tokens and lease data cross the network in clear text (use --tls-cert and --tls-key, or a TLS proxy)\n", f.addr)
 	}
-	u, err := fenced.ParseURL(g.store)
+	u, err := driver.ParseURL(g.store)
 	if err != nil {
 		return err
 	}
@@ -119,7 +120,7 @@ func runServe(ctx context.Context, g *globals, f *serveFlags) error {
 		return err
 	}
 	g.noteStore()
-	c, err := fenced.Open(ctx, g.store, &fenced.Options{Hooks: m.Hooks(u.Scheme)})
+	c, err := fenced.Open(ctx, g.store, &fenced.Options{Hook: m.Hook(u.Scheme)})
 	if err != nil {
 		return err
 	}

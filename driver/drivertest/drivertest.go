@@ -128,7 +128,7 @@ func (s *suite) client(t *testing.T, opts *fenced.Options) *fenced.Client {
 	if opts != nil {
 		o = *opts
 	}
-	if o.MinFence == fenced.FenceUnset {
+	if o.MinFence == driver.FenceUnset {
 		o.MinFence = s.h.MinFence
 	}
 	c := fenced.NewClient(s.h.Open(t), &o)
@@ -447,12 +447,14 @@ func (s *suite) testAutoRenew(t *testing.T) {
 	// loaded machine; the test checks renewal, not the shortest TTL.
 	ttl := max(s.h.ShortTTL, time.Second)
 	var renewals atomic.Int32
-	c2 := s.client(t, &fenced.Options{Hooks: fenced.Hooks{}})
-	c := s.client(t, &fenced.Options{Hooks: fenced.Hooks{Renewed: func(e fenced.RenewEvent) {
-		if e.Err == nil {
-			renewals.Add(1)
+	c2 := s.client(t, &fenced.Options{})
+	c := s.client(t, &fenced.Options{Hook: func(e fenced.Event) {
+		if e.Kind == fenced.EventRenew {
+			if e.Err == nil {
+				renewals.Add(1)
+			}
 		}
-	}}})
+	}})
 	l, err := c.TryAcquire(ctx, key, &fenced.LeaseOptions{TTL: ttl})
 	if err != nil {
 		t.Fatal(err)

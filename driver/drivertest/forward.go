@@ -59,7 +59,11 @@ func (s *suite) testGiveUpMidLook(t *testing.T) {
 	opts := func(attempts *atomic.Int64) *fenced.Options {
 		return &fenced.Options{MinBackoff: time.Minute, MaxBackoff: time.Minute, FallbackPoll: time.Minute,
 			MinFence: s.h.MinFence,
-			Hooks:    fenced.Hooks{AcquireAttempt: func(fenced.AttemptEvent) { attempts.Add(1) }}}
+			Hook: func(e fenced.Event) {
+				if e.Kind == fenced.EventAttempt {
+					attempts.Add(1)
+				}
+			}}
 	}
 	var n1, n2 atomic.Int64
 	first := &stalling{Driver: d, n: n, stalled: make(chan struct{}, 1)}

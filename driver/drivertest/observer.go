@@ -25,14 +25,18 @@ func (s *suite) testObserverTakesNoWakeUp(t *testing.T) {
 	ctx := ctxT(t)
 	key := uniqueKey(t, "observer")
 	var attempts atomic.Int64
-	opts := func(hooks fenced.Hooks) *fenced.Options {
-		return &fenced.Options{FallbackPoll: 2 * time.Second, MinBackoff: 5 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, MinFence: s.h.MinFence, Hooks: hooks}
+	opts := func(hooks func(fenced.Event)) *fenced.Options {
+		return &fenced.Options{FallbackPoll: 2 * time.Second, MinBackoff: 5 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, MinFence: s.h.MinFence, Hook: hooks}
 	}
-	holder := fenced.NewClient(s.h.Open(t), opts(fenced.Hooks{}))
+	holder := fenced.NewClient(s.h.Open(t), opts(nil))
 	waiterDrv := s.h.Open(t)
-	waiter := fenced.NewClient(waiterDrv, opts(fenced.Hooks{AcquireAttempt: func(fenced.AttemptEvent) { attempts.Add(1) }}))
-	watcher := fenced.NewClient(s.h.Open(t), opts(fenced.Hooks{}))
-	beside := fenced.NewClient(waiterDrv, opts(fenced.Hooks{})) // the waiter's driver
+	waiter := fenced.NewClient(waiterDrv, opts(func(e fenced.Event) {
+		if e.Kind == fenced.EventAttempt {
+			attempts.Add(1)
+		}
+	}))
+	watcher := fenced.NewClient(s.h.Open(t), opts(nil))
+	beside := fenced.NewClient(waiterDrv, opts(nil)) // the waiter's driver
 	t.Cleanup(func() { holder.Close(); waiter.Close(); watcher.Close(); beside.Close() })
 	elOther, err := recipe.NewElection(watcher, key, nil)
 	if err != nil {

@@ -48,7 +48,7 @@ type Guard struct {
 	kv     clientv3.KV
 	prefix string
 	checks fence.Prechecks
-	hooks  fenced.Hooks
+	hook   func(fenced.Event)
 }
 
 // Options configure an etcd guard. nil gives the defaults.
@@ -63,8 +63,9 @@ type Options struct {
 	// example a *fence.Verifier for signed tokens); a refusal is returned as the
 	// error and nothing is sent.
 	Check fence.Checker
-	// Hooks receive a StaleWrite event for every refused stale write.
-	Hooks fenced.Hooks
+	// Hook receives an EventStaleWrite for every refused stale write
+	// (when nil, the hook of the client that issued the token).
+	Hook func(fenced.Event)
 }
 
 // New returns a guard using kv (a *clientv3.Client or any clientv3.KV).
@@ -79,7 +80,7 @@ func New(kv clientv3.KV, opts *Options) (*Guard, error) {
 			g.prefix = opts.FencePrefix
 		}
 		g.checks = fence.Prechecks{LeaseKey: opts.LeaseKey, Check: opts.Check}
-		g.hooks = opts.Hooks
+		g.hook = opts.Hook
 	}
 	return g, nil
 }
@@ -213,7 +214,7 @@ func (g *Guard) Write(ctx context.Context, resource string, t fence.Token, w Wri
 			// Unchanged, so w.If did not hold.
 		}
 		r := fence.Refusal(t, rec.fence, rec.owner)
-		fence.ReportStale(g.hooks, t, r, resource)
+		fence.ReportStale(g.hook, t, r, resource)
 		return r, nil
 	}
 }

@@ -30,7 +30,11 @@ func TestNativePgx(t *testing.T) {
 	db := stdlib.OpenDBFromPool(pool)
 	defer db.Close()
 	var stale int
-	g, err := fence.NewSQL(db, fence.Postgres, fence.Table{Name: "jobs", Key: "id"}, &fence.SQLOptions{Hooks: fenced.Hooks{StaleWrite: func(fenced.StaleWriteEvent) { stale++ }}})
+	g, err := fence.NewSQL(db, fence.Postgres, fence.Table{Name: "jobs", Key: "id"}, &fence.SQLOptions{Hook: func(e fenced.Event) {
+		if e.Kind == fenced.EventStaleWrite {
+			stale++
+		}
+	}})
 	if err != nil {
 		t.Fatal(err)
 	}

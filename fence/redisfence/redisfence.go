@@ -45,7 +45,7 @@ type Guard struct {
 	c                                redis.Scripter
 	fenceField, ownerField, keyField string
 	checks                           fence.Prechecks
-	hooks                            fenced.Hooks
+	hook                             func(fenced.Event)
 }
 
 // Options configure a Redis guard. nil gives the defaults.
@@ -63,8 +63,9 @@ type Options struct {
 	// example a *fence.Verifier for signed tokens); a refusal is returned as the
 	// error and nothing is sent.
 	Check fence.Checker
-	// Hooks receive a StaleWrite event for every refused stale write.
-	Hooks fenced.Hooks
+	// Hook receives an EventStaleWrite for every refused stale write
+	// (when nil, the hook of the client that issued the token).
+	Hook func(fenced.Event)
 }
 
 // New returns a guard using c (a *redis.Client, *redis.ClusterClient or
@@ -85,7 +86,7 @@ func New(c redis.Scripter, opts *Options) (*Guard, error) {
 			g.keyField = opts.KeyField
 		}
 		g.checks = fence.Prechecks{LeaseKey: opts.LeaseKey, Check: opts.Check}
-		g.hooks = opts.Hooks
+		g.hook = opts.Hook
 	}
 	if g.fenceField == g.ownerField || g.fenceField == g.keyField || g.ownerField == g.keyField {
 		return nil, fmt.Errorf("fence: New: %w: fence, owner and key fields must differ (%q, %q, %q)", fence.ErrSchema, g.fenceField, g.ownerField, g.keyField)
@@ -216,6 +217,6 @@ func (g *Guard) Write(ctx context.Context, key string, t fence.Token, w Write) (
 	default:
 		return fence.Result{}, fmt.Errorf("fence: redis write %q: unexpected script outcome %d", key, code)
 	}
-	fence.ReportStale(g.hooks, t, r, key)
+	fence.ReportStale(g.hook, t, r, key)
 	return r, nil
 }

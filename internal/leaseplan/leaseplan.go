@@ -36,6 +36,7 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/expiries"
 )
 
 // Authority describes how a backend turns a requested TTL into the time it
@@ -71,7 +72,7 @@ func authority(scheme string, e driver.Expiry) Authority {
 // packages the program imports.
 func Authorities() map[string]Authority {
 	out := map[string]Authority{}
-	for scheme, e := range fenced.Expiries() {
+	for scheme, e := range expiries.All() {
 		out[scheme] = authority(scheme, e)
 	}
 	return out
@@ -80,7 +81,7 @@ func Authorities() map[string]Authority {
 // ForScheme returns the Authority of a URL scheme; a scheme that registered
 // none gets an exact authority named after it.
 func ForScheme(scheme string) Authority {
-	if e, ok := fenced.Expiries()[scheme]; ok {
+	if e, ok := expiries.All()[scheme]; ok {
 		return authority(scheme, e)
 	}
 	return authority(scheme, driver.Expiry{Name: scheme, Note: "unknown backend: assumed to expire grants exactly at the TTL"})

@@ -123,10 +123,12 @@ func runGenWorker(cfg GenWorkerConfig) error {
 	}
 	defer rec.Close()
 	w := &genWorker{cfg: cfg, rec: rec, pid: int64(os.Getpid()), held: map[*fenced.Lease]heldLease{}, sets: map[*recipe.LeaseSet]struct{}{}}
-	hooks := fenced.Hooks{Lost: func(e fenced.LostEvent) {
-		w.record(Event{Kind: Lost, Key: e.Lease.Key(), Fence: e.Lease.Fence(), Err: errString(e.Cause)})
-	}}
-	w.client, err = fenced.Open(ctx, cfg.Store, &fenced.Options{Hooks: hooks, MinBackoff: 5 * time.Millisecond, MaxBackoff: 100 * time.Millisecond, FallbackPoll: cfg.TTL})
+	hooks := func(e fenced.Event) {
+		if e.Kind == fenced.EventLost {
+			w.record(Event{Kind: Lost, Key: e.Lease.Key(), Fence: e.Lease.Fence(), Err: errString(e.Err)})
+		}
+	}
+	w.client, err = fenced.Open(ctx, cfg.Store, &fenced.Options{Hook: hooks, MinBackoff: 5 * time.Millisecond, MaxBackoff: 100 * time.Millisecond, FallbackPoll: cfg.TTL})
 	if err != nil {
 		return err
 	}

@@ -130,19 +130,21 @@ func runWorker(cfg WorkerConfig) error {
 		}
 		defer w.locker.Close()
 	} else {
-		hooks := fenced.Hooks{
-			Lost: func(e fenced.LostEvent) {
-				w.record(Event{Kind: Lost, Key: e.Lease.Key(), Fence: e.Lease.Fence(), Err: errString(e.Cause)})
-			},
-			Renewed: func(e fenced.RenewEvent) {
+		hooks := func(e fenced.Event) {
+			switch e.Kind {
+			case fenced.EventLost:
+				w.record(Event{Kind: Lost, Key: e.Lease.Key(), Fence: e.Lease.Fence(), Err: errString(e.Err)})
+
+			case fenced.EventRenew:
 				k := Renewed
 				if e.Err != nil {
 					k = RenewFail
 				}
 				w.record(Event{Kind: k, Key: e.Lease.Key(), Fence: e.Lease.Fence(), Err: errString(e.Err)})
-			},
+
+			}
 		}
-		w.client, err = fenced.Open(ctx, cfg.Store, &fenced.Options{Hooks: hooks, MinBackoff: 5 * time.Millisecond, MaxBackoff: 100 * time.Millisecond, FallbackPoll: cfg.TTL})
+		w.client, err = fenced.Open(ctx, cfg.Store, &fenced.Options{Hook: hooks, MinBackoff: 5 * time.Millisecond, MaxBackoff: 100 * time.Millisecond, FallbackPoll: cfg.TTL})
 		if err != nil {
 			return err
 		}

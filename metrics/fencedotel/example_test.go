@@ -25,7 +25,7 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
-	client, err := fenced.Open(ctx, "mem://otel-example", &fenced.Options{Hooks: tel.Hooks("mem")})
+	client, err := fenced.Open(ctx, "mem://otel-example", &fenced.Options{Hook: tel.Hook("mem")})
 	if err != nil {
 		panic(err)
 	}

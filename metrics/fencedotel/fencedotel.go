@@ -10,11 +10,11 @@
 //     not succeed and a "lost" event (and an error status) when the lease
 //     was lost.
 //
-// Give each client the hooks of its store:
+// Give each client the hook of its store:
 //
 //	tel, err := fencedotel.New(meterProvider, tracerProvider, nil)
 //	...
-//	client, err := fenced.Open(ctx, url, &fenced.Options{Hooks: tel.Hooks("postgres")})
+//	client, err := fenced.Open(ctx, url, &fenced.Options{Hook: tel.Hook("postgres")})
 //
 // Instrument names follow OpenTelemetry's conventions (dotted, with UCUM
 // units: "s", "1", "{lease}"); the standard translation to Prometheus
@@ -93,7 +93,7 @@ type Options struct {
 	RecordKey bool
 }
 
-// Telemetry records fenced's metrics and spans. Give its Hooks to each
+// Telemetry records fenced's metrics and spans. Give its Hook to each
 // client; one Telemetry serves any number of clients and stores.
 type Telemetry struct {
 	opts    Options
@@ -170,17 +170,17 @@ func New(mp metric.MeterProvider, tp trace.TracerProvider, opts *Options) (*Tele
 	return t, nil
 }
 
-// Hooks returns the hooks of a client on store (a short name such as the
+// Hook returns the hook of a client on store (a short name such as the
 // URL scheme; it becomes the store attribute).
-func (t *Telemetry) Hooks(store string) fenced.Hooks {
-	var h fenced.Hooks
+func (t *Telemetry) Hook(store string) func(fenced.Event) {
+	var h func(fenced.Event)
 	if t.attempts != nil {
-		h = metrics.Hooks(store, t.tracker, recorder{t})
+		h = metrics.Hook(store, t.tracker, recorder{t})
 	}
 	if t.tracer == nil {
 		return h
 	}
-	return metrics.Join(h, t.spanHooks(store))
+	return metrics.Join(h, t.spanHook(store))
 }
 
 func labelSet(l metrics.Labels, extra ...attribute.KeyValue) attribute.Set {
@@ -237,8 +237,8 @@ func (r recorder) StaleWrite(l metrics.Labels) { r.t.stale.Add(bg, 1, with(l)) }
 
 func (r recorder) OwnerChange(l metrics.Labels) { r.t.ownerChanges.Add(bg, 1, with(l)) }
 
-// spanHooks records the acquire and hold spans.
-func (t *Telemetry) spanHooks(store string) fenced.Hooks {
+// spanHook records the acquire and hold spans.
+func (t *Telemetry) spanHook(store string) func(fenced.Event) {
 	attrs := func(key string, extra ...attribute.KeyValue) []attribute.KeyValue {
 		a := append(extra, AttrStore.String(store), AttrKeyGroup.String(t.tracker.Of(key)))
 		if t.opts.RecordKey {
@@ -246,16 +246,17 @@ func (t *Telemetry) spanHooks(store string) fenced.Hooks {
 		}
 		return a
 	}
-	return fenced.Hooks{
-		Acquired: func(e fenced.AcquireEvent) {
+	return func(e fenced.Event) {
+		switch e.Kind {
+		case fenced.EventAcquire:
 			parent := e.Context
 			if parent == nil {
 				parent = context.Background()
 			}
 			end := time.Now()
 			result := metrics.AcquireResult(e)
-			_, span := t.tracer.Start(parent, SpanAcquire, trace.WithTimestamp(end.Add(-e.Waited)), trace.WithSpanKind(trace.SpanKindClient),
-				trace.WithAttributes(attrs(e.Key, AttrResult.String(result), AttrAttempts.Int(e.Attempts), AttrFence.Int64(int64(e.Fence)))...))
+			_, span := t.tracer.Start(parent, SpanAcquire, trace.WithTimestamp(end.Add(-e.Duration)), trace.WithSpanKind(trace.SpanKindClient),
+				trace.WithAttributes(attrs(e.Key, AttrResult.String(result), AttrAttempts.Int(e.Attempt), AttrFence.Int64(int64(e.Fence)))...))
 			if result == metrics.ResultError {
 				span.RecordError(e.Err)
 				span.SetStatus(codes.Error, e.Err.Error())
@@ -266,33 +267,30 @@ func (t *Telemetry) spanHooks(store string) fenced.Hooks {
 			}
 			_, hold := t.tracer.Start(parent, SpanHold, trace.WithTimestamp(end),
 				trace.WithLinks(trace.Link{SpanContext: span.SpanContext()}),
-				trace.WithAttributes(attrs(e.Key, AttrFence.Int64(int64(e.Fence)), AttrTTL.Float64(e.Lease.TTL().Seconds()))...))
+				trace.WithAttributes(attrs(e.Key, AttrFence.Int64(int64(e.Fence)), AttrTTL.Float64(e.Lease.Options().TTL.Seconds()))...))
 			t.mu.Lock()
 			t.holds[e.Lease] = hold
 			t.mu.Unlock()
-		},
-		Renewed: func(e fenced.RenewEvent) {
+		case fenced.EventRenew:
 			if span := t.holdSpan(e.Lease, false); span != nil && e.Err != nil {
 				span.AddEvent("renewal failed", trace.WithAttributes(AttrResult.String(metrics.RenewResult(e.Err)), attribute.String("error", e.Err.Error())))
 			}
-		},
-		Lost: func(e fenced.LostEvent) {
+		case fenced.EventLost:
 			if span := t.holdSpan(e.Lease, true); span != nil {
-				reason := metrics.LostReason(e.Cause)
-				span.AddEvent("lost", trace.WithAttributes(AttrReason.String(reason), attribute.String("cause", e.Cause.Error())))
+				reason := metrics.LostReason(e.Err)
+				span.AddEvent("lost", trace.WithAttributes(AttrReason.String(reason), attribute.String("cause", e.Err.Error())))
 				span.SetStatus(codes.Error, "lease lost: "+reason)
 				span.End()
 			}
-		},
-		Released: func(e fenced.ReleaseEvent) {
+		case fenced.EventRelease:
 			if span := t.holdSpan(e.Lease, true); span != nil {
-				if errors.Is(e.Cause, fenced.ErrClosed) {
+				if errors.Is(e.Lease.Err(), fenced.ErrClosed) {
 					span.AddEvent("lost", trace.WithAttributes(AttrReason.String(metrics.LostClosed)))
 					span.SetStatus(codes.Error, "lease lost: "+metrics.LostClosed)
 				}
 				span.End()
 			}
-		},
+		}
 	}
 }
 

@@ -100,7 +100,7 @@ func TestInstrumentsSpansAndPrometheusNames(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	scenario.Run(t, tel.Hooks, func() {
+	scenario.Run(t, tel.Hook, func() {
 		got := collected(t, reader)
 		if v := got[fencedotel.LeasesHeld][point{group: "invoice"}]; v != 1 {
 			t.Errorf("leases held while A holds: %v, want 1", v)
@@ -216,7 +216,7 @@ func TestSpansParentToCaller(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := fenced.NewClient(mem.New(nil), &fenced.Options{Hooks: tel.Hooks("mem")})
+	c := fenced.NewClient(mem.New(nil), &fenced.Options{Hook: tel.Hook("mem")})
 	defer c.Close()
 	ctx, parent := tp.Tracer("test").Start(context.Background(), "request")
 	l, err := c.TryAcquire(ctx, "invoice:inv_72", nil)

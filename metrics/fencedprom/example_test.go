@@ -20,7 +20,7 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
-	client, err := fenced.Open(ctx, "mem://example", &fenced.Options{Hooks: m.Hooks("mem")})
+	client, err := fenced.Open(ctx, "mem://example", &fenced.Options{Hook: m.Hook("mem")})
 	if err != nil {
 		panic(err)
 	}

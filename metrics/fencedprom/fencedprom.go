@@ -4,9 +4,9 @@
 //
 //	m, err := fencedprom.New(prometheus.DefaultRegisterer, nil)
 //	...
-//	client, err := fenced.Open(ctx, "postgres://app@db/app", &fenced.Options{Hooks: m.Hooks("postgres")})
+//	client, err := fenced.Open(ctx, "postgres://app@db/app", &fenced.Options{Hook: m.Hook("postgres")})
 //
-// Guards in package fence report stale writes to the hooks of the client
+// Guards in package fence report stale writes to the hook of the client
 // whose lease issued the token, so fenced_stale_writes_refused_total counts
 // them without further wiring. See package metrics for the series, their
 // labels and their cardinality, and docs/metrics.md for alerts.
@@ -44,7 +44,7 @@ type Options struct {
 	WaitBuckets, HoldBuckets, RatioBuckets []float64
 }
 
-// Metrics is a prometheus.Collector of fenced's series. Give its Hooks to
+// Metrics is a prometheus.Collector of fenced's series. Give its Hook to
 // each client; one Metrics serves any number of clients and stores.
 type Metrics struct {
 	tracker *metrics.Tracker
@@ -107,10 +107,10 @@ func New(reg prometheus.Registerer, opts *Options) (*Metrics, error) {
 	return m, nil
 }
 
-// Hooks returns the hooks of a client on store (a short name such as the
+// Hook returns the hook of a client on store (a short name such as the
 // URL scheme; it becomes the store label).
-func (m *Metrics) Hooks(store string) fenced.Hooks {
-	return metrics.Hooks(store, m.tracker, recorder{m})
+func (m *Metrics) Hook(store string) func(fenced.Event) {
+	return metrics.Hook(store, m.tracker, recorder{m})
 }
 
 // Describe implements prometheus.Collector.

@@ -24,7 +24,7 @@ func TestSeriesAfterScenario(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	scenario.Run(t, m.Hooks, func() {
+	scenario.Run(t, m.Hook, func() {
 		want := fmt.Sprintf(`
 # HELP fenced_leases_held Leases held now.
 # TYPE fenced_leases_held gauge
@@ -145,9 +145,9 @@ func TestKeyGroupsAreBounded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := m.Hooks("mem")
+	h := m.Hook("mem")
 	for _, k := range []string{"a:1", "b:1", "c:1", "d", "a:2"} {
-		h.StaleWrite(fenced.StaleWriteEvent{Key: k, Presented: 1, Current: 2})
+		h(fenced.Event{Kind: fenced.EventStaleWrite, Key: k, Fence: 1, Current: 2})
 	}
 	want := `
 # HELP fenced_stale_writes_refused_total Writes refused by a fence guard because a newer holder had written: each one is a paused or partitioned holder caught.

@@ -24,7 +24,7 @@ func TestSemaphorePermitsAreOneGroup(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := fenced.Open(ctx, "mem://permit-groups", &fenced.Options{Hooks: m.Hooks("mem")})
+	c, err := fenced.Open(ctx, "mem://permit-groups", &fenced.Options{Hook: m.Hook("mem")})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,7 +11,7 @@
 //     held (an owner change), A's next renewal is refused (refused) and A
 //     loses the lease (broken, read from the store's break log);
 //   - B writes the invoice row with its fence; A's late write is refused
-//     by the guard (a stale write, reported to A's hooks through A's
+//     by the guard (a stale write, reported to A's hook through A's
 //     token); B releases;
 //   - A's report:daily lease, not renewed, expires after exactly its TTL of
 //     1s on A's clock (expired, hold/TTL ratio 1); client C is closed
@@ -46,27 +46,31 @@ const (
 	Validity = TTL - TTL/100 - 2*time.Millisecond
 )
 
-// Run plays the scenario, reporting the clients' events to the hooks that
-// hooks returns for a store name. held is called while A holds its invoice
+// Run plays the scenario, reporting the clients' events to the hook that
+// hook returns for a store name. held is called while A holds its invoice
 // lease and nothing else is held.
-func Run(t *testing.T, hooks func(store string) fenced.Hooks, held func()) {
+func Run(t *testing.T, hook func(store string) func(fenced.Event), held func()) {
 	t.Helper()
 	ctx := context.Background()
 	dir := t.TempDir()
-	open := func(clk clock.Clock, extra fenced.Hooks) *fenced.Client {
+	open := func(clk clock.Clock, extra func(fenced.Event)) *fenced.Client {
 		drv, err := fencedsqlite.OpenFile(ctx, filepath.Join(dir, "leases.db"), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		c := fenced.NewClient(drv, &fenced.Options{Clock: clk, Hooks: metrics.Join(hooks(Store), extra), MaxBackoff: 50 * time.Millisecond})
+		c := fenced.NewClient(drv, &fenced.Options{Clock: clk, Hook: metrics.Join(hook(Store), extra), MaxBackoff: 50 * time.Millisecond})
 		t.Cleanup(func() { c.Close() })
 		return c
 	}
 	// B's second attempt comes after its first was refused.
 	var bAttempt atomic.Int64
-	seeRefusal := fenced.Hooks{AcquireAttempt: func(e fenced.AttemptEvent) { bAttempt.Store(int64(e.Attempt)) }}
+	seeRefusal := func(e fenced.Event) {
+		if e.Kind == fenced.EventAttempt {
+			bAttempt.Store(int64(e.Attempt))
+		}
+	}
 	clk := clock.NewFake(time.Now())
-	a, b, c := open(clk, fenced.Hooks{}), open(clock.Real(), seeRefusal), open(clock.Real(), fenced.Hooks{})
+	a, b, c := open(clk, nil), open(clock.Real(), seeRefusal), open(clock.Real(), nil)
 	operator, err := fenced.Open(ctx, "sqlite://"+filepath.Join(dir, "leases.db"), nil)
 	if err != nil {
 		t.Fatal(err)
