@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/fenced-dev/fenced"
@@ -213,10 +212,7 @@ type run struct {
 	mu      sync.Mutex
 	events  []Event
 	changed chan struct{}
-	procs   map[int]*exec.Cmd
-	exited  map[int]chan struct{}
-	proxies map[int][]*proxy
-	wg      sync.WaitGroup
+	workers
 }
 
 // Run runs the workload with the nemesis and checks the history.
@@ -275,7 +271,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if err := res.Setup(ctx, cfg.Keys); err != nil {
 		return nil, err
 	}
-	r := &run{cfg: cfg, changed: make(chan struct{}), procs: map[int]*exec.Cmd{}, exited: map[int]chan struct{}{}, proxies: map[int][]*proxy{}}
+	r := &run{cfg: cfg, changed: make(chan struct{}), workers: newWorkers(cfg.Dir)}
 	if r.rec, err = OpenRecorder(filepath.Join(cfg.Dir, historyFile), -1); err != nil {
 		return nil, err
 	}
@@ -390,20 +386,8 @@ func (r *run) eventCount() int {
 func (r *run) startWorker(i int) error {
 	store := r.cfg.Store
 	if r.cfg.Fault.NeedsProxy() && r.cfg.Partition == nil {
-		for _, p := range r.proxies[i] {
-			p.close()
-		}
-		r.proxies[i] = nil
 		var err error
-		store, err = proxyURL(store, func(hp string) (string, error) {
-			p, err := startProxy(hp)
-			if err != nil {
-				return "", err
-			}
-			r.proxies[i] = append(r.proxies[i], p)
-			return p.addr(), nil
-		})
-		if err != nil {
+		if store, err = r.proxied(i, store); err != nil {
 			return err
 		}
 	}
@@ -414,81 +398,16 @@ func (r *run) startWorker(i int) error {
 	}
 	cmd := r.cfg.Command()
 	cmd.Env = append(os.Environ(), envWorker+"="+string(raw))
-	return startWorkerProcess(cmd, r.cfg.Dir, i, &r.wg, func(exited chan struct{}) {
-		r.mu.Lock()
-		r.procs[i], r.exited[i] = cmd, exited
-		r.mu.Unlock()
-	}, func() {
+	return r.start(i, cmd, func() {
 		if r.cfg.Partition != nil {
 			r.cfg.Partition.Place(i, cmd)
 		}
 	})
 }
 
-// startWorkerProcess starts worker i's cmd with its output in the run
-// directory's worker-i.log, killed if the controller dies, after place (nil
-// for none) put it where it runs. register records it with the channel
-// closed when it has exited; wg counts the goroutine that waits for it.
-func startWorkerProcess(cmd *exec.Cmd, dir string, i int, wg *sync.WaitGroup, register func(exited chan struct{}), place func()) error {
-	logf, err := os.OpenFile(filepath.Join(dir, fmt.Sprintf("worker-%d.log", i)), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
-	if err != nil {
-		return err
-	}
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if place != nil {
-		place()
-	}
-	if err := cmd.Start(); err != nil {
-		logf.Close()
-		return fmt.Errorf("proof: start worker %d: %w", i, err)
-	}
-	exited := make(chan struct{})
-	register(exited)
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		cmd.Wait()
-		logf.Close()
-		close(exited)
-	}()
-	return nil
-}
-
-func (r *run) worker(i int) (*exec.Cmd, chan struct{}) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.procs[i], r.exited[i]
-}
-
-func (r *run) closeProxies() {
-	for _, ps := range r.proxies {
-		for _, p := range ps {
-			p.close()
-		}
-	}
-}
-
 // stopWorkers asks every worker to finish its round and exit, and kills
 // the ones that do not within a bound.
-func (r *run) stopWorkers() {
-	os.WriteFile(filepath.Join(r.cfg.Dir, stopFile), nil, 0o644)
-	deadline := time.After(10*r.cfg.TTL + 20*time.Second)
-	for i := range r.cfg.Workers {
-		cmd, exited := r.worker(i)
-		if cmd == nil {
-			continue
-		}
-		cmd.Process.Signal(syscall.SIGCONT)
-		select {
-		case <-exited:
-		case <-deadline:
-			cmd.Process.Kill()
-			<-exited
-		}
-	}
-	r.wg.Wait()
-}
+func (r *run) stopWorkers() { r.stop(r.cfg.Workers, 10*r.cfg.TTL+20*time.Second, r.cfg.Logf) }
 
 // isStopped reports whether pid is stopped by a signal.
 func isStopped(pid int) bool {
