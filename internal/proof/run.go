@@ -102,6 +102,17 @@ const (
 	// read (and, claim-first, claimed) it, B is held before its write, A is
 	// continued and writes, then B writes.
 	ReorderWrites Fault = "M13"
+	// SkewClockRate (report id M14) runs worker 0's clock at
+	// Config.ClockRate times the real rate, a skew of rate, not a step,
+	// which is the clock hazard of observed expiry (DynamoDB; see
+	// docs/no-server-clock.md). With a slow clock (rate < 1) worker 0 is
+	// the holder held before its write: its renewals come late, the others
+	// take the grant over once they have watched it unchanged for a TTL,
+	// while worker 0 still trusts its lease. With a fast clock (rate > 1)
+	// another worker is held, renewing, and worker 0's watch ends before
+	// the next renewal, so it takes the key over. Either way the held
+	// holder writes once another worker has (as in M8).
+	SkewClockRate Fault = "M14"
 )
 
 // NeedsProxy reports whether f needs a proxy between the workers and the
@@ -196,6 +207,9 @@ type Config struct {
 	// strength, which Run otherwise asks the store for.
 	Partition Partition
 	Declared  *fenced.FenceStrength
+	// ClockRate is the rate worker 0's clock runs at under SkewClockRate
+	// (0.25: a quarter of the real rate; 4: four times it).
+	ClockRate float64
 }
 
 // Result is a checked run.
@@ -248,6 +262,8 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		return nil, fmt.Errorf("proof: fault %s needs Config.Clock", cfg.Fault)
 	case cfg.Fault == PartitionMinority && cfg.Partition == nil:
 		return nil, errors.New("proof: fault P1 needs Config.Partition")
+	case cfg.Fault == SkewClockRate && (cfg.ClockRate <= 0 || cfg.ClockRate == 1):
+		return nil, fmt.Errorf("proof: fault %s needs a Config.ClockRate other than 1, not %v", cfg.Fault.Name(), cfg.ClockRate)
 	case cfg.Locker != "" && cfg.Fencing:
 		return nil, fmt.Errorf("proof: Locker %q gives no fence; Config.Fencing must be false", cfg.Locker)
 	}
@@ -392,6 +408,9 @@ func (r *run) startWorker(i int) error {
 		}
 	}
 	wc := WorkerConfig{Worker: i, Store: store, Keys: r.cfg.Keys, TTL: r.cfg.TTL, Work: r.cfg.Work, Fencing: r.cfg.Fencing, Ordering: r.cfg.Ordering, MinFence: r.cfg.MinFence, Dir: r.cfg.Dir, Locker: r.cfg.Locker}
+	if r.cfg.Fault == SkewClockRate && i == 0 {
+		wc.ClockRate = r.cfg.ClockRate
+	}
 	raw, err := json.Marshal(wc)
 	if err != nil {
 		return err

@@ -62,6 +62,12 @@ type WorkerConfig struct {
 	// Locker, if set, names the registered Locker the worker locks with
 	// instead of fenced (Fencing is then false).
 	Locker string `json:"locker,omitempty"`
+	// ClockRate, if not 0, is the rate the worker's clock runs at against
+	// the real one (fault SkewClockRate): the client's and the driver's
+	// clock, which measure validity, time renewals and, on a store
+	// without a server clock, watch other owners' grants. Only dynamodb://
+	// stores take it.
+	ClockRate float64 `json:"clock_rate,omitempty"`
 }
 
 // Files of a run directory.
@@ -142,8 +148,8 @@ func runWorker(cfg WorkerConfig) error {
 				w.record(Event{Kind: k, Key: e.Lease.Key(), Fence: e.Lease.Fence(), Err: errString(e.Err)})
 			},
 		}
-		w.client, err = fenced.Open(ctx, cfg.Store, &fenced.Options{Hooks: hooks, MinBackoff: 5 * time.Millisecond, MaxBackoff: 100 * time.Millisecond, FallbackPoll: cfg.TTL})
-		if err != nil {
+		opts := &fenced.Options{Hooks: hooks, MinBackoff: 5 * time.Millisecond, MaxBackoff: 100 * time.Millisecond, FallbackPoll: cfg.TTL}
+		if w.client, err = openSkewed(ctx, cfg.Store, opts, cfg.ClockRate); err != nil {
 			return err
 		}
 		defer w.client.Close()
