@@ -123,7 +123,7 @@ func UpdateGenSection(path, rowsPath string) error {
 	}
 	var sec bytes.Buffer
 	WriteGenSection(&sec, rows)
-	return updateSection(path, genBegin, genEnd, sec.Bytes())
+	return updateSection(path, genBegin, genEnd, "## Timelines", sec.Bytes())
 }
 
 const genPreamble = `The generative mode (proof.RunGen; ` + "`go test ./internal/proof -run TestGenerativeSlice`" + `

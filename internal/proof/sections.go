@@ -7,16 +7,16 @@ import (
 
 // updateSection rewrites the part of the report at path between the
 // marker lines begin and end (both included in sec) with sec, inserting
-// it before the timelines (or at the end) if the report has none, so one
-// section is regenerated without rerunning the rest.
-func updateSection(path, begin, end string, sec []byte) error {
+// it before the heading line before (or at the end) if the report has
+// none, so one section is regenerated without rerunning the rest.
+func updateSection(path, begin, end, before string, sec []byte) error {
 	md, err := os.ReadFile(path)
 	if err != nil {
 		return err
 	}
 	i, j := bytes.Index(md, []byte(begin)), bytes.Index(md, []byte(end))
 	var out []byte
-	switch k := bytes.Index(md, []byte("\n## Timelines")); {
+	switch k := bytes.Index(md, []byte("\n"+before+"\n")); {
 	case i >= 0 && j > i:
 		rest := md[j+len(end):]
 		rest = bytes.TrimPrefix(rest, []byte("\n"))

@@ -68,7 +68,7 @@ func TestClockRateSkewDynamoDB(t *testing.T) {
 		sec.WriteString(skewPreamble)
 		WriteMarkdownTable(&sec, rows)
 		sec.WriteString(skewEnd + "\n")
-		if err := updateSection(filepath.Join(out, "proof.md"), skewBegin, skewEnd, sec.Bytes()); err != nil {
+		if err := updateSection(filepath.Join(out, "proof.md"), skewBegin, skewEnd, "## Timelines", sec.Bytes()); err != nil {
 			t.Fatal(err)
 		}
 	}

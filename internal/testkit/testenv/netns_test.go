@@ -1,6 +1,8 @@
 package testenv
 
 import (
+	"fmt"
+	"net"
 	"os"
 	"strings"
 	"testing"
@@ -56,4 +58,58 @@ func TestNetCutHeal(t *testing.T) {
 	if strings.Contains(string(out), "br0") {
 		t.Errorf("a bridge appeared in the test's own namespace:\n%s", out)
 	}
+}
+
+// TestServersOnNetHost starts Redis, PostgreSQL, MariaDB and dynalite on a
+// host of a Net and checks that each runs inside that host's namespace
+// (its process sees the host's link), serves on the host's address to
+// another host and does not listen on the controller's loopback (the cut
+// itself is TestNetCutHeal's).
+func TestServersOnNetHost(t *testing.T) {
+	n, err := NewNet(t)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := n.Host("client")
+	for _, s := range []struct {
+		name  string
+		start func(h *NetHost) (p *Process, port int)
+	}{
+		{"redis", func(h *NetHost) (*Process, int) { r := StartRedis(t, RedisConfig{Host: h}); return r.Process, r.Port }},
+		{"postgres", func(h *NetHost) (*Process, int) { p := StartPostgresOn(t, h); return p.Process(), p.Port }},
+		{"mysql", func(h *NetHost) (*Process, int) { m := StartMySQLOn(t, h); return m.Process(), m.Port }},
+		{"dynalite", func(h *NetHost) (*Process, int) {
+			d := StartDynalite(t, DynaliteConfig{Host: h})
+			return d.Process, d.Port
+		}},
+	} {
+		t.Run(s.name, func(t *testing.T) {
+			h := n.Host(s.name)
+			p, port := s.start(h)
+			if !inNS(t, p.Cmd.Process.Pid, h.NS) {
+				t.Errorf("%s (pid %d) does not run in %s's namespace %s", s.name, p.Cmd.Process.Pid, h.Name, h.NS)
+			}
+			if _, err := b.Exchange(h.Addr(port), ""); err != nil {
+				t.Errorf("%s on %s: not reachable from another host: %v", s.name, h.Addr(port), err)
+			}
+			if c, err := net.DialTimeout("tcp", Addr(port), time.Second); err == nil {
+				c.Close()
+				t.Errorf("%s listens on the controller's loopback %s: not placed on the host", s.name, Addr(port))
+			}
+		})
+	}
+}
+
+// inNS reports whether process pid's network namespace is the named one.
+func inNS(t *testing.T, pid int, ns string) bool {
+	t.Helper()
+	a, err := os.Stat(fmt.Sprintf("/proc/%d/ns/net", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.Stat("/run/netns/" + ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return os.SameFile(a, b)
 }
