@@ -91,5 +91,8 @@ trusts its lease for 4. 4×: another worker is held, renewing every TTL/3;
 worker 0's TTL-long watch lasts a quarter of a real TTL, ends between two
 renewals and takes the key over. In both the held holder then writes with
 its old fence: the fence refuses it; without fencing it is accepted.
+Grants and writes accepted are the rows' operation counts. With both
+clocks at the real rate (1.001×) no one takes the held holder's key in 8
+TTLs: no stale write is attempted, and the test fails as proving nothing.
 
 `, "\r", "")
