@@ -73,6 +73,21 @@ func startPostgres(t testing.TB, clock *WallClock, h *NetHost, settings []string
 		t.Fatalf("testenv: initdb: %v\n%s", err, out)
 	}
 	os.Remove(pwfile)
+	if h != nil {
+		// initdb lets TCP clients in from loopback only; on a Net host
+		// they come from the other hosts.
+		hba, err := os.OpenFile(filepath.Join(dir, "data", "pg_hba.conf"), os.O_WRONLY|os.O_APPEND, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = hba.WriteString("host all all samenet scram-sha-256\n")
+		if cerr := hba.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
 	p.Port = FreePort(t)
 	args := []string{"-D", filepath.Join(dir, "data"), "-p", strconv.Itoa(p.Port), "-k", dir,
 		"-c", "listen_addresses=" + hostIP(h), "-c", "max_connections=400", "-c", "shared_buffers=32MB",
