@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -63,7 +65,7 @@ func TestNetCutHeal(t *testing.T) {
 // TestServersOnNetHost starts Redis, PostgreSQL, MariaDB and dynalite on a
 // host of a Net and checks that each runs inside that host's namespace
 // (its process sees the host's link), serves on the host's address to
-// another host and does not listen on the controller's loopback (the cut
+// another host (a client there logs in) and does not listen on the controller's loopback (the cut
 // itself is TestNetCutHeal's).
 func TestServersOnNetHost(t *testing.T) {
 	n, err := NewNet(t)
@@ -72,25 +74,43 @@ func TestServersOnNetHost(t *testing.T) {
 	}
 	b := n.Host("client")
 	for _, s := range []struct {
-		name  string
-		start func(h *NetHost) (p *Process, port int)
+		name string
+		// start starts the server on h and returns it, its port and a
+		// client command that logs in and runs one request (nil: the TCP
+		// exchange is the check).
+		start func(h *NetHost) (p *Process, port int, client *exec.Cmd)
 	}{
-		{"redis", func(h *NetHost) (*Process, int) { r := StartRedis(t, RedisConfig{Host: h}); return r.Process, r.Port }},
-		{"postgres", func(h *NetHost) (*Process, int) { p := StartPostgresOn(t, h); return p.Process(), p.Port }},
-		{"mysql", func(h *NetHost) (*Process, int) { m := StartMySQLOn(t, h); return m.Process(), m.Port }},
-		{"dynalite", func(h *NetHost) (*Process, int) {
+		{"redis", func(h *NetHost) (*Process, int, *exec.Cmd) {
+			r := StartRedis(t, RedisConfig{Host: h})
+			return r.Process, r.Port, exec.Command("redis-cli", "-h", h.IP, "-p", strconv.Itoa(r.Port), "ping")
+		}},
+		{"postgres", func(h *NetHost) (*Process, int, *exec.Cmd) {
+			p := StartPostgresOn(t, h)
+			return p.Process(), p.Port, exec.Command("psql", p.URL(), "-tAc", "select 1")
+		}},
+		{"mysql", func(h *NetHost) (*Process, int, *exec.Cmd) {
+			m := StartMySQLOn(t, h)
+			return m.Process(), m.Port, exec.Command("mariadb", "-h", h.IP, "-P", strconv.Itoa(m.Port), "-u", m.User, "-p"+m.Password, "-e", "select 1", m.Database)
+		}},
+		{"dynalite", func(h *NetHost) (*Process, int, *exec.Cmd) {
 			d := StartDynalite(t, DynaliteConfig{Host: h})
-			return d.Process, d.Port
+			return d.Process, d.Port, nil
 		}},
 	} {
 		t.Run(s.name, func(t *testing.T) {
 			h := n.Host(s.name)
-			p, port := s.start(h)
+			p, port, client := s.start(h)
 			if !inNS(t, p.Cmd.Process.Pid, h.NS) {
 				t.Errorf("%s (pid %d) does not run in %s's namespace %s", s.name, p.Cmd.Process.Pid, h.Name, h.NS)
 			}
 			if _, err := b.Exchange(h.Addr(port), ""); err != nil {
 				t.Errorf("%s on %s: not reachable from another host: %v", s.name, h.Addr(port), err)
+			}
+			if client != nil {
+				b.Wrap(client)
+				if out, err := client.CombinedOutput(); err != nil {
+					t.Errorf("%s: a client on another host cannot log in: %v\n%s", s.name, err, out)
+				}
 			}
 			if c, err := net.DialTimeout("tcp", Addr(port), time.Second); err == nil {
 				c.Close()
