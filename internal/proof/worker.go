@@ -230,8 +230,8 @@ func (w *worker) round(ctx context.Context, key string) {
 	case <-time.After(w.cfg.Work):
 	case <-l.ctx.Done():
 	}
-	if err := l.ctx.Err(); err != nil {
-		w.record(Event{Kind: Abandon, Key: key, Fence: tok.Fence, Owner: tok.Owner, Err: errString(context.Cause(l.ctx))})
+	if err := l.check(); err != nil {
+		w.record(Event{Kind: Abandon, Key: key, Fence: tok.Fence, Owner: tok.Owner, Err: errString(err)})
 		return
 	}
 	delay := w.atPoint("before-write")
@@ -281,6 +281,10 @@ type holding struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	unlock func(context.Context) error
+	// check is the careful worker's lease check before its write: for a
+	// fenced lease, Lease.Err, which reads the clock (after a SIGCONT the
+	// validity timer may not have fired yet); for a Locker's lock, ctx.
+	check func() error
 }
 
 // acquire takes key with fenced or with the worker's Locker; op names the
@@ -292,7 +296,7 @@ func (w *worker) acquire(ctx context.Context, key string, op int64) (*holding, e
 			return nil, err
 		}
 		lctx, cancel := context.WithCancel(l.Context())
-		return &holding{tok: fence.From(l), ctx: lctx, cancel: cancel, unlock: l.Release}, nil
+		return &holding{tok: fence.From(l), ctx: lctx, cancel: cancel, unlock: l.Release, check: l.Err}, nil
 	}
 	u, err := w.locker.Lock(ctx, key, w.cfg.TTL)
 	if err != nil {
@@ -310,7 +314,7 @@ func (w *worker) acquire(ctx context.Context, key string, op int64) (*holding, e
 			}
 		}()
 	}
-	return &holding{tok: tok, ctx: lctx, cancel: func() { cancel(nil) }, unlock: u.Unlock}, nil
+	return &holding{tok: tok, ctx: lctx, cancel: func() { cancel(nil) }, unlock: u.Unlock, check: lctx.Err}, nil
 }
 
 func (w *worker) release(l *holding) {
