@@ -224,21 +224,14 @@ func openURL(ctx context.Context, u *url.URL) (driver.Driver, error) { return op
 // parameter), driver.ErrUnavailable (endpoint unreachable, credentials
 // refused), ErrNoTable or ErrSchema; none contains the secret key.
 func Open(ctx context.Context, rawURL string) (*Driver, error) {
-	u, err := driver.ParseURL(rawURL)
-	if err != nil {
-		return nil, err
-	}
-	if u.Scheme != "dynamodb" {
-		return nil, fmt.Errorf("%w: scheme %q, want dynamodb", driver.ErrInvalidURL, u.Scheme)
-	}
-	d, err := open(ctx, u)
-	if err != nil {
-		return nil, fmt.Errorf("dynamodb: open %s: %w", fenced.Redact(rawURL), err)
-	}
-	return d, nil
+	return OpenWith(ctx, rawURL, nil)
 }
 
-func open(ctx context.Context, u *url.URL) (*Driver, error) {
+func open(ctx context.Context, u *url.URL) (*Driver, error) { return openOpts(ctx, u, nil) }
+
+// openOpts opens the store u names; base, if not nil, gives the options
+// the URL does not (Clock, MaxInFlight).
+func openOpts(ctx context.Context, u *url.URL, base *Options) (*Driver, error) {
 	if u.Opaque != "" {
 		return nil, fmt.Errorf("%w: want dynamodb:///TABLE?region=R or dynamodb://HOST:PORT/TABLE", driver.ErrInvalidURL)
 	}
@@ -246,7 +239,11 @@ func open(ctx context.Context, u *url.URL) (*Driver, error) {
 	if err != nil {
 		return nil, err
 	}
-	opts := &Options{Table: strings.TrimPrefix(u.Path, "/")}
+	opts := &Options{}
+	if base != nil {
+		opts.Clock, opts.MaxInFlight = base.Clock, base.MaxInFlight
+	}
+	opts.Table = strings.TrimPrefix(u.Path, "/")
 	if opts.Create, _, err = q.TakeBool(paramCreate); err != nil {
 		return nil, err
 	}

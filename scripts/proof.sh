@@ -42,4 +42,6 @@ FENCED_PROOF_NETNS_OUT="$FENCED_PROOF_OUT/proof/netns.json" FENCED_PROOF_NETNS_L
 PARTITIONS_PROOF_OUT="$FENCED_PROOF_OUT/proof" PARTITIONS_PROOF_FOR="${PARTITIONS_PROOF_FOR:-3m}" \
 	go test -count=1 -timeout 1h -run '^TestPartitionsProof(SQLite|Postgres|Redis|Etcd)$' -v ./recipe/
 go test -count=1 -timeout 3h -run '^TestMatrixFull$' -v ./internal/proof/ "$@"
+# Clock rate skew on DynamoDB (observed expiry); rewrites its own section.
+go test -count=1 -timeout 30m -run '^TestClockRateSkewDynamoDB$' -v ./internal/proof/
 echo "wrote docs/proof.md"

@@ -28,7 +28,9 @@
 // (FailoverReplica M7), a Clock steps the wall clock of one Redlock node
 // (StepNodeClock M8) or of the authority (StepAuthorityClock M12), or its
 // proxy partitions it from ZooKeeper past its session timeout
-// (PartitionPastSession M11); it writes once another worker has. With a
+// (PartitionPastSession M11), or one worker's clock runs at the wrong
+// rate on a store without a server clock (SkewClockRate M14); it writes
+// once another worker has. With a
 // Config.Partition the workers run on hosts of a private network and M4,
 // M9 and M11 cut their links at the packet level instead of in the
 // proxies; PartitionMinority (P1) cuts a holder, with one member of a

@@ -66,14 +66,10 @@ type GenResult struct {
 }
 
 type genRun struct {
-	cfg     GenConfig
-	rec     *Recorder
-	prefix  string
-	mu      sync.Mutex
-	procs   map[int]*exec.Cmd
-	exited  map[int]chan struct{}
-	proxies map[int][]*proxy
-	wg      sync.WaitGroup
+	cfg    GenConfig
+	rec    *Recorder
+	prefix string
+	workers
 }
 
 // networked reports whether store is reached over TCP (a proxy can cut a
@@ -145,7 +141,7 @@ func RunGen(ctx context.Context, cfg GenConfig) (*GenResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &genRun{cfg: cfg, prefix: fmt.Sprintf("fenced-gen:%d:%d:", cfg.Seed, time.Now().UnixNano()), procs: map[int]*exec.Cmd{}, exited: map[int]chan struct{}{}, proxies: map[int][]*proxy{}}
+	r := &genRun{cfg: cfg, prefix: fmt.Sprintf("fenced-gen:%d:%d:", cfg.Seed, time.Now().UnixNano()), workers: newWorkers(cfg.Dir)}
 	if r.rec, err = OpenRecorder(filepath.Join(cfg.Dir, historyFile), -1); err != nil {
 		return nil, err
 	}
@@ -184,15 +180,7 @@ func (r *genRun) startWorker(i int) error {
 	store := r.cfg.Store
 	if networked(store) {
 		var err error
-		store, err = proxyURL(store, func(hp string) (string, error) {
-			p, err := startProxy(hp)
-			if err != nil {
-				return "", err
-			}
-			r.proxies[i] = append(r.proxies[i], p)
-			return p.addr(), nil
-		})
-		if err != nil {
+		if store, err = r.proxied(i, store); err != nil {
 			return err
 		}
 	}
@@ -203,42 +191,10 @@ func (r *genRun) startWorker(i int) error {
 	}
 	cmd := r.cfg.Command()
 	cmd.Env = append(os.Environ(), envGen+"="+string(raw))
-	return startWorkerProcess(cmd, r.cfg.Dir, i, &r.wg, func(exited chan struct{}) {
-		r.mu.Lock()
-		r.procs[i], r.exited[i] = cmd, exited
-		r.mu.Unlock()
-	}, nil)
+	return r.start(i, cmd, nil)
 }
 
-func (r *genRun) closeProxies() {
-	for _, ps := range r.proxies {
-		for _, p := range ps {
-			p.close()
-		}
-	}
-}
-
-func (r *genRun) stopWorkers() {
-	os.WriteFile(filepath.Join(r.cfg.Dir, stopFile), nil, 0o644)
-	deadline := time.After(10*r.cfg.PoolTTL + 30*time.Second)
-	for i := range r.cfg.Workers {
-		r.mu.Lock()
-		cmd, exited := r.procs[i], r.exited[i]
-		r.mu.Unlock()
-		if cmd == nil {
-			continue
-		}
-		cmd.Process.Signal(syscall.SIGCONT)
-		select {
-		case <-exited:
-		case <-deadline:
-			r.cfg.Logf("proof: worker %d did not stop; killed", i)
-			cmd.Process.Kill()
-			<-exited
-		}
-	}
-	r.wg.Wait()
-}
+func (r *genRun) stopWorkers() { r.stop(r.cfg.Workers, 10*r.cfg.PoolTTL+30*time.Second, r.cfg.Logf) }
 
 // observe records, every 100ms, the holders of the contended and the
 // cancelled-acquire keys, as the store lists them.
@@ -308,9 +264,7 @@ func (r *genRun) nemesis(ctx context.Context) error {
 		r.cfg.Logf("seed %d: fault %d: %s worker %d for %v", r.cfg.Seed, k, f, w, d.Round(time.Millisecond))
 		switch f {
 		case PauseHolder:
-			r.mu.Lock()
-			cmd := r.procs[w]
-			r.mu.Unlock()
+			cmd, _ := r.worker(w)
 			cmd.Process.Signal(syscall.SIGSTOP)
 			r.record(Event{Kind: FaultStart, Worker: w, Fault: string(f)})
 			sleep(d)

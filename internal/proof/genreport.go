@@ -121,22 +121,9 @@ func UpdateGenSection(path, rowsPath string) error {
 	if err != nil {
 		return err
 	}
-	md, err := os.ReadFile(path)
-	if err != nil {
-		return err
-	}
 	var sec bytes.Buffer
 	WriteGenSection(&sec, rows)
-	i, j := bytes.Index(md, []byte(genBegin)), bytes.Index(md, []byte(genEnd))
-	var out []byte
-	if i >= 0 && j > i {
-		out = append(append(append(out, md[:i]...), sec.Bytes()...), md[j+len(genEnd)+1:]...)
-	} else if k := bytes.Index(md, []byte("\n## Timelines")); k >= 0 {
-		out = append(append(append(append(out, md[:k+1]...), sec.Bytes()...), '\n'), md[k+1:]...)
-	} else {
-		out = append(append(md, '\n'), sec.Bytes()...)
-	}
-	return os.WriteFile(path, out, 0o644)
+	return updateSection(path, genBegin, genEnd, "## Timelines", sec.Bytes())
 }
 
 const genPreamble = `The generative mode (proof.RunGen; ` + "`go test ./internal/proof -run TestGenerativeSlice`" + `

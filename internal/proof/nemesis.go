@@ -182,7 +182,7 @@ func (r *run) inject(ctx context.Context) error {
 		err := r.cfg.Server.Restart()
 		r.record(Event{Kind: FaultEnd, Worker: -1, Fault: string(f)})
 		return err
-	case FailoverReplica, StepNodeClock, PartitionPastSession, StepAuthorityClock, PartitionMinority:
+	case FailoverReplica, StepNodeClock, PartitionPastSession, StepAuthorityClock, PartitionMinority, SkewClockRate:
 		return r.holdAcross(ctx, f)
 	default:
 		return fmt.Errorf("fault %s is not one the nemesis injects", f)
@@ -190,10 +190,12 @@ func (r *run) inject(ctx context.Context) error {
 }
 
 // holdAcross injects a fault that takes a holder's lease away behind its
-// back (M7, M8, M11, M12): a holder A, granted after the fault began (M7:
+// back (M7, M8, M11, M12, M14, P1): a holder A, granted after the fault began (M7:
 // after the replica was cut off, so on the primary alone), is held before
-// its write; the nemesis fails the primary over (M7), steps the wall clock
-// (M8, M12) or partitions A (M11); once another worker has written to the
+// its write (M14: the skewed worker if its clock is slow, another if it is
+// fast); the nemesis fails the primary over (M7), steps the wall clock
+// (M8, M12) or partitions A (M11, P1), or lets the skewed clock do its
+// work (M14); once another worker has written to the
 // key (or after 8 TTLs: the authority kept A's grant), the partition heals
 // and A is let go and writes, stale if the authority granted the key again.
 func (r *run) holdAcross(ctx context.Context, f Fault) error {
@@ -218,7 +220,7 @@ func (r *run) holdAcross(ctx context.Context, f Fault) error {
 			if e.Kind == AcquireInvoke && e.T > start {
 				invoked[e.Op] = true
 			}
-			return e.Kind == AcquireOK && invoked[e.Op]
+			return e.Kind == AcquireOK && invoked[e.Op] && r.holdable(f, e.Worker)
 		})
 		if err != nil {
 			return err
@@ -254,6 +256,8 @@ func (r *run) holdAcross(ctx context.Context, f Fault) error {
 		r.record(Event{Kind: FaultStart, Worker: -1, Fault: string(f)})
 		r.cfg.Clock.Step(10 * ttl)
 		r.record(Event{Kind: FaultEnd, Worker: -1, Fault: string(f)})
+	case SkewClockRate:
+		r.record(Event{Kind: FaultStart, Worker: 0, Fault: string(f)})
 	case PartitionPastSession, PartitionMinority:
 		r.record(Event{Kind: FaultStart, Worker: a.Worker, Fault: string(f)})
 		if err := r.cutOff(a.Worker, true); err != nil {
@@ -275,11 +279,24 @@ func (r *run) holdAcross(ctx context.Context, f Fault) error {
 		}
 		r.record(Event{Kind: FaultEnd, Worker: a.Worker, Fault: string(f)})
 	}
+	if f == SkewClockRate {
+		r.record(Event{Kind: FaultEnd, Worker: 0, Fault: string(f)})
+	}
 	removeHolding(r.cfg.Dir, a.Worker)
 	_, _, err := r.waitEvent(ctx, from, long, func(e Event) bool {
 		return e.Worker == a.Worker && (e.Kind == WriteOK || e.Kind == WriteRefused || e.Kind == WriteFail)
 	})
 	return err
+}
+
+// holdable reports whether worker w's grant may be the one holdAcross
+// holds under f: under SkewClockRate, the skewed worker 0 if its clock is
+// slow, any other if it is fast.
+func (r *run) holdable(f Fault, w int) bool {
+	if f != SkewClockRate {
+		return true
+	}
+	return (w == 0) == (r.cfg.ClockRate < 1)
 }
 
 // lastGrant returns worker w's last grant before index before.

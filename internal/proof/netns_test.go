@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -32,19 +34,55 @@ type netRow struct {
 	backend string
 	fault   Fault
 	start   func(t *testing.T, n *testenv.Net) (store string, p netPartition)
+	// fence is the backend's declared fence strength (zero: strict); long
+	// rows run only with FENCED_PROOF_NETNS_LONG=1, to keep CI short.
+	fence fenced.FenceStrength
+	long  bool
 }
 
 // netRows are the packet-level rows: M4, M9 and M11 with the workers on
 // hosts of their own and the authority on another (instead of behind
 // per-worker proxies), and P1 on 3-member etcd and ZooKeeper ensembles.
+// M11 is ZooKeeper's session loss; on the other stores M4 is the cut.
 var netRows = []netRow{
-	{"etcd (netns)", CutHolder, netEtcd(1)},
-	{"etcd (netns)", PauseMidAcquire, netEtcd(1)},
-	{"zookeeper (netns)", CutHolder, netZK(1)},
-	{"zookeeper (netns)", PauseMidAcquire, netZK(1)},
-	{"zookeeper (netns)", PartitionPastSession, netZK(1)},
-	{"etcd (3 members, netns)", PartitionMinority, netEtcd(3)},
-	{"zookeeper (3 servers, netns)", PartitionMinority, netZK(3)},
+	{backend: "etcd (netns)", fault: CutHolder, start: netEtcd(1)},
+	{backend: "etcd (netns)", fault: PauseMidAcquire, start: netEtcd(1)},
+	{backend: "zookeeper (netns)", fault: CutHolder, start: netZK(1)},
+	{backend: "zookeeper (netns)", fault: PauseMidAcquire, start: netZK(1)},
+	{backend: "zookeeper (netns)", fault: PartitionPastSession, start: netZK(1)},
+	{backend: "etcd (3 members, netns)", fault: PartitionMinority, start: netEtcd(3)},
+	{backend: "zookeeper (3 servers, netns)", fault: PartitionMinority, start: netZK(3)},
+	{backend: "redis (netns)", fault: CutHolder, start: netServer(netRedis), fence: fenced.FenceRepeatable},
+	{backend: "redis (netns)", fault: PauseMidAcquire, start: netServer(netRedis), fence: fenced.FenceRepeatable, long: true},
+	{backend: "postgres (netns)", fault: CutHolder, start: netServer(netPostgres), long: true},
+	{backend: "postgres (netns)", fault: PauseMidAcquire, start: netServer(netPostgres), long: true},
+	{backend: "mysql (netns)", fault: CutHolder, start: netServer(netMySQL), long: true},
+	{backend: "mysql (netns)", fault: PauseMidAcquire, start: netServer(netMySQL), long: true},
+	{backend: "dynamodb (netns)", fault: CutHolder, start: netServer(netDynalite), long: true},
+	{backend: "dynamodb (netns)", fault: PauseMidAcquire, start: netServer(netDynalite), long: true},
+}
+
+// netServer runs a one-process store on a host of its own (start starts
+// it there and returns its URL) and the workers on three others.
+func netServer(start func(t *testing.T, h *testenv.NetHost) string) func(t *testing.T, n *testenv.Net) (string, netPartition) {
+	return func(t *testing.T, n *testenv.Net) (string, netPartition) {
+		store := start(t, n.Host("srv"))
+		return store, netPartition{netHosts(n, "w", 3)}
+	}
+}
+
+func netRedis(t *testing.T, h *testenv.NetHost) string {
+	return testenv.StartRedis(t, testenv.RedisConfig{Host: h}).URL()
+}
+
+func netPostgres(t *testing.T, h *testenv.NetHost) string {
+	return testenv.StartPostgresOn(t, h).URL()
+}
+
+func netMySQL(t *testing.T, h *testenv.NetHost) string { return testenv.StartMySQLOn(t, h).URL() }
+
+func netDynalite(t *testing.T, h *testenv.NetHost) string {
+	return testenv.StartDynalite(t, testenv.DynaliteConfig{Host: h}).URL("fenced_proof", "create=1")
 }
 
 // netHosts adds n hosts named prefix0.. to the Net.
@@ -92,9 +130,12 @@ func runNetRow(t *testing.T, r netRow, fencing bool, injections int) Row {
 		t.Fatalf("%s: no network namespaces (%v); the proxy rows (M4, M9, M11) are the fallback", r.backend, err)
 	}
 	store, part := r.start(t, n)
-	strict := fenced.FenceStrict
-	cfg := Config{Store: store, Fault: r.fault, Fencing: fencing, MinFence: fenced.FenceStrict, TTL: time.Second, Injections: injections,
-		Partition: part, Declared: &strict, Command: testCommand, Dir: t.TempDir(), Logf: t.Logf}
+	declared := r.fence
+	if declared == 0 {
+		declared = fenced.FenceStrict
+	}
+	cfg := Config{Store: store, Fault: r.fault, Fencing: fencing, MinFence: declared, TTL: time.Second, Injections: injections,
+		Partition: part, Declared: &declared, Command: testCommand, Dir: t.TempDir(), Logf: t.Logf}
 	cfg.Keys = []string{fmt.Sprintf("fenced-proof:netns:%s:%s:%v:%d", strings.Fields(r.backend)[0], r.fault, fencing, time.Now().UnixNano())}
 	res, err := Run(t.Context(), cfg)
 	row := Row{Backend: r.backend, Fault: r.fault, Fencing: fencing, Ordering: ClaimFirst}
@@ -165,17 +206,24 @@ func checkMinority(t *testing.T, backend string, evs []Event, injections int) {
 // level, and P1 (minority/majority) on 3-member etcd and ZooKeeper, fencing
 // on, one injection each. FENCED_PROOF_NETNS_OUT, if set, names a file the
 // rows are written to (JSON, for the report); FENCED_PROOF_NETNS_LONG=1
-// runs two injections per row and each row with fencing off as well.
+// runs two injections per row and each row with fencing off as well, and
+// the long rows; FENCED_PROOF_NETNS_ROWS=redis,postgres runs only the rows
+// of those backends (merged into the rows file).
 func TestPacketPartitions(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts servers in network namespaces")
 	}
+	long := os.Getenv("FENCED_PROOF_NETNS_LONG") == "1"
 	injections, fencings := 1, []bool{true}
-	if os.Getenv("FENCED_PROOF_NETNS_LONG") == "1" {
+	if long {
 		injections, fencings = 2, []bool{true, false}
 	}
+	only := os.Getenv("FENCED_PROOF_NETNS_ROWS")
 	var rows []Row
 	for _, r := range netRows {
+		if (r.long && !long) || (only != "" && !strings.Contains(","+only+",", ","+strings.Fields(r.backend)[0]+",")) {
+			continue
+		}
 		for _, fencing := range fencings {
 			t.Run(fmt.Sprintf("%s/%s/fencing=%v", r.backend, r.fault, fencing), func(t *testing.T) {
 				rows = append(rows, runNetRow(t, r, fencing, injections))
@@ -183,36 +231,80 @@ func TestPacketPartitions(t *testing.T) {
 		}
 	}
 	if out := os.Getenv("FENCED_PROOF_NETNS_OUT"); out != "" {
+		if only != "" {
+			rows = mergeRows(t, out, rows)
+		}
 		if err := WriteRows(out, rows); err != nil {
 			t.Fatal(err)
 		}
+		// With the report's directory too, rewrite its packet-level
+		// section in place (the full matrix need not run again).
+		if docs := os.Getenv("FENCED_PROOF_OUT"); docs != "" {
+			var sec bytes.Buffer
+			if err := writePacketRows(&sec, out); err != nil {
+				t.Fatal(err)
+			}
+			if err := updateSection(filepath.Join(docs, "proof.md"), packetBegin, packetEnd, "## The incumbents, side by side", bytes.TrimPrefix(sec.Bytes(), []byte("\n"))); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
+}
+
+// mergeRows returns the rows kept in file with those of rows put in
+// place of the ones for the same backend, fault and fencing (and added
+// after them if new), so a run of some rows (FENCED_PROOF_NETNS_ROWS)
+// keeps the others.
+func mergeRows(t *testing.T, file string, rows []Row) []Row {
+	kept, err := ReadRows(file)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		t.Fatal(err)
+	}
+	same := func(a, b Row) bool { return a.Backend == b.Backend && a.Fault == b.Fault && a.Fencing == b.Fencing }
+	for _, r := range rows {
+		i := slices.IndexFunc(kept, func(k Row) bool { return same(k, r) })
+		if i >= 0 {
+			kept[i] = r
+		} else {
+			kept = append(kept, r)
+		}
+	}
+	return kept
 }
 
 // writePacketRows writes the packet-level section from the rows
 // TestPacketPartitions left in file (FENCED_PROOF_NETNS_OUT), or says it
 // was not run.
 func writePacketRows(md *bytes.Buffer, file string) error {
-	md.WriteString("\n## Partitions at the packet level\n\n")
+	md.WriteString("\n" + packetBegin + "\n## Partitions at the packet level\n\n")
 	md.WriteString(packetPreamble)
 	rows, err := ReadRows(file)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
 		md.WriteString("Not run yet (scripts/proof.sh runs TestPacketPartitions as root).\n")
-		return nil
 	case err != nil:
 		return err
+	default:
+		WriteMarkdownTable(md, rows)
 	}
-	WriteMarkdownTable(md, rows)
+	md.WriteString(packetEnd + "\n")
 	return nil
 }
+
+const (
+	packetBegin = "<!-- packet-level: begin -->"
+	packetEnd   = "<!-- packet-level: end -->"
+)
 
 const packetPreamble = `The same workload with the links cut in the kernel instead of in a
 userspace proxy: every worker and server process runs in a network namespace
 of its own (ip netns exec), joined to a bridge by a veth pair, with addresses
 that exist only inside those namespaces; a cut is a blackhole qdisc on both
 ends of a host's veth (this kernel has no netem), so packets are dropped and
-connections see silence. M4 cuts a holder's host for 3 TTLs; M9 stops a
+connections see silence. The servers run on hosts of their own
+(Redis, PostgreSQL, MariaDB and dynalite through testenv's host option:
+listening on the host's address, started with ip netns exec, dropping to
+"nobody" inside it). M4 cuts a holder's host for 3 TTLs; M9 stops a
 worker with SIGSTOP as soon as its host's packet counter moves after its
 release (its next acquire's request has left the link); M11 cuts a held
 holder from ZooKeeper past its session. P1 runs a 3-member etcd or ZooKeeper
@@ -220,6 +312,10 @@ ensemble, each worker on the host of one member, and cuts a held holder's
 host, member and all, from the other two: a minority/majority partition with
 the holder on the minority side (Hazelcast 3.8.3's finding). P1 is also
 checked to end the minority holder's lease (Lost) before the majority grants
-the key again, and to refuse its late write.
+the key again, and to refuse its late write. M11 is ZooKeeper's session
+loss; on the other stores M4 is the cut. Run by
+FENCED_PROOF_NETNS_LONG=1 FENCED_PROOF_NETNS_OUT=docs/proof/netns.json
+FENCED_PROOF_OUT=docs go test -run '^TestPacketPartitions$' ./internal/proof/
+(scripts/proof.sh; as root), 2 injections per row.
 
 `

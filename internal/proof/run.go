@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/fenced-dev/fenced"
@@ -103,6 +102,17 @@ const (
 	// read (and, claim-first, claimed) it, B is held before its write, A is
 	// continued and writes, then B writes.
 	ReorderWrites Fault = "M13"
+	// SkewClockRate (report id M14) runs worker 0's clock at
+	// Config.ClockRate times the real rate, a skew of rate, not a step,
+	// which is the clock hazard of observed expiry (DynamoDB; see
+	// docs/no-server-clock.md). With a slow clock (rate < 1) worker 0 is
+	// the holder held before its write: its renewals come late, the others
+	// take the grant over once they have watched it unchanged for a TTL,
+	// while worker 0 still trusts its lease. With a fast clock (rate > 1)
+	// another worker is held, renewing, and worker 0's watch ends before
+	// the next renewal, so it takes the key over. Either way the held
+	// holder writes once another worker has (as in M8).
+	SkewClockRate Fault = "M14"
 )
 
 // NeedsProxy reports whether f needs a proxy between the workers and the
@@ -197,6 +207,9 @@ type Config struct {
 	// strength, which Run otherwise asks the store for.
 	Partition Partition
 	Declared  *fenced.FenceStrength
+	// ClockRate is the rate worker 0's clock runs at under SkewClockRate
+	// (0.25: a quarter of the real rate; 4: four times it).
+	ClockRate float64
 }
 
 // Result is a checked run.
@@ -213,10 +226,7 @@ type run struct {
 	mu      sync.Mutex
 	events  []Event
 	changed chan struct{}
-	procs   map[int]*exec.Cmd
-	exited  map[int]chan struct{}
-	proxies map[int][]*proxy
-	wg      sync.WaitGroup
+	workers
 }
 
 // Run runs the workload with the nemesis and checks the history.
@@ -252,6 +262,8 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		return nil, fmt.Errorf("proof: fault %s needs Config.Clock", cfg.Fault)
 	case cfg.Fault == PartitionMinority && cfg.Partition == nil:
 		return nil, errors.New("proof: fault P1 needs Config.Partition")
+	case cfg.Fault == SkewClockRate && (cfg.ClockRate <= 0 || cfg.ClockRate == 1):
+		return nil, fmt.Errorf("proof: fault %s needs a Config.ClockRate other than 1, not %v", cfg.Fault.Name(), cfg.ClockRate)
 	case cfg.Locker != "" && cfg.Fencing:
 		return nil, fmt.Errorf("proof: Locker %q gives no fence; Config.Fencing must be false", cfg.Locker)
 	}
@@ -275,7 +287,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if err := res.Setup(ctx, cfg.Keys); err != nil {
 		return nil, err
 	}
-	r := &run{cfg: cfg, changed: make(chan struct{}), procs: map[int]*exec.Cmd{}, exited: map[int]chan struct{}{}, proxies: map[int][]*proxy{}}
+	r := &run{cfg: cfg, changed: make(chan struct{}), workers: newWorkers(cfg.Dir)}
 	if r.rec, err = OpenRecorder(filepath.Join(cfg.Dir, historyFile), -1); err != nil {
 		return nil, err
 	}
@@ -390,105 +402,31 @@ func (r *run) eventCount() int {
 func (r *run) startWorker(i int) error {
 	store := r.cfg.Store
 	if r.cfg.Fault.NeedsProxy() && r.cfg.Partition == nil {
-		for _, p := range r.proxies[i] {
-			p.close()
-		}
-		r.proxies[i] = nil
 		var err error
-		store, err = proxyURL(store, func(hp string) (string, error) {
-			p, err := startProxy(hp)
-			if err != nil {
-				return "", err
-			}
-			r.proxies[i] = append(r.proxies[i], p)
-			return p.addr(), nil
-		})
-		if err != nil {
+		if store, err = r.proxied(i, store); err != nil {
 			return err
 		}
 	}
 	wc := WorkerConfig{Worker: i, Store: store, Keys: r.cfg.Keys, TTL: r.cfg.TTL, Work: r.cfg.Work, Fencing: r.cfg.Fencing, Ordering: r.cfg.Ordering, MinFence: r.cfg.MinFence, Dir: r.cfg.Dir, Locker: r.cfg.Locker}
+	if r.cfg.Fault == SkewClockRate && i == 0 {
+		wc.ClockRate = r.cfg.ClockRate
+	}
 	raw, err := json.Marshal(wc)
 	if err != nil {
 		return err
 	}
 	cmd := r.cfg.Command()
 	cmd.Env = append(os.Environ(), envWorker+"="+string(raw))
-	return startWorkerProcess(cmd, r.cfg.Dir, i, &r.wg, func(exited chan struct{}) {
-		r.mu.Lock()
-		r.procs[i], r.exited[i] = cmd, exited
-		r.mu.Unlock()
-	}, func() {
+	return r.start(i, cmd, func() {
 		if r.cfg.Partition != nil {
 			r.cfg.Partition.Place(i, cmd)
 		}
 	})
 }
 
-// startWorkerProcess starts worker i's cmd with its output in the run
-// directory's worker-i.log, killed if the controller dies, after place (nil
-// for none) put it where it runs. register records it with the channel
-// closed when it has exited; wg counts the goroutine that waits for it.
-func startWorkerProcess(cmd *exec.Cmd, dir string, i int, wg *sync.WaitGroup, register func(exited chan struct{}), place func()) error {
-	logf, err := os.OpenFile(filepath.Join(dir, fmt.Sprintf("worker-%d.log", i)), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
-	if err != nil {
-		return err
-	}
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if place != nil {
-		place()
-	}
-	if err := cmd.Start(); err != nil {
-		logf.Close()
-		return fmt.Errorf("proof: start worker %d: %w", i, err)
-	}
-	exited := make(chan struct{})
-	register(exited)
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		cmd.Wait()
-		logf.Close()
-		close(exited)
-	}()
-	return nil
-}
-
-func (r *run) worker(i int) (*exec.Cmd, chan struct{}) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.procs[i], r.exited[i]
-}
-
-func (r *run) closeProxies() {
-	for _, ps := range r.proxies {
-		for _, p := range ps {
-			p.close()
-		}
-	}
-}
-
 // stopWorkers asks every worker to finish its round and exit, and kills
 // the ones that do not within a bound.
-func (r *run) stopWorkers() {
-	os.WriteFile(filepath.Join(r.cfg.Dir, stopFile), nil, 0o644)
-	deadline := time.After(10*r.cfg.TTL + 20*time.Second)
-	for i := range r.cfg.Workers {
-		cmd, exited := r.worker(i)
-		if cmd == nil {
-			continue
-		}
-		cmd.Process.Signal(syscall.SIGCONT)
-		select {
-		case <-exited:
-		case <-deadline:
-			cmd.Process.Kill()
-			<-exited
-		}
-	}
-	r.wg.Wait()
-}
+func (r *run) stopWorkers() { r.stop(r.cfg.Workers, 10*r.cfg.TTL+20*time.Second, r.cfg.Logf) }
 
 // isStopped reports whether pid is stopped by a signal.
 func isStopped(pid int) bool {

@@ -62,6 +62,12 @@ type WorkerConfig struct {
 	// Locker, if set, names the registered Locker the worker locks with
 	// instead of fenced (Fencing is then false).
 	Locker string `json:"locker,omitempty"`
+	// ClockRate, if not 0, is the rate the worker's clock runs at against
+	// the real one (fault SkewClockRate): the client's and the driver's
+	// clock, which measure validity, time renewals and, on a store
+	// without a server clock, watch other owners' grants. Only dynamodb://
+	// stores take it.
+	ClockRate float64 `json:"clock_rate,omitempty"`
 }
 
 // Files of a run directory.
@@ -134,18 +140,16 @@ func runWorker(cfg WorkerConfig) error {
 			switch e.Kind {
 			case fenced.EventLost:
 				w.record(Event{Kind: Lost, Key: e.Lease.Key(), Fence: e.Lease.Fence(), Err: errString(e.Err)})
-
 			case fenced.EventRenew:
 				k := Renewed
 				if e.Err != nil {
 					k = RenewFail
 				}
 				w.record(Event{Kind: k, Key: e.Lease.Key(), Fence: e.Lease.Fence(), Err: errString(e.Err)})
-
 			}
 		}
-		w.client, err = fenced.Open(ctx, cfg.Store, &fenced.Options{Hook: hooks, MinBackoff: 5 * time.Millisecond, MaxBackoff: 100 * time.Millisecond, FallbackPoll: cfg.TTL})
-		if err != nil {
+		opts := &fenced.Options{Hook: hooks, MinBackoff: 5 * time.Millisecond, MaxBackoff: 100 * time.Millisecond, FallbackPoll: cfg.TTL}
+		if w.client, err = openSkewed(ctx, cfg.Store, opts, cfg.ClockRate); err != nil {
 			return err
 		}
 		defer w.client.Close()
@@ -226,8 +230,8 @@ func (w *worker) round(ctx context.Context, key string) {
 	case <-time.After(w.cfg.Work):
 	case <-l.ctx.Done():
 	}
-	if err := l.ctx.Err(); err != nil {
-		w.record(Event{Kind: Abandon, Key: key, Fence: tok.Fence, Owner: tok.Owner, Err: errString(context.Cause(l.ctx))})
+	if err := l.check(); err != nil {
+		w.record(Event{Kind: Abandon, Key: key, Fence: tok.Fence, Owner: tok.Owner, Err: errString(err)})
 		return
 	}
 	delay := w.atPoint("before-write")
@@ -277,6 +281,10 @@ type holding struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	unlock func(context.Context) error
+	// check is the careful worker's lease check before its write: for a
+	// fenced lease, Lease.Err, which reads the clock (after a SIGCONT the
+	// validity timer may not have fired yet); for a Locker's lock, ctx.
+	check func() error
 }
 
 // acquire takes key with fenced or with the worker's Locker; op names the
@@ -288,7 +296,7 @@ func (w *worker) acquire(ctx context.Context, key string, op int64) (*holding, e
 			return nil, err
 		}
 		lctx, cancel := context.WithCancel(l.Context())
-		return &holding{tok: fence.From(l), ctx: lctx, cancel: cancel, unlock: l.Release}, nil
+		return &holding{tok: fence.From(l), ctx: lctx, cancel: cancel, unlock: l.Release, check: l.Err}, nil
 	}
 	u, err := w.locker.Lock(ctx, key, w.cfg.TTL)
 	if err != nil {
@@ -306,7 +314,7 @@ func (w *worker) acquire(ctx context.Context, key string, op int64) (*holding, e
 			}
 		}()
 	}
-	return &holding{tok: tok, ctx: lctx, cancel: func() { cancel(nil) }, unlock: u.Unlock}, nil
+	return &holding{tok: tok, ctx: lctx, cancel: func() { cancel(nil) }, unlock: u.Unlock, check: lctx.Err}, nil
 }
 
 func (w *worker) release(l *holding) {

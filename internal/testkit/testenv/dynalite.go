@@ -43,6 +43,7 @@ type Dynalite struct {
 	// Path is the LevelDB directory, or "" for an in-memory server.
 	Path string
 	t    testing.TB
+	host *NetHost
 }
 
 // DynaliteConfig configures StartDynalite.
@@ -51,15 +52,18 @@ type DynaliteConfig struct {
 	// killed and started again on it (StartAgain); otherwise it is in
 	// memory.
 	Persistent bool
+	// Host, if set, runs the server on that host of a Net, listening on
+	// its address (for partitions at the packet level); nil is loopback.
+	Host *NetHost
 }
 
 // Endpoint returns the server's HTTP endpoint, http://127.0.0.1:port.
-func (d *Dynalite) Endpoint() string { return "http://" + Addr(d.Port) }
+func (d *Dynalite) Endpoint() string { return "http://" + hostAddr(d.host, d.Port) }
 
 // URL returns a dynamodb:// store URL for table on this server, with query
 // (which may be empty) appended.
 func (d *Dynalite) URL(table, query string) string {
-	u := "dynamodb://" + Addr(d.Port) + "/" + table
+	u := "dynamodb://" + hostAddr(d.host, d.Port) + "/" + table
 	if query != "" {
 		u += "?" + query
 	}
@@ -89,7 +93,7 @@ func StartDynalite(t testing.TB, cfg DynaliteConfig) *Dynalite {
 	if b, err := os.ReadFile(filepath.Join(dir, "package.json")); err != nil || json.Unmarshal(b, &pkg) != nil || pkg.Version != DynaliteVersion {
 		t.Fatalf("testenv: dynalite in %s is version %q, want %s; run scripts/test.sh", dir, pkg.Version, DynaliteVersion)
 	}
-	d := &Dynalite{Port: FreePort(t), t: t}
+	d := &Dynalite{Port: FreePort(t), t: t, host: cfg.Host}
 	if cfg.Persistent {
 		d.Path = TempDir(t, "dynalite")
 	}
@@ -121,12 +125,12 @@ func (d *Dynalite) start() {
 	if err := os.WriteFile(preload, []byte(dynalitePreload), 0o644); err != nil {
 		d.t.Fatalf("testenv: %v", err)
 	}
-	args := []string{"--require", preload, cli, "--host", "127.0.0.1", "--port", strconv.Itoa(d.Port)}
+	args := []string{"--require", preload, cli, "--host", hostIP(d.host), "--port", strconv.Itoa(d.Port)}
 	if d.Path != "" {
 		args = append(args, "--path", d.Path)
 	}
-	d.Process = Start(d.t, fmt.Sprintf("dynalite:%d", d.Port), exec.Command(node, args...))
-	d.WaitPort(d.t, Addr(d.Port), 30*time.Second)
+	d.Process = startServer(d.t, d.host, fmt.Sprintf("dynalite:%d", d.Port), exec.Command(node, args...))
+	d.WaitPort(d.t, hostAddr(d.host, d.Port), 30*time.Second)
 }
 
 // StartAgain starts the server again on the same port and data after Kill.

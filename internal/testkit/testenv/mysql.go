@@ -33,6 +33,8 @@ type MySQL struct {
 	restartable
 	// clock is the wall clock the server reads (nil: the host's).
 	clock *WallClock
+	// host is the Net host the server runs on (nil: loopback).
+	host *NetHost
 }
 
 // StartMySQL initializes a data directory and starts MariaDB, as user
@@ -47,10 +49,22 @@ func StartMySQL(t testing.TB) *MySQL {
 // is the host's.
 func StartMySQLOnClock(t testing.TB, clock *WallClock) *MySQL {
 	t.Helper()
+	return startMySQL(t, clock, nil)
+}
+
+// StartMySQLOn is StartMySQL with the server on host h of a Net,
+// listening on h's address (for partitions at the packet level).
+func StartMySQLOn(t testing.TB, h *NetHost) *MySQL {
+	t.Helper()
+	return startMySQL(t, nil, h)
+}
+
+func startMySQL(t testing.TB, clock *WallClock, h *NetHost) *MySQL {
+	t.Helper()
 	bin := RequireBinary(t, "mariadb-server", "mariadbd", "mysqld")
 	installDB := RequireBinary(t, "mariadb-server", "mariadb-install-db", "mysql_install_db")
 	dir := TempDir(t, "mariadb")
-	m := &MySQL{User: "fenced", Password: "my-secret-" + strconv.Itoa(os.Getpid()), Database: "fenced", Dir: dir, bin: bin, clock: clock}
+	m := &MySQL{User: "fenced", Password: "my-secret-" + strconv.Itoa(os.Getpid()), Database: "fenced", Dir: dir, bin: bin, clock: clock, host: h}
 	ChownNobody(t, dir)
 	installMariaDB(t, installDB, dir)
 	m.Port = FreePort(t)
@@ -92,17 +106,17 @@ func (m *MySQL) start(t testing.TB) {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(m.bin, "--no-defaults", "--datadir="+filepath.Join(m.Dir, "data"), "--tmpdir="+tmp,
-		"--socket="+m.Socket(), "--port="+strconv.Itoa(m.Port), "--bind-address=127.0.0.1",
+		"--socket="+m.Socket(), "--port="+strconv.Itoa(m.Port), "--bind-address="+hostIP(m.host),
 		"--pid-file="+filepath.Join(m.Dir, "mariadb.pid"), "--skip-name-resolve",
 		"--innodb-buffer-pool-size=32M", "--innodb-log-file-size=32M", "--max-connections=400",
 		"--performance-schema=OFF")
 	RunAsNobody(cmd)
 	m.clock.Apply(cmd)
-	proc := Start(t, "mariadbd", cmd)
+	proc := startServer(t, m.host, "mariadbd", cmd)
 	// The TCP port opens before the unix socket accepts connections; the
 	// server logs (to stderr, without --log-error) when both are ready.
 	proc.WaitLog(t, "ready for connections", 60*time.Second)
-	proc.WaitPort(t, Addr(m.Port), 60*time.Second)
+	proc.WaitPort(t, hostAddr(m.host, m.Port), 60*time.Second)
 	m.running(proc)
 }
 
@@ -114,7 +128,7 @@ func (m *MySQL) URL(params ...string) string { return m.URLAs(m.User, m.Password
 
 // URLAs is URL with other credentials.
 func (m *MySQL) URLAs(user, password string, params ...string) string {
-	u := url.URL{Scheme: "mysql", User: url.UserPassword(user, password), Host: Addr(m.Port), Path: "/" + m.Database}
+	u := url.URL{Scheme: "mysql", User: url.UserPassword(user, password), Host: hostAddr(m.host, m.Port), Path: "/" + m.Database}
 	q := ""
 	for i, s := range params {
 		if i > 0 {
@@ -129,7 +143,7 @@ func (m *MySQL) URLAs(user, password string, params ...string) string {
 // DSN returns a go-sql-driver DSN for the test user.
 func (m *MySQL) DSN() string {
 	c := mysql.NewConfig()
-	c.User, c.Passwd, c.Net, c.Addr, c.DBName = m.User, m.Password, "tcp", Addr(m.Port), m.Database
+	c.User, c.Passwd, c.Net, c.Addr, c.DBName = m.User, m.Password, "tcp", hostAddr(m.host, m.Port), m.Database
 	return c.FormatDSN()
 }
 

@@ -250,3 +250,41 @@ func (h *NetHost) Exchange(addr, req string) ([]byte, error) {
 	script := fmt.Sprintf(`exec 3<>/dev/tcp/%s/%s || exit 1; printf %%s "$1" >&3; [ -z "$1" ] || timeout 2 cat <&3`, host, port)
 	return exec.Command(ipBin, "netns", "exec", h.NS, "timeout", "3", "bash", "-c", script, "x", req).Output()
 }
+
+// setprivBin is util-linux's setpriv.
+const setprivBin = "/usr/bin/setpriv"
+
+// startServer starts cmd as a server process named name, on host h (nil:
+// this host, on loopback). On a host, a credential set with RunAsNobody
+// is dropped inside the namespace instead (setpriv), since ip netns exec
+// itself must run as root.
+func startServer(t testing.TB, h *NetHost, name string, cmd *exec.Cmd) *Process {
+	t.Helper()
+	if h == nil {
+		return Start(t, name, cmd)
+	}
+	if a := cmd.SysProcAttr; a != nil && a.Credential != nil {
+		c := a.Credential
+		cmd.Args = append([]string{setprivBin, fmt.Sprintf("--reuid=%d", c.Uid), fmt.Sprintf("--regid=%d", c.Gid), "--clear-groups", cmd.Path}, cmd.Args[1:]...)
+		cmd.Path = setprivBin
+		a.Credential = nil
+	}
+	return StartOn(t, h, name, cmd)
+}
+
+// hostIP is the address a server on h listens on: h's, or 127.0.0.1 for
+// nil.
+func hostIP(h *NetHost) string {
+	if h == nil {
+		return "127.0.0.1"
+	}
+	return h.IP
+}
+
+// hostAddr joins hostIP(h) and port.
+func hostAddr(h *NetHost, port int) string {
+	if h == nil {
+		return Addr(port)
+	}
+	return h.Addr(port)
+}

@@ -1,7 +1,11 @@
 package testenv
 
 import (
+	"fmt"
+	"net"
 	"os"
+	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -56,4 +60,76 @@ func TestNetCutHeal(t *testing.T) {
 	if strings.Contains(string(out), "br0") {
 		t.Errorf("a bridge appeared in the test's own namespace:\n%s", out)
 	}
+}
+
+// TestServersOnNetHost starts Redis, PostgreSQL, MariaDB and dynalite on a
+// host of a Net and checks that each runs inside that host's namespace
+// (its process sees the host's link), serves on the host's address to
+// another host (a client there logs in) and does not listen on the controller's loopback (the cut
+// itself is TestNetCutHeal's).
+func TestServersOnNetHost(t *testing.T) {
+	n, err := NewNet(t)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := n.Host("client")
+	for _, s := range []struct {
+		name string
+		// start starts the server on h and returns it, its port and a
+		// client command that logs in and runs one request (nil: the TCP
+		// exchange is the check).
+		start func(h *NetHost) (p *Process, port int, client *exec.Cmd)
+	}{
+		{"redis", func(h *NetHost) (*Process, int, *exec.Cmd) {
+			r := StartRedis(t, RedisConfig{Host: h})
+			return r.Process, r.Port, exec.Command("redis-cli", "-h", h.IP, "-p", strconv.Itoa(r.Port), "ping")
+		}},
+		{"postgres", func(h *NetHost) (*Process, int, *exec.Cmd) {
+			p := StartPostgresOn(t, h)
+			return p.Process(), p.Port, exec.Command("psql", p.URL(), "-tAc", "select 1")
+		}},
+		{"mysql", func(h *NetHost) (*Process, int, *exec.Cmd) {
+			m := StartMySQLOn(t, h)
+			return m.Process(), m.Port, exec.Command("mariadb", "-h", h.IP, "-P", strconv.Itoa(m.Port), "-u", m.User, "-p"+m.Password, "-e", "select 1", m.Database)
+		}},
+		{"dynalite", func(h *NetHost) (*Process, int, *exec.Cmd) {
+			d := StartDynalite(t, DynaliteConfig{Host: h})
+			return d.Process, d.Port, nil
+		}},
+	} {
+		t.Run(s.name, func(t *testing.T) {
+			h := n.Host(s.name)
+			p, port, client := s.start(h)
+			if !inNS(t, p.Cmd.Process.Pid, h.NS) {
+				t.Errorf("%s (pid %d) does not run in %s's namespace %s", s.name, p.Cmd.Process.Pid, h.Name, h.NS)
+			}
+			if _, err := b.Exchange(h.Addr(port), ""); err != nil {
+				t.Errorf("%s on %s: not reachable from another host: %v", s.name, h.Addr(port), err)
+			}
+			if client != nil {
+				b.Wrap(client)
+				if out, err := client.CombinedOutput(); err != nil {
+					t.Errorf("%s: a client on another host cannot log in: %v\n%s", s.name, err, out)
+				}
+			}
+			if c, err := net.DialTimeout("tcp", Addr(port), time.Second); err == nil {
+				c.Close()
+				t.Errorf("%s listens on the controller's loopback %s: not placed on the host", s.name, Addr(port))
+			}
+		})
+	}
+}
+
+// inNS reports whether process pid's network namespace is the named one.
+func inNS(t *testing.T, pid int, ns string) bool {
+	t.Helper()
+	a, err := os.Stat(fmt.Sprintf("/proc/%d/ns/net", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.Stat("/run/netns/" + ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return os.SameFile(a, b)
 }

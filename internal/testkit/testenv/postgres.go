@@ -19,7 +19,8 @@ type Postgres struct {
 	// User and Password are the superuser's credentials; Database is the
 	// database the URLs name.
 	User, Password, Database string
-	// Port is the TCP port on 127.0.0.1.
+	// Port is the TCP port on 127.0.0.1 (or on the Net host's address,
+	// StartPostgresOn).
 	Port int
 	// Dir holds the data directory and the unix socket.
 	Dir string
@@ -27,6 +28,7 @@ type Postgres struct {
 	bin       string
 	startArgs []string
 	clock     *WallClock
+	host      *NetHost
 	restartable
 }
 
@@ -43,10 +45,22 @@ func StartPostgres(t testing.TB, settings ...string) *Postgres {
 // nil clock is the host's.
 func StartPostgresOnClock(t testing.TB, clock *WallClock, settings ...string) *Postgres {
 	t.Helper()
+	return startPostgres(t, clock, nil, settings)
+}
+
+// StartPostgresOn is StartPostgres with the server on host h of a Net,
+// listening on h's address (for partitions at the packet level).
+func StartPostgresOn(t testing.TB, h *NetHost, settings ...string) *Postgres {
+	t.Helper()
+	return startPostgres(t, nil, h, settings)
+}
+
+func startPostgres(t testing.TB, clock *WallClock, h *NetHost, settings []string) *Postgres {
+	t.Helper()
 	initdb := RequireBinary(t, "postgresql", "initdb")
 	bin := filepath.Dir(initdb)
 	dir := TempDir(t, "pg")
-	p := &Postgres{User: "fenced", Password: "pg-secret-" + strconv.Itoa(os.Getpid()), Database: "postgres", Dir: dir, bin: bin, clock: clock}
+	p := &Postgres{User: "fenced", Password: "pg-secret-" + strconv.Itoa(os.Getpid()), Database: "postgres", Dir: dir, bin: bin, clock: clock, host: h}
 	pwfile := filepath.Join(dir, "pwfile")
 	if err := os.WriteFile(pwfile, []byte(p.Password+"\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -59,9 +73,24 @@ func StartPostgresOnClock(t testing.TB, clock *WallClock, settings ...string) *P
 		t.Fatalf("testenv: initdb: %v\n%s", err, out)
 	}
 	os.Remove(pwfile)
+	if h != nil {
+		// initdb lets TCP clients in from loopback only; on a Net host
+		// they come from the other hosts.
+		hba, err := os.OpenFile(filepath.Join(dir, "data", "pg_hba.conf"), os.O_WRONLY|os.O_APPEND, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = hba.WriteString("host all all samenet scram-sha-256\n")
+		if cerr := hba.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
 	p.Port = FreePort(t)
 	args := []string{"-D", filepath.Join(dir, "data"), "-p", strconv.Itoa(p.Port), "-k", dir,
-		"-c", "listen_addresses=127.0.0.1", "-c", "max_connections=400", "-c", "shared_buffers=32MB",
+		"-c", "listen_addresses=" + hostIP(h), "-c", "max_connections=400", "-c", "shared_buffers=32MB",
 		"-c", "log_min_messages=warning", "-c", "log_min_error_statement=panic"}
 	for _, s := range settings {
 		args = append(args, "-c", s)
@@ -77,9 +106,9 @@ func (p *Postgres) start(t testing.TB) {
 	cmd := exec.Command(filepath.Join(p.bin, "postgres"), p.startArgs...)
 	RunAsNobody(cmd)
 	p.clock.Apply(cmd)
-	proc := Start(t, "postgres", cmd)
+	proc := startServer(t, p.host, "postgres", cmd)
 	proc.WaitLog(t, "database system is ready to accept connections", 60*time.Second)
-	proc.WaitPort(t, Addr(p.Port), 30*time.Second)
+	proc.WaitPort(t, hostAddr(p.host, p.Port), 30*time.Second)
 	p.running(proc)
 }
 
@@ -91,7 +120,7 @@ func (p *Postgres) URL(params ...string) string {
 
 // URLAs is URL with other credentials.
 func (p *Postgres) URLAs(user, password string, params ...string) string {
-	u := url.URL{Scheme: "postgres", User: url.UserPassword(user, password), Host: Addr(p.Port), Path: "/" + p.Database}
+	u := url.URL{Scheme: "postgres", User: url.UserPassword(user, password), Host: hostAddr(p.host, p.Port), Path: "/" + p.Database}
 	q := "sslmode=disable"
 	for _, s := range params {
 		q += "&" + s

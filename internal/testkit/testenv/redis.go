@@ -40,6 +40,9 @@ type RedisConfig struct {
 	// WallClock, if set, is the wall clock the server reads (PX expiry,
 	// TIME), so a test can step it; nil is the host's clock.
 	WallClock *WallClock
+	// Host, if set, runs the server on that host of a Net, listening on
+	// its address (for partitions at the packet level); nil is loopback.
+	Host *NetHost
 }
 
 // Redis is a redis-server started for a test.
@@ -50,7 +53,7 @@ type Redis struct {
 }
 
 // Addr returns host:port.
-func (r *Redis) Addr() string { return Addr(r.Port) }
+func (r *Redis) Addr() string { return hostAddr(r.Config.Host, r.Port) }
 
 // URL returns a redis:// URL for the server, with the password if any.
 func (r *Redis) URL() string {
@@ -84,7 +87,7 @@ func StartRedis(t testing.TB, cfg RedisConfig) *Redis {
 		port = []string{"--port", "0", "--tls-port", strconv.Itoa(cfg.Port), "--tls-cert-file", cert, "--tls-key-file", key, "--tls-auth-clients", "no"}
 	}
 	args := []string{
-		"--bind", "127.0.0.1", "--dir", cfg.Dir,
+		"--bind", hostIP(cfg.Host), "--dir", cfg.Dir,
 		"--save", "", "--daemonize", "no", "--protected-mode", "no", "--logfile", "",
 		"--maxmemory-policy", "noeviction", "--repl-diskless-sync-delay", "0",
 	}
@@ -103,7 +106,7 @@ func StartRedis(t testing.TB, cfg RedisConfig) *Redis {
 	r := &Redis{Port: cfg.Port, Config: cfg}
 	cmd := exec.Command(bin, args...)
 	cfg.WallClock.Apply(cmd)
-	r.Process = Start(t, fmt.Sprintf("redis-server:%d", cfg.Port), cmd)
+	r.Process = startServer(t, cfg.Host, fmt.Sprintf("redis-server:%d", cfg.Port), cmd)
 	r.WaitLog(t, "Ready to accept connections", 20*time.Second)
 	if cfg.ReplicaOf != nil {
 		r.WaitLog(t, "MASTER <-> REPLICA sync: Finished with success", 20*time.Second)

@@ -1,0 +1,27 @@
+package fenceddynamodb
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/driver"
+)
+
+// OpenWith is Open with options the URL cannot carry: opts' Clock and
+// MaxInFlight are used; its Table and Create are ignored (the URL names
+// them). opts may be nil.
+func OpenWith(ctx context.Context, rawURL string, opts *Options) (*Driver, error) {
+	u, err := driver.ParseURL(rawURL)
+	if err != nil {
+		return nil, err
+	}
+	if u.Scheme != "dynamodb" {
+		return nil, fmt.Errorf("%w: scheme %q, want dynamodb", driver.ErrInvalidURL, u.Scheme)
+	}
+	d, err := openOpts(ctx, u, opts)
+	if err != nil {
+		return nil, fmt.Errorf("dynamodb: open %s: %w", fenced.Redact(rawURL), err)
+	}
+	return d, nil
+}
