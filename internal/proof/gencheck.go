@@ -47,6 +47,11 @@ type GenReport struct {
 	// ended: when AcquireAll returned (a newer grant of a member's key had
 	// been confirmed setMargin before), or when the worker looked.
 	SetsHealthyWithLost int `json:"sets_healthy_with_lost"`
+	// OutlivedBreak counts leases seen live more than their TTL after a
+	// Break of them completed; Overlaps counts grants of a key to one
+	// owner while another's lease on it lived on (see checkExclusion).
+	OutlivedBreak int `json:"outlived_break"`
+	Overlaps      int `json:"overlaps"`
 	// Errors counts failed acquisitions (refusals included).
 	Errors int `json:"errors"`
 	// Problems describes the first violations found; FirstViolation is
@@ -59,7 +64,7 @@ type GenReport struct {
 
 // Failed reports whether the run broke a promise.
 func (r GenReport) Failed() bool {
-	return r.FenceRegressions > 0 || r.LivePastValidity > 0 || r.Orphans > 0 || r.SlowOrphans > 0 || r.SetsHealthyWithLost > 0
+	return r.FenceRegressions > 0 || r.LivePastValidity > 0 || r.Orphans > 0 || r.SlowOrphans > 0 || r.SetsHealthyWithLost > 0 || r.OutlivedBreak > 0 || r.Overlaps > 0
 }
 
 // problem records a violation that happened at t.
@@ -108,10 +113,6 @@ func CheckGen(events []Event, strength fenced.FenceStrength, ttl, bound time.Dur
 	returned := map[string]bool{}
 	type span struct{ first, last int64 }
 	observed := map[[2]string]*span{}
-	type window struct {
-		start, end int64
-		worker     int // -1: the authority
-	}
 	// acq is one acquisition: the keys it was invoked on, when, and when
 	// it completed (0: never), and whether it failed.
 	type acq struct {
@@ -123,7 +124,7 @@ func CheckGen(events []Event, strength fenced.FenceStrength, ttl, bound time.Dur
 	}
 	acqs := map[int64]*acq{}
 	holding := map[int]int{} // leases held, per worker
-	var faults []window
+	var faults []faultWindow
 	open := map[string]int{}
 	end := int64(0)
 	if len(events) > 0 {
@@ -182,7 +183,7 @@ func CheckGen(events []Event, strength fenced.FenceStrength, ttl, bound time.Dur
 		case FaultStart:
 			r.Faults++
 			open[fmt.Sprintf("%s/%d", e.Fault, e.Worker)] = len(faults)
-			faults = append(faults, window{e.T, end, e.Worker})
+			faults = append(faults, faultWindow{e.T, end, e.Worker, e.Fault})
 		case FaultEnd:
 			if i, ok := open[fmt.Sprintf("%s/%d", e.Fault, e.Worker)]; ok {
 				faults[i].end = e.T
@@ -295,5 +296,6 @@ func CheckGen(events []Event, strength fenced.FenceStrength, ttl, bound time.Dur
 			r.problem(s.first+int64(bound), "%s: a grant no Acquire returned (owner %.8s) was held for %v with no fault active", k[0], k[1], held)
 		}
 	}
+	checkExclusion(&r, events, strength, faults)
 	return r
 }

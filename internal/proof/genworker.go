@@ -262,7 +262,7 @@ func (w *genWorker) step(ctx context.Context, rng *rand.Rand) {
 		}
 		healthy := set.Err() == nil
 		for _, l := range set.Leases() {
-			w.record(Event{Kind: SetMember, Op: op, Name: name, Key: l.Key(), Fence: l.Fence(), Owner: fence.OwnerDigest(l.Owner()), Value: boolInt(healthy)})
+			w.record(Event{Kind: SetMember, Op: op, Name: name, Key: l.Key(), Fence: l.Fence(), Owner: fence.OwnerDigest(l.Owner()), Value: boolInt(healthy), TTL: l.TTL()})
 			w.mu.Lock()
 			w.held[l] = heldLease{owner: fence.OwnerDigest(l.Owner())}
 			w.mu.Unlock()
@@ -369,7 +369,7 @@ func (w *genWorker) granted(op int64, name, key string, l *fenced.Lease, err err
 		return false
 	}
 	d := fence.OwnerDigest(l.Owner())
-	w.record(Event{Kind: AcquireOK, Op: op, Name: name, Key: l.Key(), Fence: l.Fence(), Owner: d})
+	w.record(Event{Kind: AcquireOK, Op: op, Name: name, Key: l.Key(), Fence: l.Fence(), Owner: d, TTL: l.TTL()})
 	w.mu.Lock()
 	w.held[l] = heldLease{owner: d}
 	w.mu.Unlock()
