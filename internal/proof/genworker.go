@@ -64,6 +64,9 @@ type GenWorkerConfig struct {
 	Grace    time.Duration        `json:"grace"`
 	MinFence fenced.FenceStrength `json:"min_fence"`
 	Dir      string               `json:"dir"`
+	// NoLossWatch hides the driver's loss watch from the Client (etcd),
+	// so the worker learns of a lost grant from its renewals alone.
+	NoLossWatch bool `json:"no_loss_watch,omitempty"`
 }
 
 // Key spaces of a generative run, under its prefix.
@@ -126,9 +129,15 @@ func runGenWorker(cfg GenWorkerConfig) error {
 	hooks := fenced.Hooks{Lost: func(e fenced.LostEvent) {
 		w.record(Event{Kind: Lost, Key: e.Lease.Key(), Fence: e.Lease.Fence(), Err: errString(e.Cause)})
 	}}
-	w.client, err = fenced.Open(ctx, cfg.Store, &fenced.Options{Hooks: hooks, MinBackoff: 5 * time.Millisecond, MaxBackoff: 100 * time.Millisecond, FallbackPoll: cfg.TTL})
+	copts := &fenced.Options{Hooks: hooks, MinBackoff: 5 * time.Millisecond, MaxBackoff: 100 * time.Millisecond, FallbackPoll: cfg.TTL}
+	w.client, err = fenced.Open(ctx, cfg.Store, copts)
 	if err != nil {
 		return err
+	}
+	if cfg.NoLossWatch {
+		if w.client, cfg.NoLossWatch = withoutLossWatch(w.client, copts); cfg.NoLossWatch {
+			fmt.Fprintf(os.Stderr, "proof worker %d: loss watch hidden\n", cfg.Worker)
+		}
 	}
 	opts := &fenced.LeaseOptions{TTL: cfg.TTL, MaxWait: 3 * cfg.TTL, MinFence: cfg.MinFence}
 	if w.rcp, err = newRecipes(w.client, semName(cfg.Prefix), 2, electName(cfg.Prefix), opts); err != nil {
