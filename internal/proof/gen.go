@@ -276,7 +276,9 @@ func (r *genRun) observe(ctx context.Context) {
 // nemesis injects, until the run's Duration is over, faults drawn from
 // the seed: a pause of 0.5 to 2 TTLs between faults (one time in four a
 // quiet spell of 4 to 8 TTLs), then one of
-// cfg.Faults on a drawn worker, for a drawn time.
+// cfg.Faults on a drawn worker, for a drawn time (0.5 to 3 TTLs; one cut
+// (M4) in three lasts 0.5 to 1.5 TTLs longer than the pool leases' TTL,
+// so a worker's pool runs out behind it).
 func (r *genRun) nemesis(ctx context.Context) error {
 	rng := rand.New(rand.NewPCG(r.cfg.Seed, 1<<40))
 	ttl := r.cfg.TTL
@@ -319,6 +321,12 @@ func (r *genRun) nemesis(ctx context.Context) error {
 			cmd.Process.Signal(syscall.SIGCONT)
 			r.record(Event{Kind: FaultEnd, Worker: w, Fault: string(f)})
 		case M4:
+			if rng.IntN(3) == 0 {
+				// A long cut: the worker's pool leases (PoolTTL) all run
+				// out behind it at once, with their driver calls blocked.
+				d = r.cfg.PoolTTL + between(0.5, 1.5)
+				r.cfg.Logf("seed %d: fault %d: a long cut, %v", r.cfg.Seed, k, d.Round(time.Millisecond))
+			}
 			r.record(Event{Kind: FaultStart, Worker: w, Fault: string(f)})
 			for _, p := range r.proxies[w] {
 				p.setDown(true)
