@@ -327,9 +327,15 @@ func (w *genWorker) step(ctx context.Context, rng *rand.Rand) {
 			w.release(l)
 		}
 	case "break":
-		w.record(Event{Kind: BreakInvoke, Op: op, Name: name, Key: hot})
-		info, err := admin.Break(ctx, w.client, hot, "proof: generative break", fmt.Sprintf("worker %d", cfg.Worker))
-		w.record(Event{Kind: BreakDone, Op: op, Name: name, Key: hot, Fence: info.Fence, Owner: info.OwnerDigest, Err: errString(err)})
+		// Half the breaks hit a cold key: a pool lease held on it lives
+		// through renewals after the break, which must tell it.
+		key := hot
+		if rng.IntN(2) == 0 {
+			key = coldKey(cfg.Prefix, rng.IntN(cfg.Keys))
+		}
+		w.record(Event{Kind: BreakInvoke, Op: op, Name: name, Key: key})
+		info, err := admin.Break(ctx, w.client, key, "proof: generative break", fmt.Sprintf("worker %d", cfg.Worker))
+		w.record(Event{Kind: BreakDone, Op: op, Name: name, Key: key, Fence: info.Fence, Owner: info.OwnerDigest, Err: errString(err)})
 	}
 }
 
