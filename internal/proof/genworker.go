@@ -327,11 +327,15 @@ func (w *genWorker) step(ctx context.Context, rng *rand.Rand) {
 			w.release(l)
 		}
 	case "break":
-		// Half the breaks hit a cold key: a pool lease held on it lives
-		// through renewals after the break, which must tell it.
+		// Half the breaks hit one of the worker's own pool leases: it
+		// lives through renewals after the break, which must tell it.
 		key := hot
 		if rng.IntN(2) == 0 {
-			key = coldKey(cfg.Prefix, rng.IntN(cfg.Keys))
+			w.mu.Lock()
+			if len(w.pool) > 0 {
+				key = w.pool[rng.IntN(len(w.pool))].Key()
+			}
+			w.mu.Unlock()
 		}
 		w.record(Event{Kind: BreakInvoke, Op: op, Name: name, Key: key})
 		info, err := admin.Break(ctx, w.client, key, "proof: generative break", fmt.Sprintf("worker %d", cfg.Worker))
