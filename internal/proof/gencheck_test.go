@@ -64,6 +64,9 @@ func TestCheckGenFindsEachViolation(t *testing.T) {
 			{T: 10110 * ms, Kind: BreakDone, Worker: 1, Op: 20, Key: "b", Fence: 1, Owner: "p"},
 			{T: 11500 * ms, Kind: Lost, Worker: 2, Key: "b", Fence: 1},
 		}, func(r GenReport) int { return r.OutlivedBreak }},
+		"renewed after a break": {[]Event{
+			{T: 10600 * ms, Kind: RenewedAfterBreak, Worker: 2, Key: "b", Fence: 1, Value: int64(300 * time.Millisecond)},
+		}, func(r GenReport) int { return r.RenewedAfterBreak }},
 		"two owners at once": {[]Event{
 			{T: 10000 * ms, Kind: AcquireOK, Worker: 2, Key: "o", Fence: 1, Owner: "p", TTL: time.Second},
 			{T: 10100 * ms, Kind: AcquireOK, Worker: 3, Key: "o", Fence: 2, Owner: "q", TTL: time.Second},

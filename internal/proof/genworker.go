@@ -39,6 +39,10 @@ const (
 	// BreakInvoke and BreakDone bracket a Break (Fence: what was broken).
 	BreakInvoke Kind = "break"
 	BreakDone   Kind = "broken"
+	// RenewedAfterBreak says a worker saw a lease it had broken renewed by
+	// a request sent after the break completed: its validity reached past
+	// the break's end plus its TTL (Value: by how many ns).
+	RenewedAfterBreak Kind = "renewed_after_break"
 )
 
 // GenWorkerConfig is what one generative worker process needs.
@@ -102,6 +106,9 @@ type genWorker struct {
 	held map[*fenced.Lease]heldLease // every lease the worker believes it holds
 	sets map[*recipe.LeaseSet]struct{}
 	pool []*fenced.Lease // pool leases, oldest first
+	// broken are the pool leases the worker broke itself, with when the
+	// Break returned.
+	broken map[*fenced.Lease]time.Time
 }
 
 type heldLease struct {
@@ -125,7 +132,7 @@ func runGenWorker(cfg GenWorkerConfig) error {
 		return err
 	}
 	defer rec.Close()
-	w := &genWorker{cfg: cfg, rec: rec, pid: int64(os.Getpid()), held: map[*fenced.Lease]heldLease{}, sets: map[*recipe.LeaseSet]struct{}{}}
+	w := &genWorker{cfg: cfg, rec: rec, pid: int64(os.Getpid()), held: map[*fenced.Lease]heldLease{}, sets: map[*recipe.LeaseSet]struct{}{}, broken: map[*fenced.Lease]time.Time{}}
 	hooks := fenced.Hooks{Lost: func(e fenced.LostEvent) {
 		w.record(Event{Kind: Lost, Key: e.Lease.Key(), Fence: e.Lease.Fence(), Err: errString(e.Cause)})
 	}}
@@ -330,15 +337,22 @@ func (w *genWorker) step(ctx context.Context, rng *rand.Rand) {
 		// Half the breaks hit one of the worker's own pool leases: it
 		// lives through renewals after the break, which must tell it.
 		key := hot
+		var victim *fenced.Lease
 		if rng.IntN(2) == 0 {
 			w.mu.Lock()
 			if len(w.pool) > 0 {
-				key = w.pool[rng.IntN(len(w.pool))].Key()
+				victim = w.pool[rng.IntN(len(w.pool))]
+				key = victim.Key()
 			}
 			w.mu.Unlock()
 		}
 		w.record(Event{Kind: BreakInvoke, Op: op, Name: name, Key: key})
 		info, err := admin.Break(ctx, w.client, key, "proof: generative break", fmt.Sprintf("worker %d", cfg.Worker))
+		if err == nil && victim != nil && info.Fence == victim.Fence() {
+			w.mu.Lock()
+			w.broken[victim] = time.Now()
+			w.mu.Unlock()
+		}
 		w.record(Event{Kind: BreakDone, Op: op, Name: name, Key: key, Fence: info.Fence, Owner: info.OwnerDigest, Err: errString(err)})
 	}
 }
@@ -399,6 +413,7 @@ func (w *genWorker) granted(op int64, name, key string, l *fenced.Lease, err err
 func (w *genWorker) forget(l *fenced.Lease, kind Kind) {
 	w.mu.Lock()
 	delete(w.held, l)
+	delete(w.broken, l)
 	w.mu.Unlock()
 	w.record(Event{Kind: kind, Key: l.Key(), Fence: l.Fence(), Owner: fence.OwnerDigest(l.Owner())})
 }
@@ -489,6 +504,15 @@ func (w *genWorker) sample(ctx context.Context) {
 		for s := range w.sets {
 			sets = append(sets, s)
 		}
+		// A renewal sent before the break returned gives a validity of at
+		// most then plus the TTL; one beyond was sent after the break
+		// and confirmed a grant that was gone.
+		for l, at := range w.broken {
+			if late := l.ValidUntil().Sub(at.Add(l.TTL())); late > renewedSlack {
+				delete(w.broken, l)
+				w.record(Event{Kind: RenewedAfterBreak, Key: l.Key(), Fence: l.Fence(), Owner: fence.OwnerDigest(l.Owner()), Value: int64(late)})
+			}
+		}
 		w.mu.Unlock()
 		for _, l := range leases {
 			until := l.ValidUntil()
@@ -509,6 +533,10 @@ func (w *genWorker) sample(ctx context.Context) {
 		}
 	}
 }
+
+// renewedSlack allows for the clocks a lease's validity and the
+// worker's time.Now read (they are the same clock, read a moment apart).
+const renewedSlack = 20 * time.Millisecond
 
 // maybeRunGenWorker runs a generative worker and exits if this process was
 // started as one.
