@@ -98,7 +98,10 @@ type genWorker struct {
 	cfg    GenWorkerConfig
 	rec    *Recorder
 	client *fenced.Client
-	rcp    *recipes
+	// breaker is a Client of its own for Breaks, so the driver holding
+	// the leases hears of a break only from the store.
+	breaker *fenced.Client
+	rcp     *recipes
 	pid    int64
 	seq    atomic.Int64
 
@@ -146,6 +149,10 @@ func runGenWorker(cfg GenWorkerConfig) error {
 			fmt.Fprintf(os.Stderr, "proof worker %d: loss watch hidden\n", cfg.Worker)
 		}
 	}
+	if w.breaker, err = fenced.Open(ctx, cfg.Store, nil); err != nil {
+		return err
+	}
+	defer w.breaker.Close()
 	opts := &fenced.LeaseOptions{TTL: cfg.TTL, MaxWait: 3 * cfg.TTL, MinFence: cfg.MinFence}
 	if w.rcp, err = newRecipes(w.client, semName(cfg.Prefix), 2, electName(cfg.Prefix), opts); err != nil {
 		return err
@@ -347,7 +354,7 @@ func (w *genWorker) step(ctx context.Context, rng *rand.Rand) {
 			w.mu.Unlock()
 		}
 		w.record(Event{Kind: BreakInvoke, Op: op, Name: name, Key: key})
-		info, err := admin.Break(ctx, w.client, key, "proof: generative break", fmt.Sprintf("worker %d", cfg.Worker))
+		info, err := admin.Break(ctx, w.breaker, key, "proof: generative break", fmt.Sprintf("worker %d", cfg.Worker))
 		if err == nil && victim != nil && info.Fence == victim.Fence() {
 			w.mu.Lock()
 			w.broken[victim] = time.Now()
