@@ -102,8 +102,8 @@ type genWorker struct {
 	// the leases hears of a break only from the store.
 	breaker *fenced.Client
 	rcp     *recipes
-	pid    int64
-	seq    atomic.Int64
+	pid     int64
+	seq     atomic.Int64
 
 	mu   sync.Mutex
 	held map[*fenced.Lease]heldLease // every lease the worker believes it holds
