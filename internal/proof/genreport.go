@@ -159,8 +159,7 @@ after the acquisitions that may have left it gave up, when neither their
 workers nor the authority were faulted then; no AcquireAll returns a set
 reported healthy whose member's key was granted again 250 ms before, and no
 set reports itself healthy once a member has ended; no lease lives on more
-than a renewal period (plus 750 ms) after a break of it when no fault was
-active (its TTL otherwise), none that a worker broke itself is renewed by a
+than its TTL (plus 300 ms) after a break of it, none that a worker broke itself is renewed by a
 request sent after the break, and no key is granted while another owner's
 lease on it lives on more than 300 ms (breaks, stopped holders and, on
 Redis, restarts excepted). Half the breaks hit one of the breaker's pool
