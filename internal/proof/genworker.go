@@ -99,9 +99,11 @@ type genWorker struct {
 	rec    *Recorder
 	client *fenced.Client
 	// breaker is a Client of its own for Breaks, so the driver holding
-	// the leases hears of a break only from the store.
-	breaker *fenced.Client
-	rcp     *recipes
+	// the leases hears of a break only from the store; opened at the
+	// first break (see breakClient).
+	breakerMu sync.Mutex
+	breaker   *fenced.Client
+	rcp       *recipes
 	pid     int64
 	seq     atomic.Int64
 
@@ -149,10 +151,6 @@ func runGenWorker(cfg GenWorkerConfig) error {
 			fmt.Fprintf(os.Stderr, "proof worker %d: loss watch hidden\n", cfg.Worker)
 		}
 	}
-	if w.breaker, err = fenced.Open(ctx, cfg.Store, nil); err != nil {
-		return err
-	}
-	defer w.breaker.Close()
 	opts := &fenced.LeaseOptions{TTL: cfg.TTL, MaxWait: 3 * cfg.TTL, MinFence: cfg.MinFence}
 	if w.rcp, err = newRecipes(w.client, semName(cfg.Prefix), 2, electName(cfg.Prefix), opts); err != nil {
 		return err
@@ -188,6 +186,9 @@ func runGenWorker(cfg GenWorkerConfig) error {
 		w.release(l)
 	}
 	w.client.Close()
+	if w.breaker != nil {
+		w.breaker.Close()
+	}
 	w.record(Event{Kind: WorkerExit})
 	return nil
 }
@@ -354,7 +355,12 @@ func (w *genWorker) step(ctx context.Context, rng *rand.Rand) {
 			w.mu.Unlock()
 		}
 		w.record(Event{Kind: BreakInvoke, Op: op, Name: name, Key: key})
-		info, err := admin.Break(ctx, w.breaker, key, "proof: generative break", fmt.Sprintf("worker %d", cfg.Worker))
+		bc, err := w.breakClient(ctx)
+		if err != nil {
+			w.record(Event{Kind: BreakDone, Op: op, Name: name, Key: key, Err: errString(err)})
+			return
+		}
+		info, err := admin.Break(ctx, bc, key, "proof: generative break", fmt.Sprintf("worker %d", cfg.Worker))
 		if err == nil && victim != nil && info.Fence == victim.Fence() {
 			w.mu.Lock()
 			w.broken[victim] = time.Now()
@@ -362,6 +368,22 @@ func (w *genWorker) step(ctx context.Context, rng *rand.Rand) {
 		}
 		w.record(Event{Kind: BreakDone, Op: op, Name: name, Key: key, Fence: info.Fence, Owner: info.OwnerDigest, Err: errString(err)})
 	}
+}
+
+// breakClient returns the worker's Client for breaks, opening it if
+// needed (an open that fails, the authority being down, is tried again at
+// the next break).
+func (w *genWorker) breakClient(ctx context.Context) (*fenced.Client, error) {
+	w.breakerMu.Lock()
+	defer w.breakerMu.Unlock()
+	if w.breaker == nil {
+		c, err := fenced.Open(ctx, w.cfg.Store, nil)
+		if err != nil {
+			return nil, err
+		}
+		w.breaker = c
+	}
+	return w.breaker, nil
 }
 
 // hold takes a pool lease on key (TryAcquire if try, else Acquire waiting
