@@ -104,8 +104,8 @@ type genWorker struct {
 	breakerMu sync.Mutex
 	breaker   *fenced.Client
 	rcp       *recipes
-	pid     int64
-	seq     atomic.Int64
+	pid       int64
+	seq       atomic.Int64
 
 	mu   sync.Mutex
 	held map[*fenced.Lease]heldLease // every lease the worker believes it holds
