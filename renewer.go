@@ -1,16 +1,11 @@
 package fenced
 
 import (
-	"cmp"
 	"context"
-	"fmt"
 	"math"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/fenced-dev/fenced/driver"
 )
 
 // renewer is the one schedule of every lease of one client: a min-heap of
@@ -51,7 +46,15 @@ type renewer struct {
 	// be woken for a lease whose wake is no earlier. It is loopBusy while
 	// the loop is looking at the heap (it looks again before it sleeps)
 	// and loopIdle when the loop sleeps without a timer.
-	armed   time.Duration
+	armed time.Duration
+	// lingerUntil is, once the loop has found the schedule empty, when it
+	// stops keeping its timer for leases to come (see idleLinger); zero
+	// while it has not. It stays set after that moment, so the loop, woken
+	// again with nothing new, sleeps without a timer, and is cleared when
+	// a lease is added that wakes the loop, or the loop finds one.
+	lingerUntil time.Duration
+	// loops counts the loop's looks at the schedule, for tests.
+	loops   atomic.Int64
 	started bool
 	stopped bool
 	kick    chan struct{}
@@ -67,10 +70,19 @@ const (
 	loopIdle time.Duration = math.MaxInt64
 )
 
-// maxRenewers bounds the renewal requests a batch sends at once to a driver
-// without driver.BatchRenewer, so a client with many leases neither starts
-// a goroutine per lease nor floods its store.
-const maxRenewers = 64
+// idleLinger is how long the loop keeps a timer after it finds the
+// schedule empty. A client that takes and releases leases one after the
+// other (a lock around short work) empties the schedule between them; a
+// loop sleeping without a timer then had to be woken for each new lease
+// (a goroutine wake-up per acquisition, which on a busy machine cost tens
+// of microseconds). With the timer kept, a lease whose first event comes
+// later than it wakes nobody: the loop sees it when the timer fires (a
+// lease renewed every TTL/3 gains from it when its TTL is over 3 s, the
+// default 30 s among them); one whose first event comes sooner wakes the
+// loop as before (add compares it with armed, the linger's moment). An
+// idle client's loop wakes once more, idleLinger after its last lease,
+// and then sleeps without a timer.
+const idleLinger = time.Second
 
 func newRenewer(c *Client) *renewer {
 	r := &renewer{c: c, kick: make(chan struct{}, 1), done: make(chan struct{}), armed: loopIdle}
@@ -94,6 +106,7 @@ func (r *renewer) add(l *Lease) {
 		go r.loop()
 	}
 	if wake < r.armed {
+		r.lingerUntil = 0
 		r.wake()
 	}
 }
@@ -181,6 +194,7 @@ func (r *renewer) loop() {
 			return
 		default:
 		}
+		r.loops.Add(1)
 		expired, batch, next := r.due()
 		// Every expired lease's context is cancelled before anything else
 		// is done about any of them (hooks, the driver's cleanup).
@@ -225,6 +239,13 @@ func (r *renewer) loop() {
 func (r *renewer) due() (expired, batch []*Lease, next time.Duration) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	// A wake-up asked for before now is answered by this look: drop it,
+	// lest the loop look again for nothing (and, finding the schedule
+	// still empty, end its linger early).
+	select {
+	case <-r.kick:
+	default:
+	}
 	r.armed = loopBusy
 	now := r.c.now()
 	horizon := r.horizon(now)
@@ -274,8 +295,14 @@ func (r *renewer) due() (expired, batch []*Lease, next time.Duration) {
 		r.heapify()
 	}
 	next = loopIdle
-	if len(r.heap) > 0 {
-		next = r.heap[0].wake
+	switch {
+	case len(r.heap) > 0:
+		next, r.lingerUntil = r.heap[0].wake, 0
+	case r.lingerUntil == 0:
+		r.lingerUntil = now + idleLinger
+		next = r.lingerUntil
+	case now < r.lingerUntil:
+		next = r.lingerUntil
 	}
 	r.armed = next
 	return expired, batch, next
@@ -327,238 +354,4 @@ func (r *renewer) upTo(limit time.Duration, dst []*Lease) []*Lease {
 		}
 	}
 	return dst
-}
-
-// renewBatch renews batch, most urgent first (the leases whose validity
-// ends soonest): in calls of up to maxBatchGrants grants to a
-// driver.BatchRenewer, up to maxBatchCalls of them at a time, or with up to
-// maxRenewers single renewals at a time. Calls of bounded size keep a slow
-// or failed call from holding up, or failing, every lease of a client at
-// once, and still give a store that renews many grants in one request
-// thousands at a time.
-func (r *renewer) renewBatch(batch []*Lease) {
-	began := r.c.now()
-	items := make([]renewal, len(batch))
-	for i, l := range batch {
-		l.mu.Lock()
-		items[i] = renewal{l: l, until: l.validUntil}
-		l.mu.Unlock()
-	}
-	slices.SortFunc(items, func(a, b renewal) int { return cmp.Compare(a.until, b.until) })
-	if br := r.c.ops().BatchRenewer; br != nil && len(items) > 1 {
-		calls := (len(items) + maxBatchGrants - 1) / maxBatchGrants
-		inParallel(min(calls, maxBatchCalls), calls, func(i int) {
-			r.renewCall(br, began, items[i*maxBatchGrants:min((i+1)*maxBatchGrants, len(items))])
-		})
-		return
-	}
-	ctx, cancel := r.renewContext(items[len(items)-1].until)
-	defer cancel()
-	inParallel(min(len(items), maxRenewers), len(items), func(i int) {
-		l := items[i].l
-		sent := r.c.now()
-		if l.applyRenew(began, sent, r.c.drv.Renew(ctx, l.grant())) {
-			r.reschedule(l)
-		}
-	})
-}
-
-// renewal is a lease to renew and the end of its validity when its renewal
-// began.
-type renewal struct {
-	l     *Lease
-	until time.Duration
-}
-
-// Batched renewal: at most maxBatchGrants grants per driver.BatchRenewer
-// call, and at most maxBatchCalls calls at a time.
-const (
-	maxBatchGrants = 4096
-	maxBatchCalls  = 4
-)
-
-// renewCall renews items, sorted by validity, in one call to br, as part
-// of a batch that began at began.
-func (r *renewer) renewCall(br driver.BatchRenewer, began time.Duration, items []renewal) {
-	ctx, cancel := r.renewContext(items[len(items)-1].until)
-	defer cancel()
-	grants := make([]driver.Grant, len(items))
-	for i, it := range items {
-		grants[i] = it.l.grant()
-	}
-	sent := r.c.now()
-	errs, err := br.RenewBatch(ctx, grants)
-	if err == nil && len(errs) != len(grants) {
-		err = fmt.Errorf("%w: the driver's RenewBatch returned %d results for %d grants", ErrUnknownOutcome, len(errs), len(grants))
-	}
-	kept := make([]*Lease, 0, len(items))
-	for i, it := range items {
-		e := err
-		if e == nil {
-			e = errs[i]
-		}
-		if it.l.applyRenew(began, sent, e) {
-			kept = append(kept, it.l)
-		}
-	}
-	r.reschedule(kept...)
-}
-
-// renewContext bounds renewal requests for leases whose validity ends by
-// until at the latest: a renewal confirmed after that is useless, so a
-// request may take that long (but at least a little), and no longer.
-func (r *renewer) renewContext(until time.Duration) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(r.ctx, max(until-r.c.now(), 50*time.Millisecond))
-}
-
-// inParallel calls fn(i) for every i in [0, n) on workers goroutines.
-func inParallel(workers, n int, fn func(i int)) {
-	var (
-		wg   sync.WaitGroup
-		next atomic.Int64
-	)
-	for range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := int(next.Add(1) - 1); i < n; i = int(next.Add(1) - 1) {
-				fn(i)
-			}
-		}()
-	}
-	wg.Wait()
-}
-
-// cleaner runs the driver calls that follow the end of a lease (stopping
-// its loss watch) on at most maxCleaners goroutines of its own, started on
-// demand and gone once the queue is empty, so that the goroutine ending a
-// lease (the schedule's, Close's, a renewal's) never waits for the driver.
-// A driver call that never returns holds up one worker, not the leases:
-// with every worker stuck the queue grows (a closure per ended lease)
-// while leases still end on time, and no more goroutines are started.
-type cleaner struct {
-	mu      sync.Mutex
-	queue   []func()
-	workers int
-	idle    chan struct{} // closed when workers drops to zero; nil while none wait
-}
-
-// maxCleaners bounds the goroutines of a client's cleaner.
-const maxCleaners = 8
-
-// do queues f to run on a worker.
-func (q *cleaner) do(f func()) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	q.queue = append(q.queue, f)
-	if q.workers < maxCleaners {
-		q.workers++
-		go q.work()
-	}
-}
-
-func (q *cleaner) work() {
-	for {
-		q.mu.Lock()
-		if len(q.queue) == 0 {
-			q.workers--
-			if q.workers == 0 && q.idle != nil {
-				close(q.idle)
-				q.idle = nil
-			}
-			q.mu.Unlock()
-			return
-		}
-		f := q.queue[0]
-		q.queue[0] = nil
-		q.queue = q.queue[1:]
-		q.mu.Unlock()
-		f()
-	}
-}
-
-// wait returns once the queue is empty and no work is running.
-func (q *cleaner) wait() {
-	q.mu.Lock()
-	if q.workers == 0 {
-		q.mu.Unlock()
-		return
-	}
-	if q.idle == nil {
-		q.idle = make(chan struct{})
-	}
-	idle := q.idle
-	q.mu.Unlock()
-	<-idle
-}
-
-// The heap: a binary min-heap on Lease.wake that keeps Lease.heapIdx.
-// r.mu must be held.
-
-func (r *renewer) push(l *Lease) {
-	l.heapIdx = len(r.heap)
-	r.heap = append(r.heap, l)
-	r.up(l.heapIdx)
-}
-
-func (r *renewer) removeAt(i int) {
-	h := r.heap
-	last := len(h) - 1
-	gone := h[i]
-	if i != last {
-		h[i] = h[last]
-		h[i].heapIdx = i
-	}
-	h[last] = nil
-	r.heap = h[:last]
-	gone.heapIdx = -1
-	if i != last {
-		r.fix(i)
-	}
-}
-
-func (r *renewer) heapify() {
-	for i := len(r.heap)/2 - 1; i >= 0; i-- {
-		r.down(i)
-	}
-}
-
-func (r *renewer) fix(i int) {
-	if !r.down(i) {
-		r.up(i)
-	}
-}
-
-func (r *renewer) up(i int) {
-	h := r.heap
-	for i > 0 {
-		parent := (i - 1) / 2
-		if h[parent].wake <= h[i].wake {
-			break
-		}
-		h[parent], h[i] = h[i], h[parent]
-		h[parent].heapIdx, h[i].heapIdx = parent, i
-		i = parent
-	}
-}
-
-// down sifts h[i] down and reports whether it moved.
-func (r *renewer) down(i int) bool {
-	h := r.heap
-	start := i
-	for {
-		least := i
-		if l := 2*i + 1; l < len(h) && h[l].wake < h[least].wake {
-			least = l
-		}
-		if rt := 2*i + 2; rt < len(h) && h[rt].wake < h[least].wake {
-			least = rt
-		}
-		if least == i {
-			return i != start
-		}
-		h[least], h[i] = h[i], h[least]
-		h[least].heapIdx, h[i].heapIdx = least, i
-		i = least
-	}
 }

@@ -59,14 +59,13 @@ func RaiseFenceFloor(ctx context.Context, c *fenced.Client, floor uint64) (uint6
 }
 
 // Prune deletes the stored state of keys that are not held and whose last
-// grant ended more than olderThan ago, and raises the fence floor to the
-// highest fence it deleted, in the same transaction, so a key granted
-// again later still gets a fence above every one it had. Lease tables
-// otherwise keep one row per key for ever. Where a store does not record
-// when a grant was released (MySQL, SQLite), a released or broken key is
-// old enough for any olderThan. A negative olderThan fails with
-// fenced.ErrInvalidTTL; stores that keep no per-key state to prune return
-// ErrUnsupported.
+// grant ended more than olderThan ago. In the same transaction it raises the
+// fence floor to the highest fence it deleted. So a key granted again later
+// still gets a fence above every one it had. Lease tables otherwise keep one
+// row per key for ever. Where a store does not record when a grant was
+// released (MySQL, SQLite), a released or broken key is old enough for any
+// olderThan. A negative olderThan fails with fenced.ErrInvalidTTL; stores
+// that keep no per-key state to prune return ErrUnsupported.
 func Prune(ctx context.Context, c *fenced.Client, olderThan time.Duration) (PruneResult, error) {
 	p := driver.CapabilitiesOf(c.Driver()).Pruner
 	if p == nil {

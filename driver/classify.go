@@ -6,16 +6,20 @@ import (
 	"fmt"
 )
 
-// Classifier is a backend's error-classification hook: it names the
-// sentinel an error of its client library matches, and knows nothing
-// else. It returns ErrUnavailable (or an error wrapping it, with detail)
-// when the request cannot have been applied (no connection, refused
-// before it ran: throttled, busy, shutting down), ErrUnknownOutcome when
-// it may have been applied (the connection failed after the request was
-// sent), ErrClosed when the client library was closed, and nil for any
-// other error, which is then reported as it is (a server's own refusal
-// of a malformed request, say). The rules every backend shares are in
-// Classify.
+// Classifier is a backend's error-classification hook: it names the sentinel
+// an error of its client library matches, and knows nothing else. It
+// returns:
+//
+//   - ErrUnavailable (or an error wrapping it, with detail) when the request
+//     cannot have been applied: no connection, or refused before it ran
+//     (throttled, busy, shutting down);
+//   - ErrUnknownOutcome when it may have been applied: the connection failed
+//     after the request was sent;
+//   - ErrClosed when the client library was closed;
+//   - nil for any other error, which is then reported as it is (a server's
+//     own refusal of a malformed request, say).
+//
+// The rules every backend shares are in Classify.
 type Classifier func(err error) error
 
 // Classify wraps err with the sentinel classify names, by the rules every

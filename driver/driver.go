@@ -260,25 +260,25 @@ type Guarantees struct {
 	Fence FenceStrength
 	// ServerClock reports whether expiry is decided by the authority's own
 	// clock. It is false for stores whose conditional writes cannot read a
-	// clock (DynamoDB): there expiry is observed, a waiter may take a grant
+	// clock (DynamoDB). There expiry is observed. A waiter may take a grant
 	// over only after it has seen the same grant version unchanged for a
-	// whole TTL on its own monotonic clock (every renewal changes the
-	// version, and the takeover is conditional on the version seen), so a
-	// waiter that arrives after the holder died waits up to one TTL longer,
-	// and a TryAcquire that does not wait never takes over a dead holder.
+	// whole TTL on its own monotonic clock. Every renewal changes the
+	// version, and the takeover is conditional on the version seen. So a
+	// waiter that arrives after the holder died waits up to one TTL longer.
+	// A TryAcquire that does not wait never takes over a dead holder.
 	ServerClock bool
 	// ClockStepSafe reports whether a step of the authority's wall clock
-	// leaves its grants' expiry alone: true where expiry is counted on a
-	// monotonic clock (etcd's lessor, ZooKeeper's session ticks), false
-	// where the wall clock decides it (SQL now(), Redis PX).
+	// leaves its grants' expiry alone. It is true where expiry is counted on
+	// a monotonic clock (etcd's lessor, ZooKeeper's session ticks). It is
+	// false where the wall clock decides it (SQL now(), Redis PX).
 	//
-	// When false, a forward step of the authority's wall clock (NTP
-	// stepping a wrong clock, a VM resumed from a snapshot, date -s) larger
-	// than the lease's SafetyMargin ends grants early at the authority
-	// while their holders still trust their local validity, which runs on
-	// the holders' monotonic clocks: the authority grants the key again,
-	// two holders overlap, and only the fence (the resource refusing the
-	// older one) protects the resource. A backward step only lengthens
+	// When false, a forward step of the authority's wall clock larger than
+	// the lease's SafetyMargin ends grants early at the authority. (NTP
+	// stepping a wrong clock, a VM resumed from a snapshot, or date -s can
+	// step it.) Their holders still trust their local validity, which runs
+	// on the holders' monotonic clocks. The authority grants the key again,
+	// and two holders overlap. Only the fence protects the resource then:
+	// the resource refuses the older holder. A backward step only lengthens
 	// grants: the next holder waits longer, nobody overlaps. The zero value
 	// promises nothing, so a driver that does not say is taken as unsafe.
 	ClockStepSafe bool
@@ -345,13 +345,13 @@ type Subscription interface {
 
 // WakeForwarder is implemented by Subscriptions that wake one waiter per
 // release instead of every waiter of the key (a head-of-line waiter, one
-// pub/sub wake-up per process). There a wake-up that its waiter consumed
-// but did not act on would be lost with it, and the other waiters would
-// sleep until their fallback timers. The portable client calls Forward
-// before Close when it gives up (context done, MaxWait, Close) after it
-// took a wake-up and before a look at the store showed the key held again:
-// Forward hands the wake-up on to the next waiter of the key, as Close
-// does with one that was never taken.
+// pub/sub wake-up per process). There a wake-up that its waiter consumed but
+// did not act on would be lost with it, and the other waiters would sleep
+// until their fallback timers. The portable client may give up (context
+// done, MaxWait, Close) after it took a wake-up, and before a look at the
+// store showed the key held again. It then calls Forward before Close.
+// Forward hands the wake-up on to the next waiter of the key, as Close does
+// with one that was never taken.
 type WakeForwarder interface {
 	Forward()
 }
@@ -365,17 +365,16 @@ type Notifier interface {
 	Subscribe(ctx context.Context, key string) (Subscription, error)
 }
 
-// TimedQueuer is implemented by drivers whose authority keeps a native
-// FIFO wait queue (etcd and ZooKeeper recipes); the portable layer then
-// waits in that queue instead of polling. AcquireTimed blocks until owner
-// is granted key or ctx is done; on ctx end it must leave nothing queued
-// behind. Since a wait can outlast the TTL, it also returns when the
-// request that confirmed the grant (the one that found owner first in the
-// queue with its session alive) was sent, on the local monotonic clock.
-// The grant's validity is measured from that moment instead of from the
-// start of the wait, so the driver must have made sure that the authority
-// keeps the grant for ttl from then (for example by a session keep-alive
-// sent no earlier).
+// TimedQueuer is implemented by drivers whose authority keeps a native FIFO
+// wait queue (etcd and ZooKeeper recipes); the portable layer then waits in
+// that queue instead of polling. AcquireTimed blocks until owner is granted
+// key or ctx is done; on ctx end it must leave nothing queued behind. Since
+// a wait can outlast the TTL, it also returns when the request that
+// confirmed the grant (the one that found owner first in the queue with its
+// session alive) was sent, on the local monotonic clock. The grant's
+// validity is measured from that moment instead of from the start of the
+// wait. So the driver must have made sure that the authority keeps the grant
+// for ttl from then, for example by a session keep-alive sent no earlier.
 type TimedQueuer interface {
 	AcquireTimed(ctx context.Context, key, owner string, ttl time.Duration) (fence uint64, confirmed time.Time, err error)
 }
@@ -397,13 +396,13 @@ type Terms struct {
 	SafetyMargin time.Duration
 }
 
-// TermsAcquirer is implemented by drivers whose decision to grant depends
-// on a lease's terms beyond its TTL: Redlock accepts a majority only if
-// TTL minus the time the round took minus the drift allowance is still
-// positive, and takes the lease's SafetyMargin as that allowance, so the
-// driver's check and the holder's local validity are the same arithmetic.
-// The portable layer calls TryAcquireTerms instead of TryAcquire; it must
-// behave as TryAcquire with t.TTL in every other respect.
+// TermsAcquirer is implemented by drivers whose decision to grant depends on
+// a lease's terms beyond its TTL. Redlock accepts a majority only if TTL
+// minus the time the round took minus the drift allowance is still positive.
+// It takes the lease's SafetyMargin as that allowance. So the driver's check
+// and the holder's local validity are the same arithmetic. The portable
+// layer calls TryAcquireTerms instead of TryAcquire; it must behave as
+// TryAcquire with t.TTL in every other respect.
 type TermsAcquirer interface {
 	TryAcquireTerms(ctx context.Context, key, owner string, t Terms) (fence uint64, err error)
 }
@@ -426,10 +425,10 @@ type BatchRenewer interface {
 // must not block, nor call stop. A grant the driver does not hold fails
 // with ErrNotHeld.
 //
-// The Client watches a lease only once it has been held for a while, so
-// a driver need not make a watch cheap to set up; it should make a watch
-// cheap to keep (no goroutine per watched grant), since a client may hold
-// a great many leases.
+// The Client watches a lease only once it has been held for a while. So a
+// driver need not make a watch cheap to set up. It should make a watch cheap
+// to keep (no goroutine per watched grant), since a client may hold a great
+// many leases.
 type LossWatcher interface {
 	WatchLoss(g Grant, lost func(error)) (stop func(), err error)
 }
@@ -442,9 +441,9 @@ type BreakLogger interface {
 }
 
 // Valuer is implemented by drivers whose grants carry a value that anyone
-// can read along with the holder: the proclaimed value of an election
-// (fenced.Leadership.Proclaim), which etcd's election recipe keeps in the
-// holder's key itself so that `etcdctl elect` and fenced see each other's
+// can read along with the holder. That is the proclaimed value of an
+// election (fenced.Leadership.Proclaim). etcd's election recipe keeps it in
+// the holder's key itself, so `etcdctl elect` and fenced see each other's
 // proclamations. Backends without such a slot do not implement it, and
 // recipe.Election then refuses a value with ErrUnsupported.
 type Valuer interface {

@@ -25,11 +25,11 @@ type FloorInfo struct {
 }
 
 // FenceFloorer is implemented by drivers whose grants can be made to start
-// above a floor: each grant's fence is one more than the larger of the
-// key's own counter and the floor, decided in the same atomic step as the
-// grant. It lets an operator move keys to a new store or table, or recover
-// from deleted counters, without reissuing a fence that a resource has
-// already seen.
+// above a floor. Each grant's fence is one more than the larger of the key's
+// own counter and the floor. The same atomic step as the grant decides it.
+// It lets an operator move keys to a new store or table, or recover from
+// deleted counters, without reissuing a fence that a resource has already
+// seen.
 type FenceFloorer interface {
 	// FenceFloor reports the floor and the highest fence the store records.
 	FenceFloor(ctx context.Context) (FloorInfo, error)

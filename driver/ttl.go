@@ -3,12 +3,11 @@ package driver
 import "time"
 
 // TTLUnits converts ttl to a whole number of unit (a microsecond, a
-// millisecond, a second: whatever the authority counts in), rounding up.
-// It is the one TTL rounding rule of every driver: a TTL is never
-// shortened (a grant must not end before the holder's local validity,
-// which is measured on the full TTL), and a positive TTL is never
-// rounded down to zero. A ttl of zero or less gives 0; a unit of zero or
-// less is taken as a nanosecond.
+// millisecond, a second: whatever the authority counts in), rounding up. It
+// is the one TTL rounding rule of every driver. A TTL is never shortened: a
+// grant must not end before the holder's local validity, which is measured
+// on the full TTL. A positive TTL is never rounded down to zero. A ttl of
+// zero or less gives 0; a unit of zero or less is taken as a nanosecond.
 func TTLUnits(ttl, unit time.Duration) int64 {
 	if ttl <= 0 {
 		return 0

@@ -3,11 +3,11 @@
 //
 // A lease decides who may try; the resource decides which writes count. A
 // holder paused past its lease (a GC pause, a frozen VM, a partition) wakes
-// up believing it still holds the lease, and no check on its side can close
-// that gap: it can pause between the check and the write, and a request can
-// sit in a buffer until after a newer holder has been granted the lease. So
-// every write carries the lease's token (its key, fence and owner digest),
-// and the resource compares it atomically with the write:
+// up believing it still holds the lease. No check on its side can close that
+// gap. It can pause between the check and the write. A request can sit in a
+// buffer until after a newer holder has been granted the lease. So every
+// write carries the lease's token (its key, fence and owner digest), and the
+// resource compares it atomically with the write:
 //
 //   - SQL guards a table's rows (SQLite, PostgreSQL, MySQL/MariaDB through
 //     database/sql, or native pgx through package fence/pgxfence):
@@ -31,30 +31,30 @@
 //     durably, a SQLStore. A command run by `fenced run` finds its token in
 //     FENCED_KEY, FENCED_FENCE and FENCED_OWNER (TokenFromEnv).
 //
-// Every guard compares the same way: a resource that last recorded
-// (fence F, owner O) accepts a write carrying (f, o) when f > F, or f == F
-// and o == O. The same holder may write many times with one fence; a newer
-// holder locks out every older one; and an equal fence from a different
-// owner is refused, which keeps a fence source that can repeat a number
-// after a failover (Redis with asynchronous replicas) from letting two
-// holders write. Refusals say why (Stale, with the newer fence, or
-// PreconditionFailed: the fence was fine but the work was already done), so
-// the caller never re-reads to find out, and stale refusals are reported to
-// fenced.Hooks.StaleWrite: each one is a pause that really happened.
+// Every guard compares the same way: a resource that last recorded (fence F,
+// owner O) accepts a write carrying (f, o) when f > F, or f == F and o == O.
+// The same holder may write many times with one fence. A newer holder locks
+// out every older one. An equal fence from a different owner is refused.
+// That keeps a fence source that can repeat a number after a failover (Redis
+// with asynchronous replicas) from letting two holders write. Refusals say
+// why, so the caller never re-reads to find out: Stale, with the newer
+// fence, or PreconditionFailed (the fence was fine but the work was already
+// done). Stale refusals are reported to fenced.Hooks.StaleWrite: each one is
+// a pause that really happened.
 //
-// Fences are comparable only within one lease key, so every guard binds
-// each resource (a SQL row, a Redis hash, an etcd key, an HTTP resource) to
-// one key, recorded beside its fence, and refuses a token for another key
-// with ErrWrongKey, whatever its fence.
+// Fences are comparable only within one lease key. So every guard binds each
+// resource (a SQL row, a Redis hash, an etcd key, an HTTP resource) to one
+// key, recorded beside its fence. It refuses a token for another key with
+// ErrWrongKey, whatever its fence.
 //
 // # Tokens are not authenticated
 //
-// A token is three plain values: anyone who can reach a resource can
-// present a fence far above the real ones and lock the key's holders out.
-// Where not every writer is trusted, give the guard a Checker: a Verifier
-// accepts only tokens signed by a Signer holding an HMAC key shared with the
-// resource (Transport.Signer signs on the way out), and a Sequencer accepts
-// only the fence the lease store currently grants for the key.
+// A token is three plain values: anyone who can reach a resource can present
+// a fence far above the real ones and lock the key's holders out. Where not
+// every writer is trusted, give the guard a Checker. A Verifier accepts only
+// tokens signed by a Signer holding an HMAC key shared with the resource
+// (Transport.Signer signs on the way out). A Sequencer accepts only the
+// fence the lease store currently grants for the key.
 //
 // # The safe sequence
 //
@@ -164,11 +164,11 @@
 //     holder that notices its loss stops before writing; the fence refuses
 //     the one that could not notice (it was paused).
 //
-// A Stale refusal whose resource fence is far above the token's says so:
-// when a holder that was granted its lease just now is refused, the lease
-// store's fence counter has probably started again below the fences the
-// resource has seen (the lease table changed, the store moved, lease rows
-// were deleted), and the store's fence floor must be raised above them.
+// A Stale refusal whose resource fence is far above the token's says so. A
+// holder granted its lease just now may be refused. Then the lease store's
+// fence counter has probably started again below the fences the resource has
+// seen: the lease table changed, the store moved, or lease rows were
+// deleted. The store's fence floor must be raised above them.
 //
 // # Side effects a fence cannot reach
 //

@@ -103,11 +103,11 @@ func SetHeaders(h http.Header, t Token) error {
 }
 
 // ParseHeaders reads a token from h. It returns an error matching ErrNoToken
-// when none of the headers is present, and ErrInvalidToken when some are
-// missing, repeated or invalid (a fence that is not a plain decimal in
-// 1..MaxFence, such as "-1", "+5", "0x2a", "007" or a value that overflows).
-// The signature header is optional; given, it must appear once. ParseHeaders
-// does not verify the signature (see Verifier).
+// when none of the headers is present. It returns ErrInvalidToken when some
+// are missing, repeated or invalid. A fence is invalid unless it is a plain
+// decimal in 1..MaxFence: "-1", "+5", "0x2a", "007" and a value that
+// overflows are refused. The signature header is optional; given, it must
+// appear once. ParseHeaders does not verify the signature (see Verifier).
 func ParseHeaders(h http.Header) (Token, error) {
 	keys, fences, owners, sigs := h.Values(HeaderKey), h.Values(HeaderFence), h.Values(HeaderOwner), h.Values(HeaderSignature)
 	if len(keys)+len(fences)+len(owners)+len(sigs) == 0 {
@@ -291,10 +291,9 @@ type MiddlewareOptions struct {
 	// WriteError.
 	Store Store
 	// Check, when set, must accept each token (for example a *Verifier for
-	// signed tokens, or a *Sequencer); a refusal is answered with 403
-	// fence_unverified (409 fence_stale when the error matches ErrStale,
-	// 503 for other errors) before the store or the handler sees the
-	// request.
+	// signed tokens, or a *Sequencer). A refusal is answered before the
+	// store or the handler sees the request: 403 fence_unverified, 409
+	// fence_stale when the error matches ErrStale, or 503 for other errors.
 	Check Checker
 	// MaxBodyBytes bounds the request body the middleware reads before a
 	// Store admits the token (0 means DefaultMaxBodyBytes; a larger body is

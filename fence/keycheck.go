@@ -6,11 +6,10 @@ import (
 )
 
 // ErrWrongKey means a token was presented to a resource bound to another
-// lease key. Fences are comparable only within one key (a token of
+// lease key. Fences are comparable only within one key: a token of
 // "batch:all" with fence 900 says nothing about the holders of
-// "invoice:inv_72"), so a guard records the key beside the fence and
-// refuses tokens for any other key, whatever their fence. Nothing is
-// changed.
+// "invoice:inv_72". So a guard records the key beside the fence. It refuses
+// tokens for any other key, whatever their fence. Nothing is changed.
 var ErrWrongKey = errors.New("fence: token is for another lease key")
 
 // checkKey returns an error matching ErrWrongKey unless token, the key a

@@ -45,11 +45,12 @@ type ObjectVersion struct {
 // If-None-Match, GCS's generation preconditions). Package fence/s3fence
 // implements it for S3-compatible stores.
 //
-// Tags must differ for every write, whatever the content: a tag that comes
-// back for other content (S3's ETag is the MD5 of the body, so writing the
-// same bytes again gives the same ETag) would let a write conditioned on an
-// old version overwrite a newer one (ABA). An implementation over such a
-// store makes each write's content unique (s3fence adds a nonce).
+// Tags must differ for every write, whatever the content. A tag that comes
+// back for other content would let a write conditioned on an old version
+// overwrite a newer one (ABA). S3's ETag is such a tag: it is the MD5 of the
+// body, so writing the same bytes again gives the same ETag. An
+// implementation over such a store makes each write's content unique
+// (s3fence adds a nonce).
 type ObjectStore interface {
 	// Get returns the object's current version, or an error matching
 	// ErrObjectNotFound.
@@ -79,12 +80,11 @@ type ObjectOptions struct {
 	MaxRaces int
 }
 
-// Object guards objects in an object store: each object carries the
-// newest admitted token in its metadata (MetaKey, MetaFence, MetaOwner),
-// and a write reads the object, checks the token against it, and writes
-// with a precondition on the version it read, so a write that landed in
-// between makes it read and decide again. Its methods are safe for
-// concurrent use.
+// Object guards objects in an object store. Each object carries the newest
+// admitted token in its metadata (MetaKey, MetaFence, MetaOwner). A write
+// reads the object, checks the token against it, and writes with a
+// precondition on the version it read. So a write that landed in between
+// makes it read and decide again. Its methods are safe for concurrent use.
 //
 // The first admitted write binds an object to its token's lease key; a
 // token for any other key is then refused with ErrWrongKey whatever its

@@ -166,20 +166,21 @@ type SQLOptions struct {
 	// Timeout bounds how long a transaction that holds a guarded row's lock
 	// may wait or sit idle, so that a paused holder cannot keep the row
 	// locked past its lease; default DefaultTimeout (5 s). Keep it below a
-	// third of the TTL of the leases whose tokens the guard checks: a lease
+	// third of the TTL of the leases whose tokens the guard checks. A lease
 	// renewed every third of its TTL lasts at least two thirds of it after
-	// its holder's last renewal, so a transaction of a holder paused
-	// mid-way is ended before another holder can be granted the key.
+	// its holder's last renewal. So a transaction of a holder paused mid-way
+	// is ended before another holder can be granted the key.
 	//
-	// It bounds, as each database allows: the whole of ClaimAndRead (the
-	// lock wait, the read, the idle time; on PostgreSQL lock_timeout,
-	// statement_timeout and idle_in_transaction_session_timeout, on MySQL
-	// innodb_lock_wait_timeout and wait_timeout in whole seconds, on SQLite
-	// the busy timeout); each Claim or Update the guard runs itself (a nil
-	// Querier, or a *sql.DB); and on PostgreSQL the idle time of a caller's
-	// transaction in which a Claim or Update applied (the guard sets
-	// idle_in_transaction_session_timeout for the rest of that
-	// transaction, unless it is already lower). Negative is an error.
+	// It bounds, as each database allows, three things. First, the whole of
+	// ClaimAndRead: the lock wait, the read and the idle time. On PostgreSQL
+	// that is lock_timeout, statement_timeout and
+	// idle_in_transaction_session_timeout; on MySQL innodb_lock_wait_timeout
+	// and wait_timeout, in whole seconds; on SQLite the busy timeout.
+	// Second, each Claim or Update the guard runs itself (a nil Querier, or
+	// a *sql.DB). Third, on PostgreSQL, the idle time of a caller's
+	// transaction in which a Claim or Update applied. The guard sets
+	// idle_in_transaction_session_timeout for the rest of that transaction,
+	// unless it is already lower. Negative is an error.
 	Timeout time.Duration
 }
 
@@ -394,12 +395,12 @@ type Write struct {
 // does anything else, so that a stale holder's write that arrives later is
 // refused even if the new holder has not written yet.
 //
-// Prefer ClaimAndRead, which claims and reads the inherited state in a
-// short transaction of its own and commits. Claim is the building block:
-// with a nil q it is one statement of its own; with the caller's
-// transaction, the claim takes the row's lock until that transaction ends,
-// so commit it before doing the work (never claim, work and update in one
-// transaction: see SQL).
+// Prefer ClaimAndRead, which claims and reads the inherited state in a short
+// transaction of its own and commits. Claim is the building block. With a
+// nil q it is one statement of its own. With the caller's transaction, the
+// claim takes the row's lock until that transaction ends. So commit it
+// before doing the work: never claim, work and update in one transaction
+// (see SQL).
 //
 // Claim applies when the row's fence is older than t's, or equal with the
 // same owner (claiming twice is harmless). It returns Stale when a newer

@@ -14,26 +14,14 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/fence"
+	"github.com/fenced-dev/fenced/internal/testkit/opentest"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
-
-func openDB(t *testing.T, driverName, dsn string) *sql.DB {
-	t.Helper()
-	db, err := sql.Open(driverName, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	if err := db.Ping(); err != nil {
-		t.Fatal(err)
-	}
-	return db
-}
 
 func TestSQLGuardPostgres(t *testing.T) {
 	t.Parallel()
 	pg := testenv.StartPostgres(t)
-	runSQLGuardTests(t, sqlEnv{db: openDB(t, "pgx", pg.URL()), d: fence.Postgres})
+	runSQLGuardTests(t, sqlEnv{db: opentest.DB(t, "pgx", pg.URL()), d: fence.Postgres})
 }
 
 // TestSQLGuardMySQL runs on MariaDB with the driver's default settings:
@@ -42,7 +30,7 @@ func TestSQLGuardPostgres(t *testing.T) {
 func TestSQLGuardMySQL(t *testing.T) {
 	t.Parallel()
 	my := testenv.StartMySQL(t)
-	runSQLGuardTests(t, sqlEnv{db: openDB(t, "mysql", my.DSN()), d: fence.MySQL})
+	runSQLGuardTests(t, sqlEnv{db: opentest.DB(t, "mysql", my.DSN()), d: fence.MySQL})
 }
 
 // TestSQLGuardMySQLCollation (issue 16, item 4): with the server's default
@@ -55,7 +43,7 @@ func TestSQLGuardMySQLCollation(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	my := testenv.StartMySQL(t)
-	db := openDB(t, "mysql", my.DSN())
+	db := opentest.DB(t, "mysql", my.DSN())
 	exec := func(q string) {
 		t.Helper()
 		if _, err := db.Exec(q); err != nil {
@@ -131,7 +119,7 @@ func TestSQLGuardPostgresPausedTransaction(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pg := testenv.StartPostgres(t)
-	e := sqlEnv{db: openDB(t, "pgx", pg.URL()), d: fence.Postgres}
+	e := sqlEnv{db: opentest.DB(t, "pgx", pg.URL()), d: fence.Postgres}
 	table := e.jobsTable(t, "inv_72")
 	g := e.guard(t, table, fenced.Hooks{}) // the default Timeout
 	a, b := tok(41, "owner-a"), tok(42, "owner-b")

@@ -27,20 +27,19 @@ type sqlTx struct {
 func (t sqlTx) Commit(context.Context) error   { return t.tx.Commit() }
 func (t sqlTx) Rollback(context.Context) error { return t.tx.Rollback() }
 
-// ClaimAndRead is the first step of the safe sequence (see SQL): in one
-// short transaction of its own it claims the row identified by key for t,
-// then calls read, if not nil, in the same transaction to read the state
+// ClaimAndRead is the first step of the safe sequence (see SQL). In one
+// short transaction of its own, it claims the row identified by key for t.
+// Then it calls read, if not nil, in the same transaction, to read the state
 // the holder inherits, and commits. Do the work after it returns, outside
 // any transaction, then write with Update and a nil Querier.
 //
 // Because the claim comes first, read sees the row after every write an
 // older holder made, and every older holder's write that arrives later is
-// refused: the state read is the state to continue from. read must only
-// read (and may write rows the claim protects); it runs with the guard's
-// Timeout as a deadline on the whole transaction, which also sets the
-// database's own limits (see SQLOptions.Timeout), so a holder paused
-// inside it cannot keep the row locked: its transaction is ended and the
-// claim rolled back.
+// refused: the state read is the state to continue from. read must only read
+// (and may write rows the claim protects). It runs with the guard's Timeout
+// as a deadline on the whole transaction, which also sets the database's own
+// limits (see SQLOptions.Timeout). So a holder paused inside it cannot keep
+// the row locked: its transaction is ended and the claim rolled back.
 //
 // The result is Applied (read ran and the claim committed) or Stale (a
 // newer holder has claimed or written the row; read did not run, nothing
@@ -83,12 +82,12 @@ func (g *SQL) ClaimAndRead(ctx context.Context, key any, t Token, read func(ctx 
 }
 
 // ClaimAndReadConn is ClaimAndRead on a connection that is not a
-// database/sql one: begin starts a transaction (fence/pgxfence.ClaimAndRead
-// does it for pgx), in which the guard claims the row, calls read and
-// commits, or rolls back on a Stale result or an error. The guard's Timeout
-// is a deadline on the whole; on PostgreSQL the guard also sets
-// transaction-local lock, statement and idle timeouts. Session-level
-// limits (MySQL, SQLite) are the caller's to set on such a connection.
+// database/sql one. begin starts a transaction (fence/pgxfence.ClaimAndRead
+// does it for pgx). In it the guard claims the row, calls read and commits.
+// It rolls back on a Stale result or an error. The guard's Timeout is a
+// deadline on the whole; on PostgreSQL the guard also sets transaction-local
+// lock, statement and idle timeouts. Session-level limits (MySQL, SQLite)
+// are the caller's to set on such a connection.
 //
 // If the table's shape has not been checked yet, the check runs inside the
 // transaction, before the claim.

@@ -6,12 +6,12 @@ import (
 	"strings"
 )
 
-// ErrInvalidWrite means a Write was refused before anything was sent: a
-// fragment that could change the statement's structure (a comment, a
-// semicolon, unbalanced brackets, an unterminated literal), a placeholder
-// count that does not match the arguments, placeholders of another
-// dialect, or an assignment to one of the guard's own columns. The error
-// names the fragment, the byte offset and what was wrong.
+// ErrInvalidWrite means a Write was refused before anything was sent. Its
+// cause is one of: a fragment that could change the statement's structure (a
+// comment, a semicolon, unbalanced brackets, an unterminated literal); a
+// placeholder count that does not match the arguments; placeholders of
+// another dialect; an assignment to one of the guard's own columns. The
+// error names the fragment, the byte offset and what was wrong.
 var ErrInvalidWrite = errors.New("fence: invalid write")
 
 // fragment is what scanFragment learned about a Write.Set or Write.Where.
@@ -43,8 +43,8 @@ func isDigit(c byte) bool { return '0' <= c && c <= '9' }
 // whatever it accepts is lexed the same way by all of them, so a fragment
 // cannot hide a comment or a bracket from it. Quoted spans ('…', "…", and
 // `…` on MySQL and SQLite, […] on SQLite) are skipped, with a doubled quote
-// as the only escape; backslashes are refused everywhere because MySQL
-// treats them as escapes inside literals and the other dialects do not.
+// as the only escape. Backslashes are refused everywhere: MySQL treats them
+// as escapes inside literals, and the other dialects do not.
 func scanFragment(d Dialect, what, s string) (fragment, error) {
 	var f fragment
 	fail := func(at int, format string, args ...any) (fragment, error) {

@@ -259,14 +259,14 @@ func (g *SQL) inspect(ctx context.Context, c Conn) (tableShape, error) {
 	return sh, g.problems(sh)
 }
 
-// ready returns nil once the table's shape is known to be right: the
-// first time, it checks the shape on c, the connection (or transaction)
-// the write is about to use, so that it can neither wait on a pool the
-// caller holds nor miss a table only that transaction sees. On SQLite with
-// a deferred BEGIN, this read starts the transaction's snapshot just
-// before the guard's update: if another connection commits in between,
-// the update fails with SQLITE_BUSY as in any read-then-write transaction,
-// once per guard; Check or EnsureColumns at start-up avoids it.
+// ready returns nil once the table's shape is known to be right. The first
+// time, it checks the shape on c, the connection (or transaction) the write
+// is about to use. So it can neither wait on a pool the caller holds nor
+// miss a table only that transaction sees. On SQLite with a deferred BEGIN,
+// this read starts the transaction's snapshot just before the guard's
+// update. If another connection commits in between, the update fails with
+// SQLITE_BUSY, as in any read-then-write transaction, once per guard. Check
+// or EnsureColumns at start-up avoids it.
 func (g *SQL) ready(ctx context.Context, c Conn) error {
 	if g.checked.Load() {
 		return nil
@@ -278,14 +278,15 @@ func (g *SQL) ready(ctx context.Context, c Conn) error {
 	return nil
 }
 
-// Check verifies the table's shape, changing nothing: the table exists;
-// its key column exists and is unique (a primary key or a unique index on
-// it alone, not partial, not deferrable); the fence column is a 64-bit
-// integer; the owner and lease key columns are text that holds MaxOwnerLen
-// and fenced.MaxKeyLen bytes and, on MySQL, compares byte for byte (a
-// binary type or a _bin collation). Errors match ErrSchema and name
-// everything that is wrong. Writes check the shape themselves on first use;
-// calling Check (or EnsureColumns) at start-up reports a wrong table early.
+// Check verifies the table's shape, changing nothing. The table must exist.
+// Its key column must exist and be unique: a primary key or a unique index
+// on it alone, not partial, not deferrable. The fence column must be a
+// 64-bit integer. The owner and lease key columns must be text that holds
+// MaxOwnerLen and fenced.MaxKeyLen bytes. On MySQL they must compare byte
+// for byte (a binary type or a _bin collation). Errors match ErrSchema and
+// name everything that is wrong. Writes check the shape themselves on first
+// use; calling Check (or EnsureColumns) at start-up reports a wrong table
+// early.
 func (g *SQL) Check(ctx context.Context) error {
 	if _, err := g.inspect(ctx, sqlConn{g.db}); err != nil {
 		return err
@@ -294,18 +295,18 @@ func (g *SQL) Check(ctx context.Context) error {
 	return nil
 }
 
-// EnsureColumns adds the guard's columns to the table if they are missing:
-// the fence column (BIGINT NOT NULL DEFAULT 0, never negative), the owner
-// and lease key columns (text NOT NULL DEFAULT ”, compared byte for byte:
+// EnsureColumns adds the guard's columns to the table if they are missing.
+// The fence column is BIGINT NOT NULL DEFAULT 0, never negative. The owner
+// and lease key columns are text NOT NULL DEFAULT ”, compared byte for byte:
 // COLLATE "C" on PostgreSQL, CHARACTER SET ascii/utf8mb4 with a _bin
-// collation on MySQL). On MySQL it also converts an owner or lease key
-// column with another collation (as earlier versions created the owner
-// column) to that definition, which rebuilds the table. Then it runs Check.
+// collation on MySQL. On MySQL it also converts an owner or lease key column
+// with another collation (as earlier versions created the owner column) to
+// that definition, which rebuilds the table. Then it runs Check.
 //
-// It does not create the table and never changes the key or fence column:
-// a missing table or key column, a key that is not unique or a fence
-// column of the wrong type is an error matching ErrSchema, and nothing is
-// changed. Running it concurrently from several processes is safe.
+// It does not create the table and never changes the key or fence column. A
+// missing table or key column, a key that is not unique, or a fence column
+// of the wrong type is an error matching ErrSchema; nothing is changed then.
+// Running it concurrently from several processes is safe.
 func (g *SQL) EnsureColumns(ctx context.Context) error {
 	c := sqlConn{g.db}
 	sh, err := g.shapeOf(ctx, c)

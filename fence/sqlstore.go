@@ -15,22 +15,22 @@ import (
 // SQLStoreOptions.Table is empty.
 const DefaultStoreTable = "fenced_http_fences"
 
-// SQLStore is a durable Store for Middleware: the newest fence and owner
-// of each lease key are rows of a table in SQLite or PostgreSQL, so a
-// restart of the resource forgets nothing, and keys are not bounded by
-// memory. The row is raised in its own committed statement when a token is
-// admitted, before the handler runs, so an admission is never lost even if
-// the process dies during the handler.
+// SQLStore is a durable Store for Middleware. The newest fence and owner of
+// each lease key are rows of a table in SQLite or PostgreSQL. So a restart
+// of the resource forgets nothing, and keys are not bounded by memory. The
+// row is raised in its own committed statement when a token is admitted,
+// before the handler runs, so an admission is never lost even if the process
+// dies during the handler.
 //
-// Admission and write stay atomic together by holding the key while the
-// handler runs, so an older write never runs after (or beside) a newer
-// one: within one process always; across processes on PostgreSQL by a
-// transaction-scoped advisory lock held on a pooled connection for the
-// handler's duration (safe behind PgBouncer in transaction mode; a
-// PostgreSQL idle_in_transaction_session_timeout shorter than your
-// handlers would end that lock early). On SQLite the key is held within
-// one process only: serve a SQLite-backed resource from one process, or
-// have the handler record the fence with its own write (a SQL guard).
+// Admission and write stay atomic together: the key is held while the
+// handler runs. So an older write never runs after (or beside) a newer one.
+// Within one process this always holds. Across processes it holds on
+// PostgreSQL, through a transaction-scoped advisory lock held on a pooled
+// connection for the handler's duration. That is safe behind PgBouncer in
+// transaction mode. A PostgreSQL idle_in_transaction_session_timeout shorter
+// than your handlers would end that lock early. On SQLite the key is held
+// within one process only: serve a SQLite-backed resource from one process,
+// or have the handler record the fence with its own write (a SQL guard).
 //
 // Open SQLite databases with a busy timeout (for example
 // "_pragma=busy_timeout(10000)" with modernc.org/sqlite), since admissions
@@ -202,18 +202,18 @@ func (s *SQLStore) lockID(key string) int64 {
 	return int64(binary.BigEndian.Uint64(sum[:8]))
 }
 
-// Admit implements Store: it waits for the key within this process,
-// raises the key's row to t in one committed statement if the row admits
-// t, and then, on PostgreSQL, waits for the key across processes and
-// confirms that no newer token was admitted meanwhile. Errors:
-// ErrInvalidToken for a bad token, ctx's cause while waiting, and database
-// errors, after which the handler must not run and the key is free (the
-// row may have been raised, as a Claim would).
+// Admit implements Store. It waits for the key within this process. It
+// raises the key's row to t in one committed statement, if the row admits t.
+// Then, on PostgreSQL, it waits for the key across processes and confirms
+// that no newer token was admitted meanwhile. Errors: ErrInvalidToken for a
+// bad token, ctx's cause while waiting, and database errors, after which the
+// handler must not run and the key is free (the row may have been raised, as
+// a Claim would).
 //
 // On PostgreSQL each admitted request holds one connection of the store's
-// pool until done is called; a handler that also needs a connection from
-// the same pool can exhaust it, so give the store its own *sql.DB or a
-// pool larger than the requests you serve at once.
+// pool until done is called. A handler that also needs a connection from the
+// same pool can exhaust it. So give the store its own *sql.DB, or a pool
+// larger than the requests you serve at once.
 func (s *SQLStore) Admit(ctx context.Context, t Token) (Result, func(), error) {
 	if err := t.Validate(); err != nil {
 		return Result{}, nil, err
@@ -254,10 +254,11 @@ func (s *SQLStore) Admit(ctx context.Context, t Token) (Result, func(), error) {
 }
 
 // lockAcrossProcesses takes t.Key's advisory lock in a transaction that
-// holds it until rolled back, then reads the key's row in it: if a newer
-// token was admitted by another process while this one waited, it returns
-// that Stale result and no transaction. The row was raised before, in its
-// own statement, so the two steps never need two connections at once.
+// holds it until rolled back. Then it reads the key's row in that
+// transaction. If another process admitted a newer token while this one
+// waited, it returns that Stale result and no transaction. The row was
+// raised before, in its own statement, so the two steps never need two
+// connections at once.
 func (s *SQLStore) lockAcrossProcesses(ctx context.Context, t Token) (*sql.Tx, Result, error) {
 	// The transaction must outlive a cancelled request context
 	// (database/sql rolls a transaction back when its context ends, which

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced/fence"
+	"github.com/fenced-dev/fenced/internal/testkit/opentest"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 
@@ -84,16 +85,16 @@ func TestSQLStoreSQLite(t *testing.T) {
 func TestSQLStorePostgres(t *testing.T) {
 	t.Parallel()
 	pg := testenv.StartPostgres(t)
-	db := openDB(t, "pgx", pg.URL())
+	db := opentest.DB(t, "pgx", pg.URL())
 	runStoreTests(t, func(t *testing.T) storeUnderTest { return sqlStore{openStore(t, db, fence.Postgres, storeTable())} })
 	t.Run("Durable", func(t *testing.T) {
-		testSQLStoreDurable(t, fence.Postgres, func() *sql.DB { return openDB(t, "pgx", pg.URL()) })
+		testSQLStoreDurable(t, fence.Postgres, func() *sql.DB { return opentest.DB(t, "pgx", pg.URL()) })
 	})
 	t.Run("AcrossProcesses", func(t *testing.T) {
 		// Two pools stand for two processes serving the same resource.
 		table := storeTable()
 		s1 := openStore(t, db, fence.Postgres, table)
-		s2 := openStore(t, openDB(t, "pgx", pg.URL()), fence.Postgres, table)
+		s2 := openStore(t, opentest.DB(t, "pgx", pg.URL()), fence.Postgres, table)
 		testStoreAcrossProcesses(t, s1, s2)
 	})
 	t.Run("NewerWhileWaiting", func(t *testing.T) {
@@ -104,8 +105,8 @@ func TestSQLStorePostgres(t *testing.T) {
 		ctx := context.Background()
 		table := storeTable()
 		s1 := openStore(t, db, fence.Postgres, table)
-		s2 := openStore(t, openDB(t, "pgx", pg.URL()), fence.Postgres, table)
-		s3 := openStore(t, openDB(t, "pgx", pg.URL()), fence.Postgres, table)
+		s2 := openStore(t, opentest.DB(t, "pgx", pg.URL()), fence.Postgres, table)
+		s3 := openStore(t, opentest.DB(t, "pgx", pg.URL()), fence.Postgres, table)
 		a := fence.Token{Key: "job:n", Fence: 5, Owner: "a"}
 		r, doneA, err := s1.Admit(ctx, a)
 		if err != nil || !r.Applied() {
@@ -147,7 +148,7 @@ func TestSQLStorePostgres(t *testing.T) {
 	t.Run("OnePoolConnection", func(t *testing.T) {
 		// Admission never needs two connections at once, so a pool of one
 		// serves requests one after another instead of deadlocking.
-		one := openDB(t, "pgx", pg.URL())
+		one := opentest.DB(t, "pgx", pg.URL())
 		one.SetMaxOpenConns(1)
 		s := openStore(t, one, fence.Postgres, storeTable())
 		ctx, cancel := context.WithTimeout(context.Background(), hangLimit)

@@ -46,12 +46,12 @@ const MaxSigLen = 128
 
 // Token is what a writer presents to a guarded resource.
 //
-// Tokens are not secret and, unless signed, not authenticated: anyone who
-// can reach a resource can present any key, fence and owner, and a forged
-// fence far above the real ones (Fenced-Fence: 9223372036854775807) would
-// lock the key's real holders out of that resource for good. Where the
-// writers are not all trusted, sign tokens (Signer, with a Verifier as the
-// guard's Checker) or have the resource ask the lease store (Sequencer).
+// Tokens are not secret and, unless signed, not authenticated. Anyone who
+// can reach a resource can present any key, fence and owner. A forged fence
+// far above the real ones (Fenced-Fence: 9223372036854775807) would lock the
+// key's real holders out of that resource for good. Where the writers are
+// not all trusted, sign tokens (Signer, with a Verifier as the guard's
+// Checker) or have the resource ask the lease store (Sequencer).
 type Token struct {
 	// Key is the lease key the fence belongs to (for example
 	// "invoice:inv_72"). Fences are only comparable within one key: the
@@ -95,11 +95,12 @@ func From(l *fenced.Lease) Token {
 // fenced serve) show, so a row's recorded owner names its holder there.
 func OwnerDigest(owner string) string { return driver.OwnerDigest(owner) }
 
-// Validate reports whether t can be presented to a guard: a key accepted by
-// fenced.ValidateKey, a fence in 1..MaxFence, an owner of 1..MaxOwnerLen
-// printable ASCII characters without spaces, and a Sig that is empty or of
-// the same kind with at most MaxSigLen characters. It does not check the
-// signature itself (see Verifier). Errors match ErrInvalidToken.
+// Validate reports whether t can be presented to a guard. That needs a key
+// accepted by fenced.ValidateKey and a fence in 1..MaxFence. The owner must
+// be 1..MaxOwnerLen printable ASCII characters without spaces. The Sig must
+// be empty, or of the same kind with at most MaxSigLen characters. It does
+// not check the signature itself (see Verifier). Errors match
+// ErrInvalidToken.
 func (t Token) Validate() error {
 	if err := fenced.ValidateKey(t.Key); err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalidToken, err)

@@ -98,10 +98,10 @@ func (s *Signer) Sign(t Token) (Token, error) {
 }
 
 // Verifier checks the signatures made by Signers. It holds every key a
-// current signature may have been made with, by id: to rotate, give the
-// Verifiers the new key beside the old one, then switch the Signers to the
-// new key, then drop the old key from the Verifiers once no token signed
-// with it is still presented.
+// current signature may have been made with, by id. To rotate, give the
+// Verifiers the new key beside the old one. Then switch the Signers to the
+// new key. Drop the old key from the Verifiers once no token signed with it
+// is still presented.
 type Verifier struct {
 	keys map[string][]byte
 }
@@ -125,11 +125,11 @@ func NewVerifier(keys ...SigningKey) (*Verifier, error) {
 	return v, nil
 }
 
-// Check implements Checker: it returns nil when t.Sig is a signature of t's
-// key, fence and owner by one of v's keys, compared in constant time, and
-// otherwise an error matching ErrUnverified that says whether the token was
-// unsigned, named an unknown key or carried a wrong signature (or
-// ErrInvalidToken for a token that is not valid at all).
+// Check implements Checker. It returns nil when t.Sig is a signature of t's
+// key, fence and owner by one of v's keys, compared in constant time.
+// Otherwise it returns an error matching ErrUnverified. The error says
+// whether the token was unsigned, named an unknown key or carried a wrong
+// signature. A token that is not valid at all gets ErrInvalidToken.
 func (v *Verifier) Check(_ context.Context, t Token) error {
 	if err := t.Validate(); err != nil {
 		return err
@@ -162,9 +162,9 @@ func (v *Verifier) Check(_ context.Context, t Token) error {
 // token.
 //
 // The store reports owners shortened, so a Sequencer cannot compare the
-// token's owner digest: a writer that learns the current fence can still
-// present it under another owner and, by writing first, lock the real
-// holder out until the next grant. Use a Verifier where that matters.
+// token's owner digest. A writer that learns the current fence can still
+// present it under another owner. By writing first, it locks the real holder
+// out until the next grant. Use a Verifier where that matters.
 type Sequencer struct {
 	c *fenced.Client
 }

@@ -115,13 +115,13 @@ func (d *Driver) scan(ctx context.Context, op, what, filter string, names map[st
 	}
 }
 
-// Break implements driver.Driver and keeps an audit record: it reads the
-// item, then ends that grant with one UpdateItem conditional on its owner
-// and fence which also stores the record on the item (last_break), then
-// writes the record as an audit item of its own. The previous break's
-// record is written as an audit item again first (in case a crash lost
-// it) before last_break is overwritten. Any recorded owner can be broken,
-// even one this driver would already be allowed to take over.
+// Break implements driver.Driver and keeps an audit record. It reads the
+// item. It ends that grant with one UpdateItem conditional on its owner and
+// fence, which also stores the record on the item (last_break). Then it
+// writes the record as an audit item of its own. The previous break's record
+// is written as an audit item again first (in case a crash lost it) before
+// last_break is overwritten. Any recorded owner can be broken, even one this
+// driver would already be allowed to take over.
 func (d *Driver) Break(ctx context.Context, key string, req driver.BreakRequest) (driver.LeaseInfo, error) {
 	if err := d.checkOpen(); err != nil {
 		return driver.LeaseInfo{}, err

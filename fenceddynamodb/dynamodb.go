@@ -1,7 +1,7 @@
-// Package fenceddynamodb is the Amazon DynamoDB backend of fenced: a lease table
-// whose items carry the fencing counter, kept with conditional writes, with
-// expiry decided by the waiters' own monotonic clocks because DynamoDB has
-// no server clock that a condition can read.
+// Package fenceddynamodb is the Amazon DynamoDB backend of fenced: a lease
+// table whose items carry the fencing counter, kept with conditional writes.
+// DynamoDB has no server clock that a condition can read. So expiry is
+// decided by the waiters' own monotonic clocks.
 //
 // Import it for its side effect to open stores by URL:
 //
@@ -38,21 +38,21 @@
 //
 // # How a lease is kept
 //
-// Each key is one item (lease_key=KEY, record="lease") holding owner,
-// fence, version and ttl_ms. A grant is one conditional UpdateItem that
-// raises the fence (if_not_exists(fence, 0) + 1), raises the version, sets
-// the owner and the TTL, and returns the new item (ReturnValues ALL_NEW),
-// only when the item has no owner, or when this driver may take the grant
-// over (below). A refused grant asks DynamoDB for the item that refused it
+// Each key is one item (lease_key=KEY, record="lease") holding owner, fence,
+// version and ttl_ms. A grant is one conditional UpdateItem. It raises the
+// fence (if_not_exists(fence, 0) + 1) and the version, sets the owner and
+// the TTL, and returns the new item (ReturnValues ALL_NEW). Its condition is
+// that the item has no owner, or that this driver may take the grant over
+// (below). A refused grant asks DynamoDB for the item that refused it
 // (ReturnValuesOnConditionCheckFailure ALL_OLD; servers that do not return
 // it cost one consistent GetItem more). If the item already names the
-// caller's owner token, the grant is re-confirmed with a second
-// conditional update, so a grant retried after an unknown outcome returns
-// the same fence. Renew and release are UpdateItems conditional on owner
-// and fence; renew raises the version, release removes the owner and
-// raises the version. Items are never deleted: the fence counter lives on
-// them, so it survives release, expiry and break. Deleting an item by hand
-// restarts its counter; do not.
+// caller's owner token, the grant is re-confirmed with a second conditional
+// update, so a grant retried after an unknown outcome returns the same
+// fence. Renew and release are UpdateItems conditional on owner and fence;
+// renew raises the version, release removes the owner and raises the
+// version. Items are never deleted: the fence counter lives on them, so it
+// survives release, expiry and break. Deleting an item by hand restarts its
+// counter; do not.
 //
 // # Expiry without a server clock
 //
@@ -62,8 +62,8 @@
 // clock (the receipt of the response that first showed it). It may take a
 // grant over only once it has seen the same version for the grant's whole
 // TTL, and the takeover write names that version: a renewal that landed
-// meanwhile raised the version and makes the takeover fail. This is the
-// observed expiry of Chubby, client-go's leader election and dynamolock.
+// meanwhile raised the version and makes the takeover fail. This is observed
+// expiry (docs/no-server-clock.md).
 //
 // Consequences, declared in Guarantees:
 //
@@ -87,12 +87,12 @@
 //
 // # Waiting and renewal
 //
-// DynamoDB cannot notify: waiters poll with backoff and full jitter, each
-// sleep capped by the time left on the waiter's observation, so a waiter
-// polls about once a second at most and tries the takeover as soon as it
-// is allowed. BatchWriteItem cannot carry conditions (and TransactWriteItems
-// fails as a whole when one condition fails, at twice the write cost), so
-// renewal is one conditional UpdateItem per lease per renewal period, sent
+// DynamoDB cannot notify: waiters poll with backoff and full jitter. The
+// time left on the waiter's observation caps each sleep. So a waiter polls
+// about once a second at most, and tries the takeover as soon as it is
+// allowed. BatchWriteItem cannot carry conditions. TransactWriteItems fails
+// as a whole when one condition fails, at twice the write cost. So renewal
+// is one conditional UpdateItem per lease per renewal period. They are sent
 // in parallel, at most Options.MaxInFlight requests at a time per driver.
 //
 // # Errors

@@ -19,6 +19,7 @@ import (
 	"github.com/fenced-dev/fenced/driver/drivertest"
 	"github.com/fenced-dev/fenced/fenceddynamodb"
 	"github.com/fenced-dev/fenced/internal/testkit/crashtest"
+	"github.com/fenced-dev/fenced/internal/testkit/opentest"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 
@@ -49,20 +50,14 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-func ctxT(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	t.Cleanup(cancel)
-	return ctx
-}
+// ctxT is the context of a test: it ends with the test, or after two
+// minutes.
+var ctxT = opentest.Context
 
+// open opens a driver on the shared table, closed when the test ends.
 func open(t testing.TB) *fenceddynamodb.Driver {
 	t.Helper()
-	d, err := fenceddynamodb.Open(ctxT(t), server.URL(table, ""))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { d.Close() })
-	return d
+	return opentest.Closed(t, fenceddynamodb.Open, server.URL(table, ""))
 }
 
 func TestConformance(t *testing.T) {
@@ -70,13 +65,7 @@ func TestConformance(t *testing.T) {
 		// Expiry tests sleep about this long; a waiter must also watch a
 		// grant for a whole TTL before taking it over.
 		ShortTTL: time.Second,
-		Open: func(t *testing.T) driver.Driver {
-			d, err := fenceddynamodb.Open(ctxT(t), server.URL(table, ""))
-			if err != nil {
-				t.Fatal(err)
-			}
-			return d
-		},
+		Open:     opentest.Opener(fenceddynamodb.Open, server.URL(table, "")),
 		BadURLs: []string{
 			"dynamodb://127.0.0.1:1/Bad%20Name",
 			"dynamodb://127.0.0.1:1/ab",

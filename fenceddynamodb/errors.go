@@ -16,18 +16,18 @@ import (
 )
 
 // noRetry turns the SDK's own retries off for one call. A driver does one
-// thing per call and never retries (the portable client decides), and a
-// retried conditional write is worse than none: if the first attempt was
-// applied and its response lost, the retry fails its condition and reports
-// a refusal for a write that happened (a release would say ErrNotHeld).
+// thing per call and never retries; the portable client decides. A retried
+// conditional write is worse than none. If the first attempt was applied and
+// its response lost, the retry fails its condition. It reports a refusal for
+// a write that happened (a release would say ErrNotHeld).
 func noRetry(o *dynamodb.Options) {
 	o.Retryer = aws.NopRetryer{}
 	o.RetryMaxAttempts = 0
 }
 
 // call runs one request against DynamoDB under the driver's limit on
-// requests in flight, and reports whether the request was written to the
-// network, which tells an unknown outcome (sent, no answer) from a request
+// requests in flight. It reports whether the request was written to the
+// network. That tells an unknown outcome (sent, no answer) from a request
 // that never left (nothing applied).
 func (d *Driver) call(ctx context.Context, fn func(ctx context.Context) error) (sent bool, err error) {
 	select {
@@ -47,11 +47,10 @@ func (d *Driver) call(ctx context.Context, fn func(ctx context.Context) error) (
 }
 
 // classify maps an error of one DynamoDB request onto the driver's
-// sentinels with driver.Classify and the hook sentinel: only a write that
-// was sent (write && sent) can have an unknown outcome; a read, or a
-// request that never left, applied nothing (ErrUnavailable).
-// Conditional-check failures are refusals and are handled by the callers
-// before classify.
+// sentinels, with driver.Classify and the hook sentinel. Only a write that
+// was sent (write && sent) can have an unknown outcome. A read, or a request
+// that never left, applied nothing (ErrUnavailable). Conditional-check
+// failures are refusals and are handled by the callers before classify.
 func (d *Driver) classify(op, key string, write, sent bool, err error) error {
 	where := op
 	if key != "" {
@@ -60,11 +59,11 @@ func (d *Driver) classify(op, key string, write, sent bool, err error) error {
 	return fmt.Errorf("dynamodb: %s: %w", where, driver.Classify(err, write && sent, d.sentinel))
 }
 
-// sentinel is DynamoDB's driver.Classifier: throttling and credential or
-// table problems were refused before anything was applied
-// (ErrUnavailable); a server error (5xx) or a request without an answer
-// may or may not have been applied (ErrUnknownOutcome); any other API
-// error is reported as it is.
+// sentinel is DynamoDB's driver.Classifier. Throttling and credential or
+// table problems were refused before anything was applied (ErrUnavailable).
+// A server error (5xx), or a request without an answer, may or may not have
+// been applied (ErrUnknownOutcome). Any other API error is reported as it
+// is.
 func (d *Driver) sentinel(err error) error {
 	var apiErr smithy.APIError
 	if !errors.As(err, &apiErr) {

@@ -13,11 +13,11 @@ import (
 // seen it unchanged (same fence and version) for a whole TTL.
 //
 // "Seen since" is the local time at which a response carrying that version
-// was received. The version was written before the response was sent, and
-// the holder measures its validity from before it sent the request that
-// wrote it, so the holder's validity (TTL minus its safety margin, counted
-// from its send) ends before this observer's TTL (counted from the
-// receive) unless the two clocks run at rates that differ by more than
+// was received. The version was written before the response was sent. The
+// holder measures its validity from before it sent the request that wrote
+// it. So the holder's validity (TTL minus its safety margin, counted from
+// its send) ends before this observer's TTL (counted from the receive). That
+// holds unless the two clocks run at rates that differ by more than
 // SafetyMargin/TTL.
 type observer struct {
 	clk clock.Clock

@@ -37,11 +37,11 @@ func (d *Driver) SetValue(ctx context.Context, g driver.Grant, value string) err
 }
 
 // Value implements driver.Valuer: the holder as Inspect reports it and the
-// value of its key, which is what `etcdctl elect NAME VALUE` campaigned
-// with or a fenced leader proclaimed. A fenced holder that has not
-// proclaimed (a lock, not an election) keeps its owner token in the key;
-// such a value (32 hex digits, the form fenced's owner tokens have) is
-// reported as "" so that the token is never shown.
+// value of its key, which is what `etcdctl elect NAME VALUE` campaigned with
+// or a fenced leader proclaimed. A fenced holder that has not proclaimed (a
+// lock, not an election) keeps its owner token in the key. Such a value (32
+// hex digits, the form fenced's owner tokens have) is reported as "", so
+// that the token is never shown.
 func (d *Driver) Value(ctx context.Context, key string) (driver.LeaseInfo, string, error) {
 	name := d.LockName(key)
 	info, err := d.Inspect(ctx, key)

@@ -17,60 +17,66 @@
 // name; dial_timeout (default 5s) bounds the first contact.
 //
 // The client fenced builds from a URL pings each connection with gRPC
-// keepalive after KeepAliveTime (10s) without a word from the server and
-// drops it when a ping is not answered within KeepAliveTimeout (5s), so a
-// connection whose peer stopped answering without closing it (a
-// partition, a frozen server) is given up within 15s: its blocked requests
-// and streams fail and the client moves to another endpoint. etcd refuses
+// keepalive after KeepAliveTime (10s) without a word from the server. It
+// drops the connection when a ping is not answered within KeepAliveTimeout
+// (5s). So a connection whose peer stopped answering without closing it (a
+// partition, a frozen server) is given up within 15s. Its blocked requests
+// and streams fail, and the client moves to another endpoint. etcd refuses
 // pings more frequent than its --grpc-keepalive-min-time (default 5s). A
 // lease's local validity does not wait for any of this: its context is
-// cancelled when its validity runs out whatever its requests are doing. A
+// cancelled when its validity runs out, whatever its requests are doing. A
 // client passed to New is the caller's, keepalive included.
 //
 // # Recipe
 //
-// A lease on key K is etcd's mutex on the lock name prefix+K: the holder
-// puts the key prefix+K+"/"+hex(etcd lease ID) attached to an etcd lease,
-// and the key with the lowest create revision holds the lock. A waiter
-// watches only the key created just before its own (no thundering herd) and
-// is served in arrival order. The fence is the holder key's create
-// revision: etcd's revision is a cluster-wide counter agreed by Raft, so the
-// fence strictly increases across releases, expiries, breaks, restarts and
-// leader failovers. fenced and `etcdctl lock prefix+K` exclude each other.
-// When etcdctl gets the lock without waiting, the ETCD_LOCK_REV it exports
-// to its child equals the fence fenced reports for that hold (its key's
-// create revision); after waiting, etcdctl exports the later revision at
-// which it got the lock, which is still above every earlier holder's fence. A '/' or '%' in a key is escaped (%2F, %25) so a key maps to
-// exactly one lock name.
+// A lease on key K is etcd's mutex on the lock name prefix+K. The holder
+// puts the key prefix+K+"/"+hex(etcd lease ID), attached to an etcd lease.
+// The key with the lowest create revision holds the lock. A waiter watches
+// only the key created just before its own (no thundering herd), and is
+// served in arrival order. A '/' or '%' in a key is escaped (%2F, %25), so
+// a key maps to exactly one lock name.
+//
+// The fence is the holder key's create revision. etcd's revision is a
+// cluster-wide counter agreed by Raft. So the fence strictly increases
+// across releases, expiries, breaks, restarts and leader failovers.
+//
+// fenced and `etcdctl lock prefix+K` exclude each other. When etcdctl gets
+// the lock without waiting, the ETCD_LOCK_REV it exports to its child equals
+// the fence fenced reports for that hold (its key's create revision). After
+// waiting, etcdctl exports the later revision at which it got the lock. That
+// is still above every earlier holder's fence.
 //
 // The transaction that puts a waiter key also writes the key prefix+K
-// itself (beside the lock's waiter keys prefix+K+"/...", outside the range
-// etcd's recipes scan), whose mod revision is then the new key's fence, so
-// Inspect reports the newest fence of a free key however its last grant
-// ended (released, broken or expired), and a release is one delete, in a
-// transaction that compares the key's create revision and owner, so it can
-// never remove a later grant's key of the same name. Break records the fence of the holder
-// it deletes (etcdctl's holders write no record of their own).
+// itself. That key sits beside the lock's waiter keys prefix+K+"/...",
+// outside the range etcd's recipes scan. Its mod revision is then the new
+// key's fence. So Inspect reports the newest fence of a free key, however
+// its last grant ended (released, broken or expired). A release is one
+// delete, in a transaction that compares the key's create revision and
+// owner. So it can never remove a later grant's key of the same name. Break
+// records the fence of the holder it deletes (etcdctl's holders write no
+// record of their own).
 //
 // # Sessions
 //
 // The driver keeps one etcd lease (a session) per TTL (whole seconds,
-// rounded up) and shares it between all the keys it holds with that TTL,
-// so renewing a thousand fenced leases costs one keep-alive plus one read,
-// not a thousand writes (the driver implements driver.BatchRenewer; the
-// keys of a session carrying many grants are checked with one listing of
-// the session's keys, LeaseTimeToLive, whatever their number).
-// Keep-alives go out on one long-lived stream, on demand: every acquisition
+// rounded up). It shares the session between all the keys it holds with
+// that TTL. So renewing a thousand fenced leases costs one keep-alive plus
+// one read, not a thousand writes. (The driver implements
+// driver.BatchRenewer. The keys of a session carrying many grants are
+// checked with one listing of the session's keys, LeaseTimeToLive, whatever
+// their number.)
+//
+// Keep-alives go out on one long-lived stream, on demand. Every acquisition
 // and renewal makes sure one was sent no earlier than the request began, so
 // the session outlives the lease's local validity. If the process stalls,
-// the session expires on the server's clock and etcd deletes every key on
-// it; the driver's loss watch (driver.LossWatcher) cancels the lease of a
-// key deleted behind its back (session expired, or broken by an admin).
-// All loss watches share one long-lived Watch stream, with no goroutine
-// per watched lease, so a client can hold a hundred thousand leases with a
-// handful of goroutines. A grant that its holder stops
-// renewing while the session is kept alive by other grants is deleted by
-// the driver when its TTL has passed, so leases with ManualRenew end on time.
+// the session expires on the server's clock, and etcd deletes every key on
+// it. The driver's loss watch (driver.LossWatcher) cancels the lease of a
+// key deleted behind its back: session expired, or broken by an admin. All
+// loss watches share one long-lived Watch stream, with no goroutine per
+// watched lease. So a client can hold a hundred thousand leases with a
+// handful of goroutines. A grant that its holder stops renewing, while
+// other grants keep the session alive, is deleted by the driver when its
+// TTL has passed. So leases with ManualRenew end on time.
 //
 // etcd counts lease TTLs in whole seconds and raises short ones to its own
 // minimum (one and a half election timeouts), so the driver accepts TTLs of

@@ -18,11 +18,11 @@ import (
 
 // waiterKey is the key a session puts under lock name, exactly as etcd's
 // concurrency.Mutex names it. A session holds one key per lock name at a
-// time (see session.names), and a name is reused on a session only once
-// the driver has forgotten the grant that had it: a key name that never
-// changes keeps etcd's index of the lock's keys at one entry per session,
-// where a new name per grant would grow it by one entry per grant until
-// the next compaction (and every look at the lock's line scans it).
+// time (see session.names). A name is reused on a session only once the
+// driver has forgotten the grant that had it. A key name that never changes
+// keeps etcd's index of the lock's keys at one entry per session. A new name
+// per grant would grow it by one entry per grant until the next compaction,
+// and every look at the lock's line scans it.
 func waiterKey(name string, s *session) string { return fmt.Sprintf("%s/%x", name, int64(s.id)) }
 
 // TryAcquire implements driver.Driver. It puts the waiter key only if no key
@@ -72,14 +72,13 @@ func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Dur
 // key was put: nothing was put, and it starts over with a new session.
 var errStartOver = errors.New("session expired before the put; start over")
 
-// put commits txn, which puts e's key on its session, with a keep-alive
-// of the session sent alongside: if the key is granted at once the session
-// then outlives the lease's local validity (from start), without a second
-// round trip. kaErr is the keep-alive's outcome. When the session had
-// expired, so that nothing was put, put drops the session and fails with
-// errStartOver; on any other failure the key may have been put, so e is
-// tracked: a retry by the same owner finds it, and the reaper deletes it
-// if nobody does.
+// put commits txn, which puts e's key on its session, and sends a keep-alive
+// of the session alongside. If the key is granted at once, the session then
+// outlives the lease's local validity (from start) without a second round
+// trip. kaErr is the keep-alive's outcome. When the session had expired,
+// nothing was put: put drops the session and fails with errStartOver. On any
+// other failure the key may have been put, so e is tracked. A retry by the
+// same owner finds it, and the reaper deletes it if nobody does.
 func (d *Driver) put(ctx context.Context, e *entry, ttl time.Duration, start time.Time, txn clientv3.Txn) (resp *clientv3.TxnResponse, kaErr, err error) {
 	kaDone := d.keepAliveAsync(ctx, e.s, start, ttl)
 	resp, err = txn.Commit()
@@ -267,17 +266,18 @@ func (d *Driver) predecessor(ctx context.Context, e *entry) (string, error) {
 // waitDelete waits until key, which e read as its predecessor, is gone.
 //
 // The watch starts at the store's current revision (no WithRev), never at
-// an older one: etcd puts a watch that starts at a past revision in its
+// an older one. etcd puts a watch that starts at a past revision in its
 // "unsynced" group, which delivers events only on its sync tick (every
-// 100 ms), so a release that happened to land between our read and the
-// watch's registration, or any write to the store in that gap, would
-// delay the wake-up by up to 100 ms. A watch from the current revision is
-// "synced" and is told of a delete as it commits. It does not replay
-// what happened before it was registered, so once the server confirms
-// the watch, one linearizable read asks whether the predecessor is still
-// there: if it is, its delete lies ahead and the watch will see it; if it
-// is gone (or was recreated after e, so it no longer precedes e), the
-// caller looks at the queue again.
+// 100 ms). A release, or any write to the store, between our read and the
+// watch's registration would then delay the wake-up by up to 100 ms. A
+// watch from the current revision is "synced": it is told of a delete as
+// it commits.
+//
+// Such a watch does not replay what happened before it was registered. So
+// once the server confirms the watch, one linearizable read asks whether
+// the predecessor is still there. If it is, its delete lies ahead and the
+// watch will see it. If it is gone (or was recreated after e, so it no
+// longer precedes e), the caller looks at the queue again.
 func (d *Driver) waitDelete(ctx context.Context, e *entry, key string) error {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
@@ -348,12 +348,13 @@ const maxReadsPerTxn = 128
 // flight at once, so a large batch does not flood the server.
 const renewReadsInFlight = 4
 
-// RenewBatch implements driver.BatchRenewer: one keep-alive per session
-// (none when a recent one covers the TTL) and the keys read in
-// transactions of at most maxReadsPerTxn reads, or, for a session that
-// carries more of the batch's grants than that, one LeaseTimeToLive
-// listing the session's keys, all sent concurrently with the keep-alives. A grant is renewed only when its key still holds its
-// revision and its session's keep-alive was answered. A read transaction
+// RenewBatch implements driver.BatchRenewer. It sends one keep-alive per
+// session (none when a recent one covers the TTL). Concurrently it reads
+// the keys in transactions of at most maxReadsPerTxn reads. A session that
+// carries more of the batch's grants than that gets one LeaseTimeToLive
+// listing its keys instead. A grant is renewed only when its key still
+// holds its revision and its session's keep-alive was answered. A read
+// transaction
 // that fails fails only its own grants (with the read's error, never
 // ErrNotHeld); the batch fails as a whole only when every read failed.
 func (d *Driver) RenewBatch(ctx context.Context, grants []driver.Grant) ([]error, error) {
@@ -515,11 +516,11 @@ func (d *Driver) RenewBatch(ctx context.Context, grants []driver.Grant) ([]error
 }
 
 // listingReuse is how long a listing of a session's keys (see
-// attachedKeys) is kept after it was made, for the RenewBatch calls that
-// began before its request was sent: a client renews its leases in calls
-// of a few thousand grants, a few at a time, and one listing serves them
-// all, where each would otherwise fetch every key of the session. A call
-// that began after the listing was sent makes a listing of its own, so no
+// attachedKeys) is kept after it was made. It serves the RenewBatch calls
+// that began before its request was sent. A client renews its leases in
+// calls of a few thousand grants, a few at a time. One listing serves them
+// all; otherwise each would fetch every key of the session. A call that
+// began after the listing was sent makes a listing of its own. So no
 // renewal reports held a key that was deleted after its listing was taken.
 const listingReuse = time.Second
 
@@ -575,18 +576,18 @@ func (d *Driver) attachedKeys(ctx context.Context, s *session, notBefore time.Ti
 	return kl.keys, kl.err
 }
 
-// Release implements driver.Driver: it deletes g's key in a transaction
-// that compares the key's create revision with g's fence (and its value
-// with g's owner token, unless a leader's value replaced it), so it can
-// only ever remove g's own key: never a key of the same name that a later
-// grant put on the same session once the driver had forgotten g (key
-// names are reused, see waiterKey). A key already gone (broken, reaped,
-// or its session expired) fails with ErrNotHeld.
+// Release implements driver.Driver: it deletes g's key in a transaction.
+// The transaction compares the key's create revision with g's fence, and
+// its value with g's owner token (unless a leader's value replaced it). So
+// it can only ever remove g's own key. It never removes a key of the same
+// name that a later grant put on the same session once the driver had
+// forgotten g (key names are reused, see waiterKey). A key already gone
+// (broken, reaped, or its session expired) fails with ErrNotHeld.
 //
-// A grant the driver does not track as granted (its acquisition's outcome
-// was unknown, or the acquisition gave up as it was granted, and the
-// driver ended or forgot it) is found as the lock's oldest key, and
-// released if that key carries g's owner token and fence: the client
+// Some grants the driver does not track as granted: the acquisition's
+// outcome was unknown, or it gave up as it was granted and the driver ended
+// or forgot it. Such a grant is found as the lock's oldest key. It is
+// released if that key carries g's owner token and fence. The client
 // releases such a grant by owner once its caller has gone.
 func (d *Driver) Release(ctx context.Context, g driver.Grant) error {
 	notHeld := fmt.Errorf("etcd: release %s: %w", g, driver.ErrNotHeld)

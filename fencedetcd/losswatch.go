@@ -23,9 +23,9 @@ import (
 //
 // Each watch starts at the revision after its key's creation, so it also
 // sees a deletion that came before the watch was set up. When the stream
-// fails, every watch is set up again the same way on a new one; when the
-// server cancels a watch (the history it asks for was compacted), the key
-// is read instead, and watched again from then on if it is still the
+// fails, every watch is set up again the same way on a new one. The server
+// may cancel a watch because the history it asks for was compacted. The key
+// is then read instead, and watched again from then on if it is still the
 // grant's.
 //
 // Requests on the stream are sent under sendMu, which is taken before mu;
@@ -93,11 +93,10 @@ func (lw *lossWatches) add(e *entry, loss *sessionlock.Loss) (stop func()) {
 }
 
 // stop ends w: after it returns, w's loss is never reported. It does not
-// wait for the stream: the watch's cancel request is queued for
-// sendCancels, so a stop never blocks on a stream whose peer stopped
-// reading (a partition whose connection stays open fills the stream's
-// write quota, and a Send then waits until gRPC keepalive drops the
-// connection).
+// wait for the stream: the watch's cancel request is queued for sendCancels.
+// So a stop never blocks on a stream whose peer stopped reading. (A
+// partition whose connection stays open fills the stream's write quota; a
+// Send then waits until gRPC keepalive drops the connection.)
 func (lw *lossWatches) stop(w *lossWatch) {
 	w.loss.Stop()
 	lw.mu.Lock()

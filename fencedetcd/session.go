@@ -36,9 +36,9 @@ type session struct {
 }
 
 // entry tracks a key this driver put. Its deadline (kept by the driver's
-// reaper) is pushed back by every renewal, or by its waiter's keep-alives;
-// once it passes the driver deletes the key, so a grant nobody renews ends
-// after its TTL even while other grants keep the shared session alive.
+// reaper) is pushed back by every renewal, or by its waiter's keep-alives.
+// Once it passes, the driver deletes the key. So a grant nobody renews ends
+// after its TTL, even while other grants keep the shared session alive.
 type entry struct {
 	sessionlock.Tracking
 	id      sessionlock.ID
@@ -233,14 +233,13 @@ func (d *Driver) recordKey(name string) string { return name }
 
 // recordPut records the fence of the key that the same transaction puts
 // under lock name: the record's value is empty, and its mod revision is the
-// transaction's revision, which is the new key's create revision, its
-// fence. So the record costs no write of its own at release, and it holds
-// a fence at least as new as any grant of the name, whether that grant is
-// released, broken or expires with its session. (A waiter's key that never
-// became a grant is recorded too: no later grant gets a lower fence, which
-// is what a guard or fence.Sequencer needs of it.) Break records the
-// broken holder's fence as the value instead, as older versions of this
-// driver recorded every release.
+// transaction's revision, which is the new key's create revision, its fence.
+// So the record costs no write of its own at release, and it holds a fence
+// at least as new as any grant of the name, whether that grant is released,
+// broken or expires with its session. (A waiter's key that never became a
+// grant is recorded too: no later grant gets a lower fence, which is what a
+// guard or fence.Sequencer needs of it.) Break records the broken holder's
+// fence as the value instead (see docs/design-notes.md for the older form).
 func (d *Driver) recordPut(name string) clientv3.Op { return clientv3.OpPut(d.recordKey(name), "") }
 
 // recordedFence is the fence the record kv of a lock name holds (see

@@ -4,11 +4,9 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -18,27 +16,18 @@ import (
 	"github.com/fenced-dev/fenced/fencedgocron"
 	_ "github.com/fenced-dev/fenced/fencedpostgres"
 	_ "github.com/fenced-dev/fenced/fencedsqlite"
+	"github.com/fenced-dev/fenced/internal/testkit/childproc"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 
-const childEnv = "FENCEDGOCRON_TEST_CHILD"
-
 func TestMain(m *testing.M) {
-	switch os.Getenv(childEnv) {
-	case "":
-		os.Exit(m.Run())
-	case "scheduler":
-		os.Exit(childScheduler())
-	}
-	fmt.Fprintln(os.Stderr, "unknown child mode")
-	os.Exit(2)
+	childproc.Main(m, map[string]func() int{"scheduler": childScheduler})
 }
 
-// childScheduler runs a gocron scheduler with the fenced Locker on
-// $STORE and a job due at every second, which appends "pid second" to
-// $OUT, for $RUN_FOR.
+// childScheduler runs a gocron scheduler with the fenced Locker on the
+// parent's store and a job due at every second, which appends "pid second"
+// to the parent's output, for $RUN_FOR.
 func childScheduler() int {
-	ctx := context.Background()
 	runFor, err := time.ParseDuration(os.Getenv("RUN_FOR"))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -49,41 +38,35 @@ func childScheduler() int {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
-	client, err := fenced.Open(ctx, os.Getenv("STORE"), nil)
+	client, err := childproc.Store(context.Background())
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+		return childproc.Fail(err)
 	}
 	defer client.Close()
 	locker, err := fencedgocron.NewLocker(client, &fencedgocron.Options{Lease: fenced.LeaseOptions{TTL: 10 * time.Second, MinHold: minHold}})
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+		return childproc.Fail(err)
 	}
-	out, err := os.OpenFile(os.Getenv("OUT"), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	out, err := childproc.Output()
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+		return childproc.Fail(err)
 	}
 	defer out.Close()
 	s, err := gocron.NewScheduler(gocron.WithDistributedLocker(locker))
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+		return childproc.Fail(err)
 	}
 	pid := os.Getpid()
 	_, err = s.NewJob(gocron.CronJob("* * * * * *", true), gocron.NewTask(func() {
 		fmt.Fprintf(out, "%d %d\n", pid, time.Now().Unix())
 	}), gocron.WithName("every-second"))
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+		return childproc.Fail(err)
 	}
 	s.Start()
 	time.Sleep(runFor)
 	if err := s.Shutdown(); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+		return childproc.Fail(err)
 	}
 	return 0
 }
@@ -92,13 +75,7 @@ func childScheduler() int {
 // returns how many runs each second had, across them all.
 func runSchedulers(t *testing.T, store string, minHold, runFor time.Duration) map[int64]int {
 	out := filepath.Join(t.TempDir(), "runs")
-	var procs []*testenv.Process
-	for i := range 3 {
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), childEnv+"=scheduler", "STORE="+store, "OUT="+out,
-			"RUN_FOR="+runFor.String(), "MIN_HOLD="+minHold.String())
-		procs = append(procs, testenv.Start(t, fmt.Sprintf("scheduler %d", i), cmd))
-	}
+	procs := childproc.Start(t, "scheduler", 3, store, out, "RUN_FOR="+runFor.String(), "MIN_HOLD="+minHold.String())
 	deadline := time.After(runFor + 30*time.Second)
 	for _, p := range procs {
 		select {
@@ -110,22 +87,21 @@ func runSchedulers(t *testing.T, store string, minHold, runFor time.Duration) ma
 			t.Fatalf("%s: %v\n%s", p.Name, p.Cmd.ProcessState, p.Log.String())
 		}
 	}
-	data, err := os.ReadFile(out)
-	if err != nil {
-		t.Fatal(err)
-	}
+	lines := childproc.Lines(t, out)
 	runs := map[int64]int{}
 	pids := map[string]bool{}
-	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
-		pid, sec, ok := strings.Cut(line, " ")
-		n, err := strconv.ParseInt(sec, 10, 64)
-		if !ok || err != nil {
-			t.Fatalf("bad line %q", line)
+	for _, f := range lines {
+		if len(f) != 2 {
+			t.Fatalf("bad line %q", f)
+		}
+		n, err := strconv.ParseInt(f[1], 10, 64)
+		if err != nil {
+			t.Fatalf("bad line %q", f)
 		}
 		runs[n]++
-		pids[pid] = true
+		pids[f[0]] = true
 	}
-	t.Logf("%d runs in %d seconds, by %d processes", len(strings.Split(strings.TrimSpace(string(data)), "\n")), len(runs), len(pids))
+	t.Logf("%d runs in %d seconds, by %d processes", len(lines), len(runs), len(pids))
 	return runs
 }
 

@@ -14,11 +14,11 @@
 //
 // client-go's elector judges expiry by its own observation of the record
 // and, as its documentation says, does not fence: a leader that was paused
-// can act after another was elected. Here the fenced store decides: Update
+// can act after another was elected. Here the fenced store decides. Update
 // takes (or keeps) a fenced lease on the election's key, with the record's
-// LeaseDurationSeconds as its TTL, renewed by fenced in the background, and
-// fails while another process holds it, whatever the elector concluded
-// from its clock. The lease's fence is the term's epoch (Epoch, and
+// LeaseDurationSeconds as its TTL, renewed by fenced in the background. It
+// fails while another process holds it, whatever the elector concluded from
+// its clock. The lease's fence is the term's epoch (Epoch, and
 // Lease().Fence()): it strictly increases from leader to leader, so a
 // resource that refuses older epochs refuses a deposed leader. The lease's
 // context (Lease().Context()) ends the moment fenced counts the lease lost,

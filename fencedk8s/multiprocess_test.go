@@ -4,56 +4,42 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"k8s.io/client-go/tools/leaderelection"
 
-	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/fencedk8s"
 	_ "github.com/fenced-dev/fenced/fencedsqlite"
+	"github.com/fenced-dev/fenced/internal/testkit/childproc"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 
-const childEnv = "FENCEDK8S_TEST_CHILD"
-
 func TestMain(m *testing.M) {
-	switch os.Getenv(childEnv) {
-	case "":
-		os.Exit(m.Run())
-	case "candidate":
-		os.Exit(childCandidate())
-	}
-	fmt.Fprintln(os.Stderr, "unknown child mode")
-	os.Exit(2)
+	childproc.Main(m, map[string]func() int{"candidate": childCandidate})
 }
 
-// childCandidate runs client-go's elector on $STORE until killed; while it
-// leads it appends "lead PID EPOCH" once, then "beat PID EPOCH" every 50ms,
-// to $OUT.
+// childCandidate runs client-go's elector on the parent's store until
+// killed. While it leads it appends "lead PID EPOCH" once, then "beat PID
+// EPOCH" every 50ms, to the parent's output.
 func childCandidate() int {
 	ctx := context.Background()
-	client, err := fenced.Open(ctx, os.Getenv("STORE"), nil)
+	client, err := childproc.Store(ctx)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+		return childproc.Fail(err)
 	}
 	defer client.Close()
 	pid := os.Getpid()
 	lock, err := fencedk8s.New(client, "controller", "candidate-"+strconv.Itoa(pid), nil)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+		return childproc.Fail(err)
 	}
-	out, err := os.OpenFile(os.Getenv("OUT"), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	out, err := childproc.Output()
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+		return childproc.Fail(err)
 	}
 	leaderelection.RunOrDie(ctx, leaderelection.LeaderElectionConfig{
 		Lock:          lock,
@@ -95,13 +81,8 @@ type event struct {
 
 func readEvents(t *testing.T, path string) []event {
 	t.Helper()
-	data, err := os.ReadFile(path)
-	if err != nil && !os.IsNotExist(err) {
-		t.Fatal(err)
-	}
 	var evs []event
-	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
-		f := strings.Fields(line)
+	for _, f := range childproc.Lines(t, path) {
 		if len(f) < 2 {
 			continue
 		}
@@ -134,10 +115,7 @@ func TestClientGoElectorOnFenced(t *testing.T) {
 	store := "sqlite://" + filepath.Join(dir, "leases.db")
 	out := filepath.Join(dir, "events")
 	procs := map[int]*testenv.Process{}
-	for i := range 3 {
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), childEnv+"=candidate", "STORE="+store, "OUT="+out)
-		p := testenv.Start(t, fmt.Sprintf("candidate %d", i), cmd)
+	for _, p := range childproc.Start(t, "candidate", 3, store, out) {
 		procs[p.Cmd.Process.Pid] = p
 	}
 	waitLeaders := func(n int) []event {

@@ -79,15 +79,15 @@ var maxBellSleep atomic.Int64
 
 func init() { maxBellSleep.Store(int64(2 * time.Second)) }
 
-// Polling backoff of a waiter without the doorbell's help (head of the
-// line, or without a connection): full jitter between 0 and a ceiling of
-// pollMin << attempt, at most pollFast for the first pollFastTries
-// attempts and pollSlow after, capped by the holder's remaining time. It
-// starts short, since the usual reason to poll is a holder that took the
-// key without its doorbell and holds it briefly; pollSlow bounds the cost
-// of a holder that keeps such a key for long (4 looks a second at most,
-// by one waiter per key across all processes: the others sleep on the
-// doorbell the poller holds).
+// Polling backoff of a waiter without the doorbell's help (head of the line,
+// or without a connection) is full jitter between 0 and a ceiling of pollMin
+// << attempt. The ceiling is at most pollFast for the first pollFastTries
+// attempts and pollSlow after. The holder's remaining time caps it. It
+// starts short: the usual reason to poll is a holder that took the key
+// without its doorbell and holds it briefly. pollSlow bounds the cost of a
+// holder that keeps such a key for long. That is 4 looks a second at most,
+// by one waiter per key across all processes; the others sleep on the
+// doorbell the poller holds.
 const (
 	pollMin       = time.Millisecond
 	pollFast      = 64 * time.Millisecond
@@ -435,16 +435,15 @@ func heldRemaining(err error) time.Duration {
 	return 0
 }
 
-// AcquireTimed implements driver.TimedQueuer (declared only with
-// doorbells on; with them off it refuses with driver.ErrUnsupported): one
-// try of the row, then,
-// while the key is held, the head of the key's local line waits on the
-// key's doorbell (see the comment at the top of bell.go) and tries the row
-// again each time the doorbell rings or the holder's time runs out. The
-// grant is confirmed when the try that granted it was sent. Errors while
-// waiting (server unreachable, outcome unknown: the owner token makes a
-// retried try idempotent) are retried until ctx ends; those of the first
-// try are returned, so that a caller that fails open can.
+// AcquireTimed implements driver.TimedQueuer. It is declared only with
+// doorbells on; with them off it refuses with driver.ErrUnsupported. It
+// tries the row once. While the key is held, the head of the key's local
+// line waits on the key's doorbell (see the comment at the top of bell.go).
+// It tries the row again each time the doorbell rings or the holder's time
+// runs out. The grant is confirmed when the try that granted it was sent.
+// Errors while waiting (server unreachable, outcome unknown: the owner token
+// makes a retried try idempotent) are retried until ctx ends; those of the
+// first try are returned, so that a caller that fails open can.
 func (d *Driver) AcquireTimed(ctx context.Context, key, owner string, ttl time.Duration) (uint64, time.Time, error) {
 	if cap(d.bell.slots) == 0 {
 		return 0, time.Time{}, fmt.Errorf("mysql: wait in a queue: %w: doorbells are off (Options.Bells < 0)", driver.ErrUnsupported)

@@ -36,10 +36,10 @@ func (d *Driver) raiseFloorSQL() string {
 // release time), so a released or broken key is deleted whatever
 // olderThan is; that is safe, because the floor covers its fence.
 //
-// Each batch is one transaction that locks the floor row first (so grants,
-// which read it with a shared lock, wait for the batch instead of
-// inserting a deleted key again below the new floor), then locks its
-// candidate rows by primary key and checks them again under the lock, and
+// Each batch is one transaction. It locks the floor row first. Grants read
+// that row with a shared lock, so they wait for the batch instead of
+// inserting a deleted key again below the new floor. It then locks its
+// candidate rows by primary key and checks them again under the lock. It
 // deletes them and raises the floor together. Candidates are found by a
 // plain read before the transaction, so grants wait for a few hundred
 // primary-key operations, never for a table scan.

@@ -15,16 +15,20 @@
 // # URL
 //
 // mysql://user:password@host:port/database?param=value. The port defaults
-// to 3306. fenced's own parameters are table=NAME (the lease table, default
-// fenced_leases; lower-case letters, digits and underscores, at most 48
-// bytes; the audit table is NAME_breaks) and socket=PATH (connect over a
-// unix socket instead of TCP). Every other parameter is passed to
-// go-sql-driver/mysql (tls, timeout, readTimeout, ...; an unknown name is
-// set on the server as a session variable when connecting, as that driver
-// does, so sql_mode=... and time_zone=... work). A variable the server
-// does not know (a mistyped parameter such as tabel=x) or a value it
-// refuses fails the open with an error matching driver.ErrInvalidURL, not
-// ErrUnavailable: it is a usage error, and the store is up.
+// to 3306. fenced's own parameters are:
+//
+//   - table=NAME: the lease table, default fenced_leases. Lower-case
+//     letters, digits and underscores, at most 48 bytes. The audit table is
+//     NAME_breaks.
+//   - socket=PATH: connect over a unix socket instead of TCP.
+//
+// Every other parameter is passed to go-sql-driver/mysql (tls, timeout,
+// readTimeout, ...). As in that driver, an unknown name is set on the
+// server as a session variable when connecting, so sql_mode=... and
+// time_zone=... work. A variable the server does not know (a mistyped
+// parameter such as tabel=x), or a value it refuses, fails the open with an
+// error matching driver.ErrInvalidURL, not ErrUnavailable. It is a usage
+// error, and the store is up.
 //
 // # Sharing the database
 //
@@ -39,46 +43,52 @@
 //
 // Each key has one InnoDB row (lease_key, owner, fence, expires_at), with
 // expiry in UTC_TIMESTAMP(6), the server's clock. Acquire is one INSERT ...
-// ON DUPLICATE KEY UPDATE under the row lock: it grants when the row is
-// free or expired, raises the fence and reports it through LAST_INSERT_ID
-// in the reply, so grant and fence take one statement and one round trip;
-// a refusal reports the holder's remaining time the same way (a value at
-// or above 2^62 marks a refusal, a range fences never reach). Renew and
+// ON DUPLICATE KEY UPDATE under the row lock. It grants when the row is free
+// or expired, raises the fence and reports it through LAST_INSERT_ID in the
+// reply. So grant and fence take one statement and one round trip. A
+// refusal reports the holder's remaining time the same way: a value at or
+// above 2^62, a range fences never reach, marks a refusal. Renew and
 // release are UPDATEs conditional on owner and fence; release and break
 // keep the row, so the counter never restarts. A batch of renewals is one
 // UPDATE plus one SELECT that reads back which grants it kept.
 //
-// Keys and owners are VARBINARY: compared byte for byte, so job:A, job:a
-// and "job:a " are three keys whatever the server's default character set
+// Keys and owners are VARBINARY, compared byte for byte. So job:A, job:a
+// and "job:a " are three keys, whatever the server's default character set
 // and collation (latin1_swedish_ci, MariaDB's default, would take them for
-// one), and an owner token matches only itself.
+// one). An owner token matches only itself.
 //
 // # Fence floor and pruning
 //
 // The table NAME_floor holds one number, the fence floor. A grant's fence
-// is one more than the larger of the row's counter and the floor (a new
-// row starts at floor + 1), decided in the grant's one statement, which
-// reads the floor with a shared lock. RaiseFenceFloor raises it, so that
-// keys moved from another table or store start above the fences their
-// resources have seen (fenced floor raise). Prune deletes the rows of keys
-// unused for a given time and raises the floor to the highest fence it
-// deleted, in one transaction per batch that locks the floor row first:
-// a grant either finishes before the batch or reads the raised floor, so
-// no fence is ever reissued (fenced prune). Release and break record no
-// time, so a released or broken key is old enough for any age.
+// is one more than the larger of the row's counter and the floor; a new row
+// starts at floor + 1. The grant's one statement decides it, reading the
+// floor with a shared lock. RaiseFenceFloor raises the floor (fenced floor
+// raise). Keys moved from another table or store then start above the
+// fences their resources have seen.
+//
+// Prune (fenced prune) deletes the rows of keys unused for a given time. It
+// raises the floor to the highest fence it deleted, in one transaction per
+// batch that locks the floor row first. A grant either finishes before the
+// batch or reads the raised floor, so no fence is ever reissued. Release
+// and break record no time, so a released or broken key is old enough for
+// any age.
 //
 // # Tables made by someone else
 //
 // New checks the tables that already exist before it creates or changes
-// anything, and refuses with ErrSchema, naming every difference, a table
-// that would break the grant: no primary key or unique index on exactly
-// lease_key (ON DUPLICATE KEY UPDATE would then insert a second row for a
-// key, and grant it to a second owner), a prefix or another unique index,
-// an extra AUTO_INCREMENT column (its value would be reported through
-// LAST_INSERT_ID instead of the fence), character key or owner columns
-// (their collation could take different keys or owners for one), columns
-// too short for a key, expiry without microseconds, or a storage engine
-// other than InnoDB.
+// anything. It refuses a table that would break the grant with ErrSchema,
+// naming every difference. Such a table has:
+//
+//   - no primary key or unique index on exactly lease_key. ON DUPLICATE KEY
+//     UPDATE would then insert a second row for a key, and grant it to a
+//     second owner;
+//   - a prefix index, or another unique index;
+//   - an extra AUTO_INCREMENT column. Its value would be reported through
+//     LAST_INSERT_ID instead of the fence;
+//   - character key or owner columns. Their collation could take different
+//     keys or owners for one;
+//   - columns too short for a key, or expiry without microseconds;
+//   - a storage engine other than InnoDB.
 //
 // # Waiting
 //
@@ -88,27 +98,27 @@
 // holds a key's doorbell is the head of the key's line: the holder that
 // won the key while it was contended, or the one waiter polling for it.
 // In each process one waiter per key sleeps in SELECT GET_LOCK on a
-// connection of its own, never longer than the holder's remaining time
-// (or 2 s); the other waiters of that process wait behind it. A release
-// frees the row, then the doorbell, so the server wakes exactly one
-// sleeper, which tries the row and keeps the doorbell with its grant: one
-// statement on the lease table per waiter per handover, whatever the
+// connection of its own. It never sleeps longer than the holder's remaining
+// time (or 2 s). The other waiters of that process wait behind it. A
+// release frees the row, then the doorbell. So the server wakes exactly one
+// sleeper, which tries the row and keeps the doorbell with its grant. That
+// is one statement on the lease table per waiter per handover, whatever the
 // number of waiters. A holder that dies, is stopped or whose connection is
-// killed strands nobody past its grant's expiry; its key's handovers may
-// then take up to 2 s each until its session ends or it finds its grant
+// killed strands nobody past its grant's expiry. Its key's handovers may
+// then take up to 2 s each, until its session ends or it finds its grant
 // lost. Waiters are not served in arrival order.
 //
 // The doorbell connections are bounded (Options.Bells, 8 by default); a
 // waiter without one polls with backoff and full jitter, capped by the
 // holder's remaining time. Named locks need MySQL 5.7+ or MariaDB 10.0.2+.
 //
-// Apart from the doorbells, which are session state on connections of
-// their own, the driver relies on no session state (no user variables;
-// autocommit statements, and break in one transaction), so a proxy that
-// routes each transaction to any server connection cannot break a grant
-// (tested against PgBouncer for the PostgreSQL driver; no MySQL proxy is
-// tested). Behind such a proxy the doorbells may not ring: turn them off
-// (Options.Bells < 0) and waiters poll.
+// Apart from the doorbells (session state on connections of their own),
+// the driver relies on no session state. It uses no user variables, only
+// autocommit statements, and break in one transaction. So a proxy that
+// routes each transaction to any server connection cannot break a grant.
+// (This is tested against PgBouncer for the PostgreSQL driver; no MySQL
+// proxy is tested.) Behind such a proxy the doorbells may not ring: turn
+// them off (Options.Bells < 0) and waiters poll.
 package fencedmysql
 
 import (
@@ -358,22 +368,22 @@ const remainingExpr = `TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at)`
 
 // acquireSQL is the one-statement grant. MySQL evaluates ON DUPLICATE KEY
 // UPDATE assignments left to right, each seeing the columns already
-// assigned, so the order matters: owner is decided first from the old
-// expiry and owner; fence then sees the old expiry and the new owner (equal
-// to ours exactly when we are granted or already held it); expires_at last
-// sees the new owner. A free row always has expires_at = freeExpiry, so
-// "expired" covers "free". Parameters: key, owner, ttl, owner, owner,
-// owner, owner, ttl.
+// assigned. So the order matters. Owner is decided first, from the old
+// expiry and owner. Fence then sees the old expiry and the new owner, which
+// equals ours exactly when we are granted or already held it. expires_at
+// last sees the new owner. A free row always has expires_at = freeExpiry, so
+// "expired" covers "free". Parameters: key, owner, ttl, owner, owner, owner,
+// owner, ttl.
 //
 // A grant's fence is one more than the larger of the row's counter and the
 // table's fence floor (see FenceFloor); a new row starts at floor + 1. The
 // VALUES row is evaluated first, so every grant takes a shared lock on the
 // floor row before it touches a lease row. Prune takes the floor row
-// exclusively before it deletes lease rows: a grant either completes
+// exclusively before it deletes lease rows. So a grant either completes
 // before a prune starts or reads the floor that prune raised, under any
-// isolation level (a plain subquery would be a non-locking read under
-// READ COMMITTED, and could miss a floor raised by a prune that deleted the
-// very row the grant then inserts again).
+// isolation level. A plain subquery would be a non-locking read under READ
+// COMMITTED. It could miss a floor raised by a prune that deleted the very
+// row the grant then inserts again.
 func (d *Driver) acquireSQL() string {
 	floor := `COALESCE((SELECT fence_floor FROM ` + d.f + ` WHERE id = 1 LOCK IN SHARE MODE), 0)`
 	return `INSERT INTO ` + d.t + ` (lease_key, owner, fence, expires_at)

@@ -1,15 +1,14 @@
 package fencedmysql_test
 
 import (
-	"context"
 	"os"
 	"testing"
 	"time"
 
-	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/driver/drivertest"
 	"github.com/fenced-dev/fenced/fencedmysql"
 	"github.com/fenced-dev/fenced/internal/testkit/crashtest"
+	"github.com/fenced-dev/fenced/internal/testkit/opentest"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 
@@ -19,42 +18,28 @@ var my *testenv.MySQL
 func TestMain(m *testing.M) {
 	crashtest.MaybeRunHolder()
 	maybeRunBellHolder()
-	tb := testenv.NewMainTB()
-	my = testenv.StartMySQL(tb)
-	os.Setenv("DATABASE_URL", my.URL()) // for the examples
-	os.Setenv("MYSQL_DSN", my.DSN())
-	code := m.Run()
-	tb.Close()
-	os.Exit(code)
+	testenv.RunMain(m, func(tb *testenv.MainTB) {
+		my = testenv.StartMySQL(tb)
+		os.Setenv("DATABASE_URL", my.URL()) // for the examples
+		os.Setenv("MYSQL_DSN", my.DSN())
+	})
 }
 
-func ctxT(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	t.Cleanup(cancel)
-	return ctx
-}
+// ctxT is the context of a test: it ends with the test, or after two
+// minutes.
+var ctxT = opentest.Context
 
+// open opens a driver on the shared server, closed when the test ends.
 func open(t testing.TB, params ...string) *fencedmysql.Driver {
 	t.Helper()
-	d, err := fencedmysql.Open(ctxT(t), my.URL(params...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { d.Close() })
-	return d
+	return opentest.Closed(t, fencedmysql.Open, my.URL(params...))
 }
 
 func TestConformance(t *testing.T) {
 	drivertest.RunConformanceTests(t, drivertest.Harness{
 		// Generous for a loaded CI machine: expiry tests sleep about this long.
 		ShortTTL: time.Second,
-		Open: func(t *testing.T) driver.Driver {
-			d, err := fencedmysql.Open(ctxT(t), my.URL())
-			if err != nil {
-				t.Fatal(err)
-			}
-			return d
-		},
+		Open:     opentest.Opener(fencedmysql.Open, my.URL()),
 		BadURLs: []string{
 			"mysql://127.0.0.1:1/db?table=Bad-Name",
 			"mysql://127.0.0.1:1/db?table=",
@@ -78,13 +63,7 @@ func TestKilledHolderIsReplaced(t *testing.T) {
 func TestRestartKeepsFences(t *testing.T) {
 	t.Parallel() // waits on TTLs and restarts; independent of the other tests
 	srv := testenv.StartMySQL(t)
-	crashtest.RestartKeepsFences(t, srv, func(t *testing.T) driver.Driver {
-		d, err := fencedmysql.Open(ctxT(t), srv.URL())
-		if err != nil {
-			t.Fatal(err)
-		}
-		return d
-	})
+	crashtest.RestartKeepsFences(t, srv, opentest.Opener(fencedmysql.Open, srv.URL()))
 }
 
 // A server that goes away and comes back: errors are actionable and the
@@ -92,10 +71,5 @@ func TestRestartKeepsFences(t *testing.T) {
 func TestServerDownThenBack(t *testing.T) {
 	t.Parallel() // waits on TTLs and restarts; independent of the other tests
 	srv := testenv.StartMySQL(t)
-	d, err := fencedmysql.Open(ctxT(t), srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
-	crashtest.ServerDownThenBack(t, srv, d)
+	crashtest.ServerDownThenBack(t, srv, opentest.Closed(t, fencedmysql.Open, srv.URL()))
 }

@@ -16,12 +16,12 @@ func (d *Driver) DB() *sql.DB { return d.db }
 func (d *Driver) Table() string { return d.table }
 
 // DSN converts a mysql:// store URL to a go-sql-driver DSN for
-// sql.Open("mysql", dsn) without fenced's own parameters (table, socket:
-// the latter becomes the DSN's unix address), with the settings fenced's
-// own connections use (interpolateParams=true unless the URL sets it, a
-// 10 s connect timeout unless the URL sets one). An application opens its
-// own pool to the lease store's database with it. Errors match
-// fenced.ErrInvalidURL and never contain the password.
+// sql.Open("mysql", dsn). It drops fenced's own parameters (table, and
+// socket, which becomes the DSN's unix address). It keeps the settings
+// fenced's own connections use: interpolateParams=true and a 10 s connect
+// timeout, unless the URL sets them. An application opens its own pool to
+// the lease store's database with it. Errors match fenced.ErrInvalidURL and
+// never contain the password.
 func DSN(rawURL string) (string, error) {
 	u, err := fenced.ParseURL(rawURL)
 	if err != nil {
@@ -41,16 +41,16 @@ func DSN(rawURL string) (string, error) {
 // (opened by URL, or over a *sql.DB with New), or an error if it is
 // another backend.
 //
-// Renewals go through this pool. A renewal waits for a connection no
-// longer than the lease's remaining local validity, and the validity it
-// grants counts from before that wait, so a busy pool can never make a
-// lease outlive its grant; but if the application keeps every connection
-// busy (after SetMaxOpenConns, or when the server's max_connections is
-// reached) for longer than that, the lease expires (ErrExpired) and its
-// work is cancelled. A client opened by URL has a pool without a limit on
-// open connections that nobody else uses unless DBOf hands it out. Use it
-// for short statements, such as the holder's guarded writes, and run the
-// application's own traffic on a pool of its own (DSN gives its DSN).
+// Renewals go through this pool. A renewal waits for a connection no longer
+// than the lease's remaining local validity. The validity it grants counts
+// from before that wait. So a busy pool can never make a lease outlive its
+// grant. But the application may keep every connection busy for longer than
+// that (after SetMaxOpenConns, or when the server's max_connections is
+// reached). The lease then expires (ErrExpired) and its work is cancelled. A
+// client opened by URL has a pool without a limit on open connections that
+// nobody else uses unless DBOf hands it out. Use it for short statements,
+// such as the holder's guarded writes, and run the application's own traffic
+// on a pool of its own (DSN gives its DSN).
 func DBOf(c *fenced.Client) (*sql.DB, error) {
 	d, ok := c.Driver().(*Driver)
 	if !ok {

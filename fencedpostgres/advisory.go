@@ -49,8 +49,8 @@ func AdvisoryKey(key string) int64 {
 // WithAdvisoryLock runs fn in a transaction that holds the transaction-
 // scoped advisory lock of key (pg_try_advisory_xact_lock, or
 // pg_advisory_xact_lock when opts.Wait is set). This is the "let the
-// database be the lock" pattern: the lock and fn's writes share one
-// transaction, so they commit or roll back together, and a crashed or
+// database be the lock" pattern. The lock and fn's writes share one
+// transaction, so they commit or roll back together. A crashed or
 // disconnected worker loses the lock at the moment its writes are rolled
 // back. When the work writes only to this database, that is all the
 // protection it needs.
@@ -78,13 +78,13 @@ func AdvisoryKey(key string) int64 {
 // Why only the transaction-scoped form: a session-scoped lock
 // (pg_advisory_lock) belongs to the server connection and is held until
 // unlocked or the session ends. Behind a transaction-mode pooler
-// (PgBouncer) consecutive statements of one client run on whichever server
-// connection is free, so the session that took the lock is not the one
-// that later unlocks it: unlock fails or releases another client's lock,
-// and the lock is left held by a server connection the pooler hands to
-// other clients. Even a plain pool can return the connection with the lock
-// still held. A transaction is always pinned to one server connection, so
-// the transaction-scoped form is safe everywhere.
+// (PgBouncer), consecutive statements of one client run on whichever server
+// connection is free. So the session that took the lock is not the one that
+// later unlocks it. Unlock fails, or releases another client's lock. The
+// lock is left held by a server connection the pooler hands to other
+// clients. Even a plain pool can return the connection with the lock still
+// held. A transaction is always pinned to one server connection, so the
+// transaction-scoped form is safe everywhere.
 func WithAdvisoryLock(ctx context.Context, db TxBeginner, key string, opts *AdvisoryOptions, fn func(ctx context.Context, tx pgx.Tx) error) error {
 	var o AdvisoryOptions
 	if opts != nil {

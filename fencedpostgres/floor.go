@@ -13,10 +13,10 @@ import (
 	"github.com/fenced-dev/fenced/internal/sqllease"
 )
 
-// pruneLockTimeout bounds how long a prune batch waits for the lease
-// table: grants and renewals queue behind a waiting prune, so it must not
-// wait long behind a transaction that holds the table (a break whose
-// client stopped half way, for example).
+// pruneLockTimeout bounds how long a prune batch waits for the lease table.
+// Grants and renewals queue behind a waiting prune. So it must not wait long
+// behind a transaction that holds the table, such as a break whose client
+// stopped half way.
 const pruneLockTimeout = 500 * time.Millisecond
 
 // lockNotAvailable is the SQLSTATE of a lock_timeout.
@@ -32,13 +32,13 @@ const pruneLockTries = 5
 // release and break set expires_at to the time they happened, so a
 // released key is kept for olderThan too.
 //
-// Each batch is one transaction that first locks the lease table in SHARE
-// ROW EXCLUSIVE mode, which waits for every statement writing the table
-// (grants, renewals, releases) to finish and holds new ones back until
-// the batch commits: a grant reads the floor in its statement's snapshot,
-// so it must not run across a batch (see the acquire statement). The wait
-// for the lock is bounded (pruneLockTimeout, then tried again a few
-// times), and a batch holds it for a few hundred primary-key deletions.
+// Each batch is one transaction. It first locks the lease table in SHARE ROW
+// EXCLUSIVE mode. That waits for every statement writing the table (grants,
+// renewals, releases) to finish, and holds new ones back until the batch
+// commits. A grant reads the floor in its statement's snapshot, so it must
+// not run across a batch (see the acquire statement). The wait for the lock
+// is bounded (pruneLockTimeout, then tried again a few times), and a batch
+// holds it for a few hundred primary-key deletions.
 func (q statements) pruneBatch(ctx context.Context, db sqllease.DB, cutoff any, after string) (leasetable.PruneBatch, error) {
 	for try := 1; ; try++ {
 		b, err := pruneOnce(ctx, db, q, cutoff, after)

@@ -24,21 +24,21 @@ const probePayload = ""
 // one it consumed (driver.WakeForwarder), hands it on to the next waiter
 // of the key in this driver.
 //
-// Why so few LISTENing connections: PostgreSQL (through at least 17)
-// signals every backend that LISTENs on any channel of the database at
-// every NOTIFY, and each of them must read the notification queue. With 64
-// idle drivers listening, one waiter's handover took 9.8 ms instead of
-// 1.3 ms on a 2-core machine. So a connection LISTENs only while it has a
-// notification to wait for: a line's connection while it is the head of
-// its key's line, and the listener's own connection only while this
-// driver waits for a key that has no line, or observes a key.
+// Why so few LISTENing connections: PostgreSQL (through at least 17) signals
+// every backend that LISTENs on any channel of the database at every NOTIFY,
+// and each of them must read the notification queue. With 64 idle drivers
+// listening, one waiter's handover took 9.8 ms instead of 1.3 ms on a 2-core
+// machine. So a connection LISTENs only while it has a notification to wait
+// for. A line's connection does while it is the head of its key's line. The
+// listener's own connection does only while this driver waits for a key that
+// has no line, or observes a key.
 //
 // Observers (SubscribeObserver: election observers, fenced observe) never
-// join a line: a line hands each notification to one waiter, and an
-// observer that held a key's line would take every wake-up and act on
-// none, leaving every candidate in every process to its fallback timer.
-// The listener's own connection LISTENs while this driver has observers
-// and wakes them at every notification of their key.
+// join a line. A line hands each notification to one waiter. An observer
+// that held a key's line would take every wake-up and act on none. Every
+// candidate in every process would be left to its fallback timer. The
+// listener's own connection LISTENs while this driver has observers and
+// wakes them at every notification of their key.
 type listener struct {
 	d   *Driver
 	cfg *pgx.ConnConfig
@@ -287,35 +287,34 @@ func (l *listener) keepSpare(c *pgx.Conn) bool {
 	return true
 }
 
-// A line orders the waiters of one key across drivers (processes), so a
-// release wakes one waiter in all, not one per driver: without it every
-// driver with a waiter retried on each NOTIFY, and with 64 waiting
-// processes 64 upserts queued on the row for one grant.
+// A line orders the waiters of one key across drivers (processes). So a
+// release wakes one waiter in all, not one per driver (docs/design-notes.md
+// says why).
 //
 // Each driver that has waiters of key queues for a session advisory lock
-// derived from the key (pg_advisory_lock on a connection of its own,
-// granted in the server's arrival order). The driver that holds it is the
-// head: only its line connection LISTENs, and it hands a notification of
-// key to one of its waiters. The others neither listen nor look. A head
-// gives the lock up when one of its waiters leaves (most often because it
-// was granted the key), so the next driver in the server's queue becomes
-// head; a driver that becomes head wakes one of its waiters at once to
-// look at the row, so a release that the previous head did not act on
-// (its waiter gave up, or its process died and the server ended its
-// session) or that came before the LISTEN is not lost.
+// derived from the key (pg_advisory_lock on a connection of its own, granted
+// in the server's arrival order). The driver that holds it is the head: only
+// its line connection LISTENs, and it hands a notification of key to one of
+// its waiters. The others neither listen nor look. A head gives the lock up
+// when one of its waiters leaves, most often because it was granted the key.
+// The next driver in the server's queue then becomes head. A driver that
+// becomes head wakes one of its waiters at once to look at the row. So no
+// release is lost: not one the previous head did not act on (its waiter gave
+// up, or its process died and the server ended its session), nor one that
+// came before the LISTEN.
 //
-// Nothing depends on the line for safety: a wake-up is only a hint, every
-// grant is the row's conditional upsert, and every waiter keeps the
-// client's fallback timer (capped by the time a refused acquire reports
-// left on the grant). A head that stops (SIGSTOP, a network cut that
-// leaves its session open) delays the others by at most that timer.
+// Nothing depends on the line for safety. A wake-up is only a hint, and
+// every grant is the row's conditional upsert. Every waiter keeps the
+// client's fallback timer, capped by the time a refused acquire reports left
+// on the grant. A head that stops (SIGSTOP, a network cut that leaves its
+// session open) delays the others by at most that timer.
 //
 // The lock id is a pair of int4s from a SHA-256 of the channel and key, in
-// the two-int space of pg_advisory_lock, which never collides with the
-// bigint ids of WithAdvisoryLock (AdvisoryKey); two keys whose pair
-// collides only share a line. A driver keeps at most maxLines lines;
-// waiters of further keys are woken through the listener's connection, one
-// per driver per release.
+// the two-int space of pg_advisory_lock. That space never collides with the
+// bigint ids of WithAdvisoryLock (AdvisoryKey). Two keys whose pair collides
+// only share a line. A driver keeps at most maxLines lines; waiters of
+// further keys are woken through the listener's connection, one per driver
+// per release.
 type line struct {
 	key  string
 	a, b int32

@@ -12,13 +12,12 @@ import (
 )
 
 // serverSettings are the PostgreSQL settings a store URL may set as
-// parameters of their own. pgx sends every parameter it does not know
-// itself to the server as a setting, so a mistyped parameter (tabel=x)
-// would reach the server, whose refusal looks like an outage; the URL
-// therefore sets directly only the settings below (libpq's
-// application_name, client_encoding and options, and those people put in
-// connection strings), and any other one in options=-c NAME=VALUE, as
-// with libpq.
+// parameters of their own. pgx sends every parameter it does not know itself
+// to the server as a setting. So a mistyped parameter (tabel=x) would reach
+// the server, whose refusal looks like an outage. The URL therefore sets
+// directly only the settings below: libpq's application_name,
+// client_encoding and options, and those people put in connection strings.
+// Any other one goes in options=-c NAME=VALUE, as with libpq.
 var serverSettings = map[string]bool{
 	"application_name":                    true,
 	"client_encoding":                     true,

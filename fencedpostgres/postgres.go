@@ -49,57 +49,56 @@
 //
 // Each key has one row (lease_key, owner, fence, expires_at). Acquire is one
 // INSERT ... ON CONFLICT DO UPDATE ... WHERE the row is free or expired by
-// now() RETURNING the raised fence, so a grant and its fence are decided by
-// one statement under the row lock, on the database's wall clock (so a
-// forward step of that clock ends grants early: Guarantees.ClockStepSafe
-// is false); a refusal returns the time the holder has left in the same
-// round trip. Renew and release are UPDATEs conditional on owner and
-// fence. Release and break keep the row, so the counter never restarts:
-// fences survive release, expiry, break, server restart and crash recovery
-// (the fence is as durable as any committed row; with synchronous
-// replication, failover too).
+// now() RETURNING the raised fence. So one statement under the row lock
+// decides a grant and its fence, on the database's wall clock. A forward
+// step of that clock ends grants early: Guarantees.ClockStepSafe is false. A
+// refusal returns the time the holder has left in the same round trip. Renew
+// and release are UPDATEs conditional on owner and fence. Release and break
+// keep the row, so the counter never restarts: fences survive release,
+// expiry, break, server restart and crash recovery (the fence is as durable
+// as any committed row; with synchronous replication, failover too).
 //
 // # Fence floor and pruning
 //
-// The table NAME_floor holds one number, the fence floor. A grant's fence
-// is one more than the larger of the row's counter and the floor (a new
-// row starts at floor + 1), in the grant's one statement. RaiseFenceFloor
-// raises it, so that keys moved from another table or store, or restored
-// after a failover that lost recent grants, start above the fences their
-// resources have seen (fenced floor raise). Prune deletes the rows of keys
-// unused for a given time (release and break record their time in
-// expires_at) and raises the floor to the highest fence it deleted, in one
-// transaction per batch (fenced prune). A grant racing with it cannot
-// reissue a fence: each batch locks the lease table against writers
-// (SHARE ROW EXCLUSIVE, for a few milliseconds), so a grant either
-// finishes before it or takes its snapshot, and reads the floor, after it.
+// The table NAME_floor holds one number, the fence floor. A grant's fence is
+// one more than the larger of the row's counter and the floor (a new row
+// starts at floor + 1), in the grant's one statement. RaiseFenceFloor raises
+// it, so that keys moved from another table or store, or restored after a
+// failover that lost recent grants, start above the fences their resources
+// have seen (fenced floor raise). Prune deletes the rows of keys unused for
+// a given time (release and break record their time in expires_at) and
+// raises the floor to the highest fence it deleted, in one transaction per
+// batch (fenced prune). A grant racing with it cannot reissue a fence. Each
+// batch locks the lease table against writers (SHARE ROW EXCLUSIVE, for a
+// few milliseconds). So a grant either finishes before it, or takes its
+// snapshot and reads the floor after it.
 //
 // # Tables made by someone else
 //
 // New checks the tables that already exist, in the same transaction that
-// creates the missing ones, and refuses with ErrSchema, naming every
-// difference, a table that would break the grant: no primary key or
-// unique index on exactly lease_key (or one that is partial, deferrable,
-// an exclusion constraint, or on a nondeterministic collation), another
-// unique index, retyped columns, or a key or owner column with a
-// nondeterministic collation (which can take job:A for job:a).
+// creates the missing ones. It refuses a table that would break the grant
+// with ErrSchema, naming every difference. Such a table has no primary key
+// or unique index on exactly lease_key, or one that is partial, deferrable,
+// an exclusion constraint, or on a nondeterministic collation. Or it has
+// another unique index, or retyped columns. Or a key or owner column has a
+// nondeterministic collation, which can take job:A for job:a.
 //
 // # Waiting
 //
 // A release or break sends pg_notify on a channel named after the table,
-// with the key as payload, in the same statement. A release wakes one
-// waiter of that key in all, whatever the number of waiting processes:
-// the drivers that wait for a key queue for a session advisory lock of
-// their own (a "line", two-int pg_advisory_lock, on one extra connection
-// per waited-for key, at most 32 per driver), and only the head of the
-// line LISTENs and hands the notification to one of its waiters; the
-// head moves on when one of its waiters leaves, and a new head lets one
-// waiter look at once. Idle drivers do not LISTEN, since PostgreSQL
-// signals every listening backend of the database at every NOTIFY. The
-// lock decides nothing about the lease. A grant that expires without a
-// release sends nothing, and a head that stopped without its session
-// ending hears for nobody; the portable client's fallback timer, capped by
-// the time left that a refused acquire reports, catches both.
+// with the key as payload, in the same statement. A release wakes one waiter
+// of that key in all, whatever the number of waiting processes. The drivers
+// that wait for a key queue for a session advisory lock of their own: a
+// "line", a two-int pg_advisory_lock on one extra connection per waited-for
+// key, at most 32 per driver. Only the head of the line LISTENs, and it
+// hands the notification to one of its waiters. The head moves on when one
+// of its waiters leaves, and a new head lets one waiter look at once. Idle
+// drivers do not LISTEN, since PostgreSQL signals every listening backend of
+// the database at every NOTIFY. The lock decides nothing about the lease. A
+// grant that expires without a release sends nothing, and a head that
+// stopped without its session ending hears for nobody; the portable client's
+// fallback timer, capped by the time left that a refused acquire reports,
+// catches both.
 //
 // # Connection poolers
 //

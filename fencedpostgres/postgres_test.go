@@ -1,7 +1,6 @@
 package fencedpostgres_test
 
 import (
-	"context"
 	"os"
 	"testing"
 	"time"
@@ -10,6 +9,7 @@ import (
 	"github.com/fenced-dev/fenced/driver/drivertest"
 	"github.com/fenced-dev/fenced/fencedpostgres"
 	"github.com/fenced-dev/fenced/internal/testkit/crashtest"
+	"github.com/fenced-dev/fenced/internal/testkit/opentest"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 
@@ -22,42 +22,28 @@ var (
 
 func TestMain(m *testing.M) {
 	crashtest.MaybeRunHolder()
-	tb := testenv.NewMainTB()
-	mainTB = tb
-	pg = testenv.StartPostgres(tb)
-	os.Setenv("DATABASE_URL", pg.URL()) // for the examples
-	code := m.Run()
-	tb.Close()
-	os.Exit(code)
+	testenv.RunMain(m, func(tb *testenv.MainTB) {
+		mainTB = tb
+		pg = testenv.StartPostgres(tb)
+		os.Setenv("DATABASE_URL", pg.URL()) // for the examples
+	})
 }
 
-func ctxT(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	t.Cleanup(cancel)
-	return ctx
-}
+// ctxT is the context of a test: it ends with the test, or after two
+// minutes.
+var ctxT = opentest.Context
 
+// open opens a driver on the shared server, closed when the test ends.
 func open(t testing.TB, params ...string) *fencedpostgres.Driver {
 	t.Helper()
-	d, err := fencedpostgres.Open(ctxT(t), pg.URL(params...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { d.Close() })
-	return d
+	return opentest.Closed(t, fencedpostgres.Open, pg.URL(params...))
 }
 
 func TestConformance(t *testing.T) {
 	drivertest.RunConformanceTests(t, drivertest.Harness{
 		// Generous for a loaded CI machine: expiry tests sleep about this long.
 		ShortTTL: time.Second,
-		Open: func(t *testing.T) driver.Driver {
-			d, err := fencedpostgres.Open(ctxT(t), pg.URL())
-			if err != nil {
-				t.Fatal(err)
-			}
-			return d
-		},
+		Open:     opentest.Opener(fencedpostgres.Open, pg.URL()),
 		BadURLs: []string{
 			"postgres://127.0.0.1:1/db?table=Bad-Name",
 			"postgres://127.0.0.1:1/db?table=",
@@ -79,13 +65,7 @@ func TestKilledHolderIsReplaced(t *testing.T) {
 func TestRestartKeepsFences(t *testing.T) {
 	t.Parallel() // waits on TTLs and restarts; independent of the other tests
 	srv := testenv.StartPostgres(t)
-	crashtest.RestartKeepsFences(t, srv, func(t *testing.T) driver.Driver {
-		d, err := fencedpostgres.Open(ctxT(t), srv.URL())
-		if err != nil {
-			t.Fatal(err)
-		}
-		return d
-	})
+	crashtest.RestartKeepsFences(t, srv, opentest.Opener(fencedpostgres.Open, srv.URL()))
 }
 
 // A server that goes away and comes back: errors are actionable, the pool

@@ -13,11 +13,12 @@ import (
 )
 
 // DatabaseURL returns a store URL without fenced's own query parameters
-// (table, notify) and the pool_* settings of fenced's pool, in the form pgx (pgxpool.New, pgx.Connect),
-// database/sql's "pgx" driver and libpq accept: an application opens its
-// own pool to the lease store's database with it. The store URL itself is
-// refused by them (PostgreSQL rejects "table" as an unknown setting).
-// Errors match fenced.ErrInvalidURL and never contain the password.
+// (table, notify) and the pool_* settings of fenced's pool. pgx
+// (pgxpool.New, pgx.Connect), database/sql's "pgx" driver and libpq accept
+// its form. An application opens its own pool to the lease store's database
+// with it. The store URL itself is refused by them (PostgreSQL rejects
+// "table" as an unknown setting). Errors match fenced.ErrInvalidURL and
+// never contain the password.
 func DatabaseURL(rawURL string) (string, error) {
 	u, err := fenced.ParseURL(rawURL)
 	if err != nil {
@@ -49,15 +50,15 @@ func DatabaseURL(rawURL string) (string, error) {
 // is another backend.
 //
 // Renewals go through this pool. A renewal waits for a free connection no
-// longer than the lease's remaining local validity, and the validity it
-// grants counts from before that wait, so a busy pool can never make a
-// lease outlive its grant; but if the application keeps every connection
-// busy for longer than that, the lease expires (ErrExpired) and its work
-// is cancelled. So use the pool only for short statements, such as the
-// guarded writes of the lease holder, and run the application's own
-// traffic on a pool of its own (DatabaseURL gives the URL for it); a client
-// opened by URL has a pool nobody else uses unless PoolOf hands it out.
-// Size the pool with the URL's pool_max_conns.
+// longer than the lease's remaining local validity. The validity it grants
+// counts from before that wait. So a busy pool can never make a lease
+// outlive its grant. But if the application keeps every connection busy for
+// longer than that, the lease expires (ErrExpired) and its work is
+// cancelled. So use the pool only for short statements, such as the guarded
+// writes of the lease holder. Run the application's own traffic on a pool of
+// its own (DatabaseURL gives the URL for it). A client opened by URL has a
+// pool nobody else uses unless PoolOf hands it out. Size the pool with the
+// URL's pool_max_conns.
 func PoolOf(c *fenced.Client) (*pgxpool.Pool, error) {
 	d, ok := c.Driver().(*Driver)
 	if !ok {

@@ -281,11 +281,11 @@ func classify(op, key string, err error) error {
 	return sqllease.Wrap("postgres", classifyError, op, key, err)
 }
 
-// classifyError names the sentinel a pgx error matches:
-// driver.ErrUnavailable when nothing can have been applied (no
-// connection, a statement the server rejected and rolled back),
-// driver.ErrUnknownOutcome when a request may have been applied before the
-// connection or the context failed.
+// classifyError names the sentinel a pgx error matches.
+// driver.ErrUnavailable: nothing can have been applied (no connection, a
+// statement the server rejected and rolled back). driver.ErrUnknownOutcome:
+// a request may have been applied before the connection or the context
+// failed.
 func classifyError(err error) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {

@@ -19,24 +19,23 @@
 //
 // # How a lease is kept
 //
-// A grant is one Lua script, one round trip: if the lock key is absent it
-// INCRs the key's fence counter (which never expires) and SETs the lock key
-// to "<fence>:<owner>" with PX ttl; if the same owner holds it, it extends
-// the expiry and returns the same fence; otherwise it returns the fence and
-// PTTL of the current grant, so a waiter can wake when it expires. An
-// uncontended grant runs two commands (INCR, SET NX), its release two (GET,
-// DEL): the fence costs one command over a plain SET NX lock. A process
-// that is not waiting for the key sends the grant with two keys and two
-// arguments, and a new grant's reply is the fence alone. Renew
-// and release are compare-then-act scripts on the whole value (owner and
-// fence). Every script is a file of internal/rediskit/lua, shared with the
-// redlock backend. Renewals of many leases run 256 grants per script call
+// A grant is one Lua script, one round trip. If the lock key is absent, the
+// script INCRs the key's fence counter (which never expires) and SETs the
+// lock key to "<fence>:<owner>" with PX ttl. If the same owner holds it, it
+// extends the expiry and returns the same fence. Otherwise it returns the
+// fence and PTTL of the current grant, so a waiter can wake when it expires.
+// An uncontended grant runs two commands (INCR, SET NX), its release two
+// (GET, DEL): the fence costs one command over a plain SET NX lock. A
+// process that is not waiting for the key sends the grant with two keys and
+// two arguments, and a new grant's reply is the fence alone. Renew and
+// release are compare-then-act scripts on the whole value (owner and fence).
+// Every script is a file of internal/rediskit/lua, shared with the redlock
+// backend. Renewals of many leases run 256 grants per script call
 // (BatchRenewer). The lock key, counter, waiters mark, audit stream and
-// pub/sub channel of a key share the hash tag {key}, so the scripts also
-// run on Redis Cluster.
-// Scripts are used even where Redis 8.4's native compare-and-delete
-// (DELEX IFEQ) exists, because release must also publish the wake-up in
-// the same atomic step.
+// pub/sub channel of a key share the hash tag {key}, so the scripts also run
+// on Redis Cluster. Scripts are used even where Redis 8.4's native
+// compare-and-delete (DELEX IFEQ) exists, because release must also publish
+// the wake-up in the same atomic step.
 //
 // Keys in the namespace that hold anything fenced did not write (another
 // type, a value of another format, a counter that is not a number) are
@@ -46,43 +45,43 @@
 //
 // # Guarantees
 //
-// Expiry follows the Redis server's wall clock (PX), so a forward step of
-// that clock larger than the safety margin ends grants early while their
-// holders still trust them, and a second holder can be granted the key
-// (Guarantees.ClockStepSafe is false; the fence is what refuses the first
-// holder at the resource). The fence is FenceRepeatable:
-// strictly increasing while the node's data survives (appendonly yes with
-// appendfsync always, and no eviction of the counter: maxmemory-policy
-// noeviction or volatile-*), but Redis replicates asynchronously, so after a
-// failover to a replica that had not received a grant, or a restart without
-// persistence, the lock is gone and the same fence can be issued to a second
-// holder. A lease on it therefore needs LeaseOptions.MinFence FenceRepeatable
-// (or FenceNone): the default minimum, FenceStrict, is refused.
+// Expiry follows the Redis server's wall clock (PX). So a forward step of
+// that clock larger than the safety margin ends grants early, while their
+// holders still trust them. A second holder can then be granted the key
+// (Guarantees.ClockStepSafe is false). The fence is what refuses the first
+// holder at the resource. The fence is FenceRepeatable. It strictly
+// increases while the node's data survives: appendonly yes with appendfsync
+// always, and no eviction of the counter (maxmemory-policy noeviction or
+// volatile-*). But Redis replicates asynchronously. After a failover to a
+// replica that had not received a grant, or a restart without persistence,
+// the lock is gone. The same fence can then be issued to a second holder. A
+// lease on it therefore needs LeaseOptions.MinFence FenceRepeatable (or
+// FenceNone): the default minimum, FenceStrict, is refused.
 //
 // Waiters are woken by pub/sub: release and break PUBLISH on the key's
 // channel inside their script; each driver holds one subscriber connection
 // and wakes only waiters of that key, one per release, oldest first. A
-// release publishes only when someone may be waiting: a refused try made
-// while its process has a subscription to the key sets the key's waiters
-// mark ({key}:waiters, for the holder's PTTL plus a second) in the same
-// script, and the release deletes lock and mark together and publishes
+// release publishes only when someone may be waiting. A refused try, made
+// while its process has a subscription to the key, sets the key's waiters
+// mark in the same script. The mark is {key}:waiters, for the holder's PTTL
+// plus a second. The release deletes lock and mark together, and publishes
 // only if the mark was there. The Client subscribes before its second try
-// and waits only after a refusal, so no release can slip between its
-// announcement and its wait; a waiter woken by a release that then takes
-// the key sets the mark again when its process has other subscribers, for
-// the neighbours whose mark that release consumed. A subscriber that
-// never tries (an election observer) is woken by breaks, by releases
-// others wait for, and otherwise by its own timer. A grant that expires
-// without a release publishes nothing: the refusal a waiter got carried
-// the grant's PTTL, and the waiter retries then (the mark outlives that
-// PTTL, so a missed wake-up never strands a waiter past the time left on
-// the grant that refused it). FIFO is not promised (Guarantees.FIFO is false): within one process waiters are
-// woken in arrival order, across processes whoever retries first wins.
-// Breaks are recorded in a capped stream per key (BreakLogger).
+// and waits only after a refusal. So no release can slip between its
+// announcement and its wait. A waiter woken by a release may then take the
+// key. If its process has other subscribers, it sets the mark again, for the
+// neighbours whose mark that release consumed. A subscriber that never tries
+// (an election observer) is woken by breaks, by releases others wait for,
+// and otherwise by its own timer. A grant that expires without a release
+// publishes nothing. The refusal a waiter got carried the grant's PTTL, and
+// the waiter retries then. The mark outlives that PTTL. So a missed wake-up
+// never strands a waiter past the time left on the grant that refused it.
+// FIFO is not promised (Guarantees.FIFO is false): within one process
+// waiters are woken in arrival order, across processes whoever retries first
+// wins. Breaks are recorded in a capped stream per key (BreakLogger).
 // Renewals of many leases are pipelined into one round trip (BatchRenewer),
-// 256 grants per script call (on Cluster, per primary: the script may
-// touch keys of every slot of its node, Redis 7's allow-cross-slot-keys;
-// a grant it could not renew there is tried again per hash slot).
+// 256 grants per script call. On Cluster that is per primary: the script may
+// touch keys of every slot of its node (Redis 7's allow-cross-slot-keys). A
+// grant it could not renew there is tried again per hash slot.
 package fencedredis
 
 import (
@@ -124,15 +123,15 @@ type Options struct {
 	// the primary knows.
 	//
 	// What it fixes: a failover to an acknowledging replica keeps the grant
-	// and the counter, so the promoted node neither grants the key twice
-	// nor repeats the fence. What it does not fix: WAIT is not consensus.
-	// A failover may still promote a replica that did not acknowledge (if
-	// WaitReplicas is lower than the number of replicas, or an
-	// acknowledging one is down); replicas acknowledge receipt, not fsync,
-	// so a replica restarting without persistence loses the grant;
-	// renewals and releases are not waited for; and the grant's clock
-	// restarts on the promoted node. The fence stays FenceRepeatable.
-	// Not available on Redis Cluster clients.
+	// and the counter, so the promoted node neither grants the key twice nor
+	// repeats the fence. What it does not fix: WAIT is not consensus. A
+	// failover may still promote a replica that did not acknowledge:
+	// WaitReplicas may be lower than the number of replicas, or an
+	// acknowledging one may be down. Replicas acknowledge receipt, not
+	// fsync, so a replica restarting without persistence loses the grant.
+	// Renewals and releases are not waited for. The grant's clock restarts
+	// on the promoted node. The fence stays FenceRepeatable. Not available
+	// on Redis Cluster clients.
 	WaitReplicas int
 	// WaitTimeout bounds the WAIT of each grant. Default 1s.
 	WaitTimeout time.Duration
@@ -248,11 +247,11 @@ func open(ctx context.Context, u *url.URL) (driver.Driver, error) {
 }
 
 // waitersSlack is how much longer than the grant a refused try's
-// Keys.Waiters mark lives: the waiter sleeps at most the grant's PTTL
-// (plus a millisecond) on its own clock, which starts when the reply
-// arrives, so the mark must outlive that sleep for a release just before
-// the waiter's retry to still publish. A mark that outlives its waiters
-// costs one PUBLISH nobody needed.
+// Keys.Waiters mark lives. The waiter sleeps at most the grant's PTTL (plus
+// a millisecond) on its own clock, which starts when the reply arrives. A
+// release just before the waiter's retry must still publish, so the mark
+// must outlive that sleep. A mark that outlives its waiters costs one
+// PUBLISH nobody needed.
 const waitersSlack = time.Second
 
 // The scripts are rediskit's (internal/rediskit/lua): rediskit.Acquire

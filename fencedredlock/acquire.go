@@ -23,10 +23,10 @@ func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Dur
 	return d.TryAcquireTerms(ctx, key, owner, driver.Terms{TTL: ttl, SafetyMargin: driver.DefaultSafetyMargin(ttl)})
 }
 
-// TryAcquireTerms implements driver.TermsAcquirer: one parallel round to
-// every node (after one request to the fence source, if any); the grant
-// counts if a majority made it and t.TTL minus the time the round took
-// minus t.SafetyMargin (the drift allowance) is still positive.
+// TryAcquireTerms implements driver.TermsAcquirer with one parallel round to
+// every node, after one request to the fence source, if any. The grant
+// counts if a majority made it. t.TTL minus the time the round took minus
+// t.SafetyMargin (the drift allowance) must still be positive.
 func (d *Driver) TryAcquireTerms(ctx context.Context, key, owner string, t driver.Terms) (uint64, error) {
 	ttl, drift := t.TTL, t.SafetyMargin
 	if err := d.usable(); err != nil {

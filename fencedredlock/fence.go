@@ -11,11 +11,11 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// ClientFence returns a FenceSource backed by another fenced store: each
-// Next takes and releases a short efficiency lease on key there and
-// returns that grant's fence, so the fences are as strong as that store's
-// (strict for SQL, etcd and ZooKeeper). It costs that store's acquire and
-// release per Redlock attempt. The source does not own c.
+// ClientFence returns a FenceSource backed by another fenced store. Each
+// Next takes and releases a short efficiency lease on key there, and returns
+// that grant's fence. So the fences are as strong as that store's (strict
+// for SQL, etcd and ZooKeeper). It costs that store's acquire and release
+// per Redlock attempt. The source does not own c.
 func ClientFence(c *fenced.Client) FenceSource { return &clientFence{c: c} }
 
 type clientFence struct{ c *fenced.Client }

@@ -18,22 +18,21 @@
 //
 // # The algorithm
 //
-// TryAcquire sends a grant script to every node in parallel and succeeds
-// once a majority (N/2+1) granted it within the budget (at most a third of
-// the TTL); it then checks that the TTL minus the time taken minus a drift
+// TryAcquire sends a grant script to every node in parallel. It succeeds
+// once a majority (N/2+1) granted it within the budget, at most a third of
+// the TTL. It then checks that the TTL minus the time taken minus a drift
 // allowance is still positive. The allowance is the lease's SafetyMargin
 // (fenced.LeaseOptions, 1% of the TTL + 2ms unless the lease or the client's
 // defaults set another), which the driver receives through
-// driver.TermsAcquirer, so its check and the holder's local validity are
-// the same arithmetic. It returns as soon as
-// the outcome is decided, so nodes that are down or stopped cost nothing
-// beyond the budget. A failed attempt releases whatever it was granted on
-// every node. The driver tries once; the portable Client retries with
-// backoff and full jitter, or when woken by a release (each node publishes
-// on release, and waiters subscribe on every node). Renewal and release go
-// to every node in parallel; renewal needs a majority. The Client measures
-// validity from before the first request was sent, minus the same drift
-// allowance.
+// driver.TermsAcquirer, so its check and the holder's local validity are the
+// same arithmetic. It returns as soon as the outcome is decided, so nodes
+// that are down or stopped cost nothing beyond the budget. A failed attempt
+// releases whatever it was granted on every node. The driver tries once; the
+// portable Client retries with backoff and full jitter, or when woken by a
+// release (each node publishes on release, and waiters subscribe on every
+// node). Renewal and release go to every node in parallel; renewal needs a
+// majority. The Client measures validity from before the first request was
+// sent, minus the same drift allowance.
 //
 // A node whose key holds a value fenced did not write refuses the grant
 // and is never written to; if that costs the majority, the attempt fails
@@ -41,26 +40,25 @@
 //
 // # Guarantees
 //
-// Each node decides expiry by its wall clock (PX): a forward step of that
-// clock on the nodes a rival needs (one node, when the holder's majority
-// is exact) ends the grant early there and lets a second majority form
-// (Guarantees.ClockStepSafe is false).
+// Each node decides expiry by its wall clock (PX). A forward step of that
+// clock on the nodes a rival needs ends the grant early there, and lets a
+// second majority form (Guarantees.ClockStepSafe is false). When the
+// holder's majority is exact, one node is enough.
 //
-// Redlock has no monotonic token: with no FenceSource the driver declares
-// FenceNone, every fence is zero, and a lease is refused unless its
+// Redlock has no monotonic token. With no FenceSource the driver declares
+// FenceNone, and every fence is zero. A lease is then refused unless its
 // LeaseOptions.MinFence is FenceNone: work whose duplicates only waste
 // effort, or a caller who fences the resource itself. Its mutual exclusion
-// also rests on timing
-// assumptions (bounded clock drift between nodes, pauses and network delays
-// shorter than the TTL) and on nodes keeping their data across restarts
-// (appendfsync always, or restarts delayed by a TTL).
+// also rests on timing assumptions (bounded clock drift between nodes,
+// pauses and network delays shorter than the TTL) and on nodes keeping their
+// data across restarts (appendfsync always, or restarts delayed by a TTL).
 //
-// With a FenceSource the fence of each grant comes from that source, taken
-// before the grant; every node remembers the highest fence it granted and
-// refuses an older one, so fences rise in grant order as long as a majority
-// of nodes keep their data, and the declared strength is the source's.
-// Even when Redlock's timing assumptions fail and two clients hold the key,
-// their fences differ and the resource refuses the older one.
+// With a FenceSource, the fence of each grant comes from that source, taken
+// before the grant. Every node remembers the highest fence it granted and
+// refuses an older one. So fences rise in grant order as long as a majority
+// of nodes keep their data. The declared strength is the source's. Even when
+// Redlock's timing assumptions fail and two clients hold the key, their
+// fences differ and the resource refuses the older one.
 package fencedredlock
 
 import (

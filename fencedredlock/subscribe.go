@@ -101,10 +101,10 @@ type merged struct {
 
 func (m *merged) C() <-chan struct{} { return m.c }
 
-// Forward implements driver.WakeForwarder. The wake-up a waiter took from
-// m may have come from any node (they are coalesced), so every node's
-// subscription hands one on: a waiter that gave up strands nobody, and
-// an extra wake-up only costs the woken waiter one look at the nodes.
+// Forward implements driver.WakeForwarder. The wake-up a waiter took from m
+// may have come from any node, since they are coalesced. So every node's
+// subscription hands one on. A waiter that gave up strands nobody. An extra
+// wake-up only costs the woken waiter one look at the nodes.
 func (m *merged) Forward() {
 	for _, s := range m.subs {
 		if f, ok := s.(driver.WakeForwarder); ok {

@@ -13,17 +13,17 @@ import (
 const doorbellSuffix = ".wake"
 
 // doorbell is the file a driver opens (and closes at once) after every
-// commit that may have freed a key, so that watchers in every process on
-// the host, told by the kernel (inotify), look at the lease table then.
+// commit that may have freed a key. The kernel (inotify) tells watchers in
+// every process on the host, and they look at the lease table then.
 //
-// The open comes after the commit has returned, that is after SQLite made
-// it durable (synchronous FULL: the WAL was synced) and visible (published
-// in the WAL index), so a look that follows the event always sees it, however
+// The open comes after the commit has returned. SQLite has then made it
+// durable (synchronous FULL: the WAL was synced) and visible (published in
+// the WAL index). So a look that follows the event always sees it, however
 // long the sync took. Watching the database's own files cannot give that
-// order: a WAL commit writes its frames (which the kernel reports) before
-// it syncs them and publishes them in the shared-memory index (a mapped
-// file, whose writes the kernel does not report), and the gap is as long
-// as the sync, which on a loaded disk is hundreds of milliseconds.
+// order. A WAL commit writes its frames, which the kernel reports, before it
+// syncs them. Only then does it publish them in the shared-memory index, a
+// mapped file whose writes the kernel does not report. The gap is as long as
+// the sync: hundreds of milliseconds on a loaded disk.
 //
 // The doorbell is opened read-only, so every process that can read the
 // database can ring it, and it holds no data. A commit by anything other

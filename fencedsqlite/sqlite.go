@@ -15,18 +15,17 @@
 // The table TABLE_floor holds the fence floor: a grant's fence is one more
 // than the larger of the row's counter and the floor (a new row starts at
 // floor + 1). RaiseFenceFloor raises it, for keys moved here from another
-// table or store (fenced floor raise). Prune deletes the rows of keys
-// unused for a given time (a released or broken key counts as unused
-// since long ago: the row keeps no release time) and raises the floor to
-// the highest fence it deleted, in the same transaction, under SQLite's
-// write lock, so a key granted again starts above its old fences (fenced
-// prune).
+// table or store (fenced floor raise). Prune (fenced prune) deletes the rows
+// of keys unused for a given time. A released or broken key counts as unused
+// since long ago: the row keeps no release time. In the same transaction,
+// under SQLite's write lock, it raises the floor to the highest fence it
+// deleted. So a key granted again starts above its old fences.
 //
 // An existing table is checked before anything is created, in the same
-// transaction: one whose key has no unique index of its own, or whose key
-// or owner column compares case-insensitively or ignores trailing spaces
-// (COLLATE NOCASE, RTRIM), or with retyped columns, is refused with
-// ErrSchema and nothing changes.
+// transaction. It is refused with ErrSchema, and nothing changes, if its key
+// has no unique index of its own, or if its columns are retyped. So is one
+// whose key or owner column compares case-insensitively or ignores trailing
+// spaces (COLLATE NOCASE, RTRIM).
 //
 // URL forms:
 //
@@ -38,30 +37,29 @@
 // several processes (creating it, switching it to WAL, creating tables),
 // and FILE.wake is the waiters' doorbell (see below).
 //
-// Query parameters: table (default fenced_leases; the break log is
-// TABLE_breaks, the fence floor TABLE_floor), busy_timeout (default 5s),
-// create=1 (create the file's directory if it is missing; without it a
-// path whose directory does not exist is refused, matching ErrNoDir and
-// driver.ErrInvalidURL, since it is most likely mistyped). The default
-// file's directory is always created. Any other parameter is refused.
+// Query parameters: table (default fenced_leases), busy_timeout (default 5s)
+// and create=1. The break log is TABLE_breaks, the fence floor TABLE_floor.
+// create=1 creates the file's directory if it is missing. Without it, a path
+// whose directory does not exist is most likely mistyped: it is refused,
+// matching ErrNoDir and driver.ErrInvalidURL. The default file's directory
+// is always created. Any other parameter is refused.
 //
-// Availability caveat of one shared file: a process stopped in the middle
-// of a write (SIGSTOP, a debugger, a frozen VM) keeps SQLite's write lock
-// until it runs again or dies (a killed process's locks go with it), and
-// every other process waits up to busy_timeout, then fails with
-// ErrUnavailable. Safety is unaffected: nothing is granted twice.
+// Availability caveat of one shared file: a process stopped in the middle of
+// a write (SIGSTOP, a debugger, a frozen VM) keeps SQLite's write lock until
+// it runs again or dies. A killed process's locks go with it. Every other
+// process waits up to busy_timeout, then fails with ErrUnavailable. Safety
+// is unaffected: nothing is granted twice.
 //
-// SQLite cannot notify another process. Instead every driver, after each
-// commit that may free a key (release, break), opens the doorbell
-// FILE.wake beside the database; waiters in every process learn of it
-// from the kernel (inotify on the database's directory), confirm a change
-// with PRAGMA data_version (a cheap read on one connection per driver),
-// and retry only when their key is free; an idle waiter costs nothing.
-// The doorbell rings after the commit is durable and visible, so a waiter
-// is woken however long the commit's fsync took. Without inotify the
-// driver reads data_version every 2ms while somebody waits. A grant that
-// expires without a release, or a key freed by another program, is caught
-// by the client's fallback timer.
+// SQLite cannot notify another process. Instead every driver opens the
+// doorbell FILE.wake beside the database after each commit that may free a
+// key (release, break). Waiters in every process learn of it from the kernel
+// (inotify on the database's directory). They confirm a change with PRAGMA
+// data_version, a cheap read on one connection per driver. They retry only
+// when their key is free. An idle waiter costs nothing. The doorbell rings
+// after the commit is durable and visible, so a waiter is woken however long
+// the commit's fsync took. Without inotify the driver reads data_version
+// every 2ms while somebody waits. A grant that expires without a release, or
+// a key freed by another program, is caught by the client's fallback timer.
 package fencedsqlite
 
 import (
@@ -527,12 +525,12 @@ func (d *Driver) migrate(ctx context.Context) error {
 	return nil
 }
 
-// readTable reads the shape of table from SQLite's catalog: declared
-// column types, unique indexes (with their collations), and how each
-// column compares, found by comparing 'job:a' with its upper-case and
-// space-padded forms under the column's own collation (SQLite has no
-// pragma that names a column's collation). The second result is false
-// when the table does not exist.
+// readTable reads the shape of table from SQLite's catalog: declared column
+// types, unique indexes (with their collations), and how each column
+// compares. SQLite has no pragma that names a column's collation. So it
+// compares 'job:a' with its upper-case and space-padded forms under the
+// column's own collation. The second result is false when the table does not
+// exist.
 func readTable(ctx context.Context, tx querier, table string) (leasetable.Existing, bool, error) {
 	found := leasetable.Existing{Columns: map[string]leasetable.ExistingColumn{}}
 	var kind string

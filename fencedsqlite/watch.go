@@ -16,22 +16,21 @@ import (
 // read touches no table and takes no write lock.
 const watchEvery = 2 * time.Millisecond
 
-// watcher wakes waiters in this process when another connection (any
-// process on the host) frees a key they wait for. SQLite cannot push
-// notifications, so every driver rings a doorbell after each commit that
-// may have freed a key, once the commit is durable and visible (see
-// doorbell), and the kernel tells the watcher (inotify): an idle waiter
-// costs nothing, not even a timer, and no waiting depends on how long a
-// commit takes. On each ring the watcher reads PRAGMA data_version, which
-// changes whenever another connection committed; only then does it read
-// the waited-for keys, in one query, and wake the waiters of the keys that
-// are now free. No waiter touches the lease table until its key is free,
-// so a release causes no herd, across keys or on one key's write lock.
-// Where inotify is unavailable (an in-memory database, a platform without
-// it, the watch limit reached) the watcher reads data_version every
-// watchEvery instead. A key freed without a ring (by another program, or
-// by a process killed between its commit and the ring) is found at the
-// client's fallback timer.
+// watcher wakes waiters in this process when another connection (any process
+// on the host) frees a key they wait for. SQLite cannot push notifications.
+// So every driver rings a doorbell after each commit that may have freed a
+// key, once the commit is durable and visible (see doorbell). The kernel
+// tells the watcher (inotify). An idle waiter costs nothing, not even a
+// timer, and no waiting depends on how long a commit takes. On each ring the
+// watcher reads PRAGMA data_version, which changes whenever another
+// connection committed; only then does it read the waited-for keys, in one
+// query, and wake the waiters of the keys that are now free. No waiter
+// touches the lease table until its key is free, so a release causes no
+// herd, across keys or on one key's write lock. Where inotify is unavailable
+// (an in-memory database, a platform without it, the watch limit reached)
+// the watcher reads data_version every watchEvery instead. A key freed
+// without a ring (by another program, or by a process killed between its
+// commit and the ring) is found at the client's fallback timer.
 type watcher struct {
 	d    *Driver
 	wake wakeup.Registry // waiters by key

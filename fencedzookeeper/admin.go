@@ -40,10 +40,10 @@ func (d *Driver) adminConn() (*zk.Conn, error) {
 
 // holder reads the lock at lockPath: its holder's node (name "" when free),
 // its stat and data, and the lock path's mzxid. fenced creates every lock
-// node in one transaction with a write to the lock path, so the mzxid is
-// the czxid of the last node fenced created there: when the lock is free,
-// the highest fence fenced has handed out (or reserved, for a waiter that
-// gave up) on it.
+// node in one transaction with a write to the lock path. So the mzxid is
+// the czxid of the last node fenced created there. When the lock is free,
+// it is the highest fence fenced has handed out on it (or reserved, for a
+// waiter that gave up).
 func (d *Driver) holder(conn *zk.Conn, lockPath string) (name string, stat *zk.Stat, data []byte, record uint64, err error) {
 	ok, pstat, err := conn.Exists(lockPath)
 	if err == nil && !ok {

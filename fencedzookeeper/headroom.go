@@ -19,10 +19,10 @@ import (
 // the unit ZooKeeper negotiates in.
 func sessionTimeoutFor(ttl, tick time.Duration) time.Duration { return ExpiryFor(tick).Rounded(ttl) }
 
-// ExpiryFor is how ZooKeeper keeps a grant when the servers' tickTime is
-// at most tick: a session of (TTL + tick)×8/7 (sessionTimeoutFor), at
-// least minSessionTimeout (two ticks by default), expired on tick
-// boundaries; TTLs up to what ZooKeeper's default maxSessionTimeout of 20
+// ExpiryFor is how ZooKeeper keeps a grant when the servers' tickTime is at
+// most tick. A grant gets a session of (TTL + tick)×8/7 (sessionTimeoutFor),
+// at least minSessionTimeout (two ticks by default), expired on tick
+// boundaries. TTLs go up to what ZooKeeper's default maxSessionTimeout of 20
 // ticks covers (maxTTLFor).
 func ExpiryFor(tick time.Duration) driver.Expiry {
 	return driver.Expiry{
@@ -42,10 +42,10 @@ func maxTTLFor(t, tick time.Duration) time.Duration { return t*7/8 - tick }
 // the session.
 func keepaliveEvery(t time.Duration) time.Duration { return t / 16 }
 
-// minProbeTimeout is the session timeout asked for when probing the
-// servers' minSessionTimeout (which they raise it to): small enough to
-// learn any common minimum, large enough that the client's handshake
-// deadlines (ten times two thirds of it) hold on a slow network.
+// minProbeTimeout is the session timeout asked for when probing the servers'
+// minSessionTimeout, which they raise it to. It is small enough to learn any
+// common minimum. It is large enough that the client's handshake deadlines
+// (ten times two thirds of it) hold on a slow network.
 const minProbeTimeout = 100 * time.Millisecond
 
 // activity is a request of one session that the server answered.
@@ -76,14 +76,14 @@ func (s *zsession) record(a activity) {
 	s.recorded = make(chan struct{})
 }
 
-// known returns the latest moment at which session was active that the
-// leader has certainly heard of by time at, should the follower serving the
-// session stay connected to the leader until then: the latest send time of
-// a creation done by at, or of a request done by at-tick (the follower
-// reported it at a ping in between; leaders ping every tickTime/2). ok is
-// false when there is none. next is when the next entry that does not
-// count yet will count (zero when none), so that a waiter knows when to
-// look again.
+// known returns the latest activity of session that the leader has
+// certainly heard of by time at. It assumes the follower serving the
+// session stays connected to the leader until then. That activity is the
+// latest send time of a creation done by at, or of a request done by
+// at-tick: the follower reported it at a ping in between (leaders ping
+// every tickTime/2). ok is false when there is none. next is when the next
+// entry that does not count yet will count (zero when none), so that a
+// waiter knows when to look again.
 func (s *zsession) known(session int64, at time.Time, tick time.Duration) (latest time.Time, ok bool, next time.Time, changed <-chan struct{}) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -109,13 +109,14 @@ func (s *zsession) known(session int64, at time.Time, tick time.Duration) (lates
 }
 
 // recordWrite notes a successful write (a create, delete or check
-// transaction) of session sent at sent, if zc's connection still carries
-// that session now that the answer is in. Every write passes through the
-// leader, so, like a sync, a write answered on the session proves that the
-// follower serving it reached the leader after it was sent, and every
-// later read of the session reflects the leader's state when the write
-// reached it (ZooKeeper answers a session in order, and a reconnect within
-// the session only goes to a server at least as recent as its last answer).
+// transaction) of session sent at sent. It does so only if zc's connection
+// still carries that session now that the answer is in. Every write passes
+// through the leader. So, like a sync, a write answered on the session
+// proves that the follower serving it reached the leader after it was sent.
+// Every later read of the session reflects the leader's state when the
+// write reached it: ZooKeeper answers a session in order, and a reconnect
+// within the session only goes to a server at least as recent as its last
+// answer.
 func (s *zsession) recordWrite(session int64, sent time.Time) {
 	if session == 0 || s.conn.SessionID() != session {
 		return
@@ -127,22 +128,26 @@ func (s *zsession) recordWrite(session int64, sent time.Time) {
 	}
 }
 
-// writeProofAge bounds how old a write may be for a waiter's look to
-// stand on it instead of a sync of its own (see leaderProof): the grant's
-// validity then counts from the write, so this is the most of a ttl the
-// waiter gives up.
+// writeProofAge bounds how old a write may be for a waiter's look to stand
+// on it instead of a sync of its own (see leaderProof). The grant's validity
+// then counts from the write. So this is the most of a ttl the waiter gives
+// up.
 func writeProofAge(ttl time.Duration) time.Duration { return ttl / 32 }
 
-// leaderProof returns when the latest answered write of session on zc
-// was sent, if it was sent no earlier than notBefore (the start of the
-// caller's acquisition, which its validity may not precede) and at most
-// writeProofAge(ttl) before now, and the session had headroom then for a
-// grant of ttl valid from that moment (the condition awaitHeadroom waits
-// for, judged at the write's sending, when it was the request that
-// reached the leader). A listing sent now is then as good as one sent
-// behind a sync at that moment: it reflects the leader's state when the
-// write reached it, or later, and the leader keeps the session for ttl
-// from the write's sending.
+// leaderProof returns when the latest answered write of session on zc was
+// sent. It reports false unless three things hold:
+//
+//   - the write was sent no earlier than notBefore, the start of the
+//     caller's acquisition, which its validity may not precede;
+//   - it was sent at most writeProofAge(ttl) before now;
+//   - the session then had headroom for a grant of ttl valid from that
+//     moment. This is the condition awaitHeadroom waits for, judged at the
+//     write's sending, with the write as the request that reached the
+//     leader.
+//
+// A listing sent now is then as good as one sent behind a sync at that
+// moment. It reflects the leader's state when the write reached it, or
+// later, and the leader keeps the session for ttl from the write's sending.
 func (d *Driver) leaderProof(zc *zsession, session int64, notBefore, now time.Time, ttl time.Duration) (time.Time, bool) {
 	zc.mu.Lock()
 	w := zc.lastWrite
@@ -206,12 +211,13 @@ func (d *Driver) keepAlive(zc *zsession) {
 const keepaliveRetry = 20 * time.Millisecond
 
 // awaitHeadroom returns once the session of zc is certain to outlive
-// start+ttl at the server if it is cut off from the ensemble right after
-// the caller's next request to the leader (a sync or a create, which
-// proves the follower still reaches the leader): the session's known
-// activity plus its timeout reaches start+ttl. Normally that holds at once;
-// after a pause of the process (or right after New) it waits for a
-// keep-alive to be answered and reported, about a tick. It gives up with
+// start+ttl at the server, even if it is cut off from the ensemble right
+// after the caller's next request to the leader. That request (a sync or a
+// create) proves the follower still reaches the leader. The condition is
+// that the session's known activity plus its timeout reaches start+ttl.
+// Normally that holds at once. After a pause of the process (or right after
+// New) it waits for a keep-alive to be answered and reported, about a tick.
+// It gives up with
 // ErrUnavailable when the session has no answered request for longer than
 // the grant allows, and with ctx's error when ctx ends.
 func (d *Driver) awaitHeadroom(ctx context.Context, zc *zsession, start time.Time, ttl time.Duration) error {

@@ -13,55 +13,13 @@ import (
 )
 
 // Who holds a lock, and whom a waiter waits for, is decided by creation
-// order: the order of the zxids of the transactions that created the lock
-// nodes (their czxids), never by a plain reading of their sequence
-// suffixes.
-//
-// The suffix is the lock path's child version (cversion) when the node was
-// created: a signed 32-bit counter of child creations that fenced never
-// resets, since it never deletes lock paths. After 2^31 creations under one
-// lock path it overflows, and ZooKeeper (3.5 and later; 3.8 tested, and
-// TestSequenceWrap checks it on the server under test) then keeps naming
-// every new node "...-2147483647" (its data tree refuses the lower counter
-// that the overflow gives, so the counter stops), except that creations in
-// flight together may get "-2147483648" and upwards. Ordered by suffix, a
-// new node then ties with or sorts before the holder, and two owners hold
-// the key. The czxid is 64 bits wide and strictly increasing across the
-// whole ensemble (epoch in the high half): it cannot wrap, and it orders
-// nodes by creation whatever their names.
-//
-// Reading every czxid costs a request per node, though, and a waiter that
-// joins a line of N others would read N of them: with waiters in separate
-// processes every handover cost O(N) requests. Most suffixes need no read.
-// Call a suffix counted when it is in [0, 2^31-1): the counter gave it
-// before it overflowed (after the overflow it gives only 2^31-1 and
-// negative values). Until the overflow the counter strictly increases with
-// every child creation, and the leader assigns a creation's suffix and its
-// zxid together, in one thread, in order; a lock path cannot be deleted and
-// made again while it has children. So a node with a counted suffix was
-// created after every node with a smaller non-negative suffix and before
-// every other node listed with it: counted suffixes order their nodes
-// exactly as czxids do, and every counted node is older than every
-// uncounted one. Only the order among uncounted nodes (from the 2^31st
-// creation under a lock path on) needs czxids; a waiter reads those of the
-// uncounted nodes ahead of it once. This relies on every child of a lock
-// path being a sequential node made by a lock recipe (fenced, Curator,
-// kazoo): a node someone creates with a made-up suffix is ordered by its
-// name. It also relies on the counter stopping at its overflow, as it
-// does from ZooKeeper 3.5 on: a 3.4 server lets it run on through the
-// negative values and back into the counted ones, which could mislead
-// only about a node that lived through 2^32 creations under its lock path.
-//
-// Curator's InterProcessMutex (and kazoo's Lock) order by the suffix as a
-// string. Before a lock path's 2^31st child creation that is the same
-// order as czxid order (the suffix is zero-padded to ten digits and grows
-// with each creation), so a fenced lease and a Curator mutex exclude each
-// other. After it, Curator's own order is wrong: Curator clients may hold
-// together, and one may hold beside a fenced holder; fenced leases still
-// exclude each other. A lock path shared with Curator past that point must
-// be recycled: delete it while no lock node is under it (ZooKeeper refuses
-// to delete a path that has children, so this cannot break a holder), and
-// both libraries create it again, with the counter at zero.
+// order: the order of the lock nodes' czxids. A plain reading of the
+// sequence suffixes is never trusted, since the suffix counter stops at
+// 2^31-1. A suffix in [0, 2^31-1) was given before that overflow; such
+// suffixes order their nodes exactly as czxids do, and every such node is
+// older than every other. So only the nodes named from the overflow on
+// need their czxids read. docs/design-notes.md gives the argument, what it
+// relies on, and what the overflow means for a path shared with Curator.
 
 // child is one lock node under a lock path.
 type child struct {

@@ -33,16 +33,16 @@
 //
 // # Identity
 //
-// An intent is identified by its Store's Namespace and its id: stores with
-// different namespaces may share one table, and the same id in two
-// namespaces ("42" as a refund and "42" as a payout) is two intents with two
-// idempotency keys. Ids and namespaces compare byte for byte: "po_1",
-// "PO_1" and "po_1 " are three intents on every database. (On MySQL and
-// MariaDB the identity columns are VARBINARY for that reason: a _ci
-// collation folds case and every PAD SPACE collation, _bin ones included,
-// ignores trailing spaces.) EnsureTable refuses a table whose key or
-// collations would merge distinct intents, with an error matching ErrSchema
-// that names each difference; nothing is changed then.
+// An intent is identified by its Store's Namespace and its id. Stores with
+// different namespaces may share one table. The same id in two namespaces
+// ("42" as a refund and "42" as a payout) is two intents with two
+// idempotency keys. Ids and namespaces compare byte for byte: "po_1", "PO_1"
+// and "po_1 " are three intents on every database. (On MySQL and MariaDB the
+// identity columns are VARBINARY for that reason. A _ci collation folds
+// case, and every PAD SPACE collation, _bin ones included, ignores trailing
+// spaces.) EnsureTable refuses a table whose key or collations would merge
+// distinct intents. The error matches ErrSchema and names each difference;
+// nothing is changed then.
 //
 // # Upgrading a table from before namespaces
 //
@@ -69,8 +69,8 @@
 // # Reconciliation order
 //
 // Stuck returns the intents examined longest ago first (never examined
-// first, then by age), and the Reconciler marks every intent it examines,
-// whatever the outcome, so intents whose lookup keeps answering Unknown, or
+// first, then by age). The Reconciler marks every intent it examines,
+// whatever the outcome. So intents whose lookup keeps answering Unknown, or
 // whose lease stays held, cannot starve the others.
 package intent
 
@@ -522,9 +522,9 @@ func (s *Store) finish(ctx context.Context, op, id string, tok fence.Token, to S
 }
 
 // Reopen moves a submitting intent back to pending, for a reconciliation
-// that found the provider never received it: the next attempt sends the
-// same idempotency key, so even a late delivery of the lost attempt cannot
-// cause a second side effect.
+// that found the provider never received it. The next attempt sends the same
+// idempotency key. So even a late delivery of the lost attempt cannot cause
+// a second side effect.
 func (s *Store) Reopen(ctx context.Context, id string, tok fence.Token) error {
 	return s.finish(ctx, "reopen", id, tok, Pending, "")
 }

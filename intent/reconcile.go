@@ -59,11 +59,11 @@ type Lookup func(ctx context.Context, it Intent) (Answer, error)
 // is unknown because the worker crashed, timed out or lost its lease before
 // recording it.
 //
-// For each intent submitting for longer than StuckFor it takes the same
-// lease the workers take (LeaseKey), skipping intents whose lease is held
-// (their worker is still active), claims the intent with its fence (so a
-// late record from the old attempt is refused as stale), asks Lookup, and
-// records the answer. It never calls the provider's side effect itself.
+// For each intent submitting for longer than StuckFor, it takes the same
+// lease the workers take (LeaseKey). It skips intents whose lease is held:
+// their worker is still active. It claims the intent with its fence, so a
+// late record from the old attempt is refused as stale. Then it asks Lookup
+// and records the answer. It never calls the provider's side effect itself.
 type Reconciler struct {
 	Store *Store
 	// Leases issues the leases the workers use.

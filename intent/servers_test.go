@@ -11,21 +11,9 @@ import (
 
 	"github.com/fenced-dev/fenced/fence"
 	"github.com/fenced-dev/fenced/intent"
+	"github.com/fenced-dev/fenced/internal/testkit/opentest"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
-
-func openDB(t *testing.T, driverName, dsn string) *sql.DB {
-	t.Helper()
-	db, err := sql.Open(driverName, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	if err := db.Ping(); err != nil {
-		t.Fatal(err)
-	}
-	return db
-}
 
 // TestServers runs the intent tests with the intents in PostgreSQL and in
 // MariaDB (the leases stay in SQLite). MariaDB runs with its own defaults,
@@ -33,7 +21,7 @@ func openDB(t *testing.T, driverName, dsn string) *sql.DB {
 func TestServers(t *testing.T) {
 	t.Run("Postgres", func(t *testing.T) {
 		t.Parallel()
-		db := openDB(t, "pgx", testenv.StartPostgres(t).URL())
+		db := opentest.DB(t, "pgx", testenv.StartPostgres(t).URL())
 		t.Run("Lifecycle", func(t *testing.T) { testLifecycle(t, newEnv(t, db, fence.Postgres)) })
 		t.Run("Reconcile", func(t *testing.T) { testReconcile(t, newEnv(t, db, fence.Postgres)) })
 		for _, tc := range dbTests {
@@ -43,7 +31,7 @@ func TestServers(t *testing.T) {
 	t.Run("MySQL", func(t *testing.T) {
 		t.Parallel()
 		srv := testenv.StartMySQL(t)
-		db := openDB(t, "mysql", srv.DSN())
+		db := opentest.DB(t, "mysql", srv.DSN())
 		t.Run("Lifecycle", func(t *testing.T) { testLifecycle(t, newEnv(t, db, fence.MySQL)) })
 		t.Run("Reconcile", func(t *testing.T) { testReconcile(t, newEnv(t, db, fence.MySQL)) })
 		for _, tc := range dbTests {
@@ -55,7 +43,7 @@ func TestServers(t *testing.T) {
 				t.Fatal(err)
 			}
 			cfg.ClientFoundRows = true
-			testClientFoundRows(t, openDB(t, "mysql", cfg.FormatDSN()))
+			testClientFoundRows(t, opentest.DB(t, "mysql", cfg.FormatDSN()))
 		})
 	})
 }

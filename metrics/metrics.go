@@ -1,9 +1,9 @@
 // Package metrics turns a fenced.Client's hooks into the observations an
-// operator needs, independently of any metrics library: it names every
-// series, classifies each event into a bounded set of label values, keeps
-// track of the leases a process holds, and calls a Recorder. Its two
-// exporters live in their own packages, so that a program that imports
-// only fenced compiles neither client_golang nor the OpenTelemetry SDK:
+// operator needs, independently of any metrics library. It names every
+// series and classifies each event into a bounded set of label values. It
+// keeps track of the leases a process holds, and calls a Recorder. Its two
+// exporters live in their own packages, so that a program that imports only
+// fenced compiles neither client_golang nor the OpenTelemetry SDK:
 //
 //   - metrics/fencedprom registers Prometheus collectors (client_golang) on
 //     a prometheus.Registerer;
@@ -32,16 +32,16 @@
 //
 // store is the name given to Hooks (one per client: the URL scheme, or a
 // name of the caller's choosing such as "billing-pg"). key_group is a
-// bounded projection of the key, never the key itself (keys such as
-// invoice:inv_72 are unbounded) and never the owner: by default the key up
-// to its first ':' (invoice:inv_72 → "invoice"; a key without ':' is its
-// own group), or a caller's KeyGroup function. The permits of a semaphore
-// (fenced.Semaphore, keys encoders#0, encoders#1, …) are grouped by the
-// semaphore's name, so its N slots are one group: the semaphore marks its
-// acquisitions (fenced.WithKeyGroup), and a key of the same form taken
-// outside a semaphore is grouped as any other key. Groups beyond MaxKeyGroups
-// (default 100) distinct values are folded into OtherGroup, so a key
-// scheme without colons (job-8f3a…) cannot explode the series count.
+// bounded projection of the key. It is never the key itself (keys such as
+// invoice:inv_72 are unbounded) and never the owner. By default it is the
+// key up to its first ':' (invoice:inv_72 → "invoice"); a key without ':' is
+// its own group. A caller's KeyGroup function can replace it. The permits of
+// a semaphore (fenced.Semaphore, keys encoders#0, encoders#1, …) are grouped
+// by the semaphore's name, so its N slots are one group. The semaphore marks
+// its acquisitions (fenced.WithKeyGroup). A key of the same form taken
+// outside a semaphore is grouped as any other key. Groups beyond
+// MaxKeyGroups (default 100) distinct values are folded into OtherGroup, so
+// a key scheme without colons (job-8f3a…) cannot explode the series count.
 // result and reason take the fixed values listed below. Per store and key
 // group that is at most 6 + 3 + 4 + 3 counter series, 3 histograms and 2
 // gauges.

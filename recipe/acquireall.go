@@ -13,18 +13,17 @@ import (
 
 // AcquireAll acquires a lease on every key, all or nothing. It takes the
 // keys in one canonical order (sorted bytewise, whatever order they were
-// given in), so two callers that need overlapping sets can never deadlock
-// by each holding a key the other waits for. MaxWait (see LeaseOptions)
-// bounds the whole acquisition, not each key: if some key is still held
-// when it runs out, or anything else fails, the leases already taken are
-// released (in reverse order) and the error says which key failed.
+// given in), so two callers that need overlapping sets can never deadlock by
+// each holding a key the other waits for. MaxWait (see LeaseOptions) bounds
+// the whole acquisition, not each key. Some key may still be held when it
+// runs out, or anything else may fail. The leases already taken are then
+// released (in reverse order), and the error says which key failed.
 //
-// Once the last key is granted, every earlier lease is renewed once, so
-// that a lease broken or expired while AcquireAll waited for a later key
-// fails the whole call (the leases are released and the error names the
-// key) instead of being handed out: the set starts with every lease
-// confirmed after the last grant was. That costs about one round trip
-// for two keys or more.
+// Once the last key is granted, every earlier lease is renewed once. A lease
+// broken or expired while AcquireAll waited for a later key then fails the
+// whole call, instead of being handed out. The leases are released, and the
+// error names the key. So the set starts with every lease confirmed after
+// the last grant was. That costs about one round trip for two keys or more.
 //
 // The returned set's context is cancelled, with that lease's cause, when
 // any one of its leases ends, so work under it stops the moment a single
@@ -77,14 +76,14 @@ func AcquireAll(ctx context.Context, c *fenced.Client, keys []string, opts *fenc
 	return set, nil
 }
 
-// confirm checks, once the last lease is granted, that the earlier ones
-// are still held: while AcquireAll waited for a later key, an earlier
-// lease may have been broken or have expired at the authority, and that
-// lease would learn of it only at its next renewal. Each earlier lease is
-// renewed once (concurrently, so about one round trip in all), and any
-// lease that has ended, or whose renewal is refused, fails the set. A
-// renewal that fails for another reason (the store did not answer) leaves
-// the lease as its local validity says: held, and not Healthy.
+// confirm checks, once the last lease is granted, that the earlier ones are
+// still held. While AcquireAll waited for a later key, an earlier lease may
+// have been broken or have expired at the authority. That lease would learn
+// of it only at its next renewal. Each earlier lease is renewed once
+// (concurrently, so about one round trip in all), and any lease that has
+// ended, or whose renewal is refused, fails the set. A renewal that fails
+// for another reason (the store did not answer) leaves the lease as its
+// local validity says: held, and not Healthy.
 func (s *LeaseSet) confirm(ctx context.Context) error {
 	errs := make([]error, len(s.leases))
 	var wg sync.WaitGroup

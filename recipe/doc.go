@@ -2,10 +2,10 @@
 // (Election), a counting semaphore (Semaphore) and several keys taken at
 // once (AcquireAll).
 //
-// Every recipe is leases underneath, so it has the guarantees of a lease
-// on its backend: an election's epoch is its lease's fence, each permit is
-// a lease of its own, and AcquireAll takes its keys in one canonical
-// order, all or nothing.
+// Every recipe is leases underneath, so it has the guarantees of a lease on
+// its backend. An election's epoch is its lease's fence. Each permit is a
+// lease of its own. AcquireAll takes its keys in one canonical order, all or
+// nothing.
 //
 // The package uses only the public API of package fenced (and its driver
 // capabilities): Client.Clock, Client.Backoff, Client.CloseTimeout and

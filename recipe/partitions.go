@@ -341,11 +341,11 @@ func (g *Partitions) Stats() PartitionStats {
 // Done is closed once the member has left.
 func (g *Partitions) Done() <-chan struct{} { return g.loopDone }
 
-// Leave ends the member's work: every partition's context is cancelled
-// with ErrLeft, its work function is waited for (at most HandoffGrace)
-// and its lease released, then the membership is released and the
-// doorbell rung, so that the others take the partitions at once. It is
-// safe to call more than once.
+// Leave ends the member's work. Every partition's context is cancelled with
+// ErrLeft. Its work function is waited for (at most HandoffGrace) and its
+// lease released. Then the membership is released and the doorbell rung, so
+// that the others take the partitions at once. It is safe to call more than
+// once.
 func (g *Partitions) Leave(ctx context.Context) error {
 	g.leaveOnce.Do(func() {
 		g.stopRun(ErrLeft)

@@ -27,11 +27,11 @@ const MaxPermits = 1024
 // at. The fence is per permit: it orders the holders of one slot, not the
 // holders of different slots.
 //
-// Waiting is notified where the backend notifies: on backends with a
+// Waiting is notified where the backend notifies. Some backends have a
 // native queue (etcd, ZooKeeper) or release notifications (SQLite,
-// PostgreSQL with LISTEN, Redis, mem) a waiter waits on every permit at
-// once and takes the first granted; elsewhere it polls all permits with
-// jittered backoff, waking no later than the soonest expiry it was told
+// PostgreSQL with LISTEN, Redis, mem). There a waiter waits on every permit
+// at once and takes the first granted. Elsewhere it polls all permits with
+// jittered backoff. It wakes no later than the soonest expiry it was told
 // of.
 type Semaphore struct {
 	c       *fenced.Client

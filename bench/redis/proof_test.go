@@ -128,7 +128,7 @@ func TestProofIncumbents(t *testing.T) {
 			faults   []proof.Fault
 		}{
 			{"redis://" + srv.Addr() + "/0", nil, proofFaults(proof.LockerFaults)},
-			{failover.URL(), failover, proofFaults([]proof.Fault{proof.M7})},
+			{failover.URL(), failover, proofFaults([]proof.Fault{proof.FailoverReplica})},
 		} {
 			base := proof.Config{
 				Locker:     lib,

@@ -27,16 +27,7 @@ func etcdBackend(tb *testenv.MainTB) *backend {
 	cluster := testenv.StartEtcd(tb)
 	eps := cluster.Endpoints()
 	url := cluster.URL("")
-	newClient := func() (*clientv3.Client, error) {
-		return clientv3.New(clientv3.Config{Endpoints: eps, Logger: zap.NewNop(), DialTimeout: 5 * time.Second})
-	}
-	mutex := impl{name: "etcd-mutex", open: func(context.Context) (process, error) {
-		cli, err := newClient()
-		if err != nil {
-			return nil, err
-		}
-		return &etcdMutexProcess{cli: cli}, nil
-	}}
+	newClient := func() (*clientv3.Client, error) { return newEtcdClient(eps) }
 	holders := []holderImpl{
 		{name: "fenced", how: "Client auto-renew on the driver's session", open: openFencedHolder(url)},
 		{name: "etcd-mutex", how: "one session (lease keep-alive) for every mutex", open: func(ctx context.Context, ttl time.Duration) (holder, error) {
@@ -54,7 +45,8 @@ func etcdBackend(tb *testenv.MainTB) *backend {
 	}
 	metrics := "http://" + eps[0] + "/metrics"
 	return &backend{
-		name: "etcd", impls: append(fencedImpls(url), mutex), holders: holders,
+		name: "etcd", impls: etcdImpls(append([]string{url}, eps...)), holders: holders,
+		spawn: spawnSpec{Set: "etcd", Args: append([]string{url}, eps...)},
 		count: etcdMessages(metrics, false), renewalCount: etcdMessages(metrics, true),
 		renewalTTL: renewalTTL,
 		note:       "single-node etcd; requests are gRPC messages received (grpc_server_msg_received_total), keep-alives left out except in the renewal workload",
@@ -175,17 +167,7 @@ func zookeeperBackend(tb *testenv.MainTB) *backend {
 	ens := testenv.StartZooKeeper(tb)
 	servers := ens.Servers()
 	url := ens.URL("/bench", "")
-	connect := func() (*zk.Conn, error) {
-		conn, _, err := zk.Connect(servers, 10*time.Second, zk.WithLogInfo(false))
-		return conn, err
-	}
-	lock := impl{name: "zk-lock", open: func(context.Context) (process, error) {
-		conn, err := connect()
-		if err != nil {
-			return nil, err
-		}
-		return clientProcess{l: zkLock(conn), closers: []func() error{func() error { conn.Close(); return nil }}}, nil
-	}}
+	connect := func() (*zk.Conn, error) { return connectZK(servers) }
 	holders := []holderImpl{
 		{name: "fenced", how: "Client auto-renew on the driver's session", open: openFencedHolder(url)},
 		{name: "zk-lock", how: "one session (heartbeats) for every lock", open: func(ctx context.Context, ttl time.Duration) (holder, error) {
@@ -197,7 +179,8 @@ func zookeeperBackend(tb *testenv.MainTB) *backend {
 		}},
 	}
 	return &backend{
-		name: "zookeeper", impls: append(fencedImpls(url), lock), holders: holders,
+		name: "zookeeper", impls: zookeeperImpls(append([]string{url}, servers...)), holders: holders,
+		spawn: spawnSpec{Set: "zookeeper", Args: append([]string{url}, servers...)},
 		count: zkPackets(servers[0]), renewalCount: zkPackets(servers[0]),
 		renewalTTL: renewalTTL,
 		note:       "standalone ZooKeeper; requests are packets received (mntr's zk_packets_received, session pings included); zk.Lock has no context and no TTL of its own (the session's)",
@@ -272,3 +255,38 @@ func (h *zkLockHolder) releaseAll(ctx context.Context) {
 }
 
 func (h *zkLockHolder) close() { h.conn.Close() }
+
+func newEtcdClient(eps []string) (*clientv3.Client, error) {
+	return clientv3.New(clientv3.Config{Endpoints: eps, Logger: zap.NewNop(), DialTimeout: 5 * time.Second})
+}
+
+// etcdImpls are the implementations on etcd: args are fenced's store URL,
+// then the endpoints.
+func etcdImpls(args []string) []impl {
+	url, eps := args[0], args[1:]
+	return append(fencedImpls([]string{url}), impl{name: "etcd-mutex", open: func(context.Context) (process, error) {
+		cli, err := newEtcdClient(eps)
+		if err != nil {
+			return nil, err
+		}
+		return &etcdMutexProcess{cli: cli}, nil
+	}})
+}
+
+func connectZK(servers []string) (*zk.Conn, error) {
+	conn, _, err := zk.Connect(servers, 10*time.Second, zk.WithLogInfo(false))
+	return conn, err
+}
+
+// zookeeperImpls are the implementations on ZooKeeper: args are fenced's
+// store URL, then the servers.
+func zookeeperImpls(args []string) []impl {
+	url, servers := args[0], args[1:]
+	return append(fencedImpls([]string{url}), impl{name: "zk-lock", open: func(context.Context) (process, error) {
+		conn, err := connectZK(servers)
+		if err != nil {
+			return nil, err
+		}
+		return clientProcess{l: zkLock(conn), closers: []func() error{func() error { conn.Close(); return nil }}}, nil
+	}})
+}

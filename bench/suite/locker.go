@@ -157,8 +157,10 @@ func openDriver(ctx context.Context, url string) (driver.Driver, error) {
 	return c.Driver(), nil
 }
 
-// fencedImpls are fenced's Client and its driver alone on url.
-func fencedImpls(url string) []impl {
+// fencedImpls are fenced's Client and its driver alone on the store URL
+// args[0].
+func fencedImpls(args []string) []impl {
+	url := args[0]
 	return []impl{
 		{name: "fenced", open: openFenced(url)},
 		{name: "fenced-driver", driverOnly: true, open: openDriverOnly(url)},

@@ -45,6 +45,9 @@ type backend struct {
 	renewalTTL func(m int) time.Duration
 	// note describes the setup, for the report.
 	note string
+	// spawn opens impls in child processes (the handover workload's
+	// waiters); unset: they run as clients of the suite's process.
+	spawn spawnSpec
 }
 
 // backends are the stores in the order they run, with their starters.
@@ -147,6 +150,13 @@ func flagSet(name string) bool {
 }
 
 func main() {
+	if len(os.Args) == 3 && os.Args[1] == childFlag {
+		if err := runChild(os.Args[2]); err != nil {
+			fmt.Fprintln(os.Stderr, "suite child:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	quick := flag.Bool("quick", false, "smaller runs (about 5 minutes on 2 cores); renewal with 10 000 leases instead of 10 000 and 100 000")
 	only := flag.String("only", "", "comma-separated backends (default all): "+backendNames())
 	workloads := flag.String("workloads", strings.Join(allWorkloads, ","), "comma-separated workloads")

@@ -169,6 +169,45 @@ func redisAOFBackend(tb *testenv.MainTB) *backend { return redisServer(tb, true)
 func redisServer(tb *testenv.MainTB, aof bool) *backend {
 	srv := testenv.StartRedis(tb, testenv.RedisConfig{NoPersistence: !aof})
 	addr := srv.Addr()
+	impls := redisImpls([]string{addr})
+	holders := []holderImpl{
+		{name: "fenced", how: "Client auto-renew (driver batch renewal where it has one)", open: func(ctx context.Context, ttl time.Duration) (holder, error) {
+			c := newRedisClient(addr)
+			d, err := fencedredis.New(c, nil)
+			if err != nil {
+				return nil, err
+			}
+			return &fencedHolder{c: fenced.NewClient(d, nil), closeAlso: c.Close}, nil
+		}},
+		{name: "redsync", how: "one Extend per lock per period", open: func(ctx context.Context, ttl time.Duration) (holder, error) {
+			c := newRedisClient(addr)
+			return &redsyncHolder{rs: redsync.New(goredis.NewPool(c)), c: c, refresher: newRefresher(ttl / 3)}, nil
+		}},
+		{name: "redislock", how: "one Refresh per lock per period", open: func(ctx context.Context, ttl time.Duration) (holder, error) {
+			c := newRedisClient(addr)
+			return &redislockHolder{rl: redislock.New(c), c: c, refresher: newRefresher(ttl / 3)}, nil
+		}},
+	}
+	name, setup := "redis", "redis-server without the append-only file (appendonly no)"
+	if aof {
+		name, setup = "redis-aof", "redis-server with appendfsync always"
+	}
+	return &backend{
+		name: name, impls: impls, holders: holders, spawn: spawnSpec{Set: "redis", Args: []string{addr}},
+		count: redisCommands([]string{addr}), renewalCount: redisScriptCalls([]string{addr}),
+		renewalTTL: func(m int) time.Duration {
+			if m > 20000 {
+				return 30 * time.Second
+			}
+			return 6 * time.Second
+		},
+		note: setup + "; requests are commands the server executed (INFO total_commands_processed, commands inside scripts included), except in renewal, where they are script calls (INFO commandstats); redislock retries every 10ms; redsync's default retry delay (50-250ms); rueidislock with its defaults (2 of 3 keys, auto-extend, waits by client-side caching) and with KeyMajority 1 (one key, rueidislock-1key); only fenced has a fence (redislock v0.9.4, the newest release, has none, nor has rueidislock)",
+	}
+}
+
+// redisImpls are the implementations on the one redis-server at addrs[0].
+func redisImpls(addrs []string) []impl {
+	addr := addrs[0]
 	withClient := func(f func(c *redis.Client) (process, error)) func(context.Context) (process, error) {
 		return func(context.Context) (process, error) {
 			c := newRedisClient(addr)
@@ -204,39 +243,7 @@ func redisServer(tb *testenv.MainTB, aof bool) *backend {
 		{name: "rueidislock", open: func(context.Context) (process, error) { return openRueidislock(addr, 0) }},
 		{name: "rueidislock-1key", open: func(context.Context) (process, error) { return openRueidislock(addr, 1) }},
 	}
-	holders := []holderImpl{
-		{name: "fenced", how: "Client auto-renew (driver batch renewal where it has one)", open: func(ctx context.Context, ttl time.Duration) (holder, error) {
-			c := newRedisClient(addr)
-			d, err := fencedredis.New(c, nil)
-			if err != nil {
-				return nil, err
-			}
-			return &fencedHolder{c: fenced.NewClient(d, nil), closeAlso: c.Close}, nil
-		}},
-		{name: "redsync", how: "one Extend per lock per period", open: func(ctx context.Context, ttl time.Duration) (holder, error) {
-			c := newRedisClient(addr)
-			return &redsyncHolder{rs: redsync.New(goredis.NewPool(c)), c: c, refresher: newRefresher(ttl / 3)}, nil
-		}},
-		{name: "redislock", how: "one Refresh per lock per period", open: func(ctx context.Context, ttl time.Duration) (holder, error) {
-			c := newRedisClient(addr)
-			return &redislockHolder{rl: redislock.New(c), c: c, refresher: newRefresher(ttl / 3)}, nil
-		}},
-	}
-	name, setup := "redis", "redis-server without the append-only file (appendonly no)"
-	if aof {
-		name, setup = "redis-aof", "redis-server with appendfsync always"
-	}
-	return &backend{
-		name: name, impls: impls, holders: holders,
-		count: redisCommands([]string{addr}), renewalCount: redisScriptCalls([]string{addr}),
-		renewalTTL: func(m int) time.Duration {
-			if m > 20000 {
-				return 30 * time.Second
-			}
-			return 6 * time.Second
-		},
-		note: setup + "; requests are commands the server executed (INFO total_commands_processed, commands inside scripts included), except in renewal, where they are script calls (INFO commandstats); redislock retries every 10ms; redsync's default retry delay (50-250ms); rueidislock with its defaults (2 of 3 keys, auto-extend, waits by client-side caching) and with KeyMajority 1 (one key, rueidislock-1key); only fenced has a fence (redislock v0.9.4, the newest release, has none, nor has rueidislock)",
-	}
+	return impls
 }
 
 // redsyncHolder holds redsync mutexes and extends each one every period.
@@ -286,6 +293,13 @@ func redlockBackend(tb *testenv.MainTB) *backend {
 	for range 5 {
 		addrs = append(addrs, testenv.StartRedis(tb, testenv.RedisConfig{}).Addr())
 	}
+	impls := redlockImpls(addrs)
+	return &backend{name: "redlock", impls: impls, count: redisCommands(addrs), spawn: spawnSpec{Set: "redlock", Args: addrs},
+		note: "5 redis-servers, appendfsync always; no fence on either side"}
+}
+
+// redlockImpls are the implementations on the five redis-servers addrs.
+func redlockImpls(addrs []string) []impl {
 	clients := func() ([]*redis.Client, []func() error) {
 		var cs []*redis.Client
 		var closers []func() error
@@ -319,6 +333,5 @@ func redlockBackend(tb *testenv.MainTB) *backend {
 			return clientProcess{l: redsyncLock(redsync.New(pools...)), closers: closers}, nil
 		}},
 	}
-	return &backend{name: "redlock", impls: impls, count: redisCommands(addrs),
-		note: "5 redis-servers, appendfsync always; no fence on either side"}
+	return impls
 }

@@ -99,10 +99,14 @@ func renderReport(res Results, jsonPath, docs string) error {
 	// Handover.
 	if rs := byWorkload("handover"); len(rs) > 0 {
 		w("## Handover\n\n")
-		w("From the holder's release call to the next holder's acquire returning, with N waiters on one key, each its own\n")
-		w("process (client and connections). A holder releases only once every other participant is inside its acquire call\n")
+		w("From the holder's release call to the next holder's acquire returning, with N waiters on one key, each an operating\n")
+		w("system process of its own (the suite's binary run as a child: its own Go runtime, client and connections, driven\n")
+		w("over a pipe; both ends are stamped inside the participants' processes, on the wall clock they share, so the pipe's\n")
+		w("latency is not counted). With 64 waiters 65 processes share the machine's 2 cores, as they would share a node. A\n")
+		w("holder releases only once every other participant is inside its acquire call\n")
 		w("(plus 20–40 ms, at random, for every waiter to be in line: watch, subscription or queue entry in place), and does not contend again until someone else got the key, so each sample is a\n")
-		w("real handover. Requests per handover include the waiters' polling.\n\n")
+		w("real handover. Requests per handover include the waiters' polling, counted from a round's first grant to its last\n")
+		w("measured one (not the drain after it, when every participant still waiting takes the key once).\n\n")
 		w("| backend | waiters | implementation | p50 µs | p99 µs | requests/handover | ratio p50 | ratio p99 |\n| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |\n")
 		for _, r := range rs {
 			w("| %s | %v | %s | %s | %s | %s | %s | %s |\n", r.Backend, r.Params["waiters"], r.Implementation, num(r.P50us), num(r.P99us), reqs(r.RequestsPerOp),
@@ -217,6 +221,10 @@ func renderReport(res Results, jsonPath, docs string) error {
 			}
 			w("![%s](%s)\n\n", c.title, rel(name))
 		}
+	}
+
+	if rs := byWorkload("renewal"); len(rs) > 0 {
+		writePeers(w, rs)
 	}
 
 	var errs []Row

@@ -69,6 +69,13 @@ const settleJitter = 20 * time.Millisecond
 // implementation is dropped from the workload with an error row.
 const roundTimeout = 3 * time.Minute
 
+// handoverTimeout bounds one implementation's handover round: 8–20
+// handovers of 20–40 ms settle each, or a few redsync retries (up to
+// 250 ms) each, finish well inside it; a round past it has a waiter that
+// missed every wake-up (rueidislock-1key, with waiters in processes of
+// their own, did at 8 and 64 waiters: timed out after 3 minutes).
+const handoverTimeout = 30 * time.Second
+
 // counter returns a server-side count of requests so far, corrected for
 // the requests it makes itself; nil when the backend has none.
 type counter func() (int64, error)
@@ -224,7 +231,7 @@ func (s *suite) handover(ctx context.Context, b *backend) {
 		}
 	}
 	for _, w := range s.cfg.waiters {
-		all := openAll(ctx, impls, w+1, w+1)
+		all := s.openHandover(ctx, b, impls, w+1)
 		keys := map[*opened]string{}
 		for _, o := range all {
 			keys[o] = uniqueKey("hand-", w, "-", o.impl.name)
@@ -238,11 +245,27 @@ func (s *suite) handover(ctx context.Context, b *backend) {
 				lat []time.Duration
 				err error
 			)
-			reqs := delta(b.count, func() {
-				err = withTimeout(roundTimeout, func() (err error) {
-					lat, err = handoverRound(ctx, o.workers, keys[o], n)
-					return err
-				})
+			// Requests are counted from the first grant to the last
+			// measured one: the drain after it (every participant still
+			// waiting takes the key once more, 64 grants at 64 waiters for
+			// 8 measured) would otherwise count as the handovers' own.
+			var reqs int64
+			var first int64
+			var firstErr error
+			mark := func(last bool) {
+				if b.count == nil {
+					return
+				}
+				c, cerr := b.count()
+				if !last {
+					first, firstErr = c, cerr
+				} else if cerr == nil && firstErr == nil {
+					reqs = c - first
+				}
+			}
+			err = withTimeout(handoverTimeout, func() (err error) {
+				lat, err = handoverRound(ctx, o.workers, keys[o], n, mark)
+				return err
 			})
 			if !warm {
 				o.lat = append(o.lat, lat...)
@@ -252,7 +275,7 @@ func (s *suite) handover(ctx context.Context, b *backend) {
 			return err
 		})
 		for _, o := range all {
-			s.add(latencyRow("handover", b.name, o, map[string]any{"waiters": w, "settle_ms": settle.Milliseconds(), "settle_jitter_ms": settleJitter.Milliseconds()}))
+			s.add(latencyRow("handover", b.name, o, map[string]any{"waiters": w, "settle_ms": settle.Milliseconds(), "settle_jitter_ms": settleJitter.Milliseconds(), "processes": b.spawn.Set != ""}))
 		}
 		closeAll(all)
 	}
@@ -265,18 +288,22 @@ func (s *suite) handover(ctx context.Context, b *backend) {
 // a real handover to a waiting participant, never the releaser barging
 // back in. Once n samples are in, every participant takes the key once
 // more (a lock call cannot be abandoned in every library) and stops.
-func handoverRound(ctx context.Context, ls []locker, key string, n int) ([]time.Duration, error) {
+//
+// mark, if not nil, is called by the holder of the first grant and of the
+// last measured one (last true), before they release.
+func handoverRound(ctx context.Context, ls []locker, key string, n int, mark func(last bool)) ([]time.Duration, error) {
 	var (
-		mu        sync.Mutex
-		cond      = sync.NewCond(&mu)
-		lat       []time.Duration
-		released  time.Time
-		grants    int
-		waiting   atomic.Int64
-		failed    atomic.Bool
-		wg        sync.WaitGroup
-		errOnce   sync.Once
-		firstErr  error
+		mu       sync.Mutex
+		cond     = sync.NewCond(&mu)
+		granted  []time.Time // every grant's time, in order
+		releases []time.Time // releases[i]: when the holder of grant i began to release
+		waiting  atomic.Int64
+		failed   atomic.Bool
+		wg       sync.WaitGroup
+		errOnce  sync.Once
+		firstErr error
+		// finishedN: the n handovers, the first grant (which follows no
+		// release) and nobody else.
 		finishedN = n + 1
 	)
 	fail := func(err error) {
@@ -292,43 +319,50 @@ func handoverRound(ctx context.Context, ls []locker, key string, n int) ([]time.
 			defer wg.Done()
 			for {
 				waiting.Add(1)
-				unlock, err := l.lock(ctx, key)
-				now := time.Now()
+				at, unlock, err := timedLock(ctx, l, key)
 				waiting.Add(-1)
 				if err != nil {
 					fail(err)
 					return
 				}
 				mu.Lock()
-				if !released.IsZero() && len(lat) < n {
-					lat = append(lat, now.Sub(released))
-				}
-				grants++
-				mine := grants
-				finished := grants >= finishedN || failed.Load()
+				granted = append(granted, at)
+				mine := len(granted)
+				finished := mine >= finishedN || failed.Load()
 				cond.Broadcast()
 				mu.Unlock()
+				if mark != nil && (mine == 1 || mine == finishedN) {
+					mark(mine == finishedN)
+				}
 				if !finished {
 					for waiting.Load() < int64(len(ls)-1) && !failed.Load() {
 						time.Sleep(50 * time.Microsecond)
 					}
 					time.Sleep(settle + rand.N(settleJitter))
 				}
+				// The key is held until unlock: no other grant, so no
+				// other release, can come between taking the slot and
+				// filling it.
 				mu.Lock()
-				released = time.Now()
+				slot := len(releases)
+				releases = append(releases, time.Time{})
 				mu.Unlock()
-				if err := unlock(context.Background()); err != nil {
+				rel, err := unlock(context.Background())
+				if err != nil {
 					fail(err)
 					return
 				}
+				mu.Lock()
+				releases[slot] = rel
+				mu.Unlock()
 				if finished {
 					return
 				}
 				mu.Lock()
-				for grants == mine && !failed.Load() {
+				for len(granted) == mine && !failed.Load() {
 					cond.Wait()
 				}
-				finished = grants >= finishedN || failed.Load()
+				finished = len(granted) >= finishedN || failed.Load()
 				mu.Unlock()
 				if finished {
 					return
@@ -337,7 +371,27 @@ func handoverRound(ctx context.Context, ls []locker, key string, n int) ([]time.
 		}()
 	}
 	wg.Wait()
+	var lat []time.Duration
+	for i := 0; i+1 < len(granted) && i < len(releases) && len(lat) < n; i++ {
+		lat = append(lat, granted[i+1].Sub(releases[i]))
+	}
 	return lat, firstErr
+}
+
+// openHandover opens, for each implementation, procs participants, each
+// in a process of its own when the backend can spawn them, else each a
+// client of its own in this process.
+func (s *suite) openHandover(ctx context.Context, b *backend, impls []impl, procs int) []*opened {
+	if b.spawn.Set == "" {
+		return openAll(ctx, impls, procs, procs)
+	}
+	var spawned []impl
+	for _, im := range impls {
+		sp := b.spawn
+		sp.Impl = im.name
+		spawned = append(spawned, impl{name: im.name, open: func(context.Context) (process, error) { return openChild(sp) }})
+	}
+	return openAll(ctx, spawned, procs, procs)
 }
 
 // throughput runs W3: for each K and C, C workers of one process loop
@@ -447,10 +501,16 @@ func throughputWindow(ctx context.Context, workers []locker, keys []string, wind
 	return len(lat), lat, firstErr
 }
 
+// closeAll closes every process of all, all at once (a child process
+// stuck in a lock call takes seconds to give up).
 func closeAll(all []*opened) {
+	var wg sync.WaitGroup
 	for _, o := range all {
-		o.close()
+		for _, p := range o.procs {
+			wg.Go(p.close)
+		}
 	}
+	wg.Wait()
 }
 
 // latencyRow is o's figures as a row (with its error, if any).

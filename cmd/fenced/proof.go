@@ -105,7 +105,7 @@ scenario (about a minute); otherwise three.`,
 				}
 			}
 			runID := fmt.Sprintf("%d", time.Now().UnixNano())
-			faults := []proof.Fault{proof.M1, proof.M2, proof.M3, proof.M4, proof.M9, proof.M13}
+			faults := []proof.Fault{proof.PauseHolder, proof.DelayWrite, proof.KillHolder, proof.CutHolder, proof.PauseMidAcquire, proof.ReorderWrites}
 			injections := 3
 			if quick {
 				injections = 1
@@ -117,7 +117,7 @@ scenario (about a minute); otherwise three.`,
 					continue
 				}
 				for _, fencing := range []bool{true, false} {
-					if quick && !fencing && f != proof.M1 {
+					if quick && !fencing && f != proof.PauseHolder {
 						continue
 					}
 					name := fmt.Sprintf("%s-fencing-%v", f, fencing)
@@ -137,7 +137,7 @@ scenario (about a minute); otherwise three.`,
 					}
 					r := res.Report
 					out.Scenarios = append(out.Scenarios, proofScenarioJSON{
-						Fault: string(f), Fencing: fencing, Runs: r.Injections, Grants: r.Grants, WritesAccepted: r.WritesAccepted,
+						Fault: f.ID(), Fencing: fencing, Runs: r.Injections, Grants: r.Grants, WritesAccepted: r.WritesAccepted,
 						StaleAttempted: r.StaleAttempted, StaleRefused: r.StaleRefused, StaleAccepted: r.StaleAccepted,
 						FenceRegressions: r.FenceRegressions, Overlaps: r.Overlaps, DuplicateEffects: r.DuplicateEffects,
 						Linearizable: r.Linearizable, HazardSeen: r.HazardSeen,
@@ -193,7 +193,7 @@ func proofVerdict(ss []proofScenarioJSON) (string, bool) {
 		if s.Fencing && (s.StaleAccepted != 0 || s.DuplicateEffects != 0 || !s.Linearizable || s.FenceRegressions != 0) {
 			bad = append(bad, fmt.Sprintf("%s with fencing on broke the promise", s.Fault))
 		}
-		if !s.Fencing && s.Fault == string(proof.M1) {
+		if !s.Fencing && s.Fault == proof.PauseHolder.ID() {
 			sawM1Off = true
 			if !s.HazardSeen {
 				bad = append(bad, "M1 with fencing off showed no hazard: the checker is not believed")

@@ -33,12 +33,12 @@ type BenchHarness struct {
 	Waiters []int
 }
 
-// RunBenchmarks runs the benchmarks every backend runs the same way, so
-// that their figures compare: AcquireRelease (uncontended TryAcquire and
+// RunBenchmarks runs the benchmarks every backend runs the same way, so that
+// their figures compare. AcquireRelease is an uncontended TryAcquire and
 // Release of one key through the portable client, with round trips per
-// operation where counted) and Handover/waiters=N (from a holder's
-// release to the next waiter's grant, each participant its own client,
-// p50 and p99).
+// operation where counted. Handover/waiters=N runs from a holder's release
+// to the next waiter's grant, each participant its own client, and reports
+// p50 and p99.
 func RunBenchmarks(b *testing.B, h BenchHarness) {
 	waiters := h.Waiters
 	if len(waiters) == 0 {

@@ -20,13 +20,13 @@ import (
 // for it ends no lease at all: the slack cannot hide that.
 const lateSlack = 750 * time.Millisecond
 
-// stuck passes a driver through, except that once blocked is set every
-// call that follows a lease's end never returns (until the test is over):
-// Release, and the stop of a loss watch (stuck is a driver.LossWatcher
-// whether or not the driver under it is one: its own watches report
-// nothing). Renewals then hang until their context ends. That is a store
-// behind a partition whose connections stay open: requests are written
-// and never answered, until the writes block too.
+// stuck passes a driver through, except once blocked is set. From then on,
+// every call that follows a lease's end never returns until the test is
+// over: Release, and the stop of a loss watch. stuck is a driver.LossWatcher
+// whether or not the driver under it is one; its own watches report nothing.
+// Renewals then hang until their context ends. That is a store behind a
+// partition whose connections stay open: requests are written and never
+// answered, until the writes block too.
 type stuck struct {
 	driver.Driver
 	blocked atomic.Bool
@@ -99,10 +99,10 @@ func watchEnds(leases []*fenced.Lease) *ends {
 	return &ends{leases: leases, at: make([]time.Time, len(leases))}
 }
 
-// wait waits until every lease has ended or deadline passes, and returns
-// the end times seen, to within a sweep of the leases not yet ended plus
-// 5ms (the sweeps are spaced out, so that they take little of the
-// machine from the schedule they measure).
+// wait waits until every lease has ended or deadline passes, and returns the
+// end times seen. They are exact to within a sweep of the leases not yet
+// ended plus 5ms. The sweeps are spaced out, so that they take little of the
+// machine from the schedule they measure.
 func (e *ends) wait(deadline time.Time) map[*fenced.Lease]time.Time {
 	left := make([]int, len(e.leases))
 	for i := range left {
@@ -131,11 +131,11 @@ func (e *ends) wait(deadline time.Time) map[*fenced.Lease]time.Time {
 }
 
 // testBlockedDriverDelaysNoEnd checks the rule that a lease's context is
-// cancelled at its local validity whatever the driver does: with every
-// release and loss-watch stop of the driver blocked for ever and renewals
-// hanging, each lease still ends by its ValidUntil (plus lateSlack), a
-// Release ends its own lease at once, and Close cancels every lease's
-// context at once and returns after Options.CloseTimeout.
+// cancelled at its local validity whatever the driver does. Every release
+// and loss-watch stop of the driver blocks for ever, and renewals hang. Each
+// lease must still end by its ValidUntil (plus lateSlack). A Release must
+// end its own lease at once. Close must cancel every lease's context at once
+// and return after Options.CloseTimeout.
 func (s *suite) testBlockedDriverDelaysNoEnd(t *testing.T) {
 	const n = 20
 	ctx := ctxT(t)
@@ -255,13 +255,14 @@ func checkEnds(t *testing.T, leases []*fenced.Lease, seen map[*fenced.Lease]time
 	return worst, missed
 }
 
-// CheckEndsThroughBlackHole acquires n leases of TTL ttl through c, with
-// up to 64 requests at a time, turns the network between c and its store
-// into a black hole with hole(true) (connections stay open; nothing gets
-// through, so writes end up blocking: testenv's Proxy.BlackHole), and
-// checks that every lease's context is cancelled by its ValidUntil plus
-// 250ms, whatever the driver's calls do meanwhile. It ends the black hole
-// with hole(false) before it returns, and reports the worst lateness.
+// CheckEndsThroughBlackHole acquires n leases of TTL ttl through c, with up
+// to 64 requests at a time. It then turns the network between c and its
+// store into a black hole with hole(true), as testenv's Proxy.BlackHole
+// does: connections stay open, nothing gets through, and writes end up
+// blocking. It checks that every lease's context is cancelled by its
+// ValidUntil plus 250ms, whatever the driver's calls do meanwhile. It ends
+// the black hole with hole(false) before it returns, and reports the worst
+// lateness.
 //
 // Under the race detector, which makes every lease's work several times
 // dearer (and a shared two-core machine then misses the deadline by CPU

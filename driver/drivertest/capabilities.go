@@ -9,16 +9,15 @@ import (
 	"github.com/fenced-dev/fenced/driver"
 )
 
-// testCapabilities checks that the driver's declaration (Capabilities)
-// and its methods agree: every declared operation has its methods (a flag
-// without them would be silently dropped by driver.CapabilitiesOf), a
-// method present but not declared is not there at all, or, for the
-// subscriptions, the queue, terms and batches (whose availability may
-// depend on how the driver was opened), refuses with
-// driver.ErrUnsupported; and the
-// driver's own Guarantees do not claim Notify or FIFO beyond what the
-// declaration gives (driver.GuaranteesOf). The other declared operations
-// are exercised by the tests named after them.
+// testCapabilities checks that the driver's declaration (Capabilities) and
+// its methods agree. Every declared operation has its methods;
+// driver.CapabilitiesOf would silently drop a flag without them. A method
+// present but not declared is not there at all. The subscriptions, the
+// queue, terms and batches are the exception: their availability may depend
+// on how the driver was opened, so such a method refuses with
+// driver.ErrUnsupported instead. The driver's own Guarantees do not claim
+// Notify or FIFO beyond what the declaration gives (driver.GuaranteesOf).
+// The other declared operations are exercised by the tests named after them.
 func (s *suite) testCapabilities(t *testing.T) {
 	d := s.drv(t)
 	declared := d.Capabilities()

@@ -7,14 +7,14 @@
 // drivers on one store (each Open is a new connection, as another process
 // would make).
 //
-// Every capability a driver declares is verified, not trusted:
-// Guarantees.Notify (a waiter is woken by the release, not by polling),
-// Guarantees.FIFO (waiters are granted the key in the order they
-// arrived), driver.LossWatcher (a grant broken by someone else is
-// reported without being asked) and driver.BatchRenewer (one batch renews
-// exactly the current grants). A capability the driver does not declare
-// is skipped with t.Skip naming it; that is the only skip in the suite,
-// so a PASS means every declared capability was seen to work.
+// Every capability a driver declares is verified, not trusted.
+// Guarantees.Notify: a waiter is woken by the release, not by polling.
+// Guarantees.FIFO: waiters are granted the key in the order they arrived.
+// driver.LossWatcher: a grant broken by someone else is reported without
+// being asked. driver.BatchRenewer: one batch renews exactly the current
+// grants. A capability the driver does not declare is skipped with t.Skip
+// naming it; that is the only skip in the suite, so a PASS means every
+// declared capability was seen to work.
 package drivertest
 
 import (
@@ -909,11 +909,11 @@ func (s *suite) testFIFO(t *testing.T) {
 	}
 }
 
-// testLossWatch checks that a driver implementing driver.LossWatcher
-// reports a grant broken by another client exactly once, with an error
-// matching driver.ErrLost, and reports nothing while the grant is held,
-// nothing after the watch's stop, and refuses to watch a grant it does not
-// hold.
+// testLossWatch checks a driver implementing driver.LossWatcher. It must
+// report a grant broken by another client exactly once, with an error
+// matching driver.ErrLost. It must report nothing while the grant is held,
+// and nothing after the watch's stop. It must refuse to watch a grant it
+// does not hold.
 func (s *suite) testLossWatch(t *testing.T) {
 	d := s.drv(t)
 	w := driver.CapabilitiesOf(d).LossWatcher

@@ -22,10 +22,10 @@ type FloorHarness struct {
 	OpenTable func(t *testing.T, table string) driver.Driver
 }
 
-// RunFloorTests runs the tests of fence floors and pruning as subtests of
-// t, each on tables of its own: a floor lifts every key's next fence,
-// never goes down, seeds a new table above an old one, and a prune keeps
-// every key's fences increasing, also while grants race with it.
+// RunFloorTests runs the tests of fence floors and pruning as subtests of t,
+// each on tables of its own. A floor lifts every key's next fence, never
+// goes down, and seeds a new table above an old one. A prune keeps every
+// key's fences increasing, also while grants race with it.
 func RunFloorTests(t *testing.T, h FloorHarness) {
 	s := &floorSuite{h: h}
 	t.Run("RaiseLiftsEveryKeyAndNeverLowers", s.testRaise)

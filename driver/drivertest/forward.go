@@ -36,9 +36,9 @@ func (s *stalling) Subscribe(ctx context.Context, key string) (driver.Subscripti
 	return s.n.Subscribe(ctx, key)
 }
 
-// testGiveUpMidLook checks, on a backend that wakes waiters by
-// notification, that a waiter that gives up after it took the wake-up of
-// a release (its look at the store still in flight) strands nobody: the
+// testGiveUpMidLook runs on a backend that wakes waiters by notification. A
+// waiter gives up after it took the wake-up of a release, with its look at
+// the store still in flight. The test checks that this strands nobody: the
 // next waiter in the same process is granted the key long before its
 // fallback timer (a minute, as long as the grant's TTL). A backend that
 // wakes one waiter per release must hand such a wake-up on

@@ -11,15 +11,16 @@ import (
 	"github.com/fenced-dev/fenced/recipe"
 )
 
-// testObserverTakesNoWakeUp checks that an election observer (Observe, as
-// fenced observe runs it in a process of its own, or as a candidate's
-// OnNewLeader callbacks run it beside the candidate's own wait) never
-// takes the wake-up a release gives the waiters: a handover from a holder
-// to a waiter takes about as long with an observer of the key present,
-// on another driver or on the waiter's, as without one. Rounds with and without the observer are interleaved, so
-// the machine's noise hits both alike. The waiters' fallback timer is set
-// to 2s: an observer that took the one wake-up of a release (it did on
-// PostgreSQL) leaves the waiter asleep that long.
+// testObserverTakesNoWakeUp checks that an election observer never takes the
+// wake-up a release gives the waiters. The observer is Observe, as fenced
+// observe runs it in a process of its own, or as a candidate's OnNewLeader
+// callbacks run it beside the candidate's own wait. A handover from a holder
+// to a waiter must take about as long with an observer of the key present as
+// without one, whether the observer is on another driver or on the waiter's.
+// Rounds with and without the observer are interleaved, so the machine's
+// noise hits both alike. The waiters' fallback timer is set to 2s: an
+// observer that took the one wake-up of a release (it did on PostgreSQL)
+// leaves the waiter asleep that long.
 func (s *suite) testObserverTakesNoWakeUp(t *testing.T) {
 	ctx := ctxT(t)
 	key := uniqueKey(t, "observer")

@@ -23,14 +23,14 @@ const orphanTTL = 30 * time.Second
 // whose caller has gone, far under orphanTTL.
 const orphanBound = 3 * time.Second
 
-// testCancelledAcquireLeavesNoGrant cancels acquisitions at random points,
-// before, while and after their grant requests are in flight, and checks
-// that a grant whose caller has gone is released: each time, another
-// client's TryAcquire gets the key within orphanBound, where an orphaned
-// grant would hold it for its whole TTL. It does so for a lone
-// acquisition of a free key and for waiters cancelled around the release
-// of the key they wait for, and for semaphore permits, whose waits race
-// every slot and cancel the losing attempts.
+// testCancelledAcquireLeavesNoGrant cancels acquisitions at random points:
+// before, while and after their grant requests are in flight. It checks that
+// a grant whose caller has gone is released. Each time, another client's
+// TryAcquire must get the key within orphanBound; an orphaned grant would
+// hold it for its whole TTL. It does so for a lone acquisition of a free key
+// and for waiters cancelled around the release of the key they wait for, and
+// for semaphore permits, whose waits race every slot and cancel the losing
+// attempts.
 func (s *suite) testCancelledAcquireLeavesNoGrant(t *testing.T) {
 	ctx := ctxT(t)
 	c := s.client(t, &fenced.Options{MinBackoff: time.Millisecond, MaxBackoff: 20 * time.Millisecond})

@@ -1,8 +1,8 @@
-// Package wakeup is a registry of per-key waiters for drivers that
-// implement driver.Notifier: a waiter subscribes to a key, the driver
-// wakes the subscribers of a key when it learns that the key was freed
-// (from its own release, a LISTEN notification, a pub/sub message, a
-// change counter), and a subscriber that leaves never blocks the driver.
+// Package wakeup is a registry of per-key waiters for drivers that implement
+// driver.Notifier. A waiter subscribes to a key. The driver wakes the
+// subscribers of a key when it learns that the key was freed: from its own
+// release, a LISTEN notification, a pub/sub message, or a change counter. A
+// subscriber that leaves never blocks the driver.
 //
 // A wake-up is a token in a one-slot channel: waking a subscriber that
 // already has one pending does nothing, so a burst of releases costs a
@@ -31,12 +31,11 @@ type Registry struct {
 	// stop listening.
 	Idle func(key string)
 	// PassOn makes a subscriber that closes with a wake-up it did not
-	// consume hand it to the next subscriber of the key without one
-	// pending. Set it when the driver wakes one waiter per release
-	// (WakeOne), so a release is not lost when its waiter leaves; a driver
-	// that wakes every waiter (Wake) leaves it off, since the others were
-	// woken already and a second wake-up would only add a look at the
-	// store.
+	// consume hand it to the next subscriber of the key without one pending.
+	// Set it when the driver wakes one waiter per release (WakeOne), so a
+	// release is not lost when its waiter leaves. A driver that wakes every
+	// waiter (Wake) leaves it off. The others were woken already, and a
+	// second wake-up would only add a look at the store.
 	PassOn bool
 
 	mu   sync.Mutex

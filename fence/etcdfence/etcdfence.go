@@ -1,6 +1,6 @@
 // Package etcdfence is the resource-side guard of package fence for data
-// kept in etcd: a guarded write is one etcd transaction that compares the
-// resource's recorded fence and applies the caller's operations only when
+// kept in etcd. A guarded write is one etcd transaction that compares the
+// resource's recorded fence. It applies the caller's operations only when
 // the token's fence admits the writer.
 //
 //	guard, _ := etcdfence.New(cli, nil)
@@ -28,10 +28,10 @@ import (
 const DefaultFencePrefix = "fenced/fence/"
 
 // Guard guards resources stored in etcd. For each resource it keeps one key,
-// FencePrefix + resource, holding the lease key the resource is bound to,
-// the newest fence and its owner (encoded as the lease key, a newline, a
-// 20-digit zero-padded fence, a space and the owner, so that etcd's
-// byte-wise comparison orders the fences of one lease key numerically). A
+// FencePrefix + resource. The key holds the lease key the resource is bound
+// to, the newest fence and its owner. They are encoded as the lease key, a
+// newline, a 20-digit zero-padded fence, a space and the owner. So etcd's
+// byte-wise comparison orders the fences of one lease key numerically. A
 // guarded write is one etcd transaction that compares that key and applies
 // the caller's operations only when the fence admits the writer, so it is
 // atomic with the write and linearizable like every etcd transaction.
@@ -138,12 +138,12 @@ func (g *Guard) Claim(ctx context.Context, resource string, t fence.Token) (fenc
 
 // Write applies w in one transaction if resource is bound to t's lease key
 // (or to none yet), its recorded fence admits t (newer, or equal with the
-// same owner) and w.If holds, recording t's key, fence and owner. A
-// resource never written has fence 0. Errors: fence.ErrInvalidToken for a bad
-// token, fence.ErrWrongKey for a token of another lease key, the fence.Checker's error
-// when it refuses t, fence.ErrSchema when the fence key holds something else, and
-// etcd errors wrapped (an error after sending may mean the transaction was
-// applied; read before retrying).
+// same owner) and w.If holds, recording t's key, fence and owner. A resource
+// never written has fence 0. Errors: fence.ErrInvalidToken for a bad token;
+// fence.ErrWrongKey for a token of another lease key; the fence.Checker's
+// error when it refuses t; fence.ErrSchema when the fence key holds
+// something else. etcd errors are wrapped. An error after sending may mean
+// the transaction was applied: read before retrying.
 func (g *Guard) Write(ctx context.Context, resource string, t fence.Token, w Write) (fence.Result, error) {
 	if resource == "" {
 		return fence.Result{}, errors.New("fence: etcd write: resource is empty")

@@ -41,10 +41,10 @@ type Beginner interface {
 // Conn adapts q to fence.Conn.
 func Conn(q Querier) fence.Conn { return conn{q} }
 
-// ClaimAndRead is fence.SQL.ClaimAndRead on pgx: it begins a transaction on
-// db, claims the row identified by key for t in it, calls read (if not
-// nil) with that transaction to read the state the holder inherits, and
-// commits; a Stale result or an error rolls it back. The guard's Timeout
+// ClaimAndRead is fence.SQL.ClaimAndRead on pgx. It begins a transaction on
+// db and claims the row identified by key for t in it. It calls read (if not
+// nil) with that transaction, to read the state the holder inherits, and
+// commits. A Stale result or an error rolls it back. The guard's Timeout
 // bounds the whole and sets PostgreSQL's transaction-local lock, statement
 // and idle timeouts. See fence.SQL for the safe sequence.
 func ClaimAndRead(ctx context.Context, g *fence.SQL, db Beginner, key any, t fence.Token, read func(ctx context.Context, tx pgx.Tx) error) (fence.Result, error) {

@@ -25,11 +25,10 @@ import (
 // records the lease key a hash is bound to.
 const DefaultKeyField = "fence_key"
 
-// Guard guards resources stored as Redis hashes. The hash itself records
-// the newest fence, its owner and the lease key they belong to (fields
-// "fence", "fence_owner" and "fence_key" by default) and a Lua script
-// compares and writes in one atomic step, so no other command can run in
-// between.
+// Guard guards resources stored as Redis hashes. The hash itself records the
+// newest fence, its owner and the lease key they belong to (fields "fence",
+// "fence_owner" and "fence_key" by default). A Lua script compares and
+// writes in one atomic step, so no other command can run in between.
 //
 // The first admitted write binds a hash to its token's lease key; a token
 // for any other key is then refused with fence.ErrWrongKey whatever its fence,
@@ -56,9 +55,9 @@ type Options struct {
 	// "fence_owner" and "fence_key". They must differ.
 	FenceField, OwnerField, KeyField string
 	// LeaseKey, when set, returns the lease key that guards the hash named
-	// by its argument (for example "invoice:" + id for "invoices/" + id);
-	// a token for another key is refused with fence.ErrWrongKey before anything
-	// is sent, even to a hash not yet bound.
+	// by its argument (for example "invoice:" + id for "invoices/" + id). A
+	// token for another key is refused with fence.ErrWrongKey before
+	// anything is sent, even to a hash not yet bound.
 	LeaseKey func(hash string) string
 	// Check, when set, must accept every token before it is compared (for
 	// example a *fence.Verifier for signed tokens); a refusal is returned as the
@@ -153,14 +152,15 @@ func (g *Guard) Claim(ctx context.Context, key string, t fence.Token) (fence.Res
 	return g.Write(ctx, key, t, Write{})
 }
 
-// Write applies w to the hash at key in one script if the hash is bound to
-// t's lease key (or to none yet), its recorded fence admits t (newer, or
-// equal with the same owner) and w.If holds, recording t's fence, owner and
-// key. A missing hash has fence 0. Errors: fence.ErrInvalidToken for a bad token
-// or malformed pairs, fence.ErrWrongKey for a token of another lease key, the
-// fence.Checker's error when it refuses t, fence.ErrSchema when the fence field holds
-// something that is not a fence, and Redis errors (a key of another type,
-// connection failures) wrapped. On every error nothing is changed.
+// Write applies w to the hash at key in one script, recording t's fence,
+// owner and key. It does so only if the hash is bound to t's lease key (or
+// to none yet), its recorded fence admits t (newer, or equal with the same
+// owner), and w.If holds. A missing hash has fence 0. Errors:
+// fence.ErrInvalidToken for a bad token or malformed pairs;
+// fence.ErrWrongKey for a token of another lease key; the fence.Checker's
+// error when it refuses t; fence.ErrSchema when the fence field holds
+// something that is not a fence. Redis errors (a key of another type,
+// connection failures) are wrapped. On every error nothing is changed.
 func (g *Guard) Write(ctx context.Context, key string, t fence.Token, w Write) (fence.Result, error) {
 	if key == "" {
 		return fence.Result{}, fmt.Errorf("fence: redis write: key is empty")

@@ -14,11 +14,11 @@
 //
 // # Object format
 //
-// S3's ETag of a single PUT is the MD5 of the body: two writes of the same
-// bytes have the same ETag, so a PUT conditioned on an old ETag could
-// overwrite a newer version that happens to have the old content (ABA),
-// and a stale writer would get through. So Store makes every write's
-// content unique: the stored object is one header line
+// S3's ETag of a single PUT is the MD5 of the body. Two writes of the same
+// bytes have the same ETag. So a PUT conditioned on an old ETag could
+// overwrite a newer version that happens to have the old content (ABA), and
+// a stale writer would get through. So Store makes every write's content
+// unique: the stored object is one header line
 //
 //	fenced/1 <32 hex digits of a random nonce>\n
 //

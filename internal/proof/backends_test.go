@@ -73,9 +73,9 @@ func clockOf(c *testenv.WallClock) Clock {
 // (by name), and the only faults such a backend runs; TestMatrixCI skips
 // these backends.
 var topologyFaults = map[string][]Fault{
-	"etcd (3 members)":          {M10},
-	"redis (primary + replica)": {M7},
-	"redlock (5 nodes)":         {M8},
+	"etcd (3 members)":          {CrashLeader},
+	"redis (primary + replica)": {FailoverReplica},
+	"redlock (5 nodes)":         {StepNodeClock},
 }
 
 // redlockEnv starts n redis-servers (node 0 on a clock of its own if
@@ -169,9 +169,9 @@ func TestMatrixCI(t *testing.T) {
 		}
 		t.Run(b.name, func(t *testing.T) {
 			e := b.start(t, false)
-			scenarios := []scenario{{M1, true}, {M1, false}, {M3, true}, {M13, true}}
+			scenarios := []scenario{{PauseHolder, true}, {PauseHolder, false}, {KillHolder, true}, {ReorderWrites, true}}
 			if e.server != nil {
-				scenarios = append(scenarios, scenario{M5, true})
+				scenarios = append(scenarios, scenario{PauseAuthority, true})
 			}
 			for _, sc := range scenarios {
 				cfg := e.config()
@@ -194,12 +194,12 @@ func checkScenario(t *testing.T, backend string, f Fault, fencing bool, rep Repo
 		if rep.StaleAccepted != 0 || rep.DuplicateEffects != 0 || !rep.Linearizable || rep.FenceRegressions != 0 {
 			t.Errorf("%s %s fencing on: %+v; want no stale write accepted, no duplicate effect, linearizable, no fence regression", backend, f, rep)
 		}
-		if f == M7 && rep.FenceRepeats == 0 {
+		if f == FailoverReplica && rep.FenceRepeats == 0 {
 			t.Errorf("%s M7 fencing on: %+v; the promoted replica must repeat the fence (the declared hazard the owner rule is there for)", backend, rep)
 		}
 		return
 	}
-	if (f == M1 || f == M7) && !rep.HazardSeen {
+	if (f == PauseHolder || f == FailoverReplica) && !rep.HazardSeen {
 		t.Errorf("%s %s fencing off: %+v; the checker must see the hazard", backend, f, rep)
 	}
 }
@@ -261,12 +261,12 @@ func (s *etcdLeaderServer) Restart() error {
 	return nil
 }
 
-// TestM10EtcdLeaderKill kills the leader of a 3-member etcd cluster under
+// TestCrashLeaderEtcd kills the leader of a 3-member etcd cluster under
 // load: with fencing on, nothing stale is accepted and the ledger stays
 // linearizable.
-func TestM10EtcdLeaderKill(t *testing.T) {
+func TestCrashLeaderEtcd(t *testing.T) {
 	c := testenv.StartEtcdCluster(t, 3)
-	rep := runScenario(t, c.URL(""), Config{Fault: M10, Fencing: true, TTL: time.Second, Server: &etcdLeaderServer{t: t, cluster: c}})
+	rep := runScenario(t, c.URL(""), Config{Fault: CrashLeader, Fencing: true, TTL: time.Second, Server: &etcdLeaderServer{t: t, cluster: c}})
 	if rep.Injections == 0 || rep.StaleAccepted != 0 || rep.DuplicateEffects != 0 || !rep.Linearizable || rep.FenceRegressions != 0 || len(rep.Problems) > 0 {
 		t.Fatalf("fencing on under M10: %+v", rep)
 	}

@@ -128,7 +128,7 @@ func Check(events []Event, res Contents, strength fenced.FenceStrength) Report {
 				}
 			}
 		case FaultStart:
-			if e.Fault == string(M3) {
+			if e.Fault == string(KillHolder) {
 				for _, g := range grants {
 					if g.pid == e.PID && e.T < g.end {
 						g.end = e.T
@@ -197,7 +197,7 @@ func Check(events []Event, res Contents, strength fenced.FenceStrength) Report {
 	// A delayed write (M2) is judged by when it reached the resource.
 	landed := map[int64]int64{}
 	for _, e := range events {
-		if e.Kind == FaultEnd && e.Fault == string(M2) && e.Op != 0 {
+		if e.Kind == FaultEnd && e.Fault == string(DelayWrite) && e.Op != 0 {
 			landed[e.Op] = e.T
 		}
 	}
@@ -243,7 +243,7 @@ func Check(events []Event, res Contents, strength fenced.FenceStrength) Report {
 		}
 		if e.Kind == FaultStart {
 			r.Injections++
-			if e.Worker < 0 || e.Fault == string(M2) {
+			if e.Worker < 0 || e.Fault == string(DelayWrite) {
 				continue // measured from the end / not a holder fault
 			}
 		}

@@ -13,28 +13,33 @@
 // across the processes of one host.
 //
 // The nemesis injects one Fault per run, at the same protocol moment every
-// time: the victim takes an arming file at a point ("before-write") and
-// signals itself (SIGSTOP for M1/M13, SIGKILL for M3) or delays its write
-// (M2); per-worker TCP proxies cut a worker off (M4) or let the nemesis
-// SIGSTOP it right after its acquire request left (M9); a Server
-// implementation pauses (M5) or kills and restarts (M6) the authority, or
-// kills and restarts the leader of an etcd cluster (M10). For the faults
-// that take a lease away behind its holder's back, the holder is held
-// before its write while a Failover cuts a Redis replica off and promotes
-// it (M7), a Clock steps the wall clock of one Redlock node (M8) or of the
-// authority (M12), or its proxy partitions it from ZooKeeper past its
-// session timeout (M11); it writes once another worker has. With a
+// time. Faults are named for what they do; each keeps its report id
+// (Fault.ID) from the table, used in docs/proof.md and the
+// histories. The victim takes an arming file at a point ("before-write")
+// and signals itself (SIGSTOP for PauseHolder M1 and ReorderWrites M13,
+// SIGKILL for KillHolder M3) or delays its write (DelayWrite M2);
+// per-worker TCP proxies cut a worker off (CutHolder M4) or let the
+// nemesis SIGSTOP it right after its acquire request left (PauseMidAcquire
+// M9); a Server implementation pauses (PauseAuthority M5) or kills and
+// restarts (CrashAuthority M6) the authority, or kills and restarts the
+// leader of an etcd cluster (CrashLeader M10). For the faults that take a
+// lease away behind its holder's back, the holder is held before its write
+// while a Failover cuts a Redis replica off and promotes it
+// (FailoverReplica M7), a Clock steps the wall clock of one Redlock node
+// (StepNodeClock M8) or of the authority (StepAuthorityClock M12), or its
+// proxy partitions it from ZooKeeper past its session timeout
+// (PartitionPastSession M11); it writes once another worker has. With a
 // Config.Partition the workers run on hosts of a private network and M4,
 // M9 and M11 cut their links at the packet level instead of in the
-// proxies; P1 cuts a holder, with one member of a 3-member ensemble, from
-// the majority (see partition.go).
+// proxies; PartitionMinority (P1) cuts a holder, with one member of a
+// 3-member ensemble, from the majority (see partition.go).
 //
 // Check reads the history and the ledger and reports stale writes
 // attempted, refused and accepted, fence regressions and repeats (with the
 // backend's declared strength), overlapping holders, duplicate effects,
 // porcupine's verdict on the ledger (see linearize.go for the model) and
 // recovery time. The checker is believed because, with fencing off, it
-// sees the M1 hazard (TestCheckerSeesHazardWithFencingOff).
+// sees the PauseHolder (M1) hazard (TestCheckerSeesHazardWithFencingOff).
 //
 // RunGen is the generative mode: many keys and leases per worker, a random
 // mix of every kind of acquisition (Acquire, TryAcquire, Do, AcquireAll,

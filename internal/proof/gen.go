@@ -119,21 +119,21 @@ func RunGen(ctx context.Context, cfg GenConfig) (*GenResult, error) {
 		cfg.Logf = func(string, ...any) {}
 	}
 	if len(cfg.Faults) == 0 {
-		cfg.Faults = []Fault{M1}
+		cfg.Faults = []Fault{PauseHolder}
 		if networked(cfg.Store) {
-			cfg.Faults = append(cfg.Faults, M4)
+			cfg.Faults = append(cfg.Faults, CutHolder)
 		}
 		if cfg.Server != nil {
-			cfg.Faults = append(cfg.Faults, M5, M6)
+			cfg.Faults = append(cfg.Faults, PauseAuthority, CrashAuthority)
 		}
 	}
 	for _, f := range cfg.Faults {
 		switch {
-		case f == M4 && !networked(cfg.Store):
+		case f == CutHolder && !networked(cfg.Store):
 			return nil, fmt.Errorf("proof: fault M4 needs a networked store, not %s", cfg.Store)
-		case (f == M5 || f == M6) && cfg.Server == nil:
+		case (f == PauseAuthority || f == CrashAuthority) && cfg.Server == nil:
 			return nil, fmt.Errorf("proof: fault %s needs GenConfig.Server", f)
-		case f != M1 && f != M4 && f != M5 && f != M6:
+		case f != PauseHolder && f != CutHolder && f != PauseAuthority && f != CrashAuthority:
 			return nil, fmt.Errorf("proof: the generative nemesis does not inject %s", f)
 		}
 	}
@@ -277,7 +277,7 @@ func (r *genRun) observe(ctx context.Context) {
 // the seed: a pause of 0.5 to 2 TTLs between faults (one time in four a
 // quiet spell of 4 to 8 TTLs), then one of
 // cfg.Faults on a drawn worker, for a drawn time (0.5 to 3 TTLs; one cut
-// (M4) in three lasts 0.5 to 1.5 TTLs longer than the pool leases' TTL,
+// (CutHolder) in three lasts 0.5 to 1.5 TTLs longer than the pool leases' TTL,
 // so a worker's pool runs out behind it).
 func (r *genRun) nemesis(ctx context.Context) error {
 	rng := rand.New(rand.NewPCG(r.cfg.Seed, 1<<40))
@@ -311,7 +311,7 @@ func (r *genRun) nemesis(ctx context.Context) error {
 		d := between(0.5, 3)
 		r.cfg.Logf("seed %d: fault %d: %s worker %d for %v", r.cfg.Seed, k, f, w, d.Round(time.Millisecond))
 		switch f {
-		case M1:
+		case PauseHolder:
 			r.mu.Lock()
 			cmd := r.procs[w]
 			r.mu.Unlock()
@@ -320,7 +320,7 @@ func (r *genRun) nemesis(ctx context.Context) error {
 			sleep(d)
 			cmd.Process.Signal(syscall.SIGCONT)
 			r.record(Event{Kind: FaultEnd, Worker: w, Fault: string(f)})
-		case M4:
+		case CutHolder:
 			if rng.IntN(3) == 0 {
 				// A long cut: the worker's pool leases (PoolTTL) all run
 				// out behind it at once, with their driver calls blocked.
@@ -336,7 +336,7 @@ func (r *genRun) nemesis(ctx context.Context) error {
 				p.setDown(false)
 			}
 			r.record(Event{Kind: FaultEnd, Worker: w, Fault: string(f)})
-		case M5:
+		case PauseAuthority:
 			if err := r.cfg.Server.Pause(); err != nil {
 				return err
 			}
@@ -347,7 +347,7 @@ func (r *genRun) nemesis(ctx context.Context) error {
 			if err != nil {
 				return err
 			}
-		case M6:
+		case CrashAuthority:
 			if err := r.cfg.Server.Crash(); err != nil {
 				return err
 			}

@@ -307,7 +307,7 @@ func CheckGen(events []Event, strength fenced.FenceStrength, ttl, bound time.Dur
 		// repeatable) may bring the broken key back.
 		excused := false
 		for _, f := range faults {
-			if strength < fenced.FenceStrict && f.fault == string(M6) && f.start <= e.T && f.start >= e.T-int64(10*time.Second) {
+			if strength < fenced.FenceStrict && f.fault == string(CrashAuthority) && f.start <= e.T && f.start >= e.T-int64(10*time.Second) {
 				excused = true
 			}
 		}

@@ -82,12 +82,12 @@ func TestCheckGenFindsEachViolation(t *testing.T) {
 	}
 	// A slow orphan while a fault is active is not counted.
 	evs := append(append([]Event(nil), clean...),
-		Event{T: 10900 * ms, Kind: FaultStart, Worker: 1, Fault: "M4"},
+		Event{T: 10900 * ms, Kind: FaultStart, Worker: 1, Fault: string(CutHolder)},
 		Event{T: 10980 * ms, Kind: AcquireInvoke, Worker: 1, Op: 9, Name: "cancel", Key: "k"},
 		Event{T: 10990 * ms, Kind: AcquireFail, Worker: 1, Op: 9, Name: "cancel", Key: "k"},
 		Event{T: 11000 * ms, Kind: Observed, Worker: -1, Key: "k", Fence: 4, Owner: "y"},
 		Event{T: 14000 * ms, Kind: Observed, Worker: -1, Key: "k", Fence: 4, Owner: "y"},
-		Event{T: 14100 * ms, Kind: FaultEnd, Worker: 1, Fault: "M4"})
+		Event{T: 14100 * ms, Kind: FaultEnd, Worker: 1, Fault: string(CutHolder)})
 	if r := CheckGen(evs, fenced.FenceStrict, ttl, bound); r.Failed() {
 		t.Errorf("slow orphan during a partition: %+v; want no violation", r)
 	}
@@ -118,12 +118,12 @@ func TestCheckGenFindsEachViolation(t *testing.T) {
 			{T: 10060 * ms, Kind: BreakDone, Op: 30, Key: "o", Fence: 1},
 		}, fenced.FenceStrict},
 		"stopped": {[]Event{
-			{T: 10020 * ms, Kind: FaultStart, Worker: 2, Fault: string(M1)},
-			{T: 10900 * ms, Kind: FaultEnd, Worker: 2, Fault: string(M1)},
+			{T: 10020 * ms, Kind: FaultStart, Worker: 2, Fault: string(PauseHolder)},
+			{T: 10900 * ms, Kind: FaultEnd, Worker: 2, Fault: string(PauseHolder)},
 		}, fenced.FenceStrict},
 		"restarted": {[]Event{
-			{T: 10020 * ms, Kind: FaultStart, Worker: -1, Fault: string(M6)},
-			{T: 10030 * ms, Kind: FaultEnd, Worker: -1, Fault: string(M6)},
+			{T: 10020 * ms, Kind: FaultStart, Worker: -1, Fault: string(CrashAuthority)},
+			{T: 10030 * ms, Kind: FaultEnd, Worker: -1, Fault: string(CrashAuthority)},
 		}, fenced.FenceRepeatable},
 	} {
 		evs := append(append(append([]Event(nil), clean...), overlap...), c.add...)
@@ -132,7 +132,7 @@ func TestCheckGenFindsEachViolation(t *testing.T) {
 		}
 	}
 	evs = append(append([]Event(nil), clean...), overlap...)
-	evs = append(evs, Event{T: 10020 * ms, Kind: FaultStart, Worker: -1, Fault: string(M6)}, Event{T: 10030 * ms, Kind: FaultEnd, Worker: -1, Fault: string(M6)})
+	evs = append(evs, Event{T: 10020 * ms, Kind: FaultStart, Worker: -1, Fault: string(CrashAuthority)}, Event{T: 10030 * ms, Kind: FaultEnd, Worker: -1, Fault: string(CrashAuthority)})
 	if r := CheckGen(evs, fenced.FenceStrict, ttl, bound); r.Overlaps != 1 {
 		t.Errorf("two owners across a restart of a durable authority: %+v; want it counted", r)
 	}

@@ -38,9 +38,9 @@ type leaseLife struct {
 // renewal sent after the break fails, so its validity ends by then). Two
 // owners hold one key: a lease's end is recorded more than
 // exclusionSlack after another owner's grant of its key, with no break of
-// the key while the first lived, its worker not stopped (M1) meanwhile,
+// the key while the first lived, its worker not stopped (PauseHolder) meanwhile,
 // and, on a backend whose fence may repeat (its data may be lost), the
-// authority not restarted (M6) meanwhile. faults are the run's fault
+// authority not restarted (CrashAuthority) meanwhile. faults are the run's fault
 // windows.
 func checkExclusion(r *GenReport, events []Event, strength fenced.FenceStrength, faults []faultWindow) {
 	type lk struct {
@@ -82,7 +82,7 @@ func checkExclusion(r *GenReport, events []Event, strength fenced.FenceStrength,
 	}
 	stopped := func(worker int, from, to int64) bool {
 		for _, f := range faults {
-			if f.fault == string(M1) && f.worker == worker && f.start <= to && f.end >= from {
+			if f.fault == string(PauseHolder) && f.worker == worker && f.start <= to && f.end >= from {
 				return true
 			}
 		}
@@ -93,7 +93,7 @@ func checkExclusion(r *GenReport, events []Event, strength fenced.FenceStrength,
 			return false
 		}
 		for _, f := range faults {
-			if f.fault == string(M6) && f.start <= to && f.end >= from {
+			if f.fault == string(CrashAuthority) && f.start <= to && f.end >= from {
 				return true
 			}
 		}

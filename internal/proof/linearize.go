@@ -146,7 +146,7 @@ func checkLedger(events []Event, res Contents, end int64) (string, []string) {
 			opens[e.Op] = open{e, opWrite}
 		case ReadOK, ReadRefused, ReadFail, WriteOK, WriteRefused, WriteFail:
 		case FaultEnd:
-			if e.Fault != string(M2) || e.Op == 0 {
+			if e.Fault != string(DelayWrite) || e.Op == 0 {
 				continue
 			}
 		default:

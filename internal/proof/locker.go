@@ -113,7 +113,7 @@ func deriveFences(events []Event, res *Contents) {
 // the incumbents table that apply to a client. M7 (Redis
 // failover) needs a primary and a replica: bench/redis runs it on
 // testenv.RedisFailover.
-var LockerFaults = []Fault{M1, M3, M4, M9}
+var LockerFaults = []Fault{PauseHolder, KillHolder, CutHolder, PauseMidAcquire}
 
 // RunLocker runs base (whose Locker, Store and Command are set) once per
 // fault, fencing off, each in its own subdirectory of base.Dir and on its

@@ -134,8 +134,8 @@ func TestRedisLostWrites(t *testing.T) {
 	s := startRedisLostWrites(t)
 	var rep Report
 	for attempt := 0; attempt < 3; attempt++ {
-		rep = runScenario(t, s.r.URL(), Config{Fault: M6, Fencing: true, TTL: time.Second, Injections: 2, Server: s, MinFence: fenced.FenceRepeatable})
-		checkScenario(t, "redis (restart from an older copy)", M6, true, rep)
+		rep = runScenario(t, s.r.URL(), Config{Fault: CrashAuthority, Fencing: true, TTL: time.Second, Injections: 2, Server: s, MinFence: fenced.FenceRepeatable})
+		checkScenario(t, "redis (restart from an older copy)", CrashAuthority, true, rep)
 		if rep.FenceRepeats > 0 {
 			break
 		}

@@ -22,23 +22,23 @@ func notApplicable(b string, e env, f Fault) string {
 		return ""
 	}
 	switch {
-	case f == M10:
+	case f == CrashLeader:
 		return "skip" // the etcd (3 members) row
 	case f.NeedsServer() && e.server == nil:
 		return "the SQLite authority is a file the workers open, not a server"
-	case (f == M4 || f == M9) && b == "sqlite":
+	case (f == CutHolder || f == PauseMidAcquire) && b == "sqlite":
 		return "no network between the workers and the SQLite authority"
-	case f == M7 && b == "redis":
+	case f == FailoverReplica && b == "redis":
 		return "runs on its own topology: the redis (primary + replica) row"
-	case f == M7:
+	case f == FailoverReplica:
 		return "asynchronous primary/replica failover is Redis's declared hazard (FenceRepeatable); " + notFailover[b]
-	case f == M8 && b == "redlock":
+	case f == StepNodeClock && b == "redlock":
 		return "runs on five nodes: the redlock (5 nodes) row"
-	case f == M8:
+	case f == StepNodeClock:
 		return "a clock jump on one Redlock node of five (M12 is a step of the authority's clock)"
-	case f == M11 && b != "zookeeper":
+	case f == PartitionPastSession && b != "zookeeper":
 		return "ZooKeeper session loss; M4 cuts a holder off on this backend"
-	case f == M12 && e.clock == nil:
+	case f == StepAuthorityClock && e.clock == nil:
 		return notClockStep[b]
 	}
 	return ""
@@ -65,7 +65,7 @@ var notClockStep = map[string]string{
 }
 
 // matrixFaults are the faults of the full matrix, in the report's order.
-var matrixFaults = []Fault{M1, M2, M3, M4, M5, M6, M7, M8, M9, M10, M11, M12, M13}
+var matrixFaults = []Fault{PauseHolder, DelayWrite, KillHolder, CutHolder, PauseAuthority, CrashAuthority, FailoverReplica, StepNodeClock, PauseMidAcquire, CrashLeader, PartitionPastSession, StepAuthorityClock, ReorderWrites}
 
 // TestMatrixFull runs the whole matrix and writes the report; it runs only
 // when FENCED_PROOF_OUT names the docs directory (scripts/proof.sh sets
@@ -91,8 +91,8 @@ func TestMatrixFull(t *testing.T) {
 		}
 		scenarios = append(scenarios, sc{f, true, ClaimFirst}, sc{f, false, ClaimFirst})
 	}
-	if len(scenarios) > 0 && scenarios[len(scenarios)-1].f == M13 {
-		scenarios = append(scenarios, sc{M13, true, WriteOnly})
+	if len(scenarios) > 0 && scenarios[len(scenarios)-1].f == ReorderWrites {
+		scenarios = append(scenarios, sc{ReorderWrites, true, WriteOnly})
 	}
 	var rows []Row
 	svgs := map[Fault][]Event{}

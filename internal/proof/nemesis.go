@@ -27,7 +27,7 @@ func (r *run) nemesis(ctx context.Context) error {
 		if _, err := progress(from); err != nil {
 			return fmt.Errorf("proof: no progress before injection %d of %s: %w", k+1, r.cfg.Fault, err)
 		}
-		r.cfg.Logf("inject %s #%d", r.cfg.Fault, k+1)
+		r.cfg.Logf("inject %s (%s) #%d", r.cfg.Fault.Name(), r.cfg.Fault, k+1)
 		if err := r.inject(ctx); err != nil {
 			return fmt.Errorf("proof: injection %d of %s: %w", k+1, r.cfg.Fault, err)
 		}
@@ -52,7 +52,7 @@ func (r *run) inject(ctx context.Context) error {
 	switch f := r.cfg.Fault; f {
 	case None:
 		return nil
-	case M1, M13:
+	case PauseHolder, ReorderWrites:
 		if err := r.arm("before-write", -1, string(f)+" stop"); err != nil {
 			return err
 		}
@@ -75,7 +75,7 @@ func (r *run) inject(ctx context.Context) error {
 			}
 		}
 		defer cont()
-		if f == M1 {
+		if f == PauseHolder {
 			// Continue A once another worker has been granted the key and
 			// has written.
 			// If none does within 8 TTLs (A may have stopped holding the
@@ -114,31 +114,31 @@ func (r *run) inject(ctx context.Context) error {
 		})
 		removeHolding(r.cfg.Dir, b.Worker)
 		return err
-	case M2:
+	case DelayWrite:
 		if err := r.arm("before-write", -1, fmt.Sprintf("M2 delay %s", 3*ttl)); err != nil {
 			return err
 		}
-		_, _, err := r.waitEvent(ctx, from, long+3*ttl, func(e Event) bool { return e.Kind == FaultEnd && e.Fault == string(M2) })
+		_, _, err := r.waitEvent(ctx, from, long+3*ttl, func(e Event) bool { return e.Kind == FaultEnd && e.Fault == string(DelayWrite) })
 		return err
-	case M3:
+	case KillHolder:
 		if err := r.arm("before-write", -1, "M3 kill"); err != nil {
 			return err
 		}
-		a, _, err := r.waitEvent(ctx, from, long, func(e Event) bool { return e.Kind == FaultStart && e.Fault == string(M3) })
+		a, _, err := r.waitEvent(ctx, from, long, func(e Event) bool { return e.Kind == FaultStart && e.Fault == string(KillHolder) })
 		if err != nil {
 			r.disarm("before-write", -1)
 			return err
 		}
 		_, exited := r.worker(a.Worker)
 		<-exited
-		r.record(Event{Kind: FaultEnd, Worker: a.Worker, Fault: string(M3)})
+		r.record(Event{Kind: FaultEnd, Worker: a.Worker, Fault: string(KillHolder)})
 		return r.startWorker(a.Worker)
-	case M4:
+	case CutHolder:
 		a, _, err := r.waitEvent(ctx, from, long, func(e Event) bool { return e.Kind == AcquireOK })
 		if err != nil {
 			return err
 		}
-		r.record(Event{Kind: FaultStart, Worker: a.Worker, Fault: string(M4)})
+		r.record(Event{Kind: FaultStart, Worker: a.Worker, Fault: string(CutHolder)})
 		if err := r.cutOff(a.Worker, true); err != nil {
 			return err
 		}
@@ -146,9 +146,9 @@ func (r *run) inject(ctx context.Context) error {
 		if err := r.cutOff(a.Worker, false); err != nil {
 			return err
 		}
-		r.record(Event{Kind: FaultEnd, Worker: a.Worker, Fault: string(M4)})
+		r.record(Event{Kind: FaultEnd, Worker: a.Worker, Fault: string(CutHolder)})
 		return nil
-	case M9:
+	case PauseMidAcquire:
 		a, _, err := r.waitEvent(ctx, from, long, func(e Event) bool { return e.Kind == ReleaseDone })
 		if err != nil {
 			return err
@@ -163,18 +163,18 @@ func (r *run) inject(ctx context.Context) error {
 		}
 		time.Sleep(2 * ttl)
 		cmd.Process.Signal(syscall.SIGCONT)
-		r.record(Event{Kind: FaultEnd, Worker: a.Worker, Fault: string(M9)})
+		r.record(Event{Kind: FaultEnd, Worker: a.Worker, Fault: string(PauseMidAcquire)})
 		return nil
-	case M5:
+	case PauseAuthority:
 		if err := r.cfg.Server.Pause(); err != nil {
 			return err
 		}
-		r.record(Event{Kind: FaultStart, Worker: -1, Fault: string(M5)})
+		r.record(Event{Kind: FaultStart, Worker: -1, Fault: string(PauseAuthority)})
 		time.Sleep(2 * ttl)
 		err := r.cfg.Server.Resume()
-		r.record(Event{Kind: FaultEnd, Worker: -1, Fault: string(M5)})
+		r.record(Event{Kind: FaultEnd, Worker: -1, Fault: string(PauseAuthority)})
 		return err
-	case M6, M10:
+	case CrashAuthority, CrashLeader:
 		if err := r.cfg.Server.Crash(); err != nil {
 			return err
 		}
@@ -182,7 +182,7 @@ func (r *run) inject(ctx context.Context) error {
 		err := r.cfg.Server.Restart()
 		r.record(Event{Kind: FaultEnd, Worker: -1, Fault: string(f)})
 		return err
-	case M7, M8, M11, M12, P1:
+	case FailoverReplica, StepNodeClock, PartitionPastSession, StepAuthorityClock, PartitionMinority:
 		return r.holdAcross(ctx, f)
 	default:
 		return fmt.Errorf("fault %s is not one the nemesis injects", f)
@@ -200,7 +200,7 @@ func (r *run) holdAcross(ctx context.Context, f Fault) error {
 	ttl := r.cfg.TTL
 	long := 20*ttl + 20*time.Second
 	start := Now()
-	if f == M7 {
+	if f == FailoverReplica {
 		if err := r.cfg.Failover.CutReplica(); err != nil {
 			return err
 		}
@@ -245,16 +245,16 @@ func (r *run) holdAcross(ctx context.Context, f Fault) error {
 	defer r.disarm("before-write", a.Worker)
 	defer removeHolding(r.cfg.Dir, a.Worker)
 	switch f {
-	case M7:
+	case FailoverReplica:
 		if err := r.cfg.Failover.Failover(); err != nil {
 			return err
 		}
 		r.record(Event{Kind: FaultEnd, Worker: -1, Fault: string(f)})
-	case M8, M12:
+	case StepNodeClock, StepAuthorityClock:
 		r.record(Event{Kind: FaultStart, Worker: -1, Fault: string(f)})
 		r.cfg.Clock.Step(10 * ttl)
 		r.record(Event{Kind: FaultEnd, Worker: -1, Fault: string(f)})
-	case M11, P1:
+	case PartitionPastSession, PartitionMinority:
 		r.record(Event{Kind: FaultStart, Worker: a.Worker, Fault: string(f)})
 		if err := r.cutOff(a.Worker, true); err != nil {
 			return err
@@ -269,7 +269,7 @@ func (r *run) holdAcross(ctx context.Context, f Fault) error {
 		}
 		r.cfg.Logf("%s: no other worker wrote while worker %d was held: %v", f, a.Worker, err)
 	}
-	if f == M11 || f == P1 {
+	if f == PartitionPastSession || f == PartitionMinority {
 		if err := r.cutOff(a.Worker, false); err != nil {
 			return err
 		}

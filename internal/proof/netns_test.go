@@ -38,13 +38,13 @@ type netRow struct {
 // hosts of their own and the authority on another (instead of behind
 // per-worker proxies), and P1 on 3-member etcd and ZooKeeper ensembles.
 var netRows = []netRow{
-	{"etcd (netns)", M4, netEtcd(1)},
-	{"etcd (netns)", M9, netEtcd(1)},
-	{"zookeeper (netns)", M4, netZK(1)},
-	{"zookeeper (netns)", M9, netZK(1)},
-	{"zookeeper (netns)", M11, netZK(1)},
-	{"etcd (3 members, netns)", P1, netEtcd(3)},
-	{"zookeeper (3 servers, netns)", P1, netZK(3)},
+	{"etcd (netns)", CutHolder, netEtcd(1)},
+	{"etcd (netns)", PauseMidAcquire, netEtcd(1)},
+	{"zookeeper (netns)", CutHolder, netZK(1)},
+	{"zookeeper (netns)", PauseMidAcquire, netZK(1)},
+	{"zookeeper (netns)", PartitionPastSession, netZK(1)},
+	{"etcd (3 members, netns)", PartitionMinority, netEtcd(3)},
+	{"zookeeper (3 servers, netns)", PartitionMinority, netZK(3)},
 }
 
 // netHosts adds n hosts named prefix0.. to the Net.
@@ -107,7 +107,7 @@ func runNetRow(t *testing.T, r netRow, fencing bool, injections int) Row {
 	row.Report = &rep
 	t.Logf("%s %s fencing=%v: %+v", r.backend, r.fault, fencing, rep)
 	checkScenario(t, r.backend, r.fault, fencing, rep)
-	if r.fault == P1 && fencing {
+	if r.fault == PartitionMinority && fencing {
 		checkMinority(t, r.backend, res.Events, injections)
 	}
 	return row
@@ -120,7 +120,7 @@ func checkMinority(t *testing.T, backend string, evs []Event, injections int) {
 	t.Helper()
 	seen := 0
 	for i, e := range evs {
-		if e.Kind != FaultStart || e.Fault != string(P1) {
+		if e.Kind != FaultStart || e.Fault != string(PartitionMinority) {
 			continue
 		}
 		seen++

@@ -7,23 +7,23 @@ import (
 	"time"
 )
 
-// P1 partitions a 3-member consensus ensemble (etcd or ZooKeeper) into a
-// minority and a majority, with a holder on the minority side (Hazelcast
-// 3.8.3's finding): each worker runs on the host of one member
-// (Config.Partition places it), a holder is held before its write and its
-// host is cut off, member and all. The majority expires the holder's lease
-// and grants the key again; the partition heals once another worker has
-// written (or after 16 TTLs), and the holder, let go, writes with its old
-// fence. Checked: its lease ended (its context was cancelled) before the
+// PartitionMinority (report id P1) partitions a 3-member consensus ensemble
+// (etcd or ZooKeeper) into a minority and a majority, with a holder on the
+// minority side (Hazelcast 3.8.3's finding): each worker runs on the host of
+// one member (Config.Partition places it), a holder is held before its write
+// and its host is cut off, member and all. The majority expires the holder's
+// lease and grants the key again; the partition heals once another worker
+// has written (or after 16 TTLs), and the holder, let go, writes with its
+// old fence. Checked: its lease ended (its context was cancelled) before the
 // majority's next grant, and the fence refuses its write.
-const P1 Fault = "P1"
+const PartitionMinority Fault = "P1"
 
 // heldFor is how long holdAcross waits for another worker's write while a
 // holder is held: 8 TTLs, and 16 for P1, where the majority may first have
 // to elect a leader (etcd's new leader also extends every lease by an
 // election timeout) before it expires the holder's lease.
 func heldFor(f Fault, ttl time.Duration) time.Duration {
-	if f == P1 {
+	if f == PartitionMinority {
 		return 16 * ttl
 	}
 	return 8 * ttl
@@ -78,7 +78,7 @@ func (r *run) stopAfterSend(w int, long time.Duration) error {
 		}
 		if n > before {
 			cmd.Process.Signal(syscall.SIGSTOP)
-			r.record(Event{Kind: FaultStart, Worker: w, Fault: string(M9)})
+			r.record(Event{Kind: FaultStart, Worker: w, Fault: string(PauseMidAcquire)})
 			return nil
 		}
 		time.Sleep(200 * time.Microsecond)

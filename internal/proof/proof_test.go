@@ -54,14 +54,14 @@ func sqliteStore(t *testing.T) string {
 // with the resource ignoring fences, a holder paused past its TTL (M1)
 // writes after the next holder, and the checker must see it.
 func TestCheckerSeesHazardWithFencingOff(t *testing.T) {
-	rep := runScenario(t, sqliteStore(t), Config{Fault: M1, Fencing: false, TTL: time.Second})
+	rep := runScenario(t, sqliteStore(t), Config{Fault: PauseHolder, Fencing: false, TTL: time.Second})
 	if rep.StaleAccepted == 0 || rep.DuplicateEffects == 0 || rep.Linearizable || !rep.HazardSeen {
 		t.Fatalf("fencing off under M1: %+v; want a stale write accepted, a duplicate effect and a non-linearizable history", rep)
 	}
 }
 
-func TestM1FencingOnSQLite(t *testing.T) {
-	rep := runScenario(t, sqliteStore(t), Config{Fault: M1, Fencing: true, TTL: time.Second})
+func TestPauseHolderFencingOnSQLite(t *testing.T) {
+	rep := runScenario(t, sqliteStore(t), Config{Fault: PauseHolder, Fencing: true, TTL: time.Second})
 	if rep.StaleAccepted != 0 || rep.DuplicateEffects != 0 || !rep.Linearizable || rep.StaleRefused == 0 {
 		t.Fatalf("fencing on under M1: %+v", rep)
 	}

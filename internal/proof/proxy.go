@@ -163,7 +163,7 @@ func (r *run) stopAfterProxySend(w int, cmd *exec.Cmd, long time.Duration) error
 		p.afterNextSend(func() {
 			stop.Do(func() {
 				cmd.Process.Signal(syscall.SIGSTOP)
-				r.record(Event{Kind: FaultStart, Worker: w, Fault: string(M9)})
+				r.record(Event{Kind: FaultStart, Worker: w, Fault: string(PauseMidAcquire)})
 				close(stopped)
 			})
 		})

@@ -29,12 +29,12 @@ func WriteMarkdownTable(w io.Writer, rows []Row) {
 			fencing = "on"
 		}
 		if r.Report == nil {
-			fmt.Fprintf(w, "| %s | %s | %s | %s | n/a: %s |||||||||\n", r.Backend, r.Fault, fencing, r.Ordering, r.NA)
+			fmt.Fprintf(w, "| %s | %s | %s | %s | n/a: %s |||||||||\n", r.Backend, r.Fault.ID(), fencing, r.Ordering, r.NA)
 			continue
 		}
 		p := r.Report
 		fmt.Fprintf(w, "| %s | %s | %s | %s | %d | %d | %d | %d / %d / %d | %d (%d) | %d (%v) | %d | %s | %v | %v |\n",
-			r.Backend, r.Fault, fencing, r.Ordering, p.Injections, p.Grants, p.WritesAccepted,
+			r.Backend, r.Fault.ID(), fencing, r.Ordering, p.Injections, p.Grants, p.WritesAccepted,
 			p.StaleAttempted, p.StaleRefused, p.StaleAccepted, p.FenceRegressions, p.FenceRepeats,
 			p.Overlaps, p.LongestOverlap.Round(time.Millisecond), p.DuplicateEffects, p.Linearizability,
 			p.Recovery.Round(time.Millisecond), p.HazardSeen)
@@ -128,7 +128,7 @@ func WriteTimelineSVG(w io.Writer, title string, events []Event) {
 		case Lost, ReleaseInvoke:
 			endBar(id, e.T)
 		case FaultStart:
-			if e.Fault == string(M3) {
+			if e.Fault == string(KillHolder) {
 				for k, b := range held {
 					if strings.HasPrefix(k, fmt.Sprintf("%d/", e.PID)) {
 						_ = b

@@ -16,73 +16,105 @@ import (
 	"github.com/fenced-dev/fenced"
 )
 
-// Fault names a fault of the nemesis (the table).
+// Fault is a fault of the nemesis. The Go names say what each does; the
+// value is its report id (M1..M13, P1), the one docs/proof.md, the
+// recorded histories and the saved rows use.
 type Fault string
+
+// ID returns the fault's report id ("M1"); "" for None.
+func (f Fault) ID() string { return string(f) }
+
+// Name returns the fault's Go name ("PauseHolder"), or its id if it has
+// none.
+func (f Fault) Name() string {
+	if n, ok := faultNames[f]; ok {
+		return n
+	}
+	return string(f)
+}
+
+// faultNames maps each fault to its Go name, for logs and errors.
+var faultNames = map[Fault]string{
+	None: "None", PauseHolder: "PauseHolder", DelayWrite: "DelayWrite", KillHolder: "KillHolder",
+	CutHolder: "CutHolder", PauseAuthority: "PauseAuthority", CrashAuthority: "CrashAuthority",
+	FailoverReplica: "FailoverReplica", StepNodeClock: "StepNodeClock", PauseMidAcquire: "PauseMidAcquire",
+	CrashLeader: "CrashLeader", PartitionPastSession: "PartitionPastSession",
+	StepAuthorityClock: "StepAuthorityClock", ReorderWrites: "ReorderWrites", PartitionMinority: "PartitionMinority",
+}
 
 // The faults the nemesis injects.
 const (
 	// None runs the workload without a fault.
 	None Fault = ""
-	// M1 pauses a holder past its TTL: it stops itself with SIGSTOP after
-	// its last lease check, just before its write, and the nemesis sends
-	// SIGCONT once another worker has been granted the key and has written.
-	M1 Fault = "M1"
-	// M2 delays a holder's write: it is sent after the last lease check and
-	// reaches the resource 3 TTLs later, after the holder gave up waiting
-	// for it and released. The resource is a local SQLite file, so the
-	// delay is in the worker, not in a TCP link.
-	M2 Fault = "M2"
-	// M3 kills a holder with SIGKILL mid-hold (after its read, before its
-	// write); the nemesis starts a new worker in its place.
-	M3 Fault = "M3"
-	// M4 cuts a holder off from the authority: its proxy forwards nothing
-	// for 3 TTLs.
-	M4 Fault = "M4"
-	// M5 pauses the authority with SIGSTOP for 2 TTLs.
-	M5 Fault = "M5"
-	// M6 kills the authority with SIGKILL and restarts it on its data.
-	M6 Fault = "M6"
-	// M10 kills the leader of a 3-member etcd cluster with SIGKILL under
-	// load and restarts it on its data (Config.Server crashes the leader).
-	M10 Fault = "M10"
-	// M9 stops a worker with SIGSTOP right after its proxy forwarded the
-	// first request of its next acquire, before it reads the reply, for 2
+	// PauseHolder (report id M1) pauses a holder past its TTL: it stops
+	// itself with SIGSTOP after its last lease check, just before its write,
+	// and the nemesis sends SIGCONT once another worker has been granted the
+	// key and has written.
+	PauseHolder Fault = "M1"
+	// DelayWrite (report id M2) delays a holder's write: it is sent after
+	// the last lease check and reaches the resource 3 TTLs later, after the
+	// holder gave up waiting for it and released. The resource is a local
+	// SQLite file, so the delay is in the worker, not in a TCP link.
+	DelayWrite Fault = "M2"
+	// KillHolder (report id M3) kills a holder with SIGKILL mid-hold (after
+	// its read, before its write); the nemesis starts a new worker in its
+	// place.
+	KillHolder Fault = "M3"
+	// CutHolder (report id M4) cuts a holder off from the authority: its
+	// proxy forwards nothing for 3 TTLs.
+	CutHolder Fault = "M4"
+	// PauseAuthority (report id M5) pauses the authority with SIGSTOP for 2
 	// TTLs.
-	M9 Fault = "M9"
-	// M7 is a Redis asynchronous failover: the replica is cut off, a
-	// worker is granted the key on the primary alone and held before its
-	// write, the primary is killed and the replica promoted
-	// (Config.Failover). The promoted replica has not seen the grant, so
-	// the next holder may get the same fence (a repeat, declared by
-	// FenceRepeatable); once another worker has written, the first one is
+	PauseAuthority Fault = "M5"
+	// CrashAuthority (report id M6) kills the authority with SIGKILL and
+	// restarts it on its data.
+	CrashAuthority Fault = "M6"
+	// CrashLeader (report id M10) kills the leader of a 3-member etcd
+	// cluster with SIGKILL under load and restarts it on its data
+	// (Config.Server crashes the leader).
+	CrashLeader Fault = "M10"
+	// PauseMidAcquire (report id M9) stops a worker with SIGSTOP right after
+	// its proxy forwarded the first request of its next acquire, before it
+	// reads the reply, for 2 TTLs.
+	PauseMidAcquire Fault = "M9"
+	// FailoverReplica (report id M7) is a Redis asynchronous failover: the
+	// replica is cut off, a worker is granted the key on the primary alone
+	// and held before its write, the primary is killed and the replica
+	// promoted (Config.Failover). The promoted replica has not seen the
+	// grant, so the next holder may get the same fence (a repeat, declared
+	// by FenceRepeatable); once another worker has written, the first one is
 	// let go and writes.
-	M7 Fault = "M7"
-	// M8 steps one Redlock node's wall clock forward by 10 TTLs
-	// (Config.Clock) while a holder is held before its write; it is let go
-	// once another worker has written, or after 8 TTLs.
-	M8 Fault = "M8"
-	// M11 partitions one holder from the ZooKeeper ensemble (its proxy
-	// forwards nothing) past its session timeout while it is held before
-	// its write; the partition heals and the holder writes once another
-	// worker has written, or after 8 TTLs.
-	M11 Fault = "M11"
-	// M12 steps the authority's wall clock forward by 10 TTLs (more than
-	// any safety margin a lease keeps; Config.Clock) while a holder is held
-	// before its write, as in M8.
-	M12 Fault = "M12"
-	// M13 reorders the guard: holder A stops before its write (as in M1);
-	// once B has been granted the key and has read (and, claim-first,
-	// claimed) it, B is held before its write, A is continued and writes,
-	// then B writes.
-	M13 Fault = "M13"
+	FailoverReplica Fault = "M7"
+	// StepNodeClock (report id M8) steps one Redlock node's wall clock
+	// forward by 10 TTLs (Config.Clock) while a holder is held before its
+	// write; it is let go once another worker has written, or after 8 TTLs.
+	StepNodeClock Fault = "M8"
+	// PartitionPastSession (report id M11) partitions one holder from the
+	// ZooKeeper ensemble (its proxy forwards nothing) past its session
+	// timeout while it is held before its write; the partition heals and the
+	// holder writes once another worker has written, or after 8 TTLs.
+	PartitionPastSession Fault = "M11"
+	// StepAuthorityClock (report id M12) steps the authority's wall clock
+	// forward by 10 TTLs (more than any safety margin a lease keeps;
+	// Config.Clock) while a holder is held before its write, as in M8.
+	StepAuthorityClock Fault = "M12"
+	// ReorderWrites (report id M13) reorders the guard: holder A stops
+	// before its write (as in M1); once B has been granted the key and has
+	// read (and, claim-first, claimed) it, B is held before its write, A is
+	// continued and writes, then B writes.
+	ReorderWrites Fault = "M13"
 )
 
 // NeedsProxy reports whether f needs a proxy between the workers and the
 // authority (a networked store).
-func (f Fault) NeedsProxy() bool { return f == M4 || f == M9 || f == M11 }
+func (f Fault) NeedsProxy() bool {
+	return f == CutHolder || f == PauseMidAcquire || f == PartitionPastSession
+}
 
 // NeedsServer reports whether f acts on the authority's process.
-func (f Fault) NeedsServer() bool { return f == M5 || f == M6 || f == M10 }
+func (f Fault) NeedsServer() bool {
+	return f == PauseAuthority || f == CrashAuthority || f == CrashLeader
+}
 
 // Server lets the nemesis fault the authority's server process.
 type Server interface {
@@ -214,11 +246,11 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		return nil, errors.New("proof: Config.Command is nil")
 	case cfg.Fault.NeedsServer() && cfg.Server == nil:
 		return nil, fmt.Errorf("proof: fault %s needs Config.Server", cfg.Fault)
-	case cfg.Fault == M7 && cfg.Failover == nil:
+	case cfg.Fault == FailoverReplica && cfg.Failover == nil:
 		return nil, errors.New("proof: fault M7 needs Config.Failover")
-	case (cfg.Fault == M8 || cfg.Fault == M12) && cfg.Clock == nil:
+	case (cfg.Fault == StepNodeClock || cfg.Fault == StepAuthorityClock) && cfg.Clock == nil:
 		return nil, fmt.Errorf("proof: fault %s needs Config.Clock", cfg.Fault)
-	case cfg.Fault == P1 && cfg.Partition == nil:
+	case cfg.Fault == PartitionMinority && cfg.Partition == nil:
 		return nil, errors.New("proof: fault P1 needs Config.Partition")
 	case cfg.Locker != "" && cfg.Fencing:
 		return nil, fmt.Errorf("proof: Locker %q gives no fence; Config.Fencing must be false", cfg.Locker)
