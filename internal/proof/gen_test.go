@@ -54,8 +54,8 @@ func runGen(t *testing.T, b backend, cfg GenConfig) GenReport {
 		t.Fatalf("%s seed %d: %v (history in %s)", b.name, cfg.Seed, err, cfg.Dir)
 	}
 	rep := res.Report
-	t.Logf("%s seed %d (%v): %d ops %v, %d grants (at most %d held by one worker), %d faults, %d errors; fence regressions %d, repeats %d, live past validity %d (max %v), orphans %d/%d slow/%d seen, sets healthy with a lost member %d",
-		b.name, rep.Seed, time.Since(started).Round(time.Second), rep.Ops, rep.ByOp, rep.Grants, rep.MaxHeld, rep.Faults, rep.Errors, rep.FenceRegressions, rep.FenceRepeats, rep.LivePastValidity, rep.MaxOvershoot, rep.Orphans, rep.SlowOrphans, rep.OrphansSeen, rep.SetsHealthyWithLost)
+	t.Logf("%s seed %d (%v): %d ops %v, %d grants (at most %d held by one worker), %d faults, %d errors; fence regressions %d, repeats %d, live past validity %d (max %v), orphans %d/%d slow/%d seen, sets healthy with a lost member %d, outlived a break %d, renewed after a break %d, overlaps %d",
+		b.name, rep.Seed, time.Since(started).Round(time.Second), rep.Ops, rep.ByOp, rep.Grants, rep.MaxHeld, rep.Faults, rep.Errors, rep.FenceRegressions, rep.FenceRepeats, rep.LivePastValidity, rep.MaxOvershoot, rep.Orphans, rep.SlowOrphans, rep.OrphansSeen, rep.SetsHealthyWithLost, rep.OutlivedBreak, rep.RenewedAfterBreak, rep.Overlaps)
 	if rep.Failed() {
 		t.Errorf("%s: the generative proof failed with seed %d (rerun: FENCED_PROOF_SEED=%d), first violation %v into the run; history in %s:\n%s", b.name, rep.Seed, rep.Seed, rep.FirstViolation.Round(time.Second), cfg.Dir, strings.Join(rep.Problems, "\n"))
 	}

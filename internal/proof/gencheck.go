@@ -47,6 +47,14 @@ type GenReport struct {
 	// ended: when AcquireAll returned (a newer grant of a member's key had
 	// been confirmed setMargin before), or when the worker looked.
 	SetsHealthyWithLost int `json:"sets_healthy_with_lost"`
+	// OutlivedBreak counts leases seen live more than their TTL after a
+	// Break of them completed; Overlaps counts grants of a key to one
+	// owner while another's lease on it lived on (see checkExclusion).
+	OutlivedBreak int `json:"outlived_break"`
+	// RenewedAfterBreak counts leases a worker broke itself and then saw
+	// renewed by a request sent after the break.
+	RenewedAfterBreak int `json:"renewed_after_break"`
+	Overlaps          int `json:"overlaps"`
 	// Errors counts failed acquisitions (refusals included).
 	Errors int `json:"errors"`
 	// Problems describes the first violations found; FirstViolation is
@@ -59,7 +67,7 @@ type GenReport struct {
 
 // Failed reports whether the run broke a promise.
 func (r GenReport) Failed() bool {
-	return r.FenceRegressions > 0 || r.LivePastValidity > 0 || r.Orphans > 0 || r.SlowOrphans > 0 || r.SetsHealthyWithLost > 0
+	return r.FenceRegressions > 0 || r.LivePastValidity > 0 || r.Orphans > 0 || r.SlowOrphans > 0 || r.SetsHealthyWithLost > 0 || r.OutlivedBreak > 0 || r.RenewedAfterBreak > 0 || r.Overlaps > 0
 }
 
 // problem records a violation that happened at t.
@@ -108,10 +116,6 @@ func CheckGen(events []Event, strength fenced.FenceStrength, ttl, bound time.Dur
 	returned := map[string]bool{}
 	type span struct{ first, last int64 }
 	observed := map[[2]string]*span{}
-	type window struct {
-		start, end int64
-		worker     int // -1: the authority
-	}
 	// acq is one acquisition: the keys it was invoked on, when, and when
 	// it completed (0: never), and whether it failed.
 	type acq struct {
@@ -123,7 +127,8 @@ func CheckGen(events []Event, strength fenced.FenceStrength, ttl, bound time.Dur
 	}
 	acqs := map[int64]*acq{}
 	holding := map[int]int{} // leases held, per worker
-	var faults []window
+	var faults []faultWindow
+	var renewedAfterBreak []Event
 	open := map[string]int{}
 	end := int64(0)
 	if len(events) > 0 {
@@ -166,6 +171,8 @@ func CheckGen(events []Event, strength fenced.FenceStrength, ttl, bound time.Dur
 			r.LivePastValidity++
 			r.MaxOvershoot = max(r.MaxOvershoot, time.Duration(e.Value))
 			r.problem(e.T, "worker %d: lease on %s (fence %d) live %v past its local validity", e.Worker, e.Key, e.Fence, time.Duration(e.Value))
+		case RenewedAfterBreak:
+			renewedAfterBreak = append(renewedAfterBreak, e)
 		case SetHealthyLost:
 			r.SetsHealthyWithLost++
 			r.problem(e.T, "worker %d: a set reported healthy while its lease on %s (fence %d) had ended: %s", e.Worker, e.Key, e.Fence, e.Err)
@@ -182,7 +189,7 @@ func CheckGen(events []Event, strength fenced.FenceStrength, ttl, bound time.Dur
 		case FaultStart:
 			r.Faults++
 			open[fmt.Sprintf("%s/%d", e.Fault, e.Worker)] = len(faults)
-			faults = append(faults, window{e.T, end, e.Worker})
+			faults = append(faults, faultWindow{e.T, end, e.Worker, e.Fault})
 		case FaultEnd:
 			if i, ok := open[fmt.Sprintf("%s/%d", e.Fault, e.Worker)]; ok {
 				faults[i].end = e.T
@@ -295,5 +302,20 @@ func CheckGen(events []Event, strength fenced.FenceStrength, ttl, bound time.Dur
 			r.problem(s.first+int64(bound), "%s: a grant no Acquire returned (owner %.8s) was held for %v with no fault active", k[0], k[1], held)
 		}
 	}
+	for _, e := range renewedAfterBreak {
+		// A restart of an authority that may lose data (its fence is
+		// repeatable) may bring the broken key back.
+		excused := false
+		for _, f := range faults {
+			if strength < fenced.FenceStrict && f.fault == string(CrashAuthority) && f.start <= e.T && f.start >= e.T-int64(10*time.Second) {
+				excused = true
+			}
+		}
+		if !excused {
+			r.RenewedAfterBreak++
+			r.problem(e.T, "worker %d: its lease on %s (fence %d) was renewed by a request sent after the worker broke it (validity %v past the break plus the TTL)", e.Worker, e.Key, e.Fence, time.Duration(e.Value).Round(time.Millisecond))
+		}
+	}
+	checkExclusion(&r, events, strength, faults)
 	return r
 }

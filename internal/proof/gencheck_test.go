@@ -58,6 +58,20 @@ func TestCheckGenFindsEachViolation(t *testing.T) {
 		"set healthy with an ended lease": {[]Event{
 			{T: 10600 * ms, Kind: SetHealthyLost, Key: "k", Fence: 2},
 		}, func(r GenReport) int { return r.SetsHealthyWithLost }},
+		"lease outlived a break": {[]Event{
+			{T: 10000 * ms, Kind: AcquireOK, Worker: 2, Key: "b", Fence: 1, Owner: "p", TTL: time.Second},
+			{T: 10100 * ms, Kind: BreakInvoke, Worker: 1, Op: 20, Key: "b"},
+			{T: 10110 * ms, Kind: BreakDone, Worker: 1, Op: 20, Key: "b", Fence: 1, Owner: "p"},
+			{T: 11500 * ms, Kind: Lost, Worker: 2, Key: "b", Fence: 1},
+		}, func(r GenReport) int { return r.OutlivedBreak }},
+		"renewed after a break": {[]Event{
+			{T: 10600 * ms, Kind: RenewedAfterBreak, Worker: 2, Key: "b", Fence: 1, Value: int64(300 * time.Millisecond)},
+		}, func(r GenReport) int { return r.RenewedAfterBreak }},
+		"two owners at once": {[]Event{
+			{T: 10000 * ms, Kind: AcquireOK, Worker: 2, Key: "o", Fence: 1, Owner: "p", TTL: time.Second},
+			{T: 10100 * ms, Kind: AcquireOK, Worker: 3, Key: "o", Fence: 2, Owner: "q", TTL: time.Second},
+			{T: 11000 * ms, Kind: ReleaseInvoke, Worker: 2, Key: "o", Fence: 1, Owner: "p"},
+		}, func(r GenReport) int { return r.Overlaps }},
 	}
 	for name, c := range cases {
 		evs := append(append([]Event(nil), clean...), c.add...)
@@ -87,6 +101,40 @@ func TestCheckGenFindsEachViolation(t *testing.T) {
 		Event{T: 13600 * ms, Kind: AcquireFail, Worker: 2, Op: 10, Name: "all"})
 	if r := CheckGen(evs, fenced.FenceStrict, ttl, bound); r.Failed() {
 		t.Errorf("a grant held by a waiting AcquireAll: %+v; want no violation", r)
+	} // Two owners at once are excused by a break of the first, by its
+	// worker being stopped, and on a repeatable fence by a restart of the
+	// authority; a lease that ends within its TTL of a break is fine.
+	overlap := []Event{
+		{T: 10000 * ms, Kind: AcquireOK, Worker: 2, Key: "o", Fence: 1, Owner: "p", TTL: time.Second},
+		{T: 10100 * ms, Kind: AcquireOK, Worker: 3, Key: "o", Fence: 2, Owner: "q", TTL: time.Second},
+		{T: 11000 * ms, Kind: Lost, Worker: 2, Key: "o", Fence: 1},
+	}
+	for name, c := range map[string]struct {
+		add      []Event
+		strength fenced.FenceStrength
+	}{
+		"break": {[]Event{
+			{T: 10050 * ms, Kind: BreakInvoke, Op: 30, Key: "o"},
+			{T: 10060 * ms, Kind: BreakDone, Op: 30, Key: "o", Fence: 1},
+		}, fenced.FenceStrict},
+		"stopped": {[]Event{
+			{T: 10020 * ms, Kind: FaultStart, Worker: 2, Fault: string(PauseHolder)},
+			{T: 10900 * ms, Kind: FaultEnd, Worker: 2, Fault: string(PauseHolder)},
+		}, fenced.FenceStrict},
+		"restarted": {[]Event{
+			{T: 10020 * ms, Kind: FaultStart, Worker: -1, Fault: string(CrashAuthority)},
+			{T: 10030 * ms, Kind: FaultEnd, Worker: -1, Fault: string(CrashAuthority)},
+		}, fenced.FenceRepeatable},
+	} {
+		evs := append(append(append([]Event(nil), clean...), overlap...), c.add...)
+		if r := CheckGen(evs, c.strength, ttl, bound); r.Failed() {
+			t.Errorf("two owners excused by a %s: %+v; want no violation", name, r)
+		}
+	}
+	evs = append(append([]Event(nil), clean...), overlap...)
+	evs = append(evs, Event{T: 10020 * ms, Kind: FaultStart, Worker: -1, Fault: string(CrashAuthority)}, Event{T: 10030 * ms, Kind: FaultEnd, Worker: -1, Fault: string(CrashAuthority)})
+	if r := CheckGen(evs, fenced.FenceStrict, ttl, bound); r.Overlaps != 1 {
+		t.Errorf("two owners across a restart of a durable authority: %+v; want it counted", r)
 	}
 }
 

@@ -145,7 +145,13 @@ skipped); no grant that no Acquire returned is held past its TTL, nor 2 s
 after the acquisitions that may have left it gave up, when neither their
 workers nor the authority were faulted then; no AcquireAll returns a set
 reported healthy whose member's key was granted again 250 ms before, and no
-set reports itself healthy once a member has ended. A failure prints the seed; FENCED_PROOF_SEED reruns it (the same
+set reports itself healthy once a member has ended; no lease lives on more
+than its TTL (plus 300 ms) after a break of it, none that a worker broke itself is renewed by a
+request sent after the break, and no key is granted while another owner's
+lease on it lives on more than 300 ms (breaks, stopped holders and, on
+Redis, restarts excepted). Half the breaks hit one of the breaker's pool
+leases; one cut in three outlasts the pool TTL; on etcd the last worker
+renews without the loss watch. A failure prints the seed; FENCED_PROOF_SEED reruns it (the same
 operations and faults; their timing is the machine's). Rows other than main
 ran against a scratch copy with one fix reverted; "first violation" is how
 far into the run the checker's earliest finding happened.

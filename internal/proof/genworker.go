@@ -39,6 +39,10 @@ const (
 	// BreakInvoke and BreakDone bracket a Break (Fence: what was broken).
 	BreakInvoke Kind = "break"
 	BreakDone   Kind = "broken"
+	// RenewedAfterBreak says a worker saw a lease it had broken renewed by
+	// a request sent after the break completed: its validity reached past
+	// the break's end plus its TTL (Value: by how many ns).
+	RenewedAfterBreak Kind = "renewed_after_break"
 )
 
 // GenWorkerConfig is what one generative worker process needs.
@@ -64,6 +68,9 @@ type GenWorkerConfig struct {
 	Grace    time.Duration        `json:"grace"`
 	MinFence fenced.FenceStrength `json:"min_fence"`
 	Dir      string               `json:"dir"`
+	// NoLossWatch hides the driver's loss watch from the Client (etcd),
+	// so the worker learns of a lost grant from its renewals alone.
+	NoLossWatch bool `json:"no_loss_watch,omitempty"`
 }
 
 // Key spaces of a generative run, under its prefix.
@@ -91,14 +98,22 @@ type genWorker struct {
 	cfg    GenWorkerConfig
 	rec    *Recorder
 	client *fenced.Client
-	rcp    *recipes
-	pid    int64
-	seq    atomic.Int64
+	// breaker is a Client of its own for Breaks, so the driver holding
+	// the leases hears of a break only from the store; opened at the
+	// first break (see breakClient).
+	breakerMu sync.Mutex
+	breaker   *fenced.Client
+	rcp       *recipes
+	pid       int64
+	seq       atomic.Int64
 
 	mu   sync.Mutex
 	held map[*fenced.Lease]heldLease // every lease the worker believes it holds
 	sets map[*recipe.LeaseSet]struct{}
 	pool []*fenced.Lease // pool leases, oldest first
+	// broken are the pool leases the worker broke itself, with when the
+	// Break returned.
+	broken map[*fenced.Lease]time.Time
 }
 
 type heldLease struct {
@@ -122,15 +137,21 @@ func runGenWorker(cfg GenWorkerConfig) error {
 		return err
 	}
 	defer rec.Close()
-	w := &genWorker{cfg: cfg, rec: rec, pid: int64(os.Getpid()), held: map[*fenced.Lease]heldLease{}, sets: map[*recipe.LeaseSet]struct{}{}}
+	w := &genWorker{cfg: cfg, rec: rec, pid: int64(os.Getpid()), held: map[*fenced.Lease]heldLease{}, sets: map[*recipe.LeaseSet]struct{}{}, broken: map[*fenced.Lease]time.Time{}}
 	hooks := func(e fenced.Event) {
 		if e.Kind == fenced.EventLost {
 			w.record(Event{Kind: Lost, Key: e.Lease.Key(), Fence: e.Lease.Fence(), Err: errString(e.Err)})
 		}
 	}
-	w.client, err = fenced.Open(ctx, cfg.Store, &fenced.Options{Hook: hooks, MinBackoff: 5 * time.Millisecond, MaxBackoff: 100 * time.Millisecond, FallbackPoll: cfg.TTL})
+	copts := &fenced.Options{Hook: hooks, MinBackoff: 5 * time.Millisecond, MaxBackoff: 100 * time.Millisecond, FallbackPoll: cfg.TTL}
+	w.client, err = fenced.Open(ctx, cfg.Store, copts)
 	if err != nil {
 		return err
+	}
+	if cfg.NoLossWatch {
+		if w.client, cfg.NoLossWatch = withoutLossWatch(w.client, copts); cfg.NoLossWatch {
+			fmt.Fprintf(os.Stderr, "proof worker %d: loss watch hidden\n", cfg.Worker)
+		}
 	}
 	opts := &fenced.LeaseOptions{TTL: cfg.TTL, MaxWait: 3 * cfg.TTL, MinFence: cfg.MinFence}
 	if w.rcp, err = newRecipes(w.client, semName(cfg.Prefix), 2, electName(cfg.Prefix), opts); err != nil {
@@ -167,6 +188,9 @@ func runGenWorker(cfg GenWorkerConfig) error {
 		w.release(l)
 	}
 	w.client.Close()
+	if w.breaker != nil {
+		w.breaker.Close()
+	}
 	w.record(Event{Kind: WorkerExit})
 	return nil
 }
@@ -264,7 +288,7 @@ func (w *genWorker) step(ctx context.Context, rng *rand.Rand) {
 		}
 		healthy := set.Err() == nil
 		for _, l := range set.Leases() {
-			w.record(Event{Kind: SetMember, Op: op, Name: name, Key: l.Key(), Fence: l.Fence(), Owner: fence.OwnerDigest(l.Owner()), Value: boolInt(healthy)})
+			w.record(Event{Kind: SetMember, Op: op, Name: name, Key: l.Key(), Fence: l.Fence(), Owner: fence.OwnerDigest(l.Owner()), Value: boolInt(healthy), TTL: l.Options().TTL})
 			w.mu.Lock()
 			w.held[l] = heldLease{owner: fence.OwnerDigest(l.Owner())}
 			w.mu.Unlock()
@@ -320,10 +344,48 @@ func (w *genWorker) step(ctx context.Context, rng *rand.Rand) {
 			w.release(l)
 		}
 	case "break":
-		w.record(Event{Kind: BreakInvoke, Op: op, Name: name, Key: hot})
-		info, err := admin.Break(ctx, w.client, hot, "proof: generative break", fmt.Sprintf("worker %d", cfg.Worker))
-		w.record(Event{Kind: BreakDone, Op: op, Name: name, Key: hot, Fence: info.Fence, Owner: info.OwnerDigest, Err: errString(err)})
+		// Half the breaks hit one of the worker's own pool leases: it
+		// lives through renewals after the break, which must tell it.
+		key := hot
+		var victim *fenced.Lease
+		if rng.IntN(2) == 0 {
+			w.mu.Lock()
+			if len(w.pool) > 0 {
+				victim = w.pool[rng.IntN(len(w.pool))]
+				key = victim.Key()
+			}
+			w.mu.Unlock()
+		}
+		w.record(Event{Kind: BreakInvoke, Op: op, Name: name, Key: key})
+		bc, err := w.breakClient(ctx)
+		if err != nil {
+			w.record(Event{Kind: BreakDone, Op: op, Name: name, Key: key, Err: errString(err)})
+			return
+		}
+		info, err := admin.Break(ctx, bc, key, "proof: generative break", fmt.Sprintf("worker %d", cfg.Worker))
+		if err == nil && victim != nil && info.Fence == victim.Fence() {
+			w.mu.Lock()
+			w.broken[victim] = time.Now()
+			w.mu.Unlock()
+		}
+		w.record(Event{Kind: BreakDone, Op: op, Name: name, Key: key, Fence: info.Fence, Owner: info.OwnerDigest, Err: errString(err)})
 	}
+}
+
+// breakClient returns the worker's Client for breaks, opening it if
+// needed (an open that fails, the authority being down, is tried again at
+// the next break).
+func (w *genWorker) breakClient(ctx context.Context) (*fenced.Client, error) {
+	w.breakerMu.Lock()
+	defer w.breakerMu.Unlock()
+	if w.breaker == nil {
+		c, err := fenced.Open(ctx, w.cfg.Store, nil)
+		if err != nil {
+			return nil, err
+		}
+		w.breaker = c
+	}
+	return w.breaker, nil
 }
 
 // hold takes a pool lease on key (TryAcquire if try, else Acquire waiting
@@ -371,7 +433,7 @@ func (w *genWorker) granted(op int64, name, key string, l *fenced.Lease, err err
 		return false
 	}
 	d := fence.OwnerDigest(l.Owner())
-	w.record(Event{Kind: AcquireOK, Op: op, Name: name, Key: l.Key(), Fence: l.Fence(), Owner: d})
+	w.record(Event{Kind: AcquireOK, Op: op, Name: name, Key: l.Key(), Fence: l.Fence(), Owner: d, TTL: l.Options().TTL})
 	w.mu.Lock()
 	w.held[l] = heldLease{owner: d}
 	w.mu.Unlock()
@@ -382,6 +444,7 @@ func (w *genWorker) granted(op int64, name, key string, l *fenced.Lease, err err
 func (w *genWorker) forget(l *fenced.Lease, kind Kind) {
 	w.mu.Lock()
 	delete(w.held, l)
+	delete(w.broken, l)
 	w.mu.Unlock()
 	w.record(Event{Kind: kind, Key: l.Key(), Fence: l.Fence(), Owner: fence.OwnerDigest(l.Owner())})
 }
@@ -472,6 +535,15 @@ func (w *genWorker) sample(ctx context.Context) {
 		for s := range w.sets {
 			sets = append(sets, s)
 		}
+		// A renewal sent before the break returned gives a validity of at
+		// most then plus the TTL; one beyond was sent after the break
+		// and confirmed a grant that was gone.
+		for l, at := range w.broken {
+			if late := l.ValidUntil().Sub(at.Add(l.Options().TTL)); late > renewedSlack {
+				delete(w.broken, l)
+				w.record(Event{Kind: RenewedAfterBreak, Key: l.Key(), Fence: l.Fence(), Owner: fence.OwnerDigest(l.Owner()), Value: int64(late)})
+			}
+		}
 		w.mu.Unlock()
 		for _, l := range leases {
 			until := l.ValidUntil()
@@ -492,6 +564,10 @@ func (w *genWorker) sample(ctx context.Context) {
 		}
 	}
 }
+
+// renewedSlack allows for the clocks a lease's validity and the
+// worker's time.Now read (they are the same clock, read a moment apart).
+const renewedSlack = 20 * time.Millisecond
 
 // maybeRunGenWorker runs a generative worker and exits if this process was
 // started as one.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -92,7 +93,10 @@ type Event struct {
 	Fault   string `json:"fault,omitempty"`
 	// Name is the operation of a generative run (see RunGen).
 	Name string `json:"n,omitempty"`
-	Err  string `json:"err,omitempty"`
+	// TTL is a granted lease's TTL (AcquireOK and SetMember of a
+	// generative run).
+	TTL time.Duration `json:"ttl,omitempty"`
+	Err string        `json:"err,omitempty"`
 }
 
 // Now returns the host's CLOCK_MONOTONIC in nanoseconds: comparable between

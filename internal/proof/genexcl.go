@@ -1,0 +1,150 @@
+package proof
+
+import (
+	"sort"
+	"time"
+
+	"github.com/fenced-dev/fenced"
+)
+
+// exclusionSlack is how long a lease's recorded end may follow the
+// recorded grant of the same key to another owner: the lease's context
+// ends up to the grace after its validity, which ends no later than the
+// store frees the key, and the worker records the end (a Lost hook or its
+// release) a moment later.
+const exclusionSlack = 300 * time.Millisecond
+
+// faultWindow is when a fault was active, on a worker (-1: the
+// authority).
+type faultWindow struct {
+	start, end int64
+	worker     int
+	fault      string
+}
+
+// leaseLife is one granted lease: from its grant (ok) to the first
+// record of its end (its Lost event, or its release), 0 if none.
+type leaseLife struct {
+	key, owner string
+	fence      uint64
+	worker     int
+	ttl        time.Duration
+	ok, end    int64
+}
+
+// checkExclusion adds two checks to a generative report. A lease outlives
+// a break: it is seen live (its end not yet recorded) more than its TTL
+// plus exclusionSlack after a Break of its grant completed (every
+// renewal sent after the break fails, so its validity ends by then). Two
+// owners hold one key: a lease's end is recorded more than
+// exclusionSlack after another owner's grant of its key, with no break of
+// the key while the first lived, its worker not stopped (PauseHolder) meanwhile,
+// and, on a backend whose fence may repeat (its data may be lost), the
+// authority not restarted (CrashAuthority) meanwhile. faults are the run's fault
+// windows.
+func checkExclusion(r *GenReport, events []Event, strength fenced.FenceStrength, faults []faultWindow) {
+	type lk struct {
+		worker int
+		key    string
+		fence  uint64
+	}
+	var lives []*leaseLife
+	open := map[lk][]*leaseLife{}
+	type brk struct {
+		invoke, done int64
+		fence        uint64
+	}
+	breaks := map[string][]brk{}
+	breakInvoke := map[int64]int64{}
+	for _, e := range events {
+		k := lk{e.Worker, e.Key, e.Fence}
+		switch e.Kind {
+		case AcquireOK, SetMember:
+			l := &leaseLife{key: e.Key, owner: e.Owner, fence: e.Fence, worker: e.Worker, ttl: e.TTL, ok: e.T}
+			lives = append(lives, l)
+			open[k] = append(open[k], l)
+		case Lost, ReleaseInvoke:
+			if ls := open[k]; len(ls) > 0 {
+				ls[0].end = e.T
+				open[k] = ls[1:]
+			}
+		case BreakInvoke:
+			breakInvoke[e.Op] = e.T
+		case BreakDone:
+			if e.Err == "" && e.Fence != 0 {
+				inv, ok := breakInvoke[e.Op]
+				if !ok {
+					inv = e.T
+				}
+				breaks[e.Key] = append(breaks[e.Key], brk{inv, e.T, e.Fence})
+			}
+		}
+	}
+	stopped := func(worker int, from, to int64) bool {
+		for _, f := range faults {
+			if f.fault == string(PauseHolder) && f.worker == worker && f.start <= to && f.end >= from {
+				return true
+			}
+		}
+		return false
+	}
+	restarted := func(from, to int64) bool {
+		if strength >= fenced.FenceStrict {
+			return false
+		}
+		for _, f := range faults {
+			if f.fault == string(CrashAuthority) && f.start <= to && f.end >= from {
+				return true
+			}
+		}
+		return false
+	}
+	byKey := map[string][]*leaseLife{}
+	for _, l := range lives {
+		byKey[l.key] = append(byKey[l.key], l)
+		if l.ttl == 0 || l.end == 0 {
+			continue // an end not recorded (the run stopped first) is not judged
+		}
+		for _, b := range breaks[l.key] {
+			if b.fence != l.fence || b.done < l.ok {
+				continue
+			}
+			// Every renewal sent after the break fails, so the lease runs
+			// out by its validity at the latest. (Sooner, at its next
+			// renewal, is not promised: a renewal that fails for another
+			// reason, a busy SQLite, is tried again.)
+			due := b.done + int64(l.ttl+exclusionSlack)
+			if l.end > due && !stopped(l.worker, b.invoke, due) {
+				r.OutlivedBreak++
+				r.problem(due, "worker %d: lease on %s (fence %d) still live %v after a break of it completed (TTL %v)", l.worker, l.key, l.fence, time.Duration(l.end-b.done).Round(time.Millisecond), l.ttl)
+			}
+		}
+	}
+	for key, ls := range byKey {
+		sort.Slice(ls, func(i, j int) bool { return ls[i].ok < ls[j].ok })
+		for i, a := range ls {
+			end := a.end
+			if end == 0 {
+				continue
+			}
+			for _, b := range ls[i+1:] {
+				if b.ok+int64(exclusionSlack) >= end {
+					break
+				}
+				if b.owner == a.owner {
+					continue
+				}
+				excused := stopped(a.worker, a.ok, end) || restarted(a.ok, b.ok)
+				for _, br := range breaks[key] {
+					if br.invoke <= b.ok && br.done >= a.ok {
+						excused = true
+					}
+				}
+				if !excused {
+					r.Overlaps++
+					r.problem(b.ok, "%s: granted to worker %d (fence %d) while worker %d's lease (fence %d) lived on for %v more", key, b.worker, b.fence, a.worker, a.fence, time.Duration(end-b.ok).Round(time.Millisecond))
+				}
+			}
+		}
+	}
+}
