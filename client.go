@@ -99,7 +99,7 @@ func (c *Client) now() time.Duration { return c.since(c.clock.Now()) }
 func (c *Client) Driver() driver.Driver { return c.drv }
 
 // Guarantees returns what the backend promises.
-func (c *Client) Guarantees() Guarantees { return driver.GuaranteesOf(c.drv) }
+func (c *Client) Guarantees() driver.Guarantees { return driver.GuaranteesOf(c.drv) }
 
 // newOwner returns 128 random bits, hex encoded.
 func newOwner() string {

@@ -339,11 +339,11 @@ func TestAcquireOptionsValidation(t *testing.T) {
 func TestOpenNamesTheMissingBackend(t *testing.T) {
 	// This test binary links only mem and sqlite.
 	_, err := fenced.Open(context.Background(), "postgres://u:secret@127.0.0.1:1/db", nil)
-	if !errors.Is(err, fenced.ErrInvalidURL) || !strings.Contains(err.Error(), "packages under github.com/fenced-dev/fenced/") || !strings.Contains(err.Error(), "registered: mem, sqlite") || strings.Contains(err.Error(), "secret") {
-		t.Fatalf("Open of an unlinked scheme: %v; want ErrInvalidURL naming where the backend packages are and what is registered, without the password", err)
+	if !errors.Is(err, driver.ErrInvalidURL) || !strings.Contains(err.Error(), "packages under github.com/fenced-dev/fenced/") || !strings.Contains(err.Error(), "registered: mem, sqlite") || strings.Contains(err.Error(), "secret") {
+		t.Fatalf("Open of an unlinked scheme: %v; want driver.ErrInvalidURL naming where the backend packages are and what is registered, without the password", err)
 	}
 	_, err = fenced.Open(context.Background(), "nosuch://x", nil)
-	if !errors.Is(err, fenced.ErrInvalidURL) || !strings.Contains(err.Error(), "unknown scheme") {
+	if !errors.Is(err, driver.ErrInvalidURL) || !strings.Contains(err.Error(), "unknown scheme") {
 		t.Fatalf("Open of an unknown scheme: %v", err)
 	}
 }

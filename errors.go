@@ -19,7 +19,7 @@ var (
 	ErrNoFence = errors.New("backend cannot provide the fencing token this lease requires")
 	// ErrInvalidOptions means lease options failed validation: a value out
 	// of range or a combination that cannot be honoured (FailOpen with a
-	// fence required). Errors about durations match ErrInvalidTTL as well.
+	// fence required). Errors about durations match driver.ErrInvalidTTL as well.
 	ErrInvalidOptions = errors.New("invalid lease options")
 )
 

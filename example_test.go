@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/driver"
 	_ "github.com/fenced-dev/fenced/fencedsqlite"
 	_ "github.com/fenced-dev/fenced/mem"
 )
@@ -28,9 +29,9 @@ func ExampleOpen() {
 	g := client.Guarantees()
 	fmt.Println("fence:", g.Fence, "server clock:", g.ServerClock)
 
-	// Unknown schemes and malformed URLs are refused with ErrInvalidURL.
+	// Unknown schemes and malformed URLs are refused with driver.ErrInvalidURL.
 	_, err = fenced.Open(ctx, "nosuch://host", nil)
-	fmt.Println(errors.Is(err, fenced.ErrInvalidURL))
+	fmt.Println(errors.Is(err, driver.ErrInvalidURL))
 	// Output:
 	// fence: strict server clock: true
 	// true

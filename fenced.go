@@ -63,7 +63,8 @@ import (
 )
 
 // Sentinel errors that drivers return; see package driver for their
-// meaning.
+// meaning. Bad input (a key, a TTL, a URL) also matches ErrInvalidOptions or
+// driver.ErrInvalidKey, driver.ErrInvalidTTL and driver.ErrInvalidURL.
 var (
 	ErrHeld           = driver.ErrHeld
 	ErrNotHeld        = driver.ErrNotHeld
@@ -71,17 +72,13 @@ var (
 	ErrClosed         = driver.ErrClosed
 	ErrUnavailable    = driver.ErrUnavailable
 	ErrUnknownOutcome = driver.ErrUnknownOutcome
-	ErrInvalidKey     = driver.ErrInvalidKey
-	ErrInvalidTTL     = driver.ErrInvalidTTL
-	ErrInvalidURL     = driver.ErrInvalidURL
 	ErrNotFound       = driver.ErrNotFound
 	ErrUnsupported    = driver.ErrUnsupported
 )
 
-// Guarantees and FenceStrength are declared by each backend; see package
-// driver.
+// FenceStrength (declared in each backend's Guarantees) and LeaseInfo:
+// see package driver.
 type (
-	Guarantees    = driver.Guarantees
 	FenceStrength = driver.FenceStrength
 	LeaseInfo     = driver.LeaseInfo
 )
@@ -160,7 +157,7 @@ func Schemes() []string { return defaultMux.schemes() }
 // Open opens the store named by rawURL with the backend registered for its
 // scheme and returns a Client over it. opts may be nil.
 //
-// Malformed URLs and unknown schemes return errors matching ErrInvalidURL.
+// Malformed URLs and unknown schemes return errors matching driver.ErrInvalidURL.
 // An unknown scheme's error lists the registered ones and names the
 // package to import: the root package knows no backend by name. The
 // password in a URL never appears in errors.
@@ -179,7 +176,7 @@ func (m *urlMux) open(ctx context.Context, rawURL string, opts *Options) (*Clien
 		return nil, fmt.Errorf("fenced: open %s: %w: unknown scheme %q: no backend registered for it (registered: %s); "+
 			"import the package that registers it for its side effect (fenced's own backends are packages under %s/, "+
 			"listed with their schemes in the package documentation)",
-			Redact(rawURL), ErrInvalidURL, u.Scheme, registeredSchemes(m), modulePath)
+			Redact(rawURL), driver.ErrInvalidURL, u.Scheme, registeredSchemes(m), modulePath)
 	}
 	drv, err := opener(ctx, u)
 	if err != nil {

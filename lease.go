@@ -209,9 +209,6 @@ func (l *Lease) Options() LeaseOptions { return l.spec }
 // ends. Run the protected work under it.
 func (l *Lease) Context() context.Context { return l.ctx }
 
-// Done is closed when the lease ends; Err then tells why.
-func (l *Lease) Done() <-chan struct{} { return l.ctx.Done() }
-
 // Err returns nil while the lease is held. Afterwards it says why the
 // lease ended: an error matching ErrLost, ErrExpired, ErrReleased or
 // ErrClosed. It reads the client's clock. So it ends a lease whose

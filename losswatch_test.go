@@ -99,7 +99,7 @@ func TestLossWatchStartsOnlyForLeasesHeldAWhile(t *testing.T) {
 		t.Fatal("no watch for the held lease's owner")
 	}
 	select {
-	case <-long.Done():
+	case <-long.Context().Done():
 	case <-time.After(5 * time.Second):
 		t.Fatal("the lease did not end within 5s of its watch reporting the loss")
 	}

@@ -33,7 +33,7 @@ func (l *Lease) HoldAtLeast(ctx context.Context, granted time.Time) {
 	defer t.Stop()
 	select {
 	case <-t.C:
-	case <-l.Done():
+	case <-l.ctx.Done():
 	case <-ctx.Done():
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"strings"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -41,21 +40,6 @@ const (
 	HoldForever time.Duration = math.MaxInt64
 )
 
-// ParseFenceStrength parses a minimum fence strength as the CLI and
-// configuration files write it: "strict", "repeatable" (or its full name
-// "repeatable-after-failover") or "none". Errors match ErrInvalidOptions.
-func ParseFenceStrength(s string) (FenceStrength, error) {
-	switch strings.ToLower(strings.TrimSpace(s)) {
-	case "strict":
-		return FenceStrict, nil
-	case "repeatable", FenceRepeatable.String():
-		return FenceRepeatable, nil
-	case "none":
-		return FenceNone, nil
-	}
-	return driver.FenceUnset, fmt.Errorf("%w: fence strength %q: want strict, repeatable or none", ErrInvalidOptions, s)
-}
-
 // Options configure a Client. The zero value (or nil) gives the defaults.
 type Options struct {
 	// Clock measures local validity and drives timers. Default:
@@ -85,7 +69,7 @@ type Options struct {
 // LeaseOptions configure one lease. Every zero value is the safe
 // default: a strict fence, no wait, automatic renewal, no fail-open.
 // Client.Resolve fills in the defaults and checks the result; invalid
-// combinations match ErrInvalidOptions (and ErrInvalidTTL for durations).
+// combinations match ErrInvalidOptions (and driver.ErrInvalidTTL for durations).
 // docs/design.md explains the rules.
 type LeaseOptions struct {
 	// TTL is how long the authority keeps the lease without renewal.
@@ -167,12 +151,12 @@ func (o origin) String() string {
 	return "package default"
 }
 
-// invalid returns an error matching ErrInvalidOptions (and ErrInvalidTTL
+// invalid returns an error matching ErrInvalidOptions (and driver.ErrInvalidTTL
 // for durations) about field.
 func invalid(duration bool, field string, format string, args ...any) error {
 	msg := fmt.Sprintf(format, args...)
 	if duration {
-		return fmt.Errorf("%w: %w: %s: %s", ErrInvalidOptions, ErrInvalidTTL, field, msg)
+		return fmt.Errorf("%w: %w: %s: %s", ErrInvalidOptions, driver.ErrInvalidTTL, field, msg)
 	}
 	return fmt.Errorf("%w: %s: %s", ErrInvalidOptions, field, msg)
 }
@@ -180,7 +164,7 @@ func invalid(duration bool, field string, format string, args ...any) error {
 // Resolve returns the options a lease acquired with opts (nil for none)
 // would get: every default filled in and checked against the backend's
 // guarantees. Acquire, TryAcquire and Do call it first. Errors match
-// ErrInvalidOptions (and ErrInvalidTTL for durations), or ErrNoFence when
+// ErrInvalidOptions (and driver.ErrInvalidTTL for durations), or ErrNoFence when
 // the backend's fence is weaker than MinFence.
 func (c *Client) Resolve(opts *LeaseOptions) (LeaseOptions, error) {
 	var s LeaseOptions
@@ -290,23 +274,23 @@ func (c *Client) checkFence(min FenceStrength, from origin) error {
 
 // ValidateKey reports whether key is acceptable to every backend: non-empty,
 // at most MaxKeyLen bytes of valid UTF-8, printable, with no leading or
-// trailing space. Errors match ErrInvalidKey.
+// trailing space. Errors match driver.ErrInvalidKey.
 func ValidateKey(key string) error {
 	switch {
 	case key == "":
-		return fmt.Errorf("%w: key is empty", ErrInvalidKey)
+		return fmt.Errorf("%w: key is empty", driver.ErrInvalidKey)
 	case len(key) > MaxKeyLen:
-		return fmt.Errorf("%w: key is %d bytes, longer than %d", ErrInvalidKey, len(key), MaxKeyLen)
+		return fmt.Errorf("%w: key is %d bytes, longer than %d", driver.ErrInvalidKey, len(key), MaxKeyLen)
 	case !utf8.ValidString(key):
-		return fmt.Errorf("%w: key %q is not valid UTF-8", ErrInvalidKey, key)
+		return fmt.Errorf("%w: key %q is not valid UTF-8", driver.ErrInvalidKey, key)
 	}
 	for i, r := range key {
 		if !unicode.IsPrint(r) {
-			return fmt.Errorf("%w: key %q has a non-printable character at byte %d", ErrInvalidKey, key, i)
+			return fmt.Errorf("%w: key %q has a non-printable character at byte %d", driver.ErrInvalidKey, key, i)
 		}
 	}
 	if unicode.IsSpace(rune(key[0])) || unicode.IsSpace(rune(key[len(key)-1])) {
-		return fmt.Errorf("%w: key %q has leading or trailing space", ErrInvalidKey, key)
+		return fmt.Errorf("%w: key %q has leading or trailing space", driver.ErrInvalidKey, key)
 	}
 	return nil
 }

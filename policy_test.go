@@ -134,19 +134,3 @@ func TestClientMinFenceAppliesWhenLeaseIsSilent(t *testing.T) {
 		c.Close()
 	}
 }
-
-func TestParseFenceStrength(t *testing.T) {
-	for in, want := range map[string]fenced.FenceStrength{
-		"strict": fenced.FenceStrict, "Repeatable": fenced.FenceRepeatable,
-		"repeatable-after-failover": fenced.FenceRepeatable, "none": fenced.FenceNone,
-	} {
-		if got, err := fenced.ParseFenceStrength(in); err != nil || got != want {
-			t.Errorf("ParseFenceStrength(%q) = %v, %v; want %v", in, got, err, want)
-		}
-	}
-	for _, in := range []string{"", "unset", "weak"} {
-		if _, err := fenced.ParseFenceStrength(in); !errors.Is(err, fenced.ErrInvalidOptions) {
-			t.Errorf("ParseFenceStrength(%q): %v, want ErrInvalidOptions", in, err)
-		}
-	}
-}

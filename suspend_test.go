@@ -50,7 +50,7 @@ func TestValidityAfterSuspend(t *testing.T) {
 		t.Fatalf("Err after a minute's suspend: %v, want ErrExpired", err)
 	}
 	select {
-	case <-l.Done():
+	case <-l.Context().Done():
 	default:
 		t.Fatal("Err reported the expiry but the lease's context is not cancelled")
 	}

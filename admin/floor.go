@@ -64,7 +64,7 @@ func RaiseFenceFloor(ctx context.Context, c *fenced.Client, floor uint64) (uint6
 // still gets a fence above every one it had. Lease tables otherwise keep one
 // row per key for ever. Where a store does not record when a grant was
 // released (MySQL, SQLite), a released or broken key is old enough for any
-// olderThan. A negative olderThan fails with fenced.ErrInvalidTTL; stores
+// olderThan. A negative olderThan fails with driver.ErrInvalidTTL; stores
 // that keep no per-key state to prune return ErrUnsupported.
 func Prune(ctx context.Context, c *fenced.Client, olderThan time.Duration) (PruneResult, error) {
 	p := driver.CapabilitiesOf(c.Driver()).Pruner

@@ -89,7 +89,7 @@ func TestHTTPStaleHolderRefused(t *testing.T) {
 		t.Fatalf("A's first write: %v %v", resp, err)
 	}
 	resp.Body.Close()
-	<-a.Done()
+	<-a.Context().Done()
 	b, err := leases.Acquire(ctx, "ledger:acct1", &fenced.LeaseOptions{TTL: 10 * time.Second, MaxWait: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)

@@ -97,7 +97,7 @@ func TestLossWatchSurvivesRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	select {
-	case <-l.Done():
+	case <-l.Context().Done():
 	case <-time.After(10 * time.Second):
 		t.Fatal("the broken lease was not ended within 10s of the break after a restart")
 	}

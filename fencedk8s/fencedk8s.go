@@ -66,7 +66,7 @@ type ResourceLock struct {
 var _ resourcelock.Interface = (*ResourceLock)(nil)
 
 // New returns the lock of candidate identity for the election name (a
-// fenced key) on c. It returns an error matching fenced.ErrInvalidKey,
+// fenced key) on c. It returns an error matching driver.ErrInvalidKey,
 // fenced.ErrInvalidOptions or fenced.ErrNoFence when name or opts cannot
 // be used.
 func New(c *fenced.Client, name, identity string, opts *Options) (*ResourceLock, error) {

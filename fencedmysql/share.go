@@ -20,7 +20,7 @@ func (d *Driver) Table() string { return d.table }
 // socket, which becomes the DSN's unix address). It keeps the settings
 // fenced's own connections use: interpolateParams=true and a 10 s connect
 // timeout, unless the URL sets them. An application opens its own pool to
-// the lease store's database with it. Errors match fenced.ErrInvalidURL and
+// the lease store's database with it. Errors match driver.ErrInvalidURL and
 // never contain the password.
 func DSN(rawURL string) (string, error) {
 	u, err := driver.ParseURL(rawURL)

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/fencedmysql"
 	"github.com/fenced-dev/fenced/mem"
 )
@@ -36,7 +37,7 @@ func TestDSN(t *testing.T) {
 	}
 	for _, bad := range []string{"postgres://u:pw-secret@h/db", "mysql://u:pw-secret@h/db?table=a;b", "mysql://u:pw-secret@h/", ""} {
 		_, err := fencedmysql.DSN(bad)
-		if !errors.Is(err, fenced.ErrInvalidURL) || strings.Contains(err.Error(), "pw-secret") {
+		if !errors.Is(err, driver.ErrInvalidURL) || strings.Contains(err.Error(), "pw-secret") {
 			t.Errorf("DSN(%q) = %v, want ErrInvalidURL without the password", bad, err)
 		}
 	}

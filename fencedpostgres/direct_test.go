@@ -1,10 +1,11 @@
 package fencedpostgres_test
 
 import (
-	"github.com/fenced-dev/fenced/driver"
 	"net/url"
 	"strings"
 	"testing"
+
+	"github.com/fenced-dev/fenced/driver"
 
 	"github.com/fenced-dev/fenced/fencedpostgres"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"

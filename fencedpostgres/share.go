@@ -17,7 +17,7 @@ import (
 // (pgxpool.New, pgx.Connect), database/sql's "pgx" driver and libpq accept
 // its form. An application opens its own pool to the lease store's database
 // with it. The store URL itself is refused by them (PostgreSQL rejects
-// "table" as an unknown setting). Errors match fenced.ErrInvalidURL and
+// "table" as an unknown setting). Errors match driver.ErrInvalidURL and
 // never contain the password.
 func DatabaseURL(rawURL string) (string, error) {
 	u, err := driver.ParseURL(rawURL)

@@ -11,6 +11,7 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/fencedpostgres"
 	"github.com/fenced-dev/fenced/mem"
 )
@@ -59,7 +60,7 @@ func TestDatabaseURL(t *testing.T) {
 	}
 	for _, bad := range []string{"mysql://u:pw-secret@h/db", "postgres://u:pw-secret@h/db?table=a;b", "", "postgres://u:pw-secret@h:x/db"} {
 		_, err := fencedpostgres.DatabaseURL(bad)
-		if !errors.Is(err, fenced.ErrInvalidURL) || strings.Contains(err.Error(), "pw-secret") {
+		if !errors.Is(err, driver.ErrInvalidURL) || strings.Contains(err.Error(), "pw-secret") {
 			t.Errorf("DatabaseURL(%q) = %v, want ErrInvalidURL without the password", bad, err)
 		}
 	}
@@ -142,7 +143,7 @@ func TestRenewalsAndABusyPool(t *testing.T) {
 		defer c.Release()
 	}
 	select {
-	case <-l.Done():
+	case <-l.Context().Done():
 	case <-time.After(3 * ttl):
 		t.Fatal("the lease outlived its TTL while no renewal could reach the database")
 	}

@@ -47,7 +47,7 @@ func TestOpenErrors(t *testing.T) {
 	t.Logf("unreachable: %v", err)
 
 	_, err = fenced.Open(ctx, "redis://"+srv.Addr()+"/0?wait_replicas=two", nil)
-	if !errors.Is(err, fenced.ErrInvalidURL) || !strings.Contains(err.Error(), "wait_replicas") {
+	if !errors.Is(err, driver.ErrInvalidURL) || !strings.Contains(err.Error(), "wait_replicas") {
 		t.Fatalf("Open with a malformed option: %v, want ErrInvalidURL naming it", err)
 	}
 }

@@ -82,7 +82,7 @@ func TestURLQueryIsStrict(t *testing.T) {
 			t.Errorf("Open(%q) succeeded, want ErrInvalidURL", u)
 			continue
 		}
-		if !errors.Is(err, fenced.ErrInvalidURL) {
+		if !errors.Is(err, driver.ErrInvalidURL) {
 			t.Errorf("Open(%q) = %v, want ErrInvalidURL", u, err)
 		}
 	}

@@ -270,7 +270,7 @@ func testLossWatchAcrossRestart(t *testing.T, ens *testenv.ZKEnsemble) {
 		t.Fatal(err)
 	}
 	select {
-	case <-l.Done():
+	case <-l.Context().Done():
 	case <-time.After(15 * time.Second):
 		t.Fatal("the broken lease was not ended within 15s of the break after a restart")
 	}

@@ -134,7 +134,7 @@ func checkValidityEndsFirst(t *testing.T, l *fenced.Lease, stopped time.Time, go
 		t.Fatal("the session never expired at the leader")
 	}
 	select {
-	case <-l.Done():
+	case <-l.Context().Done():
 	case <-time.After(10 * time.Second):
 		t.Fatal("the lease never ended")
 	}

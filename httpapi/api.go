@@ -317,7 +317,7 @@ func (s *Server) acquireLease(w http.ResponseWriter, r *http.Request) {
 	s.leases[l.Owner()] = l
 	s.mu.Unlock()
 	go func() {
-		<-l.Done()
+		<-l.Context().Done()
 		s.mu.Lock()
 		delete(s.leases, l.Owner())
 		s.mu.Unlock()
@@ -365,7 +365,7 @@ func (s *Server) requestTTL(ms *int64) (time.Duration, *apiError) {
 	}
 	// Only the TTL is asked about: the rest accepts anything.
 	_, err := s.cfg.Client.Resolve(&fenced.LeaseOptions{TTL: ttl, MaxWait: fenced.NoWait, MinFence: fenced.FenceNone, ManualRenew: true})
-	if errors.Is(err, fenced.ErrInvalidTTL) {
+	if errors.Is(err, driver.ErrInvalidTTL) {
 		return 0, refuse(strings.TrimPrefix(err.Error(), "fenced: "))
 	}
 	return ttl, nil

@@ -308,9 +308,9 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 func storeError(err error) *apiError {
 	e := &apiError{status: http.StatusBadRequest, Code: "bad_request", Message: strings.TrimPrefix(err.Error(), "fenced: ")}
 	switch {
-	case errors.Is(err, fenced.ErrInvalidKey):
+	case errors.Is(err, driver.ErrInvalidKey):
 		e.status, e.Code = http.StatusBadRequest, "invalid_key"
-	case errors.Is(err, fenced.ErrInvalidTTL):
+	case errors.Is(err, driver.ErrInvalidTTL):
 		e.status, e.Code = http.StatusBadRequest, "invalid_ttl"
 	case errors.Is(err, fenced.ErrNotFound):
 		e.status, e.Code = http.StatusNotFound, "not_found"

@@ -174,7 +174,7 @@ func TestBreakRefusalsChangeNothing(t *testing.T) {
 		t.Fatalf("break with the admin token: %d %s", r.status, r.body)
 	}
 	select {
-	case <-l.Done():
+	case <-l.Context().Done():
 	case <-time.After(20 * time.Second):
 		t.Fatal("the holder did not lose its broken lease")
 	}

@@ -280,7 +280,7 @@ func (l *Leadership) Lease() *fenced.Lease { return l.lease }
 func (l *Leadership) Context() context.Context { return l.lease.Context() }
 
 // Done is closed when the term ends; Err then tells why.
-func (l *Leadership) Done() <-chan struct{} { return l.lease.Done() }
+func (l *Leadership) Done() <-chan struct{} { return l.lease.Context().Done() }
 
 // Err returns nil while this process leads, and afterwards why the term
 // ended: IsLost for a loss, ErrReleased after Resign, ErrClosed after the

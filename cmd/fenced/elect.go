@@ -85,7 +85,7 @@ func electAndRun(ctx context.Context, g *globals, f *electFlags, name string, ar
 	if f.grace < 0 {
 		return withCode(exitUsage, fmt.Errorf("elect: --grace %v is negative", f.grace))
 	}
-	minFence, err := fenced.ParseFenceStrength(f.minFence)
+	minFence, err := parseFenceStrength(f.minFence)
 	if err != nil {
 		return withCode(exitUsage, fmt.Errorf("elect: --min-fence: %w", err))
 	}
@@ -120,7 +120,7 @@ func electAndRun(ctx context.Context, g *globals, f *electFlags, name string, ar
 			return nil, err
 		}
 		env := append(childEnv(os.Environ(), ld.Lease(), g.store), "FENCED_EPOCH="+strconv.FormatUint(ld.Epoch(), 10))
-		return &hold{lease: ld.Lease(), leases: []*fenced.Lease{ld.Lease()}, env: env, granted: time.Now(), grace: f.grace,
+		return &hold{lease: leaseHold{ld.Lease()}, leases: []*fenced.Lease{ld.Lease()}, env: env, granted: time.Now(), grace: f.grace,
 			desc: fmt.Sprintf("the leadership of %s (epoch %d)", name, ld.Epoch())}, nil
 	})
 	if err != nil {

@@ -4,11 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/admin"

@@ -239,7 +239,7 @@ func TestAdminCommands(t *testing.T) {
 		t.Fatalf("break: %d %s", r.code, r.stderr)
 	}
 	select {
-	case <-leases[1].Done():
+	case <-leases[1].Context().Done():
 	case <-time.After(30 * time.Second):
 		t.Fatal("holder not told of the break")
 	}

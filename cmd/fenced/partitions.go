@@ -100,7 +100,7 @@ func runPartitions(ctx context.Context, g *globals, f *partitionsFlags, group st
 	case f.grace < 0:
 		return withCode(exitUsage, fmt.Errorf("partitions run: --grace %v is negative", f.grace))
 	}
-	minFence, err := fenced.ParseFenceStrength(f.minFence)
+	minFence, err := parseFenceStrength(f.minFence)
 	if err != nil {
 		return withCode(exitUsage, fmt.Errorf("partitions run: --min-fence: %w", err))
 	}

@@ -84,7 +84,7 @@ scenario (about a minute); otherwise three.`,
 			strength := fenced.FenceStrict
 			if minFence != "" {
 				var err error
-				if strength, err = fenced.ParseFenceStrength(minFence); err != nil {
+				if strength, err = parseFenceStrength(minFence); err != nil {
 					return withCode(exitUsage, fmt.Errorf("--min-fence: %w", err))
 				}
 			}

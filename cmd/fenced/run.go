@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/fence"
 	"github.com/fenced-dev/fenced/internal/supervise"
 	"github.com/fenced-dev/fenced/recipe"
@@ -195,7 +196,7 @@ func (f *runFlags) leaseOptions() (*fenced.LeaseOptions, error) {
 	if f.maxHold < 0 {
 		return nil, fmt.Errorf("run: --max-hold %v is negative", f.maxHold)
 	}
-	minFence, err := fenced.ParseFenceStrength(f.minFence)
+	minFence, err := parseFenceStrength(f.minFence)
 	if err != nil {
 		return nil, fmt.Errorf("run: --min-fence: %w", err)
 	}
@@ -211,7 +212,7 @@ func (f *runFlags) leaseOptions() (*fenced.LeaseOptions, error) {
 
 // minFenceHint tells the user of command (run, elect, proof) which
 // --min-fence accepts the store's fence.
-func minFenceHint(command string, g fenced.Guarantees) string {
+func minFenceHint(command string, g driver.Guarantees) string {
 	if g.Fence >= fenced.FenceRepeatable {
 		return "with fenced " + command + ": --min-fence=repeatable accepts a fence that can repeat after a failover; --min-fence=none marks work that needs no fence"
 	}
@@ -383,6 +384,12 @@ func acquireOrInterrupt(ctx context.Context, sigs <-chan os.Signal, what string,
 	return nil, fmt.Errorf("interrupted by %v as %s was granted; released it, nothing ran", sig, h.desc)
 }
 
+// leaseHold adapts a lease to hold.lease: it is done when the lease's
+// context is.
+type leaseHold struct{ *fenced.Lease }
+
+func (l leaseHold) Done() <-chan struct{} { return l.Context().Done() }
+
 // releaseTimeout bounds the release of a lease that is still valid.
 const releaseTimeout = 5 * time.Second
 
@@ -418,7 +425,7 @@ func acquireHold(ctx context.Context, c *fenced.Client, f *runFlags, keys []stri
 			return nil, err
 		}
 		env := append(childEnv(os.Environ(), p.Lease, store), "FENCED_SLOT="+strconv.Itoa(p.Slot()))
-		return &hold{lease: p, leases: []*fenced.Lease{p.Lease}, env: env, granted: time.Now(),
+		return &hold{lease: leaseHold{p.Lease}, leases: []*fenced.Lease{p.Lease}, env: env, granted: time.Now(),
 			desc: fmt.Sprintf("the lease on permit %s of %d (fence %d)", p.Key(), f.permits, p.Fence())}, nil
 	case len(keys) > 1:
 		set, err := recipe.AcquireAll(ctx, c, keys, opts)
@@ -432,7 +439,7 @@ func acquireHold(ctx context.Context, c *fenced.Client, f *runFlags, keys []stri
 	if err != nil {
 		return nil, err
 	}
-	return &hold{lease: l, leases: []*fenced.Lease{l}, env: childEnv(os.Environ(), l, store), granted: time.Now(),
+	return &hold{lease: leaseHold{l}, leases: []*fenced.Lease{l}, env: childEnv(os.Environ(), l, store), granted: time.Now(),
 		desc: fmt.Sprintf("the lease on %s (fence %d)", l.Key(), l.Fence())}, nil
 }
 

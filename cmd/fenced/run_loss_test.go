@@ -66,7 +66,7 @@ func TestSignalAsGrantLandsRunsNothing(t *testing.T) {
 		}
 		sigs <- syscall.SIGTERM
 		<-acqCtx.Done() // the waiter took the signal after the grant landed
-		return &hold{lease: l, leases: []*fenced.Lease{l}, desc: "the lease on job:sig"}, nil
+		return &hold{lease: leaseHold{l}, leases: []*fenced.Lease{l}, desc: "the lease on job:sig"}, nil
 	})
 	if err == nil {
 		ran = true

@@ -112,7 +112,7 @@ func (e *ends) wait(deadline time.Time) map[*fenced.Lease]time.Time {
 		kept := left[:0]
 		for _, i := range left {
 			select {
-			case <-e.leases[i].Done():
+			case <-e.leases[i].Context().Done():
 				e.at[i] = time.Now()
 			default:
 				kept = append(kept, i)

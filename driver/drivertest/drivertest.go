@@ -49,7 +49,7 @@ type Harness struct {
 	// tests sleep about this long. Default 300ms.
 	ShortTTL time.Duration
 	// BadURLs are malformed store URLs for the backend's scheme; each must
-	// make fenced.Open fail with an error matching fenced.ErrInvalidURL.
+	// make fenced.Open fail with an error matching driver.ErrInvalidURL.
 	BadURLs []string
 	// Workers and Rounds size the mutual-exclusion test. Defaults 6 and 15.
 	Workers, Rounds int
@@ -672,7 +672,7 @@ func (s *suite) testBreakCancelsHolder(t *testing.T) {
 		t.Fatal(err)
 	}
 	select {
-	case <-l.Done():
+	case <-l.Context().Done():
 	case <-time.After(10 * ttl):
 		t.Fatal("the holder's lease context was not cancelled after a break")
 	}
@@ -761,17 +761,17 @@ func (s *suite) testBadInput(t *testing.T) {
 		opts fenced.LeaseOptions
 		want error
 	}{
-		{"empty key", "", fenced.LeaseOptions{}, fenced.ErrInvalidKey},
-		{"oversized key", strings.Repeat("k", fenced.MaxKeyLen+1), fenced.LeaseOptions{}, fenced.ErrInvalidKey},
-		{"control character", key + "\x00", fenced.LeaseOptions{}, fenced.ErrInvalidKey},
-		{"newline", key + "\nx", fenced.LeaseOptions{}, fenced.ErrInvalidKey},
-		{"invalid UTF-8", key + "\xff", fenced.LeaseOptions{}, fenced.ErrInvalidKey},
-		{"leading space", " " + key, fenced.LeaseOptions{}, fenced.ErrInvalidKey},
-		{"negative TTL", key, fenced.LeaseOptions{TTL: -time.Second}, fenced.ErrInvalidTTL},
-		{"tiny TTL", key, fenced.LeaseOptions{TTL: time.Nanosecond}, fenced.ErrInvalidTTL},
-		{"absurd TTL", key, fenced.LeaseOptions{TTL: 100 * 365 * 24 * time.Hour}, fenced.ErrInvalidTTL},
-		{"negative MaxWait", key, fenced.LeaseOptions{MaxWait: -5 * time.Second}, fenced.ErrInvalidTTL},
-		{"renew slower than TTL", key, fenced.LeaseOptions{TTL: time.Second, RenewEvery: 2 * time.Second}, fenced.ErrInvalidTTL},
+		{"empty key", "", fenced.LeaseOptions{}, driver.ErrInvalidKey},
+		{"oversized key", strings.Repeat("k", fenced.MaxKeyLen+1), fenced.LeaseOptions{}, driver.ErrInvalidKey},
+		{"control character", key + "\x00", fenced.LeaseOptions{}, driver.ErrInvalidKey},
+		{"newline", key + "\nx", fenced.LeaseOptions{}, driver.ErrInvalidKey},
+		{"invalid UTF-8", key + "\xff", fenced.LeaseOptions{}, driver.ErrInvalidKey},
+		{"leading space", " " + key, fenced.LeaseOptions{}, driver.ErrInvalidKey},
+		{"negative TTL", key, fenced.LeaseOptions{TTL: -time.Second}, driver.ErrInvalidTTL},
+		{"tiny TTL", key, fenced.LeaseOptions{TTL: time.Nanosecond}, driver.ErrInvalidTTL},
+		{"absurd TTL", key, fenced.LeaseOptions{TTL: 100 * 365 * 24 * time.Hour}, driver.ErrInvalidTTL},
+		{"negative MaxWait", key, fenced.LeaseOptions{MaxWait: -5 * time.Second}, driver.ErrInvalidTTL},
+		{"renew slower than TTL", key, fenced.LeaseOptions{TTL: time.Second, RenewEvery: 2 * time.Second}, driver.ErrInvalidTTL},
 	}
 	for _, tc := range cases {
 		_, err := c.TryAcquire(ctx, tc.key, &tc.opts)
@@ -783,10 +783,10 @@ func (s *suite) testBadInput(t *testing.T) {
 			t.Errorf("%s: Acquire error %v, want %v", tc.name, err, tc.want)
 		}
 	}
-	if _, err := c.Inspect(ctx, ""); !errors.Is(err, fenced.ErrInvalidKey) {
+	if _, err := c.Inspect(ctx, ""); !errors.Is(err, driver.ErrInvalidKey) {
 		t.Errorf("Inspect(\"\"): %v, want ErrInvalidKey", err)
 	}
-	if _, err := admin.Break(ctx, c, "", "x", "y"); !errors.Is(err, fenced.ErrInvalidKey) {
+	if _, err := admin.Break(ctx, c, "", "x", "y"); !errors.Is(err, driver.ErrInvalidKey) {
 		t.Errorf("Break(\"\"): %v, want ErrInvalidKey", err)
 	}
 	if _, err := c.Inspect(ctx, key); !errors.Is(err, fenced.ErrNotFound) {
@@ -813,7 +813,7 @@ func (s *suite) testBadURLs(t *testing.T) {
 			t.Errorf("Open(%q) succeeded, want an error", u)
 			continue
 		}
-		if !errors.Is(err, fenced.ErrInvalidURL) {
+		if !errors.Is(err, driver.ErrInvalidURL) {
 			t.Errorf("Open(%q) = %v, want ErrInvalidURL", u, err)
 		}
 	}

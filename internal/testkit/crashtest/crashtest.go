@@ -75,7 +75,7 @@ func MaybeRunHolder() {
 	} else {
 		close(refused)
 	}
-	<-l.Done()
+	<-l.Context().Done()
 	select {
 	case <-refused:
 	case <-time.After(10 * time.Second):

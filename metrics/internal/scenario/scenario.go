@@ -112,7 +112,7 @@ func Run(t *testing.T, hook func(store string) func(fenced.Event), held func()) 
 	}
 	advance(clk, TTL/3+time.Millisecond, TTL/3+time.Millisecond)
 	select {
-	case <-la.Done():
+	case <-la.Context().Done():
 	case <-time.After(10 * time.Second):
 		t.Fatal("A did not lose its broken lease")
 	}
