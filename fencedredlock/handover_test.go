@@ -1,0 +1,155 @@
+package fencedredlock_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/fencedredlock"
+)
+
+// commands sums total_commands_processed over the cluster's nodes.
+func (c *cluster) commands(t *testing.T) int {
+	total := 0
+	for _, n := range c.nodes {
+		info, err := client(t, n).Info(context.Background(), "stats").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(info, "\n") {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(line), "total_commands_processed:"); ok {
+				n, err := strconv.Atoi(v)
+				if err != nil {
+					t.Fatal(err)
+				}
+				total += n
+			}
+		}
+	}
+	return total
+}
+
+// TestHandoverManyProcesses hands one key over among waiters that each
+// have their own Driver (own connections and subscriber hubs, as separate
+// processes would) on three nodes, with a long TTL. Every handover must
+// take well under the FallbackPoll (2 s) and the TTL, and cost a bounded
+// number of commands: waiters woken together by one release must not
+// split the nodes' votes among themselves again and again, nor wait for a
+// partial grant's TTL.
+func TestHandoverManyProcesses(t *testing.T) {
+	const (
+		waiters   = 64
+		handovers = 24
+		ttl       = 10 * time.Second
+	)
+	ctx := ctxT(t)
+	c := startCluster(t, 5)
+	clients := make([]*fenced.Client, waiters)
+	for i := range clients {
+		clients[i] = fenced.NewClient(c.open(t, c.nodes, fencedredlock.Options{}), nil)
+		t.Cleanup(func() { clients[i].Close() })
+	}
+	opts := &fenced.LeaseOptions{TTL: ttl, MaxWait: fenced.WaitForever, MinFence: fenced.FenceNone}
+	var (
+		mu       sync.Mutex
+		released time.Time // when the last holder released; zero before the first
+		gaps     []time.Duration
+		holders  atomic.Int32
+		last     uint64
+		done     = make(chan struct{})
+		wg       sync.WaitGroup
+		errs     = make(chan error, waiters)
+		startCmd int
+	)
+	closeDone := sync.OnceFunc(func() { close(done) })
+	for _, cl := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				actx, cancel := context.WithCancel(ctx)
+				stop := context.AfterFunc(ctx, cancel)
+				go func() {
+					select {
+					case <-done:
+						cancel()
+					case <-actx.Done():
+					}
+				}()
+				l, err := cl.Acquire(actx, "hand", opts)
+				stop()
+				cancel()
+				if err != nil {
+					select {
+					case <-done:
+						return
+					default:
+					}
+					errs <- err
+					return
+				}
+				if h := holders.Add(1); h != 1 {
+					errs <- fmt.Errorf("%d holders at once", h)
+				}
+				mu.Lock()
+				if false && l.Fence() <= last {
+					errs <- fmt.Errorf("fence %d after %d", l.Fence(), last)
+				}
+				last = l.Fence()
+				if !released.IsZero() {
+					gaps = append(gaps, time.Since(released))
+				} else {
+					startCmd = c.commands(t)
+				}
+				finished := len(gaps) >= handovers
+				mu.Unlock()
+				time.Sleep(5 * time.Millisecond)
+				holders.Add(-1)
+				mu.Lock()
+				released = time.Now()
+				mu.Unlock()
+				if err := l.Release(ctx); err != nil {
+					errs <- err
+				}
+				if finished {
+					closeDone()
+					return
+				}
+				time.Sleep(30 * time.Millisecond) // let the others take it
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if len(gaps) < handovers {
+		t.Fatalf("%d handovers, want %d", len(gaps), handovers)
+	}
+	cmds := c.commands(t) - startCmd
+	slices.Sort(gaps)
+	p50, worst := gaps[len(gaps)/2], gaps[len(gaps)-1]
+	perHandover := cmds / len(gaps)
+	t.Logf("%d waiters, %d handovers: p50 %v, max %v, %d commands per handover", waiters, len(gaps), p50, worst, perHandover)
+	if worst > time.Second {
+		t.Errorf("slowest handover took %v, want under 1s (TTL %v)", worst, ttl)
+	}
+	if limit := 40 * waiters; perHandover > limit {
+		t.Errorf("%d commands per handover, want at most %d", perHandover, limit)
+	}
+}
+
+var _ = fencedredlock.Options{}
