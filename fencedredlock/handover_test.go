@@ -43,7 +43,7 @@ func (c *cluster) commands(t *testing.T) int {
 // logs show the cost of the herd: every release wakes every process.)
 func TestHandoverManyProcesses(t *testing.T) {
 	const (
-		waiters   = 32
+		waiters   = 16
 		handovers = 24
 		ttl       = 10 * time.Second
 	)
