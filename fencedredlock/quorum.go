@@ -199,7 +199,22 @@ func (d *Driver) Release(ctx context.Context, g driver.Grant) error {
 	// Enough nodes must have answered that a new majority can form; the
 	// rest finish in the background.
 	decided := func(ok, refused int) bool { return ok >= d.quorum || ok+refused == len(d.nodes) }
-	ok, refused, errs := d.majority(ctx, d.opts.Budget, decided, rediskit.Release, []string{k.Lock}, rediskit.Value(g.Fence, g.Owner), k.Channel)
+	value := rediskit.Value(g.Fence, g.Owner)
+	// A node that did not confirm (no answer within the budget, or an
+	// error) gets the release again in the background (finishRelease).
+	rs := fanout(ctx, d, d.opts.Budget, func(ctx context.Context, c redis.UniversalClient) (int64, error) {
+		n, err := rediskit.Release.Run(ctx, c, []string{k.Lock}, value, k.Channel).Int64()
+		if err != nil {
+			d.finishRelease(c, k, value, g.TTL)
+		}
+		return n, err
+	}, func(rs []reply[int64]) bool {
+		return decided(d.tally(rs))
+	}, nil)
+	ok, refused, errs := d.tallyErrs(rs)
+	if missing := len(d.nodes) - len(rs); missing > 0 {
+		errs = append(errs, fmt.Errorf("%w: %d nodes did not answer within %v", driver.ErrUnknownOutcome, missing, d.opts.Budget))
+	}
 	switch {
 	case ok >= d.quorum:
 		return nil

@@ -121,6 +121,10 @@ type Driver struct {
 	closed chan struct{}
 	once   sync.Once
 	wg     sync.WaitGroup // cleanups of failed attempts
+
+	bgMu     sync.Mutex // orders finishRelease's starts with Close
+	bgClosed bool
+	bg       sync.WaitGroup // finishRelease's retries
 }
 
 type node struct {
@@ -227,6 +231,10 @@ func (d *Driver) Close() error {
 			errs = append(errs, n.hub.Close())
 		}
 		d.wg.Wait()
+		d.bgMu.Lock()
+		d.bgClosed = true
+		d.bgMu.Unlock()
+		d.bg.Wait()
 		if d.owns {
 			for _, n := range d.nodes {
 				errs = append(errs, n.c.Close())
