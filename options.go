@@ -114,15 +114,15 @@ type LeaseOptions struct {
 	// OwnerTag, if set, starts every owner token of the lease, before its
 	// 128 random bits, so that a listing's shortened owner (its first 8
 	// characters, LeaseInfo.Owner) says who holds the key:
-	// recipe.Partitions tags its leases with its member. At most
-	// MaxOwnerTagLen characters, lowercase letters and digits only. It
+	// recipe.Partitions tags its leases with its member. At most 8
+	// characters, lowercase letters and digits only. It
 	// is no secret: the random bits keep the token unguessable.
 	OwnerTag string
 }
 
-// MaxOwnerTagLen is the longest LeaseOptions.OwnerTag: what a shortened
+// maxOwnerTagLen is the longest LeaseOptions.OwnerTag: what a shortened
 // owner shows.
-const MaxOwnerTagLen = 8
+const maxOwnerTagLen = 8
 
 // validity is how long local validity lasts from the moment a request was
 // sent.
@@ -243,8 +243,8 @@ func (c *Client) Resolve(opts *LeaseOptions) (LeaseOptions, error) {
 // checkOwnerTag refuses an OwnerTag that is too long or not lowercase
 // letters and digits.
 func checkOwnerTag(tag string) error {
-	if len(tag) > MaxOwnerTagLen {
-		return invalid(false, "OwnerTag", "%q is %d characters, more than %d", tag, len(tag), MaxOwnerTagLen)
+	if len(tag) > maxOwnerTagLen {
+		return invalid(false, "OwnerTag", "%q is %d characters, more than %d", tag, len(tag), maxOwnerTagLen)
 	}
 	for _, r := range tag {
 		if (r < 'a' || r > 'z') && (r < '0' || r > '9') {

@@ -483,19 +483,20 @@ func ReadGroup(ctx context.Context, c *fenced.Client, group string) (GroupState,
 		byTag[t] = m.ID
 	}
 	for i, in := range st.Leases {
-		if len(in.Owner) < MemberTagLen {
+		if len(in.Owner) < memberTagLen {
 			continue
 		}
-		if id := byTag[in.Owner[:MemberTagLen]]; id != "" {
+		if id := byTag[in.Owner[:memberTagLen]]; id != "" {
 			st.Owners[i] = id
 		}
 	}
 	return st, nil
 }
 
-// MemberTagLen is how many characters of a partition lease's owner name
-// its member.
-const MemberTagLen = fenced.MaxOwnerTagLen
+// memberTagLen is how many characters of a partition lease's owner name
+// its member: ownerTag's length, within the root's 8-character limit on
+// LeaseOptions.OwnerTag (a longer tag would be refused at acquire).
+const memberTagLen = 8
 
 // Partitions returns the group's partition count: that of its first live
 // member (members with another count are refused at their join), or zero
