@@ -92,10 +92,25 @@ func newRenewer(c *Client) *renewer {
 
 // add puts l on the schedule. The caller (Client.register) holds c.mu and
 // has checked that Close has not begun, so the renewer has not stopped.
+//
+// A lease whose local validity ran out while it was being granted (the
+// request was sent more than a validity ago: a slow authority, a long
+// wait for a response on a loaded machine) is ended here, its context
+// cancelled before it is handed out, rather than put on the schedule: the
+// loop, however promptly woken, would end it only after the caller got a
+// live context past its ValidUntil. Its Lost hook and the rest of its end
+// run on the cleanup workers, since the caller holds c.mu.
 func (r *renewer) add(l *Lease) {
 	l.mu.Lock()
 	wake := l.nextEvent()
+	over := r.c.now() >= l.validUntil
 	l.mu.Unlock()
+	if over {
+		if e, ok := l.expire(false); ok {
+			r.cleanup.do(e.finish)
+		}
+		return
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	l.wake = wake
