@@ -481,7 +481,7 @@ func (w *genWorker) sample(ctx context.Context) {
 			if resumed.After(from) {
 				from = resumed
 			}
-			if l.Context().Err() == nil && now.Sub(from) > w.cfg.Grace && l.ValidUntil().Equal(until) {
+			if l.Context().Err() == nil && now.Sub(from) > w.cfg.Grace && !renewedSince(l, until) {
 				w.record(Event{Kind: LivePastValidity, Key: l.Key(), Fence: l.Fence(), Owner: fence.OwnerDigest(l.Owner()), Value: int64(now.Sub(until))})
 			}
 		}
@@ -489,6 +489,15 @@ func (w *genWorker) sample(ctx context.Context) {
 			w.checkSet(s)
 		}
 	}
+}
+
+// renewedSince reports whether l's local validity has moved past until, a
+// reading of its ValidUntil: a renewal confirmed in between. ValidUntil's
+// readings of an unchanged validity differ by a few nanoseconds (it maps
+// the client's clock onto time.Now's at each call), so equality would miss
+// most samples; a renewal moves validity by a large part of a TTL.
+func renewedSince(l *fenced.Lease, until time.Time) bool {
+	return l.ValidUntil().After(until.Add(time.Millisecond))
 }
 
 // maybeRunGenWorker runs a generative worker and exits if this process was
