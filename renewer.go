@@ -27,11 +27,12 @@ import (
 // Local validity is the schedule's other duty: a lease whose validity runs
 // out (no renewal confirmed in time, MaxHold reached, or ManualRenew) is
 // ended by the loop the moment its deadline passes, whether or not a
-// renewal of it is in flight. On its way to cancelling a lease's context
-// the loop never calls into the driver: what the driver must do after a
-// lease ends (stop its loss watch) is handed to the client's cleanup
-// workers (see cleaner), so a driver call that blocks (a Send on a stream
-// whose peer stopped reading) delays no lease's end.
+// renewal of it is in flight. The loop only cancels the contexts of the
+// leases it ends: what follows (the Lost hooks, and the driver's part,
+// stopping the loss watch) is handed to the client's cleanup workers (see
+// cleaner), so neither a driver call that blocks (a Send on a stream
+// whose peer stopped reading) nor the hooks of thousands of leases delay
+// another lease's end.
 type renewer struct {
 	c *Client
 
@@ -92,10 +93,25 @@ func newRenewer(c *Client) *renewer {
 
 // add puts l on the schedule. The caller (Client.register) holds c.mu and
 // has checked that Close has not begun, so the renewer has not stopped.
+//
+// A lease whose local validity ran out while it was being granted (the
+// request was sent more than a validity ago: a slow authority, a long
+// wait for a response on a loaded machine) is ended here, its context
+// cancelled before it is handed out, rather than put on the schedule: the
+// loop, however promptly woken, would end it only after the caller got a
+// live context past its ValidUntil. Its Lost hook and the rest of its end
+// run on the cleanup workers, since the caller holds c.mu.
 func (r *renewer) add(l *Lease) {
 	l.mu.Lock()
 	wake := l.nextEvent()
+	over := r.c.now() >= l.validUntil
 	l.mu.Unlock()
+	if over {
+		if e, ok := l.expire(false); ok {
+			r.cleanup.do(e.finish)
+		}
+		return
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	l.wake = wake
@@ -197,15 +213,23 @@ func (r *renewer) loop() {
 		r.loops.Add(1)
 		expired, batch, next := r.due()
 		// Every expired lease's context is cancelled before anything else
-		// is done about any of them (hooks, the driver's cleanup).
+		// is done about any of them (hooks, the driver's cleanup), and
+		// the rest is done off the loop, on the cleanup workers: the Lost
+		// hooks of thousands of leases take long enough (hundreds of
+		// milliseconds on a loaded machine) that the leases due meanwhile
+		// would outlive their validity.
 		ends := make([]lossEnd, 0, len(expired))
 		for _, l := range expired {
 			if e, ok := l.expire(false); ok { // due took it off the heap
 				ends = append(ends, e)
 			}
 		}
-		for _, e := range ends {
-			e.finish()
+		if len(ends) > 0 {
+			r.cleanup.do(func() {
+				for _, e := range ends {
+					e.finish()
+				}
+			})
 		}
 		if len(batch) > 0 {
 			r.wg.Add(1)

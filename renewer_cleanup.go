@@ -2,10 +2,11 @@ package fenced
 
 import "sync"
 
-// cleaner runs the driver calls that follow the end of a lease (stopping
-// its loss watch) on at most maxCleaners goroutines of its own, started on
-// demand and gone once the queue is empty, so that the goroutine ending a
-// lease (the schedule's, Close's, a renewal's) never waits for the driver.
+// cleaner runs what follows the end of a lease (the driver's stop of its
+// loss watch; for the leases the schedule ends, their Lost hooks too) on
+// at most maxCleaners goroutines of its own, started on demand and gone
+// once the queue is empty, so that the goroutine ending a lease (the
+// schedule's, Close's, a renewal's) never waits for the driver.
 // A driver call that never returns holds up one worker, not the leases:
 // with every worker stuck the queue grows (a closure per ended lease)
 // while leases still end on time, and no more goroutines are started.

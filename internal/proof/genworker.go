@@ -555,7 +555,7 @@ func (w *genWorker) sample(ctx context.Context) {
 			if resumed.After(from) {
 				from = resumed
 			}
-			if l.Context().Err() == nil && now.Sub(from) > w.cfg.Grace && l.ValidUntil().Equal(until) {
+			if l.Context().Err() == nil && now.Sub(from) > w.cfg.Grace && !renewedSince(l, until) {
 				w.record(Event{Kind: LivePastValidity, Key: l.Key(), Fence: l.Fence(), Owner: fence.OwnerDigest(l.Owner()), Value: int64(now.Sub(until))})
 			}
 		}
@@ -568,6 +568,15 @@ func (w *genWorker) sample(ctx context.Context) {
 // renewedSlack allows for the clocks a lease's validity and the
 // worker's time.Now read (they are the same clock, read a moment apart).
 const renewedSlack = 20 * time.Millisecond
+
+// renewedSince reports whether l's local validity has moved past until, a
+// reading of its ValidUntil: a renewal confirmed in between. ValidUntil's
+// readings of an unchanged validity differ by a few nanoseconds (it maps
+// the client's clock onto time.Now's at each call), so equality would miss
+// most samples; a renewal moves validity by a large part of a TTL.
+func renewedSince(l *fenced.Lease, until time.Time) bool {
+	return l.ValidUntil().After(until.Add(time.Millisecond))
+}
 
 // maybeRunGenWorker runs a generative worker and exits if this process was
 // started as one.

@@ -107,12 +107,19 @@ func StartRedis(t testing.TB, cfg RedisConfig) *Redis {
 	cmd := exec.Command(bin, args...)
 	cfg.WallClock.Apply(cmd)
 	r.Process = startServer(t, cfg.Host, fmt.Sprintf("redis-server:%d", cfg.Port), cmd)
-	r.WaitLog(t, "Ready to accept connections", 20*time.Second)
+	r.WaitLog(t, "Ready to accept connections", redisReadyTimeout)
 	if cfg.ReplicaOf != nil {
-		r.WaitLog(t, "MASTER <-> REPLICA sync: Finished with success", 20*time.Second)
+		r.WaitLog(t, "MASTER <-> REPLICA sync: Finished with success", redisReadyTimeout)
 	}
 	return r
 }
+
+// redisReadyTimeout bounds the wait for a started server to be ready. It
+// only catches a hang (a server that exits is seen at once), so it is
+// generous: after a crash-restart in the long generative proof, a server
+// with tens of thousands of keys took over 20 s to load its append-only
+// file on a loaded machine.
+const redisReadyTimeout = 2 * time.Minute
 
 // Restart starts the server again on the same port and data directory
 // after it was stopped or killed.
