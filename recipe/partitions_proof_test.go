@@ -276,8 +276,25 @@ func runPartitionsProof(t *testing.T, backend, store string, minFence fenced.Fen
 	var faults []fault
 	counts := map[string]int{}
 	time.Sleep(2 * time.Second) // let the group form
+	// A member that ended on its own (a restarted member SIGSTOPped while
+	// it waited for its previous incarnation's membership to expire gives
+	// up with ErrMemberLive) is started again, as a supervisor would; each
+	// such restart is logged with the member's last words.
+	revive := func() {
+		for _, s := range slots {
+			select {
+			case <-s.exited:
+				b, _ := os.ReadFile(filepath.Join(dir, "stderr-"+s.id))
+				lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+				t.Logf("%s ended on its own (%s); starting it again", s.id, lines[len(lines)-1])
+				start(s)
+			default:
+			}
+		}
+	}
 	churnEnd := time.Now().Add(proofChurn(t))
 	for time.Now().Before(churnEnd) {
+		revive()
 		s := slots[rand.IntN(len(slots))]
 		what := []string{"kill", "stop", "leave", "kill"}[rand.IntN(4)]
 		faults = append(faults, fault{time.Now(), what + " " + s.id, fmt.Sprintf("history-%s-%d", s.id, s.cmd.Process.Pid)})
@@ -319,6 +336,7 @@ func runPartitionsProof(t *testing.T, backend, store string, minFence fenced.Fen
 	var owned []int
 	balancedAt := time.Duration(0)
 	for deadline := time.Now().Add(3*proofTTL + 10*time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		revive()
 		owned = owned[:0]
 		total, ok := 0, true
 		for _, s := range slots {
