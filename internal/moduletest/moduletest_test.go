@@ -27,7 +27,10 @@ const (
 // public package of fenced, runs it (a lease on mem: and on sqlite:), and
 // go installs cmd/fenced@version and runs the binary (version, and run on
 // sqlite:). Everything but fenced comes from the local module cache's
-// download directory, so the test needs no network.
+// download directory where it is there, and from the go command's own
+// GOPROXY otherwise: go mod tidy also wants the modules that only the
+// tests of fenced's dependencies import, which a fresh machine's cache
+// lacks (building fenced never downloads them).
 func TestOutsideModule(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds every package of fenced from a scratch module; not in -short")
@@ -41,6 +44,7 @@ func TestOutsideModule(t *testing.T) {
 		t.Fatal(err)
 	}
 	realCache := strings.TrimSpace(run(t, root, nil, goBin, "env", "GOMODCACHE"))
+	realProxy := strings.TrimSpace(run(t, root, nil, goBin, "env", "GOPROXY"))
 
 	tmp := t.TempDir()
 	proxy := filepath.Join(tmp, "proxy")
@@ -53,7 +57,7 @@ func TestOutsideModule(t *testing.T) {
 	// once stay cached across runs.
 	env := []string{
 		"GOMODCACHE=" + filepath.Join(tmp, "modcache"),
-		"GOPROXY=file://" + filepath.ToSlash(proxy) + ",file://" + filepath.ToSlash(filepath.Join(realCache, "cache", "download")),
+		"GOPROXY=" + scratchProxy(proxy, filepath.Join(realCache, "cache", "download"), realProxy),
 		"GOSUMDB=off",
 		"GONOSUMDB=", "GONOSUMCHECK=", "GOPRIVATE=", "GONOPROXY=",
 		"GOFLAGS=-modcacherw -trimpath -buildvcs=false",
@@ -98,6 +102,20 @@ func TestOutsideModule(t *testing.T) {
 	if !strings.Contains(out, "fence=1") {
 		t.Errorf("fenced run on sqlite printed no fence 1:\n%s", out)
 	}
+}
+
+// scratchProxy is the GOPROXY list of the scratch module: the published
+// fenced first, then the local download cache, then the go command's own
+// proxies (off and direct dropped: a module missing from every proxy is a
+// failure, not a fetch from its origin).
+func scratchProxy(published, cache, goproxy string) string {
+	list := []string{"file://" + filepath.ToSlash(published), "file://" + filepath.ToSlash(cache)}
+	for _, p := range strings.FieldsFunc(goproxy, func(r rune) bool { return r == ',' || r == '|' }) {
+		if p != "off" && p != "direct" && p != "" {
+			list = append(list, p)
+		}
+	}
+	return strings.Join(list, ",")
 }
 
 // publish writes fenced@version, zipped from the working tree at root, in
