@@ -66,6 +66,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fenced-dev/fenced"
@@ -121,6 +122,8 @@ type Driver struct {
 	closed chan struct{}
 	once   sync.Once
 	wg     sync.WaitGroup // cleanups of failed attempts
+
+	lastAttempt atomic.Int64 // see nextAttempt
 
 	bgMu     sync.Mutex // orders finishRelease's starts with Close
 	bgClosed bool

@@ -35,10 +35,10 @@ func TestScriptsLoad(t *testing.T) {
 	// A script that calls a local function it does not include compiles
 	// but fails when it runs: run each acquire once on a held key, the
 	// branch that calls held.
-	lock, counter := "t:{k}:lock", "t:{k}:fence"
+	lock, counter, claim := "t:{k}:lock", "t:{k}:fence", "t:{k}:claim"
 	for _, s := range []*redis.Script{Acquire, AcquireNode} {
 		c.Set(ctx, lock, "7:other", 0)
-		res, err := s.Run(ctx, c, []string{lock, counter}, "me", 1000, "0").Result()
+		res, err := s.Run(ctx, c, []string{lock, counter, claim}, "me", 1000, "0", 1).Result()
 		if err != nil {
 			t.Fatalf("acquire on a held key: %v", err)
 		}
@@ -57,6 +57,6 @@ func scripts() map[string]*redis.Script {
 	return map[string]*redis.Script{
 		"Acquire": Acquire, "AcquireNode": AcquireNode, "Renew": Renew, "RenewMany": RenewMany,
 		"RenewManyAcross": RenewManyAcross, "Release": Release, "ReleaseWaiters": ReleaseWaiters,
-		"ReleaseOwner": ReleaseOwner, "Inspect": Inspect, "Break": Break,
+		"ReleaseAttempt": ReleaseAttempt, "Inspect": Inspect, "Break": Break,
 	}
 }
