@@ -46,7 +46,14 @@ func (d *Driver) TryAcquireTerms(ctx context.Context, key, owner string, t drive
 	}
 	k := d.layout.Keys(key)
 	budget := min(d.opts.Budget, ttl/3)
-	args := []any{owner, rediskit.Millis(ttl), strconv.FormatUint(fence, 10)}
+	// The attempt's number orders it after every earlier attempt of owner
+	// (the Client's acquisition loop sends all of its attempts with one
+	// owner token): on each node, the grant script refuses an attempt
+	// older than the last one of its owner there, and the rollback below
+	// deletes nothing a later attempt took or re-acquired, however late
+	// either lands (see lua/redlock_acquire.lua and release_attempt.lua).
+	attempt := d.nextAttempt()
+	args := []any{owner, rediskit.Millis(ttl), strconv.FormatUint(fence, 10), attempt}
 	isOurs := func(r reply[rediskit.Acquired]) bool {
 		return r.err == nil && r.val.Ours()
 	}
@@ -63,18 +70,18 @@ func (d *Driver) TryAcquireTerms(ctx context.Context, key, owner string, t drive
 		return ok >= d.quorum
 	}
 	// A grant that lands after the attempt was decided as failed is
-	// released where it landed.
+	// rolled back where it landed.
 	var failed atomic.Bool
 	outcome := make(chan struct{})
 	defer close(outcome)
 	late := func(r reply[rediskit.Acquired]) {
 		<-outcome
 		if failed.Load() && (isOurs(r) || r.err != nil) {
-			d.releaseOwnerOn(r.node, k, owner)
+			d.rollbackOn(r.node, k, owner, attempt)
 		}
 	}
 	rs := fanout(ctx, d, budget, func(ctx context.Context, c redis.UniversalClient) (rediskit.Acquired, error) {
-		res, err := rediskit.AcquireNode.Run(ctx, c, []string{k.Lock, k.Fence}, args...).Result()
+		res, err := rediskit.AcquireNode.Run(ctx, c, []string{k.Lock, k.Fence, k.Claim}, args...).Result()
 		if err != nil {
 			return rediskit.Acquired{}, err
 		}
@@ -87,6 +94,7 @@ func (d *Driver) TryAcquireTerms(ctx context.Context, key, owner string, t drive
 	var heldTTLs []int64
 	var nodeErrs []error
 	foreign, stale, unknown := false, false, false
+	superseded := 0
 	for _, r := range rs {
 		switch {
 		case r.err != nil:
@@ -102,6 +110,8 @@ func (d *Driver) TryAcquireTerms(ctx context.Context, key, owner string, t drive
 			foreign = true
 		case r.val.Status == rediskit.StatusStale:
 			stale = true
+		case r.val.Status == rediskit.StatusSuperseded:
+			superseded++
 		}
 	}
 	var granted uint64
@@ -125,7 +135,7 @@ func (d *Driver) TryAcquireTerms(ctx context.Context, key, owner string, t drive
 			cleanup.Add(1)
 			go func() {
 				defer cleanup.Done()
-				d.releaseOwnerOn(r.node, k, owner)
+				d.rollbackOn(r.node, k, owner, attempt)
 			}()
 		}
 	}
@@ -152,22 +162,47 @@ func (d *Driver) TryAcquireTerms(ctx context.Context, key, owner string, t drive
 		sentinel = driver.ErrUnknownOutcome
 	}
 	missing := len(d.nodes) - len(rs)
-	return 0, fmt.Errorf("redlock: acquire %q: %w: %d of %d nodes granted it (need %d), %d did not answer within %v: %w",
-		key, sentinel, ours, len(d.nodes), d.quorum, missing, budget, errors.Join(nodeErrs...))
+	msg := fmt.Sprintf("%d of %d nodes granted it (need %d), %d did not answer within %v", ours, len(d.nodes), d.quorum, missing, budget)
+	if superseded > 0 {
+		// Only when one owner token's attempts overlap (the Client never
+		// does that): a later one was already there.
+		msg += fmt.Sprintf(", %d refused it for a later attempt of the same owner", superseded)
+	}
+	if err := errors.Join(nodeErrs...); err != nil {
+		return 0, fmt.Errorf("redlock: acquire %q: %w: %s: %w", key, sentinel, msg, err)
+	}
+	return 0, fmt.Errorf("redlock: acquire %q: %w: %s", key, sentinel, msg)
 }
 
-// releaseOwnerOn deletes owner's grant of k on one node, whatever its
-// fence, within the budget.
-func (d *Driver) releaseOwnerOn(i int, k rediskit.Keys, owner string) {
+// nextAttempt numbers a grant attempt: above every number this driver
+// gave before, and otherwise the wall clock in microseconds, so that
+// attempts of one owner through another Driver (another process) also
+// rise as long as the clock does not step back between them. The
+// numbers stay below 2^53, exact in Lua's doubles, until the year 2255.
+func (d *Driver) nextAttempt() int64 {
+	for {
+		prev := d.lastAttempt.Load()
+		n := max(prev+1, time.Now().UnixMicro())
+		if d.lastAttempt.CompareAndSwap(prev, n) {
+			return n
+		}
+	}
+}
+
+// rollbackOn takes back, within the budget, what attempt (owner's) was
+// granted of k on one node: owner's grant there, whatever its fence,
+// unless a later attempt of owner claimed it. The node may still apply
+// it after the budget, at any later time; it stays exact then.
+func (d *Driver) rollbackOn(i int, k rediskit.Keys, owner string, attempt int64) {
 	ctx, cancel := context.WithTimeout(context.Background(), d.opts.Budget)
 	defer cancel()
-	_ = rediskit.ReleaseOwner.Run(ctx, d.nodes[i].c, []string{k.Lock}, owner, k.Channel).Err()
+	_ = rediskit.ReleaseAttempt.Run(ctx, d.nodes[i].c, []string{k.Lock, k.Claim}, owner, attempt, k.Channel).Err()
 }
 
 // nodeErr classifies one node's error; a key of the wrong type or a
 // counter that is not a number becomes ErrForeignValue.
 func (d *Driver) nodeErr(err error, mayApply bool, k rediskit.Keys) error {
-	if ferr := rediskit.ForeignReply(err, k.Lock, k.Fence); ferr != nil {
+	if ferr := rediskit.ForeignReply(err, k.Lock, k.Fence, k.Claim); ferr != nil {
 		return ferr
 	}
 	if errors.Is(err, context.DeadlineExceeded) {

@@ -27,7 +27,14 @@
 // driver.TermsAcquirer, so its check and the holder's local validity are the
 // same arithmetic. It returns as soon as the outcome is decided, so nodes
 // that are down or stopped cost nothing beyond the budget. A failed attempt
-// releases whatever it was granted on every node. The driver tries once; the
+// releases whatever it was granted on every node. That rollback, and the
+// attempt's own grant requests, may reach a slow or stopped node long
+// after a later attempt of the same owner (the Client keeps one owner token
+// for all attempts of one Acquire) was granted and counted there: each
+// node keeps, per key, a claim naming the last attempt of the owner whose
+// grant it holds (a key that never expires, like the fence counter), so
+// that a late request of an earlier attempt is refused and its rollback
+// deletes nothing a later attempt counted. The driver tries once; the
 // portable Client retries with backoff and full jitter, or when woken by a
 // release (each node publishes on release, and waiters subscribe on every
 // node). Renewal and release go to every node in parallel; renewal needs a
@@ -66,6 +73,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fenced-dev/fenced"
@@ -121,6 +129,8 @@ type Driver struct {
 	closed chan struct{}
 	once   sync.Once
 	wg     sync.WaitGroup // cleanups of failed attempts
+
+	lastAttempt atomic.Int64 // see nextAttempt
 
 	bgMu     sync.Mutex // orders finishRelease's starts with Close
 	bgClosed bool

@@ -29,6 +29,10 @@ type Keys struct {
 	Fence   string // the fence counter, never expires
 	Audit   string // capped stream of breaks
 	Channel string // pub/sub channel published on release and break
+	// Claim, where the backend uses it (redlock), names the last grant
+	// attempt of the owner whose grant is on the node, and never expires;
+	// see lua/redlock_acquire.lua.
+	Claim string
 	// Waiters, where the backend uses it (redis), says that a process may
 	// be waiting for the key: a refused try of a process with subscribers
 	// sets it (with an expiry), and a release publishes only when it
@@ -62,6 +66,7 @@ const (
 	fenceSuffix   = "}:fence"
 	channelSuffix = "}:free"
 	waitersSuffix = "}:waiters"
+	claimSuffix   = "}:claim"
 )
 
 // Keys returns the Redis keys for lease key k. Every name is a slice of
@@ -71,7 +76,7 @@ const (
 func (l Layout) Keys(k string) Keys {
 	base := len(l.Prefix) + 1 + len(k)
 	var b strings.Builder
-	b.Grow(5*base + len(lockSuffix) + len(fenceSuffix) + len(auditSuffix) + len(channelSuffix) + len(waitersSuffix))
+	b.Grow(6*base + len(lockSuffix) + len(fenceSuffix) + len(auditSuffix) + len(channelSuffix) + len(waitersSuffix) + len(claimSuffix))
 	name := func(suffix string) (start, end int) {
 		start = b.Len()
 		b.WriteString(l.Prefix)
@@ -85,8 +90,9 @@ func (l Layout) Keys(k string) Keys {
 	audit0, audit1 := name(auditSuffix)
 	chan0, chan1 := name(channelSuffix)
 	wait0, wait1 := name(waitersSuffix)
+	claim0, claim1 := name(claimSuffix)
 	s := b.String()
-	return Keys{Lock: s[lock0:lock1], Fence: s[fence0:fence1], Audit: s[audit0:audit1], Channel: s[chan0:chan1], Waiters: s[wait0:wait1]}
+	return Keys{Lock: s[lock0:lock1], Fence: s[fence0:fence1], Audit: s[audit0:audit1], Channel: s[chan0:chan1], Waiters: s[wait0:wait1], Claim: s[claim0:claim1]}
 }
 
 // Lock returns the lock key of lease key k alone (Keys(k).Lock, without
@@ -189,6 +195,9 @@ const (
 	StatusGranted = 1  // new grant
 	StatusAgain   = 2  // already held by this owner: extended
 	StatusStale   = -3 // redlock: a newer fence was granted on this node
+	// StatusSuperseded is redlock's refusal of an attempt older than the
+	// latest attempt of the same owner on the node (lua/redlock_acquire.lua).
+	StatusSuperseded = -4
 	// StatusBadReply is what ParseAcquire reports for a reply that is not
 	// {status, fence, pttl}; it counts as none of the above.
 	StatusBadReply = -100

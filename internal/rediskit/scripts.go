@@ -59,9 +59,10 @@ var (
 	// ReleaseWaiters is the redis backend's release, which publishes only
 	// when the waiters mark is there (lua/release_waiters.lua).
 	ReleaseWaiters = script("", "release_waiters.lua")
-	// ReleaseOwner deletes an owner's grant whatever its fence
-	// (lua/release_owner.lua).
-	ReleaseOwner = script("", "release_owner.lua")
+	// ReleaseAttempt is Redlock's rollback of one failed attempt on one
+	// node: it deletes the owner's grant there unless a later attempt of
+	// the owner claimed it (lua/release_attempt.lua).
+	ReleaseAttempt = script("", "release_attempt.lua")
 	// Inspect reads a grant and the fence counter (lua/inspect.lua).
 	Inspect = script("", "inspect.lua")
 	// Break deletes a grant and records it (lua/break.lua).

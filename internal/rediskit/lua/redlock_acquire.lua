@@ -1,10 +1,30 @@
 -- Redlock's acquire on one node. KEYS[1] lock, KEYS[2] highest fence
--- granted on this node; ARGV[1] owner, ARGV[2] ttl ms, ARGV[3] fence
--- ('0' without a fence source). A free key is granted ({1, fence, 0})
--- unless this node granted a newer fence ({-3, last, 0}); a held one is
--- answered by held.
+-- granted on this node, KEYS[3] the attempt claim; ARGV[1] owner, ARGV[2]
+-- ttl ms, ARGV[3] fence ('0' without a fence source), ARGV[4] the
+-- attempt's number, higher for every later attempt of one owner.
+--
+-- The claim, '<n>:<owner>', never expires: an attempt of that owner
+-- numbered below n is refused here untouched ({-4, '0', 0}). Every grant
+-- and every re-acquire of the owner's own grant sets n to the attempt's
+-- number, and the rollback of a failed attempt (release_attempt) sets it
+-- past that attempt, so that a request of an attempt that lands late can
+-- neither take over a grant a later attempt of its owner counted here
+-- (for that attempt's rollback to delete) nor be granted after its own
+-- rollback. Otherwise a free key is granted ({1, fence, 0}) unless this
+-- node granted a newer fence ({-3, last, 0}), and a held one is answered
+-- by held.
+local claim = redis.call('GET', KEYS[3])
+if claim then
+  local n, o = string.match(claim, '^(%d+):(.*)$')
+  if not n then return redis.error_reply('ERR attempt claim is not an integer and an owner') end
+  if o == ARGV[1] and tonumber(n) > tonumber(ARGV[4]) then return {-4, '0', 0} end
+end
 local v = redis.call('GET', KEYS[1])
-if v then return held(v) end
+if v then
+  local r = held(v)
+  if r[1] == 2 then redis.call('SET', KEYS[3], ARGV[4] .. ':' .. ARGV[1]) end
+  return r
+end
 local last = redis.call('GET', KEYS[2])
 if last then
   local n = tonumber(last)
@@ -13,4 +33,5 @@ if last then
 end
 if ARGV[3] ~= '0' or not last then redis.call('SET', KEYS[2], ARGV[3]) end
 redis.call('SET', KEYS[1], ARGV[3] .. ':' .. ARGV[1], 'PX', ARGV[2])
+redis.call('SET', KEYS[3], ARGV[4] .. ':' .. ARGV[1])
 return {1, ARGV[3], 0}

@@ -1,10 +1,12 @@
 package testenv
 
 import (
-	"io"
+	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // Proxy forwards TCP connections from a local port to a server, and can
@@ -27,6 +29,22 @@ type Proxy struct {
 	// hole is non-nil while the proxy is a black hole; it is closed when
 	// the black hole ends.
 	hole chan struct{}
+	// holdIf, when set, sees every chunk a client sends; a chunk for which
+	// it returns true is held, with everything its connection sends after
+	// it, until ReleaseHeld (see Hold).
+	holdIf func(chunk []byte) bool
+	held   []*heldConn // connections holding chunks, in the order they began
+}
+
+// heldConn is one connection's state for Hold; its fields are guarded by
+// Proxy.mu.
+type heldConn struct {
+	server     net.Conn
+	chunks     [][]byte // held, not yet forwarded
+	holding    bool
+	clientGone bool         // the client closed or failed while holding
+	replies    atomic.Int64 // bytes the server sent so far
+	closeBoth  func()
 }
 
 // StartProxy forwards a free loopback port to target until the test ends.
@@ -40,6 +58,13 @@ func StartProxy(t testing.TB, target string) *Proxy {
 	t.Cleanup(func() {
 		ln.Close()
 		p.BlackHole(false) // let the forwarders see their connections close
+		p.mu.Lock()
+		held := p.held
+		p.held = nil
+		p.mu.Unlock()
+		for _, h := range held {
+			h.closeBoth()
+		}
 	})
 	go func() {
 		for {
@@ -128,6 +153,81 @@ func (p *Proxy) pass() {
 	}
 }
 
+// Hold arms the proxy to hold requests, as a network path (or a stopped
+// server's socket buffer) that delivers them late: the first client chunk
+// of a connection for which match returns true, and every chunk that
+// connection sends after it, wait in the proxy until ReleaseHeld. The
+// server's replies still pass. A client that gives up and closes a
+// holding connection does not close the server's side: what it sent is
+// still delivered, late, as a server would still execute it. Hold(nil)
+// holds no new connection; those already holding stay held.
+func (p *Proxy) Hold(match func(chunk []byte) bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.holdIf = match
+}
+
+// Held returns how many connections are holding chunks.
+func (p *Proxy) Held() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.held)
+}
+
+// ReleaseHeld forwards what every holding connection held, one connection
+// at a time in the order they began holding, and waits after each for the
+// server's first reply to it, so the server has executed a connection's
+// requests before the next connection's are sent. A connection whose
+// client has gone is closed after that reply. It fails if a server sends
+// nothing back within timeout.
+func (p *Proxy) ReleaseHeld(timeout time.Duration) error {
+	p.mu.Lock()
+	held := p.held
+	p.held = nil
+	p.mu.Unlock()
+	for _, h := range held {
+		p.mu.Lock()
+		before := h.replies.Load()
+		var werr error
+		for _, c := range h.chunks {
+			if _, err := h.server.Write(c); err != nil {
+				werr = err
+				break
+			}
+		}
+		h.chunks, h.holding = nil, false
+		gone := h.clientGone
+		p.mu.Unlock()
+		if werr != nil {
+			h.closeBoth()
+			return fmt.Errorf("testenv: proxy: forwarding held chunks: %w", werr)
+		}
+		deadline := time.Now().Add(timeout)
+		for h.replies.Load() == before {
+			if time.Now().After(deadline) {
+				h.closeBoth()
+				return fmt.Errorf("testenv: proxy: no reply within %v to held chunks", timeout)
+			}
+			time.Sleep(time.Millisecond)
+		}
+		if gone {
+			h.closeBoth()
+		}
+	}
+	return nil
+}
+
+// holding reports whether h holds chunks; if it does and gone, it
+// records that the client has gone.
+func (p *Proxy) holding(h *heldConn, gone bool) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if h.holding && gone {
+		h.clientGone = true
+	}
+	return h.holding
+}
+
 // Cuts returns how many connections the proxy has cut.
 func (p *Proxy) Cuts() int {
 	p.mu.Lock()
@@ -157,6 +257,7 @@ func (p *Proxy) serve(client net.Conn, target string) {
 			p.mu.Unlock()
 		})
 	}
+	h := &heldConn{server: server, closeBoth: closeBoth}
 	go func() { // server -> client, unless cut
 		buf := make([]byte, 64<<10)
 		for {
@@ -170,7 +271,8 @@ func (p *Proxy) serve(client net.Conn, target string) {
 			default:
 			}
 			if n > 0 {
-				if _, werr := client.Write(buf[:n]); werr != nil {
+				h.replies.Add(int64(n))
+				if _, werr := client.Write(buf[:n]); werr != nil && !p.holding(h, true) {
 					closeBoth()
 					return
 				}
@@ -197,6 +299,18 @@ func (p *Proxy) serve(client net.Conn, target string) {
 				p.cuts++
 				close(cut)
 			}
+			if h.holding || (p.holdIf != nil && p.holdIf(buf[:n])) {
+				if !h.holding {
+					h.holding = true
+					p.held = append(p.held, h)
+				}
+				h.chunks = append(h.chunks, append([]byte(nil), buf[:n]...))
+				p.mu.Unlock()
+				if err != nil && p.holding(h, true) {
+					return // ReleaseHeld closes the connection
+				}
+				continue
+			}
 			p.mu.Unlock()
 			if _, werr := server.Write(buf[:n]); werr != nil {
 				closeBoth()
@@ -204,8 +318,8 @@ func (p *Proxy) serve(client net.Conn, target string) {
 			}
 		}
 		if err != nil {
-			if err != io.EOF {
-				closeBoth()
+			if p.holding(h, true) {
+				return // ReleaseHeld delivers what was held, then closes
 			}
 			closeBoth()
 			return

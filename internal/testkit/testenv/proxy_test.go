@@ -55,3 +55,80 @@ func TestProxyBlackHole(t *testing.T) {
 		t.Fatalf("after the black hole: %q %v, want the held bytes", buf, err)
 	}
 }
+
+// TestProxyHold checks that a held connection forwards nothing from the
+// chunk that matched on, that ReleaseHeld delivers it in order, and that
+// a client that closed meanwhile still has its chunks delivered.
+func TestProxyHold(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	got := make(chan string, 16)
+	go func() { // an echo server that also reports what it read
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				buf := make([]byte, 64)
+				for {
+					n, err := c.Read(buf)
+					if n > 0 {
+						got <- string(buf[:n])
+						_, _ = c.Write(buf[:n])
+					}
+					if err != nil {
+						c.Close()
+						return
+					}
+				}
+			}()
+		}
+	}()
+	p := StartProxy(t, ln.Addr().String())
+	p.Hold(func(chunk []byte) bool { return string(chunk) == "hold" })
+	a, err := net.Dial("tcp", p.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := net.Dial("tcp", p.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	send := func(c net.Conn, msg string) {
+		if _, err := c.Write([]byte(msg)); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond) // one chunk each
+	}
+	send(a, "pass")
+	if s := <-got; s != "pass" {
+		t.Fatalf("server read %q", s)
+	}
+	send(a, "hold")
+	send(a, "after")
+	send(b, "hold")
+	a.Close()
+	for p.Held() < 2 {
+		time.Sleep(time.Millisecond)
+	}
+	select {
+	case s := <-got:
+		t.Fatalf("server read %q while held", s)
+	case <-time.After(100 * time.Millisecond):
+	}
+	if err := p.ReleaseHeld(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	var all string
+	for len(all) < len("holdafterhold") {
+		all += <-got
+	}
+	if all != "holdafterhold" {
+		t.Fatalf("server read %q after release, want the held chunks in order", all)
+	}
+}
