@@ -235,17 +235,21 @@ func main() {
 }
 
 // run runs name with args in dir (env added to the test's environment) and
-// returns its combined output, failing the test if it fails.
+// returns its standard output, failing the test if it fails.
 func run(t *testing.T, dir string, env []string, name string, args ...string) string {
 	t.Helper()
 	cmd := exec.Command(name, args...)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), env...)
+	// Standard output only is returned: the go command writes progress
+	// ("go: downloading ...") on standard error.
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	start := time.Now()
-	out, err := cmd.CombinedOutput()
+	err := cmd.Run()
 	t.Logf("%s %s (%v)", filepath.Base(name), strings.Join(args, " "), time.Since(start).Round(time.Millisecond))
 	if err != nil {
-		t.Fatalf("%s %s in %s: %v\n%s", name, strings.Join(args, " "), dir, err, out)
+		t.Fatalf("%s %s in %s: %v\n%s%s", name, strings.Join(args, " "), dir, err, stdout.Bytes(), stderr.Bytes())
 	}
-	return string(out)
+	return stdout.String()
 }
