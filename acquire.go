@@ -152,6 +152,9 @@ func (c *Client) acquireLoop(ctx, dctx context.Context, key string, s LeaseOptio
 		sub.Close()
 	}()
 	var lastErr error
+	// over is set once MaxWait ran out while a last try was due: that try
+	// is the last.
+	over := false
 	for attempt := 1; ; attempt++ {
 		var wake <-chan struct{}
 		registered := false // as a waiter, after this attempt's request
@@ -168,6 +171,21 @@ func (c *Client) acquireLoop(ctx, dctx context.Context, key string, s LeaseOptio
 			began = sent
 		}
 		fence, err := c.tryAcquire(dctx, key, owner, s)
+		if err == nil && c.grantedTooLate(sent, s) {
+			// The answer came after the grant's local validity had run
+			// out (this process was stopped, or the authority answered
+			// late). Asking again as the same owner returns the same
+			// grant with a fresh expiry, and its validity is measured
+			// from the new request; a dead lease is never handed out.
+			unresolved = true
+			err = fmt.Errorf("%w: granted %v after the request, past its validity of %v", ErrExpired, c.clock.Now().Sub(sent).Round(time.Millisecond), s.validity())
+			lastErr = err
+			if (!wait && attempt > 1) || over || c.waitEnded(ctx, waitOver) {
+				return nil, err
+			}
+			startWaitTimer()
+			continue
+		}
 		if err == nil {
 			granted, unresolved = true, false
 			return c.newLease(ctx, key, owner, fence, sent, s)
@@ -233,6 +251,9 @@ func (c *Client) acquireLoop(ctx, dctx context.Context, key string, s LeaseOptio
 			return nil, err
 		}
 		lastErr = err
+		if over {
+			return nil, fmt.Errorf("gave up after waiting %v: %w", s.MaxWait, lastErr)
+		}
 		var subC <-chan struct{}
 		if sub != nil {
 			subC = sub.C()
@@ -256,7 +277,14 @@ func (c *Client) acquireLoop(ctx, dctx context.Context, key string, s LeaseOptio
 			owed = true
 		case <-wake:
 		case <-waitOver:
-			t.Stop()
+			// One last try when the wait ran out together with a reason
+			// to try (a wake-up, or the sleep itself, as after this
+			// process was stopped past MaxWait): select picks at random
+			// among ready cases, and the key may have been free for long.
+			if c.readyToTry(t, subC, wake, &owed) {
+				waitOver, over = nil, true
+				continue
+			}
 			return nil, fmt.Errorf("gave up after waiting %v: %w", s.MaxWait, lastErr)
 		case <-ctx.Done():
 			t.Stop()
@@ -266,6 +294,45 @@ func (c *Client) acquireLoop(ctx, dctx context.Context, key string, s LeaseOptio
 			return nil, ErrClosed
 		}
 		t.Stop()
+	}
+}
+
+// grantedTooLate reports whether a grant whose request was sent at sent
+// would be past its local validity now: the answer came too late to use.
+func (c *Client) grantedTooLate(sent time.Time, s LeaseOptions) bool {
+	return c.now() >= c.since(sent)+s.validity()
+}
+
+// waitEnded reports, without blocking, whether the wait for a key must
+// end: ctx is done or MaxWait ran out (waitOver fired).
+func (c *Client) waitEnded(ctx context.Context, waitOver <-chan time.Time) bool {
+	select {
+	case <-waitOver:
+		return true
+	case <-ctx.Done():
+		return true
+	case <-c.closing.Done():
+		return true
+	default:
+		return false
+	}
+}
+
+// readyToTry reports, without blocking, whether a waiter has a reason to
+// try again: its sleep t is over, or a wake-up came on sub (then *owed is
+// set, as when the wait takes one) or on wake. It stops t.
+func (c *Client) readyToTry(t clock.Timer, sub, wake <-chan struct{}, owed *bool) bool {
+	defer t.Stop()
+	select {
+	case <-t.C():
+		return true
+	case <-sub:
+		*owed = true
+		return true
+	case <-wake:
+		return true
+	default:
+		return false
 	}
 }
 
@@ -320,6 +387,19 @@ func (c *Client) acquireQueued(ctx, dctx context.Context, q driver.TimedQueuer, 
 			return c.failOpenLease(ctx, key, owner, sent, s)
 		}
 		return nil, err
+	}
+	// A grant confirmed past its local validity (this process was stopped
+	// after the confirmation) is asked for again as the same owner, which
+	// returns it with a fresh expiry and the same fence, until an answer
+	// comes in time or the wait ends.
+	for c.grantedTooLate(sent, s) {
+		if c.waitEnded(qctx, waitOver) {
+			return nil, fmt.Errorf("%w: granted %v before the wait ended, past its validity of %v", ErrExpired, c.clock.Now().Sub(sent).Round(time.Millisecond), s.validity())
+		}
+		sent = c.clock.Now()
+		if fence, err = c.tryAcquire(qctx, key, owner, s); err != nil {
+			return nil, fmt.Errorf("granted past its validity, then not again: %w", err)
+		}
 	}
 	return c.newLease(ctx, key, owner, fence, sent, s)
 }

@@ -1,0 +1,163 @@
+package fenced_test
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/clock"
+	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/mem"
+)
+
+// lateAnswers is a mem driver whose first slow answers (TryAcquire, and
+// AcquireTimed when the driver queues) come only after clk has moved on
+// by delay: a process stopped while its request was in flight.
+type lateAnswers struct {
+	*mem.Driver
+	clk   *clock.Fake
+	delay time.Duration
+	slow  atomic.Int64 // answers still to delay
+	calls atomic.Int64
+}
+
+func (d *lateAnswers) late() {
+	d.calls.Add(1)
+	if d.slow.Add(-1) >= 0 {
+		d.clk.Advance(d.delay)
+	}
+}
+
+func (d *lateAnswers) TryAcquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
+	f, err := d.Driver.TryAcquire(ctx, key, owner, ttl)
+	d.late()
+	return f, err
+}
+
+func (d *lateAnswers) AcquireTimed(ctx context.Context, key, owner string, ttl time.Duration) (uint64, time.Time, error) {
+	f, at, err := d.Driver.AcquireTimed(ctx, key, owner, ttl)
+	d.late()
+	return f, at, err
+}
+
+// TestGrantPastItsValidityIsAskedAgain: an answer that comes after the
+// grant's local validity ran out (TTL 1 s, validity 988 ms, answer after
+// 995 ms, while the store still keeps the grant for 5 ms) must not be handed
+// out as a lease with an ended context. The client asks again as the same
+// owner, which gives the same grant (same fence) a fresh expiry, and
+// returns a live lease. TryAcquire, Acquire with a wait, and Acquire
+// through the store's queue are each checked. Before, all three returned
+// a lease whose context had already ended with ErrExpired.
+func TestGrantPastItsValidityIsAskedAgain(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		queue bool
+		wait  time.Duration
+	}{
+		{"TryAcquire", false, fenced.NoWait},
+		{"Acquire", false, time.Minute},
+		{"AcquireQueued", true, time.Minute},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := clock.NewFake(time.Unix(1000, 0))
+			d := &lateAnswers{Driver: mem.New(&mem.Options{Clock: clk, Queue: tc.queue}), clk: clk, delay: 995 * time.Millisecond}
+			d.slow.Store(1)
+			c := fenced.NewClient(d, &fenced.Options{Clock: clk})
+			defer c.Close()
+			ctx := context.Background()
+			l, err := c.Acquire(ctx, "k", &fenced.LeaseOptions{TTL: time.Second, MaxWait: tc.wait})
+			if err != nil {
+				t.Fatalf("acquire after one late answer: %v", err)
+			}
+			defer l.Release(ctx)
+			if err := l.Err(); err != nil {
+				t.Fatalf("the lease was handed out ended: %v (ValidUntil %v ago)", err, clk.Now().Sub(l.ValidUntil()))
+			}
+			if left := l.ValidUntil().Sub(clk.Now()); left < 900*time.Millisecond {
+				t.Errorf("the lease has %v of validity left, want its validity measured from the second request (988ms)", left)
+			}
+			if n := d.calls.Load(); n != 2 {
+				t.Errorf("%d requests, want 2 (the late one, then one asked again)", n)
+			}
+			// The store keeps the grant for the fence the client returned.
+			g := driver.Grant{Key: "k", Owner: l.Owner(), Fence: l.Fence(), TTL: time.Second}
+			if err := d.Driver.Renew(ctx, g); err != nil {
+				t.Errorf("the store does not hold the returned lease's grant: %v", err)
+			}
+		})
+	}
+}
+
+// TestGrantAlwaysLateIsNotHandedOut: when the second answer is late too,
+// TryAcquire fails with an error matching ErrExpired instead of returning
+// a dead lease, and the grant the store made is released (nobody would
+// hold it otherwise): a rival gets the key at once, without waiting for the
+// TTL.
+func TestGrantAlwaysLateIsNotHandedOut(t *testing.T) {
+	clk := clock.NewFake(time.Unix(1000, 0))
+	d := &lateAnswers{Driver: mem.New(&mem.Options{Clock: clk}), clk: clk, delay: 995 * time.Millisecond}
+	d.slow.Store(2)
+	c := fenced.NewClient(d, &fenced.Options{Clock: clk})
+	defer c.Close()
+	ctx := context.Background()
+	l, err := c.TryAcquire(ctx, "k", &fenced.LeaseOptions{TTL: time.Second})
+	if err == nil {
+		t.Fatalf("TryAcquire returned lease %v (err %v) although every answer came past its validity", l, l.Err())
+	}
+	if !errors.Is(err, fenced.ErrExpired) {
+		t.Errorf("error %v, want one matching ErrExpired", err)
+	}
+	rival := "rival"
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		if _, err := d.Driver.TryAcquire(ctx, "k", rival, time.Second); err == nil {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("the late grant was not released: a rival still gets %v", err)
+		}
+	}
+}
+
+// TestMaxWaitOverWithTheKeyFreeTriesOnce: a waiter stopped (here: the
+// clock jumps) past its MaxWait, while the holder's lease ran out
+// meanwhile, wakes with its sleep and its MaxWait over at once. It must
+// try once more and get the key, not give up because select happened to
+// pick the MaxWait case. Before, about half of the rounds gave up with the
+// key free.
+func TestMaxWaitOverWithTheKeyFreeTriesOnce(t *testing.T) {
+	// On one P the clock's Advance fires both timers before the waiter
+	// runs, as both are over at once when a stopped process resumes.
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	for round := 0; round < 20; round++ {
+		clk := clock.NewFake(time.Unix(1000, 0))
+		d := mem.New(&mem.Options{Clock: clk})
+		holder := fenced.NewClient(d, &fenced.Options{Clock: clk})
+		c := fenced.NewClient(d, &fenced.Options{Clock: clk})
+		ctx := context.Background()
+		if _, err := holder.TryAcquire(ctx, "k", &fenced.LeaseOptions{TTL: time.Second, ManualRenew: true}); err != nil {
+			t.Fatal(err)
+		}
+		waitTimers(t, clk, 1) // the holder's schedule
+		type result struct {
+			l   *fenced.Lease
+			err error
+		}
+		done := make(chan result, 1)
+		go func() {
+			l, err := c.Acquire(ctx, "k", &fenced.LeaseOptions{TTL: time.Second, MaxWait: 500 * time.Millisecond})
+			done <- result{l, err}
+		}()
+		waitTimers(t, clk, 3) // and the waiter's sleep and its MaxWait
+		clk.Advance(5 * time.Second)
+		r := <-done
+		if r.err != nil {
+			t.Fatalf("round %d: the waiter gave up with the key free: %v", round, r.err)
+		}
+		r.l.Release(ctx)
+		c.Close()
+		holder.Close()
+	}
+}
