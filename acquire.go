@@ -277,15 +277,12 @@ func (c *Client) acquireLoop(ctx, dctx context.Context, key string, s LeaseOptio
 			owed = true
 		case <-wake:
 		case <-waitOver:
-			// One last try when the wait ran out together with a reason
-			// to try (a wake-up, or the sleep itself, as after this
-			// process was stopped past MaxWait): select picks at random
-			// among ready cases, and the key may have been free for long.
-			if c.readyToTry(t, subC, wake, &owed) {
-				waitOver, over = nil, true
-				continue
-			}
-			return nil, fmt.Errorf("gave up after waiting %v: %w", s.MaxWait, lastErr)
+			// One last try when the wait runs out: the last answer may be
+			// old (this process was stopped, or its sleep was long), and
+			// the key may have been free for a while.
+			t.Stop()
+			waitOver, over = nil, true
+			continue
 		case <-ctx.Done():
 			t.Stop()
 			return nil, context.Cause(ctx)
@@ -312,24 +309,6 @@ func (c *Client) waitEnded(ctx context.Context, waitOver <-chan time.Time) bool 
 	case <-ctx.Done():
 		return true
 	case <-c.closing.Done():
-		return true
-	default:
-		return false
-	}
-}
-
-// readyToTry reports, without blocking, whether a waiter has a reason to
-// try again: its sleep t is over, or a wake-up came on sub (then *owed is
-// set, as when the wait takes one) or on wake. It stops t.
-func (c *Client) readyToTry(t clock.Timer, sub, wake <-chan struct{}, owed *bool) bool {
-	defer t.Stop()
-	select {
-	case <-t.C():
-		return true
-	case <-sub:
-		*owed = true
-		return true
-	case <-wake:
 		return true
 	default:
 		return false
@@ -376,13 +355,24 @@ func (c *Client) acquireQueued(ctx, dctx context.Context, q driver.TimedQueuer, 
 	if err != nil {
 		switch cause := context.Cause(qctx); {
 		case cause == errWaitOver:
+			// The queue left nothing behind. One last try, as the
+			// polling wait makes: this process may have been stopped
+			// past MaxWait while the key became free.
 			ev.Contended = true
-			return nil, errWaitOver
+			if ctx.Err() != nil || c.closing.Err() != nil {
+				return nil, errWaitOver
+			}
+			sent = c.clock.Now()
+			if fence, err = c.tryAcquire(dctx, key, owner, s); errors.Is(err, ErrHeld) {
+				return nil, errWaitOver
+			}
 		case ctx.Err() != nil:
 			return nil, context.Cause(ctx)
 		case errors.Is(cause, ErrClosed):
 			return nil, ErrClosed
 		}
+	}
+	if err != nil {
 		if errors.Is(err, ErrUnavailable) && s.FailOpen {
 			return c.failOpenLease(ctx, key, owner, sent, s)
 		}

@@ -121,43 +121,63 @@ func TestGrantAlwaysLateIsNotHandedOut(t *testing.T) {
 	}
 }
 
-// TestMaxWaitOverWithTheKeyFreeTriesOnce: a waiter stopped (here: the
-// clock jumps) past its MaxWait, while the holder's lease ran out
-// meanwhile, wakes with its sleep and its MaxWait over at once. It must
-// try once more and get the key, not give up because select happened to
-// pick the MaxWait case. Before, about half of the rounds gave up with the
-// key free.
+// deafQueue is a queueing mem driver whose queue has not yet heard that
+// the key became free when the wait ends (etcd's watch needs a round trip
+// to tell).
+type deafQueue struct{ *mem.Driver }
+
+func (d deafQueue) AcquireTimed(ctx context.Context, key, owner string, ttl time.Duration) (uint64, time.Time, error) {
+	<-ctx.Done()
+	return 0, time.Time{}, ctx.Err()
+}
+
+// TestMaxWaitOverWithTheKeyFreeTriesOnce: a waiter whose MaxWait runs out
+// while the key has become free (this process was stopped past MaxWait,
+// and the holder's grant expired meanwhile) makes one last try and gets
+// the key, whether it polls or waits in the store's queue. Before, the
+// polling waiter gave up when the wait's timer won the race with its
+// sleep, and the queued waiter always gave up.
 func TestMaxWaitOverWithTheKeyFreeTriesOnce(t *testing.T) {
 	// On one P the clock's Advance fires both timers before the waiter
 	// runs, as both are over at once when a stopped process resumes.
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
-	for round := 0; round < 20; round++ {
-		clk := clock.NewFake(time.Unix(1000, 0))
-		d := mem.New(&mem.Options{Clock: clk})
-		holder := fenced.NewClient(d, &fenced.Options{Clock: clk})
-		c := fenced.NewClient(d, &fenced.Options{Clock: clk})
-		ctx := context.Background()
-		if _, err := holder.TryAcquire(ctx, "k", &fenced.LeaseOptions{TTL: time.Second, ManualRenew: true}); err != nil {
-			t.Fatal(err)
+	for _, queue := range []bool{false, true} {
+		for round := 0; round < 20; round++ {
+			clk := clock.NewFake(time.Unix(1000, 0))
+			d := mem.New(&mem.Options{Clock: clk, Queue: queue})
+			holder := fenced.NewClient(d, &fenced.Options{Clock: clk})
+			var waiterDriver driver.Driver = d
+			if queue {
+				waiterDriver = deafQueue{d}
+			}
+			c := fenced.NewClient(waiterDriver, &fenced.Options{Clock: clk})
+			ctx := context.Background()
+			if _, err := holder.TryAcquire(ctx, "k", &fenced.LeaseOptions{TTL: time.Second, ManualRenew: true}); err != nil {
+				t.Fatal(err)
+			}
+			waitTimers(t, clk, 1) // the holder's schedule
+			type result struct {
+				l   *fenced.Lease
+				err error
+			}
+			done := make(chan result, 1)
+			go func() {
+				l, err := c.Acquire(ctx, "k", &fenced.LeaseOptions{TTL: time.Second, MaxWait: 500 * time.Millisecond})
+				done <- result{l, err}
+			}()
+			if queue {
+				waitTimers(t, clk, 2) // and the waiter's MaxWait
+			} else {
+				waitTimers(t, clk, 3) // and the waiter's MaxWait and sleep
+			}
+			clk.Advance(5 * time.Second)
+			r := <-done
+			if r.err != nil {
+				t.Fatalf("queue %v, round %d: the waiter gave up with the key free: %v", queue, round, r.err)
+			}
+			r.l.Release(ctx)
+			c.Close()
+			holder.Close()
 		}
-		waitTimers(t, clk, 1) // the holder's schedule
-		type result struct {
-			l   *fenced.Lease
-			err error
-		}
-		done := make(chan result, 1)
-		go func() {
-			l, err := c.Acquire(ctx, "k", &fenced.LeaseOptions{TTL: time.Second, MaxWait: 500 * time.Millisecond})
-			done <- result{l, err}
-		}()
-		waitTimers(t, clk, 3) // and the waiter's sleep and its MaxWait
-		clk.Advance(5 * time.Second)
-		r := <-done
-		if r.err != nil {
-			t.Fatalf("round %d: the waiter gave up with the key free: %v", round, r.err)
-		}
-		r.l.Release(ctx)
-		c.Close()
-		holder.Close()
 	}
 }

@@ -49,6 +49,12 @@ type Capabilities struct {
 	// (ZooKeeper's session timeouts, etcd's whole seconds). The portable
 	// bounds apply as well.
 	MinTTL, MaxTTL time.Duration
+	// Keeps is how the authority keeps a grant that is no longer renewed:
+	// the Expiry the backend also registers for its scheme, with the
+	// driver's own settings (ZooKeeper's tick). A recipe that waits for a
+	// dead holder's grant to go reads how long that can take from it
+	// (Expiry.Outlives). The zero value: the grant ends at its TTL.
+	Keeps Expiry
 }
 
 // Ops is what a driver can do beyond the Driver interface, as CapabilitiesOf

@@ -48,3 +48,8 @@ func (e Expiry) Rounded(ttl time.Duration) time.Duration {
 // KeepsFor returns how long the authority keeps a grant of ttl that is not
 // renewed, at least: Rounded, and no less than Floor.
 func (e Expiry) KeepsFor(ttl time.Duration) time.Duration { return max(e.Rounded(ttl), e.Floor) }
+
+// Outlives returns how long after its holder's last renewal was sent a
+// grant of ttl may still stand at the authority, at most: KeepsFor plus
+// Sweep. A waiter for a dead holder's grant waits no longer than this.
+func (e Expiry) Outlives(ttl time.Duration) time.Duration { return e.KeepsFor(ttl) + e.Sweep }

@@ -405,9 +405,15 @@ func (d *Driver) Guarantees() driver.Guarantees {
 	}
 }
 
+// keeps is how long a grant that is no longer renewed stands: a waiter
+// takes it over once it has seen it unchanged for a whole TTL, so up to
+// twice the TTL after the holder's last renewal.
+var keeps = driver.Expiry{Name: "DynamoDB", ScaleNum: 2, ScaleDen: 1,
+	Note: "observed expiry: a waiter takes a grant over after seeing it unchanged for a whole TTL"}
+
 // Capabilities implements driver.Driver: the break log.
 func (d *Driver) Capabilities() driver.Capabilities {
-	return driver.Capabilities{BreakLog: true}
+	return driver.Capabilities{BreakLog: true, Keeps: keeps}
 }
 
 // Close implements driver.Driver: later calls return ErrClosed. The

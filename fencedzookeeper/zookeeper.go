@@ -545,7 +545,7 @@ func (d *Driver) Guarantees() driver.Guarantees {
 // watches; no TTL longer than the session timeout the server allows, which
 // could not be honoured.
 func (d *Driver) Capabilities() driver.Capabilities {
-	return driver.Capabilities{Queue: true, FIFO: true, BatchRenew: true, WatchLoss: true, MaxTTL: d.maxTTL}
+	return driver.Capabilities{Queue: true, FIFO: true, BatchRenew: true, WatchLoss: true, MaxTTL: d.maxTTL, Keeps: ExpiryFor(d.tick)}
 }
 
 // Close closes the sessions the driver opened (their ephemeral nodes go at

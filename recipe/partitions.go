@@ -25,7 +25,7 @@ var (
 	// partition count: every member must be started with the same P.
 	ErrPartitionCount = errors.New("partition count disagrees with the group's")
 	// ErrMemberLive means another process holds the membership of this
-	// member ID and kept it for twice the TTL.
+	// member ID and kept it for as long as JoinPartitions waits.
 	ErrMemberLive = errors.New("member ID is live in the group already")
 	// ErrHandedOff is the cause of a partition's context when the
 	// assignment gave the partition to another member.
@@ -209,9 +209,11 @@ type PartitionStats struct {
 }
 
 // JoinPartitions makes c a member of group, a group of partitions
-// partitions, and returns once the membership is held (it waits up to
-// twice the TTL for an earlier process with the same MemberID to be
-// gone). From then on the member takes and hands off partitions by
+// partitions, and returns once the membership is held. It waits for an
+// earlier process with the same MemberID to be gone for as long as the
+// store may keep a dead holder's grant, plus a TTL (twice the TTL on a
+// store that ends grants at their TTL), and fails with ErrMemberLive if
+// that process is still there. From then on the member takes and hands off partitions by
 // itself, running work for each partition it owns, until Leave or until
 // ctx ends.
 func JoinPartitions(ctx context.Context, c *fenced.Client, group string, partitions int, work PartitionWork, opts *PartitionsOptions) (*Partitions, error) {
@@ -253,7 +255,12 @@ func JoinPartitions(ctx context.Context, c *fenced.Client, group string, partiti
 	g.member = g.part
 	g.member.TTL, g.member.MinFence, g.member.MaxHold = spec.TTL, fenced.FenceNone, fenced.HoldForever
 	g.member.OwnerTag = ""
-	g.member.MaxWait = 2 * spec.TTL
+	// A process restarted with the same MemberID waits for its previous
+	// incarnation's membership to go: as long as the store may keep a
+	// grant after its last renewal (etcd rounds the session up and sweeps
+	// every 500 ms; ZooKeeper keeps a session two ticks at least), and a
+	// TTL more for the news to arrive.
+	g.member.MaxWait = driver.CapabilitiesOf(c.Driver()).Declared.Keeps.Outlives(spec.TTL) + spec.TTL
 	if _, err := c.Resolve(&g.member); err != nil {
 		return nil, fmt.Errorf("fenced: partitions %q: membership: %w", group, err)
 	}
