@@ -168,16 +168,16 @@ func movedPartitions(a, b map[string][]int) int {
 // partLedger records, across the members of one test, who holds each
 // partition according to their events and work, and fails on an overlap.
 type partLedger struct {
-	t       *testing.T
-	mu      sync.Mutex
-	holder  map[int]string // partition -> member whose work runs
+	t      *testing.T
+	mu     sync.Mutex
+	holder map[int]string // partition -> member whose work runs
 	// holderCtx is the context of that work. Work may outlive a context
 	// ended by a loss or by Close (the key is freed once the context is
 	// cancelled, not once the work returns), never one ended gracefully.
 	holderCtx map[int]context.Context
-	fences  map[int]uint64 // partition -> last fence
-	running map[int]bool   // work function running
-	errs    []string
+	fences    map[int]uint64 // partition -> last fence
+	running   map[int]bool   // work function running
+	errs      []string
 }
 
 func newPartLedger(t *testing.T) *partLedger {
