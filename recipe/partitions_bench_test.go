@@ -3,9 +3,16 @@ package recipe_test
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/fenced-dev/fenced"
 	_ "github.com/fenced-dev/fenced/fencedetcd"
@@ -17,7 +24,8 @@ import (
 
 // BenchmarkPartitionsRebalance measures, per backend and P, the time from
 // a fourth member's join to a balanced group (every partition owned,
-// counts within one), and from a graceful leave of one of four to the
+// counts within one), and from a graceful leave or a crash (its store
+// connection closed under it, nothing released) of one of four to the
 // three owning everything. It reports rebalance-ms per operation; the
 // group's TTL is 2s (poll TTL/3), so a backend without notification
 // shows its poll here.
@@ -37,11 +45,12 @@ func BenchmarkPartitionsRebalance(b *testing.B) {
 	}
 	for _, st := range stores {
 		for _, p := range []int{64, 1024} {
-			for _, op := range []string{"join", "leave"} {
+			for _, op := range []string{"join", "leave", "crash"} {
 				b.Run(fmt.Sprintf("%s/P=%d/%s", st.name, p, op), func(b *testing.B) {
 					url := st.url(b)
 					ctx := context.Background()
 					idle := func(ctx context.Context, p recipe.Partition) error { <-ctx.Done(); return nil }
+					clients := map[*recipe.Partitions]*fenced.Client{}
 					join := func(id string) *recipe.Partitions {
 						c, err := fenced.Open(ctx, url, nil)
 						if err != nil {
@@ -53,6 +62,7 @@ func BenchmarkPartitionsRebalance(b *testing.B) {
 						if err != nil {
 							b.Fatal(err)
 						}
+						clients[m] = c
 						return m
 					}
 					ms := []*recipe.Partitions{join("a"), join("b"), join("c")}
@@ -81,6 +91,19 @@ func BenchmarkPartitionsRebalance(b *testing.B) {
 							ms = ms[:3]
 							waitBalanced(b, ms, p)
 							total += time.Since(start)
+						case "crash":
+							// The fourth member's store connection dies
+							// as in a kill -9: nothing is released, its
+							// grants stand until their TTL ends.
+							ms = append(ms, join(fmt.Sprintf("d%d", i)))
+							waitBalanced(b, ms, p)
+							start := time.Now()
+							clients[ms[3]].Driver().Close()
+							dead := ms[3]
+							ms = ms[:3]
+							waitBalanced(b, ms, p)
+							total += time.Since(start)
+							dead.Leave(ctx)
 						}
 						b.StopTimer()
 						waitBalanced(b, ms, p)
@@ -113,4 +136,128 @@ func waitBalanced(b *testing.B, ms []*recipe.Partitions, p int) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// BenchmarkPartitionsRequestsPerPeriod counts the requests a balanced,
+// quiet group of three members sends its store per renewal period (TTL/3),
+// per member, read from the server's own counters over ten periods:
+// Redis's total_commands_processed, PostgreSQL's committed and rolled-back
+// transactions (pg_stat_database), etcd's handled unary gRPC calls.
+// Watches and subscriptions are streams, not requests.
+//
+//	go test -run '^$' -bench 'BenchmarkPartitionsRequestsPerPeriod' -benchtime 1x ./recipe/
+func BenchmarkPartitionsRequestsPerPeriod(b *testing.B) {
+	stores := []struct {
+		name  string
+		start func(b *testing.B) (url string, count func() float64)
+		fence fenced.FenceStrength
+	}{
+		{"postgres", func(b *testing.B) (string, func() float64) {
+			pg := testenv.StartPostgres(b)
+			conn, err := pgx.Connect(context.Background(), pg.URL())
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { conn.Close(context.Background()) })
+			return pg.URL(), func() float64 {
+				var n float64
+				// Statistics reach the view at most once a second.
+				time.Sleep(1500 * time.Millisecond)
+				if _, err := conn.Exec(context.Background(), "SELECT pg_stat_clear_snapshot()"); err != nil {
+					b.Fatal(err)
+				}
+				if err := conn.QueryRow(context.Background(), "SELECT sum(xact_commit + xact_rollback)::float8 FROM pg_stat_database").Scan(&n); err != nil {
+					b.Fatal(err)
+				}
+				return n
+			}
+		}, fenced.FenceStrict},
+		{"redis", func(b *testing.B) (string, func() float64) {
+			r := testenv.StartRedis(b, testenv.RedisConfig{})
+			rc := goredis.NewClient(&goredis.Options{Addr: r.Addr()})
+			b.Cleanup(func() { rc.Close() })
+			return r.URL(), func() float64 {
+				info, err := rc.Info(context.Background(), "stats").Result()
+				if err != nil {
+					b.Fatal(err)
+				}
+				return metricValue(b, info, "total_commands_processed:")
+			}
+		}, fenced.FenceRepeatable},
+		{"etcd", func(b *testing.B) (string, func() float64) {
+			e := testenv.StartEtcd(b)
+			return e.URL(""), func() float64 {
+				resp, err := http.Get("http://" + e.Endpoints()[0] + "/metrics")
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer resp.Body.Close()
+				body, err := io.ReadAll(resp.Body)
+				if err != nil {
+					b.Fatal(err)
+				}
+				var n float64
+				for _, line := range strings.Split(string(body), "\n") {
+					if strings.HasPrefix(line, "grpc_server_handled_total{") && strings.Contains(line, `grpc_type="unary"`) {
+						n += metricValue(b, line[strings.LastIndexByte(line, '}')+1:], "")
+					}
+				}
+				return n
+			}
+		}, fenced.FenceStrict},
+	}
+	const ttl = 2 * time.Second
+	const periods = 10
+	for _, st := range stores {
+		for _, p := range []int{64, 1024} {
+			b.Run(fmt.Sprintf("%s/P=%d", st.name, p), func(b *testing.B) {
+				url, count := st.start(b)
+				ctx := context.Background()
+				idle := func(ctx context.Context, p recipe.Partition) error { <-ctx.Done(); return nil }
+				var ms []*recipe.Partitions
+				for _, id := range []string{"a", "b", "c"} {
+					c, err := fenced.Open(ctx, url, nil)
+					if err != nil {
+						b.Fatal(err)
+					}
+					b.Cleanup(func() { c.Close() })
+					m, err := recipe.JoinPartitions(ctx, c, "bench", p, idle,
+						&recipe.PartitionsOptions{MemberID: id, Lease: &fenced.LeaseOptions{TTL: ttl, MinFence: st.fence}})
+					if err != nil {
+						b.Fatal(err)
+					}
+					defer m.Leave(ctx)
+					ms = append(ms, m)
+				}
+				waitBalanced(b, ms, p)
+				time.Sleep(ttl) // tries and hand-offs of the join are over
+				var perMember float64
+				for range b.N {
+					before := count()
+					start := time.Now()
+					time.Sleep(periods * ttl / 3)
+					after := count()
+					elapsed := time.Since(start)
+					perMember += (after - before) / float64(len(ms)) / (float64(elapsed) / float64(ttl/3))
+				}
+				b.ReportMetric(perMember/float64(b.N), "requests/member/period")
+			})
+		}
+	}
+}
+
+// metricValue parses the number after prefix on the line of text that
+// starts with it (the whole text when prefix is empty).
+func metricValue(b *testing.B, text, prefix string) float64 {
+	for _, line := range strings.Split(text, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), prefix); ok {
+			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			if err != nil {
+				b.Fatalf("counter %q: %v", line, err)
+			}
+			return f
+		}
+	}
+	b.Fatalf("no counter %q in %q", prefix, text)
+	return 0
 }
