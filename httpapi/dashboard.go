@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/url"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/fenced-dev/fenced/internal/leaseplan"
@@ -44,6 +45,13 @@ var pages = template.Must(template.New("").Funcs(template.FuncMap{
 	},
 	"stamp":  func(t time.Time) string { return t.UTC().Format(stampLayout) },
 	"keyURL": func(key string) string { return "/keys/" + url.PathEscape(key) },
+	"groupURL": func(group string) string {
+		parts := strings.Split(group, "/")
+		for i, p := range parts {
+			parts[i] = url.PathEscape(p)
+		}
+		return "/partitions/" + strings.Join(parts, "/")
+	},
 }).ParseFS(assets, "assets/*.html"))
 
 // contentSecurity allows only the server's own scripts, styles and API.
@@ -69,6 +77,8 @@ type indexPage struct {
 	Backends       []backendOption
 	Plan           leaseplan.JSON
 	Scenario       bool
+	// Groups are the partition groups with a live member.
+	Groups []groupLink
 }
 
 func (s *Server) dashboard(w http.ResponseWriter, r *http.Request) {
@@ -82,6 +92,7 @@ func (s *Server) dashboard(w http.ResponseWriter, r *http.Request) {
 			p.Leases = append(p.Leases, s.view(info))
 		}
 	}
+	p.Groups = partitionGroups(infos)
 	seen := map[string]bool{}
 	for scheme, a := range leaseplan.Authorities() {
 		if seen[a.Name] && scheme != s.auth.Scheme {

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/fenced-dev/fenced"
@@ -44,6 +45,56 @@ type partitionView struct {
 	Fence       uint64 `json:"fence"`
 	RemainingMS int64  `json:"remaining_ms"`
 	Target      string `json:"target"`
+}
+
+// groupLink is a partition group on the dashboard's front page.
+type groupLink struct {
+	Group      string
+	Partitions int
+	Members    int
+}
+
+// partitionGroups finds the partition groups in a listing by their live
+// members' keys (GROUP/m/P/ID, see recipe.JoinPartitions), sorted by name.
+func partitionGroups(infos []fenced.LeaseInfo) []groupLink {
+	byName := map[string]int{} // index in out
+	var out []groupLink
+	for _, in := range infos {
+		if !in.Held {
+			continue
+		}
+		rest, id, ok := cutLast(in.Key)
+		if !ok || id == "" {
+			continue
+		}
+		rest, ps, ok := cutLast(rest)
+		n, err := strconv.Atoi(ps)
+		if !ok || err != nil || n < 1 || n > recipe.MaxPartitions {
+			continue
+		}
+		group, m, ok := cutLast(rest)
+		if !ok || m != "m" || group == "" {
+			continue
+		}
+		i, seen := byName[group]
+		if !seen {
+			i = len(out)
+			byName[group] = i
+			out = append(out, groupLink{Group: group, Partitions: n})
+		}
+		out[i].Members++
+	}
+	slices.SortFunc(out, func(a, b groupLink) int { return strings.Compare(a.Group, b.Group) })
+	return out
+}
+
+// cutLast splits s at its last slash.
+func cutLast(s string) (before, after string, ok bool) {
+	i := strings.LastIndexByte(s, '/')
+	if i < 0 {
+		return s, "", false
+	}
+	return s[:i], s[i+1:], true
 }
 
 // groupDetails reads group in one listing.

@@ -91,6 +91,12 @@ func TestPartitionGroupView(t *testing.T) {
 		t.Errorf("page: %d\n%s", page.status, page.body)
 	}
 
+	// The front page links the group, with its P and live members.
+	index := f.do(t, "GET", "/", "")
+	if index.status != 200 || !strings.Contains(index.body, `<a href="/partitions/billing">billing</a></td><td>8</td><td>2</td>`) {
+		t.Errorf("front page does not link the group: %d\n%s", index.status, index.body)
+	}
+
 	// b leaves: a owns all 8, b is gone from the members.
 	b.Leave(ctx)
 	for v = get(); len(v.Members) != 1 || v.Members[0].Owned != 8; v = get() {
