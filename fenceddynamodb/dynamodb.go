@@ -1,125 +1,46 @@
 // Package fenceddynamodb is the Amazon DynamoDB backend of fenced: a lease
 // table whose items carry the fencing counter, kept with conditional writes.
-// DynamoDB has no server clock that a condition can read. So expiry is
-// decided by the waiters' own monotonic clocks.
-//
-// Import it for its side effect to open stores by URL:
+// DynamoDB has no server clock, so waiters judge expiry by their own
+// monotonic clocks (observed expiry).
 //
 //	import _ "github.com/fenced-dev/fenced/fenceddynamodb"
 //
 //	client, err := fenced.Open(ctx, "dynamodb:///leases?region=eu-west-1", nil)
 //
-// or build a driver over a *dynamodb.Client from aws-sdk-go-v2 you already
-// have with New.
+// Or pass New an aws-sdk-go-v2 *dynamodb.Client you already have.
 //
 // # URL
 //
-//   - dynamodb:///TABLE?region=R: DynamoDB in region R (default: the
-//     region of the AWS configuration, AWS_REGION), with credentials from
-//     the AWS default chain (environment, shared files, SSO, web identity,
-//     container and instance roles).
-//   - dynamodb://HOST:PORT/TABLE: a DynamoDB-compatible server at a local
-//     endpoint over plain HTTP (DynamoDB Local, dynalite, LocalStack). With
-//     no credentials in the URL, dummy static ones are used.
+//   - dynamodb:///TABLE: DynamoDB, with the AWS default credential chain.
+//   - dynamodb://HOST:PORT/TABLE: a compatible server over plain HTTP
+//     (DynamoDB Local, dynalite, LocalStack), dummy credentials by default.
 //
-// In both, ACCESS_KEY:SECRET@ before the host gives static credentials
-// (the secret is redacted from errors), TABLE defaults to fenced_leases and
-// follows DynamoDB's rule (3 to 255 letters, digits, underscores, hyphens
-// and dots: fenced-leases and Prod.Leases are fine), and the parameters
-// are:
+// ACCESS_KEY:SECRET@ before the host gives static credentials (the secret
+// is redacted from errors). TABLE defaults to fenced_leases: 3 to 255
+// letters, digits, '_', '-' and '.'. Parameters:
 //
-//   - region=R: the region (signing region for a local endpoint, default
-//     us-east-1 there).
-//   - create=1: create the table (on-demand billing) if it does not exist.
-//     Without it a missing table is an error matching ErrNoTable.
+//   - region=R: the region (default: the AWS configuration's), or a local
+//     endpoint's signing region (default us-east-1).
+//   - create=1: create a missing table (on-demand billing). Without it, a
+//     missing table is an ErrNoTable.
 //
-// Any other parameter is refused. A table that exists with another key
-// schema (another tool's lock table) is an error matching ErrSchema.
+// Any other parameter is refused. A table with another key schema is an
+// ErrSchema.
 //
-// # How a lease is kept
+// # Caveats
 //
-// Each key is one item (lease_key=KEY, record="lease") holding owner, fence,
-// version and ttl_ms. A grant is one conditional UpdateItem. It raises the
-// fence (if_not_exists(fence, 0) + 1) and the version, sets the owner and
-// the TTL, and returns the new item (ReturnValues ALL_NEW). Its condition is
-// that the item has no owner, or that this driver may take the grant over
-// (below). A refused grant asks DynamoDB for the item that refused it
-// (ReturnValuesOnConditionCheckFailure ALL_OLD; servers that do not return
-// it cost one consistent GetItem more). If the item already names the
-// caller's owner token, the grant is re-confirmed with a second conditional
-// update, so a grant retried after an unknown outcome returns the same
-// fence. Renew and release are UpdateItems conditional on owner and fence;
-// renew raises the version, release removes the owner and raises the
-// version. Items are never deleted: the fence counter lives on them, so it
-// survives release, expiry and break. Deleting an item by hand restarts its
-// counter; do not.
+//   - Clock steps change nothing. A waiter's clock running faster than the
+//     holder's by over SafetyMargin/TTL (1% by default) can take over early.
+//   - A waiter arriving after the holder died waits a whole TTL. A try
+//     that does not wait never takes over a dead holder.
+//   - Inspect and List show a key held until this driver has watched it
+//     unchanged for a TTL.
+//   - Waiters poll: DynamoDB cannot notify.
+//   - Never delete an item by hand: that restarts its fence counter.
+//   - On a global table with eventual consistency the fence is
+//     FenceRepeatable.
 //
-// # Expiry without a server clock
-//
-// A condition expression cannot read the time, and fenced never decides
-// expiry from a timestamp a client wrote. So the driver keeps, per key, the
-// grant it last saw (fence and version) and since when by its own monotonic
-// clock (the receipt of the response that first showed it). It may take a
-// grant over only once it has seen the same version for the grant's whole
-// TTL, and the takeover write names that version: a renewal that landed
-// meanwhile raised the version and makes the takeover fail. This is observed
-// expiry (docs/no-server-clock.md).
-//
-// Consequences, declared in Guarantees:
-//
-//   - A wall-clock step on any machine changes nothing (ClockStepSafe):
-//     only monotonic clocks are read.
-//   - Clock rate matters: the holder trusts its lease for TTL minus its
-//     SafetyMargin from before its last renewal was sent, the waiter waits
-//     TTL from after it saw that renewal. If the waiter's clock runs faster
-//     than the holder's by more than SafetyMargin/TTL (1% with the default
-//     margin; NTP keeps clocks within 0.05%), the waiter could take over
-//     while the holder still trusts its lease; the fence then protects the
-//     resource.
-//   - A waiter that arrives after the holder died still waits a whole TTL
-//     from its first look: up to one TTL more than on a store with a server
-//     clock. A TryAcquire that does not wait (MaxWait 0, `fenced run`
-//     without --wait) never takes over a dead holder: wait at least a TTL,
-//     or break the lease.
-//   - Inspect and List report a key as held until this driver has watched
-//     it unchanged for its TTL, with the time left on that watch; a process
-//     that looks once sees every recorded owner as held.
-//
-// # Waiting and renewal
-//
-// DynamoDB cannot notify: waiters poll with backoff and full jitter. The
-// time left on the waiter's observation caps each sleep. So a waiter polls
-// about once a second at most, and tries the takeover as soon as it is
-// allowed. BatchWriteItem cannot carry conditions. TransactWriteItems fails
-// as a whole when one condition fails, at twice the write cost. So renewal
-// is one conditional UpdateItem per lease per renewal period. They are sent
-// in parallel, at most Options.MaxInFlight requests at a time per driver.
-//
-// # Errors
-//
-// The SDK's own retries are off for every call the driver makes (a retried
-// conditional write can report a refusal for a write that was applied).
-// Throttling, credential and missing-table errors match ErrUnavailable
-// (nothing was applied); a write that was sent and got no answer, or a
-// server error (5xx), matches ErrUnknownOutcome; conditional-check failures
-// are the refusals ErrHeld and ErrNotHeld.
-//
-// # Break
-//
-// Break reads the item and ends its grant with an UpdateItem conditional on
-// that grant's owner and fence, which also records the break on the item
-// (last_break), so the break and its record are one atomic write. An
-// audit item (lease_key=KEY, record="break/FENCE") is then written for the
-// history, and before the next break of the key the previous record is
-// written again if it is missing, so no break is lost. Breaks reads both.
-//
-// # Global tables
-//
-// Conditions hold within one region. A global table replicated with
-// eventual consistency can grant one key in two regions at once, with the
-// same fence: the driver then declares FenceRepeatable (so a correctness
-// lease must accept it explicitly). Global tables with multi-Region strong
-// consistency keep the fence strict.
+// How the driver keeps a lease, and why: docs/no-server-clock.md.
 package fenceddynamodb
 
 import (

@@ -1,119 +1,48 @@
-// Package fencedpostgres is the PostgreSQL backend of fenced: a lease table whose
-// rows carry the fencing counter, with waiters woken by LISTEN/NOTIFY. It
-// also has WithAdvisoryLock, a helper for the simpler pattern where the
-// database itself is the lock (see its documentation for when that is
-// enough).
-//
-// Import it for its side effect to open stores by URL:
+// Package fencedpostgres is the PostgreSQL backend of fenced: a lease table
+// whose rows carry the fencing counter, with waiters woken by
+// LISTEN/NOTIFY. WithAdvisoryLock covers the simpler case where the
+// database itself is the lock.
 //
 //	import _ "github.com/fenced-dev/fenced/fencedpostgres"
 //
 //	client, err := fenced.Open(ctx, "postgres://app:secret@db.internal:5432/app?table=leases", nil)
 //
-// or build a driver over a pool you already have with New.
+// Or pass New a *pgxpool.Pool you already have.
 //
 // # URL
 //
 // postgres://user:password@host:port/database?param=value (postgresql://
 // too). Every parameter pgx understands (sslmode, connect_timeout,
-// pool_max_conns, default_query_exec_mode, ...) is passed to pgx, and so
-// are these server settings: application_name, client_encoding, options,
+// pool_max_conns, default_query_exec_mode, ...) goes to pgx. So do these
+// server settings: application_name, client_encoding, options,
 // search_path, timezone, datestyle, intervalstyle, statement_timeout,
 // lock_timeout, idle_in_transaction_session_timeout and
-// idle_session_timeout. Any other setting goes in options=-c NAME=VALUE
-// (as with libpq), and any other parameter is refused (ErrInvalidURL)
-// before anything connects: pgx would send it to the server as a setting,
-// and the server's refusal would look like an outage. A setting the server
-// refuses is reported as ErrInvalidURL too. These parameters are fenced's
-// own:
+// idle_session_timeout. Put any other setting in options=-c NAME=VALUE.
+// Any other parameter, or a setting the server refuses, is an
+// ErrInvalidURL. fenced's own parameters:
 //
 //   - table=NAME: the lease table (default fenced_leases). Lower-case
-//     letters, digits and underscores, at most 48 bytes; the audit table is
+//     letters, digits and underscores, at most 48 bytes. The audit table is
 //     NAME_breaks, the floor table NAME_floor. Use search_path to choose a
 //     schema.
 //   - notify=off: do not LISTEN; waiters poll with backoff and jitter.
 //
-// # Sharing the database
+// # Guarantees
 //
-// The application may keep its own data, guarded rows included, in the
-// lease store's database. Open its own pool with DatabaseURL(storeURL),
-// which drops fenced's parameters (pgx and database/sql's "pgx" driver
-// refuse the store URL itself). PoolOf(client) returns fenced's pool, for
-// short statements such as guarded writes; renewals use that pool too, so
-// an application that saturates it delays them until leases expire (see
-// PoolOf). A driver built with New over the application's pool shares that
-// pool with everything the application does: give it a small pool of its
-// own instead when the application can keep every connection busy.
+// The fence is strict and as durable as a committed row. Across a failover
+// it holds only with synchronous replication (docs/failover.md). Expiry follows the database's
+// wall clock: a forward step ends grants early. A release wakes one waiter.
 //
-// # How a lease is kept
+// # Caveats
 //
-// Each key has one row (lease_key, owner, fence, expires_at). Acquire is one
-// INSERT ... ON CONFLICT DO UPDATE ... WHERE the row is free or expired by
-// now() RETURNING the raised fence. So one statement under the row lock
-// decides a grant and its fence, on the database's wall clock. A forward
-// step of that clock ends grants early: Guarantees.ClockStepSafe is false. A
-// refusal returns the time the holder has left in the same round trip. Renew
-// and release are UPDATEs conditional on owner and fence. Release and break
-// keep the row, so the counter never restarts: fences survive release,
-// expiry, break, server restart and crash recovery (the fence is as durable
-// as any committed row; with synchronous replication, failover too).
+//   - Open your own pool on the database with DatabaseURL(storeURL).
+//     PoolOf(client) is fenced's pool: saturating it delays renewals.
+//   - Behind PgBouncer in transaction mode, add
+//     default_query_exec_mode=exec. LISTEN cannot pass it, so the driver
+//     polls unless Options.ListenConfig is a direct connection.
+//   - New refuses an existing table of the wrong shape with ErrSchema.
 //
-// # Fence floor and pruning
-//
-// The table NAME_floor holds one number, the fence floor. A grant's fence is
-// one more than the larger of the row's counter and the floor (a new row
-// starts at floor + 1), in the grant's one statement. RaiseFenceFloor raises
-// it, so that keys moved from another table or store, or restored after a
-// failover that lost recent grants, start above the fences their resources
-// have seen (fenced floor raise). Prune deletes the rows of keys unused for
-// a given time (release and break record their time in expires_at) and
-// raises the floor to the highest fence it deleted, in one transaction per
-// batch (fenced prune). A grant racing with it cannot reissue a fence. Each
-// batch locks the lease table against writers (SHARE ROW EXCLUSIVE, for a
-// few milliseconds). So a grant either finishes before it, or takes its
-// snapshot and reads the floor after it.
-//
-// # Tables made by someone else
-//
-// New checks the tables that already exist, in the same transaction that
-// creates the missing ones. It refuses a table that would break the grant
-// with ErrSchema, naming every difference. Such a table has no primary key
-// or unique index on exactly lease_key, or one that is partial, deferrable,
-// an exclusion constraint, or on a nondeterministic collation. Or it has
-// another unique index, or retyped columns. Or a key or owner column has a
-// nondeterministic collation, which can take job:A for job:a.
-//
-// # Waiting
-//
-// A release or break sends pg_notify on a channel named after the table,
-// with the key as payload, in the same statement. A release wakes one waiter
-// of that key in all, whatever the number of waiting processes. The drivers
-// that wait for a key queue for a session advisory lock of their own: a
-// "line", a two-int pg_advisory_lock on one extra connection per waited-for
-// key, at most 32 per driver. Only the head of the line LISTENs, and it
-// hands the notification to one of its waiters. The head moves on when one
-// of its waiters leaves, and a new head lets one waiter look at once. Idle
-// drivers do not LISTEN, since PostgreSQL signals every listening backend of
-// the database at every NOTIFY. The lock decides nothing about the lease. A
-// grant that expires without a release sends nothing, and a head that
-// stopped without its session ending hears for nobody; the portable client's
-// fallback timer, capped by the time left that a refused acquire reports,
-// catches both.
-//
-// # Connection poolers
-//
-// Nothing but LISTEN relies on session state: every lease operation is one
-// autocommit statement (break is one transaction), so the driver works
-// through a transaction-mode pooler such as PgBouncer. Two things to know
-// there: pgx's default statement cache uses named prepared statements,
-// which older PgBouncer versions cannot route, so add
-// default_query_exec_mode=exec to the URL; and LISTEN does not work through
-// a transaction pooler. At startup the driver proves that its LISTEN
-// connection receives a notification sent through the pool; if none
-// arrives within Options.ProbeTimeout (5s) it degrades to polling and says
-// so in Guarantees().Note. Behind a pooler, give Options.ListenConfig a
-// direct connection to keep notifications, or set notify=off to skip the
-// probe.
+// How the driver keeps a lease, and why: docs/backends.md.
 package fencedpostgres
 
 import (

@@ -5,83 +5,38 @@
 //
 //	client, err := fenced.Open(ctx, "redis://:password@127.0.0.1:6379/0", nil)
 //
-// URLs are go-redis URLs (redis:// and rediss:// for TLS, with go-redis's
-// query options such as dial_timeout) plus these fenced options:
+// URLs are go-redis URLs: redis://, or rediss:// for TLS. They take
+// go-redis's query options (such as dial_timeout) and these of fenced:
 //
 //	prefix=fenced:      namespace of every Redis key fenced writes
 //	wait_replicas=N     after each grant, WAIT for N replicas (see Options)
 //	wait_timeout=1s     how long that WAIT may take
 //	audit_len=100       breaks kept per key in the audit stream
 //
-// Opened by URL, go-redis's own retries of commands and dials are off
-// (fenced's Client decides about retries); pass max_retries or
-// dialer_retries to override.
-//
-// # How a lease is kept
-//
-// A grant is one Lua script, one round trip. If the lock key is absent, the
-// script INCRs the key's fence counter (which never expires) and SETs the
-// lock key to "<fence>:<owner>" with PX ttl. If the same owner holds it, it
-// extends the expiry and returns the same fence. Otherwise it returns the
-// fence and PTTL of the current grant, so a waiter can wake when it expires.
-// An uncontended grant runs two commands (INCR, SET NX), its release two
-// (GET, DEL): the fence costs one command over a plain SET NX lock. A
-// process that is not waiting for the key sends the grant with two keys and
-// two arguments, and a new grant's reply is the fence alone. Renew and
-// release are compare-then-act scripts on the whole value (owner and fence).
-// Every script is a file of internal/rediskit/lua, shared with the redlock
-// backend. Renewals of many leases run 256 grants per script call
-// (BatchRenewer). The lock key, counter, waiters mark, audit stream and
-// pub/sub channel of a key share the hash tag {key}, so the scripts also run
-// on Redis Cluster. Scripts are used even where Redis 8.4's native
-// compare-and-delete (DELEX IFEQ) exists, because release must also publish
-// the wake-up in the same atomic step.
-//
-// Keys in the namespace that hold anything fenced did not write (another
-// type, a value of another format, a counter that is not a number) are
-// never deleted or overwritten: operations on them fail with an error
-// matching ErrForeignValue. (The waiters mark, a flag with an expiry, is
-// set and deleted whatever it holds.)
+// Opened by URL, go-redis's own retries of commands and dials are off:
+// fenced's Client decides about retries. Pass max_retries or dialer_retries
+// to override.
 //
 // # Guarantees
 //
-// Expiry follows the Redis server's wall clock (PX). So a forward step of
-// that clock larger than the safety margin ends grants early, while their
-// holders still trust them. A second holder can then be granted the key
-// (Guarantees.ClockStepSafe is false). The fence is what refuses the first
-// holder at the resource. The fence is FenceRepeatable. It strictly
+// A grant, renewal or release is one Lua script, one round trip. The fence strictly
 // increases while the node's data survives: appendonly yes with appendfsync
 // always, and no eviction of the counter (maxmemory-policy noeviction or
-// volatile-*). But Redis replicates asynchronously. After a failover to a
-// replica that had not received a grant, or a restart without persistence,
-// the lock is gone. The same fence can then be issued to a second holder. A
-// lease on it therefore needs LeaseOptions.MinFence FenceRepeatable (or
-// FenceNone): the default minimum, FenceStrict, is refused.
+// volatile-*). But Redis replicates asynchronously. After a failover or a
+// restart without persistence, the same fence can go to a second holder. So
+// the fence is FenceRepeatable. A lease needs LeaseOptions.MinFence
+// FenceRepeatable (or FenceNone); the default, FenceStrict, is refused.
 //
-// Waiters are woken by pub/sub: release and break PUBLISH on the key's
-// channel inside their script; each driver holds one subscriber connection
-// and wakes only waiters of that key, one per release, oldest first. A
-// release publishes only when someone may be waiting. A refused try, made
-// while its process has a subscription to the key, sets the key's waiters
-// mark in the same script. The mark is {key}:waiters, for the holder's PTTL
-// plus a second. The release deletes lock and mark together, and publishes
-// only if the mark was there. The Client subscribes before its second try
-// and waits only after a refusal. So no release can slip between its
-// announcement and its wait. A waiter woken by a release may then take the
-// key. If its process has other subscribers, it sets the mark again, for the
-// neighbours whose mark that release consumed. A subscriber that never tries
-// (an election observer) is woken by breaks, by releases others wait for,
-// and otherwise by its own timer. A grant that expires without a release
-// publishes nothing. The refusal a waiter got carried the grant's PTTL, and
-// the waiter retries then. The mark outlives that PTTL. So a missed wake-up
-// never strands a waiter past the time left on the grant that refused it.
-// FIFO is not promised (Guarantees.FIFO is false): within one process
-// waiters are woken in arrival order, across processes whoever retries first
-// wins. Breaks are recorded in a capped stream per key (BreakLogger).
-// Renewals of many leases are pipelined into one round trip (BatchRenewer),
-// 256 grants per script call. On Cluster that is per primary: the script may
-// touch keys of every slot of its node (Redis 7's allow-cross-slot-keys). A
-// grant it could not renew there is tried again per hash slot.
+// Expiry follows the server's wall clock (PX). A forward step larger than
+// the safety margin ends grants early. The fence then refuses the first
+// holder at the resource.
+//
+// Waiters are woken by pub/sub, one per release. FIFO is not promised
+// across processes. Keys in the namespace that fenced did not write are
+// never deleted or overwritten: operations on them fail with
+// ErrForeignValue.
+//
+// How the driver keeps a lease, and why: docs/backends.md.
 package fencedredis
 
 import (

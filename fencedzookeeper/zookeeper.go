@@ -1,151 +1,44 @@
-// Package fencedzookeeper is the fenced backend for Apache ZooKeeper, compatible
-// with Apache Curator's InterProcessMutex.
-//
-// Import it for its side effect to open stores by URL:
+// Package fencedzookeeper is the fenced backend for Apache ZooKeeper,
+// compatible with Apache Curator's InterProcessMutex.
 //
 //	import _ "github.com/fenced-dev/fenced/fencedzookeeper"
 //
 //	client, err := fenced.Open(ctx, "zk://10.0.0.1:2181,10.0.0.2:2181/app/locks", nil)
 //
-// or wrap a connection you already have with New: dial it with package
-// github.com/fenced-dev/fenced/fencedzookeeper/zk, go-zookeeper v1.0.4 with the
-// few methods the driver needs added (see its README.fenced.md).
+// Or pass New a connection dialled with package fencedzookeeper/zk.
 //
 // # URL
 //
 // zk://host:port[,host:port...][/chroot][?dial_timeout=D&tick_time=D]
 //
-// The chroot (default /fenced) is the parent of every lock path; key K
-// locks the znode chroot+"/"+K, with '/' and '%' in K escaped as %2F and
-// %25 (and the keys "." and ".." as %2E and %2E%2E). dial_timeout bounds
-// each connection attempt (default 10s). tick_time is the ensemble's
-// tickTime, or an upper bound of it; without it the driver takes half the
-// servers' minSessionTimeout (see Sessions).
+// Key K locks the znode chroot+"/"+K (chroot default /fenced). In K, '/'
+// and '%' become %2F and %25; the keys "." and ".." become %2E and %2E%2E.
+// dial_timeout bounds each connection attempt (default 10s). tick_time is
+// the ensemble's tickTime or an upper bound (default: half the servers'
+// minSessionTimeout). Set it if that minimum is below two ticks.
 //
-// # Recipe
+// # Guarantees
 //
-// A lease is Curator's lock recipe: an ephemeral sequential znode
-// "_c_<uuid>-lock-<sequence>" under the lock path, holding the owner token.
-// The oldest node holds. Every waiter watches only the youngest node older
-// than its own, so a release wakes one waiter, in arrival order. A Curator
-// InterProcessMutex on the same path and a fenced lease exclude each other
-// (but see Sequence wrap).
+// A lease is Curator's lock recipe: it excludes a Curator mutex on the same
+// path. Waiters are served in arrival order. The
+// fence is the holder node's czxid: strict across leader elections,
+// restarts and recreated lock paths. Sessions expire on the leader's
+// monotonic clock, so clock steps are safe.
 //
-// When the connection breaks during a create, the driver first looks for a
-// child carrying its own protected prefix "_c_<uuid>-", as Curator does. So
-// a create that the server applied is found and used, never left behind to
-// hold the lock forever. Its owning session is recorded, and renewals check
-// it.
+// # Caveats
 //
-// The fence is the holder node's czxid: the zxid of the transaction that
-// created it. The leader assigns zxids in one total order (epoch in the high
-// 32 bits, counter in the low 32). They are never reused, across leader
-// elections and server restarts. So the fence strictly increases per lock,
-// even when the lock path is deleted and created again. (That resets the
-// sequence numbers that Curator and go-zookeeper's Lock hand out.)
+//   - The session is the lease: a TTL gets the session timeout
+//     T = (TTL + tick)*8/7. A crashed holder's key is free after T.
+//   - The longest TTL is maxSessionTimeout*7/8 - tick (33s under
+//     ZooKeeper's defaults).
+//   - After a process pause, a grant or renewal waits for a fresh
+//     keep-alive. It fails with ErrUnavailable after T - TTL.
+//   - A reconnect within the session keeps every lease. Session expiry, or
+//     the node's deletion, ends the lease as lost.
+//   - From a lock path's 2^31st node on, Curator misorders it. Recycle
+//     such a path to keep sharing it with Curator.
 //
-// The driver learns a new node's czxid without a second request. It creates
-// the node in one transaction (multi) with an empty write to the lock path's
-// data; the returned stat carries the transaction's zxid. So the lock path's
-// mzxid is always the czxid of the last node fenced created there. Inspect
-// reports it as the fence of a free lock: the last fence handed out, or
-// reserved by a waiter that gave up. Curator ignores the lock path's data.
-//
-// # Sequence wrap
-//
-// Age is judged by creation order (czxid), never by a plain reading of the
-// sequence suffix. The suffix is the lock path's signed 32-bit count of
-// child creations, which fenced never resets. After 2^31 creations under one
-// lock path (eight months of 100 tries a second), ZooKeeper names every new
-// node "...-2147483647". Creations in flight together get "-2147483648" and
-// up. By suffix, a newcomer then ties with or precedes the holder. By czxid
-// (64 bits, strictly increasing) the order stays right.
-//
-// A suffix the counter gave before it overflowed (0 to 2147483646) orders
-// its node exactly as the czxid does. Every such node is older than every
-// later one. So a look at the line is a single listing with no czxid read,
-// and a handover costs the same few requests however many waiters (in
-// however many processes) stand in line. Only nodes made from the overflow
-// on need their czxids read. A try that finds the key held by one reads
-// one; a waiter reads those ahead of it once.
-//
-// Curator orders by the suffix as a string. That matches czxid order until
-// the wrap and not after. From then on, Curator clients on that path can
-// hold together, and beside a fenced holder; fenced leases still exclude
-// each other. To keep sharing such a path with Curator, delete it while it
-// has no children (ZooKeeper refuses while any lock node exists). Both
-// create it again, counting from zero.
-//
-// # Sessions
-//
-// The ZooKeeper session is the lease: the server deletes the ephemeral node
-// when the session expires. So the session must outlive the holder's local
-// validity, which ends TTL (minus the safety margin) after the acquire or
-// renewal request was sent. The leader expires a session a session timeout
-// T after the last activity of the session it has heard of. It hears of
-// requests served by a follower only at its next ping of that follower
-// (every tickTime/2). A holder cut off with its follower right after a
-// renewal therefore loses its session T after an older activity. So the
-// driver:
-//
-//   - sends a keep-alive (exists "/") on each session every T/16, and
-//     records when the answered ones were sent and answered;
-//   - grants or renews (validity from s) only once a keep-alive, answered at
-//     least one tick before the request that reaches the leader was sent, was
-//     itself sent no earlier than s + TTL - T. That request is the create, or
-//     the sync that renewal sends before its read. The leader heard of the
-//     keep-alive at a ping before that request passed, so it expires the
-//     session no earlier than s + TTL, after the local validity ends. The
-//     session's creation counts at once: the leader registers it itself;
-//   - asks for T = (TTL + tick)*8/7, so that T - TTL = tick + 2*(T/16): a
-//     tick for the report, a keep-alive period, and one more for delays.
-//     Normally the condition holds at once. After a pause of the process, a
-//     grant or renewal waits for a fresh keep-alive (about a tick). It fails
-//     with ErrUnavailable if none is answered within T - TTL.
-//
-// tick is the tick_time URL option, or Options.TickTime for New. Without
-// either it is half the servers' minSessionTimeout, probed at Open by asking
-// for a 100ms session (ZooKeeper's default minimum is two ticks). An
-// ensemble configured with a lower minimum must name its tickTime. The
-// longest TTL is maxSessionTimeout*7/8 - tick (SessionTimeout*7/8 - TickTime
-// for New). That is 33s under ZooKeeper's defaults (tickTime 2s,
-// maxSessionTimeout 40s), where a 30s TTL gets a 36.6s session. The price is
-// liveness: a crashed holder's key is free after T, not after TTL.
-//
-// The driver opened by URL keeps one session per distinct TTL. The server
-// may raise T to its minSessionTimeout (safe) but must not lower it, so TTLs
-// above the longest are refused (TTLBounds reports it).
-//
-// # Renewal and looks
-//
-// Renewal syncs with the leader and then reads the node, confirming that it
-// still belongs to the live session. The two are not concurrent: the read
-// must see what the sync made visible. A waiter looks at its line the same
-// way.
-//
-// A batch of renewals (the Client's renewer, through driver.BatchRenewer)
-// costs one request per session and thousand grants instead. Once the
-// session has headroom, a transaction of version checks on the grants'
-// nodes goes through the leader. It succeeds only if every node still
-// exists there. A node's path carries its entry's random UUID, so it is the
-// grant's own node, and the connection's session is checked to be the one
-// that made them.
-//
-// A waiter's first look follows its create without a sync, as a try's does:
-// the create itself reaches the leader. That listing is sent right behind
-// the create, without waiting for its answer. The server serves a session's
-// read only once the session's earlier writes are applied, so the listing
-// reflects the create. An acquisition of a free key thus costs one round
-// trip, and its release another. So does a later look that follows a write
-// of the session answered since the wait began, by at most TTL/32. (The
-// write is its own create, or another grant's create or release on the
-// shared session.) Validity then counts from that write's sending, with
-// headroom judged as of then.
-//
-// A reconnect within the session keeps every lease. Session expiry (seen on
-// reconnect) or the node's deletion by an admin ends the lease through
-// driver.LossWatcher. A grant its holder stops renewing, while the process
-// keeps the session alive, is deleted when its TTL has passed.
+// How the driver keeps a lease, and why: docs/backends.md.
 package fencedzookeeper
 
 import (
