@@ -1,15 +1,19 @@
 // Package recipe builds coordination on fenced leases: leader election
-// (Election), a counting semaphore (Semaphore) and several keys taken at
-// once (AcquireAll).
+// (Election), a counting semaphore (Semaphore), several keys taken at once
+// (AcquireAll) and partitioned ownership (JoinPartitions: P partitions
+// shared among the live members of a group, each partition a lease with
+// its own fence).
 //
 // Every recipe is leases underneath, so it has the guarantees of a lease on
 // its backend. An election's epoch is its lease's fence. Each permit is a
 // lease of its own. AcquireAll takes its keys in one canonical order, all or
-// nothing.
+// nothing. A partition changes owner only through a release or an expiry,
+// and its fence rises each time.
 //
-// The package uses only the public API of package fenced (and its driver
-// capabilities): Client.Clock, Client.Backoff, Client.CloseTimeout and
-// Client.Closing besides leases. Its tests check that, so a recipe of your
-// own can be written the same way. docs/recipes.md gives each recipe's
-// guarantees per backend.
+// The package uses only the public API of package fenced and its driver
+// package: Client.Options, Client.Backoff and Client.Closing besides
+// leases, and driver.Capabilities for how long a store keeps a dead
+// holder's grant. Its tests check that, so a recipe of your own can be
+// written the same way. docs/recipes.md gives each recipe's guarantees per
+// backend.
 package recipe
