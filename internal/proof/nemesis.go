@@ -3,6 +3,7 @@ package proof
 import (
 	"context"
 	"fmt"
+	"os"
 	"syscall"
 	"time"
 )
@@ -193,7 +194,8 @@ func (r *run) inject(ctx context.Context) error {
 // back (M7, M8, M11, M12, M14, P1): a holder A, granted after the fault began (M7:
 // after the replica was cut off, so on the primary alone), is held before
 // its write (M14: the skewed worker if its clock is slow, another if it is
-// fast); the nemesis fails the primary over (M7), steps the wall clock
+// fast, the others kept from starting a round until it is found); the
+// nemesis fails the primary over (M7), steps the wall clock
 // (M8, M12) or partitions A (M11, P1), or lets the skewed clock do its
 // work (M14); once another worker has written to the
 // key (or after 8 TTLs: the authority kept A's grant), the partition heals
@@ -209,6 +211,32 @@ func (r *run) holdAcross(ctx context.Context, f Fault) error {
 		start = Now()
 		r.record(Event{Kind: FaultStart, Worker: -1, Fault: string(f)})
 	}
+	// Under M14 only some workers may be A (holdable), and a worker that
+	// releases asks for the key again at once, so it nearly always wins it
+	// back: the key changes hands only when a waiter's poll falls in the
+	// few milliseconds it is free, which with worker 0 polling on a slow
+	// clock can take longer than the wait below. The other workers start
+	// no new round until A is found: the holder's round ends and a
+	// holdable worker takes the free key. They are let go once A is held,
+	// before the fault window.
+	gated := false
+	for w := range r.cfg.Workers {
+		if !r.holdable(f, w) {
+			if err := os.WriteFile(gatePath(r.cfg.Dir, w), nil, 0o644); err != nil {
+				return err
+			}
+			gated = true
+		}
+	}
+	ungate := func() {
+		if gated {
+			for w := range r.cfg.Workers {
+				os.Remove(gatePath(r.cfg.Dir, w))
+			}
+			gated = false
+		}
+	}
+	defer ungate()
 	// A: a grant whose acquire began after start, held before its write.
 	var a Event
 	for from, attempt := r.eventCount(), 0; ; attempt++ {
@@ -246,6 +274,7 @@ func (r *run) holdAcross(ctx context.Context, f Fault) error {
 	}
 	defer r.disarm("before-write", a.Worker)
 	defer removeHolding(r.cfg.Dir, a.Worker)
+	ungate()
 	switch f {
 	case FailoverReplica:
 		if err := r.cfg.Failover.Failover(); err != nil {

@@ -85,7 +85,10 @@ over once it has seen it unchanged for a TTL on its own monotonic clock
 at the wrong rate does. One worker process (worker 0) runs on a clock at
 0.25× or 4× the real rate, injected as the client's and the driver's clock
 (fenced.Options.Clock, fenceddynamodb.Options.Clock), against a real
-dynalite. 0.25×: worker 0 is held before its write; its renewals come 4×
+dynalite. The worker to be held must win the key first: a worker that
+releases asks again at once and nearly always wins it back, so the others
+start no new round until it has the key, and are let go once it is held.
+0.25×: worker 0 is held before its write; its renewals come 4×
 late, the others take the key over after a real TTL while worker 0 still
 trusts its lease for 4. 4×: another worker is held, renewing every TTL/3;
 worker 0's TTL-long watch lasts a quarter of a real TTL, ends between two

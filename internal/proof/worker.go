@@ -156,6 +156,7 @@ func runWorker(cfg WorkerConfig) error {
 	}
 	w.record(Event{Kind: WorkerStart})
 	for i := 0; ; i++ {
+		w.waitGate()
 		if _, err := os.Stat(filepath.Join(cfg.Dir, stopFile)); err == nil {
 			break
 		}
@@ -383,6 +384,25 @@ func (w *worker) atPoint(point string) (delay time.Duration) {
 	}
 	return 0
 }
+
+// waitGate waits, before the worker starts a round, while the nemesis
+// keeps it out of the race for the key (the file "gate-w<N>": see
+// holdAcross), or until the run stops.
+func (w *worker) waitGate() {
+	gate := gatePath(w.cfg.Dir, w.cfg.Worker)
+	for {
+		if _, err := os.Stat(gate); errors.Is(err, os.ErrNotExist) {
+			return
+		}
+		if _, err := os.Stat(filepath.Join(w.cfg.Dir, stopFile)); err == nil {
+			return
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// gatePath is the file that keeps worker w from starting a round.
+func gatePath(dir string, w int) string { return filepath.Join(dir, fmt.Sprintf("gate-w%d", w)) }
 
 // removeHolding lets a worker held with "hold" go on.
 func removeHolding(dir string, w int) {
