@@ -362,6 +362,8 @@ func (c *Client) acquireQueued(ctx, dctx context.Context, q driver.TimedQueuer, 
 			if ctx.Err() != nil || c.closing.Err() != nil {
 				return nil, errWaitOver
 			}
+			ev.Attempt = 2
+			c.emit(Event{Kind: EventAttempt, Key: key, Attempt: 2, Context: ctx})
 			sent = c.clock.Now()
 			if fence, err = c.tryAcquire(dctx, key, owner, s); errors.Is(err, ErrHeld) {
 				return nil, errWaitOver

@@ -77,7 +77,9 @@ type LeaseOptions struct {
 	TTL time.Duration
 	// MaxWait is how long Acquire and Do wait for a held key. NoWait (zero)
 	// fails at once with ErrHeld. WaitForever waits until the context
-	// ends. A positive duration waits that long. TryAcquire never waits.
+	// ends. A positive duration waits that long, then asks once more
+	// (the key may have come free while this process was stopped) before
+	// it fails with ErrHeld. TryAcquire never waits.
 	MaxWait time.Duration
 	// MinFence is the weakest fence the lease accepts. FenceStrict is for
 	// work whose stale writes the resource must refuse. FenceRepeatable
