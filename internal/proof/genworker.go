@@ -105,7 +105,10 @@ type genWorker struct {
 	breaker   *fenced.Client
 	rcp       *recipes
 	pid       int64
-	seq       atomic.Int64
+	// poolTTL is the TTL of the pool leases: cfg.PoolTTL, or, for the
+	// worker whose loss watch is hidden, cfg.TTL (see unwatchedPool).
+	poolTTL time.Duration
+	seq     atomic.Int64
 
 	mu   sync.Mutex
 	held map[*fenced.Lease]heldLease // every lease the worker believes it holds
@@ -115,6 +118,17 @@ type genWorker struct {
 	// Break returned.
 	broken map[*fenced.Lease]time.Time
 }
+
+// unwatchedPool is the least number of pool leases the worker whose loss
+// watch is hidden may hold. Its pool leases take the contended leases' TTL,
+// so they share one etcd session with them and are renewed together a
+// third of a TTL apart, in batches of hundreds of grants: more than a
+// transaction's worth of key reads (128), so each batch is checked with a
+// listing of the session's keys, and closer together than that listing is
+// kept (1s). A renewal that began after a break and used a listing sent
+// before it reports the broken grant held (issue 25 item 8); the breaks
+// of this worker's own pool leases show it as a renewal after a break.
+const unwatchedPool = 300
 
 type heldLease struct {
 	owner string // digest
@@ -137,7 +151,7 @@ func runGenWorker(cfg GenWorkerConfig) error {
 		return err
 	}
 	defer rec.Close()
-	w := &genWorker{cfg: cfg, rec: rec, pid: int64(os.Getpid()), held: map[*fenced.Lease]heldLease{}, sets: map[*recipe.LeaseSet]struct{}{}, broken: map[*fenced.Lease]time.Time{}}
+	w := &genWorker{cfg: cfg, rec: rec, pid: int64(os.Getpid()), poolTTL: cfg.PoolTTL, held: map[*fenced.Lease]heldLease{}, sets: map[*recipe.LeaseSet]struct{}{}, broken: map[*fenced.Lease]time.Time{}}
 	hooks := func(e fenced.Event) {
 		if e.Kind == fenced.EventLost {
 			w.record(Event{Kind: Lost, Key: e.Lease.Key(), Fence: e.Lease.Fence(), Err: errString(e.Err)})
@@ -151,6 +165,8 @@ func runGenWorker(cfg GenWorkerConfig) error {
 	if cfg.NoLossWatch {
 		if w.client, cfg.NoLossWatch = withoutLossWatch(w.client, copts); cfg.NoLossWatch {
 			fmt.Fprintf(os.Stderr, "proof worker %d: loss watch hidden\n", cfg.Worker)
+			w.poolTTL = cfg.TTL
+			w.cfg.MaxHeld = max(cfg.MaxHeld, unwatchedPool)
 		}
 	}
 	opts := &fenced.LeaseOptions{TTL: cfg.TTL, MaxWait: 3 * cfg.TTL, MinFence: cfg.MinFence}
@@ -393,7 +409,7 @@ func (w *genWorker) breakClient(ctx context.Context) (*fenced.Client, error) {
 // the pool is full.
 func (w *genWorker) hold(ctx context.Context, op int64, key string, try bool, hold time.Duration) {
 	cfg := w.cfg
-	po := &fenced.LeaseOptions{TTL: cfg.PoolTTL, MinFence: cfg.MinFence}
+	po := &fenced.LeaseOptions{TTL: w.poolTTL, MinFence: cfg.MinFence}
 	var l *fenced.Lease
 	var err error
 	w.invoke(op, "hold", key)
