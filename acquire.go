@@ -349,6 +349,25 @@ func (c *Client) acquireQueued(ctx, dctx context.Context, q driver.TimedQueuer, 
 	// over to c's clock.
 	realStart := time.Now()
 	fence, confirmed, err := q.AcquireTimed(qctx, key, owner, s.TTL)
+	// A wait that lost its place because the store could not be reached
+	// (its session expired while this process was stopped, a broken
+	// connection: nothing was granted) queues again after a backoff, as
+	// the polling wait asks again, until the wait ends.
+	for attempt := 2; err != nil && errors.Is(err, ErrUnavailable) && !s.FailOpen && qctx.Err() == nil; attempt++ {
+		t := c.clock.NewTimer(c.backoff(attempt - 1))
+		select {
+		case <-t.C():
+		case <-qctx.Done():
+		}
+		t.Stop()
+		if qctx.Err() != nil {
+			break
+		}
+		ev.Attempt = attempt
+		c.emit(Event{Kind: EventAttempt, Key: key, Attempt: attempt, Context: ctx})
+		sent, realStart = c.clock.Now(), time.Now()
+		fence, confirmed, err = q.AcquireTimed(qctx, key, owner, s.TTL)
+	}
 	if err == nil && confirmed.After(realStart) {
 		sent = sent.Add(confirmed.Sub(realStart))
 	}
@@ -362,8 +381,8 @@ func (c *Client) acquireQueued(ctx, dctx context.Context, q driver.TimedQueuer, 
 			if ctx.Err() != nil || c.closing.Err() != nil {
 				return nil, errWaitOver
 			}
-			ev.Attempt = 2
-			c.emit(Event{Kind: EventAttempt, Key: key, Attempt: 2, Context: ctx})
+			ev.Attempt++
+			c.emit(Event{Kind: EventAttempt, Key: key, Attempt: ev.Attempt, Context: ctx})
 			sent = c.clock.Now()
 			if fence, err = c.tryAcquire(dctx, key, owner, s); errors.Is(err, ErrHeld) {
 				return nil, errWaitOver

@@ -181,3 +181,48 @@ func TestMaxWaitOverWithTheKeyFreeTriesOnce(t *testing.T) {
 		}
 	}
 }
+
+// lostPlace is a queueing mem driver whose first waits end as a wait in
+// etcd's or ZooKeeper's queue ends when its session expired while the
+// process was stopped: the waiter's entry vanished, ErrUnavailable.
+type lostPlace struct {
+	*mem.Driver
+	lost atomic.Int64 // waits still to lose
+}
+
+func (d *lostPlace) AcquireTimed(ctx context.Context, key, owner string, ttl time.Duration) (uint64, time.Time, error) {
+	if d.lost.Add(-1) >= 0 {
+		return 0, time.Time{}, errors.Join(driver.ErrUnavailable, errors.New("our waiter key vanished while waiting"))
+	}
+	return d.Driver.AcquireTimed(ctx, key, owner, ttl)
+}
+
+// TestQueuedWaitThatLostItsPlaceQueuesAgain: a wait in the store's queue
+// that lost its place (ErrUnavailable: the session carrying it expired)
+// queues again while MaxWait lasts, as a polling wait asks again, and
+// gets the key; a held key's waiter gives up only when MaxWait ends. Before,
+// the first such loss ended Acquire (CI: a partitions member restarted and
+// stopped while it waited for its membership on etcd gave up).
+func TestQueuedWaitThatLostItsPlaceQueuesAgain(t *testing.T) {
+	ctx := context.Background()
+	d := &lostPlace{Driver: mem.New(&mem.Options{Queue: true})}
+	d.lost.Store(2)
+	c := fenced.NewClient(d, &fenced.Options{MinBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond})
+	defer c.Close()
+	l, err := c.Acquire(ctx, "k", &fenced.LeaseOptions{TTL: time.Second, MaxWait: 5 * time.Second})
+	if err != nil {
+		t.Fatalf("acquire after two lost places: %v", err)
+	}
+	defer l.Release(ctx)
+	// The key held, every place lost: the wait goes on for MaxWait, then
+	// its last try finds the key held.
+	d.lost.Store(1 << 40)
+	start := time.Now()
+	_, err = c.Acquire(ctx, "k", &fenced.LeaseOptions{TTL: time.Second, MaxWait: 200 * time.Millisecond})
+	if !errors.Is(err, fenced.ErrHeld) {
+		t.Errorf("acquire of a held key whose waits lose their place: %v, want ErrHeld", err)
+	}
+	if d := time.Since(start); d < 200*time.Millisecond || d > 5*time.Second {
+		t.Errorf("gave up after %v, want after MaxWait (200ms)", d)
+	}
+}
