@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/fence"
 	_ "github.com/fenced-dev/fenced/fencedetcd"
 	_ "github.com/fenced-dev/fenced/fencedpostgres"
@@ -217,6 +218,18 @@ type proofSlot struct {
 func runPartitionsProof(t *testing.T, backend, store string, minFence fenced.FenceStrength) {
 	unfenced := os.Getenv("PARTITIONS_PROOF_UNFENCED") == "1"
 	dir := t.TempDir()
+	// The recovery bound after a kill: how long the store keeps a dead
+	// member's grants after their last renewal (the TTL; on etcd the
+	// session, rounded up, plus the 500 ms sweep), a TTL for the try that
+	// takes a partition over to come after that (a SQLite or PostgreSQL
+	// grant is only taken over by a try), a poll (TTL/3), and room for a
+	// loaded 2-core machine: 3.8 s at a 1 s TTL, 5.3 s on etcd.
+	kc, err := fenced.Open(context.Background(), store, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bound := driver.CapabilitiesOf(kc.Driver()).Declared.Keeps.Outlives(proofTTL) + proofTTL + proofTTL/3 + 1500*time.Millisecond
+	kc.Close()
 	db, err := sql.Open("sqlite", "file:"+filepath.Join(dir, "resource.db")+"?_pragma=busy_timeout(10000)&_pragma=journal_mode(wal)")
 	if err != nil {
 		t.Fatal(err)
@@ -334,7 +347,7 @@ func runPartitionsProof(t *testing.T, backend, store string, minFence fenced.Fen
 	// file and its leases until they expire: wait the recovery bound
 	// (below) first, so every partition it held is owned again before
 	// the run ends and balance is judged on live members.
-	time.Sleep(2*proofTTL + proofTTL/3 + 1500*time.Millisecond)
+	time.Sleep(bound)
 	var owned []int
 	balancedAt := time.Duration(0)
 	for deadline := time.Now().Add(3*proofTTL + 10*time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
@@ -477,16 +490,11 @@ func runPartitionsProof(t *testing.T, backend, store string, minFence fenced.Fen
 	// some member, with a higher fence) within a bound: the requirement,
 	// measured on ownership rather than on writes, which a stopped member
 	// can stall (see below).
-	// The bound: the TTL (the dead member's leases expire), as long again
-	// for the authority to act on it (etcd revokes expired leases in a
-	// periodic loop; a SQLite or PostgreSQL grant is only taken over by a
-	// try that comes after the expiry), a poll (TTL/3), and room for a
-	// loaded 2-core machine. It is checked for the kills that no stop
-	// follows within it: a stopped member holds its leases (and on SQLite
-	// may hold the write lock) until its own TTL ends, which delays the
-	// partitions that rendezvous gives it. A kill of the restarted member
-	// before it took the partition back moves the start (below).
-	bound := 2*proofTTL + proofTTL/3 + 1500*time.Millisecond
+	// The bound (see its definition) is checked for the kills that no
+	// stop follows within it: a stopped member holds its leases (and on
+	// SQLite may hold the write lock) until its own TTL ends, which delays
+	// the partitions that rendezvous gives it. A kill of the restarted
+	// member before it took the partition back moves the start (below).
 	recovery := time.Duration(0)
 	slowP, slowKill := -1, int64(0)
 	checked := 0
