@@ -163,9 +163,45 @@ func tail(s string, n int) string {
 // Exited is closed when the process has exited.
 func (p *Process) Exited() <-chan struct{} { return p.exited }
 
-// Signal sends sig to the process group.
+// Signal sends sig to the process group. For SIGSTOP it returns once every
+// thread of the process shows as stopped, or after 2s (a thread in an
+// uninterruptible wait stops only when that ends): a thread that was
+// running when the signal came may otherwise still answer a request sent
+// just after it.
 func (p *Process) Signal(sig syscall.Signal) error {
-	return syscall.Kill(-p.Cmd.Process.Pid, sig)
+	if err := syscall.Kill(-p.Cmd.Process.Pid, sig); err != nil || sig != syscall.SIGSTOP {
+		return err
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for !allThreadsStopped(p.Cmd.Process.Pid) && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	return nil
+}
+
+// allThreadsStopped reports whether every thread of pid is stopped (state
+// T or t in /proc), or the process is gone.
+func allThreadsStopped(pid int) bool {
+	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/stat", pid))
+	if err != nil || len(tasks) == 0 {
+		return true
+	}
+	for _, f := range tasks {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue // the thread is gone
+		}
+		// The state follows the command name, which is in parentheses
+		// and may itself hold any character.
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 || i+2 >= len(b) {
+			continue
+		}
+		if st := b[i+2]; st != 'T' && st != 't' && st != 'Z' && st != 'X' {
+			return false
+		}
+	}
+	return true
 }
 
 // Kill kills the process group with SIGKILL and waits for the exit.
