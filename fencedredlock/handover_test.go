@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -19,19 +17,7 @@ import (
 func (c *cluster) commands(t *testing.T) int {
 	total := 0
 	for _, n := range c.nodes {
-		info, err := client(t, n).Info(context.Background(), "stats").Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, line := range strings.Split(info, "\n") {
-			if v, ok := strings.CutPrefix(strings.TrimSpace(line), "total_commands_processed:"); ok {
-				n, err := strconv.Atoi(v)
-				if err != nil {
-					t.Fatal(err)
-				}
-				total += n
-			}
-		}
+		total += int(n.Stat(t, "stats", "total_commands_processed"))
 	}
 	return total
 }

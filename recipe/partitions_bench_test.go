@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/fenced-dev/fenced"
 	_ "github.com/fenced-dev/fenced/fencedetcd"
@@ -174,15 +173,7 @@ func BenchmarkPartitionsRequestsPerPeriod(b *testing.B) {
 		}, fenced.FenceStrict},
 		{"redis", func(b *testing.B) (string, func() float64) {
 			r := testenv.StartRedis(b, testenv.RedisConfig{})
-			rc := goredis.NewClient(&goredis.Options{Addr: r.Addr()})
-			b.Cleanup(func() { rc.Close() })
-			return r.URL(), func() float64 {
-				info, err := rc.Info(context.Background(), "stats").Result()
-				if err != nil {
-					b.Fatal(err)
-				}
-				return metricValue(b, info, "total_commands_processed:")
-			}
+			return r.URL(), func() float64 { return float64(r.Stat(b, "stats", "total_commands_processed")) }
 		}, fenced.FenceRepeatable},
 		{"etcd", func(b *testing.B) (string, func() float64) {
 			e := testenv.StartEtcd(b)
@@ -199,7 +190,11 @@ func BenchmarkPartitionsRequestsPerPeriod(b *testing.B) {
 				var n float64
 				for _, line := range strings.Split(string(body), "\n") {
 					if strings.HasPrefix(line, "grpc_server_handled_total{") && strings.Contains(line, `grpc_type="unary"`) {
-						n += metricValue(b, line[strings.LastIndexByte(line, '}')+1:], "")
+						v, err := strconv.ParseFloat(strings.TrimSpace(line[strings.LastIndexByte(line, '}')+1:]), 64)
+						if err != nil {
+							b.Fatalf("etcd metric %q: %v", line, err)
+						}
+						n += v
 					}
 				}
 				return n
@@ -244,20 +239,4 @@ func BenchmarkPartitionsRequestsPerPeriod(b *testing.B) {
 			})
 		}
 	}
-}
-
-// metricValue parses the number after prefix on the line of text that
-// starts with it (the whole text when prefix is empty).
-func metricValue(b *testing.B, text, prefix string) float64 {
-	for _, line := range strings.Split(text, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), prefix); ok {
-			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
-			if err != nil {
-				b.Fatalf("counter %q: %v", line, err)
-			}
-			return f
-		}
-	}
-	b.Fatalf("no counter %q in %q", prefix, text)
-	return 0
 }

@@ -3,7 +3,9 @@ package testenv
 import (
 	"bufio"
 	"fmt"
+	"io"
 	"net"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -103,5 +105,34 @@ func (r *Redis) Do(args ...string) (string, error) {
 	if line == "" {
 		return "", fmt.Errorf("redis %s: empty reply", strings.Join(args, " "))
 	}
+	if n, err := strconv.Atoi(line[1:]); err == nil && line[0] == '$' && n >= 0 {
+		// A bulk string: its content, not its length.
+		b := make([]byte, n+2)
+		if _, err := io.ReadFull(br, b); err != nil {
+			return "", err
+		}
+		return string(b[:n]), nil
+	}
 	return line[1:], nil
+}
+
+// Stat returns the integer field name of the server's INFO section
+// (total_commands_processed of "stats", say), failing t if it is missing.
+func (r *Redis) Stat(t testing.TB, section, name string) int64 {
+	t.Helper()
+	info, err := r.Do("INFO", section)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+":"); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				t.Fatalf("redis INFO %s: %s: %v", section, name, err)
+			}
+			return n
+		}
+	}
+	t.Fatalf("redis INFO %s has no %s", section, name)
+	return 0
 }
