@@ -210,6 +210,7 @@ func (r *genRun) observe(ctx context.Context) {
 	for ctx.Err() == nil {
 		for _, p := range []string{r.prefix + "h:", r.prefix + "c:"} {
 			lctx, cancel := context.WithTimeout(ctx, time.Second)
+			asked := Now()
 			infos, err := admin.List(lctx, c, p)
 			cancel()
 			if err != nil {
@@ -218,7 +219,7 @@ func (r *genRun) observe(ctx context.Context) {
 			now := Now()
 			for _, in := range infos {
 				if in.Held {
-					r.record(Event{T: now, Worker: -1, Kind: Observed, Key: in.Key, Fence: in.Fence, Owner: in.OwnerDigest})
+					r.record(Event{T: now, Asked: asked, Worker: -1, Kind: Observed, Key: in.Key, Fence: in.Fence, Owner: in.OwnerDigest})
 				}
 			}
 		}

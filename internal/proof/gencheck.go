@@ -114,6 +114,11 @@ func CheckGen(events []Event, strength fenced.FenceStrength, ttl, bound time.Dur
 	seenOp := map[int64]bool{}
 	var grants []*grant
 	returned := map[string]bool{}
+	// span bounds a grant's life from below, from the listings that saw
+	// it: it was held at some instant of each listing (between its Asked
+	// and T), so it began by the first listing's T (first) and lasted
+	// until at least the last listing's Asked (last). A listing can take
+	// up to its timeout, so its T alone would make a grant look longer.
 	type span struct{ first, last int64 }
 	observed := map[[2]string]*span{}
 	// acq is one acquisition: the keys it was invoked on, when, and when
@@ -181,10 +186,14 @@ func CheckGen(events []Event, strength fenced.FenceStrength, ttl, bound time.Dur
 				continue
 			}
 			k := [2]string{e.Key, e.Owner}
+			asked := e.T
+			if e.Asked != 0 {
+				asked = e.Asked
+			}
 			if s := observed[k]; s != nil {
-				s.last = e.T
+				s.first, s.last = min(s.first, e.T), max(s.last, asked)
 			} else {
-				observed[k] = &span{e.T, e.T}
+				observed[k] = &span{e.T, asked}
 			}
 		case FaultStart:
 			r.Faults++
@@ -251,7 +260,7 @@ func CheckGen(events []Event, strength fenced.FenceStrength, ttl, bound time.Dur
 			continue
 		}
 		r.OrphansSeen++
-		held := time.Duration(s.last - s.first)
+		held := max(0, time.Duration(s.last-s.first))
 		if held > ttl+time.Second {
 			r.Orphans++
 			r.problem(s.first+int64(ttl), "%s: a grant no Acquire returned (owner %.8s) was held for %v, past its TTL", k[0], k[1], held)

@@ -101,7 +101,24 @@ func TestCheckGenFindsEachViolation(t *testing.T) {
 		Event{T: 13600 * ms, Kind: AcquireFail, Worker: 2, Op: 10, Name: "all"})
 	if r := CheckGen(evs, fenced.FenceStrict, ttl, bound); r.Failed() {
 		t.Errorf("a grant held by a waiting AcquireAll: %+v; want no violation", r)
-	} // Two owners at once are excused by a break of the first, by its
+	}
+	// A grant's life is measured from the listings that saw it: from the
+	// first one's answer to the last one's request. A slow last listing
+	// (answered 1.5 s after it was sent) does not stretch a grant that
+	// lived its TTL into an orphan; the same grant still seen by a listing
+	// sent 6.5 s after the first answer is one.
+	slowListing := []Event{
+		{T: 11000 * ms, Asked: 10990 * ms, Kind: Observed, Worker: -1, Key: "k", Fence: 4, Owner: "y"},
+		{T: 17500 * ms, Asked: 16000 * ms, Kind: Observed, Worker: -1, Key: "k", Fence: 4, Owner: "y"},
+	}
+	if r := CheckGen(append(append([]Event(nil), clean...), slowListing...), fenced.FenceStrict, ttl, bound); r.Orphans != 0 {
+		t.Errorf("an orphan seen by a slow listing: %+v; want it not past its TTL", r)
+	}
+	slowListing[1].Asked = 17500*ms - 1
+	if r := CheckGen(append(append([]Event(nil), clean...), slowListing...), fenced.FenceStrict, ttl, bound); r.Orphans != 1 {
+		t.Errorf("an orphan seen 6.5 s after it was first seen: %+v; want it counted", r)
+	}
+	// Two owners at once are excused by a break of the first, by its
 	// worker being stopped, and on a repeatable fence by a restart of the
 	// authority; a lease that ends within its TTL of a break is fine.
 	overlap := []Event{

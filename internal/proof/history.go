@@ -96,7 +96,11 @@ type Event struct {
 	// TTL is a granted lease's TTL (AcquireOK and SetMember of a
 	// generative run).
 	TTL time.Duration `json:"ttl,omitempty"`
-	Err string        `json:"err,omitempty"`
+	// Asked is when the listing an Observed event comes from was sent
+	// (CLOCK_MONOTONIC, as T): the holder was seen at some instant between
+	// Asked and T. 0 when unknown (then T alone).
+	Asked int64  `json:"asked,omitempty"`
+	Err   string `json:"err,omitempty"`
 }
 
 // Now returns the host's CLOCK_MONOTONIC in nanoseconds: comparable between
