@@ -120,7 +120,14 @@ func CheckGen(events []Event, strength fenced.FenceStrength, ttl, bound time.Dur
 	// until at least the last listing's Asked (last). A listing can take
 	// up to its timeout, so its T alone would make a grant look longer.
 	type span struct{ first, last int64 }
-	observed := map[[2]string]*span{}
+	// A grant is its key, owner and fence: an acquisition that retries
+	// after its grant lapsed (its reply was lost, or came too late) asks
+	// again as the same owner and may be granted the key anew.
+	type grantID struct {
+		key, owner string
+		fence      uint64
+	}
+	observed := map[grantID]*span{}
 	// acq is one acquisition: the keys it was invoked on, when, and when
 	// it completed (0: never), and whether it failed.
 	type acq struct {
@@ -185,7 +192,7 @@ func CheckGen(events []Event, strength fenced.FenceStrength, ttl, bound time.Dur
 			if e.Owner == "" {
 				continue
 			}
-			k := [2]string{e.Key, e.Owner}
+			k := grantID{e.Key, e.Owner, e.Fence}
 			asked := e.T
 			if e.Asked != 0 {
 				asked = e.Asked
@@ -256,14 +263,14 @@ func CheckGen(events []Event, strength fenced.FenceStrength, ttl, bound time.Dur
 
 	// Orphans: grants nobody was handed.
 	for k, s := range observed {
-		if returned[k[1]] {
+		if returned[k.owner] {
 			continue
 		}
 		r.OrphansSeen++
 		held := max(0, time.Duration(s.last-s.first))
 		if held > ttl+time.Second {
 			r.Orphans++
-			r.problem(s.first+int64(ttl), "%s: a grant no Acquire returned (owner %.8s) was held for %v, past its TTL", k[0], k[1], held)
+			r.problem(s.first+int64(ttl), "%s: a grant no Acquire returned (owner %.8s, fence %d) was held for %v, past its TTL", k.key, k.owner, k.fence, held)
 			continue
 		}
 		if held <= bound {
@@ -288,7 +295,7 @@ func CheckGen(events []Event, strength fenced.FenceStrength, ttl, bound time.Dur
 				continue
 			}
 			for _, key := range a.keys {
-				if key == k[0] || strings.HasPrefix(k[0], key+"#") {
+				if key == k.key || strings.HasPrefix(k.key, key+"#") {
 					from = append(from, a)
 					break
 				}
@@ -308,7 +315,7 @@ func CheckGen(events []Event, strength fenced.FenceStrength, ttl, bound time.Dur
 		}
 		if quiet {
 			r.SlowOrphans++
-			r.problem(s.first+int64(bound), "%s: a grant no Acquire returned (owner %.8s) was held for %v with no fault active", k[0], k[1], held)
+			r.problem(s.first+int64(bound), "%s: a grant no Acquire returned (owner %.8s, fence %d) was held for %v with no fault active", k.key, k.owner, k.fence, held)
 		}
 	}
 	for _, e := range renewedAfterBreak {

@@ -118,6 +118,17 @@ func TestCheckGenFindsEachViolation(t *testing.T) {
 	if r := CheckGen(append(append([]Event(nil), clean...), slowListing...), fenced.FenceStrict, ttl, bound); r.Orphans != 1 {
 		t.Errorf("an orphan seen 6.5 s after it was first seen: %+v; want it counted", r)
 	}
+	// Two grants to one owner (an acquisition that asked again after its
+	// first grant lapsed) are two lives, not one.
+	regranted := []Event{
+		{T: 11000 * ms, Kind: Observed, Worker: -1, Key: "k", Fence: 4, Owner: "y"},
+		{T: 12000 * ms, Kind: Observed, Worker: -1, Key: "k", Fence: 4, Owner: "y"},
+		{T: 16500 * ms, Kind: Observed, Worker: -1, Key: "k", Fence: 9, Owner: "y"},
+		{T: 17500 * ms, Kind: Observed, Worker: -1, Key: "k", Fence: 9, Owner: "y"},
+	}
+	if r := CheckGen(append(append([]Event(nil), clean...), regranted...), fenced.FenceStrict, ttl, bound); r.Orphans != 0 || r.OrphansSeen != 3 {
+		t.Errorf("one owner granted twice: %+v; want two orphans seen, neither past its TTL", r)
+	}
 	// Two owners at once are excused by a break of the first, by its
 	// worker being stopped, and on a repeatable fence by a restart of the
 	// authority; a lease that ends within its TTL of a break is fine.
