@@ -26,6 +26,11 @@ type Expiry struct {
 	// Sweep is how late the authority may notice an expiry (etcd's lessor
 	// checks every 500ms; ZooKeeper expires sessions on tick boundaries).
 	Sweep time.Duration
+	// Observed is set for an authority without a clock of its own, where a
+	// waiter takes a grant over once it has seen it unchanged for a whole
+	// TTL (DynamoDB): a dead holder's grant may stand up to one TTL more
+	// than it was kept (see Outlives). The earliest regrant is unchanged.
+	Observed bool
 	// MinTTL and MaxTTL, when not zero, bound the TTLs the backend accepts.
 	MinTTL, MaxTTL time.Duration
 	// Note explains the rounding, for humans.
@@ -51,5 +56,12 @@ func (e Expiry) KeepsFor(ttl time.Duration) time.Duration { return max(e.Rounded
 
 // Outlives returns how long after its holder's last renewal was sent a
 // grant of ttl may still stand at the authority, at most: KeepsFor plus
-// Sweep. A waiter for a dead holder's grant waits no longer than this.
-func (e Expiry) Outlives(ttl time.Duration) time.Duration { return e.KeepsFor(ttl) + e.Sweep }
+// Sweep, plus Rounded when the expiry is Observed. A waiter for a dead
+// holder's grant waits no longer than this.
+func (e Expiry) Outlives(ttl time.Duration) time.Duration {
+	d := e.KeepsFor(ttl) + e.Sweep
+	if e.Observed {
+		d += e.Rounded(ttl)
+	}
+	return d
+}

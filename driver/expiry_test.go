@@ -23,3 +23,22 @@ func TestExpiryRounded(t *testing.T) {
 		}
 	}
 }
+
+// An observed expiry keeps a grant for its TTL, but a dead holder's grant
+// may stand a TTL more (the waiter's look at it); a swept one stands its
+// sweep more.
+func TestExpiryOutlives(t *testing.T) {
+	ttl := 3 * time.Second
+	for _, c := range []struct {
+		e           Expiry
+		keeps, outl time.Duration
+	}{
+		{Expiry{}, ttl, ttl},
+		{Expiry{Observed: true}, ttl, 2 * ttl},
+		{Expiry{Pad: time.Second, Granularity: time.Second, Sweep: 500 * time.Millisecond}, 4 * time.Second, 4500 * time.Millisecond},
+	} {
+		if k, o := c.e.KeepsFor(ttl), c.e.Outlives(ttl); k != c.keeps || o != c.outl {
+			t.Errorf("%+v: keeps %v, outlives %v; want %v, %v", c.e, k, o, c.keeps, c.outl)
+		}
+	}
+}

@@ -70,6 +70,7 @@ import (
 
 func init() {
 	fenced.Register("dynamodb", openURL)
+	fenced.RegisterExpiry("dynamodb", keeps)
 }
 
 // DefaultTable is the lease table's name when the URL or Options name none.
@@ -327,10 +328,10 @@ func (d *Driver) Guarantees() driver.Guarantees {
 }
 
 // keeps is how long a grant that is no longer renewed stands: a waiter
-// takes it over once it has seen it unchanged for a whole TTL, so up to
-// twice the TTL after the holder's last renewal.
-var keeps = driver.Expiry{Name: "DynamoDB", ScaleNum: 2, ScaleDen: 1,
-	Note: "observed expiry: a waiter takes a grant over after seeing it unchanged for a whole TTL"}
+// takes it over once it has seen it unchanged for a whole TTL, so from one
+// TTL up to twice the TTL after the holder's last renewal.
+var keeps = driver.Expiry{Name: "DynamoDB", Observed: true,
+	Note: "observed expiry: a waiter takes a grant over after seeing it unchanged for a whole TTL, so a crashed holder's grant stands up to twice the TTL"}
 
 // Capabilities implements driver.Driver: the break log.
 func (d *Driver) Capabilities() driver.Capabilities {

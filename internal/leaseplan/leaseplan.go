@@ -164,7 +164,7 @@ func Compute(in Input) (Plan, error) {
 	p.RegrantAfter = p.AuthorityTTL - p.RenewEvery
 	p.StaleWindow = max(0, in.MaxPause-p.RegrantAfter)
 	p.RecoveryBest = p.AuthorityTTL - p.RenewEvery
-	p.RecoveryWorst = p.AuthorityTTL + a.Sweep
+	p.RecoveryWorst = a.Outlives(in.TTL)
 	p.RenewalsPerSecond = float64(time.Second) / float64(p.RenewEvery)
 	// Renewals scheduled at k·RenewEvery that are sent before local
 	// validity ends; all but one of them may fail.
@@ -214,9 +214,8 @@ func advise(p Plan) []string {
 		} else {
 			out = append(out, fmt.Sprintf("A %v pause is NOT absorbed: the holder loses its lease (safely: nobody else can have the key yet) and its work is cancelled.", p.MaxPause))
 		}
-		rec := a.KeepsFor(p.RecommendedTTL)
 		out = append(out, fmt.Sprintf("Recommendation: TTL %v (renew every %v) absorbs it, at the price of recovery after a crash of up to %v instead of %v. Raise the TTL only for pauses you measured: if the pauses come from a stuck dependency or a hot key, a longer TTL only makes the incident longer; a refused stale write is the fence doing its job.",
-			p.RecommendedTTL, round(p.RecommendedTTL/3), round(rec+a.Sweep), round(p.RecoveryWorst)))
+			p.RecommendedTTL, round(p.RecommendedTTL/3), round(a.Outlives(p.RecommendedTTL)), round(p.RecoveryWorst)))
 	}
 	if p.FailedRenewalsTolerated == 0 {
 		out = append(out, fmt.Sprintf("Renewing every %v of a %v TTL tolerates no failed renewal: one slow round trip loses the lease. Renew at about a third of the TTL (%v).", p.RenewEvery, p.TTL, round(p.TTL/3)))

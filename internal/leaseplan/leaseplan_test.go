@@ -7,6 +7,7 @@ import (
 	"time"
 
 	// The backends whose registered rounding the tests figure with.
+	_ "github.com/fenced-dev/fenced/fenceddynamodb"
 	_ "github.com/fenced-dev/fenced/fencedetcd"
 	_ "github.com/fenced-dev/fenced/fencedpostgres"
 	_ "github.com/fenced-dev/fenced/fencedredis"
@@ -93,6 +94,14 @@ func TestBackendRounding(t *testing.T) {
 	p, _ = Compute(Input{TTL: 30 * time.Second, Authority: ForScheme("zk")})
 	if want := 36572 * time.Millisecond; p.AuthorityTTL != want || p.RecoveryWorst != p.AuthorityTTL+2*time.Second {
 		t.Fatalf("zk 30s: keeps %v, worst recovery %v", p.AuthorityTTL, p.RecoveryWorst)
+	}
+	// DynamoDB: observed expiry. Another worker may take the key over a TTL
+	// after the holder's last renewal, as on a store with a clock, but a
+	// crashed holder's grant may stand twice the TTL (a waiter first saw
+	// it just before the crash).
+	p, _ = Compute(Input{TTL: 9 * time.Second, Authority: ForScheme("dynamodb")})
+	if p.AuthorityTTL != 9*time.Second || p.RegrantAfter != 6*time.Second || p.RecoveryWorst != 18*time.Second || strings.Contains(p.Authority.Note, "unknown") {
+		t.Fatalf("dynamodb 9s: keeps %v, regrant after %v, worst recovery %v (%s)", p.AuthorityTTL, p.RegrantAfter, p.RecoveryWorst, p.Authority.Note)
 	}
 	if _, err := Compute(Input{TTL: 40 * time.Second, Authority: ForScheme("zk")}); !errors.Is(err, ErrInput) {
 		t.Fatalf("zk 40s: %v, want ErrInput (above the default maxSessionTimeout's TTL)", err)
