@@ -36,7 +36,8 @@ the TTL that absorbs it and says what that costs in recovery time.
 The backend comes from the scheme of --store (FENCED_STORE); plan does not connect
 to the store. Backends that round TTLs are taken into account: etcd counts whole
 seconds plus a second of session; ZooKeeper sessions are (TTL + tickTime)×8/7,
-figured with ZooKeeper's default tickTime of 2s.`,
+figured with ZooKeeper's default tickTime of 2s; on DynamoDB, whose expiry is
+observed by the waiters, a crashed holder's grant may stand twice the TTL.`,
 		Example: `  fenced plan --ttl 30s --max-pause 45s
   fenced plan --store etcd://localhost:2379 --ttl 1500ms
   fenced plan --ttl 10s --renew-every 5s -o json`,
