@@ -88,8 +88,10 @@ func (r *GenReport) problem(t int64, format string, args ...any) {
 const setMargin = 250 * time.Millisecond
 
 // CheckGen examines a generative run's history. strength is the backend's
-// declared fence strength, ttl the longest TTL an orphan grant can have,
-// bound how long one may be seen held while no fault is active.
+// declared fence strength, ttl the longest an orphan grant can stand at
+// the store (the longest TTL one can have, as the store keeps it: see
+// storeKeeps), bound how long one may be seen held while no fault is
+// active.
 func CheckGen(events []Event, strength fenced.FenceStrength, ttl, bound time.Duration) GenReport {
 	sort.SliceStable(events, func(i, j int) bool { return events[i].T < events[j].T })
 	r := GenReport{ByOp: map[string]int{}}

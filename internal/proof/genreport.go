@@ -141,9 +141,12 @@ a quiet spell of 4-8 TTLs): a worker stopped (M1) or cut off by its proxy
 every 100 ms. Checks: fences never repeat or go backwards; no lease's context
 is seen live more than 100 ms past its local validity, sampled on the
 worker's own clock (rounds in which the worker itself was stopped are
-skipped); no grant that no Acquire returned is held past its TTL, nor 2 s
-after the acquisitions that may have left it gave up, when neither their
-workers nor the authority were faulted then; no AcquireAll returns a set
+skipped); no grant that no Acquire returned is held past its TTL as the
+store keeps it (etcd rounds a session up to whole seconds plus one and
+sweeps expiries every 500 ms) plus 1 s, nor 2 s after the acquisitions that may have left it gave up, when
+neither their workers nor the authority were faulted then (a grant is a
+key, owner and fence; it is held at least from the first listing that saw
+it answering to the last one that saw it being sent); no AcquireAll returns a set
 reported healthy whose member's key was granted again 250 ms before, and no
 set reports itself healthy once a member has ended; no lease lives on more
 than its TTL (plus 300 ms) after a break of it, none that a worker broke itself is renewed by a
