@@ -3,10 +3,13 @@ package recipe_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/fenced-dev/fenced"
+	_ "github.com/fenced-dev/fenced/fenceddynamodb"
+	_ "github.com/fenced-dev/fenced/fencedmysql"
 	_ "github.com/fenced-dev/fenced/fencedzookeeper"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 	"github.com/fenced-dev/fenced/recipe"
@@ -19,10 +22,15 @@ import (
 // rounded up to whole seconds plus one, expiries swept every 500 ms) and
 // ZooKeeper at its default tickTime of 2 s (sessions of two ticks at
 // least, expired on tick boundaries). Before, the join waited twice the
-// TTL and gave up with ErrMemberLive (CI: TestPartitionsProofEtcd).
+// TTL and gave up with ErrMemberLive (CI: TestPartitionsProofEtcd). It
+// runs too on DynamoDB, whose observed expiry keeps a dead grant up to
+// twice its TTL, and on MySQL, which ends it at its TTL.
 func TestPartitionsRestartedMemberRejoins(t *testing.T) {
 	e := testenv.StartEtcd(t)
 	zk := testenv.StartZooKeeperWith(t, testenv.ZKConfig{TickTime: 2 * time.Second})
+	dyn := testenv.StartDynalite(t, testenv.DynaliteConfig{})
+	my := testenv.StartMySQL(t)
+	myAddr := fmt.Sprintf("127.0.0.1:%d", my.Port)
 	for _, tc := range []struct {
 		name   string
 		target string
@@ -30,6 +38,8 @@ func TestPartitionsRestartedMemberRejoins(t *testing.T) {
 	}{
 		{"etcd", e.Endpoints()[0], func(addr string) string { return "etcd://" + addr }},
 		{"zookeeper", zk.Servers()[0], func(addr string) string { return "zk://" + addr + "/restart?tick_time=2s" }},
+		{"dynamodb", fmt.Sprintf("127.0.0.1:%d", dyn.Port), func(addr string) string { return "dynamodb://" + addr + "/restart?create=1" }},
+		{"mysql", myAddr, func(addr string) string { return strings.Replace(my.URL(), myAddr, addr, 1) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
