@@ -15,12 +15,11 @@ import (
 // while its statement waited for another transaction is not applied once
 // that transaction ends. Here the other transaction inserted the key's
 // first row and stays open, so the acquire's insert waits on the primary
-// key (a prune's table lock makes every acquire wait the same way). When a
-// query's context ends, pgx closes the connection and sends the server a
-// cancel request, which ends the waiting statement; a server left to find
-// out alone would run it once the lock goes, however long after, granting
-// the key for its whole TTL to an owner nobody holds (the client looks for
-// such a grant for a second only).
+// key. When a query's context ends, pgx closes the connection and sends
+// the server a cancel request, which ends the waiting statement; a server
+// left to find out alone would run it once the lock goes, however long
+// after, granting the key for its whole TTL to an owner nobody holds (the
+// client looks for such a grant for a second only).
 func TestAbandonedAcquireIsNotAppliedLater(t *testing.T) {
 	ctx := ctxT(t)
 	d := open(t)

@@ -99,10 +99,10 @@ func (s *suite) testCancelledAcquireLeavesNoGrant(t *testing.T) {
 
 	const waiters = 8
 	for round := range 6 {
-		// A cancelled statement the store applies late (PostgreSQL, behind
-		// checkFree's own row lock) can grant the key again after checkFree
-		// saw it free; the client releases that grant within orphanBound,
-		// so the holder waits that long for it.
+		// A cancelled acquisition's grant can still appear after checkFree
+		// saw the key free (seen once in CI on PostgreSQL; how the store
+		// applied it that late was not found); the client releases such a
+		// grant within orphanBound, so the holder waits that long for it.
 		holder, err := other.Acquire(ctx, key, &fenced.LeaseOptions{TTL: orphanTTL, MaxWait: orphanBound})
 		if err != nil {
 			t.Fatalf("waiters of round %d: the key was not free %v after the last check: %v", round, orphanBound, err)

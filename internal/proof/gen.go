@@ -16,7 +16,6 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/admin"
-	"github.com/fenced-dev/fenced/driver"
 )
 
 // GenConfig describes one generative run (RunGen).
@@ -140,14 +139,13 @@ func RunGen(ctx context.Context, cfg GenConfig) (*GenResult, error) {
 	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
 		return nil, err
 	}
-	strength, err := declaredFence(ctx, cfg.Store)
+	strength, keeps, err := declared(ctx, cfg.Store)
 	if err != nil {
 		return nil, err
 	}
-	orphanTTL, err := storeKeeps(ctx, cfg.Store, cancelTTLFactor*cfg.TTL)
-	if err != nil {
-		return nil, err
-	}
+	// An orphan grant stands at most as long as the store keeps the
+	// longest TTL one can have.
+	orphanTTL := keeps.Outlives(cancelTTLFactor * cfg.TTL)
 	r := &genRun{cfg: cfg, prefix: fmt.Sprintf("fenced-gen:%d:%d:", cfg.Seed, time.Now().UnixNano()), workers: newWorkers(cfg.Dir)}
 	if r.rec, err = OpenRecorder(filepath.Join(cfg.Dir, historyFile), -1); err != nil {
 		return nil, err
@@ -175,20 +173,6 @@ func RunGen(ctx context.Context, cfg GenConfig) (*GenResult, error) {
 	rep := CheckGen(events, strength, orphanTTL, cfg.OrphanBound)
 	rep.Seed = cfg.Seed
 	return &GenResult{Config: cfg, Report: rep, Events: events}, nemErr
-}
-
-// storeKeeps returns how long store may keep a grant of ttl after its
-// holder's last renewal or keep-alive was sent: the TTL as the store's
-// driver declares it rounds and sweeps it (Capabilities.Keeps; etcd keeps
-// a 5 s grant up to 6.5 s), and ttl itself on a store that ends grants at
-// their TTL.
-func storeKeeps(ctx context.Context, store string, ttl time.Duration) (time.Duration, error) {
-	c, err := fenced.Open(ctx, store, nil)
-	if err != nil {
-		return 0, err
-	}
-	defer c.Close()
-	return driver.CapabilitiesOf(c.Driver()).Declared.Keeps.Outlives(ttl), nil
 }
 
 func (r *genRun) record(e Event) {

@@ -89,8 +89,8 @@ const setMargin = 250 * time.Millisecond
 
 // CheckGen examines a generative run's history. strength is the backend's
 // declared fence strength, ttl the longest an orphan grant can stand at
-// the store (the longest TTL one can have, as the store keeps it: see
-// storeKeeps), bound how long one may be seen held while no fault is
+// the store (the longest TTL one can have, as the store keeps it:
+// driver.Expiry.Outlives of its Capabilities.Keeps), bound how long one may be seen held while no fault is
 // active.
 func CheckGen(events []Event, strength fenced.FenceStrength, ttl, bound time.Duration) GenReport {
 	sort.SliceStable(events, func(i, j int) bool { return events[i].T < events[j].T })

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/driver"
 )
 
 // Fault is a fault of the nemesis. The Go names say what each does; the
@@ -319,12 +320,22 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 
 // declaredFence returns the fence strength the store's backend declares.
 func declaredFence(ctx context.Context, store string) (fenced.FenceStrength, error) {
+	strength, _, err := declared(ctx, store)
+	return strength, err
+}
+
+// declared returns, from one connection to store, the fence strength its
+// backend declares and how long it keeps a grant that is no longer renewed
+// (Capabilities.Keeps: etcd rounds a session up and sweeps expiries, so it
+// keeps a 5 s grant up to 6.5 s; zero on a store that ends grants at their
+// TTL).
+func declared(ctx context.Context, store string) (fenced.FenceStrength, driver.Expiry, error) {
 	c, err := fenced.Open(ctx, store, nil)
 	if err != nil {
-		return 0, err
+		return 0, driver.Expiry{}, err
 	}
 	defer c.Close()
-	return c.Guarantees().Fence, nil
+	return c.Guarantees().Fence, driver.CapabilitiesOf(c.Driver()).Declared.Keeps, nil
 }
 
 func (r *run) tail(ctx context.Context) {

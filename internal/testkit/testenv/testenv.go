@@ -17,6 +17,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -164,44 +165,65 @@ func tail(s string, n int) string {
 func (p *Process) Exited() <-chan struct{} { return p.exited }
 
 // Signal sends sig to the process group. For SIGSTOP it returns once every
-// thread of the process shows as stopped, or after 2s (a thread in an
-// uninterruptible wait stops only when that ends): a thread that was
-// running when the signal came may otherwise still answer a request sent
-// just after it.
+// thread of every process of the group shows as stopped, or after 2s (a
+// thread in an uninterruptible wait stops only when that ends): a thread
+// that was running when the signal came (a PostgreSQL backend, a JVM
+// worker thread) may otherwise still answer a request sent just after it.
 func (p *Process) Signal(sig syscall.Signal) error {
-	if err := syscall.Kill(-p.Cmd.Process.Pid, sig); err != nil || sig != syscall.SIGSTOP {
+	pgid := p.Cmd.Process.Pid
+	if err := syscall.Kill(-pgid, sig); err != nil || sig != syscall.SIGSTOP {
 		return err
 	}
 	deadline := time.Now().Add(2 * time.Second)
-	for !allThreadsStopped(p.Cmd.Process.Pid) && time.Now().Before(deadline) {
+	for !groupStopped(pgid) && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
 	}
 	return nil
 }
 
-// allThreadsStopped reports whether every thread of pid is stopped (state
-// T or t in /proc), or the process is gone.
-func allThreadsStopped(pid int) bool {
-	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/stat", pid))
-	if err != nil || len(tasks) == 0 {
+// groupStopped reports whether every thread of every process in process
+// group pgid is stopped (state T or t in /proc), or gone.
+func groupStopped(pgid int) bool {
+	procs, err := filepath.Glob("/proc/[0-9]*/stat")
+	if err != nil {
 		return true
 	}
-	for _, f := range tasks {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			continue // the thread is gone
-		}
-		// The state follows the command name, which is in parentheses
-		// and may itself hold any character.
-		i := bytes.LastIndexByte(b, ')')
-		if i < 0 || i+2 >= len(b) {
+	for _, f := range procs {
+		st, grp, ok := procStat(f)
+		if !ok || grp != pgid || st == 'Z' || st == 'X' {
 			continue
 		}
-		if st := b[i+2]; st != 'T' && st != 't' && st != 'Z' && st != 'X' {
-			return false
+		tasks, _ := filepath.Glob(filepath.Join(filepath.Dir(f), "task", "*", "stat"))
+		for _, tf := range tasks {
+			if st, _, ok := procStat(tf); ok && st != 'T' && st != 't' && st != 'Z' && st != 'X' {
+				return false
+			}
 		}
 	}
 	return true
+}
+
+// procStat reads the state and the process group of a /proc stat file:
+// the fields after the command name, which is in parentheses and may
+// itself hold any character. ok is false if the file is gone.
+func procStat(path string) (state byte, pgrp int, ok bool) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, 0, false
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, 0, false
+	}
+	f := strings.Fields(string(b[i+1:])) // state, ppid, pgrp, ...
+	if len(f) < 3 {
+		return 0, 0, false
+	}
+	pgrp, err = strconv.Atoi(f[2])
+	if err != nil {
+		return 0, 0, false
+	}
+	return f[0][0], pgrp, true
 }
 
 // Kill kills the process group with SIGKILL and waits for the exit.
