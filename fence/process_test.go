@@ -16,6 +16,7 @@ import (
 	"github.com/fenced-dev/fenced/fence"
 	"github.com/fenced-dev/fenced/fencedpostgres"
 	"github.com/fenced-dev/fenced/fencedsqlite"
+	"github.com/fenced-dev/fenced/internal/supervise"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 
@@ -95,7 +96,12 @@ func childPausedWriter() int {
 	db.SetMaxIdleConns(0)
 	fmt.Printf("CHECKED lease valid; stopping (open connections: %d)\n", db.Stats().OpenConnections)
 	os.Stdout.Sync()
-	syscall.Kill(os.Getpid(), syscall.SIGSTOP)
+	// The stop must land before the write: StopSelf returns only once the
+	// process has been continued. A bare kill(getpid(), SIGSTOP) does not
+	// ensure that: the kernel may stop another thread first, and this one
+	// ran on into the late write under load, stopping inside its
+	// transaction with SQLite's write lock held.
+	supervise.StopSelf()
 	// Resumed: the lease expired long ago, but this write was already
 	// decided on.
 	r, err = g.Update(ctx, nil, "inv_72", tok, fence.Write{Set: "note = ?, sends = sends + 1", SetArgs: []any{"child-late"}})

@@ -15,6 +15,7 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/fence"
+	"github.com/fenced-dev/fenced/internal/supervise"
 )
 
 // Ordering is how a holder guards its work at the resource (see the seed's
@@ -353,10 +354,10 @@ func (w *worker) atPoint(point string) (delay time.Duration) {
 		switch action {
 		case "stop":
 			w.record(Event{Kind: FaultStart, Fault: fault})
-			syscall.Kill(os.Getpid(), syscall.SIGSTOP)
-			// The stop reaches every thread asynchronously; do nothing
-			// until it has.
-			time.Sleep(50 * time.Millisecond)
+			// Returns once continued: the stop reaches this thread
+			// asynchronously, so a bare SIGSTOP could let the write
+			// run first under load.
+			supervise.StopSelf()
 		case "kill":
 			w.record(Event{Kind: FaultStart, Fault: fault})
 			syscall.Kill(os.Getpid(), syscall.SIGKILL)
