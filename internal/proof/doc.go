@@ -34,7 +34,8 @@
 // Config.Partition the workers run on hosts of a private network and M4,
 // M9 and M11 cut their links at the packet level instead of in the
 // proxies; PartitionMinority (P1) cuts a holder, with one member of a
-// 3-member ensemble, from the majority (see partition.go).
+// 3-member ensemble, from the majority (see partition.go), and
+// LoseHolderPackets (M15) drops a share of a holder's packets at random.
 //
 // Check reads the history and the ledger and reports stale writes
 // attempted, refused and accepted, fence regressions and repeats (with the

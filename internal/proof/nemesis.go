@@ -183,7 +183,7 @@ func (r *run) inject(ctx context.Context) error {
 		err := r.cfg.Server.Restart()
 		r.record(Event{Kind: FaultEnd, Worker: -1, Fault: string(f)})
 		return err
-	case FailoverReplica, StepNodeClock, PartitionPastSession, StepAuthorityClock, PartitionMinority, SkewClockRate:
+	case FailoverReplica, StepNodeClock, PartitionPastSession, StepAuthorityClock, PartitionMinority, SkewClockRate, LoseHolderPackets:
 		return r.holdAcross(ctx, f)
 	default:
 		return fmt.Errorf("fault %s is not one the nemesis injects", f)
@@ -191,14 +191,15 @@ func (r *run) inject(ctx context.Context) error {
 }
 
 // holdAcross injects a fault that takes a holder's lease away behind its
-// back (M7, M8, M11, M12, M14, P1): a holder A, granted after the fault began (M7:
+// back (M7, M8, M11, M12, M14, M15, P1): a holder A, granted after the fault began (M7:
 // after the replica was cut off, so on the primary alone), is held before
 // its write (M14: the skewed worker if its clock is slow, another if it is
 // fast, the others kept from starting a round until it is found); the
 // nemesis fails the primary over (M7), steps the wall clock
-// (M8, M12) or partitions A (M11, P1), or lets the skewed clock do its
-// work (M14); once another worker has written to the
-// key (or after 8 TTLs: the authority kept A's grant), the partition heals
+// (M8, M12), partitions A (M11, P1) or makes its link lossy (M15), or
+// lets the skewed clock do its work (M14); once another worker has written
+// to the key (or after 8 TTLs: the authority kept A's grant), the
+// partition heals (the lossy link too)
 // and A is let go and writes, stale if the authority granted the key again.
 func (r *run) holdAcross(ctx context.Context, f Fault) error {
 	ttl := r.cfg.TTL
@@ -292,6 +293,11 @@ func (r *run) holdAcross(ctx context.Context, f Fault) error {
 		if err := r.cutOff(a.Worker, true); err != nil {
 			return err
 		}
+	case LoseHolderPackets:
+		r.record(Event{Kind: FaultStart, Worker: a.Worker, Fault: string(f)})
+		if err := r.cfg.Partition.Lose(a.Worker, lossyPercent); err != nil {
+			return err
+		}
 	}
 	from := r.eventCount()
 	if _, _, err := r.waitEvent(ctx, from, heldFor(f, ttl), func(e Event) bool {
@@ -304,6 +310,12 @@ func (r *run) holdAcross(ctx context.Context, f Fault) error {
 	}
 	if f == PartitionPastSession || f == PartitionMinority {
 		if err := r.cutOff(a.Worker, false); err != nil {
+			return err
+		}
+		r.record(Event{Kind: FaultEnd, Worker: a.Worker, Fault: string(f)})
+	}
+	if f == LoseHolderPackets {
+		if err := r.cfg.Partition.Lose(a.Worker, 0); err != nil {
 			return err
 		}
 		r.record(Event{Kind: FaultEnd, Worker: a.Worker, Fault: string(f)})
@@ -339,3 +351,6 @@ func (r *run) lastGrant(w, before int) (Event, bool) {
 	}
 	return Event{}, false
 }
+
+// lossyPercent is the share of packets LoseHolderPackets drops.
+const lossyPercent = 40

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -24,6 +25,7 @@ func (p netPartition) host(w int) *testenv.NetHost { return p.hosts[w%len(p.host
 func (p netPartition) Place(w int, cmd *exec.Cmd) { p.host(w).Wrap(cmd) }
 func (p netPartition) Cut(w int) error            { return p.host(w).Cut() }
 func (p netPartition) Heal(w int) error           { return p.host(w).Heal() }
+func (p netPartition) Lose(w, percent int) error  { return p.host(w).Lose(percent) }
 func (p netPartition) TxPackets(w, pid int) (uint64, error) {
 	return p.host(w).TxPackets(pid)
 }
@@ -60,6 +62,13 @@ var netRows = []netRow{
 	{backend: "mysql (netns)", fault: PauseMidAcquire, start: netServer(netMySQL), long: true},
 	{backend: "dynamodb (netns)", fault: CutHolder, start: netServer(netDynalite), long: true},
 	{backend: "dynamodb (netns)", fault: PauseMidAcquire, start: netServer(netDynalite), long: true},
+	{backend: "etcd (netns)", fault: LoseHolderPackets, start: netEtcd(1)},
+	{backend: "zookeeper (netns)", fault: LoseHolderPackets, start: netZK(1), long: true},
+	{backend: "redis (netns)", fault: LoseHolderPackets, start: netServer(netRedis), fence: fenced.FenceRepeatable, long: true},
+	{backend: "postgres (netns)", fault: LoseHolderPackets, start: netServer(netPostgres), long: true},
+	{backend: "redlock (3 nodes, netns)", fault: CutHolder, start: netRedlock(3), long: true},
+	{backend: "redlock (3 nodes, netns)", fault: LoseHolderPackets, start: netRedlock(3), long: true},
+	{backend: "redlock (3 nodes, netns)", fault: PauseMidAcquire, start: netRedlock(3), long: true},
 }
 
 // netServer runs a one-process store on a host of its own (start starts
@@ -83,6 +92,22 @@ func netMySQL(t *testing.T, h *testenv.NetHost) string { return testenv.StartMyS
 
 func netDynalite(t *testing.T, h *testenv.NetHost) string {
 	return testenv.StartDynalite(t, testenv.DynaliteConfig{Host: h}).URL("fenced_proof", "create=1")
+}
+
+// netRedlock starts a Redlock store of nodes redis-servers, each on a
+// host of its own, and the workers on three others: a cut of a worker's
+// host cuts it off from every node at once. The fence source is a SQLite
+// file, as in the proxy rows (Redlock has no fence of its own); the
+// workers reach it through the file system, not the network.
+func netRedlock(nodes int) func(t *testing.T, n *testenv.Net) (string, netPartition) {
+	return func(t *testing.T, n *testenv.Net) (string, netPartition) {
+		var addrs []string
+		for _, h := range netHosts(n, "redis", nodes) {
+			addrs = append(addrs, testenv.StartRedis(t, testenv.RedisConfig{Host: h}).Addr())
+		}
+		src := "sqlite://" + filepath.Join(t.TempDir(), "fence.db")
+		return "redlock://" + strings.Join(addrs, ",") + "/0?fence=" + url.QueryEscape(src), netPartition{netHosts(n, "w", 3)}
+	}
 }
 
 // netHosts adds n hosts named prefix0.. to the Net.
@@ -136,6 +161,9 @@ func runNetRow(t *testing.T, r netRow, fencing bool, injections int) Row {
 	}
 	cfg := Config{Store: store, Fault: r.fault, Fencing: fencing, MinFence: declared, TTL: time.Second, Injections: injections,
 		Partition: part, Declared: &declared, Command: testCommand, Dir: t.TempDir(), Logf: t.Logf}
+	if keep := os.Getenv("PROOF_KEEP"); keep != "" {
+		cfg.Dir = filepath.Join(keep, fmt.Sprintf("netns-%s-%s-%v-%d", strings.Fields(r.backend)[0], r.fault, fencing, time.Now().UnixNano()))
+	}
 	cfg.Keys = []string{fmt.Sprintf("fenced-proof:netns:%s:%s:%v:%d", strings.Fields(r.backend)[0], r.fault, fencing, time.Now().UnixNano())}
 	res, err := Run(t.Context(), cfg)
 	row := Row{Backend: r.backend, Fault: r.fault, Fencing: fencing, Ordering: ClaimFirst}
@@ -203,12 +231,13 @@ func checkMinority(t *testing.T, backend string, evs []Event, injections int) {
 }
 
 // TestPacketPartitions runs M4, M9 and M11 with the links cut at the packet
-// level, and P1 (minority/majority) on 3-member etcd and ZooKeeper, fencing
+// level, M15 (a lossy link), and P1 (minority/majority) on 3-member etcd and ZooKeeper, fencing
 // on, one injection each. FENCED_PROOF_NETNS_OUT, if set, names a file the
 // rows are written to (JSON, for the report); FENCED_PROOF_NETNS_LONG=1
 // runs two injections per row and each row with fencing off as well, and
 // the long rows; FENCED_PROOF_NETNS_ROWS=redis,postgres runs only the rows
-// of those backends (merged into the rows file).
+// of those backends, FENCED_PROOF_NETNS_FAULTS=M4,M15 only those faults
+// (either merged into the rows file).
 func TestPacketPartitions(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts servers in network namespaces")
@@ -219,9 +248,11 @@ func TestPacketPartitions(t *testing.T) {
 		injections, fencings = 2, []bool{true, false}
 	}
 	only := os.Getenv("FENCED_PROOF_NETNS_ROWS")
+	faults := os.Getenv("FENCED_PROOF_NETNS_FAULTS")
 	var rows []Row
 	for _, r := range netRows {
-		if (r.long && !long) || (only != "" && !strings.Contains(","+only+",", ","+strings.Fields(r.backend)[0]+",")) {
+		if (r.long && !long) || (only != "" && !strings.Contains(","+only+",", ","+strings.Fields(r.backend)[0]+",")) ||
+			(faults != "" && !strings.Contains(","+faults+",", ","+r.fault.ID()+",")) {
 			continue
 		}
 		for _, fencing := range fencings {
@@ -231,7 +262,7 @@ func TestPacketPartitions(t *testing.T) {
 		}
 	}
 	if out := os.Getenv("FENCED_PROOF_NETNS_OUT"); out != "" {
-		if only != "" {
+		if only != "" || faults != "" {
 			rows = mergeRows(t, out, rows)
 		}
 		if err := WriteRows(out, rows); err != nil {
@@ -313,7 +344,21 @@ host, member and all, from the other two: a minority/majority partition with
 the holder on the minority side (Hazelcast 3.8.3's finding). P1 is also
 checked to end the minority holder's lease (Lost) before the majority grants
 the key again, and to refuse its late write. M11 is ZooKeeper's session
-loss; on the other stores M4 is the cut. Run by
+loss; on the other stores M4 is the cut. M15 holds a holder before its write
+while its link is lossy instead of cut: 40 % of the packets each way,
+chosen at random, are dropped (without netem or the gact action, an htb
+qdisc whose classic BPF filter reads the kernel's per-packet random number
+sends that share to a blackhole class) until another worker has written or
+8 TTLs have passed, so renewals arrive late, after TCP's retransmissions,
+or not at all, and the lease is kept or lost. Redlock runs 3 redis-servers, each on
+a host of its own, with a SQLite file as its fence source; a cut of a
+worker's host cuts it from all three. Its M9 overlaps are a paused
+holder's: a Redlock acquire takes about 2 ms here, and the stop, sent once
+the host's packet counter moved, came 40 ms after the release, when the
+next grant had already been confirmed (history kept with PROOF_KEEP). The
+worker was stopped holding, its lease ran out meanwhile while others held
+the key in turn (each overlap is one of their grants), and it learnt of
+the loss (Lost) on resuming, before any write. Run by
 FENCED_PROOF_NETNS_LONG=1 FENCED_PROOF_NETNS_OUT=docs/proof/netns.json
 FENCED_PROOF_OUT=docs go test -run '^TestPacketPartitions$' ./internal/proof/
 (scripts/proof.sh; as root), 2 injections per row.

@@ -39,6 +39,9 @@ type Partition interface {
 	// Cut drops every packet to and from w's host; Heal undoes it.
 	Cut(w int) error
 	Heal(w int) error
+	// Lose drops percent of the packets to and from w's host, each at
+	// random; Lose(w, 0) ends it.
+	Lose(w, percent int) error
 	// TxPackets returns how many packets w's host has sent, read through
 	// pid, a process running on it.
 	TxPackets(w, pid int) (uint64, error)

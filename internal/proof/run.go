@@ -17,7 +17,7 @@ import (
 )
 
 // Fault is a fault of the nemesis. The Go names say what each does; the
-// value is its report id (M1..M13, P1), the one docs/proof.md, the
+// value is its report id (M1..M15, P1), the one docs/proof.md, the
 // recorded histories and the saved rows use.
 type Fault string
 
@@ -40,6 +40,7 @@ var faultNames = map[Fault]string{
 	FailoverReplica: "FailoverReplica", StepNodeClock: "StepNodeClock", PauseMidAcquire: "PauseMidAcquire",
 	CrashLeader: "CrashLeader", PartitionPastSession: "PartitionPastSession",
 	StepAuthorityClock: "StepAuthorityClock", ReorderWrites: "ReorderWrites", PartitionMinority: "PartitionMinority",
+	SkewClockRate: "SkewClockRate", LoseHolderPackets: "LoseHolderPackets",
 }
 
 // The faults the nemesis injects.
@@ -114,6 +115,14 @@ const (
 	// the next renewal, so it takes the key over. Either way the held
 	// holder writes once another worker has (as in M8).
 	SkewClockRate Fault = "M14"
+	// LoseHolderPackets (report id M15) makes a holder's link lossy, as in
+	// M11 but not a cut: the holder is held before its write while 40 % of
+	// the packets to and from its host, each chosen at random, are dropped,
+	// until another worker has written (or after 8 TTLs); then it writes.
+	// Requests and replies arrive late, after TCP's retransmissions, or not
+	// at all, so its renewals may or may not keep the lease. It needs a
+	// Config.Partition (packet level; a proxy cannot lose single packets).
+	LoseHolderPackets Fault = "M15"
 )
 
 // NeedsProxy reports whether f needs a proxy between the workers and the
@@ -263,6 +272,8 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		return nil, fmt.Errorf("proof: fault %s needs Config.Clock", cfg.Fault)
 	case cfg.Fault == PartitionMinority && cfg.Partition == nil:
 		return nil, errors.New("proof: fault P1 needs Config.Partition")
+	case cfg.Fault == LoseHolderPackets && cfg.Partition == nil:
+		return nil, errors.New("proof: fault M15 needs Config.Partition")
 	case cfg.Fault == SkewClockRate && (cfg.ClockRate <= 0 || cfg.ClockRate == 1):
 		return nil, fmt.Errorf("proof: fault %s needs a Config.ClockRate other than 1, not %v", cfg.Fault.Name(), cfg.ClockRate)
 	case cfg.Locker != "" && cfg.Fencing:

@@ -40,8 +40,9 @@ type NetHost struct {
 	port string
 	net  *Net
 
-	mu  sync.Mutex
-	cut bool
+	mu   sync.Mutex
+	cut  bool
+	loss int // percent of packets Lose drops
 }
 
 var netSeq struct {
@@ -183,6 +184,9 @@ func (h *NetHost) setCut(cut bool) error {
 	if h.cut == cut {
 		return nil
 	}
+	if h.loss > 0 {
+		return fmt.Errorf("testenv: host %s loses %d%% of its packets; end that (Lose(0)) before a cut", h.Name, h.loss)
+	}
 	op := "add"
 	if !cut {
 		op = "del"
@@ -197,6 +201,62 @@ func (h *NetHost) setCut(cut bool) error {
 		}
 	}
 	h.cut = cut
+	return nil
+}
+
+// Lose drops percent of the packets to and from the host, each at random,
+// at both ends of its link, until Lose(0): a lossy link, on which TCP
+// retransmits and replies come late or not at all. This kernel has
+// neither netem nor the gact action, so each end gets an htb qdisc whose
+// filter, a classic BPF program that reads the kernel's per-packet random
+// number, sends percent of the packets to a class whose qdisc is a
+// blackhole. A host that is Cut cannot also lose.
+func (h *NetHost) Lose(percent int) error {
+	if percent < 0 || percent > 100 {
+		return fmt.Errorf("testenv: Lose(%d): want a percentage from 0 to 100", percent)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.cut {
+		return fmt.Errorf("testenv: host %s is cut; heal it before Lose", h.Name)
+	}
+	if h.loss == percent {
+		return nil
+	}
+	// BPF: A = random u32; if A >= threshold, no match (the default
+	// class, which passes); else the filter's class (the blackhole).
+	threshold := uint64(percent) << 32 / 100
+	prog := fmt.Sprintf("4,32 0 0 %d,53 1 0 %d,6 0 0 4294967295,6 0 0 0", uint32(0xfffff000+56), threshold)
+	for _, end := range [][2]string{{h.NS, "eth0"}, {h.net.sw, h.port}} {
+		tc := func(args ...string) error {
+			args = append([]string{"-n", end[0]}, args...)
+			if out, err := exec.Command(tcBin, args...).CombinedOutput(); err != nil {
+				return fmt.Errorf("testenv: tc %s: %v: %s", strings.Join(args, " "), err, bytes.TrimSpace(out))
+			}
+			return nil
+		}
+		if h.loss > 0 {
+			if err := tc("qdisc", "del", "dev", end[1], "root"); err != nil {
+				return err
+			}
+		}
+		if percent == 0 {
+			continue
+		}
+		steps := [][]string{
+			{"qdisc", "add", "dev", end[1], "root", "handle", "1:", "htb", "default", "1"},
+			{"class", "add", "dev", end[1], "parent", "1:", "classid", "1:1", "htb", "rate", "10gbit", "quantum", "60000"},
+			{"class", "add", "dev", end[1], "parent", "1:", "classid", "1:2", "htb", "rate", "10gbit", "quantum", "60000"},
+			{"qdisc", "add", "dev", end[1], "parent", "1:2", "handle", "20:", "blackhole"},
+			{"filter", "add", "dev", end[1], "parent", "1:", "protocol", "all", "prio", "1", "bpf", "bytecode", prog, "classid", "1:2"},
+		}
+		for _, s := range steps {
+			if err := tc(s...); err != nil {
+				return err
+			}
+		}
+	}
+	h.loss = percent
 	return nil
 }
 

@@ -133,3 +133,70 @@ func inNS(t *testing.T, pid int, ns string) bool {
 	}
 	return os.SameFile(a, b)
 }
+
+// TestNetLose sends 2 000 UDP datagrams from one host of a Net to another
+// and counts what arrives: with Lose(30) on the sender, about 70 %; after
+// Lose(0), all of them.
+func TestNetLose(t *testing.T) {
+	n, err := NewNet(t)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := n.Host("a"), n.Host("b")
+	const sent = 2000
+	received := func() float64 {
+		t.Helper()
+		before := rxPackets(t, b)
+		script := fmt.Sprintf(`for i in $(seq %d); do printf x >/dev/udp/%s/9; done`, sent, b.IP)
+		if out, err := exec.Command(ipBin, "netns", "exec", a.NS, "bash", "-c", script).CombinedOutput(); err != nil {
+			t.Fatalf("send from a: %v: %s", err, out)
+		}
+		return float64(rxPackets(t, b)-before) / sent
+	}
+	if got := received(); got < 0.99 {
+		t.Fatalf("before Lose: %.3f of the datagrams arrived; want all", got)
+	}
+	if err := a.Lose(30); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Cut(); err == nil {
+		t.Error("Cut of a lossy host succeeded; want an error")
+	}
+	if got := received(); got < 0.62 || got > 0.78 {
+		t.Errorf("with Lose(30): %.3f of the datagrams arrived; want about 0.70", got)
+	} else {
+		t.Logf("with Lose(30): %.3f arrived", got)
+	}
+	if err := a.Lose(0); err != nil {
+		t.Fatal(err)
+	}
+	if got := received(); got < 0.99 {
+		t.Errorf("after Lose(0): %.3f of the datagrams arrived; want all", got)
+	}
+}
+
+// rxPackets returns how many packets h's link has received.
+func rxPackets(t *testing.T, h *NetHost) uint64 {
+	t.Helper()
+	out, err := exec.Command(ipBin, "-n", h.NS, "-s", "-o", "link", "show", "eth0").Output()
+	if err != nil {
+		t.Fatalf("ip -s link show in %s: %v", h.NS, err)
+	}
+	// One line (-o): "... RX: bytes packets errors ... \ BYTES PACKETS ...".
+	f := strings.Fields(strings.ReplaceAll(string(out), `\`, " "))
+	for i := range f {
+		if f[i] != "RX:" {
+			continue
+		}
+		for j := i + 1; j+1 < len(f); j++ {
+			if _, err := strconv.ParseUint(f[j], 10, 64); err == nil {
+				if p, err := strconv.ParseUint(f[j+1], 10, 64); err == nil {
+					return p
+				}
+				break
+			}
+		}
+	}
+	t.Fatalf("ip -s link: no RX counters in %q", out)
+	return 0
+}
