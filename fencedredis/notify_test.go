@@ -88,6 +88,7 @@ func TestWakeups(t *testing.T) {
 	second.Close()
 
 	// A break wakes waiters too.
+	refused("b")
 	if _, err := holder.Break(ctx, "b", driver.BreakRequest{Reason: "test", By: "test"}); err != nil {
 		t.Fatal(err)
 	}

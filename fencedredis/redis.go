@@ -31,8 +31,9 @@
 // the safety margin ends grants early. The fence then refuses the first
 // holder at the resource.
 //
-// Waiters are woken by pub/sub, one per release. FIFO is not promised
-// across processes. Keys in the namespace that fenced did not write are
+// Waiters are woken by pub/sub: a release wakes one process, the one that
+// has waited longest in the key's waiter queue, and one waiter in it.
+// FIFO is not promised across processes. Keys in the namespace that fenced did not write are
 // never deleted or overwritten: operations on them fail with
 // ErrForeignValue.
 //
@@ -45,6 +46,7 @@ import (
 	"fmt"
 	"net/url"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -104,6 +106,7 @@ type Driver struct {
 	layout rediskit.Layout
 	opts   Options
 	hub    *rediskit.Hub
+	queues sync.Map // wait channel -> its key's waiter queue (Keys.Waiters)
 	// guarantees is what Guarantees returns, set by New.
 	guarantees driver.Guarantees
 
@@ -131,6 +134,7 @@ func New(c redis.UniversalClient, opts *Options) (*Driver, error) {
 		return nil, errors.New("redis: New: nil client")
 	}
 	d := &Driver{c: c, hub: rediskit.NewHub(c)}
+	d.hub.Left = d.leaveQueue
 	if opts != nil {
 		d.opts = *opts
 	}
@@ -201,30 +205,32 @@ func open(ctx context.Context, u *url.URL) (driver.Driver, error) {
 	return d, nil
 }
 
-// waitersSlack is how much longer than the grant a refused try's
-// Keys.Waiters mark lives. The waiter sleeps at most the grant's PTTL (plus
-// a millisecond) on its own clock, which starts when the reply arrives. A
-// release just before the waiter's retry must still publish, so the mark
-// must outlive that sleep. A mark that outlives its waiters costs one
-// PUBLISH nobody needed.
+// waitersSlack is how much longer than the grant a refused try's entry in
+// the key's waiter queue (Keys.Waiters) stands. The waiter sleeps at most
+// the grant's PTTL (plus a millisecond) on its own clock, which starts
+// when the reply arrives. A release just before the waiter's retry must
+// still wake it, so the entry must outlive that sleep. An entry that
+// outlives its waiters costs one wake-up nobody takes.
 const waitersSlack = time.Second
 
 // The scripts are rediskit's (internal/rediskit/lua): rediskit.Acquire
 // grants, rediskit.ReleaseWaiters releases. A process with no
 // subscription to the key (most likely free) sends the grant with two
 // keys and two arguments: INCR and SET NX, and a reply of the fence alone.
-// One with subscribers sends the waiters mark and its count too: a
-// refusal then makes sure, in the same atomic step, that the mark lives
-// for the holder's PTTL plus at least half of waitersSlack (so the
-// release that follows publishes), and a grant made while the process
-// has other subscribers sets the mark again, since the release that woke
-// this waiter consumed the one its neighbours had set. Only the first
-// refusal of a grant, and the first after a renewal, writes the mark: the
-// others only read its PTTL, so a crowd of refused waiters costs the
-// server no writes (no AOF fsync under appendfsync always). A process
-// that subscribes after the caller read the count announces itself: the
-// Client subscribes before its next try, and that try, refused, is made
-// with a subscription.
+// One with waiters sends the waiter queue, its count of waiters and its
+// hub id too: a refusal then makes sure, in the same atomic step, that
+// the process stands in the queue for the holder's PTTL plus at least
+// half of waitersSlack, and a grant takes it off the queue unless it has
+// other waiters (the release that woke this one took it off). The
+// release takes the process that has stood longest off the queue and
+// publishes on that process's channel alone, so each release wakes one
+// process, not every process with a waiter: with 64 waiting processes
+// the others stay asleep. Only the first refusal of a grant, and the
+// first after a renewal, writes the queue: the others only read it, so a
+// crowd of refused waiters costs the server no writes (no AOF fsync under
+// appendfsync always). A process that subscribes after the caller read
+// the count announces itself: the Client subscribes before its next try,
+// and that try, refused, is made with a subscription.
 
 // release runs rediskit.ReleaseWaiters for value on k.
 func (d *Driver) release(ctx context.Context, k rediskit.Keys, value string) *redis.Cmd {
@@ -239,7 +245,7 @@ func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Dur
 		return 0, err
 	}
 	k := d.layout.Keys(key)
-	subs := d.hub.Subscribers(k.Channel)
+	subs := d.hub.Subscribers(d.waitChannel(k))
 	if subs == 0 && d.opts.WaitReplicas == 0 {
 		res, err := rediskit.Acquire.Run(ctx, d.c, []string{k.Lock, k.Fence}, owner, rediskit.Millis(ttl)).Result()
 		if err != nil {
@@ -248,7 +254,7 @@ func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Dur
 		return d.acquireResult(key, k, rediskit.ParseAcquire(res))
 	}
 	keys := []string{k.Lock, k.Fence, k.Waiters}
-	args := []any{owner, rediskit.Millis(ttl), subs, waitersSlack.Milliseconds()}
+	args := []any{owner, rediskit.Millis(ttl), subs, waitersSlack.Milliseconds(), d.hub.ID()}
 	if d.opts.WaitReplicas > 0 {
 		return d.acquireAndWait(ctx, key, k, keys, args)
 	}
@@ -452,7 +458,7 @@ func (d *Driver) Break(ctx context.Context, key string, req driver.BreakRequest)
 		return driver.LeaseInfo{}, err
 	}
 	k := d.layout.Keys(key)
-	res, err := rediskit.Break.Run(ctx, d.c, []string{k.Lock, k.Audit}, k.Channel, req.Reason, req.By, d.opts.AuditLen).Slice()
+	res, err := rediskit.Break.Run(ctx, d.c, []string{k.Lock, k.Audit, k.Waiters}, k.Channel, req.Reason, req.By, d.opts.AuditLen).Slice()
 	if err != nil {
 		return driver.LeaseInfo{}, d.scriptErr("break", key, err, true, k.Lock, k.Audit)
 	}
@@ -472,12 +478,40 @@ func (d *Driver) Breaks(ctx context.Context, key string) ([]driver.BreakRecord, 
 }
 
 // Subscribe implements driver.Notifier over pub/sub; see rediskit.Hub for
-// the design (one subscriber connection per driver, fan-out per key).
+// the design (one subscriber connection per driver, fan-out per key). A
+// waiter listens on its process's own channel for the key (waitChannel):
+// a release wakes the process first in the key's waiter queue, not every
+// process with a waiter.
 func (d *Driver) Subscribe(ctx context.Context, key string) (driver.Subscription, error) {
 	if err := d.usable(); err != nil {
 		return nil, err
 	}
-	return d.hub.Subscribe(ctx, d.layout.Keys(key).Channel)
+	k := d.layout.Keys(key)
+	ch := d.waitChannel(k)
+	d.queues.Store(ch, k.Waiters)
+	return d.hub.Subscribe(ctx, ch)
+}
+
+// waitChannel is the channel on which this process's waiters for k are
+// woken: the key's channel and the hub's id.
+func (d *Driver) waitChannel(k rediskit.Keys) string { return k.Channel + ":" + d.hub.ID() }
+
+// leaveQueue takes this process off the waiter queue of the key whose
+// wait channel is ch, once its last waiter for it has left (Hub.Left), so
+// that a release does not wake a process with nobody waiting. Best
+// effort: an entry left behind lapses with the grant's PTTL, and until
+// then a release that picks it wakes nobody, and the waiters of other
+// processes find the key free at their fallback timers. A waiter of
+// this process that arrives meanwhile enters the queue again at its next
+// refused try.
+func (d *Driver) leaveQueue(ch string) {
+	q, ok := d.queues.LoadAndDelete(ch)
+	if !ok || d.hub.Subscribers(ch) > 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_ = d.c.ZRem(ctx, q.(string), d.hub.ID()).Err()
 }
 
 // SubscribeObserver implements driver.ObserveNotifier: the observer is

@@ -2,6 +2,8 @@ package rediskit
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -39,6 +41,12 @@ import (
 // missed.
 type Hub struct {
 	client redis.UniversalClient
+	id     string
+
+	// Left, if set, is called (on a goroutine of its own) when the last
+	// waiter's subscription to a channel closes, so a backend can take
+	// this process off the channel's key's waiter queue.
+	Left func(channel string)
 
 	cmdMu sync.Mutex // orders SUBSCRIBE and UNSUBSCRIBE with the pending queue
 
@@ -75,11 +83,22 @@ type sub struct {
 
 // NewHub returns a Hub over c. It connects on first use.
 func NewHub(c redis.UniversalClient) *Hub {
-	h := &Hub{client: c, topics: map[string]*topic{}, subs: map[string]int{}, pending: map[string][]chan struct{}{}, done: make(chan struct{})}
+	h := &Hub{client: c, id: newHubID(), topics: map[string]*topic{}, subs: map[string]int{}, pending: map[string][]chan struct{}{}, done: make(chan struct{})}
 	h.wake.Idle = h.idle
 	h.wake.PassOn = true // one wake-up per release: hand it on
 	return h
 }
+
+// newHubID returns 16 random hex digits.
+func newHubID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// ID identifies the hub (the process, for a backend that has one hub per
+// client) among the waiters of a key: random, 16 hex digits.
+func (h *Hub) ID() string { return h.id }
 
 // confirmTimeout bounds the wait for a SUBSCRIBE confirmation.
 const confirmTimeout = 5 * time.Second
@@ -244,10 +263,16 @@ func (s *sub) Close() error {
 			return
 		}
 		s.h.mu.Lock()
+		last := false
 		if s.h.subs[s.channel]--; s.h.subs[s.channel] <= 0 {
 			delete(s.h.subs, s.channel)
+			last = true
 		}
+		left := s.h.Left
 		s.h.mu.Unlock()
+		if last && left != nil {
+			go left(s.channel)
+		}
 	})
 	s.h.cmdMu.Lock()
 	defer s.h.cmdMu.Unlock()

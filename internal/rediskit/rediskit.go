@@ -33,10 +33,11 @@ type Keys struct {
 	// attempt of the owner whose grant is on the node, and never expires;
 	// see lua/redlock_acquire.lua.
 	Claim string
-	// Waiters, where the backend uses it (redis), says that a process may
-	// be waiting for the key: a refused try of a process with subscribers
-	// sets it (with an expiry), and a release publishes only when it
-	// deletes it. See the redis package's acquire and release scripts.
+	// Waiters, where the backend uses it (redis), is the key's waiter
+	// queue: the processes (hub ids) with waiters for it, each until a
+	// time. A refused try of a process with waiters enters it, and a
+	// release wakes the first on its own channel (Channel + ":" + id).
+	// See lua/waiter_queue.lua.
 	Waiters string
 }
 
@@ -65,7 +66,7 @@ const (
 const (
 	fenceSuffix   = "}:fence"
 	channelSuffix = "}:free"
-	waitersSuffix = "}:waiters"
+	waitersSuffix = "}:waitq"
 	claimSuffix   = "}:claim"
 )
 

@@ -43,7 +43,7 @@ var (
 	// Acquire is the redis backend's grant (lua/acquire.lua): a new
 	// grant's reply is its fence alone, any other reply {status, fence,
 	// pttl} (see ParseAcquire).
-	Acquire = script("", "held.lua", "acquire.lua")
+	Acquire = script("", "held.lua", "waiter_queue.lua", "acquire.lua")
 	// AcquireNode is Redlock's grant on one node (lua/redlock_acquire.lua).
 	AcquireNode = script("", "held.lua", "redlock_acquire.lua")
 	// Renew renews one grant (lua/renew.lua).
@@ -56,9 +56,10 @@ var (
 	RenewManyAcross = script("allow-cross-slot-keys", "renew_one.lua", "renew_many_across.lua")
 	// Release is Redlock's release on one node (lua/release.lua).
 	Release = script("", "release.lua")
-	// ReleaseWaiters is the redis backend's release, which publishes only
-	// when the waiters mark is there (lua/release_waiters.lua).
-	ReleaseWaiters = script("", "release_waiters.lua")
+	// ReleaseWaiters is the redis backend's release, which wakes the
+	// process first in the key's waiter queue, if any
+	// (lua/release_waiters.lua, lua/waiter_queue.lua).
+	ReleaseWaiters = script("", "waiter_queue.lua", "release_waiters.lua")
 	// ReleaseAttempt is Redlock's rollback of one failed attempt on one
 	// node: it deletes the owner's grant there unless a later attempt of
 	// the owner claimed it (lua/release_attempt.lua).
@@ -66,5 +67,5 @@ var (
 	// Inspect reads a grant and the fence counter (lua/inspect.lua).
 	Inspect = script("", "inspect.lua")
 	// Break deletes a grant and records it (lua/break.lua).
-	Break = script("", "break.lua")
+	Break = script("", "waiter_queue.lua", "break.lua")
 )

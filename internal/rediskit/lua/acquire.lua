@@ -1,7 +1,11 @@
 -- The redis backend's acquire. KEYS[1] lock, KEYS[2] fence counter,
--- KEYS[3] waiters mark (only with ARGV[3] > 0); ARGV[1] owner, ARGV[2]
+-- KEYS[3] waiter queue (only with ARGV[3] > 0); ARGV[1] owner, ARGV[2]
 -- ttl ms, ARGV[3] how many subscriptions to the key the caller's process
--- has open (absent: none), ARGV[4] the waiters mark's slack in ms.
+-- has open (absent: none), ARGV[4] the queue entry's slack in ms, ARGV[5]
+-- the caller process's hub id. The waiter queue is a sorted set of the
+-- processes with waiters for the key, each scored with the time (server
+-- clock, ms) until which it stands; the release wakes the one that has
+-- stood longest (see release_waiters.lua).
 -- A new grant's reply is its fence alone, as a string; any other reply
 -- is held's.
 local here = tonumber(ARGV[3] or '0')
@@ -20,22 +24,32 @@ local v = redis.call('GET', KEYS[1])
 if v then
   local r = held(v)
   if r[1] == 0 and here > 0 then
-    -- A refusal seen by a process with subscribers: make sure the
-    -- waiters mark outlives the grant's PTTL by at least half the slack
-    -- (setting it for PTTL plus the slack if not), so that the release
-    -- that follows publishes. Only the first refusal of a grant, and the
-    -- first after a renewal, writes: the others only read its PTTL.
+    -- A refusal seen by a process with waiters: make sure the process is
+    -- in the queue until the grant's PTTL plus at least half the slack
+    -- (entering it for PTTL plus the slack if not), so that the release
+    -- that follows wakes it if it is first. Only the first refusal of a
+    -- grant, and the first after a renewal, writes: the others only read.
     local keep, slack = tonumber(ARGV[2]), tonumber(ARGV[4])
     if r[3] > 0 then keep = r[3] end
-    if redis.call('PTTL', KEYS[3]) < keep + slack / 2 then
-      redis.call('SET', KEYS[3], '1', 'PX', keep + slack)
+    local now = now_ms()
+    local until_ = redis.call('ZSCORE', KEYS[3], ARGV[5])
+    if not until_ or tonumber(until_) < now + keep + slack / 2 then
+      stand(KEYS[3], ARGV[5], now, keep + slack)
     end
   end
   return r
 end
+-- Free, and the caller has waiters: read the queue before writing, so
+-- that a queue key of another type fails the script with nothing
+-- changed.
+redis.call('ZSCORE', KEYS[3], ARGV[5])
 local f = string.format('%d', redis.call('INCR', KEYS[2]))
 redis.call('SET', KEYS[1], f .. ':' .. ARGV[1], 'PX', ARGV[2])
--- A grant while the process has other subscribers sets the mark again:
--- the release that woke this waiter consumed the one they had set.
-if here > 1 then redis.call('SET', KEYS[3], '1', 'PX', tonumber(ARGV[2]) + tonumber(ARGV[4])) end
+-- Granted to a waiter: its process leaves the queue, unless it has other
+-- waiters for the key (the release that woke this one took it off).
+if here > 1 then
+  stand(KEYS[3], ARGV[5], now_ms(), tonumber(ARGV[2]) + tonumber(ARGV[4]))
+else
+  redis.call('ZREM', KEYS[3], ARGV[5])
+end
 return f

@@ -1,0 +1,35 @@
+-- The redis backend's waiter queue: a sorted set of the processes (hub
+-- ids) with waiters for a key, each scored with the server time (ms)
+-- until which it stands. A release wakes one process, not all of them.
+
+-- now_ms is the server's clock in milliseconds.
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- stand puts process id in queue q until now + span ms, and keeps q
+-- itself at least that long.
+local function stand(q, id, now, span)
+  redis.call('ZADD', q, now + span, id)
+  if redis.call('PTTL', q) < span then redis.call('PEXPIRE', q, span) end
+end
+
+-- first_waiter returns the process that has stood longest in queue q
+-- and still stands at now (ms), or nil. It only reads, so a key of
+-- another type fails the script before it wrote anything.
+local function first_waiter(q)
+  if redis.call('EXISTS', q) == 0 then return nil, 0 end
+  local now = now_ms()
+  return redis.call('ZRANGEBYSCORE', q, now, '+inf', 'LIMIT', 0, 1)[1], now
+end
+
+-- wake takes process id, and the entries that no longer stand at now, off
+-- queue q, and publishes on id's channel (channel .. ':' .. id), then on
+-- channel itself, for observers.
+local function wake(q, id, now, channel)
+  redis.call('ZREMRANGEBYSCORE', q, '-inf', '(' .. now)
+  redis.call('ZREM', q, id)
+  redis.call('PUBLISH', channel .. ':' .. id, '')
+  redis.call('PUBLISH', channel, '')
+end
