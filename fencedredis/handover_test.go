@@ -13,6 +13,7 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/fencedredis"
 	"github.com/fenced-dev/fenced/internal/rediskit"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 	"github.com/redis/go-redis/v9"
@@ -173,17 +174,56 @@ func TestReleaseWakesOneProcess(t *testing.T) {
 		t.Fatalf("waiter queue holds %d processes after a refusal, want 1", n)
 	}
 	s.Close()
+	waitQueueLen(t, rc, queue, 0)
+
+	// A process woken whose waiter gives up instead of trying passes the
+	// wake-up on to the next process in the queue.
+	quitter, stayer := newDriver(t, srv, nil), newDriver(t, srv, nil)
+	qs, err := quitter.Subscribe(ctx, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ss, err := stayer.Subscribe(ctx, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ss.Close()
+	for _, d := range []*fencedredis.Driver{quitter, stayer} {
+		if _, err := d.TryAcquire(ctx, "job", owner(), time.Minute); !errors.Is(err, driver.ErrHeld) {
+			t.Fatalf("try of a held key: %v", err)
+		}
+	}
+	if err := holder.Release(ctx, g); err != nil {
+		t.Fatal(err)
+	}
+	first, second := qs, ss
+	if !woken(qs, 10*time.Second) {
+		first, second = ss, qs // the queue woke the other one first
+		if !woken(ss, 10*time.Millisecond) {
+			t.Fatal("the release woke neither process")
+		}
+	}
+	first.Close() // gives up without trying
+	if !woken(second, 10*time.Second) {
+		t.Fatal("the wake-up of a process whose waiter gave up was not passed on to the next process")
+	}
+	qs.Close()
+}
+
+// waitQueueLen waits up to 5 s for queue to hold n members.
+func waitQueueLen(t *testing.T, rc *redis.Client, queue string, n int64) {
+	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		n, err := rc.ZCard(ctx, queue).Result()
+		got, err := rc.ZCard(context.Background(), queue).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
-		if n == 0 {
-			break
+		if got == n {
+			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("a process whose last waiter left is still in the waiter queue 5s later")
+			t.Fatalf("waiter queue %s holds %d members 5s on, want %d", queue, got, n)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}

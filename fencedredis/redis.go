@@ -106,7 +106,12 @@ type Driver struct {
 	layout rediskit.Layout
 	opts   Options
 	hub    *rediskit.Hub
-	queues sync.Map // wait channel -> its key's waiter queue (Keys.Waiters)
+	// waiting holds, per wait channel, this process's current waiting
+	// episode for the key (see Subscribe); waitGen numbers them.
+	waitMu  sync.Mutex
+	waiting map[string]*waitEpisode
+	waitGen atomic.Uint64
+	leaving sync.WaitGroup // leave scripts in flight
 	// guarantees is what Guarantees returns, set by New.
 	guarantees driver.Guarantees
 
@@ -133,8 +138,7 @@ func New(c redis.UniversalClient, opts *Options) (*Driver, error) {
 	if c == nil {
 		return nil, errors.New("redis: New: nil client")
 	}
-	d := &Driver{c: c, hub: rediskit.NewHub(c)}
-	d.hub.Left = d.leaveQueue
+	d := &Driver{c: c, hub: rediskit.NewHub(c), waiting: map[string]*waitEpisode{}}
 	if opts != nil {
 		d.opts = *opts
 	}
@@ -245,7 +249,7 @@ func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Dur
 		return 0, err
 	}
 	k := d.layout.Keys(key)
-	subs := d.hub.Subscribers(d.waitChannel(k))
+	subs, member := d.episode(k)
 	if subs == 0 && d.opts.WaitReplicas == 0 {
 		res, err := rediskit.Acquire.Run(ctx, d.c, []string{k.Lock, k.Fence}, owner, rediskit.Millis(ttl)).Result()
 		if err != nil {
@@ -254,7 +258,7 @@ func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Dur
 		return d.acquireResult(key, k, rediskit.ParseAcquire(res))
 	}
 	keys := []string{k.Lock, k.Fence, k.Waiters}
-	args := []any{owner, rediskit.Millis(ttl), subs, waitersSlack.Milliseconds(), d.hub.ID()}
+	args := []any{owner, rediskit.Millis(ttl), subs, waitersSlack.Milliseconds(), member}
 	if d.opts.WaitReplicas > 0 {
 		return d.acquireAndWait(ctx, key, k, keys, args)
 	}
@@ -482,36 +486,105 @@ func (d *Driver) Breaks(ctx context.Context, key string) ([]driver.BreakRecord, 
 // waiter listens on its process's own channel for the key (waitChannel):
 // a release wakes the process first in the key's waiter queue, not every
 // process with a waiter.
+//
+// The process stands in the queue as the member of its current waiting
+// episode for the key: from its first waiter's Subscribe to its last
+// waiter's Close. Each episode has a member of its own (hub id and a
+// number), so that the end of one episode, which takes its member off the
+// queue, never takes off the next one's.
 func (d *Driver) Subscribe(ctx context.Context, key string) (driver.Subscription, error) {
 	if err := d.usable(); err != nil {
 		return nil, err
 	}
 	k := d.layout.Keys(key)
 	ch := d.waitChannel(k)
-	d.queues.Store(ch, k.Waiters)
-	return d.hub.Subscribe(ctx, ch)
+	d.waitMu.Lock()
+	ep := d.waiting[ch]
+	if ep == nil {
+		ep = &waitEpisode{member: d.hub.ID() + ":" + strconv.FormatUint(d.waitGen.Add(1), 36)}
+		d.waiting[ch] = ep
+	}
+	ep.n++
+	d.waitMu.Unlock()
+	s, err := d.hub.Subscribe(ctx, ch)
+	if err != nil {
+		d.endWait(k, ch, ep)
+		return nil, err
+	}
+	return &queuedSub{Subscription: s, d: d, k: k, ch: ch, ep: ep}, nil
+}
+
+// waitEpisode is a process's waiting for one key: its member in the key's
+// waiter queue and how many of its waiters are subscribed.
+type waitEpisode struct {
+	member string
+	n      int
+}
+
+// episode returns how many waiters this process has subscribed for k and
+// its member in k's waiter queue (0 and "" if none).
+func (d *Driver) episode(k rediskit.Keys) (int, string) {
+	d.waitMu.Lock()
+	defer d.waitMu.Unlock()
+	if ep := d.waiting[d.waitChannel(k)]; ep != nil {
+		return ep.n, ep.member
+	}
+	return 0, ""
 }
 
 // waitChannel is the channel on which this process's waiters for k are
 // woken: the key's channel and the hub's id.
 func (d *Driver) waitChannel(k rediskit.Keys) string { return k.Channel + ":" + d.hub.ID() }
 
-// leaveQueue takes this process off the waiter queue of the key whose
-// wait channel is ch, once its last waiter for it has left (Hub.Left), so
-// that a release does not wake a process with nobody waiting. Best
-// effort: an entry left behind lapses with the grant's PTTL, and until
-// then a release that picks it wakes nobody, and the waiters of other
-// processes find the key free at their fallback timers. A waiter of
-// this process that arrives meanwhile enters the queue again at its next
-// refused try.
-func (d *Driver) leaveQueue(ch string) {
-	q, ok := d.queues.LoadAndDelete(ch)
-	if !ok || d.hub.Subscribers(ch) > 0 {
+// endWait counts a waiter of episode ep out; the last one ends the
+// episode and, in the background, runs the leave script: the member
+// leaves the queue and, if the key is free, the next process in the queue
+// is woken, since a wake-up this process took but did not use (its waiter
+// gave up) would otherwise be lost to the others.
+func (d *Driver) endWait(k rediskit.Keys, ch string, ep *waitEpisode) {
+	d.waitMu.Lock()
+	ep.n--
+	last := ep.n == 0 && d.waiting[ch] == ep
+	if last {
+		delete(d.waiting, ch)
+	}
+	d.waitMu.Unlock()
+	if !last {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	_ = d.c.ZRem(ctx, q.(string), d.hub.ID()).Err()
+	d.leaving.Add(1)
+	go func() {
+		defer d.leaving.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = rediskit.LeaveWaiters.Run(ctx, d.c, []string{k.Lock, k.Waiters}, ep.member, k.Channel).Err()
+	}()
+}
+
+// queuedSub is a waiter's subscription: closing it counts the waiter out
+// of its process's waiting episode.
+type queuedSub struct {
+	driver.Subscription
+	d    *Driver
+	k    rediskit.Keys
+	ch   string
+	ep   *waitEpisode
+	once sync.Once
+}
+
+// Close implements driver.Subscription.
+func (s *queuedSub) Close() error {
+	err := s.Subscription.Close()
+	s.once.Do(func() { s.d.endWait(s.k, s.ch, s.ep) })
+	return err
+}
+
+// Forward implements driver.WakeForwarder: the hub hands the wake-up on
+// to the next waiter of this process.
+func (s *queuedSub) Forward() {
+	if f, ok := s.Subscription.(driver.WakeForwarder); ok {
+		f.Forward()
+	}
 }
 
 // SubscribeObserver implements driver.ObserveNotifier: the observer is
@@ -563,6 +636,7 @@ func (d *Driver) Close() error {
 		return nil
 	}
 	err := d.hub.Close()
+	d.leaving.Wait()
 	if d.owns {
 		if cerr := d.c.Close(); err == nil {
 			err = cerr

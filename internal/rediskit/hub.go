@@ -43,11 +43,6 @@ type Hub struct {
 	client redis.UniversalClient
 	id     string
 
-	// Left, if set, is called (on a goroutine of its own) when the last
-	// waiter's subscription to a channel closes, so a backend can take
-	// this process off the channel's key's waiter queue.
-	Left func(channel string)
-
 	cmdMu sync.Mutex // orders SUBSCRIBE and UNSUBSCRIBE with the pending queue
 
 	mu      sync.Mutex
@@ -263,16 +258,10 @@ func (s *sub) Close() error {
 			return
 		}
 		s.h.mu.Lock()
-		last := false
 		if s.h.subs[s.channel]--; s.h.subs[s.channel] <= 0 {
 			delete(s.h.subs, s.channel)
-			last = true
 		}
-		left := s.h.Left
 		s.h.mu.Unlock()
-		if last && left != nil {
-			go left(s.channel)
-		}
 	})
 	s.h.cmdMu.Lock()
 	defer s.h.cmdMu.Unlock()

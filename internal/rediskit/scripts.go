@@ -60,6 +60,10 @@ var (
 	// process first in the key's waiter queue, if any
 	// (lua/release_waiters.lua, lua/waiter_queue.lua).
 	ReleaseWaiters = script("", "waiter_queue.lua", "release_waiters.lua")
+	// LeaveWaiters ends a process's waiting for a key: it leaves the
+	// waiter queue, and wakes the next process if the key is free
+	// (lua/leave_waiters.lua).
+	LeaveWaiters = script("", "waiter_queue.lua", "leave_waiters.lua")
 	// ReleaseAttempt is Redlock's rollback of one failed attempt on one
 	// node: it deletes the owner's grant there unless a later attempt of
 	// the owner claimed it (lua/release_attempt.lua).

@@ -57,7 +57,7 @@ func scripts() map[string]*redis.Script {
 	return map[string]*redis.Script{
 		"Acquire": Acquire, "AcquireNode": AcquireNode, "Renew": Renew, "RenewMany": RenewMany,
 		"RenewManyAcross": RenewManyAcross, "Release": Release, "ReleaseWaiters": ReleaseWaiters,
-		"ReleaseAttempt": ReleaseAttempt, "Inspect": Inspect, "Break": Break,
+		"ReleaseAttempt": ReleaseAttempt, "Inspect": Inspect, "Break": Break, "LeaveWaiters": LeaveWaiters,
 	}
 }
 

@@ -2,7 +2,7 @@
 -- KEYS[3] waiter queue (only with ARGV[3] > 0); ARGV[1] owner, ARGV[2]
 -- ttl ms, ARGV[3] how many subscriptions to the key the caller's process
 -- has open (absent: none), ARGV[4] the queue entry's slack in ms, ARGV[5]
--- the caller process's hub id. The waiter queue is a sorted set of the
+-- the caller process's member in the queue. The waiter queue is a sorted set of the
 -- processes with waiters for the key, each scored with the time (server
 -- clock, ms) until which it stands; the release wakes the one that has
 -- stood longest (see release_waiters.lua).

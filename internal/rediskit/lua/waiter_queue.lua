@@ -1,6 +1,8 @@
--- The redis backend's waiter queue: a sorted set of the processes (hub
--- ids) with waiters for a key, each scored with the server time (ms)
--- until which it stands. A release wakes one process, not all of them.
+-- The redis backend's waiter queue: a sorted set of the processes with
+-- waiters for a key, each scored with the server time (ms) until which it
+-- stands. A member is "<hub id>:<episode>": the process's hub id, and the
+-- number of its current waiting episode for the key. A release wakes one
+-- process, on the channel of its hub id, not all of them.
 
 -- now_ms is the server's clock in milliseconds.
 local function now_ms()
@@ -24,12 +26,12 @@ local function first_waiter(q)
   return redis.call('ZRANGEBYSCORE', q, now, '+inf', 'LIMIT', 0, 1)[1], now
 end
 
--- wake takes process id, and the entries that no longer stand at now, off
--- queue q, and publishes on id's channel (channel .. ':' .. id), then on
--- channel itself, for observers.
+-- wake takes member id, and the entries that no longer stand at now, off
+-- queue q, and publishes on its process's channel (channel .. ':' .. hub
+-- id), then on channel itself, for observers.
 local function wake(q, id, now, channel)
   redis.call('ZREMRANGEBYSCORE', q, '-inf', '(' .. now)
   redis.call('ZREM', q, id)
-  redis.call('PUBLISH', channel .. ':' .. id, '')
+  redis.call('PUBLISH', channel .. ':' .. string.match(id, '^[^:]*'), '')
   redis.call('PUBLISH', channel, '')
 end
