@@ -2,7 +2,6 @@ package testenv
 
 import (
 	"os/exec"
-	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
@@ -32,16 +31,4 @@ func TestSignalStopWaitsForTheWholeGroup(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-}
-
-// groupSize counts the live processes of process group pgid.
-func groupSize(pgid int) int {
-	n := 0
-	procs, _ := filepath.Glob("/proc/[0-9]*/stat")
-	for _, f := range procs {
-		if st, grp, ok := procStat(f); ok && grp == pgid && st != 'Z' && st != 'X' {
-			n++
-		}
-	}
-	return n
 }

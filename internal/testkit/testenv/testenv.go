@@ -226,19 +226,42 @@ func procStat(path string) (state byte, pgrp int, ok bool) {
 	return f[0][0], pgrp, true
 }
 
-// Kill kills the process group with SIGKILL and waits for the exit.
+// Kill kills the process group with SIGKILL and waits, up to 10s, until
+// the leader has exited and no other process of the group is left. A
+// child killed in an uninterruptible wait (a PostgreSQL backend inside an
+// fsync) dies only when the wait ends, and until then it holds what a
+// restart on the same data needs (PostgreSQL refuses to start while the
+// old shared memory block is attached).
 func (p *Process) Kill() {
+	pgid := p.Cmd.Process.Pid
+	_ = syscall.Kill(-pgid, syscall.SIGCONT)
+	_ = syscall.Kill(-pgid, syscall.SIGKILL)
+	deadline := time.After(10 * time.Second)
 	select {
 	case <-p.exited:
+	case <-deadline:
 		return
-	default:
 	}
-	_ = syscall.Kill(-p.Cmd.Process.Pid, syscall.SIGCONT)
-	_ = syscall.Kill(-p.Cmd.Process.Pid, syscall.SIGKILL)
-	select {
-	case <-p.exited:
-	case <-time.After(10 * time.Second):
+	for groupSize(pgid) > 0 {
+		select {
+		case <-deadline:
+			return
+		case <-time.After(time.Millisecond):
+		}
 	}
+}
+
+// groupSize counts the live processes (not zombies) of process group
+// pgid.
+func groupSize(pgid int) int {
+	n := 0
+	procs, _ := filepath.Glob("/proc/[0-9]*/stat")
+	for _, f := range procs {
+		if st, grp, ok := procStat(f); ok && grp == pgid && st != 'Z' && st != 'X' {
+			n++
+		}
+	}
+	return n
 }
 
 // Stop sends SIGTERM and waits up to timeout for a clean exit, then kills.
