@@ -33,9 +33,9 @@
 //
 // Waiters are woken by pub/sub: a release wakes one process, the one that
 // has waited longest in the key's waiter queue, and one waiter in it.
-// FIFO is not promised across processes. Keys in the namespace that fenced did not write are
-// never deleted or overwritten: operations on them fail with
-// ErrForeignValue.
+// FIFO is not promised across processes. Keys in the namespace that
+// fenced did not write are never deleted or overwritten: operations on
+// them fail with ErrForeignValue.
 //
 // How the driver keeps a lease, and why: docs/backends.md.
 package fencedredis
@@ -548,11 +548,17 @@ func (d *Driver) endWait(k rediskit.Keys, ch string, ep *waitEpisode) {
 	if last {
 		delete(d.waiting, ch)
 	}
+	// Close waits for the leave scripts it has let start (it takes waitMu
+	// after marking the driver closed); a closing driver starts none, and
+	// its entries lapse on their own.
+	last = last && !d.closed.Load()
+	if last {
+		d.leaving.Add(1)
+	}
 	d.waitMu.Unlock()
 	if !last {
 		return
 	}
-	d.leaving.Add(1)
 	go func() {
 		defer d.leaving.Done()
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -636,7 +642,10 @@ func (d *Driver) Close() error {
 		return nil
 	}
 	err := d.hub.Close()
-	d.leaving.Wait()
+	d.waitMu.Lock()
+	leaving := &d.leaving // no leave script starts after this (see endWait)
+	d.waitMu.Unlock()
+	leaving.Wait()
 	if d.owns {
 		if cerr := d.c.Close(); err == nil {
 			err = cerr
