@@ -178,7 +178,17 @@ began, held 4.9 s of its 5 s TTL with no fault active. The client's
 background release looked only in the first second, while its looks took
 up to 4.95 s waiting for one of the worker's 4 pooled connections (p99
 1.9 s, measured in an instrumented rerun). It now looks at doubling
-intervals until a TTL has passed (TestGrantAppliedLateIsReleased). Two
+intervals until a TTL has passed (TestGrantAppliedLateIsReleased).
+The 20-minute rows of seed 1796425011795635331 (after that fix): Redis
+passed, 1 502 222 ops with up to 10 131 leases held by one worker. etcd
+found 12 orphans, the first 12m16s in: grants of cancelled acquires held
+10.8 s to 25.3 s (its keep limit is 7.5 s, TTL 5 s) on the pool keys of
+all three workers, with etcd logging slow applies (100-220 ms); the
+history was not kept, so the cause is open (rerun with PROOF_KEEP=dir
+FENCED_PROOF_SEED=1796425011795635331). The PostgreSQL row did not finish:
+a restart after kill -9 (M6) found the old server's shared memory still
+attached, because a killed backend had not died yet; testenv's Kill now
+waits for the whole process group, and the 8-minute row stays. Two
 findings of the long mode were the checker's own and are fixed: an etcd
 grant kept 6.4 s by the session's rounding (a 5 s TTL stands up to 6.5 s),
 and two grants of one owner, 11 s apart, counted as one. Item 7 (a reaped etcd grant
