@@ -210,6 +210,58 @@ func TestReleaseWakesOneProcess(t *testing.T) {
 	qs.Close()
 }
 
+// TestDeadFirstWaiterCostsOneFallbackPoll: the process first in the
+// waiter queue is gone (an entry standing for a minute that no process
+// listens for, as a killed waiter leaves). The release wakes it, nobody
+// else, and the live waiter takes the key at its next check: within its
+// FallbackPoll (300 ms here), not after the minute.
+func TestDeadFirstWaiterCostsOneFallbackPoll(t *testing.T) {
+	ctx := testCtx(t)
+	srv := testenv.StartRedis(t, testenv.RedisConfig{NoPersistence: true})
+	rc := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1})
+	t.Cleanup(func() { rc.Close() })
+	holder := newDriver(t, srv, nil)
+	o := owner()
+	f, err := holder.TryAcquire(ctx, "job", o, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	queue := rediskit.DefaultPrefix + "{job}:waitq"
+	now, err := rc.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Stands 30 s: first, ahead of the live waiter (PTTL plus a second).
+	if err := rc.ZAdd(ctx, queue, redis.Z{Score: float64(now.Add(30*time.Second).UnixMilli()), Member: "deadbeefdeadbeef:1"}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	c := fenced.NewClient(newDriver(t, srv, nil), &fenced.Options{MinFence: fenced.FenceRepeatable, FallbackPoll: 300 * time.Millisecond})
+	defer c.Close()
+	got := make(chan error, 1)
+	var at time.Time // when the acquire returned; read after got
+	go func() {
+		l, err := c.Acquire(ctx, "job", &fenced.LeaseOptions{TTL: time.Minute, MinFence: fenced.FenceRepeatable, MaxWait: 30 * time.Second})
+		at = time.Now()
+		if err == nil {
+			l.Release(ctx)
+		}
+		got <- err
+	}()
+	waitQueueLen(t, rc, queue, 2)
+	released := time.Now()
+	if err := holder.Release(ctx, driver.Grant{Key: "job", Owner: o, Fence: f, TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; err != nil {
+		t.Fatal(err)
+	}
+	took := at.Sub(released)
+	if took > 2*time.Second {
+		t.Fatalf("the live waiter took the key %v after the release, behind a dead first waiter; want within its 300ms FallbackPoll", took)
+	}
+	t.Logf("live waiter took the key %v after the release", took.Round(time.Millisecond))
+}
+
 // waitQueueLen waits up to 5 s for queue to hold n members.
 func waitQueueLen(t *testing.T, rc *redis.Client, queue string, n int64) {
 	t.Helper()

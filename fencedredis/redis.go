@@ -106,8 +106,9 @@ type Driver struct {
 	layout rediskit.Layout
 	opts   Options
 	hub    *rediskit.Hub
-	// waiting holds, per wait channel, this process's current waiting
-	// episode for the key (see Subscribe); waitGen numbers them.
+	// waiting holds, per key channel (Keys.Channel), this process's
+	// current waiting episode for the key (see Subscribe); waitGen
+	// numbers them.
 	waitMu  sync.Mutex
 	waiting map[string]*waitEpisode
 	waitGen atomic.Uint64
@@ -497,21 +498,20 @@ func (d *Driver) Subscribe(ctx context.Context, key string) (driver.Subscription
 		return nil, err
 	}
 	k := d.layout.Keys(key)
-	ch := d.waitChannel(k)
 	d.waitMu.Lock()
-	ep := d.waiting[ch]
+	ep := d.waiting[k.Channel]
 	if ep == nil {
 		ep = &waitEpisode{member: d.hub.ID() + ":" + strconv.FormatUint(d.waitGen.Add(1), 36)}
-		d.waiting[ch] = ep
+		d.waiting[k.Channel] = ep
 	}
 	ep.n++
 	d.waitMu.Unlock()
-	s, err := d.hub.Subscribe(ctx, ch)
+	s, err := d.hub.Subscribe(ctx, d.waitChannel(k))
 	if err != nil {
-		d.endWait(k, ch, ep)
+		d.endWait(k, ep)
 		return nil, err
 	}
-	return &queuedSub{Subscription: s, d: d, k: k, ch: ch, ep: ep}, nil
+	return &queuedSub{Subscription: s, d: d, k: k, ep: ep}, nil
 }
 
 // waitEpisode is a process's waiting for one key: its member in the key's
@@ -526,7 +526,7 @@ type waitEpisode struct {
 func (d *Driver) episode(k rediskit.Keys) (int, string) {
 	d.waitMu.Lock()
 	defer d.waitMu.Unlock()
-	if ep := d.waiting[d.waitChannel(k)]; ep != nil {
+	if ep := d.waiting[k.Channel]; ep != nil {
 		return ep.n, ep.member
 	}
 	return 0, ""
@@ -541,12 +541,12 @@ func (d *Driver) waitChannel(k rediskit.Keys) string { return k.Channel + ":" + 
 // leaves the queue and, if the key is free, the next process in the queue
 // is woken, since a wake-up this process took but did not use (its waiter
 // gave up) would otherwise be lost to the others.
-func (d *Driver) endWait(k rediskit.Keys, ch string, ep *waitEpisode) {
+func (d *Driver) endWait(k rediskit.Keys, ep *waitEpisode) {
 	d.waitMu.Lock()
 	ep.n--
-	last := ep.n == 0 && d.waiting[ch] == ep
+	last := ep.n == 0 && d.waiting[k.Channel] == ep
 	if last {
-		delete(d.waiting, ch)
+		delete(d.waiting, k.Channel)
 	}
 	// Close waits for the leave scripts it has let start (it takes waitMu
 	// after marking the driver closed); a closing driver starts none, and
@@ -573,7 +573,6 @@ type queuedSub struct {
 	driver.Subscription
 	d    *Driver
 	k    rediskit.Keys
-	ch   string
 	ep   *waitEpisode
 	once sync.Once
 }
@@ -581,7 +580,7 @@ type queuedSub struct {
 // Close implements driver.Subscription.
 func (s *queuedSub) Close() error {
 	err := s.Subscription.Close()
-	s.once.Do(func() { s.d.endWait(s.k, s.ch, s.ep) })
+	s.once.Do(func() { s.d.endWait(s.k, s.ep) })
 	return err
 }
 

@@ -16,9 +16,9 @@ import (
 )
 
 // Hub wakes waiters through Redis pub/sub. The release and break scripts
-// PUBLISH on the key's channel in the same atomic step that frees the key
-// (the redis backend's release only when a waiter announced itself; it
-// asks Subscribers whether this process has one).
+// PUBLISH in the same atomic step that frees the key (the redis backend's
+// release only to the process first in the key's waiter queue, on that
+// process's own channel; see lua/waiter_queue.lua).
 //
 // Why pub/sub: a blocking list (BLPOP) needs one blocked connection per
 // waiting goroutine, and a token pushed for a waiter that has since given
@@ -48,7 +48,6 @@ type Hub struct {
 	mu      sync.Mutex
 	ps      *redis.PubSub
 	topics  map[string]*topic
-	subs    map[string]int             // per channel, open subscriptions
 	pending map[string][]chan struct{} // per channel, SUBSCRIBEs awaiting confirmation, in order sent
 	wake    wakeup.Registry            // waiters by channel
 	closed  bool
@@ -67,18 +66,16 @@ type topic struct {
 const Linger = 5 * time.Second
 
 // sub is a waiter's subscription: the registry's, closed in order with
-// SUBSCRIBE and UNSUBSCRIBE, and counted in Hub.subs until closed.
+// SUBSCRIBE and UNSUBSCRIBE.
 type sub struct {
 	*wakeup.Sub
-	h        *Hub
-	channel  string
-	observer bool // not counted in Hub.subs
-	once     sync.Once
+	h       *Hub
+	channel string
 }
 
 // NewHub returns a Hub over c. It connects on first use.
 func NewHub(c redis.UniversalClient) *Hub {
-	h := &Hub{client: c, id: newHubID(), topics: map[string]*topic{}, subs: map[string]int{}, pending: map[string][]chan struct{}{}, done: make(chan struct{})}
+	h := &Hub{client: c, id: newHubID(), topics: map[string]*topic{}, pending: map[string][]chan struct{}{}, done: make(chan struct{})}
 	h.wake.Idle = h.idle
 	h.wake.PassOn = true // one wake-up per release: hand it on
 	return h
@@ -107,8 +104,8 @@ func (h *Hub) Subscribe(ctx context.Context, channel string) (driver.Subscriptio
 
 // Observe is Subscribe for an observer (driver.ObserveNotifier): it is
 // woken by every message on channel, never takes the one wake-up a
-// release gives this process's waiters, and is not counted by
-// Subscribers, so it never asks a release to publish.
+// release gives this process's waiters, and never enters a waiter queue,
+// so it never asks a release to publish.
 func (h *Hub) Observe(ctx context.Context, channel string) (driver.Subscription, error) {
 	return h.subscribe(ctx, channel, true)
 }
@@ -133,12 +130,11 @@ func (h *Hub) subscribe(ctx context.Context, channel string, observer bool) (dri
 		h.topics[channel] = t
 		h.pending[channel] = append(h.pending[channel], t.ready)
 	}
-	s := &sub{h: h, channel: channel, observer: observer}
+	s := &sub{h: h, channel: channel}
 	if observer {
 		s.Sub = h.wake.Observe(channel)
 	} else {
 		s.Sub = h.wake.Subscribe(channel)
-		h.subs[channel]++
 	}
 	start := h.ps == nil
 	if start {
@@ -253,29 +249,9 @@ func (h *Hub) handle(m any) {
 // consume goes to the next waiter; Linger after the last subscriber of a
 // key left, the channel is unsubscribed.
 func (s *sub) Close() error {
-	s.once.Do(func() {
-		if s.observer {
-			return
-		}
-		s.h.mu.Lock()
-		if s.h.subs[s.channel]--; s.h.subs[s.channel] <= 0 {
-			delete(s.h.subs, s.channel)
-		}
-		s.h.mu.Unlock()
-	})
 	s.h.cmdMu.Lock()
 	defer s.h.cmdMu.Unlock()
 	return s.Sub.Close()
-}
-
-// Subscribers returns how many subscriptions to channel are open in this
-// hub (subscribed or being subscribed). The redis backend's acquire script
-// takes it to decide whether a refused try must ask for a publish on
-// release (Keys.Waiters).
-func (h *Hub) Subscribers(channel string) int {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.subs[channel]
 }
 
 // idle arms the idle timer of channel, whose last subscriber left.
