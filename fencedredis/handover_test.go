@@ -232,7 +232,7 @@ func TestDeadFirstWaiterCostsOneFallbackPoll(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Stands 30 s: first, ahead of the live waiter (PTTL plus a second).
-	if err := rc.ZAdd(ctx, queue, redis.Z{Score: float64(now.Add(30*time.Second).UnixMilli()), Member: "deadbeefdeadbeef:1"}).Err(); err != nil {
+	if err := rc.ZAdd(ctx, queue, redis.Z{Score: float64(now.Add(30 * time.Second).UnixMilli()), Member: "deadbeefdeadbeef:1"}).Err(); err != nil {
 		t.Fatal(err)
 	}
 	c := fenced.NewClient(newDriver(t, srv, nil), &fenced.Options{MinFence: fenced.FenceRepeatable, FallbackPoll: 300 * time.Millisecond})
