@@ -102,6 +102,27 @@ func TestCheckGenFindsEachViolation(t *testing.T) {
 	if r := CheckGen(evs, fenced.FenceStrict, ttl, bound); r.Failed() {
 		t.Errorf("a grant held by a waiting AcquireAll: %+v; want no violation", r)
 	}
+	// The hard limit counts from the end of the AcquireAll that held the
+	// grant while it waited (its MaxWait may be several TTLs): held 7 s,
+	// 1.5 s of it after the set failed, is no orphan; 6.5 s after is one.
+	// A single-key acquisition still waiting does not stop the count: its
+	// grant standing for 7 s is an orphan (a queued waiter missed its turn).
+	setWait := func(lastSeen int64, name string) []Event {
+		return append(append([]Event(nil), clean...),
+			Event{T: 10900 * ms, Kind: AcquireInvoke, Worker: 2, Op: 10, Name: name, Key: "k"},
+			Event{T: 11000 * ms, Kind: Observed, Worker: -1, Key: "k", Fence: 4, Owner: "y"},
+			Event{T: 16500 * ms, Kind: AcquireFail, Worker: 2, Op: 10, Name: name},
+			Event{T: lastSeen, Kind: Observed, Worker: -1, Key: "k", Fence: 4, Owner: "y"})
+	}
+	if r := CheckGen(setWait(18000*ms, "all"), fenced.FenceStrict, ttl, bound); r.Orphans != 0 {
+		t.Errorf("a set member held while the set waited: %+v; want no orphan", r)
+	}
+	if r := CheckGen(setWait(23000*ms, "all"), fenced.FenceStrict, ttl, bound); r.Orphans != 1 {
+		t.Errorf("a set member held 6.5 s after the set failed: %+v; want an orphan", r)
+	}
+	if r := CheckGen(setWait(18000*ms, "acquire"), fenced.FenceStrict, ttl, bound); r.Orphans != 1 {
+		t.Errorf("a waiter's grant standing while its Acquire waits on: %+v; want an orphan", r)
+	}
 	// A grant's life is measured from the listings that saw it: from the
 	// first one's answer to the last one's request. A slow last listing
 	// (answered 1.5 s after it was sent) does not stretch a grant that
