@@ -299,16 +299,17 @@ func CheckGen(events []Event, strength fenced.FenceStrength, ttl, bound time.Dur
 			}
 		}
 		// The hard limit: held past the TTL once nothing that may still
-		// return it runs. A multi-grant acquisition holds the grants it
-		// has got while it waits for the rest, for as long as its MaxWait,
-		// so the count starts when the last such acquisition running at
-		// the first sighting completed. A single-key acquisition whose
-		// grant stands is not waiting for anything: its grant counts from
-		// the first sighting (a queued waiter that missed its turn is an
-		// orphan).
+		// return it runs. An acquisition running when the grant was first
+		// seen may be the one that made it: a set holds the grants it has
+		// got while it waits for the rest, for as long as its MaxWait, and
+		// a single-key acquisition whose request was applied while the
+		// authority was unreachable learns of its grant (or gives up and
+		// releases it) only once it is back. So the count starts when the
+		// last such acquisition completed; one still running at the end
+		// of the history does not stop it.
 		orphanFrom := s.first
 		for _, a := range from {
-			if multiGrant(a.name) && a.done != 0 {
+			if a.done != 0 {
 				orphanFrom = max(orphanFrom, a.done)
 			}
 		}
@@ -317,16 +318,32 @@ func CheckGen(events []Event, strength fenced.FenceStrength, ttl, bound time.Dur
 			r.problem(orphanFrom+int64(ttl), "%s: a grant no Acquire returned (owner %.8s, fence %d) was held for %v, %v of it after the acquisitions that could return it ended, past its TTL", k.key, k.owner, k.fence, held, free)
 			continue
 		}
-		quiet := len(from) > 0
-		for _, c := range from {
-			if c.done == 0 || s.last < c.done+int64(bound) {
-				quiet = false
+		// A queued waiter that missed its turn: its single-key acquisition
+		// (not a try, which never queues) went on waiting while its grant
+		// stood at the authority, for more than the TTL (a slow authority
+		// may take seconds to answer), with no fault active from a second before the
+		// grant was seen until the acquisition completed, and the grant
+		// went only as the acquisition gave up (within 250 ms of it).
+		missed := false
+		for _, a := range from {
+			if multiGrant(a.name) || a.name == "try" || a.done == 0 || a.done-s.first <= int64(ttl) || s.last < a.done-int64(250*time.Millisecond) {
+				continue
+			}
+			if !faultIn(faults, a.worker, s.first-int64(time.Second), a.done) {
+				missed = true
+				r.SlowOrphans++
+				r.problem(s.first+int64(ttl), "%s: a waiter's grant (owner %.8s, fence %d) stood %v while its acquisition (worker %d) went on waiting, with no fault active", k.key, k.owner, k.fence, time.Duration(a.done-s.first), a.worker)
 				break
 			}
-			for _, f := range faults {
-				if (f.worker < 0 || f.worker == c.worker) && f.start <= c.done+int64(bound) && f.end >= c.done-int64(time.Second) {
-					quiet = false
-				}
+		}
+		if missed {
+			continue
+		}
+		quiet := len(from) > 0
+		for _, c := range from {
+			if c.done == 0 || s.last < c.done+int64(bound) || faultIn(faults, c.worker, c.done-int64(time.Second), c.done+int64(bound)) {
+				quiet = false
+				break
 			}
 		}
 		if quiet {
@@ -356,3 +373,14 @@ func CheckGen(events []Event, strength fenced.FenceStrength, ttl, bound time.Dur
 // several grants, holding those it has while it waits for the rest: a set
 // (AcquireAll), a semaphore permit, an election campaign.
 func multiGrant(name string) bool { return name == "all" || name == "sem" || name == "elect" }
+
+// faultIn reports whether a fault on worker (or on the authority, worker
+// -1) was active at some time in [from, to].
+func faultIn(faults []faultWindow, worker int, from, to int64) bool {
+	for _, f := range faults {
+		if (f.worker < 0 || f.worker == worker) && f.start <= to && f.end >= from {
+			return true
+		}
+	}
+	return false
+}

@@ -102,26 +102,39 @@ func TestCheckGenFindsEachViolation(t *testing.T) {
 	if r := CheckGen(evs, fenced.FenceStrict, ttl, bound); r.Failed() {
 		t.Errorf("a grant held by a waiting AcquireAll: %+v; want no violation", r)
 	}
-	// The hard limit counts from the end of the AcquireAll that held the
-	// grant while it waited (its MaxWait may be several TTLs): held 7 s,
-	// 1.5 s of it after the set failed, is no orphan; 6.5 s after is one.
-	// A single-key acquisition still waiting does not stop the count: its
-	// grant standing for 7 s is an orphan (a queued waiter missed its turn).
-	setWait := func(lastSeen int64, name string) []Event {
-		return append(append([]Event(nil), clean...),
+	// The hard limit counts from the end of the acquisition that may have
+	// made the grant and was running when it was first seen (a set waits
+	// for its other keys up to its MaxWait; a single-key acquisition
+	// learns of a grant applied while the authority was unreachable only
+	// once it is back): held 7 s, 1.5 s of it after the acquisition
+	// failed, is no orphan; 6.5 s after is one.
+	acqWait := func(lastSeen, failed int64, name string, faults ...Event) []Event {
+		return append(append(append([]Event(nil), clean...),
 			Event{T: 10900 * ms, Kind: AcquireInvoke, Worker: 2, Op: 10, Name: name, Key: "k"},
 			Event{T: 11000 * ms, Kind: Observed, Worker: -1, Key: "k", Fence: 4, Owner: "y"},
-			Event{T: 16500 * ms, Kind: AcquireFail, Worker: 2, Op: 10, Name: name},
-			Event{T: lastSeen, Kind: Observed, Worker: -1, Key: "k", Fence: 4, Owner: "y"})
+			Event{T: failed, Kind: AcquireFail, Worker: 2, Op: 10, Name: name},
+			Event{T: lastSeen, Kind: Observed, Worker: -1, Key: "k", Fence: 4, Owner: "y"}), faults...)
 	}
-	if r := CheckGen(setWait(18000*ms, "all"), fenced.FenceStrict, ttl, bound); r.Orphans != 0 {
-		t.Errorf("a set member held while the set waited: %+v; want no orphan", r)
+	for _, name := range []string{"all", "acquire"} {
+		if r := CheckGen(acqWait(18000*ms, 16500*ms, name, Event{T: 11500 * ms, Kind: FaultStart, Worker: -1, Fault: string(CrashAuthority)}, Event{T: 11600 * ms, Kind: FaultEnd, Worker: -1, Fault: string(CrashAuthority)}), fenced.FenceStrict, ttl, bound); r.Failed() {
+			t.Errorf("%s: a grant held while its acquisition waited out a crash: %+v; want no violation", name, r)
+		}
+		if r := CheckGen(acqWait(23000*ms, 16500*ms, name), fenced.FenceStrict, ttl, bound); r.Orphans != 1 {
+			t.Errorf("%s: a grant held 6.5 s after its acquisition failed: %+v; want an orphan", name, r)
+		}
 	}
-	if r := CheckGen(setWait(23000*ms, "all"), fenced.FenceStrict, ttl, bound); r.Orphans != 1 {
-		t.Errorf("a set member held 6.5 s after the set failed: %+v; want an orphan", r)
+	// A queued waiter that missed its turn: its grant stood 5.5 s (past
+	// the TTL, 5 s) while its Acquire went on waiting, with no fault, and
+	// went as it gave up.
+	if r := CheckGen(acqWait(16600*ms, 16500*ms, "acquire"), fenced.FenceStrict, ttl, bound); r.SlowOrphans != 1 {
+		t.Errorf("a waiter's grant standing while its Acquire waits on: %+v; want it counted", r)
 	}
-	if r := CheckGen(setWait(18000*ms, "acquire"), fenced.FenceStrict, ttl, bound); r.Orphans != 1 {
-		t.Errorf("a waiter's grant standing while its Acquire waits on: %+v; want an orphan", r)
+	// Not if a set (which holds what it got) or if a fault was active.
+	if r := CheckGen(acqWait(16600*ms, 16500*ms, "all"), fenced.FenceStrict, ttl, bound); r.Failed() {
+		t.Errorf("a member held while its set waited: %+v; want no violation", r)
+	}
+	if r := CheckGen(acqWait(16600*ms, 16500*ms, "acquire", Event{T: 12000 * ms, Kind: FaultStart, Worker: 2, Fault: string(CutHolder)}, Event{T: 14000 * ms, Kind: FaultEnd, Worker: 2, Fault: string(CutHolder)}), fenced.FenceStrict, ttl, bound); r.Failed() {
+		t.Errorf("a waiter's grant standing while its worker was cut off: %+v; want no violation", r)
 	}
 	// A grant's life is measured from the listings that saw it: from the
 	// first one's answer to the last one's request. A slow last listing
