@@ -46,7 +46,6 @@ import (
 	"fmt"
 	"net/url"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -106,13 +105,9 @@ type Driver struct {
 	layout rediskit.Layout
 	opts   Options
 	hub    *rediskit.Hub
-	// waiting holds, per key channel (Keys.Channel), this process's
-	// current waiting episode for the key (see Subscribe); waitGen
-	// numbers them.
-	waitMu  sync.Mutex
-	waiting map[string]*waitEpisode
-	waitGen atomic.Uint64
-	leaving sync.WaitGroup // leave scripts in flight
+	// waiters is this process's side of the keys' waiter queues (see
+	// Subscribe).
+	waiters *rediskit.WaitQueue
 	// guarantees is what Guarantees returns, set by New.
 	guarantees driver.Guarantees
 
@@ -139,7 +134,8 @@ func New(c redis.UniversalClient, opts *Options) (*Driver, error) {
 	if c == nil {
 		return nil, errors.New("redis: New: nil client")
 	}
-	d := &Driver{c: c, hub: rediskit.NewHub(c), waiting: map[string]*waitEpisode{}}
+	d := &Driver{c: c, hub: rediskit.NewHub(c)}
+	d.waiters = rediskit.NewWaitQueue(d.hub.ID(), d.leaveWaiters)
 	if opts != nil {
 		d.opts = *opts
 	}
@@ -210,14 +206,6 @@ func open(ctx context.Context, u *url.URL) (driver.Driver, error) {
 	return d, nil
 }
 
-// waitersSlack is how much longer than the grant a refused try's entry in
-// the key's waiter queue (Keys.Waiters) stands. The waiter sleeps at most
-// the grant's PTTL (plus a millisecond) on its own clock, which starts
-// when the reply arrives. A release just before the waiter's retry must
-// still wake it, so the entry must outlive that sleep. An entry that
-// outlives its waiters costs one wake-up nobody takes.
-const waitersSlack = time.Second
-
 // The scripts are rediskit's (internal/rediskit/lua): rediskit.Acquire
 // grants, rediskit.ReleaseWaiters releases. A process with no
 // subscription to the key (most likely free) sends the grant with two
@@ -225,9 +213,10 @@ const waitersSlack = time.Second
 // One with waiters sends the waiter queue, its count of waiters and its
 // hub id too: a refusal then makes sure, in the same atomic step, that
 // the process stands in the queue for the holder's PTTL plus at least
-// half of waitersSlack, and a grant takes it off the queue unless it has
-// other waiters (the release that woke this one took it off). The
-// release takes the process that has stood longest off the queue and
+// half of rediskit.WaitersSlack, and a grant moves it to the end of the
+// queue: the grantee need not be one of its waiters (a new acquisition
+// tries once before it subscribes), so the process leaves the queue only
+// when its last waiter leaves (rediskit.WaitQueue). The release takes the process that has stood longest off the queue and
 // publishes on that process's channel alone, so each release wakes one
 // process, not every process with a waiter: with 64 waiting processes
 // the others stay asleep. Only the first refusal of a grant, and the
@@ -250,7 +239,7 @@ func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Dur
 		return 0, err
 	}
 	k := d.layout.Keys(key)
-	subs, member := d.episode(k)
+	subs, member := d.waiters.Current(k)
 	if subs == 0 && d.opts.WaitReplicas == 0 {
 		res, err := rediskit.Acquire.Run(ctx, d.c, []string{k.Lock, k.Fence}, owner, rediskit.Millis(ttl)).Result()
 		if err != nil {
@@ -259,7 +248,7 @@ func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Dur
 		return d.acquireResult(key, k, rediskit.ParseAcquire(res))
 	}
 	keys := []string{k.Lock, k.Fence, k.Waiters}
-	args := []any{owner, rediskit.Millis(ttl), subs, waitersSlack.Milliseconds(), member}
+	args := []any{owner, rediskit.Millis(ttl), subs, rediskit.WaitersSlack.Milliseconds(), member}
 	if d.opts.WaitReplicas > 0 {
 		return d.acquireAndWait(ctx, key, k, keys, args)
 	}
@@ -484,112 +473,30 @@ func (d *Driver) Breaks(ctx context.Context, key string) ([]driver.BreakRecord, 
 
 // Subscribe implements driver.Notifier over pub/sub; see rediskit.Hub for
 // the design (one subscriber connection per driver, fan-out per key). A
-// waiter listens on its process's own channel for the key (waitChannel):
-// a release wakes the process first in the key's waiter queue, not every
-// process with a waiter.
-//
-// The process stands in the queue as the member of its current waiting
-// episode for the key: from its first waiter's Subscribe to its last
-// waiter's Close. Each episode has a member of its own (hub id and a
-// number), so that the end of one episode, which takes its member off the
-// queue, never takes off the next one's.
+// waiter listens on its process's own channel for the key: a release wakes
+// the process first in the key's waiter queue, not every process with a
+// waiter (see rediskit.WaitQueue). The process stands in the queue from
+// its first waiter's Subscribe to its last waiter's Close.
 func (d *Driver) Subscribe(ctx context.Context, key string) (driver.Subscription, error) {
 	if err := d.usable(); err != nil {
 		return nil, err
 	}
 	k := d.layout.Keys(key)
-	d.waitMu.Lock()
-	ep := d.waiting[k.Channel]
-	if ep == nil {
-		ep = &waitEpisode{member: d.hub.ID() + ":" + strconv.FormatUint(d.waitGen.Add(1), 36)}
-		d.waiting[k.Channel] = ep
-	}
-	ep.n++
-	d.waitMu.Unlock()
-	s, err := d.hub.Subscribe(ctx, d.waitChannel(k))
+	ep := d.waiters.Join(k)
+	s, err := d.hub.Subscribe(ctx, d.waiters.WaitChannel(k))
 	if err != nil {
-		d.endWait(k, ep)
+		d.waiters.Leave(k, ep)
 		return nil, err
 	}
-	return &queuedSub{Subscription: s, d: d, k: k, ep: ep}, nil
+	return d.waiters.Sub(s, k, ep), nil
 }
 
-// waitEpisode is a process's waiting for one key: its member in the key's
-// waiter queue and how many of its waiters are subscribed.
-type waitEpisode struct {
-	member string
-	n      int
-}
-
-// episode returns how many waiters this process has subscribed for k and
-// its member in k's waiter queue (0 and "" if none).
-func (d *Driver) episode(k rediskit.Keys) (int, string) {
-	d.waitMu.Lock()
-	defer d.waitMu.Unlock()
-	if ep := d.waiting[k.Channel]; ep != nil {
-		return ep.n, ep.member
-	}
-	return 0, ""
-}
-
-// waitChannel is the channel on which this process's waiters for k are
-// woken: the key's channel and the hub's id.
-func (d *Driver) waitChannel(k rediskit.Keys) string { return k.Channel + ":" + d.hub.ID() }
-
-// endWait counts a waiter of episode ep out; the last one ends the
-// episode and, in the background, runs the leave script: the member
-// leaves the queue and, if the key is free, the next process in the queue
-// is woken, since a wake-up this process took but did not use (its waiter
-// gave up) would otherwise be lost to the others.
-func (d *Driver) endWait(k rediskit.Keys, ep *waitEpisode) {
-	d.waitMu.Lock()
-	ep.n--
-	last := ep.n == 0 && d.waiting[k.Channel] == ep
-	if last {
-		delete(d.waiting, k.Channel)
-	}
-	// Close waits for the leave scripts it has let start (it takes waitMu
-	// after marking the driver closed); a closing driver starts none, and
-	// its entries lapse on their own.
-	last = last && !d.closed.Load()
-	if last {
-		d.leaving.Add(1)
-	}
-	d.waitMu.Unlock()
-	if !last {
-		return
-	}
-	go func() {
-		defer d.leaving.Done()
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		_ = rediskit.LeaveWaiters.Run(ctx, d.c, []string{k.Lock, k.Waiters}, ep.member, k.Channel).Err()
-	}()
-}
-
-// queuedSub is a waiter's subscription: closing it counts the waiter out
-// of its process's waiting episode.
-type queuedSub struct {
-	driver.Subscription
-	d    *Driver
-	k    rediskit.Keys
-	ep   *waitEpisode
-	once sync.Once
-}
-
-// Close implements driver.Subscription.
-func (s *queuedSub) Close() error {
-	err := s.Subscription.Close()
-	s.once.Do(func() { s.d.endWait(s.k, s.ep) })
-	return err
-}
-
-// Forward implements driver.WakeForwarder: the hub hands the wake-up on
-// to the next waiter of this process.
-func (s *queuedSub) Forward() {
-	if f, ok := s.Subscription.(driver.WakeForwarder); ok {
-		f.Forward()
-	}
+// leaveWaiters ends this process's waiting episode for k at the server
+// (see rediskit.WaitQueue.Leave).
+func (d *Driver) leaveWaiters(ctx context.Context, k rediskit.Keys, member string) {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	_ = rediskit.LeaveWaiters.Run(ctx, d.c, []string{k.Lock, k.Waiters}, member, k.Channel).Err()
 }
 
 // SubscribeObserver implements driver.ObserveNotifier: the observer is
@@ -641,10 +548,7 @@ func (d *Driver) Close() error {
 		return nil
 	}
 	err := d.hub.Close()
-	d.waitMu.Lock()
-	leaving := &d.leaving // no leave script starts after this (see endWait)
-	d.waitMu.Unlock()
-	leaving.Wait()
+	d.waiters.Close()
 	if d.owns {
 		if cerr := d.c.Close(); err == nil {
 			err = cerr

@@ -53,7 +53,15 @@ func (d *Driver) TryAcquireTerms(ctx context.Context, key, owner string, t drive
 	// deletes nothing a later attempt took or re-acquired, however late
 	// either lands (see lua/redlock_acquire.lua and release_attempt.lua).
 	attempt := d.nextAttempt()
+	keys := []string{k.Lock, k.Fence, k.Claim}
 	args := []any{owner, rediskit.Millis(ttl), strconv.FormatUint(fence, 10), attempt}
+	if subs, member := d.waiters.Current(k); subs > 0 {
+		// A refusal makes this process stand in each refusing node's
+		// waiter queue; a grant moves it to the end of the queue
+		// (lua/redlock_acquire.lua, waiter_queue.lua).
+		keys = append(keys, k.Waiters)
+		args = append(args, subs, rediskit.WaitersSlack.Milliseconds(), member)
+	}
 	isOurs := func(r reply[rediskit.Acquired]) bool {
 		return r.err == nil && r.val.Ours()
 	}
@@ -81,7 +89,7 @@ func (d *Driver) TryAcquireTerms(ctx context.Context, key, owner string, t drive
 		}
 	}
 	rs := fanout(ctx, d, budget, func(ctx context.Context, c redis.UniversalClient) (rediskit.Acquired, error) {
-		res, err := rediskit.AcquireNode.Run(ctx, c, []string{k.Lock, k.Fence, k.Claim}, args...).Result()
+		res, err := rediskit.AcquireNode.Run(ctx, c, keys, args...).Result()
 		if err != nil {
 			return rediskit.Acquired{}, err
 		}
@@ -196,13 +204,13 @@ func (d *Driver) nextAttempt() int64 {
 func (d *Driver) rollbackOn(i int, k rediskit.Keys, owner string, attempt int64) {
 	ctx, cancel := context.WithTimeout(context.Background(), d.opts.Budget)
 	defer cancel()
-	_ = rediskit.ReleaseAttempt.Run(ctx, d.nodes[i].c, []string{k.Lock, k.Claim}, owner, attempt, k.Channel).Err()
+	_ = rediskit.ReleaseAttempt.Run(ctx, d.nodes[i].c, []string{k.Lock, k.Claim, k.Waiters}, owner, attempt, k.Channel).Err()
 }
 
 // nodeErr classifies one node's error; a key of the wrong type or a
 // counter that is not a number becomes ErrForeignValue.
 func (d *Driver) nodeErr(err error, mayApply bool, k rediskit.Keys) error {
-	if ferr := rediskit.ForeignReply(err, k.Lock, k.Fence, k.Claim); ferr != nil {
+	if ferr := rediskit.ForeignReply(err, k.Lock, k.Fence, k.Claim, k.Waiters); ferr != nil {
 		return ferr
 	}
 	if errors.Is(err, context.DeadlineExceeded) {

@@ -26,7 +26,8 @@ func (c *cluster) commands(t *testing.T) int {
 // have their own Driver (own connections and subscriber hubs, as separate
 // processes would) on three nodes, with a long TTL. Every handover must
 // take well under the TTL, and no two may hold it at once. (The figures it
-// logs show the cost of the herd: every release wakes every process.)
+// log show what a handover costs: each node's release wakes the process
+// first in that node's waiter queue, not every process.)
 func TestHandoverManyProcesses(t *testing.T) {
 	const (
 		waiters   = 16

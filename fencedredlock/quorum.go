@@ -203,7 +203,7 @@ func (d *Driver) Release(ctx context.Context, g driver.Grant) error {
 	// A node that did not confirm (no answer within the budget, or an
 	// error) gets the release again in the background (finishRelease).
 	rs := fanout(ctx, d, d.opts.Budget, func(ctx context.Context, c redis.UniversalClient) (int64, error) {
-		n, err := rediskit.Release.Run(ctx, c, []string{k.Lock}, value, k.Channel).Int64()
+		n, err := rediskit.Release.Run(ctx, c, []string{k.Lock, k.Waiters}, value, k.Channel).Int64()
 		if err != nil {
 			d.finishRelease(c, k, value, g.TTL)
 		}

@@ -132,6 +132,10 @@ type Driver struct {
 
 	lastAttempt atomic.Int64 // see nextAttempt
 
+	// waiters is this process's side of the nodes' waiter queues (see
+	// Subscribe).
+	waiters *rediskit.WaitQueue
+
 	bgMu     sync.Mutex // orders finishRelease's starts with Close
 	bgClosed bool
 	bg       sync.WaitGroup // finishRelease's retries
@@ -192,6 +196,9 @@ func New(clients []redis.UniversalClient, opts *Options) (*Driver, error) {
 		}
 		d.nodes = append(d.nodes, node{c: c, hub: rediskit.NewHub(c), name: name})
 	}
+	// One id for every node: a node's release wakes the process on the
+	// same channel name whichever node it comes from.
+	d.waiters = rediskit.NewWaitQueue(d.nodes[0].hub.ID(), d.leaveWaiters)
 	return d, nil
 }
 
@@ -240,6 +247,7 @@ func (d *Driver) Close() error {
 		for _, n := range d.nodes {
 			errs = append(errs, n.hub.Close())
 		}
+		d.waiters.Close()
 		d.wg.Wait()
 		d.bgMu.Lock()
 		d.bgClosed = true

@@ -46,7 +46,7 @@ func (d *Driver) finishRelease(c redis.UniversalClient, k rediskit.Keys, value s
 				return
 			}
 			rctx, rcancel := context.WithTimeout(ctx, 4*d.opts.Budget)
-			err := rediskit.Release.Run(rctx, c, []string{k.Lock}, value, k.Channel).Err()
+			err := rediskit.Release.Run(rctx, c, []string{k.Lock, k.Waiters}, value, k.Channel).Err()
 			rcancel()
 			if err == nil {
 				return

@@ -9,28 +9,60 @@ import (
 	"sync"
 
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/rediskit"
 	"github.com/redis/go-redis/v9"
 )
 
-// Subscribe implements driver.Notifier: it subscribes on the nodes (each
-// publishes on release and break), returns once a majority confirmed, and
-// merges the wake-ups.
+// Subscribe implements driver.Notifier: it subscribes on the nodes,
+// returns once a majority confirmed, and merges the wake-ups. A waiter
+// listens on its process's own channel for the key: a node's release wakes
+// the process first in that node's waiter queue (at most one process per
+// node), not every process with a waiter (see rediskit.WaitQueue). The
+// process stands in the queues from its first waiter's Subscribe to its
+// last waiter's Close, under one member on every node.
 func (d *Driver) Subscribe(ctx context.Context, key string) (driver.Subscription, error) {
-	return d.subscribe(ctx, key, false)
+	if err := d.usable(); err != nil {
+		return nil, err
+	}
+	k := d.layout.Keys(key)
+	ep := d.waiters.Join(k)
+	s, err := d.subscribe(ctx, key, d.waiters.WaitChannel(k), false)
+	if err != nil {
+		d.waiters.Leave(k, ep)
+		return nil, err
+	}
+	return d.waiters.Sub(s, k, ep), nil
+}
+
+// leaveWaiters ends this process's waiting episode for k on every node
+// (see rediskit.WaitQueue.Leave), each within the budget.
+func (d *Driver) leaveWaiters(ctx context.Context, k rediskit.Keys, member string) {
+	var wg sync.WaitGroup
+	for _, n := range d.nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(ctx, 4*d.opts.Budget)
+			defer cancel()
+			_ = rediskit.LeaveWaiters.Run(ctx, n.c, []string{k.Lock, k.Waiters}, member, k.Channel).Err()
+		}()
+	}
+	wg.Wait()
 }
 
 // SubscribeObserver implements driver.ObserveNotifier: as Subscribe, with
 // each node's subscription an observer's (rediskit.Hub.Observe), so it
 // never takes a waiter's wake-up.
 func (d *Driver) SubscribeObserver(ctx context.Context, key string) (driver.Subscription, error) {
-	return d.subscribe(ctx, key, true)
-}
-
-func (d *Driver) subscribe(ctx context.Context, key string, observer bool) (driver.Subscription, error) {
 	if err := d.usable(); err != nil {
 		return nil, err
 	}
-	ch := d.layout.Keys(key).Channel
+	return d.subscribe(ctx, key, d.layout.Keys(key).Channel, true)
+}
+
+// subscribe subscribes to channel ch on the nodes, as a waiter or as an
+// observer, and merges the wake-ups.
+func (d *Driver) subscribe(ctx context.Context, key, ch string, observer bool) (driver.Subscription, error) {
 	sctx, cancel := context.WithTimeout(ctx, d.opts.Budget*4)
 	defer cancel()
 	rs := fanout(sctx, d, d.opts.Budget*4, func(ctx context.Context, c redis.UniversalClient) (driver.Subscription, error) {

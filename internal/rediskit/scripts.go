@@ -45,7 +45,7 @@ var (
 	// pttl} (see ParseAcquire).
 	Acquire = script("", "held.lua", "waiter_queue.lua", "acquire.lua")
 	// AcquireNode is Redlock's grant on one node (lua/redlock_acquire.lua).
-	AcquireNode = script("", "held.lua", "redlock_acquire.lua")
+	AcquireNode = script("", "held.lua", "waiter_queue.lua", "redlock_acquire.lua")
 	// Renew renews one grant (lua/renew.lua).
 	Renew = script("", "renew.lua")
 	// RenewMany renews many grants whose keys share one hash slot
@@ -54,8 +54,9 @@ var (
 	// RenewManyAcross renews many grants of one Cluster node, across its
 	// slots (lua/renew_many_across.lua).
 	RenewManyAcross = script("allow-cross-slot-keys", "renew_one.lua", "renew_many_across.lua")
-	// Release is Redlock's release on one node (lua/release.lua).
-	Release = script("", "release.lua")
+	// Release is Redlock's release on one node, which wakes the process
+	// first in the node's waiter queue (lua/release.lua).
+	Release = script("", "waiter_queue.lua", "release.lua")
 	// ReleaseWaiters is the redis backend's release, which wakes the
 	// process first in the key's waiter queue, if any
 	// (lua/release_waiters.lua, lua/waiter_queue.lua).
@@ -67,7 +68,7 @@ var (
 	// ReleaseAttempt is Redlock's rollback of one failed attempt on one
 	// node: it deletes the owner's grant there unless a later attempt of
 	// the owner claimed it (lua/release_attempt.lua).
-	ReleaseAttempt = script("", "release_attempt.lua")
+	ReleaseAttempt = script("", "waiter_queue.lua", "release_attempt.lua")
 	// Inspect reads a grant and the fence counter (lua/inspect.lua).
 	Inspect = script("", "inspect.lua")
 	// Break deletes a grant and records it (lua/break.lua).

@@ -81,7 +81,7 @@ func TestAttemptClaims(t *testing.T) {
 	}
 	rollback := func(owner string, attempt int) int64 {
 		t.Helper()
-		n, err := ReleaseAttempt.Run(ctx, c, []string{k.Lock, k.Claim}, owner, attempt, k.Channel).Int64()
+		n, err := ReleaseAttempt.Run(ctx, c, []string{k.Lock, k.Claim, k.Waiters}, owner, attempt, k.Channel).Int64()
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -24,18 +24,10 @@ local v = redis.call('GET', KEYS[1])
 if v then
   local r = held(v)
   if r[1] == 0 and here > 0 then
-    -- A refusal seen by a process with waiters: make sure the process is
-    -- in the queue until the grant's PTTL plus at least half the slack
-    -- (entering it for PTTL plus the slack if not), so that the release
-    -- that follows wakes it if it is first. Only the first refusal of a
-    -- grant, and the first after a renewal, writes: the others only read.
-    local keep, slack = tonumber(ARGV[2]), tonumber(ARGV[4])
+    -- A refusal seen by a process with waiters (see stand_refused).
+    local keep = tonumber(ARGV[2])
     if r[3] > 0 then keep = r[3] end
-    local now = now_ms()
-    local until_ = redis.call('ZSCORE', KEYS[3], ARGV[5])
-    if not until_ or tonumber(until_) < now + keep + slack / 2 then
-      stand(KEYS[3], ARGV[5], now, keep + slack)
-    end
+    stand_refused(KEYS[3], ARGV[5], keep, tonumber(ARGV[4]))
   end
   return r
 end
@@ -45,11 +37,5 @@ end
 redis.call('ZSCORE', KEYS[3], ARGV[5])
 local f = string.format('%d', redis.call('INCR', KEYS[2]))
 redis.call('SET', KEYS[1], f .. ':' .. ARGV[1], 'PX', ARGV[2])
--- Granted to a waiter: its process leaves the queue, unless it has other
--- waiters for the key (the release that woke this one took it off).
-if here > 1 then
-  stand(KEYS[3], ARGV[5], now_ms(), tonumber(ARGV[2]) + tonumber(ARGV[4]))
-else
-  redis.call('ZREM', KEYS[3], ARGV[5])
-end
+granted_waiter(KEYS[3], ARGV[5], tonumber(ARGV[2]), tonumber(ARGV[4]))
 return f

@@ -1,7 +1,12 @@
 -- Redlock's acquire on one node. KEYS[1] lock, KEYS[2] highest fence
--- granted on this node, KEYS[3] the attempt claim; ARGV[1] owner, ARGV[2]
--- ttl ms, ARGV[3] fence ('0' without a fence source), ARGV[4] the
--- attempt's number, higher for every later attempt of one owner.
+-- granted on this node, KEYS[3] the attempt claim, KEYS[4] the node's
+-- waiter queue (only with ARGV[5] > 0); ARGV[1] owner, ARGV[2] ttl ms,
+-- ARGV[3] fence ('0' without a fence source), ARGV[4] the attempt's
+-- number, higher for every later attempt of one owner, ARGV[5] how many
+-- waiters for the key the caller's process has (absent: none), ARGV[6]
+-- the queue entry's slack in ms, ARGV[7] the process's member in the
+-- queue (see waiter_queue.lua: a refusal makes the process stand in the
+-- queue, a grant moves it to the end of the queue).
 --
 -- The claim, '<n>:<owner>', never expires: an attempt of that owner
 -- numbered below n is refused here untouched ({-4, '0', 0}). Every grant
@@ -13,6 +18,7 @@
 -- rollback. Otherwise a free key is granted ({1, fence, 0}) unless this
 -- node granted a newer fence ({-3, last, 0}), and a held one is answered
 -- by held.
+local here = tonumber(ARGV[5] or '0')
 local claim = redis.call('GET', KEYS[3])
 if claim then
   local n, o = string.match(claim, '^(%d+):(.*)$')
@@ -23,6 +29,11 @@ local v = redis.call('GET', KEYS[1])
 if v then
   local r = held(v)
   if r[1] == 2 then redis.call('SET', KEYS[3], ARGV[4] .. ':' .. ARGV[1]) end
+  if r[1] == 0 and here > 0 then
+    local keep = tonumber(ARGV[2])
+    if r[3] > 0 then keep = r[3] end
+    stand_refused(KEYS[4], ARGV[7], keep, tonumber(ARGV[6]))
+  end
   return r
 end
 local last = redis.call('GET', KEYS[2])
@@ -31,7 +42,10 @@ if last then
   if not n then return redis.error_reply('ERR fence counter is not an integer') end
   if ARGV[3] ~= '0' and n >= tonumber(ARGV[3]) then return {-3, last, 0} end
 end
+-- A queue key of another type fails here, before any write.
+if here > 0 then redis.call('ZSCORE', KEYS[4], ARGV[7]) end
 if ARGV[3] ~= '0' or not last then redis.call('SET', KEYS[2], ARGV[3]) end
 redis.call('SET', KEYS[1], ARGV[3] .. ':' .. ARGV[1], 'PX', ARGV[2])
 redis.call('SET', KEYS[3], ARGV[4] .. ':' .. ARGV[1])
+if here > 0 then granted_waiter(KEYS[4], ARGV[7], tonumber(ARGV[2]), tonumber(ARGV[6])) end
 return {1, ARGV[3], 0}

@@ -1,11 +1,12 @@
 -- Redlock's rollback of one failed attempt on one node: KEYS[1] lock,
--- KEYS[2] attempt claim (see redlock_acquire); ARGV[1] owner, ARGV[2] the
--- attempt's number, ARGV[3] channel. A no-op (0) if the lock holds
+-- KEYS[2] attempt claim (see redlock_acquire), KEYS[3] the node's waiter
+-- queue; ARGV[1] owner, ARGV[2] the attempt's number, ARGV[3] channel. A no-op (0) if the lock holds
 -- another owner's grant or a foreign value, or if a later attempt of this
 -- owner set the claim: that attempt may have counted the grant here,
 -- whatever its fence. Otherwise the owner's grant, if any, is this
 -- attempt's or an earlier failed one's: it is deleted (waking waiters)
--- whatever its fence (the attempt may have re-acquired an older grant),
+-- whatever its fence (the attempt may have re-acquired an older grant;
+-- waking waiters as release.lua does),
 -- and the claim moves past the attempt, so that its own grant request,
 -- if it lands later still, is refused. (A claim of another owner is only
 -- replaced while the lock is free: none of its grants is here to guard.)
@@ -23,8 +24,9 @@ if claim then
 end
 redis.call('SET', KEYS[2], string.format('%d', tonumber(ARGV[2]) + 1) .. ':' .. ARGV[1])
 if v then
+  local first, now = first_waiter(KEYS[3])
   redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', ARGV[3], '')
+  if first then wake(KEYS[3], first, now, ARGV[3]) else redis.call('PUBLISH', ARGV[3], '') end
   return 1
 end
 return 0

@@ -17,6 +17,29 @@ local function stand(q, id, now, span)
   if redis.call('PTTL', q) < span then redis.call('PEXPIRE', q, span) end
 end
 
+-- stand_refused makes sure that process id, refused because the key is
+-- held for keep more ms, stands in queue q until then plus at least half
+-- of slack (entering it for keep plus slack if not), so that the release
+-- that follows wakes it if it is first. Only the first refusal of a
+-- grant, and the first after a renewal, writes: the others only read.
+local function stand_refused(q, id, keep, slack)
+  local now = now_ms()
+  local until_ = redis.call('ZSCORE', q, id)
+  if not until_ or tonumber(until_) < now + keep + slack / 2 then
+    stand(q, id, now, keep + slack)
+  end
+end
+
+-- granted_waiter updates queue q for process id, whose try was granted
+-- while it had waiters for the key: the process stays in the queue, moved
+-- to its end (standing for the grant's ttl plus slack ms). The grantee
+-- need not be one of those waiters (a new acquisition of the process tries
+-- once before it subscribes), and they may still wait; once the process's
+-- last waiter leaves, the leave script takes it off (leave_waiters.lua).
+local function granted_waiter(q, id, ttl, slack)
+  stand(q, id, now_ms(), ttl + slack)
+end
+
 -- first_waiter returns the process that has stood longest in queue q
 -- and still stands at now (ms), or nil. It only reads, so a key of
 -- another type fails the script before it wrote anything.
