@@ -36,8 +36,9 @@
 // that a late request of an earlier attempt is refused and its rollback
 // deletes nothing a later attempt counted. The driver tries once; the
 // portable Client retries with backoff and full jitter, or when woken by a
-// release (each node publishes on release, and waiters subscribe on every
-// node). Renewal and release go to every node in parallel; renewal needs a
+// release (waiters subscribe on every node; each node's release wakes the
+// process first in that node's waiter queue, as the redis backend does).
+// Renewal and release go to every node in parallel; renewal needs a
 // majority. The Client measures validity from before the first request was
 // sent, minus the same drift allowance.
 //
