@@ -13,6 +13,7 @@ import (
 	"github.com/fenced-dev/fenced/fencedredis"
 	"github.com/fenced-dev/fenced/internal/rediskit"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
+	"github.com/fenced-dev/fenced/internal/testkit/waketest"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -164,7 +165,7 @@ func TestCluster(t *testing.T) {
 			t.Fatalf("release %v: %v", g, err)
 		}
 	}
-	if !woken(sub, 10*time.Second) {
+	if !waketest.Woken(sub, 10*time.Second) {
 		t.Fatal("the release of cluster:0 did not wake its refused waiter")
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -16,6 +15,7 @@ import (
 	"github.com/fenced-dev/fenced/fencedredis"
 	"github.com/fenced-dev/fenced/internal/rediskit"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
+	"github.com/fenced-dev/fenced/internal/testkit/waketest"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -80,7 +80,7 @@ func TestReleasePublishesOnlyForWaiters(t *testing.T) {
 		t.Fatalf("try of a held key: %v", err)
 	}
 	release(g, 2)
-	if !woken(sub, 10*time.Second) {
+	if !waketest.Woken(sub, 10*time.Second) {
 		t.Fatal("the refused, subscribed waiter was not woken by the release")
 	}
 	release(grant(), 0) // the release took it off the queue
@@ -111,55 +111,18 @@ func TestReleaseWakesOneProcess(t *testing.T) {
 	g := grant()
 	var subs []driver.Subscription
 	for range 3 {
-		w := newDriver(t, srv, nil)
-		s, err := w.Subscribe(ctx, "job")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer s.Close()
-		if _, err := w.TryAcquire(ctx, "job", owner(), time.Minute); !errors.Is(err, driver.ErrHeld) {
-			t.Fatalf("try of a held key: %v", err)
-		}
-		subs = append(subs, s)
+		subs = append(subs, waketest.Refused(t, ctx, newDriver(t, srv, nil), "job"))
 	}
 	queue := rediskit.DefaultPrefix + "{job}:waitq"
 	if n, err := rc.ZCard(ctx, queue).Result(); err != nil || n != 3 {
 		t.Fatalf("waiter queue %s holds %d processes (%v), want 3", queue, n, err)
 	}
-	wokenBefore := map[int]bool{}
-	for round := range 4 {
+	waketest.OnePerRelease(t, subs, func(int) {
 		if err := holder.Release(ctx, g); err != nil {
 			t.Fatal(err)
 		}
-		// Wait (up to 10 s under load) for the first wake-up, then give
-		// the others 300 ms to show a second one.
-		var woke []int
-		for deadline := time.Now().Add(10 * time.Second); len(woke) == 0 && round < 3 && time.Now().Before(deadline); {
-			for i, s := range subs {
-				if woken(s, 10*time.Millisecond) {
-					woke = append(woke, i)
-					break
-				}
-			}
-		}
-		for i, s := range subs {
-			if !slices.Contains(woke, i) && woken(s, 300*time.Millisecond) {
-				woke = append(woke, i)
-			}
-		}
-		switch {
-		case round < 3 && len(woke) != 1:
-			t.Fatalf("release %d woke processes %v, want exactly one", round+1, woke)
-		case round < 3 && wokenBefore[woke[0]]:
-			t.Fatalf("release %d woke process %d again, which had left the queue", round+1, woke[0])
-		case round == 3 && len(woke) != 0:
-			t.Fatalf("release 4 woke processes %v with the queue empty", woke)
-		}
-		for _, i := range woke {
-			wokenBefore[i] = true
-		}
 		g = grant()
-	}
+	})
 
 	// A process whose waiter leaves takes itself off the queue.
 	w := newDriver(t, srv, nil)
@@ -197,14 +160,14 @@ func TestReleaseWakesOneProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	first, second := qs, ss
-	if !woken(qs, 10*time.Second) {
+	if !waketest.Woken(qs, 10*time.Second) {
 		first, second = ss, qs // the queue woke the other one first
-		if !woken(ss, 10*time.Millisecond) {
+		if !waketest.Woken(ss, 10*time.Millisecond) {
 			t.Fatal("the release woke neither process")
 		}
 	}
 	first.Close() // gives up without trying
-	if !woken(second, 10*time.Second) {
+	if !waketest.Woken(second, 10*time.Second) {
 		t.Fatal("the wake-up of a process whose waiter gave up was not passed on to the next process")
 	}
 	qs.Close()
@@ -411,7 +374,7 @@ func TestSubscribeAroundRelease(t *testing.T) {
 		case err == nil:
 			grantedOnRetry++
 		case errors.Is(err, driver.ErrHeld):
-			if !woken(sub, 10*time.Second) {
+			if !waketest.Woken(sub, 10*time.Second) {
 				t.Fatalf("round %d (phase %d): the waiter was refused after subscribing and the release did not wake it", i, phase)
 			}
 			wokenByRelease++

@@ -8,16 +8,8 @@ import (
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
+	"github.com/fenced-dev/fenced/internal/testkit/waketest"
 )
-
-func woken(s driver.Subscription, within time.Duration) bool {
-	select {
-	case <-s.C():
-		return true
-	case <-time.After(within):
-		return false
-	}
-}
 
 // TestWakeups checks the fan-out of releases: only waiters of the released
 // key are woken (no herd across keys), one waiter per process per release
@@ -63,13 +55,13 @@ func TestWakeups(t *testing.T) {
 	if err := holder.Release(ctx, ga); err != nil {
 		t.Fatal(err)
 	}
-	if !woken(first, 10*time.Second) {
+	if !waketest.Woken(first, 10*time.Second) {
 		t.Fatal("the oldest waiter of a was not woken by the release of a")
 	}
-	if woken(second, 300*time.Millisecond) {
+	if waketest.Woken(second, 300*time.Millisecond) {
 		t.Fatal("one release woke two waiters of the same process")
 	}
-	if woken(onB, 300*time.Millisecond) {
+	if waketest.Woken(onB, 300*time.Millisecond) {
 		t.Fatal("the release of a woke a waiter of b")
 	}
 
@@ -82,7 +74,7 @@ func TestWakeups(t *testing.T) {
 	}
 	time.Sleep(300 * time.Millisecond) // let the message arrive
 	first.Close()
-	if !woken(second, 10*time.Second) {
+	if !waketest.Woken(second, 10*time.Second) {
 		t.Fatal("the wake-up of a waiter that left was not passed on")
 	}
 	second.Close()
@@ -92,7 +84,7 @@ func TestWakeups(t *testing.T) {
 	if _, err := holder.Break(ctx, "b", driver.BreakRequest{Reason: "test", By: "test"}); err != nil {
 		t.Fatal(err)
 	}
-	if !woken(onB, 10*time.Second) {
+	if !waketest.Woken(onB, 10*time.Second) {
 		t.Fatal("the waiter of b was not woken by a break")
 	}
 	_ = gb

@@ -2,23 +2,14 @@ package fencedredlock_test
 
 import (
 	"errors"
-	"slices"
 	"testing"
 	"time"
 
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/fencedredlock"
 	"github.com/fenced-dev/fenced/internal/rediskit"
+	"github.com/fenced-dev/fenced/internal/testkit/waketest"
 )
-
-func woken(s driver.Subscription, within time.Duration) bool {
-	select {
-	case <-s.C():
-		return true
-	case <-time.After(within):
-		return false
-	}
-}
 
 // TestReleaseWakesOneProcess checks Redlock's waiter queues: three waiting
 // processes, refused on every node, stand in each node's queue under one
@@ -51,58 +42,16 @@ func TestReleaseWakesOneProcess(t *testing.T) {
 	g := grant()
 	var subs []driver.Subscription
 	for range 3 {
-		w := c.open(t, c.nodes, fencedredlock.Options{})
-		s, err := w.Subscribe(ctx, "job")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer s.Close()
-		if _, err := w.TryAcquire(ctx, "job", owner(), time.Minute); !errors.Is(err, driver.ErrHeld) {
-			t.Fatalf("try of a held key: %v", err)
-		}
-		subs = append(subs, s)
+		subs = append(subs, waketest.Refused(t, ctx, c.open(t, c.nodes, fencedredlock.Options{}), "job"))
 		time.Sleep(5 * time.Millisecond) // distinct places in the queues
 	}
 	queued(3)
-	wokenBefore := map[int]bool{}
-	for round := range 4 {
+	waketest.OnePerRelease(t, subs, func(int) {
 		if err := holder.Release(ctx, g); err != nil {
 			t.Fatal(err)
 		}
-		// Wait (up to 10 s under load) for the first wake-up, then give
-		// the others 300 ms to show a second one.
-		var woke []int
-		for deadline := time.Now().Add(10 * time.Second); len(woke) == 0 && round < 3 && time.Now().Before(deadline); {
-			for i, s := range subs {
-				if woken(s, 10*time.Millisecond) {
-					woke = append(woke, i)
-					break
-				}
-			}
-		}
-		// Every node wakes the process first in its queue, so the process
-		// woken may hear the release up to three times (coalesced, but
-		// spread over time): drain those too.
-		for deadline := time.Now().Add(300 * time.Millisecond); time.Now().Before(deadline); {
-			for i, s := range subs {
-				if woken(s, time.Millisecond) && !slices.Contains(woke, i) {
-					woke = append(woke, i)
-				}
-			}
-		}
-		switch {
-		case round < 3 && len(woke) != 1:
-			t.Fatalf("release %d woke processes %v, want exactly one", round+1, woke)
-		case round < 3 && wokenBefore[woke[0]]:
-			t.Fatalf("release %d woke process %d again, which had left the queues", round+1, woke[0])
-		case round == 3 && len(woke) != 0:
-			t.Fatalf("release 4 woke processes %v with the queues empty", woke)
-		}
-		for _, i := range woke {
-			wokenBefore[i] = true
-		}
 		g = grant()
-	}
+	})
 	queued(0)
 
 	// A process whose waiter leaves takes itself off every queue.

@@ -1,0 +1,86 @@
+// Package waketest checks how a driver's releases wake waiting processes,
+// for the backends that wake one process per release (redis, redlock).
+package waketest
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/fenced-dev/fenced/driver"
+)
+
+// Woken reports whether s is woken within the given time.
+func Woken(s driver.Subscription, within time.Duration) bool {
+	select {
+	case <-s.C():
+		return true
+	case <-time.After(within):
+		return false
+	}
+}
+
+// OnePerRelease checks that each of len(subs) releases wakes exactly one
+// of subs (each a waiting process's subscription, refused once so that it
+// stands in the key's waiter queue), a different one each time, and that
+// one more release wakes none. release(n) releases the key for the n-th
+// time (from 0) and grants it again to a process that does not wait.
+//
+// After a release it waits up to 10 s (under load) for the first wake-up,
+// then 300 ms for any other, draining the woken one too: a Redlock
+// process hears a release from every node whose queue it heads,
+// coalesced but spread over time.
+func OnePerRelease(t *testing.T, subs []driver.Subscription, release func(n int)) {
+	t.Helper()
+	rounds := len(subs)
+	wokenBefore := map[int]bool{}
+	for round := range rounds + 1 {
+		release(round)
+		var woke []int
+		for deadline := time.Now().Add(10 * time.Second); len(woke) == 0 && round < rounds && time.Now().Before(deadline); {
+			for i, s := range subs {
+				if Woken(s, 10*time.Millisecond) {
+					woke = append(woke, i)
+					break
+				}
+			}
+		}
+		for deadline := time.Now().Add(300 * time.Millisecond); time.Now().Before(deadline); {
+			for i, s := range subs {
+				if Woken(s, time.Millisecond) && !slices.Contains(woke, i) {
+					woke = append(woke, i)
+				}
+			}
+		}
+		switch {
+		case round < rounds && len(woke) != 1:
+			t.Fatalf("release %d woke processes %v, want exactly one", round+1, woke)
+		case round < rounds && wokenBefore[woke[0]]:
+			t.Fatalf("release %d woke process %d again, which had left the queue", round+1, woke[0])
+		case round == rounds && len(woke) != 0:
+			t.Fatalf("release %d woke processes %v with the queue empty", round+1, woke)
+		}
+		for _, i := range woke {
+			wokenBefore[i] = true
+		}
+	}
+}
+
+// Refused subscribes d as a waiter for key and has it refused once (the
+// key must be held by someone else), so that its process stands in the
+// key's waiter queue. The subscription is closed when the test ends.
+func Refused(t *testing.T, ctx context.Context, d driver.Driver, key string) driver.Subscription {
+	t.Helper()
+	s, err := d.(driver.Notifier).Subscribe(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	if _, err := d.TryAcquire(ctx, key, "waiter-"+strconv.FormatInt(time.Now().UnixNano(), 36), time.Minute); !errors.Is(err, driver.ErrHeld) {
+		t.Fatalf("try of a held key: %v", err)
+	}
+	return s
+}
