@@ -21,7 +21,9 @@
 // drops the connection when a ping is not answered within KeepAliveTimeout
 // (5s). So a connection whose peer stopped answering without closing it (a
 // partition, a frozen server) is given up within 15s. Its blocked requests
-// and streams fail, and the client moves to another endpoint. etcd refuses
+// and streams fail, and the client moves to another endpoint. A lost
+// connection is tried again at most ReconnectMaxDelay (1s) apart, so the
+// client is back within about a second of etcd. etcd refuses
 // pings more frequent than its --grpc-keepalive-min-time (default 5s). A
 // lease's local validity does not wait for any of this: its context is
 // cancelled when its validity runs out, whatever its requests are doing. A
@@ -96,6 +98,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
@@ -113,6 +117,13 @@ const (
 	KeepAliveTime    = 10 * time.Second
 	KeepAliveTimeout = 5 * time.Second
 )
+
+// ReconnectMaxDelay caps the pause between the reconnection attempts of the
+// client fenced builds from a URL. gRPC's default backs off up to two
+// minutes: after an outage of etcd of a dozen seconds the client tried
+// again only about 5 s after etcd was back, while the others went on (and
+// a waiter whose turn came meanwhile kept the key from all of them).
+const ReconnectMaxDelay = time.Second
 
 // Options configure a Driver. The zero value gives the defaults.
 type Options struct {
@@ -180,7 +191,11 @@ func openURL(ctx context.Context, u *url.URL) (driver.Driver, error) {
 		return nil, fmt.Errorf("etcd URL: %w", err)
 	}
 	cfg := clientv3.Config{Endpoints: eps, DialTimeout: dialTimeout, Logger: zap.NewNop(),
-		DialKeepAliveTime: KeepAliveTime, DialKeepAliveTimeout: KeepAliveTimeout}
+		DialKeepAliveTime: KeepAliveTime, DialKeepAliveTimeout: KeepAliveTimeout,
+		DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: ReconnectMaxDelay},
+			MinConnectTimeout: dialTimeout,
+		})}}
 	if u.User != nil {
 		cfg.Username = u.User.Username()
 		cfg.Password, _ = u.User.Password()
@@ -251,7 +266,7 @@ func New(cli *clientv3.Client, opts *Options) (*Driver, error) {
 		ka: &keepAliver{conn: cli.ActiveConnection(), ctx: ctx},
 	}
 	d.losses = &lossWatches{conn: cli.ActiveConnection(), ctx: ctx, get: d.getKey}
-	d.grants = sessionlock.NewGrants(d.endEntry, d.freeName)
+	d.grants = sessionlock.NewGrantsBatched(d.endEntries, reapBatch, d.freeName)
 	return d, nil
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/admin"
+	"github.com/fenced-dev/fenced/fencedetcd"
 	"github.com/fenced-dev/fenced/internal/testkit/crashtest"
 	"github.com/fenced-dev/fenced/internal/testkit/faulttest"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
@@ -103,5 +104,45 @@ func TestLossWatchSurvivesRestart(t *testing.T) {
 	}
 	if err := l.Err(); !errors.Is(err, fenced.ErrLost) {
 		t.Fatalf("lease ended with %v, want ErrLost", err)
+	}
+}
+
+// TestReconnectSoonAfterRestart: a client opened by URL whose etcd was
+// down for 12 s works again soon after etcd is back, not when gRPC's
+// exponential reconnect backoff (up to 2 minutes by default) next tries:
+// a waiter queued behind a key freed meanwhile would wait that long.
+func TestReconnectSoonAfterRestart(t *testing.T) {
+	cluster := testenv.StartEtcd(t)
+	ctx := context.Background()
+	c, err := fenced.Open(ctx, cluster.URL(""), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	d := c.Driver().(*fencedetcd.Driver)
+	if _, err := d.Client().Get(ctx, "probe"); err != nil {
+		t.Fatal(err)
+	}
+	m := cluster.Members[0]
+	m.Kill()
+	time.Sleep(12 * time.Second) // reconnect attempts back off meanwhile
+	m.Start()
+	m.WaitReady()
+	back := time.Now()
+	for {
+		rctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		_, err := d.Client().Get(rctx, "probe")
+		cancel()
+		if err == nil {
+			break
+		}
+		if time.Since(back) > 30*time.Second {
+			t.Fatalf("no answer 30s after etcd came back: %v", err)
+		}
+	}
+	lag := time.Since(back)
+	t.Logf("first answer %v after etcd accepted connections again", lag.Round(time.Millisecond))
+	if lag > 2500*time.Millisecond {
+		t.Fatalf("first answer %v after etcd was back, want within the reconnect backoff's 1 s cap (plus a connect)", lag)
 	}
 }

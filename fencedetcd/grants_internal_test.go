@@ -17,6 +17,14 @@ import (
 
 func newTestDriver(t *testing.T) (*Driver, *clientv3.Client) {
 	t.Helper()
+	d, cli, _ := newTestCluster(t)
+	return d, cli
+}
+
+// newTestCluster starts a one-member etcd and returns a driver over a
+// client of it, the client, and the cluster.
+func newTestCluster(t *testing.T) (*Driver, *clientv3.Client, *testenv.EtcdCluster) {
+	t.Helper()
 	cluster := testenv.StartEtcd(t)
 	cli, err := clientv3.New(clientv3.Config{Endpoints: cluster.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
 	if err != nil {
@@ -28,7 +36,7 @@ func newTestDriver(t *testing.T) (*Driver, *clientv3.Client) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { d.Close() })
-	return d, cli
+	return d, cli, cluster
 }
 
 // TestSlowRenewalOfAReapedGrant orders, with the renewal hook, the

@@ -213,6 +213,47 @@ func (d *Driver) endEntry(e *entry) error {
 	return err
 }
 
+// reapBatch is how many keys the reaper deletes in one transaction (see
+// endEntries): each is a nested transaction of one comparison and one
+// delete, well within etcd's --max-txn-ops (128 by default).
+const reapBatch = 32
+
+// endEntries deletes the keys of es that are still theirs, in one
+// transaction of one nested transaction per key (so one key already gone
+// or taken over fails only its own comparison; a server whose
+// --max-txn-ops is set below reapBatch gets them one at a time). The reaper calls it with
+// the entries due together: after an outage a driver holding many
+// thousands of grants finds them all due at once, and a request per key,
+// each waiting for the store, would leave keys standing for a long time
+// after the store is back.
+func (d *Driver) endEntries(es []*entry) []error {
+	if len(es) == 1 {
+		return []error{d.endEntry(es[0])}
+	}
+	ctx, cancel := context.WithTimeout(d.ctx, 5*time.Second)
+	defer cancel()
+	ops := make([]clientv3.Op, len(es))
+	for i, e := range es {
+		ops[i] = clientv3.OpTxn([]clientv3.Cmp{e.ownedCmp()}, []clientv3.Op{clientv3.OpDelete(e.etcdKey)}, nil)
+	}
+	_, err := d.cli.Txn(ctx).Then(ops...).Commit()
+	errs := make([]error, len(es))
+	if errors.Is(err, rpctypes.ErrTooManyOps) {
+		// The server's --max-txn-ops is below reapBatch: one at a time.
+		for i, e := range es {
+			errs[i] = d.endEntry(e)
+		}
+		return errs
+	}
+	if err != nil {
+		err = writeErr("delete keys", err)
+		for i := range errs {
+			errs[i] = err
+		}
+	}
+	return errs
+}
+
 // deleteOwned deletes e's key if it still carries e's owner (its fence was
 // recorded when it was put). It reports whether a key was deleted.
 func (d *Driver) deleteOwned(ctx context.Context, e *entry) (bool, error) {

@@ -143,8 +143,13 @@ is seen live more than 100 ms past its local validity, sampled on the
 worker's own clock (rounds in which the worker itself was stopped are
 skipped); no grant that no Acquire returned is held past its TTL as the
 store keeps it (etcd rounds a session up to whole seconds plus one and
-sweeps expiries every 500 ms) plus 1 s, nor 2 s after the acquisitions that may have left it gave up, when
-neither their workers nor the authority were faulted then (a grant is a
+sweeps expiries every 500 ms) plus 1 s, counted from when the acquisitions
+running on its key as it was first seen (which may have made it, and learn
+of it only once the authority answers) had completed, nor 2 s after the
+acquisitions that may have left it gave up, when
+neither their workers nor the authority were faulted then, and no queued
+waiter's grant stands past the TTL while its Acquire goes on waiting with
+no fault active (a waiter that missed its turn) (a grant is a
 key, owner and fence; it is held at least from the first listing that saw
 it answering to the last one that saw it being sent); no AcquireAll returns a set
 reported healthy whose member's key was granted again 250 ms before, and no

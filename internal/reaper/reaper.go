@@ -12,19 +12,23 @@ package reaper
 
 import (
 	"container/heap"
+	"slices"
 	"sync"
 	"time"
 )
 
 // Reaper calls end for an item once its deadline passes without being moved.
 // If end fails it is tried again every retry until it succeeds, the item is
-// forgotten or the Reaper is closed. Items are compared with ==.
+// forgotten or the Reaper is closed. Items are compared with ==. A Reaper
+// made by NewBatched ends the items due together in batches, one call per
+// batch.
 //
 // All deadlines share one timer, set for the earliest (a min-heap keeps
 // them in order), so an armed item costs a map entry and a heap slot, not
 // a runtime timer: a driver holding a hundred thousand grants arms as many.
 type Reaper[T comparable] struct {
-	end   func(T) error
+	end   func([]T) []error
+	batch int // the most items one call of end takes
 	retry time.Duration
 
 	mu     sync.Mutex
@@ -51,9 +55,18 @@ type item[T comparable] struct {
 	idx      int // in the queue; -1 while not in it (an end in progress)
 }
 
-// New returns a Reaper that ends items with end.
+// New returns a Reaper that ends items with end, one at a time.
 func New[T comparable](end func(T) error, retry time.Duration) *Reaper[T] {
-	return &Reaper[T]{end: end, retry: retry, items: map[T]*item[T]{}}
+	return NewBatched(func(xs []T) []error { return []error{end(xs[0])} }, 1, retry)
+}
+
+// NewBatched returns a Reaper that ends the items due together in batches
+// of up to batch items: end gets the batch and returns one error per item
+// (nil: that item ended). After an outage of the store a driver may find
+// many thousands of grants due at once, and each end then waits for the
+// store; a batch per request drains them that many times faster.
+func NewBatched[T comparable](end func([]T) []error, batch int, retry time.Duration) *Reaper[T] {
+	return &Reaper[T]{end: end, batch: max(batch, 1), retry: retry, items: map[T]*item[T]{}}
 }
 
 // Set arms (or moves) x's deadline.
@@ -141,7 +154,7 @@ func (r *Reaper[T]) EndNow(x T) error {
 	r.wg.Add(1)
 	r.mu.Unlock()
 	defer r.wg.Done()
-	return r.run(it)
+	return r.run([]*item[T]{it})[0]
 }
 
 // Close disarms everything and waits for ends in progress.
@@ -174,7 +187,7 @@ func (r *Reaper[T]) fire() {
 	for len(r.queue) > 0 && !r.queue[0].deadline.After(now) {
 		r.due = append(r.due, heap.Pop(&r.queue).(*item[T]))
 	}
-	for r.enders < min(len(r.due), maxEnders) {
+	for r.enders < min((len(r.due)+r.batch-1)/r.batch, maxEnders) {
 		r.enders++
 		r.wg.Add(1)
 		go r.ender()
@@ -182,7 +195,8 @@ func (r *Reaper[T]) fire() {
 	r.resetLocked()
 }
 
-// ender ends due items until there are none (or the Reaper is closed).
+// ender ends due items, a batch at a time, until there are none (or the
+// Reaper is closed).
 func (r *Reaper[T]) ender() {
 	defer r.wg.Done()
 	for {
@@ -192,31 +206,45 @@ func (r *Reaper[T]) ender() {
 			r.mu.Unlock()
 			return
 		}
-		it := r.due[0]
-		r.due[0] = nil
-		r.due = r.due[1:]
+		// An item moved and due again may be in the queue twice: a batch
+		// takes it once.
+		n := min(len(r.due), r.batch)
+		its := make([]*item[T], 0, n)
+		for _, it := range r.due[:n] {
+			if !slices.Contains(its, it) {
+				its = append(its, it)
+			}
+		}
+		clear(r.due[:n])
+		r.due = r.due[n:]
 		r.mu.Unlock()
-		_ = r.run(it)
+		r.run(its)
 	}
 }
 
-// run calls end for it, which is out of the queue, and, on failure,
-// arms it again for a retry.
-func (r *Reaper[T]) run(it *item[T]) error {
-	err := r.end(it.x)
+// run calls end for its, which are out of the queue, and arms each that
+// failed again for a retry. It returns the errors end returned.
+func (r *Reaper[T]) run(its []*item[T]) []error {
+	xs := make([]T, len(its))
+	for i, it := range its {
+		xs[i] = it.x
+	}
+	errs := r.end(xs)
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.items[it.x] != it || it.idx >= 0 {
-		return err // forgotten, or armed again (Set) meanwhile
+	for i, it := range its {
+		if r.items[it.x] != it || it.idx >= 0 {
+			continue // forgotten, or armed again (Set) meanwhile
+		}
+		if errs[i] == nil {
+			delete(r.items, it.x)
+			continue
+		}
+		if !r.closed {
+			r.armLocked(it, time.Now().Add(r.retry))
+		}
 	}
-	if err == nil {
-		delete(r.items, it.x)
-		return nil
-	}
-	if !r.closed {
-		r.armLocked(it, time.Now().Add(r.retry))
-	}
-	return err
+	return errs
 }
 
 // queue is a min-heap of items by deadline (container/heap).

@@ -145,3 +145,59 @@ func TestManyItems(t *testing.T) {
 		t.Errorf("%d items ended before their deadline", early)
 	}
 }
+
+// TestBatches: items due together are ended in batches of up to the
+// batch size, all of them once; an item whose end failed in a batch is
+// tried again on its own schedule while the others stay ended.
+func TestBatches(t *testing.T) {
+	var mu sync.Mutex
+	ended := map[int]int{}
+	var sizes []int
+	failsLeft := map[int]int{7: 2}
+	r := NewBatched(func(xs []int) []error {
+		mu.Lock()
+		defer mu.Unlock()
+		sizes = append(sizes, len(xs))
+		errs := make([]error, len(xs))
+		for i, x := range xs {
+			if failsLeft[x] > 0 {
+				failsLeft[x]--
+				errs[i] = errors.New("unreachable")
+				continue
+			}
+			ended[x]++
+		}
+		return errs
+	}, 32, 10*time.Millisecond)
+	defer r.Close()
+	const n = 1000
+	due := time.Now().Add(50 * time.Millisecond)
+	for i := range n {
+		r.Set(i, due)
+	}
+	waitFor(t, "every item to end", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(ended) == n
+	})
+	time.Sleep(50 * time.Millisecond)
+	mu.Lock()
+	defer mu.Unlock()
+	for i := range n {
+		if ended[i] != 1 {
+			t.Fatalf("item %d ended %d times, want once", i, ended[i])
+		}
+	}
+	calls, largest := len(sizes), 0
+	for _, s := range sizes {
+		if s > 32 {
+			t.Fatalf("a batch of %d items, more than 32", s)
+		}
+		largest = max(largest, s)
+	}
+	// 1000 items due at once need at least 32 calls; the retries of item 7
+	// add two. Far fewer than one call per item.
+	if calls > n/4 || largest < 16 {
+		t.Fatalf("%d calls (largest batch %d) for %d items due together, want batches", calls, largest, n)
+	}
+}

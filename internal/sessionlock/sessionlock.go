@@ -76,7 +76,7 @@ const reapRetry = time.Second
 // Grants tracks a driver's entries, at most one current entry per ID,
 // each with a deadline. It is safe for concurrent use.
 type Grants[E Entry] struct {
-	end    func(E) error
+	end    func([]E) []error
 	forgot func(E)
 	reaper *reaper.Reaper[E]
 	mu     sync.Mutex // taken before the reaper's own
@@ -92,40 +92,64 @@ type Grants[E Entry] struct {
 // succeeded), with no lock held, so the driver can free what the entry
 // reserved.
 func NewGrants[E Entry](end func(E) error, forgot func(E)) *Grants[E] {
+	return NewGrantsBatched(func(es []E) []error { return []error{end(es[0])} }, 1, forgot)
+}
+
+// NewGrantsBatched is NewGrants with an end that deletes the keys of up to
+// batch entries in one request, returning one error per entry: after an
+// outage many thousands of grants may be due at once.
+func NewGrantsBatched[E Entry](end func([]E) []error, batch int, forgot func(E)) *Grants[E] {
 	g := &Grants[E]{end: end, forgot: forgot, byID: map[ID]E{}}
-	g.reaper = reaper.New(g.reap, reapRetry)
+	g.reaper = reaper.NewBatched(g.reap, batch, reapRetry)
 	return g
 }
 
-// reap is the reaper's end: it ends e once its deadline has passed (and
-// was not moved meanwhile), or once EndNow made it ending.
-func (g *Grants[E]) reap(e E) error {
-	t := e.tracking()
+// reap is the reaper's end: it ends each of es whose deadline has passed
+// (and was not moved meanwhile), or that EndNow made ending.
+func (g *Grants[E]) reap(es []E) []error {
+	errs := make([]error, len(es))
+	var ending []E
+	var at []int // positions in es of ending
 	g.mu.Lock()
-	switch t.state {
-	case stateTracked:
-		if dl, ok := g.reaper.Deadline(e); ok && time.Now().Before(dl) {
-			g.mu.Unlock()
-			return nil // extended meanwhile: the reaper keeps it armed
+	for i, e := range es {
+		switch e.tracking().state {
+		case stateTracked:
+			if dl, ok := g.reaper.Deadline(e); ok && time.Now().Before(dl) {
+				continue // extended meanwhile: the reaper keeps it armed
+			}
+			g.startEndingLocked(e)
+		case stateEnding:
+		default:
+			continue
 		}
-		g.startEndingLocked(e)
-	case stateEnding:
-	default:
-		g.mu.Unlock()
-		return nil
+		ending = append(ending, e)
+		at = append(at, i)
 	}
 	g.mu.Unlock()
-	if err := g.end(e); err != nil {
-		return err
+	if len(ending) == 0 {
+		return errs
 	}
+	var forgotten []E
+	endErrs := g.end(ending)
 	g.mu.Lock()
-	done := t.state == stateEnding
-	t.state = stateGone
-	g.mu.Unlock()
-	if done && g.forgot != nil {
-		g.forgot(e)
+	for j, e := range ending {
+		if endErrs[j] != nil {
+			errs[at[j]] = endErrs[j]
+			continue
+		}
+		t := e.tracking()
+		if t.state == stateEnding {
+			forgotten = append(forgotten, e)
+		}
+		t.state = stateGone
 	}
-	return nil
+	g.mu.Unlock()
+	if g.forgot != nil {
+		for _, e := range forgotten {
+			g.forgot(e)
+		}
+	}
+	return errs
 }
 
 // startEndingLocked moves e to ending: it is no longer the entry of its

@@ -241,7 +241,7 @@ func TestGrantsExtendBeatsDueReap(t *testing.T) {
 	g.reaper.Set(e, time.Now().Add(-time.Second))
 	g.reaper.Set(e, time.Now().Add(time.Hour))
 	g.mu.Unlock()
-	if err := g.reap(e); err != nil {
+	if err := g.reap([]*testEntry{e})[0]; err != nil {
 		t.Fatal(err)
 	}
 	select {
