@@ -233,6 +233,26 @@ func (r *genRun) observe(ctx context.Context) {
 	}
 }
 
+// answered returns once the store answers a listing through c (nil: at
+// once), or after a minute.
+func (r *genRun) answered(ctx context.Context, c *fenced.Client) {
+	if c == nil {
+		return
+	}
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline) && ctx.Err() == nil; {
+		lctx, cancel := context.WithTimeout(ctx, time.Second)
+		_, err := admin.List(lctx, c, r.prefix+"h:")
+		cancel()
+		if err == nil {
+			return
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
 // nemesis injects, until the run's Duration is over, faults drawn from
 // the seed: a pause of 0.5 to 2 TTLs between faults (one time in four a
 // quiet spell of 4 to 8 TTLs), then one of
@@ -253,6 +273,16 @@ func (r *genRun) nemesis(ctx context.Context) error {
 			return nil
 		case <-ctx.Done():
 			return ctx.Err()
+		}
+	}
+	// An authority fault ends when the store answers again, not when the
+	// restart was started: etcd replaying a large log takes seconds, and
+	// the checker excuses what stands while the store cannot answer.
+	var probe *fenced.Client
+	if r.cfg.Server != nil {
+		if c, err := fenced.Open(ctx, r.cfg.Store, nil); err == nil {
+			probe = c
+			defer c.Close()
 		}
 	}
 	for k := 1; time.Now().Before(end); k++ {
@@ -301,6 +331,7 @@ func (r *genRun) nemesis(ctx context.Context) error {
 			r.record(Event{Kind: FaultStart, Worker: -1, Fault: string(f)})
 			sleep(min(d, 2*ttl))
 			err := r.cfg.Server.Resume()
+			r.answered(ctx, probe)
 			r.record(Event{Kind: FaultEnd, Worker: -1, Fault: string(f)})
 			if err != nil {
 				return err
@@ -311,6 +342,9 @@ func (r *genRun) nemesis(ctx context.Context) error {
 			}
 			r.record(Event{Kind: FaultStart, Worker: -1, Fault: string(f)})
 			err := r.cfg.Server.Restart()
+			if err == nil {
+				r.answered(ctx, probe)
+			}
 			r.record(Event{Kind: FaultEnd, Worker: -1, Fault: string(f)})
 			if err != nil {
 				return err

@@ -299,7 +299,7 @@ func CheckGen(events []Event, strength fenced.FenceStrength, ttl, bound time.Dur
 			}
 		}
 		// The hard limit: held past the TTL once nothing that may still
-		// return it runs. An acquisition running when the grant was first
+		// return it runs, with the authority answering. An acquisition running when the grant was first
 		// seen may be the one that made it: a set holds the grants it has
 		// got while it waits for the rest, for as long as its MaxWait, and
 		// a single-key acquisition whose request was applied while the
@@ -311,6 +311,15 @@ func CheckGen(events []Event, strength fenced.FenceStrength, ttl, bound time.Dur
 		for _, a := range from {
 			if a.done != 0 {
 				orphanFrom = max(orphanFrom, a.done)
+			}
+		}
+		// Nor while the authority could not answer (paused, or killed and
+		// not yet answering again): no delete reaches it, and etcd gives
+		// every session a full TTL again when it restarts. The count
+		// starts again when the last such fault in the grant's life ended.
+		for _, f := range faults {
+			if f.worker < 0 && f.start <= s.last && f.end >= orphanFrom {
+				orphanFrom = max(orphanFrom, f.end)
 			}
 		}
 		if free := time.Duration(s.last - orphanFrom); free > ttl+time.Second {

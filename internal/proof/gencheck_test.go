@@ -123,6 +123,21 @@ func TestCheckGenFindsEachViolation(t *testing.T) {
 			t.Errorf("%s: a grant held 6.5 s after its acquisition failed: %+v; want an orphan", name, r)
 		}
 	}
+	// Nor while the authority could not answer: a grant that stood 9 s, 5 s
+	// of it while the authority was down and 3 s after it answered again,
+	// is no orphan; the same without the fault is one.
+	down := []Event{
+		{T: 11000 * ms, Kind: Observed, Worker: -1, Key: "k", Fence: 4, Owner: "y"},
+		{T: 12000 * ms, Kind: FaultStart, Worker: -1, Fault: string(CrashAuthority)},
+		{T: 17000 * ms, Kind: FaultEnd, Worker: -1, Fault: string(CrashAuthority)},
+		{T: 20000 * ms, Kind: Observed, Worker: -1, Key: "k", Fence: 4, Owner: "y"},
+	}
+	if r := CheckGen(append(append([]Event(nil), clean...), down...), fenced.FenceStrict, ttl, bound); r.Orphans != 0 {
+		t.Errorf("a grant held across an outage of the authority: %+v; want no orphan", r)
+	}
+	if r := CheckGen(append(append([]Event(nil), clean...), down[0], down[3]), fenced.FenceStrict, ttl, bound); r.Orphans != 1 {
+		t.Errorf("a grant held 9 s with the authority up: %+v; want an orphan", r)
+	}
 	// A queued waiter that missed its turn: its grant stood 5.5 s (past
 	// the TTL, 5 s) while its Acquire went on waiting, with no fault, and
 	// went as it gave up.

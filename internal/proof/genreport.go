@@ -145,7 +145,9 @@ skipped); no grant that no Acquire returned is held past its TTL as the
 store keeps it (etcd rounds a session up to whole seconds plus one and
 sweeps expiries every 500 ms) plus 1 s, counted from when the acquisitions
 running on its key as it was first seen (which may have made it, and learn
-of it only once the authority answers) had completed, nor 2 s after the
+of it only once the authority answers) had completed and the authority
+answered again after its last pause or restart in the grant's life (an
+authority fault ends when a listing is answered), nor 2 s after the
 acquisitions that may have left it gave up, when
 neither their workers nor the authority were faulted then, and no queued
 waiter's grant stands past the TTL while its Acquire goes on waiting with
