@@ -125,4 +125,25 @@ func TestAttemptClaims(t *testing.T) {
 	if l := lock(); l != "" {
 		t.Fatalf("grant over a foreign claim wrote the lock: %q", l)
 	}
+
+	// A waiter queue of another type fails the grant of a process with
+	// waiters, and a rollback, before either wrote anything.
+	c.Del(ctx, k.Claim)
+	c.Set(ctx, k.Waiters, "not a queue", 0)
+	_, err = AcquireNode.Run(ctx, c, []string{k.Lock, k.Fence, k.Claim, k.Waiters}, "me", 60000, 9, 9, 1, 1000, "p:1").Result()
+	if err == nil || ForeignReply(err, k.Waiters) == nil {
+		t.Fatalf("grant over a foreign waiter queue: %v, want an error ForeignReply recognises", err)
+	}
+	if l, cl := lock(), c.Get(ctx, k.Claim).Val(); l != "" || cl != "" {
+		t.Fatalf("grant over a foreign waiter queue wrote lock %q, claim %q", l, cl)
+	}
+	c.Set(ctx, k.Lock, "9:me", 0)
+	c.Set(ctx, k.Claim, "9:me", 0)
+	_, err = ReleaseAttempt.Run(ctx, c, []string{k.Lock, k.Claim, k.Waiters}, "me", 9, k.Channel).Result()
+	if err == nil || ForeignReply(err, k.Waiters) == nil {
+		t.Fatalf("rollback over a foreign waiter queue: %v, want an error ForeignReply recognises", err)
+	}
+	if l, cl := lock(), c.Get(ctx, k.Claim).Val(); l != "9:me" || cl != "9:me" {
+		t.Fatalf("rollback over a foreign waiter queue changed lock %q, claim %q", l, cl)
+	}
 }
