@@ -56,13 +56,8 @@ func TestFaults(t *testing.T) {
 // broken by an admin, ends with ErrLost long before its local validity
 // would end it (it is not renewed, so nothing else would notice).
 func TestLossWatchSurvivesRestart(t *testing.T) {
-	cluster := testenv.StartEtcd(t)
+	cluster, c := openByURL(t)
 	ctx := context.Background()
-	c, err := fenced.Open(ctx, cluster.URL(""), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
 	l, err := c.Acquire(ctx, "restart", &fenced.LeaseOptions{TTL: 30 * time.Second, ManualRenew: true})
 	if err != nil {
 		t.Fatal(err)
@@ -112,13 +107,8 @@ func TestLossWatchSurvivesRestart(t *testing.T) {
 // exponential reconnect backoff (up to 2 minutes by default) next tries:
 // a waiter queued behind a key freed meanwhile would wait that long.
 func TestReconnectSoonAfterRestart(t *testing.T) {
-	cluster := testenv.StartEtcd(t)
+	cluster, c := openByURL(t)
 	ctx := context.Background()
-	c, err := fenced.Open(ctx, cluster.URL(""), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
 	d := c.Driver().(*fencedetcd.Driver)
 	if _, err := d.Client().Get(ctx, "probe"); err != nil {
 		t.Fatal(err)
@@ -145,4 +135,18 @@ func TestReconnectSoonAfterRestart(t *testing.T) {
 	if lag > 2500*time.Millisecond {
 		t.Fatalf("first answer %v after etcd was back, want within the reconnect backoff's 1 s cap (plus a connect)", lag)
 	}
+}
+
+// openByURL starts a one-member etcd and opens a Client on it by URL (so
+// with the client fenced builds: keepalive, reconnect backoff), closed
+// when the test ends.
+func openByURL(t *testing.T) (*testenv.EtcdCluster, *fenced.Client) {
+	t.Helper()
+	cluster := testenv.StartEtcd(t)
+	c, err := fenced.Open(context.Background(), cluster.URL(""), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return cluster, c
 }

@@ -50,14 +50,7 @@ func TestReleasePublishesOnlyForWaiters(t *testing.T) {
 	rc := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1})
 	t.Cleanup(func() { rc.Close() })
 	holder, waiter := newDriver(t, srv, nil), newDriver(t, srv, nil)
-	grant := func() driver.Grant {
-		o := owner()
-		f, err := holder.TryAcquire(ctx, "job", o, time.Minute)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return driver.Grant{Key: "job", Owner: o, Fence: f, TTL: time.Minute}
-	}
+	grant := func() driver.Grant { return waketest.Grant(t, ctx, holder, "job") }
 	release := func(g driver.Grant, wantPublished int64) {
 		t.Helper()
 		before := publishes(t, rc)
@@ -99,15 +92,7 @@ func TestReleaseWakesOneProcess(t *testing.T) {
 	rc := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1})
 	t.Cleanup(func() { rc.Close() })
 	holder := newDriver(t, srv, nil)
-	grant := func() driver.Grant {
-		t.Helper()
-		o := owner()
-		f, err := holder.TryAcquire(ctx, "job", o, time.Minute)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return driver.Grant{Key: "job", Owner: o, Fence: f, TTL: time.Minute}
-	}
+	grant := func() driver.Grant { return waketest.Grant(t, ctx, holder, "job") }
 	g := grant()
 	var subs []driver.Subscription
 	for range 3 {

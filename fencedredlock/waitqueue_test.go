@@ -21,15 +21,7 @@ func TestReleaseWakesOneProcess(t *testing.T) {
 	ctx := ctxT(t)
 	c := startCluster(t, 3)
 	holder := c.open(t, c.nodes, fencedredlock.Options{})
-	grant := func() driver.Grant {
-		t.Helper()
-		o := owner()
-		f, err := holder.TryAcquire(ctx, "job", o, time.Minute)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return driver.Grant{Key: "job", Owner: o, Fence: f, TTL: time.Minute}
-	}
+	grant := func() driver.Grant { return waketest.Grant(t, ctx, holder, "job") }
 	queue := rediskit.DefaultPrefix + "{job}:waitq"
 	queued := func(want int64) {
 		t.Helper()

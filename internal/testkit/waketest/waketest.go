@@ -84,3 +84,15 @@ func Refused(t *testing.T, ctx context.Context, d driver.Driver, key string) dri
 	}
 	return s
 }
+
+// Grant has d take key for a new owner with a one-minute TTL (the key must
+// be free) and returns the grant, for release to wake the waiters.
+func Grant(t *testing.T, ctx context.Context, d driver.Driver, key string) driver.Grant {
+	t.Helper()
+	owner := "holder-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	f, err := d.TryAcquire(ctx, key, owner, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return driver.Grant{Key: key, Owner: owner, Fence: f, TTL: time.Minute}
+}
