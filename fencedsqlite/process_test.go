@@ -32,6 +32,8 @@ func TestMain(m *testing.M) {
 		os.Exit(childHold())
 	case "slowrelease":
 		os.Exit(childSlowRelease())
+	case "wait":
+		os.Exit(childWait())
 	}
 	fmt.Fprintln(os.Stderr, "unknown child mode")
 	os.Exit(2)

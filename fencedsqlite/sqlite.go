@@ -35,10 +35,12 @@
 //
 // Beside the file, FILE.lock serializes the first open of a new file by
 // several processes (creating it, switching it to WAL, creating tables),
-// and FILE.wake is the waiters' doorbell (see below).
+// FILE.wake is the shared doorbell and FILE.waiters the directory of the
+// waiting processes' own doorbells (see below).
 //
 // Query parameters: table (default fenced_leases), busy_timeout (default 5s)
-// and create=1. The break log is TABLE_breaks, the fence floor TABLE_floor.
+// and create=1. The break log is TABLE_breaks, the fence floor TABLE_floor,
+// the waiter queue TABLE_waiters.
 // create=1 creates the file's directory if it is missing. Without it, a path
 // whose directory does not exist is most likely mistyped: it is refused,
 // matching ErrNoDir and driver.ErrInvalidURL. The default file's directory
@@ -50,16 +52,22 @@
 // process waits up to busy_timeout, then fails with ErrUnavailable. Safety
 // is unaffected: nothing is granted twice.
 //
-// SQLite cannot notify another process. Instead every driver opens the
-// doorbell FILE.wake beside the database after each commit that may free a
-// key (release, break). Waiters in every process learn of it from the kernel
-// (inotify on the database's directory). They confirm a change with PRAGMA
-// data_version, a cheap read on one connection per driver. They retry only
-// when their key is free. An idle waiter costs nothing. The doorbell rings
-// after the commit is durable and visible, so a waiter is woken however long
-// the commit's fsync took. Without inotify the driver reads data_version
-// every 2ms while somebody waits. A grant that expires without a release, or
-// a key freed by another program, is caught by the client's fallback timer.
+// SQLite cannot notify another process. Instead a process with waiters for
+// a key stands in the key's waiter queue (the table TABLE_waiters), with a
+// doorbell file of its own in the directory FILE.waiters that only it
+// watches (inotify). Each commit that may free a key (release, break) opens
+// the doorbell of the process that has waited longest, once the commit is
+// durable and visible, and takes it off the queue: one process wakes per
+// release, however many wait, and its waiter tries at once. A refused
+// waiter stands again at the end. A process that died is found by its
+// doorbell's flock, which went with it, and skipped. An idle waiter costs
+// nothing. Every such commit also opens the shared doorbell FILE.wake, for
+// observers (which see every release) and for processes that cannot make
+// a doorbell of their own; those confirm a change with PRAGMA data_version
+// and read the keys they wait for. Without inotify the driver reads
+// data_version every 2ms while somebody waits. A grant that expires
+// without a release, or a key freed by another program, is caught by the
+// client's fallback timer.
 package fencedsqlite
 
 import (
@@ -205,15 +213,7 @@ func OpenFile(ctx context.Context, path string, opts *Options) (*Driver, error) 
 	} else if err == nil && !fi.IsDir() {
 		return nil, fmt.Errorf("sqlite: lease file %s: %w: %s is not a directory", path, ErrNoDir, dir)
 	}
-	dsn := "file:" + (&url.URL{Path: path}).EscapedPath() + "?" + url.Values{
-		"_pragma": {
-			fmt.Sprintf("busy_timeout(%d)", o.BusyTimeout.Milliseconds()),
-			"journal_mode(WAL)",
-			"synchronous(FULL)",
-		},
-		"_txlock": {"immediate"},
-	}.Encode()
-	db, err := sql.Open("sqlite", dsn)
+	db, err := sql.Open("sqlite", dsn(path, o.BusyTimeout, "FULL"))
 	if err != nil {
 		return nil, fmt.Errorf("sqlite: open %s: %w: %v", path, driver.ErrUnavailable, err)
 	}
@@ -234,7 +234,25 @@ func OpenFile(ctx context.Context, path string, opts *Options) (*Driver, error) 
 		return nil, fmt.Errorf("sqlite: %s: %w", path, err)
 	}
 	d.std.SetOwned()
+	// The waiter queue's writes need no fsync (see queue.go).
+	if qdb, err := sql.Open("sqlite", dsn(path, o.BusyTimeout, "NORMAL")); err == nil {
+		d.queue.db, d.queue.own = qdb, true
+	}
 	return d, nil
+}
+
+// dsn is the data source name of the file at path for modernc.org/sqlite:
+// WAL, the busy timeout, the given synchronous level, and transactions
+// begun IMMEDIATE.
+func dsn(path string, busy time.Duration, synchronous string) string {
+	return "file:" + (&url.URL{Path: path}).EscapedPath() + "?" + url.Values{
+		"_pragma": {
+			fmt.Sprintf("busy_timeout(%d)", busy.Milliseconds()),
+			"journal_mode(WAL)",
+			"synchronous(" + synchronous + ")",
+		},
+		"_txlock": {"immediate"},
+	}.Encode()
 }
 
 // lockInit takes an exclusive flock on lockPath, waiting up to timeout.
@@ -275,6 +293,7 @@ type Driver struct {
 	std   *sqllease.StdDB
 	table string
 	bell  doorbell
+	queue queue
 	watch watcher
 	*sqllease.Engine
 }
@@ -308,6 +327,7 @@ func New(ctx context.Context, db *sql.DB, opts *Options) (*Driver, error) {
 		return nil, wrap("find the database file", err)
 	}
 	d.bell = newDoorbell(file)
+	d.queue.init(d, file)
 	return d, nil
 }
 
@@ -333,18 +353,39 @@ func mainFile(ctx context.Context, db *sql.DB) (string, error) {
 	return path, rows.Err()
 }
 
-// Release implements driver.Driver, and rings the doorbell (see watcher).
+// TryAcquire implements driver.Driver. A refused try of a process with
+// waiters for key stands it in the key's waiter queue again, at the end, if
+// a ring took it off (see queue.go).
+func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
+	f, err := d.Engine.TryAcquire(ctx, key, owner, ttl)
+	if errors.Is(err, driver.ErrHeld) {
+		d.queue.refused(ctx, key)
+	}
+	return f, err
+}
+
+// Release implements driver.Driver, and rings the doorbells (see watcher).
 // It rings whatever the outcome: a commit whose reply was lost may still
 // have freed the key.
 func (d *Driver) Release(ctx context.Context, g driver.Grant) error {
-	defer d.bell.ring()
+	defer d.ring(ctx, g.Key)
 	return d.Engine.Release(ctx, g)
 }
 
-// Break implements driver.Driver, and rings the doorbell (see watcher).
+// Break implements driver.Driver, and rings the doorbells (see watcher).
 func (d *Driver) Break(ctx context.Context, key string, req driver.BreakRequest) (driver.LeaseInfo, error) {
-	defer d.bell.ring()
+	defer d.ring(ctx, key)
 	return d.Engine.Break(ctx, key, req)
+}
+
+// ring rings the shared doorbell and that of the process first in key's
+// waiter queue, if the key is free. A cancelled ctx does not stop it: a
+// release that committed must wake the next waiter.
+func (d *Driver) ring(ctx context.Context, key string) {
+	d.bell.ring()
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), queueTimeout)
+	defer cancel()
+	d.queue.ringNext(ctx, key)
 }
 
 // now is SQLite's clock in Unix milliseconds, stable within one statement.
@@ -500,6 +541,11 @@ func (d *Driver) migrate(ctx context.Context) error {
   id INTEGER PRIMARY KEY CHECK (id = 1),
   fence_floor INTEGER NOT NULL CHECK (fence_floor >= 0)
 )`},
+		{t + waitersSuffix, waitersShape, `CREATE TABLE ` + t + waitersSuffix + ` (
+  member TEXT PRIMARY KEY NOT NULL,
+  key TEXT NOT NULL,
+  seq INTEGER NOT NULL
+) WITHOUT ROWID`},
 	} {
 		found, exists, err := readTable(ctx, tx, s.name)
 		if err != nil {
@@ -514,6 +560,9 @@ func (d *Driver) migrate(ctx context.Context) error {
 		if err := leasetable.Check(s.name, s.shape, found); err != nil {
 			return err
 		}
+	}
+	if _, err := tx.ExecContext(ctx, `CREATE INDEX IF NOT EXISTS `+t+waitersSuffix+`_by_key ON `+t+waitersSuffix+` (key, seq)`); err != nil {
+		return wrap("create lease tables", err)
 	}
 	if _, err := tx.ExecContext(ctx, `INSERT INTO `+t+leasetable.FloorSuffix+` (id, fence_floor) VALUES (1, 0) ON CONFLICT (id) DO NOTHING`); err != nil {
 		return wrap("create lease tables", err)
@@ -752,7 +801,7 @@ func (d *Driver) Guarantees() driver.Guarantees {
 		ServerClock: true,
 		// unixepoch() inside the statement reads the host's wall clock.
 		ClockStepSafe: false,
-		Note:          "one host: the fence counter is a row in the file and survives restarts; expiry uses the host's wall clock inside the statement (not safe from clock steps); waiters are woken through a doorbell file every release and break opens after its commit, watched with inotify (PRAGMA data_version every 2ms where inotify is unavailable), and retry only when their key is free",
+		Note:          "one host: the fence counter is a row in the file and survives restarts; expiry uses the host's wall clock inside the statement (not safe from clock steps); each release and break wakes one waiting process, the one that waited longest, through a doorbell file of its own that the commit opens once durable (inotify), and observers through a shared one; PRAGMA data_version every 2ms where inotify is unavailable",
 	}
 }
 
@@ -776,6 +825,7 @@ func (d *Driver) Close() error {
 	if done != nil {
 		<-done
 	}
+	d.queue.close()
 	_, err := d.Engine.Close()
 	return err
 }

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fenced-dev/fenced/driver"
@@ -19,25 +20,32 @@ const watchEvery = 2 * time.Millisecond
 // watcher wakes waiters in this process when another connection (any process
 // on the host) frees a key they wait for. SQLite cannot push notifications.
 // So every driver rings a doorbell after each commit that may have freed a
-// key, once the commit is durable and visible (see doorbell). The kernel
-// tells the watcher (inotify). An idle waiter costs nothing, not even a
-// timer, and no waiting depends on how long a commit takes. On each ring the
-// watcher reads PRAGMA data_version, which changes whenever another
-// connection committed; only then does it read the waited-for keys, in one
-// query, and wake the waiters of the keys that are now free. No waiter
-// touches the lease table until its key is free, so a release causes no
-// herd, across keys or on one key's write lock. Where inotify is unavailable
-// (an in-memory database, a platform without it, the watch limit reached)
-// the watcher reads data_version every watchEvery instead. A key freed
-// without a ring (by another program, or by a process killed between its
-// commit and the ring) is found at the client's fallback timer.
+// key, once the commit is durable and visible (see doorbell): the doorbell
+// of the process first in the key's waiter queue (see queue.go), and the
+// shared doorbell. The kernel tells the watcher (inotify). An idle waiter
+// costs nothing, not even a timer, and no waiting depends on how long a
+// commit takes. On each ring the watcher reads PRAGMA data_version, which
+// changes whenever another connection committed; only then does it read the
+// waited-for keys, in one query, and wake one waiter of each key that is now
+// free (and its observers). A waiter that leaves with a wake-up it did not
+// use hands it on (wakeup.Registry.PassOn). The watcher hears the shared
+// doorbell only while it has observers, which see every release, or when
+// the process could not make a doorbell of its own. So a release wakes one
+// process, and one waiter in it: no herd, across keys or on one key's write
+// lock. Where inotify is unavailable (an in-memory database, a platform
+// without it, the watch limit reached) the watcher reads data_version every
+// watchEvery instead. A key freed without a ring (by another program, or by
+// a process killed between its commit and the ring) is found at the
+// client's fallback timer.
 type watcher struct {
 	d    *Driver
 	wake wakeup.Registry // waiters by key
 
-	mu   sync.Mutex
-	stop context.CancelFunc
-	done chan struct{}
+	mu      sync.Mutex
+	stop    context.CancelFunc
+	done    chan struct{}
+	rearm   chan struct{} // a subscription may need a watch the loop lacks
+	observe atomic.Bool   // a subscriber needs the shared doorbell
 }
 
 // idle stops the loop once no key has waiters.
@@ -51,29 +59,46 @@ func (w *watcher) idle(string) {
 }
 
 // Subscribe implements driver.Notifier with change detection (see watcher).
+// The process stands in key's waiter queue until the subscription's Close
+// (see queue.go); a failure to stand in it is not an error, the waiter
+// then listens to the shared doorbell.
 func (d *Driver) Subscribe(ctx context.Context, key string) (driver.Subscription, error) {
-	return d.subscribe(key, false), nil
+	// Subscribed before the entry stands: its first ring must find the
+	// waiter.
+	s := d.subscribe(key, false, false)
+	ep, stood := d.queue.join(ctx, key)
+	if !stood {
+		d.watch.needShared()
+	}
+	return d.queue.eps.Sub(s, key, key, ep), nil
 }
 
 // SubscribeObserver implements driver.ObserveNotifier: an observer is
 // woken whenever key is seen free, and never counts as a waiter.
 func (d *Driver) SubscribeObserver(ctx context.Context, key string) (driver.Subscription, error) {
-	return d.subscribe(key, true), nil
+	return d.subscribe(key, true, true), nil
 }
 
-func (d *Driver) subscribe(key string, observer bool) driver.Subscription {
+// subscribe registers a subscriber of key and makes sure the loop runs;
+// shared says that it needs the shared doorbell.
+func (d *Driver) subscribe(key string, observer, shared bool) driver.Subscription {
 	w := &d.watch
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.d == nil {
 		w.d = d
 		w.wake.Idle = w.idle
+		w.wake.PassOn = true
+		w.rearm = make(chan struct{}, 1)
 	}
 	var s *wakeup.Sub
 	if observer {
 		s = w.wake.Observe(key)
 	} else {
 		s = w.wake.Subscribe(key)
+	}
+	if shared {
+		w.observe.Store(true)
 	}
 	if w.stop == nil {
 		if w.done != nil {
@@ -82,65 +107,113 @@ func (d *Driver) subscribe(key string, observer bool) driver.Subscription {
 		lctx, cancel := context.WithCancel(context.Background())
 		w.stop = cancel
 		w.done = make(chan struct{})
+		w.observe.Store(shared)
 		go w.loop(lctx, w.done)
+	} else {
+		select {
+		case w.rearm <- struct{}{}:
+		default:
+		}
 	}
 	return s
 }
 
+// loop runs while the driver has subscribers. It takes no lock of the
+// watcher's: subscribe waits for a stopped loop's end under w.mu.
+// needShared makes the running loop hear the shared doorbell (see
+// subscribe).
+func (w *watcher) needShared() {
+	w.observe.Store(true)
+	select {
+	case w.rearm <- struct{}{}:
+	default:
+	}
+}
+
 func (w *watcher) loop(ctx context.Context, done chan struct{}) {
 	defer close(done)
-	conn, err := w.d.db.Conn(ctx)
-	if err != nil {
-		return // waiters fall back to the client's timers
-	}
-	defer conn.Close()
-	// Arm the watch before the first look, so no ring falls between them.
+	ev := w.d.queue.events()
 	var changed <-chan struct{}
-	if ev, err := watchDoorbell(w.d.bell); err == nil {
-		defer ev.close()
+	if ev != nil {
 		changed = ev.changed
-	} else {
-		t := time.NewTicker(watchEvery)
-		defer t.Stop()
-		ticks := make(chan struct{})
-		go func() {
-			for {
-				select {
-				case <-ctx.Done():
-					return
-				case <-t.C:
-					select {
-					case ticks <- struct{}{}:
-					case <-ctx.Done():
-						return
-					}
-				}
-			}
-		}()
-		changed = ticks
 	}
+	var conn *sql.Conn
+	defer func() {
+		if conn != nil {
+			conn.Close()
+		}
+	}()
 	var last int64 = -1
-	for {
-		var v int64
-		if err := conn.QueryRowContext(ctx, `PRAGMA data_version`).Scan(&v); err != nil {
-			if ctx.Err() != nil {
-				return
+	// look wakes one waiter and every observer of each watched key that
+	// is free, if another connection committed since the last look.
+	look := func() {
+		if conn == nil {
+			c, err := w.d.db.Conn(ctx)
+			if err != nil {
+				return // waiters fall back to the client's timers
 			}
-		} else if v != last {
-			// Also on the first look: a release may have come after
-			// the waiter's own look and before the watch was armed.
+			conn = c
+		}
+		var v int64
+		if err := conn.QueryRowContext(ctx, `PRAGMA data_version`).Scan(&v); err == nil && v != last {
 			w.wakeFree(ctx, conn)
 			last = v
+		}
+	}
+	// Subscribers that need the shared doorbell (observers, waiters
+	// without a doorbell of their own) need looks: on its rings, or
+	// every watchEvery where it cannot be watched.
+	looks := false
+	var ticker *time.Ticker
+	var tick <-chan time.Time
+	defer func() {
+		if ticker != nil {
+			ticker.Stop()
+		}
+	}()
+	arm := func() {
+		if !w.observe.Load() {
+			return
+		}
+		looks = true
+		if ev != nil && ev.watchShared(w.d.bell) == nil || ticker != nil {
+			return
+		}
+		ticker = time.NewTicker(watchEvery)
+		tick = ticker.C
+	}
+	arm()
+	for {
+		if ev != nil {
+			keys, _ := ev.take()
+			for _, k := range keys {
+				// An entry of this process was rung for k: one
+				// waiter tries, whatever the key looks like now (if
+				// it is taken again, the refused try stands the
+				// process in the queue again).
+				w.wake.WakeOne(k)
+			}
+		}
+		if looks {
+			// Also on the first look: a release may have come after
+			// the waiter's own look and before the watch was armed.
+			look()
 		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-changed:
+		case <-tick:
+		case <-w.rearm:
+			// A new watch needs a look of its own after it is armed.
+			arm()
+			last = -1
 		}
 	}
 }
 
-// wakeFree wakes the subscribers of every watched key that is free now.
+// wakeFree wakes one waiter, and every observer, of each watched key that
+// is free now.
 func (w *watcher) wakeFree(ctx context.Context, conn *sql.Conn) {
 	waited := w.wake.Keys()
 	if len(waited) == 0 {
@@ -162,6 +235,6 @@ func (w *watcher) wakeFree(ctx context.Context, conn *sql.Conn) {
 		if rows.Scan(&k) != nil {
 			return
 		}
-		w.wake.Wake(k)
+		w.wake.WakeOne(k)
 	}
 }

@@ -33,16 +33,35 @@ type stuck struct {
 	unblock chan struct{} // closed when the test is over
 	watches atomic.Int64  // loss watches started
 	stops   atomic.Int64  // loss watch stops called (and stuck)
+	closed  chan struct{} // closed when the driver's Close returned
+	once    sync.Once
 }
 
 // newStuck wraps d, and returns a client on it with opts. When the test
-// is over the driver's calls are unblocked, and then the client closed.
+// is over the driver's calls are unblocked, the client closed, and the
+// test waits for the driver's Close: a client whose Close gave up on a
+// stuck driver closes it in the background, and a driver still closing
+// when the test ends may still be writing its files.
 func newStuck(t *testing.T, d driver.Driver, opts *fenced.Options) (*stuck, *fenced.Client) {
-	s := &stuck{Driver: d, unblock: make(chan struct{})}
+	s := &stuck{Driver: d, unblock: make(chan struct{}), closed: make(chan struct{})}
 	c := fenced.NewClient(s, opts)
+	t.Cleanup(func() {
+		select {
+		case <-s.closed:
+		case <-time.After(10 * time.Second):
+			t.Error("the driver was not closed within 10s of the client's Close, with its calls unblocked")
+		}
+	})
 	t.Cleanup(func() { c.Close() })
 	t.Cleanup(func() { close(s.unblock) })
 	return s, c
+}
+
+// Close closes the driver under s.
+func (s *stuck) Close() error {
+	err := s.Driver.Close()
+	s.once.Do(func() { close(s.closed) })
+	return err
 }
 
 // Capabilities declares what the driver under s declares, and a loss

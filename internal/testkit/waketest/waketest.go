@@ -1,5 +1,6 @@
 // Package waketest checks how a driver's releases wake waiting processes,
-// for the backends that wake one process per release (redis, redlock).
+// for the backends that wake one process per release (redis, redlock,
+// sqlite).
 package waketest
 
 import (

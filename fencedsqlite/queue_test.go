@@ -1,0 +1,275 @@
+package fencedsqlite_test
+
+import (
+	"bufio"
+	"context"
+	"database/sql"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/fencedsqlite"
+	"github.com/fenced-dev/fenced/internal/testkit/waketest"
+)
+
+// openDriver opens a driver of its own on path (a process of its own to
+// the waiter queue), closed when the test ends.
+func openDriver(t *testing.T, path string) *fencedsqlite.Driver {
+	t.Helper()
+	d, err := fencedsqlite.OpenFile(context.Background(), path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
+// releaseAndGrant returns a release for waketest.OnePerRelease: it releases
+// the holder's grant of key and grants key again to a new owner that does
+// not wait.
+func releaseAndGrant(t *testing.T, ctx context.Context, holder driver.Driver, key string) func(int) {
+	g := waketest.Grant(t, ctx, holder, key)
+	return func(int) {
+		if err := holder.Release(ctx, g); err != nil {
+			t.Fatal(err)
+		}
+		g = waketest.Grant(t, ctx, holder, key)
+	}
+}
+
+// Each release wakes one waiting process, the one that has waited longest,
+// and no other: 64 waiting processes no longer all read the table and race
+// for the write lock on every release. Each process here is a driver of
+// its own with its own doorbell, as a process would have. With the one
+// shared doorbell, every release woke all three.
+func TestReleaseWakesOneProcess(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	path := filepath.Join(t.TempDir(), "leases.db")
+	holder := openDriver(t, path)
+	release := releaseAndGrant(t, ctx, holder, "job")
+	var subs []driver.Subscription
+	for range 3 {
+		subs = append(subs, waketest.Refused(t, ctx, openDriver(t, path), "job"))
+	}
+	waketest.OnePerRelease(t, subs, release)
+}
+
+// A process with two waiters for a key takes turns with a process that has
+// one: once its first waiter is served (its subscription closed), it goes
+// to the end of the queue, and its second waiter is served after the other
+// process. Without that it kept the head of the queue (or, taken off by
+// the ring, was never rung again).
+func TestProcessWithManyWaitersTakesTurns(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	path := filepath.Join(t.TempDir(), "leases.db")
+	holder := openDriver(t, path)
+	release := releaseAndGrant(t, ctx, holder, "job")
+	a, b := openDriver(t, path), openDriver(t, path)
+	a1 := waketest.Refused(t, ctx, a, "job")
+	a2 := waketest.Refused(t, ctx, a, "job")
+	b1 := waketest.Refused(t, ctx, b, "job")
+	woken := func(n int, want driver.Subscription, others ...driver.Subscription) {
+		t.Helper()
+		if !waketest.Woken(want, 10*time.Second) {
+			t.Fatalf("release %d woke no waiter of the process whose turn it was", n)
+		}
+		for _, o := range others {
+			if waketest.Woken(o, 200*time.Millisecond) {
+				t.Fatalf("release %d woke a second waiter", n)
+			}
+		}
+	}
+	release(0)
+	woken(1, a1, a2, b1)
+	a1.Close() // served: a has a2 left, and goes to the end
+	release(1)
+	woken(2, b1, a2)
+	b1.Close()
+	release(2)
+	woken(3, a2)
+}
+
+// fail reports err from a child process and returns its exit status.
+func fail(err error) int {
+	os.Stderr.WriteString(err.Error() + "\n")
+	return 1
+}
+
+// childWait is a process that waits for KEY in the waiter queue: it
+// subscribes, is refused once, prints "waiting", and waits to be killed.
+func childWait() int {
+	d, err := fencedsqlite.OpenFile(context.Background(), os.Getenv("LEASE_FILE"), nil)
+	if err != nil {
+		return fail(err)
+	}
+	key := os.Getenv("KEY")
+	if _, err := d.Subscribe(context.Background(), key); err != nil {
+		return fail(err)
+	}
+	if _, err := d.TryAcquire(context.Background(), key, "child", time.Minute); !errors.Is(err, driver.ErrHeld) {
+		return fail(err)
+	}
+	os.Stdout.WriteString("waiting\n")
+	select {}
+}
+
+// startWaiter starts a childWait process for key and returns once it
+// stands in the queue.
+func startWaiter(t *testing.T, path, key string) *os.Process {
+	t.Helper()
+	cmd := child(t, "wait", path, "KEY="+key)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || line != "waiting\n" {
+		t.Fatalf("waiting child said %q, %v", line, err)
+	}
+	return cmd.Process
+}
+
+// queueRows counts the entries in the waiter queue of the default table
+// whose member starts with prefix.
+func queueRows(t *testing.T, d *fencedsqlite.Driver, prefix string) int {
+	t.Helper()
+	var n int
+	err := d.DB().QueryRow(`SELECT count(*) FROM `+fencedsqlite.DefaultTable+`_waiters WHERE substr(member, 1, length(?1)) = ?1`, prefix).Scan(&n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// A waiting process killed with SIGKILL leaves its entry and its doorbell
+// behind. The next release finds nobody holding the doorbell, deletes both,
+// and rings the next process: the live waiter is woken by that release.
+// A waiting process stopped with SIGSTOP still holds its doorbell: the
+// release rings it and takes it off the queue, so it costs the others that
+// one release, and the next release wakes the live waiter.
+func TestRingSkipsDeadProcesses(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	path := filepath.Join(t.TempDir(), "leases.db")
+	holder := openDriver(t, path)
+	release := releaseAndGrant(t, ctx, holder, "job")
+	release(0) // no waiter yet: wakes nobody
+	killed := startWaiter(t, path, "job")
+	stopped := startWaiter(t, path, "job")
+	live := waketest.Refused(t, ctx, openDriver(t, path), "job")
+	bells, err := os.ReadDir(path + ".waiters")
+	if err != nil || len(bells) != 3 {
+		t.Fatalf("doorbells: %v, %v; want 3 (two children, the live waiter; the holder never waited)", bells, err)
+	}
+	if err := killed.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	killed.Wait()
+	if err := stopped.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	defer stopped.Signal(syscall.SIGCONT)
+
+	release(1) // skips the killed process, rings the stopped one
+	if waketest.Woken(live, 500*time.Millisecond) {
+		t.Fatal("the live waiter was woken before the stopped process's turn was spent")
+	}
+	if after, err := os.ReadDir(path + ".waiters"); err != nil || len(after) != 2 {
+		t.Errorf("doorbells after the ring: %v, %v; want the killed process's removed", after, err)
+	}
+	release(2)
+	if !waketest.Woken(live, 10*time.Second) {
+		t.Fatal("the release after the stopped process's turn did not wake the live waiter")
+	}
+	var rows int
+	if err := holder.DB().QueryRow(`SELECT count(*) FROM ` + fencedsqlite.DefaultTable + `_waiters`).Scan(&rows); err != nil || rows != 0 {
+		t.Errorf("queue rows left: %d, %v; want none (the live waiter was taken off by its ring)", rows, err)
+	}
+}
+
+// A process that cannot make a doorbell of its own (here the doorbells'
+// directory is a file) waits on the shared doorbell: it stands in no
+// queue, and every release wakes it.
+func TestWaiterWithoutDoorbellUsesSharedOne(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	path := filepath.Join(t.TempDir(), "leases.db")
+	holder := openDriver(t, path)
+	release := releaseAndGrant(t, ctx, holder, "job")
+	if err := os.WriteFile(path+".waiters", nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	w := openDriver(t, path)
+	s := waketest.Refused(t, ctx, w, "job")
+	if n := queueRows(t, holder, ""); n != 0 {
+		t.Fatalf("%d queue entries, want none", n)
+	}
+	for n := range 2 {
+		release(n)
+		if !waketest.Woken(s, 10*time.Second) {
+			t.Fatalf("release %d did not wake the waiter through the shared doorbell", n+1)
+		}
+	}
+}
+
+// A waiter table made by someone else with another shape is refused with
+// ErrSchema, and the refused open creates nothing.
+func TestForeignWaiterTableIsRefused(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "leases.db")
+	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(5000)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := db.ExecContext(ctx, `CREATE TABLE jobs_waiters (member TEXT NOT NULL, key TEXT NOT NULL, seq INTEGER NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	d, err := fencedsqlite.New(ctx, db, &fencedsqlite.Options{Table: "jobs"})
+	if err == nil {
+		d.Close()
+		t.Fatal("New accepted a waiter table without a unique member")
+	}
+	if !errors.Is(err, fencedsqlite.ErrSchema) || !strings.Contains(err.Error(), "jobs_waiters") {
+		t.Fatalf("New: %v\nwant ErrSchema naming jobs_waiters", err)
+	}
+	var n int
+	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM sqlite_schema WHERE name IN ('jobs', 'jobs_breaks', 'jobs_floor')`).Scan(&n); err != nil || n != 0 {
+		t.Errorf("the refused open created %d tables (%v)", n, err)
+	}
+}
+
+// A waiter rung for a key that someone else took before it tried is woken
+// all the same, and its refused try stands its process in the queue
+// again: the next release wakes it again. A ring that woke nobody because
+// the key looked taken, or a process left off the queue after its refused
+// try, would leave the waiter to its fallback timer.
+func TestRungWaiterRefusedStandsAgain(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	path := filepath.Join(t.TempDir(), "leases.db")
+	holder := openDriver(t, path)
+	release := releaseAndGrant(t, ctx, holder, "job")
+	w := openDriver(t, path)
+	s := waketest.Refused(t, ctx, w, "job")
+	for n := range 3 {
+		release(n) // the key is granted again at once
+		if !waketest.Woken(s, 10*time.Second) {
+			t.Fatalf("release %d did not wake the waiter", n+1)
+		}
+		if _, err := w.TryAcquire(ctx, "job", "waiter", time.Minute); !errors.Is(err, driver.ErrHeld) {
+			t.Fatalf("try after release %d: %v, want ErrHeld", n+1, err)
+		}
+	}
+}
