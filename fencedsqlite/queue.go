@@ -132,6 +132,7 @@ type queue struct {
 	ev     *fileEvents             // this process's inotify instance, made on first use
 	noEv   bool                    // inotify is unavailable
 	bells  map[string]*episodeBell // by member
+	rung   map[string]bool         // members rung since they last stood
 	gave   bool                    // doorbells cannot be made here, or the driver closed
 	closed bool
 	rings  sync.WaitGroup // ringNext calls running: close waits for them
@@ -145,6 +146,7 @@ func (q *queue) init(d *Driver, dbPath string) {
 	q.q = newQueueQueries(d.table)
 	q.ctx, q.cancel = context.WithCancel(context.Background())
 	q.bells = map[string]*episodeBell{}
+	q.rung = map[string]bool{}
 	if dbPath != "" {
 		q.dir = dbPath + waitersDirSuffix
 	}
@@ -253,6 +255,7 @@ func (q *queue) dropBell(member string) {
 	q.mu.Lock()
 	b := q.bells[member]
 	delete(q.bells, member)
+	delete(q.rung, member)
 	ev := q.ev
 	q.mu.Unlock()
 	if b == nil {
@@ -264,18 +267,51 @@ func (q *queue) dropBell(member string) {
 	b.remove()
 }
 
-// refused puts this process's entry at the end of key's queue after a
-// refused try, if it has waiters for key with a doorbell: a ring may have
-// taken it off, and its waiter found the key taken by someone else.
-func (q *queue) refused(ctx context.Context, key string) {
+// standing reports whether this process has an entry with a doorbell in
+// key's queue (or is about to stand again).
+func (q *queue) standing(key string) bool {
+	_, ok := q.entry(key)
+	return ok
+}
+
+// entry returns this process's entry in key's queue, if it has one with a
+// doorbell.
+func (q *queue) entry(key string) (member string, ok bool) {
 	n, member := q.eps.Current(key)
 	if n == 0 {
+		return "", false
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	_, ok = q.bells[member]
+	return member, ok
+}
+
+// heard records that this process's entry in key's queue was rung (and
+// is being taken off the queue).
+func (q *queue) heard(key string) {
+	if member, ok := q.entry(key); ok {
+		q.mu.Lock()
+		q.rung[member] = true
+		q.mu.Unlock()
+	}
+}
+
+// refused puts this process's entry at the end of key's queue after a
+// refused try, if the entry was rung since it last stood: its waiter found
+// the key taken by someone else. The new place keeps the ringer's delete
+// (of the place it rang) from taking it off. A refused try of an entry not
+// rung changes nothing: the entry keeps its place.
+func (q *queue) refused(ctx context.Context, key string) {
+	member, ok := q.entry(key)
+	if !ok {
 		return
 	}
 	q.mu.Lock()
-	_, ok := q.bells[member]
+	rung := q.rung[member]
+	delete(q.rung, member)
 	q.mu.Unlock()
-	if ok {
+	if rung {
 		q.db.ExecContext(ctx, q.q.requeue, key, member)
 	}
 }
@@ -301,6 +337,7 @@ func (q *queue) requeue(_ context.Context, key, member string) {
 	defer cancel()
 	q.mu.Lock()
 	_, ok := q.bells[member]
+	delete(q.rung, member)
 	q.mu.Unlock()
 	if !ok {
 		return

@@ -273,3 +273,29 @@ func TestRungWaiterRefusedStandsAgain(t *testing.T) {
 		}
 	}
 }
+
+// A refused try of a process that was not rung (a waiter's timer, another
+// acquisition of the same process) keeps its place in the queue: only a
+// ring's refused try goes to the end.
+func TestRefusedTryKeepsPlace(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	path := filepath.Join(t.TempDir(), "leases.db")
+	holder := openDriver(t, path)
+	release := releaseAndGrant(t, ctx, holder, "job")
+	a, b := openDriver(t, path), openDriver(t, path)
+	sa := waketest.Refused(t, ctx, a, "job")
+	sb := waketest.Refused(t, ctx, b, "job")
+	for range 3 {
+		if _, err := a.TryAcquire(ctx, "job", "another", time.Minute); !errors.Is(err, driver.ErrHeld) {
+			t.Fatalf("try: %v, want ErrHeld", err)
+		}
+	}
+	release(0)
+	if !waketest.Woken(sa, 10*time.Second) {
+		t.Fatal("the release did not wake the process first in the queue")
+	}
+	if waketest.Woken(sb, 200*time.Millisecond) {
+		t.Fatal("the release woke the second process too")
+	}
+}

@@ -19,23 +19,29 @@ const watchEvery = 2 * time.Millisecond
 
 // watcher wakes waiters in this process when another connection (any process
 // on the host) frees a key they wait for. SQLite cannot push notifications.
-// So every driver rings a doorbell after each commit that may have freed a
+// So every driver rings doorbells after each commit that may have freed a
 // key, once the commit is durable and visible (see doorbell): the doorbell
-// of the process first in the key's waiter queue (see queue.go), and the
+// of the entry first in the key's waiter queue (see queue.go), and the
 // shared doorbell. The kernel tells the watcher (inotify). An idle waiter
 // costs nothing, not even a timer, and no waiting depends on how long a
-// commit takes. On each ring the watcher reads PRAGMA data_version, which
-// changes whenever another connection committed; only then does it read the
-// waited-for keys, in one query, and wake one waiter of each key that is now
-// free (and its observers). A waiter that leaves with a wake-up it did not
-// use hands it on (wakeup.Registry.PassOn). The watcher hears the shared
-// doorbell only while it has observers, which see every release, or when
-// the process could not make a doorbell of its own. So a release wakes one
-// process, and one waiter in it: no herd, across keys or on one key's write
-// lock. Where inotify is unavailable (an in-memory database, a platform
-// without it, the watch limit reached) the watcher reads data_version every
-// watchEvery instead. A key freed without a ring (by another program, or by
-// a process killed between its commit and the ring) is found at the
+// commit takes.
+//
+// A ring of one of this process's entries wakes one waiter of its key at
+// once, without a look at the table: the waiter's try decides. A waiter
+// that leaves with a wake-up it did not use hands it on
+// (wakeup.Registry.PassOn). So a release wakes one process, and one waiter
+// in it: no herd, across keys or on one key's write lock.
+//
+// The watcher hears the shared doorbell only while it has subscribers that
+// need it: observers, which see every release, and waiters whose process
+// could not make a doorbell of its own. On its rings it reads PRAGMA
+// data_version, which changes whenever another connection committed; only
+// then does it read the watched keys, in one query, and wake the observers
+// of each key that is free, and one waiter if the key's waiters stand in no
+// queue. Where inotify is unavailable (an in-memory database, a platform
+// without it, the watch limit reached) it reads data_version every
+// watchEvery instead. A key freed without a ring (by another program, or
+// by a process killed between its commit and the ring) is found at the
 // client's fallback timer.
 type watcher struct {
 	d    *Driver
@@ -118,8 +124,6 @@ func (d *Driver) subscribe(key string, observer, shared bool) driver.Subscriptio
 	return s
 }
 
-// loop runs while the driver has subscribers. It takes no lock of the
-// watcher's: subscribe waits for a stopped loop's end under w.mu.
 // needShared makes the running loop hear the shared doorbell (see
 // subscribe).
 func (w *watcher) needShared() {
@@ -130,6 +134,8 @@ func (w *watcher) needShared() {
 	}
 }
 
+// loop runs while the driver has subscribers. It takes no lock of the
+// watcher's: subscribe waits for a stopped loop's end under w.mu.
 func (w *watcher) loop(ctx context.Context, done chan struct{}) {
 	defer close(done)
 	ev := w.d.queue.events()
@@ -144,8 +150,8 @@ func (w *watcher) loop(ctx context.Context, done chan struct{}) {
 		}
 	}()
 	var last int64 = -1
-	// look wakes one waiter and every observer of each watched key that
-	// is free, if another connection committed since the last look.
+	// look wakes the subscribers of each watched key that is free (see
+	// wakeFree), if another connection committed since the last look.
 	look := func() {
 		if conn == nil {
 			c, err := w.d.db.Conn(ctx)
@@ -191,6 +197,7 @@ func (w *watcher) loop(ctx context.Context, done chan struct{}) {
 				// waiter tries, whatever the key looks like now (if
 				// it is taken again, the refused try stands the
 				// process in the queue again).
+				w.d.queue.heard(k)
 				w.wake.WakeOne(k)
 			}
 		}
@@ -212,8 +219,10 @@ func (w *watcher) loop(ctx context.Context, done chan struct{}) {
 	}
 }
 
-// wakeFree wakes one waiter, and every observer, of each watched key that
-// is free now.
+// wakeFree wakes the observers of each watched key that is free now, and
+// one waiter of it unless this process stands in the key's queue (its
+// entry's ring wakes a waiter when its turn comes; a try out of turn would
+// only lose the entry its place).
 func (w *watcher) wakeFree(ctx context.Context, conn *sql.Conn) {
 	waited := w.wake.Keys()
 	if len(waited) == 0 {
@@ -235,6 +244,10 @@ func (w *watcher) wakeFree(ctx context.Context, conn *sql.Conn) {
 		if rows.Scan(&k) != nil {
 			return
 		}
-		w.wake.WakeOne(k)
+		if w.d.queue.standing(k) {
+			w.wake.WakeObservers(k)
+		} else {
+			w.wake.WakeOne(k)
+		}
 	}
 }
