@@ -183,6 +183,7 @@ func BenchmarkUncontended(b *testing.B) {
 			lat := make([]time.Duration, 0, b.N)
 			before := h.trips.Load()
 			calls := readServerCalls(b, c)
+			busy := scriptMicros(b, c)
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
 				start := time.Now()
@@ -197,6 +198,9 @@ func BenchmarkUncontended(b *testing.B) {
 			}
 			b.StopTimer()
 			b.ReportMetric(float64(h.trips.Load()-before)/float64(b.N), "trips/op")
+			// The server's time in scripts per pair (both redislock's
+			// calls and fenced's are scripts; redsync's SET is not).
+			b.ReportMetric(float64(scriptMicros(b, c)-busy)/float64(b.N), "script-µs/pair")
 			served := readServerCalls(b, c).since(calls)
 			served.report(b, b.N, "op")
 			b.Logf("server, %d pairs: %v", b.N, served)

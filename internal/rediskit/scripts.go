@@ -9,7 +9,10 @@ import (
 
 // The Lua scripts of both backends live in lua/, one file each, and only
 // there. A script is its file after the files of the local functions it
-// calls (held.lua, renew_one.lua). KEYS and ARGV are documented at the top
+// calls (held.lua, renew_one.lua), and after a file of its common case
+// where it has one (acquire_free.lua, release_free.lua): Redis runs the
+// whole script at every call, and a local function costs a closure each
+// time its definition runs. KEYS and ARGV are documented at the top
 // of each file; every script reads before it writes, so an error (a key of
 // the wrong type, a counter that is not a number) leaves nothing changed.
 //
@@ -43,7 +46,7 @@ var (
 	// Acquire is the redis backend's grant (lua/acquire.lua): a new
 	// grant's reply is its fence alone, any other reply {status, fence,
 	// pttl} (see ParseAcquire).
-	Acquire = script("", "held.lua", "waiter_queue.lua", "acquire.lua")
+	Acquire = script("", "acquire_free.lua", "held.lua", "waiter_queue.lua", "acquire.lua")
 	// AcquireNode is Redlock's grant on one node (lua/redlock_acquire.lua).
 	AcquireNode = script("", "held.lua", "waiter_queue.lua", "redlock_acquire.lua")
 	// Renew renews one grant (lua/renew.lua).
@@ -60,7 +63,7 @@ var (
 	// ReleaseWaiters is the redis backend's release, which wakes the
 	// process first in the key's waiter queue, if any
 	// (lua/release_waiters.lua, lua/waiter_queue.lua).
-	ReleaseWaiters = script("", "waiter_queue.lua", "release_waiters.lua")
+	ReleaseWaiters = script("", "release_free.lua", "waiter_queue.lua", "release_waiters.lua")
 	// LeaveWaiters ends a process's waiting for a key: it leaves the
 	// waiter queue, and wakes the next process if the key is free
 	// (lua/leave_waiters.lua).

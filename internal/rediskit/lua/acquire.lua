@@ -8,18 +8,9 @@
 -- stood longest (see release_waiters.lua).
 -- A new grant's reply is its fence alone, as a string; any other reply
 -- is held's.
+-- A caller with no waiters that found the key free was granted in
+-- acquire_free.lua, which runs first.
 local here = tonumber(ARGV[3] or '0')
-if here == 0 then
-  -- Most likely free: INCR and SET NX, two commands. The increment is
-  -- taken back if the lock was there, so the counter counts grants only
-  -- (and a counter that is not a number fails before anything changed).
-  local n = redis.call('INCR', KEYS[2])
-  local f = string.format('%d', n)
-  if redis.call('SET', KEYS[1], f .. ':' .. ARGV[1], 'NX', 'PX', ARGV[2]) then
-    return f
-  end
-  if n == 1 then redis.call('DEL', KEYS[2]) else redis.call('DECR', KEYS[2]) end
-end
 local v = redis.call('GET', KEYS[1])
 if v then
   local r = held(v)

@@ -2,7 +2,8 @@
 -- ARGV[1] value, ARGV[2] channel. Deletes the lock if it holds the value
 -- and wakes the process first in the waiter queue, if any (see
 -- waiter_queue.lua). Returns 1 or 0.
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+-- release_free.lua, which runs first, answered a value that is not the
+-- lock's and a key nobody waits for.
 local first, now = first_waiter(KEYS[2])
 redis.call('DEL', KEYS[1])
 if first then wake(KEYS[2], first, now, ARGV[2]) end
