@@ -10,6 +10,7 @@
 #
 #   ./scripts/bench.sh [--quick] [--only redis,redlock,etcd,zookeeper,postgres,mysql,sqlite]
 #       [--workloads uncontended,handover,throughput,renewal] [--leases 10000,100000]
+#       [--cpuprofile FILE]   # the suite process's CPU profile (go tool pprof FILE)
 #   ./scripts/bench.sh --render bench/results/<file>.json [--docs docs/other.md]
 #       # only renders a report from a run's figures
 #
@@ -27,12 +28,12 @@ args=()
 while (($#)); do
 	case $1 in
 	--quick) args+=(-quick) ;;
-	--only | --workloads | --leases | --render | --docs)
+	--only | --workloads | --leases | --render | --docs | --cpuprofile)
 		(($# >= 2)) || { echo "bench.sh: $1 needs a value"; exit 2; }
 		args+=("-${1#--}" "$2")
 		shift
 		;;
-	--only=* | --workloads=* | --leases=* | --render=* | --docs=*) args+=("-${1#--}") ;;
+	--only=* | --workloads=* | --leases=* | --render=* | --docs=* | --cpuprofile=*) args+=("-${1#--}") ;;
 	-h | --help)
 		sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'
 		exit 0

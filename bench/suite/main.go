@@ -20,6 +20,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -165,8 +166,19 @@ func main() {
 	render := flag.String("render", "", "only render the report from this results file")
 	command := flag.String("command", "", "the command line to print in the report")
 	leases := flag.String("leases", "", "comma-separated numbers of leases held in the renewal workload (default 10000 with -quick, 10000,100000 without)")
+	cpuProfile := flag.String("cpuprofile", "", "write the suite process's CPU profile (the in-process workloads: uncontended, throughput, renewal) to this file")
 	flag.Parse()
 	log.SetFlags(log.Ltime)
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			log.Fatal(err)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	if *render != "" {
 		var res Results
 		b, err := os.ReadFile(*render)
