@@ -2,7 +2,6 @@ package fencedsqlite_test
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"path/filepath"
 	"testing"
@@ -46,11 +45,7 @@ func TestTTLRoundedUpToMilliseconds(t *testing.T) {
 // (it used to go on granting leases), as the other SQL drivers do.
 func TestClosedDriverOverCallersDB(t *testing.T) {
 	ctx := context.Background()
-	db, err := sql.Open("sqlite", "file:"+filepath.Join(t.TempDir(), "l.db")+"?_pragma=busy_timeout(5000)")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	db := plainDB(t)
 	d, err := fencedsqlite.New(ctx, db, nil)
 	if err != nil {
 		t.Fatal(err)

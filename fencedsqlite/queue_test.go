@@ -3,7 +3,6 @@ package fencedsqlite_test
 import (
 	"bufio"
 	"context"
-	"database/sql"
 	"errors"
 	"os"
 	"path/filepath"
@@ -29,16 +28,23 @@ func openDriver(t *testing.T, path string) *fencedsqlite.Driver {
 	return d
 }
 
-// releaseAndGrant returns a release for waketest.OnePerRelease: it releases
-// the holder's grant of key and grants key again to a new owner that does
-// not wait.
-func releaseAndGrant(t *testing.T, ctx context.Context, holder driver.Driver, key string) func(int) {
-	g := waketest.Grant(t, ctx, holder, key)
-	return func(int) {
+// heldKey opens a lease file in a new directory, with a holder (a driver
+// of its own) granted the key "job". release(n), for
+// waketest.OnePerRelease, releases the holder's grant and grants the key
+// again at once to a new owner that does not wait. ctx ends with the test,
+// or after a minute.
+func heldKey(t *testing.T) (ctx context.Context, path string, holder *fencedsqlite.Driver, release func(n int)) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	path = filepath.Join(t.TempDir(), "leases.db")
+	holder = openDriver(t, path)
+	g := waketest.Grant(t, ctx, holder, "job")
+	return ctx, path, holder, func(int) {
 		if err := holder.Release(ctx, g); err != nil {
 			t.Fatal(err)
 		}
-		g = waketest.Grant(t, ctx, holder, key)
+		g = waketest.Grant(t, ctx, holder, "job")
 	}
 }
 
@@ -48,11 +54,7 @@ func releaseAndGrant(t *testing.T, ctx context.Context, holder driver.Driver, ke
 // its own with its own doorbell, as a process would have. With the one
 // shared doorbell, every release woke all three.
 func TestReleaseWakesOneProcess(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	path := filepath.Join(t.TempDir(), "leases.db")
-	holder := openDriver(t, path)
-	release := releaseAndGrant(t, ctx, holder, "job")
+	ctx, path, _, release := heldKey(t)
 	var subs []driver.Subscription
 	for range 3 {
 		subs = append(subs, waketest.Refused(t, ctx, openDriver(t, path), "job"))
@@ -66,11 +68,7 @@ func TestReleaseWakesOneProcess(t *testing.T) {
 // process. Without that it kept the head of the queue (or, taken off by
 // the ring, was never rung again).
 func TestProcessWithManyWaitersTakesTurns(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	path := filepath.Join(t.TempDir(), "leases.db")
-	holder := openDriver(t, path)
-	release := releaseAndGrant(t, ctx, holder, "job")
+	ctx, path, _, release := heldKey(t)
 	a, b := openDriver(t, path), openDriver(t, path)
 	a1 := waketest.Refused(t, ctx, a, "job")
 	a2 := waketest.Refused(t, ctx, a, "job")
@@ -159,11 +157,7 @@ func queueRows(t *testing.T, d *fencedsqlite.Driver, prefix string) int {
 // release rings it and takes it off the queue, so it costs the others that
 // one release, and the next release wakes the live waiter.
 func TestRingSkipsDeadProcesses(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	path := filepath.Join(t.TempDir(), "leases.db")
-	holder := openDriver(t, path)
-	release := releaseAndGrant(t, ctx, holder, "job")
+	ctx, path, holder, release := heldKey(t)
 	release(0) // no waiter yet: wakes nobody
 	killed := startWaiter(t, path, "job")
 	stopped := startWaiter(t, path, "job")
@@ -192,9 +186,8 @@ func TestRingSkipsDeadProcesses(t *testing.T) {
 	if !waketest.Woken(live, 10*time.Second) {
 		t.Fatal("the release after the stopped process's turn did not wake the live waiter")
 	}
-	var rows int
-	if err := holder.DB().QueryRow(`SELECT count(*) FROM ` + fencedsqlite.DefaultTable + `_waiters`).Scan(&rows); err != nil || rows != 0 {
-		t.Errorf("queue rows left: %d, %v; want none (the live waiter was taken off by its ring)", rows, err)
+	if rows := queueRows(t, holder, ""); rows != 0 {
+		t.Errorf("queue rows left: %d; want none (the live waiter was taken off by its ring)", rows)
 	}
 }
 
@@ -202,11 +195,7 @@ func TestRingSkipsDeadProcesses(t *testing.T) {
 // directory is a file) waits on the shared doorbell: it stands in no
 // queue, and every release wakes it.
 func TestWaiterWithoutDoorbellUsesSharedOne(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	path := filepath.Join(t.TempDir(), "leases.db")
-	holder := openDriver(t, path)
-	release := releaseAndGrant(t, ctx, holder, "job")
+	ctx, path, holder, release := heldKey(t)
 	if err := os.WriteFile(path+".waiters", nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -227,12 +216,7 @@ func TestWaiterWithoutDoorbellUsesSharedOne(t *testing.T) {
 // ErrSchema, and the refused open creates nothing.
 func TestForeignWaiterTableIsRefused(t *testing.T) {
 	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "leases.db")
-	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(5000)")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	db := plainDB(t)
 	if _, err := db.ExecContext(ctx, `CREATE TABLE jobs_waiters (member TEXT NOT NULL, key TEXT NOT NULL, seq INTEGER NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
@@ -256,11 +240,7 @@ func TestForeignWaiterTableIsRefused(t *testing.T) {
 // the key looked taken, or a process left off the queue after its refused
 // try, would leave the waiter to its fallback timer.
 func TestRungWaiterRefusedStandsAgain(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	path := filepath.Join(t.TempDir(), "leases.db")
-	holder := openDriver(t, path)
-	release := releaseAndGrant(t, ctx, holder, "job")
+	ctx, path, _, release := heldKey(t)
 	w := openDriver(t, path)
 	s := waketest.Refused(t, ctx, w, "job")
 	for n := range 3 {
@@ -278,11 +258,7 @@ func TestRungWaiterRefusedStandsAgain(t *testing.T) {
 // acquisition of the same process) keeps its place in the queue: only a
 // ring's refused try goes to the end.
 func TestRefusedTryKeepsPlace(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	path := filepath.Join(t.TempDir(), "leases.db")
-	holder := openDriver(t, path)
-	release := releaseAndGrant(t, ctx, holder, "job")
+	ctx, path, _, release := heldKey(t)
 	a, b := openDriver(t, path), openDriver(t, path)
 	sa := waketest.Refused(t, ctx, a, "job")
 	sb := waketest.Refused(t, ctx, b, "job")

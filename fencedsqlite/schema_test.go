@@ -14,6 +14,19 @@ import (
 	"github.com/fenced-dev/fenced/fencedsqlite"
 )
 
+// plainDB opens a new file in a temporary directory the way most programs
+// open SQLite (deferred transactions, a busy timeout, nothing else), closed
+// when the test ends.
+func plainDB(t *testing.T) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("sqlite", "file:"+filepath.Join(t.TempDir(), "leases.db")+"?_pragma=busy_timeout(5000)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
 // Tables made by someone else (issue 9 item 7, issue 16 item 4): a key or
 // owner column that compares case-insensitively or ignores trailing
 // spaces, or a key without a unique index of its own, is refused with
@@ -45,12 +58,7 @@ CREATE UNIQUE INDEX {T}_part ON {T} (key) WHERE owner IS NOT NULL`,
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
-			path := filepath.Join(t.TempDir(), "leases.db")
-			db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(5000)")
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer db.Close()
+			db := plainDB(t)
 			table := fmt.Sprintf("foreign_%d", i)
 			for _, q := range strings.Split(strings.ReplaceAll(tc.create, "{T}", table), ";\n") {
 				if _, err := db.ExecContext(ctx, q); err != nil {
@@ -78,11 +86,7 @@ CREATE UNIQUE INDEX {T}_part ON {T} (key) WHERE owner IS NOT NULL`,
 // transactions.
 func TestKeysAndOwnersAreExact(t *testing.T) {
 	ctx := context.Background()
-	db, err := sql.Open("sqlite", "file:"+filepath.Join(t.TempDir(), "leases.db")+"?_pragma=busy_timeout(5000)")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	db := plainDB(t)
 	d, err := fencedsqlite.New(ctx, db, nil)
 	if err != nil {
 		t.Fatal(err)
