@@ -191,8 +191,13 @@ func (q *queue) join(ctx context.Context, key string) (ep *waitqueue.Episode, st
 	if had {
 		return ep, true
 	}
-	_, err := q.db.ExecContext(ctx, q.q.stand, key, ep.Member())
-	return ep, err == nil
+	if _, err := q.db.ExecContext(ctx, q.q.stand, key, ep.Member()); err != nil {
+		// Not in the queue: without its doorbell the episode counts as
+		// not standing, and its waiters hear the shared doorbell.
+		q.dropBell(ep.Member())
+		return ep, false
+	}
+	return ep, true
 }
 
 // makeBellLocked makes member's doorbell (creating the directory), with
@@ -395,7 +400,9 @@ func ringMember(dir, member string) ringResult {
 		return gone // not a member a driver writes
 	}
 	path := filepath.Join(dir, member)
-	f, err := os.Open(path) // the open is the ring
+	// The open is the ring. Neither a symbolic link nor a FIFO put there
+	// by someone else can make it open something else or block.
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOFOLLOW, 0)
 	if errors.Is(err, os.ErrNotExist) {
 		return gone
 	}

@@ -275,3 +275,36 @@ func TestRefusedTryKeepsPlace(t *testing.T) {
 		t.Fatal("the release woke the second process too")
 	}
 }
+
+// Entries written by someone else cannot stall a release or make it open
+// something else: a FIFO, a symbolic link and a name with a slash in the
+// place of doorbells are passed over, and the next waiter is rung.
+func TestForeignEntriesArePassedOver(t *testing.T) {
+	ctx, path, holder, release := heldKey(t)
+	dir := path + ".waiters"
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mkfifo(filepath.Join(dir, "fifo:1"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("/dev/zero", filepath.Join(dir, "link:1")); err != nil {
+		t.Fatal(err)
+	}
+	for i, member := range []string{"fifo:1", "link:1", "../leases.db"} {
+		if _, err := holder.DB().Exec(`INSERT INTO `+fencedsqlite.DefaultTable+`_waiters (member, key, seq) VALUES (?1, 'job', ?2)`, member, -3+i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := waketest.Refused(t, ctx, openDriver(t, path), "job")
+	done := make(chan struct{})
+	go func() { release(0); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the release did not return: it blocked on a foreign entry")
+	}
+	if !waketest.Woken(s, 10*time.Second) {
+		t.Fatal("the release did not wake the waiter behind the foreign entries")
+	}
+}
