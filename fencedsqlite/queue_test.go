@@ -193,22 +193,26 @@ func TestRingSkipsDeadProcesses(t *testing.T) {
 
 // A process that cannot make a doorbell of its own (here the doorbells'
 // directory is a file) waits on the shared doorbell: it stands in no
-// queue, and every release wakes it.
+// queue, and every release wakes it, as a look finds the key free (so the
+// key is granted again only after the wake-up).
 func TestWaiterWithoutDoorbellUsesSharedOne(t *testing.T) {
-	ctx, path, holder, release := heldKey(t)
+	ctx, path, holder, _ := heldKey(t)
 	if err := os.WriteFile(path+".waiters", nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	w := openDriver(t, path)
-	s := waketest.Refused(t, ctx, w, "job")
+	g := waketest.Grant(t, ctx, holder, "shared")
+	s := waketest.Refused(t, ctx, openDriver(t, path), "shared")
 	if n := queueRows(t, holder, ""); n != 0 {
 		t.Fatalf("%d queue entries, want none", n)
 	}
 	for n := range 2 {
-		release(n)
+		if err := holder.Release(ctx, g); err != nil {
+			t.Fatal(err)
+		}
 		if !waketest.Woken(s, 10*time.Second) {
 			t.Fatalf("release %d did not wake the waiter through the shared doorbell", n+1)
 		}
+		g = waketest.Grant(t, ctx, holder, "shared")
 	}
 }
 
