@@ -26,7 +26,6 @@ type fileEvents struct {
 	mu      sync.Mutex
 	watches map[int32]watchTag
 	fired   map[string]bool // keys whose entries were rung since the last take
-	shared  bool            // the shared doorbell rang since the last take
 	closed  bool            // fd is closed (and its number may be reused)
 	hearing bool            // the shared doorbell is watched
 }
@@ -105,17 +104,15 @@ func (e *fileEvents) unwatch(wd int32) {
 	}
 }
 
-// take returns the keys whose entries were rung, and whether the shared
-// doorbell rang, since the last take.
-func (e *fileEvents) take() (keys []string, shared bool) {
+// take returns the keys whose entries were rung since the last take.
+func (e *fileEvents) take() (keys []string) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for k := range e.fired {
 		keys = append(keys, k)
 	}
 	clear(e.fired)
-	shared, e.shared = e.shared, false
-	return keys, shared
+	return keys
 }
 
 func (e *fileEvents) read() {
@@ -147,7 +144,7 @@ func (e *fileEvents) read() {
 						e.fired[tag.key] = true
 					}
 				}
-				e.shared, hit = true, true
+				hit = true
 				continue
 			}
 			tag, ok := e.watches[ev.Wd]
@@ -156,7 +153,7 @@ func (e *fileEvents) read() {
 			case tag.key != "":
 				e.fired[tag.key], hit = true, true
 			case string(got) == tag.name:
-				e.shared, hit = true, true
+				hit = true
 			}
 		}
 		e.mu.Unlock()

@@ -19,5 +19,5 @@ func newFileEvents() (*fileEvents, error) {
 func (e *fileEvents) watchShared(doorbell) error                 { return errors.New("no inotify") }
 func (e *fileEvents) watchEpisode(string, string) (int32, error) { return 0, errors.New("no inotify") }
 func (e *fileEvents) unwatch(int32)                              {}
-func (e *fileEvents) take() ([]string, bool)                     { return nil, false }
+func (e *fileEvents) take() []string                             { return nil }
 func (e *fileEvents) close()                                     {}

@@ -375,12 +375,22 @@ func (q *queue) ringNext(ctx context.Context, key string) {
 			return // none, or the store failed: the waiters' timers find the key
 		}
 		// Ring first, then take the entry off: the write does not delay
-		// the wake-up.
-		r := ringMember(q.dir, member)
-		q.db.ExecContext(ctx, q.q.pop, member, seq)
-		if r == rung {
+		// the wake-up. A rung entry is taken off in the background, so
+		// that a release, whose commit is done, never waits for the
+		// write lock (another process may hold it, stopped); the place
+		// rung keeps a late delete from taking off the entry's new
+		// place. An entry passed over is taken off before the next look.
+		if ringMember(q.dir, member) == rung {
+			q.rings.Add(1)
+			go func() {
+				defer q.rings.Done()
+				pctx, cancel := context.WithTimeout(q.ctx, queueTimeout)
+				defer cancel()
+				q.db.ExecContext(pctx, q.q.pop, member, seq)
+			}()
 			return
 		}
+		q.db.ExecContext(ctx, q.q.pop, member, seq)
 	}
 }
 

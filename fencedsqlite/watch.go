@@ -191,7 +191,7 @@ func (w *watcher) loop(ctx context.Context, done chan struct{}) {
 	arm()
 	for {
 		if ev != nil {
-			keys, _ := ev.take()
+			keys := ev.take()
 			for _, k := range keys {
 				// An entry of this process was rung for k: one
 				// waiter tries, whatever the key looks like now (if

@@ -299,8 +299,8 @@ func CheckGen(events []Event, strength fenced.FenceStrength, ttl, bound time.Dur
 			}
 		}
 		// The hard limit: held past the TTL once nothing that may still
-		// return it runs, with the authority answering. An acquisition running when the grant was first
-		// seen may be the one that made it: a set holds the grants it has
+		// return it runs, with the authority answering. An acquisition
+		// running when the grant was first seen may be the one that made it: a set holds the grants it has
 		// got while it waits for the rest, for as long as its MaxWait, and
 		// a single-key acquisition whose request was applied while the
 		// authority was unreachable learns of its grant (or gives up and
