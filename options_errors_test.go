@@ -1,6 +1,7 @@
 package fenced_test
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"testing"
@@ -62,4 +63,21 @@ func TestEventKindString(t *testing.T) {
 			t.Errorf("EventKind(%d).String() = %q, want %q", int(k), got, want)
 		}
 	}
+}
+
+// TestNilArgumentsAreRefused checks that Do refuses a nil work function
+// with an error, and with nothing acquired, instead of a panic.
+func TestNilArgumentsAreRefused(t *testing.T) {
+	c := fenced.NewClient(mem.New(nil), nil)
+	defer c.Close()
+	ctx := context.Background()
+	err := c.Do(ctx, "k", nil, nil)
+	if !errors.Is(err, fenced.ErrInvalidOptions) || !strings.Contains(err.Error(), "work function is nil") {
+		t.Fatalf("Do with nil work = %v; want ErrInvalidOptions naming the nil work function", err)
+	}
+	l, err := c.TryAcquire(ctx, "k", nil)
+	if err != nil {
+		t.Fatalf("the refused Do left the key held: %v", err)
+	}
+	l.Release(ctx)
 }
