@@ -409,6 +409,11 @@ type hold struct {
 	granted time.Time
 	grace   time.Duration // SIGTERM to SIGKILL on loss
 	minHold time.Duration // keep the lease this long after granted
+	// dead, if not nil, is closed when whatever keeps the hold alive has
+	// died (a partitions member killed with kill -9): nobody renews it
+	// and nobody will tell why it ends, so the tree gets SIGKILL at once,
+	// without --grace.
+	dead <-chan struct{}
 }
 
 // acquireHold takes the lease (or permit, or leases) run's arguments ask
@@ -527,8 +532,11 @@ type supervision struct {
 	lost      error // why the lease was lost while something ran, if it was
 	ending    bool  // the tree has been told to end (SIGTERM sent)
 	killTimer <-chan time.Time
-	killAgain *time.Ticker // SIGKILL again until the tree is gone
-	unrenewed bool         // the tree was ended before an unrenewed lease ran out
+	killAgain *time.Ticker  // SIGKILL again until the tree is gone
+	unrenewed bool          // the tree was ended before an unrenewed lease ran out
+	killLead  time.Duration // how long before the validity ends SIGKILL goes out (see endingWindow)
+	window    time.Duration // how long before the validity ends an unrenewed tree gets SIGTERM
+	endDue    time.Time     // when the ending check is due, to measure how late it runs
 }
 
 // run supervises until no process of COMMAND is left, then releases the
@@ -537,8 +545,8 @@ type supervision struct {
 func (s *supervision) run(ctx context.Context, sigs <-chan os.Signal) error {
 	var reaped int
 	var killAgain <-chan time.Time
-	leaseDone := s.h.lease.Done()
-	window, ending := s.endingWindow()
+	leaseDone, dead := s.h.lease.Done(), s.h.dead
+	ending := s.endingWindow()
 loop:
 	for {
 		if s.killAgain != nil {
@@ -575,16 +583,16 @@ loop:
 				break loop
 			}
 		case <-ending:
-			ending = s.endUnrenewed(window)
+			ending = s.endUnrenewed()
+		case <-dead:
+			dead = nil
+			s.killNow()
 		case <-leaseDone:
 			leaseDone = nil
 			s.lose(s.h.lease.Err())
 		case <-s.killTimer:
 			s.killTimer = nil
-			if n := s.grp.SignalAll(syscall.SIGKILL); n > 0 {
-				fmt.Fprintf(s.g.stderr, "fenced: %d processes of %s still running %v after SIGTERM; sending SIGKILL\n", n, s.name, s.h.grace)
-			}
-			s.killAgain = time.NewTicker(100 * time.Millisecond)
+			s.kill("still running after SIGTERM")
 		case <-killAgain:
 			s.grp.SignalAll(syscall.SIGKILL) // processes forked while the last SIGKILL went out
 		}
@@ -600,18 +608,56 @@ loop:
 }
 
 // terminate sends SIGTERM to every process of COMMAND, and SIGCONT so that
-// stopped ones can act on it, and arms SIGKILL after --grace. It returns
+// stopped ones can act on it, and arms SIGKILL after --grace, or sooner
+// if the lease's local validity ends before (see killDelay). It returns
 // how many processes it found.
 func (s *supervision) terminate() int {
-	s.ending = true
-	n := s.grp.SignalAll(syscall.SIGTERM)
-	s.grp.SignalAll(syscall.SIGCONT)
+	n := s.sigterm()
 	if n > 0 {
-		s.killTimer = time.After(s.h.grace)
+		s.killTimer = time.After(s.killDelay(s.killLead))
 	} else {
 		s.killAgain = time.NewTicker(100 * time.Millisecond) // in case one was forking
 	}
 	return n
+}
+
+// sigterm sends SIGTERM, then SIGCONT, to every process of COMMAND and
+// marks the tree as ending. It returns how many processes it found.
+func (s *supervision) sigterm() int {
+	s.ending = true
+	n := s.grp.SignalAll(syscall.SIGTERM)
+	s.grp.SignalAll(syscall.SIGCONT)
+	return n
+}
+
+// kill sends SIGKILL to every process of COMMAND (its group first, which
+// takes no walk of /proc), then again every 100ms until the tree is gone;
+// why says, for the message, why now.
+func (s *supervision) kill(why string) {
+	start := time.Now()
+	_ = s.grp.Signal(syscall.SIGKILL)
+	n := s.grp.SignalAll(syscall.SIGKILL)
+	took := time.Since(start)
+	if n > 0 {
+		fmt.Fprintf(s.g.stderr, "fenced: %d processes of %s %s; sent SIGKILL%s\n", n, s.name, why, s.validityNote(took))
+	}
+	if s.killAgain == nil {
+		s.killAgain = time.NewTicker(100 * time.Millisecond)
+	}
+}
+
+// killNow ends the tree with SIGKILL at once, without --grace: the hold's
+// keeper died (hold.dead), so nobody renews the lease or will say when it
+// ends.
+func (s *supervision) killNow() {
+	if s.lost == nil {
+		s.lost = s.h.lease.Err()
+		if s.lost == nil {
+			s.lost = fmt.Errorf("%w: the holder of %s died", fenced.ErrLost, s.h.desc)
+		}
+	}
+	s.ending, s.killTimer = true, nil
+	s.kill("run unrenewed: the holder of " + s.h.desc + " died")
 }
 
 // lose records that the lease was lost and ends the tree, unless it ended
