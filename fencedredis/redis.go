@@ -129,7 +129,11 @@ var (
 // may be nil. The driver does not own c:
 // Close leaves it open. go-redis retries failed commands by default
 // (MaxRetries 3); every fenced script is safe to retry except that a
-// release retried after it took effect reports ErrNotHeld.
+// release retried after it took effect reports ErrNotHeld. go-redis also
+// ignores context deadlines unless Options.ContextTimeoutEnabled is set:
+// set it, or a call on a link that drops packets waits out ReadTimeout
+// (5s by default) whatever its context says. The client fenced.Open makes
+// from a URL sets it.
 func New(c redis.UniversalClient, opts *Options) (*Driver, error) {
 	if c == nil {
 		return nil, errors.New("redis: New: nil client")
