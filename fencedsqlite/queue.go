@@ -232,8 +232,13 @@ func makeBell(dir, member string, mode os.FileMode) (*episodeBell, error) {
 	if err := os.Mkdir(dir, mode|(mode&0o444)>>2); err != nil && !errors.Is(err, os.ErrExist) {
 		return nil, err
 	}
+	// A link in the directory's place would put the doorbells wherever
+	// it points (New refused one at open; this is one made since).
+	if err := checkBeside(dir, true); err != nil {
+		return nil, err
+	}
 	path := filepath.Join(dir, member)
-	f, err := os.OpenFile(path, os.O_RDONLY|os.O_CREATE|os.O_EXCL, mode)
+	f, err := os.OpenFile(path, os.O_RDONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW|syscall.O_NONBLOCK|syscall.O_CLOEXEC, mode)
 	if err != nil {
 		return nil, err
 	}
@@ -411,8 +416,9 @@ func ringMember(dir, member string) ringResult {
 	}
 	path := filepath.Join(dir, member)
 	// The open is the ring. Neither a symbolic link nor a FIFO put there
-	// by someone else can make it open something else or block.
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOFOLLOW, 0)
+	// by someone else can make it open something else or block (see
+	// openBeside).
+	f, err := openBeside(path, false, 0)
 	if errors.Is(err, os.ErrNotExist) {
 		return gone
 	}
