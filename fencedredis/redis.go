@@ -154,13 +154,14 @@ func New(c redis.UniversalClient, opts *Options) (*Driver, error) {
 	if d.opts.AuditLen <= 0 {
 		d.opts.AuditLen = 100
 	}
-	if _, ok := c.(*redis.ClusterClient); ok && d.opts.WaitReplicas > 0 {
+	_, cluster := c.(*redis.ClusterClient)
+	if cluster && d.opts.WaitReplicas > 0 {
 		return nil, errors.New("redis: WaitReplicas is not supported on a Cluster client (WAIT must follow the grant on the same connection)")
 	}
 	if _, ok := c.(*redis.Ring); ok {
 		return nil, errors.New("redis: a Ring client is not supported: its shards move keys, which would reset fence counters")
 	}
-	d.layout = rediskit.Layout{Prefix: d.opts.Prefix}
+	d.layout = rediskit.Layout{Prefix: d.opts.Prefix, Cluster: cluster}
 	d.guarantees = d.makeGuarantees()
 	return d, nil
 }
