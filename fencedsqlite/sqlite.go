@@ -62,11 +62,13 @@
 // durable and visible, and takes it off the queue: one process wakes per
 // release, however many wait, and its waiter tries at once. A refused
 // waiter stands again at the end. A process that died is found by its
-// doorbell's flock, which went with it, and skipped. An idle waiter costs
-// nothing. Every such commit also opens the shared doorbell FILE.wake, for
-// observers (which see every release) and for processes that cannot make
-// a doorbell of their own; those confirm a change with PRAGMA data_version
-// and read the keys they wait for. Without inotify the driver reads
+// doorbell's flock, which went with it, and skipped. A rung process
+// acknowledges the ring; one that does not within about 25 ms (stopped:
+// SIGSTOP, a debugger) has its turn passed on to the next. An idle waiter
+// costs nothing. Every such commit also opens the shared doorbell
+// FILE.wake, for observers (which see every release) and for processes
+// that cannot make a doorbell of their own; those confirm a change with
+// PRAGMA data_version and read the keys they wait for. Without inotify the driver reads
 // data_version every 2ms while somebody waits. A grant that expires
 // without a release, or a key freed by another program, is caught by the
 // client's fallback timer.
