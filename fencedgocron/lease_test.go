@@ -95,4 +95,3 @@ func TestLockerTaskStoppedMidJob(t *testing.T) {
 	_, res, procs, out := startLeaseJobs(t)
 	leasejob.Judge(t, res, procs, out, leaseJobTTL, leasejob.Stop(out, leaseJobTTL), "expired", "lost")
 }
-
