@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"reflect"
 	"strings"
 
 	"github.com/go-co-op/gocron/v2"
@@ -25,9 +24,10 @@ var ErrNoLock = errors.New("fencedgocron: this run holds no lease from the task'
 // lease key. The run is skipped.
 var ErrUnnamedJob = errors.New("fencedgocron: the job has no name of its own: give it one with gocron.WithName; it makes the job's lease key")
 
-// wrapperPrefix starts gocron's default name of a job whose function was
-// made in this package.
-var wrapperPrefix = reflect.TypeOf(Locker{}).PkgPath() + "."
+// wrapperNames are in gocron's default name of a job whose function Task
+// made: the closure's name, whether or not Task was inlined into its
+// caller (then the name starts with the caller's package).
+var wrapperNames = []string{".(*Locker).Task.func", ".(*Elector).Task.func"}
 
 // Task returns a gocron task that runs fn with this run's lease, the one
 // the Locker took for it, and a context that ends when the lease is lost
@@ -64,7 +64,14 @@ func (lk *Locker) Task(fn func(ctx context.Context, l *fenced.Lease) error) gocr
 
 // unnamed reports whether key is gocron's default name for a job whose
 // function this package made.
-func unnamed(key string) bool { return strings.HasPrefix(key, wrapperPrefix) }
+func unnamed(key string) bool {
+	for _, n := range wrapperNames {
+		if strings.Contains(key, n) {
+			return true
+		}
+	}
+	return false
+}
 
 // runUnder runs fn with l and a context that ends when ctx or l ends, and
 // is cancelled when fn returns.

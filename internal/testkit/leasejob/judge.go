@@ -1,8 +1,10 @@
 package leasejob
 
 import (
+	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -88,6 +90,20 @@ func (ls lines) find(ok func(line) bool) *line {
 	return nil
 }
 
+// tail formats the last n lines.
+func (ls lines) tail(n int) string {
+	var b strings.Builder
+	for _, l := range ls[max(0, len(ls)-n):] {
+		switch l.kind {
+		case "write":
+			fmt.Fprintf(&b, "write pid %d fence %d %s live=%t\n", l.pid, l.fence, l.outcome, l.live)
+		default:
+			fmt.Fprintf(&b, "%s pid %d fence %d at %s %s\n", l.kind, l.pid, l.fence, l.at.Format("15:04:05.000"), l.cause)
+		}
+	}
+	return b.String()
+}
+
 // newerWrite returns the first applied write with a fence above f.
 func (ls lines) newerWrite(f uint64) *line {
 	return ls.find(func(l line) bool { return l.kind == "write" && l.outcome == "applied" && l.fence > f })
@@ -102,7 +118,7 @@ func waitFor(t testing.TB, out string, timeout time.Duration, what string, ok fu
 			return ls
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no %s within %v; lines:\n%v", what, timeout, ls)
+			t.Fatalf("no %s within %v; %d lines, the last ones:\n%s", what, timeout, len(ls), ls.tail(30))
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
