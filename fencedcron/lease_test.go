@@ -14,6 +14,7 @@ import (
 	"github.com/fenced-dev/fenced/admin"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/fencedcron"
+	_ "github.com/fenced-dev/fenced/fencedpostgres"
 	"github.com/fenced-dev/fenced/internal/testkit/childproc"
 	"github.com/fenced-dev/fenced/internal/testkit/leasejob"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
@@ -53,12 +54,19 @@ func childLeaseJob() int {
 	select {} // until the parent kills it
 }
 
-// startLeaseJobs starts two leasejob crons on a fresh SQLite store.
-func startLeaseJobs(t *testing.T) (store string, res *leasejob.Resource, procs []*testenv.Process, out string) {
-	store = "sqlite://" + filepath.Join(t.TempDir(), "leases.db")
-	res = leasejob.NewResource(t)
+// startLeaseJobs starts two leasejob crons, on a fresh SQLite store and
+// resource, or on PostgreSQL for both when pg is set: a process stopped
+// in a write keeps SQLite's write lock (fencedsqlite's availability
+// caveat), which would stop the other crons too.
+func startLeaseJobs(t *testing.T, pg bool) (store string, res *leasejob.Resource, procs []*testenv.Process, out string) {
+	if pg {
+		srv := testenv.StartPostgres(t)
+		store, res = srv.URL(), leasejob.NewPostgresResource(t, srv.URL())
+	} else {
+		store, res = "sqlite://"+filepath.Join(t.TempDir(), "leases.db"), leasejob.NewResource(t)
+	}
 	out = filepath.Join(t.TempDir(), "runs")
-	return store, res, childproc.Start(t, "leasejob", 2, store, out, res.Env()), out
+	return store, res, childproc.Start(t, "leasejob", 2, store, out, res.Env()...), out
 }
 
 // TestLeaseFuncBrokenMidJob (issue 36, item 11): a lease broken by an admin
@@ -67,7 +75,7 @@ func startLeaseJobs(t *testing.T) (store string, res *leasejob.Resource, procs [
 // the next run, under a newer fence, is the only one the resource takes
 // from then on.
 func TestLeaseFuncBrokenMidJob(t *testing.T) {
-	store, res, procs, out := startLeaseJobs(t)
+	store, res, procs, out := startLeaseJobs(t, false)
 	admc, err := fenced.Open(context.Background(), store, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -85,12 +93,12 @@ func TestLeaseFuncBrokenMidJob(t *testing.T) {
 	leasejob.Judge(t, res, procs, out, leaseJobTTL, brk, "broken")
 }
 
-// TestLeaseFuncStoppedMidJob (issue 36, item 11): a cron process SIGSTOPped
-// past the TTL while its LeaseFunc job runs: another cron runs the job
-// under a newer fence; on SIGCONT the stopped job's context ends and its
-// late writes are refused by the guard.
+// TestLeaseFuncStoppedMidJob (issue 36, item 11): on PostgreSQL, a cron
+// process SIGSTOPped past the TTL while its LeaseFunc job runs: another
+// cron runs the job under a newer fence; on SIGCONT the stopped job's
+// context ends and its late writes are refused by the guard.
 func TestLeaseFuncStoppedMidJob(t *testing.T) {
-	_, res, procs, out := startLeaseJobs(t)
+	_, res, procs, out := startLeaseJobs(t, true)
 	leasejob.Judge(t, res, procs, out, leaseJobTTL, leasejob.Stop(out, leaseJobTTL), "expired", "lost")
 }
 

@@ -55,12 +55,19 @@ func childLeaseJob() int {
 	select {} // until the parent kills it
 }
 
-// startLeaseJobs starts two leasejob schedulers on a fresh SQLite store.
-func startLeaseJobs(t *testing.T) (store string, res *leasejob.Resource, procs []*testenv.Process, out string) {
-	store = "sqlite://" + filepath.Join(t.TempDir(), "leases.db")
-	res = leasejob.NewResource(t)
+// startLeaseJobs starts two leasejob schedulers, on a fresh SQLite store and
+// resource, or on PostgreSQL for both when pg is set: a process stopped
+// in a write keeps SQLite's write lock (fencedsqlite's availability
+// caveat), which would stop the other schedulers too.
+func startLeaseJobs(t *testing.T, pg bool) (store string, res *leasejob.Resource, procs []*testenv.Process, out string) {
+	if pg {
+		srv := testenv.StartPostgres(t)
+		store, res = srv.URL(), leasejob.NewPostgresResource(t, srv.URL())
+	} else {
+		store, res = "sqlite://"+filepath.Join(t.TempDir(), "leases.db"), leasejob.NewResource(t)
+	}
 	out = filepath.Join(t.TempDir(), "runs")
-	return store, res, childproc.Start(t, "leasejob", 2, store, out, res.Env()), out
+	return store, res, childproc.Start(t, "leasejob", 2, store, out, res.Env()...), out
 }
 
 // TestLockerTaskBrokenMidJob (issue 36, item 11): a lease broken by an
@@ -69,7 +76,7 @@ func startLeaseJobs(t *testing.T) (store string, res *leasejob.Resource, procs [
 // run, under a newer fence, is the only one the resource takes from then
 // on.
 func TestLockerTaskBrokenMidJob(t *testing.T) {
-	store, res, procs, out := startLeaseJobs(t)
+	store, res, procs, out := startLeaseJobs(t, false)
 	admc, err := fenced.Open(context.Background(), store, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -87,11 +94,12 @@ func TestLockerTaskBrokenMidJob(t *testing.T) {
 	leasejob.Judge(t, res, procs, out, leaseJobTTL, brk, "broken")
 }
 
-// TestLockerTaskStoppedMidJob (issue 36, item 11): a scheduler SIGSTOPped
-// past the TTL while its job runs: another scheduler runs the job under a
-// newer fence; on SIGCONT the stopped job's context ends (its lease
-// expired, or its renewal was refused) and its late writes are refused by the guard.
+// TestLockerTaskStoppedMidJob (issue 36, item 11): on PostgreSQL, a
+// scheduler SIGSTOPped past the TTL while its job runs: another scheduler
+// runs the job under a newer fence; on SIGCONT the stopped job's context
+// ends (its lease expired, or its renewal was refused) and its late
+// writes are refused by the guard.
 func TestLockerTaskStoppedMidJob(t *testing.T) {
-	_, res, procs, out := startLeaseJobs(t)
+	_, res, procs, out := startLeaseJobs(t, true)
 	leasejob.Judge(t, res, procs, out, leaseJobTTL, leasejob.Stop(out, leaseJobTTL), "expired", "lost")
 }
