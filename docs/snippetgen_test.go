@@ -249,7 +249,8 @@ func overlaps(a, b map[string]bool) bool {
 // package of its own; the page's prelude and the top-level declarations of
 // the page's earlier snippets that it uses are added to it, the way a
 // reader carries them from block to block.
-func generate(page string, snippets []snippet, prelude string, known map[string]string, first int) []genPackage {
+// preludePos is where the prelude's first line is, for //line.
+func generate(page string, snippets []snippet, prelude, preludePos string, known map[string]string, first int) []genPackage {
 	var out []genPackage
 	var earlier []chunk // top-level declarations of the page so far
 	for i, s := range snippets {
@@ -311,7 +312,7 @@ func generate(page string, snippets []snippet, prelude string, known map[string]
 			importsFor(body.String(), known, declared, explicit) + body.String()
 		if prelude != "" {
 			pkg.files["prelude.go"] = "package " + pkg.name + "\n" +
-				importsFor(prelude, known, declared, nil) + "//line " + page + ".prelude:1\n" + prelude
+				importsFor(prelude, known, declared, nil) + "//line " + preludePos + "\n" + prelude
 		}
 		if len(carried) > 0 {
 			pkg.files["earlier.go"] = "package " + pkg.name + "\n" +

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -22,13 +24,31 @@ const selfCheck = "```go\n" +
 	"fenced.OpenURL(ctx, \"mem://self\") // bad: no such name\n" +
 	"```\n"
 
+// undefinedName matches the error of a plain name no declaration gives.
+var undefinedName = regexp.MustCompile(`: undefined: [a-z]\w*$`)
+
+// preludePos returns the position of the page's prelude in
+// preludes_test.go, where the compiler's errors in it point.
+func preludePos(t *testing.T, page string) string {
+	t.Helper()
+	src, err := os.ReadFile("preludes_test.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := strings.Index(string(src), strconv.Quote(page)+": `")
+	if i < 0 {
+		return "docs/preludes_test.go:1" // the page has no prelude
+	}
+	return fmt.Sprintf("docs/preludes_test.go:%d", strings.Count(string(src[:i]), "\n")+1)
+}
+
 // TestGoSnippetsCompile extracts every ```go block of README.md and
 // docs/*.md and compiles it against the module's code: a block that
 // starts with a package clause as a file, any other as its imports, its
 // top-level declarations and its statements wrapped in a function, with
 // the imports it leaves out inferred from the package names it uses and
 // the names it leaves to the reader declared by its page's prelude
-// (preludes_test.go). Only "declared and not used" and "imported and not
+// (preludes_test.go; a page that leaves nothing out needs none). Only "declared and not used" and "imported and not
 // used" are forgiven. A snippet that names a renamed identifier, or calls
 // one with the wrong arguments, fails here with its page and line.
 func TestGoSnippetsCompile(t *testing.T) {
@@ -61,11 +81,7 @@ func TestGoSnippetsCompile(t *testing.T) {
 	for _, page := range pages {
 		snippets := readSnippets(t, root, page)
 		count[page] = len(snippets)
-		prelude, ok := preludes[page]
-		if len(snippets) > 0 && !ok {
-			t.Errorf("%s has Go snippets but no prelude in preludes_test.go (an empty one if it needs none)", page)
-		}
-		pkgs = append(pkgs, generate(page, snippets, prelude, known, len(pkgs))...)
+		pkgs = append(pkgs, generate(page, snippets, preludes[page], preludePos(t, page), known, len(pkgs))...)
 	}
 	for page := range preludes {
 		if count[page] == 0 && page != "selfcheck.md" {
@@ -79,7 +95,7 @@ func TestGoSnippetsCompile(t *testing.T) {
 		t.Fatal(err)
 	}
 	self := readSnippets(t, dir, "selfcheck.md")
-	pkgs = append(pkgs, generate("selfcheck.md", self, preludes["selfcheck.md"], known, len(pkgs))...)
+	pkgs = append(pkgs, generate("selfcheck.md", self, preludes["selfcheck.md"], preludePos(t, "selfcheck.md"), known, len(pkgs))...)
 	if len(pkgs) < 15 {
 		t.Fatalf("found only %d Go snippets: the extraction is broken", len(pkgs))
 	}
@@ -89,6 +105,9 @@ func TestGoSnippetsCompile(t *testing.T) {
 		if strings.HasPrefix(e, "selfcheck.md:") {
 			selfErrs = append(selfErrs, e)
 			continue
+		}
+		if undefinedName.MatchString(e) {
+			e += "\n\t(a name the page leaves to the reader is declared in docs/preludes_test.go)"
 		}
 		t.Error(e)
 	}
