@@ -170,7 +170,7 @@ func New(c *fenced.Client, name, identity string, opts *Options) (*ResourceLock,
 	o.Lease.ManualRenew = true
 	o.Lease.RenewEvery = 0
 	check := o.Lease
-	check.TTL = max(check.TTL, ttlFor(o, 0))
+	check.TTL = ttlFor(o, 0)
 	if _, err := c.Resolve(&check); err != nil {
 		return nil, fmt.Errorf("fencedk8s: election %q: %w", name, err)
 	}

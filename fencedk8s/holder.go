@@ -4,6 +4,7 @@ import (
 	"context"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/fenced-dev/fenced"
 )
@@ -15,9 +16,14 @@ import (
 // listing "<name>/holder/<fence>/" once per term (a listing is a scan on
 // some backends) and cache what they found.
 
-// maxNameLookups is how many listings a candidate makes for one term's
-// holder key before it settles for the owner's prefix.
-const maxNameLookups = 3
+// A candidate lists a term's holder key at most maxNameLookups times
+// before it settles for the owner's prefix, the n-th listing (from 0) no
+// sooner than nameBackoff << n after the one before: the leader writes
+// the key just after its grant, so the first listings may come too soon.
+const (
+	maxNameLookups = 6
+	nameBackoff    = 25 * time.Millisecond
+)
 
 // holderKey returns the key that names the holder of grant fence.
 func holderKey(name string, fence uint64, identity string) string {
@@ -33,6 +39,7 @@ type nameCache struct {
 	fence   uint64
 	name    string // "" while not found
 	lookups int
+	last    time.Time // of the last listing
 }
 
 // takeHolderKey takes the holder key of l, renewed automatically, and
@@ -70,11 +77,12 @@ func (r *ResourceLock) holderName(ctx context.Context, info fenced.LeaseInfo) st
 		r.mu.Unlock()
 		return n
 	}
-	if r.names.lookups >= maxNameLookups {
+	if n := r.names.lookups; n >= maxNameLookups || (n > 0 && time.Since(r.names.last) < nameBackoff<<(n-1)) {
 		r.mu.Unlock()
 		return fallback
 	}
 	r.names.lookups++
+	r.names.last = time.Now()
 	r.mu.Unlock()
 	prefix := holderPrefix(r.name, info.Fence)
 	infos, err := r.c.Driver().List(ctx, prefix)
