@@ -245,8 +245,8 @@ func (r *ResourceLock) Create(ctx context.Context, ler resourcelock.LeaderElecti
 // elector to end its term in time (ErrTiming otherwise; see the package
 // comment). It fails with fenced.ErrHeld while another candidate holds it,
 // and with ErrTermEnded while the elector leads on a lease that has ended.
-// A record with no holder (client-go's ReleaseOnCancel) releases the lease,
-// waiting for the store no longer than the lease's validity.
+// A record with no holder (client-go's ReleaseOnCancel) releases the lease
+// without waiting for a store that does not answer.
 func (r *ResourceLock) Update(ctx context.Context, ler resourcelock.LeaderElectionRecord) error {
 	switch ler.HolderIdentity {
 	case "":
@@ -324,9 +324,12 @@ func (r *ResourceLock) drop(l *fenced.Lease) {
 }
 
 // release ends the lease this candidate holds, if any (client-go's
-// ReleaseOnCancel): its context at once, then the grant at the store,
-// waited for no longer than the lease's validity, after which the store
-// frees it anyway.
+// ReleaseOnCancel): its context at once, then the grant at the store. It
+// returns once the lease's context has ended, or with the release's error
+// if the store answers first: the elector ends its term only after this
+// call, so it does not wait for a store that does not answer. The grant is
+// freed in the background, waited for no longer than the lease's validity,
+// after which the store frees it anyway.
 func (r *ResourceLock) release(ctx context.Context) error {
 	r.mu.Lock()
 	l := r.lease
@@ -335,9 +338,18 @@ func (r *ResourceLock) release(ctx context.Context) error {
 	if l == nil || l.Err() != nil {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, l.Remaining())
-	defer cancel()
-	return l.Release(ctx)
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.Remaining())
+		defer cancel()
+		done <- l.Release(ctx)
+	}()
+	select {
+	case err := <-done:
+		return err
+	case <-l.Context().Done():
+		return nil
+	}
 }
 
 // RecordEvent passes s to Options.OnEvent. It also follows the elector's
