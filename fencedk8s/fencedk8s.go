@@ -255,9 +255,6 @@ func (r *ResourceLock) Update(ctx context.Context, ler resourcelock.LeaderElecti
 	default:
 		return fmt.Errorf("fencedk8s: candidate %q cannot write a record for %q", r.identity, ler.HolderIdentity)
 	}
-	if ler.LeaseDurationSeconds <= 0 {
-		return fmt.Errorf("fencedk8s: %w: record's LeaseDurationSeconds %d is not positive", fenced.ErrInvalidOptions, ler.LeaseDurationSeconds)
-	}
 	r.mu.Lock()
 	l, leading := r.live(), r.leading
 	if l == nil && leading {

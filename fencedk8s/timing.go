@@ -27,7 +27,8 @@ func need(o Options) time.Duration {
 func slack(o Options) time.Duration { return (o.RetryPeriod + o.RenewDeadline) / 10 }
 
 // ttlFor returns the TTL of a lease for a record with leaseSeconds
-// (LeaseDurationSeconds): the elector's LeaseDuration, or 1.2 ×
+// (LeaseDurationSeconds, zero for a LeaseDuration under a second): the
+// elector's LeaseDuration, or 1.2 ×
 // (RetryPeriod + RenewDeadline) when that is longer, so that a renewal
 // leaves need with a tenth of RetryPeriod + RenewDeadline to spare for its
 // round trip.
