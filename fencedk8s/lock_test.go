@@ -70,8 +70,17 @@ func TestGetNamesTheLeader(t *testing.T) {
 	if err := a.Update(ctx, resourcelock.LeaderElectionRecord{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.Update(ctx, record("replica-b")); err != nil {
-		t.Fatal(err)
+	// The release goes to the store in the background, as the elector's
+	// ReleaseOnCancel does: b's campaign finds the key held until it has,
+	// and tries again as the elector would (this bound only catches a hang).
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		err := b.Update(ctx, record("replica-b"))
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, fenced.ErrHeld) || time.Now().After(deadline) {
+			t.Fatalf("b's campaign after a's release: %v", err)
+		}
 	}
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 		rec, _, err := a.Get(ctx)
