@@ -118,6 +118,6 @@ func measureProofTTL(t *testing.T, c *fenced.Client) (ttl, worst time.Duration) 
 	s.Stop()
 	worst = max(worst, s.Max())
 	ttl = max(proofTTL, 8*worst)
-	ttl = min((ttl+99*time.Millisecond).Truncate(100*time.Millisecond), proofMaxTTL)
+	ttl = min((ttl + 99*time.Millisecond).Truncate(100*time.Millisecond), proofMaxTTL)
 	return ttl, worst
 }
