@@ -23,7 +23,8 @@
 //     root's, a sibling's, a systemd scope's: wherever it may) is still the
 //     supervisor's descendant, as the supervisor is a child subreaper: it is
 //     found by a walk of /proc and moved back into the cgroup (where that is
-//     refused, it is signalled and stopped by pid, as in process-tree mode).
+//     refused, for want of permission or because the cgroup may hold no
+//     process, it is signalled and stopped by pid, as in process-tree mode).
 //     SignalAll and Stop move such processes back first, and the Group
 //     watches for them all the time (see the guarantees below). The cgroup
 //     is removed after Gone, or by the guard if the supervisor died.
@@ -67,11 +68,6 @@
 //     processes back every 250 ms, or 100 times as long as a walk takes if
 //     that is longer, so that watching costs at most about 1% of a CPU), or
 //     one that cannot be moved back.
-//   - What no mode covers: a process the command has someone else start
-//     (systemd-run without --scope, at, a container daemon, ssh) is not its
-//     descendant and never was in its cgroup; a command with the privilege
-//     to act on the supervisor, the guard or their cgroups (kill or ptrace
-//     them, thaw the cgroup) can undo any of this.
 //   - Interactive commands keep the terminal. If the command's stdin is the
 //     caller's controlling terminal and the caller's group is in its
 //     foreground, the command's group is put in the foreground as it starts
@@ -81,6 +77,14 @@
 //     background and brought to the foreground with fg gets it too).
 //     tcsetpgrp from a background group raises SIGTTOU, so the Group blocks
 //     SIGTTOU on its own thread around the call.
+//
+// What no mode covers: a process the command has someone else start
+// (systemd-run without --scope, at, a container daemon, ssh) is not its
+// descendant and never was in its cgroup; a supervisor stopped with
+// SIGSTOP watches nothing; and a command with the privilege to act on the
+// supervisor, the guard or their cgroups (kill or ptrace them, thaw the
+// cgroup, enable a controller in its subtree_control so that no process may
+// be moved back into it) can undo any of this.
 //
 // Processes are found by scanning /proc (or the cgroup's files); a process
 // id read there could in theory be reused between the scan and the kill
@@ -339,11 +343,11 @@ func (g *Group) Signal(sig syscall.Signal) error {
 // nested in it (SIGKILL goes through cgroup.kill, which no fork escapes),
 // after every descendant found in /proc outside them was moved back in
 // (see gather); one that cannot be moved back is signalled by pid. In
-// process-tree mode it is every
-// descendant of the supervisor but the guard, found in /proc, including a
-// process whose main thread exited while its other threads run (shown as a
-// zombie); /proc is scanned again until a scan finds no process not
-// signalled yet, so a process forked meanwhile is reached too.
+// process-tree mode it is every descendant of the supervisor but the
+// guard, found in /proc, including a process whose main thread exited
+// while its other threads run (shown as a zombie); /proc is scanned again
+// until a scan finds no process not signalled yet, so a process forked
+// meanwhile is reached too.
 func (g *Group) SignalAll(sig syscall.Signal) int {
 	defer unix.Kill(-g.pid, sig)
 	if g.cg != nil {
