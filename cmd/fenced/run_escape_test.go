@@ -462,11 +462,13 @@ func TestRunKill9EndsCgroupEscapes(t *testing.T) {
 				if escape == "away" {
 					start := time.Now()
 					prefix := filepath.Join(cgroup2Dir(t), "fenced-"+strconv.Itoa(cmd.Process.Pid)+"-")
-					// Bound: fenced walks /proc every 250 ms, or every 100
-					// walks if longer; 4 such pauses, with a walk as long as
-					// the slowest of 3 measured here, leave room for a round
-					// that began just before the move and for scheduling
-					// delays.
+					// Bound: fenced looks every 250 ms, or every 100 times
+					// the CPU time of a look if longer (a look costs less
+					// than a full walk of /proc); 4 such pauses, with a look
+					// using as much CPU as the slowest of 3 full walks
+					// measured here took time (an upper bound), leave room
+					// for a look that began just before the move and for
+					// scheduling delays.
 					var walk time.Duration
 					for range 3 {
 						walk = max(walk, procWalk())

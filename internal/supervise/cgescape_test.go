@@ -148,10 +148,12 @@ func TestWatchBringsBackCgroupEscapes(t *testing.T) {
 	var moved time.Duration
 	g, _, pid := startEscapee(t, "away", func(pid int) {
 		reported := time.Now() // the escapee had moved out by now
-		// Bound: the watch pauses 250 ms, or 100 walks of /proc if longer;
-		// 4 such pauses, with a walk as long as the slowest of 3 measured
-		// here, leave room for a watch round that began just before the
-		// move and for the scheduling delays of a loaded machine.
+		// Bound: the watch pauses 250 ms, or 100 times the CPU time of a
+		// round if longer (a round costs less than a full walk of /proc);
+		// 4 such pauses, with a round using as much CPU as the slowest of
+		// 3 full walks measured here took time (an upper bound), leave
+		// room for a round that began just before the move and for the
+		// scheduling delays of a loaded machine.
 		var walk time.Duration
 		for range 3 {
 			start := time.Now()

@@ -64,10 +64,10 @@
 //     and nothing marks them as the command's any more, so the guard misses:
 //     in process-tree mode, every process that left the group; in cgroup
 //     mode, a process that moved to another cgroup less than one watch pause
-//     before the supervisor died (the Group walks /proc and moves such
-//     processes back every 250 ms, or 100 times as long as a walk takes if
-//     that is longer, so that watching costs at most about 1% of a CPU), or
-//     one that cannot be moved back.
+//     before the supervisor died (the Group looks for such processes and
+//     moves them back every 250 ms, or every 100 times the CPU time a look
+//     takes if that is longer, so that watching costs at most about 1% of
+//     a CPU; see watch), or one that cannot be moved back.
 //   - Interactive commands keep the terminal. If the command's stdin is the
 //     caller's controlling terminal and the caller's group is in its
 //     foreground, the command's group is put in the foreground as it starts
@@ -439,49 +439,32 @@ func (g *Group) bringBack(p proc) (outside, moved bool) {
 	if in, ok := g.cg.holds(p); in || !ok {
 		return false, false
 	}
-	// The pid is still the process found (not reaped and reused): its
-	// parent is unchanged, and it is a descendant, so only this Group or
-	// a descendant could reap it.
-	q, ok := readProc(strconv.Itoa(p.pid))
-	return true, ok && q.ppid == p.ppid && g.cg.adopt(p.pid) == nil
+	// The pid is still the process found (not reaped and reused): /proc
+	// shows it as a descendant now (so only this Group or a descendant
+	// could reap it; see g.descends).
+	return true, g.descends(p.pid) && g.cg.adopt(p.pid) == nil
 }
 
-// watch moves back into the cgroup, over and over until done is closed,
-// every descendant that left it (see gather), so that kill -9 of the
-// supervisor, which leaves only the guard and the cgroup, misses none that
-// left it more than one pause earlier. Each round is one walk of /proc
-// (another at once if it moved a process, whose child may be outside
-// too); the pause is watchPause, or 100 times the last walk if longer, so
-// that watching costs at most about 1% of a CPU however many processes
-// the system runs.
-func (g *Group) watch(done <-chan struct{}) {
-	for {
-		start, walks := time.Now(), 0
-		for range 10 { // bounded: a fork bomb outside is ended by SignalAll
-			walks++
-			moved := 0
-			for _, p := range g.descendants() {
-				if !p.living() {
-					continue
-				}
-				if _, ok := g.bringBack(p); ok {
-					moved++
-				}
-			}
-			if moved == 0 {
-				break
-			}
+// descends reports whether /proc shows pid as a descendant of the
+// supervisor other than the guard or a descendant of the guard, following
+// the parents up from pid.
+func (g *Group) descends(pid int) bool {
+	guard := int(g.guardPid.Load())
+	for range 4096 { // deeper than any real tree; a loop (pid reuse) ends here
+		if pid == guard {
+			return false
 		}
-		select {
-		case <-done:
-			return
-		case <-time.After(max(watchPause, 100*time.Since(start)/time.Duration(walks))):
+		p, ok := readProc(strconv.Itoa(pid))
+		if !ok || p.ppid <= 0 {
+			return false
 		}
+		if p.ppid == g.self {
+			return true
+		}
+		pid = p.ppid
 	}
+	return false
 }
-
-// watchPause is the shortest pause between two walks of watch.
-const watchPause = 250 * time.Millisecond
 
 // Stop stops the command's group and every other process of the command
 // (a process that left the group must not run on either) with SIGSTOP,
