@@ -25,8 +25,9 @@
 //     found by a walk of /proc and moved back into the cgroup (where that is
 //     refused, for want of permission or because the cgroup may hold no
 //     process, it is signalled and stopped by pid, as in process-tree mode).
-//     SignalAll and Stop move such processes back first, and the Group
-//     watches for them all the time (see the guarantees below). The cgroup
+//     SignalAll and Stop move such processes back (after acting on the
+//     cgroup), and the Group watches for them all the time (see the
+//     guarantees below). The cgroup
 //     is removed after Gone, or by the guard if the supervisor died.
 //   - process tree, where no cgroup can be made (no cgroup v2, no permission
 //     or delegation, or a kernel before 5.14, which lacks cgroup.kill), or
@@ -47,9 +48,9 @@
 //     Group reaps them all (wait4 on any child) and reports Gone once none
 //     is left (and, in cgroup mode, the cgroup is empty).
 //   - The whole tree can be signalled. SignalAll signals the process group
-//     and every process of the cgroup (after moving back into it those
-//     that left it), or every descendant found in /proc, so processes that
-//     left the group are not missed.
+//     and every process of the cgroup (and those that left it, moved back
+//     into it), or every descendant found in /proc, so processes that left
+//     the group are not missed.
 //   - The command dies with the supervisor. The command's leader gets
 //     Pdeathsig SIGKILL. The kernel sends Pdeathsig when the *thread* that
 //     forked the child exits, not the process (go.dev/issue/27505), so the
@@ -157,6 +158,8 @@ type Group struct {
 	cg      *cgroup       // the command's cgroup, or nil in process-tree mode
 	mode    string        // the supervision mode, for Mode
 	unwatch chan struct{} // closed to end watch (cgroup mode)
+	linMu   sync.Mutex
+	lin     lineage // the supervisor's descendants, for gather and watch
 
 	goneFlag atomic.Bool  // Gone was reported
 	exits    atomic.Int64 // children reaped so far, for eachLiving
@@ -341,8 +344,8 @@ func (g *Group) Signal(sig syscall.Signal) error {
 //
 // In cgroup mode that is every process in the cgroup and the cgroups
 // nested in it (SIGKILL goes through cgroup.kill, which no fork escapes),
-// after every descendant found in /proc outside them was moved back in
-// (see gather); one that cannot be moved back is signalled by pid. In
+// then every descendant found in /proc outside them, moved back in (see
+// gather) or, where that is refused, signalled by pid. In
 // process-tree mode it is every descendant of the supervisor but the
 // guard, found in /proc, including a process whose main thread exited
 // while its other threads run (shown as a zombie); /proc is scanned again
@@ -351,20 +354,23 @@ func (g *Group) Signal(sig syscall.Signal) error {
 func (g *Group) SignalAll(sig syscall.Signal) int {
 	defer unix.Kill(-g.pid, sig)
 	if g.cg != nil {
-		// A process moved back into the cgroup is reached with it; one
-		// that cannot be moved back is signalled by pid.
-		n := len(g.gather(func(p proc) bool { return unix.Kill(p.pid, sig) == nil }, nil))
-		if sig == syscall.SIGKILL {
-			return n + g.cg.killAll()
-		}
-		for _, pid := range g.cg.members() {
-			if unix.Kill(pid, sig) == nil {
-				n++
+		// The cgroup first, at once. Then those that left it: each moved
+		// back is signalled as the cgroup was (for SIGKILL, cgroup.kill
+		// again, which also reaches what it forked since); each that
+		// cannot be moved back is signalled by pid.
+		n := g.signalCgroup(sig)
+		byPid, moved := g.gather(func(p proc) bool { return unix.Kill(p.pid, sig) == nil }, nil)
+		switch {
+		case len(moved) > 0 && sig == syscall.SIGKILL:
+			g.cg.killAll()
+		case len(moved) > 0:
+			for _, pid := range moved {
+				_ = unix.Kill(pid, sig)
 			}
 		}
-		return n
+		return n + len(byPid) + len(moved)
 	}
-	return len(g.eachLiving(func(p proc) bool { return unix.Kill(p.pid, sig) == nil }, nil))
+	return len(g.eachLiving(g.descendants, func(p proc) bool { return unix.Kill(p.pid, sig) == nil }, nil))
 }
 
 // eachLiving calls f once for every living descendant (process-tree
@@ -376,7 +382,7 @@ func (g *Group) SignalAll(sig syscall.Signal) int {
 // exited during a scan shows as a zombie, and its child by a later scan
 // (the child is re-parented to the supervisor, which reaps the parent). It
 // returns the pids f acted on.
-func (g *Group) eachLiving(f func(proc) bool, settle func([]int)) []int {
+func (g *Group) eachLiving(walk func() []proc, f func(proc) bool, settle func([]int)) []int {
 	seen := map[int]bool{}
 	var acted []int
 	var prev map[int]bool
@@ -384,7 +390,7 @@ func (g *Group) eachLiving(f func(proc) bool, settle func([]int)) []int {
 		exits := g.exits.Load()
 		cur := map[int]bool{} // pid: living
 		var fresh []int
-		for _, p := range g.descendants() {
+		for _, p := range walk() {
 			living := p.living()
 			cur[p.pid] = living
 			if !living || seen[p.pid] {
@@ -412,6 +418,22 @@ func (g *Group) eachLiving(f func(proc) bool, settle func([]int)) []int {
 	return acted
 }
 
+// signalCgroup sends sig to every process in the cgroup and the cgroups
+// nested in it (SIGKILL through cgroup.kill too), and returns how many it
+// found.
+func (g *Group) signalCgroup(sig syscall.Signal) int {
+	if sig == syscall.SIGKILL {
+		return g.cg.killAll()
+	}
+	n := 0
+	for _, pid := range g.cg.members() {
+		if unix.Kill(pid, sig) == nil {
+			n++
+		}
+	}
+	return n
+}
+
 // gather moves back into the cgroup every living descendant of the
 // supervisor found outside it and the cgroups nested in it: a process of
 // the command that wrote its pid into another cgroup's cgroup.procs (the
@@ -421,15 +443,19 @@ func (g *Group) eachLiving(f func(proc) bool, settle func([]int)) []int {
 // cgroup.freeze again, by the guard too. For each one that cannot be moved
 // back (no permission, or the command enabled a controller in the
 // cgroup's subtree_control, which bars processes from it), f is called
-// (nil: none), with settle, as in eachLiving, which rescans /proc until
-// stable; gather returns the pids f acted on.
-func (g *Group) gather(f func(proc) bool, settle func([]int)) []int {
-	return g.eachLiving(func(p proc) bool {
-		if outside, moved := g.bringBack(p); outside && !moved {
-			return f != nil && f(p)
+// (nil: none), with settle, as in eachLiving, which rescans until stable;
+// each scan lists /proc and reads only what lineage needs, so that gather
+// is quick even on a busy machine with many processes. gather returns the
+// pids f acted on, and those it moved back.
+func (g *Group) gather(f func(proc) bool, settle func([]int)) (acted, moved []int) {
+	acted = g.eachLiving(g.lineageProcs, func(p proc) bool {
+		outside, in := g.bringBack(p)
+		if in {
+			moved = append(moved, p.pid)
 		}
-		return false
+		return outside && !in && f != nil && f(p)
 	}, settle)
+	return acted, moved
 }
 
 // bringBack moves p into the cgroup if it is a living process outside it
@@ -442,7 +468,10 @@ func (g *Group) bringBack(p proc) (outside, moved bool) {
 	// The pid is still the process found (not reaped and reused): /proc
 	// shows it as a descendant now (so only this Group or a descendant
 	// could reap it; see g.descends).
-	return true, g.descends(p.pid) && g.cg.adopt(p.pid) == nil
+	if !g.descends(p.pid) {
+		return false, false
+	}
+	return true, g.cg.adopt(p.pid) == nil
 }
 
 // descends reports whether /proc shows pid as a descendant of the
@@ -480,17 +509,7 @@ func (g *Group) Stop() {
 		// SIGSTOP and acts on it when thawed, before it runs any code of
 		// its own, and shows as stopped (job control sees it); then the
 		// cgroup is frozen again, so that nothing runs even if someone
-		// else continues a process. A descendant that left the cgroup is
-		// moved back first, so the freeze holds it too; one that cannot
-		// be moved back is stopped by pid.
-		stopStray := func(p proc) bool {
-			if p.state == 'T' || p.state == 't' {
-				return false // stopped before (by someone else, or by the first gather)
-			}
-			return unix.Kill(p.pid, syscall.SIGSTOP) == nil
-		}
-		settle := func(pids []int) { waitStopped(pids, time.Second) }
-		stoppedNow = g.gather(stopStray, settle)
+		// else continues a process.
 		_ = g.cg.freeze(true, 2*time.Second)
 		for _, tid := range g.cg.members() {
 			if p, ok := readProc(strconv.Itoa(tid)); ok && (p.state == 'T' || p.state == 't') {
@@ -503,14 +522,21 @@ func (g *Group) Stop() {
 		_ = g.cg.freeze(false, 0)
 		waitStopped(stoppedNow, time.Second)
 		_ = g.cg.freeze(true, 2*time.Second)
-		// One that left the cgroup since the first gather is moved back
-		// into the frozen cgroup, which freezes it.
-		stoppedNow = append(stoppedNow, g.gather(stopStray, settle)...)
+		// Then a descendant that left the cgroup is moved back into it,
+		// frozen, which freezes it; one that cannot be moved back is
+		// stopped by pid.
+		byPid, _ := g.gather(func(p proc) bool {
+			if p.state == 'T' || p.state == 't' {
+				return false // stopped before, by someone else
+			}
+			return unix.Kill(p.pid, syscall.SIGSTOP) == nil
+		}, func(pids []int) { waitStopped(pids, time.Second) })
+		stoppedNow = append(stoppedNow, byPid...)
 	} else {
 		// Each scan of /proc is made once every process stopped in the
 		// scan before has acted on its SIGSTOP, so a child it forked
 		// meanwhile exists by then and is found.
-		stoppedNow = g.eachLiving(func(p proc) bool {
+		stoppedNow = g.eachLiving(g.descendants, func(p proc) bool {
 			if p.state == 'T' || p.state == 't' {
 				return false // stopped before, by someone else
 			}

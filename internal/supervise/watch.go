@@ -29,14 +29,12 @@ const watchPause = 250 * time.Millisecond
 func (g *Group) watch(done <-chan struct{}) {
 	runtime.LockOSThread() // the thread's CPU clock measures the rounds
 	defer runtime.UnlockOSThread()
-	l := lineage{known: map[int]bool{}}
 	for {
 		start := threadCPU()
 		for range 10 { // bounded: a fork bomb outside is ended by SignalAll
 			moved := 0
-			for _, pid := range l.update(g.self, int(g.guardPid.Load())) {
-				p, ok := readProc(strconv.Itoa(pid))
-				if !ok || !p.living() {
+			for _, p := range g.lineageProcs() {
+				if !p.living() {
 					continue
 				}
 				if _, ok := g.bringBack(p); ok {
@@ -55,6 +53,21 @@ func (g *Group) watch(done <-chan struct{}) {
 	}
 }
 
+// lineageProcs returns the supervisor's descendants but the guard's
+// tree, found with g.lin.
+func (g *Group) lineageProcs() []proc {
+	g.linMu.Lock()
+	pids := g.lin.update(g.self, int(g.guardPid.Load()))
+	g.linMu.Unlock()
+	out := make([]proc, 0, len(pids))
+	for _, pid := range pids {
+		if p, ok := readProc(strconv.Itoa(pid)); ok {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
 // threadCPU returns the CPU time the calling thread has used.
 func threadCPU() time.Duration {
 	var ts unix.Timespec
@@ -67,10 +80,12 @@ func threadCPU() time.Duration {
 // re-parented to its nearest subreaper ancestor, the supervisor or one of
 // its descendants, and a process outside the supervisor's tree has no
 // such ancestor. So a process's stat file is read once, when it first
-// shows in /proc. A pid that ends and is reused between two rounds keeps
-// what its first process was: the caller checks a descendant's parentage
-// again before acting on it (see descends), and SignalAll and Stop walk
-// /proc afresh.
+// shows in /proc. A pid that ends and is reused between two updates keeps
+// what its first process was: a process found outside the cgroup has its
+// parentage read afresh (Group.descends) before it is moved or signalled,
+// so a stranger is never touched; a new descendant behind a reused pid is
+// missed until that pid ends, which takes a pid space wrapping around
+// between two updates (at most 250 ms apart while the Group runs).
 type lineage struct {
 	known map[int]bool // pid: descends from the supervisor (the guard's tree does not)
 }
@@ -89,6 +104,9 @@ func (l *lineage) update(self, guard int) []int {
 		if pid, err := strconv.Atoi(name); err == nil {
 			now[pid] = true
 		}
+	}
+	if l.known == nil {
+		l.known = map[int]bool{}
 	}
 	for pid := range l.known {
 		if !now[pid] {
