@@ -75,8 +75,18 @@ every renewal. The lease is released only once no process of COMMAND is left.
     none writes with the old fence once another member can be granted the
     partition.
   - The member dies (kill -9): the processes get SIGKILL at once.
---grace must be shorter than --ttl. What each supervision mode promises, and what
-it does not, against each fault and escape: docs/supervision.md.
+--grace must be shorter than --ttl.
+
+What each mode (cgroup or process tree, see fenced run --help) promises:
+  lease not renewed, member stopped or starved   none after (both modes)
+  kill -9 of the member                          none after (both modes)
+  lease broken, renewal refused                  ended
+  SIGSTOP or kill -9 of a partition's supervisor as fenced run (fence only, and
+                                                 in process-tree mode a kill -9
+                                                 spares processes that left the
+                                                 group)
+"none after": no write with the old fence is attempted once another member may be
+granted the partition. docs/supervision.md has the whole table, and its tests.
 
 A COMMAND that exits by itself is started again, with a new fence, at the member's
 next look at the group (a third of --ttl). SIGINT or SIGTERM makes the member
