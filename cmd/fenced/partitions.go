@@ -262,8 +262,16 @@ func superviseProcess(ctx context.Context, g *globals, self string, grace time.D
 	go func() { waited <- cmd.Wait() }()
 	// The validity is read often enough that the child learns of a
 	// renewal well before the end it knows of comes near.
-	tick := time.NewTicker(validityPoll(lease))
+	poll := validityPoll(lease)
+	tick := time.NewTicker(poll)
 	defer tick.Stop()
+	// A child that does not read (stopped) must not block this loop once
+	// the pipe is full: a line that cannot be written within a poll is
+	// dropped, and the child acts on the validity it has.
+	send := func(format string, a ...any) {
+		_ = w.SetWriteDeadline(time.Now().Add(poll))
+		_, _ = fmt.Fprintf(w, format, a...)
+	}
 	done := ctx.Done()
 	for {
 		select {
@@ -272,7 +280,7 @@ func superviseProcess(ctx context.Context, g *globals, self string, grace time.D
 		case <-tick.C:
 			if v := validUntil(lease); v > sent {
 				sent = v
-				_, _ = fmt.Fprintf(w, "valid %d\n", v)
+				send("valid %d\n", v)
 			}
 		case <-done:
 			done = nil
@@ -284,8 +292,12 @@ func superviseProcess(ctx context.Context, g *globals, self string, grace time.D
 			if errors.Is(cause, recipe.ErrHandedOff) || errors.Is(cause, recipe.ErrLeft) {
 				kind = "planned"
 			}
+			// One line shorter than PIPE_BUF is written whole or not at all.
 			why := strings.ReplaceAll(errText(cause), "\n", " ")
-			_, _ = fmt.Fprintf(w, "end %s:%s\n", kind, why)
+			if len(why) > 1000 {
+				why = why[:1000]
+			}
+			send("end %s:%s\n", kind, why)
 		}
 	}
 }

@@ -668,11 +668,10 @@ func (s *supervision) kill(why string) {
 // keeper died (hold.dead), so nobody renews the lease or will say when it
 // ends.
 func (s *supervision) killNow() {
-	if s.lost == nil {
-		s.lost = s.h.lease.Err()
-		if s.lost == nil {
-			s.lost = fmt.Errorf("%w: the holder of %s died", fenced.ErrLost, s.h.desc)
-		}
+	if s.lost == nil || isPlannedEnd(s.lost) {
+		// A hand-off whose member died before the tree had ended is no
+		// orderly end any more.
+		s.lost = fmt.Errorf("%w: the holder of %s died", fenced.ErrLost, s.h.desc)
 	}
 	s.ending, s.killTimer = true, nil
 	s.kill("run unrenewed: the holder of " + s.h.desc + " died")
