@@ -108,6 +108,10 @@ type Driver struct {
 	// waiters is this process's side of the keys' waiter queues (see
 	// Subscribe).
 	waiters *rediskit.WaitQueue
+	// passOn is the scripts' pass_on argument (lua/waiter_queue.lua's
+	// wake): "1", a wake-up that reached no client passes on to the next
+	// process in the queue, except on Cluster ("0").
+	passOn string
 	// guarantees is what Guarantees returns, set by New.
 	guarantees driver.Guarantees
 
@@ -129,7 +133,11 @@ var (
 // may be nil. The driver does not own c:
 // Close leaves it open. go-redis retries failed commands by default
 // (MaxRetries 3); every fenced script is safe to retry except that a
-// release retried after it took effect reports ErrNotHeld.
+// release retried after it took effect reports ErrNotHeld. go-redis also
+// ignores context deadlines unless Options.ContextTimeoutEnabled is set:
+// set it, or a call on a link that drops packets waits out ReadTimeout
+// (5s by default) whatever its context says. The client fenced.Open makes
+// from a URL sets it.
 func New(c redis.UniversalClient, opts *Options) (*Driver, error) {
 	if c == nil {
 		return nil, errors.New("redis: New: nil client")
@@ -154,13 +162,18 @@ func New(c redis.UniversalClient, opts *Options) (*Driver, error) {
 	if d.opts.AuditLen <= 0 {
 		d.opts.AuditLen = 100
 	}
-	if _, ok := c.(*redis.ClusterClient); ok && d.opts.WaitReplicas > 0 {
+	_, cluster := c.(*redis.ClusterClient)
+	if cluster && d.opts.WaitReplicas > 0 {
 		return nil, errors.New("redis: WaitReplicas is not supported on a Cluster client (WAIT must follow the grant on the same connection)")
 	}
 	if _, ok := c.(*redis.Ring); ok {
 		return nil, errors.New("redis: a Ring client is not supported: its shards move keys, which would reset fence counters")
 	}
-	d.layout = rediskit.Layout{Prefix: d.opts.Prefix}
+	d.layout = rediskit.Layout{Prefix: d.opts.Prefix, Cluster: cluster}
+	d.passOn = "1"
+	if cluster {
+		d.passOn = "0" // PUBLISH counts one node's clients (see lua/waiter_queue.lua)
+	}
 	d.guarantees = d.makeGuarantees()
 	return d, nil
 }
@@ -228,7 +241,7 @@ func open(ctx context.Context, u *url.URL) (driver.Driver, error) {
 
 // release runs rediskit.ReleaseWaiters for value on k.
 func (d *Driver) release(ctx context.Context, k rediskit.Keys, value string) *redis.Cmd {
-	return rediskit.ReleaseWaiters.Run(ctx, d.c, []string{k.Lock, k.Waiters}, value, k.Channel)
+	return rediskit.ReleaseWaiters.Run(ctx, d.c, []string{k.Lock, k.Waiters}, value, k.Channel, d.passOn)
 }
 
 // TryAcquire implements driver.Driver in one round trip (two with
@@ -452,7 +465,7 @@ func (d *Driver) Break(ctx context.Context, key string, req driver.BreakRequest)
 		return driver.LeaseInfo{}, err
 	}
 	k := d.layout.Keys(key)
-	res, err := rediskit.Break.Run(ctx, d.c, []string{k.Lock, k.Audit, k.Waiters}, k.Channel, req.Reason, req.By, d.opts.AuditLen).Slice()
+	res, err := rediskit.Break.Run(ctx, d.c, []string{k.Lock, k.Audit, k.Waiters}, k.Channel, req.Reason, req.By, d.opts.AuditLen, d.passOn).Slice()
 	if err != nil {
 		return driver.LeaseInfo{}, d.scriptErr("break", key, err, true, k.Lock, k.Audit)
 	}
@@ -496,7 +509,7 @@ func (d *Driver) Subscribe(ctx context.Context, key string) (driver.Subscription
 func (d *Driver) leaveWaiters(ctx context.Context, k rediskit.Keys, member string) {
 	ctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
-	_ = rediskit.LeaveWaiters.Run(ctx, d.c, []string{k.Lock, k.Waiters}, member, k.Channel).Err()
+	_ = rediskit.LeaveWaiters.Run(ctx, d.c, []string{k.Lock, k.Waiters}, member, k.Channel, d.passOn).Err()
 }
 
 // SubscribeObserver implements driver.ObserveNotifier: the observer is

@@ -27,6 +27,9 @@ type groupView struct {
 	// Unowned are the partitions nobody holds: being handed off, or
 	// waiting for a dead owner's lease to run out.
 	Unowned []int `json:"unowned"`
+	// Invalid are the held keys shaped like the group's member or
+	// partition keys that no member made (recipe.GroupState.Invalid).
+	Invalid []string `json:"invalid"`
 }
 
 type groupMemberView struct {
@@ -108,7 +111,8 @@ func (s *Server) groupDetails(ctx context.Context, group string) (groupView, *ap
 	}
 	p := st.Partitions()
 	v := groupView{Store: s.cfg.Store, Group: group, Now: s.cfg.Now().UTC(), Partitions: p,
-		Members: []groupMemberView{}, Partition: make([]partitionView, p), Unowned: []int{}}
+		Members: []groupMemberView{}, Partition: make([]partitionView, p), Unowned: []int{}, Invalid: []string{}}
+	v.Invalid = append(v.Invalid, st.Invalid...)
 	target := map[int]string{}
 	targets := st.Assign(p)
 	for id, ps := range targets {

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -22,7 +23,10 @@ const MaxPartitions = 4096
 // Errors of Partitions, matched with errors.Is.
 var (
 	// ErrPartitionCount means a live member of the group has another
-	// partition count: every member must be started with the same P.
+	// partition count, or partition leases of another count stayed held
+	// for as long as a join waits: every member must be started with the
+	// same P. It is also Err of a member that found the group at another
+	// count when it took its lapsed membership back.
 	ErrPartitionCount = errors.New("partition count disagrees with the group's")
 	// ErrMemberLive means another process holds the membership of this
 	// member ID and kept it for as long as JoinPartitions waits.
@@ -53,13 +57,24 @@ var (
 //     owner released it or its lease expired.
 //   - Every member holds a membership lease on GROUP/m/<P>/<member ID>,
 //     with no fence: membership decides who should own a partition, not
-//     who may write. P is in the membership key's name because not every
-//     backend can store a value with a grant (driver.Valuer): the live
-//     members' keys are the group's record of P at the authority, and a
-//     member whose P differs from a live member's is refused
-//     (ErrPartitionCount). A group with no live member can start again
-//     with another P; the partition keys do not carry P, so each
-//     partition's fence keeps rising across such a restart.
+//     who may write.
+//   - One partition count at a time. Items routed by hash mod 4 and by
+//     hash mod 8 would be worked twice, each under a lease of its own
+//     key, so P is recorded at the authority, where every member's one
+//     listing reads it: in the name of each membership key and in the
+//     owner tag of each partition lease (not every backend can store a
+//     value with a grant, driver.Valuer). A member is admitted, at its
+//     join and whenever it takes a lapsed membership back, only if no
+//     member of another P is live (else ErrPartitionCount) and no
+//     partition lease of another P, or of no member, is still held (a
+//     join waits for those to end, and gives up with ErrPartitionCount
+//     if they stay); it takes a partition only while the membership so
+//     admitted stands. So a member paused past its TTL that finds the
+//     group at another P when it resumes stops (Err), and two counts
+//     never own partitions at once. To change P: stop every member of
+//     the old P (Leave, or let their leases expire), then start the new
+//     ones; the partition keys do not carry P, so each partition's fence
+//     keeps rising across the change.
 //   - Each member lists the group (one request: the live members and the
 //     partition leases, whose owners start with a tag of their member,
 //     fenced.LeaseOptions.OwnerTag), computes the same assignment from it
@@ -70,7 +85,7 @@ var (
 //     ErrHandedOff, waits for the work function to return (at most
 //     HandoffGrace) and only then releases the lease.
 //   - Wake-ups: a member that joins or leaves rings a doorbell, a
-//     release of key GROUP/bell (a refused try first, so that backends
+//     release of key GROUP/w/bell (a refused try first, so that backends
 //     which publish only to announced waiters publish); members watch the
 //     bell and the partitions they are waiting for as observers
 //     (driver.ObserveNotifier) where the backend can notify, so a join,
@@ -81,9 +96,12 @@ var (
 //     client's renewer renews them together (in one batch where the
 //     backend batches renewals).
 //
-// A member whose membership lease is lost (a pause past the TTL) hands
-// off everything, since its partition leases are ending too, and joins
-// again when it can.
+// Every key of a group is at least two names below GROUP, so no key of a
+// group nested in it (say GROUP/m/4) reads as one of its members.
+//
+// A member whose membership lease is lost (a pause past the TTL, a break)
+// hands off everything, since its partition leases are ending too, and
+// joins again when it can, through the same count check as a join.
 type Partitions struct {
 	c         *fenced.Client
 	group     string
@@ -102,6 +120,7 @@ type Partitions struct {
 	loopDone  chan struct{}
 	leaveOnce sync.Once
 	leaveErr  error
+	failed    error // why the member stopped by itself (Err)
 
 	mu         sync.Mutex
 	membership *fenced.Lease
@@ -209,11 +228,15 @@ type PartitionStats struct {
 }
 
 // JoinPartitions makes c a member of group, a group of partitions
-// partitions, and returns once the membership is held. It waits for an
-// earlier process with the same MemberID to be gone for as long as the
-// store may keep a dead holder's grant, plus a TTL (twice the TTL on a
-// store that ends grants at their TTL), and fails with ErrMemberLive if
-// that process is still there. From then on the member takes and hands off partitions by
+// partitions (1 to MaxPartitions), and returns once the membership is
+// held. It waits for an earlier process with the same MemberID to be gone
+// for as long as the store may keep a dead holder's grant, plus a TTL
+// (twice the TTL on a store that ends grants at their TTL), and fails with
+// ErrMemberLive if that process is still there. It fails at once with
+// ErrPartitionCount if a member with another count is live, and waits
+// while partition leases of another count are held (members of an old
+// count that were killed or stopped): for as long as they had left when
+// first seen plus the wait above, then fails with ErrPartitionCount. From then on the member takes and hands off partitions by
 // itself, running work for each partition it owns, until Leave or until
 // ctx ends.
 func JoinPartitions(ctx context.Context, c *fenced.Client, group string, partitions int, work PartitionWork, opts *PartitionsOptions) (*Partitions, error) {
@@ -246,7 +269,7 @@ func JoinPartitions(ctx context.Context, c *fenced.Client, group string, partiti
 		g.part = *o.Lease
 	}
 	g.part.ManualRenew, g.part.FailOpen, g.part.MaxWait = false, false, fenced.NoWait
-	g.part.OwnerTag = ownerTag(o.MemberID)
+	g.part.OwnerTag = ownerTag(o.MemberID, partitions)
 	spec, err := c.Resolve(&g.part)
 	if err != nil {
 		return nil, fmt.Errorf("fenced: partitions %q: %w", group, err)
@@ -272,22 +295,9 @@ func JoinPartitions(ctx context.Context, c *fenced.Client, group string, partiti
 		g.grace = spec.TTL
 	}
 
-	m, err := c.Acquire(ctx, g.memberKey(), &g.member)
+	m, err := g.join(ctx)
 	if err != nil {
-		if errors.Is(err, fenced.ErrHeld) {
-			return nil, fmt.Errorf("fenced: partitions %q: %w: %q (held for more than %v)", group, ErrMemberLive, g.id, g.member.MaxWait)
-		}
-		return nil, fmt.Errorf("fenced: partitions %q: join: %w", group, err)
-	}
-	_, _, others, err := g.readMembers(ctx)
-	if err != nil {
-		m.Release(context.WithoutCancel(ctx))
-		return nil, fmt.Errorf("fenced: partitions %q: join: %w", group, err)
-	}
-	if len(others) > 0 {
-		m.Release(context.WithoutCancel(ctx))
-		return nil, fmt.Errorf("fenced: partitions %q: %w: this member has %d partitions, live members have %s",
-			group, ErrPartitionCount, partitions, strings.Join(others, ", "))
+		return nil, err
 	}
 	g.membership = m
 	g.ring(ctx)
@@ -298,6 +308,9 @@ func JoinPartitions(ctx context.Context, c *fenced.Client, group string, partiti
 		case <-ctx.Done():
 			g.Leave(context.WithoutCancel(ctx))
 		case <-g.loopDone:
+			if g.Err() != nil {
+				g.Leave(context.WithoutCancel(ctx)) // it stopped by itself: end its work
+			}
 		}
 	}()
 	return g, nil
@@ -348,21 +361,45 @@ func (g *Partitions) Stats() PartitionStats {
 	return s
 }
 
-// Done is closed once the member has left.
+// Done is closed once the member has left, or stopped by itself (Err).
 func (g *Partitions) Done() <-chan struct{} { return g.loopDone }
 
+// Err returns why the member stopped by itself, or nil: an error matching
+// ErrPartitionCount when its membership had lapsed (a pause past the TTL,
+// a break) and, when it took it back, a member with another partition
+// count had joined. Its partitions' contexts end with this cause, and
+// Leave returns it.
+func (g *Partitions) Err() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.failed
+}
+
+// fail stops the member with err (see Err).
+func (g *Partitions) fail(err error) {
+	g.mu.Lock()
+	g.failed = err
+	g.mu.Unlock()
+	g.stopRun(err)
+}
+
 // Leave ends the member's work. Every partition's context is cancelled with
-// ErrLeft. Its work function is waited for (at most HandoffGrace) and its
-// lease released. Then the membership is released and the doorbell rung, so
-// that the others take the partitions at once. It is safe to call more than
-// once.
+// ErrLeft (or the member's Err). Its work function is waited for (at most
+// HandoffGrace) and its lease released. Then the membership is released
+// and the doorbell rung, so that the others take the partitions at once.
+// It is safe to call more than once. It returns Err if the member had
+// stopped by itself.
 func (g *Partitions) Leave(ctx context.Context) error {
 	g.leaveOnce.Do(func() {
 		g.stopRun(ErrLeft)
 		<-g.loopDone
 		g.mu.Lock()
+		cause := ErrLeft
+		if g.failed != nil {
+			cause, g.leaveErr = g.failed, g.failed
+		}
 		for _, o := range g.owned {
-			o.cancel(ErrLeft)
+			o.cancel(cause)
 		}
 		g.mu.Unlock()
 		g.waitWork(g.grace)
@@ -370,7 +407,7 @@ func (g *Partitions) Leave(ctx context.Context) error {
 		m := g.membership
 		g.mu.Unlock()
 		if m != nil {
-			if err := m.Release(ctx); err != nil && !fenced.IsLost(err) && !errors.Is(err, fenced.ErrReleased) {
+			if err := m.Release(ctx); err != nil && !fenced.IsLost(err) && !errors.Is(err, fenced.ErrReleased) && g.leaveErr == nil {
 				g.leaveErr = fmt.Errorf("fenced: partitions %q: leave: %w", g.group, err)
 			}
 		}
@@ -408,7 +445,11 @@ func (g *Partitions) memberPrefix() string      { return g.group + "/m/" }
 func (g *Partitions) memberKey() string {
 	return g.memberPrefix() + strconv.Itoa(g.n) + "/" + g.id
 }
-func (g *Partitions) bellKey() string { return g.group + "/bell" }
+
+// bellKey is the doorbell. Every key of a group is two names or more
+// below it, so that no key of a group nested as GROUP/m/<P> reads as one
+// of GROUP's members (GROUP/m/<P>/<id>).
+func (g *Partitions) bellKey() string { return g.group + "/w/bell" }
 
 // listLeases lists the held leases under prefix, through the driver
 // (Client.Driver) as package admin's List does, with owners shortened.
@@ -441,13 +482,20 @@ type GroupState struct {
 	// Leases are the held partition leases, by partition number.
 	Leases map[int]fenced.LeaseInfo
 	// Owners gives the live member holding each held partition, known by
-	// the tag its partition leases' owners start with. A partition is
-	// missing when no live member's tag matches: its holder is gone (or
-	// paused past its membership), predates the tags, or shares its tag
-	// with another live member (32 bits: about one group in 10⁶ of a
-	// hundred members). The assignment treats such a partition as free,
-	// which costs a move, never an overlap: the leases decide who holds.
+	// the tag its partition leases' owners start with (the member's
+	// partition count and a hash of its ID). A partition is missing when
+	// no live member's tag matches: its holder is gone (or paused past
+	// its membership), is no member, or shares its tag with another live
+	// member of its count (26 bits: about one group in 10⁴ of a hundred
+	// members). The assignment treats such a partition as free, which
+	// costs a move, never an overlap: the leases decide who holds.
 	Owners map[int]string
+	// Invalid lists the held keys that have the shape of a member or a
+	// partition key of the group but cannot be one: a partition count or
+	// a partition number outside 1 to MaxPartitions (0 to
+	// MaxPartitions-1). Nobody made them through JoinPartitions; they
+	// are reported, never counted as members or partitions.
+	Invalid []string
 }
 
 // ReadGroup lists group in one request.
@@ -461,28 +509,39 @@ func ReadGroup(ctx context.Context, c *fenced.Client, group string) (GroupState,
 		if !in.Held {
 			continue
 		}
+		// Every key of a group is two names or more below it (GROUP/p/<i>,
+		// GROUP/m/<P>/<id>, GROUP/w/bell), and the names are strict, so
+		// no key of a nested group (GROUP/p/x/..., GROUP/m/x/...) parses
+		// here.
 		rest := strings.TrimPrefix(in.Key, group+"/")
 		if s, ok := strings.CutPrefix(rest, "p/"); ok {
-			// Atoi is strict, so keys of a group named GROUP/p/x or
-			// GROUP/m/x do not parse here.
-			if i, err := strconv.Atoi(s); err == nil && i >= 0 {
+			switch i, ok := number(s); {
+			case !ok:
+			case i < MaxPartitions:
 				st.Leases[i] = in
+			default:
+				st.Invalid = append(st.Invalid, in.Key)
 			}
 			continue
 		}
 		if s, ok := strings.CutPrefix(rest, "m/"); ok {
 			ps, id, ok := strings.Cut(s, "/")
-			n, err := strconv.Atoi(ps)
-			if !ok || err != nil || id == "" || strings.Contains(id, "/") {
+			n, isNum := number(ps)
+			if !ok || !isNum || id == "" || strings.Contains(id, "/") {
 				continue // not a member key
+			}
+			if n < 1 || n > MaxPartitions {
+				st.Invalid = append(st.Invalid, in.Key)
+				continue
 			}
 			st.Members = append(st.Members, GroupMember{ID: id, Partitions: n, Remaining: in.Remaining})
 		}
 	}
+	slices.Sort(st.Invalid)
 	slices.SortFunc(st.Members, func(a, b GroupMember) int { return strings.Compare(a.ID, b.ID) })
 	byTag := map[string]string{}
 	for _, m := range st.Members {
-		t := ownerTag(m.ID)
+		t := ownerTag(m.ID, m.Partitions)
 		if _, dup := byTag[t]; dup {
 			byTag[t] = "" // ambiguous
 			continue
@@ -504,6 +563,26 @@ func ReadGroup(ctx context.Context, c *fenced.Client, group string) (GroupState,
 // its member: ownerTag's length, within the root's 8-character limit on
 // LeaseOptions.OwnerTag (a longer tag would be refused at acquire).
 const memberTagLen = 8
+
+// number reads a decimal number of a key name: digits only. A number too
+// large for an int reads as the largest int.
+func number(s string) (int, bool) {
+	if s == "" {
+		return 0, false
+	}
+	n := 0
+	for _, r := range s {
+		if r < '0' || r > '9' {
+			return 0, false
+		}
+		if n > (math.MaxInt-9)/10 {
+			n = math.MaxInt
+			continue
+		}
+		n = n*10 + int(r-'0')
+	}
+	return n, true
+}
 
 // Partitions returns the group's partition count: that of its first live
 // member (members with another count are refused at their join), or zero
@@ -546,22 +625,14 @@ func ListPartitionLeases(ctx context.Context, c *fenced.Client, group string) (m
 	return st.Leases, err
 }
 
-// readMembers returns the group's listing, the live members with this
-// member's partition count, and a description of each live member with
-// another.
-func (g *Partitions) readMembers(ctx context.Context) (st GroupState, same, others []string, err error) {
-	st, err = ReadGroup(ctx, g.c, g.group)
+// readMembers returns the group's listing and the live members with this
+// member's partition count.
+func (g *Partitions) readMembers(ctx context.Context) (GroupState, []string, error) {
+	st, err := ReadGroup(ctx, g.c, g.group)
 	if err != nil {
-		return st, nil, nil, err
+		return st, nil, err
 	}
-	for _, m := range st.Members {
-		if m.Partitions == g.n {
-			same = append(same, m.ID)
-		} else {
-			others = append(others, fmt.Sprintf("%q with %d", m.ID, m.Partitions))
-		}
-	}
-	return st, same, others, nil
+	return st, st.MemberIDs(g.n), nil
 }
 
 // ring wakes the members watching the doorbell: a grant and release of
@@ -680,20 +751,27 @@ func (g *Partitions) step(ctx context.Context, w *watches) time.Duration {
 	g.mu.Unlock()
 	if m.Err() != nil {
 		// Lost (a pause past the TTL, or a break): the partition leases
-		// are ending too. Hand everything off and join again.
-		if nm, err := g.c.TryAcquire(ctx, g.memberKey(), &g.member); err == nil {
+		// are ending too. Hand everything off and join again, admitted
+		// by the same check as a join: the group may have moved to
+		// another partition count meanwhile.
+		nm, wait, err := g.rejoin(ctx)
+		if err != nil {
+			g.fail(err)
+			return 0
+		}
+		if nm != nil {
 			g.mu.Lock()
 			g.membership = nm
 			g.mu.Unlock()
-			m = nm
 			g.ring(ctx)
-		} else {
-			m = nil
+		} else if wait > 0 {
+			next = min(next, wait+time.Millisecond)
 		}
+		m = nm
 	}
 	var targets []int
 	if m != nil {
-		st, members, _, err := g.readMembers(ctx)
+		st, members, err := g.readMembers(ctx)
 		if err != nil {
 			return min(next, time.Second) // keep what we hold; leases decide
 		}
@@ -756,6 +834,14 @@ func (g *Partitions) step(ctx context.Context, w *watches) time.Duration {
 			}
 			watch[g.partitionKey(p)] = true
 			continue
+		}
+		if m.Err() != nil {
+			// The membership that passed the count check lapsed before
+			// this grant: the check no longer covers it.
+			g.releaseLease(l)
+			missing++
+			next = 0
+			break
 		}
 		g.start(p, l)
 	}

@@ -2,7 +2,6 @@ package recipe
 
 import (
 	"cmp"
-	"fmt"
 	"hash/fnv"
 	"slices"
 )
@@ -245,13 +244,6 @@ func b2i(b bool) int {
 		return 1
 	}
 	return 0
-}
-
-// ownerTag is the OwnerTag of a member's partition leases: 32 bits of a
-// hash of its ID, so that a listing of the partitions says which member
-// holds each (the shortened owner shows the tag).
-func ownerTag(memberID string) string {
-	return fmt.Sprintf("%08x", uint32(nameHash("fenced-partitions:"+memberID)))
 }
 
 // nameHash is FNV-1a of s.

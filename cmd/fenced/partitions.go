@@ -516,11 +516,14 @@ func lsPartitions(ctx context.Context, g *globals, group string) error {
 	}
 	if g.output == "json" {
 		return json.NewEncoder(g.stdout).Encode(map[string]any{
-			"group": group, "partitions": p, "members": members, "lag": lag, "partition": rows,
+			"group": group, "partitions": p, "members": members, "lag": lag, "partition": rows, "invalid": append([]string{}, st.Invalid...),
 		})
 	}
 	g.writeStoreHeader(g.stdout)
 	fmt.Fprintf(g.stdout, "group %s: %d partitions, %d members, lag %d (partitions not held)\n", group, p, len(ids), lag)
+	if len(st.Invalid) > 0 {
+		fmt.Fprintf(g.stdout, "invalid keys (shaped like the group's, made by no member): %s\n", strings.Join(st.Invalid, ", "))
+	}
 	tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "MEMBER\tPARTITIONS\tREMAINING")
 	for _, m := range members {

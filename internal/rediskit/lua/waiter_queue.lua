@@ -49,12 +49,22 @@ local function first_waiter(q)
   return redis.call('ZRANGEBYSCORE', q, now, '+inf', 'LIMIT', 0, 1)[1], now
 end
 
--- wake takes member id, and the entries that no longer stand at now, off
--- queue q, and publishes on its process's channel (channel .. ':' .. hub
--- id), then on channel itself, for observers.
-local function wake(q, id, now, channel)
+-- wake takes the entries that no longer stand at now off queue q, then
+-- member id, and publishes on its process's channel (channel .. ':' ..
+-- hub id). If that publish reached no client, the process is gone (its
+-- subscriber connection closed with it, as a killed process's does), and
+-- the next member is woken the same way, up to 8 in all; unless pass_on,
+-- an argument of the calling script, is '0' (Redis Cluster, where
+-- PUBLISH counts only the clients of the node it runs on; absent counts
+-- as set). Then it publishes on channel itself, for observers.
+local function wake(q, id, now, channel, pass_on)
   redis.call('ZREMRANGEBYSCORE', q, '-inf', '(' .. now)
-  redis.call('ZREM', q, id)
-  redis.call('PUBLISH', channel .. ':' .. string.match(id, '^[^:]*'), '')
+  for _ = 1, 8 do
+    redis.call('ZREM', q, id)
+    local n = redis.call('PUBLISH', channel .. ':' .. string.match(id, '^[^:]*'), '')
+    if n > 0 or pass_on == '0' then break end
+    id = redis.call('ZRANGEBYSCORE', q, now, '+inf', 'LIMIT', 0, 1)[1]
+    if not id then break end
+  end
   redis.call('PUBLISH', channel, '')
 end
