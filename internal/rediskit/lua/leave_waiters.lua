@@ -6,7 +6,7 @@
 -- not use (its waiter gave up) would otherwise be lost to the others.
 -- Returns 1 if it woke one, else 0.
 if redis.call('EXISTS', KEYS[2]) == 0 then return 0 end
-redis.call('ZSCORE', KEYS[2], ARGV[1]) -- another type fails here, before any write
+queue_score(KEYS[2], ARGV[1]) -- another type fails here, before any write
 redis.call('ZREM', KEYS[2], ARGV[1])
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 local first, now = first_waiter(KEYS[2])
