@@ -438,18 +438,26 @@ func (q *queue) ringFrom(ctx context.Context, key string, passed []string) {
 			q.db.ExecContext(ctx, q.q.pop, member, seq)
 			continue
 		}
+		// The delete goes at once, as the rung waiter's try, which also
+		// needs the write lock, comes a little later; the look for the
+		// acknowledgement runs beside it.
 		passed := append(passed[:len(passed):len(passed)], member)
-		q.rings.Add(1)
+		q.rings.Add(2)
 		go func() {
 			defer q.rings.Done()
-			bctx, cancel := context.WithTimeout(q.ctx, queueTimeout)
+			pctx, cancel := context.WithTimeout(q.ctx, queueTimeout)
 			defer cancel()
-			acked := r.acked(bctx)
+			q.db.ExecContext(pctx, q.q.pop, member, seq)
+		}()
+		go func() {
+			defer q.rings.Done()
+			actx, cancel := context.WithTimeout(q.ctx, queueTimeout)
+			defer cancel()
+			acked := r.acked(actx)
 			r.f.Close()
 			if !acked {
-				q.ringFrom(bctx, key, passed)
+				q.ringFrom(actx, key, passed)
 			}
-			q.db.ExecContext(bctx, q.q.pop, member, seq)
 		}()
 		return
 	}
