@@ -26,18 +26,22 @@ import (
 var ErrForeignFile = errors.New("not a file fenced makes beside the lease file")
 
 // openBeside opens the file at path, one that fenced keeps beside a lease
-// file, read-only, creating it with mode if create is set and it is
-// missing. The open never follows a symbolic link and never blocks; what
+// file, read-only (or read-write if rw is set), creating it with mode if
+// create is set and it is missing. The open never follows a symbolic link and never blocks; what
 // is there is looked at (lstat) before the open, so that neither a FIFO
 // nor a device is ever opened, and again (fstat) after it. Anything but a
 // regular file is refused with ErrForeignFile naming path. The mode of a
 // file it creates is set past the umask, best effort; an existing file's
 // mode is left alone.
-func openBeside(path string, create bool, mode os.FileMode) (*os.File, error) {
+func openBeside(path string, rw, create bool, mode os.FileMode) (*os.File, error) {
 	if err := checkBeside(path, false); err != nil {
 		return nil, err
 	}
-	const flags = os.O_RDONLY | syscall.O_NOFOLLOW | syscall.O_NONBLOCK | syscall.O_CLOEXEC
+	access := os.O_RDONLY
+	if rw {
+		access = os.O_RDWR
+	}
+	flags := access | syscall.O_NOFOLLOW | syscall.O_NONBLOCK | syscall.O_CLOEXEC
 	f, err := os.OpenFile(path, flags, 0)
 	made := false
 	if create && errors.Is(err, fs.ErrNotExist) {

@@ -497,7 +497,7 @@ func ringMember(dir, member string) ring {
 	// The open is the ring. Neither a symbolic link nor a FIFO put there
 	// by someone else can make it open something else or block (see
 	// openBeside).
-	f, err := openBeside(path, false, 0)
+	f, err := openBeside(path, false, false, 0)
 	if errors.Is(err, os.ErrNotExist) {
 		return ring{result: gone}
 	}
