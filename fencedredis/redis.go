@@ -32,10 +32,20 @@
 // holder at the resource.
 //
 // Waiters are woken by pub/sub: a release wakes one process, the one that
-// has waited longest in the key's waiter queue, and one waiter in it.
-// FIFO is not promised across processes. Keys in the namespace that
-// fenced did not write are never deleted or overwritten: operations on
-// them fail with ErrForeignValue.
+// has waited longest in the key's waiter queue, and one waiter in it. A
+// process that died is passed over: the wake-up reaches no client, and
+// the release wakes the next (not on Cluster, where PUBLISH counts one
+// node's clients). A process alive but stopped (SIGSTOP) takes the
+// wake-up: the others find the key at their fallback timers. FIFO is not
+// promised across processes. Keys in the namespace that fenced did not
+// write are never deleted or overwritten: operations on them fail with
+// ErrForeignValue, which names the key (a waiter queue of another type
+// too: waiting on that key fails, it never turns into polling).
+//
+// Every Redis key of a lease carries the lease key as a Cluster hash tag,
+// PREFIX{KEY}:lock and so on, whatever braces KEY holds. On a Cluster
+// client a key that starts with '}' is written PREFIX{ }KEY…, as an empty
+// tag would scatter its names over slots.
 //
 // How the driver keeps a lease, and why: docs/backends.md.
 package fencedredis
