@@ -81,9 +81,9 @@ func controlWake(t *testing.T, ctx context.Context, srv *testenv.Redis, holder *
 // queue of the key "job", held by holder, and a live waiter in this
 // process behind it; fault is done to the child, then the key released.
 // It returns how long after the release began the live waiter was woken
-// (failing the test if it was not within 10 s), and how late a timer
-// started with the release fired.
-func behindFirstWaiter(t *testing.T, ctx context.Context, srv *testenv.Redis, holder *fencedredis.Driver, fault func(child *testenv.Process, channel string)) (took, lateness time.Duration) {
+// (failing the test if it was not within 10 s), how long the release
+// took, and how late a timer started with the release fired.
+func behindFirstWaiter(t *testing.T, ctx context.Context, srv *testenv.Redis, holder *fencedredis.Driver, fault func(child *testenv.Process, channel string)) (took, release, lateness time.Duration) {
 	t.Helper()
 	rc := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1})
 	t.Cleanup(func() { rc.Close() })
@@ -125,10 +125,11 @@ func behindFirstWaiter(t *testing.T, ctx context.Context, srv *testenv.Redis, ho
 	if err := holder.Release(ctx, driver.Grant{Key: "job", Owner: o, Fence: f, TTL: 2 * time.Minute}); err != nil {
 		t.Fatal(err)
 	}
+	release = time.Since(start)
 	if !waketest.Woken(live, 10*time.Second) {
 		t.Fatal("the release did not wake the live waiter behind the first")
 	}
-	return time.Since(start), <-probe
+	return time.Since(start), release, <-probe
 }
 
 // A waiting process killed with SIGKILL leaves its entry first in the
@@ -144,7 +145,7 @@ func TestKilledFirstWaiterIsPassedOver(t *testing.T) {
 	srv := testenv.StartRedis(t, testenv.RedisConfig{NoPersistence: true})
 	holder := newDriver(t, srv, nil)
 	control := controlWake(t, ctx, srv, holder)
-	took, _ := behindFirstWaiter(t, ctx, srv, holder, func(child *testenv.Process, channel string) {
+	took, _, _ := behindFirstWaiter(t, ctx, srv, holder, func(child *testenv.Process, channel string) {
 		rc := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1})
 		defer rc.Close()
 		if err := child.Signal(syscall.SIGKILL); err != nil {
@@ -173,24 +174,25 @@ func TestKilledFirstWaiterIsPassedOver(t *testing.T) {
 // still free a moment later (NudgeMin plus four of the release's round
 // trips) and wakes the next process. The live waiter is woken within
 // NudgeMin, plus how late a timer started with the release fired in this
-// process (the nudge's timer fires as late), plus eight times the slowest
-// wake-up of a live first waiter measured in this run (each includes a
-// release's round trip: four for the wait, one for the nudge and its
-// wake-up, and slack), plus 50 ms. Before, it slept until its fallback
+// process (the nudge's timer fires as late), plus four times the
+// release's duration (the nudge waits four of its round trips), plus four
+// times the larger of the release's duration and the slowest wake-up of a
+// live first waiter measured in this run (for the nudge's script and its
+// wake-up, with slack), plus 50 ms. Before, it slept until its fallback
 // timer (here, with no timer, until the next release).
 func TestStoppedFirstWaiterIsPassedOn(t *testing.T) {
 	ctx := testCtx(t)
 	srv := testenv.StartRedis(t, testenv.RedisConfig{NoPersistence: true})
 	holder := newDriver(t, srv, nil)
 	control := controlWake(t, ctx, srv, holder)
-	took, late := behindFirstWaiter(t, ctx, srv, holder, func(child *testenv.Process, _ string) {
+	took, rel, late := behindFirstWaiter(t, ctx, srv, holder, func(child *testenv.Process, _ string) {
 		if err := child.Signal(syscall.SIGSTOP); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { child.Signal(syscall.SIGCONT) })
 	})
-	bound := fencedredis.NudgeMin + late + 8*control + 50*time.Millisecond
-	t.Logf("live waiter woken %v after the release began (control: a live first waiter within %v; a timer fired %v late; bound %v)", took.Round(100*time.Microsecond), control.Round(100*time.Microsecond), late.Round(100*time.Microsecond), bound.Round(100*time.Microsecond))
+	bound := fencedredis.NudgeMin + late + 4*rel + 4*max(rel, control) + 50*time.Millisecond
+	t.Logf("live waiter woken %v after the release began (the release took %v; control: a live first waiter within %v; a timer fired %v late; bound %v)", took.Round(100*time.Microsecond), rel.Round(100*time.Microsecond), control.Round(100*time.Microsecond), late.Round(100*time.Microsecond), bound.Round(100*time.Microsecond))
 	if took > bound {
 		t.Errorf("the live waiter was woken %v after the release, behind a stopped waiter; want within %v", took, bound)
 	}
