@@ -405,8 +405,9 @@ func (q *queue) ringNext(ctx context.Context, key string) {
 }
 
 // ringFrom is ringNext, passing over the members in passed: rung already,
-// they did not acknowledge. At most ringLimit entries are rung or found
-// dead, in all.
+// they did not acknowledge. One call looks at ringLimit entries at most,
+// rung ones in passed included, so a release rings at most ringLimit
+// entries that do not acknowledge.
 func (q *queue) ringFrom(ctx context.Context, key string, passed []string) {
 	q.mu.Lock()
 	if q.closed || q.dir == "" {
@@ -424,7 +425,7 @@ func (q *queue) ringFrom(ctx context.Context, key string, passed []string) {
 		var member string
 		var seq int64
 		if err := q.db.QueryRowContext(ctx, q.q.first, key, string(skip)).Scan(&member, &seq); err != nil {
-			return
+			return // none, or the store failed: the waiters' timers find the key
 		}
 		// Ring first, then take the entry off: the write does not delay
 		// the wake-up. A rung entry is taken off in the background, so
