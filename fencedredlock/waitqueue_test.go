@@ -2,6 +2,7 @@ package fencedredlock_test
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -9,6 +10,7 @@ import (
 	"github.com/fenced-dev/fenced/fencedredlock"
 	"github.com/fenced-dev/fenced/internal/rediskit"
 	"github.com/fenced-dev/fenced/internal/testkit/waketest"
+	"github.com/redis/go-redis/v9"
 )
 
 // TestReleaseWakesOneProcess checks Redlock's waiter queues: three waiting
@@ -69,5 +71,57 @@ func TestReleaseWakesOneProcess(t *testing.T) {
 			t.Fatalf("%d queue entries left 10 s after the last waiter closed", left)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestDeadFirstWaiterIsPassedOver: on every node the process first in the
+// waiter queue is gone (an entry standing for 30 s that no client listens
+// for, as a killed waiter leaves). Each node's release publishes to it,
+// reaches no client, and wakes the next process in the same script: the
+// live waiter behind it is woken by the release, within four times the
+// slowest wake-up of a live first waiter measured in this run plus 50 ms.
+// Before, the dead entry took every node's wake-up and the live waiter
+// slept until its fallback timer (here, with no timer, the next release).
+func TestDeadFirstWaiterIsPassedOver(t *testing.T) {
+	ctx := ctxT(t)
+	c := startCluster(t, 3)
+	holder := c.open(t, c.nodes, fencedredlock.Options{})
+	live := c.open(t, c.nodes, fencedredlock.Options{})
+	measure := func(key string, dead bool) time.Duration {
+		t.Helper()
+		g := waketest.Grant(t, ctx, holder, key)
+		if dead {
+			queue := rediskit.DefaultPrefix + "{" + key + "}:waitq"
+			for _, n := range c.nodes {
+				rc := client(t, n)
+				now, err := rc.Time(ctx).Result()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := rc.ZAdd(ctx, queue, redis.Z{Score: float64(now.Add(30 * time.Second).UnixMilli()), Member: "deadbeefdeadbeef:1"}).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		s := waketest.Refused(t, ctx, live, key)
+		defer s.Close()
+		start := time.Now()
+		if err := holder.Release(ctx, g); err != nil {
+			t.Fatal(err)
+		}
+		if !waketest.Woken(s, 10*time.Second) {
+			t.Fatalf("the release of %s did not wake the live waiter (dead first waiter: %v)", key, dead)
+		}
+		return time.Since(start)
+	}
+	var control time.Duration
+	for i := range 3 {
+		control = max(control, measure(fmt.Sprintf("control:%d", i), false))
+	}
+	took := measure("job", true)
+	bound := 4*control + 50*time.Millisecond
+	t.Logf("live waiter woken %v after the release began (control: a live first waiter within %v; bound %v)", took.Round(100*time.Microsecond), control.Round(100*time.Microsecond), bound.Round(100*time.Microsecond))
+	if took > bound {
+		t.Errorf("the live waiter was woken %v after the release, behind a dead waiter; want within %v", took, bound)
 	}
 }

@@ -17,6 +17,22 @@ local function stand(q, id, now, span)
   if redis.call('PTTL', q) < span then redis.call('PEXPIRE', q, span) end
 end
 
+-- foreign_queue fails the script, naming queue q, which holds a key of
+-- type t, not a waiter queue: another program's. The error starts with
+-- WRONGTYPE, as the server's own does (rediskit.ForeignReply).
+local function foreign_queue(q, t)
+  error(redis.error_reply('WRONGTYPE waiter queue ' .. q .. ' holds a ' .. t .. ', not the sorted set fenced keeps there'))
+end
+
+-- queue_score returns process id's score in queue q (nil if none); a q of
+-- another type fails the script (foreign_queue) before anything is
+-- written.
+local function queue_score(q, id)
+  local s = redis.pcall('ZSCORE', q, id)
+  if type(s) == 'table' and s.err then foreign_queue(q, redis.call('TYPE', q)['ok']) end
+  return s
+end
+
 -- stand_refused makes sure that process id, refused because the key is
 -- held for keep more ms, stands in queue q until then plus at least half
 -- of slack (entering it for keep plus slack if not), so that the release
@@ -24,7 +40,7 @@ end
 -- grant, and the first after a renewal, writes: the others only read.
 local function stand_refused(q, id, keep, slack)
   local now = now_ms()
-  local until_ = redis.call('ZSCORE', q, id)
+  local until_ = queue_score(q, id)
   if not until_ or tonumber(until_) < now + keep + slack / 2 then
     stand(q, id, now, keep + slack)
   end
@@ -42,9 +58,11 @@ end
 
 -- first_waiter returns the process that has stood longest in queue q
 -- and still stands at now (ms), or nil. It only reads, so a key of
--- another type fails the script before it wrote anything.
+-- another type fails the script (foreign_queue) before it wrote anything.
 local function first_waiter(q)
-  if redis.call('EXISTS', q) == 0 then return nil, 0 end
+  local t = redis.call('TYPE', q)['ok']
+  if t == 'none' then return nil, 0 end
+  if t ~= 'zset' then foreign_queue(q, t) end
   local now = now_ms()
   return redis.call('ZRANGEBYSCORE', q, now, '+inf', 'LIMIT', 0, 1)[1], now
 end
