@@ -17,7 +17,7 @@ func TestCPUMeterSeesCompetition(t *testing.T) {
 	var stop atomic.Bool
 	for range 3 {
 		go func() {
-			for n := 0; !stop.Load(); n++ {
+			for !stop.Load() {
 			}
 		}()
 	}
