@@ -18,7 +18,7 @@ if v then
     -- A refusal seen by a process with waiters (see stand_refused).
     local keep = tonumber(ARGV[2])
     if r[3] > 0 then keep = r[3] end
-    stand_refused(KEYS[3], ARGV[5], keep, tonumber(ARGV[4]))
+    stand_refused(KEYS[3], ARGV[5], keep, tonumber(ARGV[4]), KEYS[1])
   end
   return r
 end

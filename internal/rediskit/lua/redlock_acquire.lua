@@ -32,7 +32,7 @@ if v then
   if r[1] == 0 and here > 0 then
     local keep = tonumber(ARGV[2])
     if r[3] > 0 then keep = r[3] end
-    stand_refused(KEYS[4], ARGV[7], keep, tonumber(ARGV[6]))
+    stand_refused(KEYS[4], ARGV[7], keep, tonumber(ARGV[6]), KEYS[1])
   end
   return r
 end

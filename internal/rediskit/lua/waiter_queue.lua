@@ -33,16 +33,26 @@ local function queue_score(q, id)
   return s
 end
 
--- stand_refused makes sure that process id, refused because the key is
+-- stand_refused makes sure that process id, refused because lock is
 -- held for keep more ms, stands in queue q until then plus at least half
--- of slack (entering it for keep plus slack if not), so that the release
--- that follows wakes it if it is first. Only the first refusal of a
--- grant, and the first after a renewal, writes: the others only read.
-local function stand_refused(q, id, keep, slack)
+-- of slack (entering it until then plus slack if not), so that the
+-- release that follows wakes it if it is first. Only the first refusal of
+-- a grant, and the first after a renewal, writes: the others only read.
+-- "Then" is the lock's expiry as the server keeps it (PEXPIRETIME, Redis
+-- 7), the same for every process refused under one grant: they tie, and
+-- the queue orders them by member, which a Redlock process has the same
+-- on every node. now + keep varies by a millisecond from one refusal to
+-- the next (TIME and PTTL read the clock apart), so nodes ordered the
+-- same processes differently and one release woke a different process on
+-- each. Before Redis 7, or for a lock without an expiry, now + keep.
+local function stand_refused(q, id, keep, slack, lock)
   local now = now_ms()
+  local ends = now + keep
+  local exp = redis.pcall('PEXPIRETIME', lock)
+  if type(exp) == 'number' and exp > 0 then ends = exp end
   local until_ = queue_score(q, id)
-  if not until_ or tonumber(until_) < now + keep + slack / 2 then
-    stand(q, id, now, keep + slack)
+  if not until_ or tonumber(until_) < ends + slack / 2 then
+    stand(q, id, now, ends - now + slack)
   end
 end
 
