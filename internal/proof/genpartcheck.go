@@ -233,20 +233,24 @@ func CheckGenPartitions(events []partEvent, writes []partWrite, items int) GenPa
 }
 
 // judgeRecovery checks the longest unowned spell the observer saw against
-// its bound: a partition's lease ends at most outlives after its holder's
-// last renewal, and the holder's membership, renewed with it, at most as
-// long after; the others' next look comes within a poll (TTL/3); the
-// listing that sees the new grant within two observer periods (200ms); and
-// the member's wake-up, its try and the observer's listing each wait at
-// most the longest scheduling delay measured during the run.
+// its bound. A spell starts when a partition's lease ends: released (a
+// hand-off or a leave: the member that takes it is woken at once), or
+// expired behind a member killed or stopped. In that case the others
+// take it once the gone member's membership has ended too, which the
+// store keeps at most outlives after its last renewal, and which was
+// renewed at most a renewal period (TTL/3) after the partition lease;
+// their next look comes within a poll (TTL/3); the listing that sees the
+// new grant within two observer periods (200ms); and the member's
+// wake-up, its try and the observer's listing each wait at most the
+// longest scheduling delay measured during the run.
 func (r *GenPartReport) judgeRecovery(o *partObserver, outlives, ttl time.Duration) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	r.LongestUnowned, r.Spells, r.Listings, r.MaxSchedDelay = o.longest, o.spells, o.list, o.maxDelay
-	r.Bound = outlives + ttl/3 + 200*time.Millisecond + 3*o.maxDelay
+	r.Bound = outlives + ttl/3 + ttl/3 + 200*time.Millisecond + 3*o.maxDelay
 	if o.longest > r.Bound {
-		r.Problems = append(r.Problems, fmt.Sprintf("partition %d went without an owner for %v while a member of its count was live (bound %v = the store's keep of a %v grant %v + a poll %v + 200ms of listing + 3 × the measured scheduling delay %v)",
-			o.longestPart, o.longest.Round(time.Millisecond), r.Bound.Round(time.Millisecond), ttl, outlives, ttl/3, o.maxDelay.Round(time.Millisecond)))
+		r.Problems = append(r.Problems, fmt.Sprintf("partition %d went without an owner for %v while a member of its count was live (bound %v = the store's keep of a %v grant %v + a renewal period %v + a poll %v + 200ms of listing + 3 × the measured scheduling delay %v)",
+			o.longestPart, o.longest.Round(time.Millisecond), r.Bound.Round(time.Millisecond), ttl, outlives, ttl/3, ttl/3, o.maxDelay.Round(time.Millisecond)))
 	}
 }
 
