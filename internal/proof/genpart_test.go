@@ -61,6 +61,23 @@ func runGenPart(t *testing.T, b backend, cfg GenPartConfig) GenPartReport {
 		t.Errorf("%s: the partitions proof failed with seed %d (rerun: FENCED_PROOF_SEED=%d), first violation %v into the run; history in %s:\n%s",
 			b.name, rep.Seed, rep.Seed, rep.FirstViolation.Round(time.Millisecond), cfg.Dir, strings.Join(rep.Problems, "\n"))
 	}
+	if out := os.Getenv("FENCED_PROOF_OUT"); out != "" {
+		build := os.Getenv("FENCED_PROOF_BUILD")
+		if build == "" {
+			build = "main"
+		}
+		mode := "slice"
+		if os.Getenv("FENCED_PROOF_PART_DURATION") != "" {
+			mode = "long"
+		}
+		rows := filepath.Join(out, "proof", "generative-partitions.json")
+		row := GenPartRow{Build: build, Backend: b.name, Mode: mode, Report: rep, Date: time.Now().UTC().Format("2006-01-02")}
+		if err := SaveGenPartRow(rows, row); err != nil {
+			t.Error(err)
+		} else if err := UpdateGenPartSection(filepath.Join(out, "proof.md"), rows); err != nil {
+			t.Error(err)
+		}
+	}
 	for code, n := range rep.Exits {
 		if code != exitPartitionCount && code != exitMemberLive {
 			t.Errorf("%s seed %d: %d member(s) exited by themselves with code %d (logs in %s)", b.name, rep.Seed, n, code, cfg.Dir)
