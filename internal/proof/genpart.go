@@ -62,6 +62,8 @@ type genPartRun struct {
 	exits     map[int]int
 	lastStart map[int]time.Time
 	faults    map[string]int
+	// longestStop is the longest SIGSTOP the nemesis applied.
+	longestStop time.Duration
 }
 
 // RunGenPartitions runs Members member processes of one partition group
@@ -157,7 +159,16 @@ func RunGenPartitions(ctx context.Context, cfg GenPartConfig) (GenPartReport, er
 	r.mu.Lock()
 	rep.Faults, rep.Exits = r.faults, r.exits
 	r.mu.Unlock()
-	rep.judgeRecovery(obs, keeps.Outlives(cfg.TTL), cfg.TTL)
+	// A member stopped inside a write of a SQLite store holds the
+	// file's write lock for its whole stop, stalling every other
+	// member's grants: there, the longest stop is part of the bound.
+	var stall time.Duration
+	if !networked(cfg.Store) {
+		r.mu.Lock()
+		stall = r.longestStop
+		r.mu.Unlock()
+	}
+	rep.judgeRecovery(obs, keeps.Outlives(cfg.TTL), cfg.TTL, stall)
 	return rep, nemErr
 }
 
@@ -231,6 +242,13 @@ func (r *genPartRun) sleep(ctx context.Context, d time.Duration) error {
 	}
 }
 
+// stopped notes a SIGSTOP of d.
+func (r *genPartRun) stopped(d time.Duration) {
+	r.mu.Lock()
+	r.longestStop = max(r.longestStop, d)
+	r.mu.Unlock()
+}
+
 func (r *genPartRun) hold(i int, on bool) {
 	r.mu.Lock()
 	r.held[i] = on
@@ -296,6 +314,7 @@ func (r *genPartRun) nemesis(ctx context.Context) error {
 			}
 		case "stop":
 			d := between(1.5, 3)
+			r.stopped(d)
 			r.cfg.Logf("seed %d: stop member %d for %v", r.cfg.Seed, w, d.Round(time.Millisecond))
 			cmd, _ := r.worker(w)
 			cmd.Process.Signal(syscall.SIGSTOP)
@@ -324,6 +343,7 @@ func (r *genPartRun) nemesis(ctx context.Context) error {
 			r.cfg.Logf("seed %d: deploy %d → %d partitions, member %d stopped at %d for %v", r.cfg.Seed, old, p, sleeper, old, d.Round(time.Millisecond))
 			var sleeperCmd *exec.Cmd
 			if sleeper >= 0 {
+				r.stopped(d)
 				sleeperCmd, _ = r.worker(sleeper)
 				sleeperCmd.Process.Signal(syscall.SIGSTOP)
 			}

@@ -95,7 +95,8 @@ authority at once cover a common item (an ownership is held from the start of it
 member saw the lease's local validity reach past now with its context live: one CLOCK_MONOTONIC, no tolerance);
 *stale accepted*: on each partition's row the accepted fences never go down; *longest unowned*: no partition of the
 live members' P goes without a lease longer than the store's keep of a dead grant + a renewal period (TTL/3) + a
-poll (TTL/3) + 200 ms of listing + 3 × the scheduling delay measured in the run (*bound*). *Late item writes* counts
+poll (TTL/3) + 200 ms of listing + 3 × the scheduling delay measured in the run (*bound*; on SQLite plus the
+longest SIGSTOP of the run: a member stopped inside a write of the store's file holds its lock for the whole stop). *Late item writes* counts
 accepted writes of an item by an ownership after another ownership wrote it: the per-partition guard cannot refuse
 the last write of an old-P member whose partition key the new P does not take, so this is reported, not failed.
 Rows other than main ran with the named fix reverted locally; "first violation" is how far into the run it came.
