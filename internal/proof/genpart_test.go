@@ -61,6 +61,9 @@ func runGenPart(t *testing.T, b backend, cfg GenPartConfig) GenPartReport {
 		t.Errorf("%s: the partitions proof failed with seed %d (rerun: FENCED_PROOF_SEED=%d), first violation %v into the run; history in %s:\n%s",
 			b.name, rep.Seed, rep.Seed, rep.FirstViolation.Round(time.Millisecond), cfg.Dir, strings.Join(rep.Problems, "\n"))
 	}
+	if rep.LateItemWrites > 0 {
+		t.Logf("%s seed %d: %d late item writes (reported, not failed; see docs/proof.md), the first: %s", b.name, rep.Seed, rep.LateItemWrites, rep.FirstLateItemWrite)
+	}
 	if out := os.Getenv("FENCED_PROOF_OUT"); out != "" {
 		build := os.Getenv("FENCED_PROOF_BUILD")
 		if build == "" {

@@ -39,6 +39,8 @@ type GenPartReport struct {
 	// guard cannot refuse them when the new owner works the item under
 	// another partition key (another count). Reported, see docs/proof.md.
 	LateItemWrites int
+	// FirstLateItemWrite describes the first late item write.
+	FirstLateItemWrite string
 	// LongestUnowned is the longest a partition of the live members'
 	// count went without a lease while one was live, as the observer's
 	// listings saw it; Bound what it must stay under, Spells how many
@@ -157,19 +159,25 @@ func CheckGenPartitions(events []partEvent, writes []partWrite, items int) GenPa
 		}
 	}
 	// Late item writes: per item, an ownership that writes again after
-	// another ownership wrote the item.
+	// another ownership wrote the item. The later ownership stays the
+	// item's owner: its own next writes are not late.
 	lastOwner := map[int]ownKey{}
 	superseded := map[int]map[ownKey]bool{}
 	for _, w := range writes {
 		k := ownKey{w.PID, w.Part, w.Fence}
+		if superseded[w.Item][k] {
+			rep.LateItemWrites++
+			if rep.LateItemWrites == 1 {
+				rep.FirstLateItemWrite = fmt.Sprintf("item %d written by %s (pid %d, partition %d of %d, fence %d, its lease seen live: %t) after another member's write of it",
+					w.Item, w.Member, w.PID, w.Part, w.P, w.Fence, w.Live)
+			}
+			continue
+		}
 		if prev, ok := lastOwner[w.Item]; ok && prev != k {
 			if superseded[w.Item] == nil {
 				superseded[w.Item] = map[ownKey]bool{}
 			}
 			superseded[w.Item][prev] = true
-		}
-		if superseded[w.Item][k] {
-			rep.LateItemWrites++
 		}
 		lastOwner[w.Item] = k
 	}
