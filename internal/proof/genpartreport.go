@@ -96,9 +96,15 @@ member saw the lease's local validity reach past now with its context live: one 
 *stale accepted*: on each partition's row the accepted fences never go down; *longest unowned*: no partition of the
 live members' P goes without a lease longer than the store's keep of a dead grant + a renewal period (TTL/3) + a
 poll (TTL/3) + 200 ms of listing + 3 × the scheduling delay measured in the run (*bound*; on SQLite plus the
-longest SIGSTOP of the run: a member stopped inside a write of the store's file holds its lock for the whole stop). *Late item writes* counts
-accepted writes of an item by an ownership after another ownership wrote it: the per-partition guard cannot refuse
-the last write of an old-P member whose partition key the new P does not take, so this is reported, not failed.
+longest SIGSTOP of the run: a member stopped inside a write of the store's file holds its lock for the whole stop).
+*Late item writes* counts accepted writes of an item by an ownership after another ownership had written it
+(A, B, then A again). It is reported, not failed, because no lease can prevent it: a member stopped at the old P
+during a deploy, holding partition k with k ≥ the new P, writes once more when it resumes (its context ends at
+once, but a write already on its way is sent); the new count never takes key k, so the row of partition k has seen
+no newer fence and the guard accepts the write, though the new count has meanwhile worked the same items under
+other keys. Main's sqlite run of seed 1796481836732472437 showed it (items 20 and 28, partition 3 of 8, after a
+deploy 8 → 3). A resource keyed by partition is fenced per partition only; when P changes, items move between
+rows, and nothing fences the move.
 Rows other than main ran with the named fix reverted locally; "first violation" is how far into the run it came.
 
 `
