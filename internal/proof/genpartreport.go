@@ -99,8 +99,9 @@ poll (TTL/3) + 200 ms of listing + 3 × the scheduling delay measured in the run
 longest SIGSTOP of the run: a member stopped inside a write of the store's file holds its lock for the whole stop).
 *Late item writes* counts accepted writes of an item by an ownership after another ownership had written it
 (A, B, then A again). It is reported, not failed, because no lease can prevent it: a member stopped at the old P
-during a deploy, holding partition k with k ≥ the new P, writes once more when it resumes (its context ends at
-once, but a write already on its way is sent); the new count never takes key k, so the row of partition k has seen
+during a deploy, holding partition k with k ≥ the new P, writes once more when it resumes (the members here
+always write once after their context ends, as a member stopped between its look at the context and its write
+does); the new count never takes key k, so the row of partition k has seen
 no newer fence and the guard accepts the write, though the new count has meanwhile worked the same items under
 other keys. Main's sqlite run of seed 1796481836732472437 showed it (items 20 and 28, partition 3 of 8, after a
 deploy 8 → 3). A resource keyed by partition is fenced per partition only; when P changes, items move between
