@@ -47,6 +47,7 @@ var ctx context.Context
 var client *fenced.Client
 var identity string // this replica's name
 var callbacks leaderelection.LeaderCallbacks
+var work func(ctx context.Context, fence uint64) // the leader's work
 `,
 	"docs/metrics.md": `
 var ctx context.Context

@@ -42,22 +42,12 @@ func childWait() int {
 	select {}
 }
 
-// A waiting process killed with SIGKILL leaves its entry first in the
-// waiter queue, for the holder's PTTL plus a second. The release's
-// publish to it reaches no client (its subscriber connection closed with
-// it), so the same script wakes the next process: the live waiter is woken
-// by that release, within four times the slowest wake-up of a live first
-// waiter measured in this run plus 50 ms. Before, the dead process took
-// the wake-up, and the live waiter slept until its fallback timer (1.3 to
-// 1.7 s through the Client; here, with no timer, until the next release).
-func TestKilledFirstWaiterIsPassedOver(t *testing.T) {
-	ctx := testCtx(t)
-	srv := testenv.StartRedis(t, testenv.RedisConfig{NoPersistence: true})
-	rc := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1})
-	t.Cleanup(func() { rc.Close() })
-	holder := newDriver(t, srv, nil)
-
-	// The control: a live first waiter's wake-up, the slowest of three.
+// controlWake measures how long after a release begins a live waiter,
+// first in the queue of a key of its own, is woken: the control for the
+// wake-ups passed on past dead or stopped processes. It returns the
+// slowest of three.
+func controlWake(t *testing.T, ctx context.Context, srv *testenv.Redis, holder *fencedredis.Driver) time.Duration {
+	t.Helper()
 	var control time.Duration
 	w := newDriver(t, srv, nil)
 	o := owner()
@@ -84,8 +74,21 @@ func TestKilledFirstWaiterIsPassedOver(t *testing.T) {
 		}
 		control = max(control, time.Since(start))
 	}
+	return control
+}
 
-	f, err = holder.TryAcquire(ctx, "job", o, time.Minute)
+// behindFirstWaiter runs a waiting process (childWait) first in the
+// queue of the key "job", held by holder, and a live waiter in this
+// process behind it; fault is done to the child, then the key released.
+// It returns how long after the release began the live waiter was woken
+// (failing the test if it was not within 10 s), how long the release
+// took, and how late a timer started with the release fired.
+func behindFirstWaiter(t *testing.T, ctx context.Context, srv *testenv.Redis, holder *fencedredis.Driver, fault func(child *testenv.Process, channel string)) (took, release, lateness time.Duration) {
+	t.Helper()
+	rc := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1})
+	t.Cleanup(func() { rc.Close() })
+	o := owner()
+	f, err := holder.TryAcquire(ctx, "job", o, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,34 +108,92 @@ func TestKilledFirstWaiterIsPassedOver(t *testing.T) {
 	}
 	hub, _, _ := strings.Cut(first[0], ":")
 	channel := rediskit.DefaultPrefix + "{job}:free:" + hub
-	if err := child.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
+	if n, err := rc.PubSubNumSub(ctx, channel).Result(); err != nil || n[channel] != 1 {
+		t.Fatalf("first in the queue: %s, whose channel has %v subscribers (%v); want the child's, one", first[0], n, err)
 	}
-	<-child.Exited()
-	// The server sees the killed process's connections close as soon as
-	// it reads them; a release in between reaches the dead connection
-	// (and is lost as before).
-	killed := time.Now()
-	waitFor(t, "the server to drop the killed waiter's subscription (it is first in the queue)", func() bool {
-		n, err := rc.PubSubNumSub(ctx, channel).Result()
-		return err == nil && n[channel] == 0
-	})
-	t.Logf("the server dropped the killed waiter's subscription %v after its exit", time.Since(killed).Round(100*time.Microsecond))
-
-	bound := 4*control + 50*time.Millisecond
+	fault(child, channel)
+	// A timer of NudgeMin started with the release, in this process,
+	// which runs the holder's nudge: how late it fires is how late the
+	// nudge's own timer may fire on this machine now.
+	probe := make(chan time.Duration, 1)
+	go func() {
+		t0 := time.Now()
+		time.Sleep(fencedredis.NudgeMin)
+		probe <- time.Since(t0) - fencedredis.NudgeMin
+	}()
 	start := time.Now()
 	if err := holder.Release(ctx, driver.Grant{Key: "job", Owner: o, Fence: f, TTL: 2 * time.Minute}); err != nil {
 		t.Fatal(err)
 	}
+	release = time.Since(start)
 	if !waketest.Woken(live, 10*time.Second) {
-		t.Fatal("the release did not wake the live waiter behind a killed one")
+		t.Fatal("the release did not wake the live waiter behind the first")
 	}
-	took := time.Since(start)
+	return time.Since(start), release, <-probe
+}
+
+// A waiting process killed with SIGKILL leaves its entry first in the
+// waiter queue, for the holder's PTTL plus a second. The release's
+// publish to it reaches no client (its subscriber connection closed with
+// it), so the same script wakes the next process: the live waiter is woken
+// by that release, within four times the slowest wake-up of a live first
+// waiter measured in this run plus 50 ms. Before, the dead process took
+// the wake-up, and the live waiter slept until its fallback timer (1.3 to
+// 1.7 s through the Client; here, with no timer, until the next release).
+func TestKilledFirstWaiterIsPassedOver(t *testing.T) {
+	ctx := testCtx(t)
+	srv := testenv.StartRedis(t, testenv.RedisConfig{NoPersistence: true})
+	holder := newDriver(t, srv, nil)
+	control := controlWake(t, ctx, srv, holder)
+	took, _, _ := behindFirstWaiter(t, ctx, srv, holder, func(child *testenv.Process, channel string) {
+		rc := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1})
+		defer rc.Close()
+		if err := child.Signal(syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		<-child.Exited()
+		// The server sees the killed process's connections close as soon
+		// as it reads them; a release in between reaches the dead
+		// connection (and is lost as before).
+		killed := time.Now()
+		waitFor(t, "the server to drop the killed waiter's subscription", func() bool {
+			n, err := rc.PubSubNumSub(ctx, channel).Result()
+			return err == nil && n[channel] == 0
+		})
+		t.Logf("the server dropped the killed waiter's subscription %v after its exit", time.Since(killed).Round(100*time.Microsecond))
+	})
+	bound := 4*control + 50*time.Millisecond
 	t.Logf("live waiter woken %v after the release began (control: a live first waiter within %v; bound %v)", took.Round(100*time.Microsecond), control.Round(100*time.Microsecond), bound.Round(100*time.Microsecond))
 	if took > bound {
 		t.Errorf("the live waiter was woken %v after the release, behind a killed waiter; want within %v", took, bound)
 	}
-	if n, err := rc.ZCard(ctx, queue).Result(); err != nil || n != 0 {
-		t.Errorf("waiter queue after the release: %d members (%v); want none (the dead entry and the woken one taken off)", n, err)
+}
+
+// A waiting process stopped with SIGSTOP still holds its connection, which
+// takes the release's wake-up. The releasing driver's nudge finds the key
+// still free a moment later (NudgeMin plus four of the release's round
+// trips) and wakes the next process. The live waiter is woken within
+// NudgeMin, plus how late a timer started with the release fired in this
+// process (the nudge's timer fires as late), plus four times the
+// release's duration (the nudge waits four of its round trips), plus four
+// times the larger of the release's duration and the slowest wake-up of a
+// live first waiter measured in this run (for the nudge's script and its
+// wake-up, with slack), plus 50 ms. Before, it slept until its fallback
+// timer (here, with no timer, until the next release).
+func TestStoppedFirstWaiterIsPassedOn(t *testing.T) {
+	ctx := testCtx(t)
+	srv := testenv.StartRedis(t, testenv.RedisConfig{NoPersistence: true})
+	holder := newDriver(t, srv, nil)
+	control := controlWake(t, ctx, srv, holder)
+	took, rel, late := behindFirstWaiter(t, ctx, srv, holder, func(child *testenv.Process, _ string) {
+		if err := child.Signal(syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { child.Signal(syscall.SIGCONT) })
+	})
+	bound := fencedredis.NudgeMin + late + 4*rel + 4*max(rel, control) + 50*time.Millisecond
+	t.Logf("live waiter woken %v after the release began (the release took %v; control: a live first waiter within %v; a timer fired %v late; bound %v)", took.Round(100*time.Microsecond), rel.Round(100*time.Microsecond), control.Round(100*time.Microsecond), late.Round(100*time.Microsecond), bound.Round(100*time.Microsecond))
+	if took > bound {
+		t.Errorf("the live waiter was woken %v after the release, behind a stopped waiter; want within %v", took, bound)
 	}
 }

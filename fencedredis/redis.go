@@ -32,10 +32,21 @@
 // holder at the resource.
 //
 // Waiters are woken by pub/sub: a release wakes one process, the one that
-// has waited longest in the key's waiter queue, and one waiter in it.
-// FIFO is not promised across processes. Keys in the namespace that
-// fenced did not write are never deleted or overwritten: operations on
-// them fail with ErrForeignValue.
+// has waited longest in the key's waiter queue, and one waiter in it. A
+// process that died is passed over: the wake-up reaches no client, and
+// the release wakes the next (not on Cluster, where PUBLISH counts one
+// node's clients). A process alive but stopped (SIGSTOP) takes the
+// wake-up; the releasing driver then wakes the next process if the key is
+// still free some 20 ms later (Close waits for that). FIFO is not
+// promised across processes. Keys in the namespace that fenced did not
+// write are never deleted or overwritten: operations on them fail with
+// ErrForeignValue, which names the key (a waiter queue of another type
+// too: waiting on that key fails, it never turns into polling).
+//
+// Every Redis key of a lease carries the lease key as a Cluster hash tag,
+// PREFIX{KEY}:lock and so on, whatever braces KEY holds. On a Cluster
+// client a key that starts with '}' is written PREFIX{ }KEY…, as an empty
+// tag would scatter its names over slots.
 //
 // How the driver keeps a lease, and why: docs/backends.md.
 package fencedredis
@@ -46,6 +57,7 @@ import (
 	"fmt"
 	"net/url"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -112,6 +124,11 @@ type Driver struct {
 	// wake): "1", a wake-up that reached no client passes on to the next
 	// process in the queue, except on Cluster ("0").
 	passOn string
+	// nudges are the releases' nudges in flight (see nudge); nudgeEnd,
+	// under nudgeMu, is set by Close, which then waits for them.
+	nudgeMu  sync.Mutex
+	nudgeEnd bool
+	nudges   sync.WaitGroup
 	// guarantees is what Guarantees returns, set by New.
 	guarantees driver.Guarantees
 
@@ -390,14 +407,51 @@ func (d *Driver) Release(ctx context.Context, g driver.Grant) error {
 		return err
 	}
 	k := d.layout.Keys(g.Key)
+	start := time.Now()
 	n, err := d.release(ctx, k, rediskit.Value(g.Fence, g.Owner)).Int64()
 	if err != nil {
 		return d.scriptErr("release", g.Key, err, true, k.Lock)
 	}
-	if n != 1 {
+	if n == 0 {
 		return fmt.Errorf("redis: release %v: %w", g, driver.ErrNotHeld)
 	}
+	if n == 2 {
+		d.nudge(k, time.Since(start))
+	}
 	return nil
+}
+
+// Bounds of a nudge's wait (see nudge).
+const (
+	nudgeMin = 20 * time.Millisecond
+	nudgeRTT = 4 // round trips of the release
+)
+
+// nudge passes a release's wake-up on if the process it woke does not
+// take it: after a wait, if the key is still free, it wakes the process
+// first in the queue now (lua/leave_waiters.lua with no member). A live
+// process woken by the release has tried by then: it holds the key, or
+// its refused try found the key held. One that is alive but stopped
+// (SIGSTOP, a debugger) has not; its connection took the wake-up all the
+// same (a dead one's did not: the release passed that on itself). The
+// wait is nudgeMin plus nudgeRTT times the release's round trip, so it
+// grows with the load on this client, the network and the server; a woken
+// process slower than that costs a second try, not a missed wake-up. Close
+// waits for the nudges in flight.
+func (d *Driver) nudge(k rediskit.Keys, rtt time.Duration) {
+	d.nudgeMu.Lock()
+	defer d.nudgeMu.Unlock()
+	if d.nudgeEnd {
+		return
+	}
+	d.nudges.Add(1)
+	go func() {
+		defer d.nudges.Done()
+		time.Sleep(nudgeMin + nudgeRTT*rtt)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = rediskit.LeaveWaiters.Run(ctx, d.c, []string{k.Lock, k.Waiters}, "", k.Channel, d.passOn).Err()
+	}()
 }
 
 // Inspect implements driver.Driver in one round trip.
@@ -560,6 +614,10 @@ func (d *Driver) Close() error {
 	if !d.closed.CompareAndSwap(false, true) {
 		return nil
 	}
+	d.nudgeMu.Lock()
+	d.nudgeEnd = true
+	d.nudgeMu.Unlock()
+	d.nudges.Wait()
 	err := d.hub.Close()
 	d.waiters.Close()
 	if d.owns {

@@ -9,12 +9,16 @@ import (
 )
 
 // ErrForeignFile means a name fenced keeps beside the lease file (FILE.lock,
-// FILE.wake, FILE.waiters, or a doorbell in FILE.waiters) holds something
-// fenced never makes there: a symbolic link, a FIFO, a device, a socket, or
-// a directory where a file belongs. fenced neither opens nor removes it:
-// opening a FIFO could block every process on the database, and following a
-// link would create or lock the file it points to. The error names the
-// path; remove it yourself.
+// FILE.wake, FILE.waiters) holds something fenced never makes there: a
+// symbolic link, a FIFO, a device, a socket, or a directory where a file
+// belongs. OpenFile and New refuse such a file with this error, naming the
+// path; remove it yourself. fenced neither opens nor removes it: opening a
+// FIFO could block every process on the database, and following a link
+// would create or lock the file it points to. One that appears after the
+// open is not rung (FILE.wake), and a doorbell in FILE.waiters found to be
+// one is passed over: waiters then rely on their fallback timers. SQLite's
+// own files (FILE-wal, FILE-shm) are SQLite's to check: it does not follow
+// links to them either.
 //
 // Owners are not checked: in a database shared by a group, any of its
 // users may have made these files, and fenced only opens them read-only
@@ -22,18 +26,22 @@ import (
 var ErrForeignFile = errors.New("not a file fenced makes beside the lease file")
 
 // openBeside opens the file at path, one that fenced keeps beside a lease
-// file, read-only, creating it with mode if create is set and it is
-// missing. The open never follows a symbolic link and never blocks; what
+// file, read-only (or read-write if rw is set), creating it with mode if
+// create is set and it is missing. The open never follows a symbolic link and never blocks; what
 // is there is looked at (lstat) before the open, so that neither a FIFO
 // nor a device is ever opened, and again (fstat) after it. Anything but a
 // regular file is refused with ErrForeignFile naming path. The mode of a
 // file it creates is set past the umask, best effort; an existing file's
 // mode is left alone.
-func openBeside(path string, create bool, mode os.FileMode) (*os.File, error) {
+func openBeside(path string, rw, create bool, mode os.FileMode) (*os.File, error) {
 	if err := checkBeside(path, false); err != nil {
 		return nil, err
 	}
-	const flags = os.O_RDONLY | syscall.O_NOFOLLOW | syscall.O_NONBLOCK | syscall.O_CLOEXEC
+	access := os.O_RDONLY
+	if rw {
+		access = os.O_RDWR
+	}
+	flags := access | syscall.O_NOFOLLOW | syscall.O_NONBLOCK | syscall.O_CLOEXEC
 	f, err := os.OpenFile(path, flags, 0)
 	made := false
 	if create && errors.Is(err, fs.ErrNotExist) {

@@ -44,7 +44,7 @@ func newDoorbell(dbPath string) (doorbell, error) {
 	if fi, err := os.Stat(dbPath); err == nil {
 		b.mode = fi.Mode().Perm()
 	}
-	f, err := openBeside(b.path, true, b.mode)
+	f, err := openBeside(b.path, false, true, b.mode)
 	if errors.Is(err, ErrForeignFile) {
 		return doorbell{}, err
 	}
@@ -62,7 +62,7 @@ func (b doorbell) ring() {
 	if b.path == "" {
 		return
 	}
-	if f, err := openBeside(b.path, true, b.mode); err == nil {
+	if f, err := openBeside(b.path, false, true, b.mode); err == nil {
 		f.Close()
 	}
 }

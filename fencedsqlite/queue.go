@@ -405,8 +405,9 @@ func (q *queue) ringNext(ctx context.Context, key string) {
 }
 
 // ringFrom is ringNext, passing over the members in passed: rung already,
-// they did not acknowledge. At most ringLimit entries are rung or found
-// dead, in all.
+// they did not acknowledge. One call looks at ringLimit entries at most,
+// rung ones in passed included, so a release rings at most ringLimit
+// entries that do not acknowledge.
 func (q *queue) ringFrom(ctx context.Context, key string, passed []string) {
 	q.mu.Lock()
 	if q.closed || q.dir == "" {
@@ -424,7 +425,7 @@ func (q *queue) ringFrom(ctx context.Context, key string, passed []string) {
 		var member string
 		var seq int64
 		if err := q.db.QueryRowContext(ctx, q.q.first, key, string(skip)).Scan(&member, &seq); err != nil {
-			return
+			return // none, or the store failed: the waiters' timers find the key
 		}
 		// Ring first, then take the entry off: the write does not delay
 		// the wake-up. A rung entry is taken off in the background, so
@@ -438,18 +439,26 @@ func (q *queue) ringFrom(ctx context.Context, key string, passed []string) {
 			q.db.ExecContext(ctx, q.q.pop, member, seq)
 			continue
 		}
+		// The delete goes at once, as the rung waiter's try, which also
+		// needs the write lock, comes a little later; the look for the
+		// acknowledgement runs beside it.
 		passed := append(passed[:len(passed):len(passed)], member)
-		q.rings.Add(1)
+		q.rings.Add(2)
 		go func() {
 			defer q.rings.Done()
-			bctx, cancel := context.WithTimeout(q.ctx, queueTimeout)
+			pctx, cancel := context.WithTimeout(q.ctx, queueTimeout)
 			defer cancel()
-			acked := r.acked(bctx)
+			q.db.ExecContext(pctx, q.q.pop, member, seq)
+		}()
+		go func() {
+			defer q.rings.Done()
+			actx, cancel := context.WithTimeout(q.ctx, queueTimeout)
+			defer cancel()
+			acked := r.acked(actx)
 			r.f.Close()
 			if !acked {
-				q.ringFrom(bctx, key, passed)
+				q.ringFrom(actx, key, passed)
 			}
-			q.db.ExecContext(bctx, q.q.pop, member, seq)
 		}()
 		return
 	}
@@ -489,7 +498,7 @@ func ringMember(dir, member string) ring {
 	// The open is the ring. Neither a symbolic link nor a FIFO put there
 	// by someone else can make it open something else or block (see
 	// openBeside).
-	f, err := openBeside(path, false, 0)
+	f, err := openBeside(path, false, false, 0)
 	if errors.Is(err, os.ErrNotExist) {
 		return ring{result: gone}
 	}

@@ -80,6 +80,7 @@ import (
 	sqldriver "database/sql/driver"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -263,10 +264,14 @@ func dsn(path string, busy time.Duration, synchronous string) string {
 // Where the lock file cannot be created (a read-only directory) it returns
 // without locking: such a file is not being created by anyone either.
 // Something other than a regular file there is refused (ErrForeignFile,
-// see openBeside). The file is opened read-only: a flock needs no more,
-// and a lock file another user made (with mode 0644) still locks.
+// see openBeside). A lock file this process may not write (another user
+// made it, mode 0644) is opened read-only: a flock needs no more, except
+// on NFS.
 func lockInit(ctx context.Context, lockPath string, timeout time.Duration) (unlock func(), err error) {
-	f, err := openBeside(lockPath, true, 0o644)
+	f, err := openBeside(lockPath, true, true, 0o644)
+	if errors.Is(err, fs.ErrPermission) {
+		f, err = openBeside(lockPath, false, true, 0o644)
+	}
 	if errors.Is(err, ErrForeignFile) {
 		return nil, err
 	}

@@ -75,8 +75,18 @@ every renewal. The lease is released only once no process of COMMAND is left.
     none writes with the old fence once another member can be granted the
     partition.
   - The member dies (kill -9): the processes get SIGKILL at once.
---grace must be shorter than --ttl. What each supervision mode promises, and what
-it does not, against each fault and escape: docs/supervision.md.
+--grace must be shorter than --ttl.
+
+What each mode (cgroup or process tree, see fenced run --help) promises:
+  lease not renewed, member stopped or starved   none after (both modes)
+  kill -9 of the member                          none after (both modes)
+  lease broken, renewal refused                  ended
+  SIGSTOP or kill -9 of a partition's supervisor as fenced run (fence only, and
+                                                 in process-tree mode a kill -9
+                                                 spares processes that left the
+                                                 group)
+"none after": no write with the old fence is attempted once another member may be
+granted the partition. docs/supervision.md has the whole table, and its tests.
 
 A COMMAND that exits by itself is started again, with a new fence, at the member's
 next look at the group (a third of --ttl). SIGINT or SIGTERM makes the member
@@ -252,8 +262,16 @@ func superviseProcess(ctx context.Context, g *globals, self string, grace time.D
 	go func() { waited <- cmd.Wait() }()
 	// The validity is read often enough that the child learns of a
 	// renewal well before the end it knows of comes near.
-	tick := time.NewTicker(validityPoll(lease))
+	poll := validityPoll(lease)
+	tick := time.NewTicker(poll)
 	defer tick.Stop()
+	// A child that does not read (stopped) must not block this loop once
+	// the pipe is full: a line that cannot be written within a poll is
+	// dropped, and the child acts on the validity it has.
+	send := func(format string, a ...any) {
+		_ = w.SetWriteDeadline(time.Now().Add(poll))
+		_, _ = fmt.Fprintf(w, format, a...)
+	}
 	done := ctx.Done()
 	for {
 		select {
@@ -262,7 +280,7 @@ func superviseProcess(ctx context.Context, g *globals, self string, grace time.D
 		case <-tick.C:
 			if v := validUntil(lease); v > sent {
 				sent = v
-				_, _ = fmt.Fprintf(w, "valid %d\n", v)
+				send("valid %d\n", v)
 			}
 		case <-done:
 			done = nil
@@ -274,8 +292,12 @@ func superviseProcess(ctx context.Context, g *globals, self string, grace time.D
 			if errors.Is(cause, recipe.ErrHandedOff) || errors.Is(cause, recipe.ErrLeft) {
 				kind = "planned"
 			}
+			// One line shorter than PIPE_BUF is written whole or not at all.
 			why := strings.ReplaceAll(errText(cause), "\n", " ")
-			_, _ = fmt.Fprintf(w, "end %s:%s\n", kind, why)
+			if len(why) > 1000 {
+				why = why[:1000]
+			}
+			send("end %s:%s\n", kind, why)
 		}
 	}
 }

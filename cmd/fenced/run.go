@@ -93,9 +93,10 @@ a kill -9 of fenced. -v and the end of this help say which mode is in effect
     before local validity ran out), every process gets SIGTERM, then SIGKILL after
     --grace, whether or not COMMAND itself has exited; fenced exits 77 when none
     is left. A lease whose renewal is not confirmed does not wait for the loss:
-    its processes get SIGTERM --grace (at most half the TTL) before its local
-    validity ends and SIGKILL shortly before it ends, so that none is left, and
-    none writes with the old fence, once another holder may be granted the key.
+    its processes get SIGTERM, and SIGKILL --grace later but at the latest a
+    quarter of the validity (at most 500ms, more on a machine fenced measures to
+    be slow) before its local validity ends, so that none is left, and none
+    writes with the old fence, once another holder may be granted the key.
   - When COMMAND exits, the processes it left behind get SIGTERM, then SIGKILL
     after --grace, before the lease is released.
   - If fenced dies (even kill -9), COMMAND gets SIGKILL (Pdeathsig) and a guard
@@ -110,7 +111,22 @@ holder may take the key. When fenced is continued (fg, bg, SIGCONT), it continue
 the group only if the lease is still valid; otherwise it kills the still stopped
 group with SIGKILL, so it never runs again, and exits 77. SIGSTOP sent to fenced
 itself cannot be caught: then COMMAND keeps running unrenewed, and only the fence
-protects the resource.
+protects the resource; once continued, fenced kills the tree at once and exits 77.
+
+What each mode promises (docs/supervision.md has the whole table, and the tests):
+  fault                          cgroup               process tree
+  lease not renewed (cut off)    none after           none after, unless fenced
+                                                      itself is starved: it says so
+  lease broken, renewal refused  ended                ended
+  Ctrl-Z, COMMAND stopped        none after           none after
+  SIGSTOP of fenced alone        fence only           fence only
+  kill -9 of fenced              none after           group: none after; processes
+                                                      that left it: fence only
+  escapes: setsid, double fork, exited main thread, SIGTERM ignored, stopping
+  itself: as the fault's row. "none after": no write with the old fence is
+  attempted once another holder may be granted the key; "ended": SIGTERM, SIGKILL
+  after --grace, but the store may have granted the key already; "fence only":
+  COMMAND may run on, and only the resource's fence check protects.
 
 Terminal: when stdin is the terminal and fenced runs in its foreground, COMMAND's
 group gets the terminal while it runs (so it can read it and gets Ctrl-C and
@@ -534,7 +550,9 @@ type supervision struct {
 	killTimer <-chan time.Time
 	killAgain *time.Ticker  // SIGKILL again until the tree is gone
 	unrenewed bool          // the tree was ended before an unrenewed lease ran out
-	killLead  time.Duration // how long before the validity ends SIGKILL goes out (see endingWindow)
+	validity  time.Duration // the hold's validity when supervision began
+	killLead  time.Duration // SIGKILL goes out at least this long before the validity ends (see endingWindow)
+	cost      time.Duration // what a round of signals to the tree has been seen to cost (see measure)
 	window    time.Duration // how long before the validity ends an unrenewed tree gets SIGTERM
 	endDue    time.Time     // when the ending check is due, to measure how late it runs
 }
@@ -614,7 +632,7 @@ loop:
 func (s *supervision) terminate() int {
 	n := s.sigterm()
 	if n > 0 {
-		s.killTimer = time.After(s.killDelay(s.killLead))
+		s.killTimer = time.After(s.killDelay())
 	} else {
 		s.killAgain = time.NewTicker(100 * time.Millisecond) // in case one was forking
 	}
@@ -650,11 +668,10 @@ func (s *supervision) kill(why string) {
 // keeper died (hold.dead), so nobody renews the lease or will say when it
 // ends.
 func (s *supervision) killNow() {
-	if s.lost == nil {
-		s.lost = s.h.lease.Err()
-		if s.lost == nil {
-			s.lost = fmt.Errorf("%w: the holder of %s died", fenced.ErrLost, s.h.desc)
-		}
+	if s.lost == nil || isPlannedEnd(s.lost) {
+		// A hand-off whose member died before the tree had ended is no
+		// orderly end any more.
+		s.lost = fmt.Errorf("%w: the holder of %s died", fenced.ErrLost, s.h.desc)
 	}
 	s.ending, s.killTimer = true, nil
 	s.kill("run unrenewed: the holder of " + s.h.desc + " died")
@@ -667,6 +684,15 @@ func (s *supervision) lose(cause error) {
 		return
 	}
 	s.lost = cause
+	if errors.Is(cause, fenced.ErrExpired) && !s.ending {
+		// The validity ran out before the ending window (endUnrenewed)
+		// ended the tree: fenced did not run meanwhile (SIGSTOP, or a
+		// starved machine), and the tree may have run past it already.
+		s.unrenewed, s.ending = true, true
+		fmt.Fprintf(s.g.stderr, "fenced: %s lost: %v, before fenced could end %s; sending SIGKILL at once\n", s.h.desc, errText(cause), s.name)
+		s.kill("ran past the lease's local validity")
+		return
+	}
 	verb := " lost" // a planned end says what it is by itself
 	if isPlannedEnd(cause) {
 		verb = ""

@@ -86,7 +86,7 @@ func attackerPids(file string) map[string]int {
 // checks that only those write on and logs it as the documented limit.
 func TestRunUnderAttack(t *testing.T) {
 	bin := attackerBin(t)
-	for _, attack := range []string{"loss", "ctrl-z", "kill-9"} {
+	for _, attack := range []string{"loss", "ctrl-z", "sigstop", "kill-9"} {
 		t.Run(attack, func(t *testing.T) {
 			inMode(t, func(t *testing.T, mode string) { runAttack(t, bin, attack, mode) })
 		})
@@ -113,6 +113,10 @@ func runAttack(t *testing.T, bin, attack, mode string) {
 			t.Fatal(err)
 		}
 		eventually(t, 10*time.Second, "fenced did not stop", func() bool { return stopped(cmd.Process.Pid) })
+	case "sigstop":
+		if err := cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
 	case "kill-9":
 		if err := cmd.Process.Kill(); err != nil {
 			t.Fatal(err)
@@ -121,7 +125,7 @@ func runAttack(t *testing.T, bin, attack, mode string) {
 
 	grantT, grantOff, newFence := awaitNewHolder(t, client(t, r.URL()), "job:attack", out, old,
 		&fenced.LeaseOptions{TTL: 30 * time.Second, MinFence: fenced.FenceRepeatable}, attack, ttl, errb)
-	if attack == "ctrl-z" {
+	if attack == "ctrl-z" || attack == "sigstop" {
 		if err := cmd.Process.Signal(syscall.SIGCONT); err != nil { // fg
 			t.Fatal(err)
 		}
@@ -147,7 +151,12 @@ func runAttack(t *testing.T, bin, attack, mode string) {
 		}
 		return
 	}
-	if len(late) > 0 {
+	switch {
+	case len(late) > 0 && attack == "sigstop":
+		t.Logf("documented limit (docs/supervision.md): SIGSTOP of fenced alone leaves COMMAND running unrenewed, and only the fence protects the resource, until fenced is continued; %v wrote after the new grant", late)
+	case len(late) > 0 && attack == "loss" && strings.HasPrefix(mode, "process tree") && strings.Contains(errb.String(), tooBusy):
+		t.Logf("documented limit (docs/supervision.md): in process-tree mode a machine too busy for fenced to walk /proc before the validity ends lets the tree write on, and fenced says so; %v wrote after the new grant", late)
+	case len(late) > 0:
 		t.Errorf("%s, %s: writes with the old fence %s attempted after the new holder's grant (fence %d): %v", mode, attack, old, newFence, late)
 	}
 	if len(alive) > 0 {

@@ -2,10 +2,15 @@ package main
 
 import (
 	"fmt"
+	"syscall"
 	"time"
 
 	"github.com/fenced-dev/fenced"
 )
+
+// tooBusy is what fenced says when SIGKILL went out only after the
+// validity ended.
+const tooBusy = "fenced did not run in time to end the tree (it was stopped, or the machine too busy)"
 
 // maxKillLead is the most SIGKILL is sent ahead of the end of the local
 // validity by default; a machine seen to be slow gets more (endUnrenewed).
@@ -17,16 +22,30 @@ const maxKillLead = 500 * time.Millisecond
 // and giving --grace after it would let the tree run, and write with its
 // fence, after the authority may have granted the key to another holder
 // (TestRunUnderAttack/loss); so an unrenewed tree gets SIGTERM, and
-// SIGKILL --grace later but at the latest killLead before the validity
-// ends: a quarter of the validity the hold starts with, at most
-// maxKillLead. The SIGTERM goes out --grace before that, but at most half
-// the validity before its end: renewals every third of the TTL keep more
-// than that left on a healthy lease.
+// SIGKILL --grace later but at the latest a lead before the validity
+// ends: a quarter of the validity the hold starts with (at most
+// maxKillLead), or more on a machine seen to be slow (see measure). The
+// SIGTERM goes out --grace before that, but at most half the validity
+// before its end: renewals every third of the TTL keep more than that left
+// on a healthy lease.
 func (s *supervision) endingWindow() <-chan time.Time {
-	left := s.h.lease.Remaining()
-	s.killLead = min(left/4, maxKillLead)
-	s.window = min(s.h.grace+s.killLead, left/2)
-	return s.armEnding(left)
+	s.validity = s.h.lease.Remaining()
+	s.killLead = min(s.validity/4, maxKillLead)
+	s.endDue = time.Now()
+	s.measure()
+	return s.armEnding(s.h.lease.Remaining())
+}
+
+// lead is how long before the validity ends SIGKILL must go out: the
+// default killLead, or twice what a round of signals has been seen to
+// cost on this machine (cost), if that is more.
+func (s *supervision) lead() time.Duration { return max(s.killLead, 2*s.cost) }
+
+// setWindow sets how long before the validity ends an unrenewed tree gets
+// SIGTERM: --grace, the lead, and the cost of the SIGTERM round itself,
+// before the end; at most half the validity.
+func (s *supervision) setWindow() {
+	s.window = min(s.h.grace+s.lead()+s.cost, s.validity/2)
 }
 
 // armEnding returns a channel that fires when the validity left now has
@@ -36,14 +55,26 @@ func (s *supervision) armEnding(left time.Duration) <-chan time.Time {
 	return time.After(left - s.window)
 }
 
+// measure records what ending the tree costs on this machine now: how
+// late the ending check ran (a starved process runs its timers late) and
+// how long a round of signal 0 to every process of the tree takes (a walk
+// of /proc in process-tree mode, slow on a busy machine). It is measured
+// as supervision begins and at each check of the window; a cost seen once
+// is halved at each later check, so one slow moment does not last.
+func (s *supervision) measure() {
+	late := max(0, time.Since(s.endDue))
+	start := time.Now()
+	s.grp.SignalAll(0)
+	s.cost = max(late+time.Since(start), s.cost/2)
+	s.setWindow()
+}
+
 // endUnrenewed ends the tree if the hold's validity has fallen within the
 // window (no renewal confirmed in time): SIGTERM now, SIGKILL after
-// --grace or killLead before the validity ends, whichever is sooner.
-// Where this check ran late, or the SIGTERM round (a walk of /proc in
-// process-tree mode) was slow, the machine is busy: SIGKILL then goes out
-// twice that cost ahead of the end, if that is more than killLead, so that
-// it lands before the authority can grant the key again. Otherwise it
-// returns the channel for the next check. fenced then exits 77.
+// --grace or the lead before the validity ends, whichever is sooner; at
+// once if that moment has passed while the SIGTERM went out. Otherwise it
+// measures the machine's cost of ending the tree (measure) and returns
+// the channel for the next check. fenced then exits 77.
 func (s *supervision) endUnrenewed() <-chan time.Time {
 	if s.ending {
 		return nil
@@ -51,7 +82,8 @@ func (s *supervision) endUnrenewed() <-chan time.Time {
 	left := s.h.lease.Remaining()
 	switch {
 	case left > s.window:
-		return s.armEnding(left)
+		s.measure()
+		return s.armEnding(s.h.lease.Remaining())
 	case left == 0:
 		return nil // lost: the loss ends the tree
 	}
@@ -60,12 +92,17 @@ func (s *supervision) endUnrenewed() <-chan time.Time {
 	// The tree is ended for the loss to come: exit 77, as after one.
 	s.unrenewed = true
 	s.lost = fmt.Errorf("%w: no renewal confirmed with %v of its validity left", fenced.ErrLost, left.Round(time.Millisecond))
-	n := s.sigterm()
-	cost := late + time.Since(start)
-	lead := max(s.killLead, 2*cost)
-	kill := s.killDelay(lead)
+	// SIGCONT goes to the group only: a stopped process that left it
+	// cannot act on SIGTERM, but SIGKILL ends it all the same, and a
+	// second round over the tree would eat into the time left.
+	s.ending = true
+	n := s.grp.SignalAll(syscall.SIGTERM)
+	_ = s.grp.Signal(syscall.SIGCONT)
+	took := time.Since(start)
+	s.cost = max(s.cost, late+took)
+	kill := max(0, min(s.h.grace, s.h.lease.Remaining()-s.lead()))
 	fmt.Fprintf(s.g.stderr, "fenced: %s has not been renewed and ends in %v; sent SIGTERM to %s and its processes (%v late, taking %v), SIGKILL in %v\n",
-		s.h.desc, left.Round(time.Millisecond), s.name, late.Round(time.Millisecond), time.Since(start).Round(time.Millisecond), kill.Round(time.Millisecond))
+		s.h.desc, left.Round(time.Millisecond), s.name, late.Round(time.Millisecond), took.Round(time.Millisecond), kill.Round(time.Millisecond))
 	switch {
 	case n == 0:
 		s.killAgain = time.NewTicker(100 * time.Millisecond) // in case one was forking
@@ -78,14 +115,15 @@ func (s *supervision) endUnrenewed() <-chan time.Time {
 }
 
 // killDelay returns how long after now SIGKILL goes out once SIGTERM has:
-// --grace, but at the latest lead before the hold's local validity ends.
-// A hold whose validity is not known (lost: Remaining is 0) gets --grace.
-func (s *supervision) killDelay(lead time.Duration) time.Duration {
+// --grace, but at the latest the lead before the hold's local validity
+// ends. A hold whose validity is not known (lost: Remaining is 0) gets
+// --grace.
+func (s *supervision) killDelay() time.Duration {
 	left := s.h.lease.Remaining()
 	if left <= 0 {
 		return s.h.grace
 	}
-	return max(0, min(s.h.grace, left-lead))
+	return max(0, min(s.h.grace, left-s.lead()))
 }
 
 // validityNote says, for the SIGKILL message, how much of the hold's
@@ -99,7 +137,7 @@ func (s *supervision) validityNote(took time.Duration) string {
 	case left > 0:
 		return fmt.Sprintf(" (in %v, %v before the lease's local validity ends)", took.Round(time.Millisecond), left.Round(time.Millisecond))
 	case s.unrenewed:
-		return fmt.Sprintf(" (in %v); the lease's local validity had ended by then: this machine was too busy for fenced to end the tree in time, and another holder may have been granted the key meanwhile", took.Round(time.Millisecond))
+		return fmt.Sprintf(" (in %v); the lease's local validity had ended by then: %s, and another holder may have been granted the key meanwhile", took.Round(time.Millisecond), tooBusy)
 	}
 	return fmt.Sprintf(" (in %v)", took.Round(time.Millisecond))
 }

@@ -383,6 +383,17 @@ func writerThread(pid int) int {
 	return 0
 }
 
+// procWalk reads the stat file of every process, as fenced's walk of /proc
+// does, and returns how long it took.
+func procWalk() time.Duration {
+	start := time.Now()
+	names, _ := filepath.Glob("/proc/[0-9]*/stat")
+	for _, name := range names {
+		_, _ = os.ReadFile(name)
+	}
+	return time.Since(start)
+}
+
 // fencedCgroups lists the cgroups fenced (pid) made that are left.
 func fencedCgroups(t *testing.T, pid int) []string {
 	m, _ := filepath.Glob(filepath.Join(cgroup2Dir(t), "fenced-"+strconv.Itoa(pid)+"-*"))
@@ -451,7 +462,20 @@ func TestRunKill9EndsCgroupEscapes(t *testing.T) {
 				if escape == "away" {
 					start := time.Now()
 					prefix := filepath.Join(cgroup2Dir(t), "fenced-"+strconv.Itoa(cmd.Process.Pid)+"-")
-					eventually(t, 10*time.Second, "fenced did not move the writer back into its cgroup", func() bool {
+					// Bound: fenced looks every 250 ms, or every 100 times
+					// the CPU time of a look if longer (a look costs less
+					// than a full walk of /proc); 4 such pauses, with a look
+					// using as much CPU as the slowest of 3 full walks
+					// measured here took time (an upper bound), leave room
+					// for a look that began just before the move and for
+					// scheduling delays.
+					var walk time.Duration
+					for range 3 {
+						walk = max(walk, procWalk())
+					}
+					bound := 4 * max(250*time.Millisecond, 100*walk)
+					t.Logf("a walk of /proc takes %v here: fenced must move the writer back within %v", walk, bound)
+					eventually(t, bound, "fenced did not move the writer back into its cgroup", func() bool {
 						// The writing thread's cgroup: the main thread, dead,
 						// shows the one it died in.
 						b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/cgroup", pid, writerThread(pid)))

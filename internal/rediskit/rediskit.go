@@ -212,14 +212,27 @@ func ForeignError(redisKey string) error {
 // ForeignReply returns err, a script's error, as an error matching
 // ErrForeignValue naming keys when the server's reply says that one of
 // them holds something fenced did not write (a key of the wrong type, a
-// fence counter that is not a number), and nil for any other error.
+// fence counter that is not a number), and nil for any other error. A
+// waiter queue of another type is named alone: the scripts' error names
+// it (lua/waiter_queue.lua).
 func ForeignReply(err error, keys ...string) error {
 	msg := err.Error()
 	if !strings.Contains(msg, "WRONGTYPE") && !strings.Contains(msg, "not an integer") {
 		return nil
 	}
+	if i := strings.Index(msg, foreignQueue); i >= 0 {
+		what := msg[i:]
+		if j := strings.Index(what, " script: "); j >= 0 {
+			what = what[:j] // the server's note of the script and line
+		}
+		return fmt.Errorf("%w (%s; waiting for this key, and releasing it, fail until it is gone: inspect it with redis-cli and remove it yourself if it is stale, or use another key prefix)", ErrForeignValue, strings.TrimSuffix(what, "."))
+	}
 	return fmt.Errorf("%w (keys %s; server said: %s)", ErrForeignValue, strings.Join(keys, ", "), msg)
 }
+
+// foreignQueue starts the scripts' error for a waiter queue of another
+// type (lua/waiter_queue.lua's foreign_queue).
+const foreignQueue = "waiter queue "
 
 // Status codes returned by the scripts.
 const (

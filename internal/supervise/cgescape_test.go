@@ -148,11 +148,22 @@ func TestWatchBringsBackCgroupEscapes(t *testing.T) {
 	var moved time.Duration
 	g, _, pid := startEscapee(t, "away", func(pid int) {
 		reported := time.Now() // the escapee had moved out by now
-		// Bound: the watch pauses 250 ms (or 100 walks of /proc on a
-		// loaded machine); 10 s is far beyond any such pause here.
+		// Bound: the watch pauses 250 ms, or 100 times the CPU time of a
+		// round if longer (a round costs less than a full walk of /proc);
+		// 4 such pauses, with a round using as much CPU as the slowest of
+		// 3 full walks measured here took time (an upper bound), leave
+		// room for a round that began just before the move and for the
+		// scheduling delays of a loaded machine.
+		var walk time.Duration
+		for range 3 {
+			start := time.Now()
+			readProcs()
+			walk = max(walk, time.Since(start))
+		}
+		bound := 4 * max(250*time.Millisecond, 100*walk)
 		for !inCgroup(t, pid, cgroupParent(t)+"/fenced-"+strconv.Itoa(os.Getpid())+"-") {
-			if time.Since(reported) > 10*time.Second {
-				t.Fatalf("the escapee %d is still outside the Group's cgroup %v after it moved out", pid, time.Since(reported))
+			if time.Since(reported) > bound {
+				t.Fatalf("the escapee %d is still outside the Group's cgroup %v after it moved out (bound %v: a walk of /proc took %v)", pid, time.Since(reported), bound, walk)
 			}
 			time.Sleep(time.Millisecond)
 		}

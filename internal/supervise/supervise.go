@@ -23,9 +23,11 @@
 //     root's, a sibling's, a systemd scope's: wherever it may) is still the
 //     supervisor's descendant, as the supervisor is a child subreaper: it is
 //     found by a walk of /proc and moved back into the cgroup (where that is
-//     refused, it is signalled and stopped by pid, as in process-tree mode).
-//     SignalAll and Stop move such processes back first, and the Group
-//     watches for them all the time (see the guarantees below). The cgroup
+//     refused, for want of permission or because the cgroup may hold no
+//     process, it is signalled and stopped by pid, as in process-tree mode).
+//     SignalAll and Stop move such processes back (after acting on the
+//     cgroup), and the Group watches for them all the time (see the
+//     guarantees below). The cgroup
 //     is removed after Gone, or by the guard if the supervisor died.
 //   - process tree, where no cgroup can be made (no cgroup v2, no permission
 //     or delegation, or a kernel before 5.14, which lacks cgroup.kill), or
@@ -46,9 +48,9 @@
 //     Group reaps them all (wait4 on any child) and reports Gone once none
 //     is left (and, in cgroup mode, the cgroup is empty).
 //   - The whole tree can be signalled. SignalAll signals the process group
-//     and every process of the cgroup (after moving back into it those
-//     that left it), or every descendant found in /proc, so processes that
-//     left the group are not missed.
+//     and every process of the cgroup (and those that left it, moved back
+//     into it), or every descendant found in /proc, so processes that left
+//     the group are not missed.
 //   - The command dies with the supervisor. The command's leader gets
 //     Pdeathsig SIGKILL. The kernel sends Pdeathsig when the *thread* that
 //     forked the child exits, not the process (go.dev/issue/27505), so the
@@ -63,15 +65,10 @@
 //     and nothing marks them as the command's any more, so the guard misses:
 //     in process-tree mode, every process that left the group; in cgroup
 //     mode, a process that moved to another cgroup less than one watch pause
-//     before the supervisor died (the Group walks /proc and moves such
-//     processes back every 250 ms, or 100 times as long as a walk takes if
-//     that is longer, so that watching costs at most about 1% of a CPU), or
-//     one that cannot be moved back.
-//   - What no mode covers: a process the command has someone else start
-//     (systemd-run without --scope, at, a container daemon, ssh) is not its
-//     descendant and never was in its cgroup; a command with the privilege
-//     to act on the supervisor, the guard or their cgroups (kill or ptrace
-//     them, thaw the cgroup) can undo any of this.
+//     before the supervisor died (the Group looks for such processes and
+//     moves them back every 250 ms, or every 100 times the CPU time a look
+//     takes if that is longer, so that watching costs at most about 1% of
+//     a CPU; see watch), or one that cannot be moved back.
 //   - Interactive commands keep the terminal. If the command's stdin is the
 //     caller's controlling terminal and the caller's group is in its
 //     foreground, the command's group is put in the foreground as it starts
@@ -81,6 +78,14 @@
 //     background and brought to the foreground with fg gets it too).
 //     tcsetpgrp from a background group raises SIGTTOU, so the Group blocks
 //     SIGTTOU on its own thread around the call.
+//
+// What no mode covers: a process the command has someone else start
+// (systemd-run without --scope, at, a container daemon, ssh) is not its
+// descendant and never was in its cgroup; a supervisor stopped with
+// SIGSTOP watches nothing; and a command with the privilege to act on the
+// supervisor, the guard or their cgroups (kill or ptrace them, thaw the
+// cgroup, enable a controller in its subtree_control so that no process may
+// be moved back into it) can undo any of this.
 //
 // Processes are found by scanning /proc (or the cgroup's files); a process
 // id read there could in theory be reused between the scan and the kill
@@ -153,6 +158,8 @@ type Group struct {
 	cg      *cgroup       // the command's cgroup, or nil in process-tree mode
 	mode    string        // the supervision mode, for Mode
 	unwatch chan struct{} // closed to end watch (cgroup mode)
+	linMu   sync.Mutex
+	lin     lineage // the supervisor's descendants, for gather and watch
 
 	goneFlag atomic.Bool  // Gone was reported
 	exits    atomic.Int64 // children reaped so far, for eachLiving
@@ -337,30 +344,33 @@ func (g *Group) Signal(sig syscall.Signal) error {
 //
 // In cgroup mode that is every process in the cgroup and the cgroups
 // nested in it (SIGKILL goes through cgroup.kill, which no fork escapes),
-// after every descendant found in /proc outside them was moved back in
-// (see gather); one that cannot be moved back is signalled by pid. In
-// process-tree mode it is every
-// descendant of the supervisor but the guard, found in /proc, including a
-// process whose main thread exited while its other threads run (shown as a
-// zombie); /proc is scanned again until a scan finds no process not
-// signalled yet, so a process forked meanwhile is reached too.
+// then every descendant found in /proc outside them, moved back in (see
+// gather) or, where that is refused, signalled by pid. In
+// process-tree mode it is every descendant of the supervisor but the
+// guard, found in /proc, including a process whose main thread exited
+// while its other threads run (shown as a zombie); /proc is scanned again
+// until a scan finds no process not signalled yet, so a process forked
+// meanwhile is reached too.
 func (g *Group) SignalAll(sig syscall.Signal) int {
 	defer unix.Kill(-g.pid, sig)
 	if g.cg != nil {
-		// A process moved back into the cgroup is reached with it; one
-		// that cannot be moved back is signalled by pid.
-		n := len(g.gather(func(p proc) bool { return unix.Kill(p.pid, sig) == nil }, nil))
-		if sig == syscall.SIGKILL {
-			return n + g.cg.killAll()
-		}
-		for _, pid := range g.cg.members() {
-			if unix.Kill(pid, sig) == nil {
-				n++
+		// The cgroup first, at once. Then those that left it: each moved
+		// back is signalled as the cgroup was (for SIGKILL, cgroup.kill
+		// again, which also reaches what it forked since); each that
+		// cannot be moved back is signalled by pid.
+		n := g.signalCgroup(sig)
+		byPid, moved := g.gather(func(p proc) bool { return unix.Kill(p.pid, sig) == nil }, nil)
+		switch {
+		case len(moved) > 0 && sig == syscall.SIGKILL:
+			g.cg.killAll()
+		case len(moved) > 0:
+			for _, pid := range moved {
+				_ = unix.Kill(pid, sig)
 			}
 		}
-		return n
+		return n + len(byPid) + len(moved)
 	}
-	return len(g.eachLiving(func(p proc) bool { return unix.Kill(p.pid, sig) == nil }, nil))
+	return len(g.eachLiving(g.descendants, func(p proc) bool { return unix.Kill(p.pid, sig) == nil }, nil))
 }
 
 // eachLiving calls f once for every living descendant (process-tree
@@ -372,7 +382,7 @@ func (g *Group) SignalAll(sig syscall.Signal) int {
 // exited during a scan shows as a zombie, and its child by a later scan
 // (the child is re-parented to the supervisor, which reaps the parent). It
 // returns the pids f acted on.
-func (g *Group) eachLiving(f func(proc) bool, settle func([]int)) []int {
+func (g *Group) eachLiving(walk func() []proc, f func(proc) bool, settle func([]int)) []int {
 	seen := map[int]bool{}
 	var acted []int
 	var prev map[int]bool
@@ -380,7 +390,7 @@ func (g *Group) eachLiving(f func(proc) bool, settle func([]int)) []int {
 		exits := g.exits.Load()
 		cur := map[int]bool{} // pid: living
 		var fresh []int
-		for _, p := range g.descendants() {
+		for _, p := range walk() {
 			living := p.living()
 			cur[p.pid] = living
 			if !living || seen[p.pid] {
@@ -408,6 +418,22 @@ func (g *Group) eachLiving(f func(proc) bool, settle func([]int)) []int {
 	return acted
 }
 
+// signalCgroup sends sig to every process in the cgroup and the cgroups
+// nested in it (SIGKILL through cgroup.kill too), and returns how many it
+// found.
+func (g *Group) signalCgroup(sig syscall.Signal) int {
+	if sig == syscall.SIGKILL {
+		return g.cg.killAll()
+	}
+	n := 0
+	for _, pid := range g.cg.members() {
+		if unix.Kill(pid, sig) == nil {
+			n++
+		}
+	}
+	return n
+}
+
 // gather moves back into the cgroup every living descendant of the
 // supervisor found outside it and the cgroups nested in it: a process of
 // the command that wrote its pid into another cgroup's cgroup.procs (the
@@ -417,15 +443,19 @@ func (g *Group) eachLiving(f func(proc) bool, settle func([]int)) []int {
 // cgroup.freeze again, by the guard too. For each one that cannot be moved
 // back (no permission, or the command enabled a controller in the
 // cgroup's subtree_control, which bars processes from it), f is called
-// (nil: none), with settle, as in eachLiving, which rescans /proc until
-// stable; gather returns the pids f acted on.
-func (g *Group) gather(f func(proc) bool, settle func([]int)) []int {
-	return g.eachLiving(func(p proc) bool {
-		if outside, moved := g.bringBack(p); outside && !moved {
-			return f != nil && f(p)
+// (nil: none), with settle, as in eachLiving, which rescans until stable;
+// each scan lists /proc and reads only what lineage needs, so that gather
+// is quick even on a busy machine with many processes. gather returns the
+// pids f acted on, and those it moved back.
+func (g *Group) gather(f func(proc) bool, settle func([]int)) (acted, moved []int) {
+	acted = g.eachLiving(g.lineageProcs, func(p proc) bool {
+		outside, in := g.bringBack(p)
+		if in {
+			moved = append(moved, p.pid)
 		}
-		return false
+		return outside && !in && f != nil && f(p)
 	}, settle)
+	return acted, moved
 }
 
 // bringBack moves p into the cgroup if it is a living process outside it
@@ -435,49 +465,35 @@ func (g *Group) bringBack(p proc) (outside, moved bool) {
 	if in, ok := g.cg.holds(p); in || !ok {
 		return false, false
 	}
-	// The pid is still the process found (not reaped and reused): its
-	// parent is unchanged, and it is a descendant, so only this Group or
-	// a descendant could reap it.
-	q, ok := readProc(strconv.Itoa(p.pid))
-	return true, ok && q.ppid == p.ppid && g.cg.adopt(p.pid) == nil
-}
-
-// watch moves back into the cgroup, over and over until done is closed,
-// every descendant that left it (see gather), so that kill -9 of the
-// supervisor, which leaves only the guard and the cgroup, misses none that
-// left it more than one pause earlier. Each round is one walk of /proc
-// (another at once if it moved a process, whose child may be outside
-// too); the pause is watchPause, or 100 times the last walk if longer, so
-// that watching costs at most about 1% of a CPU however many processes
-// the system runs.
-func (g *Group) watch(done <-chan struct{}) {
-	for {
-		start, walks := time.Now(), 0
-		for range 10 { // bounded: a fork bomb outside is ended by SignalAll
-			walks++
-			moved := 0
-			for _, p := range g.descendants() {
-				if !p.living() {
-					continue
-				}
-				if _, ok := g.bringBack(p); ok {
-					moved++
-				}
-			}
-			if moved == 0 {
-				break
-			}
-		}
-		select {
-		case <-done:
-			return
-		case <-time.After(max(watchPause, 100*time.Since(start)/time.Duration(walks))):
-		}
+	// The pid is still the process found (not reaped and reused): /proc
+	// shows it as a descendant now (so only this Group or a descendant
+	// could reap it; see g.descends).
+	if !g.descends(p.pid) {
+		return false, false
 	}
+	return true, g.cg.adopt(p.pid) == nil
 }
 
-// watchPause is the shortest pause between two walks of watch.
-const watchPause = 250 * time.Millisecond
+// descends reports whether /proc shows pid as a descendant of the
+// supervisor other than the guard or a descendant of the guard, following
+// the parents up from pid.
+func (g *Group) descends(pid int) bool {
+	guard := int(g.guardPid.Load())
+	for range 4096 { // deeper than any real tree; a loop (pid reuse) ends here
+		if pid == guard {
+			return false
+		}
+		p, ok := readProc(strconv.Itoa(pid))
+		if !ok || p.ppid <= 0 {
+			return false
+		}
+		if p.ppid == g.self {
+			return true
+		}
+		pid = p.ppid
+	}
+	return false
+}
 
 // Stop stops the command's group and every other process of the command
 // (a process that left the group must not run on either) with SIGSTOP,
@@ -493,17 +509,7 @@ func (g *Group) Stop() {
 		// SIGSTOP and acts on it when thawed, before it runs any code of
 		// its own, and shows as stopped (job control sees it); then the
 		// cgroup is frozen again, so that nothing runs even if someone
-		// else continues a process. A descendant that left the cgroup is
-		// moved back first, so the freeze holds it too; one that cannot
-		// be moved back is stopped by pid.
-		stopStray := func(p proc) bool {
-			if p.state == 'T' || p.state == 't' {
-				return false // stopped before (by someone else, or by the first gather)
-			}
-			return unix.Kill(p.pid, syscall.SIGSTOP) == nil
-		}
-		settle := func(pids []int) { waitStopped(pids, time.Second) }
-		stoppedNow = g.gather(stopStray, settle)
+		// else continues a process.
 		_ = g.cg.freeze(true, 2*time.Second)
 		for _, tid := range g.cg.members() {
 			if p, ok := readProc(strconv.Itoa(tid)); ok && (p.state == 'T' || p.state == 't') {
@@ -516,14 +522,21 @@ func (g *Group) Stop() {
 		_ = g.cg.freeze(false, 0)
 		waitStopped(stoppedNow, time.Second)
 		_ = g.cg.freeze(true, 2*time.Second)
-		// One that left the cgroup since the first gather is moved back
-		// into the frozen cgroup, which freezes it.
-		stoppedNow = append(stoppedNow, g.gather(stopStray, settle)...)
+		// Then a descendant that left the cgroup is moved back into it,
+		// frozen, which freezes it; one that cannot be moved back is
+		// stopped by pid.
+		byPid, _ := g.gather(func(p proc) bool {
+			if p.state == 'T' || p.state == 't' {
+				return false // stopped before, by someone else
+			}
+			return unix.Kill(p.pid, syscall.SIGSTOP) == nil
+		}, func(pids []int) { waitStopped(pids, time.Second) })
+		stoppedNow = append(stoppedNow, byPid...)
 	} else {
 		// Each scan of /proc is made once every process stopped in the
 		// scan before has acted on its SIGSTOP, so a child it forked
 		// meanwhile exists by then and is found.
-		stoppedNow = g.eachLiving(func(p proc) bool {
+		stoppedNow = g.eachLiving(g.descendants, func(p proc) bool {
 			if p.state == 'T' || p.state == 't' {
 				return false // stopped before, by someone else
 			}

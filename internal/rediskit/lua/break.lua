@@ -1,10 +1,10 @@
 -- KEYS[1] lock, KEYS[2] audit stream, KEYS[3] the redis backend's
 -- waiter queue (Redlock: none); ARGV[1] channel, ARGV[2] reason, ARGV[3]
--- by, ARGV[4] audit length, ARGV[5] pass_on (see wake). Deletes whatever grant exists, appends to the
--- capped audit stream and wakes waiters: all of them on channel, and the
--- process first in the waiter queue on its own channel. Returns {0} when
--- free, {-1} for a foreign value, else {1, fence, short owner, pttl,
--- stream id, owner}.
+-- by, ARGV[4] audit length, ARGV[5] pass_on (see wake). Deletes whatever
+-- grant exists, appends to the capped audit stream and wakes waiters: all
+-- of them on channel, and the process first in the waiter queue on its
+-- own channel. Returns {0} when free, {-1} for a foreign value, else {1,
+-- fence, short owner, pttl, stream id, owner}.
 local v = redis.call('GET', KEYS[1])
 if not v then return {0} end
 local f, o = string.match(v, '^(%d+):(.*)$')
