@@ -108,6 +108,14 @@ deploy 8 → 3). A resource keyed by partition is fenced per partition only; whe
 rows, and nothing fences the move.
 Rows other than main ran with the named fix reverted locally; "first violation" is how far into the run it came.
 
+With eae438c reverted (a member that lapsed takes its membership back without looking at the group's count) the
+row fails on every run so far, at the first deploy that leaves a member stopped at the old P: seed
+1796481112532802180 on SQLite 17.6 s in; seed 1796481371196871601 on SQLite 12.2 s, 39.2 s and 12.3 s in (three
+runs: the schedule is the seed's, its timing the machine's) and on Redis 12.2 s, 12.5 s and 12.6 s in. The member
+resumes at its old count, the others' count is not its own, it takes the partitions they do not hold, and an item
+is held under two keys at once for 0.5-5 s. On main, 4 slice runs (one with four CPU hogs alongside) and the two
+3-minute runs above found no overlap, no stale write accepted, and every partition owned again within its bound.
+
 `
 
 // WriteGenPartSection writes the partitions row's section (between its
