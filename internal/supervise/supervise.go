@@ -347,12 +347,19 @@ func (g *Group) Signal(sig syscall.Signal) error {
 func (g *Group) SignalAll(sig syscall.Signal) int {
 	defer unix.Kill(-g.pid, sig)
 	if g.cg != nil {
+		if sig == syscall.SIGKILL {
+			// cgroup.kill first: what is in the cgroup dies at once, not
+			// after a walk of /proc, which a busy machine makes slow. The
+			// walk then finds what left it; a process moved back is
+			// killed with the cgroup again, one that cannot be by pid.
+			n := g.cg.killAll()
+			n += len(g.gather(func(p proc) bool { return unix.Kill(p.pid, sig) == nil }, nil))
+			g.cg.killAll()
+			return n
+		}
 		// A process moved back into the cgroup is reached with it; one
 		// that cannot be moved back is signalled by pid.
 		n := len(g.gather(func(p proc) bool { return unix.Kill(p.pid, sig) == nil }, nil))
-		if sig == syscall.SIGKILL {
-			return n + g.cg.killAll()
-		}
 		for _, pid := range g.cg.members() {
 			if unix.Kill(pid, sig) == nil {
 				n++
