@@ -81,12 +81,13 @@ What each mode (cgroup or process tree, see fenced run --help) promises:
   lease not renewed, member stopped or starved   none after (both modes)
   kill -9 of the member                          none after (both modes)
   lease broken, renewal refused                  ended
-  SIGSTOP or kill -9 of a partition's supervisor as fenced run (fence only, and
-                                                 in process-tree mode a kill -9
-                                                 spares processes that left the
-                                                 group)
+  SIGSTOP of a partition's supervisor            fence only
+  kill -9 of a partition's supervisor            as kill -9 of fenced run
 "none after": no write with the old fence is attempted once another member may be
-granted the partition. docs/supervision.md has the whole table, and its tests.
+granted the partition; "ended": SIGTERM, then SIGKILL, but the store may have
+granted the partition already; "fence only": COMMAND may run on, and only the
+resource's fence check protects. docs/supervision.md has the whole table, and its
+tests.
 
 A COMMAND that exits by itself is started again, with a new fence, at the member's
 next look at the group (a third of --ttl). SIGINT or SIGTERM makes the member
