@@ -126,8 +126,6 @@ func runPartitions(ctx context.Context, g *globals, f *partitionsFlags, group st
 		return withCode(exitUsage, fmt.Errorf("partitions run: -p %d: want 1 to %d partitions", f.partitions, recipe.MaxPartitions))
 	case f.grace < 0:
 		return withCode(exitUsage, fmt.Errorf("partitions run: --grace %v is negative", f.grace))
-	case f.grace >= f.ttl && f.ttl > 0:
-		return withCode(exitUsage, fmt.Errorf("partitions run: --grace %v is not shorter than --ttl %v: a command is killed before its partition's lease can run out, so it would never get that grace; give a --grace below the TTL", f.grace, f.ttl))
 	}
 	minFence, err := parseFenceStrength(f.minFence)
 	if err != nil {
@@ -152,6 +150,9 @@ func runPartitions(ctx context.Context, g *globals, f *partitionsFlags, group st
 	defer c.Close()
 	if err := checkTTL(c, "partitions run", f.ttl, &fenced.LeaseOptions{MinFence: minFence}); err != nil {
 		return err
+	}
+	if f.grace >= f.ttl {
+		return withCode(exitUsage, fmt.Errorf("partitions run: --grace %v is not shorter than --ttl %v: a command is killed before its partition's lease can run out, so it would never get that grace; give a --grace below the TTL", f.grace, f.ttl))
 	}
 
 	work := func(ctx context.Context, p recipe.Partition) error {
