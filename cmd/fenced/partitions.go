@@ -81,12 +81,13 @@ What each mode (cgroup or process tree, see fenced run --help) promises:
   lease not renewed, member stopped or starved   none after (both modes)
   kill -9 of the member                          none after (both modes)
   lease broken, renewal refused                  ended
-  SIGSTOP or kill -9 of a partition's supervisor as fenced run (fence only, and
-                                                 in process-tree mode a kill -9
-                                                 spares processes that left the
-                                                 group)
+  SIGSTOP of a partition's supervisor            fence only
+  kill -9 of a partition's supervisor            as kill -9 of fenced run
 "none after": no write with the old fence is attempted once another member may be
-granted the partition. docs/supervision.md has the whole table, and its tests.
+granted the partition; "ended": SIGTERM, then SIGKILL, but the store may have
+granted the partition already; "fence only": COMMAND may run on, and only the
+resource's fence check protects. docs/supervision.md has the whole table, and its
+tests.
 
 A COMMAND that exits by itself is started again, with a new fence, at the member's
 next look at the group (a third of --ttl). SIGINT or SIGTERM makes the member
@@ -125,8 +126,6 @@ func runPartitions(ctx context.Context, g *globals, f *partitionsFlags, group st
 		return withCode(exitUsage, fmt.Errorf("partitions run: -p %d: want 1 to %d partitions", f.partitions, recipe.MaxPartitions))
 	case f.grace < 0:
 		return withCode(exitUsage, fmt.Errorf("partitions run: --grace %v is negative", f.grace))
-	case f.grace >= f.ttl && f.ttl > 0:
-		return withCode(exitUsage, fmt.Errorf("partitions run: --grace %v is not shorter than --ttl %v: a command is killed before its partition's lease can run out, so it would never get that grace; give a --grace below the TTL", f.grace, f.ttl))
 	}
 	minFence, err := parseFenceStrength(f.minFence)
 	if err != nil {
@@ -151,6 +150,9 @@ func runPartitions(ctx context.Context, g *globals, f *partitionsFlags, group st
 	defer c.Close()
 	if err := checkTTL(c, "partitions run", f.ttl, &fenced.LeaseOptions{MinFence: minFence}); err != nil {
 		return err
+	}
+	if f.grace >= f.ttl {
+		return withCode(exitUsage, fmt.Errorf("partitions run: --grace %v is not shorter than --ttl %v: a command is killed before its partition's lease can run out, so it would never get that grace; give a --grace below the TTL", f.grace, f.ttl))
 	}
 
 	work := func(ctx context.Context, p recipe.Partition) error {

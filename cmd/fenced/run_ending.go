@@ -72,7 +72,8 @@ func (s *supervision) measure() {
 // endUnrenewed ends the tree if the hold's validity has fallen within the
 // window (no renewal confirmed in time): SIGTERM now, SIGKILL after
 // --grace or the lead before the validity ends, whichever is sooner; at
-// once if that moment has passed while the SIGTERM went out. Otherwise it
+// once if that moment has passed while the SIGTERM went out, or without
+// SIGTERM if the round would cost more than the time left before it. Otherwise it
 // measures the machine's cost of ending the tree (measure) and returns
 // the channel for the next check. fenced then exits 77.
 func (s *supervision) endUnrenewed() <-chan time.Time {
@@ -92,6 +93,16 @@ func (s *supervision) endUnrenewed() <-chan time.Time {
 	// The tree is ended for the loss to come: exit 77, as after one.
 	s.unrenewed = true
 	s.lost = fmt.Errorf("%w: no renewal confirmed with %v of its validity left", fenced.ErrLost, left.Round(time.Millisecond))
+	s.cost = max(s.cost, late)
+	if left-s.cost < s.lead() {
+		// No time for a round of SIGTERM (it would cost what a round has
+		// cost here) before SIGKILL must go out.
+		s.ending = true
+		fmt.Fprintf(s.g.stderr, "fenced: %s has not been renewed and ends in %v, too soon for SIGTERM on this machine (%v late; a round of signals takes about %v)\n",
+			s.h.desc, left.Round(time.Millisecond), late.Round(time.Millisecond), s.cost.Round(time.Millisecond))
+		s.kill("ran with the validity about to end")
+		return nil
+	}
 	// SIGCONT goes to the group only: a stopped process that left it
 	// cannot act on SIGTERM, but SIGKILL ends it all the same, and a
 	// second round over the tree would eat into the time left.
