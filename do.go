@@ -2,6 +2,7 @@ package fenced
 
 import (
 	"context"
+	"fmt"
 	"time"
 )
 
@@ -44,7 +45,12 @@ import (
 // error, until MinHold has passed since Acquire returned. An end of ctx or
 // of the lease cuts that short. A duplicate started a little later
 // elsewhere finds the key held.
+//
+// A nil fn is refused with ErrInvalidOptions before anything is acquired.
 func (c *Client) Do(ctx context.Context, key string, opts *LeaseOptions, fn func(ctx context.Context, l *Lease) error) error {
+	if fn == nil {
+		return fmt.Errorf("%w: Do %q: the work function is nil", ErrInvalidOptions, key)
+	}
 	l, err := c.Acquire(ctx, key, opts)
 	if err != nil {
 		return err

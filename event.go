@@ -2,6 +2,7 @@ package fenced
 
 import (
 	"context"
+	"strconv"
 	"time"
 )
 
@@ -37,6 +38,26 @@ const (
 	// seen) and Resource (a table, a Redis key, a URL path) are set.
 	EventStaleWrite
 )
+
+// String returns the kind's name without its prefix ("acquire", "lost"),
+// or "EventKind(N)" for a value that names no kind.
+func (k EventKind) String() string {
+	switch k {
+	case EventAttempt:
+		return "attempt"
+	case EventAcquire:
+		return "acquire"
+	case EventRenew:
+		return "renew"
+	case EventLost:
+		return "lost"
+	case EventRelease:
+		return "release"
+	case EventStaleWrite:
+		return "stale-write"
+	}
+	return "EventKind(" + strconv.Itoa(int(k)) + ")"
+}
 
 // Event is what a client reports to Options.Hook. Kind says which fields
 // are set. Every event about a granted lease carries the *Lease, so an

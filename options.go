@@ -156,11 +156,23 @@ func (o origin) String() string {
 // invalid returns an error matching ErrInvalidOptions (and driver.ErrInvalidTTL
 // for durations) about field.
 func invalid(duration bool, field string, format string, args ...any) error {
-	msg := fmt.Sprintf(format, args...)
-	if duration {
-		return fmt.Errorf("%w: %w: %s: %s", ErrInvalidOptions, driver.ErrInvalidTTL, field, msg)
-	}
-	return fmt.Errorf("%w: %s: %s", ErrInvalidOptions, field, msg)
+	return &optionError{field: field, msg: fmt.Sprintf(format, args...), duration: duration}
+}
+
+// optionError is a refused lease option. Its text names the field alone,
+// so a negative MaxWait never reads as an invalid TTL.
+type optionError struct {
+	field, msg string
+	duration   bool // it also matches driver.ErrInvalidTTL
+}
+
+func (e *optionError) Error() string {
+	return ErrInvalidOptions.Error() + ": " + e.field + ": " + e.msg
+}
+
+// Is matches ErrInvalidOptions, and driver.ErrInvalidTTL for a duration.
+func (e *optionError) Is(target error) bool {
+	return target == ErrInvalidOptions || e.duration && target == driver.ErrInvalidTTL
 }
 
 // Resolve returns the options a lease acquired with opts (nil for none)
@@ -176,8 +188,8 @@ func (c *Client) Resolve(opts *LeaseOptions) (LeaseOptions, error) {
 	if s.TTL == 0 {
 		s.TTL = DefaultTTL
 	}
-	if err := c.validateTTL(s.TTL); err != nil {
-		return LeaseOptions{}, fmt.Errorf("%w: TTL: %w", ErrInvalidOptions, err)
+	if lo, hi := c.ops().TTLBounds(MinTTL, MaxTTL); s.TTL < lo || s.TTL > hi {
+		return LeaseOptions{}, invalid(true, "TTL", "%v is outside [%v, %v], the TTLs this store accepts", s.TTL, lo, hi)
 	}
 	if err := checkOwnerTag(s.OwnerTag); err != nil {
 		return LeaseOptions{}, err
@@ -295,12 +307,6 @@ func ValidateKey(key string) error {
 		return fmt.Errorf("%w: key %q has leading or trailing space", driver.ErrInvalidKey, key)
 	}
 	return nil
-}
-
-func (c *Client) validateTTL(ttl time.Duration) error {
-	lo, hi := MinTTL, MaxTTL
-	lo, hi = c.ops().TTLBounds(lo, hi)
-	return driver.CheckTTL(ttl, lo, hi)
 }
 
 // backoff returns the sleep before poll attempt n (0-based): full jitter

@@ -20,37 +20,63 @@ func bootTime() (time.Duration, bool) {
 	return time.Duration(ts.Nano()), true
 }
 
-// suspended is the time the machine had spent suspended since the process
-// started (CLOCK_BOOTTIME's advance minus the monotonic clock's), when the
-// monotonic clock read mono and the wall clock was drift ahead of it.
-type suspended struct {
+// suspendedReading is the time the machine had spent suspended since the
+// process started (CLOCK_BOOTTIME's advance minus the monotonic clock's),
+// when the monotonic clock read mono and the wall clock was drift ahead of
+// it.
+type suspendedReading struct {
 	d, mono, drift time.Duration
 }
 
-var lastSuspended atomic.Pointer[suspended]
+var lastSuspended atomic.Pointer[suspendedReading]
 
-// sinceStart returns the time since the process started on
-// CLOCK_BOOTTIME, which counts the time the machine spent suspended.
+// suspendedSince returns the time the machine has spent suspended since
+// the process started (CLOCK_BOOTTIME's advance minus the monotonic
+// clock's), as of now, a reading of time.Now.
 //
 // Reading CLOCK_BOOTTIME is a system call (a microsecond; time.Now is
 // twenty times cheaper), so it is read again only when the time suspended
 // may have changed: when the wall clock moved against the monotonic clock
 // by more than a millisecond (a suspend moves the one and not the other),
-// and at least once a second.
-func sinceStart() time.Duration {
-	now := time.Now()
+// and at least once a second. In between, every caller gets the same value,
+// so readings converted with it (Local) do not move.
+func suspendedSince(now time.Time) time.Duration {
 	mono := now.Sub(start)
 	if !bootClock {
-		return mono
+		return 0
 	}
 	drift := now.Round(0).Sub(start.Round(0)) - mono
 	if s := lastSuspended.Load(); s != nil && mono-s.mono < time.Second && (drift-s.drift).Abs() < time.Millisecond {
-		return mono + s.d
+		return s.d
 	}
-	// The monotonic reading first: the boot clock's, later, can only make
-	// the time suspended look longer, and validity shorter.
-	bt, _ := bootTime()
-	s := &suspended{d: max(bt-bootStart-mono, 0), mono: mono, drift: drift}
+	s := &suspendedReading{d: readSuspended(), mono: mono, drift: drift}
 	lastSuspended.Store(s)
-	return mono + s.d
+	return s.d
+}
+
+// tightRead is how far apart the monotonic readings around a read of
+// CLOCK_BOOTTIME may be for readSuspended to take it at once.
+const tightRead = 50 * time.Microsecond
+
+// readSuspended reads the time suspended: CLOCK_BOOTTIME between two
+// readings of the monotonic clock. A process descheduled between them
+// (a busy machine) would take the time it waited for time suspended, and
+// every reading converted with it would move by that much; so it reads
+// again, up to four times, and keeps the read with the closest pair.
+// The first monotonic reading counts: the boot clock's, later, can only
+// make the time suspended look longer, and validity shorter.
+func readSuspended() time.Duration {
+	var best, width time.Duration = 0, -1
+	for range 4 {
+		before := time.Now()
+		bt, _ := bootTime()
+		w := time.Since(before)
+		if width < 0 || w < width {
+			best, width = max(bt-bootStart-before.Sub(start), 0), w
+		}
+		if width <= tightRead {
+			break
+		}
+	}
+	return best
 }

@@ -48,8 +48,8 @@ func TestRealReadsBoottime(t *testing.T) {
 // moves readings back by the hour, so they compare with time.Now.
 func TestTimerFiresAfterSuspend(t *testing.T) {
 	var jump atomic.Int64
-	elapsed = func() time.Duration { return sinceStart() + time.Duration(jump.Load()) }
-	t.Cleanup(func() { elapsed = sinceStart })
+	suspended = func(now time.Time) time.Duration { return suspendedSince(now) + time.Duration(jump.Load()) }
+	t.Cleanup(func() { suspended = suspendedSince })
 	c := Real()
 	tm := c.NewTimer(30 * time.Minute)
 	before := c.Now()

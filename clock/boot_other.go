@@ -4,10 +4,10 @@ package clock
 
 import "time"
 
-// bootClock reports that sinceStart counts suspended time: not here (see
+// bootClock reports that the boot clock counts suspended time: not here (see
 // the package comment).
 const bootClock = false
 
-// sinceStart returns the time since the process started on package
-// time's monotonic clock.
-func sinceStart() time.Duration { return time.Since(start) }
+// suspendedSince returns zero: package time's monotonic clock is the boot
+// clock here.
+func suspendedSince(time.Time) time.Duration { return 0 }

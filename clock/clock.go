@@ -62,8 +62,16 @@ const MaxTimerStep = 500 * time.Millisecond
 // start is when the process started, on both clocks.
 var start = time.Now()
 
-// elapsed is sinceStart; tests replace it to act out a suspend.
-var elapsed = sinceStart
+// suspended returns the time the machine has spent suspended since the
+// process started, as of now (a reading of time.Now); tests replace it to
+// act out a suspend.
+var suspended = suspendedSince
+
+// elapsed returns the time since the process started on the boot clock.
+func elapsed() time.Duration {
+	now := time.Now()
+	return now.Sub(start) + suspended(now)
+}
 
 type realClock struct{}
 
@@ -72,11 +80,13 @@ func (realClock) Now() time.Time { return start.Add(elapsed()) }
 // Local converts t, a reading of c, into a time comparable with time.Now:
 // for Real, t moved back by the time the machine has spent suspended since
 // the process started (zero except on Linux); other clocks' readings are
-// returned as they are.
+// returned as they are. Converting one reading again gives the same time
+// until the machine is next suspended (to within microseconds when the
+// time suspended is read again, at least once a second), however long the
+// caller is descheduled while it converts.
 func Local(c Clock, t time.Time) time.Time {
 	if _, ok := c.(realClock); ok {
-		now := time.Now()
-		return t.Add(now.Sub(start) - elapsed())
+		return t.Add(-suspended(time.Now()))
 	}
 	return t
 }
@@ -101,7 +111,7 @@ func (t stdTimer) Stop() bool          { return t.t.Stop() }
 // least every MaxTimerStep.
 type bootTimer struct {
 	c        chan time.Time
-	deadline time.Duration // on sinceStart's scale
+	deadline time.Duration // on elapsed's scale
 
 	mu   sync.Mutex
 	t    *time.Timer

@@ -84,8 +84,12 @@ type Token struct {
 // takes precedence). So one guard, created once without a hook, serves every
 // worker and every client. Two tokens from From compare equal (==) when
 // they come from the same client; compare a decoded token with one built by
-// hand field by field.
+// hand field by field. From(nil) returns the zero Token, which Validate and
+// every guard refuse with ErrInvalidToken.
 func From(l *fenced.Lease) Token {
+	if l == nil {
+		return Token{}
+	}
 	return Token{Key: l.Key(), Fence: l.Fence(), Owner: OwnerDigest(l.Owner()), issuer: l.Client()}
 }
 

@@ -250,3 +250,15 @@ func TestSequencer(t *testing.T) {
 		}
 	}
 }
+
+// TestFromNilLeaseIsRefused checks that the token of a nil lease is the
+// zero Token, which Validate refuses, instead of a panic.
+func TestFromNilLeaseIsRefused(t *testing.T) {
+	tok := fence.From(nil)
+	if tok != (fence.Token{}) {
+		t.Fatalf("From(nil) = %+v; want the zero Token", tok)
+	}
+	if err := tok.Validate(); !errors.Is(err, fence.ErrInvalidToken) {
+		t.Fatalf("From(nil).Validate() = %v; want ErrInvalidToken", err)
+	}
+}

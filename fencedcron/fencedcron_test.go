@@ -12,7 +12,12 @@ import (
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/fencedcron"
 	_ "github.com/fenced-dev/fenced/fencedsqlite"
+	"github.com/fenced-dev/fenced/internal/testkit/childproc"
 )
+
+func TestMain(m *testing.M) {
+	childproc.Main(m, map[string]func() int{"leasejob": childLeaseJob})
+}
 
 // TestThreeCronsRunEachTickOnce: three crons, each with its own client on
 // one SQLite file, run a job due every second once per second between them.
@@ -29,10 +34,14 @@ func TestThreeCronsRunEachTickOnce(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { c.Close() })
-		cr := cron.New(cron.WithSeconds())
-		job := cron.NewChain(fencedcron.SkipIfHeld(c, "every-second", &fencedcron.Options{
+		skip, err := fencedcron.SkipIfHeld(c, "every-second", &fencedcron.Options{
 			OnError: func(err error) { t.Errorf("run: %v", err) },
-		})).Then(cron.FuncJob(func() {
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cr := cron.New(cron.WithSeconds())
+		job := cron.NewChain(skip).Then(cron.FuncJob(func() {
 			mu.Lock()
 			runs[time.Now().Unix()]++
 			mu.Unlock()
@@ -54,17 +63,4 @@ func TestThreeCronsRunEachTickOnce(t *testing.T) {
 	if len(runs) < int(runFor/time.Second)-1 {
 		t.Errorf("%d seconds had a run in %v", len(runs), runFor)
 	}
-}
-
-// ExampleSkipIfHeld runs a report every minute on one instance of many.
-func ExampleSkipIfHeld() {
-	client, err := fenced.Open(context.Background(), "sqlite:///var/lib/app/leases.db", nil)
-	if err != nil {
-		panic(err)
-	}
-	defer client.Close()
-	c := cron.New(cron.WithChain(fencedcron.SkipIfHeld(client, "report", nil)))
-	c.AddFunc("@every 1m", func() { println("send the report") })
-	c.Start()
-	defer c.Stop()
 }

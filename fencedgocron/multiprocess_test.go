@@ -21,7 +21,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	childproc.Main(m, map[string]func() int{"scheduler": childScheduler})
+	childproc.Main(m, map[string]func() int{"scheduler": childScheduler, "leasejob": childLeaseJob})
 }
 
 // childScheduler runs a gocron scheduler with the fenced Locker on the

@@ -23,28 +23,33 @@ func Example() {
 	}
 	defer client.Close()
 	host, _ := os.Hostname()
-	lock, err := fencedk8s.New(client, "my-controller", host, nil)
+	// The lock must know the elector's RenewDeadline and RetryPeriod.
+	lock, err := fencedk8s.New(client, "my-controller", host, &fencedk8s.Options{
+		RenewDeadline: 10 * time.Second,
+		RetryPeriod:   2 * time.Second,
+	})
 	if err != nil {
 		log.Fatal(err)
 	}
 	leaderelection.RunOrDie(ctx, leaderelection.LeaderElectionConfig{
-		Lock:          lock,
-		LeaseDuration: 15 * time.Second,
-		RenewDeadline: 10 * time.Second,
-		RetryPeriod:   2 * time.Second,
+		Lock:            lock,
+		LeaseDuration:   15 * time.Second,
+		RenewDeadline:   10 * time.Second,
+		RetryPeriod:     2 * time.Second,
+		ReleaseOnCancel: true,
 		Callbacks: leaderelection.LeaderCallbacks{
 			OnStartedLeading: func(ctx context.Context) {
-				l := lock.Lease()
+				// Work under the context that also ends with the lease.
+				ctx, l := lock.LeaderContext(ctx)
 				if l == nil {
 					return // the term is over already
 				}
 				log.Printf("leading with epoch %d", l.Fence())
-				select { // work until either says the term ended
-				case <-ctx.Done():
-				case <-l.Context().Done():
-				}
+				<-ctx.Done()
+				log.Printf("term over: %v", context.Cause(ctx))
 			},
 			OnStoppedLeading: func() { log.Print("stopped leading") },
+			OnNewLeader:      func(id string) { log.Printf("leader: %s", id) },
 		},
 	})
 }

@@ -19,7 +19,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	childproc.Main(m, map[string]func() int{"candidate": childCandidate})
+	childproc.Main(m, map[string]func() int{"candidate": childCandidate, "term": childTerm})
 }
 
 // childCandidate runs client-go's elector on the parent's store until
@@ -33,7 +33,9 @@ func childCandidate() int {
 	}
 	defer client.Close()
 	pid := os.Getpid()
-	lock, err := fencedk8s.New(client, "controller", "candidate-"+strconv.Itoa(pid), nil)
+	lock, err := fencedk8s.New(client, "controller", "candidate-"+strconv.Itoa(pid), &fencedk8s.Options{
+		RenewDeadline: 1500 * time.Millisecond, RetryPeriod: 200 * time.Millisecond,
+	})
 	if err != nil {
 		return childproc.Fail(err)
 	}
@@ -48,20 +50,17 @@ func childCandidate() int {
 		RetryPeriod:   200 * time.Millisecond,
 		Callbacks: leaderelection.LeaderCallbacks{
 			OnStartedLeading: func(ctx context.Context) {
-				l := lock.Lease()
+				ctx, l := lock.LeaderContext(ctx)
 				if l == nil {
 					return // lost already
 				}
 				epoch := l.Fence()
 				fmt.Fprintf(out, "lead %d %d\n", pid, epoch)
-				lctx := l.Context()
 				t := time.NewTicker(50 * time.Millisecond)
 				defer t.Stop()
 				for {
 					select {
 					case <-ctx.Done():
-						return
-					case <-lctx.Done():
 						return
 					case <-t.C:
 						fmt.Fprintf(out, "beat %d %d\n", pid, epoch)

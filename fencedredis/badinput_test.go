@@ -236,3 +236,78 @@ func TestTLS(t *testing.T) {
 		t.Fatal("plain-text Open of a TLS-only server succeeded")
 	}
 }
+
+// A key's waiter queue ({KEY}:waitq) holding something another program
+// wrote there (a string here) is refused like any foreign value: waiting
+// for the key fails at once with ErrForeignValue naming the queue, and so
+// does a release (the grant stays until its TTL, and the queue is left as
+// it was), since it cannot tell the waiters. A waiter that was already
+// waiting when the queue was replaced fails at its next try, its fallback
+// poll (300 ms here): it does not go on polling. Before, the errors named
+// the lock and fence keys, which hold nothing foreign.
+func TestForeignWaiterQueueIsNamed(t *testing.T) {
+	ctx := testCtx(t)
+	srv := testenv.StartRedis(t, testenv.RedisConfig{NoPersistence: true})
+	rc := admin(t, srv)
+	holder := newDriver(t, srv, nil)
+	opts := &fenced.Options{MinFence: fenced.FenceRepeatable, FallbackPoll: 300 * time.Millisecond}
+	lease := &fenced.LeaseOptions{MinFence: fenced.FenceRepeatable, MaxWait: 20 * time.Second}
+	named := func(err error, key string) bool {
+		return errors.Is(err, fencedredis.ErrForeignValue) && strings.Contains(err.Error(), "fenced:{"+key+"}:waitq")
+	}
+
+	// Planted before anyone waits.
+	if err := rc.Set(ctx, "fenced:{planted}:waitq", "someone else's", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	o := owner()
+	f, err := holder.TryAcquire(ctx, "planted", o, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := fenced.NewClient(newDriver(t, srv, nil), opts)
+	defer c.Close()
+	start := time.Now()
+	if _, err := c.Acquire(ctx, "planted", lease); !named(err, "planted") {
+		t.Errorf("Acquire with a foreign waiter queue: %v\nwant ErrForeignValue naming the queue", err)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("Acquire took %v to refuse a foreign waiter queue; want at once", took)
+	}
+	if err := holder.Release(ctx, driver.Grant{Key: "planted", Owner: o, Fence: f, TTL: time.Minute}); !named(err, "planted") {
+		t.Errorf("Release with a foreign waiter queue: %v\nwant ErrForeignValue naming the queue", err)
+	}
+	if info, err := holder.Inspect(ctx, "planted"); err != nil || !info.Held || info.Fence != f {
+		t.Errorf("after the refused release: %+v, %v; want the grant unchanged", info, err)
+	}
+	if v, err := rc.Get(ctx, "fenced:{planted}:waitq").Result(); err != nil || v != "someone else's" {
+		t.Errorf("the foreign queue is now %q (%v); want it untouched", v, err)
+	}
+
+	// Replaced while a waiter waits.
+	f, err = holder.TryAcquire(ctx, "replaced", o, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		_, err := c.Acquire(ctx, "replaced", lease)
+		got <- err
+	}()
+	waitQueueLen(t, rc, "fenced:{replaced}:waitq", 1)
+	if err := rc.Del(ctx, "fenced:{replaced}:waitq").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rc.Set(ctx, "fenced:{replaced}:waitq", "someone else's", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	replaced := time.Now()
+	if err := holder.Release(ctx, driver.Grant{Key: "replaced", Owner: o, Fence: f, TTL: time.Minute}); !named(err, "replaced") {
+		t.Errorf("Release with a foreign waiter queue: %v\nwant ErrForeignValue naming the queue", err)
+	}
+	err = <-got
+	if !named(err, "replaced") {
+		t.Errorf("the waiting Acquire: %v\nwant ErrForeignValue naming the queue", err)
+	}
+	t.Logf("the waiter failed %v after its queue was replaced (fallback poll 300ms): %v", time.Since(replaced).Round(time.Millisecond), err)
+}

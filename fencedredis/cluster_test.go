@@ -169,3 +169,74 @@ func TestCluster(t *testing.T) {
 		t.Fatal("the release of cluster:0 did not wake its refused waiter")
 	}
 }
+
+// Lease keys with braces work on Redis Cluster: every name of a key (lock,
+// counter, waiter queue, audit stream) hashes to one slot, as the server
+// computes it (CLUSTER KEYSLOT; rediskit.HashSlot agrees), and grants,
+// refusals that enter the waiter queue, releases that wake, breaks and
+// List all run. A key starting with '}' used to give its names an empty
+// hash tag, so Redis hashed each whole name and every script failed with
+// CROSSSLOT.
+func TestClusterKeysWithBraces(t *testing.T) {
+	ctx := testCtx(t)
+	addrs := startCluster(t, 3)
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, MaxRetries: -1})
+	defer cc.Close()
+	d, err := fencedredis.New(cc, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	node := redis.NewClient(&redis.Options{Addr: addrs[0]})
+	defer node.Close()
+	layout := rediskit.Layout{Prefix: rediskit.DefaultPrefix, Cluster: true}
+	for _, key := range []string{"}a", "{}x", "a{b}c", "{{a}}", "}", "}}x", "a}", "{", "x{"} {
+		k := layout.Keys(key)
+		var slots []int64
+		for _, name := range []string{k.Lock, k.Fence, k.Audit, k.Waiters, k.Claim} {
+			slot, err := node.ClusterKeySlot(ctx, name).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if uint16(slot) != rediskit.HashSlot(name) {
+				t.Errorf("HashSlot(%q) = %d, CLUSTER KEYSLOT says %d", name, rediskit.HashSlot(name), slot)
+			}
+			slots = append(slots, slot)
+		}
+		for _, s := range slots[1:] {
+			if s != slots[0] {
+				t.Errorf("key %q: its names hash to slots %v, want one", key, slots)
+				break
+			}
+		}
+		o := owner()
+		f, err := d.TryAcquire(ctx, key, o, time.Minute)
+		if err != nil {
+			t.Errorf("key %q: acquire: %v", key, err)
+			continue
+		}
+		sub, err := d.Subscribe(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := d.TryAcquire(ctx, key, owner(), time.Minute); !errors.Is(err, driver.ErrHeld) {
+			t.Errorf("key %q: try of the held key: %v, want ErrHeld", key, err)
+		}
+		infos, err := d.List(ctx, key)
+		if err != nil || len(infos) == 0 || infos[0].Key != key {
+			t.Errorf("key %q: List(%q) = %+v, %v; want the key first", key, key, infos, err)
+		}
+		if err := d.Release(ctx, driver.Grant{Key: key, Owner: o, Fence: f, TTL: time.Minute}); err != nil {
+			t.Errorf("key %q: release: %v", key, err)
+		} else if !waketest.Woken(sub, 10*time.Second) {
+			t.Errorf("key %q: the release did not wake the refused waiter", key)
+		}
+		sub.Close()
+		if f2, err := d.TryAcquire(ctx, key, o, time.Minute); err != nil || f2 <= f {
+			t.Errorf("key %q: acquire again: fence %d, %v; want above %d", key, f2, err, f)
+		}
+		if _, err := d.Break(ctx, key, driver.BreakRequest{Reason: "test", By: "test"}); err != nil {
+			t.Errorf("key %q: break: %v", key, err)
+		}
+	}
+}

@@ -32,10 +32,21 @@
 // holder at the resource.
 //
 // Waiters are woken by pub/sub: a release wakes one process, the one that
-// has waited longest in the key's waiter queue, and one waiter in it.
-// FIFO is not promised across processes. Keys in the namespace that
-// fenced did not write are never deleted or overwritten: operations on
-// them fail with ErrForeignValue.
+// has waited longest in the key's waiter queue, and one waiter in it. A
+// process that died is passed over: the wake-up reaches no client, and
+// the release wakes the next (not on Cluster, where PUBLISH counts one
+// node's clients). A process alive but stopped (SIGSTOP) takes the
+// wake-up; the releasing driver then wakes the next process if the key is
+// still free some 20 ms later (Close waits for that). FIFO is not
+// promised across processes. Keys in the namespace that fenced did not
+// write are never deleted or overwritten: operations on them fail with
+// ErrForeignValue, which names the key (a waiter queue of another type
+// too: waiting on that key fails, it never turns into polling).
+//
+// Every Redis key of a lease carries the lease key as a Cluster hash tag,
+// PREFIX{KEY}:lock and so on, whatever braces KEY holds. On a Cluster
+// client a key that starts with '}' is written PREFIX{ }KEY…, as an empty
+// tag would scatter its names over slots.
 //
 // How the driver keeps a lease, and why: docs/backends.md.
 package fencedredis
@@ -46,6 +57,7 @@ import (
 	"fmt"
 	"net/url"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -108,6 +120,15 @@ type Driver struct {
 	// waiters is this process's side of the keys' waiter queues (see
 	// Subscribe).
 	waiters *rediskit.WaitQueue
+	// passOn is the scripts' pass_on argument (lua/waiter_queue.lua's
+	// wake): "1", a wake-up that reached no client passes on to the next
+	// process in the queue, except on Cluster ("0").
+	passOn string
+	// nudges are the releases' nudges in flight (see nudge); nudgeEnd,
+	// under nudgeMu, is set by Close, which then waits for them.
+	nudgeMu  sync.Mutex
+	nudgeEnd bool
+	nudges   sync.WaitGroup
 	// guarantees is what Guarantees returns, set by New.
 	guarantees driver.Guarantees
 
@@ -129,7 +150,11 @@ var (
 // may be nil. The driver does not own c:
 // Close leaves it open. go-redis retries failed commands by default
 // (MaxRetries 3); every fenced script is safe to retry except that a
-// release retried after it took effect reports ErrNotHeld.
+// release retried after it took effect reports ErrNotHeld. go-redis also
+// ignores context deadlines unless Options.ContextTimeoutEnabled is set:
+// set it, or a call on a link that drops packets waits out ReadTimeout
+// (5s by default) whatever its context says. The client fenced.Open makes
+// from a URL sets it.
 func New(c redis.UniversalClient, opts *Options) (*Driver, error) {
 	if c == nil {
 		return nil, errors.New("redis: New: nil client")
@@ -154,13 +179,18 @@ func New(c redis.UniversalClient, opts *Options) (*Driver, error) {
 	if d.opts.AuditLen <= 0 {
 		d.opts.AuditLen = 100
 	}
-	if _, ok := c.(*redis.ClusterClient); ok && d.opts.WaitReplicas > 0 {
+	_, cluster := c.(*redis.ClusterClient)
+	if cluster && d.opts.WaitReplicas > 0 {
 		return nil, errors.New("redis: WaitReplicas is not supported on a Cluster client (WAIT must follow the grant on the same connection)")
 	}
 	if _, ok := c.(*redis.Ring); ok {
 		return nil, errors.New("redis: a Ring client is not supported: its shards move keys, which would reset fence counters")
 	}
-	d.layout = rediskit.Layout{Prefix: d.opts.Prefix}
+	d.layout = rediskit.Layout{Prefix: d.opts.Prefix, Cluster: cluster}
+	d.passOn = "1"
+	if cluster {
+		d.passOn = "0" // PUBLISH counts one node's clients (see lua/waiter_queue.lua)
+	}
 	d.guarantees = d.makeGuarantees()
 	return d, nil
 }
@@ -228,7 +258,7 @@ func open(ctx context.Context, u *url.URL) (driver.Driver, error) {
 
 // release runs rediskit.ReleaseWaiters for value on k.
 func (d *Driver) release(ctx context.Context, k rediskit.Keys, value string) *redis.Cmd {
-	return rediskit.ReleaseWaiters.Run(ctx, d.c, []string{k.Lock, k.Waiters}, value, k.Channel)
+	return rediskit.ReleaseWaiters.Run(ctx, d.c, []string{k.Lock, k.Waiters}, value, k.Channel, d.passOn)
 }
 
 // TryAcquire implements driver.Driver in one round trip (two with
@@ -377,14 +407,51 @@ func (d *Driver) Release(ctx context.Context, g driver.Grant) error {
 		return err
 	}
 	k := d.layout.Keys(g.Key)
+	start := time.Now()
 	n, err := d.release(ctx, k, rediskit.Value(g.Fence, g.Owner)).Int64()
 	if err != nil {
 		return d.scriptErr("release", g.Key, err, true, k.Lock)
 	}
-	if n != 1 {
+	if n == 0 {
 		return fmt.Errorf("redis: release %v: %w", g, driver.ErrNotHeld)
 	}
+	if n == 2 {
+		d.nudge(k, time.Since(start))
+	}
 	return nil
+}
+
+// Bounds of a nudge's wait (see nudge).
+const (
+	nudgeMin = 20 * time.Millisecond
+	nudgeRTT = 4 // round trips of the release
+)
+
+// nudge passes a release's wake-up on if the process it woke does not
+// take it: after a wait, if the key is still free, it wakes the process
+// first in the queue now (lua/leave_waiters.lua with no member). A live
+// process woken by the release has tried by then: it holds the key, or
+// its refused try found the key held. One that is alive but stopped
+// (SIGSTOP, a debugger) has not; its connection took the wake-up all the
+// same (a dead one's did not: the release passed that on itself). The
+// wait is nudgeMin plus nudgeRTT times the release's round trip, so it
+// grows with the load on this client, the network and the server; a woken
+// process slower than that costs a second try, not a missed wake-up. Close
+// waits for the nudges in flight.
+func (d *Driver) nudge(k rediskit.Keys, rtt time.Duration) {
+	d.nudgeMu.Lock()
+	defer d.nudgeMu.Unlock()
+	if d.nudgeEnd {
+		return
+	}
+	d.nudges.Add(1)
+	go func() {
+		defer d.nudges.Done()
+		time.Sleep(nudgeMin + nudgeRTT*rtt)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = rediskit.LeaveWaiters.Run(ctx, d.c, []string{k.Lock, k.Waiters}, "", k.Channel, d.passOn).Err()
+	}()
 }
 
 // Inspect implements driver.Driver in one round trip.
@@ -452,7 +519,7 @@ func (d *Driver) Break(ctx context.Context, key string, req driver.BreakRequest)
 		return driver.LeaseInfo{}, err
 	}
 	k := d.layout.Keys(key)
-	res, err := rediskit.Break.Run(ctx, d.c, []string{k.Lock, k.Audit, k.Waiters}, k.Channel, req.Reason, req.By, d.opts.AuditLen).Slice()
+	res, err := rediskit.Break.Run(ctx, d.c, []string{k.Lock, k.Audit, k.Waiters}, k.Channel, req.Reason, req.By, d.opts.AuditLen, d.passOn).Slice()
 	if err != nil {
 		return driver.LeaseInfo{}, d.scriptErr("break", key, err, true, k.Lock, k.Audit)
 	}
@@ -496,7 +563,7 @@ func (d *Driver) Subscribe(ctx context.Context, key string) (driver.Subscription
 func (d *Driver) leaveWaiters(ctx context.Context, k rediskit.Keys, member string) {
 	ctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
-	_ = rediskit.LeaveWaiters.Run(ctx, d.c, []string{k.Lock, k.Waiters}, member, k.Channel).Err()
+	_ = rediskit.LeaveWaiters.Run(ctx, d.c, []string{k.Lock, k.Waiters}, member, k.Channel, d.passOn).Err()
 }
 
 // SubscribeObserver implements driver.ObserveNotifier: the observer is
@@ -547,6 +614,10 @@ func (d *Driver) Close() error {
 	if !d.closed.CompareAndSwap(false, true) {
 		return nil
 	}
+	d.nudgeMu.Lock()
+	d.nudgeEnd = true
+	d.nudgeMu.Unlock()
+	d.nudges.Wait()
 	err := d.hub.Close()
 	d.waiters.Close()
 	if d.owns {

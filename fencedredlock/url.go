@@ -48,7 +48,6 @@ func open(ctx context.Context, u *url.URL) (driver.Driver, error) {
 			closeAll()
 			return nil, err
 		}
-		ro.ContextTimeoutEnabled = true
 		clients = append(clients, redis.NewClient(ro))
 	}
 	// Every node must answer (and accept the password) at open time, so a

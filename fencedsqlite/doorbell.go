@@ -1,6 +1,9 @@
 package fencedsqlite
 
-import "os"
+import (
+	"errors"
+	"os"
+)
 
 // doorbellSuffix names the doorbell beside a database file: FILE.wake.
 const doorbellSuffix = ".wake"
@@ -29,31 +32,37 @@ type doorbell struct {
 
 // newDoorbell returns the doorbell of the database file dbPath (none for
 // ""), creating it with the database file's permissions where it is
-// missing. A doorbell that cannot be created is not an error: ringing it
-// tries again, and until it exists waiters rely on their fallback timers.
-func newDoorbell(dbPath string) doorbell {
+// missing. A doorbell that cannot be created (a read-only directory) is
+// not an error: ringing it tries again, and until it exists waiters rely
+// on their fallback timers. Something other than a regular file there (a
+// FIFO, a symbolic link) is: ErrForeignFile (see openBeside).
+func newDoorbell(dbPath string) (doorbell, error) {
 	if dbPath == "" {
-		return doorbell{}
+		return doorbell{}, nil
 	}
 	b := doorbell{path: dbPath + doorbellSuffix, mode: 0o644}
 	if fi, err := os.Stat(dbPath); err == nil {
 		b.mode = fi.Mode().Perm()
 	}
-	if f, err := os.OpenFile(b.path, os.O_RDONLY|os.O_CREATE, b.mode); err == nil {
-		if fi, err := f.Stat(); err == nil && fi.Mode().Perm() != b.mode {
-			f.Chmod(b.mode) // best effort, as the umask narrowed it
-		}
+	f, err := openBeside(b.path, false, true, b.mode)
+	if errors.Is(err, ErrForeignFile) {
+		return doorbell{}, err
+	}
+	if err == nil {
 		f.Close()
 	}
-	return b
+	return b, nil
 }
 
-// ring tells the watchers that a commit may have freed a key.
+// ring tells the watchers that a commit may have freed a key. It never
+// blocks and never follows a link (see openBeside): a FIFO or a link put
+// there since the driver opened is not rung, and waiters rely on their
+// fallback timers.
 func (b doorbell) ring() {
 	if b.path == "" {
 		return
 	}
-	if f, err := os.OpenFile(b.path, os.O_RDONLY|os.O_CREATE, b.mode); err == nil {
+	if f, err := openBeside(b.path, false, true, b.mode); err == nil {
 		f.Close()
 	}
 }

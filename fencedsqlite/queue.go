@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -41,10 +42,17 @@ import (
 // drops it when the process dies. The ringer opens the doorbell (the open
 // is the ring) and tries an exclusive flock on it without waiting: if it
 // gets one, nobody holds the doorbell, so its process is gone. That entry
-// and its doorbell are deleted, and the next entry is rung. A process
-// alive but stopped (SIGSTOP) is rung and taken off the queue like any
-// other: it costs the others that one release, whose key they find at
-// their fallback timers.
+// and its doorbell are deleted, and the next entry is rung.
+//
+// A rung process acknowledges the ring: its watcher sets the doorbell's
+// modification time as it hears it (queue.heard). The ringer looks for
+// that, in the background, up to ackLooks times ackEvery apart. A process
+// alive but not running (SIGSTOP, a debugger, a frozen container) does not
+// acknowledge, and the ring passes on to the next entry: one stopped
+// process delays the next waiter by about ackLooks*ackEvery, not until its
+// fallback timer. A ring is taken off the queue whether acknowledged or
+// not; a stopped process that runs again finds the key taken at its
+// waiter's try, and its refused try stands it at the end of the queue.
 //
 // The queue's rows are hints, never grants: the woken process still asks
 // for the key. They need no durability (after a crash of the host every
@@ -68,6 +76,19 @@ const waitersDirSuffix = ".waiters"
 // ringLimit is how many entries one ring takes off a key's queue at most,
 // looking for one whose process is alive.
 const ringLimit = 8
+
+// How long a ringer waits for a rung process's acknowledgement (see
+// above): ackLooks looks, ackEvery apart. Counting looks rather than time
+// stretches the wait when the ringer is short of CPU, as the rung process
+// most likely is too then (a live process acknowledges within a
+// millisecond on an idle host); ackCap bounds it all the same. A live
+// process that was too slow only costs a second wake-up: the next
+// process tries too, and one of the two is refused.
+const (
+	ackEvery = time.Millisecond
+	ackLooks = 25
+	ackCap   = 250 * time.Millisecond
+)
 
 // closeGrace bounds how long Close waits for the queue's work in flight.
 const closeGrace = time.Second
@@ -102,9 +123,11 @@ ON CONFLICT (member) DO NOTHING`),
 ON CONFLICT (member) DO UPDATE SET seq = excluded.seq`),
 		leave: r.Replace(`DELETE FROM T__waiters WHERE member = ?1`),
 		// first is the first entry of key's queue and its place, if the
-		// key is free: a key granted again by now is rung by its next
-		// release.
+		// key is free, passing over the members of the JSON array ?2
+		// (rung, not acknowledged): a key granted again by now is rung
+		// by its next release.
 		first: r.Replace(`SELECT member, seq FROM T__waiters WHERE key = ?1
+  AND member NOT IN (SELECT value FROM json_each(?2))
   AND NOT EXISTS (SELECT 1 FROM T_ WHERE key = ?1 AND owner IS NOT NULL AND expires_ms > NOW)
 ORDER BY seq LIMIT 1`),
 		// pop takes member off the queue unless it stood again since.
@@ -232,8 +255,13 @@ func makeBell(dir, member string, mode os.FileMode) (*episodeBell, error) {
 	if err := os.Mkdir(dir, mode|(mode&0o444)>>2); err != nil && !errors.Is(err, os.ErrExist) {
 		return nil, err
 	}
+	// A link in the directory's place would put the doorbells wherever
+	// it points (New refused one at open; this is one made since).
+	if err := checkBeside(dir, true); err != nil {
+		return nil, err
+	}
 	path := filepath.Join(dir, member)
-	f, err := os.OpenFile(path, os.O_RDONLY|os.O_CREATE|os.O_EXCL, mode)
+	f, err := os.OpenFile(path, os.O_RDONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW|syscall.O_NONBLOCK|syscall.O_CLOEXEC, mode)
 	if err != nil {
 		return nil, err
 	}
@@ -293,13 +321,28 @@ func (q *queue) entry(key string) (member string, ok bool) {
 }
 
 // heard records that this process's entry in key's queue was rung (and
-// is being taken off the queue).
+// is being taken off the queue), and acknowledges the ring.
 func (q *queue) heard(key string) {
 	if member, ok := q.entry(key); ok {
 		q.mu.Lock()
 		q.rung[member] = true
+		if b := q.bells[member]; b != nil {
+			b.ack()
+		}
 		q.mu.Unlock()
 	}
+}
+
+// ack acknowledges a ring of the doorbell: it moves the doorbell's
+// modification time on, which its ringer looks for (see acked). The time
+// is set through the open file, which this process made and owns.
+func (b *episodeBell) ack() {
+	t := time.Now().Truncate(time.Microsecond)
+	if fi, err := b.f.Stat(); err == nil && !t.After(fi.ModTime()) {
+		t = fi.ModTime().Truncate(time.Microsecond).Add(time.Second) // a coarse clock, or a file system's
+	}
+	tv := syscall.NsecToTimeval(t.UnixNano())
+	syscall.Futimes(int(b.f.Fd()), []syscall.Timeval{tv, tv})
 }
 
 // refused puts this process's entry at the end of key's queue after a
@@ -355,8 +398,17 @@ func (q *queue) requeue(_ context.Context, key, member string) {
 
 // ringNext rings the first entry of key's queue whose process is alive, if
 // the key is free, and takes the entries it rang or found dead off the
-// queue.
+// queue. A ring not acknowledged in time is passed on, in the background
+// (see ringFrom).
 func (q *queue) ringNext(ctx context.Context, key string) {
+	q.ringFrom(ctx, key, nil)
+}
+
+// ringFrom is ringNext, passing over the members in passed: rung already,
+// they did not acknowledge. One call looks at ringLimit entries at most,
+// rung ones in passed included, so a release rings at most ringLimit
+// entries that do not acknowledge.
+func (q *queue) ringFrom(ctx context.Context, key string, passed []string) {
 	q.mu.Lock()
 	if q.closed || q.dir == "" {
 		q.mu.Unlock()
@@ -368,29 +420,47 @@ func (q *queue) ringNext(ctx context.Context, key string) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	defer context.AfterFunc(q.ctx, cancel)()
-	for range ringLimit {
+	for looked := len(passed); looked < ringLimit; looked++ {
+		skip, _ := json.Marshal(append([]string{}, passed...))
 		var member string
 		var seq int64
-		if err := q.db.QueryRowContext(ctx, q.q.first, key).Scan(&member, &seq); err != nil {
+		if err := q.db.QueryRowContext(ctx, q.q.first, key, string(skip)).Scan(&member, &seq); err != nil {
 			return // none, or the store failed: the waiters' timers find the key
 		}
 		// Ring first, then take the entry off: the write does not delay
 		// the wake-up. A rung entry is taken off in the background, so
 		// that a release, whose commit is done, never waits for the
-		// write lock (another process may hold it, stopped); the place
-		// rung keeps a late delete from taking off the entry's new
-		// place. An entry passed over is taken off before the next look.
-		if ringMember(q.dir, member) == rung {
-			q.rings.Add(1)
-			go func() {
-				defer q.rings.Done()
-				pctx, cancel := context.WithTimeout(q.ctx, queueTimeout)
-				defer cancel()
-				q.db.ExecContext(pctx, q.q.pop, member, seq)
-			}()
-			return
+		// write lock (another process may hold it, stopped), nor for
+		// the acknowledgement; the place rung keeps a late delete from
+		// taking off the entry's new place. An entry passed over is
+		// taken off before the next look.
+		r := ringMember(q.dir, member)
+		if r.result != rung {
+			q.db.ExecContext(ctx, q.q.pop, member, seq)
+			continue
 		}
-		q.db.ExecContext(ctx, q.q.pop, member, seq)
+		// The delete goes at once, as the rung waiter's try, which also
+		// needs the write lock, comes a little later; the look for the
+		// acknowledgement runs beside it.
+		passed := append(passed[:len(passed):len(passed)], member)
+		q.rings.Add(2)
+		go func() {
+			defer q.rings.Done()
+			pctx, cancel := context.WithTimeout(q.ctx, queueTimeout)
+			defer cancel()
+			q.db.ExecContext(pctx, q.q.pop, member, seq)
+		}()
+		go func() {
+			defer q.rings.Done()
+			actx, cancel := context.WithTimeout(q.ctx, queueTimeout)
+			defer cancel()
+			acked := r.acked(actx)
+			r.f.Close()
+			if !acked {
+				q.ringFrom(actx, key, passed)
+			}
+		}()
+		return
 	}
 }
 
@@ -403,31 +473,73 @@ const (
 	unreachable                   // the doorbell cannot be opened (permissions)
 )
 
+// ring is a ring of an entry's doorbell: what it found and, if rung, the
+// doorbell (open) and its modification time before the ring.
+type ring struct {
+	result ringResult
+	f      *os.File
+	before time.Time
+}
+
 // ringMember rings the doorbell of member in dir. A doorbell that nobody
-// holds (its process died) is removed.
-func ringMember(dir, member string) ringResult {
+// holds (its process died) is removed. A rung doorbell is left open for
+// acked, whose caller closes it.
+func ringMember(dir, member string) ring {
 	if member == "" || strings.ContainsAny(member, `/\`) || member == "." || member == ".." {
-		return gone // not a member a driver writes
+		return ring{result: gone} // not a member a driver writes
 	}
 	path := filepath.Join(dir, member)
+	// The time before the open: the rung process may acknowledge before
+	// the ringer looks at the open file.
+	var before time.Time
+	if fi, err := os.Lstat(path); err == nil {
+		before = fi.ModTime()
+	}
 	// The open is the ring. Neither a symbolic link nor a FIFO put there
-	// by someone else can make it open something else or block.
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOFOLLOW, 0)
+	// by someone else can make it open something else or block (see
+	// openBeside).
+	f, err := openBeside(path, false, false, 0)
 	if errors.Is(err, os.ErrNotExist) {
-		return gone
+		return ring{result: gone}
 	}
 	if err != nil {
-		return unreachable
+		return ring{result: unreachable}
 	}
-	defer f.Close()
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		// Held (EWOULDBLOCK): alive. Anything else (a file system
 		// without flock): cannot tell, so taken as alive.
-		return rung
+		return ring{result: rung, f: f, before: before}
 	}
 	os.Remove(path)
 	syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
-	return gone
+	f.Close()
+	return ring{result: gone}
+}
+
+// acked reports whether the rung process acknowledged the ring (see
+// queue.heard) within ackLooks looks, ackEvery apart, and ackCap. A
+// doorbell removed meanwhile counts as acknowledged: its process is
+// running and ended its episode, and its leave rings the next entry.
+func (r ring) acked(ctx context.Context) bool {
+	t := time.NewTimer(ackCap)
+	defer t.Stop()
+	for range ackLooks {
+		fi, err := r.f.Stat()
+		if err != nil || !fi.ModTime().Equal(r.before) {
+			return true
+		}
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Nlink == 0 {
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return true // closing: nothing more to ring
+		case <-t.C:
+			return false
+		case <-time.After(ackEvery):
+		}
+	}
+	return false
 }
 
 // close ends the queue's background work: it waits for the episodes'

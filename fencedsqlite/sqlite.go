@@ -36,7 +36,9 @@
 // Beside the file, FILE.lock serializes the first open of a new file by
 // several processes (creating it, switching it to WAL, creating tables),
 // FILE.wake is the shared doorbell and FILE.waiters the directory of the
-// waiting processes' own doorbells (see below).
+// waiting processes' own doorbells (see below). fenced opens none of them
+// through a symbolic link and never opens a FIFO or a device: one found
+// there is refused with ErrForeignFile, naming it.
 //
 // Query parameters: table (default fenced_leases), busy_timeout (default 5s)
 // and create=1. The break log is TABLE_breaks, the fence floor TABLE_floor,
@@ -60,11 +62,13 @@
 // durable and visible, and takes it off the queue: one process wakes per
 // release, however many wait, and its waiter tries at once. A refused
 // waiter stands again at the end. A process that died is found by its
-// doorbell's flock, which went with it, and skipped. An idle waiter costs
-// nothing. Every such commit also opens the shared doorbell FILE.wake, for
-// observers (which see every release) and for processes that cannot make
-// a doorbell of their own; those confirm a change with PRAGMA data_version
-// and read the keys they wait for. Without inotify the driver reads
+// doorbell's flock, which went with it, and skipped. A rung process
+// acknowledges the ring; one that does not within about 25 ms (stopped:
+// SIGSTOP, a debugger) has its turn passed on to the next. An idle waiter
+// costs nothing. Every such commit also opens the shared doorbell
+// FILE.wake, for observers (which see every release) and for processes
+// that cannot make a doorbell of their own; those confirm a change with
+// PRAGMA data_version and read the keys they wait for. Without inotify the driver reads
 // data_version every 2ms while somebody waits. A grant that expires
 // without a release, or a key freed by another program, is caught by the
 // client's fallback timer.
@@ -76,6 +80,7 @@ import (
 	sqldriver "database/sql/driver"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -258,8 +263,18 @@ func dsn(path string, busy time.Duration, synchronous string) string {
 // lockInit takes an exclusive flock on lockPath, waiting up to timeout.
 // Where the lock file cannot be created (a read-only directory) it returns
 // without locking: such a file is not being created by anyone either.
+// Something other than a regular file there is refused (ErrForeignFile,
+// see openBeside). A lock file this process may not write (another user
+// made it, mode 0644) is opened read-only: a flock needs no more, except
+// on NFS.
 func lockInit(ctx context.Context, lockPath string, timeout time.Duration) (unlock func(), err error) {
-	f, err := os.OpenFile(lockPath, os.O_CREATE|os.O_RDWR, 0o644)
+	f, err := openBeside(lockPath, true, true, 0o644)
+	if errors.Is(err, fs.ErrPermission) {
+		f, err = openBeside(lockPath, false, true, 0o644)
+	}
+	if errors.Is(err, ErrForeignFile) {
+		return nil, err
+	}
 	if err != nil {
 		return func() {}, nil
 	}
@@ -307,7 +322,9 @@ var _ driver.ObserveNotifier = (*Driver)(nil)
 // New returns a driver over an open SQLite database, creating the lease and
 // break tables if missing. The caller keeps ownership of db (Close does not
 // close it); it should have been opened with a busy timeout. opts may be
-// nil. A table that exists with another shape is an error.
+// nil. A table that exists with another shape is an error (ErrSchema), and
+// so is a FIFO, a device or a symbolic link in the place of a file the
+// driver keeps beside the database (ErrForeignFile).
 func New(ctx context.Context, db *sql.DB, opts *Options) (*Driver, error) {
 	table := ""
 	if opts != nil {
@@ -319,14 +336,23 @@ func New(ctx context.Context, db *sql.DB, opts *Options) (*Driver, error) {
 	}
 	d := &Driver{db: db, std: sqllease.NewStdDB(db, false), table: table}
 	d.Engine = sqllease.New(d.dialect(), d.std)
-	if err := d.migrate(ctx); err != nil {
-		return nil, err
-	}
+	// The files beside the database are checked before anything is
+	// created: a FIFO or a link there is refused, and nothing changes.
 	file, err := mainFile(ctx, db)
 	if err != nil {
 		return nil, wrap("find the database file", err)
 	}
-	d.bell = newDoorbell(file)
+	if file != "" {
+		if err := checkBeside(file+waitersDirSuffix, true); err != nil {
+			return nil, err
+		}
+	}
+	if d.bell, err = newDoorbell(file); err != nil {
+		return nil, err
+	}
+	if err := d.migrate(ctx); err != nil {
+		return nil, err
+	}
 	d.queue.init(d, file)
 	return d, nil
 }

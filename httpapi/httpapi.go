@@ -10,6 +10,7 @@
 //	POST /api/v1/leases/{key}/acquire     {"ttl_ms": 30000, "wait_ms": 0}; client or admin token
 //	POST /api/v1/leases/{key}/renew       {"owner": "...", "fence": 7}; client or admin token
 //	POST /api/v1/leases/{key}/release     {"owner": "...", "fence": 7}; client or admin token
+//	GET  /api/v1/partitions/{group}       a partition group: members, each partition's owner and fence
 //	GET  /api/v1/plan?ttl=30s&renew_every=10s&max_pause=45s&backend=etcd   the lease trade-off
 //	POST /api/v1/scenario                 {"fence": true}: runs the billing scenario; client or admin token
 //	GET  /metrics                         Prometheus: fenced_* of the server's client and fenced_store_*

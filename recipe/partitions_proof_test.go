@@ -220,6 +220,10 @@ type proofSlot struct {
 }
 
 func runPartitionsProof(t *testing.T, backend, store string, minFence fenced.FenceStrength) {
+	if testing.Short() {
+		// After the store started, so that a missing server still fails.
+		t.Skip("a multi-process proof of half a minute or more (members, kills, churn); not in -short")
+	}
 	unfenced := os.Getenv("PARTITIONS_PROOF_UNFENCED") == "1"
 	dir := t.TempDir()
 	// The recovery bound after a kill: how long the store keeps a dead

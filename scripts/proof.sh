@@ -12,8 +12,10 @@
 # generative proof instead (hours; not in CI): on SQLite, PostgreSQL, Redis
 # and etcd in turn, 3 workers x 8 streams of random operations, up to 10 000
 # leases held per worker, faults drawn from the seed, for duration each
-# (default 1h), and writes its rows into docs/proof.md. A failure prints
-# the seed; --seed N reruns it.
+# (default 1h), then the partitions row (recipe.Partitions members under
+# kills, stops and deploys of another partition count) on SQLite and Redis
+# for duration each, and writes their rows into docs/proof.md. A failure
+# prints the seed; --seed N reruns it.
 set -eu
 cd "$(dirname "$0")/.."
 FENCED_PROOF_OUT="$(pwd)/docs"
@@ -29,8 +31,9 @@ if [ "${1:-}" = --long ]; then
 		export FENCED_PROOF_SEED
 		shift 2
 	fi
-	export FENCED_PROOF_LONG
-	exec go test -count=1 -timeout 24h -run '^TestGenerativeLong$' -v ./internal/proof/ "$@"
+	FENCED_PROOF_PART_DURATION=$FENCED_PROOF_LONG
+	export FENCED_PROOF_LONG FENCED_PROOF_PART_DURATION
+	exec go test -count=1 -timeout 24h -run '^(TestGenerativeLong|TestGenerativePartitions)$' -v ./internal/proof/ "$@"
 fi
 if [ "${FENCED_PROOF_INCUMBENTS:-1}" != 0 ]; then
 	(cd bench/redis && go test -count=1 -timeout 1h -run '^TestProofIncumbents$' -v .)

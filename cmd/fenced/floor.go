@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"regexp"
 	"strconv"
 	"text/tabwriter"
 
@@ -120,8 +121,19 @@ never lowered: raising it to less than it is changes nothing.`,
 		},
 	}
 	cmd.Flags().StringVar(&from, "from", "", "raise to the highest fence of this other store (URL)")
+	// A negative N reaches the flag parser as a shorthand flag; say what
+	// is wrong with it rather than cobra's "unknown shorthand flag".
+	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
+		if m := negativeArg.FindStringSubmatch(err.Error()); m != nil {
+			return withCode(exitUsage, fmt.Errorf("floor raise: %q is not a number from 0 to %d", m[1], admin.MaxFenceFloor))
+		}
+		return err
+	})
 	return cmd
 }
+
+// negativeArg matches pflag's error for a negative number taken as flags.
+var negativeArg = regexp.MustCompile(`^unknown shorthand flag: '[0-9]' in (-[0-9].*)$`)
 
 // explainNoFloor adds to an ErrUnsupported from a floor or prune which
 // stores have one.

@@ -177,3 +177,16 @@ func TestFloorAndPruneOnSQLServers(t *testing.T) {
 		})
 	}
 }
+
+// TestFloorRaiseNegative checks that a negative N is refused as a number
+// out of range, not as cobra's unknown flag, and raises nothing.
+func TestFloorRaiseNegative(t *testing.T) {
+	store := tempStore(t)
+	r := cli(t, store, "floor", "raise", "-5")
+	if r.code != exitUsage || !strings.Contains(r.stderr, `"-5" is not a number from 0 to`) {
+		t.Fatalf("floor raise -5: exit %d, %q; want exit %d naming -5 as out of range", r.code, r.stderr, exitUsage)
+	}
+	if f := cycleKey(t, client(t, store), "job:after"); f != 1 {
+		t.Fatalf("a key after the refused raise got fence %d, want 1", f)
+	}
+}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -12,11 +13,13 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/recipe"
@@ -60,12 +63,35 @@ For every partition it owns, run starts COMMAND with:
   FENCED_OWNER      the owner digest (see fenced run --help)
   FENCED_STORE      the store URL with any password redacted
 
-Each COMMAND is supervised as by fenced run: when its partition is lost or handed
-off to another member, every process of it gets SIGTERM, then SIGKILL after
---grace, and the lease is released only once none is left. A COMMAND that exits
-by itself is started again, with a new fence, at the member's next look at the
-group (a third of --ttl). SIGINT or SIGTERM makes the member leave: it ends every
-COMMAND, releases its partitions and exits 0. Every member must use the same -p.`,
+Each COMMAND runs under a supervisor process of its own, which holds it as fenced
+run does (its own process group, a cgroup where the system allows it, every
+process it starts) and which the member tells the partition lease's validity after
+every renewal. The lease is released only once no process of COMMAND is left.
+  - Handed off to another member, or the member leaves: every process of COMMAND
+    gets SIGTERM, then SIGKILL after --grace, while the member keeps the lease.
+  - Lost, or not renewed (the store is cut off, the member is stopped with
+    SIGSTOP or starved of CPU): the processes get SIGTERM, and SIGKILL after
+    --grace but before the validity the supervisor last heard of ends, so that
+    none writes with the old fence once another member can be granted the
+    partition.
+  - The member dies (kill -9): the processes get SIGKILL at once.
+--grace must be shorter than --ttl.
+
+What each mode (cgroup or process tree, see fenced run --help) promises:
+  lease not renewed, member stopped or starved   none after (both modes)
+  kill -9 of the member                          none after (both modes)
+  lease broken, renewal refused                  ended
+  SIGSTOP or kill -9 of a partition's supervisor as fenced run (fence only, and
+                                                 in process-tree mode a kill -9
+                                                 spares processes that left the
+                                                 group)
+"none after": no write with the old fence is attempted once another member may be
+granted the partition. docs/supervision.md has the whole table, and its tests.
+
+A COMMAND that exits by itself is started again, with a new fence, at the member's
+next look at the group (a third of --ttl). SIGINT or SIGTERM makes the member
+leave: it ends every COMMAND, releases its partitions and exits 0. Every member
+must use the same -p.`,
 		Example: `  # 64 shards of billing work across the hosts that run this
   fenced partitions run --store postgres://app@db/app billing -p 64 -- ./bill-shard`,
 		Args: cobra.ArbitraryArgs,
@@ -87,7 +113,7 @@ COMMAND, releases its partitions and exits 0. Every member must use the same -p.
 	fl := cmd.Flags()
 	fl.IntVarP(&f.partitions, "partitions", "p", 0, "number of partitions of the group, the same for every member (required)")
 	fl.DurationVar(&f.ttl, "ttl", 15*time.Second, "lease time to live of the membership and of each partition; a dead member's partitions move after about this long")
-	fl.DurationVar(&f.grace, "grace", 10*time.Second, "after SIGTERM on loss or hand-off of a partition, how long before SIGKILL")
+	fl.DurationVar(&f.grace, "grace", 10*time.Second, "after SIGTERM on loss or hand-off of a partition, how long before SIGKILL; shorter than --ttl, and cut to the lease's validity left")
 	fl.StringVar(&f.id, "id", "", "member ID (no '/'); a member that restarts with the same ID gets its partitions back (default: the host name and process ID)")
 	fl.StringVar(&f.minFence, "min-fence", "strict", "weakest partition fence accepted: strict, repeatable or none; see fenced run --help")
 	return cmd
@@ -99,6 +125,8 @@ func runPartitions(ctx context.Context, g *globals, f *partitionsFlags, group st
 		return withCode(exitUsage, fmt.Errorf("partitions run: -p %d: want 1 to %d partitions", f.partitions, recipe.MaxPartitions))
 	case f.grace < 0:
 		return withCode(exitUsage, fmt.Errorf("partitions run: --grace %v is negative", f.grace))
+	case f.grace >= f.ttl && f.ttl > 0:
+		return withCode(exitUsage, fmt.Errorf("partitions run: --grace %v is not shorter than --ttl %v: a command is killed before its partition's lease can run out, so it would never get that grace; give a --grace below the TTL", f.grace, f.ttl))
 	}
 	minFence, err := parseFenceStrength(f.minFence)
 	if err != nil {
@@ -128,7 +156,7 @@ func runPartitions(ctx context.Context, g *globals, f *partitionsFlags, group st
 	work := func(ctx context.Context, p recipe.Partition) error {
 		vars := append(childEnv(nil, p.Lease, g.store),
 			"FENCED_PARTITION="+strconv.Itoa(p.Index), "FENCED_PARTITIONS="+strconv.Itoa(f.partitions))
-		return superviseProcess(ctx, g, self, f.grace, argv, vars)
+		return superviseProcess(ctx, g, self, f.grace, p.Lease, argv, vars)
 	}
 	opts := &recipe.PartitionsOptions{
 		MemberID:     id,
@@ -180,14 +208,35 @@ func runPartitions(ctx context.Context, g *globals, f *partitionsFlags, group st
 
 // superviseProcess runs argv, with the FENCED_ variables vars, under a
 // `fenced partitions supervise` child of this binary, which supervises it
-// as fenced run does, until ctx ends
-// (then the child ends it: SIGTERM, SIGKILL after grace) or it exits. The
-// child learns of the end by the close of a pipe, which also happens if
-// this process dies. It returns once the child, and so every process of
-// argv, is gone.
-func superviseProcess(ctx context.Context, g *globals, self string, grace time.Duration, argv, vars []string) error {
+// as fenced run does, until ctx ends or it exits. It returns once the
+// child, and so every process of argv, is gone.
+//
+// The child holds no lease: it learns of the partition's lease by a pipe
+// (its fd 3), on which this member writes lines (see pipeLink):
+//
+//	valid N       the lease's local validity ends at N, in nanoseconds of
+//	              CLOCK_MONOTONIC, a clock both processes read alike; sent
+//	              before the child starts and after each renewal
+//	end KIND:WHY  the partition is lost (KIND "lost") or handed off, or the
+//	              member leaves ("planned"): the child ends argv's tree
+//
+// and closes it only once the child has exited. So the child ends the tree
+// before the validity the member last sent ends, if no fresher one
+// arrives: a member that is stopped (SIGSTOP), starved, or cut from the
+// store stops sending, and its commands are ended before another member
+// can be granted their partitions. A pipe that closes while the child
+// runs means the member died: the child sends SIGKILL at once.
+func superviseProcess(ctx context.Context, g *globals, self string, grace time.Duration, lease *fenced.Lease, argv, vars []string) error {
 	r, w, err := os.Pipe()
 	if err != nil {
+		return err
+	}
+	defer w.Close()
+	// The pipe holds this line for the child before it starts: it knows
+	// the validity before it starts argv.
+	sent := validUntil(lease)
+	if _, err := fmt.Fprintf(w, "valid %d\n", sent); err != nil {
+		r.Close()
 		return err
 	}
 	args := []string{"partitions", "supervise", "--grace", grace.String()}
@@ -207,35 +256,131 @@ func superviseProcess(ctx context.Context, g *globals, self string, grace time.D
 	err = cmd.Start()
 	r.Close()
 	if err != nil {
-		w.Close()
 		return err
 	}
 	waited := make(chan error, 1)
 	go func() { waited <- cmd.Wait() }()
-	select {
-	case err = <-waited:
-		w.Close()
-	case <-ctx.Done():
-		// Why, for the child's messages: a hand-off or leave is planned,
-		// anything else a loss.
-		cause := context.Cause(ctx)
-		kind := "lost"
-		if errors.Is(cause, recipe.ErrHandedOff) || errors.Is(cause, recipe.ErrLeft) {
-			kind = "planned"
-		}
-		fmt.Fprint(w, kind+":"+errText(cause))
-		w.Close()
-		err = <-waited
+	// The validity is read often enough that the child learns of a
+	// renewal well before the end it knows of comes near.
+	poll := validityPoll(lease)
+	tick := time.NewTicker(poll)
+	defer tick.Stop()
+	// A child that does not read (stopped) must not block this loop once
+	// the pipe is full: a line that cannot be written within a poll is
+	// dropped, and the child acts on the validity it has.
+	send := func(format string, a ...any) {
+		_ = w.SetWriteDeadline(time.Now().Add(poll))
+		_, _ = fmt.Fprintf(w, format, a...)
 	}
-	return err
+	done := ctx.Done()
+	for {
+		select {
+		case err := <-waited:
+			return err
+		case <-tick.C:
+			if v := validUntil(lease); v > sent {
+				sent = v
+				send("valid %d\n", v)
+			}
+		case <-done:
+			done = nil
+			// Why, for the child's messages: a hand-off or leave is
+			// planned, anything else a loss. A hand-off keeps the lease,
+			// renewed, until the child has ended argv.
+			cause := context.Cause(ctx)
+			kind := "lost"
+			if errors.Is(cause, recipe.ErrHandedOff) || errors.Is(cause, recipe.ErrLeft) {
+				kind = "planned"
+			}
+			// One line shorter than PIPE_BUF is written whole or not at all.
+			why := strings.ReplaceAll(errText(cause), "\n", " ")
+			if len(why) > 1000 {
+				why = why[:1000]
+			}
+			send("end %s:%s\n", kind, why)
+		}
+	}
+}
+
+// validUntil returns when l's local validity ends, in nanoseconds of
+// CLOCK_MONOTONIC: the clock is read before the validity left, so the
+// result is never later than the true end.
+func validUntil(l *fenced.Lease) int64 {
+	now := monotonicNow()
+	return now + int64(l.Remaining())
+}
+
+// validityPoll is how often the member reads a partition lease's validity
+// for its supervisor: a twentieth of the validity, between 10ms and 500ms.
+func validityPoll(l *fenced.Lease) time.Duration {
+	return min(max(l.Remaining()/20, 10*time.Millisecond), 500*time.Millisecond)
+}
+
+// monotonicNow reads CLOCK_MONOTONIC, in nanoseconds: one clock for every
+// process of the machine (of one time namespace), which neither steps nor
+// counts a suspend, as Go's own monotonic readings.
+func monotonicNow() int64 {
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	return ts.Nano()
 }
 
 // pipeLink is the hold of a `fenced partitions supervise` process: the
-// partition's lease is held by the parent member, which closes the pipe
-// on fd 3 when the partition is lost or handed off, or by dying.
+// partition's lease is held by the parent member, which reports its
+// validity, and the partition's end, on fd 3 (see superviseProcess).
 type pipeLink struct {
-	done chan struct{}
-	why  string // what the member wrote before closing
+	until atomic.Int64  // the validity's end, CLOCK_MONOTONIC ns
+	done  chan struct{} // closed at "end" or at the pipe's close
+	dead  chan struct{} // closed at the pipe's close: the member died
+	why   string        // what "end" said, set before done closes
+}
+
+// newPipeLink reads the first validity from link, then follows link in
+// the background.
+func newPipeLink(link io.Reader) (*pipeLink, error) {
+	p := &pipeLink{done: make(chan struct{}), dead: make(chan struct{})}
+	sc := bufio.NewScanner(io.LimitReader(link, 1<<30))
+	if !sc.Scan() {
+		return nil, errors.New("the member sent no validity on fd 3")
+	}
+	if err := p.line(sc.Text()); err != nil || p.until.Load() == 0 {
+		return nil, fmt.Errorf("the member's first line on fd 3 is %q, want \"valid N\"", sc.Text())
+	}
+	go func() {
+		ended := false
+		for sc.Scan() {
+			if why, ok := strings.CutPrefix(sc.Text(), "end "); ok && !ended {
+				ended = true
+				p.why = why
+				close(p.done)
+				continue
+			}
+			_ = p.line(sc.Text())
+		}
+		if !ended {
+			close(p.done)
+		}
+		close(p.dead)
+	}()
+	return p, nil
+}
+
+// line applies a "valid N" line; a validity never moves back.
+func (p *pipeLink) line(l string) error {
+	v, ok := strings.CutPrefix(l, "valid ")
+	if !ok {
+		return fmt.Errorf("unknown line %q", l)
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil {
+		return err
+	}
+	for {
+		old := p.until.Load()
+		if n <= old || p.until.CompareAndSwap(old, n) {
+			return nil
+		}
+	}
 }
 
 func (p *pipeLink) Done() <-chan struct{} { return p.done }
@@ -268,13 +413,12 @@ func isPlannedEnd(err error) bool {
 	return errors.As(err, &p)
 }
 
-// Remaining is unknown here; the member's lease decides, and the pipe
-// closes when it ends.
+// Remaining is the validity left by the end the member last reported, on
+// this process's clock. It keeps counting after "end" (a hand-off keeps
+// the lease) and after the member's death, so that SIGKILL always goes
+// out before the validity ends.
 func (p *pipeLink) Remaining() time.Duration {
-	if p.Err() != nil {
-		return 0
-	}
-	return time.Hour
+	return time.Duration(max(0, p.until.Load()-monotonicNow()))
 }
 
 func (p *pipeLink) Release(context.Context) error { return nil }
@@ -292,17 +436,15 @@ func newPartitionSuperviseCmd(g *globals) *cobra.Command {
 			if link == nil {
 				return withCode(exitUsage, errors.New("partitions supervise: no pipe on fd 3; it is run by fenced partitions run"))
 			}
-			pl := &pipeLink{done: make(chan struct{})}
-			go func() {
-				why, _ := io.ReadAll(io.LimitReader(link, 4096))
-				pl.why = string(why)
-				close(pl.done)
-			}()
+			pl, err := newPipeLink(link)
+			if err != nil {
+				return withCode(exitUsage, fmt.Errorf("partitions supervise: %w; it is run by fenced partitions run", err))
+			}
 			sigs := make(chan os.Signal, 8)
 			signal.Notify(sigs, forwarded...)
 			defer signal.Stop(sigs)
 			h := &hold{lease: pl, env: append(cleanEnv(os.Environ()), vars...), granted: time.Now(), grace: grace,
-				desc: partitionDesc(vars)}
+				desc: partitionDesc(vars), dead: pl.dead}
 			return superviseCommand(cmd.Context(), g, h, argv, sigs)
 		},
 	}

@@ -93,9 +93,10 @@ a kill -9 of fenced. -v and the end of this help say which mode is in effect
     before local validity ran out), every process gets SIGTERM, then SIGKILL after
     --grace, whether or not COMMAND itself has exited; fenced exits 77 when none
     is left. A lease whose renewal is not confirmed does not wait for the loss:
-    its processes get SIGTERM --grace (at most half the TTL) before its local
-    validity ends and SIGKILL shortly before it ends, so that none is left, and
-    none writes with the old fence, once another holder may be granted the key.
+    its processes get SIGTERM, and SIGKILL --grace later but at the latest a
+    quarter of the validity (at most 500ms, more on a machine fenced measures to
+    be slow) before its local validity ends, so that none is left, and none
+    writes with the old fence, once another holder may be granted the key.
   - When COMMAND exits, the processes it left behind get SIGTERM, then SIGKILL
     after --grace, before the lease is released.
   - If fenced dies (even kill -9), COMMAND gets SIGKILL (Pdeathsig) and a guard
@@ -110,7 +111,22 @@ holder may take the key. When fenced is continued (fg, bg, SIGCONT), it continue
 the group only if the lease is still valid; otherwise it kills the still stopped
 group with SIGKILL, so it never runs again, and exits 77. SIGSTOP sent to fenced
 itself cannot be caught: then COMMAND keeps running unrenewed, and only the fence
-protects the resource.
+protects the resource; once continued, fenced kills the tree at once and exits 77.
+
+What each mode promises (docs/supervision.md has the whole table, and the tests):
+  fault                          cgroup               process tree
+  lease not renewed (cut off)    none after           none after, unless fenced
+                                                      itself is starved: it says so
+  lease broken, renewal refused  ended                ended
+  Ctrl-Z, COMMAND stopped        none after           none after
+  SIGSTOP of fenced alone        fence only           fence only
+  kill -9 of fenced              none after           group: none after; processes
+                                                      that left it: fence only
+  escapes: setsid, double fork, exited main thread, SIGTERM ignored, stopping
+  itself: as the fault's row. "none after": no write with the old fence is
+  attempted once another holder may be granted the key; "ended": SIGTERM, SIGKILL
+  after --grace, but the store may have granted the key already; "fence only":
+  COMMAND may run on, and only the resource's fence check protects.
 
 Terminal: when stdin is the terminal and fenced runs in its foreground, COMMAND's
 group gets the terminal while it runs (so it can read it and gets Ctrl-C and
@@ -409,6 +425,11 @@ type hold struct {
 	granted time.Time
 	grace   time.Duration // SIGTERM to SIGKILL on loss
 	minHold time.Duration // keep the lease this long after granted
+	// dead, if not nil, is closed when whatever keeps the hold alive has
+	// died (a partitions member killed with kill -9): nobody renews it
+	// and nobody will tell why it ends, so the tree gets SIGKILL at once,
+	// without --grace.
+	dead <-chan struct{}
 }
 
 // acquireHold takes the lease (or permit, or leases) run's arguments ask
@@ -527,8 +548,13 @@ type supervision struct {
 	lost      error // why the lease was lost while something ran, if it was
 	ending    bool  // the tree has been told to end (SIGTERM sent)
 	killTimer <-chan time.Time
-	killAgain *time.Ticker // SIGKILL again until the tree is gone
-	unrenewed bool         // the tree was ended before an unrenewed lease ran out
+	killAgain *time.Ticker  // SIGKILL again until the tree is gone
+	unrenewed bool          // the tree was ended before an unrenewed lease ran out
+	validity  time.Duration // the hold's validity when supervision began
+	killLead  time.Duration // SIGKILL goes out at least this long before the validity ends (see endingWindow)
+	cost      time.Duration // what a round of signals to the tree has been seen to cost (see measure)
+	window    time.Duration // how long before the validity ends an unrenewed tree gets SIGTERM
+	endDue    time.Time     // when the ending check is due, to measure how late it runs
 }
 
 // run supervises until no process of COMMAND is left, then releases the
@@ -537,8 +563,8 @@ type supervision struct {
 func (s *supervision) run(ctx context.Context, sigs <-chan os.Signal) error {
 	var reaped int
 	var killAgain <-chan time.Time
-	leaseDone := s.h.lease.Done()
-	window, ending := s.endingWindow()
+	leaseDone, dead := s.h.lease.Done(), s.h.dead
+	ending := s.endingWindow()
 loop:
 	for {
 		if s.killAgain != nil {
@@ -575,16 +601,16 @@ loop:
 				break loop
 			}
 		case <-ending:
-			ending = s.endUnrenewed(window)
+			ending = s.endUnrenewed()
+		case <-dead:
+			dead = nil
+			s.killNow()
 		case <-leaseDone:
 			leaseDone = nil
 			s.lose(s.h.lease.Err())
 		case <-s.killTimer:
 			s.killTimer = nil
-			if n := s.grp.SignalAll(syscall.SIGKILL); n > 0 {
-				fmt.Fprintf(s.g.stderr, "fenced: %d processes of %s still running %v after SIGTERM; sending SIGKILL\n", n, s.name, s.h.grace)
-			}
-			s.killAgain = time.NewTicker(100 * time.Millisecond)
+			s.kill("still running after SIGTERM")
 		case <-killAgain:
 			s.grp.SignalAll(syscall.SIGKILL) // processes forked while the last SIGKILL went out
 		}
@@ -600,18 +626,55 @@ loop:
 }
 
 // terminate sends SIGTERM to every process of COMMAND, and SIGCONT so that
-// stopped ones can act on it, and arms SIGKILL after --grace. It returns
+// stopped ones can act on it, and arms SIGKILL after --grace, or sooner
+// if the lease's local validity ends before (see killDelay). It returns
 // how many processes it found.
 func (s *supervision) terminate() int {
-	s.ending = true
-	n := s.grp.SignalAll(syscall.SIGTERM)
-	s.grp.SignalAll(syscall.SIGCONT)
+	n := s.sigterm()
 	if n > 0 {
-		s.killTimer = time.After(s.h.grace)
+		s.killTimer = time.After(s.killDelay())
 	} else {
 		s.killAgain = time.NewTicker(100 * time.Millisecond) // in case one was forking
 	}
 	return n
+}
+
+// sigterm sends SIGTERM, then SIGCONT, to every process of COMMAND and
+// marks the tree as ending. It returns how many processes it found.
+func (s *supervision) sigterm() int {
+	s.ending = true
+	n := s.grp.SignalAll(syscall.SIGTERM)
+	s.grp.SignalAll(syscall.SIGCONT)
+	return n
+}
+
+// kill sends SIGKILL to every process of COMMAND (its group first, which
+// takes no walk of /proc), then again every 100ms until the tree is gone;
+// why says, for the message, why now.
+func (s *supervision) kill(why string) {
+	start := time.Now()
+	_ = s.grp.Signal(syscall.SIGKILL)
+	n := s.grp.SignalAll(syscall.SIGKILL)
+	took := time.Since(start)
+	if n > 0 {
+		fmt.Fprintf(s.g.stderr, "fenced: %d processes of %s %s; sent SIGKILL%s\n", n, s.name, why, s.validityNote(took))
+	}
+	if s.killAgain == nil {
+		s.killAgain = time.NewTicker(100 * time.Millisecond)
+	}
+}
+
+// killNow ends the tree with SIGKILL at once, without --grace: the hold's
+// keeper died (hold.dead), so nobody renews the lease or will say when it
+// ends.
+func (s *supervision) killNow() {
+	if s.lost == nil || isPlannedEnd(s.lost) {
+		// A hand-off whose member died before the tree had ended is no
+		// orderly end any more.
+		s.lost = fmt.Errorf("%w: the holder of %s died", fenced.ErrLost, s.h.desc)
+	}
+	s.ending, s.killTimer = true, nil
+	s.kill("run unrenewed: the holder of " + s.h.desc + " died")
 }
 
 // lose records that the lease was lost and ends the tree, unless it ended
@@ -621,6 +684,15 @@ func (s *supervision) lose(cause error) {
 		return
 	}
 	s.lost = cause
+	if errors.Is(cause, fenced.ErrExpired) && !s.ending {
+		// The validity ran out before the ending window (endUnrenewed)
+		// ended the tree: fenced did not run meanwhile (SIGSTOP, or a
+		// starved machine), and the tree may have run past it already.
+		s.unrenewed, s.ending = true, true
+		fmt.Fprintf(s.g.stderr, "fenced: %s lost: %v, before fenced could end %s; sending SIGKILL at once\n", s.h.desc, errText(cause), s.name)
+		s.kill("ran past the lease's local validity")
+		return
+	}
 	verb := " lost" // a planned end says what it is by itself
 	if isPlannedEnd(cause) {
 		verb = ""

@@ -85,11 +85,8 @@ func attackerPids(file string) map[string]int {
 // processes that left the group alive (run --help says so): the test
 // checks that only those write on and logs it as the documented limit.
 func TestRunUnderAttack(t *testing.T) {
-	bin := filepath.Join(t.TempDir(), "attacker")
-	if out, err := exec.Command("gcc", "-O1", "-pthread", "-o", bin, "../../internal/supervise/testdata/attacker.c").CombinedOutput(); err != nil {
-		t.Fatalf("gcc: %v\n%s", err, out)
-	}
-	for _, attack := range []string{"loss", "ctrl-z", "kill-9"} {
+	bin := attackerBin(t)
+	for _, attack := range []string{"loss", "ctrl-z", "sigstop", "kill-9"} {
 		t.Run(attack, func(t *testing.T) {
 			inMode(t, func(t *testing.T, mode string) { runAttack(t, bin, attack, mode) })
 		})
@@ -104,20 +101,8 @@ func runAttack(t *testing.T, bin, attack, mode string) {
 	dir := t.TempDir()
 	out, pids := filepath.Join(dir, "attempts"), filepath.Join(dir, "pids")
 	cmd, _, errb := startRun(t, viaProxy, "-v", "run", "--min-fence", "repeatable", "--ttl", ttl.String(), "--grace", "300ms", "job:attack", "--", bin, out, pids, "10")
-	t.Cleanup(func() {
-		for _, pid := range attackerPids(pids) {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-		}
-	})
 	checkMode(t, errb, mode)
-	eventually(t, 10*time.Second, "not every escapee started", func() bool { return len(attackerPids(pids)) == len(attackKinds) })
-	if !grows(out, 2*time.Second) {
-		t.Fatal("the attacker does not write")
-	}
-	old := readAttempts(t, out)[0].fence
-	if old == "" {
-		t.Fatal("FENCED_FENCE is empty")
-	}
+	old := startedAttacker(t, out, pids)
 
 	switch attack {
 	case "loss":
@@ -128,32 +113,19 @@ func runAttack(t *testing.T, bin, attack, mode string) {
 			t.Fatal(err)
 		}
 		eventually(t, 10*time.Second, "fenced did not stop", func() bool { return stopped(cmd.Process.Pid) })
+	case "sigstop":
+		if err := cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
 	case "kill-9":
 		if err := cmd.Process.Kill(); err != nil {
 			t.Fatal(err)
 		}
 	}
 
-	// The new holder polls; the grant happened after the start of the
-	// call that got it, and after the attempts file had size.
-	admin := client(t, r.URL())
-	var grantT, grantOff int64
-	var newFence uint64
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("no new holder within 20s of the %s (--ttl %v); stderr %s", attack, ttl, errb)
-		}
-		grantT, grantOff = proof.Now(), fileSize(out)
-		l, err := admin.TryAcquire(context.Background(), "job:attack", &fenced.LeaseOptions{TTL: 30 * time.Second, MinFence: fenced.FenceRepeatable})
-		if err == nil {
-			newFence = l.Fence()
-			break
-		}
-	}
-	if strconv.FormatUint(newFence, 10) == old {
-		t.Fatalf("the new holder got the old fence %s", old)
-	}
-	if attack == "ctrl-z" {
+	grantT, grantOff, newFence := awaitNewHolder(t, client(t, r.URL()), "job:attack", out, old,
+		&fenced.LeaseOptions{TTL: 30 * time.Second, MinFence: fenced.FenceRepeatable}, attack, ttl, errb)
+	if attack == "ctrl-z" || attack == "sigstop" {
 		if err := cmd.Process.Signal(syscall.SIGCONT); err != nil { // fg
 			t.Fatal(err)
 		}
@@ -166,24 +138,7 @@ func runAttack(t *testing.T, bin, attack, mode string) {
 		t.Errorf("fenced exited %d after %s, want %d; stderr %s", code, attack, want, errb)
 	}
 
-	late := map[string]int{}
-	var n int
-	for _, a := range readAttempts(t, out) {
-		if a.fence != old {
-			t.Errorf("an attempt with fence %q, not the run's %s: %+v", a.fence, old, a)
-			continue
-		}
-		n++
-		if a.t >= grantT || a.offset >= grantOff {
-			late[a.kind]++
-		}
-	}
-	var alive []string
-	for kind, pid := range attackerPids(pids) {
-		if threadsAlive(pid) {
-			alive = append(alive, kind)
-		}
-	}
+	late, n, alive := attackOutcome(t, out, pids, old, grantT, grantOff)
 	t.Logf("%s, %s: %d attempts with fence %s; new holder's fence %d; attempts after its grant by kind %v; alive after: %v", mode, attack, n, old, newFence, late, alive)
 	if attack == "kill-9" && strings.HasPrefix(mode, "process tree") {
 		for kind := range late {
@@ -196,10 +151,96 @@ func runAttack(t *testing.T, bin, attack, mode string) {
 		}
 		return
 	}
-	if len(late) > 0 {
+	switch {
+	case len(late) > 0 && attack == "sigstop":
+		t.Logf("documented limit (docs/supervision.md): SIGSTOP of fenced alone leaves COMMAND running unrenewed, and only the fence protects the resource, until fenced is continued; %v wrote after the new grant", late)
+	case len(late) > 0 && attack == "loss" && strings.HasPrefix(mode, "process tree") && strings.Contains(errb.String(), tooBusy):
+		t.Logf("documented limit (docs/supervision.md): in process-tree mode a machine too busy for fenced to walk /proc before the validity ends lets the tree write on, and fenced says so; %v wrote after the new grant", late)
+	case len(late) > 0:
 		t.Errorf("%s, %s: writes with the old fence %s attempted after the new holder's grant (fence %d): %v", mode, attack, old, newFence, late)
 	}
 	if len(alive) > 0 {
 		t.Errorf("%s, %s: escapees alive after fenced ended: %v", mode, attack, alive)
 	}
+}
+
+// attackerBin compiles internal/supervise/testdata/attacker.c.
+func attackerBin(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "attacker")
+	if out, err := exec.Command("gcc", "-O1", "-pthread", "-o", bin, "../../internal/supervise/testdata/attacker.c").CombinedOutput(); err != nil {
+		t.Fatalf("gcc: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// startedAttacker waits until every escapee of the attacker writing to
+// out (its pids in pids) has started and the attacker writes, and returns
+// the fence it writes with.
+func startedAttacker(t *testing.T, out, pids string) string {
+	t.Helper()
+	t.Cleanup(func() {
+		for _, pid := range attackerPids(pids) {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	})
+	eventually(t, 20*time.Second, "not every escapee started", func() bool { return len(attackerPids(pids)) == len(attackKinds) })
+	if !grows(out, 5*time.Second) {
+		t.Fatal("the attacker does not write")
+	}
+	old := readAttempts(t, out)[0].fence
+	if old == "" {
+		t.Fatal("FENCED_FENCE is empty")
+	}
+	return old
+}
+
+// awaitNewHolder polls key with adm until it is granted, as a new holder
+// would, and returns when the grant happened: after the start of the call
+// that got it (grantT, CLOCK_MONOTONIC) and after the attempts file out
+// had size grantOff; and the new fence, which must not be old. It fails
+// after 20s; what and ttl name the attack for the message.
+func awaitNewHolder(t *testing.T, adm *fenced.Client, key, out, old string, opts *fenced.LeaseOptions, what string, ttl time.Duration, errb outFile) (grantT, grantOff int64, fence uint64) {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no new holder of %s within 20s of the %s (--ttl %v); stderr %s", key, what, ttl, errb)
+		}
+		grantT, grantOff = proof.Now(), fileSize(out)
+		l, err := adm.TryAcquire(context.Background(), key, opts)
+		if err == nil {
+			fence = l.Fence()
+			break
+		}
+	}
+	if strconv.FormatUint(fence, 10) == old {
+		t.Fatalf("the new holder of %s got the old fence %s", key, old)
+	}
+	return grantT, grantOff, fence
+}
+
+// attackOutcome reads the attempts in out: n made with the fence old, and,
+// by kind, those made after the new grant (by the clock, or by the file
+// offset: a write timed before the grant but made after it counts); and
+// which escapees (pids in pids) are still alive. An attempt with another
+// fence fails the test.
+func attackOutcome(t *testing.T, out, pids, old string, grantT, grantOff int64) (late map[string]int, n int, alive []string) {
+	t.Helper()
+	late = map[string]int{}
+	for _, a := range readAttempts(t, out) {
+		if a.fence != old {
+			t.Errorf("an attempt with fence %q, not the holder's %s: %+v", a.fence, old, a)
+			continue
+		}
+		n++
+		if a.t >= grantT || a.offset >= grantOff {
+			late[a.kind]++
+		}
+	}
+	for kind, pid := range attackerPids(pids) {
+		if threadsAlive(pid) {
+			alive = append(alive, kind)
+		}
+	}
+	return late, n, alive
 }

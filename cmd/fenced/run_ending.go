@@ -2,54 +2,144 @@ package main
 
 import (
 	"fmt"
+	"syscall"
 	"time"
 
 	"github.com/fenced-dev/fenced"
 )
 
-// endingWindow returns how long before the hold's local validity ends
-// fenced starts ending COMMAND's tree if no renewal has been confirmed by
-// then, and a channel that fires when that moment comes. Waiting for the
-// loss to send SIGTERM and giving --grace after it would let the tree run,
-// and write with its fence, after the authority may have granted the key
-// to another holder (TestRunUnderAttack/loss); so the tree gets SIGTERM
-// --grace before the validity ends and SIGKILL shortly before its end.
-// The window is at most half the validity the hold starts with: renewals
-// every third of the TTL keep more than that left on a healthy lease.
-func (s *supervision) endingWindow() (time.Duration, <-chan time.Time) {
-	left := s.h.lease.Remaining()
-	window := min(s.h.grace, left/2)
-	return window, time.After(left - window)
+// tooBusy is what fenced says when SIGKILL went out only after the
+// validity ended.
+const tooBusy = "fenced did not run in time to end the tree (it was stopped, or the machine too busy)"
+
+// maxKillLead is the most SIGKILL is sent ahead of the end of the local
+// validity by default; a machine seen to be slow gets more (endUnrenewed).
+const maxKillLead = 500 * time.Millisecond
+
+// endingWindow arms the check that ends COMMAND's tree before the hold's
+// local validity ends if no renewal has been confirmed by then, and
+// returns the channel it fires on. Waiting for the loss to send SIGTERM
+// and giving --grace after it would let the tree run, and write with its
+// fence, after the authority may have granted the key to another holder
+// (TestRunUnderAttack/loss); so an unrenewed tree gets SIGTERM, and
+// SIGKILL --grace later but at the latest a lead before the validity
+// ends: a quarter of the validity the hold starts with (at most
+// maxKillLead), or more on a machine seen to be slow (see measure). The
+// SIGTERM goes out --grace before that, but at most half the validity
+// before its end: renewals every third of the TTL keep more than that left
+// on a healthy lease.
+func (s *supervision) endingWindow() <-chan time.Time {
+	s.validity = s.h.lease.Remaining()
+	s.killLead = min(s.validity/4, maxKillLead)
+	s.endDue = time.Now()
+	s.measure()
+	return s.armEnding(s.h.lease.Remaining())
 }
 
-// endUnrenewed ends the tree if the hold's validity has fallen within
-// window (no renewal confirmed in time): SIGTERM now, SIGKILL half the
-// window (at most 500ms) before the validity ends, or after --grace if
-// sooner. Otherwise it returns the
-// channel for the next check. fenced then exits 77.
-func (s *supervision) endUnrenewed(window time.Duration) <-chan time.Time {
+// lead is how long before the validity ends SIGKILL must go out: the
+// default killLead, or twice what a round of signals has been seen to
+// cost on this machine (cost), if that is more.
+func (s *supervision) lead() time.Duration { return max(s.killLead, 2*s.cost) }
+
+// setWindow sets how long before the validity ends an unrenewed tree gets
+// SIGTERM: --grace, the lead, and the cost of the SIGTERM round itself,
+// before the end; at most half the validity.
+func (s *supervision) setWindow() {
+	s.window = min(s.h.grace+s.lead()+s.cost, s.validity/2)
+}
+
+// armEnding returns a channel that fires when the validity left now has
+// fallen to the window.
+func (s *supervision) armEnding(left time.Duration) <-chan time.Time {
+	s.endDue = time.Now().Add(left - s.window)
+	return time.After(left - s.window)
+}
+
+// measure records what ending the tree costs on this machine now: how
+// late the ending check ran (a starved process runs its timers late) and
+// how long a round of signal 0 to every process of the tree takes (a walk
+// of /proc in process-tree mode, slow on a busy machine). It is measured
+// as supervision begins and at each check of the window; a cost seen once
+// is halved at each later check, so one slow moment does not last.
+func (s *supervision) measure() {
+	late := max(0, time.Since(s.endDue))
+	start := time.Now()
+	s.grp.SignalAll(0)
+	s.cost = max(late+time.Since(start), s.cost/2)
+	s.setWindow()
+}
+
+// endUnrenewed ends the tree if the hold's validity has fallen within the
+// window (no renewal confirmed in time): SIGTERM now, SIGKILL after
+// --grace or the lead before the validity ends, whichever is sooner; at
+// once if that moment has passed while the SIGTERM went out. Otherwise it
+// measures the machine's cost of ending the tree (measure) and returns
+// the channel for the next check. fenced then exits 77.
+func (s *supervision) endUnrenewed() <-chan time.Time {
 	if s.ending {
 		return nil
 	}
 	left := s.h.lease.Remaining()
 	switch {
-	case left > window:
-		return time.After(left - window)
+	case left > s.window:
+		s.measure()
+		return s.armEnding(s.h.lease.Remaining())
 	case left == 0:
 		return nil // lost: the loss ends the tree
 	}
-	// SIGKILL goes out before the end, so that the last process is gone
-	// by then even if finding them all takes a while (a /proc walk).
-	kill := min(left-min(window/2, 500*time.Millisecond), s.h.grace)
-	fmt.Fprintf(s.g.stderr, "fenced: %s has not been renewed and ends in %v; sending SIGTERM to %s and its processes, SIGKILL in %v\n",
-		s.h.desc, left.Round(time.Millisecond), s.name, kill.Round(time.Millisecond))
+	late := max(0, time.Since(s.endDue))
+	start := time.Now()
 	// The tree is ended for the loss to come: exit 77, as after one.
 	s.unrenewed = true
 	s.lost = fmt.Errorf("%w: no renewal confirmed with %v of its validity left", fenced.ErrLost, left.Round(time.Millisecond))
-	if s.terminate() > 0 {
+	// SIGCONT goes to the group only: a stopped process that left it
+	// cannot act on SIGTERM, but SIGKILL ends it all the same, and a
+	// second round over the tree would eat into the time left.
+	s.ending = true
+	n := s.grp.SignalAll(syscall.SIGTERM)
+	_ = s.grp.Signal(syscall.SIGCONT)
+	took := time.Since(start)
+	s.cost = max(s.cost, late+took)
+	kill := max(0, min(s.h.grace, s.h.lease.Remaining()-s.lead()))
+	fmt.Fprintf(s.g.stderr, "fenced: %s has not been renewed and ends in %v; sent SIGTERM to %s and its processes (%v late, taking %v), SIGKILL in %v\n",
+		s.h.desc, left.Round(time.Millisecond), s.name, late.Round(time.Millisecond), took.Round(time.Millisecond), kill.Round(time.Millisecond))
+	switch {
+	case n == 0:
+		s.killAgain = time.NewTicker(100 * time.Millisecond) // in case one was forking
+	case kill <= 0:
+		s.kill("ran with the validity about to end")
+	default:
 		s.killTimer = time.After(kill)
 	}
 	return nil
+}
+
+// killDelay returns how long after now SIGKILL goes out once SIGTERM has:
+// --grace, but at the latest the lead before the hold's local validity
+// ends. A hold whose validity is not known (lost: Remaining is 0) gets
+// --grace.
+func (s *supervision) killDelay() time.Duration {
+	left := s.h.lease.Remaining()
+	if left <= 0 {
+		return s.h.grace
+	}
+	return max(0, min(s.h.grace, left-s.lead()))
+}
+
+// validityNote says, for the SIGKILL message, how much of the hold's
+// validity was left once SIGKILL had gone out (took is how long that
+// took), or that it had ended: then the machine was too slow for fenced
+// to end the tree in time, and another holder may have been granted the
+// key meanwhile.
+func (s *supervision) validityNote(took time.Duration) string {
+	left := s.h.lease.Remaining()
+	switch {
+	case left > 0:
+		return fmt.Sprintf(" (in %v, %v before the lease's local validity ends)", took.Round(time.Millisecond), left.Round(time.Millisecond))
+	case s.unrenewed:
+		return fmt.Sprintf(" (in %v); the lease's local validity had ended by then: %s, and another holder may have been granted the key meanwhile", took.Round(time.Millisecond), tooBusy)
+	}
+	return fmt.Sprintf(" (in %v)", took.Round(time.Millisecond))
 }
 
 // awaitEnd waits, if the tree was ended unrenewed, until the hold ends

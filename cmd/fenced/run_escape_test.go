@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -301,4 +302,216 @@ func TestRunFallsBackWhenNoCgroupCanBeMade(t *testing.T) {
 	if pid := readPid(t, leftover); alive(pid) {
 		t.Fatalf("the process %d COMMAND left behind still runs", pid)
 	}
+}
+
+// startCgEscape starts `fenced -v run ARGS... -- cgescape` (see
+// internal/supervise/testdata/cgescape.c): a process of COMMAND that moves
+// itself out of fenced's cgroup, into one it makes inside it (escape
+// "nested") or into another cgroup (escape "away": a sibling of fenced's,
+// as the root, a systemd scope or a container's cgroup would be), then
+// leaves the session, ignores SIGTERM and writes "fence=$FENCED_FENCE"
+// every 50 ms from a thread after its main thread exited. It returns
+// fenced, its stderr, the file written and the writer's pid, once the
+// writer moved, is a zombie and writes.
+func startCgEscape(t *testing.T, store, escape string, args ...string) (*exec.Cmd, outFile, string, int) {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "cgescape")
+	if out, err := exec.Command("gcc", "-O1", "-pthread", "-o", bin, "../../internal/supervise/testdata/cgescape.c").CombinedOutput(); err != nil {
+		t.Fatalf("gcc: %v\n%s", err, out)
+	}
+	mount, own := cgroup2Paths(t)
+	target := "nested"
+	if escape == "away" {
+		target = filepath.Join(own, "fenced-test-away-"+strconv.Itoa(os.Getpid()))
+		if err := os.Mkdir(target, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			for deadline := time.Now().Add(10 * time.Second); os.Remove(target) != nil && time.Now().Before(deadline); {
+				time.Sleep(20 * time.Millisecond)
+			}
+		})
+	}
+	dir := t.TempDir()
+	out, pidFile := filepath.Join(dir, "out"), filepath.Join(dir, "pid")
+	args = append(append([]string{"-v", "run"}, args...), "--", bin, out, pidFile, "50", "20000", mount, target)
+	cmd, _, errb := startRun(t, store, args...)
+	var pid int
+	eventually(t, 20*time.Second, "the writer never said it moved out of fenced's cgroup", func() bool {
+		b, _ := os.ReadFile(pidFile)
+		s, ok := strings.CutSuffix(string(b), "\n")
+		if ok && strings.HasPrefix(s, "error") {
+			t.Fatalf("the writer could not move out (%s): the test would prove nothing", s)
+		}
+		pid, _ = strconv.Atoi(s)
+		return pid != 0
+	})
+	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) })
+	eventually(t, 10*time.Second, "the writer is not a zombie: the test would prove nothing", func() bool { return procState(pid) == 'Z' })
+	if !grows(out, 5*time.Second) {
+		t.Fatal("the writer does not write")
+	}
+	return cmd, errb, out, pid
+}
+
+// cgroup2Paths returns the cgroup2 mount point and the test process's
+// cgroup directory in it.
+func cgroup2Paths(t *testing.T) (mount, own string) {
+	t.Helper()
+	info, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(info), "\n") {
+		if pre, post, ok := strings.Cut(l, " - "); ok && strings.HasPrefix(post, "cgroup2 ") {
+			return strings.Fields(pre)[4], cgroup2Dir(t)
+		}
+	}
+	t.Fatal("no cgroup2 mount")
+	return "", ""
+}
+
+// writerThread returns the thread of pid that is not its main thread (0
+// if there is none).
+func writerThread(pid int) int {
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*", pid))
+	for _, task := range tasks {
+		if tid, _ := strconv.Atoi(filepath.Base(task)); tid != pid {
+			return tid
+		}
+	}
+	return 0
+}
+
+// procWalk reads the stat file of every process, as fenced's walk of /proc
+// does, and returns how long it took.
+func procWalk() time.Duration {
+	start := time.Now()
+	names, _ := filepath.Glob("/proc/[0-9]*/stat")
+	for _, name := range names {
+		_, _ = os.ReadFile(name)
+	}
+	return time.Since(start)
+}
+
+// fencedCgroups lists the cgroups fenced (pid) made that are left.
+func fencedCgroups(t *testing.T, pid int) []string {
+	m, _ := filepath.Glob(filepath.Join(cgroup2Dir(t), "fenced-"+strconv.Itoa(pid)+"-*"))
+	return m
+}
+
+// The review's reproduction: a process of COMMAND that moved out of
+// fenced's cgroup (into one it made inside, or into another), left the
+// session and ended its main thread keeps writing with fence 1 after a
+// break and a new grant (fence 2), unseen by cgroup.kill and by the
+// members fenced reads. Now: fenced ends it after --grace, exits 77 once
+// it is gone, and leaves no cgroup behind.
+func TestRunLossEndsCgroupEscapes(t *testing.T) {
+	for _, escape := range []string{"nested", "away"} {
+		t.Run(escape, func(t *testing.T) {
+			inMode(t, func(t *testing.T, mode string) {
+				store := tempStore(t)
+				cmd, errb, out, pid := startCgEscape(t, store, escape, "--ttl", "3s", "--grace", "500ms", "job:cg")
+				checkMode(t, errb, mode)
+				adm := client(t, store)
+				if _, err := admin.Break(context.Background(), adm, "job:cg", "test", "test"); err != nil {
+					t.Fatal(err)
+				}
+				start := time.Now()
+				code := waitExit(t, cmd, 30*time.Second)
+				took := time.Since(start)
+				t.Logf("fenced exited %d %v after the break", code, took)
+				if threadsAlive(pid) {
+					t.Errorf("fenced exited while the writer %d that left its cgroup still runs", pid)
+				}
+				l, err := adm.TryAcquire(context.Background(), "job:cg", &fenced.LeaseOptions{TTL: 5 * time.Second})
+				if err != nil || l.Fence() != 2 {
+					t.Fatalf("new holder: %v; want fence 2", err)
+				}
+				if grows(out, time.Second) {
+					t.Error("the old holder's process writes fence=1 while fence 2 is held")
+				}
+				if code != 77 {
+					t.Errorf("exit %d, want 77; stderr %s", code, errb)
+				}
+				// Bound: --grace 500ms, then SIGKILL; the old code waited 5 s
+				// for a nested cgroup's parent to be removable.
+				if took > 5*time.Second {
+					t.Errorf("fenced took %v to end the tree after the break (--grace 500ms)", took)
+				}
+				if left := fencedCgroups(t, cmd.Process.Pid); len(left) > 0 {
+					t.Errorf("fenced exited and left its cgroups behind: %v", left)
+				}
+			}, "cgroup")
+		})
+	}
+}
+
+// kill -9 of fenced ends a process of COMMAND that moved out of fenced's
+// cgroup: one in a cgroup it made inside is killed by the guard with the
+// cgroup; one that moved to another cgroup was moved back by fenced
+// first (the test waits for that, and logs how long it took: a kill -9
+// sooner than that misses it, as run --help says).
+func TestRunKill9EndsCgroupEscapes(t *testing.T) {
+	for _, escape := range []string{"nested", "away"} {
+		t.Run(escape, func(t *testing.T) {
+			inMode(t, func(t *testing.T, mode string) {
+				store := tempStore(t)
+				cmd, errb, out, pid := startCgEscape(t, store, escape, "--ttl", "2s", "job:cgk9")
+				checkMode(t, errb, mode)
+				if escape == "away" {
+					start := time.Now()
+					prefix := filepath.Join(cgroup2Dir(t), "fenced-"+strconv.Itoa(cmd.Process.Pid)+"-")
+					// Bound: fenced looks every 250 ms, or every 100 times
+					// the CPU time of a look if longer (a look costs less
+					// than a full walk of /proc); 4 such pauses, with a look
+					// using as much CPU as the slowest of 3 full walks
+					// measured here took time (an upper bound), leave room
+					// for a look that began just before the move and for
+					// scheduling delays.
+					var walk time.Duration
+					for range 3 {
+						walk = max(walk, procWalk())
+					}
+					bound := 4 * max(250*time.Millisecond, 100*walk)
+					t.Logf("a walk of /proc takes %v here: fenced must move the writer back within %v", walk, bound)
+					eventually(t, bound, "fenced did not move the writer back into its cgroup", func() bool {
+						// The writing thread's cgroup: the main thread, dead,
+						// shows the one it died in.
+						b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/cgroup", pid, writerThread(pid)))
+						for _, l := range strings.Split(string(b), "\n") {
+							if p, ok := strings.CutPrefix(l, "0::"); ok {
+								mount, _ := cgroup2Paths(t)
+								return strings.HasPrefix(filepath.Join(mount, p), prefix)
+							}
+						}
+						return false
+					})
+					t.Logf("moved back into fenced's cgroup %v after the test saw it write outside", time.Since(start))
+				}
+				if err := cmd.Process.Kill(); err != nil {
+					t.Fatal(err)
+				}
+				_ = cmd.Wait()
+				eventually(t, 10*time.Second, "a process that left fenced's cgroup survived kill -9 of fenced", func() bool { return !threadsAlive(pid) })
+				if grows(out, 500*time.Millisecond) {
+					t.Fatal("still writing after fenced died")
+				}
+				eventually(t, 10*time.Second, "the guard left cgroups behind", func() bool { return len(fencedCgroups(t, cmd.Process.Pid)) == 0 })
+			}, "cgroup")
+		})
+	}
+}
+
+// A command that does not exist is reported as such ("no such file or
+// directory", exit 127), in both modes; before, the start into the cgroup
+// failed and was retried on the same exec.Cmd: "exec: already started".
+func TestRunMissingCommandSaysSo(t *testing.T) {
+	inMode(t, func(t *testing.T, mode string) {
+		r := cli(t, tempStore(t), "run", "job:missing", "--", "/nonexistent/cmd")
+		t.Logf("exit %d, stderr %q", r.code, r.stderr)
+		if r.code != 127 || !strings.Contains(r.stderr, "/nonexistent/cmd") || !strings.Contains(r.stderr, "no such file or directory") {
+			t.Fatalf("exit %d, stderr %q; want 127 and a message naming the command and saying it does not exist", r.code, r.stderr)
+		}
+	})
 }

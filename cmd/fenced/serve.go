@@ -42,7 +42,11 @@ func newServeCmd(g *globals) *cobra.Command {
   /api/v1/leases/KEY         one key: holder, fence, time left, grant history, breaks
   /api/v1/leases/KEY/break   POST {"reason": "..."}: admin token; audited with its name
   /api/v1/leases/KEY/acquire POST, and /renew, /release: for clients in other languages
+  /keys/KEY                  one key's page: holder, fence, grant history, breaks
+  /partitions/GROUP          a partition group's page: members, each partition's owner
+  /api/v1/partitions/GROUP   the same as JSON (fenced partitions ls -o json)
   /api/v1/plan               the lease trade-off (fenced plan) as JSON
+  /api/v1/scenario           POST: runs the billing scenario (client token)
   /metrics                   Prometheus: fenced_store_* and the server's own fenced_*
   /healthz                   200 when the store answers
 

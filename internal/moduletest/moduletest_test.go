@@ -54,7 +54,13 @@ func TestOutsideModule(t *testing.T) {
 	// fresh from this run's zip (a shared cache would keep an earlier
 	// run's tree under the same version); -trimpath keeps the build cache
 	// keys independent of where that cache lives, so dependencies compiled
-	// once stay cached across runs.
+	// once stay cached across runs. The build cache is the go command's
+	// own: it is content-addressed, so a package compiled from the same
+	// files with the same flags is the same whoever compiled it.
+	// scripts/test.sh runs go vet in this configuration (CGO_ENABLED=0,
+	// -trimpath) first, so on a new machine the dependencies compile once,
+	// there, not again here (modernc.org/sqlite and client-go alone take
+	// minutes on two cores).
 	env := []string{
 		"GOMODCACHE=" + filepath.Join(tmp, "modcache"),
 		"GOPROXY=" + scratchProxy(proxy, filepath.Join(realCache, "cache", "download"), realProxy),

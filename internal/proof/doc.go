@@ -53,6 +53,13 @@
 // healthy with a lost member. TestGenerativeSlice is its CI slice,
 // `scripts/proof.sh --long` its nightly run.
 //
+// RunGenPartitions is the generative mode of recipe.Partitions: member
+// processes of one group under kill -9, SIGSTOP, leave and deploys of
+// another partition count while a member of the old count is stopped,
+// items routed by hash mod P, judged by CheckGenPartitions: no item held
+// by two members at once, no stale write accepted on a partition's row,
+// every partition owned again within a bound (TestGenerativePartitions).
+//
 // `fenced proof --store URL` runs the client-side faults against a user's
 // store; scripts/proof.sh runs the full matrix and writes docs/proof.md.
 package proof

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -38,8 +39,16 @@ type GenConfig struct {
 	PoolTTL                time.Duration
 	// TTL of the contended leases; default 1s.
 	TTL time.Duration
-	// Duration of the workload; default 30s.
-	Duration time.Duration
+	// Duration of the workload; default 30s. With MinOps, the workload
+	// runs on past Duration until the workers have invoked MinOps
+	// operations, scaled by the share of a CPU the run measured
+	// (GenReport.CPUShare), for at most MaxDuration in all (default 3 ×
+	// Duration): a machine busy with other work runs fewer operations a
+	// second, and a run of a few hundred proves less than the run of
+	// thousands it was meant to be.
+	Duration    time.Duration
+	MinOps      int
+	MaxDuration time.Duration
 	// Grace is how late a lease's context may end after its local
 	// validity (timer latency); default 100ms. OrphanBound is how long a
 	// grant nobody was handed may be seen held while no fault is active;
@@ -69,7 +78,15 @@ type genRun struct {
 	cfg    GenConfig
 	rec    *Recorder
 	prefix string
+	cpu    cpuMeter
 	workers
+}
+
+// MinOpsAt is the fewest operations a run with GenConfig.MinOps ops must
+// invoke on a machine that gave it share of a CPU (GenReport.CPUShare):
+// ops scaled by the share, rounded up.
+func MinOpsAt(ops int, share float64) int {
+	return int(math.Ceil(float64(ops) * max(0, min(1, share))))
 }
 
 // networked reports whether store is reached over TCP (a proxy can cut a
@@ -104,6 +121,9 @@ func RunGen(ctx context.Context, cfg GenConfig) (*GenResult, error) {
 	}
 	if cfg.Duration == 0 {
 		cfg.Duration = 30 * time.Second
+	}
+	if cfg.MaxDuration == 0 {
+		cfg.MaxDuration = 3 * cfg.Duration
 	}
 	if cfg.Grace == 0 {
 		cfg.Grace = 100 * time.Millisecond
@@ -172,6 +192,7 @@ func RunGen(ctx context.Context, cfg GenConfig) (*GenResult, error) {
 	}
 	rep := CheckGen(events, strength, orphanTTL, cfg.OrphanBound)
 	rep.Seed = cfg.Seed
+	rep.CPUShare = r.cpu.share()
 	return &GenResult{Config: cfg, Report: rep, Events: events}, nemErr
 }
 
@@ -262,7 +283,40 @@ func (r *genRun) answered(ctx context.Context, c *fenced.Client) {
 func (r *genRun) nemesis(ctx context.Context) error {
 	rng := rand.New(rand.NewPCG(r.cfg.Seed, 1<<40))
 	ttl := r.cfg.TTL
-	end := time.Now().Add(r.cfg.Duration)
+	began := time.Now()
+	end := began.Add(r.cfg.Duration)
+	ops := opCounter{path: filepath.Join(r.cfg.Dir, historyFile)}
+	mctx, stopMeter := context.WithCancel(ctx)
+	defer stopMeter()
+	go r.cpu.run(mctx)
+	// running reports whether the workload goes on: until end, then, while
+	// the workers have invoked fewer than MinOps operations, by another
+	// few TTLs at a time, up to MaxDuration.
+	running := func() bool {
+		now := time.Now()
+		if now.Before(end) {
+			return true
+		}
+		limit := began.Add(r.cfg.MaxDuration)
+		if r.cfg.MinOps <= 0 || !now.Before(limit) {
+			return false
+		}
+		n, err := ops.count()
+		if err != nil {
+			r.cfg.Logf("proof: counting operations: %v", err)
+			return false
+		}
+		share := r.cpu.share()
+		need := MinOpsAt(r.cfg.MinOps, share)
+		if n >= need {
+			return false
+		}
+		if end = now.Add(4 * ttl); end.After(limit) {
+			end = limit
+		}
+		r.cfg.Logf("seed %d: %d operations in %v, fewer than %d (%d at a CPU share of %.2f): the workload runs on until %v", r.cfg.Seed, n, now.Sub(began).Round(time.Millisecond), need, r.cfg.MinOps, share, end.Sub(began).Round(time.Millisecond))
+		return true
+	}
 	between := func(lo, hi float64) time.Duration {
 		return time.Duration((lo + rng.Float64()*(hi-lo)) * float64(ttl))
 	}
@@ -285,7 +339,7 @@ func (r *genRun) nemesis(ctx context.Context) error {
 			defer c.Close()
 		}
 	}
-	for k := 1; time.Now().Before(end); k++ {
+	for k := 1; running(); k++ {
 		gap := between(0.5, 2)
 		if rng.IntN(4) == 0 {
 			gap = between(4, 8) // a quiet spell, for what only shows without faults
@@ -293,7 +347,7 @@ func (r *genRun) nemesis(ctx context.Context) error {
 		if err := sleep(gap); err != nil {
 			return err
 		}
-		if !time.Now().Before(end) {
+		if !running() {
 			break
 		}
 		f := r.cfg.Faults[rng.IntN(len(r.cfg.Faults))]

@@ -19,6 +19,10 @@ type GenReport struct {
 	Ops    int            `json:"ops"`
 	ByOp   map[string]int `json:"by_op"`
 	Grants int            `json:"grants"`
+	// CPUShare is the share of a CPU a runnable thread of the run got
+	// (1: an idle core; 0.2: a machine busy with five times as much work
+	// as it has cores), measured by RunGen.
+	CPUShare float64 `json:"cpu_share,omitempty"`
 	// MaxHeld is the most leases one worker held at once.
 	MaxHeld int `json:"max_held"`
 	// Faults counts the faults the nemesis injected.

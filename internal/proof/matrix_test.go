@@ -160,6 +160,12 @@ func TestMatrixFull(t *testing.T) {
 	}
 	md.WriteString("\n")
 	WriteGenSection(&md, genRows)
+	partRows, err := ReadGenPartRows(filepath.Join(out, "proof", "generative-partitions.json"))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		t.Fatal(err)
+	}
+	md.WriteString("\n")
+	WriteGenPartSection(&md, partRows)
 	if err := WritePartitions(&md, filepath.Join(out, "proof")); err != nil {
 		t.Fatal(err)
 	}

@@ -83,6 +83,7 @@ const (
 // TestMain, or early in main.
 func MaybeRunWorker() {
 	maybeRunGenWorker()
+	maybeRunGenPartMember()
 	raw := os.Getenv(envWorker)
 	if raw == "" {
 		return

@@ -23,7 +23,11 @@ const DefaultPrefix = "fenced:"
 // Keys names the Redis keys of one lease key. All of them carry the user
 // key as a hash tag ({key}), so they live in one Cluster hash slot and one
 // script may touch them together. A user key containing braces still works:
-// every name shares the same text up to the first '}' after the first '{'.
+// Redis Cluster hashes the text between the first '{' of a name (the one
+// after the prefix, which has no braces) and the next '}', and every name
+// of a key shares that text. The one exception is a key that starts with
+// '}', whose tag would be empty (Redis then hashes each whole name); see
+// Layout.Cluster.
 type Keys struct {
 	Lock    string // the grant: value "<fence>:<owner>", expiry PX
 	Fence   string // the fence counter, never expires
@@ -42,7 +46,30 @@ type Keys struct {
 }
 
 // Layout maps lease keys to Redis keys under a prefix.
-type Layout struct{ Prefix string }
+type Layout struct {
+	Prefix string
+	// Cluster says that the keys live on a Redis Cluster. There a lease
+	// key that starts with '}' is written after a space inside the
+	// braces (PREFIX{ }a}:lock for "}a"), so that its names share the
+	// hash tag " " and one slot. No lease key starts with a space, so the
+	// name is no other key's. Elsewhere such a key keeps the plain
+	// layout it always had (PREFIX{}a}:lock): a standalone server hashes
+	// nothing, and moving its keys would restart its fence counter.
+	Cluster bool
+}
+
+// clusterEscape is what a Cluster layout writes before a lease key that
+// starts with '}' (see Layout.Cluster).
+const clusterEscape = " "
+
+// open returns what follows the prefix and '{' in the names of lease key
+// k (or of keys starting with k, for patterns).
+func (l Layout) open(k string) string {
+	if l.Cluster && strings.HasPrefix(k, "}") {
+		return "{" + clusterEscape
+	}
+	return "{"
+}
 
 // CheckPrefix applies the Redis backends' rule for key prefixes, the one
 // place redis and redlock check them: any bytes but { and } (every key of
@@ -75,13 +102,14 @@ const (
 // release pair, on the path whose cost is measured against the
 // incumbents.
 func (l Layout) Keys(k string) Keys {
-	base := len(l.Prefix) + 1 + len(k)
+	open := l.open(k)
+	base := len(l.Prefix) + len(open) + len(k)
 	var b strings.Builder
 	b.Grow(6*base + len(lockSuffix) + len(fenceSuffix) + len(auditSuffix) + len(channelSuffix) + len(waitersSuffix) + len(claimSuffix))
 	name := func(suffix string) (start, end int) {
 		start = b.Len()
 		b.WriteString(l.Prefix)
-		b.WriteByte('{')
+		b.WriteString(open)
 		b.WriteString(k)
 		b.WriteString(suffix)
 		return start, b.Len()
@@ -98,12 +126,12 @@ func (l Layout) Keys(k string) Keys {
 
 // Lock returns the lock key of lease key k alone (Keys(k).Lock, without
 // building the other names), for batches of many keys.
-func (l Layout) Lock(k string) string { return l.Prefix + "{" + k + lockSuffix }
+func (l Layout) Lock(k string) string { return l.Prefix + l.open(k) + k + lockSuffix }
 
 // LockPattern is a SCAN MATCH pattern for the lock keys of lease keys
 // starting with prefix.
 func (l Layout) LockPattern(prefix string) string {
-	return GlobEscape(l.Prefix+"{"+prefix) + "*" + GlobEscape(lockSuffix)
+	return GlobEscape(l.Prefix+l.open(prefix)+prefix) + "*" + GlobEscape(lockSuffix)
 }
 
 // AuditPattern is a SCAN MATCH pattern for every audit stream.
@@ -126,7 +154,11 @@ func (l Layout) cut(name, suffix string) (string, bool) {
 	if !strings.HasPrefix(name, p) || !strings.HasSuffix(name, suffix) || len(name) < len(p)+len(suffix)+1 {
 		return "", false
 	}
-	return name[len(p) : len(name)-len(suffix)], true
+	k := name[len(p) : len(name)-len(suffix)]
+	if strings.HasPrefix(k, clusterEscape+"}") {
+		k = k[len(clusterEscape):] // a Cluster layout's (see Layout.Cluster)
+	}
+	return k, true
 }
 
 // GlobEscape escapes the characters special to Redis glob patterns.
@@ -180,14 +212,27 @@ func ForeignError(redisKey string) error {
 // ForeignReply returns err, a script's error, as an error matching
 // ErrForeignValue naming keys when the server's reply says that one of
 // them holds something fenced did not write (a key of the wrong type, a
-// fence counter that is not a number), and nil for any other error.
+// fence counter that is not a number), and nil for any other error. A
+// waiter queue of another type is named alone: the scripts' error names
+// it (lua/waiter_queue.lua).
 func ForeignReply(err error, keys ...string) error {
 	msg := err.Error()
 	if !strings.Contains(msg, "WRONGTYPE") && !strings.Contains(msg, "not an integer") {
 		return nil
 	}
+	if i := strings.Index(msg, foreignQueue); i >= 0 {
+		what := msg[i:]
+		if j := strings.Index(what, " script: "); j >= 0 {
+			what = what[:j] // the server's note of the script and line
+		}
+		return fmt.Errorf("%w (%s; waiting for this key, and releasing it, fail until it is gone: inspect it with redis-cli and remove it yourself if it is stale, or use another key prefix)", ErrForeignValue, strings.TrimSuffix(what, "."))
+	}
 	return fmt.Errorf("%w (keys %s; server said: %s)", ErrForeignValue, strings.Join(keys, ", "), msg)
 }
+
+// foreignQueue starts the scripts' error for a waiter queue of another
+// type (lua/waiter_queue.lua's foreign_queue).
+const foreignQueue = "waiter queue "
 
 // Status codes returned by the scripts.
 const (

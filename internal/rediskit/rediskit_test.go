@@ -65,6 +65,14 @@ func TestKeys(t *testing.T) {
 			t.Errorf("Lock(%q) under %q = %q, want %q", tc.key, tc.prefix, got, tc.want.Lock)
 		}
 	}
+	// A key starting with '}': a Cluster layout writes a space before it,
+	// elsewhere its names stay as they always were.
+	if got := (Layout{Prefix: "p:", Cluster: true}).Keys("}a").Lock; got != "p:{ }a}:lock" {
+		t.Errorf("Cluster Keys(}a).Lock = %q, want p:{ }a}:lock", got)
+	}
+	if got := (Layout{Prefix: "p:"}).Keys("}a").Lock; got != "p:{}a}:lock" {
+		t.Errorf("standalone Keys(}a).Lock = %q, want p:{}a}:lock (unchanged)", got)
+	}
 	if n := testing.AllocsPerRun(100, func() { _ = Layout{Prefix: "fenced:"}.Keys("invoice:inv_72") }); n > 1 {
 		t.Errorf("Keys allocates %v times, want 1", n)
 	}
@@ -84,4 +92,61 @@ func TestValue(t *testing.T) {
 	if v := Value(72, "abc"); v != "72:abc" {
 		t.Errorf("Value(72, abc) = %q", v)
 	}
+}
+
+// TestKeysShareOneSlot checks that every name of a lease key hashes to one
+// Cluster slot under a Cluster layout, whatever braces the key holds, and
+// that the lock and audit names map back to the key (also through the
+// SCAN pattern of a prefix). TestClusterKeysWithBraces in fencedredis
+// checks HashSlot against a real server's CLUSTER KEYSLOT.
+func TestKeysShareOneSlot(t *testing.T) {
+	for _, cluster := range []bool{false, true} {
+		l := Layout{Prefix: "fenced:", Cluster: cluster}
+		for _, key := range []string{"job", "}a", "{}x", "a{b}c", "{{a}}", "}", "}}x", "a}", "{", "x{", "}{a}"} {
+			k := l.Keys(key)
+			if cluster {
+				slot := HashSlot(k.Lock)
+				for _, name := range []string{k.Fence, k.Audit, k.Waiters, k.Claim} {
+					if HashSlot(name) != slot {
+						t.Errorf("key %q: %s in slot %d, %s in %d", key, k.Lock, slot, name, HashSlot(name))
+					}
+				}
+			}
+			if got, ok := l.KeyOfLock(k.Lock); !ok || got != key {
+				t.Errorf("cluster %v: KeyOfLock(%q) = %q, %v; want %q", cluster, k.Lock, got, ok, key)
+			}
+			if got, ok := l.KeyOfAudit(k.Audit); !ok || got != key {
+				t.Errorf("cluster %v: KeyOfAudit(%q) = %q, %v; want %q", cluster, k.Audit, got, ok, key)
+			}
+			if p := l.LockPattern(key); !globMatches(p, k.Lock) {
+				t.Errorf("cluster %v: LockPattern(%q) = %q does not match %q", cluster, key, p, k.Lock)
+			}
+		}
+	}
+}
+
+// globMatches matches name against a pattern of LockPattern's form: an
+// escaped literal, '*', an escaped literal.
+func globMatches(pattern, name string) bool {
+	unescape := func(s string) string {
+		var b []byte
+		for i := 0; i < len(s); i++ {
+			if s[i] == '\\' && i+1 < len(s) {
+				i++
+			}
+			b = append(b, s[i])
+		}
+		return string(b)
+	}
+	for i := 0; i < len(pattern); i++ {
+		if pattern[i] == '\\' {
+			i++
+			continue
+		}
+		if pattern[i] == '*' {
+			pre, post := unescape(pattern[:i]), unescape(pattern[i+1:])
+			return len(name) >= len(pre)+len(post) && name[:len(pre)] == pre && name[len(name)-len(post):] == post
+		}
+	}
+	return unescape(pattern) == name
 }

@@ -105,9 +105,12 @@ func (q *Query) Err() error { return q.err }
 // ClientOptions parses a redis:// URL (with fenced's own parameters
 // already taken out by TakeQuery) into go-redis options with fenced's
 // defaults: no command retries unless max_retries is given (a retried
-// script whose first attempt was applied would be reported wrongly), and
-// one dial attempt unless dialer_retries is given. Errors wrap
-// driver.ErrInvalidURL.
+// script whose first attempt was applied would be reported wrongly), one
+// dial attempt unless dialer_retries is given, and context deadlines
+// honoured (ContextTimeoutEnabled, which go-redis leaves off: a call then
+// waits out ReadTimeout, 5s by default, on a link that drops packets,
+// whatever its context says). Every client fenced makes from a URL is made
+// from these options. Errors wrap driver.ErrInvalidURL.
 func ClientOptions(u *url.URL) (*redis.Options, error) {
 	p, err := urlquery.Parse(u.RawQuery)
 	if err != nil {
@@ -124,5 +127,6 @@ func ClientOptions(u *url.URL) (*redis.Options, error) {
 	if !q.Has("dialer_retries") {
 		ro.DialerRetries = 1
 	}
+	ro.ContextTimeoutEnabled = true
 	return ro, nil
 }

@@ -23,8 +23,10 @@ const WaitersSlack = time.Second
 // current waiting episode for the key. A release takes the member that has
 // stood longest off the queue and publishes on that process's own channel
 // (WaitChannel), so each release wakes one process, not every process with
-// a waiter. A grant to a process with waiters moves it to the end of the
-// queue in the grant script itself. It is safe for concurrent use.
+// a waiter; a process whose channel no client listens on any more (it
+// died) is passed over in the same script. A grant to a process with
+// waiters moves it to the end of the queue in the grant script itself. It
+// is safe for concurrent use.
 type WaitQueue struct {
 	q *waitqueue.Queue[Keys]
 }

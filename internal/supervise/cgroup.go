@@ -4,6 +4,7 @@ package supervise
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"os"
@@ -25,8 +26,11 @@ import (
 const ModeEnv = "FENCED_SUPERVISE_MODE"
 
 // cgroup is a cgroup v2 directory of the supervisor's own, holding the
-// command's whole tree.
-type cgroup struct{ dir string }
+// command's whole tree, and every cgroup the command makes inside it.
+type cgroup struct {
+	dir  string // its directory in the cgroup2 mount
+	path string // its path in the hierarchy, as /proc/PID/cgroup shows it; "" in the guard
+}
 
 var cgroupSeq atomic.Int64
 
@@ -52,7 +56,7 @@ func newCgroup() (*cgroup, error) {
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		return nil, err
 	}
-	c := &cgroup{dir: dir}
+	c := &cgroup{dir: dir, path: filepath.Join(own, name)}
 	if _, err := os.Stat(filepath.Join(dir, "cgroup.kill")); err != nil {
 		_ = os.Remove(dir)
 		return nil, fmt.Errorf("%s has no cgroup.kill (kernel before 5.14)", dir)
@@ -166,31 +170,101 @@ func (c *cgroup) event(key string) bool {
 	return err == nil && strings.Contains(string(b), key+" 1")
 }
 
-// members lists the processes in the cgroup, one thread id for each
-// (kill on a thread id signals its whole process). It reads
+// members lists the processes in the cgroup and in every cgroup nested in
+// it (the command may make its own and move there), one thread id for
+// each (kill on a thread id signals its whole process). It reads
 // cgroup.threads, not cgroup.procs: a process whose main thread exited
 // (pthread_exit) while others run is missing from cgroup.procs, and
 // cgroup.kill misses it too, but its threads are listed.
 func (c *cgroup) members() []int {
-	b, err := os.ReadFile(filepath.Join(c.dir, "cgroup.threads"))
-	if err != nil {
-		return nil
-	}
 	seen := map[int]bool{}
 	var out []int
-	for _, f := range strings.Fields(string(b)) {
-		tid, err := strconv.Atoi(f)
+	for _, dir := range c.dirs() {
+		b, err := os.ReadFile(filepath.Join(dir, "cgroup.threads"))
 		if err != nil {
 			continue
 		}
-		tgid := threadGroup(tid)
-		if tgid == 0 || seen[tgid] {
-			continue
+		for _, f := range strings.Fields(string(b)) {
+			tid, err := strconv.Atoi(f)
+			if err != nil {
+				continue
+			}
+			tgid := threadGroup(tid)
+			if tgid == 0 || seen[tgid] {
+				continue
+			}
+			seen[tgid] = true
+			out = append(out, tid)
 		}
-		seen[tgid] = true
-		out = append(out, tid)
 	}
 	return out
+}
+
+// dirs returns the cgroup's directory and every cgroup directory nested in
+// it, each before the ones inside it. A directory removed while it reads
+// is left out.
+func (c *cgroup) dirs() []string {
+	var out []string
+	_ = filepath.WalkDir(c.dir, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return nil // gone meanwhile: neither it nor what it held is left
+		}
+		if d.IsDir() {
+			out = append(out, path)
+		}
+		return nil
+	})
+	return out
+}
+
+// holds reports whether process p is in the cgroup or in a cgroup nested
+// in it; ok is false if p is gone. A process whose main thread exited
+// (pthread_exit) keeps showing, in /proc/PID/cgroup, the cgroup its main
+// thread died in, wherever its living threads move since: then the
+// living threads' cgroups are read instead.
+func (c *cgroup) holds(p proc) (in, ok bool) {
+	pid := strconv.Itoa(p.pid)
+	if p.state != 'Z' && p.state != 'X' {
+		return c.holdsFile("/proc/" + pid + "/cgroup")
+	}
+	tasks, err := os.ReadDir("/proc/" + pid + "/task")
+	if err != nil {
+		return false, false
+	}
+	for _, e := range tasks {
+		st, err := os.ReadFile("/proc/" + pid + "/task/" + e.Name() + "/stat")
+		if i := bytes.LastIndexByte(st, ')'); err != nil || i < 0 || i+2 >= len(st) || st[i+2] == 'Z' || st[i+2] == 'X' {
+			continue
+		}
+		if in, found := c.holdsFile("/proc/" + pid + "/task/" + e.Name() + "/cgroup"); found {
+			if !in {
+				return false, true
+			}
+			ok = true
+		}
+	}
+	return ok, ok
+}
+
+// holdsFile reports whether the cgroup file of a process or thread
+// (/proc/PID/cgroup) names this cgroup or one nested in it; ok is false
+// if it cannot be read.
+func (c *cgroup) holdsFile(file string) (in, ok bool) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return false, false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if p, found := strings.CutPrefix(line, "0::"); found {
+			return p == c.path || strings.HasPrefix(p, c.path+"/"), true
+		}
+	}
+	return false, true
+}
+
+// adopt moves process pid (all its threads) into the cgroup.
+func (c *cgroup) adopt(pid int) error {
+	return c.write("cgroup.procs", strconv.Itoa(pid))
 }
 
 // threadGroup returns the process (thread group) id of thread tid, or 0
@@ -221,16 +295,23 @@ func (c *cgroup) killAll() int {
 	return len(m)
 }
 
-// remove removes the cgroup once it is empty, trying for up to d (the
-// kernel may take a moment to drop dead tasks).
+// remove removes the cgroup, and every cgroup nested in it (deepest
+// first: a cgroup with a child cannot be removed), once they are empty,
+// trying for up to d (the kernel may take a moment to drop dead tasks).
 func (c *cgroup) remove(d time.Duration) error {
 	for deadline := time.Now().Add(d); ; time.Sleep(5 * time.Millisecond) {
-		err := unix.Rmdir(c.dir)
-		if err == nil || errors.Is(err, syscall.ENOENT) {
+		dirs := c.dirs()
+		var err error
+		for i := len(dirs) - 1; i >= 0 && err == nil; i-- {
+			if e := unix.Rmdir(dirs[i]); e != nil && !errors.Is(e, syscall.ENOENT) {
+				err = fmt.Errorf("remove cgroup %s: %w", dirs[i], e)
+			}
+		}
+		if err == nil {
 			return nil
 		}
 		if !errors.Is(err, syscall.EBUSY) || time.Now().After(deadline) {
-			return fmt.Errorf("remove cgroup %s: %w", c.dir, err)
+			return err
 		}
 	}
 }
@@ -250,7 +331,7 @@ func Probe() string {
 }
 
 func cgroupMode(parent string) string {
-	return "cgroup v2 (a cgroup of its own under " + parent + ": cgroup.kill ends the whole tree, cgroup.freeze stops it)"
+	return "cgroup v2 (a cgroup of its own under " + parent + ": cgroup.kill ends the whole tree, cgroup.freeze stops it; a process that moves to another cgroup is moved back)"
 }
 
 func procTreeMode(why string) string {

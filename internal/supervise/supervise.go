@@ -16,8 +16,19 @@
 //     (and to each process listed in cgroup.threads, since cgroup.kill and
 //     cgroup.procs miss a process whose main thread exited while others
 //     run), Stop freezes it (cgroup.freeze), and Gone also waits for
-//     cgroup.events to say "populated 0". The cgroup is removed after Gone,
-//     or by the guard if the supervisor died.
+//     cgroup.events to say "populated 0". Cgroups the command makes inside
+//     it (where it is delegated, any process may) are part of it: their
+//     threads are listed too, and they are removed with it, deepest first.
+//     A process that writes its pid into another cgroup's cgroup.procs (the
+//     root's, a sibling's, a systemd scope's: wherever it may) is still the
+//     supervisor's descendant, as the supervisor is a child subreaper: it is
+//     found by a walk of /proc and moved back into the cgroup (where that is
+//     refused, for want of permission or because the cgroup may hold no
+//     process, it is signalled and stopped by pid, as in process-tree mode).
+//     SignalAll and Stop move such processes back (after acting on the
+//     cgroup), and the Group watches for them all the time (see the
+//     guarantees below). The cgroup
+//     is removed after Gone, or by the guard if the supervisor died.
 //   - process tree, where no cgroup can be made (no cgroup v2, no permission
 //     or delegation, or a kernel before 5.14, which lacks cgroup.kill), or
 //     when ModeEnv forces it for tests: processes are found by walking /proc
@@ -37,8 +48,9 @@
 //     Group reaps them all (wait4 on any child) and reports Gone once none
 //     is left (and, in cgroup mode, the cgroup is empty).
 //   - The whole tree can be signalled. SignalAll signals the process group
-//     and every process of the cgroup, or every descendant found in /proc,
-//     so processes that left the group are not missed.
+//     and every process of the cgroup (and those that left it, moved back
+//     into it), or every descendant found in /proc, so processes that left
+//     the group are not missed.
 //   - The command dies with the supervisor. The command's leader gets
 //     Pdeathsig SIGKILL. The kernel sends Pdeathsig when the *thread* that
 //     forked the child exits, not the process (go.dev/issue/27505), so the
@@ -47,10 +59,16 @@
 //     by a guard process (the supervisor's own binary, re-executed; see
 //     MaybeRunGuard) that waits on a pipe from the supervisor and, when the
 //     pipe closes without a goodbye (the supervisor died, or Close was
-//     called before Gone, as a panic unwinding does), kills the cgroup and
-//     the group. In process-tree mode, processes that left the group are
-//     not reached after the supervisor's death: once it is gone they are
-//     re-parented away from it.
+//     called before Gone, as a panic unwinding does), kills the cgroup
+//     (with the cgroups nested in it) and the group. Once the supervisor is
+//     gone, its descendants outside the cgroup are re-parented away from it
+//     and nothing marks them as the command's any more, so the guard misses:
+//     in process-tree mode, every process that left the group; in cgroup
+//     mode, a process that moved to another cgroup less than one watch pause
+//     before the supervisor died (the Group looks for such processes and
+//     moves them back every 250 ms, or every 100 times the CPU time a look
+//     takes if that is longer, so that watching costs at most about 1% of
+//     a CPU; see watch), or one that cannot be moved back.
 //   - Interactive commands keep the terminal. If the command's stdin is the
 //     caller's controlling terminal and the caller's group is in its
 //     foreground, the command's group is put in the foreground as it starts
@@ -61,11 +79,20 @@
 //     tcsetpgrp from a background group raises SIGTTOU, so the Group blocks
 //     SIGTTOU on its own thread around the call.
 //
+// What no mode covers: a process the command has someone else start
+// (systemd-run without --scope, at, a container daemon, ssh) is not its
+// descendant and never was in its cgroup; a supervisor stopped with
+// SIGSTOP watches nothing; and a command with the privilege to act on the
+// supervisor, the guard or their cgroups (kill or ptrace them, thaw the
+// cgroup, enable a controller in its subtree_control so that no process may
+// be moved back into it) can undo any of this.
+//
 // Processes are found by scanning /proc (or the cgroup's files); a process
-// id read there could in theory be reused between the scan and the kill,
-// but only after the process was reaped by this Group, which makes that
-// window a few microseconds long on a pid space that must wrap around
-// first.
+// id read there could in theory be reused between the scan and the kill
+// (or the move back into the cgroup), but only after the process was
+// reaped by this Group or by another of the command's processes, which
+// makes that window a few microseconds long on a pid space that must wrap
+// around first.
 package supervise
 
 import (
@@ -128,8 +155,11 @@ type Group struct {
 	stopMu  sync.Mutex
 	stopped []int // processes outside the group that Stop stopped
 
-	cg   *cgroup // the command's cgroup, or nil in process-tree mode
-	mode string  // the supervision mode, for Mode
+	cg      *cgroup       // the command's cgroup, or nil in process-tree mode
+	mode    string        // the supervision mode, for Mode
+	unwatch chan struct{} // closed to end watch (cgroup mode)
+	linMu   sync.Mutex
+	lin     lineage // the supervisor's descendants, for gather and watch
 
 	goneFlag atomic.Bool  // Gone was reported
 	exits    atomic.Int64 // children reaped so far, for eachLiving
@@ -165,7 +195,11 @@ var (
 // previous one reported Gone).
 //
 // Errors from starting the command are returned as cmd.Start returns them;
-// a failure of the supervision itself matches ErrSetup.
+// a failure of the supervision itself matches ErrSetup. If the command
+// cannot be started into its cgroup, Start drops the cgroup and starts it
+// again in process-tree mode, from a copy of cmd (an exec.Cmd cannot be
+// started twice); it then sets cmd.Process, as cmd.Start would, but a
+// context given with exec.CommandContext is not carried over.
 func Start(cmd *exec.Cmd) (*Group, error) {
 	for _, s := range []any{cmd.Stdin, cmd.Stdout, cmd.Stderr} {
 		if _, ok := s.(*os.File); s != nil && !ok {
@@ -227,6 +261,10 @@ func Start(cmd *exec.Cmd) (*Group, error) {
 		}
 		g.pid = cmd.Process.Pid
 		g.tellGuard(fmt.Sprintf("group %d\n", g.pid))
+		if g.cg != nil {
+			g.unwatch = make(chan struct{})
+			go g.watch(g.unwatch)
+		}
 		started <- nil
 		g.reap()
 	}()
@@ -237,31 +275,48 @@ func Start(cmd *exec.Cmd) (*Group, error) {
 }
 
 // startCommand starts the command, in its cgroup if there is one
-// (CLONE_INTO_CGROUP, so it is in the cgroup before it runs). If the
-// command cannot be started into the cgroup (clone3 refused, say), the
-// cgroup is dropped and the command started once more without it.
+// (CLONE_INTO_CGROUP, so it is in the cgroup before it runs). If it cannot
+// be started into the cgroup (clone3 refused, say, or the command itself
+// cannot be run), the cgroup is dropped and the command started once more
+// without it, from a copy of cmd: an exec.Cmd cannot be started twice, even
+// after a failed Start. The error returned is the second attempt's, which
+// names what is wrong with the command itself ("no such file or
+// directory") if anything is.
 func (g *Group) startCommand() error {
-	if g.cg != nil {
-		// The guard learns of the cgroup before anything runs in it, so a
-		// supervisor that dies at any moment leaves nothing behind.
-		g.tellGuard("cgroup " + g.cg.dir + "\n")
-		fd, err := g.cg.openDir()
-		if err == nil {
-			g.cmd.SysProcAttr.UseCgroupFD, g.cmd.SysProcAttr.CgroupFD = true, fd
-			err = g.cmd.Start()
-			unix.Close(fd)
-			if err == nil {
-				return nil
-			}
-			// A failed Start leaves cmd startable again (its stdio are
-			// files, so nothing was consumed).
-			g.cmd.SysProcAttr.UseCgroupFD, g.cmd.SysProcAttr.CgroupFD = false, 0
-		}
-		_ = g.cg.remove(time.Second)
-		g.mode = procTreeMode(fmt.Sprintf("cannot start into cgroup %s: %v", g.cg.dir, err))
-		g.cg = nil
+	if g.cg == nil {
+		return g.cmd.Start()
 	}
-	return g.cmd.Start()
+	// The guard learns of the cgroup before anything runs in it, so a
+	// supervisor that dies at any moment leaves nothing behind.
+	g.tellGuard("cgroup " + g.cg.dir + "\n")
+	fd, err := g.cg.openDir()
+	tried := err == nil
+	if tried {
+		attr := g.cmd.SysProcAttr
+		attr.UseCgroupFD, attr.CgroupFD = true, fd
+		err = g.cmd.Start()
+		unix.Close(fd)
+		attr.UseCgroupFD, attr.CgroupFD = false, 0
+		if err == nil {
+			return nil
+		}
+	}
+	_ = g.cg.remove(time.Second)
+	g.mode = procTreeMode(fmt.Sprintf("cannot start into cgroup %s: %v", g.cg.dir, err))
+	g.cg = nil
+	if !tried {
+		return g.cmd.Start()
+	}
+	again := &exec.Cmd{
+		Path: g.cmd.Path, Args: g.cmd.Args, Env: g.cmd.Env, Dir: g.cmd.Dir,
+		Stdin: g.cmd.Stdin, Stdout: g.cmd.Stdout, Stderr: g.cmd.Stderr, ExtraFiles: g.cmd.ExtraFiles,
+		SysProcAttr: g.cmd.SysProcAttr, Err: g.cmd.Err, Cancel: g.cmd.Cancel, WaitDelay: g.cmd.WaitDelay,
+	}
+	if err := again.Start(); err != nil {
+		return err
+	}
+	g.cmd.Process = again.Process // the caller's cmd shows the process, as after its own Start
+	return nil
 }
 
 // Mode describes how the Group holds the command's tree: in a cgroup v2 of
@@ -287,27 +342,35 @@ func (g *Group) Signal(sig syscall.Signal) error {
 // it is in the process tree, and to the command's process group. It
 // returns how many living processes it found.
 //
-// In cgroup mode that is every process in the cgroup (SIGKILL goes through
-// cgroup.kill, which no fork escapes). In process-tree mode it is every
-// descendant of the supervisor but the guard, found in /proc, including a
-// process whose main thread exited while its other threads run (shown as a
-// zombie); /proc is scanned again until a scan finds no process not
-// signalled yet, so a process forked meanwhile is reached too.
+// In cgroup mode that is every process in the cgroup and the cgroups
+// nested in it (SIGKILL goes through cgroup.kill, which no fork escapes),
+// then every descendant found in /proc outside them, moved back in (see
+// gather) or, where that is refused, signalled by pid. In
+// process-tree mode it is every descendant of the supervisor but the
+// guard, found in /proc, including a process whose main thread exited
+// while its other threads run (shown as a zombie); /proc is scanned again
+// until a scan finds no process not signalled yet, so a process forked
+// meanwhile is reached too.
 func (g *Group) SignalAll(sig syscall.Signal) int {
 	defer unix.Kill(-g.pid, sig)
 	if g.cg != nil {
-		if sig == syscall.SIGKILL {
-			return g.cg.killAll()
-		}
-		n := 0
-		for _, pid := range g.cg.members() {
-			if unix.Kill(pid, sig) == nil {
-				n++
+		// The cgroup first, at once. Then those that left it: each moved
+		// back is signalled as the cgroup was (for SIGKILL, cgroup.kill
+		// again, which also reaches what it forked since); each that
+		// cannot be moved back is signalled by pid.
+		n := g.signalCgroup(sig)
+		byPid, moved := g.gather(func(p proc) bool { return unix.Kill(p.pid, sig) == nil }, nil)
+		switch {
+		case len(moved) > 0 && sig == syscall.SIGKILL:
+			g.cg.killAll()
+		case len(moved) > 0:
+			for _, pid := range moved {
+				_ = unix.Kill(pid, sig)
 			}
 		}
-		return n
+		return n + len(byPid) + len(moved)
 	}
-	return len(g.eachLiving(func(p proc) bool { return unix.Kill(p.pid, sig) == nil }, nil))
+	return len(g.eachLiving(g.descendants, func(p proc) bool { return unix.Kill(p.pid, sig) == nil }, nil))
 }
 
 // eachLiving calls f once for every living descendant (process-tree
@@ -319,7 +382,7 @@ func (g *Group) SignalAll(sig syscall.Signal) int {
 // exited during a scan shows as a zombie, and its child by a later scan
 // (the child is re-parented to the supervisor, which reaps the parent). It
 // returns the pids f acted on.
-func (g *Group) eachLiving(f func(proc) bool, settle func([]int)) []int {
+func (g *Group) eachLiving(walk func() []proc, f func(proc) bool, settle func([]int)) []int {
 	seen := map[int]bool{}
 	var acted []int
 	var prev map[int]bool
@@ -327,7 +390,7 @@ func (g *Group) eachLiving(f func(proc) bool, settle func([]int)) []int {
 		exits := g.exits.Load()
 		cur := map[int]bool{} // pid: living
 		var fresh []int
-		for _, p := range g.descendants() {
+		for _, p := range walk() {
 			living := p.living()
 			cur[p.pid] = living
 			if !living || seen[p.pid] {
@@ -353,6 +416,83 @@ func (g *Group) eachLiving(f func(proc) bool, settle func([]int)) []int {
 		prev = cur
 	}
 	return acted
+}
+
+// signalCgroup sends sig to every process in the cgroup and the cgroups
+// nested in it (SIGKILL through cgroup.kill too), and returns how many it
+// found.
+func (g *Group) signalCgroup(sig syscall.Signal) int {
+	if sig == syscall.SIGKILL {
+		return g.cg.killAll()
+	}
+	n := 0
+	for _, pid := range g.cg.members() {
+		if unix.Kill(pid, sig) == nil {
+			n++
+		}
+	}
+	return n
+}
+
+// gather moves back into the cgroup every living descendant of the
+// supervisor found outside it and the cgroups nested in it: a process of
+// the command that wrote its pid into another cgroup's cgroup.procs (the
+// root's, a sibling's, a systemd scope's) is still the supervisor's
+// descendant, since the supervisor is a child subreaper. Moved back, it and
+// whatever it forks from then on are reached by cgroup.kill and
+// cgroup.freeze again, by the guard too. For each one that cannot be moved
+// back (no permission, or the command enabled a controller in the
+// cgroup's subtree_control, which bars processes from it), f is called
+// (nil: none), with settle, as in eachLiving, which rescans until stable;
+// each scan lists /proc and reads only what lineage needs, so that gather
+// is quick even on a busy machine with many processes. gather returns the
+// pids f acted on, and those it moved back.
+func (g *Group) gather(f func(proc) bool, settle func([]int)) (acted, moved []int) {
+	acted = g.eachLiving(g.lineageProcs, func(p proc) bool {
+		outside, in := g.bringBack(p)
+		if in {
+			moved = append(moved, p.pid)
+		}
+		return outside && !in && f != nil && f(p)
+	}, settle)
+	return acted, moved
+}
+
+// bringBack moves p into the cgroup if it is a living process outside it
+// and the cgroups nested in it. It reports whether p was outside, and
+// whether it was moved.
+func (g *Group) bringBack(p proc) (outside, moved bool) {
+	if in, ok := g.cg.holds(p); in || !ok {
+		return false, false
+	}
+	// The pid is still the process found (not reaped and reused): /proc
+	// shows it as a descendant now (so only this Group or a descendant
+	// could reap it; see g.descends).
+	if !g.descends(p.pid) {
+		return false, false
+	}
+	return true, g.cg.adopt(p.pid) == nil
+}
+
+// descends reports whether /proc shows pid as a descendant of the
+// supervisor other than the guard or a descendant of the guard, following
+// the parents up from pid.
+func (g *Group) descends(pid int) bool {
+	guard := int(g.guardPid.Load())
+	for range 4096 { // deeper than any real tree; a loop (pid reuse) ends here
+		if pid == guard {
+			return false
+		}
+		p, ok := readProc(strconv.Itoa(pid))
+		if !ok || p.ppid <= 0 {
+			return false
+		}
+		if p.ppid == g.self {
+			return true
+		}
+		pid = p.ppid
+	}
+	return false
 }
 
 // Stop stops the command's group and every other process of the command
@@ -382,11 +522,21 @@ func (g *Group) Stop() {
 		_ = g.cg.freeze(false, 0)
 		waitStopped(stoppedNow, time.Second)
 		_ = g.cg.freeze(true, 2*time.Second)
+		// Then a descendant that left the cgroup is moved back into it,
+		// frozen, which freezes it; one that cannot be moved back is
+		// stopped by pid.
+		byPid, _ := g.gather(func(p proc) bool {
+			if p.state == 'T' || p.state == 't' {
+				return false // stopped before, by someone else
+			}
+			return unix.Kill(p.pid, syscall.SIGSTOP) == nil
+		}, func(pids []int) { waitStopped(pids, time.Second) })
+		stoppedNow = append(stoppedNow, byPid...)
 	} else {
 		// Each scan of /proc is made once every process stopped in the
 		// scan before has acted on its SIGSTOP, so a child it forked
 		// meanwhile exists by then and is found.
-		stoppedNow = g.eachLiving(func(p proc) bool {
+		stoppedNow = g.eachLiving(g.descendants, func(p proc) bool {
 			if p.state == 'T' || p.state == 't' {
 				return false // stopped before, by someone else
 			}
@@ -547,6 +697,9 @@ func (g *Group) waitEmpty() {
 }
 
 func (g *Group) gone() {
+	if g.unwatch != nil {
+		close(g.unwatch)
+	}
 	g.goneFlag.Store(true)
 	active.Store(false)
 	g.events <- Event{Kind: Gone, Reaped: g.reaped}
@@ -766,9 +919,11 @@ func (g *Group) tellGuard(line string) {
 // The guard ignores job-control and termination signals, reads "group N"
 // and, in cgroup mode, "cgroup DIR", and then waits. When its pipe closes
 // without "done", the supervisor has died (or gave up before the tree was
-// gone): it kills the cgroup (cgroup.kill: every process in it, wherever
-// it moved in the process tree) and sends SIGKILL to group N, until both
-// are empty (at most a few seconds), removes the cgroup, and exits.
+// gone): it kills the cgroup (cgroup.kill: every process in it and in the
+// cgroups nested in it, wherever it moved in the process tree; and each
+// process listed in their cgroup.threads) and sends SIGKILL to group N,
+// until both are empty (at most a few seconds), removes the cgroups, and
+// exits.
 func MaybeRunGuard() {
 	if os.Getenv(guardEnv) == "" {
 		return

@@ -18,14 +18,14 @@ if v then
     -- A refusal seen by a process with waiters (see stand_refused).
     local keep = tonumber(ARGV[2])
     if r[3] > 0 then keep = r[3] end
-    stand_refused(KEYS[3], ARGV[5], keep, tonumber(ARGV[4]))
+    stand_refused(KEYS[3], ARGV[5], keep, tonumber(ARGV[4]), KEYS[1])
   end
   return r
 end
 -- Free, and the caller has waiters: read the queue before writing, so
 -- that a queue key of another type fails the script with nothing
 -- changed.
-redis.call('ZSCORE', KEYS[3], ARGV[5])
+queue_score(KEYS[3], ARGV[5])
 local f = string.format('%d', redis.call('INCR', KEYS[2]))
 redis.call('SET', KEYS[1], f .. ':' .. ARGV[1], 'PX', ARGV[2])
 granted_waiter(KEYS[3], ARGV[5], tonumber(ARGV[2]), tonumber(ARGV[4]))

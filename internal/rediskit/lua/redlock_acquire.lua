@@ -32,7 +32,7 @@ if v then
   if r[1] == 0 and here > 0 then
     local keep = tonumber(ARGV[2])
     if r[3] > 0 then keep = r[3] end
-    stand_refused(KEYS[4], ARGV[7], keep, tonumber(ARGV[6]))
+    stand_refused(KEYS[4], ARGV[7], keep, tonumber(ARGV[6]), KEYS[1])
   end
   return r
 end
@@ -43,7 +43,7 @@ if last then
   if ARGV[3] ~= '0' and n >= tonumber(ARGV[3]) then return {-3, last, 0} end
 end
 -- A queue key of another type fails here, before any write.
-if here > 0 then redis.call('ZSCORE', KEYS[4], ARGV[7]) end
+if here > 0 then queue_score(KEYS[4], ARGV[7]) end
 if ARGV[3] ~= '0' or not last then redis.call('SET', KEYS[2], ARGV[3]) end
 redis.call('SET', KEYS[1], ARGV[3] .. ':' .. ARGV[1], 'PX', ARGV[2])
 redis.call('SET', KEYS[3], ARGV[4] .. ':' .. ARGV[1])

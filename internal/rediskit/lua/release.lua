@@ -7,5 +7,5 @@
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 local first, now = first_waiter(KEYS[2])
 redis.call('DEL', KEYS[1])
-if first then wake(KEYS[2], first, now, ARGV[2]) else redis.call('PUBLISH', ARGV[2], '') end
+if first then wake(KEYS[2], first, now, ARGV[2], nil) else redis.call('PUBLISH', ARGV[2], '') end
 return 1

@@ -29,7 +29,7 @@ if v then first, now = first_waiter(KEYS[3]) end
 redis.call('SET', KEYS[2], string.format('%d', tonumber(ARGV[2]) + 1) .. ':' .. ARGV[1])
 if v then
   redis.call('DEL', KEYS[1])
-  if first then wake(KEYS[3], first, now, ARGV[3]) else redis.call('PUBLISH', ARGV[3], '') end
+  if first then wake(KEYS[3], first, now, ARGV[3], nil) else redis.call('PUBLISH', ARGV[3], '') end
   return 1
 end
 return 0

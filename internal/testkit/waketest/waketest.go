@@ -97,3 +97,48 @@ func Grant(t *testing.T, ctx context.Context, d driver.Driver, key string) drive
 	}
 	return driver.Grant{Key: key, Owner: owner, Fence: f, TTL: time.Minute}
 }
+
+// OnePerReleaseSpread is OnePerRelease for a store of several nodes whose
+// releases each node applies, and publishes, on its own (Redlock): the
+// process a release wakes hears it once from every node whose queue it
+// heads, spread over as long as the slowest node takes, which on a busy
+// machine is longer than any fixed wait. So which processes a release woke
+// is read at the store: published(n) returns, once every node has applied
+// the n-th release (from 0), the indices of the subs whose process any node
+// published the release's wake-up to. Each of len(subs) releases must have
+// published to exactly one process, a different one each time, and that
+// process's subscription must be woken (within 10 s, under load); one more
+// release publishes to none. A subscription woken again after its own
+// release is hearing another node's copy of it (published shows that no
+// later release published to it) and is drained; a subscription woken
+// whose process no release has published to fails the test.
+func OnePerReleaseSpread(t *testing.T, subs []driver.Subscription, release func(n int), published func(n int) []int) {
+	t.Helper()
+	rounds := len(subs)
+	wokenBefore := map[int]bool{}
+	for round := range rounds + 1 {
+		release(round)
+		pub := published(round)
+		switch {
+		case round < rounds && len(pub) != 1:
+			t.Fatalf("release %d published a wake-up to processes %v, want exactly one", round+1, pub)
+		case round < rounds && wokenBefore[pub[0]]:
+			t.Fatalf("release %d woke process %d again, which had left the queue", round+1, pub[0])
+		case round == rounds && len(pub) != 0:
+			t.Fatalf("release %d published a wake-up to processes %v with the queue empty", round+1, pub)
+		}
+		if round < rounds && !Woken(subs[pub[0]], 10*time.Second) {
+			t.Fatalf("release %d published a wake-up to process %d, whose subscription did not hear it within 10 s", round+1, pub[0])
+		}
+		for _, i := range pub {
+			wokenBefore[i] = true
+		}
+		for deadline := time.Now().Add(300 * time.Millisecond); time.Now().Before(deadline); {
+			for i, s := range subs {
+				if Woken(s, time.Millisecond) && !wokenBefore[i] {
+					t.Fatalf("release %d: process %d was woken, but no release published a wake-up to it", round+1, i)
+				}
+			}
+		}
+	}
+}

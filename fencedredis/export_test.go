@@ -1,0 +1,4 @@
+package fencedredis
+
+// NudgeMin is nudgeMin, for the tests' bounds.
+const NudgeMin = nudgeMin

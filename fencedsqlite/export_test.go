@@ -1,0 +1,4 @@
+package fencedsqlite
+
+// AckCap is ackCap, for the tests' bounds.
+const AckCap = ackCap

@@ -1,0 +1,491 @@
+package proof
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/recipe"
+)
+
+// Files of a partitions run, in its directory.
+const (
+	genPartHistory  = "partitions-history.jsonl"
+	genPartResource = "partitions-resource.db"
+)
+
+// GenPartConfig describes one generative run of recipe.Partitions
+// (RunGenPartitions).
+type GenPartConfig struct {
+	// Store is the authority's URL; MinFence the weakest fence the
+	// partition leases accept.
+	Store    string
+	MinFence fenced.FenceStrength
+	// Seed draws the nemesis's schedule and the partition counts.
+	Seed uint64
+	// Members (default 4) member processes; Items (default 64) items,
+	// routed to partitions by hash mod P; Counts the partition counts the
+	// group is deployed with (default 2, 3, 4, 6, 8).
+	Members, Items int
+	Counts         []int
+	// TTL of the leases (default 1s); Duration of the churn (default 40s).
+	TTL, Duration time.Duration
+	// Command starts a member (a binary that calls MaybeRunWorker first).
+	Command func() *exec.Cmd
+	Dir     string
+	Logf    func(format string, args ...any)
+}
+
+// genPartRun is one partitions run's controller.
+type genPartRun struct {
+	cfg   GenPartConfig
+	group string
+	rng   *rand.Rand
+	workers
+
+	mu sync.Mutex
+	// p is the count members are started with now; held are the slots
+	// the nemesis has in hand (stopped, or down until it starts them).
+	p    int
+	held map[int]bool
+	// exits counts members that stopped by themselves, by exit code;
+	// lastStart is when each slot was last started.
+	exits     map[int]int
+	lastStart map[int]time.Time
+	faults    map[string]int
+	// longestStop is the longest SIGSTOP the nemesis applied.
+	longestStop time.Duration
+}
+
+// RunGenPartitions runs Members member processes of one partition group
+// on Store while a nemesis drawn from Seed kills them (-9), stops them
+// (SIGSTOP) past the TTL, makes them leave (SIGTERM), restarts them, and
+// deploys another partition count: every member but one, sometimes, is
+// ended (leave or kill) and started again with the new count while the one
+// left out is stopped, and continued later, still at the old count. A
+// member that stops by itself (ErrPartitionCount, ErrMemberLive) is
+// started again with the current count, as a supervisor would. An
+// observer lists the group every 100ms. CheckGenPartitions judges the
+// run.
+func RunGenPartitions(ctx context.Context, cfg GenPartConfig) (GenPartReport, error) {
+	if cfg.Members == 0 {
+		cfg.Members = 4
+	}
+	if cfg.Items == 0 {
+		cfg.Items = 64
+	}
+	if len(cfg.Counts) == 0 {
+		cfg.Counts = []int{2, 3, 4, 6, 8}
+	}
+	if cfg.TTL == 0 {
+		cfg.TTL = time.Second
+	}
+	if cfg.Duration == 0 {
+		cfg.Duration = 40 * time.Second
+	}
+	if cfg.Logf == nil {
+		cfg.Logf = func(string, ...any) {}
+	}
+	if cfg.Command == nil {
+		return GenPartReport{}, errors.New("proof: GenPartConfig.Command is nil")
+	}
+	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
+		return GenPartReport{}, err
+	}
+	_, keeps, err := declared(ctx, cfg.Store)
+	if err != nil {
+		return GenPartReport{}, err
+	}
+	res, err := openPartResource(filepath.Join(cfg.Dir, genPartResource))
+	if err != nil {
+		return GenPartReport{}, err
+	}
+	defer res.db.Close()
+	maxP := 0
+	for _, p := range cfg.Counts {
+		if p < 1 || p > recipe.MaxPartitions {
+			return GenPartReport{}, fmt.Errorf("proof: partition count %d out of 1..%d", p, recipe.MaxPartitions)
+		}
+		maxP = max(maxP, p)
+	}
+	if err := res.setup(ctx, maxP); err != nil {
+		return GenPartReport{}, err
+	}
+	r := &genPartRun{
+		cfg:   cfg,
+		group: fmt.Sprintf("fenced-genpart-%d-%d", cfg.Seed, time.Now().UnixNano()),
+		rng:   rand.New(rand.NewPCG(cfg.Seed, 1<<41)), workers: newWorkers(cfg.Dir),
+		held: map[int]bool{}, exits: map[int]int{}, lastStart: map[int]time.Time{}, faults: map[string]int{},
+	}
+	r.p = cfg.Counts[r.rng.IntN(len(cfg.Counts))]
+	started := time.Now()
+	for i := range cfg.Members {
+		if err := r.startMember(i); err != nil {
+			r.stopAll()
+			return GenPartReport{}, err
+		}
+	}
+	octx, stopObserver := context.WithCancel(ctx)
+	obs := &partObserver{}
+	var bg sync.WaitGroup
+	bg.Add(2)
+	go func() { defer bg.Done(); obs.watch(octx, cfg.Store, r.group) }()
+	go func() { defer bg.Done(); obs.measureDelay(octx) }()
+	nemErr := r.nemesis(ctx)
+	// The observer stops first: the members' leaves at the end free
+	// their partitions, which is no spell to judge.
+	stopObserver()
+	bg.Wait()
+	r.stopAll()
+	writes, err := res.writes(ctx)
+	if err != nil {
+		return GenPartReport{}, err
+	}
+	events, err := readPartHistory(filepath.Join(cfg.Dir, genPartHistory))
+	if err != nil {
+		return GenPartReport{}, err
+	}
+	rep := CheckGenPartitions(events, writes, cfg.Items)
+	rep.Seed, rep.Duration = cfg.Seed, time.Since(started).Round(time.Second)
+	r.mu.Lock()
+	rep.Faults, rep.Exits = r.faults, r.exits
+	r.mu.Unlock()
+	// A member stopped inside a write of a SQLite store holds the
+	// file's write lock for its whole stop, stalling every other
+	// member's grants: there, the longest stop is part of the bound.
+	var stall time.Duration
+	if !networked(cfg.Store) {
+		r.mu.Lock()
+		stall = r.longestStop
+		r.mu.Unlock()
+	}
+	rep.judgeRecovery(obs, keeps.Outlives(cfg.TTL), cfg.TTL, stall)
+	return rep, nemErr
+}
+
+// startMember starts slot i with the current count.
+func (r *genPartRun) startMember(i int) error {
+	r.mu.Lock()
+	p := r.p
+	r.lastStart[i] = time.Now()
+	r.mu.Unlock()
+	mc := GenPartMemberConfig{Slot: i, Member: fmt.Sprintf("m%d", i), P: p, Items: r.cfg.Items, Store: r.cfg.Store, Group: r.group, TTL: r.cfg.TTL, MinFence: r.cfg.MinFence, Dir: r.cfg.Dir}
+	raw, err := json.Marshal(mc)
+	if err != nil {
+		return err
+	}
+	cmd := r.cfg.Command()
+	cmd.Env = append(os.Environ(), envGenPart+"="+string(raw))
+	return r.start(i, cmd, nil)
+}
+
+// exited reports whether slot i's process has exited.
+func (r *genPartRun) exited(i int) bool {
+	_, done := r.worker(i)
+	select {
+	case <-done:
+		return true
+	default:
+		return false
+	}
+}
+
+// revive starts again, with the current count, every member that stopped
+// by itself (not one the nemesis has in hand), at most every 200ms.
+func (r *genPartRun) revive() error {
+	for i := range r.cfg.Members {
+		r.mu.Lock()
+		skip := r.held[i] || time.Since(r.lastStart[i]) < 200*time.Millisecond
+		r.mu.Unlock()
+		if skip || !r.exited(i) {
+			continue
+		}
+		cmd, _ := r.worker(i)
+		code := cmd.ProcessState.ExitCode()
+		r.mu.Lock()
+		r.exits[code]++
+		r.mu.Unlock()
+		if code != exitPartitionCount && code != exitMemberLive {
+			r.cfg.Logf("seed %d: member %d exited by itself with code %d (see worker-%d.log)", r.cfg.Seed, i, code, i)
+		}
+		if err := r.startMember(i); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// sleep sleeps d, reviving members every 50ms.
+func (r *genPartRun) sleep(ctx context.Context, d time.Duration) error {
+	for end := time.Now().Add(d); ; {
+		if err := r.revive(); err != nil {
+			return err
+		}
+		left := time.Until(end)
+		if left <= 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(min(left, 50*time.Millisecond)):
+		}
+	}
+}
+
+// stopped notes a SIGSTOP of d.
+func (r *genPartRun) stopped(d time.Duration) {
+	r.mu.Lock()
+	r.longestStop = max(r.longestStop, d)
+	r.mu.Unlock()
+}
+
+func (r *genPartRun) hold(i int, on bool) {
+	r.mu.Lock()
+	r.held[i] = on
+	r.mu.Unlock()
+}
+
+// end ends slot i's process: a leave (SIGTERM, waited for up to 10s, then
+// -9) or a kill -9.
+func (r *genPartRun) end(i int, kill bool) {
+	cmd, done := r.worker(i)
+	if !kill {
+		cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-done:
+			return
+		case <-time.After(10 * time.Second):
+			r.cfg.Logf("seed %d: member %d did not leave within 10s of SIGTERM; killed", r.cfg.Seed, i)
+		}
+	}
+	cmd.Process.Kill()
+	<-done
+}
+
+// nemesis injects faults drawn from the seed until the Duration is over:
+// a pause of 0.3 to 1.5 TTLs, then one of kill (-9, started again after up
+// to a TTL), stop (SIGSTOP for 1.5 to 3 TTLs), leave (SIGTERM, started
+// again after up to half a TTL) or deploy (a new count; see
+// RunGenPartitions: the member left out is stopped for 1.5 to 3 TTLs).
+func (r *genPartRun) nemesis(ctx context.Context) error {
+	ttl := r.cfg.TTL
+	between := func(lo, hi float64) time.Duration {
+		return time.Duration((lo + r.rng.Float64()*(hi-lo)) * float64(ttl))
+	}
+	count := func(k string) {
+		r.mu.Lock()
+		r.faults[k]++
+		r.mu.Unlock()
+	}
+	end := time.Now().Add(r.cfg.Duration)
+	if err := r.sleep(ctx, 2*ttl); err != nil { // let the group form
+		return err
+	}
+	for time.Now().Before(end) {
+		if err := r.sleep(ctx, between(0.3, 1.5)); err != nil {
+			return err
+		}
+		w := r.rng.IntN(r.cfg.Members)
+		kind := []string{"kill", "kill", "stop", "stop", "leave", "deploy", "deploy"}[r.rng.IntN(7)]
+		r.hold(w, true)
+		switch kind {
+		case "kill", "leave":
+			r.cfg.Logf("seed %d: %s member %d", r.cfg.Seed, kind, w)
+			r.end(w, kind == "kill")
+			lo := between(0, 1)
+			if kind == "leave" {
+				lo /= 2
+			}
+			if err := r.sleep(ctx, lo); err != nil {
+				return err
+			}
+			if err := r.startMember(w); err != nil {
+				return err
+			}
+		case "stop":
+			d := between(1.5, 3)
+			r.stopped(d)
+			r.cfg.Logf("seed %d: stop member %d for %v", r.cfg.Seed, w, d.Round(time.Millisecond))
+			cmd, _ := r.worker(w)
+			cmd.Process.Signal(syscall.SIGSTOP)
+			err := r.sleep(ctx, d)
+			cmd.Process.Signal(syscall.SIGCONT)
+			if err != nil {
+				return err
+			}
+		case "deploy":
+			r.mu.Lock()
+			old := r.p
+			for r.p == old && len(r.cfg.Counts) > 1 {
+				r.p = r.cfg.Counts[r.rng.IntN(len(r.cfg.Counts))]
+			}
+			p := r.p
+			r.mu.Unlock()
+			sleeper := -1
+			if r.rng.IntN(3) != 0 {
+				sleeper = w // left out: stopped at the old count
+			}
+			kills := make([]bool, r.cfg.Members)
+			for i := range kills {
+				kills[i] = r.rng.IntN(2) == 0
+			}
+			d := between(1.5, 3)
+			r.cfg.Logf("seed %d: deploy %d → %d partitions, member %d stopped at %d for %v", r.cfg.Seed, old, p, sleeper, old, d.Round(time.Millisecond))
+			var sleeperCmd *exec.Cmd
+			if sleeper >= 0 {
+				r.stopped(d)
+				sleeperCmd, _ = r.worker(sleeper)
+				sleeperCmd.Process.Signal(syscall.SIGSTOP)
+			}
+			for i := range r.cfg.Members {
+				if i == sleeper {
+					continue
+				}
+				r.hold(i, true)
+				r.end(i, kills[i])
+			}
+			for i := range r.cfg.Members {
+				if i == sleeper {
+					continue
+				}
+				err := r.startMember(i)
+				r.hold(i, false)
+				if err != nil {
+					return err
+				}
+			}
+			if sleeper >= 0 {
+				err := r.sleep(ctx, d)
+				sleeperCmd.Process.Signal(syscall.SIGCONT)
+				if err != nil {
+					return err
+				}
+			}
+		}
+		count(kind)
+		r.hold(w, false)
+	}
+	return r.sleep(ctx, 3*ttl) // let the group settle after the last fault
+}
+
+// stopAll continues every member and makes it leave (SIGTERM), killing
+// those still there after 10s.
+func (r *genPartRun) stopAll() {
+	for i := range r.cfg.Members {
+		r.hold(i, true)
+	}
+	for i := range r.cfg.Members {
+		cmd, done := r.worker(i)
+		if cmd == nil {
+			continue
+		}
+		cmd.Process.Signal(syscall.SIGCONT)
+		select {
+		case <-done:
+		default:
+			r.end(i, false)
+		}
+	}
+	r.wg.Wait()
+}
+
+// partObserver lists the group every 100ms and keeps, for the count its
+// live members all have, how long each partition went without a lease
+// while a member of that count was live; and measures the controller's
+// scheduling delay.
+type partObserver struct {
+	mu sync.Mutex
+	// longest unowned spell, and the partition and when (Now) it began.
+	longest      time.Duration
+	longestPart  int
+	longestAt    int64
+	spells, list int
+	// maxDelay is the longest a 10ms sleep overslept.
+	maxDelay time.Duration
+}
+
+func (o *partObserver) watch(ctx context.Context, store, group string) {
+	c, err := fenced.Open(ctx, store, nil)
+	if err != nil {
+		return
+	}
+	defer c.Close()
+	var p int
+	since := map[int]int64{} // partition → first listing that saw it free
+	closeSpell := func(i int, now int64) {
+		from := since[i]
+		delete(since, i)
+		d := time.Duration(now - from)
+		o.mu.Lock()
+		o.spells++
+		if d > o.longest {
+			o.longest, o.longestPart, o.longestAt = d, i, from
+		}
+		o.mu.Unlock()
+	}
+	for ctx.Err() == nil {
+		lctx, cancel := context.WithTimeout(ctx, time.Second)
+		st, err := recipe.ReadGroup(lctx, c, group)
+		cancel()
+		now := Now()
+		if err == nil {
+			o.mu.Lock()
+			o.list++
+			o.mu.Unlock()
+			counts := map[int]bool{}
+			for _, m := range st.Members {
+				counts[m.Partitions] = true
+			}
+			cur := 0
+			if len(counts) == 1 {
+				for n := range counts {
+					cur = n
+				}
+			}
+			if cur != p {
+				clear(since) // another count, or none: not judged
+				p = cur
+			}
+			for i := range p {
+				_, held := st.Leases[i]
+				_, free := since[i]
+				switch {
+				case held && free:
+					closeSpell(i, now)
+				case !held && !free:
+					since[i] = now
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	for i := range since {
+		closeSpell(i, Now())
+	}
+}
+
+func (o *partObserver) measureDelay(ctx context.Context) {
+	const d = 10 * time.Millisecond
+	for ctx.Err() == nil {
+		t := time.Now()
+		time.Sleep(d)
+		if late := time.Since(t) - d; late > 0 {
+			o.mu.Lock()
+			o.maxDelay = max(o.maxDelay, late)
+			o.mu.Unlock()
+		}
+	}
+}

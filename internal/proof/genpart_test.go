@@ -1,0 +1,96 @@
+package proof
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// genPartBackends are the backends of the partitions row of the
+// generative proof: SQLite and Redis start in well under a second.
+var genPartBackends = []string{"sqlite", "redis"}
+
+// TestGenerativePartitions is the partitions row of the generative proof
+// (RunGenPartitions, CheckGenPartitions): 4 member processes of one group
+// under kill -9, SIGSTOP past the TTL, leave, and deploys of another
+// partition count while a member of the old one is stopped, for 40s
+// (FENCED_PROOF_PART_DURATION) per backend, with the schedule drawn from
+// FENCED_PROOF_SEED (printed on failure).
+func TestGenerativePartitions(t *testing.T) {
+	if testing.Short() {
+		t.Skip("the generative proof starts servers and member processes")
+	}
+	seed := genSeed(t)
+	d := envDuration(t, "FENCED_PROOF_PART_DURATION", 40*time.Second)
+	only := os.Getenv("FENCED_PROOF_BACKENDS")
+	for _, b := range backends() {
+		if !containsName(genPartBackends, b.name) || (only != "" && !containsName(strings.Split(only, ","), b.name)) {
+			continue
+		}
+		t.Run(b.name, func(t *testing.T) {
+			runGenPart(t, b, GenPartConfig{Seed: seed, Duration: d})
+		})
+	}
+}
+
+// runGenPart runs one partitions run on backend b and fails t, naming
+// the seed, if the checker finds a violation.
+func runGenPart(t *testing.T, b backend, cfg GenPartConfig) GenPartReport {
+	t.Helper()
+	e := b.start(t, false)
+	cfg.Store, cfg.MinFence = e.store, b.minFence
+	cfg.Command, cfg.Logf = testCommand, t.Logf
+	cfg.Dir = t.TempDir()
+	if keep := os.Getenv("PROOF_KEEP"); keep != "" {
+		cfg.Dir = filepath.Join(keep, fmt.Sprintf("genpart-%s-%d", b.name, cfg.Seed))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.Duration+3*time.Minute)
+	defer cancel()
+	rep, err := RunGenPartitions(ctx, cfg)
+	if err != nil {
+		t.Fatalf("%s seed %d: %v (history in %s)", b.name, cfg.Seed, err, cfg.Dir)
+	}
+	t.Logf("%s seed %d (%v): faults %v, member exits by code %v; %d ownerships at counts %v, writes %d accepted / %d refused; overlaps %d, stale accepted %d, late item writes %d; longest unowned %v (bound %v, %d spells, %d listings, scheduling delay %v)",
+		b.name, rep.Seed, rep.Duration, rep.Faults, rep.Exits, rep.Ownerships, rep.Counts, rep.WritesAccepted, rep.WritesRefused,
+		rep.Overlaps, rep.StaleAccepted, rep.LateItemWrites, rep.LongestUnowned.Round(time.Millisecond), rep.Bound.Round(time.Millisecond), rep.Spells, rep.Listings, rep.MaxSchedDelay.Round(time.Millisecond))
+	if rep.Failed() {
+		t.Errorf("%s: the partitions proof failed with seed %d (rerun: FENCED_PROOF_SEED=%d), first violation %v into the run; history in %s:\n%s",
+			b.name, rep.Seed, rep.Seed, rep.FirstViolation.Round(time.Millisecond), cfg.Dir, strings.Join(rep.Problems, "\n"))
+	}
+	if rep.LateItemWrites > 0 {
+		t.Logf("%s seed %d: %d late item writes (reported, not failed; see docs/proof.md), the first: %s", b.name, rep.Seed, rep.LateItemWrites, rep.FirstLateItemWrite)
+	}
+	if out := os.Getenv("FENCED_PROOF_OUT"); out != "" {
+		build := os.Getenv("FENCED_PROOF_BUILD")
+		if build == "" {
+			build = "main"
+		}
+		mode := "slice"
+		if os.Getenv("FENCED_PROOF_PART_DURATION") != "" {
+			mode = "long"
+		}
+		rows := filepath.Join(out, "proof", "generative-partitions.json")
+		row := GenPartRow{Build: build, Backend: b.name, Mode: mode, Report: rep, Date: time.Now().UTC().Format("2006-01-02")}
+		if err := SaveGenPartRow(rows, row); err != nil {
+			t.Error(err)
+		} else if err := UpdateGenPartSection(filepath.Join(out, "proof.md"), rows); err != nil {
+			t.Error(err)
+		}
+	}
+	for code, n := range rep.Exits {
+		if code != exitPartitionCount && code != exitMemberLive {
+			t.Errorf("%s seed %d: %d member(s) exited by themselves with code %d (logs in %s)", b.name, rep.Seed, n, code, cfg.Dir)
+		}
+	}
+	// What the row must have exercised for its zeros to mean something:
+	// a deploy of another count, and work under each (hundreds of writes
+	// even on a starved machine; thousands on an idle one).
+	if rep.Faults["deploy"] == 0 || rep.WritesAccepted < 300 || len(rep.Counts) < 2 {
+		t.Errorf("%s seed %d: too little happened (faults %v, %d writes, counts %v): the row must deploy new counts and write hundreds of times", b.name, rep.Seed, rep.Faults, rep.WritesAccepted, rep.Counts)
+	}
+	return rep
+}
