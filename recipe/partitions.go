@@ -770,6 +770,7 @@ func (g *Partitions) step(ctx context.Context, w *watches) time.Duration {
 		m = nm
 	}
 	var targets []int
+	var listed map[int]fenced.LeaseInfo // the held partitions, as this step's listing shows them
 	if m != nil {
 		st, members, err := g.readMembers(ctx)
 		if err != nil {
@@ -783,6 +784,7 @@ func (g *Partitions) step(ctx context.Context, w *watches) time.Duration {
 		g.members = members
 		g.mu.Unlock()
 		targets = AssignPartitions(members, g.n, st.Owners)[g.id]
+		listed = st.Leases
 	}
 	isTarget := make(map[int]bool, len(targets))
 	for _, p := range targets {
@@ -823,6 +825,15 @@ func (g *Partitions) step(ctx context.Context, w *watches) time.Duration {
 		_, have := g.owned[p]
 		g.mu.Unlock()
 		if have {
+			continue
+		}
+		if in, ok := listed[p]; ok && in.Remaining > 0 {
+			// Held by another, as listed a moment ago: a try would be
+			// refused, and on a SQL store take the write lock for
+			// nothing. Watch it; look again at its release or expiry.
+			missing++
+			next = min(next, in.Remaining+time.Millisecond)
+			watch[g.partitionKey(p)] = true
 			continue
 		}
 		l, err := g.c.TryAcquire(ctx, g.partitionKey(p), &g.part)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 
 // What the partitions proof measures of its machine, so that its time
@@ -25,39 +26,26 @@ import (
 const proofMaxTTL = 8 * time.Second
 
 // lateSampler measures, until stopped, the delays the run sees: how late
-// a 10 ms timer fires (scheduling), and, with a client, how long a round
-// trip to the store takes (a TryAcquire and a Release of a probe key every
-// 200 ms: on a SQL store, the wait for its write lock that every member's
-// grant and renewal sees too).
+// a timer fires (scheduling, testenv.Lateness), and, with a client, how
+// long a round trip to the store takes (a TryAcquire and a Release of a
+// probe key every 200 ms: on a SQL store, the wait for its write lock
+// that every member's grant and renewal sees too).
 type lateSampler struct {
-	mu   sync.Mutex
-	max  time.Duration
-	stop chan struct{}
-	wg   sync.WaitGroup
+	timer *testenv.Lateness
+	mu    sync.Mutex
+	store time.Duration
+	stop  chan struct{}
+	done  chan struct{}
 }
 
 func startLateSampler(c *fenced.Client) *lateSampler {
-	s := &lateSampler{stop: make(chan struct{})}
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		const tick = 10 * time.Millisecond
-		for {
-			at := time.Now()
-			select {
-			case <-s.stop:
-				return
-			case <-time.After(tick):
-			}
-			s.see(time.Since(at) - tick)
-		}
-	}()
+	s := &lateSampler{timer: testenv.SampleLateness(), stop: make(chan struct{}), done: make(chan struct{})}
 	if c == nil {
+		close(s.done)
 		return s
 	}
-	s.wg.Add(1)
 	go func() {
-		defer s.wg.Done()
+		defer close(s.done)
 		ctx := context.Background()
 		for {
 			select {
@@ -70,27 +58,27 @@ func startLateSampler(c *fenced.Client) *lateSampler {
 			if err == nil {
 				l.Release(ctx)
 			}
-			s.see(time.Since(at))
+			s.mu.Lock()
+			s.store = max(s.store, time.Since(at))
+			s.mu.Unlock()
 		}
 	}()
 	return s
 }
 
-func (s *lateSampler) see(d time.Duration) {
-	s.mu.Lock()
-	s.max = max(s.max, d)
-	s.mu.Unlock()
-}
-
-// Max returns the worst lateness seen so far.
+// Max returns the worst delay seen so far.
 func (s *lateSampler) Max() time.Duration {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.max
+	return max(s.store, s.timer.Max())
 }
 
 // Stop ends the sampling.
-func (s *lateSampler) Stop() { close(s.stop); s.wg.Wait() }
+func (s *lateSampler) Stop() {
+	close(s.stop)
+	<-s.done
+	s.timer.Stop()
+}
 
 // measureProofTTL measures the machine for about a second: the worst of a
 // timer's lateness and a round trip to the store (a TryAcquire and a
