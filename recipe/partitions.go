@@ -194,8 +194,8 @@ type PartitionsOptions struct {
 	// gets its partitions back. It must not contain '/'. Default: random.
 	MemberID string
 	// Lease configures the partition leases (TTL, MinFence, ...); the
-	// membership lease takes the same TTL and no fence. AutoRenew is
-	// always on and FailOpen always off; OwnerTag is the member's.
+	// membership lease takes the same TTL and no fence. ManualRenew and
+	// FailOpen are always off; OwnerTag is the member's.
 	Lease *fenced.LeaseOptions
 	// Poll is how often a member reads the group when nothing woke it.
 	// Default: a third of the TTL.
@@ -241,10 +241,10 @@ type PartitionStats struct {
 // ctx ends.
 func JoinPartitions(ctx context.Context, c *fenced.Client, group string, partitions int, work PartitionWork, opts *PartitionsOptions) (*Partitions, error) {
 	if partitions < 1 || partitions > MaxPartitions {
-		return nil, fmt.Errorf("fenced: partitions %q: %w: %d partitions, want 1 to %d", group, fenced.ErrInvalidOptions, partitions, MaxPartitions)
+		return nil, invalidArg(group, "the partition count %d is not 1 to %d", partitions, MaxPartitions)
 	}
 	if work == nil {
-		return nil, fmt.Errorf("fenced: partitions %q: %w: no work function", group, fenced.ErrInvalidOptions)
+		return nil, invalidArg(group, "the work function is nil")
 	}
 	var o PartitionsOptions
 	if opts != nil {
@@ -256,7 +256,13 @@ func JoinPartitions(ctx context.Context, c *fenced.Client, group string, partiti
 		o.MemberID = hex.EncodeToString(b[:])
 	}
 	if strings.Contains(o.MemberID, "/") {
-		return nil, fmt.Errorf("fenced: partitions %q: %w: member ID %q contains '/'", group, fenced.ErrInvalidOptions, o.MemberID)
+		return nil, invalidArg(group, "MemberID %q contains '/'", o.MemberID)
+	}
+	if o.Poll < 0 {
+		return nil, invalidArg(group, "Poll %v is negative; zero polls every third of the TTL", o.Poll)
+	}
+	if o.HandoffGrace < 0 {
+		return nil, invalidArg(group, "HandoffGrace %v is negative; zero waits a TTL", o.HandoffGrace)
 	}
 	g := &Partitions{c: c, group: group, n: partitions, id: o.MemberID, work: work, onEvent: o.OnEvent,
 		kick: make(chan struct{}, 1), loopDone: make(chan struct{}), owned: map[int]*ownedPartition{}}
@@ -915,3 +921,17 @@ func (g *Partitions) runWork(ctx context.Context, p Partition) (err error) {
 	}()
 	return g.work(ctx, p)
 }
+
+// invalidArg returns an error about an argument of JoinPartitions, which
+// matches fenced.ErrInvalidOptions and names the argument at fault.
+func invalidArg(group, format string, args ...any) error {
+	return &argError{msg: fmt.Sprintf("fenced: partitions %q: ", group) + fmt.Sprintf(format, args...)}
+}
+
+// argError is a refused argument of JoinPartitions.
+type argError struct{ msg string }
+
+func (e *argError) Error() string { return e.msg }
+
+// Is matches fenced.ErrInvalidOptions.
+func (e *argError) Is(target error) bool { return target == fenced.ErrInvalidOptions }

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -425,11 +426,19 @@ func TestPartitionsCountMismatch(t *testing.T) {
 	}
 	// Bad input.
 	for _, tc := range []struct {
-		p  int
-		id string
-	}{{0, "x"}, {recipe.MaxPartitions + 1, "x"}, {4, "x/y"}} {
-		if _, err := recipe.JoinPartitions(ctx, partOpen(t, url), "g", tc.p, idle, &recipe.PartitionsOptions{MemberID: tc.id}); !errors.Is(err, fenced.ErrInvalidOptions) {
-			t.Errorf("P=%d ID=%q: got %v, want ErrInvalidOptions", tc.p, tc.id, err)
+		p    int
+		opts recipe.PartitionsOptions
+		want string
+	}{
+		{0, recipe.PartitionsOptions{MemberID: "x"}, "the partition count 0 is not 1 to"},
+		{recipe.MaxPartitions + 1, recipe.PartitionsOptions{MemberID: "x"}, "is not 1 to"},
+		{4, recipe.PartitionsOptions{MemberID: "x/y"}, `MemberID "x/y" contains '/'`},
+		{4, recipe.PartitionsOptions{MemberID: "x", Poll: -time.Second}, "Poll -1s is negative"},
+		{4, recipe.PartitionsOptions{MemberID: "x", HandoffGrace: -time.Second}, "HandoffGrace -1s is negative"},
+	} {
+		_, err := recipe.JoinPartitions(ctx, partOpen(t, url), "g", tc.p, idle, &tc.opts)
+		if !errors.Is(err, fenced.ErrInvalidOptions) || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "lease options") {
+			t.Errorf("P=%d %+v: got %v, want ErrInvalidOptions saying %q (and not \"lease options\")", tc.p, tc.opts, err, tc.want)
 		}
 	}
 }
