@@ -24,7 +24,7 @@ type electFlags struct {
 func newElectCmd(g *globals) *cobra.Command {
 	f := &electFlags{}
 	cmd := &cobra.Command{
-		Use:   "elect [flags] NAME [--] COMMAND [ARGS...]",
+		Use:   "elect [flags] NAME [flags --] COMMAND [ARGS...]",
 		Short: "Campaign to lead NAME and run COMMAND while leader; stop it if leadership is lost",
 		Long: `Elect campaigns for the leadership of NAME, waiting for as long as another process
 leads, and runs COMMAND once this process leads. Leadership is a lease on NAME,
@@ -60,11 +60,10 @@ etcdctl elect PREFIX+NAME exclude each other.`,
 			if len(args) == 0 {
 				return withCode(exitUsage, errors.New("elect: no NAME: want NAME -- COMMAND [ARGS...]"))
 			}
-			name, argv := args[0], args[1:]
-			if len(argv) > 0 && argv[0] == "--" {
-				argv = argv[1:]
-			} else if len(argv) > 0 && isFlag(argv[0]) {
-				return withCode(exitUsage, fmt.Errorf("elect: %q after NAME %q: flags go before NAME", argv[0], name))
+			name := args[0]
+			argv, helped, err := commandAfter(cmd, "NAME", name, args[1:])
+			if err != nil || helped {
+				return err
 			}
 			if len(argv) == 0 {
 				return withCode(exitUsage, errors.New("elect: no COMMAND: want NAME -- COMMAND [ARGS...]"))

@@ -122,6 +122,8 @@ must use the same -p.`,
 
 func runPartitions(ctx context.Context, g *globals, f *partitionsFlags, group string, argv []string) error {
 	switch {
+	case f.partitions == 0:
+		return withCode(exitUsage, fmt.Errorf("partitions run: no -p: give the number of partitions, 1 to %d, the same for every member", recipe.MaxPartitions))
 	case f.partitions < 1 || f.partitions > recipe.MaxPartitions:
 		return withCode(exitUsage, fmt.Errorf("partitions run: -p %d: want 1 to %d partitions", f.partitions, recipe.MaxPartitions))
 	case f.grace < 0:

@@ -255,31 +255,45 @@ func splitRunArgs(cmd *cobra.Command, args []string) (keys, argv []string, err e
 		keys = append(keys, rest[:dash]...)
 		rest = rest[dash:]
 	}
-	if len(rest) > 0 && rest[0] == "--" {
-		rest = rest[1:]
-	} else if len(rest) > 0 && isFlag(rest[0]) {
-		dash := slices.Index(rest, "--")
-		if dash < 0 && (rest[0] == "-h" || rest[0] == "--help") {
-			return nil, nil, cmd.Help()
-		}
-		if dash < 0 {
-			return nil, nil, withCode(exitUsage, fmt.Errorf("run: %q after KEY %q: flags after KEY need a -- before COMMAND: fenced run [FLAGS] KEY [FLAGS --] COMMAND [ARGS...]", rest[0], key))
-		}
-		if err := cmd.Flags().Parse(rest[:dash]); err != nil {
-			return nil, nil, withCode(exitUsage, fmt.Errorf("run: %w", err))
-		}
-		if n := cmd.Flags().NArg(); n > 0 {
-			return nil, nil, withCode(exitUsage, fmt.Errorf("run: want exactly one KEY before flags and --, got %d arguments; give several keys before any flag: fenced run [FLAGS] KEY1 KEY2 -- COMMAND", n+1))
-		}
-		if help, _ := cmd.Flags().GetBool("help"); help {
-			return nil, nil, cmd.Help()
-		}
-		rest = rest[dash+1:]
+	rest, helped, err := commandAfter(cmd, "KEY", key, rest)
+	if err != nil || helped {
+		return nil, nil, err
 	}
 	if len(rest) == 0 {
 		return nil, nil, withCode(exitUsage, errors.New("run: no COMMAND: "+runUsage))
 	}
 	return keys, rest, nil
+}
+
+// commandAfter returns COMMAND [ARGS...] from rest, the words after the
+// noun (KEY, NAME) of `fenced run` or `elect`: after a "--", or after the
+// flags given there and their "--". helped is true when -h among those
+// flags printed the help instead.
+func commandAfter(cmd *cobra.Command, noun, name string, rest []string) (argv []string, helped bool, err error) {
+	verb := cmd.Name()
+	if len(rest) > 0 && rest[0] == "--" {
+		return rest[1:], false, nil
+	}
+	if len(rest) == 0 || !isFlag(rest[0]) {
+		return rest, false, nil
+	}
+	dash := slices.Index(rest, "--")
+	if dash < 0 && (rest[0] == "-h" || rest[0] == "--help") {
+		return nil, true, cmd.Help()
+	}
+	if dash < 0 {
+		return nil, false, withCode(exitUsage, fmt.Errorf("%s: %q after %s %q: flags after %s need a -- before COMMAND: fenced %s [FLAGS] %s [FLAGS --] COMMAND [ARGS...]", verb, rest[0], noun, name, noun, verb, noun))
+	}
+	if err := cmd.Flags().Parse(rest[:dash]); err != nil {
+		return nil, false, withCode(exitUsage, fmt.Errorf("%s: %w", verb, err))
+	}
+	if n := cmd.Flags().NArg(); n > 0 {
+		return nil, false, withCode(exitUsage, fmt.Errorf("%s: want exactly one %s before flags and --, got %d arguments; give several before any flag: fenced %s [FLAGS] %s... -- COMMAND", verb, noun, n+1, verb, noun))
+	}
+	if help, _ := cmd.Flags().GetBool("help"); help {
+		return nil, true, cmd.Help()
+	}
+	return rest[dash+1:], false, nil
 }
 
 // isFlag reports whether word looks like a flag.
