@@ -164,8 +164,9 @@ func (r *genElectRun) startMember(i int) error {
 	return r.start(i, cmd, nil)
 }
 
-// leader returns the slot, pid and fence of the elector that a sample
-// saw leading (its work context live) within the last 300ms, if any.
+// leader returns the slot, pid and fence of the elector that samples
+// saw leading (its work context live) within the last 300ms, the one of
+// the highest fence if several did, if any.
 func (r *genElectRun) leader() (slot, pid int, f uint64, ok bool) {
 	evs, err := readElectHistory(filepath.Join(r.cfg.Dir, genElectHistory), false)
 	if err != nil {
@@ -174,14 +175,17 @@ func (r *genElectRun) leader() (slot, pid int, f uint64, ok bool) {
 	now := Now()
 	for i := len(evs) - 1; i >= 0; i-- {
 		e := evs[i]
-		if e.K == "s" && e.W {
-			if time.Duration(now-e.T) > 300*time.Millisecond {
-				break
-			}
-			return e.Slot, e.PID, e.Fence, true
+		if e.K != "s" {
+			continue // a fault's line is written at its end, with its start's T
+		}
+		if time.Duration(now-e.T) > 300*time.Millisecond {
+			break
+		}
+		if e.W && (!ok || e.Fence > f) {
+			slot, pid, f, ok = e.Slot, e.PID, e.Fence, true
 		}
 	}
-	return 0, 0, 0, false
+	return slot, pid, f, ok
 }
 
 // waitTerm waits up to within for a leader of a term above fence f.
@@ -262,10 +266,12 @@ func (r *genElectRun) nemesis(ctx context.Context, admc *fenced.Client) error {
 			}
 		case "break":
 			bctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			_, berr := admin.Break(bctx, admc, r.election, "proof: generative elector", "nemesis")
+			info, berr := admin.Break(bctx, admc, r.election, "proof: generative elector", "nemesis")
 			cancel()
 			if berr != nil {
 				ev.Err = berr.Error()
+			} else {
+				ev.Fence, lfence = info.Fence, info.Fence // what was broken
 			}
 		}
 		ev.End = Now()

@@ -66,6 +66,23 @@ func runGenElect(t *testing.T, b backend, cfg GenElectConfig) GenElectReport {
 		t.Errorf("%s: the elector proof failed with seed %d (rerun: FENCED_PROOF_SEED=%d), first violation %v into the run; history in %s:\n%s",
 			b.name, rep.Seed, rep.Seed, rep.FirstViolation.Round(time.Millisecond), cfg.Dir, strings.Join(rep.Problems, "\n"))
 	}
+	if out := os.Getenv("FENCED_PROOF_OUT"); out != "" {
+		build := os.Getenv("FENCED_PROOF_BUILD")
+		switch {
+		case build != "":
+		case cfg.IgnoreLeaderContext:
+			build = "hazard: leaders under client-go's context alone"
+		default:
+			build = "main"
+		}
+		rows := filepath.Join(out, "proof", "generative-elector.json")
+		row := GenElectRow{Build: build, Backend: b.name, Report: rep, Date: time.Now().UTC().Format("2006-01-02")}
+		if err := SaveGenElectRow(rows, row); err != nil {
+			t.Error(err)
+		} else if err := UpdateGenElectSection(filepath.Join(out, "proof.md"), rows); err != nil {
+			t.Error(err)
+		}
+	}
 	// What the row must have exercised for its zeros to mean something:
 	// faults on the leader, several terms, and writes under them.
 	if rep.Recoveries < 3 || rep.Terms < 3 || rep.WritesAccepted < 100 {

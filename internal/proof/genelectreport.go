@@ -1,0 +1,127 @@
+package proof
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"time"
+)
+
+// GenElectRow is one elector run (RunGenElect) as the report shows it.
+type GenElectRow struct {
+	// Build names the code that ran: "main", or the hazard switched on.
+	Build   string         `json:"build"`
+	Backend string         `json:"backend"`
+	Report  GenElectReport `json:"report"`
+	Date    string         `json:"date"`
+}
+
+// Markers around the elector row's section of docs/proof.md; the section
+// goes before genElectBefore when the report has none yet.
+const (
+	genElectBegin  = "<!-- generative-elector: begin -->"
+	genElectEnd    = "<!-- generative-elector: end -->"
+	genElectBefore = "## Partitioned ownership (recipe.Partitions)"
+)
+
+// SaveGenElectRow adds row to the rows kept in path (a JSON array),
+// replacing the row of the same build and backend; main's rows first.
+func SaveGenElectRow(path string, row GenElectRow) error {
+	var rows []GenElectRow
+	b, err := os.ReadFile(path)
+	switch {
+	case err == nil:
+		if err := json.Unmarshal(b, &rows); err != nil {
+			return fmt.Errorf("proof: %s: %w", path, err)
+		}
+	case !errors.Is(err, os.ErrNotExist):
+		return err
+	}
+	kept := rows[:0]
+	for _, r := range rows {
+		if r.Build != row.Build || r.Backend != row.Backend {
+			kept = append(kept, r)
+		}
+	}
+	kept = append(kept, row)
+	sort.SliceStable(kept, func(i, j int) bool {
+		a, b := kept[i], kept[j]
+		if (a.Build == "main") != (b.Build == "main") {
+			return a.Build == "main"
+		}
+		if a.Build != b.Build {
+			return a.Build < b.Build
+		}
+		return a.Backend < b.Backend
+	})
+	if b, err = json.MarshalIndent(kept, "", "  "); err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
+}
+
+const genElectPreamble = `The elector row of the generative proof (proof.RunGenElect; ` + "`go test ./internal/proof -run TestGenerativeElector`" + `
+in the normal suite, 30 s of faults per backend; ` + "`FENCED_PROOF_ELECT_DURATION`" + ` for longer runs, ` + "`FENCED_PROOF_SEED`" + ` to rerun one):
+3 processes run client-go's ` + "`leaderelection.RunOrDie`" + ` over a fencedk8s.ResourceLock, as users run it (LeaseDuration 3 s,
+RenewDeadline 2 s, RetryPeriod 0.5 s, ReleaseOnCancel), on Redis each through its own proxy. A leader works under
+` + "`lock.LeaderContext(ctx)`" + `: every 20 ms it writes a SQLite resource guarded by fence.SQL with the term's fence (and once
+more after the context ended, so that the resource must refuse), and every 10 ms it samples its work context and
+client-go's, noting CLOCK_MONOTONIC before and after the check. A nemesis drawn from the seed, one fault at a time,
+three in four on the leader: *cut* (the proxy stops forwarding, 1.2-2 LeaseDurations), *stop* (SIGSTOP as long),
+*kill* (-9, started again within a LeaseDuration) or *break* (admin.Break of the election's lease); after a fault on
+the leader it waits for the next term. Checks, ordered by the store's fence: *overlaps*: no term's work context seen
+live (a check begun at T) after a later term's was (a check ended at T′ < T), no tolerance, except a broken lease's
+until its TTL after the break (admin.Break's promise; counted apart); *client-go overlaps*: the same for
+client-go's own contexts, strict except after a stop or a break of the earlier leader, where client-go ends its
+term only after RenewDeadline of failed renewals (the documented gap: measured, with how long the paused leader's
+context lived on after it was continued, and it must end); *stale accepted*: the accepted fences never go down;
+*recovery*: after each fault on the leader the next term's work context is live within the store's keep of the
+grant + client-go's campaign period (RetryPeriod × 2.2, its jitter) + 2 samples + 3 × the scheduling delay
+measured in the run (after a break, the break's duration instead of the keep; on SQLite plus the stop: a process
+stopped inside a write of the store's file holds its lock). Rows other than main ran with the leaders working
+under client-go's context alone (the hazard switch, ` + "`FENCED_PROOF_ELECT_HAZARD=1`" + `); "first violation" is how far
+into the run the checker found two leaders.
+
+`
+
+// WriteGenElectSection writes the elector row's section (between its
+// markers).
+func WriteGenElectSection(w io.Writer, rows []GenElectRow) {
+	fmt.Fprintf(w, "%s\n## client-go's elector over fencedk8s in the generative proof\n\n%s", genElectBegin, genElectPreamble)
+	fmt.Fprintln(w, "| build | backend | seed | seconds | faults cut / stop / kill / break (on the leader) | terms | writes accepted / refused | overlaps (after a break, max) | client-go overlaps strict / after a stop or break (max; max after the resume) | stale accepted | longest recovery (bound) | first violation |")
+	fmt.Fprintln(w, "|---|---|---|---:|---|---:|---|---|---|---:|---|---|")
+	for _, r := range rows {
+		rep := r.Report
+		first := "none"
+		if rep.Failed() {
+			first = fmt.Sprintf("%v in", rep.FirstViolation.Round(100*time.Millisecond))
+		}
+		f := func(k string) string { return fmt.Sprintf("%d (%d)", rep.Faults[k], rep.Hurt[k]) }
+		fmt.Fprintf(w, "| %s | %s | %d | %.0f | %s / %s / %s / %s | %d | %d / %d | %d (%d, %v) | %d / %d (%v; %v) | %d | %v after a %s (%v) | %s |\n",
+			r.Build, r.Backend, rep.Seed, rep.Duration.Seconds(), f("cut"), f("stop"), f("kill"), f("break"), rep.Terms,
+			rep.WritesAccepted, rep.WritesRefused, rep.Overlaps, rep.BreakOverlaps, rep.MaxBreakOverlap.Round(time.Millisecond),
+			rep.CGOverlaps, rep.CGPauseOverlaps, rep.MaxCGPauseOverlap.Round(time.Millisecond), rep.MaxCGAfterResume.Round(time.Millisecond),
+			rep.StaleAccepted, rep.LongestRecovery.Round(time.Millisecond), rep.RecoveryKind, rep.Bound.Round(time.Millisecond), first)
+	}
+	fmt.Fprintf(w, "%s\n", genElectEnd)
+}
+
+// UpdateGenElectSection rewrites the elector row's section of the report
+// at path from the rows kept in rowsPath.
+func UpdateGenElectSection(path, rowsPath string) error {
+	b, err := os.ReadFile(rowsPath)
+	if err != nil {
+		return err
+	}
+	var rows []GenElectRow
+	if err := json.Unmarshal(b, &rows); err != nil {
+		return fmt.Errorf("proof: %s: %w", rowsPath, err)
+	}
+	var sec bytes.Buffer
+	WriteGenElectSection(&sec, rows)
+	return updateSection(path, genElectBegin, genElectEnd, genElectBefore, sec.Bytes())
+}
