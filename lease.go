@@ -217,14 +217,19 @@ func (l *Lease) Context() context.Context { return l.ctx }
 func (l *Lease) Err() error {
 	if l.ctx.Err() == nil {
 		l.mu.Lock()
-		over := !l.ended && l.c.now() >= l.validUntil
+		ended, over := l.ended, l.c.now() >= l.validUntil
 		l.mu.Unlock()
-		if !over {
+		switch {
+		case !ended && !over:
 			return nil
+		case !ended:
+			if e, ok := l.expire(true); ok {
+				e.finish()
+			}
 		}
-		if e, ok := l.expire(true); ok {
-			e.finish()
-		}
+		// Ended elsewhere (an expiry, a loss, a release) whose cancel has
+		// not run yet: the lease is not held, and its cause comes next.
+		<-l.ctx.Done()
 	}
 	return context.Cause(l.ctx)
 }

@@ -1,0 +1,12 @@
+package fenced
+
+// EndHalfway does the first half of ending l as a loss or an expiry does
+// (it marks l ended) and returns the second half (cancelling its context
+// with cause): tests look at the lease in between, where a goroutine
+// ending it is descheduled or waits for the schedule's lock.
+func EndHalfway(l *Lease, cause error) (finish func()) {
+	l.mu.Lock()
+	l.ended = true
+	l.mu.Unlock()
+	return func() { l.cancel(cause) }
+}
