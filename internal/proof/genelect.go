@@ -57,9 +57,10 @@ type genElectRun struct {
 // RunGenElect runs Members elector processes of one election on Store,
 // each through its own proxy on a networked store, while a nemesis drawn
 // from Seed, one fault at a time, cuts an elector's link (its proxy stops
-// forwarding) for 1.2 to 2 LeaseDurations, stops it (SIGSTOP) as long,
-// kills it (-9, started again within a LeaseDuration) or breaks the
-// election's lease (admin.Break). Three faults in four strike the leader.
+// forwarding) for 1.2 to 2 LeaseDurations, stops it (SIGSTOP) as long
+// (twice as often as the others), kills it (-9, started again within a
+// LeaseDuration) or breaks the election's lease (admin.Break). Three
+// faults in four strike the leader.
 // After a fault that struck the leader the nemesis waits for the next
 // term before the next fault. CheckGenElect judges the run.
 func RunGenElect(ctx context.Context, cfg GenElectConfig) (GenElectReport, error) {
@@ -217,7 +218,9 @@ func (r *genElectRun) nemesis(ctx context.Context, admc *fenced.Client) error {
 	if !r.waitTerm(ctx, 0, 30*time.Second) {
 		return errors.New("proof: no elector led within 30s of the start")
 	}
-	kinds := []string{"stop", "kill", "break"}
+	// A stop twice as often: it is where client-go's own context
+	// outlives the lease.
+	kinds := []string{"stop", "stop", "kill", "break"}
 	if r.proxied {
 		kinds = append(kinds, "cut")
 	}

@@ -174,8 +174,10 @@ func CheckGenElect(events []electEvent, writes []partWrite, tm ElectTiming) GenE
 	})
 	rep.Terms = len(terms)
 	// The fault of kind on a's process (or, for a break, its term) that
-	// explains an overlap with a term first seen live at before.
+	// explains an overlap with a term first seen live at before: the
+	// latest, if a's process was stopped more than once in its term.
 	excuse := func(a *electTerm, before int64, kinds ...string) *electEvent {
+		var found *electEvent
 		for i := range faults {
 			f := &faults[i]
 			for _, k := range kinds {
@@ -183,11 +185,11 @@ func CheckGenElect(events []electEvent, writes []partWrite, tm ElectTiming) GenE
 					continue
 				}
 				if k == "break" && f.Hurt && f.Fence == a.fence || k == "stop" && f.PID == a.pid && f.End >= a.cg.first {
-					return f
+					found = f
 				}
 			}
 		}
-		return nil
+		return found
 	}
 	killedAfter := func(pid int, at int64) bool {
 		for _, f := range faults {
