@@ -45,8 +45,8 @@ type GenElectReport struct {
 	// CGPauseOverlaps counts those after a SIGSTOP or a break (the
 	// documented gap: client-go ends a term only after RenewDeadline of
 	// failed renewals), MaxCGPauseOverlap the longest, MaxCGAfterResume
-	// the longest a paused leader's client-go context lived on after it
-	// was continued.
+	// the longest a paused leader's client-go context was seen live after
+	// it was continued.
 	CGOverlaps, CGPauseOverlaps         int
 	MaxCGPauseOverlap, MaxCGAfterResume time.Duration
 	// StaleAccepted counts accepted writes with a fence below one
@@ -229,7 +229,9 @@ func CheckGenElect(events []electEvent, writes []partWrite, tm ElectTiming) GenE
 				rep.MaxCGPauseOverlap = max(rep.MaxCGPauseOverlap, d)
 				switch {
 				case a.cg.end != 0 && f.Fault == "stop":
-					rep.MaxCGAfterResume = max(rep.MaxCGAfterResume, time.Duration(a.cg.end-f.End))
+					// Seen live after the resume: its end may be seen
+					// later only because the process was stopped again.
+					rep.MaxCGAfterResume = max(rep.MaxCGAfterResume, time.Duration(a.cg.last-f.End))
 				case a.cg.end == 0 && !killedAfter(a.pid, b.cg.first):
 					violation(b.cg.first, "client-go's context of fence %d (elector %d, pid %d) never ended after a %s of it", a.fence, a.slot, a.pid, f.Fault)
 				}
