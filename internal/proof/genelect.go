@@ -70,8 +70,13 @@ func RunGenElect(ctx context.Context, cfg GenElectConfig) (GenElectReport, error
 	if cfg.Duration == 0 {
 		cfg.Duration = 40 * time.Second
 	}
-	if cfg.LeaseDuration == 0 {
-		cfg.LeaseDuration, cfg.RenewDeadline, cfg.RetryPeriod = 3*time.Second, 2*time.Second, 500*time.Millisecond
+	for _, d := range []struct {
+		v   *time.Duration
+		def time.Duration
+	}{{&cfg.LeaseDuration, 3 * time.Second}, {&cfg.RenewDeadline, 2 * time.Second}, {&cfg.RetryPeriod, 500 * time.Millisecond}} {
+		if *d.v == 0 {
+			*d.v = d.def
+		}
 	}
 	if cfg.Logf == nil {
 		cfg.Logf = func(string, ...any) {}
