@@ -275,7 +275,7 @@ func (r *genJobsRun) nemesis(ctx context.Context) error {
 		}
 		w := r.rng.IntN(2 * r.cfg.PerKind)
 		kind := []string{"kill", "kill", "stop", "stop", "leave", "break", "break"}[r.rng.IntN(7)]
-		cmd, _ := r.worker(w)
+		cmd, _ := r.worker(w) // the break's target is w's job
 		f := jobFault{Kind: kind, Slot: w, PID: cmd.Process.Pid, From: Now()}
 		r.hold(w, true)
 		switch kind {
@@ -309,10 +309,23 @@ func (r *genJobsRun) nemesis(ctx context.Context) error {
 				return err
 			}
 		case "break":
+			// The job's lease is held about half of each interval: try
+			// every 10-60ms for up to two intervals, so that the break
+			// lands in a run.
 			kind, job := r.kind(w)
-			bctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			info, err := admin.Break(bctx, r.admin, genJobKey(kind, job), "the generative jobs proof", "proof")
-			cancel()
+			var info fenced.LeaseInfo
+			var err error
+			for until := time.Now().Add(2 * genJobsInterval); ; {
+				bctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+				info, err = admin.Break(bctx, r.admin, genJobKey(kind, job), "the generative jobs proof", "proof")
+				cancel()
+				if !errors.Is(err, fenced.ErrNotHeld) || time.Now().After(until) {
+					break
+				}
+				if err := r.sleep(ctx, time.Duration(10+r.rng.IntN(50))*time.Millisecond); err != nil {
+					return err
+				}
+			}
 			if err == nil {
 				f.PID, f.Fence, f.To = 0, info.Fence, Now()
 				r.fault(f)
@@ -326,23 +339,22 @@ func (r *genJobsRun) nemesis(ctx context.Context) error {
 	return r.sleep(ctx, 2*ttl) // let the last fault settle
 }
 
-// stopAll continues every scheduler and makes it leave (SIGTERM), killing
-// those still there after 10s.
+// stopAll continues every scheduler and makes them all leave at once
+// (SIGTERM), killing those still there after 10s.
 func (r *genJobsRun) stopAll() {
 	for i := range 2 * r.cfg.PerKind {
 		r.hold(i, true)
 	}
+	var wg sync.WaitGroup
 	for i := range 2 * r.cfg.PerKind {
-		cmd, done := r.worker(i)
+		cmd, _ := r.worker(i)
 		if cmd == nil {
 			continue
 		}
 		cmd.Process.Signal(syscall.SIGCONT)
-		select {
-		case <-done:
-		default:
-			r.end(i, false)
-		}
+		wg.Add(1)
+		go func() { defer wg.Done(); r.end(i, false) }()
 	}
+	wg.Wait()
 	r.wg.Wait()
 }

@@ -51,9 +51,9 @@ func runGenJobs(t *testing.T, b backend, cfg GenJobsConfig) GenJobsReport {
 	if err != nil {
 		t.Fatalf("%s seed %d: %v (history in %s)", b.name, cfg.Seed, err, cfg.Dir)
 	}
-	t.Logf("%s seed %d (%v, hazard %t): faults %v, scheduler exits by code %v; runs %v, ticks run %v, writes %d accepted / %d refused; twice for a tick %d (late fires %d), stale accepted %d, context live after the next run's write %d of %d checked; longest gap %v (bound %v, scheduling delay %v, longest stop %v)",
+	t.Logf("%s seed %d (%v, hazard %t): faults %v, scheduler exits by code %v; runs %v, ticks run %v, writes %d accepted / %d refused; twice for a tick %d (late fires %d, after a break %d), stale accepted %d, context live after the next run's write %d of %d checked; longest gap %v (bound %v, scheduling delay %v, longest stop %v)",
 		b.name, rep.Seed, rep.Duration, cfg.Hazard, rep.Faults, rep.Exits, rep.Runs, rep.Ticks, rep.WritesAccepted, rep.WritesRefused,
-		rep.TwiceForTick, rep.LateTwice, rep.StaleAccepted, rep.LiveAfterNext, rep.ContextChecked, rep.LongestGap.Round(time.Millisecond), rep.Bound.Round(time.Millisecond),
+		rep.TwiceForTick, rep.LateTwice, rep.BrokenTwice, rep.StaleAccepted, rep.LiveAfterNext, rep.ContextChecked, rep.LongestGap.Round(time.Millisecond), rep.Bound.Round(time.Millisecond),
 		rep.MaxSchedDelay.Round(time.Millisecond), rep.Stall.Round(time.Millisecond))
 	if rep.Failed() {
 		t.Errorf("%s: the jobs proof failed with seed %d (rerun: FENCED_PROOF_SEED=%d), first violation %v into the churn; history in %s:\n%s",
@@ -131,6 +131,12 @@ func TestCheckGenJobsJudges(t *testing.T) {
 		rep = CheckGenJobs(late, []jobWrite{w1, w, w3, w4}, nil, lv, nil)
 		if rep.Failed() || rep.LateTwice != 1 || !strings.Contains(rep.FirstLateTwice, "ran twice for tick") {
 			t.Fatalf("a late fire: %+v", rep)
+		}
+		// The same, the first run's lease broken before the second began.
+		brk := []jobFault{{Kind: "break", Fence: 1, From: sec / 2, To: sec/2 + 1}}
+		rep = CheckGenJobs(evs, []jobWrite{w1, w, w3, w4}, brk, lv, nil)
+		if rep.Failed() || rep.BrokenTwice != 1 {
+			t.Fatalf("a rerun after a break: %+v", rep)
 		}
 	})
 	t.Run("stale write", func(t *testing.T) {
