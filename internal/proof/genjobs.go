@@ -2,13 +2,16 @@ package proof
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -83,8 +86,12 @@ func (r *genJobsRun) kind(i int) (string, string) {
 // nemesis drawn from Seed kills one (-9, started again within a TTL),
 // stops one (SIGSTOP for 1.5 to 3 TTLs, then SIGCONT), makes one leave
 // (SIGTERM: the scheduler shuts down; started again within half a TTL), or
-// breaks a job's lease (admin.Break). A scheduler that exits by itself is
-// a failure, and is started again. CheckGenJobs judges the run.
+// breaks a job's lease (admin.Break), or, on a SQLite store, stalls the
+// store: the controller holds the store file's write lock for 1.5 to 3
+// TTLs, as a process stopped inside a write of it does, so that the
+// holder's renewals fail and its lease expires while its process runs.
+// A scheduler that exits by itself is a failure, and is started again.
+// CheckGenJobs judges the run.
 func RunGenJobs(ctx context.Context, cfg GenJobsConfig) (GenJobsReport, error) {
 	if cfg.PerKind == 0 {
 		cfg.PerKind = 3
@@ -258,8 +265,8 @@ func (r *genJobsRun) end(i int, kill bool) {
 }
 
 // nemesis injects faults drawn from the seed until the Duration is over:
-// a pause of 0.3 to 1.5 TTLs, then one of kill, stop, leave or break (see
-// RunGenJobs).
+// a pause of 0.3 to 1.5 TTLs, then one of kill, stop, leave, break or
+// stall (see RunGenJobs).
 func (r *genJobsRun) nemesis(ctx context.Context) error {
 	ttl := r.cfg.TTL
 	between := func(lo, hi float64) time.Duration {
@@ -274,7 +281,11 @@ func (r *genJobsRun) nemesis(ctx context.Context) error {
 			return err
 		}
 		w := r.rng.IntN(2 * r.cfg.PerKind)
-		kind := []string{"kill", "kill", "stop", "stop", "leave", "break", "break"}[r.rng.IntN(7)]
+		kinds := []string{"kill", "kill", "stop", "stop", "leave", "break", "break", "stall", "stall"}
+		if networked(r.cfg.Store) {
+			kinds = kinds[:7]
+		}
+		kind := kinds[r.rng.IntN(len(kinds))]
 		cmd, _ := r.worker(w) // the break's target is w's job
 		f := jobFault{Kind: kind, Slot: w, PID: cmd.Process.Pid, From: Now()}
 		r.hold(w, true)
@@ -308,6 +319,16 @@ func (r *genJobsRun) nemesis(ctx context.Context) error {
 			if err != nil {
 				return err
 			}
+		case "stall":
+			d := between(1.5, 3)
+			r.mu.Lock()
+			r.longestStop = max(r.longestStop, d)
+			r.mu.Unlock()
+			f.PID = 0
+			if err := r.stall(ctx, d, &f); err != nil {
+				return err
+			}
+			r.fault(f)
 		case "break":
 			// The job's lease is held about half of each interval: try
 			// every 10-60ms for up to two intervals, so that the break
@@ -357,4 +378,31 @@ func (r *genJobsRun) stopAll() {
 	}
 	wg.Wait()
 	r.wg.Wait()
+}
+
+// stall holds the SQLite store's write lock for d (BEGIN IMMEDIATE, then
+// ROLLBACK), noting in f when it held it.
+func (r *genJobsRun) stall(ctx context.Context, d time.Duration, f *jobFault) error {
+	path, _, _ := strings.Cut(strings.TrimPrefix(r.cfg.Store, "sqlite://"), "?")
+	db, err := sql.Open("sqlite", "file:"+(&url.URL{Path: path}).EscapedPath()+"?_pragma=busy_timeout(30000)")
+	if err != nil {
+		return fmt.Errorf("proof: stall the store: %w", err)
+	}
+	defer db.Close()
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return fmt.Errorf("proof: stall the store: %w", err)
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+		return fmt.Errorf("proof: stall the store: %w", err)
+	}
+	f.From = Now()
+	r.cfg.Logf("seed %d: stall the store for %v", r.cfg.Seed, d.Round(time.Millisecond))
+	err = r.sleep(ctx, d)
+	if _, rerr := conn.ExecContext(context.Background(), "ROLLBACK"); rerr != nil && err == nil {
+		err = fmt.Errorf("proof: end the store's stall: %w", rerr)
+	}
+	f.To = Now()
+	return err
 }

@@ -51,9 +51,9 @@ func runGenJobs(t *testing.T, b backend, cfg GenJobsConfig) GenJobsReport {
 	if err != nil {
 		t.Fatalf("%s seed %d: %v (history in %s)", b.name, cfg.Seed, err, cfg.Dir)
 	}
-	t.Logf("%s seed %d (%v, hazard %t): faults %v, scheduler exits by code %v; runs %v, ticks run %v, writes %d accepted / %d refused; twice for a tick %d (late fires %d, after a break %d), stale accepted %d, context live after the next run's write %d of %d checked; longest gap %v (bound %v, scheduling delay %v, longest stop %v)",
+	t.Logf("%s seed %d (%v, hazard %t): faults %v, scheduler exits by code %v; runs %v, ticks run %v, writes %d accepted / %d refused; twice for a tick %d (late fires %d, after a break %d), stale accepted %d, context live after the next run's write %d of %d checked (%d lost mid-run); longest gap %v (bound %v, scheduling delay %v, longest stop %v)",
 		b.name, rep.Seed, rep.Duration, cfg.Hazard, rep.Faults, rep.Exits, rep.Runs, rep.Ticks, rep.WritesAccepted, rep.WritesRefused,
-		rep.TwiceForTick, rep.LateTwice, rep.BrokenTwice, rep.StaleAccepted, rep.LiveAfterNext, rep.ContextChecked, rep.LongestGap.Round(time.Millisecond), rep.Bound.Round(time.Millisecond),
+		rep.TwiceForTick, rep.LateTwice, rep.BrokenTwice, rep.StaleAccepted, rep.LiveAfterNext, rep.ContextChecked, rep.ContextLost, rep.LongestGap.Round(time.Millisecond), rep.Bound.Round(time.Millisecond),
 		rep.MaxSchedDelay.Round(time.Millisecond), rep.Stall.Round(time.Millisecond))
 	if rep.Failed() {
 		t.Errorf("%s: the jobs proof failed with seed %d (rerun: FENCED_PROOF_SEED=%d), first violation %v into the churn; history in %s:\n%s",
@@ -84,7 +84,7 @@ func runGenJobs(t *testing.T, b backend, cfg GenJobsConfig) GenJobsReport {
 	// What the row must have exercised for its zeros to mean something:
 	// every kind of fault, runs of both kinds, and the context check on
 	// some of them.
-	for _, k := range []string{"kill", "stop", "leave", "break"} {
+	for _, k := range []string{"kill", "stop", "leave", "break", "stall"} {
 		if rep.Faults[k] == 0 {
 			t.Errorf("%s seed %d: no %s fault in the run (faults %v): the row must apply each", b.name, rep.Seed, k, rep.Faults)
 		}
@@ -163,7 +163,7 @@ func TestCheckGenJobsJudges(t *testing.T) {
 		lv := lv
 		lv.To = 10 * sec
 		rep := CheckGenJobs(evs, ws, nil, lv, nil)
-		if !rep.Failed() || !strings.Contains(rep.Problems[0], "without a run's accepted write") {
+		if !rep.Failed() || !strings.Contains(rep.Problems[0], "without an accepted write") {
 			t.Fatalf("%+v", rep)
 		}
 	})

@@ -51,8 +51,11 @@ type GenJobsReport struct {
 	// next run's first accepted write, among the runs the check covers
 	// (ContextChecked: neither stopped nor broken). Must be 0.
 	LiveAfterNext, ContextChecked int
-	// LongestGap is the longest a job went without a run's first accepted
-	// write during the churn; Bound what it must stay under; MaxSchedDelay
+	// ContextLost counts the checked runs whose lease ended before they
+	// returned (expired or lost while their process ran).
+	ContextLost int
+	// LongestGap is the longest a job went without an accepted write
+	// during the churn; Bound what it must stay under; MaxSchedDelay
 	// the measured scheduling delay and Stall the longest stop the bound
 	// is derived from.
 	LongestGap, Bound, MaxSchedDelay, Stall time.Duration
@@ -84,6 +87,8 @@ type jobRun struct {
 	// first is when its first accepted write had committed (0: none);
 	// live the last instant it saw its context live.
 	first, live int64
+	// lost is why its lease ended before it returned ("": it had not).
+	lost string
 }
 
 type jobRunKey struct {
@@ -113,11 +118,12 @@ type jobRunKey struct {
 //     stopped process cannot act, and the holder of a broken lease learns
 //     of it only at its next renewal; for them only "no stale write
 //     accepted" can hold, and is checked;
-//   - liveness: during the churn, each job has a run's first accepted
-//     write at least every TTL (a lease left behind by a killed or stopped
-//     scheduler) + the interval (the next tick) + 3 × the measured
-//     scheduling delay (firing, grant, write) + the longest stop (a
-//     scheduler stopped inside a write of a SQLite file holds its lock).
+//   - liveness: during the churn, each job has an accepted write at least
+//     every TTL (a lease left behind by a killed or stopped scheduler) +
+//     2 × the interval (the tick whose run had ended, then the next tick)
+//   - 3 × the measured scheduling delay (firing, grant, write) + the
+//     longest stop or stall (a scheduler stopped inside a write of a
+//     SQLite file holds its lock; the stall holds the store's).
 func CheckGenJobs(events []jobEvent, writes []jobWrite, faults []jobFault, lv genJobsLiveness, exits map[int]int) GenJobsReport {
 	rep := GenJobsReport{Faults: map[string]int{}, Exits: exits, Runs: map[string]int{}, Ticks: map[string]int{}}
 	t0 := lv.From
@@ -153,7 +159,7 @@ func CheckGenJobs(events []jobEvent, writes []jobWrite, faults []jobFault, lv ge
 		case "first":
 			r.first = e.T
 		case "end":
-			r.live = max(r.live, e.Live)
+			r.live, r.lost = max(r.live, e.Live), e.Lost
 			rep.WritesRefused += e.Refused
 		}
 	}
@@ -246,34 +252,44 @@ func CheckGenJobs(events []jobEvent, writes []jobWrite, faults []jobFault, lv ge
 				continue
 			}
 			rep.ContextChecked++
+			if r.lost != "" {
+				rep.ContextLost++
+			}
 			if r.live > next.first {
 				rep.LiveAfterNext++
 				violation(next.first, "job %s: the run with fence %d (pid %d) saw its context live %v after the next run's (fence %d, pid %d) first accepted write",
 					job, r.fence, r.pid, time.Duration(r.live-next.first).Round(time.Millisecond), next.fence, next.pid)
 			}
 		}
-		// Liveness, over the churn: first accepted writes by time.
-		var firsts []int64
-		for _, r := range rs {
-			if r.first >= lv.From && r.first <= lv.To {
-				firsts = append(firsts, r.first)
-			}
+	}
+	// Liveness, over the churn: accepted writes of each job by time.
+	at := map[string][]int64{}
+	for _, w := range writes {
+		if w.T >= lv.From && w.T <= lv.To {
+			at[w.Job] = append(at[w.Job], w.T)
 		}
-		slices.Sort(firsts)
-		if len(firsts) == 0 {
-			firsts = append(firsts, lv.From)
+	}
+	jobs := map[string]bool{}
+	for k := range runs {
+		jobs[k.job] = true
+	}
+	for job := range jobs {
+		ts := at[job]
+		slices.Sort(ts)
+		ts = append(append([]int64{lv.From}, ts...), lv.To)
+		if len(ts) > 2 {
+			ts = ts[1:] // the first run after the start is not judged
 		}
-		firsts = append(firsts, lv.To)
-		for i := 1; i < len(firsts); i++ {
-			if gap := time.Duration(firsts[i] - firsts[i-1]); gap > rep.LongestGap {
+		for i := 1; i < len(ts); i++ {
+			if gap := time.Duration(ts[i] - ts[i-1]); gap > rep.LongestGap {
 				rep.LongestGap = gap
 			}
 		}
 	}
 	rep.MaxSchedDelay, rep.Stall = lv.Delay, lv.Stall
-	rep.Bound = lv.TTL + genJobsInterval + 3*lv.Delay + lv.Stall
+	rep.Bound = lv.TTL + 2*genJobsInterval + 3*lv.Delay + lv.Stall
 	if rep.LongestGap > rep.Bound {
-		rep.Problems = append(rep.Problems, fmt.Sprintf("a job went %v without a run's accepted write (bound %v = the TTL %v + the interval %v + 3 × the measured scheduling delay %v + the longest stop %v)",
+		rep.Problems = append(rep.Problems, fmt.Sprintf("a job went %v without an accepted write (bound %v = the TTL %v + 2 × the interval %v + 3 × the measured scheduling delay %v + the longest stop or stall %v)",
 			rep.LongestGap.Round(time.Millisecond), rep.Bound.Round(time.Millisecond), lv.TTL, genJobsInterval, lv.Delay.Round(time.Millisecond), lv.Stall.Round(time.Millisecond)))
 	}
 	if first >= 0 {

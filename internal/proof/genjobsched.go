@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"net/url"
 	"os"
 	"os/signal"
@@ -51,7 +52,8 @@ const genJobsInterval = time.Second
 const genJobsMinHold = fencedgocron.DefaultMinHold
 
 // genJobWrites and genJobWriteEvery shape a run: this many guarded writes,
-// this far apart (about 0.3 s of work in a 1 s interval).
+// this far apart (about 0.3 s of work in a 1 s interval); one run in four
+// writes for 1.5 to 2.5 TTLs instead.
 const (
 	genJobWrites     = 6
 	genJobWriteEvery = 50 * time.Millisecond
@@ -98,9 +100,12 @@ type jobEvent struct {
 	Late time.Duration `json:"late,omitempty"`
 	// Live is the last instant (Now) the run saw its context live
 	// ("end").
-	Live    int64  `json:"live,omitempty"`
-	Refused int    `json:"refused,omitempty"`
-	Err     string `json:"err,omitempty"`
+	Live    int64 `json:"live,omitempty"`
+	Refused int   `json:"refused,omitempty"`
+	// Lost is the lease's error when it ended before the run returned
+	// ("end").
+	Lost string `json:"lost,omitempty"`
+	Err  string `json:"err,omitempty"`
 }
 
 // jobResource is a jobs run's resource: a SQLite file whose table job has
@@ -241,14 +246,25 @@ func (j *genJob) run(ctx context.Context, l *fenced.Lease) error {
 	ev.Late = 0
 	end := ev
 	end.K, end.T = "end", 0
-	defer func() { end.T = 0; j.rec.record(end) }()
+	defer func() {
+		if err := l.Err(); err != nil {
+			end.Lost = err.Error()
+		}
+		j.rec.record(end)
+	}()
 	if j.cfg.Hazard {
 		ctx = context.Background() // the hazard: the run ignores its lease's context
 	}
 	tok := fence.From(l)
 	pid := int64(os.Getpid())
 	first := true
-	for k := 0; k < genJobWrites; k++ {
+	n := genJobWrites
+	if rand.IntN(4) == 0 {
+		// One run in four is long: 1.5 to 2.5 TTLs, so that a lease
+		// lost to a stalled store ends a run in progress.
+		n = int((1.5 + rand.Float64()) * float64(j.cfg.TTL) / float64(genJobWriteEvery))
+	}
+	for k := 0; k < n; k++ {
 		// Live at t: t is read before the look at the context, which
 		// only ever goes from live to ended.
 		t := Now()
