@@ -159,6 +159,9 @@ func RunGenJobs(ctx context.Context, cfg GenJobsConfig) (GenJobsReport, error) {
 	}
 	r.mu.Lock()
 	faults, stall := r.faults, time.Duration(0)
+	if b, err := json.Marshal(faults); err == nil { // for a look at a failed run
+		os.WriteFile(filepath.Join(cfg.Dir, "jobs-faults.json"), b, 0o644)
+	}
 	// A scheduler stopped inside a write of a SQLite store or resource
 	// holds the file's write lock for its whole stop, stalling every
 	// other scheduler: the longest stop is part of the liveness bound.
@@ -276,16 +279,23 @@ func (r *genJobsRun) nemesis(ctx context.Context) error {
 	if err := r.sleep(ctx, 2*ttl); err != nil { // let the schedulers start
 		return err
 	}
+	// The kinds are drawn from a shuffled bag, refilled when empty, so
+	// that every kind comes within the first round (9 faults).
+	var bag []string
 	for time.Now().Before(end) {
 		if err := r.sleep(ctx, between(0.3, 1.5)); err != nil {
 			return err
 		}
 		w := r.rng.IntN(2 * r.cfg.PerKind)
-		kinds := []string{"kill", "kill", "stop", "stop", "leave", "break", "break", "stall", "stall"}
-		if networked(r.cfg.Store) {
-			kinds = kinds[:7]
+		if len(bag) == 0 {
+			bag = []string{"kill", "kill", "stop", "stop", "leave", "break", "break", "stall", "stall"}
+			if networked(r.cfg.Store) {
+				bag = bag[:7]
+			}
+			r.rng.Shuffle(len(bag), func(i, j int) { bag[i], bag[j] = bag[j], bag[i] })
 		}
-		kind := kinds[r.rng.IntN(len(kinds))]
+		kind := bag[0]
+		bag = bag[1:]
 		cmd, _ := r.worker(w) // the break's target is w's job
 		f := jobFault{Kind: kind, Slot: w, PID: cmd.Process.Pid, From: Now()}
 		r.hold(w, true)
