@@ -84,6 +84,7 @@ const (
 func MaybeRunWorker() {
 	maybeRunGenWorker()
 	maybeRunGenPartMember()
+	maybeRunGenJobsSched()
 	raw := os.Getenv(envWorker)
 	if raw == "" {
 		return
