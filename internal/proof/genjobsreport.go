@@ -2,12 +2,8 @@ package proof
 
 import (
 	"bytes"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
-	"os"
-	"sort"
 	"time"
 )
 
@@ -33,43 +29,13 @@ const (
 // SaveGenJobsRow adds row to the rows kept in path (a JSON array),
 // replacing the row of the same build and backend; main's rows come
 // first.
-func SaveGenJobsRow(path string, row GenJobsRow) error {
-	rows, err := readGenJobsRows(path)
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		return err
-	}
-	kept := rows[:0]
-	for _, r := range rows {
-		if r.Build != row.Build || r.Backend != row.Backend {
-			kept = append(kept, r)
-		}
-	}
-	kept = append(kept, row)
-	sort.SliceStable(kept, func(i, j int) bool {
-		a, b := kept[i], kept[j]
-		if (a.Build == "main") != (b.Build == "main") {
-			return a.Build == "main"
-		}
-		return a.Build < b.Build || a.Build == b.Build && a.Backend < b.Backend
-	})
-	b, err := json.MarshalIndent(kept, "", "  ")
-	if err != nil {
-		return err
-	}
-	return os.WriteFile(path, append(b, '\n'), 0o644)
-}
+func SaveGenJobsRow(path string, row GenJobsRow) error { return saveRow(path, row) }
 
-func readGenJobsRows(path string) ([]GenJobsRow, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	var rows []GenJobsRow
-	if err := json.Unmarshal(b, &rows); err != nil {
-		return nil, fmt.Errorf("proof: %s: %w", path, err)
-	}
-	return rows, nil
-}
+// key names what the row ran; the jobs row has one mode.
+func (r GenJobsRow) key() rowKey { return rowKey{build: r.Build, backend: r.Backend} }
+
+// readGenJobsRows reads the rows kept in path (a JSON array).
+func readGenJobsRows(path string) ([]GenJobsRow, error) { return readRows[GenJobsRow](path) }
 
 const genJobsPreamble = `The scheduler adapters' row of the generative proof (proof.RunGenJobs; ` + "`go test ./internal/proof -run TestGenerativeJobs`" + `
 in the normal suite, 40 s of churn on SQLite; ` + "`FENCED_PROOF_JOBS_DURATION`" + ` for longer runs, ` + "`FENCED_PROOF_SEED`" + ` to rerun one):
