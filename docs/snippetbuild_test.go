@@ -34,7 +34,9 @@ func buildPackages(t *testing.T, root string, pkgs []genPackage) []string {
 		tmp = d // a directory to keep the generated files in, to read them
 	}
 	overlay := map[string]map[string]string{"Replace": {}}
-	args := []string{"build", "-overlay", filepath.Join(tmp, "overlay.json"), "-gcflags=-e"}
+	// In the configuration of scripts/test.sh's vet step (CGO_ENABLED=0,
+	// -trimpath), whose compiles of the dependencies this build reuses.
+	args := []string{"build", "-trimpath", "-overlay", filepath.Join(tmp, "overlay.json"), "-gcflags=-e"}
 	for _, pkg := range pkgs {
 		for name, src := range pkg.files {
 			file := filepath.Join(tmp, pkg.name+"_"+name)
@@ -54,6 +56,7 @@ func buildPackages(t *testing.T, root string, pkgs []genPackage) []string {
 	}
 	cmd := exec.Command("go", args...)
 	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	start := time.Now()

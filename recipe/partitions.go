@@ -171,6 +171,18 @@ const (
 	PartitionReleased
 )
 
+// String returns "acquired" or "released", or "EventKind(N)" for a value
+// that names no kind.
+func (k EventKind) String() string {
+	switch k {
+	case PartitionAcquired:
+		return "acquired"
+	case PartitionReleased:
+		return "released"
+	}
+	return "EventKind(" + strconv.Itoa(int(k)) + ")"
+}
+
 // PartitionEvent reports a change in what a member owns.
 type PartitionEvent struct {
 	Kind      EventKind

@@ -496,3 +496,16 @@ func TestPartitionsClientClosed(t *testing.T) {
 // a loaded 2-core machine under -race. Notified backends usually take tens
 // of milliseconds.
 const rebalanceBound = 4 * time.Second
+
+// TestPartitionEventKindString checks each kind's name and an unknown one.
+func TestPartitionEventKindString(t *testing.T) {
+	for k, want := range map[recipe.EventKind]string{
+		recipe.PartitionAcquired: "acquired",
+		recipe.PartitionReleased: "released",
+		recipe.EventKind(7):      "EventKind(7)",
+	} {
+		if got := k.String(); got != want {
+			t.Errorf("EventKind(%d).String() = %q, want %q", int(k), got, want)
+		}
+	}
+}

@@ -285,6 +285,7 @@ func TestBadInput(t *testing.T) {
 		{[]string{"partitions", "run", "g", "-p", "2", "--ttl", "-1s", "--", "true"}, 64, "partitions run: --ttl -1s"},
 		{[]string{"partitions", "run", "g", "-p", "2", "--ttl", "5ms", "--", "true"}, 64, "partitions run: --ttl 5ms"},
 		{[]string{"partitions", "run", "g", "--", "true"}, 64, "partitions run: no -p: give the number of partitions"},
+		{[]string{"partitions", "ls", "nosuchgroup"}, 1, `group "nosuchgroup" has no live member and no partition lease`},
 		{[]string{"partitions", "run", "g", "-p", "-3", "--", "true"}, 64, "partitions run: -p -3: want 1 to"},
 		{[]string{"elect", "svc", "--ttl", "5ms", "--", "true"}, 64, "elect: --ttl 5ms"},
 		{[]string{"elect", "svc", "--ttl", "5s", "true"}, 64, "flags after NAME need a -- before COMMAND"},

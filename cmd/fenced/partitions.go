@@ -465,7 +465,11 @@ func newPartitionsLsCmd(g *globals) *cobra.Command {
 		Long: `Ls shows the live members of GROUP, each with its partition count and the time left on
 its membership, and every partition: whether it is held, its fence, the time left on
 its lease, and its target, the member the assignment gives it. The lag is the number
-of partitions not held: being handed off, or waiting for a dead owner's lease to run out.`,
+of partitions not held: being handed off, or waiting for a dead owner's lease to run out.
+
+A group with no live member and no partition lease (no such group, or every member
+gone) is an error, exit 1; with -o json it prints that empty state and exits 0, for
+scripts that poll a group as it forms.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := g.checkOutput(); err != nil {
@@ -522,6 +526,9 @@ func lsPartitions(ctx context.Context, g *globals, group string) error {
 		return json.NewEncoder(g.stdout).Encode(map[string]any{
 			"group": group, "partitions": p, "members": members, "lag": lag, "partition": rows, "invalid": append([]string{}, st.Invalid...),
 		})
+	}
+	if len(members) == 0 && len(st.Leases) == 0 && len(st.Invalid) == 0 {
+		return fmt.Errorf("partitions ls: group %q has no live member and no partition lease: no such group, or every member is gone", group)
 	}
 	g.writeStoreHeader(g.stdout)
 	fmt.Fprintf(g.stdout, "group %s: %d partitions, %d members, lag %d (partitions not held)\n", group, p, len(ids), lag)

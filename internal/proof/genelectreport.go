@@ -2,12 +2,8 @@ package proof
 
 import (
 	"bytes"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
-	"os"
-	"sort"
 	"time"
 )
 
@@ -28,41 +24,11 @@ const (
 	genElectBefore = "## Partitioned ownership (recipe.Partitions)"
 )
 
+func (r GenElectRow) key() rowKey { return rowKey{build: r.Build, backend: r.Backend} }
+
 // SaveGenElectRow adds row to the rows kept in path (a JSON array),
 // replacing the row of the same build and backend; main's rows first.
-func SaveGenElectRow(path string, row GenElectRow) error {
-	var rows []GenElectRow
-	b, err := os.ReadFile(path)
-	switch {
-	case err == nil:
-		if err := json.Unmarshal(b, &rows); err != nil {
-			return fmt.Errorf("proof: %s: %w", path, err)
-		}
-	case !errors.Is(err, os.ErrNotExist):
-		return err
-	}
-	kept := rows[:0]
-	for _, r := range rows {
-		if r.Build != row.Build || r.Backend != row.Backend {
-			kept = append(kept, r)
-		}
-	}
-	kept = append(kept, row)
-	sort.SliceStable(kept, func(i, j int) bool {
-		a, b := kept[i], kept[j]
-		if (a.Build == "main") != (b.Build == "main") {
-			return a.Build == "main"
-		}
-		if a.Build != b.Build {
-			return a.Build < b.Build
-		}
-		return a.Backend < b.Backend
-	})
-	if b, err = json.MarshalIndent(kept, "", "  "); err != nil {
-		return err
-	}
-	return os.WriteFile(path, append(b, '\n'), 0o644)
-}
+func SaveGenElectRow(path string, row GenElectRow) error { return saveRow(path, row) }
 
 const genElectPreamble = `The elector row of the generative proof (proof.RunGenElect; ` + "`go test ./internal/proof -run TestGenerativeElector`" + `
 in the normal suite, 30 s of faults per backend; ` + "`FENCED_PROOF_ELECT_DURATION`" + ` for longer runs, ` + "`FENCED_PROOF_SEED`" + ` to rerun one):
@@ -126,13 +92,9 @@ func WriteGenElectSection(w io.Writer, rows []GenElectRow) {
 // UpdateGenElectSection rewrites the elector row's section of the report
 // at path from the rows kept in rowsPath.
 func UpdateGenElectSection(path, rowsPath string) error {
-	b, err := os.ReadFile(rowsPath)
+	rows, err := readRows[GenElectRow](rowsPath)
 	if err != nil {
 		return err
-	}
-	var rows []GenElectRow
-	if err := json.Unmarshal(b, &rows); err != nil {
-		return fmt.Errorf("proof: %s: %w", rowsPath, err)
 	}
 	var sec bytes.Buffer
 	WriteGenElectSection(&sec, rows)

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"net/url"
 	"os"
 	"os/signal"
 	"strconv"
@@ -115,15 +114,10 @@ type partResource struct {
 }
 
 func openPartResource(path string) (*partResource, error) {
-	dsn := "file:" + (&url.URL{Path: path}).EscapedPath() + "?" + url.Values{
-		"_pragma": {"busy_timeout(30000)", "journal_mode(WAL)", "synchronous(NORMAL)"},
-		"_txlock": {"immediate"},
-	}.Encode()
-	db, err := sql.Open("sqlite", dsn)
+	db, err := openResourceDB(path)
 	if err != nil {
-		return nil, fmt.Errorf("proof: open resource: %w", err)
+		return nil, err
 	}
-	db.SetMaxOpenConns(1)
 	db.SetMaxIdleConns(0) // no connection of a stopped member holds a lock
 	g, err := fence.NewSQL(db, fence.SQLite, fence.Table{Name: "part", Key: "p"}, nil)
 	if err != nil {

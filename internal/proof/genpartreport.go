@@ -2,11 +2,8 @@ package proof
 
 import (
 	"bytes"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
-	"os"
 	"sort"
 	"strings"
 	"time"
@@ -34,51 +31,14 @@ const (
 )
 
 // ReadGenPartRows reads the rows kept in path (a JSON array).
-func ReadGenPartRows(path string) ([]GenPartRow, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	var rows []GenPartRow
-	if err := json.Unmarshal(b, &rows); err != nil {
-		return nil, fmt.Errorf("proof: %s: %w", path, err)
-	}
-	return rows, nil
-}
+func ReadGenPartRows(path string) ([]GenPartRow, error) { return readRows[GenPartRow](path) }
 
-// SaveGenPartRow adds row to the rows kept in path, replacing the row of
-// the same build, backend and mode; main's rows come first.
-func SaveGenPartRow(path string, row GenPartRow) error {
-	rows, err := ReadGenPartRows(path)
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		return err
-	}
-	kept := rows[:0]
-	for _, r := range rows {
-		if r.Build != row.Build || r.Backend != row.Backend || r.Mode != row.Mode {
-			kept = append(kept, r)
-		}
-	}
-	kept = append(kept, row)
-	sort.SliceStable(kept, func(i, j int) bool {
-		a, b := kept[i], kept[j]
-		if (a.Build == "main") != (b.Build == "main") {
-			return a.Build == "main"
-		}
-		if a.Build != b.Build {
-			return a.Build < b.Build
-		}
-		if a.Mode != b.Mode {
-			return a.Mode > b.Mode
-		}
-		return a.Backend < b.Backend
-	})
-	b, err := json.MarshalIndent(kept, "", "  ")
-	if err != nil {
-		return err
-	}
-	return os.WriteFile(path, append(b, '\n'), 0o644)
-}
+// SaveGenPartRow adds row to the rows kept in path, replacing the row of the
+// same build, backend and mode; main's rows come first.
+func SaveGenPartRow(path string, row GenPartRow) error { return saveRow(path, row) }
+
+// key names what the row ran.
+func (r GenPartRow) key() rowKey { return rowKey{r.Build, r.Backend, r.Mode} }
 
 const genPartPreamble = `The partitions row of the generative proof (proof.RunGenPartitions; ` + "`go test ./internal/proof -run TestGenerativePartitions`" + `
 in the normal suite, 40 s of churn per backend; ` + "`FENCED_PROOF_PART_DURATION`" + ` for longer runs, ` + "`FENCED_PROOF_SEED`" + ` to rerun one):

@@ -2,11 +2,8 @@ package proof
 
 import (
 	"bytes"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
-	"os"
 	"sort"
 	"strings"
 	"time"
@@ -32,51 +29,14 @@ const (
 )
 
 // ReadGenRows reads the rows kept in path (a JSON array).
-func ReadGenRows(path string) ([]GenRow, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	var rows []GenRow
-	if err := json.Unmarshal(b, &rows); err != nil {
-		return nil, fmt.Errorf("proof: %s: %w", path, err)
-	}
-	return rows, nil
-}
+func ReadGenRows(path string) ([]GenRow, error) { return readRows[GenRow](path) }
 
 // SaveGenRow adds row to the rows kept in path, replacing the row of the
-// same build, backend and mode.
-func SaveGenRow(path string, row GenRow) error {
-	rows, err := ReadGenRows(path)
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		return err
-	}
-	kept := rows[:0]
-	for _, r := range rows {
-		if r.Build != row.Build || r.Backend != row.Backend || r.Mode != row.Mode {
-			kept = append(kept, r)
-		}
-	}
-	kept = append(kept, row)
-	sort.SliceStable(kept, func(i, j int) bool {
-		a, b := kept[i], kept[j]
-		if (a.Build == "main") != (b.Build == "main") {
-			return a.Build == "main"
-		}
-		if a.Build != b.Build {
-			return a.Build < b.Build
-		}
-		if a.Mode != b.Mode {
-			return a.Mode > b.Mode
-		}
-		return a.Backend < b.Backend
-	})
-	b, err := json.MarshalIndent(kept, "", "  ")
-	if err != nil {
-		return err
-	}
-	return os.WriteFile(path, append(b, '\n'), 0o644)
-}
+// same build, backend and mode; main's rows come first.
+func SaveGenRow(path string, row GenRow) error { return saveRow(path, row) }
+
+// key names what the row ran.
+func (r GenRow) key() rowKey { return rowKey{r.Build, r.Backend, r.Mode} }
 
 // WriteGenSection writes the generative section (between its markers).
 func WriteGenSection(w io.Writer, rows []GenRow) {

@@ -32,15 +32,10 @@ type Resource struct {
 
 // OpenResource opens (creating it if needed) the scratch resource at path.
 func OpenResource(path string) (*Resource, error) {
-	dsn := "file:" + (&url.URL{Path: path}).EscapedPath() + "?" + url.Values{
-		"_pragma": {"busy_timeout(30000)", "journal_mode(WAL)", "synchronous(NORMAL)"},
-		"_txlock": {"immediate"},
-	}.Encode()
-	db, err := sql.Open("sqlite", dsn)
+	db, err := openResourceDB(path)
 	if err != nil {
-		return nil, fmt.Errorf("proof: open resource: %w", err)
+		return nil, err
 	}
-	db.SetMaxOpenConns(1)
 	g, err := fence.NewSQL(db, fence.SQLite, fence.Table{Name: "ledger_head", Key: "key"}, nil)
 	if err != nil {
 		db.Close()
@@ -232,4 +227,19 @@ func (r *Resource) Contents(ctx context.Context) (Contents, error) {
 		c.Claims[op] = uint64(f)
 	}
 	return c, errors.Join(rows.Err())
+}
+
+// openResourceDB opens the SQLite file of a scratch resource at path: WAL,
+// immediate transactions, one connection, waiting for locks up to 30 s.
+func openResourceDB(path string) (*sql.DB, error) {
+	dsn := "file:" + (&url.URL{Path: path}).EscapedPath() + "?" + url.Values{
+		"_pragma": {"busy_timeout(30000)", "journal_mode(WAL)", "synchronous(NORMAL)"},
+		"_txlock": {"immediate"},
+	}.Encode()
+	db, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		return nil, fmt.Errorf("proof: open resource: %w", err)
+	}
+	db.SetMaxOpenConns(1)
+	return db, nil
 }

@@ -84,6 +84,7 @@ const (
 func MaybeRunWorker() {
 	maybeRunGenWorker()
 	maybeRunGenPartMember()
+	maybeRunGenJobsSched()
 	maybeRunGenElectMember()
 	raw := os.Getenv(envWorker)
 	if raw == "" {

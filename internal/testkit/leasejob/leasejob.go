@@ -30,7 +30,10 @@ import (
 	_ "modernc.org/sqlite"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/admin"
 	"github.com/fenced-dev/fenced/fence"
+	"github.com/fenced-dev/fenced/internal/testkit/childproc"
+	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 
 // Environment variables that name the resource for children.
@@ -200,5 +203,40 @@ func causeName(err error) string {
 		return "lost"
 	default:
 		return "other"
+	}
+}
+
+// Start starts two children in mode "leasejob" (schedulers of the
+// package under test), on a fresh SQLite store and resource, or on
+// PostgreSQL for both when pg is set: a process stopped in a write keeps
+// SQLite's write lock (fencedsqlite's availability caveat), which would
+// stop the other scheduler too. out is the file the children append to.
+func Start(t *testing.T, pg bool) (store string, res *Resource, procs []*testenv.Process, out string) {
+	if pg {
+		srv := testenv.StartPostgres(t)
+		store, res = srv.URL(), NewPostgresResource(t, srv.URL())
+	} else {
+		store, res = "sqlite://"+filepath.Join(t.TempDir(), "leases.db"), NewResource(t)
+	}
+	out = filepath.Join(t.TempDir(), "runs")
+	return store, res, childproc.Start(t, "leasejob", 2, store, out, res.Env()...), out
+}
+
+// Break returns a fault for Judge that breaks key on store as an admin
+// would, and checks that the grant broken is the running job's.
+func Break(t *testing.T, store, key string) Fault {
+	admc, err := fenced.Open(context.Background(), store, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { admc.Close() })
+	return func(t testing.TB, _ *testenv.Process, f uint64) {
+		info, err := admin.Break(context.Background(), admc, key, "test", t.Name())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.Fence != f {
+			t.Fatalf("broke fence %d, want the running job's %d", info.Fence, f)
+		}
 	}
 }
