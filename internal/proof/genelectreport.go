@@ -57,7 +57,7 @@ not yet cancelled its context). After a SIGSTOP past the lease, the resumed lead
 LeaderContext ran at the same instant, and it read LeaderContext live 2.7 s after the next leader's term began
 (Redis, seed 1796483709750853554, four CPU hogs alongside, 31.1 s in; the seed replays the schedule, not the race).
 Fixed in lease.go (Err waits for that end to finish); regression test TestErrWhileTheLeaseIsBeingEnded, which holds
-the window open. The window is microseconds wide: the row hit it once in 7 Redis runs before the fix, and not in 3
+the window open. The window is microseconds wide: the row hit it once in 5 Redis runs before the fix, and not in 3
 more runs with the fix reverted (four CPU hogs alongside each).
 With the hazard switch the row fails at the first stop of the leader: the resumed leader works on under
 client-go's context for up to RetryPeriod + RenewDeadline after the resume while the next leader works (seed
