@@ -123,10 +123,11 @@ What each mode promises (docs/supervision.md has the whole table, and the tests)
   kill -9 of fenced              none after           group: none after; processes
                                                       that left it: fence only
   escapes: setsid, double fork, exited main thread, SIGTERM ignored, stopping
-  itself: as the fault's row. "none after": no write with the old fence is
-  attempted once another holder may be granted the key; "ended": SIGTERM, SIGKILL
-  after --grace, but the store may have granted the key already; "fence only":
-  COMMAND may run on, and only the resource's fence check protects.
+  itself, moving to another cgroup: as the fault's row (a kill -9 of fenced
+  within 250ms of a cgroup move misses the mover). "none after": no write with
+  the old fence is attempted once another holder may be granted the key; "ended":
+  SIGTERM, SIGKILL after --grace, but the store may have granted the key already;
+  "fence only": COMMAND may run on, and only the resource's fence check protects.
 
 Terminal: when stdin is the terminal and fenced runs in its foreground, COMMAND's
 group gets the terminal while it runs (so it can read it and gets Ctrl-C and
