@@ -254,17 +254,9 @@ func (r *genJobsRun) fault(f jobFault) {
 // -9) or a kill -9.
 func (r *genJobsRun) end(i int, kill bool) {
 	cmd, done := r.worker(i)
-	if !kill {
-		cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-done:
-			return
-		case <-time.After(10 * time.Second):
-			r.cfg.Logf("seed %d: scheduler %d did not leave within 10s of SIGTERM; killed", r.cfg.Seed, i)
-		}
-	}
-	cmd.Process.Kill()
-	<-done
+	endProcess(cmd, done, kill, func() {
+		r.cfg.Logf("seed %d: scheduler %d did not leave within 10s of SIGTERM; killed", r.cfg.Seed, i)
+	})
 }
 
 // nemesis injects faults drawn from the seed until the Duration is over:

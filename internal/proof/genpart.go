@@ -259,17 +259,9 @@ func (r *genPartRun) hold(i int, on bool) {
 // -9) or a kill -9.
 func (r *genPartRun) end(i int, kill bool) {
 	cmd, done := r.worker(i)
-	if !kill {
-		cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-done:
-			return
-		case <-time.After(10 * time.Second):
-			r.cfg.Logf("seed %d: member %d did not leave within 10s of SIGTERM; killed", r.cfg.Seed, i)
-		}
-	}
-	cmd.Process.Kill()
-	<-done
+	endProcess(cmd, done, kill, func() {
+		r.cfg.Logf("seed %d: member %d did not leave within 10s of SIGTERM; killed", r.cfg.Seed, i)
+	})
 }
 
 // nemesis injects faults drawn from the seed until the Duration is over:
@@ -488,4 +480,21 @@ func (o *partObserver) measureDelay(ctx context.Context) {
 			o.mu.Unlock()
 		}
 	}
+}
+
+// endProcess ends a row's child process cmd, whose exit closes done: with
+// SIGTERM, waited for up to 10s (then slow is called and it is killed),
+// or at once with SIGKILL when kill is set.
+func endProcess(cmd *exec.Cmd, done <-chan struct{}, kill bool, slow func()) {
+	if !kill {
+		cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-done:
+			return
+		case <-time.After(10 * time.Second):
+			slow()
+		}
+	}
+	cmd.Process.Kill()
+	<-done
 }
