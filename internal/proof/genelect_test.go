@@ -27,6 +27,7 @@ func TestGenerativeElector(t *testing.T) {
 	if testing.Short() {
 		t.Skip("the generative proof starts servers and elector processes")
 	}
+	parallelRow(t)
 	seed := genSeed(t)
 	d := envDuration(t, "FENCED_PROOF_ELECT_DURATION", 30*time.Second)
 	hazard := os.Getenv("FENCED_PROOF_ELECT_HAZARD") != ""
