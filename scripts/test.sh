@@ -97,8 +97,8 @@ echo "test.sh: go test -race"
 # The three longest packages go first: go test starts packages in the order
 # it is given them, -p at a time, so a long one started last runs on alone
 # after the rest are done. -p 4 on 2 cores: the tests spend most of their
-# time waiting on servers, TTLs and child processes (a quiet run uses about
-# 60 % of the CPU with -p 2), and they must hold on a busy machine anyway.
+# time waiting on servers, TTLs and child processes (a quiet run with -p 2
+# used 14 of its 35 CPU-minutes), and they must hold on a busy machine anyway.
 first="./internal/proof ./cmd/fenced ./recipe"
 rest=$(go list ./... | grep -v -e '/internal/proof$' -e '/cmd/fenced$' -e '/recipe$')
 go test -race -count=1 -p 4 -timeout 20m "$@" $first $rest
