@@ -5,12 +5,20 @@
 //	go run ./scripts/shape            # both reports
 //	go run ./scripts/shape -api . ./driver ./recipe ./admin
 //	go run ./scripts/shape -imports   # upward imports only
+//	go run ./scripts/shape -style     # comment and message lengths
 //
 // Exported items are counted as docs/design.md counts the root, in
 // non-test files: exported top-level names (constants, variables, types,
 // functions), exported methods of exported types and the methods of
 // exported interfaces, and exported fields of exported struct types (an
 // embedded field by its type's name).
+//
+// The style report reads every non-test Go file of the module but the
+// go-zookeeper copy (kept in upstream's style): the words per sentence of
+// doc comments on exported names, lines over 140 columns, and error
+// strings (errors.New, fmt.Errorf) over 120 characters. A sentence ends
+// at ". ", "? " or "! ", or at the comment's end; code lines (indented by
+// a tab) are not counted.
 //
 // For imports, each package of the module is placed in a folder: its
 // first path element, or its first two under internal/ (whose folders
@@ -35,9 +43,10 @@ import (
 func main() {
 	api := flag.Bool("api", false, "count the exported items of the packages named (default: root, driver, recipe, admin)")
 	imports := flag.Bool("imports", false, "list the folder-level imports that run upward")
+	style := flag.Bool("style", false, "measure doc sentences, long lines and long error strings")
 	flag.Parse()
-	both := !*api && !*imports
-	if *api || both {
+	all := !*api && !*imports && !*style
+	if *api || all {
 		dirs := flag.Args()
 		if len(dirs) == 0 {
 			dirs = []string{".", "./driver", "./recipe", "./admin"}
@@ -47,8 +56,14 @@ func main() {
 			os.Exit(1)
 		}
 	}
-	if *imports || both {
+	if *imports || all {
 		if err := reportImports(); err != nil {
+			fmt.Fprintln(os.Stderr, "shape:", err)
+			os.Exit(1)
+		}
+	}
+	if *style || all {
+		if err := reportStyle(); err != nil {
 			fmt.Fprintln(os.Stderr, "shape:", err)
 			os.Exit(1)
 		}
