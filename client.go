@@ -98,8 +98,9 @@ func (c *Client) now() time.Duration { return c.since(c.clock.Now()) }
 // backend's own client.
 func (c *Client) Driver() driver.Driver { return c.drv }
 
-// Guarantees returns what the backend promises.
-func (c *Client) Guarantees() driver.Guarantees { return driver.GuaranteesOf(c.drv) }
+// Guarantees returns what the backend declares it promises. How waiters
+// are woken is not among them: see driver.Ops.Notifies.
+func (c *Client) Guarantees() driver.Guarantees { return c.drv.Guarantees() }
 
 // newOwner returns 128 random bits, hex encoded.
 func newOwner() string {

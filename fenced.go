@@ -28,12 +28,12 @@
 // scheme whose package is not linked in says so and lists the registered
 // ones.
 //
-// Every backend declares its Guarantees (fence strength, whose clock decides
-// expiry, notification, FIFO). A lease is refused on a backend whose fence
-// is weaker than its LeaseOptions.MinFence. That is strict unless the lease
-// (or Options.MinFence) names a weaker one: FenceRepeatable, or FenceNone
-// for work that needs no fence. Only a lease that accepts no fence may
-// FailOpen.
+// Every backend declares its Guarantees (fence strength, whose clock
+// decides expiry, whether a clock step is safe). A lease is refused on a
+// backend whose fence is weaker than its LeaseOptions.MinFence. That is
+// strict unless the lease (or Options.MinFence) names a weaker one:
+// FenceRepeatable, or FenceNone for work that needs no fence. Only a lease
+// that accepts no fence may FailOpen.
 //
 // # Recipes
 //
@@ -94,35 +94,42 @@ const (
 // opener opens a driver for a store URL. Backends register one per scheme.
 type opener = func(ctx context.Context, u *url.URL) (driver.Driver, error)
 
+// backend is what a backend registers for a scheme: its opener and how its
+// authority keeps a grant no longer renewed.
+type backend struct {
+	open  opener
+	keeps driver.Expiry
+}
+
 // urlMux maps URL schemes to the backends that open them, like gocloud's
 // URLMux. The zero value is an empty mux, ready to use. It is safe for
 // concurrent use.
 type urlMux struct {
-	mu      sync.RWMutex
-	openers map[string]opener
+	mu       sync.RWMutex
+	backends map[string]backend
 }
 
-// defaultMux is the mux behind Register, Schemes and Open: the only
-// package-level state.
+// defaultMux is the mux behind Register, Schemes, ExpiryOf and Open: the
+// only package-level state.
 var defaultMux urlMux
 
 // register makes a backend available under a URL scheme on m. It panics
-// if opener is nil or the scheme is registered twice, like sql.Register.
+// if open is nil or the scheme is registered twice, like sql.Register.
 // Schemes are case-insensitive.
-func (m *urlMux) register(scheme string, open opener) {
+func (m *urlMux) register(scheme string, b backend) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	scheme = strings.ToLower(scheme)
-	if open == nil {
+	if b.open == nil {
 		panic("fenced: Register opener is nil for scheme " + scheme)
 	}
-	if _, dup := m.openers[scheme]; dup {
+	if _, dup := m.backends[scheme]; dup {
 		panic("fenced: Register called twice for scheme " + scheme)
 	}
-	if m.openers == nil {
-		m.openers = map[string]opener{}
+	if m.backends == nil {
+		m.backends = map[string]backend{}
 	}
-	m.openers[scheme] = open
+	m.backends[scheme] = b
 }
 
 // schemes returns the schemes registered on m, sorted.
@@ -130,25 +137,43 @@ func (m *urlMux) schemes() []string {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	var s []string
-	for k := range m.openers {
+	for k := range m.backends {
 		s = append(s, k)
 	}
 	sort.Strings(s)
 	return s
 }
 
-// lookup returns the opener of scheme, or nil.
-func (m *urlMux) lookup(scheme string) opener {
+// lookup returns the backend of scheme (case-insensitive), and false if
+// none registered it.
+func (m *urlMux) lookup(scheme string) (backend, bool) {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
-	return m.openers[scheme]
+	b, ok := m.backends[strings.ToLower(scheme)]
+	return b, ok
 }
 
 // Register makes a backend available under a URL scheme (case-insensitive).
-// A backend package calls it from its init function. It panics if open is
-// nil or the scheme is registered twice, like sql.Register.
-func Register(scheme string, open func(ctx context.Context, u *url.URL) (driver.Driver, error)) {
-	defaultMux.register(scheme, open)
+// A backend package calls it from its init function, once per scheme.
+//
+// open opens a driver for a URL of the scheme. keeps is how the backend's
+// authority keeps a grant no longer renewed: the Expiry its driver rounds
+// TTLs with (and declares in Capabilities.Keeps). `fenced plan` and the
+// dashboard of `fenced serve` figure with it without connecting (ExpiryOf).
+// A zero keeps says the authority ends a grant exactly at its TTL.
+//
+// Register panics if open is nil or the scheme is registered twice, like
+// sql.Register.
+func Register(scheme string, open func(ctx context.Context, u *url.URL) (driver.Driver, error), keeps driver.Expiry) {
+	defaultMux.register(scheme, backend{open: open, keeps: keeps})
+}
+
+// ExpiryOf returns the Expiry registered with the backend of scheme
+// (case-insensitive). It is false when no linked-in package registered the
+// scheme.
+func ExpiryOf(scheme string) (driver.Expiry, bool) {
+	b, ok := defaultMux.lookup(scheme)
+	return b.keeps, ok
 }
 
 // Schemes returns the registered schemes, sorted.
@@ -171,14 +196,14 @@ func (m *urlMux) open(ctx context.Context, rawURL string, opts *Options) (*Clien
 	if err != nil {
 		return nil, err
 	}
-	opener := m.lookup(u.Scheme)
-	if opener == nil {
+	b, ok := m.lookup(u.Scheme)
+	if !ok {
 		return nil, fmt.Errorf("fenced: open %s: %w: unknown scheme %q: no backend registered for it (registered: %s); "+
 			"import the package that registers it for its side effect (fenced's own backends are packages under %s/, "+
 			"listed with their schemes in the package documentation)",
 			Redact(rawURL), driver.ErrInvalidURL, u.Scheme, registeredSchemes(m), modulePath)
 	}
-	drv, err := opener(ctx, u)
+	drv, err := b.open(ctx, u)
 	if err != nil {
 		return nil, fmt.Errorf("fenced: open %s: %w", Redact(rawURL), err)
 	}

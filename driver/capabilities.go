@@ -19,8 +19,8 @@ import (
 // a LISTEN connection keeps its Subscribe method but declares Subscribe
 // false, and the method then refuses with ErrUnsupported.
 //
-// The Notify and FIFO fields of Guarantees are derived from it by
-// GuaranteesOf, so the two can never disagree.
+// How waiters are woken is read from it alone: Ops.Notifies and
+// Declared.FIFO, as CapabilitiesOf reads it.
 type Capabilities struct {
 	// Subscribe: Notifier, waiters woken by the authority's notification.
 	Subscribe bool
@@ -134,17 +134,10 @@ func Implemented(d Driver) Capabilities {
 		WatchLoss: lw, BreakLog: bl, Value: v, FenceFloor: ff, Prune: p}
 }
 
-// GuaranteesOf returns d's Guarantees with Notify and FIFO derived from its
-// capabilities: Notify when waiters are woken by the authority (Subscribe
-// or Queue), FIFO when its queue serves them in arrival order. What a
-// driver's own Guarantees says of the two is ignored.
-func GuaranteesOf(d Driver) Guarantees {
-	g := d.Guarantees()
-	c := CapabilitiesOf(d).Declared
-	g.Notify = c.Subscribe || c.Queue
-	g.FIFO = c.FIFO
-	return g
-}
+// Notifies reports whether o's waiters are woken by the authority (its
+// notification, Subscribe, or its own queue, Queue) rather than by polling.
+// Whether they are served in arrival order is o.Declared.FIFO.
+func (o Ops) Notifies() bool { return o.Notifier != nil || o.Queuer != nil }
 
 // TTLBounds returns the TTL range o's driver accepts within [lo, hi], the
 // portable layer's range.

@@ -282,14 +282,6 @@ type Guarantees struct {
 	// grants: the next holder waits longer, nobody overlaps. The zero value
 	// promises nothing, so a driver that does not say is taken as unsafe.
 	ClockStepSafe bool
-	// Notify reports whether waiters are woken by a notification from the
-	// authority rather than by polling. GuaranteesOf derives it from the
-	// driver's Capabilities (Subscribe or Queue); a driver leaves it unset.
-	Notify bool
-	// FIFO reports whether waiters are served in arrival order.
-	// GuaranteesOf derives it from Capabilities.FIFO; a driver leaves it
-	// unset.
-	FIFO bool
 	// Note explains anything a user must know (for example the failover
 	// hazard of a repeatable fence).
 	Note string
@@ -325,8 +317,8 @@ type Driver interface {
 	// next renewal fails and the next grant gets a higher fence. It returns
 	// what was broken, or an error matching ErrNotHeld if nothing was held.
 	Break(ctx context.Context, key string, req BreakRequest) (LeaseInfo, error)
-	// Guarantees declares what the backend promises (its Notify and FIFO
-	// come from Capabilities: see GuaranteesOf).
+	// Guarantees declares what the backend promises. How waiters are
+	// woken is in Capabilities, not here.
 	Guarantees() Guarantees
 	// Capabilities declares, once, the optional operations the driver
 	// offers; the portable layer reads them with CapabilitiesOf.

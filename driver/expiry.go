@@ -5,9 +5,9 @@ import "time"
 // Expiry says how an authority turns a requested TTL into the time it
 // keeps a grant that is not renewed: the backend's own rounding, which its
 // driver applies and `fenced plan` figures with. A backend registers its
-// Expiry beside its URL opener (fenced.RegisterExpiry), so that a plan
-// needs no connection, and its driver computes what it asks the authority
-// for with the same value (Rounded), so the two cannot drift apart.
+// Expiry with its URL opener (fenced.Register), so that a plan needs no
+// connection, and its driver computes what it asks the authority for with
+// the same value (Rounded), so the two cannot drift apart.
 type Expiry struct {
 	// Name is the backend's name, for humans.
 	Name string

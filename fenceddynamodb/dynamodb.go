@@ -69,8 +69,7 @@ import (
 )
 
 func init() {
-	fenced.Register("dynamodb", openURL)
-	fenced.RegisterExpiry("dynamodb", keeps)
+	fenced.Register("dynamodb", openURL, keeps)
 }
 
 // DefaultTable is the lease table's name when the URL or Options name none.

@@ -135,8 +135,7 @@ type Options struct {
 }
 
 func init() {
-	fenced.Register("etcd", openURL)
-	fenced.RegisterExpiry("etcd", Expiry)
+	fenced.Register("etcd", openURL, Expiry)
 }
 
 // checkPrefix applies the backend's rule for key prefixes: etcd keys are

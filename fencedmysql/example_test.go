@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/fencedmysql"
 )
 
@@ -21,7 +22,7 @@ func Example() {
 		log.Fatal(err)
 	}
 	defer client.Close()
-	fmt.Println("notified waiters:", client.Guarantees().Notify)
+	fmt.Println("notified waiters:", driver.CapabilitiesOf(client.Driver()).Notifies())
 	err = client.Do(ctx, "invoice:inv_72", &fenced.LeaseOptions{TTL: 30 * time.Second, MaxWait: 10 * time.Second},
 		func(ctx context.Context, l *fenced.Lease) error {
 			fmt.Println("holding with a fence:", l.Fence() > 0)

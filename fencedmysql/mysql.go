@@ -144,8 +144,8 @@ import (
 )
 
 func init() {
-	fenced.Register("mysql", func(ctx context.Context, u *url.URL) (driver.Driver, error) { return open(ctx, u) })
-	fenced.RegisterExpiry("mysql", driver.Expiry{Name: "MySQL/MariaDB", Note: "expiry by the server's clock inside the statement, to the microsecond"})
+	fenced.Register("mysql", func(ctx context.Context, u *url.URL) (driver.Driver, error) { return open(ctx, u) },
+		driver.Expiry{Name: "MySQL/MariaDB", Note: "expiry by the server's clock inside the statement, to the microsecond"})
 }
 
 const paramSocket = "socket"

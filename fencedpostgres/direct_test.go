@@ -19,8 +19,8 @@ import (
 // notify=on, waiters are woken by notification.
 func TestListenOnlyOnADirectConnection(t *testing.T) {
 	direct := open(t, "table=direct_leases")
-	if g := driver.GuaranteesOf(direct); !g.Notify {
-		t.Fatalf("direct connection: Notify=false (%s)", g.Note)
+	if !driver.CapabilitiesOf(direct).Notifies() {
+		t.Fatalf("direct connection: Notify=false (%s)", direct.Guarantees().Note)
 	}
 
 	proxy := testenv.StartProxy(t, testenv.Addr(pg.Port))
@@ -37,10 +37,10 @@ func TestListenOnlyOnADirectConnection(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		g := driver.GuaranteesOf(d)
+		g, notified := d.Guarantees(), driver.CapabilitiesOf(d).Notifies()
 		d.Close()
-		if g.Notify != c.notify {
-			t.Errorf("through a TCP proxy%s: Notify=%v, want %v (%s)", c.param, g.Notify, c.notify, g.Note)
+		if notified != c.notify {
+			t.Errorf("through a TCP proxy%s: Notify=%v, want %v (%s)", c.param, notified, c.notify, g.Note)
 		}
 		if !c.notify && !strings.Contains(g.Note, "a pooler or proxy is in between") {
 			t.Errorf("through a TCP proxy: the note does not say why LISTEN is off: %s", g.Note)

@@ -27,8 +27,8 @@ func signalled(c <-chan struct{}, within time.Duration) bool {
 func TestReleaseWakesOnlyThatKey(t *testing.T) {
 	ctx := ctxT(t)
 	waiter, holder := open(t), open(t)
-	if !driver.GuaranteesOf(waiter).Notify {
-		t.Fatalf("driver does not declare notifications: %s", driver.GuaranteesOf(waiter).Note)
+	if !driver.CapabilitiesOf(waiter).Notifies() {
+		t.Fatalf("driver does not declare notifications: %s", waiter.Guarantees().Note)
 	}
 	keyA, keyB := "fanout:a:"+t.Name(), "fanout:b:"+t.Name()
 	fa, err := holder.TryAcquire(ctx, keyA, "holder-a", time.Minute)
@@ -98,9 +98,9 @@ func TestNotifyDegradesToPollingAndSaysSo(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.Close()
-	g := driver.GuaranteesOf(d)
-	if g.Notify || !strings.Contains(g.Note, "LISTEN unavailable") || !strings.Contains(g.Note, "poll") {
-		t.Fatalf("degraded driver declares %+v", g)
+	g, notified := d.Guarantees(), driver.CapabilitiesOf(d).Notifies()
+	if notified || !strings.Contains(g.Note, "LISTEN unavailable") || !strings.Contains(g.Note, "poll") {
+		t.Fatalf("degraded driver declares %+v, notified waiters %v", g, notified)
 	}
 	if _, err := d.Subscribe(ctx, "k"); err == nil {
 		t.Fatal("Subscribe succeeded on a driver without notifications")

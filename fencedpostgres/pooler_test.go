@@ -49,10 +49,10 @@ func TestConformanceThroughTransactionPooler(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := driver.GuaranteesOf(d)
+	g, notified := d.Guarantees(), driver.CapabilitiesOf(d).Notifies()
 	d.Close()
-	if g.Notify || !strings.Contains(g.Note, "LISTEN unavailable") {
-		t.Fatalf("through a transaction pooler the driver declares %+v; want Notify=false and a note saying LISTEN is unavailable", g)
+	if notified || !strings.Contains(g.Note, "LISTEN unavailable") {
+		t.Fatalf("through a transaction pooler the driver declares %+v, notified waiters %v; want no notification and a note saying LISTEN is unavailable", g, notified)
 	}
 	t.Logf("declared through PgBouncer: %s", g.Note)
 	drivertest.RunConformanceTests(t, drivertest.Harness{
@@ -91,8 +91,8 @@ func TestPoolerWithDirectListenConnection(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.Close()
-	if !driver.GuaranteesOf(d).Notify {
-		t.Fatalf("with a direct LISTEN connection: %+v", driver.GuaranteesOf(d))
+	if !driver.CapabilitiesOf(d).Notifies() {
+		t.Fatalf("with a direct LISTEN connection: no notification declared: %+v, %+v", d.Guarantees(), d.Capabilities())
 	}
 	key := "pooler:direct-listen"
 	f, err := d.TryAcquire(ctx, key, "holder", 60e9)

@@ -66,11 +66,9 @@ import (
 )
 
 func init() {
-	fenced.Register("postgres", openURL)
-	fenced.Register("postgresql", openURL)
 	expiry := driver.Expiry{Name: "PostgreSQL", Note: "expiry by now() inside the statement, to the microsecond"}
-	fenced.RegisterExpiry("postgres", expiry)
-	fenced.RegisterExpiry("postgresql", expiry)
+	fenced.Register("postgres", openURL, expiry)
+	fenced.Register("postgresql", openURL, expiry)
 }
 
 // Options configure New. The zero value (or nil) gives the defaults.

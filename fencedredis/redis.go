@@ -68,11 +68,9 @@ import (
 )
 
 func init() {
-	fenced.Register("redis", open)
-	fenced.Register("rediss", open)
 	expiry := driver.Expiry{Name: "Redis", Note: "PX in milliseconds; an expired key is gone on its next access"}
-	fenced.RegisterExpiry("redis", expiry)
-	fenced.RegisterExpiry("rediss", expiry)
+	fenced.Register("redis", open, expiry)
+	fenced.Register("rediss", open, expiry)
 }
 
 // ErrForeignValue means a Redis key in fenced's namespace holds something

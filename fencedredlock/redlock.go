@@ -84,8 +84,8 @@ import (
 )
 
 func init() {
-	fenced.Register("redlock", open)
-	fenced.RegisterExpiry("redlock", driver.Expiry{Name: "Redlock", Note: "PX in milliseconds on each node; validity also loses the acquire time and the drift allowance"})
+	fenced.Register("redlock", open, driver.Expiry{Name: "Redlock",
+		Note: "PX in milliseconds on each node; validity also loses the acquire time and the drift allowance"})
 }
 
 // ErrForeignValue means a Redis key in fenced's namespace holds something

@@ -125,8 +125,8 @@ func TestNoFence(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cl.Close()
-	if g := cl.Guarantees(); g.Fence != fenced.FenceNone || !g.Notify {
-		t.Fatalf("Guarantees = %+v, want FenceNone with notification", g)
+	if g, notified := cl.Guarantees(), driver.CapabilitiesOf(cl.Driver()).Notifies(); g.Fence != fenced.FenceNone || !notified {
+		t.Fatalf("Guarantees = %+v, notified waiters %v, want FenceNone with notification", g, notified)
 	}
 	_, err = cl.TryAcquire(ctx, "ledger", nil)
 	if !errors.Is(err, fenced.ErrNoFence) || !strings.Contains(err.Error(), "FenceSource") || !strings.Contains(err.Error(), "MinFence to FenceNone") {

@@ -100,8 +100,7 @@ import (
 )
 
 func init() {
-	fenced.Register("sqlite", openURL)
-	fenced.RegisterExpiry("sqlite", driver.Expiry{Name: "SQLite", Note: "expiry in milliseconds by the host's clock inside the statement"})
+	fenced.Register("sqlite", openURL, driver.Expiry{Name: "SQLite", Note: "expiry in milliseconds by the host's clock inside the statement"})
 }
 
 // DefaultTable is the lease table's default name.

@@ -91,8 +91,7 @@ type Options struct {
 }
 
 func init() {
-	fenced.Register("zk", openURL)
-	fenced.RegisterExpiry("zk", ExpiryFor(2*time.Second)) // ZooKeeper's default tickTime
+	fenced.Register("zk", openURL, ExpiryFor(2*time.Second)) // ZooKeeper's default tickTime
 }
 
 var nopLogger = log.New(io.Discard, "", 0)

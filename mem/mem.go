@@ -42,8 +42,7 @@ func init() {
 			return New(nil), nil
 		}
 		return Named(u.Host), nil
-	})
-	fenced.RegisterExpiry("mem", driver.Expiry{Name: "in-process memory", Note: "expiry to the nanosecond; the store dies with the process"})
+	}, driver.Expiry{Name: "in-process memory", Note: "expiry to the nanosecond; the store dies with the process"})
 }
 
 var (

@@ -260,9 +260,12 @@ func TestAdminCommands(t *testing.T) {
 	if r := cli(t, store, "ls", "-o", "yaml"); r.code != 64 {
 		t.Fatalf("ls -o yaml: exit %d, want 64", r.code)
 	}
-	// The default store (SQLite) decides expiry by the host's wall clock.
+	// The default store (SQLite) decides expiry by the host's wall clock,
+	// wakes waiters by its doorbell (Subscribe) and has no queue.
 	if r := cli(t, store, "guarantees"); r.code != 0 || !strings.Contains(r.stdout, "strict") || !strings.Contains(strings.Join(strings.Fields(r.stdout), " "), "safe from clock steps: false") {
 		t.Fatalf("guarantees: %d %q", r.code, r.stdout)
+	} else if out := strings.Join(strings.Fields(r.stdout), " "); !strings.Contains(out, "waiters notified: true") || !strings.Contains(out, "waiters served FIFO: false") {
+		t.Fatalf("guarantees: waiters' notification and order: %q", r.stdout)
 	}
 }
 

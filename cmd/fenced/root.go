@@ -421,8 +421,9 @@ func newGuaranteesCmd(g *globals) *cobra.Command {
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var gr driver.Guarantees
+			var ops driver.Ops
 			err := g.withClient(cmd.Context(), func(c *fenced.Client) error {
-				gr = c.Guarantees()
+				gr, ops = c.Guarantees(), driver.CapabilitiesOf(c.Driver())
 				return nil
 			})
 			if err != nil {
@@ -437,8 +438,8 @@ func newGuaranteesCmd(g *globals) *cobra.Command {
 			} else {
 				fmt.Fprintf(tw, "safe from clock steps:\tfalse (a forward step of the store's wall clock beyond the safety margin ends grants early: two holders overlap and only the fence protects the resource)\n")
 			}
-			fmt.Fprintf(tw, "waiters notified:\t%v\n", gr.Notify)
-			fmt.Fprintf(tw, "waiters served FIFO:\t%v\n", gr.FIFO)
+			fmt.Fprintf(tw, "waiters notified:\t%v\n", ops.Notifies())
+			fmt.Fprintf(tw, "waiters served FIFO:\t%v\n", ops.Declared.FIFO)
 			fmt.Fprintf(tw, "note:\t%s\n", gr.Note)
 			return tw.Flush()
 		},

@@ -15,9 +15,7 @@ import (
 // present but not declared is not there at all. The subscriptions, the
 // queue, terms and batches are the exception: their availability may depend
 // on how the driver was opened, so such a method refuses with
-// driver.ErrUnsupported instead. The driver's own Guarantees do not claim
-// Notify or FIFO beyond what the declaration gives (driver.GuaranteesOf).
-// The other declared operations are exercised by the tests named after them.
+// driver.ErrUnsupported instead. The other declared operations are exercised by the tests named after them.
 func (s *suite) testCapabilities(t *testing.T) {
 	d := s.drv(t)
 	declared := d.Capabilities()
@@ -77,12 +75,5 @@ func (s *suite) testCapabilities(t *testing.T) {
 	}
 	if declared.MinTTL < 0 || declared.MaxTTL < 0 || (declared.MaxTTL > 0 && declared.MaxTTL < declared.MinTTL) {
 		t.Errorf("%T declares TTL bounds [%v, %v]", d, declared.MinTTL, declared.MaxTTL)
-	}
-	own, derived := d.Guarantees(), driver.GuaranteesOf(d)
-	if own.Notify && !derived.Notify {
-		t.Errorf("%T's Guarantees claim Notify, but it declares neither Subscribe nor Queue", d)
-	}
-	if own.FIFO && !derived.FIFO {
-		t.Errorf("%T's Guarantees claim FIFO, but it declares no FIFO Queue", d)
 	}
 }

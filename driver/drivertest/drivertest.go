@@ -8,11 +8,11 @@
 // would make).
 //
 // Every capability a driver declares is verified, not trusted.
-// Guarantees.Notify: a waiter is woken by the release, not by polling.
-// Guarantees.FIFO: waiters are granted the key in the order they arrived.
-// driver.LossWatcher: a grant broken by someone else is reported without
-// being asked. driver.BatchRenewer: one batch renews exactly the current
-// grants. A capability the driver does not declare is skipped with t.Skip
+// Notification (driver.Ops.Notifies): a waiter is woken by the release, not
+// by polling. Capabilities.FIFO: waiters are granted the key in the order
+// they arrived. driver.LossWatcher: a grant broken by someone else is
+// reported without being asked. driver.BatchRenewer: one batch renews
+// exactly the current grants. A capability the driver does not declare is skipped with t.Skip
 // naming it; that is the only skip in the suite, so a PASS means every
 // declared capability was seen to work.
 package drivertest
@@ -824,7 +824,7 @@ func (s *suite) testBadURLs(t *testing.T) {
 // longer than the test allows.
 func (s *suite) testNotify(t *testing.T) {
 	d := s.drv(t)
-	if !driver.GuaranteesOf(d).Notify {
+	if !driver.CapabilitiesOf(d).Notifies() {
 		skipUndeclared(t, "Notify (Capabilities.Subscribe or Queue)", "waiters poll with backoff")
 	}
 	ctx := ctxT(t)
@@ -862,7 +862,7 @@ func (s *suite) testNotify(t *testing.T) {
 // The waiters arrive half a second apart, so that their order is clear
 // whatever the machine's load; each holds the key briefly and releases it.
 func (s *suite) testFIFO(t *testing.T) {
-	if !driver.GuaranteesOf(s.drv(t)).FIFO {
+	if !driver.CapabilitiesOf(s.drv(t)).Declared.FIFO {
 		skipUndeclared(t, "FIFO (Capabilities.FIFO)", "waiters are not served in arrival order")
 	}
 	ctx := ctxT(t)

@@ -36,12 +36,11 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
-	"github.com/fenced-dev/fenced/internal/expiries"
 )
 
 // Authority describes how a backend turns a requested TTL into the time it
-// keeps an unrenewed grant: the Expiry its package registers beside its URL
-// opener (fenced.RegisterExpiry), under the URL scheme. The rounding rules
+// keeps an unrenewed grant: the Expiry its package registers with its URL
+// opener (fenced.Register, read with fenced.ExpiryOf). The rounding rules
 // live with each backend; this package only figures with them.
 type Authority struct {
 	// Scheme is the store URL scheme.
@@ -57,8 +56,12 @@ func (a Authority) WithBounds(lo, hi time.Duration) Authority {
 }
 
 // authority returns the Authority of scheme for e, with the portable TTL
-// bounds where e names none.
+// bounds where e names none, named after the scheme where e has no name (a
+// backend registered with a zero Expiry).
 func authority(scheme string, e driver.Expiry) Authority {
+	if e.Name == "" {
+		e.Name = scheme
+	}
 	if e.MinTTL == 0 {
 		e.MinTTL = fenced.MinTTL
 	}
@@ -72,8 +75,10 @@ func authority(scheme string, e driver.Expiry) Authority {
 // packages the program imports.
 func Authorities() map[string]Authority {
 	out := map[string]Authority{}
-	for scheme, e := range expiries.All() {
-		out[scheme] = authority(scheme, e)
+	for _, scheme := range fenced.Schemes() {
+		if e, ok := fenced.ExpiryOf(scheme); ok {
+			out[scheme] = authority(scheme, e)
+		}
 	}
 	return out
 }
@@ -81,7 +86,7 @@ func Authorities() map[string]Authority {
 // ForScheme returns the Authority of a URL scheme; a scheme that registered
 // none gets an exact authority named after it.
 func ForScheme(scheme string) Authority {
-	if e, ok := expiries.All()[scheme]; ok {
+	if e, ok := fenced.ExpiryOf(scheme); ok {
 		return authority(scheme, e)
 	}
 	return authority(scheme, driver.Expiry{Name: scheme, Note: "unknown backend: assumed to expire grants exactly at the TTL"})

@@ -1,10 +1,15 @@
 package leaseplan
 
 import (
+	"context"
 	"errors"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/driver"
 
 	// The backends whose registered rounding the tests figure with.
 	_ "github.com/fenced-dev/fenced/fenceddynamodb"
@@ -135,5 +140,19 @@ func TestBadInput(t *testing.T) {
 		if _, err := Compute(in); !errors.Is(err, ErrInput) {
 			t.Errorf("Compute(%+v) = %v, want ErrInput", in, err)
 		}
+	}
+}
+
+// A backend registered with a zero Expiry keeps grants exactly their TTL,
+// and plans name it by its scheme.
+func TestZeroExpiry(t *testing.T) {
+	fenced.Register("zeroexpiry", func(context.Context, *url.URL) (driver.Driver, error) { return nil, errors.ErrUnsupported }, driver.Expiry{})
+	a, ok := Authorities()["zeroexpiry"]
+	if !ok || a.Name != "zeroexpiry" || a.MinTTL != fenced.MinTTL || a.MaxTTL != fenced.MaxTTL {
+		t.Fatalf("Authorities()[zeroexpiry] = %+v, %v; want it named after its scheme, with the portable bounds", a, ok)
+	}
+	p, err := Compute(Input{TTL: 10 * time.Second, Authority: ForScheme("zeroexpiry")})
+	if err != nil || p.AuthorityTTL != 10*time.Second || p.RecoveryWorst != 10*time.Second {
+		t.Fatalf("plan on a zero Expiry: %+v, %v; want the grant kept exactly its TTL", p, err)
 	}
 }
