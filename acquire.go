@@ -73,8 +73,8 @@ func (c *Client) acquireChecked(ctx context.Context, key string, opts *LeaseOpti
 		return nil, err
 	}
 	defer c.finish(id, cancel)
-	if err := ctx.Err(); err != nil {
-		return nil, err
+	if ctx.Err() != nil {
+		return nil, ctxEnded(ctx)
 	}
 	return c.acquireLoop(ctx, dctx, key, spec, ev)
 }
@@ -248,6 +248,9 @@ func (c *Client) acquireLoop(ctx, dctx context.Context, key string, s LeaseOptio
 				sleep = 0
 			}
 		default:
+			if ctx.Err() != nil {
+				return nil, ctxEnded(ctx)
+			}
 			return nil, err
 		}
 		lastErr = err
@@ -285,7 +288,7 @@ func (c *Client) acquireLoop(ctx, dctx context.Context, key string, s LeaseOptio
 			continue
 		case <-ctx.Done():
 			t.Stop()
-			return nil, context.Cause(ctx)
+			return nil, ctxEnded(ctx)
 		case <-c.closing.Done():
 			t.Stop()
 			return nil, ErrClosed
@@ -388,7 +391,7 @@ func (c *Client) acquireQueued(ctx, dctx context.Context, q driver.TimedQueuer, 
 				return nil, errWaitOver
 			}
 		case ctx.Err() != nil:
-			return nil, context.Cause(ctx)
+			return nil, ctxEnded(ctx)
 		case errors.Is(cause, ErrClosed):
 			return nil, ErrClosed
 		}

@@ -1,6 +1,7 @@
 package fenced
 
 import (
+	"context"
 	"errors"
 	"fmt"
 )
@@ -78,3 +79,20 @@ func (e *LeaseEndedError) Unwrap() []error {
 	}
 	return []error{e.Cause, e.WorkErr}
 }
+
+// ctxEnded is the error for a wait that ended with ctx: it matches
+// ctx.Err() and, when ctx was cancelled with a cause, says and matches
+// that cause too.
+func ctxEnded(ctx context.Context) error {
+	err, cause := ctx.Err(), context.Cause(ctx)
+	if cause == nil || cause == err {
+		return err
+	}
+	return endedError{err: err, cause: cause}
+}
+
+// endedError is a context's error together with the cause it was given.
+type endedError struct{ err, cause error }
+
+func (e endedError) Error() string   { return e.cause.Error() }
+func (e endedError) Unwrap() []error { return []error{e.cause, e.err} }

@@ -31,12 +31,17 @@ func TestRenewBatchLarge(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.Close()
+	// The TTL outlasts the acquisitions, which nothing renews meanwhile:
+	// under load 1500 of them took over 10 s (grants on sessions no later
+	// acquisition kept alive then lapsed, rightly). It is checked below.
+	const ttl = time.Minute
+	began := time.Now()
 	grants := make([]driver.Grant, n)
 	var wg sync.WaitGroup
 	errc := make(chan error, n)
 	sem := make(chan struct{}, 16)
 	for i := range grants {
-		grants[i] = driver.Grant{Key: fmt.Sprintf("batch-%d", i), Owner: fmt.Sprintf("owner-%d", i), TTL: 10 * time.Second}
+		grants[i] = driver.Grant{Key: fmt.Sprintf("batch-%d", i), Owner: fmt.Sprintf("owner-%d", i), TTL: ttl}
 		wg.Add(1)
 		sem <- struct{}{}
 		go func(g *driver.Grant) {
@@ -52,6 +57,9 @@ func TestRenewBatchLarge(t *testing.T) {
 	close(errc)
 	for err := range errc {
 		t.Fatal(err)
+	}
+	if took := time.Since(began); took > ttl/2 {
+		t.Fatalf("granting %d keys took %v: over half the TTL %v, so the renewals below could find grants lapsed", n, took, ttl)
 	}
 	stale := func(i int) bool { return i%7 == 3 }
 	for i, g := range grants {

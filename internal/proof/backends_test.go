@@ -159,6 +159,7 @@ func TestMatrixCI(t *testing.T) {
 	if testing.Short() {
 		t.Skip("the proof matrix starts servers and worker processes")
 	}
+	parallelRow(t)
 	type scenario struct {
 		fault   Fault
 		fencing bool

@@ -105,6 +105,7 @@ func TestGenerativeSlice(t *testing.T) {
 	if testing.Short() {
 		t.Skip("the generative proof starts servers and worker processes")
 	}
+	parallelRow(t)
 	seed := genSeed(t)
 	d := envDuration(t, "FENCED_PROOF_GEN_DURATION", 40*time.Second)
 	only := os.Getenv("FENCED_PROOF_BACKENDS")

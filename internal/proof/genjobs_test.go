@@ -23,6 +23,7 @@ func TestGenerativeJobs(t *testing.T) {
 	if testing.Short() {
 		t.Skip("the generative proof starts scheduler processes")
 	}
+	parallelRow(t)
 	seed := genSeed(t)
 	d := envDuration(t, "FENCED_PROOF_JOBS_DURATION", 40*time.Second)
 	hazard := os.Getenv("FENCED_PROOF_JOBS_HAZARD") == "1"

@@ -280,6 +280,7 @@ func (r *genPartRun) nemesis(ctx context.Context) error {
 		r.mu.Unlock()
 	}
 	end := time.Now().Add(r.cfg.Duration)
+	halfway := time.Now().Add(r.cfg.Duration / 2)
 	if err := r.sleep(ctx, 2*ttl); err != nil { // let the group form
 		return err
 	}
@@ -289,6 +290,9 @@ func (r *genPartRun) nemesis(ctx context.Context) error {
 		}
 		w := r.rng.IntN(r.cfg.Members)
 		kind := []string{"kill", "kill", "stop", "stop", "leave", "deploy", "deploy"}[r.rng.IntN(7)]
+		if r.faults["deploy"] == 0 && time.Now().After(halfway) {
+			kind = "deploy" // every run deploys another count at least once
+		}
 		r.hold(w, true)
 		switch kind {
 		case "kill", "leave":

@@ -24,6 +24,7 @@ func TestGenerativePartitions(t *testing.T) {
 	if testing.Short() {
 		t.Skip("the generative proof starts servers and member processes")
 	}
+	parallelRow(t)
 	seed := genSeed(t)
 	d := envDuration(t, "FENCED_PROOF_PART_DURATION", 40*time.Second)
 	only := os.Getenv("FENCED_PROOF_BACKENDS")

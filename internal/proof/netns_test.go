@@ -242,6 +242,7 @@ func TestPacketPartitions(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts servers in network namespaces")
 	}
+	parallelRow(t)
 	long := os.Getenv("FENCED_PROOF_NETNS_LONG") == "1"
 	injections, fencings := 1, []bool{true}
 	if long {

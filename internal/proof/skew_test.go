@@ -46,6 +46,7 @@ func TestClockRateSkewDynamoDB(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts dynalite and worker processes")
 	}
+	parallelRow(t)
 	out := os.Getenv("FENCED_PROOF_OUT")
 	rates, injections := skewRates[:1], 1
 	if out != "" {
