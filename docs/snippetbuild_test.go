@@ -56,7 +56,10 @@ func buildPackages(t *testing.T, root string, pkgs []genPackage) []string {
 	}
 	cmd := exec.Command("go", args...)
 	cmd.Dir = root
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	// In the workspace of the core module and the nested ones, so that a
+	// page's snippets may use fencedk8s (and client-go), which the core
+	// module does not require.
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOWORK="+filepath.Join(root, workspaceFile))
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	start := time.Now()

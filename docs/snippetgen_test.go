@@ -15,6 +15,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"golang.org/x/mod/modfile"
 )
 
 // renderChunks writes chunks with a //line directive before each, so compiler
@@ -30,7 +32,8 @@ func renderChunks(b *strings.Builder, page string, chunks []chunk) {
 
 // stdImports maps the package names the pages use, other than the module's
 // own, to their import paths: the standard library and the clients and
-// frameworks the adapters plug into (all required by go.mod).
+// frameworks the adapters plug into (all required by go.mod, or, for
+// client-go, by fencedk8s/go.mod).
 var stdImports = map[string]string{
 	"bytes":          "bytes",
 	"context":        "context",
@@ -60,39 +63,73 @@ var stdImports = map[string]string{
 	"redis":          "github.com/redis/go-redis/v9",
 }
 
-// modulePackages maps the name of each package of the module that a user
-// can import (not internal, not main, not in a nested module) to its
-// import path. A name two such packages share is left out: a page must
-// then import it explicitly.
+// workspaceFile is the Go workspace of the core module and its nested
+// modules (fencedk8s), relative to the repository's root: the snippets
+// build in it, so a page may use a nested module's packages.
+const workspaceFile = ".ci/go.work"
+
+// modulePackages maps the name of each package of the workspace's modules
+// that a user can import (not internal, not main: the core module and the
+// nested ones, such as fencedk8s) to its import path. A name two such
+// packages share is left out: a page must then import it explicitly.
+// Modules outside the workspace (bench/) are left out.
 func modulePackages(t *testing.T, root string) map[string]string {
 	t.Helper()
-	mod, err := os.ReadFile(filepath.Join(root, "go.mod"))
+	work, err := os.ReadFile(filepath.Join(root, workspaceFile))
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := regexp.MustCompile(`(?m)^module\s+(\S+)`).FindSubmatch(mod)
-	if m == nil {
-		t.Fatal("go.mod names no module")
+	wf, err := modfile.ParseWork(workspaceFile, work, nil)
+	if err != nil {
+		t.Fatal(err)
 	}
-	modPath := string(m[1])
+	inWork := map[string]bool{}
+	for _, u := range wf.Use {
+		inWork[filepath.Join(root, filepath.Dir(workspaceFile), filepath.FromSlash(u.Path))] = true
+	}
+	if !inWork[root] {
+		t.Fatalf("%s does not use the root module", workspaceFile)
+	}
 	pkgs := map[string]string{}
 	shared := map[string]bool{}
 	fset := token.NewFileSet()
+	// mods maps the directory of each module found so far to its path; a
+	// file belongs to the module of its nearest directory in mods.
+	mods := map[string]string{}
+	modOf := func(dir string) (string, string) {
+		for d := dir; ; d = filepath.Dir(d) {
+			if m, ok := mods[d]; ok {
+				return d, m
+			}
+			if d == root || d == filepath.Dir(d) {
+				t.Fatalf("%s is in no module under %s", dir, root)
+			}
+		}
+	}
 	err = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
 		if d.IsDir() {
 			name := d.Name()
-			if p == root {
-				return nil
-			}
-			if strings.HasPrefix(name, ".") || strings.HasPrefix(name, "_") || name == "testdata" || name == "internal" {
+			if p != root && (strings.HasPrefix(name, ".") || strings.HasPrefix(name, "_") || name == "testdata" || name == "internal") {
 				return filepath.SkipDir
 			}
-			if _, err := os.Stat(filepath.Join(p, "go.mod")); err == nil {
-				return filepath.SkipDir // a module of its own
+			mod, err := os.ReadFile(filepath.Join(p, "go.mod"))
+			if os.IsNotExist(err) {
+				return nil
 			}
+			if err != nil {
+				return err
+			}
+			if !inWork[p] {
+				return filepath.SkipDir // a module outside the workspace
+			}
+			m := regexp.MustCompile(`(?m)^module\s+(\S+)`).FindSubmatch(mod)
+			if m == nil {
+				t.Fatalf("%s names no module", filepath.Join(p, "go.mod"))
+			}
+			mods[p] = string(m[1])
 			return nil
 		}
 		if !strings.HasSuffix(p, ".go") || strings.HasSuffix(p, "_test.go") {
@@ -106,7 +143,8 @@ func modulePackages(t *testing.T, root string) map[string]string {
 		if name == "main" || name == "docs" {
 			return nil
 		}
-		rel, err := filepath.Rel(root, filepath.Dir(p))
+		modDir, modPath := modOf(filepath.Dir(p))
+		rel, err := filepath.Rel(modDir, filepath.Dir(p))
 		if err != nil {
 			return err
 		}

@@ -57,8 +57,8 @@ func TestGoSnippetsCompile(t *testing.T) {
 		t.Fatal(err)
 	}
 	known := modulePackages(t, root)
-	if known["fenced"] == "" || known["fence"] == "" || known["recipe"] == "" {
-		t.Fatalf("found the module's packages %v, without fenced, fence or recipe: the walk is broken", known)
+	if known["fenced"] == "" || known["fence"] == "" || known["recipe"] == "" || known["fencedk8s"] == "" {
+		t.Fatalf("found the modules' packages %v, without fenced, fence, recipe or fencedk8s: the walk is broken", known)
 	}
 	for name, p := range stdImports {
 		if _, ok := known[name]; ok {

@@ -66,17 +66,32 @@ unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go')
 if [ -n "$unformatted" ]; then
 	echo "gofmt needed on:"; echo "$unformatted"; exit 1
 fi
+# The nested modules (fencedk8s: client-go stays out of the core module's
+# go.mod) build against this working tree's core module through the Go
+# workspace .ci/go.work, never through a published version; each step below
+# runs on them too. in_nested runs a command in each nested module.
+nested_modules=(fencedk8s)
+workspace="$PWD/.ci/go.work"
+in_nested() {
+	local m
+	for m in "${nested_modules[@]}"; do
+		(cd "$m" && GOWORK="$workspace" "$@")
+	done
+}
+
 echo "test.sh: go vet"
 # In the build configuration of internal/moduletest's scratch module
 # (CGO_ENABLED=0, -trimpath: build cache entries that do not depend on
 # where a module's files are): the dependencies vet compiles here are the
 # ones that test builds from a fresh module cache, so they compile once.
 CGO_ENABLED=0 go vet -trimpath ./...
+CGO_ENABLED=0 in_nested go vet -trimpath ./...
 # The library builds on macOS and the BSDs too (the embedded SQLite backend
 # polls there instead of inotify); the CLI's supervisor and the proof
 # harness are Linux-only.
 echo "test.sh: go build on darwin (library packages)"
 GOOS=darwin go build $(go list ./... | grep -v -e '/cmd/fenced$' -e '/internal/supervise$' -e '/internal/proof$')
+GOOS=darwin in_nested go build ./...
 
 # staticcheck (pinned) goes into a cache directory outside the repository.
 # Every check is on: the tree is clean under all of them, so there is no
@@ -93,7 +108,14 @@ echo "test.sh: staticcheck -checks all"
 # It reads the dependencies from export data that go list -export
 # compiles: in vet's configuration, so that they are vet's compiles.
 CGO_ENABLED=0 GOFLAGS=-trimpath "$staticcheck_dir/staticcheck" -checks all $(go list ./... | grep -v '/fencedzookeeper/zk$')
+CGO_ENABLED=0 GOFLAGS=-trimpath in_nested "$staticcheck_dir/staticcheck" -checks all ./...
 echo "test.sh: go test -race"
+# The nested modules' tests run beside the core's (two go test commands at
+# once share the cores as one would); their output follows the core's.
+nested_log=$(mktemp)
+trap 'rm -f "$nested_log"' EXIT
+in_nested go test -race -count=1 -timeout 20m "$@" ./... >"$nested_log" 2>&1 &
+nested_pid=$!
 # The three longest packages go first: go test starts packages in the order
 # it is given them, -p at a time, so a long one started last runs on alone
 # after the rest are done. -p 4 on 2 cores: the tests spend most of their
@@ -101,4 +123,10 @@ echo "test.sh: go test -race"
 # used 14 of its 35 CPU-minutes), and they must hold on a busy machine anyway.
 first="./internal/proof ./cmd/fenced ./recipe"
 rest=$(go list ./... | grep -v -e '/internal/proof$' -e '/cmd/fenced$' -e '/recipe$')
-go test -race -count=1 -p 4 -timeout 20m "$@" $first $rest
+core_rc=0
+go test -race -count=1 -p 4 -timeout 20m "$@" $first $rest || core_rc=$?
+nested_rc=0
+wait "$nested_pid" || nested_rc=$?
+echo "test.sh: go test -race (nested modules: ${nested_modules[*]})"
+cat "$nested_log"
+exit $((core_rc || nested_rc))

@@ -11,21 +11,30 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/mod/modfile"
 	"golang.org/x/mod/module"
 	modzip "golang.org/x/mod/zip"
 )
 
 const (
 	modPath = "github.com/fenced-dev/fenced"
-	// version is the pseudo-version the test publishes the working tree as.
+	// k8sPath is the nested module of fencedk8s (and client-go), in the
+	// directory fencedk8s.
+	k8sPath = modPath + "/fencedk8s"
+	// version is the pseudo-version the test publishes the working tree as
+	// (both modules).
 	version = "v0.0.0-20261203000000-000000000000"
 )
 
-// TestOutsideModule publishes the working tree as fenced@version in a
-// file-based module proxy, then, from a scratch module outside the
-// repository that requires it by version: builds a program importing every
-// public package of fenced, runs it (a lease on mem: and on sqlite:), and
-// go installs cmd/fenced@version and runs the binary (version, and run on
+// TestOutsideModule publishes the working tree as fenced@version and
+// fenced/fencedk8s@version (the nested module, its go.mod requiring
+// fenced@version as a release's does) in a file-based module proxy, then,
+// from a scratch module outside the repository that requires fenced by
+// version: builds a program importing every public package of fenced, runs
+// it (a lease on mem: and on sqlite:), checks that client-go is not in the
+// module's go.sum, then go gets fencedk8s as the docs say and runs a
+// program that elects a leader with client-go's elector over it; and go
+// installs cmd/fenced@version and runs the binary (version, and run on
 // sqlite:). Everything but fenced comes from the local module cache's
 // download directory where it is there, and from the go command's own
 // GOPROXY otherwise: go mod tidy also wants the modules that only the
@@ -48,7 +57,8 @@ func TestOutsideModule(t *testing.T) {
 
 	tmp := t.TempDir()
 	proxy := filepath.Join(tmp, "proxy")
-	publish(t, root, proxy)
+	publish(t, modPath, root, proxy, nil)
+	publish(t, k8sPath, filepath.Join(root, "fencedk8s"), proxy, releaseGoMod(t, filepath.Join(root, "fencedk8s", "go.mod")))
 
 	// A module cache of its own, so that fenced@version is extracted
 	// fresh from this run's zip (a shared cache would keep an earlier
@@ -90,6 +100,25 @@ func TestOutsideModule(t *testing.T) {
 			t.Errorf("scratch program output lacks %q:\n%s", want, out)
 		}
 	}
+	// A module that does not import fencedk8s does not carry client-go.
+	gosum, err := os.ReadFile(filepath.Join(scratch, "go.sum"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(gosum), "k8s.io/") {
+		t.Errorf("the go.sum of a module that imports fenced's packages but not fencedk8s lists k8s.io modules:\n%s", gosum)
+	}
+	logGraph(t, scratch, env, goBin, "fenced's packages")
+
+	// fencedk8s, as docs/kubernetes.md installs it.
+	writeElect(t, filepath.Join(scratch, "elect"))
+	run(t, scratch, env, goBin, "get", k8sPath+"@"+version)
+	run(t, scratch, env, goBin, "mod", "tidy")
+	out = run(t, scratch, env, goBin, "run", "./elect")
+	if !strings.Contains(out, "leading elect-1 fence 1\n") || !strings.Contains(out, "stopped leading\n") {
+		t.Errorf("the fencedk8s program did not lead and stop:\n%s", out)
+	}
+	logGraph(t, scratch, env, goBin, "fenced's packages and fencedk8s")
 
 	// go install pkg@version, outside any module, as the README says.
 	gobin := filepath.Join(tmp, "bin")
@@ -110,6 +139,18 @@ func TestOutsideModule(t *testing.T) {
 	}
 }
 
+// logGraph logs what the module at dir, which imports what, carries: the
+// lines of its go list -m all and of its go.sum (docs/dependencies.md).
+func logGraph(t *testing.T, dir string, env []string, goBin, what string) {
+	t.Helper()
+	mods := strings.Count(run(t, dir, env, goBin, "list", "-m", "all"), "\n")
+	sum, err := os.ReadFile(filepath.Join(dir, "go.sum"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("a module importing %s: %d lines in go list -m all, %d in go.sum", what, mods, bytes.Count(sum, []byte("\n")))
+}
+
 // scratchProxy is the GOPROXY list of the scratch module: the published
 // fenced first, then the local download cache, then the go command's own
 // proxies (off and direct dropped: a module missing from every proxy is a
@@ -124,11 +165,46 @@ func scratchProxy(published, cache, goproxy string) string {
 	return strings.Join(list, ",")
 }
 
-// publish writes fenced@version, zipped from the working tree at root, in
-// the module proxy layout under proxy.
-func publish(t *testing.T, root, proxy string) {
+// releaseGoMod returns the go.mod at path as its module's release has it:
+// requiring fenced@version, the version released with it (the working tree
+// requires a version a Go workspace resolves; see docs/dependencies.md).
+func releaseGoMod(t *testing.T, path string) []byte {
 	t.Helper()
-	dir := filepath.Join(proxy, modPath, "@v")
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := modfile.Parse(path, data, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.AddRequire(modPath, version); err != nil {
+		t.Fatal(err)
+	}
+	out, err := f.Format()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// publish writes the module path@version, zipped from the directory dir
+// of the working tree, in the module proxy layout under proxy. A non-nil
+// gomod replaces the module's go.mod.
+func publish(t *testing.T, path, src, proxy string, gomod []byte) {
+	t.Helper()
+	if gomod != nil {
+		// The zip is made from a copy whose go.mod is gomod.
+		cp := filepath.Join(t.TempDir(), "module")
+		if err := os.CopyFS(cp, os.DirFS(src)); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(cp, "go.mod"), gomod, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		src = cp
+	}
+	dir := filepath.Join(proxy, path, "@v")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -136,14 +212,14 @@ func publish(t *testing.T, root, proxy string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := modzip.CreateFromDir(f, module.Version{Path: modPath, Version: version}, root); err != nil {
+	if err := modzip.CreateFromDir(f, module.Version{Path: path, Version: version}, src); err != nil {
 		f.Close()
 		t.Fatalf("zip the module: %v", err)
 	}
 	if err := f.Close(); err != nil {
 		t.Fatal(err)
 	}
-	gomod, err := os.ReadFile(filepath.Join(root, "go.mod"))
+	mod, err := os.ReadFile(filepath.Join(src, "go.mod"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,7 +230,7 @@ func publish(t *testing.T, root, proxy string) {
 	for name, data := range map[string][]byte{
 		"list":            []byte(version + "\n"),
 		version + ".info": info,
-		version + ".mod":  gomod,
+		version + ".mod":  mod,
 	} {
 		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
 			t.Fatal(err)
@@ -237,6 +313,70 @@ func main() {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(data), 0o644); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// writeElect writes, at dir, a program of the scratch module that elects
+// a leader with client-go's elector over a fencedk8s lock on mem:, prints
+// "leading ID fence N" when it leads, then steps down (ReleaseOnCancel)
+// and prints "stopped leading".
+func writeElect(t *testing.T, dir string) {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	main := `package main
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"time"
+
+	"k8s.io/client-go/tools/leaderelection"
+
+	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/fencedk8s"
+	_ "github.com/fenced-dev/fenced/mem"
+)
+
+func main() {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	client, err := fenced.Open(ctx, "mem:", nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.Close()
+	lock, err := fencedk8s.New(client, "controller", "elect-1", &fencedk8s.Options{
+		RenewDeadline: 10 * time.Second,
+		RetryPeriod:   2 * time.Second,
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	leaderelection.RunOrDie(ctx, leaderelection.LeaderElectionConfig{
+		Lock:            lock,
+		LeaseDuration:   15 * time.Second,
+		RenewDeadline:   10 * time.Second,
+		RetryPeriod:     2 * time.Second,
+		ReleaseOnCancel: true,
+		Callbacks: leaderelection.LeaderCallbacks{
+			OnStartedLeading: func(ctx context.Context) {
+				_, l := lock.LeaderContext(ctx)
+				if l == nil {
+					log.Fatal("leading without a lease")
+				}
+				fmt.Printf("leading %s fence %d\n", lock.Identity(), l.Fence())
+				cancel()
+			},
+			OnStoppedLeading: func() { fmt.Println("stopped leading") },
+		},
+	})
+}
+`
+	if err := os.WriteFile(filepath.Join(dir, "main.go"), []byte(main), 0o644); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -3,25 +3,62 @@ package proof
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
 	"sync"
 	"time"
 
-	"k8s.io/client-go/tools/leaderelection"
-
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/fence"
-	"github.com/fenced-dev/fenced/fencedk8s"
 )
 
 // The elector process of the generative elector proof (RunGenElect): it
-// runs client-go's leaderelection.RunOrDie over a fencedk8s.ResourceLock,
-// as users run it, again and again until killed. While it leads it
-// samples, every 10ms, the context it works under (LeaderContext's; with
-// the hazard switch client-go's own) and client-go's context, and writes
+// runs the registered Elector (client-go's leaderelection.RunOrDie over a
+// fencedk8s.ResourceLock, registered by fencedk8s's module, which the
+// core module does not require) until killed. While it leads it samples,
+// every 10ms, the context it works under (LeaderContext's; with the
+// hazard switch the elector's own) and the elector's context, and writes
 // a fenced resource with the term's fence.
+
+// Elector runs one elector process of the generative elector proof until
+// the process is killed: it elects among the processes of cfg.Election
+// on c, as id, and calls lead, in the elector's callback, for each term
+// it leads. elector is the context the elector ends with the term; work
+// the one its user works under; l the term's lease, nil if the elector
+// found none. It returns only on an error.
+type Elector func(c *fenced.Client, id string, cfg GenElectMemberConfig, lead func(elector, work context.Context, l *fenced.Lease)) error
+
+var (
+	electorMu sync.Mutex
+	elector   Elector
+)
+
+// RegisterElector makes e the elector of the generative elector proof's
+// processes. Register before MaybeRunWorker, in TestMain or init, in the
+// binary that GenElectConfig.Command starts. It panics if e is nil or an
+// elector is registered already.
+func RegisterElector(e Elector) {
+	electorMu.Lock()
+	defer electorMu.Unlock()
+	if e == nil {
+		panic("proof: RegisterElector with a nil Elector")
+	}
+	if elector != nil {
+		panic("proof: an Elector is registered twice")
+	}
+	elector = e
+}
+
+func registeredElector() (Elector, error) {
+	electorMu.Lock()
+	defer electorMu.Unlock()
+	if elector == nil {
+		return nil, errors.New("proof: no Elector is registered in this binary (RegisterElector)")
+	}
+	return elector, nil
+}
 
 // envGenElect carries an elector's GenElectMemberConfig, as JSON.
 const envGenElect = "FENCED_PROOF_GENELECT"
@@ -33,12 +70,13 @@ type GenElectMemberConfig struct {
 	Election string               `json:"election"`
 	MinFence fenced.FenceStrength `json:"min_fence"`
 	Dir      string               `json:"dir"`
-	// The elector's timing (LeaderElectionConfig and fencedk8s.Options).
+	// The elector's timing (client-go's LeaderElectionConfig and
+	// fencedk8s.Options).
 	LeaseDuration time.Duration `json:"lease_duration"`
 	RenewDeadline time.Duration `json:"renew_deadline"`
 	RetryPeriod   time.Duration `json:"retry_period"`
 	// IgnoreLeaderContext is the test-only hazard switch: the leader
-	// works under client-go's context alone, as without fencedk8s's
+	// works under the elector's context alone, as without fencedk8s's
 	// LeaderContext.
 	IgnoreLeaderContext bool `json:"ignore_leader_context,omitempty"`
 }
@@ -123,6 +161,10 @@ func runGenElectMember(cfg GenElectMemberConfig) int {
 		fmt.Fprintln(os.Stderr, "proof elector:", err)
 		return 1
 	}
+	run, err := registeredElector()
+	if err != nil {
+		return fail(err)
+	}
 	rec, err := openElectRecorder(cfg.Dir + "/" + genElectHistory)
 	if err != nil {
 		return fail(err)
@@ -138,17 +180,8 @@ func runGenElectMember(cfg GenElectMemberConfig) int {
 	defer c.Close()
 	pid := os.Getpid()
 	id := "e" + strconv.Itoa(cfg.Slot) + "-" + strconv.Itoa(pid)
-	lock, err := fencedk8s.New(c, cfg.Election, id, &fencedk8s.Options{
-		Lease:         fenced.LeaseOptions{MinFence: cfg.MinFence},
-		RenewDeadline: cfg.RenewDeadline,
-		RetryPeriod:   cfg.RetryPeriod,
-	})
-	if err != nil {
-		return fail(err)
-	}
 	rec.record(electEvent{K: "start", Slot: cfg.Slot})
-	lead := func(cg context.Context) {
-		lc, l := lock.LeaderContext(cg)
+	lead := func(cg, lc context.Context, l *fenced.Lease) {
 		if l == nil {
 			rec.record(electEvent{K: "nolease", Slot: cfg.Slot})
 			return
@@ -198,19 +231,11 @@ func runGenElectMember(cfg GenElectMemberConfig) int {
 		wg.Wait()
 		rec.record(electEvent{K: "end", Slot: cfg.Slot, Fence: f, Refused: refused})
 	}
-	for {
-		leaderelection.RunOrDie(ctx, leaderelection.LeaderElectionConfig{
-			Lock:            lock,
-			LeaseDuration:   cfg.LeaseDuration,
-			RenewDeadline:   cfg.RenewDeadline,
-			RetryPeriod:     cfg.RetryPeriod,
-			ReleaseOnCancel: true,
-			Callbacks: leaderelection.LeaderCallbacks{
-				OnStartedLeading: lead,
-				OnStoppedLeading: func() {},
-			},
-		})
+	err = run(c, id, cfg, lead)
+	if err == nil {
+		err = errors.New("the Elector returned")
 	}
+	return fail(err)
 }
 
 // maybeRunGenElectMember runs an elector and exits if this process was

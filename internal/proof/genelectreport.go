@@ -30,8 +30,8 @@ func (r GenElectRow) key() rowKey { return rowKey{build: r.Build, backend: r.Bac
 // replacing the row of the same build and backend; main's rows first.
 func SaveGenElectRow(path string, row GenElectRow) error { return saveRow(path, row) }
 
-const genElectPreamble = `The elector row of the generative proof (proof.RunGenElect; ` + "`go test ./internal/proof -run TestGenerativeElector`" + `
-in the normal suite, 30 s of faults per backend; ` + "`FENCED_PROOF_ELECT_DURATION`" + ` for longer runs, ` + "`FENCED_PROOF_SEED`" + ` to rerun one):
+const genElectPreamble = `The elector row of the generative proof (proof.RunGenElect; ` + "`go test ./internal/electproof -run TestGenerativeElector`" + ` in
+fencedk8s/, its own module, with ` + "`GOWORK=$PWD/../.ci/go.work`" + `; in the normal suite, 30 s of faults per backend; ` + "`FENCED_PROOF_ELECT_DURATION`" + ` for longer runs, ` + "`FENCED_PROOF_SEED`" + ` to rerun one):
 3 processes run client-go's ` + "`leaderelection.RunOrDie`" + ` over a fencedk8s.ResourceLock, as users run it (LeaseDuration 3 s,
 RenewDeadline 2 s, RetryPeriod 0.5 s, ReleaseOnCancel), on Redis each through its own proxy. A leader works under
 ` + "`lock.LeaderContext(ctx)`" + `: every 20 ms it writes a SQLite resource guarded by fence.SQL with the term's fence (and once
