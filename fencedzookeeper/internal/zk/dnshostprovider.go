@@ -17,21 +17,6 @@ type DNSHostProviderOption interface {
 	apply(*DNSHostProvider)
 }
 
-type lookupTimeoutOption struct {
-	timeout time.Duration
-}
-
-// WithLookupTimeout returns a DNSHostProviderOption that sets the lookup timeout.
-func WithLookupTimeout(timeout time.Duration) DNSHostProviderOption {
-	return lookupTimeoutOption{
-		timeout: timeout,
-	}
-}
-
-func (o lookupTimeoutOption) apply(provider *DNSHostProvider) {
-	provider.lookupTimeout = o.timeout
-}
-
 // DNSHostProvider is the default HostProvider. It currently matches
 // the Java StaticHostProvider, resolving hosts from DNS once during
 // the call to Init.  It could be easily extended to re-query DNS
