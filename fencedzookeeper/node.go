@@ -114,7 +114,7 @@ func (d *Driver) ensureParents(conn *zk.Conn, path string) error {
 	cur := ""
 	for _, p := range parts {
 		cur += "/" + p
-		if _, err := conn.Create(cur, nil, 0, d.acl); err != nil && !errors.Is(err, zk.ErrNodeExists) {
+		if _, err := conn.Create(cur, nil, 0, openACL); err != nil && !errors.Is(err, zk.ErrNodeExists) {
 			return err
 		}
 	}
