@@ -88,11 +88,9 @@ if [ ! -x "$staticcheck_dir/staticcheck" ]; then
 	GOBIN="$staticcheck_dir" go install "honnef.co/go/tools/cmd/staticcheck@$staticcheck_version"
 fi
 echo "test.sh: staticcheck -checks all"
-# fencedzookeeper/internal/zk is upstream go-zookeeper with a few methods added; it is
-# kept as close to upstream as it can be, so its style is upstream's.
 # It reads the dependencies from export data that go list -export
 # compiles: in vet's configuration, so that they are vet's compiles.
-CGO_ENABLED=0 GOFLAGS=-trimpath "$staticcheck_dir/staticcheck" -checks all $(go list ./... | grep -v '/fencedzookeeper/internal/zk$')
+CGO_ENABLED=0 GOFLAGS=-trimpath "$staticcheck_dir/staticcheck" -checks all $(go list ./...)
 echo "test.sh: go test -race"
 # The three longest packages go first: go test starts packages in the order
 # it is given them, as many at a time as there are cores, so a long one

@@ -1,6 +1,3 @@
-// Package zk is a native Go client library for the ZooKeeper orchestration service:
-// github.com/go-zookeeper/zk v1.0.4 with the additions and the fix listed in
-// README.fenced.md (BSD-3-Clause, see LICENSE in this directory).
 package zk
 
 /*

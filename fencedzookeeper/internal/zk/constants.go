@@ -130,7 +130,7 @@ var (
 		errNotEmpty:                ErrNotEmpty,
 		errSessionExpired:          ErrSessionExpired,
 		// errInvalidCallback:         ErrInvalidCallback,
-		errInvalidAcl:        ErrInvalidACL,
+		errInvalidACL:        ErrInvalidACL,
 		errAuthFailed:        ErrAuthFailed,
 		errClosing:           ErrClosing,
 		errNothing:           ErrNothing,
@@ -169,7 +169,7 @@ const (
 	errNotEmpty                ErrCode = -111
 	errSessionExpired          ErrCode = -112
 	errInvalidCallback         ErrCode = -113
-	errInvalidAcl              ErrCode = -114
+	errInvalidACL              ErrCode = -114
 	errAuthFailed              ErrCode = -115
 	errClosing                 ErrCode = -116
 	errNothing                 ErrCode = -117

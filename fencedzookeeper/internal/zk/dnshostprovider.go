@@ -77,7 +77,7 @@ func (hp *DNSHostProvider) Init(servers []string) error {
 	}
 
 	if len(found) == 0 {
-		return fmt.Errorf("No hosts found for addresses %q", servers)
+		return fmt.Errorf("no hosts found for addresses %q", servers)
 	}
 
 	// Randomize the order of the servers to avoid creating hotspots

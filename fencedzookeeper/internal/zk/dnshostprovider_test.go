@@ -24,6 +24,8 @@ func (o lookupHostOption) apply(provider *DNSHostProvider) {
 
 // TestDNSHostProviderCreate is just like TestCreate, but with an
 // overridden HostProvider that ignores the provided hostname.
+// It sets the provider with withHostProvider (main_test.go), where
+// upstream calls WithHostProvider.
 func TestIntegration_DNSHostProviderCreate(t *testing.T) {
 	_, port, err := net.SplitHostPort(ens.Servers()[0])
 	if err != nil {

@@ -76,7 +76,7 @@ func TestMultiChildren(t *testing.T) {
 	mkdir(t, c, "/multi-children")
 	ctx := context.Background()
 
-	create := &CreateRequest{Path: "/multi-children/n-", Acl: WorldACL(PermAll), Flags: FlagEphemeral | FlagSequence}
+	create := &CreateRequest{Path: "/multi-children/n-", ACL: WorldACL(PermAll), Flags: FlagEphemeral | FlagSequence}
 	touch := &SetDataRequest{Path: "/multi-children", Version: -1}
 	res, multiErr, kids, childrenErr := c.MultiChildren(ctx, nil, "/multi-children", create, touch)
 	if multiErr != nil || childrenErr != nil {
@@ -92,7 +92,7 @@ func TestMultiChildren(t *testing.T) {
 	}
 
 	// A failed multi: the listing's error is the multi's.
-	dup := &CreateRequest{Path: "/multi-children", Acl: WorldACL(PermAll)}
+	dup := &CreateRequest{Path: "/multi-children", ACL: WorldACL(PermAll)}
 	res, multiErr, kids, childrenErr = c.MultiChildren(ctx, nil, "/multi-children", dup)
 	if !errors.Is(multiErr, ErrNodeExists) || childrenErr != multiErr || kids != nil || len(res) != 1 {
 		t.Fatalf("MultiChildren of an existing node: %+v, %v, %v, %v; want ErrNodeExists twice and no listing", res, multiErr, kids, childrenErr)

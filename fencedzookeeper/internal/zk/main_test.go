@@ -85,25 +85,6 @@ func (l *links) cut(t *testing.T) {
 	l.conns[len(l.conns)-1].Close()
 }
 
-// waitState waits for a session event of state on events.
-func waitState(t *testing.T, events <-chan Event, state State) {
-	t.Helper()
-	timeout := time.After(30 * time.Second)
-	for {
-		select {
-		case ev, ok := <-events:
-			if !ok {
-				t.Fatalf("event channel closed before %v", state)
-			}
-			if ev.Type == EventSession && ev.State == state {
-				return
-			}
-		case <-timeout:
-			t.Fatalf("no %v within 30s", state)
-		}
-	}
-}
-
 // pauseServer stops the shared server's process (SIGSTOP): its sockets stay
 // open and it answers nothing until the returned function resumes it
 // (also run when the test ends).

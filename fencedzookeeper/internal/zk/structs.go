@@ -106,7 +106,7 @@ type connectResponse struct {
 type CreateRequest struct {
 	Path  string
 	Data  []byte
-	Acl   []ACL
+	ACL   []ACL
 	Flags int32
 }
 

@@ -5,6 +5,9 @@ import (
 	"testing"
 )
 
+// TestEncodeDecodePacket is upstream's with kept structs (getChildren2Response,
+// CreateRequest) in place of trimmed ones (getAclResponse,
+// getChildrenResponse, reconfigRequest).
 func TestEncodeDecodePacket(t *testing.T) {
 	t.Parallel()
 	encodeDecodeTest(t, &requestHeader{-2, 5})

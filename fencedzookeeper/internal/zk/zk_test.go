@@ -5,9 +5,9 @@ package zk
 // starts. Changes are marked where a test calls what fenced trimmed.
 
 import (
+	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"math/rand"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -145,7 +145,7 @@ func TestIntegration_Multi(t *testing.T) {
 		t.Fatalf("Delete returned error: %+v", err)
 	}
 	ops := []interface{}{
-		&CreateRequest{Path: path, Data: []byte{1, 2, 3, 4}, Acl: WorldACL(PermAll)},
+		&CreateRequest{Path: path, Data: []byte{1, 2, 3, 4}, ACL: WorldACL(PermAll)},
 		&SetDataRequest{Path: path, Data: []byte{1, 2, 3, 4}, Version: -1},
 	}
 	if res, err := zk.Multi(ops...); err != nil {
@@ -181,8 +181,8 @@ func TestIntegration_MultiFailures(t *testing.T) {
 	}
 
 	ops := []interface{}{
-		&CreateRequest{Path: firstPath, Data: []byte{1, 2}, Acl: WorldACL(PermAll)},
-		&CreateRequest{Path: secondPath, Data: []byte{3, 4}, Acl: WorldACL(PermAll)},
+		&CreateRequest{Path: firstPath, Data: []byte{1, 2}, ACL: WorldACL(PermAll)},
+		&CreateRequest{Path: secondPath, Data: []byte{3, 4}, ACL: WorldACL(PermAll)},
 	}
 	res, err := zk.Multi(ops...)
 	if err != ErrNodeExists {
@@ -225,7 +225,7 @@ func TestIntegration_Children(t *testing.T) {
 	// 1000 nodes where upstream makes 10000: the listing (2 MB) still
 	// outgrows the 1.5 MB receive buffer, in a tenth of the time.
 	for i := 0; i < 1000; i++ {
-		_, err := rand.Read(rb)
+		_, err := rand.Read(rb) // upstream: math/rand.Read, deprecated
 		if err != nil {
 			t.Fatal("Cannot create random znode name")
 		}
@@ -380,7 +380,8 @@ func TestIntegration_SetWatchers(t *testing.T) {
 }
 
 // TestIntegration_ExpiringWatch is upstream's with ExistsW in place of
-// ChildrenW.
+// ChildrenW; it cuts the link through links and sets the session ID
+// atomically, where upstream writes both fields (a data race under -race).
 func TestIntegration_ExpiringWatch(t *testing.T) {
 	var l links
 	zk, _ := connect(t, l.option())
@@ -447,6 +448,7 @@ func TestIdempotentClose(t *testing.T) {
 	zk.Close()
 }
 
+// TestIntegration_WaitForClose is upstream's (cluster_test.go).
 func TestIntegration_WaitForClose(t *testing.T) {
 	zk, events := connect(t)
 	timeout := time.After(30 * time.Second)
@@ -475,6 +477,8 @@ CONNECTED:
 	}
 }
 
+// TestIntegration_BadSession is upstream's (cluster_test.go); it cuts the
+// link through links, where upstream closes the Conn's field.
 func TestIntegration_BadSession(t *testing.T) {
 	var l links
 	zk, _ := connect(t, l.option())
