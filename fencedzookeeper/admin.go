@@ -9,22 +9,19 @@ import (
 	"sync"
 	"time"
 
-	"github.com/fenced-dev/fenced/fencedzookeeper/zk"
+	"github.com/fenced-dev/fenced/fencedzookeeper/internal/zk"
 
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/keyname"
 )
 
-// adminConn returns a connection for admin reads: the caller's, or the
-// driver's longest-lived session.
+// adminConn returns a connection for admin reads: the driver's
+// longest-lived session.
 func (d *Driver) adminConn() (*zk.Conn, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
 		return nil, driver.ErrClosed
-	}
-	if d.fixed != nil {
-		return d.fixed.conn, nil
 	}
 	var best *zsession
 	for _, zc := range d.sessions {

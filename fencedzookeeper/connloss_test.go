@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fenced-dev/fenced/fencedzookeeper/zk"
+	"github.com/fenced-dev/fenced/fencedzookeeper/internal/zk"
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/admin"

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/fenced-dev/fenced/fencedzookeeper/zk"
+	"github.com/fenced-dev/fenced/fencedzookeeper/internal/zk"
 
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/sessionlock"
@@ -53,7 +53,7 @@ func (d *Driver) create(ctx context.Context, e *entry, late func(created)) creat
 		lateOutcome = func(res []zk.MultiResponse, err error) { late(outcome(res, err)) }
 	}
 	res, err, names, listErr := e.zc.conn.MultiChildren(ctx, lateOutcome, e.lockPath,
-		&zk.CreateRequest{Path: e.lockPath + "/" + e.protectedPrefix() + lockMarker, Data: []byte(e.id.Owner), Acl: d.acl, Flags: zk.FlagEphemeral | zk.FlagSequence},
+		&zk.CreateRequest{Path: e.lockPath + "/" + e.protectedPrefix() + lockMarker, Data: []byte(e.id.Owner), ACL: openACL, Flags: zk.FlagEphemeral | zk.FlagSequence},
 		&zk.SetDataRequest{Path: e.lockPath, Version: -1})
 	if ctxErr := ctx.Err(); err != nil && ctxErr != nil && errors.Is(err, ctxErr) {
 		return created{err: err, abandoned: true}

@@ -6,8 +6,6 @@ import (
 	"log"
 	"time"
 
-	"github.com/fenced-dev/fenced/fencedzookeeper/zk"
-
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/fencedzookeeper"
 )
@@ -32,15 +30,10 @@ func Example() {
 	}
 }
 
-// Wrap a connection the application already has. Its session timeout bounds
-// the TTLs the driver accepts.
+// Open a driver from settings instead of a URL.
 func ExampleNew() {
-	conn, _, err := zk.Connect([]string{"127.0.0.1:2181"}, 30*time.Second)
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer conn.Close()
-	d, err := fencedzookeeper.New(conn, &fencedzookeeper.Options{Root: "/app/locks", SessionTimeout: 30 * time.Second, TickTime: 2 * time.Second})
+	ctx := context.Background()
+	d, err := fencedzookeeper.New(ctx, &fencedzookeeper.Options{Servers: []string{"127.0.0.1:2181"}, Root: "/app/locks"})
 	if err != nil {
 		log.Fatal(err)
 	}

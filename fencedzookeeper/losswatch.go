@@ -6,18 +6,19 @@ import (
 	"sync"
 	"time"
 
-	"github.com/fenced-dev/fenced/fencedzookeeper/zk"
+	"github.com/fenced-dev/fenced/fencedzookeeper/internal/zk"
 
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/sessionlock"
 )
 
 // WatchLoss implements driver.LossWatcher with an exists watch on g's node
-// whose event is handed to a function (zk.Conn.ExistsWFunc), so a watched
-// grant costs no goroutine. The watch is set again after an event that does
-// not end the grant: the node's data changed, or the connection dropped the
-// watch. When it cannot be set, it is tried again 200 ms later. The
-// session's expiry reaches it as the event of a dropped watch.
+// whose event is handed to a function (ExistsWFunc, which internal/zk adds
+// to go-zookeeper), so a watched grant costs no goroutine. The watch is set
+// again after an event that does not end the grant: the node's data
+// changed, or the connection dropped the watch. When it cannot be set, it
+// is tried again 200 ms later. The session's expiry reaches it as the
+// event of a dropped watch.
 func (d *Driver) WatchLoss(g driver.Grant, lost func(error)) (func(), error) {
 	e, err := d.grantEntry("watch", g)
 	if err != nil {

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/fenced-dev/fenced/fencedzookeeper/zk"
+	"github.com/fenced-dev/fenced/fencedzookeeper/internal/zk"
 
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/sessionlock"
@@ -114,7 +114,7 @@ func (d *Driver) ensureParents(conn *zk.Conn, path string) error {
 	cur := ""
 	for _, p := range parts {
 		cur += "/" + p
-		if _, err := conn.Create(cur, nil, 0, d.acl); err != nil && !errors.Is(err, zk.ErrNodeExists) {
+		if _, err := conn.Create(cur, nil, 0, openACL); err != nil && !errors.Is(err, zk.ErrNodeExists) {
 			return err
 		}
 	}

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/fenced-dev/fenced/fencedzookeeper/zk"
+	"github.com/fenced-dev/fenced/fencedzookeeper/internal/zk"
 )
 
 // Who holds a lock, and whom a waiter waits for, is decided by creation

@@ -54,7 +54,7 @@ func TestOrderAfterSequenceWrap(t *testing.T) {
 		t.Errorf("lowest suffix %s (%d), want _c_neg1-lock--2147483648", bySuffix.name, bySuffix.seq)
 	}
 	// _c_late waits for the youngest of its elders: _c_neg2.
-	d := newDriver("/fenced", nil)
+	d := newDriver("/fenced")
 	defer d.Close()
 	for n, czxid := range nodes {
 		d.nodes.add(lockPath+"/"+n, czxid)
@@ -97,7 +97,7 @@ func TestOrderAcrossSequenceWrap(t *testing.T) {
 		"_c_f-lock-2147483647",
 	}
 	czxids := map[string]int64{"_c_d-lock-2147483647": 203, "_c_e-lock--2147483648": 204, "_c_f-lock-2147483647": 205}
-	d := newDriver("/fenced", nil)
+	d := newDriver("/fenced")
 	defer d.Close()
 	for n, czxid := range czxids {
 		d.nodes.add(lockPath+"/"+n, czxid)

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fenced-dev/fenced/fencedzookeeper/zk"
+	"github.com/fenced-dev/fenced/fencedzookeeper/internal/zk"
 
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/fencedzookeeper"

@@ -44,7 +44,7 @@ func TestSessionTimeoutCoversTTL(t *testing.T) {
 // once, and only those of the session asked about.
 func TestKnownActivity(t *testing.T) {
 	const tick = 100 * time.Millisecond
-	zc := newZSession(nil, 10*time.Second, false)
+	zc := newZSession(nil, 10*time.Second)
 	t0 := time.Now()
 	at := func(d time.Duration) time.Time { return t0.Add(d) }
 	zc.record(activity{session: 7, sent: at(0), done: at(5 * time.Millisecond), atLeader: true})
@@ -87,7 +87,7 @@ func TestAwaitHeadroom(t *testing.T) {
 	session := func() int64 { return 7 }
 	ctx := context.Background()
 	const ttl = 100 * time.Millisecond
-	zc := newZSession(nil, sessionTimeoutFor(ttl, tick), false)
+	zc := newZSession(nil, sessionTimeoutFor(ttl, tick))
 	now := time.Now()
 	reported := now.Add(-tick - 5*time.Millisecond)
 	zc.record(activity{session: 7, sent: reported, done: reported})
@@ -95,7 +95,7 @@ func TestAwaitHeadroom(t *testing.T) {
 		t.Fatalf("with a reported keep-alive: %v", err)
 	}
 
-	zc = newZSession(nil, sessionTimeoutFor(ttl, tick), false)
+	zc = newZSession(nil, sessionTimeoutFor(ttl, tick))
 	now = time.Now()
 	zc.record(activity{session: 7, sent: now, done: now})
 	if err := d.awaitHeadroomOf(ctx, zc, session, now, ttl); err != nil {
@@ -105,7 +105,7 @@ func TestAwaitHeadroom(t *testing.T) {
 		t.Fatalf("went ahead after %v, before the keep-alive could have been reported (a tick, %v)", waited, tick)
 	}
 
-	zc = newZSession(nil, sessionTimeoutFor(ttl, tick), false)
+	zc = newZSession(nil, sessionTimeoutFor(ttl, tick))
 	old := time.Now().Add(-time.Second)
 	zc.record(activity{session: 7, sent: old, done: old, atLeader: true})
 	err := d.awaitHeadroomOf(ctx, zc, session, time.Now(), ttl)
@@ -134,7 +134,7 @@ func TestLeaderProof(t *testing.T) {
 	t0 := time.Now()
 	at := func(d time.Duration) time.Time { return t0.Add(d) }
 	newSession := func() *zsession {
-		zc := newZSession(nil, timeout, false)
+		zc := newZSession(nil, timeout)
 		// A keep-alive answered at 10ms: it counts from 110ms.
 		zc.record(activity{session: 7, sent: at(0), done: at(10 * time.Millisecond)})
 		return zc

@@ -5,7 +5,7 @@
 //
 //	client, err := fenced.Open(ctx, "zk://10.0.0.1:2181,10.0.0.2:2181/app/locks", nil)
 //
-// Or pass New a connection dialled with package fencedzookeeper/zk.
+// Or give New the same settings as Options.
 //
 // # URL
 //
@@ -57,7 +57,7 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/fenced-dev/fenced/fencedzookeeper/zk"
+	"github.com/fenced-dev/fenced/fencedzookeeper/internal/zk"
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
@@ -69,25 +69,20 @@ import (
 // DefaultRoot is the parent of lock paths when the URL or Options give none.
 const DefaultRoot = "/fenced"
 
-// Options configure a Driver made with New. The zero value gives the
-// defaults except SessionTimeout, which New requires.
+// Options configure a Driver made with New: what a zk:// URL says, as
+// fields. Servers is required; the other zero values give the defaults.
 type Options struct {
-	// Root is the parent znode of every lock path. Default DefaultRoot.
+	// Servers are the ensemble's client addresses, each host:port.
+	Servers []string
+	// Root is the parent znode of every lock path (the URL's chroot).
+	// Default DefaultRoot.
 	Root string
-	// SessionTimeout is the session timeout the connection negotiated with
-	// the server (required). It bounds the TTLs the driver accepts to
-	// SessionTimeout*7/8 - TickTime, so that the session always outlives a
-	// holder's local validity (see Sessions in the package documentation).
-	SessionTimeout time.Duration
+	// DialTimeout bounds each connection attempt. Default 10s.
+	DialTimeout time.Duration
 	// TickTime is the ensemble's tickTime (zoo.cfg), or an upper bound of
-	// it (required). The leader hears of a session's activity on a
-	// follower only at its next ping, every TickTime/2, so the driver
-	// counts a keep-alive only a TickTime after its answer: the first grant
-	// after New waits about that long.
+	// it. Default: half the servers' minSessionTimeout. Set it if that
+	// minimum is below two ticks.
 	TickTime time.Duration
-	// ACL is set on the nodes the driver creates. Default
-	// zk.WorldACL(zk.PermAll).
-	ACL []zk.ACL
 }
 
 func init() {
@@ -95,6 +90,10 @@ func init() {
 }
 
 var nopLogger = log.New(io.Discard, "", 0)
+
+// openACL is set on every node the driver creates: anyone may do anything,
+// as under Curator's default.
+var openACL = zk.WorldACL(zk.PermAll)
 
 // openURL opens zk://host:port[,host:port...][/chroot][?dial_timeout=D].
 func openURL(ctx context.Context, u *url.URL) (driver.Driver, error) {
@@ -104,41 +103,62 @@ func openURL(ctx context.Context, u *url.URL) (driver.Driver, error) {
 	if u.User != nil {
 		return nil, fmt.Errorf("%w: ZooKeeper URLs take no user information", driver.ErrInvalidURL)
 	}
-	servers, err := sessionlock.Endpoints(u.Host, "ZooKeeper server")
-	if err != nil {
-		return nil, err
-	}
-	root := strings.TrimSuffix(u.Path, "/")
-	if root == "" {
-		root = DefaultRoot
-	}
-	if err := validRoot(root); err != nil {
+	opts := &Options{Root: strings.TrimSuffix(u.Path, "/")}
+	var err error
+	if opts.Servers, err = sessionlock.Endpoints(u.Host, "ZooKeeper server"); err != nil {
 		return nil, err
 	}
 	q, err := urlquery.Parse(u.RawQuery)
 	if err != nil {
 		return nil, fmt.Errorf("ZooKeeper URL: %w", err)
 	}
-	dialTimeout, ok, err := q.TakeDuration("dial_timeout")
-	if err != nil {
+	if opts.DialTimeout, _, err = q.TakeDuration("dial_timeout"); err != nil {
 		return nil, fmt.Errorf("ZooKeeper URL: %w", err)
 	}
-	if !ok {
-		dialTimeout = 10 * time.Second
-	}
-	tick, _, err := q.TakeDuration("tick_time")
-	if err != nil {
+	if opts.TickTime, _, err = q.TakeDuration("tick_time"); err != nil {
 		return nil, fmt.Errorf("ZooKeeper URL: %w", err)
 	}
 	if err := q.NoRest("dial_timeout", "tick_time"); err != nil {
 		return nil, fmt.Errorf("ZooKeeper URL: %w", err)
 	}
-	d := newDriver(root, nil)
-	d.servers, d.dialTimeout = servers, dialTimeout
-	fail := func(err error) (driver.Driver, error) {
+	d, err := New(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// New connects to the ensemble opts names, as fenced.Open does with a
+// zk:// URL. A bad server address or root matches driver.ErrInvalidURL;
+// an ensemble it cannot reach within DialTimeout, driver.ErrUnavailable.
+func New(ctx context.Context, opts *Options) (*Driver, error) {
+	if opts == nil || len(opts.Servers) == 0 {
+		return nil, fmt.Errorf("%w: zookeeper: New: Options.Servers is required", driver.ErrInvalidURL)
+	}
+	servers, err := sessionlock.Endpoints(strings.Join(opts.Servers, ","), "ZooKeeper server")
+	if err != nil {
+		return nil, err
+	}
+	root := opts.Root
+	if root == "" {
+		root = DefaultRoot
+	}
+	if err := validRoot(root); err != nil {
+		return nil, err
+	}
+	if opts.DialTimeout < 0 || opts.TickTime < 0 {
+		return nil, fmt.Errorf("%w: zookeeper: New: Options.DialTimeout %v and TickTime %v must not be negative", driver.ErrInvalidURL, opts.DialTimeout, opts.TickTime)
+	}
+	d := newDriver(root)
+	d.servers, d.dialTimeout = servers, opts.DialTimeout
+	if d.dialTimeout == 0 {
+		d.dialTimeout = 10 * time.Second
+	}
+	fail := func(err error) (*Driver, error) {
 		d.Close()
 		return nil, err
 	}
+	tick := opts.TickTime
 	if tick == 0 {
 		// Ask for a tiny session timeout: the servers raise it to their
 		// minSessionTimeout, which is two ticks unless configured.
@@ -190,12 +210,11 @@ func validRoot(root string) error {
 type zsession struct {
 	conn    *zk.Conn
 	timeout time.Duration // negotiated session timeout
-	owned   bool
 	stop    chan struct{} // closed when the driver is done with the session
 
 	mu sync.Mutex
 	// expired is closed (and replaced) when the server reports the
-	// session expired; only for sessions the driver opened.
+	// session expired.
 	expired chan struct{}
 	// acts are the session's recently answered keep-alives (headroom.go);
 	// recorded is closed (and replaced) when one is added.
@@ -206,12 +225,12 @@ type zsession struct {
 	lastWrite activity
 }
 
-func newZSession(conn *zk.Conn, timeout time.Duration, owned bool) *zsession {
-	return &zsession{conn: conn, timeout: timeout, owned: owned, stop: make(chan struct{}), expired: make(chan struct{}), recorded: make(chan struct{})}
+func newZSession(conn *zk.Conn, timeout time.Duration) *zsession {
+	return &zsession{conn: conn, timeout: timeout, stop: make(chan struct{}), expired: make(chan struct{}), recorded: make(chan struct{})}
 }
 
-// close stops the session's background work and, if the driver opened the
-// connection, closes it (its ephemeral nodes go at once).
+// close stops the session's background work and closes the connection
+// (its ephemeral nodes go at once).
 func (s *zsession) close() {
 	s.mu.Lock()
 	select {
@@ -220,9 +239,7 @@ func (s *zsession) close() {
 		close(s.stop)
 	}
 	s.mu.Unlock()
-	if s.owned {
-		s.conn.Close()
-	}
+	s.conn.Close()
 }
 
 func (s *zsession) expiredC() <-chan struct{} {
@@ -235,7 +252,6 @@ func (s *zsession) expiredC() <-chan struct{} {
 // for concurrent use.
 type Driver struct {
 	root        string
-	acl         []zk.ACL
 	servers     []string
 	dialTimeout time.Duration
 	maxTTL      time.Duration
@@ -243,8 +259,7 @@ type Driver struct {
 
 	mu       sync.Mutex
 	closed   bool
-	fixed    *zsession                   // New: the caller's connection
-	sessions map[time.Duration]*zsession // by requested TTL (URL mode)
+	sessions map[time.Duration]*zsession // by requested TTL
 	grants   *sessionlock.Grants[*entry]
 	nodes    ownNodes
 	ctx      context.Context
@@ -252,49 +267,11 @@ type Driver struct {
 	wg       sync.WaitGroup
 }
 
-func newDriver(root string, acl []zk.ACL) *Driver {
-	if acl == nil {
-		acl = zk.WorldACL(zk.PermAll)
-	}
+func newDriver(root string) *Driver {
 	ctx, cancel := context.WithCancel(context.Background())
-	d := &Driver{root: root, acl: acl, sessions: map[time.Duration]*zsession{}, ctx: ctx, cancel: cancel}
+	d := &Driver{root: root, sessions: map[time.Duration]*zsession{}, ctx: ctx, cancel: cancel}
 	d.grants = sessionlock.NewGrants(d.deleteNode, func(e *entry) { d.nodes.remove(e.path, e.czxid) })
 	return d
-}
-
-// New returns a driver over conn, which stays the caller's to close (after
-// the driver). opts.SessionTimeout (the session timeout conn negotiated)
-// and opts.TickTime are required; the driver accepts TTLs up to
-// SessionTimeout*7/8 - TickTime, and sends a small read (exists "/") on
-// conn every SessionTimeout/16.
-func New(conn *zk.Conn, opts *Options) (*Driver, error) {
-	if conn == nil {
-		return nil, errors.New("zookeeper: New: nil connection")
-	}
-	if opts == nil || opts.SessionTimeout <= 0 {
-		return nil, errors.New("zookeeper: New: Options.SessionTimeout (the connection's negotiated session timeout) is required")
-	}
-	root := opts.Root
-	if root == "" {
-		root = DefaultRoot
-	}
-	if err := validRoot(root); err != nil {
-		return nil, err
-	}
-	if opts.TickTime <= 0 {
-		return nil, errors.New("zookeeper: New: Options.TickTime (the ensemble's tickTime, from zoo.cfg, or an upper bound of it) is required")
-	}
-	tick := opts.TickTime
-	maxTTL := maxTTLFor(opts.SessionTimeout, tick)
-	if maxTTL < fenced.MinTTL {
-		return nil, fmt.Errorf("zookeeper: New: %w: a %v session with a tickTime of %v covers no TTL of at least %v (the longest TTL is SessionTimeout*7/8 - TickTime; see Sessions in the package documentation)", driver.ErrInvalidTTL, opts.SessionTimeout, tick, fenced.MinTTL)
-	}
-	d := newDriver(root, opts.ACL)
-	d.fixed = newZSession(conn, opts.SessionTimeout, false)
-	d.maxTTL, d.tick = maxTTL, tick
-	d.wg.Add(1)
-	go d.keepAlive(d.fixed)
-	return d, nil
 }
 
 // timeoutConn reads the session timeout out of the server's connect
@@ -344,7 +321,7 @@ func (d *Driver) connect(ctx context.Context, timeout time.Duration) (*zsession,
 			if ev.State != zk.StateHasSession {
 				continue
 			}
-			zc := newZSession(conn, time.Duration(negotiated.Load()), true)
+			zc := newZSession(conn, time.Duration(negotiated.Load()))
 			// The leader registered the new session after we dialed.
 			zc.record(activity{session: conn.SessionID(), sent: dialed, done: time.Now(), atLeader: true})
 			d.wg.Add(2)
@@ -388,10 +365,6 @@ func (d *Driver) session(ctx context.Context, ttl time.Duration) (*zsession, err
 	if d.closed {
 		d.mu.Unlock()
 		return nil, driver.ErrClosed
-	}
-	if d.fixed != nil {
-		d.mu.Unlock()
-		return d.fixed, nil
 	}
 	if zc, ok := d.sessions[ttl]; ok {
 		d.mu.Unlock()
@@ -440,10 +413,8 @@ func (d *Driver) Capabilities() driver.Capabilities {
 	return driver.Capabilities{Queue: true, FIFO: true, BatchRenew: true, WatchLoss: true, MaxTTL: d.maxTTL, Keeps: ExpiryFor(d.tick)}
 }
 
-// Close closes the sessions the driver opened (their ephemeral nodes go at
-// once) and stops its background work. On a caller's connection (New),
-// whose session outlives the driver, it deletes the nodes of the grants it
-// still tracks instead (for up to a few seconds).
+// Close closes the driver's sessions (their ephemeral nodes go at once)
+// and stops its background work.
 func (d *Driver) Close() error {
 	d.mu.Lock()
 	if d.closed {
@@ -451,32 +422,14 @@ func (d *Driver) Close() error {
 		return nil
 	}
 	d.closed = true
-	left := d.grants.Seal()
+	d.grants.Seal()
 	sessions := d.sessions
-	fixed := d.fixed
 	d.mu.Unlock()
-	if fixed != nil && len(left) > 0 {
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			for _, e := range left {
-				_ = d.deleteNode(e)
-			}
-		}()
-		select {
-		case <-done:
-		case <-time.After(3 * time.Second):
-		}
-	}
 	d.cancel()
 	// Closing the connections first fails requests in flight, so no end
-	// the reaper is running can block Close. The caller's connection stays
-	// open.
+	// the reaper is running can block Close.
 	for _, zc := range sessions {
 		zc.close()
-	}
-	if fixed != nil {
-		fixed.close()
 	}
 	d.grants.Close()
 	d.wg.Wait()

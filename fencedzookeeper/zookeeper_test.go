@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fenced-dev/fenced/fencedzookeeper/zk"
+	"github.com/fenced-dev/fenced/fencedzookeeper/internal/zk"
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
@@ -59,15 +59,12 @@ func TestZooKeeper(t *testing.T) {
 			},
 		})
 	})
-	t.Run("ConformanceWithCallersConnection", func(t *testing.T) {
+	t.Run("ConformanceWithOptions", func(t *testing.T) {
 		drivertest.RunConformanceTests(t, drivertest.Harness{
 			Open: func(t *testing.T) driver.Driver {
-				conn, _, err := zk.Connect(ens.Servers(), 90*time.Second, zk.WithLogInfo(false))
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(conn.Close)
-				d, err := fencedzookeeper.New(conn, &fencedzookeeper.Options{Root: "/conformance-new", SessionTimeout: 90 * time.Second, TickTime: ens.TickTime})
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer cancel()
+				d, err := fencedzookeeper.New(ctx, &fencedzookeeper.Options{Servers: ens.Servers(), Root: "/conformance-new", TickTime: ens.TickTime})
 				if err != nil {
 					t.Fatal(err)
 				}

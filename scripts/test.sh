@@ -103,11 +103,9 @@ if [ ! -x "$staticcheck_dir/staticcheck" ]; then
 	GOBIN="$staticcheck_dir" go install "honnef.co/go/tools/cmd/staticcheck@$staticcheck_version"
 fi
 echo "test.sh: staticcheck -checks all"
-# fencedzookeeper/zk is upstream go-zookeeper with a few methods added; it is
-# kept as close to upstream as it can be, so its style is upstream's.
 # It reads the dependencies from export data that go list -export
 # compiles: in vet's configuration, so that they are vet's compiles.
-CGO_ENABLED=0 GOFLAGS=-trimpath "$staticcheck_dir/staticcheck" -checks all $(go list ./... | grep -v '/fencedzookeeper/zk$')
+CGO_ENABLED=0 GOFLAGS=-trimpath "$staticcheck_dir/staticcheck" -checks all $(go list ./...)
 CGO_ENABLED=0 GOFLAGS=-trimpath in_nested "$staticcheck_dir/staticcheck" -checks all ./...
 echo "test.sh: go test -race"
 # The nested modules' tests run beside the core's (two go test commands at

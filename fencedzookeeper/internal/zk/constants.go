@@ -12,27 +12,20 @@ const (
 )
 
 const (
-	opNotify          = 0
-	opCreate          = 1
-	opDelete          = 2
-	opExists          = 3
-	opGetData         = 4
-	opSetData         = 5
-	opGetAcl          = 6
-	opSetAcl          = 7
-	opGetChildren     = 8
-	opSync            = 9
-	opPing            = 11
-	opGetChildren2    = 12
-	opCheck           = 13
-	opMulti           = 14
-	opReconfig        = 16
-	opCreateContainer = 19
-	opCreateTTL       = 21
-	opClose           = -11
-	opSetAuth         = 100
-	opSetWatches      = 101
-	opError           = -1
+	opNotify       = 0
+	opCreate       = 1
+	opDelete       = 2
+	opExists       = 3
+	opGetData      = 4
+	opSetData      = 5
+	opSync         = 9
+	opPing         = 11
+	opGetChildren2 = 12
+	opCheck        = 13
+	opMulti        = 14
+	opClose        = -11
+	opSetWatches   = 101
+	opError        = -1
 	// Not in protocol, used internally
 	opWatcherEvent = -2
 )
@@ -137,7 +130,7 @@ var (
 		errNotEmpty:                ErrNotEmpty,
 		errSessionExpired:          ErrSessionExpired,
 		// errInvalidCallback:         ErrInvalidCallback,
-		errInvalidAcl:        ErrInvalidACL,
+		errInvalidACL:        ErrInvalidACL,
 		errAuthFailed:        ErrAuthFailed,
 		errClosing:           ErrClosing,
 		errNothing:           ErrNothing,
@@ -176,7 +169,7 @@ const (
 	errNotEmpty                ErrCode = -111
 	errSessionExpired          ErrCode = -112
 	errInvalidCallback         ErrCode = -113
-	errInvalidAcl              ErrCode = -114
+	errInvalidACL              ErrCode = -114
 	errAuthFailed              ErrCode = -115
 	errClosing                 ErrCode = -116
 	errNothing                 ErrCode = -117
@@ -199,26 +192,19 @@ const (
 var (
 	emptyPassword = []byte{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
 	opNames       = map[int32]string{
-		opNotify:          "notify",
-		opCreate:          "create",
-		opCreateContainer: "createContainer",
-		opCreateTTL:       "createTTL",
-		opDelete:          "delete",
-		opExists:          "exists",
-		opGetData:         "getData",
-		opSetData:         "setData",
-		opGetAcl:          "getACL",
-		opSetAcl:          "setACL",
-		opGetChildren:     "getChildren",
-		opSync:            "sync",
-		opPing:            "ping",
-		opGetChildren2:    "getChildren2",
-		opCheck:           "check",
-		opMulti:           "multi",
-		opReconfig:        "reconfig",
-		opClose:           "close",
-		opSetAuth:         "setAuth",
-		opSetWatches:      "setWatches",
+		opNotify:       "notify",
+		opCreate:       "create",
+		opDelete:       "delete",
+		opExists:       "exists",
+		opGetData:      "getData",
+		opSetData:      "setData",
+		opSync:         "sync",
+		opPing:         "ping",
+		opGetChildren2: "getChildren2",
+		opCheck:        "check",
+		opMulti:        "multi",
+		opClose:        "close",
+		opSetWatches:   "setWatches",
 
 		opWatcherEvent: "watcherEvent",
 	}
@@ -233,28 +219,3 @@ func (t EventType) String() string {
 	}
 	return "Unknown"
 }
-
-// Mode is used to build custom server modes (leader|follower|standalone).
-type Mode uint8
-
-func (m Mode) String() string {
-	if name := modeNames[m]; name != "" {
-		return name
-	}
-	return "unknown"
-}
-
-const (
-	ModeUnknown    Mode = iota
-	ModeLeader     Mode = iota
-	ModeFollower   Mode = iota
-	ModeStandalone Mode = iota
-)
-
-var (
-	modeNames = map[Mode]string{
-		ModeLeader:     "leader",
-		ModeFollower:   "follower",
-		ModeStandalone: "standalone",
-	}
-)

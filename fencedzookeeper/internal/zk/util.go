@@ -1,37 +1,17 @@
 package zk
 
 import (
-	"crypto/sha1"
-	"encoding/base64"
-	"fmt"
 	"math/rand"
 	"strconv"
 	"strings"
 	"unicode/utf8"
 )
 
-// AuthACL produces an ACL list containing a single ACL which uses the
-// provided permissions, with the scheme "auth", and ID "", which is used
-// by ZooKeeper to represent any authenticated user.
-func AuthACL(perms int32) []ACL {
-	return []ACL{{perms, "auth", ""}}
-}
-
 // WorldACL produces an ACL list containing a single ACL which uses the
 // provided permissions, with the scheme "world", and ID "anyone", which
 // is used by ZooKeeper to represent any user at all.
 func WorldACL(perms int32) []ACL {
 	return []ACL{{perms, "world", "anyone"}}
-}
-
-func DigestACL(perms int32, user, password string) []ACL {
-	userPass := []byte(fmt.Sprintf("%s:%s", user, password))
-	h := sha1.New()
-	if n, err := h.Write(userPass); err != nil || n != len(userPass) {
-		panic("SHA1 failed")
-	}
-	digest := base64.StdEncoding.EncodeToString(h.Sum(nil))
-	return []ACL{{perms, "digest", fmt.Sprintf("%s:%s", user, digest)}}
 }
 
 // FormatServers takes a slice of addresses, and makes sure they are in a format

@@ -7,7 +7,6 @@ import (
 	"reflect"
 	"runtime"
 	"strings"
-	"time"
 )
 
 var (
@@ -42,55 +41,6 @@ type Stat struct {
 	Pzxid          int64 // last modified children
 }
 
-// ServerClient is the information for a single Zookeeper client and its session.
-// This is used to parse/extract the output fo the `cons` command.
-type ServerClient struct {
-	Queued        int64
-	Received      int64
-	Sent          int64
-	SessionID     int64
-	Lcxid         int64
-	Lzxid         int64
-	Timeout       int32
-	LastLatency   int32
-	MinLatency    int32
-	AvgLatency    int32
-	MaxLatency    int32
-	Established   time.Time
-	LastResponse  time.Time
-	Addr          string
-	LastOperation string // maybe?
-	Error         error
-}
-
-// ServerClients is a struct for the FLWCons() function. It's used to provide
-// the list of Clients.
-//
-// This is needed because FLWCons() takes multiple servers.
-type ServerClients struct {
-	Clients []*ServerClient
-	Error   error
-}
-
-// ServerStats is the information pulled from the Zookeeper `stat` command.
-type ServerStats struct {
-	Server      string
-	Sent        int64
-	Received    int64
-	NodeCount   int64
-	MinLatency  int64
-	AvgLatency  float64
-	MaxLatency  int64
-	Connections int64
-	Outstanding int64
-	Epoch       int32
-	Counter     int32
-	BuildTime   time.Time
-	Mode        Mode
-	Version     string
-	Error       error
-}
-
 type requestHeader struct {
 	Xid    int32
 	Opcode int32
@@ -106,12 +56,6 @@ type multiHeader struct {
 	Type int32
 	Done bool
 	Err  ErrCode
-}
-
-type auth struct {
-	Type   int32
-	Scheme string
-	Auth   []byte
 }
 
 // Generic request structs
@@ -162,41 +106,16 @@ type connectResponse struct {
 type CreateRequest struct {
 	Path  string
 	Data  []byte
-	Acl   []ACL
+	ACL   []ACL
 	Flags int32
-}
-
-type CreateTTLRequest struct {
-	Path  string
-	Data  []byte
-	Acl   []ACL
-	Flags int32
-	Ttl   int64 // ms
 }
 
 type createResponse pathResponse
 type DeleteRequest PathVersionRequest
 type deleteResponse struct{}
 
-type errorResponse struct {
-	Err int32
-}
-
 type existsRequest pathWatchRequest
 type existsResponse statResponse
-type getAclRequest pathRequest
-
-type getAclResponse struct {
-	Acl  []ACL
-	Stat Stat
-}
-
-type getChildrenRequest pathRequest
-
-type getChildrenResponse struct {
-	Children []string
-}
-
 type getChildren2Request pathWatchRequest
 
 type getChildren2Response struct {
@@ -211,46 +130,12 @@ type getDataResponse struct {
 	Stat Stat
 }
 
-type getMaxChildrenRequest pathRequest
-
-type getMaxChildrenResponse struct {
-	Max int32
-}
-
-type getSaslRequest struct {
-	Token []byte
-}
-
 type pingRequest struct{}
-type pingResponse struct{}
-
-type setAclRequest struct {
-	Path    string
-	Acl     []ACL
-	Version int32
-}
-
-type setAclResponse statResponse
 
 type SetDataRequest struct {
 	Path    string
 	Data    []byte
 	Version int32
-}
-
-type setDataResponse statResponse
-
-type setMaxChildren struct {
-	Path string
-	Max  int32
-}
-
-type setSaslRequest struct {
-	Token string
-}
-
-type setSaslResponse struct {
-	Token string
 }
 
 type setWatchesRequest struct {
@@ -264,9 +149,6 @@ type setWatchesResponse struct{}
 
 type syncRequest pathRequest
 type syncResponse pathResponse
-
-type setAuthRequest auth
-type setAuthResponse struct{}
 
 type multiRequestOp struct {
 	Header multiHeader
@@ -286,18 +168,6 @@ type multiResponse struct {
 	Ops        []multiResponseOp
 	DoneHeader multiHeader
 }
-
-// zk version 3.5 reconfig API
-type reconfigRequest struct {
-	JoiningServers []byte
-	LeavingServers []byte
-	NewMembers     []byte
-	// curConfigId version of the current configuration
-	// optional - causes reconfiguration to return an error if configuration is no longer current
-	CurConfigId int64
-}
-
-type reconfigReponse getDataResponse
 
 func (r *multiRequest) Encode(buf []byte) (int, error) {
 	total := 0
@@ -596,40 +466,28 @@ func requestStructForOp(op int32) interface{} {
 	switch op {
 	case opClose:
 		return &closeRequest{}
-	case opCreate, opCreateContainer:
+	case opCreate:
 		return &CreateRequest{}
-	case opCreateTTL:
-		return &CreateTTLRequest{}
 	case opDelete:
 		return &DeleteRequest{}
 	case opExists:
 		return &existsRequest{}
-	case opGetAcl:
-		return &getAclRequest{}
-	case opGetChildren:
-		return &getChildrenRequest{}
 	case opGetChildren2:
 		return &getChildren2Request{}
 	case opGetData:
 		return &getDataRequest{}
 	case opPing:
 		return &pingRequest{}
-	case opSetAcl:
-		return &setAclRequest{}
 	case opSetData:
 		return &SetDataRequest{}
 	case opSetWatches:
 		return &setWatchesRequest{}
 	case opSync:
 		return &syncRequest{}
-	case opSetAuth:
-		return &setAuthRequest{}
 	case opCheck:
 		return &CheckVersionRequest{}
 	case opMulti:
 		return &multiRequest{}
-	case opReconfig:
-		return &reconfigRequest{}
 	}
 	return nil
 }

@@ -1,6 +1,3 @@
-// Package zk is a native Go client library for the ZooKeeper orchestration service:
-// github.com/go-zookeeper/zk v1.0.4 with the additions and the fix listed in
-// README.fenced.md (BSD-3-Clause, see LICENSE in this directory).
 package zk
 
 /*
@@ -13,13 +10,11 @@ Possible watcher events:
 
 import (
 	"context"
-	"crypto/rand"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"net"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -64,11 +59,6 @@ type Logger interface {
 	Printf(string, ...interface{})
 }
 
-type authCreds struct {
-	scheme string
-	auth   []byte
-}
-
 // Conn is the client connection and tracks all details for communication with the server.
 type Conn struct {
 	lastZxid         atomic.Int64 // fenced: atomic (upstream data race, go-zookeeper/zk#35)
@@ -84,16 +74,11 @@ type Conn struct {
 	server         string     // remember the address/port of the current server
 	conn           net.Conn
 	eventChan      chan Event
-	eventCallback  EventCallback // may be nil
 	shouldQuit     chan struct{}
 	shouldQuitOnce sync.Once
 	pingInterval   time.Duration
 	recvTimeout    time.Duration
 	connectTimeout time.Duration
-	maxBufferSize  int
-
-	creds   []authCreds
-	credsMu sync.Mutex // protects server
 
 	sendChan     chan *request
 	requests     map[int32]*request // Xid -> pending request
@@ -106,10 +91,6 @@ type Conn struct {
 	reconnectLatch   chan struct{}
 	setWatchLimit    int
 	setWatchCallback func([]*setWatchesRequest)
-
-	// Debug (for recurring re-auth hang)
-	debugCloseRecvLoop bool
-	resendZkAuthFn     func(context.Context, *Conn) error
 
 	logger  Logger
 	logInfo bool // true if information messages are logged; false if only errors are logged
@@ -167,13 +148,6 @@ type HostProvider interface {
 	Connected()
 }
 
-// ConnectWithDialer establishes a new connection to a pool of zookeeper servers
-// using a custom Dialer. See Connect for further information about session timeout.
-// This method is deprecated and provided for compatibility: use the WithDialer option instead.
-func ConnectWithDialer(servers []string, sessionTimeout time.Duration, dialer Dialer) (*Conn, <-chan Event, error) {
-	return Connect(servers, sessionTimeout, WithDialer(dialer))
-}
-
 // Connect establishes a new connection to a pool of zookeeper
 // servers. The provided session timeout sets the amount of time for which
 // a session is considered valid after losing connection to a server. Within
@@ -206,7 +180,6 @@ func Connect(servers []string, sessionTimeout time.Duration, options ...connOpti
 		logger:         DefaultLogger,
 		logInfo:        true, // default is true for backwards compatability
 		buf:            make([]byte, bufferSize),
-		resendZkAuthFn: resendZkAuth,
 	}
 
 	// Set provided options.
@@ -238,13 +211,6 @@ func WithDialer(dialer Dialer) connOption {
 	}
 }
 
-// WithHostProvider returns a connection option specifying a non-default HostProvider.
-func WithHostProvider(hostProvider HostProvider) connOption {
-	return func(c *Conn) {
-		c.hostProvider = hostProvider
-	}
-}
-
 // WithLogger returns a connection option specifying a non-default Logger.
 func WithLogger(logger Logger) connOption {
 	return func(c *Conn) {
@@ -257,58 +223,6 @@ func WithLogger(logger Logger) connOption {
 func WithLogInfo(logInfo bool) connOption {
 	return func(c *Conn) {
 		c.logInfo = logInfo
-	}
-}
-
-// EventCallback is a function that is called when an Event occurs.
-type EventCallback func(Event)
-
-// WithEventCallback returns a connection option that specifies an event
-// callback.
-// The callback must not block - doing so would delay the ZK go routines.
-func WithEventCallback(cb EventCallback) connOption {
-	return func(c *Conn) {
-		c.eventCallback = cb
-	}
-}
-
-// WithMaxBufferSize sets the maximum buffer size used to read and decode
-// packets received from the Zookeeper server. The standard Zookeeper client for
-// Java defaults to a limit of 1mb. For backwards compatibility, this Go client
-// defaults to unbounded unless overridden via this option. A value that is zero
-// or negative indicates that no limit is enforced.
-//
-// This is meant to prevent resource exhaustion in the face of potentially
-// malicious data in ZK. It should generally match the server setting (which
-// also defaults ot 1mb) so that clients and servers agree on the limits for
-// things like the size of data in an individual znode and the total size of a
-// transaction.
-//
-// For production systems, this should be set to a reasonable value (ideally
-// that matches the server configuration). For ops tooling, it is handy to use a
-// much larger limit, in order to do things like clean-up problematic state in
-// the ZK tree. For example, if a single znode has a huge number of children, it
-// is possible for the response to a "list children" operation to exceed this
-// buffer size and cause errors in clients. The only way to subsequently clean
-// up the tree (by removing superfluous children) is to use a client configured
-// with a larger buffer size that can successfully query for all of the child
-// names and then remove them. (Note there are other tools that can list all of
-// the child names without an increased buffer size in the client, but they work
-// by inspecting the servers' transaction logs to enumerate children instead of
-// sending an online request to a server.
-func WithMaxBufferSize(maxBufferSize int) connOption {
-	return func(c *Conn) {
-		c.maxBufferSize = maxBufferSize
-	}
-}
-
-// WithMaxConnBufferSize sets maximum buffer size used to send and encode
-// packets to Zookeeper server. The standard Zookeeper client for java defaults
-// to a limit of 1mb. This option should be used for non-standard server setup
-// where znode is bigger than default 1mb.
-func WithMaxConnBufferSize(maxBufferSize int) connOption {
-	return func(c *Conn) {
-		c.buf = make([]byte, maxBufferSize)
 	}
 }
 
@@ -325,20 +239,9 @@ func (c *Conn) Close() {
 	})
 }
 
-// State returns the current state of the connection.
-func (c *Conn) State() State {
-	return State(atomic.LoadInt32((*int32)(&c.state)))
-}
-
 // SessionID returns the current session id of the connection.
 func (c *Conn) SessionID() int64 {
 	return atomic.LoadInt64(&c.sessionID)
-}
-
-// SetLogger sets the logger to be used for printing errors.
-// Logger is an interface provided by this package.
-func (c *Conn) SetLogger(l Logger) {
-	c.logger = l
 }
 
 func (c *Conn) setTimeouts(sessionTimeoutMs int32) {
@@ -354,10 +257,6 @@ func (c *Conn) setState(state State) {
 }
 
 func (c *Conn) sendEvent(evt Event) {
-	if c.eventCallback != nil {
-		c.eventCallback(evt)
-	}
-
 	select {
 	case c.eventChan <- evt:
 	default:
@@ -400,31 +299,6 @@ func (c *Conn) connect() error {
 	}
 }
 
-func (c *Conn) sendRequest(
-	opcode int32,
-	req interface{},
-	res interface{},
-	recvFunc func(*request, *responseHeader, error),
-) (
-	<-chan response,
-	error,
-) {
-	rq := &request{
-		xid:        c.nextXid(),
-		opcode:     opcode,
-		pkt:        req,
-		recvStruct: res,
-		recvChan:   make(chan response, 1),
-		recvFunc:   recvFunc,
-	}
-
-	if err := c.sendData(rq); err != nil {
-		return nil, err
-	}
-
-	return rq.recvChan, nil
-}
-
 func (c *Conn) loop(ctx context.Context) {
 	for {
 		if err := c.connect(); err != nil {
@@ -454,11 +328,6 @@ func (c *Conn) loop(ctx context.Context) {
 				defer c.conn.Close() // causes recv loop to EOF/exit
 				defer wg.Done()
 
-				if err := c.resendZkAuthFn(ctx, c); err != nil {
-					c.logger.Printf("error in resending auth creds: %v", err)
-					return
-				}
-
 				if err := c.sendLoop(); err != nil || c.logInfo {
 					c.logger.Printf("send loop terminated: %v", err)
 				}
@@ -469,12 +338,7 @@ func (c *Conn) loop(ctx context.Context) {
 				defer close(c.closeChan) // tell send loop to exit
 				defer wg.Done()
 
-				var err error
-				if c.debugCloseRecvLoop {
-					err = errors.New("DEBUG: close recv loop")
-				} else {
-					err = c.recvLoop(c.conn)
-				}
+				err := c.recvLoop(c.conn)
 				if err != io.EOF || c.logInfo {
 					c.logger.Printf("recv loop terminated: %v", err)
 				}
@@ -791,11 +655,7 @@ func (c *Conn) sendLoop() error {
 }
 
 func (c *Conn) recvLoop(conn net.Conn) error {
-	sz := bufferSize
-	if c.maxBufferSize > 0 && sz > c.maxBufferSize {
-		sz = c.maxBufferSize
-	}
-	buf := make([]byte, sz)
+	buf := make([]byte, bufferSize)
 	for {
 		// package length
 		if err := conn.SetReadDeadline(time.Now().Add(c.recvTimeout)); err != nil {
@@ -808,9 +668,6 @@ func (c *Conn) recvLoop(conn net.Conn) error {
 
 		blen := int(binary.BigEndian.Uint32(buf[:4]))
 		if cap(buf) < blen {
-			if c.maxBufferSize > 0 && blen > c.maxBufferSize {
-				return fmt.Errorf("received packet from server with length %d, which exceeds max buffer size %d", blen, c.maxBufferSize)
-			}
 			buf = make([]byte, blen)
 		}
 
@@ -995,33 +852,6 @@ func (c *Conn) request(opcode int32, req interface{}, res interface{}, recvFunc 
 	}
 }
 
-// AddAuth adds an authentication config to the connection.
-func (c *Conn) AddAuth(scheme string, auth []byte) error {
-	_, err := c.request(opSetAuth, &setAuthRequest{Type: 0, Scheme: scheme, Auth: auth}, &setAuthResponse{}, nil)
-
-	if err != nil {
-		return err
-	}
-
-	// Remember authdata so that it can be re-submitted on reconnect
-	//
-	// FIXME(prozlach): For now we treat "userfoo:passbar" and "userfoo:passbar2"
-	// as two different entries, which will be re-submitted on reconnect. Some
-	// research is needed on how ZK treats these cases and
-	// then maybe switch to something like "map[username] = password" to allow
-	// only single password for given user with users being unique.
-	obj := authCreds{
-		scheme: scheme,
-		auth:   auth,
-	}
-
-	c.credsMu.Lock()
-	c.creds = append(c.creds, obj)
-	c.credsMu.Unlock()
-
-	return nil
-}
-
 // Children returns the children of a znode.
 func (c *Conn) Children(path string) ([]string, *Stat, error) {
 	if err := validatePath(path, false); err != nil {
@@ -1036,25 +866,6 @@ func (c *Conn) Children(path string) ([]string, *Stat, error) {
 	return res.Children, &res.Stat, err
 }
 
-// ChildrenW returns the children of a znode and sets a watch.
-func (c *Conn) ChildrenW(path string) ([]string, *Stat, <-chan Event, error) {
-	if err := validatePath(path, false); err != nil {
-		return nil, nil, nil, err
-	}
-
-	var ech <-chan Event
-	res := &getChildren2Response{}
-	_, err := c.request(opGetChildren2, &getChildren2Request{Path: path, Watch: true}, res, func(req *request, res *responseHeader, err error) {
-		if err == nil {
-			ech = c.addWatcher(path, watchTypeChild)
-		}
-	})
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	return res.Children, &res.Stat, ech, err
-}
-
 // Get gets the contents of a znode.
 func (c *Conn) Get(path string) ([]byte, *Stat, error) {
 	if err := validatePath(path, false); err != nil {
@@ -1067,39 +878,6 @@ func (c *Conn) Get(path string) ([]byte, *Stat, error) {
 		return nil, nil, err
 	}
 	return res.Data, &res.Stat, err
-}
-
-// GetW returns the contents of a znode and sets a watch
-func (c *Conn) GetW(path string) ([]byte, *Stat, <-chan Event, error) {
-	if err := validatePath(path, false); err != nil {
-		return nil, nil, nil, err
-	}
-
-	var ech <-chan Event
-	res := &getDataResponse{}
-	_, err := c.request(opGetData, &getDataRequest{Path: path, Watch: true}, res, func(req *request, res *responseHeader, err error) {
-		if err == nil {
-			ech = c.addWatcher(path, watchTypeData)
-		}
-	})
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	return res.Data, &res.Stat, ech, err
-}
-
-// Set updates the contents of a znode.
-func (c *Conn) Set(path string, data []byte, version int32) (*Stat, error) {
-	if err := validatePath(path, false); err != nil {
-		return nil, err
-	}
-
-	res := &setDataResponse{}
-	_, err := c.request(opSetData, &SetDataRequest{path, data, version}, res, nil)
-	if err == ErrConnectionClosed {
-		return nil, err
-	}
-	return &res.Stat, err
 }
 
 // Create creates a znode.
@@ -1126,98 +904,6 @@ func (c *Conn) Create(path string, data []byte, flags int32, acl []ACL) (string,
 		return "", err
 	}
 	return res.Path, err
-}
-
-// CreateContainer creates a container znode and returns the path.
-//
-// Containers cannot be ephemeral or sequential, or have TTLs.
-// Ensure that we reject flags for TTL, Sequence, and Ephemeral.
-func (c *Conn) CreateContainer(path string, data []byte, flag int32, acl []ACL) (string, error) {
-	createMode, err := parseCreateMode(flag)
-	if err != nil {
-		return "", err
-	}
-
-	if err := validatePath(path, createMode.isSequential); err != nil {
-		return "", err
-	}
-
-	if !createMode.isContainer {
-		return "", fmt.Errorf("CreateContainer requires container flag: %w", ErrInvalidFlags)
-	}
-
-	res := &createResponse{}
-	_, err = c.request(opCreateContainer, &CreateRequest{path, data, acl, createMode.flag}, res, nil)
-	return res.Path, err
-}
-
-// CreateTTL creates a TTL znode, which will be automatically deleted by server after the TTL.
-func (c *Conn) CreateTTL(path string, data []byte, flag int32, acl []ACL, ttl time.Duration) (string, error) {
-	createMode, err := parseCreateMode(flag)
-	if err != nil {
-		return "", err
-	}
-
-	if err := validatePath(path, createMode.isSequential); err != nil {
-		return "", err
-	}
-
-	if !createMode.isTTL {
-		return "", fmt.Errorf("CreateTTL requires TTL flag: %w", ErrInvalidFlags)
-	}
-
-	res := &createResponse{}
-	_, err = c.request(opCreateTTL, &CreateTTLRequest{path, data, acl, createMode.flag, ttl.Milliseconds()}, res, nil)
-	return res.Path, err
-}
-
-// CreateProtectedEphemeralSequential fixes a race condition if the server crashes
-// after it creates the node. On reconnect the session may still be valid so the
-// ephemeral node still exists. Therefore, on reconnect we need to check if a node
-// with a GUID generated on create exists.
-func (c *Conn) CreateProtectedEphemeralSequential(path string, data []byte, acl []ACL) (string, error) {
-	if err := validatePath(path, true); err != nil {
-		return "", err
-	}
-
-	var guid [16]byte
-	_, err := io.ReadFull(rand.Reader, guid[:16])
-	if err != nil {
-		return "", err
-	}
-	guidStr := fmt.Sprintf("%x", guid)
-
-	parts := strings.Split(path, "/")
-	parts[len(parts)-1] = fmt.Sprintf("%s%s-%s", protectedPrefix, guidStr, parts[len(parts)-1])
-	rootPath := strings.Join(parts[:len(parts)-1], "/")
-	protectedPath := strings.Join(parts, "/")
-
-	var newPath string
-	for i := 0; i < 3; i++ {
-		newPath, err = c.Create(protectedPath, data, FlagEphemeral|FlagSequence, acl)
-		switch err {
-		case ErrSessionExpired:
-			// No need to search for the node since it can't exist. Just try again.
-		case ErrConnectionClosed:
-			children, _, err := c.Children(rootPath)
-			if err != nil {
-				return "", err
-			}
-			for _, p := range children {
-				parts := strings.Split(p, "/")
-				if pth := parts[len(parts)-1]; strings.HasPrefix(pth, protectedPrefix) {
-					if g := pth[len(protectedPrefix) : len(protectedPrefix)+32]; g == guidStr {
-						return rootPath + "/" + p, nil
-					}
-				}
-			}
-		case nil:
-			return newPath, nil
-		default:
-			return "", err
-		}
-	}
-	return "", err
 }
 
 // Delete deletes a znode.
@@ -1273,34 +959,6 @@ func (c *Conn) ExistsW(path string) (bool, *Stat, <-chan Event, error) {
 		return false, nil, nil, err
 	}
 	return exists, &res.Stat, ech, err
-}
-
-// GetACL gets the ACLs of a znode.
-func (c *Conn) GetACL(path string) ([]ACL, *Stat, error) {
-	if err := validatePath(path, false); err != nil {
-		return nil, nil, err
-	}
-
-	res := &getAclResponse{}
-	_, err := c.request(opGetAcl, &getAclRequest{Path: path}, res, nil)
-	if err == ErrConnectionClosed {
-		return nil, nil, err
-	}
-	return res.Acl, &res.Stat, err
-}
-
-// SetACL updates the ACLs of a znode.
-func (c *Conn) SetACL(path string, acl []ACL, version int32) (*Stat, error) {
-	if err := validatePath(path, false); err != nil {
-		return nil, err
-	}
-
-	res := &setAclResponse{}
-	_, err := c.request(opSetAcl, &setAclRequest{Path: path, Acl: acl, Version: version}, res, nil)
-	if err == ErrConnectionClosed {
-		return nil, err
-	}
-	return &res.Stat, err
 }
 
 // Sync flushes the channel between process and the leader of a given znode,
@@ -1532,106 +1190,9 @@ func (c *Conn) DeleteContext(ctx context.Context, path string, version int32) er
 	}
 }
 
-// IncrementalReconfig is the zookeeper reconfiguration api that allows adding and removing servers
-// by lists of members. For more info refer to the ZK documentation.
-//
-// An optional version allows for conditional reconfigurations, -1 ignores the condition.
-//
-// Returns the new configuration znode stat.
-func (c *Conn) IncrementalReconfig(joining, leaving []string, version int64) (*Stat, error) {
-	// TODO: validate the shape of the member string to give early feedback.
-	request := &reconfigRequest{
-		JoiningServers: []byte(strings.Join(joining, ",")),
-		LeavingServers: []byte(strings.Join(leaving, ",")),
-		CurConfigId:    version,
-	}
-
-	return c.internalReconfig(request)
-}
-
-// Reconfig is the non-incremental update functionality for Zookeeper where the list provided
-// is the entire new member list. For more info refer to the ZK documentation.
-//
-// An optional version allows for conditional reconfigurations, -1 ignores the condition.
-//
-// Returns the new configuration znode stat.
-func (c *Conn) Reconfig(members []string, version int64) (*Stat, error) {
-	request := &reconfigRequest{
-		NewMembers:  []byte(strings.Join(members, ",")),
-		CurConfigId: version,
-	}
-
-	return c.internalReconfig(request)
-}
-
-func (c *Conn) internalReconfig(request *reconfigRequest) (*Stat, error) {
-	response := &reconfigReponse{}
-	_, err := c.request(opReconfig, request, response, nil)
-	return &response.Stat, err
-}
-
 // Server returns the current or last-connected server name.
 func (c *Conn) Server() string {
 	c.serverMu.Lock()
 	defer c.serverMu.Unlock()
 	return c.server
-}
-
-func resendZkAuth(ctx context.Context, c *Conn) error {
-	shouldCancel := func() bool {
-		select {
-		case <-c.shouldQuit:
-			return true
-		case <-c.closeChan:
-			return true
-		default:
-			return false
-		}
-	}
-
-	c.credsMu.Lock()
-	defer c.credsMu.Unlock()
-
-	if c.logInfo {
-		c.logger.Printf("re-submitting `%d` credentials after reconnect", len(c.creds))
-	}
-
-	for _, cred := range c.creds {
-		// return early before attempting to send request.
-		if shouldCancel() {
-			return nil
-		}
-		// do not use the public API for auth since it depends on the send/recv loops
-		// that are waiting for this to return
-		resChan, err := c.sendRequest(
-			opSetAuth,
-			&setAuthRequest{Type: 0,
-				Scheme: cred.scheme,
-				Auth:   cred.auth,
-			},
-			&setAuthResponse{},
-			nil, /* recvFunc*/
-		)
-		if err != nil {
-			return fmt.Errorf("failed to send auth request: %v", err)
-		}
-
-		var res response
-		select {
-		case res = <-resChan:
-		case <-c.closeChan:
-			c.logger.Printf("recv closed, cancel re-submitting credentials")
-			return nil
-		case <-c.shouldQuit:
-			c.logger.Printf("should quit, cancel re-submitting credentials")
-			return nil
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-		if res.err != nil {
-			return fmt.Errorf("failed connection setAuth request: %v", res.err)
-		}
-	}
-
-	return nil
 }

@@ -17,21 +17,6 @@ type DNSHostProviderOption interface {
 	apply(*DNSHostProvider)
 }
 
-type lookupTimeoutOption struct {
-	timeout time.Duration
-}
-
-// WithLookupTimeout returns a DNSHostProviderOption that sets the lookup timeout.
-func WithLookupTimeout(timeout time.Duration) DNSHostProviderOption {
-	return lookupTimeoutOption{
-		timeout: timeout,
-	}
-}
-
-func (o lookupTimeoutOption) apply(provider *DNSHostProvider) {
-	provider.lookupTimeout = o.timeout
-}
-
 // DNSHostProvider is the default HostProvider. It currently matches
 // the Java StaticHostProvider, resolving hosts from DNS once during
 // the call to Init.  It could be easily extended to re-query DNS
@@ -92,7 +77,7 @@ func (hp *DNSHostProvider) Init(servers []string) error {
 	}
 
 	if len(found) == 0 {
-		return fmt.Errorf("No hosts found for addresses %q", servers)
+		return fmt.Errorf("no hosts found for addresses %q", servers)
 	}
 
 	// Randomize the order of the servers to avoid creating hotspots
