@@ -1,7 +1,6 @@
 package proof
 
 import (
-	"fmt"
 	"sort"
 	"time"
 
@@ -114,10 +113,11 @@ func (s *liveSpan) add(live bool, tb, t int64) {
 //     the stop.
 func CheckGenElect(events []electEvent, writes []partWrite, tm ElectTiming) GenElectReport {
 	c := &electChecker{
-		rep:   GenElectReport{Faults: map[string]int{}, Hurt: map[string]int{}, MaxSchedDelay: tm.SchedDelay},
-		tm:    tm,
-		first: -1,
+		rep:        GenElectReport{Faults: map[string]int{}, Hurt: map[string]int{}, MaxSchedDelay: tm.SchedDelay},
+		tm:         tm,
+		violations: violations{first: -1, since: "run"},
 	}
+	c.problems = &c.rep.Problems
 	for _, e := range events {
 		if c.t0 == 0 || e.T < c.t0 {
 			c.t0 = e.T
@@ -140,22 +140,11 @@ func CheckGenElect(events []electEvent, writes []partWrite, tm ElectTiming) GenE
 // electChecker holds what CheckGenElect has learnt of a run.
 // It fills rep as it goes.
 type electChecker struct {
-	rep    GenElectReport
-	tm     ElectTiming
-	t0     int64        // the run's first instant
-	first  int64        // the first violation's instant, -1 if none
+	rep GenElectReport
+	tm  ElectTiming
+	violations
 	terms  []*electTerm // by fence, then by first sample live
 	faults []electEvent // in the order of the history
-}
-
-// violation records a violation that happened at at.
-func (c *electChecker) violation(at int64, format string, args ...any) {
-	if len(c.rep.Problems) < 20 {
-		c.rep.Problems = append(c.rep.Problems, fmt.Sprintf("%v into the run: ", time.Duration(at-c.t0).Round(time.Millisecond))+fmt.Sprintf(format, args...))
-	}
-	if c.first < 0 || at < c.first {
-		c.first = at
-	}
 }
 
 // collect gathers the faults and the terms from the history, and counts.

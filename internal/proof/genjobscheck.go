@@ -126,14 +126,14 @@ type jobRunKey struct {
 //     SQLite file holds its lock; the stall holds the store's).
 func CheckGenJobs(events []jobEvent, writes []jobWrite, faults []jobFault, lv genJobsLiveness, exits map[int]int) GenJobsReport {
 	c := &jobsChecker{
-		rep:    GenJobsReport{Faults: map[string]int{}, Exits: exits, Runs: map[string]int{}, Ticks: map[string]int{}},
-		t0:     lv.From,
-		first:  -1,
-		faults: faults,
-		runs:   map[jobRunKey]*jobRun{},
-		last:   map[string]jobWrite{},
-		ticks:  map[string]map[int64]uint64{},
+		rep:        GenJobsReport{Faults: map[string]int{}, Exits: exits, Runs: map[string]int{}, Ticks: map[string]int{}},
+		violations: violations{t0: lv.From, first: -1, since: "churn"},
+		faults:     faults,
+		runs:       map[jobRunKey]*jobRun{},
+		last:       map[string]jobWrite{},
+		ticks:      map[string]map[int64]uint64{},
 	}
+	c.problems = &c.rep.Problems
 	for _, f := range faults {
 		c.rep.Faults[f.Kind]++
 	}
@@ -152,25 +152,14 @@ func CheckGenJobs(events []jobEvent, writes []jobWrite, faults []jobFault, lv ge
 // jobsChecker holds what CheckGenJobs has learnt of a run.
 // It fills rep as it goes.
 type jobsChecker struct {
-	rep    GenJobsReport
-	t0     int64 // the churn's start
-	first  int64 // the first violation's instant, -1 if none
+	rep GenJobsReport
+	violations
 	faults []jobFault
 	runs   map[jobRunKey]*jobRun
 	// last is each job's accepted write of the highest fence so far.
 	last map[string]jobWrite
 	// ticks holds, per job and tick slot, the fence of its latest run.
 	ticks map[string]map[int64]uint64
-}
-
-// violation records a violation that happened at at.
-func (c *jobsChecker) violation(at int64, format string, args ...any) {
-	if len(c.rep.Problems) < 20 {
-		c.rep.Problems = append(c.rep.Problems, fmt.Sprintf("%v into the churn: ", time.Duration(at-c.t0).Round(time.Millisecond))+fmt.Sprintf(format, args...))
-	}
-	if c.first < 0 || at < c.first {
-		c.first = at
-	}
 }
 
 // run returns job's run of fence f, making it on first use.

@@ -94,12 +94,13 @@ type ownKey struct {
 //     fences never go down (nor repeat from another process).
 func CheckGenPartitions(events []partEvent, writes []partWrite, items int) GenPartReport {
 	c := &partChecker{
-		items:  items,
-		first:  -1,
-		owns:   map[ownKey]*ownership{},
-		counts: map[int]bool{},
-		route:  map[[2]int][]bool{},
+		items:      items,
+		violations: violations{first: -1, since: "run"},
+		owns:       map[ownKey]*ownership{},
+		counts:     map[int]bool{},
+		route:      map[[2]int][]bool{},
 	}
+	c.problems = &c.rep.Problems
 	for _, e := range events {
 		if c.t0 == 0 || e.T < c.t0 {
 			c.t0 = e.T
@@ -118,24 +119,13 @@ func CheckGenPartitions(events []partEvent, writes []partWrite, items int) GenPa
 // partChecker holds what CheckGenPartitions has learnt of a run.
 // It fills rep as it goes.
 type partChecker struct {
-	rep    GenPartReport
-	items  int
-	t0     int64 // the run's first instant
-	first  int64 // the first violation's instant, -1 if none
+	rep   GenPartReport
+	items int
+	violations
 	owns   map[ownKey]*ownership
 	counts map[int]bool // the partition counts seen
 	// route holds which items each (count, partition) covers.
 	route map[[2]int][]bool
-}
-
-// violation records a violation that happened at at.
-func (c *partChecker) violation(at int64, format string, args ...any) {
-	if len(c.rep.Problems) < 20 {
-		c.rep.Problems = append(c.rep.Problems, fmt.Sprintf("%v into the run: ", time.Duration(at-c.t0).Round(time.Millisecond))+fmt.Sprintf(format, args...))
-	}
-	if c.first < 0 || at < c.first {
-		c.first = at
-	}
 }
 
 // own returns the ownership k, making it on first use.
