@@ -4,9 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -361,158 +358,21 @@ func (d *Driver) RenewBatch(ctx context.Context, grants []driver.Grant) ([]error
 	if err := driver.CheckTTLs(grants); err != nil {
 		return nil, err
 	}
-	start := time.Now()
-	errs := make([]error, len(grants))
-	entries := make([]*entry, len(grants))
-	var idx []int
-	sessions := map[*session]time.Duration{} // the longest TTL renewed on each
-	for i, g := range grants {
-		e := d.grants.Lookup(g.Key, g.Owner)
-		if e == nil || !e.granted || g.Fence == 0 || uint64(e.rev) != g.Fence {
-			errs[i] = fmt.Errorf("etcd: renew %s: %w", g, driver.ErrNotHeld)
-			continue
-		}
-		if limit := time.Duration(e.s.ttl) * time.Second; g.TTL > limit {
-			// A keep-alive would extend the session by its own TTL only:
-			// the grant would end before the TTL the caller counts on.
-			errs[i] = fmt.Errorf("etcd: renew %s: %w: TTL %v exceeds the %v of the session the grant rides on (renew with the TTL it was granted with)", g, driver.ErrInvalidTTL, g.TTL, limit)
-			continue
-		}
-		entries[i] = e
-		sessions[e.s] = max(sessions[e.s], g.TTL)
-		idx = append(idx, i)
+	r := newBatchRenewal(d, grants)
+	if len(r.idx) == 0 {
+		return r.errs, nil
 	}
-	if len(idx) == 0 {
-		return errs, nil
-	}
-	kaErrs := map[*session]error{}
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	for s, ttl := range sessions {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			err := <-d.keepAliveAsync(ctx, s, start, ttl)
-			mu.Lock()
-			kaErrs[s] = err
-			mu.Unlock()
-		}()
-	}
-	// held[j] tells whether the read of entries[idx[j]] found its key as
-	// the entry put it; readErrs[j] is set when the request carrying that
-	// read failed.
-	held := make([]bool, len(idx))
-	readErrs := make([]error, len(idx))
-	var failed atomic.Int64
-	// The grants of a session that carries many of them are checked with
-	// one LeaseTimeToLive listing the session's keys, instead of a read per
-	// key.
-	bySession := map[*session][]int{} // positions in idx
-	for j, i := range idx {
-		bySession[entries[i].s] = append(bySession[entries[i].s], j)
-	}
-	var reads []int // positions in idx read key by key
-	for s, js := range bySession {
-		if len(js) <= maxReadsPerTxn {
-			reads = append(reads, js...)
-			continue
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			// Only a listing sent after this call began will do: one sent
-			// earlier may list a key deleted (broken) since.
-			attached, err := d.attachedKeys(ctx, s, start)
-			if err != nil {
-				for _, j := range js {
-					readErrs[j] = err
-				}
-				failed.Add(int64(len(js)))
-				return
-			}
-			for _, j := range js {
-				// The name listed is e's key if e is still tracked now:
-				// until the driver forgets e, no other grant can put a
-				// key of that name on s (see waiterKey), and a tracked
-				// entry's key was put before this call began.
-				e := entries[idx[j]]
-				held[j] = attached[e.etcdKey] && d.grants.Lookup(e.id.Key, e.id.Owner) == e
-			}
-		}()
-	}
-	// readKeys reads the keys of the grants at positions in idx, in
-	// transactions of at most maxReadsPerTxn reads, a few at a time.
-	readKeys := func(positions []int) {
-		slices.Sort(positions)
-		chunks := make(chan int)
-		var rg sync.WaitGroup
-		for range min(renewReadsInFlight, (len(positions)+maxReadsPerTxn-1)/maxReadsPerTxn) {
-			rg.Add(1)
-			go func() {
-				defer rg.Done()
-				for lo := range chunks {
-					hi := min(lo+maxReadsPerTxn, len(positions))
-					ops := make([]clientv3.Op, 0, hi-lo)
-					for _, j := range positions[lo:hi] {
-						ops = append(ops, clientv3.OpGet(entries[idx[j]].etcdKey))
-					}
-					resp, err := d.cli.Txn(ctx).Then(ops...).Commit()
-					for n, j := range positions[lo:hi] {
-						if err != nil {
-							readErrs[j] = readErr("renew", err)
-							continue
-						}
-						if r := resp.Responses[n].GetResponseRange().Kvs; len(r) > 0 {
-							held[j] = entries[idx[j]].holds(r[0])
-						}
-					}
-					if err != nil {
-						failed.Add(int64(hi - lo))
-					}
-				}
-			}()
-		}
-		for lo := 0; lo < len(positions); lo += maxReadsPerTxn {
-			chunks <- lo
-		}
-		close(chunks)
-		rg.Wait()
-	}
-	readKeys(reads)
-	wg.Wait()
+	r.keepAlive(ctx)
+	r.readKeys(ctx, r.listSessions(ctx))
+	r.wg.Wait()
 	if d.renewHook != nil {
 		d.renewHook()
 	}
-	if int(failed.Load()) == len(idx) {
-		return nil, readErrs[0]
+	if int(r.failed.Load()) == len(r.idx) {
+		return nil, r.readErrs[0]
 	}
-	for j, i := range idx {
-		e := entries[i]
-		if readErrs[j] != nil {
-			errs[i] = readErrs[j]
-			continue
-		}
-		if !held[j] {
-			d.grants.Forget(e)
-			errs[i] = fmt.Errorf("etcd: renew %s: %w: key %s is gone", grants[i], driver.ErrNotHeld, e.etcdKey)
-			continue
-		}
-		if kerr := kaErrs[e.s]; kerr != nil {
-			if errors.Is(kerr, errSessionGone) {
-				d.grants.Forget(e)
-				errs[i] = fmt.Errorf("etcd: renew %s: %w: %v", grants[i], driver.ErrNotHeld, kerr)
-			} else {
-				errs[i] = kerr
-			}
-			continue
-		}
-		if !d.grants.Extend(e, grants[i].TTL, start) {
-			// Ended meanwhile (its deadline passed, the reaper is deleting
-			// it or has): whatever the reads found, it is not held.
-			errs[i] = fmt.Errorf("etcd: renew %s: %w: the grant ended during the renewal", grants[i], driver.ErrNotHeld)
-		}
-	}
-	return errs, nil
+	r.settle()
+	return r.errs, nil
 }
 
 // listingReuse is how long a listing of a session's keys (see

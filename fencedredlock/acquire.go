@@ -28,24 +28,16 @@ func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Dur
 // counts if a majority made it. t.TTL minus the time the round took minus
 // t.SafetyMargin (the drift allowance) must still be positive.
 func (d *Driver) TryAcquireTerms(ctx context.Context, key, owner string, t driver.Terms) (uint64, error) {
-	ttl, drift := t.TTL, t.SafetyMargin
 	if err := d.usable(); err != nil {
 		return 0, err
 	}
 	start := time.Now()
-	var fence uint64
-	if d.opts.Fence != nil {
-		f, err := d.opts.Fence.Next(ctx, key)
-		if err != nil {
-			return 0, fmt.Errorf("redlock: acquire %q: fence source: %w", key, err)
-		}
-		if f == 0 {
-			return 0, fmt.Errorf("redlock: acquire %q: fence source returned fence 0", key)
-		}
-		fence = f
+	fence, err := d.nextFence(ctx, key)
+	if err != nil {
+		return 0, err
 	}
 	k := d.layout.Keys(key)
-	budget := min(d.opts.Budget, ttl/3)
+	budget := min(d.opts.Budget, t.TTL/3)
 	// The attempt's number orders it after every earlier attempt of owner
 	// (the Client's acquisition loop sends all of its attempts with one
 	// owner token): on each node, the grant script refuses an attempt
@@ -53,29 +45,11 @@ func (d *Driver) TryAcquireTerms(ctx context.Context, key, owner string, t drive
 	// deletes nothing a later attempt took or re-acquired, however late
 	// either lands (see lua/redlock_acquire.lua and release_attempt.lua).
 	attempt := d.nextAttempt()
-	keys := []string{k.Lock, k.Fence, k.Claim}
-	args := []any{owner, rediskit.Millis(ttl), strconv.FormatUint(fence, 10), attempt}
-	if subs, member := d.waiters.Current(k); subs > 0 {
-		// A refusal makes this process stand in each refusing node's
-		// waiter queue; a grant moves it to the end of the queue
-		// (lua/redlock_acquire.lua, waiter_queue.lua).
-		keys = append(keys, k.Waiters)
-		args = append(args, subs, rediskit.WaitersSlack.Milliseconds(), member)
-	}
-	isOurs := func(r reply[rediskit.Acquired]) bool {
-		return r.err == nil && r.val.Ours()
-	}
 	// Success is decided at a majority; failure waits for every node (or
 	// the budget), so that the cleanup below finds every grant this
 	// attempt made instead of racing with one still in flight.
 	decided := func(rs []reply[rediskit.Acquired]) bool {
-		ok := 0
-		for _, r := range rs {
-			if isOurs(r) {
-				ok++
-			}
-		}
-		return ok >= d.quorum
+		return countOurs(rs) >= d.quorum
 	}
 	// A grant that lands after the attempt was decided as failed is
 	// rolled back where it landed.
@@ -88,55 +62,77 @@ func (d *Driver) TryAcquireTerms(ctx context.Context, key, owner string, t drive
 			d.rollbackOn(r.node, k, owner, attempt)
 		}
 	}
-	rs := fanout(ctx, d, budget, func(ctx context.Context, c redis.UniversalClient) (rediskit.Acquired, error) {
-		res, err := rediskit.AcquireNode.Run(ctx, c, keys, args...).Result()
-		if err != nil {
-			return rediskit.Acquired{}, err
-		}
-		return rediskit.ParseAcquire(res), nil
-	}, decided, late)
+	rs := fanout(ctx, d, budget, d.acquireOp(k, owner, t.TTL, fence, attempt), decided, late)
 	elapsed := time.Since(start)
 
-	// Tally: ours by fence (an idempotent re-acquire keeps its old fence).
-	byFence := map[uint64]int{}
-	var heldTTLs []int64
-	var nodeErrs []error
-	foreign, stale, unknown := false, false, false
-	superseded := 0
-	for _, r := range rs {
-		switch {
-		case r.err != nil:
-			nodeErrs = append(nodeErrs, fmt.Errorf("%s: %w", d.nodes[r.node].name, d.nodeErr(r.err, true, k)))
-			if errors.Is(d.nodeErr(r.err, true, k), driver.ErrUnknownOutcome) {
-				unknown = true
-			}
-		case isOurs(r):
-			byFence[r.val.Fence]++
-		case r.val.Status == rediskit.StatusHeld:
-			heldTTLs = append(heldTTLs, r.val.PTTL)
-		case r.val.Status == rediskit.StatusForeign:
-			foreign = true
-		case r.val.Status == rediskit.StatusStale:
-			stale = true
-		case r.val.Status == rediskit.StatusSuperseded:
-			superseded++
-		}
-	}
-	var granted uint64
-	ours := 0
-	for f, n := range byFence {
-		if n > ours {
-			ours, granted = n, f
-		}
-	}
-	validity := ttl - elapsed - drift
-	if ours >= d.quorum && validity > 0 {
-		return granted, nil
+	tl := d.tallyAcquire(rs, k)
+	validity := t.TTL - elapsed - t.SafetyMargin
+	if tl.ours >= d.quorum && validity > 0 {
+		return tl.granted, nil
 	}
 
 	// Failed: take back what this attempt got, on every node that granted
 	// it or may have (late answers are handled by late).
 	failed.Store(true)
+	d.rollbackAll(rs, k, owner, attempt)
+	return 0, d.acquireFailure(key, k, t, budget, elapsed, tl)
+}
+
+// nextFence asks the fence source, if any, for the attempt's fence.
+// Without a source it returns 0: the grant script counts the fence.
+func (d *Driver) nextFence(ctx context.Context, key string) (uint64, error) {
+	if d.opts.Fence == nil {
+		return 0, nil
+	}
+	f, err := d.opts.Fence.Next(ctx, key)
+	if err != nil {
+		return 0, fmt.Errorf("redlock: acquire %q: fence source: %w", key, err)
+	}
+	if f == 0 {
+		return 0, fmt.Errorf("redlock: acquire %q: fence source returned fence 0", key)
+	}
+	return f, nil
+}
+
+// acquireOp returns the grant script's call on one node for this attempt.
+func (d *Driver) acquireOp(k rediskit.Keys, owner string, ttl time.Duration, fence uint64, attempt int64) func(context.Context, redis.UniversalClient) (rediskit.Acquired, error) {
+	keys := []string{k.Lock, k.Fence, k.Claim}
+	args := []any{owner, rediskit.Millis(ttl), strconv.FormatUint(fence, 10), attempt}
+	if subs, member := d.waiters.Current(k); subs > 0 {
+		// A refusal makes this process stand in each refusing node's
+		// waiter queue; a grant moves it to the end of the queue
+		// (lua/redlock_acquire.lua, waiter_queue.lua).
+		keys = append(keys, k.Waiters)
+		args = append(args, subs, rediskit.WaitersSlack.Milliseconds(), member)
+	}
+	return func(ctx context.Context, c redis.UniversalClient) (rediskit.Acquired, error) {
+		res, err := rediskit.AcquireNode.Run(ctx, c, keys, args...).Result()
+		if err != nil {
+			return rediskit.Acquired{}, err
+		}
+		return rediskit.ParseAcquire(res), nil
+	}
+}
+
+// isOurs tells whether a node granted the attempt.
+func isOurs(r reply[rediskit.Acquired]) bool {
+	return r.err == nil && r.val.Ours()
+}
+
+// countOurs counts the nodes that granted the attempt, whatever the fence.
+func countOurs(rs []reply[rediskit.Acquired]) int {
+	ok := 0
+	for _, r := range rs {
+		if isOurs(r) {
+			ok++
+		}
+	}
+	return ok
+}
+
+// rollbackAll takes back the attempt on every node that granted it or
+// may have, and waits for the rollbacks to end.
+func (d *Driver) rollbackAll(rs []reply[rediskit.Acquired], k rediskit.Keys, owner string, attempt int64) {
 	var cleanup sync.WaitGroup
 	for _, r := range rs {
 		if isOurs(r) || r.err != nil {
@@ -148,38 +144,41 @@ func (d *Driver) TryAcquireTerms(ctx context.Context, key, owner string, t drive
 		}
 	}
 	cleanup.Wait()
+}
 
+// acquireFailure says why a failed attempt failed, from the nodes' answers.
+func (d *Driver) acquireFailure(key string, k rediskit.Keys, t driver.Terms, budget, elapsed time.Duration, tl acquireTally) error {
 	switch {
-	case foreign:
-		return 0, fmt.Errorf("redlock: acquire %q: %w", key, rediskit.ForeignError(k.Lock))
-	case ours >= d.quorum:
-		return 0, fmt.Errorf("redlock: acquire %q: %w: a majority granted it but only after %v of the %v TTL (drift allowance %v); released it",
-			key, driver.ErrUnavailable, elapsed.Round(time.Millisecond), ttl, drift)
-	case len(heldTTLs) > 0 || stale:
+	case tl.foreign:
+		return fmt.Errorf("redlock: acquire %q: %w", key, rediskit.ForeignError(k.Lock))
+	case tl.ours >= d.quorum:
+		return fmt.Errorf("redlock: acquire %q: %w: a majority granted it but only after %v of the %v TTL (drift allowance %v); released it",
+			key, driver.ErrUnavailable, elapsed.Round(time.Millisecond), t.TTL, t.SafetyMargin)
+	case len(tl.heldTTLs) > 0 || tl.stale:
 		// Held elsewhere: the key frees when enough holders' grants end;
 		// the shortest remaining time is the earliest worth another try.
-		sort.Slice(heldTTLs, func(i, j int) bool { return heldTTLs[i] < heldTTLs[j] })
+		sort.Slice(tl.heldTTLs, func(i, j int) bool { return tl.heldTTLs[i] < tl.heldTTLs[j] })
 		var rem time.Duration
-		if len(heldTTLs) > 0 {
-			rem = rediskit.PTTL(heldTTLs[0])
+		if len(tl.heldTTLs) > 0 {
+			rem = rediskit.PTTL(tl.heldTTLs[0])
 		}
-		return 0, &driver.HeldError{Key: key, Remaining: rem}
+		return &driver.HeldError{Key: key, Remaining: rem}
 	}
 	sentinel := driver.ErrUnavailable
-	if unknown {
+	if tl.unknown {
 		sentinel = driver.ErrUnknownOutcome
 	}
-	missing := len(d.nodes) - len(rs)
-	msg := fmt.Sprintf("%d of %d nodes granted it (need %d), %d did not answer within %v", ours, len(d.nodes), d.quorum, missing, budget)
-	if superseded > 0 {
+	missing := len(d.nodes) - tl.answered
+	msg := fmt.Sprintf("%d of %d nodes granted it (need %d), %d did not answer within %v", tl.ours, len(d.nodes), d.quorum, missing, budget)
+	if tl.superseded > 0 {
 		// Only when one owner token's attempts overlap (the Client never
 		// does that): a later one was already there.
-		msg += fmt.Sprintf(", %d refused it for a later attempt of the same owner", superseded)
+		msg += fmt.Sprintf(", %d refused it for a later attempt of the same owner", tl.superseded)
 	}
-	if err := errors.Join(nodeErrs...); err != nil {
-		return 0, fmt.Errorf("redlock: acquire %q: %w: %s: %w", key, sentinel, msg, err)
+	if err := errors.Join(tl.nodeErrs...); err != nil {
+		return fmt.Errorf("redlock: acquire %q: %w: %s: %w", key, sentinel, msg, err)
 	}
-	return 0, fmt.Errorf("redlock: acquire %q: %w: %s", key, sentinel, msg)
+	return fmt.Errorf("redlock: acquire %q: %w: %s", key, sentinel, msg)
 }
 
 // nextAttempt numbers a grant attempt: above every number this driver

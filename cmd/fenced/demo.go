@@ -207,21 +207,47 @@ func runScenario(ctx context.Context, noFence, keep bool, where func(dir string)
 		return scenarioOutcome{}, err
 	}
 
-	start := time.Now()
-	events := make(chan scenarioEvent, 64)
-	workers := map[string]*exec.Cmd{}
-	var wg sync.WaitGroup
-	exited := make(chan string, 3)
+	s := &demoScenario{
+		start:   time.Now(),
+		emit:    emit,
+		events:  make(chan scenarioEvent, 64),
+		workers: map[string]*exec.Cmd{},
+		exited:  make(chan string, 3),
+	}
 	// Workers die with the demo (Pdeathsig), which needs the forking thread
 	// to live as long as they do.
 	launcher := supervise.NewLauncher()
 	defer launcher.Close()
-	defer func() {
-		for _, c := range workers {
-			_ = c.Process.Signal(syscall.SIGCONT)
-			_ = c.Process.Kill()
-		}
-	}()
+	defer s.killWorkers()
+	if err := s.startWorkers(ctx, launcher, self, leases, billing, noFence); err != nil {
+		return scenarioOutcome{}, err
+	}
+	if err := s.drive(ctx); err != nil {
+		return scenarioOutcome{}, err
+	}
+	s.wg.Wait()
+	for len(s.events) > 0 {
+		emit(<-s.events)
+	}
+	return judgeScenario(ctx, billing, noFence, s.frozen, s.frozenFence)
+}
+
+// demoScenario is one run of the billing scenario: three worker processes,
+// the first to send frozen (SIGSTOP) until the others are done.
+type demoScenario struct {
+	start       time.Time
+	emit        func(scenarioEvent)
+	events      chan scenarioEvent
+	workers     map[string]*exec.Cmd
+	exited      chan string // the names of the workers that exited
+	wg          sync.WaitGroup
+	frozen      string // the frozen worker's name ("": none yet)
+	frozenFence uint64
+}
+
+// startWorkers starts the three workers through launcher, each reading
+// its events into s.events.
+func (s *demoScenario) startWorkers(ctx context.Context, launcher *supervise.Launcher, self, leases, billing string, noFence bool) error {
 	for i := 1; i <= 3; i++ {
 		name := "worker-" + strconv.Itoa(i)
 		args := []string{"demo-worker", name, leases, billing}
@@ -233,63 +259,72 @@ func runScenario(ctx context.Context, noFence, keep bool, where func(dir string)
 		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 		out, err := cmd.StdoutPipe()
 		if err != nil {
-			return scenarioOutcome{}, err
+			return err
 		}
 		if err := launcher.Start(cmd); err != nil {
-			return scenarioOutcome{}, fmt.Errorf("demo: start %s: %w", name, err)
+			return fmt.Errorf("demo: start %s: %w", name, err)
 		}
-		workers[name] = cmd
-		wg.Add(1)
+		s.workers[name] = cmd
+		s.wg.Add(1)
 		go func() {
-			defer wg.Done()
-			readEvents(name, out, events, start)
+			defer s.wg.Done()
+			readEvents(name, out, s.events, s.start)
 			cmd.Wait()
-			exited <- name
+			s.exited <- name
 		}()
 	}
+	return nil
+}
 
-	say := func(who, kind string, fence uint64, text string) {
-		emit(scenarioEvent{At: time.Since(start), Worker: who, Kind: kind, Fence: fence, Text: text})
+// killWorkers kills every worker started, stopped or not.
+func (s *demoScenario) killWorkers() {
+	for _, c := range s.workers {
+		_ = c.Process.Signal(syscall.SIGCONT)
+		_ = c.Process.Kill()
 	}
-	var frozen string
-	var frozenFence uint64
+}
+
+// say emits an event of the demo itself.
+func (s *demoScenario) say(who, kind string, fence uint64, text string) {
+	s.emit(scenarioEvent{At: time.Since(s.start), Worker: who, Kind: kind, Fence: fence, Text: text})
+}
+
+// drive passes the workers' events on until all have exited. It freezes
+// the first worker about to send, and resumes it once the others are done.
+func (s *demoScenario) drive(ctx context.Context) error {
 	running := 3
 	deadline := time.After(30 * time.Second)
 	resumeAt := (<-chan time.Time)(nil)
 	for running > 0 {
 		select {
-		case e := <-events:
-			emit(e)
-			if e.Kind == "sending" && frozen == "" {
-				frozen, frozenFence = e.Worker, e.Fence
-				if err := workers[frozen].Process.Signal(syscall.SIGSTOP); err != nil {
-					return scenarioOutcome{}, fmt.Errorf("demo: SIGSTOP %s: %w", frozen, err)
+		case e := <-s.events:
+			s.emit(e)
+			if e.Kind == "sending" && s.frozen == "" {
+				s.frozen, s.frozenFence = e.Worker, e.Fence
+				if err := s.workers[s.frozen].Process.Signal(syscall.SIGSTOP); err != nil {
+					return fmt.Errorf("demo: SIGSTOP %s: %w", s.frozen, err)
 				}
-				say("demo", "freeze", frozenFence, fmt.Sprintf("SIGSTOP %s: frozen after checking its lease, before its write lands", frozen))
+				s.say("demo", "freeze", s.frozenFence, fmt.Sprintf("SIGSTOP %s: frozen after checking its lease, before its write lands", s.frozen))
 			}
-		case name := <-exited:
+		case name := <-s.exited:
 			running--
-			if running == 1 && frozen != "" && name != frozen {
+			if running == 1 && s.frozen != "" && name != s.frozen {
 				// Both other workers are done: wake the frozen one.
 				resumeAt = time.After(100 * time.Millisecond)
 			}
 		case <-resumeAt:
 			resumeAt = nil
-			say("demo", "resume", frozenFence, fmt.Sprintf("SIGCONT %s: it resumes, unaware that its lease expired, and its write goes out", frozen))
-			if err := workers[frozen].Process.Signal(syscall.SIGCONT); err != nil {
-				return scenarioOutcome{}, err
+			s.say("demo", "resume", s.frozenFence, fmt.Sprintf("SIGCONT %s: it resumes, unaware that its lease expired, and its write goes out", s.frozen))
+			if err := s.workers[s.frozen].Process.Signal(syscall.SIGCONT); err != nil {
+				return err
 			}
 		case <-deadline:
-			return scenarioOutcome{}, errors.New("demo: workers did not finish within 30s")
+			return errors.New("demo: workers did not finish within 30s")
 		case <-ctx.Done():
-			return scenarioOutcome{}, context.Cause(ctx)
+			return context.Cause(ctx)
 		}
 	}
-	wg.Wait()
-	for len(events) > 0 {
-		emit(<-events)
-	}
-	return judgeScenario(ctx, billing, noFence, frozen, frozenFence)
+	return nil
 }
 
 func readEvents(name string, r io.Reader, events chan<- scenarioEvent, start time.Time) {
@@ -354,112 +389,134 @@ func judgeScenario(ctx context.Context, billing string, noFence bool, frozen str
 // demoWorker is one worker process: it competes for the invoice lease and
 // sends the invoice if it is still due.
 func demoWorker(ctx context.Context, name, leases, billing string, noFence bool) error {
-	enc := json.NewEncoder(os.Stdout)
-	emit := func(kind string, f uint64, format string, a ...any) {
-		_ = enc.Encode(demoEvent{Worker: name, Kind: kind, Fence: f, Text: fmt.Sprintf(format, a...)})
-	}
+	w := &demoWork{name: name, noFence: noFence, enc: json.NewEncoder(os.Stdout)}
 	drv, err := fencedsqlite.OpenFile(ctx, leases, nil)
 	if err != nil {
 		return err
 	}
 	client := fenced.NewClient(drv, &fenced.Options{MaxBackoff: 150 * time.Millisecond})
 	defer client.Close()
-	db, err := openBilling(billing)
-	if err != nil {
+	if w.db, err = openBilling(billing); err != nil {
 		return err
 	}
-	defer db.Close()
-	guard, err := billingGuard(db)
-	if err != nil {
+	defer w.db.Close()
+	if w.guard, err = billingGuard(w.db); err != nil {
 		return err
 	}
 
-	emit("wait", 0, "wants %s", demoKey)
+	w.emit("wait", 0, "wants %s", demoKey)
 	// The work (about 0.6s) fits in the TTL, so the worker does not renew.
 	// That also keeps the freeze away from a write in flight: a process
 	// stopped inside an SQLite write holds the file's write lock and would
 	// stall the other workers until it is continued.
 	lease, err := client.Acquire(ctx, demoKey, &fenced.LeaseOptions{TTL: demoTTL, MaxWait: 20 * time.Second, ManualRenew: true})
 	if err != nil {
-		emit("gave_up", 0, "gave up: %v", err)
+		w.emit("gave_up", 0, "gave up: %v", err)
 		return nil
 	}
-	f := lease.Fence()
-	tok := fence.From(lease)
-	emit("acquired", f, "acquired %s with fence %d", demoKey, f)
+	w.leaseFence, w.tok = lease.Fence(), fence.From(lease)
+	f := w.leaseFence
+	w.emit("acquired", f, "acquired %s with fence %d", demoKey, f)
 	defer lease.Release(context.WithoutCancel(ctx))
 
-	// Read the job. With the fence, claim the row first in the same short
-	// transaction (committed before the work), so that a stale holder is
-	// refused even before our first real write.
-	readStatus := func(ctx context.Context, q interface {
-		QueryRowContext(context.Context, string, ...any) *sql.Row
-	}) (status string, err error) {
-		err = q.QueryRowContext(ctx, `SELECT status FROM invoice_jobs WHERE id = ?`, demoInvoice).Scan(&status)
-		return status, err
-	}
-	var status string
-	if noFence {
-		status, err = readStatus(ctx, db)
-	} else {
-		var res fence.Result
-		res, err = guard.ClaimAndRead(ctx, demoInvoice, tok, func(ctx context.Context, tx *sql.Tx) error {
-			var err error
-			status, err = readStatus(ctx, tx)
-			return err
-		})
-		if err == nil && res.Outcome == fence.Stale {
-			err = fmt.Errorf("claim refused: the row already carries fence %d", res.Current)
-		}
-	}
+	status, err := w.readJob(ctx)
 	if err != nil {
-		emit("error", f, "error: %v", err)
+		w.emit("error", f, "error: %v", err)
 		return err
 	}
 	if status != "due" {
-		emit("nothing", f, "invoice is already %s: nothing to do", status)
+		w.emit("nothing", f, "invoice is already %s: nothing to do", status)
 		return nil
 	}
-	emit("render", f, "invoice is due; rendering it (300ms)")
+	w.emit("render", f, "invoice is due; rendering it (300ms)")
 	time.Sleep(300 * time.Millisecond)
 	if err := lease.Err(); err != nil {
-		emit("not_sending", f, "lease ended before sending (%v): not sending", err)
+		w.emit("not_sending", f, "lease ended before sending (%v): not sending", err)
 		return nil
 	}
-	emit("sending", f, "lease still valid (%v left): sending the invoice", lease.Remaining().Round(time.Millisecond))
+	w.emit("sending", f, "lease still valid (%v left): sending the invoice", lease.Remaining().Round(time.Millisecond))
 	// The request is on its way; a pause here cannot be seen by any check
 	// the worker makes.
 	time.Sleep(250 * time.Millisecond)
+	return w.send(ctx)
+}
 
-	tx, err := db.BeginTx(context.WithoutCancel(ctx), nil)
+// demoWork is one demo worker's go at the invoice job.
+type demoWork struct {
+	name       string
+	noFence    bool
+	enc        *json.Encoder
+	db         *sql.DB
+	guard      *fence.SQL
+	leaseFence uint64      // the lease's fence, once acquired
+	tok        fence.Token // the lease's token, once acquired
+}
+
+// emit prints one event of the worker, as JSON, for fenced demo.
+func (w *demoWork) emit(kind string, f uint64, format string, a ...any) {
+	_ = w.enc.Encode(demoEvent{Worker: w.name, Kind: kind, Fence: f, Text: fmt.Sprintf(format, a...)})
+}
+
+// readStatus reads the job's status through q, a database or a transaction.
+func readStatus(ctx context.Context, q interface {
+	QueryRowContext(context.Context, string, ...any) *sql.Row
+}) (status string, err error) {
+	err = q.QueryRowContext(ctx, `SELECT status FROM invoice_jobs WHERE id = ?`, demoInvoice).Scan(&status)
+	return status, err
+}
+
+// readJob reads the job's status. With the fence, it claims the row first
+// in the same short transaction (committed before the work), so that a
+// stale holder is refused even before our first real write.
+func (w *demoWork) readJob(ctx context.Context) (string, error) {
+	if w.noFence {
+		return readStatus(ctx, w.db)
+	}
+	var status string
+	res, err := w.guard.ClaimAndRead(ctx, demoInvoice, w.tok, func(ctx context.Context, tx *sql.Tx) error {
+		var err error
+		status, err = readStatus(ctx, tx)
+		return err
+	})
+	if err == nil && res.Outcome == fence.Stale {
+		err = fmt.Errorf("claim refused: the row already carries fence %d", res.Current)
+	}
+	return status, err
+}
+
+// send marks the job sent and records the invoice, in one transaction.
+// With the fence, the resource refuses it from a stale holder.
+func (w *demoWork) send(ctx context.Context) error {
+	f := w.leaseFence
+	tx, err := w.db.BeginTx(context.WithoutCancel(ctx), nil)
 	if err != nil {
 		return err
 	}
 	defer tx.Rollback()
-	if noFence {
+	if w.noFence {
 		if _, err := tx.ExecContext(ctx, `UPDATE invoice_jobs SET status = 'sent' WHERE id = ?`, demoInvoice); err != nil {
 			return err
 		}
 	} else {
-		res, err := guard.Update(ctx, tx, demoInvoice, tok, fence.Write{Set: "status = ?", SetArgs: []any{"sent"}, Where: "status = ?", WhereArgs: []any{"due"}})
+		res, err := w.guard.Update(ctx, tx, demoInvoice, w.tok, fence.Write{Set: "status = ?", SetArgs: []any{"sent"}, Where: "status = ?", WhereArgs: []any{"due"}})
 		if err != nil {
 			return err
 		}
 		switch res.Outcome {
 		case fence.Stale:
-			emit("refused", f, "write REFUSED by the resource: stale fence %d, the row carries %d", f, res.Current)
+			w.emit("refused", f, "write REFUSED by the resource: stale fence %d, the row carries %d", f, res.Current)
 			return nil
 		case fence.PreconditionFailed:
-			emit("nothing", f, "invoice no longer due: nothing sent")
+			w.emit("nothing", f, "invoice no longer due: nothing sent")
 			return nil
 		}
 	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO sent_invoices (invoice, worker, fence) VALUES (?, ?, ?)`, demoInvoice, name, int64(f)); err != nil {
+	if _, err := tx.ExecContext(ctx, `INSERT INTO sent_invoices (invoice, worker, fence) VALUES (?, ?, ?)`, demoInvoice, w.name, int64(f)); err != nil {
 		return err
 	}
 	if err := tx.Commit(); err != nil {
 		return err
 	}
-	emit("sent", f, "invoice SENT with fence %d", f)
+	w.emit("sent", f, "invoice SENT with fence %d", f)
 	return nil
 }

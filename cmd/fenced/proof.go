@@ -51,17 +51,27 @@ type proofJSON struct {
 }
 
 func newProofCmd(g *globals) *cobra.Command {
-	var (
-		quick    bool
-		minFence string
-		dir      string
-		ttl      time.Duration
-		workers  int
-	)
+	f := &proofFlags{}
 	cmd := &cobra.Command{
 		Use:   "proof",
 		Short: "Prove the store's leases and fences under client-side faults, with worker processes",
-		Long: `proof runs the client-side faults of fenced's proof matrix against the store:
+		Long:  proofLong,
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runProof(cmd.Context(), g, f)
+		},
+	}
+	addOutputFlag(cmd, g)
+	cmd.Flags().BoolVar(&f.quick, "quick", false, "one injection per scenario, fencing off only for M1 (about a minute)")
+	cmd.Flags().StringVar(&f.minFence, "min-fence", "", "weakest fence the leases accept: strict (default), repeatable (Redis with replicas) or none")
+	cmd.Flags().StringVar(&f.dir, "dir", "", "directory for the histories and the scratch ledger (default: a new temporary directory, kept)")
+	cmd.Flags().DurationVar(&f.ttl, "ttl", time.Second, "lease TTL of the workers")
+	cmd.Flags().IntVar(&f.workers, "workers", 3, "worker processes")
+	return cmd
+}
+
+// proofLong is the long help of fenced proof.
+const proofLong = `proof runs the client-side faults of fenced's proof matrix against the store:
 worker processes (this binary, re-executed) take leases on keys under the prefix
 "` + proofPrefix + `<run>:", read and append to a scratch SQLite ledger guarded by the fence,
 and send an "invoice" per entry, while a nemesis pauses (M1), delays (M2), kills (M3),
@@ -74,106 +84,123 @@ fencing off the M1 hazard must be seen, or the checker is not believed.
 M4 and M9 need a networked store (a TCP proxy is put in front of it) and are
 skipped for sqlite. proof refuses to run if leases it did not create are held
 under the prefix, and leaves keys only under it. --quick runs one injection per
-scenario (about a minute); otherwise three.`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			g.noteStore()
-			if err := g.checkOutput(); err != nil {
-				return err
-			}
-			strength := fenced.FenceStrict
-			if minFence != "" {
-				var err error
-				if strength, err = parseFenceStrength(minFence); err != nil {
-					return withCode(exitUsage, fmt.Errorf("--min-fence: %w", err))
-				}
-			}
-			ctx := cmd.Context()
-			if ctx == nil {
-				ctx = context.Background()
-			}
-			self, err := os.Executable()
-			if err != nil {
-				return err
-			}
-			if err := checkProofPrefix(ctx, g, strength); err != nil {
-				return err
-			}
-			if dir == "" {
-				if dir, err = os.MkdirTemp("", "fenced-proof-"); err != nil {
-					return err
-				}
-			}
-			runID := fmt.Sprintf("%d", time.Now().UnixNano())
-			faults := []proof.Fault{proof.PauseHolder, proof.DelayWrite, proof.KillHolder, proof.CutHolder, proof.PauseMidAcquire, proof.ReorderWrites}
-			injections := 3
-			if quick {
-				injections = 1
-			}
-			out := proofJSON{Store: fenced.Redact(g.store)}
-			isSQLite := strings.HasPrefix(g.store, "sqlite:")
-			for _, f := range faults {
-				if f.NeedsProxy() && isSQLite {
-					continue
-				}
-				for _, fencing := range []bool{true, false} {
-					if quick && !fencing && f != proof.PauseHolder {
-						continue
-					}
-					name := fmt.Sprintf("%s-fencing-%v", f, fencing)
-					cfg := proof.Config{
-						Store: g.store, MinFence: strength, Workers: workers, TTL: ttl,
-						Keys:    []string{proofPrefix + runID + ":" + name},
-						Fencing: fencing, Fault: f, Injections: injections,
-						Command: func() *exec.Cmd { return exec.Command(self) },
-						Dir:     filepath.Join(dir, name),
-					}
-					if g.output == "table" {
-						fmt.Fprintf(g.stderr, "running %s with fencing %s…\n", f, onOff(fencing))
-					}
-					res, err := proof.Run(ctx, cfg)
-					if err != nil {
-						return fmt.Errorf("proof %s (history in %s): %w", name, cfg.Dir, err)
-					}
-					r := res.Report
-					out.Scenarios = append(out.Scenarios, proofScenarioJSON{
-						Fault: f.ID(), Fencing: fencing, Runs: r.Injections, Grants: r.Grants, WritesAccepted: r.WritesAccepted,
-						StaleAttempted: r.StaleAttempted, StaleRefused: r.StaleRefused, StaleAccepted: r.StaleAccepted,
-						FenceRegressions: r.FenceRegressions, Overlaps: r.Overlaps, DuplicateEffects: r.DuplicateEffects,
-						Linearizable: r.Linearizable, HazardSeen: r.HazardSeen,
-					})
-				}
-			}
-			verdict, failed := proofVerdict(out.Scenarios)
-			if g.output == "json" {
-				enc := json.NewEncoder(g.stdout)
-				enc.SetIndent("", "  ")
-				if err := enc.Encode(out); err != nil {
-					return err
-				}
-			} else {
-				tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "FAULT\tFENCING\tRUNS\tGRANTS\tWRITES\tSTALE SENT/REFUSED/ACCEPTED\tFENCE REGR.\tOVERLAPS\tDUP. EFFECTS\tLINEARIZABLE\tHAZARD")
-				for _, s := range out.Scenarios {
-					fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d/%d/%d\t%d\t%d\t%d\t%v\t%v\n", s.Fault, onOff(s.Fencing), s.Runs, s.Grants, s.WritesAccepted,
-						s.StaleAttempted, s.StaleRefused, s.StaleAccepted, s.FenceRegressions, s.Overlaps, s.DuplicateEffects, s.Linearizable, s.HazardSeen)
-				}
-				tw.Flush()
-				fmt.Fprintf(g.stdout, "\n%s\nhistories: %s\n", verdict, dir)
-			}
-			if failed {
-				return withCode(exitError, nil)
-			}
-			return nil
-		},
+scenario (about a minute); otherwise three.`
+
+// proofFlags are the flags of fenced proof.
+type proofFlags struct {
+	quick    bool
+	minFence string
+	dir      string
+	ttl      time.Duration
+	workers  int
+}
+
+// runProof runs fenced proof: it checks the prefix is free, runs the
+// scenarios and prints the verdict.
+func runProof(ctx context.Context, g *globals, f *proofFlags) error {
+	g.noteStore()
+	if err := g.checkOutput(); err != nil {
+		return err
 	}
-	addOutputFlag(cmd, g)
-	cmd.Flags().BoolVar(&quick, "quick", false, "one injection per scenario, fencing off only for M1 (about a minute)")
-	cmd.Flags().StringVar(&minFence, "min-fence", "", "weakest fence the leases accept: strict (default), repeatable (Redis with replicas) or none")
-	cmd.Flags().StringVar(&dir, "dir", "", "directory for the histories and the scratch ledger (default: a new temporary directory, kept)")
-	cmd.Flags().DurationVar(&ttl, "ttl", time.Second, "lease TTL of the workers")
-	cmd.Flags().IntVar(&workers, "workers", 3, "worker processes")
-	return cmd
+	strength := fenced.FenceStrict
+	if f.minFence != "" {
+		var err error
+		if strength, err = parseFenceStrength(f.minFence); err != nil {
+			return withCode(exitUsage, fmt.Errorf("--min-fence: %w", err))
+		}
+	}
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	if err := checkProofPrefix(ctx, g, strength); err != nil {
+		return err
+	}
+	if f.dir == "" {
+		if f.dir, err = os.MkdirTemp("", "fenced-proof-"); err != nil {
+			return err
+		}
+	}
+	out, err := runProofScenarios(ctx, g, f, strength, self)
+	if err != nil {
+		return err
+	}
+	verdict, failed := proofVerdict(out.Scenarios)
+	if err := printProof(g, out, verdict, f.dir); err != nil {
+		return err
+	}
+	if failed {
+		return withCode(exitError, nil)
+	}
+	return nil
+}
+
+// runProofScenarios runs each fault with fencing on and off (--quick: off
+// for M1 only), with worker processes running self.
+func runProofScenarios(ctx context.Context, g *globals, f *proofFlags, strength fenced.FenceStrength, self string) (proofJSON, error) {
+	runID := fmt.Sprintf("%d", time.Now().UnixNano())
+	faults := []proof.Fault{proof.PauseHolder, proof.DelayWrite, proof.KillHolder, proof.CutHolder, proof.PauseMidAcquire, proof.ReorderWrites}
+	injections := 3
+	if f.quick {
+		injections = 1
+	}
+	out := proofJSON{Store: fenced.Redact(g.store)}
+	isSQLite := strings.HasPrefix(g.store, "sqlite:")
+	for _, fault := range faults {
+		if fault.NeedsProxy() && isSQLite {
+			continue
+		}
+		for _, fencing := range []bool{true, false} {
+			if f.quick && !fencing && fault != proof.PauseHolder {
+				continue
+			}
+			name := fmt.Sprintf("%s-fencing-%v", fault, fencing)
+			cfg := proof.Config{
+				Store: g.store, MinFence: strength, Workers: f.workers, TTL: f.ttl,
+				Keys:    []string{proofPrefix + runID + ":" + name},
+				Fencing: fencing, Fault: fault, Injections: injections,
+				Command: func() *exec.Cmd { return exec.Command(self) },
+				Dir:     filepath.Join(f.dir, name),
+			}
+			if g.output == "table" {
+				fmt.Fprintf(g.stderr, "running %s with fencing %s…\n", fault, onOff(fencing))
+			}
+			res, err := proof.Run(ctx, cfg)
+			if err != nil {
+				return out, fmt.Errorf("proof %s (history in %s): %w", name, cfg.Dir, err)
+			}
+			r := res.Report
+			out.Scenarios = append(out.Scenarios, proofScenarioJSON{
+				Fault: fault.ID(), Fencing: fencing, Runs: r.Injections, Grants: r.Grants, WritesAccepted: r.WritesAccepted,
+				StaleAttempted: r.StaleAttempted, StaleRefused: r.StaleRefused, StaleAccepted: r.StaleAccepted,
+				FenceRegressions: r.FenceRegressions, Overlaps: r.Overlaps, DuplicateEffects: r.DuplicateEffects,
+				Linearizable: r.Linearizable, HazardSeen: r.HazardSeen,
+			})
+		}
+	}
+	return out, nil
+}
+
+// printProof prints the scenarios as JSON or as a table with the verdict.
+// dir is where the histories are.
+func printProof(g *globals, out proofJSON, verdict, dir string) error {
+	if g.output == "json" {
+		enc := json.NewEncoder(g.stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(out)
+	}
+	tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "FAULT\tFENCING\tRUNS\tGRANTS\tWRITES\tSTALE SENT/REFUSED/ACCEPTED\tFENCE REGR.\tOVERLAPS\tDUP. EFFECTS\tLINEARIZABLE\tHAZARD")
+	for _, s := range out.Scenarios {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d/%d/%d\t%d\t%d\t%d\t%v\t%v\n", s.Fault, onOff(s.Fencing), s.Runs, s.Grants, s.WritesAccepted,
+			s.StaleAttempted, s.StaleRefused, s.StaleAccepted, s.FenceRegressions, s.Overlaps, s.DuplicateEffects, s.Linearizable, s.HazardSeen)
+	}
+	tw.Flush()
+	fmt.Fprintf(g.stdout, "\n%s\nhistories: %s\n", verdict, dir)
+	return nil
 }
 
 func onOff(b bool) string {

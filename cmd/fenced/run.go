@@ -34,9 +34,39 @@ type runFlags struct {
 func newRunCmd(g *globals) *cobra.Command {
 	f := &runFlags{}
 	cmd := &cobra.Command{
-		Use:   "run [flags] KEY [KEY...] [--] COMMAND [ARGS...]",
-		Short: "Run COMMAND while holding a lease on KEY (or on several keys, or one of N permits); stop it if a lease is lost",
-		Long: `Run acquires a lease on KEY, runs COMMAND while renewing the lease, and releases
+		Use:     "run [flags] KEY [KEY...] [--] COMMAND [ARGS...]",
+		Short:   "Run COMMAND while holding a lease on KEY (or on several keys, or one of N permits); stop it if a lease is lost",
+		Long:    runLong,
+		Example: runExample,
+		Args:    cobra.ArbitraryArgs, // parsed by splitRunArgs: after KEY everything is COMMAND
+		RunE: func(cmd *cobra.Command, args []string) error {
+			keys, argv, err := splitRunArgs(cmd, args)
+			if err != nil || keys == nil && argv == nil {
+				return err
+			}
+			return runUnderLease(cmd.Context(), g, f, keys, argv)
+		},
+	}
+	cmd.SetHelpFunc(func(c *cobra.Command, args []string) {
+		c.Long = strings.TrimSuffix(c.Long, supervisionHelp(false)) + supervisionHelp(true)
+		c.Root().HelpFunc()(c, args)
+	})
+	fl := cmd.Flags()
+	fl.DurationVar(&f.ttl, "ttl", 30*time.Second, "lease time to live, positive; renewed every third of it")
+	fl.DurationVar(&f.wait, "wait", 0, "how long to wait for a held KEY (0: exit 75 at once if held)")
+	fl.DurationVar(&f.grace, "grace", 10*time.Second, "after SIGTERM on lease loss, how long before SIGKILL")
+	fl.DurationVar(&f.maxHold, "max-hold", 0, "stop renewing after this long; the lease then expires (0: no cap)")
+	fl.DurationVar(&f.minHold, "min-hold", 0, "keep the lease after COMMAND ends until this long after the grant (cron: skip a late duplicate)")
+	fl.IntVarP(&f.permits, "permits", "n", 0, "semaphore: up to N holders of KEY at once, each with a lease on one permit (0: a plain lease)")
+	fl.StringVar(&f.minFence, "min-fence", "strict", "weakest fence the lease accepts: strict; repeatable (can repeat after a failover: single-node Redis); "+
+		"none (no fence: Redlock without a fence source, or work whose duplicates only waste effort; the resource must then be protected otherwise)")
+	fl.SetInterspersed(false) // after KEY, everything is COMMAND (see splitRunArgs)
+	return cmd
+}
+
+// runLong is the long help of fenced run: the modes, the environment,
+// supervision and the exit codes.
+const runLong = `Run acquires a lease on KEY, runs COMMAND while renewing the lease, and releases
 it when COMMAND and every process it started have ended. Everything after KEY is
 COMMAND and its arguments; flags go before KEY, or between KEY and a "--". When
 COMMAND's own arguments contain a lone "--", write one after KEY too:
@@ -145,8 +175,10 @@ Exit codes:
   1             another error of fenced
 fenced's own codes always come with a last line on stderr that starts with
 "fenced: " and ends with "(exit N)"; when fenced passes COMMAND's code on it prints
-no such line. So a 77 without that line is COMMAND's own.`,
-		Example: `  # run the nightly report unless another host is already running it
+no such line. So a 77 without that line is COMMAND's own.`
+
+// runExample is the examples section of fenced run's help.
+const runExample = `  # run the nightly report unless another host is already running it
   fenced run report:nightly ./generate-report.sh
 
   # must-happen work: wait up to 5 minutes for the key
@@ -165,32 +197,7 @@ no such line. So a 77 without that line is COMMAND's own.`,
   fenced run job:x sh -c 'pg_dump app | gzip > app.sql.gz'
 
   # on PostgreSQL instead of the embedded store
-  FENCED_STORE=postgres://app@db/app fenced run migrate -- ./migrate up`,
-		Args: cobra.ArbitraryArgs, // parsed by splitRunArgs: after KEY everything is COMMAND
-		RunE: func(cmd *cobra.Command, args []string) error {
-			keys, argv, err := splitRunArgs(cmd, args)
-			if err != nil || keys == nil && argv == nil {
-				return err
-			}
-			return runUnderLease(cmd.Context(), g, f, keys, argv)
-		},
-	}
-	cmd.SetHelpFunc(func(c *cobra.Command, args []string) {
-		c.Long = strings.TrimSuffix(c.Long, supervisionHelp(false)) + supervisionHelp(true)
-		c.Root().HelpFunc()(c, args)
-	})
-	fl := cmd.Flags()
-	fl.DurationVar(&f.ttl, "ttl", 30*time.Second, "lease time to live, positive; renewed every third of it")
-	fl.DurationVar(&f.wait, "wait", 0, "how long to wait for a held KEY (0: exit 75 at once if held)")
-	fl.DurationVar(&f.grace, "grace", 10*time.Second, "after SIGTERM on lease loss, how long before SIGKILL")
-	fl.DurationVar(&f.maxHold, "max-hold", 0, "stop renewing after this long; the lease then expires (0: no cap)")
-	fl.DurationVar(&f.minHold, "min-hold", 0, "keep the lease after COMMAND ends until this long after the grant (cron: skip a late duplicate)")
-	fl.IntVarP(&f.permits, "permits", "n", 0, "semaphore: up to N holders of KEY at once, each with a lease on one permit (0: a plain lease)")
-	fl.StringVar(&f.minFence, "min-fence", "strict", "weakest fence the lease accepts: strict; repeatable (can repeat after a failover: single-node Redis); "+
-		"none (no fence: Redlock without a fence source, or work whose duplicates only waste effort; the resource must then be protected otherwise)")
-	fl.SetInterspersed(false) // after KEY, everything is COMMAND (see splitRunArgs)
-	return cmd
-}
+  FENCED_STORE=postgres://app@db/app fenced run migrate -- ./migrate up`
 
 var probed string
 

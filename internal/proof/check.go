@@ -84,36 +84,68 @@ func Check(events []Event, res Contents, strength fenced.FenceStrength) Report {
 	if strength <= fenced.FenceNone {
 		deriveFences(events, &res)
 	}
-	var r Report
-	end := int64(0)
-	if len(events) > 0 {
-		end = events[len(events)-1].T + 1
-	}
-	inLedger := map[int64]LedgerRow{}
-	for _, l := range res.Ledger {
-		inLedger[l.Op] = l
-	}
-	r.WritesAccepted = len(res.Ledger)
+	c := newRunChecker(events, res, strength)
+	c.collectGrants()
+	c.checkGrantPairs()
+	c.checkStaleAttempts()
+	c.checkLedgerOrder()
+	c.measureRecovery()
+	r := &c.r
+	r.Linearizability, r.Problems = checkLedger(events, res, c.end)
+	r.Linearizable = r.Linearizability == string(porcupine.Ok)
+	r.HazardSeen = r.StaleAccepted > 0 || r.DuplicateEffects > 0 || !r.Linearizable
+	c.reconcileWrites()
+	return c.r
+}
 
-	// Grants, per key.
-	type grant struct {
-		key, owner string
-		fence      uint64
-		invoke, ok int64
-		worker     int
-		pid        int
-		end        int64
+// runGrant is one lease granted in a run, until its holder lost or
+// released it, or died (end).
+type runGrant struct {
+	key, owner string
+	fence      uint64
+	invoke, ok int64
+	worker     int
+	pid        int
+	end        int64
+}
+
+// runChecker holds what Check has learnt of a run, one method per check.
+// It fills r as it goes.
+type runChecker struct {
+	r        Report
+	events   []Event // in time order
+	res      Contents
+	strength fenced.FenceStrength
+	end      int64 // just after the last event
+	inLedger map[int64]LedgerRow
+	grants   []*runGrant // in the order they were confirmed
+}
+
+// newRunChecker returns a checker of events (in time order) and res.
+func newRunChecker(events []Event, res Contents, strength fenced.FenceStrength) *runChecker {
+	c := &runChecker{events: events, res: res, strength: strength, inLedger: map[int64]LedgerRow{}}
+	if len(events) > 0 {
+		c.end = events[len(events)-1].T + 1
 	}
+	for _, l := range res.Ledger {
+		c.inLedger[l.Op] = l
+	}
+	c.r.WritesAccepted = len(res.Ledger)
+	return c
+}
+
+// collectGrants gathers the grants, per key, and when each one ended.
+// It counts the failed operations too.
+func (c *runChecker) collectGrants() {
 	invokes := map[int64]int64{}
-	var grants []*grant
-	byOwner := map[string]*grant{}
-	for _, e := range events {
+	byOwner := map[string]*runGrant{}
+	for _, e := range c.events {
 		switch e.Kind {
 		case AcquireInvoke:
 			invokes[e.Op] = e.T
 		case AcquireOK:
-			g := &grant{key: e.Key, owner: e.Owner, fence: e.Fence, invoke: invokes[e.Op], ok: e.T, worker: e.Worker, pid: e.PID, end: end}
-			grants = append(grants, g)
+			g := &runGrant{key: e.Key, owner: e.Owner, fence: e.Fence, invoke: invokes[e.Op], ok: e.T, worker: e.Worker, pid: e.PID, end: c.end}
+			c.grants = append(c.grants, g)
 			byOwner[e.Owner] = g
 		case Lost, ReleaseInvoke:
 			if g := byOwner[e.Owner]; g != nil && e.T < g.end {
@@ -121,7 +153,7 @@ func Check(events []Event, res Contents, strength fenced.FenceStrength) Report {
 			}
 			if e.Kind == Lost && e.Owner == "" {
 				// Lost carries the key and fence only.
-				for _, g := range grants {
+				for _, g := range c.grants {
 					if g.key == e.Key && g.fence == e.Fence && g.pid == e.PID && e.T < g.end && e.T >= g.ok {
 						g.end = e.T
 					}
@@ -129,32 +161,39 @@ func Check(events []Event, res Contents, strength fenced.FenceStrength) Report {
 			}
 		case FaultStart:
 			if e.Fault == string(KillHolder) {
-				for _, g := range grants {
+				for _, g := range c.grants {
 					if g.pid == e.PID && e.T < g.end {
 						g.end = e.T
 					}
 				}
 			}
 		case AcquireFail, ReadFail, WriteFail:
-			r.Errors++
+			c.r.Errors++
 		}
 	}
-	r.Grants = len(grants)
-	// reissued says whether g's fence was granted to another owner of the
-	// key before g: on a backend whose fence may repeat (an asynchronous
-	// failover rolls the counter back), a lower fence that reissues one
-	// already granted is the declared hazard, counted as a repeat with
-	// that grant, not as a regression.
-	reissued := func(g *grant) bool {
-		for _, o := range grants {
-			if o != g && o.key == g.key && o.fence == g.fence && o.owner != g.owner && o.ok < g.ok {
-				return true
-			}
+	c.r.Grants = len(c.grants)
+}
+
+// reissued says whether g's fence was granted to another owner of the
+// key before g: on a backend whose fence may repeat (an asynchronous
+// failover rolls the counter back), a lower fence that reissues one
+// already granted is the declared hazard, counted as a repeat with
+// that grant, not as a regression.
+func (c *runChecker) reissued(g *runGrant) bool {
+	for _, o := range c.grants {
+		if o != g && o.key == g.key && o.fence == g.fence && o.owner != g.owner && o.ok < g.ok {
+			return true
 		}
-		return false
 	}
-	for i, a := range grants {
-		for _, b := range grants[i+1:] {
+	return false
+}
+
+// checkGrantPairs compares each pair of grants of one key: their fences,
+// and whether both holders believed they held it at once.
+func (c *runChecker) checkGrantPairs() {
+	r := &c.r
+	for i, a := range c.grants {
+		for _, b := range c.grants[i+1:] {
 			if a.key != b.key {
 				continue
 			}
@@ -167,12 +206,12 @@ func Check(events []Event, res Contents, strength fenced.FenceStrength) Report {
 				first, second = b, a
 			}
 			switch {
-			case a.fence == b.fence && a.owner != b.owner && strength >= fenced.FenceStrict:
+			case a.fence == b.fence && a.owner != b.owner && c.strength >= fenced.FenceStrict:
 				r.FenceRegressions++
 			case a.fence == b.fence && a.owner != b.owner:
 				r.FenceRepeats++
 			case first.ok < second.invoke && second.fence < first.fence:
-				if strength >= fenced.FenceStrict || !reissued(second) {
+				if c.strength >= fenced.FenceStrict || !c.reissued(second) {
 					r.FenceRegressions++
 				}
 			}
@@ -183,92 +222,103 @@ func Check(events []Event, res Contents, strength fenced.FenceStrength) Report {
 			}
 		}
 	}
+}
 
-	// Stale writes attempted: sent (or, delayed, landed) after a newer
-	// grant was confirmed.
-	newer := func(key string, f uint64, owner string, at int64) bool {
-		for _, g := range grants {
-			if g.key == key && g.ok < at && (g.fence > f || (g.fence == f && g.owner != owner)) {
-				return true
-			}
+// newer reports whether a grant of key newer than (f, owner) was
+// confirmed before at.
+func (c *runChecker) newer(key string, f uint64, owner string, at int64) bool {
+	for _, g := range c.grants {
+		if g.key == key && g.ok < at && (g.fence > f || (g.fence == f && g.owner != owner)) {
+			return true
 		}
-		return false
 	}
+	return false
+}
+
+// checkStaleAttempts counts the stale writes attempted: sent (or, delayed,
+// landed) after a newer grant was confirmed. It counts those refused too.
+func (c *runChecker) checkStaleAttempts() {
 	// A delayed write (M2) is judged by when it reached the resource.
 	landed := map[int64]int64{}
-	for _, e := range events {
+	for _, e := range c.events {
 		if e.Kind == FaultEnd && e.Fault == string(DelayWrite) && e.Op != 0 {
 			landed[e.Op] = e.T
 		}
 	}
-	for _, e := range events {
+	for _, e := range c.events {
 		at := e.T
 		if t, ok := landed[e.Op]; ok && e.Kind == WriteInvoke {
 			at = t
 		}
-		if e.Kind != WriteInvoke || !newer(e.Key, e.Fence, e.Owner, at) {
+		if e.Kind != WriteInvoke || !c.newer(e.Key, e.Fence, e.Owner, at) {
 			continue
 		}
-		r.StaleAttempted++
-		if _, ok := inLedger[e.Op]; !ok {
-			r.StaleRefused++
+		c.r.StaleAttempted++
+		if _, ok := c.inLedger[e.Op]; !ok {
+			c.r.StaleRefused++
 		}
 	}
-	// Stale writes accepted, in the resource's order.
+}
+
+// checkLedgerOrder counts the stale writes accepted, in the resource's
+// order, and the invoices sent more than once.
+func (c *runChecker) checkLedgerOrder() {
 	type mark struct {
 		fence uint64
 		owner string
 	}
 	top := map[string]mark{}
-	for _, l := range res.Ledger {
+	for _, l := range c.res.Ledger {
 		m, seen := top[l.Key]
 		if seen && (l.Fence < m.fence || (l.Fence == m.fence && l.Owner != m.owner)) {
-			r.StaleAccepted++
+			c.r.StaleAccepted++
 			continue
 		}
 		top[l.Key] = mark{l.Fence, l.Owner}
 	}
-	for _, byN := range res.Invoices {
-		for _, c := range byN {
-			if c > 1 {
-				r.DuplicateEffects += c - 1
+	for _, byN := range c.res.Invoices {
+		for _, n := range byN {
+			if n > 1 {
+				c.r.DuplicateEffects += n - 1
 			}
 		}
 	}
+}
 
-	// Injections and recovery.
-	for i, e := range events {
+// measureRecovery counts the injections and measures the longest recovery.
+func (c *runChecker) measureRecovery() {
+	for i, e := range c.events {
 		if e.Kind != FaultStart && !(e.Kind == FaultEnd && e.Worker < 0) {
 			continue
 		}
 		if e.Kind == FaultStart {
-			r.Injections++
+			c.r.Injections++
 			if e.Worker < 0 || e.Fault == string(DelayWrite) {
 				continue // measured from the end / not a holder fault
 			}
 		}
-		for _, n := range events[i+1:] {
+		for _, n := range c.events[i+1:] {
 			if n.Kind == AcquireOK && (e.Worker < 0 || n.Worker != e.Worker) {
-				r.Recovery = max(r.Recovery, time.Duration(n.T-e.T))
+				c.r.Recovery = max(c.r.Recovery, time.Duration(n.T-e.T))
 				break
 			}
 		}
 	}
+}
 
-	r.Linearizability, r.Problems = checkLedger(events, res, end)
-	r.Linearizable = r.Linearizability == string(porcupine.Ok)
-	r.HazardSeen = r.StaleAccepted > 0 || r.DuplicateEffects > 0 || !r.Linearizable
-	for _, e := range events {
+// reconcileWrites adds a problem for each write a worker reported that
+// the resource contradicts.
+func (c *runChecker) reconcileWrites() {
+	for _, e := range c.events {
 		if e.Kind == WriteOK {
-			if _, ok := inLedger[e.Op]; !ok {
-				r.Problems = append(r.Problems, fmt.Sprintf("worker %d reported write op %d accepted, but the resource has no such append", e.Worker, e.Op))
+			if _, ok := c.inLedger[e.Op]; !ok {
+				c.r.Problems = append(c.r.Problems, fmt.Sprintf("worker %d reported write op %d accepted, but the resource has no such append", e.Worker, e.Op))
 			}
 		}
 		if e.Kind == WriteRefused {
-			if _, ok := inLedger[e.Op]; ok {
-				r.Problems = append(r.Problems, fmt.Sprintf("worker %d reported write op %d refused, but the resource has it", e.Worker, e.Op))
+			if _, ok := c.inLedger[e.Op]; ok {
+				c.r.Problems = append(c.r.Problems, fmt.Sprintf("worker %d reported write op %d refused, but the resource has it", e.Worker, e.Op))
 			}
 		}
 	}
-	return r
 }

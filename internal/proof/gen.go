@@ -6,13 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/fenced-dev/fenced"
@@ -281,128 +279,37 @@ func (r *genRun) answered(ctx context.Context, c *fenced.Client) {
 // (CutHolder) in three lasts 0.5 to 1.5 TTLs longer than the pool leases' TTL,
 // so a worker's pool runs out behind it).
 func (r *genRun) nemesis(ctx context.Context) error {
-	rng := rand.New(rand.NewPCG(r.cfg.Seed, 1<<40))
-	ttl := r.cfg.TTL
-	began := time.Now()
-	end := began.Add(r.cfg.Duration)
-	ops := opCounter{path: filepath.Join(r.cfg.Dir, historyFile)}
+	n := newGenNemesis(r)
 	mctx, stopMeter := context.WithCancel(ctx)
 	defer stopMeter()
 	go r.cpu.run(mctx)
-	// running reports whether the workload goes on: until end, then, while
-	// the workers have invoked fewer than MinOps operations, by another
-	// few TTLs at a time, up to MaxDuration.
-	running := func() bool {
-		now := time.Now()
-		if now.Before(end) {
-			return true
-		}
-		limit := began.Add(r.cfg.MaxDuration)
-		if r.cfg.MinOps <= 0 || !now.Before(limit) {
-			return false
-		}
-		n, err := ops.count()
-		if err != nil {
-			r.cfg.Logf("proof: counting operations: %v", err)
-			return false
-		}
-		share := r.cpu.share()
-		need := MinOpsAt(r.cfg.MinOps, share)
-		if n >= need {
-			return false
-		}
-		if end = now.Add(4 * ttl); end.After(limit) {
-			end = limit
-		}
-		r.cfg.Logf("seed %d: %d operations in %v, fewer than %d (%d at a CPU share of %.2f): the workload runs on until %v", r.cfg.Seed, n, now.Sub(began).Round(time.Millisecond), need, r.cfg.MinOps, share, end.Sub(began).Round(time.Millisecond))
-		return true
-	}
-	between := func(lo, hi float64) time.Duration {
-		return time.Duration((lo + rng.Float64()*(hi-lo)) * float64(ttl))
-	}
-	sleep := func(d time.Duration) error {
-		d = min(d, max(0, time.Until(end)))
-		select {
-		case <-time.After(d):
-			return nil
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
 	// An authority fault ends when the store answers again, not when the
 	// restart was started: etcd replaying a large log takes seconds, and
 	// the checker excuses what stands while the store cannot answer.
-	var probe *fenced.Client
 	if r.cfg.Server != nil {
 		if c, err := fenced.Open(ctx, r.cfg.Store, nil); err == nil {
-			probe = c
+			n.probe = c
 			defer c.Close()
 		}
 	}
-	for k := 1; running(); k++ {
-		gap := between(0.5, 2)
-		if rng.IntN(4) == 0 {
-			gap = between(4, 8) // a quiet spell, for what only shows without faults
+	ttl := r.cfg.TTL
+	for k := 1; n.running(); k++ {
+		gap := n.between(0.5, 2)
+		if n.rng.IntN(4) == 0 {
+			gap = n.between(4, 8) // a quiet spell, for what only shows without faults
 		}
-		if err := sleep(gap); err != nil {
+		if err := n.sleep(ctx, gap); err != nil {
 			return err
 		}
-		if !running() {
+		if !n.running() {
 			break
 		}
-		f := r.cfg.Faults[rng.IntN(len(r.cfg.Faults))]
-		w := rng.IntN(r.cfg.Workers)
-		d := between(0.5, 3)
+		f := r.cfg.Faults[n.rng.IntN(len(r.cfg.Faults))]
+		w := n.rng.IntN(r.cfg.Workers)
+		d := n.between(0.5, 3)
 		r.cfg.Logf("seed %d: fault %d: %s worker %d for %v", r.cfg.Seed, k, f, w, d.Round(time.Millisecond))
-		switch f {
-		case PauseHolder:
-			cmd, _ := r.worker(w)
-			cmd.Process.Signal(syscall.SIGSTOP)
-			r.record(Event{Kind: FaultStart, Worker: w, Fault: string(f)})
-			sleep(d)
-			cmd.Process.Signal(syscall.SIGCONT)
-			r.record(Event{Kind: FaultEnd, Worker: w, Fault: string(f)})
-		case CutHolder:
-			if rng.IntN(3) == 0 {
-				// A long cut: the worker's pool leases (PoolTTL) all run
-				// out behind it at once, with their driver calls blocked.
-				d = r.cfg.PoolTTL + between(0.5, 1.5)
-				r.cfg.Logf("seed %d: fault %d: a long cut, %v", r.cfg.Seed, k, d.Round(time.Millisecond))
-			}
-			r.record(Event{Kind: FaultStart, Worker: w, Fault: string(f)})
-			for _, p := range r.proxies[w] {
-				p.setDown(true)
-			}
-			sleep(d)
-			for _, p := range r.proxies[w] {
-				p.setDown(false)
-			}
-			r.record(Event{Kind: FaultEnd, Worker: w, Fault: string(f)})
-		case PauseAuthority:
-			if err := r.cfg.Server.Pause(); err != nil {
-				return err
-			}
-			r.record(Event{Kind: FaultStart, Worker: -1, Fault: string(f)})
-			sleep(min(d, 2*ttl))
-			err := r.cfg.Server.Resume()
-			r.answered(ctx, probe)
-			r.record(Event{Kind: FaultEnd, Worker: -1, Fault: string(f)})
-			if err != nil {
-				return err
-			}
-		case CrashAuthority:
-			if err := r.cfg.Server.Crash(); err != nil {
-				return err
-			}
-			r.record(Event{Kind: FaultStart, Worker: -1, Fault: string(f)})
-			err := r.cfg.Server.Restart()
-			if err == nil {
-				r.answered(ctx, probe)
-			}
-			r.record(Event{Kind: FaultEnd, Worker: -1, Fault: string(f)})
-			if err != nil {
-				return err
-			}
+		if err := n.inject(ctx, k, f, w, d); err != nil {
+			return err
 		}
 	}
 	// Let the workload settle after the last fault.

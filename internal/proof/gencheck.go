@@ -3,7 +3,6 @@ package proof
 import (
 	"fmt"
 	"sort"
-	"strings"
 	"time"
 
 	"github.com/fenced-dev/fenced"
@@ -98,288 +97,260 @@ const setMargin = 250 * time.Millisecond
 // active.
 func CheckGen(events []Event, strength fenced.FenceStrength, ttl, bound time.Duration) GenReport {
 	sort.SliceStable(events, func(i, j int) bool { return events[i].T < events[j].T })
-	r := GenReport{ByOp: map[string]int{}}
-	if len(events) > 0 {
-		r.start = events[0].T
-	}
-	type grant struct {
-		key, owner  string
-		fence       uint64
-		invoke, ok  int64
-		worker      int
-		op          int64
-		setHealthy  bool
-		setMember   bool
-		invokeKnown bool
-	}
-	type opKey struct {
-		op  int64
-		key string
-	}
-	invokes := map[opKey]int64{}
-	seenOp := map[int64]bool{}
-	var grants []*grant
-	returned := map[string]bool{}
-	// span bounds a grant's life from below, from the listings that saw
-	// it: it was held at some instant of each listing (between its Asked
-	// and T), so it began by the first listing's T (first) and lasted
-	// until at least the last listing's Asked (last). A listing can take
-	// up to its timeout, so its T alone would make a grant look longer.
-	type span struct{ first, last int64 }
-	// A grant is its key, owner and fence: an acquisition that retries
-	// after its grant lapsed (its reply was lost, or came too late) asks
-	// again as the same owner and may be granted the key anew.
-	type grantID struct {
-		key, owner string
-		fence      uint64
-	}
-	observed := map[grantID]*span{}
-	// acq is one acquisition: the keys it was invoked on, when, and when
-	// it completed (0: never), and whether it failed.
-	type acq struct {
-		name         string
-		worker       int
-		keys         []string
-		invoke, done int64
-		failed       bool
-	}
-	acqs := map[int64]*acq{}
-	holding := map[int]int{} // leases held, per worker
-	var faults []faultWindow
-	var renewedAfterBreak []Event
-	open := map[string]int{}
-	end := int64(0)
-	if len(events) > 0 {
-		end = events[len(events)-1].T
-	}
+	c := newGenChecker(events, strength, ttl, bound)
 	for _, e := range events {
-		switch e.Kind {
-		case AcquireInvoke, BreakInvoke:
-			invokes[opKey{e.Op, e.Key}] = e.T
-			if e.Kind == AcquireInvoke {
-				a := acqs[e.Op]
-				if a == nil {
-					a = &acq{name: e.Name, worker: e.Worker, invoke: e.T}
-					acqs[e.Op] = a
-				}
-				a.keys = append(a.keys, e.Key)
-			}
-			if !seenOp[e.Op] {
-				seenOp[e.Op] = true
-				r.Ops++
-				r.ByOp[e.Name]++
-			}
-		case ReleaseInvoke:
-			holding[e.Worker]--
-		case AcquireOK, SetMember:
-			holding[e.Worker]++
-			r.MaxHeld = max(r.MaxHeld, holding[e.Worker])
-			if a := acqs[e.Op]; a != nil && a.done == 0 {
-				a.done = e.T
-			}
-			inv, known := invokes[opKey{e.Op, e.Key}]
-			grants = append(grants, &grant{key: e.Key, owner: e.Owner, fence: e.Fence, invoke: inv, invokeKnown: known, ok: e.T, worker: e.Worker, op: e.Op, setMember: e.Kind == SetMember, setHealthy: e.Kind == SetMember && e.Value == 1})
-			returned[e.Owner] = true
-		case AcquireFail:
-			r.Errors++
-			if a := acqs[e.Op]; a != nil && a.done == 0 {
-				a.done, a.failed = e.T, true
-			}
-		case LivePastValidity:
-			r.LivePastValidity++
-			r.MaxOvershoot = max(r.MaxOvershoot, time.Duration(e.Value))
-			r.problem(e.T, "worker %d: lease on %s (fence %d) live %v past its local validity", e.Worker, e.Key, e.Fence, time.Duration(e.Value))
-		case RenewedAfterBreak:
-			renewedAfterBreak = append(renewedAfterBreak, e)
-		case SetHealthyLost:
-			r.SetsHealthyWithLost++
-			r.problem(e.T, "worker %d: a set reported healthy while its lease on %s (fence %d) had ended: %s", e.Worker, e.Key, e.Fence, e.Err)
-		case Observed:
-			if e.Owner == "" {
-				continue
-			}
-			k := grantID{e.Key, e.Owner, e.Fence}
-			asked := e.T
-			if e.Asked != 0 {
-				asked = e.Asked
-			}
-			if s := observed[k]; s != nil {
-				s.first, s.last = min(s.first, e.T), max(s.last, asked)
-			} else {
-				observed[k] = &span{e.T, asked}
-			}
-		case FaultStart:
-			r.Faults++
-			open[fmt.Sprintf("%s/%d", e.Fault, e.Worker)] = len(faults)
-			faults = append(faults, faultWindow{e.T, end, e.Worker, e.Fault})
-		case FaultEnd:
-			if i, ok := open[fmt.Sprintf("%s/%d", e.Fault, e.Worker)]; ok {
-				faults[i].end = e.T
-			}
+		c.record(e)
+	}
+	c.r.Grants = len(c.grants)
+	c.checkFences()
+	c.checkOrphans()
+	c.checkRenewedAfterBreak()
+	checkExclusion(&c.r, events, strength, c.faults)
+	return c.r
+}
+
+// genGrant is one grant a worker was handed: a lease, or a set's member.
+type genGrant struct {
+	key, owner  string
+	fence       uint64
+	invoke, ok  int64
+	worker      int
+	op          int64
+	setHealthy  bool
+	setMember   bool
+	invokeKnown bool
+}
+
+// opKey names one key of one operation.
+type opKey struct {
+	op  int64
+	key string
+}
+
+// grantSpan bounds a grant's life from below, from the listings that saw
+// it: it was held at some instant of each listing (between its Asked
+// and T), so it began by the first listing's T (first) and lasted
+// until at least the last listing's Asked (last). A listing can take
+// up to its timeout, so its T alone would make a grant look longer.
+type grantSpan struct{ first, last int64 }
+
+// grantID is a grant's key, owner and fence. An acquisition that retries
+// after its grant lapsed (its reply was lost, or came too late) asks
+// again as the same owner and may be granted the key anew.
+type grantID struct {
+	key, owner string
+	fence      uint64
+}
+
+// genAcq is one acquisition: the keys it was invoked on, when, and when
+// it completed (0: never), and whether it failed.
+type genAcq struct {
+	name         string
+	worker       int
+	keys         []string
+	invoke, done int64
+	failed       bool
+}
+
+// genChecker gathers what CheckGen needs from a history, then judges it.
+// It fills r as it goes.
+type genChecker struct {
+	r          GenReport
+	strength   fenced.FenceStrength
+	ttl, bound time.Duration
+	end        int64 // the time of the history's last event
+
+	invokes           map[opKey]int64 // when each operation asked for each key
+	seenOp            map[int64]bool
+	grants            []*genGrant     // in the order they were confirmed
+	returned          map[string]bool // the owners some grant went to
+	observed          map[grantID]*grantSpan
+	acqs              map[int64]*genAcq
+	holding           map[int]int // leases held, per worker
+	faults            []faultWindow
+	open              map[string]int // open faults' positions in faults
+	renewedAfterBreak []Event
+}
+
+// newGenChecker returns a checker for events, sorted by time.
+func newGenChecker(events []Event, strength fenced.FenceStrength, ttl, bound time.Duration) *genChecker {
+	c := &genChecker{
+		r:        GenReport{ByOp: map[string]int{}},
+		strength: strength,
+		ttl:      ttl,
+		bound:    bound,
+		invokes:  map[opKey]int64{},
+		seenOp:   map[int64]bool{},
+		returned: map[string]bool{},
+		observed: map[grantID]*grantSpan{},
+		acqs:     map[int64]*genAcq{},
+		holding:  map[int]int{},
+		open:     map[string]int{},
+	}
+	if len(events) > 0 {
+		c.r.start = events[0].T
+		c.end = events[len(events)-1].T
+	}
+	return c
+}
+
+// record takes in one event of the history, in time order.
+func (c *genChecker) record(e Event) {
+	r := &c.r
+	switch e.Kind {
+	case AcquireInvoke, BreakInvoke:
+		c.invoked(e)
+	case ReleaseInvoke:
+		c.holding[e.Worker]--
+	case AcquireOK, SetMember:
+		c.granted(e)
+	case AcquireFail:
+		r.Errors++
+		if a := c.acqs[e.Op]; a != nil && a.done == 0 {
+			a.done, a.failed = e.T, true
+		}
+	case LivePastValidity:
+		r.LivePastValidity++
+		r.MaxOvershoot = max(r.MaxOvershoot, time.Duration(e.Value))
+		r.problem(e.T, "worker %d: lease on %s (fence %d) live %v past its local validity", e.Worker, e.Key, e.Fence, time.Duration(e.Value))
+	case RenewedAfterBreak:
+		c.renewedAfterBreak = append(c.renewedAfterBreak, e)
+	case SetHealthyLost:
+		r.SetsHealthyWithLost++
+		r.problem(e.T, "worker %d: a set reported healthy while its lease on %s (fence %d) had ended: %s", e.Worker, e.Key, e.Fence, e.Err)
+	case Observed:
+		c.observe(e)
+	case FaultStart:
+		r.Faults++
+		c.open[fmt.Sprintf("%s/%d", e.Fault, e.Worker)] = len(c.faults)
+		c.faults = append(c.faults, faultWindow{e.T, c.end, e.Worker, e.Fault})
+	case FaultEnd:
+		if i, ok := c.open[fmt.Sprintf("%s/%d", e.Fault, e.Worker)]; ok {
+			c.faults[i].end = e.T
 		}
 	}
-	r.Grants = len(grants)
+}
 
-	// Fences, per key in the order the grants were confirmed.
-	byKey := map[string][]*grant{}
-	for _, g := range grants {
+// invoked records an acquisition or break asking for one key.
+func (c *genChecker) invoked(e Event) {
+	c.invokes[opKey{e.Op, e.Key}] = e.T
+	if e.Kind == AcquireInvoke {
+		a := c.acqs[e.Op]
+		if a == nil {
+			a = &genAcq{name: e.Name, worker: e.Worker, invoke: e.T}
+			c.acqs[e.Op] = a
+		}
+		a.keys = append(a.keys, e.Key)
+	}
+	if !c.seenOp[e.Op] {
+		c.seenOp[e.Op] = true
+		c.r.Ops++
+		c.r.ByOp[e.Name]++
+	}
+}
+
+// granted records a grant handed to a worker: a lease, or a set's member.
+func (c *genChecker) granted(e Event) {
+	c.holding[e.Worker]++
+	c.r.MaxHeld = max(c.r.MaxHeld, c.holding[e.Worker])
+	if a := c.acqs[e.Op]; a != nil && a.done == 0 {
+		a.done = e.T
+	}
+	inv, known := c.invokes[opKey{e.Op, e.Key}]
+	c.grants = append(c.grants, &genGrant{key: e.Key, owner: e.Owner, fence: e.Fence, invoke: inv, invokeKnown: known, ok: e.T, worker: e.Worker, op: e.Op, setMember: e.Kind == SetMember, setHealthy: e.Kind == SetMember && e.Value == 1})
+	c.returned[e.Owner] = true
+}
+
+// observe widens the span of a grant a listing saw held.
+func (c *genChecker) observe(e Event) {
+	if e.Owner == "" {
+		return
+	}
+	k := grantID{e.Key, e.Owner, e.Fence}
+	asked := e.T
+	if e.Asked != 0 {
+		asked = e.Asked
+	}
+	if s := c.observed[k]; s != nil {
+		s.first, s.last = min(s.first, e.T), max(s.last, asked)
+	} else {
+		c.observed[k] = &grantSpan{e.T, asked}
+	}
+}
+
+// checkFences checks the fences of each key, in the order its grants were
+// confirmed.
+func (c *genChecker) checkFences() {
+	byKey := map[string][]*genGrant{}
+	for _, g := range c.grants {
 		byKey[g.key] = append(byKey[g.key], g)
 	}
 	for key, gs := range byKey {
-		// gs is in ok order (events were sorted).
-		prefixMax := make([]uint64, len(gs))
-		var m uint64
-		owners := map[uint64]string{}
-		for i, g := range gs {
-			m = max(m, g.fence)
-			prefixMax[i] = m
-			if o, ok := owners[g.fence]; ok && o != g.owner {
-				if strength >= fenced.FenceStrict {
-					r.FenceRegressions++
-					r.problem(g.ok, "%s: fence %d granted to two owners", key, g.fence)
-				} else {
-					r.FenceRepeats++
-				}
-			}
-			owners[g.fence] = g.owner
-		}
-		// maxBefore returns the highest fence confirmed before t.
-		maxBefore := func(t int64) uint64 {
-			i := sort.Search(len(gs), func(i int) bool { return gs[i].ok >= t })
-			if i == 0 {
-				return 0
-			}
-			return prefixMax[i-1]
-		}
-		for _, g := range gs {
-			if g.invokeKnown {
-				if f := maxBefore(g.invoke); g.fence < f && strength >= fenced.FenceStrict {
-					r.FenceRegressions++
-					r.problem(g.ok, "%s: fence %d granted (worker %d) after fence %d was confirmed", key, g.fence, g.worker, f)
-				}
-			}
-			if g.setHealthy {
-				if f := maxBefore(g.ok - int64(setMargin)); f > g.fence {
-					r.SetsHealthyWithLost++
-					r.problem(g.ok, "%s: AcquireAll (worker %d, op %d) returned a healthy set whose lease (fence %d) was already superseded by fence %d", key, g.worker, g.op, g.fence, f)
-				}
-			}
-		}
+		c.checkKeyFences(key, gs)
 	}
+}
 
-	// Orphans: grants nobody was handed.
-	for k, s := range observed {
-		if returned[k.owner] {
-			continue
-		}
-		r.OrphansSeen++
-		held := max(0, time.Duration(s.last-s.first))
-		if held <= bound {
-			continue
-		}
-		// The acquisitions that may have left it: those invoked on its key
-		// (or, for a semaphore, on the name its permit keys start with)
-		// before it was seen, not completed a TTL before, that failed or
-		// take several grants (a set, a permit, a campaign). A grant such
-		// an acquisition holds while it runs is not an orphan. The Client
-		// looks for the grant of a failed one for a second and releases
-		// it; the orphan counts only if it was still held the bound after
-		// each of them completed, and neither their workers nor the
-		// authority were faulted from a second before each completed to
-		// the bound after.
-		var from []*acq
-		for _, a := range acqs {
-			if a.invoke > s.first+int64(200*time.Millisecond) || (a.done != 0 && a.done < s.first-int64(ttl)) {
-				continue
-			}
-			if !a.failed && a.done != 0 && !multiGrant(a.name) {
-				continue
-			}
-			for _, key := range a.keys {
-				if key == k.key || strings.HasPrefix(k.key, key+"#") {
-					from = append(from, a)
-					break
-				}
+// checkKeyFences checks key's grants gs, in confirmation (ok) order. A
+// fence may go to one owner only, and never below one confirmed before.
+func (c *genChecker) checkKeyFences(key string, gs []*genGrant) {
+	r := &c.r
+	prefixMax := make([]uint64, len(gs))
+	var m uint64
+	owners := map[uint64]string{}
+	for i, g := range gs {
+		m = max(m, g.fence)
+		prefixMax[i] = m
+		if o, ok := owners[g.fence]; ok && o != g.owner {
+			if c.strength >= fenced.FenceStrict {
+				r.FenceRegressions++
+				r.problem(g.ok, "%s: fence %d granted to two owners", key, g.fence)
+			} else {
+				r.FenceRepeats++
 			}
 		}
-		// The hard limit: held past the TTL once nothing that may still
-		// return it runs, with the authority answering. An acquisition
-		// running when the grant was first seen may be the one that made it: a set holds the grants it has
-		// got while it waits for the rest, for as long as its MaxWait, and
-		// a single-key acquisition whose request was applied while the
-		// authority was unreachable learns of its grant (or gives up and
-		// releases it) only once it is back. So the count starts when the
-		// last such acquisition completed; one still running at the end
-		// of the history does not stop it.
-		orphanFrom := s.first
-		for _, a := range from {
-			if a.done != 0 {
-				orphanFrom = max(orphanFrom, a.done)
+		owners[g.fence] = g.owner
+	}
+	// maxBefore returns the highest fence confirmed before t.
+	maxBefore := func(t int64) uint64 {
+		i := sort.Search(len(gs), func(i int) bool { return gs[i].ok >= t })
+		if i == 0 {
+			return 0
+		}
+		return prefixMax[i-1]
+	}
+	for _, g := range gs {
+		if g.invokeKnown {
+			if f := maxBefore(g.invoke); g.fence < f && c.strength >= fenced.FenceStrict {
+				r.FenceRegressions++
+				r.problem(g.ok, "%s: fence %d granted (worker %d) after fence %d was confirmed", key, g.fence, g.worker, f)
 			}
 		}
-		// Nor while the authority could not answer (paused, or killed and
-		// not yet answering again): no delete reaches it, and etcd gives
-		// every session a full TTL again when it restarts. The count
-		// starts again when the last such fault in the grant's life ended.
-		for _, f := range faults {
-			if f.worker < 0 && f.start <= s.last && f.end >= orphanFrom {
-				orphanFrom = max(orphanFrom, f.end)
+		if g.setHealthy {
+			if f := maxBefore(g.ok - int64(setMargin)); f > g.fence {
+				r.SetsHealthyWithLost++
+				r.problem(g.ok, "%s: AcquireAll (worker %d, op %d) returned a healthy set whose lease (fence %d) was already superseded by fence %d", key, g.worker, g.op, g.fence, f)
 			}
-		}
-		if free := time.Duration(s.last - orphanFrom); free > ttl+time.Second {
-			r.Orphans++
-			r.problem(orphanFrom+int64(ttl), "%s: a grant no Acquire returned (owner %.8s, fence %d) was held for %v, %v of it after the acquisitions that could return it ended, past its TTL", k.key, k.owner, k.fence, held, free)
-			continue
-		}
-		// A queued waiter that missed its turn: its single-key acquisition
-		// (not a try, which never queues) went on waiting while its grant
-		// stood at the authority, for more than the TTL (a slow authority
-		// may take seconds to answer), with no fault active from a second before the
-		// grant was seen until the acquisition completed, and the grant
-		// went only as the acquisition gave up (within 250 ms of it).
-		missed := false
-		for _, a := range from {
-			if multiGrant(a.name) || a.name == "try" || a.done == 0 || a.done-s.first <= int64(ttl) || s.last < a.done-int64(250*time.Millisecond) {
-				continue
-			}
-			if !faultIn(faults, a.worker, s.first-int64(time.Second), a.done) {
-				missed = true
-				r.SlowOrphans++
-				r.problem(s.first+int64(ttl), "%s: a waiter's grant (owner %.8s, fence %d) stood %v while its acquisition (worker %d) went on waiting, with no fault active", k.key, k.owner, k.fence, time.Duration(a.done-s.first), a.worker)
-				break
-			}
-		}
-		if missed {
-			continue
-		}
-		quiet := len(from) > 0
-		for _, c := range from {
-			if c.done == 0 || s.last < c.done+int64(bound) || faultIn(faults, c.worker, c.done-int64(time.Second), c.done+int64(bound)) {
-				quiet = false
-				break
-			}
-		}
-		if quiet {
-			r.SlowOrphans++
-			r.problem(s.first+int64(bound), "%s: a grant no Acquire returned (owner %.8s, fence %d) was held for %v with no fault active", k.key, k.owner, k.fence, held)
 		}
 	}
-	for _, e := range renewedAfterBreak {
+}
+
+// checkRenewedAfterBreak counts the renewals after a worker's own break.
+// A crash of an authority with a repeatable fence excuses one.
+func (c *genChecker) checkRenewedAfterBreak() {
+	for _, e := range c.renewedAfterBreak {
 		// A restart of an authority that may lose data (its fence is
 		// repeatable) may bring the broken key back.
 		excused := false
-		for _, f := range faults {
-			if strength < fenced.FenceStrict && f.fault == string(CrashAuthority) && f.start <= e.T && f.start >= e.T-int64(10*time.Second) {
+		for _, f := range c.faults {
+			if c.strength < fenced.FenceStrict && f.fault == string(CrashAuthority) && f.start <= e.T && f.start >= e.T-int64(10*time.Second) {
 				excused = true
 			}
 		}
 		if !excused {
-			r.RenewedAfterBreak++
-			r.problem(e.T, "worker %d: its lease on %s (fence %d) was renewed by a request sent after the worker broke it (validity %v past the break plus the TTL)", e.Worker, e.Key, e.Fence, time.Duration(e.Value).Round(time.Millisecond))
+			c.r.RenewedAfterBreak++
+			c.r.problem(e.T, "worker %d: its lease on %s (fence %d) was renewed by a request sent after the worker broke it (validity %v past the break plus the TTL)", e.Worker, e.Key, e.Fence, time.Duration(e.Value).Round(time.Millisecond))
 		}
 	}
-	checkExclusion(&r, events, strength, faults)
-	return r
 }
 
 // multiGrant reports whether an acquisition of the named kind takes

@@ -1,7 +1,6 @@
 package proof
 
 import (
-	"fmt"
 	"sort"
 	"time"
 
@@ -113,40 +112,60 @@ func (s *liveSpan) add(live bool, tb, t int64) {
 //     instead of the keep; on a store a stopped process can stall, plus
 //     the stop.
 func CheckGenElect(events []electEvent, writes []partWrite, tm ElectTiming) GenElectReport {
-	rep := GenElectReport{Faults: map[string]int{}, Hurt: map[string]int{}, MaxSchedDelay: tm.SchedDelay}
-	var t0 int64
+	c := &electChecker{
+		rep:        GenElectReport{Faults: map[string]int{}, Hurt: map[string]int{}, MaxSchedDelay: tm.SchedDelay},
+		tm:         tm,
+		violations: violations{first: -1, since: "run"},
+	}
+	c.problems = &c.rep.Problems
 	for _, e := range events {
-		if t0 == 0 || e.T < t0 {
-			t0 = e.T
+		if c.t0 == 0 || e.T < c.t0 {
+			c.t0 = e.T
 		}
 	}
-	first := int64(-1)
-	violation := func(at int64, format string, args ...any) {
-		if len(rep.Problems) < 20 {
-			rep.Problems = append(rep.Problems, fmt.Sprintf("%v into the run: ", time.Duration(at-t0).Round(time.Millisecond))+fmt.Sprintf(format, args...))
-		}
-		if first < 0 || at < first {
-			first = at
+	c.collect(events)
+	for i, a := range c.terms {
+		for _, b := range c.terms[i+1:] {
+			c.checkPair(a, b)
 		}
 	}
+	c.checkWrites(writes)
+	c.checkRecoveries()
+	if c.first >= 0 {
+		c.rep.FirstViolation = time.Duration(c.first - c.t0)
+	}
+	return c.rep
+}
+
+// electChecker holds what CheckGenElect has learnt of a run.
+// It fills rep as it goes.
+type electChecker struct {
+	rep GenElectReport
+	tm  ElectTiming
+	violations
+	terms  []*electTerm // by fence, then by first sample live
+	faults []electEvent // in the order of the history
+}
+
+// collect gathers the faults and the terms from the history, and counts.
+func (c *electChecker) collect(events []electEvent) {
 	type key struct {
 		pid   int
 		fence uint64
 	}
 	byKey := map[key]*electTerm{}
-	var faults []electEvent
 	for _, e := range events {
 		switch e.K {
 		case "fault":
-			faults = append(faults, e)
-			rep.Faults[e.Fault]++
+			c.faults = append(c.faults, e)
+			c.rep.Faults[e.Fault]++
 			if e.Hurt {
-				rep.Hurt[e.Fault]++
+				c.rep.Hurt[e.Fault]++
 			}
 		case "nolease":
-			rep.NoLease++
+			c.rep.NoLease++
 		case "end":
-			rep.WritesRefused += e.Refused
+			c.rep.WritesRefused += e.Refused
 		case "lead", "s":
 			k := key{e.PID, e.Fence}
 			t := byKey[k]
@@ -162,134 +181,151 @@ func CheckGenElect(events []electEvent, writes []partWrite, tm ElectTiming) GenE
 			t.cg.add(e.CG, e.TB, e.T)
 		}
 	}
-	var terms []*electTerm
 	for _, t := range byKey {
-		terms = append(terms, t)
+		c.terms = append(c.terms, t)
 	}
-	sort.Slice(terms, func(i, j int) bool {
-		if terms[i].fence != terms[j].fence {
-			return terms[i].fence < terms[j].fence
+	sort.Slice(c.terms, func(i, j int) bool {
+		if c.terms[i].fence != c.terms[j].fence {
+			return c.terms[i].fence < c.terms[j].fence
 		}
-		return terms[i].w.first < terms[j].w.first
+		return c.terms[i].w.first < c.terms[j].w.first
 	})
-	rep.Terms = len(terms)
-	// The fault of kind on a's process (or, for a break, its term) that
-	// explains an overlap with a term first seen live at before: the
-	// latest, if a's process was stopped more than once in its term.
-	excuse := func(a *electTerm, before int64, kinds ...string) *electEvent {
-		var found *electEvent
-		for i := range faults {
-			f := &faults[i]
-			for _, k := range kinds {
-				if f.Fault != k || f.T > before {
-					continue
-				}
-				if k == "break" && f.Hurt && f.Fence == a.fence || k == "stop" && f.PID == a.pid && f.End >= a.cg.first {
-					found = f
-				}
-			}
-		}
-		return found
-	}
-	killedAfter := func(pid int, at int64) bool {
-		for _, f := range faults {
-			if f.Fault == "kill" && f.PID == pid && f.T >= at {
-				return true
-			}
-		}
-		return false
-	}
-	for i, a := range terms {
-		for _, b := range terms[i+1:] {
-			if a.fence == b.fence {
-				violation(b.w.first, "fence %d granted to two terms (pids %d and %d)", a.fence, a.pid, b.pid)
+	c.rep.Terms = len(c.terms)
+}
+
+// excuse returns the fault of kind on a's process (or, for a break, its
+// term) that explains an overlap with a term first seen live at before:
+// the latest, if a's process was stopped more than once in its term.
+func (c *electChecker) excuse(a *electTerm, before int64, kinds ...string) *electEvent {
+	var found *electEvent
+	for i := range c.faults {
+		f := &c.faults[i]
+		for _, k := range kinds {
+			if f.Fault != k || f.T > before {
 				continue
 			}
-			if a.w.first != 0 && b.w.first != 0 && a.w.last > b.w.first {
-				d := time.Duration(a.w.last - b.w.first)
-				if br := excuse(a, b.w.first, "break"); br != nil && a.w.last <= br.End+int64(a.ttl) {
-					rep.BreakOverlaps++
-					rep.MaxBreakOverlap = max(rep.MaxBreakOverlap, d)
-				} else {
-					rep.Overlaps++
-					violation(b.w.first, "two leaders at once for %v: the work context of fence %d (elector %d, pid %d) was seen live after that of fence %d (elector %d, pid %d)",
-						d.Round(time.Millisecond), a.fence, a.slot, a.pid, b.fence, b.slot, b.pid)
-				}
-			}
-			if a.cg.first != 0 && b.cg.first != 0 && a.cg.last > b.cg.first {
-				d := time.Duration(a.cg.last - b.cg.first)
-				f := excuse(a, b.cg.first, "stop", "break")
-				if f == nil {
-					rep.CGOverlaps++
-					violation(b.cg.first, "client-go's contexts of fence %d (elector %d, pid %d) and fence %d (elector %d, pid %d) live at once for %v, with no stop or break of the first",
-						a.fence, a.slot, a.pid, b.fence, b.slot, b.pid, d.Round(time.Millisecond))
-					continue
-				}
-				rep.CGPauseOverlaps++
-				rep.MaxCGPauseOverlap = max(rep.MaxCGPauseOverlap, d)
-				switch {
-				case a.cg.end != 0 && f.Fault == "stop":
-					// Seen live after the resume: its end may be seen
-					// later only because the process was stopped again.
-					rep.MaxCGAfterResume = max(rep.MaxCGAfterResume, time.Duration(a.cg.last-f.End))
-				case a.cg.end == 0 && !killedAfter(a.pid, b.cg.first):
-					violation(b.cg.first, "client-go's context of fence %d (elector %d, pid %d) never ended after a %s of it", a.fence, a.slot, a.pid, f.Fault)
-				}
+			if k == "break" && f.Hurt && f.Fence == a.fence || k == "stop" && f.PID == a.pid && f.End >= a.cg.first {
+				found = f
 			}
 		}
 	}
+	return found
+}
+
+// killedAfter reports whether process pid was killed at or after at.
+func (c *electChecker) killedAfter(pid int, at int64) bool {
+	for _, f := range c.faults {
+		if f.Fault == "kill" && f.PID == pid && f.T >= at {
+			return true
+		}
+	}
+	return false
+}
+
+// checkPair checks terms a and b (a's fence not above b's) for overlaps.
+func (c *electChecker) checkPair(a, b *electTerm) {
+	if a.fence == b.fence {
+		c.violation(b.w.first, "fence %d granted to two terms (pids %d and %d)", a.fence, a.pid, b.pid)
+		return
+	}
+	if a.w.first != 0 && b.w.first != 0 && a.w.last > b.w.first {
+		d := time.Duration(a.w.last - b.w.first)
+		if br := c.excuse(a, b.w.first, "break"); br != nil && a.w.last <= br.End+int64(a.ttl) {
+			c.rep.BreakOverlaps++
+			c.rep.MaxBreakOverlap = max(c.rep.MaxBreakOverlap, d)
+		} else {
+			c.rep.Overlaps++
+			c.violation(b.w.first, "two leaders at once for %v: the work context of fence %d (elector %d, pid %d) was seen live after that of fence %d (elector %d, pid %d)",
+				d.Round(time.Millisecond), a.fence, a.slot, a.pid, b.fence, b.slot, b.pid)
+		}
+	}
+	if a.cg.first != 0 && b.cg.first != 0 && a.cg.last > b.cg.first {
+		c.checkCGOverlap(a, b)
+	}
+}
+
+// checkCGOverlap judges client-go's contexts of a and b, seen live at once.
+func (c *electChecker) checkCGOverlap(a, b *electTerm) {
+	d := time.Duration(a.cg.last - b.cg.first)
+	f := c.excuse(a, b.cg.first, "stop", "break")
+	if f == nil {
+		c.rep.CGOverlaps++
+		c.violation(b.cg.first, "client-go's contexts of fence %d (elector %d, pid %d) and fence %d (elector %d, pid %d) live at once for %v, with no stop or break of the first",
+			a.fence, a.slot, a.pid, b.fence, b.slot, b.pid, d.Round(time.Millisecond))
+		return
+	}
+	c.rep.CGPauseOverlaps++
+	c.rep.MaxCGPauseOverlap = max(c.rep.MaxCGPauseOverlap, d)
+	switch {
+	case a.cg.end != 0 && f.Fault == "stop":
+		// Seen live after the resume: its end may be seen
+		// later only because the process was stopped again.
+		c.rep.MaxCGAfterResume = max(c.rep.MaxCGAfterResume, time.Duration(a.cg.last-f.End))
+	case a.cg.end == 0 && !c.killedAfter(a.pid, b.cg.first):
+		c.violation(b.cg.first, "client-go's context of fence %d (elector %d, pid %d) never ended after a %s of it", a.fence, a.slot, a.pid, f.Fault)
+	}
+}
+
+// checkWrites checks the accepted writes, in commit order, for a stale one.
+func (c *electChecker) checkWrites(writes []partWrite) {
 	var last *partWrite
 	for i := range writes {
 		w := &writes[i]
-		rep.WritesAccepted++
+		c.rep.WritesAccepted++
 		if last != nil && (w.Fence < last.Fence || w.Fence == last.Fence && w.PID != last.PID) {
-			rep.StaleAccepted++
-			violation(w.T, "stale write accepted: fence %d by pid %d after fence %d by pid %d", w.Fence, w.PID, last.Fence, last.PID)
+			c.rep.StaleAccepted++
+			c.violation(w.T, "stale write accepted: fence %d by pid %d after fence %d by pid %d", w.Fence, w.PID, last.Fence, last.PID)
 		}
 		if last == nil || w.Fence >= last.Fence {
 			last = w
 		}
 	}
-	ttl := tm.LeaseDuration
-	for _, t := range terms {
+}
+
+// checkRecoveries checks that a next term began in time after each fault
+// that struck the leader.
+func (c *electChecker) checkRecoveries() {
+	ttl := c.tm.LeaseDuration
+	for _, t := range c.terms {
 		ttl = max(ttl, t.ttl)
 	}
+	for _, f := range c.faults {
+		if f.Hurt {
+			c.checkRecovery(f, ttl)
+		}
+	}
+}
+
+// checkRecovery checks the recovery from fault f; ttl is the longest TTL.
+func (c *electChecker) checkRecovery(f electEvent, ttl time.Duration) {
+	tm := c.tm
 	campaign := tm.RetryPeriod * 22 / 10
-	for _, f := range faults {
-		if !f.Hurt {
-			continue
-		}
-		rep.Recoveries++
-		var next int64
-		for _, t := range terms {
-			if t.fence > f.Fence && t.w.first != 0 && (next == 0 || t.w.first < next) {
-				next = t.w.first
-			}
-		}
-		wait := tm.Keeps.Outlives(ttl)
-		if f.Fault == "break" {
-			wait = time.Duration(f.End - f.T)
-		}
-		var stall time.Duration
-		if tm.StoreStalls && f.Fault == "stop" {
-			stall = time.Duration(f.End - f.T)
-		}
-		bound := wait + campaign + 2*electSampleEvery + 3*tm.SchedDelay + stall
-		if next == 0 {
-			violation(f.T, "no leader after the %s of the leader (fence %d, elector %d) to the end of the run (bound %v)", f.Fault, f.Fence, f.Slot, bound.Round(time.Millisecond))
-			continue
-		}
-		d := max(0, time.Duration(next-f.T))
-		if d > rep.LongestRecovery {
-			rep.LongestRecovery, rep.Bound, rep.RecoveryKind = d, bound, f.Fault
-		}
-		if d > bound {
-			violation(f.T, "no leader for %v after the %s of the leader (fence %d, elector %d): bound %v = %v (the store's keep of a %v grant, or the break) + client-go's campaign %v (RetryPeriod × 2.2) + 2 samples %v + 3 × the measured scheduling delay %v + a store stall by a stopped process %v",
-				d.Round(time.Millisecond), f.Fault, f.Fence, f.Slot, bound.Round(time.Millisecond), wait.Round(time.Millisecond), ttl, campaign, 2*electSampleEvery, tm.SchedDelay.Round(time.Millisecond), stall.Round(time.Millisecond))
+	c.rep.Recoveries++
+	var next int64
+	for _, t := range c.terms {
+		if t.fence > f.Fence && t.w.first != 0 && (next == 0 || t.w.first < next) {
+			next = t.w.first
 		}
 	}
-	if first >= 0 {
-		rep.FirstViolation = time.Duration(first - t0)
+	wait := tm.Keeps.Outlives(ttl)
+	if f.Fault == "break" {
+		wait = time.Duration(f.End - f.T)
 	}
-	return rep
+	var stall time.Duration
+	if tm.StoreStalls && f.Fault == "stop" {
+		stall = time.Duration(f.End - f.T)
+	}
+	bound := wait + campaign + 2*electSampleEvery + 3*tm.SchedDelay + stall
+	if next == 0 {
+		c.violation(f.T, "no leader after the %s of the leader (fence %d, elector %d) to the end of the run (bound %v)", f.Fault, f.Fence, f.Slot, bound.Round(time.Millisecond))
+		return
+	}
+	d := max(0, time.Duration(next-f.T))
+	if d > c.rep.LongestRecovery {
+		c.rep.LongestRecovery, c.rep.Bound, c.rep.RecoveryKind = d, bound, f.Fault
+	}
+	if d > bound {
+		c.violation(f.T, "no leader for %v after the %s of the leader (fence %d, elector %d): bound %v = %v (the store's keep of a %v grant, or the break) + client-go's campaign %v (RetryPeriod × 2.2) + 2 samples %v + 3 × the measured scheduling delay %v + a store stall by a stopped process %v",
+			d.Round(time.Millisecond), f.Fault, f.Fence, f.Slot, bound.Round(time.Millisecond), wait.Round(time.Millisecond), ttl, campaign, 2*electSampleEvery, tm.SchedDelay.Round(time.Millisecond), stall.Round(time.Millisecond))
+	}
 }

@@ -43,25 +43,49 @@ type leaseLife struct {
 // authority not restarted (CrashAuthority) meanwhile. faults are the run's fault
 // windows.
 func checkExclusion(r *GenReport, events []Event, strength fenced.FenceStrength, faults []faultWindow) {
+	x := &exclusionChecker{r: r, strength: strength, faults: faults, breaks: map[string][]leaseBreak{}}
+	x.collect(events)
+	byKey := map[string][]*leaseLife{}
+	for _, l := range x.lives {
+		byKey[l.key] = append(byKey[l.key], l)
+		x.checkBreaks(l)
+	}
+	for key, ls := range byKey {
+		x.checkOverlaps(key, ls)
+	}
+}
+
+// leaseBreak is one Break of a grant that succeeded: when it was invoked,
+// when it completed, and the fence it broke.
+type leaseBreak struct {
+	invoke, done int64
+	fence        uint64
+}
+
+// exclusionChecker holds what checkExclusion needs of a history.
+type exclusionChecker struct {
+	r        *GenReport
+	strength fenced.FenceStrength
+	faults   []faultWindow
+	lives    []*leaseLife            // in the order they were granted
+	breaks   map[string][]leaseBreak // by key
+}
+
+// collect gathers the leases' lives and the breaks from the history.
+func (x *exclusionChecker) collect(events []Event) {
 	type lk struct {
 		worker int
 		key    string
 		fence  uint64
 	}
-	var lives []*leaseLife
 	open := map[lk][]*leaseLife{}
-	type brk struct {
-		invoke, done int64
-		fence        uint64
-	}
-	breaks := map[string][]brk{}
 	breakInvoke := map[int64]int64{}
 	for _, e := range events {
 		k := lk{e.Worker, e.Key, e.Fence}
 		switch e.Kind {
 		case AcquireOK, SetMember:
 			l := &leaseLife{key: e.Key, owner: e.Owner, fence: e.Fence, worker: e.Worker, ttl: e.TTL, ok: e.T}
-			lives = append(lives, l)
+			x.lives = append(x.lives, l)
 			open[k] = append(open[k], l)
 		case Lost, ReleaseInvoke:
 			if ls := open[k]; len(ls) > 0 {
@@ -76,74 +100,82 @@ func checkExclusion(r *GenReport, events []Event, strength fenced.FenceStrength,
 				if !ok {
 					inv = e.T
 				}
-				breaks[e.Key] = append(breaks[e.Key], brk{inv, e.T, e.Fence})
+				x.breaks[e.Key] = append(x.breaks[e.Key], leaseBreak{inv, e.T, e.Fence})
 			}
 		}
 	}
-	stopped := func(worker int, from, to int64) bool {
-		for _, f := range faults {
-			if f.fault == string(PauseHolder) && f.worker == worker && f.start <= to && f.end >= from {
-				return true
-			}
+}
+
+// stopped reports whether worker was stopped (PauseHolder) in [from, to].
+func (x *exclusionChecker) stopped(worker int, from, to int64) bool {
+	for _, f := range x.faults {
+		if f.fault == string(PauseHolder) && f.worker == worker && f.start <= to && f.end >= from {
+			return true
 		}
+	}
+	return false
+}
+
+// restarted reports whether an authority whose fence may repeat was
+// restarted (CrashAuthority) in [from, to].
+func (x *exclusionChecker) restarted(from, to int64) bool {
+	if x.strength >= fenced.FenceStrict {
 		return false
 	}
-	restarted := func(from, to int64) bool {
-		if strength >= fenced.FenceStrict {
-			return false
-		}
-		for _, f := range faults {
-			if f.fault == string(CrashAuthority) && f.start <= to && f.end >= from {
-				return true
-			}
-		}
-		return false
-	}
-	byKey := map[string][]*leaseLife{}
-	for _, l := range lives {
-		byKey[l.key] = append(byKey[l.key], l)
-		if l.ttl == 0 || l.end == 0 {
-			continue // an end not recorded (the run stopped first) is not judged
-		}
-		for _, b := range breaks[l.key] {
-			if b.fence != l.fence || b.done < l.ok {
-				continue
-			}
-			// Every renewal sent after the break fails, so the lease runs
-			// out by its validity at the latest. (Sooner, at its next
-			// renewal, is not promised: a renewal that fails for another
-			// reason, a busy SQLite, is tried again.)
-			due := b.done + int64(l.ttl+exclusionSlack)
-			if l.end > due && !stopped(l.worker, b.invoke, due) {
-				r.OutlivedBreak++
-				r.problem(due, "worker %d: lease on %s (fence %d) still live %v after a break of it completed (TTL %v)", l.worker, l.key, l.fence, time.Duration(l.end-b.done).Round(time.Millisecond), l.ttl)
-			}
+	for _, f := range x.faults {
+		if f.fault == string(CrashAuthority) && f.start <= to && f.end >= from {
+			return true
 		}
 	}
-	for key, ls := range byKey {
-		sort.Slice(ls, func(i, j int) bool { return ls[i].ok < ls[j].ok })
-		for i, a := range ls {
-			end := a.end
-			if end == 0 {
+	return false
+}
+
+// checkBreaks checks that lease l ended within its TTL after each break.
+func (x *exclusionChecker) checkBreaks(l *leaseLife) {
+	if l.ttl == 0 || l.end == 0 {
+		return // an end not recorded (the run stopped first) is not judged
+	}
+	for _, b := range x.breaks[l.key] {
+		if b.fence != l.fence || b.done < l.ok {
+			continue
+		}
+		// Every renewal sent after the break fails, so the lease runs
+		// out by its validity at the latest. (Sooner, at its next
+		// renewal, is not promised: a renewal that fails for another
+		// reason, a busy SQLite, is tried again.)
+		due := b.done + int64(l.ttl+exclusionSlack)
+		if l.end > due && !x.stopped(l.worker, b.invoke, due) {
+			x.r.OutlivedBreak++
+			x.r.problem(due, "worker %d: lease on %s (fence %d) still live %v after a break of it completed (TTL %v)", l.worker, l.key, l.fence, time.Duration(l.end-b.done).Round(time.Millisecond), l.ttl)
+		}
+	}
+}
+
+// checkOverlaps checks that no lease of key lived on past another owner's
+// grant of it, unless a break, stop or restart explains it.
+func (x *exclusionChecker) checkOverlaps(key string, ls []*leaseLife) {
+	sort.Slice(ls, func(i, j int) bool { return ls[i].ok < ls[j].ok })
+	for i, a := range ls {
+		end := a.end
+		if end == 0 {
+			continue
+		}
+		for _, b := range ls[i+1:] {
+			if b.ok+int64(exclusionSlack) >= end {
+				break
+			}
+			if b.owner == a.owner {
 				continue
 			}
-			for _, b := range ls[i+1:] {
-				if b.ok+int64(exclusionSlack) >= end {
-					break
+			excused := x.stopped(a.worker, a.ok, end) || x.restarted(a.ok, b.ok)
+			for _, br := range x.breaks[key] {
+				if br.invoke <= b.ok && br.done >= a.ok {
+					excused = true
 				}
-				if b.owner == a.owner {
-					continue
-				}
-				excused := stopped(a.worker, a.ok, end) || restarted(a.ok, b.ok)
-				for _, br := range breaks[key] {
-					if br.invoke <= b.ok && br.done >= a.ok {
-						excused = true
-					}
-				}
-				if !excused {
-					r.Overlaps++
-					r.problem(b.ok, "%s: granted to worker %d (fence %d) while worker %d's lease (fence %d) lived on for %v more", key, b.worker, b.fence, a.worker, a.fence, time.Duration(end-b.ok).Round(time.Millisecond))
-				}
+			}
+			if !excused {
+				x.r.Overlaps++
+				x.r.problem(b.ok, "%s: granted to worker %d (fence %d) while worker %d's lease (fence %d) lived on for %v more", key, b.worker, b.fence, a.worker, a.fence, time.Duration(end-b.ok).Round(time.Millisecond))
 			}
 		}
 	}

@@ -125,119 +125,159 @@ type jobRunKey struct {
 //     longest stop or stall (a scheduler stopped inside a write of a
 //     SQLite file holds its lock; the stall holds the store's).
 func CheckGenJobs(events []jobEvent, writes []jobWrite, faults []jobFault, lv genJobsLiveness, exits map[int]int) GenJobsReport {
-	rep := GenJobsReport{Faults: map[string]int{}, Exits: exits, Runs: map[string]int{}, Ticks: map[string]int{}}
-	t0 := lv.From
-	first := int64(-1)
-	violation := func(at int64, format string, args ...any) {
-		if len(rep.Problems) < 20 {
-			rep.Problems = append(rep.Problems, fmt.Sprintf("%v into the churn: ", time.Duration(at-t0).Round(time.Millisecond))+fmt.Sprintf(format, args...))
-		}
-		if first < 0 || at < first {
-			first = at
-		}
+	c := &jobsChecker{
+		rep:        GenJobsReport{Faults: map[string]int{}, Exits: exits, Runs: map[string]int{}, Ticks: map[string]int{}},
+		violations: violations{t0: lv.From, first: -1, since: "churn"},
+		faults:     faults,
+		runs:       map[jobRunKey]*jobRun{},
+		last:       map[string]jobWrite{},
+		ticks:      map[string]map[int64]uint64{},
 	}
+	c.problems = &c.rep.Problems
 	for _, f := range faults {
-		rep.Faults[f.Kind]++
+		c.rep.Faults[f.Kind]++
 	}
-	runs := map[jobRunKey]*jobRun{}
-	get := func(job string, f uint64) *jobRun {
-		k := jobRunKey{job, f}
-		r := runs[k]
-		if r == nil {
-			r = &jobRun{job: job, fence: f}
-			runs[k] = r
-		}
-		return r
+	c.collect(events)
+	for _, w := range writes {
+		c.checkWrite(w)
 	}
+	c.checkContexts()
+	c.checkLiveness(writes, lv)
+	if c.first >= 0 {
+		c.rep.FirstViolation = time.Duration(c.first - c.t0)
+	}
+	return c.rep
+}
+
+// jobsChecker holds what CheckGenJobs has learnt of a run.
+// It fills rep as it goes.
+type jobsChecker struct {
+	rep GenJobsReport
+	violations
+	faults []jobFault
+	runs   map[jobRunKey]*jobRun
+	// last is each job's accepted write of the highest fence so far.
+	last map[string]jobWrite
+	// ticks holds, per job and tick slot, the fence of its latest run.
+	ticks map[string]map[int64]uint64
+}
+
+// run returns job's run of fence f, making it on first use.
+func (c *jobsChecker) run(job string, f uint64) *jobRun {
+	k := jobRunKey{job, f}
+	r := c.runs[k]
+	if r == nil {
+		r = &jobRun{job: job, fence: f}
+		c.runs[k] = r
+	}
+	return r
+}
+
+// collect gathers the runs from the schedulers' history.
+func (c *jobsChecker) collect(events []jobEvent) {
 	for _, e := range events {
-		r := get(e.Job, e.Fence)
+		r := c.run(e.Job, e.Fence)
 		r.kind, r.pid, r.tick = e.Kind, int64(e.PID), e.Tick
 		switch e.K {
 		case "start":
 			r.start, r.late = e.T, e.Late
-			rep.Runs[e.Kind]++
+			c.rep.Runs[e.Kind]++
 		case "first":
 			r.first = e.T
 		case "end":
 			r.live, r.lost = max(r.live, e.Live), e.Lost
-			rep.WritesRefused += e.Refused
+			c.rep.WritesRefused += e.Refused
 		}
 	}
-	// broken reports whether the lease of fence f was broken by at.
-	broken := func(f uint64, at int64) bool {
-		for _, x := range faults {
-			if x.Kind == "break" && x.Fence == f && x.From <= at {
-				return true
-			}
-		}
-		return false
-	}
-	last := map[string]jobWrite{}
-	ticks := map[string]map[int64]uint64{}
-	for _, w := range writes {
-		rep.WritesAccepted++
-		r := get(w.Job, w.Fence)
-		if r.kind == "" {
-			r.kind, r.pid, r.tick, r.start = w.Kind, w.PID, w.Tick, w.T
-		}
-		if w.Live {
-			r.live = max(r.live, w.T) // a killed run logs no end
-		}
-		if prev, ok := last[w.Job]; ok && (w.Fence < prev.Fence || w.Fence == prev.Fence && w.PID != prev.PID) {
-			rep.StaleAccepted++
-			violation(w.T, "stale write accepted on job %s: fence %d (pid %d) after fence %d (pid %d)", w.Job, w.Fence, w.PID, prev.Fence, prev.PID)
-		}
-		if prev, ok := last[w.Job]; !ok || w.Fence >= prev.Fence {
-			last[w.Job] = w
-		}
-		if ticks[w.Job] == nil {
-			ticks[w.Job] = map[int64]uint64{}
-		}
-		switch other, ok := ticks[w.Job][w.Tick]; {
-		case !ok:
-			ticks[w.Job][w.Tick] = w.Fence
-			rep.Ticks[w.Kind]++
-		case other != w.Fence:
-			ticks[w.Job][w.Tick] = w.Fence
-			a, b := runs[jobRunKey{w.Job, other}], r
-			if a.start > b.start {
-				a, b = b, a
-			}
-			what := fmt.Sprintf("job %s (%s) ran twice for tick %s: fences %d (pid %d, %v into the slot) and %d (pid %d, %v into the slot) both had writes accepted",
-				w.Job, w.Kind, time.Unix(w.Tick, 0).UTC().Format("15:04:05"), a.fence, a.pid, a.late.Round(time.Millisecond), b.fence, b.pid, b.late.Round(time.Millisecond))
-			if broken(a.fence, b.start) {
-				rep.BrokenTwice++
-				break
-			}
-			if b.late > genJobsMinHold {
-				rep.LateTwice++
-				if rep.LateTwice == 1 {
-					rep.FirstLateTwice = what
-				}
-				break
-			}
-			rep.TwiceForTick++
-			violation(w.T, "%s", what)
+}
+
+// broken reports whether the lease of fence f was broken by at.
+func (c *jobsChecker) broken(f uint64, at int64) bool {
+	for _, x := range c.faults {
+		if x.Kind == "break" && x.Fence == f && x.From <= at {
+			return true
 		}
 	}
+	return false
+}
+
+// checkWrite takes in one accepted write, in commit order. It checks that
+// the job's fences do not go down, and that its tick ran once.
+func (c *jobsChecker) checkWrite(w jobWrite) {
+	c.rep.WritesAccepted++
+	r := c.run(w.Job, w.Fence)
+	if r.kind == "" {
+		r.kind, r.pid, r.tick, r.start = w.Kind, w.PID, w.Tick, w.T
+	}
+	if w.Live {
+		r.live = max(r.live, w.T) // a killed run logs no end
+	}
+	if prev, ok := c.last[w.Job]; ok && (w.Fence < prev.Fence || w.Fence == prev.Fence && w.PID != prev.PID) {
+		c.rep.StaleAccepted++
+		c.violation(w.T, "stale write accepted on job %s: fence %d (pid %d) after fence %d (pid %d)", w.Job, w.Fence, w.PID, prev.Fence, prev.PID)
+	}
+	if prev, ok := c.last[w.Job]; !ok || w.Fence >= prev.Fence {
+		c.last[w.Job] = w
+	}
+	if c.ticks[w.Job] == nil {
+		c.ticks[w.Job] = map[int64]uint64{}
+	}
+	switch other, ok := c.ticks[w.Job][w.Tick]; {
+	case !ok:
+		c.ticks[w.Job][w.Tick] = w.Fence
+		c.rep.Ticks[w.Kind]++
+	case other != w.Fence:
+		c.ticks[w.Job][w.Tick] = w.Fence
+		c.ranTwice(w, c.runs[jobRunKey{w.Job, other}], r)
+	}
+}
+
+// ranTwice judges runs a and b of w's job, which both wrote for w's tick.
+func (c *jobsChecker) ranTwice(w jobWrite, a, b *jobRun) {
+	if a.start > b.start {
+		a, b = b, a
+	}
+	what := fmt.Sprintf("job %s (%s) ran twice for tick %s: fences %d (pid %d, %v into the slot) and %d (pid %d, %v into the slot) both had writes accepted",
+		w.Job, w.Kind, time.Unix(w.Tick, 0).UTC().Format("15:04:05"), a.fence, a.pid, a.late.Round(time.Millisecond), b.fence, b.pid, b.late.Round(time.Millisecond))
+	if c.broken(a.fence, b.start) {
+		c.rep.BrokenTwice++
+		return
+	}
+	if b.late > genJobsMinHold {
+		c.rep.LateTwice++
+		if c.rep.LateTwice == 1 {
+			c.rep.FirstLateTwice = what
+		}
+		return
+	}
+	c.rep.TwiceForTick++
+	c.violation(w.T, "%s", what)
+}
+
+// excused reports whether r's lease was broken, or its process stopped,
+// between its start and to.
+func (c *jobsChecker) excused(r *jobRun, to int64) bool {
+	if c.broken(r.fence, to) {
+		return true
+	}
+	for _, f := range c.faults {
+		switch {
+		case f.Kind == "stop" && int64(f.PID) == r.pid && f.From <= to && f.To >= r.start:
+			return true
+		}
+	}
+	return false
+}
+
+// checkContexts checks, per job, that each run's context ended before the
+// next run's first accepted write.
+func (c *jobsChecker) checkContexts() {
 	// Per job, the runs with an accepted write, in fence order.
 	byJob := map[string][]*jobRun{}
-	for _, r := range runs {
+	for _, r := range c.runs {
 		if r.first > 0 {
 			byJob[r.job] = append(byJob[r.job], r)
 		}
-	}
-	excused := func(r *jobRun, to int64) bool {
-		if broken(r.fence, to) {
-			return true
-		}
-		for _, f := range faults {
-			switch {
-			case f.Kind == "stop" && int64(f.PID) == r.pid && f.From <= to && f.To >= r.start:
-				return true
-			}
-		}
-		return false
 	}
 	for job, rs := range byJob {
 		slices.SortFunc(rs, func(a, b *jobRun) int {
@@ -248,21 +288,26 @@ func CheckGenJobs(events []jobEvent, writes []jobWrite, faults []jobFault, lv ge
 		})
 		for i, r := range rs[:max(0, len(rs)-1)] {
 			next := rs[i+1]
-			if excused(r, next.first) {
+			if c.excused(r, next.first) {
 				continue
 			}
-			rep.ContextChecked++
+			c.rep.ContextChecked++
 			if r.lost != "" {
-				rep.ContextLost++
+				c.rep.ContextLost++
 			}
 			if r.live > next.first {
-				rep.LiveAfterNext++
-				violation(next.first, "job %s: the run with fence %d (pid %d) saw its context live %v after the next run's (fence %d, pid %d) first accepted write",
+				c.rep.LiveAfterNext++
+				c.violation(next.first, "job %s: the run with fence %d (pid %d) saw its context live %v after the next run's (fence %d, pid %d) first accepted write",
 					job, r.fence, r.pid, time.Duration(r.live-next.first).Round(time.Millisecond), next.fence, next.pid)
 			}
 		}
 	}
-	// Liveness, over the churn: accepted writes of each job by time.
+}
+
+// checkLiveness measures each job's longest gap between accepted writes
+// over the churn, and checks it against its bound.
+func (c *jobsChecker) checkLiveness(writes []jobWrite, lv genJobsLiveness) {
+	rep := &c.rep
 	at := map[string][]int64{}
 	for _, w := range writes {
 		if w.T >= lv.From && w.T <= lv.To {
@@ -270,7 +315,7 @@ func CheckGenJobs(events []jobEvent, writes []jobWrite, faults []jobFault, lv ge
 		}
 	}
 	jobs := map[string]bool{}
-	for k := range runs {
+	for k := range c.runs {
 		jobs[k.job] = true
 	}
 	for job := range jobs {
@@ -292,10 +337,6 @@ func CheckGenJobs(events []jobEvent, writes []jobWrite, faults []jobFault, lv ge
 		rep.Problems = append(rep.Problems, fmt.Sprintf("a job went %v without an accepted write (bound %v = the TTL %v + 2 × the interval %v + 3 × the measured scheduling delay %v + the longest stop or stall %v)",
 			rep.LongestGap.Round(time.Millisecond), rep.Bound.Round(time.Millisecond), lv.TTL, genJobsInterval, lv.Delay.Round(time.Millisecond), lv.Stall.Round(time.Millisecond)))
 	}
-	if first >= 0 {
-		rep.FirstViolation = time.Duration(first - t0)
-	}
-	return rep
 }
 
 // readJobHistory reads a jobs run's history.

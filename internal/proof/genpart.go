@@ -271,21 +271,13 @@ func (r *genPartRun) end(i int, kill bool) {
 // RunGenPartitions: the member left out is stopped for 1.5 to 3 TTLs).
 func (r *genPartRun) nemesis(ctx context.Context) error {
 	ttl := r.cfg.TTL
-	between := func(lo, hi float64) time.Duration {
-		return time.Duration((lo + r.rng.Float64()*(hi-lo)) * float64(ttl))
-	}
-	count := func(k string) {
-		r.mu.Lock()
-		r.faults[k]++
-		r.mu.Unlock()
-	}
 	end := time.Now().Add(r.cfg.Duration)
 	halfway := time.Now().Add(r.cfg.Duration / 2)
 	if err := r.sleep(ctx, 2*ttl); err != nil { // let the group form
 		return err
 	}
 	for time.Now().Before(end) {
-		if err := r.sleep(ctx, between(0.3, 1.5)); err != nil {
+		if err := r.sleep(ctx, r.between(0.3, 1.5)); err != nil {
 			return err
 		}
 		w := r.rng.IntN(r.cfg.Members)
@@ -294,84 +286,110 @@ func (r *genPartRun) nemesis(ctx context.Context) error {
 			kind = "deploy" // every run deploys another count at least once
 		}
 		r.hold(w, true)
+		var err error
 		switch kind {
 		case "kill", "leave":
-			r.cfg.Logf("seed %d: %s member %d", r.cfg.Seed, kind, w)
-			r.end(w, kind == "kill")
-			lo := between(0, 1)
-			if kind == "leave" {
-				lo /= 2
-			}
-			if err := r.sleep(ctx, lo); err != nil {
-				return err
-			}
-			if err := r.startMember(w); err != nil {
-				return err
-			}
+			err = r.restartMember(ctx, w, kind)
 		case "stop":
-			d := between(1.5, 3)
-			r.stopped(d)
-			r.cfg.Logf("seed %d: stop member %d for %v", r.cfg.Seed, w, d.Round(time.Millisecond))
-			cmd, _ := r.worker(w)
-			cmd.Process.Signal(syscall.SIGSTOP)
-			err := r.sleep(ctx, d)
-			cmd.Process.Signal(syscall.SIGCONT)
-			if err != nil {
-				return err
-			}
+			err = r.stopMember(ctx, w)
 		case "deploy":
-			r.mu.Lock()
-			old := r.p
-			for r.p == old && len(r.cfg.Counts) > 1 {
-				r.p = r.cfg.Counts[r.rng.IntN(len(r.cfg.Counts))]
-			}
-			p := r.p
-			r.mu.Unlock()
-			sleeper := -1
-			if r.rng.IntN(3) != 0 {
-				sleeper = w // left out: stopped at the old count
-			}
-			kills := make([]bool, r.cfg.Members)
-			for i := range kills {
-				kills[i] = r.rng.IntN(2) == 0
-			}
-			d := between(1.5, 3)
-			r.cfg.Logf("seed %d: deploy %d → %d partitions, member %d stopped at %d for %v", r.cfg.Seed, old, p, sleeper, old, d.Round(time.Millisecond))
-			var sleeperCmd *exec.Cmd
-			if sleeper >= 0 {
-				r.stopped(d)
-				sleeperCmd, _ = r.worker(sleeper)
-				sleeperCmd.Process.Signal(syscall.SIGSTOP)
-			}
-			for i := range r.cfg.Members {
-				if i == sleeper {
-					continue
-				}
-				r.hold(i, true)
-				r.end(i, kills[i])
-			}
-			for i := range r.cfg.Members {
-				if i == sleeper {
-					continue
-				}
-				err := r.startMember(i)
-				r.hold(i, false)
-				if err != nil {
-					return err
-				}
-			}
-			if sleeper >= 0 {
-				err := r.sleep(ctx, d)
-				sleeperCmd.Process.Signal(syscall.SIGCONT)
-				if err != nil {
-					return err
-				}
-			}
+			err = r.deploy(ctx, w)
 		}
-		count(kind)
+		if err != nil {
+			return err
+		}
+		r.mu.Lock()
+		r.faults[kind]++
+		r.mu.Unlock()
 		r.hold(w, false)
 	}
 	return r.sleep(ctx, 3*ttl) // let the group settle after the last fault
+}
+
+// between draws a time from lo to hi TTLs.
+func (r *genPartRun) between(lo, hi float64) time.Duration {
+	return time.Duration((lo + r.rng.Float64()*(hi-lo)) * float64(r.cfg.TTL))
+}
+
+// restartMember ends member w (kind "kill" or "leave") and starts it again
+// after up to a TTL (a leave: up to half a TTL).
+func (r *genPartRun) restartMember(ctx context.Context, w int, kind string) error {
+	r.cfg.Logf("seed %d: %s member %d", r.cfg.Seed, kind, w)
+	r.end(w, kind == "kill")
+	lo := r.between(0, 1)
+	if kind == "leave" {
+		lo /= 2
+	}
+	if err := r.sleep(ctx, lo); err != nil {
+		return err
+	}
+	return r.startMember(w)
+}
+
+// stopMember stops member w (SIGSTOP) for 1.5 to 3 TTLs.
+func (r *genPartRun) stopMember(ctx context.Context, w int) error {
+	d := r.between(1.5, 3)
+	r.stopped(d)
+	r.cfg.Logf("seed %d: stop member %d for %v", r.cfg.Seed, w, d.Round(time.Millisecond))
+	cmd, _ := r.worker(w)
+	cmd.Process.Signal(syscall.SIGSTOP)
+	err := r.sleep(ctx, d)
+	cmd.Process.Signal(syscall.SIGCONT)
+	return err
+}
+
+// deploy moves the group to a new count: every member but one ends (a
+// kill or a leave) and starts again. Two times in three, member w is
+// left out, stopped at the old count for 1.5 to 3 TTLs.
+func (r *genPartRun) deploy(ctx context.Context, w int) error {
+	r.mu.Lock()
+	old := r.p
+	for r.p == old && len(r.cfg.Counts) > 1 {
+		r.p = r.cfg.Counts[r.rng.IntN(len(r.cfg.Counts))]
+	}
+	p := r.p
+	r.mu.Unlock()
+	sleeper := -1
+	if r.rng.IntN(3) != 0 {
+		sleeper = w // left out: stopped at the old count
+	}
+	kills := make([]bool, r.cfg.Members)
+	for i := range kills {
+		kills[i] = r.rng.IntN(2) == 0
+	}
+	d := r.between(1.5, 3)
+	r.cfg.Logf("seed %d: deploy %d → %d partitions, member %d stopped at %d for %v", r.cfg.Seed, old, p, sleeper, old, d.Round(time.Millisecond))
+	var sleeperCmd *exec.Cmd
+	if sleeper >= 0 {
+		r.stopped(d)
+		sleeperCmd, _ = r.worker(sleeper)
+		sleeperCmd.Process.Signal(syscall.SIGSTOP)
+	}
+	for i := range r.cfg.Members {
+		if i == sleeper {
+			continue
+		}
+		r.hold(i, true)
+		r.end(i, kills[i])
+	}
+	for i := range r.cfg.Members {
+		if i == sleeper {
+			continue
+		}
+		err := r.startMember(i)
+		r.hold(i, false)
+		if err != nil {
+			return err
+		}
+	}
+	if sleeper >= 0 {
+		err := r.sleep(ctx, d)
+		sleeperCmd.Process.Signal(syscall.SIGCONT)
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // stopAll continues every member and makes it leave (SIGTERM), killing

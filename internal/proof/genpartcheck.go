@@ -93,53 +93,79 @@ type ownKey struct {
 //   - no stale write accepted: on each partition's row, the accepted
 //     fences never go down (nor repeat from another process).
 func CheckGenPartitions(events []partEvent, writes []partWrite, items int) GenPartReport {
-	var rep GenPartReport
-	var t0 int64
+	c := &partChecker{
+		items:      items,
+		violations: violations{first: -1, since: "run"},
+		owns:       map[ownKey]*ownership{},
+		counts:     map[int]bool{},
+		route:      map[[2]int][]bool{},
+	}
+	c.problems = &c.rep.Problems
 	for _, e := range events {
-		if t0 == 0 || e.T < t0 {
-			t0 = e.T
+		if c.t0 == 0 || e.T < c.t0 {
+			c.t0 = e.T
 		}
 	}
-	first := int64(-1)
-	violation := func(at int64, format string, args ...any) {
-		if len(rep.Problems) < 20 {
-			rep.Problems = append(rep.Problems, fmt.Sprintf("%v into the run: ", time.Duration(at-t0).Round(time.Millisecond))+fmt.Sprintf(format, args...))
-		}
-		if first < 0 || at < first {
-			first = at
-		}
+	c.collect(events)
+	c.checkWrites(writes)
+	c.countLateItemWrites(writes)
+	c.checkOverlaps()
+	if c.first >= 0 {
+		c.rep.FirstViolation = time.Duration(c.first - c.t0)
 	}
-	owns := map[ownKey]*ownership{}
-	get := func(k ownKey) *ownership {
-		o := owns[k]
-		if o == nil {
-			o = &ownership{pid: k.pid, part: k.part, fence: k.fence}
-			owns[k] = o
-		}
-		return o
+	return c.rep
+}
+
+// partChecker holds what CheckGenPartitions has learnt of a run.
+// It fills rep as it goes.
+type partChecker struct {
+	rep   GenPartReport
+	items int
+	violations
+	owns   map[ownKey]*ownership
+	counts map[int]bool // the partition counts seen
+	// route holds which items each (count, partition) covers.
+	route map[[2]int][]bool
+}
+
+// own returns the ownership k, making it on first use.
+func (c *partChecker) own(k ownKey) *ownership {
+	o := c.owns[k]
+	if o == nil {
+		o = &ownership{pid: k.pid, part: k.part, fence: k.fence}
+		c.owns[k] = o
 	}
-	counts := map[int]bool{}
+	return o
+}
+
+// collect gathers the ownerships from the members' history.
+func (c *partChecker) collect(events []partEvent) {
 	for _, e := range events {
 		if e.K != "own" && e.K != "end" {
 			continue
 		}
-		o := get(ownKey{int64(e.PID), e.Part, e.Fence})
+		o := c.own(ownKey{int64(e.PID), e.Part, e.Fence})
 		o.slot, o.member, o.p = e.Slot, e.Member, e.P
-		counts[e.P] = true
+		c.counts[e.P] = true
 		switch e.K {
 		case "own":
 			o.start = e.T
 		case "end":
 			o.live = max(o.live, e.Live)
-			rep.WritesRefused += e.Refused
+			c.rep.WritesRefused += e.Refused
 		}
 	}
+}
+
+// checkWrites widens the ownerships by their accepted writes, and checks
+// that each partition row's fences never go down.
+func (c *partChecker) checkWrites(writes []partWrite) {
 	// A killed member logs no end: its accepted writes made while it saw
 	// the lease live give the instants it certainly held it.
 	lastFence := map[int]partWrite{}
 	for _, w := range writes {
-		rep.WritesAccepted++
-		o := get(ownKey{w.PID, w.Part, w.Fence})
+		c.rep.WritesAccepted++
+		o := c.own(ownKey{w.PID, w.Part, w.Fence})
 		if o.p == 0 {
 			o.member, o.p = w.Member, w.P
 		}
@@ -150,17 +176,21 @@ func CheckGenPartitions(events []partEvent, writes []partWrite, items int) GenPa
 			o.live = max(o.live, w.T)
 		}
 		if prev, ok := lastFence[w.Part]; ok && (w.Fence < prev.Fence || w.Fence == prev.Fence && w.PID != prev.PID) {
-			rep.StaleAccepted++
-			violation(w.T, "stale write accepted on partition row %d: fence %d by %s (pid %d, count %d) after fence %d by %s (pid %d, count %d)",
+			c.rep.StaleAccepted++
+			c.violation(w.T, "stale write accepted on partition row %d: fence %d by %s (pid %d, count %d) after fence %d by %s (pid %d, count %d)",
 				w.Part, w.Fence, w.Member, w.PID, w.P, prev.Fence, prev.Member, prev.PID, prev.P)
 		}
 		if prev, ok := lastFence[w.Part]; !ok || w.Fence >= prev.Fence {
 			lastFence[w.Part] = w
 		}
 	}
-	// Late item writes: per item, an ownership that writes again after
-	// another ownership wrote the item. The later ownership stays the
-	// item's owner: its own next writes are not late.
+}
+
+// countLateItemWrites counts, per item, an ownership that writes again
+// after another ownership wrote the item. The later ownership stays the
+// item's owner: its own next writes are not late.
+func (c *partChecker) countLateItemWrites(writes []partWrite) {
+	rep := &c.rep
 	lastOwner := map[int]ownKey{}
 	superseded := map[int]map[ownKey]bool{}
 	for _, w := range writes {
@@ -181,63 +211,69 @@ func CheckGenPartitions(events []partEvent, writes []partWrite, items int) GenPa
 		}
 		lastOwner[w.Item] = k
 	}
-	// Which items each (count, partition) covers.
-	route := map[[2]int][]bool{}
-	covers := func(p, part int) []bool {
-		c, ok := route[[2]int{p, part}]
-		if !ok {
-			c = make([]bool, items)
-			for i := range items {
-				c[i] = itemPartition(i, p) == part
-			}
-			route[[2]int{p, part}] = c
+}
+
+// covers returns which items partition part of p covers.
+func (c *partChecker) covers(p, part int) []bool {
+	cv, ok := c.route[[2]int{p, part}]
+	if !ok {
+		cv = make([]bool, c.items)
+		for i := range c.items {
+			cv[i] = itemPartition(i, p) == part
 		}
-		return c
+		c.route[[2]int{p, part}] = cv
 	}
+	return cv
+}
+
+// checkOverlaps checks that no two ownerships held at once share an item.
+// It also counts the ownerships and lists the partition counts seen.
+func (c *partChecker) checkOverlaps() {
 	var list []*ownership
-	for _, o := range owns {
+	for _, o := range c.owns {
 		if o.start > 0 && o.live >= o.start {
 			list = append(list, o)
 		}
 	}
-	rep.Ownerships = len(owns)
-	for p := range counts {
-		rep.Counts = append(rep.Counts, p)
+	c.rep.Ownerships = len(c.owns)
+	for p := range c.counts {
+		c.rep.Counts = append(c.rep.Counts, p)
 	}
-	slices.Sort(rep.Counts)
+	slices.Sort(c.rep.Counts)
 	slices.SortFunc(list, func(a, b *ownership) int { return int(a.start - b.start) })
 	for i, a := range list {
 		for _, b := range list[i+1:] {
 			if b.start > a.live {
 				break
 			}
-			from, to := b.start, min(a.live, b.live)
-			if to < from {
-				continue
-			}
-			if a.p == b.p && a.part != b.part {
-				continue
-			}
-			ca, cb := covers(a.p, a.part), covers(b.p, b.part)
-			item := -1
-			for x := range items {
-				if ca[x] && cb[x] {
-					item = x
-					break
-				}
-			}
-			if item < 0 && a.part != b.part {
-				continue
-			}
-			rep.Overlaps++
-			violation(from, "item %d worked by two members at once for %v: %s and %s were both held at the authority",
-				item, time.Duration(to-from).Round(time.Millisecond), a, b)
+			c.checkPair(a, b)
 		}
 	}
-	if first >= 0 {
-		rep.FirstViolation = time.Duration(first - t0)
+}
+
+// checkPair checks ownerships a and b, b starting before a's end.
+func (c *partChecker) checkPair(a, b *ownership) {
+	from, to := b.start, min(a.live, b.live)
+	if to < from {
+		return
 	}
-	return rep
+	if a.p == b.p && a.part != b.part {
+		return
+	}
+	ca, cb := c.covers(a.p, a.part), c.covers(b.p, b.part)
+	item := -1
+	for x := range c.items {
+		if ca[x] && cb[x] {
+			item = x
+			break
+		}
+	}
+	if item < 0 && a.part != b.part {
+		return
+	}
+	c.rep.Overlaps++
+	c.violation(from, "item %d worked by two members at once for %v: %s and %s were both held at the authority",
+		item, time.Duration(to-from).Round(time.Millisecond), a, b)
 }
 
 // judgeRecovery checks the longest unowned spell the observer saw against

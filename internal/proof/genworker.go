@@ -213,19 +213,7 @@ func runGenWorker(cfg GenWorkerConfig) error {
 
 // step runs one operation drawn from rng.
 func (w *genWorker) step(ctx context.Context, rng *rand.Rand) {
-	total := 0
-	for _, o := range genOps {
-		total += o.weight
-	}
-	n := rng.IntN(total)
-	name := ""
-	for _, o := range genOps {
-		if n < o.weight {
-			name = o.name
-			break
-		}
-		n -= o.weight
-	}
+	name := drawOp(rng)
 	cfg := w.cfg
 	hot := hotKey(cfg.Prefix, rng.IntN(cfg.HotKeys))
 	hold := time.Duration(rng.Int64N(int64(cfg.TTL / 5)))
@@ -233,159 +221,220 @@ func (w *genWorker) step(ctx context.Context, rng *rand.Rand) {
 	op := w.op()
 	switch name {
 	case "hold":
-		// MaxHeld/100 pool leases at once (one in the CI slice), so that a
-		// worker of the long mode reaches thousands of held leases.
-		n := max(1, cfg.MaxHeld/100)
-		type draw struct {
-			key   string
-			try   bool
-			until time.Duration
-		}
-		draws := make([]draw, n)
-		for i := range draws {
-			draws[i] = draw{coldKey(cfg.Prefix, rng.IntN(cfg.Keys)), rng.IntN(2) == 0, time.Duration(rng.Int64N(int64(10 * cfg.PoolTTL)))}
-		}
-		var wg sync.WaitGroup
-		for i, d := range draws {
-			op := op
-			if i > 0 {
-				op = w.op()
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				w.hold(ctx, op, d.key, d.try, d.until)
-			}()
-		}
-		wg.Wait()
+		w.stepHold(ctx, rng, op)
 	case "try", "acquire":
-		w.invoke(op, name, hot)
-		var l *fenced.Lease
-		var err error
-		if name == "try" {
-			l, err = w.client.TryAcquire(ctx, hot, opts)
-		} else {
-			l, err = w.client.Acquire(ctx, hot, opts)
-		}
-		if w.granted(op, name, hot, l, err) {
-			w.sleepUnder(l.Context(), hold)
-			w.release(l)
-		}
+		w.stepAcquire(ctx, op, name, hot, hold, opts)
 	case "do":
-		w.invoke(op, name, hot)
-		var got *fenced.Lease
-		err := w.client.Do(ctx, hot, opts, func(ctx context.Context, l *fenced.Lease) error {
-			got = l
-			w.granted(op, name, hot, l, nil)
-			w.sleepUnder(ctx, hold)
-			w.forget(l, ReleaseInvoke)
-			return nil
-		})
-		if got == nil {
-			w.granted(op, name, hot, nil, err)
-		} else {
-			w.record(Event{Kind: ReleaseDone, Key: hot, Fence: got.Fence(), Owner: fence.OwnerDigest(got.Owner()), Err: errString(err)})
-		}
+		w.stepDo(ctx, op, hot, hold, opts)
 	case "all":
-		n := 2 + rng.IntN(2)
-		keys := map[string]bool{}
-		for len(keys) < min(n, cfg.HotKeys) {
-			keys[hotKey(cfg.Prefix, rng.IntN(cfg.HotKeys))] = true
-		}
-		var list []string
-		for k := range keys {
-			list = append(list, k)
-			w.invoke(op, name, k)
-		}
-		set, err := acquireAll(ctx, w.client, list, opts)
-		if err != nil {
-			w.record(Event{Kind: AcquireFail, Op: op, Name: name, Err: errString(err)})
-			return
-		}
-		healthy := set.Err() == nil
-		for _, l := range set.Leases() {
-			w.record(Event{Kind: SetMember, Op: op, Name: name, Key: l.Key(), Fence: l.Fence(), Owner: fence.OwnerDigest(l.Owner()), Value: boolInt(healthy), TTL: l.Options().TTL})
-			w.mu.Lock()
-			w.held[l] = heldLease{owner: fence.OwnerDigest(l.Owner())}
-			w.mu.Unlock()
-		}
-		w.mu.Lock()
-		w.sets[set] = struct{}{}
-		w.mu.Unlock()
-		w.checkSet(set)
-		w.sleepUnder(set.Context(), hold)
-		w.checkSet(set)
-		w.mu.Lock()
-		delete(w.sets, set)
-		for _, l := range set.Leases() {
-			delete(w.held, l)
-			w.record(Event{Kind: ReleaseInvoke, Key: l.Key(), Fence: l.Fence(), Owner: fence.OwnerDigest(l.Owner())})
-		}
-		w.mu.Unlock()
-		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		err = set.Release(rctx)
-		cancel()
-		w.record(Event{Kind: ReleaseDone, Op: op, Name: name, Err: errString(err)})
+		w.stepAll(ctx, rng, op, hold, opts)
 	case "sem", "elect":
-		key := semName(cfg.Prefix)
-		if name == "elect" {
-			key = electName(cfg.Prefix)
-		}
-		w.invoke(op, name, key)
-		actx, cancel := context.WithTimeout(ctx, 3*cfg.TTL)
-		var l *fenced.Lease
-		var err error
-		if name == "sem" {
-			l, err = w.rcp.permit(actx)
-		} else {
-			l, err = w.rcp.campaign(actx)
-		}
-		cancel()
-		if w.granted(op, name, key, l, err) {
-			w.sleepUnder(l.Context(), hold)
-			w.release(l)
-		}
+		w.stepRecipe(ctx, op, name, hold)
 	case "cancel":
-		key := hot
-		if rng.IntN(2) == 0 {
-			key = cancelKey(cfg.Prefix, rng.IntN(cfg.HotKeys))
-		}
-		co := &fenced.LeaseOptions{TTL: cancelTTLFactor * cfg.TTL, MaxWait: fenced.WaitForever, MinFence: cfg.MinFence}
-		after := time.Duration(rng.Int64N(int64(5 * time.Millisecond)))
-		w.invoke(op, name, key)
-		actx, cancel := context.WithTimeout(ctx, after)
-		l, err := w.client.Acquire(actx, key, co)
-		cancel()
-		if w.granted(op, name, key, l, err) {
-			w.release(l)
-		}
+		w.stepCancel(ctx, rng, op, hot)
 	case "break":
-		// Half the breaks hit one of the worker's own pool leases: it
-		// lives through renewals after the break, which must tell it.
-		key := hot
-		var victim *fenced.Lease
-		if rng.IntN(2) == 0 {
-			w.mu.Lock()
-			if len(w.pool) > 0 {
-				victim = w.pool[rng.IntN(len(w.pool))]
-				key = victim.Key()
-			}
-			w.mu.Unlock()
-		}
-		w.record(Event{Kind: BreakInvoke, Op: op, Name: name, Key: key})
-		bc, err := w.breakClient(ctx)
-		if err != nil {
-			w.record(Event{Kind: BreakDone, Op: op, Name: name, Key: key, Err: errString(err)})
-			return
-		}
-		info, err := admin.Break(ctx, bc, key, "proof: generative break", fmt.Sprintf("worker %d", cfg.Worker))
-		if err == nil && victim != nil && info.Fence == victim.Fence() {
-			w.mu.Lock()
-			w.broken[victim] = time.Now()
-			w.mu.Unlock()
-		}
-		w.record(Event{Kind: BreakDone, Op: op, Name: name, Key: key, Fence: info.Fence, Owner: info.OwnerDigest, Err: errString(err)})
+		w.stepBreak(ctx, rng, op, hot)
 	}
+}
+
+// drawOp draws the name of an operation of genOps, by weight.
+func drawOp(rng *rand.Rand) string {
+	total := 0
+	for _, o := range genOps {
+		total += o.weight
+	}
+	n := rng.IntN(total)
+	for _, o := range genOps {
+		if n < o.weight {
+			return o.name
+		}
+		n -= o.weight
+	}
+	return ""
+}
+
+// stepHold takes MaxHeld/100 pool leases at once (one in the CI slice),
+// so that a worker of the long mode reaches thousands of held leases.
+func (w *genWorker) stepHold(ctx context.Context, rng *rand.Rand, op int64) {
+	cfg := w.cfg
+	n := max(1, cfg.MaxHeld/100)
+	type draw struct {
+		key   string
+		try   bool
+		until time.Duration
+	}
+	draws := make([]draw, n)
+	for i := range draws {
+		draws[i] = draw{coldKey(cfg.Prefix, rng.IntN(cfg.Keys)), rng.IntN(2) == 0, time.Duration(rng.Int64N(int64(10 * cfg.PoolTTL)))}
+	}
+	var wg sync.WaitGroup
+	for i, d := range draws {
+		op := op
+		if i > 0 {
+			op = w.op()
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w.hold(ctx, op, d.key, d.try, d.until)
+		}()
+	}
+	wg.Wait()
+}
+
+// stepAcquire tries or acquires hot ("try" or "acquire"), holds it and
+// releases it.
+func (w *genWorker) stepAcquire(ctx context.Context, op int64, name, hot string, hold time.Duration, opts *fenced.LeaseOptions) {
+	w.invoke(op, name, hot)
+	var l *fenced.Lease
+	var err error
+	if name == "try" {
+		l, err = w.client.TryAcquire(ctx, hot, opts)
+	} else {
+		l, err = w.client.Acquire(ctx, hot, opts)
+	}
+	if w.granted(op, name, hot, l, err) {
+		w.sleepUnder(l.Context(), hold)
+		w.release(l)
+	}
+}
+
+// stepDo holds hot through Client.Do for up to hold.
+func (w *genWorker) stepDo(ctx context.Context, op int64, hot string, hold time.Duration, opts *fenced.LeaseOptions) {
+	const name = "do"
+	w.invoke(op, name, hot)
+	var got *fenced.Lease
+	err := w.client.Do(ctx, hot, opts, func(ctx context.Context, l *fenced.Lease) error {
+		got = l
+		w.granted(op, name, hot, l, nil)
+		w.sleepUnder(ctx, hold)
+		w.forget(l, ReleaseInvoke)
+		return nil
+	})
+	if got == nil {
+		w.granted(op, name, hot, nil, err)
+	} else {
+		w.record(Event{Kind: ReleaseDone, Key: hot, Fence: got.Fence(), Owner: fence.OwnerDigest(got.Owner()), Err: errString(err)})
+	}
+}
+
+// stepAll acquires a set of 2 or 3 hot keys at once, checks it while it
+// holds it, and releases it.
+func (w *genWorker) stepAll(ctx context.Context, rng *rand.Rand, op int64, hold time.Duration, opts *fenced.LeaseOptions) {
+	const name = "all"
+	cfg := w.cfg
+	n := 2 + rng.IntN(2)
+	keys := map[string]bool{}
+	for len(keys) < min(n, cfg.HotKeys) {
+		keys[hotKey(cfg.Prefix, rng.IntN(cfg.HotKeys))] = true
+	}
+	var list []string
+	for k := range keys {
+		list = append(list, k)
+		w.invoke(op, name, k)
+	}
+	set, err := acquireAll(ctx, w.client, list, opts)
+	if err != nil {
+		w.record(Event{Kind: AcquireFail, Op: op, Name: name, Err: errString(err)})
+		return
+	}
+	healthy := set.Err() == nil
+	for _, l := range set.Leases() {
+		w.record(Event{Kind: SetMember, Op: op, Name: name, Key: l.Key(), Fence: l.Fence(), Owner: fence.OwnerDigest(l.Owner()), Value: boolInt(healthy), TTL: l.Options().TTL})
+		w.mu.Lock()
+		w.held[l] = heldLease{owner: fence.OwnerDigest(l.Owner())}
+		w.mu.Unlock()
+	}
+	w.mu.Lock()
+	w.sets[set] = struct{}{}
+	w.mu.Unlock()
+	w.checkSet(set)
+	w.sleepUnder(set.Context(), hold)
+	w.checkSet(set)
+	w.mu.Lock()
+	delete(w.sets, set)
+	for _, l := range set.Leases() {
+		delete(w.held, l)
+		w.record(Event{Kind: ReleaseInvoke, Key: l.Key(), Fence: l.Fence(), Owner: fence.OwnerDigest(l.Owner())})
+	}
+	w.mu.Unlock()
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	err = set.Release(rctx)
+	cancel()
+	w.record(Event{Kind: ReleaseDone, Op: op, Name: name, Err: errString(err)})
+}
+
+// stepRecipe takes a semaphore permit ("sem") or campaigns ("elect"),
+// holds the lease and releases it.
+func (w *genWorker) stepRecipe(ctx context.Context, op int64, name string, hold time.Duration) {
+	cfg := w.cfg
+	key := semName(cfg.Prefix)
+	if name == "elect" {
+		key = electName(cfg.Prefix)
+	}
+	w.invoke(op, name, key)
+	actx, cancel := context.WithTimeout(ctx, 3*cfg.TTL)
+	var l *fenced.Lease
+	var err error
+	if name == "sem" {
+		l, err = w.rcp.permit(actx)
+	} else {
+		l, err = w.rcp.campaign(actx)
+	}
+	cancel()
+	if w.granted(op, name, key, l, err) {
+		w.sleepUnder(l.Context(), hold)
+		w.release(l)
+	}
+}
+
+// stepCancel waits for hot (or a cancel key) and cancels within 5 ms.
+func (w *genWorker) stepCancel(ctx context.Context, rng *rand.Rand, op int64, hot string) {
+	const name = "cancel"
+	cfg := w.cfg
+	key := hot
+	if rng.IntN(2) == 0 {
+		key = cancelKey(cfg.Prefix, rng.IntN(cfg.HotKeys))
+	}
+	co := &fenced.LeaseOptions{TTL: cancelTTLFactor * cfg.TTL, MaxWait: fenced.WaitForever, MinFence: cfg.MinFence}
+	after := time.Duration(rng.Int64N(int64(5 * time.Millisecond)))
+	w.invoke(op, name, key)
+	actx, cancel := context.WithTimeout(ctx, after)
+	l, err := w.client.Acquire(actx, key, co)
+	cancel()
+	if w.granted(op, name, key, l, err) {
+		w.release(l)
+	}
+}
+
+// stepBreak breaks hot's lease. Half the breaks hit one of the worker's
+// own pool leases: it lives through renewals after the break, which must
+// tell it.
+func (w *genWorker) stepBreak(ctx context.Context, rng *rand.Rand, op int64, hot string) {
+	const name = "break"
+	key := hot
+	var victim *fenced.Lease
+	if rng.IntN(2) == 0 {
+		w.mu.Lock()
+		if len(w.pool) > 0 {
+			victim = w.pool[rng.IntN(len(w.pool))]
+			key = victim.Key()
+		}
+		w.mu.Unlock()
+	}
+	w.record(Event{Kind: BreakInvoke, Op: op, Name: name, Key: key})
+	bc, err := w.breakClient(ctx)
+	if err != nil {
+		w.record(Event{Kind: BreakDone, Op: op, Name: name, Key: key, Err: errString(err)})
+		return
+	}
+	info, err := admin.Break(ctx, bc, key, "proof: generative break", fmt.Sprintf("worker %d", w.cfg.Worker))
+	if err == nil && victim != nil && info.Fence == victim.Fence() {
+		w.mu.Lock()
+		w.broken[victim] = time.Now()
+		w.mu.Unlock()
+	}
+	w.record(Event{Kind: BreakDone, Op: op, Name: name, Key: key, Fence: info.Fence, Owner: info.OwnerDigest, Err: errString(err)})
 }
 
 // breakClient returns the worker's Client for breaks, opening it if
