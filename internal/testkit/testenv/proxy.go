@@ -20,12 +20,14 @@ type Proxy struct {
 	// true the chunk is forwarded to the server and the connection is cut
 	// before the server's reply reaches the client.
 	cutAfter func(chunk []byte) bool
-	cuts     int
-	down     bool
-	observe  func(chunk []byte)
-	ln       net.Listener
-	target   string
-	open     map[net.Conn]struct{} // both ends of every open connection
+	// cutLate is cutAfter's delay for LoseReplyAfter (zero for CutAfter).
+	cutLate time.Duration
+	cuts    int
+	down    bool
+	observe func(chunk []byte)
+	ln      net.Listener
+	target  string
+	open    map[net.Conn]struct{} // both ends of every open connection
 	// hole is non-nil while the proxy is a black hole; it is closed when
 	// the black hole ends.
 	hole chan struct{}
@@ -92,6 +94,19 @@ func (p *Proxy) CutAfter(match func(chunk []byte) bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.cutAfter = match
+}
+
+// LoseReplyAfter arms the proxy as CutAfter does, for a connection that
+// carries several calls at once (HTTP/2): the first client chunk for which
+// match returns true is forwarded; from then on every byte the server
+// sends on that connection is dropped, and the connection is cut after
+// wait. So the server has the request for wait, with its connection
+// open, and its reply is lost, whatever other frames (a ping's answer)
+// come first. It disarms itself after one cut.
+func (p *Proxy) LoseReplyAfter(match func(chunk []byte) bool, wait time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cutAfter, p.cutLate = match, wait
 }
 
 // SetDown makes the proxy close every new connection at once while down is
@@ -244,6 +259,7 @@ func (p *Proxy) serve(client net.Conn, target string) {
 	}
 	var once sync.Once
 	cut := make(chan struct{})
+	var mute atomic.Bool // LoseReplyAfter matched: drop the server's bytes
 	p.mu.Lock()
 	p.open[client], p.open[server] = struct{}{}, struct{}{}
 	p.mu.Unlock()
@@ -270,7 +286,7 @@ func (p *Proxy) serve(client net.Conn, target string) {
 				return
 			default:
 			}
-			if n > 0 {
+			if n > 0 && !mute.Load() {
 				h.replies.Add(int64(n))
 				if _, werr := client.Write(buf[:n]); werr != nil && !p.holding(h, true) {
 					closeBoth()
@@ -297,7 +313,12 @@ func (p *Proxy) serve(client net.Conn, target string) {
 			if armed {
 				p.cutAfter = nil
 				p.cuts++
-				close(cut)
+				if p.cutLate > 0 {
+					mute.Store(true)
+					time.AfterFunc(p.cutLate, closeBoth)
+				} else {
+					close(cut)
+				}
 			}
 			if h.holding || (p.holdIf != nil && p.holdIf(buf[:n])) {
 				if !h.holding {

@@ -132,3 +132,64 @@ func TestProxyHold(t *testing.T) {
 		t.Fatalf("server read %q after release, want the held chunks in order", all)
 	}
 }
+
+// TestProxyLoseReplyAfter checks that after the matching chunk the server
+// gets the request and keeps its connection open for the wait, while
+// nothing it sends (an early answer, then the reply) reaches the client,
+// which then sees its connection cut.
+func TestProxyLoseReplyAfter(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	wrote := make(chan error, 1)
+	go func() { // answers at once, replies 50ms later, then waits for EOF
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		buf := make([]byte, 64)
+		if _, err := c.Read(buf); err != nil {
+			wrote <- err
+			return
+		}
+		if _, err := c.Write([]byte("ack")); err != nil {
+			wrote <- err
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+		_, err = c.Write([]byte("reply"))
+		wrote <- err
+		_, _ = io.Copy(io.Discard, c)
+	}()
+	p := StartProxy(t, ln.Addr().String())
+	p.LoseReplyAfter(func(chunk []byte) bool { return string(chunk) == "request" }, 300*time.Millisecond)
+	c, err := net.Dial("tcp", p.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	began := time.Now()
+	if _, err := c.Write([]byte("request")); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	n, err := c.Read(make([]byte, 64))
+	if n != 0 || err == nil {
+		t.Fatalf("the client read %d bytes (%v) after its reply was to be lost", n, err)
+	}
+	if ne, ok := err.(net.Error); ok && ne.Timeout() {
+		t.Fatal("the connection was not cut after the wait")
+	}
+	if d := time.Since(began); d < 300*time.Millisecond {
+		t.Fatalf("the connection was cut after %v, before the 300ms wait", d)
+	}
+	if err := <-wrote; err != nil {
+		t.Fatalf("the server could not send its reply within the wait: %v", err)
+	}
+	if p.Cuts() != 1 {
+		t.Fatalf("cuts %d, want 1", p.Cuts())
+	}
+}
