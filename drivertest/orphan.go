@@ -2,7 +2,6 @@ package drivertest
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -11,7 +10,6 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/recipe"
 )
 
 // orphanTTL is the TTL of the grants testCancelledAcquireLeavesNoGrant
@@ -29,14 +27,13 @@ const orphanBound = 3 * time.Second
 // a grant whose caller has gone is released. Each time, another client's
 // TryAcquire must get the key within orphanBound; an orphaned grant would
 // hold it for its whole TTL. It does so for a lone acquisition of a free key
-// and for waiters cancelled around the release of the key they wait for, and
-// for semaphore permits, whose waits race every slot and cancel the losing
-// attempts.
+// and for waiters cancelled around the release of the key they wait for
+// (recipe/recipetest does so for semaphore permits).
 func (s *suite) testCancelledAcquireLeavesNoGrant(t *testing.T) {
-	ctx := ctxT(t)
-	c := s.client(t, &fenced.Options{MinBackoff: time.Millisecond, MaxBackoff: 20 * time.Millisecond})
-	other := s.client(t, nil)
-	key := uniqueKey(t, "orphan")
+	ctx := Context(t)
+	c := s.h.Client(t, &fenced.Options{MinBackoff: time.Millisecond, MaxBackoff: 20 * time.Millisecond})
+	other := s.h.Client(t, nil)
+	key := Key("orphan")
 	opts := &fenced.LeaseOptions{TTL: orphanTTL, MaxWait: time.Minute}
 
 	// How long an uncontended grant takes, so cancellations land around it.
@@ -133,58 +130,5 @@ func (s *suite) testCancelledAcquireLeavesNoGrant(t *testing.T) {
 			}
 		}
 		checkFree(fmt.Sprintf("waiters of round %d", round), key)
-	}
-
-	// Semaphore permits: a waiting Acquire races every slot and cancels
-	// the attempts that lose; a cancelled one gives up all of them.
-	const permits = 3
-	name := uniqueKey(t, "orphansem")
-	sem, err := recipe.NewSemaphore(c, name, permits, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	otherSem, err := recipe.NewSemaphore(other, name, permits, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for round := range 10 {
-		var held []*recipe.Permit
-		for range permits {
-			// As for the waiters above: a cancelled acquisition's grant
-			// can appear after checkFree saw its slot free, and the
-			// client releases it within orphanBound.
-			p, err := otherSem.TryAcquire(ctx)
-			for deadline := time.Now().Add(orphanBound); errors.Is(err, fenced.ErrHeld) && time.Now().Before(deadline); {
-				time.Sleep(10 * time.Millisecond)
-				p, err = otherSem.TryAcquire(ctx)
-			}
-			if err != nil {
-				t.Fatalf("semaphore round %d: a permit was not free %v after the last check: %v", round, orphanBound, err)
-			}
-			held = append(held, p)
-		}
-		var wg sync.WaitGroup
-		for range 2 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				actx, cancel := context.WithCancel(ctx)
-				defer cancel()
-				time.AfterFunc(2*rtt+randomDelay(4*rtt), cancel)
-				if p, err := sem.Acquire(actx); err == nil {
-					_ = p.Release(ctx)
-				}
-			}()
-		}
-		time.Sleep(2*rtt + randomDelay(rtt))
-		for _, p := range held {
-			if err := p.Release(ctx); err != nil {
-				t.Fatal(err)
-			}
-		}
-		wg.Wait()
-		for slot := range permits {
-			checkFree(fmt.Sprintf("semaphore round %d", round), recipe.PermitKey(name, slot))
-		}
 	}
 }
