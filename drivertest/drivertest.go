@@ -587,7 +587,7 @@ func (s *suite) testBreakCancelsHolder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Another client breaks the grant, as admin.Break does.
+	// Another driver on the store breaks the grant, as admin.Break would.
 	if _, err := s.drv(t).Break(ctx, key, driver.BreakRequest{Reason: "evict", By: "drivertest"}); err != nil {
 		t.Fatal(err)
 	}
