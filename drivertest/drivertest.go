@@ -127,6 +127,12 @@ func Key(name string) string {
 // defaults.
 func (h Harness) Client(t *testing.T, opts *fenced.Options) *fenced.Client {
 	t.Helper()
+	return h.clientOn(t, h.Open(t), opts)
+}
+
+// clientOn is Client on the driver d, which the client closes.
+func (h Harness) clientOn(t *testing.T, d driver.Driver, opts *fenced.Options) *fenced.Client {
+	t.Helper()
 	var o fenced.Options
 	if opts != nil {
 		o = *opts
@@ -134,7 +140,7 @@ func (h Harness) Client(t *testing.T, opts *fenced.Options) *fenced.Client {
 	if o.MinFence == driver.FenceUnset {
 		o.MinFence = h.MinFence
 	}
-	c := fenced.NewClient(h.Open(t), &o)
+	c := fenced.NewClient(d, &o)
 	t.Cleanup(func() { c.Close() })
 	return c
 }
@@ -580,15 +586,16 @@ func (s *suite) testCancel(t *testing.T) {
 
 func (s *suite) testBreakCancelsHolder(t *testing.T) {
 	ctx := Context(t)
-	holder, operator := s.h.Client(t, nil), s.h.Client(t, nil)
+	// The operator breaks through its own driver, as admin.Break does.
+	holder, opDrv := s.h.Client(t, nil), s.h.Open(t)
+	operator := s.h.clientOn(t, opDrv, nil)
 	key := Key("breakholder")
 	ttl := s.h.ShortTTL
 	l, err := holder.TryAcquire(ctx, key, &fenced.LeaseOptions{TTL: ttl})
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Another driver on the store breaks the grant, as admin.Break would.
-	if _, err := s.drv(t).Break(ctx, key, driver.BreakRequest{Reason: "evict", By: "drivertest"}); err != nil {
+	if _, err := opDrv.Break(ctx, key, driver.BreakRequest{Reason: "evict", By: "drivertest"}); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -669,9 +676,9 @@ func (s *suite) testDo(t *testing.T) {
 
 func (s *suite) testBadInput(t *testing.T) {
 	ctx := Context(t)
-	c := s.h.Client(t, nil)
+	d := s.h.Open(t) // lists the store, as admin.List does through c's driver
+	c := s.h.clientOn(t, d, nil)
 	key := Key("bad")
-	d := s.drv(t)
 	before, err := d.List(ctx, "dt:")
 	if err != nil {
 		t.Fatal(err)
