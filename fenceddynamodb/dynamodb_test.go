@@ -15,12 +15,14 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/admin/admintest"
 	"github.com/fenced-dev/fenced/driver"
-	"github.com/fenced-dev/fenced/driver/drivertest"
+	"github.com/fenced-dev/fenced/drivertest"
 	"github.com/fenced-dev/fenced/fenceddynamodb"
 	"github.com/fenced-dev/fenced/internal/testkit/crashtest"
 	"github.com/fenced-dev/fenced/internal/testkit/opentest"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
+	"github.com/fenced-dev/fenced/recipe/recipetest"
 )
 
 // server is the dynalite every test of the package shares, started once.
@@ -61,7 +63,7 @@ func open(t testing.TB) *fenceddynamodb.Driver {
 }
 
 func TestConformance(t *testing.T) {
-	drivertest.RunConformanceTests(t, drivertest.Harness{
+	h := drivertest.Harness{
 		// Expiry tests sleep about this long; a waiter must also watch a
 		// grant for a whole TTL before taking it over.
 		ShortTTL: time.Second,
@@ -80,7 +82,10 @@ func TestConformance(t *testing.T) {
 			"dynamodb://onlykey@127.0.0.1:1/leases",
 			"dynamodb:leases",
 		},
-	})
+	}
+	drivertest.RunConformanceTests(t, h)
+	recipetest.RunConformanceTests(t, h)
+	admintest.RunConformanceTests(t, h)
 }
 
 // The table must exist with the lease table's key schema: a missing table

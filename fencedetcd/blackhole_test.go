@@ -8,7 +8,7 @@ import (
 	"google.golang.org/grpc/connectivity"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/driver/drivertest"
+	"github.com/fenced-dev/fenced/drivertest"
 	"github.com/fenced-dev/fenced/fencedetcd"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )

@@ -12,10 +12,12 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/admin/admintest"
 	"github.com/fenced-dev/fenced/driver"
-	"github.com/fenced-dev/fenced/driver/drivertest"
+	"github.com/fenced-dev/fenced/drivertest"
 	"github.com/fenced-dev/fenced/fencedetcd"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
+	"github.com/fenced-dev/fenced/recipe/recipetest"
 )
 
 // newClient returns an etcd client on the cluster, closed when t ends.
@@ -31,7 +33,7 @@ func newClient(t testing.TB, c *testenv.EtcdCluster) *clientv3.Client {
 
 func TestConformance(t *testing.T) {
 	cluster := testenv.StartEtcd(t)
-	drivertest.RunConformanceTests(t, drivertest.Harness{
+	h := drivertest.Harness{
 		Open: func(t *testing.T) driver.Driver {
 			d, err := fencedetcd.New(newClient(t, cluster), nil)
 			if err != nil {
@@ -54,7 +56,10 @@ func TestConformance(t *testing.T) {
 			"etcd://127.0.0.1:2379/?prefix=a&prefix=b",
 			"etcd://127.0.0.1:2379/?dial_timeout=%zz",
 		},
-	})
+	}
+	drivertest.RunConformanceTests(t, h)
+	recipetest.RunConformanceTests(t, h)
+	admintest.RunConformanceTests(t, h)
 }
 
 // TestUnreachable checks that opening a cluster nobody listens on fails

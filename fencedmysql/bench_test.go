@@ -10,13 +10,13 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
-	"github.com/fenced-dev/fenced/driver/drivertest"
 	"github.com/fenced-dev/fenced/fencedmysql"
+	"github.com/fenced-dev/fenced/internal/testkit/leasebench"
 )
 
 // benchDriver opens a driver over its own *sql.DB whose connections count
 // round trips in rt (nil: not counted).
-func benchDriver(b *testing.B, rt *drivertest.RoundTrips) driver.Driver {
+func benchDriver(b *testing.B, rt *leasebench.RoundTrips) driver.Driver {
 	b.Helper()
 	u, err := url.Parse(my.URL())
 	if err != nil {
@@ -42,7 +42,7 @@ func benchDriver(b *testing.B, rt *drivertest.RoundTrips) driver.Driver {
 	return d
 }
 
-// BenchmarkLeases runs the shared benchmarks (drivertest.RunBenchmarks)
+// BenchmarkLeases runs the shared benchmarks (leasebench.Run)
 // with the client's default backoff (10ms to 1s, full jitter) and with a
 // tighter one (1ms to 50ms): MySQL's waiters poll.
 func BenchmarkLeases(b *testing.B) {
@@ -54,7 +54,7 @@ func BenchmarkLeases(b *testing.B) {
 			name = "backoff=1ms-50ms"
 		}
 		b.Run(name, func(b *testing.B) {
-			drivertest.RunBenchmarks(b, drivertest.BenchHarness{Open: benchDriver, CountsRoundTrips: true, Options: opts})
+			leasebench.Run(b, leasebench.Harness{Open: benchDriver, CountsRoundTrips: true, Options: opts})
 		})
 	}
 }

@@ -4,7 +4,7 @@ import (
 	"testing"
 
 	"github.com/fenced-dev/fenced/driver"
-	"github.com/fenced-dev/fenced/driver/drivertest"
+	"github.com/fenced-dev/fenced/drivertest"
 	"github.com/fenced-dev/fenced/fencedmysql"
 )
 

@@ -5,11 +5,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fenced-dev/fenced/driver/drivertest"
+	"github.com/fenced-dev/fenced/admin/admintest"
+	"github.com/fenced-dev/fenced/drivertest"
 	"github.com/fenced-dev/fenced/fencedmysql"
 	"github.com/fenced-dev/fenced/internal/testkit/crashtest"
 	"github.com/fenced-dev/fenced/internal/testkit/opentest"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
+	"github.com/fenced-dev/fenced/recipe/recipetest"
 )
 
 // my is the server every test of the package shares, started once.
@@ -36,7 +38,7 @@ func open(t testing.TB, params ...string) *fencedmysql.Driver {
 }
 
 func TestConformance(t *testing.T) {
-	drivertest.RunConformanceTests(t, drivertest.Harness{
+	h := drivertest.Harness{
 		// Generous for a loaded CI machine: expiry tests sleep about this long.
 		ShortTTL: time.Second,
 		Open:     opentest.Opener(fencedmysql.Open, my.URL()),
@@ -52,7 +54,10 @@ func TestConformance(t *testing.T) {
 			"mysql://127.0.0.1:1/db?timeout=forever",
 			"mysql://127.0.0.1:1/db?tls=nosuchconfig",
 		},
-	})
+	}
+	drivertest.RunConformanceTests(t, h)
+	recipetest.RunConformanceTests(t, h)
+	admintest.RunConformanceTests(t, h)
 }
 
 func TestKilledHolderIsReplaced(t *testing.T) {

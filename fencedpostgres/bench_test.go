@@ -10,13 +10,13 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fenced-dev/fenced/driver"
-	"github.com/fenced-dev/fenced/driver/drivertest"
 	"github.com/fenced-dev/fenced/fencedpostgres"
+	"github.com/fenced-dev/fenced/internal/testkit/leasebench"
 )
 
 // benchDriver opens a driver over its own pool whose connections count
 // round trips in rt (nil: not counted).
-func benchDriver(b *testing.B, rt *drivertest.RoundTrips, params ...string) driver.Driver {
+func benchDriver(b *testing.B, rt *leasebench.RoundTrips, params ...string) driver.Driver {
 	b.Helper()
 	ctx := ctxT(b)
 	cfg, err := pgxpool.ParseConfig(pg.URL(params...))
@@ -43,13 +43,13 @@ func benchDriver(b *testing.B, rt *drivertest.RoundTrips, params ...string) driv
 // flush); "off" shows what the statements cost without the disk.
 var commitModes = []string{"on", "off"}
 
-// BenchmarkLeases runs the shared benchmarks (drivertest.RunBenchmarks) in
+// BenchmarkLeases runs the shared benchmarks (leasebench.Run) in
 // each commit mode; waiters are woken by LISTEN/NOTIFY.
 func BenchmarkLeases(b *testing.B) {
 	for _, mode := range commitModes {
 		b.Run("synchronous_commit="+mode, func(b *testing.B) {
-			drivertest.RunBenchmarks(b, drivertest.BenchHarness{
-				Open: func(b *testing.B, rt *drivertest.RoundTrips) driver.Driver {
+			leasebench.Run(b, leasebench.Harness{
+				Open: func(b *testing.B, rt *leasebench.RoundTrips) driver.Driver {
 					return benchDriver(b, rt, "synchronous_commit="+mode)
 				},
 				CountsRoundTrips: true,

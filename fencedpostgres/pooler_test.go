@@ -12,10 +12,12 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/admin/admintest"
 	"github.com/fenced-dev/fenced/driver"
-	"github.com/fenced-dev/fenced/driver/drivertest"
+	"github.com/fenced-dev/fenced/drivertest"
 	"github.com/fenced-dev/fenced/fencedpostgres"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
+	"github.com/fenced-dev/fenced/recipe/recipetest"
 )
 
 var (
@@ -55,7 +57,7 @@ func TestConformanceThroughTransactionPooler(t *testing.T) {
 		t.Fatalf("through a transaction pooler the driver declares %+v, notified waiters %v; want no notification and a note saying LISTEN is unavailable", g, notified)
 	}
 	t.Logf("declared through PgBouncer: %s", g.Note)
-	drivertest.RunConformanceTests(t, drivertest.Harness{
+	h := drivertest.Harness{
 		// Generous for a loaded CI machine: expiry tests sleep about this long.
 		ShortTTL: time.Second,
 		Open: func(t *testing.T) driver.Driver {
@@ -65,7 +67,10 @@ func TestConformanceThroughTransactionPooler(t *testing.T) {
 			}
 			return d
 		},
-	})
+	}
+	drivertest.RunConformanceTests(t, h)
+	recipetest.RunConformanceTests(t, h)
+	admintest.RunConformanceTests(t, h)
 }
 
 // With a direct connection for LISTEN, notifications work while every

@@ -5,12 +5,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fenced-dev/fenced/admin/admintest"
 	"github.com/fenced-dev/fenced/driver"
-	"github.com/fenced-dev/fenced/driver/drivertest"
+	"github.com/fenced-dev/fenced/drivertest"
 	"github.com/fenced-dev/fenced/fencedpostgres"
 	"github.com/fenced-dev/fenced/internal/testkit/crashtest"
 	"github.com/fenced-dev/fenced/internal/testkit/opentest"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
+	"github.com/fenced-dev/fenced/recipe/recipetest"
 )
 
 // pg is the server every test of the package shares, started once;
@@ -40,7 +42,7 @@ func open(t testing.TB, params ...string) *fencedpostgres.Driver {
 }
 
 func TestConformance(t *testing.T) {
-	drivertest.RunConformanceTests(t, drivertest.Harness{
+	h := drivertest.Harness{
 		// Generous for a loaded CI machine: expiry tests sleep about this long.
 		ShortTTL: time.Second,
 		Open:     opentest.Opener(fencedpostgres.Open, pg.URL()),
@@ -54,7 +56,10 @@ func TestConformance(t *testing.T) {
 			"postgres://127.0.0.1:1/db?sslmode=bogus",
 			"postgres://127.0.0.1:1/db?tabel=x",
 		},
-	})
+	}
+	drivertest.RunConformanceTests(t, h)
+	recipetest.RunConformanceTests(t, h)
+	admintest.RunConformanceTests(t, h)
 }
 
 func TestKilledHolderIsReplaced(t *testing.T) {

@@ -7,10 +7,12 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/admin/admintest"
 	"github.com/fenced-dev/fenced/driver"
-	"github.com/fenced-dev/fenced/driver/drivertest"
+	"github.com/fenced-dev/fenced/drivertest"
 	"github.com/fenced-dev/fenced/fencedredis"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
+	"github.com/fenced-dev/fenced/recipe/recipetest"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -30,7 +32,7 @@ func newDriver(t testing.TB, srv *testenv.Redis, opts *fencedredis.Options) *fen
 
 func TestConformance(t *testing.T) {
 	srv := testenv.StartRedis(t, testenv.RedisConfig{Password: "s3cret"})
-	drivertest.RunConformanceTests(t, drivertest.Harness{
+	h := drivertest.Harness{
 		Open:     func(t *testing.T) driver.Driver { return newDriver(t, srv, nil) },
 		MinFence: fenced.FenceRepeatable,
 		ShortTTL: 300 * time.Millisecond,
@@ -48,7 +50,10 @@ func TestConformance(t *testing.T) {
 			"redis://127.0.0.1:6379/0?dial_timeout=1s;x",
 			"rediss://",
 		},
-	})
+	}
+	drivertest.RunConformanceTests(t, h)
+	recipetest.RunConformanceTests(t, h)
+	admintest.RunConformanceTests(t, h)
 }
 
 func owner() string {

@@ -12,12 +12,14 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/admin/admintest"
 	"github.com/fenced-dev/fenced/driver"
-	"github.com/fenced-dev/fenced/driver/drivertest"
+	"github.com/fenced-dev/fenced/drivertest"
 	_ "github.com/fenced-dev/fenced/fencedredis" // the fence source in TestFenceFromURL
 	"github.com/fenced-dev/fenced/fencedredlock"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 	"github.com/fenced-dev/fenced/mem"
+	"github.com/fenced-dev/fenced/recipe/recipetest"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -73,7 +75,7 @@ func (c *cluster) url(extra string) string {
 func TestConformance(t *testing.T) {
 	c := startCluster(t, 5)
 	run := func(t *testing.T) {
-		drivertest.RunConformanceTests(t, drivertest.Harness{
+		h := drivertest.Harness{
 			Open: func(t *testing.T) driver.Driver {
 				opts := c.fenced(t)
 				opts.Budget = time.Second // generous for a loaded machine under -race
@@ -95,7 +97,10 @@ func TestConformance(t *testing.T) {
 				"redlock://127.0.0.1:6379/0?budget=1s&budget=2s",
 				"redlock://127.0.0.1:6379/x",
 			},
-		})
+		}
+		drivertest.RunConformanceTests(t, h)
+		recipetest.RunConformanceTests(t, h)
+		admintest.RunConformanceTests(t, h)
 	}
 	t.Run("AllNodes", run)
 	c.nodes[1].Kill()

@@ -7,17 +7,17 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced/driver"
-	"github.com/fenced-dev/fenced/driver/drivertest"
 	"github.com/fenced-dev/fenced/fencedsqlite"
+	"github.com/fenced-dev/fenced/internal/testkit/leasebench"
 )
 
-// BenchmarkLeases runs the shared benchmarks (drivertest.RunBenchmarks):
+// BenchmarkLeases runs the shared benchmarks (leasebench.Run):
 // each driver is its own connection pool on one file, as another process
 // would be. An embedded store has no round trips to count.
 func BenchmarkLeases(b *testing.B) {
 	path := filepath.Join(b.TempDir(), "leases.db")
-	drivertest.RunBenchmarks(b, drivertest.BenchHarness{
-		Open: func(b *testing.B, _ *drivertest.RoundTrips) driver.Driver {
+	leasebench.Run(b, leasebench.Harness{
+		Open: func(b *testing.B, _ *leasebench.RoundTrips) driver.Driver {
 			d, err := fencedsqlite.OpenFile(context.Background(), path, nil)
 			if err != nil {
 				b.Fatal(err)

@@ -8,14 +8,16 @@ import (
 
 	"github.com/fenced-dev/fenced"
 
+	"github.com/fenced-dev/fenced/admin/admintest"
 	"github.com/fenced-dev/fenced/driver"
-	"github.com/fenced-dev/fenced/driver/drivertest"
+	"github.com/fenced-dev/fenced/drivertest"
 	"github.com/fenced-dev/fenced/fencedsqlite"
+	"github.com/fenced-dev/fenced/recipe/recipetest"
 )
 
 func TestConformance(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "leases.db")
-	drivertest.RunConformanceTests(t, drivertest.Harness{
+	h := drivertest.Harness{
 		Open: func(t *testing.T) driver.Driver {
 			d, err := fencedsqlite.OpenFile(context.Background(), path, nil)
 			if err != nil {
@@ -32,7 +34,10 @@ func TestConformance(t *testing.T) {
 			"sqlite://" + filepath.Join(filepath.Dir(path), "nonexistent", "x.db"),
 			"sqlite:" + path + "?create=maybe",
 		},
-	})
+	}
+	drivertest.RunConformanceTests(t, h)
+	recipetest.RunConformanceTests(t, h)
+	admintest.RunConformanceTests(t, h)
 }
 
 // TestWaiterInAnotherConnectionIsWokenByCommit shows that a waiter on a

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/driver/drivertest"
+	"github.com/fenced-dev/fenced/drivertest"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 

@@ -12,12 +12,14 @@ import (
 	"github.com/fenced-dev/fenced/fencedzookeeper/internal/zk"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/admin/admintest"
 	"github.com/fenced-dev/fenced/driver"
-	"github.com/fenced-dev/fenced/driver/drivertest"
+	"github.com/fenced-dev/fenced/drivertest"
 	"github.com/fenced-dev/fenced/fencedzookeeper"
 	"github.com/fenced-dev/fenced/internal/testkit/crashtest"
 	"github.com/fenced-dev/fenced/internal/testkit/faulttest"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
+	"github.com/fenced-dev/fenced/recipe/recipetest"
 )
 
 // openDriver opens a driver by URL, as fenced.Open would.
@@ -37,7 +39,7 @@ func openDriver(t testing.TB, url string) driver.Driver {
 func TestZooKeeper(t *testing.T) {
 	ens := testenv.StartZooKeeper(t)
 	t.Run("Conformance", func(t *testing.T) {
-		drivertest.RunConformanceTests(t, drivertest.Harness{
+		h := drivertest.Harness{
 			Open: func(t *testing.T) driver.Driver {
 				return openDriver(t, ens.URL("/conformance", ""))
 			},
@@ -57,10 +59,13 @@ func TestZooKeeper(t *testing.T) {
 				"zk://127.0.0.1:2181/x?dial_timeout=1s;tick_time=2s",
 				"zk://127.0.0.1:2181/x?dial_timeout=1s&dial_timeout=2s",
 			},
-		})
+		}
+		drivertest.RunConformanceTests(t, h)
+		recipetest.RunConformanceTests(t, h)
+		admintest.RunConformanceTests(t, h)
 	})
 	t.Run("ConformanceWithOptions", func(t *testing.T) {
-		drivertest.RunConformanceTests(t, drivertest.Harness{
+		h := drivertest.Harness{
 			Open: func(t *testing.T) driver.Driver {
 				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 				defer cancel()
@@ -71,7 +76,10 @@ func TestZooKeeper(t *testing.T) {
 				return d
 			},
 			ShortTTL: 500 * time.Millisecond,
-		})
+		}
+		drivertest.RunConformanceTests(t, h)
+		recipetest.RunConformanceTests(t, h)
+		admintest.RunConformanceTests(t, h)
 	})
 	t.Run("Curator", func(t *testing.T) { testCurator(t, ens) })
 	t.Run("ForeignNodes", func(t *testing.T) { testForeignNodes(t, ens) })

@@ -4,10 +4,12 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/fenced-dev/fenced/admin/admintest"
 	"github.com/fenced-dev/fenced/clock"
 	"github.com/fenced-dev/fenced/driver"
-	"github.com/fenced-dev/fenced/driver/drivertest"
+	"github.com/fenced-dev/fenced/drivertest"
 	"github.com/fenced-dev/fenced/mem"
+	"github.com/fenced-dev/fenced/recipe/recipetest"
 )
 
 // TestConformance runs the suite on mem twice, with every capability
@@ -25,7 +27,7 @@ func TestConformance(t *testing.T) {
 			store := mem.NewStore(nil)
 			var mu sync.Mutex
 			byClock := map[clock.Clock]*mem.Store{}
-			drivertest.RunConformanceTests(t, drivertest.Harness{
+			h := drivertest.Harness{
 				Open: func(*testing.T) driver.Driver { return store.DriverWith(c.opts) },
 				OpenWithClock: func(_ *testing.T, clk clock.Clock) driver.Driver {
 					mu.Lock()
@@ -36,7 +38,10 @@ func TestConformance(t *testing.T) {
 					return byClock[clk].DriverWith(c.opts)
 				},
 				BadURLs: []string{"mem://name/path", "mem://x?y=1", "mem://x?y;z", "mem:opaque", "://nothing", "", "nosuchscheme://x"},
-			})
+			}
+			drivertest.RunConformanceTests(t, h)
+			recipetest.RunConformanceTests(t, h)
+			admintest.RunConformanceTests(t, h)
 		})
 	}
 }

@@ -68,7 +68,7 @@ func (s *floorSuite) open(t *testing.T, table string) floorDriver {
 func grant(t *testing.T, d driver.Driver, key string, ttl time.Duration) driver.Grant {
 	t.Helper()
 	o := owner()
-	f, err := d.TryAcquire(ctxT(t), key, o, ttl)
+	f, err := d.TryAcquire(Context(t), key, o, ttl)
 	if err != nil {
 		t.Fatalf("acquire %s: %v", key, err)
 	}
@@ -79,14 +79,14 @@ func grant(t *testing.T, d driver.Driver, key string, ttl time.Duration) driver.
 func cycle(t *testing.T, d driver.Driver, key string) uint64 {
 	t.Helper()
 	g := grant(t, d, key, time.Minute)
-	if err := d.Release(ctxT(t), g); err != nil {
+	if err := d.Release(Context(t), g); err != nil {
 		t.Fatalf("release %v: %v", g, err)
 	}
 	return g.Fence
 }
 
 func (s *floorSuite) testRaise(t *testing.T) {
-	ctx := ctxT(t)
+	ctx := Context(t)
 	table := newTable()
 	d := s.open(t, table)
 	if info, err := d.FenceFloor(ctx); err != nil || info != (driver.FloorInfo{}) {
@@ -127,7 +127,7 @@ func (s *floorSuite) testRaise(t *testing.T) {
 // the new table's floor with the old one's highest fence keeps every key
 // above what its resources have seen.
 func (s *floorSuite) testSeed(t *testing.T) {
-	ctx := ctxT(t)
+	ctx := Context(t)
 	oldT := s.open(t, newTable())
 	var last uint64
 	for range 3 {
@@ -151,7 +151,7 @@ func (s *floorSuite) testSeed(t *testing.T) {
 }
 
 func (s *floorSuite) testPrune(t *testing.T) {
-	ctx := ctxT(t)
+	ctx := Context(t)
 	d := s.open(t, newTable())
 	fences := map[string]uint64{}
 	for _, k := range []string{"k:a", "k:b", "k:c"} {
@@ -211,7 +211,7 @@ func (s *floorSuite) testPrune(t *testing.T) {
 // A prune of more keys than one batch deletes every one of them, and
 // raises the floor to the highest fence among them.
 func (s *floorSuite) testPruneMany(t *testing.T) {
-	ctx := ctxT(t)
+	ctx := Context(t)
 	d := s.open(t, newTable())
 	// More than two batches of the SQL stores; few writers, since SQLite
 	// serves one at a time and does not queue them fairly.
@@ -257,7 +257,7 @@ func (s *floorSuite) testPruneMany(t *testing.T) {
 // grant reissue a fence: each key's fences, recorded while it is held,
 // strictly increase.
 func (s *floorSuite) testPruneRace(t *testing.T) {
-	ctx := ctxT(t)
+	ctx := Context(t)
 	table := newTable()
 	keys := []string{"race:a", "race:b", "race:c"}
 	// Not skipped with -short either: the suite skips nothing but
@@ -351,7 +351,7 @@ func (s *floorSuite) testPruneRace(t *testing.T) {
 }
 
 func (s *floorSuite) testBadInput(t *testing.T) {
-	ctx := ctxT(t)
+	ctx := Context(t)
 	d := s.open(t, newTable())
 	if _, err := d.RaiseFenceFloor(ctx, driver.MaxFenceFloor+1); !errors.Is(err, driver.ErrInvalidFloor) {
 		t.Errorf("RaiseFenceFloor above MaxFenceFloor: %v, want ErrInvalidFloor", err)

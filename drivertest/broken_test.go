@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced/driver"
-	"github.com/fenced-dev/fenced/driver/drivertest"
+	"github.com/fenced-dev/fenced/drivertest"
 	"github.com/fenced-dev/fenced/mem"
 )
 

@@ -50,9 +50,9 @@ func (s *suite) testGiveUpMidLook(t *testing.T) {
 	if n == nil || ops.Queuer != nil {
 		skipUndeclared(t, "Subscribe (driver.Notifier) without a Queue", "waiters poll, or wait in the authority's own queue")
 	}
-	ctx := ctxT(t)
-	key := uniqueKey(t, "giveup")
-	holder, err := s.client(t, nil).TryAcquire(ctx, key, &fenced.LeaseOptions{TTL: time.Minute})
+	ctx := Context(t)
+	key := Key("giveup")
+	holder, err := s.h.Client(t, nil).TryAcquire(ctx, key, &fenced.LeaseOptions{TTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -26,30 +26,30 @@ func (s *suite) testCapabilities(t *testing.T) {
 		refusesUndeclared func() error
 	}{
 		{"Subscribe (driver.Notifier)", declared.Subscribe, has.Subscribe, func() error {
-			sub, err := d.(driver.Notifier).Subscribe(context.Background(), uniqueKey(t, "caps"))
+			sub, err := d.(driver.Notifier).Subscribe(context.Background(), Key("caps"))
 			if err == nil {
 				sub.Close()
 			}
 			return err
 		}},
 		{"Observe (driver.ObserveNotifier)", declared.Observe, has.Observe, func() error {
-			sub, err := d.(driver.ObserveNotifier).SubscribeObserver(context.Background(), uniqueKey(t, "caps"))
+			sub, err := d.(driver.ObserveNotifier).SubscribeObserver(context.Background(), Key("caps"))
 			if err == nil {
 				sub.Close()
 			}
 			return err
 		}},
 		{"Queue (driver.TimedQueuer)", declared.Queue, has.Queue, func() error {
-			_, _, err := d.(driver.TimedQueuer).AcquireTimed(context.Background(), uniqueKey(t, "caps"), owner(), time.Second)
+			_, _, err := d.(driver.TimedQueuer).AcquireTimed(context.Background(), Key("caps"), owner(), time.Second)
 			return err
 		}},
 		{"Terms (driver.TermsAcquirer)", declared.Terms, has.Terms, func() error {
-			_, err := d.(driver.TermsAcquirer).TryAcquireTerms(context.Background(), uniqueKey(t, "caps"), owner(),
+			_, err := d.(driver.TermsAcquirer).TryAcquireTerms(context.Background(), Key("caps"), owner(),
 				driver.Terms{TTL: time.Second, SafetyMargin: driver.DefaultSafetyMargin(time.Second)})
 			return err
 		}},
 		{"BatchRenew (driver.BatchRenewer)", declared.BatchRenew, has.BatchRenew, func() error {
-			_, err := d.(driver.BatchRenewer).RenewBatch(context.Background(), []driver.Grant{{Key: uniqueKey(t, "caps"), Owner: owner(), Fence: 1, TTL: time.Second}})
+			_, err := d.(driver.BatchRenewer).RenewBatch(context.Background(), []driver.Grant{{Key: Key("caps"), Owner: owner(), Fence: 1, TTL: time.Second}})
 			return err
 		}},
 		{"WatchLoss (driver.LossWatcher)", declared.WatchLoss, has.WatchLoss, nil},

@@ -1,4 +1,4 @@
-package drivertest
+package recipetest
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/drivertest"
 	"github.com/fenced-dev/fenced/recipe"
 )
 
@@ -22,8 +23,8 @@ import (
 // observer that took the one wake-up of a release (it did on PostgreSQL)
 // leaves the waiter asleep that long.
 func (s *suite) testObserverTakesNoWakeUp(t *testing.T) {
-	ctx := ctxT(t)
-	key := uniqueKey(t, "observer")
+	ctx := drivertest.Context(t)
+	key := drivertest.Key("observer")
 	var attempts atomic.Int64
 	opts := func(hooks func(fenced.Event)) *fenced.Options {
 		return &fenced.Options{FallbackPoll: 2 * time.Second, MinBackoff: 5 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, MinFence: s.h.MinFence, Hook: hooks}

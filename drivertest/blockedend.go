@@ -157,7 +157,7 @@ func (e *ends) wait(deadline time.Time) map[*fenced.Lease]time.Time {
 // and return after Options.CloseTimeout.
 func (s *suite) testBlockedDriverDelaysNoEnd(t *testing.T) {
 	const n = 20
-	ctx := ctxT(t)
+	ctx := Context(t)
 	opts := func() *fenced.Options {
 		return &fenced.Options{MinFence: s.h.MinFence, CloseTimeout: 300 * time.Millisecond}
 	}
@@ -188,7 +188,7 @@ func (s *suite) testBlockedDriverDelaysNoEnd(t *testing.T) {
 		// Long enough for the loss watches to start (a tenth of a second
 		// after the grant) well before validity ends.
 		ttl := max(s.h.ShortTTL, 500*time.Millisecond)
-		leases := acquire(c, uniqueKey(t, "stuckend"), ttl)
+		leases := acquire(c, Key("stuckend"), ttl)
 		d.blocked.Store(true)
 		e := watchEnds(leases)
 		// One lease is released: its Release never returns, and its
@@ -223,7 +223,7 @@ func (s *suite) testBlockedDriverDelaysNoEnd(t *testing.T) {
 		if hi := d.Driver.Capabilities().MaxTTL; hi > 0 {
 			ttl = min(ttl, hi)
 		}
-		leases := acquire(c, uniqueKey(t, "stuckclose"), ttl)
+		leases := acquire(c, Key("stuckclose"), ttl)
 		watched(d)
 		d.blocked.Store(true)
 		e := watchEnds(leases)
@@ -291,8 +291,8 @@ func CheckEndsThroughBlackHole(t *testing.T, c *fenced.Client, n int, ttl time.D
 	if raceDetector {
 		n /= 5
 	}
-	ctx := ctxT(t)
-	prefix := uniqueKey(t, "blackhole")
+	ctx := Context(t)
+	prefix := Key("blackhole")
 	leases := make([]*fenced.Lease, n)
 	began := time.Now()
 	var (
