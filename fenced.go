@@ -64,7 +64,7 @@ import (
 
 // Sentinel errors that drivers return; see package driver for their
 // meaning. Bad input (a key, a TTL, a URL) also matches ErrInvalidOptions or
-// driver.ErrInvalidKey, driver.ErrInvalidTTL and driver.ErrInvalidURL.
+// ErrInvalidKey, driver.ErrInvalidTTL and driver.ErrInvalidURL.
 var (
 	ErrHeld           = driver.ErrHeld
 	ErrNotHeld        = driver.ErrNotHeld
@@ -74,13 +74,16 @@ var (
 	ErrUnknownOutcome = driver.ErrUnknownOutcome
 	ErrNotFound       = driver.ErrNotFound
 	ErrUnsupported    = driver.ErrUnsupported
+	ErrInvalidKey     = driver.ErrInvalidKey
 )
 
-// FenceStrength (declared in each backend's Guarantees) and LeaseInfo:
-// see package driver.
+// FenceStrength (declared in each backend's Guarantees), LeaseInfo and
+// HeldError (what TryAcquire's ErrHeld knows of the holder's remaining
+// time): see package driver.
 type (
 	FenceStrength = driver.FenceStrength
 	LeaseInfo     = driver.LeaseInfo
+	HeldError     = driver.HeldError
 )
 
 // Fence strengths, weakest first. A zero LeaseOptions.MinFence takes

@@ -9,6 +9,7 @@ import (
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/fencedmysql"
+	"github.com/fenced-dev/fenced/internal/rootaccess"
 	"github.com/fenced-dev/fenced/mem"
 )
 
@@ -51,7 +52,7 @@ func TestDBOf(t *testing.T) {
 	}
 	defer client.Close()
 	db, err := fencedmysql.DBOf(client)
-	if err != nil || db != client.Driver().(*fencedmysql.Driver).DB() || client.Driver().(*fencedmysql.Driver).Table() != "shared_leases" {
+	if err != nil || db != rootaccess.Driver(client).(*fencedmysql.Driver).DB() || rootaccess.Driver(client).(*fencedmysql.Driver).Table() != "shared_leases" {
 		t.Fatalf("DBOf: %v %v", db, err)
 	}
 	if err := db.PingContext(ctx); err != nil {

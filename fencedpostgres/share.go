@@ -9,6 +9,7 @@ import (
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/leasetable"
+	"github.com/fenced-dev/fenced/internal/rootaccess"
 	"github.com/fenced-dev/fenced/internal/urlquery"
 )
 
@@ -60,9 +61,9 @@ func DatabaseURL(rawURL string) (string, error) {
 // pool nobody else uses unless PoolOf hands it out. Size the pool with the
 // URL's pool_max_conns.
 func PoolOf(c *fenced.Client) (*pgxpool.Pool, error) {
-	d, ok := c.Driver().(*Driver)
+	d, ok := rootaccess.Driver(c).(*Driver)
 	if !ok {
-		return nil, fmt.Errorf("postgres: PoolOf: the client's store is %T, not PostgreSQL", c.Driver())
+		return nil, fmt.Errorf("postgres: PoolOf: the client's store is %T, not PostgreSQL", rootaccess.Driver(c))
 	}
 	return d.Pool(), nil
 }

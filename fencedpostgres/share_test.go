@@ -13,6 +13,7 @@ import (
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/fencedpostgres"
+	"github.com/fenced-dev/fenced/internal/rootaccess"
 	"github.com/fenced-dev/fenced/mem"
 )
 
@@ -74,7 +75,7 @@ func TestPoolOf(t *testing.T) {
 	}
 	defer client.Close()
 	pool, err := fencedpostgres.PoolOf(client)
-	if err != nil || pool != client.Driver().(*fencedpostgres.Driver).Pool() {
+	if err != nil || pool != rootaccess.Driver(client).(*fencedpostgres.Driver).Pool() {
 		t.Fatalf("PoolOf: %v %v", pool, err)
 	}
 	if err := pool.Ping(ctx); err != nil {

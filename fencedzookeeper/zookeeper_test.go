@@ -15,6 +15,7 @@ import (
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/driver/drivertest"
 	"github.com/fenced-dev/fenced/fencedzookeeper"
+	"github.com/fenced-dev/fenced/internal/rootaccess"
 	"github.com/fenced-dev/fenced/internal/testkit/crashtest"
 	"github.com/fenced-dev/fenced/internal/testkit/faulttest"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
@@ -29,7 +30,7 @@ func openDriver(t testing.TB, url string) driver.Driver {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return c.Driver()
+	return rootaccess.Driver(c)
 }
 
 // TestZooKeeper runs everything that needs a standalone server under one

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/driver"
 )
 
 // AcquireAll acquires a lease on every key, all or nothing. It takes the
@@ -113,7 +112,7 @@ func (s *LeaseSet) confirm(ctx context.Context) error {
 // canonicalKeys validates keys and returns them sorted.
 func canonicalKeys(keys []string) ([]string, error) {
 	if len(keys) == 0 {
-		return nil, fmt.Errorf("%w: no keys", driver.ErrInvalidKey)
+		return nil, fmt.Errorf("%w: no keys", fenced.ErrInvalidKey)
 	}
 	ordered := slices.Clone(keys)
 	slices.Sort(ordered)
@@ -122,7 +121,7 @@ func canonicalKeys(keys []string) ([]string, error) {
 			return nil, err
 		}
 		if i > 0 && ordered[i-1] == k {
-			return nil, fmt.Errorf("%w: key %q is named twice", driver.ErrInvalidKey, k)
+			return nil, fmt.Errorf("%w: key %q is named twice", fenced.ErrInvalidKey, k)
 		}
 	}
 	return ordered, nil

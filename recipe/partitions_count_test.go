@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/admin"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 	"github.com/fenced-dev/fenced/recipe"
 )
@@ -357,7 +356,7 @@ func TestPartitionsCountJoinWaitsForLeases(t *testing.T) {
 			// process's own release of the probe commits (the member is
 			// stopped outside any write): retried, as an operator would.
 			for attempt := 1; ; attempt++ {
-				_, err := admin.Break(ctx, c, "held/m/4/a", "taken for dead", "test")
+				_, err := c.Break(ctx, "held/m/4/a", "taken for dead", "test")
 				if err == nil {
 					break
 				}

@@ -20,7 +20,6 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/fence"
 	_ "github.com/fenced-dev/fenced/fencedetcd"
 	_ "github.com/fenced-dev/fenced/fencedpostgres"
@@ -241,7 +240,7 @@ func runPartitionsProof(t *testing.T, backend, store string, minFence fenced.Fen
 	}
 	ttl, worst := measureProofTTL(t, kc)
 	t.Logf("TTL %v: the machine's worst delay before the run was %v (a timer's lateness or a store round trip)", ttl, worst.Round(time.Millisecond))
-	keeps := driver.CapabilitiesOf(kc.Driver()).Declared.Keeps.Outlives(ttl)
+	keeps := kc.Capabilities().Keeps.Outlives(ttl)
 	defer kc.Close()
 	late := startLateSampler(kc)
 	defer late.Stop()

@@ -16,9 +16,9 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/admin"
 	"github.com/fenced-dev/fenced/fencedredis"
 	"github.com/fenced-dev/fenced/internal/proof"
+	"github.com/fenced-dev/fenced/internal/rootaccess"
 )
 
 // A proof worker is this binary re-executed; it must start working before
@@ -223,7 +223,7 @@ func checkProofPrefix(ctx context.Context, g *globals, strength fenced.FenceStre
 		return err
 	}
 	defer c.Close()
-	if rd, ok := c.Driver().(*fencedredis.Driver); ok {
+	if rd, ok := rootaccess.Driver(c).(*fencedredis.Driver); ok {
 		if w := redisPersistenceWarning(ctx, rd.Client()); w != "" {
 			fmt.Fprintf(g.stderr, "fenced: warning: %s\n", w)
 		}
@@ -234,7 +234,7 @@ func checkProofPrefix(ctx context.Context, g *globals, strength fenced.FenceStre
 		}
 		return withCode(exitUsage, err)
 	}
-	infos, err := admin.List(ctx, c, proofPrefix)
+	infos, err := c.List(ctx, proofPrefix)
 	if errors.Is(err, fenced.ErrUnsupported) {
 		return fmt.Errorf("proof: this store cannot list leases, so proof cannot check that %q holds none it did not create: %w", proofPrefix, err)
 	}

@@ -8,7 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/admin"
+	"github.com/fenced-dev/fenced/driver"
 )
 
 // pruneJSON is the machine-readable result of a prune.
@@ -45,9 +45,9 @@ works in batches of a few hundred rows, each one transaction.`,
 			if olderThan < 0 {
 				return withCode(exitUsage, fmt.Errorf("prune: --older-than %v is negative", olderThan))
 			}
-			var res admin.PruneResult
+			var res driver.PruneResult
 			err := g.withClient(cmd.Context(), func(c *fenced.Client) (err error) {
-				res, err = admin.Prune(cmd.Context(), c, olderThan)
+				res, err = c.Prune(cmd.Context(), olderThan)
 				return err
 			})
 			if err != nil {

@@ -15,7 +15,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/admin"
 	"github.com/fenced-dev/fenced/driver"
 	_ "github.com/fenced-dev/fenced/fenceddynamodb"
 	_ "github.com/fenced-dev/fenced/fencedetcd"
@@ -272,7 +271,7 @@ func newLsCmd(g *globals) *cobra.Command {
 			}
 			var infos []fenced.LeaseInfo
 			err := g.withClient(cmd.Context(), func(c *fenced.Client) (err error) {
-				infos, err = admin.List(cmd.Context(), c, prefix)
+				infos, err = c.List(cmd.Context(), prefix)
 				return err
 			})
 			if err != nil {
@@ -323,12 +322,12 @@ func newInspectCmd(g *globals) *cobra.Command {
 				return err
 			}
 			var info fenced.LeaseInfo
-			var breaks []admin.BreakRecord
+			var breaks []driver.BreakRecord
 			err := g.withClient(cmd.Context(), func(c *fenced.Client) (err error) {
 				if info, err = c.Inspect(cmd.Context(), args[0]); err != nil {
 					return err
 				}
-				breaks, _ = admin.Breaks(cmd.Context(), c, args[0]) // not every store keeps them
+				breaks, _ = c.Breaks(cmd.Context(), args[0]) // not every store keeps them
 				return nil
 			})
 			if err != nil {
@@ -381,7 +380,7 @@ evicted holder still sends are refused by fenced resources. The break is recorde
 			}
 			var info fenced.LeaseInfo
 			err := g.withClient(cmd.Context(), func(c *fenced.Client) (err error) {
-				info, err = admin.Break(cmd.Context(), c, args[0], reason, by)
+				info, err = c.Break(cmd.Context(), args[0], reason, by)
 				if errors.Is(err, fenced.ErrNotHeld) {
 					// Nothing held: say whether the key was ever granted here,
 					// which catches a mistyped key or the wrong --store.

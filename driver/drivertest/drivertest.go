@@ -30,9 +30,9 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/admin"
 	"github.com/fenced-dev/fenced/clock"
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/capability"
 )
 
 // Harness tells the suite how to reach the store under test.
@@ -345,7 +345,7 @@ func (s *suite) testOwnership(t *testing.T) {
 	if err := d.Renew(ctx, noTTL); !errors.Is(err, driver.ErrInvalidTTL) {
 		t.Errorf("renew of a grant without its TTL: %v, want ErrInvalidTTL", err)
 	}
-	if br := driver.CapabilitiesOf(d).BatchRenewer; br != nil {
+	if br := capability.Of(d).BatchRenewer; br != nil {
 		errs, err := br.RenewBatch(ctx, []driver.Grant{noTTL})
 		if err == nil && len(errs) == 1 {
 			err = errs[0]
@@ -595,7 +595,7 @@ func (s *suite) testAdmin(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer other.Release(ctx)
-	list, err := admin.List(ctx, c, prefix)
+	list, err := c.List(ctx, prefix)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -625,24 +625,24 @@ func (s *suite) testAdmin(t *testing.T) {
 	if info.OwnerDigest != digests[prefix+"b"] {
 		t.Fatalf("Inspect owner digest %q, want driver.OwnerDigest of the owner %q", info.OwnerDigest, digests[prefix+"b"])
 	}
-	broken, err := admin.Break(ctx, c, prefix+"b", "conformance test", "drivertest")
+	broken, err := c.Break(ctx, prefix+"b", "conformance test", "drivertest")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if broken.Fence != leases[0].Fence() || broken.OwnerDigest != digests[prefix+"b"] {
 		t.Fatalf("Break reported fence %d owner digest %q, want %d and %q", broken.Fence, broken.OwnerDigest, leases[0].Fence(), digests[prefix+"b"])
 	}
-	if _, err := admin.Break(ctx, c, prefix+"b", "again", "drivertest"); !errors.Is(err, fenced.ErrNotHeld) {
+	if _, err := c.Break(ctx, prefix+"b", "again", "drivertest"); !errors.Is(err, fenced.ErrNotHeld) {
 		t.Fatalf("second Break: %v, want ErrNotHeld", err)
 	}
-	if _, err := admin.Break(ctx, c, prefix+"a", "", "drivertest"); err == nil {
+	if _, err := c.Break(ctx, prefix+"a", "", "drivertest"); err == nil {
 		t.Fatal("Break without a reason succeeded")
 	}
 	info, err = c.Inspect(ctx, prefix+"b")
 	if err != nil || info.Held || info.Fence != leases[0].Fence() || info.OwnerDigest != "" {
 		t.Fatalf("Inspect after break = %+v, %v; want free, fence kept, no owner", info, err)
 	}
-	if recs, err := admin.Breaks(ctx, c, prefix+"b"); err == nil {
+	if recs, err := c.Breaks(ctx, prefix+"b"); err == nil {
 		if len(recs) != 1 || recs[0].Reason != "conformance test" || recs[0].By != "drivertest" || recs[0].Fence != leases[0].Fence() || recs[0].Time.IsZero() {
 			t.Fatalf("break records = %+v", recs)
 		}
@@ -654,7 +654,7 @@ func (s *suite) testAdmin(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if list, _ := admin.List(ctx, c, prefix); len(list) != 0 {
+	if list, _ := c.List(ctx, prefix); len(list) != 0 {
 		t.Fatalf("List after releasing all = %+v", list)
 	}
 }
@@ -668,7 +668,7 @@ func (s *suite) testBreakCancelsHolder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := admin.Break(ctx, operator, key, "evict", "drivertest"); err != nil {
+	if _, err := operator.Break(ctx, key, "evict", "drivertest"); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -751,7 +751,7 @@ func (s *suite) testBadInput(t *testing.T) {
 	ctx := ctxT(t)
 	c := s.client(t, nil)
 	key := uniqueKey(t, "bad")
-	before, err := admin.List(ctx, c, "dt:")
+	before, err := c.List(ctx, "dt:")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -786,13 +786,13 @@ func (s *suite) testBadInput(t *testing.T) {
 	if _, err := c.Inspect(ctx, ""); !errors.Is(err, driver.ErrInvalidKey) {
 		t.Errorf("Inspect(\"\"): %v, want ErrInvalidKey", err)
 	}
-	if _, err := admin.Break(ctx, c, "", "x", "y"); !errors.Is(err, driver.ErrInvalidKey) {
+	if _, err := c.Break(ctx, "", "x", "y"); !errors.Is(err, driver.ErrInvalidKey) {
 		t.Errorf("Break(\"\"): %v, want ErrInvalidKey", err)
 	}
 	if _, err := c.Inspect(ctx, key); !errors.Is(err, fenced.ErrNotFound) {
 		t.Errorf("bad input left key %q in the store: Inspect = %v", key, err)
 	}
-	after, err := admin.List(ctx, c, "dt:")
+	after, err := c.List(ctx, "dt:")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -918,7 +918,7 @@ func (s *suite) testFIFO(t *testing.T) {
 // does not hold.
 func (s *suite) testLossWatch(t *testing.T) {
 	d := s.drv(t)
-	w := driver.CapabilitiesOf(d).LossWatcher
+	w := capability.Of(d).LossWatcher
 	if w == nil {
 		skipUndeclared(t, "WatchLoss (driver.LossWatcher)", "a lost grant is found by the next renewal")
 	}
@@ -1017,7 +1017,7 @@ func (s *suite) testLongWait(t *testing.T) {
 // TTL, and refuses the others one by one, without touching them.
 func (s *suite) testBatchRenew(t *testing.T) {
 	d, clk := s.expiryDriver(t)
-	br := driver.CapabilitiesOf(d).BatchRenewer
+	br := capability.Of(d).BatchRenewer
 	if br == nil {
 		skipUndeclared(t, "BatchRenew (driver.BatchRenewer)", "leases are renewed one request each")
 	}
@@ -1025,7 +1025,7 @@ func (s *suite) testBatchRenew(t *testing.T) {
 	// TTLs in units of a minute, or less where the driver's longest TTL is
 	// under three minutes (ZooKeeper's session bound).
 	unit := time.Minute
-	if longest := driver.CapabilitiesOf(d).Declared.MaxTTL; longest > 0 && longest < 3*unit {
+	if longest := capability.Of(d).Declared.MaxTTL; longest > 0 && longest < 3*unit {
 		unit = (longest / 3).Truncate(time.Second)
 	}
 	prefix := uniqueKey(t, "batch") + ":"
