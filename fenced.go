@@ -179,11 +179,11 @@ func (m *urlMux) open(ctx context.Context, rawURL string, opts *Options) (*Clien
 		return nil, fmt.Errorf("fenced: open %s: %w: unknown scheme %q: no backend registered for it (registered: %s); "+
 			"import the package that registers it for its side effect (fenced's own backends are packages under %s/, "+
 			"listed with their schemes in the package documentation)",
-			Redact(rawURL), driver.ErrInvalidURL, u.Scheme, registeredSchemes(m), modulePath)
+			driver.Redact(rawURL), driver.ErrInvalidURL, u.Scheme, registeredSchemes(m), modulePath)
 	}
 	drv, err := opener(ctx, u)
 	if err != nil {
-		return nil, fmt.Errorf("fenced: open %s: %w", Redact(rawURL), err)
+		return nil, fmt.Errorf("fenced: open %s: %w", driver.Redact(rawURL), err)
 	}
 	return NewClient(drv, opts), nil
 }
@@ -200,10 +200,3 @@ func registeredSchemes(m *urlMux) string {
 	}
 	return "none"
 }
-
-// Redact returns rawURL with every password replaced by "xxxxx", for logs
-// and errors. It covers the userinfo password, secret query parameters
-// (password, sslpassword) and URLs nested in query parameters
-// (redlock://…?fence=postgres://u:pw@…). A string that does not parse is
-// cut at its first '@', and a query that does not parse is dropped.
-func Redact(rawURL string) string { return driver.Redact(rawURL) }

@@ -29,11 +29,11 @@ func DSN(rawURL string) (string, error) {
 		return "", err
 	}
 	if u.Scheme != "mysql" {
-		return "", fmt.Errorf("mysql: %s: %w: scheme %q, want mysql", fenced.Redact(rawURL), driver.ErrInvalidURL, u.Scheme)
+		return "", fmt.Errorf("mysql: %s: %w: scheme %q, want mysql", driver.Redact(rawURL), driver.ErrInvalidURL, u.Scheme)
 	}
 	cfg, _, err := Config(u)
 	if err != nil {
-		return "", fmt.Errorf("mysql: %s: %w", fenced.Redact(rawURL), err)
+		return "", fmt.Errorf("mysql: %s: %w", driver.Redact(rawURL), err)
 	}
 	return cfg.FormatDSN(), nil
 }

@@ -26,11 +26,11 @@ func DatabaseURL(rawURL string) (string, error) {
 		return "", err
 	}
 	if u.Scheme != "postgres" && u.Scheme != "postgresql" {
-		return "", fmt.Errorf("postgres: %s: %w: scheme %q, want postgres or postgresql", fenced.Redact(rawURL), driver.ErrInvalidURL, u.Scheme)
+		return "", fmt.Errorf("postgres: %s: %w: scheme %q, want postgres or postgresql", driver.Redact(rawURL), driver.ErrInvalidURL, u.Scheme)
 	}
 	p, err := urlquery.Parse(u.RawQuery)
 	if err != nil {
-		return "", fmt.Errorf("postgres: %s: %w", fenced.Redact(rawURL), err)
+		return "", fmt.Errorf("postgres: %s: %w", driver.Redact(rawURL), err)
 	}
 	// fenced's own parameters; the store URL's values were checked when
 	// the store was opened.

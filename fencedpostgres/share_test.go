@@ -37,11 +37,11 @@ func TestDatabaseURL(t *testing.T) {
 	}
 	for _, gone := range []string{"table=", "notify=", "pool_max_conns"} {
 		if strings.Contains(dbURL, gone) {
-			t.Errorf("DatabaseURL kept %q: %s", gone, fenced.Redact(dbURL))
+			t.Errorf("DatabaseURL kept %q: %s", gone, driver.Redact(dbURL))
 		}
 	}
 	if !strings.Contains(dbURL, "sslmode=disable") {
-		t.Errorf("DatabaseURL dropped the connection settings: %s", fenced.Redact(dbURL))
+		t.Errorf("DatabaseURL dropped the connection settings: %s", driver.Redact(dbURL))
 	}
 	db, err := sql.Open("pgx", dbURL)
 	if err != nil {

@@ -91,9 +91,9 @@ func TestLeaseSetReflectsALossAtOnce(t *testing.T) {
 			t.Fatalf("set.Err() right after its lease on a was lost = %v; want the loss", err)
 		}
 		select {
-		case <-set.Done():
+		case <-set.Context().Done():
 		default:
-			t.Fatal("set.Done() not closed right after its lease on a was lost")
+			t.Fatal("set.Context().Done() not closed right after its lease on a was lost")
 		}
 		if set.Context().Err() == nil {
 			t.Fatal("set.Context().Err() = nil right after its lease on a was lost")

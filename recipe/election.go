@@ -56,24 +56,22 @@ func NewElection(c *fenced.Client, name string, opts *fenced.LeaseOptions) (*Ele
 // Name returns the election's name, which is also the key of its lease.
 func (e *Election) Name() string { return e.name }
 
-// CanProclaim reports whether the backend publishes a leader's value
-// (Client.Capabilities().Value: etcd and mem). Elsewhere Campaign with a non-empty value
-// and Proclaim return ErrUnsupported, and Observe reports leaders without
-// a value.
-func (e *Election) CanProclaim() bool {
-	return e.c.Capabilities().Value
-}
+// canProclaim reports whether the backend publishes a leader's value
+// (Client.Capabilities().Value: etcd and mem). Elsewhere Campaign with a
+// non-empty value and Proclaim return ErrUnsupported, and Observe reports
+// leaders without a value.
+func (e *Election) canProclaim() bool { return e.c.Capabilities().Value }
 
 // Campaign blocks until this process is the leader or ctx ends, and
 // returns the leadership. value is published for observers (see
-// CanProclaim); with "" nothing is published. A store that is unavailable
+// Client.Capabilities().Value); with "" nothing is published. A store that is unavailable
 // or answers with an unknown outcome is retried with backoff until ctx
 // ends; other errors (ErrNoFence, ErrClosed, ErrUnsupported) are returned
 // at once. When ctx ends the error matches ctx's cause.
 //
 // The leadership outlives ctx: end it with Resign.
 func (e *Election) Campaign(ctx context.Context, value string) (*Leadership, error) {
-	valuer := e.CanProclaim()
+	valuer := e.canProclaim()
 	if value != "" && !valuer {
 		return nil, fmt.Errorf("fenced: campaign %q: %w: this backend has no slot for a leader's value (etcd and mem have one); campaign with an empty value", e.name, fenced.ErrUnsupported)
 	}
@@ -118,7 +116,7 @@ func (e *Election) Leader(ctx context.Context) (Leader, error) {
 		value string
 		err   error
 	)
-	if e.CanProclaim() {
+	if e.canProclaim() {
 		info, value, err = e.c.Value(ctx, e.name)
 	} else {
 		info, err = e.c.Inspect(ctx, e.name)
@@ -271,9 +269,6 @@ func (l *Leadership) Lease() *fenced.Lease { return l.lease }
 // leadership is lost or resigned. Lead under it.
 func (l *Leadership) Context() context.Context { return l.lease.Context() }
 
-// Done is closed when the term ends; Err then tells why.
-func (l *Leadership) Done() <-chan struct{} { return l.lease.Context().Done() }
-
 // Err returns nil while this process leads, and afterwards why the term
 // ended: IsLost for a loss, ErrReleased after Resign, ErrClosed after the
 // client was closed.
@@ -289,10 +284,10 @@ func (l *Leadership) Value() string {
 // Proclaim publishes value as the leader's value without a new election
 // (observers see a change with the same epoch). It returns an error
 // matching ErrUnsupported on backends without a value slot (see
-// Election.CanProclaim), and ErrNotHeld (or the term's end cause) when this
+// Client.Capabilities().Value), and ErrNotHeld (or the term's end cause) when this
 // process no longer leads.
 func (l *Leadership) Proclaim(ctx context.Context, value string) error {
-	if !l.e.CanProclaim() {
+	if !l.e.canProclaim() {
 		return fmt.Errorf("fenced: proclaim %q: %w: this backend has no slot for a leader's value", l.e.name, fenced.ErrUnsupported)
 	}
 	return l.publish(ctx, value)

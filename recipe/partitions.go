@@ -147,9 +147,6 @@ type Partition struct {
 	Lease *fenced.Lease
 }
 
-// Fence returns the partition lease's fence.
-func (p Partition) Fence() uint64 { return p.Lease.Fence() }
-
 // PartitionWork does a partition's work while the member owns it. Its
 // context ends when the partition is lost (the lease's cause), handed off
 // (ErrHandedOff) or the member leaves (ErrLeft); it must return soon
@@ -335,9 +332,6 @@ func JoinPartitions(ctx context.Context, c *fenced.Client, group string, partiti
 
 // MemberID returns the member's ID.
 func (g *Partitions) MemberID() string { return g.id }
-
-// Partitions returns P.
-func (g *Partitions) Partitions() int { return g.n }
 
 // Owned returns the partitions the member holds now, sorted.
 func (g *Partitions) Owned() []int {
@@ -606,26 +600,6 @@ func (s GroupState) MemberIDs(p int) []string {
 		}
 	}
 	return ids
-}
-
-// Assign returns the assignment the members with partition count p
-// compute from this listing (AssignPartitions).
-func (s GroupState) Assign(p int) map[string][]int {
-	return AssignPartitions(s.MemberIDs(p), p, s.Owners)
-}
-
-// ListMembers returns the live members of group, sorted by ID, whatever
-// their partition count.
-func ListMembers(ctx context.Context, c *fenced.Client, group string) ([]GroupMember, error) {
-	st, err := ReadGroup(ctx, c, group)
-	return st.Members, err
-}
-
-// ListPartitionLeases returns the held partition leases of group, by
-// partition number.
-func ListPartitionLeases(ctx context.Context, c *fenced.Client, group string) (map[int]fenced.LeaseInfo, error) {
-	st, err := ReadGroup(ctx, c, group)
-	return st.Leases, err
 }
 
 // readMembers returns the group's listing and the live members with this

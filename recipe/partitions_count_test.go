@@ -48,7 +48,7 @@ func (lg *itemLog) work(p int) recipe.PartitionWork {
 			if part.Lease.Err() == nil {
 				lg.mu.Lock()
 				for h := part.Index; h < countItems; h += p {
-					lg.out(fmt.Sprintf("W %d %s %d %d", h, part.Lease.Key(), part.Fence(), at.UnixNano()))
+					lg.out(fmt.Sprintf("W %d %s %d %d", h, part.Lease.Key(), part.Lease.Fence(), at.UnixNano()))
 				}
 				lg.mu.Unlock()
 			}

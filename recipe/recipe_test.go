@@ -399,7 +399,11 @@ func TestAcquireAllOrderAndAllOrNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := fmt.Sprint(set.Keys()); got != "[a b]" {
+	var keys []string
+	for _, l := range set.Leases() {
+		keys = append(keys, l.Key())
+	}
+	if got := fmt.Sprint(keys); got != "[a b]" {
 		t.Fatalf("keys %s; want canonical order", got)
 	}
 	f := set.Fences()
@@ -410,7 +414,7 @@ func TestAcquireAllOrderAndAllOrNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	select {
-	case <-set.Done():
+	case <-set.Context().Done():
 	case <-time.After(10 * time.Second):
 		t.Fatal("losing b did not cancel the set's context")
 	}

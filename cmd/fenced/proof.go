@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/fencedredis"
 	"github.com/fenced-dev/fenced/internal/proof"
 	"github.com/fenced-dev/fenced/internal/rootaccess"
@@ -110,7 +111,7 @@ scenario (about a minute); otherwise three.`,
 			if quick {
 				injections = 1
 			}
-			out := proofJSON{Store: fenced.Redact(g.store)}
+			out := proofJSON{Store: driver.Redact(g.store)}
 			isSQLite := strings.HasPrefix(g.store, "sqlite:")
 			for _, f := range faults {
 				if f.NeedsProxy() && isSQLite {

@@ -56,7 +56,7 @@ works in batches of a few hundred rows, each one transaction.`,
 			if g.output == "json" {
 				return writeJSON(g.stdout, pruneJSON{Deleted: res.Deleted, Floor: res.Floor})
 			}
-			fmt.Fprintf(g.stdout, "pruned %d keys from %s; fence floor is %d\n", res.Deleted, fenced.Redact(g.store), res.Floor)
+			fmt.Fprintf(g.stdout, "pruned %d keys from %s; fence floor is %d\n", res.Deleted, driver.Redact(g.store), res.Floor)
 			return nil
 		},
 	}

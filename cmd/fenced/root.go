@@ -177,14 +177,14 @@ func (g *globals) writeStoreHeader(w io.Writer) {
 func describeStore(store string) string {
 	u, err := driver.ParseURL(store)
 	if err != nil || u.Scheme != "sqlite" || u.Opaque != "" || u.Path != "" {
-		return fenced.Redact(store)
+		return driver.Redact(store)
 	}
 	p, err := fencedsqlite.DefaultPath()
 	if err != nil {
-		return fenced.Redact(store) + " (no default file: " + err.Error() + ")"
+		return driver.Redact(store) + " (no default file: " + err.Error() + ")"
 	}
 	u.Path = p
-	return fenced.Redact(u.String()) + " (the default, per user)"
+	return driver.Redact(u.String()) + " (the default, per user)"
 }
 
 // flagFence is the --min-fence value that names s.
@@ -428,7 +428,7 @@ func newGuaranteesCmd(g *globals) *cobra.Command {
 				return err
 			}
 			tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintf(tw, "store:\t%s\n", fenced.Redact(g.store))
+			fmt.Fprintf(tw, "store:\t%s\n", driver.Redact(g.store))
 			fmt.Fprintf(tw, "fence:\t%s\n", gr.Fence)
 			fmt.Fprintf(tw, "expiry by server clock:\t%v\n", gr.ServerClock)
 			if gr.ClockStepSafe {
