@@ -39,8 +39,15 @@
 //
 // Package recipe builds election, semaphore and multi-key locking on the
 // public API of this package only, so users can write recipes of their
-// own the same way. Client.Options, Client.Backoff and Client.Closing are
-// what it needs besides leases.
+// own the same way. Client.Options, Client.Capabilities, Client.List,
+// Client.Watch and Client.Value with Lease.SetValue are what it needs
+// besides leases.
+//
+// # Operators
+//
+// Client.List, Client.Break, Client.Breaks, Client.FenceFloor,
+// Client.RaiseFenceFloor and Client.Prune are the operator's side of a
+// store. Operations a store lacks return ErrUnsupported.
 //
 // # Errors
 //
