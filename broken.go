@@ -9,7 +9,7 @@ import (
 	"github.com/fenced-dev/fenced/driver"
 )
 
-// ErrBroken is part of the cause of a lease that an admin broke (admin.Break,
+// ErrBroken is part of the cause of a lease that an admin broke (Client.Break,
 // fenced break, the break button of fenced serve). Such a cause also matches
 // ErrLost, so IsLost stays true and code that only checks ErrLost keeps
 // working; ErrBroken lets a holder, a log line or a metric say "broken by

@@ -11,7 +11,17 @@ import (
 
 	"github.com/fenced-dev/fenced/clock"
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/rootaccess"
 )
+
+// The module's own tools reach a client's driver, and guards a lease's
+// client, through rootaccess; neither is part of the public API.
+func init() {
+	rootaccess.Set(
+		func(c any) driver.Driver { return c.(*Client).drv },
+		func(l any) any { return l.(*Lease).c },
+	)
+}
 
 // Client is the portable handle on a lease store. It is safe for concurrent
 // use; open one per process and store and share it. Close it to release its
@@ -94,12 +104,8 @@ func (c *Client) at(d time.Duration) time.Time { return c.epoch.Add(d) }
 // now returns c's clock now, on c's timeline.
 func (c *Client) now() time.Duration { return c.since(c.clock.Now()) }
 
-// Driver returns the driver under c, for guards and tools that need a
-// backend's own client.
-func (c *Client) Driver() driver.Driver { return c.drv }
-
 // Guarantees returns what the backend declares it promises. How waiters
-// are woken is not among them: see driver.Ops.Notifies.
+// are woken is not among them: see Capabilities (Subscribe, Queue, FIFO).
 func (c *Client) Guarantees() driver.Guarantees { return c.drv.Guarantees() }
 
 // newOwner returns 128 random bits, hex encoded.

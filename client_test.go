@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/admin"
 	"github.com/fenced-dev/fenced/clock"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/mem"
@@ -165,7 +164,7 @@ func TestRefusedRenewalLosesLeaseAtOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := admin.Break(ctx, c, "k", "test", "me"); err != nil {
+	if _, err := c.Break(ctx, "k", "test", "me"); err != nil {
 		t.Fatal(err)
 	}
 	advance(clk, 1100*time.Millisecond, 100*time.Millisecond)
@@ -331,7 +330,7 @@ func TestAcquireOptionsValidation(t *testing.T) {
 			t.Errorf("options %+v: %v, want ErrInvalidOptions", o, err)
 		}
 	}
-	if l, _ := admin.List(ctx, c, ""); len(l) != 0 {
+	if l, _ := c.List(ctx, ""); len(l) != 0 {
 		t.Fatalf("rejected options left leases: %+v", l)
 	}
 }

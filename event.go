@@ -96,7 +96,3 @@ func (c *Client) emit(e Event) {
 		c.opts.Hook(e)
 	}
 }
-
-// Client returns the client that granted the lease. Guards in package fence
-// report stale writes to its hook when they have none of their own.
-func (l *Lease) Client() *Client { return l.c }

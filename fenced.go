@@ -39,8 +39,15 @@
 //
 // Package recipe builds election, semaphore and multi-key locking on the
 // public API of this package only, so users can write recipes of their
-// own the same way. Client.Options, Client.Backoff and Client.Closing are
-// what it needs besides leases.
+// own the same way. Client.Options, Client.Capabilities, Client.List,
+// Client.Watch and Client.Value with Lease.SetValue are what it needs
+// besides leases.
+//
+// # Operators
+//
+// Client.List, Client.Break, Client.Breaks, Client.FenceFloor,
+// Client.RaiseFenceFloor and Client.Prune are the operator's side of a
+// store. Operations a store lacks return ErrUnsupported.
 //
 // # Errors
 //
@@ -64,7 +71,7 @@ import (
 
 // Sentinel errors that drivers return; see package driver for their
 // meaning. Bad input (a key, a TTL, a URL) also matches ErrInvalidOptions or
-// driver.ErrInvalidKey, driver.ErrInvalidTTL and driver.ErrInvalidURL.
+// ErrInvalidKey, driver.ErrInvalidTTL and driver.ErrInvalidURL.
 var (
 	ErrHeld           = driver.ErrHeld
 	ErrNotHeld        = driver.ErrNotHeld
@@ -74,13 +81,16 @@ var (
 	ErrUnknownOutcome = driver.ErrUnknownOutcome
 	ErrNotFound       = driver.ErrNotFound
 	ErrUnsupported    = driver.ErrUnsupported
+	ErrInvalidKey     = driver.ErrInvalidKey
 )
 
-// FenceStrength (declared in each backend's Guarantees) and LeaseInfo:
-// see package driver.
+// FenceStrength (declared in each backend's Guarantees), LeaseInfo and
+// HeldError (what TryAcquire's ErrHeld knows of the holder's remaining
+// time): see package driver.
 type (
 	FenceStrength = driver.FenceStrength
 	LeaseInfo     = driver.LeaseInfo
+	HeldError     = driver.HeldError
 )
 
 // Fence strengths, weakest first. A zero LeaseOptions.MinFence takes
@@ -201,11 +211,11 @@ func (m *urlMux) open(ctx context.Context, rawURL string, opts *Options) (*Clien
 		return nil, fmt.Errorf("fenced: open %s: %w: unknown scheme %q: no backend registered for it (registered: %s); "+
 			"import the package that registers it for its side effect (fenced's own backends are packages under %s/, "+
 			"listed with their schemes in the package documentation)",
-			Redact(rawURL), driver.ErrInvalidURL, u.Scheme, registeredSchemes(m), modulePath)
+			driver.Redact(rawURL), driver.ErrInvalidURL, u.Scheme, registeredSchemes(m), modulePath)
 	}
 	drv, err := b.open(ctx, u)
 	if err != nil {
-		return nil, fmt.Errorf("fenced: open %s: %w", Redact(rawURL), err)
+		return nil, fmt.Errorf("fenced: open %s: %w", driver.Redact(rawURL), err)
 	}
 	return NewClient(drv, opts), nil
 }
@@ -222,10 +232,3 @@ func registeredSchemes(m *urlMux) string {
 	}
 	return "none"
 }
-
-// Redact returns rawURL with every password replaced by "xxxxx", for logs
-// and errors. It covers the userinfo password, secret query parameters
-// (password, sslpassword) and URLs nested in query parameters
-// (redlock://…?fence=postgres://u:pw@…). A string that does not parse is
-// cut at its first '@', and a query that does not parse is dropped.
-func Redact(rawURL string) string { return driver.Redact(rawURL) }

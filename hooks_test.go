@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/admin"
 	"github.com/fenced-dev/fenced/clock"
 	"github.com/fenced-dev/fenced/mem"
 )
@@ -116,7 +115,7 @@ func TestBrokenLeaseCauseNamesTheBreak(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := admin.Break(ctx, c, "job:broken", "host wedged, OPS-12", "alice"); err != nil {
+	if _, err := c.Break(ctx, "job:broken", "host wedged, OPS-12", "alice"); err != nil {
 		t.Fatal(err)
 	}
 	advance(clk, 1100*time.Millisecond, 100*time.Millisecond)

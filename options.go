@@ -188,7 +188,7 @@ func (c *Client) Resolve(opts *LeaseOptions) (LeaseOptions, error) {
 	if s.TTL == 0 {
 		s.TTL = DefaultTTL
 	}
-	if lo, hi := c.ops().TTLBounds(MinTTL, MaxTTL); s.TTL < lo || s.TTL > hi {
+	if lo, hi := c.ops().Declared.TTLBounds(MinTTL, MaxTTL); s.TTL < lo || s.TTL > hi {
 		return LeaseOptions{}, invalid(true, "TTL", "%v is outside [%v, %v], the TTLs this store accepts", s.TTL, lo, hi)
 	}
 	if err := checkOwnerTag(s.OwnerTag); err != nil {

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/admin"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/mem"
 )
@@ -64,17 +63,17 @@ func TestAdminNeverShowsWholeOwner(t *testing.T) {
 		t.Fatal(err)
 	}
 	owners = append(owners, info.Owner)
-	infos, err := admin.List(ctx, c, "job:")
+	infos, err := c.List(ctx, "job:")
 	if err != nil || len(infos) != 1 {
 		t.Fatalf("List = %+v, %v", infos, err)
 	}
 	owners = append(owners, infos[0].Owner)
-	broken, err := admin.Break(ctx, c, "job:a", "test", t.Name())
+	broken, err := c.Break(ctx, "job:a", "test", t.Name())
 	if err != nil {
 		t.Fatal(err)
 	}
 	owners = append(owners, broken.Owner)
-	recs, err := admin.Breaks(ctx, c, "job:a")
+	recs, err := c.Breaks(ctx, "job:a")
 	if err != nil || len(recs) != 1 {
 		t.Fatalf("Breaks = %+v, %v", recs, err)
 	}

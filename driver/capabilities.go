@@ -57,65 +57,6 @@ type Capabilities struct {
 	Keeps Expiry
 }
 
-// Ops is what a driver can do beyond the Driver interface, as CapabilitiesOf
-// reads it: each field is the driver's implementation of one optional
-// interface, nil unless the driver both declares it in its Capabilities and
-// has its methods.
-type Ops struct {
-	// Declared is the driver's declaration, with the flags of operations
-	// it lacks the methods for cleared (and FIFO cleared without a queue).
-	Declared Capabilities
-
-	Notifier      Notifier
-	Observer      ObserveNotifier
-	Queuer        TimedQueuer
-	TermsAcquirer TermsAcquirer
-	BatchRenewer  BatchRenewer
-	LossWatcher   LossWatcher
-	BreakLogger   BreakLogger
-	Valuer        Valuer
-	FenceFloorer  FenceFloorer
-	Pruner        Pruner
-}
-
-// CapabilitiesOf reads d's optional operations: the one place where the
-// portable layer asks what a driver can do. An operation is present when d
-// declares it (Driver.Capabilities) and implements its interface; a wrapper
-// that embeds another driver therefore offers only the operations whose
-// methods it has itself, whatever the embedded driver declares.
-func CapabilitiesOf(d Driver) Ops {
-	c := d.Capabilities()
-	var o Ops
-	o.Notifier = has[Notifier](d, &c.Subscribe)
-	o.Observer = has[ObserveNotifier](d, &c.Observe)
-	o.Queuer = has[TimedQueuer](d, &c.Queue)
-	o.TermsAcquirer = has[TermsAcquirer](d, &c.Terms)
-	o.BatchRenewer = has[BatchRenewer](d, &c.BatchRenew)
-	o.LossWatcher = has[LossWatcher](d, &c.WatchLoss)
-	o.BreakLogger = has[BreakLogger](d, &c.BreakLog)
-	o.Valuer = has[Valuer](d, &c.Value)
-	o.FenceFloorer = has[FenceFloorer](d, &c.FenceFloor)
-	o.Pruner = has[Pruner](d, &c.Prune)
-	c.FIFO = c.FIFO && c.Queue
-	o.Declared = c
-	return o
-}
-
-// has returns d as an I when *declared is set and d implements I, and
-// clears *declared otherwise.
-func has[I any](d Driver, declared *bool) I {
-	var zero I
-	if !*declared {
-		return zero
-	}
-	i, ok := d.(I)
-	if !ok {
-		*declared = false
-		return zero
-	}
-	return i
-}
-
 // Implemented lists the optional interfaces d has the methods of, by the
 // name of their Capabilities flag, whatever d declares. The conformance
 // suite compares it with the declaration.
@@ -134,18 +75,13 @@ func Implemented(d Driver) Capabilities {
 		WatchLoss: lw, BreakLog: bl, Value: v, FenceFloor: ff, Prune: p}
 }
 
-// Notifies reports whether o's waiters are woken by the authority (its
-// notification, Subscribe, or its own queue, Queue) rather than by polling.
-// Whether they are served in arrival order is o.Declared.FIFO.
-func (o Ops) Notifies() bool { return o.Notifier != nil || o.Queuer != nil }
-
-// TTLBounds returns the TTL range o's driver accepts within [lo, hi], the
-// portable layer's range.
-func (o Ops) TTLBounds(lo, hi time.Duration) (time.Duration, time.Duration) {
-	if d := o.Declared.MinTTL; d > 0 {
+// TTLBounds returns the TTL range a driver with c accepts within [lo, hi],
+// the portable layer's range.
+func (c Capabilities) TTLBounds(lo, hi time.Duration) (time.Duration, time.Duration) {
+	if d := c.MinTTL; d > 0 {
 		lo = max(lo, d)
 	}
-	if d := o.Declared.MaxTTL; d > 0 {
+	if d := c.MaxTTL; d > 0 {
 		hi = min(hi, d)
 	}
 	return lo, hi
@@ -154,7 +90,7 @@ func (o Ops) TTLBounds(lo, hi time.Duration) (time.Duration, time.Duration) {
 // CheckTTL returns an error matching ErrInvalidTTL unless ttl is within
 // [lo, hi]: the one TTL check from a lease's terms to the authority. The
 // portable layer calls it when it resolves a lease's terms (with the
-// driver's bounds, see Ops.TTLBounds); drivers rely on the resolved TTL
+// driver's bounds, see Capabilities.TTLBounds); drivers rely on the resolved TTL
 // and call it only where users call them directly.
 func CheckTTL(ttl, lo, hi time.Duration) error {
 	if ttl < lo || ttl > hi {

@@ -321,7 +321,7 @@ type Driver interface {
 	// woken is in Capabilities, not here.
 	Guarantees() Guarantees
 	// Capabilities declares, once, the optional operations the driver
-	// offers; the portable layer reads them with CapabilitiesOf.
+	// offers; fenced.Client.Capabilities reports them to users.
 	Capabilities() Capabilities
 	// Close releases the driver's resources. Grants are left to expire.
 	Close() error

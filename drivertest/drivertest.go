@@ -1,17 +1,16 @@
 // Package drivertest is the conformance suite every fenced backend runs
 // against a real server. A backend needs no other tests for the core
 // semantics: mutual exclusion, fence monotonicity, ownership, expiry,
-// waiting, cancellation, breaks and bad input.
+// waiting, cancellation, the operator's side (list, break) and bad input.
 //
 // A backend's test calls RunConformanceTests with a Harness that opens
 // drivers on one store (each Open is a new connection, as another process
-// would make). It passes the same Harness to the kits of the packages above
-// the root, recipe/recipetest and admin/admintest; drivertest imports
-// neither recipe nor admin. Key, Context and Harness.Client are the pieces
-// those kits share with it.
+// would make). It passes the same Harness to recipe/recipetest, the kit of
+// the recipes; drivertest does not import recipe. Key, Context and
+// Harness.Client are the pieces that kit shares with it.
 //
 // Every capability a driver declares is verified, not trusted.
-// Notification (driver.Ops.Notifies): a waiter is woken by the release, not
+// Notification (Capabilities.Subscribe or Queue): a waiter is woken by the release, not
 // by polling. Capabilities.FIFO: waiters are granted the key in the order
 // they arrived. driver.LossWatcher: a grant broken by someone else is
 // reported without being asked. driver.BatchRenewer: one batch renews
@@ -35,6 +34,7 @@ import (
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/clock"
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/capability"
 )
 
 // Harness tells the suite how to reach the store under test.
@@ -89,6 +89,7 @@ func RunConformanceTests(t *testing.T, h Harness) {
 	t.Run("TryAcquire", s.testTryAcquire)
 	t.Run("CancelWhileWaiting", s.testCancel)
 	t.Run("CancelledAcquireLeavesNoGrant", s.testCancelledAcquireLeavesNoGrant)
+	t.Run("ListInspectBreak", s.testListInspectBreak)
 	t.Run("BreakCancelsHolder", s.testBreakCancelsHolder)
 	t.Run("DoSkipsOrWaits", s.testDo)
 	t.Run("BadInputChangesNothing", s.testBadInput)
@@ -356,7 +357,7 @@ func (s *suite) testOwnership(t *testing.T) {
 	if err := d.Renew(ctx, noTTL); !errors.Is(err, driver.ErrInvalidTTL) {
 		t.Errorf("renew of a grant without its TTL: %v, want ErrInvalidTTL", err)
 	}
-	if br := driver.CapabilitiesOf(d).BatchRenewer; br != nil {
+	if br := capability.Of(d).BatchRenewer; br != nil {
 		errs, err := br.RenewBatch(ctx, []driver.Grant{noTTL})
 		if err == nil && len(errs) == 1 {
 			err = errs[0]
@@ -586,7 +587,7 @@ func (s *suite) testCancel(t *testing.T) {
 
 func (s *suite) testBreakCancelsHolder(t *testing.T) {
 	ctx := Context(t)
-	// The operator breaks through its own driver, as admin.Break does.
+	// The operator breaks through a client of its own.
 	holder, opDrv := s.h.Client(t, nil), s.h.Open(t)
 	operator := s.h.clientOn(t, opDrv, nil)
 	key := Key("breakholder")
@@ -595,7 +596,7 @@ func (s *suite) testBreakCancelsHolder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := opDrv.Break(ctx, key, driver.BreakRequest{Reason: "evict", By: "drivertest"}); err != nil {
+	if _, err := operator.Break(ctx, key, "evict", "drivertest"); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -676,10 +677,9 @@ func (s *suite) testDo(t *testing.T) {
 
 func (s *suite) testBadInput(t *testing.T) {
 	ctx := Context(t)
-	d := s.h.Open(t) // lists the store, as admin.List does through c's driver
-	c := s.h.clientOn(t, d, nil)
+	c := s.h.Client(t, nil)
 	key := Key("bad")
-	before, err := d.List(ctx, "dt:")
+	before, err := c.List(ctx, "dt:")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -714,10 +714,13 @@ func (s *suite) testBadInput(t *testing.T) {
 	if _, err := c.Inspect(ctx, ""); !errors.Is(err, driver.ErrInvalidKey) {
 		t.Errorf("Inspect(\"\"): %v, want ErrInvalidKey", err)
 	}
+	if _, err := c.Break(ctx, "", "x", "y"); !errors.Is(err, driver.ErrInvalidKey) {
+		t.Errorf("Break(\"\"): %v, want ErrInvalidKey", err)
+	}
 	if _, err := c.Inspect(ctx, key); !errors.Is(err, fenced.ErrNotFound) {
 		t.Errorf("bad input left key %q in the store: Inspect = %v", key, err)
 	}
-	after, err := d.List(ctx, "dt:")
+	after, err := c.List(ctx, "dt:")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -749,7 +752,7 @@ func (s *suite) testBadURLs(t *testing.T) {
 // longer than the test allows.
 func (s *suite) testNotify(t *testing.T) {
 	d := s.drv(t)
-	if !driver.CapabilitiesOf(d).Notifies() {
+	if !capability.Of(d).Notifies() {
 		skipUndeclared(t, "Notify (Capabilities.Subscribe or Queue)", "waiters poll with backoff")
 	}
 	ctx := Context(t)
@@ -787,7 +790,7 @@ func (s *suite) testNotify(t *testing.T) {
 // The waiters arrive half a second apart, so that their order is clear
 // whatever the machine's load; each holds the key briefly and releases it.
 func (s *suite) testFIFO(t *testing.T) {
-	if !driver.CapabilitiesOf(s.drv(t)).Declared.FIFO {
+	if !capability.Of(s.drv(t)).Declared.FIFO {
 		skipUndeclared(t, "FIFO (Capabilities.FIFO)", "waiters are not served in arrival order")
 	}
 	ctx := Context(t)
@@ -843,7 +846,7 @@ func (s *suite) testFIFO(t *testing.T) {
 // does not hold.
 func (s *suite) testLossWatch(t *testing.T) {
 	d := s.drv(t)
-	w := driver.CapabilitiesOf(d).LossWatcher
+	w := capability.Of(d).LossWatcher
 	if w == nil {
 		skipUndeclared(t, "WatchLoss (driver.LossWatcher)", "a lost grant is found by the next renewal")
 	}
@@ -942,7 +945,7 @@ func (s *suite) testLongWait(t *testing.T) {
 // TTL, and refuses the others one by one, without touching them.
 func (s *suite) testBatchRenew(t *testing.T) {
 	d, clk := s.expiryDriver(t)
-	br := driver.CapabilitiesOf(d).BatchRenewer
+	br := capability.Of(d).BatchRenewer
 	if br == nil {
 		skipUndeclared(t, "BatchRenew (driver.BatchRenewer)", "leases are renewed one request each")
 	}
@@ -950,7 +953,7 @@ func (s *suite) testBatchRenew(t *testing.T) {
 	// TTLs in units of a minute, or less where the driver's longest TTL is
 	// under three minutes (ZooKeeper's session bound).
 	unit := time.Minute
-	if longest := driver.CapabilitiesOf(d).Declared.MaxTTL; longest > 0 && longest < 3*unit {
+	if longest := capability.Of(d).Declared.MaxTTL; longest > 0 && longest < 3*unit {
 		unit = (longest / 3).Truncate(time.Second)
 	}
 	prefix := Key("batch") + ":"

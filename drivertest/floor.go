@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/capability"
 )
 
 // FloorHarness tells RunFloorTests how to reach the store under test.
@@ -57,7 +58,7 @@ func (s *floorSuite) open(t *testing.T, table string) floorDriver {
 	t.Helper()
 	d := s.h.OpenTable(t, table)
 	t.Cleanup(func() { d.Close() })
-	ops := driver.CapabilitiesOf(d)
+	ops := capability.Of(d)
 	if ops.FenceFloorer == nil || ops.Pruner == nil {
 		t.Fatalf("%T does not declare and implement driver.FenceFloorer and driver.Pruner (Capabilities.FenceFloor, Prune)", d)
 	}

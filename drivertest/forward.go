@@ -8,6 +8,7 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/capability"
 )
 
 // stalling passes a notifying driver through, except that while stall is
@@ -45,7 +46,7 @@ func (s *stalling) Subscribe(ctx context.Context, key string) (driver.Subscripti
 // (driver.WakeForwarder).
 func (s *suite) testGiveUpMidLook(t *testing.T) {
 	d := s.drv(t)
-	ops := driver.CapabilitiesOf(d)
+	ops := capability.Of(d)
 	n := ops.Notifier
 	if n == nil || ops.Queuer != nil {
 		skipUndeclared(t, "Subscribe (driver.Notifier) without a Queue", "waiters poll, or wait in the authority's own queue")

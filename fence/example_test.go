@@ -12,7 +12,6 @@ import (
 	"strings"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/admin"
 	"github.com/fenced-dev/fenced/fence"
 	"github.com/fenced-dev/fenced/mem"
 )
@@ -92,7 +91,7 @@ func ExampleMiddleware() {
 
 	a, _ := leases.TryAcquire(ctx, "ledger:acct1", nil)
 	post(a, "acct1", "a")
-	admin.Break(ctx, leases, "ledger:acct1", "A is frozen", "ops") // A does not notice
+	leases.Break(ctx, "ledger:acct1", "A is frozen", "ops") // A does not notice
 	b, _ := leases.TryAcquire(ctx, "ledger:acct1", nil)
 	defer b.Release(ctx)
 	post(b, "acct1", "b")

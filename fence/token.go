@@ -9,6 +9,7 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/rootaccess"
 )
 
 // Errors returned by the guards, matched with errors.Is. A refusal because a
@@ -90,7 +91,14 @@ func From(l *fenced.Lease) Token {
 	if l == nil {
 		return Token{}
 	}
-	return Token{Key: l.Key(), Fence: l.Fence(), Owner: OwnerDigest(l.Owner()), issuer: l.Client()}
+	return Token{Key: l.Key(), Fence: l.Fence(), Owner: OwnerDigest(l.Owner()), issuer: issuerOf(l)}
+}
+
+// issuerOf returns the client that granted l, whose hook a guard without
+// one of its own reports to.
+func issuerOf(l *fenced.Lease) *fenced.Client {
+	c, _ := rootaccess.Client(l).(*fenced.Client)
+	return c
 }
 
 // OwnerDigest returns a 32-character hex digest of an owner token: enough to

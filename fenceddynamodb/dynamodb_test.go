@@ -15,7 +15,6 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/admin/admintest"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/drivertest"
 	"github.com/fenced-dev/fenced/fenceddynamodb"
@@ -85,7 +84,6 @@ func TestConformance(t *testing.T) {
 	}
 	drivertest.RunConformanceTests(t, h)
 	recipetest.RunConformanceTests(t, h)
-	admintest.RunConformanceTests(t, h)
 }
 
 // The table must exist with the lease table's key schema: a missing table
@@ -139,7 +137,7 @@ func TestTableChecks(t *testing.T) {
 		}
 		d.Close()
 	}
-	if g, notified := c.Guarantees(), driver.CapabilitiesOf(c.Driver()).Notifies(); g.Fence != fenced.FenceStrict || g.ServerClock || !g.ClockStepSafe || notified {
+	if g, notified := c.Guarantees(), c.Capabilities().Subscribe || c.Capabilities().Queue; g.Fence != fenced.FenceStrict || g.ServerClock || !g.ClockStepSafe || notified {
 		t.Errorf("guarantees %+v, notified waiters %v: want strict fence, no server clock, safe from clock steps, no notification", g, notified)
 	}
 }

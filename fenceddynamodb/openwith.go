@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 )
 
@@ -21,7 +20,7 @@ func OpenWith(ctx context.Context, rawURL string, opts *Options) (*Driver, error
 	}
 	d, err := openOpts(ctx, u, opts)
 	if err != nil {
-		return nil, fmt.Errorf("dynamodb: open %s: %w", fenced.Redact(rawURL), err)
+		return nil, fmt.Errorf("dynamodb: open %s: %w", driver.Redact(rawURL), err)
 	}
 	return d, nil
 }

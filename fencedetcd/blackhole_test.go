@@ -10,6 +10,7 @@ import (
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/drivertest"
 	"github.com/fenced-dev/fenced/fencedetcd"
+	"github.com/fenced-dev/fenced/internal/rootaccess"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 
@@ -46,7 +47,7 @@ func TestKeepAliveDropsBlackHoledConnection(t *testing.T) {
 	if _, err := c.TryAcquire(context.Background(), "keepalive", &fenced.LeaseOptions{TTL: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
-	conn := c.Driver().(*fencedetcd.Driver).Client().ActiveConnection()
+	conn := rootaccess.Driver(c).(*fencedetcd.Driver).Client().ActiveConnection()
 	if s := conn.GetState(); s != connectivity.Ready {
 		t.Fatalf("connection %v before the black hole", s)
 	}

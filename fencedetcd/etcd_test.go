@@ -12,7 +12,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/admin/admintest"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/drivertest"
 	"github.com/fenced-dev/fenced/fencedetcd"
@@ -59,7 +58,6 @@ func TestConformance(t *testing.T) {
 	}
 	drivertest.RunConformanceTests(t, h)
 	recipetest.RunConformanceTests(t, h)
-	admintest.RunConformanceTests(t, h)
 }
 
 // TestUnreachable checks that opening a cluster nobody listens on fails

@@ -10,8 +10,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/admin"
 	"github.com/fenced-dev/fenced/fencedetcd"
+	"github.com/fenced-dev/fenced/internal/rootaccess"
 	"github.com/fenced-dev/fenced/internal/testkit/crashtest"
 	"github.com/fenced-dev/fenced/internal/testkit/faulttest"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
@@ -89,7 +89,7 @@ func TestLossWatchSurvivesRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer operator.Close()
-	if _, err := admin.Break(ctx, operator, "restart", "test", "TestLossWatchSurvivesRestart"); err != nil {
+	if _, err := operator.Break(ctx, "restart", "test", "TestLossWatchSurvivesRestart"); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -109,7 +109,7 @@ func TestLossWatchSurvivesRestart(t *testing.T) {
 func TestReconnectSoonAfterRestart(t *testing.T) {
 	cluster, c := openByURL(t)
 	ctx := context.Background()
-	d := c.Driver().(*fencedetcd.Driver)
+	d := rootaccess.Driver(c).(*fencedetcd.Driver)
 	if _, err := d.Client().Get(ctx, "probe"); err != nil {
 		t.Fatal(err)
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/fencedetcd"
+	"github.com/fenced-dev/fenced/internal/rootaccess"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 	"github.com/fenced-dev/fenced/recipe"
 )
@@ -89,7 +90,7 @@ func TestEtcdctlLockInterop(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer client.Close()
-	name := client.Driver().(*fencedetcd.Driver).LockName("invoice:inv_72")
+	name := rootaccess.Driver(client).(*fencedetcd.Driver).LockName("invoice:inv_72")
 	if name != "locks/invoice:inv_72" {
 		t.Fatalf("lock name %q", name)
 	}
@@ -190,7 +191,7 @@ func TestElectionValueInEtcdLayout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cli := client.Driver().(*fencedetcd.Driver).Client()
+	cli := rootaccess.Driver(client).(*fencedetcd.Driver).Client()
 	resp, err := cli.Get(ctx, "elections/svc/", clientv3.WithPrefix())
 	if err != nil || len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != "10.0.0.7:8080" || uint64(resp.Kvs[0].CreateRevision) != ld.Epoch() {
 		t.Fatalf("etcd keys %v, %v; want one key with the value and create revision %d", resp, err, ld.Epoch())

@@ -69,7 +69,7 @@ func (el *Elector) campaign(ctx context.Context, e *recipe.Election) {
 		el.lead = ld
 		el.mu.Unlock()
 		select {
-		case <-ld.Done():
+		case <-ld.Context().Done():
 		case <-ctx.Done():
 		}
 		el.mu.Lock()

@@ -162,7 +162,7 @@ func (l *Lock) releasable() bool {
 // release frees the lease after its minimum hold (cut short by ctx).
 func (l *Lock) release(ctx context.Context) {
 	l.lease.HoldAtLeast(ctx, l.granted)
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.lease.Client().Options().CloseTimeout)
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.lk.c.Options().CloseTimeout)
 	defer cancel()
 	_ = l.lease.Release(rctx) // on failure the lease expires after its TTL
 }

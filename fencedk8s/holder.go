@@ -85,7 +85,7 @@ func (r *ResourceLock) holderName(ctx context.Context, info fenced.LeaseInfo) st
 	r.names.last = time.Now()
 	r.mu.Unlock()
 	prefix := holderPrefix(r.name, info.Fence)
-	infos, err := r.c.Driver().List(ctx, prefix)
+	infos, err := r.c.List(ctx, prefix)
 	if err != nil {
 		return fallback
 	}

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/fencedmysql"
 )
 
@@ -22,7 +21,8 @@ func Example() {
 		log.Fatal(err)
 	}
 	defer client.Close()
-	fmt.Println("notified waiters:", driver.CapabilitiesOf(client.Driver()).Notifies())
+	caps := client.Capabilities()
+	fmt.Println("notified waiters:", caps.Subscribe || caps.Queue)
 	err = client.Do(ctx, "invoice:inv_72", &fenced.LeaseOptions{TTL: 30 * time.Second, MaxWait: 10 * time.Second},
 		func(ctx context.Context, l *fenced.Lease) error {
 			fmt.Println("holding with a fence:", l.Fence() > 0)

@@ -6,6 +6,7 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/rootaccess"
 )
 
 // DB returns the driver's *sql.DB, for an application that wants to share
@@ -28,11 +29,11 @@ func DSN(rawURL string) (string, error) {
 		return "", err
 	}
 	if u.Scheme != "mysql" {
-		return "", fmt.Errorf("mysql: %s: %w: scheme %q, want mysql", fenced.Redact(rawURL), driver.ErrInvalidURL, u.Scheme)
+		return "", fmt.Errorf("mysql: %s: %w: scheme %q, want mysql", driver.Redact(rawURL), driver.ErrInvalidURL, u.Scheme)
 	}
 	cfg, _, err := Config(u)
 	if err != nil {
-		return "", fmt.Errorf("mysql: %s: %w", fenced.Redact(rawURL), err)
+		return "", fmt.Errorf("mysql: %s: %w", driver.Redact(rawURL), err)
 	}
 	return cfg.FormatDSN(), nil
 }
@@ -52,9 +53,9 @@ func DSN(rawURL string) (string, error) {
 // such as the holder's guarded writes, and run the application's own traffic
 // on a pool of its own (DSN gives its DSN).
 func DBOf(c *fenced.Client) (*sql.DB, error) {
-	d, ok := c.Driver().(*Driver)
+	d, ok := rootaccess.Driver(c).(*Driver)
 	if !ok {
-		return nil, fmt.Errorf("mysql: DBOf: the client's store is %T, not MySQL", c.Driver())
+		return nil, fmt.Errorf("mysql: DBOf: the client's store is %T, not MySQL", rootaccess.Driver(c))
 	}
 	return d.db, nil
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/fencedmysql"
+	"github.com/fenced-dev/fenced/internal/rootaccess"
 	"github.com/fenced-dev/fenced/mem"
 )
 
@@ -22,7 +23,7 @@ func TestDSN(t *testing.T) {
 			t.Fatal(err)
 		}
 		if strings.Contains(dsn, "table=") || strings.Contains(dsn, "socket=") {
-			t.Errorf("DSN kept a fenced parameter: %s", fenced.Redact(storeURL))
+			t.Errorf("DSN kept a fenced parameter: %s", driver.Redact(storeURL))
 		}
 		db, err := sql.Open("mysql", dsn)
 		if err != nil {
@@ -32,7 +33,7 @@ func TestDSN(t *testing.T) {
 		err = db.QueryRowContext(ctx, "SELECT DATABASE()").Scan(&name)
 		db.Close()
 		if err != nil || name != my.Database {
-			t.Fatalf("database/sql on DSN(%s): %q %v", fenced.Redact(storeURL), name, err)
+			t.Fatalf("database/sql on DSN(%s): %q %v", driver.Redact(storeURL), name, err)
 		}
 	}
 	for _, bad := range []string{"postgres://u:pw-secret@h/db", "mysql://u:pw-secret@h/db?table=a;b", "mysql://u:pw-secret@h/", ""} {
@@ -51,7 +52,7 @@ func TestDBOf(t *testing.T) {
 	}
 	defer client.Close()
 	db, err := fencedmysql.DBOf(client)
-	if err != nil || db != client.Driver().(*fencedmysql.Driver).DB() || client.Driver().(*fencedmysql.Driver).Table() != "shared_leases" {
+	if err != nil || db != rootaccess.Driver(client).(*fencedmysql.Driver).DB() || rootaccess.Driver(client).(*fencedmysql.Driver).Table() != "shared_leases" {
 		t.Fatalf("DBOf: %v %v", db, err)
 	}
 	if err := db.PingContext(ctx); err != nil {

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/capability"
 
 	"github.com/fenced-dev/fenced/fencedpostgres"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
@@ -19,7 +19,7 @@ import (
 // notify=on, waiters are woken by notification.
 func TestListenOnlyOnADirectConnection(t *testing.T) {
 	direct := open(t, "table=direct_leases")
-	if !driver.CapabilitiesOf(direct).Notifies() {
+	if !capability.Of(direct).Notifies() {
 		t.Fatalf("direct connection: Notify=false (%s)", direct.Guarantees().Note)
 	}
 
@@ -37,7 +37,7 @@ func TestListenOnlyOnADirectConnection(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		g, notified := d.Guarantees(), driver.CapabilitiesOf(d).Notifies()
+		g, notified := d.Guarantees(), capability.Of(d).Notifies()
 		d.Close()
 		if notified != c.notify {
 			t.Errorf("through a TCP proxy%s: Notify=%v, want %v (%s)", c.param, notified, c.notify, g.Note)

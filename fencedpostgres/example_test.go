@@ -12,7 +12,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/fencedpostgres"
 )
 
@@ -26,7 +25,8 @@ func Example() {
 		log.Fatal(err)
 	}
 	defer client.Close()
-	fmt.Println("notified waiters:", driver.CapabilitiesOf(client.Driver()).Notifies())
+	caps := client.Capabilities()
+	fmt.Println("notified waiters:", caps.Subscribe || caps.Queue)
 
 	err = client.Do(ctx, "invoice:inv_72", &fenced.LeaseOptions{TTL: 30 * time.Second, MaxWait: 10 * time.Second},
 		func(ctx context.Context, l *fenced.Lease) error {

@@ -12,6 +12,7 @@ import (
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/fencedpostgres"
+	"github.com/fenced-dev/fenced/internal/capability"
 )
 
 func signalled(c <-chan struct{}, within time.Duration) bool {
@@ -27,7 +28,7 @@ func signalled(c <-chan struct{}, within time.Duration) bool {
 func TestReleaseWakesOnlyThatKey(t *testing.T) {
 	ctx := ctxT(t)
 	waiter, holder := open(t), open(t)
-	if !driver.CapabilitiesOf(waiter).Notifies() {
+	if !capability.Of(waiter).Notifies() {
 		t.Fatalf("driver does not declare notifications: %s", waiter.Guarantees().Note)
 	}
 	keyA, keyB := "fanout:a:"+t.Name(), "fanout:b:"+t.Name()
@@ -98,7 +99,7 @@ func TestNotifyDegradesToPollingAndSaysSo(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.Close()
-	g, notified := d.Guarantees(), driver.CapabilitiesOf(d).Notifies()
+	g, notified := d.Guarantees(), capability.Of(d).Notifies()
 	if notified || !strings.Contains(g.Note, "LISTEN unavailable") || !strings.Contains(g.Note, "poll") {
 		t.Fatalf("degraded driver declares %+v, notified waiters %v", g, notified)
 	}

@@ -12,10 +12,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/admin/admintest"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/drivertest"
 	"github.com/fenced-dev/fenced/fencedpostgres"
+	"github.com/fenced-dev/fenced/internal/capability"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 	"github.com/fenced-dev/fenced/recipe/recipetest"
 )
@@ -51,7 +51,7 @@ func TestConformanceThroughTransactionPooler(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, notified := d.Guarantees(), driver.CapabilitiesOf(d).Notifies()
+	g, notified := d.Guarantees(), capability.Of(d).Notifies()
 	d.Close()
 	if notified || !strings.Contains(g.Note, "LISTEN unavailable") {
 		t.Fatalf("through a transaction pooler the driver declares %+v, notified waiters %v; want no notification and a note saying LISTEN is unavailable", g, notified)
@@ -70,7 +70,6 @@ func TestConformanceThroughTransactionPooler(t *testing.T) {
 	}
 	drivertest.RunConformanceTests(t, h)
 	recipetest.RunConformanceTests(t, h)
-	admintest.RunConformanceTests(t, h)
 }
 
 // With a direct connection for LISTEN, notifications work while every
@@ -96,7 +95,7 @@ func TestPoolerWithDirectListenConnection(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.Close()
-	if !driver.CapabilitiesOf(d).Notifies() {
+	if !capability.Of(d).Notifies() {
 		t.Fatalf("with a direct LISTEN connection: no notification declared: %+v, %+v", d.Guarantees(), d.Capabilities())
 	}
 	key := "pooler:direct-listen"

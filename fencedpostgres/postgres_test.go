@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fenced-dev/fenced/admin/admintest"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/drivertest"
 	"github.com/fenced-dev/fenced/fencedpostgres"
@@ -59,7 +58,6 @@ func TestConformance(t *testing.T) {
 	}
 	drivertest.RunConformanceTests(t, h)
 	recipetest.RunConformanceTests(t, h)
-	admintest.RunConformanceTests(t, h)
 }
 
 func TestKilledHolderIsReplaced(t *testing.T) {

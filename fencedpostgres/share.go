@@ -9,6 +9,7 @@ import (
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/leasetable"
+	"github.com/fenced-dev/fenced/internal/rootaccess"
 	"github.com/fenced-dev/fenced/internal/urlquery"
 )
 
@@ -25,11 +26,11 @@ func DatabaseURL(rawURL string) (string, error) {
 		return "", err
 	}
 	if u.Scheme != "postgres" && u.Scheme != "postgresql" {
-		return "", fmt.Errorf("postgres: %s: %w: scheme %q, want postgres or postgresql", fenced.Redact(rawURL), driver.ErrInvalidURL, u.Scheme)
+		return "", fmt.Errorf("postgres: %s: %w: scheme %q, want postgres or postgresql", driver.Redact(rawURL), driver.ErrInvalidURL, u.Scheme)
 	}
 	p, err := urlquery.Parse(u.RawQuery)
 	if err != nil {
-		return "", fmt.Errorf("postgres: %s: %w", fenced.Redact(rawURL), err)
+		return "", fmt.Errorf("postgres: %s: %w", driver.Redact(rawURL), err)
 	}
 	// fenced's own parameters; the store URL's values were checked when
 	// the store was opened.
@@ -60,9 +61,9 @@ func DatabaseURL(rawURL string) (string, error) {
 // pool nobody else uses unless PoolOf hands it out. Size the pool with the
 // URL's pool_max_conns.
 func PoolOf(c *fenced.Client) (*pgxpool.Pool, error) {
-	d, ok := c.Driver().(*Driver)
+	d, ok := rootaccess.Driver(c).(*Driver)
 	if !ok {
-		return nil, fmt.Errorf("postgres: PoolOf: the client's store is %T, not PostgreSQL", c.Driver())
+		return nil, fmt.Errorf("postgres: PoolOf: the client's store is %T, not PostgreSQL", rootaccess.Driver(c))
 	}
 	return d.Pool(), nil
 }

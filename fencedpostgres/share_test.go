@@ -13,6 +13,7 @@ import (
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/fencedpostgres"
+	"github.com/fenced-dev/fenced/internal/rootaccess"
 	"github.com/fenced-dev/fenced/mem"
 )
 
@@ -36,11 +37,11 @@ func TestDatabaseURL(t *testing.T) {
 	}
 	for _, gone := range []string{"table=", "notify=", "pool_max_conns"} {
 		if strings.Contains(dbURL, gone) {
-			t.Errorf("DatabaseURL kept %q: %s", gone, fenced.Redact(dbURL))
+			t.Errorf("DatabaseURL kept %q: %s", gone, driver.Redact(dbURL))
 		}
 	}
 	if !strings.Contains(dbURL, "sslmode=disable") {
-		t.Errorf("DatabaseURL dropped the connection settings: %s", fenced.Redact(dbURL))
+		t.Errorf("DatabaseURL dropped the connection settings: %s", driver.Redact(dbURL))
 	}
 	db, err := sql.Open("pgx", dbURL)
 	if err != nil {
@@ -74,7 +75,7 @@ func TestPoolOf(t *testing.T) {
 	}
 	defer client.Close()
 	pool, err := fencedpostgres.PoolOf(client)
-	if err != nil || pool != client.Driver().(*fencedpostgres.Driver).Pool() {
+	if err != nil || pool != rootaccess.Driver(client).(*fencedpostgres.Driver).Pool() {
 		t.Fatalf("PoolOf: %v %v", pool, err)
 	}
 	if err := pool.Ping(ctx); err != nil {

@@ -22,7 +22,7 @@ func TestOpenErrors(t *testing.T) {
 
 	c, err := fenced.Open(ctx, srv.URL(), nil)
 	if err != nil {
-		t.Fatalf("Open(%s): %v", fenced.Redact(srv.URL()), err)
+		t.Fatalf("Open(%s): %v", driver.Redact(srv.URL()), err)
 	}
 	c.Close()
 

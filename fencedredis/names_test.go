@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
-	fencedadmin "github.com/fenced-dev/fenced/admin"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
@@ -31,7 +30,7 @@ func TestPrefixNames(t *testing.T) {
 		l, err := c.TryAcquire(ctx, "names:k", &fenced.LeaseOptions{TTL: 10 * time.Second, MinFence: fenced.FenceRepeatable})
 		if err != nil {
 			t.Errorf("prefix %q: TryAcquire: %v", p, err)
-		} else if infos, err := fencedadmin.List(ctx, c, "names:"); err != nil || len(infos) != 1 {
+		} else if infos, err := c.List(ctx, "names:"); err != nil || len(infos) != 1 {
 			t.Errorf("prefix %q: List = %v, %v; want the one lease", p, infos, err)
 		} else {
 			l.Release(ctx)

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/admin/admintest"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/drivertest"
 	"github.com/fenced-dev/fenced/fencedredis"
@@ -53,7 +52,6 @@ func TestConformance(t *testing.T) {
 	}
 	drivertest.RunConformanceTests(t, h)
 	recipetest.RunConformanceTests(t, h)
-	admintest.RunConformanceTests(t, h)
 }
 
 func owner() string {

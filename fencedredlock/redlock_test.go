@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/admin/admintest"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/drivertest"
 	_ "github.com/fenced-dev/fenced/fencedredis" // the fence source in TestFenceFromURL
@@ -100,7 +99,6 @@ func TestConformance(t *testing.T) {
 		}
 		drivertest.RunConformanceTests(t, h)
 		recipetest.RunConformanceTests(t, h)
-		admintest.RunConformanceTests(t, h)
 	}
 	t.Run("AllNodes", run)
 	c.nodes[1].Kill()
@@ -130,7 +128,7 @@ func TestNoFence(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cl.Close()
-	if g, notified := cl.Guarantees(), driver.CapabilitiesOf(cl.Driver()).Notifies(); g.Fence != fenced.FenceNone || !notified {
+	if g, notified := cl.Guarantees(), cl.Capabilities().Subscribe || cl.Capabilities().Queue; g.Fence != fenced.FenceNone || !notified {
 		t.Fatalf("Guarantees = %+v, notified waiters %v, want FenceNone with notification", g, notified)
 	}
 	_, err = cl.TryAcquire(ctx, "ledger", nil)

@@ -8,7 +8,6 @@ import (
 
 	"github.com/fenced-dev/fenced"
 
-	"github.com/fenced-dev/fenced/admin/admintest"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/drivertest"
 	"github.com/fenced-dev/fenced/fencedsqlite"
@@ -37,7 +36,6 @@ func TestConformance(t *testing.T) {
 	}
 	drivertest.RunConformanceTests(t, h)
 	recipetest.RunConformanceTests(t, h)
-	admintest.RunConformanceTests(t, h)
 }
 
 // TestWaiterInAnotherConnectionIsWokenByCommit shows that a waiter on a

@@ -12,7 +12,6 @@ import (
 	"github.com/fenced-dev/fenced/fencedzookeeper/internal/zk"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/admin"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/fencedzookeeper"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
@@ -266,7 +265,7 @@ func testLossWatchAcrossRestart(t *testing.T, ens *testenv.ZKEnsemble) {
 	defer operator.Close()
 	// The holder's connection reconnects on its own schedule; the break
 	// is reported once it has.
-	if _, err := admin.Break(ctx, operator, "k", "test", "testLossWatchAcrossRestart"); err != nil {
+	if _, err := operator.Break(ctx, "k", "test", "testLossWatchAcrossRestart"); err != nil {
 		t.Fatal(err)
 	}
 	select {

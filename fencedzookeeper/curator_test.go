@@ -15,6 +15,7 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/fencedzookeeper"
+	"github.com/fenced-dev/fenced/internal/rootaccess"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 
@@ -141,7 +142,7 @@ func testCurator(t *testing.T, zk *testenv.ZKEnsemble) {
 	}
 	defer client.Close()
 	key := "invoice:inv_72"
-	lockPath := client.Driver().(*fencedzookeeper.Driver).LockPath(key)
+	lockPath := rootaccess.Driver(client).(*fencedzookeeper.Driver).LockPath(key)
 	if lockPath != "/interop/invoice:inv_72" {
 		t.Fatalf("lock path %q", lockPath)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/fenced-dev/fenced/fencedzookeeper/internal/zk"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/internal/rootaccess"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 
@@ -111,7 +112,7 @@ func testHandoverRequests(t *testing.T, ens *testenv.ZKEnsemble) {
 		defer c.Close()
 		clients[i] = c
 	}
-	lockPath := clients[0].Driver().(interface{ LockPath(string) string }).LockPath("k")
+	lockPath := rootaccess.Driver(clients[0]).(interface{ LockPath(string) string }).LockPath("k")
 	// lineFull waits until every participant has a node under the lock
 	// path, and returns how many listings that took.
 	lineFull := func() int64 {

@@ -12,10 +12,10 @@ import (
 	"github.com/fenced-dev/fenced/fencedzookeeper/internal/zk"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/admin/admintest"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/drivertest"
 	"github.com/fenced-dev/fenced/fencedzookeeper"
+	"github.com/fenced-dev/fenced/internal/rootaccess"
 	"github.com/fenced-dev/fenced/internal/testkit/crashtest"
 	"github.com/fenced-dev/fenced/internal/testkit/faulttest"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
@@ -31,7 +31,7 @@ func openDriver(t testing.TB, url string) driver.Driver {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return c.Driver()
+	return rootaccess.Driver(c)
 }
 
 // TestZooKeeper runs everything that needs a standalone server under one
@@ -62,7 +62,6 @@ func TestZooKeeper(t *testing.T) {
 		}
 		drivertest.RunConformanceTests(t, h)
 		recipetest.RunConformanceTests(t, h)
-		admintest.RunConformanceTests(t, h)
 	})
 	t.Run("ConformanceWithOptions", func(t *testing.T) {
 		h := drivertest.Harness{
@@ -79,7 +78,6 @@ func TestZooKeeper(t *testing.T) {
 		}
 		drivertest.RunConformanceTests(t, h)
 		recipetest.RunConformanceTests(t, h)
-		admintest.RunConformanceTests(t, h)
 	})
 	t.Run("Curator", func(t *testing.T) { testCurator(t, ens) })
 	t.Run("ForeignNodes", func(t *testing.T) { testForeignNodes(t, ens) })

@@ -11,9 +11,9 @@ import (
 	"unicode"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/admin"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/leaseplan"
+	"github.com/fenced-dev/fenced/internal/rootaccess"
 )
 
 // leaseView is a lease as the API shows it: never the owner token.
@@ -140,7 +140,7 @@ func (s *Server) keyDetails(ctx context.Context, key string) (keyView, *apiError
 		}
 		v.History = append(v.History, h)
 	}
-	recs, err := admin.Breaks(ctx, s.cfg.Client, key)
+	recs, err := s.cfg.Client.Breaks(ctx, key)
 	switch {
 	case err == nil:
 		v.BreaksRecorded = true
@@ -200,7 +200,7 @@ func (s *Server) breakLease(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	by := "http:" + name
-	info, err := admin.Break(r.Context(), s.cfg.Client, key, body.Reason, by)
+	info, err := s.cfg.Client.Break(r.Context(), key, body.Reason, by)
 	if err != nil {
 		aerr := storeError(err)
 		if errors.Is(err, fenced.ErrNotHeld) {
@@ -422,7 +422,7 @@ func (s *Server) renewLease(w http.ResponseWriter, r *http.Request) {
 	// The server no longer knows this lease: the authority judges owner
 	// and fence.
 	sent := time.Now()
-	if err := s.cfg.Client.Driver().Renew(r.Context(), driver.Grant{Key: key, Owner: req.Owner, Fence: req.Fence, TTL: ttl}); err != nil {
+	if err := rootaccess.Driver(s.cfg.Client).Renew(r.Context(), driver.Grant{Key: key, Owner: req.Owner, Fence: req.Fence, TTL: ttl}); err != nil {
 		writeError(w, storeError(err))
 		return
 	}
@@ -440,7 +440,7 @@ func (s *Server) releaseLease(w http.ResponseWriter, r *http.Request) {
 	if l != nil {
 		err = l.Release(r.Context())
 	} else {
-		err = s.cfg.Client.Driver().Release(r.Context(), driver.Grant{Key: key, Owner: req.Owner, Fence: req.Fence})
+		err = rootaccess.Driver(s.cfg.Client).Release(r.Context(), driver.Grant{Key: key, Owner: req.Owner, Fence: req.Fence})
 	}
 	if err != nil {
 		writeError(w, storeError(err))

@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/admin"
 	"github.com/fenced-dev/fenced/driver"
 	_ "github.com/fenced-dev/fenced/fencedetcd" // the plan of another backend (its registered rounding)
 	_ "github.com/fenced-dev/fenced/fencedsqlite"
@@ -118,7 +117,7 @@ func TestBreakRefusalsChangeNothing(t *testing.T) {
 		if err != nil || !info.Held || info.Fence != l.Fence() || l.Err() != nil {
 			t.Fatalf("after %s: %+v, %v; lease err %v: want the lease untouched", what, info, err, l.Err())
 		}
-		if recs, _ := admin.Breaks(ctx, f.client, ""); len(recs) != 0 {
+		if recs, _ := f.client.Breaks(ctx, ""); len(recs) != 0 {
 			t.Fatalf("after %s: breaks recorded: %+v", what, recs)
 		}
 	}
@@ -181,7 +180,7 @@ func TestBreakRefusalsChangeNothing(t *testing.T) {
 	if !errors.Is(l.Err(), fenced.ErrBroken) || !strings.Contains(l.Err().Error(), "http:alice") || !strings.Contains(l.Err().Error(), "host wedged") {
 		t.Fatalf("holder's cause %v: want a break by http:alice", l.Err())
 	}
-	recs, err := admin.Breaks(ctx, f.client, "job:nightly")
+	recs, err := f.client.Breaks(ctx, "job:nightly")
 	if err != nil || len(recs) != 1 || recs[0].By != "http:alice" || recs[0].Reason != "host wedged, OPS-12" {
 		t.Fatalf("audit: %+v, %v", recs, err)
 	}
@@ -312,7 +311,7 @@ func TestAcquireBadInput(t *testing.T) {
 			t.Errorf("acquire %s: %d %s, want 400 %s", tc.body, r.status, r.body, tc.code)
 		}
 	}
-	if l, _ := admin.List(context.Background(), f.client, ""); len(l) != 0 {
+	if l, _ := f.client.List(context.Background(), ""); len(l) != 0 {
 		t.Fatalf("refused acquires left leases: %+v", l)
 	}
 }

@@ -10,7 +10,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/admin"
 	"github.com/fenced-dev/fenced/metrics"
 )
 
@@ -88,7 +87,7 @@ func newObserver(c *fenced.Client, now func() time.Time) *observer {
 
 // list lists the held leases with prefix and merges them.
 func (o *observer) list(ctx context.Context, prefix string) ([]fenced.LeaseInfo, error) {
-	infos, err := admin.List(ctx, o.client, prefix)
+	infos, err := o.client.List(ctx, prefix)
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if prefix == "" {
@@ -318,7 +317,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	// Stores without a break log (ErrUnsupported), and a failed read,
 	// leave the series out of this scrape.
-	if recs, err := admin.Breaks(ctx, o.client, ""); err == nil {
+	if recs, err := o.client.Breaks(ctx, ""); err == nil {
 		n := map[string]float64{}
 		for _, r := range recs {
 			n[o.groups.Of(r.Key)]++

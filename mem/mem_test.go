@@ -4,7 +4,6 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/fenced-dev/fenced/admin/admintest"
 	"github.com/fenced-dev/fenced/clock"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/drivertest"
@@ -41,7 +40,6 @@ func TestConformance(t *testing.T) {
 			}
 			drivertest.RunConformanceTests(t, h)
 			recipetest.RunConformanceTests(t, h)
-			admintest.RunConformanceTests(t, h)
 		})
 	}
 }

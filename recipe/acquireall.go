@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/driver"
 )
 
 // AcquireAll acquires a lease on every key, all or nothing. It takes the
@@ -113,7 +112,7 @@ func (s *LeaseSet) confirm(ctx context.Context) error {
 // canonicalKeys validates keys and returns them sorted.
 func canonicalKeys(keys []string) ([]string, error) {
 	if len(keys) == 0 {
-		return nil, fmt.Errorf("%w: no keys", driver.ErrInvalidKey)
+		return nil, fmt.Errorf("%w: no keys", fenced.ErrInvalidKey)
 	}
 	ordered := slices.Clone(keys)
 	slices.Sort(ordered)
@@ -122,7 +121,7 @@ func canonicalKeys(keys []string) ([]string, error) {
 			return nil, err
 		}
 		if i > 0 && ordered[i-1] == k {
-			return nil, fmt.Errorf("%w: key %q is named twice", driver.ErrInvalidKey, k)
+			return nil, fmt.Errorf("%w: key %q is named twice", fenced.ErrInvalidKey, k)
 		}
 	}
 	return ordered, nil
@@ -195,15 +194,6 @@ func (c setContext) Err() error {
 // Leases returns the leases in canonical (sorted) key order.
 func (s *LeaseSet) Leases() []*fenced.Lease { return slices.Clone(s.leases) }
 
-// Keys returns the keys in canonical order.
-func (s *LeaseSet) Keys() []string {
-	keys := make([]string, len(s.leases))
-	for i, l := range s.leases {
-		keys[i] = l.Key()
-	}
-	return keys
-}
-
 // Fences returns each key's fence.
 func (s *LeaseSet) Fences() map[string]uint64 {
 	m := make(map[string]uint64, len(s.leases))
@@ -218,10 +208,6 @@ func (s *LeaseSet) Fences() map[string]uint64 {
 // loss, ErrReleased after Release). Its Err and Done reflect a lease's
 // end as soon as that lease's own context does.
 func (s *LeaseSet) Context() context.Context { return s.ctx }
-
-// Done is closed when any lease of the set has ended: a Done called after
-// a lease's context is done returns a closed channel.
-func (s *LeaseSet) Done() <-chan struct{} { return s.ctx.Done() }
 
 // Err returns nil while every lease is held, and afterwards the cause of
 // the first to end. The set is healthy only while all its leases are: Err

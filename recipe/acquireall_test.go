@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/admin"
 	"github.com/fenced-dev/fenced/recipe"
 )
 
@@ -46,7 +45,7 @@ func TestAcquireAllFailsWhenAnEarlierLeaseWasBroken(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	if _, err := admin.Break(ctx, operator, "k1", "test", "test"); err != nil {
+	if _, err := operator.Break(ctx, "k1", "test", "test"); err != nil {
 		t.Fatal(err)
 	}
 	if err := k2.Release(ctx); err != nil {
@@ -81,7 +80,7 @@ func TestLeaseSetReflectsALossAtOnce(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := admin.Break(ctx, operator, "a", "test", "test"); err != nil {
+		if _, err := operator.Break(ctx, "a", "test", "test"); err != nil {
 			t.Fatal(err)
 		}
 		lease := set.Leases()[0]
@@ -92,9 +91,9 @@ func TestLeaseSetReflectsALossAtOnce(t *testing.T) {
 			t.Fatalf("set.Err() right after its lease on a was lost = %v; want the loss", err)
 		}
 		select {
-		case <-set.Done():
+		case <-set.Context().Done():
 		default:
-			t.Fatal("set.Done() not closed right after its lease on a was lost")
+			t.Fatal("set.Context().Done() not closed right after its lease on a was lost")
 		}
 		if set.Context().Err() == nil {
 			t.Fatal("set.Context().Err() = nil right after its lease on a was lost")

@@ -10,10 +10,10 @@
 // nothing. A partition changes owner only through a release or an expiry,
 // and its fence rises each time.
 //
-// The package uses only the public API of package fenced and its driver
-// package: Client.Options, Client.Backoff and Client.Closing besides
-// leases, and driver.Capabilities for how long a store keeps a dead
-// holder's grant. Its tests check that, so a recipe of your own can be
-// written the same way. docs/recipes.md gives each recipe's guarantees per
+// The package imports only package fenced (never its driver package) and
+// uses its public API: leases, Client.Options, Client.Capabilities (what
+// the store can do, and how long it keeps a dead holder's grant),
+// Client.List, Client.Watch, and Client.Value with Lease.SetValue. Its
+// tests check that, so a recipe of your own can be written the same way. docs/recipes.md gives each recipe's guarantees per
 // backend.
 package recipe

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/driver"
 )
 
 // Election is leader election on one name: a lease on the name, held for
@@ -57,32 +56,30 @@ func NewElection(c *fenced.Client, name string, opts *fenced.LeaseOptions) (*Ele
 // Name returns the election's name, which is also the key of its lease.
 func (e *Election) Name() string { return e.name }
 
-// CanProclaim reports whether the backend publishes a leader's value
-// (driver.Valuer: etcd and mem). Elsewhere Campaign with a non-empty value
-// and Proclaim return ErrUnsupported, and Observe reports leaders without
-// a value.
-func (e *Election) CanProclaim() bool {
-	return driver.CapabilitiesOf(e.c.Driver()).Valuer != nil
-}
+// canProclaim reports whether the backend publishes a leader's value
+// (Client.Capabilities().Value: etcd and mem). Elsewhere Campaign with a
+// non-empty value and Proclaim return ErrUnsupported, and Observe reports
+// leaders without a value.
+func (e *Election) canProclaim() bool { return e.c.Capabilities().Value }
 
 // Campaign blocks until this process is the leader or ctx ends, and
 // returns the leadership. value is published for observers (see
-// CanProclaim); with "" nothing is published. A store that is unavailable
+// Client.Capabilities().Value); with "" nothing is published. A store that is unavailable
 // or answers with an unknown outcome is retried with backoff until ctx
 // ends; other errors (ErrNoFence, ErrClosed, ErrUnsupported) are returned
 // at once. When ctx ends the error matches ctx's cause.
 //
 // The leadership outlives ctx: end it with Resign.
 func (e *Election) Campaign(ctx context.Context, value string) (*Leadership, error) {
-	valuer := driver.CapabilitiesOf(e.c.Driver()).Valuer
-	if value != "" && valuer == nil {
+	valuer := e.canProclaim()
+	if value != "" && !valuer {
 		return nil, fmt.Errorf("fenced: campaign %q: %w: this backend has no slot for a leader's value (etcd and mem have one); campaign with an empty value", e.name, fenced.ErrUnsupported)
 	}
 	for attempt := 0; ; attempt++ {
 		l, err := e.c.Acquire(ctx, e.name, &e.opts)
 		if err == nil {
 			ld := &Leadership{e: e, lease: l, value: value}
-			if valuer == nil {
+			if !valuer {
 				return ld, nil
 			}
 			// Always write the value, even "": until then etcd's key
@@ -100,7 +97,7 @@ func (e *Election) Campaign(ctx context.Context, value string) (*Leadership, err
 		if ctx.Err() != nil {
 			return nil, context.Cause(ctx)
 		}
-		t := e.c.Options().Clock.NewTimer(e.c.Backoff(attempt))
+		t := e.c.Options().Clock.NewTimer(backoff(e.c.Options(), attempt))
 		select {
 		case <-t.C():
 		case <-ctx.Done():
@@ -119,10 +116,10 @@ func (e *Election) Leader(ctx context.Context) (Leader, error) {
 		value string
 		err   error
 	)
-	if v := driver.CapabilitiesOf(e.c.Driver()).Valuer; v != nil {
-		info, value, err = v.Value(ctx, e.name)
+	if e.canProclaim() {
+		info, value, err = e.c.Value(ctx, e.name)
 	} else {
-		info, err = e.c.Driver().Inspect(ctx, e.name)
+		info, err = e.c.Inspect(ctx, e.name)
 	}
 	if errors.Is(err, fenced.ErrNotFound) {
 		return Leader{}, nil
@@ -130,7 +127,7 @@ func (e *Election) Leader(ctx context.Context) (Leader, error) {
 	if err != nil {
 		return Leader{}, fmt.Errorf("fenced: leader of %q: %w", e.name, err)
 	}
-	return Leader{Present: info.Held, Epoch: info.Fence, Value: value, Owner: driver.ShortOwner(info.Owner), Remaining: info.Remaining}, nil
+	return Leader{Present: info.Held, Epoch: info.Fence, Value: value, Owner: info.Owner, Remaining: info.Remaining}, nil
 }
 
 // Leader is one state of an election as Observe and Leader report it.
@@ -167,7 +164,7 @@ func (l Leader) String() string {
 // ObserveEvery is how often Observe reads the election when the backend
 // cannot tell it of a change. Observe also reads it when the leader's
 // lease is due to expire, and at once when a backend that notifies
-// observers (driver.ObserveNotifier) reports a release. An observer never
+// observers (Client.Watch) reports a release. An observer never
 // takes the wake-up a release gives the candidates.
 const ObserveEvery = 250 * time.Millisecond
 
@@ -195,6 +192,8 @@ func (e *Election) Observe(ctx context.Context) <-chan Leader {
 
 func (e *Election) observe(ctx context.Context, ch chan<- Leader) {
 	defer close(ch)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	send := func(l Leader) bool {
 		select {
 		case ch <- l:
@@ -204,14 +203,9 @@ func (e *Election) observe(ctx context.Context, ch chan<- Leader) {
 		}
 	}
 	// Only an observer's subscription: a waiter's could take the one
-	// wake-up a release gives the candidates (driver.ObserveNotifier).
-	var sub driver.Subscription
-	if n := driver.CapabilitiesOf(e.c.Driver()).Observer; n != nil {
-		if s, err := n.SubscribeObserver(ctx, e.name); err == nil {
-			sub = s
-			defer s.Close()
-		}
-	}
+	// wake-up a release gives the candidates (Client.Watch). Where the
+	// store cannot tell observers, subC stays nil: a timer reads it.
+	subC, _ := e.c.Watch(ctx, e.name)
 	var (
 		last  Leader
 		first = true
@@ -242,10 +236,6 @@ func (e *Election) observe(ctx context.Context, ch chan<- Leader) {
 			if cur.Present && cur.Remaining > 0 {
 				wait = min(wait, cur.Remaining+time.Millisecond)
 			}
-		}
-		var subC <-chan struct{}
-		if sub != nil {
-			subC = sub.C()
 		}
 		t := e.c.Options().Clock.NewTimer(wait)
 		select {
@@ -279,9 +269,6 @@ func (l *Leadership) Lease() *fenced.Lease { return l.lease }
 // leadership is lost or resigned. Lead under it.
 func (l *Leadership) Context() context.Context { return l.lease.Context() }
 
-// Done is closed when the term ends; Err then tells why.
-func (l *Leadership) Done() <-chan struct{} { return l.lease.Context().Done() }
-
 // Err returns nil while this process leads, and afterwards why the term
 // ended: IsLost for a loss, ErrReleased after Resign, ErrClosed after the
 // client was closed.
@@ -297,10 +284,10 @@ func (l *Leadership) Value() string {
 // Proclaim publishes value as the leader's value without a new election
 // (observers see a change with the same epoch). It returns an error
 // matching ErrUnsupported on backends without a value slot (see
-// Election.CanProclaim), and ErrNotHeld (or the term's end cause) when this
+// Client.Capabilities().Value), and ErrNotHeld (or the term's end cause) when this
 // process no longer leads.
 func (l *Leadership) Proclaim(ctx context.Context, value string) error {
-	if !l.e.CanProclaim() {
+	if !l.e.canProclaim() {
 		return fmt.Errorf("fenced: proclaim %q: %w: this backend has no slot for a leader's value", l.e.name, fenced.ErrUnsupported)
 	}
 	return l.publish(ctx, value)
@@ -310,8 +297,7 @@ func (l *Leadership) publish(ctx context.Context, value string) error {
 	if err := l.lease.Err(); err != nil {
 		return fmt.Errorf("fenced: proclaim %q: %w", l.e.name, err)
 	}
-	v := driver.CapabilitiesOf(l.e.c.Driver()).Valuer
-	if err := v.SetValue(ctx, grantOf(l.lease), value); err != nil {
+	if err := l.lease.SetValue(ctx, value); err != nil {
 		if errors.Is(err, fenced.ErrNotHeld) {
 			// The store no longer has this grant. A renewal asks it
 			// once more and, refused, ends the lease with ErrLost.
@@ -323,11 +309,6 @@ func (l *Leadership) publish(ctx context.Context, value string) error {
 	l.value = value
 	l.mu.Unlock()
 	return nil
-}
-
-// grantOf is l's grant as drivers see it.
-func grantOf(l *fenced.Lease) driver.Grant {
-	return driver.Grant{Key: l.Key(), Owner: l.Owner(), Fence: l.Fence(), TTL: l.Options().TTL}
 }
 
 // Resign ends the term: the leadership's context is cancelled first, then

@@ -159,7 +159,11 @@ func ExampleAcquireAll() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	fmt.Println(set.Keys(), set.Fences())
+	var keys []string
+	for _, l := range set.Leases() {
+		keys = append(keys, l.Key())
+	}
+	fmt.Println(keys, set.Fences())
 	// Do the transfer under set.Context(), which is cancelled if either
 	// lease is lost; send each account's write its own fence.
 	set.Release(ctx)

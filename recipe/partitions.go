@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/driver"
 )
 
 // MaxPartitions is the largest partition count of a group.
@@ -63,7 +62,7 @@ var (
 //     key, so P is recorded at the authority, where every member's one
 //     listing reads it: in the name of each membership key and in the
 //     owner tag of each partition lease (not every backend can store a
-//     value with a grant, driver.Valuer). A member is admitted, at its
+//     value with a grant, Client.Value). A member is admitted, at its
 //     join and whenever it takes a lapsed membership back, only if no
 //     member of another P is live (else ErrPartitionCount) and no
 //     partition lease of another P, or of no member, is still held (a
@@ -88,7 +87,7 @@ var (
 //     release of key GROUP/w/bell (a refused try first, so that backends
 //     which publish only to announced waiters publish); members watch the
 //     bell and the partitions they are waiting for as observers
-//     (driver.ObserveNotifier) where the backend can notify, so a join,
+//     (Client.Watch) where the backend can notify, so a join,
 //     leave or hand-off is acted on at once. Crashes are noticed when the
 //     membership lease expires, at the next poll (Poll, TTL/3 by
 //     default), and on backends without notification every change is.
@@ -147,9 +146,6 @@ type Partition struct {
 	// Lease is the partition's lease. Send its Fence with every write.
 	Lease *fenced.Lease
 }
-
-// Fence returns the partition lease's fence.
-func (p Partition) Fence() uint64 { return p.Lease.Fence() }
 
 // PartitionWork does a partition's work while the member owns it. Its
 // context ends when the partition is lost (the lease's cause), handed off
@@ -301,7 +297,7 @@ func JoinPartitions(ctx context.Context, c *fenced.Client, group string, partiti
 	// grant after its last renewal (etcd rounds the session up and sweeps
 	// every 500 ms; ZooKeeper keeps a session two ticks at least), and a
 	// TTL more for the news to arrive.
-	g.member.MaxWait = driver.CapabilitiesOf(c.Driver()).Declared.Keeps.Outlives(spec.TTL) + spec.TTL
+	g.member.MaxWait = c.Capabilities().Keeps.Outlives(spec.TTL) + spec.TTL
 	if _, err := c.Resolve(&g.member); err != nil {
 		return nil, fmt.Errorf("fenced: partitions %q: membership: %w", group, err)
 	}
@@ -336,9 +332,6 @@ func JoinPartitions(ctx context.Context, c *fenced.Client, group string, partiti
 
 // MemberID returns the member's ID.
 func (g *Partitions) MemberID() string { return g.id }
-
-// Partitions returns P.
-func (g *Partitions) Partitions() int { return g.n }
 
 // Owned returns the partitions the member holds now, sorted.
 func (g *Partitions) Owned() []int {
@@ -469,20 +462,6 @@ func (g *Partitions) memberKey() string {
 // of GROUP's members (GROUP/m/<P>/<id>).
 func (g *Partitions) bellKey() string { return g.group + "/w/bell" }
 
-// listLeases lists the held leases under prefix, through the driver
-// (Client.Driver) as package admin's List does, with owners shortened.
-// It is the recipe's only listing.
-func listLeases(ctx context.Context, c *fenced.Client, prefix string) ([]fenced.LeaseInfo, error) {
-	infos, err := c.Driver().List(ctx, prefix)
-	if err != nil {
-		return nil, fmt.Errorf("fenced: list %q: %w", prefix, err)
-	}
-	for i := range infos {
-		infos[i].Owner = driver.ShortOwner(infos[i].Owner)
-	}
-	return infos, nil
-}
-
 // GroupMember is a live member of a group as the authority lists it.
 type GroupMember struct {
 	ID         string
@@ -518,7 +497,7 @@ type GroupState struct {
 
 // ReadGroup lists group in one request.
 func ReadGroup(ctx context.Context, c *fenced.Client, group string) (GroupState, error) {
-	infos, err := listLeases(ctx, c, group+"/")
+	infos, err := c.List(ctx, group+"/")
 	if err != nil {
 		return GroupState{}, err
 	}
@@ -623,26 +602,6 @@ func (s GroupState) MemberIDs(p int) []string {
 	return ids
 }
 
-// Assign returns the assignment the members with partition count p
-// compute from this listing (AssignPartitions).
-func (s GroupState) Assign(p int) map[string][]int {
-	return AssignPartitions(s.MemberIDs(p), p, s.Owners)
-}
-
-// ListMembers returns the live members of group, sorted by ID, whatever
-// their partition count.
-func ListMembers(ctx context.Context, c *fenced.Client, group string) ([]GroupMember, error) {
-	st, err := ReadGroup(ctx, c, group)
-	return st.Members, err
-}
-
-// ListPartitionLeases returns the held partition leases of group, by
-// partition number.
-func ListPartitionLeases(ctx context.Context, c *fenced.Client, group string) (map[int]fenced.LeaseInfo, error) {
-	st, err := ReadGroup(ctx, c, group)
-	return st.Leases, err
-}
-
 // readMembers returns the group's listing and the live members with this
 // member's partition count.
 func (g *Partitions) readMembers(ctx context.Context) (GroupState, []string, error) {
@@ -658,7 +617,7 @@ func (g *Partitions) readMembers(ctx context.Context) (GroupState, []string, err
 // (Redis) publish a release only when a try was refused. Errors are
 // ignored: members also poll.
 func (g *Partitions) ring(ctx context.Context) {
-	if driver.CapabilitiesOf(g.c.Driver()).Observer == nil {
+	if !g.c.Capabilities().Observe {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.ttl)
@@ -697,13 +656,13 @@ func (g *Partitions) emit(e PartitionEvent) {
 // wake-ups to the loop.
 type watches struct {
 	g    *Partitions
-	obs  driver.ObserveNotifier
+	obs  bool // the store tells observers (Client.Watch)
 	subs map[string]func()
 }
 
 // set keeps subscriptions on exactly keys.
 func (w *watches) set(ctx context.Context, keys map[string]bool) {
-	if w.obs == nil {
+	if !w.obs {
 		return
 	}
 	for k, stop := range w.subs {
@@ -716,22 +675,23 @@ func (w *watches) set(ctx context.Context, keys map[string]bool) {
 		if _, ok := w.subs[k]; ok {
 			continue
 		}
-		sub, err := w.obs.SubscribeObserver(ctx, k)
+		wctx, stop := context.WithCancel(ctx)
+		wake, err := w.g.c.Watch(wctx, k)
 		if err != nil {
+			stop()
 			continue // polled instead
 		}
-		stop := make(chan struct{})
 		go func() {
 			for {
 				select {
-				case <-sub.C():
+				case <-wake:
 					w.g.poke()
-				case <-stop:
+				case <-wctx.Done():
 					return
 				}
 			}
 		}()
-		w.subs[k] = func() { close(stop); sub.Close() }
+		w.subs[k] = stop
 	}
 }
 
@@ -747,7 +707,7 @@ func (g *Partitions) loop() {
 	defer close(g.loopDone)
 	ctx := g.runCtx
 	w := &watches{g: g, subs: map[string]func(){}}
-	w.obs = driver.CapabilitiesOf(g.c.Driver()).Observer
+	w.obs = g.c.Capabilities().Observe
 	defer w.close()
 	for ctx.Err() == nil {
 		next := g.step(ctx, w)
@@ -857,7 +817,7 @@ func (g *Partitions) step(ctx context.Context, w *watches) time.Duration {
 		l, err := g.c.TryAcquire(ctx, g.partitionKey(p), &g.part)
 		if err != nil {
 			missing++
-			var held *driver.HeldError
+			var held *fenced.HeldError
 			if errors.As(err, &held) && held.Remaining > 0 {
 				next = min(next, held.Remaining+time.Millisecond)
 			}

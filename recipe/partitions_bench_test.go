@@ -17,6 +17,7 @@ import (
 	_ "github.com/fenced-dev/fenced/fencedetcd"
 	_ "github.com/fenced-dev/fenced/fencedpostgres"
 	_ "github.com/fenced-dev/fenced/fencedredis"
+	"github.com/fenced-dev/fenced/internal/rootaccess"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 	"github.com/fenced-dev/fenced/recipe"
 )
@@ -97,7 +98,7 @@ func BenchmarkPartitionsRebalance(b *testing.B) {
 							ms = append(ms, join(fmt.Sprintf("d%d", i)))
 							waitBalanced(b, ms, p)
 							start := time.Now()
-							clients[ms[3]].Driver().Close()
+							rootaccess.Driver(clients[ms[3]]).Close()
 							dead := ms[3]
 							ms = ms[:3]
 							waitBalanced(b, ms, p)

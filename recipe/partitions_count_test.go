@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/admin"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 	"github.com/fenced-dev/fenced/recipe"
 )
@@ -49,7 +48,7 @@ func (lg *itemLog) work(p int) recipe.PartitionWork {
 			if part.Lease.Err() == nil {
 				lg.mu.Lock()
 				for h := part.Index; h < countItems; h += p {
-					lg.out(fmt.Sprintf("W %d %s %d %d", h, part.Lease.Key(), part.Fence(), at.UnixNano()))
+					lg.out(fmt.Sprintf("W %d %s %d %d", h, part.Lease.Key(), part.Lease.Fence(), at.UnixNano()))
 				}
 				lg.mu.Unlock()
 			}
@@ -357,7 +356,7 @@ func TestPartitionsCountJoinWaitsForLeases(t *testing.T) {
 			// process's own release of the probe commits (the member is
 			// stopped outside any write): retried, as an operator would.
 			for attempt := 1; ; attempt++ {
-				_, err := admin.Break(ctx, c, "held/m/4/a", "taken for dead", "test")
+				_, err := c.Break(ctx, "held/m/4/a", "taken for dead", "test")
 				if err == nil {
 					break
 				}

@@ -20,7 +20,6 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/fence"
 	_ "github.com/fenced-dev/fenced/fencedetcd"
 	_ "github.com/fenced-dev/fenced/fencedpostgres"
@@ -146,8 +145,8 @@ func proofMember() error {
 	}
 	work := func(ctx context.Context, p recipe.Partition) error {
 		tok := fence.From(p.Lease)
-		record("A %d %d", p.Index, p.Fence())
-		defer record("R %d %d", p.Index, p.Fence())
+		record("A %d %d", p.Index, p.Lease.Fence())
+		defer record("R %d %d", p.Index, p.Lease.Fence())
 		for {
 			// Write, even right after the context ends, once: the
 			// resource, not the member's belief, must refuse it.
@@ -155,23 +154,23 @@ func proofMember() error {
 			if err == nil {
 				var r fence.Result
 				if os.Getenv("PARTITIONS_PROOF_UNFENCED") == "1" {
-					_, err = tx.Exec(`UPDATE part SET n = n + 1, fence = ? WHERE p = ?`, p.Fence(), p.Index)
+					_, err = tx.Exec(`UPDATE part SET n = n + 1, fence = ? WHERE p = ?`, p.Lease.Fence(), p.Index)
 					r.Outcome = fence.Applied
 				} else {
 					r, err = g.Update(context.Background(), tx, p.Index, tok, fence.Write{Set: "n = n + 1"})
 				}
 				switch {
 				case err == nil && r.Applied():
-					_, err = tx.Exec(`INSERT INTO log (p, fence, member) VALUES (?, ?, ?)`, p.Index, p.Fence(), id)
+					_, err = tx.Exec(`INSERT INTO log (p, fence, member) VALUES (?, ?, ?)`, p.Index, p.Lease.Fence(), id)
 					if err == nil {
 						err = tx.Commit()
 					}
 					if err == nil {
-						record("W %d %d", p.Index, p.Fence())
+						record("W %d %d", p.Index, p.Lease.Fence())
 					}
 				case err == nil:
 					tx.Rollback()
-					record("S %d %d %d", p.Index, p.Fence(), r.Current)
+					record("S %d %d %d", p.Index, p.Lease.Fence(), r.Current)
 				default:
 					tx.Rollback()
 				}
@@ -241,7 +240,7 @@ func runPartitionsProof(t *testing.T, backend, store string, minFence fenced.Fen
 	}
 	ttl, worst := measureProofTTL(t, kc)
 	t.Logf("TTL %v: the machine's worst delay before the run was %v (a timer's lateness or a store round trip)", ttl, worst.Round(time.Millisecond))
-	keeps := driver.CapabilitiesOf(kc.Driver()).Declared.Keeps.Outlives(ttl)
+	keeps := kc.Capabilities().Keeps.Outlives(ttl)
 	defer kc.Close()
 	late := startLateSampler(kc)
 	defer late.Stop()

@@ -202,10 +202,10 @@ func (lg *partLedger) work(member string) recipe.PartitionWork {
 				lg.fail("partition %d: %s starts work while %s still finishes its hand-off", p.Index, member, h)
 			}
 		}
-		if f := p.Fence(); f <= lg.fences[p.Index] {
+		if f := p.Lease.Fence(); f <= lg.fences[p.Index] {
 			lg.fail("partition %d: fence %d not above %d", p.Index, f, lg.fences[p.Index])
 		}
-		lg.holder[p.Index], lg.holderCtx[p.Index], lg.fences[p.Index] = member, ctx, p.Fence()
+		lg.holder[p.Index], lg.holderCtx[p.Index], lg.fences[p.Index] = member, ctx, p.Lease.Fence()
 		lg.mu.Unlock()
 		<-ctx.Done()
 		if cause := context.Cause(ctx); errors.Is(cause, recipe.ErrHandedOff) || errors.Is(cause, recipe.ErrLeft) {
@@ -421,8 +421,8 @@ func TestPartitionsCountMismatch(t *testing.T) {
 		t.Fatalf("join with P=8 beside P=16: got %v, want ErrPartitionCount", err)
 	}
 	t.Logf("refused: %v", err)
-	if ms, err := recipe.ListMembers(ctx, partOpen(t, url), "g"); err != nil || len(ms) != 1 {
-		t.Errorf("members after the refusal: %v, %v; want a alone", ms, err)
+	if st, err := recipe.ReadGroup(ctx, partOpen(t, url), "g"); err != nil || len(st.Members) != 1 {
+		t.Errorf("members after the refusal: %v, %v; want a alone", st.Members, err)
 	}
 	// Bad input.
 	for _, tc := range []struct {

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/admin"
 	"github.com/fenced-dev/fenced/driver"
 	_ "github.com/fenced-dev/fenced/fencedsqlite"
 	_ "github.com/fenced-dev/fenced/mem"
@@ -172,7 +171,7 @@ func TestElectionRunCallbacks(t *testing.T) {
 		})
 	}()
 	time.Sleep(300 * time.Millisecond)
-	if _, err := admin.Break(ctx, cs[1], "job", "test", "test"); err != nil {
+	if _, err := cs[1].Break(ctx, "job", "test", "test"); err != nil {
 		t.Fatal(err)
 	}
 	err := <-runErr
@@ -400,18 +399,22 @@ func TestAcquireAllOrderAndAllOrNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := fmt.Sprint(set.Keys()); got != "[a b]" {
+	var keys []string
+	for _, l := range set.Leases() {
+		keys = append(keys, l.Key())
+	}
+	if got := fmt.Sprint(keys); got != "[a b]" {
 		t.Fatalf("keys %s; want canonical order", got)
 	}
 	f := set.Fences()
 	if f["a"] == 0 || f["b"] == 0 {
 		t.Fatalf("fences %v", f)
 	}
-	if _, err := admin.Break(ctx, cs[1], "b", "test", "test"); err != nil {
+	if _, err := cs[1].Break(ctx, "b", "test", "test"); err != nil {
 		t.Fatal(err)
 	}
 	select {
-	case <-set.Done():
+	case <-set.Context().Done():
 	case <-time.After(10 * time.Second):
 		t.Fatal("losing b did not cancel the set's context")
 	}

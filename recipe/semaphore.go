@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/driver"
 )
 
 // MaxPermits is the largest number of permits a Semaphore may have.
@@ -111,7 +110,7 @@ func (s *Semaphore) acquire(ctx context.Context) (*Permit, error) {
 	if err == nil || !errors.Is(err, fenced.ErrHeld) || spec.MaxWait == fenced.NoWait {
 		return p, err
 	}
-	if ops := driver.CapabilitiesOf(s.c.Driver()); ops.Queuer != nil || ops.Notifier != nil {
+	if caps := s.c.Capabilities(); caps.Queue || caps.Subscribe {
 		return s.race(ctx)
 	}
 	return s.poll(ctx, spec, hint)
@@ -131,7 +130,7 @@ func (s *Semaphore) round(ctx context.Context) (*Permit, time.Duration, error) {
 		if err == nil {
 			return &Permit{Lease: l, slot: slot}, 0, nil
 		}
-		var held *driver.HeldError
+		var held *fenced.HeldError
 		switch {
 		case errors.As(err, &held):
 			if held.Remaining > 0 && (hint == 0 || held.Remaining < hint) {
@@ -216,7 +215,7 @@ func (s *Semaphore) poll(ctx context.Context, spec fenced.LeaseOptions, hint tim
 		waitOver = t.C()
 	}
 	for attempt := 0; ; attempt++ {
-		sleep := s.c.Backoff(attempt)
+		sleep := backoff(s.c.Options(), attempt)
 		if hint > 0 {
 			sleep = min(sleep, hint+time.Millisecond)
 		}
@@ -229,9 +228,6 @@ func (s *Semaphore) poll(ctx context.Context, spec fenced.LeaseOptions, hint tim
 		case <-ctx.Done():
 			t.Stop()
 			return nil, context.Cause(ctx)
-		case <-s.c.Closing():
-			t.Stop()
-			return nil, fenced.ErrClosed
 		}
 		p, h, err := s.round(ctx)
 		if err == nil || !errors.Is(err, fenced.ErrHeld) {

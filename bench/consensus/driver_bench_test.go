@@ -9,6 +9,7 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/rootaccess"
 )
 
 // driverLocker calls a driver's wait queue (driver.TimedQueuer) directly, without the portable
@@ -38,6 +39,6 @@ func driverFactory(url string) newLocker {
 			b.Fatal(err)
 		}
 		b.Cleanup(func() { c.Close() })
-		return &driverLocker{d: c.Driver(), key: key}
+		return &driverLocker{d: rootaccess.Driver(c), key: key}
 	}
 }

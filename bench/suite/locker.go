@@ -10,6 +10,7 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/rootaccess"
 )
 
 // locker takes and gives back locks for one goroutine.
@@ -55,13 +56,14 @@ func newFencedProcess(d driver.Driver) *fencedProcess {
 
 func fencedClientProcess(c *fenced.Client) *fencedProcess {
 	return &fencedProcess{c: c, opts: &fenced.LeaseOptions{
-		TTL: benchTTL, MaxWait: fenced.WaitForever, MinFence: minFence(c.Driver()),
+		TTL: benchTTL, MaxWait: fenced.WaitForever, MinFence: minFence(c),
 	}}
 }
 
-// minFence is the strongest fence d gives (what MinFence must accept).
-func minFence(d driver.Driver) fenced.FenceStrength {
-	if f := d.Guarantees().Fence; f != driver.FenceUnset {
+// minFence is the strongest fence c's store gives (what MinFence must
+// accept).
+func minFence(c *fenced.Client) fenced.FenceStrength {
+	if f := c.Guarantees().Fence; f != driver.FenceUnset {
 		return f
 	}
 	return fenced.FenceNone
@@ -154,7 +156,7 @@ func openDriver(ctx context.Context, url string) (driver.Driver, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", redactURL(url), err)
 	}
-	return c.Driver(), nil
+	return rootaccess.Driver(c), nil
 }
 
 // fencedImpls are fenced's Client and its driver alone on the store URL

@@ -152,7 +152,7 @@ func openFencedHolder(url string) func(ctx context.Context, ttl time.Duration) (
 }
 
 func (h *fencedHolder) acquire(ctx context.Context, key string, ttl time.Duration) error {
-	l, err := h.c.TryAcquire(ctx, key, &fenced.LeaseOptions{TTL: ttl, MinFence: minFence(h.c.Driver())})
+	l, err := h.c.TryAcquire(ctx, key, &fenced.LeaseOptions{TTL: ttl, MinFence: minFence(h.c)})
 	if err != nil {
 		return err
 	}

@@ -109,7 +109,7 @@ func electAndRun(ctx context.Context, g *globals, f *electFlags, name string, ar
 		}
 		return err
 	}
-	if f.value != "" && !el.CanProclaim() {
+	if f.value != "" && !c.Capabilities().Value {
 		return withCode(exitUsage, fmt.Errorf("elect: --value: this store keeps no value with a leader (only etcd does); leave --value out"))
 	}
 	// The error names the key already.

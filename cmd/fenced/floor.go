@@ -10,7 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/admin"
+	"github.com/fenced-dev/fenced/driver"
 )
 
 // floorJSON is the machine-readable form of a store's floor.
@@ -39,9 +39,9 @@ of the two is what to seed a new store with. The floor lives in the SQL stores
 			if err := g.checkOutput(); err != nil {
 				return err
 			}
-			var info admin.FloorInfo
+			var info driver.FloorInfo
 			err := g.withClient(cmd.Context(), func(c *fenced.Client) (err error) {
-				info, err = admin.FenceFloor(cmd.Context(), c)
+				info, err = c.FenceFloor(cmd.Context())
 				return err
 			})
 			if err != nil {
@@ -51,7 +51,7 @@ of the two is what to seed a new store with. The floor lives in the SQL stores
 				return writeJSON(g.stdout, floorJSON{Floor: info.Floor, MaxFence: info.MaxFence})
 			}
 			tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintf(tw, "store:\t%s\n", fenced.Redact(g.store))
+			fmt.Fprintf(tw, "store:\t%s\n", driver.Redact(g.store))
 			fmt.Fprintf(tw, "floor:\t%d\n", info.Floor)
 			fmt.Fprintf(tw, "highest fence:\t%d\n", info.MaxFence)
 			return tw.Flush()
@@ -82,8 +82,8 @@ never lowered: raising it to less than it is changes nothing.`,
 				return withCode(exitUsage, errors.New("floor raise: give N or --from, not both"))
 			case len(args) == 1:
 				n, err := strconv.ParseUint(args[0], 10, 64)
-				if err != nil || n > admin.MaxFenceFloor {
-					return withCode(exitUsage, fmt.Errorf("floor raise: %q is not a number from 0 to %d", args[0], admin.MaxFenceFloor))
+				if err != nil || n > driver.MaxFenceFloor {
+					return withCode(exitUsage, fmt.Errorf("floor raise: %q is not a number from 0 to %d", args[0], driver.MaxFenceFloor))
 				}
 				target = n
 			case from != "":
@@ -91,32 +91,32 @@ never lowered: raising it to less than it is changes nothing.`,
 				if err != nil {
 					return fmt.Errorf("floor raise --from: %w", err)
 				}
-				info, err := admin.FenceFloor(ctx, src)
+				info, err := src.FenceFloor(ctx)
 				src.Close()
 				if err != nil {
-					return fmt.Errorf("floor raise --from %s: %w", fenced.Redact(from), explainNoFloor(err))
+					return fmt.Errorf("floor raise --from %s: %w", driver.Redact(from), explainNoFloor(err))
 				}
 				target = max(info.Floor, info.MaxFence)
-				fmt.Fprintf(g.stdout, "%s: floor %d, highest fence %d\n", fenced.Redact(from), info.Floor, info.MaxFence)
+				fmt.Fprintf(g.stdout, "%s: floor %d, highest fence %d\n", driver.Redact(from), info.Floor, info.MaxFence)
 			default:
 				return withCode(exitUsage, errors.New("floor raise: give the new floor N, or --from STORE"))
 			}
 			var now uint64
 			err := g.withClient(ctx, func(c *fenced.Client) (err error) {
-				now, err = admin.RaiseFenceFloor(ctx, c, target)
+				now, err = c.RaiseFenceFloor(ctx, target)
 				return err
 			})
-			if errors.Is(err, admin.ErrInvalidFloor) {
+			if errors.Is(err, driver.ErrInvalidFloor) {
 				return withCode(exitUsage, err)
 			}
 			if err != nil {
 				return explainNoFloor(err)
 			}
 			if now > target {
-				fmt.Fprintf(g.stdout, "fence floor of %s is %d, already above %d; unchanged\n", fenced.Redact(g.store), now, target)
+				fmt.Fprintf(g.stdout, "fence floor of %s is %d, already above %d; unchanged\n", driver.Redact(g.store), now, target)
 				return nil
 			}
-			fmt.Fprintf(g.stdout, "fence floor of %s is now %d: every later grant gets a higher fence\n", fenced.Redact(g.store), now)
+			fmt.Fprintf(g.stdout, "fence floor of %s is now %d: every later grant gets a higher fence\n", driver.Redact(g.store), now)
 			return nil
 		},
 	}
@@ -125,7 +125,7 @@ never lowered: raising it to less than it is changes nothing.`,
 	// is wrong with it rather than cobra's "unknown shorthand flag".
 	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
 		if m := negativeArg.FindStringSubmatch(err.Error()); m != nil {
-			return withCode(exitUsage, fmt.Errorf("floor raise: %q is not a number from 0 to %d", m[1], admin.MaxFenceFloor))
+			return withCode(exitUsage, fmt.Errorf("floor raise: %q is not a number from 0 to %d", m[1], driver.MaxFenceFloor))
 		}
 		return err
 	})

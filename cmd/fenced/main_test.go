@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/admin"
 	"github.com/fenced-dev/fenced/internal/supervise"
 )
 
@@ -82,7 +81,7 @@ func TestRunGivesChildKeyFenceStore(t *testing.T) {
 		}
 	}
 	// The lease was released: nothing is held.
-	if l, _ := admin.List(context.Background(), client(t, store), ""); len(l) != 0 {
+	if l, _ := client(t, store).List(context.Background(), ""); len(l) != 0 {
 		t.Fatalf("lease still held after run: %+v", l)
 	}
 }
@@ -160,7 +159,7 @@ func TestRunLostLeaseStopsChild(t *testing.T) {
 			defer cmd.Process.Kill()
 			info := waitHeld(t, operator, key)
 			start := time.Now()
-			if _, err := admin.Break(context.Background(), operator, key, "test eviction", "cli test"); err != nil {
+			if _, err := operator.Break(context.Background(), key, "test eviction", "cli test"); err != nil {
 				t.Fatal(err)
 			}
 			err := cmd.Wait()

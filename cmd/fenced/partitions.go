@@ -506,7 +506,7 @@ func lsPartitions(ctx context.Context, g *globals, group string) error {
 	p := st.Partitions()
 	ids := st.MemberIDs(p)
 	target := map[int]string{}
-	for id, ps := range st.Assign(p) {
+	for id, ps := range recipe.AssignPartitions(st.MemberIDs(p), p, st.Owners) {
 		for _, i := range ps {
 			target[i] = id
 		}

@@ -16,9 +16,10 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/admin"
+	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/fencedredis"
 	"github.com/fenced-dev/fenced/internal/proof"
+	"github.com/fenced-dev/fenced/internal/rootaccess"
 )
 
 // A proof worker is this binary re-executed; it must start working before
@@ -147,7 +148,7 @@ func runProofScenarios(ctx context.Context, g *globals, f *proofFlags, strength 
 	if f.quick {
 		injections = 1
 	}
-	out := proofJSON{Store: fenced.Redact(g.store)}
+	out := proofJSON{Store: driver.Redact(g.store)}
 	isSQLite := strings.HasPrefix(g.store, "sqlite:")
 	for _, fault := range faults {
 		if fault.NeedsProxy() && isSQLite {
@@ -250,7 +251,7 @@ func checkProofPrefix(ctx context.Context, g *globals, strength fenced.FenceStre
 		return err
 	}
 	defer c.Close()
-	if rd, ok := c.Driver().(*fencedredis.Driver); ok {
+	if rd, ok := rootaccess.Driver(c).(*fencedredis.Driver); ok {
 		if w := redisPersistenceWarning(ctx, rd.Client()); w != "" {
 			fmt.Fprintf(g.stderr, "fenced: warning: %s\n", w)
 		}
@@ -261,7 +262,7 @@ func checkProofPrefix(ctx context.Context, g *globals, strength fenced.FenceStre
 		}
 		return withCode(exitUsage, err)
 	}
-	infos, err := admin.List(ctx, c, proofPrefix)
+	infos, err := c.List(ctx, proofPrefix)
 	if errors.Is(err, fenced.ErrUnsupported) {
 		return fmt.Errorf("proof: this store cannot list leases, so proof cannot check that %q holds none it did not create: %w", proofPrefix, err)
 	}

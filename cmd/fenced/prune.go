@@ -8,7 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/admin"
+	"github.com/fenced-dev/fenced/driver"
 )
 
 // pruneJSON is the machine-readable result of a prune.
@@ -45,9 +45,9 @@ works in batches of a few hundred rows, each one transaction.`,
 			if olderThan < 0 {
 				return withCode(exitUsage, fmt.Errorf("prune: --older-than %v is negative", olderThan))
 			}
-			var res admin.PruneResult
+			var res driver.PruneResult
 			err := g.withClient(cmd.Context(), func(c *fenced.Client) (err error) {
-				res, err = admin.Prune(cmd.Context(), c, olderThan)
+				res, err = c.Prune(cmd.Context(), olderThan)
 				return err
 			})
 			if err != nil {
@@ -56,7 +56,7 @@ works in batches of a few hundred rows, each one transaction.`,
 			if g.output == "json" {
 				return writeJSON(g.stdout, pruneJSON{Deleted: res.Deleted, Floor: res.Floor})
 			}
-			fmt.Fprintf(g.stdout, "pruned %d keys from %s; fence floor is %d\n", res.Deleted, fenced.Redact(g.store), res.Floor)
+			fmt.Fprintf(g.stdout, "pruned %d keys from %s; fence floor is %d\n", res.Deleted, driver.Redact(g.store), res.Floor)
 			return nil
 		},
 	}

@@ -15,7 +15,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/admin"
 	"github.com/fenced-dev/fenced/driver"
 	_ "github.com/fenced-dev/fenced/fenceddynamodb"
 	_ "github.com/fenced-dev/fenced/fencedetcd"
@@ -178,14 +177,14 @@ func (g *globals) writeStoreHeader(w io.Writer) {
 func describeStore(store string) string {
 	u, err := driver.ParseURL(store)
 	if err != nil || u.Scheme != "sqlite" || u.Opaque != "" || u.Path != "" {
-		return fenced.Redact(store)
+		return driver.Redact(store)
 	}
 	p, err := fencedsqlite.DefaultPath()
 	if err != nil {
-		return fenced.Redact(store) + " (no default file: " + err.Error() + ")"
+		return driver.Redact(store) + " (no default file: " + err.Error() + ")"
 	}
 	u.Path = p
-	return fenced.Redact(u.String()) + " (the default, per user)"
+	return driver.Redact(u.String()) + " (the default, per user)"
 }
 
 // flagFence is the --min-fence value that names s.
@@ -272,7 +271,7 @@ func newLsCmd(g *globals) *cobra.Command {
 			}
 			var infos []fenced.LeaseInfo
 			err := g.withClient(cmd.Context(), func(c *fenced.Client) (err error) {
-				infos, err = admin.List(cmd.Context(), c, prefix)
+				infos, err = c.List(cmd.Context(), prefix)
 				return err
 			})
 			if err != nil {
@@ -323,12 +322,12 @@ func newInspectCmd(g *globals) *cobra.Command {
 				return err
 			}
 			var info fenced.LeaseInfo
-			var breaks []admin.BreakRecord
+			var breaks []driver.BreakRecord
 			err := g.withClient(cmd.Context(), func(c *fenced.Client) (err error) {
 				if info, err = c.Inspect(cmd.Context(), args[0]); err != nil {
 					return err
 				}
-				breaks, _ = admin.Breaks(cmd.Context(), c, args[0]) // not every store keeps them
+				breaks, _ = c.Breaks(cmd.Context(), args[0]) // not every store keeps them
 				return nil
 			})
 			if err != nil {
@@ -381,7 +380,7 @@ evicted holder still sends are refused by fenced resources. The break is recorde
 			}
 			var info fenced.LeaseInfo
 			err := g.withClient(cmd.Context(), func(c *fenced.Client) (err error) {
-				info, err = admin.Break(cmd.Context(), c, args[0], reason, by)
+				info, err = c.Break(cmd.Context(), args[0], reason, by)
 				if errors.Is(err, fenced.ErrNotHeld) {
 					// Nothing held: say whether the key was ever granted here,
 					// which catches a mistyped key or the wrong --store.
@@ -421,16 +420,16 @@ func newGuaranteesCmd(g *globals) *cobra.Command {
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var gr driver.Guarantees
-			var ops driver.Ops
+			var caps driver.Capabilities
 			err := g.withClient(cmd.Context(), func(c *fenced.Client) error {
-				gr, ops = c.Guarantees(), driver.CapabilitiesOf(c.Driver())
+				gr, caps = c.Guarantees(), c.Capabilities()
 				return nil
 			})
 			if err != nil {
 				return err
 			}
 			tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintf(tw, "store:\t%s\n", fenced.Redact(g.store))
+			fmt.Fprintf(tw, "store:\t%s\n", driver.Redact(g.store))
 			fmt.Fprintf(tw, "fence:\t%s\n", gr.Fence)
 			fmt.Fprintf(tw, "expiry by server clock:\t%v\n", gr.ServerClock)
 			if gr.ClockStepSafe {
@@ -438,8 +437,8 @@ func newGuaranteesCmd(g *globals) *cobra.Command {
 			} else {
 				fmt.Fprintf(tw, "safe from clock steps:\tfalse (a forward step of the store's wall clock beyond the safety margin ends grants early: two holders overlap and only the fence protects the resource)\n")
 			}
-			fmt.Fprintf(tw, "waiters notified:\t%v\n", ops.Notifies())
-			fmt.Fprintf(tw, "waiters served FIFO:\t%v\n", ops.Declared.FIFO)
+			fmt.Fprintf(tw, "waiters notified:\t%v\n", caps.Subscribe || caps.Queue)
+			fmt.Fprintf(tw, "waiters served FIFO:\t%v\n", caps.FIFO)
 			fmt.Fprintf(tw, "note:\t%s\n", gr.Note)
 			return tw.Flush()
 		},

@@ -422,9 +422,17 @@ func acquireOrInterrupt(ctx context.Context, sigs <-chan os.Signal, what string,
 	return nil, fmt.Errorf("interrupted by %v as %s was granted; released it, nothing ran", sig, h.desc)
 }
 
-// leaseHold adapts a lease to hold.lease: it is done when the lease's
-// context is.
-type leaseHold struct{ *fenced.Lease }
+// leaseHold adapts a lease or a lease set to hold.lease: it is done when
+// its context is.
+type leaseHold struct{ contextHold }
+
+// contextHold is what a lease and a lease set have in common.
+type contextHold interface {
+	Context() context.Context
+	Err() error
+	Remaining() time.Duration
+	Release(ctx context.Context) error
+}
 
 func (l leaseHold) Done() <-chan struct{} { return l.Context().Done() }
 
@@ -475,8 +483,8 @@ func acquireHold(ctx context.Context, c *fenced.Client, f *runFlags, keys []stri
 		if err != nil {
 			return nil, err
 		}
-		return &hold{lease: set, leases: set.Leases(), env: setEnv(os.Environ(), set, store), granted: time.Now(),
-			desc: fmt.Sprintf("the leases on %s (fences %s)", strings.Join(set.Keys(), ", "), fencesDesc(set))}, nil
+		return &hold{lease: leaseHold{set}, leases: set.Leases(), env: setEnv(os.Environ(), set, store), granted: time.Now(),
+			desc: fmt.Sprintf("the leases on %s (fences %s)", strings.Join(setKeys(set), ", "), fencesDesc(set))}, nil
 	}
 	l, err := c.Acquire(ctx, keys[0], opts)
 	if err != nil {
@@ -484,6 +492,15 @@ func acquireHold(ctx context.Context, c *fenced.Client, f *runFlags, keys []stri
 	}
 	return &hold{lease: leaseHold{l}, leases: []*fenced.Lease{l}, env: childEnv(os.Environ(), l, store), granted: time.Now(),
 		desc: fmt.Sprintf("the lease on %s (fence %d)", l.Key(), l.Fence())}, nil
+}
+
+// setKeys returns set's keys in its canonical order.
+func setKeys(set *recipe.LeaseSet) []string {
+	var keys []string
+	for _, l := range set.Leases() {
+		keys = append(keys, l.Key())
+	}
+	return keys
 }
 
 // fencesDesc lists a set's fences in key order.
@@ -530,7 +547,7 @@ func childEnv(env []string, lease *fenced.Lease, store string) []string {
 		"FENCED_KEY="+lease.Key(),
 		"FENCED_FENCE="+strconv.FormatUint(lease.Fence(), 10),
 		"FENCED_OWNER="+fence.OwnerDigest(lease.Owner()),
-		"FENCED_STORE="+fenced.Redact(store),
+		"FENCED_STORE="+driver.Redact(store),
 	)
 }
 
@@ -553,7 +570,7 @@ func setEnv(env []string, set *recipe.LeaseSet, store string) []string {
 	return append(cleanEnv(env),
 		"FENCED_FENCES="+string(fj),
 		"FENCED_OWNERS="+string(oj),
-		"FENCED_STORE="+fenced.Redact(store),
+		"FENCED_STORE="+driver.Redact(store),
 	)
 }
 

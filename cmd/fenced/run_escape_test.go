@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/admin"
 	"github.com/fenced-dev/fenced/internal/supervise"
 )
 
@@ -142,7 +141,7 @@ func TestRunLossEndsMainThreadExit(t *testing.T) {
 		cmd, errb, out, pid := startMainExit(t, store, "--ttl", "3s", "--grace", "500ms", "job:z")
 		checkMode(t, errb, mode)
 		adm := client(t, store)
-		if _, err := admin.Break(context.Background(), adm, "job:z", "test", "test"); err != nil {
+		if _, err := adm.Break(context.Background(), "job:z", "test", "test"); err != nil {
 			t.Fatal(err)
 		}
 		start := time.Now()
@@ -414,7 +413,7 @@ func TestRunLossEndsCgroupEscapes(t *testing.T) {
 				cmd, errb, out, pid := startCgEscape(t, store, escape, "--ttl", "3s", "--grace", "500ms", "job:cg")
 				checkMode(t, errb, mode)
 				adm := client(t, store)
-				if _, err := admin.Break(context.Background(), adm, "job:cg", "test", "test"); err != nil {
+				if _, err := adm.Break(context.Background(), "job:cg", "test", "test"); err != nil {
 					t.Fatal(err)
 				}
 				start := time.Now()

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/admin"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 
@@ -29,7 +28,7 @@ func TestRunMinHoldLossIs77(t *testing.T) {
 	checkMode(t, errb, "")
 	adm := client(t, store)
 	waitHeld(t, adm, "job:mh")
-	if _, err := admin.Break(context.Background(), adm, "job:mh", "test", "test"); err != nil {
+	if _, err := adm.Break(context.Background(), "job:mh", "test", "test"); err != nil {
 		t.Fatal(err)
 	}
 	l, err := adm.TryAcquire(context.Background(), "job:mh", &fenced.LeaseOptions{TTL: time.Minute})
@@ -75,7 +74,7 @@ func TestSignalAsGrantLandsRunsNothing(t *testing.T) {
 	if ran || !strings.Contains(err.Error(), "terminated") {
 		t.Fatalf("SIGTERM as the grant landed: err %v; want an error naming the signal, and nothing run", err)
 	}
-	if l, _ := admin.List(context.Background(), c, ""); len(l) != 0 {
+	if l, _ := c.List(context.Background(), ""); len(l) != 0 {
 		t.Fatalf("the lease was kept: %+v", l)
 	}
 }

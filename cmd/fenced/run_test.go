@@ -19,7 +19,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/admin"
 	"github.com/fenced-dev/fenced/fence"
 )
 
@@ -192,7 +191,7 @@ func TestRunLostLeaseEndsWholeGroup(t *testing.T) {
 	cmd, _, errb := startRun(t, store, "run", "--ttl", "2s", "--grace", "500ms", "job:x", "--", "sh", "-c", script)
 	grandchild := readPid(t, pidFile)
 	operator := client(t, store)
-	if _, err := admin.Break(context.Background(), operator, "job:x", "test", "test"); err != nil {
+	if _, err := operator.Break(context.Background(), "job:x", "test", "test"); err != nil {
 		t.Fatal(err)
 	}
 	if code := waitExit(t, cmd, 20*time.Second); code != 77 {
@@ -238,7 +237,7 @@ exit 3`, inGroup, escaped, inGroup, escaped)
 			t.Fatalf("process %d left by COMMAND still runs after fenced released the lease and exited; stderr %s", pid, errb)
 		}
 	}
-	if l, _ := admin.List(context.Background(), client(t, store), ""); len(l) != 0 {
+	if l, _ := client(t, store).List(context.Background(), ""); len(l) != 0 {
 		t.Fatalf("lease still held: %+v", l)
 	}
 	if !strings.Contains(errb.String(), "exited and left 4 processes") { // two sh and their sleeps
@@ -369,7 +368,7 @@ func TestRunLostBeforeExitIs77(t *testing.T) {
 	// notice the break.
 	cmd, _, errb := startRun(t, store, "run", "job:late", "--", "sh", "-c", script)
 	waitHeld(t, client(t, store), "job:late")
-	if _, err := admin.Break(context.Background(), client(t, store), "job:late", "test", "test"); err != nil {
+	if _, err := client(t, store).Break(context.Background(), "job:late", "test", "test"); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(goFile, nil, 0o644); err != nil {

@@ -18,6 +18,7 @@ import (
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/httpapi"
+	"github.com/fenced-dev/fenced/internal/rootaccess"
 	"github.com/fenced-dev/fenced/metrics/fencedprom"
 )
 
@@ -129,7 +130,7 @@ func runServe(ctx context.Context, g *globals, f *serveFlags) error {
 		return err
 	}
 	// Not c.Close: that would release the leases API clients still hold.
-	defer c.Driver().Close()
+	defer rootaccess.Driver(c).Close()
 	srv, err := httpapi.New(httpapi.Config{
 		Client: c, Store: describeStore(g.store), Scheme: u.Scheme,
 		AdminTokens: admins, ClientTokens: clients,

@@ -17,8 +17,6 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
-
-	"github.com/fenced-dev/fenced/admin"
 )
 
 const serveSecret = "3b0f6c1d9a8e7f60b5c4d3e2f1a09876"
@@ -239,7 +237,7 @@ func TestServeDashboardInBrowser(t *testing.T) {
 	if !strings.Contains(runErr.String(), "http:alice") {
 		t.Errorf("fenced run's loss message does not say who broke the lease:\n%s", runErr)
 	}
-	recs, err := admin.Breaks(context.Background(), client(t, store), key)
+	recs, err := client(t, store).Breaks(context.Background(), key)
 	if err != nil || len(recs) != 1 || recs[0].By != "http:alice" || recs[0].Reason != "browser test: worker wedged" {
 		t.Fatalf("audit: %+v %v", recs, err)
 	}

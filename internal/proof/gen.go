@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/admin"
 )
 
 // GenConfig describes one generative run (RunGen).
@@ -233,7 +232,7 @@ func (r *genRun) observe(ctx context.Context) {
 		for _, p := range []string{r.prefix + "h:", r.prefix + "c:"} {
 			lctx, cancel := context.WithTimeout(ctx, time.Second)
 			asked := Now()
-			infos, err := admin.List(lctx, c, p)
+			infos, err := c.List(lctx, p)
 			cancel()
 			if err != nil {
 				continue
@@ -260,7 +259,7 @@ func (r *genRun) answered(ctx context.Context, c *fenced.Client) {
 	}
 	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline) && ctx.Err() == nil; {
 		lctx, cancel := context.WithTimeout(ctx, time.Second)
-		_, err := admin.List(lctx, c, r.prefix+"h:")
+		_, err := c.List(lctx, r.prefix+"h:")
 		cancel()
 		if err == nil {
 			return

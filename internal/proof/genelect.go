@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/admin"
 )
 
 // GenElectConfig describes one generative run of client-go's elector over
@@ -59,7 +58,7 @@ type genElectRun struct {
 // from Seed, one fault at a time, cuts an elector's link (its proxy stops
 // forwarding) for 1.2 to 2 LeaseDurations, stops it (SIGSTOP) as long
 // (twice as often as the others), kills it (-9, started again within a
-// LeaseDuration) or breaks the election's lease (admin.Break). Three
+// LeaseDuration) or breaks the election's lease (Client.Break). Three
 // faults in four strike the leader.
 // After a fault that struck the leader the nemesis waits for the next
 // term before the next fault. CheckGenElect judges the run.
@@ -274,7 +273,7 @@ func (r *genElectRun) nemesis(ctx context.Context, admc *fenced.Client) error {
 			}
 		case "break":
 			bctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			info, berr := admin.Break(bctx, admc, r.election, "proof: generative elector", "nemesis")
+			info, berr := admc.Break(bctx, r.election, "proof: generative elector", "nemesis")
 			cancel()
 			if berr != nil {
 				ev.Err = berr.Error()

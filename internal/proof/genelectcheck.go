@@ -36,7 +36,7 @@ type GenElectReport struct {
 	// with the hazard switch, client-go's) were seen live at once, the
 	// one of the lower fence after the other: must be 0, except after a
 	// break (BreakOverlaps: a broken lease may be used until its TTL
-	// after the break, see admin.Break; longer is an overlap).
+	// after the break, see Client.Break; longer is an overlap).
 	Overlaps, BreakOverlaps int
 	MaxBreakOverlap         time.Duration
 	// CGOverlaps counts the same for client-go's own contexts where no

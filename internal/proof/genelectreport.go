@@ -38,10 +38,10 @@ RenewDeadline 2 s, RetryPeriod 0.5 s, ReleaseOnCancel), on Redis each through it
 more after the context ended, so that the resource must refuse), and every 10 ms it samples its work context and
 client-go's, noting CLOCK_MONOTONIC before and after the check. A nemesis drawn from the seed, one fault at a time,
 three in four on the leader: *cut* (the proxy stops forwarding, 1.2-2 LeaseDurations), *stop* (SIGSTOP as long),
-*kill* (-9, started again within a LeaseDuration) or *break* (admin.Break of the election's lease); after a fault on
+*kill* (-9, started again within a LeaseDuration) or *break* (Client.Break of the election's lease); after a fault on
 the leader it waits for the next term. Checks, ordered by the store's fence: *overlaps*: no term's work context seen
 live (a check begun at T) after a later term's was (a check ended at T′ < T), no tolerance, except a broken lease's
-until its TTL after the break (admin.Break's promise; counted apart); *client-go overlaps*: the same for
+until its TTL after the break (Client.Break's promise; counted apart); *client-go overlaps*: the same for
 client-go's own contexts, strict except after a stop or a break of the earlier leader, where client-go ends its
 term only after RenewDeadline of failed renewals (the documented gap: measured, with how long the paused leader's
 context lived on after it was continued, and it must end); *stale accepted*: the accepted fences never go down;

@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/admin"
 )
 
 // GenJobsConfig describes one generative run of the scheduler adapters
@@ -86,7 +85,7 @@ func (r *genJobsRun) kind(i int) (string, string) {
 // nemesis drawn from Seed kills one (-9, started again within a TTL),
 // stops one (SIGSTOP for 1.5 to 3 TTLs, then SIGCONT), makes one leave
 // (SIGTERM: the scheduler shuts down; started again within half a TTL), or
-// breaks a job's lease (admin.Break), or, on a SQLite store, stalls the
+// breaks a job's lease (Client.Break), or, on a SQLite store, stalls the
 // store: the controller holds the store file's write lock for 1.5 to 3
 // TTLs, as a process stopped inside a write of it does, so that the
 // holder's renewals fail and its lease expires while its process runs.
@@ -340,7 +339,7 @@ func (r *genJobsRun) nemesis(ctx context.Context) error {
 			var err error
 			for until := time.Now().Add(2 * genJobsInterval); ; {
 				bctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-				info, err = admin.Break(bctx, r.admin, genJobKey(kind, job), "the generative jobs proof", "proof")
+				info, err = r.admin.Break(bctx, genJobKey(kind, job), "the generative jobs proof", "proof")
 				cancel()
 				if !errors.Is(err, fenced.ErrNotHeld) || time.Now().After(until) {
 					break

@@ -14,7 +14,7 @@ import (
 // proof (RunGenJobs, CheckGenJobs): 3 gocron schedulers (fencedgocron)
 // and 3 robfig/cron schedulers (fencedcron), separate processes, each kind
 // running its own job every second, under kill -9, SIGSTOP past the TTL,
-// leave and admin.Break of the job's lease, for 40s
+// leave and Client.Break of the job's lease, for 40s
 // (FENCED_PROOF_JOBS_DURATION) on SQLite, with the schedule drawn from
 // FENCED_PROOF_SEED (printed on failure). FENCED_PROOF_JOBS_HAZARD=1 runs
 // the jobs ignoring their lease's context and writing without the guard:

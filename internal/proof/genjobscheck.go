@@ -38,7 +38,7 @@ type GenJobsReport struct {
 	// FirstLateTwice describes the first late double run.
 	FirstLateTwice string
 	// BrokenTwice counts tick slots run again because the lease of the
-	// tick's first run was broken (admin.Break) before the second run
+	// tick's first run was broken (Client.Break) before the second run
 	// started: a break frees the key at once, and a scheduler firing the
 	// same tick a little later takes it, as the break means it to.
 	// Reported, not failed.

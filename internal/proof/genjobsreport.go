@@ -46,7 +46,7 @@ times, 50 ms apart (one run in four: for 1.5-2.5 TTLs), to a SQLite resource, gu
 with the run's lease, logging (scheduler, tick, fence, pid, CLOCK_MONOTONIC instant, whether its context was live) in
 the same transaction; once its context has ended it writes once more, so that the resource, not the run's belief,
 must refuse. A nemesis drawn from the seed, every 0.3-1.5 TTLs: kill -9 of a scheduler (restarted within a TTL),
-SIGSTOP for 1.5-3 TTLs, leave (SIGTERM: the scheduler shuts down; restarted within half a TTL), admin.Break of a
+SIGSTOP for 1.5-3 TTLs, leave (SIGTERM: the scheduler shuts down; restarted within half a TTL), Client.Break of a
 job's lease while a run holds it, or a stall: the store file's write lock held for 1.5-3 TTLs (as by a process
 stopped inside a write of it), so that a holder's renewals fail and its lease expires while its process runs.
 

@@ -229,7 +229,7 @@ func runGenPartMember(cfg GenPartMemberConfig) int {
 	}
 	pid := int64(os.Getpid())
 	work := func(ctx context.Context, p recipe.Partition) error {
-		own := partEvent{K: "own", Slot: cfg.Slot, Member: cfg.Member, P: cfg.P, Part: p.Index, Fence: p.Fence()}
+		own := partEvent{K: "own", Slot: cfg.Slot, Member: cfg.Member, P: cfg.P, Part: p.Index, Fence: p.Lease.Fence()}
 		rec.record(own)
 		end := own
 		end.K = "end"
@@ -249,7 +249,7 @@ func runGenPartMember(cfg GenPartMemberConfig) int {
 				end.Live = t
 			}
 			if len(items) > 0 {
-				w := partWrite{Part: p.Index, P: cfg.P, Item: items[k%len(items)], Fence: p.Fence(), PID: pid, Member: cfg.Member, T: t, Live: live}
+				w := partWrite{Part: p.Index, P: cfg.P, Item: items[k%len(items)], Fence: p.Lease.Fence(), PID: pid, Member: cfg.Member, T: t, Live: live}
 				wctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 				ok, err := res.write(wctx, w, tok)
 				cancel()

@@ -3,6 +3,7 @@ package proof
 import (
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/fencedetcd"
+	"github.com/fenced-dev/fenced/internal/rootaccess"
 )
 
 // unwatchedEtcd is an etcd driver whose loss watch the Client cannot see:
@@ -22,7 +23,7 @@ type unwatchedEtcd struct {
 // hidden, if c's driver has one the proof knows how to hide (etcd), else
 // c. The returned Client owns the driver; c must not be closed.
 func withoutLossWatch(c *fenced.Client, opts *fenced.Options) (*fenced.Client, bool) {
-	d, ok := c.Driver().(*fencedetcd.Driver)
+	d, ok := rootaccess.Driver(c).(*fencedetcd.Driver)
 	if !ok {
 		return c, false
 	}

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/admin"
 	"github.com/fenced-dev/fenced/fence"
 	"github.com/fenced-dev/fenced/recipe"
 )
@@ -428,7 +427,7 @@ func (w *genWorker) stepBreak(ctx context.Context, rng *rand.Rand, op int64, hot
 		w.record(Event{Kind: BreakDone, Op: op, Name: name, Key: key, Err: errString(err)})
 		return
 	}
-	info, err := admin.Break(ctx, bc, key, "proof: generative break", fmt.Sprintf("worker %d", w.cfg.Worker))
+	info, err := bc.Break(ctx, key, "proof: generative break", fmt.Sprintf("worker %d", w.cfg.Worker))
 	if err == nil && victim != nil && info.Fence == victim.Fence() {
 		w.mu.Lock()
 		w.broken[victim] = time.Now()

@@ -13,6 +13,7 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/rootaccess"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 
@@ -276,9 +277,9 @@ func checkNamed(t *testing.T, s lostReplyStore, d *fenced.Client, key, owner str
 func replayer(t *testing.T, s lostReplyStore, url string, a *fenced.Client) driver.Driver {
 	t.Helper()
 	if !s.noLink {
-		return a.Driver()
+		return rootaccess.Driver(a)
 	}
-	return lostReplyClient(t, s, url, nil).Driver()
+	return rootaccess.Driver(lostReplyClient(t, s, url, nil))
 }
 
 // ctxFor returns a context for one call, bounded by d.
@@ -349,7 +350,7 @@ func lostReplyRelease(t *testing.T, s lostReplyStore, store string) {
 func lostReplySameOwner(t *testing.T, s lostReplyStore, store string) {
 	url, link := linkTo(t, s, store)
 	a, d := lostReplyClient(t, s, url, nil), lostReplyClient(t, s, store, nil)
-	da := a.Driver()
+	da := rootaccess.Driver(a)
 	key := lostReplyKey("owner")
 	owner := fmt.Sprintf("%032x", time.Now().UnixNano())
 	f1, err := da.TryAcquire(ctxFor(t, 10*time.Second), key, owner, s.ttlA)

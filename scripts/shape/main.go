@@ -3,7 +3,7 @@
 // run upward (take part in a cycle between folders).
 //
 //	go run ./scripts/shape            # both reports
-//	go run ./scripts/shape -api . ./driver ./recipe ./admin
+//	go run ./scripts/shape -api . ./driver ./recipe
 //	go run ./scripts/shape -imports   # upward imports only
 //	go run ./scripts/shape -style     # comment and message lengths
 //
@@ -41,7 +41,7 @@ import (
 )
 
 func main() {
-	api := flag.Bool("api", false, "count the exported items of the packages named (default: root, driver, recipe, admin)")
+	api := flag.Bool("api", false, "count the exported items of the packages named (default: root, driver, recipe)")
 	imports := flag.Bool("imports", false, "list the folder-level imports that run upward")
 	style := flag.Bool("style", false, "measure doc sentences, long lines and long error strings")
 	flag.Parse()
@@ -49,7 +49,7 @@ func main() {
 	if *api || all {
 		dirs := flag.Args()
 		if len(dirs) == 0 {
-			dirs = []string{".", "./driver", "./recipe", "./admin"}
+			dirs = []string{".", "./driver", "./recipe"}
 		}
 		if err := reportAPI(dirs); err != nil {
 			fmt.Fprintln(os.Stderr, "shape:", err)

@@ -103,7 +103,7 @@ func envDuration(t *testing.T, name string, def time.Duration) time.Duration {
 // TestGenerativeElector is the elector row of the generative proof
 // (proof.RunGenElect, proof.CheckGenElect): 3 processes running client-go's
 // leaderelection.RunOrDie over fencedk8s under cut links, SIGSTOP past
-// the LeaseDuration, kill -9 and admin.Break, for 30s
+// the LeaseDuration, kill -9 and Client.Break, for 30s
 // (FENCED_PROOF_ELECT_DURATION) per backend, with the schedule drawn from
 // FENCED_PROOF_SEED (printed on failure). FENCED_PROOF_ELECT_HAZARD=1
 // makes the leaders work under client-go's context alone (the hazard the

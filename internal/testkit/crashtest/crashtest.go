@@ -23,6 +23,7 @@ import (
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/fence"
+	"github.com/fenced-dev/fenced/internal/capability"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 
@@ -261,7 +262,7 @@ func RestartKeepsFences(t *testing.T, srv Server, open func(t *testing.T) driver
 			t.Errorf("key %s: fence %d after restart, want > %d from before the crash", k, f, before)
 		}
 	}
-	if bl := driver.CapabilitiesOf(d2).BreakLogger; bl != nil {
+	if bl := capability.Of(d2).BreakLogger; bl != nil {
 		recs, err := bl.Breaks(ctx, prefix+"broken")
 		if err != nil || len(recs) != 1 || recs[0].Fence != last["broken"] {
 			t.Errorf("audit of the break after restart = %+v, %v", recs, err)

@@ -30,7 +30,6 @@ import (
 	_ "modernc.org/sqlite"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/admin"
 	"github.com/fenced-dev/fenced/fence"
 	"github.com/fenced-dev/fenced/internal/testkit/childproc"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
@@ -231,7 +230,7 @@ func Break(t *testing.T, store, key string) Fault {
 	}
 	t.Cleanup(func() { admc.Close() })
 	return func(t testing.TB, _ *testenv.Process, f uint64) {
-		info, err := admin.Break(context.Background(), admc, key, "test", t.Name())
+		info, err := admc.Break(context.Background(), key, "test", t.Name())
 		if err != nil {
 			t.Fatal(err)
 		}

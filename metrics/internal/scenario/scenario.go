@@ -29,7 +29,6 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/admin"
 	"github.com/fenced-dev/fenced/clock"
 	"github.com/fenced-dev/fenced/fence"
 	"github.com/fenced-dev/fenced/fencedsqlite"
@@ -103,7 +102,7 @@ func Run(t *testing.T, hook func(store string) func(fenced.Event), held func()) 
 		granted <- l
 	}()
 	waitFor(t, "B to find the key held", func() bool { return bAttempt.Load() >= 2 })
-	if _, err := admin.Break(ctx, operator, key, "scenario", "metrics test"); err != nil {
+	if _, err := operator.Break(ctx, key, "scenario", "metrics test"); err != nil {
 		t.Fatal(err)
 	}
 	lb := <-granted

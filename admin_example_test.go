@@ -1,4 +1,4 @@
-package admin_test
+package fenced_test
 
 import (
 	"context"
@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/admin"
 	_ "github.com/fenced-dev/fenced/fencedsqlite"
 	_ "github.com/fenced-dev/fenced/mem"
 )
@@ -18,7 +17,7 @@ import (
 // Keys moved to a new table start their counters again; seeding the new
 // table's floor with the old table's highest fence keeps every key above
 // the fences its resources have seen.
-func ExampleRaiseFenceFloor() {
+func ExampleClient_RaiseFenceFloor() {
 	dir, _ := os.MkdirTemp("", "fenced-example-")
 	defer os.RemoveAll(dir)
 	ctx := context.Background()
@@ -36,7 +35,7 @@ func ExampleRaiseFenceFloor() {
 		}
 		l.Release(ctx)
 	}
-	info, err := admin.FenceFloor(ctx, old)
+	info, err := old.FenceFloor(ctx)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -46,7 +45,7 @@ func ExampleRaiseFenceFloor() {
 		log.Fatal(err)
 	}
 	defer moved.Close()
-	floor, err := admin.RaiseFenceFloor(ctx, moved, max(info.Floor, info.MaxFence))
+	floor, err := moved.RaiseFenceFloor(ctx, max(info.Floor, info.MaxFence))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -61,7 +60,7 @@ func ExampleRaiseFenceFloor() {
 
 // Prune deletes the rows of keys nobody used for a while; the floor keeps
 // a pruned key's next fence above its old ones.
-func ExamplePrune() {
+func ExampleClient_Prune() {
 	dir, _ := os.MkdirTemp("", "fenced-example-")
 	defer os.RemoveAll(dir)
 	ctx := context.Background()
@@ -77,7 +76,7 @@ func ExamplePrune() {
 		}
 		l.Release(ctx)
 	}
-	res, err := admin.Prune(ctx, client, 30*24*time.Hour)
+	res, err := client.Prune(ctx, 30*24*time.Hour)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -95,7 +94,7 @@ func ExamplePrune() {
 // An operator lists the held leases, breaks a wedged holder's lease and
 // reads the audit log. The holder's next renewal is refused, and the next
 // grant of the key gets a higher fence.
-func ExampleBreak() {
+func ExampleClient_Break() {
 	ctx := context.Background()
 	client, err := fenced.Open(ctx, "mem://example-break", nil)
 	if err != nil {
@@ -106,25 +105,25 @@ func ExampleBreak() {
 		log.Fatal(err)
 	}
 
-	held, err := admin.List(ctx, client, "job:")
+	held, err := client.List(ctx, "job:")
 	if err != nil {
 		log.Fatal(err)
 	}
 	fmt.Println("held:", held[0].Key, "fence", held[0].Fence)
 
-	broken, err := admin.Break(ctx, client, "job:nightly", "host wedged, OPS-12", "alice")
+	broken, err := client.Break(ctx, "job:nightly", "host wedged, OPS-12", "alice")
 	if err != nil {
 		log.Fatal(err)
 	}
 	fmt.Println("broke fence", broken.Fence)
 
-	recs, err := admin.Breaks(ctx, client, "job:nightly")
+	recs, err := client.Breaks(ctx, "job:nightly")
 	if err != nil {
 		log.Fatal(err)
 	}
 	fmt.Printf("audit: %s broke %s: %s\n", recs[0].By, recs[0].Key, recs[0].Reason)
 
-	_, err = admin.Break(ctx, client, "job:nightly", "again", "alice")
+	_, err = client.Break(ctx, "job:nightly", "again", "alice")
 	fmt.Println("nothing held:", errors.Is(err, fenced.ErrNotHeld))
 	// Output:
 	// held: job:nightly fence 1

@@ -1,4 +1,4 @@
-package admintest
+package drivertest
 
 import (
 	"errors"
@@ -7,20 +7,18 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/admin"
 	"github.com/fenced-dev/fenced/driver"
-	"github.com/fenced-dev/fenced/drivertest"
 )
 
-// testListInspectBreak checks admin.List, Client.Inspect, admin.Break and
-// admin.Breaks on held, broken and released keys. List returns the held
+// testListInspectBreak checks Client.List, Inspect, Break and
+// Breaks on held, broken and released keys. List returns the held
 // keys under a prefix, sorted, with owners shortened but their digests
 // whole. Break returns what it broke, refuses a key held by no one, an
 // invalid key and an empty reason, and keeps the fence.
 func (s *suite) testListInspectBreak(t *testing.T) {
-	ctx := drivertest.Context(t)
+	ctx := Context(t)
 	c := s.h.Client(t, nil)
-	prefix := drivertest.Key("admin") + ":"
+	prefix := Key("admin") + ":"
 	if _, err := c.Inspect(ctx, prefix+"never"); !errors.Is(err, fenced.ErrNotFound) {
 		t.Fatalf("Inspect of a never-granted key: %v, want ErrNotFound", err)
 	}
@@ -39,7 +37,7 @@ func (s *suite) testListInspectBreak(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer other.Release(ctx)
-	list, err := admin.List(ctx, c, prefix)
+	list, err := c.List(ctx, prefix)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,27 +67,27 @@ func (s *suite) testListInspectBreak(t *testing.T) {
 	if info.OwnerDigest != digests[prefix+"b"] {
 		t.Fatalf("Inspect owner digest %q, want driver.OwnerDigest of the owner %q", info.OwnerDigest, digests[prefix+"b"])
 	}
-	broken, err := admin.Break(ctx, c, prefix+"b", "conformance test", "drivertest")
+	broken, err := c.Break(ctx, prefix+"b", "conformance test", "drivertest")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if broken.Fence != leases[0].Fence() || broken.OwnerDigest != digests[prefix+"b"] {
 		t.Fatalf("Break reported fence %d owner digest %q, want %d and %q", broken.Fence, broken.OwnerDigest, leases[0].Fence(), digests[prefix+"b"])
 	}
-	if _, err := admin.Break(ctx, c, prefix+"b", "again", "drivertest"); !errors.Is(err, fenced.ErrNotHeld) {
+	if _, err := c.Break(ctx, prefix+"b", "again", "drivertest"); !errors.Is(err, fenced.ErrNotHeld) {
 		t.Fatalf("second Break: %v, want ErrNotHeld", err)
 	}
-	if _, err := admin.Break(ctx, c, prefix+"a", "", "drivertest"); err == nil {
+	if _, err := c.Break(ctx, prefix+"a", "", "drivertest"); err == nil {
 		t.Fatal("Break without a reason succeeded")
 	}
-	if _, err := admin.Break(ctx, c, "", "x", "y"); !errors.Is(err, driver.ErrInvalidKey) {
+	if _, err := c.Break(ctx, "", "x", "y"); !errors.Is(err, driver.ErrInvalidKey) {
 		t.Errorf("Break(\"\"): %v, want ErrInvalidKey", err)
 	}
 	info, err = c.Inspect(ctx, prefix+"b")
 	if err != nil || info.Held || info.Fence != leases[0].Fence() || info.OwnerDigest != "" {
 		t.Fatalf("Inspect after break = %+v, %v; want free, fence kept, no owner", info, err)
 	}
-	if recs, err := admin.Breaks(ctx, c, prefix+"b"); err == nil {
+	if recs, err := c.Breaks(ctx, prefix+"b"); err == nil {
 		if len(recs) != 1 || recs[0].Reason != "conformance test" || recs[0].By != "drivertest" || recs[0].Fence != leases[0].Fence() || recs[0].Time.IsZero() {
 			t.Fatalf("break records = %+v", recs)
 		}
@@ -101,7 +99,7 @@ func (s *suite) testListInspectBreak(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if list, _ := admin.List(ctx, c, prefix); len(list) != 0 {
+	if list, _ := c.List(ctx, prefix); len(list) != 0 {
 		t.Fatalf("List after releasing all = %+v", list)
 	}
 }

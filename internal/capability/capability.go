@@ -1,0 +1,68 @@
+// Package capability reads what a driver can do beyond the Driver
+// interface: the root package's one lookup, shared with the conformance
+// suite and the crash tests of this module, none of which is public API.
+package capability
+
+import "github.com/fenced-dev/fenced/driver"
+
+// Ops is what a driver can do beyond the Driver interface: each field is
+// the driver's implementation of one optional interface, nil unless the
+// driver both declares it in its Capabilities and has its methods.
+type Ops struct {
+	// Declared is the driver's declaration, with the flags of operations
+	// it lacks the methods for cleared (and FIFO cleared without a queue).
+	Declared driver.Capabilities
+
+	Notifier      driver.Notifier
+	Observer      driver.ObserveNotifier
+	Queuer        driver.TimedQueuer
+	TermsAcquirer driver.TermsAcquirer
+	BatchRenewer  driver.BatchRenewer
+	LossWatcher   driver.LossWatcher
+	BreakLogger   driver.BreakLogger
+	Valuer        driver.Valuer
+	FenceFloorer  driver.FenceFloorer
+	Pruner        driver.Pruner
+}
+
+// Of reads d's optional operations. An operation is present when d
+// declares it (Driver.Capabilities) and implements its interface; a wrapper
+// that embeds another driver therefore offers only the operations whose
+// methods it has itself, whatever the embedded driver declares.
+func Of(d driver.Driver) Ops {
+	c := d.Capabilities()
+	var o Ops
+	o.Notifier = has[driver.Notifier](d, &c.Subscribe)
+	o.Observer = has[driver.ObserveNotifier](d, &c.Observe)
+	o.Queuer = has[driver.TimedQueuer](d, &c.Queue)
+	o.TermsAcquirer = has[driver.TermsAcquirer](d, &c.Terms)
+	o.BatchRenewer = has[driver.BatchRenewer](d, &c.BatchRenew)
+	o.LossWatcher = has[driver.LossWatcher](d, &c.WatchLoss)
+	o.BreakLogger = has[driver.BreakLogger](d, &c.BreakLog)
+	o.Valuer = has[driver.Valuer](d, &c.Value)
+	o.FenceFloorer = has[driver.FenceFloorer](d, &c.FenceFloor)
+	o.Pruner = has[driver.Pruner](d, &c.Prune)
+	c.FIFO = c.FIFO && c.Queue
+	o.Declared = c
+	return o
+}
+
+// has returns d as an I when *declared is set and d implements I, and
+// clears *declared otherwise.
+func has[I any](d driver.Driver, declared *bool) I {
+	var zero I
+	if !*declared {
+		return zero
+	}
+	i, ok := d.(I)
+	if !ok {
+		*declared = false
+		return zero
+	}
+	return i
+}
+
+// Notifies reports whether o's waiters are woken by the authority (its
+// notification, Subscribe, or its own queue, Queue) rather than by polling.
+// Whether they are served in arrival order is o.Declared.FIFO.
+func (o Ops) Notifies() bool { return o.Notifier != nil || o.Queuer != nil }
