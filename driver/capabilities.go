@@ -19,8 +19,8 @@ import (
 // a LISTEN connection keeps its Subscribe method but declares Subscribe
 // false, and the method then refuses with ErrUnsupported.
 //
-// How waiters are woken is read from it alone: Ops.Notifies and
-// Declared.FIFO, as CapabilitiesOf reads it.
+// How waiters are woken is read from it alone: Subscribe or Queue, and
+// FIFO (Client.Capabilities clears the flags a driver lacks methods for).
 type Capabilities struct {
 	// Subscribe: Notifier, waiters woken by the authority's notification.
 	Subscribe bool

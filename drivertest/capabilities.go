@@ -11,7 +11,7 @@ import (
 
 // testCapabilities checks that the driver's declaration (Capabilities) and
 // its methods agree. Every declared operation has its methods;
-// driver.CapabilitiesOf would silently drop a flag without them. A method
+// the lookup behind Client.Capabilities drops a flag without them. A method
 // present but not declared is not there at all. The subscriptions, the
 // queue, terms and batches are the exception: their availability may depend
 // on how the driver was opened, so such a method refuses with
