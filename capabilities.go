@@ -2,7 +2,7 @@ package fenced
 
 import (
 	"github.com/fenced-dev/fenced/driver"
-	"github.com/fenced-dev/fenced/internal/capability"
+	"github.com/fenced-dev/fenced/internal/core/capability"
 )
 
 // ops returns the optional operations of the client's driver: the one

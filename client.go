@@ -11,7 +11,7 @@ import (
 
 	"github.com/fenced-dev/fenced/clock"
 	"github.com/fenced-dev/fenced/driver"
-	"github.com/fenced-dev/fenced/internal/rootaccess"
+	"github.com/fenced-dev/fenced/internal/core/rootaccess"
 )
 
 // The module's own tools reach a client's driver, and guards a lease's

@@ -34,7 +34,7 @@ import (
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/clock"
 	"github.com/fenced-dev/fenced/driver"
-	"github.com/fenced-dev/fenced/internal/capability"
+	"github.com/fenced-dev/fenced/internal/core/capability"
 )
 
 // Harness tells the suite how to reach the store under test.

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced/driver"
-	"github.com/fenced-dev/fenced/internal/capability"
+	"github.com/fenced-dev/fenced/internal/core/capability"
 )
 
 // FloorHarness tells RunFloorTests how to reach the store under test.

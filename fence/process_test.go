@@ -16,7 +16,7 @@ import (
 	"github.com/fenced-dev/fenced/fence"
 	"github.com/fenced-dev/fenced/fencedpostgres"
 	"github.com/fenced-dev/fenced/fencedsqlite"
-	"github.com/fenced-dev/fenced/internal/supervise"
+	"github.com/fenced-dev/fenced/internal/cli/supervise"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/internal/sqlident"
+	"github.com/fenced-dev/fenced/internal/backend/sqlident"
 )
 
 // Dialect selects the SQL spoken by a guarded database.

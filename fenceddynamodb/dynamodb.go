@@ -64,8 +64,8 @@ import (
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/clock"
 	"github.com/fenced-dev/fenced/driver"
-	"github.com/fenced-dev/fenced/internal/leasetable"
-	"github.com/fenced-dev/fenced/internal/urlquery"
+	"github.com/fenced-dev/fenced/internal/backend/leasetable"
+	"github.com/fenced-dev/fenced/internal/backend/urlquery"
 )
 
 func init() {

@@ -103,9 +103,9 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
-	"github.com/fenced-dev/fenced/internal/keyname"
-	"github.com/fenced-dev/fenced/internal/sessionlock"
-	"github.com/fenced-dev/fenced/internal/urlquery"
+	"github.com/fenced-dev/fenced/internal/backend/keyname"
+	"github.com/fenced-dev/fenced/internal/backend/sessionlock"
+	"github.com/fenced-dev/fenced/internal/backend/urlquery"
 )
 
 // DefaultPrefix is prepended to keys when Options.Prefix is empty.

@@ -10,7 +10,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/fenced-dev/fenced/driver"
-	"github.com/fenced-dev/fenced/internal/sessionlock"
+	"github.com/fenced-dev/fenced/internal/backend/sessionlock"
 )
 
 // waiterKey is the key a session puts under lock name, exactly as etcd's

@@ -11,7 +11,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/fenced-dev/fenced/driver"
-	"github.com/fenced-dev/fenced/internal/sessionlock"
+	"github.com/fenced-dev/fenced/internal/backend/sessionlock"
 )
 
 // lossWatches watches the keys of held grants for their deletion, all on

@@ -7,8 +7,8 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/fenced-dev/fenced/internal/leasetable"
-	"github.com/fenced-dev/fenced/internal/sqllease"
+	"github.com/fenced-dev/fenced/internal/backend/leasetable"
+	"github.com/fenced-dev/fenced/internal/backend/sqllease"
 )
 
 // raiseFloor raises the floor in the table TABLE_floor, which every grant

@@ -137,10 +137,10 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
-	"github.com/fenced-dev/fenced/internal/leasetable"
-	"github.com/fenced-dev/fenced/internal/sqlident"
-	"github.com/fenced-dev/fenced/internal/sqllease"
-	"github.com/fenced-dev/fenced/internal/urlquery"
+	"github.com/fenced-dev/fenced/internal/backend/leasetable"
+	"github.com/fenced-dev/fenced/internal/backend/sqlident"
+	"github.com/fenced-dev/fenced/internal/backend/sqllease"
+	"github.com/fenced-dev/fenced/internal/backend/urlquery"
 )
 
 func init() {

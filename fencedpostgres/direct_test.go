@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/fenced-dev/fenced/internal/capability"
+	"github.com/fenced-dev/fenced/internal/core/capability"
 
 	"github.com/fenced-dev/fenced/fencedpostgres"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"

@@ -9,8 +9,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/fenced-dev/fenced/driver"
-	"github.com/fenced-dev/fenced/internal/leasetable"
-	"github.com/fenced-dev/fenced/internal/sqllease"
+	"github.com/fenced-dev/fenced/internal/backend/leasetable"
+	"github.com/fenced-dev/fenced/internal/backend/sqllease"
 )
 
 // pruneLockTimeout bounds how long a prune batch waits for the lease table.

@@ -12,7 +12,7 @@ import (
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/fencedpostgres"
-	"github.com/fenced-dev/fenced/internal/capability"
+	"github.com/fenced-dev/fenced/internal/core/capability"
 )
 
 func signalled(c <-chan struct{}, within time.Duration) bool {

@@ -8,9 +8,9 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
-	"github.com/fenced-dev/fenced/internal/leasetable"
-	"github.com/fenced-dev/fenced/internal/rootaccess"
-	"github.com/fenced-dev/fenced/internal/urlquery"
+	"github.com/fenced-dev/fenced/internal/backend/leasetable"
+	"github.com/fenced-dev/fenced/internal/backend/urlquery"
+	"github.com/fenced-dev/fenced/internal/core/rootaccess"
 )
 
 // DatabaseURL returns a store URL without fenced's own query parameters

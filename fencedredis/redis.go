@@ -63,7 +63,7 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
-	"github.com/fenced-dev/fenced/internal/rediskit"
+	"github.com/fenced-dev/fenced/internal/backend/rediskit"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -234,7 +234,7 @@ func open(ctx context.Context, u *url.URL) (driver.Driver, error) {
 	return d, nil
 }
 
-// The scripts are rediskit's (internal/rediskit/lua): rediskit.Acquire
+// The scripts are rediskit's (internal/backend/rediskit/lua): rediskit.Acquire
 // grants, rediskit.ReleaseWaiters releases. A process with no
 // subscription to the key (most likely free) sends the grant with two
 // keys and two arguments: INCR and SET NX, and a reply of the fence alone.

@@ -5,7 +5,7 @@ import (
 	"fmt"
 
 	"github.com/fenced-dev/fenced/driver"
-	"github.com/fenced-dev/fenced/internal/rediskit"
+	"github.com/fenced-dev/fenced/internal/backend/rediskit"
 )
 
 // acquireTally sorts the nodes' answers to one acquire attempt.

@@ -11,7 +11,7 @@ import (
 	"strings"
 
 	"github.com/fenced-dev/fenced/driver"
-	"github.com/fenced-dev/fenced/internal/rediskit"
+	"github.com/fenced-dev/fenced/internal/backend/rediskit"
 	"github.com/redis/go-redis/v9"
 )
 

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced/driver"
-	"github.com/fenced-dev/fenced/internal/rediskit"
+	"github.com/fenced-dev/fenced/internal/backend/rediskit"
 	"github.com/redis/go-redis/v9"
 )
 

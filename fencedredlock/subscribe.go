@@ -9,7 +9,7 @@ import (
 	"sync"
 
 	"github.com/fenced-dev/fenced/driver"
-	"github.com/fenced-dev/fenced/internal/rediskit"
+	"github.com/fenced-dev/fenced/internal/backend/rediskit"
 	"github.com/redis/go-redis/v9"
 )
 

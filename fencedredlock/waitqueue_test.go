@@ -12,7 +12,7 @@ import (
 
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/fencedredlock"
-	"github.com/fenced-dev/fenced/internal/rediskit"
+	"github.com/fenced-dev/fenced/internal/backend/rediskit"
 	"github.com/fenced-dev/fenced/internal/testkit/waketest"
 	"github.com/redis/go-redis/v9"
 )

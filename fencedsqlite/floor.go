@@ -3,8 +3,8 @@ package fencedsqlite
 import (
 	"context"
 
-	"github.com/fenced-dev/fenced/internal/leasetable"
-	"github.com/fenced-dev/fenced/internal/sqllease"
+	"github.com/fenced-dev/fenced/internal/backend/leasetable"
+	"github.com/fenced-dev/fenced/internal/backend/sqllease"
 )
 
 // pruneBatch is one batch of Prune (driver.Pruner). A row is deleted when its expires_ms is

@@ -14,13 +14,13 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/fenced-dev/fenced/internal/leasetable"
-	"github.com/fenced-dev/fenced/internal/waitqueue"
+	"github.com/fenced-dev/fenced/internal/backend/leasetable"
+	"github.com/fenced-dev/fenced/internal/backend/waitqueue"
 )
 
 // The waiter queue. A process (a Driver) stands in a key's queue, the table
 // TABLE_waiters, while it has waiters for the key: one entry per waiting
-// episode (internal/waitqueue), from its first waiter's Subscribe to its
+// episode (internal/backend/waitqueue), from its first waiter's Subscribe to its
 // last waiter's Close. Each entry has a doorbell of its own, a file named
 // after the entry in the directory FILE.waiters, which only its process
 // watches (inotify on the file). A commit that may free a key (release,

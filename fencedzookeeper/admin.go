@@ -12,7 +12,7 @@ import (
 	"github.com/fenced-dev/fenced/fencedzookeeper/internal/zk"
 
 	"github.com/fenced-dev/fenced/driver"
-	"github.com/fenced-dev/fenced/internal/keyname"
+	"github.com/fenced-dev/fenced/internal/backend/keyname"
 )
 
 // adminConn returns a connection for admin reads: the driver's

@@ -15,7 +15,7 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/fencedzookeeper"
-	"github.com/fenced-dev/fenced/internal/rootaccess"
+	"github.com/fenced-dev/fenced/internal/core/rootaccess"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 

@@ -9,7 +9,7 @@ import (
 	"github.com/fenced-dev/fenced/fencedzookeeper/internal/zk"
 
 	"github.com/fenced-dev/fenced/driver"
-	"github.com/fenced-dev/fenced/internal/sessionlock"
+	"github.com/fenced-dev/fenced/internal/backend/sessionlock"
 )
 
 // WatchLoss implements driver.LossWatcher with an exists watch on g's node

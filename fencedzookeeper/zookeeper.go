@@ -61,9 +61,9 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
-	"github.com/fenced-dev/fenced/internal/keyname"
-	"github.com/fenced-dev/fenced/internal/sessionlock"
-	"github.com/fenced-dev/fenced/internal/urlquery"
+	"github.com/fenced-dev/fenced/internal/backend/keyname"
+	"github.com/fenced-dev/fenced/internal/backend/sessionlock"
+	"github.com/fenced-dev/fenced/internal/backend/urlquery"
 )
 
 // DefaultRoot is the parent of lock paths when the URL or Options give none.

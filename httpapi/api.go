@@ -12,8 +12,8 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
-	"github.com/fenced-dev/fenced/internal/leaseplan"
-	"github.com/fenced-dev/fenced/internal/rootaccess"
+	"github.com/fenced-dev/fenced/internal/cli/leaseplan"
+	"github.com/fenced-dev/fenced/internal/core/rootaccess"
 )
 
 // leaseView is a lease as the API shows it: never the owner token.

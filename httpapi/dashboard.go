@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/fenced-dev/fenced/internal/leaseplan"
+	"github.com/fenced-dev/fenced/internal/cli/leaseplan"
 )
 
 // The dashboard: server-rendered pages (so they show the state without

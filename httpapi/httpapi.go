@@ -60,7 +60,7 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
-	"github.com/fenced-dev/fenced/internal/leaseplan"
+	"github.com/fenced-dev/fenced/internal/cli/leaseplan"
 )
 
 // Defaults of Config.

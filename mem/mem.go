@@ -23,7 +23,7 @@ import (
 	"github.com/fenced-dev/fenced/clock"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/driver/wakeup"
-	"github.com/fenced-dev/fenced/internal/urlquery"
+	"github.com/fenced-dev/fenced/internal/backend/urlquery"
 )
 
 func init() {

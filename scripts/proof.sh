@@ -33,7 +33,7 @@ if [ "${1:-}" = --long ]; then
 	fi
 	FENCED_PROOF_PART_DURATION=$FENCED_PROOF_LONG
 	export FENCED_PROOF_LONG FENCED_PROOF_PART_DURATION
-	exec go test -count=1 -timeout 24h -run '^(TestGenerativeLong|TestGenerativePartitions)$' -v ./internal/proof/ "$@"
+	exec go test -count=1 -timeout 24h -run '^(TestGenerativeLong|TestGenerativePartitions)$' -v ./internal/cli/proof/ "$@"
 fi
 if [ "${FENCED_PROOF_INCUMBENTS:-1}" != 0 ]; then
 	(cd bench/redis && go test -count=1 -timeout 1h -run '^TestProofIncumbents$' -v .)
@@ -41,10 +41,10 @@ if [ "${FENCED_PROOF_INCUMBENTS:-1}" != 0 ]; then
 fi
 # The packet-level rows (network namespaces; needs root), long variant.
 FENCED_PROOF_NETNS_OUT="$FENCED_PROOF_OUT/proof/netns.json" FENCED_PROOF_NETNS_LONG=1 \
-	go test -count=1 -timeout 1h -run '^TestPacketPartitions$' -v ./internal/proof/
+	go test -count=1 -timeout 1h -run '^TestPacketPartitions$' -v ./internal/cli/proof/
 PARTITIONS_PROOF_OUT="$FENCED_PROOF_OUT/proof" PARTITIONS_PROOF_FOR="${PARTITIONS_PROOF_FOR:-3m}" \
 	go test -count=1 -timeout 1h -run '^TestPartitionsProof(SQLite|Postgres|Redis|Etcd)$' -v ./recipe/
-go test -count=1 -timeout 3h -run '^TestMatrixFull$' -v ./internal/proof/ "$@"
+go test -count=1 -timeout 3h -run '^TestMatrixFull$' -v ./internal/cli/proof/ "$@"
 # Clock rate skew on DynamoDB (observed expiry); rewrites its own section.
-go test -count=1 -timeout 30m -run '^TestClockRateSkewDynamoDB$' -v ./internal/proof/
+go test -count=1 -timeout 30m -run '^TestClockRateSkewDynamoDB$' -v ./internal/cli/proof/
 echo "wrote docs/proof.md"

@@ -80,7 +80,7 @@ in_nested() {
 }
 
 echo "test.sh: go vet"
-# In the build configuration of internal/moduletest's scratch module
+# In the build configuration of internal/testkit/moduletest's scratch module
 # (CGO_ENABLED=0, -trimpath: build cache entries that do not depend on
 # where a module's files are): the dependencies vet compiles here are the
 # ones that test builds from a fresh module cache, so they compile once.
@@ -90,7 +90,7 @@ CGO_ENABLED=0 in_nested go vet -trimpath ./...
 # polls there instead of inotify); the CLI's supervisor and the proof
 # harness are Linux-only.
 echo "test.sh: go build on darwin (library packages)"
-GOOS=darwin go build $(go list ./... | grep -v -e '/cmd/fenced$' -e '/internal/supervise$' -e '/internal/proof$')
+GOOS=darwin go build $(go list ./... | grep -v -e '/cmd/fenced$' -e '/internal/cli/supervise$' -e '/internal/cli/proof$')
 GOOS=darwin in_nested go build ./...
 
 # staticcheck (pinned) goes into a cache directory outside the repository.
@@ -119,8 +119,8 @@ nested_pid=$!
 # after the rest are done. -p 4 on 2 cores: the tests spend most of their
 # time waiting on servers, TTLs and child processes (a quiet run with -p 2
 # used 14 of its 35 CPU-minutes), and they must hold on a busy machine anyway.
-first="./internal/proof ./cmd/fenced ./recipe"
-rest=$(go list ./... | grep -v -e '/internal/proof$' -e '/cmd/fenced$' -e '/recipe$')
+first="./internal/cli/proof ./cmd/fenced ./recipe"
+rest=$(go list ./... | grep -v -e '/internal/cli/proof$' -e '/cmd/fenced$' -e '/recipe$')
 core_rc=0
 go test -race -count=1 -p 4 -timeout 20m "$@" $first $rest || core_rc=$?
 nested_rc=0

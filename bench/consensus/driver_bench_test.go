@@ -9,7 +9,7 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
-	"github.com/fenced-dev/fenced/internal/rootaccess"
+	"github.com/fenced-dev/fenced/internal/core/rootaccess"
 )
 
 // driverLocker calls a driver's wait queue (driver.TimedQueuer) directly, without the portable

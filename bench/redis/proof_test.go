@@ -16,7 +16,7 @@ import (
 	"github.com/go-redsync/redsync/v4/redis/goredis/v9"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/fenced-dev/fenced/internal/proof"
+	"github.com/fenced-dev/fenced/internal/cli/proof"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 

@@ -10,7 +10,7 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
-	"github.com/fenced-dev/fenced/internal/rootaccess"
+	"github.com/fenced-dev/fenced/internal/core/rootaccess"
 )
 
 // locker takes and gives back locks for one goroutine.

@@ -22,7 +22,7 @@ import (
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/fence"
 	"github.com/fenced-dev/fenced/fencedsqlite"
-	"github.com/fenced-dev/fenced/internal/supervise"
+	"github.com/fenced-dev/fenced/internal/cli/supervise"
 )
 
 // The demo is the billing scenario of the design notes, run for real: three

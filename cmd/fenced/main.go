@@ -24,7 +24,7 @@
 // fenced as child subreaper): on loss it sends SIGTERM and, after --grace,
 // SIGKILL to every process, and it releases the lease only when none is
 // left; it stops and continues together with COMMAND; and COMMAND dies with
-// fenced. See fenced run --help and internal/supervise.
+// fenced. See fenced run --help and internal/cli/supervise.
 //
 // Exit codes of fenced run: the child's own code when it ran and its lease
 // held until its last process ended; 75 when the key was held and the wait
@@ -38,7 +38,7 @@ package main
 import (
 	"os"
 
-	"github.com/fenced-dev/fenced/internal/supervise"
+	"github.com/fenced-dev/fenced/internal/cli/supervise"
 )
 
 func main() {

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/internal/supervise"
+	"github.com/fenced-dev/fenced/internal/cli/supervise"
 )
 
 // The test binary doubles as the fenced binary: with FENCED_TEST_AS_CLI=1

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/internal/proof"
+	"github.com/fenced-dev/fenced/internal/cli/proof"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 

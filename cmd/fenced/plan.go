@@ -9,7 +9,7 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
-	"github.com/fenced-dev/fenced/internal/leaseplan"
+	"github.com/fenced-dev/fenced/internal/cli/leaseplan"
 )
 
 func newPlanCmd(g *globals) *cobra.Command {

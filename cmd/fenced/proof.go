@@ -18,8 +18,8 @@ import (
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/fencedredis"
-	"github.com/fenced-dev/fenced/internal/proof"
-	"github.com/fenced-dev/fenced/internal/rootaccess"
+	"github.com/fenced-dev/fenced/internal/cli/proof"
+	"github.com/fenced-dev/fenced/internal/core/rootaccess"
 )
 
 // A proof worker is this binary re-executed; it must start working before

@@ -20,7 +20,7 @@ import (
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/fence"
-	"github.com/fenced-dev/fenced/internal/supervise"
+	"github.com/fenced-dev/fenced/internal/cli/supervise"
 	"github.com/fenced-dev/fenced/recipe"
 )
 

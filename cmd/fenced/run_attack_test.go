@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/internal/proof"
+	"github.com/fenced-dev/fenced/internal/cli/proof"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 
@@ -164,11 +164,11 @@ func runAttack(t *testing.T, bin, attack, mode string) {
 	}
 }
 
-// attackerBin compiles internal/supervise/testdata/attacker.c.
+// attackerBin compiles internal/cli/supervise/testdata/attacker.c.
 func attackerBin(t *testing.T) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "attacker")
-	if out, err := exec.Command("gcc", "-O1", "-pthread", "-o", bin, "../../internal/supervise/testdata/attacker.c").CombinedOutput(); err != nil {
+	if out, err := exec.Command("gcc", "-O1", "-pthread", "-o", bin, "../../internal/cli/supervise/testdata/attacker.c").CombinedOutput(); err != nil {
 		t.Fatalf("gcc: %v\n%s", err, out)
 	}
 	return bin

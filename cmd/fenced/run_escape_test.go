@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/internal/supervise"
+	"github.com/fenced-dev/fenced/internal/cli/supervise"
 )
 
 // Tests of `fenced run` against processes that escape a naive supervisor
@@ -63,11 +63,11 @@ func checkMode(t *testing.T, errb outFile, want string) {
 	}
 }
 
-// mainExit compiles internal/supervise/testdata/mainexit.c.
+// mainExit compiles internal/cli/supervise/testdata/mainexit.c.
 func mainExit(t *testing.T) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "mainexit")
-	if out, err := exec.Command("gcc", "-O1", "-pthread", "-o", bin, "../../internal/supervise/testdata/mainexit.c").CombinedOutput(); err != nil {
+	if out, err := exec.Command("gcc", "-O1", "-pthread", "-o", bin, "../../internal/cli/supervise/testdata/mainexit.c").CombinedOutput(); err != nil {
 		t.Fatalf("gcc: %v\n%s", err, out)
 	}
 	return bin
@@ -304,7 +304,7 @@ func TestRunFallsBackWhenNoCgroupCanBeMade(t *testing.T) {
 }
 
 // startCgEscape starts `fenced -v run ARGS... -- cgescape` (see
-// internal/supervise/testdata/cgescape.c): a process of COMMAND that moves
+// internal/cli/supervise/testdata/cgescape.c): a process of COMMAND that moves
 // itself out of fenced's cgroup, into one it makes inside it (escape
 // "nested") or into another cgroup (escape "away": a sibling of fenced's,
 // as the root, a systemd scope or a container's cgroup would be), then
@@ -315,7 +315,7 @@ func TestRunFallsBackWhenNoCgroupCanBeMade(t *testing.T) {
 func startCgEscape(t *testing.T, store, escape string, args ...string) (*exec.Cmd, outFile, string, int) {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "cgescape")
-	if out, err := exec.Command("gcc", "-O1", "-pthread", "-o", bin, "../../internal/supervise/testdata/cgescape.c").CombinedOutput(); err != nil {
+	if out, err := exec.Command("gcc", "-O1", "-pthread", "-o", bin, "../../internal/cli/supervise/testdata/cgescape.c").CombinedOutput(); err != nil {
 		t.Fatalf("gcc: %v\n%s", err, out)
 	}
 	mount, own := cgroup2Paths(t)

@@ -18,7 +18,7 @@ import (
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/httpapi"
-	"github.com/fenced-dev/fenced/internal/rootaccess"
+	"github.com/fenced-dev/fenced/internal/core/rootaccess"
 	"github.com/fenced-dev/fenced/metrics/fencedprom"
 )
 

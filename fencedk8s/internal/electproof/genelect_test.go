@@ -16,7 +16,7 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/fencedk8s"
-	"github.com/fenced-dev/fenced/internal/proof"
+	"github.com/fenced-dev/fenced/internal/cli/proof"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 
@@ -70,7 +70,7 @@ type backend struct {
 
 // backends are the backends of the elector row: Redis (each elector
 // behind its own proxy, so links can be cut) and SQLite (no link to cut),
-// as internal/proof's own rows start them.
+// as internal/cli/proof's own rows start them.
 var backends = []backend{
 	{"redis", fenced.FenceRepeatable, func(t *testing.T) string { return testenv.StartRedis(t, testenv.RedisConfig{}).URL() }},
 	{"sqlite", fenced.FenceStrict, func(t *testing.T) string { return "sqlite://" + filepath.Join(t.TempDir(), "leases.db") }},

@@ -65,7 +65,7 @@ func TestClockRateSkewDynamoDB(t *testing.T) {
 	if out != "" && !t.Failed() {
 		var sec bytes.Buffer
 		sec.WriteString(skewBegin + "\n## Clock rate skew on observed expiry (DynamoDB)\n\n")
-		fmt.Fprintf(&sec, "Run %s with `FENCED_PROOF_OUT=docs go test -run '^TestClockRateSkewDynamoDB$' ./internal/proof/` (scripts/proof.sh), %d injections per row.\n\n", time.Now().UTC().Format("2006-01-02"), injections)
+		fmt.Fprintf(&sec, "Run %s with `FENCED_PROOF_OUT=docs go test -run '^TestClockRateSkewDynamoDB$' ./internal/cli/proof/` (scripts/proof.sh), %d injections per row.\n\n", time.Now().UTC().Format("2006-01-02"), injections)
 		sec.WriteString(skewPreamble)
 		WriteMarkdownTable(&sec, rows)
 		sec.WriteString(skewEnd + "\n")

@@ -46,7 +46,7 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced/driver"
-	"github.com/fenced-dev/fenced/internal/leasetable"
+	"github.com/fenced-dev/fenced/internal/backend/leasetable"
 )
 
 // Result is what a statement run with Conn.Exec reports.

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced/driver"
-	"github.com/fenced-dev/fenced/internal/urlquery"
+	"github.com/fenced-dev/fenced/internal/backend/urlquery"
 	"github.com/redis/go-redis/v9"
 )
 

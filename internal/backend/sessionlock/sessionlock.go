@@ -9,7 +9,7 @@
 //     unknown outcome) by lease key and owner, and ends (through the
 //     driver's delete function) those whose deadline passes without a
 //     renewal: a session outlives each of its grants, so a grant nobody
-//     renews must still end after its TTL (see internal/reaper).
+//     renews must still end after its TTL (see reaper.go).
 //   - WaitTurn is the predecessor wait: look at the queue, wait for the key
 //     ahead, look again, with a short pause after a transient failure.
 //   - Loss delivers a driver.LossWatcher's report once, never after its
@@ -30,7 +30,6 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced/driver"
-	"github.com/fenced-dev/fenced/internal/reaper"
 )
 
 // ID names a grant: the lease key and the owner token.
@@ -78,7 +77,7 @@ const reapRetry = time.Second
 type Grants[E Entry] struct {
 	end    func([]E) []error
 	forgot func(E)
-	reaper *reaper.Reaper[E]
+	reaper *reaper[E]
 	mu     sync.Mutex // taken before the reaper's own
 	closed bool
 	byID   map[ID]E
@@ -100,7 +99,7 @@ func NewGrants[E Entry](end func(E) error, forgot func(E)) *Grants[E] {
 // outage many thousands of grants may be due at once.
 func NewGrantsBatched[E Entry](end func([]E) []error, batch int, forgot func(E)) *Grants[E] {
 	g := &Grants[E]{end: end, forgot: forgot, byID: map[ID]E{}}
-	g.reaper = reaper.NewBatched(g.reap, batch, reapRetry)
+	g.reaper = newReaperBatched(g.reap, batch, reapRetry)
 	return g
 }
 

@@ -1,4 +1,4 @@
-package reaper
+package sessionlock
 
 import (
 	"errors"
@@ -43,7 +43,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 
 func TestReaper(t *testing.T) {
 	rec := &recorder{ended: map[string]int{}, fail: map[string]int{"flaky": 2}}
-	r := New(rec.end, 20*time.Millisecond)
+	r := newReaper(rec.end, 20*time.Millisecond)
 	defer r.Close()
 	now := time.Now()
 
@@ -82,7 +82,7 @@ func TestReaper(t *testing.T) {
 
 func TestCloseDisarms(t *testing.T) {
 	rec := &recorder{ended: map[string]int{}, fail: map[string]int{}}
-	r := New(rec.end, 10*time.Millisecond)
+	r := newReaper(rec.end, 10*time.Millisecond)
 	r.Set("x", time.Now().Add(20*time.Millisecond))
 	r.Close()
 	time.Sleep(60 * time.Millisecond)
@@ -99,7 +99,7 @@ func TestManyItems(t *testing.T) {
 	early := 0
 	ended := map[int]int{}
 	var deadlines sync.Map
-	r := New(func(x int) error {
+	r := newReaper(func(x int) error {
 		d, _ := deadlines.Load(x)
 		mu.Lock()
 		defer mu.Unlock()
@@ -154,7 +154,7 @@ func TestBatches(t *testing.T) {
 	ended := map[int]int{}
 	var sizes []int
 	failsLeft := map[int]int{7: 2}
-	r := NewBatched(func(xs []int) []error {
+	r := newReaperBatched(func(xs []int) []error {
 		mu.Lock()
 		defer mu.Unlock()
 		sizes = append(sizes, len(xs))

@@ -361,7 +361,7 @@ worker was stopped holding, its lease ran out meanwhile while others held
 the key in turn (each overlap is one of their grants), and it learnt of
 the loss (Lost) on resuming, before any write. Run by
 FENCED_PROOF_NETNS_LONG=1 FENCED_PROOF_NETNS_OUT=docs/proof/netns.json
-FENCED_PROOF_OUT=docs go test -run '^TestPacketPartitions$' ./internal/proof/
+FENCED_PROOF_OUT=docs go test -run '^TestPacketPartitions$' ./internal/cli/proof/
 (scripts/proof.sh; as root), 2 injections per row.
 
 `

@@ -4,7 +4,7 @@
 // the check that an existing table has the shape the backend needs, the
 // scanning of break audit rows, the prune loop, and the small conversions
 // and errors every one of them needs. The lease operations themselves run
-// in the engine, internal/sqllease, over each backend's dialect.
+// in the engine, internal/backend/sqllease, over each backend's dialect.
 package leasetable
 
 import (
@@ -15,8 +15,8 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced/driver"
-	"github.com/fenced-dev/fenced/internal/sqlident"
-	"github.com/fenced-dev/fenced/internal/urlquery"
+	"github.com/fenced-dev/fenced/internal/backend/sqlident"
+	"github.com/fenced-dev/fenced/internal/backend/urlquery"
 )
 
 // DefaultTable is the lease table's name when the URL names none. The

@@ -40,7 +40,7 @@ func SaveGenPartRow(path string, row GenPartRow) error { return saveRow(path, ro
 // key names what the row ran.
 func (r GenPartRow) key() rowKey { return rowKey{r.Build, r.Backend, r.Mode} }
 
-const genPartPreamble = `The partitions row of the generative proof (proof.RunGenPartitions; ` + "`go test ./internal/proof -run TestGenerativePartitions`" + `
+const genPartPreamble = `The partitions row of the generative proof (proof.RunGenPartitions; ` + "`go test ./internal/cli/proof -run TestGenerativePartitions`" + `
 in the normal suite, 40 s of churn per backend; ` + "`FENCED_PROOF_PART_DURATION`" + ` for longer runs, ` + "`FENCED_PROOF_SEED`" + ` to rerun one):
 4 member processes of one group, 1 s leases, 64 items routed as users route them (item → partition
 FNV-1a(item) mod P). Every 15 ms each owned partition writes one of its items to a SQLite resource, guarded by

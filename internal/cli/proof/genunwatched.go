@@ -3,7 +3,7 @@ package proof
 import (
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/fencedetcd"
-	"github.com/fenced-dev/fenced/internal/rootaccess"
+	"github.com/fenced-dev/fenced/internal/core/rootaccess"
 )
 
 // unwatchedEtcd is an etcd driver whose loss watch the Client cannot see:

@@ -1,6 +1,6 @@
-// Package reaper ends the grants of session-based backends (etcd,
-// ZooKeeper) that their holder stopped renewing although the session that
-// carries them stays alive.
+// The reaper ends the grants of session-based backends (etcd, ZooKeeper)
+// that their holder stopped renewing although the session that carries
+// them stays alive.
 //
 // A session outlives each of its grants: other grants, or the client
 // library's own pings, keep it alive. A grant whose holder stopped renewing
@@ -8,7 +8,8 @@
 // time, so the driver arms a deadline per grant and deletes the grant's key
 // when the deadline passes without being pushed back. The authority's clock
 // still decides expiry when the process stalls: then the session lapses.
-package reaper
+
+package sessionlock
 
 import (
 	"container/heap"
@@ -17,16 +18,16 @@ import (
 	"time"
 )
 
-// Reaper calls end for an item once its deadline passes without being moved.
+// reaper calls end for an item once its deadline passes without being moved.
 // If end fails it is tried again every retry until it succeeds, the item is
-// forgotten or the Reaper is closed. Items are compared with ==. A Reaper
-// made by NewBatched ends the items due together in batches, one call per
+// forgotten or the reaper is closed. Items are compared with ==. A reaper
+// made by newReaperBatched ends the items due together in batches, one call per
 // batch.
 //
 // All deadlines share one timer, set for the earliest (a min-heap keeps
 // them in order), so an armed item costs a map entry and a heap slot, not
 // a runtime timer: a driver holding a hundred thousand grants arms as many.
-type Reaper[T comparable] struct {
+type reaper[T comparable] struct {
 	end   func([]T) []error
 	batch int // the most items one call of end takes
 	retry time.Duration
@@ -55,22 +56,22 @@ type item[T comparable] struct {
 	idx      int // in the queue; -1 while not in it (an end in progress)
 }
 
-// New returns a Reaper that ends items with end, one at a time.
-func New[T comparable](end func(T) error, retry time.Duration) *Reaper[T] {
-	return NewBatched(func(xs []T) []error { return []error{end(xs[0])} }, 1, retry)
+// New returns a reaper that ends items with end, one at a time.
+func newReaper[T comparable](end func(T) error, retry time.Duration) *reaper[T] {
+	return newReaperBatched(func(xs []T) []error { return []error{end(xs[0])} }, 1, retry)
 }
 
-// NewBatched returns a Reaper that ends the items due together in batches
+// NewBatched returns a reaper that ends the items due together in batches
 // of up to batch items: end gets the batch and returns one error per item
 // (nil: that item ended). After an outage of the store a driver may find
 // many thousands of grants due at once, and each end then waits for the
 // store; a batch per request drains them that many times faster.
-func NewBatched[T comparable](end func([]T) []error, batch int, retry time.Duration) *Reaper[T] {
-	return &Reaper[T]{end: end, batch: max(batch, 1), retry: retry, items: map[T]*item[T]{}}
+func newReaperBatched[T comparable](end func([]T) []error, batch int, retry time.Duration) *reaper[T] {
+	return &reaper[T]{end: end, batch: max(batch, 1), retry: retry, items: map[T]*item[T]{}}
 }
 
 // Set arms (or moves) x's deadline.
-func (r *Reaper[T]) Set(x T, deadline time.Time) {
+func (r *reaper[T]) Set(x T, deadline time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed {
@@ -85,7 +86,7 @@ func (r *Reaper[T]) Set(x T, deadline time.Time) {
 }
 
 // armLocked puts it in the queue at deadline (moving it if it is there).
-func (r *Reaper[T]) armLocked(it *item[T], deadline time.Time) {
+func (r *reaper[T]) armLocked(it *item[T], deadline time.Time) {
 	it.deadline = deadline
 	if it.idx >= 0 {
 		heap.Fix(&r.queue, it.idx)
@@ -97,7 +98,7 @@ func (r *Reaper[T]) armLocked(it *item[T], deadline time.Time) {
 
 // resetLocked sets the timer for the queue's earliest deadline, unless it
 // is set for that moment already.
-func (r *Reaper[T]) resetLocked() {
+func (r *reaper[T]) resetLocked() {
 	if len(r.queue) == 0 || r.closed {
 		return
 	}
@@ -114,7 +115,7 @@ func (r *Reaper[T]) resetLocked() {
 }
 
 // Deadline returns x's deadline, if it is armed.
-func (r *Reaper[T]) Deadline(x T) (time.Time, bool) {
+func (r *reaper[T]) Deadline(x T) (time.Time, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if it := r.items[x]; it != nil {
@@ -124,7 +125,7 @@ func (r *Reaper[T]) Deadline(x T) (time.Time, bool) {
 }
 
 // Forget disarms x without ending it.
-func (r *Reaper[T]) Forget(x T) {
+func (r *reaper[T]) Forget(x T) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if it := r.items[x]; it != nil {
@@ -137,7 +138,7 @@ func (r *Reaper[T]) Forget(x T) {
 
 // EndNow ends x at once, on the caller's goroutine. If that fails, x stays
 // armed and is tried again in the background; the error is returned.
-func (r *Reaper[T]) EndNow(x T) error {
+func (r *reaper[T]) EndNow(x T) error {
 	r.mu.Lock()
 	if r.closed {
 		r.mu.Unlock()
@@ -158,7 +159,7 @@ func (r *Reaper[T]) EndNow(x T) error {
 }
 
 // Close disarms everything and waits for ends in progress.
-func (r *Reaper[T]) Close() {
+func (r *reaper[T]) Close() {
 	r.mu.Lock()
 	r.closed = true
 	if r.timer != nil {
@@ -176,7 +177,7 @@ func (r *Reaper[T]) Close() {
 
 // fire hands every item whose deadline has passed to the enders (see
 // maxEnders) and sets the timer for the next deadline.
-func (r *Reaper[T]) fire() {
+func (r *reaper[T]) fire() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.armed = time.Time{}
@@ -196,8 +197,8 @@ func (r *Reaper[T]) fire() {
 }
 
 // ender ends due items, a batch at a time, until there are none (or the
-// Reaper is closed).
-func (r *Reaper[T]) ender() {
+// reaper is closed).
+func (r *reaper[T]) ender() {
 	defer r.wg.Done()
 	for {
 		r.mu.Lock()
@@ -224,7 +225,7 @@ func (r *Reaper[T]) ender() {
 
 // run calls end for its, which are out of the queue, and arms each that
 // failed again for a retry. It returns the errors end returned.
-func (r *Reaper[T]) run(its []*item[T]) []error {
+func (r *reaper[T]) run(its []*item[T]) []error {
 	xs := make([]T, len(its))
 	for i, it := range its {
 		xs[i] = it.x

@@ -4,7 +4,7 @@ import (
 	"context"
 	"database/sql"
 
-	"github.com/fenced-dev/fenced/internal/leasetable"
+	"github.com/fenced-dev/fenced/internal/backend/leasetable"
 )
 
 // StdDB is the DB of a database/sql pool (MySQL, SQLite, and any store

@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced/driver"
-	"github.com/fenced-dev/fenced/internal/waitqueue"
+	"github.com/fenced-dev/fenced/internal/backend/waitqueue"
 )
 
 // WaitersSlack is how much longer than the grant a refused try's entry in
@@ -17,7 +17,7 @@ import (
 const WaitersSlack = time.Second
 
 // WaitQueue is a process's side of the waiter queue of lua/waiter_queue.lua,
-// shared by the redis and redlock drivers (see internal/waitqueue). While
+// shared by the redis and redlock drivers (see internal/backend/waitqueue). While
 // the process has waiters for a key it stands in the key's queue
 // (Keys.Waiters, on every node the driver writes to) as the member of its
 // current waiting episode for the key. A release takes the member that has

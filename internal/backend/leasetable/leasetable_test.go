@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced/driver"
-	"github.com/fenced-dev/fenced/internal/urlquery"
+	"github.com/fenced-dev/fenced/internal/backend/urlquery"
 )
 
 func TestValidateTable(t *testing.T) {

@@ -37,7 +37,7 @@ func (r GenJobsRow) key() rowKey { return rowKey{build: r.Build, backend: r.Back
 // readGenJobsRows reads the rows kept in path (a JSON array).
 func readGenJobsRows(path string) ([]GenJobsRow, error) { return readRows[GenJobsRow](path) }
 
-const genJobsPreamble = `The scheduler adapters' row of the generative proof (proof.RunGenJobs; ` + "`go test ./internal/proof -run TestGenerativeJobs`" + `
+const genJobsPreamble = `The scheduler adapters' row of the generative proof (proof.RunGenJobs; ` + "`go test ./internal/cli/proof -run TestGenerativeJobs`" + `
 in the normal suite, 40 s of churn on SQLite; ` + "`FENCED_PROOF_JOBS_DURATION`" + ` for longer runs, ` + "`FENCED_PROOF_SEED`" + ` to rerun one):
 3 gocron schedulers (fencedgocron.Locker, the job made with Locker.Task) and 3 robfig/cron schedulers
 (fencedcron.SkipIfHeld, a fencedcron.LeaseFunc job), each a separate process, each kind running its own job due

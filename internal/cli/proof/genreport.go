@@ -86,7 +86,7 @@ func UpdateGenSection(path, rowsPath string) error {
 	return updateSection(path, genBegin, genEnd, "## Timelines", sec.Bytes())
 }
 
-const genPreamble = `The generative mode (proof.RunGen; ` + "`go test ./internal/proof -run TestGenerativeSlice`" + `
+const genPreamble = `The generative mode (proof.RunGen; ` + "`go test ./internal/cli/proof -run TestGenerativeSlice`" + `
 in CI, ` + "`scripts/proof.sh --long [duration] [--seed N]`" + ` nightly) runs 3 worker
 processes of 6 streams each (8 in the long mode), drawing from a seed a random
 mix of Acquire, TryAcquire, Do, AcquireAll over 2-3 contended keys, a

@@ -15,7 +15,7 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/fence"
-	"github.com/fenced-dev/fenced/internal/supervise"
+	"github.com/fenced-dev/fenced/internal/cli/supervise"
 )
 
 // Ordering is how a holder guards its work at the resource (see the seed's
