@@ -96,6 +96,9 @@ func proofGenFaults(store string) ([]proof.Fault, []proofFaultOff) {
 // processes running self, writing the history under dir, and prints the
 // report; a violation exits with exitError.
 func runProofGen(ctx context.Context, g *globals, f *proofFlags, strength fenced.FenceStrength, self string) error {
+	if strings.HasPrefix(g.store, "mem:") {
+		return withCode(exitUsage, fmt.Errorf("proof: a mem:// store lives inside one process, and the proof's workers are processes of their own: give a store they share"))
+	}
 	faults, off := proofGenFaults(g.store)
 	dir, err := os.MkdirTemp(f.dir, fmt.Sprintf("generative-seed%d-", f.seed))
 	if err != nil {
