@@ -207,7 +207,7 @@ func printProofGen(g *globals, out proofGenJSON) error {
 	row("fence regressions (a lower fence, or with a strict fence an equal one to another owner)", rep.FenceRegressions, "")
 	row("overlapping holders (a key granted while another owner's lease lived on)", rep.Overlaps, "")
 	row("leases live past their local validity", rep.LivePastValidity, fmt.Sprintf(" (largest overshoot %v)", rep.MaxOvershoot))
-	row("orphan grants (no Acquire returned them) held past their TTL", rep.Orphans, fmt.Sprintf(" (%d orphans seen in all)", rep.OrphansSeen))
+	row("orphan grants (no Acquire returned them) held past their TTL", rep.Orphans, fmt.Sprintf(" (of %d seen)", rep.OrphansSeen))
 	row("orphans or waiters' grants left standing with no fault active", rep.SlowOrphans, "")
 	row("sets reported healthy with a lost member", rep.SetsHealthyWithLost, "")
 	row("leases live on after a break", rep.OutlivedBreak, "")
