@@ -1,7 +1,7 @@
 package main
 
 import (
-	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/admin"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 
@@ -107,11 +105,11 @@ func TestProofGenerativeRedis(t *testing.T) {
 }
 
 // TestProofGenerativeReportsAViolation runs fenced proof --generative on
-// SQLite while another client, as soon as the run's keys appear, takes a
-// lease on a contended key of the run and holds it: a grant that no worker
-// was handed, held past the longest TTL the workers ask for (5s) plus
-// 1s. The checker must report it, the report must say FAIL and name the
-// key, and fenced must exit 1.
+// SQLite while, as soon as the run's keys appear, a fenced run of another
+// user takes a lease on a contended key under the run's prefix and holds
+// it: a grant that no worker was handed, held past the longest TTL the
+// workers ask for (5s) plus 1s. The checker must report it, the report
+// must say FAIL and name the key, and fenced must exit 1.
 func TestProofGenerativeReportsAViolation(t *testing.T) {
 	store := tempStore(t)
 	cmd, out, errb := cliCmd(t, store, "proof", "--generative", "--seed", "11", "--duration", "10s", "--workers", "2", "--dir", t.TempDir())
@@ -120,25 +118,25 @@ func TestProofGenerativeReportsAViolation(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
-	ctx := context.Background()
-	c := client(t, store)
 	var prefix string
 	run := regexp.MustCompile(`^(` + regexp.QuoteMeta(proofGenPrefix) + `11:\d+:)`)
 	eventually(t, 20*time.Second, "the run's keys did not appear", func() bool {
-		infos, _ := admin.List(ctx, c, proofGenPrefix)
-		for _, in := range infos {
-			if m := run.FindStringSubmatch(in.Key); m != nil {
+		var held []struct {
+			Key string `json:"key"`
+		}
+		if r := cli(t, store, "ls", proofGenPrefix, "-o", "json"); r.code != 0 || json.Unmarshal([]byte(r.stdout), &held) != nil {
+			return false
+		}
+		for _, h := range held {
+			if m := run.FindStringSubmatch(h.Key); m != nil {
 				prefix = m[1]
 				return true
 			}
 		}
 		return false
 	})
-	l, err := c.Acquire(ctx, prefix+"h:foreign", &fenced.LeaseOptions{TTL: 30 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Release(ctx)
+	foreign, _, _ := startRun(t, store, "run", "--ttl", "30s", prefix+"h:foreign", "--", "sleep", "60")
+	defer func() { _ = foreign.Process.Kill(); _ = foreign.Wait() }()
 	<-done
 	r := result{cmd.ProcessState.ExitCode(), out.String(), errb.String()}
 	if r.code != exitError {
