@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/proof"
 )
 
@@ -129,7 +130,7 @@ func runProofGen(ctx context.Context, g *globals, f *proofFlags, strength fenced
 	}
 	verdict, pass := proofGenVerdict(rep)
 	out := proofGenJSON{
-		Store: fenced.Redact(g.store), Seed: f.seed, Duration: f.duration.String(), Elapsed: time.Since(started).Round(time.Millisecond).String(),
+		Store: driver.Redact(g.store), Seed: f.seed, Duration: f.duration.String(), Elapsed: time.Since(started).Round(time.Millisecond).String(),
 		Workers: res.Config.Workers, Streams: res.Config.Streams, TTL: res.Config.TTL.String(),
 		FaultsInjected: injected, FaultsOff: off, Report: rep, Pass: pass, Verdict: verdict,
 		Rerun: proofGenRerun(f), Histories: dir,
