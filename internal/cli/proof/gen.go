@@ -60,8 +60,12 @@ type GenConfig struct {
 	// Command starts a worker (a binary that calls MaybeRunWorker first).
 	Command func() *exec.Cmd
 	// Dir is the run's directory.
-	Dir  string
-	Logf func(format string, args ...any)
+	Dir string
+	// Prefix starts every key of the run, before the seed and the run's
+	// start time; default "fenced-gen:". fenced proof puts its runs under
+	// its own prefix.
+	Prefix string
+	Logf   func(format string, args ...any)
 }
 
 // GenResult is a checked generative run.
@@ -131,6 +135,9 @@ func RunGen(ctx context.Context, cfg GenConfig) (*GenResult, error) {
 	if cfg.Logf == nil {
 		cfg.Logf = func(string, ...any) {}
 	}
+	if cfg.Prefix == "" {
+		cfg.Prefix = "fenced-gen:"
+	}
 	if len(cfg.Faults) == 0 {
 		cfg.Faults = []Fault{PauseHolder}
 		if networked(cfg.Store) {
@@ -163,7 +170,7 @@ func RunGen(ctx context.Context, cfg GenConfig) (*GenResult, error) {
 	// An orphan grant stands at most as long as the store keeps the
 	// longest TTL one can have.
 	orphanTTL := keeps.Outlives(cancelTTLFactor * cfg.TTL)
-	r := &genRun{cfg: cfg, prefix: fmt.Sprintf("fenced-gen:%d:%d:", cfg.Seed, time.Now().UnixNano()), workers: newWorkers(cfg.Dir)}
+	r := &genRun{cfg: cfg, prefix: fmt.Sprintf("%s%d:%d:", cfg.Prefix, cfg.Seed, time.Now().UnixNano()), workers: newWorkers(cfg.Dir)}
 	if r.rec, err = OpenRecorder(filepath.Join(cfg.Dir, historyFile), -1); err != nil {
 		return nil, err
 	}

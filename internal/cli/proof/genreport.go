@@ -42,7 +42,7 @@ func (r GenRow) key() rowKey { return rowKey{r.Build, r.Backend, r.Mode} }
 func WriteGenSection(w io.Writer, rows []GenRow) {
 	fmt.Fprintf(w, "%s\n## Generative runs\n\n%s", genBegin, genPreamble)
 	if len(rows) == 0 {
-		fmt.Fprintf(w, "Not run yet.\n%s\n", genEnd)
+		fmt.Fprintf(w, "Not run yet.\n\n%s%s\n", genYourStore, genEnd)
 		return
 	}
 	fmt.Fprintln(w, "| build | backend | mode | seed | minutes | ops | grants | most held | faults | fence regr. | live past validity | orphans (past TTL / slow / seen) | sets healthy with a lost member | broken lease renewed / outlived | first violation |")
@@ -71,7 +71,7 @@ func WriteGenSection(w io.Writer, rows []GenRow) {
 		sort.Strings(kinds)
 		fmt.Fprintf(w, "- %s, %s, %s: %s\n", r.Build, r.Backend, r.Mode, strings.Join(kinds, ", "))
 	}
-	fmt.Fprintf(w, "%s\n", genEnd)
+	fmt.Fprintf(w, "\n%s%s\n", genYourStore, genEnd)
 }
 
 // UpdateGenSection rewrites the generative section of the report at path
@@ -193,4 +193,61 @@ loses) rolls its fence counter back; the run must show the repeated fence
 (Redis declares FenceRepeatable), and with fencing the resource accepts
 nothing stale.
 
+`
+
+// genYourStore ends the generative section: how a user runs the mode
+// against their own store.
+const genYourStore = `### Run it against your store
+
+` + "`fenced proof --generative [--seed N] [--duration D] [--workers W] [--ttl T] [--dir DIR]`" + `
+runs this mode against the store of ` + "`--store`" + ` (or ` + "`FENCED_STORE`" + `) from the
+installed binary: its workers are ` + "`fenced`" + ` itself, re-executed. It takes
+the same flags and refusals as ` + "`fenced proof`" + ` (Redis needs
+` + "`--min-fence repeatable`" + `; a lease held under ` + "`fenced-proof:`" + ` that it did
+not create stops it), puts its keys under ` + "`fenced-proof:gen:<seed>:<run>:`" + `,
+and runs for ` + "`--duration`" + ` (default 1m; 3 workers of 6 streams, 1 s TTL). The
+seed (drawn at random when ` + "`--seed`" + ` is not given) is printed on stderr before
+the run starts. The nemesis stops a worker with SIGSTOP (M1) and, on a
+networked store, cuts it off through a local proxy (M4; a SQLite file has no
+link to cut). It does not pause (M5) or crash and restart (M6) the store: proof
+did not start it, and the report says so. The checks are the ones above. The
+report gives the seed, the duration, the operations by kind, the grants, the
+faults injected by kind and those left out, one row per check with its count
+and ` + "`ok`" + ` or ` + "`VIOLATED`" + `, the first violations, PASS or FAIL, the command that
+reruns the seed, and the directory of the history (` + "`history.jsonl`" + `, one event a
+line). ` + "`-o json`" + ` prints the same as JSON. Exit status 0 on PASS; 1 on a violation,
+or when no lease was granted (the run proves nothing); 64 on bad flags
+(` + "`--generative`" + ` with ` + "`--quick`" + `, a duration that is not positive or shorter than
+the TTL, ` + "`--seed`" + ` or ` + "`--duration`" + ` without ` + "`--generative`" + `, a ` + "`mem://`" + ` store
+its worker processes cannot share) or a refused store.
+
+A report, on a busy 2-core machine (SQLite):
+
+` + "```" + `
+store:       sqlite:///var/lib/app/leases.db
+seed:        7
+duration:    10s (ran 13.321s; CPU share 0.74)
+workers:     3 processes × 6 streams, TTL 1s
+operations:  653 (acquire 63, all 59, break 45, cancel 72, do 44, elect 34, hold 255, sem 23, try 58)
+grants:      563; most leases held by one worker 65; failed acquisitions 114 (refusals included)
+faults:      3 injected (M1 SIGSTOP a worker 3)
+             M4 off: cut a worker off: a SQLite store is a local file, with no link to cut
+             M5 off: pause the store: fenced proof did not start it, so it cannot stop it
+             M6 off: kill and restart the store: fenced proof did not start it, so it cannot restart it
+
+CHECK                                                                                    FOUND                     RESULT
+fence regressions (a lower fence, or with a strict fence an equal one to another owner)  0                         ok
+overlapping holders (a key granted while another owner's lease lived on)                 0                         ok
+leases live past their local validity                                                    0 (largest overshoot 0s)  ok
+orphan grants (no Acquire returned them) held past their TTL                             0 (of 8 seen)             ok
+orphans or waiters' grants left standing with no fault active                            0                         ok
+sets reported healthy with a lost member                                                 0                         ok
+leases live on after a break                                                             0                         ok
+leases renewed after a break                                                             0                         ok
+fence repeats (the store declares its fence repeatable)                                  0                         allowed
+
+PASS: no fence went backwards, no lease lived past its validity or a break, no two holders overlapped, no orphan grant outstayed its TTL, no set reported a lost member healthy.
+rerun:       fenced proof --generative --seed 7 --duration 10s (same store)
+histories:   /tmp/fenced-proof-1402/generative-seed7-933974590
+` + "```" + `
 `
