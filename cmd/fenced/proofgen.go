@@ -13,7 +13,7 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
-	"github.com/fenced-dev/fenced/internal/proof"
+	"github.com/fenced-dev/fenced/internal/cli/proof"
 )
 
 // proofGenPrefix starts the keys of every generative run of fenced proof
