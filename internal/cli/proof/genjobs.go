@@ -60,12 +60,9 @@ type genJobsRun struct {
 	jobs  [2]string // the gocron job's name, the cron job's
 	admin *fenced.Client
 	rng   *rand.Rand
-	workers
+	slots
 
 	mu          sync.Mutex
-	held        map[int]bool
-	exits       map[int]int
-	lastStart   map[int]time.Time
 	faults      []jobFault
 	longestStop time.Duration
 }
@@ -125,9 +122,9 @@ func RunGenJobs(ctx context.Context, cfg GenJobsConfig) (GenJobsReport, error) {
 		cfg:   cfg,
 		jobs:  [2]string{fmt.Sprintf("genjobs-gocron-%d-%d", cfg.Seed, stamp), fmt.Sprintf("genjobs-cron-%d-%d", cfg.Seed, stamp)},
 		admin: ac,
-		rng:   rand.New(rand.NewPCG(cfg.Seed, 1<<43)), workers: newWorkers(cfg.Dir),
-		held: map[int]bool{}, exits: map[int]int{}, lastStart: map[int]time.Time{},
+		rng:   rand.New(rand.NewPCG(cfg.Seed, 1<<43)), slots: newSlots(cfg.Dir, 2*cfg.PerKind, "scheduler", cfg.Seed, cfg.Logf),
 	}
+	r.restart = r.startSched
 	if err := res.setup(ctx, r.jobs[:]); err != nil {
 		return GenJobsReport{}, err
 	}
@@ -165,7 +162,7 @@ func RunGenJobs(ctx context.Context, cfg GenJobsConfig) (GenJobsReport, error) {
 	// holds the file's write lock for its whole stop, stalling every
 	// other scheduler: the longest stop is part of the liveness bound.
 	stall = r.longestStop
-	rep := GenJobsReport{Exits: r.exits}
+	rep := GenJobsReport{Exits: r.exitCounts()}
 	r.mu.Unlock()
 	delay.mu.Lock()
 	sched := delay.maxDelay
@@ -178,9 +175,7 @@ func RunGenJobs(ctx context.Context, cfg GenJobsConfig) (GenJobsReport, error) {
 // startSched starts slot i.
 func (r *genJobsRun) startSched(i int) error {
 	kind, job := r.kind(i)
-	r.mu.Lock()
-	r.lastStart[i] = time.Now()
-	r.mu.Unlock()
+	r.started(i)
 	sc := GenJobsSchedConfig{Slot: i, Kind: kind, Job: job, Store: r.cfg.Store, TTL: r.cfg.TTL, MinFence: r.cfg.MinFence, Dir: r.cfg.Dir, Hazard: r.cfg.Hazard}
 	raw, err := json.Marshal(sc)
 	if err != nil {
@@ -191,71 +186,10 @@ func (r *genJobsRun) startSched(i int) error {
 	return r.start(i, cmd, nil)
 }
 
-// revive starts again every scheduler that exited by itself (a failure,
-// counted by exit code), at most every 200ms.
-func (r *genJobsRun) revive() error {
-	for i := range 2 * r.cfg.PerKind {
-		r.mu.Lock()
-		skip := r.held[i] || time.Since(r.lastStart[i]) < 200*time.Millisecond
-		r.mu.Unlock()
-		if skip {
-			continue
-		}
-		cmd, done := r.worker(i)
-		select {
-		case <-done:
-		default:
-			continue
-		}
-		code := cmd.ProcessState.ExitCode()
-		r.mu.Lock()
-		r.exits[code]++
-		r.mu.Unlock()
-		r.cfg.Logf("seed %d: scheduler %d exited by itself with code %d (see worker-%d.log)", r.cfg.Seed, i, code, i)
-		if err := r.startSched(i); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// sleep sleeps d, reviving schedulers every 50ms.
-func (r *genJobsRun) sleep(ctx context.Context, d time.Duration) error {
-	for end := time.Now().Add(d); ; {
-		if err := r.revive(); err != nil {
-			return err
-		}
-		left := time.Until(end)
-		if left <= 0 {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(min(left, 50*time.Millisecond)):
-		}
-	}
-}
-
-func (r *genJobsRun) hold(i int, on bool) {
-	r.mu.Lock()
-	r.held[i] = on
-	r.mu.Unlock()
-}
-
 func (r *genJobsRun) fault(f jobFault) {
 	r.mu.Lock()
 	r.faults = append(r.faults, f)
 	r.mu.Unlock()
-}
-
-// end ends slot i's process: a leave (SIGTERM, waited for up to 10s, then
-// -9) or a kill -9.
-func (r *genJobsRun) end(i int, kill bool) {
-	cmd, done := r.worker(i)
-	endProcess(cmd, done, kill, func() {
-		r.cfg.Logf("seed %d: scheduler %d did not leave within 10s of SIGTERM; killed", r.cfg.Seed, i)
-	})
 }
 
 // nemesis injects faults drawn from the seed until the Duration is over:
@@ -359,26 +293,6 @@ func (r *genJobsRun) nemesis(ctx context.Context) error {
 		r.hold(w, false)
 	}
 	return r.sleep(ctx, 2*ttl) // let the last fault settle
-}
-
-// stopAll continues every scheduler and makes them all leave at once
-// (SIGTERM), killing those still there after 10s.
-func (r *genJobsRun) stopAll() {
-	for i := range 2 * r.cfg.PerKind {
-		r.hold(i, true)
-	}
-	var wg sync.WaitGroup
-	for i := range 2 * r.cfg.PerKind {
-		cmd, _ := r.worker(i)
-		if cmd == nil {
-			continue
-		}
-		cmd.Process.Signal(syscall.SIGCONT)
-		wg.Add(1)
-		go func() { defer wg.Done(); r.end(i, false) }()
-	}
-	wg.Wait()
-	r.wg.Wait()
 }
 
 // stall holds the SQLite store's write lock for d (BEGIN IMMEDIATE, then

@@ -50,18 +50,12 @@ type genPartRun struct {
 	cfg   GenPartConfig
 	group string
 	rng   *rand.Rand
-	workers
+	slots
 
 	mu sync.Mutex
-	// p is the count members are started with now; held are the slots
-	// the nemesis has in hand (stopped, or down until it starts them).
-	p    int
-	held map[int]bool
-	// exits counts members that stopped by themselves, by exit code;
-	// lastStart is when each slot was last started.
-	exits     map[int]int
-	lastStart map[int]time.Time
-	faults    map[string]int
+	// p is the count members are started with now.
+	p      int
+	faults map[string]int
 	// longestStop is the longest SIGSTOP the nemesis applied.
 	longestStop time.Duration
 }
@@ -123,9 +117,11 @@ func RunGenPartitions(ctx context.Context, cfg GenPartConfig) (GenPartReport, er
 	r := &genPartRun{
 		cfg:   cfg,
 		group: fmt.Sprintf("fenced-genpart-%d-%d", cfg.Seed, time.Now().UnixNano()),
-		rng:   rand.New(rand.NewPCG(cfg.Seed, 1<<41)), workers: newWorkers(cfg.Dir),
-		held: map[int]bool{}, exits: map[int]int{}, lastStart: map[int]time.Time{}, faults: map[string]int{},
+		rng:   rand.New(rand.NewPCG(cfg.Seed, 1<<41)), slots: newSlots(cfg.Dir, cfg.Members, "member", cfg.Seed, cfg.Logf),
+		faults: map[string]int{},
 	}
+	r.restart = r.startMember
+	r.quiet = func(code int) bool { return code == exitPartitionCount || code == exitMemberLive }
 	r.p = cfg.Counts[r.rng.IntN(len(cfg.Counts))]
 	started := time.Now()
 	for i := range cfg.Members {
@@ -157,7 +153,7 @@ func RunGenPartitions(ctx context.Context, cfg GenPartConfig) (GenPartReport, er
 	rep := CheckGenPartitions(events, writes, cfg.Items)
 	rep.Seed, rep.Duration = cfg.Seed, time.Since(started).Round(time.Second)
 	r.mu.Lock()
-	rep.Faults, rep.Exits = r.faults, r.exits
+	rep.Faults, rep.Exits = r.faults, r.exitCounts()
 	r.mu.Unlock()
 	// A member stopped inside a write of a SQLite store holds the
 	// file's write lock for its whole stop, stalling every other
@@ -176,8 +172,8 @@ func RunGenPartitions(ctx context.Context, cfg GenPartConfig) (GenPartReport, er
 func (r *genPartRun) startMember(i int) error {
 	r.mu.Lock()
 	p := r.p
-	r.lastStart[i] = time.Now()
 	r.mu.Unlock()
+	r.started(i)
 	mc := GenPartMemberConfig{Slot: i, Member: fmt.Sprintf("m%d", i), P: p, Items: r.cfg.Items, Store: r.cfg.Store, Group: r.group, TTL: r.cfg.TTL, MinFence: r.cfg.MinFence, Dir: r.cfg.Dir}
 	raw, err := json.Marshal(mc)
 	if err != nil {
@@ -188,80 +184,11 @@ func (r *genPartRun) startMember(i int) error {
 	return r.start(i, cmd, nil)
 }
 
-// exited reports whether slot i's process has exited.
-func (r *genPartRun) exited(i int) bool {
-	_, done := r.worker(i)
-	select {
-	case <-done:
-		return true
-	default:
-		return false
-	}
-}
-
-// revive starts again, with the current count, every member that stopped
-// by itself (not one the nemesis has in hand), at most every 200ms.
-func (r *genPartRun) revive() error {
-	for i := range r.cfg.Members {
-		r.mu.Lock()
-		skip := r.held[i] || time.Since(r.lastStart[i]) < 200*time.Millisecond
-		r.mu.Unlock()
-		if skip || !r.exited(i) {
-			continue
-		}
-		cmd, _ := r.worker(i)
-		code := cmd.ProcessState.ExitCode()
-		r.mu.Lock()
-		r.exits[code]++
-		r.mu.Unlock()
-		if code != exitPartitionCount && code != exitMemberLive {
-			r.cfg.Logf("seed %d: member %d exited by itself with code %d (see worker-%d.log)", r.cfg.Seed, i, code, i)
-		}
-		if err := r.startMember(i); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// sleep sleeps d, reviving members every 50ms.
-func (r *genPartRun) sleep(ctx context.Context, d time.Duration) error {
-	for end := time.Now().Add(d); ; {
-		if err := r.revive(); err != nil {
-			return err
-		}
-		left := time.Until(end)
-		if left <= 0 {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(min(left, 50*time.Millisecond)):
-		}
-	}
-}
-
 // stopped notes a SIGSTOP of d.
 func (r *genPartRun) stopped(d time.Duration) {
 	r.mu.Lock()
 	r.longestStop = max(r.longestStop, d)
 	r.mu.Unlock()
-}
-
-func (r *genPartRun) hold(i int, on bool) {
-	r.mu.Lock()
-	r.held[i] = on
-	r.mu.Unlock()
-}
-
-// end ends slot i's process: a leave (SIGTERM, waited for up to 10s, then
-// -9) or a kill -9.
-func (r *genPartRun) end(i int, kill bool) {
-	cmd, done := r.worker(i)
-	endProcess(cmd, done, kill, func() {
-		r.cfg.Logf("seed %d: member %d did not leave within 10s of SIGTERM; killed", r.cfg.Seed, i)
-	})
 }
 
 // nemesis injects faults drawn from the seed until the Duration is over:
@@ -392,27 +319,6 @@ func (r *genPartRun) deploy(ctx context.Context, w int) error {
 	return nil
 }
 
-// stopAll continues every member and makes it leave (SIGTERM), killing
-// those still there after 10s.
-func (r *genPartRun) stopAll() {
-	for i := range r.cfg.Members {
-		r.hold(i, true)
-	}
-	for i := range r.cfg.Members {
-		cmd, done := r.worker(i)
-		if cmd == nil {
-			continue
-		}
-		cmd.Process.Signal(syscall.SIGCONT)
-		select {
-		case <-done:
-		default:
-			r.end(i, false)
-		}
-	}
-	r.wg.Wait()
-}
-
 // partObserver lists the group every 100ms and keeps, for the count its
 // live members all have, how long each partition went without a lease
 // while a member of that count was live; and measures the controller's
@@ -502,21 +408,4 @@ func (o *partObserver) measureDelay(ctx context.Context) {
 			o.mu.Unlock()
 		}
 	}
-}
-
-// endProcess ends a row's child process cmd, whose exit closes done: with
-// SIGTERM, waited for up to 10s (then slow is called and it is killed),
-// or at once with SIGKILL when kill is set.
-func endProcess(cmd *exec.Cmd, done <-chan struct{}, kill bool, slow func()) {
-	if !kill {
-		cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-done:
-			return
-		case <-time.After(10 * time.Second):
-			slow()
-		}
-	}
-	cmd.Process.Kill()
-	<-done
 }
