@@ -13,7 +13,7 @@
 # and etcd in turn, 3 workers x 8 streams of random operations, up to 10 000
 # leases held per worker, faults drawn from the seed, for duration each
 # (default 1h), then the partitions row (recipe.Partitions members under
-# kills, stops and deploys of another partition count) on SQLite and Redis
+# kills, stops and deploys of another partition count) on SQLite, Redis, PostgreSQL and etcd
 # for duration each, and writes their rows into docs/proof.md. A failure
 # prints the seed; --seed N reruns it.
 set -eu

@@ -11,8 +11,8 @@ import (
 )
 
 // genPartBackends are the backends of the partitions row of the
-// generative proof: SQLite and Redis start in well under a second.
-var genPartBackends = []string{"sqlite", "redis"}
+// generative proof, each run as a subtest of its own beside the others.
+var genPartBackends = []string{"sqlite", "redis", "postgres", "etcd"}
 
 // TestGenerativePartitions is the partitions row of the generative proof
 // (RunGenPartitions, CheckGenPartitions): 4 member processes of one group
@@ -33,6 +33,7 @@ func TestGenerativePartitions(t *testing.T) {
 			continue
 		}
 		t.Run(b.name, func(t *testing.T) {
+			parallelRow(t)
 			runGenPart(t, b, GenPartConfig{Seed: seed, Duration: d})
 		})
 	}
