@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/fenced-dev/fenced/clock"
 	"github.com/fenced-dev/fenced/driver"
 )
 
@@ -82,219 +81,18 @@ func (c *Client) acquireChecked(ctx context.Context, key string, opts *LeaseOpti
 // acquireLoop acquires key. ctx is the caller's; dctx is ctx bounded by
 // Close (see admit), for requests to the store.
 func (c *Client) acquireLoop(ctx, dctx context.Context, key string, s LeaseOptions, ev *Event) (_ *Lease, err error) {
-	owner := s.OwnerTag + newOwner()
-	// unresolved is set while a request may have granted the key to owner
-	// without saying so (see mayHaveGranted): an acquisition that gives up
-	// then releases that grant (abandon), which nobody would otherwise
-	// hold.
-	unresolved := false
+	w := &waiter{c: c, ctx: ctx, dctx: dctx, key: key, s: s, ev: ev, owner: s.OwnerTag + newOwner(), wait: s.MaxWait != NoWait}
 	defer func() {
-		if err != nil && unresolved {
-			c.abandon(ctx, key, owner, s.TTL)
+		if err != nil && w.unresolved {
+			c.abandon(ctx, key, w.owner, s.TTL)
 		}
 	}()
-	var began time.Time // when the first request was sent
-	wait := s.MaxWait != NoWait
-	var (
-		waitTimer clock.Timer
-		waitOver  <-chan time.Time
-	)
-	// startWaitTimer starts the MaxWait timer, measured from began, the
-	// first time it is needed: an acquisition granted at once has none.
-	startWaitTimer := func() {
-		if waitTimer == nil && wait && s.MaxWait != WaitForever {
-			waitTimer = c.clock.NewTimer(s.MaxWait - c.clock.Now().Sub(began))
-			waitOver = waitTimer.C()
-		}
+	defer w.stopWaitTimer()
+	if q := c.ops().Queuer; q != nil && w.wait {
+		return w.queued(q)
 	}
-	defer func() {
-		if waitTimer != nil {
-			waitTimer.Stop()
-		}
-	}()
-	if q := c.ops().Queuer; q != nil && wait {
-		began = c.clock.Now()
-		startWaitTimer()
-		l, err := c.acquireQueued(ctx, dctx, q, key, owner, s, waitOver, ev)
-		// The driver ends its wait when ctx ends (or MaxWait runs out:
-		// ErrHeld), but a grant may have crossed that.
-		unresolved = err != nil && (errors.Is(err, ErrHeld) || !refused(err))
-		return l, err
-	}
-
-	// A waiter registers for local release signals only once the key is
-	// found held; releases counts what it could have missed before that.
-	waiting := false
-	defer func() {
-		if waiting {
-			c.stopWaiting(key)
-		}
-	}()
-	notifier := c.ops().Notifier
-	var (
-		sub driver.Subscription
-		// owed is set while a wake-up taken from sub has not been acted
-		// on: no look at the store since showed the key held again (or
-		// granted it). A waiter that leaves owing one forwards it, so a
-		// backend that wakes one waiter per release strands nobody.
-		owed    bool
-		granted bool
-	)
-	defer func() {
-		if sub == nil {
-			return
-		}
-		if owed && !granted {
-			if f, ok := sub.(driver.WakeForwarder); ok {
-				f.Forward()
-			}
-		}
-		sub.Close()
-	}()
-	var lastErr error
-	// over is set once MaxWait ran out while a last try was due: that try
-	// is the last.
-	over := false
-	for attempt := 1; ; attempt++ {
-		var wake <-chan struct{}
-		registered := false // as a waiter, after this attempt's request
-		releasesBefore := uint64(0)
-		if waiting {
-			wake = c.wakeup(key)
-		} else {
-			releasesBefore = c.releases.Load()
-		}
-		ev.Attempt = attempt
-		c.emit(Event{Kind: EventAttempt, Key: key, Attempt: attempt, Context: ctx})
-		sent := c.clock.Now()
-		if attempt == 1 {
-			began = sent
-		}
-		fence, err := c.tryAcquire(dctx, key, owner, s)
-		if err == nil && c.grantedTooLate(sent, s) {
-			// The answer came after the grant's local validity had run
-			// out (this process was stopped, or the authority answered
-			// late). Asking again as the same owner returns the same
-			// grant with a fresh expiry, and its validity is measured
-			// from the new request; a dead lease is never handed out.
-			unresolved = true
-			err = fmt.Errorf("%w: granted %v after the request, past its validity of %v", ErrExpired, c.clock.Now().Sub(sent).Round(time.Millisecond), s.validity())
-			lastErr = err
-			if (!wait && attempt > 1) || over || c.waitEnded(ctx, waitOver) {
-				return nil, err
-			}
-			startWaitTimer()
-			continue
-		}
-		if err == nil {
-			granted, unresolved = true, false
-			return c.newLease(ctx, key, owner, fence, sent, s)
-		}
-		if mayHaveGranted(dctx, err) {
-			unresolved = true
-		} else if errors.Is(err, ErrHeld) {
-			unresolved = false // owner would have been given its own grant back
-		}
-		var sleep time.Duration
-		switch {
-		case errors.Is(err, ErrHeld):
-			ev.Contended = true
-			owed = false // the holder's release will wake a waiter
-			if !wait {
-				return nil, err
-			}
-			if !waiting {
-				// Register for local release signals (see the check
-				// before the sleep below).
-				wake = c.startWaiting(key)
-				waiting, registered = true, true
-			}
-			if notifier != nil && sub == nil {
-				// Subscribe, then try again at once: a release between the
-				// failed try and the subscription must not be missed.
-				if ns, serr := notifier.Subscribe(dctx, key); serr == nil {
-					sub = ns
-					continue
-				}
-				notifier = nil // fall back to polling
-			}
-			var held *driver.HeldError
-			hint := time.Duration(0)
-			if errors.As(err, &held) && held.Remaining > 0 {
-				hint = held.Remaining + time.Millisecond
-			}
-			if sub != nil {
-				sleep = c.opts.FallbackPoll
-				if hint > 0 {
-					sleep = min(sleep, hint)
-				}
-			} else {
-				sleep = c.backoff(attempt - 1)
-				if hint > 0 {
-					sleep = min(sleep, hint)
-				}
-			}
-		case errors.Is(err, ErrUnknownOutcome), errors.Is(err, ErrUnavailable):
-			// The owner token makes a retried TryAcquire idempotent, so an
-			// unknown outcome is resolved by asking again.
-			if errors.Is(err, ErrUnavailable) && s.FailOpen {
-				return c.failOpenLease(ctx, key, owner, sent, s)
-			}
-			if !wait && attempt > 1 {
-				return nil, err
-			}
-			sleep = c.backoff(attempt - 1)
-			if !wait {
-				sleep = 0
-			}
-		default:
-			if ctx.Err() != nil {
-				return nil, ctxEnded(ctx)
-			}
-			return nil, err
-		}
-		lastErr = err
-		if over {
-			return nil, fmt.Errorf("gave up after waiting %v: %w", s.MaxWait, lastErr)
-		}
-		var subC <-chan struct{}
-		if sub != nil {
-			subC = sub.C()
-			// The backend's notification also covers releases through this
-			// client, and may wake fewer waiters than a broadcast would
-			// (one per process for Redis), so the local broadcast is not
-			// needed and would only make every local waiter retry at once.
-			wake = nil
-		}
-		if registered && c.releases.Load() != releasesBefore {
-			// A release through c may have come between this attempt's
-			// request and the registration, and no channel saw it (see
-			// signalRelease): try again at once.
-			continue
-		}
-		startWaitTimer()
-		t := c.clock.NewTimer(sleep)
-		select {
-		case <-t.C():
-		case <-subC:
-			owed = true
-		case <-wake:
-		case <-waitOver:
-			// One last try when the wait runs out: the last answer may be
-			// old (this process was stopped, or its sleep was long), and
-			// the key may have been free for a while.
-			t.Stop()
-			waitOver, over = nil, true
-			continue
-		case <-ctx.Done():
-			t.Stop()
-			return nil, ctxEnded(ctx)
-		case <-c.closing.Done():
-			t.Stop()
-			return nil, ErrClosed
-		}
-		t.Stop()
-	}
+	defer w.leave()
+	return w.poll()
 }
 
 // grantedTooLate reports whether a grant whose request was sent at sent
@@ -513,63 +311,4 @@ func (c *Client) releaseAbandoned(ctx context.Context, key, owner, digest string
 	}
 	c.signalRelease(key)
 	return true
-}
-
-// startWaiting registers a waiter for key and returns the channel of the
-// next local release of key (see wakeup).
-func (c *Client) startWaiting(key string) <-chan struct{} {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.waiting[key]++
-	c.waiters.Add(1)
-	return c.wakeupLocked(key)
-}
-
-func (c *Client) stopWaiting(key string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.waiters.Add(-1)
-	if c.waiting[key]--; c.waiting[key] <= 0 {
-		delete(c.waiting, key)
-		delete(c.wakeups, key)
-	}
-}
-
-// wakeup returns a channel closed when a lease on key is next released
-// through this client, so local waiters need not wait for a poll. It
-// returns nil (never ready) for keys nobody waits on, so the map holds only
-// keys with waiters.
-func (c *Client) wakeup(key string) <-chan struct{} {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.wakeupLocked(key)
-}
-
-func (c *Client) wakeupLocked(key string) <-chan struct{} {
-	if c.waiting[key] == 0 {
-		return nil
-	}
-	ch, ok := c.wakeups[key]
-	if !ok {
-		ch = make(chan struct{})
-		c.wakeups[key] = ch
-	}
-	return ch
-}
-
-// signalRelease wakes the local waiters of key after a release. It counts
-// the release first and looks for waiters after, while a waiter registers
-// first and looks at the count after, so at least one of them sees the
-// other: either the waiter tries again at once, or its channel is closed.
-func (c *Client) signalRelease(key string) {
-	c.releases.Add(1)
-	if c.waiters.Load() == 0 {
-		return
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if ch, ok := c.wakeups[key]; ok {
-		close(ch)
-		delete(c.wakeups, key)
-	}
 }
