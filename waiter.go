@@ -80,15 +80,129 @@ func (w *waiter) stopWaitTimer() {
 	}
 }
 
-// queued waits in the backend's native queue (see acquireQueued).
+// queued waits in the backend's native queue.
 func (w *waiter) queued(q driver.TimedQueuer) (*Lease, error) {
 	w.began = w.c.clock.Now()
 	w.startWaitTimer()
-	l, err := w.c.acquireQueued(w.ctx, w.dctx, q, w.key, w.owner, w.s, w.waitOver, w.ev)
+	l, err := w.queue(q)
 	// The driver ends its wait when ctx ends (or MaxWait runs out:
 	// ErrHeld), but a grant may have crossed that.
 	w.unresolved = err != nil && (errors.Is(err, ErrHeld) || !refused(err))
 	return l, err
+}
+
+// queue waits in the backend's native queue q. Close ends the wait at
+// once; the queue leaves nothing behind.
+func (w *waiter) queue(q driver.TimedQueuer) (*Lease, error) {
+	qctx, cancel := context.WithCancelCause(w.dctx)
+	defer cancel(nil)
+	defer context.AfterFunc(w.c.closing, func() { cancel(ErrClosed) })()
+	errWaitOver := fmt.Errorf("gave up after waiting %v: %w", w.s.MaxWait, ErrHeld)
+	if waitOver := w.waitOver; waitOver != nil {
+		go func() {
+			select {
+			case <-waitOver:
+				cancel(errWaitOver)
+			case <-qctx.Done():
+			}
+		}()
+	}
+	fence, err := w.queueTimed(qctx, q)
+	if err != nil {
+		var final bool
+		if fence, final, err = w.queueEnded(qctx, errWaitOver, err); final {
+			return nil, err
+		}
+	}
+	if err != nil {
+		if errors.Is(err, ErrUnavailable) && w.s.FailOpen {
+			return w.c.failOpenLease(w.ctx, w.key, w.owner, w.sent, w.s)
+		}
+		return nil, err
+	}
+	return w.confirmInTime(qctx, fence)
+}
+
+// queueTimed makes the queued requests, and sets sent to when the grant
+// was confirmed.
+func (w *waiter) queueTimed(qctx context.Context, q driver.TimedQueuer) (uint64, error) {
+	w.ev.Attempt = 1
+	w.c.emit(Event{Kind: EventAttempt, Key: w.key, Attempt: 1, Context: w.ctx})
+	w.sent = w.c.clock.Now()
+	// Validity starts when the grant was confirmed, not when the wait
+	// began. The driver reports that on the real clock; carry the offset
+	// over to c's clock.
+	realStart := time.Now()
+	fence, confirmed, err := q.AcquireTimed(qctx, w.key, w.owner, w.s.TTL)
+	// A wait that lost its place because the store could not be reached
+	// (its session expired while this process was stopped, a broken
+	// connection: nothing was granted) queues again after a backoff, as
+	// the polling wait asks again, until the wait ends.
+	for attempt := 2; err != nil && errors.Is(err, ErrUnavailable) && !w.s.FailOpen && qctx.Err() == nil; attempt++ {
+		t := w.c.clock.NewTimer(w.c.backoff(attempt - 1))
+		select {
+		case <-t.C():
+		case <-qctx.Done():
+		}
+		t.Stop()
+		if qctx.Err() != nil {
+			break
+		}
+		w.ev.Attempt = attempt
+		w.c.emit(Event{Kind: EventAttempt, Key: w.key, Attempt: attempt, Context: w.ctx})
+		w.sent, realStart = w.c.clock.Now(), time.Now()
+		fence, confirmed, err = q.AcquireTimed(qctx, w.key, w.owner, w.s.TTL)
+	}
+	if err == nil && confirmed.After(realStart) {
+		w.sent = w.sent.Add(confirmed.Sub(realStart))
+	}
+	return fence, err
+}
+
+// queueEnded handles a queued wait that failed with err. When final is
+// set, the error it returns is returned as it is.
+func (w *waiter) queueEnded(qctx context.Context, errWaitOver, err error) (fence uint64, final bool, _ error) {
+	switch cause := context.Cause(qctx); {
+	case cause == errWaitOver:
+		// The queue left nothing behind. One last try, as the
+		// polling wait makes: this process may have been stopped
+		// past MaxWait while the key became free.
+		w.ev.Contended = true
+		if w.ctx.Err() != nil || w.c.closing.Err() != nil {
+			return 0, true, errWaitOver
+		}
+		w.ev.Attempt++
+		w.c.emit(Event{Kind: EventAttempt, Key: w.key, Attempt: w.ev.Attempt, Context: w.ctx})
+		w.sent = w.c.clock.Now()
+		if fence, err = w.c.tryAcquire(w.dctx, w.key, w.owner, w.s); errors.Is(err, ErrHeld) {
+			return 0, true, errWaitOver
+		}
+		return fence, false, err
+	case w.ctx.Err() != nil:
+		return 0, true, ctxEnded(w.ctx)
+	case errors.Is(cause, ErrClosed):
+		return 0, true, ErrClosed
+	}
+	return 0, false, err
+}
+
+// confirmInTime returns the lease of a grant with fence. A grant
+// confirmed past its local validity (this process was stopped after the
+// confirmation) is asked for again as the same owner. That returns it
+// with a fresh expiry and the same fence. It asks until an answer comes
+// in time or the wait ends.
+func (w *waiter) confirmInTime(qctx context.Context, fence uint64) (*Lease, error) {
+	for w.c.grantedTooLate(w.sent, w.s) {
+		if w.c.waitEnded(qctx, w.waitOver) {
+			return nil, fmt.Errorf("%w: granted %v before the wait ended, past its validity of %v", ErrExpired, w.c.clock.Now().Sub(w.sent).Round(time.Millisecond), w.s.validity())
+		}
+		w.sent = w.c.clock.Now()
+		var err error
+		if fence, err = w.c.tryAcquire(qctx, w.key, w.owner, w.s); err != nil {
+			return nil, fmt.Errorf("granted past its validity, then not again: %w", err)
+		}
+	}
+	return w.c.newLease(w.ctx, w.key, w.owner, fence, w.sent, w.s)
 }
 
 // poll asks the store until it grants the key or the wait ends.
