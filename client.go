@@ -99,6 +99,29 @@ func NewClient(drv driver.Driver, opts *Options) *Client {
 	return c
 }
 
+// ops returns the optional operations of the client's driver: the one
+// place where the portable layer asks what its driver can do. Every
+// optional call goes through it.
+func (c *Client) ops() capability.Ops { return capability.Of(c.drv) }
+
+// Capabilities reports what the store can do beyond leases: a flag is set
+// only where the backend declares the operation and has its methods. The
+// doors that need one (Value and Lease.SetValue, Watch, Breaks,
+// FenceFloor, RaiseFenceFloor, Prune) return an error matching
+// ErrUnsupported where its flag is off. Keeps says how long the store may
+// keep a grant after its holder's last renewal (Keeps.Outlives).
+func (c *Client) Capabilities() driver.Capabilities { return c.ops().Declared }
+
+// Options returns the options c was made with, defaults filled in. A
+// recipe reads its Clock, its Hook, its backoff bounds, and its
+// CloseTimeout to bound a release made after the caller's context has
+// ended.
+func (c *Client) Options() Options { return c.opts }
+
+// Guarantees returns what the backend declares it promises. How waiters
+// are woken is not among them: see Capabilities (Subscribe, Queue, FIFO).
+func (c *Client) Guarantees() driver.Guarantees { return c.drv.Guarantees() }
+
 // since returns t as a duration since c.epoch: c's timeline, on which
 // leases keep their moments.
 func (c *Client) since(t time.Time) time.Duration { return t.Sub(c.epoch) }
@@ -109,10 +132,6 @@ func (c *Client) at(d time.Duration) time.Time { return c.epoch.Add(d) }
 // now returns c's clock now, on c's timeline.
 func (c *Client) now() time.Duration { return c.since(c.clock.Now()) }
 
-// Guarantees returns what the backend declares it promises. How waiters
-// are woken is not among them: see Capabilities (Subscribe, Queue, FIFO).
-func (c *Client) Guarantees() driver.Guarantees { return c.drv.Guarantees() }
-
 // newOwner returns 128 random bits, hex encoded.
 func newOwner() string {
 	var b [16]byte
@@ -121,6 +140,10 @@ func newOwner() string {
 	}
 	return hex.EncodeToString(b[:])
 }
+
+// LeaseInfo describes a key's holder, as Inspect returns it. See package
+// driver.
+type LeaseInfo = driver.LeaseInfo
 
 // Inspect describes key as the authority sees it. The owner is shortened.
 // A key never granted returns an error matching ErrNotFound.
@@ -142,25 +165,6 @@ func shortOwner(info LeaseInfo) LeaseInfo {
 	info.Owner = driver.ShortOwner(info.Owner)
 	return info
 }
-
-// ops returns the optional operations of the client's driver: the one
-// place where the portable layer asks what its driver can do. Every
-// optional call goes through it.
-func (c *Client) ops() capability.Ops { return capability.Of(c.drv) }
-
-// Capabilities reports what the store can do beyond leases: a flag is set
-// only where the backend declares the operation and has its methods. The
-// doors that need one (Value and Lease.SetValue, Watch, Breaks,
-// FenceFloor, RaiseFenceFloor, Prune) return an error matching
-// ErrUnsupported where its flag is off. Keeps says how long the store may
-// keep a grant after its holder's last renewal (Keeps.Outlives).
-func (c *Client) Capabilities() driver.Capabilities { return c.ops().Declared }
-
-// Options returns the options c was made with, defaults filled in. A
-// recipe reads its Clock, its Hook, its backoff bounds, and its
-// CloseTimeout to bound a release made after the caller's context has
-// ended.
-func (c *Client) Options() Options { return c.opts }
 
 // Value returns key's holder as Inspect describes it, and the value its
 // grant carries (Lease.SetValue): "" when the holder set none. A key that
@@ -495,7 +499,3 @@ func (c *Client) releaseOrphan(g driver.Grant) error {
 	}
 	return fmt.Errorf("%w: the client was closed as the grant (fence %d) arrived; it was released", ErrClosed, g.Fence)
 }
-
-// LeaseInfo describes a key's holder, as Inspect returns it. See package
-// driver.
-type LeaseInfo = driver.LeaseInfo

@@ -8,6 +8,21 @@ import (
 	"github.com/fenced-dev/fenced/driver"
 )
 
+// Sentinel errors that drivers return; see package driver for their
+// meaning. Bad input (a key, a TTL, a URL) also matches ErrInvalidOptions or
+// ErrInvalidKey, driver.ErrInvalidTTL and driver.ErrInvalidURL.
+var (
+	ErrHeld           = driver.ErrHeld
+	ErrNotHeld        = driver.ErrNotHeld
+	ErrLost           = driver.ErrLost
+	ErrClosed         = driver.ErrClosed
+	ErrUnavailable    = driver.ErrUnavailable
+	ErrUnknownOutcome = driver.ErrUnknownOutcome
+	ErrNotFound       = driver.ErrNotFound
+	ErrUnsupported    = driver.ErrUnsupported
+	ErrInvalidKey     = driver.ErrInvalidKey
+)
+
 // Sentinel errors of the portable layer and the resources it protects,
 // which no driver returns.
 var (
@@ -26,6 +41,22 @@ var (
 	ErrInvalidOptions = errors.New("invalid lease options")
 )
 
+// ErrBroken is part of the cause of a lease that an admin broke (Client.Break,
+// fenced break, the break button of fenced serve). Such a cause also matches
+// ErrLost, so IsLost stays true and code that only checks ErrLost keeps
+// working; ErrBroken lets a holder, a log line or a metric say "broken by
+// alice: host wedged" instead of "renewal refused".
+//
+// It is only reported where it can be told apart: when a renewal is refused
+// and the store keeps an audit log of breaks (driver.BreakLogger: the SQL
+// backends, Redis, Redlock, mem) that records a break of this very grant
+// (same fence and owner). On etcd and ZooKeeper, which keep no break log, a
+// broken lease is reported as lost (ErrLost) without ErrBroken.
+var ErrBroken = errors.New("broken by an admin")
+
+// ErrReleased is the cause of a lease context cancelled by Release.
+var ErrReleased = errors.New("lease released")
+
 // IsLost reports whether a lease ended without its holder ending it. That
 // is ErrLost (the authority no longer had the grant: renewal refused,
 // broken by an admin, session ended) or ErrExpired (local validity ran out
@@ -39,6 +70,10 @@ var (
 func IsLost(err error) bool {
 	return errors.Is(err, ErrLost) || errors.Is(err, ErrExpired)
 }
+
+// HeldError is what TryAcquire's ErrHeld knows of the holder: its
+// remaining time. See package driver.
+type HeldError = driver.HeldError
 
 // LeaseEndedError is returned by Client.Do when the lease ended before fn
 // returned. It tells "the work finished, then the lease was lost" from "the
@@ -96,24 +131,9 @@ func ctxEnded(ctx context.Context) error {
 // endedError is a context's error together with the cause it was given.
 type endedError struct{ err, cause error }
 
-func (e endedError) Error() string   { return e.cause.Error() }
+func (e endedError) Error() string { return e.cause.Error() }
+
 func (e endedError) Unwrap() []error { return []error{e.cause, e.err} }
-
-// ErrBroken is part of the cause of a lease that an admin broke (Client.Break,
-// fenced break, the break button of fenced serve). Such a cause also matches
-// ErrLost, so IsLost stays true and code that only checks ErrLost keeps
-// working; ErrBroken lets a holder, a log line or a metric say "broken by
-// alice: host wedged" instead of "renewal refused".
-//
-// It is only reported where it can be told apart: when a renewal is refused
-// and the store keeps an audit log of breaks (driver.BreakLogger: the SQL
-// backends, Redis, Redlock, mem) that records a break of this very grant
-// (same fence and owner). On etcd and ZooKeeper, which keep no break log, a
-// broken lease is reported as lost (ErrLost) without ErrBroken.
-var ErrBroken = errors.New("broken by an admin")
-
-// ErrReleased is the cause of a lease context cancelled by Release.
-var ErrReleased = errors.New("lease released")
 
 // expiry is the cause of a lease whose local validity ran out. Its message
 // is made when asked for, not by the schedule, which may end thousands of
@@ -160,22 +180,3 @@ func (e *optionError) Error() string {
 func (e *optionError) Is(target error) bool {
 	return target == ErrInvalidOptions || e.duration && target == driver.ErrInvalidTTL
 }
-
-// Sentinel errors that drivers return; see package driver for their
-// meaning. Bad input (a key, a TTL, a URL) also matches ErrInvalidOptions or
-// ErrInvalidKey, driver.ErrInvalidTTL and driver.ErrInvalidURL.
-var (
-	ErrHeld           = driver.ErrHeld
-	ErrNotHeld        = driver.ErrNotHeld
-	ErrLost           = driver.ErrLost
-	ErrClosed         = driver.ErrClosed
-	ErrUnavailable    = driver.ErrUnavailable
-	ErrUnknownOutcome = driver.ErrUnknownOutcome
-	ErrNotFound       = driver.ErrNotFound
-	ErrUnsupported    = driver.ErrUnsupported
-	ErrInvalidKey     = driver.ErrInvalidKey
-)
-
-// HeldError is what TryAcquire's ErrHeld knows of the holder: its
-// remaining time. See package driver.
-type HeldError = driver.HeldError

@@ -21,23 +21,21 @@ type waiter struct {
 	ev    *Event
 	owner string
 	// unresolved is set while a request may have granted the key to owner
-	// without saying so (see mayHaveGranted): an acquisition that gives up
-	// then releases that grant (abandon), which nobody would otherwise
-	// hold.
+	// without saying so (see mayHaveGranted). Nobody would hold that
+	// grant, so an acquisition that gives up releases it (abandon).
 	unresolved bool
 	began      time.Time // when the first request was sent
 	wait       bool      // MaxWait is not NoWait
 	waitTimer  clock.Timer
 	waitOver   <-chan time.Time
-	// A waiter registers for local release signals only once the key is
-	// found held (waiting); releasesBefore counts what it could have
-	// missed before that.
+	// A waiter registers for local release signals once the key is found
+	// held (waiting). releasesBefore counts what it could miss before.
 	waiting  bool
 	notifier driver.Notifier // nil once subscribing failed: poll
 	sub      driver.Subscription
-	// owed is set while a wake-up taken from sub has not been acted on: no
-	// look at the store since showed the key held again (or granted it).
-	// A waiter that leaves owing one forwards it, so a backend that wakes
+	// owed is set while a wake-up taken from sub was not acted on. No look
+	// at the store since showed the key held again, or granted it. A
+	// waiter that leaves owing one forwards it. So a backend that wakes
 	// one waiter per release strands nobody.
 	owed    bool
 	granted bool
@@ -134,10 +132,10 @@ func (w *waiter) queueTimed(qctx context.Context, q driver.TimedQueuer) (uint64,
 	// over to c's clock.
 	realStart := time.Now()
 	fence, confirmed, err := q.AcquireTimed(qctx, w.key, w.owner, w.s.TTL)
-	// A wait that lost its place because the store could not be reached
-	// (its session expired while this process was stopped, a broken
-	// connection: nothing was granted) queues again after a backoff, as
-	// the polling wait asks again, until the wait ends.
+	// A wait may lose its place when the store cannot be reached: its
+	// session expired while this process was stopped, or a connection
+	// broke. Nothing was granted then. It queues again after a backoff,
+	// as the polling wait asks again, until the wait ends.
 	for attempt := 2; err != nil && errors.Is(err, ErrUnavailable) && !w.s.FailOpen && qctx.Err() == nil; attempt++ {
 		t := w.c.clock.NewTimer(w.c.backoff(attempt - 1))
 		select {
@@ -253,12 +251,12 @@ func (w *waiter) try() (uint64, error) {
 	return w.c.tryAcquire(w.dctx, w.key, w.owner, w.s)
 }
 
-// tooLate handles a grant whose answer came after the grant's local
-// validity had run out (this process was stopped, or the authority
-// answered late). Asking again as the same owner returns the same grant
-// with a fresh expiry, and its validity is measured from the new request;
-// a dead lease is never handed out. It returns the error to give up with,
-// or nil to try again.
+// tooLate handles a grant whose answer came after its local validity ran
+// out. This process was stopped, or the authority answered late. Asking
+// again as the same owner returns the same grant with a fresh expiry.
+// Its validity is measured from the new request. A dead lease is never
+// handed out. tooLate returns the error to give up with, or nil to try
+// again.
 func (w *waiter) tooLate() error {
 	w.unresolved = true
 	err := fmt.Errorf("%w: granted %v after the request, past its validity of %v", ErrExpired, w.c.clock.Now().Sub(w.sent).Round(time.Millisecond), w.s.validity())
@@ -353,15 +351,15 @@ func (w *waiter) sleep() error {
 	if w.sub != nil {
 		subC = w.sub.C()
 		// The backend's notification also covers releases through this
-		// client, and may wake fewer waiters than a broadcast would (one
-		// per process for Redis), so the local broadcast is not needed and
+		// client. It may wake fewer waiters than a broadcast (one per
+		// process for Redis). The local broadcast is not needed then: it
 		// would only make every local waiter retry at once.
 		w.wake = nil
 	}
 	if w.registered && w.c.releases.Load() != w.releasesBefore {
 		// A release through c may have come between this try's request
-		// and the registration, and no channel saw it (see
-		// signalRelease): try again at once.
+		// and the registration. No channel saw it (see signalRelease), so
+		// try again at once.
 		return nil
 	}
 	w.startWaitTimer()
@@ -372,9 +370,9 @@ func (w *waiter) sleep() error {
 		w.owed = true
 	case <-w.wake:
 	case <-w.waitOver:
-		// One last try when the wait runs out: the last answer may be old
-		// (this process was stopped, or its sleep was long), and the key
-		// may have been free for a while.
+		// One last try when the wait runs out. The last answer may be old:
+		// this process was stopped, or its sleep was long. The key may
+		// have been free for a while.
 		t.Stop()
 		w.waitOver, w.over = nil, true
 		return nil
