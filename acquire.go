@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/fenced-dev/fenced/clock"
 	"github.com/fenced-dev/fenced/driver"
 )
 
@@ -82,219 +81,18 @@ func (c *Client) acquireChecked(ctx context.Context, key string, opts *LeaseOpti
 // acquireLoop acquires key. ctx is the caller's; dctx is ctx bounded by
 // Close (see admit), for requests to the store.
 func (c *Client) acquireLoop(ctx, dctx context.Context, key string, s LeaseOptions, ev *Event) (_ *Lease, err error) {
-	owner := s.OwnerTag + newOwner()
-	// unresolved is set while a request may have granted the key to owner
-	// without saying so (see mayHaveGranted): an acquisition that gives up
-	// then releases that grant (abandon), which nobody would otherwise
-	// hold.
-	unresolved := false
+	w := &waiter{c: c, ctx: ctx, dctx: dctx, key: key, s: s, ev: ev, owner: s.OwnerTag + newOwner(), wait: s.MaxWait != NoWait}
 	defer func() {
-		if err != nil && unresolved {
-			c.abandon(ctx, key, owner, s.TTL)
+		if err != nil && w.unresolved {
+			c.abandon(ctx, key, w.owner, s.TTL)
 		}
 	}()
-	var began time.Time // when the first request was sent
-	wait := s.MaxWait != NoWait
-	var (
-		waitTimer clock.Timer
-		waitOver  <-chan time.Time
-	)
-	// startWaitTimer starts the MaxWait timer, measured from began, the
-	// first time it is needed: an acquisition granted at once has none.
-	startWaitTimer := func() {
-		if waitTimer == nil && wait && s.MaxWait != WaitForever {
-			waitTimer = c.clock.NewTimer(s.MaxWait - c.clock.Now().Sub(began))
-			waitOver = waitTimer.C()
-		}
+	defer w.stopWaitTimer()
+	if q := c.ops().Queuer; q != nil && w.wait {
+		return w.queued(q)
 	}
-	defer func() {
-		if waitTimer != nil {
-			waitTimer.Stop()
-		}
-	}()
-	if q := c.ops().Queuer; q != nil && wait {
-		began = c.clock.Now()
-		startWaitTimer()
-		l, err := c.acquireQueued(ctx, dctx, q, key, owner, s, waitOver, ev)
-		// The driver ends its wait when ctx ends (or MaxWait runs out:
-		// ErrHeld), but a grant may have crossed that.
-		unresolved = err != nil && (errors.Is(err, ErrHeld) || !refused(err))
-		return l, err
-	}
-
-	// A waiter registers for local release signals only once the key is
-	// found held; releases counts what it could have missed before that.
-	waiting := false
-	defer func() {
-		if waiting {
-			c.stopWaiting(key)
-		}
-	}()
-	notifier := c.ops().Notifier
-	var (
-		sub driver.Subscription
-		// owed is set while a wake-up taken from sub has not been acted
-		// on: no look at the store since showed the key held again (or
-		// granted it). A waiter that leaves owing one forwards it, so a
-		// backend that wakes one waiter per release strands nobody.
-		owed    bool
-		granted bool
-	)
-	defer func() {
-		if sub == nil {
-			return
-		}
-		if owed && !granted {
-			if f, ok := sub.(driver.WakeForwarder); ok {
-				f.Forward()
-			}
-		}
-		sub.Close()
-	}()
-	var lastErr error
-	// over is set once MaxWait ran out while a last try was due: that try
-	// is the last.
-	over := false
-	for attempt := 1; ; attempt++ {
-		var wake <-chan struct{}
-		registered := false // as a waiter, after this attempt's request
-		releasesBefore := uint64(0)
-		if waiting {
-			wake = c.wakeup(key)
-		} else {
-			releasesBefore = c.releases.Load()
-		}
-		ev.Attempt = attempt
-		c.emit(Event{Kind: EventAttempt, Key: key, Attempt: attempt, Context: ctx})
-		sent := c.clock.Now()
-		if attempt == 1 {
-			began = sent
-		}
-		fence, err := c.tryAcquire(dctx, key, owner, s)
-		if err == nil && c.grantedTooLate(sent, s) {
-			// The answer came after the grant's local validity had run
-			// out (this process was stopped, or the authority answered
-			// late). Asking again as the same owner returns the same
-			// grant with a fresh expiry, and its validity is measured
-			// from the new request; a dead lease is never handed out.
-			unresolved = true
-			err = fmt.Errorf("%w: granted %v after the request, past its validity of %v", ErrExpired, c.clock.Now().Sub(sent).Round(time.Millisecond), s.validity())
-			lastErr = err
-			if (!wait && attempt > 1) || over || c.waitEnded(ctx, waitOver) {
-				return nil, err
-			}
-			startWaitTimer()
-			continue
-		}
-		if err == nil {
-			granted, unresolved = true, false
-			return c.newLease(ctx, key, owner, fence, sent, s)
-		}
-		if mayHaveGranted(dctx, err) {
-			unresolved = true
-		} else if errors.Is(err, ErrHeld) {
-			unresolved = false // owner would have been given its own grant back
-		}
-		var sleep time.Duration
-		switch {
-		case errors.Is(err, ErrHeld):
-			ev.Contended = true
-			owed = false // the holder's release will wake a waiter
-			if !wait {
-				return nil, err
-			}
-			if !waiting {
-				// Register for local release signals (see the check
-				// before the sleep below).
-				wake = c.startWaiting(key)
-				waiting, registered = true, true
-			}
-			if notifier != nil && sub == nil {
-				// Subscribe, then try again at once: a release between the
-				// failed try and the subscription must not be missed.
-				if ns, serr := notifier.Subscribe(dctx, key); serr == nil {
-					sub = ns
-					continue
-				}
-				notifier = nil // fall back to polling
-			}
-			var held *driver.HeldError
-			hint := time.Duration(0)
-			if errors.As(err, &held) && held.Remaining > 0 {
-				hint = held.Remaining + time.Millisecond
-			}
-			if sub != nil {
-				sleep = c.opts.FallbackPoll
-				if hint > 0 {
-					sleep = min(sleep, hint)
-				}
-			} else {
-				sleep = c.backoff(attempt - 1)
-				if hint > 0 {
-					sleep = min(sleep, hint)
-				}
-			}
-		case errors.Is(err, ErrUnknownOutcome), errors.Is(err, ErrUnavailable):
-			// The owner token makes a retried TryAcquire idempotent, so an
-			// unknown outcome is resolved by asking again.
-			if errors.Is(err, ErrUnavailable) && s.FailOpen {
-				return c.failOpenLease(ctx, key, owner, sent, s)
-			}
-			if !wait && attempt > 1 {
-				return nil, err
-			}
-			sleep = c.backoff(attempt - 1)
-			if !wait {
-				sleep = 0
-			}
-		default:
-			if ctx.Err() != nil {
-				return nil, ctxEnded(ctx)
-			}
-			return nil, err
-		}
-		lastErr = err
-		if over {
-			return nil, fmt.Errorf("gave up after waiting %v: %w", s.MaxWait, lastErr)
-		}
-		var subC <-chan struct{}
-		if sub != nil {
-			subC = sub.C()
-			// The backend's notification also covers releases through this
-			// client, and may wake fewer waiters than a broadcast would
-			// (one per process for Redis), so the local broadcast is not
-			// needed and would only make every local waiter retry at once.
-			wake = nil
-		}
-		if registered && c.releases.Load() != releasesBefore {
-			// A release through c may have come between this attempt's
-			// request and the registration, and no channel saw it (see
-			// signalRelease): try again at once.
-			continue
-		}
-		startWaitTimer()
-		t := c.clock.NewTimer(sleep)
-		select {
-		case <-t.C():
-		case <-subC:
-			owed = true
-		case <-wake:
-		case <-waitOver:
-			// One last try when the wait runs out: the last answer may be
-			// old (this process was stopped, or its sleep was long), and
-			// the key may have been free for a while.
-			t.Stop()
-			waitOver, over = nil, true
-			continue
-		case <-ctx.Done():
-			t.Stop()
-			return nil, ctxEnded(ctx)
-		case <-c.closing.Done():
-			t.Stop()
-			return nil, ErrClosed
-		}
-		t.Stop()
-	}
+	defer w.leave()
+	return w.poll()
 }
 
 // grantedTooLate reports whether a grant whose request was sent at sent
@@ -327,93 +125,99 @@ func (c *Client) tryAcquire(ctx context.Context, key, owner string, s LeaseOptio
 	return c.drv.TryAcquire(ctx, key, owner, s.TTL)
 }
 
-// acquireQueued waits in the backend's native queue. ctx is the caller's;
-// dctx is ctx bounded by Close (see untilHalt).
-func (c *Client) acquireQueued(ctx, dctx context.Context, q driver.TimedQueuer, key, owner string, s LeaseOptions, waitOver <-chan time.Time, ev *Event) (*Lease, error) {
-	qctx, cancel := context.WithCancelCause(dctx)
-	defer cancel(nil)
-	// Close ends the wait at once; the queue leaves nothing behind.
-	defer context.AfterFunc(c.closing, func() { cancel(ErrClosed) })()
-	errWaitOver := fmt.Errorf("gave up after waiting %v: %w", s.MaxWait, ErrHeld)
-	if waitOver != nil {
-		go func() {
-			select {
-			case <-waitOver:
-				cancel(errWaitOver)
-			case <-qctx.Done():
+// abandonFirstLooks are the moments, after an acquisition gave up, of
+// abandon's first looks for the grant it may have left behind: at once,
+// and soon after, since a request the caller stopped waiting for can still
+// be applied by the store a moment later (a statement that had already
+// started when its cancel arrived, a request waiting on a row lock).
+var abandonFirstLooks = []time.Duration{0, 50 * time.Millisecond, 250 * time.Millisecond, time.Second}
+
+// nextAbandonLook returns when abandon looks again after a look at at
+// (time since it began): the next of abandonFirstLooks, then twice at, so
+// that a grant the store made late is found within about as long again.
+func nextAbandonLook(at time.Duration) time.Duration {
+	for _, l := range abandonFirstLooks {
+		if l > at {
+			return l
+		}
+	}
+	return 2 * at
+}
+
+// mayHaveGranted reports whether a grant request that failed with err may
+// nonetheless have granted the key: its outcome is unknown, or the
+// request's context ended while it was in flight (the driver's error then
+// says nothing of what the store did).
+func mayHaveGranted(dctx context.Context, err error) bool {
+	return !refused(err) && (errors.Is(err, ErrUnknownOutcome) || dctx.Err() != nil)
+}
+
+// refused reports whether err says the store granted nothing: the key is
+// held by another owner, or the request was invalid.
+func refused(err error) bool {
+	return errors.Is(err, ErrHeld) || errors.Is(err, driver.ErrInvalidKey) || errors.Is(err, driver.ErrInvalidTTL) || errors.Is(err, ErrInvalidOptions)
+}
+
+// abandon releases, in the background, the grant of key to owner that an
+// acquisition which is giving up may have been given (see
+// mayHaveGranted): nobody holds that grant's lease, and it would keep the
+// key from everybody for its whole TTL. The owner token was made before
+// the first request, so the grant is found by it: abandon looks at the
+// key (driver Inspect) and releases the grant whose owner digest is
+// owner's.
+//
+// It looks at once, then at growing intervals (nextAbandonLook) until ttl
+// has passed: a grant made by then would lapse by itself soon after, and a
+// later one is not looked for. Each look may take until the next is due,
+// or Options.CloseTimeout if that is longer: a look that waits for a busy
+// store is not cut short while the grant may still be there. Close ends
+// the looks after one last look, and waits for it.
+//
+// The caller must still be admitted (see admit), so that Close, which
+// waits for admitted acquisitions, also waits for this.
+func (c *Client) abandon(ctx context.Context, key, owner string, ttl time.Duration) {
+	c.inflight.Add(1)
+	go func() {
+		defer c.inflight.Done()
+		digest := driver.OwnerDigest(owner)
+		began := time.Now()
+		look := func(until time.Duration) bool {
+			budget := max(until-time.Since(began), c.opts.CloseTimeout)
+			lctx, cancel := context.WithTimeout(haltable{Context: c.halt, values: ctx}, budget)
+			defer cancel()
+			return c.releaseAbandoned(lctx, key, owner, digest, ttl)
+		}
+		for at := time.Duration(0); ; {
+			next := nextAbandonLook(at)
+			if look(next) || at >= ttl || c.halt.Err() != nil {
+				return
 			}
-		}()
-	}
-	ev.Attempt = 1
-	c.emit(Event{Kind: EventAttempt, Key: key, Attempt: 1, Context: ctx})
-	sent := c.clock.Now()
-	// Validity starts when the grant was confirmed, not when the wait
-	// began. The driver reports that on the real clock; carry the offset
-	// over to c's clock.
-	realStart := time.Now()
-	fence, confirmed, err := q.AcquireTimed(qctx, key, owner, s.TTL)
-	// A wait that lost its place because the store could not be reached
-	// (its session expired while this process was stopped, a broken
-	// connection: nothing was granted) queues again after a backoff, as
-	// the polling wait asks again, until the wait ends.
-	for attempt := 2; err != nil && errors.Is(err, ErrUnavailable) && !s.FailOpen && qctx.Err() == nil; attempt++ {
-		t := c.clock.NewTimer(c.backoff(attempt - 1))
-		select {
-		case <-t.C():
-		case <-qctx.Done():
-		}
-		t.Stop()
-		if qctx.Err() != nil {
-			break
-		}
-		ev.Attempt = attempt
-		c.emit(Event{Kind: EventAttempt, Key: key, Attempt: attempt, Context: ctx})
-		sent, realStart = c.clock.Now(), time.Now()
-		fence, confirmed, err = q.AcquireTimed(qctx, key, owner, s.TTL)
-	}
-	if err == nil && confirmed.After(realStart) {
-		sent = sent.Add(confirmed.Sub(realStart))
-	}
-	if err != nil {
-		switch cause := context.Cause(qctx); {
-		case cause == errWaitOver:
-			// The queue left nothing behind. One last try, as the
-			// polling wait makes: this process may have been stopped
-			// past MaxWait while the key became free.
-			ev.Contended = true
-			if ctx.Err() != nil || c.closing.Err() != nil {
-				return nil, errWaitOver
+			at = min(next, ttl)
+			if wait := time.Until(began.Add(at)); wait > 0 {
+				t := time.NewTimer(wait)
+				select {
+				case <-t.C:
+				case <-c.closing.Done():
+					// Close waits for this: look once more now, not later.
+					t.Stop()
+					look(0)
+					return
+				}
 			}
-			ev.Attempt++
-			c.emit(Event{Kind: EventAttempt, Key: key, Attempt: ev.Attempt, Context: ctx})
-			sent = c.clock.Now()
-			if fence, err = c.tryAcquire(dctx, key, owner, s); errors.Is(err, ErrHeld) {
-				return nil, errWaitOver
-			}
-		case ctx.Err() != nil:
-			return nil, ctxEnded(ctx)
-		case errors.Is(cause, ErrClosed):
-			return nil, ErrClosed
 		}
+	}()
+}
+
+// releaseAbandoned looks at key once and releases its grant if owner
+// holds it (digest is owner's digest). It reports whether it did.
+func (c *Client) releaseAbandoned(ctx context.Context, key, owner, digest string, ttl time.Duration) bool {
+	info, err := c.drv.Inspect(ctx, key)
+	if err != nil || !info.Held || info.OwnerDigest != digest {
+		return false
 	}
-	if err != nil {
-		if errors.Is(err, ErrUnavailable) && s.FailOpen {
-			return c.failOpenLease(ctx, key, owner, sent, s)
-		}
-		return nil, err
+	if err := c.drv.Release(ctx, driver.Grant{Key: key, Owner: owner, Fence: info.Fence, TTL: ttl}); err != nil {
+		return false
 	}
-	// A grant confirmed past its local validity (this process was stopped
-	// after the confirmation) is asked for again as the same owner, which
-	// returns it with a fresh expiry and the same fence, until an answer
-	// comes in time or the wait ends.
-	for c.grantedTooLate(sent, s) {
-		if c.waitEnded(qctx, waitOver) {
-			return nil, fmt.Errorf("%w: granted %v before the wait ended, past its validity of %v", ErrExpired, c.clock.Now().Sub(sent).Round(time.Millisecond), s.validity())
-		}
-		sent = c.clock.Now()
-		if fence, err = c.tryAcquire(qctx, key, owner, s); err != nil {
-			return nil, fmt.Errorf("granted past its validity, then not again: %w", err)
-		}
-	}
-	return c.newLease(ctx, key, owner, fence, sent, s)
+	c.signalRelease(key)
+	return true
 }

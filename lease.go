@@ -11,9 +11,6 @@ import (
 	"github.com/fenced-dev/fenced/driver"
 )
 
-// ErrReleased is the cause of a lease context cancelled by Release.
-var ErrReleased = errors.New("lease released")
-
 // Lease is one grant of a key. Its methods are safe for concurrent use.
 //
 // A lease is valid until the first of: Release; the authority saying it
@@ -476,26 +473,73 @@ func (l *Lease) expire(scheduled bool) (lossEnd, bool) {
 	return l.endLost(e, scheduled)
 }
 
-// expiry is the cause of a lease whose local validity ran out. Its message
-// is made when asked for, not by the schedule, which may end thousands of
-// leases at once.
-type expiry struct {
-	l       *Lease
-	lastErr error
-	maxHold bool
-}
+// breakLookupTimeout bounds the audit-log read that tells a broken lease
+// from one whose renewal was refused for another reason. It runs once per
+// lost lease, after the loss is certain, so it delays only the report.
+const breakLookupTimeout = time.Second
 
-func (e *expiry) Error() string {
-	switch s := e.l.spec; {
-	case e.maxHold:
-		return fmt.Sprintf("%v: MaxHold %v reached, renewal stopped", ErrExpired, s.MaxHold)
-	case e.lastErr != nil:
-		return fmt.Sprintf("%v: no renewal confirmed in time (last error: %v)", ErrExpired, e.lastErr)
-	case s.ManualRenew:
-		return fmt.Sprintf("%v: TTL %v ran out without renewal", ErrExpired, s.TTL)
+// refusedCause is the cause of a lease whose renewal the authority refused
+// with err: a break recorded for this grant in the store's audit log when
+// there is one, a plain refusal otherwise.
+func (l *Lease) refusedCause(err error) error {
+	if rec, ok := l.recordedBreak(); ok {
+		return fmt.Errorf("%w: %w (%s, at %s): %s", ErrLost, ErrBroken, rec.By, rec.Time.UTC().Format(time.RFC3339), rec.Reason)
 	}
-	return fmt.Sprintf("%v: no renewal confirmed in time", ErrExpired)
+	return fmt.Errorf("%w: the authority refused renewal: %v", ErrLost, err)
 }
 
-// Unwrap makes an expiry match ErrExpired.
-func (e *expiry) Unwrap() error { return ErrExpired }
+// recordedBreak looks in the store's break log for a break of l's grant.
+func (l *Lease) recordedBreak() (driver.BreakRecord, bool) {
+	bl := l.c.ops().BreakLogger
+	if bl == nil {
+		return driver.BreakRecord{}, false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), breakLookupTimeout)
+	defer cancel()
+	recs, err := bl.Breaks(ctx, l.key)
+	if err != nil {
+		return driver.BreakRecord{}, false
+	}
+	short := driver.ShortOwner(l.owner)
+	for i := len(recs) - 1; i >= 0; i-- {
+		if r := recs[i]; r.Fence == l.fence && r.Owner == short {
+			return r, true
+		}
+	}
+	return driver.BreakRecord{}, false
+}
+
+// HoldAtLeast waits until the lease's MinHold has passed since granted,
+// the time its holder learnt of the grant. It returns sooner when the
+// lease ends or ctx is done. It does not release the lease. Adapters that
+// release a lease themselves (a scheduler's Unlock) call it first. Do
+// calls it after its work.
+func (l *Lease) HoldAtLeast(ctx context.Context, granted time.Time) {
+	left := l.spec.MinHold - time.Since(granted)
+	if left <= 0 {
+		return
+	}
+	t := time.NewTimer(left)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-l.ctx.Done():
+	case <-ctx.Done():
+	}
+}
+
+// SetValue publishes value with l's grant for readers of Client.Value, as
+// an election's leader proclaims itself. The value lives as long as the
+// grant. It fails with an error matching ErrNotHeld when the store no
+// longer has the grant (l is not ended by it: Renew asks again), and with
+// ErrUnsupported on stores without a value slot.
+func (l *Lease) SetValue(ctx context.Context, value string) error {
+	v := l.c.ops().Valuer
+	if v == nil {
+		return fmt.Errorf("fenced: set value of %q: %w: the store has no value slot", l.key, ErrUnsupported)
+	}
+	if err := v.SetValue(ctx, l.grant(), value); err != nil {
+		return fmt.Errorf("fenced: set value of %q: %w", l.key, err)
+	}
+	return nil
+}

@@ -153,28 +153,6 @@ func (o origin) String() string {
 	return "package default"
 }
 
-// invalid returns an error matching ErrInvalidOptions (and driver.ErrInvalidTTL
-// for durations) about field.
-func invalid(duration bool, field string, format string, args ...any) error {
-	return &optionError{field: field, msg: fmt.Sprintf(format, args...), duration: duration}
-}
-
-// optionError is a refused lease option. Its text names the field alone,
-// so a negative MaxWait never reads as an invalid TTL.
-type optionError struct {
-	field, msg string
-	duration   bool // it also matches driver.ErrInvalidTTL
-}
-
-func (e *optionError) Error() string {
-	return ErrInvalidOptions.Error() + ": " + e.field + ": " + e.msg
-}
-
-// Is matches ErrInvalidOptions, and driver.ErrInvalidTTL for a duration.
-func (e *optionError) Is(target error) bool {
-	return target == ErrInvalidOptions || e.duration && target == driver.ErrInvalidTTL
-}
-
 // Resolve returns the options a lease acquired with opts (nil for none)
 // would get: every default filled in and checked against the backend's
 // guarantees. Acquire, TryAcquire and Do call it first. Errors match
@@ -319,3 +297,29 @@ func (c *Client) backoff(n int) time.Duration {
 	}
 	return lo/2 + rand.N(ceil)
 }
+
+// checkMinHold checks s.MinHold against the rest of s (MaxHold,
+// ManualRenew and the local validity must already be resolved).
+func (s *LeaseOptions) checkMinHold() error {
+	switch {
+	case s.MinHold < 0:
+		return invalid(true, "MinHold", "%v is negative", s.MinHold)
+	case s.MinHold > 0 && s.MaxHold != HoldForever && s.MinHold > s.MaxHold:
+		return invalid(true, "MinHold", "%v is longer than MaxHold %v, after which renewal stops and the lease expires", s.MinHold, s.MaxHold)
+	case s.MinHold > 0 && s.ManualRenew && s.MinHold >= s.validity():
+		return invalid(true, "MinHold", "%v is not shorter than the local validity %v with ManualRenew: the lease would end before the hold", s.MinHold, s.validity())
+	}
+	return nil
+}
+
+// Fence strengths, weakest first. A zero LeaseOptions.MinFence takes
+// Options.MinFence.
+const (
+	FenceNone       = driver.FenceNone
+	FenceRepeatable = driver.FenceRepeatable
+	FenceStrict     = driver.FenceStrict
+)
+
+// FenceStrength is the fence a backend declares in its Guarantees. See
+// package driver.
+type FenceStrength = driver.FenceStrength

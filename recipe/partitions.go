@@ -724,54 +724,81 @@ func (g *Partitions) loop() {
 // step is one look at the group; it returns how long to sleep at most.
 func (g *Partitions) step(ctx context.Context, w *watches) time.Duration {
 	next := g.poll
-	g.mu.Lock()
-	m := g.membership
-	g.mu.Unlock()
-	if m.Err() != nil {
-		// Lost (a pause past the TTL, or a break): the partition leases
-		// are ending too. Hand everything off and join again, admitted
-		// by the same check as a join: the group may have moved to
-		// another partition count meanwhile.
-		nm, wait, err := g.rejoin(ctx)
-		if err != nil {
-			g.fail(err)
-			return 0
-		}
-		if nm != nil {
-			g.mu.Lock()
-			g.membership = nm
-			g.mu.Unlock()
-			g.ring(ctx)
-		} else if wait > 0 {
-			next = min(next, wait+time.Millisecond)
-		}
-		m = nm
+	m, wait, err := g.checkMembership(ctx)
+	if err != nil {
+		g.fail(err)
+		return 0
+	}
+	if wait > 0 {
+		next = min(next, wait+time.Millisecond)
 	}
 	var targets []int
 	var listed map[int]fenced.LeaseInfo // the held partitions, as this step's listing shows them
 	if m != nil {
-		st, members, err := g.readMembers(ctx)
-		if err != nil {
+		if targets, listed, err = g.assigned(ctx); err != nil {
 			return min(next, time.Second) // keep what we hold; leases decide
 		}
-		if !slices.Contains(members, g.id) {
-			members = append(members, g.id) // we hold it; the listing lags
-			slices.Sort(members)
-		}
-		g.mu.Lock()
-		g.members = members
-		g.mu.Unlock()
-		targets = AssignPartitions(members, g.n, st.Owners)[g.id]
-		listed = st.Leases
 	}
+	now := time.Now()
+	g.handOff(targets, now)
+	watch, missing, next := g.tryTargets(ctx, m, targets, listed, next)
+	g.noteUnowned(missing, now)
+	w.set(ctx, watch)
+	return next
+}
+
+// checkMembership returns the membership, joined again if it was lost.
+// It is nil while the group does not admit this member; wait then says
+// when to look again (0 for the poll).
+func (g *Partitions) checkMembership(ctx context.Context) (m *fenced.Lease, wait time.Duration, err error) {
+	g.mu.Lock()
+	m = g.membership
+	g.mu.Unlock()
+	if m.Err() == nil {
+		return m, 0, nil
+	}
+	// Lost (a pause past the TTL, or a break): the partition leases
+	// are ending too. Hand everything off and join again, admitted
+	// by the same check as a join: the group may have moved to
+	// another partition count meanwhile.
+	nm, wait, err := g.rejoin(ctx)
+	if err != nil {
+		return nil, 0, err
+	}
+	if nm != nil {
+		g.mu.Lock()
+		g.membership = nm
+		g.mu.Unlock()
+		g.ring(ctx)
+		return nm, 0, nil
+	}
+	return nil, wait, nil
+}
+
+// assigned reads the members and returns the partitions assigned to this
+// member, with the held partitions as the listing shows them.
+func (g *Partitions) assigned(ctx context.Context) ([]int, map[int]fenced.LeaseInfo, error) {
+	st, members, err := g.readMembers(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	if !slices.Contains(members, g.id) {
+		members = append(members, g.id) // we hold it; the listing lags
+		slices.Sort(members)
+	}
+	g.mu.Lock()
+	g.members = members
+	g.mu.Unlock()
+	return AssignPartitions(members, g.n, st.Owners)[g.id], st.Leases, nil
+}
+
+// handOff hands off what is no longer ours, and releases the work that
+// ignored its cancellation past the grace.
+func (g *Partitions) handOff(targets []int, now time.Time) {
 	isTarget := make(map[int]bool, len(targets))
 	for _, p := range targets {
 		isTarget[p] = true
 	}
-
-	// Hand off what is no longer ours; release the work that ignored its
-	// cancellation past the grace.
-	now := time.Now()
 	var late []*fenced.Lease
 	g.mu.Lock()
 	if !slices.Equal(targets, g.targets) {
@@ -794,8 +821,12 @@ func (g *Partitions) step(ctx context.Context, w *watches) time.Duration {
 	for _, l := range late {
 		g.releaseLease(l)
 	}
+}
 
-	// Try for the targets we do not hold.
+// tryTargets tries for the targets we do not hold, under membership m.
+// It returns the keys to watch, how many targets are not held, and next
+// lowered to the soonest expiry seen.
+func (g *Partitions) tryTargets(ctx context.Context, m *fenced.Lease, targets []int, listed map[int]fenced.LeaseInfo, next time.Duration) (map[string]bool, int, time.Duration) {
 	watch := map[string]bool{g.bellKey(): true}
 	missing := 0
 	for _, p := range targets {
@@ -834,7 +865,13 @@ func (g *Partitions) step(ctx context.Context, w *watches) time.Duration {
 		}
 		g.start(p, l)
 	}
+	return watch, missing, next
+}
+
+// noteUnowned counts the time some target was not held.
+func (g *Partitions) noteUnowned(missing int, now time.Time) {
 	g.mu.Lock()
+	defer g.mu.Unlock()
 	switch {
 	case missing > 0 && g.unownedAt.IsZero():
 		g.unownedAt = now
@@ -842,9 +879,6 @@ func (g *Partitions) step(ctx context.Context, w *watches) time.Duration {
 		g.stats.UnownedTime += now.Sub(g.unownedAt)
 		g.unownedAt = time.Time{}
 	}
-	g.mu.Unlock()
-	w.set(ctx, watch)
-	return next
 }
 
 // start runs the work of partition p, held by l, and releases l after it.
