@@ -75,7 +75,8 @@ const (
 )
 
 // Names lists every series name above.
-var Names = []string{AcquireAttempts, AcquireWait, LeasesHeld, LeaseHold, LeaseHoldTTLRatio, Renewals, LeasesLost, ValidityRemaining, StaleWrites, OwnerChanges}
+var Names = []string{AcquireAttempts, AcquireWait, LeasesHeld, LeaseHold, LeaseHoldTTLRatio, Renewals, LeasesLost, ValidityRemaining,
+	StaleWrites, OwnerChanges}
 
 // Label names.
 const (
