@@ -80,7 +80,8 @@ func (l Layout) open(k string) string {
 // name the prefix and the rule.
 func CheckPrefix(prefix string) error {
 	if i := strings.IndexFunc(prefix, func(r rune) bool { return r == '{' || r == '}' || r < 0x20 || r == 0x7f }); i >= 0 {
-		return fmt.Errorf("%w: key prefix %q has %q at byte %d (a Redis prefix may not contain { or }, which would move the Cluster hash tag, nor control characters)", driver.ErrInvalidURL, prefix, prefix[i:i+1], i)
+		return fmt.Errorf("%w: key prefix %q has %q at byte %d (a Redis prefix may not contain { or }, "+
+			"which would move the Cluster hash tag, nor control characters)", driver.ErrInvalidURL, prefix, prefix[i:i+1], i)
 	}
 	return nil
 }
@@ -121,7 +122,8 @@ func (l Layout) Keys(k string) Keys {
 	wait0, wait1 := name(waitersSuffix)
 	claim0, claim1 := name(claimSuffix)
 	s := b.String()
-	return Keys{Lock: s[lock0:lock1], Fence: s[fence0:fence1], Audit: s[audit0:audit1], Channel: s[chan0:chan1], Waiters: s[wait0:wait1], Claim: s[claim0:claim1]}
+	return Keys{Lock: s[lock0:lock1], Fence: s[fence0:fence1], Audit: s[audit0:audit1], Channel: s[chan0:chan1], Waiters: s[wait0:wait1],
+		Claim: s[claim0:claim1]}
 }
 
 // Lock returns the lock key of lease key k alone (Keys(k).Lock, without
@@ -206,7 +208,8 @@ var ErrForeignValue = errors.New("redis key holds a value fenced did not write; 
 
 // ForeignError reports a foreign value at a Redis key.
 func ForeignError(redisKey string) error {
-	return fmt.Errorf("%w (key %q; inspect it with redis-cli and remove it yourself if it is stale, or use another key prefix)", ErrForeignValue, redisKey)
+	return fmt.Errorf("%w (key %q; inspect it with redis-cli and remove it yourself if it is stale, or use another key prefix)",
+		ErrForeignValue, redisKey)
 }
 
 // ForeignReply returns err, a script's error, as an error matching
@@ -225,7 +228,9 @@ func ForeignReply(err error, keys ...string) error {
 		if j := strings.Index(what, " script: "); j >= 0 {
 			what = what[:j] // the server's note of the script and line
 		}
-		return fmt.Errorf("%w (%s; waiting for this key, and releasing it, fail until it is gone: inspect it with redis-cli and remove it yourself if it is stale, or use another key prefix)", ErrForeignValue, strings.TrimSuffix(what, "."))
+		return fmt.Errorf("%w (%s; waiting for this key, and releasing it, fail until it is gone: "+
+			"inspect it with redis-cli and remove it yourself if it is stale, or use another key prefix)", ErrForeignValue,
+			strings.TrimSuffix(what, "."))
 	}
 	return fmt.Errorf("%w (keys %s; server said: %s)", ErrForeignValue, strings.Join(keys, ", "), msg)
 }

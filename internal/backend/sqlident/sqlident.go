@@ -16,7 +16,8 @@ var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
 // fenced supports, and cannot carry SQL.
 func Check(what, name string) error {
 	if !identRE.MatchString(name) {
-		return fmt.Errorf("%s name %q is not a plain SQL identifier (letters, digits and _, starting with a letter or _, at most 63 characters)", what, name)
+		return fmt.Errorf("%s name %q is not a plain SQL identifier (letters, digits and _, starting with a letter or _, "+
+			"at most 63 characters)", what, name)
 	}
 	return nil
 }

@@ -144,7 +144,8 @@ func (c *runChecker) collectGrants() {
 		case AcquireInvoke:
 			invokes[e.Op] = e.T
 		case AcquireOK:
-			g := &runGrant{key: e.Key, owner: e.Owner, fence: e.Fence, invoke: invokes[e.Op], ok: e.T, worker: e.Worker, pid: e.PID, end: c.end}
+			g := &runGrant{key: e.Key, owner: e.Owner, fence: e.Fence, invoke: invokes[e.Op], ok: e.T, worker: e.Worker, pid: e.PID,
+				end: c.end}
 			c.grants = append(c.grants, g)
 			byOwner[e.Owner] = g
 		case Lost, ReleaseInvoke:
@@ -312,12 +313,14 @@ func (c *runChecker) reconcileWrites() {
 	for _, e := range c.events {
 		if e.Kind == WriteOK {
 			if _, ok := c.inLedger[e.Op]; !ok {
-				c.r.Problems = append(c.r.Problems, fmt.Sprintf("worker %d reported write op %d accepted, but the resource has no such append", e.Worker, e.Op))
+				c.r.Problems = append(c.r.Problems,
+					fmt.Sprintf("worker %d reported write op %d accepted, but the resource has no such append", e.Worker, e.Op))
 			}
 		}
 		if e.Kind == WriteRefused {
 			if _, ok := c.inLedger[e.Op]; ok {
-				c.r.Problems = append(c.r.Problems, fmt.Sprintf("worker %d reported write op %d refused, but the resource has it", e.Worker, e.Op))
+				c.r.Problems = append(c.r.Problems,
+					fmt.Sprintf("worker %d reported write op %d refused, but the resource has it", e.Worker, e.Op))
 			}
 		}
 	}

@@ -214,7 +214,9 @@ func (r *genRun) startWorker(i int) error {
 			return err
 		}
 	}
-	wc := GenWorkerConfig{Worker: i, Seed: r.cfg.Seed, Store: store, Prefix: r.prefix, Keys: r.cfg.Keys, HotKeys: r.cfg.HotKeys, MaxHeld: r.cfg.MaxHeld, Streams: r.cfg.Streams, TTL: r.cfg.TTL, PoolTTL: r.cfg.PoolTTL, Grace: r.cfg.Grace, MinFence: r.cfg.MinFence, Dir: r.cfg.Dir, NoLossWatch: i == r.cfg.Workers-1 && r.cfg.Workers > 1}
+	wc := GenWorkerConfig{Worker: i, Seed: r.cfg.Seed, Store: store, Prefix: r.prefix, Keys: r.cfg.Keys, HotKeys: r.cfg.HotKeys,
+		MaxHeld: r.cfg.MaxHeld, Streams: r.cfg.Streams, TTL: r.cfg.TTL, PoolTTL: r.cfg.PoolTTL, Grace: r.cfg.Grace,
+		MinFence: r.cfg.MinFence, Dir: r.cfg.Dir, NoLossWatch: i == r.cfg.Workers-1 && r.cfg.Workers > 1}
 	raw, err := json.Marshal(wc)
 	if err != nil {
 		return err

@@ -170,7 +170,8 @@ func RunGenJobs(ctx context.Context, cfg GenJobsConfig) (GenJobsReport, error) {
 	delay.mu.Lock()
 	sched := delay.maxDelay
 	delay.mu.Unlock()
-	rep = CheckGenJobs(events, writes, faults, genJobsLiveness{From: churnFrom, To: churnTo, TTL: cfg.TTL, Delay: sched, Stall: stall}, rep.Exits)
+	rep = CheckGenJobs(events, writes, faults, genJobsLiveness{From: churnFrom, To: churnTo, TTL: cfg.TTL, Delay: sched, Stall: stall},
+		rep.Exits)
 	rep.Seed, rep.Duration = cfg.Seed, time.Since(started).Round(time.Second)
 	return rep, nemErr
 }
@@ -181,7 +182,8 @@ func (r *genJobsRun) startSched(i int) error {
 	r.mu.Lock()
 	r.lastStart[i] = time.Now()
 	r.mu.Unlock()
-	sc := GenJobsSchedConfig{Slot: i, Kind: kind, Job: job, Store: r.cfg.Store, TTL: r.cfg.TTL, MinFence: r.cfg.MinFence, Dir: r.cfg.Dir, Hazard: r.cfg.Hazard}
+	sc := GenJobsSchedConfig{Slot: i, Kind: kind, Job: job, Store: r.cfg.Store, TTL: r.cfg.TTL, MinFence: r.cfg.MinFence, Dir: r.cfg.Dir,
+		Hazard: r.cfg.Hazard}
 	raw, err := json.Marshal(sc)
 	if err != nil {
 		return err

@@ -178,7 +178,8 @@ func (r *genPartRun) startMember(i int) error {
 	p := r.p
 	r.lastStart[i] = time.Now()
 	r.mu.Unlock()
-	mc := GenPartMemberConfig{Slot: i, Member: fmt.Sprintf("m%d", i), P: p, Items: r.cfg.Items, Store: r.cfg.Store, Group: r.group, TTL: r.cfg.TTL, MinFence: r.cfg.MinFence, Dir: r.cfg.Dir}
+	mc := GenPartMemberConfig{Slot: i, Member: fmt.Sprintf("m%d", i), P: p, Items: r.cfg.Items, Store: r.cfg.Store, Group: r.group,
+		TTL: r.cfg.TTL, MinFence: r.cfg.MinFence, Dir: r.cfg.Dir}
 	raw, err := json.Marshal(mc)
 	if err != nil {
 		return err
@@ -358,7 +359,8 @@ func (r *genPartRun) deploy(ctx context.Context, w int) error {
 		kills[i] = r.rng.IntN(2) == 0
 	}
 	d := r.between(1.5, 3)
-	r.cfg.Logf("seed %d: deploy %d → %d partitions, member %d stopped at %d for %v", r.cfg.Seed, old, p, sleeper, old, d.Round(time.Millisecond))
+	r.cfg.Logf("seed %d: deploy %d → %d partitions, member %d stopped at %d for %v", r.cfg.Seed, old, p, sleeper, old,
+		d.Round(time.Millisecond))
 	var sleeperCmd *exec.Cmd
 	if sleeper >= 0 {
 		r.stopped(d)

@@ -52,8 +52,10 @@ func (r *Resource) Close() error { return r.db.Close() }
 func (r *Resource) Setup(ctx context.Context, keys []string) error {
 	stmts := []string{
 		`CREATE TABLE IF NOT EXISTS ledger_head (key TEXT PRIMARY KEY, length INTEGER NOT NULL DEFAULT 0)`,
-		`CREATE TABLE IF NOT EXISTS ledger (seq INTEGER PRIMARY KEY AUTOINCREMENT, op INTEGER NOT NULL, key TEXT NOT NULL, n INTEGER NOT NULL, fence INTEGER NOT NULL, owner TEXT NOT NULL, worker INTEGER NOT NULL)`,
-		`CREATE TABLE IF NOT EXISTS invoices (seq INTEGER PRIMARY KEY AUTOINCREMENT, op INTEGER NOT NULL, key TEXT NOT NULL, n INTEGER NOT NULL, worker INTEGER NOT NULL)`,
+		`CREATE TABLE IF NOT EXISTS ledger (seq INTEGER PRIMARY KEY AUTOINCREMENT, op INTEGER NOT NULL, key TEXT NOT NULL, ` +
+			`n INTEGER NOT NULL, fence INTEGER NOT NULL, owner TEXT NOT NULL, worker INTEGER NOT NULL)`,
+		`CREATE TABLE IF NOT EXISTS invoices (seq INTEGER PRIMARY KEY AUTOINCREMENT, op INTEGER NOT NULL, key TEXT NOT NULL, ` +
+			`n INTEGER NOT NULL, worker INTEGER NOT NULL)`,
 		`CREATE TABLE IF NOT EXISTS claims (op INTEGER PRIMARY KEY, key TEXT NOT NULL, fence INTEGER NOT NULL, owner TEXT NOT NULL)`,
 	}
 	for _, s := range stmts {
@@ -99,7 +101,8 @@ func (r *Resource) ClaimRead(ctx context.Context, key string, t fence.Token, op 
 	if res.Outcome != fence.Applied {
 		return Outcome{Current: res.Current}, nil
 	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO claims (op, key, fence, owner) VALUES (?, ?, ?, ?)`, op, key, int64(t.Fence), t.Owner); err != nil {
+	if _, err := tx.ExecContext(ctx, `INSERT INTO claims (op, key, fence, owner) VALUES (?, ?, ?, ?)`, op, key, int64(t.Fence),
+		t.Owner); err != nil {
 		return Outcome{}, err
 	}
 	var n int64
@@ -137,7 +140,8 @@ func (r *Resource) Append(ctx context.Context, key string, t fence.Token, prev i
 			return Outcome{Current: res.Current}, nil
 		}
 	} else {
-		res, err := tx.ExecContext(ctx, `UPDATE ledger_head SET length = ?, fence = ?, fence_owner = ? WHERE key = ?`, prev+1, int64(t.Fence), t.Owner, key)
+		res, err := tx.ExecContext(ctx, `UPDATE ledger_head SET length = ?, fence = ?, fence_owner = ? WHERE key = ?`, prev+1,
+			int64(t.Fence), t.Owner, key)
 		if err != nil {
 			return Outcome{}, err
 		}
@@ -145,7 +149,8 @@ func (r *Resource) Append(ctx context.Context, key string, t fence.Token, prev i
 			return Outcome{}, fmt.Errorf("proof: ledger %q has no head row", key)
 		}
 	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO ledger (op, key, n, fence, owner, worker) VALUES (?, ?, ?, ?, ?, ?)`, op, key, prev+1, int64(t.Fence), t.Owner, worker); err != nil {
+	if _, err := tx.ExecContext(ctx, `INSERT INTO ledger (op, key, n, fence, owner, worker) VALUES (?, ?, ?, ?, ?, ?)`, op, key, prev+1,
+		int64(t.Fence), t.Owner, worker); err != nil {
 		return Outcome{}, err
 	}
 	if _, err := tx.ExecContext(ctx, `INSERT INTO invoices (op, key, n, worker) VALUES (?, ?, ?, ?)`, op, key, prev+1, worker); err != nil {

@@ -251,7 +251,8 @@ func (w *worker) round(ctx context.Context, key string) {
 			defer w.late.Done()
 			time.Sleep(delay)
 			out, err := w.res.Append(ctx, key, tok, prev, w.cfg.Fencing, w.cfg.Worker, op)
-			w.record(Event{Kind: FaultEnd, Fault: string(DelayWrite), Op: op, Key: key, Fence: tok.Fence, Current: out.Current, Err: errString(err), Value: boolInt(out.Applied)})
+			w.record(Event{Kind: FaultEnd, Fault: string(DelayWrite), Op: op, Key: key, Fence: tok.Fence, Current: out.Current,
+				Err: errString(err), Value: boolInt(out.Applied)})
 		}()
 		time.Sleep(w.cfg.TTL / 4)
 		w.record(Event{Kind: WriteFail, Op: op, Key: key, Fence: tok.Fence, Owner: tok.Owner, Err: "no reply in time; outcome unknown"})

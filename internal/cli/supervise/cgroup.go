@@ -331,9 +331,11 @@ func Probe() string {
 }
 
 func cgroupMode(parent string) string {
-	return "cgroup v2 (a cgroup of its own under " + parent + ": cgroup.kill ends the whole tree, cgroup.freeze stops it; a process that moves to another cgroup is moved back)"
+	return "cgroup v2 (a cgroup of its own under " + parent +
+		": cgroup.kill ends the whole tree, cgroup.freeze stops it; a process that moves to another cgroup is moved back)"
 }
 
 func procTreeMode(why string) string {
-	return "process tree (no cgroup: " + why + "; processes found by walking /proc; a process that left the group survives a kill -9 of the supervisor)"
+	return "process tree (no cgroup: " + why +
+		"; processes found by walking /proc; a process that left the group survives a kill -9 of the supervisor)"
 }

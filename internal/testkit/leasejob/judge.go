@@ -173,7 +173,8 @@ func Judge(t testing.TB, res *Resource, procs []*testenv.Process, out string, tt
 	}
 	for _, l := range ls {
 		if l.kind == "write" && l.pid == first.pid && l.fence == f && !l.live && l.outcome == "applied" {
-			t.Logf("a write of fence %d after its context ended was applied before the newer holder's first write (allowed: nothing newer yet)", f)
+			t.Logf("a write of fence %d after its context ended was applied before the newer holder's first write (allowed: "+
+				"nothing newer yet)", f)
 			break
 		}
 	}
@@ -199,6 +200,8 @@ func Judge(t testing.TB, res *Resource, procs []*testenv.Process, out string, tt
 			t.Errorf("the resource took fence %d after fence %d: history %v", h[i], h[i-1], h)
 		}
 	}
-	t.Logf("fence %d: context ended %v after the fault (%s); the next run (fence %d) started %v after the fault; %d writes taken, fences %v..%v",
-		f, ended.at.Sub(faultAt).Round(time.Millisecond), ended.cause, next.fence, next.at.Sub(faultAt).Round(time.Millisecond), len(h), h[0], h[len(h)-1])
+	t.Logf("fence %d: context ended %v after the fault (%s); the next run (fence %d) started %v after the fault; %d writes taken, "+
+		"fences %v..%v",
+		f, ended.at.Sub(faultAt).Round(time.Millisecond), ended.cause, next.fence, next.at.Sub(faultAt).Round(time.Millisecond), len(h),
+		h[0], h[len(h)-1])
 }

@@ -90,7 +90,8 @@ func StartDynalite(t testing.TB, cfg DynaliteConfig) *Dynalite {
 			DynaliteDir(), err, DynaliteDir(), DynaliteVersion)
 	}
 	var pkg struct{ Version string }
-	if b, err := os.ReadFile(filepath.Join(dir, "package.json")); err != nil || json.Unmarshal(b, &pkg) != nil || pkg.Version != DynaliteVersion {
+	if b, err := os.ReadFile(filepath.Join(dir, "package.json")); err != nil || json.Unmarshal(b, &pkg) != nil ||
+		pkg.Version != DynaliteVersion {
 		t.Fatalf("testenv: dynalite in %s is version %q, want %s; run scripts/test.sh", dir, pkg.Version, DynaliteVersion)
 	}
 	d := &Dynalite{Port: FreePort(t), t: t, host: cfg.Host}

@@ -64,7 +64,8 @@ func startMySQL(t testing.TB, clock *WallClock, h *NetHost) *MySQL {
 	bin := RequireBinary(t, "mariadb-server", "mariadbd", "mysqld")
 	installDB := RequireBinary(t, "mariadb-server", "mariadb-install-db", "mysql_install_db")
 	dir := TempDir(t, "mariadb")
-	m := &MySQL{User: "fenced", Password: "my-secret-" + strconv.Itoa(os.Getpid()), Database: "fenced", Dir: dir, bin: bin, clock: clock, host: h}
+	m := &MySQL{User: "fenced", Password: "my-secret-" + strconv.Itoa(os.Getpid()), Database: "fenced", Dir: dir, bin: bin, clock: clock,
+		host: h}
 	ChownNobody(t, dir)
 	installMariaDB(t, installDB, dir)
 	m.Port = FreePort(t)

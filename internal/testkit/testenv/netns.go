@@ -106,7 +106,8 @@ func (n *Net) Host(name string) *NetHost {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	k := len(n.hosts) + 1
-	h := &NetHost{Name: name, NS: fmt.Sprintf("%s-h%d", n.prefix, k), IP: fmt.Sprintf("10.201.0.%d", k), port: fmt.Sprintf("p%d", k), net: n}
+	h := &NetHost{Name: name, NS: fmt.Sprintf("%s-h%d", n.prefix, k), IP: fmt.Sprintf("10.201.0.%d", k), port: fmt.Sprintf("p%d", k),
+		net: n}
 	steps := [][]string{
 		{"link", "add", "eth0", "netns", h.NS, "type", "veth", "peer", "name", h.port, "netns", n.sw},
 		{"-n", n.sw, "link", "set", h.port, "master", "br0", "up"},
@@ -325,7 +326,8 @@ func startServer(t testing.TB, h *NetHost, name string, cmd *exec.Cmd) *Process 
 	}
 	if a := cmd.SysProcAttr; a != nil && a.Credential != nil {
 		c := a.Credential
-		cmd.Args = append([]string{setprivBin, fmt.Sprintf("--reuid=%d", c.Uid), fmt.Sprintf("--regid=%d", c.Gid), "--clear-groups", cmd.Path}, cmd.Args[1:]...)
+		cmd.Args = append([]string{setprivBin, fmt.Sprintf("--reuid=%d", c.Uid), fmt.Sprintf("--regid=%d", c.Gid), "--clear-groups",
+			cmd.Path}, cmd.Args[1:]...)
 		cmd.Path = setprivBin
 		a.Credential = nil
 	}

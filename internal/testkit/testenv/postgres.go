@@ -60,7 +60,8 @@ func startPostgres(t testing.TB, clock *WallClock, h *NetHost, settings []string
 	initdb := RequireBinary(t, "postgresql", "initdb")
 	bin := filepath.Dir(initdb)
 	dir := TempDir(t, "pg")
-	p := &Postgres{User: "fenced", Password: "pg-secret-" + strconv.Itoa(os.Getpid()), Database: "postgres", Dir: dir, bin: bin, clock: clock, host: h}
+	p := &Postgres{User: "fenced", Password: "pg-secret-" + strconv.Itoa(os.Getpid()), Database: "postgres", Dir: dir, bin: bin,
+		clock: clock, host: h}
 	pwfile := filepath.Join(dir, "pwfile")
 	if err := os.WriteFile(pwfile, []byte(p.Password+"\n"), 0o600); err != nil {
 		t.Fatal(err)

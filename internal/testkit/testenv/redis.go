@@ -84,7 +84,8 @@ func StartRedis(t testing.TB, cfg RedisConfig) *Redis {
 	port := []string{"--port", strconv.Itoa(cfg.Port)}
 	if cfg.TLS {
 		cert, key := selfSignedCert(t, cfg.Dir)
-		port = []string{"--port", "0", "--tls-port", strconv.Itoa(cfg.Port), "--tls-cert-file", cert, "--tls-key-file", key, "--tls-auth-clients", "no"}
+		port = []string{"--port", "0", "--tls-port", strconv.Itoa(cfg.Port), "--tls-cert-file", cert, "--tls-key-file", key,
+			"--tls-auth-clients", "no"}
 	}
 	args := []string{
 		"--bind", hostIP(cfg.Host), "--dir", cfg.Dir,

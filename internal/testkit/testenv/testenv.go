@@ -43,7 +43,8 @@ func RequireBinary(t testing.TB, debianPackage string, names ...string) string {
 // FindBinary looks names up on PATH and in the usual Debian locations of
 // server binaries that are not on PATH.
 func FindBinary(names ...string) (string, bool) {
-	dirs := []string{"/usr/sbin", "/usr/lib/postgresql/17/bin", "/usr/lib/postgresql/16/bin", "/usr/lib/postgresql/15/bin", "/usr/share/zookeeper/bin"}
+	dirs := []string{"/usr/sbin", "/usr/lib/postgresql/17/bin", "/usr/lib/postgresql/16/bin", "/usr/lib/postgresql/15/bin",
+		"/usr/share/zookeeper/bin"}
 	for _, n := range names {
 		if filepath.IsAbs(n) {
 			if _, err := os.Stat(n); err == nil {

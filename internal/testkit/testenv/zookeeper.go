@@ -93,7 +93,8 @@ func StartZooKeeperWith(t testing.TB, cfg ZKConfig) *ZKEnsemble {
 	t.Helper()
 	RequireBinary(t, "default-jre-headless", "java")
 	if _, err := os.Stat("/usr/share/java/zookeeper.jar"); err != nil {
-		t.Fatal("ZooKeeper server jar /usr/share/java/zookeeper.jar not found; install the Debian package \"zookeeper\" (the README's test command does)")
+		t.Fatal("ZooKeeper server jar /usr/share/java/zookeeper.jar not found; install the Debian package \"zookeeper\" " +
+			"(the README's test command does)")
 	}
 	n := max(cfg.Nodes, 1)
 	if cfg.Hosts != nil && len(cfg.Hosts) != n {
@@ -117,7 +118,8 @@ func StartZooKeeperWith(t testing.TB, cfg ZKConfig) *ZKEnsemble {
 		ps[i] = ports{FreePort(t), FreePort(t), FreePort(t)}
 	}
 	for i := 0; i < n; i++ {
-		nd := &ZKNode{ID: i + 1, Addr: net.JoinHostPort(ip(i), fmt.Sprint(ps[i].client)), Dir: filepath.Join(dir, fmt.Sprintf("n%d", i+1)), t: t}
+		nd := &ZKNode{ID: i + 1, Addr: net.JoinHostPort(ip(i), fmt.Sprint(ps[i].client)), Dir: filepath.Join(dir, fmt.Sprintf("n%d", i+1)),
+			t: t}
 		if cfg.Hosts != nil {
 			nd.host = cfg.Hosts[i]
 		}

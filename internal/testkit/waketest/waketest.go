@@ -80,7 +80,8 @@ func Refused(t *testing.T, ctx context.Context, d driver.Driver, key string) dri
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
-	if _, err := d.TryAcquire(ctx, key, "waiter-"+strconv.FormatInt(time.Now().UnixNano(), 36), time.Minute); !errors.Is(err, driver.ErrHeld) {
+	if _, err := d.TryAcquire(ctx, key, "waiter-"+strconv.FormatInt(time.Now().UnixNano(), 36), time.Minute); !errors.Is(err,
+		driver.ErrHeld) {
 		t.Fatalf("try of a held key: %v", err)
 	}
 	return s
