@@ -22,7 +22,8 @@ var ErrNoLock = errors.New("fencedgocron: this run holds no lease from the task'
 // Locker.Task or Elector.Task but no name: gocron names such a job after
 // the wrapper's function, the same for every job, and the name is the
 // lease key. The run is skipped.
-var ErrUnnamedJob = errors.New("fencedgocron: the job has no name of its own: give it one with gocron.WithName; it makes the job's lease key")
+var ErrUnnamedJob = errors.New("fencedgocron: the job has no name of its own: give it one with gocron.WithName; " +
+	"it makes the job's lease key")
 
 // wrapperNames are in gocron's default name of a job whose function Task
 // made: the closure's name, whether or not Task was inlined into its
