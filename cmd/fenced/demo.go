@@ -74,9 +74,8 @@ and FENCED_STORE is not used. To run faults against your store, see fenced proof
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if g.storeFlag != nil && g.storeFlag() {
 				return withCode(exitUsage,
-					fmt.Errorf("demo: --store %s: the demo runs on a temporary SQLite store of its own "+
-						"(it freezes and kills its workers and leaves nothing behind); to run faults against your store, use fenced proof",
-						driver.Redact(g.store)))
+					fmt.Errorf("demo: --store %s: the demo runs on a temporary SQLite store of its own; "+
+						"for faults against your store, use fenced proof", driver.Redact(g.store)))
 			}
 			if os.Getenv("FENCED_STORE") != "" && !g.quiet {
 				fmt.Fprintln(g.stderr, "fenced: demo: FENCED_STORE is not used; the demo runs on a temporary store of its own")

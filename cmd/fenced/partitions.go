@@ -160,8 +160,8 @@ func runPartitions(ctx context.Context, g *globals, f *partitionsFlags, group st
 	}
 	if f.grace >= f.ttl {
 		return withCode(exitUsage,
-			fmt.Errorf("partitions run: --grace %v is not shorter than --ttl %v: a command is killed before its partition's lease can "+
-				"run out, so it would never get that grace; give a --grace below the TTL", f.grace, f.ttl))
+			fmt.Errorf("partitions run: --grace %v is not shorter than --ttl %v: the lease would run out first; "+
+				"give a --grace below the TTL", f.grace, f.ttl))
 	}
 
 	work := func(ctx context.Context, p recipe.Partition) error {

@@ -103,8 +103,7 @@ func proofGenFaults(store string) ([]proof.Fault, []proofFaultOff) {
 func runProofGen(ctx context.Context, g *globals, f *proofFlags, strength fenced.FenceStrength, self string) error {
 	if strings.HasPrefix(g.store, "mem:") {
 		return withCode(exitUsage,
-			fmt.Errorf("proof: a mem:// store lives inside one process, and the proof's workers are processes of their own: "+
-				"give a store they share"))
+			fmt.Errorf("proof: a mem:// store lives inside one process, and the workers are processes: give a store they share"))
 	}
 	faults, off := proofGenFaults(g.store)
 	dir, err := os.MkdirTemp(f.dir, fmt.Sprintf("generative-seed%d-", f.seed))

@@ -305,7 +305,7 @@ func commandAfter(cmd *cobra.Command, noun, name string, rest []string) (argv []
 	}
 	if n := cmd.Flags().NArg(); n > 0 {
 		return nil, false, withCode(exitUsage,
-			fmt.Errorf("%s: want exactly one %s before flags and --, got %d arguments; give several before any flag: "+
+			fmt.Errorf("%s: want one %s before flags and --, got %d arguments; for several: "+
 				"fenced %s [FLAGS] %s... -- COMMAND", verb, noun, n+1, verb, noun))
 	}
 	if help, _ := cmd.Flags().GetBool("help"); help {

@@ -107,8 +107,8 @@ func runServe(ctx context.Context, g *globals, f *serveFlags) error {
 	}
 	if !loopback && f.adminTokens == "" {
 		return withCode(exitUsage,
-			fmt.Errorf("serve: refusing to listen on %s without --admin-token-file: it is not a loopback address, "+
-				"so other hosts could reach the API; give a token file (and TLS), or listen on 127.0.0.1", f.addr))
+			fmt.Errorf("serve: refusing to listen on %s: not loopback, and no --admin-token-file; "+
+				"give one (and TLS), or listen on 127.0.0.1", f.addr))
 	}
 	if !loopback && f.tlsCert == "" {
 		fmt.Fprintf(g.stderr,
