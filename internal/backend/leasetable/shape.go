@@ -130,8 +130,7 @@ func Check(table string, want Shape, got Existing) error {
 		}
 		shape = append(shape, d)
 	}
-	return fmt.Errorf("%w: table %q exists but %s; fenced needs (%s). It may be from an older fenced or another tool: migrate it, "+
-		"or choose another table with ?%s=",
+	return fmt.Errorf("%w: table %q exists but %s; fenced needs (%s): migrate it, or choose another table with ?%s=",
 		ErrSchema, table, strings.Join(problems, "; "), strings.Join(shape, ", "), TableParam)
 }
 

@@ -80,8 +80,8 @@ func (l Layout) open(k string) string {
 // name the prefix and the rule.
 func CheckPrefix(prefix string) error {
 	if i := strings.IndexFunc(prefix, func(r rune) bool { return r == '{' || r == '}' || r < 0x20 || r == 0x7f }); i >= 0 {
-		return fmt.Errorf("%w: key prefix %q has %q at byte %d (a Redis prefix may not contain { or }, "+
-			"which would move the Cluster hash tag, nor control characters)", driver.ErrInvalidURL, prefix, prefix[i:i+1], i)
+		return fmt.Errorf("%w: key prefix %q has %q at byte %d (no { or }, which move the Cluster hash tag, nor control characters)",
+			driver.ErrInvalidURL, prefix, prefix[i:i+1], i)
 	}
 	return nil
 }
@@ -228,9 +228,8 @@ func ForeignReply(err error, keys ...string) error {
 		if j := strings.Index(what, " script: "); j >= 0 {
 			what = what[:j] // the server's note of the script and line
 		}
-		return fmt.Errorf("%w (%s; waiting for this key, and releasing it, fail until it is gone: "+
-			"inspect it with redis-cli and remove it yourself if it is stale, or use another key prefix)", ErrForeignValue,
-			strings.TrimSuffix(what, "."))
+		return fmt.Errorf("%w (%s; waits and releases on this key fail until it is gone: "+
+			"remove it with redis-cli if stale, or use another prefix)", ErrForeignValue, strings.TrimSuffix(what, "."))
 	}
 	return fmt.Errorf("%w (keys %s; server said: %s)", ErrForeignValue, strings.Join(keys, ", "), msg)
 }
