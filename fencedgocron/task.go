@@ -15,8 +15,8 @@ import (
 // not locked by that Locker: the scheduler has another locker or an
 // elector, or the job was given gocron.WithDisabledDistributedJobLocker.
 // The function does not run.
-var ErrNoLock = errors.New("fencedgocron: this run holds no lease from the task's Locker: " +
-	"pass the same Locker to gocron.WithDistributedLocker (or the job's WithDistributedJobLocker)")
+var ErrNoLock = errors.New("fencedgocron: run not locked by the task's Locker: " +
+	"pass it to gocron.WithDistributedLocker or WithDistributedJobLocker")
 
 // ErrUnnamedJob is what the Locker's Lock returns for a job made with
 // Locker.Task or Elector.Task but no name: gocron names such a job after
