@@ -19,10 +19,10 @@ import (
 )
 
 // ModeEnv is the environment variable that, set to "proctree" in a
-// supervisor's environment, makes Start skip the cgroup and use the
-// process-tree walk, as if no cgroup could be made. It exists so tests
-// can exercise the fallback on a machine that allows cgroups; nothing
-// else should set it.
+// supervisor's environment, makes Start skip the cgroup. Start then uses
+// the process-tree walk, as if no cgroup could be made. It exists so tests
+// can exercise the fallback on a machine that allows cgroups. Nothing else
+// should set it.
 const ModeEnv = "FENCED_SUPERVISE_MODE"
 
 // cgroup is a cgroup v2 directory of the supervisor's own, holding the
