@@ -13,14 +13,14 @@ import (
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 
-// Fault is what a test does to the run in progress, whose process is
-// victim and whose fence is fence: break its lease, or stop its process
+// Fault is what a test does to the run in progress, whose process is victim
+// and whose fence is fence. It breaks the run's lease, or stops its process
 // past the TTL. It returns when the fault is over (the process continued).
 type Fault func(t testing.TB, victim *testenv.Process, fence uint64)
 
 // Stop is the Fault that SIGSTOPs the victim until another run has written
-// with a newer fence (its lease expired and was granted again, which takes
-// at least the TTL), then SIGCONTs it.
+// with a newer fence, then SIGCONTs it. That needs the victim's lease to
+// expire and be granted again, which takes at least the TTL.
 func Stop(out string, ttl time.Duration) Fault {
 	return func(t testing.TB, victim *testenv.Process, f uint64) {
 		t.Helper()
