@@ -71,9 +71,9 @@ func (d *Dynalite) URL(table, query string) string {
 }
 
 // StartDynalite starts dynalite with Node.js on a free loopback port and
-// waits until it accepts connections; it is killed when the test ends.
+// waits until it accepts connections. It is killed when the test ends.
 // Tables stay in the CREATING state for dynalite's default 500ms, as a real
-// DynamoDB table does for a while, so table creation is exercised for real.
+// DynamoDB table does for a while. So table creation is exercised for real.
 //
 // Node.js comes from Debian's nodejs package and dynalite from npm, pinned
 // to DynaliteVersion, in DynaliteDir(); scripts/test.sh installs both. A

@@ -68,9 +68,9 @@ func (r *Redis) URL() string {
 }
 
 // StartRedis starts redis-server on a free loopback port in a temporary
-// directory, with the append-only file fsynced on every write (unless
-// NoPersistence), and waits until it accepts connections. A replica also
-// waits until its initial sync with the primary is done. The server is
+// directory. The append-only file is fsynced on every write (unless
+// NoPersistence). It waits until the server accepts connections. A replica
+// also waits until its initial sync with the primary is done. The server is
 // killed when the test ends.
 func StartRedis(t testing.TB, cfg RedisConfig) *Redis {
 	t.Helper()

@@ -166,8 +166,9 @@ func StartZooKeeperWith(t testing.TB, cfg ZKConfig) *ZKEnsemble {
 }
 
 // Start starts (or restarts, with its data) the node. Its heap may grow to
-// 1 GiB: with 256 MiB a server holding 100 000 leases (two znodes and a
-// watch each, as the renewal benchmark makes) ran out of memory and died.
+// 1 GiB. With 256 MiB, a server holding 100 000 leases ran out of memory
+// and died. That is two znodes and a watch each, as the renewal benchmark
+// makes.
 func (n *ZKNode) Start() {
 	n.t.Helper()
 	cmd := exec.Command("java", "-Xmx1g", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xshare:auto",
