@@ -39,9 +39,9 @@ import (
 )
 
 // Authority describes how a backend turns a requested TTL into the time it
-// keeps an unrenewed grant: the Expiry its package registers with its URL
-// opener (fenced.Register, read with fenced.ExpiryOf). The rounding rules
-// live with each backend; this package only figures with them.
+// keeps an unrenewed grant. It is the Expiry its package registers with its
+// URL opener (fenced.Register, read with fenced.ExpiryOf). The rounding
+// rules live with each backend; this package only figures with them.
 type Authority struct {
 	// Scheme is the store URL scheme.
 	Scheme string
