@@ -74,11 +74,10 @@ type Report struct {
 }
 
 // Check examines a run's history and the resource's final contents.
-// strength is the backend's declared fence strength. For a lock that gives
-// no fence (FenceNone or FenceUnset: a Locker), the checker first derives
-// the fences an ideal lock would have issued, per key in the order the
-// grants were confirmed, and judges the run by them; res is then changed
-// in place.
+// strength is the backend's declared fence strength. A lock that gives no
+// fence (FenceNone or FenceUnset: a Locker) is judged by the fences an
+// ideal lock would have issued. The checker first derives them, per key, in
+// the order the grants were confirmed. res is then changed in place.
 func Check(events []Event, res Contents, strength fenced.FenceStrength) Report {
 	sort.SliceStable(events, func(i, j int) bool { return events[i].T < events[j].T })
 	if strength <= fenced.FenceNone {

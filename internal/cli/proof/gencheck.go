@@ -92,10 +92,10 @@ func (r *GenReport) problem(t int64, format string, args ...any) {
 const setMargin = 250 * time.Millisecond
 
 // CheckGen examines a generative run's history. strength is the backend's
-// declared fence strength, ttl the longest an orphan grant can stand at
-// the store (the longest TTL one can have, as the store keeps it:
-// driver.Expiry.Outlives of its Capabilities.Keeps), bound how long one may be seen held while no fault is
-// active.
+// declared fence strength. ttl is the longest an orphan grant can stand at
+// the store. That is the longest TTL one can have, as the store keeps it:
+// driver.Expiry.Outlives of its Capabilities.Keeps. bound is how long one
+// may be seen held while no fault is active.
 func CheckGen(events []Event, strength fenced.FenceStrength, ttl, bound time.Duration) GenReport {
 	sort.SliceStable(events, func(i, j int) bool { return events[i].T < events[j].T })
 	c := newGenChecker(events, strength, ttl, bound)

@@ -66,16 +66,16 @@ type genPartRun struct {
 	longestStop time.Duration
 }
 
-// RunGenPartitions runs Members member processes of one partition group
-// on Store while a nemesis drawn from Seed kills them (-9), stops them
-// (SIGSTOP) past the TTL, makes them leave (SIGTERM), restarts them, and
-// deploys another partition count: every member but one, sometimes, is
-// ended (leave or kill) and started again with the new count while the one
-// left out is stopped, and continued later, still at the old count. A
-// member that stops by itself (ErrPartitionCount, ErrMemberLive) is
-// started again with the current count, as a supervisor would. An
-// observer lists the group every 100ms. CheckGenPartitions judges the
-// run.
+// RunGenPartitions runs Members member processes of one partition group on
+// Store. Meanwhile a nemesis drawn from Seed strikes them. It kills them
+// (-9), stops them (SIGSTOP) past the TTL, makes them leave (SIGTERM) and
+// restarts them. It also deploys another partition count. Then, sometimes,
+// every member but one is ended (leave or kill) and started again with the
+// new count. The one left out is stopped meanwhile, and continued later,
+// still at the old count. A member that stops by itself (ErrPartitionCount,
+// ErrMemberLive) is started again with the current count, as a supervisor
+// would. An observer lists the group every 100ms. CheckGenPartitions judges
+// the run.
 func RunGenPartitions(ctx context.Context, cfg GenPartConfig) (GenPartReport, error) {
 	if cfg.Members == 0 {
 		cfg.Members = 4

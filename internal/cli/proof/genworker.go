@@ -23,8 +23,8 @@ const envGen = "FENCED_PROOF_GEN"
 // Event kinds of the generative mode (see RunGen).
 const (
 	// SetMember is one lease of a set AcquireAll returned (Op is the
-	// call's); Value is 1 if the set reported itself healthy (Err nil)
-	// when it was returned.
+	// call's). Value is 1 if the set reported itself healthy (Err nil) when
+	// it was returned.
 	SetMember Kind = "set_member"
 	// SetHealthyLost says a worker saw a set report itself healthy while
 	// one of its leases had ended (Key names it).
@@ -39,7 +39,7 @@ const (
 	BreakInvoke Kind = "break"
 	BreakDone   Kind = "broken"
 	// RenewedAfterBreak says a worker saw a lease it had broken renewed by
-	// a request sent after the break completed: its validity reached past
+	// a request sent after the break completed. Its validity reached past
 	// the break's end plus its TTL (Value: by how many ns).
 	RenewedAfterBreak Kind = "renewed_after_break"
 )

@@ -43,11 +43,11 @@ func WriteMarkdownTable(w io.Writer, rows []Row) {
 	}
 }
 
-// WriteTimelineSVG draws a history as an SVG timeline: one lane per
-// worker, a bar from each grant to the moment its holder learnt it had
-// ended (labelled with the fence), the fault windows shaded, accepted
-// writes as filled circles and refused ones as crosses. Only the window
-// from 1.5 s before the first fault to 3 s after the last is drawn.
+// WriteTimelineSVG draws a history as an SVG timeline, with one lane per
+// worker. A bar runs from each grant to the moment its holder learnt it had
+// ended, labelled with the fence. The fault windows are shaded. Accepted
+// writes are filled circles and refused ones crosses. Only the window from
+// 1.5 s before the first fault to 3 s after the last is drawn.
 func WriteTimelineSVG(w io.Writer, title string, events []Event) {
 	sort.SliceStable(events, func(i, j int) bool { return events[i].T < events[j].T })
 	if len(events) == 0 {
