@@ -425,9 +425,9 @@ func isPlannedEnd(err error) bool {
 }
 
 // Remaining is the validity left by the end the member last reported, on
-// this process's clock. It keeps counting after "end" (a hand-off keeps
-// the lease) and after the member's death, so that SIGKILL always goes
-// out before the validity ends.
+// this process's clock. It keeps counting after "end" (a hand-off keeps the
+// lease) and after the member's death. So SIGKILL always goes out before
+// the validity ends.
 func (p *pipeLink) Remaining() time.Duration {
 	return time.Duration(max(0, p.until.Load()-monotonicNow()))
 }
