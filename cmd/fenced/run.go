@@ -420,8 +420,8 @@ func interruptible(ctx context.Context, sigs <-chan os.Signal, what string) (con
 // acquireOrInterrupt runs acquire under a context that a signal from sigs
 // cancels (see interruptible). If a signal comes as the grant lands, the
 // hold is released at once and nothing runs.
-func acquireOrInterrupt(ctx context.Context, sigs <-chan os.Signal, what string, acquire func(context.Context) (*hold, error)) (*hold,
-	error) {
+func acquireOrInterrupt(ctx context.Context, sigs <-chan os.Signal, what string,
+	acquire func(context.Context) (*hold, error)) (*hold, error) {
 	acqCtx, stopWait := interruptible(ctx, sigs, what)
 	h, err := acquire(acqCtx)
 	sig := stopWait()
@@ -476,8 +476,8 @@ type hold struct {
 
 // acquireHold takes the lease (or permit, or leases) run's arguments ask
 // for and prepares COMMAND's environment.
-func acquireHold(ctx context.Context, c *fenced.Client, f *runFlags, keys []string, opts *fenced.LeaseOptions, store string) (*hold,
-	error) {
+func acquireHold(ctx context.Context, c *fenced.Client, f *runFlags, keys []string, opts *fenced.LeaseOptions,
+	store string) (*hold, error) {
 	switch {
 	case f.permits > 0:
 		sem, err := recipe.NewSemaphore(c, keys[0], f.permits, opts)
