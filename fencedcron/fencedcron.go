@@ -34,9 +34,9 @@ import (
 )
 
 // DefaultMinHold is a lease's minimum hold when Options.Lease.MinHold is
-// zero, the same as fencedgocron's: longer than the tick spread of
-// instances on one network, shorter than the shortest useful interval (a
-// second).
+// zero, the same as fencedgocron's. It is longer than the tick spread of
+// instances on one network. It is shorter than the shortest useful interval
+// (a second).
 const DefaultMinHold = 500 * time.Millisecond
 
 // Options configure SkipIfHeld. The zero value gives the defaults.
@@ -53,13 +53,13 @@ type Options struct {
 	OnError func(error)
 }
 
-// LeaseFunc is a job that runs with its run's lease and a context that
-// ends when the lease is lost (its cause then matches fenced.ErrLost or
+// LeaseFunc is a job that runs with its run's lease. Its context ends when
+// the lease is lost (its cause then matches fenced.ErrLost or
 // fenced.ErrExpired) or the client is closed. Send the lease's fence with
-// every write (fence.From): a loss is known only when the store says so or
-// the lease's local validity ends, and by then another instance may run
-// the job. The context is cancelled when the function returns, before the
-// lease is released. Its error goes to Options.OnError.
+// every write (fence.From). A loss is known only when the store says so or
+// the lease's local validity ends. By then another instance may run the
+// job. The context is cancelled when the function returns, before the lease
+// is released. Its error goes to Options.OnError.
 //
 // SkipIfHeld gives it the lease only when it wraps the LeaseFunc itself:
 // put SkipIfHeld last in the chain, nearest the job
@@ -80,9 +80,9 @@ func (f LeaseFunc) Run() {
 // Give each job its own key (wrap it with cron.NewChain(wrapper).Then(job)
 // when one cron runs several).
 //
-// It returns an error when c is nil, key is not a valid key (matching
-// driver.ErrInvalidKey) or the lease terms cannot be used on c's backend
-// (matching fenced.ErrInvalidOptions or fenced.ErrNoFence).
+// It returns an error when c is nil or key is not a valid key (matching
+// driver.ErrInvalidKey). It also does when the lease terms cannot be used
+// on c's backend (matching fenced.ErrInvalidOptions or fenced.ErrNoFence).
 func SkipIfHeld(c *fenced.Client, key string, opts *Options) (cron.JobWrapper, error) {
 	if c == nil {
 		return nil, errors.New("fencedcron: the *fenced.Client is nil: open one with fenced.Open")

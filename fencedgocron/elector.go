@@ -112,15 +112,15 @@ func (el *Elector) Epoch() uint64 {
 }
 
 // Task returns a gocron task that runs fn with the lease of the current
-// term and a context that ends when the term ends (its cause then matches
+// term. fn's context ends when the term ends, when the job is removed or
+// when the scheduler shuts down. A term's end has a cause matching
 // fenced.ErrLost or fenced.ErrExpired, or fenced.ErrReleased when the
-// campaign stopped), when the job is removed or when the scheduler shuts
-// down. Send the lease's fence (the term's epoch) with every write
-// (fence.From): a lost term is known only when the store says so or the
-// lease's local validity ends, and by then another instance may lead.
+// campaign stopped. Send the lease's fence (the term's epoch) with every
+// write (fence.From). A lost term is known only when the store says so or
+// the lease's local validity ends. By then another instance may lead.
 //
-// When this instance does not lead as the run starts, fn does not run and
-// the task returns ErrNotLeader (gocron skips such runs anyway when the
+// When this instance does not lead as the run starts, fn does not run. The
+// task then returns ErrNotLeader (gocron skips such runs anyway when the
 // scheduler has this Elector). Otherwise it returns fn's error, or a
 // *fenced.LeaseEndedError if the term ended before fn returned, as
 // Locker.Task does.

@@ -54,8 +54,8 @@ import (
 )
 
 // DefaultMinHold is the Locker's minimum hold when Options.Lease.MinHold is
-// zero: longer than the tick spread of instances on one network, shorter
-// than gocron's shortest useful interval (a second).
+// zero. It is longer than the tick spread of instances on one network. It
+// is shorter than gocron's shortest useful interval (a second).
 const DefaultMinHold = 500 * time.Millisecond
 
 // DefaultKeyPrefix is put before a job's name to make its lease key.

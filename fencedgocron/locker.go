@@ -11,8 +11,8 @@ import (
 	"github.com/fenced-dev/fenced"
 )
 
-// Locker is a gocron.Locker on a fenced Client: each run of a job takes a
-// lease on KeyPrefix + the job's name, and a run whose key another instance
+// Locker is a gocron.Locker on a fenced Client. Each run of a job takes a
+// lease on KeyPrefix + the job's name. A run whose key another instance
 // holds is skipped. Give the job's task with Locker.Task so that it gets
 // that lease. It is safe for concurrent use.
 type Locker struct {

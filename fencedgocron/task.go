@@ -12,17 +12,18 @@ import (
 )
 
 // ErrNoLock is what a task made with Locker.Task returns when its run was
-// not locked by that Locker: the scheduler has another locker or an
+// not locked by that Locker. The scheduler has another locker or an
 // elector, or the job was given gocron.WithDisabledDistributedJobLocker.
 // The function does not run.
-var ErrNoLock = errors.New("fencedgocron: this run holds no lease from the task's Locker: " +
-	"pass the same Locker to gocron.WithDistributedLocker (or the job's WithDistributedJobLocker)")
+var ErrNoLock = errors.New("fencedgocron: run not locked by the task's Locker: " +
+	"pass it to gocron.WithDistributedLocker or WithDistributedJobLocker")
 
 // ErrUnnamedJob is what the Locker's Lock returns for a job made with
-// Locker.Task or Elector.Task but no name: gocron names such a job after
-// the wrapper's function, the same for every job, and the name is the
-// lease key. The run is skipped.
-var ErrUnnamedJob = errors.New("fencedgocron: the job has no name of its own: give it one with gocron.WithName; it makes the job's lease key")
+// Locker.Task or Elector.Task but no name. gocron names such a job after
+// the wrapper's function, the same for every job. The name is the lease
+// key. The run is skipped.
+var ErrUnnamedJob = errors.New("fencedgocron: the job has no name of its own: give it one with gocron.WithName; " +
+	"it makes the job's lease key")
 
 // wrapperNames are in gocron's default name of a job whose function Task
 // made: the closure's name, whether or not Task was inlined into its
@@ -30,13 +31,13 @@ var ErrUnnamedJob = errors.New("fencedgocron: the job has no name of its own: gi
 var wrapperNames = []string{".(*Locker).Task.func", ".(*Elector).Task.func"}
 
 // Task returns a gocron task that runs fn with this run's lease, the one
-// the Locker took for it, and a context that ends when the lease is lost
-// (its cause then matches fenced.ErrLost or fenced.ErrExpired), when the
-// job is removed or when the scheduler shuts down. Send the lease's fence
-// with every write (fence.From): a loss is known only when the store says
-// so or the lease's local validity ends, and by then another instance may
-// run the job. The context is cancelled when fn returns, before the lease
-// is released.
+// the Locker took for it. fn's context ends when the lease is lost (its
+// cause then matches fenced.ErrLost or fenced.ErrExpired), when the job is
+// removed or when the scheduler shuts down. Send the lease's fence with
+// every write (fence.From). A loss is known only when the store says so or
+// the lease's local validity ends. By then another instance may run the
+// job. The context is cancelled when fn returns, before the lease is
+// released.
 //
 // Give the job a name with gocron.WithName: it makes the lease key
 // (ErrUnnamedJob otherwise). The scheduler (WithDistributedLocker) or the

@@ -83,11 +83,13 @@ func (s *Server) listLeases(w http.ResponseWriter, r *http.Request) {
 
 func checkPrefix(p string) *apiError {
 	if len(p) > fenced.MaxKeyLen {
-		return &apiError{status: http.StatusBadRequest, Code: "invalid_prefix", Message: fmt.Sprintf("prefix is %d bytes, longer than a key may be (%d)", len(p), fenced.MaxKeyLen)}
+		return &apiError{status: http.StatusBadRequest, Code: "invalid_prefix",
+			Message: fmt.Sprintf("prefix is %d bytes, longer than a key may be (%d)", len(p), fenced.MaxKeyLen)}
 	}
 	for _, r := range p {
 		if !unicode.IsPrint(r) {
-			return &apiError{status: http.StatusBadRequest, Code: "invalid_prefix", Message: fmt.Sprintf("prefix %q has a non-printable character", p)}
+			return &apiError{status: http.StatusBadRequest, Code: "invalid_prefix",
+				Message: fmt.Sprintf("prefix %q has a non-printable character", p)}
 		}
 	}
 	return nil
@@ -133,7 +135,8 @@ func (s *Server) keyDetails(ctx context.Context, key string) (keyView, *apiError
 	s.obs.inspected(info)
 	v := keyView{leaseView: s.view(info), History: []historyView{}, Breaks: []breakView{}}
 	for _, g := range s.obs.history(key) {
-		h := historyView{Fence: g.Fence, OwnerDigest: g.OwnerDigest, ForeignHolder: g.Foreign, FirstSeen: g.FirstSeen.UTC(), LastSeen: g.LastSeen.UTC(), TTLMS: g.TTL.Milliseconds(), ViaAPI: g.Via == "api"}
+		h := historyView{Fence: g.Fence, OwnerDigest: g.OwnerDigest, ForeignHolder: g.Foreign, FirstSeen: g.FirstSeen.UTC(),
+			LastSeen: g.LastSeen.UTC(), TTLMS: g.TTL.Milliseconds(), ViaAPI: g.Via == "api"}
 		if !g.Ended.IsZero() {
 			e := g.Ended.UTC()
 			h.Ended = &e
@@ -210,12 +213,14 @@ func (s *Server) breakLease(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.obs.ended(key, info.Fence, true)
-	s.log.Info("fenced serve: lease broken", "key", key, "fence", info.Fence, "owner_digest", info.OwnerDigest, "by", by, "reason", body.Reason, "remote", r.RemoteAddr)
+	s.log.Info("fenced serve: lease broken", "key", key, "fence", info.Fence, "owner_digest", info.OwnerDigest, "by", by, "reason",
+		body.Reason, "remote", r.RemoteAddr)
 	writeJSON(w, http.StatusOK, struct {
 		Broken leaseView `json:"broken"`
 		By     string    `json:"by"`
 		Reason string    `json:"reason"`
-	}{leaseView{Key: key, Held: false, Fence: info.Fence, OwnerDigest: info.OwnerDigest, ForeignHolder: foreignHolder(info)}, by, body.Reason})
+	}{leaseView{Key: key, Held: false, Fence: info.Fence, OwnerDigest: info.OwnerDigest, ForeignHolder: foreignHolder(info)}, by,
+		body.Reason})
 }
 
 // checkText checks a required free-text field.
@@ -224,7 +229,8 @@ func checkText(field, v string, maxLen int) *apiError {
 	case v == "":
 		return &apiError{status: http.StatusBadRequest, Code: "missing_" + field, Message: field + " is required"}
 	case len(v) > maxLen:
-		return &apiError{status: http.StatusBadRequest, Code: "invalid_" + field, Message: fmt.Sprintf("%s is %d bytes, longer than %d", field, len(v), maxLen)}
+		return &apiError{status: http.StatusBadRequest, Code: "invalid_" + field,
+			Message: fmt.Sprintf("%s is %d bytes, longer than %d", field, len(v), maxLen)}
 	}
 	for _, r := range v {
 		if !unicode.IsPrint(r) {
@@ -236,7 +242,8 @@ func checkText(field, v string, maxLen int) *apiError {
 
 // refused logs a refused authorization.
 func (s *Server) refused(r *http.Request, e *apiError) {
-	s.log.Warn("fenced serve: request refused", "method", r.Method, "path", r.URL.Path, "status", e.status, "reason", e.Message, "remote", r.RemoteAddr)
+	s.log.Warn("fenced serve: request refused", "method", r.Method, "path", r.URL.Path, "status", e.status, "reason", e.Message, "remote",
+		r.RemoteAddr)
 }
 
 // grantView is what acquire and renew answer to the holder.
@@ -281,10 +288,13 @@ func (s *Server) acquireLease(w http.ResponseWriter, r *http.Request) {
 	opts := &fenced.LeaseOptions{TTL: ttl, MaxWait: fenced.NoWait, ManualRenew: true}
 	switch wait := time.Duration(body.WaitMS) * time.Millisecond; {
 	case body.WaitMS < 0:
-		writeError(w, &apiError{status: http.StatusBadRequest, Code: "invalid_wait", Message: fmt.Sprintf("wait_ms %d is negative", body.WaitMS)})
+		writeError(w,
+			&apiError{status: http.StatusBadRequest, Code: "invalid_wait", Message: fmt.Sprintf("wait_ms %d is negative", body.WaitMS)})
 		return
 	case wait > s.cfg.MaxWait:
-		writeError(w, &apiError{status: http.StatusBadRequest, Code: "invalid_wait", Message: fmt.Sprintf("wait_ms %d is longer than this server's limit of %v", body.WaitMS, s.cfg.MaxWait)})
+		writeError(w,
+			&apiError{status: http.StatusBadRequest, Code: "invalid_wait",
+				Message: fmt.Sprintf("wait_ms %d is longer than this server's limit of %v", body.WaitMS, s.cfg.MaxWait)})
 		return
 	case wait > 0:
 		opts.MaxWait = wait
@@ -297,14 +307,18 @@ func (s *Server) acquireLease(w http.ResponseWriter, r *http.Request) {
 	case "none":
 		opts.MinFence = fenced.FenceNone
 	default:
-		writeError(w, &apiError{status: http.StatusBadRequest, Code: "invalid_min_fence", Message: fmt.Sprintf("min_fence %q: want strict, repeatable or none", body.MinFence)})
+		writeError(w,
+			&apiError{status: http.StatusBadRequest, Code: "invalid_min_fence",
+				Message: fmt.Sprintf("min_fence %q: want strict, repeatable or none", body.MinFence)})
 		return
 	}
 	s.mu.Lock()
 	full := len(s.leases) >= s.cfg.MaxLeases
 	s.mu.Unlock()
 	if full {
-		writeError(w, &apiError{status: http.StatusTooManyRequests, Code: "too_many_leases", Message: fmt.Sprintf("this server already holds %d leases for API clients", s.cfg.MaxLeases)})
+		writeError(w,
+			&apiError{status: http.StatusTooManyRequests, Code: "too_many_leases",
+				Message: fmt.Sprintf("this server already holds %d leases for API clients", s.cfg.MaxLeases)})
 		return
 	}
 	l, err := s.cfg.Client.Acquire(r.Context(), key, opts)
@@ -323,9 +337,11 @@ func (s *Server) acquireLease(w http.ResponseWriter, r *http.Request) {
 		s.mu.Unlock()
 	}()
 	s.obs.acquired(fenced.LeaseInfo{Key: key, Held: true, Fence: l.Fence(), OwnerDigest: digest, Remaining: l.Remaining()}, l.Options().TTL)
-	s.log.Info("fenced serve: lease granted through the API", "key", key, "fence", l.Fence(), "owner_digest", digest, "ttl", l.Options().TTL, "token", name, "remote", r.RemoteAddr)
+	s.log.Info("fenced serve: lease granted through the API", "key", key, "fence", l.Fence(), "owner_digest", digest, "ttl",
+		l.Options().TTL, "token", name, "remote", r.RemoteAddr)
 	writeJSON(w, http.StatusOK, grantView{Key: key, Fence: l.Fence(), Owner: l.Owner(), OwnerDigest: digest,
-		TTLMS: l.Options().TTL.Milliseconds(), ValidForMS: l.Remaining().Milliseconds(), RenewEveryMS: (l.Options().TTL / 3).Milliseconds()})
+		TTLMS: l.Options().TTL.Milliseconds(), ValidForMS: l.Remaining().Milliseconds(),
+		RenewEveryMS: (l.Options().TTL / 3).Milliseconds()})
 }
 
 // holderRequest is the body of renew and release.
@@ -398,7 +414,9 @@ func (s *Server) holder(w http.ResponseWriter, r *http.Request) (string, holderR
 	l := s.leases[req.Owner]
 	s.mu.Unlock()
 	if l != nil && (l.Key() != key || l.Fence() != req.Fence) {
-		writeError(w, &apiError{status: http.StatusConflict, Code: "not_held", Message: fmt.Sprintf("this owner does not hold %s with fence %d", key, req.Fence)})
+		writeError(w,
+			&apiError{status: http.StatusConflict, Code: "not_held",
+				Message: fmt.Sprintf("this owner does not hold %s with fence %d", key, req.Fence)})
 		return "", req, nil, false
 	}
 	return key, req, l, true
@@ -415,14 +433,16 @@ func (s *Server) renewLease(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		writeJSON(w, http.StatusOK, grantView{Key: key, Fence: l.Fence(), OwnerDigest: driver.OwnerDigest(l.Owner()),
-			TTLMS: l.Options().TTL.Milliseconds(), ValidForMS: l.Remaining().Milliseconds(), RenewEveryMS: (l.Options().TTL / 3).Milliseconds()})
+			TTLMS: l.Options().TTL.Milliseconds(), ValidForMS: l.Remaining().Milliseconds(),
+			RenewEveryMS: (l.Options().TTL / 3).Milliseconds()})
 		return
 	}
 	ttl := req.ttl
 	// The server no longer knows this lease: the authority judges owner
 	// and fence.
 	sent := time.Now()
-	if err := rootaccess.Driver(s.cfg.Client).Renew(r.Context(), driver.Grant{Key: key, Owner: req.Owner, Fence: req.Fence, TTL: ttl}); err != nil {
+	if err := rootaccess.Driver(s.cfg.Client).Renew(r.Context(),
+		driver.Grant{Key: key, Owner: req.Owner, Fence: req.Fence, TTL: ttl}); err != nil {
 		writeError(w, storeError(err))
 		return
 	}
@@ -447,7 +467,8 @@ func (s *Server) releaseLease(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.obs.ended(key, req.Fence, false)
-	s.log.Info("fenced serve: lease released through the API", "key", key, "fence", req.Fence, "owner_digest", driver.OwnerDigest(req.Owner), "remote", r.RemoteAddr)
+	s.log.Info("fenced serve: lease released through the API", "key", key, "fence", req.Fence, "owner_digest",
+		driver.OwnerDigest(req.Owner), "remote", r.RemoteAddr)
 	writeJSON(w, http.StatusOK, struct {
 		Released bool   `json:"released"`
 		Key      string `json:"key"`
@@ -461,7 +482,9 @@ func (s *Server) plan(w http.ResponseWriter, r *http.Request) {
 	if b := q.Get("backend"); b != "" && b != s.auth.Scheme {
 		a, ok := leaseplan.Authorities()[b]
 		if !ok {
-			writeError(w, &apiError{status: http.StatusBadRequest, Code: "invalid_backend", Message: fmt.Sprintf("backend %q is not one of fenced's URL schemes", b)})
+			writeError(w,
+				&apiError{status: http.StatusBadRequest, Code: "invalid_backend",
+					Message: fmt.Sprintf("backend %q is not one of fenced's URL schemes", b)})
 			return
 		}
 		in.Authority = a
@@ -476,7 +499,9 @@ func (s *Server) plan(w http.ResponseWriter, r *http.Request) {
 		}
 		d, err := time.ParseDuration(v)
 		if err != nil {
-			writeError(w, &apiError{status: http.StatusBadRequest, Code: "invalid_" + p.name, Message: fmt.Sprintf("%s=%q is not a duration such as 30s or 1500ms", p.name, v)})
+			writeError(w,
+				&apiError{status: http.StatusBadRequest, Code: "invalid_" + p.name,
+					Message: fmt.Sprintf("%s=%q is not a duration such as 30s or 1500ms", p.name, v)})
 			return
 		}
 		*p.dst = d
@@ -511,7 +536,8 @@ func (s *Server) runScenario(w http.ResponseWriter, r *http.Request) {
 	}
 	withFence := body.Fence == nil || *body.Fence
 	if !s.scenario.TryLock() {
-		writeError(w, &apiError{status: http.StatusConflict, Code: "busy", Message: "a scenario is already running; try again when it is over"})
+		writeError(w,
+			&apiError{status: http.StatusConflict, Code: "busy", Message: "a scenario is already running; try again when it is over"})
 		return
 	}
 	defer s.scenario.Unlock()

@@ -156,18 +156,21 @@ func (k *keyring) lookup(secret string) (keyEntry, bool) {
 func (s *Server) authorize(r *http.Request, need role) (string, *apiError) {
 	h := r.Header.Get("Authorization")
 	if h == "" {
-		return "", &apiError{status: http.StatusUnauthorized, Code: "unauthorized", Message: "this request needs Authorization: Bearer <token>" + s.tokenHint(need)}
+		return "", &apiError{status: http.StatusUnauthorized, Code: "unauthorized",
+			Message: "this request needs Authorization: Bearer <token>" + s.tokenHint(need)}
 	}
 	scheme, secret, ok := strings.Cut(h, " ")
 	if !ok || !strings.EqualFold(scheme, "Bearer") || strings.TrimSpace(secret) == "" {
-		return "", &apiError{status: http.StatusUnauthorized, Code: "unauthorized", Message: "the Authorization header must be: Bearer <token>"}
+		return "", &apiError{status: http.StatusUnauthorized, Code: "unauthorized",
+			Message: "the Authorization header must be: Bearer <token>"}
 	}
 	e, found := s.keys.lookup(strings.TrimSpace(secret))
 	switch {
 	case !found:
 		return "", &apiError{status: http.StatusForbidden, Code: "forbidden", Message: "the token is not valid here"}
 	case e.role < need:
-		return "", &apiError{status: http.StatusForbidden, Code: "forbidden", Message: fmt.Sprintf("token %q is a client token; breaking a lease needs an admin token", e.name)}
+		return "", &apiError{status: http.StatusForbidden, Code: "forbidden",
+			Message: fmt.Sprintf("token %q is a client token; breaking a lease needs an admin token", e.name)}
 	}
 	return e.name, nil
 }

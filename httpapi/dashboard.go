@@ -55,7 +55,8 @@ var pages = template.Must(template.New("").Funcs(template.FuncMap{
 }).ParseFS(assets, "assets/*.html"))
 
 // contentSecurity allows only the server's own scripts, styles and API.
-const contentSecurity = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+const contentSecurity = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; base-uri 'none'; " +
+	"form-action 'none'; frame-ancestors 'none'"
 
 func staticHandler() http.Handler {
 	sub, err := fs.Sub(assets, "assets")

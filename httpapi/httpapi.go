@@ -236,7 +236,9 @@ func (s *Server) routes() {
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if s.cfg.LoopbackOnly && !loopbackHost(r.Host) {
 		s.log.Warn("fenced serve: refused a request for a non-loopback host", "host", r.Host, "remote", r.RemoteAddr)
-		writeError(w, &apiError{status: http.StatusMisdirectedRequest, Code: "misdirected", Message: fmt.Sprintf("this server answers only to localhost, 127.0.0.1 or [::1], not to Host %q", r.Host)})
+		writeError(w,
+			&apiError{status: http.StatusMisdirectedRequest, Code: "misdirected",
+				Message: fmt.Sprintf("this server answers only to localhost, 127.0.0.1 or [::1], not to Host %q", r.Host)})
 		return
 	}
 	w.Header().Set("X-Content-Type-Options", "nosniff")
@@ -275,7 +277,9 @@ func methods(hs map[string]http.HandlerFunc) http.HandlerFunc {
 			return
 		}
 		w.Header().Set("Allow", strings.Join(allow, ", "))
-		writeError(w, &apiError{status: http.StatusMethodNotAllowed, Code: "method_not_allowed", Message: fmt.Sprintf("%s is not allowed here (allowed: %s)", r.Method, strings.Join(allow, ", "))})
+		writeError(w,
+			&apiError{status: http.StatusMethodNotAllowed, Code: "method_not_allowed",
+				Message: fmt.Sprintf("%s is not allowed here (allowed: %s)", r.Method, strings.Join(allow, ", "))})
 	}
 }
 
@@ -359,7 +363,8 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any, allowEmpt
 	case errors.Is(err, io.EOF) && allowEmpty:
 		return nil
 	case errors.As(err, &tooBig):
-		return &apiError{status: http.StatusRequestEntityTooLarge, Code: "too_large", Message: fmt.Sprintf("the body is larger than %d bytes", s.cfg.MaxBody)}
+		return &apiError{status: http.StatusRequestEntityTooLarge, Code: "too_large",
+			Message: fmt.Sprintf("the body is larger than %d bytes", s.cfg.MaxBody)}
 	case errors.Is(err, io.EOF):
 		return &apiError{status: http.StatusBadRequest, Code: "bad_json", Message: "the body is empty; want a JSON object"}
 	}

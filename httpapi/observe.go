@@ -252,13 +252,17 @@ var (
 	descHeld = prometheus.NewDesc("fenced_store_leases_held",
 		"Leases held in the store now, by whoever holds them.", []string{metrics.LabelKeyGroup}, nil)
 	descExpiring = prometheus.NewDesc("fenced_store_leases_expiring",
-		"Held leases with less than a renewal interval (a third of their TTL, the default) left: their holders missed a renewal. Only for stores that report time left.", []string{metrics.LabelKeyGroup}, nil)
+		"Held leases with less than a renewal interval (a third of their TTL, the default) left: their holders missed a renewal. "+
+			"Only for stores that report time left.", []string{metrics.LabelKeyGroup}, nil)
 	descRemaining = prometheus.NewDesc("fenced_store_lease_validity_remaining_seconds",
-		"The least time left among the held leases, by the store's clock. Only for stores that report time left.", []string{metrics.LabelKeyGroup}, nil)
+		"The least time left among the held leases, by the store's clock. Only for stores that report time left.",
+		[]string{metrics.LabelKeyGroup}, nil)
 	descOwnerChanges = prometheus.NewDesc("fenced_store_owner_changes_total",
-		"New grants of keys this server had seen granted before: the keys' churn, as seen by polling (a grant shorter than a poll can be missed).", []string{metrics.LabelKeyGroup}, nil)
+		"New grants of keys this server had seen granted before: the keys' churn, as seen by polling "+
+			"(a grant shorter than a poll can be missed).", []string{metrics.LabelKeyGroup}, nil)
 	descBreaks = prometheus.NewDesc("fenced_store_breaks_total",
-		"Breaks recorded in the store's audit log, by anyone (fenced break, this server). Absent for stores without a break log (etcd, ZooKeeper).", []string{metrics.LabelKeyGroup}, nil)
+		"Breaks recorded in the store's audit log, by anyone (fenced break, this server). Absent for stores without a break log (etcd, "+
+			"ZooKeeper).", []string{metrics.LabelKeyGroup}, nil)
 	descBreaksHere = prometheus.NewDesc("fenced_serve_breaks_total",
 		"Breaks made through this server's API or dashboard.", []string{metrics.LabelKeyGroup}, nil)
 )

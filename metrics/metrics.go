@@ -75,7 +75,8 @@ const (
 )
 
 // Names lists every series name above.
-var Names = []string{AcquireAttempts, AcquireWait, LeasesHeld, LeaseHold, LeaseHoldTTLRatio, Renewals, LeasesLost, ValidityRemaining, StaleWrites, OwnerChanges}
+var Names = []string{AcquireAttempts, AcquireWait, LeasesHeld, LeaseHold, LeaseHoldTTLRatio, Renewals, LeasesLost, ValidityRemaining,
+	StaleWrites, OwnerChanges}
 
 // Label names.
 const (
@@ -379,11 +380,11 @@ func (t *Tracker) Gauges() []Gauge {
 	return gs
 }
 
-// Hook returns a hook that reports the events of a client on store to r
-// and keeps t up to date. Give each client its own store name; one Tracker
-// and Recorder may serve several clients. Guards in package fence report
-// stale writes to the hook of the client that issued the token, so a
-// guard needs no hook of its own.
+// Hook returns a hook that reports the events of a client on store to r and
+// keeps t up to date. Give each client its own store name; one Tracker and
+// Recorder may serve several clients. Guards in package fence report stale
+// writes to the hook of the client that issued the token. So a guard needs
+// no hook of its own.
 func Hook(store string, t *Tracker, r Recorder) func(fenced.Event) {
 	labels := func(key string) Labels {
 		l, isNew := t.labels(store, t.groupKey(key))
@@ -437,9 +438,9 @@ func Hook(store string, t *Tracker, r Recorder) func(fenced.Event) {
 	}
 }
 
-// Join returns a hook that calls each of hs (nil ones skipped) in order,
-// for a client reported to several exporters, or to an exporter and the
-// caller's own logging.
+// Join returns a hook that calls each of hs (nil ones skipped) in order.
+// Use it for a client reported to several exporters, or to an exporter and
+// the caller's own logging.
 func Join(hs ...func(fenced.Event)) func(fenced.Event) {
 	var j []func(fenced.Event)
 	for _, h := range hs {

@@ -44,7 +44,9 @@ func (c chart) svg() string {
 		}
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="12">`+"\n", chartW, chartH, chartW, chartH)
+	fmt.Fprintf(&b,
+		`<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="12">`+"\n",
+		chartW, chartH, chartW, chartH)
 	fmt.Fprintf(&b, `<rect width="%d" height="%d" fill="white"/>`+"\n", chartW, chartH)
 	fmt.Fprintf(&b, `<text x="%d" y="20" font-size="14" font-weight="bold">%s</text>`+"\n", padL, html.EscapeString(c.title))
 	if len(xs) == 0 {
@@ -72,7 +74,8 @@ func (c chart) svg() string {
 		fmt.Fprintf(&b, `<text x="%d" y="%.1f" text-anchor="end">%s</text>`+"\n", padL-6, y+4, tickLabel(t))
 	}
 	fmt.Fprintf(&b, `<text x="%d" y="%d" text-anchor="middle">%s</text>`+"\n", padL+plotW/2, chartH-12, html.EscapeString(c.xlabel))
-	fmt.Fprintf(&b, `<text transform="translate(16 %d) rotate(-90)" text-anchor="middle">%s</text>`+"\n", padT+plotH/2, html.EscapeString(c.ylabel))
+	fmt.Fprintf(&b, `<text transform="translate(16 %d) rotate(-90)" text-anchor="middle">%s</text>`+"\n", padT+plotH/2,
+		html.EscapeString(c.ylabel))
 	// Lines, points, legend.
 	var groups []string
 	for i, s := range c.series {
@@ -95,14 +98,16 @@ func (c chart) svg() string {
 		}
 		dash := dashes[s.dash%len(dashes)]
 		if len(path) > 1 {
-			fmt.Fprintf(&b, `<polyline fill="none" stroke="%s" stroke-width="2" stroke-dasharray="%s" points="%s"/>`+"\n", color, dash, strings.Join(path, " "))
+			fmt.Fprintf(&b, `<polyline fill="none" stroke="%s" stroke-width="2" stroke-dasharray="%s" points="%s"/>`+"\n", color, dash,
+				strings.Join(path, " "))
 		}
 		for _, p := range path {
 			xy := strings.Split(p, ",")
 			fmt.Fprintf(&b, `<circle cx="%s" cy="%s" r="3" fill="%s"/>`, xy[0], xy[1], color)
 		}
 		ly := padT + 10 + i*16
-		fmt.Fprintf(&b, "\n"+`<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="%s" stroke-width="2" stroke-dasharray="%s"/>`, padL+plotW+12, ly, padL+plotW+36, ly, color, dash)
+		fmt.Fprintf(&b, "\n"+`<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="%s" stroke-width="2" stroke-dasharray="%s"/>`, padL+plotW+12,
+			ly, padL+plotW+36, ly, color, dash)
 		fmt.Fprintf(&b, `<text x="%d" y="%d">%s</text>`+"\n", padL+plotW+42, ly+4, html.EscapeString(s.name))
 	}
 	b.WriteString("</svg>\n")

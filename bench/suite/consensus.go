@@ -30,18 +30,19 @@ func etcdBackend(tb *testenv.MainTB) *backend {
 	newClient := func() (*clientv3.Client, error) { return newEtcdClient(eps) }
 	holders := []holderImpl{
 		{name: "fenced", how: "Client auto-renew on the driver's session", open: openFencedHolder(url)},
-		{name: "etcd-mutex", how: "one session (lease keep-alive) for every mutex", open: func(ctx context.Context, ttl time.Duration) (holder, error) {
-			cli, err := newClient()
-			if err != nil {
-				return nil, err
-			}
-			s, err := concurrency.NewSession(cli, concurrency.WithTTL(int(ttl.Seconds())))
-			if err != nil {
-				cli.Close()
-				return nil, err
-			}
-			return &etcdMutexHolder{cli: cli, s: s}, nil
-		}},
+		{name: "etcd-mutex", how: "one session (lease keep-alive) for every mutex",
+			open: func(ctx context.Context, ttl time.Duration) (holder, error) {
+				cli, err := newClient()
+				if err != nil {
+					return nil, err
+				}
+				s, err := concurrency.NewSession(cli, concurrency.WithTTL(int(ttl.Seconds())))
+				if err != nil {
+					cli.Close()
+					return nil, err
+				}
+				return &etcdMutexHolder{cli: cli, s: s}, nil
+			}},
 	}
 	metrics := "http://" + eps[0] + "/metrics"
 	return &backend{
@@ -49,7 +50,8 @@ func etcdBackend(tb *testenv.MainTB) *backend {
 		spawn: spawnSpec{Set: "etcd", Args: append([]string{url}, eps...)},
 		count: etcdMessages(metrics, false), renewalCount: etcdMessages(metrics, true),
 		renewalTTL: renewalTTL,
-		note:       "single-node etcd; requests are gRPC messages received (grpc_server_msg_received_total), keep-alives left out except in the renewal workload",
+		note: "single-node etcd; requests are gRPC messages received (grpc_server_msg_received_total), " +
+			"keep-alives left out except in the renewal workload",
 	}
 }
 
@@ -170,20 +172,22 @@ func zookeeperBackend(tb *testenv.MainTB) *backend {
 	connect := func() (*zk.Conn, error) { return connectZK(servers) }
 	holders := []holderImpl{
 		{name: "fenced", how: "Client auto-renew on the driver's session", open: openFencedHolder(url)},
-		{name: "zk-lock", how: "one session (heartbeats) for every lock", open: func(ctx context.Context, ttl time.Duration) (holder, error) {
-			conn, err := connect()
-			if err != nil {
-				return nil, err
-			}
-			return &zkLockHolder{conn: conn}, nil
-		}},
+		{name: "zk-lock", how: "one session (heartbeats) for every lock",
+			open: func(ctx context.Context, ttl time.Duration) (holder, error) {
+				conn, err := connect()
+				if err != nil {
+					return nil, err
+				}
+				return &zkLockHolder{conn: conn}, nil
+			}},
 	}
 	return &backend{
 		name: "zookeeper", impls: zookeeperImpls(append([]string{url}, servers...)), holders: holders,
 		spawn: spawnSpec{Set: "zookeeper", Args: append([]string{url}, servers...)},
 		count: zkPackets(servers[0]), renewalCount: zkPackets(servers[0]),
 		renewalTTL: renewalTTL,
-		note:       "standalone ZooKeeper; requests are packets received (mntr's zk_packets_received, session pings included); zk.Lock has no context and no TTL of its own (the session's)",
+		note: "standalone ZooKeeper; requests are packets received (mntr's zk_packets_received, session pings included); " +
+			"zk.Lock has no context and no TTL of its own (the session's)",
 	}
 }
 

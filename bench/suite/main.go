@@ -158,15 +158,20 @@ func main() {
 		}
 		return
 	}
-	quick := flag.Bool("quick", false, "smaller runs (about 5 minutes on 2 cores); renewal with 10 000 leases instead of 10 000 and 100 000")
+	quick := flag.Bool("quick", false,
+		"smaller runs (about 5 minutes on 2 cores); renewal with 10 000 leases instead of 10 000 and 100 000")
 	only := flag.String("only", "", "comma-separated backends (default all): "+backendNames())
 	workloads := flag.String("workloads", strings.Join(allWorkloads, ","), "comma-separated workloads")
 	resultsDir := flag.String("results", "bench/results", "directory of the JSON results")
-	docs := flag.String("docs", fullReport, "report to render (its SVG charts go in the directory of its name without .md); a run of some backends or workloads renders "+partialReport+" unless -docs is given")
+	docs := flag.String("docs", fullReport,
+		"report to render (its SVG charts go in the directory of its name without .md); "+
+			"a run of some backends or workloads renders "+partialReport+" unless -docs is given")
 	render := flag.String("render", "", "only render the report from this results file")
 	command := flag.String("command", "", "the command line to print in the report")
-	leases := flag.String("leases", "", "comma-separated numbers of leases held in the renewal workload (default 10000 with -quick, 10000,100000 without)")
-	cpuProfile := flag.String("cpuprofile", "", "write the suite process's CPU profile (the in-process workloads: uncontended, throughput, renewal) to this file")
+	leases := flag.String("leases", "",
+		"comma-separated numbers of leases held in the renewal workload (default 10000 with -quick, 10000,100000 without)")
+	cpuProfile := flag.String("cpuprofile", "",
+		"write the suite process's CPU profile (the in-process workloads: uncontended, throughput, renewal) to this file")
 	flag.Parse()
 	log.SetFlags(log.Ltime)
 	if *cpuProfile != "" {
@@ -217,8 +222,9 @@ func main() {
 	}
 	s.results = Results{Date: started.UTC().Format(time.RFC3339), Machine: machine(), Command: *command, Quick: *quick}
 	if *quick {
-		s.results.Notes = append(s.results.Notes, fmt.Sprintf("--quick: renewal with M = %v leases; throughput only on %s; shorter windows and fewer rounds than the full run",
-			s.cfg.renewalM, strings.Join(s.cfg.throughputOn, ", ")))
+		s.results.Notes = append(s.results.Notes,
+			fmt.Sprintf("--quick: renewal with M = %v leases; throughput only on %s; shorter windows and fewer rounds than the full run",
+				s.cfg.renewalM, strings.Join(s.cfg.throughputOn, ", ")))
 	}
 	if err := os.MkdirAll(*resultsDir, 0o755); err != nil {
 		log.Fatal(err)

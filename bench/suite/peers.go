@@ -16,11 +16,17 @@ type peerReport struct {
 // without a fix or a maintainer's figure).
 var peerReports = []peerReport{
 	{"jetcd#749", "https://github.com/etcd-io/jetcd/issues/749",
-		"2020-05: jetcd's keepAlive on 25 000 leases (a real application, its reporter says); from about 25 000 leases the count in `etcdctl lease list` declined and the client logged leases as already expired. The keep-alive requests went out every 500 ms and got no response; the maintainer's guess: refreshing them all takes longer than the TTL"},
+		"2020-05: jetcd's keepAlive on 25 000 leases (a real application, its reporter says); " +
+			"from about 25 000 leases the count in `etcdctl lease list` declined and the client logged leases as already expired. " +
+			"The keep-alive requests went out every 500 ms and got no response; the maintainer's guess: " +
+			"refreshing them all takes longer than the TTL"},
 	{"etcd#11886", "https://github.com/etcd-io/etcd/issues/11886",
-		"2020-05, same reporter: Lease Grant and KeepAlive at 40 000 and 60 000 leases with a 20 s TTL on a 3-member etcd v3.4.5 (8-core VMs, 200–300 % CPU): the number of leases declined steadily and the client logged them expired"},
+		"2020-05, same reporter: Lease Grant and KeepAlive at 40 000 and 60 000 leases with a 20 s TTL on a 3-member etcd v3.4.5 " +
+			"(8-core VMs, 200–300 % CPU): the number of leases declined steadily and the client logged them expired"},
 	{"etcd#9360", "https://github.com/etcd-io/etcd/issues/9360",
-		"2018-02: leases left to expire as key TTLs \"paralyzed\" a production 5-node etcd (8-CPU VMs) at about 300–400 lease expirations per second, a rate it handles well over in puts and deletes; p99 request time went \"through the roof\", requests timed out, and leases expired late (keys left with a negative TTL)"},
+		"2018-02: leases left to expire as key TTLs \"paralyzed\" a production 5-node etcd (8-CPU VMs) " +
+			"at about 300–400 lease expirations per second, a rate it handles well over in puts and deletes; " +
+			"p99 request time went \"through the roof\", requests timed out, and leases expired late (keys left with a negative TTL)"},
 }
 
 // writePeers writes the peers' figures beside fenced's measured renewal
@@ -49,7 +55,8 @@ func writePeers(w func(string, ...any), renewal []Row) {
 		w("lease's keys; Redis: one script call per 256 grants). Measured in this run\n")
 		w("(W4 above; requests counted by the server, per renewal period of TTL/3), against the 1.0 per lease per period of\n")
 		w("a keep-alive or extend per lease:\n\n")
-		w("| backend | leases held | TTL s | server requests/period | requests per lease per period |\n| --- | ---: | ---: | ---: | ---: |\n")
+		w("| backend | leases held | TTL s | server requests/period | requests per lease per period |\n" +
+			"| --- | ---: | ---: | ---: | ---: |\n")
 		w("%s\n", strings.Join(rows, ""))
 	}
 	w("On etcd a fenced process keeps one etcd lease per TTL, whatever the number of fenced leases it holds, and its\n")

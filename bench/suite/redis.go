@@ -171,14 +171,15 @@ func redisServer(tb *testenv.MainTB, aof bool) *backend {
 	addr := srv.Addr()
 	impls := redisImpls([]string{addr})
 	holders := []holderImpl{
-		{name: "fenced", how: "Client auto-renew (driver batch renewal where it has one)", open: func(ctx context.Context, ttl time.Duration) (holder, error) {
-			c := newRedisClient(addr)
-			d, err := fencedredis.New(c, nil)
-			if err != nil {
-				return nil, err
-			}
-			return &fencedHolder{c: fenced.NewClient(d, nil), closeAlso: c.Close}, nil
-		}},
+		{name: "fenced", how: "Client auto-renew (driver batch renewal where it has one)",
+			open: func(ctx context.Context, ttl time.Duration) (holder, error) {
+				c := newRedisClient(addr)
+				d, err := fencedredis.New(c, nil)
+				if err != nil {
+					return nil, err
+				}
+				return &fencedHolder{c: fenced.NewClient(d, nil), closeAlso: c.Close}, nil
+			}},
 		{name: "redsync", how: "one Extend per lock per period", open: func(ctx context.Context, ttl time.Duration) (holder, error) {
 			c := newRedisClient(addr)
 			return &redsyncHolder{rs: redsync.New(goredis.NewPool(c)), c: c, refresher: newRefresher(ttl / 3)}, nil
@@ -201,7 +202,12 @@ func redisServer(tb *testenv.MainTB, aof bool) *backend {
 			}
 			return 6 * time.Second
 		},
-		note: setup + "; requests are commands the server executed (INFO total_commands_processed, commands inside scripts included), except in renewal, where they are script calls (INFO commandstats); redislock retries every 10ms; redsync's default retry delay (50-250ms); rueidislock with its defaults (2 of 3 keys, auto-extend, waits by client-side caching) and with KeyMajority 1 (one key, rueidislock-1key); only fenced has a fence (redislock v0.9.4, the newest release, has none, nor has rueidislock)",
+		note: setup +
+			"; requests are commands the server executed (INFO total_commands_processed, commands inside scripts included), " +
+			"except in renewal, where they are script calls (INFO commandstats); redislock retries every 10ms; " +
+			"redsync's default retry delay (50-250ms); rueidislock with its defaults (2 of 3 keys, auto-extend, " +
+			"waits by client-side caching) and with KeyMajority 1 (one key, rueidislock-1key); only fenced has a fence " +
+			"(redislock v0.9.4, the newest release, has none, nor has rueidislock)",
 	}
 }
 

@@ -47,7 +47,8 @@ func (s *suite) renewal(ctx context.Context, b *backend) {
 		ttl := b.renewalTTL(m)
 		for _, hi := range b.holders {
 			r := Row{Workload: "renewal", Backend: b.name, Implementation: hi.name, Params: map[string]any{
-				"leases": m, "ttl_ms": ttl.Milliseconds(), "period_ms": (ttl / 3).Milliseconds(), "periods": s.cfg.periods, "renewal": hi.how,
+				"leases": m, "ttl_ms": ttl.Milliseconds(), "period_ms": (ttl / 3).Milliseconds(), "periods": s.cfg.periods,
+				"renewal": hi.how,
 			}}
 			if err := s.renewOnce(ctx, b, hi, m, ttl, &r); err != nil {
 				r.Error = err.Error()

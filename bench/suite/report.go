@@ -128,7 +128,8 @@ func (rw *reportWriter) uncontended(rs []Row) {
 	w := rw.w
 	w("## Uncontended acquire + release\n\n")
 	w("One key, free: acquire then release, one after the other, from one process.\n\n")
-	w("| backend | implementation | p50 µs | p99 µs | requests/op | ratio p50 | ratio p99 |\n| --- | --- | ---: | ---: | ---: | ---: | ---: |\n")
+	w("| backend | implementation | p50 µs | p99 µs | requests/op | ratio p50 | ratio p99 |\n" +
+		"| --- | --- | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, r := range rs {
 		w("| %s | %s | %s | %s | %s | %s | %s |\n", r.Backend, r.Implementation, num(r.P50us), num(r.P99us), reqs(r.RequestsPerOp),
 			ratioCell(r, rs, sameParams, func(r Row) float64 { return r.P50us }, false),
@@ -154,12 +155,15 @@ func (rw *reportWriter) handover(rs []Row) error {
 	w("over a pipe; both ends are stamped inside the participants' processes, on the wall clock they share, so the pipe's\n")
 	w("latency is not counted). With 64 waiters 65 processes share the machine's 2 cores, as they would share a node. A\n")
 	w("holder releases only once every other participant is inside its acquire call\n")
-	w("(plus 20–40 ms, at random, for every waiter to be in line: watch, subscription or queue entry in place), and does not contend again until someone else got the key, so each sample is a\n")
+	w("(plus 20–40 ms, at random, for every waiter to be in line: watch, subscription or queue entry in place), " +
+		"and does not contend again until someone else got the key, so each sample is a\n")
 	w("real handover. Requests per handover include the waiters' polling, counted from a round's first grant to its last\n")
 	w("measured one (not the drain after it, when every participant still waiting takes the key once).\n\n")
-	w("| backend | waiters | implementation | p50 µs | p99 µs | requests/handover | ratio p50 | ratio p99 |\n| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |\n")
+	w("| backend | waiters | implementation | p50 µs | p99 µs | requests/handover | ratio p50 | ratio p99 |\n" +
+		"| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, r := range rs {
-		w("| %s | %v | %s | %s | %s | %s | %s | %s |\n", r.Backend, r.Params["waiters"], r.Implementation, num(r.P50us), num(r.P99us), reqs(r.RequestsPerOp),
+		w("| %s | %v | %s | %s | %s | %s | %s | %s |\n", r.Backend, r.Params["waiters"], r.Implementation, num(r.P50us), num(r.P99us),
+			reqs(r.RequestsPerOp),
 			ratioCell(r, rs, sameParams, func(r Row) float64 { return r.P50us }, false),
 			ratioCell(r, rs, sameParams, func(r Row) float64 { return r.P99us }, false))
 	}
@@ -194,7 +198,8 @@ func (rw *reportWriter) throughput(rs []Row) error {
 	w("client; etcd's Mutex needs a session per goroutine). Each goroutine loops: pick a key at random, acquire (waiting),\n")
 	w("release, with no work inside. Implementations alternate windows; ops/s counts the acquisitions completed in the\n")
 	w("windows, latency is the acquire call's.\n\n")
-	w("| backend | K | C | implementation | ops/s | acquire p50 µs | acquire p99 µs | requests/op | ratio ops/s | ratio p99 |\n| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	w("| backend | K | C | implementation | ops/s | acquire p50 µs | acquire p99 µs | requests/op | ratio ops/s | ratio p99 |\n" +
+		"| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, r := range rs {
 		w("| %s | %v | %v | %s | %s | %s | %s | %s | %s | %s |\n", r.Backend, r.Params["keys"], r.Params["clients"], r.Implementation,
 			num(r.OpsPerSec), num(r.P50us), num(r.P99us), reqs(r.RequestsPerOp),
@@ -203,7 +208,8 @@ func (rw *reportWriter) throughput(rs []Row) error {
 	}
 	w("\n")
 	for _, b := range backendsOf(rs) {
-		c := chart{title: b + ": throughput vs clients (one line per implementation and K)", xlabel: "clients (C)", ylabel: "ops/s", logX: true, logY: true}
+		c := chart{title: b + ": throughput vs clients (one line per implementation and K)", xlabel: "clients (C)", ylabel: "ops/s",
+			logX: true, logY: true}
 		for _, im := range implsOf(rs, b) {
 			for ki, k := range distinct(rs, b, "keys") {
 				s := series{name: fmt.Sprintf("%s K=%v", im, k), dash: ki}
@@ -235,7 +241,8 @@ func (rw *reportWriter) renewal(rs []Row) error {
 	w("and goroutines are the growth over the process before it took the leases (after a GC). The incumbents do not renew\n")
 	w("by themselves: redsync and redislock get the loop a user writes (one Extend/Refresh per lock per period, 64 in\n")
 	w("flight); etcd's Mutex and go-zookeeper's Lock ride on one session.\n\n")
-	w("| backend | implementation | M | TTL s | server calls/period | per lease | CPU s/s | heap B/lease | goroutines | lost | acquire all s |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	w("| backend | implementation | M | TTL s | server calls/period | per lease | CPU s/s | heap B/lease | goroutines | lost | acquire " +
+		"all s |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, r := range rs {
 		calls, per := "—", "—"
 		if r.ServerCallsPerPeriod > 0 || r.RequestsPerOp > 0 {
@@ -246,16 +253,19 @@ func (rw *reportWriter) renewal(rs []Row) error {
 			lost = fmt.Sprint(*r.LeasesLost)
 		}
 		w("| %s | %s | %v | %.0f | %s | %s | %.3f | %s | %d | %s | %.1f |\n", r.Backend, r.Implementation, r.Params["leases"],
-			toF(r.Params["ttl_ms"])/1000, calls, per, r.CPUSecondsPerSecond, num(r.HeapBytesPerLease), r.Goroutines, lost, r.AcquireAllSeconds)
+			toF(r.Params["ttl_ms"])/1000, calls, per, r.CPUSecondsPerSecond, num(r.HeapBytesPerLease), r.Goroutines, lost,
+			r.AcquireAllSeconds)
 	}
 	w("\n")
 	for _, r := range rs {
 		if r.LeasesLost != nil && *r.LeasesLost > 0 {
-			w("- **%s %s, M = %v: %d of %v leases lost.** One cause: %s\n", r.Backend, r.Implementation, r.Params["leases"], *r.LeasesLost, r.Params["leases"], cmp.Or(r.LossCause, "not reported"))
+			w("- **%s %s, M = %v: %d of %v leases lost.** One cause: %s\n", r.Backend, r.Implementation, r.Params["leases"], *r.LeasesLost,
+				r.Params["leases"], cmp.Or(r.LossCause, "not reported"))
 		}
 	}
 	w("\n")
-	c := chart{title: "server calls per renewal period vs leases held", xlabel: "leases held (M)", ylabel: "server calls per period", logX: true, logY: true}
+	c := chart{title: "server calls per renewal period vs leases held", xlabel: "leases held (M)", ylabel: "server calls per period",
+		logX: true, logY: true}
 	for _, b := range backendsOf(rs) {
 		for _, im := range implsOf(rs, b) {
 			s := series{name: b + " " + im}

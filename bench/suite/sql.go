@@ -48,9 +48,11 @@ func postgresBackend(tb *testenv.MainTB) *backend {
 	})
 	return &backend{
 		name: "postgres", impls: fencedImpls([]string{url}), spawn: spawnSpec{Set: "fenced", Args: []string{url}},
-		holders: []holderImpl{{name: "fenced", how: "Client auto-renew (driver batch renewal where it has one)", open: openFencedHolder(url)}},
-		count:   count, renewalCount: count, renewalTTL: renewalTTL,
-		note: "PostgreSQL, synchronous_commit on; requests are statements run (pg_stat_statements calls, nested ones included); no incumbent in the run",
+		holders: []holderImpl{{name: "fenced", how: "Client auto-renew (driver batch renewal where it has one)",
+			open: openFencedHolder(url)}},
+		count: count, renewalCount: count, renewalTTL: renewalTTL,
+		note: "PostgreSQL, synchronous_commit on; requests are statements run (pg_stat_statements calls, nested ones included); " +
+			"no incumbent in the run",
 	}
 }
 
@@ -73,8 +75,9 @@ func mysqlBackend(tb *testenv.MainTB) *backend {
 	})
 	return &backend{
 		name: "mysql", impls: fencedImpls([]string{url}), spawn: spawnSpec{Set: "fenced", Args: []string{url}},
-		holders: []holderImpl{{name: "fenced", how: "Client auto-renew (driver batch renewal where it has one)", open: openFencedHolder(url)}},
-		count:   count, renewalCount: count, renewalTTL: renewalTTL,
+		holders: []holderImpl{{name: "fenced", how: "Client auto-renew (driver batch renewal where it has one)",
+			open: openFencedHolder(url)}},
+		count: count, renewalCount: count, renewalTTL: renewalTTL,
 		note: "MariaDB; requests are the server's Questions (statements from clients); no incumbent in the run",
 	}
 }
@@ -85,7 +88,8 @@ func sqliteBackend(tb *testenv.MainTB) *backend {
 	url := "sqlite://" + filepath.Join(testenv.TempDir(tb, "sqlite"), "leases.db")
 	return &backend{
 		name: "sqlite", impls: fencedImpls([]string{url}), spawn: spawnSpec{Set: "fenced", Args: []string{url}},
-		holders:    []holderImpl{{name: "fenced", how: "Client auto-renew (driver batch renewal where it has one)", open: openFencedHolder(url)}},
+		holders: []holderImpl{{name: "fenced", how: "Client auto-renew (driver batch renewal where it has one)",
+			open: openFencedHolder(url)}},
 		renewalTTL: renewalTTL,
 		note:       "SQLite file (WAL); embedded, so no server-side request count; no incumbent in the run",
 	}

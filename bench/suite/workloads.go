@@ -275,7 +275,9 @@ func (s *suite) handover(ctx context.Context, b *backend) {
 			return err
 		})
 		for _, o := range all {
-			s.add(latencyRow("handover", b.name, o, map[string]any{"waiters": w, "settle_ms": settle.Milliseconds(), "settle_jitter_ms": settleJitter.Milliseconds(), "processes": b.spawn.Set != ""}))
+			s.add(latencyRow("handover", b.name, o,
+				map[string]any{"waiters": w, "settle_ms": settle.Milliseconds(), "settle_jitter_ms": settleJitter.Milliseconds(),
+					"processes": b.spawn.Set != ""}))
 		}
 		closeAll(all)
 	}
@@ -443,7 +445,8 @@ func (s *suite) throughput(ctx context.Context, b *backend) {
 				return err
 			})
 			for _, o := range all {
-				r := latencyRow("throughput", b.name, o, map[string]any{"keys": k, "clients": c, "window_ms": s.cfg.window.Milliseconds(), "work_us": 0})
+				r := latencyRow("throughput", b.name, o,
+					map[string]any{"keys": k, "clients": c, "window_ms": s.cfg.window.Milliseconds(), "work_us": 0})
 				if o.elapsed > 0 {
 					r.OpsPerSec = float64(o.ops) / o.elapsed.Seconds()
 				}

@@ -73,7 +73,9 @@ and FENCED_STORE is not used. To run faults against your store, see fenced proof
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if g.storeFlag != nil && g.storeFlag() {
-				return withCode(exitUsage, fmt.Errorf("demo: --store %s: the demo runs on a temporary SQLite store of its own (it freezes and kills its workers and leaves nothing behind); to run faults against your store, use fenced proof", driver.Redact(g.store)))
+				return withCode(exitUsage,
+					fmt.Errorf("demo: --store %s: the demo runs on a temporary SQLite store of its own; "+
+						"for faults against your store, use fenced proof", driver.Redact(g.store)))
 			}
 			if os.Getenv("FENCED_STORE") != "" && !g.quiet {
 				fmt.Fprintln(g.stderr, "fenced: demo: FENCED_STORE is not used; the demo runs on a temporary store of its own")
@@ -112,7 +114,8 @@ func setupBilling(ctx context.Context, path string) error {
 	defer db.Close()
 	for _, s := range []string{
 		`CREATE TABLE invoice_jobs (id TEXT PRIMARY KEY, customer TEXT NOT NULL, amount_cents INTEGER NOT NULL, status TEXT NOT NULL)`,
-		`CREATE TABLE sent_invoices (seq INTEGER PRIMARY KEY AUTOINCREMENT, invoice TEXT NOT NULL, worker TEXT NOT NULL, fence INTEGER NOT NULL)`,
+		`CREATE TABLE sent_invoices (seq INTEGER PRIMARY KEY AUTOINCREMENT, invoice TEXT NOT NULL, worker TEXT NOT NULL, ` +
+			`fence INTEGER NOT NULL)`,
 		`INSERT INTO invoice_jobs (id, customer, amount_cents, status) VALUES ('inv_72', 'ACME Corp', 129900, 'due')`,
 	} {
 		if _, err := db.ExecContext(ctx, s); err != nil {
@@ -167,7 +170,8 @@ func runDemo(ctx context.Context, g *globals, noFence, keep bool) error {
 		if keep {
 			fmt.Fprintf(g.stdout, "files kept in %s\n", dir)
 		}
-		fmt.Fprintf(g.stdout, "  lease store: sqlite:%s\n  resource:    invoice_jobs in %s\n\n", filepath.Join(dir, "leases.db"), filepath.Join(dir, "billing.db"))
+		fmt.Fprintf(g.stdout, "  lease store: sqlite:%s\n  resource:    invoice_jobs in %s\n\n", filepath.Join(dir, "leases.db"),
+			filepath.Join(dir, "billing.db"))
 	}, func(e scenarioEvent) {
 		fmt.Fprintf(g.stdout, "%+8.3fs  %-9s %s\n", e.At.Seconds(), e.Worker, e.Text)
 	})
@@ -305,7 +309,8 @@ func (s *demoScenario) drive(ctx context.Context) error {
 				if err := s.workers[s.frozen].Process.Signal(syscall.SIGSTOP); err != nil {
 					return fmt.Errorf("demo: SIGSTOP %s: %w", s.frozen, err)
 				}
-				s.say("demo", "freeze", s.frozenFence, fmt.Sprintf("SIGSTOP %s: frozen after checking its lease, before its write lands", s.frozen))
+				s.say("demo", "freeze", s.frozenFence,
+					fmt.Sprintf("SIGSTOP %s: frozen after checking its lease, before its write lands", s.frozen))
 			}
 		case name := <-s.exited:
 			running--
@@ -315,7 +320,8 @@ func (s *demoScenario) drive(ctx context.Context) error {
 			}
 		case <-resumeAt:
 			resumeAt = nil
-			s.say("demo", "resume", s.frozenFence, fmt.Sprintf("SIGCONT %s: it resumes, unaware that its lease expired, and its write goes out", s.frozen))
+			s.say("demo", "resume", s.frozenFence,
+				fmt.Sprintf("SIGCONT %s: it resumes, unaware that its lease expired, and its write goes out", s.frozen))
 			if err := s.workers[s.frozen].Process.Signal(syscall.SIGCONT); err != nil {
 				return err
 			}
@@ -374,15 +380,18 @@ func judgeScenario(ctx context.Context, billing string, noFence bool, frozen str
 	}
 	switch {
 	case noFence && len(out.Sends) == 2 && frozenSent:
-		out.Verdict = fmt.Sprintf("HAZARD REPRODUCED: %s's late write (fence %d) was accepted and the customer got two invoices.\nRun without --no-fence to see the fence refuse it.", frozen, frozenFence)
+		out.Verdict = fmt.Sprintf("HAZARD REPRODUCED: %s's late write (fence %d) was accepted and the customer got two invoices.\n"+
+			"Run without --no-fence to see the fence refuse it.", frozen, frozenFence)
 	case noFence:
 		out.Err = fmt.Errorf("demo: expected the unguarded run to send two invoices, got %d", len(out.Sends))
 	case len(out.Sends) != 1:
 		out.Err = fmt.Errorf("demo: INVARIANT BROKEN: %d invoices sent, want exactly 1", len(out.Sends))
 	case frozenSent || out.Sends[0].Fence <= frozenFence:
-		out.Err = fmt.Errorf("demo: INVARIANT BROKEN: the invoice was sent by %s with fence %d, not by a newer holder", out.Sends[0].Worker, out.Sends[0].Fence)
+		out.Err = fmt.Errorf("demo: INVARIANT BROKEN: the invoice was sent by %s with fence %d, not by a newer holder", out.Sends[0].Worker,
+			out.Sends[0].Fence)
 	default:
-		out.Verdict = fmt.Sprintf("OK: exactly one invoice sent, by %s (fence %d); %s's late write with fence %d was refused.", out.Sends[0].Worker, out.Sends[0].Fence, frozen, frozenFence)
+		out.Verdict = fmt.Sprintf("OK: exactly one invoice sent, by %s (fence %d); %s's late write with fence %d was refused.",
+			out.Sends[0].Worker, out.Sends[0].Fence, frozen, frozenFence)
 	}
 	return out, nil
 }
@@ -499,7 +508,8 @@ func (w *demoWork) send(ctx context.Context) error {
 			return err
 		}
 	} else {
-		res, err := w.guard.Update(ctx, tx, demoInvoice, w.tok, fence.Write{Set: "status = ?", SetArgs: []any{"sent"}, Where: "status = ?", WhereArgs: []any{"due"}})
+		res, err := w.guard.Update(ctx, tx, demoInvoice, w.tok,
+			fence.Write{Set: "status = ?", SetArgs: []any{"sent"}, Where: "status = ?", WhereArgs: []any{"due"}})
 		if err != nil {
 			return err
 		}
@@ -512,7 +522,8 @@ func (w *demoWork) send(ctx context.Context) error {
 			return nil
 		}
 	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO sent_invoices (invoice, worker, fence) VALUES (?, ?, ?)`, demoInvoice, w.name, int64(f)); err != nil {
+	if _, err := tx.ExecContext(ctx, `INSERT INTO sent_invoices (invoice, worker, fence) VALUES (?, ?, ?)`, demoInvoice, w.name,
+		int64(f)); err != nil {
 		return err
 	}
 	if err := tx.Commit(); err != nil {

@@ -72,7 +72,8 @@ etcdctl elect PREFIX+NAME exclude each other.`,
 		},
 	}
 	fl := cmd.Flags()
-	fl.DurationVar(&f.ttl, "ttl", 15*time.Second, "leadership lease time to live, positive; renewed every third of it; a dead leader is replaced after about this long")
+	fl.DurationVar(&f.ttl, "ttl", 15*time.Second,
+		"leadership lease time to live, positive; renewed every third of it; a dead leader is replaced after about this long")
 	fl.DurationVar(&f.grace, "grace", 10*time.Second, "after SIGTERM on loss of leadership, how long before SIGKILL")
 	fl.StringVar(&f.value, "value", "", "value to publish with the leadership (etcd only)")
 	fl.StringVar(&f.minFence, "min-fence", "strict", "weakest fence (epoch) accepted: strict, repeatable or none; see fenced run --help")
@@ -110,7 +111,8 @@ func electAndRun(ctx context.Context, g *globals, f *electFlags, name string, ar
 		return err
 	}
 	if f.value != "" && !c.Capabilities().Value {
-		return withCode(exitUsage, fmt.Errorf("elect: --value: this store keeps no value with a leader (only etcd does); leave --value out"))
+		return withCode(exitUsage,
+			fmt.Errorf("elect: --value: this store keeps no value with a leader (only etcd does); leave --value out"))
 	}
 	// The error names the key already.
 	h, err := acquireOrInterrupt(ctx, sigs, "the leadership", func(acqCtx context.Context) (*hold, error) {

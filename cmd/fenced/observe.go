@@ -68,7 +68,9 @@ func observe(ctx context.Context, g *globals, el *recipe.Election) error {
 	}
 	for l := range el.Observe(ctx) {
 		if g.output == "json" {
-			if err := writeJSONLine(g, leaderJSON{Time: time.Now().UTC(), Name: el.Name(), Leader: l.Present, Epoch: l.Epoch, Value: l.Value, Owner: l.Owner}); err != nil {
+			if err := writeJSONLine(g,
+				leaderJSON{Time: time.Now().UTC(), Name: el.Name(), Leader: l.Present, Epoch: l.Epoch, Value: l.Value,
+					Owner: l.Owner}); err != nil {
 				return err
 			}
 			continue
@@ -78,7 +80,8 @@ func observe(ctx context.Context, g *globals, el *recipe.Election) error {
 		case !l.Present:
 			_, err = fmt.Fprintf(g.stdout, "%s no leader (last epoch %d)\n", time.Now().Format(time.RFC3339Nano), l.Epoch)
 		case l.Value != "":
-			_, err = fmt.Fprintf(g.stdout, "%s leader epoch %d owner %s value %q\n", time.Now().Format(time.RFC3339Nano), l.Epoch, l.Owner, l.Value)
+			_, err = fmt.Fprintf(g.stdout, "%s leader epoch %d owner %s value %q\n", time.Now().Format(time.RFC3339Nano), l.Epoch, l.Owner,
+				l.Value)
 		default:
 			_, err = fmt.Fprintf(g.stdout, "%s leader epoch %d owner %s\n", time.Now().Format(time.RFC3339Nano), l.Epoch, l.Owner)
 		}

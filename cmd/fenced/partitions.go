@@ -113,9 +113,13 @@ must use the same -p.`,
 	}
 	fl := cmd.Flags()
 	fl.IntVarP(&f.partitions, "partitions", "p", 0, "number of partitions of the group, the same for every member (required)")
-	fl.DurationVar(&f.ttl, "ttl", 15*time.Second, "lease time to live of the membership and of each partition; a dead member's partitions move after about this long")
-	fl.DurationVar(&f.grace, "grace", 10*time.Second, "after SIGTERM on loss or hand-off of a partition, how long before SIGKILL; shorter than --ttl, and cut to the lease's validity left")
-	fl.StringVar(&f.id, "id", "", "member ID (no '/'); a member that restarts with the same ID gets its partitions back (default: the host name and process ID)")
+	fl.DurationVar(&f.ttl, "ttl", 15*time.Second,
+		"lease time to live of the membership and of each partition; a dead member's partitions move after about this long")
+	fl.DurationVar(&f.grace, "grace", 10*time.Second,
+		"after SIGTERM on loss or hand-off of a partition, how long before SIGKILL; shorter than --ttl, "+
+			"and cut to the lease's validity left")
+	fl.StringVar(&f.id, "id", "",
+		"member ID (no '/'); a member that restarts with the same ID gets its partitions back (default: the host name and process ID)")
 	fl.StringVar(&f.minFence, "min-fence", "strict", "weakest partition fence accepted: strict, repeatable or none; see fenced run --help")
 	return cmd
 }
@@ -123,7 +127,8 @@ must use the same -p.`,
 func runPartitions(ctx context.Context, g *globals, f *partitionsFlags, group string, argv []string) error {
 	switch {
 	case f.partitions == 0:
-		return withCode(exitUsage, fmt.Errorf("partitions run: no -p: give the number of partitions, 1 to %d, the same for every member", recipe.MaxPartitions))
+		return withCode(exitUsage,
+			fmt.Errorf("partitions run: no -p: give the number of partitions, 1 to %d, the same for every member", recipe.MaxPartitions))
 	case f.partitions < 1 || f.partitions > recipe.MaxPartitions:
 		return withCode(exitUsage, fmt.Errorf("partitions run: -p %d: want 1 to %d partitions", f.partitions, recipe.MaxPartitions))
 	case f.grace < 0:
@@ -154,7 +159,9 @@ func runPartitions(ctx context.Context, g *globals, f *partitionsFlags, group st
 		return err
 	}
 	if f.grace >= f.ttl {
-		return withCode(exitUsage, fmt.Errorf("partitions run: --grace %v is not shorter than --ttl %v: a command is killed before its partition's lease can run out, so it would never get that grace; give a --grace below the TTL", f.grace, f.ttl))
+		return withCode(exitUsage,
+			fmt.Errorf("partitions run: --grace %v is not shorter than --ttl %v: the lease would run out first; "+
+				"give a --grace below the TTL", f.grace, f.ttl))
 	}
 
 	work := func(ctx context.Context, p recipe.Partition) error {
@@ -418,9 +425,9 @@ func isPlannedEnd(err error) bool {
 }
 
 // Remaining is the validity left by the end the member last reported, on
-// this process's clock. It keeps counting after "end" (a hand-off keeps
-// the lease) and after the member's death, so that SIGKILL always goes
-// out before the validity ends.
+// this process's clock. It keeps counting after "end" (a hand-off keeps the
+// lease) and after the member's death. So SIGKILL always goes out before
+// the validity ends.
 func (p *pipeLink) Remaining() time.Duration {
 	return time.Duration(max(0, p.until.Load()-monotonicNow()))
 }
@@ -524,11 +531,13 @@ func lsPartitions(ctx context.Context, g *globals, group string) error {
 	}
 	if g.output == "json" {
 		return json.NewEncoder(g.stdout).Encode(map[string]any{
-			"group": group, "partitions": p, "members": members, "lag": lag, "partition": rows, "invalid": append([]string{}, st.Invalid...),
+			"group": group, "partitions": p, "members": members, "lag": lag, "partition": rows,
+			"invalid": append([]string{}, st.Invalid...),
 		})
 	}
 	if len(members) == 0 && len(st.Leases) == 0 && len(st.Invalid) == 0 {
-		return fmt.Errorf("partitions ls: group %q has no live member and no partition lease: no such group, or every member is gone", group)
+		return fmt.Errorf("partitions ls: group %q has no live member and no partition lease: no such group, or every member is gone",
+			group)
 	}
 	g.writeStoreHeader(g.stdout)
 	fmt.Fprintf(g.stdout, "group %s: %d partitions, %d members, lag %d (partitions not held)\n", group, p, len(ids), lag)

@@ -79,7 +79,8 @@ func printPlan(g *globals, p leaseplan.Plan) error {
 	fmt.Fprintf(tw, "regrant after:\t%v into such a freeze another worker may hold the key\n", planDur(p.RegrantAfter))
 	if p.MaxPause > 0 {
 		if p.StaleWindow > 0 {
-			fmt.Fprintf(tw, "stale window:\t%v for a %v pause: only the fence protects the resource\n", planDur(p.StaleWindow), planDur(p.MaxPause))
+			fmt.Fprintf(tw, "stale window:\t%v for a %v pause: only the fence protects the resource\n", planDur(p.StaleWindow),
+				planDur(p.MaxPause))
 		} else {
 			fmt.Fprintf(tw, "stale window:\tnone for a %v pause\n", planDur(p.MaxPause))
 		}

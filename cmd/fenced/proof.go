@@ -71,12 +71,16 @@ func newProofCmd(g *globals) *cobra.Command {
 	}
 	addOutputFlag(cmd, g)
 	cmd.Flags().BoolVar(&f.quick, "quick", false, "one injection per scenario, fencing off only for M1 (about a minute)")
-	cmd.Flags().StringVar(&f.minFence, "min-fence", "", "weakest fence the leases accept: strict (default), repeatable (Redis with replicas) or none")
-	cmd.Flags().StringVar(&f.dir, "dir", "", "directory for the histories and the scratch ledger (default: a new temporary directory, kept)")
+	cmd.Flags().StringVar(&f.minFence, "min-fence", "",
+		"weakest fence the leases accept: strict (default), repeatable (Redis with replicas) or none")
+	cmd.Flags().StringVar(&f.dir, "dir", "",
+		"directory for the histories and the scratch ledger (default: a new temporary directory, kept)")
 	cmd.Flags().DurationVar(&f.ttl, "ttl", time.Second, "lease TTL of the workers")
 	cmd.Flags().IntVar(&f.workers, "workers", 3, "worker processes")
-	cmd.Flags().BoolVar(&f.generative, "generative", false, "run random operations under faults drawn from a seed, for --duration, instead of the fixed scenarios")
-	cmd.Flags().Uint64Var(&f.seed, "seed", 0, "with --generative: the seed that draws the operations and the faults (default: a random one, printed)")
+	cmd.Flags().BoolVar(&f.generative, "generative", false,
+		"run random operations under faults drawn from a seed, for --duration, instead of the fixed scenarios")
+	cmd.Flags().Uint64Var(&f.seed, "seed", 0,
+		"with --generative: the seed that draws the operations and the faults (default: a random one, printed)")
 	cmd.Flags().DurationVar(&f.duration, "duration", proofGenDefaultDuration, "with --generative: how long the workload runs")
 	return cmd
 }
@@ -178,7 +182,8 @@ func runProof(ctx context.Context, g *globals, f *proofFlags) error {
 // for M1 only), with worker processes running self.
 func runProofScenarios(ctx context.Context, g *globals, f *proofFlags, strength fenced.FenceStrength, self string) (proofJSON, error) {
 	runID := fmt.Sprintf("%d", time.Now().UnixNano())
-	faults := []proof.Fault{proof.PauseHolder, proof.DelayWrite, proof.KillHolder, proof.CutHolder, proof.PauseMidAcquire, proof.ReorderWrites}
+	faults := []proof.Fault{proof.PauseHolder, proof.DelayWrite, proof.KillHolder, proof.CutHolder, proof.PauseMidAcquire,
+		proof.ReorderWrites}
 	injections := 3
 	if f.quick {
 		injections = 1
@@ -229,10 +234,12 @@ func printProof(g *globals, out proofJSON, verdict, dir string) error {
 		return enc.Encode(out)
 	}
 	tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "FAULT\tFENCING\tRUNS\tGRANTS\tWRITES\tSTALE SENT/REFUSED/ACCEPTED\tFENCE REGR.\tOVERLAPS\tDUP. EFFECTS\tLINEARIZABLE\tHAZARD")
+	fmt.Fprintln(tw,
+		"FAULT\tFENCING\tRUNS\tGRANTS\tWRITES\tSTALE SENT/REFUSED/ACCEPTED\tFENCE REGR.\tOVERLAPS\tDUP. EFFECTS\tLINEARIZABLE\tHAZARD")
 	for _, s := range out.Scenarios {
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d/%d/%d\t%d\t%d\t%d\t%v\t%v\n", s.Fault, onOff(s.Fencing), s.Runs, s.Grants, s.WritesAccepted,
-			s.StaleAttempted, s.StaleRefused, s.StaleAccepted, s.FenceRegressions, s.Overlaps, s.DuplicateEffects, s.Linearizable, s.HazardSeen)
+			s.StaleAttempted, s.StaleRefused, s.StaleAccepted, s.FenceRegressions, s.Overlaps, s.DuplicateEffects, s.Linearizable,
+			s.HazardSeen)
 	}
 	tw.Flush()
 	fmt.Fprintf(g.stdout, "\n%s\nhistories: %s\n", verdict, dir)
@@ -269,7 +276,8 @@ func proofVerdict(ss []proofScenarioJSON) (string, bool) {
 	if len(bad) > 0 {
 		return "FAIL: " + strings.Join(bad, "; "), true
 	}
-	return "PASS: with fencing on no stale write was accepted and no invoice sent twice, and the ledger is linearizable; with fencing off the checker saw the M1 hazard.", false
+	return "PASS: with fencing on no stale write was accepted and no invoice sent twice, and the ledger is linearizable; " +
+		"with fencing off the checker saw the M1 hazard.", false
 }
 
 // checkProofPrefix refuses a store holding leases under the proof prefix:
@@ -299,14 +307,17 @@ func checkProofPrefix(ctx context.Context, g *globals, strength fenced.FenceStre
 	}
 	infos, err := c.List(ctx, proofPrefix)
 	if errors.Is(err, fenced.ErrUnsupported) {
-		return fmt.Errorf("proof: this store cannot list leases, so proof cannot check that %q holds none it did not create: %w", proofPrefix, err)
+		return fmt.Errorf("proof: this store cannot list leases, so proof cannot check that %q holds none it did not create: %w",
+			proofPrefix, err)
 	}
 	if err != nil {
 		return err
 	}
 	for _, i := range infos {
 		if i.Held {
-			return withCode(exitUsage, fmt.Errorf("proof: lease %q is held under %q, and proof did not create it; refusing to run (wait for it to end or break it)", i.Key, proofPrefix))
+			return withCode(exitUsage,
+				fmt.Errorf("proof: lease %q is held under %q, and proof did not create it; refusing to run "+
+					"(wait for it to end or break it)", i.Key, proofPrefix))
 		}
 	}
 	return nil
@@ -326,14 +337,16 @@ func redisPersistenceWarning(ctx context.Context, rc goredis.UniversalClient) st
 	defer cancel()
 	conf, err := rc.ConfigGet(cctx, "*").Result()
 	if err != nil {
-		return fmt.Sprintf("cannot tell whether this Redis keeps its data across a restart (CONFIG GET refused: %v); without appendonly yes and appendfsync always, %s", err, repeat)
+		return fmt.Sprintf("cannot tell whether this Redis keeps its data across a restart (CONFIG GET refused: %v); "+
+			"without appendonly yes and appendfsync always, %s", err, repeat)
 	}
 	aof, fsync, save := conf["appendonly"], conf["appendfsync"], conf["save"]
 	switch {
 	case aof != "yes" && save == "":
 		return fmt.Sprintf("this Redis keeps no data across a restart (appendonly %s, no save points): %s", aof, repeat)
 	case aof != "yes":
-		return fmt.Sprintf("this Redis keeps only snapshots (appendonly %s, save %q): a restart loses the grants since the last one, and %s", aof, save, repeat)
+		return fmt.Sprintf("this Redis keeps only snapshots (appendonly %s, save %q): "+
+			"a restart loses the grants since the last one, and %s", aof, save, repeat)
 	case fsync != "always":
 		return fmt.Sprintf("this Redis syncs its append-only file %q, not always: a crash can lose the last grants, and %s", fsync, repeat)
 	}

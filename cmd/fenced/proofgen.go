@@ -63,13 +63,16 @@ func checkProofGenFlags(f *proofFlags, changed func(string) bool) error {
 	}
 	switch {
 	case f.quick:
-		return withCode(exitUsage, fmt.Errorf("proof: --quick runs the fixed scenarios, --generative runs random operations for --duration: choose one"))
+		return withCode(exitUsage,
+			fmt.Errorf("proof: --quick runs the fixed scenarios, --generative runs random operations for --duration: choose one"))
 	case f.duration <= 0:
 		return withCode(exitUsage, fmt.Errorf("proof: --duration must be positive, not %v", f.duration))
 	case f.ttl <= 0:
 		return withCode(exitUsage, fmt.Errorf("proof: --ttl must be positive, not %v", f.ttl))
 	case f.duration < f.ttl:
-		return withCode(exitUsage, fmt.Errorf("proof: --duration %v is shorter than --ttl %v: the nemesis waits half a TTL or more before each fault", f.duration, f.ttl))
+		return withCode(exitUsage,
+			fmt.Errorf("proof: --duration %v is shorter than --ttl %v: the nemesis waits half a TTL or more before each fault", f.duration,
+				f.ttl))
 	case f.workers < 1:
 		return withCode(exitUsage, fmt.Errorf("proof: --workers must be at least 1, not %d", f.workers))
 	}
@@ -86,7 +89,8 @@ func proofGenFaults(store string) ([]proof.Fault, []proofFaultOff) {
 		{proof.CrashAuthority.ID(), "kill and restart the store: fenced proof did not start it, so it cannot restart it"},
 	}
 	if strings.HasPrefix(store, "sqlite:") {
-		off = append([]proofFaultOff{{proof.CutHolder.ID(), "cut a worker off: a SQLite store is a local file, with no link to cut"}}, off...)
+		off = append([]proofFaultOff{{proof.CutHolder.ID(), "cut a worker off: a SQLite store is a local file, with no link to cut"}},
+			off...)
 	} else {
 		on = append(on, proof.CutHolder)
 	}
@@ -98,7 +102,8 @@ func proofGenFaults(store string) ([]proof.Fault, []proofFaultOff) {
 // report; a violation exits with exitError.
 func runProofGen(ctx context.Context, g *globals, f *proofFlags, strength fenced.FenceStrength, self string) error {
 	if strings.HasPrefix(g.store, "mem:") {
-		return withCode(exitUsage, fmt.Errorf("proof: a mem:// store lives inside one process, and the proof's workers are processes of their own: give a store they share"))
+		return withCode(exitUsage,
+			fmt.Errorf("proof: a mem:// store lives inside one process, and the workers are processes: give a store they share"))
 	}
 	faults, off := proofGenFaults(g.store)
 	dir, err := os.MkdirTemp(f.dir, fmt.Sprintf("generative-seed%d-", f.seed))
@@ -130,7 +135,8 @@ func runProofGen(ctx context.Context, g *globals, f *proofFlags, strength fenced
 	}
 	verdict, pass := proofGenVerdict(rep)
 	out := proofGenJSON{
-		Store: driver.Redact(g.store), Seed: f.seed, Duration: f.duration.String(), Elapsed: time.Since(started).Round(time.Millisecond).String(),
+		Store: driver.Redact(g.store), Seed: f.seed, Duration: f.duration.String(),
+		Elapsed: time.Since(started).Round(time.Millisecond).String(),
 		Workers: res.Config.Workers, Streams: res.Config.Streams, TTL: res.Config.TTL.String(),
 		FaultsInjected: injected, FaultsOff: off, Report: rep, Pass: pass, Verdict: verdict,
 		Rerun: proofGenRerun(f), Histories: dir,
@@ -155,9 +161,11 @@ func proofGenVerdict(rep proof.GenReport) (string, bool) {
 		}
 		return fmt.Sprintf("FAIL: the checker found violations%s (listed above)", first), false
 	case rep.Ops == 0 || rep.Grants == 0:
-		return fmt.Sprintf("FAIL: the workers invoked %d operations and were granted %d leases: the run proves nothing", rep.Ops, rep.Grants), false
+		return fmt.Sprintf("FAIL: the workers invoked %d operations and were granted %d leases: the run proves nothing", rep.Ops,
+			rep.Grants), false
 	}
-	return "PASS: no fence went backwards, no lease lived past its validity or a break, no two holders overlapped, no orphan grant outstayed its TTL, no set reported a lost member healthy.", true
+	return "PASS: no fence went backwards, no lease lived past its validity or a break, no two holders overlapped, " +
+		"no orphan grant outstayed its TTL, no set reported a lost member healthy.", true
 }
 
 // proofGenRerun returns the command that reruns f's run: the same
@@ -190,7 +198,8 @@ func printProofGen(g *globals, out proofGenJSON) error {
 	fmt.Fprintf(w, "duration:    %s (ran %s; CPU share %.2f)\n", out.Duration, out.Elapsed, rep.CPUShare)
 	fmt.Fprintf(w, "workers:     %d processes × %d streams, TTL %s\n", out.Workers, out.Streams, out.TTL)
 	fmt.Fprintf(w, "operations:  %d (%s)\n", rep.Ops, countsByName(rep.ByOp))
-	fmt.Fprintf(w, "grants:      %d; most leases held by one worker %d; failed acquisitions %d (refusals included)\n", rep.Grants, rep.MaxHeld, rep.Errors)
+	fmt.Fprintf(w, "grants:      %d; most leases held by one worker %d; failed acquisitions %d (refusals included)\n", rep.Grants,
+		rep.MaxHeld, rep.Errors)
 	fmt.Fprintf(w, "faults:      %d injected (%s)\n", rep.Faults, proofFaultCounts(out.FaultsInjected))
 	for _, o := range out.FaultsOff {
 		fmt.Fprintf(w, "             %s off: %s\n", o.Fault, o.Why)

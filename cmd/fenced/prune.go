@@ -60,7 +60,8 @@ works in batches of a few hundred rows, each one transaction.`,
 			return nil
 		},
 	}
-	cmd.Flags().DurationVar(&olderThan, "older-than", 0, "delete keys whose last grant ended longer ago than this (required; for example 720h)")
+	cmd.Flags().DurationVar(&olderThan, "older-than", 0,
+		"delete keys whose last grant ended longer ago than this (required; for example 720h)")
 	addOutputFlag(cmd, g)
 	return cmd
 }

@@ -58,7 +58,8 @@ func codeFor(err error) int {
 		return exitHeld
 	case errors.Is(err, fenced.ErrUnavailable):
 		return exitUnavailable
-	case errors.Is(err, driver.ErrInvalidKey), errors.Is(err, driver.ErrInvalidTTL), errors.Is(err, fenced.ErrInvalidOptions), errors.Is(err, driver.ErrInvalidURL):
+	case errors.Is(err, driver.ErrInvalidKey), errors.Is(err, driver.ErrInvalidTTL), errors.Is(err,
+		fenced.ErrInvalidOptions), errors.Is(err, driver.ErrInvalidURL):
 		return exitUsage
 	}
 	return exitError
@@ -93,7 +94,8 @@ func execute(args []string, stdout, stderr io.Writer) int {
 		return ee.code
 	}
 	code := codeFor(err)
-	if strings.HasPrefix(err.Error(), "unknown command") || strings.Contains(err.Error(), "flag") || strings.Contains(err.Error(), "arg(s)") {
+	if strings.HasPrefix(err.Error(), "unknown command") || strings.Contains(err.Error(), "flag") ||
+		strings.Contains(err.Error(), "arg(s)") {
 		code = exitUsage
 	}
 	// The "(exit N)" tells fenced's own exit codes from a command's: fenced
@@ -123,9 +125,11 @@ that it uses the default (--quiet hides that line).`,
 	if def == "" {
 		def = "sqlite:"
 	}
-	root.PersistentFlags().StringVar(&g.store, "store", def, "store URL (env FENCED_STORE; schemes: "+strings.Join(fenced.Schemes(), ", ")+"; default: a per-user SQLite file)")
+	root.PersistentFlags().StringVar(&g.store, "store", def,
+		"store URL (env FENCED_STORE; schemes: "+strings.Join(fenced.Schemes(), ", ")+"; default: a per-user SQLite file)")
 	root.PersistentFlags().BoolVarP(&g.verbose, "verbose", "v", false, "say on stderr which store is used and what fenced does")
-	root.PersistentFlags().BoolVarP(&g.quiet, "quiet", "q", false, "do not say on stderr that the default store is used when none was chosen")
+	root.PersistentFlags().BoolVarP(&g.quiet, "quiet", "q", false,
+		"do not say on stderr that the default store is used when none was chosen")
 	fromEnv := os.Getenv("FENCED_STORE") != ""
 	g.storeFlag = func() bool { return root.PersistentFlags().Changed("store") }
 	g.storeChosen = func() bool { return fromEnv || g.storeFlag() }
@@ -160,7 +164,8 @@ func (g *globals) noteStore() {
 	case g.quiet || g.noted || g.storeChosen == nil || g.storeChosen():
 		return
 	default:
-		fmt.Fprintf(g.stderr, "fenced: no store chosen, using %s; choose one with --store or FENCED_STORE (--quiet hides this line)\n", describeStore(g.store))
+		fmt.Fprintf(g.stderr, "fenced: no store chosen, using %s; choose one with --store or FENCED_STORE (--quiet hides this line)\n",
+			describeStore(g.store))
 	}
 	g.noted = true
 }
@@ -206,8 +211,9 @@ func noFenceError(command string, min fenced.FenceStrength, g driver.Guarantees)
 	if g.Fence >= fenced.FenceRepeatable {
 		what = "has a fence that can repeat (" + g.Fence.String() + ")"
 	}
-	return withCode(exitUsage, fmt.Errorf("%s: %w: this store %s, weaker than --min-fence %s (the default is strict)\n(%s)\n(the store says: %s)",
-		command, fenced.ErrNoFence, what, flagFence(min), minFenceHint(command, g), g.Note))
+	return withCode(exitUsage,
+		fmt.Errorf("%s: %w: this store %s, weaker than --min-fence %s (the default is strict)\n(%s)\n(the store says: %s)",
+			command, fenced.ErrNoFence, what, flagFence(min), minFenceHint(command, g), g.Note))
 }
 
 // withClient opens the store, runs fn and closes the store.
@@ -385,7 +391,8 @@ evicted holder still sends are refused by fenced resources. The break is recorde
 					// Nothing held: say whether the key was ever granted here,
 					// which catches a mistyped key or the wrong --store.
 					if _, ierr := c.Inspect(cmd.Context(), args[0]); errors.Is(ierr, fenced.ErrNotFound) {
-						return fmt.Errorf("break %q: %w: no lease on it was ever granted in %s", args[0], fenced.ErrNotFound, describeStore(g.store))
+						return fmt.Errorf("break %q: %w: no lease on it was ever granted in %s", args[0], fenced.ErrNotFound,
+							describeStore(g.store))
 					}
 					return fmt.Errorf("break %q: nothing to break, no one holds it now: %w", args[0], err)
 				}
@@ -435,7 +442,9 @@ func newGuaranteesCmd(g *globals) *cobra.Command {
 			if gr.ClockStepSafe {
 				fmt.Fprintf(tw, "safe from clock steps:\ttrue (expiry does not follow the store's wall clock)\n")
 			} else {
-				fmt.Fprintf(tw, "safe from clock steps:\tfalse (a forward step of the store's wall clock beyond the safety margin ends grants early: two holders overlap and only the fence protects the resource)\n")
+				fmt.Fprintf(tw,
+					"safe from clock steps:\tfalse (a forward step of the store's wall clock beyond the safety margin ends grants early: "+
+						"two holders overlap and only the fence protects the resource)\n")
 			}
 			fmt.Fprintf(tw, "waiters notified:\t%v\n", caps.Subscribe || caps.Queue)
 			fmt.Fprintf(tw, "waiters served FIFO:\t%v\n", caps.FIFO)

@@ -56,10 +56,14 @@ func newRunCmd(g *globals) *cobra.Command {
 	fl.DurationVar(&f.wait, "wait", 0, "how long to wait for a held KEY (0: exit 75 at once if held)")
 	fl.DurationVar(&f.grace, "grace", 10*time.Second, "after SIGTERM on lease loss, how long before SIGKILL")
 	fl.DurationVar(&f.maxHold, "max-hold", 0, "stop renewing after this long; the lease then expires (0: no cap)")
-	fl.DurationVar(&f.minHold, "min-hold", 0, "keep the lease after COMMAND ends until this long after the grant (cron: skip a late duplicate)")
-	fl.IntVarP(&f.permits, "permits", "n", 0, "semaphore: up to N holders of KEY at once, each with a lease on one permit (0: a plain lease)")
-	fl.StringVar(&f.minFence, "min-fence", "strict", "weakest fence the lease accepts: strict; repeatable (can repeat after a failover: single-node Redis); "+
-		"none (no fence: Redlock without a fence source, or work whose duplicates only waste effort; the resource must then be protected otherwise)")
+	fl.DurationVar(&f.minHold, "min-hold", 0,
+		"keep the lease after COMMAND ends until this long after the grant (cron: skip a late duplicate)")
+	fl.IntVarP(&f.permits, "permits", "n", 0,
+		"semaphore: up to N holders of KEY at once, each with a lease on one permit (0: a plain lease)")
+	fl.StringVar(&f.minFence, "min-fence", "strict",
+		"weakest fence the lease accepts: strict; repeatable (can repeat after a failover: single-node Redis); "+
+			"none (no fence: Redlock without a fence source, or work whose duplicates only waste effort; "+
+			"the resource must then be protected otherwise)")
 	fl.SetInterspersed(false) // after KEY, everything is COMMAND (see splitRunArgs)
 	return cmd
 }
@@ -238,9 +242,11 @@ func (f *runFlags) leaseOptions() (*fenced.LeaseOptions, error) {
 // --min-fence accepts the store's fence.
 func minFenceHint(command string, g driver.Guarantees) string {
 	if g.Fence >= fenced.FenceRepeatable {
-		return "with fenced " + command + ": --min-fence=repeatable accepts a fence that can repeat after a failover; --min-fence=none marks work that needs no fence"
+		return "with fenced " + command +
+			": --min-fence=repeatable accepts a fence that can repeat after a failover; --min-fence=none marks work that needs no fence"
 	}
-	return "with fenced " + command + ": --min-fence=none accepts a store without a fence, for work that needs none or whose resource is protected otherwise"
+	return "with fenced " + command +
+		": --min-fence=none accepts a store without a fence, for work that needs none or whose resource is protected otherwise"
 }
 
 // runUsage is the one-line usage of run, for errors.
@@ -290,13 +296,17 @@ func commandAfter(cmd *cobra.Command, noun, name string, rest []string) (argv []
 		return nil, true, cmd.Help()
 	}
 	if dash < 0 {
-		return nil, false, withCode(exitUsage, fmt.Errorf("%s: %q after %s %q: flags after %s need a -- before COMMAND: fenced %s [FLAGS] %s [FLAGS --] COMMAND [ARGS...]", verb, rest[0], noun, name, noun, verb, noun))
+		return nil, false, withCode(exitUsage,
+			fmt.Errorf("%s: %q after %s %q: flags after %s need a -- before COMMAND: fenced %s [FLAGS] %s [FLAGS --] COMMAND [ARGS...]",
+				verb, rest[0], noun, name, noun, verb, noun))
 	}
 	if err := cmd.Flags().Parse(rest[:dash]); err != nil {
 		return nil, false, withCode(exitUsage, fmt.Errorf("%s: %w", verb, err))
 	}
 	if n := cmd.Flags().NArg(); n > 0 {
-		return nil, false, withCode(exitUsage, fmt.Errorf("%s: want exactly one %s before flags and --, got %d arguments; give several before any flag: fenced %s [FLAGS] %s... -- COMMAND", verb, noun, n+1, verb, noun))
+		return nil, false, withCode(exitUsage,
+			fmt.Errorf("%s: want one %s before flags and --, got %d arguments; for several: "+
+				"fenced %s [FLAGS] %s... -- COMMAND", verb, noun, n+1, verb, noun))
 	}
 	if help, _ := cmd.Flags().GetBool("help"); help {
 		return nil, true, cmd.Help()
@@ -325,7 +335,8 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, keys, argv []st
 	case f.minHold < 0:
 		return withCode(exitUsage, fmt.Errorf("run: --min-hold %v is negative", f.minHold))
 	case f.maxHold > 0 && f.minHold > f.maxHold:
-		return withCode(exitUsage, fmt.Errorf("run: --min-hold %v is longer than --max-hold %v, after which the lease expires", f.minHold, f.maxHold))
+		return withCode(exitUsage,
+			fmt.Errorf("run: --min-hold %v is longer than --max-hold %v, after which the lease expires", f.minHold, f.maxHold))
 	}
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, forwarded...)
@@ -409,7 +420,8 @@ func interruptible(ctx context.Context, sigs <-chan os.Signal, what string) (con
 // acquireOrInterrupt runs acquire under a context that a signal from sigs
 // cancels (see interruptible). If a signal comes as the grant lands, the
 // hold is released at once and nothing runs.
-func acquireOrInterrupt(ctx context.Context, sigs <-chan os.Signal, what string, acquire func(context.Context) (*hold, error)) (*hold, error) {
+func acquireOrInterrupt(ctx context.Context, sigs <-chan os.Signal, what string,
+	acquire func(context.Context) (*hold, error)) (*hold, error) {
 	acqCtx, stopWait := interruptible(ctx, sigs, what)
 	h, err := acquire(acqCtx)
 	sig := stopWait()
@@ -464,7 +476,8 @@ type hold struct {
 
 // acquireHold takes the lease (or permit, or leases) run's arguments ask
 // for and prepares COMMAND's environment.
-func acquireHold(ctx context.Context, c *fenced.Client, f *runFlags, keys []string, opts *fenced.LeaseOptions, store string) (*hold, error) {
+func acquireHold(ctx context.Context, c *fenced.Client, f *runFlags, keys []string, opts *fenced.LeaseOptions,
+	store string) (*hold, error) {
 	switch {
 	case f.permits > 0:
 		sem, err := recipe.NewSemaphore(c, keys[0], f.permits, opts)
@@ -632,7 +645,8 @@ loop:
 				s.grp.TakeTerminal()
 				if !s.ending {
 					if n := s.terminate(); n > 0 {
-						fmt.Fprintf(s.g.stderr, "fenced: %s exited and left %d processes; sending them SIGTERM, SIGKILL in %v\n", s.name, n, s.h.grace)
+						fmt.Fprintf(s.g.stderr, "fenced: %s exited and left %d processes; sending them SIGTERM, SIGKILL in %v\n", s.name, n,
+							s.h.grace)
 					}
 				}
 			case supervise.Gone:
@@ -728,7 +742,8 @@ func (s *supervision) lose(cause error) {
 		// ended the tree: fenced did not run meanwhile (SIGSTOP, or a
 		// starved machine), and the tree may have run past it already.
 		s.unrenewed, s.ending = true, true
-		fmt.Fprintf(s.g.stderr, "fenced: %s lost: %v, before fenced could end %s; sending SIGKILL at once\n", s.h.desc, errText(cause), s.name)
+		fmt.Fprintf(s.g.stderr, "fenced: %s lost: %v, before fenced could end %s; sending SIGKILL at once\n", s.h.desc, errText(cause),
+			s.name)
 		s.kill("ran past the lease's local validity")
 		return
 	}
@@ -740,7 +755,8 @@ func (s *supervision) lose(cause error) {
 		fmt.Fprintf(s.g.stderr, "fenced: %s%s: %v; processes of %s are already being ended\n", s.h.desc, verb, cause, s.name)
 		return
 	}
-	fmt.Fprintf(s.g.stderr, "fenced: %s%s: %v; sending SIGTERM to %s and its processes, SIGKILL in %v\n", s.h.desc, verb, cause, s.name, s.h.grace)
+	fmt.Fprintf(s.g.stderr, "fenced: %s%s: %v; sending SIGTERM to %s and its processes, SIGKILL in %v\n", s.h.desc, verb, cause, s.name,
+		s.h.grace)
 	s.terminate()
 }
 
@@ -761,7 +777,8 @@ func (s *supervision) suspend(why string) {
 	supervise.StopSelf()
 	if s.leaseValid() {
 		if s.g.verbose {
-			fmt.Fprintf(s.g.stderr, "fenced: continued; %s is still valid (%v left): continuing %s\n", s.h.desc, s.h.lease.Remaining().Round(time.Millisecond), s.name)
+			fmt.Fprintf(s.g.stderr, "fenced: continued; %s is still valid (%v left): continuing %s\n", s.h.desc,
+				s.h.lease.Remaining().Round(time.Millisecond), s.name)
 		}
 		s.grp.Continue()
 		return
@@ -772,7 +789,8 @@ func (s *supervision) suspend(why string) {
 	}
 	s.lost = cause
 	s.ending = true
-	fmt.Fprintf(s.g.stderr, "fenced: continued after %s ended (%v); killing the stopped %s without continuing it\n", s.h.desc, cause, s.name)
+	fmt.Fprintf(s.g.stderr, "fenced: continued after %s ended (%v); killing the stopped %s without continuing it\n", s.h.desc, cause,
+		s.name)
 	s.grp.SignalAll(syscall.SIGKILL)
 	s.killAgain = time.NewTicker(100 * time.Millisecond)
 }
@@ -788,7 +806,8 @@ func (s *supervision) holdAtLeast(sigs <-chan os.Signal) {
 	}
 	s.heldOn = true
 	if s.g.verbose {
-		fmt.Fprintf(s.g.stderr, "fenced: %s ended; keeping %s for %v more (--min-hold %v)\n", s.name, s.h.desc, left.Round(time.Millisecond), s.h.minHold)
+		fmt.Fprintf(s.g.stderr, "fenced: %s ended; keeping %s for %v more (--min-hold %v)\n", s.name, s.h.desc,
+			left.Round(time.Millisecond), s.h.minHold)
 	}
 	t := time.NewTimer(left)
 	defer t.Stop()
@@ -797,7 +816,8 @@ func (s *supervision) holdAtLeast(sigs <-chan os.Signal) {
 		case <-t.C:
 			return
 		case <-s.h.lease.Done():
-			fmt.Fprintf(s.g.stderr, "fenced: %s ended while kept for --min-hold, after %s and its processes had ended under it (confirmed by the store): %v\n",
+			fmt.Fprintf(s.g.stderr,
+				"fenced: %s ended while kept for --min-hold, after %s and its processes had ended under it (confirmed by the store): %v\n",
 				s.h.desc, s.name, errText(s.h.lease.Err()))
 			return
 		case sig := <-sigs:
@@ -876,7 +896,8 @@ func (s *supervision) finish(ctx context.Context, sigs <-chan os.Signal) error {
 			// The store could not be asked; the lease was valid by the local
 			// clock (started before the grant was sent, minus the safety
 			// margin) when the last process ended, which is the contract.
-			fmt.Fprintf(s.g.stderr, "fenced: %s (the lease was valid for %v more when %s ended; it will expire by itself)\n", errText(relErr), left.Round(time.Millisecond), s.name)
+			fmt.Fprintf(s.g.stderr, "fenced: %s (the lease was valid for %v more when %s ended; it will expire by itself)\n",
+				errText(relErr), left.Round(time.Millisecond), s.name)
 		}
 	} else {
 		// Lost, or ended during the hold: end it here (its context is
@@ -899,8 +920,10 @@ func (s *supervision) finish(ctx context.Context, sigs <-chan os.Signal) error {
 		if s.exited {
 			what = fmt.Sprintf("ran (it exited %d)", s.code)
 		}
-		return withCode(exitLost, fmt.Errorf("%s was lost before %s and its processes ended; %s %s, and its work may be incomplete or overlap another holder's: %w",
-			s.h.desc, s.name, s.name, what, lost))
+		return withCode(exitLost,
+			fmt.Errorf("%s was lost before %s and its processes ended; %s %s, and its work may be incomplete or overlap another "+
+				"holder's: %w",
+				s.h.desc, s.name, s.name, what, lost))
 	}
 	if s.code != 0 {
 		return withCode(s.code, nil)

@@ -98,7 +98,9 @@ func (s *supervision) endUnrenewed() <-chan time.Time {
 		// No time for a round of SIGTERM (it would cost what a round has
 		// cost here) before SIGKILL must go out.
 		s.ending = true
-		fmt.Fprintf(s.g.stderr, "fenced: %s has not been renewed and ends in %v, too soon for SIGTERM on this machine (%v late; a round of signals takes about %v)\n",
+		fmt.Fprintf(s.g.stderr,
+			"fenced: %s has not been renewed and ends in %v, too soon for SIGTERM on this machine (%v late; "+
+				"a round of signals takes about %v)\n",
 			s.h.desc, left.Round(time.Millisecond), late.Round(time.Millisecond), s.cost.Round(time.Millisecond))
 		s.kill("ran with the validity about to end")
 		return nil
@@ -112,8 +114,10 @@ func (s *supervision) endUnrenewed() <-chan time.Time {
 	took := time.Since(start)
 	s.cost = max(s.cost, late+took)
 	kill := max(0, min(s.h.grace, s.h.lease.Remaining()-s.lead()))
-	fmt.Fprintf(s.g.stderr, "fenced: %s has not been renewed and ends in %v; sent SIGTERM to %s and its processes (%v late, taking %v), SIGKILL in %v\n",
-		s.h.desc, left.Round(time.Millisecond), s.name, late.Round(time.Millisecond), took.Round(time.Millisecond), kill.Round(time.Millisecond))
+	fmt.Fprintf(s.g.stderr,
+		"fenced: %s has not been renewed and ends in %v; sent SIGTERM to %s and its processes (%v late, taking %v), SIGKILL in %v\n",
+		s.h.desc, left.Round(time.Millisecond), s.name, late.Round(time.Millisecond), took.Round(time.Millisecond),
+		kill.Round(time.Millisecond))
 	switch {
 	case n == 0:
 		s.killAgain = time.NewTicker(100 * time.Millisecond) // in case one was forking
@@ -146,9 +150,11 @@ func (s *supervision) validityNote(took time.Duration) string {
 	left := s.h.lease.Remaining()
 	switch {
 	case left > 0:
-		return fmt.Sprintf(" (in %v, %v before the lease's local validity ends)", took.Round(time.Millisecond), left.Round(time.Millisecond))
+		return fmt.Sprintf(" (in %v, %v before the lease's local validity ends)", took.Round(time.Millisecond),
+			left.Round(time.Millisecond))
 	case s.unrenewed:
-		return fmt.Sprintf(" (in %v); the lease's local validity had ended by then: %s, and another holder may have been granted the key meanwhile", took.Round(time.Millisecond), tooBusy)
+		return fmt.Sprintf(" (in %v); the lease's local validity had ended by then: %s, and another holder may have been granted the key "+
+			"meanwhile", took.Round(time.Millisecond), tooBusy)
 	}
 	return fmt.Sprintf(" (in %v)", took.Round(time.Millisecond))
 }

@@ -106,10 +106,14 @@ func runServe(ctx context.Context, g *globals, f *serveFlags) error {
 		return withCode(exitUsage, fmt.Errorf("serve: --addr %q: %w", f.addr, err))
 	}
 	if !loopback && f.adminTokens == "" {
-		return withCode(exitUsage, fmt.Errorf("serve: refusing to listen on %s without --admin-token-file: it is not a loopback address, so other hosts could reach the API; give a token file (and TLS), or listen on 127.0.0.1", f.addr))
+		return withCode(exitUsage,
+			fmt.Errorf("serve: refusing to listen on %s: not loopback, and no --admin-token-file; "+
+				"give one (and TLS), or listen on 127.0.0.1", f.addr))
 	}
 	if !loopback && f.tlsCert == "" {
-		fmt.Fprintf(g.stderr, "fenced serve: warning: %s is not loopback and TLS is off: tokens and lease data cross the network in clear text (use --tls-cert and --tls-key, or a TLS proxy)\n", f.addr)
+		fmt.Fprintf(g.stderr,
+			"fenced serve: warning: %s is not loopback and TLS is off: tokens and lease data cross the network in clear text "+
+				"(use --tls-cert and --tls-key, or a TLS proxy)\n", f.addr)
 	}
 	u, err := driver.ParseURL(g.store)
 	if err != nil {
@@ -205,7 +209,8 @@ func loopbackAddr(ctx context.Context, addr string) (bool, error) {
 func serveScenario(ctx context.Context, withFence bool) (httpapi.ScenarioResult, error) {
 	res := httpapi.ScenarioResult{Fenced: withFence, Events: []httpapi.ScenarioEvent{}, Sends: []httpapi.ScenarioSend{}}
 	out, err := runScenario(ctx, !withFence, false, func(string) {}, func(e scenarioEvent) {
-		res.Events = append(res.Events, httpapi.ScenarioEvent{AtMS: e.At.Milliseconds(), Worker: e.Worker, Kind: e.Kind, Fence: e.Fence, Text: e.Text})
+		res.Events = append(res.Events,
+			httpapi.ScenarioEvent{AtMS: e.At.Milliseconds(), Worker: e.Worker, Kind: e.Kind, Fence: e.Fence, Text: e.Text})
 	})
 	if err != nil {
 		return res, err

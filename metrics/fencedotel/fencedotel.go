@@ -137,19 +137,26 @@ func New(mp metric.MeterProvider, tp trace.TracerProvider, opts *Options) (*Tele
 		errs = append(errs, err)
 		return h
 	}
-	t.attempts = counter(AcquireAttempts, "{attempt}", "Acquisitions by outcome: acquired, failed_open, held (refused at once), timeout (the wait ran out), canceled, error.")
-	t.renewals = counter(Renewals, "{renewal}", "Renewals by outcome: ok, refused (the authority no longer had the grant), error (retried until local validity ran out).")
-	t.lost = counter(LeasesLost, "{lease}", "Leases that ended without their holder releasing them, by reason: refused, expired, broken, closed.")
-	t.stale = counter(StaleWrites, "{write}", "Writes refused by a fence guard because a newer holder had written: each one is a paused or partitioned holder caught.")
-	t.ownerChanges = counter(OwnerChanges, "{change}", "Grants that took a key over from another holder (the key was found held, then granted): hand-overs, the key's churn.")
+	t.attempts = counter(AcquireAttempts, "{attempt}",
+		"Acquisitions by outcome: acquired, failed_open, held (refused at once), timeout (the wait ran out), canceled, error.")
+	t.renewals = counter(Renewals, "{renewal}",
+		"Renewals by outcome: ok, refused (the authority no longer had the grant), error (retried until local validity ran out).")
+	t.lost = counter(LeasesLost, "{lease}",
+		"Leases that ended without their holder releasing them, by reason: refused, expired, broken, closed.")
+	t.stale = counter(StaleWrites, "{write}",
+		"Writes refused by a fence guard because a newer holder had written: each one is a paused or partitioned holder caught.")
+	t.ownerChanges = counter(OwnerChanges, "{change}",
+		"Grants that took a key over from another holder (the key was found held, then granted): hand-overs, the key's churn.")
 	t.wait = histogram(AcquireWait, "s", "Time from the acquire call to the grant, for granted acquisitions.", t.opts.WaitBuckets)
 	t.hold = histogram(LeaseHold, "s", "How long leases were held, from the acquire request to their release or loss.", t.opts.HoldBuckets)
-	t.ratio = histogram(LeaseHoldTTLRatio, "1", "Hold time over the lease's TTL: the critical section against the lease length.", t.opts.RatioBuckets)
+	t.ratio = histogram(LeaseHoldTTLRatio, "1", "Hold time over the lease's TTL: the critical section against the lease length.",
+		t.opts.RatioBuckets)
 
 	held, err := m.Int64ObservableGauge(LeasesHeld, metric.WithUnit("{lease}"), metric.WithDescription("Leases held now."))
 	errs = append(errs, err)
 	validity, err := m.Float64ObservableGauge(ValidityRemaining, metric.WithUnit("s"),
-		metric.WithDescription("The least local validity left among the leases held now: how close the next loss is if renewals stop. Absent when none is held."))
+		metric.WithDescription("The least local validity left among the leases held now: how close the next loss is if renewals stop. "+
+			"Absent when none is held."))
 	errs = append(errs, err)
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
@@ -184,7 +191,8 @@ func (t *Telemetry) Hook(store string) func(fenced.Event) {
 }
 
 func labelSet(l metrics.Labels, extra ...attribute.KeyValue) attribute.Set {
-	return attribute.NewSet(append(extra, attribute.String(metrics.LabelStore, l.Store), attribute.String(metrics.LabelKeyGroup, l.KeyGroup))...)
+	return attribute.NewSet(append(extra, attribute.String(metrics.LabelStore, l.Store),
+		attribute.String(metrics.LabelKeyGroup, l.KeyGroup))...)
 }
 
 // recorder implements metrics.Recorder on t's instruments.
@@ -255,8 +263,10 @@ func (t *Telemetry) spanHook(store string) func(fenced.Event) {
 			}
 			end := time.Now()
 			result := metrics.AcquireResult(e)
-			_, span := t.tracer.Start(parent, SpanAcquire, trace.WithTimestamp(end.Add(-e.Duration)), trace.WithSpanKind(trace.SpanKindClient),
-				trace.WithAttributes(attrs(e.Key, AttrResult.String(result), AttrAttempts.Int(e.Attempt), AttrFence.Int64(int64(e.Fence)))...))
+			_, span := t.tracer.Start(parent, SpanAcquire, trace.WithTimestamp(end.Add(-e.Duration)),
+				trace.WithSpanKind(trace.SpanKindClient),
+				trace.WithAttributes(attrs(e.Key, AttrResult.String(result), AttrAttempts.Int(e.Attempt),
+					AttrFence.Int64(int64(e.Fence)))...))
 			if result == metrics.ResultError {
 				span.RecordError(e.Err)
 				span.SetStatus(codes.Error, e.Err.Error())
@@ -273,7 +283,8 @@ func (t *Telemetry) spanHook(store string) func(fenced.Event) {
 			t.mu.Unlock()
 		case fenced.EventRenew:
 			if span := t.holdSpan(e.Lease, false); span != nil && e.Err != nil {
-				span.AddEvent("renewal failed", trace.WithAttributes(AttrResult.String(metrics.RenewResult(e.Err)), attribute.String("error", e.Err.Error())))
+				span.AddEvent("renewal failed",
+					trace.WithAttributes(AttrResult.String(metrics.RenewResult(e.Err)), attribute.String("error", e.Err.Error())))
 			}
 		case fenced.EventLost:
 			if span := t.holdSpan(e.Lease, true); span != nil {

@@ -79,15 +79,20 @@ func New(reg prometheus.Registerer, opts *Options) (*Metrics, error) {
 	m := &Metrics{
 		tracker: metrics.NewTracker(&o.Groups),
 		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: metrics.AcquireAttempts,
-			Help: "Acquisitions by outcome: acquired, failed_open, held (refused at once), timeout (the wait ran out), canceled, error."}, with(metrics.LabelResult)),
+			Help: "Acquisitions by outcome: acquired, failed_open, held (refused at once), timeout (the wait ran out), canceled, error."},
+			with(metrics.LabelResult)),
 		renewals: prometheus.NewCounterVec(prometheus.CounterOpts{Name: metrics.Renewals,
-			Help: "Renewals by outcome: ok, refused (the authority no longer had the grant), error (retried until local validity ran out)."}, with(metrics.LabelResult)),
+			Help: "Renewals by outcome: ok, refused (the authority no longer had the grant), " +
+				"error (retried until local validity ran out)."}, with(metrics.LabelResult)),
 		lost: prometheus.NewCounterVec(prometheus.CounterOpts{Name: metrics.LeasesLost,
-			Help: "Leases that ended without their holder releasing them, by reason: refused, expired, broken, closed."}, with(metrics.LabelReason)),
+			Help: "Leases that ended without their holder releasing them, by reason: refused, expired, broken, closed."},
+			with(metrics.LabelReason)),
 		stale: prometheus.NewCounterVec(prometheus.CounterOpts{Name: metrics.StaleWrites,
-			Help: "Writes refused by a fence guard because a newer holder had written: each one is a paused or partitioned holder caught."}, base),
+			Help: "Writes refused by a fence guard because a newer holder had written: each one is a paused or partitioned holder caught."},
+			base),
 		ownerChanges: prometheus.NewCounterVec(prometheus.CounterOpts{Name: metrics.OwnerChanges,
-			Help: "Grants that took a key over from another holder (the key was found held, then granted): hand-overs, the key's churn."}, base),
+			Help: "Grants that took a key over from another holder (the key was found held, then granted): hand-overs, the key's churn."},
+			base),
 		wait: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: metrics.AcquireWait,
 			Help: "Time from the acquire call to the grant, for granted acquisitions.", Buckets: o.WaitBuckets}, base),
 		hold: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: metrics.LeaseHold,
@@ -97,7 +102,8 @@ func New(reg prometheus.Registerer, opts *Options) (*Metrics, error) {
 		heldDesc: prometheus.NewDesc(metrics.LeasesHeld,
 			"Leases held now.", base, nil),
 		validityDesc: prometheus.NewDesc(metrics.ValidityRemaining,
-			"The least local validity left among the leases held now: how close the next loss is if renewals stop. Absent when none is held.", base, nil),
+			"The least local validity left among the leases held now: how close the next loss is if renewals stop. "+
+				"Absent when none is held.", base, nil),
 	}
 	if reg != nil {
 		if err := reg.Register(m); err != nil {

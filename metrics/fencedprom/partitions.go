@@ -12,8 +12,8 @@ import (
 //
 //	reg.MustRegister(fencedprom.NewPartitionsCollector("billing", member))
 //
-// Its series carry one label, group (a bounded name the program chooses;
-// never a member ID, which changes with every process):
+// Its series carry one label, group: a bounded name the program chooses.
+// Never use a member ID, which changes with every process:
 //
 //	fenced_partitions_owned                 partitions the member holds
 //	fenced_partitions_target                partitions the assignment gives it

@@ -6,6 +6,7 @@
 //	go run ./scripts/shape -api . ./driver ./recipe
 //	go run ./scripts/shape -imports   # upward imports only
 //	go run ./scripts/shape -style     # comment and message lengths
+//	go run ./scripts/shape -style ./httpapi ./internal
 //
 // Exported items are counted as docs/design.md counts the root, in
 // non-test files: exported top-level names (constants, variables, types,
@@ -16,9 +17,11 @@
 // The style report reads every non-test Go file of the module but the
 // go-zookeeper copy (kept in upstream's style): the words per sentence of
 // doc comments on exported names, lines over 140 columns, and error
-// strings (errors.New, fmt.Errorf) over 120 characters. A sentence ends
-// at ". ", "? " or "! ", or at the comment's end; code lines (indented by
-// a tab) are not counted.
+// strings (errors.New, fmt.Errorf) over 120 characters; literals joined
+// by + count as one string. A sentence ends at ". ", "? " or "! ", or at
+// the comment's end; code lines (indented by a tab) are not counted.
+// Folders named after -style limit the report to them (a nested module
+// named there is read too).
 //
 // For imports, each package of the module is placed in a folder: its
 // first path element, or its first two under internal/ (whose folders
@@ -63,7 +66,11 @@ func main() {
 		}
 	}
 	if *style || all {
-		if err := reportStyle(); err != nil {
+		var roots []string
+		if !*api {
+			roots = flag.Args()
+		}
+		if err := reportStyle(roots); err != nil {
 			fmt.Fprintln(os.Stderr, "shape:", err)
 			os.Exit(1)
 		}

@@ -19,25 +19,31 @@ type styleCount struct {
 	longErrors       []string
 }
 
-func reportStyle() error {
+// reportStyle measures the folders roots (the module when empty).
+func reportStyle(roots []string) error {
+	if len(roots) == 0 {
+		roots = []string{"."}
+	}
 	var c styleCount
-	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+	for _, root := range roots {
+		err := filepath.WalkDir(filepath.Clean(root), func(path string, d fs.DirEntry, err error) error {
+			if err != nil {
+				return err
+			}
+			if d.IsDir() {
+				if path != filepath.Clean(root) && (strings.HasPrefix(d.Name(), ".") || isCopy(path) || isModule(path)) {
+					return filepath.SkipDir
+				}
+				return nil
+			}
+			if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+				return nil
+			}
+			return styleFile(path, &c)
+		})
 		if err != nil {
 			return err
 		}
-		if d.IsDir() {
-			if path != "." && (strings.HasPrefix(d.Name(), ".") || isCopy(path) || isModule(path)) {
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
-			return nil
-		}
-		return styleFile(path, &c)
-	})
-	if err != nil {
-		return err
 	}
 	for _, l := range c.longLines {
 		fmt.Println("long line:", l)
@@ -91,16 +97,39 @@ func styleFile(path string, c *styleCount) error {
 		if !ok || len(call.Args) == 0 || !isErrorCall(call.Fun) {
 			return true
 		}
-		lit, ok := call.Args[0].(*ast.BasicLit)
-		if !ok || lit.Kind != token.STRING {
-			return true
-		}
-		if s, err := strconv.Unquote(lit.Value); err == nil && len(s) > 120 {
-			c.longErrors = append(c.longErrors, fmt.Sprintf("%s (%d)", fset.Position(lit.Pos()), len(s)))
+		if s, ok := constString(call.Args[0]); ok && len(s) > 120 {
+			c.longErrors = append(c.longErrors, fmt.Sprintf("%s (%d)", fset.Position(call.Args[0].Pos()), len(s)))
 		}
 		return true
 	})
 	return nil
+}
+
+// constString returns the value of a string literal, or of literals
+// joined by +, so that a message split over source lines still counts
+// whole.
+func constString(e ast.Expr) (string, bool) {
+	switch e := e.(type) {
+	case *ast.BasicLit:
+		if e.Kind != token.STRING {
+			return "", false
+		}
+		s, err := strconv.Unquote(e.Value)
+		return s, err == nil
+	case *ast.BinaryExpr:
+		if e.Op != token.ADD {
+			return "", false
+		}
+		x, ok := constString(e.X)
+		if !ok {
+			return "", false
+		}
+		y, ok := constString(e.Y)
+		return x + y, ok
+	case *ast.ParenExpr:
+		return constString(e.X)
+	}
+	return "", false
 }
 
 // columns counts a line's columns with a tab as 4.

@@ -7,10 +7,10 @@ import (
 	"strings"
 )
 
-// Escape maps key to a string without '/': '%' and '/' are percent-escaped,
-// and the keys "." and ".." (invalid znode names) become "%2E" and
-// "%2E%2E". The mapping is a prefix code on keys other than those two, so a
-// key prefix maps to a name prefix.
+// Escape maps key to a string without '/'. '%' and '/' are percent-escaped.
+// The keys "." and ".." (invalid znode names) become "%2E" and "%2E%2E".
+// The mapping is a prefix code on keys other than those two, so a key
+// prefix maps to a name prefix.
 func Escape(key string) string {
 	switch key {
 	case ".":
@@ -21,9 +21,9 @@ func Escape(key string) string {
 	return EscapePrefix(key)
 }
 
-// EscapePrefix escapes a key prefix for a prefix match on escaped names:
-// every key that starts with prefix has an escaped name that starts with
-// EscapePrefix(prefix) (the keys "." and ".." excepted).
+// EscapePrefix escapes a key prefix for a prefix match on escaped names.
+// Every key that starts with prefix has an escaped name that starts with
+// EscapePrefix(prefix). The keys "." and ".." are the exception.
 func EscapePrefix(key string) string {
 	if !strings.ContainsAny(key, "%/") {
 		return key

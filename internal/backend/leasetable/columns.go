@@ -3,9 +3,9 @@ package leasetable
 // ColumnTypes are one database's catalog types (as it reports them, lower
 // case) for the columns of the three tables of a SQL lease store. The
 // column names are the same in every store built on them (PostgreSQL,
-// MySQL/MariaDB): lease_key, owner, fence, expires_at in the lease table;
-// id, broken_at, lease_key, fence, owner, reason, broken_by in the audit
-// table (BreakColumns); id, fence_floor in the floor table. SQLite's
+// MySQL/MariaDB). The lease table has lease_key, owner, fence, expires_at.
+// The audit table (BreakColumns) has id, broken_at, lease_key, fence,
+// owner, reason, broken_by. The floor table has id, fence_floor. SQLite's
 // tables keep the names of its first release (key, expires_ms, ...), so
 // that existing lease files open unchanged.
 type ColumnTypes struct {

@@ -26,9 +26,9 @@ func CheckOlderThan(olderThan time.Duration) error {
 	return nil
 }
 
-// PruneBatchSize bounds the rows one prune transaction examines, so that
-// grants, which wait for it (MySQL) or for its write lock (SQLite), are
-// held up for milliseconds, not for the time a whole table takes.
+// PruneBatchSize bounds the rows one prune transaction examines. Grants
+// wait for that transaction (MySQL) or for its write lock (SQLite). So they
+// are held up for milliseconds, not for the time a whole table takes.
 const PruneBatchSize = 500
 
 // PruneBatch is what one prune transaction did.
@@ -46,14 +46,14 @@ type PruneBatch struct {
 	Floor uint64
 }
 
-// PruneInBatches runs batch, each call one transaction over the candidate
-// rows after the key it is given ("" at first), until a batch examines
-// fewer than PruneBatchSize rows, and sums what they did. Between batches
-// it waits as long as the last batch took (at least a millisecond), so
-// that a prune of a large table holds the locks grants and renewals need
-// at most half of the time: SQLite's busy handler, for one, gives no
-// waiter priority over a writer that comes straight back. It stops at the
-// first error or when ctx ends; the batches before are committed and safe.
+// PruneInBatches runs batch until a batch examines fewer than
+// PruneBatchSize rows, and sums what they did. Each call is one transaction
+// over the candidate rows after the key it is given ("" at first). Between
+// batches it waits as long as the last batch took (at least a millisecond).
+// So a prune of a large table holds the locks grants and renewals need at
+// most half of the time. SQLite's busy handler, for one, gives no waiter
+// priority over a writer that comes straight back. It stops at the first
+// error or when ctx ends; the batches before are committed and safe.
 func PruneInBatches(ctx context.Context, batch func(after string) (PruneBatch, error)) (driver.PruneResult, error) {
 	var res driver.PruneResult
 	after := ""

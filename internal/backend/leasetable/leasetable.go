@@ -37,17 +37,16 @@ const MaxTableLen = 48
 
 var lowerRE = regexp.MustCompile(`^[a-z0-9_]*$`)
 
-// ErrSchema means the lease table (or its audit or floor table) exists
-// with a shape other than the one the backend needs, for example a table
-// from an older version of fenced or another tool. Nothing is changed in
-// that case.
+// ErrSchema means the lease table (or its audit or floor table) exists with
+// a shape other than the one the backend needs. It may be a table from an
+// older version of fenced or another tool. Nothing is changed in that case.
 var ErrSchema = errors.New("lease table has an unexpected shape")
 
-// ValidateTable checks a lease table name, with the same rule for every SQL
-// backend so that one table= parameter works everywhere: a plain SQL
-// identifier (sqlident.Check), in lower case (PostgreSQL folds unquoted
-// names to lower case and MySQL's table names follow the file system's
-// case rules), at most MaxTableLen bytes. Names are still quoted in SQL.
+// ValidateTable checks a lease table name. Every SQL backend uses the same
+// rule, so one table= parameter works everywhere. The name must be a plain
+// SQL identifier (sqlident.Check) of at most MaxTableLen bytes, in lower
+// case. PostgreSQL folds unquoted names to lower case, and MySQL's table
+// names follow the file system's case rules. Names are still quoted in SQL.
 // Errors match driver.ErrInvalidURL, since the name comes from the store
 // URL.
 func ValidateTable(name string) error {
@@ -100,8 +99,8 @@ const BreakColumns = "broken_at, lease_key, fence, owner, reason, broken_by"
 
 // ScanBreak scans one audit row selected as BreakColumns. The time column
 // may come as a time.Time or as an integer count of microseconds since the
-// Unix epoch in UTC (what a backend selects when its driver cannot be
-// trusted to parse dates, as with a caller's MySQL pool).
+// Unix epoch in UTC. A backend selects the integer when its driver cannot
+// be trusted to parse dates, as with a caller's MySQL pool.
 func ScanBreak(s Scanner) (driver.BreakRecord, error) {
 	var r driver.BreakRecord
 	var at any

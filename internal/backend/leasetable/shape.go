@@ -98,7 +98,8 @@ func Check(table string, want Shape, got Existing) error {
 		case !strings.EqualFold(gc.Type, c.Type):
 			problems = append(problems, fmt.Sprintf("column %s is %s, want %s", c.Name, gc.Type, c.Type))
 		case c.Identity && gc.Inexact != "":
-			problems = append(problems, fmt.Sprintf("column %s: %s, so different %ss could be taken for the same", c.Name, gc.Inexact, c.Name))
+			problems = append(problems,
+				fmt.Sprintf("column %s: %s, so different %ss could be taken for the same", c.Name, gc.Inexact, c.Name))
 		case c.MinBytes > 0 && gc.MaxBytes > 0 && gc.MaxBytes < c.MinBytes:
 			problems = append(problems, fmt.Sprintf("column %s holds at most %d bytes, want %d", c.Name, gc.MaxBytes, c.MinBytes))
 		}
@@ -110,7 +111,9 @@ func Check(table string, want Shape, got Existing) error {
 	sort.Strings(names)
 	for _, name := range names {
 		if got.Columns[name].AutoIncrement && !slices.Contains(want.AutoIncrement, name) {
-			problems = append(problems, fmt.Sprintf("column %s is AUTO_INCREMENT (its value would replace the fence that the grant returns through LAST_INSERT_ID)", name))
+			problems = append(problems,
+				fmt.Sprintf("column %s is AUTO_INCREMENT (its value would replace the fence that the grant returns through LAST_INSERT_ID)",
+					name))
 		}
 	}
 	if want.Key != "" {
@@ -127,7 +130,7 @@ func Check(table string, want Shape, got Existing) error {
 		}
 		shape = append(shape, d)
 	}
-	return fmt.Errorf("%w: table %q exists but %s; fenced needs (%s). It may be from an older fenced or another tool: migrate it, or choose another table with ?%s=",
+	return fmt.Errorf("%w: table %q exists but %s; fenced needs (%s): migrate it, or choose another table with ?%s=",
 		ErrSchema, table, strings.Join(problems, "; "), strings.Join(shape, ", "), TableParam)
 }
 
@@ -155,7 +158,9 @@ func checkKey(key string, unique []UniqueIndex) []string {
 		}
 	}
 	if !usable {
-		problems = append(problems, "no primary key or unique index on "+key+" alone (the upsert needs one to find a key's row; without it a second row, and a second owner, can be inserted)")
+		problems = append(problems,
+			"no primary key or unique index on "+key+" alone (the upsert needs one to find a key's row; without it a second row, "+
+				"and a second owner, can be inserted)")
 	}
 	return problems
 }

@@ -16,29 +16,29 @@ import (
 )
 
 // Hub wakes waiters through Redis pub/sub. The release and break scripts
-// PUBLISH in the same atomic step that frees the key (the redis backend's
-// release only to the process first in the key's waiter queue, on that
-// process's own channel; see lua/waiter_queue.lua).
+// PUBLISH in the same atomic step that frees the key. The redis backend's
+// release publishes only to the process first in the key's waiter queue, on
+// that process's own channel (see lua/waiter_queue.lua).
 //
-// Why pub/sub: a blocking list (BLPOP) needs one blocked connection per
-// waiting goroutine, and a token pushed for a waiter that has since given
-// up must be cleaned up; keyspace notifications need server configuration
-// (notify-keyspace-events) that managed Redis services often forbid, and
-// fire for every write. Pub/sub needs no configuration and one connection
-// per Hub, whatever the number of keys and waiters.
+// Why pub/sub? A blocking list (BLPOP) needs one blocked connection per
+// waiting goroutine. And a token pushed for a waiter that has since given
+// up must be cleaned up. Keyspace notifications need server configuration
+// (notify-keyspace-events) that managed Redis services often forbid. They
+// also fire for every write. Pub/sub needs no configuration and one
+// connection per Hub, whatever the number of keys and waiters.
 //
-// One Hub holds one subscriber connection, subscribes to a key's channel
-// while someone in this process waits for that key, and fans each message
+// One Hub holds one subscriber connection. It subscribes to a key's channel
+// while someone in this process waits for that key. It fans each message
 // out to the waiters of that key only: there is no herd across keys. Within
-// a key, a release wakes one waiter of this process, the oldest whose wake
-// is not already pending (local arrival order); a waiter that leaves with a
+// a key, a release wakes one waiter of this process: the oldest whose wake
+// is not already pending (local arrival order). A waiter that leaves with a
 // wake unconsumed passes it on. Waiters in other processes are woken by
-// their own hubs, so each release wakes at most one waiter per process.
+// their own hubs. So each release wakes at most one waiter per process.
 //
 // Messages lost while the connection is down are covered by the portable
-// layer's fallback timer; after go-redis reconnects and re-subscribes, every
-// waiter of a re-subscribed key is woken, since a release may have been
-// missed.
+// layer's fallback timer. After go-redis reconnects and re-subscribes,
+// every waiter of a re-subscribed key is woken, since a release may have
+// been missed.
 type Hub struct {
 	client redis.UniversalClient
 	id     string
@@ -60,9 +60,9 @@ type topic struct {
 	gen   int           // identifies the current idle timer
 }
 
-// Linger is how long a key's channel stays subscribed after its last
-// waiter left, so a process that waits for the same key again and again
-// does not pay a SUBSCRIBE round trip each time.
+// Linger is how long a key's channel stays subscribed after its last waiter
+// left. So a process that waits for the same key again and again does not
+// pay a SUBSCRIBE round trip each time.
 const Linger = 5 * time.Second
 
 // sub is a waiter's subscription: the registry's, closed in order with
@@ -102,10 +102,10 @@ func (h *Hub) Subscribe(ctx context.Context, channel string) (driver.Subscriptio
 	return h.subscribe(ctx, channel, false)
 }
 
-// Observe is Subscribe for an observer (driver.ObserveNotifier): it is
-// woken by every message on channel, never takes the one wake-up a
-// release gives this process's waiters, and never enters a waiter queue,
-// so it never asks a release to publish.
+// Observe is Subscribe for an observer (driver.ObserveNotifier). It is
+// woken by every message on channel. It never takes the one wake-up a
+// release gives this process's waiters. It never enters a waiter queue, so
+// it never asks a release to publish.
 func (h *Hub) Observe(ctx context.Context, channel string) (driver.Subscription, error) {
 	return h.subscribe(ctx, channel, true)
 }

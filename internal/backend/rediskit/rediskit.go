@@ -21,13 +21,13 @@ import (
 const DefaultPrefix = "fenced:"
 
 // Keys names the Redis keys of one lease key. All of them carry the user
-// key as a hash tag ({key}), so they live in one Cluster hash slot and one
-// script may touch them together. A user key containing braces still works:
-// Redis Cluster hashes the text between the first '{' of a name (the one
-// after the prefix, which has no braces) and the next '}', and every name
-// of a key shares that text. The one exception is a key that starts with
-// '}', whose tag would be empty (Redis then hashes each whole name); see
-// Layout.Cluster.
+// key as a hash tag ({key}). So they live in one Cluster hash slot, and one
+// script may touch them together. A user key containing braces still works.
+// Redis Cluster hashes the text between the first '{' of a name and the
+// next '}'. That first '{' is the one after the prefix, which has no
+// braces, so every name of a key shares that text. The one exception is a
+// key that starts with '}', whose tag would be empty (Redis then hashes
+// each whole name); see Layout.Cluster.
 type Keys struct {
 	Lock    string // the grant: value "<fence>:<owner>", expiry PX
 	Fence   string // the fence counter, never expires
@@ -72,15 +72,16 @@ func (l Layout) open(k string) string {
 }
 
 // CheckPrefix applies the Redis backends' rule for key prefixes, the one
-// place redis and redlock check them: any bytes but { and } (every key of
-// a lease is PREFIX{KEY}:..., and Redis Cluster hashes the first {...} of
-// a name, so a brace in the prefix would scatter a lease's keys over
-// slots its scripts cannot reach at once) and control characters (which
-// redis-cli and logs cannot show). Errors match driver.ErrInvalidURL and
-// name the prefix and the rule.
+// place redis and redlock check them. Any bytes are allowed but { and } and
+// control characters. Every key of a lease is PREFIX{KEY}:..., and Redis
+// Cluster hashes the first {...} of a name. So a brace in the prefix would
+// scatter a lease's keys over slots its scripts cannot reach at once.
+// Control characters are refused because redis-cli and logs cannot show
+// them. Errors match driver.ErrInvalidURL and name the prefix and the rule.
 func CheckPrefix(prefix string) error {
 	if i := strings.IndexFunc(prefix, func(r rune) bool { return r == '{' || r == '}' || r < 0x20 || r == 0x7f }); i >= 0 {
-		return fmt.Errorf("%w: key prefix %q has %q at byte %d (a Redis prefix may not contain { or }, which would move the Cluster hash tag, nor control characters)", driver.ErrInvalidURL, prefix, prefix[i:i+1], i)
+		return fmt.Errorf("%w: key prefix %q has %q at byte %d (no { or }, which move the Cluster hash tag, nor control characters)",
+			driver.ErrInvalidURL, prefix, prefix[i:i+1], i)
 	}
 	return nil
 }
@@ -97,10 +98,9 @@ const (
 	claimSuffix   = "}:claim"
 )
 
-// Keys returns the Redis keys for lease key k. Every name is a slice of
-// one string built in one allocation: Keys runs twice per acquire and
-// release pair, on the path whose cost is measured against the
-// incumbents.
+// Keys returns the Redis keys for lease key k. Every name is a slice of one
+// string built in one allocation. Keys runs twice per acquire and release
+// pair, on the path whose cost is measured against the incumbents.
 func (l Layout) Keys(k string) Keys {
 	open := l.open(k)
 	base := len(l.Prefix) + len(open) + len(k)
@@ -121,7 +121,8 @@ func (l Layout) Keys(k string) Keys {
 	wait0, wait1 := name(waitersSuffix)
 	claim0, claim1 := name(claimSuffix)
 	s := b.String()
-	return Keys{Lock: s[lock0:lock1], Fence: s[fence0:fence1], Audit: s[audit0:audit1], Channel: s[chan0:chan1], Waiters: s[wait0:wait1], Claim: s[claim0:claim1]}
+	return Keys{Lock: s[lock0:lock1], Fence: s[fence0:fence1], Audit: s[audit0:audit1], Channel: s[chan0:chan1], Waiters: s[wait0:wait1],
+		Claim: s[claim0:claim1]}
 }
 
 // Lock returns the lock key of lease key k alone (Keys(k).Lock, without
@@ -206,15 +207,16 @@ var ErrForeignValue = errors.New("redis key holds a value fenced did not write; 
 
 // ForeignError reports a foreign value at a Redis key.
 func ForeignError(redisKey string) error {
-	return fmt.Errorf("%w (key %q; inspect it with redis-cli and remove it yourself if it is stale, or use another key prefix)", ErrForeignValue, redisKey)
+	return fmt.Errorf("%w (key %q; inspect it with redis-cli and remove it yourself if it is stale, or use another key prefix)",
+		ErrForeignValue, redisKey)
 }
 
 // ForeignReply returns err, a script's error, as an error matching
-// ErrForeignValue naming keys when the server's reply says that one of
-// them holds something fenced did not write (a key of the wrong type, a
-// fence counter that is not a number), and nil for any other error. A
-// waiter queue of another type is named alone: the scripts' error names
-// it (lua/waiter_queue.lua).
+// ErrForeignValue naming keys. It does so when the server's reply says that
+// one of them holds something fenced did not write: a key of the wrong
+// type, or a fence counter that is not a number. It returns nil for any
+// other error. A waiter queue of another type is named alone: the scripts'
+// error names it (lua/waiter_queue.lua).
 func ForeignReply(err error, keys ...string) error {
 	msg := err.Error()
 	if !strings.Contains(msg, "WRONGTYPE") && !strings.Contains(msg, "not an integer") {
@@ -225,7 +227,8 @@ func ForeignReply(err error, keys ...string) error {
 		if j := strings.Index(what, " script: "); j >= 0 {
 			what = what[:j] // the server's note of the script and line
 		}
-		return fmt.Errorf("%w (%s; waiting for this key, and releasing it, fail until it is gone: inspect it with redis-cli and remove it yourself if it is stale, or use another key prefix)", ErrForeignValue, strings.TrimSuffix(what, "."))
+		return fmt.Errorf("%w (%s; waits and releases on this key fail until it is gone: "+
+			"remove it with redis-cli if stale, or use another prefix)", ErrForeignValue, strings.TrimSuffix(what, "."))
 	}
 	return fmt.Errorf("%w (keys %s; server said: %s)", ErrForeignValue, strings.Join(keys, ", "), msg)
 }
@@ -260,8 +263,8 @@ type Acquired struct {
 // extended).
 func (a Acquired) Ours() bool { return a.Status == StatusGranted || a.Status == StatusAgain }
 
-// ParseAcquire reads an acquire script's reply: a fence alone (a string)
-// is a new grant, {status, fence, pttl} anything else; a reply of another
+// ParseAcquire reads an acquire script's reply. A fence alone (a string) is
+// a new grant; anything else is {status, fence, pttl}. A reply of another
 // shape has Status StatusBadReply.
 func ParseAcquire(res any) Acquired {
 	if s, ok := res.(string); ok {
@@ -292,28 +295,28 @@ type RenewReply struct {
 	Err error
 }
 
-// RenewChunk is how many grants one call of the RenewMany script renews:
-// a period's renewal of M leases costs M/RenewChunk script calls. A script
-// blocks the server while it runs; measured on a loaded 2-core machine
-// (bench/redis BenchmarkRenewalPeriod), a call of 256 grants took 0.9 to
-// 2 ms, the longest other clients wait behind it, against 7 to 9 µs for
-// each of the M single-grant scripts it replaces.
+// RenewChunk is how many grants one call of the RenewMany script renews. A
+// period's renewal of M leases costs M/RenewChunk script calls. A script
+// blocks the server while it runs. Measured on a loaded 2-core machine
+// (bench/redis BenchmarkRenewalPeriod), a call of 256 grants took 0.9 to 2
+// ms. That is the longest other clients wait behind it. Each of the M
+// single-grant scripts it replaces took 7 to 9 µs.
 const RenewChunk = 256
 
 // RenewAll renews every grant of grants (each for its TTL) on c in one
-// pipeline of batch scripts, RenewChunk grants per script: one round trip
-// (on Cluster, one per node involved). On a Cluster client the grants are
-// grouped by the primary that serves their slot and renewed by
-// RenewManyAcross, which may touch keys of many slots of its node; grants
-// it could not renew there (a slot moved, a server older than Redis 7
-// without script flags) are renewed again by RenewMany, whose keys share
-// one slot, in a second round trip. If the server does not know a script
-// (NOSCRIPT) RenewAll loads it and sends the pipeline again (renewing
-// twice is harmless). It fails as a whole, with the error classified (see
-// Classify), when a script cannot be loaded or the connection fails: then
-// each renewal may or may not have been applied. A server error that
-// refuses one script call (LOADING, BUSY, OOM) or one key (a key of
-// another type) is the Err of each grant concerned: its outcome is
+// pipeline of batch scripts, RenewChunk grants per script. That is one
+// round trip (on Cluster, one per node involved). On a Cluster client the
+// grants are grouped by the primary that serves their slot. They are
+// renewed by RenewManyAcross, which may touch keys of many slots of its
+// node. Some grants it may not renew there: a slot moved, or a server older
+// than Redis 7 lacks script flags. Those are renewed again by RenewMany,
+// whose keys share one slot, in a second round trip. If the server does not
+// know a script (NOSCRIPT), RenewAll loads it and sends the pipeline again.
+// Renewing twice is harmless. It fails as a whole when a script cannot be
+// loaded or the connection fails, with the error classified (see Classify).
+// Then each renewal may or may not have been applied. A server error may
+// refuse one script call (LOADING, BUSY, OOM) or one key (a key of another
+// type). It is then the Err of each grant concerned: its outcome is
 // unknown, never a refusal.
 func RenewAll(ctx context.Context, c redis.UniversalClient, l Layout, grants []driver.Grant) ([]RenewReply, error) {
 	out := make([]RenewReply, len(grants))
@@ -464,9 +467,9 @@ func (e serverError) Error() string { return string(e) }
 // RedisError marks serverError as a server reply (redis.Error).
 func (e serverError) RedisError() {}
 
-// HashSlot is the Redis Cluster hash slot of key: CRC16 (XMODEM) of its
-// hash tag (the text between the first '{' and the next '}', when not
-// empty) or of the whole key, modulo 16384.
+// HashSlot is the Redis Cluster hash slot of key, modulo 16384. It is the
+// CRC16 (XMODEM) of its hash tag, or of the whole key. The hash tag is the
+// text between the first '{' and the next '}', when not empty.
 func HashSlot(key string) uint16 {
 	if i := strings.IndexByte(key, '{'); i >= 0 {
 		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
@@ -549,8 +552,8 @@ func Ping(ctx context.Context, c redis.UniversalClient, addr string, timeout tim
 }
 
 // Millis converts a TTL to the whole milliseconds Redis counts in (PX,
-// PEXPIRE) by the one TTL rounding rule (driver.TTLUnits): rounded up, so
-// a grant never ends before the holder's local validity.
+// PEXPIRE). It uses the one TTL rounding rule (driver.TTLUnits): rounded
+// up. So a grant never ends before the holder's local validity.
 func Millis(ttl time.Duration) int64 { return driver.TTLUnits(ttl, time.Millisecond) }
 
 // PTTL converts a PTTL reply to a duration (zero for none or unknown).

@@ -69,7 +69,7 @@ var (
 	// (lua/leave_waiters.lua).
 	LeaveWaiters = script("", "waiter_queue.lua", "leave_waiters.lua")
 	// ReleaseAttempt is Redlock's rollback of one failed attempt on one
-	// node: it deletes the owner's grant there unless a later attempt of
+	// node. It deletes the owner's grant there, unless a later attempt of
 	// the owner claimed it (lua/release_attempt.lua).
 	ReleaseAttempt = script("", "waiter_queue.lua", "release_attempt.lua")
 	// Inspect reads a grant and the fence counter (lua/inspect.lua).

@@ -20,9 +20,9 @@ type Query struct {
 }
 
 // TakeQuery removes and returns the parameters named in names from u. The
-// query is parsed strictly (urlquery): a malformed query or one of names
-// given twice is reported by Err, and what is left for go-redis is
-// re-encoded, so it never sees the malformed part either.
+// query is parsed strictly (urlquery). A malformed query or one of names
+// given twice is reported by Err. What is left for go-redis is re-encoded,
+// so it never sees the malformed part either.
 func TakeQuery(u *url.URL, names ...string) *Query {
 	q := &Query{values: map[string]string{}}
 	p, err := urlquery.Parse(u.RawQuery)
@@ -102,14 +102,14 @@ func (q *Query) fail(err error) {
 // Err returns the first malformed parameter.
 func (q *Query) Err() error { return q.err }
 
-// ClientOptions parses a redis:// URL (with fenced's own parameters
-// already taken out by TakeQuery) into go-redis options with fenced's
-// defaults: no command retries unless max_retries is given (a retried
-// script whose first attempt was applied would be reported wrongly), one
-// dial attempt unless dialer_retries is given, and context deadlines
-// honoured (ContextTimeoutEnabled, which go-redis leaves off: a call then
-// waits out ReadTimeout, 5s by default, on a link that drops packets,
-// whatever its context says). Every client fenced makes from a URL is made
+// ClientOptions parses a redis:// URL into go-redis options with fenced's
+// defaults. fenced's own parameters must already be taken out by TakeQuery.
+// The defaults are these. No command retries unless max_retries is given: a
+// retried script whose first attempt was applied would be reported wrongly.
+// One dial attempt unless dialer_retries is given. Context deadlines are
+// honoured (ContextTimeoutEnabled, which go-redis leaves off). Without it,
+// a call on a link that drops packets waits out ReadTimeout, 5s by default,
+// whatever its context says. Every client fenced makes from a URL is made
 // from these options. Errors wrap driver.ErrInvalidURL.
 func ClientOptions(u *url.URL) (*redis.Options, error) {
 	p, err := urlquery.Parse(u.RawQuery)

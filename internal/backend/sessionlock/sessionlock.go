@@ -48,12 +48,12 @@ type Entry interface {
 // Tracking is the state Grants keeps in each entry. A backend's entry
 // type embeds it; the zero value is an entry Grants has not seen yet.
 //
-// An entry goes one way only: new, tracked (Track), ending (its key is
-// being deleted: its deadline passed, or EndNow), gone (forgotten). Once it
-// has left "tracked" nothing brings it back, so a renewal or a release that
-// was sent for an entry before it ended can never act on it afterwards,
-// whatever it found at the store: it gets false from Extend, nil from
-// Lookup.
+// An entry goes one way only: new, tracked (Track), ending, gone
+// (forgotten). It is ending while its key is being deleted: its deadline
+// passed, or EndNow. Once it has left "tracked", nothing brings it back. So
+// a renewal or a release sent for an entry before it ended can never act on
+// it afterwards, whatever it found at the store. It gets false from Extend,
+// nil from Lookup.
 type Tracking struct {
 	state entryState // guarded by the Grants' mutex
 }
@@ -84,18 +84,18 @@ type Grants[E Entry] struct {
 }
 
 // NewGrants returns an empty Grants. end deletes an entry's key at the
-// store, if it is still that entry's (a key already gone is not an error);
-// it is called when an entry's deadline passes, and by EndNow, and tried
-// again every second until it succeeds. forgot, if not nil, is called
-// once for every entry that is forgotten (by Forget, or after end
-// succeeded), with no lock held, so the driver can free what the entry
+// store, if it is still that entry's; a key already gone is not an error.
+// end is called when an entry's deadline passes, and by EndNow. It is tried
+// again every second until it succeeds. forgot, if not nil, is called once
+// for every entry that is forgotten (by Forget, or after end succeeded). It
+// is called with no lock held, so the driver can free what the entry
 // reserved.
 func NewGrants[E Entry](end func(E) error, forgot func(E)) *Grants[E] {
 	return NewGrantsBatched(func(es []E) []error { return []error{end(es[0])} }, 1, forgot)
 }
 
 // NewGrantsBatched is NewGrants with an end that deletes the keys of up to
-// batch entries in one request, returning one error per entry: after an
+// batch entries in one request. It returns one error per entry. After an
 // outage many thousands of grants may be due at once.
 func NewGrantsBatched[E Entry](end func([]E) []error, batch int, forgot func(E)) *Grants[E] {
 	g := &Grants[E]{end: end, forgot: forgot, byID: map[ID]E{}}
@@ -168,11 +168,10 @@ func (g *Grants[E]) Lookup(key, owner string) E {
 	return g.byID[ID{key, owner}]
 }
 
-// Track records e, which Grants has not seen before, as the entry of its
-// ID (replacing and disarming an older one) and arms its deadline at
-// from+ttl. It reports false, doing nothing, for an entry it has seen
-// before (to push a tracked entry's deadline back, use Extend) and after
-// Seal.
+// Track records e, which Grants has not seen before, as the entry of its ID
+// (replacing and disarming an older one). It arms e's deadline at from+ttl.
+// It reports false, doing nothing, after Seal and for an entry it has seen
+// before. To push a tracked entry's deadline back, use Extend.
 func (g *Grants[E]) Track(e E, ttl time.Duration, from time.Time) bool {
 	id := e.GrantID()
 	g.mu.Lock()
@@ -192,9 +191,9 @@ func (g *Grants[E]) Track(e E, ttl time.Duration, from time.Time) bool {
 
 // Extend moves e's deadline to from+ttl if e is still the tracked entry of
 // its ID, and reports whether it was. A renewal calls it once the store
-// confirmed e's key: false means e ended meanwhile (its deadline passed,
-// or it was ended or forgotten), whatever the store said, and the renewal
-// must report the grant not held.
+// confirmed e's key. False means e ended meanwhile (its deadline passed, or
+// it was ended or forgotten), whatever the store said. The renewal must
+// then report the grant not held.
 func (g *Grants[E]) Extend(e E, ttl time.Duration, from time.Time) bool {
 	id := e.GrantID()
 	g.mu.Lock()
@@ -230,10 +229,10 @@ func (g *Grants[E]) Forget(e E) {
 // Deadline returns e's deadline, if it is armed.
 func (g *Grants[E]) Deadline(e E) (time.Time, bool) { return g.reaper.Deadline(e) }
 
-// EndNow deletes e's key now, on the caller's goroutine (without the
-// caller's context, which may be done), and forgets e; if that fails the
-// reaper keeps trying in the background. From the call on, e is no
-// longer tracked: Lookup does not return it and Extend refuses it.
+// EndNow deletes e's key now and forgets e. It runs on the caller's
+// goroutine, without the caller's context, which may be done. If that
+// fails, the reaper keeps trying in the background. From the call on, e is
+// no longer tracked: Lookup does not return it and Extend refuses it.
 func (g *Grants[E]) EndNow(e E) {
 	g.mu.Lock()
 	switch e.tracking().state {
@@ -282,13 +281,13 @@ func Pause(ctx context.Context, d time.Duration) bool {
 }
 
 // WaitTurn is the predecessor wait of a queued acquisition. step looks at
-// the queue once: it reports true when the caller's key is the oldest (the
-// grant), or else waits for the key just ahead of it to go (or for
-// anything that makes another look worthwhile) and reports false. An error
-// for which retry reports true (the store did not answer, a watch broke)
-// is followed by RetryPause and another look; any other error ends the
-// wait. Once ctx ends WaitTurn returns context.Cause(ctx) unless step
-// reported the grant.
+// the queue once. It reports true when the caller's key is the oldest (the
+// grant). Or else it waits for the key just ahead of it to go, or for
+// anything that makes another look worthwhile, and reports false. An error
+// for which retry reports true (the store did not answer, a watch broke) is
+// followed by RetryPause and another look. Any other error ends the wait.
+// Once ctx ends, WaitTurn returns context.Cause(ctx) unless step reported
+// the grant.
 func WaitTurn(ctx context.Context, step func(context.Context) (bool, error), retry func(error) bool) error {
 	for {
 		granted, err := step(ctx)
@@ -337,11 +336,11 @@ func (l *Loss) Stop() {
 	l.done = true
 }
 
-// Guarantees returns the guarantees of a session-lock backend: a strict
-// fence the consensus log orders, expiry on the leader's monotonic clock
-// (safe from clock steps), waiters woken by a watch on their predecessor
-// and served in arrival order. note says where the fence comes from and
-// how the session covers a grant.
+// Guarantees returns the guarantees of a session-lock backend. The fence is
+// strict, ordered by the consensus log. Expiry is on the leader's monotonic
+// clock (safe from clock steps). Waiters are woken by a watch on their
+// predecessor and served in arrival order. note says where the fence comes
+// from and how the session covers a grant.
 func Guarantees(note string) driver.Guarantees {
 	return driver.Guarantees{
 		Fence:         driver.FenceStrict,

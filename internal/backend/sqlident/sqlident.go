@@ -11,12 +11,13 @@ import (
 var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
 
 // Check returns an error naming what (for example "table") unless name is a
-// plain identifier: a letter or underscore followed by at most 62 letters,
-// digits or underscores. Such names need no quoting in any SQL dialect
-// fenced supports, and cannot carry SQL.
+// plain identifier. That is a letter or underscore followed by at most 62
+// letters, digits or underscores. Such names need no quoting in any SQL
+// dialect fenced supports, and cannot carry SQL.
 func Check(what, name string) error {
 	if !identRE.MatchString(name) {
-		return fmt.Errorf("%s name %q is not a plain SQL identifier (letters, digits and _, starting with a letter or _, at most 63 characters)", what, name)
+		return fmt.Errorf("%s name %q is not a plain SQL identifier (letters, digits and _, starting with a letter or _, "+
+			"at most 63 characters)", what, name)
 	}
 	return nil
 }

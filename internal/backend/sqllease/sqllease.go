@@ -268,10 +268,10 @@ func (e *Engine) Wrap(op, key string, err error) error {
 	return Wrap(e.d.Name, e.d.Classify, op, key, err)
 }
 
-// Wrap is Engine.Wrap for code that runs without an engine (a backend's
-// own helpers): "name: op "key": sentinel: cause", where the sentinel is
-// the one driver.Classify gives with the dialect's classify hook (every
-// statement is taken as one that may have been applied). Refusals
+// Wrap is Engine.Wrap for code that runs without an engine (a backend's own
+// helpers). Its form is "name: op "key": sentinel: cause". The sentinel is
+// the one driver.Classify gives with the dialect's classify hook; every
+// statement is taken as one that may have been applied. Refusals
 // (driver.IsRefusal) are returned as they are.
 func Wrap(name string, classify driver.Classifier, op, key string, err error) error {
 	if driver.IsRefusal(err) {
@@ -450,10 +450,10 @@ func (e *Engine) List(ctx context.Context, prefix string) ([]driver.LeaseInfo, e
 	return out, nil
 }
 
-// Break implements driver.Driver: in one transaction it reads the key's
-// row (locked), frees it, records an audit row and, where the dialect
-// notifies, wakes the key's waiters. A key not held is refused with
-// driver.ErrNotHeld and nothing is written.
+// Break implements driver.Driver. In one transaction it reads the key's row
+// (locked), frees it, records an audit row and, where the dialect notifies,
+// wakes the key's waiters. A key not held is refused with driver.ErrNotHeld
+// and nothing is written.
 func (e *Engine) Break(ctx context.Context, key string, req driver.BreakRequest) (driver.LeaseInfo, error) {
 	if err := e.CheckOpen(); err != nil {
 		return driver.LeaseInfo{Key: key}, err

@@ -78,7 +78,7 @@ func (p Params) TakeBool(name string) (b bool, ok bool, err error) {
 func (p Params) Rest() url.Values { return p.v }
 
 // Encode encodes v as url.Values.Encode does, but with spaces as %20, not
-// +: pgx reads a query's + literally, so options=-c name=value reached the
+// +. pgx reads a query's + literally, so options=-c name=value reached the
 // server as "-c+name=value". (A + in a value is %2B either way.)
 func Encode(v url.Values) string { return strings.ReplaceAll(v.Encode(), "+", "%20") }
 

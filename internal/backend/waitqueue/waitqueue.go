@@ -86,7 +86,8 @@ func (q *Queue[K]) Join(name string) *Episode {
 }
 
 // Current returns how many waiters this process has joined for the key
-// named name and its member in the key's queue (0 and "" if none).
+// named name. It also returns its member in the key's queue (0 and "" if
+// none).
 func (q *Queue[K]) Current(name string) (int, string) {
 	q.mu.Lock()
 	defer q.mu.Unlock()

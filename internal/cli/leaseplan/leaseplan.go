@@ -39,9 +39,9 @@ import (
 )
 
 // Authority describes how a backend turns a requested TTL into the time it
-// keeps an unrenewed grant: the Expiry its package registers with its URL
-// opener (fenced.Register, read with fenced.ExpiryOf). The rounding rules
-// live with each backend; this package only figures with them.
+// keeps an unrenewed grant. It is the Expiry its package registers with its
+// URL opener (fenced.Register, read with fenced.ExpiryOf). The rounding
+// rules live with each backend; this package only figures with them.
 type Authority struct {
 	// Scheme is the store URL scheme.
 	Scheme string
@@ -159,7 +159,8 @@ func Compute(in Input) (Plan, error) {
 		p.RenewEvery = in.TTL / 3
 	}
 	if p.RenewEvery < 0 || p.RenewEvery >= p.LocalValidity {
-		return Plan{}, fmt.Errorf("%w: renewal interval %v must be positive and shorter than the local validity %v (TTL %v minus safety margin %v)", ErrInput, p.RenewEvery, p.LocalValidity, in.TTL, in.SafetyMargin)
+		return Plan{}, fmt.Errorf("%w: renewal interval %v must be positive and shorter than the local validity %v "+
+			"(TTL %v minus safety margin %v)", ErrInput, p.RenewEvery, p.LocalValidity, in.TTL, in.SafetyMargin)
 	}
 	if in.MaxPause < 0 {
 		return Plan{}, fmt.Errorf("%w: max pause %v is negative", ErrInput, in.MaxPause)
@@ -210,23 +211,37 @@ func advise(p Plan) []string {
 	}
 	switch {
 	case p.MaxPause == 0:
-		out = append(out, fmt.Sprintf("A freeze up to %v is absorbed; a longer one loses the lease, and beyond %v another worker may hold the key while the frozen one still acts: only the fence protects the resource then. Measure your worst pause and pass it as --max-pause.", round(p.FreezeAbsorbed), round(p.RegrantAfter)))
+		out = append(out,
+			fmt.Sprintf("A freeze up to %v is absorbed; a longer one loses the lease, and beyond %v another worker may hold the key "+
+				"while the frozen one still acts: only the fence protects the resource then. Measure your worst pause and pass it as "+
+				"--max-pause.", round(p.FreezeAbsorbed), round(p.RegrantAfter)))
 	case p.RecommendedTTL == 0:
 		out = append(out, fmt.Sprintf("OK: a %v pause is absorbed with %v to spare.", p.MaxPause, round(p.FreezeAbsorbed-p.MaxPause)))
 	default:
 		if p.StaleWindow > 0 {
-			out = append(out, fmt.Sprintf("A %v pause is NOT absorbed: for %v another worker may hold the key while the frozen one still acts. Only the fence refuses its late writes.", p.MaxPause, round(p.StaleWindow)))
+			out = append(out,
+				fmt.Sprintf("A %v pause is NOT absorbed: for %v another worker may hold the key while the frozen one still acts. "+
+					"Only the fence refuses its late writes.", p.MaxPause, round(p.StaleWindow)))
 		} else {
-			out = append(out, fmt.Sprintf("A %v pause is NOT absorbed: the holder loses its lease (safely: nobody else can have the key yet) and its work is cancelled.", p.MaxPause))
+			out = append(out,
+				fmt.Sprintf("A %v pause is NOT absorbed: the holder loses its lease (safely: nobody else can have the key yet) "+
+					"and its work is cancelled.", p.MaxPause))
 		}
-		out = append(out, fmt.Sprintf("Recommendation: TTL %v (renew every %v) absorbs it, at the price of recovery after a crash of up to %v instead of %v. Raise the TTL only for pauses you measured: if the pauses come from a stuck dependency or a hot key, a longer TTL only makes the incident longer; a refused stale write is the fence doing its job.",
-			p.RecommendedTTL, round(p.RecommendedTTL/3), round(a.Outlives(p.RecommendedTTL)), round(p.RecoveryWorst)))
+		out = append(out,
+			fmt.Sprintf("Recommendation: TTL %v (renew every %v) absorbs it, at the price of recovery after a crash of up to %v instead "+
+				"of %v. Raise the TTL only for pauses you measured: if the pauses come from a stuck dependency or a hot key, "+
+				"a longer TTL only makes the incident longer; a refused stale write is the fence doing its job.",
+				p.RecommendedTTL, round(p.RecommendedTTL/3), round(a.Outlives(p.RecommendedTTL)), round(p.RecoveryWorst)))
 	}
 	if p.FailedRenewalsTolerated == 0 {
-		out = append(out, fmt.Sprintf("Renewing every %v of a %v TTL tolerates no failed renewal: one slow round trip loses the lease. Renew at about a third of the TTL (%v).", p.RenewEvery, p.TTL, round(p.TTL/3)))
+		out = append(out,
+			fmt.Sprintf("Renewing every %v of a %v TTL tolerates no failed renewal: one slow round trip loses the lease. "+
+				"Renew at about a third of the TTL (%v).", p.RenewEvery, p.TTL, round(p.TTL/3)))
 	}
 	if p.RenewEvery < p.TTL/10 {
-		out = append(out, fmt.Sprintf("Renewing every %v costs %.1f requests/s per lease; a third of the TTL (%v) tolerates a failed renewal at a fraction of the traffic.", p.RenewEvery, p.RenewalsPerSecond, round(p.TTL/3)))
+		out = append(out,
+			fmt.Sprintf("Renewing every %v costs %.1f requests/s per lease; a third of the TTL (%v) "+
+				"tolerates a failed renewal at a fraction of the traffic.", p.RenewEvery, p.RenewalsPerSecond, round(p.TTL/3)))
 	}
 	return out
 }

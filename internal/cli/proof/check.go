@@ -74,11 +74,10 @@ type Report struct {
 }
 
 // Check examines a run's history and the resource's final contents.
-// strength is the backend's declared fence strength. For a lock that gives
-// no fence (FenceNone or FenceUnset: a Locker), the checker first derives
-// the fences an ideal lock would have issued, per key in the order the
-// grants were confirmed, and judges the run by them; res is then changed
-// in place.
+// strength is the backend's declared fence strength. A lock that gives no
+// fence (FenceNone or FenceUnset: a Locker) is judged by the fences an
+// ideal lock would have issued. The checker first derives them, per key, in
+// the order the grants were confirmed. res is then changed in place.
 func Check(events []Event, res Contents, strength fenced.FenceStrength) Report {
 	sort.SliceStable(events, func(i, j int) bool { return events[i].T < events[j].T })
 	if strength <= fenced.FenceNone {
@@ -144,7 +143,8 @@ func (c *runChecker) collectGrants() {
 		case AcquireInvoke:
 			invokes[e.Op] = e.T
 		case AcquireOK:
-			g := &runGrant{key: e.Key, owner: e.Owner, fence: e.Fence, invoke: invokes[e.Op], ok: e.T, worker: e.Worker, pid: e.PID, end: c.end}
+			g := &runGrant{key: e.Key, owner: e.Owner, fence: e.Fence, invoke: invokes[e.Op], ok: e.T, worker: e.Worker, pid: e.PID,
+				end: c.end}
 			c.grants = append(c.grants, g)
 			byOwner[e.Owner] = g
 		case Lost, ReleaseInvoke:
@@ -312,12 +312,14 @@ func (c *runChecker) reconcileWrites() {
 	for _, e := range c.events {
 		if e.Kind == WriteOK {
 			if _, ok := c.inLedger[e.Op]; !ok {
-				c.r.Problems = append(c.r.Problems, fmt.Sprintf("worker %d reported write op %d accepted, but the resource has no such append", e.Worker, e.Op))
+				c.r.Problems = append(c.r.Problems,
+					fmt.Sprintf("worker %d reported write op %d accepted, but the resource has no such append", e.Worker, e.Op))
 			}
 		}
 		if e.Kind == WriteRefused {
 			if _, ok := c.inLedger[e.Op]; ok {
-				c.r.Problems = append(c.r.Problems, fmt.Sprintf("worker %d reported write op %d refused, but the resource has it", e.Worker, e.Op))
+				c.r.Problems = append(c.r.Problems,
+					fmt.Sprintf("worker %d reported write op %d refused, but the resource has it", e.Worker, e.Op))
 			}
 		}
 	}

@@ -84,8 +84,8 @@ type genRun struct {
 }
 
 // MinOpsAt is the fewest operations a run with GenConfig.MinOps ops must
-// invoke on a machine that gave it share of a CPU (GenReport.CPUShare):
-// ops scaled by the share, rounded up.
+// invoke. It is for a machine that gave the run share of a CPU
+// (GenReport.CPUShare): ops scaled by the share, rounded up.
 func MinOpsAt(ops int, share float64) int {
 	return int(math.Ceil(float64(ops) * max(0, min(1, share))))
 }
@@ -95,14 +95,14 @@ func MinOpsAt(ops int, share float64) int {
 func networked(store string) bool { return !strings.HasPrefix(store, "sqlite:") }
 
 // RunGen runs a generative workload: Workers processes, each with Streams
-// streams drawing operations (Acquire, TryAcquire, Do, AcquireAll, a
-// semaphore permit, an election campaign, an Acquire cancelled after a few
-// milliseconds, a Break, and pool leases held for several TTLs, up to
-// MaxHeld at once) from Seed, while the nemesis injects faults drawn from
-// the same seed, and a listing of the contended keys is recorded every
-// 100ms. On etcd the last worker's Client does not see the driver's loss
-// watch (see unwatchedEtcd), so its renewals alone must tell it of a
-// break. CheckGen judges the history.
+// streams drawing operations from Seed. The operations are Acquire,
+// TryAcquire, Do, AcquireAll, a semaphore permit, an election campaign, an
+// Acquire cancelled after a few milliseconds, and a Break. Pool leases are
+// also held for several TTLs, up to MaxHeld at once. Meanwhile the nemesis
+// injects faults drawn from the same seed. A listing of the contended keys
+// is recorded every 100ms. On etcd the last worker's Client does not see
+// the driver's loss watch (see unwatchedEtcd). So its renewals alone must
+// tell it of a break. CheckGen judges the history.
 func RunGen(ctx context.Context, cfg GenConfig) (*GenResult, error) {
 	def := func(v *int, d int) {
 		if *v == 0 {
@@ -214,7 +214,9 @@ func (r *genRun) startWorker(i int) error {
 			return err
 		}
 	}
-	wc := GenWorkerConfig{Worker: i, Seed: r.cfg.Seed, Store: store, Prefix: r.prefix, Keys: r.cfg.Keys, HotKeys: r.cfg.HotKeys, MaxHeld: r.cfg.MaxHeld, Streams: r.cfg.Streams, TTL: r.cfg.TTL, PoolTTL: r.cfg.PoolTTL, Grace: r.cfg.Grace, MinFence: r.cfg.MinFence, Dir: r.cfg.Dir, NoLossWatch: i == r.cfg.Workers-1 && r.cfg.Workers > 1}
+	wc := GenWorkerConfig{Worker: i, Seed: r.cfg.Seed, Store: store, Prefix: r.prefix, Keys: r.cfg.Keys, HotKeys: r.cfg.HotKeys,
+		MaxHeld: r.cfg.MaxHeld, Streams: r.cfg.Streams, TTL: r.cfg.TTL, PoolTTL: r.cfg.PoolTTL, Grace: r.cfg.Grace,
+		MinFence: r.cfg.MinFence, Dir: r.cfg.Dir, NoLossWatch: i == r.cfg.Workers-1 && r.cfg.Workers > 1}
 	raw, err := json.Marshal(wc)
 	if err != nil {
 		return err

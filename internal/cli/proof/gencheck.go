@@ -70,7 +70,8 @@ type GenReport struct {
 
 // Failed reports whether the run broke a promise.
 func (r GenReport) Failed() bool {
-	return r.FenceRegressions > 0 || r.LivePastValidity > 0 || r.Orphans > 0 || r.SlowOrphans > 0 || r.SetsHealthyWithLost > 0 || r.OutlivedBreak > 0 || r.RenewedAfterBreak > 0 || r.Overlaps > 0
+	return r.FenceRegressions > 0 || r.LivePastValidity > 0 || r.Orphans > 0 || r.SlowOrphans > 0 || r.SetsHealthyWithLost > 0 ||
+		r.OutlivedBreak > 0 || r.RenewedAfterBreak > 0 || r.Overlaps > 0
 }
 
 // problem records a violation that happened at t.
@@ -91,10 +92,10 @@ func (r *GenReport) problem(t int64, format string, args ...any) {
 const setMargin = 250 * time.Millisecond
 
 // CheckGen examines a generative run's history. strength is the backend's
-// declared fence strength, ttl the longest an orphan grant can stand at
-// the store (the longest TTL one can have, as the store keeps it:
-// driver.Expiry.Outlives of its Capabilities.Keeps), bound how long one may be seen held while no fault is
-// active.
+// declared fence strength. ttl is the longest an orphan grant can stand at
+// the store. That is the longest TTL one can have, as the store keeps it:
+// driver.Expiry.Outlives of its Capabilities.Keeps. bound is how long one
+// may be seen held while no fault is active.
 func CheckGen(events []Event, strength fenced.FenceStrength, ttl, bound time.Duration) GenReport {
 	sort.SliceStable(events, func(i, j int) bool { return events[i].T < events[j].T })
 	c := newGenChecker(events, strength, ttl, bound)
@@ -212,7 +213,8 @@ func (c *genChecker) record(e Event) {
 	case LivePastValidity:
 		r.LivePastValidity++
 		r.MaxOvershoot = max(r.MaxOvershoot, time.Duration(e.Value))
-		r.problem(e.T, "worker %d: lease on %s (fence %d) live %v past its local validity", e.Worker, e.Key, e.Fence, time.Duration(e.Value))
+		r.problem(e.T, "worker %d: lease on %s (fence %d) live %v past its local validity", e.Worker, e.Key, e.Fence,
+			time.Duration(e.Value))
 	case RenewedAfterBreak:
 		c.renewedAfterBreak = append(c.renewedAfterBreak, e)
 	case SetHealthyLost:
@@ -257,7 +259,9 @@ func (c *genChecker) granted(e Event) {
 		a.done = e.T
 	}
 	inv, known := c.invokes[opKey{e.Op, e.Key}]
-	c.grants = append(c.grants, &genGrant{key: e.Key, owner: e.Owner, fence: e.Fence, invoke: inv, invokeKnown: known, ok: e.T, worker: e.Worker, op: e.Op, setMember: e.Kind == SetMember, setHealthy: e.Kind == SetMember && e.Value == 1})
+	c.grants = append(c.grants,
+		&genGrant{key: e.Key, owner: e.Owner, fence: e.Fence, invoke: inv, invokeKnown: known, ok: e.T, worker: e.Worker, op: e.Op,
+			setMember: e.Kind == SetMember, setHealthy: e.Kind == SetMember && e.Value == 1})
 	c.returned[e.Owner] = true
 }
 
@@ -328,7 +332,9 @@ func (c *genChecker) checkKeyFences(key string, gs []*genGrant) {
 		if g.setHealthy {
 			if f := maxBefore(g.ok - int64(setMargin)); f > g.fence {
 				r.SetsHealthyWithLost++
-				r.problem(g.ok, "%s: AcquireAll (worker %d, op %d) returned a healthy set whose lease (fence %d) was already superseded by fence %d", key, g.worker, g.op, g.fence, f)
+				r.problem(g.ok,
+					"%s: AcquireAll (worker %d, op %d) returned a healthy set whose lease (fence %d) was already superseded by fence %d",
+					key, g.worker, g.op, g.fence, f)
 			}
 		}
 	}
@@ -342,13 +348,16 @@ func (c *genChecker) checkRenewedAfterBreak() {
 		// repeatable) may bring the broken key back.
 		excused := false
 		for _, f := range c.faults {
-			if c.strength < fenced.FenceStrict && f.fault == string(CrashAuthority) && f.start <= e.T && f.start >= e.T-int64(10*time.Second) {
+			if c.strength < fenced.FenceStrict && f.fault == string(CrashAuthority) && f.start <= e.T &&
+				f.start >= e.T-int64(10*time.Second) {
 				excused = true
 			}
 		}
 		if !excused {
 			c.r.RenewedAfterBreak++
-			c.r.problem(e.T, "worker %d: its lease on %s (fence %d) was renewed by a request sent after the worker broke it (validity %v past the break plus the TTL)", e.Worker, e.Key, e.Fence, time.Duration(e.Value).Round(time.Millisecond))
+			c.r.problem(e.T,
+				"worker %d: its lease on %s (fence %d) was renewed by a request sent after the worker broke it "+
+					"(validity %v past the break plus the TTL)", e.Worker, e.Key, e.Fence, time.Duration(e.Value).Round(time.Millisecond))
 		}
 	}
 }

@@ -53,15 +53,15 @@ type genElectRun struct {
 	workers
 }
 
-// RunGenElect runs Members elector processes of one election on Store,
-// each through its own proxy on a networked store, while a nemesis drawn
-// from Seed, one fault at a time, cuts an elector's link (its proxy stops
-// forwarding) for 1.2 to 2 LeaseDurations, stops it (SIGSTOP) as long
-// (twice as often as the others), kills it (-9, started again within a
-// LeaseDuration) or breaks the election's lease (Client.Break). Three
-// faults in four strike the leader.
-// After a fault that struck the leader the nemesis waits for the next
-// term before the next fault. CheckGenElect judges the run.
+// RunGenElect runs Members elector processes of one election on Store, each
+// through its own proxy on a networked store. Meanwhile a nemesis drawn
+// from Seed strikes one fault at a time. It cuts an elector's link (its
+// proxy stops forwarding) for 1.2 to 2 LeaseDurations. Or it stops an
+// elector (SIGSTOP) as long, twice as often as the others. Or it kills one
+// (-9, started again within a LeaseDuration). Or it breaks the election's
+// lease (Client.Break). Three faults in four strike the leader. After a
+// fault that struck the leader, the nemesis waits for the next term before
+// the next fault. CheckGenElect judges the run.
 func RunGenElect(ctx context.Context, cfg GenElectConfig) (GenElectReport, error) {
 	if cfg.Members == 0 {
 		cfg.Members = 3

@@ -235,7 +235,9 @@ func (c *electChecker) checkPair(a, b *electTerm) {
 			c.rep.MaxBreakOverlap = max(c.rep.MaxBreakOverlap, d)
 		} else {
 			c.rep.Overlaps++
-			c.violation(b.w.first, "two leaders at once for %v: the work context of fence %d (elector %d, pid %d) was seen live after that of fence %d (elector %d, pid %d)",
+			c.violation(b.w.first,
+				"two leaders at once for %v: the work context of fence %d (elector %d, pid %d) was seen live after that of fence %d "+
+					"(elector %d, pid %d)",
 				d.Round(time.Millisecond), a.fence, a.slot, a.pid, b.fence, b.slot, b.pid)
 		}
 	}
@@ -250,7 +252,9 @@ func (c *electChecker) checkCGOverlap(a, b *electTerm) {
 	f := c.excuse(a, b.cg.first, "stop", "break")
 	if f == nil {
 		c.rep.CGOverlaps++
-		c.violation(b.cg.first, "client-go's contexts of fence %d (elector %d, pid %d) and fence %d (elector %d, pid %d) live at once for %v, with no stop or break of the first",
+		c.violation(b.cg.first,
+			"client-go's contexts of fence %d (elector %d, pid %d) and fence %d (elector %d, pid %d) live at once for %v, "+
+				"with no stop or break of the first",
 			a.fence, a.slot, a.pid, b.fence, b.slot, b.pid, d.Round(time.Millisecond))
 		return
 	}
@@ -262,7 +266,8 @@ func (c *electChecker) checkCGOverlap(a, b *electTerm) {
 		// later only because the process was stopped again.
 		c.rep.MaxCGAfterResume = max(c.rep.MaxCGAfterResume, time.Duration(a.cg.last-f.End))
 	case a.cg.end == 0 && !c.killedAfter(a.pid, b.cg.first):
-		c.violation(b.cg.first, "client-go's context of fence %d (elector %d, pid %d) never ended after a %s of it", a.fence, a.slot, a.pid, f.Fault)
+		c.violation(b.cg.first, "client-go's context of fence %d (elector %d, pid %d) never ended after a %s of it", a.fence, a.slot, a.pid,
+			f.Fault)
 	}
 }
 
@@ -317,7 +322,8 @@ func (c *electChecker) checkRecovery(f electEvent, ttl time.Duration) {
 	}
 	bound := wait + campaign + 2*electSampleEvery + 3*tm.SchedDelay + stall
 	if next == 0 {
-		c.violation(f.T, "no leader after the %s of the leader (fence %d, elector %d) to the end of the run (bound %v)", f.Fault, f.Fence, f.Slot, bound.Round(time.Millisecond))
+		c.violation(f.T, "no leader after the %s of the leader (fence %d, elector %d) to the end of the run (bound %v)", f.Fault, f.Fence,
+			f.Slot, bound.Round(time.Millisecond))
 		return
 	}
 	d := max(0, time.Duration(next-f.T))
@@ -325,7 +331,11 @@ func (c *electChecker) checkRecovery(f electEvent, ttl time.Duration) {
 		c.rep.LongestRecovery, c.rep.Bound, c.rep.RecoveryKind = d, bound, f.Fault
 	}
 	if d > bound {
-		c.violation(f.T, "no leader for %v after the %s of the leader (fence %d, elector %d): bound %v = %v (the store's keep of a %v grant, or the break) + client-go's campaign %v (RetryPeriod × 2.2) + 2 samples %v + 3 × the measured scheduling delay %v + a store stall by a stopped process %v",
-			d.Round(time.Millisecond), f.Fault, f.Fence, f.Slot, bound.Round(time.Millisecond), wait.Round(time.Millisecond), ttl, campaign, 2*electSampleEvery, tm.SchedDelay.Round(time.Millisecond), stall.Round(time.Millisecond))
+		c.violation(f.T,
+			"no leader for %v after the %s of the leader (fence %d, elector %d): bound %v = %v (the store's keep of a %v grant, "+
+				"or the break) + client-go's campaign %v (RetryPeriod × 2.2) + 2 samples %v + 3 × the measured scheduling delay %v + a "+
+				"store stall by a stopped process %v",
+			d.Round(time.Millisecond), f.Fault, f.Fence, f.Slot, bound.Round(time.Millisecond), wait.Round(time.Millisecond), ttl, campaign,
+			2*electSampleEvery, tm.SchedDelay.Round(time.Millisecond), stall.Round(time.Millisecond))
 	}
 }

@@ -23,10 +23,10 @@ import (
 // a fenced resource with the term's fence.
 
 // Elector runs one elector process of the generative elector proof until
-// the process is killed: it elects among the processes of cfg.Election
-// on c, as id, and calls lead, in the elector's callback, for each term
-// it leads. elector is the context the elector ends with the term; work
-// the one its user works under; l the term's lease, nil if the elector
+// the process is killed. It elects among the processes of cfg.Election on
+// c, as id. For each term it leads, it calls lead in the elector's
+// callback. elector is the context the elector ends with the term. work is
+// the one its user works under. l is the term's lease, nil if the elector
 // found none. It returns only on an error.
 type Elector func(c *fenced.Client, id string, cfg GenElectMemberConfig, lead func(elector, work context.Context, l *fenced.Lease)) error
 

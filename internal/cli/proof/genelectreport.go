@@ -30,8 +30,11 @@ func (r GenElectRow) key() rowKey { return rowKey{build: r.Build, backend: r.Bac
 // replacing the row of the same build and backend; main's rows first.
 func SaveGenElectRow(path string, row GenElectRow) error { return saveRow(path, row) }
 
-const genElectPreamble = `The elector row of the generative proof (proof.RunGenElect; ` + "`go test ./internal/electproof -run TestGenerativeElector`" + ` in
-fencedk8s/, its own module, with ` + "`GOWORK=$PWD/../.ci/go.work`" + `; in the normal suite, 30 s of faults per backend; ` + "`FENCED_PROOF_ELECT_DURATION`" + ` for longer runs, ` + "`FENCED_PROOF_SEED`" + ` to rerun one):
+const genElectPreamble = `The elector row of the generative proof (proof.RunGenElect; ` +
+	"`go test ./internal/electproof -run TestGenerativeElector`" + ` in
+fencedk8s/, its own module, with ` + "`GOWORK=$PWD/../.ci/go.work`" + `; in the normal suite, 30 s of faults per backend; ` +
+	"`FENCED_PROOF_ELECT_DURATION`" + ` for longer runs, ` +
+	"`FENCED_PROOF_SEED`" + ` to rerun one):
 3 processes run client-go's ` + "`leaderelection.RunOrDie`" + ` over a fencedk8s.ResourceLock, as users run it (LeaseDuration 3 s,
 RenewDeadline 2 s, RetryPeriod 0.5 s, ReleaseOnCancel), on Redis each through its own proxy. A leader works under
 ` + "`lock.LeaderContext(ctx)`" + `: every 20 ms it writes a SQLite resource guarded by fence.SQL with the term's fence (and once
@@ -73,7 +76,10 @@ on each backend) and 1796484250805699410.
 // markers).
 func WriteGenElectSection(w io.Writer, rows []GenElectRow) {
 	fmt.Fprintf(w, "%s\n## client-go's elector over fencedk8s in the generative proof\n\n%s", genElectBegin, genElectPreamble)
-	fmt.Fprintln(w, "| build | backend | seed | seconds | faults cut / stop / kill / break (on the leader) | terms | writes accepted / refused | overlaps (after a break, max) | client-go overlaps strict / after a stop or break (max; max after the resume) | stale accepted | longest recovery (bound) | first violation |")
+	fmt.Fprintln(w,
+		"| build | backend | seed | seconds | faults cut / stop / kill / break (on the leader) "+
+			"| terms | writes accepted / refused | overlaps (after a break, max) | client-go overlaps strict / after a stop or break "+
+			"(max; max after the resume) | stale accepted | longest recovery (bound) | first violation |")
 	fmt.Fprintln(w, "|---|---|---|---:|---|---:|---|---|---|---:|---|---|")
 	for _, r := range rows {
 		rep := r.Report
@@ -82,10 +88,12 @@ func WriteGenElectSection(w io.Writer, rows []GenElectRow) {
 			first = fmt.Sprintf("%v in", rep.FirstViolation.Round(100*time.Millisecond))
 		}
 		f := func(k string) string { return fmt.Sprintf("%d (%d)", rep.Faults[k], rep.Hurt[k]) }
-		fmt.Fprintf(w, "| %s | %s | %d | %.0f | %s / %s / %s / %s | %d | %d / %d | %d (%d, %v) | %d / %d (%v; %v) | %d | %v after a %s (%v) | %s |\n",
+		fmt.Fprintf(w,
+			"| %s | %s | %d | %.0f | %s / %s / %s / %s | %d | %d / %d | %d (%d, %v) | %d / %d (%v; %v) | %d | %v after a %s (%v) | %s |\n",
 			r.Build, r.Backend, rep.Seed, rep.Duration.Seconds(), f("cut"), f("stop"), f("kill"), f("break"), rep.Terms,
 			rep.WritesAccepted, rep.WritesRefused, rep.Overlaps, rep.BreakOverlaps, rep.MaxBreakOverlap.Round(time.Millisecond),
-			rep.CGOverlaps, rep.CGPauseOverlaps, rep.MaxCGPauseOverlap.Round(time.Millisecond), rep.MaxCGAfterResume.Round(time.Millisecond),
+			rep.CGOverlaps, rep.CGPauseOverlaps, rep.MaxCGPauseOverlap.Round(time.Millisecond),
+			rep.MaxCGAfterResume.Round(time.Millisecond),
 			rep.StaleAccepted, rep.LongestRecovery.Round(time.Millisecond), rep.RecoveryKind, rep.Bound.Round(time.Millisecond), first)
 	}
 	fmt.Fprintf(w, "%s\n", genElectEnd)

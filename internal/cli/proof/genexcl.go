@@ -146,7 +146,8 @@ func (x *exclusionChecker) checkBreaks(l *leaseLife) {
 		due := b.done + int64(l.ttl+exclusionSlack)
 		if l.end > due && !x.stopped(l.worker, b.invoke, due) {
 			x.r.OutlivedBreak++
-			x.r.problem(due, "worker %d: lease on %s (fence %d) still live %v after a break of it completed (TTL %v)", l.worker, l.key, l.fence, time.Duration(l.end-b.done).Round(time.Millisecond), l.ttl)
+			x.r.problem(due, "worker %d: lease on %s (fence %d) still live %v after a break of it completed (TTL %v)", l.worker, l.key,
+				l.fence, time.Duration(l.end-b.done).Round(time.Millisecond), l.ttl)
 		}
 	}
 }
@@ -175,7 +176,8 @@ func (x *exclusionChecker) checkOverlaps(key string, ls []*leaseLife) {
 			}
 			if !excused {
 				x.r.Overlaps++
-				x.r.problem(b.ok, "%s: granted to worker %d (fence %d) while worker %d's lease (fence %d) lived on for %v more", key, b.worker, b.fence, a.worker, a.fence, time.Duration(end-b.ok).Round(time.Millisecond))
+				x.r.problem(b.ok, "%s: granted to worker %d (fence %d) while worker %d's lease (fence %d) lived on for %v more", key,
+					b.worker, b.fence, a.worker, a.fence, time.Duration(end-b.ok).Round(time.Millisecond))
 			}
 		}
 	}

@@ -76,18 +76,19 @@ func (r *genJobsRun) kind(i int) (string, string) {
 }
 
 // RunGenJobs runs PerKind gocron schedulers (fencedgocron.Locker, a job
-// made with Locker.Task) and PerKind robfig/cron schedulers
-// (fencedcron.SkipIfHeld, a fencedcron.LeaseFunc job) as separate
-// processes on Store, each kind with its own job due every second, while a
-// nemesis drawn from Seed kills one (-9, started again within a TTL),
-// stops one (SIGSTOP for 1.5 to 3 TTLs, then SIGCONT), makes one leave
-// (SIGTERM: the scheduler shuts down; started again within half a TTL), or
-// breaks a job's lease (Client.Break), or, on a SQLite store, stalls the
-// store: the controller holds the store file's write lock for 1.5 to 3
-// TTLs, as a process stopped inside a write of it does, so that the
-// holder's renewals fail and its lease expires while its process runs.
-// A scheduler that exits by itself is a failure, and is started again.
-// CheckGenJobs judges the run.
+// made with Locker.Task) as separate processes on Store. It also runs
+// PerKind robfig/cron schedulers (fencedcron.SkipIfHeld, a
+// fencedcron.LeaseFunc job). Each kind has its own job due every second.
+// Meanwhile a nemesis drawn from Seed strikes one fault at a time. It kills
+// a scheduler (-9, started again within a TTL). Or it stops one (SIGSTOP
+// for 1.5 to 3 TTLs, then SIGCONT). Or it makes one leave (SIGTERM: the
+// scheduler shuts down; started again within half a TTL). Or it breaks a
+// job's lease (Client.Break). Or, on a SQLite store, it stalls the store.
+// The controller then holds the store file's write lock for 1.5 to 3 TTLs,
+// as a process stopped inside a write of it does. So the holder's renewals
+// fail and its lease expires while its process runs. A scheduler that exits
+// by itself is a failure, and is started again. CheckGenJobs judges the
+// run.
 func RunGenJobs(ctx context.Context, cfg GenJobsConfig) (GenJobsReport, error) {
 	if cfg.PerKind == 0 {
 		cfg.PerKind = 3
@@ -167,7 +168,8 @@ func RunGenJobs(ctx context.Context, cfg GenJobsConfig) (GenJobsReport, error) {
 	delay.mu.Lock()
 	sched := delay.maxDelay
 	delay.mu.Unlock()
-	rep = CheckGenJobs(events, writes, faults, genJobsLiveness{From: churnFrom, To: churnTo, TTL: cfg.TTL, Delay: sched, Stall: stall}, rep.Exits)
+	rep = CheckGenJobs(events, writes, faults, genJobsLiveness{From: churnFrom, To: churnTo, TTL: cfg.TTL, Delay: sched, Stall: stall},
+		rep.Exits)
 	rep.Seed, rep.Duration = cfg.Seed, time.Since(started).Round(time.Second)
 	return rep, nemErr
 }
@@ -176,7 +178,8 @@ func RunGenJobs(ctx context.Context, cfg GenJobsConfig) (GenJobsReport, error) {
 func (r *genJobsRun) startSched(i int) error {
 	kind, job := r.kind(i)
 	r.started(i)
-	sc := GenJobsSchedConfig{Slot: i, Kind: kind, Job: job, Store: r.cfg.Store, TTL: r.cfg.TTL, MinFence: r.cfg.MinFence, Dir: r.cfg.Dir, Hazard: r.cfg.Hazard}
+	sc := GenJobsSchedConfig{Slot: i, Kind: kind, Job: job, Store: r.cfg.Store, TTL: r.cfg.TTL, MinFence: r.cfg.MinFence, Dir: r.cfg.Dir,
+		Hazard: r.cfg.Hazard}
 	raw, err := json.Marshal(sc)
 	if err != nil {
 		return err

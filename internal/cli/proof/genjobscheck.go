@@ -214,7 +214,8 @@ func (c *jobsChecker) checkWrite(w jobWrite) {
 	}
 	if prev, ok := c.last[w.Job]; ok && (w.Fence < prev.Fence || w.Fence == prev.Fence && w.PID != prev.PID) {
 		c.rep.StaleAccepted++
-		c.violation(w.T, "stale write accepted on job %s: fence %d (pid %d) after fence %d (pid %d)", w.Job, w.Fence, w.PID, prev.Fence, prev.PID)
+		c.violation(w.T, "stale write accepted on job %s: fence %d (pid %d) after fence %d (pid %d)", w.Job, w.Fence, w.PID, prev.Fence,
+			prev.PID)
 	}
 	if prev, ok := c.last[w.Job]; !ok || w.Fence >= prev.Fence {
 		c.last[w.Job] = w
@@ -237,8 +238,10 @@ func (c *jobsChecker) ranTwice(w jobWrite, a, b *jobRun) {
 	if a.start > b.start {
 		a, b = b, a
 	}
-	what := fmt.Sprintf("job %s (%s) ran twice for tick %s: fences %d (pid %d, %v into the slot) and %d (pid %d, %v into the slot) both had writes accepted",
-		w.Job, w.Kind, time.Unix(w.Tick, 0).UTC().Format("15:04:05"), a.fence, a.pid, a.late.Round(time.Millisecond), b.fence, b.pid, b.late.Round(time.Millisecond))
+	what := fmt.Sprintf("job %s (%s) ran twice for tick %s: fences %d (pid %d, %v into the slot) and %d (pid %d, %v into the slot) "+
+		"both had writes accepted",
+		w.Job, w.Kind, time.Unix(w.Tick, 0).UTC().Format("15:04:05"), a.fence, a.pid, a.late.Round(time.Millisecond), b.fence, b.pid,
+		b.late.Round(time.Millisecond))
 	if c.broken(a.fence, b.start) {
 		c.rep.BrokenTwice++
 		return
@@ -297,7 +300,9 @@ func (c *jobsChecker) checkContexts() {
 			}
 			if r.live > next.first {
 				c.rep.LiveAfterNext++
-				c.violation(next.first, "job %s: the run with fence %d (pid %d) saw its context live %v after the next run's (fence %d, pid %d) first accepted write",
+				c.violation(next.first,
+					"job %s: the run with fence %d (pid %d) saw its context live %v after the next run's (fence %d, pid %d) "+
+						"first accepted write",
 					job, r.fence, r.pid, time.Duration(r.live-next.first).Round(time.Millisecond), next.fence, next.pid)
 			}
 		}
@@ -334,8 +339,11 @@ func (c *jobsChecker) checkLiveness(writes []jobWrite, lv genJobsLiveness) {
 	rep.MaxSchedDelay, rep.Stall = lv.Delay, lv.Stall
 	rep.Bound = lv.TTL + 2*genJobsInterval + 3*lv.Delay + lv.Stall
 	if rep.LongestGap > rep.Bound {
-		rep.Problems = append(rep.Problems, fmt.Sprintf("a job went %v without an accepted write (bound %v = the TTL %v + 2 × the interval %v + 3 × the measured scheduling delay %v + the longest stop or stall %v)",
-			rep.LongestGap.Round(time.Millisecond), rep.Bound.Round(time.Millisecond), lv.TTL, genJobsInterval, lv.Delay.Round(time.Millisecond), lv.Stall.Round(time.Millisecond)))
+		rep.Problems = append(rep.Problems,
+			fmt.Sprintf("a job went %v without an accepted write (bound %v = the TTL %v + 2 × the interval %v + 3 × the measured "+
+				"scheduling delay %v + the longest stop or stall %v)",
+				rep.LongestGap.Round(time.Millisecond), rep.Bound.Round(time.Millisecond), lv.TTL, genJobsInterval,
+				lv.Delay.Round(time.Millisecond), lv.Stall.Round(time.Millisecond)))
 	}
 }
 

@@ -139,7 +139,8 @@ func openJobResource(path string) (*jobResource, error) {
 func (r *jobResource) setup(ctx context.Context, jobs []string) error {
 	for _, s := range []string{
 		`CREATE TABLE IF NOT EXISTS job (k TEXT PRIMARY KEY, n INTEGER NOT NULL DEFAULT 0)`,
-		`CREATE TABLE IF NOT EXISTS jobs_log (seq INTEGER PRIMARY KEY AUTOINCREMENT, job TEXT NOT NULL, kind TEXT NOT NULL, fence INTEGER NOT NULL, pid INTEGER NOT NULL, tick INTEGER NOT NULL, t INTEGER NOT NULL, live INTEGER NOT NULL)`,
+		`CREATE TABLE IF NOT EXISTS jobs_log (seq INTEGER PRIMARY KEY AUTOINCREMENT, job TEXT NOT NULL, kind TEXT NOT NULL, ` +
+			`fence INTEGER NOT NULL, pid INTEGER NOT NULL, tick INTEGER NOT NULL, t INTEGER NOT NULL, live INTEGER NOT NULL)`,
 	} {
 		if _, err := r.db.ExecContext(ctx, s); err != nil {
 			return fmt.Errorf("proof: set up resource: %w", err)
@@ -241,7 +242,8 @@ type genJob struct {
 func (j *genJob) run(ctx context.Context, l *fenced.Lease) error {
 	now := time.Now().UnixNano()
 	tick := now / int64(genJobsInterval)
-	ev := jobEvent{K: "start", Slot: j.cfg.Slot, Kind: j.cfg.Kind, Job: j.cfg.Job, Fence: l.Fence(), Tick: tick, Late: time.Duration(now % int64(genJobsInterval))}
+	ev := jobEvent{K: "start", Slot: j.cfg.Slot, Kind: j.cfg.Kind, Job: j.cfg.Job, Fence: l.Fence(), Tick: tick,
+		Late: time.Duration(now % int64(genJobsInterval))}
 	j.rec.record(ev)
 	ev.Late = 0
 	end := ev

@@ -37,8 +37,10 @@ func (r GenJobsRow) key() rowKey { return rowKey{build: r.Build, backend: r.Back
 // readGenJobsRows reads the rows kept in path (a JSON array).
 func readGenJobsRows(path string) ([]GenJobsRow, error) { return readRows[GenJobsRow](path) }
 
-const genJobsPreamble = `The scheduler adapters' row of the generative proof (proof.RunGenJobs; ` + "`go test ./internal/cli/proof -run TestGenerativeJobs`" + `
-in the normal suite, 40 s of churn on SQLite; ` + "`FENCED_PROOF_JOBS_DURATION`" + ` for longer runs, ` + "`FENCED_PROOF_SEED`" + ` to rerun one):
+const genJobsPreamble = `The scheduler adapters' row of the generative proof (proof.RunGenJobs; ` +
+	"`go test ./internal/cli/proof -run TestGenerativeJobs`" + `
+in the normal suite, 40 s of churn on SQLite; ` + "`FENCED_PROOF_JOBS_DURATION`" + ` for longer runs, ` +
+	"`FENCED_PROOF_SEED`" + ` to rerun one):
 3 gocron schedulers (fencedgocron.Locker, the job made with Locker.Task) and 3 robfig/cron schedulers
 (fencedcron.SkipIfHeld, a fencedcron.LeaseFunc job), each a separate process, each kind running its own job due
 every second on the second (cron ` + "`* * * * * *`" + `), 1 s leases, the adapters' default MinHold (500 ms). A run writes 6
@@ -90,7 +92,10 @@ func WriteGenJobsSection(w io.Writer, rows []GenJobsRow) {
 		fmt.Fprintf(w, "Not run yet.\n%s\n", genJobsEnd)
 		return
 	}
-	fmt.Fprintln(w, "| build | backend | seed | seconds | faults (kill / stop / leave / break / stall) | runs (gocron / cron) | ticks run (gocron / cron) | writes accepted / refused | twice for a tick (late fire / after a break) | stale accepted | live after next (checked / lost) | longest gap (bound) | first violation |")
+	fmt.Fprintln(w,
+		"| build | backend | seed | seconds | faults (kill / stop / leave / break / stall) | runs (gocron / cron) | ticks run "+
+			"(gocron / cron) | writes accepted / refused | twice for a tick (late fire / after a break) "+
+			"| stale accepted | live after next (checked / lost) | longest gap (bound) | first violation |")
 	fmt.Fprintln(w, "|---|---|---|---:|---|---|---|---|---|---:|---|---|---|")
 	for _, r := range rows {
 		rep := r.Report
@@ -98,8 +103,11 @@ func WriteGenJobsSection(w io.Writer, rows []GenJobsRow) {
 		if rep.Failed() {
 			first = fmt.Sprintf("%v in", rep.FirstViolation.Round(100*time.Millisecond))
 		}
-		fmt.Fprintf(w, "| %s | %s | %d | %.0f | %d / %d / %d / %d / %d | %d / %d | %d / %d | %d / %d | %d (%d / %d) | %d | %d (%d / %d) | %v (%v) | %s |\n",
-			r.Build, r.Backend, rep.Seed, rep.Duration.Seconds(), rep.Faults["kill"], rep.Faults["stop"], rep.Faults["leave"], rep.Faults["break"], rep.Faults["stall"],
+		fmt.Fprintf(w,
+			"| %s | %s | %d | %.0f | %d / %d / %d / %d / %d | %d / %d | %d / %d | %d / %d | %d (%d / %d) | %d | %d (%d / %d) | %v (%v) "+
+				"| %s |\n",
+			r.Build, r.Backend, rep.Seed, rep.Duration.Seconds(), rep.Faults["kill"], rep.Faults["stop"], rep.Faults["leave"],
+			rep.Faults["break"], rep.Faults["stall"],
 			rep.Runs[schedGocron], rep.Runs[schedCron], rep.Ticks[schedGocron], rep.Ticks[schedCron], rep.WritesAccepted, rep.WritesRefused,
 			rep.TwiceForTick, rep.LateTwice, rep.BrokenTwice, rep.StaleAccepted, rep.LiveAfterNext, rep.ContextChecked, rep.ContextLost,
 			rep.LongestGap.Round(time.Millisecond), rep.Bound.Round(time.Millisecond), first)

@@ -59,7 +59,8 @@ func (n *genNemesis) running() bool {
 	if n.end = now.Add(4 * cfg.TTL); n.end.After(limit) {
 		n.end = limit
 	}
-	cfg.Logf("seed %d: %d operations in %v, fewer than %d (%d at a CPU share of %.2f): the workload runs on until %v", cfg.Seed, count, now.Sub(n.began).Round(time.Millisecond), need, cfg.MinOps, share, n.end.Sub(n.began).Round(time.Millisecond))
+	cfg.Logf("seed %d: %d operations in %v, fewer than %d (%d at a CPU share of %.2f): the workload runs on until %v", cfg.Seed, count,
+		now.Sub(n.began).Round(time.Millisecond), need, cfg.MinOps, share, n.end.Sub(n.began).Round(time.Millisecond))
 	return true
 }
 

@@ -26,7 +26,9 @@ func (c *genChecker) checkOrphan(k grantID, s *grantSpan) {
 	orphanFrom := c.orphanFrom(s, from)
 	if free := time.Duration(s.last - orphanFrom); free > c.ttl+time.Second {
 		c.r.Orphans++
-		c.r.problem(orphanFrom+int64(c.ttl), "%s: a grant no Acquire returned (owner %.8s, fence %d) was held for %v, %v of it after the acquisitions that could return it ended, past its TTL", k.key, k.owner, k.fence, held, free)
+		c.r.problem(orphanFrom+int64(c.ttl),
+			"%s: a grant no Acquire returned (owner %.8s, fence %d) was held for %v, %v of it after the acquisitions that could return "+
+				"it ended, past its TTL", k.key, k.owner, k.fence, held, free)
 		return
 	}
 	if c.missedTurn(k, s, from) {
@@ -41,7 +43,8 @@ func (c *genChecker) checkOrphan(k grantID, s *grantSpan) {
 	}
 	if quiet {
 		c.r.SlowOrphans++
-		c.r.problem(s.first+int64(c.bound), "%s: a grant no Acquire returned (owner %.8s, fence %d) was held for %v with no fault active", k.key, k.owner, k.fence, held)
+		c.r.problem(s.first+int64(c.bound), "%s: a grant no Acquire returned (owner %.8s, fence %d) was held for %v with no fault active",
+			k.key, k.owner, k.fence, held)
 	}
 }
 
@@ -112,12 +115,15 @@ func (c *genChecker) orphanFrom(s *grantSpan, from []*genAcq) int64 {
 // 250 ms of it).
 func (c *genChecker) missedTurn(k grantID, s *grantSpan, from []*genAcq) bool {
 	for _, a := range from {
-		if multiGrant(a.name) || a.name == "try" || a.done == 0 || a.done-s.first <= int64(c.ttl) || s.last < a.done-int64(250*time.Millisecond) {
+		if multiGrant(a.name) || a.name == "try" || a.done == 0 || a.done-s.first <= int64(c.ttl) ||
+			s.last < a.done-int64(250*time.Millisecond) {
 			continue
 		}
 		if !faultIn(c.faults, a.worker, s.first-int64(time.Second), a.done) {
 			c.r.SlowOrphans++
-			c.r.problem(s.first+int64(c.ttl), "%s: a waiter's grant (owner %.8s, fence %d) stood %v while its acquisition (worker %d) went on waiting, with no fault active", k.key, k.owner, k.fence, time.Duration(a.done-s.first), a.worker)
+			c.r.problem(s.first+int64(c.ttl),
+				"%s: a waiter's grant (owner %.8s, fence %d) stood %v while its acquisition (worker %d) went on waiting, "+
+					"with no fault active", k.key, k.owner, k.fence, time.Duration(a.done-s.first), a.worker)
 			return true
 		}
 	}

@@ -60,16 +60,16 @@ type genPartRun struct {
 	longestStop time.Duration
 }
 
-// RunGenPartitions runs Members member processes of one partition group
-// on Store while a nemesis drawn from Seed kills them (-9), stops them
-// (SIGSTOP) past the TTL, makes them leave (SIGTERM), restarts them, and
-// deploys another partition count: every member but one, sometimes, is
-// ended (leave or kill) and started again with the new count while the one
-// left out is stopped, and continued later, still at the old count. A
-// member that stops by itself (ErrPartitionCount, ErrMemberLive) is
-// started again with the current count, as a supervisor would. An
-// observer lists the group every 100ms. CheckGenPartitions judges the
-// run.
+// RunGenPartitions runs Members member processes of one partition group on
+// Store. Meanwhile a nemesis drawn from Seed strikes them. It kills them
+// (-9), stops them (SIGSTOP) past the TTL, makes them leave (SIGTERM) and
+// restarts them. It also deploys another partition count. Then, sometimes,
+// every member but one is ended (leave or kill) and started again with the
+// new count. The one left out is stopped meanwhile, and continued later,
+// still at the old count. A member that stops by itself (ErrPartitionCount,
+// ErrMemberLive) is started again with the current count, as a supervisor
+// would. An observer lists the group every 100ms. CheckGenPartitions judges
+// the run.
 func RunGenPartitions(ctx context.Context, cfg GenPartConfig) (GenPartReport, error) {
 	if cfg.Members == 0 {
 		cfg.Members = 4
@@ -174,7 +174,8 @@ func (r *genPartRun) startMember(i int) error {
 	p := r.p
 	r.mu.Unlock()
 	r.started(i)
-	mc := GenPartMemberConfig{Slot: i, Member: fmt.Sprintf("m%d", i), P: p, Items: r.cfg.Items, Store: r.cfg.Store, Group: r.group, TTL: r.cfg.TTL, MinFence: r.cfg.MinFence, Dir: r.cfg.Dir}
+	mc := GenPartMemberConfig{Slot: i, Member: fmt.Sprintf("m%d", i), P: p, Items: r.cfg.Items, Store: r.cfg.Store, Group: r.group,
+		TTL: r.cfg.TTL, MinFence: r.cfg.MinFence, Dir: r.cfg.Dir}
 	raw, err := json.Marshal(mc)
 	if err != nil {
 		return err
@@ -285,7 +286,8 @@ func (r *genPartRun) deploy(ctx context.Context, w int) error {
 		kills[i] = r.rng.IntN(2) == 0
 	}
 	d := r.between(1.5, 3)
-	r.cfg.Logf("seed %d: deploy %d → %d partitions, member %d stopped at %d for %v", r.cfg.Seed, old, p, sleeper, old, d.Round(time.Millisecond))
+	r.cfg.Logf("seed %d: deploy %d → %d partitions, member %d stopped at %d for %v", r.cfg.Seed, old, p, sleeper, old,
+		d.Round(time.Millisecond))
 	var sleeperCmd *exec.Cmd
 	if sleeper >= 0 {
 		r.stopped(d)

@@ -177,7 +177,8 @@ func (c *partChecker) checkWrites(writes []partWrite) {
 		}
 		if prev, ok := lastFence[w.Part]; ok && (w.Fence < prev.Fence || w.Fence == prev.Fence && w.PID != prev.PID) {
 			c.rep.StaleAccepted++
-			c.violation(w.T, "stale write accepted on partition row %d: fence %d by %s (pid %d, count %d) after fence %d by %s (pid %d, count %d)",
+			c.violation(w.T,
+				"stale write accepted on partition row %d: fence %d by %s (pid %d, count %d) after fence %d by %s (pid %d, count %d)",
 				w.Part, w.Fence, w.Member, w.PID, w.P, prev.Fence, prev.Member, prev.PID, prev.P)
 		}
 		if prev, ok := lastFence[w.Part]; !ok || w.Fence >= prev.Fence {
@@ -198,7 +199,8 @@ func (c *partChecker) countLateItemWrites(writes []partWrite) {
 		if superseded[w.Item][k] {
 			rep.LateItemWrites++
 			if rep.LateItemWrites == 1 {
-				rep.FirstLateItemWrite = fmt.Sprintf("item %d written by %s (pid %d, partition %d of %d, fence %d, its lease seen live: %t) after another member's write of it",
+				rep.FirstLateItemWrite = fmt.Sprintf("item %d written by %s (pid %d, partition %d of %d, fence %d, its lease seen live: "+
+					"%t) after another member's write of it",
 					w.Item, w.Member, w.PID, w.Part, w.P, w.Fence, w.Live)
 			}
 			continue
@@ -295,8 +297,12 @@ func (r *GenPartReport) judgeRecovery(o *partObserver, outlives, ttl, stall time
 	r.LongestUnowned, r.Spells, r.Listings, r.MaxSchedDelay = o.longest, o.spells, o.list, o.maxDelay
 	r.Bound = outlives + ttl/3 + ttl/3 + 200*time.Millisecond + 3*o.maxDelay + stall
 	if o.longest > r.Bound {
-		r.Problems = append(r.Problems, fmt.Sprintf("partition %d went without an owner for %v while a member of its count was live (bound %v = the store's keep of a %v grant %v + a renewal period %v + a poll %v + 200ms of listing + 3 × the measured scheduling delay %v + a store stall by a stopped member %v)",
-			o.longestPart, o.longest.Round(time.Millisecond), r.Bound.Round(time.Millisecond), ttl, outlives, ttl/3, ttl/3, o.maxDelay.Round(time.Millisecond), stall.Round(time.Millisecond)))
+		r.Problems = append(r.Problems,
+			fmt.Sprintf("partition %d went without an owner for %v while a member of its count was live "+
+				"(bound %v = the store's keep of a %v grant %v + a renewal period %v + a poll %v + 200ms of listing + 3 × the measured "+
+				"scheduling delay %v + a store stall by a stopped member %v)",
+				o.longestPart, o.longest.Round(time.Millisecond), r.Bound.Round(time.Millisecond), ttl, outlives, ttl/3, ttl/3,
+				o.maxDelay.Round(time.Millisecond), stall.Round(time.Millisecond)))
 	}
 }
 

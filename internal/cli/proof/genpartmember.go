@@ -131,7 +131,9 @@ func openPartResource(path string) (*partResource, error) {
 func (r *partResource) setup(ctx context.Context, n int) error {
 	for _, s := range []string{
 		`CREATE TABLE IF NOT EXISTS part (p INTEGER PRIMARY KEY, n INTEGER NOT NULL DEFAULT 0)`,
-		`CREATE TABLE IF NOT EXISTS worklog (seq INTEGER PRIMARY KEY AUTOINCREMENT, p INTEGER NOT NULL, pcount INTEGER NOT NULL, fence INTEGER NOT NULL, pid INTEGER NOT NULL, member TEXT NOT NULL, item INTEGER NOT NULL, t INTEGER NOT NULL, live INTEGER NOT NULL)`,
+		`CREATE TABLE IF NOT EXISTS worklog (seq INTEGER PRIMARY KEY AUTOINCREMENT, p INTEGER NOT NULL, pcount INTEGER NOT NULL, ` +
+			`fence INTEGER NOT NULL, pid INTEGER NOT NULL, member TEXT NOT NULL, item INTEGER NOT NULL, t INTEGER NOT NULL, ` +
+			`live INTEGER NOT NULL)`,
 	} {
 		if _, err := r.db.ExecContext(ctx, s); err != nil {
 			return fmt.Errorf("proof: set up resource: %w", err)
@@ -249,7 +251,8 @@ func runGenPartMember(cfg GenPartMemberConfig) int {
 				end.Live = t
 			}
 			if len(items) > 0 {
-				w := partWrite{Part: p.Index, P: cfg.P, Item: items[k%len(items)], Fence: p.Lease.Fence(), PID: pid, Member: cfg.Member, T: t, Live: live}
+				w := partWrite{Part: p.Index, P: cfg.P, Item: items[k%len(items)], Fence: p.Lease.Fence(), PID: pid, Member: cfg.Member,
+					T: t, Live: live}
 				wctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 				ok, err := res.write(wctx, w, tok)
 				cancel()

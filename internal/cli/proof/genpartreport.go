@@ -40,7 +40,8 @@ func SaveGenPartRow(path string, row GenPartRow) error { return saveRow(path, ro
 // key names what the row ran.
 func (r GenPartRow) key() rowKey { return rowKey{r.Build, r.Backend, r.Mode} }
 
-const genPartPreamble = `The partitions row of the generative proof (proof.RunGenPartitions; ` + "`go test ./internal/cli/proof -run TestGenerativePartitions`" + `
+const genPartPreamble = `The partitions row of the generative proof (proof.RunGenPartitions; ` +
+	"`go test ./internal/cli/proof -run TestGenerativePartitions`" + `
 in the normal suite, 40 s of churn on each of SQLite, Redis, PostgreSQL and etcd; ` + "`FENCED_PROOF_PART_DURATION`" + ` for longer
 runs, ` + "`FENCED_PROOF_SEED`" + ` to rerun one):
 4 member processes of one group, 1 s leases, 64 items routed as users route them (item → partition
@@ -90,7 +91,10 @@ func WriteGenPartSection(w io.Writer, rows []GenPartRow) {
 		fmt.Fprintf(w, "Not run yet.\n%s\n", genPartEnd)
 		return
 	}
-	fmt.Fprintln(w, "| build | backend | mode | seed | seconds | faults (kill / stop / leave / deploy) | exits | ownerships | counts | writes accepted / refused | overlaps | stale accepted | late item writes | longest unowned (bound) | first violation |")
+	fmt.Fprintln(w,
+		"| build | backend | mode | seed | seconds | faults (kill / stop / leave / deploy) "+
+			"| exits | ownerships | counts | writes accepted / refused | overlaps | stale accepted | late item writes | longest unowned "+
+			"(bound) | first violation |")
 	fmt.Fprintln(w, "|---|---|---|---|---:|---|---|---:|---|---|---:|---:|---:|---|---|")
 	for _, r := range rows {
 		rep := r.Report
@@ -104,8 +108,10 @@ func WriteGenPartSection(w io.Writer, rows []GenPartRow) {
 		}
 		sort.Strings(exits)
 		fmt.Fprintf(w, "| %s | %s | %s | %d | %.0f | %d / %d / %d / %d | %s | %d | %v | %d / %d | %d | %d | %d | %v (%v) | %s |\n",
-			r.Build, r.Backend, r.Mode, rep.Seed, rep.Duration.Seconds(), rep.Faults["kill"], rep.Faults["stop"], rep.Faults["leave"], rep.Faults["deploy"],
-			strings.Join(exits, " "), rep.Ownerships, rep.Counts, rep.WritesAccepted, rep.WritesRefused, rep.Overlaps, rep.StaleAccepted, rep.LateItemWrites,
+			r.Build, r.Backend, r.Mode, rep.Seed, rep.Duration.Seconds(), rep.Faults["kill"], rep.Faults["stop"], rep.Faults["leave"],
+			rep.Faults["deploy"],
+			strings.Join(exits, " "), rep.Ownerships, rep.Counts, rep.WritesAccepted, rep.WritesRefused, rep.Overlaps, rep.StaleAccepted,
+			rep.LateItemWrites,
 			rep.LongestUnowned.Round(time.Millisecond), rep.Bound.Round(time.Millisecond), first)
 	}
 	fmt.Fprintf(w, "%s\n", genPartEnd)

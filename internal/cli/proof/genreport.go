@@ -45,7 +45,9 @@ func WriteGenSection(w io.Writer, rows []GenRow) {
 		fmt.Fprintf(w, "Not run yet.\n\n%s%s\n", genYourStore, genEnd)
 		return
 	}
-	fmt.Fprintln(w, "| build | backend | mode | seed | minutes | ops | grants | most held | faults | fence regr. | live past validity | orphans (past TTL / slow / seen) | sets healthy with a lost member | broken lease renewed / outlived | first violation |")
+	fmt.Fprintln(w,
+		"| build | backend | mode | seed | minutes | ops | grants | most held | faults | fence regr. | live past validity | orphans "+
+			"(past TTL / slow / seen) | sets healthy with a lost member | broken lease renewed / outlived | first violation |")
 	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 	for _, r := range rows {
 		rep := r.Report
@@ -59,7 +61,8 @@ func WriteGenSection(w io.Writer, rows []GenRow) {
 		}
 		fmt.Fprintf(w, "| %s | %s | %s | %d | %.1f | %d | %d | %s | %d | %d | %d | %d / %d / %d | %d | %d / %d | %s |\n",
 			r.Build, r.Backend, r.Mode, rep.Seed, r.Duration.Minutes(), rep.Ops, rep.Grants, held, rep.Faults, rep.FenceRegressions,
-			rep.LivePastValidity, rep.Orphans, rep.SlowOrphans, rep.OrphansSeen, rep.SetsHealthyWithLost, rep.RenewedAfterBreak, rep.OutlivedBreak, first)
+			rep.LivePastValidity, rep.Orphans, rep.SlowOrphans, rep.OrphansSeen, rep.SetsHealthyWithLost, rep.RenewedAfterBreak,
+			rep.OutlivedBreak, first)
 	}
 	fmt.Fprintln(w, "\nOperations per kind (ops column):")
 	fmt.Fprintln(w)
@@ -246,7 +249,8 @@ leases live on after a break                                                    
 leases renewed after a break                                                             0                         ok
 fence repeats (the store declares its fence repeatable)                                  0                         allowed
 
-PASS: no fence went backwards, no lease lived past its validity or a break, no two holders overlapped, no orphan grant outstayed its TTL, no set reported a lost member healthy.
+PASS: no fence went backwards, no lease lived past its validity or a break, no two holders overlapped, no orphan grant outstayed its TTL,
+	no set reported a lost member healthy.
 rerun:       fenced proof --generative --seed 7 --duration 10s (same store)
 histories:   /tmp/fenced-proof-1402/generative-seed7-933974590
 ` + "```" + `

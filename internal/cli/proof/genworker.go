@@ -23,8 +23,8 @@ const envGen = "FENCED_PROOF_GEN"
 // Event kinds of the generative mode (see RunGen).
 const (
 	// SetMember is one lease of a set AcquireAll returned (Op is the
-	// call's); Value is 1 if the set reported itself healthy (Err nil)
-	// when it was returned.
+	// call's). Value is 1 if the set reported itself healthy (Err nil) when
+	// it was returned.
 	SetMember Kind = "set_member"
 	// SetHealthyLost says a worker saw a set report itself healthy while
 	// one of its leases had ended (Key names it).
@@ -39,7 +39,7 @@ const (
 	BreakInvoke Kind = "break"
 	BreakDone   Kind = "broken"
 	// RenewedAfterBreak says a worker saw a lease it had broken renewed by
-	// a request sent after the break completed: its validity reached past
+	// a request sent after the break completed. Its validity reached past
 	// the break's end plus its TTL (Value: by how many ns).
 	RenewedAfterBreak Kind = "renewed_after_break"
 )
@@ -150,7 +150,8 @@ func runGenWorker(cfg GenWorkerConfig) error {
 		return err
 	}
 	defer rec.Close()
-	w := &genWorker{cfg: cfg, rec: rec, pid: int64(os.Getpid()), poolTTL: cfg.PoolTTL, held: map[*fenced.Lease]heldLease{}, sets: map[*recipe.LeaseSet]struct{}{}, broken: map[*fenced.Lease]time.Time{}}
+	w := &genWorker{cfg: cfg, rec: rec, pid: int64(os.Getpid()), poolTTL: cfg.PoolTTL, held: map[*fenced.Lease]heldLease{},
+		sets: map[*recipe.LeaseSet]struct{}{}, broken: map[*fenced.Lease]time.Time{}}
 	hooks := func(e fenced.Event) {
 		if e.Kind == fenced.EventLost {
 			w.record(Event{Kind: Lost, Key: e.Lease.Key(), Fence: e.Lease.Fence(), Err: errString(e.Err)})
@@ -339,7 +340,8 @@ func (w *genWorker) stepAll(ctx context.Context, rng *rand.Rand, op int64, hold 
 	}
 	healthy := set.Err() == nil
 	for _, l := range set.Leases() {
-		w.record(Event{Kind: SetMember, Op: op, Name: name, Key: l.Key(), Fence: l.Fence(), Owner: fence.OwnerDigest(l.Owner()), Value: boolInt(healthy), TTL: l.Options().TTL})
+		w.record(Event{Kind: SetMember, Op: op, Name: name, Key: l.Key(), Fence: l.Fence(), Owner: fence.OwnerDigest(l.Owner()),
+			Value: boolInt(healthy), TTL: l.Options().TTL})
 		w.mu.Lock()
 		w.held[l] = heldLease{owner: fence.OwnerDigest(l.Owner())}
 		w.mu.Unlock()
@@ -559,7 +561,8 @@ func (w *genWorker) sleepUnder(ctx context.Context, d time.Duration) {
 func (w *genWorker) checkSet(set *recipe.LeaseSet) {
 	for _, l := range set.Leases() {
 		if l.Err() != nil && set.Err() == nil {
-			w.record(Event{Kind: SetHealthyLost, Key: l.Key(), Fence: l.Fence(), Owner: fence.OwnerDigest(l.Owner()), Err: errString(l.Err())})
+			w.record(Event{Kind: SetHealthyLost, Key: l.Key(), Fence: l.Fence(), Owner: fence.OwnerDigest(l.Owner()),
+				Err: errString(l.Err())})
 			return
 		}
 	}
@@ -605,7 +608,8 @@ func (w *genWorker) sample(ctx context.Context) {
 		for l, at := range w.broken {
 			if late := l.ValidUntil().Sub(at.Add(l.Options().TTL)); late > renewedSlack {
 				delete(w.broken, l)
-				w.record(Event{Kind: RenewedAfterBreak, Key: l.Key(), Fence: l.Fence(), Owner: fence.OwnerDigest(l.Owner()), Value: int64(late)})
+				w.record(Event{Kind: RenewedAfterBreak, Key: l.Key(), Fence: l.Fence(), Owner: fence.OwnerDigest(l.Owner()),
+					Value: int64(late)})
 			}
 		}
 		w.mu.Unlock()
@@ -620,7 +624,8 @@ func (w *genWorker) sample(ctx context.Context) {
 				from = resumed
 			}
 			if l.Context().Err() == nil && now.Sub(from) > w.cfg.Grace && !renewedSince(l, until) {
-				w.record(Event{Kind: LivePastValidity, Key: l.Key(), Fence: l.Fence(), Owner: fence.OwnerDigest(l.Owner()), Value: int64(now.Sub(until))})
+				w.record(Event{Kind: LivePastValidity, Key: l.Key(), Fence: l.Fence(), Owner: fence.OwnerDigest(l.Owner()),
+					Value: int64(now.Sub(until))})
 			}
 		}
 		for _, s := range sets {

@@ -32,10 +32,10 @@ const (
 	// ReleaseInvoke and ReleaseDone bracket a release.
 	ReleaseInvoke Kind = "release"
 	ReleaseDone   Kind = "released"
-	// ReadInvoke starts the read of the protected state (with the claim,
-	// in the claim-first ordering); ReadOK carries the ledger length read
-	// (Value), ReadRefused says the claim was refused as stale (Current is
-	// the resource's fence), ReadFail that the outcome is unknown.
+	// ReadInvoke starts the read of the protected state (with the claim, in
+	// the claim-first ordering). ReadOK carries the ledger length read
+	// (Value). ReadRefused says the claim was refused as stale (Current is
+	// the resource's fence). ReadFail says the outcome is unknown.
 	ReadInvoke  Kind = "read"
 	ReadOK      Kind = "read_ok"
 	ReadRefused Kind = "read_refused"
@@ -103,9 +103,9 @@ type Event struct {
 	Err   string `json:"err,omitempty"`
 }
 
-// Now returns the host's CLOCK_MONOTONIC in nanoseconds: comparable between
-// processes on one host (unlike Go's monotonic readings, which are private
-// to a process), and never stepped.
+// Now returns the host's CLOCK_MONOTONIC in nanoseconds. It is comparable
+// between processes on one host, unlike Go's monotonic readings, which are
+// private to a process. It is never stepped.
 func Now() int64 {
 	var ts unix.Timespec
 	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
@@ -135,10 +135,10 @@ func OpenRecorder(path string, worker int) (*Recorder, error) {
 	return &Recorder{f: f, worker: worker, pid: os.Getpid()}, nil
 }
 
-// Record stamps e with the time (unless T is set), the process and, for a
-// worker's recorder, the worker (the nemesis's recorder keeps e.Worker) and
-// appends it. Errors are returned, never ignored: a history with holes is
-// not evidence.
+// Record stamps e with the time (unless T is set) and the process, and
+// appends it. A worker's recorder also stamps the worker; the nemesis's
+// recorder keeps e.Worker. Errors are returned, never ignored: a history
+// with holes is not evidence.
 func (r *Recorder) Record(e Event) error {
 	if e.T == 0 {
 		e.T = Now()

@@ -213,11 +213,13 @@ func checkLedger(events []Event, res Contents, end int64) (string, []string) {
 		in := ledgerInput{kind: o.kind, key: o.e.Key, fence: o.e.Fence, owner: o.e.Owner, prev: o.e.Prev}
 		switch {
 		case o.kind == opWrite:
-			ops = append(ops, porcupine.Operation{ClientId: o.e.Worker, Input: in, Call: o.e.T, Output: ledgerOutput{applied: applied[op]}, Return: end})
+			ops = append(ops,
+				porcupine.Operation{ClientId: o.e.Worker, Input: in, Call: o.e.T, Output: ledgerOutput{applied: applied[op]}, Return: end})
 		default:
 			if _, claimed := res.Claims[op]; claimed {
 				in.kind = opClaim
-				ops = append(ops, porcupine.Operation{ClientId: o.e.Worker, Input: in, Call: o.e.T, Output: ledgerOutput{applied: true}, Return: end})
+				ops = append(ops,
+					porcupine.Operation{ClientId: o.e.Worker, Input: in, Call: o.e.T, Output: ledgerOutput{applied: true}, Return: end})
 			}
 		}
 	}

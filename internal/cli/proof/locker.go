@@ -13,10 +13,10 @@ import (
 )
 
 // A Locker is a lock that gives no fence: one of the libraries teams use
-// today (redsync, redislock, etcd's concurrency.Mutex, go-zookeeper's Lock),
-// driven by the same workload as fenced so that their rows of the matrix
-// can stand beside fenced's. Its holders write to the resource unguarded:
-// the resource cannot tell a stale holder from the current one.
+// today (redsync, redislock, etcd's concurrency.Mutex, go-zookeeper's
+// Lock). It is driven by the same workload as fenced, so that their rows of
+// the matrix can stand beside fenced's. Its holders write to the resource
+// unguarded. The resource cannot tell a stale holder from the current one.
 //
 // Lockers live outside this package (the bench modules register them), so
 // that the main module does not depend on the libraries.
@@ -116,9 +116,9 @@ func deriveFences(events []Event, res *Contents) {
 var LockerFaults = []Fault{PauseHolder, KillHolder, CutHolder, PauseMidAcquire}
 
 // RunLocker runs base (whose Locker, Store and Command are set) once per
-// fault, fencing off, each in its own subdirectory of base.Dir and on its
-// own key, and returns a row per fault named backend. A run that fails
-// gives a row whose NA says why; the first such error is also returned.
+// fault, fencing off. Each run has its own subdirectory of base.Dir and its
+// own key. It returns a row per fault named backend. A run that fails gives
+// a row whose NA says why; the first such error is also returned.
 func RunLocker(ctx context.Context, backend string, base Config, faults []Fault) ([]Row, error) {
 	var rows []Row
 	var first error

@@ -167,7 +167,8 @@ func (r *run) delayWrite(ctx context.Context, from int) error {
 	if err := r.arm("before-write", -1, fmt.Sprintf("M2 delay %s", 3*ttl)); err != nil {
 		return err
 	}
-	_, _, err := r.waitEvent(ctx, from, r.longWait()+3*ttl, func(e Event) bool { return e.Kind == FaultEnd && e.Fault == string(DelayWrite) })
+	_, _, err := r.waitEvent(ctx, from, r.longWait()+3*ttl,
+		func(e Event) bool { return e.Kind == FaultEnd && e.Fault == string(DelayWrite) })
 	return err
 }
 

@@ -8,14 +8,14 @@ import (
 )
 
 // PartitionMinority (report id P1) partitions a 3-member consensus ensemble
-// (etcd or ZooKeeper) into a minority and a majority, with a holder on the
-// minority side (Hazelcast 3.8.3's finding): each worker runs on the host of
-// one member (Config.Partition places it), a holder is held before its write
-// and its host is cut off, member and all. The majority expires the holder's
-// lease and grants the key again; the partition heals once another worker
-// has written (or after 16 TTLs), and the holder, let go, writes with its
-// old fence. Checked: its lease ended (its context was cancelled) before the
-// majority's next grant, and the fence refuses its write.
+// (etcd or ZooKeeper) into a minority and a majority. A holder is on the
+// minority side (Hazelcast 3.8.3's finding). Each worker runs on the host
+// of one member (Config.Partition places it). A holder is held before its
+// write, and its host is cut off, member and all. The majority expires the
+// holder's lease and grants the key again. The partition heals once another
+// worker has written (or after 16 TTLs). The holder, let go, writes with
+// its old fence. Checked: its lease ended (its context was cancelled)
+// before the majority's next grant, and the fence refuses its write.
 const PartitionMinority Fault = "P1"
 
 // heldFor is how long holdAcross waits for another worker's write while a
@@ -29,8 +29,8 @@ func heldFor(f Fault, ttl time.Duration) time.Duration {
 	return 8 * ttl
 }
 
-// Partition puts each worker process on a host of a private network whose
-// links the nemesis cuts at the packet level, instead of through the
+// Partition puts each worker process on a host of a private network. The
+// nemesis cuts its links at the packet level, instead of through the
 // per-worker TCP proxies (M4, M9, M11; P1 needs one). The store is then on
 // that network too, out of the controller's reach: set Config.Declared.
 type Partition interface {

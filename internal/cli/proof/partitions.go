@@ -62,13 +62,18 @@ func WritePartitions(md io.Writer, dir string) error {
 		"is the resource's). *Stale accepted* counts log entries whose fence is below one accepted before for that partition; *overlaps*\n"+
 		"counts grants of a partition while another process still believed it owned it (a stopped one, or a killed one, which never\n"+
 		"logs a release); *owned again after a kill* is the longest time from a kill -9 to the new grant of a partition the killed\n"+
-		"member owned (bounded by the test at how long the store keeps a dead grant + a TTL + a poll + 1.5 s: 3.8 s, on etcd 5.3 s); *longest gap* is the longest time a partition went without an accepted write; *balanced after* is when a look\n"+
+		"member owned (bounded by the test at how long the store keeps a dead grant + a TTL + a poll + 1.5 s: 3.8 s, on etcd 5.3 s); "+
+		"*longest gap* is the longest time a partition went without an accepted write; *balanced after* is when a look\n"+
 		"found every member owning 12 or 13: the test looks first once the recovery bound has passed after the churn, so\n"+
-		"3.8 s (etcd 5.3 s) means balanced at the first look. Gaps are long because a member stopped inside a transaction holds the SQLite\n"+
+		"3.8 s (etcd 5.3 s) means balanced at the first look. Gaps are long because a member stopped inside a transaction holds the "+
+		"SQLite\n"+
 		"resource's write lock (and, on SQLite, the lease store's) for the whole stop, stalling every member: an availability hazard\n"+
-		"of one shared SQLite file, which the fence keeps safe. Run by `PARTITIONS_PROOF_FOR=3m PARTITIONS_PROOF_OUT=docs/proof go test -run 'TestPartitionsProof' ./recipe/`\n"+
+		"of one shared SQLite file, which the fence keeps safe. Run by `PARTITIONS_PROOF_FOR=3m PARTITIONS_PROOF_OUT=docs/proof go test "+
+		"-run 'TestPartitionsProof' ./recipe/`\n"+
 		"(scripts/proof.sh).\n\n")
-	fmt.Fprintln(md, "| backend | churn | faults (kill / stop / leave) | writes accepted | stale accepted | stale refused | overlaps | owned again after a kill | longest gap | balanced after | owned at the end | hand-offs | passed |")
+	fmt.Fprintln(md,
+		"| backend | churn | faults (kill / stop / leave) | writes accepted | stale accepted | stale refused | overlaps | owned again "+
+			"after a kill | longest gap | balanced after | owned at the end | hand-offs | passed |")
 	fmt.Fprintln(md, "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | --- |")
 	for _, b := range partitionsBackends {
 		raw, err := os.ReadFile(filepath.Join(dir, "partitions-"+b+".json"))

@@ -21,7 +21,9 @@ type Row struct {
 
 // WriteMarkdownTable writes rows as a Markdown table.
 func WriteMarkdownTable(w io.Writer, rows []Row) {
-	fmt.Fprintln(w, "| backend | fault | fencing | ordering | runs | grants | writes accepted | stale attempted / refused / accepted | fence regressions (repeats) | overlaps (longest) | duplicate effects | porcupine | recovery | hazard seen |")
+	fmt.Fprintln(w,
+		"| backend | fault | fencing | ordering | runs | grants | writes accepted | stale attempted / refused / accepted | fence "+
+			"regressions (repeats) | overlaps (longest) | duplicate effects | porcupine | recovery | hazard seen |")
 	fmt.Fprintln(w, "| --- | --- | --- | --- | ---: | ---: | ---: | --- | --- | --- | ---: | --- | ---: | --- |")
 	for _, r := range rows {
 		fencing := "off"
@@ -41,11 +43,11 @@ func WriteMarkdownTable(w io.Writer, rows []Row) {
 	}
 }
 
-// WriteTimelineSVG draws a history as an SVG timeline: one lane per
-// worker, a bar from each grant to the moment its holder learnt it had
-// ended (labelled with the fence), the fault windows shaded, accepted
-// writes as filled circles and refused ones as crosses. Only the window
-// from 1.5 s before the first fault to 3 s after the last is drawn.
+// WriteTimelineSVG draws a history as an SVG timeline, with one lane per
+// worker. A bar runs from each grant to the moment its holder learnt it had
+// ended, labelled with the fence. The fault windows are shaded. Accepted
+// writes are filled circles and refused ones crosses. Only the window from
+// 1.5 s before the first fault to 3 s after the last is drawn.
 func WriteTimelineSVG(w io.Writer, title string, events []Event) {
 	sort.SliceStable(events, func(i, j int) bool { return events[i].T < events[j].T })
 	if len(events) == 0 {
@@ -55,7 +57,9 @@ func WriteTimelineSVG(w io.Writer, title string, events []Event) {
 	tl.frame(title)
 	tl.faults(events)
 	tl.leases(events)
-	fmt.Fprintf(w, `<text x="%d" y="%d" fill="#555">%.1f s shown; bars: lease believed held (grant to loss/release), f = fence; dots: write accepted; crosses: write refused; shaded: fault</text>`+"\n", tlLeft, tl.height-10, float64(tl.hi-tl.lo)/1e9)
+	fmt.Fprintf(w,
+		`<text x="%d" y="%d" fill="#555">%.1f s shown; bars: lease believed held (grant to loss/release), f = fence; dots: `+
+			`write accepted; crosses: write refused; shaded: fault</text>`+"\n", tlLeft, tl.height-10, float64(tl.hi-tl.lo)/1e9)
 	fmt.Fprintln(w, "</svg>")
 }
 
@@ -118,10 +122,12 @@ func (tl *timeline) y(wk int) int { return tlTop + wk*tlLane }
 // frame opens the SVG and draws the title and the workers' lanes.
 func (tl *timeline) frame(title string) {
 	w := tl.w
-	fmt.Fprintf(w, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="11">`+"\n", tlLeft+tlWidth+20, tl.height)
+	fmt.Fprintf(w, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="11">`+"\n",
+		tlLeft+tlWidth+20, tl.height)
 	fmt.Fprintf(w, `<text x="%d" y="18" font-size="13">%s</text>`+"\n", tlLeft, escape(title))
 	for i := range tl.workers {
-		fmt.Fprintf(w, `<text x="6" y="%d">worker %d</text><line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#ccc"/>`+"\n", tl.y(i)+20, i, tlLeft, tl.y(i)+tlLane-4, tlLeft+tlWidth, tl.y(i)+tlLane-4)
+		fmt.Fprintf(w, `<text x="6" y="%d">worker %d</text><line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#ccc"/>`+"\n", tl.y(i)+20, i,
+			tlLeft, tl.y(i)+tlLane-4, tlLeft+tlWidth, tl.y(i)+tlLane-4)
 	}
 }
 
@@ -143,8 +149,11 @@ func (tl *timeline) faults(events []Event) {
 			if e.Worker >= 0 && e.Worker < tl.workers {
 				y0, h = tl.y(e.Worker)+2, tlLane-8
 			}
-			fmt.Fprintf(tl.w, `<rect x="%.1f" y="%d" width="%.1f" height="%d" fill="#f4a" fill-opacity="0.18"/><text x="%.1f" y="%d" fill="#a03">%s</text>`+"\n",
-				tl.x(max(s, tl.lo)), y0, max(tl.x(min(e.T, tl.hi))-tl.x(max(s, tl.lo)), 2), h, tl.x(max(s, tl.lo))+2, y0+10, escape(e.Fault))
+			fmt.Fprintf(tl.w,
+				`<rect x="%.1f" y="%d" width="%.1f" height="%d" fill="#f4a" fill-opacity="0.18"/><text x="%.1f" y="%d" `+
+					`fill="#a03">%s</text>`+"\n",
+				tl.x(max(s, tl.lo)), y0, max(tl.x(min(e.T, tl.hi))-tl.x(max(s, tl.lo)), 2), h, tl.x(max(s, tl.lo))+2, y0+10,
+				escape(e.Fault))
 		}
 	}
 }
@@ -185,8 +194,10 @@ func (tl *timeline) endBar(key string, t int64) {
 	if t < tl.lo || b.start > tl.hi {
 		return
 	}
-	fmt.Fprintf(tl.w, `<rect x="%.1f" y="%d" width="%.1f" height="14" fill="#69c" fill-opacity="0.6"/><text x="%.1f" y="%d">f=%d</text>`+"\n",
-		tl.x(max(b.start, tl.lo)), tl.y(b.worker)+14, max(tl.x(min(t, tl.hi))-tl.x(max(b.start, tl.lo)), 1), tl.x(max(b.start, tl.lo))+2, tl.y(b.worker)+12, b.fence)
+	fmt.Fprintf(tl.w,
+		`<rect x="%.1f" y="%d" width="%.1f" height="14" fill="#69c" fill-opacity="0.6"/><text x="%.1f" y="%d">f=%d</text>`+"\n",
+		tl.x(max(b.start, tl.lo)), tl.y(b.worker)+14, max(tl.x(min(t, tl.hi))-tl.x(max(b.start, tl.lo)), 1), tl.x(max(b.start, tl.lo))+2,
+		tl.y(b.worker)+12, b.fence)
 }
 
 // write marks a write in the window: a dot if accepted, a cross if refused.
@@ -198,7 +209,9 @@ func (tl *timeline) write(e Event) {
 	if e.Kind == WriteOK {
 		fmt.Fprintf(tl.w, `<circle cx="%.1f" cy="%d" r="4" fill="#283"/>`+"\n", cx, cy)
 	} else {
-		fmt.Fprintf(tl.w, `<path d="M%.1f %d l8 8 m0 -8 l-8 8" stroke="#c00" stroke-width="2"/><text x="%.1f" y="%d" fill="#c00">refused f=%d &lt; %d</text>`+"\n", cx-4, cy-4, cx+6, cy+4, e.Fence, e.Current)
+		fmt.Fprintf(tl.w,
+			`<path d="M%.1f %d l8 8 m0 -8 l-8 8" stroke="#c00" stroke-width="2"/><text x="%.1f" y="%d" fill="#c00">refused f=%d &lt; `+
+				`%d</text>`+"\n", cx-4, cy-4, cx+6, cy+4, e.Fence, e.Current)
 	}
 }
 

@@ -12,19 +12,19 @@ import (
 	"github.com/fenced-dev/fenced/fence"
 )
 
-// Resource is the protected resource of a run: a scratch SQLite file holding,
-// per key, a ledger (an append-only log whose head row carries the guard's
-// fence and owner columns) and the invoices "sent" by each append. Every
-// worker process opens it; SQLite serialises their transactions, so the
-// order of the ledger's rows is the order in which the resource accepted
-// the writes.
+// Resource is the protected resource of a run: a scratch SQLite file. Per
+// key, it holds a ledger and the invoices "sent" by each append. The ledger
+// is an append-only log whose head row carries the guard's fence and owner
+// columns. Every worker process opens it. SQLite serialises their
+// transactions. So the order of the ledger's rows is the order in which the
+// resource accepted the writes.
 //
-// Tables: ledger_head(key, length, fence, fence_owner) is the guarded row;
+// Tables: ledger_head(key, length, fence, fence_owner) is the guarded row.
 // ledger(seq, op, key, n, fence, owner, worker) has one row per accepted
-// append, n being the entry number (the length after the append);
+// append, n being the entry number (the length after the append).
 // invoices(seq, op, key, n, worker) is the side effect "send invoice n
-// once"; claims(op, key, fence, owner) records every claim the guard
-// accepted, so the checker can tell what a killed worker's claim did.
+// once". claims(op, key, fence, owner) records every claim the guard
+// accepted. So the checker can tell what a killed worker's claim did.
 type Resource struct {
 	db    *sql.DB
 	guard *fence.SQL
@@ -52,8 +52,10 @@ func (r *Resource) Close() error { return r.db.Close() }
 func (r *Resource) Setup(ctx context.Context, keys []string) error {
 	stmts := []string{
 		`CREATE TABLE IF NOT EXISTS ledger_head (key TEXT PRIMARY KEY, length INTEGER NOT NULL DEFAULT 0)`,
-		`CREATE TABLE IF NOT EXISTS ledger (seq INTEGER PRIMARY KEY AUTOINCREMENT, op INTEGER NOT NULL, key TEXT NOT NULL, n INTEGER NOT NULL, fence INTEGER NOT NULL, owner TEXT NOT NULL, worker INTEGER NOT NULL)`,
-		`CREATE TABLE IF NOT EXISTS invoices (seq INTEGER PRIMARY KEY AUTOINCREMENT, op INTEGER NOT NULL, key TEXT NOT NULL, n INTEGER NOT NULL, worker INTEGER NOT NULL)`,
+		`CREATE TABLE IF NOT EXISTS ledger (seq INTEGER PRIMARY KEY AUTOINCREMENT, op INTEGER NOT NULL, key TEXT NOT NULL, ` +
+			`n INTEGER NOT NULL, fence INTEGER NOT NULL, owner TEXT NOT NULL, worker INTEGER NOT NULL)`,
+		`CREATE TABLE IF NOT EXISTS invoices (seq INTEGER PRIMARY KEY AUTOINCREMENT, op INTEGER NOT NULL, key TEXT NOT NULL, ` +
+			`n INTEGER NOT NULL, worker INTEGER NOT NULL)`,
 		`CREATE TABLE IF NOT EXISTS claims (op INTEGER PRIMARY KEY, key TEXT NOT NULL, fence INTEGER NOT NULL, owner TEXT NOT NULL)`,
 	}
 	for _, s := range stmts {
@@ -83,9 +85,9 @@ type Outcome struct {
 }
 
 // ClaimRead records t's fence on key's ledger (the claim-first ordering)
-// and reads the ledger length, in one transaction: a stale holder's write
-// that arrives after it is refused, and the length read is the state the
-// holder inherits. op is recorded with the claim.
+// and reads the ledger length, in one transaction. A stale holder's write
+// that arrives after it is refused. The length read is the state the holder
+// inherits. op is recorded with the claim.
 func (r *Resource) ClaimRead(ctx context.Context, key string, t fence.Token, op int64) (Outcome, error) {
 	tx, err := r.db.BeginTx(ctx, nil)
 	if err != nil {
@@ -99,7 +101,8 @@ func (r *Resource) ClaimRead(ctx context.Context, key string, t fence.Token, op 
 	if res.Outcome != fence.Applied {
 		return Outcome{Current: res.Current}, nil
 	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO claims (op, key, fence, owner) VALUES (?, ?, ?, ?)`, op, key, int64(t.Fence), t.Owner); err != nil {
+	if _, err := tx.ExecContext(ctx, `INSERT INTO claims (op, key, fence, owner) VALUES (?, ?, ?, ?)`, op, key, int64(t.Fence),
+		t.Owner); err != nil {
 		return Outcome{}, err
 	}
 	var n int64
@@ -118,10 +121,10 @@ func (r *Resource) Read(ctx context.Context, key string) (int64, error) {
 }
 
 // Append appends entry prev+1 to key's ledger and sends its invoice, in one
-// transaction. With fencing, the append is a guarded update carrying t and
-// is refused when the ledger has recorded a newer fence (or the same fence
-// from another owner); without, it is a plain update, as a resource that
-// ignores fences would do. worker and op are recorded with the rows.
+// transaction. With fencing, the append is a guarded update carrying t. It
+// is refused when the ledger has recorded a newer fence, or the same fence
+// from another owner. Without fencing, it is a plain update, as a resource
+// that ignores fences would do. worker and op are recorded with the rows.
 func (r *Resource) Append(ctx context.Context, key string, t fence.Token, prev int64, fencing bool, worker int, op int64) (Outcome, error) {
 	tx, err := r.db.BeginTx(ctx, nil)
 	if err != nil {
@@ -137,7 +140,8 @@ func (r *Resource) Append(ctx context.Context, key string, t fence.Token, prev i
 			return Outcome{Current: res.Current}, nil
 		}
 	} else {
-		res, err := tx.ExecContext(ctx, `UPDATE ledger_head SET length = ?, fence = ?, fence_owner = ? WHERE key = ?`, prev+1, int64(t.Fence), t.Owner, key)
+		res, err := tx.ExecContext(ctx, `UPDATE ledger_head SET length = ?, fence = ?, fence_owner = ? WHERE key = ?`, prev+1,
+			int64(t.Fence), t.Owner, key)
 		if err != nil {
 			return Outcome{}, err
 		}
@@ -145,7 +149,8 @@ func (r *Resource) Append(ctx context.Context, key string, t fence.Token, prev i
 			return Outcome{}, fmt.Errorf("proof: ledger %q has no head row", key)
 		}
 	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO ledger (op, key, n, fence, owner, worker) VALUES (?, ?, ?, ?, ?, ?)`, op, key, prev+1, int64(t.Fence), t.Owner, worker); err != nil {
+	if _, err := tx.ExecContext(ctx, `INSERT INTO ledger (op, key, n, fence, owner, worker) VALUES (?, ?, ?, ?, ?, ?)`, op, key, prev+1,
+		int64(t.Fence), t.Owner, worker); err != nil {
 		return Outcome{}, err
 	}
 	if _, err := tx.ExecContext(ctx, `INSERT INTO invoices (op, key, n, worker) VALUES (?, ?, ?, ?)`, op, key, prev+1, worker); err != nil {

@@ -16,9 +16,9 @@ import (
 	"github.com/fenced-dev/fenced/driver"
 )
 
-// Fault is a fault of the nemesis. The Go names say what each does; the
-// value is its report id (M1..M15, P1), the one docs/proof.md, the
-// recorded histories and the saved rows use.
+// Fault is a fault of the nemesis. The Go names say what each does. The
+// value is its report id (M1..M15, P1): the one docs/proof.md, the recorded
+// histories and the saved rows use.
 type Fault string
 
 // ID returns the fault's report id ("M1"); "" for None.
@@ -47,12 +47,12 @@ var faultNames = map[Fault]string{
 const (
 	// None runs the workload without a fault.
 	None Fault = ""
-	// PauseHolder (report id M1) pauses a holder past its TTL: it stops
-	// itself with SIGSTOP after its last lease check, just before its write,
-	// and the nemesis sends SIGCONT once another worker has been granted the
-	// key and has written.
+	// PauseHolder (report id M1) pauses a holder past its TTL. The holder
+	// stops itself with SIGSTOP after its last lease check, just before its
+	// write. The nemesis sends SIGCONT once another worker has been granted
+	// the key and has written.
 	PauseHolder Fault = "M1"
-	// DelayWrite (report id M2) delays a holder's write: it is sent after
+	// DelayWrite (report id M2) delays a holder's write. It is sent after
 	// the last lease check and reaches the resource 3 TTLs later, after the
 	// holder gave up waiting for it and released. The resource is a local
 	// SQLite file, so the delay is in the worker, not in a TCP link.
@@ -71,57 +71,61 @@ const (
 	// restarts it on its data.
 	CrashAuthority Fault = "M6"
 	// CrashLeader (report id M10) kills the leader of a 3-member etcd
-	// cluster with SIGKILL under load and restarts it on its data
+	// cluster with SIGKILL under load. It restarts it on its data
 	// (Config.Server crashes the leader).
 	CrashLeader Fault = "M10"
-	// PauseMidAcquire (report id M9) stops a worker with SIGSTOP right after
-	// its proxy forwarded the first request of its next acquire, before it
-	// reads the reply, for 2 TTLs.
+	// PauseMidAcquire (report id M9) stops a worker with SIGSTOP for 2
+	// TTLs. It does so right after its proxy forwarded the first request of
+	// its next acquire, before the worker reads the reply.
 	PauseMidAcquire Fault = "M9"
-	// FailoverReplica (report id M7) is a Redis asynchronous failover: the
-	// replica is cut off, a worker is granted the key on the primary alone
-	// and held before its write, the primary is killed and the replica
+	// FailoverReplica (report id M7) is a Redis asynchronous failover. The
+	// replica is cut off. A worker is granted the key on the primary alone
+	// and held before its write. The primary is killed and the replica
 	// promoted (Config.Failover). The promoted replica has not seen the
-	// grant, so the next holder may get the same fence (a repeat, declared
-	// by FenceRepeatable); once another worker has written, the first one is
-	// let go and writes.
+	// grant, so the next holder may get the same fence. That is a repeat,
+	// declared by FenceRepeatable. Once another worker has written, the
+	// first one is let go and writes.
 	FailoverReplica Fault = "M7"
 	// StepNodeClock (report id M8) steps one Redlock node's wall clock
-	// forward by 10 TTLs (Config.Clock) while a holder is held before its
-	// write; it is let go once another worker has written, or after 8 TTLs.
+	// forward by 10 TTLs (Config.Clock). It does so while a holder is held
+	// before its write. The holder is let go once another worker has
+	// written, or after 8 TTLs.
 	StepNodeClock Fault = "M8"
 	// PartitionPastSession (report id M11) partitions one holder from the
-	// ZooKeeper ensemble (its proxy forwards nothing) past its session
-	// timeout while it is held before its write; the partition heals and the
-	// holder writes once another worker has written, or after 8 TTLs.
+	// ZooKeeper ensemble past its session timeout. Its proxy forwards
+	// nothing while the holder is held before its write. The partition
+	// heals and the holder writes once another worker has written, or after
+	// 8 TTLs.
 	PartitionPastSession Fault = "M11"
 	// StepAuthorityClock (report id M12) steps the authority's wall clock
-	// forward by 10 TTLs (more than any safety margin a lease keeps;
-	// Config.Clock) while a holder is held before its write, as in M8.
+	// forward by 10 TTLs (Config.Clock). That is more than any safety
+	// margin a lease keeps. It does so while a holder is held before its
+	// write, as in M8.
 	StepAuthorityClock Fault = "M12"
-	// ReorderWrites (report id M13) reorders the guard: holder A stops
-	// before its write (as in M1); once B has been granted the key and has
-	// read (and, claim-first, claimed) it, B is held before its write, A is
+	// ReorderWrites (report id M13) reorders the guard. Holder A stops
+	// before its write (as in M1). Once B has been granted the key and has
+	// read (and, claim-first, claimed) it, B is held before its write. A is
 	// continued and writes, then B writes.
 	ReorderWrites Fault = "M13"
 	// SkewClockRate (report id M14) runs worker 0's clock at
-	// Config.ClockRate times the real rate, a skew of rate, not a step,
-	// which is the clock hazard of observed expiry (DynamoDB; see
-	// docs/no-server-clock.md). With a slow clock (rate < 1) worker 0 is
-	// the holder held before its write: its renewals come late, the others
+	// Config.ClockRate times the real rate. That is a skew of rate, not a
+	// step: the clock hazard of observed expiry (DynamoDB; see
+	// docs/no-server-clock.md). With a slow clock (rate < 1), worker 0 is
+	// the holder held before its write. Its renewals come late. The others
 	// take the grant over once they have watched it unchanged for a TTL,
-	// while worker 0 still trusts its lease. With a fast clock (rate > 1)
-	// another worker is held, renewing, and worker 0's watch ends before
-	// the next renewal, so it takes the key over. Either way the held
-	// holder writes once another worker has (as in M8).
+	// while worker 0 still trusts its lease. With a fast clock (rate > 1),
+	// another worker is held, renewing. Worker 0's watch ends before the
+	// next renewal, so it takes the key over. Either way the held holder
+	// writes once another worker has (as in M8).
 	SkewClockRate Fault = "M14"
 	// LoseHolderPackets (report id M15) makes a holder's link lossy, as in
-	// M11 but not a cut: the holder is held before its write while 40 % of
-	// the packets to and from its host, each chosen at random, are dropped,
-	// until another worker has written (or after 8 TTLs); then it writes.
-	// Requests and replies arrive late, after TCP's retransmissions, or not
-	// at all, so its renewals may or may not keep the lease. It needs a
-	// Config.Partition (packet level; a proxy cannot lose single packets).
+	// M11 but not a cut. The holder is held before its write while 40 % of
+	// the packets to and from its host are dropped, each chosen at random.
+	// This lasts until another worker has written (or after 8 TTLs); then
+	// it writes. Requests and replies arrive late, after TCP's
+	// retransmissions, or not at all. So its renewals may or may not keep
+	// the lease. It needs a Config.Partition (packet level; a proxy cannot
+	// lose single packets).
 	LoseHolderPackets Fault = "M15"
 )
 
@@ -429,7 +433,8 @@ func (r *run) startWorker(i int) error {
 			return err
 		}
 	}
-	wc := WorkerConfig{Worker: i, Store: store, Keys: r.cfg.Keys, TTL: r.cfg.TTL, Work: r.cfg.Work, Fencing: r.cfg.Fencing, Ordering: r.cfg.Ordering, MinFence: r.cfg.MinFence, Dir: r.cfg.Dir, Locker: r.cfg.Locker}
+	wc := WorkerConfig{Worker: i, Store: store, Keys: r.cfg.Keys, TTL: r.cfg.TTL, Work: r.cfg.Work, Fencing: r.cfg.Fencing,
+		Ordering: r.cfg.Ordering, MinFence: r.cfg.MinFence, Dir: r.cfg.Dir, Locker: r.cfg.Locker}
 	if r.cfg.Fault == SkewClockRate && i == 0 {
 		wc.ClockRate = r.cfg.ClockRate
 	}

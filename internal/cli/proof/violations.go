@@ -17,7 +17,8 @@ type violations struct {
 // violation records a violation that happened at at.
 func (v *violations) violation(at int64, format string, args ...any) {
 	if len(*v.problems) < 20 {
-		*v.problems = append(*v.problems, fmt.Sprintf("%v into the %s: ", time.Duration(at-v.t0).Round(time.Millisecond), v.since)+fmt.Sprintf(format, args...))
+		*v.problems = append(*v.problems,
+			fmt.Sprintf("%v into the %s: ", time.Duration(at-v.t0).Round(time.Millisecond), v.since)+fmt.Sprintf(format, args...))
 	}
 	if v.first < 0 || at < v.first {
 		v.first = at

@@ -24,12 +24,13 @@ type Ordering string
 
 const (
 	// ClaimFirst records the holder's fence on the resource first thing
-	// after acquiring, in the same transaction as the read of the state it
-	// inherits; a stale holder's write is then refused wherever it lands.
+	// after acquiring. It does so in the same transaction as the read of
+	// the state it inherits. A stale holder's write is then refused
+	// wherever it lands.
 	ClaimFirst Ordering = "claim-first"
-	// WriteOnly reads without claiming and guards only the write; a stale
+	// WriteOnly reads without claiming and guards only the write. A stale
 	// write that reaches the resource before the new holder's first write
-	// is accepted, and the new holder then builds on state read before it
+	// is accepted. The new holder then builds on state read before it
 	// (fault M13).
 	WriteOnly Ordering = "write-only"
 )
@@ -251,7 +252,8 @@ func (w *worker) round(ctx context.Context, key string) {
 			defer w.late.Done()
 			time.Sleep(delay)
 			out, err := w.res.Append(ctx, key, tok, prev, w.cfg.Fencing, w.cfg.Worker, op)
-			w.record(Event{Kind: FaultEnd, Fault: string(DelayWrite), Op: op, Key: key, Fence: tok.Fence, Current: out.Current, Err: errString(err), Value: boolInt(out.Applied)})
+			w.record(Event{Kind: FaultEnd, Fault: string(DelayWrite), Op: op, Key: key, Fence: tok.Fence, Current: out.Current,
+				Err: errString(err), Value: boolInt(out.Applied)})
 		}()
 		time.Sleep(w.cfg.TTL / 4)
 		w.record(Event{Kind: WriteFail, Op: op, Key: key, Fence: tok.Fence, Owner: tok.Owner, Err: "no reply in time; outcome unknown"})

@@ -19,10 +19,10 @@ import (
 )
 
 // ModeEnv is the environment variable that, set to "proctree" in a
-// supervisor's environment, makes Start skip the cgroup and use the
-// process-tree walk, as if no cgroup could be made. It exists so tests
-// can exercise the fallback on a machine that allows cgroups; nothing
-// else should set it.
+// supervisor's environment, makes Start skip the cgroup. Start then uses
+// the process-tree walk, as if no cgroup could be made. It exists so tests
+// can exercise the fallback on a machine that allows cgroups. Nothing else
+// should set it.
 const ModeEnv = "FENCED_SUPERVISE_MODE"
 
 // cgroup is a cgroup v2 directory of the supervisor's own, holding the
@@ -331,9 +331,11 @@ func Probe() string {
 }
 
 func cgroupMode(parent string) string {
-	return "cgroup v2 (a cgroup of its own under " + parent + ": cgroup.kill ends the whole tree, cgroup.freeze stops it; a process that moves to another cgroup is moved back)"
+	return "cgroup v2 (a cgroup of its own under " + parent +
+		": cgroup.kill ends the whole tree, cgroup.freeze stops it; a process that moves to another cgroup is moved back)"
 }
 
 func procTreeMode(why string) string {
-	return "process tree (no cgroup: " + why + "; processes found by walking /proc; a process that left the group survives a kill -9 of the supervisor)"
+	return "process tree (no cgroup: " + why +
+		"; processes found by walking /proc; a process that left the group survives a kill -9 of the supervisor)"
 }

@@ -7,15 +7,15 @@ import (
 	"runtime"
 )
 
-// Launcher starts commands from one OS thread that lives until Close, for
-// commands that set Pdeathsig but are waited for by the caller (unlike a
-// Group). The kernel sends Pdeathsig when the thread that forked the child
-// exits, not when the process does; a Go program's threads come and go
-// (the runtime ends a thread whose goroutine exits while locked to it), so
-// calling cmd.Start from an arbitrary goroutine can kill the child at a
+// Launcher starts commands from one OS thread that lives until Close. It is
+// for commands that set Pdeathsig but are waited for by the caller (unlike
+// a Group). The kernel sends Pdeathsig when the thread that forked the
+// child exits, not when the process does. A Go program's threads come and
+// go: the runtime ends a thread whose goroutine exits while locked to it.
+// So calling cmd.Start from an arbitrary goroutine can kill the child at a
 // random moment, or fail to kill it when intended. A Launcher forks every
 // command from a goroutine locked to its thread, which stays alive until
-// Close; the process's death still ends the thread and so sends Pdeathsig.
+// Close. The process's death still ends the thread and so sends Pdeathsig.
 type Launcher struct {
 	reqs chan launch
 	done chan struct{}

@@ -170,8 +170,9 @@ type Group struct {
 	reaped   int      // touched only by the reaping goroutine
 }
 
-// ErrSetup marks a failure of Start's own setup (the subreaper, the guard),
-// as opposed to a command that could not be started; either way nothing ran.
+// ErrSetup marks a failure of Start's own setup (the subreaper, the guard).
+// It is as opposed to a command that could not be started. Either way
+// nothing ran.
 var ErrSetup = errors.New("supervise: cannot supervise")
 
 var (
@@ -182,24 +183,24 @@ var (
 
 // Start starts cmd in a new process group of its own and supervises it.
 //
-// cmd must not have been started; its Stdin, Stdout and Stderr must be nil
-// or *os.File, because Start reaps the process itself and cmd.Wait must not
-// be called (nothing would copy a pipe). Start sets in cmd.SysProcAttr:
+// cmd must not have been started. Its Stdin, Stdout and Stderr must be nil
+// or *os.File: Start reaps the process itself, and cmd.Wait must not be
+// called (nothing would copy a pipe). Start sets in cmd.SysProcAttr:
 // Setpgid, Pdeathsig SIGKILL, and Foreground with Ctty when the terminal is
-// handed over; other fields are kept.
+// handed over. Other fields are kept.
 //
-// Start makes the whole calling process a child subreaper, and the Group
-// reaps every child of the process (wait4(-1)): a process that supervises a
-// Group must not start and Wait for other children of its own meanwhile,
-// and only one Group can run at a time (Start fails with ErrSetup until the
-// previous one reported Gone).
+// Start makes the whole calling process a child subreaper. The Group reaps
+// every child of the process (wait4(-1)). So a process that supervises a
+// Group must not start and Wait for other children of its own meanwhile.
+// Only one Group can run at a time: Start fails with ErrSetup until the
+// previous one reported Gone.
 //
-// Errors from starting the command are returned as cmd.Start returns them;
-// a failure of the supervision itself matches ErrSetup. If the command
-// cannot be started into its cgroup, Start drops the cgroup and starts it
-// again in process-tree mode, from a copy of cmd (an exec.Cmd cannot be
-// started twice); it then sets cmd.Process, as cmd.Start would, but a
-// context given with exec.CommandContext is not carried over.
+// Errors from starting the command are returned as cmd.Start returns them.
+// A failure of the supervision itself matches ErrSetup. If the command
+// cannot be started into its cgroup, Start drops the cgroup. It starts the
+// command again in process-tree mode, from a copy of cmd (an exec.Cmd
+// cannot be started twice). It then sets cmd.Process, as cmd.Start would,
+// but a context given with exec.CommandContext is not carried over.
 func Start(cmd *exec.Cmd) (*Group, error) {
 	for _, s := range []any{cmd.Stdin, cmd.Stdout, cmd.Stderr} {
 		if _, ok := s.(*os.File); s != nil && !ok {
@@ -319,10 +320,11 @@ func (g *Group) startCommand() error {
 	return nil
 }
 
-// Mode describes how the Group holds the command's tree: in a cgroup v2 of
-// its own (every process, wherever it moves in the process tree, is killed
-// and frozen with the cgroup), or by walking /proc (the fallback where no
-// cgroup can be made), with the reason.
+// Mode describes how the Group holds the command's tree, with the reason.
+// It is either a cgroup v2 of its own or a walk of /proc. In a cgroup,
+// every process is killed and frozen with the cgroup, wherever it moves in
+// the process tree. The walk of /proc is the fallback where no cgroup can
+// be made.
 func (g *Group) Mode() string { return g.mode }
 
 // Pid returns the leader's process id, which is also the group's id.
@@ -342,15 +344,14 @@ func (g *Group) Signal(sig syscall.Signal) error {
 // it is in the process tree, and to the command's process group. It
 // returns how many living processes it found.
 //
-// In cgroup mode that is every process in the cgroup and the cgroups
-// nested in it (SIGKILL goes through cgroup.kill, which no fork escapes),
-// then every descendant found in /proc outside them, moved back in (see
-// gather) or, where that is refused, signalled by pid. In
-// process-tree mode it is every descendant of the supervisor but the
-// guard, found in /proc, including a process whose main thread exited
-// while its other threads run (shown as a zombie); /proc is scanned again
-// until a scan finds no process not signalled yet, so a process forked
-// meanwhile is reached too.
+// In cgroup mode that is every process in the cgroup and the cgroups nested
+// in it. SIGKILL goes through cgroup.kill, which no fork escapes. Then
+// every descendant found in /proc outside them is moved back in (see
+// gather) or, where that is refused, signalled by pid. In process-tree mode
+// it is every descendant of the supervisor but the guard, found in /proc.
+// That includes a process whose main thread exited while its other threads
+// run (shown as a zombie). /proc is scanned again until a scan finds no
+// process not signalled yet. So a process forked meanwhile is reached too.
 func (g *Group) SignalAll(sig syscall.Signal) int {
 	defer unix.Kill(-g.pid, sig)
 	if g.cg != nil {
@@ -496,11 +497,11 @@ func (g *Group) descends(pid int) bool {
 }
 
 // Stop stops the command's group and every other process of the command
-// (a process that left the group must not run on either) with SIGSTOP,
-// which they cannot catch or ignore, and takes the terminal back if the
-// group had it. In cgroup mode it then freezes the cgroup, so a process
-// forked while the signals went out is held too. Continue continues what
-// Stop stopped.
+// with SIGSTOP, which they cannot catch or ignore. A process that left the
+// group must not run on either. Stop takes the terminal back if the group
+// had it. In cgroup mode it then freezes the cgroup, so a process forked
+// while the signals went out is held too. Continue continues what Stop
+// stopped.
 func (g *Group) Stop() {
 	_ = unix.Kill(-g.pid, syscall.SIGSTOP)
 	var stoppedNow []int
@@ -581,10 +582,10 @@ func (g *Group) LeaderStopped() bool {
 	return ok && (p.state == 'T' || p.state == 't')
 }
 
-// Continue gives the terminal to the command's group if the caller's group
-// is in the terminal's foreground (a job continued in the background does
-// not take the terminal), then continues the group, as job control does,
-// and the processes outside it that Stop stopped.
+// Continue continues the group, as job control does, and the processes
+// outside it that Stop stopped. First it gives the terminal to the
+// command's group if the caller's group is in the terminal's foreground. A
+// job continued in the background does not take the terminal.
 func (g *Group) Continue() {
 	if g.tty >= 0 {
 		if fg, err := unix.IoctlGetInt(g.tty, unix.TIOCGPGRP); err == nil && fg == unix.Getpgrp() {
@@ -615,11 +616,11 @@ func (g *Group) TakeTerminal() {
 	}
 }
 
-// Close ends the supervision. After Gone it tells the guard that the
-// supervisor ends on purpose, so it exits without killing anything, and
-// lets go of the leader's process handle. Called before Gone (a panic
-// unwinding through the supervisor, say), it kills the command's whole
-// tree and leaves the guard to make sure of it. A second call does
+// Close ends the supervision. After Gone, it tells the guard that the
+// supervisor ends on purpose, so the guard exits without killing anything.
+// It also lets go of the leader's process handle. Called before Gone (a
+// panic unwinding through the supervisor, say), it kills the command's
+// whole tree and leaves the guard to make sure of it. A second call does
 // nothing.
 func (g *Group) Close() {
 	g.guardMu.Lock()
@@ -913,17 +914,17 @@ func (g *Group) tellGuard(line string) {
 }
 
 // MaybeRunGuard runs the guard and exits if this process was started as a
-// Group's guard; otherwise it returns at once. Programs that use Start must
+// Group's guard. Otherwise it returns at once. Programs that use Start must
 // call it first in main (and tests in TestMain).
 //
-// The guard ignores job-control and termination signals, reads "group N"
+// The guard ignores job-control and termination signals. It reads "group N"
 // and, in cgroup mode, "cgroup DIR", and then waits. When its pipe closes
 // without "done", the supervisor has died (or gave up before the tree was
-// gone): it kills the cgroup (cgroup.kill: every process in it and in the
-// cgroups nested in it, wherever it moved in the process tree; and each
-// process listed in their cgroup.threads) and sends SIGKILL to group N,
-// until both are empty (at most a few seconds), removes the cgroups, and
-// exits.
+// gone). The guard then kills the cgroup with cgroup.kill. That reaches
+// every process in it and in the cgroups nested in it, wherever it moved in
+// the process tree, and each process listed in their cgroup.threads. It
+// also sends SIGKILL to group N. It repeats both until both are empty (at
+// most a few seconds), removes the cgroups, and exits.
 func MaybeRunGuard() {
 	if os.Getenv(guardEnv) == "" {
 		return

@@ -5,9 +5,9 @@ package capability
 
 import "github.com/fenced-dev/fenced/driver"
 
-// Ops is what a driver can do beyond the Driver interface: each field is
-// the driver's implementation of one optional interface, nil unless the
-// driver both declares it in its Capabilities and has its methods.
+// Ops is what a driver can do beyond the Driver interface. Each field is
+// the driver's implementation of one optional interface. It is nil unless
+// the driver both declares it in its Capabilities and has its methods.
 type Ops struct {
 	// Declared is the driver's declaration, with the flags of operations
 	// it lacks the methods for cleared (and FIFO cleared without a queue).
@@ -25,10 +25,10 @@ type Ops struct {
 	Pruner        driver.Pruner
 }
 
-// Of reads d's optional operations. An operation is present when d
-// declares it (Driver.Capabilities) and implements its interface; a wrapper
-// that embeds another driver therefore offers only the operations whose
-// methods it has itself, whatever the embedded driver declares.
+// Of reads d's optional operations. An operation is present when d declares
+// it (Driver.Capabilities) and implements its interface. So a wrapper that
+// embeds another driver offers only the operations whose methods it has
+// itself. What the embedded driver declares does not matter.
 func Of(d driver.Driver) Ops {
 	c := d.Capabilities()
 	var o Ops

@@ -41,11 +41,11 @@ const (
 // The holder takes the lease, prints "FENCE <n>", keeps renewing it, and
 // when the lease ends prints "ENDED <lost|expired|other> <cause>".
 //
-// Started by GuardedHolderCommand, it also writes to a fenced HTTP
-// resource with its lease's token in a loop, whatever its lease says (as a
-// worker paused between its check and its write would), printing
-// "WRITE <i> applied" for each accepted write, until a write is refused as
-// stale ("REFUSED <i> <error>"); once the lease has ended it waits for that
+// Started by GuardedHolderCommand, it also writes to a fenced HTTP resource
+// with its lease's token in a loop, whatever its lease says. It acts as a
+// worker paused between its check and its write would. It prints "WRITE <i>
+// applied" for each accepted write, until a write is refused as stale
+// ("REFUSED <i> <error>"). Once the lease has ended, it waits for that
 // refusal (10s at most) before printing ENDED and exiting.
 func MaybeRunHolder() {
 	url := os.Getenv(envURL)
@@ -142,12 +142,12 @@ func writeGuarded(guardURL string, l *fenced.Lease, refused chan<- struct{}) {
 }
 
 // KilledHolderIsReplaced starts a child process that takes a lease on a
-// fresh key with a short TTL and keeps renewing it, checks that the key is
-// held, kills the child with SIGKILL (no release, no goodbye), and checks
-// that a waiter in this process gets the key once the TTL has run out,
-// with a higher fence. The waiter's fallback poll is set to a minute, so it
-// must be woken by the remaining time the authority reports, not by
-// polling.
+// fresh key with a short TTL and keeps renewing it. It checks that the key
+// is held and kills the child with SIGKILL (no release, no goodbye). Then
+// it checks that a waiter in this process gets the key, with a higher
+// fence, once the TTL has run out. The waiter's fallback poll is set to a
+// minute. So it must be woken by the remaining time the authority reports,
+// not by polling.
 func KilledHolderIsReplaced(t *testing.T, url string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -199,11 +199,11 @@ type Server interface {
 	Restart(t testing.TB)
 }
 
-// RestartKeepsFences takes keys through grant, release, expiry and break,
-// leaves one key held with a long TTL, kills the server with SIGKILL and
-// restarts it, and then checks with a newly opened driver that every key's
-// counter survived (the next grant is higher than every fence before the
-// crash) and that the live grant is still held by its owner.
+// RestartKeepsFences takes keys through grant, release, expiry and break.
+// It leaves one key held with a long TTL, kills the server with SIGKILL and
+// restarts it. Then it checks with a newly opened driver that every key's
+// counter survived: the next grant is higher than every fence before the
+// crash. It also checks that the live grant is still held by its owner.
 func RestartKeepsFences(t *testing.T, srv Server, open func(t *testing.T) driver.Driver) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -276,11 +276,12 @@ type Stoppable interface {
 	StartAgain(t testing.TB)
 }
 
-// ServerDownThenBack kills the server under a live driver and checks that
-// every operation then fails with an error the portable client can act on
-// (ErrUnavailable: nothing applied, or ErrUnknownOutcome: maybe applied;
-// never a refusal, never success), that the same driver works again once
-// the server is back, and that the fence counter carried on.
+// ServerDownThenBack kills the server under a live driver. It checks that
+// every operation then fails with an error the portable client can act on.
+// That is ErrUnavailable (nothing applied) or ErrUnknownOutcome (maybe
+// applied); never a refusal, never success. It checks that the same driver
+// works again once the server is back, and that the fence counter carried
+// on.
 func ServerDownThenBack(t *testing.T, srv Stoppable, d driver.Driver) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

@@ -24,10 +24,10 @@ import (
 )
 
 // PausedHolderLosesLease re-executes the test binary as a child that holds
-// key on url with ttl, stops it with SIGSTOP for well past its session, and
-// checks that another client gets the key with a higher fence meanwhile and
-// that the child, once continued, finds its lease ended (context cancelled
-// with ErrLost or ErrExpired).
+// key on url with ttl. It stops the child with SIGSTOP for well past its
+// session. It checks that another client gets the key with a higher fence
+// meanwhile. And it checks that the child, once continued, finds its lease
+// ended (context cancelled with ErrLost or ErrExpired).
 func PausedHolderLosesLease(t *testing.T, url, key string, ttl time.Duration) {
 	cmd := crashtest.HolderCommand(url, key, ttl)
 	out, err := cmd.StdoutPipe()

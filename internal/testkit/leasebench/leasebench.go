@@ -65,8 +65,8 @@ func (c *countingConn) Read(p []byte) (int, error) {
 }
 
 // AcquireRelease measures an uncontended TryAcquire plus Release of one key
-// through the portable client, and reports round trips per operation when
-// rt is not nil (rt must count the client's connections).
+// through the portable client. It reports round trips per operation when rt
+// is not nil (rt must count the client's connections).
 func AcquireRelease(b *testing.B, c *fenced.Client, rt *RoundTrips) {
 	ctx := context.Background()
 	key := fmt.Sprintf("bench:uncontended:%d", time.Now().UnixNano())
@@ -101,14 +101,15 @@ func AcquireRelease(b *testing.B, c *fenced.Client, rt *RoundTrips) {
 	}
 }
 
-// Handover measures the time from a holder's Release call to the moment
-// the next holder's Acquire returns, with the given number of waiters on
-// one key besides the holder, each its own client (as another process
-// would be). Every participant loops: acquire; wait until all the others
-// are waiting again, plus 2ms for them to settle; note the time; release;
-// wait until someone else has been granted the key; acquire again. So each
-// measured handover starts with every other participant waiting. It
-// reports p50 and p99 in milliseconds over b.N handovers.
+// Handover measures the time from a holder's Release call to the moment the
+// next holder's Acquire returns. There are the given number of waiters on
+// one key besides the holder, each its own client (as another process would
+// be). Every participant loops. It acquires, then waits until all the
+// others are waiting again, plus 2ms for them to settle. It notes the time
+// and releases. It waits until someone else has been granted the key, and
+// acquires again. So each measured handover starts with every other
+// participant waiting. It reports p50 and p99 in milliseconds over b.N
+// handovers.
 func Handover(b *testing.B, waiters int, open func(b *testing.B) *fenced.Client) {
 	key := fmt.Sprintf("bench:handover:%d:%d", waiters, time.Now().UnixNano())
 	clients := make([]*fenced.Client, waiters+1)
@@ -210,14 +211,14 @@ func Handover(b *testing.B, waiters int, open func(b *testing.B) *fenced.Client)
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
-// RenewalRequests holds m leases with ttl through c (renewed automatically
-// every ttl/3) and reports how many requests the client sends in one
-// renewal period, counted by rt (which must count c's connections): once
-// every lease has been renewed at least once, it counts over one period.
-// A backend that renews in batches (driver.BatchRenewer) sends far fewer
-// requests than m; one that renews each lease with its own request sends
-// about m. It also reports how many leases were lost meanwhile (a backend
-// whose renewals cannot keep up loses some) and fails if any was. ttl must
+// RenewalRequests holds m leases with ttl through c, renewed automatically
+// every ttl/3. It reports how many requests the client sends in one renewal
+// period, counted by rt (which must count c's connections). Once every
+// lease has been renewed at least once, it counts over one period. A
+// backend that renews in batches (driver.BatchRenewer) sends far fewer
+// requests than m. One that renews each lease with its own request sends
+// about m. It also reports how many leases were lost meanwhile, and fails
+// if any was. A backend whose renewals cannot keep up loses some. ttl must
 // leave room for m renewals per period on the store under test.
 func RenewalRequests(b *testing.B, c *fenced.Client, rt *RoundTrips, m int, ttl time.Duration) {
 	ctx := context.Background()

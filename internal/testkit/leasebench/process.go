@@ -18,9 +18,9 @@ func EnvInt(name string, def int) int {
 	return def
 }
 
-// LiveMemory returns the live heap after two garbage collections (the
-// second frees what finalizers of the first released) and the goroutine
-// stacks in use, for the memory a process needs per held lease.
+// LiveMemory returns the live heap after two garbage collections, and the
+// goroutine stacks in use. The second collection frees what finalizers of
+// the first released. It is for the memory a process needs per held lease.
 func LiveMemory() (heap, stacks uint64) {
 	runtime.GC()
 	runtime.GC()

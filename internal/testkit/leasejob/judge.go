@@ -13,14 +13,14 @@ import (
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 
-// Fault is what a test does to the run in progress, whose process is
-// victim and whose fence is fence: break its lease, or stop its process
+// Fault is what a test does to the run in progress, whose process is victim
+// and whose fence is fence. It breaks the run's lease, or stops its process
 // past the TTL. It returns when the fault is over (the process continued).
 type Fault func(t testing.TB, victim *testenv.Process, fence uint64)
 
 // Stop is the Fault that SIGSTOPs the victim until another run has written
-// with a newer fence (its lease expired and was granted again, which takes
-// at least the TTL), then SIGCONTs it.
+// with a newer fence, then SIGCONTs it. That needs the victim's lease to
+// expire and be granted again, which takes at least the TTL.
 func Stop(out string, ttl time.Duration) Fault {
 	return func(t testing.TB, victim *testenv.Process, f uint64) {
 		t.Helper()
@@ -173,7 +173,8 @@ func Judge(t testing.TB, res *Resource, procs []*testenv.Process, out string, tt
 	}
 	for _, l := range ls {
 		if l.kind == "write" && l.pid == first.pid && l.fence == f && !l.live && l.outcome == "applied" {
-			t.Logf("a write of fence %d after its context ended was applied before the newer holder's first write (allowed: nothing newer yet)", f)
+			t.Logf("a write of fence %d after its context ended was applied before the newer holder's first write (allowed: "+
+				"nothing newer yet)", f)
 			break
 		}
 	}
@@ -199,6 +200,8 @@ func Judge(t testing.TB, res *Resource, procs []*testenv.Process, out string, tt
 			t.Errorf("the resource took fence %d after fence %d: history %v", h[i], h[i-1], h)
 		}
 	}
-	t.Logf("fence %d: context ended %v after the fault (%s); the next run (fence %d) started %v after the fault; %d writes taken, fences %v..%v",
-		f, ended.at.Sub(faultAt).Round(time.Millisecond), ended.cause, next.fence, next.at.Sub(faultAt).Round(time.Millisecond), len(h), h[0], h[len(h)-1])
+	t.Logf("fence %d: context ended %v after the fault (%s); the next run (fence %d) started %v after the fault; %d writes taken, "+
+		"fences %v..%v",
+		f, ended.at.Sub(faultAt).Round(time.Millisecond), ended.cause, next.fence, next.at.Sub(faultAt).Round(time.Millisecond), len(h),
+		h[0], h[len(h)-1])
 }

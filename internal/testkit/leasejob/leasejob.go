@@ -54,8 +54,8 @@ const LateFor = 20 * time.Second
 var table = fence.Table{Name: "jobs", Key: "id"}
 
 // Resource is the guarded database of one test: a table of one row, with
-// the guard's columns, and a history column each write appends its fence
-// to.
+// the guard's columns. Each write appends its fence to the row's history
+// column.
 type Resource struct {
 	driver, dsn string
 }
@@ -160,10 +160,10 @@ func Guard() (*Writer, error) {
 	return &Writer{g: g, set: set}, nil
 }
 
-// Work is the job: it appends its fence to the row's history through g
-// every WriteEvery until ctx ends, then, as a job that ignores its context
-// would, goes on writing until the guard refuses a write (or LateFor has
-// passed), and returns ctx's cause. Writes do not carry ctx: they test the
+// Work is the job. It appends its fence to the row's history through g
+// every WriteEvery until ctx ends. Then, as a job that ignores its context
+// would, it goes on writing until the guard refuses a write (or LateFor has
+// passed). It returns ctx's cause. Writes do not carry ctx: they test the
 // fence, not the context.
 func Work(ctx context.Context, l *fenced.Lease, w *Writer, out *os.File) error {
 	pid := os.Getpid()
@@ -205,11 +205,11 @@ func causeName(err error) string {
 	}
 }
 
-// Start starts two children in mode "leasejob" (schedulers of the
-// package under test), on a fresh SQLite store and resource, or on
-// PostgreSQL for both when pg is set: a process stopped in a write keeps
-// SQLite's write lock (fencedsqlite's availability caveat), which would
-// stop the other scheduler too. out is the file the children append to.
+// Start starts two children in mode "leasejob" (schedulers of the package
+// under test). They run on a fresh SQLite store and resource, or on
+// PostgreSQL for both when pg is set. A process stopped in a write keeps
+// SQLite's write lock (fencedsqlite's availability caveat). That would stop
+// the other scheduler too. out is the file the children append to.
 func Start(t *testing.T, pg bool) (store string, res *Resource, procs []*testenv.Process, out string) {
 	if pg {
 		srv := testenv.StartPostgres(t)

@@ -114,7 +114,8 @@ func (p *Provider) pay(w http.ResponseWriter, r *http.Request) {
 	var res *result
 	var n int
 	if req.AmountCents <= 0 {
-		res = &result{http.StatusUnprocessableEntity, mustJSON(map[string]string{"error": fmt.Sprintf("amount %d is not positive", req.AmountCents)})}
+		res = &result{http.StatusUnprocessableEntity,
+			mustJSON(map[string]string{"error": fmt.Sprintf("amount %d is not positive", req.AmountCents)})}
 	} else {
 		p.mu.Lock()
 		n = len(p.payouts) + 1

@@ -71,9 +71,9 @@ func (d *Dynalite) URL(table, query string) string {
 }
 
 // StartDynalite starts dynalite with Node.js on a free loopback port and
-// waits until it accepts connections; it is killed when the test ends.
+// waits until it accepts connections. It is killed when the test ends.
 // Tables stay in the CREATING state for dynalite's default 500ms, as a real
-// DynamoDB table does for a while, so table creation is exercised for real.
+// DynamoDB table does for a while. So table creation is exercised for real.
 //
 // Node.js comes from Debian's nodejs package and dynalite from npm, pinned
 // to DynaliteVersion, in DynaliteDir(); scripts/test.sh installs both. A
@@ -90,7 +90,8 @@ func StartDynalite(t testing.TB, cfg DynaliteConfig) *Dynalite {
 			DynaliteDir(), err, DynaliteDir(), DynaliteVersion)
 	}
 	var pkg struct{ Version string }
-	if b, err := os.ReadFile(filepath.Join(dir, "package.json")); err != nil || json.Unmarshal(b, &pkg) != nil || pkg.Version != DynaliteVersion {
+	if b, err := os.ReadFile(filepath.Join(dir, "package.json")); err != nil || json.Unmarshal(b, &pkg) != nil ||
+		pkg.Version != DynaliteVersion {
 		t.Fatalf("testenv: dynalite in %s is version %q, want %s; run scripts/test.sh", dir, pkg.Version, DynaliteVersion)
 	}
 	d := &Dynalite{Port: FreePort(t), t: t, host: cfg.Host}

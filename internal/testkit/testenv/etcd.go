@@ -61,7 +61,7 @@ func StartEtcdCluster(t testing.TB, n int) *EtcdCluster {
 }
 
 // StartEtcdClusterOn starts one etcd member on each host of a Net, for
-// partitions at the packet level (NetHost.Cut); only processes on the Net's
+// partitions at the packet level (NetHost.Cut). Only processes on the Net's
 // hosts can reach it.
 func StartEtcdClusterOn(t testing.TB, hosts ...*NetHost) *EtcdCluster {
 	t.Helper()

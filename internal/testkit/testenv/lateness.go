@@ -5,10 +5,10 @@ import (
 	"time"
 )
 
-// Lateness samples how late this process's timers fire while a test runs:
-// on a busy machine a goroutine that sleeps wakes late, and every bound on
-// time the test asserts must allow for that. Time bounds derived from Max
-// hold on a busy machine and stay tight on a quiet one.
+// Lateness samples how late this process's timers fire while a test runs.
+// On a busy machine a goroutine that sleeps wakes late. Every bound on time
+// the test asserts must allow for that. Time bounds derived from Max hold
+// on a busy machine and stay tight on a quiet one.
 type Lateness struct {
 	mu   sync.Mutex
 	max  time.Duration

@@ -8,11 +8,11 @@ import (
 	"testing"
 )
 
-// MainTB is a testing.TB for TestMain, so a package can start its servers
-// once for all of its tests with the same starters its tests use. Cleanups
-// registered on it run (last first) when Close is called; a fatal error
-// prints the message, runs the cleanups and exits the test binary with
-// status 1.
+// MainTB is a testing.TB for TestMain. With it a package can start its
+// servers once for all of its tests, with the same starters its tests use.
+// Cleanups registered on it run (last first) when Close is called. A fatal
+// error prints the message, runs the cleanups and exits the test binary
+// with status 1.
 //
 // Only the methods the starters use are implemented; the others panic.
 type MainTB struct {

@@ -17,9 +17,10 @@ import (
 )
 
 // MySQL is a MariaDB server started for tests from Debian's mariadb-server
-// package: its own data directory in a temporary directory, a unix socket
-// there, TCP on a free loopback port, and a real user with a password (the
-// grant tables are in force, so a wrong password is refused).
+// package. It has its own data directory in a temporary directory, and a
+// unix socket there. It listens on TCP on a free loopback port. It has a
+// real user with a password: the grant tables are in force, so a wrong
+// password is refused.
 type MySQL struct {
 	// User and Password are the test user's credentials, with every
 	// privilege on Database.
@@ -64,7 +65,8 @@ func startMySQL(t testing.TB, clock *WallClock, h *NetHost) *MySQL {
 	bin := RequireBinary(t, "mariadb-server", "mariadbd", "mysqld")
 	installDB := RequireBinary(t, "mariadb-server", "mariadb-install-db", "mysql_install_db")
 	dir := TempDir(t, "mariadb")
-	m := &MySQL{User: "fenced", Password: "my-secret-" + strconv.Itoa(os.Getpid()), Database: "fenced", Dir: dir, bin: bin, clock: clock, host: h}
+	m := &MySQL{User: "fenced", Password: "my-secret-" + strconv.Itoa(os.Getpid()), Database: "fenced", Dir: dir, bin: bin, clock: clock,
+		host: h}
 	ChownNobody(t, dir)
 	installMariaDB(t, installDB, dir)
 	m.Port = FreePort(t)

@@ -11,15 +11,15 @@ import (
 	"testing"
 )
 
-// Net is a private network for one test: a "switch" network namespace
+// Net is a private network for one test. It is a "switch" network namespace
 // holding a bridge, and one namespace per host, each joined to the bridge
 // by a veth pair. Hosts have addresses 10.201.0.N/24 that exist only inside
-// these namespaces; nothing is routed out of them, so no packet leaves
+// these namespaces. Nothing is routed out of them, so no packet leaves
 // them. Processes run on a host through Wrap (ip netns exec). Cut drops
-// every packet to and from a host at its link (a blackhole qdisc on both
-// ends of its veth pair), as a partition does: connections stay open and
-// see silence, not errors. Every namespace is deleted when the test ends,
-// even if it fails.
+// every packet to and from a host at its link, as a partition does. It puts
+// a blackhole qdisc on both ends of the host's veth pair. Connections stay
+// open and see silence, not errors. Every namespace is deleted when the
+// test ends, even if it fails.
 type Net struct {
 	t      testing.TB
 	prefix string
@@ -56,9 +56,9 @@ const (
 	tcBin = "/usr/sbin/tc"
 )
 
-// NewNet makes the switch namespace of a new Net, or says why network
-// namespaces cannot be made here (not root, no iproute2, no bridge or
-// blackhole qdisc in the kernel); callers fall back and say so.
+// NewNet makes the switch namespace of a new Net. Or it says why network
+// namespaces cannot be made here: not root, no iproute2, or no bridge or
+// blackhole qdisc in the kernel. Callers fall back and say so.
 func NewNet(t testing.TB) (*Net, error) {
 	t.Helper()
 	if os.Geteuid() != 0 {
@@ -106,7 +106,8 @@ func (n *Net) Host(name string) *NetHost {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	k := len(n.hosts) + 1
-	h := &NetHost{Name: name, NS: fmt.Sprintf("%s-h%d", n.prefix, k), IP: fmt.Sprintf("10.201.0.%d", k), port: fmt.Sprintf("p%d", k), net: n}
+	h := &NetHost{Name: name, NS: fmt.Sprintf("%s-h%d", n.prefix, k), IP: fmt.Sprintf("10.201.0.%d", k), port: fmt.Sprintf("p%d", k),
+		net: n}
 	steps := [][]string{
 		{"link", "add", "eth0", "netns", h.NS, "type", "veth", "peer", "name", h.port, "netns", n.sw},
 		{"-n", n.sw, "link", "set", h.port, "master", "br0", "up"},
@@ -205,12 +206,12 @@ func (h *NetHost) setCut(cut bool) error {
 }
 
 // Lose drops percent of the packets to and from the host, each at random,
-// at both ends of its link, until Lose(0): a lossy link, on which TCP
-// retransmits and replies come late or not at all. This kernel has
-// neither netem nor the gact action, so each end gets an htb qdisc whose
-// filter, a classic BPF program that reads the kernel's per-packet random
-// number, sends percent of the packets to a class whose qdisc is a
-// blackhole. A host that is Cut cannot also lose.
+// at both ends of its link, until Lose(0). That makes a lossy link, on
+// which TCP retransmits and replies come late or not at all. This kernel
+// has neither netem nor the gact action. So each end gets an htb qdisc
+// whose filter sends percent of the packets to a class whose qdisc is a
+// blackhole. The filter is a classic BPF program that reads the kernel's
+// per-packet random number. A host that is Cut cannot also lose.
 func (h *NetHost) Lose(percent int) error {
 	if percent < 0 || percent > 100 {
 		return fmt.Errorf("testenv: Lose(%d): want a percentage from 0 to 100", percent)
@@ -260,9 +261,9 @@ func (h *NetHost) Lose(percent int) error {
 	return nil
 }
 
-// TxPackets returns how many packets the host has sent on its link, read
-// from the /proc of a process running on it (pid), so it costs no
-// process start.
+// TxPackets returns how many packets the host has sent on its link. It
+// reads them from the /proc of a process running on it (pid), so it costs
+// no process start.
 func (h *NetHost) TxPackets(pid int) (uint64, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/net/dev", pid))
 	if err != nil {
@@ -299,8 +300,8 @@ func StartOn(t testing.TB, h *NetHost, name string, cmd *exec.Cmd) *Process {
 	return p
 }
 
-// Exchange connects from inside the host's namespace to addr, sends req
-// and returns what the peer sends back until it closes (at most 2s), with
+// Exchange connects from inside the host's namespace to addr and sends req.
+// It returns what the peer sends back until it closes (at most 2s). It uses
 // bash's /dev/tcp, so it needs no helper binary.
 func (h *NetHost) Exchange(addr, req string) ([]byte, error) {
 	host, port, ok := strings.Cut(addr, ":")
@@ -325,7 +326,8 @@ func startServer(t testing.TB, h *NetHost, name string, cmd *exec.Cmd) *Process 
 	}
 	if a := cmd.SysProcAttr; a != nil && a.Credential != nil {
 		c := a.Credential
-		cmd.Args = append([]string{setprivBin, fmt.Sprintf("--reuid=%d", c.Uid), fmt.Sprintf("--regid=%d", c.Gid), "--clear-groups", cmd.Path}, cmd.Args[1:]...)
+		cmd.Args = append([]string{setprivBin, fmt.Sprintf("--reuid=%d", c.Uid), fmt.Sprintf("--regid=%d", c.Gid), "--clear-groups",
+			cmd.Path}, cmd.Args[1:]...)
 		cmd.Path = setprivBin
 		a.Credential = nil
 	}

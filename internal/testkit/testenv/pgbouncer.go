@@ -13,9 +13,9 @@ import (
 
 // PgBouncer is a PgBouncer in transaction pooling mode in front of a test
 // PostgreSQL, from Debian's pgbouncer package. It serves two databases,
-// both the server's "postgres" database: "pooled" with ten server
-// connections and "single" with one (so that every client shares one
-// server session, which makes session-state hazards deterministic).
+// both the server's "postgres" database. "pooled" has ten server
+// connections. "single" has one, so that every client shares one server
+// session, which makes session-state hazards deterministic.
 type PgBouncer struct {
 	Port int
 	pg   *Postgres

@@ -12,9 +12,9 @@ import (
 )
 
 // Postgres is a PostgreSQL server started for tests from Debian's
-// postgresql package: its own cluster in a temporary directory, a unix
-// socket in that directory, TCP on a free loopback port, password
-// (SCRAM) authentication for TCP clients.
+// postgresql package. It has its own cluster in a temporary directory and a
+// unix socket in that directory. It listens on TCP on a free loopback port,
+// with password (SCRAM) authentication for TCP clients.
 type Postgres struct {
 	// User and Password are the superuser's credentials; Database is the
 	// database the URLs name.
@@ -60,7 +60,8 @@ func startPostgres(t testing.TB, clock *WallClock, h *NetHost, settings []string
 	initdb := RequireBinary(t, "postgresql", "initdb")
 	bin := filepath.Dir(initdb)
 	dir := TempDir(t, "pg")
-	p := &Postgres{User: "fenced", Password: "pg-secret-" + strconv.Itoa(os.Getpid()), Database: "postgres", Dir: dir, bin: bin, clock: clock, host: h}
+	p := &Postgres{User: "fenced", Password: "pg-secret-" + strconv.Itoa(os.Getpid()), Database: "postgres", Dir: dir, bin: bin,
+		clock: clock, host: h}
 	pwfile := filepath.Join(dir, "pwfile")
 	if err := os.WriteFile(pwfile, []byte(p.Password+"\n"), 0o600); err != nil {
 		t.Fatal(err)

@@ -9,8 +9,8 @@ import (
 	"time"
 )
 
-// Proxy forwards TCP connections from a local port to a server, and can
-// cut a connection at a chosen moment, to inject connection loss, or turn
+// Proxy forwards TCP connections from a local port to a server. It can cut
+// a connection at a chosen moment, to inject connection loss. It can turn
 // into a black hole (BlackHole): a partition whose connections stay open.
 type Proxy struct {
 	Addr string // where clients connect
@@ -97,12 +97,12 @@ func (p *Proxy) CutAfter(match func(chunk []byte) bool) {
 }
 
 // LoseReplyAfter arms the proxy as CutAfter does, for a connection that
-// carries several calls at once (HTTP/2): the first client chunk for which
-// match returns true is forwarded; from then on every byte the server
-// sends on that connection is dropped, and the connection is cut after
-// wait. So the server has the request for wait, with its connection
-// open, and its reply is lost, whatever other frames (a ping's answer)
-// come first. It disarms itself after one cut.
+// carries several calls at once (HTTP/2). The first client chunk for which
+// match returns true is forwarded. From then on every byte the server sends
+// on that connection is dropped, and the connection is cut after wait. So
+// the server has the request for wait, with its connection open, and its
+// reply is lost. That holds whatever other frames (a ping's answer) come
+// first. It disarms itself after one cut.
 func (p *Proxy) LoseReplyAfter(match func(chunk []byte) bool, wait time.Duration) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -110,7 +110,7 @@ func (p *Proxy) LoseReplyAfter(match func(chunk []byte) bool, wait time.Duration
 }
 
 // SetDown makes the proxy close every new connection at once while down is
-// true, as a server that went away would; connections already open are not
+// true, as a server that went away would. Connections already open are not
 // affected (cut them with CutAfter).
 func (p *Proxy) SetDown(down bool) {
 	p.mu.Lock()
@@ -127,9 +127,9 @@ func (p *Proxy) Observe(f func(chunk []byte)) {
 	p.observe = f
 }
 
-// Retarget sends new connections to target from now on and closes every
-// connection open through the proxy, as clients that follow a failover to
-// a new primary do.
+// Retarget sends new connections to target from now on. It closes every
+// connection open through the proxy, as clients that follow a failover to a
+// new primary do.
 func (p *Proxy) Retarget(target string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -140,12 +140,12 @@ func (p *Proxy) Retarget(target string) {
 }
 
 // BlackHole makes the proxy, while on is true, stop reading from and
-// writing to every connection, open or new, without closing any: bytes
-// already sent are neither delivered nor refused, the peers' socket
-// buffers and flow-control windows fill, and writes then block, as
-// over a network that drops every packet. New connections are accepted
-// (the kernel does so anyway) and left silent. Turning it off forwards
-// what was held and resumes.
+// writing to every connection, open or new. It closes none. Bytes already
+// sent are neither delivered nor refused. The peers' socket buffers and
+// flow-control windows fill, and writes then block, as over a network that
+// drops every packet. New connections are accepted (the kernel does so
+// anyway) and left silent. Turning it off forwards what was held and
+// resumes.
 func (p *Proxy) BlackHole(on bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -169,13 +169,13 @@ func (p *Proxy) pass() {
 }
 
 // Hold arms the proxy to hold requests, as a network path (or a stopped
-// server's socket buffer) that delivers them late: the first client chunk
-// of a connection for which match returns true, and every chunk that
-// connection sends after it, wait in the proxy until ReleaseHeld. The
-// server's replies still pass. A client that gives up and closes a
-// holding connection does not close the server's side: what it sent is
-// still delivered, late, as a server would still execute it. Hold(nil)
-// holds no new connection; those already holding stay held.
+// server's socket buffer) that delivers them late. The first client chunk
+// of a connection for which match returns true waits in the proxy until
+// ReleaseHeld. So does every chunk that connection sends after it. The
+// server's replies still pass. A client that gives up and closes a holding
+// connection does not close the server's side. What it sent is still
+// delivered, late, as a server would still execute it. Hold(nil) holds no
+// new connection; those already holding stay held.
 func (p *Proxy) Hold(match func(chunk []byte) bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -190,11 +190,11 @@ func (p *Proxy) Held() int {
 }
 
 // ReleaseHeld forwards what every holding connection held, one connection
-// at a time in the order they began holding, and waits after each for the
-// server's first reply to it, so the server has executed a connection's
-// requests before the next connection's are sent. A connection whose
-// client has gone is closed after that reply. It fails if a server sends
-// nothing back within timeout.
+// at a time in the order they began holding. After each it waits for the
+// server's first reply to it. So the server has executed a connection's
+// requests before the next connection's are sent. A connection whose client
+// has gone is closed after that reply. It fails if a server sends nothing
+// back within timeout.
 func (p *Proxy) ReleaseHeld(timeout time.Duration) error {
 	p.mu.Lock()
 	held := p.held

@@ -68,9 +68,9 @@ func (r *Redis) URL() string {
 }
 
 // StartRedis starts redis-server on a free loopback port in a temporary
-// directory, with the append-only file fsynced on every write (unless
-// NoPersistence), and waits until it accepts connections. A replica also
-// waits until its initial sync with the primary is done. The server is
+// directory. The append-only file is fsynced on every write (unless
+// NoPersistence). It waits until the server accepts connections. A replica
+// also waits until its initial sync with the primary is done. The server is
 // killed when the test ends.
 func StartRedis(t testing.TB, cfg RedisConfig) *Redis {
 	t.Helper()
@@ -84,7 +84,8 @@ func StartRedis(t testing.TB, cfg RedisConfig) *Redis {
 	port := []string{"--port", strconv.Itoa(cfg.Port)}
 	if cfg.TLS {
 		cert, key := selfSignedCert(t, cfg.Dir)
-		port = []string{"--port", "0", "--tls-port", strconv.Itoa(cfg.Port), "--tls-cert-file", cert, "--tls-key-file", key, "--tls-auth-clients", "no"}
+		port = []string{"--port", "0", "--tls-port", strconv.Itoa(cfg.Port), "--tls-cert-file", cert, "--tls-key-file", key,
+			"--tls-auth-clients", "no"}
 	}
 	args := []string{
 		"--bind", hostIP(cfg.Host), "--dir", cfg.Dir,

@@ -13,12 +13,12 @@ import (
 )
 
 // RedisFailover is a Redis primary with one asynchronous replica, behind a
-// proxy that clients reach as "the primary": the topology of an
-// asynchronous failover (Sentinel, a managed service), where a grant the
-// replica never received is lost when the replica is promoted.
-// CutReplica stops replication; Failover kills the primary, promotes the
-// replica, moves the proxy to it and gives it a new replica, so the
-// topology can fail over again.
+// proxy that clients reach as "the primary". It is the topology of an
+// asynchronous failover (Sentinel, a managed service). There, a grant the
+// replica never received is lost when the replica is promoted. CutReplica
+// stops replication. Failover kills the primary, promotes the replica,
+// moves the proxy to it and gives it a new replica. So the topology can
+// fail over again.
 type RedisFailover struct {
 	t testing.TB
 	// Proxy is where clients connect; Primary and Replica are the servers
@@ -38,9 +38,9 @@ func StartRedisFailover(t testing.TB) *RedisFailover {
 // URL returns a redis:// URL of the proxy.
 func (f *RedisFailover) URL() string { return "redis://" + f.Proxy.Addr + "/0" }
 
-// CutReplica cuts the replica off: it is stopped (SIGSTOP) and the primary
-// drops its replication link, so nothing the primary does after
-// CutReplica returns reaches it.
+// CutReplica cuts the replica off. It is stopped (SIGSTOP) and the primary
+// drops its replication link. So nothing the primary does after CutReplica
+// returns reaches it.
 func (f *RedisFailover) CutReplica() error {
 	if err := f.Replica.Signal(syscall.SIGSTOP); err != nil {
 		return err
@@ -50,8 +50,8 @@ func (f *RedisFailover) CutReplica() error {
 }
 
 // Failover kills the primary with SIGKILL (whatever it did not send is
-// gone), continues the replica and promotes it (REPLICAOF NO ONE), then
-// moves the proxy to it, closing every client connection, as clients
+// gone). It continues the replica and promotes it (REPLICAOF NO ONE). Then
+// it moves the proxy to it, closing every client connection, as clients
 // following a failover reconnect to the new primary. Last, the new primary
 // gets a new replica (synced before Failover returns).
 func (f *RedisFailover) Failover() error {
@@ -67,7 +67,7 @@ func (f *RedisFailover) Failover() error {
 	return nil
 }
 
-// Do sends one command to the server on a new connection and returns its
+// Do sends one command to the server on a new connection. It returns its
 // reply's first line (without the type byte); an error reply is an error.
 func (r *Redis) Do(args ...string) (string, error) {
 	c, err := net.DialTimeout("tcp", r.Addr(), 5*time.Second)

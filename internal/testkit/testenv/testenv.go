@@ -25,8 +25,8 @@ import (
 )
 
 // RequireBinary returns the path of the first of names found on PATH or in
-// extra directories, failing t (naming the Debian package to install) when
-// none is found.
+// extra directories. It fails t when none is found, naming the Debian
+// package to install.
 func RequireBinary(t testing.TB, debianPackage string, names ...string) string {
 	t.Helper()
 	if p, ok := FindBinary(names...); ok {
@@ -43,7 +43,8 @@ func RequireBinary(t testing.TB, debianPackage string, names ...string) string {
 // FindBinary looks names up on PATH and in the usual Debian locations of
 // server binaries that are not on PATH.
 func FindBinary(names ...string) (string, bool) {
-	dirs := []string{"/usr/sbin", "/usr/lib/postgresql/17/bin", "/usr/lib/postgresql/16/bin", "/usr/lib/postgresql/15/bin", "/usr/share/zookeeper/bin"}
+	dirs := []string{"/usr/sbin", "/usr/lib/postgresql/17/bin", "/usr/lib/postgresql/16/bin", "/usr/lib/postgresql/15/bin",
+		"/usr/share/zookeeper/bin"}
 	for _, n := range names {
 		if filepath.IsAbs(n) {
 			if _, err := os.Stat(n); err == nil {
@@ -124,8 +125,8 @@ func (b *SafeBuffer) String() string {
 	return b.buf.String()
 }
 
-// Start runs cmd as a test server named name: its output is collected (and
-// printed if the test fails), it runs in its own process group, and it is
+// Start runs cmd as a test server named name. Its output is collected (and
+// printed if the test fails). It runs in its own process group, and it is
 // killed with the group when the test ends.
 func Start(t testing.TB, name string, cmd *exec.Cmd) *Process {
 	t.Helper()
@@ -165,10 +166,10 @@ func tail(s string, n int) string {
 func (p *Process) Exited() <-chan struct{} { return p.exited }
 
 // Signal sends sig to the process group. For SIGSTOP it returns once every
-// thread of every process of the group shows as stopped, or after 2s (a
-// thread in an uninterruptible wait stops only when that ends): a thread
-// that was running when the signal came (a PostgreSQL backend, a JVM
-// worker thread) may otherwise still answer a request sent just after it.
+// thread of every process of the group shows as stopped, or after 2s. A
+// thread in an uninterruptible wait stops only when that ends. A thread
+// that was running when the signal came (a PostgreSQL backend, a JVM worker
+// thread) may otherwise still answer a request sent just after it.
 func (p *Process) Signal(sig syscall.Signal) error {
 	pgid := p.Cmd.Process.Pid
 	if err := syscall.Kill(-pgid, sig); err != nil || sig != syscall.SIGSTOP {
@@ -226,12 +227,12 @@ func procStat(path string) (state byte, pgrp int, ok bool) {
 	return f[0][0], pgrp, true
 }
 
-// Kill kills the process group with SIGKILL and waits, up to 10s, until
-// the leader has exited and no other process of the group is left. A
-// child killed in an uninterruptible wait (a PostgreSQL backend inside an
-// fsync) dies only when the wait ends, and until then it holds what a
-// restart on the same data needs (PostgreSQL refuses to start while the
-// old shared memory block is attached).
+// Kill kills the process group with SIGKILL. It waits, up to 10s, until the
+// leader has exited and no other process of the group is left. A child
+// killed in an uninterruptible wait (a PostgreSQL backend inside an fsync)
+// dies only when the wait ends. Until then it holds what a restart on the
+// same data needs. PostgreSQL refuses to start while the old shared memory
+// block is attached.
 func (p *Process) Kill() {
 	pgid := p.Cmd.Process.Pid
 	_ = syscall.Kill(-pgid, syscall.SIGCONT)

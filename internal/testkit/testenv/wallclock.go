@@ -12,25 +12,25 @@ import (
 )
 
 // WallClock is a wall clock a test can step for the servers started on it
-// (RedisConfig.WallClock, StartPostgresOnClock), while their monotonic
-// clock runs on untouched: what an NTP step, a VM resumed from a snapshot
-// or an operator's `date -s` does to a real host. It is how the tests
+// (RedisConfig.WallClock, StartPostgresOnClock). Their monotonic clock runs
+// on untouched. That is what an NTP step, a VM resumed from a snapshot or
+// an operator's `date -s` does to a real host. It is how the tests
 // reproduce a clock step at an authority that decides expiry by its wall
 // clock (SQL now(), Redis PX).
 //
-// A server on the clock runs with a small LD_PRELOAD library, compiled for
-// the test with the machine's C compiler (the one `go test -race` needs
-// anyway), that adds the clock's offset to CLOCK_REALTIME (and its COARSE
-// and TAI variants), gettimeofday, time and timespec_get; CLOCK_MONOTONIC
-// and CLOCK_BOOTTIME pass through. The offset lives in an 8-byte file that
-// the library maps shared, so a Step is seen by every process of the
-// server (PostgreSQL backends too) at its next clock read.
+// A server on the clock runs with a small LD_PRELOAD library. It is
+// compiled for the test with the machine's C compiler (the one `go test
+// -race` needs anyway). It adds the clock's offset to CLOCK_REALTIME (and
+// its COARSE and TAI variants), gettimeofday, time and timespec_get.
+// CLOCK_MONOTONIC and CLOCK_BOOTTIME pass through. The offset lives in an
+// 8-byte file that the library maps shared. So a Step is seen by every
+// process of the server (PostgreSQL backends too) at its next clock read.
 //
 // libfaketime would be the usual tool, but it cannot run Debian's
-// redis-server: its initialisation looks up symbols that glibc no longer
-// has, the failed lookup allocates, the allocation enters jemalloc's
+// redis-server. Its initialisation looks up symbols that glibc no longer
+// has, and the failed lookup allocates. The allocation enters jemalloc's
 // initialisation, which reads the clock, which re-enters libfaketime's
-// initialisation, and the server deadlocks on jemalloc's init lock
+// initialisation. The server then deadlocks on jemalloc's init lock
 // (libfaketime issue #130, open upstream).
 type WallClock struct {
 	lib, file string
@@ -158,7 +158,7 @@ func (c *WallClock) Offset() time.Duration { return time.Duration(atomic.LoadInt
 // Now is the time the servers on the clock read now.
 func (c *WallClock) Now() time.Time { return time.Now().Add(c.Offset()) }
 
-// Apply makes cmd run on the clock: it adds the preload library and the
+// Apply makes cmd run on the clock. It adds the preload library and the
 // offset file to cmd's environment (the test's environment if cmd.Env is
 // nil). A nil clock leaves cmd alone.
 func (c *WallClock) Apply(cmd *exec.Cmd) {

@@ -93,7 +93,8 @@ func StartZooKeeperWith(t testing.TB, cfg ZKConfig) *ZKEnsemble {
 	t.Helper()
 	RequireBinary(t, "default-jre-headless", "java")
 	if _, err := os.Stat("/usr/share/java/zookeeper.jar"); err != nil {
-		t.Fatal("ZooKeeper server jar /usr/share/java/zookeeper.jar not found; install the Debian package \"zookeeper\" (the README's test command does)")
+		t.Fatal("ZooKeeper server jar /usr/share/java/zookeeper.jar not found; install the Debian package \"zookeeper\" " +
+			"(the README's test command does)")
 	}
 	n := max(cfg.Nodes, 1)
 	if cfg.Hosts != nil && len(cfg.Hosts) != n {
@@ -117,7 +118,8 @@ func StartZooKeeperWith(t testing.TB, cfg ZKConfig) *ZKEnsemble {
 		ps[i] = ports{FreePort(t), FreePort(t), FreePort(t)}
 	}
 	for i := 0; i < n; i++ {
-		nd := &ZKNode{ID: i + 1, Addr: net.JoinHostPort(ip(i), fmt.Sprint(ps[i].client)), Dir: filepath.Join(dir, fmt.Sprintf("n%d", i+1)), t: t}
+		nd := &ZKNode{ID: i + 1, Addr: net.JoinHostPort(ip(i), fmt.Sprint(ps[i].client)), Dir: filepath.Join(dir, fmt.Sprintf("n%d", i+1)),
+			t: t}
 		if cfg.Hosts != nil {
 			nd.host = cfg.Hosts[i]
 		}
@@ -164,8 +166,9 @@ func StartZooKeeperWith(t testing.TB, cfg ZKConfig) *ZKEnsemble {
 }
 
 // Start starts (or restarts, with its data) the node. Its heap may grow to
-// 1 GiB: with 256 MiB a server holding 100 000 leases (two znodes and a
-// watch each, as the renewal benchmark makes) ran out of memory and died.
+// 1 GiB. With 256 MiB, a server holding 100 000 leases ran out of memory
+// and died. That is two znodes and a watch each, as the renewal benchmark
+// makes.
 func (n *ZKNode) Start() {
 	n.t.Helper()
 	cmd := exec.Command("java", "-Xmx1g", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xshare:auto",

@@ -24,16 +24,17 @@ func Woken(s driver.Subscription, within time.Duration) bool {
 	}
 }
 
-// OnePerRelease checks that each of len(subs) releases wakes exactly one
-// of subs (each a waiting process's subscription, refused once so that it
-// stands in the key's waiter queue), a different one each time, and that
-// one more release wakes none. release(n) releases the key for the n-th
-// time (from 0) and grants it again to a process that does not wait.
+// OnePerRelease checks that each of len(subs) releases wakes exactly one of
+// subs, a different one each time. It checks that one more release wakes
+// none. Each sub is a waiting process's subscription, refused once so that
+// it stands in the key's waiter queue. release(n) releases the key for the
+// n-th time (from 0). It then grants it again to a process that does not
+// wait.
 //
-// After a release it waits up to 10 s (under load) for the first wake-up,
-// then 300 ms for any other, draining the woken one too: a Redlock
-// process hears a release from every node whose queue it heads,
-// coalesced but spread over time.
+// After a release it waits up to 10 s (under load) for the first wake-up.
+// Then it waits 300 ms for any other, draining the woken one too. A Redlock
+// process hears a release from every node whose queue it heads, coalesced
+// but spread over time.
 func OnePerRelease(t *testing.T, subs []driver.Subscription, release func(n int)) {
 	t.Helper()
 	rounds := len(subs)
@@ -70,9 +71,9 @@ func OnePerRelease(t *testing.T, subs []driver.Subscription, release func(n int)
 	}
 }
 
-// Refused subscribes d as a waiter for key and has it refused once (the
-// key must be held by someone else), so that its process stands in the
-// key's waiter queue. The subscription is closed when the test ends.
+// Refused subscribes d as a waiter for key and has it refused once (the key
+// must be held by someone else). So its process stands in the key's waiter
+// queue. The subscription is closed when the test ends.
 func Refused(t *testing.T, ctx context.Context, d driver.Driver, key string) driver.Subscription {
 	t.Helper()
 	s, err := d.(driver.Notifier).Subscribe(ctx, key)
@@ -80,14 +81,15 @@ func Refused(t *testing.T, ctx context.Context, d driver.Driver, key string) dri
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
-	if _, err := d.TryAcquire(ctx, key, "waiter-"+strconv.FormatInt(time.Now().UnixNano(), 36), time.Minute); !errors.Is(err, driver.ErrHeld) {
+	if _, err := d.TryAcquire(ctx, key, "waiter-"+strconv.FormatInt(time.Now().UnixNano(), 36), time.Minute); !errors.Is(err,
+		driver.ErrHeld) {
 		t.Fatalf("try of a held key: %v", err)
 	}
 	return s
 }
 
 // Grant has d take key for a new owner with a one-minute TTL (the key must
-// be free) and returns the grant, for release to wake the waiters.
+// be free). It returns the grant, for release to wake the waiters.
 func Grant(t *testing.T, ctx context.Context, d driver.Driver, key string) driver.Grant {
 	t.Helper()
 	owner := "holder-" + strconv.FormatInt(time.Now().UnixNano(), 36)
@@ -99,19 +101,20 @@ func Grant(t *testing.T, ctx context.Context, d driver.Driver, key string) drive
 }
 
 // OnePerReleaseSpread is OnePerRelease for a store of several nodes whose
-// releases each node applies, and publishes, on its own (Redlock): the
+// releases each node applies, and publishes, on its own (Redlock). The
 // process a release wakes hears it once from every node whose queue it
-// heads, spread over as long as the slowest node takes, which on a busy
-// machine is longer than any fixed wait. So which processes a release woke
-// is read at the store: published(n) returns, once every node has applied
-// the n-th release (from 0), the indices of the subs whose process any node
-// published the release's wake-up to. Each of len(subs) releases must have
-// published to exactly one process, a different one each time, and that
-// process's subscription must be woken (within 10 s, under load); one more
-// release publishes to none. A subscription woken again after its own
-// release is hearing another node's copy of it (published shows that no
-// later release published to it) and is drained; a subscription woken
-// whose process no release has published to fails the test.
+// heads. These copies are spread over as long as the slowest node takes,
+// which on a busy machine is longer than any fixed wait. So which processes
+// a release woke is read at the store. published(n) returns the indices of
+// the subs whose process any node published the n-th release's wake-up to
+// (n from 0). It returns once every node has applied that release. Each of
+// len(subs) releases must have published to exactly one process, a
+// different one each time. That process's subscription must be woken
+// (within 10 s, under load). One more release publishes to none. A
+// subscription woken again after its own release is hearing another node's
+// copy of it, and is drained. published shows that no later release
+// published to it. A subscription woken whose process no release has
+// published to fails the test.
 func OnePerReleaseSpread(t *testing.T, subs []driver.Subscription, release func(n int), published func(n int) []int) {
 	t.Helper()
 	rounds := len(subs)
