@@ -40,11 +40,13 @@ func tokenFromLookup(lookup func(string) (string, bool)) (Token, error) {
 	sig, _ := lookup(EnvSignature)
 	switch {
 	case !hasKey && !hasFence && !hasOwner:
-		return Token{}, fmt.Errorf("%w: %s, %s and %s are not set (is this command run by `fenced run`?)", ErrNoToken, EnvKey, EnvFence, EnvOwner)
+		return Token{}, fmt.Errorf("%w: %s, %s and %s are not set (is this command run by `fenced run`?)",
+			ErrNoToken, EnvKey, EnvFence, EnvOwner)
 	case !hasKey || !hasFence:
 		return Token{}, fmt.Errorf("%w: %s and %s must both be set", ErrInvalidToken, EnvKey, EnvFence)
 	case !hasOwner:
-		return Token{}, fmt.Errorf("%w: %s is not set (a `fenced run` that predates it exports only %s and %s)", ErrInvalidToken, EnvOwner, EnvKey, EnvFence)
+		return Token{}, fmt.Errorf("%w: %s is not set (a `fenced run` that predates it exports only %s and %s)",
+			ErrInvalidToken, EnvOwner, EnvKey, EnvFence)
 	}
 	f, err := parseFence(fenceStr)
 	if err != nil {

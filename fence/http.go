@@ -323,7 +323,8 @@ func FixedKey(key string) func(*http.Request) (string, error) {
 // error found when the handler is built rather than a hole found later.
 func Middleware(next http.Handler, opts *MiddlewareOptions) http.Handler {
 	if opts == nil || opts.Key == nil {
-		panic("fence: Middleware needs MiddlewareOptions.Key, the lease key that guards each request's resource (fence.FixedKey(key) for one key)")
+		panic("fence: Middleware needs MiddlewareOptions.Key, the lease key that guards each request's resource " +
+			"(fence.FixedKey(key) for one key)")
 	}
 	o := *opts
 	if o.MaxBodyBytes == 0 {
@@ -361,7 +362,8 @@ func Middleware(next http.Handler, opts *MiddlewareOptions) http.Handler {
 					http.Error(w, "fence: reading the request body: "+err.Error(), http.StatusBadRequest)
 					return
 				case int64(len(body)) > o.MaxBodyBytes:
-					http.Error(w, fmt.Sprintf("fence: request body is larger than %d bytes (MiddlewareOptions.MaxBodyBytes)", o.MaxBodyBytes), http.StatusRequestEntityTooLarge)
+					http.Error(w, fmt.Sprintf("fence: request body is larger than %d bytes (MiddlewareOptions.MaxBodyBytes)",
+						o.MaxBodyBytes), http.StatusRequestEntityTooLarge)
 					return
 				}
 				r.Body = io.NopCloser(bytes.NewReader(body))

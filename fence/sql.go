@@ -329,14 +329,16 @@ func NewSQL(db *sql.DB, d Dialect, t Table, opts *SQLOptions) (*SQL, error) {
 	if err := validIdent("table", t.Name, true); err != nil {
 		return nil, fmt.Errorf("fence: NewSQL: %w", err)
 	}
-	cols := [][2]string{{"key column", t.Key}, {"fence column", t.FenceColumn}, {"owner column", t.OwnerColumn}, {"lease key column", t.LeaseKeyColumn}}
+	cols := [][2]string{{"key column", t.Key}, {"fence column", t.FenceColumn}, {"owner column", t.OwnerColumn},
+		{"lease key column", t.LeaseKeyColumn}}
 	for i, c := range cols {
 		if err := validIdent(c[0], c[1], false); err != nil {
 			return nil, fmt.Errorf("fence: NewSQL: %w", err)
 		}
 		for _, o := range cols[:i] {
 			if strings.EqualFold(c[1], o[1]) {
-				return nil, fmt.Errorf("fence: NewSQL: %w: %s and %s are both %q; key, fence, owner and lease key columns must be distinct", ErrSchema, o[0], c[0], c[1])
+				return nil, fmt.Errorf("fence: NewSQL: %w: %s and %s are both %q; key, fence, owner and lease key columns must be distinct",
+					ErrSchema, o[0], c[0], c[1])
 			}
 		}
 	}
@@ -499,7 +501,8 @@ func (g *SQL) write(ctx context.Context, op string, c Conn, own bool, key any, t
 		// The shape check makes this impossible unless the key's unique
 		// index was dropped since.
 		g.checked.Store(false)
-		return Result{}, fmt.Errorf("fence: %s %s: %w: %d rows matched key %v; the key column must be unique (roll the transaction back)", op, g.table.Name, ErrSchema, affected, key)
+		return Result{}, fmt.Errorf("fence: %s %s: %w: %d rows matched key %v; the key column must be unique (roll the transaction back)",
+			op, g.table.Name, ErrSchema, affected, key)
 	}
 	if affected == 1 {
 		return Result{Outcome: Applied, Current: t.Fence, Presented: t.Fence}, nil
@@ -516,7 +519,8 @@ func (g *SQL) write(ctx context.Context, op string, c Conn, own bool, key any, t
 		return Result{}, err
 	}
 	if cur.leaseKey != "" && cur.leaseKey != t.Key {
-		return Result{}, fmt.Errorf("fence: %s %s: row %v (its fence %d belongs to that key): %w", op, g.table.Name, key, cur.fence, checkKey(cur.leaseKey, t.Key))
+		return Result{}, fmt.Errorf("fence: %s %s: row %v (its fence %d belongs to that key): %w",
+			op, g.table.Name, key, cur.fence, checkKey(cur.leaseKey, t.Key))
 	}
 	r := classify(t, cur.fence, cur.owner)
 	if r.Outcome == PreconditionFailed && g.dialect == MySQL && cur.fence == t.Fence && cur.precond {
@@ -547,7 +551,9 @@ func (g *SQL) updateStatement(key any, t Token, w Write) (string, []any) {
 		pF, pO, pK, pR, pIdle := d.placeholder(n+1), d.placeholder(n+2), d.placeholder(n+3), d.placeholder(n+4), d.placeholder(n+5)
 		args = append(append(args, w.SetArgs...), w.WhereArgs...)
 		args = append(args, fence, owner, t.Key, key, g.timeout.Milliseconds())
-		fmt.Fprintf(&b, "%s = %s, %s = %s, %s = %s\nWHERE %s = %s AND COALESCE(%s, 0) >= 0\nAND (COALESCE(%s, 0) < %s OR (%s = %s AND %s))\nAND (COALESCE(%s, '') = '' OR %s)",
+		fmt.Fprintf(&b,
+			"%s = %s, %s = %s, %s = %s\nWHERE %s = %s AND COALESCE(%s, 0) >= 0\n"+
+				"AND (COALESCE(%s, 0) < %s OR (%s = %s AND %s))\nAND (COALESCE(%s, '') = '' OR %s)",
 			g.qFence, pF, g.qOwner, pO, g.qLeaseKey, pK,
 			g.qKey, pR, g.qFence,
 			g.qFence, pF, g.qFence, pF, d.sameBytes(g.qOwner, pO),
@@ -558,11 +564,17 @@ func (g *SQL) updateStatement(key any, t Token, w Write) (string, []any) {
 		// A transaction in which the update applied holds the row's lock:
 		// it may not sit idle past the guard's timeout (unless the caller
 		// already set a lower limit).
-		fmt.Fprintf(&b, "\nRETURNING set_config('idle_in_transaction_session_timeout', CASE WHEN EXTRACT(EPOCH FROM current_setting('idle_in_transaction_session_timeout')::interval) * 1000 BETWEEN 1 AND %[1]s::bigint THEN current_setting('idle_in_transaction_session_timeout') ELSE %[1]s::bigint::text END, true)", pIdle)
+		fmt.Fprintf(&b,
+			"\nRETURNING set_config('idle_in_transaction_session_timeout', "+
+				"CASE WHEN EXTRACT(EPOCH FROM current_setting('idle_in_transaction_session_timeout')::interval) * 1000 "+
+				"BETWEEN 1 AND %[1]s::bigint "+
+				"THEN current_setting('idle_in_transaction_session_timeout') ELSE %[1]s::bigint::text END, true)", pIdle)
 		return b.String(), args
 	}
 	args = append(args, w.SetArgs...)
-	fmt.Fprintf(&b, "%s = ?, %s = ?, %s = ?\nWHERE %s = ? AND COALESCE(%s, 0) >= 0\nAND (COALESCE(%s, 0) < ? OR (%s = ? AND %s))\nAND (COALESCE(%s, '') = '' OR %s)",
+	fmt.Fprintf(&b,
+		"%s = ?, %s = ?, %s = ?\nWHERE %s = ? AND COALESCE(%s, 0) >= 0\n"+
+			"AND (COALESCE(%s, 0) < ? OR (%s = ? AND %s))\nAND (COALESCE(%s, '') = '' OR %s)",
 		g.qFence, g.qOwner, g.qLeaseKey,
 		g.qKey, g.qFence,
 		g.qFence, g.qFence, d.sameBytes(g.qOwner, "?"),
@@ -615,7 +627,8 @@ func (g *SQL) read(ctx context.Context, c Conn, own bool, key any, w Write, lock
 		return rowState{}, g.explain(ctx, c, own, "read", err)
 	}
 	if f < 0 {
-		return rowState{}, fmt.Errorf("fence: %s: %w: row %v has negative fence %d (not written by a guard)", g.table.Name, ErrSchema, key, f)
+		return rowState{}, fmt.Errorf("fence: %s: %w: row %v has negative fence %d (not written by a guard)",
+			g.table.Name, ErrSchema, key, f)
 	}
 	st.fence, st.precond = uint64(f), cond == 1
 	return st, nil

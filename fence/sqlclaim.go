@@ -91,7 +91,8 @@ func (g *SQL) ClaimAndRead(ctx context.Context, key any, t Token, read func(ctx 
 //
 // If the table's shape has not been checked yet, the check runs inside the
 // transaction, before the claim.
-func (g *SQL) ClaimAndReadConn(ctx context.Context, begin func(ctx context.Context) (TxConn, error), key any, t Token, read func(ctx context.Context) error) (Result, error) {
+func (g *SQL) ClaimAndReadConn(ctx context.Context, begin func(ctx context.Context) (TxConn, error), key any, t Token,
+	read func(ctx context.Context) error) (Result, error) {
 	if begin == nil {
 		return Result{}, fmt.Errorf("fence: claim %s: begin is nil", g.table.Name)
 	}
@@ -105,7 +106,8 @@ func (g *SQL) ClaimAndReadConn(ctx context.Context, begin func(ctx context.Conte
 
 // claimAndRead runs the claim transaction: begin, transaction-local
 // timeouts, shape check if still needed, claim, read, commit.
-func (g *SQL) claimAndRead(ctx context.Context, begin func(ctx context.Context) (TxConn, error), key any, t Token, read func(ctx context.Context) error) (Result, error) {
+func (g *SQL) claimAndRead(ctx context.Context, begin func(ctx context.Context) (TxConn, error), key any, t Token,
+	read func(ctx context.Context) error) (Result, error) {
 	tx, err := begin(ctx)
 	if err != nil {
 		return Result{}, fmt.Errorf("fence: claim %s: begin: %w", g.table.Name, err)
@@ -120,7 +122,9 @@ func (g *SQL) claimAndRead(ctx context.Context, begin func(ctx context.Context) 
 	}()
 	if g.dialect == Postgres {
 		ms := fmt.Sprint(g.timeout.Milliseconds())
-		if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true), set_config('statement_timeout', $1, true), set_config('idle_in_transaction_session_timeout', $1, true)`, ms); err != nil {
+		if _, err := tx.Exec(ctx,
+			`SELECT set_config('lock_timeout', $1, true), set_config('statement_timeout', $1, true),
+ set_config('idle_in_transaction_session_timeout', $1, true)`, ms); err != nil {
 			return Result{}, fmt.Errorf("fence: claim %s: set timeouts: %w", g.table.Name, err)
 		}
 	}
@@ -137,7 +141,9 @@ func (g *SQL) claimAndRead(ctx context.Context, begin func(ctx context.Context) 
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return Result{}, fmt.Errorf("fence: claim %s: commit (the claim may have been applied; claiming again with the same token is harmless): %w", g.table.Name, err)
+		return Result{}, fmt.Errorf(
+			"fence: claim %s: commit (the claim may have been applied; claiming again with the same token is harmless): %w",
+			g.table.Name, err)
 	}
 	committed = true
 	return res, nil
@@ -163,7 +169,8 @@ func (g *SQL) sessionTimeouts(ctx context.Context, conn *sql.Conn) (restore func
 	case MySQL:
 		secs := int64((g.timeout + time.Second - 1) / time.Second)
 		_, err := conn.ExecContext(ctx, `SET @fenced_lock_wait = @@SESSION.innodb_lock_wait_timeout, @fenced_wait = @@SESSION.wait_timeout,
- SESSION innodb_lock_wait_timeout = LEAST(@@SESSION.innodb_lock_wait_timeout, ?), SESSION wait_timeout = LEAST(@@SESSION.wait_timeout, ?)`, secs, secs)
+ SESSION innodb_lock_wait_timeout = LEAST(@@SESSION.innodb_lock_wait_timeout, ?),
+ SESSION wait_timeout = LEAST(@@SESSION.wait_timeout, ?)`, secs, secs)
 		if err != nil {
 			return noop, err
 		}

@@ -171,7 +171,8 @@ FROM pg_attribute a WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT 
 	var unique bool
 	err = s.db.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM pg_index i
 JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
-WHERE i.indrelid = to_regclass($1) AND i.indisunique AND i.indnkeyatts = 1 AND i.indpred IS NULL AND a.attname = 'lease_key')`, rel).Scan(&unique)
+WHERE i.indrelid = to_regclass($1) AND i.indisunique AND i.indnkeyatts = 1 AND i.indpred IS NULL
+ AND a.attname = 'lease_key')`, rel).Scan(&unique)
 	if err != nil {
 		return err
 	}
@@ -190,7 +191,8 @@ func checkStoreShape(types map[string]string, keyUnique bool, fenceTypeOK func(s
 		return fmt.Errorf("%w: column fence is %s, want a 64-bit integer (fences would not compare as numbers)", ErrSchema, types["fence"])
 	}
 	if !keyUnique {
-		return fmt.Errorf("%w: column lease_key is not the table's primary key (one row per lease key is what keeps fences ordered)", ErrSchema)
+		return fmt.Errorf("%w: column lease_key is not the table's primary key (one row per lease key is what keeps fences ordered)",
+			ErrSchema)
 	}
 	return nil
 }

@@ -147,7 +147,8 @@ func (v *Verifier) Check(_ context.Context, t Token) error {
 	}
 	got, err := base64.RawURLEncoding.DecodeString(enc)
 	if err != nil || !hmac.Equal(got, mac(secret, t)) {
-		return fmt.Errorf("%w: signature of %s does not match (forged, altered, or signed with another secret under key id %q)", ErrUnverified, t, id)
+		return fmt.Errorf("%w: signature of %s does not match (forged, altered, or signed with another secret under key id %q)",
+			ErrUnverified, t, id)
 	}
 	return nil
 }

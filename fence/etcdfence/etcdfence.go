@@ -195,7 +195,8 @@ func (g *Guard) Write(ctx context.Context, resource string, t fence.Token, w Wri
 			}
 		}
 		if cur != nil && rec.legacy && t.Admits(rec.fence, rec.owner) {
-			resp, err := g.kv.Txn(ctx).If(cond(clientv3.Compare(clientv3.Value(fk), "=", *cur))...).Then(then...).Else(clientv3.OpGet(fk)).Commit()
+			resp, err := g.kv.Txn(ctx).If(cond(clientv3.Compare(clientv3.Value(fk), "=", *cur))...).
+				Then(then...).Else(clientv3.OpGet(fk)).Commit()
 			if err != nil {
 				return fence.Result{}, fmt.Errorf("fence: etcd write %q: %w", resource, err)
 			}

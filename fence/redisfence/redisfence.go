@@ -89,7 +89,8 @@ func New(c redis.Scripter, opts *Options) (*Guard, error) {
 		g.hook = opts.Hook
 	}
 	if g.fenceField == g.ownerField || g.fenceField == g.keyField || g.ownerField == g.keyField {
-		return nil, fmt.Errorf("fence: New: %w: fence, owner and key fields must differ (%q, %q, %q)", fence.ErrSchema, g.fenceField, g.ownerField, g.keyField)
+		return nil, fmt.Errorf("fence: New: %w: fence, owner and key fields must differ (%q, %q, %q)",
+			fence.ErrSchema, g.fenceField, g.ownerField, g.keyField)
 	}
 	return g, nil
 }
@@ -198,7 +199,8 @@ func (g *Guard) Write(ctx context.Context, key string, t fence.Token, w Write) (
 	bound, _ := vals[3].(string)
 	switch code {
 	case -1:
-		return fence.Result{}, fmt.Errorf("fence: redis write %q: %w: field %s holds %q, not a fence", key, fence.ErrSchema, g.fenceField, curS)
+		return fence.Result{}, fmt.Errorf("fence: redis write %q: %w: field %s holds %q, not a fence",
+			key, fence.ErrSchema, g.fenceField, curS)
 	case -2:
 		return fence.Result{}, fmt.Errorf("fence: redis write %q: %w", key, fence.CheckKey(bound, t.Key))
 	}
