@@ -235,7 +235,8 @@ func checkNamespace(ns string) error {
 	}
 	for i := 0; i < len(ns); i++ {
 		if c := ns[i]; c <= ' ' || c > '~' {
-			return fmt.Errorf("intent: namespace %q has a space, control or non-ASCII byte at %d (it is sent in Idempotency-Key headers)", ns, i)
+			return fmt.Errorf("intent: namespace %q has a space, control or non-ASCII byte at %d (it is sent in Idempotency-Key headers)",
+				ns, i)
 		}
 	}
 	return nil
@@ -364,7 +365,8 @@ func (s *Store) Create(ctx context.Context, id, payload string) (it Intent, crea
 	}
 	key := DeriveKey(s.namespace, id)
 	token := newCreateToken()
-	ins := "INSERT INTO %s (namespace, id, idempotency_key, create_token, state, payload, created_ms, updated_ms) VALUES (%s, %s, %s, %s, 'pending', %s, %s, %s)"
+	ins := "INSERT INTO %s (namespace, id, idempotency_key, create_token, state, payload, created_ms, updated_ms) " +
+		"VALUES (%s, %s, %s, %s, 'pending', %s, %s, %s)"
 	if s.d == fence.MySQL {
 		ins += " ON DUPLICATE KEY UPDATE id = id"
 	} else {
@@ -387,9 +389,12 @@ func (s *Store) Create(ctx context.Context, id, payload string) (it Intent, crea
 	case it.Payload == payload && it.ID == id:
 		return it, created, nil
 	case it.ID != id:
-		return it, false, fmt.Errorf("intent: create %q: the table matched it to the stored id %q: its id column does not compare byte for byte (EnsureTable checks that)", id, it.ID)
+		return it, false, fmt.Errorf("intent: create %q: the table matched stored id %q: its id column is not byte-exact (see EnsureTable)",
+			id, it.ID)
 	case created:
-		return it, true, fmt.Errorf("intent: create %q: the stored payload or id differs from the one written (%d bytes stored, %d written): check the table's column types and character set", id, len(it.Payload), len(payload))
+		return it, true, fmt.Errorf(
+			"intent: create %q: stored payload or id differs (%d bytes stored, %d written): check column types and character set",
+			id, len(it.Payload), len(payload))
 	}
 	return it, false, fmt.Errorf("%w: %q in namespace %q", ErrConflict, id, s.namespace)
 }
@@ -399,7 +404,8 @@ const columns = "namespace, id, idempotency_key, state, payload, ref, reason, at
 func scan(sc interface{ Scan(...any) error }, extra ...any) (Intent, error) {
 	var it Intent
 	var f, ms, checked int64
-	dest := append([]any{&it.Namespace, &it.ID, &it.IdempotencyKey, &it.State, &it.Payload, &it.Ref, &it.Reason, &it.Attempts, &f, &ms, &checked}, extra...)
+	dest := append([]any{&it.Namespace, &it.ID, &it.IdempotencyKey, &it.State, &it.Payload, &it.Ref, &it.Reason, &it.Attempts, &f,
+		&ms, &checked}, extra...)
 	if err := sc.Scan(dest...); err != nil {
 		return Intent{}, err
 	}
@@ -434,7 +440,8 @@ func (s *Store) get(ctx context.Context, id string) (Intent, string, error) {
 
 // transition applies a fence-guarded state change and returns the intent
 // afterwards. from lists the states it may start from.
-func (s *Store) transition(ctx context.Context, op, id string, tok fence.Token, to State, from []State, set string, setArgs ...any) (Intent, fence.Result, error) {
+func (s *Store) transition(ctx context.Context, op, id string, tok fence.Token, to State, from []State, set string,
+	setArgs ...any) (Intent, fence.Result, error) {
 	n := len(setArgs)
 	where := make([]string, len(from))
 	whereArgs := make([]any, len(from))
