@@ -217,7 +217,8 @@ func (s *suite) testBlockedDriverDelaysNoEnd(t *testing.T) {
 			t.Errorf("a Release blocked in the driver delayed its own lease's end (ended %v, slack %v)", ok, slack())
 		}
 		worst, missed := checkEnds(t, leases[1:], seen, nil, slack())
-		t.Logf("%d leases, driver stuck: worst lateness after ValidUntil %v; %d loss watch stops stuck", n-1, worst.Round(time.Millisecond), d.stops.Load())
+		t.Logf("%d leases, driver stuck: worst lateness after ValidUntil %v; %d loss watch stops stuck",
+			n-1, worst.Round(time.Millisecond), d.stops.Load())
 		if missed == 0 && d.stops.Load() == 0 {
 			t.Fatal("no loss watch was stopped at expiry: the check exercised nothing")
 		}
@@ -259,7 +260,8 @@ func (s *suite) testBlockedDriverDelaysNoEnd(t *testing.T) {
 // checkEnds reports every lease that did not end within slack of its
 // deadline (ValidUntil, or by(l)) and returns the worst lateness and how
 // many leases did not end at all.
-func checkEnds(t *testing.T, leases []*fenced.Lease, seen map[*fenced.Lease]time.Time, by func(*fenced.Lease) time.Time, slack time.Duration) (worst time.Duration, missed int) {
+func checkEnds(t *testing.T, leases []*fenced.Lease, seen map[*fenced.Lease]time.Time, by func(*fenced.Lease) time.Time,
+	slack time.Duration) (worst time.Duration, missed int) {
 	t.Helper()
 	late := 0
 	for _, l := range leases {

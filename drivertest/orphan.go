@@ -58,7 +58,8 @@ func CheckFree(ctx context.Context, t *testing.T, c *fenced.Client, what, key st
 		}
 		if time.Now().After(deadline) {
 			info, _ := c.Inspect(ctx, key)
-			t.Fatalf("%s: key %s still held %v after the cancelled acquisitions returned (%+v): %v; a grant whose caller had gone was left to hold it for its %v TTL",
+			t.Fatalf("%s: key %s still held %v after the cancelled acquisitions returned (%+v): %v; "+
+				"a grant whose caller had gone was left to hold it for its %v TTL",
 				what, key, OrphanBound, info, err, OrphanTTL)
 		}
 		time.Sleep(10 * time.Millisecond)
