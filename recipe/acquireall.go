@@ -64,7 +64,8 @@ func AcquireAll(ctx context.Context, c *fenced.Client, keys []string, opts *fenc
 		l, err := c.Acquire(ctx, key, &o)
 		if err != nil {
 			set.releaseAll(ctx)
-			return nil, fmt.Errorf("fenced: acquire all %q: took %d of %d keys in order, released them: %w", ordered, len(set.leases), len(ordered), err)
+			return nil, fmt.Errorf("fenced: acquire all %q: took %d of %d keys in order, released them: %w",
+				ordered, len(set.leases), len(ordered), err)
 		}
 		set.leases = append(set.leases, l)
 	}

@@ -73,7 +73,8 @@ func (e *Election) canProclaim() bool { return e.c.Capabilities().Value }
 func (e *Election) Campaign(ctx context.Context, value string) (*Leadership, error) {
 	valuer := e.canProclaim()
 	if value != "" && !valuer {
-		return nil, fmt.Errorf("fenced: campaign %q: %w: this backend has no slot for a leader's value (etcd and mem have one); campaign with an empty value", e.name, fenced.ErrUnsupported)
+		return nil, fmt.Errorf("fenced: campaign %q: %w: this backend keeps no leader's value (etcd and mem do); campaign with none",
+			e.name, fenced.ErrUnsupported)
 	}
 	for attempt := 0; ; attempt++ {
 		l, err := e.c.Acquire(ctx, e.name, &e.opts)
