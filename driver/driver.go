@@ -222,8 +222,8 @@ type FenceStrength int
 
 const (
 	// FenceUnset is the zero value and no strength at all. In
-	// fenced.LeaseOptions.MinFence it means "take the client's Options.MinFence";
-	// in Guarantees.Fence it means the backend did not declare a strength,
+	// fenced.LeaseOptions.MinFence it means "take the client's Options.MinFence".
+	// In Guarantees.Fence it means the backend did not declare a strength,
 	// and the portable layer treats it as FenceNone.
 	FenceUnset FenceStrength = iota
 	// FenceNone: the backend issues no monotonic token (Redlock, advisory
@@ -289,7 +289,7 @@ type Guarantees struct {
 
 // Driver is the interface a backend implements. All methods must be safe
 // for concurrent use. Keys and TTLs reaching a driver have been validated by
-// the portable layer; drivers may impose tighter limits of their own and
+// the portable layer. Drivers may impose tighter limits of their own and
 // report them wrapped in ErrInvalidKey or ErrInvalidTTL.
 type Driver interface {
 	// TryAcquire grants key to owner for ttl if the key is free or its grant
@@ -348,22 +348,22 @@ type WakeForwarder interface {
 	Forward()
 }
 
-// Notifier is implemented by drivers whose authority can tell waiters that
-// a key was released or broken (LISTEN/NOTIFY, pub/sub, watches). The
-// portable layer subscribes before trying, so a release between a failed try
-// and the wait is not missed, and it keeps a fallback timer for grants that
-// expire without a release.
+// Notifier is implemented by drivers whose authority can tell waiters that a
+// key was released or broken (LISTEN/NOTIFY, pub/sub, watches). The portable
+// layer subscribes before trying, so a release between a failed try and the
+// wait is not missed. It keeps a fallback timer for grants that expire
+// without a release.
 type Notifier interface {
 	Subscribe(ctx context.Context, key string) (Subscription, error)
 }
 
 // TimedQueuer is implemented by drivers whose authority keeps a native FIFO
-// wait queue (etcd and ZooKeeper recipes); the portable layer then waits in
+// wait queue (etcd and ZooKeeper recipes). The portable layer then waits in
 // that queue instead of polling. AcquireTimed blocks until owner is granted
-// key or ctx is done; on ctx end it must leave nothing queued behind. Since
+// key or ctx is done. On ctx end it must leave nothing queued behind. Since
 // a wait can outlast the TTL, it also returns when the request that
-// confirmed the grant (the one that found owner first in the queue with its
-// session alive) was sent, on the local monotonic clock. The grant's
+// confirmed the grant was sent, on the local monotonic clock. That request
+// found owner first in the queue with its session alive. The grant's
 // validity is measured from that moment instead of from the start of the
 // wait. So the driver must have made sure that the authority keeps the grant
 // for ttl from then, for example by a session keep-alive sent no earlier.
@@ -393,7 +393,7 @@ type Terms struct {
 // minus the time the round took minus the drift allowance is still positive.
 // It takes the lease's SafetyMargin as that allowance. So the driver's check
 // and the holder's local validity are the same arithmetic. The portable
-// layer calls TryAcquireTerms instead of TryAcquire; it must behave as
+// layer calls TryAcquireTerms instead of TryAcquire. It must behave as
 // TryAcquire with t.TTL in every other respect.
 type TermsAcquirer interface {
 	TryAcquireTerms(ctx context.Context, key, owner string, t Terms) (fence uint64, err error)
@@ -402,7 +402,7 @@ type TermsAcquirer interface {
 // BatchRenewer is implemented by drivers that renew many grants in one
 // round trip. RenewBatch renews each grant as Renew does (for its own TTL)
 // and returns one error per grant, in order (nil for renewed, ErrNotHeld
-// for not held); a non-nil second result means the whole batch failed and
+// for not held). A non-nil second result means the whole batch failed and
 // errs is nil.
 type BatchRenewer interface {
 	RenewBatch(ctx context.Context, grants []Grant) (errs []error, err error)
@@ -412,7 +412,7 @@ type BatchRenewer interface {
 // being asked (an etcd or ZooKeeper session expiring, a key deleted by an
 // admin). WatchLoss watches g, a grant this driver made, and calls lost
 // once, with an error matching ErrLost, when it learns that g is lost. The
-// watch lasts until stop is called (or the driver is closed); after stop
+// watch lasts until stop is called (or the driver is closed). After stop
 // returns lost is not called. lost may be called from any goroutine; it
 // must not block, nor call stop. A grant the driver does not hold fails
 // with ErrNotHeld.

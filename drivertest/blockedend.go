@@ -300,7 +300,7 @@ func checkEnds(t *testing.T, leases []*fenced.Lease, seen map[*fenced.Lease]time
 //
 // Under the race detector, which makes every lease's work several times
 // dearer (and a shared two-core machine then misses the deadline by CPU
-// alone), it holds n/5 leases: the deadline stays the same.
+// alone), it holds n/5 leases. The deadline stays the same.
 func CheckEndsThroughBlackHole(t *testing.T, c *fenced.Client, n int, ttl time.Duration, hole func(on bool)) {
 	t.Helper()
 	if raceDetector {

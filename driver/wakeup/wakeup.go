@@ -192,10 +192,10 @@ func (s *Sub) wake() bool {
 	}
 }
 
-// Forward implements driver.WakeForwarder: with PassOn, it wakes the next
+// Forward implements driver.WakeForwarder. With PassOn, it wakes the next
 // subscriber of the key without a wake-up pending (never s itself), to
 // take over a wake-up that s consumed and will not act on. Without PassOn
-// every subscriber was woken already, and Forward does nothing; an
+// every subscriber was woken already, and Forward does nothing. An
 // observer's wake-ups were never a waiter's, so its Forward does nothing
 // either.
 func (s *Sub) Forward() {
