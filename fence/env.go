@@ -26,7 +26,7 @@ const (
 
 // TokenFromEnv returns the token in the environment variables EnvKey,
 // EnvFence, EnvOwner and (optional) EnvSignature, for a program started
-// under a lease by `fenced run`; pass it to WithToken for a Transport. It
+// under a lease by `fenced run`. Pass it to WithToken for a Transport. It
 // returns an error matching ErrNoToken when none of them is set, and
 // ErrInvalidToken, naming the variable, when one is missing or invalid.
 func TokenFromEnv() (Token, error) {

@@ -104,11 +104,11 @@ const DefaultTimeout = 5 * time.Second
 // the exact spelling the database stores (PostgreSQL folds unquoted names to
 // lower case when a table is created).
 //
-// Every guarded row is bound to one lease key: fences are only comparable
+// Every guarded row is bound to one lease key. Fences are only comparable
 // within one key, so a row written under "invoice:inv_72" refuses a token
 // of "batch:all" whatever its fence (ErrWrongKey). The row records the key
 // beside its fence (LeaseKeyColumn), binding itself to the first key that
-// writes it; set LeaseKey as well to fix the key before the first write.
+// writes it. Set LeaseKey as well to fix the key before the first write.
 type Table struct {
 	// Name is the table.
 	Name string
@@ -244,31 +244,31 @@ func (g *SQL) conn(q Querier) (c Conn, own bool) {
 	return sqlConn{q}, false
 }
 
-// SQL guards the rows of one table: every write carries a Token and applies
+// SQL guards the rows of one table. Every write carries a Token and applies
 // only if the row's recorded fence is not newer, recording the writer's
 // fence, owner and lease key in the same statement.
 //
 // A row whose fence column holds F with owner O accepts a write from
 // (fence, owner) when fence > F, or fence == F and owner == O. So the same
-// holder may write many times with one fence, every newer holder locks out
-// every older one, and an equal fence from a different owner (a repeated
+// holder may write many times with one fence. Every newer holder locks out
+// every older one. An equal fence from a different owner (a repeated
 // number after a failover of the fence source) is refused. A token for
 // another lease key than the row's is refused with ErrWrongKey.
 //
 // # The safe sequence
 //
 // Claim the row and read the state it holds in one short transaction that
-// commits (ClaimAndRead), do the work outside any transaction, then write
+// commits (ClaimAndRead). Do the work outside any transaction. Then write
 // with Update in a short transaction of its own (a nil Querier: one
-// statement). Never hold a transaction open across the work: a holder
-// paused inside it keeps the row locked, the next holder's claim waits
+// statement). Never hold a transaction open across the work. A holder
+// paused inside it keeps the row locked. The next holder's claim waits
 // behind it, and the paused holder's write then lands after its lease
 // ended. See the package documentation for the whole worker.
 //
 // # Fragments
 //
 // Write.Set and Write.Where are SQL written by the program (never by its
-// users). Each is placed on its own line of the statement, and the guard
+// users). Each is placed on its own line of the statement. The guard
 // refuses, with ErrInvalidWrite and before sending anything, a fragment
 // that could change the statement's structure:
 //
@@ -307,7 +307,7 @@ type SQL struct {
 
 // NewSQL returns a guard for table t in db. It checks the identifiers but
 // does not touch the database. Call EnsureColumns once at start-up (or
-// Check, if the columns are managed by migrations); in any case the first
+// Check, if the columns are managed by migrations). In any case the first
 // write checks the table's shape (see Check) and refuses to write to a
 // table that fails it. opts may be nil.
 func NewSQL(db *sql.DB, d Dialect, t Table, opts *SQLOptions) (*SQL, error) {
@@ -372,7 +372,7 @@ func (g *SQL) Timeout() time.Duration { return g.timeout }
 // Write describes a guarded update: the assignments to make and the row's
 // own precondition. Both are SQL fragments written by the program, never by
 // its users; values go in the argument lists. What a fragment may contain
-// is listed in the SQL type's documentation; anything else is refused with
+// is listed in the SQL type's documentation. Anything else is refused with
 // ErrInvalidWrite before the statement is sent.
 //
 // Placeholders: with SQLite and MySQL use ?, with the arguments of Set
@@ -394,7 +394,7 @@ type Write struct {
 }
 
 // Claim records t's fence on the row identified by key before the holder
-// does anything else, so that a stale holder's write that arrives later is
+// does anything else. Then a stale holder's write that arrives later is
 // refused even if the new holder has not written yet.
 //
 // Prefer ClaimAndRead, which claims and reads the inherited state in a short
@@ -406,7 +406,7 @@ type Write struct {
 //
 // Claim applies when the row's fence is older than t's, or equal with the
 // same owner (claiming twice is harmless). It returns Stale when a newer
-// holder has claimed or written the row. Errors, with nothing changed:
+// holder has claimed or written the row. Errors, with nothing changed.
 // ErrNoRow for a missing row, ErrInvalidToken for a bad token, ErrWrongKey
 // when the row is bound to another lease key, ErrSchema when the table's
 // shape is wrong (see Check).
@@ -429,7 +429,7 @@ func (g *SQL) ClaimConn(ctx context.Context, c Conn, key any, t Token) (Result, 
 //
 // q is the caller's transaction, or nil to let the guard run the statement
 // on its own *sql.DB within its Timeout (the usual choice after
-// ClaimAndRead). Errors, with nothing changed: ErrInvalidToken for a bad
+// ClaimAndRead). Errors, with nothing changed. ErrInvalidToken for a bad
 // token, ErrWrongKey for a token of another lease key, ErrInvalidWrite for
 // a fragment or argument list the guard refuses, ErrNoRow when the row does
 // not exist, ErrSchema when the table's shape is wrong. A Stale result is

@@ -34,8 +34,8 @@ func (t sqlTx) Rollback(context.Context) error { return t.tx.Rollback() }
 // any transaction, then write with Update and a nil Querier.
 //
 // Because the claim comes first, read sees the row after every write an
-// older holder made, and every older holder's write that arrives later is
-// refused: the state read is the state to continue from. read must only read
+// older holder made. Every older holder's write that arrives later is
+// refused. The state read is the state to continue from. read must only read
 // (and may write rows the claim protects). It runs with the guard's Timeout
 // as a deadline on the whole transaction, which also sets the database's own
 // limits (see SQLOptions.Timeout). So a holder paused inside it cannot keep
@@ -45,7 +45,7 @@ func (t sqlTx) Rollback(context.Context) error { return t.tx.Rollback() }
 // newer holder has claimed or written the row; read did not run, nothing
 // was committed). Errors leave nothing committed; they match the same
 // sentinels as Claim's, or are read's own error, wrapped. An error from the
-// commit itself may hide a committed claim; claiming again with the same
+// commit itself may hide a committed claim. Claiming again with the same
 // token is harmless.
 func (g *SQL) ClaimAndRead(ctx context.Context, key any, t Token, read func(ctx context.Context, tx *sql.Tx) error) (Result, error) {
 	if err := g.validateToken(key, t); err != nil {
@@ -85,7 +85,7 @@ func (g *SQL) ClaimAndRead(ctx context.Context, key any, t Token, read func(ctx 
 // database/sql one. begin starts a transaction (fence/pgxfence.ClaimAndRead
 // does it for pgx). In it the guard claims the row, calls read and commits.
 // It rolls back on a Stale result or an error. The guard's Timeout is a
-// deadline on the whole; on PostgreSQL the guard also sets transaction-local
+// deadline on the whole. On PostgreSQL the guard also sets transaction-local
 // lock, statement and idle timeouts. Session-level limits (MySQL, SQLite)
 // are the caller's to set on such a connection.
 //

@@ -6,11 +6,11 @@ import (
 	"strings"
 )
 
-// ErrInvalidWrite means a Write was refused before anything was sent. Its
-// cause is one of: a fragment that could change the statement's structure (a
-// comment, a semicolon, unbalanced brackets, an unterminated literal); a
-// placeholder count that does not match the arguments; placeholders of
-// another dialect; an assignment to one of the guard's own columns. The
+// ErrInvalidWrite means a Write was refused before anything was sent. It has
+// one of four causes. A fragment could change the statement's structure (a
+// comment, a semicolon, unbalanced brackets, an unterminated literal). A
+// placeholder count does not match the arguments. Placeholders are of
+// another dialect. An assignment goes to one of the guard's own columns. The
 // error names the fragment, the byte offset and what was wrong.
 var ErrInvalidWrite = errors.New("fence: invalid write")
 

@@ -296,7 +296,7 @@ func (g *SQL) ready(ctx context.Context, c Conn) error {
 // MaxOwnerLen and fenced.MaxKeyLen bytes. On MySQL they must compare byte
 // for byte (a binary type or a _bin collation). Errors match ErrSchema and
 // name everything that is wrong. Writes check the shape themselves on first
-// use; calling Check (or EnsureColumns) at start-up reports a wrong table
+// use. Calling Check (or EnsureColumns) at start-up reports a wrong table
 // early.
 func (g *SQL) Check(ctx context.Context) error {
 	if _, err := g.inspect(ctx, sqlConn{g.db}); err != nil {

@@ -30,7 +30,7 @@ const DefaultKeyField = "fence_key"
 // "fence_owner" and "fence_key" by default). A Lua script compares and
 // writes in one atomic step, so no other command can run in between.
 //
-// The first admitted write binds a hash to its token's lease key; a token
+// The first admitted write binds a hash to its token's lease key. A token
 // for any other key is then refused with fence.ErrWrongKey whatever its fence,
 // because fences are only comparable within one key. A hash written before
 // guards recorded the key (no key field) is bound by its next admitted
@@ -159,7 +159,7 @@ func (g *Guard) Claim(ctx context.Context, key string, t fence.Token) (fence.Res
 // to none yet), its recorded fence admits t (newer, or equal with the same
 // owner), and w.If holds. A missing hash has fence 0. Errors:
 // fence.ErrInvalidToken for a bad token or malformed pairs;
-// fence.ErrWrongKey for a token of another lease key; the fence.Checker's
+// fence.ErrWrongKey for a token of another lease key. The fence.Checker's
 // error when it refuses t; fence.ErrSchema when the fence field holds
 // something that is not a fence. Redis errors (a key of another type,
 // connection failures) are wrapped. On every error nothing is changed.
