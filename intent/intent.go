@@ -306,11 +306,11 @@ func (s *Store) createTableSQL() string {
 }
 
 // EnsureTable creates the intent table if it does not exist and checks the
-// shape of an existing one: the key must be (namespace, id), idempotency_key
+// shape of an existing one. The key must be (namespace, id), idempotency_key
 // unique, and the identity columns compared byte for byte. A table of
-// another shape (from an older version: see the package documentation) is
-// an error matching ErrSchema naming every difference, and nothing is
-// changed. Running it concurrently from several processes is safe.
+// another shape (from an older version: see the package documentation) is an
+// error matching ErrSchema naming every difference, and nothing is changed.
+// Running it concurrently from several processes is safe.
 func (s *Store) EnsureTable(ctx context.Context) error {
 	if _, err := s.db.ExecContext(ctx, s.createTableSQL()); err != nil {
 		// A concurrent creator may have won the race (PostgreSQL reports a
@@ -355,7 +355,7 @@ func newCreateToken() string {
 // payload is an error matching ErrConflict; nothing is changed.
 //
 // Whether this call created the row is decided by a random creation token
-// written with it and read back, never by affected-row counts, which
+// written with it and read back. It never uses affected-row counts, which
 // drivers report differently (MySQL's clientFoundRows counts a duplicate
 // as found). A row that reads back with another id or payload than was
 // written (a column that truncates or converts) is an error.
@@ -475,7 +475,7 @@ func (s *Store) transition(ctx context.Context, op, id string, tok fence.Token, 
 	return it, res, nil
 }
 
-// Begin records that the holder of tok is about to call the provider: the
+// Begin records that the holder of tok is about to call the provider. The
 // intent moves from pending (or from submitting, when an earlier attempt's
 // outcome is unknown) to submitting, with tok's fence. Call the provider
 // only when Begin returns nil, and send it.IdempotencyKey.
@@ -495,7 +495,7 @@ func (s *Store) Begin(ctx context.Context, id string, tok fence.Token) (Intent, 
 }
 
 // Complete records the provider's reference: submitting → submitted. ref
-// must not be empty: a reply without a reference is not proof of success
+// must not be empty. A reply without a reference is not proof of success
 // (a replayed rejection, a proxy's empty 200), so leave the intent
 // submitting for the Reconciler instead.
 //
@@ -537,9 +537,9 @@ func (s *Store) Reopen(ctx context.Context, id string, tok fence.Token) error {
 }
 
 // Stuck returns intents of the store's namespace that have been submitting
-// for at least olderThan, by the database's clock, at most limit (0: 100):
-// those never examined by a Reconciler first, then those examined longest
-// ago, each group oldest first.
+// for at least olderThan, by the database's clock, at most limit (0: 100).
+// First those never examined by a Reconciler first. Then those examined
+// longest ago, each group oldest first.
 func (s *Store) Stuck(ctx context.Context, olderThan time.Duration, limit int) ([]Intent, error) {
 	if olderThan < 0 {
 		return nil, fmt.Errorf("intent: stuck: negative bound %v", olderThan)

@@ -13,7 +13,7 @@ import (
 
 // AcquireAll acquires a lease on every key, all or nothing. It takes the
 // keys in one canonical order (sorted bytewise, whatever order they were
-// given in), so two callers that need overlapping sets can never deadlock by
+// given in). So two callers that need overlapping sets can never deadlock by
 // each holding a key the other waits for. MaxWait (see LeaseOptions) bounds
 // the whole acquisition, not each key. Some key may still be held when it
 // runs out, or anything else may fail. The leases already taken are then
@@ -233,7 +233,7 @@ func (s *LeaseSet) Remaining() time.Duration {
 
 // Release cancels the set's context with ErrReleased, then releases every
 // lease in reverse order. It returns the errors of the releases joined
-// (each matching ErrNotHeld for a lease that was lost); a second call
+// (each matching ErrNotHeld for a lease that was lost). A second call
 // waits for the first and returns its result.
 func (s *LeaseSet) Release(ctx context.Context) error {
 	s.once.Do(func() {

@@ -66,7 +66,7 @@ func (e *Election) canProclaim() bool { return e.c.Capabilities().Value }
 // returns the leadership. value is published for observers (see
 // Client.Capabilities().Value); with "" nothing is published. A store that is unavailable
 // or answers with an unknown outcome is retried with backoff until ctx
-// ends; other errors (ErrNoFence, ErrClosed, ErrUnsupported) are returned
+// ends. Other errors (ErrNoFence, ErrClosed, ErrUnsupported) are returned
 // at once. When ctx ends the error matches ctx's cause.
 //
 // The leadership outlives ctx: end it with Resign.
@@ -170,19 +170,19 @@ func (l Leader) String() string {
 const ObserveEvery = 250 * time.Millisecond
 
 // Observe reports the election's changes on the returned channel, which is
-// closed when ctx ends: first the current state, then every new leader,
-// every change of the leader's value, and "no leader" (Present false)
-// whenever nobody leads. A term short enough to begin and end between two
-// reads may go unreported. Between two different leaders it always reports
-// "no leader" first, even when it did not read the store in the moment
-// between them: leaderships never overlap, so the first ended before the
-// second began. Errors reading the store are not reported; Observe keeps
-// trying, and reports the state it reads next.
+// closed when ctx ends. First comes the current state, then every new
+// leader, every change of the leader's value, and "no leader" (Present
+// false) whenever nobody leads. A term short enough to begin and end
+// between two reads may go unreported. Between two different leaders it
+// always reports "no leader" first, even when it did not read the store in
+// the moment between them. Leaderships never overlap, so the first ended
+// before the second began. Errors reading the store are not reported;
+// Observe keeps trying, and reports the state it reads next.
 //
 // Observe reads the store every ObserveEvery, when the leader's lease is
 // due to expire, and on a release where the backend notifies. On Redis a
 // release publishes only when a waiter announced itself by a refused try
-// (package redis), so while no candidate is campaigning an observer learns
+// (package redis). So while no candidate is campaigning an observer learns
 // of a release at its next read, within ObserveEvery. A slow receiver
 // delays reading, never drops a change.
 func (e *Election) Observe(ctx context.Context) <-chan Leader {
@@ -316,7 +316,7 @@ func (l *Leadership) publish(ctx context.Context, value string) error {
 // the lease is released so another candidate can lead. Resigning a term
 // that was already lost returns an error matching ErrNotHeld. A process
 // that campaigns again at once may win again on backends that do not queue
-// candidates in order; wait a while first to hand leadership over.
+// candidates in order. Wait a while first to hand leadership over.
 func (l *Leadership) Resign(ctx context.Context) error { return l.lease.Release(ctx) }
 
 // Callbacks are the client-go-style form of an election; see Election.Run.
@@ -340,7 +340,7 @@ type Callbacks struct {
 
 // Run campaigns with value, leads with cb.OnStartedLeading, resigns when it
 // returns, calls cb.OnStoppedLeading and returns: one term per call, as
-// client-go's LeaderElector.Run; call it again to stand again. It returns
+// client-go's LeaderElector.Run. Call it again to stand again. It returns
 // nil after a resignation, the cause (IsLost) after a loss, or an error
 // from Campaign (ctx's cause when ctx ended before this process led).
 func (e *Election) Run(ctx context.Context, value string, cb Callbacks) error {
