@@ -15,9 +15,9 @@ import (
 // A flag is honoured only where the driver also has those methods. The
 // conformance suite fails a driver whose flags and methods disagree (a
 // flag without its methods, or methods that work although their flag is
-// off). A flag may depend on how the driver was opened: PostgreSQL without
+// off). A flag may depend on how the driver was opened. PostgreSQL without
 // a LISTEN connection keeps its Subscribe method but declares Subscribe
-// false, and the method then refuses with ErrUnsupported.
+// false. The method then refuses with ErrUnsupported.
 //
 // How waiters are woken is read from it alone: Subscribe or Queue, and
 // FIFO (Client.Capabilities clears the flags a driver lacks methods for).
@@ -88,10 +88,10 @@ func (c Capabilities) TTLBounds(lo, hi time.Duration) (time.Duration, time.Durat
 }
 
 // CheckTTL returns an error matching ErrInvalidTTL unless ttl is within
-// [lo, hi]: the one TTL check from a lease's terms to the authority. The
-// portable layer calls it when it resolves a lease's terms (with the
-// driver's bounds, see Capabilities.TTLBounds). Drivers rely on the resolved TTL
-// and call it only where users call them directly.
+// [lo, hi]. It is the one TTL check from a lease's terms to the authority.
+// The portable layer calls it when it resolves a lease's terms (with the
+// driver's bounds, see Capabilities.TTLBounds). Drivers rely on the
+// resolved TTL and call it only where users call them directly.
 func CheckTTL(ttl, lo, hi time.Duration) error {
 	if ttl < lo || ttl > hi {
 		return fmt.Errorf("%w: %v is outside [%v, %v]", ErrInvalidTTL, ttl, lo, hi)

@@ -83,7 +83,7 @@ var (
 )
 
 // HeldError is returned (wrapped or bare) by TryAcquire when the key is held
-// by someone else. It matches ErrHeld with errors.Is and may carry a hint of
+// by someone else. It matches ErrHeld with errors.Is. It may carry a hint of
 // how long the current grant has left, which pollers use to cap their sleep.
 type HeldError struct {
 	Key string
@@ -96,9 +96,9 @@ type HeldError struct {
 	Remaining time.Duration
 }
 
-// Error implements error.
-// The key is not repeated: whoever returns the error wraps it once with
-// the operation and the key (fenced: acquire "k": lease held…).
+// Error implements error. The key is not repeated. Whoever returns the
+// error wraps it once with the operation and the key (fenced: acquire
+// "k": lease held…).
 func (e *HeldError) Error() string {
 	if e.Remaining > 0 {
 		return fmt.Sprintf("%v (about %v left)", ErrHeld, e.Remaining.Round(time.Millisecond))
@@ -109,8 +109,9 @@ func (e *HeldError) Error() string {
 // Is makes errors.Is(err, ErrHeld) true.
 func (e *HeldError) Is(target error) bool { return target == ErrHeld }
 
-// Grant identifies one grant of a key: the key, the owner token that proves
-// ownership and the fence issued with it, and the TTL it was granted for.
+// Grant identifies one grant of a key. It holds the key, the owner token
+// that proves ownership and the fence issued with it, and the TTL it was
+// granted for.
 type Grant struct {
 	Key   string
 	Owner string
@@ -124,7 +125,7 @@ type Grant struct {
 }
 
 // CheckTTL returns an error matching ErrInvalidTTL unless g.TTL is
-// positive. Renew and RenewBatch check it before anything else: a grant
+// positive. Renew and RenewBatch check it before anything else. A grant
 // built without its TTL would otherwise be "renewed" for nothing (Redis's
 // PEXPIRE 0 deletes the key and reports success).
 func (g Grant) CheckTTL() error {
@@ -230,7 +231,7 @@ const (
 	// locks). The fence reported to users is zero.
 	FenceNone
 	// FenceRepeatable: strictly increasing while the authority's data
-	// survives, but a failover or a restart without persistence can issue a
+	// survives. But a failover or a restart without persistence can issue a
 	// fence again (asynchronously replicated Redis).
 	FenceRepeatable
 	// FenceStrict: strictly increasing and never reissued, across restarts
@@ -338,12 +339,12 @@ type Subscription interface {
 // WakeForwarder is implemented by Subscriptions that wake one waiter per
 // release instead of every waiter of the key (a head-of-line waiter, one
 // pub/sub wake-up per process). There a wake-up that its waiter consumed but
-// did not act on would be lost with it, and the other waiters would sleep
-// until their fallback timers. The portable client may give up (context
-// done, MaxWait, Close) after it took a wake-up, and before a look at the
-// store showed the key held again. It then calls Forward before Close.
-// Forward hands the wake-up on to the next waiter of the key, as Close does
-// with one that was never taken.
+// did not act on would be lost with it. The other waiters would sleep until
+// their fallback timers. The portable client may give up (context done,
+// MaxWait, Close) after it took a wake-up, and before a look at the store
+// showed the key held again. It then calls Forward before Close. Forward
+// hands the wake-up on to the next waiter of the key, as Close does with one
+// that was never taken.
 type WakeForwarder interface {
 	Forward()
 }
@@ -372,9 +373,9 @@ type TimedQueuer interface {
 }
 
 // DefaultSafetyMargin is the allowance for clock drift and round trip
-// subtracted from a TTL when the lease's options name none: 1% of the TTL
-// plus 2ms. Drivers that need a drift allowance outside a lease (Redlock's
-// TryAcquire called directly) use it too, so both agree.
+// subtracted from a TTL when the lease's options name none. It is 1% of
+// the TTL plus 2ms. Drivers that need a drift allowance outside a lease
+// (Redlock's TryAcquire called directly) use it too, so both agree.
 func DefaultSafetyMargin(ttl time.Duration) time.Duration { return ttl/100 + 2*time.Millisecond }
 
 // Terms are the parts of a lease's resolved, validated terms (see

@@ -38,7 +38,8 @@ type Expiry struct {
 }
 
 // Rounded returns what the driver asks the authority for, for a grant of
-// ttl: ttl padded, scaled and rounded up, never shorter than ttl.
+// ttl. That is ttl padded, scaled and rounded up, never shorter than
+// ttl.
 func (e Expiry) Rounded(ttl time.Duration) time.Duration {
 	t := ttl + e.Pad
 	if e.ScaleNum > 0 && e.ScaleDen > 0 {

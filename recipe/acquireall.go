@@ -21,12 +21,12 @@ import (
 //
 // Once the last key is granted, every earlier lease is renewed once. A lease
 // broken or expired while AcquireAll waited for a later key then fails the
-// whole call, instead of being handed out. The leases are released, and the
-// error names the key. So the set starts with every lease confirmed after
-// the last grant was. That costs about one round trip for two keys or more.
+// whole call. It is not handed out. The leases are released, and the error
+// names the key. So the set starts with every lease confirmed after the
+// last grant was. That costs about one round trip for two keys or more.
 //
 // The returned set's context is cancelled, with that lease's cause, when
-// any one of its leases ends, so work under it stops the moment a single
+// any one of its leases ends. So work under it stops the moment a single
 // key is lost. Each lease keeps its own fence: send each resource the fence
 // of the key that protects it (LeaseSet.Fences).
 //
@@ -205,8 +205,8 @@ func (s *LeaseSet) Fences() map[string]uint64 {
 }
 
 // Context returns a context cancelled when any lease of the set ends, with
-// a cause naming the key and matching that lease's cause (IsLost for a
-// loss, ErrReleased after Release). Its Err and Done reflect a lease's
+// a cause naming the key. The cause matches that lease's cause: IsLost for
+// a loss, ErrReleased after Release. Its Err and Done reflect a lease's
 // end as soon as that lease's own context does.
 func (s *LeaseSet) Context() context.Context { return s.ctx }
 
