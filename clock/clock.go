@@ -45,18 +45,18 @@ type Timer interface {
 // CLOCK_BOOTTIME, suspended time included; elsewhere package time's
 // monotonic clock). A reading carries the monotonic reading of that
 // start moved by the same amount, so until the machine is first suspended
-// it agrees with time.Now; after a suspend it is ahead of time.Now by the
+// it agrees with time.Now. After a suspend it is ahead of time.Now by the
 // time suspended. Use Local to compare a reading with time.Now.
 //
-// Its timers fire after d has passed on the same clock: on Linux a timer
+// Its timers fire after d has passed on the same clock. On Linux a timer
 // wakes at least every MaxTimerStep of Go's (suspend-blind) timer time to
-// look at the boot clock, so after a resume it fires within MaxTimerStep
+// look at the boot clock. So after a resume it fires within MaxTimerStep
 // instead of after the whole of d again.
 func Real() Clock { return realClock{} }
 
 // MaxTimerStep is the longest a Real timer sleeps on Go's runtime timer
-// before it looks at the boot clock again (Linux only): how late it may
-// fire after the machine resumes from a suspend.
+// before it looks at the boot clock again (Linux only). It is how late
+// it may fire after the machine resumes from a suspend.
 const MaxTimerStep = 500 * time.Millisecond
 
 // start is when the process started, on both clocks.
@@ -77,13 +77,13 @@ type realClock struct{}
 
 func (realClock) Now() time.Time { return start.Add(elapsed()) }
 
-// Local converts t, a reading of c, into a time comparable with time.Now:
-// for Real, t moved back by the time the machine has spent suspended since
-// the process started (zero except on Linux); other clocks' readings are
-// returned as they are. Converting one reading again gives the same time
-// until the machine is next suspended (to within microseconds when the
-// time suspended is read again, at least once a second), however long the
-// caller is descheduled while it converts.
+// Local converts t, a reading of c, into a time comparable with time.Now.
+// For Real, it is t moved back by the time the machine has spent suspended
+// since the process started (zero except on Linux). Other clocks' readings
+// are returned as they are. Converting one reading again gives the same
+// time until the machine is next suspended (to within microseconds when
+// the time suspended is read again, at least once a second). This holds
+// however long the caller is descheduled while it converts.
 func Local(c Clock, t time.Time) time.Time {
 	if _, ok := c.(realClock); ok {
 		return t.Add(-suspended(time.Now()))
@@ -200,7 +200,7 @@ func (f *Fake) Advance(d time.Duration) {
 	f.timers = kept
 }
 
-// Timers returns how many timers are waiting to fire; tests use it to know
+// Timers returns how many timers are waiting to fire. Tests use it to know
 // that a goroutine has reached its wait before advancing the clock.
 func (f *Fake) Timers() int {
 	f.mu.Lock()

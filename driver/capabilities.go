@@ -6,18 +6,18 @@ import (
 )
 
 // Capabilities is a driver's one declaration of what it can do beyond the
-// Driver interface: which optional operations it offers, whether its
-// waiters are served in arrival order, and narrower TTL bounds than the
-// portable layer's. Driver.Capabilities returns it; nothing else asks a
-// driver "can you?".
+// Driver interface. It says which optional operations it offers, whether
+// its waiters are served in arrival order, and narrower TTL bounds than
+// the portable layer's. Driver.Capabilities returns it; nothing else asks
+// a driver "can you?".
 //
-// Each operation flag names the optional interface whose methods carry
-// it. A flag is honoured only where the driver also has those methods, and
-// the conformance suite fails a driver whose flags and methods disagree
-// (a flag without its methods, or methods that work although their flag is
-// off). A flag may depend on how the driver was opened: PostgreSQL without
+// Each operation flag names the optional interface whose methods carry it.
+// A flag is honoured only where the driver also has those methods. The
+// conformance suite fails a driver whose flags and methods disagree (a
+// flag without its methods, or methods that work although their flag is
+// off). A flag may depend on how the driver was opened. PostgreSQL without
 // a LISTEN connection keeps its Subscribe method but declares Subscribe
-// false, and the method then refuses with ErrUnsupported.
+// false. The method then refuses with ErrUnsupported.
 //
 // How waiters are woken is read from it alone: Subscribe or Queue, and
 // FIFO (Client.Capabilities clears the flags a driver lacks methods for).
@@ -88,10 +88,10 @@ func (c Capabilities) TTLBounds(lo, hi time.Duration) (time.Duration, time.Durat
 }
 
 // CheckTTL returns an error matching ErrInvalidTTL unless ttl is within
-// [lo, hi]: the one TTL check from a lease's terms to the authority. The
-// portable layer calls it when it resolves a lease's terms (with the
-// driver's bounds, see Capabilities.TTLBounds); drivers rely on the resolved TTL
-// and call it only where users call them directly.
+// [lo, hi]. It is the one TTL check from a lease's terms to the authority.
+// The portable layer calls it when it resolves a lease's terms (with the
+// driver's bounds, see Capabilities.TTLBounds). Drivers rely on the
+// resolved TTL and call it only where users call them directly.
 func CheckTTL(ttl, lo, hi time.Duration) error {
 	if ttl < lo || ttl > hi {
 		return fmt.Errorf("%w: %v is outside [%v, %v]", ErrInvalidTTL, ttl, lo, hi)

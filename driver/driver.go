@@ -83,7 +83,7 @@ var (
 )
 
 // HeldError is returned (wrapped or bare) by TryAcquire when the key is held
-// by someone else. It matches ErrHeld with errors.Is and may carry a hint of
+// by someone else. It matches ErrHeld with errors.Is. It may carry a hint of
 // how long the current grant has left, which pollers use to cap their sleep.
 type HeldError struct {
 	Key string
@@ -96,9 +96,9 @@ type HeldError struct {
 	Remaining time.Duration
 }
 
-// Error implements error.
-// The key is not repeated: whoever returns the error wraps it once with
-// the operation and the key (fenced: acquire "k": lease held…).
+// Error implements error. The key is not repeated. Whoever returns the
+// error wraps it once with the operation and the key (fenced: acquire
+// "k": lease held…).
 func (e *HeldError) Error() string {
 	if e.Remaining > 0 {
 		return fmt.Sprintf("%v (about %v left)", ErrHeld, e.Remaining.Round(time.Millisecond))
@@ -109,8 +109,9 @@ func (e *HeldError) Error() string {
 // Is makes errors.Is(err, ErrHeld) true.
 func (e *HeldError) Is(target error) bool { return target == ErrHeld }
 
-// Grant identifies one grant of a key: the key, the owner token that proves
-// ownership and the fence issued with it, and the TTL it was granted for.
+// Grant identifies one grant of a key. It holds the key, the owner token
+// that proves ownership and the fence issued with it, and the TTL it was
+// granted for.
 type Grant struct {
 	Key   string
 	Owner string
@@ -124,7 +125,7 @@ type Grant struct {
 }
 
 // CheckTTL returns an error matching ErrInvalidTTL unless g.TTL is
-// positive. Renew and RenewBatch check it before anything else: a grant
+// positive. Renew and RenewBatch check it before anything else. A grant
 // built without its TTL would otherwise be "renewed" for nothing (Redis's
 // PEXPIRE 0 deletes the key and reports success).
 func (g Grant) CheckTTL() error {
@@ -222,15 +223,15 @@ type FenceStrength int
 
 const (
 	// FenceUnset is the zero value and no strength at all. In
-	// fenced.LeaseOptions.MinFence it means "take the client's Options.MinFence";
-	// in Guarantees.Fence it means the backend did not declare a strength,
+	// fenced.LeaseOptions.MinFence it means "take the client's Options.MinFence".
+	// In Guarantees.Fence it means the backend did not declare a strength,
 	// and the portable layer treats it as FenceNone.
 	FenceUnset FenceStrength = iota
 	// FenceNone: the backend issues no monotonic token (Redlock, advisory
 	// locks). The fence reported to users is zero.
 	FenceNone
 	// FenceRepeatable: strictly increasing while the authority's data
-	// survives, but a failover or a restart without persistence can issue a
+	// survives. But a failover or a restart without persistence can issue a
 	// fence again (asynchronously replicated Redis).
 	FenceRepeatable
 	// FenceStrict: strictly increasing and never reissued, across restarts
@@ -289,7 +290,7 @@ type Guarantees struct {
 
 // Driver is the interface a backend implements. All methods must be safe
 // for concurrent use. Keys and TTLs reaching a driver have been validated by
-// the portable layer; drivers may impose tighter limits of their own and
+// the portable layer. Drivers may impose tighter limits of their own and
 // report them wrapped in ErrInvalidKey or ErrInvalidTTL.
 type Driver interface {
 	// TryAcquire grants key to owner for ttl if the key is free or its grant
@@ -338,32 +339,32 @@ type Subscription interface {
 // WakeForwarder is implemented by Subscriptions that wake one waiter per
 // release instead of every waiter of the key (a head-of-line waiter, one
 // pub/sub wake-up per process). There a wake-up that its waiter consumed but
-// did not act on would be lost with it, and the other waiters would sleep
-// until their fallback timers. The portable client may give up (context
-// done, MaxWait, Close) after it took a wake-up, and before a look at the
-// store showed the key held again. It then calls Forward before Close.
-// Forward hands the wake-up on to the next waiter of the key, as Close does
-// with one that was never taken.
+// did not act on would be lost with it. The other waiters would sleep until
+// their fallback timers. The portable client may give up (context done,
+// MaxWait, Close) after it took a wake-up, and before a look at the store
+// showed the key held again. It then calls Forward before Close. Forward
+// hands the wake-up on to the next waiter of the key, as Close does with one
+// that was never taken.
 type WakeForwarder interface {
 	Forward()
 }
 
-// Notifier is implemented by drivers whose authority can tell waiters that
-// a key was released or broken (LISTEN/NOTIFY, pub/sub, watches). The
-// portable layer subscribes before trying, so a release between a failed try
-// and the wait is not missed, and it keeps a fallback timer for grants that
-// expire without a release.
+// Notifier is implemented by drivers whose authority can tell waiters that a
+// key was released or broken (LISTEN/NOTIFY, pub/sub, watches). The portable
+// layer subscribes before trying, so a release between a failed try and the
+// wait is not missed. It keeps a fallback timer for grants that expire
+// without a release.
 type Notifier interface {
 	Subscribe(ctx context.Context, key string) (Subscription, error)
 }
 
 // TimedQueuer is implemented by drivers whose authority keeps a native FIFO
-// wait queue (etcd and ZooKeeper recipes); the portable layer then waits in
+// wait queue (etcd and ZooKeeper recipes). The portable layer then waits in
 // that queue instead of polling. AcquireTimed blocks until owner is granted
-// key or ctx is done; on ctx end it must leave nothing queued behind. Since
+// key or ctx is done. On ctx end it must leave nothing queued behind. Since
 // a wait can outlast the TTL, it also returns when the request that
-// confirmed the grant (the one that found owner first in the queue with its
-// session alive) was sent, on the local monotonic clock. The grant's
+// confirmed the grant was sent, on the local monotonic clock. That request
+// found owner first in the queue with its session alive. The grant's
 // validity is measured from that moment instead of from the start of the
 // wait. So the driver must have made sure that the authority keeps the grant
 // for ttl from then, for example by a session keep-alive sent no earlier.
@@ -372,9 +373,9 @@ type TimedQueuer interface {
 }
 
 // DefaultSafetyMargin is the allowance for clock drift and round trip
-// subtracted from a TTL when the lease's options name none: 1% of the TTL
-// plus 2ms. Drivers that need a drift allowance outside a lease (Redlock's
-// TryAcquire called directly) use it too, so both agree.
+// subtracted from a TTL when the lease's options name none. It is 1% of
+// the TTL plus 2ms. Drivers that need a drift allowance outside a lease
+// (Redlock's TryAcquire called directly) use it too, so both agree.
 func DefaultSafetyMargin(ttl time.Duration) time.Duration { return ttl/100 + 2*time.Millisecond }
 
 // Terms are the parts of a lease's resolved, validated terms (see
@@ -393,7 +394,7 @@ type Terms struct {
 // minus the time the round took minus the drift allowance is still positive.
 // It takes the lease's SafetyMargin as that allowance. So the driver's check
 // and the holder's local validity are the same arithmetic. The portable
-// layer calls TryAcquireTerms instead of TryAcquire; it must behave as
+// layer calls TryAcquireTerms instead of TryAcquire. It must behave as
 // TryAcquire with t.TTL in every other respect.
 type TermsAcquirer interface {
 	TryAcquireTerms(ctx context.Context, key, owner string, t Terms) (fence uint64, err error)
@@ -402,7 +403,7 @@ type TermsAcquirer interface {
 // BatchRenewer is implemented by drivers that renew many grants in one
 // round trip. RenewBatch renews each grant as Renew does (for its own TTL)
 // and returns one error per grant, in order (nil for renewed, ErrNotHeld
-// for not held); a non-nil second result means the whole batch failed and
+// for not held). A non-nil second result means the whole batch failed and
 // errs is nil.
 type BatchRenewer interface {
 	RenewBatch(ctx context.Context, grants []Grant) (errs []error, err error)
@@ -412,7 +413,7 @@ type BatchRenewer interface {
 // being asked (an etcd or ZooKeeper session expiring, a key deleted by an
 // admin). WatchLoss watches g, a grant this driver made, and calls lost
 // once, with an error matching ErrLost, when it learns that g is lost. The
-// watch lasts until stop is called (or the driver is closed); after stop
+// watch lasts until stop is called (or the driver is closed). After stop
 // returns lost is not called. lost may be called from any goroutine; it
 // must not block, nor call stop. A grant the driver does not hold fails
 // with ErrNotHeld.

@@ -3,11 +3,11 @@ package driver
 import "time"
 
 // Expiry says how an authority turns a requested TTL into the time it
-// keeps a grant that is not renewed: the backend's own rounding, which its
-// driver applies and `fenced plan` figures with. A backend registers its
-// Expiry with its URL opener (fenced.Register), so that a plan needs no
-// connection, and its driver computes what it asks the authority for with
-// the same value (Rounded), so the two cannot drift apart.
+// keeps a grant that is not renewed. It is the backend's own rounding,
+// which its driver applies and `fenced plan` figures with. A backend
+// registers its Expiry with its URL opener (fenced.Register), so that a
+// plan needs no connection. Its driver computes what it asks the authority
+// for with the same value (Rounded). So the two cannot drift apart.
 type Expiry struct {
 	// Name is the backend's name, for humans.
 	Name string
@@ -38,7 +38,8 @@ type Expiry struct {
 }
 
 // Rounded returns what the driver asks the authority for, for a grant of
-// ttl: ttl padded, scaled and rounded up, never shorter than ttl.
+// ttl. That is ttl padded, scaled and rounded up, never shorter than
+// ttl.
 func (e Expiry) Rounded(ttl time.Duration) time.Duration {
 	t := ttl + e.Pad
 	if e.ScaleNum > 0 && e.ScaleDen > 0 {
@@ -55,9 +56,9 @@ func (e Expiry) Rounded(ttl time.Duration) time.Duration {
 func (e Expiry) KeepsFor(ttl time.Duration) time.Duration { return max(e.Rounded(ttl), e.Floor) }
 
 // Outlives returns how long after its holder's last renewal was sent a
-// grant of ttl may still stand at the authority, at most: KeepsFor plus
-// Sweep, plus Rounded when the expiry is Observed. A waiter for a dead
-// holder's grant waits no longer than this.
+// grant of ttl may still stand at the authority, at most. That is
+// KeepsFor plus Sweep, plus Rounded when the expiry is Observed. A
+// waiter for a dead holder's grant waits no longer than this.
 func (e Expiry) Outlives(ttl time.Duration) time.Duration {
 	d := e.KeepsFor(ttl) + e.Sweep
 	if e.Observed {

@@ -7,8 +7,8 @@ import (
 )
 
 // MaxFenceFloor is the highest fence floor a FenceFloorer accepts. It
-// leaves 2^61 grants above the highest floor on every store (MySQL's reply
-// encoding needs fences below 2^62, every SQL column holds 2^63−1).
+// leaves 2^61 grants above the highest floor on every store. MySQL's reply
+// encoding needs fences below 2^62; every SQL column holds 2^63−1.
 const MaxFenceFloor uint64 = 1 << 61
 
 // FloorInfo describes a store's fence floor.
@@ -27,9 +27,9 @@ type FloorInfo struct {
 // FenceFloorer is implemented by drivers whose grants can be made to start
 // above a floor. Each grant's fence is one more than the larger of the key's
 // own counter and the floor. The same atomic step as the grant decides it.
-// It lets an operator move keys to a new store or table, or recover from
-// deleted counters, without reissuing a fence that a resource has already
-// seen.
+// It lets an operator move keys to a new store or table. It also lets one
+// recover from deleted counters, without reissuing a fence that a resource
+// has already seen.
 type FenceFloorer interface {
 	// FenceFloor reports the floor and the highest fence the store records.
 	FenceFloor(ctx context.Context) (FloorInfo, error)
@@ -53,7 +53,7 @@ type PruneResult struct {
 }
 
 // Pruner is implemented by drivers that keep one record per key (a lease
-// row) and can delete the records of keys nobody uses any more without
+// row). They can delete the records of keys nobody uses any more without
 // breaking fence monotonicity.
 type Pruner interface {
 	// Prune deletes the records of keys that are not held and whose last

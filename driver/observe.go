@@ -12,8 +12,8 @@ import "context"
 // their fallback timers.
 //
 // The portable layer's observers use SubscribeObserver where a driver
-// implements it, and otherwise read the store on a timer; they never call
-// Subscribe.
+// implements it. Otherwise they read the store on a timer. They never
+// call Subscribe.
 type ObserveNotifier interface {
 	SubscribeObserver(ctx context.Context, key string) (Subscription, error)
 }

@@ -7,7 +7,7 @@ import "time"
 // is the one TTL rounding rule of every driver. A TTL is never shortened: a
 // grant must not end before the holder's local validity, which is measured
 // on the full TTL. A positive TTL is never rounded down to zero. A ttl of
-// zero or less gives 0; a unit of zero or less is taken as a nanosecond.
+// zero or less gives 0. A unit of zero or less is taken as a nanosecond.
 func TTLUnits(ttl, unit time.Duration) int64 {
 	if ttl <= 0 {
 		return 0

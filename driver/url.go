@@ -24,7 +24,8 @@ func ParseURL(rawURL string) (*url.URL, error) {
 		return nil, fmt.Errorf("fenced: %w: %s: %s", ErrInvalidURL, Redact(rawURL), msg)
 	}
 	if u.Scheme == "" {
-		return nil, fmt.Errorf("fenced: %w: %q has no scheme (want for example sqlite:///path/to/file.db or postgres://host/db)", ErrInvalidURL, Redact(rawURL))
+		return nil, fmt.Errorf("fenced: %w: %q has no scheme (want for example sqlite:///path/to/file.db or postgres://host/db)",
+			ErrInvalidURL, Redact(rawURL))
 	}
 	u.Scheme = strings.ToLower(u.Scheme)
 	return u, nil

@@ -217,7 +217,8 @@ func (s *suite) testBlockedDriverDelaysNoEnd(t *testing.T) {
 			t.Errorf("a Release blocked in the driver delayed its own lease's end (ended %v, slack %v)", ok, slack())
 		}
 		worst, missed := checkEnds(t, leases[1:], seen, nil, slack())
-		t.Logf("%d leases, driver stuck: worst lateness after ValidUntil %v; %d loss watch stops stuck", n-1, worst.Round(time.Millisecond), d.stops.Load())
+		t.Logf("%d leases, driver stuck: worst lateness after ValidUntil %v; %d loss watch stops stuck",
+			n-1, worst.Round(time.Millisecond), d.stops.Load())
 		if missed == 0 && d.stops.Load() == 0 {
 			t.Fatal("no loss watch was stopped at expiry: the check exercised nothing")
 		}
@@ -259,7 +260,8 @@ func (s *suite) testBlockedDriverDelaysNoEnd(t *testing.T) {
 // checkEnds reports every lease that did not end within slack of its
 // deadline (ValidUntil, or by(l)) and returns the worst lateness and how
 // many leases did not end at all.
-func checkEnds(t *testing.T, leases []*fenced.Lease, seen map[*fenced.Lease]time.Time, by func(*fenced.Lease) time.Time, slack time.Duration) (worst time.Duration, missed int) {
+func checkEnds(t *testing.T, leases []*fenced.Lease, seen map[*fenced.Lease]time.Time, by func(*fenced.Lease) time.Time,
+	slack time.Duration) (worst time.Duration, missed int) {
 	t.Helper()
 	late := 0
 	for _, l := range leases {
@@ -289,16 +291,16 @@ func checkEnds(t *testing.T, leases []*fenced.Lease, seen map[*fenced.Lease]time
 // CheckEndsThroughBlackHole acquires n leases of TTL ttl through c, with up
 // to 64 requests at a time. It then turns the network between c and its
 // store into a black hole with hole(true), as testenv's Proxy.BlackHole
-// does: connections stay open, nothing gets through, and writes end up
+// does. Connections stay open, nothing gets through, and writes end up
 // blocking. It checks that every lease's context is cancelled by its
-// ValidUntil plus a slack (750 ms, more where this process's timers were
-// seen later), whatever the driver's calls do meanwhile. It ends
+// ValidUntil plus a slack: 750 ms, more where this process's timers were
+// seen later. That holds whatever the driver's calls do meanwhile. It ends
 // the black hole with hole(false) before it returns, and reports the worst
 // lateness.
 //
-// Under the race detector, which makes every lease's work several times
-// dearer (and a shared two-core machine then misses the deadline by CPU
-// alone), it holds n/5 leases: the deadline stays the same.
+// The race detector makes every lease's work several times dearer. A
+// shared two-core machine then misses the deadline by CPU alone, so under
+// the race detector it holds n/5 leases. The deadline stays the same.
 func CheckEndsThroughBlackHole(t *testing.T, c *fenced.Client, n int, ttl time.Duration, hole func(on bool)) {
 	t.Helper()
 	if raceDetector {

@@ -49,7 +49,8 @@ func (s *suite) testCapabilities(t *testing.T) {
 			return err
 		}},
 		{"BatchRenew (driver.BatchRenewer)", declared.BatchRenew, has.BatchRenew, func() error {
-			_, err := d.(driver.BatchRenewer).RenewBatch(context.Background(), []driver.Grant{{Key: Key("caps"), Owner: owner(), Fence: 1, TTL: time.Second}})
+			_, err := d.(driver.BatchRenewer).RenewBatch(context.Background(),
+				[]driver.Grant{{Key: Key("caps"), Owner: owner(), Fence: 1, TTL: time.Second}})
 			return err
 		}},
 		{"WatchLoss (driver.LossWatcher)", declared.WatchLoss, has.WatchLoss, nil},
@@ -66,7 +67,8 @@ func (s *suite) testCapabilities(t *testing.T) {
 			t.Errorf("%T has the methods of %s but does not declare it: declare it, or drop the methods", d, f.name)
 		case !f.declared && f.has:
 			if err := f.refusesUndeclared(); !errors.Is(err, driver.ErrUnsupported) {
-				t.Errorf("%T has the methods of %s but does not declare it, and they answer %v, want an error matching ErrUnsupported", d, f.name, err)
+				t.Errorf("%T has the methods of %s but does not declare it, and they answer %v, want an error matching ErrUnsupported",
+					d, f.name, err)
 			}
 		}
 	}

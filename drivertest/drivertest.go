@@ -181,17 +181,18 @@ func (s *suite) testMutualExclusion(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for r := 0; r < s.h.Rounds; r++ {
-				err := c.Do(ctx, key, &fenced.LeaseOptions{TTL: 10 * time.Second, MaxWait: 30 * time.Second}, func(ctx context.Context, l *fenced.Lease) error {
-					if n := inside.Add(1); n != 1 {
-						return fmt.Errorf("%d holders inside the critical section at once", n)
-					}
-					mu.Lock()
-					fences = append(fences, l.Fence())
-					mu.Unlock()
-					time.Sleep(time.Millisecond)
-					inside.Add(-1)
-					return nil
-				})
+				err := c.Do(ctx, key, &fenced.LeaseOptions{TTL: 10 * time.Second, MaxWait: 30 * time.Second},
+					func(ctx context.Context, l *fenced.Lease) error {
+						if n := inside.Add(1); n != 1 {
+							return fmt.Errorf("%d holders inside the critical section at once", n)
+						}
+						mu.Lock()
+						fences = append(fences, l.Fence())
+						mu.Unlock()
+						time.Sleep(time.Millisecond)
+						inside.Add(-1)
+						return nil
+					})
 				if err != nil {
 					errs <- err
 					return
@@ -481,7 +482,8 @@ func (s *suite) testAutoRenew(t *testing.T) {
 	tried := time.Now()
 	if l2, err := c2.TryAcquire(ctx, key, &fenced.LeaseOptions{TTL: ttl}); !errors.Is(err, fenced.ErrHeld) {
 		if err == nil && l.Err() == nil && l.ValidUntil().After(tried) {
-			t.Fatalf("TWO VALID HOLDERS: another client got fence %d while the renewed lease (fence %d) was valid until %v", l2.Fence(), l.Fence(), l.ValidUntil())
+			t.Fatalf("TWO VALID HOLDERS: another client got fence %d while the renewed lease (fence %d) was valid until %v",
+				l2.Fence(), l.Fence(), l.ValidUntil())
 		}
 		t.Fatalf("another client acquired a renewed lease: %v (renewal fell behind: lease %v)", err, l.Err())
 	}

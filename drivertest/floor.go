@@ -348,7 +348,8 @@ func (s *floorSuite) testPruneRace(t *testing.T) {
 	if pruned.Load() == 0 {
 		t.Fatalf("no prune deleted anything while %d or more grants ran for up to 10s; the race was not exercised", workers*grantsPerWorker)
 	}
-	t.Logf("%d grants, %d rows pruned meanwhile, %d tries found the store unavailable", workers*grantsPerWorker, pruned.Load(), unavailable.Load())
+	t.Logf("%d grants, %d rows pruned meanwhile, %d tries found the store unavailable",
+		workers*grantsPerWorker, pruned.Load(), unavailable.Load())
 }
 
 func (s *floorSuite) testBadInput(t *testing.T) {

@@ -118,7 +118,8 @@ func (s *suite) testGiveUpMidLook(t *testing.T) {
 			t.Fatal(err)
 		}
 	case <-time.After(20 * time.Second):
-		t.Fatal("the wake-up taken by a waiter that gave up was not handed on: the next waiter still sleeps on its one-minute fallback timer")
+		t.Fatal("the wake-up taken by a waiter that gave up was not handed on: " +
+			"the next waiter still sleeps on its one-minute fallback timer")
 	}
 }
 

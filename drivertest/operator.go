@@ -72,7 +72,8 @@ func (s *suite) testListInspectBreak(t *testing.T) {
 		t.Fatal(err)
 	}
 	if broken.Fence != leases[0].Fence() || broken.OwnerDigest != digests[prefix+"b"] {
-		t.Fatalf("Break reported fence %d owner digest %q, want %d and %q", broken.Fence, broken.OwnerDigest, leases[0].Fence(), digests[prefix+"b"])
+		t.Fatalf("Break reported fence %d owner digest %q, want %d and %q",
+			broken.Fence, broken.OwnerDigest, leases[0].Fence(), digests[prefix+"b"])
 	}
 	if _, err := c.Break(ctx, prefix+"b", "again", "drivertest"); !errors.Is(err, fenced.ErrNotHeld) {
 		t.Fatalf("second Break: %v, want ErrNotHeld", err)
@@ -88,7 +89,8 @@ func (s *suite) testListInspectBreak(t *testing.T) {
 		t.Fatalf("Inspect after break = %+v, %v; want free, fence kept, no owner", info, err)
 	}
 	if recs, err := c.Breaks(ctx, prefix+"b"); err == nil {
-		if len(recs) != 1 || recs[0].Reason != "conformance test" || recs[0].By != "drivertest" || recs[0].Fence != leases[0].Fence() || recs[0].Time.IsZero() {
+		if len(recs) != 1 || recs[0].Reason != "conformance test" || recs[0].By != "drivertest" ||
+			recs[0].Fence != leases[0].Fence() || recs[0].Time.IsZero() {
 			t.Fatalf("break records = %+v", recs)
 		}
 	} else if !errors.Is(err, fenced.ErrUnsupported) {

@@ -13,13 +13,13 @@ import (
 )
 
 // OrphanTTL is the TTL of the grants a test of cancelled acquisitions
-// makes: an orphaned grant would hold its key this long, far longer than
+// makes. An orphaned grant would hold its key this long, far longer than
 // OrphanBound.
 const OrphanTTL = 30 * time.Second
 
 // OrphanBound is how soon after a cancelled acquisition returns its key
-// must be free again: time for the client's bounded clean-up of a grant
-// whose caller has gone, far under OrphanTTL.
+// must be free again. That is time for the client's bounded clean-up of
+// a grant whose caller has gone, far under OrphanTTL.
 const OrphanBound = 3 * time.Second
 
 // GrantTime returns how long c takes to acquire key uncontended: the median
@@ -58,7 +58,8 @@ func CheckFree(ctx context.Context, t *testing.T, c *fenced.Client, what, key st
 		}
 		if time.Now().After(deadline) {
 			info, _ := c.Inspect(ctx, key)
-			t.Fatalf("%s: key %s still held %v after the cancelled acquisitions returned (%+v): %v; a grant whose caller had gone was left to hold it for its %v TTL",
+			t.Fatalf("%s: key %s still held %v after the cancelled acquisitions returned (%+v): %v; "+
+				"a grant whose caller had gone was left to hold it for its %v TTL",
 				what, key, OrphanBound, info, err, OrphanTTL)
 		}
 		time.Sleep(10 * time.Millisecond)

@@ -31,7 +31,8 @@
 // with a real SIGSTOP:
 //
 //	// issueInvoice issues invoice id at most once, whatever pauses or crashes.
-//	func issueInvoice(ctx context.Context, leases *fenced.Client, guard *fence.SQL, id string, opts *fenced.LeaseOptions) (issued bool, err error) {
+//	func issueInvoice(ctx context.Context, leases *fenced.Client, guard *fence.SQL, id string,
+//		opts *fenced.LeaseOptions) (issued bool, err error) {
 //		err = leases.Do(ctx, "invoice:"+id, opts, func(ctx context.Context, lease *fenced.Lease) error {
 //			// ctx ends the moment the lease is lost.
 //			tok := fence.From(lease)

@@ -26,7 +26,7 @@ const (
 
 // TokenFromEnv returns the token in the environment variables EnvKey,
 // EnvFence, EnvOwner and (optional) EnvSignature, for a program started
-// under a lease by `fenced run`; pass it to WithToken for a Transport. It
+// under a lease by `fenced run`. Pass it to WithToken for a Transport. It
 // returns an error matching ErrNoToken when none of them is set, and
 // ErrInvalidToken, naming the variable, when one is missing or invalid.
 func TokenFromEnv() (Token, error) {
@@ -40,11 +40,13 @@ func tokenFromLookup(lookup func(string) (string, bool)) (Token, error) {
 	sig, _ := lookup(EnvSignature)
 	switch {
 	case !hasKey && !hasFence && !hasOwner:
-		return Token{}, fmt.Errorf("%w: %s, %s and %s are not set (is this command run by `fenced run`?)", ErrNoToken, EnvKey, EnvFence, EnvOwner)
+		return Token{}, fmt.Errorf("%w: %s, %s and %s are not set (is this command run by `fenced run`?)",
+			ErrNoToken, EnvKey, EnvFence, EnvOwner)
 	case !hasKey || !hasFence:
 		return Token{}, fmt.Errorf("%w: %s and %s must both be set", ErrInvalidToken, EnvKey, EnvFence)
 	case !hasOwner:
-		return Token{}, fmt.Errorf("%w: %s is not set (a `fenced run` that predates it exports only %s and %s)", ErrInvalidToken, EnvOwner, EnvKey, EnvFence)
+		return Token{}, fmt.Errorf("%w: %s is not set (a `fenced run` that predates it exports only %s and %s)",
+			ErrInvalidToken, EnvOwner, EnvKey, EnvFence)
 	}
 	f, err := parseFence(fenceStr)
 	if err != nil {

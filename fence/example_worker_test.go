@@ -26,7 +26,8 @@ var render = func(ctx context.Context, id string) ([]byte, error) {
 
 // canonical:worker
 // issueInvoice issues invoice id at most once, whatever pauses or crashes.
-func issueInvoice(ctx context.Context, leases *fenced.Client, guard *fence.SQL, id string, opts *fenced.LeaseOptions) (issued bool, err error) {
+func issueInvoice(ctx context.Context, leases *fenced.Client, guard *fence.SQL, id string,
+	opts *fenced.LeaseOptions) (issued bool, err error) {
 	err = leases.Do(ctx, "invoice:"+id, opts, func(ctx context.Context, lease *fenced.Lease) error {
 		// ctx ends the moment the lease is lost.
 		tok := fence.From(lease)

@@ -13,13 +13,14 @@ import (
 // the same way.
 
 // Admits reports whether a resource whose newest recorded write carries
-// (fence, owner) accepts a write from t: t's fence is newer, or equal with
-// the same owner (the same holder writing again).
+// (fence, owner) accepts a write from t. That is when t's fence is newer,
+// or equal with the same owner (the same holder writing again).
 func (t Token) Admits(fence uint64, owner string) bool { return t.admits(fence, owner) }
 
 // Refusal turns what a resource holds after a write of t that did not
-// apply, its recorded (fence, owner), into a Result: Stale when the fence
-// is newer (or equal with another owner), else PreconditionFailed.
+// apply (its recorded fence and owner) into a Result. It is Stale when
+// the fence is newer (or equal with another owner), else
+// PreconditionFailed.
 func Refusal(t Token, fence uint64, owner string) Result { return classify(t, fence, owner) }
 
 // ReportStale sends a Stale result r for resource to the guard's hook h
@@ -31,7 +32,7 @@ func ReportStale(h func(fenced.Event), t Token, r Result, resource string) { rep
 // key a token carries, equals bound, the key a resource is bound to.
 func CheckKey(bound, token string) error { return checkKey(bound, token) }
 
-// Prechecks are the checks a guard runs before it sends anything: the
+// Prechecks are the checks a guard runs before it sends anything. The
 // token is valid, for the lease key LeaseKey derives from the resource
 // (when set), and accepted by Check (when set).
 type Prechecks struct {

@@ -43,13 +43,14 @@ const (
 	CodePrecondition = "fence_precondition" // 412 Precondition Failed: work already done
 )
 
-// HTTPError is the standard error response of Middleware and WriteError,
-// sent as a JSON object with Content-Type application/json, for example:
+// HTTPError is the standard error response of Middleware and WriteError.
+// It is sent as a JSON object with Content-Type application/json, for
+// example:
 //
 //	HTTP/1.1 409 Conflict
 //	{"error":"fence_stale","message":"...","key":"invoice:inv_72","presented":41,"current":42}
 //
-// ResponseError turns such a response back into an *HTTPError, which matches
+// ResponseError turns such a response back into an *HTTPError. It matches
 // ErrStale, ErrPrecondition, ErrInvalidToken, ErrWrongKey, ErrUnverified or
 // ErrNoToken with errors.Is.
 type HTTPError struct {
@@ -169,7 +170,7 @@ func parseFence(s string) (uint64, error) {
 // Transport is an http.RoundTripper that adds the token carried by each
 // request's context (WithLease or WithToken) as headers. A request without a
 // token fails with ErrNoToken before anything is sent, so a forgotten
-// WithLease cannot send an unguarded write; a request with an invalid token
+// WithLease cannot send an unguarded write. A request with an invalid token
 // fails with ErrInvalidToken. Requests are cloned, never modified.
 //
 // The headers only help if the server checks them atomically with its
@@ -215,7 +216,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 }
 
 // ResponseError returns nil unless resp is a fence error response (a 4xx
-// status with a body whose "error" is one of the Code constants); then it
+// status with a body whose "error" is one of the Code constants). Then it
 // reads and closes the body and returns the *HTTPError.
 func ResponseError(resp *http.Response) error {
 	if resp.StatusCode < 400 || resp.StatusCode >= 500 || !strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") {
@@ -318,12 +319,13 @@ func FixedKey(key string) func(*http.Request) (string, error) {
 // Middleware checks the token headers of every request before next runs,
 // and hands the token to next in the request context (TokenFrom). Refusals
 // use the standard error response: 428 fence_missing, 400 fence_malformed,
-// 403 fence_wrong_key or fence_unverified, 409 fence_stale; a store that
+// 403 fence_wrong_key or fence_unverified, 409 fence_stale. A store that
 // fails answers 503. It panics if opts or opts.Key is nil, a programming
 // error found when the handler is built rather than a hole found later.
 func Middleware(next http.Handler, opts *MiddlewareOptions) http.Handler {
 	if opts == nil || opts.Key == nil {
-		panic("fence: Middleware needs MiddlewareOptions.Key, the lease key that guards each request's resource (fence.FixedKey(key) for one key)")
+		panic("fence: Middleware needs MiddlewareOptions.Key, the lease key that guards each request's resource " +
+			"(fence.FixedKey(key) for one key)")
 	}
 	o := *opts
 	if o.MaxBodyBytes == 0 {
@@ -361,7 +363,8 @@ func Middleware(next http.Handler, opts *MiddlewareOptions) http.Handler {
 					http.Error(w, "fence: reading the request body: "+err.Error(), http.StatusBadRequest)
 					return
 				case int64(len(body)) > o.MaxBodyBytes:
-					http.Error(w, fmt.Sprintf("fence: request body is larger than %d bytes (MiddlewareOptions.MaxBodyBytes)", o.MaxBodyBytes), http.StatusRequestEntityTooLarge)
+					http.Error(w, fmt.Sprintf("fence: request body is larger than %d bytes (MiddlewareOptions.MaxBodyBytes)",
+						o.MaxBodyBytes), http.StatusRequestEntityTooLarge)
 					return
 				}
 				r.Body = io.NopCloser(bytes.NewReader(body))

@@ -31,5 +31,7 @@ func restartHint(presented, current uint64) string {
 	if presented == 0 || current <= presented || current-presented <= presented {
 		return ""
 	}
-	return fmt.Sprintf(" (far above the presented %d: if the lease was granted just now, the lease store's fence counter has probably restarted below the fences this resource has seen, because the lease table changed, the store moved or lease rows were deleted; raise the store's fence floor above %d, see docs/guards.md)", presented, current)
+	return fmt.Sprintf(" (far above the presented %d: if the lease was granted just now, the lease store's fence counter "+
+		"has probably restarted below the fences this resource has seen, because the lease table changed, the store moved "+
+		"or lease rows were deleted; raise the store's fence floor above %d, see docs/guards.md)", presented, current)
 }

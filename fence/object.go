@@ -16,7 +16,7 @@ var (
 	ErrObjectNotFound = errors.New("fence: object not found")
 	// ErrObjectChanged means a conditional write was refused because the
 	// object is no longer the version it was conditioned on (HTTP 412, or
-	// 409 for a concurrent conditional write); nothing was written.
+	// 409 for a concurrent conditional write). Nothing was written.
 	ErrObjectChanged = errors.New("fence: object changed since it was read")
 )
 
@@ -86,12 +86,12 @@ type ObjectOptions struct {
 // precondition on the version it read. So a write that landed in between
 // makes it read and decide again. Its methods are safe for concurrent use.
 //
-// The first admitted write binds an object to its token's lease key; a
+// The first admitted write binds an object to its token's lease key. A
 // token for any other key is then refused with ErrWrongKey whatever its
 // fence, because fences are only comparable within one key.
 //
-// Object stores have no transactions across objects: the guard protects
-// each object on its own, and a reader that does not go through the guard
+// Object stores have no transactions across objects. The guard protects
+// each object on its own. A reader that does not go through the guard
 // sees the content as written by the store's implementation (see s3fence
 // for its format).
 type Object struct {
@@ -132,18 +132,18 @@ func (g *Object) Claim(ctx context.Context, name string, t Token) (Result, error
 	return g.Update(ctx, name, t, func(cur []byte, _ bool) ([]byte, error) { return cur, nil })
 }
 
-// Update is a guarded read-modify-write of object name: if t is admitted,
+// Update is a guarded read-modify-write of object name. If t is admitted,
 // fn gets the current content (exists false when there is none) and
-// returns the new content, which is written conditionally on the version
+// returns the new content. It is written conditionally on the version
 // read. If another write lands in between, Update reads again and calls fn
 // again (so fn must not have side effects). fn returning an error matching
 // ErrPrecondition gives a PreconditionFailed result (the fence was fine,
-// the work is not to be done); other errors of fn are returned as is.
+// the work is not to be done). Other errors of fn are returned as is.
 // Nothing is written unless the result is Applied. Errors: ErrInvalidToken
 // for a bad token, ErrWrongKey for a token of another lease key, the
-// Checker's error when it refuses t, and the store's errors wrapped (an
-// error after the PUT was sent may mean it was applied; read before
-// retrying).
+// Checker's error when it refuses t, and the store's errors wrapped. An
+// error after the PUT was sent may mean it was applied: read before
+// retrying.
 func (g *Object) Update(ctx context.Context, name string, t Token, fn func(current []byte, exists bool) ([]byte, error)) (Result, error) {
 	if err := g.checks.run(ctx, name, t); err != nil {
 		return Result{}, fmt.Errorf("fence: write object %q: %w", name, err)

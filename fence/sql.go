@@ -104,11 +104,11 @@ const DefaultTimeout = 5 * time.Second
 // the exact spelling the database stores (PostgreSQL folds unquoted names to
 // lower case when a table is created).
 //
-// Every guarded row is bound to one lease key: fences are only comparable
+// Every guarded row is bound to one lease key. Fences are only comparable
 // within one key, so a row written under "invoice:inv_72" refuses a token
 // of "batch:all" whatever its fence (ErrWrongKey). The row records the key
 // beside its fence (LeaseKeyColumn), binding itself to the first key that
-// writes it; set LeaseKey as well to fix the key before the first write.
+// writes it. Set LeaseKey as well to fix the key before the first write.
 type Table struct {
 	// Name is the table.
 	Name string
@@ -244,31 +244,31 @@ func (g *SQL) conn(q Querier) (c Conn, own bool) {
 	return sqlConn{q}, false
 }
 
-// SQL guards the rows of one table: every write carries a Token and applies
+// SQL guards the rows of one table. Every write carries a Token and applies
 // only if the row's recorded fence is not newer, recording the writer's
 // fence, owner and lease key in the same statement.
 //
 // A row whose fence column holds F with owner O accepts a write from
 // (fence, owner) when fence > F, or fence == F and owner == O. So the same
-// holder may write many times with one fence, every newer holder locks out
-// every older one, and an equal fence from a different owner (a repeated
+// holder may write many times with one fence. Every newer holder locks out
+// every older one. An equal fence from a different owner (a repeated
 // number after a failover of the fence source) is refused. A token for
 // another lease key than the row's is refused with ErrWrongKey.
 //
 // # The safe sequence
 //
 // Claim the row and read the state it holds in one short transaction that
-// commits (ClaimAndRead), do the work outside any transaction, then write
+// commits (ClaimAndRead). Do the work outside any transaction. Then write
 // with Update in a short transaction of its own (a nil Querier: one
-// statement). Never hold a transaction open across the work: a holder
-// paused inside it keeps the row locked, the next holder's claim waits
+// statement). Never hold a transaction open across the work. A holder
+// paused inside it keeps the row locked. The next holder's claim waits
 // behind it, and the paused holder's write then lands after its lease
 // ended. See the package documentation for the whole worker.
 //
 // # Fragments
 //
 // Write.Set and Write.Where are SQL written by the program (never by its
-// users). Each is placed on its own line of the statement, and the guard
+// users). Each is placed on its own line of the statement. The guard
 // refuses, with ErrInvalidWrite and before sending anything, a fragment
 // that could change the statement's structure:
 //
@@ -307,7 +307,7 @@ type SQL struct {
 
 // NewSQL returns a guard for table t in db. It checks the identifiers but
 // does not touch the database. Call EnsureColumns once at start-up (or
-// Check, if the columns are managed by migrations); in any case the first
+// Check, if the columns are managed by migrations). In any case the first
 // write checks the table's shape (see Check) and refuses to write to a
 // table that fails it. opts may be nil.
 func NewSQL(db *sql.DB, d Dialect, t Table, opts *SQLOptions) (*SQL, error) {
@@ -329,14 +329,16 @@ func NewSQL(db *sql.DB, d Dialect, t Table, opts *SQLOptions) (*SQL, error) {
 	if err := validIdent("table", t.Name, true); err != nil {
 		return nil, fmt.Errorf("fence: NewSQL: %w", err)
 	}
-	cols := [][2]string{{"key column", t.Key}, {"fence column", t.FenceColumn}, {"owner column", t.OwnerColumn}, {"lease key column", t.LeaseKeyColumn}}
+	cols := [][2]string{{"key column", t.Key}, {"fence column", t.FenceColumn}, {"owner column", t.OwnerColumn},
+		{"lease key column", t.LeaseKeyColumn}}
 	for i, c := range cols {
 		if err := validIdent(c[0], c[1], false); err != nil {
 			return nil, fmt.Errorf("fence: NewSQL: %w", err)
 		}
 		for _, o := range cols[:i] {
 			if strings.EqualFold(c[1], o[1]) {
-				return nil, fmt.Errorf("fence: NewSQL: %w: %s and %s are both %q; key, fence, owner and lease key columns must be distinct", ErrSchema, o[0], c[0], c[1])
+				return nil, fmt.Errorf("fence: NewSQL: %w: %s and %s are both %q; key, fence, owner and lease key columns must be distinct",
+					ErrSchema, o[0], c[0], c[1])
 			}
 		}
 	}
@@ -370,7 +372,7 @@ func (g *SQL) Timeout() time.Duration { return g.timeout }
 // Write describes a guarded update: the assignments to make and the row's
 // own precondition. Both are SQL fragments written by the program, never by
 // its users; values go in the argument lists. What a fragment may contain
-// is listed in the SQL type's documentation; anything else is refused with
+// is listed in the SQL type's documentation. Anything else is refused with
 // ErrInvalidWrite before the statement is sent.
 //
 // Placeholders: with SQLite and MySQL use ?, with the arguments of Set
@@ -392,7 +394,7 @@ type Write struct {
 }
 
 // Claim records t's fence on the row identified by key before the holder
-// does anything else, so that a stale holder's write that arrives later is
+// does anything else. Then a stale holder's write that arrives later is
 // refused even if the new holder has not written yet.
 //
 // Prefer ClaimAndRead, which claims and reads the inherited state in a short
@@ -404,7 +406,7 @@ type Write struct {
 //
 // Claim applies when the row's fence is older than t's, or equal with the
 // same owner (claiming twice is harmless). It returns Stale when a newer
-// holder has claimed or written the row. Errors, with nothing changed:
+// holder has claimed or written the row. Errors, with nothing changed.
 // ErrNoRow for a missing row, ErrInvalidToken for a bad token, ErrWrongKey
 // when the row is bound to another lease key, ErrSchema when the table's
 // shape is wrong (see Check).
@@ -427,7 +429,7 @@ func (g *SQL) ClaimConn(ctx context.Context, c Conn, key any, t Token) (Result, 
 //
 // q is the caller's transaction, or nil to let the guard run the statement
 // on its own *sql.DB within its Timeout (the usual choice after
-// ClaimAndRead). Errors, with nothing changed: ErrInvalidToken for a bad
+// ClaimAndRead). Errors, with nothing changed. ErrInvalidToken for a bad
 // token, ErrWrongKey for a token of another lease key, ErrInvalidWrite for
 // a fragment or argument list the guard refuses, ErrNoRow when the row does
 // not exist, ErrSchema when the table's shape is wrong. A Stale result is
@@ -499,7 +501,8 @@ func (g *SQL) write(ctx context.Context, op string, c Conn, own bool, key any, t
 		// The shape check makes this impossible unless the key's unique
 		// index was dropped since.
 		g.checked.Store(false)
-		return Result{}, fmt.Errorf("fence: %s %s: %w: %d rows matched key %v; the key column must be unique (roll the transaction back)", op, g.table.Name, ErrSchema, affected, key)
+		return Result{}, fmt.Errorf("fence: %s %s: %w: %d rows matched key %v; the key column must be unique (roll the transaction back)",
+			op, g.table.Name, ErrSchema, affected, key)
 	}
 	if affected == 1 {
 		return Result{Outcome: Applied, Current: t.Fence, Presented: t.Fence}, nil
@@ -516,7 +519,8 @@ func (g *SQL) write(ctx context.Context, op string, c Conn, own bool, key any, t
 		return Result{}, err
 	}
 	if cur.leaseKey != "" && cur.leaseKey != t.Key {
-		return Result{}, fmt.Errorf("fence: %s %s: row %v (its fence %d belongs to that key): %w", op, g.table.Name, key, cur.fence, checkKey(cur.leaseKey, t.Key))
+		return Result{}, fmt.Errorf("fence: %s %s: row %v (its fence %d belongs to that key): %w",
+			op, g.table.Name, key, cur.fence, checkKey(cur.leaseKey, t.Key))
 	}
 	r := classify(t, cur.fence, cur.owner)
 	if r.Outcome == PreconditionFailed && g.dialect == MySQL && cur.fence == t.Fence && cur.precond {
@@ -547,7 +551,9 @@ func (g *SQL) updateStatement(key any, t Token, w Write) (string, []any) {
 		pF, pO, pK, pR, pIdle := d.placeholder(n+1), d.placeholder(n+2), d.placeholder(n+3), d.placeholder(n+4), d.placeholder(n+5)
 		args = append(append(args, w.SetArgs...), w.WhereArgs...)
 		args = append(args, fence, owner, t.Key, key, g.timeout.Milliseconds())
-		fmt.Fprintf(&b, "%s = %s, %s = %s, %s = %s\nWHERE %s = %s AND COALESCE(%s, 0) >= 0\nAND (COALESCE(%s, 0) < %s OR (%s = %s AND %s))\nAND (COALESCE(%s, '') = '' OR %s)",
+		fmt.Fprintf(&b,
+			"%s = %s, %s = %s, %s = %s\nWHERE %s = %s AND COALESCE(%s, 0) >= 0\n"+
+				"AND (COALESCE(%s, 0) < %s OR (%s = %s AND %s))\nAND (COALESCE(%s, '') = '' OR %s)",
 			g.qFence, pF, g.qOwner, pO, g.qLeaseKey, pK,
 			g.qKey, pR, g.qFence,
 			g.qFence, pF, g.qFence, pF, d.sameBytes(g.qOwner, pO),
@@ -558,11 +564,17 @@ func (g *SQL) updateStatement(key any, t Token, w Write) (string, []any) {
 		// A transaction in which the update applied holds the row's lock:
 		// it may not sit idle past the guard's timeout (unless the caller
 		// already set a lower limit).
-		fmt.Fprintf(&b, "\nRETURNING set_config('idle_in_transaction_session_timeout', CASE WHEN EXTRACT(EPOCH FROM current_setting('idle_in_transaction_session_timeout')::interval) * 1000 BETWEEN 1 AND %[1]s::bigint THEN current_setting('idle_in_transaction_session_timeout') ELSE %[1]s::bigint::text END, true)", pIdle)
+		fmt.Fprintf(&b,
+			"\nRETURNING set_config('idle_in_transaction_session_timeout', "+
+				"CASE WHEN EXTRACT(EPOCH FROM current_setting('idle_in_transaction_session_timeout')::interval) * 1000 "+
+				"BETWEEN 1 AND %[1]s::bigint "+
+				"THEN current_setting('idle_in_transaction_session_timeout') ELSE %[1]s::bigint::text END, true)", pIdle)
 		return b.String(), args
 	}
 	args = append(args, w.SetArgs...)
-	fmt.Fprintf(&b, "%s = ?, %s = ?, %s = ?\nWHERE %s = ? AND COALESCE(%s, 0) >= 0\nAND (COALESCE(%s, 0) < ? OR (%s = ? AND %s))\nAND (COALESCE(%s, '') = '' OR %s)",
+	fmt.Fprintf(&b,
+		"%s = ?, %s = ?, %s = ?\nWHERE %s = ? AND COALESCE(%s, 0) >= 0\n"+
+			"AND (COALESCE(%s, 0) < ? OR (%s = ? AND %s))\nAND (COALESCE(%s, '') = '' OR %s)",
 		g.qFence, g.qOwner, g.qLeaseKey,
 		g.qKey, g.qFence,
 		g.qFence, g.qFence, d.sameBytes(g.qOwner, "?"),
@@ -615,7 +627,8 @@ func (g *SQL) read(ctx context.Context, c Conn, own bool, key any, w Write, lock
 		return rowState{}, g.explain(ctx, c, own, "read", err)
 	}
 	if f < 0 {
-		return rowState{}, fmt.Errorf("fence: %s: %w: row %v has negative fence %d (not written by a guard)", g.table.Name, ErrSchema, key, f)
+		return rowState{}, fmt.Errorf("fence: %s: %w: row %v has negative fence %d (not written by a guard)",
+			g.table.Name, ErrSchema, key, f)
 	}
 	st.fence, st.precond = uint64(f), cond == 1
 	return st, nil

@@ -34,8 +34,8 @@ func (t sqlTx) Rollback(context.Context) error { return t.tx.Rollback() }
 // any transaction, then write with Update and a nil Querier.
 //
 // Because the claim comes first, read sees the row after every write an
-// older holder made, and every older holder's write that arrives later is
-// refused: the state read is the state to continue from. read must only read
+// older holder made. Every older holder's write that arrives later is
+// refused. The state read is the state to continue from. read must only read
 // (and may write rows the claim protects). It runs with the guard's Timeout
 // as a deadline on the whole transaction, which also sets the database's own
 // limits (see SQLOptions.Timeout). So a holder paused inside it cannot keep
@@ -45,7 +45,7 @@ func (t sqlTx) Rollback(context.Context) error { return t.tx.Rollback() }
 // newer holder has claimed or written the row; read did not run, nothing
 // was committed). Errors leave nothing committed; they match the same
 // sentinels as Claim's, or are read's own error, wrapped. An error from the
-// commit itself may hide a committed claim; claiming again with the same
+// commit itself may hide a committed claim. Claiming again with the same
 // token is harmless.
 func (g *SQL) ClaimAndRead(ctx context.Context, key any, t Token, read func(ctx context.Context, tx *sql.Tx) error) (Result, error) {
 	if err := g.validateToken(key, t); err != nil {
@@ -85,13 +85,14 @@ func (g *SQL) ClaimAndRead(ctx context.Context, key any, t Token, read func(ctx 
 // database/sql one. begin starts a transaction (fence/pgxfence.ClaimAndRead
 // does it for pgx). In it the guard claims the row, calls read and commits.
 // It rolls back on a Stale result or an error. The guard's Timeout is a
-// deadline on the whole; on PostgreSQL the guard also sets transaction-local
+// deadline on the whole. On PostgreSQL the guard also sets transaction-local
 // lock, statement and idle timeouts. Session-level limits (MySQL, SQLite)
 // are the caller's to set on such a connection.
 //
 // If the table's shape has not been checked yet, the check runs inside the
 // transaction, before the claim.
-func (g *SQL) ClaimAndReadConn(ctx context.Context, begin func(ctx context.Context) (TxConn, error), key any, t Token, read func(ctx context.Context) error) (Result, error) {
+func (g *SQL) ClaimAndReadConn(ctx context.Context, begin func(ctx context.Context) (TxConn, error), key any, t Token,
+	read func(ctx context.Context) error) (Result, error) {
 	if begin == nil {
 		return Result{}, fmt.Errorf("fence: claim %s: begin is nil", g.table.Name)
 	}
@@ -105,7 +106,8 @@ func (g *SQL) ClaimAndReadConn(ctx context.Context, begin func(ctx context.Conte
 
 // claimAndRead runs the claim transaction: begin, transaction-local
 // timeouts, shape check if still needed, claim, read, commit.
-func (g *SQL) claimAndRead(ctx context.Context, begin func(ctx context.Context) (TxConn, error), key any, t Token, read func(ctx context.Context) error) (Result, error) {
+func (g *SQL) claimAndRead(ctx context.Context, begin func(ctx context.Context) (TxConn, error), key any, t Token,
+	read func(ctx context.Context) error) (Result, error) {
 	tx, err := begin(ctx)
 	if err != nil {
 		return Result{}, fmt.Errorf("fence: claim %s: begin: %w", g.table.Name, err)
@@ -120,7 +122,9 @@ func (g *SQL) claimAndRead(ctx context.Context, begin func(ctx context.Context) 
 	}()
 	if g.dialect == Postgres {
 		ms := fmt.Sprint(g.timeout.Milliseconds())
-		if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true), set_config('statement_timeout', $1, true), set_config('idle_in_transaction_session_timeout', $1, true)`, ms); err != nil {
+		if _, err := tx.Exec(ctx,
+			`SELECT set_config('lock_timeout', $1, true), set_config('statement_timeout', $1, true),
+ set_config('idle_in_transaction_session_timeout', $1, true)`, ms); err != nil {
 			return Result{}, fmt.Errorf("fence: claim %s: set timeouts: %w", g.table.Name, err)
 		}
 	}
@@ -137,7 +141,9 @@ func (g *SQL) claimAndRead(ctx context.Context, begin func(ctx context.Context) 
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return Result{}, fmt.Errorf("fence: claim %s: commit (the claim may have been applied; claiming again with the same token is harmless): %w", g.table.Name, err)
+		return Result{}, fmt.Errorf(
+			"fence: claim %s: commit (the claim may have been applied; claiming again with the same token is harmless): %w",
+			g.table.Name, err)
 	}
 	committed = true
 	return res, nil
@@ -163,7 +169,8 @@ func (g *SQL) sessionTimeouts(ctx context.Context, conn *sql.Conn) (restore func
 	case MySQL:
 		secs := int64((g.timeout + time.Second - 1) / time.Second)
 		_, err := conn.ExecContext(ctx, `SET @fenced_lock_wait = @@SESSION.innodb_lock_wait_timeout, @fenced_wait = @@SESSION.wait_timeout,
- SESSION innodb_lock_wait_timeout = LEAST(@@SESSION.innodb_lock_wait_timeout, ?), SESSION wait_timeout = LEAST(@@SESSION.wait_timeout, ?)`, secs, secs)
+ SESSION innodb_lock_wait_timeout = LEAST(@@SESSION.innodb_lock_wait_timeout, ?),
+ SESSION wait_timeout = LEAST(@@SESSION.wait_timeout, ?)`, secs, secs)
 		if err != nil {
 			return noop, err
 		}

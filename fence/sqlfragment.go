@@ -6,11 +6,11 @@ import (
 	"strings"
 )
 
-// ErrInvalidWrite means a Write was refused before anything was sent. Its
-// cause is one of: a fragment that could change the statement's structure (a
-// comment, a semicolon, unbalanced brackets, an unterminated literal); a
-// placeholder count that does not match the arguments; placeholders of
-// another dialect; an assignment to one of the guard's own columns. The
+// ErrInvalidWrite means a Write was refused before anything was sent. It has
+// one of four causes. A fragment could change the statement's structure (a
+// comment, a semicolon, unbalanced brackets, an unterminated literal). A
+// placeholder count does not match the arguments. Placeholders are of
+// another dialect. An assignment goes to one of the guard's own columns. The
 // error names the fragment, the byte offset and what was wrong.
 var ErrInvalidWrite = errors.New("fence: invalid write")
 
@@ -204,7 +204,10 @@ func (g *SQL) checkWrite(w Write) error {
 		for _, target := range f.targets {
 			for _, own := range []string{g.table.FenceColumn, g.table.OwnerColumn, g.table.LeaseKeyColumn} {
 				if strings.EqualFold(target, own) {
-					return fmt.Errorf("%w: Set fragment %q assigns %s, one of the guard's own columns: the guard writes the fence, owner and lease key itself", ErrInvalidWrite, w.Set, own)
+					return fmt.Errorf(
+						"%w: Set fragment %q assigns %s, one of the guard's own columns: "+
+							"the guard writes the fence, owner and lease key itself",
+						ErrInvalidWrite, w.Set, own)
 				}
 			}
 		}
@@ -227,7 +230,8 @@ func (g *SQL) checkWrite(w Write) error {
 func (g *SQL) checkArgs(what, s string, f fragment, first, n int) error {
 	if g.dialect != Postgres {
 		if f.questions != n {
-			return fmt.Errorf("%w: %s fragment %q has %d ? placeholder(s) but %d argument(s) in %sArgs", ErrInvalidWrite, what, s, f.questions, n, what)
+			return fmt.Errorf("%w: %s fragment %q has %d ? placeholder(s) but %d argument(s) in %sArgs",
+				ErrInvalidWrite, what, s, f.questions, n, what)
 		}
 		return nil
 	}
@@ -237,18 +241,21 @@ func (g *SQL) checkArgs(what, s string, f fragment, first, n int) error {
 		span = "none"
 	}
 	if len(f.params) == 0 && f.questions > 0 && n > 0 {
-		return fmt.Errorf("%w: %s fragment %q uses ? placeholders; PostgreSQL numbers them: write $1, $2, … (Set takes $1..$len(SetArgs) and Where continues from $len(SetArgs)+1; here %s)", ErrInvalidWrite, what, s, span)
+		return fmt.Errorf("%w: %s fragment %q uses ? placeholders; PostgreSQL numbers them: write $1, $2, … (here %s)",
+			ErrInvalidWrite, what, s, span)
 	}
 	used := make([]bool, n)
 	for _, p := range f.params {
 		if p < first || p > last {
-			return fmt.Errorf("%w: %s fragment %q uses $%d, but its arguments are %s (Set takes $1..$len(SetArgs) and Where continues from $len(SetArgs)+1)", ErrInvalidWrite, what, s, p, span)
+			return fmt.Errorf("%w: %s fragment %q uses $%d, but its arguments are %s (Where continues after SetArgs)",
+				ErrInvalidWrite, what, s, p, span)
 		}
 		used[p-first] = true
 	}
 	for i, u := range used {
 		if !u {
-			return fmt.Errorf("%w: %s fragment %q never uses $%d, but %sArgs has an argument for it", ErrInvalidWrite, what, s, first+i, what)
+			return fmt.Errorf("%w: %s fragment %q never uses $%d, but %sArgs has an argument for it",
+				ErrInvalidWrite, what, s, first+i, what)
 		}
 	}
 	return nil

@@ -69,7 +69,8 @@ FROM pragma_table_info(?1, ?2)`
 		colsArgs = []any{name, schema, t.Key, t.FenceColumn, t.OwnerColumn, t.LeaseKeyColumn}
 		// An INTEGER PRIMARY KEY aliases the rowid and has no index of its
 		// own; every other unique key has one in pragma_index_list.
-		uniqueQuery = `SELECT EXISTS (SELECT 1 FROM pragma_table_info(?1, ?2) WHERE pk = 1 AND name = ?3 COLLATE NOCASE AND upper(type) = 'INTEGER'
+		uniqueQuery = `SELECT EXISTS (SELECT 1 FROM pragma_table_info(?1, ?2)
+   WHERE pk = 1 AND name = ?3 COLLATE NOCASE AND upper(type) = 'INTEGER'
    AND (SELECT COUNT(*) FROM pragma_table_info(?1, ?2) WHERE pk > 0) = 1)
  OR EXISTS (SELECT 1 FROM pragma_index_list(?1, ?2) AS il WHERE il."unique" = 1 AND il.partial = 0
    AND (SELECT COUNT(*) FROM pragma_index_info(il.name, ?2)) = 1
@@ -77,8 +78,10 @@ FROM pragma_table_info(?1, ?2)`
 		uniqueArgs = []any{name, schema, t.Key}
 	case Postgres:
 		colsQuery = `SELECT COUNT(*),
- MAX(CASE WHEN attname = $2 THEN format_type(atttypid, atttypmod) END), MAX(CASE WHEN attname = $3 THEN format_type(atttypid, atttypmod) END),
- MAX(CASE WHEN attname = $4 THEN format_type(atttypid, atttypmod) END), MAX(CASE WHEN attname = $5 THEN format_type(atttypid, atttypmod) END)
+ MAX(CASE WHEN attname = $2 THEN format_type(atttypid, atttypmod) END),
+ MAX(CASE WHEN attname = $3 THEN format_type(atttypid, atttypmod) END),
+ MAX(CASE WHEN attname = $4 THEN format_type(atttypid, atttypmod) END),
+ MAX(CASE WHEN attname = $5 THEN format_type(atttypid, atttypmod) END)
 FROM pg_attribute WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped`
 		colsArgs = []any{g.qTable, t.Key, t.FenceColumn, t.OwnerColumn, t.LeaseKeyColumn}
 		uniqueQuery = `SELECT EXISTS (SELECT 1 FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
@@ -92,10 +95,12 @@ FROM pg_attribute WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisd
 		colsQuery = `SELECT COUNT(*),
  MAX(CASE WHEN LOWER(column_name) = LOWER(?) THEN data_type END), MAX(CASE WHEN LOWER(column_name) = LOWER(?) THEN data_type END),
  MAX(CASE WHEN LOWER(column_name) = LOWER(?) THEN data_type END), MAX(CASE WHEN LOWER(column_name) = LOWER(?) THEN data_type END),
- MAX(CASE WHEN LOWER(column_name) = LOWER(?) THEN character_maximum_length END), MAX(CASE WHEN LOWER(column_name) = LOWER(?) THEN character_maximum_length END),
+ MAX(CASE WHEN LOWER(column_name) = LOWER(?) THEN character_maximum_length END),
+ MAX(CASE WHEN LOWER(column_name) = LOWER(?) THEN character_maximum_length END),
  MAX(CASE WHEN LOWER(column_name) = LOWER(?) THEN collation_name END), MAX(CASE WHEN LOWER(column_name) = LOWER(?) THEN collation_name END)
 FROM information_schema.columns WHERE table_schema = COALESCE(?, DATABASE()) AND table_name = ?`
-		colsArgs = []any{t.Key, t.FenceColumn, t.OwnerColumn, t.LeaseKeyColumn, t.OwnerColumn, t.LeaseKeyColumn, t.OwnerColumn, t.LeaseKeyColumn, s, name}
+		colsArgs = []any{t.Key, t.FenceColumn, t.OwnerColumn, t.LeaseKeyColumn, t.OwnerColumn, t.LeaseKeyColumn, t.OwnerColumn,
+			t.LeaseKeyColumn, s, name}
 		dest = append(dest, &ownerLen, &leaseLen, &ownerColl, &leaseColl)
 		uniqueQuery = `SELECT EXISTS (SELECT 1 FROM information_schema.statistics s
  WHERE s.table_schema = COALESCE(?, DATABASE()) AND s.table_name = ? AND s.non_unique = 0 AND LOWER(s.column_name) = LOWER(?)
@@ -161,11 +166,14 @@ func (g *SQL) problems(sh tableShape) error {
 		}
 	}
 	if len(missing) > 0 {
-		return fmt.Errorf("%w: table %s has no column %s (EnsureColumns adds the fence, owner and lease key columns)", ErrSchema, t.Name, strings.Join(missing, ", "))
+		return fmt.Errorf("%w: table %s has no column %s (EnsureColumns adds the fence, owner and lease key columns)",
+			ErrSchema, t.Name, strings.Join(missing, ", "))
 	}
 	var bad []string
 	if !sh.keyUnique {
-		bad = append(bad, fmt.Sprintf("key column %s is not unique: it needs a primary key or a unique index of its own (not partial, not deferrable), or a guarded write could match and change several rows; for example CREATE UNIQUE INDEX ON %s (%s)", t.Key, t.Name, t.Key))
+		bad = append(bad,
+			fmt.Sprintf("key column %s is not unique: it needs a primary key or a unique index of its own (not partial, not deferrable), "+
+				"or a guarded write could match and change several rows; for example CREATE UNIQUE INDEX ON %s (%s)", t.Key, t.Name, t.Key))
 	}
 	if msg := g.fenceTypeProblem(sh.fence); msg != "" {
 		bad = append(bad, msg)
@@ -200,7 +208,8 @@ func (g *SQL) fenceTypeProblem(c column) string {
 	if ok {
 		return ""
 	}
-	return fmt.Sprintf("fence column %s has type %q; it must be a 64-bit integer (BIGINT; on SQLite a type containing INT): another type compares or stores fences wrongly (as text 10 sorts before 2)", g.table.FenceColumn, c.typ)
+	return fmt.Sprintf("fence column %s has type %q; it must be a 64-bit integer (BIGINT; on SQLite a type containing INT): "+
+		"another type compares or stores fences wrongly (as text 10 sorts before 2)", g.table.FenceColumn, c.typ)
 }
 
 // textTypeProblem says what is wrong with an identity column (owner or
@@ -221,7 +230,8 @@ func (g *SQL) textTypeProblem(name string, c column, need int) string {
 			}
 			return fmt.Sprintf("column %s has type %s; it must hold %d characters (text)", name, c.typ, need)
 		}
-		return fmt.Sprintf("column %s has type %s; it must be text or varchar (character pads and compares without trailing spaces, citext ignores case)", name, c.typ)
+		return fmt.Sprintf("column %s has type %s; it must be text or varchar "+
+			"(character pads and compares without trailing spaces, citext ignores case)", name, c.typ)
 	case MySQL:
 		fix := fmt.Sprintf("EnsureColumns converts it, or ALTER TABLE %s MODIFY %s", g.table.Name, g.mysqlTextDef(name, need))
 		switch strings.ToLower(c.typ) {
@@ -233,7 +243,8 @@ func (g *SQL) textTypeProblem(name string, c column, need int) string {
 			return fmt.Sprintf("column %s holds %d characters; it must hold %d (%s)", name, c.length, need, fix)
 		}
 		if c.collation != "" && !strings.HasSuffix(strings.ToLower(c.collation), "_bin") {
-			return fmt.Sprintf("column %s uses collation %s, which can take different strings for equal (case, accents, trailing spaces); it needs a binary type or a _bin collation (%s)", name, c.collation, fix)
+			return fmt.Sprintf("column %s uses collation %s, which can take different strings for equal (case, accents, trailing spaces); "+
+				"it needs a binary type or a _bin collation (%s)", name, c.collation, fix)
 		}
 	}
 	return ""
@@ -285,7 +296,7 @@ func (g *SQL) ready(ctx context.Context, c Conn) error {
 // MaxOwnerLen and fenced.MaxKeyLen bytes. On MySQL they must compare byte
 // for byte (a binary type or a _bin collation). Errors match ErrSchema and
 // name everything that is wrong. Writes check the shape themselves on first
-// use; calling Check (or EnsureColumns) at start-up reports a wrong table
+// use. Calling Check (or EnsureColumns) at start-up reports a wrong table
 // early.
 func (g *SQL) Check(ctx context.Context) error {
 	if _, err := g.inspect(ctx, sqlConn{g.db}); err != nil {
@@ -350,7 +361,8 @@ func (g *SQL) EnsureColumns(ctx context.Context) error {
 		}
 		return alter(col, "add", fmt.Sprintf("ALTER TABLE %s ADD COLUMN %s %s", g.qTable, g.dialect.quote(col), def), present)
 	}
-	if err := add(g.table.FenceColumn, fmt.Sprintf("%s NOT NULL DEFAULT 0 CHECK (%s >= 0)", fenceType, g.qFence), func(s tableShape) bool { return s.fence.present }); err != nil {
+	if err := add(g.table.FenceColumn, fmt.Sprintf("%s NOT NULL DEFAULT 0 CHECK (%s >= 0)",
+		fenceType, g.qFence), func(s tableShape) bool { return s.fence.present }); err != nil {
 		return err
 	}
 	if err := add(g.table.OwnerColumn, ownerType, func(s tableShape) bool { return s.owner.present }); err != nil {

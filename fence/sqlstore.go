@@ -19,7 +19,7 @@ const DefaultStoreTable = "fenced_http_fences"
 // each lease key are rows of a table in SQLite or PostgreSQL. So a restart
 // of the resource forgets nothing, and keys are not bounded by memory. The
 // row is raised in its own committed statement when a token is admitted,
-// before the handler runs, so an admission is never lost even if the process
+// before the handler runs. So an admission is never lost even if the process
 // dies during the handler.
 //
 // Admission and write stay atomic together: the key is held while the
@@ -29,7 +29,7 @@ const DefaultStoreTable = "fenced_http_fences"
 // connection for the handler's duration. That is safe behind PgBouncer in
 // transaction mode. A PostgreSQL idle_in_transaction_session_timeout shorter
 // than your handlers would end that lock early. On SQLite the key is held
-// within one process only: serve a SQLite-backed resource from one process,
+// within one process only. Serve a SQLite-backed resource from one process,
 // or have the handler record the fence with its own write (a SQL guard).
 //
 // Open SQLite databases with a busy timeout (for example
@@ -54,8 +54,8 @@ type SQLStoreOptions struct {
 }
 
 // OpenSQLStore returns a SQLStore on db, creating its table if it does not
-// exist and checking its shape if it does (an error matching ErrSchema
-// names what is wrong and changes nothing). d must be SQLite or Postgres.
+// exist and checking its shape if it does. An error matching ErrSchema
+// names what is wrong and changes nothing. d must be SQLite or Postgres.
 // opts may be nil.
 func OpenSQLStore(ctx context.Context, db *sql.DB, d Dialect, opts *SQLStoreOptions) (*SQLStore, error) {
 	if db == nil {
@@ -171,7 +171,8 @@ FROM pg_attribute a WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT 
 	var unique bool
 	err = s.db.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM pg_index i
 JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
-WHERE i.indrelid = to_regclass($1) AND i.indisunique AND i.indnkeyatts = 1 AND i.indpred IS NULL AND a.attname = 'lease_key')`, rel).Scan(&unique)
+WHERE i.indrelid = to_regclass($1) AND i.indisunique AND i.indnkeyatts = 1 AND i.indpred IS NULL
+ AND a.attname = 'lease_key')`, rel).Scan(&unique)
 	if err != nil {
 		return err
 	}
@@ -190,7 +191,8 @@ func checkStoreShape(types map[string]string, keyUnique bool, fenceTypeOK func(s
 		return fmt.Errorf("%w: column fence is %s, want a 64-bit integer (fences would not compare as numbers)", ErrSchema, types["fence"])
 	}
 	if !keyUnique {
-		return fmt.Errorf("%w: column lease_key is not the table's primary key (one row per lease key is what keeps fences ordered)", ErrSchema)
+		return fmt.Errorf("%w: column lease_key is not the table's primary key (one row per lease key is what keeps fences ordered)",
+			ErrSchema)
 	}
 	return nil
 }
@@ -206,7 +208,7 @@ func (s *SQLStore) lockID(key string) int64 {
 // raises the key's row to t in one committed statement, if the row admits t.
 // Then, on PostgreSQL, it waits for the key across processes and confirms
 // that no newer token was admitted meanwhile. Errors: ErrInvalidToken for a
-// bad token, ctx's cause while waiting, and database errors, after which the
+// bad token, ctx's cause while waiting, and database errors. After those the
 // handler must not run and the key is free (the row may have been raised, as
 // a Claim would).
 //

@@ -79,15 +79,15 @@ func (l *keyLocks) drop(key string, e *keyLock) {
 const DefaultMaxKeys = 100_000
 
 // MemoryStore is a Store in process memory, for a resource served by one
-// process: it serializes the writes of each key and remembers the newest
-// token per key until the process exits. A restart forgets every fence, so
+// process. It serializes the writes of each key and remembers the newest
+// token per key until the process exits. A restart forgets every fence. So
 // a resource whose state outlives the process should use a SQLStore, or
 // record the fence with the state (a SQL guard in the handler's
 // transaction).
 //
 // The zero value is ready to use. It remembers at most MaxKeys keys and
-// then refuses tokens for new keys with ErrStoreFull (503 from Middleware):
-// it never forgets a fence, since that would let the key's stale holders
+// then refuses tokens for new keys with ErrStoreFull (503 from Middleware).
+// It never forgets a fence, since that would let the key's stale holders
 // write again. Use a SQLStore for an unbounded set of keys.
 type MemoryStore struct {
 	// MaxKeys bounds the keys remembered: 0 means DefaultMaxKeys, a

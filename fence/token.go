@@ -22,10 +22,10 @@ var (
 	// ErrPrecondition means the fence was acceptable but the write's own
 	// precondition did not hold: typically the work was already done.
 	ErrPrecondition = errors.New("fence: precondition did not hold")
-	// ErrInvalidToken means a token was rejected before anything was sent:
-	// an invalid key, fence zero, a fence that does not fit a signed 64-bit
-	// column, an empty, overlong or non-printable owner, or a malformed
-	// signature.
+	// ErrInvalidToken means a token was rejected before anything was sent.
+	// Causes: an invalid key, fence zero, a fence that does not fit a
+	// signed 64-bit column, an empty, overlong or non-printable owner, or a
+	// malformed signature.
 	ErrInvalidToken = errors.New("fence: invalid token")
 	// ErrSchema means the guarded table or one of its columns is missing,
 	// or an identifier is not acceptable.
@@ -34,7 +34,7 @@ var (
 	ErrNoRow = errors.New("fence: no such row")
 )
 
-// MaxFence is the largest fence the guards accept: fences are stored in
+// MaxFence is the largest fence the guards accept. Fences are stored in
 // signed 64-bit columns (SQL BIGINT, Redis integers, etcd values parsed as
 // int64), so larger values are refused rather than wrapped.
 const MaxFence = math.MaxInt64
@@ -80,13 +80,13 @@ type Token struct {
 
 // From returns the token of a held lease: its key, fence and owner digest,
 // unsigned (see Signer.Sign). It also remembers the client that granted the
-// lease: a guard whose options set no Hook reports this token's stale
-// writes to that client's Options.Hook (a guard's own Hook, when set,
-// takes precedence). So one guard, created once without a hook, serves every
-// worker and every client. Two tokens from From compare equal (==) when
-// they come from the same client; compare a decoded token with one built by
-// hand field by field. From(nil) returns the zero Token, which Validate and
-// every guard refuse with ErrInvalidToken.
+// lease. A guard whose options set no Hook reports this token's stale writes
+// to that client's Options.Hook (a guard's own Hook, when set, takes
+// precedence). So one guard, created once without a hook, serves every
+// worker and every client. Two tokens from From compare equal (==) when they
+// come from the same client. Compare a decoded token with one built by hand
+// field by field. From(nil) returns the zero Token, which Validate and every
+// guard refuse with ErrInvalidToken.
 func From(l *fenced.Lease) Token {
 	if l == nil {
 		return Token{}

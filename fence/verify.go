@@ -13,8 +13,8 @@ import (
 	"github.com/fenced-dev/fenced"
 )
 
-// ErrUnverified means a Checker could not confirm that a token is genuine:
-// it is unsigned, signed with an unknown key or a wrong signature, or its
+// ErrUnverified means a Checker could not confirm that a token is genuine.
+// It is unsigned, signed with an unknown key or a wrong signature, or its
 // fence was never granted for its key. The guard changed nothing.
 var ErrUnverified = errors.New("fence: token not verified")
 
@@ -25,7 +25,7 @@ var ErrUnverified = errors.New("fence: token not verified")
 // A *Verifier checks signatures; a *Sequencer asks the lease store.
 //
 // Errors should match ErrUnverified for a token that is not genuine and
-// ErrStale for one that is genuine but no longer current; any other error
+// ErrStale for one that is genuine but no longer current. Any other error
 // (the lease store is unreachable) also refuses the token.
 type Checker interface {
 	Check(ctx context.Context, t Token) error
@@ -84,10 +84,10 @@ func NewSigner(key SigningKey) (*Signer, error) {
 
 // Sign returns t with Sig set to "ID.MAC": the key's id and the unpadded
 // base64url HMAC-SHA256 of t's key, fence and owner. Errors match
-// ErrInvalidToken when t is not valid. A signature does not expire: a
-// signed token stays acceptable until the resource records a newer fence,
-// and, like the unsigned token, it is a bearer credential for that long, so
-// send it only over authenticated, encrypted connections.
+// ErrInvalidToken when t is not valid. A signature does not expire. A
+// signed token stays acceptable until the resource records a newer fence.
+// Like the unsigned token, it is a bearer credential for that long. So send
+// it only over authenticated, encrypted connections.
 func (s *Signer) Sign(t Token) (Token, error) {
 	t.Sig = ""
 	if err := t.Validate(); err != nil {
@@ -147,7 +147,8 @@ func (v *Verifier) Check(_ context.Context, t Token) error {
 	}
 	got, err := base64.RawURLEncoding.DecodeString(enc)
 	if err != nil || !hmac.Equal(got, mac(secret, t)) {
-		return fmt.Errorf("%w: signature of %s does not match (forged, altered, or signed with another secret under key id %q)", ErrUnverified, t, id)
+		return fmt.Errorf("%w: signature of %s does not match (forged, altered, or signed with another secret under key id %q)",
+			ErrUnverified, t, id)
 	}
 	return nil
 }
@@ -158,7 +159,7 @@ func (v *Verifier) Check(_ context.Context, t Token) error {
 // ErrUnverified, and a fence the store has since moved past (or a lease no
 // longer held) with ErrStale. It needs no shared secret, but costs one
 // Inspect round trip to the lease store per check, and the resource must be
-// able to reach the store; a store that cannot be reached refuses the
+// able to reach the store. A store that cannot be reached refuses the
 // token.
 //
 // The store reports owners shortened, so a Sequencer cannot compare the

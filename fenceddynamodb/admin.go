@@ -84,7 +84,8 @@ func (d *Driver) List(ctx context.Context, prefix string) ([]driver.LeaseInfo, e
 
 // scan runs a consistent Scan with filter to its end, passing every item
 // and the time its page arrived to fn.
-func (d *Driver) scan(ctx context.Context, op, what, filter string, names map[string]string, vals map[string]types.AttributeValue, fn func(map[string]types.AttributeValue, time.Time) error) error {
+func (d *Driver) scan(ctx context.Context, op, what, filter string, names map[string]string, vals map[string]types.AttributeValue,
+	fn func(map[string]types.AttributeValue, time.Time) error) error {
 	var start map[string]types.AttributeValue
 	for {
 		var out *dynamodb.ScanOutput
@@ -161,7 +162,9 @@ func (d *Driver) Break(ctx context.Context, key string, req driver.BreakRequest)
 		_ = d.putAudit(ctx, key, rec)
 		return info, nil
 	}
-	return driver.LeaseInfo{Key: key}, fmt.Errorf("dynamodb: break %q: the grant changed twice while it was being broken; nothing was broken: %w", key, driver.ErrUnavailable)
+	return driver.LeaseInfo{Key: key}, fmt.Errorf(
+		"dynamodb: break %q: the grant changed twice while it was being broken; nothing was broken: %w",
+		key, driver.ErrUnavailable)
 }
 
 // encodeBreak encodes a break record as a map attribute (empty strings are
@@ -221,7 +224,7 @@ func (d *Driver) putAudit(ctx context.Context, key string, r driver.BreakRecord)
 }
 
 // Breaks implements driver.BreakLogger. For one key it is a consistent
-// Query of its audit items plus a read of its lease item; for every key, a
+// Query of its audit items plus a read of its lease item. For every key, a
 // consistent Scan. Records are sorted by time (then key and fence).
 func (d *Driver) Breaks(ctx context.Context, key string) ([]driver.BreakRecord, error) {
 	if err := d.checkOpen(); err != nil {

@@ -143,7 +143,7 @@ func openURL(ctx context.Context, u *url.URL) (driver.Driver, error) { return op
 // documentation) and returns a driver. Use fenced.Open for a
 // *fenced.Client. Errors match driver.ErrInvalidURL (malformed URL or
 // parameter), driver.ErrUnavailable (endpoint unreachable, credentials
-// refused), ErrNoTable or ErrSchema; none contains the secret key.
+// refused), ErrNoTable or ErrSchema. None contains the secret key.
 func Open(ctx context.Context, rawURL string) (*Driver, error) {
 	return OpenWith(ctx, rawURL, nil)
 }
@@ -210,7 +210,8 @@ func openOpts(ctx context.Context, u *url.URL, base *Options) (*Driver, error) {
 	case u.User != nil:
 		secret, _ := u.User.Password()
 		if u.User.Username() == "" || secret == "" {
-			return nil, fmt.Errorf("%w: credentials in the URL need both ACCESS_KEY and SECRET (ACCESS_KEY:SECRET@host)", driver.ErrInvalidURL)
+			return nil, fmt.Errorf("%w: credentials in the URL need both ACCESS_KEY and SECRET (ACCESS_KEY:SECRET@host)",
+				driver.ErrInvalidURL)
 		}
 		loadOpts = append(loadOpts, config.WithCredentialsProvider(credentials.NewStaticCredentialsProvider(u.User.Username(), secret, "")))
 	case endpoint != "":
@@ -245,7 +246,8 @@ func checkTable(name string) error {
 	if name == "" || tableRE.MatchString(name) {
 		return nil
 	}
-	return fmt.Errorf("%w: table name %q is not a DynamoDB table name (3 to 255 characters, each a letter, digit, _, - or .)", driver.ErrInvalidURL, name)
+	return fmt.Errorf("%w: table name %q is not a DynamoDB table name (3 to 255 characters, each a letter, digit, _, - or .)",
+		driver.ErrInvalidURL, name)
 }
 
 // New returns a driver over client, checking that the lease table exists
@@ -304,16 +306,19 @@ func (d *Driver) checkOpen() error {
 	return nil
 }
 
-// Guarantees implements driver.Driver. The fence is strict: a counter on
-// the lease item, raised by conditional writes that DynamoDB applies
-// durably and in order per item (unless the table is a global table with
-// eventual consistency; see the package documentation).
+// Guarantees implements driver.Driver. The fence is strict. It is a
+// counter on the lease item, raised by conditional writes that DynamoDB
+// applies durably and in order per item. A global table with eventual
+// consistency is the exception (see the package documentation).
 func (d *Driver) Guarantees() driver.Guarantees {
 	note := "fence is a counter on the lease item, raised by a conditional UpdateItem; " +
-		"no server clock: a waiter takes a grant over only after seeing the same version unchanged for a whole TTL on its own monotonic clock (observed expiry), " +
-		"so wall-clock steps change nothing, a waiter that arrives after the holder died waits up to one TTL more than with a server clock, " +
+		"no server clock: a waiter takes a grant over only after seeing the same version unchanged for a whole TTL " +
+		"on its own monotonic clock (observed expiry), " +
+		"so wall-clock steps change nothing, a waiter that arrives after the holder died waits up to one TTL more " +
+		"than with a server clock, " +
 		"and a TryAcquire that does not wait never takes over a dead holder (wait at least a TTL, or break it); " +
-		"drift: if the waiter's clock runs faster than the holder's by more than SafetyMargin/TTL (1% by default) a waiter could take over while the holder still trusts its lease, and only the fence protects the resource; " +
+		"drift: if the waiter's clock runs faster than the holder's by more than SafetyMargin/TTL (1% by default) " +
+		"a waiter could take over while the holder still trusts its lease, and only the fence protects the resource; " +
 		"waiters poll with backoff (no notification); renewal is one conditional request per lease per period (no conditional batch write)"
 	if d.tableNote != "" {
 		note += "; " + d.tableNote
@@ -330,7 +335,8 @@ func (d *Driver) Guarantees() driver.Guarantees {
 // takes it over once it has seen it unchanged for a whole TTL, so from one
 // TTL up to twice the TTL after the holder's last renewal.
 var keeps = driver.Expiry{Name: "DynamoDB", Observed: true,
-	Note: "observed expiry: a waiter takes a grant over after seeing it unchanged for a whole TTL, so a crashed holder's grant stands up to twice the TTL"}
+	Note: "observed expiry: a waiter takes a grant over after seeing it unchanged for a whole TTL, " +
+		"so a crashed holder's grant stands up to twice the TTL"}
 
 // Capabilities implements driver.Driver: the break log.
 func (d *Driver) Capabilities() driver.Capabilities {

@@ -43,7 +43,7 @@ func num(n uint64) types.AttributeValue {
 func millis(ttl time.Duration) uint64 { return uint64(driver.TTLUnits(ttl, time.Millisecond)) }
 
 // TryAcquire implements driver.Driver. Uncontended it is one conditional
-// UpdateItem; a refusal costs one consistent GetItem more on servers that
+// UpdateItem. A refusal costs one consistent GetItem more on servers that
 // do not return the refusing item, and a re-acquire by the holding owner
 // one conditional UpdateItem more. A refusal is a *driver.HeldError whose
 // Remaining is the time until this driver may take the grant over (it has
@@ -80,7 +80,8 @@ func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Dur
 // grant sends the conditional grant. Refused, it returns the item that
 // refused it (found false if there was none by the time it was read) and
 // when that answer arrived.
-func (d *Driver) grant(ctx context.Context, key, owner string, ttl time.Duration) (it leaseItem, found, granted bool, at time.Time, err error) {
+func (d *Driver) grant(ctx context.Context, key, owner string, ttl time.Duration) (it leaseItem, found, granted bool,
+	at time.Time, err error) {
 	cond := "attribute_not_exists(#o)"
 	vals := map[string]types.AttributeValue{":zero": num(0), ":one": num(1), ":owner": str(owner), ":ttl": num(millis(ttl))}
 	if ob, ok := d.obs.ripe(key); ok {
@@ -92,9 +93,10 @@ func (d *Driver) grant(ctx context.Context, key, owner string, ttl time.Duration
 	var out *dynamodb.UpdateItemOutput
 	sent, err := d.call(ctx, func(ctx context.Context) (err error) {
 		out, err = d.client.UpdateItem(ctx, &dynamodb.UpdateItemInput{
-			TableName:                           aws.String(d.table),
-			Key:                                 d.leaseKey(key),
-			UpdateExpression:                    aws.String("SET #f = if_not_exists(#f, :zero) + :one, #v = if_not_exists(#v, :zero) + :one, #o = :owner, #t = :ttl"),
+			TableName: aws.String(d.table),
+			Key:       d.leaseKey(key),
+			UpdateExpression: aws.String("SET #f = if_not_exists(#f, :zero) + :one, " +
+				"#v = if_not_exists(#v, :zero) + :one, #o = :owner, #t = :ttl"),
 			ConditionExpression:                 aws.String(cond),
 			ExpressionAttributeNames:            grantNames(),
 			ExpressionAttributeValues:           vals,
@@ -188,7 +190,8 @@ func (d *Driver) Release(ctx context.Context, g driver.Grant) error {
 // and fence, and returns the new item; refused reports a failed
 // condition. expr may use #o, #f, #v, #t, :one and the names and values it
 // is given.
-func (d *Driver) updateGrant(ctx context.Context, op, key string, g driver.Grant, expr string, vals map[string]types.AttributeValue, names map[string]string) (it leaseItem, refused bool, err error) {
+func (d *Driver) updateGrant(ctx context.Context, op, key string, g driver.Grant, expr string,
+	vals map[string]types.AttributeValue, names map[string]string) (it leaseItem, refused bool, err error) {
 	allVals := map[string]types.AttributeValue{":owner": str(g.Owner), ":fence": num(g.Fence), ":one": num(1)}
 	for k, v := range vals {
 		allVals[k] = v

@@ -8,7 +8,7 @@ import (
 )
 
 // OpenWith is Open with options the URL cannot carry: opts' Clock and
-// MaxInFlight are used; its Table and Create are ignored (the URL names
+// MaxInFlight are used. Its Table and Create are ignored (the URL names
 // them). opts may be nil.
 func OpenWith(ctx context.Context, rawURL string, opts *Options) (*Driver, error) {
 	u, err := driver.ParseURL(rawURL)

@@ -45,7 +45,8 @@ func (d *Driver) ensureTable(ctx context.Context, create bool) error {
 	var nf *types.ResourceNotFoundException
 	if errors.As(err, &nf) {
 		if !create {
-			return fmt.Errorf("dynamodb: table %q: %w; create it with ?create=1 in the URL (Options.Create), or by hand with key schema %s", d.table, ErrNoTable, keySchemaText)
+			return fmt.Errorf("dynamodb: table %q: %w; create it with ?create=1 in the URL (Options.Create), or by hand with key schema %s",
+				d.table, ErrNoTable, keySchemaText)
 		}
 		if err := d.create(ctx); err != nil {
 			return err
@@ -135,7 +136,7 @@ func checkShape(table string, desc *types.TableDescription) error {
 	if strings.Join(got, ", ") == strings.Join(want, ", ") {
 		return nil
 	}
-	return fmt.Errorf("dynamodb: %w: table %q exists with key schema (%s); fenced needs %s. It may be another tool's lock table: choose another table name",
+	return fmt.Errorf("dynamodb: %w: table %q exists with key schema (%s); fenced needs %s (another tool's table? choose another name)",
 		ErrSchema, table, strings.Join(got, ", "), keySchemaText)
 }
 
@@ -145,5 +146,7 @@ func replication(desc *types.TableDescription) (driver.FenceStrength, string) {
 	if len(desc.Replicas) == 0 || desc.MultiRegionConsistency == types.MultiRegionConsistencyStrong {
 		return driver.FenceStrict, ""
 	}
-	return driver.FenceRepeatable, fmt.Sprintf("the table is a global table with %d replicas and eventual consistency: conditions hold per region, so two regions can grant one key at once with the same fence (use one region, or multi-Region strong consistency)", len(desc.Replicas))
+	return driver.FenceRepeatable, fmt.Sprintf("the table is a global table with %d replicas and eventual consistency: "+
+		"conditions hold per region, so two regions can grant one key at once with the same fence "+
+		"(use one region, or multi-Region strong consistency)", len(desc.Replicas))
 }

@@ -61,7 +61,7 @@ func (d *Driver) Inspect(ctx context.Context, key string) (driver.LeaseInfo, err
 }
 
 // List implements driver.Driver: one range read over the lock names that
-// start with prefix; the oldest key of each name holds it.
+// start with prefix. The oldest key of each name holds it.
 func (d *Driver) List(ctx context.Context, prefix string) ([]driver.LeaseInfo, error) {
 	start := d.prefix + keyname.EscapePrefix(prefix)
 	resp, err := d.cli.Get(ctx, start, clientv3.WithPrefix())

@@ -12,7 +12,7 @@ import (
 var _ driver.Valuer = (*Driver)(nil)
 
 // SetValue implements driver.Valuer the way etcd's election recipe
-// proclaims (concurrency.Election.Proclaim): it overwrites the value of
+// proclaims (concurrency.Election.Proclaim). It overwrites the value of
 // g's key, keeping its create revision (the fence) and its session, if
 // the key still has g's create revision. `etcdctl elect -l NAME` then
 // prints the value. From then on the driver recognises g's key by its

@@ -120,8 +120,8 @@ const (
 
 // ReconnectMaxDelay caps the pause between the reconnection attempts of the
 // client fenced builds from a URL. gRPC's default backs off up to two
-// minutes: after an outage of etcd of a dozen seconds the client tried
-// again only about 5 s after etcd was back, while the others went on (and
+// minutes. After an outage of etcd of a dozen seconds the client tried
+// again only about 5 s after etcd was back. Meanwhile the others went on (and
 // a waiter whose turn came meanwhile kept the key from all of them).
 const ReconnectMaxDelay = time.Second
 
@@ -277,7 +277,8 @@ func (d *Driver) LockName(key string) string { return d.prefix + keyname.Escape(
 
 // Guarantees implements driver.Driver.
 func (d *Driver) Guarantees() driver.Guarantees {
-	return sessionlock.Guarantees("fence = create revision of the holder's key (Raft-agreed, never reissued); TTLs are whole seconds at the server; " +
+	return sessionlock.Guarantees("fence = create revision of the holder's key (Raft-agreed, never reissued); " +
+		"TTLs are whole seconds at the server; " +
 		// The lessor counts TTLs on the leader's monotonic clock.
 		"safe from clock steps: lease TTLs count down on the leader's monotonic clock, and a new leader extends them, never shortens them")
 }
@@ -293,10 +294,11 @@ var Expiry = driver.Expiry{
 
 // Capabilities implements driver.Driver: the election recipe's FIFO queue
 // of keys (a watch on the predecessor), batch renewal, loss watches and
-// proclaimed values; TTLs of a second or more (etcd leases have a
+// proclaimed values. TTLs are of a second or more (etcd leases have a
 // one-second granularity).
 func (d *Driver) Capabilities() driver.Capabilities {
-	return driver.Capabilities{Queue: true, FIFO: true, BatchRenew: true, WatchLoss: true, Value: true, MinTTL: Expiry.MinTTL, Keeps: Expiry}
+	return driver.Capabilities{Queue: true, FIFO: true, BatchRenew: true, WatchLoss: true, Value: true, MinTTL: Expiry.MinTTL,
+		Keeps: Expiry}
 }
 
 // Close stops the driver's background work and, when the driver was opened

@@ -23,7 +23,7 @@ import (
 func waiterKey(name string, s *session) string { return fmt.Sprintf("%s/%x", name, int64(s.id)) }
 
 // TryAcquire implements driver.Driver. It puts the waiter key only if no key
-// exists under the lock name (one transaction), so it never queues; a
+// exists under the lock name (one transaction), so it never queues. A
 // repeated call by the holding owner returns the same fence.
 func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
 	start := time.Now()
@@ -76,7 +76,8 @@ var errStartOver = errors.New("session expired before the put; start over")
 // nothing was put: put drops the session and fails with errStartOver. On any
 // other failure the key may have been put, so e is tracked. A retry by the
 // same owner finds it, and the reaper deletes it if nobody does.
-func (d *Driver) put(ctx context.Context, e *entry, ttl time.Duration, start time.Time, txn clientv3.Txn) (resp *clientv3.TxnResponse, kaErr, err error) {
+func (d *Driver) put(ctx context.Context, e *entry, ttl time.Duration, start time.Time,
+	txn clientv3.Txn) (resp *clientv3.TxnResponse, kaErr, err error) {
 	kaDone := d.keepAliveAsync(ctx, e.s, start, ttl)
 	resp, err = txn.Commit()
 	kaErr = <-kaDone
@@ -139,10 +140,10 @@ func (d *Driver) confirm(ctx context.Context, e *entry, ttl time.Duration, start
 
 // AcquireTimed implements driver.TimedQueuer with etcd's recipe: put a
 // waiter key, then wait for the deletion of the key created just before it,
-// until none is left. The session is kept alive while waiting, and each
-// look at the queue goes out with a keep-alive, so the grant is confirmed
-// (and its validity starts) when the last look was sent. When ctx ends the
-// waiter key is deleted.
+// until none is left. The session is kept alive while waiting. Each look at
+// the queue goes out with a keep-alive, so the grant is confirmed (and its
+// validity starts) when the last look was sent. When ctx ends the waiter
+// key is deleted.
 func (d *Driver) AcquireTimed(ctx context.Context, key, owner string, ttl time.Duration) (uint64, time.Time, error) {
 	start := time.Now()
 	name := d.LockName(key)
@@ -161,7 +162,8 @@ func (d *Driver) AcquireTimed(ctx context.Context, key, owner string, ttl time.D
 	}
 	resp, kaErr, err := d.put(ctx, e, ttl, start, d.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(e.etcdKey), "=", 0)).
-		Then(clientv3.OpPut(e.etcdKey, owner, clientv3.WithLease(s.id)), clientv3.OpGet(pfx, clientv3.WithFirstCreate()...), d.recordPut(name)).
+		Then(clientv3.OpPut(e.etcdKey, owner, clientv3.WithLease(s.id)), clientv3.OpGet(pfx, clientv3.WithFirstCreate()...),
+			d.recordPut(name)).
 		Else(clientv3.OpGet(e.etcdKey)))
 	if errors.Is(err, errStartOver) {
 		return d.AcquireTimed(ctx, key, owner, ttl)
@@ -171,7 +173,8 @@ func (d *Driver) AcquireTimed(ctx context.Context, key, owner string, ttl time.D
 	}
 	if !resp.Succeeded {
 		d.unreserve(s, name)
-		return 0, time.Time{}, fmt.Errorf("etcd: acquire: session %x already has key %s (another process shares the lease)", int64(s.id), e.etcdKey)
+		return 0, time.Time{}, fmt.Errorf("etcd: acquire: session %x already has key %s (another process shares the lease)",
+			int64(s.id), e.etcdKey)
 	}
 	e.rev = resp.Header.Revision
 	d.grants.Track(e, ttl, start)
@@ -212,7 +215,8 @@ func (d *Driver) AcquireTimed(ctx context.Context, key, owner string, ttl time.D
 		// is retried: the next look also tells whether our key survived.
 		return false, d.waitDelete(ctx, e, pred)
 	}
-	if err := sessionlock.WaitTurn(ctx, step, func(err error) bool { return err != confirmErr && !errors.Is(err, errVanished) }); err != nil {
+	if err := sessionlock.WaitTurn(ctx, step,
+		func(err error) bool { return err != confirmErr && !errors.Is(err, errVanished) }); err != nil {
 		return fail(err)
 	}
 	f, err := d.grant(e, ttl, sent)
@@ -324,9 +328,9 @@ func (d *Driver) keepWaiting(ctx context.Context, e *entry, ttl time.Duration) {
 	}
 }
 
-// Renew implements driver.Driver: it confirms that g's key still exists and
-// sends a keep-alive for its session, which keeps the grant for g.TTL
-// (the session's TTL covers it: it was chosen at the grant).
+// Renew implements driver.Driver. It confirms that g's key still exists and
+// sends a keep-alive for its session. That keeps the grant for g.TTL: the
+// session's TTL, chosen at the grant, covers it.
 func (d *Driver) Renew(ctx context.Context, g driver.Grant) error {
 	errs, err := d.RenewBatch(ctx, []driver.Grant{g})
 	if err != nil {
@@ -353,7 +357,7 @@ const renewReadsInFlight = 4
 // holds its revision and its session's keep-alive was answered. A read
 // transaction
 // that fails fails only its own grants (with the read's error, never
-// ErrNotHeld); the batch fails as a whole only when every read failed.
+// ErrNotHeld). The batch fails as a whole only when every read failed.
 func (d *Driver) RenewBatch(ctx context.Context, grants []driver.Grant) ([]error, error) {
 	if err := driver.CheckTTLs(grants); err != nil {
 		return nil, err
@@ -489,7 +493,7 @@ func (d *Driver) Release(ctx context.Context, g driver.Grant) error {
 	return nil
 }
 
-// WatchLoss implements driver.LossWatcher: it watches g's key from its
+// WatchLoss implements driver.LossWatcher. It watches g's key from its
 // creation on and reports ErrLost when the key is deleted by anyone but
 // this driver's release (an admin break, or the session expiring). Every
 // watch of the driver shares one Watch stream and no goroutine (see

@@ -67,7 +67,9 @@ func (r *batchRenewal) admit() {
 		if limit := time.Duration(e.s.ttl) * time.Second; g.TTL > limit {
 			// A keep-alive would extend the session by its own TTL only:
 			// the grant would end before the TTL the caller counts on.
-			r.errs[i] = fmt.Errorf("etcd: renew %s: %w: TTL %v exceeds the %v of the session the grant rides on (renew with the TTL it was granted with)", g, driver.ErrInvalidTTL, g.TTL, limit)
+			r.errs[i] = fmt.Errorf(
+				"etcd: renew %s: %w: TTL %v exceeds the %v of the session the grant rides on (renew with the TTL it was granted with)",
+				g, driver.ErrInvalidTTL, g.TTL, limit)
 			continue
 		}
 		r.entries[i] = e

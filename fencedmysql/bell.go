@@ -442,7 +442,7 @@ func heldRemaining(err error) time.Duration {
 // It tries the row again each time the doorbell rings or the holder's time
 // runs out. The grant is confirmed when the try that granted it was sent.
 // Errors while waiting (server unreachable, outcome unknown: the owner token
-// makes a retried try idempotent) are retried until ctx ends; those of the
+// makes a retried try idempotent) are retried until ctx ends. Those of the
 // first try are returned, so that a caller that fails open can.
 func (d *Driver) AcquireTimed(ctx context.Context, key, owner string, ttl time.Duration) (uint64, time.Time, error) {
 	if cap(d.bell.slots) == 0 {
@@ -601,7 +601,8 @@ func (b *doorbell) note() string {
 	if cap(b.slots) == 0 {
 		return "doorbells off: waiters poll with backoff and full jitter, capped by the holder's remaining time"
 	}
-	return "waiters are woken by a doorbell (a named lock, GET_LOCK, held by the holder and freed after its release: one waiter woken per release, " +
+	return "waiters are woken by a doorbell (a named lock, GET_LOCK, held by the holder and freed after its release: " +
+		"one waiter woken per release, " +
 		"one sleeping connection per key per process), with a look at the row at the holder's expiry or every 2s at the latest; not FIFO"
 }
 

@@ -75,7 +75,8 @@ func (d *Driver) pruneBatch(ctx context.Context, db sqllease.DB, cutoffValue any
 			return nil
 		}
 		in := strings.TrimSuffix(strings.Repeat("?, ", len(keys)), ", ")
-		locked, err := tx.Query(ctx, `SELECT lease_key, fence FROM `+d.t+` WHERE lease_key IN (`+in+`) AND expires_at < CAST(? AS DATETIME(6)) FOR UPDATE`,
+		locked, err := tx.Query(ctx,
+			`SELECT lease_key, fence FROM `+d.t+` WHERE lease_key IN (`+in+`) AND expires_at < CAST(? AS DATETIME(6)) FOR UPDATE`,
 			append(keys, cutoff)...)
 		if err != nil {
 			return err

@@ -303,11 +303,12 @@ func connectError(cfg *mysql.Config, err error) error {
 		// system variable when it connects (so tabel=x reaches the
 		// server): an unknown variable or a refused value is a usage
 		// error, not an outage.
-		return fmt.Errorf("%w: a URL parameter that is neither fenced's (%s, %s) nor go-sql-driver's is set as a system variable, and the server refused it: %s (error %d)",
+		return fmt.Errorf("%w: a URL parameter not fenced's (%s, %s) nor go-sql-driver's was refused as a system variable: %s (error %d)",
 			driver.ErrInvalidURL, leasetable.TableParam, paramSocket, leasetable.Scrub(myErr.Message, cfg.Passwd), myErr.Number)
 	}
 	if errors.As(err, &myErr) && (myErr.Number == 1045 || myErr.Number == 1044 || myErr.Number == 1698) {
-		return fmt.Errorf("%w: access denied for user %q at %s: %s (error %d)", driver.ErrUnavailable, cfg.User, cfg.Addr, leasetable.Scrub(myErr.Message, cfg.Passwd), myErr.Number)
+		return fmt.Errorf("%w: access denied for user %q at %s: %s (error %d)",
+			driver.ErrUnavailable, cfg.User, cfg.Addr, leasetable.Scrub(myErr.Message, cfg.Passwd), myErr.Number)
 	}
 	return fmt.Errorf("%w: cannot connect to MySQL at %s: %s", driver.ErrUnavailable, cfg.Addr, leasetable.Scrub(err.Error(), cfg.Passwd))
 }
@@ -332,7 +333,8 @@ func New(ctx context.Context, db *sql.DB, opts *Options) (*Driver, error) {
 	if err != nil {
 		return nil, fmt.Errorf("mysql: %w", err)
 	}
-	d := &Driver{db: db, table: table, t: quoteIdent(table), b: quoteIdent(table + leasetable.BreaksSuffix), f: quoteIdent(table + leasetable.FloorSuffix)}
+	d := &Driver{db: db, table: table, t: quoteIdent(table), b: quoteIdent(table + leasetable.BreaksSuffix),
+		f: quoteIdent(table + leasetable.FloorSuffix)}
 	d.std = sqllease.NewStdDB(db, false)
 	dialect := d.dialect()
 	d.Engine = sqllease.New(dialect, d.std)
@@ -408,7 +410,8 @@ func (d *Driver) dialect() *sqllease.Dialect {
  WHERE lease_key = ? AND owner = ? AND fence = ? AND expires_at > UTC_TIMESTAMP(6)`,
 				Args: func(a sqllease.Args) []any { return []any{a.TTL, a.Key, a.Owner, a.Fence} },
 			},
-			Release: sqllease.Stmt{SQL: `UPDATE ` + d.t + ` SET owner = '', expires_at = ` + freeExpiry + ` WHERE lease_key = ? AND owner = ? AND fence = ?`},
+			Release: sqllease.Stmt{SQL: `UPDATE ` + d.t + ` SET owner = '', expires_at = ` + freeExpiry +
+				` WHERE lease_key = ? AND owner = ? AND fence = ?`},
 			Inspect: sqllease.Stmt{SQL: `SELECT owner, fence, ` + remainingExpr + ` FROM ` + d.t + ` WHERE lease_key = ?`},
 			// Keys are binary strings, sorted byte-wise; the prefix is
 			// compared as bytes.
@@ -419,7 +422,8 @@ func (d *Driver) dialect() *sqllease.Dialect {
 			},
 			LockRow:  sqllease.Stmt{SQL: `SELECT owner, fence, ` + remainingExpr + ` FROM ` + d.t + ` WHERE lease_key = ? FOR UPDATE`},
 			BreakRow: sqllease.Stmt{SQL: `UPDATE ` + d.t + ` SET owner = '', expires_at = ` + freeExpiry + ` WHERE lease_key = ?`},
-			Audit:    sqllease.Stmt{SQL: `INSERT INTO ` + d.b + ` (broken_at, lease_key, fence, owner, reason, broken_by) VALUES (UTC_TIMESTAMP(6), ?, ?, ?, ?, ?)`},
+			Audit: sqllease.Stmt{SQL: `INSERT INTO ` + d.b +
+				` (broken_at, lease_key, fence, owner, reason, broken_by) VALUES (UTC_TIMESTAMP(6), ?, ?, ?, ?, ?)`},
 			// broken_at travels as microseconds since the epoch, so the
 			// result does not depend on the pool's parseTime or loc
 			// settings.
@@ -428,7 +432,8 @@ func (d *Driver) dialect() *sqllease.Dialect {
   FROM ` + d.b + ` WHERE ? = '' OR lease_key = ? ORDER BY id`,
 				Args: func(a sqllease.Args) []any { return []any{a.Key, a.Key} },
 			},
-			Floor:       sqllease.Stmt{SQL: `SELECT COALESCE((SELECT fence_floor FROM ` + d.f + ` WHERE id = 1), 0), COALESCE((SELECT MAX(fence) FROM ` + d.t + `), 0)`},
+			Floor: sqllease.Stmt{SQL: `SELECT COALESCE((SELECT fence_floor FROM ` + d.f + ` WHERE id = 1), 0), ` +
+				`COALESCE((SELECT MAX(fence) FROM ` + d.t + `), 0)`},
 			PruneCutoff: sqllease.Stmt{SQL: `SELECT CAST(UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND AS CHAR)`},
 		},
 		Acquire: func(ctx context.Context, c sqllease.Conn, key, owner string, us int64) (uint64, int64, error) {
@@ -484,7 +489,8 @@ func (d *Driver) renewBatch(ctx context.Context, c sqllease.Conn, reqs []sqlleas
 	if _, err := c.Exec(ctx, update, upd...); err != nil {
 		return nil, err
 	}
-	q := `SELECT lease_key, owner, fence FROM ` + d.t + ` WHERE (lease_key, owner, fence) IN (` + strings.Join(tuples, ", ") + `) AND expires_at > UTC_TIMESTAMP(6)`
+	q := `SELECT lease_key, owner, fence FROM ` + d.t + ` WHERE (lease_key, owner, fence) IN (` + strings.Join(tuples,
+		", ") + `) AND expires_at > UTC_TIMESTAMP(6)`
 	return sqllease.ScanGrants(c.Query(ctx, q, sel...))
 }
 
@@ -495,15 +501,16 @@ func (d *Driver) Guarantees() driver.Guarantees {
 		ServerClock: true,
 		// UTC_TIMESTAMP is the server's wall clock.
 		ClockStepSafe: false,
-		Note: "fence is a counter on the InnoDB lease row (durable with the row; after a failover only if replication was semi-synchronous or Galera); " +
+		Note: "fence is a counter on the InnoDB lease row " +
+			"(durable with the row; after a failover only if replication was semi-synchronous or Galera); " +
 			"expiry by the server's UTC_TIMESTAMP, its wall clock (not safe from clock steps); " + d.bell.note(),
 	}
 }
 
-// Capabilities implements driver.Driver: waiting by doorbell (a queue of
-// the driver's own, not FIFO across processes) when the driver has doorbell
-// connections, and the lease table's batch renewal, break log, fence floor
-// and prune.
+// Capabilities implements driver.Driver. It offers waiting by doorbell (a
+// queue of the driver's own, not FIFO across processes) when the driver has
+// doorbell connections, and the lease table's batch renewal, break log,
+// fence floor and prune.
 func (d *Driver) Capabilities() driver.Capabilities {
 	return driver.Capabilities{Queue: cap(d.bell.slots) > 0, BatchRenew: true, BreakLog: true, FenceFloor: true, Prune: true}
 }
@@ -602,7 +609,9 @@ func (d *Driver) ensureSchema(ctx context.Context) error {
 func (d *Driver) readTable(ctx context.Context, table string) (leasetable.Existing, bool, error) {
 	found := leasetable.Existing{Columns: map[string]leasetable.ExistingColumn{}}
 	var kind, engine sql.NullString
-	err := d.db.QueryRowContext(ctx, `SELECT table_type, engine FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = ?`, table).Scan(&kind, &engine)
+	err := d.db.QueryRowContext(ctx,
+		`SELECT table_type, engine FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = ?`,
+		table).Scan(&kind, &engine)
 	if errors.Is(err, sql.ErrNoRows) {
 		return found, false, nil
 	}
@@ -614,7 +623,8 @@ func (d *Driver) readTable(ctx context.Context, table string) (leasetable.Existi
 	} else if !strings.EqualFold(engine.String, "InnoDB") {
 		found.Problems = append(found.Problems, fmt.Sprintf("its engine is %s, want InnoDB (row locks and transactions)", engine.String))
 	}
-	rows, err := d.db.QueryContext(ctx, `SELECT column_name, data_type, COALESCE(datetime_precision, -1), COALESCE(collation_name, ''), COALESCE(character_octet_length, 0), extra
+	rows, err := d.db.QueryContext(ctx, `SELECT column_name, data_type, COALESCE(datetime_precision, -1),
+  COALESCE(collation_name, ''), COALESCE(character_octet_length, 0), extra
   FROM information_schema.columns WHERE table_schema = DATABASE() AND table_name = ?`, table)
 	if err != nil {
 		return found, true, err
@@ -626,7 +636,8 @@ func (d *Driver) readTable(ctx context.Context, table string) (leasetable.Existi
 		if err := rows.Scan(&name, &typ, &precision, &collation, &octets, &extra); err != nil {
 			return found, true, err
 		}
-		c := leasetable.ExistingColumn{Type: strings.ToLower(typ), MaxBytes: octets, AutoIncrement: strings.Contains(strings.ToLower(extra), "auto_increment")}
+		c := leasetable.ExistingColumn{Type: strings.ToLower(typ), MaxBytes: octets,
+			AutoIncrement: strings.Contains(strings.ToLower(extra), "auto_increment")}
 		if precision >= 0 && (c.Type == "datetime" || c.Type == "timestamp" || c.Type == "time") {
 			c.Type = fmt.Sprintf("%s(%d)", c.Type, precision)
 		}

@@ -10,7 +10,7 @@ import (
 )
 
 // DB returns the driver's *sql.DB, for an application that wants to share
-// it; renewals use it too (see DBOf).
+// it. Renewals use it too (see DBOf).
 func (d *Driver) DB() *sql.DB { return d.db }
 
 // Table returns the lease table's name.

@@ -58,7 +58,7 @@ func AdvisoryKey(key string) int64 {
 // If the lock is taken and opts.Wait is false, fn is not called and the
 // error matches fenced.ErrHeld. If opts.MaxWait runs out, the error also
 // matches ErrHeld. fn's error is returned unchanged after the transaction
-// is rolled back; otherwise the transaction is committed and a commit
+// is rolled back. Otherwise the transaction is committed and a commit
 // failure is returned. Passing a pgx.Tx's connection while that
 // transaction is open is not supported (the lock would outlive fn).
 //
@@ -85,7 +85,8 @@ func AdvisoryKey(key string) int64 {
 // clients. Even a plain pool can return the connection with the lock still
 // held. A transaction is always pinned to one server connection, so the
 // transaction-scoped form is safe everywhere.
-func WithAdvisoryLock(ctx context.Context, db TxBeginner, key string, opts *AdvisoryOptions, fn func(ctx context.Context, tx pgx.Tx) error) error {
+func WithAdvisoryLock(ctx context.Context, db TxBeginner, key string, opts *AdvisoryOptions,
+	fn func(ctx context.Context, tx pgx.Tx) error) error {
 	var o AdvisoryOptions
 	if opts != nil {
 		o = *opts

@@ -47,7 +47,8 @@ func (q statements) pruneBatch(ctx context.Context, db sqllease.DB, cutoff any, 
 			return b, err
 		}
 		if try == pruneLockTries {
-			return b, fmt.Errorf("%w: the lease table stayed locked by another transaction for %d tries of %v: %w", driver.ErrUnavailable, try, pruneLockTimeout, err)
+			return b, fmt.Errorf("%w: the lease table stayed locked by another transaction for %d tries of %v: %w",
+				driver.ErrUnavailable, try, pruneLockTimeout, err)
 		}
 		select {
 		case <-ctx.Done():

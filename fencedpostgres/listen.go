@@ -340,7 +340,7 @@ type lineSub struct {
 	l *listener
 }
 
-// Close implements driver.Subscription: a wake-up s did not consume goes
+// Close implements driver.Subscription. A wake-up s did not consume goes
 // to the next waiter in this driver, and a line that was head gives the
 // lock up to the next driver.
 func (s lineSub) Close() error {

@@ -52,6 +52,7 @@ func checkParams(q url.Values, cfg *pgxpool.Config) error {
 		settings = append(settings, s)
 	}
 	sort.Strings(settings)
-	return fmt.Errorf("%w: unknown parameter %q (fenced's: %s, %s; pgx's connection and pool parameters: sslmode, connect_timeout, target_session_attrs, pool_max_conns, default_query_exec_mode and the rest of pgx.ParseConfig's; server settings: %s; any other server setting goes in options=-c NAME=VALUE)",
+	return fmt.Errorf(
+		"%w: unknown parameter %q (fenced's: %s, %s; pgx.ParseConfig's, e.g. sslmode; settings: %s; other: options=-c NAME=VALUE)",
 		driver.ErrInvalidURL, bad[0], "table", paramNotify, strings.Join(settings, ", "))
 }

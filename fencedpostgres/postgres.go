@@ -218,13 +218,15 @@ func connectError(cfg *pgx.ConnConfig, err error, password string) error {
 	if errors.As(err, &pgErr) && (pgErr.Code == "42704" || pgErr.Code == "22023") {
 		// A setting of the URL (options=-c NAME=VALUE) the server does
 		// not know, or a value it refuses: a usage error, not an outage.
-		return fmt.Errorf("%w: the server refused a setting of the URL: %s (SQLSTATE %s)", driver.ErrInvalidURL, leasetable.Scrub(pgErr.Message, password), pgErr.Code)
+		return fmt.Errorf("%w: the server refused a setting of the URL: %s (SQLSTATE %s)",
+			driver.ErrInvalidURL, leasetable.Scrub(pgErr.Message, password), pgErr.Code)
 	}
 	if errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "28") {
 		return fmt.Errorf("%w: authentication failed for user %q at %s:%d: %s (SQLSTATE %s)",
 			driver.ErrUnavailable, cfg.User, cfg.Host, cfg.Port, leasetable.Scrub(pgErr.Message, password), pgErr.Code)
 	}
-	return fmt.Errorf("%w: cannot connect to PostgreSQL at %s:%d: %s", driver.ErrUnavailable, cfg.Host, cfg.Port, leasetable.Scrub(err.Error(), password))
+	return fmt.Errorf("%w: cannot connect to PostgreSQL at %s:%d: %s",
+		driver.ErrUnavailable, cfg.Host, cfg.Port, leasetable.Scrub(err.Error(), password))
 }
 
 // New returns a driver over pool, creating the lease and audit tables if
@@ -258,7 +260,9 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts *Options) (*Driver, error
 	if lcfg == nil {
 		if !o.ListenThroughProxy {
 			if err := checkDirect(ctx, pool); err != nil {
-				d.note = fmt.Sprintf("LISTEN unavailable (%v): waiters poll with backoff and jitter; behind a transaction-mode pooler set Options.ListenConfig to a direct connection, behind a plain TCP proxy say notify=on", err)
+				d.note = fmt.Sprintf("LISTEN unavailable (%v): waiters poll with backoff and jitter; "+
+					"behind a transaction-mode pooler set Options.ListenConfig to a direct connection, "+
+					"behind a plain TCP proxy say notify=on", err)
 				return d, nil
 			}
 		}
@@ -266,7 +270,8 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts *Options) (*Driver, error
 	}
 	l, err := startListener(ctx, d, lcfg, o.ProbeTimeout)
 	if err != nil {
-		d.note = fmt.Sprintf("LISTEN unavailable (%v): waiters poll with backoff and jitter; behind a transaction-mode pooler set Options.ListenConfig to a direct connection", err)
+		d.note = fmt.Sprintf("LISTEN unavailable (%v): waiters poll with backoff and jitter; "+
+			"behind a transaction-mode pooler set Options.ListenConfig to a direct connection", err)
 		return d, nil
 	}
 	d.listener = l
@@ -283,7 +288,7 @@ func (d *Driver) Pool() *pgxpool.Pool { return d.pool }
 func (d *Driver) Table() string { return d.table }
 
 // Guarantees implements driver.Driver. The fence is strict: it lives in a
-// committed row, so it survives restarts and crash recovery; a failover
+// committed row, so it survives restarts and crash recovery. A failover
 // keeps it when the standby replicates synchronously.
 func (d *Driver) Guarantees() driver.Guarantees {
 	g := driver.Guarantees{
@@ -291,12 +296,14 @@ func (d *Driver) Guarantees() driver.Guarantees {
 		ServerClock: true,
 		// now() is the database's wall clock.
 		ClockStepSafe: false,
-		Note:          "fence is a counter on the lease row (durable with the row; after a failover only if replication was synchronous); expiry by the database's now(), its wall clock (not safe from clock steps)",
+		Note: "fence is a counter on the lease row (durable with the row; after a failover only if replication was synchronous); " +
+			"expiry by the database's now(), its wall clock (not safe from clock steps)",
 	}
 	if d.note != "" {
 		g.Note += "; " + d.note
 	} else {
-		g.Note += "; waiters woken by LISTEN/NOTIFY, one per release across processes (a per-key line on a session advisory lock), expiry without release caught by the client's fallback timer"
+		g.Note += "; waiters woken by LISTEN/NOTIFY, one per release across processes (a per-key line on a session advisory lock), " +
+			"expiry without release caught by the client's fallback timer"
 	}
 	return g
 }

@@ -26,7 +26,8 @@ func DatabaseURL(rawURL string) (string, error) {
 		return "", err
 	}
 	if u.Scheme != "postgres" && u.Scheme != "postgresql" {
-		return "", fmt.Errorf("postgres: %s: %w: scheme %q, want postgres or postgresql", driver.Redact(rawURL), driver.ErrInvalidURL, u.Scheme)
+		return "", fmt.Errorf("postgres: %s: %w: scheme %q, want postgres or postgresql",
+			driver.Redact(rawURL), driver.ErrInvalidURL, u.Scheme)
 	}
 	p, err := urlquery.Parse(u.RawQuery)
 	if err != nil {

@@ -100,8 +100,9 @@ RETURNING l.lease_key, l.owner, l.fence`,
   RETURNING lease_key
 )
 SELECT pg_notify($4, lease_key) FROM released`,
-		inspect:  `SELECT owner, fence, ` + remainingExpr + ` FROM ` + t + ` WHERE lease_key = $1`,
-		list:     `SELECT lease_key, owner, fence, ` + remainingExpr + ` FROM ` + t + ` WHERE starts_with(lease_key, $1) AND owner <> '' AND expires_at > now() ORDER BY lease_key COLLATE "C"`,
+		inspect: `SELECT owner, fence, ` + remainingExpr + ` FROM ` + t + ` WHERE lease_key = $1`,
+		list: `SELECT lease_key, owner, fence, ` + remainingExpr + ` FROM ` + t +
+			` WHERE starts_with(lease_key, $1) AND owner <> '' AND expires_at > now() ORDER BY lease_key COLLATE "C"`,
 		lockRow:  `SELECT owner, fence, ` + remainingExpr + ` FROM ` + t + ` WHERE lease_key = $1 FOR UPDATE`,
 		breakRow: `UPDATE ` + t + ` SET owner = '', expires_at = now() WHERE lease_key = $1`,
 		audit:    `INSERT INTO ` + b + ` (lease_key, fence, owner, reason, broken_by) VALUES ($1, $2, $3, $4, $5)`,
@@ -214,7 +215,8 @@ func readTable(ctx context.Context, tx pgx.Tx, table string) (leasetable.Existin
 	found := leasetable.Existing{Columns: map[string]leasetable.ExistingColumn{}}
 	q := quoteIdent(table)
 	var kind *string
-	if err := tx.QueryRow(ctx, `SELECT (SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1))`, q).Scan(&kind); err != nil || kind == nil {
+	if err := tx.QueryRow(ctx, `SELECT (SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1))`,
+		q).Scan(&kind); err != nil || kind == nil {
 		return found, false, err
 	}
 	switch *kind {
@@ -224,7 +226,8 @@ func readTable(ctx context.Context, tx pgx.Tx, table string) (leasetable.Existin
 	default:
 		found.Problems = append(found.Problems, fmt.Sprintf("it is a relation of kind %q, not a table", *kind))
 	}
-	rows, err := tx.Query(ctx, `SELECT a.attname, format_type(a.atttypid, a.atttypmod), CASE WHEN `+deterministic+` THEN '' ELSE co.collname END
+	rows, err := tx.Query(ctx, `SELECT a.attname, format_type(a.atttypid, a.atttypmod),
+  CASE WHEN `+deterministic+` THEN '' ELSE co.collname END
   FROM pg_attribute a LEFT JOIN pg_collation co ON co.oid = a.attcollation
  WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped`, q)
 	if err != nil {
@@ -323,12 +326,13 @@ func (d *Driver) dialect() *sqllease.Dialect {
 			Release: sqllease.Stmt{SQL: q.release, Args: func(a sqllease.Args) []any {
 				return append(grant(a), d.channel)
 			}},
-			Inspect:     sqllease.Stmt{SQL: q.inspect},
-			List:        sqllease.Stmt{SQL: q.list},
-			LockRow:     sqllease.Stmt{SQL: q.lockRow},
-			BreakRow:    sqllease.Stmt{SQL: q.breakRow},
-			Audit:       sqllease.Stmt{SQL: q.audit},
-			Notify:      sqllease.Stmt{SQL: `SELECT pg_notify($1, $2)`, Args: func(a sqllease.Args) []any { return []any{d.channel, a.Key} }},
+			Inspect:  sqllease.Stmt{SQL: q.inspect},
+			List:     sqllease.Stmt{SQL: q.list},
+			LockRow:  sqllease.Stmt{SQL: q.lockRow},
+			BreakRow: sqllease.Stmt{SQL: q.breakRow},
+			Audit:    sqllease.Stmt{SQL: q.audit},
+			Notify: sqllease.Stmt{SQL: `SELECT pg_notify($1, $2)`,
+				Args: func(a sqllease.Args) []any { return []any{d.channel, a.Key} }},
 			Breaks:      sqllease.Stmt{SQL: q.breaks},
 			Floor:       sqllease.Stmt{SQL: q.floor},
 			PruneCutoff: sqllease.Stmt{SQL: q.pruneCutoff},

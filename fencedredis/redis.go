@@ -74,7 +74,7 @@ func init() {
 }
 
 // ErrForeignValue means a Redis key in fenced's namespace holds something
-// fenced did not write; fenced refuses to touch it.
+// fenced did not write. Fenced refuses to touch it.
 var ErrForeignValue = rediskit.ErrForeignValue
 
 // Options configure a Driver. The zero value gives the defaults.
@@ -142,17 +142,16 @@ var (
 	_ driver.BreakLogger     = (*Driver)(nil)
 )
 
-// New returns a driver over an existing go-redis client: a *redis.Client,
-// a Sentinel failover client or a *redis.ClusterClient (a *redis.Ring is
-// refused, since its shards move keys and so reset fence counters). opts
-// may be nil. The driver does not own c:
-// Close leaves it open. go-redis retries failed commands by default
-// (MaxRetries 3); every fenced script is safe to retry except that a
-// release retried after it took effect reports ErrNotHeld. go-redis also
-// ignores context deadlines unless Options.ContextTimeoutEnabled is set:
-// set it, or a call on a link that drops packets waits out ReadTimeout
-// (5s by default) whatever its context says. The client fenced.Open makes
-// from a URL sets it.
+// New returns a driver over an existing go-redis client. It takes a
+// *redis.Client, a Sentinel failover client or a *redis.ClusterClient (a
+// *redis.Ring is refused, since its shards move keys and so reset fence
+// counters). opts may be nil. The driver does not own c: Close leaves it
+// open. go-redis retries failed commands by default (MaxRetries 3). Every
+// fenced script is safe to retry except that a release retried after it
+// took effect reports ErrNotHeld. go-redis also ignores context deadlines
+// unless Options.ContextTimeoutEnabled is set: set it, or a call on a
+// link that drops packets waits out ReadTimeout (5s by default) whatever
+// its context says. The client fenced.Open makes from a URL sets it.
 func New(c redis.UniversalClient, opts *Options) (*Driver, error) {
 	if c == nil {
 		return nil, errors.New("redis: New: nil client")
@@ -179,7 +178,8 @@ func New(c redis.UniversalClient, opts *Options) (*Driver, error) {
 	}
 	_, cluster := c.(*redis.ClusterClient)
 	if cluster && d.opts.WaitReplicas > 0 {
-		return nil, errors.New("redis: WaitReplicas is not supported on a Cluster client (WAIT must follow the grant on the same connection)")
+		return nil, errors.New(
+			"redis: WaitReplicas is not supported on a Cluster client (WAIT must follow the grant on the same connection)")
 	}
 	if _, ok := c.(*redis.Ring); ok {
 		return nil, errors.New("redis: a Ring client is not supported: its shards move keys, which would reset fence counters")
@@ -333,9 +333,11 @@ func (d *Driver) acquireAndWait(ctx context.Context, key string, k rediskit.Keys
 	defer cancel()
 	_ = d.release(rctx, k, rediskit.Value(fence, args[0].(string))).Err()
 	if werr != nil {
-		return 0, fmt.Errorf("redis: acquire %q: WAIT for %d replicas failed, grant of fence %d released: %w", key, d.opts.WaitReplicas, fence, rediskit.Classify(werr, false))
+		return 0, fmt.Errorf("redis: acquire %q: WAIT for %d replicas failed, grant of fence %d released: %w",
+			key, d.opts.WaitReplicas, fence, rediskit.Classify(werr, false))
 	}
-	return 0, fmt.Errorf("redis: acquire %q: %w: only %d of %d replicas acknowledged the grant of fence %d within %v; released it", key, driver.ErrUnavailable, acked, d.opts.WaitReplicas, fence, d.opts.WaitTimeout)
+	return 0, fmt.Errorf("redis: acquire %q: %w: only %d of %d replicas acknowledged the grant of fence %d within %v; released it",
+		key, driver.ErrUnavailable, acked, d.opts.WaitReplicas, fence, d.opts.WaitTimeout)
 }
 
 // scriptErr wraps a script error: transport failures become the driver
@@ -517,7 +519,8 @@ func (d *Driver) Break(ctx context.Context, key string, req driver.BreakRequest)
 		return driver.LeaseInfo{}, err
 	}
 	k := d.layout.Keys(key)
-	res, err := rediskit.Break.Run(ctx, d.c, []string{k.Lock, k.Audit, k.Waiters}, k.Channel, req.Reason, req.By, d.opts.AuditLen, d.passOn).Slice()
+	res, err := rediskit.Break.Run(ctx, d.c, []string{k.Lock, k.Audit, k.Waiters}, k.Channel, req.Reason, req.By, d.opts.AuditLen,
+		d.passOn).Slice()
 	if err != nil {
 		return driver.LeaseInfo{}, d.scriptErr("break", key, err, true, k.Lock, k.Audit)
 	}
@@ -588,7 +591,8 @@ func (d *Driver) Guarantees() driver.Guarantees { return d.guarantees }
 func (d *Driver) makeGuarantees() driver.Guarantees {
 	note := guaranteesNote
 	if d.opts.WaitReplicas > 0 {
-		note += fmt.Sprintf("; grants wait for %d replica acknowledgements (WAIT), which narrows but does not close this window", d.opts.WaitReplicas)
+		note += fmt.Sprintf("; grants wait for %d replica acknowledgements (WAIT), which narrows but does not close this window",
+			d.opts.WaitReplicas)
 	}
 	note += "; expiry is PX on the server's wall clock, so a forward step of that clock ends grants early (not safe from clock steps)"
 	return driver.Guarantees{

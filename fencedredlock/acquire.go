@@ -95,7 +95,8 @@ func (d *Driver) nextFence(ctx context.Context, key string) (uint64, error) {
 }
 
 // acquireOp returns the grant script's call on one node for this attempt.
-func (d *Driver) acquireOp(k rediskit.Keys, owner string, ttl time.Duration, fence uint64, attempt int64) func(context.Context, redis.UniversalClient) (rediskit.Acquired, error) {
+func (d *Driver) acquireOp(k rediskit.Keys, owner string, ttl time.Duration, fence uint64, attempt int64) func(context.Context,
+	redis.UniversalClient) (rediskit.Acquired, error) {
 	keys := []string{k.Lock, k.Fence, k.Claim}
 	args := []any{owner, rediskit.Millis(ttl), strconv.FormatUint(fence, 10), attempt}
 	if subs, member := d.waiters.Current(k); subs > 0 {
@@ -152,7 +153,8 @@ func (d *Driver) acquireFailure(key string, k rediskit.Keys, t driver.Terms, bud
 	case tl.foreign:
 		return fmt.Errorf("redlock: acquire %q: %w", key, rediskit.ForeignError(k.Lock))
 	case tl.ours >= d.quorum:
-		return fmt.Errorf("redlock: acquire %q: %w: a majority granted it but only after %v of the %v TTL (drift allowance %v); released it",
+		return fmt.Errorf(
+			"redlock: acquire %q: %w: a majority granted it but only after %v of the %v TTL (drift allowance %v); released it",
 			key, driver.ErrUnavailable, elapsed.Round(time.Millisecond), t.TTL, t.SafetyMargin)
 	case len(tl.heldTTLs) > 0 || tl.stale:
 		// Held elsewhere: the key frees when enough holders' grants end;

@@ -25,7 +25,7 @@ type view struct {
 }
 
 // Inspect implements driver.Driver: the key is held if a majority of nodes
-// hold the same grant; Remaining is the time left on the majority.
+// hold the same grant. Remaining is the time left on the majority.
 func (d *Driver) Inspect(ctx context.Context, key string) (driver.LeaseInfo, error) {
 	if err := d.usable(); err != nil {
 		return driver.LeaseInfo{}, err
@@ -72,7 +72,8 @@ func (d *Driver) Inspect(ctx context.Context, key string) (driver.LeaseInfo, err
 		}
 	}
 	if answered < d.quorum {
-		return info, fmt.Errorf("redlock: inspect %q: %w: %d of %d nodes answered: %w", key, driver.ErrUnavailable, answered, len(d.nodes), errors.Join(errs...))
+		return info, fmt.Errorf("redlock: inspect %q: %w: %d of %d nodes answered: %w",
+			key, driver.ErrUnavailable, answered, len(d.nodes), errors.Join(errs...))
 	}
 	for v, ttls := range byValue {
 		if len(ttls) >= d.quorum {
@@ -116,7 +117,8 @@ func (d *Driver) List(ctx context.Context, prefix string) ([]driver.LeaseInfo, e
 		}
 	}
 	if answered < d.quorum {
-		return nil, fmt.Errorf("redlock: list %q: %w: %d of %d nodes answered: %w", prefix, driver.ErrUnavailable, answered, len(d.nodes), errors.Join(errs...))
+		return nil, fmt.Errorf("redlock: list %q: %w: %d of %d nodes answered: %w",
+			prefix, driver.ErrUnavailable, answered, len(d.nodes), errors.Join(errs...))
 	}
 	var out []driver.LeaseInfo
 	for _, is := range count {

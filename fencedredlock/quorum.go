@@ -25,7 +25,8 @@ type reply[T any] struct {
 // decided reports true for the replies so far, every node answered, or the
 // budget runs out. Replies that arrive later are sent to late, which is
 // closed after the last one (nil if the caller does not care).
-func fanout[T any](ctx context.Context, d *Driver, budget time.Duration, op func(context.Context, redis.UniversalClient) (T, error), decided func([]reply[T]) bool, late func(reply[T])) []reply[T] {
+func fanout[T any](ctx context.Context, d *Driver, budget time.Duration,
+	op func(context.Context, redis.UniversalClient) (T, error), decided func([]reply[T]) bool, late func(reply[T])) []reply[T] {
 	ctx, cancel := context.WithTimeout(ctx, budget)
 	ch := make(chan reply[T], len(d.nodes))
 	for i, n := range d.nodes {
@@ -71,7 +72,8 @@ collect:
 // majority runs a compare-then-act script on every node and counts the
 // replies with tally. The round ends as soon as done(ok, refused) reports
 // true; the requests still in flight complete in the background.
-func (d *Driver) majority(ctx context.Context, budget time.Duration, done func(ok, refused int) bool, script *redis.Script, keys []string, args ...any) (ok, refused int, errs []error) {
+func (d *Driver) majority(ctx context.Context, budget time.Duration, done func(ok, refused int) bool, script *redis.Script,
+	keys []string, args ...any) (ok, refused int, errs []error) {
 	rs := fanout(ctx, d, budget, func(ctx context.Context, c redis.UniversalClient) (int64, error) {
 		return script.Run(ctx, c, keys, args...).Int64()
 	}, func(rs []reply[int64]) bool {
@@ -123,7 +125,8 @@ func (d *Driver) Renew(ctx context.Context, g driver.Grant) error {
 	}
 	k := d.layout.Keys(g.Key)
 	decided := func(ok, refused int) bool { return ok >= d.quorum || refused > len(d.nodes)-d.quorum }
-	ok, refused, errs := d.majority(ctx, min(d.opts.Budget, g.TTL/3), decided, rediskit.Renew, []string{k.Lock}, rediskit.Value(g.Fence, g.Owner), rediskit.Millis(g.TTL))
+	ok, refused, errs := d.majority(ctx, min(d.opts.Budget, g.TTL/3), decided, rediskit.Renew, []string{k.Lock},
+		rediskit.Value(g.Fence, g.Owner), rediskit.Millis(g.TTL))
 	return d.verdict("renew", g, ok, refused, errs)
 }
 
@@ -134,7 +137,8 @@ func (d *Driver) verdict(op string, g driver.Grant, ok, refused int, errs []erro
 	case refused > len(d.nodes)-d.quorum:
 		return fmt.Errorf("redlock: %s %v: %w on %d of %d nodes", op, g, driver.ErrNotHeld, refused, len(d.nodes))
 	}
-	return fmt.Errorf("redlock: %s %v: %w: confirmed on %d of %d nodes (need %d): %w", op, g, driver.ErrUnknownOutcome, ok, len(d.nodes), d.quorum, errors.Join(errs...))
+	return fmt.Errorf("redlock: %s %v: %w: confirmed on %d of %d nodes (need %d): %w",
+		op, g, driver.ErrUnknownOutcome, ok, len(d.nodes), d.quorum, errors.Join(errs...))
 }
 
 // RenewBatch implements driver.BatchRenewer: one pipeline per node, all
@@ -164,7 +168,8 @@ func (d *Driver) RenewBatch(ctx context.Context, grants []driver.Grant) ([]error
 		nodeErrs = append(nodeErrs, fmt.Errorf("%w: %d nodes did not answer within %v", driver.ErrUnknownOutcome, missing, d.opts.Budget))
 	}
 	if answered < d.quorum {
-		return nil, fmt.Errorf("redlock: renew batch of %d: %w: %d of %d nodes answered (need %d): %w", len(grants), driver.ErrUnknownOutcome, answered, len(d.nodes), d.quorum, errors.Join(nodeErrs...))
+		return nil, fmt.Errorf("redlock: renew batch of %d: %w: %d of %d nodes answered (need %d): %w",
+			len(grants), driver.ErrUnknownOutcome, answered, len(d.nodes), d.quorum, errors.Join(nodeErrs...))
 	}
 	out := make([]error, len(grants))
 	for i, g := range grants {
@@ -226,7 +231,8 @@ func (d *Driver) Release(ctx context.Context, g driver.Grant) error {
 		// not the current grant, though its remnants are gone now.
 		return fmt.Errorf("redlock: release %v: %w (still present on %d of %d nodes, removed)", g, driver.ErrNotHeld, ok, len(d.nodes))
 	case refused > len(d.nodes)-d.quorum:
-		return fmt.Errorf("redlock: release %v: %w on %d of %d nodes (the rest did not answer)", g, driver.ErrNotHeld, refused, len(d.nodes))
+		return fmt.Errorf("redlock: release %v: %w on %d of %d nodes (the rest did not answer)",
+			g, driver.ErrNotHeld, refused, len(d.nodes))
 	}
 	return fmt.Errorf("redlock: release %v: %w: %w", g, driver.ErrUnknownOutcome, errors.Join(errs...))
 }

@@ -89,7 +89,7 @@ func init() {
 }
 
 // ErrForeignValue means a Redis key in fenced's namespace holds something
-// fenced did not write; fenced refuses to touch it.
+// fenced did not write. Fenced refuses to touch it.
 var ErrForeignValue = rediskit.ErrForeignValue
 
 // FenceSource issues fences for Redlock grants, which have none of their
@@ -161,7 +161,7 @@ var (
 // primary (not replicas of each other, not a Cluster). Use an odd number,
 // at least 3. opts may be nil. The driver does not own the clients. For
 // the budget to bound slow nodes, clients should honour context deadlines
-// (go-redis Options.ContextTimeoutEnabled); the driver stops waiting at the
+// (go-redis Options.ContextTimeoutEnabled). The driver stops waiting at the
 // budget either way.
 func New(clients []redis.UniversalClient, opts *Options) (*Driver, error) {
 	if len(clients) == 0 {
@@ -220,15 +220,18 @@ func (d *Driver) usable(renewing ...driver.Grant) error {
 
 // Guarantees implements driver.Driver.
 func (d *Driver) Guarantees() driver.Guarantees {
-	note := fmt.Sprintf("redlock over %d nodes, majority %d: mutual exclusion assumes bounded clock drift between nodes and pauses shorter than the TTL", len(d.nodes), d.quorum)
+	note := fmt.Sprintf("redlock over %d nodes, majority %d: "+
+		"mutual exclusion assumes bounded clock drift between nodes and pauses shorter than the TTL", len(d.nodes), d.quorum)
 	strength := driver.FenceNone
 	if d.opts.Fence != nil {
 		strength = d.opts.Fence.Strength()
-		note += fmt.Sprintf("; fences come from an external source whose fence is %s, and each node refuses a fence older than one it granted", strength)
+		note += fmt.Sprintf("; fences come from an external source whose fence is %s, "+
+			"and each node refuses a fence older than one it granted", strength)
 	} else {
 		note += "; Redlock has no monotonic token of its own, so supply a FenceSource with redlock.Options.Fence or fence= in the URL"
 	}
-	note += "; expiry is PX on each node's wall clock: a forward step on the nodes of a holder's majority that a rival needs (one node, when that majority is exact) ends the grant early there, and a second majority can form (not safe from clock steps)"
+	note += "; expiry is PX on each node's wall clock: a forward step on the nodes of a holder's majority that a rival needs " +
+		"(one node, when that majority is exact) ends the grant early there, and a second majority can form (not safe from clock steps)"
 	return driver.Guarantees{Fence: strength, ServerClock: true, ClockStepSafe: false, Note: note}
 }
 

@@ -15,7 +15,7 @@ import (
 
 // Subscribe implements driver.Notifier: it subscribes on the nodes,
 // returns once a majority confirmed, and merges the wake-ups. A waiter
-// listens on its process's own channel for the key: a node's release wakes
+// listens on its process's own channel for the key. A node's release wakes
 // the process first in that node's waiter queue (at most one process per
 // node), not every process with a waiter (see rediskit.WaitQueue). The
 // process stands in the queues from its first waiter's Subscribe to its

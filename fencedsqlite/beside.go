@@ -9,20 +9,20 @@ import (
 )
 
 // ErrForeignFile means a name fenced keeps beside the lease file (FILE.lock,
-// FILE.wake, FILE.waiters) holds something fenced never makes there: a
-// symbolic link, a FIFO, a device, a socket, or a directory where a file
+// FILE.wake, FILE.waiters) holds something fenced never makes there. That is
+// a symbolic link, a FIFO, a device, a socket, or a directory where a file
 // belongs. OpenFile and New refuse such a file with this error, naming the
 // path; remove it yourself. fenced neither opens nor removes it: opening a
-// FIFO could block every process on the database, and following a link
-// would create or lock the file it points to. One that appears after the
-// open is not rung (FILE.wake), and a doorbell in FILE.waiters found to be
-// one is passed over: waiters then rely on their fallback timers. SQLite's
-// own files (FILE-wal, FILE-shm) are SQLite's to check: it does not follow
-// links to them either.
+// FIFO could block every process on the database, and following a link would
+// create or lock the file it points to. One that appears after the open is
+// not rung (FILE.wake), and a doorbell in FILE.waiters found to be one is
+// passed over: waiters then rely on their fallback timers. SQLite's own
+// files (FILE-wal, FILE-shm) are SQLite's to check: it does not follow links
+// to them either.
 //
-// Owners are not checked: in a database shared by a group, any of its
-// users may have made these files, and fenced only opens them read-only
-// (an open is a doorbell's ring; the lock file is only flocked).
+// Owners are not checked. In a database shared by a group, any of its
+// users may have made these files. Fenced only opens them read-only: an
+// open is a doorbell's ring, the lock file is only flocked.
 var ErrForeignFile = errors.New("not a file fenced makes beside the lease file")
 
 // openBeside opens the file at path, one that fenced keeps beside a lease

@@ -100,7 +100,8 @@ import (
 )
 
 func init() {
-	fenced.Register("sqlite", openURL, driver.Expiry{Name: "SQLite", Note: "expiry in milliseconds by the host's clock inside the statement"})
+	fenced.Register("sqlite", openURL, driver.Expiry{Name: "SQLite",
+		Note: "expiry in milliseconds by the host's clock inside the statement"})
 }
 
 // DefaultTable is the lease table's default name.
@@ -146,7 +147,8 @@ var ErrNoDir = errors.New("the lease file's directory does not exist")
 
 func openURL(ctx context.Context, u *url.URL) (driver.Driver, error) {
 	if u.Host != "" {
-		return nil, fmt.Errorf("%w: sqlite URL has a host %q; use sqlite:///absolute/path.db or sqlite:relative/path.db", driver.ErrInvalidURL, u.Host)
+		return nil, fmt.Errorf("%w: sqlite URL has a host %q; use sqlite:///absolute/path.db or sqlite:relative/path.db",
+			driver.ErrInvalidURL, u.Host)
 	}
 	path := u.Opaque
 	if path == "" {
@@ -320,10 +322,10 @@ var _ driver.ObserveNotifier = (*Driver)(nil)
 
 // New returns a driver over an open SQLite database, creating the lease and
 // break tables if missing. The caller keeps ownership of db (Close does not
-// close it); it should have been opened with a busy timeout. opts may be
-// nil. A table that exists with another shape is an error (ErrSchema), and
-// so is a FIFO, a device or a symbolic link in the place of a file the
-// driver keeps beside the database (ErrForeignFile).
+// close it). It should have been opened with a busy timeout. opts may be
+// nil. A table that exists with another shape is an error (ErrSchema). So
+// is a FIFO, a device or a symbolic link in the place of a file the driver
+// keeps beside the database (ErrForeignFile).
 func New(ctx context.Context, db *sql.DB, opts *Options) (*Driver, error) {
 	table := ""
 	if opts != nil {
@@ -586,10 +588,12 @@ func (d *Driver) migrate(ctx context.Context) error {
 			return err
 		}
 	}
-	if _, err := tx.ExecContext(ctx, `CREATE INDEX IF NOT EXISTS `+t+waitersSuffix+`_by_key ON `+t+waitersSuffix+` (key, seq)`); err != nil {
+	if _, err := tx.ExecContext(ctx,
+		`CREATE INDEX IF NOT EXISTS `+t+waitersSuffix+`_by_key ON `+t+waitersSuffix+` (key, seq)`); err != nil {
 		return wrap("create lease tables", err)
 	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO `+t+leasetable.FloorSuffix+` (id, fence_floor) VALUES (1, 0) ON CONFLICT (id) DO NOTHING`); err != nil {
+	if _, err := tx.ExecContext(ctx,
+		`INSERT INTO `+t+leasetable.FloorSuffix+` (id, fence_floor) VALUES (1, 0) ON CONFLICT (id) DO NOTHING`); err != nil {
 		return wrap("create lease tables", err)
 	}
 	if _, err := tx.ExecContext(ctx, "COMMIT"); err != nil {
@@ -673,7 +677,8 @@ func readTable(ctx context.Context, tx querier, table string) (leasetable.Existi
 			u.Defect = "has a WHERE clause, so it does not cover every row"
 		}
 		hasPKIndex = hasPKIndex || ix.origin == "pk"
-		cols, err := tx.QueryContext(ctx, `SELECT cid, COALESCE(name, ''), coll FROM pragma_index_xinfo(?1) WHERE key ORDER BY seqno`, ix.name)
+		cols, err := tx.QueryContext(ctx,
+			`SELECT cid, COALESCE(name, ''), coll FROM pragma_index_xinfo(?1) WHERE key ORDER BY seqno`, ix.name)
 		if err != nil {
 			return found, true, err
 		}
@@ -718,7 +723,8 @@ func probeCollations(ctx context.Context, tx querier, table string, names []stri
 		lits = append(lits, `'job:a'`)
 		probes = append(probes, a+" = upper("+a+")", a+" = "+a+" || ' '")
 	}
-	q := `SELECT ` + strings.Join(probes, ", ") + ` FROM (SELECT ` + strings.Join(sel, ", ") + ` FROM ` + table + ` WHERE 0 UNION ALL SELECT ` + strings.Join(lits, ", ") + `)`
+	q := `SELECT ` + strings.Join(probes, ", ") + ` FROM (SELECT ` + strings.Join(sel,
+		", ") + ` FROM ` + table + ` WHERE 0 UNION ALL SELECT ` + strings.Join(lits, ", ") + `)`
 	got := make([]bool, len(probes))
 	dest := make([]any, len(probes))
 	for i := range got {
@@ -763,7 +769,8 @@ func classify(err error) error {
 	var se *sqlite.Error
 	if errors.As(err, &se) {
 		switch se.Code() & 0xff {
-		case sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_FULL, sqlite3.SQLITE_READONLY:
+		case sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED, sqlite3.SQLITE_IOERR,
+			sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_FULL, sqlite3.SQLITE_READONLY:
 			return driver.ErrUnavailable
 		}
 	}
@@ -826,7 +833,11 @@ func (d *Driver) Guarantees() driver.Guarantees {
 		ServerClock: true,
 		// unixepoch() inside the statement reads the host's wall clock.
 		ClockStepSafe: false,
-		Note:          "one host: the fence counter is a row in the file and survives restarts; expiry uses the host's wall clock inside the statement (not safe from clock steps); each release and break wakes one waiting process, the one that waited longest, through a doorbell file of its own that the commit opens once durable (inotify), and observers through a shared one; PRAGMA data_version every 2ms where inotify is unavailable",
+		Note: "one host: the fence counter is a row in the file and survives restarts; " +
+			"expiry uses the host's wall clock inside the statement (not safe from clock steps); " +
+			"each release and break wakes one waiting process, the one that waited longest, " +
+			"through a doorbell file of its own that the commit opens once durable (inotify), and observers through a shared one; " +
+			"PRAGMA data_version every 2ms where inotify is unavailable",
 	}
 }
 

@@ -66,7 +66,7 @@ func (w *watcher) idle(string) {
 
 // Subscribe implements driver.Notifier with change detection (see watcher).
 // The process stands in key's waiter queue until the subscription's Close
-// (see queue.go); a failure to stand in it is not an error, the waiter
+// (see queue.go). A failure to stand in it is not an error, the waiter
 // then listens to the shared doorbell.
 func (d *Driver) Subscribe(ctx context.Context, key string) (driver.Subscription, error) {
 	// Subscribed before the entry stands: its first ring must find the

@@ -53,7 +53,8 @@ func (d *Driver) create(ctx context.Context, e *entry, late func(created)) creat
 		lateOutcome = func(res []zk.MultiResponse, err error) { late(outcome(res, err)) }
 	}
 	res, err, names, listErr := e.zc.conn.MultiChildren(ctx, lateOutcome, e.lockPath,
-		&zk.CreateRequest{Path: e.lockPath + "/" + e.protectedPrefix() + lockMarker, Data: []byte(e.id.Owner), ACL: openACL, Flags: zk.FlagEphemeral | zk.FlagSequence},
+		&zk.CreateRequest{Path: e.lockPath + "/" + e.protectedPrefix() + lockMarker, Data: []byte(e.id.Owner), ACL: openACL,
+			Flags: zk.FlagEphemeral | zk.FlagSequence},
 		&zk.SetDataRequest{Path: e.lockPath, Version: -1})
 	if ctxErr := ctx.Err(); err != nil && ctxErr != nil && errors.Is(err, ctxErr) {
 		return created{err: err, abandoned: true}
@@ -79,7 +80,8 @@ func (d *Driver) recoverCreate(e *entry, r created) created {
 		r = d.create(context.Background(), e, nil)
 	}
 	err := r.err
-	if err != nil && !errors.Is(err, zk.ErrNodeExists) && !errors.Is(err, zk.ErrNoAuth) && !errors.Is(err, zk.ErrSessionExpired) && !errors.Is(err, zk.ErrNoNode) {
+	if err != nil && !errors.Is(err, zk.ErrNodeExists) && !errors.Is(err, zk.ErrNoAuth) &&
+		!errors.Is(err, zk.ErrSessionExpired) && !errors.Is(err, zk.ErrNoNode) {
 		// Connection loss: the create may have been applied.
 		found, ferr := d.findProtected(e)
 		switch {

@@ -28,7 +28,8 @@ func ExpiryFor(tick time.Duration) driver.Expiry {
 	return driver.Expiry{
 		Name: "ZooKeeper", Pad: tick, ScaleNum: 8, ScaleDen: 7, Granularity: time.Millisecond,
 		Floor: 2 * tick, Sweep: tick, MinTTL: fenced.MinTTL, MaxTTL: maxTTLFor(20*tick, tick),
-		Note: fmt.Sprintf("the session is (TTL + tickTime)×8/7, at least minSessionTimeout, expired on tick boundaries; figures assume tickTime %v and ZooKeeper's default sessions of 2 to 20 ticks", tick),
+		Note: fmt.Sprintf("the session is (TTL + tickTime)×8/7, at least minSessionTimeout, expired on tick boundaries; "+
+			"figures assume tickTime %v and ZooKeeper's default sessions of 2 to 20 ticks", tick),
 	}
 }
 
@@ -84,7 +85,8 @@ func (s *zsession) record(a activity) {
 // every tickTime/2). ok is false when there is none. next is when the next
 // entry that does not count yet will count (zero when none), so that a
 // waiter knows when to look again.
-func (s *zsession) known(session int64, at time.Time, tick time.Duration) (latest time.Time, ok bool, next time.Time, changed <-chan struct{}) {
+func (s *zsession) known(session int64, at time.Time, tick time.Duration) (latest time.Time, ok bool, next time.Time,
+	changed <-chan struct{}) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, a := range s.acts {
@@ -235,7 +237,8 @@ func (d *Driver) awaitHeadroomOf(ctx context.Context, zc *zsession, sessionID fu
 			return nil
 		}
 		if !now.Before(giveUp) {
-			return fmt.Errorf("zookeeper: %w: no request of the session was answered recently enough to cover a %v grant in a %v session (is the connection down?)", driver.ErrUnavailable, ttl, zc.timeout)
+			return fmt.Errorf("zookeeper: %w: no recent enough answer to cover a %v grant in a %v session (connection down?)",
+				driver.ErrUnavailable, ttl, zc.timeout)
 		}
 		wake := giveUp
 		if !next.IsZero() && next.Before(wake) {
@@ -256,5 +259,6 @@ func (d *Driver) awaitHeadroomOf(ctx context.Context, zc *zsession, sessionID fu
 // errTTLTooLong is the one refusal of a TTL longer than limit, the longest
 // TTL the session in use covers (maxTTLFor).
 func errTTLTooLong(ttl, limit time.Duration) error {
-	return fmt.Errorf("%w: TTL %v exceeds %v, the longest a session covers here (session timeout*7/8 - tickTime: the servers' maxSessionTimeout, or SessionTimeout for New; see Sessions in the package documentation)", driver.ErrInvalidTTL, ttl, limit)
+	return fmt.Errorf("%w: TTL %v exceeds %v, the longest a session covers here (session timeout*7/8 - tickTime; see Sessions)",
+		driver.ErrInvalidTTL, ttl, limit)
 }

@@ -46,11 +46,15 @@ func parseChildren(lockPath string, names []string) ([]child, error) {
 	for _, n := range names {
 		i := strings.LastIndex(n, lockMarker)
 		if i < 0 {
-			return nil, fmt.Errorf("zookeeper: lock path %s holds foreign node %q (not a lock node \"...lock-<sequence>\"): remove it or use another chroot", lockPath, n)
+			return nil, fmt.Errorf(
+				"zookeeper: lock path %s holds foreign node %q (not a lock node \"...lock-<sequence>\"): remove it or use another chroot",
+				lockPath, n)
 		}
 		seq, err := strconv.ParseInt(n[i+len(lockMarker):], 10, 32)
 		if err != nil {
-			return nil, fmt.Errorf("zookeeper: lock path %s holds foreign node %q (no sequence number after \"lock-\"): remove it or use another chroot", lockPath, n)
+			return nil, fmt.Errorf(
+				"zookeeper: lock path %s holds foreign node %q (no sequence number after \"lock-\"): remove it or use another chroot",
+				lockPath, n)
 		}
 		out = append(out, child{name: n, seq: seq})
 	}

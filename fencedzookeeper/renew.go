@@ -81,12 +81,12 @@ const checksPerMulti = 1000
 // headroom for the longest TTL renewed on it (awaitHeadroom), it sends one
 // transaction of version checks (any version) on the grants' nodes per
 // checksPerMulti grants. That replaces a sync and a read per grant. The
-// transaction goes through the leader, like the sync Renew sends, and
+// transaction goes through the leader, like the sync Renew sends. It
 // succeeds only if every node exists there, in the session the grant was
 // made on (still the connection's session before and after). A node's path
 // carries its entry's random UUID, so a node with that path is the grant's
 // own node. When a check fails, the grants whose nodes are gone end and the
-// rest are checked again; a failure that names no node falls back to Renew
+// rest are checked again. A failure that names no node falls back to Renew
 // for each grant of the transaction.
 func (d *Driver) RenewBatch(ctx context.Context, grants []driver.Grant) ([]error, error) {
 	if err := driver.CheckTTLs(grants); err != nil {

@@ -147,7 +147,8 @@ func New(ctx context.Context, opts *Options) (*Driver, error) {
 		return nil, err
 	}
 	if opts.DialTimeout < 0 || opts.TickTime < 0 {
-		return nil, fmt.Errorf("%w: zookeeper: New: Options.DialTimeout %v and TickTime %v must not be negative", driver.ErrInvalidURL, opts.DialTimeout, opts.TickTime)
+		return nil, fmt.Errorf("%w: zookeeper: New: Options.DialTimeout %v and TickTime %v must not be negative",
+			driver.ErrInvalidURL, opts.DialTimeout, opts.TickTime)
 	}
 	d := newDriver(root)
 	d.servers, d.dialTimeout = servers, opts.DialTimeout
@@ -180,7 +181,8 @@ func New(ctx context.Context, opts *Options) (*Driver, error) {
 	d.sessions[zc.timeout] = zc // closed by Close
 	d.maxTTL = maxTTLFor(zc.timeout, tick)
 	if d.maxTTL < fenced.MinTTL {
-		return fail(fmt.Errorf("zookeeper: %w: the servers' maxSessionTimeout %v leaves no TTL of at least %v with a tickTime of %v (see Sessions in the package documentation)", driver.ErrInvalidTTL, zc.timeout, fenced.MinTTL, tick))
+		return fail(fmt.Errorf("zookeeper: %w: maxSessionTimeout %v leaves no TTL of at least %v with tickTime %v (see Sessions)",
+			driver.ErrInvalidTTL, zc.timeout, fenced.MinTTL, tick))
 	}
 	return d, nil
 }
@@ -200,7 +202,8 @@ func validRoot(root string) error {
 	// ZooKeeper's own path rule (PathUtils.validatePath).
 	for i, r := range root {
 		if r < 0x20 || r >= 0x7f && r <= 0x9f || r >= 0xd800 && r <= 0xf8ff || r >= 0xfff0 || r == utf8.RuneError {
-			return fmt.Errorf("%w: ZooKeeper chroot %q has %q at byte %d, a character ZooKeeper refuses in a path", driver.ErrInvalidURL, root, r, i)
+			return fmt.Errorf("%w: ZooKeeper chroot %q has %q at byte %d, a character ZooKeeper refuses in a path",
+				driver.ErrInvalidURL, root, r, i)
 		}
 	}
 	return nil
@@ -330,7 +333,8 @@ func (d *Driver) connect(ctx context.Context, timeout time.Duration) (*zsession,
 			return zc, nil
 		case <-wait.Done():
 			conn.Close()
-			return nil, fmt.Errorf("%w: cannot reach ZooKeeper at %s within %v", driver.ErrUnavailable, strings.Join(d.servers, ","), d.dialTimeout)
+			return nil, fmt.Errorf("%w: cannot reach ZooKeeper at %s within %v",
+				driver.ErrUnavailable, strings.Join(d.servers, ","), d.dialTimeout)
 		}
 	}
 }
@@ -378,7 +382,8 @@ func (d *Driver) session(ctx context.Context, ttl time.Duration) (*zsession, err
 	}
 	if zc.timeout < want {
 		zc.close()
-		return nil, fmt.Errorf("zookeeper: %w: the servers granted a %v session where TTL %v needs %v", driver.ErrInvalidTTL, zc.timeout, ttl, want)
+		return nil, fmt.Errorf("zookeeper: %w: the servers granted a %v session where TTL %v needs %v",
+			driver.ErrInvalidTTL, zc.timeout, ttl, want)
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -399,7 +404,8 @@ func (d *Driver) Guarantees() driver.Guarantees {
 	return sessionlock.Guarantees("fence = czxid of the holder's znode (Zab-ordered, never reused); the lease is the ZooKeeper session, " +
 		"whose timeout T = (TTL + tickTime)*8/7 outlives the holder's local validity (TTL - margin from before the request): " +
 		"the leader hears of a session's requests to a follower only at its next ping (every tickTime/2), " +
-		"the driver sends a keep-alive every T/16, and a grant or renewal waits until a keep-alive answered at least a tick earlier was sent no earlier than start + TTL - T; " +
+		"the driver sends a keep-alive every T/16, and a grant or renewal waits until a keep-alive answered at least a tick earlier " +
+		"was sent no earlier than start + TTL - T; " +
 		"a crashed holder's key is free after T; " +
 		// Session expiry runs on the leader's tick clock (System.nanoTime).
 		"safe from clock steps: the leader expires sessions on its tick clock, which is monotonic (System.nanoTime), not the wall clock")
@@ -407,7 +413,7 @@ func (d *Driver) Guarantees() driver.Guarantees {
 
 // Capabilities implements driver.Driver: the lock recipe's FIFO queue of
 // sequential znodes (a watch on the predecessor), batch renewal and loss
-// watches; no TTL longer than the session timeout the server allows, which
+// watches. No TTL longer than the session timeout the server allows, which
 // could not be honoured.
 func (d *Driver) Capabilities() driver.Capabilities {
 	return driver.Capabilities{Queue: true, FIFO: true, BatchRenew: true, WatchLoss: true, MaxTTL: d.maxTTL, Keeps: ExpiryFor(d.tick)}

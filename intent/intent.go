@@ -235,7 +235,8 @@ func checkNamespace(ns string) error {
 	}
 	for i := 0; i < len(ns); i++ {
 		if c := ns[i]; c <= ' ' || c > '~' {
-			return fmt.Errorf("intent: namespace %q has a space, control or non-ASCII byte at %d (it is sent in Idempotency-Key headers)", ns, i)
+			return fmt.Errorf("intent: namespace %q has a space, control or non-ASCII byte at %d (it is sent in Idempotency-Key headers)",
+				ns, i)
 		}
 	}
 	return nil
@@ -305,11 +306,11 @@ func (s *Store) createTableSQL() string {
 }
 
 // EnsureTable creates the intent table if it does not exist and checks the
-// shape of an existing one: the key must be (namespace, id), idempotency_key
+// shape of an existing one. The key must be (namespace, id), idempotency_key
 // unique, and the identity columns compared byte for byte. A table of
-// another shape (from an older version: see the package documentation) is
-// an error matching ErrSchema naming every difference, and nothing is
-// changed. Running it concurrently from several processes is safe.
+// another shape (from an older version: see the package documentation) is an
+// error matching ErrSchema naming every difference, and nothing is changed.
+// Running it concurrently from several processes is safe.
 func (s *Store) EnsureTable(ctx context.Context) error {
 	if _, err := s.db.ExecContext(ctx, s.createTableSQL()); err != nil {
 		// A concurrent creator may have won the race (PostgreSQL reports a
@@ -354,7 +355,7 @@ func newCreateToken() string {
 // payload is an error matching ErrConflict; nothing is changed.
 //
 // Whether this call created the row is decided by a random creation token
-// written with it and read back, never by affected-row counts, which
+// written with it and read back. It never uses affected-row counts, which
 // drivers report differently (MySQL's clientFoundRows counts a duplicate
 // as found). A row that reads back with another id or payload than was
 // written (a column that truncates or converts) is an error.
@@ -364,7 +365,8 @@ func (s *Store) Create(ctx context.Context, id, payload string) (it Intent, crea
 	}
 	key := DeriveKey(s.namespace, id)
 	token := newCreateToken()
-	ins := "INSERT INTO %s (namespace, id, idempotency_key, create_token, state, payload, created_ms, updated_ms) VALUES (%s, %s, %s, %s, 'pending', %s, %s, %s)"
+	ins := "INSERT INTO %s (namespace, id, idempotency_key, create_token, state, payload, created_ms, updated_ms) " +
+		"VALUES (%s, %s, %s, %s, 'pending', %s, %s, %s)"
 	if s.d == fence.MySQL {
 		ins += " ON DUPLICATE KEY UPDATE id = id"
 	} else {
@@ -387,9 +389,12 @@ func (s *Store) Create(ctx context.Context, id, payload string) (it Intent, crea
 	case it.Payload == payload && it.ID == id:
 		return it, created, nil
 	case it.ID != id:
-		return it, false, fmt.Errorf("intent: create %q: the table matched it to the stored id %q: its id column does not compare byte for byte (EnsureTable checks that)", id, it.ID)
+		return it, false, fmt.Errorf("intent: create %q: the table matched stored id %q: its id column is not byte-exact (see EnsureTable)",
+			id, it.ID)
 	case created:
-		return it, true, fmt.Errorf("intent: create %q: the stored payload or id differs from the one written (%d bytes stored, %d written): check the table's column types and character set", id, len(it.Payload), len(payload))
+		return it, true, fmt.Errorf(
+			"intent: create %q: stored payload or id differs (%d bytes stored, %d written): check column types and character set",
+			id, len(it.Payload), len(payload))
 	}
 	return it, false, fmt.Errorf("%w: %q in namespace %q", ErrConflict, id, s.namespace)
 }
@@ -399,7 +404,8 @@ const columns = "namespace, id, idempotency_key, state, payload, ref, reason, at
 func scan(sc interface{ Scan(...any) error }, extra ...any) (Intent, error) {
 	var it Intent
 	var f, ms, checked int64
-	dest := append([]any{&it.Namespace, &it.ID, &it.IdempotencyKey, &it.State, &it.Payload, &it.Ref, &it.Reason, &it.Attempts, &f, &ms, &checked}, extra...)
+	dest := append([]any{&it.Namespace, &it.ID, &it.IdempotencyKey, &it.State, &it.Payload, &it.Ref, &it.Reason, &it.Attempts, &f,
+		&ms, &checked}, extra...)
 	if err := sc.Scan(dest...); err != nil {
 		return Intent{}, err
 	}
@@ -434,7 +440,8 @@ func (s *Store) get(ctx context.Context, id string) (Intent, string, error) {
 
 // transition applies a fence-guarded state change and returns the intent
 // afterwards. from lists the states it may start from.
-func (s *Store) transition(ctx context.Context, op, id string, tok fence.Token, to State, from []State, set string, setArgs ...any) (Intent, fence.Result, error) {
+func (s *Store) transition(ctx context.Context, op, id string, tok fence.Token, to State, from []State, set string,
+	setArgs ...any) (Intent, fence.Result, error) {
 	n := len(setArgs)
 	where := make([]string, len(from))
 	whereArgs := make([]any, len(from))
@@ -468,7 +475,7 @@ func (s *Store) transition(ctx context.Context, op, id string, tok fence.Token, 
 	return it, res, nil
 }
 
-// Begin records that the holder of tok is about to call the provider: the
+// Begin records that the holder of tok is about to call the provider. The
 // intent moves from pending (or from submitting, when an earlier attempt's
 // outcome is unknown) to submitting, with tok's fence. Call the provider
 // only when Begin returns nil, and send it.IdempotencyKey.
@@ -488,7 +495,7 @@ func (s *Store) Begin(ctx context.Context, id string, tok fence.Token) (Intent, 
 }
 
 // Complete records the provider's reference: submitting → submitted. ref
-// must not be empty: a reply without a reference is not proof of success
+// must not be empty. A reply without a reference is not proof of success
 // (a replayed rejection, a proxy's empty 200), so leave the intent
 // submitting for the Reconciler instead.
 //
@@ -530,9 +537,9 @@ func (s *Store) Reopen(ctx context.Context, id string, tok fence.Token) error {
 }
 
 // Stuck returns intents of the store's namespace that have been submitting
-// for at least olderThan, by the database's clock, at most limit (0: 100):
-// those never examined by a Reconciler first, then those examined longest
-// ago, each group oldest first.
+// for at least olderThan, by the database's clock, at most limit (0: 100).
+// First those never examined by a Reconciler first. Then those examined
+// longest ago, each group oldest first.
 func (s *Store) Stuck(ctx context.Context, olderThan time.Duration, limit int) ([]Intent, error) {
 	if olderThan < 0 {
 		return nil, fmt.Errorf("intent: stuck: negative bound %v", olderThan)

@@ -103,7 +103,7 @@ func (r *Reconciler) check() error {
 }
 
 // RunOnce examines the intents stuck right now, at most Limit of them:
-// those examined longest ago first (see Store.Stuck), and every intent it
+// those examined longest ago first (see Store.Stuck). Every intent it
 // examines is marked, whatever the outcome, so successive runs rotate
 // through all stuck intents. Errors from individual intents are joined
 // into the returned error; the run continues past them.

@@ -215,7 +215,9 @@ func (s *Store) checkShape(ctx context.Context) error {
 		}
 	}
 	if col, ok := cols["fence_owner"]; ok && s.d == fence.MySQL && col.typ != "varbinary" && !strings.HasSuffix(col.collation, "_bin") {
-		problems = append(problems, fmt.Sprintf("column fence_owner is %s with collation %s, which folds case (want VARBINARY or a _bin collation)", col.typ, col.collation))
+		problems = append(problems,
+			fmt.Sprintf("column fence_owner is %s with collation %s, which folds case (want VARBINARY or a _bin collation)",
+				col.typ, col.collation))
 	}
 	var primary, keyIndex *tableIndex
 	for i := range indexes {
@@ -228,7 +230,8 @@ func (s *Store) checkShape(ctx context.Context) error {
 				keyIndex = ix
 			}
 		case !slices.ContainsFunc(ix.cols, func(c string) bool { return c != "namespace" && c != "id" }):
-			problems = append(problems, fmt.Sprintf("unique index %s on (%s) keeps namespaces from sharing ids", ix.name, strings.Join(ix.cols, ", ")))
+			problems = append(problems, fmt.Sprintf("unique index %s on (%s) keeps namespaces from sharing ids",
+				ix.name, strings.Join(ix.cols, ", ")))
 		}
 	}
 	switch {
@@ -249,7 +252,8 @@ func (s *Store) checkShape(ctx context.Context) error {
 	}
 	msg := fmt.Sprintf("table %s cannot keep intents apart: %s", s.table, strings.Join(problems, "; "))
 	if _, hasNS := cols["namespace"]; !hasNS && primary != nil && slices.Equal(primary.cols, []string{"id"}) {
-		msg += ". It is an intent table from before namespaces were part of the key: migrate it as the package documentation says under \"Upgrading a table from before namespaces\""
+		msg += ". It is an intent table from before namespaces were part of the key: " +
+			"migrate it as the package documentation says under \"Upgrading a table from before namespaces\""
 	}
 	return fmt.Errorf("intent: %w: %s", ErrSchema, msg)
 }
@@ -257,7 +261,8 @@ func (s *Store) checkShape(ctx context.Context) error {
 func indexProblems(ix *tableIndex) []string {
 	var out []string
 	if ix.partial {
-		out = append(out, fmt.Sprintf("index %s covers only part of (%s) (a prefix, an expression or a WHERE clause)", ix.name, strings.Join(ix.cols, ", ")))
+		out = append(out, fmt.Sprintf("index %s covers only part of (%s) (a prefix, an expression or a WHERE clause)",
+			ix.name, strings.Join(ix.cols, ", ")))
 	}
 	if ix.folding != "" {
 		out = append(out, fmt.Sprintf("index %s compares with a folding collation (%s)", ix.name, ix.folding))
@@ -273,7 +278,8 @@ func (s *Store) identityProblem(c string, col tableColumn) string {
 		// VARBINARY compares bytes without padding. A VARCHAR is acceptable
 		// only with a binary NO PAD collation: _ci folds case, and every
 		// PAD SPACE collation (utf8mb4_bin too) ignores trailing spaces.
-		if col.typ == "varbinary" || (col.typ == "varchar" && (strings.HasSuffix(col.collation, "_nopad_bin") || col.collation == "utf8mb4_0900_bin")) {
+		if col.typ == "varbinary" || (col.typ == "varchar" && (strings.HasSuffix(col.collation, "_nopad_bin") ||
+			col.collation == "utf8mb4_0900_bin")) {
 			return ""
 		}
 		what := col.typ
@@ -286,7 +292,8 @@ func (s *Store) identityProblem(c string, col tableColumn) string {
 			return fmt.Sprintf("column %s is %s, which pads with spaces; want text", c, col.typ)
 		}
 		if col.folds {
-			return fmt.Sprintf("column %s has the nondeterministic collation %s, which can match different ids; want a deterministic one", c, col.collation)
+			return fmt.Sprintf("column %s has the nondeterministic collation %s, which can match different ids; want a deterministic one",
+				c, col.collation)
 		}
 	}
 	// SQLite: a column's collation shows in the indexes over it.

@@ -315,7 +315,8 @@ func (d *Driver) Guarantees() driver.Guarantees {
 		ServerClock: true,
 		// The real clock's readings carry Go's monotonic clock.
 		ClockStepSafe: true,
-		Note:          "in-process only: excludes nothing across processes; fences live as long as the process; expiry on the Store's clock (the real one is monotonic)",
+		Note: "in-process only: excludes nothing across processes; fences live as long as the process; " +
+			"expiry on the Store's clock (the real one is monotonic)",
 	}
 }
 

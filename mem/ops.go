@@ -219,7 +219,7 @@ type ticket struct{ next chan struct{} }
 
 // AcquireTimed implements driver.TimedQueuer: a FIFO queue of waiters per
 // key. Only the head of a key's queue is granted it, when the key is free
-// (released, broken, or expired by the store's clock); a TryAcquire while
+// (released, broken, or expired by the store's clock). A TryAcquire while
 // anyone queues is refused, so nobody overtakes the queue. A driver opened
 // without Options.Queue does not declare it and refuses with
 // driver.ErrUnsupported.

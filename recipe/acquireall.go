@@ -13,7 +13,7 @@ import (
 
 // AcquireAll acquires a lease on every key, all or nothing. It takes the
 // keys in one canonical order (sorted bytewise, whatever order they were
-// given in), so two callers that need overlapping sets can never deadlock by
+// given in). So two callers that need overlapping sets can never deadlock by
 // each holding a key the other waits for. MaxWait (see LeaseOptions) bounds
 // the whole acquisition, not each key. Some key may still be held when it
 // runs out, or anything else may fail. The leases already taken are then
@@ -21,12 +21,12 @@ import (
 //
 // Once the last key is granted, every earlier lease is renewed once. A lease
 // broken or expired while AcquireAll waited for a later key then fails the
-// whole call, instead of being handed out. The leases are released, and the
-// error names the key. So the set starts with every lease confirmed after
-// the last grant was. That costs about one round trip for two keys or more.
+// whole call. It is not handed out. The leases are released, and the error
+// names the key. So the set starts with every lease confirmed after the
+// last grant was. That costs about one round trip for two keys or more.
 //
 // The returned set's context is cancelled, with that lease's cause, when
-// any one of its leases ends, so work under it stops the moment a single
+// any one of its leases ends. So work under it stops the moment a single
 // key is lost. Each lease keeps its own fence: send each resource the fence
 // of the key that protects it (LeaseSet.Fences).
 //
@@ -64,7 +64,8 @@ func AcquireAll(ctx context.Context, c *fenced.Client, keys []string, opts *fenc
 		l, err := c.Acquire(ctx, key, &o)
 		if err != nil {
 			set.releaseAll(ctx)
-			return nil, fmt.Errorf("fenced: acquire all %q: took %d of %d keys in order, released them: %w", ordered, len(set.leases), len(ordered), err)
+			return nil, fmt.Errorf("fenced: acquire all %q: took %d of %d keys in order, released them: %w",
+				ordered, len(set.leases), len(ordered), err)
 		}
 		set.leases = append(set.leases, l)
 	}
@@ -204,8 +205,8 @@ func (s *LeaseSet) Fences() map[string]uint64 {
 }
 
 // Context returns a context cancelled when any lease of the set ends, with
-// a cause naming the key and matching that lease's cause (IsLost for a
-// loss, ErrReleased after Release). Its Err and Done reflect a lease's
+// a cause naming the key. The cause matches that lease's cause: IsLost for
+// a loss, ErrReleased after Release. Its Err and Done reflect a lease's
 // end as soon as that lease's own context does.
 func (s *LeaseSet) Context() context.Context { return s.ctx }
 
@@ -232,7 +233,7 @@ func (s *LeaseSet) Remaining() time.Duration {
 
 // Release cancels the set's context with ErrReleased, then releases every
 // lease in reverse order. It returns the errors of the releases joined
-// (each matching ErrNotHeld for a lease that was lost); a second call
+// (each matching ErrNotHeld for a lease that was lost). A second call
 // waits for the first and returns its result.
 func (s *LeaseSet) Release(ctx context.Context) error {
 	s.once.Do(func() {

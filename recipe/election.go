@@ -10,11 +10,11 @@ import (
 	"github.com/fenced-dev/fenced"
 )
 
-// Election is leader election on one name: a lease on the name, held for
-// as long as the leader leads. The lease's fence is the leader's epoch.
-// Every new leader has a higher one, so a resource that remembers the
-// highest epoch it has seen refuses a deposed leader. Pass Leadership.Epoch
-// as the fence and the name as the key to a guard in package fence.
+// Election is leader election on one name: a lease on the name, held for as
+// long as the leader leads. The lease's fence is the leader's epoch. Every
+// new leader has a higher one. So a resource that remembers the highest
+// epoch it has seen refuses a deposed leader. Pass Leadership.Epoch as the
+// fence and the name as the key to a guard in package fence.
 //
 // An Election works on every backend, with the guarantees the backend
 // declares. On etcd and ZooKeeper candidates wait in a FIFO queue;
@@ -66,14 +66,15 @@ func (e *Election) canProclaim() bool { return e.c.Capabilities().Value }
 // returns the leadership. value is published for observers (see
 // Client.Capabilities().Value); with "" nothing is published. A store that is unavailable
 // or answers with an unknown outcome is retried with backoff until ctx
-// ends; other errors (ErrNoFence, ErrClosed, ErrUnsupported) are returned
+// ends. Other errors (ErrNoFence, ErrClosed, ErrUnsupported) are returned
 // at once. When ctx ends the error matches ctx's cause.
 //
 // The leadership outlives ctx: end it with Resign.
 func (e *Election) Campaign(ctx context.Context, value string) (*Leadership, error) {
 	valuer := e.canProclaim()
 	if value != "" && !valuer {
-		return nil, fmt.Errorf("fenced: campaign %q: %w: this backend has no slot for a leader's value (etcd and mem have one); campaign with an empty value", e.name, fenced.ErrUnsupported)
+		return nil, fmt.Errorf("fenced: campaign %q: %w: this backend keeps no leader's value (etcd and mem do); campaign with none",
+			e.name, fenced.ErrUnsupported)
 	}
 	for attempt := 0; ; attempt++ {
 		l, err := e.c.Acquire(ctx, e.name, &e.opts)
@@ -108,8 +109,8 @@ func (e *Election) Campaign(ctx context.Context, value string) (*Leadership, err
 }
 
 // Leader returns the current leader, or a Leader with Present false when
-// nobody leads (its Epoch is then the last leader's, zero if none ever
-// led).
+// nobody leads. Its Epoch is then the last leader's, zero if none ever
+// led.
 func (e *Election) Leader(ctx context.Context) (Leader, error) {
 	var (
 		info  fenced.LeaseInfo
@@ -163,25 +164,25 @@ func (l Leader) String() string {
 
 // ObserveEvery is how often Observe reads the election when the backend
 // cannot tell it of a change. Observe also reads it when the leader's
-// lease is due to expire, and at once when a backend that notifies
-// observers (Client.Watch) reports a release. An observer never
-// takes the wake-up a release gives the candidates.
+// lease is due to expire. It also reads it at once when a backend that
+// notifies observers (Client.Watch) reports a release. An observer
+// never takes the wake-up a release gives the candidates.
 const ObserveEvery = 250 * time.Millisecond
 
 // Observe reports the election's changes on the returned channel, which is
-// closed when ctx ends: first the current state, then every new leader,
-// every change of the leader's value, and "no leader" (Present false)
-// whenever nobody leads. A term short enough to begin and end between two
-// reads may go unreported. Between two different leaders it always reports
-// "no leader" first, even when it did not read the store in the moment
-// between them: leaderships never overlap, so the first ended before the
-// second began. Errors reading the store are not reported; Observe keeps
-// trying, and reports the state it reads next.
+// closed when ctx ends. First comes the current state, then every new
+// leader, every change of the leader's value, and "no leader" (Present
+// false) whenever nobody leads. A term short enough to begin and end
+// between two reads may go unreported. Between two different leaders it
+// always reports "no leader" first. It does so even when it did not read
+// the store in the moment between them. Leaderships never overlap, so the
+// first ended before the second began. Errors reading the store are not
+// reported; Observe keeps trying, and reports the state it reads next.
 //
 // Observe reads the store every ObserveEvery, when the leader's lease is
 // due to expire, and on a release where the backend notifies. On Redis a
 // release publishes only when a waiter announced itself by a refused try
-// (package redis), so while no candidate is campaigning an observer learns
+// (package redis). So while no candidate is campaigning an observer learns
 // of a release at its next read, within ObserveEvery. A slow receiver
 // delays reading, never drops a change.
 func (e *Election) Observe(ctx context.Context) <-chan Leader {
@@ -269,9 +270,9 @@ func (l *Leadership) Lease() *fenced.Lease { return l.lease }
 // leadership is lost or resigned. Lead under it.
 func (l *Leadership) Context() context.Context { return l.lease.Context() }
 
-// Err returns nil while this process leads, and afterwards why the term
-// ended: IsLost for a loss, ErrReleased after Resign, ErrClosed after the
-// client was closed.
+// Err returns nil while this process leads. Afterwards it returns why the
+// term ended: IsLost for a loss, ErrReleased after Resign, ErrClosed
+// after the client was closed.
 func (l *Leadership) Err() error { return l.lease.Err() }
 
 // Value returns the value last proclaimed by this leader.
@@ -284,8 +285,8 @@ func (l *Leadership) Value() string {
 // Proclaim publishes value as the leader's value without a new election
 // (observers see a change with the same epoch). It returns an error
 // matching ErrUnsupported on backends without a value slot (see
-// Client.Capabilities().Value), and ErrNotHeld (or the term's end cause) when this
-// process no longer leads.
+// Client.Capabilities().Value). It returns ErrNotHeld (or the term's end
+// cause) when this process no longer leads.
 func (l *Leadership) Proclaim(ctx context.Context, value string) error {
 	if !l.e.canProclaim() {
 		return fmt.Errorf("fenced: proclaim %q: %w: this backend has no slot for a leader's value", l.e.name, fenced.ErrUnsupported)
@@ -315,7 +316,7 @@ func (l *Leadership) publish(ctx context.Context, value string) error {
 // the lease is released so another candidate can lead. Resigning a term
 // that was already lost returns an error matching ErrNotHeld. A process
 // that campaigns again at once may win again on backends that do not queue
-// candidates in order; wait a while first to hand leadership over.
+// candidates in order. Wait a while first to hand leadership over.
 func (l *Leadership) Resign(ctx context.Context) error { return l.lease.Release(ctx) }
 
 // Callbacks are the client-go-style form of an election; see Election.Run.
@@ -338,10 +339,11 @@ type Callbacks struct {
 }
 
 // Run campaigns with value, leads with cb.OnStartedLeading, resigns when it
-// returns, calls cb.OnStoppedLeading and returns: one term per call, as
-// client-go's LeaderElector.Run; call it again to stand again. It returns
-// nil after a resignation, the cause (IsLost) after a loss, or an error
-// from Campaign (ctx's cause when ctx ended before this process led).
+// returns, calls cb.OnStoppedLeading and returns. It runs one term per
+// call, as client-go's LeaderElector.Run. Call it again to stand again. It
+// returns nil after a resignation, the cause (IsLost) after a loss, or an
+// error from Campaign. That error is ctx's cause when ctx ended before this
+// process led.
 func (e *Election) Run(ctx context.Context, value string, cb Callbacks) error {
 	if cb.OnNewLeader != nil {
 		octx, stop := context.WithCancel(ctx)

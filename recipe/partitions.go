@@ -247,7 +247,8 @@ type PartitionStats struct {
 // first seen plus the wait above, then fails with ErrPartitionCount. From then on the member takes and hands off partitions by
 // itself, running work for each partition it owns, until Leave or until
 // ctx ends.
-func JoinPartitions(ctx context.Context, c *fenced.Client, group string, partitions int, work PartitionWork, opts *PartitionsOptions) (*Partitions, error) {
+func JoinPartitions(ctx context.Context, c *fenced.Client, group string, partitions int, work PartitionWork,
+	opts *PartitionsOptions) (*Partitions, error) {
 	if partitions < 1 || partitions > MaxPartitions {
 		return nil, invalidArg(group, "the partition count %d is not 1 to %d", partitions, MaxPartitions)
 	}

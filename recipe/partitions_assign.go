@@ -7,17 +7,18 @@ import (
 )
 
 // AssignPartitions returns which partitions of [0, partitions) each of
-// members owns in a group: a map from member ID to its sorted partitions.
-// current says who owns each partition now (partitions missing from it,
-// or owned by someone not in members, are free); nil means nobody does.
-// Every member of the group computes it from the same listing of the
-// authority (the live members and the partitions' holders), so they agree
-// without talking to each other; the order of members does not matter.
+// members owns in a group. It is a map from member ID to its sorted
+// partitions. current says who owns each partition now (partitions
+// missing from it, or owned by someone not in members, are free). Nil
+// means nobody does. Every member of the group computes it from the same
+// listing of the authority (the live members and the partitions'
+// holders). So they agree without talking to each other. The order of
+// members does not matter.
 //
-// Counts are ⌊P/N⌋ or ⌈P/N⌉, so the balance is within one, and an
-// assignment computed from the previous one moves only what must move: on
-// a join, only the ⌊P/N⌋ partitions the newcomer takes; on a leave or
-// crash, only the leaver's. It works in three steps:
+// Counts are ⌊P/N⌋ or ⌈P/N⌉, so the balance is within one. An assignment
+// computed from the previous one moves only what must move. On a join,
+// only the ⌊P/N⌋ partitions the newcomer takes. On a leave or crash, only
+// the leaver's. It works in three steps:
 //
 //  1. Capacities. The P mod N members that get ⌈P/N⌉ are those that hold
 //     the most now (counted up to ⌈P/N⌉), ties going to the member with
@@ -31,18 +32,18 @@ import (
 //     room, then by rendezvous score.
 //
 // The fresh assignment is rendezvous (highest random weight) hashing with
-// capacities: every (partition, member) pair gets a pseudo-random score
-// from the two names alone, and pairs are taken in decreasing score while
-// the partition is free and the member below its capacity. It is the
-// assignment of a group that starts with nothing owned, and the shape
-// that steps 2 and 3 pull towards, so a member that restarts with the
-// same ID gets its old partitions back (all of them when its share is
+// capacities. Every (partition, member) pair gets a pseudo-random score
+// from the two names alone. Pairs are taken in decreasing score while the
+// partition is free and the member below its capacity. It is the
+// assignment of a group that starts with nothing owned. It is also the
+// shape that steps 2 and 3 pull towards. So a member that restarts with
+// the same ID gets its old partitions back (all of them when its share is
 // ⌊P/N⌋).
 //
-// No assignment computed from the member set alone can do this: with a
+// No assignment computed from the member set alone can do this. With a
 // balance within one and arbitrary joins and leaves, some join or leave
 // must move more than the newcomer's or leaver's share (docs/recipes.md
-// shows why), which is why the current owners are an input.
+// shows why). That is why the current owners are an input.
 func AssignPartitions(members []string, partitions int, current map[int]string) map[string][]int {
 	members = slices.Clone(members)
 	slices.Sort(members)

@@ -179,7 +179,8 @@ func (g *Partitions) join(ctx context.Context) (*fenced.Lease, error) {
 			m, err := g.c.Acquire(ctx, g.memberKey(), &g.member)
 			if err != nil {
 				if errors.Is(err, fenced.ErrHeld) {
-					return nil, fmt.Errorf("fenced: partitions %q: %w: %q (held for more than %v)", g.group, ErrMemberLive, g.id, g.member.MaxWait)
+					return nil, fmt.Errorf("fenced: partitions %q: %w: %q (held for more than %v)",
+						g.group, ErrMemberLive, g.id, g.member.MaxWait)
 				}
 				return nil, fmt.Errorf("fenced: partitions %q: join: %w", g.group, err)
 			}

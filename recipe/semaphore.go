@@ -16,13 +16,13 @@ import (
 const MaxPermits = 1024
 
 // Semaphore lets up to N holders into a name at once. Each holder holds a
-// lease of its own on one permit, the key PermitKey(name, slot) for a slot
-// in [0, N). A permit has its own fence and is renewed, lost and released
-// like any lease. A holder that crashes frees its permit when the lease's
-// TTL runs out at the store, so permits never leak.
+// lease of its own on one permit. That is the key PermitKey(name, slot)
+// for a slot in [0, N). A permit has its own fence and is renewed, lost
+// and released like any lease. A holder that crashes frees its permit when
+// the lease's TTL runs out at the store, so permits never leak.
 //
-// Every user of a name must agree on N: permits are found by their keys,
-// so a Semaphore with N=5 uses two permits that one with N=3 never looks
+// Every user of a name must agree on N. Permits are found by their keys.
+// So a Semaphore with N=5 uses two permits that one with N=3 never looks
 // at. The fence is per permit: it orders the holders of one slot, not the
 // holders of different slots.
 //
@@ -43,10 +43,11 @@ type Semaphore struct {
 func PermitKey(name string, slot int) string { return name + "#" + strconv.Itoa(slot) }
 
 // NewSemaphore returns the semaphore of permits permits on name, whose
-// permits are leases with opts (nil for the defaults; MaxWait says
-// how long Acquire waits). It returns an error matching ErrInvalidOptions
-// when permits is not in [1, MaxPermits], ErrInvalidKey when a permit key
-// would be invalid, or the error Client.Resolve gives for opts.
+// permits are leases with opts (nil for the defaults). MaxWait says how
+// long Acquire waits. It returns an error matching ErrInvalidOptions when
+// permits is not in [1, MaxPermits]. It returns ErrInvalidKey when a
+// permit key would be invalid, or the error Client.Resolve gives for
+// opts.
 func NewSemaphore(c *fenced.Client, name string, permits int, opts *fenced.LeaseOptions) (*Semaphore, error) {
 	if permits < 1 || permits > MaxPermits {
 		return nil, fmt.Errorf("fenced: semaphore %q: %w: %d permits, want 1 to %d", name, fenced.ErrInvalidOptions, permits, MaxPermits)

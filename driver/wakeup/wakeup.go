@@ -58,7 +58,7 @@ func (r *Registry) Subscribe(key string) *Sub {
 	return r.add(key, false)
 }
 
-// Observe adds an observer to key: it is woken by every wake-up of key
+// Observe adds an observer to key. It is woken by every wake-up of key
 // (Wake, WakeOne, WakeEvery, WakeObservers) and never counts as a waiter
 // (Waiting, WakeOne's choice, PassOn).
 func (r *Registry) Observe(key string) *Sub {
@@ -91,8 +91,8 @@ func (r *Registry) Wake(key string) {
 }
 
 // WakeOne wakes the oldest waiter of key that has no wake-up pending
-// (one release, one waiter: no herd within the key), and every observer
-// of key. It reports whether it woke a waiter.
+// (one release, one waiter: no herd within the key). It also wakes
+// every observer of key. It reports whether it woke a waiter.
 func (r *Registry) WakeOne(key string) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -100,9 +100,9 @@ func (r *Registry) WakeOne(key string) bool {
 	return r.wakeOneLocked(key, nil)
 }
 
-// WakeObservers wakes the observers of key only: for a notification
-// that a driver heard for its observers while another path serves the
-// key's waiters.
+// WakeObservers wakes the observers of key only. It is for a
+// notification that a driver heard for its observers while another
+// path serves the key's waiters.
 func (r *Registry) WakeObservers(key string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -192,10 +192,10 @@ func (s *Sub) wake() bool {
 	}
 }
 
-// Forward implements driver.WakeForwarder: with PassOn, it wakes the next
-// subscriber of the key without a wake-up pending (never s itself), to
-// take over a wake-up that s consumed and will not act on. Without PassOn
-// every subscriber was woken already, and Forward does nothing; an
+// Forward implements driver.WakeForwarder. With PassOn, it wakes the next
+// subscriber of the key without a wake-up pending (never s itself). It
+// takes over a wake-up that s consumed and will not act on. Without
+// PassOn every subscriber was woken already, and Forward does nothing. An
 // observer's wake-ups were never a waiter's, so its Forward does nothing
 // either.
 func (s *Sub) Forward() {

@@ -33,10 +33,10 @@ const DefaultFencePrefix = "fenced/fence/"
 // newline, a 20-digit zero-padded fence, a space and the owner. So etcd's
 // byte-wise comparison orders the fences of one lease key numerically. A
 // guarded write is one etcd transaction that compares that key and applies
-// the caller's operations only when the fence admits the writer, so it is
+// the caller's operations only when the fence admits the writer. So it is
 // atomic with the write and linearizable like every etcd transaction.
 //
-// The first admitted write binds a resource to its token's lease key; a
+// The first admitted write binds a resource to its token's lease key. A
 // token for any other key is then refused with fence.ErrWrongKey whatever its
 // fence, because fences are only comparable within one key. A fence key
 // written before guards recorded the lease key ("fence owner", no newline)
@@ -139,12 +139,12 @@ func (g *Guard) Claim(ctx context.Context, resource string, t fence.Token) (fenc
 
 // Write applies w in one transaction if resource is bound to t's lease key
 // (or to none yet), its recorded fence admits t (newer, or equal with the
-// same owner) and w.If holds, recording t's key, fence and owner. A resource
-// never written has fence 0. Errors: fence.ErrInvalidToken for a bad token;
-// fence.ErrWrongKey for a token of another lease key; the fence.Checker's
-// error when it refuses t; fence.ErrSchema when the fence key holds
-// something else. etcd errors are wrapped. An error after sending may mean
-// the transaction was applied: read before retrying.
+// same owner) and w.If holds. It records t's key, fence and owner. A
+// resource never written has fence 0. Errors: fence.ErrInvalidToken for a
+// bad token; fence.ErrWrongKey for a token of another lease key. The
+// fence.Checker's error when it refuses t; fence.ErrSchema when the fence
+// key holds something else. etcd errors are wrapped. An error after sending
+// may mean the transaction was applied: read before retrying.
 func (g *Guard) Write(ctx context.Context, resource string, t fence.Token, w Write) (fence.Result, error) {
 	if resource == "" {
 		return fence.Result{}, errors.New("fence: etcd write: resource is empty")
@@ -195,7 +195,8 @@ func (g *Guard) Write(ctx context.Context, resource string, t fence.Token, w Wri
 			}
 		}
 		if cur != nil && rec.legacy && t.Admits(rec.fence, rec.owner) {
-			resp, err := g.kv.Txn(ctx).If(cond(clientv3.Compare(clientv3.Value(fk), "=", *cur))...).Then(then...).Else(clientv3.OpGet(fk)).Commit()
+			resp, err := g.kv.Txn(ctx).If(cond(clientv3.Compare(clientv3.Value(fk), "=", *cur))...).
+				Then(then...).Else(clientv3.OpGet(fk)).Commit()
 			if err != nil {
 				return fence.Result{}, fmt.Errorf("fence: etcd write %q: %w", resource, err)
 			}

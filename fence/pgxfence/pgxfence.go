@@ -47,7 +47,8 @@ func Conn(q Querier) fence.Conn { return conn{q} }
 // commits. A Stale result or an error rolls it back. The guard's Timeout
 // bounds the whole and sets PostgreSQL's transaction-local lock, statement
 // and idle timeouts. See fence.SQL for the safe sequence.
-func ClaimAndRead(ctx context.Context, g *fence.SQL, db Beginner, key any, t fence.Token, read func(ctx context.Context, tx pgx.Tx) error) (fence.Result, error) {
+func ClaimAndRead(ctx context.Context, g *fence.SQL, db Beginner, key any, t fence.Token,
+	read func(ctx context.Context, tx pgx.Tx) error) (fence.Result, error) {
 	if g == nil || db == nil {
 		return fence.Result{}, errors.New("pgxfence: ClaimAndRead needs a guard and a Beginner")
 	}

@@ -30,7 +30,7 @@ const DefaultKeyField = "fence_key"
 // "fence_owner" and "fence_key" by default). A Lua script compares and
 // writes in one atomic step, so no other command can run in between.
 //
-// The first admitted write binds a hash to its token's lease key; a token
+// The first admitted write binds a hash to its token's lease key. A token
 // for any other key is then refused with fence.ErrWrongKey whatever its fence,
 // because fences are only comparable within one key. A hash written before
 // guards recorded the key (no key field) is bound by its next admitted
@@ -89,7 +89,8 @@ func New(c redis.Scripter, opts *Options) (*Guard, error) {
 		g.hook = opts.Hook
 	}
 	if g.fenceField == g.ownerField || g.fenceField == g.keyField || g.ownerField == g.keyField {
-		return nil, fmt.Errorf("fence: New: %w: fence, owner and key fields must differ (%q, %q, %q)", fence.ErrSchema, g.fenceField, g.ownerField, g.keyField)
+		return nil, fmt.Errorf("fence: New: %w: fence, owner and key fields must differ (%q, %q, %q)",
+			fence.ErrSchema, g.fenceField, g.ownerField, g.keyField)
 	}
 	return g, nil
 }
@@ -158,7 +159,7 @@ func (g *Guard) Claim(ctx context.Context, key string, t fence.Token) (fence.Res
 // to none yet), its recorded fence admits t (newer, or equal with the same
 // owner), and w.If holds. A missing hash has fence 0. Errors:
 // fence.ErrInvalidToken for a bad token or malformed pairs;
-// fence.ErrWrongKey for a token of another lease key; the fence.Checker's
+// fence.ErrWrongKey for a token of another lease key. The fence.Checker's
 // error when it refuses t; fence.ErrSchema when the fence field holds
 // something that is not a fence. Redis errors (a key of another type,
 // connection failures) are wrapped. On every error nothing is changed.
@@ -198,7 +199,8 @@ func (g *Guard) Write(ctx context.Context, key string, t fence.Token, w Write) (
 	bound, _ := vals[3].(string)
 	switch code {
 	case -1:
-		return fence.Result{}, fmt.Errorf("fence: redis write %q: %w: field %s holds %q, not a fence", key, fence.ErrSchema, g.fenceField, curS)
+		return fence.Result{}, fmt.Errorf("fence: redis write %q: %w: field %s holds %q, not a fence",
+			key, fence.ErrSchema, g.fenceField, curS)
 	case -2:
 		return fence.Result{}, fmt.Errorf("fence: redis write %q: %w", key, fence.CheckKey(bound, t.Key))
 	}

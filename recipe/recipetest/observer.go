@@ -27,7 +27,8 @@ func (s *suite) testObserverTakesNoWakeUp(t *testing.T) {
 	key := drivertest.Key("observer")
 	var attempts atomic.Int64
 	opts := func(hooks func(fenced.Event)) *fenced.Options {
-		return &fenced.Options{FallbackPoll: 2 * time.Second, MinBackoff: 5 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, MinFence: s.h.MinFence, Hook: hooks}
+		return &fenced.Options{FallbackPoll: 2 * time.Second, MinBackoff: 5 * time.Millisecond, MaxBackoff: 50 * time.Millisecond,
+			MinFence: s.h.MinFence, Hook: hooks}
 	}
 	holder := fenced.NewClient(s.h.Open(t), opts(nil))
 	waiterDrv := s.h.Open(t)
@@ -110,7 +111,8 @@ func (s *suite) testObserverTakesNoWakeUp(t *testing.T) {
 		d     time.Duration
 	}{{"another driver", other[1]}, {"the waiter's driver", same[1]}} {
 		if c.d > 3*a && c.d-a > 200*time.Millisecond {
-			t.Errorf("an observer of the key on %s slows a handover from %v to %v (p50 of 3): it took the waiter's wake-up", c.where, a, c.d)
+			t.Errorf("an observer of the key on %s slows a handover from %v to %v (p50 of 3): it took the waiter's wake-up",
+				c.where, a, c.d)
 		}
 	}
 }
