@@ -72,7 +72,13 @@ type Client struct {
 // constructors. opts may be nil. The Client owns drv and closes it on Close.
 // Options.MinFence is checked when a lease is acquired (or by Resolve).
 func NewClient(drv driver.Driver, opts *Options) *Client {
-	c := &Client{drv: drv, acquiring: map[uint64]context.CancelCauseFunc{}, wakeups: map[string]chan struct{}{}, waiting: map[string]int{}, closeDone: make(chan struct{})}
+	c := &Client{
+		drv:       drv,
+		acquiring: map[uint64]context.CancelCauseFunc{},
+		wakeups:   map[string]chan struct{}{},
+		waiting:   map[string]int{},
+		closeDone: make(chan struct{}),
+	}
 	if opts != nil {
 		c.opts = *opts
 	}
@@ -315,9 +321,9 @@ func (m *urlMux) open(ctx context.Context, rawURL string, opts *Options) (*Clien
 	}
 	b, ok := m.lookup(u.Scheme)
 	if !ok {
-		return nil, fmt.Errorf("fenced: open %s: %w: unknown scheme %q: no backend registered for it (registered: %s); "+
-			"import the package that registers it for its side effect (fenced's own backends are packages under %s/, "+
-			"listed with their schemes in the package documentation)",
+		// The backends are packages under modulePath/, listed with their
+		// schemes in the package documentation.
+		return nil, fmt.Errorf("fenced: open %s: %w: unknown scheme %q (registered: %s); import its backend: packages under %s/",
 			driver.Redact(rawURL), driver.ErrInvalidURL, u.Scheme, registeredSchemes(m), modulePath)
 	}
 	drv, err := b.open(ctx, u)
@@ -398,7 +404,9 @@ func (c *Client) Close() error {
 				<-settled
 				_ = c.drv.Close()
 			}()
-			return fmt.Errorf("fenced: close: %w: the store did not answer within %v (Options.CloseTimeout); every lease's context is cancelled, grants whose release was not confirmed expire at the authority within their TTL, and the driver closes once its requests return",
+			// Every lease's context is cancelled; a grant whose release
+			// was not confirmed expires at the authority within its TTL.
+			return fmt.Errorf("fenced: close: %w: no answer from the store within CloseTimeout %v; unconfirmed grants expire by their TTL",
 				ErrUnknownOutcome, c.opts.CloseTimeout)
 		}
 	}
@@ -495,7 +503,8 @@ func (c *Client) register(l *Lease) bool {
 // returns the error its acquisition reports.
 func (c *Client) releaseOrphan(g driver.Grant) error {
 	if err := c.drv.Release(c.halt, g); err != nil {
-		return fmt.Errorf("%w: the client was closed as the grant (fence %d) arrived, and releasing it failed (it expires at the authority within its TTL): %v", ErrClosed, g.Fence, err)
+		return fmt.Errorf("%w: closed as the grant (fence %d) arrived; its release failed, so it expires by its TTL: %v",
+			ErrClosed, g.Fence, err)
 	}
 	return fmt.Errorf("%w: the client was closed as the grant (fence %d) arrived; it was released", ErrClosed, g.Fence)
 }

@@ -185,7 +185,8 @@ func (c *Client) Resolve(opts *LeaseOptions) (LeaseOptions, error) {
 		s.MinFence, fenceFrom = FenceStrict, fromPackage
 	}
 	if s.MinFence < FenceNone || s.MinFence > FenceStrict {
-		return LeaseOptions{}, fmt.Errorf("%w: MinFence (%s): %v is not FenceNone, FenceRepeatable or FenceStrict", ErrInvalidOptions, fenceFrom, s.MinFence)
+		return LeaseOptions{}, fmt.Errorf("%w: MinFence (%s): %v is not FenceNone, FenceRepeatable or FenceStrict",
+			ErrInvalidOptions, fenceFrom, s.MinFence)
 	}
 	if s.FailOpen && s.MinFence != FenceNone {
 		return LeaseOptions{}, invalid(false, "FailOpen",
@@ -256,10 +257,10 @@ func (c *Client) checkFence(min FenceStrength, from origin) error {
 	}
 	switch have {
 	case FenceRepeatable:
-		return fmt.Errorf("%w: this backend's fence is %s (%s), weaker than MinFence %v (%s); set MinFence to FenceRepeatable to accept it, or FenceNone for work that needs no fence",
+		return fmt.Errorf("%w: this backend's fence is %s (%s), weaker than MinFence %v (%s); accept it with FenceRepeatable",
 			ErrNoFence, have, g.Note, min, from)
 	default:
-		return fmt.Errorf("%w: this backend issues no fencing token (%s), but MinFence is %v (%s); set MinFence to FenceNone for work that needs no fence or that you fence yourself",
+		return fmt.Errorf("%w: this backend issues no fencing token (%s), but MinFence is %v (%s); use FenceNone to run unfenced",
 			ErrNoFence, g.Note, min, from)
 	}
 }
@@ -305,9 +306,12 @@ func (s *LeaseOptions) checkMinHold() error {
 	case s.MinHold < 0:
 		return invalid(true, "MinHold", "%v is negative", s.MinHold)
 	case s.MinHold > 0 && s.MaxHold != HoldForever && s.MinHold > s.MaxHold:
-		return invalid(true, "MinHold", "%v is longer than MaxHold %v, after which renewal stops and the lease expires", s.MinHold, s.MaxHold)
+		return invalid(true, "MinHold", "%v is longer than MaxHold %v, after which renewal stops and the lease expires",
+			s.MinHold, s.MaxHold)
 	case s.MinHold > 0 && s.ManualRenew && s.MinHold >= s.validity():
-		return invalid(true, "MinHold", "%v is not shorter than the local validity %v with ManualRenew: the lease would end before the hold", s.MinHold, s.validity())
+		return invalid(true, "MinHold",
+			"%v is not shorter than the local validity %v with ManualRenew: the lease would end before the hold",
+			s.MinHold, s.validity())
 	}
 	return nil
 }

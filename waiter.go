@@ -192,7 +192,8 @@ func (w *waiter) queueEnded(qctx context.Context, errWaitOver, err error) (fence
 func (w *waiter) confirmInTime(qctx context.Context, fence uint64) (*Lease, error) {
 	for w.c.grantedTooLate(w.sent, w.s) {
 		if w.c.waitEnded(qctx, w.waitOver) {
-			return nil, fmt.Errorf("%w: granted %v before the wait ended, past its validity of %v", ErrExpired, w.c.clock.Now().Sub(w.sent).Round(time.Millisecond), w.s.validity())
+			took := w.c.clock.Now().Sub(w.sent).Round(time.Millisecond)
+			return nil, fmt.Errorf("%w: granted %v before the wait ended, past its validity of %v", ErrExpired, took, w.s.validity())
 		}
 		w.sent = w.c.clock.Now()
 		var err error
@@ -259,7 +260,8 @@ func (w *waiter) try() (uint64, error) {
 // again.
 func (w *waiter) tooLate() error {
 	w.unresolved = true
-	err := fmt.Errorf("%w: granted %v after the request, past its validity of %v", ErrExpired, w.c.clock.Now().Sub(w.sent).Round(time.Millisecond), w.s.validity())
+	took := w.c.clock.Now().Sub(w.sent).Round(time.Millisecond)
+	err := fmt.Errorf("%w: granted %v after the request, past its validity of %v", ErrExpired, took, w.s.validity())
 	w.lastErr = err
 	if (!w.wait && w.attempt > 1) || w.over || w.c.waitEnded(w.ctx, w.waitOver) {
 		return err

@@ -827,7 +827,8 @@ func (g *Partitions) handOff(targets []int, now time.Time) {
 // tryTargets tries for the targets we do not hold, under membership m.
 // It returns the keys to watch, how many targets are not held, and next
 // lowered to the soonest expiry seen.
-func (g *Partitions) tryTargets(ctx context.Context, m *fenced.Lease, targets []int, listed map[int]fenced.LeaseInfo, next time.Duration) (map[string]bool, int, time.Duration) {
+func (g *Partitions) tryTargets(ctx context.Context, m *fenced.Lease, targets []int, listed map[int]fenced.LeaseInfo,
+	next time.Duration) (map[string]bool, int, time.Duration) {
 	watch := map[string]bool{g.bellKey(): true}
 	missing := 0
 	for _, p := range targets {
