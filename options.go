@@ -257,10 +257,10 @@ func (c *Client) checkFence(min FenceStrength, from origin) error {
 	}
 	switch have {
 	case FenceRepeatable:
-		return fmt.Errorf("%w: this backend's fence is %s (%s), weaker than MinFence %v (%s); accept it with FenceRepeatable",
+		return fmt.Errorf("%w: this backend's fence is %s (%s), weaker than MinFence %v (%s); accept it: FenceRepeatable, or FenceNone",
 			ErrNoFence, have, g.Note, min, from)
 	default:
-		return fmt.Errorf("%w: this backend issues no fencing token (%s), but MinFence is %v (%s); use FenceNone to run unfenced",
+		return fmt.Errorf("%w: this backend issues no fencing token (%s), but MinFence is %v (%s); set MinFence to FenceNone",
 			ErrNoFence, g.Note, min, from)
 	}
 }

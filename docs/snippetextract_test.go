@@ -67,8 +67,9 @@ type parts struct {
 var topLevel = regexp.MustCompile(`^(func|type|var|const) `)
 
 // split divides a snippet that does not start with a package clause. A
-// declaration whose first line ends in "{" or "(" runs to the next line
-// at column 0 that closes it; comment lines right before a declaration
+// declaration whose first line ends in "{" or "(" (or whose signature,
+// wrapped after a comma, ends so) runs to the next line at column 0 that
+// closes it; comment lines right before a declaration
 // are its doc comment.
 func (s snippet) split() parts {
 	var p parts
@@ -105,6 +106,13 @@ func (s snippet) split() parts {
 		case topLevel.MatchString(l):
 			flush(&p.decls)
 			add(&p.decls, s.line+i, l)
+			// A signature wrapped after a comma runs on to the line that
+			// opens its body.
+			for strings.HasSuffix(l, ",") && i+1 < len(s.lines) {
+				i++
+				l = s.lines[i]
+				add(&p.decls, s.line+i, l)
+			}
 			if end := l[len(l)-1]; end == '{' || end == '(' {
 				closer := map[byte]string{'{': "}", '(': ")"}[end]
 				for i++; i < len(s.lines); i++ {

@@ -80,7 +80,7 @@ func (l Layout) open(k string) string {
 // them. Errors match driver.ErrInvalidURL and name the prefix and the rule.
 func CheckPrefix(prefix string) error {
 	if i := strings.IndexFunc(prefix, func(r rune) bool { return r == '{' || r == '}' || r < 0x20 || r == 0x7f }); i >= 0 {
-		return fmt.Errorf("%w: key prefix %q has %q at byte %d (no { or }, which move the Cluster hash tag, nor control characters)",
+		return fmt.Errorf("%w: key prefix %q has %q at byte %d: a prefix may not contain { or } (hash tag) or control characters",
 			driver.ErrInvalidURL, prefix, prefix[i:i+1], i)
 	}
 	return nil
