@@ -127,6 +127,9 @@ func processState(pid int) string {
 // lease TTL has its late write refused, while the new holder (this process,
 // which only claimed the row before the old holder resumed) writes freely.
 func TestPausedProcessRefused(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long: SIGSTOP of a worker past its TTL; run without -short")
+	}
 	t.Parallel()
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "shared.db")
@@ -281,6 +284,9 @@ func childPGWriter() int {
 // claims the row; once continued, the worker's very next write is refused,
 // and the new holder's writes succeed.
 func TestPausedProcessRefusedPostgres(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long: SIGSTOP of a worker past its TTL; run without -short")
+	}
 	t.Parallel()
 	ctx := context.Background()
 	pg := testenv.StartPostgres(t)

@@ -115,6 +115,9 @@ func TestSQLGuardMySQLCollation(t *testing.T) {
 // than the guard's Timeout: the server ends it, the next holder's claim
 // goes through, and the late update fails.
 func TestSQLGuardPostgresPausedTransaction(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long: a paused transaction past the guard's timeout; run without -short")
+	}
 	t.Parallel()
 	ctx := context.Background()
 	pg := testenv.StartPostgres(t)

@@ -67,6 +67,9 @@ func TestLeaseFuncBrokenMidJob(t *testing.T) {
 // cron runs the job under a newer fence; on SIGCONT the stopped job's
 // context ends and its late writes are refused by the guard.
 func TestLeaseFuncStoppedMidJob(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long: SIGSTOP of a cron process past the TTL; run without -short")
+	}
 	_, res, procs, out := leasejob.Start(t, true)
 	leasejob.Judge(t, res, procs, out, leaseJobTTL, leasejob.Stop(out, leaseJobTTL), "expired", "lost")
 }

@@ -30,6 +30,9 @@ func uniqueKey(name string) string {
 // higher fence; the new holder claims the resource, and the frozen
 // holder's write, sent when it runs again, is refused there.
 func TestFrozenHolderIsReplacedAfterAWatchedTTL(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long: SIGSTOP of a holder past its TTL; run without -short")
+	}
 	t.Parallel()
 	ctx := ctxT(t)
 	const ttl = 1500 * time.Millisecond
@@ -119,6 +122,9 @@ func TestFrozenHolderIsReplacedAfterAWatchedTTL(t *testing.T) {
 // (each its own process's driver) watch it for several TTLs: every renewal
 // raises the version, so no waiter ever sees one version for a whole TTL.
 func TestRenewingHolderIsNeverTakenOver(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long: waiters watch a holder for several TTLs; run without -short")
+	}
 	t.Parallel()
 	ctx := ctxT(t)
 	const ttl = time.Second
@@ -173,6 +179,9 @@ func TestRenewingHolderIsNeverTakenOver(t *testing.T) {
 // whole TTL before taking it over: with no server clock, nothing tells it
 // how long ago the last renewal was. This measures what that costs.
 func TestLateWaiterWatchesAWholeTTL(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long: a late waiter watches a whole TTL; run without -short")
+	}
 	t.Parallel()
 	ctx := ctxT(t)
 	const ttl = time.Second

@@ -20,6 +20,9 @@ import (
 // cancelled at its local validity, whatever the driver's requests, loss
 // watches and reaper are doing meanwhile.
 func TestBlackHoleEndsLeasesAtValidity(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long: black-holes etcd past the validity; run without -short")
+	}
 	cluster := testenv.StartEtcd(t)
 	proxy := testenv.StartProxy(t, cluster.Endpoints()[0])
 	c, err := fenced.Open(context.Background(), "etcd://"+proxy.Addr, nil)
@@ -35,6 +38,9 @@ func TestBlackHoleEndsLeasesAtValidity(t *testing.T) {
 // closing (gRPC keepalive): within KeepAliveTime+KeepAliveTimeout (plus
 // slack) of the black hole, the connection is no longer Ready.
 func TestKeepAliveDropsBlackHoledConnection(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long: black-holes the connection past the keepalive; run without -short")
+	}
 	cluster := testenv.StartEtcd(t)
 	proxy := testenv.StartProxy(t, cluster.Endpoints()[0])
 	c, err := fenced.Open(context.Background(), "etcd://"+proxy.Addr, nil)

@@ -25,6 +25,9 @@ func TestMain(m *testing.M) {
 // TestLeaderLoss kills the leader of a 3-member cluster while a lease is
 // held and waiters wait; then pauses a holder past its session.
 func TestFaults(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long: SIGSTOP and restarts of etcd past TTLs; run without -short")
+	}
 	cluster := testenv.StartEtcdCluster(t, 3)
 	url := cluster.URL("")
 	t.Run("LeaderLossWhileHeldAndWaiting", func(t *testing.T) {
@@ -56,6 +59,9 @@ func TestFaults(t *testing.T) {
 // broken by an admin, ends with ErrLost long before its local validity
 // would end it (it is not renewed, so nothing else would notice).
 func TestLossWatchSurvivesRestart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long: compacts and restarts etcd; run without -short")
+	}
 	cluster, c := openByURL(t)
 	ctx := context.Background()
 	l, err := c.Acquire(ctx, "restart", &fenced.LeaseOptions{TTL: 30 * time.Second, ManualRenew: true})
@@ -107,6 +113,9 @@ func TestLossWatchSurvivesRestart(t *testing.T) {
 // exponential reconnect backoff (up to 2 minutes by default) next tries:
 // a waiter queued behind a key freed meanwhile would wait that long.
 func TestReconnectSoonAfterRestart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long: restarts etcd; run without -short")
+	}
 	cluster, c := openByURL(t)
 	ctx := context.Background()
 	d := rootaccess.Driver(c).(*fencedetcd.Driver)

@@ -57,6 +57,9 @@ func txnRequests(t *testing.T, endpoint string) int {
 // however long granting took, and a stop of 0.7 s covers every deadline
 // and ends long before the session (TTL 6 s) expires.
 func TestReapAfterOutageInBatches(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long: 2000 grants and a SIGSTOP of etcd; run without -short")
+	}
 	d, cli, cluster := newTestCluster(t)
 	ctx := context.Background()
 	const n, ttl = 2000, 5 * time.Second

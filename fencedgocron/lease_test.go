@@ -68,6 +68,9 @@ func TestLockerTaskBrokenMidJob(t *testing.T) {
 // ends (its lease expired, or its renewal was refused) and its late
 // writes are refused by the guard.
 func TestLockerTaskStoppedMidJob(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long: SIGSTOP of a scheduler process past the TTL; run without -short")
+	}
 	_, res, procs, out := leasejob.Start(t, true)
 	leasejob.Judge(t, res, procs, out, leaseJobTTL, leasejob.Stop(out, leaseJobTTL), "expired", "lost")
 }

@@ -397,6 +397,9 @@ func holdWithBellChild(d *fencedmysql.Driver, key string, ttl time.Duration) dri
 // wait (2 s), not a TTL, although nobody rings. When the holder resumes,
 // it finds its grant lost and frees the doorbell.
 func TestStoppedBellHolder(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long: SIGSTOP of a holder past its TTL; run without -short")
+	}
 	t.Parallel() // waits on TTLs
 	db := admin(t, my.DSN())
 	ctx := ctxT(t)

@@ -59,11 +59,17 @@ func TestConformance(t *testing.T) {
 }
 
 func TestKilledHolderIsReplaced(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long: kill -9 of a holder process, waits out its TTL; run without -short")
+	}
 	t.Parallel() // waits on TTLs and restarts; independent of the other tests
 	crashtest.KilledHolderIsReplaced(t, my.URL())
 }
 
 func TestRestartKeepsFences(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long: restarts the server; run without -short")
+	}
 	t.Parallel() // waits on TTLs and restarts; independent of the other tests
 	srv := testenv.StartMySQL(t)
 	crashtest.RestartKeepsFences(t, srv, opentest.Opener(fencedmysql.Open, srv.URL()))
@@ -72,6 +78,9 @@ func TestRestartKeepsFences(t *testing.T) {
 // A server that goes away and comes back: errors are actionable and the
 // driver recovers.
 func TestServerDownThenBack(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long: stops and restarts the server; run without -short")
+	}
 	t.Parallel() // waits on TTLs and restarts; independent of the other tests
 	srv := testenv.StartMySQL(t)
 	crashtest.ServerDownThenBack(t, srv, opentest.Closed(t, fencedmysql.Open, srv.URL()))

@@ -61,11 +61,17 @@ func TestConformance(t *testing.T) {
 }
 
 func TestKilledHolderIsReplaced(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long: kill -9 of a holder process, waits out its TTL; run without -short")
+	}
 	t.Parallel() // waits on TTLs and restarts; independent of the other tests
 	crashtest.KilledHolderIsReplaced(t, pg.URL())
 }
 
 func TestRestartKeepsFences(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long: restarts the server; run without -short")
+	}
 	t.Parallel() // waits on TTLs and restarts; independent of the other tests
 	srv := testenv.StartPostgres(t)
 	crashtest.RestartKeepsFences(t, srv, opentest.Opener(fencedpostgres.Open, srv.URL()))
@@ -74,6 +80,9 @@ func TestRestartKeepsFences(t *testing.T) {
 // A server that goes away and comes back: errors are actionable, the pool
 // and the LISTEN connection recover, and releases wake waiters again.
 func TestServerDownThenBack(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long: stops and restarts the server; run without -short")
+	}
 	t.Parallel() // waits on TTLs and restarts; independent of the other tests
 	ctx := ctxT(t)
 	srv := testenv.StartPostgres(t)

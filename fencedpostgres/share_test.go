@@ -93,6 +93,9 @@ func TestPoolOf(t *testing.T) {
 // renewals, and one that holds every connection of fenced's pool for longer
 // than the TTL makes the lease expire (never outlive its grant).
 func TestRenewalsAndABusyPool(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long: holds the pool past the TTL; run without -short")
+	}
 	t.Parallel()
 	ctx := ctxT(t)
 	const ttl = 2 * time.Second

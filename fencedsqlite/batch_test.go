@@ -20,6 +20,9 @@ import (
 // while 9 000 are granted on a loaded machine (over a minute was seen),
 // and the renewal asks for three.
 func TestRenewBatchBeyondVariableLimit(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long: 9 000 grants in one batch; run without -short")
+	}
 	ctx := context.Background()
 	// Without fsync, so that 9 000 grants take a second, not twenty.
 	db, err := sql.Open("sqlite", "file:"+filepath.Join(t.TempDir(), "l.db")+"?_pragma=busy_timeout(5000)&_pragma=journal_mode(wal)&_pragma=synchronous(off)")

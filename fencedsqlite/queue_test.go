@@ -193,6 +193,9 @@ func wakeLatency(t *testing.T, ctx context.Context, path string, holder *fenceds
 // the live waiter waited for its fallback timer (1.3-1.7 s through the
 // Client; here, with no timer, for the next release).
 func TestRingPassesOverDeadAndStoppedProcesses(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long: kill -9 and SIGSTOP of waiter processes; run without -short")
+	}
 	ctx, path, holder, _ := heldKey(t)
 	control := wakeLatency(t, ctx, path, holder)
 	g := waketest.Grant(t, ctx, holder, "fault")

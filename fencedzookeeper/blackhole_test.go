@@ -17,6 +17,9 @@ import (
 // cancelled at its local validity, whatever the driver's calls do
 // meanwhile.
 func TestBlackHoleEndsLeasesAtValidity(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long: black-holes ZooKeeper past the validity; run without -short")
+	}
 	ens := testenv.StartZooKeeper(t)
 	proxy := testenv.StartProxy(t, ens.Servers()[0])
 	url := strings.Replace(ens.URL("/blackhole", ""), ens.Servers()[0], proxy.Addr, 1)

@@ -64,6 +64,9 @@ func TestZooKeeper(t *testing.T) {
 		recipetest.RunConformanceTests(t, h)
 	})
 	t.Run("ConformanceWithOptions", func(t *testing.T) {
+		if testing.Short() {
+			t.Skip("long: the suite again, opened by Options instead of a URL; run without -short")
+		}
 		h := drivertest.Harness{
 			Open: func(t *testing.T) driver.Driver {
 				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -85,8 +88,16 @@ func TestZooKeeper(t *testing.T) {
 	t.Run("ConnectionLossOnCreate", func(t *testing.T) { testConnectionLossOnCreate(t, ens) })
 	t.Run("ConnectionLossOnCreateAndLookup", func(t *testing.T) { testConnectionLossOnCreateAndLookup(t, ens) })
 	t.Run("CreateAbandoned", func(t *testing.T) { testCreateAbandoned(t, ens) })
-	t.Run("LossWatchAcrossRestart", func(t *testing.T) { testLossWatchAcrossRestart(t, ens) })
+	t.Run("LossWatchAcrossRestart", func(t *testing.T) {
+		if testing.Short() {
+			t.Skip("long: restarts ZooKeeper; run without -short")
+		}
+		testLossWatchAcrossRestart(t, ens)
+	})
 	t.Run("PausedHolderLosesSession", func(t *testing.T) {
+		if testing.Short() {
+			t.Skip("long: SIGSTOP of a holder past its session; run without -short")
+		}
 		faulttest.PausedHolderLosesLease(t, ens.URL("/paused", ""), "paused", 2*time.Second)
 	})
 }
@@ -100,6 +111,9 @@ func TestMain(m *testing.M) {
 // ensemble, since three JVMs take a while to start. Its tick is 200ms: the
 // leader pings followers every 100ms.
 func TestEnsemble(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long: a 3-node ensemble, sessions past validity and a killed leader; run without -short")
+	}
 	ens := testenv.StartZooKeeperWith(t, testenv.ZKConfig{Nodes: 3, TickTime: 200 * time.Millisecond})
 	t.Run("SessionOutlivesValidity", func(t *testing.T) { testSessionOutlivesValidity(t, ens) })
 	t.Run("WaiterSessionOutlivesValidity", func(t *testing.T) { testWaiterSessionOutlivesValidity(t, ens) })

@@ -26,6 +26,9 @@ import (
 // runs too on DynamoDB, whose observed expiry keeps a dead grant up to
 // twice its TTL, and on MySQL, which ends it at its TTL.
 func TestPartitionsRestartedMemberRejoins(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long: members killed and restarted until they rejoin; run without -short")
+	}
 	e := testenv.StartEtcd(t)
 	zk := testenv.StartZooKeeperWith(t, testenv.ZKConfig{TickTime: 2 * time.Second})
 	dyn := testenv.StartDynalite(t, testenv.DynaliteConfig{})

@@ -156,6 +156,9 @@ func TestDemoRefusesStore(t *testing.T) {
 // sideways, every time on both pages has one format, and the key page
 // links back to the list.
 func TestDashboardAtANarrowWindow(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long: the dashboard in headless Chromium at 700px; run without -short")
+	}
 	store := tempStore(t)
 	base := startServe(t, store)
 	const key = "invoice:inv_72-with-a-rather-long-key-name"

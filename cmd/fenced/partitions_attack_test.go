@@ -30,6 +30,9 @@ import (
 // cut to the validity left: a dead member's commands get SIGKILL at once,
 // not after --grace (which would outlast the lease's expiry).
 func TestPartitionsRunUnderAttack(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long: partitions run under loss, SIGSTOP and kill -9 in both modes; run without -short")
+	}
 	bin := attackerBin(t)
 	for _, attack := range []string{"loss", "sigstop", "kill-9"} {
 		t.Run(attack, func(t *testing.T) {
@@ -128,6 +131,9 @@ func startSupervisor(t *testing.T, bin, grace string, valid int64) (w *os.File, 
 // half the grace (the bound excludes waiting for the grace, nothing
 // finer).
 func TestPartitionSupervisorBoundsGrace(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long: the supervisor bounds grace after loss, SIGSTOP and kill; run without -short")
+	}
 	bin := attackerBin(t)
 	t.Run("lost", func(t *testing.T) {
 		inMode(t, func(t *testing.T, mode string) {

@@ -72,6 +72,9 @@ func checkProofGenPassed(t *testing.T, r result, seed string) {
 // (the checker then finds lease contexts that ended more than 100ms past
 // their validity, a real finding that no test should manufacture).
 func TestProofGenerativeSQLite(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long: a 10s generative proof; run without -short")
+	}
 	r := cli(t, tempStore(t), "proof", "--generative", "--seed", "7", "--duration", "10s", "--dir", t.TempDir())
 	checkProofGenPassed(t, r, "7")
 	for _, off := range []string{"M4 off: cut a worker off", "M5 off: pause the store", "M6 off: kill and restart the store"} {
@@ -86,6 +89,9 @@ func TestProofGenerativeSQLite(t *testing.T) {
 // the report names it. The strict default fence is refused first, naming
 // --min-fence=repeatable. M4 (through a proxy) is on, M5 and M6 off.
 func TestProofGenerativeRedis(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long: a 10s generative proof on Redis; run without -short")
+	}
 	store := testenv.StartRedis(t, testenv.RedisConfig{}).URL()
 	if r := cli(t, store, "proof", "--generative", "--duration", "10s"); r.code != exitUsage || !strings.Contains(r.stderr, "--min-fence=repeatable") {
 		t.Fatalf("generative proof on Redis with a strict fence: exit %d, stderr %s; want %d naming --min-fence=repeatable", r.code, r.stderr, exitUsage)
@@ -111,6 +117,9 @@ func TestProofGenerativeRedis(t *testing.T) {
 // workers ask for (5s) plus 1s. The checker must report it, the report
 // must say FAIL and name the key, and fenced must exit 1.
 func TestProofGenerativeReportsAViolation(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long: a 10s generative proof that must catch a foreign hold; run without -short")
+	}
 	store := tempStore(t)
 	cmd, out, errb := cliCmd(t, store, "proof", "--generative", "--seed", "11", "--duration", "10s", "--workers", "2", "--dir", t.TempDir())
 	if err := cmd.Start(); err != nil {

@@ -85,6 +85,9 @@ func attackerPids(file string) map[string]int {
 // processes that left the group alive (run --help says so): the test
 // checks that only those write on and logs it as the documented limit.
 func TestRunUnderAttack(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long: run under loss, ctrl-z, SIGSTOP and kill -9 in both modes; run without -short")
+	}
 	bin := attackerBin(t)
 	for _, attack := range []string{"loss", "ctrl-z", "sigstop", "kill-9"} {
 		t.Run(attack, func(t *testing.T) {

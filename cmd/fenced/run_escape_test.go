@@ -136,6 +136,9 @@ func startMainExit(t *testing.T, store string, args ...string) (*exec.Cmd, outFi
 // --grace; fenced exits 77 once it is gone, and it never writes with fence
 // 1 after a new holder got fence 2.
 func TestRunLossEndsMainThreadExit(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long: a lease loss waits out a TTL; run without -short")
+	}
 	inMode(t, func(t *testing.T, mode string) {
 		store := tempStore(t)
 		cmd, errb, out, pid := startMainExit(t, store, "--ttl", "3s", "--grace", "500ms", "job:z")
@@ -191,6 +194,9 @@ func TestRunKill9EndsSetsidDescendants(t *testing.T) {
 // Ctrl-Z (SIGTSTP to fenced) stops a process whose main thread exited too,
 // and fg continues it.
 func TestRunCtrlZStopsMainThreadExit(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long: SIGTSTP past a TTL; run without -short")
+	}
 	inMode(t, func(t *testing.T, mode string) {
 		store := tempStore(t)
 		cmd, errb, out, _ := startMainExit(t, store, "--ttl", "30s", "--grace", "200ms", "job:tstp")
@@ -406,6 +412,9 @@ func fencedCgroups(t *testing.T, pid int) []string {
 // members fenced reads. Now: fenced ends it after --grace, exits 77 once
 // it is gone, and leaves no cgroup behind.
 func TestRunLossEndsCgroupEscapes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long: a lease loss ends cgroup escapes after a TTL; run without -short")
+	}
 	for _, escape := range []string{"nested", "away"} {
 		t.Run(escape, func(t *testing.T) {
 			inMode(t, func(t *testing.T, mode string) {
@@ -452,6 +461,9 @@ func TestRunLossEndsCgroupEscapes(t *testing.T) {
 // first (the test waits for that, and logs how long it took: a kill -9
 // sooner than that misses it, as run --help says).
 func TestRunKill9EndsCgroupEscapes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long: kill -9 of fenced ends cgroup escapes; run without -short")
+	}
 	for _, escape := range []string{"nested", "away"} {
 		t.Run(escape, func(t *testing.T) {
 			inMode(t, func(t *testing.T, mode string) {

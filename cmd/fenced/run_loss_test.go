@@ -96,6 +96,9 @@ func deadStore(t *testing.T) (string, func()) {
 // tree is gone, without spending seconds trying to release a lease it no
 // longer has; with --min-hold, the hold ends with the lease.
 func TestRunExitsAtOnceAfterLossToDeadStore(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long: kills the store and waits out a TTL; run without -short")
+	}
 	const ttl = 2 * time.Second
 	t.Run("running", func(t *testing.T) {
 		store, kill := deadStore(t)
@@ -130,6 +133,9 @@ func TestRunExitsAtOnceAfterLossToDeadStore(t *testing.T) {
 // The error of a release that could not reach the store is printed once
 // with the "fenced: " prefix, not twice.
 func TestRunReleaseErrorPrefixOnce(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long: kills the store and waits out the release; run without -short")
+	}
 	store, kill := deadStore(t)
 	goFile := filepath.Join(t.TempDir(), "go")
 	cmd, _, errb := startRun(t, store, "-v", "run", "--min-fence", "repeatable", "--ttl", "30s", "job:prefix", "--",

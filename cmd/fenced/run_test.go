@@ -184,6 +184,9 @@ func (b *syncBuffer) String() string {
 // --grace, and fenced exits only once it is gone; it never writes after a
 // new holder got the key.
 func TestRunLostLeaseEndsWholeGroup(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long: a lease loss waits out a TTL; run without -short")
+	}
 	store := tempStore(t)
 	dir := t.TempDir()
 	pidFile, marker := filepath.Join(dir, "pid"), filepath.Join(dir, "marker")

@@ -138,6 +138,9 @@ func shoot(t *testing.T, name string, png []byte) {
 // scenario, and a break through the page with the token ends the holder
 // with exit 77.
 func TestServeDashboardInBrowser(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long: the dashboard in headless Chromium; run without -short")
+	}
 	store := tempStore(t)
 	base := startServe(t, store)
 	const key = "invoice:inv_72"

@@ -327,6 +327,9 @@ func TestExistsWFunc(t *testing.T) {
 // the read before every later answer for the race detector, which then
 // sees the race only now and then.
 func TestLastZxidRaceOnReconnect(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long: a reconnect race for the race detector; run without -short")
+	}
 	var l links
 	var answered atomic.Int64
 	heldBack := func(c *Conn) {

@@ -252,6 +252,9 @@ func TestIntegration_Children(t *testing.T) {
 // and ChildrenW (which fenced does not call): a data watch on each node and
 // an exist watch on a missing one.
 func TestIntegration_SetWatchers(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long: reconnects with thousands of watches; run without -short")
+	}
 	latch := make(chan struct{})
 	var setWatchReqs atomic.Value
 	var l links

@@ -266,6 +266,9 @@ func (s *etcdLeaderServer) Restart() error {
 // load: with fencing on, nothing stale is accepted and the ledger stays
 // linearizable.
 func TestCrashLeaderEtcd(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long: kills the leader of a 3-member etcd cluster; run without -short")
+	}
 	c := testenv.StartEtcdCluster(t, 3)
 	rep := runScenario(t, c.URL(""), Config{Fault: CrashLeader, Fencing: true, TTL: time.Second, Server: &etcdLeaderServer{t: t, cluster: c}})
 	if rep.Injections == 0 || rep.StaleAccepted != 0 || rep.DuplicateEffects != 0 || !rep.Linearizable || rep.FenceRegressions != 0 || len(rep.Problems) > 0 {

@@ -54,6 +54,9 @@ func sqliteStore(t *testing.T) string {
 // with the resource ignoring fences, a holder paused past its TTL (M1)
 // writes after the next holder, and the checker must see it.
 func TestCheckerSeesHazardWithFencingOff(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long: SIGSTOP of a holder past its TTL with fencing off; run without -short")
+	}
 	rep := runScenario(t, sqliteStore(t), Config{Fault: PauseHolder, Fencing: false, TTL: time.Second})
 	if rep.StaleAccepted == 0 || rep.DuplicateEffects == 0 || rep.Linearizable || !rep.HazardSeen {
 		t.Fatalf("fencing off under M1: %+v; want a stale write accepted, a duplicate effect and a non-linearizable history", rep)
@@ -61,6 +64,9 @@ func TestCheckerSeesHazardWithFencingOff(t *testing.T) {
 }
 
 func TestPauseHolderFencingOnSQLite(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long: SIGSTOP of a holder past its TTL; run without -short")
+	}
 	rep := runScenario(t, sqliteStore(t), Config{Fault: PauseHolder, Fencing: true, TTL: time.Second})
 	if rep.StaleAccepted != 0 || rep.DuplicateEffects != 0 || !rep.Linearizable || rep.StaleRefused == 0 {
 		t.Fatalf("fencing on under M1: %+v", rep)

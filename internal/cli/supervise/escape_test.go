@@ -165,6 +165,9 @@ func TestCloseBeforeGoneKillsTree(t *testing.T) {
 // rescans until stable, but a hopper can outrun any walk of /proc, and
 // this one sometimes did on this machine even at one hop per 2 ms.
 func TestStopHoldsAHopper(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long: a process hopping out of the session for seconds; run without -short")
+	}
 	t.Setenv(ModeEnv, "")
 	t.Logf("supervision mode: %s", Probe())
 	{

@@ -18,6 +18,9 @@ import (
 // one that hops faster than a walk of /proc takes can outrun any walk
 // (the cgroup mode has no such limit, see TestStopHoldsAHopper).
 func TestStopRescansForAHopper(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long: a process hopping out of the session for seconds; run without -short")
+	}
 	t.Setenv(ModeEnv, "proctree")
 	t.Logf("supervision mode: %s", Probe())
 	bin := buildC(t, "hopper")

@@ -16,6 +16,9 @@ import (
 // Heal brings it back at once (no failed ARP entry outlives the cut), and
 // that every namespace is gone when the test ends.
 func TestNetCutHeal(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long: cuts and heals a network namespace link; run without -short")
+	}
 	var names []string
 	t.Run("net", func(t *testing.T) {
 		n, err := NewNet(t)
@@ -68,6 +71,9 @@ func TestNetCutHeal(t *testing.T) {
 // another host (a client there logs in) and does not listen on the controller's loopback (the cut
 // itself is TestNetCutHeal's).
 func TestServersOnNetHost(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long: four servers in a network namespace; run without -short")
+	}
 	n, err := NewNet(t)
 	if err != nil {
 		t.Fatal(err)
