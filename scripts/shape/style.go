@@ -17,6 +17,7 @@ type styleCount struct {
 	sentences, words int
 	longLines        []string
 	longErrors       []string
+	longFuncs        []string
 }
 
 // reportStyle measures the folders roots (the module when empty).
@@ -51,12 +52,16 @@ func reportStyle(roots []string) error {
 	for _, e := range c.longErrors {
 		fmt.Println("long error string:", e)
 	}
+	for _, f := range c.longFuncs {
+		fmt.Println("long function:", f)
+	}
 	avg := 0.0
 	if c.sentences > 0 {
 		avg = float64(c.words) / float64(c.sentences)
 	}
-	fmt.Printf("doc comments: %d sentences, %.1f words a sentence; %d lines over 140 columns; %d error strings over 120 characters\n",
-		c.sentences, avg, len(c.longLines), len(c.longErrors))
+	fmt.Printf("doc comments: %d sentences, %.1f words a sentence; %d lines over 140 columns; "+
+		"%d error strings over 120 characters; %d functions over 100 lines\n",
+		c.sentences, avg, len(c.longLines), len(c.longErrors), len(c.longFuncs))
 	return nil
 }
 
@@ -90,6 +95,11 @@ func styleFile(path string, c *styleCount) error {
 	for _, decl := range f.Decls {
 		for _, doc := range exportedDocs(decl) {
 			countSentences(doc.Text(), c)
+		}
+		if fn, ok := decl.(*ast.FuncDecl); ok && fn.Body != nil {
+			if n := fset.Position(fn.End()).Line - fset.Position(fn.Pos()).Line + 1; n > 100 {
+				c.longFuncs = append(c.longFuncs, fmt.Sprintf("%s %s (%d lines)", fset.Position(fn.Pos()), fn.Name.Name, n))
+			}
 		}
 	}
 	ast.Inspect(f, func(n ast.Node) bool {

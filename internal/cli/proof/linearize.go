@@ -123,6 +123,37 @@ var ledgerModel = porcupine.Model{
 	},
 }
 
+// ledgerOpen is an invocation of the ledger waiting for its completion.
+type ledgerOpen struct {
+	e    Event
+	kind opKind
+}
+
+// unfinished returns the operations of invocations never completed (the
+// worker was killed or stopped for good): a write or claim may have taken
+// effect, so each stays open until end.
+func unfinished(opens map[int64]ledgerOpen, done, applied map[int64]bool, res Contents, end int64) []porcupine.Operation {
+	var ops []porcupine.Operation
+	for op, o := range opens {
+		if done[op] {
+			continue
+		}
+		in := ledgerInput{kind: o.kind, key: o.e.Key, fence: o.e.Fence, owner: o.e.Owner, prev: o.e.Prev}
+		switch {
+		case o.kind == opWrite:
+			ops = append(ops,
+				porcupine.Operation{ClientId: o.e.Worker, Input: in, Call: o.e.T, Output: ledgerOutput{applied: applied[op]}, Return: end})
+		default:
+			if _, claimed := res.Claims[op]; claimed {
+				in.kind = opClaim
+				ops = append(ops,
+					porcupine.Operation{ClientId: o.e.Worker, Input: in, Call: o.e.T, Output: ledgerOutput{applied: true}, Return: end})
+			}
+		}
+	}
+	return ops
+}
+
 // checkLedger builds the porcupine history of the ledger and checks it. It
 // returns porcupine's verdict and any events it could not pair.
 func checkLedger(events []Event, res Contents, end int64) (string, []string) {
@@ -130,20 +161,16 @@ func checkLedger(events []Event, res Contents, end int64) (string, []string) {
 	for _, l := range res.Ledger {
 		applied[l.Op] = true
 	}
-	type open struct {
-		e    Event
-		kind opKind
-	}
-	opens := map[int64]open{}
+	opens := map[int64]ledgerOpen{}
 	done := map[int64]bool{}
 	var ops []porcupine.Operation
 	var problems []string
 	for _, e := range events {
 		switch e.Kind {
 		case ReadInvoke:
-			opens[e.Op] = open{e, opRead}
+			opens[e.Op] = ledgerOpen{e, opRead}
 		case WriteInvoke:
-			opens[e.Op] = open{e, opWrite}
+			opens[e.Op] = ledgerOpen{e, opWrite}
 		case ReadOK, ReadRefused, ReadFail, WriteOK, WriteRefused, WriteFail:
 		case FaultEnd:
 			if e.Fault != string(DelayWrite) || e.Op == 0 {
@@ -204,25 +231,7 @@ func checkLedger(events []Event, res Contents, end int64) (string, []string) {
 		done[e.Op] = true
 		ops = append(ops, porcupine.Operation{ClientId: o.e.Worker, Input: in, Call: o.e.T, Output: out, Return: ret})
 	}
-	// Invocations never completed (the worker was killed or stopped for
-	// good): a write or claim may have taken effect.
-	for op, o := range opens {
-		if done[op] {
-			continue
-		}
-		in := ledgerInput{kind: o.kind, key: o.e.Key, fence: o.e.Fence, owner: o.e.Owner, prev: o.e.Prev}
-		switch {
-		case o.kind == opWrite:
-			ops = append(ops,
-				porcupine.Operation{ClientId: o.e.Worker, Input: in, Call: o.e.T, Output: ledgerOutput{applied: applied[op]}, Return: end})
-		default:
-			if _, claimed := res.Claims[op]; claimed {
-				in.kind = opClaim
-				ops = append(ops,
-					porcupine.Operation{ClientId: o.e.Worker, Input: in, Call: o.e.T, Output: ledgerOutput{applied: true}, Return: end})
-			}
-		}
-	}
+	ops = append(ops, unfinished(opens, done, applied, res, end)...)
 	verdict := porcupine.CheckOperationsTimeout(ledgerModel, ops, time.Minute)
 	return string(verdict), problems
 }
