@@ -83,14 +83,7 @@ func RunGenElect(ctx context.Context, cfg GenElectConfig) (GenElectReport, error
 	if cfg.Command == nil {
 		return GenElectReport{}, errors.New("proof: GenElectConfig.Command is nil")
 	}
-	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
-		return GenElectReport{}, err
-	}
-	_, keeps, err := declared(ctx, cfg.Store)
-	if err != nil {
-		return GenElectReport{}, err
-	}
-	res, err := openPartResource(filepath.Join(cfg.Dir, genElectResource))
+	keeps, res, err := openRow(ctx, cfg.Dir, cfg.Store, genElectResource)
 	if err != nil {
 		return GenElectReport{}, err
 	}

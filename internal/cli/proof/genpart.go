@@ -92,14 +92,7 @@ func RunGenPartitions(ctx context.Context, cfg GenPartConfig) (GenPartReport, er
 	if cfg.Command == nil {
 		return GenPartReport{}, errors.New("proof: GenPartConfig.Command is nil")
 	}
-	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
-		return GenPartReport{}, err
-	}
-	_, keeps, err := declared(ctx, cfg.Store)
-	if err != nil {
-		return GenPartReport{}, err
-	}
-	res, err := openPartResource(filepath.Join(cfg.Dir, genPartResource))
+	keeps, res, err := openRow(ctx, cfg.Dir, cfg.Store, genPartResource)
 	if err != nil {
 		return GenPartReport{}, err
 	}

@@ -9,12 +9,14 @@ import (
 	"hash/fnv"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/fence"
 	"github.com/fenced-dev/fenced/recipe"
 )
@@ -111,6 +113,20 @@ func (r *partRecorder) record(e partEvent) {
 type partResource struct {
 	db    *sql.DB
 	guard *fence.SQL
+}
+
+// openRow makes a row's directory dir, reads what store declares of its
+// expiry, and opens the row's resource, named name in dir.
+func openRow(ctx context.Context, dir, store, name string) (driver.Expiry, *partResource, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return driver.Expiry{}, nil, err
+	}
+	_, keeps, err := declared(ctx, store)
+	if err != nil {
+		return driver.Expiry{}, nil, err
+	}
+	res, err := openPartResource(filepath.Join(dir, name))
+	return keeps, res, err
 }
 
 func openPartResource(path string) (*partResource, error) {
