@@ -107,7 +107,7 @@ func TestReleaseWakesOneProcess(t *testing.T) {
 			t.Fatal(err)
 		}
 		g = grant()
-	})
+	}, nil)
 
 	// A process whose waiter leaves takes itself off the queue.
 	w := newDriver(t, srv, nil)

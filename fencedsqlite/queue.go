@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -159,6 +160,7 @@ type queue struct {
 	gave   bool                    // doorbells cannot be made here, or the driver closed
 	closed bool
 	rings  sync.WaitGroup // ringNext calls running: close waits for them
+	passed atomic.Int64   // rings passed on unacknowledged, for the tests
 	ctx    context.Context
 	cancel context.CancelFunc
 	eps    *waitqueue.Queue[string]
@@ -457,6 +459,7 @@ func (q *queue) ringFrom(ctx context.Context, key string, passed []string) {
 			acked := r.acked(actx)
 			r.f.Close()
 			if !acked {
+				q.passed.Add(1)
 				q.ringFrom(actx, key, passed)
 			}
 		}()
