@@ -145,6 +145,15 @@ type Options struct {
 // the error also matches driver.ErrInvalidURL.
 var ErrNoDir = errors.New("the lease file's directory does not exist")
 
+// ErrBusy means opening the lease file waited Options.BusyTimeout for
+// another process, alive and holding the file's locks (creating or
+// checking the tables, or writing), and gave up. It also matches
+// driver.ErrUnavailable. Unlike the other errors of an open, it may pass
+// by itself: processes that start together on a loaded machine open the
+// file one after the other, so a caller that can wait (a follower
+// standing for election, say) may open again.
+var ErrBusy = errors.New("the lease file is busy")
+
 func openURL(ctx context.Context, u *url.URL) (driver.Driver, error) {
 	if u.Host != "" {
 		return nil, fmt.Errorf("%w: sqlite URL has a host %q; use sqlite:///absolute/path.db or sqlite:relative/path.db",
@@ -237,6 +246,9 @@ func OpenFile(ctx context.Context, path string, opts *Options) (*Driver, error) 
 	unlock()
 	if err != nil {
 		db.Close()
+		if busy(err) {
+			return nil, fmt.Errorf("sqlite: %s: %w: %w", path, ErrBusy, err)
+		}
 		return nil, fmt.Errorf("sqlite: %s: %w", path, err)
 	}
 	d.std.SetOwned()
@@ -261,7 +273,10 @@ func dsn(path string, busy time.Duration, synchronous string) string {
 	}.Encode()
 }
 
-// lockInit takes an exclusive flock on lockPath, waiting up to timeout.
+// lockInit takes an exclusive flock on lockPath, waiting up to timeout
+// (the busy timeout: the holder is a live process, since a dead one's
+// flock is gone with it, and it may itself wait up to the busy timeout for
+// SQLite's write lock), then failing with ErrBusy.
 // Where the lock file cannot be created (a read-only directory) it returns
 // without locking: such a file is not being created by anyone either.
 // Something other than a regular file there is refused (ErrForeignFile,
@@ -279,7 +294,8 @@ func lockInit(ctx context.Context, lockPath string, timeout time.Duration) (unlo
 	if err != nil {
 		return func() {}, nil
 	}
-	deadline := time.Now().Add(timeout)
+	began := time.Now()
+	deadline := began.Add(timeout)
 	for {
 		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
 		if err == nil {
@@ -290,7 +306,11 @@ func lockInit(ctx context.Context, lockPath string, timeout time.Duration) (unlo
 		}
 		if !errors.Is(err, syscall.EWOULDBLOCK) || time.Now().After(deadline) {
 			f.Close()
-			return nil, fmt.Errorf("%w: another process holds %s: %v", driver.ErrUnavailable, lockPath, err)
+			if errors.Is(err, syscall.EWOULDBLOCK) {
+				return nil, fmt.Errorf("%w: %w: another process held %s for the %v waited (busy_timeout %v)",
+					ErrBusy, driver.ErrUnavailable, lockPath, time.Since(began).Round(time.Millisecond), timeout)
+			}
+			return nil, fmt.Errorf("%w: lock %s: %v", driver.ErrUnavailable, lockPath, err)
 		}
 		select {
 		case <-ctx.Done():
@@ -778,6 +798,17 @@ func classify(err error) error {
 		return driver.ErrClosed
 	}
 	return nil
+}
+
+// busy reports whether err is SQLite's answer that another connection
+// held a lock past the busy timeout.
+func busy(err error) bool {
+	var se *sqlite.Error
+	if !errors.As(err, &se) {
+		return false
+	}
+	c := se.Code() & 0xff
+	return c == sqlite3.SQLITE_BUSY || c == sqlite3.SQLITE_LOCKED
 }
 
 // wrap wraps an error of opening or preparing the file.

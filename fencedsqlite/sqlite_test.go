@@ -2,7 +2,11 @@ package fencedsqlite_test
 
 import (
 	"context"
+	"errors"
+	"os"
 	"path/filepath"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -81,4 +85,34 @@ func TestWaiterInAnotherConnectionIsWokenByCommit(t *testing.T) {
 	case <-time.After(15 * time.Second):
 		t.Fatal("waiter in another connection pool not woken by the release")
 	}
+}
+
+// Issue 38: an open that waited the busy timeout for another process's
+// init lock fails with ErrBusy (and ErrUnavailable), naming the lock and
+// how long it waited, so that a caller that can wait may open again.
+func TestOpenOfBusyFileIsErrBusy(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "leases.db")
+	d, err := fencedsqlite.OpenFile(context.Background(), path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Close()
+	f, err := os.OpenFile(path+".lock", os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		t.Fatal(err)
+	}
+	_, err = fencedsqlite.OpenFile(context.Background(), path, &fencedsqlite.Options{BusyTimeout: 200 * time.Millisecond})
+	if !errors.Is(err, fencedsqlite.ErrBusy) || !errors.Is(err, driver.ErrUnavailable) || !strings.Contains(err.Error(), path+".lock") {
+		t.Fatalf("open while another process holds the init lock: %v; want ErrBusy and ErrUnavailable naming the lock", err)
+	}
+	syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+	d, err = fencedsqlite.OpenFile(context.Background(), path, &fencedsqlite.Options{BusyTimeout: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatalf("open once the lock is free: %v", err)
+	}
+	d.Close()
 }

@@ -94,7 +94,14 @@ func electAndRun(ctx context.Context, g *globals, f *electFlags, name string, ar
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, forwarded...)
 	defer signal.Stop(sigs)
-	c, err := g.open(ctx)
+	// A follower that finds the store busy at start waits for it as it
+	// would for the leadership: until a signal (see openWaiting).
+	openCtx, stopOpen := interruptible(ctx, sigs, "the store")
+	c, err := g.openWaiting(openCtx, "elect")
+	if sig := stopOpen(); sig != nil && err == nil {
+		c.Close()
+		return fmt.Errorf("interrupted by %v while opening the store; nothing ran", sig)
+	}
 	if err != nil {
 		return err
 	}

@@ -53,7 +53,7 @@ func newRunCmd(g *globals) *cobra.Command {
 	})
 	fl := cmd.Flags()
 	fl.DurationVar(&f.ttl, "ttl", 30*time.Second, "lease time to live, positive; renewed every third of it")
-	fl.DurationVar(&f.wait, "wait", 0, "how long to wait for a held KEY (0: exit 75 at once if held)")
+	fl.DurationVar(&f.wait, "wait", 0, "how long to wait for a held KEY, and for a busy store first (0: exit 75 at once if held)")
 	fl.DurationVar(&f.grace, "grace", 10*time.Second, "after SIGTERM on lease loss, how long before SIGKILL")
 	fl.DurationVar(&f.maxHold, "max-hold", 0, "stop renewing after this long; the lease then expires (0: no cap)")
 	fl.DurationVar(&f.minHold, "min-hold", 0,
@@ -342,7 +342,7 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, keys, argv []st
 	signal.Notify(sigs, forwarded...)
 	defer signal.Stop(sigs)
 
-	c, err := g.open(ctx)
+	c, err := openForRun(ctx, g, f, opts, sigs)
 	if err != nil {
 		return err
 	}
