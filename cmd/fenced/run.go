@@ -607,6 +607,7 @@ type supervision struct {
 	cost      time.Duration // what a round of signals to the tree has been seen to cost (see measure)
 	window    time.Duration // how long before the validity ends an unrenewed tree gets SIGTERM
 	endDue    time.Time     // when the ending check is due, to measure how late it runs
+	validEnd  time.Time     // when the validity seen at the last check ends (see killDelay)
 }
 
 // run supervises until no process of COMMAND is left, then releases the

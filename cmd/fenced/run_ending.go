@@ -51,6 +51,7 @@ func (s *supervision) setWindow() {
 // armEnding returns a channel that fires when the validity left now has
 // fallen to the window.
 func (s *supervision) armEnding(left time.Duration) <-chan time.Time {
+	s.validEnd = time.Now().Add(left)
 	s.endDue = time.Now().Add(left - s.window)
 	return time.After(left - s.window)
 }
@@ -131,10 +132,19 @@ func (s *supervision) endUnrenewed() <-chan time.Time {
 
 // killDelay returns how long after now SIGKILL goes out once SIGTERM has:
 // --grace, but at the latest the lead before the hold's local validity
-// ends. A hold whose validity is not known (lost: Remaining is 0) gets
-// --grace.
+// ends. A hold ended before its validity (a break, a refused renewal:
+// Remaining is 0) gets --grace. One whose validity, as last checked, has
+// run out unseen gets none: fenced (or a partition's supervisor) was
+// stopped or starved past it, the store may have granted the key again,
+// and --grace would let the tree write on
+// (TestPartitionsRunUnderAttack/sigstop-supervisor). The check runs before
+// that end whenever fenced runs, so a hold that ended while fenced ran is
+// never mistaken for one.
 func (s *supervision) killDelay() time.Duration {
 	left := s.h.lease.Remaining()
+	if left <= 0 && !s.validEnd.IsZero() && !time.Now().Before(s.validEnd) {
+		return 0
+	}
 	if left <= 0 {
 		return s.h.grace
 	}

@@ -471,34 +471,7 @@ func TestRunKill9EndsCgroupEscapes(t *testing.T) {
 				cmd, errb, out, pid := startCgEscape(t, store, escape, "--ttl", "2s", "job:cgk9")
 				checkMode(t, errb, mode)
 				if escape == "away" {
-					start := time.Now()
-					prefix := filepath.Join(cgroup2Dir(t), "fenced-"+strconv.Itoa(cmd.Process.Pid)+"-")
-					// Bound: fenced looks every 250 ms, or every 100 times
-					// the CPU time of a look if longer (a look costs less
-					// than a full walk of /proc); 4 such pauses, with a look
-					// using as much CPU as the slowest of 3 full walks
-					// measured here took time (an upper bound), leave room
-					// for a look that began just before the move and for
-					// scheduling delays.
-					var walk time.Duration
-					for range 3 {
-						walk = max(walk, procWalk())
-					}
-					bound := 4 * max(250*time.Millisecond, 100*walk)
-					t.Logf("a walk of /proc takes %v here: fenced must move the writer back within %v", walk, bound)
-					eventually(t, bound, "fenced did not move the writer back into its cgroup", func() bool {
-						// The writing thread's cgroup: the main thread, dead,
-						// shows the one it died in.
-						b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/cgroup", pid, writerThread(pid)))
-						for _, l := range strings.Split(string(b), "\n") {
-							if p, ok := strings.CutPrefix(l, "0::"); ok {
-								mount, _ := cgroup2Paths(t)
-								return strings.HasPrefix(filepath.Join(mount, p), prefix)
-							}
-						}
-						return false
-					})
-					t.Logf("moved back into fenced's cgroup %v after the test saw it write outside", time.Since(start))
+					awaitMovedBack(t, cmd.Process.Pid, pid)
 				}
 				if err := cmd.Process.Kill(); err != nil {
 					t.Fatal(err)
@@ -512,6 +485,39 @@ func TestRunKill9EndsCgroupEscapes(t *testing.T) {
 			}, "cgroup")
 		})
 	}
+}
+
+// awaitMovedBack waits until fenced (or a partition's supervisor), pid
+// sup, has moved the process pid, which moved itself into another cgroup,
+// back into a cgroup of its own, and logs how long that took: a kill -9 of
+// sup sooner misses it, as run --help says. pid's main thread may have
+// exited: the cgroup read is its writing thread's.
+func awaitMovedBack(t *testing.T, sup, pid int) {
+	t.Helper()
+	start := time.Now()
+	prefix := filepath.Join(cgroup2Dir(t), "fenced-"+strconv.Itoa(sup)+"-")
+	// Bound: fenced looks every 250 ms, or every 100 times the CPU time of
+	// a look if longer (a look costs less than a full walk of /proc); 4
+	// such pauses, with a look using as much CPU as the slowest of 3 full
+	// walks measured here took time (an upper bound), leave room for a
+	// look that began just before the move and for scheduling delays.
+	var walk time.Duration
+	for range 3 {
+		walk = max(walk, procWalk())
+	}
+	bound := 4 * max(250*time.Millisecond, 100*walk)
+	t.Logf("a walk of /proc takes %v here: fenced must move the escapee back within %v", walk, bound)
+	mount, _ := cgroup2Paths(t)
+	eventually(t, bound, "fenced did not move the escapee back into its cgroup", func() bool {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/cgroup", pid, writerThread(pid)))
+		for _, l := range strings.Split(string(b), "\n") {
+			if p, ok := strings.CutPrefix(l, "0::"); ok {
+				return strings.HasPrefix(filepath.Join(mount, p), prefix)
+			}
+		}
+		return false
+	})
+	t.Logf("moved back into fenced's cgroup %v after the test saw it outside", time.Since(start))
 }
 
 // A command that does not exist is reported as such ("no such file or
