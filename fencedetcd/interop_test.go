@@ -27,7 +27,7 @@ import (
 // gives its child no stdin, so a file's existence is the signal).
 func etcdctlLock(t *testing.T, c *testenv.EtcdCluster, name string) (revs <-chan int64, unlock func(), done <-chan struct{}) {
 	t.Helper()
-	bin := testenv.RequireBinary(t, "etcd-client", "etcdctl")
+	bin := testenv.EtcdctlBinary(t)
 	cmd := exec.Command(bin, "--endpoints="+strings.Join(c.Endpoints(), ","), "lock", "--ttl=5", name, "--",
 		"sh", "-c", `echo "REV=$ETCD_LOCK_REV"; while [ -e "$HOLD" ]; do sleep 0.05; done`)
 	hold := filepath.Join(t.TempDir(), "hold")

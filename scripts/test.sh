@@ -8,6 +8,8 @@
 # or sudo for that, and only for that. With npm it installs dynalite (a
 # DynamoDB-compatible server, pinned) into a cache directory outside the
 # repository, and the pinned staticcheck with `go install` into another.
+# scripts/servers.sh builds current etcd, Redis and Valkey servers into a
+# third (Redis and Valkey with make, from Debian's source packages).
 # Extra arguments go to `go test` (for example -run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,6 +36,8 @@ need python3-redis /usr/bin/python3 -I -c 'import redis' # -I: not the repo's re
 need curl command -v curl # fence: the documented shell-child request is run as written
 need chromium command -v chromium # cmd/fenced drives the dashboard of fenced serve in headless Chromium (chromedp)
 need gcc command -v gcc # testenv.WallClock compiles its clock-stepping preload library (and -race needs cgo)
+need make command -v make # scripts/servers.sh builds Redis and Valkey from their source packages
+need xz-utils command -v xz # Valkey 8's source package is a .tar.xz
 need strace command -v strace # sqlite: delays the releasing process's fsync (a pure-Go process that no LD_PRELOAD library sees)
 need nodejs command -v node # runs dynalite, the DynamoDB-compatible server of the dynamodb tests
 need npm command -v npm
@@ -60,6 +64,42 @@ if ! grep -qs "\"version\": \"$dynalite_version\"" "$dynalite_dir/node_modules/d
 fi
 
 command -v go >/dev/null || { echo "test.sh: Go is not installed (want go 1.26 or newer)"; exit 1; }
+
+# The etcd and Redis backends run again against current servers, beside
+# Debian's etcd 3.4 and Redis 7.0: etcd 3.6 and 3.7, built with go build from
+# the module proxy, and Redis 8 and Valkey 9 and 8, built from Debian's
+# source packages (scripts/servers.sh; built once into a cache directory
+# outside the repository). Each kind builds and then runs its packages in a
+# background job of its own while the steps below go on; their output
+# follows the core's tests.
+versions_etcd="./fencedetcd"
+versions_redis="./fencedredis ./fence/redisfence ./internal/backend/rediskit"
+versions_redis_guard="./fence"
+versions() { # versions etcd|redis GO-TEST-ARGS...
+	local kind=$1 line name dir rc=0 start=$SECONDS
+	shift
+	local dirs
+	dirs=$(./scripts/servers.sh "$kind") || return 1
+	echo "test.sh: $kind builds ready after $((SECONDS - start))s"
+	for line in $dirs; do
+		name=${line%%=*} dir=${line#*=}
+		if [ "$kind" = etcd ]; then
+			echo "test.sh: go test -race against $("$dir/etcd" --version | head -1) ($name)"
+			FENCED_ETCD_DIR=$dir go test -race -count=1 -timeout 20m "$@" $versions_etcd || rc=1
+		else
+			echo "test.sh: go test -race against $("$dir"/*-server --version) ($name)"
+			FENCED_REDIS_DIR=$dir go test -race -count=1 -timeout 20m "$@" $versions_redis || rc=1
+			FENCED_REDIS_DIR=$dir go test -race -count=1 -timeout 20m -run 'Redis' "$@" $versions_redis_guard || rc=1
+		fi
+	done
+	echo "test.sh: $kind versions done after $((SECONDS - start))s"
+	return $rc
+}
+versions_etcd_log=$(mktemp)
+versions_redis_log=$(mktemp)
+trap 'rm -f "$versions_etcd_log" "$versions_redis_log"' EXIT
+versions etcd "$@" >"$versions_etcd_log" 2>&1 &
+versions_etcd_pid=$!
 
 echo "test.sh: gofmt"
 unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))
@@ -111,7 +151,7 @@ echo "test.sh: go test -race"
 # The nested modules' tests run beside the core's (two go test commands at
 # once share the cores as one would); their output follows the core's.
 nested_log=$(mktemp)
-trap 'rm -f "$nested_log"' EXIT
+trap 'rm -f "$nested_log" "$versions_etcd_log" "$versions_redis_log"' EXIT
 in_nested go test -race -count=1 -timeout 20m "$@" ./... >"$nested_log" 2>&1 &
 nested_pid=$!
 # The three longest packages go first: go test starts packages in the order
@@ -127,4 +167,8 @@ nested_rc=0
 wait "$nested_pid" || nested_rc=$?
 echo "test.sh: go test -race (nested modules: ${nested_modules[*]})"
 cat "$nested_log"
-exit $((core_rc || nested_rc))
+versions_rc=0
+wait "$versions_etcd_pid" || versions_rc=$?
+echo "test.sh: the etcd backend against current etcd"
+cat "$versions_etcd_log"
+exit $((core_rc || nested_rc || versions_rc))

@@ -47,8 +47,9 @@ func (c *EtcdCluster) URL(query string) string {
 	return u
 }
 
-// StartEtcd starts a single-node etcd (Debian package etcd-server) on free
-// loopback ports and stops it when the test ends.
+// StartEtcd starts a single-node etcd (Debian package etcd-server, or the
+// build FENCED_ETCD_DIR names) on free loopback ports and stops it when the
+// test ends.
 func StartEtcd(t testing.TB) *EtcdCluster { return StartEtcdCluster(t, 1) }
 
 // StartEtcdCluster starts an n-member etcd cluster on free loopback ports.
@@ -70,7 +71,7 @@ func StartEtcdClusterOn(t testing.TB, hosts ...*NetHost) *EtcdCluster {
 
 func startEtcdCluster(t testing.TB, n int, hosts []*NetHost) *EtcdCluster {
 	t.Helper()
-	bin := RequireBinary(t, "etcd-server", "etcd")
+	EtcdBinary(t) // fails the test if it is missing
 	dir := TempDir(t, "etcd")
 	c := &EtcdCluster{}
 	var initial []string
@@ -110,7 +111,6 @@ func startEtcdCluster(t testing.TB, n int, hosts []*NetHost) *EtcdCluster {
 			"--logger", "zap",
 			"--log-level", "warn",
 		}
-		_ = bin
 		m.Start()
 	}
 	for _, m := range c.Members {
@@ -122,8 +122,7 @@ func startEtcdCluster(t testing.TB, n int, hosts []*NetHost) *EtcdCluster {
 // Start starts (or restarts, with its data) the member.
 func (m *EtcdMember) Start() {
 	m.t.Helper()
-	bin, _ := FindBinary("etcd")
-	cmd := exec.Command(bin, m.args...)
+	cmd := exec.Command(EtcdBinary(m.t), m.args...)
 	if m.host != nil {
 		m.proc = StartOn(m.t, m.host, "etcd "+m.Name, cmd)
 		return

@@ -74,7 +74,7 @@ func (r *Redis) URL() string {
 // killed when the test ends.
 func StartRedis(t testing.TB, cfg RedisConfig) *Redis {
 	t.Helper()
-	bin := RequireBinary(t, "redis-server", "redis-server")
+	bin := RedisBinary(t)
 	if cfg.Port == 0 {
 		cfg.Port = FreePort(t)
 	}
