@@ -17,6 +17,8 @@ import (
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/core/capability"
 	"github.com/fenced-dev/fenced/internal/core/rootaccess"
+	"github.com/fenced-dev/fenced/internal/core/storeurl"
+	"github.com/fenced-dev/fenced/internal/core/token"
 )
 
 // The module's own tools reach a client's driver, and guards a lease's
@@ -166,9 +168,10 @@ func (c *Client) Inspect(ctx context.Context, key string) (LeaseInfo, error) {
 
 // shortOwner makes sure that no owner token leaves Inspect whole,
 // whatever the driver reported: drivers shorten owners already
-// (LeaseInfo.SetOwner), and ShortOwner leaves a shortened owner as it is.
+// (internal/core/token), and token.Short leaves a shortened owner as it
+// is.
 func shortOwner(info LeaseInfo) LeaseInfo {
-	info.Owner = driver.ShortOwner(info.Owner)
+	info.Owner = token.Short(info.Owner)
 	return info
 }
 
@@ -315,7 +318,7 @@ func Open(ctx context.Context, rawURL string, opts *Options) (*Client, error) {
 
 // open is Open on m.
 func (m *urlMux) open(ctx context.Context, rawURL string, opts *Options) (*Client, error) {
-	u, err := driver.ParseURL(rawURL)
+	u, err := storeurl.Parse(rawURL)
 	if err != nil {
 		return nil, err
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/fenced-dev/fenced/clock"
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/core/token"
 )
 
 // Lease is one grant of a key. Its methods are safe for concurrent use.
@@ -500,7 +501,7 @@ func (l *Lease) recordedBreak() (driver.BreakRecord, bool) {
 	if err != nil {
 		return driver.BreakRecord{}, false
 	}
-	short := driver.ShortOwner(l.owner)
+	short := token.Short(l.owner)
 	for i := len(recs) - 1; i >= 0; i-- {
 		if r := recs[i]; r.Fence == l.fence && r.Owner == short {
 			return r, true

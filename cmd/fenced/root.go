@@ -24,6 +24,7 @@ import (
 	_ "github.com/fenced-dev/fenced/fencedredlock"
 	"github.com/fenced-dev/fenced/fencedsqlite"
 	_ "github.com/fenced-dev/fenced/fencedzookeeper"
+	"github.com/fenced-dev/fenced/internal/core/storeurl"
 	_ "github.com/fenced-dev/fenced/mem"
 )
 
@@ -180,7 +181,7 @@ func (g *globals) writeStoreHeader(w io.Writer) {
 // SQLite file spelled out, so a user can see which file (whose) the leases
 // are in.
 func describeStore(store string) string {
-	u, err := driver.ParseURL(store)
+	u, err := storeurl.Parse(store)
 	if err != nil || u.Scheme != "sqlite" || u.Opaque != "" || u.Path != "" {
 		return driver.Redact(store)
 	}

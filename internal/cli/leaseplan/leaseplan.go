@@ -36,6 +36,7 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/core/ttlrule"
 )
 
 // Authority describes how a backend turns a requested TTL into the time it
@@ -93,7 +94,7 @@ func ForScheme(scheme string) Authority {
 }
 
 // Input is what to plan. Zero RenewEvery and SafetyMargin take the client's
-// defaults (TTL/3, driver.DefaultSafetyMargin). MaxPause, when set, is the
+// defaults (TTL/3, ttlrule.DefaultSafetyMargin). MaxPause, when set, is the
 // longest pause the holder is known to suffer (GC, VM migration, swap).
 type Input struct {
 	TTL, RenewEvery, SafetyMargin, MaxPause time.Duration
@@ -149,7 +150,7 @@ func Compute(in Input) (Plan, error) {
 		return Plan{}, fmt.Errorf("%w: TTL %v is outside %s's bounds [%v, %v]", ErrInput, in.TTL, a.Name, a.MinTTL, a.MaxTTL)
 	}
 	if in.SafetyMargin == 0 {
-		in.SafetyMargin = driver.DefaultSafetyMargin(in.TTL)
+		in.SafetyMargin = ttlrule.DefaultSafetyMargin(in.TTL)
 	}
 	if in.SafetyMargin < 0 || in.SafetyMargin >= in.TTL {
 		return Plan{}, fmt.Errorf("%w: safety margin %v must be positive and shorter than the TTL %v", ErrInput, in.SafetyMargin, in.TTL)
@@ -187,7 +188,7 @@ func Compute(in Input) (Plan, error) {
 // second (to 100ms below 10s) and to the backend's granularity.
 func recommend(pause time.Duration, a Authority) time.Duration {
 	absorbs := func(ttl time.Duration) bool {
-		return ttl-driver.DefaultSafetyMargin(ttl)-ttl/3 > pause
+		return ttl-ttlrule.DefaultSafetyMargin(ttl)-ttl/3 > pause
 	}
 	// TTL·(1 − 1/100 − 1/3) − 2ms > pause.
 	ttl := time.Duration(float64(pause+2*time.Millisecond) * 300 / 197)
