@@ -232,11 +232,12 @@ func (l *Lease) Err() error {
 	return context.Cause(l.ctx)
 }
 
-// ValidUntil returns the local deadline after which the lease must not be
-// trusted. It is comparable with time.Now (clock.Local). It moves earlier
-// by the time the machine spends suspended. Prefer Remaining, which asks
-// the client's clock.
-func (l *Lease) ValidUntil() time.Time {
+// validUntilTime returns the local deadline after which the lease must not
+// be trusted. It is comparable with time.Now (clock.Local). It moves
+// earlier by the time the machine spends suspended. Remaining is the
+// public question; the conformance suite and the proof read this one
+// through rootaccess.
+func (l *Lease) validUntilTime() time.Time {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return clock.Local(l.c.clock, l.c.at(l.validUntil))

@@ -32,6 +32,7 @@ package leaseplan
 import (
 	"errors"
 	"fmt"
+	"github.com/fenced-dev/fenced/internal/core/rootaccess"
 	"time"
 
 	"github.com/fenced-dev/fenced"
@@ -41,7 +42,7 @@ import (
 
 // Authority describes how a backend turns a requested TTL into the time it
 // keeps an unrenewed grant. It is the Expiry its package registers with its
-// URL opener (fenced.Register, read with fenced.ExpiryOf). The rounding
+// URL opener (fenced.Register, read with rootaccess.ExpiryOf). The rounding
 // rules live with each backend; this package only figures with them.
 type Authority struct {
 	// Scheme is the store URL scheme.
@@ -76,8 +77,8 @@ func authority(scheme string, e driver.Expiry) Authority {
 // packages the program imports.
 func Authorities() map[string]Authority {
 	out := map[string]Authority{}
-	for _, scheme := range fenced.Schemes() {
-		if e, ok := fenced.ExpiryOf(scheme); ok {
+	for _, scheme := range rootaccess.Schemes() {
+		if e, ok := rootaccess.ExpiryOf(scheme); ok {
 			out[scheme] = authority(scheme, e)
 		}
 	}
@@ -87,7 +88,7 @@ func Authorities() map[string]Authority {
 // ForScheme returns the Authority of a URL scheme; a scheme that registered
 // none gets an exact authority named after it.
 func ForScheme(scheme string) Authority {
-	if e, ok := fenced.ExpiryOf(scheme); ok {
+	if e, ok := rootaccess.ExpiryOf(scheme); ok {
 		return authority(scheme, e)
 	}
 	return authority(scheme, driver.Expiry{Name: scheme, Note: "unknown backend: assumed to expire grants exactly at the TTL"})
