@@ -1,7 +1,5 @@
 package driver
 
-import "time"
-
 // Capabilities is a driver's one declaration of what it can do beyond the
 // Driver interface. It says which optional operations it offers, whether
 // its waiters are served in arrival order, and narrower TTL bounds than
@@ -42,14 +40,13 @@ type Capabilities struct {
 	FenceFloor bool
 	// Prune: Pruner, deletion of unused keys' records.
 	Prune bool
-	// MinTTL and MaxTTL, when not zero, narrow the TTLs the driver accepts
-	// (ZooKeeper's session timeouts, etcd's whole seconds). The portable
-	// bounds apply as well.
-	MinTTL, MaxTTL time.Duration
 	// Keeps is how the authority keeps a grant that is no longer renewed:
 	// the Expiry the backend also registers for its scheme, with the
 	// driver's own settings (ZooKeeper's tick). A recipe that waits for a
 	// dead holder's grant to go reads how long that can take from it
-	// (Expiry.Outlives). The zero value: the grant ends at its TTL.
+	// (Expiry.Outlives). The zero value: the grant ends at its TTL. Its
+	// MinTTL and MaxTTL, when not zero, narrow the TTLs the driver accepts
+	// (ZooKeeper's session timeouts, etcd's whole seconds); the portable
+	// bounds apply as well.
 	Keeps Expiry
 }

@@ -234,7 +234,7 @@ func (s *suite) testBlockedDriverDelaysNoEnd(t *testing.T) {
 		slack := endSlack(t)
 		d, c := newStuck(t, s.h.Open(t), opts())
 		ttl := 30 * time.Second
-		if hi := d.Driver.Capabilities().MaxTTL; hi > 0 {
+		if hi := d.Driver.Capabilities().Keeps.MaxTTL; hi > 0 {
 			ttl = min(ttl, hi)
 		}
 		leases := acquire(c, Key("stuckclose"), ttl)

@@ -77,7 +77,7 @@ func (s *suite) testCapabilities(t *testing.T) {
 	if declared.FIFO && !declared.Queue {
 		t.Errorf("%T declares FIFO without a Queue: only a queue of the authority's serves waiters in order", d)
 	}
-	if declared.MinTTL < 0 || declared.MaxTTL < 0 || (declared.MaxTTL > 0 && declared.MaxTTL < declared.MinTTL) {
-		t.Errorf("%T declares TTL bounds [%v, %v]", d, declared.MinTTL, declared.MaxTTL)
+	if lo, hi := declared.Keeps.MinTTL, declared.Keeps.MaxTTL; lo < 0 || hi < 0 || (hi > 0 && hi < lo) {
+		t.Errorf("%T declares TTL bounds [%v, %v]", d, lo, hi)
 	}
 }

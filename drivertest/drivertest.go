@@ -956,7 +956,7 @@ func (s *suite) testBatchRenew(t *testing.T) {
 	// TTLs in units of a minute, or less where the driver's longest TTL is
 	// under three minutes (ZooKeeper's session bound).
 	unit := time.Minute
-	if longest := capability.Of(d).Declared.MaxTTL; longest > 0 && longest < 3*unit {
+	if longest := capability.Of(d).Declared.Keeps.MaxTTL; longest > 0 && longest < 3*unit {
 		unit = (longest / 3).Truncate(time.Second)
 	}
 	prefix := Key("batch") + ":"

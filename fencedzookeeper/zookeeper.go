@@ -417,7 +417,9 @@ func (d *Driver) Guarantees() driver.Guarantees {
 // watches. No TTL longer than the session timeout the server allows, which
 // could not be honoured.
 func (d *Driver) Capabilities() driver.Capabilities {
-	return driver.Capabilities{Queue: true, FIFO: true, BatchRenew: true, WatchLoss: true, MaxTTL: d.maxTTL, Keeps: ExpiryFor(d.tick)}
+	keeps := ExpiryFor(d.tick)
+	keeps.MaxTTL = d.maxTTL
+	return driver.Capabilities{Queue: true, FIFO: true, BatchRenew: true, WatchLoss: true, Keeps: keeps}
 }
 
 // Close closes the driver's sessions (their ephemeral nodes go at once)

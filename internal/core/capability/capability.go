@@ -92,10 +92,10 @@ func Implemented(d driver.Driver) driver.Capabilities {
 // TTLBounds returns the TTL range a driver declaring c accepts within
 // [lo, hi], the portable layer's range.
 func TTLBounds(c driver.Capabilities, lo, hi time.Duration) (time.Duration, time.Duration) {
-	if d := c.MinTTL; d > 0 {
+	if d := c.Keeps.MinTTL; d > 0 {
 		lo = max(lo, d)
 	}
-	if d := c.MaxTTL; d > 0 {
+	if d := c.Keeps.MaxTTL; d > 0 {
 		hi = min(hi, d)
 	}
 	return lo, hi
