@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/core/token"
 )
 
 // TryAcquire acquires a lease on key without waiting: if the key is held it
@@ -180,7 +181,7 @@ func (c *Client) abandon(ctx context.Context, key, owner string, ttl time.Durati
 	c.inflight.Add(1)
 	go func() {
 		defer c.inflight.Done()
-		digest := driver.OwnerDigest(owner)
+		digest := token.Digest(owner)
 		began := time.Now()
 		look := func(until time.Duration) bool {
 			budget := max(until-time.Since(began), c.opts.CloseTimeout)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/core/token"
 )
 
 // The methods below are the operator's side of a store. Owner tokens never
@@ -57,7 +58,7 @@ func (c *Client) Breaks(ctx context.Context, key string) ([]driver.BreakRecord, 
 		return nil, fmt.Errorf("fenced: breaks %q: %w", key, err)
 	}
 	for i := range recs {
-		recs[i].Owner = driver.ShortOwner(recs[i].Owner)
+		recs[i].Owner = token.Short(recs[i].Owner)
 	}
 	return recs, nil
 }

@@ -17,15 +17,21 @@ import (
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/core/capability"
 	"github.com/fenced-dev/fenced/internal/core/rootaccess"
+	"github.com/fenced-dev/fenced/internal/core/storeurl"
+	"github.com/fenced-dev/fenced/internal/core/token"
 )
 
-// The module's own tools reach a client's driver, and guards a lease's
-// client, through rootaccess; neither is part of the public API.
+// The module's own tools reach a client's driver, guards a lease's
+// client, and the CLI the registered backends through rootaccess; none of
+// them is part of the public API.
 func init() {
-	rootaccess.Set(
-		func(c any) driver.Driver { return c.(*Client).drv },
-		func(l any) any { return l.(*Lease).c },
-	)
+	rootaccess.Set(rootaccess.Root{
+		Driver:     func(c any) driver.Driver { return c.(*Client).drv },
+		Client:     func(l any) any { return l.(*Lease).c },
+		ValidUntil: func(l any) time.Time { return l.(*Lease).validUntilTime() },
+		Schemes:    defaultMux.schemes,
+		ExpiryOf:   expiryOf,
+	})
 }
 
 // Client is the portable handle on a lease store. It is safe for concurrent
@@ -166,9 +172,10 @@ func (c *Client) Inspect(ctx context.Context, key string) (LeaseInfo, error) {
 
 // shortOwner makes sure that no owner token leaves Inspect whole,
 // whatever the driver reported: drivers shorten owners already
-// (LeaseInfo.SetOwner), and ShortOwner leaves a shortened owner as it is.
+// (internal/core/token), and token.Short leaves a shortened owner as it
+// is.
 func shortOwner(info LeaseInfo) LeaseInfo {
-	info.Owner = driver.ShortOwner(info.Owner)
+	info.Owner = token.Short(info.Owner)
 	return info
 }
 
@@ -232,7 +239,7 @@ type urlMux struct {
 	backends map[string]backend
 }
 
-// defaultMux is the mux behind Register, Schemes, ExpiryOf and Open: the
+// defaultMux is the mux behind Register and Open: the
 // only package-level state.
 var defaultMux urlMux
 
@@ -282,7 +289,7 @@ func (m *urlMux) lookup(scheme string) (backend, bool) {
 // open opens a driver for a URL of the scheme. keeps is how the backend's
 // authority keeps a grant no longer renewed: the Expiry its driver rounds
 // TTLs with (and declares in Capabilities.Keeps). `fenced plan` and the
-// dashboard of `fenced serve` figure with it without connecting (ExpiryOf).
+// dashboard of `fenced serve` figure with it without connecting.
 // A zero keeps says the authority ends a grant exactly at its TTL.
 //
 // Register panics if open is nil or the scheme is registered twice, like
@@ -291,16 +298,13 @@ func Register(scheme string, open func(ctx context.Context, u *url.URL) (driver.
 	defaultMux.register(scheme, backend{open: open, keeps: keeps})
 }
 
-// ExpiryOf returns the Expiry registered with the backend of scheme
+// expiryOf returns the Expiry registered with the backend of scheme
 // (case-insensitive). It is false when no linked-in package registered the
 // scheme.
-func ExpiryOf(scheme string) (driver.Expiry, bool) {
+func expiryOf(scheme string) (driver.Expiry, bool) {
 	b, ok := defaultMux.lookup(scheme)
 	return b.keeps, ok
 }
-
-// Schemes returns the registered schemes, sorted.
-func Schemes() []string { return defaultMux.schemes() }
 
 // Open opens the store named by rawURL with the backend registered for its
 // scheme and returns a Client over it. opts may be nil.
@@ -315,7 +319,7 @@ func Open(ctx context.Context, rawURL string, opts *Options) (*Client, error) {
 
 // open is Open on m.
 func (m *urlMux) open(ctx context.Context, rawURL string, opts *Options) (*Client, error) {
-	u, err := driver.ParseURL(rawURL)
+	u, err := storeurl.Parse(rawURL)
 	if err != nil {
 		return nil, err
 	}

@@ -3,6 +3,7 @@ package fenced_test
 import (
 	"context"
 	"errors"
+	"github.com/fenced-dev/fenced/internal/core/rootaccess"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -116,7 +117,7 @@ func TestFailedRenewalEndsLeaseByLocalValidity(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	validUntil := l.ValidUntil()
+	validUntil := rootaccess.ValidUntil(l)
 	if want := clk.Now().Add(3*time.Second - 3*time.Second/100 - 2*time.Millisecond); !validUntil.Equal(want) {
 		t.Fatalf("ValidUntil = %v, want TTL minus margin from the send: %v", validUntil, want)
 	}
@@ -127,7 +128,7 @@ func TestFailedRenewalEndsLeaseByLocalValidity(t *testing.T) {
 	// The authority becomes unreachable: renewals fail.
 	f.set(func(f *faulty) { f.renewErr = driver.ErrUnavailable })
 	failedFrom := clk.Now()
-	deadline := l.ValidUntil()
+	deadline := rootaccess.ValidUntil(l)
 	for clk.Now().Before(deadline.Add(-100 * time.Millisecond)) {
 		clk.Advance(100 * time.Millisecond)
 		settle()

@@ -18,7 +18,8 @@ import (
 //   - A positive MaxWait (or WaitForever) waits up to that long for the
 //     key. Use it for work that must happen.
 //
-// If the lease ends while fn runs, Do returns a *LeaseEndedError, which
+// If the lease ends while fn runs, Do returns a *LeaseEndedError (wrapped
+// with the key; find it with errors.As), which
 // matches the cause (ErrLost or ErrExpired when the lease was lost, so
 // IsLost is true; ErrClosed when the client was closed) and fn's own
 // error. Its WorkErr tells whether fn finished: nil means fn returned nil
@@ -84,7 +85,7 @@ func (c *Client) Do(ctx context.Context, key string, opts *LeaseOptions, fn func
 	defer relCancel()
 	relErr := l.Release(relCtx)
 	if lostErr != nil {
-		return &LeaseEndedError{Key: key, Fence: l.Fence(), Cause: lostErr, WorkErr: fnErr}
+		return fmt.Errorf("fenced: do %q: %w", key, &LeaseEndedError{Fence: l.Fence(), Cause: lostErr, WorkErr: fnErr})
 	}
 	if fnErr != nil {
 		return fnErr

@@ -9,6 +9,7 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/core/token"
 	"github.com/fenced-dev/fenced/mem"
 )
 
@@ -76,7 +77,7 @@ func TestDoorsValueAndWatch(t *testing.T) {
 	if err != nil || !info.Held || info.Fence != l.Fence() || value != "host-a" {
 		t.Fatalf("Value = %+v %q %v; want held at fence %d with host-a", info, value, err, l.Fence())
 	}
-	if info.Owner != driver.ShortOwner(l.Owner()) || strings.Contains(info.Owner, l.Owner()) {
+	if info.Owner != token.Short(l.Owner()) || strings.Contains(info.Owner, l.Owner()) {
 		t.Fatalf("Value's owner %q is not the holder's token shortened", info.Owner)
 	}
 	wctx, stop := context.WithCancel(ctx)

@@ -90,8 +90,7 @@ type HeldError = driver.HeldError
 // It matches its Cause and its WorkErr with errors.Is and errors.As, so
 // errors.Is(err, ErrLost) and IsLost(err) keep working.
 type LeaseEndedError struct {
-	// Key and Fence identify the grant that ended.
-	Key   string
+	// Fence identifies the grant that ended. Do's error names its key.
 	Fence uint64
 	// Cause is why the lease ended: an error matching ErrLost or
 	// ErrExpired (IsLost), ErrClosed when the client was closed, or
@@ -104,9 +103,9 @@ type LeaseEndedError struct {
 // Error implements error.
 func (e *LeaseEndedError) Error() string {
 	if e.WorkErr == nil {
-		return fmt.Sprintf("fenced: do %q: lease ended while the work ran, which returned no error: %v", e.Key, e.Cause)
+		return fmt.Sprintf("lease ended while the work ran, which returned no error: %v", e.Cause)
 	}
-	return fmt.Sprintf("fenced: do %q: lease ended while the work ran: %v; the work returned: %v", e.Key, e.Cause, e.WorkErr)
+	return fmt.Sprintf("lease ended while the work ran: %v; the work returned: %v", e.Cause, e.WorkErr)
 }
 
 // Unwrap returns Cause and, if set, WorkErr.

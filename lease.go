@@ -9,6 +9,7 @@ import (
 
 	"github.com/fenced-dev/fenced/clock"
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/core/token"
 )
 
 // Lease is one grant of a key. Its methods are safe for concurrent use.
@@ -231,11 +232,12 @@ func (l *Lease) Err() error {
 	return context.Cause(l.ctx)
 }
 
-// ValidUntil returns the local deadline after which the lease must not be
-// trusted. It is comparable with time.Now (clock.Local). It moves earlier
-// by the time the machine spends suspended. Prefer Remaining, which asks
-// the client's clock.
-func (l *Lease) ValidUntil() time.Time {
+// validUntilTime returns the local deadline after which the lease must not
+// be trusted. It is comparable with time.Now (clock.Local). It moves
+// earlier by the time the machine spends suspended. Remaining is the
+// public question; the conformance suite and the proof read this one
+// through rootaccess.
+func (l *Lease) validUntilTime() time.Time {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return clock.Local(l.c.clock, l.c.at(l.validUntil))
@@ -500,7 +502,7 @@ func (l *Lease) recordedBreak() (driver.BreakRecord, bool) {
 	if err != nil {
 		return driver.BreakRecord{}, false
 	}
-	short := driver.ShortOwner(l.owner)
+	short := token.Short(l.owner)
 	for i := len(recs) - 1; i >= 0; i-- {
 		if r := recs[i]; r.Fence == l.fence && r.Owner == short {
 			return r, true

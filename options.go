@@ -10,6 +10,8 @@ import (
 
 	"github.com/fenced-dev/fenced/clock"
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/core/capability"
+	"github.com/fenced-dev/fenced/internal/core/ttlrule"
 )
 
 // Limits applied to every key and TTL before a driver sees them.
@@ -166,7 +168,7 @@ func (c *Client) Resolve(opts *LeaseOptions) (LeaseOptions, error) {
 	if s.TTL == 0 {
 		s.TTL = DefaultTTL
 	}
-	if lo, hi := c.ops().Declared.TTLBounds(MinTTL, MaxTTL); s.TTL < lo || s.TTL > hi {
+	if lo, hi := capability.TTLBounds(c.ops().Declared, MinTTL, MaxTTL); s.TTL < lo || s.TTL > hi {
 		return LeaseOptions{}, invalid(true, "TTL", "%v is outside [%v, %v], the TTLs this store accepts", s.TTL, lo, hi)
 	}
 	if err := checkOwnerTag(s.OwnerTag); err != nil {
@@ -194,7 +196,7 @@ func (c *Client) Resolve(opts *LeaseOptions) (LeaseOptions, error) {
 	}
 
 	if s.SafetyMargin == 0 {
-		s.SafetyMargin = driver.DefaultSafetyMargin(s.TTL)
+		s.SafetyMargin = ttlrule.DefaultSafetyMargin(s.TTL)
 	}
 	if s.SafetyMargin < 0 || s.SafetyMargin >= s.TTL {
 		return LeaseOptions{}, invalid(true, "SafetyMargin", "%v must be positive and shorter than the TTL %v", s.SafetyMargin, s.TTL)

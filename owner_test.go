@@ -8,6 +8,7 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/core/token"
 	"github.com/fenced-dev/fenced/mem"
 )
 
@@ -51,8 +52,8 @@ func (d fullOwners) Breaks(ctx context.Context, key string) ([]driver.BreakRecor
 // owner token renews and releases the lease, so it must not leak.
 func TestAdminNeverShowsWholeOwner(t *testing.T) {
 	ctx := context.Background()
-	const token = "0123456789abcdef0123456789abcdef"
-	c := fenced.NewClient(fullOwners{mem.New(nil), token}, nil)
+	const full = "0123456789abcdef0123456789abcdef"
+	c := fenced.NewClient(fullOwners{mem.New(nil), full}, nil)
 	defer c.Close()
 	if _, err := c.TryAcquire(ctx, "job:a", &fenced.LeaseOptions{TTL: time.Minute}); err != nil {
 		t.Fatal(err)
@@ -79,8 +80,8 @@ func TestAdminNeverShowsWholeOwner(t *testing.T) {
 	}
 	owners = append(owners, recs[0].Owner)
 	for i, o := range owners {
-		if o != driver.ShortOwner(token) || strings.Contains(o, token[:9]) {
-			t.Errorf("admin result %d shows owner %q, want %q", i, o, driver.ShortOwner(token))
+		if o != token.Short(full) || strings.Contains(o, full[:9]) {
+			t.Errorf("admin result %d shows owner %q, want %q", i, o, token.Short(full))
 		}
 	}
 }

@@ -2,6 +2,7 @@ package fenced_test
 
 import (
 	"context"
+	"github.com/fenced-dev/fenced/internal/core/rootaccess"
 	"net/url"
 	"strings"
 	"testing"
@@ -14,11 +15,11 @@ import (
 // A backend registers its opener and its Expiry in one call; ExpiryOf reads
 // the Expiry back by scheme, case-insensitively, without a connection.
 func TestRegisterCarriesTheExpiry(t *testing.T) {
-	e, ok := fenced.ExpiryOf("MEM")
+	e, ok := rootaccess.ExpiryOf("MEM")
 	if !ok || e.Name != "in-process memory" {
 		t.Fatalf("ExpiryOf(MEM) = %+v, %v; want mem's registered Expiry", e, ok)
 	}
-	if e, ok := fenced.ExpiryOf("postgres"); ok {
+	if e, ok := rootaccess.ExpiryOf("postgres"); ok {
 		t.Fatalf("ExpiryOf(postgres) = %+v, true in a binary that does not link the backend", e)
 	}
 }
@@ -44,10 +45,10 @@ func TestRegisterRefusesDuplicatesAndNilOpeners(t *testing.T) {
 			fenced.Register(c.scheme, c.open, driver.Expiry{Name: "impostor"})
 		}()
 	}
-	if e, _ := fenced.ExpiryOf("mem"); e.Name != "in-process memory" {
+	if e, _ := rootaccess.ExpiryOf("mem"); e.Name != "in-process memory" {
 		t.Fatalf("a refused registration replaced mem's Expiry: %+v", e)
 	}
-	if _, ok := fenced.ExpiryOf("nilopener"); ok {
+	if _, ok := rootaccess.ExpiryOf("nilopener"); ok {
 		t.Fatal("a refused registration left its scheme registered")
 	}
 }

@@ -104,7 +104,7 @@ func newRenewer(c *Client) *renewer {
 // wait for a response on a loaded machine) is ended here, its context
 // cancelled before it is handed out, rather than put on the schedule: the
 // loop, however promptly woken, would end it only after the caller got a
-// live context past its ValidUntil. Its Lost hook and the rest of its end
+// live context past its local deadline. Its Lost hook and the rest of its end
 // run on the cleanup workers, since the caller holds c.mu.
 func (r *renewer) add(l *Lease) {
 	l.mu.Lock()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/fenced-dev/fenced/internal/core/rootaccess"
 	"sync"
 	"testing"
 	"time"
@@ -114,7 +115,7 @@ func TestScheduleEndsEachLeaseOnTime(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	end := short.ValidUntil()
+	end := rootaccess.ValidUntil(short)
 	for clk.Now().Before(end) {
 		if short.Err() != nil {
 			t.Fatalf("the short lease ended %v before its validity ran out: %v", end.Sub(clk.Now()), short.Err())
@@ -130,7 +131,7 @@ func TestScheduleEndsEachLeaseOnTime(t *testing.T) {
 	if long.Err() != nil {
 		t.Fatal(long.Err())
 	}
-	if got := long.ValidUntil(); !got.After(end.Add(time.Minute - time.Second)) {
+	if got := rootaccess.ValidUntil(long); !got.After(end.Add(time.Minute - time.Second)) {
 		t.Fatalf("the long lease was not renewed by its third of the TTL: valid until %v", got)
 	}
 }

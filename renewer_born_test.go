@@ -3,6 +3,7 @@ package fenced_test
 import (
 	"context"
 	"errors"
+	"github.com/fenced-dev/fenced/internal/core/rootaccess"
 	"runtime"
 	"sync/atomic"
 	"testing"
@@ -45,7 +46,7 @@ func TestLeaseGrantedPastItsValidity(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := l.Context().Err(); err == nil {
-		t.Fatalf("a lease %v was handed out past its ValidUntil (%v ago) with a live context", l, clk.Now().Sub(l.ValidUntil()))
+		t.Fatalf("a lease %v was handed out past its ValidUntil (%v ago) with a live context", l, clk.Now().Sub(rootaccess.ValidUntil(l)))
 	}
 	if cause := context.Cause(l.Context()); !errors.Is(cause, fenced.ErrExpired) {
 		t.Errorf("the lease's cause is %v, want ErrExpired", cause)
@@ -106,6 +107,6 @@ func TestSlowLostHookDelaysNoOtherLease(t *testing.T) {
 	select {
 	case <-second.Context().Done():
 	case <-time.After(3 * time.Second):
-		t.Fatalf("the second lease's context is live %v past its ValidUntil while the first lease's Lost hook runs", clk.Now().Sub(second.ValidUntil()))
+		t.Fatalf("the second lease's context is live %v past its ValidUntil while the first lease's Lost hook runs", clk.Now().Sub(rootaccess.ValidUntil(second)))
 	}
 }

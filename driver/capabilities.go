@@ -1,10 +1,5 @@
 package driver
 
-import (
-	"fmt"
-	"time"
-)
-
 // Capabilities is a driver's one declaration of what it can do beyond the
 // Driver interface. It says which optional operations it offers, whether
 // its waiters are served in arrival order, and narrower TTL bounds than
@@ -45,56 +40,13 @@ type Capabilities struct {
 	FenceFloor bool
 	// Prune: Pruner, deletion of unused keys' records.
 	Prune bool
-	// MinTTL and MaxTTL, when not zero, narrow the TTLs the driver accepts
-	// (ZooKeeper's session timeouts, etcd's whole seconds). The portable
-	// bounds apply as well.
-	MinTTL, MaxTTL time.Duration
 	// Keeps is how the authority keeps a grant that is no longer renewed:
 	// the Expiry the backend also registers for its scheme, with the
 	// driver's own settings (ZooKeeper's tick). A recipe that waits for a
 	// dead holder's grant to go reads how long that can take from it
-	// (Expiry.Outlives). The zero value: the grant ends at its TTL.
+	// (Expiry.Outlives). The zero value: the grant ends at its TTL. Its
+	// MinTTL and MaxTTL, when not zero, narrow the TTLs the driver accepts
+	// (ZooKeeper's session timeouts, etcd's whole seconds); the portable
+	// bounds apply as well.
 	Keeps Expiry
-}
-
-// Implemented lists the optional interfaces d has the methods of, by the
-// name of their Capabilities flag, whatever d declares. The conformance
-// suite compares it with the declaration.
-func Implemented(d Driver) Capabilities {
-	_, sub := d.(Notifier)
-	_, obs := d.(ObserveNotifier)
-	_, q := d.(TimedQueuer)
-	_, terms := d.(TermsAcquirer)
-	_, br := d.(BatchRenewer)
-	_, lw := d.(LossWatcher)
-	_, bl := d.(BreakLogger)
-	_, v := d.(Valuer)
-	_, ff := d.(FenceFloorer)
-	_, p := d.(Pruner)
-	return Capabilities{Subscribe: sub, Observe: obs, Queue: q, Terms: terms, BatchRenew: br,
-		WatchLoss: lw, BreakLog: bl, Value: v, FenceFloor: ff, Prune: p}
-}
-
-// TTLBounds returns the TTL range a driver with c accepts within [lo, hi],
-// the portable layer's range.
-func (c Capabilities) TTLBounds(lo, hi time.Duration) (time.Duration, time.Duration) {
-	if d := c.MinTTL; d > 0 {
-		lo = max(lo, d)
-	}
-	if d := c.MaxTTL; d > 0 {
-		hi = min(hi, d)
-	}
-	return lo, hi
-}
-
-// CheckTTL returns an error matching ErrInvalidTTL unless ttl is within
-// [lo, hi]. It is the one TTL check from a lease's terms to the authority.
-// The portable layer calls it when it resolves a lease's terms (with the
-// driver's bounds, see Capabilities.TTLBounds). Drivers rely on the
-// resolved TTL and call it only where users call them directly.
-func CheckTTL(ttl, lo, hi time.Duration) error {
-	if ttl < lo || ttl > hi {
-		return fmt.Errorf("%w: %v is outside [%v, %v]", ErrInvalidTTL, ttl, lo, hi)
-	}
-	return nil
 }

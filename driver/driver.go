@@ -29,17 +29,15 @@
 //     driver distinguishes "refused" (ErrHeld, ErrNotHeld) from "could not
 //     reach the authority" (ErrUnavailable) and "the request may or may not
 //     have been applied" (ErrUnknownOutcome). A driver names the sentinel
-//     of its client library's errors with one hook (a Classifier) and
-//     leaves the shared rules to Classify.
+//     of its client library's errors (the backends of this module share
+//     the rules in internal/backend/classify).
 //   - A grant carries the TTL it was made with (Grant.TTL); a renewal
-//     renews it for that TTL. Every TTL reaches the authority through
-//     TTLUnits: rounded up to the authority's unit, never shortened.
+//     renews it for that TTL. Every TTL reaches the authority rounded up
+//     to the authority's unit, never shortened.
 package driver
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"time"
@@ -124,54 +122,9 @@ type Grant struct {
 	TTL time.Duration
 }
 
-// CheckTTL returns an error matching ErrInvalidTTL unless g.TTL is
-// positive. Renew and RenewBatch check it before anything else. A grant
-// built without its TTL would otherwise be "renewed" for nothing (Redis's
-// PEXPIRE 0 deletes the key and reports success).
-func (g Grant) CheckTTL() error {
-	if g.TTL <= 0 {
-		return fmt.Errorf("renew %s: %w: the grant carries no TTL (%v)", g, ErrInvalidTTL, g.TTL)
-	}
-	return nil
-}
-
-// CheckTTLs is CheckTTL for every grant of a batch.
-func CheckTTLs(grants []Grant) error {
-	for _, g := range grants {
-		if err := g.CheckTTL(); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 // String describes g without revealing the whole owner token.
 func (g Grant) String() string {
-	return fmt.Sprintf("%s fence=%d owner=%s", g.Key, g.Fence, ShortOwner(g.Owner))
-}
-
-// ShortOwner returns a prefix of an owner token that is safe to log.
-// Owner tokens prove ownership, so they are never logged in full.
-func ShortOwner(owner string) string {
-	if len(owner) <= 8 {
-		return owner
-	}
-	return owner[:8] + "…"
-}
-
-// OwnerDigest returns a 32-character hex digest of an owner token: enough to
-// tell grants apart, useless for renewing or releasing the lease. Fence
-// guards record it (fence.OwnerDigest is this function), and LeaseInfo
-// carries it, so listings never need the token itself.
-func OwnerDigest(owner string) string {
-	sum := sha256.Sum256([]byte("fenced-owner:" + owner))
-	return hex.EncodeToString(sum[:16])
-}
-
-// SetOwner records the holder's full owner token in i the way admins may
-// see it: shortened (Owner) and digested (OwnerDigest).
-func (i *LeaseInfo) SetOwner(owner string) {
-	i.Owner, i.OwnerDigest = ShortOwner(owner), OwnerDigest(owner)
+	return fmt.Sprintf("%s fence=%d owner=%s", g.Key, g.Fence, shortOwner(g.Owner))
 }
 
 // LeaseInfo is what an admin sees of a key.
@@ -179,13 +132,13 @@ type LeaseInfo struct {
 	Key string
 	// Held reports whether an unexpired grant exists.
 	Held bool
-	// Owner is the holder's owner token, shortened with ShortOwner. Empty
-	// when not held.
+	// Owner is the holder's owner token, shortened to its first 8
+	// characters and "…". Empty when not held.
 	Owner string
-	// OwnerDigest is OwnerDigest of the holder's full owner token: what a
-	// fence guard records beside the fence (package fence), so an admin can
-	// match a holder to the writes a resource accepted from it, and safe to
-	// show anywhere. Empty when not held, and for holders that are not
+	// OwnerDigest is the digest of the holder's full owner token that a
+	// fence guard records beside the fence (fence.OwnerDigest), so an
+	// admin can match a holder to the writes a resource accepted from it.
+	// It is safe to show anywhere. Empty when not held, and for holders that are not
 	// fenced clients (an etcdctl lock, a Curator mutex).
 	OwnerDigest string
 	// Fence is the fence of the current grant, or of the last grant when the
@@ -372,12 +325,6 @@ type TimedQueuer interface {
 	AcquireTimed(ctx context.Context, key, owner string, ttl time.Duration) (fence uint64, confirmed time.Time, err error)
 }
 
-// DefaultSafetyMargin is the allowance for clock drift and round trip
-// subtracted from a TTL when the lease's options name none. It is 1% of
-// the TTL plus 2ms. Drivers that need a drift allowance outside a lease
-// (Redlock's TryAcquire called directly) use it too, so both agree.
-func DefaultSafetyMargin(ttl time.Duration) time.Duration { return ttl/100 + 2*time.Millisecond }
-
 // Terms are the parts of a lease's resolved, validated terms (see
 // fenced.LeaseOptions) that a driver may act on beyond its TTL.
 type Terms struct {
@@ -449,4 +396,12 @@ type Valuer interface {
 	// held returns Held false and no value; a key never granted returns
 	// ErrNotFound, as Inspect does.
 	Value(ctx context.Context, key string) (LeaseInfo, string, error)
+}
+
+// shortOwner is owner cut to 8 characters, as LeaseInfo.Owner shows it.
+func shortOwner(owner string) string {
+	if len(owner) <= 8 {
+		return owner
+	}
+	return owner[:8] + "…"
 }

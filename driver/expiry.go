@@ -46,7 +46,7 @@ func (e Expiry) Rounded(ttl time.Duration) time.Duration {
 		t = (t*time.Duration(e.ScaleNum) + time.Duration(e.ScaleDen) - 1) / time.Duration(e.ScaleDen)
 	}
 	if e.Granularity > 0 {
-		t = time.Duration(TTLUnits(t, e.Granularity)) * e.Granularity
+		t = (t + e.Granularity - 1) / e.Granularity * e.Granularity
 	}
 	return t
 }

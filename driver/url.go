@@ -1,35 +1,9 @@
 package driver
 
 import (
-	"fmt"
 	"net/url"
 	"strings"
 )
-
-// ParseURL parses a store URL and checks that it has a scheme. Scheme names
-// are lower-cased. Errors match ErrInvalidURL.
-func ParseURL(rawURL string) (*url.URL, error) {
-	if strings.TrimSpace(rawURL) == "" {
-		return nil, fmt.Errorf("fenced: %w: empty URL", ErrInvalidURL)
-	}
-	u, err := url.Parse(rawURL)
-	if err != nil {
-		// url.Error repeats the URL, which may contain a password.
-		var ue *url.Error
-		msg := err.Error()
-		if e, ok := err.(*url.Error); ok {
-			ue = e
-			msg = ue.Err.Error()
-		}
-		return nil, fmt.Errorf("fenced: %w: %s: %s", ErrInvalidURL, Redact(rawURL), msg)
-	}
-	if u.Scheme == "" {
-		return nil, fmt.Errorf("fenced: %w: %q has no scheme (want for example sqlite:///path/to/file.db or postgres://host/db)",
-			ErrInvalidURL, Redact(rawURL))
-	}
-	u.Scheme = strings.ToLower(u.Scheme)
-	return u, nil
-}
 
 // Redact returns rawURL with every password replaced by "xxxxx", for logs
 // and errors. It covers the userinfo password, secret query parameters

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/fenced-dev/fenced/internal/core/rootaccess"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -208,7 +209,7 @@ func (s *suite) testBlockedDriverDelaysNoEnd(t *testing.T) {
 		go leases[0].Release(context.Background())
 		last := releasing
 		for _, l := range leases[1:] {
-			if u := l.ValidUntil(); u.After(last) {
+			if u := rootaccess.ValidUntil(l); u.After(last) {
 				last = u
 			}
 		}
@@ -233,7 +234,7 @@ func (s *suite) testBlockedDriverDelaysNoEnd(t *testing.T) {
 		slack := endSlack(t)
 		d, c := newStuck(t, s.h.Open(t), opts())
 		ttl := 30 * time.Second
-		if hi := d.Driver.Capabilities().MaxTTL; hi > 0 {
+		if hi := d.Driver.Capabilities().Keeps.MaxTTL; hi > 0 {
 			ttl = min(ttl, hi)
 		}
 		leases := acquire(c, Key("stuckclose"), ttl)
@@ -258,14 +259,14 @@ func (s *suite) testBlockedDriverDelaysNoEnd(t *testing.T) {
 }
 
 // checkEnds reports every lease that did not end within slack of its
-// deadline (ValidUntil, or by(l)) and returns the worst lateness and how
+// deadline (rootaccess.ValidUntil, or by(l)) and returns the worst lateness and how
 // many leases did not end at all.
 func checkEnds(t *testing.T, leases []*fenced.Lease, seen map[*fenced.Lease]time.Time, by func(*fenced.Lease) time.Time,
 	slack time.Duration) (worst time.Duration, missed int) {
 	t.Helper()
 	late := 0
 	for _, l := range leases {
-		deadline := l.ValidUntil()
+		deadline := rootaccess.ValidUntil(l)
 		if by != nil {
 			deadline = by(l)
 		}

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/core/capability"
+	"github.com/fenced-dev/fenced/internal/core/ttlrule"
 )
 
 // testCapabilities checks that the driver's declaration (Capabilities) and
@@ -19,7 +21,7 @@ import (
 func (s *suite) testCapabilities(t *testing.T) {
 	d := s.drv(t)
 	declared := d.Capabilities()
-	has := driver.Implemented(d)
+	has := capability.Implemented(d)
 	flags := []struct {
 		name              string
 		declared, has     bool
@@ -45,7 +47,7 @@ func (s *suite) testCapabilities(t *testing.T) {
 		}},
 		{"Terms (driver.TermsAcquirer)", declared.Terms, has.Terms, func() error {
 			_, err := d.(driver.TermsAcquirer).TryAcquireTerms(context.Background(), Key("caps"), owner(),
-				driver.Terms{TTL: time.Second, SafetyMargin: driver.DefaultSafetyMargin(time.Second)})
+				driver.Terms{TTL: time.Second, SafetyMargin: ttlrule.DefaultSafetyMargin(time.Second)})
 			return err
 		}},
 		{"BatchRenew (driver.BatchRenewer)", declared.BatchRenew, has.BatchRenew, func() error {
@@ -75,7 +77,7 @@ func (s *suite) testCapabilities(t *testing.T) {
 	if declared.FIFO && !declared.Queue {
 		t.Errorf("%T declares FIFO without a Queue: only a queue of the authority's serves waiters in order", d)
 	}
-	if declared.MinTTL < 0 || declared.MaxTTL < 0 || (declared.MaxTTL > 0 && declared.MaxTTL < declared.MinTTL) {
-		t.Errorf("%T declares TTL bounds [%v, %v]", d, declared.MinTTL, declared.MaxTTL)
+	if lo, hi := declared.Keeps.MinTTL, declared.Keeps.MaxTTL; lo < 0 || hi < 0 || (hi > 0 && hi < lo) {
+		t.Errorf("%T declares TTL bounds [%v, %v]", d, lo, hi)
 	}
 }

@@ -25,6 +25,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/fenced-dev/fenced/internal/core/rootaccess"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -481,9 +482,9 @@ func (s *suite) testAutoRenew(t *testing.T) {
 	}
 	tried := time.Now()
 	if l2, err := c2.TryAcquire(ctx, key, &fenced.LeaseOptions{TTL: ttl}); !errors.Is(err, fenced.ErrHeld) {
-		if err == nil && l.Err() == nil && l.ValidUntil().After(tried) {
+		if err == nil && l.Err() == nil && rootaccess.ValidUntil(l).After(tried) {
 			t.Fatalf("TWO VALID HOLDERS: another client got fence %d while the renewed lease (fence %d) was valid until %v",
-				l2.Fence(), l.Fence(), l.ValidUntil())
+				l2.Fence(), l.Fence(), rootaccess.ValidUntil(l))
 		}
 		t.Fatalf("another client acquired a renewed lease: %v (renewal fell behind: lease %v)", err, l.Err())
 	}
@@ -955,7 +956,7 @@ func (s *suite) testBatchRenew(t *testing.T) {
 	// TTLs in units of a minute, or less where the driver's longest TTL is
 	// under three minutes (ZooKeeper's session bound).
 	unit := time.Minute
-	if longest := capability.Of(d).Declared.MaxTTL; longest > 0 && longest < 3*unit {
+	if longest := capability.Of(d).Declared.Keeps.MaxTTL; longest > 0 && longest < 3*unit {
 		unit = (longest / 3).Truncate(time.Second)
 	}
 	prefix := Key("batch") + ":"

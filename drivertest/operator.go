@@ -8,6 +8,7 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/core/token"
 )
 
 // testListInspectBreak checks Client.List, Inspect, Break and
@@ -30,7 +31,7 @@ func (s *suite) testListInspectBreak(t *testing.T) {
 			t.Fatal(err)
 		}
 		leases = append(leases, l)
-		digests[l.Key()] = driver.OwnerDigest(l.Owner())
+		digests[l.Key()] = token.Digest(l.Owner())
 	}
 	other, err := c.TryAcquire(ctx, prefix[:len(prefix)-1]+"-other", nil)
 	if err != nil {
@@ -51,7 +52,7 @@ func (s *suite) testListInspectBreak(t *testing.T) {
 			t.Errorf("List reveals a %d-character owner token; owners must be shortened", len(i.Owner))
 		}
 		if i.OwnerDigest != digests[i.Key] {
-			t.Errorf("listed %s with owner digest %q, want driver.OwnerDigest of its owner %q", i.Key, i.OwnerDigest, digests[i.Key])
+			t.Errorf("listed %s with owner digest %q, want owner.Digest of its owner %q", i.Key, i.OwnerDigest, digests[i.Key])
 		}
 	}
 	if got := strings.Join(keys, ","); got != "a,b,c" {
@@ -65,7 +66,7 @@ func (s *suite) testListInspectBreak(t *testing.T) {
 		t.Fatalf("Inspect = %+v, want held with fence %d and time left", info, leases[0].Fence())
 	}
 	if info.OwnerDigest != digests[prefix+"b"] {
-		t.Fatalf("Inspect owner digest %q, want driver.OwnerDigest of the owner %q", info.OwnerDigest, digests[prefix+"b"])
+		t.Fatalf("Inspect owner digest %q, want owner.Digest of the owner %q", info.OwnerDigest, digests[prefix+"b"])
 	}
 	broken, err := c.Break(ctx, prefix+"b", "conformance test", "drivertest")
 	if err != nil {

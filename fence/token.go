@@ -8,8 +8,8 @@ import (
 	"unicode"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/core/rootaccess"
+	"github.com/fenced-dev/fenced/internal/core/token"
 )
 
 // Errors returned by the guards, matched with errors.Is. A refusal because a
@@ -103,9 +103,9 @@ func issuerOf(l *fenced.Lease) *fenced.Client {
 
 // OwnerDigest returns a 32-character hex digest of an owner token: enough to
 // tell grants apart, useless for renewing or releasing the lease.
-// It is driver.OwnerDigest, which listings (fenced.LeaseInfo.OwnerDigest,
+// It is the digest that listings (fenced.LeaseInfo.OwnerDigest,
 // fenced serve) show, so a row's recorded owner names its holder there.
-func OwnerDigest(owner string) string { return driver.OwnerDigest(owner) }
+func OwnerDigest(owner string) string { return token.Digest(owner) }
 
 // Validate reports whether t can be presented to a guard. That needs a key
 // accepted by fenced.ValidateKey and a fence in 1..MaxFence. The owner must
@@ -151,7 +151,7 @@ func badTokenByte(s string) int {
 
 // String describes t without the full owner or the signature.
 func (t Token) String() string {
-	return fmt.Sprintf("%s fence=%d owner=%s", t.Key, t.Fence, driver.ShortOwner(t.Owner))
+	return fmt.Sprintf("%s fence=%d owner=%s", t.Key, t.Fence, token.Short(t.Owner))
 }
 
 // admits reports whether a resource whose newest recorded write carries

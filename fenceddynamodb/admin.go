@@ -12,6 +12,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/core/token"
 )
 
 // info describes an item read at at. A grant counts as held until this
@@ -22,7 +23,7 @@ func (d *Driver) info(key string, it leaseItem, at time.Time) driver.LeaseInfo {
 	left := d.obs.see(key, it, at)
 	if it.owner != "" && left > 0 {
 		info.Held = true
-		info.SetOwner(it.owner)
+		token.Set(&info, it.owner)
 		info.Remaining = left
 	}
 	return info
@@ -141,7 +142,7 @@ func (d *Driver) Break(ctx context.Context, key string, req driver.BreakRequest)
 			}
 		}
 		info := driver.LeaseInfo{Key: key, Held: true, Fence: it.fence, Remaining: max(d.obs.see(key, it, at), 0)}
-		info.SetOwner(it.owner)
+		token.Set(&info, it.owner)
 		rec := driver.BreakRecord{
 			Time: time.Now().UTC().Truncate(time.Microsecond), Key: key, Fence: it.fence,
 			Owner: info.Owner, Reason: req.Reason, By: req.By,

@@ -13,6 +13,7 @@ import (
 	smithyhttp "github.com/aws/smithy-go/transport/http"
 
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/backend/errclass"
 )
 
 // noRetry turns the SDK's own retries off for one call. A driver does one
@@ -47,7 +48,7 @@ func (d *Driver) call(ctx context.Context, fn func(ctx context.Context) error) (
 }
 
 // classify maps an error of one DynamoDB request onto the driver's
-// sentinels, with driver.Classify and the hook sentinel. Only a write that
+// sentinels, with errclass.Wrap and the hook sentinel. Only a write that
 // was sent (write && sent) can have an unknown outcome. A read, or a request
 // that never left, applied nothing (ErrUnavailable). Conditional-check
 // failures are refusals and are handled by the callers before classify.
@@ -56,10 +57,10 @@ func (d *Driver) classify(op, key string, write, sent bool, err error) error {
 	if key != "" {
 		where = fmt.Sprintf("%s %q", op, key)
 	}
-	return fmt.Errorf("dynamodb: %s: %w", where, driver.Classify(err, write && sent, d.sentinel))
+	return fmt.Errorf("dynamodb: %s: %w", where, errclass.Wrap(err, write && sent, d.sentinel))
 }
 
-// sentinel is DynamoDB's driver.Classifier. Throttling and credential or
+// sentinel is DynamoDB's errclass.Func. Throttling and credential or
 // table problems were refused before anything was applied (ErrUnavailable).
 // A server error (5xx), or a request without an answer, may or may not have
 // been applied (ErrUnknownOutcome). Any other API error is reported as it

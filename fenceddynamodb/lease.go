@@ -13,6 +13,7 @@ import (
 
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/backend/leasetable"
+	"github.com/fenced-dev/fenced/internal/core/ttlrule"
 )
 
 // leaseItem is a lease item as read from the table.
@@ -39,8 +40,8 @@ func num(n uint64) types.AttributeValue {
 }
 
 // millis is a TTL in whole milliseconds, the unit the item stores, by the
-// one TTL rounding rule (driver.TTLUnits: rounded up, never shortened).
-func millis(ttl time.Duration) uint64 { return uint64(driver.TTLUnits(ttl, time.Millisecond)) }
+// one TTL rounding rule (ttlrule.Units: rounded up, never shortened).
+func millis(ttl time.Duration) uint64 { return uint64(ttlrule.Units(ttl, time.Millisecond)) }
 
 // TryAcquire implements driver.Driver. Uncontended it is one conditional
 // UpdateItem. A refusal costs one consistent GetItem more on servers that
@@ -149,7 +150,7 @@ func (d *Driver) Renew(ctx context.Context, g driver.Grant) error {
 	if err := d.checkOpen(); err != nil {
 		return err
 	}
-	if err := g.CheckTTL(); err != nil {
+	if err := ttlrule.Check(g); err != nil {
 		return err
 	}
 	if g.Owner == "" {

@@ -5,13 +5,14 @@ import (
 	"fmt"
 
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/core/storeurl"
 )
 
 // OpenWith is Open with options the URL cannot carry: opts' Clock and
 // MaxInFlight are used. Its Table and Create are ignored (the URL names
 // them). opts may be nil.
 func OpenWith(ctx context.Context, rawURL string, opts *Options) (*Driver, error) {
-	u, err := driver.ParseURL(rawURL)
+	u, err := storeurl.Parse(rawURL)
 	if err != nil {
 		return nil, err
 	}

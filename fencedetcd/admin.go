@@ -12,6 +12,7 @@ import (
 
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/backend/keyname"
+	"github.com/fenced-dev/fenced/internal/core/token"
 )
 
 // setHolder records how an admin sees the owner of a waiter key: the
@@ -20,7 +21,7 @@ import (
 // which has no digest.
 func setHolder(info *driver.LeaseInfo, kv *mvccpb.KeyValue) {
 	if len(kv.Value) > 0 {
-		info.SetOwner(string(kv.Value))
+		token.Set(info, string(kv.Value))
 		return
 	}
 	info.Owner = fmt.Sprintf("lease:%x", kv.Lease)

@@ -7,6 +7,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/core/token"
 )
 
 var _ driver.Valuer = (*Driver)(nil)
@@ -60,7 +61,7 @@ func (d *Driver) Value(ctx context.Context, key string) (driver.LeaseInfo, strin
 	if looksLikeOwner(v) {
 		v = ""
 	}
-	if info.Owner == driver.ShortOwner(string(resp.Kvs[0].Value)) && !looksLikeOwner(string(resp.Kvs[0].Value)) {
+	if info.Owner == token.Short(string(resp.Kvs[0].Value)) && !looksLikeOwner(string(resp.Kvs[0].Value)) {
 		// The value is not an owner token: name the holder by its etcd
 		// lease, as for a foreign holder.
 		info.Owner = fmt.Sprintf("lease:%x", resp.Kvs[0].Lease)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/backend/sessionlock"
+	"github.com/fenced-dev/fenced/internal/core/ttlrule"
 )
 
 // waiterKey is the key a session puts under lock name, exactly as etcd's
@@ -359,7 +360,7 @@ const renewReadsInFlight = 4
 // that fails fails only its own grants (with the read's error, never
 // ErrNotHeld). The batch fails as a whole only when every read failed.
 func (d *Driver) RenewBatch(ctx context.Context, grants []driver.Grant) ([]error, error) {
-	if err := driver.CheckTTLs(grants); err != nil {
+	if err := ttlrule.CheckAll(grants); err != nil {
 		return nil, err
 	}
 	r := newBatchRenewal(d, grants)

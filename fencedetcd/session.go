@@ -13,6 +13,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/backend/errclass"
 	"github.com/fenced-dev/fenced/internal/backend/sessionlock"
 )
 
@@ -296,7 +297,7 @@ func recordedFence(kv *mvccpb.KeyValue) (uint64, error) {
 	return f, nil
 }
 
-// classify is etcd's driver.Classifier: a lease that is not found means
+// classify is etcd's errclass.Func: a lease that is not found means
 // the session is gone; any other failure of the client may have come
 // after the request was sent.
 func classify(err error) error {
@@ -312,12 +313,12 @@ func readErr(op string, err error) error {
 	if ctxErr(err) {
 		return err
 	}
-	return fmt.Errorf("etcd: %s: %w", op, driver.Classify(err, false, classify))
+	return fmt.Errorf("etcd: %s: %w", op, errclass.Wrap(err, false, classify))
 }
 
 // writeErr wraps the failure of a request that may have been applied.
 func writeErr(op string, err error) error {
-	return fmt.Errorf("etcd: %s: %w", op, driver.Classify(err, true, classify))
+	return fmt.Errorf("etcd: %s: %w", op, errclass.Wrap(err, true, classify))
 }
 
 func ctxErr(err error) bool {

@@ -87,7 +87,7 @@ func runUnder(ctx context.Context, l *fenced.Lease, fn func(context.Context, *fe
 	lost := l.Err() // nil unless the lease ended before fn returned
 	cancel(fenced.ErrReleased)
 	if lost != nil {
-		return &fenced.LeaseEndedError{Key: l.Key(), Fence: l.Fence(), Cause: lost, WorkErr: err}
+		return fmt.Errorf("fenced: do %q: %w", l.Key(), &fenced.LeaseEndedError{Fence: l.Fence(), Cause: lost, WorkErr: err})
 	}
 	return err
 }

@@ -141,6 +141,7 @@ import (
 	"github.com/fenced-dev/fenced/internal/backend/sqlident"
 	"github.com/fenced-dev/fenced/internal/backend/sqllease"
 	"github.com/fenced-dev/fenced/internal/backend/urlquery"
+	"github.com/fenced-dev/fenced/internal/core/storeurl"
 )
 
 func init() {
@@ -199,7 +200,7 @@ var (
 // driver.ErrUnavailable (server unreachable, access denied); none contains
 // the password.
 func Open(ctx context.Context, rawURL string) (*Driver, error) {
-	u, err := driver.ParseURL(rawURL)
+	u, err := storeurl.Parse(rawURL)
 	if err != nil {
 		return nil, err
 	}

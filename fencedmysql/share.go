@@ -7,6 +7,7 @@ import (
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/core/rootaccess"
+	"github.com/fenced-dev/fenced/internal/core/storeurl"
 )
 
 // DB returns the driver's *sql.DB, for an application that wants to share
@@ -24,7 +25,7 @@ func (d *Driver) Table() string { return d.table }
 // the lease store's database with it. Errors match driver.ErrInvalidURL and
 // never contain the password.
 func DSN(rawURL string) (string, error) {
-	u, err := driver.ParseURL(rawURL)
+	u, err := storeurl.Parse(rawURL)
 	if err != nil {
 		return "", err
 	}

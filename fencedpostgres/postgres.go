@@ -63,6 +63,7 @@ import (
 	"github.com/fenced-dev/fenced/internal/backend/leasetable"
 	"github.com/fenced-dev/fenced/internal/backend/sqllease"
 	"github.com/fenced-dev/fenced/internal/backend/urlquery"
+	"github.com/fenced-dev/fenced/internal/core/storeurl"
 )
 
 func init() {
@@ -135,7 +136,7 @@ func openURL(ctx context.Context, u *url.URL) (driver.Driver, error) { return op
 // authentication refused) or ErrSchema; none contains the
 // password.
 func Open(ctx context.Context, rawURL string) (*Driver, error) {
-	u, err := driver.ParseURL(rawURL)
+	u, err := storeurl.Parse(rawURL)
 	if err != nil {
 		return nil, err
 	}

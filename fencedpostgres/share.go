@@ -11,6 +11,7 @@ import (
 	"github.com/fenced-dev/fenced/internal/backend/leasetable"
 	"github.com/fenced-dev/fenced/internal/backend/urlquery"
 	"github.com/fenced-dev/fenced/internal/core/rootaccess"
+	"github.com/fenced-dev/fenced/internal/core/storeurl"
 )
 
 // DatabaseURL returns a store URL without fenced's own query parameters
@@ -21,7 +22,7 @@ import (
 // "table" as an unknown setting). Errors match driver.ErrInvalidURL and
 // never contain the password.
 func DatabaseURL(rawURL string) (string, error) {
-	u, err := driver.ParseURL(rawURL)
+	u, err := storeurl.Parse(rawURL)
 	if err != nil {
 		return "", err
 	}

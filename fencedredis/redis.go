@@ -64,6 +64,8 @@ import (
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/backend/rediskit"
+	"github.com/fenced-dev/fenced/internal/core/token"
+	"github.com/fenced-dev/fenced/internal/core/ttlrule"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -352,12 +354,12 @@ func (d *Driver) scriptErr(op, key string, err error, mayApply bool, redisKeys .
 
 // usable returns ErrClosed once d is closed and, for a renewal, an error
 // matching ErrInvalidTTL when a grant to renew carries no TTL
-// (driver.CheckTTLs).
+// (ttlrule.CheckAll).
 func (d *Driver) usable(renewing ...driver.Grant) error {
 	if d.closed.Load() {
 		return driver.ErrClosed
 	}
-	return driver.CheckTTLs(renewing)
+	return ttlrule.CheckAll(renewing)
 }
 
 // Renew implements driver.Driver.
@@ -479,7 +481,7 @@ func inspectReply(key string, k rediskit.Keys, res []any) (driver.LeaseInfo, err
 		}
 		pttl, _ := res[1].(int64)
 		info.Held, info.Fence, info.Remaining = true, f, rediskit.PTTL(pttl)
-		info.SetOwner(o)
+		token.Set(&info, o)
 		return info, nil
 	}
 	s, ok := res[2].(string)

@@ -14,13 +14,14 @@ import (
 
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/backend/rediskit"
+	"github.com/fenced-dev/fenced/internal/core/ttlrule"
 	"github.com/redis/go-redis/v9"
 )
 
 // TryAcquire implements driver.Driver: TryAcquireTerms with the default
-// drift allowance, driver.DefaultSafetyMargin(ttl).
+// drift allowance, ttlrule.DefaultSafetyMargin(ttl).
 func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
-	return d.TryAcquireTerms(ctx, key, owner, driver.Terms{TTL: ttl, SafetyMargin: driver.DefaultSafetyMargin(ttl)})
+	return d.TryAcquireTerms(ctx, key, owner, driver.Terms{TTL: ttl, SafetyMargin: ttlrule.DefaultSafetyMargin(ttl)})
 }
 
 // TryAcquireTerms implements driver.TermsAcquirer with one parallel round to

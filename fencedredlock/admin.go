@@ -12,6 +12,7 @@ import (
 
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/backend/rediskit"
+	"github.com/fenced-dev/fenced/internal/core/token"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -80,7 +81,7 @@ func (d *Driver) Inspect(ctx context.Context, key string) (driver.LeaseInfo, err
 			f, o, _ := rediskit.ParseValue(v)
 			sort.Slice(ttls, func(i, j int) bool { return ttls[i] > ttls[j] })
 			info.Held, info.Fence, info.Remaining = true, f, rediskit.PTTL(ttls[d.quorum-1])
-			info.SetOwner(o)
+			token.Set(&info, o)
 			return info, nil
 		}
 	}

@@ -80,6 +80,7 @@ import (
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/backend/rediskit"
+	"github.com/fenced-dev/fenced/internal/core/ttlrule"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -208,13 +209,13 @@ func (d *Driver) Nodes() (n, quorum int) { return len(d.nodes), d.quorum }
 
 // usable returns ErrClosed once d is closed and, for a renewal, an error
 // matching ErrInvalidTTL when a grant to renew carries no TTL
-// (driver.CheckTTLs).
+// (ttlrule.CheckAll).
 func (d *Driver) usable(renewing ...driver.Grant) error {
 	select {
 	case <-d.closed:
 		return driver.ErrClosed
 	default:
-		return driver.CheckTTLs(renewing)
+		return ttlrule.CheckAll(renewing)
 	}
 }
 

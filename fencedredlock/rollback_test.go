@@ -11,6 +11,7 @@ import (
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/fencedredlock"
 	"github.com/fenced-dev/fenced/internal/backend/rediskit"
+	"github.com/fenced-dev/fenced/internal/core/ttlrule"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 	"github.com/redis/go-redis/v9"
 )
@@ -94,7 +95,7 @@ func waitHeld(t *testing.T, p *testenv.Proxy, n int) {
 // the budget), as the acquisition loop would, with the same owner.
 func grant(t *testing.T, ctx context.Context, d *fencedredlock.Driver, key, o string) driver.Grant {
 	for i := 0; ; i++ {
-		f, err := d.TryAcquireTerms(ctx, key, o, driver.Terms{TTL: rollTTL, SafetyMargin: driver.DefaultSafetyMargin(rollTTL)})
+		f, err := d.TryAcquireTerms(ctx, key, o, driver.Terms{TTL: rollTTL, SafetyMargin: ttlrule.DefaultSafetyMargin(rollTTL)})
 		if err == nil {
 			return driver.Grant{Key: key, Owner: o, Fence: f, TTL: rollTTL}
 		}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/backend/keyname"
+	"github.com/fenced-dev/fenced/internal/core/token"
 )
 
 // adminConn returns a connection for admin reads: the driver's
@@ -91,7 +92,7 @@ func (d *Driver) holder(conn *zk.Conn, lockPath string) (name string, stat *zk.S
 // the client's address), which has no digest.
 func setHolder(info *driver.LeaseInfo, stat *zk.Stat, data []byte) {
 	if len(data) == 32 {
-		info.SetOwner(string(data))
+		token.Set(info, string(data))
 		return
 	}
 	info.Owner = fmt.Sprintf("session:%x", stat.EphemeralOwner)

@@ -3,6 +3,7 @@ package fencedzookeeper_test
 import (
 	"context"
 	"errors"
+	"github.com/fenced-dev/fenced/internal/core/rootaccess"
 	"syscall"
 	"testing"
 	"time"
@@ -126,7 +127,7 @@ func deletedAt(observer *zk.Conn, path string) <-chan time.Time {
 // (reported on gone), and ends as expired.
 func checkValidityEndsFirst(t *testing.T, l *fenced.Lease, stopped time.Time, gone <-chan time.Time) {
 	t.Helper()
-	validUntil := l.ValidUntil()
+	validUntil := rootaccess.ValidUntil(l)
 	var goneAt time.Time
 	select {
 	case goneAt = <-gone:

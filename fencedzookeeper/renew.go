@@ -9,6 +9,7 @@ import (
 	"github.com/fenced-dev/fenced/fencedzookeeper/internal/zk"
 
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/core/ttlrule"
 )
 
 // Renew implements driver.Driver. Once the session has headroom for another
@@ -18,7 +19,7 @@ import (
 // visible. The session itself is kept alive by the connection; g.TTL must
 // not exceed the longest TTL the session covers.
 func (d *Driver) Renew(ctx context.Context, g driver.Grant) error {
-	if err := g.CheckTTL(); err != nil {
+	if err := ttlrule.Check(g); err != nil {
 		return err
 	}
 	ttl := g.TTL
@@ -89,7 +90,7 @@ const checksPerMulti = 1000
 // rest are checked again. A failure that names no node falls back to Renew
 // for each grant of the transaction.
 func (d *Driver) RenewBatch(ctx context.Context, grants []driver.Grant) ([]error, error) {
-	if err := driver.CheckTTLs(grants); err != nil {
+	if err := ttlrule.CheckAll(grants); err != nil {
 		return nil, err
 	}
 	start := time.Now()

@@ -61,6 +61,7 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/backend/errclass"
 	"github.com/fenced-dev/fenced/internal/backend/keyname"
 	"github.com/fenced-dev/fenced/internal/backend/sessionlock"
 	"github.com/fenced-dev/fenced/internal/backend/urlquery"
@@ -416,7 +417,9 @@ func (d *Driver) Guarantees() driver.Guarantees {
 // watches. No TTL longer than the session timeout the server allows, which
 // could not be honoured.
 func (d *Driver) Capabilities() driver.Capabilities {
-	return driver.Capabilities{Queue: true, FIFO: true, BatchRenew: true, WatchLoss: true, MaxTTL: d.maxTTL, Keeps: ExpiryFor(d.tick)}
+	keeps := ExpiryFor(d.tick)
+	keeps.MaxTTL = d.maxTTL
+	return driver.Capabilities{Queue: true, FIFO: true, BatchRenew: true, WatchLoss: true, Keeps: keeps}
 }
 
 // Close closes the driver's sessions (their ephemeral nodes go at once)
@@ -465,7 +468,7 @@ func newUUID() string {
 	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
 }
 
-// classify is ZooKeeper's driver.Classifier: an expired session or no
+// classify is ZooKeeper's errclass.Func: an expired session or no
 // server to talk to applied nothing; any other failure may have come
 // after the request was sent.
 func classify(err error) error {
@@ -477,7 +480,7 @@ func classify(err error) error {
 
 // readErr classifies a ZooKeeper error of a request that changes nothing.
 func readErr(op string, err error) error {
-	return fmt.Errorf("zookeeper: %s: %w", op, driver.Classify(err, false, classify))
+	return fmt.Errorf("zookeeper: %s: %w", op, errclass.Wrap(err, false, classify))
 }
 
 // transient reports whether err is a connection loss that the client
@@ -488,5 +491,5 @@ func transient(err error) bool {
 
 // writeErr classifies the error of a request that may have been applied.
 func writeErr(op string, err error) error {
-	return fmt.Errorf("zookeeper: %s: %w", op, driver.Classify(err, true, classify))
+	return fmt.Errorf("zookeeper: %s: %w", op, errclass.Wrap(err, true, classify))
 }

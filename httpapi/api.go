@@ -14,6 +14,8 @@ import (
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/cli/leaseplan"
 	"github.com/fenced-dev/fenced/internal/core/rootaccess"
+	"github.com/fenced-dev/fenced/internal/core/token"
+	"github.com/fenced-dev/fenced/internal/core/ttlrule"
 )
 
 // leaseView is a lease as the API shows it: never the owner token.
@@ -326,7 +328,7 @@ func (s *Server) acquireLease(w http.ResponseWriter, r *http.Request) {
 		writeError(w, storeError(err))
 		return
 	}
-	digest := driver.OwnerDigest(l.Owner())
+	digest := token.Digest(l.Owner())
 	s.mu.Lock()
 	s.leases[l.Owner()] = l
 	s.mu.Unlock()
@@ -432,7 +434,7 @@ func (s *Server) renewLease(w http.ResponseWriter, r *http.Request) {
 			writeError(w, storeError(err))
 			return
 		}
-		writeJSON(w, http.StatusOK, grantView{Key: key, Fence: l.Fence(), OwnerDigest: driver.OwnerDigest(l.Owner()),
+		writeJSON(w, http.StatusOK, grantView{Key: key, Fence: l.Fence(), OwnerDigest: token.Digest(l.Owner()),
 			TTLMS: l.Options().TTL.Milliseconds(), ValidForMS: l.Remaining().Milliseconds(),
 			RenewEveryMS: (l.Options().TTL / 3).Milliseconds()})
 		return
@@ -446,8 +448,8 @@ func (s *Server) renewLease(w http.ResponseWriter, r *http.Request) {
 		writeError(w, storeError(err))
 		return
 	}
-	valid := ttl - driver.DefaultSafetyMargin(ttl) - time.Since(sent)
-	writeJSON(w, http.StatusOK, grantView{Key: key, Fence: req.Fence, OwnerDigest: driver.OwnerDigest(req.Owner),
+	valid := ttl - ttlrule.DefaultSafetyMargin(ttl) - time.Since(sent)
+	writeJSON(w, http.StatusOK, grantView{Key: key, Fence: req.Fence, OwnerDigest: token.Digest(req.Owner),
 		TTLMS: ttl.Milliseconds(), ValidForMS: max(valid, 0).Milliseconds(), RenewEveryMS: (ttl / 3).Milliseconds()})
 }
 
@@ -468,7 +470,7 @@ func (s *Server) releaseLease(w http.ResponseWriter, r *http.Request) {
 	}
 	s.obs.ended(key, req.Fence, false)
 	s.log.Info("fenced serve: lease released through the API", "key", key, "fence", req.Fence, "owner_digest",
-		driver.OwnerDigest(req.Owner), "remote", r.RemoteAddr)
+		token.Digest(req.Owner), "remote", r.RemoteAddr)
 	writeJSON(w, http.StatusOK, struct {
 		Released bool   `json:"released"`
 		Key      string `json:"key"`

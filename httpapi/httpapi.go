@@ -61,6 +61,7 @@ import (
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/cli/leaseplan"
+	"github.com/fenced-dev/fenced/internal/core/capability"
 )
 
 // Defaults of Config.
@@ -197,7 +198,7 @@ func New(cfg Config) (*Server, error) {
 	s := &Server{cfg: cfg, keys: keys, log: cfg.Logger, leases: map[string]*fenced.Lease{}}
 	s.obs = newObserver(cfg.Client, cfg.Now)
 	s.auth = leaseplan.ForScheme(cfg.Scheme)
-	s.auth = s.auth.WithBounds(cfg.Client.Capabilities().TTLBounds(s.auth.MinTTL, s.auth.MaxTTL))
+	s.auth = s.auth.WithBounds(capability.TTLBounds(cfg.Client.Capabilities(), s.auth.MinTTL, s.auth.MaxTTL))
 	if err := cfg.Registry.Register(collector{s.obs}); err != nil {
 		return nil, fmt.Errorf("httpapi: register the store collector: %w", err)
 	}

@@ -16,10 +16,10 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/driver"
 	_ "github.com/fenced-dev/fenced/fencedetcd" // the plan of another backend (its registered rounding)
 	_ "github.com/fenced-dev/fenced/fencedsqlite"
 	"github.com/fenced-dev/fenced/httpapi"
+	"github.com/fenced-dev/fenced/internal/core/token"
 )
 
 const (
@@ -195,7 +195,7 @@ func TestListingsShowDigestsOnly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	digest := driver.OwnerDigest(l.Owner())
+	digest := token.Digest(l.Owner())
 	for _, path := range []string{"/api/v1/leases", "/api/v1/leases?prefix=job:", "/api/v1/leases/job:a", "/", "/keys/job:a"} {
 		r := f.do(t, "GET", path, "")
 		if r.status != 200 {
@@ -237,7 +237,7 @@ func TestAcquireRenewRelease(t *testing.T) {
 	}
 	owner, _ := r.json["owner"].(string)
 	fence := r.json["fence"].(float64)
-	if len(owner) != 32 || fence < 1 || r.json["ttl_ms"] != 5000.0 || r.json["valid_for_ms"].(float64) <= 0 || r.json["owner_digest"] != driver.OwnerDigest(owner) {
+	if len(owner) != 32 || fence < 1 || r.json["ttl_ms"] != 5000.0 || r.json["valid_for_ms"].(float64) <= 0 || r.json["owner_digest"] != token.Digest(owner) {
 		t.Fatalf("acquire answer %s", r.body)
 	}
 	info, err := f.client.Inspect(ctx, "queue/job:7")

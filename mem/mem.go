@@ -24,6 +24,8 @@ import (
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/driver/wakeup"
 	"github.com/fenced-dev/fenced/internal/backend/urlquery"
+	"github.com/fenced-dev/fenced/internal/core/token"
+	"github.com/fenced-dev/fenced/internal/core/ttlrule"
 )
 
 func init() {
@@ -204,7 +206,7 @@ func (d *Driver) Renew(ctx context.Context, g driver.Grant) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if err := g.CheckTTL(); err != nil {
+	if err := ttlrule.Check(g); err != nil {
 		return err
 	}
 	s, err := d.lock()
@@ -234,7 +236,7 @@ func (s *Store) info(key string, e *entry, now time.Time) driver.LeaseInfo {
 	info := driver.LeaseInfo{Key: key, Fence: e.fence}
 	if e.heldAt(now) {
 		info.Held = true
-		info.SetOwner(e.owner)
+		token.Set(&info, e.owner)
 		info.Remaining = e.expires.Sub(now)
 	}
 	return info

@@ -8,6 +8,7 @@ import (
 
 	"github.com/fenced-dev/fenced/clock"
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/core/ttlrule"
 )
 
 // The optional operations of driver.Capabilities, every one of them, so
@@ -30,7 +31,7 @@ func (d *Driver) Capabilities() driver.Capabilities {
 	return driver.Capabilities{
 		Subscribe: true, Observe: true, Queue: d.opts.Queue, FIFO: d.opts.Queue, Terms: d.opts.Terms,
 		BatchRenew: d.opts.BatchRenew, WatchLoss: true, BreakLog: true, Value: true, FenceFloor: true, Prune: true,
-		MinTTL: d.opts.MinTTL, MaxTTL: d.opts.MaxTTL,
+		Keeps: driver.Expiry{MinTTL: d.opts.MinTTL, MaxTTL: d.opts.MaxTTL},
 	}
 }
 
@@ -89,7 +90,7 @@ func (d *Driver) RenewBatch(ctx context.Context, grants []driver.Grant) ([]error
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	if err := driver.CheckTTLs(grants); err != nil {
+	if err := ttlrule.CheckAll(grants); err != nil {
 		return nil, err
 	}
 	s, err := d.lock()

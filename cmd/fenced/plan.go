@@ -8,8 +8,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/cli/leaseplan"
+	"github.com/fenced-dev/fenced/internal/core/storeurl"
 )
 
 func newPlanCmd(g *globals) *cobra.Command {
@@ -46,7 +46,7 @@ observed by the waiters, a crashed holder's grant may stand twice the TTL.`,
 			if err := g.checkOutput(); err != nil {
 				return err
 			}
-			u, err := driver.ParseURL(g.store)
+			u, err := storeurl.Parse(g.store)
 			if err != nil {
 				return err
 			}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/fenced-dev/fenced/internal/core/rootaccess"
 	"io"
 	"os"
 	"os/user"
@@ -24,6 +25,7 @@ import (
 	_ "github.com/fenced-dev/fenced/fencedredlock"
 	"github.com/fenced-dev/fenced/fencedsqlite"
 	_ "github.com/fenced-dev/fenced/fencedzookeeper"
+	"github.com/fenced-dev/fenced/internal/core/storeurl"
 	_ "github.com/fenced-dev/fenced/mem"
 )
 
@@ -126,7 +128,7 @@ that it uses the default (--quiet hides that line).`,
 		def = "sqlite:"
 	}
 	root.PersistentFlags().StringVar(&g.store, "store", def,
-		"store URL (env FENCED_STORE; schemes: "+strings.Join(fenced.Schemes(), ", ")+"; default: a per-user SQLite file)")
+		"store URL (env FENCED_STORE; schemes: "+strings.Join(rootaccess.Schemes(), ", ")+"; default: a per-user SQLite file)")
 	root.PersistentFlags().BoolVarP(&g.verbose, "verbose", "v", false, "say on stderr which store is used and what fenced does")
 	root.PersistentFlags().BoolVarP(&g.quiet, "quiet", "q", false,
 		"do not say on stderr that the default store is used when none was chosen")
@@ -180,7 +182,7 @@ func (g *globals) writeStoreHeader(w io.Writer) {
 // SQLite file spelled out, so a user can see which file (whose) the leases
 // are in.
 func describeStore(store string) string {
-	u, err := driver.ParseURL(store)
+	u, err := storeurl.Parse(store)
 	if err != nil || u.Scheme != "sqlite" || u.Opaque != "" || u.Path != "" {
 		return driver.Redact(store)
 	}

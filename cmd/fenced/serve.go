@@ -16,9 +16,9 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/httpapi"
 	"github.com/fenced-dev/fenced/internal/core/rootaccess"
+	"github.com/fenced-dev/fenced/internal/core/storeurl"
 	"github.com/fenced-dev/fenced/metrics/fencedprom"
 )
 
@@ -115,7 +115,7 @@ func runServe(ctx context.Context, g *globals, f *serveFlags) error {
 			"fenced serve: warning: %s is not loopback and TLS is off: tokens and lease data cross the network in clear text "+
 				"(use --tls-cert and --tls-key, or a TLS proxy)\n", f.addr)
 	}
-	u, err := driver.ParseURL(g.store)
+	u, err := storeurl.Parse(g.store)
 	if err != nil {
 		return err
 	}

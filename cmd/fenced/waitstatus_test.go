@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/core/token"
 )
 
 // On a terminal, fenced run --wait shows who holds the key, its fence, its
@@ -23,7 +23,7 @@ func TestRunWaitStatusLine(t *testing.T) {
 		t.Fatal(err)
 	}
 	cmd, _, shown := startOnTerminal(t, store, "run", "--wait", "20s", "job:busy", "--", "true")
-	digest := driver.OwnerDigest(l.Owner())[:12]
+	digest := token.Digest(l.Owner())[:12]
 	line := regexp.MustCompile(`fenced: waiting for job:busy held by ` + digest + `… \(fence ` + strconv.FormatUint(l.Fence(), 10) + `\), \d+(\.\d)?s left; waited \d+s of 20s`)
 	eventually(t, 10*time.Second, "no status line on the terminal", func() bool { return line.MatchString(shown()) })
 	if err := l.Release(ctx); err != nil {

@@ -17,6 +17,7 @@ import (
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/backend/sqlident"
 	"github.com/fenced-dev/fenced/internal/backend/urlquery"
+	"github.com/fenced-dev/fenced/internal/core/token"
 )
 
 // DefaultTable is the lease table's name when the URL names none. The
@@ -169,7 +170,7 @@ func Info(key, owner string, fence int64, remaining time.Duration) driver.LeaseI
 	info := driver.LeaseInfo{Key: key, Fence: uint64(fence)}
 	if owner != "" && remaining > 0 {
 		info.Held = true
-		info.SetOwner(owner)
+		token.Set(&info, owner)
 		info.Remaining = remaining
 	}
 	return info

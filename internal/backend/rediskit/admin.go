@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/core/token"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -73,7 +74,7 @@ func ReadGrants(ctx context.Context, c redis.UniversalClient, l Layout, names []
 			continue
 		}
 		info := driver.LeaseInfo{Key: key, Held: true, Fence: f, Remaining: max(ttl, 0)}
-		info.SetOwner(o)
+		token.Set(&info, o)
 		out = append(out, info)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
@@ -100,7 +101,7 @@ func BreakReply(key string, k Keys, res []any) (driver.LeaseInfo, error) {
 	info.Owner, _ = res[2].(string)
 	if len(res) > 5 {
 		full, _ := res[5].(string)
-		info.SetOwner(full)
+		token.Set(&info, full)
 	}
 	pttl, _ := res[3].(int64)
 	info.Held, info.Remaining = true, PTTL(pttl)

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/backend/errclass"
+	"github.com/fenced-dev/fenced/internal/core/ttlrule"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -491,12 +493,12 @@ func HashSlot(key string) uint16 {
 }
 
 // Classify maps a go-redis error to the driver's sentinels by
-// driver.Classify with classifyRedis, the hook of both Redis backends.
+// errclass.Wrap with classifyRedis, the hook of both Redis backends.
 // mayApply says whether the command could have been applied by the server
 // when the connection failed after sending it (false for reads).
-func Classify(err error, mayApply bool) error { return driver.Classify(err, mayApply, classifyRedis) }
+func Classify(err error, mayApply bool) error { return errclass.Wrap(err, mayApply, classifyRedis) }
 
-// classifyRedis is the Redis backends' driver.Classifier. Server replies
+// classifyRedis is the Redis backends' errclass.Func. Server replies
 // that refuse the command before running it (loading, busy, read-only
 // replica, cluster down, authentication) match ErrUnavailable; other
 // server errors are returned as they are, with their message, for the
@@ -552,9 +554,9 @@ func Ping(ctx context.Context, c redis.UniversalClient, addr string, timeout tim
 }
 
 // Millis converts a TTL to the whole milliseconds Redis counts in (PX,
-// PEXPIRE). It uses the one TTL rounding rule (driver.TTLUnits): rounded
+// PEXPIRE). It uses the one TTL rounding rule (ttlrule.Units): rounded
 // up. So a grant never ends before the holder's local validity.
-func Millis(ttl time.Duration) int64 { return driver.TTLUnits(ttl, time.Millisecond) }
+func Millis(ttl time.Duration) int64 { return ttlrule.Units(ttl, time.Millisecond) }
 
 // PTTL converts a PTTL reply to a duration (zero for none or unknown).
 func PTTL(ms int64) time.Duration {

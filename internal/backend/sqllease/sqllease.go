@@ -5,7 +5,7 @@
 // and, where the database can, a notifier. The engine keeps everything
 // else once: the closed-driver rule (every operation after Close fails
 // with driver.ErrClosed, whoever owns the pool), the owner check, the TTL
-// rule (driver.TTLUnits: never shortened, rounded up to the dialect's
+// rule (ttlrule.Units: never shortened, rounded up to the dialect's
 // unit), the reading of rows into driver.LeaseInfo, the per-grant result
 // of a batched renewal, the break transaction with its audit row, the
 // fence floor, the prune loop, and the wrapping of errors as
@@ -46,7 +46,9 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/backend/errclass"
 	"github.com/fenced-dev/fenced/internal/backend/leasetable"
+	"github.com/fenced-dev/fenced/internal/core/ttlrule"
 )
 
 // Result is what a statement run with Conn.Exec reports.
@@ -182,7 +184,7 @@ type Dialect struct {
 	Name string
 	// Unit is what the database counts TTLs and remaining times in
 	// (time.Microsecond, time.Millisecond). Every TTL is rounded up to it
-	// with driver.TTLUnits.
+	// with ttlrule.Units.
 	Unit time.Duration
 	Statements
 	// Acquire is the one atomic grant: grant key to owner for ttl (in
@@ -209,11 +211,11 @@ type Dialect struct {
 	// highest fence deleted.
 	PruneBatch func(ctx context.Context, db DB, cutoff any, after string) (leasetable.PruneBatch, error)
 	// Classify is the database's error-classification hook (see
-	// driver.Classifier): driver.ErrUnavailable when err means that
+	// errclass.Func): driver.ErrUnavailable when err means that
 	// nothing was applied, driver.ErrUnknownOutcome when the request may
 	// have been applied, driver.ErrClosed when the pool was closed, and
 	// nil for any other error (which is then reported as it is).
-	Classify driver.Classifier
+	Classify errclass.Func
 }
 
 // Engine implements the lease operations of driver.Driver,
@@ -270,21 +272,21 @@ func (e *Engine) Wrap(op, key string, err error) error {
 
 // Wrap is Engine.Wrap for code that runs without an engine (a backend's own
 // helpers). Its form is "name: op "key": sentinel: cause". The sentinel is
-// the one driver.Classify gives with the dialect's classify hook; every
+// the one errclass.Wrap gives with the dialect's classify hook; every
 // statement is taken as one that may have been applied. Refusals
-// (driver.IsRefusal) are returned as they are.
-func Wrap(name string, classify driver.Classifier, op, key string, err error) error {
-	if driver.IsRefusal(err) {
+// (errclass.IsRefusal) are returned as they are.
+func Wrap(name string, classify errclass.Func, op, key string, err error) error {
+	if errclass.IsRefusal(err) {
 		return err
 	}
 	where := op
 	if key != "" {
 		where = fmt.Sprintf("%s %q", op, key)
 	}
-	return fmt.Errorf("%s: %s: %w", name, where, driver.Classify(err, true, classify))
+	return fmt.Errorf("%s: %s: %w", name, where, errclass.Wrap(err, true, classify))
 }
 
-func (e *Engine) units(d time.Duration) int64 { return driver.TTLUnits(d, e.d.Unit) }
+func (e *Engine) units(d time.Duration) int64 { return ttlrule.Units(d, e.d.Unit) }
 
 func (e *Engine) duration(n int64) time.Duration { return time.Duration(n) * e.d.Unit }
 
@@ -318,7 +320,7 @@ func (e *Engine) Renew(ctx context.Context, g driver.Grant) error {
 	if err := e.CheckOpen(); err != nil {
 		return err
 	}
-	if err := g.CheckTTL(); err != nil {
+	if err := ttlrule.Check(g); err != nil {
 		return err
 	}
 	if g.Owner == "" {
@@ -345,7 +347,7 @@ func (e *Engine) RenewBatch(ctx context.Context, grants []driver.Grant) ([]error
 	if err := e.CheckOpen(); err != nil {
 		return nil, err
 	}
-	if err := driver.CheckTTLs(grants); err != nil {
+	if err := ttlrule.CheckAll(grants); err != nil {
 		return nil, err
 	}
 	errs := make([]error, 0, len(grants))

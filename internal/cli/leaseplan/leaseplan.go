@@ -32,15 +32,17 @@ package leaseplan
 import (
 	"errors"
 	"fmt"
+	"github.com/fenced-dev/fenced/internal/core/rootaccess"
 	"time"
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/core/ttlrule"
 )
 
 // Authority describes how a backend turns a requested TTL into the time it
 // keeps an unrenewed grant. It is the Expiry its package registers with its
-// URL opener (fenced.Register, read with fenced.ExpiryOf). The rounding
+// URL opener (fenced.Register, read with rootaccess.ExpiryOf). The rounding
 // rules live with each backend; this package only figures with them.
 type Authority struct {
 	// Scheme is the store URL scheme.
@@ -75,8 +77,8 @@ func authority(scheme string, e driver.Expiry) Authority {
 // packages the program imports.
 func Authorities() map[string]Authority {
 	out := map[string]Authority{}
-	for _, scheme := range fenced.Schemes() {
-		if e, ok := fenced.ExpiryOf(scheme); ok {
+	for _, scheme := range rootaccess.Schemes() {
+		if e, ok := rootaccess.ExpiryOf(scheme); ok {
 			out[scheme] = authority(scheme, e)
 		}
 	}
@@ -86,14 +88,14 @@ func Authorities() map[string]Authority {
 // ForScheme returns the Authority of a URL scheme; a scheme that registered
 // none gets an exact authority named after it.
 func ForScheme(scheme string) Authority {
-	if e, ok := fenced.ExpiryOf(scheme); ok {
+	if e, ok := rootaccess.ExpiryOf(scheme); ok {
 		return authority(scheme, e)
 	}
 	return authority(scheme, driver.Expiry{Name: scheme, Note: "unknown backend: assumed to expire grants exactly at the TTL"})
 }
 
 // Input is what to plan. Zero RenewEvery and SafetyMargin take the client's
-// defaults (TTL/3, driver.DefaultSafetyMargin). MaxPause, when set, is the
+// defaults (TTL/3, ttlrule.DefaultSafetyMargin). MaxPause, when set, is the
 // longest pause the holder is known to suffer (GC, VM migration, swap).
 type Input struct {
 	TTL, RenewEvery, SafetyMargin, MaxPause time.Duration
@@ -149,7 +151,7 @@ func Compute(in Input) (Plan, error) {
 		return Plan{}, fmt.Errorf("%w: TTL %v is outside %s's bounds [%v, %v]", ErrInput, in.TTL, a.Name, a.MinTTL, a.MaxTTL)
 	}
 	if in.SafetyMargin == 0 {
-		in.SafetyMargin = driver.DefaultSafetyMargin(in.TTL)
+		in.SafetyMargin = ttlrule.DefaultSafetyMargin(in.TTL)
 	}
 	if in.SafetyMargin < 0 || in.SafetyMargin >= in.TTL {
 		return Plan{}, fmt.Errorf("%w: safety margin %v must be positive and shorter than the TTL %v", ErrInput, in.SafetyMargin, in.TTL)
@@ -187,7 +189,7 @@ func Compute(in Input) (Plan, error) {
 // second (to 100ms below 10s) and to the backend's granularity.
 func recommend(pause time.Duration, a Authority) time.Duration {
 	absorbs := func(ttl time.Duration) bool {
-		return ttl-driver.DefaultSafetyMargin(ttl)-ttl/3 > pause
+		return ttl-ttlrule.DefaultSafetyMargin(ttl)-ttl/3 > pause
 	}
 	// TTL·(1 − 1/100 − 1/3) − 2ms > pause.
 	ttl := time.Duration(float64(pause+2*time.Millisecond) * 300 / 197)

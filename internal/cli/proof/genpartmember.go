@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/fenced-dev/fenced/internal/core/rootaccess"
 	"hash/fnv"
 	"os"
 	"os/signal"
@@ -262,7 +263,7 @@ func runGenPartMember(cfg GenPartMemberConfig) int {
 			// Live at t: the context (which ends before the lease is
 			// released) was live after t, and the local validity, which
 			// ends before the authority's grant, reached past t.
-			live := !done && p.Lease.ValidUntil().After(time.Now()) && ctx.Err() == nil
+			live := !done && rootaccess.ValidUntil(p.Lease).After(time.Now()) && ctx.Err() == nil
 			if live {
 				end.Live = t
 			}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/fenced-dev/fenced/internal/core/rootaccess"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -606,7 +607,7 @@ func (w *genWorker) sample(ctx context.Context) {
 		// most then plus the TTL; one beyond was sent after the break
 		// and confirmed a grant that was gone.
 		for l, at := range w.broken {
-			if late := l.ValidUntil().Sub(at.Add(l.Options().TTL)); late > renewedSlack {
+			if late := rootaccess.ValidUntil(l).Sub(at.Add(l.Options().TTL)); late > renewedSlack {
 				delete(w.broken, l)
 				w.record(Event{Kind: RenewedAfterBreak, Key: l.Key(), Fence: l.Fence(), Owner: fence.OwnerDigest(l.Owner()),
 					Value: int64(late)})
@@ -614,7 +615,7 @@ func (w *genWorker) sample(ctx context.Context) {
 		}
 		w.mu.Unlock()
 		for _, l := range leases {
-			until := l.ValidUntil()
+			until := rootaccess.ValidUntil(l)
 			now := time.Now()
 			if now.Sub(began) > w.cfg.Grace/2 {
 				break // this round is starved; the next one looks again
@@ -644,7 +645,7 @@ const renewedSlack = 20 * time.Millisecond
 // the client's clock onto time.Now's at each call), so equality would miss
 // most samples; a renewal moves validity by a large part of a TTL.
 func renewedSince(l *fenced.Lease, until time.Time) bool {
-	return l.ValidUntil().After(until.Add(time.Millisecond))
+	return rootaccess.ValidUntil(l).After(until.Add(time.Millisecond))
 }
 
 // maybeRunGenWorker runs a generative worker and exits if this process was

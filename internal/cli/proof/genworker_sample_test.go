@@ -2,6 +2,7 @@ package proof
 
 import (
 	"context"
+	"github.com/fenced-dev/fenced/internal/core/rootaccess"
 	"testing"
 	"time"
 
@@ -24,7 +25,7 @@ func TestSamplerSeesUnchangedValidity(t *testing.T) {
 	}
 	missed := 0
 	for range 10000 {
-		if renewedSince(l, l.ValidUntil()) {
+		if renewedSince(l, rootaccess.ValidUntil(l)) {
 			missed++
 		}
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/fencedredis"
+	"github.com/fenced-dev/fenced/internal/core/token"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 
@@ -122,7 +123,7 @@ func goRedisRetry(t *testing.T, r *testenv.Redis, db driver.Driver, op string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !info.Held || info.OwnerDigest != driver.OwnerDigest(ownerB) || info.Fence != f2 {
+	if !info.Held || info.OwnerDigest != token.Digest(ownerB) || info.Fence != f2 {
 		t.Fatalf("after go-redis's retries of A's %s reached the store: %+v; want B's grant (fence %d) intact", op, info, f2)
 	}
 	// A renewal of A's (TTL 2s) that reached B's grant would leave it

@@ -14,6 +14,7 @@ import (
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/core/rootaccess"
+	"github.com/fenced-dev/fenced/internal/core/token"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 
@@ -261,8 +262,8 @@ func storeView(t *testing.T, d *fenced.Client, key string) fenced.LeaseInfo {
 func checkNamed(t *testing.T, s lostReplyStore, d *fenced.Client, key, owner string, fence uint64, ttl time.Duration, after string) {
 	t.Helper()
 	info := storeView(t, d, key)
-	if !info.Held || info.OwnerDigest != driver.OwnerDigest(owner) || info.Fence != fence {
-		t.Fatalf("%s: the store says %+v; want the later grant (fence %d, owner digest %s) intact", after, info, fence, driver.OwnerDigest(owner))
+	if !info.Held || info.OwnerDigest != token.Digest(owner) || info.Fence != fence {
+		t.Fatalf("%s: the store says %+v; want the later grant (fence %d, owner digest %s) intact", after, info, fence, token.Digest(owner))
 	}
 	if s.storeClock && info.Remaining > ttl+time.Millisecond {
 		t.Fatalf("%s: the later grant has %v left, more than its own TTL %v: a retried renewal extended it", after, info.Remaining, ttl)

@@ -3,7 +3,11 @@
 // suite and the crash tests of this module, none of which is public API.
 package capability
 
-import "github.com/fenced-dev/fenced/driver"
+import (
+	"time"
+
+	"github.com/fenced-dev/fenced/driver"
+)
 
 // Ops is what a driver can do beyond the Driver interface. Each field is
 // the driver's implementation of one optional interface. It is nil unless
@@ -66,3 +70,33 @@ func has[I any](d driver.Driver, declared *bool) I {
 // notification, Subscribe, or its own queue, Queue) rather than by polling.
 // Whether they are served in arrival order is o.Declared.FIFO.
 func (o Ops) Notifies() bool { return o.Notifier != nil || o.Queuer != nil }
+
+// Implemented lists the optional interfaces d has the methods of, by the
+// name of their Capabilities flag, whatever d declares. The conformance
+// suite compares it with the declaration.
+func Implemented(d driver.Driver) driver.Capabilities {
+	_, sub := d.(driver.Notifier)
+	_, obs := d.(driver.ObserveNotifier)
+	_, q := d.(driver.TimedQueuer)
+	_, terms := d.(driver.TermsAcquirer)
+	_, br := d.(driver.BatchRenewer)
+	_, lw := d.(driver.LossWatcher)
+	_, bl := d.(driver.BreakLogger)
+	_, v := d.(driver.Valuer)
+	_, ff := d.(driver.FenceFloorer)
+	_, p := d.(driver.Pruner)
+	return driver.Capabilities{Subscribe: sub, Observe: obs, Queue: q, Terms: terms, BatchRenew: br,
+		WatchLoss: lw, BreakLog: bl, Value: v, FenceFloor: ff, Prune: p}
+}
+
+// TTLBounds returns the TTL range a driver declaring c accepts within
+// [lo, hi], the portable layer's range.
+func TTLBounds(c driver.Capabilities, lo, hi time.Duration) (time.Duration, time.Duration) {
+	if d := c.Keeps.MinTTL; d > 0 {
+		lo = max(lo, d)
+	}
+	if d := c.Keeps.MaxTTL; d > 0 {
+		hi = min(hi, d)
+	}
+	return lo, hi
+}

@@ -1,11 +1,11 @@
-package driver
+package ttlrule
 
 import (
 	"testing"
 	"time"
 )
 
-func TestTTLUnitsRoundsUp(t *testing.T) {
+func TestUnitsRoundsUp(t *testing.T) {
 	for _, c := range []struct {
 		ttl, unit time.Duration
 		want      int64
@@ -21,8 +21,8 @@ func TestTTLUnitsRoundsUp(t *testing.T) {
 		{time.Second + time.Millisecond, time.Second, 2},
 		{time.Second, 0, int64(time.Second)},
 	} {
-		if got := TTLUnits(c.ttl, c.unit); got != c.want {
-			t.Errorf("TTLUnits(%v, %v) = %d, want %d", c.ttl, c.unit, got, c.want)
+		if got := Units(c.ttl, c.unit); got != c.want {
+			t.Errorf("Units(%v, %v) = %d, want %d", c.ttl, c.unit, got, c.want)
 		}
 	}
 }
