@@ -45,6 +45,8 @@ type Capabilities struct {
 	FenceFloor bool
 	// Prune: Pruner, deletion of unused keys' records.
 	Prune bool
+	// Checkpoint: Checkpointer, a key's checkpoint stored under its fence.
+	Checkpoint bool
 	// MinTTL and MaxTTL, when not zero, narrow the TTLs the driver accepts
 	// (ZooKeeper's session timeouts, etcd's whole seconds). The portable
 	// bounds apply as well.
@@ -71,8 +73,9 @@ func Implemented(d Driver) Capabilities {
 	_, v := d.(Valuer)
 	_, ff := d.(FenceFloorer)
 	_, p := d.(Pruner)
+	_, cp := d.(Checkpointer)
 	return Capabilities{Subscribe: sub, Observe: obs, Queue: q, Terms: terms, BatchRenew: br,
-		WatchLoss: lw, BreakLog: bl, Value: v, FenceFloor: ff, Prune: p}
+		WatchLoss: lw, BreakLog: bl, Value: v, FenceFloor: ff, Prune: p, Checkpoint: cp}
 }
 
 // TTLBounds returns the TTL range a driver with c accepts within [lo, hi],

@@ -58,6 +58,7 @@ func (s *suite) testCapabilities(t *testing.T) {
 		{"Value (driver.Valuer)", declared.Value, has.Value, nil},
 		{"FenceFloor (driver.FenceFloorer)", declared.FenceFloor, has.FenceFloor, nil},
 		{"Prune (driver.Pruner)", declared.Prune, has.Prune, nil},
+		{"Checkpoint (driver.Checkpointer)", declared.Checkpoint, has.Checkpoint, nil},
 	}
 	for _, f := range flags {
 		switch {

@@ -23,6 +23,7 @@ type Ops struct {
 	Valuer        driver.Valuer
 	FenceFloorer  driver.FenceFloorer
 	Pruner        driver.Pruner
+	Checkpointer  driver.Checkpointer
 }
 
 // Of reads d's optional operations. An operation is present when d declares
@@ -42,6 +43,7 @@ func Of(d driver.Driver) Ops {
 	o.Valuer = has[driver.Valuer](d, &c.Value)
 	o.FenceFloorer = has[driver.FenceFloorer](d, &c.FenceFloor)
 	o.Pruner = has[driver.Pruner](d, &c.Prune)
+	o.Checkpointer = has[driver.Checkpointer](d, &c.Checkpoint)
 	c.FIFO = c.FIFO && c.Queue
 	o.Declared = c
 	return o
