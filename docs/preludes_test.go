@@ -63,6 +63,10 @@ var billDueCustomers func(ctx context.Context, partition int, tok fence.Token)
 
 // sleepOrDone waits d or until ctx ends.
 var sleepOrDone func(ctx context.Context, d time.Duration)
+
+// billFrom bills the partition's invoices after offset, each write carrying
+// tok, and returns the offset it reached.
+var billFrom func(ctx context.Context, partition int, offset int64, tok fence.Token) int64
 `,
 	// The test's own page of known verdicts (selfCheck).
 	"selfcheck.md": `

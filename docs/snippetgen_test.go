@@ -48,6 +48,7 @@ var stdImports = map[string]string{
 	"signal":         "os/signal",
 	"slog":           "log/slog",
 	"sql":            "database/sql",
+	"strconv":        "strconv",
 	"strings":        "strings",
 	"sync":           "sync",
 	"syscall":        "syscall",

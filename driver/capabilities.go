@@ -40,6 +40,8 @@ type Capabilities struct {
 	FenceFloor bool
 	// Prune: Pruner, deletion of unused keys' records.
 	Prune bool
+	// Checkpoint: Checkpointer, a key's checkpoint stored under its fence.
+	Checkpoint bool
 	// Keeps is how the authority keeps a grant that is no longer renewed:
 	// the Expiry the backend also registers for its scheme, with the
 	// driver's own settings (ZooKeeper's tick). A recipe that waits for a

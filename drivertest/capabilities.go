@@ -15,7 +15,7 @@ import (
 // its methods agree. Every declared operation has its methods;
 // the lookup behind Client.Capabilities drops a flag without them. A method
 // present but not declared is not there at all. The subscriptions, the
-// queue, terms and batches are the exception: their availability may depend
+// queue, terms, batches and checkpoints are the exception: their availability may depend
 // on how the driver was opened, so such a method refuses with
 // driver.ErrUnsupported instead. The other declared operations are exercised by the tests named after them.
 func (s *suite) testCapabilities(t *testing.T) {
@@ -60,6 +60,10 @@ func (s *suite) testCapabilities(t *testing.T) {
 		{"Value (driver.Valuer)", declared.Value, has.Value, nil},
 		{"FenceFloor (driver.FenceFloorer)", declared.FenceFloor, has.FenceFloor, nil},
 		{"Prune (driver.Pruner)", declared.Prune, has.Prune, nil},
+		{"Checkpoint (driver.Checkpointer)", declared.Checkpoint, has.Checkpoint, func() error {
+			_, _, err := d.(driver.Checkpointer).ReadCheckpoint(context.Background(), Key("caps"))
+			return err
+		}},
 	}
 	for _, f := range flags {
 		switch {

@@ -104,6 +104,7 @@ func RunConformanceTests(t *testing.T, h Harness) {
 	t.Run("WaitLongerThanTTLGivesFullLease", s.testLongWait)
 	t.Run("BatchRenewReportsEachGrant", s.testBatchRenew)
 	t.Run("BlockedDriverDelaysNoLeaseEnd", s.testBlockedDriverDelaysNoEnd)
+	t.Run("CheckpointUnderTheFence", s.testCheckpoint)
 	t.Run("CapabilitiesMatchMethods", s.testCapabilities)
 }
 

@@ -297,7 +297,7 @@ var Expiry = driver.Expiry{
 // proclaimed values. TTLs are of a second or more (etcd leases have a
 // one-second granularity).
 func (d *Driver) Capabilities() driver.Capabilities {
-	return driver.Capabilities{Queue: true, FIFO: true, BatchRenew: true, WatchLoss: true, Value: true, Keeps: Expiry}
+	return driver.Capabilities{Queue: true, FIFO: true, BatchRenew: true, WatchLoss: true, Value: true, Checkpoint: true, Keeps: Expiry}
 }
 
 // Close stops the driver's background work and, when the driver was opened

@@ -314,7 +314,8 @@ func (d *Driver) Guarantees() driver.Guarantees {
 // table's batch renewal, break log, fence floor and prune.
 func (d *Driver) Capabilities() driver.Capabilities {
 	notify := d.listener != nil
-	return driver.Capabilities{Subscribe: notify, Observe: notify, BatchRenew: true, BreakLog: true, FenceFloor: true, Prune: true}
+	return driver.Capabilities{Subscribe: notify, Observe: notify, BatchRenew: true, BreakLog: true, FenceFloor: true, Prune: true,
+		Checkpoint: true}
 }
 
 // Close implements driver.Driver. It stops the LISTEN connection and, for a

@@ -173,6 +173,7 @@ CREATE INDEX ` + quoteIdent(b+"_key") + ` ON ` + quoteIdent(b) + ` (lease_key, i
   id          smallint PRIMARY KEY CHECK (id = 1),
   fence_floor bigint NOT NULL CHECK (fence_floor >= 0)
 )`},
+			{t + sqllease.CheckpointsSuffix, checkpointsShape, createCheckpoints(t)},
 		} {
 			found, exists, err := readTable(ctx, tx, s.name)
 			if err != nil {
@@ -358,7 +359,8 @@ func (d *Driver) dialect() *sqllease.Dialect {
 			}
 			return sqllease.ScanGrants(c.Query(ctx, q.renewBatch, keys, owners, fences, ttls))
 		},
-		PruneBatch: q.pruneBatch,
-		Classify:   classifyError,
+		PruneBatch:  q.pruneBatch,
+		Classify:    classifyError,
+		Checkpoints: checkpointStatements(d.table),
 	}
 }

@@ -609,7 +609,7 @@ func (d *Driver) makeGuarantees() driver.Guarantees {
 // Capabilities implements driver.Driver: waiters and observers woken by
 // pub/sub, batch renewal in one script, and the break log.
 func (d *Driver) Capabilities() driver.Capabilities {
-	return driver.Capabilities{Subscribe: true, Observe: true, BatchRenew: true, BreakLog: true}
+	return driver.Capabilities{Subscribe: true, Observe: true, BatchRenew: true, BreakLog: true, Checkpoint: true}
 }
 
 // Close implements driver.Driver. It closes the subscriber connection, and

@@ -593,6 +593,7 @@ func (d *Driver) migrate(ctx context.Context) error {
   key TEXT NOT NULL,
   seq INTEGER NOT NULL
 ) WITHOUT ROWID`},
+		{t + sqllease.CheckpointsSuffix, checkpointsShape, createCheckpoints(t)},
 	} {
 		found, exists, err := readTable(ctx, tx, s.name)
 		if err != nil {
@@ -852,8 +853,9 @@ func (d *Driver) dialect() *sqllease.Dialect {
 			b.WriteString(tail)
 			return sqllease.ScanGrants(c.Query(ctx, b.String(), args...))
 		},
-		PruneBatch: q.pruneBatch,
-		Classify:   classify,
+		PruneBatch:  q.pruneBatch,
+		Classify:    classify,
+		Checkpoints: checkpointStatements(d.table),
 	}
 }
 
@@ -876,7 +878,8 @@ func (d *Driver) Guarantees() driver.Guarantees {
 // the doorbell file (watch.go), and the lease table's batch renewal, break
 // log, fence floor and prune.
 func (d *Driver) Capabilities() driver.Capabilities {
-	return driver.Capabilities{Subscribe: true, Observe: true, BatchRenew: true, BreakLog: true, FenceFloor: true, Prune: true}
+	return driver.Capabilities{Subscribe: true, Observe: true, BatchRenew: true, BreakLog: true, FenceFloor: true, Prune: true,
+		Checkpoint: true}
 }
 
 // Close implements driver.Driver. It closes the database only if the

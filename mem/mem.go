@@ -76,6 +76,9 @@ type Store struct {
 	floor   uint64          // driver.FenceFloorer
 	watches map[string][]*lossWatch
 	queues  map[string][]*ticket // driver.TimedQueuer, head first
+	// checkpoints by key (driver.Checkpointer): apart from keys, since a
+	// checkpoint outlives its grant and a pruned key's record.
+	checkpoints map[string]checkpoint
 }
 
 type entry struct {

@@ -137,14 +137,29 @@ type ownedPartition struct {
 	cancel   context.CancelCauseFunc
 	handoff  time.Time // when the hand-off began; zero if none
 	released bool      // the lease was released before the work returned
+	// until is when the lease is released whether or not the work has
+	// returned: HandoffGrace after its hand-off or its member's leave
+	// began; zero before either (Partition.Finish).
+	until time.Time
 }
 
 // Partition is one owned partition, given to the work function.
 type Partition struct {
 	// Index is the partition's number, in [0, P).
 	Index int
-	// Lease is the partition's lease. Send its Fence with every write.
+	// Lease is the partition's lease. Send its Fence with every write, and
+	// record progress with its Checkpoint method: the store keeps it only
+	// while this lease is the partition's current grant.
 	Lease *fenced.Lease
+	// Checkpoint is the partition's last checkpoint (Lease.Checkpoint by
+	// any earlier owner), read after this grant and before the work
+	// started: nil if none was recorded, or if the store keeps no
+	// checkpoints (Client.Capabilities().Checkpoint false; Lease.Checkpoint
+	// then fails with fenced.ErrUnsupported).
+	Checkpoint []byte
+
+	g *Partitions
+	o *ownedPartition
 }
 
 // PartitionWork does a partition's work while the member owns it. Its
@@ -165,9 +180,15 @@ const (
 	// PartitionReleased: the partition's work returned and its lease
 	// was released (or had ended).
 	PartitionReleased
+	// PartitionOverran: the work had not returned HandoffGrace after its
+	// hand-off (or its member's leave) began, and its lease was released
+	// anyway; the fence refuses its late writes and checkpoints. HandOff
+	// is the time since the hand-off (or the leave) began. PartitionReleased follows
+	// when the work returns.
+	PartitionOverran
 )
 
-// String returns "acquired" or "released", or "EventKind(N)" for a value
+// String returns "acquired", "released" or "overran", or "EventKind(N)" for a value
 // that names no kind.
 func (k EventKind) String() string {
 	switch k {
@@ -175,6 +196,8 @@ func (k EventKind) String() string {
 		return "acquired"
 	case PartitionReleased:
 		return "released"
+	case PartitionOverran:
+		return "overran"
 	}
 	return "EventKind(" + strconv.Itoa(int(k)) + ")"
 }
@@ -208,9 +231,11 @@ type PartitionsOptions struct {
 	// Poll is how often a member reads the group when nothing woke it.
 	// Default: a third of the TTL.
 	Poll time.Duration
-	// HandoffGrace bounds how long a hand-off waits for the work function
-	// to return before releasing the lease anyway (the fence then refuses
-	// the late work). Default: the TTL.
+	// HandoffGrace bounds how long a hand-off (or Leave) waits for the
+	// work function to return before releasing the lease anyway (the fence
+	// then refuses the late work, and a PartitionOverran event says so).
+	// The work has that long to finish and record its last checkpoint
+	// (Partition.Finish). Default: the TTL.
 	HandoffGrace time.Duration
 	// OnEvent, if set, is called for every PartitionEvent, on the
 	// member's goroutines; it must not block.
@@ -410,7 +435,11 @@ func (g *Partitions) Leave(ctx context.Context) error {
 		if g.failed != nil {
 			cause, g.leaveErr = g.failed, g.failed
 		}
+		until := time.Now().Add(g.grace)
 		for _, o := range g.owned {
+			if o.until.IsZero() {
+				o.until = until
+			}
 			o.cancel(cause)
 		}
 		g.mu.Unlock()
@@ -440,15 +469,16 @@ func (g *Partitions) waitWork(grace time.Duration) {
 	case <-done:
 	case <-t.C:
 		g.mu.Lock()
-		var ls []*fenced.Lease
-		for _, o := range g.owned {
-			o.released = true
-			ls = append(ls, o.lease)
+		var late []overran
+		now := time.Now()
+		for p, o := range g.owned {
+			if !o.released {
+				o.released = true
+				late = append(late, overran{p, o, now})
+			}
 		}
 		g.mu.Unlock()
-		for _, l := range ls {
-			g.releaseLease(l)
-		}
+		g.releaseOverran(late)
 	}
 }
 
@@ -800,7 +830,7 @@ func (g *Partitions) handOff(targets []int, now time.Time) {
 	for _, p := range targets {
 		isTarget[p] = true
 	}
-	var late []*fenced.Lease
+	var late []overran
 	g.mu.Lock()
 	if !slices.Equal(targets, g.targets) {
 		g.stats.Rebalances++
@@ -811,17 +841,18 @@ func (g *Partitions) handOff(targets []int, now time.Time) {
 		case isTarget[p] && o.handoff.IsZero():
 		case o.handoff.IsZero():
 			o.handoff = now
+			if o.until.IsZero() {
+				o.until = now.Add(g.grace)
+			}
 			g.stats.HandOffs++
 			o.cancel(ErrHandedOff)
 		case !o.released && now.Sub(o.handoff) >= g.grace:
 			o.released = true
-			late = append(late, o.lease)
+			late = append(late, overran{p, o, now})
 		}
 	}
 	g.mu.Unlock()
-	for _, l := range late {
-		g.releaseLease(l)
-	}
+	g.releaseOverran(late)
 }
 
 // tryTargets tries for the targets we do not hold, under membership m.
@@ -865,7 +896,17 @@ func (g *Partitions) tryTargets(ctx context.Context, m *fenced.Lease, targets []
 			next = 0
 			break
 		}
-		g.start(p, l)
+		cp, err := g.readCheckpoint(ctx, l)
+		if err != nil {
+			// The work must not start without the progress it resumes
+			// from: give the partition back, and try again at the next
+			// look.
+			g.releaseLease(l)
+			missing++
+			next = min(next, g.poll)
+			continue
+		}
+		g.start(p, l, cp)
 	}
 	return watch, missing, next
 }
@@ -883,8 +924,9 @@ func (g *Partitions) noteUnowned(missing int, now time.Time) {
 	}
 }
 
-// start runs the work of partition p, held by l, and releases l after it.
-func (g *Partitions) start(p int, l *fenced.Lease) {
+// start runs the work of partition p, held by l, from checkpoint cp, and
+// releases l after it.
+func (g *Partitions) start(p int, l *fenced.Lease, cp []byte) {
 	wctx, cancel := context.WithCancelCause(l.Context())
 	o := &ownedPartition{lease: l, cancel: cancel}
 	g.mu.Lock()
@@ -895,7 +937,7 @@ func (g *Partitions) start(p int, l *fenced.Lease) {
 	g.emit(PartitionEvent{Kind: PartitionAcquired, Partition: p, Fence: l.Fence()})
 	go func() {
 		defer g.wg.Done()
-		workErr := g.runWork(wctx, Partition{Index: p, Lease: l})
+		workErr := g.runWork(wctx, Partition{Index: p, Lease: l, Checkpoint: cp, g: g, o: o})
 		cause := context.Cause(wctx)
 		cancel(nil)
 		g.mu.Lock()

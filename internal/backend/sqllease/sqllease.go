@@ -216,6 +216,9 @@ type Dialect struct {
 	// have been applied, driver.ErrClosed when the pool was closed, and
 	// nil for any other error (which is then reported as it is).
 	Classify errclass.Func
+	// Checkpoints, when set, are the checkpoint statements; without them
+	// the engine's Checkpointer methods refuse with driver.ErrUnsupported.
+	Checkpoints *CheckpointStatements
 }
 
 // Engine implements the lease operations of driver.Driver,

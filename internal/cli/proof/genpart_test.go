@@ -56,9 +56,11 @@ func runGenPart(t *testing.T, b backend, cfg GenPartConfig) GenPartReport {
 	if err != nil {
 		t.Fatalf("%s seed %d: %v (history in %s)", b.name, cfg.Seed, err, cfg.Dir)
 	}
-	t.Logf("%s seed %d (%v): faults %v, member exits by code %v; %d ownerships at counts %v, writes %d accepted / %d refused; overlaps %d, stale accepted %d, late item writes %d; longest unowned %v (bound %v, %d spells, %d listings, scheduling delay %v)",
+	t.Logf("%s seed %d (%v): faults %v, member exits by code %v; %d ownerships at counts %v, writes %d accepted / %d refused; overlaps %d, stale accepted %d, late item writes %d; checkpoints %d accepted / %d refused, %d ownerships started from one, stale checkpoints accepted %d, breaks of continuity %d; longest unowned %v (bound %v, %d spells, %d listings, scheduling delay %v)",
 		b.name, rep.Seed, rep.Duration, rep.Faults, rep.Exits, rep.Ownerships, rep.Counts, rep.WritesAccepted, rep.WritesRefused,
-		rep.Overlaps, rep.StaleAccepted, rep.LateItemWrites, rep.LongestUnowned.Round(time.Millisecond), rep.Bound.Round(time.Millisecond), rep.Spells, rep.Listings, rep.MaxSchedDelay.Round(time.Millisecond))
+		rep.Overlaps, rep.StaleAccepted, rep.LateItemWrites, rep.CheckpointsAccepted, rep.CheckpointsRefused, rep.CheckpointStarts,
+		rep.StaleCheckpoints, rep.CheckpointBreaks,
+		rep.LongestUnowned.Round(time.Millisecond), rep.Bound.Round(time.Millisecond), rep.Spells, rep.Listings, rep.MaxSchedDelay.Round(time.Millisecond))
 	if rep.Failed() {
 		t.Errorf("%s: the partitions proof failed with seed %d (rerun: FENCED_PROOF_SEED=%d), first violation %v into the run; history in %s:\n%s",
 			b.name, rep.Seed, rep.Seed, rep.FirstViolation.Round(time.Millisecond), cfg.Dir, strings.Join(rep.Problems, "\n"))
@@ -93,6 +95,13 @@ func runGenPart(t *testing.T, b backend, cfg GenPartConfig) GenPartReport {
 	// even on a starved machine; thousands on an idle one).
 	if rep.Faults["deploy"] == 0 || rep.WritesAccepted < 300 || len(rep.Counts) < 2 {
 		t.Errorf("%s seed %d: too little happened (faults %v, %d writes, counts %v): the row must deploy new counts and write hundreds of times", b.name, rep.Seed, rep.Faults, rep.WritesAccepted, rep.Counts)
+	}
+	// Every backend of the row keeps checkpoints: new owners must have
+	// started from them, and a member stopped past its TTL must have
+	// tried a stale one when it resumed.
+	if rep.CheckpointsAccepted < 50 || rep.CheckpointStarts == 0 || rep.Faults["stop"] > 0 && rep.CheckpointsRefused == 0 {
+		t.Errorf("%s seed %d: too few checkpoints (%d accepted, %d refused after %d stops, %d ownerships started from one): the row must carry checkpoints across owners and refuse a stopped member's",
+			b.name, rep.Seed, rep.CheckpointsAccepted, rep.CheckpointsRefused, rep.Faults["stop"], rep.CheckpointStarts)
 	}
 	return rep
 }

@@ -34,6 +34,15 @@ type GenPartReport struct {
 	// partition's row had accepted before (or equal to it, from another
 	// process). Must be 0.
 	StaleAccepted int
+	// CheckpointsAccepted and CheckpointsRefused count the partitions'
+	// checkpoint tries the store accepted and refused (ErrNotHeld);
+	// CheckpointStarts the ownerships that started from a checkpoint.
+	CheckpointsAccepted, CheckpointsRefused, CheckpointStarts int
+	// StaleCheckpoints counts checkpoints accepted under a fence after a
+	// later grant of the partition had started its work; CheckpointBreaks
+	// the ownerships that did not start from the last checkpoint accepted
+	// before them (see checkCheckpoints). Both must be 0.
+	StaleCheckpoints, CheckpointBreaks int
 	// LateItemWrites counts accepted writes of an item by an ownership
 	// after another ownership had written that item: the per-partition
 	// guard cannot refuse them when the new owner works the item under
@@ -91,7 +100,9 @@ type ownKey struct {
 //     overlap. The intervals are read on one CLOCK_MONOTONIC, so no
 //     tolerance is needed;
 //   - no stale write accepted: on each partition's row, the accepted
-//     fences never go down (nor repeat from another process).
+//     fences never go down (nor repeat from another process);
+//   - the checkpoints: none accepted from a stale grant, and every grant
+//     starts from the last one accepted before it (checkCheckpoints).
 func CheckGenPartitions(events []partEvent, writes []partWrite, items int) GenPartReport {
 	c := &partChecker{
 		items:      items,
@@ -110,6 +121,7 @@ func CheckGenPartitions(events []partEvent, writes []partWrite, items int) GenPa
 	c.checkWrites(writes)
 	c.countLateItemWrites(writes)
 	c.checkOverlaps()
+	c.checkCheckpoints(events)
 	if c.first >= 0 {
 		c.rep.FirstViolation = time.Duration(c.first - c.t0)
 	}

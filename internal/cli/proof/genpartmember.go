@@ -77,6 +77,11 @@ type partEvent struct {
 	// Refused counts the ownership's writes the guard refused ("end").
 	Refused int    `json:"refused,omitempty"`
 	Err     string `json:"err,omitempty"`
+	// CP is the checkpoint the work started from ("own"), or the one it
+	// tries to record ("cptry", then "cp" with Res: "ok", "refused" for
+	// ErrNotHeld, "err" for any other error: its outcome unknown).
+	CP  string `json:"cp,omitempty"`
+	Res string `json:"res,omitempty"`
 }
 
 // partRecorder appends partEvents to a history file shared by the run's
@@ -220,6 +225,31 @@ func (r *partResource) writes(ctx context.Context) ([]partWrite, error) {
 // partWriteEvery is how often a partition's work writes.
 const partWriteEvery = 15 * time.Millisecond
 
+// partCheckpointEvery is how many writes a partition's work makes per
+// checkpoint.
+const partCheckpointEvery = 4
+
+// recordCheckpoint records checkpoint "fence:step" under l, and the try
+// and its outcome in the history (own names the ownership).
+func recordCheckpoint(rec *partRecorder, own partEvent, l *fenced.Lease, step int) {
+	v := fmt.Sprintf("%d:%d", l.Fence(), step)
+	try := own
+	try.K, try.T, try.CP = "cptry", 0, v
+	rec.record(try)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	err := l.Checkpoint(ctx, []byte(v))
+	cancel()
+	done := try
+	done.K, done.T, done.Res = "cp", 0, "ok"
+	switch {
+	case errors.Is(err, fenced.ErrNotHeld):
+		done.Res = "refused"
+	case err != nil:
+		done.Res, done.Err = "err", err.Error()
+	}
+	rec.record(done)
+}
+
 // runGenPartMember runs one member until SIGTERM (it leaves) or until it
 // stops by itself.
 func runGenPartMember(cfg GenPartMemberConfig) int {
@@ -247,8 +277,10 @@ func runGenPartMember(cfg GenPartMemberConfig) int {
 		routes[p] = append(routes[p], i)
 	}
 	pid := int64(os.Getpid())
+	checkpoints := c.Capabilities().Checkpoint
 	work := func(ctx context.Context, p recipe.Partition) error {
-		own := partEvent{K: "own", Slot: cfg.Slot, Member: cfg.Member, P: cfg.P, Part: p.Index, Fence: p.Lease.Fence()}
+		own := partEvent{K: "own", Slot: cfg.Slot, Member: cfg.Member, P: cfg.P, Part: p.Index, Fence: p.Lease.Fence(),
+			CP: string(p.Checkpoint)}
 		rec.record(own)
 		end := own
 		end.K = "end"
@@ -276,6 +308,11 @@ func runGenPartMember(cfg GenPartMemberConfig) int {
 				if err == nil && !ok {
 					end.Refused++
 				}
+			}
+			if checkpoints && (k%partCheckpointEvery == 0 || done) {
+				// After the context ended too: the store, not the member's
+				// belief, must refuse a stale checkpoint.
+				recordCheckpoint(rec, own, p.Lease, k)
 			}
 			if done {
 				return nil

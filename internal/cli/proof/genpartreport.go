@@ -59,6 +59,12 @@ member saw the lease's local validity reach past now with its context live: one 
 live members' P goes without a lease longer than the store's keep of a dead grant + a renewal period (TTL/3) + a
 poll (TTL/3) + 200 ms of listing + 3 × the scheduling delay measured in the run (*bound*; on SQLite plus the
 longest SIGSTOP of the run: a member stopped inside a write of the store's file holds its lock for the whole stop).
+*Checkpoints*: every 4th write, and once more after its context ended, the work records "fence:step" as the
+partition's checkpoint (fenced.Lease.Checkpoint), logging the try and its outcome; each ownership logs the
+checkpoint it started from (recipe.Partition.Checkpoint). *Stale checkpoints accepted*: a checkpoint accepted under
+a fence after a later grant of its partition had started its work (must be 0); *continuity breaks*: an ownership
+that did not start from the last checkpoint accepted under an earlier fence (or from one of unknown outcome that is
+later than it: a try whose member was killed before logging it, or that failed with an error) (must be 0).
 *Late item writes* counts accepted writes of an item by an ownership after another ownership had written it
 (A, B, then A again). It is reported, not failed, because no lease can prevent it: a member stopped at the old P
 during a deploy, holding partition k with k ≥ the new P, writes once more when it resumes (the members here
@@ -93,9 +99,10 @@ func WriteGenPartSection(w io.Writer, rows []GenPartRow) {
 	}
 	fmt.Fprintln(w,
 		"| build | backend | mode | seed | seconds | faults (kill / stop / leave / deploy) "+
-			"| exits | ownerships | counts | writes accepted / refused | overlaps | stale accepted | late item writes | longest unowned "+
+			"| exits | ownerships | counts | writes accepted / refused | overlaps | stale accepted | late item writes "+
+			"| checkpoints accepted / refused | started from one | stale checkpoints accepted | continuity breaks | longest unowned "+
 			"(bound) | first violation |")
-	fmt.Fprintln(w, "|---|---|---|---|---:|---|---|---:|---|---|---:|---:|---:|---|---|")
+	fmt.Fprintln(w, "|---|---|---|---|---:|---|---|---:|---|---|---:|---:|---:|---|---:|---:|---:|---|---|")
 	for _, r := range rows {
 		rep := r.Report
 		first := "none"
@@ -107,11 +114,12 @@ func WriteGenPartSection(w io.Writer, rows []GenPartRow) {
 			exits = append(exits, fmt.Sprintf("%d×%d", n, code))
 		}
 		sort.Strings(exits)
-		fmt.Fprintf(w, "| %s | %s | %s | %d | %.0f | %d / %d / %d / %d | %s | %d | %v | %d / %d | %d | %d | %d | %v (%v) | %s |\n",
+		fmt.Fprintf(w, "| %s | %s | %s | %d | %.0f | %d / %d / %d / %d | %s | %d | %v | %d / %d | %d | %d | %d | %d / %d | %d | %d | %d | %v (%v) | %s |\n",
 			r.Build, r.Backend, r.Mode, rep.Seed, rep.Duration.Seconds(), rep.Faults["kill"], rep.Faults["stop"], rep.Faults["leave"],
 			rep.Faults["deploy"],
 			strings.Join(exits, " "), rep.Ownerships, rep.Counts, rep.WritesAccepted, rep.WritesRefused, rep.Overlaps, rep.StaleAccepted,
-			rep.LateItemWrites,
+			rep.LateItemWrites, rep.CheckpointsAccepted, rep.CheckpointsRefused, rep.CheckpointStarts, rep.StaleCheckpoints,
+			rep.CheckpointBreaks,
 			rep.LongestUnowned.Round(time.Millisecond), rep.Bound.Round(time.Millisecond), first)
 	}
 	fmt.Fprintf(w, "%s\n", genPartEnd)

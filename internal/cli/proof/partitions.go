@@ -45,7 +45,11 @@ type PartitionsResult struct {
 	BalancedAfter string `json:"balanced_after"`
 	Owned         []int  `json:"owned"`
 	HandOffs      int    `json:"handoffs"`
-	Passed        bool   `json:"passed"`
+	// Checkpoints counts the partitions' checkpoints (CheckCheckpoints):
+	// accepted and refused tries, ownerships started from one, stale ones
+	// accepted and breaks of continuity (both must be 0).
+	Checkpoints CheckpointCounts `json:"checkpoints"`
+	Passed      bool             `json:"passed"`
 }
 
 // partitionsBackends are the backends of the partitions proof, in the
@@ -70,15 +74,20 @@ func WritePartitions(md io.Writer, dir string) error {
 		"resource's write lock (and, on SQLite, the lease store's) for the whole stop, stalling every member: an availability hazard\n"+
 		"of one shared SQLite file, which the fence keeps safe. Run by `PARTITIONS_PROOF_FOR=3m PARTITIONS_PROOF_OUT=docs/proof go test "+
 		"-run 'TestPartitionsProof' ./recipe/`\n"+
-		"(scripts/proof.sh).\n\n")
+		"(scripts/proof.sh).\n"+
+		"*Checkpoints*: every 4th write, and once more after its context ended, the work records \"fence:seq\" as the partition's\n"+
+		"checkpoint (fenced.Lease.Checkpoint); accepted / refused counts the tries, *from one* the ownerships that started from a\n"+
+		"checkpoint (recipe.Partition.Checkpoint), *stale cp* the checkpoints accepted under a fence after a later grant's work had\n"+
+		"started, and *breaks* the ownerships that did not start from the last checkpoint accepted before them (both must be 0).\n\n")
 	fmt.Fprintln(md,
 		"| backend | churn | faults (kill / stop / leave) | writes accepted | stale accepted | stale refused | overlaps | owned again "+
-			"after a kill | longest gap | balanced after | owned at the end | hand-offs | passed |")
-	fmt.Fprintln(md, "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | --- |")
+			"after a kill | longest gap | balanced after | owned at the end | hand-offs | checkpoints accepted / refused | from one "+
+			"| stale cp | breaks | passed |")
+	fmt.Fprintln(md, "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |")
 	for _, b := range partitionsBackends {
 		raw, err := os.ReadFile(filepath.Join(dir, "partitions-"+b+".json"))
 		if errors.Is(err, fs.ErrNotExist) {
-			fmt.Fprintf(md, "| %s | not run yet (run scripts/proof.sh) ||||||||||||\n", b)
+			fmt.Fprintf(md, "| %s | not run yet (run scripts/proof.sh) ||||||||||||||||\n", b)
 			continue
 		}
 		if err != nil {
@@ -88,9 +97,11 @@ func WritePartitions(md io.Writer, dir string) error {
 		if err := json.Unmarshal(raw, &r); err != nil {
 			return fmt.Errorf("%s: %w", b, err)
 		}
-		fmt.Fprintf(md, "| %s | %s | %d / %d / %d | %d | %d | %d | %d | %s | %s | %s | %v | %d | %v |\n", r.Backend, r.Churn,
-			r.Faults["kill"], r.Faults["stop"], r.Faults["leave"], r.WritesAccepted, r.StaleAccepted, r.StaleRefused,
-			r.Overlaps, r.Recovery, r.LongestGap, r.BalancedAfter, r.Owned, r.HandOffs, r.Passed)
+		cp := r.Checkpoints
+		fmt.Fprintf(md, "| %s | %s | %d / %d / %d | %d | %d | %d | %d | %s | %s | %s | %v | %d | %d / %d | %d | %d | %d | %v |\n",
+			r.Backend, r.Churn, r.Faults["kill"], r.Faults["stop"], r.Faults["leave"], r.WritesAccepted, r.StaleAccepted, r.StaleRefused,
+			r.Overlaps, r.Recovery, r.LongestGap, r.BalancedAfter, r.Owned, r.HandOffs, cp.Accepted, cp.Refused, cp.Starts, cp.Stale,
+			cp.Breaks, r.Passed)
 	}
 	return nil
 }

@@ -27,6 +27,7 @@ type Ops struct {
 	Valuer        driver.Valuer
 	FenceFloorer  driver.FenceFloorer
 	Pruner        driver.Pruner
+	Checkpointer  driver.Checkpointer
 }
 
 // Of reads d's optional operations. An operation is present when d declares
@@ -46,6 +47,7 @@ func Of(d driver.Driver) Ops {
 	o.Valuer = has[driver.Valuer](d, &c.Value)
 	o.FenceFloorer = has[driver.FenceFloorer](d, &c.FenceFloor)
 	o.Pruner = has[driver.Pruner](d, &c.Prune)
+	o.Checkpointer = has[driver.Checkpointer](d, &c.Checkpoint)
 	c.FIFO = c.FIFO && c.Queue
 	o.Declared = c
 	return o
@@ -85,8 +87,9 @@ func Implemented(d driver.Driver) driver.Capabilities {
 	_, v := d.(driver.Valuer)
 	_, ff := d.(driver.FenceFloorer)
 	_, p := d.(driver.Pruner)
+	_, cp := d.(driver.Checkpointer)
 	return driver.Capabilities{Subscribe: sub, Observe: obs, Queue: q, Terms: terms, BatchRenew: br,
-		WatchLoss: lw, BreakLog: bl, Value: v, FenceFloor: ff, Prune: p}
+		WatchLoss: lw, BreakLog: bl, Value: v, FenceFloor: ff, Prune: p, Checkpoint: cp}
 }
 
 // TTLBounds returns the TTL range a driver declaring c accepts within

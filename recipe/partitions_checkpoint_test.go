@@ -1,0 +1,200 @@
+package recipe_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/recipe"
+)
+
+// cpLedger records each partition's accepted checkpoints and what every
+// new owner was given, and fails when an owner does not start from the
+// last accepted one.
+type cpLedger struct {
+	mu       sync.Mutex
+	accepted map[int][]byte // partition -> last accepted checkpoint
+	starts   int
+	errs     []string
+}
+
+func newCPLedger() *cpLedger { return &cpLedger{accepted: map[int][]byte{}} }
+
+func (lg *cpLedger) fail(format string, args ...any) {
+	lg.mu.Lock()
+	defer lg.mu.Unlock()
+	lg.errs = append(lg.errs, fmt.Sprintf(format, args...))
+}
+
+// record checkpoints v for p's owner and records it if the store took it.
+func (lg *cpLedger) record(ctx context.Context, p recipe.Partition, v string) error {
+	err := p.Lease.Checkpoint(ctx, []byte(v))
+	if err == nil {
+		lg.mu.Lock()
+		lg.accepted[p.Index] = []byte(v)
+		lg.mu.Unlock()
+	}
+	return err
+}
+
+// work checkpoints every few milliseconds while it owns p and, handed off
+// or left, records its last checkpoint within Partition.Finish.
+func (lg *cpLedger) work(member string) recipe.PartitionWork {
+	return func(ctx context.Context, p recipe.Partition) error {
+		lg.mu.Lock()
+		lg.starts++
+		if want := lg.accepted[p.Index]; string(p.Checkpoint) != string(want) {
+			lg.errs = append(lg.errs, fmt.Sprintf("partition %d: %s starts from checkpoint %q, the last accepted is %q",
+				p.Index, member, p.Checkpoint, want))
+		}
+		lg.mu.Unlock()
+		for n := 0; ; n++ {
+			select {
+			case <-ctx.Done():
+				fctx, cancel := p.Finish(ctx)
+				defer cancel()
+				if err := lg.record(fctx, p, fmt.Sprintf("%s fence %d final %d", member, p.Lease.Fence(), n)); err != nil {
+					lg.fail("partition %d: %s's last checkpoint within its hand-off: %v", p.Index, member, err)
+				}
+				return nil
+			case <-time.After(5 * time.Millisecond):
+			}
+			if err := lg.record(ctx, p, fmt.Sprintf("%s fence %d step %d", member, p.Lease.Fence(), n)); err != nil && ctx.Err() == nil {
+				lg.fail("partition %d: %s's checkpoint while it owns the partition: %v", p.Index, member, err)
+			}
+		}
+	}
+}
+
+func (lg *cpLedger) check(t *testing.T) {
+	t.Helper()
+	lg.mu.Lock()
+	defer lg.mu.Unlock()
+	for _, e := range lg.errs {
+		t.Error(e)
+	}
+}
+
+// TestPartitionsCheckpointTravels: a partition's checkpoint goes with it.
+// A owns four partitions and checkpoints as it works; B joins and takes
+// two, then A leaves and B takes the rest. Each hand-off's work records a
+// last checkpoint within Partition.Finish, and every new owner starts from
+// the last checkpoint the store accepted for its partition.
+func TestPartitionsCheckpointTravels(t *testing.T) {
+	for name, url := range partStores(t) {
+		t.Run(name, func(t *testing.T) {
+			const p = 4
+			ctx := context.Background()
+			lg := newCPLedger()
+			join := func(id string) *recipe.Partitions {
+				m, err := recipe.JoinPartitions(ctx, partOpen(t, url), "cp", p, lg.work(id),
+					&recipe.PartitionsOptions{MemberID: id, Lease: &fenced.LeaseOptions{TTL: 2 * time.Second}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { m.Leave(ctx) })
+				return m
+			}
+			a := join("a")
+			partBalanced(t, []*recipe.Partitions{a}, p, 10*time.Second)
+			time.Sleep(50 * time.Millisecond)
+			b := join("b")
+			partBalanced(t, []*recipe.Partitions{a, b}, p, 10*time.Second)
+			time.Sleep(50 * time.Millisecond)
+			if err := a.Leave(ctx); err != nil {
+				t.Fatal(err)
+			}
+			partBalanced(t, []*recipe.Partitions{b}, p, 10*time.Second)
+			if err := b.Leave(ctx); err != nil {
+				t.Fatal(err)
+			}
+			lg.check(t)
+			c := partOpen(t, url)
+			for i := range p {
+				v, _, err := c.Checkpoint(ctx, fmt.Sprintf("cp/p/%d", i))
+				if err != nil || string(v) != string(lg.accepted[i]) {
+					t.Errorf("partition %d: checkpoint after everyone left %q, %v; the last accepted %q", i, v, err, lg.accepted[i])
+				}
+			}
+			if lg.starts != 2*p {
+				t.Errorf("%d works started, want %d (A's four, B's two after its join and two after A's leave)", lg.starts, 2*p)
+			}
+		})
+	}
+}
+
+// TestPartitionsHandOffOverran: a work that ignores its hand-off past
+// HandoffGrace is reported (PartitionOverran) and its lease released; its
+// late checkpoint is refused with ErrNotHeld, and the new owner starts from
+// the last checkpoint before the hand-off.
+func TestPartitionsHandOffOverran(t *testing.T) {
+	const grace = 200 * time.Millisecond
+	ctx := context.Background()
+	url := "mem://" + t.Name()
+	type lateCP struct {
+		p   int
+		err error
+	}
+	late := make(chan lateCP, 2)
+	overran := make(chan recipe.PartitionEvent, 2)
+	stubborn := func(ctx context.Context, p recipe.Partition) error {
+		if err := p.Lease.Checkpoint(ctx, fmt.Appendf(nil, "a before %d", p.Index)); err != nil {
+			return err
+		}
+		<-ctx.Done()
+		<-p.Lease.Context().Done() // ignores the hand-off until the lease is released
+		late <- lateCP{p.Index, p.Lease.Checkpoint(context.Background(), []byte("a late"))}
+		return nil
+	}
+	a, err := recipe.JoinPartitions(ctx, partOpen(t, url), "over", 2, stubborn, &recipe.PartitionsOptions{
+		MemberID: "a", Lease: &fenced.LeaseOptions{TTL: 5 * time.Second}, HandoffGrace: grace,
+		OnEvent: func(e recipe.PartitionEvent) {
+			if e.Kind == recipe.PartitionOverran {
+				overran <- e
+			}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Leave(ctx) })
+	partBalanced(t, []*recipe.Partitions{a}, 2, 10*time.Second)
+	type start struct {
+		p  int
+		cp []byte
+	}
+	started := make(chan start, 2)
+	b, err := recipe.JoinPartitions(ctx, partOpen(t, url), "over", 2, func(ctx context.Context, p recipe.Partition) error {
+		started <- start{p.Index, p.Checkpoint}
+		<-ctx.Done()
+		return nil
+	}, &recipe.PartitionsOptions{MemberID: "b", Lease: &fenced.LeaseOptions{TTL: 5 * time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Leave(ctx) })
+	var moved int
+	select {
+	case e := <-overran:
+		moved = e.Partition
+		if e.HandOff < grace {
+			t.Errorf("overran event %+v: want one after at least the grace %v", e, grace)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("no PartitionOverran event 20 s after the hand-off (the grace is 200 ms)")
+	}
+	if l := <-late; l.p != moved || !errors.Is(l.err, fenced.ErrNotHeld) {
+		t.Errorf("the overrunning work's late checkpoint on partition %d: %v, want ErrNotHeld on partition %d", l.p, l.err, moved)
+	}
+	select {
+	case s := <-started:
+		if want := fmt.Sprintf("a before %d", moved); s.p != moved || string(s.cp) != want {
+			t.Errorf("the new owner starts partition %d from %q, want partition %d from %q", s.p, s.cp, moved, want)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the new owner did not start")
+	}
+}
