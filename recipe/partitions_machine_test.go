@@ -2,6 +2,7 @@ package recipe_test
 
 import (
 	"context"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -25,10 +26,17 @@ import (
 // liveness checks, as it should.
 const proofMaxTTL = 8 * time.Second
 
+// probeEvery is how often a lateSampler probes the store. Each probe is
+// two writes: on SQLite under -race beside a CPU hog a write holds the
+// file's write lock for 50 to 150 ms (fsync included), so a probe every
+// 200 ms was itself half the writes of a group of four members (whose
+// renewals come every TTL/3), and queued their renewals past the TTL.
+const probeEvery = time.Second
+
 // lateSampler measures, until stopped, the delays the run sees: how late
 // a timer fires (scheduling, testenv.Lateness), and, with a client, how
 // long a round trip to the store takes (a TryAcquire and a Release of a
-// probe key every 200 ms: on a SQL store, the wait for its write lock
+// probe key every probeEvery: on a SQL store, the wait for its write lock
 // that every member's grant and renewal sees too).
 type lateSampler struct {
 	timer *testenv.Lateness
@@ -51,7 +59,7 @@ func startLateSampler(c *fenced.Client) *lateSampler {
 			select {
 			case <-s.stop:
 				return
-			case <-time.After(200 * time.Millisecond):
+			case <-time.After(probeEvery):
 			}
 			at := time.Now()
 			l, err := c.TryAcquire(ctx, "proof-probe", &fenced.LeaseOptions{TTL: time.Minute, MinFence: fenced.FenceNone})
@@ -89,23 +97,53 @@ func (s *lateSampler) Stop() {
 // 100 ms and capped at proofMaxTTL.
 func measureProofTTL(t *testing.T, c *fenced.Client) (ttl, worst time.Duration) {
 	t.Helper()
+	worst = measureDelay(t, []*fenced.Client{c})
+	return clampTTL(max(proofTTL, 8*worst)), worst
+}
+
+// measureDelay measures the machine for about a second: the worst of a
+// timer's lateness and a round trip to the store, each client probing at
+// once (a TryAcquire and a Release of a probe key of its own, each a write
+// on a SQL store, then 20 ms of rest): with several clients, the round
+// trip includes the wait for a SQL store's write lock behind the others.
+func measureDelay(t *testing.T, cs []*fenced.Client) (worst time.Duration) {
+	t.Helper()
 	s := startLateSampler(nil)
-	ctx := context.Background()
-	for end := time.Now().Add(time.Second); time.Now().Before(end); {
-		at := time.Now()
-		l, err := c.TryAcquire(ctx, "proof-probe", &fenced.LeaseOptions{TTL: time.Minute, MinFence: fenced.FenceNone})
-		if err == nil {
-			err = l.Release(ctx)
-		}
-		if err != nil {
-			t.Fatalf("probing the store: %v", err)
-		}
-		worst = max(worst, time.Since(at))
-		time.Sleep(20 * time.Millisecond)
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	end := time.Now().Add(time.Second)
+	for i, c := range cs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx := context.Background()
+			key := "proof-probe-" + strconv.Itoa(i)
+			for time.Now().Before(end) {
+				at := time.Now()
+				l, err := c.TryAcquire(ctx, key, &fenced.LeaseOptions{TTL: time.Minute, MinFence: fenced.FenceNone})
+				if err == nil {
+					err = l.Release(ctx)
+				}
+				if err != nil {
+					t.Errorf("probing the store: %v", err)
+					return
+				}
+				mu.Lock()
+				worst = max(worst, time.Since(at))
+				mu.Unlock()
+				time.Sleep(20 * time.Millisecond)
+			}
+		}()
+	}
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
 	}
 	s.Stop()
-	worst = max(worst, s.Max())
-	ttl = max(proofTTL, 8*worst)
-	ttl = min((ttl + 99*time.Millisecond).Truncate(100*time.Millisecond), proofMaxTTL)
-	return ttl, worst
+	return max(worst, s.Max())
+}
+
+// clampTTL rounds ttl up to 100 ms and caps it at proofMaxTTL.
+func clampTTL(ttl time.Duration) time.Duration {
+	return min((ttl + 99*time.Millisecond).Truncate(100*time.Millisecond), proofMaxTTL)
 }

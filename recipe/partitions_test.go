@@ -179,6 +179,10 @@ type partLedger struct {
 	fences    map[int]uint64 // partition -> last fence
 	running   map[int]bool   // work function running
 	errs      []string
+	// lapses counts the partitions released because their lease ran out
+	// (a renewal that came too late on a busy machine), not handed off,
+	// left or closed.
+	lapses int
 }
 
 func newPartLedger(t *testing.T) *partLedger {
@@ -241,10 +245,24 @@ func (lg *partLedger) onEvent(member string) func(recipe.PartitionEvent) {
 		}
 		lg.mu.Lock()
 		defer lg.mu.Unlock()
+		if e.Cause != nil && !errors.Is(e.Cause, recipe.ErrHandedOff) && !errors.Is(e.Cause, recipe.ErrLeft) &&
+			!errors.Is(e.Cause, fenced.ErrClosed) {
+			lg.lapses++
+			lg.t.Logf("partition %d: %s's lease ended: %v", e.Partition, member, e.Cause)
+
+		}
 		if h, ok := lg.holder[e.Partition]; ok && h == member {
 			lg.fail("partition %d: released by %s before its work returned", e.Partition, member)
 		}
 	}
+}
+
+// lapsed returns how many partitions were released because their lease
+// ran out.
+func (lg *partLedger) lapsed() int {
+	lg.mu.Lock()
+	defer lg.mu.Unlock()
+	return lg.lapses
 }
 
 func (lg *partLedger) check() {
@@ -275,11 +293,90 @@ func partOpen(t *testing.T, url string) *fenced.Client {
 	return c
 }
 
+// partMachine is what an in-process test measures of its machine, so that
+// its time bounds follow the machine rather than a quiet one's figures:
+// the TTL its leases use, and the delays it sees while it runs.
+type partMachine struct {
+	ttl   time.Duration // measureTTL from the test's TTL on a quiet machine
+	keeps time.Duration // how long the store may keep a grant after its last renewal
+	late  *lateSampler  // timer lateness and store round trips, for the rest of the test
+}
+
+// newPartMachine measures the machine through writers clients of url
+// probing the store at once (one for each client the test opens), picks
+// the TTL, and samples the delays until the test ends.
+//
+// The TTL is quietTTL, or three times the worst round trip measured if
+// that is more: a renewal is due every TTL/3 and must land within the
+// remaining 2/3 TTL, and the probes, a write every 10 ms or so per client,
+// load the store more than the members' renewals and tries do. On SQLite
+// under -race beside a CPU hog one write holds the file's write lock for
+// 50 to 150 ms, and the renewals of five clients queue behind each other
+// (SQLite's busy wait polls, up to every 100 ms, and is not first come,
+// first served): a renewal then took up to 1.4 s while a lone probe took
+// 240 ms, so a TTL from a lone probe (measureProofTTL) lapsed.
+func newPartMachine(t *testing.T, url string, quietTTL time.Duration, writers int) *partMachine {
+	t.Helper()
+	cs := make([]*fenced.Client, writers)
+	for i := range cs {
+		cs[i] = partOpen(t, url)
+	}
+	worst := measureDelay(t, cs)
+	ttl := clampTTL(max(quietTTL, 3*worst))
+	t.Logf("TTL %v (%v on a quiet machine; the worst delay of %d clients probing at once was %v: a timer's lateness or a store round trip)",
+		ttl, quietTTL, writers, worst.Round(time.Millisecond))
+	late := startLateSampler(cs[0])
+	t.Cleanup(late.Stop) // before the client's Close
+	return &partMachine{ttl: ttl, keeps: cs[0].Capabilities().Keeps.Outlives(ttl), late: late}
+}
+
+// rebalanceBound is how long a rebalance of p partitions among n members
+// may take on this machine, with lapses leases lost on the way.
+//
+// On a quiet machine, two TTLs: a poll (TTL/3) for a member that missed
+// the doorbell, the hand-off, a poll for the taker that missed the
+// release, and room for -race (4 s at a 2 s TTL; notified backends
+// usually take tens of milliseconds). On a busy one, every step of that
+// chain may also wait the worst delay the run has seen (a timer's
+// lateness or a store round trip, re-read as the run goes): the doorbell
+// (a grant, a refused try and a release), a listing, the hand-off's
+// release, the taker's listing, and its tries, one grant after another
+// for the ⌈P/N⌉ partitions it takes. A lease that ran out (a renewal that
+// the machine delayed past the TTL) adds its recovery: the store keeps
+// the grant until its TTL from the last renewal (keeps), and a poll later
+// the member joins again or the partition is taken.
+func (m *partMachine) rebalanceBound(p, n, lapses int) time.Duration {
+	b := 2*m.ttl + time.Duration(6+(p+n-1)/n)*m.late.Max()
+	if lapses > 0 {
+		b += m.keeps + m.ttl/3
+	}
+	return b
+}
+
+// balanced waits until the members own every partition between them,
+// each ⌊P/N⌋ or ⌈P/N⌉, for extra plus the rebalance bound (re-read as
+// the wait goes, since the delays seen and the lapses lg counts may
+// grow), and returns what each owns.
+func (m *partMachine) balanced(t *testing.T, ms []*recipe.Partitions, p int, lg *partLedger, extra time.Duration) map[string][]int {
+	t.Helper()
+	return partBalancedWithin(t, ms, p, func() (time.Duration, string) {
+		return extra + m.rebalanceBound(p, len(ms), lg.lapsed()), fmt.Sprintf("TTL %v, worst delay seen %v, %d leases ran out",
+			m.ttl, m.late.Max().Round(time.Millisecond), lg.lapsed())
+	})
+}
+
 // partBalanced waits until the members own every partition between them,
 // each ⌊P/N⌋ or ⌈P/N⌉, and returns what each owns.
 func partBalanced(t *testing.T, ms []*recipe.Partitions, p int, within time.Duration) map[string][]int {
 	t.Helper()
-	deadline := time.Now().Add(within)
+	return partBalancedWithin(t, ms, p, func() (time.Duration, string) { return within, "a fixed bound" })
+}
+
+// partBalancedWithin is partBalanced with a bound read at every look,
+// and what it derives from, for the failure message.
+func partBalancedWithin(t *testing.T, ms []*recipe.Partitions, p int, bound func() (time.Duration, string)) map[string][]int {
+	t.Helper()
+	start := time.Now()
 	for {
 		got := map[string][]int{}
 		total, ok := 0, true
@@ -294,11 +391,11 @@ func partBalanced(t *testing.T, ms []*recipe.Partitions, p int, within time.Dura
 		if ok && total == p {
 			return got
 		}
-		if time.Now().After(deadline) {
+		if b, from := bound(); time.Since(start) > b {
 			for _, m := range ms {
 				t.Logf("%s: stats %+v members %v", m.MemberID(), m.Stats(), m.Members())
 			}
-			t.Fatalf("not balanced after %v: %v", within, got)
+			t.Fatalf("not balanced after %v, over the bound %v (%s): %v", time.Since(start).Round(time.Millisecond), b.Round(time.Millisecond), from, got)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -314,8 +411,9 @@ func TestPartitionsRebalance(t *testing.T) {
 			const p = 16
 			ctx := context.Background()
 			lg := newPartLedger(t)
+			mc := newPartMachine(t, url, 2*time.Second, 5)
 			opts := func(id string) *recipe.PartitionsOptions {
-				return &recipe.PartitionsOptions{MemberID: id, Lease: &fenced.LeaseOptions{TTL: 2 * time.Second},
+				return &recipe.PartitionsOptions{MemberID: id, Lease: &fenced.LeaseOptions{TTL: mc.ttl},
 					OnEvent: lg.onEvent(id)}
 			}
 			var ms []*recipe.Partitions
@@ -332,11 +430,11 @@ func TestPartitionsRebalance(t *testing.T) {
 				join(id)
 			}
 			// Notified backends rebalance well within the poll (TTL/3).
-			before := partBalanced(t, ms, p, rebalanceBound)
+			before := mc.balanced(t, ms, p, lg, 0)
 			lg.check()
 
 			join("d")
-			after := partBalanced(t, ms, p, rebalanceBound)
+			after := mc.balanced(t, ms, p, lg, 0)
 			lg.check()
 			if moved, minimum := movedPartitions(before, after), len(after["d"]); moved > minimum+3 {
 				t.Errorf("join moved %d partitions, minimum %d: %v → %v", moved, minimum, before, after)
@@ -355,7 +453,7 @@ func TestPartitionsRebalance(t *testing.T) {
 				t.Errorf("a owns %v after Leave", o)
 			}
 			ms = ms[1:]
-			partBalanced(t, ms, p, rebalanceBound)
+			mc.balanced(t, ms, p, lg, 0)
 			lg.check()
 			handoffs := uint64(0)
 			for _, m := range ms {
@@ -374,27 +472,28 @@ func TestPartitionsStickyRestart(t *testing.T) {
 	ctx := context.Background()
 	url := "sqlite://" + filepath.Join(t.TempDir(), "leases.db")
 	lg := newPartLedger(t)
+	mc := newPartMachine(t, url, 2*time.Second, 4)
 	var ms []*recipe.Partitions
 	for _, id := range []string{"a", "b", "c"} {
 		m, err := recipe.JoinPartitions(ctx, partOpen(t, url), "g", 12, lg.work(id),
-			&recipe.PartitionsOptions{MemberID: id, Lease: &fenced.LeaseOptions{TTL: 2 * time.Second}})
+			&recipe.PartitionsOptions{MemberID: id, Lease: &fenced.LeaseOptions{TTL: mc.ttl}, OnEvent: lg.onEvent(id)})
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { m.Leave(ctx) })
 		ms = append(ms, m)
 	}
-	partBalanced(t, ms, 12, rebalanceBound)
+	mc.balanced(t, ms, 12, lg, 0)
 	ms[2].Leave(ctx)
-	before := partBalanced(t, ms[:2], 12, rebalanceBound)
+	before := mc.balanced(t, ms[:2], 12, lg, 0)
 	m, err := recipe.JoinPartitions(ctx, partOpen(t, url), "g", 12, lg.work("c"),
-		&recipe.PartitionsOptions{MemberID: "c", Lease: &fenced.LeaseOptions{TTL: 2 * time.Second}})
+		&recipe.PartitionsOptions{MemberID: "c", Lease: &fenced.LeaseOptions{TTL: mc.ttl}, OnEvent: lg.onEvent("c")})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { m.Leave(ctx) })
 	ms[2] = m
-	again := partBalanced(t, ms, 12, rebalanceBound)
+	again := mc.balanced(t, ms, 12, lg, 0)
 	// Minimal movement comes first: the rejoin moves c's share and no
 	// more. Which partitions c gets is pulled towards the fresh
 	// assignment (TestAssignPartitionsSticky), which equals its old share
@@ -469,33 +568,29 @@ func TestPartitionsClientClosed(t *testing.T) {
 	ctx := context.Background()
 	url := "sqlite://" + filepath.Join(t.TempDir(), "leases.db")
 	lg := newPartLedger(t)
-	ttl := 600 * time.Millisecond
+	mc := newPartMachine(t, url, 600*time.Millisecond, 4)
+	ttl := mc.ttl
 	var ms []*recipe.Partitions
 	var clients []*fenced.Client
 	for _, id := range []string{"a", "b", "c"} {
 		c := partOpen(t, url)
-		m, err := recipe.JoinPartitions(ctx, c, "g", 9, lg.work(id), &recipe.PartitionsOptions{MemberID: id, Lease: &fenced.LeaseOptions{TTL: ttl}})
+		m, err := recipe.JoinPartitions(ctx, c, "g", 9, lg.work(id), &recipe.PartitionsOptions{MemberID: id, Lease: &fenced.LeaseOptions{TTL: ttl}, OnEvent: lg.onEvent(id)})
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { m.Leave(ctx) })
 		ms, clients = append(ms, m), append(clients, c)
 	}
-	partBalanced(t, ms, 9, rebalanceBound)
+	mc.balanced(t, ms, 9, lg, 0)
 	clients[0].Close()
-	partBalanced(t, ms[1:], 9, ttl+2*time.Second)
+	// Close releases a's grants; one it could not release in time stays
+	// at the store until it expires (keeps) before a survivor can take it.
+	mc.balanced(t, ms[1:], 9, lg, mc.keeps)
 	if o := ms[0].Owned(); len(o) != 0 {
 		t.Errorf("a owns %v with its client closed", o)
 	}
 	lg.check()
 }
-
-// rebalanceBound is how long the in-process tests give a rebalance with a
-// 2 s TTL: a poll (TTL/3) for a member that missed the doorbell, the
-// hand-off, and a poll for the taker that missed the release, with room for
-// a loaded 2-core machine under -race. Notified backends usually take tens
-// of milliseconds.
-const rebalanceBound = 4 * time.Second
 
 // TestPartitionEventKindString checks each kind's name and an unknown one.
 func TestPartitionEventKindString(t *testing.T) {
