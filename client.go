@@ -116,8 +116,9 @@ func NewClient(drv driver.Driver, opts *Options) *Client {
 // optional call goes through it.
 func (c *Client) ops() capability.Ops { return capability.Of(c.drv) }
 
-// Capabilities reports what the store can do beyond leases: a flag is set
-// only where the backend declares the operation and has its methods. The
+// Capabilities reports what the backend promises (Fence, ServerClock,
+// ClockStepSafe, Note) and what the store can do beyond leases: a flag is
+// set only where the backend declares the operation and has its methods. The
 // doors that need one (Value and Lease.SetValue, Watch, Breaks,
 // FenceFloor, RaiseFenceFloor, Prune) return an error matching
 // ErrUnsupported where its flag is off. Keeps says how long the store may
@@ -129,10 +130,6 @@ func (c *Client) Capabilities() driver.Capabilities { return c.ops().Declared }
 // CloseTimeout to bound a release made after the caller's context has
 // ended.
 func (c *Client) Options() Options { return c.opts }
-
-// Guarantees returns what the backend declares it promises. How waiters
-// are woken is not among them: see Capabilities (Subscribe, Queue, FIFO).
-func (c *Client) Guarantees() driver.Guarantees { return c.drv.Guarantees() }
 
 // since returns t as a duration since c.epoch: c's timeline, on which
 // leases keep their moments.

@@ -58,8 +58,8 @@ func (f *faulty) Renew(ctx context.Context, g driver.Grant) error {
 	return f.Driver.Renew(ctx, g)
 }
 
-func (f *faulty) Guarantees() driver.Guarantees {
-	g := f.Driver.Guarantees()
+func (f *faulty) Capabilities() driver.Capabilities {
+	g := f.Driver.Capabilities()
 	if f.fence != nil {
 		g.Fence = *f.fence
 		g.Note = "injected"

@@ -26,7 +26,7 @@ func ExampleOpen() {
 		log.Fatal(err)
 	}
 	defer client.Close()
-	g := client.Guarantees()
+	g := client.Capabilities()
 	fmt.Println("fence:", g.Fence, "server clock:", g.ServerClock)
 
 	// Unknown schemes and malformed URLs are refused with driver.ErrInvalidURL.

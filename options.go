@@ -252,7 +252,7 @@ func checkOwnerTag(tag string) error {
 // checkFence refuses a backend whose fence is weaker than min, telling the
 // user which value accepts it.
 func (c *Client) checkFence(min FenceStrength, from origin) error {
-	g := c.drv.Guarantees()
+	g := c.drv.Capabilities()
 	have := max(g.Fence, FenceNone) // an undeclared strength is none
 	if have >= min {
 		return nil
@@ -326,6 +326,6 @@ const (
 	FenceStrict     = driver.FenceStrict
 )
 
-// FenceStrength is the fence a backend declares in its Guarantees. See
+// FenceStrength is the fence a backend declares in its Capabilities. See
 // package driver.
 type FenceStrength = driver.FenceStrength

@@ -14,10 +14,10 @@
 //
 //   - A key is granted to at most one owner at a time, as judged by the
 //     authority's own clock (or, for a store without one, by the waiter's
-//     observation; see Guarantees.ServerClock).
+//     observation; see Capabilities.ServerClock).
 //   - Every grant of a key returns a fence strictly greater than every fence
 //     previously returned for that key (within the strength declared by
-//     Guarantees.Fence). Releasing, expiring or breaking a grant never lowers
+//     Capabilities.Fence). Releasing, expiring or breaking a grant never lowers
 //     the counter.
 //   - TryAcquire by the owner that currently holds the key (same owner token,
 //     grant not expired) is idempotent: it returns the same fence and extends
@@ -87,7 +87,7 @@ type HeldError struct {
 	Key string
 	// Remaining is the time left on the current grant by the authority's
 	// clock, or zero when unknown. A driver without a server clock (whose
-	// Guarantees.ServerClock is false) reports instead how long until it
+	// Capabilities.ServerClock is false) reports instead how long until it
 	// may take the grant over: what is left of its own watch of the grant
 	// (see ServerClock). Either way it is how long a poller should wait
 	// before trying again, at most.
@@ -177,7 +177,7 @@ type FenceStrength int
 const (
 	// FenceUnset is the zero value and no strength at all. In
 	// fenced.LeaseOptions.MinFence it means "take the client's Options.MinFence".
-	// In Guarantees.Fence it means the backend did not declare a strength,
+	// In Capabilities.Fence it means the backend did not declare a strength,
 	// and the portable layer treats it as FenceNone.
 	FenceUnset FenceStrength = iota
 	// FenceNone: the backend issues no monotonic token (Redlock, advisory
@@ -205,40 +205,6 @@ func (s FenceStrength) String() string {
 		return "strict"
 	}
 	return fmt.Sprintf("FenceStrength(%d)", int(s))
-}
-
-// Guarantees are what a backend promises. They are declared, not measured,
-// and the conformance suite checks the ones it can.
-type Guarantees struct {
-	// Fence is the strength of the fencing token.
-	Fence FenceStrength
-	// ServerClock reports whether expiry is decided by the authority's own
-	// clock. It is false for stores whose conditional writes cannot read a
-	// clock (DynamoDB). There expiry is observed. A waiter may take a grant
-	// over only after it has seen the same grant version unchanged for a
-	// whole TTL on its own monotonic clock. Every renewal changes the
-	// version, and the takeover is conditional on the version seen. So a
-	// waiter that arrives after the holder died waits up to one TTL longer.
-	// A TryAcquire that does not wait never takes over a dead holder.
-	ServerClock bool
-	// ClockStepSafe reports whether a step of the authority's wall clock
-	// leaves its grants' expiry alone. It is true where expiry is counted on
-	// a monotonic clock (etcd's lessor, ZooKeeper's session ticks). It is
-	// false where the wall clock decides it (SQL now(), Redis PX).
-	//
-	// When false, a forward step of the authority's wall clock larger than
-	// the lease's SafetyMargin ends grants early at the authority. (NTP
-	// stepping a wrong clock, a VM resumed from a snapshot, or date -s can
-	// step it.) Their holders still trust their local validity, which runs
-	// on the holders' monotonic clocks. The authority grants the key again,
-	// and two holders overlap. Only the fence protects the resource then:
-	// the resource refuses the older holder. A backward step only lengthens
-	// grants: the next holder waits longer, nobody overlaps. The zero value
-	// promises nothing, so a driver that does not say is taken as unsafe.
-	ClockStepSafe bool
-	// Note explains anything a user must know (for example the failover
-	// hazard of a repeatable fence).
-	Note string
 }
 
 // Driver is the interface a backend implements. All methods must be safe
@@ -271,11 +237,9 @@ type Driver interface {
 	// next renewal fails and the next grant gets a higher fence. It returns
 	// what was broken, or an error matching ErrNotHeld if nothing was held.
 	Break(ctx context.Context, key string, req BreakRequest) (LeaseInfo, error)
-	// Guarantees declares what the backend promises. How waiters are
-	// woken is in Capabilities, not here.
-	Guarantees() Guarantees
-	// Capabilities declares, once, the optional operations the driver
-	// offers; fenced.Client.Capabilities reports them to users.
+	// Capabilities declares, once, what the backend promises and the
+	// optional operations the driver offers; fenced.Client.Capabilities
+	// reports them to users.
 	Capabilities() Capabilities
 	// Close releases the driver's resources. Grants are left to expire.
 	Close() error

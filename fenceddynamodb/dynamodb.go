@@ -306,11 +306,12 @@ func (d *Driver) checkOpen() error {
 	return nil
 }
 
-// Guarantees implements driver.Driver. The fence is strict. It is a
+// guarantees is what the backend promises, the part of Capabilities
+// that says how far a lease can be trusted. The fence is strict. It is a
 // counter on the lease item, raised by conditional writes that DynamoDB
 // applies durably and in order per item. A global table with eventual
 // consistency is the exception (see the package documentation).
-func (d *Driver) Guarantees() driver.Guarantees {
+func (d *Driver) guarantees() driver.Capabilities {
 	note := "fence is a counter on the lease item, raised by a conditional UpdateItem; " +
 		"no server clock: a waiter takes a grant over only after seeing the same version unchanged for a whole TTL " +
 		"on its own monotonic clock (observed expiry), " +
@@ -323,7 +324,7 @@ func (d *Driver) Guarantees() driver.Guarantees {
 	if d.tableNote != "" {
 		note += "; " + d.tableNote
 	}
-	return driver.Guarantees{
+	return driver.Capabilities{
 		Fence:         d.fence,
 		ServerClock:   false,
 		ClockStepSafe: true,
@@ -340,7 +341,9 @@ var keeps = driver.Expiry{Name: "DynamoDB", Observed: true,
 
 // Capabilities implements driver.Driver: the break log.
 func (d *Driver) Capabilities() driver.Capabilities {
-	return driver.Capabilities{BreakLog: true, Keeps: keeps}
+	c := d.guarantees()
+	c.BreakLog, c.Keeps = true, keeps
+	return c
 }
 
 // Close implements driver.Driver: later calls return ErrClosed. The

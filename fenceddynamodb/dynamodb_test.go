@@ -137,7 +137,7 @@ func TestTableChecks(t *testing.T) {
 		}
 		d.Close()
 	}
-	if g, notified := c.Guarantees(), c.Capabilities().Subscribe || c.Capabilities().Queue; g.Fence != fenced.FenceStrict || g.ServerClock || !g.ClockStepSafe || notified {
+	if g, notified := c.Capabilities(), c.Capabilities().Subscribe || c.Capabilities().Queue; g.Fence != fenced.FenceStrict || g.ServerClock || !g.ClockStepSafe || notified {
 		t.Errorf("guarantees %+v, notified waiters %v: want strict fence, no server clock, safe from clock steps, no notification", g, notified)
 	}
 }

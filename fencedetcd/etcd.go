@@ -275,9 +275,10 @@ func (d *Driver) Client() *clientv3.Client { return d.cli }
 // LockName returns the etcd lock name (as given to `etcdctl lock`) of key.
 func (d *Driver) LockName(key string) string { return d.prefix + keyname.Escape(key) }
 
-// Guarantees implements driver.Driver.
-func (d *Driver) Guarantees() driver.Guarantees {
-	return sessionlock.Guarantees("fence = create revision of the holder's key (Raft-agreed, never reissued); " +
+// guarantees is what the backend promises, the part of Capabilities
+// that says how far a lease can be trusted.
+func (d *Driver) guarantees() driver.Capabilities {
+	return sessionlock.Capabilities("fence = create revision of the holder's key (Raft-agreed, never reissued); " +
 		"TTLs are whole seconds at the server; " +
 		// The lessor counts TTLs on the leader's monotonic clock.
 		"safe from clock steps: lease TTLs count down on the leader's monotonic clock, and a new leader extends them, never shortens them")
@@ -297,7 +298,9 @@ var Expiry = driver.Expiry{
 // proclaimed values. TTLs are of a second or more (etcd leases have a
 // one-second granularity).
 func (d *Driver) Capabilities() driver.Capabilities {
-	return driver.Capabilities{Queue: true, FIFO: true, BatchRenew: true, WatchLoss: true, Value: true, Keeps: Expiry}
+	c := d.guarantees()
+	c.Queue, c.FIFO, c.BatchRenew, c.WatchLoss, c.Value, c.Keeps = true, true, true, true, true, Expiry
+	return c
 }
 
 // Close stops the driver's background work and, when the driver was opened

@@ -596,7 +596,7 @@ func (w *waiter) leave() {
 	}
 }
 
-// note is the waiting part of Guarantees().Note.
+// note is the waiting part of Capabilities().Note.
 func (b *doorbell) note() string {
 	if cap(b.slots) == 0 {
 		return "doorbells off: waiters poll with backoff and full jitter, capped by the holder's remaining time"

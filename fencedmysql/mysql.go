@@ -495,9 +495,10 @@ func (d *Driver) renewBatch(ctx context.Context, c sqllease.Conn, reqs []sqlleas
 	return sqllease.ScanGrants(c.Query(ctx, q, sel...))
 }
 
-// Guarantees implements driver.Driver.
-func (d *Driver) Guarantees() driver.Guarantees {
-	return driver.Guarantees{
+// guarantees is what the backend promises, the part of Capabilities
+// that says how far a lease can be trusted.
+func (d *Driver) guarantees() driver.Capabilities {
+	return driver.Capabilities{
 		Fence:       driver.FenceStrict,
 		ServerClock: true,
 		// UTC_TIMESTAMP is the server's wall clock.
@@ -513,7 +514,9 @@ func (d *Driver) Guarantees() driver.Guarantees {
 // doorbell connections, and the lease table's batch renewal, break log,
 // fence floor and prune.
 func (d *Driver) Capabilities() driver.Capabilities {
-	return driver.Capabilities{Queue: cap(d.bell.slots) > 0, BatchRenew: true, BreakLog: true, FenceFloor: true, Prune: true}
+	c := d.guarantees()
+	c.Queue, c.BatchRenew, c.BreakLog, c.FenceFloor, c.Prune = cap(d.bell.slots) > 0, true, true, true, true
+	return c
 }
 
 // Close implements driver.Driver. It closes the driver's prepared

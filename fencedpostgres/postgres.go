@@ -288,11 +288,12 @@ func (d *Driver) Pool() *pgxpool.Pool { return d.pool }
 // Table returns the lease table's name.
 func (d *Driver) Table() string { return d.table }
 
-// Guarantees implements driver.Driver. The fence is strict: it lives in a
+// guarantees is what the backend promises, the part of Capabilities
+// that says how far a lease can be trusted. The fence is strict: it lives in a
 // committed row, so it survives restarts and crash recovery. A failover
 // keeps it when the standby replicates synchronously.
-func (d *Driver) Guarantees() driver.Guarantees {
-	g := driver.Guarantees{
+func (d *Driver) guarantees() driver.Capabilities {
+	g := driver.Capabilities{
 		Fence:       driver.FenceStrict,
 		ServerClock: true,
 		// now() is the database's wall clock.
@@ -314,7 +315,9 @@ func (d *Driver) Guarantees() driver.Guarantees {
 // table's batch renewal, break log, fence floor and prune.
 func (d *Driver) Capabilities() driver.Capabilities {
 	notify := d.listener != nil
-	return driver.Capabilities{Subscribe: notify, Observe: notify, BatchRenew: true, BreakLog: true, FenceFloor: true, Prune: true}
+	c := d.guarantees()
+	c.Subscribe, c.Observe, c.BatchRenew, c.BreakLog, c.FenceFloor, c.Prune = notify, notify, true, true, true, true
+	return c
 }
 
 // Close implements driver.Driver. It stops the LISTEN connection and, for a

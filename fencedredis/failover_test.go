@@ -51,7 +51,7 @@ func promote(t testing.TB, ctx context.Context, primary, replica *testenv.Redis)
 	}
 }
 
-// TestFailoverRepeatsFence reproduces the hazard the Guarantees declare
+// TestFailoverRepeatsFence reproduces the hazard the Capabilities declare
 // (FenceRepeatable): the primary grants a lease, replication never carries
 // it, the primary dies and its replica is promoted; a second client is then
 // granted the same key with the same fence while the first still believes
@@ -64,8 +64,8 @@ func TestFailoverRepeatsFence(t *testing.T) {
 	replica := testenv.StartRedis(t, testenv.RedisConfig{ReplicaOf: primary})
 	key := "invoice:inv_72"
 	d := newDriver(t, primary, nil)
-	if g := d.Guarantees(); g.Fence != driver.FenceRepeatable || !strings.Contains(g.Note, "failover") {
-		t.Fatalf("Guarantees = %+v: the fence must be declared repeatable after failover, with a note saying so", g)
+	if g := d.Capabilities(); g.Fence != driver.FenceRepeatable || !strings.Contains(g.Note, "failover") {
+		t.Fatalf("Capabilities = %+v: the fence must be declared repeatable after failover, with a note saying so", g)
 	}
 
 	// Three grants that did reach the replica.
@@ -141,8 +141,8 @@ func TestFailoverAfterWaitKeepsGrant(t *testing.T) {
 	replica := testenv.StartRedis(t, testenv.RedisConfig{ReplicaOf: primary})
 	key := "invoice:inv_74"
 	d := newDriver(t, primary, &fencedredis.Options{WaitReplicas: 1, WaitTimeout: 5 * time.Second})
-	if g := d.Guarantees(); g.Fence != driver.FenceRepeatable || !strings.Contains(g.Note, "WAIT") {
-		t.Fatalf("Guarantees with WaitReplicas = %+v: still repeatable, and the note must mention WAIT", g)
+	if g := d.Capabilities(); g.Fence != driver.FenceRepeatable || !strings.Contains(g.Note, "WAIT") {
+		t.Fatalf("Capabilities with WaitReplicas = %+v: still repeatable, and the note must mention WAIT", g)
 	}
 	fa, err := d.TryAcquire(ctx, key, owner(), time.Minute)
 	if err != nil {

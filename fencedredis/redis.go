@@ -129,8 +129,8 @@ type Driver struct {
 	nudgeMu  sync.Mutex
 	nudgeEnd bool
 	nudges   sync.WaitGroup
-	// guarantees is what Guarantees returns, set by New.
-	guarantees driver.Guarantees
+	// caps is what Capabilities returns, set by New.
+	caps driver.Capabilities
 
 	// closed is set once by Close; read without a lock on every call.
 	closed atomic.Bool
@@ -191,7 +191,7 @@ func New(c redis.UniversalClient, opts *Options) (*Driver, error) {
 	if cluster {
 		d.passOn = "0" // PUBLISH counts one node's clients (see lua/waiter_queue.lua)
 	}
-	d.guarantees = d.makeGuarantees()
+	d.caps = d.makeCapabilities()
 	return d, nil
 }
 
@@ -579,25 +579,24 @@ func (d *Driver) SubscribeObserver(ctx context.Context, key string) (driver.Subs
 	return d.hub.Observe(ctx, d.layout.Keys(key).Channel)
 }
 
-// guaranteesNote is the Note of Guarantees; the portable Client quotes it
+// guaranteesNote is the Note of Capabilities; the portable Client quotes it
 // when it refuses a lease whose MinFence is strict.
 const guaranteesNote = "redis: fences come from a per-key INCR counter and rise strictly only while this node keeps its data, " +
 	"which needs appendonly yes, appendfsync always and no eviction; replication is asynchronous, so a failover to a replica " +
 	"that missed a grant, or a restart without persistence, loses the lock and can hand the same fence to a second holder"
 
-// Guarantees implements driver.Driver. The Client asks for them on every
-// acquire (to check the lease's MinFence), so New computes them once.
-func (d *Driver) Guarantees() driver.Guarantees { return d.guarantees }
-
-// makeGuarantees is what Guarantees returns for d's options.
-func (d *Driver) makeGuarantees() driver.Guarantees {
+// makeCapabilities is what Capabilities returns for d's options. The
+// Client asks for it on every acquire (to check the lease's MinFence), so
+// New computes it once.
+func (d *Driver) makeCapabilities() driver.Capabilities {
 	note := guaranteesNote
 	if d.opts.WaitReplicas > 0 {
 		note += fmt.Sprintf("; grants wait for %d replica acknowledgements (WAIT), which narrows but does not close this window",
 			d.opts.WaitReplicas)
 	}
 	note += "; expiry is PX on the server's wall clock, so a forward step of that clock ends grants early (not safe from clock steps)"
-	return driver.Guarantees{
+	return driver.Capabilities{
+		Subscribe: true, Observe: true, BatchRenew: true, BreakLog: true,
 		Fence:       driver.FenceRepeatable,
 		ServerClock: true,
 		// PX expiry compares with the server's wall clock (mstime).
@@ -608,9 +607,7 @@ func (d *Driver) makeGuarantees() driver.Guarantees {
 
 // Capabilities implements driver.Driver: waiters and observers woken by
 // pub/sub, batch renewal in one script, and the break log.
-func (d *Driver) Capabilities() driver.Capabilities {
-	return driver.Capabilities{Subscribe: true, Observe: true, BatchRenew: true, BreakLog: true}
-}
+func (d *Driver) Capabilities() driver.Capabilities { return d.caps }
 
 // Close implements driver.Driver. It closes the subscriber connection, and
 // the go-redis client when the driver was opened by URL.

@@ -133,8 +133,8 @@ func TestNoFence(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cl.Close()
-	if g, notified := cl.Guarantees(), cl.Capabilities().Subscribe || cl.Capabilities().Queue; g.Fence != fenced.FenceNone || !notified {
-		t.Fatalf("Guarantees = %+v, notified waiters %v, want FenceNone with notification", g, notified)
+	if g, notified := cl.Capabilities(), cl.Capabilities().Subscribe || cl.Capabilities().Queue; g.Fence != fenced.FenceNone || !notified {
+		t.Fatalf("Capabilities = %+v, notified waiters %v, want FenceNone with notification", g, notified)
 	}
 	_, err = cl.TryAcquire(ctx, "ledger", nil)
 	if !errors.Is(err, fenced.ErrNoFence) || !strings.Contains(err.Error(), "FenceSource") || !strings.Contains(err.Error(), "MinFence to FenceNone") {
@@ -171,8 +171,8 @@ func TestFenceFromURL(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cl.Close()
-	if g := cl.Guarantees(); g.Fence != fenced.FenceRepeatable {
-		t.Fatalf("Guarantees with a redis fence source = %+v, want the source's strength", g)
+	if g := cl.Capabilities(); g.Fence != fenced.FenceRepeatable {
+		t.Fatalf("Capabilities with a redis fence source = %+v, want the source's strength", g)
 	}
 	opts := &fenced.LeaseOptions{MinFence: fenced.FenceRepeatable}
 	var last uint64
@@ -418,8 +418,8 @@ func TestClientFence(t *testing.T) {
 	defer strict.Close()
 	d := c.open(t, c.nodes, fencedredlock.Options{Fence: fencedredlock.ClientFence(strict)})
 	cl := fenced.NewClient(d, nil)
-	if g := cl.Guarantees(); g.Fence != fenced.FenceStrict {
-		t.Fatalf("Guarantees = %+v, want the source's strict fence", g)
+	if g := cl.Capabilities(); g.Fence != fenced.FenceStrict {
+		t.Fatalf("Capabilities = %+v, want the source's strict fence", g)
 	}
 	var last uint64
 	for i := 0; i < 3; i++ {
@@ -436,7 +436,7 @@ func TestClientFence(t *testing.T) {
 }
 
 // TestRestartWithoutPersistenceGivesTwoHolders reproduces the hazard the
-// Guarantees note names: two of three nodes restart without their data
+// Capabilities note names: two of three nodes restart without their data
 // while A holds the key, and B is granted it too. Without a fence source
 // both hold fence 0 and no resource can tell them apart; with one, B's
 // fence is higher and a resource that keeps the highest fence refuses A.

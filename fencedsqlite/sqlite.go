@@ -826,9 +826,10 @@ func (d *Driver) dialect() *sqllease.Dialect {
 	}
 }
 
-// Guarantees implements driver.Driver.
-func (d *Driver) Guarantees() driver.Guarantees {
-	return driver.Guarantees{
+// guarantees is what the backend promises, the part of Capabilities
+// that says how far a lease can be trusted.
+func (d *Driver) guarantees() driver.Capabilities {
+	return driver.Capabilities{
 		Fence:       driver.FenceStrict,
 		ServerClock: true,
 		// unixepoch() inside the statement reads the host's wall clock.
@@ -845,7 +846,9 @@ func (d *Driver) Guarantees() driver.Guarantees {
 // the doorbell file (watch.go), and the lease table's batch renewal, break
 // log, fence floor and prune.
 func (d *Driver) Capabilities() driver.Capabilities {
-	return driver.Capabilities{Subscribe: true, Observe: true, BatchRenew: true, BreakLog: true, FenceFloor: true, Prune: true}
+	c := d.guarantees()
+	c.Subscribe, c.Observe, c.BatchRenew, c.BreakLog, c.FenceFloor, c.Prune = true, true, true, true, true, true
+	return c
 }
 
 // Close implements driver.Driver. It closes the database only if the

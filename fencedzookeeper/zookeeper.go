@@ -400,9 +400,10 @@ func (d *Driver) session(ctx context.Context, ttl time.Duration) (*zsession, err
 	return zc, nil
 }
 
-// Guarantees implements driver.Driver.
-func (d *Driver) Guarantees() driver.Guarantees {
-	return sessionlock.Guarantees("fence = czxid of the holder's znode (Zab-ordered, never reused); the lease is the ZooKeeper session, " +
+// guarantees is what the backend promises, the part of Capabilities
+// that says how far a lease can be trusted.
+func (d *Driver) guarantees() driver.Capabilities {
+	return sessionlock.Capabilities("fence = czxid of the holder's znode (Zab-ordered, never reused); the lease is the ZooKeeper session, " +
 		"whose timeout T = (TTL + tickTime)*8/7 outlives the holder's local validity (TTL - margin from before the request): " +
 		"the leader hears of a session's requests to a follower only at its next ping (every tickTime/2), " +
 		"the driver sends a keep-alive every T/16, and a grant or renewal waits until a keep-alive answered at least a tick earlier " +
@@ -419,7 +420,9 @@ func (d *Driver) Guarantees() driver.Guarantees {
 func (d *Driver) Capabilities() driver.Capabilities {
 	keeps := ExpiryFor(d.tick)
 	keeps.MaxTTL = d.maxTTL
-	return driver.Capabilities{Queue: true, FIFO: true, BatchRenew: true, WatchLoss: true, Keeps: keeps}
+	c := d.guarantees()
+	c.Queue, c.FIFO, c.BatchRenew, c.WatchLoss, c.Keeps = true, true, true, true, keeps
+	return c
 }
 
 // Close closes the driver's sessions (their ephemeral nodes go at once)

@@ -310,9 +310,10 @@ func (d *Driver) Breaks(ctx context.Context, key string) ([]driver.BreakRecord, 
 	return out, nil
 }
 
-// Guarantees implements driver.Driver.
-func (d *Driver) Guarantees() driver.Guarantees {
-	return driver.Guarantees{
+// guarantees is what the backend promises, the part of Capabilities
+// that says how far a lease can be trusted.
+func (d *Driver) guarantees() driver.Capabilities {
+	return driver.Capabilities{
 		Fence:       driver.FenceStrict,
 		ServerClock: true,
 		// The real clock's readings carry Go's monotonic clock.

@@ -28,11 +28,11 @@ var (
 // Options ask for them. Without Options.Queue waiters are woken through
 // Subscribe, as on most backends.
 func (d *Driver) Capabilities() driver.Capabilities {
-	return driver.Capabilities{
-		Subscribe: true, Observe: true, Queue: d.opts.Queue, FIFO: d.opts.Queue, Terms: d.opts.Terms,
-		BatchRenew: d.opts.BatchRenew, WatchLoss: true, BreakLog: true, Value: true, FenceFloor: true, Prune: true,
-		Keeps: driver.Expiry{MinTTL: d.opts.MinTTL, MaxTTL: d.opts.MaxTTL},
-	}
+	c := d.guarantees()
+	c.Subscribe, c.Observe, c.WatchLoss, c.BreakLog, c.Value, c.FenceFloor, c.Prune = true, true, true, true, true, true, true
+	c.Queue, c.FIFO, c.Terms, c.BatchRenew = d.opts.Queue, d.opts.Queue, d.opts.Terms, d.opts.BatchRenew
+	c.Keeps = driver.Expiry{MinTTL: d.opts.MinTTL, MaxTTL: d.opts.MaxTTL}
+	return c
 }
 
 // grant makes e, the state of key, a new grant to owner for ttl: its fence

@@ -106,7 +106,7 @@ func electAndRun(ctx context.Context, g *globals, f *electFlags, name string, ar
 	el, err := recipe.NewElection(c, name, opts)
 	if err != nil {
 		if errors.Is(err, fenced.ErrNoFence) {
-			return noFenceError("elect", opts.MinFence, c.Guarantees())
+			return noFenceError("elect", opts.MinFence, c.Capabilities())
 		}
 		return err
 	}

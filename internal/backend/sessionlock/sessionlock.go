@@ -14,7 +14,7 @@
 //     ahead, look again, with a short pause after a transient failure.
 //   - Loss delivers a driver.LossWatcher's report once, never after its
 //     stop.
-//   - Guarantees are the guarantees both stores give.
+//   - Capabilities are the guarantees both stores give.
 //
 // The store-specific parts (sessions and keep-alives, how a key is put,
 // ordered and found again after an unknown outcome) stay in the backends.
@@ -336,13 +336,14 @@ func (l *Loss) Stop() {
 	l.done = true
 }
 
-// Guarantees returns the guarantees of a session-lock backend. The fence is
+// Capabilities returns the guarantees of a session-lock backend, which its
+// drivers' Capabilities start from. The fence is
 // strict, ordered by the consensus log. Expiry is on the leader's monotonic
 // clock (safe from clock steps). Waiters are woken by a watch on their
 // predecessor and served in arrival order. note says where the fence comes
 // from and how the session covers a grant.
-func Guarantees(note string) driver.Guarantees {
-	return driver.Guarantees{
+func Capabilities(note string) driver.Capabilities {
+	return driver.Capabilities{
 		Fence:         driver.FenceStrict,
 		ServerClock:   true,
 		ClockStepSafe: true,
