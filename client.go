@@ -306,7 +306,7 @@ func expiryOf(scheme string) (driver.Expiry, bool) {
 // Open opens the store named by rawURL with the backend registered for its
 // scheme and returns a Client over it. opts may be nil.
 //
-// Malformed URLs and unknown schemes return errors matching driver.ErrInvalidURL.
+// Malformed URLs and unknown schemes return errors matching ErrInvalidURL.
 // An unknown scheme's error lists the registered ones and names the
 // package to import: the root package knows no backend by name. The
 // password in a URL never appears in errors.
@@ -325,7 +325,7 @@ func (m *urlMux) open(ctx context.Context, rawURL string, opts *Options) (*Clien
 		// The backends are packages under modulePath/, listed with their
 		// schemes in the package documentation.
 		return nil, fmt.Errorf("fenced: open %s: %w: unknown scheme %q (registered: %s); import its backend: packages under %s/",
-			driver.Redact(rawURL), driver.ErrInvalidURL, u.Scheme, registeredSchemes(m), modulePath)
+			driver.Redact(rawURL), ErrInvalidURL, u.Scheme, registeredSchemes(m), modulePath)
 	}
 	drv, err := b.open(ctx, u)
 	if err != nil {

@@ -25,12 +25,13 @@
 //   - Renew and Release succeed only when both owner and fence match the
 //     current, unexpired grant (Release may also succeed on an expired grant
 //     that nobody else took, since it changes nothing observable).
-//   - Errors are the sentinels of this package, wrapped with detail; a
-//     driver distinguishes "refused" (ErrHeld, ErrNotHeld) from "could not
-//     reach the authority" (ErrUnavailable) and "the request may or may not
-//     have been applied" (ErrUnknownOutcome). A driver names the sentinel
-//     of its client library's errors (the backends of this module share
-//     the rules in internal/backend/classify).
+//   - Errors are the sentinels of package fenced (fenced.ErrHeld and the
+//     rest; this package's docs name them without the prefix), wrapped
+//     with detail. A driver distinguishes "refused" (ErrHeld, ErrNotHeld)
+//     from "could not reach the authority" (ErrUnavailable) and "the
+//     request may or may not have been applied" (ErrUnknownOutcome). A
+//     driver names the sentinel of its client library's errors (the
+//     backends of this module share the rules in internal/backend/errclass).
 //   - A grant carries the TTL it was made with (Grant.TTL); a renewal
 //     renews it for that TTL. Every TTL reaches the authority rounded up
 //     to the authority's unit, never shortened.
@@ -38,74 +39,9 @@ package driver
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 )
-
-// Sentinel errors that drivers return. The fenced package re-exports each
-// of them under the same name, beside the sentinels of its own that no
-// driver returns (ErrExpired, ErrStaleFence, ErrNoFence,
-// ErrInvalidOptions); check them with errors.Is.
-var (
-	// ErrHeld means the key is held by another owner.
-	ErrHeld = errors.New("lease held by another owner")
-	// ErrNotHeld means the caller does not hold the key: its grant was
-	// released, expired, broken or replaced by a newer grant.
-	ErrNotHeld = errors.New("lease not held by this owner")
-	// ErrLost is the cause given to a lease's context when the authority says
-	// the lease is no longer ours.
-	ErrLost = errors.New("lease lost")
-	// ErrClosed means the client or driver has been closed.
-	ErrClosed = errors.New("store closed")
-	// ErrUnavailable means the authority could not be reached; nothing was
-	// applied.
-	ErrUnavailable = errors.New("authority unavailable")
-	// ErrUnknownOutcome means a request was sent but its outcome is unknown
-	// (for example the connection broke after the write was sent).
-	ErrUnknownOutcome = errors.New("outcome unknown")
-	// ErrInvalidKey means a key failed validation.
-	ErrInvalidKey = errors.New("invalid key")
-	// ErrInvalidTTL means a TTL, or another duration of a lease's terms,
-	// failed validation.
-	ErrInvalidTTL = errors.New("invalid TTL")
-	// ErrInvalidURL means a store URL could not be parsed or names an
-	// unknown scheme.
-	ErrInvalidURL = errors.New("invalid store URL")
-	// ErrNotFound means an admin operation named a key the store has never
-	// granted.
-	ErrNotFound = errors.New("key not found")
-	// ErrUnsupported means the driver does not implement an optional
-	// operation.
-	ErrUnsupported = errors.New("operation not supported by this backend")
-)
-
-// HeldError is returned (wrapped or bare) by TryAcquire when the key is held
-// by someone else. It matches ErrHeld with errors.Is. It may carry a hint of
-// how long the current grant has left, which pollers use to cap their sleep.
-type HeldError struct {
-	Key string
-	// Remaining is the time left on the current grant by the authority's
-	// clock, or zero when unknown. A driver without a server clock (whose
-	// Capabilities.ServerClock is false) reports instead how long until it
-	// may take the grant over: what is left of its own watch of the grant
-	// (see ServerClock). Either way it is how long a poller should wait
-	// before trying again, at most.
-	Remaining time.Duration
-}
-
-// Error implements error. The key is not repeated. Whoever returns the
-// error wraps it once with the operation and the key (fenced: acquire
-// "k": lease held…).
-func (e *HeldError) Error() string {
-	if e.Remaining > 0 {
-		return fmt.Sprintf("%v (about %v left)", ErrHeld, e.Remaining.Round(time.Millisecond))
-	}
-	return ErrHeld.Error()
-}
-
-// Is makes errors.Is(err, ErrHeld) true.
-func (e *HeldError) Is(target error) bool { return target == ErrHeld }
 
 // Grant identifies one grant of a key. It holds the key, the owner token
 // that proves ownership and the fence issued with it, and the TTL it was
@@ -216,7 +152,7 @@ type Driver interface {
 	// has expired by the authority's clock, and returns the new fence. If
 	// owner already holds the key the call returns the current fence and
 	// extends the grant. Otherwise it returns an error matching ErrHeld
-	// (preferably a *HeldError) and changes nothing.
+	// (preferably a *fenced.HeldError) and changes nothing.
 	TryAcquire(ctx context.Context, key, owner string, ttl time.Duration) (fence uint64, err error)
 	// Renew extends g by g.TTL from now (authority's clock). It returns an
 	// error matching ErrNotHeld if g is not the current unexpired grant.

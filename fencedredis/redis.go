@@ -201,11 +201,11 @@ func (d *Driver) Client() redis.UniversalClient { return d.c }
 // open is the URL opener for redis:// and rediss://.
 func open(ctx context.Context, u *url.URL) (driver.Driver, error) {
 	if u.Host == "" || u.Hostname() == "" {
-		return nil, fmt.Errorf("%w: redis URL needs a host, as in redis://127.0.0.1:6379/0", driver.ErrInvalidURL)
+		return nil, fmt.Errorf("%w: redis URL needs a host, as in redis://127.0.0.1:6379/0", fenced.ErrInvalidURL)
 	}
 	if p := u.Port(); p != "" {
 		if n, err := strconv.Atoi(p); err != nil || n <= 0 || n > 65535 {
-			return nil, fmt.Errorf("%w: port %q is not a TCP port", driver.ErrInvalidURL, p)
+			return nil, fmt.Errorf("%w: port %q is not a TCP port", fenced.ErrInvalidURL, p)
 		}
 	}
 	q := rediskit.TakeQuery(u, "prefix", "wait_replicas", "wait_timeout", "audit_len")
@@ -294,7 +294,7 @@ func (d *Driver) acquireResult(key string, k rediskit.Keys, a rediskit.Acquired)
 	case rediskit.StatusGranted, rediskit.StatusAgain:
 		return a.Fence, nil
 	case rediskit.StatusHeld:
-		return 0, &driver.HeldError{Key: key, Remaining: rediskit.PTTL(a.PTTL)}
+		return 0, &fenced.HeldError{Remaining: rediskit.PTTL(a.PTTL)}
 	case rediskit.StatusForeign:
 		return 0, fmt.Errorf("redis: acquire %q: %w", key, rediskit.ForeignError(k.Lock))
 	}
@@ -339,7 +339,7 @@ func (d *Driver) acquireAndWait(ctx context.Context, key string, k rediskit.Keys
 			key, d.opts.WaitReplicas, fence, rediskit.Classify(werr, false))
 	}
 	return 0, fmt.Errorf("redis: acquire %q: %w: only %d of %d replicas acknowledged the grant of fence %d within %v; released it",
-		key, driver.ErrUnavailable, acked, d.opts.WaitReplicas, fence, d.opts.WaitTimeout)
+		key, fenced.ErrUnavailable, acked, d.opts.WaitReplicas, fence, d.opts.WaitTimeout)
 }
 
 // scriptErr wraps a script error: transport failures become the driver
@@ -357,7 +357,7 @@ func (d *Driver) scriptErr(op, key string, err error, mayApply bool, redisKeys .
 // (ttlrule.CheckAll).
 func (d *Driver) usable(renewing ...driver.Grant) error {
 	if d.closed.Load() {
-		return driver.ErrClosed
+		return fenced.ErrClosed
 	}
 	return ttlrule.CheckAll(renewing)
 }
@@ -373,7 +373,7 @@ func (d *Driver) Renew(ctx context.Context, g driver.Grant) error {
 		return d.scriptErr("renew", g.Key, err, true, k.Lock)
 	}
 	if n != 1 {
-		return fmt.Errorf("redis: renew %v: %w", g, driver.ErrNotHeld)
+		return fmt.Errorf("redis: renew %v: %w", g, fenced.ErrNotHeld)
 	}
 	return nil
 }
@@ -397,7 +397,7 @@ func (d *Driver) RenewBatch(ctx context.Context, grants []driver.Grant) ([]error
 		case r.Err != nil:
 			errs[i] = d.scriptErr("renew", grants[i].Key, r.Err, true)
 		case !r.Renewed:
-			errs[i] = fmt.Errorf("redis: renew %v: %w", grants[i], driver.ErrNotHeld)
+			errs[i] = fmt.Errorf("redis: renew %v: %w", grants[i], fenced.ErrNotHeld)
 		}
 	}
 	return errs, nil
@@ -415,7 +415,7 @@ func (d *Driver) Release(ctx context.Context, g driver.Grant) error {
 		return d.scriptErr("release", g.Key, err, true, k.Lock)
 	}
 	if n == 0 {
-		return fmt.Errorf("redis: release %v: %w", g, driver.ErrNotHeld)
+		return fmt.Errorf("redis: release %v: %w", g, fenced.ErrNotHeld)
 	}
 	if n == 2 {
 		d.nudge(k, time.Since(start))
@@ -486,7 +486,7 @@ func inspectReply(key string, k rediskit.Keys, res []any) (driver.LeaseInfo, err
 	}
 	s, ok := res[2].(string)
 	if !ok {
-		return info, fmt.Errorf("redis: inspect %q: %w", key, driver.ErrNotFound)
+		return info, fmt.Errorf("redis: inspect %q: %w", key, fenced.ErrNotFound)
 	}
 	f, err := strconv.ParseUint(s, 10, 64)
 	if err != nil {

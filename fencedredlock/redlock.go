@@ -213,7 +213,7 @@ func (d *Driver) Nodes() (n, quorum int) { return len(d.nodes), d.quorum }
 func (d *Driver) usable(renewing ...driver.Grant) error {
 	select {
 	case <-d.closed:
-		return driver.ErrClosed
+		return fenced.ErrClosed
 	default:
 		return ttlrule.CheckAll(renewing)
 	}

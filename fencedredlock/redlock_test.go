@@ -244,7 +244,7 @@ func TestSlowNodesDoNotStall(t *testing.T) {
 	defer c.nodes[2].Signal(syscall.SIGCONT)
 	start = time.Now()
 	_, err = d.TryAcquire(ctx, "k2", owner(), 10*time.Second)
-	if !errors.Is(err, driver.ErrUnknownOutcome) && !errors.Is(err, driver.ErrUnavailable) {
+	if !errors.Is(err, fenced.ErrUnknownOutcome) && !errors.Is(err, fenced.ErrUnavailable) {
 		t.Fatalf("3 of 5 stopped: %v, want ErrUnknownOutcome or ErrUnavailable", err)
 	}
 	if took := time.Since(start); took > bound {
@@ -270,7 +270,7 @@ func TestFailedAttemptReleasesEverywhere(t *testing.T) {
 	}
 	d := c.open(t, c.nodes, opts)
 	_, err := d.TryAcquire(ctx, "k", owner(), time.Minute)
-	var held *driver.HeldError
+	var held *fenced.HeldError
 	if !errors.As(err, &held) || held.Remaining <= 0 {
 		t.Fatalf("attempt against a majority holder: %v, want a HeldError with time remaining", err)
 	}
@@ -302,7 +302,7 @@ func TestValidityIncludesElapsedAndDrift(t *testing.T) {
 	opts.Fence = slowFence{opts.Fence, 1200 * time.Millisecond}
 	d := c.open(t, c.nodes, opts)
 	_, err := d.TryAcquire(ctx, "k", owner(), time.Second)
-	if !errors.Is(err, driver.ErrUnavailable) || !strings.Contains(err.Error(), "drift") {
+	if !errors.Is(err, fenced.ErrUnavailable) || !strings.Contains(err.Error(), "drift") {
 		t.Fatalf("grant won after the TTL ran out: %v, want ErrUnavailable explaining the validity", err)
 	}
 	if _, err := d.Inspect(ctx, "k"); err == nil {
@@ -394,7 +394,7 @@ func TestRenewBatch(t *testing.T) {
 	}
 	for i, e := range errs {
 		if i == 3 {
-			if !errors.Is(e, driver.ErrNotHeld) {
+			if !errors.Is(e, fenced.ErrNotHeld) {
 				t.Errorf("stale grant renewed: %v", e)
 			}
 		} else if e != nil {
@@ -403,7 +403,7 @@ func TestRenewBatch(t *testing.T) {
 	}
 	c.nodes[3].Kill()
 	c.nodes[4].Kill()
-	if _, err := d.RenewBatch(ctx, grants); !errors.Is(err, driver.ErrUnknownOutcome) {
+	if _, err := d.RenewBatch(ctx, grants); !errors.Is(err, fenced.ErrUnknownOutcome) {
 		t.Fatalf("renewal with 3 of 5 nodes down: %v, want ErrUnknownOutcome", err)
 	}
 }

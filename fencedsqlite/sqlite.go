@@ -45,7 +45,7 @@
 // the waiter queue TABLE_waiters.
 // create=1 creates the file's directory if it is missing. Without it, a path
 // whose directory does not exist is most likely mistyped: it is refused,
-// matching ErrNoDir and driver.ErrInvalidURL. The default file's directory
+// matching ErrNoDir and fenced.ErrInvalidURL. The default file's directory
 // is always created. Any other parameter is refused.
 //
 // Availability caveat of one shared file: a process stopped in the middle of
@@ -142,13 +142,13 @@ type Options struct {
 
 // ErrNoDir means the lease file's directory does not exist and the driver
 // was not asked to create it (?create=1, Options.CreateDir). Through a URL
-// the error also matches driver.ErrInvalidURL.
+// the error also matches fenced.ErrInvalidURL.
 var ErrNoDir = errors.New("the lease file's directory does not exist")
 
 func openURL(ctx context.Context, u *url.URL) (driver.Driver, error) {
 	if u.Host != "" {
 		return nil, fmt.Errorf("%w: sqlite URL has a host %q; use sqlite:///absolute/path.db or sqlite:relative/path.db",
-			driver.ErrInvalidURL, u.Host)
+			fenced.ErrInvalidURL, u.Host)
 	}
 	path := u.Opaque
 	if path == "" {
@@ -184,7 +184,7 @@ func openURL(ctx context.Context, u *url.URL) (driver.Driver, error) {
 	if ok {
 		d, err := time.ParseDuration(busy)
 		if err != nil || d < 0 {
-			return nil, fmt.Errorf("%w: busy_timeout %q is not a duration such as 5s", driver.ErrInvalidURL, busy)
+			return nil, fmt.Errorf("%w: busy_timeout %q is not a duration such as 5s", fenced.ErrInvalidURL, busy)
 		}
 		opts.BusyTimeout = d
 	}
@@ -193,7 +193,7 @@ func openURL(ctx context.Context, u *url.URL) (driver.Driver, error) {
 	}
 	d, err := OpenFile(ctx, path, &opts)
 	if errors.Is(err, ErrNoDir) {
-		return nil, fmt.Errorf("%w: %w", driver.ErrInvalidURL, err)
+		return nil, fmt.Errorf("%w: %w", fenced.ErrInvalidURL, err)
 	}
 	return d, err
 }
@@ -212,7 +212,7 @@ func OpenFile(ctx context.Context, path string, opts *Options) (*Driver, error) 
 	dir := filepath.Dir(path)
 	if o.CreateDir {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return nil, fmt.Errorf("sqlite: %w: %v", driver.ErrUnavailable, err)
+			return nil, fmt.Errorf("sqlite: %w: %v", fenced.ErrUnavailable, err)
 		}
 	} else if fi, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("sqlite: lease file %s: %w: %s (check the path; add ?create=1 to the URL to create it)", path, ErrNoDir, dir)
@@ -221,7 +221,7 @@ func OpenFile(ctx context.Context, path string, opts *Options) (*Driver, error) 
 	}
 	db, err := sql.Open("sqlite", dsn(path, o.BusyTimeout, "FULL"))
 	if err != nil {
-		return nil, fmt.Errorf("sqlite: open %s: %w: %v", path, driver.ErrUnavailable, err)
+		return nil, fmt.Errorf("sqlite: open %s: %w: %v", path, fenced.ErrUnavailable, err)
 	}
 	// Processes opening a new file at the same moment race on switching it
 	// to WAL and creating the tables (SQLite answers some of those steps
@@ -290,7 +290,7 @@ func lockInit(ctx context.Context, lockPath string, timeout time.Duration) (unlo
 		}
 		if !errors.Is(err, syscall.EWOULDBLOCK) || time.Now().After(deadline) {
 			f.Close()
-			return nil, fmt.Errorf("%w: another process holds %s: %v", driver.ErrUnavailable, lockPath, err)
+			return nil, fmt.Errorf("%w: another process holds %s: %v", fenced.ErrUnavailable, lockPath, err)
 		}
 		select {
 		case <-ctx.Done():
@@ -385,7 +385,7 @@ func mainFile(ctx context.Context, db *sql.DB) (string, error) {
 // a ring took it off (see queue.go).
 func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
 	f, err := d.Engine.TryAcquire(ctx, key, owner, ttl)
-	if errors.Is(err, driver.ErrHeld) {
+	if errors.Is(err, fenced.ErrHeld) {
 		d.queue.refused(ctx, key)
 	}
 	return f, err
@@ -771,11 +771,11 @@ func classify(err error) error {
 		switch se.Code() & 0xff {
 		case sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED, sqlite3.SQLITE_IOERR,
 			sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_FULL, sqlite3.SQLITE_READONLY:
-			return driver.ErrUnavailable
+			return fenced.ErrUnavailable
 		}
 	}
 	if errors.Is(err, sql.ErrConnDone) {
-		return driver.ErrClosed
+		return fenced.ErrClosed
 	}
 	return nil
 }

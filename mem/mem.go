@@ -31,7 +31,7 @@ import (
 func init() {
 	fenced.Register("mem", func(_ context.Context, u *url.URL) (driver.Driver, error) {
 		if u.Opaque != "" || (u.Path != "" && u.Path != "/") {
-			return nil, fmt.Errorf("%w: mem URL takes only a name: mem://NAME", driver.ErrInvalidURL)
+			return nil, fmt.Errorf("%w: mem URL takes only a name: mem://NAME", fenced.ErrInvalidURL)
 		}
 		q, err := urlquery.Parse(u.RawQuery)
 		if err == nil {
@@ -153,7 +153,7 @@ func (d *Driver) lock() (*Store, error) {
 	closed := d.closed
 	d.mu.Unlock()
 	if closed {
-		return nil, driver.ErrClosed
+		return nil, fenced.ErrClosed
 	}
 	d.s.mu.Lock()
 	return d.s, nil
@@ -190,13 +190,13 @@ func (s *Store) tryLocked(key, owner string, ttl time.Duration, now time.Time, h
 	}
 	if e.heldAt(now) {
 		if e.owner != owner {
-			return 0, &driver.HeldError{Key: key, Remaining: e.expires.Sub(now)}
+			return 0, &fenced.HeldError{Remaining: e.expires.Sub(now)}
 		}
 		e.expires = now.Add(ttl)
 		return e.fence, nil
 	}
 	if !head && len(s.queues[key]) > 0 {
-		return 0, &driver.HeldError{Key: key}
+		return 0, &fenced.HeldError{}
 	}
 	return s.grant(key, e, owner, ttl, now), nil
 }
@@ -226,7 +226,7 @@ func (d *Driver) Release(ctx context.Context, g driver.Grant) error {
 	defer s.mu.Unlock()
 	e := s.keys[g.Key]
 	if e == nil || e.owner != g.Owner || e.fence != g.Fence {
-		return fmt.Errorf("%s fence %d: %w", g.Key, g.Fence, driver.ErrNotHeld)
+		return fmt.Errorf("%s fence %d: %w", g.Key, g.Fence, fenced.ErrNotHeld)
 	}
 	s.end(g.Key, e, s.clock.Now(), nil)
 	return nil
@@ -251,7 +251,7 @@ func (d *Driver) Inspect(ctx context.Context, key string) (driver.LeaseInfo, err
 	defer s.mu.Unlock()
 	e := s.keys[key]
 	if e == nil || e.fence == 0 {
-		return driver.LeaseInfo{Key: key}, driver.ErrNotFound
+		return driver.LeaseInfo{Key: key}, fenced.ErrNotFound
 	}
 	return s.info(key, e, s.clock.Now()), nil
 }
@@ -284,13 +284,13 @@ func (d *Driver) Break(ctx context.Context, key string, req driver.BreakRequest)
 	now := s.clock.Now()
 	e := s.keys[key]
 	if e == nil || !e.heldAt(now) {
-		return driver.LeaseInfo{Key: key}, fmt.Errorf("%s: %w", key, driver.ErrNotHeld)
+		return driver.LeaseInfo{Key: key}, fmt.Errorf("%s: %w", key, fenced.ErrNotHeld)
 	}
 	info := s.info(key, e, now)
 	s.breaks = append(s.breaks, driver.BreakRecord{
 		Time: now, Key: key, Fence: e.fence, Owner: info.Owner, Reason: req.Reason, By: req.By,
 	})
-	s.end(key, e, now, fmt.Errorf("%w: %s was broken by %q: %s", driver.ErrLost, key, req.By, req.Reason))
+	s.end(key, e, now, fmt.Errorf("%w: %s was broken by %q: %s", fenced.ErrLost, key, req.By, req.Reason))
 	return info, nil
 }
 
@@ -368,7 +368,7 @@ func (d *Driver) SetValue(ctx context.Context, g driver.Grant, value string) err
 	defer s.mu.Unlock()
 	e := s.keys[g.Key]
 	if e == nil || !e.heldAt(s.clock.Now()) || e.owner != g.Owner || e.fence != g.Fence {
-		return fmt.Errorf("%s fence %d: %w", g.Key, g.Fence, driver.ErrNotHeld)
+		return fmt.Errorf("%s fence %d: %w", g.Key, g.Fence, fenced.ErrNotHeld)
 	}
 	e.value = value
 	return nil
@@ -383,7 +383,7 @@ func (d *Driver) Value(ctx context.Context, key string) (driver.LeaseInfo, strin
 	defer s.mu.Unlock()
 	e := s.keys[key]
 	if e == nil || e.fence == 0 {
-		return driver.LeaseInfo{Key: key}, "", driver.ErrNotFound
+		return driver.LeaseInfo{Key: key}, "", fenced.ErrNotFound
 	}
 	info := s.info(key, e, s.clock.Now())
 	if !info.Held {

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/driver"
 	_ "github.com/fenced-dev/fenced/fencedsqlite"
 	_ "github.com/fenced-dev/fenced/mem"
 	"github.com/fenced-dev/fenced/recipe"
@@ -429,7 +428,7 @@ func TestAcquireAllOrderAndAllOrNothing(t *testing.T) {
 	}
 
 	for _, bad := range [][]string{nil, {"a", "a"}, {"a", ""}} {
-		if _, err := recipe.AcquireAll(ctx, cs[0], bad, nil); !errors.Is(err, driver.ErrInvalidKey) {
+		if _, err := recipe.AcquireAll(ctx, cs[0], bad, nil); !errors.Is(err, fenced.ErrInvalidKey) {
 			t.Fatalf("AcquireAll(%q) = %v; want ErrInvalidKey", bad, err)
 		}
 	}

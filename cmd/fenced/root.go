@@ -60,8 +60,8 @@ func codeFor(err error) int {
 		return exitHeld
 	case errors.Is(err, fenced.ErrUnavailable):
 		return exitUnavailable
-	case errors.Is(err, driver.ErrInvalidKey), errors.Is(err, driver.ErrInvalidTTL), errors.Is(err,
-		fenced.ErrInvalidOptions), errors.Is(err, driver.ErrInvalidURL):
+	case errors.Is(err, fenced.ErrInvalidKey), errors.Is(err, fenced.ErrInvalidTTL), errors.Is(err,
+		fenced.ErrInvalidOptions), errors.Is(err, fenced.ErrInvalidURL):
 		return exitUsage
 	}
 	return exitError

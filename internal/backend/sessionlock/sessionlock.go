@@ -23,6 +23,7 @@ package sessionlock
 import (
 	"context"
 	"fmt"
+	"github.com/fenced-dev/fenced"
 	"net"
 	"strconv"
 	"strings"
@@ -353,16 +354,16 @@ func Capabilities(note string) driver.Capabilities {
 
 // Endpoints splits a URL host list "host:port[,host:port...]" and checks
 // each part. what names a part in errors ("etcd endpoint", "ZooKeeper
-// server"); errors wrap driver.ErrInvalidURL.
+// server"); errors wrap fenced.ErrInvalidURL.
 func Endpoints(hosts, what string) ([]string, error) {
 	var out []string
 	for _, hp := range strings.Split(hosts, ",") {
 		host, port, err := net.SplitHostPort(hp)
 		if err != nil || host == "" {
-			return nil, fmt.Errorf("%w: %s %q is not host:port", driver.ErrInvalidURL, what, hp)
+			return nil, fmt.Errorf("%w: %s %q is not host:port", fenced.ErrInvalidURL, what, hp)
 		}
 		if n, err := strconv.Atoi(port); err != nil || n <= 0 || n > 65535 {
-			return nil, fmt.Errorf("%w: %s %q has a bad port", driver.ErrInvalidURL, what, hp)
+			return nil, fmt.Errorf("%w: %s %q has a bad port", fenced.ErrInvalidURL, what, hp)
 		}
 		out = append(out, hp)
 	}
