@@ -282,7 +282,7 @@ type BreakLogger interface {
 
 // Valuer is implemented by drivers whose grants carry a value that anyone
 // can read along with the holder. That is the proclaimed value of an
-// election (fenced.Leadership.Proclaim). etcd's election recipe keeps it in
+// election (recipe.Leadership.SetValue). etcd's election recipe keeps it in
 // the holder's key itself, so `etcdctl elect` and fenced see each other's
 // proclamations. Backends without such a slot do not implement it, and
 // recipe.Election then refuses a value with ErrUnsupported.
