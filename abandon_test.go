@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/mem"
 )
 
@@ -37,7 +36,7 @@ func (d replyLost) TryAcquire(ctx context.Context, key, owner string, ttl time.D
 		<-ctx.Done()
 		return 0, ctx.Err()
 	}
-	return 0, fmt.Errorf("reply lost: %w", driver.ErrUnknownOutcome)
+	return 0, fmt.Errorf("reply lost: %w", fenced.ErrUnknownOutcome)
 }
 
 // TestGrantWhoseCallerHasGoneIsReleased makes grants whose acquisition
@@ -106,7 +105,7 @@ func TestGrantAppliedLateIsReleased(t *testing.T) {
 	var seen, freed time.Duration
 	for freed == 0 {
 		info, err := other.Inspect(ctx, "k")
-		if err != nil && !errors.Is(err, driver.ErrNotFound) {
+		if err != nil && !errors.Is(err, fenced.ErrNotFound) {
 			t.Fatal(err)
 		}
 		switch since := time.Since(gaveUp); {

@@ -156,8 +156,8 @@ func mayHaveGranted(dctx context.Context, err error) bool {
 // refused reports whether err says the store granted nothing: the key is
 // held by another owner, or the request was invalid.
 func refused(err error) bool {
-	return errors.Is(err, ErrHeld) || errors.Is(err, driver.ErrInvalidKey) ||
-		errors.Is(err, driver.ErrInvalidTTL) || errors.Is(err, ErrInvalidOptions)
+	return errors.Is(err, ErrHeld) || errors.Is(err, ErrInvalidKey) ||
+		errors.Is(err, ErrInvalidTTL) || errors.Is(err, ErrInvalidOptions)
 }
 
 // abandon releases, in the background, the grant of key to owner that an

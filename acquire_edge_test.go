@@ -193,7 +193,7 @@ type lostPlace struct {
 
 func (d *lostPlace) AcquireTimed(ctx context.Context, key, owner string, ttl time.Duration) (uint64, time.Time, error) {
 	if d.lost.Add(-1) >= 0 {
-		return 0, time.Time{}, errors.Join(driver.ErrUnavailable, errors.New("our waiter key vanished while waiting"))
+		return 0, time.Time{}, errors.Join(fenced.ErrUnavailable, errors.New("our waiter key vanished while waiting"))
 	}
 	return d.Driver.AcquireTimed(ctx, key, owner, ttl)
 }

@@ -29,7 +29,7 @@ func (h *hungAcquire) TryAcquire(ctx context.Context, key, owner string, ttl tim
 	h.mu.Lock()
 	h.causes = append(h.causes, context.Cause(ctx))
 	h.mu.Unlock()
-	return 0, fmt.Errorf("%w: %v", driver.ErrUnavailable, ctx.Err())
+	return 0, fmt.Errorf("%w: %v", fenced.ErrUnavailable, ctx.Err())
 }
 
 // TestCloseAbandonsHungAcquisitions checks that Close, once it stops
@@ -91,7 +91,7 @@ func (p *pollOnly) TryAcquire(ctx context.Context, key, owner string, ttl time.D
 	fence, err := p.Driver.TryAcquire(ctx, key, owner, ttl)
 	p.mu.Lock()
 	after := p.afterHeld
-	if errors.Is(err, driver.ErrHeld) {
+	if errors.Is(err, fenced.ErrHeld) {
 		p.afterHeld = nil
 	} else {
 		after = nil

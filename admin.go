@@ -86,7 +86,7 @@ func (c *Client) FenceFloor(ctx context.Context) (driver.FloorInfo, error) {
 // any key, gets a fence above it. A floor is never lowered. Use it when a
 // key's counter restarted or is about to (keys moved to another table or
 // store, rows deleted by hand) while resources hold fences from before. A
-// floor above driver.MaxFenceFloor fails with driver.ErrInvalidFloor;
+// floor above driver.MaxFenceFloor fails with ErrInvalidFloor;
 // stores without a floor return ErrUnsupported.
 func (c *Client) RaiseFenceFloor(ctx context.Context, floor uint64) (uint64, error) {
 	ff := c.ops().FenceFloorer
@@ -106,7 +106,7 @@ func (c *Client) RaiseFenceFloor(ctx context.Context, floor uint64) (uint64, err
 // still gets a fence above every one it had. Where a store does not record
 // when a grant was released (MySQL, SQLite), a released or broken key is
 // old enough for any olderThan. A negative olderThan fails with
-// driver.ErrInvalidTTL; stores that keep no per-key state
+// ErrInvalidTTL; stores that keep no per-key state
 // (Capabilities().Prune false) return ErrUnsupported.
 func (c *Client) Prune(ctx context.Context, olderThan time.Duration) (driver.PruneResult, error) {
 	p := c.ops().Pruner

@@ -116,8 +116,9 @@ func NewClient(drv driver.Driver, opts *Options) *Client {
 // optional call goes through it.
 func (c *Client) ops() capability.Ops { return capability.Of(c.drv) }
 
-// Capabilities reports what the store can do beyond leases: a flag is set
-// only where the backend declares the operation and has its methods. The
+// Capabilities reports what the backend promises (Fence, ServerClock,
+// ClockStepSafe, Note) and what the store can do beyond leases: a flag is
+// set only where the backend declares the operation and has its methods. The
 // doors that need one (Value and Lease.SetValue, Watch, Breaks,
 // FenceFloor, RaiseFenceFloor, Prune) return an error matching
 // ErrUnsupported where its flag is off. Keeps says how long the store may
@@ -129,10 +130,6 @@ func (c *Client) Capabilities() driver.Capabilities { return c.ops().Declared }
 // CloseTimeout to bound a release made after the caller's context has
 // ended.
 func (c *Client) Options() Options { return c.opts }
-
-// Guarantees returns what the backend declares it promises. How waiters
-// are woken is not among them: see Capabilities (Subscribe, Queue, FIFO).
-func (c *Client) Guarantees() driver.Guarantees { return c.drv.Guarantees() }
 
 // since returns t as a duration since c.epoch: c's timeline, on which
 // leases keep their moments.
@@ -309,7 +306,7 @@ func expiryOf(scheme string) (driver.Expiry, bool) {
 // Open opens the store named by rawURL with the backend registered for its
 // scheme and returns a Client over it. opts may be nil.
 //
-// Malformed URLs and unknown schemes return errors matching driver.ErrInvalidURL.
+// Malformed URLs and unknown schemes return errors matching ErrInvalidURL.
 // An unknown scheme's error lists the registered ones and names the
 // package to import: the root package knows no backend by name. The
 // password in a URL never appears in errors.
@@ -328,7 +325,7 @@ func (m *urlMux) open(ctx context.Context, rawURL string, opts *Options) (*Clien
 		// The backends are packages under modulePath/, listed with their
 		// schemes in the package documentation.
 		return nil, fmt.Errorf("fenced: open %s: %w: unknown scheme %q (registered: %s); import its backend: packages under %s/",
-			driver.Redact(rawURL), driver.ErrInvalidURL, u.Scheme, registeredSchemes(m), modulePath)
+			driver.Redact(rawURL), ErrInvalidURL, u.Scheme, registeredSchemes(m), modulePath)
 	}
 	drv, err := b.open(ctx, u)
 	if err != nil {

@@ -42,7 +42,7 @@ func (f *faulty) TryAcquire(ctx context.Context, key, owner string, ttl time.Dur
 	}
 	fence, err := f.Driver.TryAcquire(ctx, key, owner, ttl)
 	if unknown && err == nil {
-		return 0, driver.ErrUnknownOutcome
+		return 0, fenced.ErrUnknownOutcome
 	}
 	return fence, err
 }
@@ -58,8 +58,8 @@ func (f *faulty) Renew(ctx context.Context, g driver.Grant) error {
 	return f.Driver.Renew(ctx, g)
 }
 
-func (f *faulty) Guarantees() driver.Guarantees {
-	g := f.Driver.Guarantees()
+func (f *faulty) Capabilities() driver.Capabilities {
+	g := f.Driver.Capabilities()
 	if f.fence != nil {
 		g.Fence = *f.fence
 		g.Note = "injected"
@@ -126,7 +126,7 @@ func TestFailedRenewalEndsLeaseByLocalValidity(t *testing.T) {
 		t.Fatalf("after 1.5s: err %v, %d renewals; want held and renewed", l.Err(), f.renewCalls.Load())
 	}
 	// The authority becomes unreachable: renewals fail.
-	f.set(func(f *faulty) { f.renewErr = driver.ErrUnavailable })
+	f.set(func(f *faulty) { f.renewErr = fenced.ErrUnavailable })
 	failedFrom := clk.Now()
 	deadline := rootaccess.ValidUntil(l)
 	for clk.Now().Before(deadline.Add(-100 * time.Millisecond)) {
@@ -201,7 +201,7 @@ func TestMaxHoldStopsRenewal(t *testing.T) {
 
 func TestFailOpenOnlyWithoutFence(t *testing.T) {
 	f := newFaulty(nil)
-	f.acquireErr = driver.ErrUnavailable
+	f.acquireErr = fenced.ErrUnavailable
 	var events []fenced.Event
 	c := fenced.NewClient(f, &fenced.Options{Hook: func(e fenced.Event) {
 		if e.Kind == fenced.EventAcquire {
@@ -339,11 +339,11 @@ func TestAcquireOptionsValidation(t *testing.T) {
 func TestOpenNamesTheMissingBackend(t *testing.T) {
 	// This test binary links only mem and sqlite.
 	_, err := fenced.Open(context.Background(), "postgres://u:secret@127.0.0.1:1/db", nil)
-	if !errors.Is(err, driver.ErrInvalidURL) || !strings.Contains(err.Error(), "packages under github.com/fenced-dev/fenced/") || !strings.Contains(err.Error(), "registered: mem, sqlite") || strings.Contains(err.Error(), "secret") {
-		t.Fatalf("Open of an unlinked scheme: %v; want driver.ErrInvalidURL naming where the backend packages are and what is registered, without the password", err)
+	if !errors.Is(err, fenced.ErrInvalidURL) || !strings.Contains(err.Error(), "packages under github.com/fenced-dev/fenced/") || !strings.Contains(err.Error(), "registered: mem, sqlite") || strings.Contains(err.Error(), "secret") {
+		t.Fatalf("Open of an unlinked scheme: %v; want fenced.ErrInvalidURL naming where the backend packages are and what is registered, without the password", err)
 	}
 	_, err = fenced.Open(context.Background(), "nosuch://x", nil)
-	if !errors.Is(err, driver.ErrInvalidURL) || !strings.Contains(err.Error(), "unknown scheme") {
+	if !errors.Is(err, fenced.ErrInvalidURL) || !strings.Contains(err.Error(), "unknown scheme") {
 		t.Fatalf("Open of an unknown scheme: %v", err)
 	}
 }

@@ -28,8 +28,8 @@
 // scheme whose package is not linked in says so and lists the registered
 // ones.
 //
-// Every backend declares its Guarantees (fence strength, whose clock
-// decides expiry, whether a clock step is safe). A lease is refused on a
+// Every backend declares what it guarantees in its Capabilities (fence
+// strength, whose clock decides expiry, whether a clock step is safe). A lease is refused on a
 // backend whose fence is weaker than its LeaseOptions.MinFence. That is
 // strict unless the lease (or Options.MinFence) names a weaker one:
 // FenceRepeatable, or FenceNone for work that needs no fence. Only a lease

@@ -4,23 +4,49 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
-	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/core/sentinel"
 )
 
-// Sentinel errors that drivers return; see package driver for their
-// meaning. Bad input (a key, a TTL, a URL) also matches ErrInvalidOptions or
-// ErrInvalidKey, driver.ErrInvalidTTL and driver.ErrInvalidURL.
+// Sentinel errors that drivers return, wrapped with detail. They are the
+// only sentinels a driver returns (package driver has none of its own).
 var (
-	ErrHeld           = driver.ErrHeld
-	ErrNotHeld        = driver.ErrNotHeld
-	ErrLost           = driver.ErrLost
-	ErrClosed         = driver.ErrClosed
-	ErrUnavailable    = driver.ErrUnavailable
-	ErrUnknownOutcome = driver.ErrUnknownOutcome
-	ErrNotFound       = driver.ErrNotFound
-	ErrUnsupported    = driver.ErrUnsupported
-	ErrInvalidKey     = driver.ErrInvalidKey
+	// ErrHeld means the key is held by another owner.
+	ErrHeld = sentinel.ErrHeld
+	// ErrNotHeld means the caller does not hold the key: its grant was
+	// released, expired, broken or replaced by a newer grant.
+	ErrNotHeld = sentinel.ErrNotHeld
+	// ErrLost is the cause given to a lease's context when the authority
+	// says the lease is no longer ours.
+	ErrLost = sentinel.ErrLost
+	// ErrClosed means the client or driver has been closed.
+	ErrClosed = sentinel.ErrClosed
+	// ErrUnavailable means the authority could not be reached; nothing was
+	// applied.
+	ErrUnavailable = sentinel.ErrUnavailable
+	// ErrUnknownOutcome means a request was sent but its outcome is
+	// unknown (for example the connection broke after the write was sent).
+	ErrUnknownOutcome = sentinel.ErrUnknownOutcome
+	// ErrNotFound means an admin operation named a key the store has never
+	// granted.
+	ErrNotFound = sentinel.ErrNotFound
+	// ErrUnsupported means the store does not offer an optional operation.
+	ErrUnsupported = sentinel.ErrUnsupported
+	// ErrInvalidKey means a key failed validation.
+	ErrInvalidKey = sentinel.ErrInvalidKey
+	// ErrInvalidTTL means a TTL, or another duration of a lease's terms,
+	// failed validation.
+	ErrInvalidTTL = sentinel.ErrInvalidTTL
+	// ErrCheckpointTooLarge means a checkpoint was longer than
+	// driver.MaxCheckpoint; nothing was written.
+	ErrCheckpointTooLarge = sentinel.ErrCheckpointTooLarge
+	// ErrInvalidURL means a store URL could not be parsed or names an
+	// unknown scheme.
+	ErrInvalidURL = sentinel.ErrInvalidURL
+	// ErrInvalidFloor means a fence floor was out of range (see
+	// driver.MaxFenceFloor).
+	ErrInvalidFloor = sentinel.ErrInvalidFloor
 )
 
 // Sentinel errors of the portable layer and the resources it protects,
@@ -37,7 +63,7 @@ var (
 	ErrNoFence = errors.New("backend cannot provide the fencing token this lease requires")
 	// ErrInvalidOptions means lease options failed validation: a value out
 	// of range or a combination that cannot be honoured (FailOpen with a
-	// fence required). Errors about durations match driver.ErrInvalidTTL as well.
+	// fence required). Errors about durations match ErrInvalidTTL as well.
 	ErrInvalidOptions = errors.New("invalid lease options")
 )
 
@@ -71,9 +97,32 @@ func IsLost(err error) bool {
 	return errors.Is(err, ErrLost) || errors.Is(err, ErrExpired)
 }
 
-// HeldError is what TryAcquire's ErrHeld knows of the holder: its
-// remaining time. See package driver.
-type HeldError = driver.HeldError
+// HeldError is returned (wrapped or bare) by TryAcquire, and by a
+// driver's TryAcquire, when the key is held by someone else. It matches
+// ErrHeld with errors.Is. It may carry a hint of how long the current
+// grant has left, which pollers use to cap their sleep.
+type HeldError struct {
+	// Remaining is the time left on the current grant by the authority's
+	// clock, or zero when unknown. A store without a server clock
+	// (Capabilities().ServerClock false) reports instead how long until it
+	// may take the grant over: what is left of its own watch of the
+	// grant. Either way it is how long a poller should wait before trying
+	// again, at most.
+	Remaining time.Duration
+}
+
+// Error implements error. The key is not repeated. Whoever returns the
+// error wraps it once with the operation and the key (fenced: acquire
+// "k": lease held…).
+func (e *HeldError) Error() string {
+	if e.Remaining > 0 {
+		return fmt.Sprintf("%v (about %v left)", ErrHeld, e.Remaining.Round(time.Millisecond))
+	}
+	return ErrHeld.Error()
+}
+
+// Is makes errors.Is(err, ErrHeld) true.
+func (e *HeldError) Is(target error) bool { return target == ErrHeld }
 
 // LeaseEndedError is returned by Client.Do when the lease ended before fn
 // returned. It tells "the work finished, then the lease was lost" from "the
@@ -158,7 +207,7 @@ func (e *expiry) Error() string {
 // Unwrap makes an expiry match ErrExpired.
 func (e *expiry) Unwrap() error { return ErrExpired }
 
-// invalid returns an error matching ErrInvalidOptions (and driver.ErrInvalidTTL
+// invalid returns an error matching ErrInvalidOptions (and ErrInvalidTTL
 // for durations) about field.
 func invalid(duration bool, field string, format string, args ...any) error {
 	return &optionError{field: field, msg: fmt.Sprintf(format, args...), duration: duration}
@@ -168,14 +217,14 @@ func invalid(duration bool, field string, format string, args ...any) error {
 // so a negative MaxWait never reads as an invalid TTL.
 type optionError struct {
 	field, msg string
-	duration   bool // it also matches driver.ErrInvalidTTL
+	duration   bool // it also matches ErrInvalidTTL
 }
 
 func (e *optionError) Error() string {
 	return ErrInvalidOptions.Error() + ": " + e.field + ": " + e.msg
 }
 
-// Is matches ErrInvalidOptions, and driver.ErrInvalidTTL for a duration.
+// Is matches ErrInvalidOptions, and ErrInvalidTTL for a duration.
 func (e *optionError) Is(target error) bool {
-	return target == ErrInvalidOptions || e.duration && target == driver.ErrInvalidTTL
+	return target == ErrInvalidOptions || e.duration && target == ErrInvalidTTL
 }

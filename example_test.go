@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/driver"
 	_ "github.com/fenced-dev/fenced/fencedsqlite"
 	_ "github.com/fenced-dev/fenced/mem"
 )
@@ -26,12 +25,12 @@ func ExampleOpen() {
 		log.Fatal(err)
 	}
 	defer client.Close()
-	g := client.Guarantees()
+	g := client.Capabilities()
 	fmt.Println("fence:", g.Fence, "server clock:", g.ServerClock)
 
-	// Unknown schemes and malformed URLs are refused with driver.ErrInvalidURL.
+	// Unknown schemes and malformed URLs are refused with fenced.ErrInvalidURL.
 	_, err = fenced.Open(ctx, "nosuch://host", nil)
-	fmt.Println(errors.Is(err, driver.ErrInvalidURL))
+	fmt.Println(errors.Is(err, fenced.ErrInvalidURL))
 	// Output:
 	// fence: strict server clock: true
 	// true

@@ -48,7 +48,7 @@ func (w *lossWatching) lose(owner string) bool {
 	lost, ok := w.losses[owner]
 	w.mu.Unlock()
 	if ok {
-		lost(driver.ErrLost)
+		lost(fenced.ErrLost)
 	}
 	return ok
 }

@@ -8,7 +8,6 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/clock"
-	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/mem"
 )
 
@@ -85,8 +84,8 @@ func TestResolveMinHold(t *testing.T) {
 		{MinHold: 5 * time.Second, MaxHold: 2 * time.Second},
 		{TTL: 2 * time.Second, MinHold: 3 * time.Second, ManualRenew: true},
 	} {
-		if _, err := c.Resolve(&o); !errors.Is(err, fenced.ErrInvalidOptions) || !errors.Is(err, driver.ErrInvalidTTL) {
-			t.Errorf("Resolve(%+v): %v, want ErrInvalidOptions and driver.ErrInvalidTTL", o, err)
+		if _, err := c.Resolve(&o); !errors.Is(err, fenced.ErrInvalidOptions) || !errors.Is(err, fenced.ErrInvalidTTL) {
+			t.Errorf("Resolve(%+v): %v, want ErrInvalidOptions and fenced.ErrInvalidTTL", o, err)
 		}
 	}
 }

@@ -71,7 +71,7 @@ type Options struct {
 // LeaseOptions configure one lease. Every zero value is the safe
 // default: a strict fence, no wait, automatic renewal, no fail-open.
 // Client.Resolve fills in the defaults and checks the result; invalid
-// combinations match ErrInvalidOptions (and driver.ErrInvalidTTL for durations).
+// combinations match ErrInvalidOptions (and ErrInvalidTTL for durations).
 // docs/design.md explains the rules.
 type LeaseOptions struct {
 	// TTL is how long the authority keeps the lease without renewal.
@@ -158,7 +158,7 @@ func (o origin) String() string {
 // Resolve returns the options a lease acquired with opts (nil for none)
 // would get: every default filled in and checked against the backend's
 // guarantees. Acquire, TryAcquire and Do call it first. Errors match
-// ErrInvalidOptions (and driver.ErrInvalidTTL for durations), or ErrNoFence when
+// ErrInvalidOptions (and ErrInvalidTTL for durations), or ErrNoFence when
 // the backend's fence is weaker than MinFence.
 func (c *Client) Resolve(opts *LeaseOptions) (LeaseOptions, error) {
 	var s LeaseOptions
@@ -252,7 +252,7 @@ func checkOwnerTag(tag string) error {
 // checkFence refuses a backend whose fence is weaker than min, telling the
 // user which value accepts it.
 func (c *Client) checkFence(min FenceStrength, from origin) error {
-	g := c.drv.Guarantees()
+	g := c.drv.Capabilities()
 	have := max(g.Fence, FenceNone) // an undeclared strength is none
 	if have >= min {
 		return nil
@@ -269,23 +269,23 @@ func (c *Client) checkFence(min FenceStrength, from origin) error {
 
 // ValidateKey reports whether key is acceptable to every backend: non-empty,
 // at most MaxKeyLen bytes of valid UTF-8, printable, with no leading or
-// trailing space. Errors match driver.ErrInvalidKey.
+// trailing space. Errors match ErrInvalidKey.
 func ValidateKey(key string) error {
 	switch {
 	case key == "":
-		return fmt.Errorf("%w: key is empty", driver.ErrInvalidKey)
+		return fmt.Errorf("%w: key is empty", ErrInvalidKey)
 	case len(key) > MaxKeyLen:
-		return fmt.Errorf("%w: key is %d bytes, longer than %d", driver.ErrInvalidKey, len(key), MaxKeyLen)
+		return fmt.Errorf("%w: key is %d bytes, longer than %d", ErrInvalidKey, len(key), MaxKeyLen)
 	case !utf8.ValidString(key):
-		return fmt.Errorf("%w: key %q is not valid UTF-8", driver.ErrInvalidKey, key)
+		return fmt.Errorf("%w: key %q is not valid UTF-8", ErrInvalidKey, key)
 	}
 	for i, r := range key {
 		if !unicode.IsPrint(r) {
-			return fmt.Errorf("%w: key %q has a non-printable character at byte %d", driver.ErrInvalidKey, key, i)
+			return fmt.Errorf("%w: key %q has a non-printable character at byte %d", ErrInvalidKey, key, i)
 		}
 	}
 	if unicode.IsSpace(rune(key[0])) || unicode.IsSpace(rune(key[len(key)-1])) {
-		return fmt.Errorf("%w: key %q has leading or trailing space", driver.ErrInvalidKey, key)
+		return fmt.Errorf("%w: key %q has leading or trailing space", ErrInvalidKey, key)
 	}
 	return nil
 }
@@ -326,6 +326,6 @@ const (
 	FenceStrict     = driver.FenceStrict
 )
 
-// FenceStrength is the fence a backend declares in its Guarantees. See
+// FenceStrength is the fence a backend declares in its Capabilities. See
 // package driver.
 type FenceStrength = driver.FenceStrength

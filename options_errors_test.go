@@ -8,13 +8,12 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/mem"
 )
 
 // TestOptionErrorsNameTheirField checks that a refused duration names the
 // field at fault, and only the TTL's refusal speaks of the TTL. Each still
-// matches ErrInvalidOptions and driver.ErrInvalidTTL.
+// matches ErrInvalidOptions and fenced.ErrInvalidTTL.
 func TestOptionErrorsNameTheirField(t *testing.T) {
 	c := fenced.NewClient(mem.New(nil), nil)
 	defer c.Close()
@@ -28,20 +27,20 @@ func TestOptionErrorsNameTheirField(t *testing.T) {
 		{fenced.LeaseOptions{TTL: time.Nanosecond}, "invalid lease options: TTL: 1ns is outside ["},
 	} {
 		_, err := c.Resolve(&tc.opts)
-		if !errors.Is(err, fenced.ErrInvalidOptions) || !errors.Is(err, driver.ErrInvalidTTL) {
-			t.Errorf("Resolve(%+v) = %v; want ErrInvalidOptions and driver.ErrInvalidTTL", tc.opts, err)
+		if !errors.Is(err, fenced.ErrInvalidOptions) || !errors.Is(err, fenced.ErrInvalidTTL) {
+			t.Errorf("Resolve(%+v) = %v; want ErrInvalidOptions and fenced.ErrInvalidTTL", tc.opts, err)
 			continue
 		}
 		msg := err.Error()
 		if !strings.HasPrefix(msg, tc.want) {
 			t.Errorf("Resolve(%+v) = %q; want it to start %q", tc.opts, msg, tc.want)
 		}
-		if strings.Contains(msg, driver.ErrInvalidTTL.Error()) {
-			t.Errorf("Resolve(%+v) = %q: it says %q, which names no field or stutters", tc.opts, msg, driver.ErrInvalidTTL)
+		if strings.Contains(msg, fenced.ErrInvalidTTL.Error()) {
+			t.Errorf("Resolve(%+v) = %q: it says %q, which names no field or stutters", tc.opts, msg, fenced.ErrInvalidTTL)
 		}
 	}
 	_, err := c.Resolve(&fenced.LeaseOptions{OwnerTag: "UPPER"})
-	if !errors.Is(err, fenced.ErrInvalidOptions) || errors.Is(err, driver.ErrInvalidTTL) {
+	if !errors.Is(err, fenced.ErrInvalidOptions) || errors.Is(err, fenced.ErrInvalidTTL) {
 		t.Errorf("Resolve with a bad OwnerTag = %v; want ErrInvalidOptions alone", err)
 	}
 }

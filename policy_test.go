@@ -42,7 +42,7 @@ func TestExplicitLeaseChoiceBeatsClientDefault(t *testing.T) {
 
 	// The store is down: the strict lease fails closed, and so does a
 	// fenceless lease that did not ask to fail open.
-	f.set(func(f *faulty) { f.acquireErr = driver.ErrUnavailable })
+	f.set(func(f *faulty) { f.acquireErr = fenced.ErrUnavailable })
 	if l, err := c.Acquire(ctx, "ledger", strict); !errors.Is(err, fenced.ErrUnavailable) {
 		t.Fatalf("strict lease with the store down: lease %v, err %v; want ErrUnavailable (fail closed)", l, err)
 	}
@@ -104,7 +104,7 @@ func TestClientMinFenceAppliesWhenLeaseIsSilent(t *testing.T) {
 	if err != nil || got != want {
 		t.Fatalf("Resolve = %+v, %v; want %+v", got, err, want)
 	}
-	f.set(func(f *faulty) { f.acquireErr = driver.ErrUnavailable })
+	f.set(func(f *faulty) { f.acquireErr = fenced.ErrUnavailable })
 	l, err := c.TryAcquire(context.Background(), "cache", cache)
 	if err != nil || !l.FailedOpen() {
 		t.Fatalf("fail-open lease on a fenceless client with the store down: %v, %v; want a failed-open lease", l, err)

@@ -312,7 +312,7 @@ func (w *waiter) held(err error) (act, error) {
 		}
 		w.notifier = nil // fall back to polling
 	}
-	var held *driver.HeldError
+	var held *HeldError
 	hint := time.Duration(0)
 	if errors.As(err, &held) && held.Remaining > 0 {
 		hint = held.Remaining + time.Millisecond

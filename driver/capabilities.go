@@ -1,10 +1,12 @@
 package driver
 
-// Capabilities is a driver's one declaration of what it can do beyond the
-// Driver interface. It says which optional operations it offers, whether
-// its waiters are served in arrival order, and narrower TTL bounds than
-// the portable layer's. Driver.Capabilities returns it; nothing else asks
-// a driver "can you?".
+// Capabilities is a driver's one declaration: what the backend promises
+// (its fence, whose clock decides expiry, whether a clock step is safe),
+// which optional operations it offers, whether its waiters are served in
+// arrival order, and how it keeps a grant (Keeps, with narrower TTL bounds
+// than the portable layer's). Driver.Capabilities returns it; nothing else
+// asks a driver "can you?". The promises are declared, not measured, and
+// the conformance suite checks the ones it can.
 //
 // Each operation flag names the optional interface whose methods carry it.
 // A flag is honoured only where the driver also has those methods. The
@@ -17,6 +19,36 @@ package driver
 // How waiters are woken is read from it alone: Subscribe or Queue, and
 // FIFO (Client.Capabilities clears the flags a driver lacks methods for).
 type Capabilities struct {
+	// Fence is the strength of the fencing token.
+	Fence FenceStrength
+	// ServerClock reports whether expiry is decided by the authority's own
+	// clock. It is false for stores whose conditional writes cannot read a
+	// clock (DynamoDB). There expiry is observed. A waiter may take a grant
+	// over only after it has seen the same grant version unchanged for a
+	// whole TTL on its own monotonic clock. Every renewal changes the
+	// version, and the takeover is conditional on the version seen. So a
+	// waiter that arrives after the holder died waits up to one TTL longer.
+	// A TryAcquire that does not wait never takes over a dead holder.
+	ServerClock bool
+	// ClockStepSafe reports whether a step of the authority's wall clock
+	// leaves its grants' expiry alone. It is true where expiry is counted on
+	// a monotonic clock (etcd's lessor, ZooKeeper's session ticks). It is
+	// false where the wall clock decides it (SQL now(), Redis PX).
+	//
+	// When false, a forward step of the authority's wall clock larger than
+	// the lease's SafetyMargin ends grants early at the authority. (NTP
+	// stepping a wrong clock, a VM resumed from a snapshot, or date -s can
+	// step it.) Their holders still trust their local validity, which runs
+	// on the holders' monotonic clocks. The authority grants the key again,
+	// and two holders overlap. Only the fence protects the resource then:
+	// the resource refuses the older holder. A backward step only lengthens
+	// grants: the next holder waits longer, nobody overlaps. The zero value
+	// promises nothing, so a driver that does not say is taken as unsafe.
+	ClockStepSafe bool
+	// Note explains anything a user must know (for example the failover
+	// hazard of a repeatable fence).
+	Note string
+
 	// Subscribe: Notifier, waiters woken by the authority's notification.
 	Subscribe bool
 	// Observe: ObserveNotifier, observers woken without taking a waiter's

@@ -2,8 +2,9 @@ package driver
 
 import (
 	"context"
-	"errors"
 	"fmt"
+
+	"github.com/fenced-dev/fenced/internal/core/sentinel"
 )
 
 // MaxCheckpoint is the largest checkpoint a Checkpointer stores, in bytes
@@ -12,10 +13,6 @@ import (
 // DynamoDB's item and ZooKeeper's node), and a checkpoint is a position,
 // not the data behind it.
 const MaxCheckpoint = 64 << 10
-
-// ErrCheckpointTooLarge refuses a checkpoint longer than MaxCheckpoint.
-// Nothing is written.
-var ErrCheckpointTooLarge = errors.New("checkpoint larger than driver.MaxCheckpoint")
 
 // Checkpointer is implemented by drivers that keep a key's checkpoint: an
 // opaque value the key's holder records as its progress, which outlives
@@ -30,7 +27,7 @@ type Checkpointer interface {
 	// returns an error matching ErrNotHeld and changes nothing, so a late
 	// checkpoint from an earlier holder (paused past its TTL, then
 	// resumed) never replaces a later holder's. A value longer than
-	// MaxCheckpoint is refused with ErrCheckpointTooLarge. An empty value
+	// MaxCheckpoint is refused with fenced.ErrCheckpointTooLarge. An empty value
 	// is stored as one.
 	Checkpoint(ctx context.Context, g Grant, value []byte) error
 	// ReadCheckpoint returns key's last stored checkpoint and the fence of
@@ -41,11 +38,11 @@ type Checkpointer interface {
 	ReadCheckpoint(ctx context.Context, key string) (value []byte, fence uint64, err error)
 }
 
-// CheckCheckpoint returns an error matching ErrCheckpointTooLarge when
+// CheckCheckpoint returns an error matching fenced.ErrCheckpointTooLarge when
 // value is longer than MaxCheckpoint.
 func CheckCheckpoint(value []byte) error {
 	if len(value) > MaxCheckpoint {
-		return fmt.Errorf("%w: %d bytes, at most %d", ErrCheckpointTooLarge, len(value), MaxCheckpoint)
+		return fmt.Errorf("%w: %d bytes, at most %d", sentinel.ErrCheckpointTooLarge, len(value), MaxCheckpoint)
 	}
 	return nil
 }

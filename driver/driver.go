@@ -14,10 +14,10 @@
 //
 //   - A key is granted to at most one owner at a time, as judged by the
 //     authority's own clock (or, for a store without one, by the waiter's
-//     observation; see Guarantees.ServerClock).
+//     observation; see Capabilities.ServerClock).
 //   - Every grant of a key returns a fence strictly greater than every fence
 //     previously returned for that key (within the strength declared by
-//     Guarantees.Fence). Releasing, expiring or breaking a grant never lowers
+//     Capabilities.Fence). Releasing, expiring or breaking a grant never lowers
 //     the counter.
 //   - TryAcquire by the owner that currently holds the key (same owner token,
 //     grant not expired) is idempotent: it returns the same fence and extends
@@ -25,12 +25,13 @@
 //   - Renew and Release succeed only when both owner and fence match the
 //     current, unexpired grant (Release may also succeed on an expired grant
 //     that nobody else took, since it changes nothing observable).
-//   - Errors are the sentinels of this package, wrapped with detail; a
-//     driver distinguishes "refused" (ErrHeld, ErrNotHeld) from "could not
-//     reach the authority" (ErrUnavailable) and "the request may or may not
-//     have been applied" (ErrUnknownOutcome). A driver names the sentinel
-//     of its client library's errors (the backends of this module share
-//     the rules in internal/backend/classify).
+//   - Errors are the sentinels of package fenced (fenced.ErrHeld and the
+//     rest; this package's docs name them without the prefix), wrapped
+//     with detail. A driver distinguishes "refused" (ErrHeld, ErrNotHeld)
+//     from "could not reach the authority" (ErrUnavailable) and "the
+//     request may or may not have been applied" (ErrUnknownOutcome). A
+//     driver names the sentinel of its client library's errors (the
+//     backends of this module share the rules in internal/backend/errclass).
 //   - A grant carries the TTL it was made with (Grant.TTL); a renewal
 //     renews it for that TTL. Every TTL reaches the authority rounded up
 //     to the authority's unit, never shortened.
@@ -38,74 +39,9 @@ package driver
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 )
-
-// Sentinel errors that drivers return. The fenced package re-exports each
-// of them under the same name, beside the sentinels of its own that no
-// driver returns (ErrExpired, ErrStaleFence, ErrNoFence,
-// ErrInvalidOptions); check them with errors.Is.
-var (
-	// ErrHeld means the key is held by another owner.
-	ErrHeld = errors.New("lease held by another owner")
-	// ErrNotHeld means the caller does not hold the key: its grant was
-	// released, expired, broken or replaced by a newer grant.
-	ErrNotHeld = errors.New("lease not held by this owner")
-	// ErrLost is the cause given to a lease's context when the authority says
-	// the lease is no longer ours.
-	ErrLost = errors.New("lease lost")
-	// ErrClosed means the client or driver has been closed.
-	ErrClosed = errors.New("store closed")
-	// ErrUnavailable means the authority could not be reached; nothing was
-	// applied.
-	ErrUnavailable = errors.New("authority unavailable")
-	// ErrUnknownOutcome means a request was sent but its outcome is unknown
-	// (for example the connection broke after the write was sent).
-	ErrUnknownOutcome = errors.New("outcome unknown")
-	// ErrInvalidKey means a key failed validation.
-	ErrInvalidKey = errors.New("invalid key")
-	// ErrInvalidTTL means a TTL, or another duration of a lease's terms,
-	// failed validation.
-	ErrInvalidTTL = errors.New("invalid TTL")
-	// ErrInvalidURL means a store URL could not be parsed or names an
-	// unknown scheme.
-	ErrInvalidURL = errors.New("invalid store URL")
-	// ErrNotFound means an admin operation named a key the store has never
-	// granted.
-	ErrNotFound = errors.New("key not found")
-	// ErrUnsupported means the driver does not implement an optional
-	// operation.
-	ErrUnsupported = errors.New("operation not supported by this backend")
-)
-
-// HeldError is returned (wrapped or bare) by TryAcquire when the key is held
-// by someone else. It matches ErrHeld with errors.Is. It may carry a hint of
-// how long the current grant has left, which pollers use to cap their sleep.
-type HeldError struct {
-	Key string
-	// Remaining is the time left on the current grant by the authority's
-	// clock, or zero when unknown. A driver without a server clock (whose
-	// Guarantees.ServerClock is false) reports instead how long until it
-	// may take the grant over: what is left of its own watch of the grant
-	// (see ServerClock). Either way it is how long a poller should wait
-	// before trying again, at most.
-	Remaining time.Duration
-}
-
-// Error implements error. The key is not repeated. Whoever returns the
-// error wraps it once with the operation and the key (fenced: acquire
-// "k": lease held…).
-func (e *HeldError) Error() string {
-	if e.Remaining > 0 {
-		return fmt.Sprintf("%v (about %v left)", ErrHeld, e.Remaining.Round(time.Millisecond))
-	}
-	return ErrHeld.Error()
-}
-
-// Is makes errors.Is(err, ErrHeld) true.
-func (e *HeldError) Is(target error) bool { return target == ErrHeld }
 
 // Grant identifies one grant of a key. It holds the key, the owner token
 // that proves ownership and the fence issued with it, and the TTL it was
@@ -177,7 +113,7 @@ type FenceStrength int
 const (
 	// FenceUnset is the zero value and no strength at all. In
 	// fenced.LeaseOptions.MinFence it means "take the client's Options.MinFence".
-	// In Guarantees.Fence it means the backend did not declare a strength,
+	// In Capabilities.Fence it means the backend did not declare a strength,
 	// and the portable layer treats it as FenceNone.
 	FenceUnset FenceStrength = iota
 	// FenceNone: the backend issues no monotonic token (Redlock, advisory
@@ -207,40 +143,6 @@ func (s FenceStrength) String() string {
 	return fmt.Sprintf("FenceStrength(%d)", int(s))
 }
 
-// Guarantees are what a backend promises. They are declared, not measured,
-// and the conformance suite checks the ones it can.
-type Guarantees struct {
-	// Fence is the strength of the fencing token.
-	Fence FenceStrength
-	// ServerClock reports whether expiry is decided by the authority's own
-	// clock. It is false for stores whose conditional writes cannot read a
-	// clock (DynamoDB). There expiry is observed. A waiter may take a grant
-	// over only after it has seen the same grant version unchanged for a
-	// whole TTL on its own monotonic clock. Every renewal changes the
-	// version, and the takeover is conditional on the version seen. So a
-	// waiter that arrives after the holder died waits up to one TTL longer.
-	// A TryAcquire that does not wait never takes over a dead holder.
-	ServerClock bool
-	// ClockStepSafe reports whether a step of the authority's wall clock
-	// leaves its grants' expiry alone. It is true where expiry is counted on
-	// a monotonic clock (etcd's lessor, ZooKeeper's session ticks). It is
-	// false where the wall clock decides it (SQL now(), Redis PX).
-	//
-	// When false, a forward step of the authority's wall clock larger than
-	// the lease's SafetyMargin ends grants early at the authority. (NTP
-	// stepping a wrong clock, a VM resumed from a snapshot, or date -s can
-	// step it.) Their holders still trust their local validity, which runs
-	// on the holders' monotonic clocks. The authority grants the key again,
-	// and two holders overlap. Only the fence protects the resource then:
-	// the resource refuses the older holder. A backward step only lengthens
-	// grants: the next holder waits longer, nobody overlaps. The zero value
-	// promises nothing, so a driver that does not say is taken as unsafe.
-	ClockStepSafe bool
-	// Note explains anything a user must know (for example the failover
-	// hazard of a repeatable fence).
-	Note string
-}
-
 // Driver is the interface a backend implements. All methods must be safe
 // for concurrent use. Keys and TTLs reaching a driver have been validated by
 // the portable layer. Drivers may impose tighter limits of their own and
@@ -250,7 +152,7 @@ type Driver interface {
 	// has expired by the authority's clock, and returns the new fence. If
 	// owner already holds the key the call returns the current fence and
 	// extends the grant. Otherwise it returns an error matching ErrHeld
-	// (preferably a *HeldError) and changes nothing.
+	// (preferably a *fenced.HeldError) and changes nothing.
 	TryAcquire(ctx context.Context, key, owner string, ttl time.Duration) (fence uint64, err error)
 	// Renew extends g by g.TTL from now (authority's clock). It returns an
 	// error matching ErrNotHeld if g is not the current unexpired grant.
@@ -271,11 +173,9 @@ type Driver interface {
 	// next renewal fails and the next grant gets a higher fence. It returns
 	// what was broken, or an error matching ErrNotHeld if nothing was held.
 	Break(ctx context.Context, key string, req BreakRequest) (LeaseInfo, error)
-	// Guarantees declares what the backend promises. How waiters are
-	// woken is in Capabilities, not here.
-	Guarantees() Guarantees
-	// Capabilities declares, once, the optional operations the driver
-	// offers; fenced.Client.Capabilities reports them to users.
+	// Capabilities declares, once, what the backend promises and the
+	// optional operations the driver offers; fenced.Client.Capabilities
+	// reports them to users.
 	Capabilities() Capabilities
 	// Close releases the driver's resources. Grants are left to expire.
 	Close() error
@@ -382,7 +282,7 @@ type BreakLogger interface {
 
 // Valuer is implemented by drivers whose grants carry a value that anyone
 // can read along with the holder. That is the proclaimed value of an
-// election (fenced.Leadership.Proclaim). etcd's election recipe keeps it in
+// election (recipe.Leadership.SetValue). etcd's election recipe keeps it in
 // the holder's key itself, so `etcdctl elect` and fenced see each other's
 // proclamations. Backends without such a slot do not implement it, and
 // recipe.Election then refuses a value with ErrUnsupported.

@@ -2,7 +2,6 @@ package driver
 
 import (
 	"context"
-	"errors"
 	"time"
 )
 
@@ -38,7 +37,7 @@ type FenceFloorer interface {
 	// lowered). Grants that start after it returns get fences above the
 	// returned floor; a grant already in flight may still get a lower one.
 	// A floor above MaxFenceFloor is refused with an error matching
-	// ErrInvalidFloor.
+	// fenced.ErrInvalidFloor.
 	RaiseFenceFloor(ctx context.Context, floor uint64) (uint64, error)
 }
 
@@ -62,10 +61,6 @@ type Pruner interface {
 	// deleted. A key granted again later starts above that floor. A prune
 	// may work in several transactions (batches); each one is atomic, so
 	// stopping it half way loses nothing. A negative olderThan is refused
-	// with ErrInvalidTTL.
+	// with fenced.ErrInvalidTTL.
 	Prune(ctx context.Context, olderThan time.Duration) (PruneResult, error)
 }
-
-// ErrInvalidFloor means a fence floor was out of range (see MaxFenceFloor).
-// The fenced package re-exports it under the same name.
-var ErrInvalidFloor = errors.New("invalid fence floor")

@@ -86,7 +86,7 @@ func (s *stuck) Capabilities() driver.Capabilities {
 func (s *stuck) Renew(ctx context.Context, g driver.Grant) error {
 	if s.blocked.Load() {
 		<-ctx.Done()
-		return fmt.Errorf("drivertest: renew %s: %w: %v", g, driver.ErrUnknownOutcome, ctx.Err())
+		return fmt.Errorf("drivertest: renew %s: %w: %v", g, fenced.ErrUnknownOutcome, ctx.Err())
 	}
 	return s.Driver.Renew(ctx, g)
 }

@@ -3,6 +3,7 @@ package drivertest_test
 import (
 	"context"
 	"errors"
+	"github.com/fenced-dev/fenced"
 	"os"
 	"os/exec"
 	"strings"
@@ -42,7 +43,7 @@ func (d lifo) TryAcquire(ctx context.Context, key, owner string, ttl time.Durati
 	newest := q[len(q)-1] == owner
 	d.mu.Unlock()
 	if !newest {
-		return 0, &driver.HeldError{Key: key}
+		return 0, &fenced.HeldError{}
 	}
 	f, err := d.Driver.TryAcquire(ctx, key, owner, ttl)
 	if err == nil {
@@ -65,7 +66,7 @@ func (d lifo) AcquireTimed(ctx context.Context, key, owner string, ttl time.Dura
 	for {
 		sent := time.Now()
 		f, err := d.TryAcquire(ctx, key, owner, ttl)
-		if err == nil || !errors.Is(err, driver.ErrHeld) {
+		if err == nil || !errors.Is(err, fenced.ErrHeld) {
 			return f, sent, err
 		}
 		select {

@@ -3,6 +3,7 @@ package drivertest
 import (
 	"context"
 	"errors"
+	"github.com/fenced-dev/fenced"
 	"testing"
 	"time"
 
@@ -17,7 +18,7 @@ import (
 // present but not declared is not there at all. The subscriptions, the
 // queue, terms, batches and checkpoints are the exception: their availability may depend
 // on how the driver was opened, so such a method refuses with
-// driver.ErrUnsupported instead. The other declared operations are exercised by the tests named after them.
+// fenced.ErrUnsupported instead. The other declared operations are exercised by the tests named after them.
 func (s *suite) testCapabilities(t *testing.T) {
 	d := s.drv(t)
 	declared := d.Capabilities()
@@ -72,7 +73,7 @@ func (s *suite) testCapabilities(t *testing.T) {
 		case !f.declared && f.has && f.refusesUndeclared == nil:
 			t.Errorf("%T has the methods of %s but does not declare it: declare it, or drop the methods", d, f.name)
 		case !f.declared && f.has:
-			if err := f.refusesUndeclared(); !errors.Is(err, driver.ErrUnsupported) {
+			if err := f.refusesUndeclared(); !errors.Is(err, fenced.ErrUnsupported) {
 				t.Errorf("%T has the methods of %s but does not declare it, and they answer %v, want an error matching ErrUnsupported",
 					d, f.name, err)
 			}

@@ -59,21 +59,21 @@ func (s *suite) testCheckpoint(t *testing.T) {
 	if err := cp.Checkpoint(ctx, a, good); err != nil {
 		t.Fatal(err)
 	}
-	refused("one byte over driver.MaxCheckpoint", a, append(big, 0), driver.ErrCheckpointTooLarge)
+	refused("one byte over driver.MaxCheckpoint", a, append(big, 0), fenced.ErrCheckpointTooLarge)
 	refused("another owner with A's fence", driver.Grant{Key: key, Owner: owner(), Fence: a.Fence, TTL: ttl},
-		[]byte("x"), driver.ErrNotHeld)
+		[]byte("x"), fenced.ErrNotHeld)
 	refused("A's owner with a later fence", driver.Grant{Key: key, Owner: a.Owner, Fence: a.Fence + 1, TTL: ttl},
-		[]byte("x"), driver.ErrNotHeld)
+		[]byte("x"), fenced.ErrNotHeld)
 	want("after the refusals", good, a.Fence)
 
 	s.expire(clk, ttl) // A paused past its TTL
-	refused("A after its grant expired", a, []byte("late"), driver.ErrNotHeld)
+	refused("A after its grant expired", a, []byte("late"), fenced.ErrNotHeld)
 	b := driver.Grant{Key: key, Owner: owner(), TTL: time.Minute}
 	if b.Fence, err = d.TryAcquire(ctx, key, b.Owner, b.TTL); err != nil {
 		t.Fatalf("B acquire after A expired: %v", err)
 	}
 	want("B's read after its grant", good, a.Fence)
-	refused("A's late checkpoint under B's grant", a, []byte("late"), driver.ErrNotHeld)
+	refused("A's late checkpoint under B's grant", a, []byte("late"), fenced.ErrNotHeld)
 	want("B's read after A's late checkpoint", good, a.Fence)
 	if err := cp.Checkpoint(ctx, b, []byte("b")); err != nil {
 		t.Fatal(err)
@@ -81,8 +81,8 @@ func (s *suite) testCheckpoint(t *testing.T) {
 	if err := d.Release(ctx, b); err != nil {
 		t.Fatal(err)
 	}
-	refused("B after its release", b, []byte("released"), driver.ErrNotHeld)
-	refused("A after B's release", a, []byte("late"), driver.ErrNotHeld)
+	refused("B after its release", b, []byte("released"), fenced.ErrNotHeld)
+	refused("A after B's release", a, []byte("late"), fenced.ErrNotHeld)
 	want("after B's release", []byte("b"), b.Fence)
 
 	s.checkpointDoors(ctx, t)
@@ -104,7 +104,7 @@ func (s *suite) checkpointDoors(ctx context.Context, t *testing.T) {
 	if err := l.Checkpoint(ctx, []byte("door")); err != nil {
 		t.Fatalf("Lease.Checkpoint: %v", err)
 	}
-	if err := l.Checkpoint(ctx, make([]byte, driver.MaxCheckpoint+1)); !errors.Is(err, driver.ErrCheckpointTooLarge) {
+	if err := l.Checkpoint(ctx, make([]byte, driver.MaxCheckpoint+1)); !errors.Is(err, fenced.ErrCheckpointTooLarge) {
 		t.Fatalf("Lease.Checkpoint over the bound: %v, want ErrCheckpointTooLarge", err)
 	}
 	fence := l.Fence()

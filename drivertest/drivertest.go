@@ -52,7 +52,7 @@ type Harness struct {
 	// tests sleep about this long. Default 300ms.
 	ShortTTL time.Duration
 	// BadURLs are malformed store URLs for the backend's scheme; each must
-	// make fenced.Open fail with an error matching driver.ErrInvalidURL.
+	// make fenced.Open fail with an error matching fenced.ErrInvalidURL.
 	BadURLs []string
 	// Workers and Rounds size the mutual-exclusion test. Defaults 6 and 15.
 	Workers, Rounds int
@@ -314,7 +314,7 @@ func (s *suite) testIdempotentReacquire(t *testing.T) {
 	if f2 != f1 {
 		t.Fatalf("re-acquire by the holding owner returned fence %d, want the same %d", f2, f1)
 	}
-	if _, err := d.TryAcquire(ctx, key, owner(), time.Minute); !errors.Is(err, driver.ErrHeld) {
+	if _, err := d.TryAcquire(ctx, key, owner(), time.Minute); !errors.Is(err, fenced.ErrHeld) {
 		t.Fatalf("acquire by another owner: %v, want ErrHeld", err)
 	}
 }
@@ -336,10 +336,10 @@ func (s *suite) testOwnership(t *testing.T) {
 		{Key: key + "x", Owner: o, Fence: f, TTL: time.Minute}, // another key
 	}
 	for _, g := range bad {
-		if err := d.Renew(ctx, g); !errors.Is(err, driver.ErrNotHeld) {
+		if err := d.Renew(ctx, g); !errors.Is(err, fenced.ErrNotHeld) {
 			t.Errorf("Renew(%v) = %v, want ErrNotHeld", g, err)
 		}
-		if err := d.Release(ctx, g); !errors.Is(err, driver.ErrNotHeld) {
+		if err := d.Release(ctx, g); !errors.Is(err, fenced.ErrNotHeld) {
 			t.Errorf("Release(%v) = %v, want ErrNotHeld", g, err)
 		}
 	}
@@ -357,7 +357,7 @@ func (s *suite) testOwnership(t *testing.T) {
 	// A grant built without its TTL is refused, not renewed for nothing.
 	noTTL := g
 	noTTL.TTL = 0
-	if err := d.Renew(ctx, noTTL); !errors.Is(err, driver.ErrInvalidTTL) {
+	if err := d.Renew(ctx, noTTL); !errors.Is(err, fenced.ErrInvalidTTL) {
 		t.Errorf("renew of a grant without its TTL: %v, want ErrInvalidTTL", err)
 	}
 	if br := capability.Of(d).BatchRenewer; br != nil {
@@ -365,7 +365,7 @@ func (s *suite) testOwnership(t *testing.T) {
 		if err == nil && len(errs) == 1 {
 			err = errs[0]
 		}
-		if !errors.Is(err, driver.ErrInvalidTTL) {
+		if !errors.Is(err, fenced.ErrInvalidTTL) {
 			t.Errorf("batch renewal of a grant without its TTL: %v, want ErrInvalidTTL", err)
 		}
 	}
@@ -375,10 +375,10 @@ func (s *suite) testOwnership(t *testing.T) {
 	if err := d.Release(ctx, g); err != nil {
 		t.Fatalf("release by owner: %v", err)
 	}
-	if err := d.Release(ctx, g); !errors.Is(err, driver.ErrNotHeld) {
+	if err := d.Release(ctx, g); !errors.Is(err, fenced.ErrNotHeld) {
 		t.Fatalf("second release: %v, want ErrNotHeld", err)
 	}
-	if err := d.Renew(ctx, g); !errors.Is(err, driver.ErrNotHeld) {
+	if err := d.Renew(ctx, g); !errors.Is(err, fenced.ErrNotHeld) {
 		t.Fatalf("renew after release: %v, want ErrNotHeld", err)
 	}
 }
@@ -400,10 +400,10 @@ func (s *suite) testStaleGrant(t *testing.T) {
 		t.Fatalf("B acquire after A expired: %v", err)
 	}
 	stale := driver.Grant{Key: key, Owner: a, Fence: fa, TTL: ttl}
-	if err := d.Release(ctx, stale); !errors.Is(err, driver.ErrNotHeld) {
+	if err := d.Release(ctx, stale); !errors.Is(err, fenced.ErrNotHeld) {
 		t.Fatalf("A's stale release: %v, want ErrNotHeld", err)
 	}
-	if err := d.Renew(ctx, stale); !errors.Is(err, driver.ErrNotHeld) {
+	if err := d.Renew(ctx, stale); !errors.Is(err, fenced.ErrNotHeld) {
 		t.Fatalf("A's stale renew: %v, want ErrNotHeld", err)
 	}
 	info, err := d.Inspect(ctx, key)
@@ -422,7 +422,7 @@ func (s *suite) testStaleGrant(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := d.Release(ctx, stale); !errors.Is(err, driver.ErrNotHeld) {
+	if err := d.Release(ctx, stale); !errors.Is(err, fenced.ErrNotHeld) {
 		t.Fatalf("release with A's old fence %d while A holds fence %d: %v, want ErrNotHeld", fa, f2, err)
 	}
 	if info, _ := d.Inspect(ctx, key); !info.Held || info.Fence != f2 {
@@ -439,7 +439,7 @@ func (s *suite) testExpiry(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := d.TryAcquire(ctx, key, owner(), ttl); !errors.Is(err, driver.ErrHeld) {
+	if _, err := d.TryAcquire(ctx, key, owner(), ttl); !errors.Is(err, fenced.ErrHeld) {
 		t.Fatalf("acquire before expiry: %v, want ErrHeld", err)
 	}
 	s.expire(clk, ttl)
@@ -693,17 +693,17 @@ func (s *suite) testBadInput(t *testing.T) {
 		opts fenced.LeaseOptions
 		want error
 	}{
-		{"empty key", "", fenced.LeaseOptions{}, driver.ErrInvalidKey},
-		{"oversized key", strings.Repeat("k", fenced.MaxKeyLen+1), fenced.LeaseOptions{}, driver.ErrInvalidKey},
-		{"control character", key + "\x00", fenced.LeaseOptions{}, driver.ErrInvalidKey},
-		{"newline", key + "\nx", fenced.LeaseOptions{}, driver.ErrInvalidKey},
-		{"invalid UTF-8", key + "\xff", fenced.LeaseOptions{}, driver.ErrInvalidKey},
-		{"leading space", " " + key, fenced.LeaseOptions{}, driver.ErrInvalidKey},
-		{"negative TTL", key, fenced.LeaseOptions{TTL: -time.Second}, driver.ErrInvalidTTL},
-		{"tiny TTL", key, fenced.LeaseOptions{TTL: time.Nanosecond}, driver.ErrInvalidTTL},
-		{"absurd TTL", key, fenced.LeaseOptions{TTL: 100 * 365 * 24 * time.Hour}, driver.ErrInvalidTTL},
-		{"negative MaxWait", key, fenced.LeaseOptions{MaxWait: -5 * time.Second}, driver.ErrInvalidTTL},
-		{"renew slower than TTL", key, fenced.LeaseOptions{TTL: time.Second, RenewEvery: 2 * time.Second}, driver.ErrInvalidTTL},
+		{"empty key", "", fenced.LeaseOptions{}, fenced.ErrInvalidKey},
+		{"oversized key", strings.Repeat("k", fenced.MaxKeyLen+1), fenced.LeaseOptions{}, fenced.ErrInvalidKey},
+		{"control character", key + "\x00", fenced.LeaseOptions{}, fenced.ErrInvalidKey},
+		{"newline", key + "\nx", fenced.LeaseOptions{}, fenced.ErrInvalidKey},
+		{"invalid UTF-8", key + "\xff", fenced.LeaseOptions{}, fenced.ErrInvalidKey},
+		{"leading space", " " + key, fenced.LeaseOptions{}, fenced.ErrInvalidKey},
+		{"negative TTL", key, fenced.LeaseOptions{TTL: -time.Second}, fenced.ErrInvalidTTL},
+		{"tiny TTL", key, fenced.LeaseOptions{TTL: time.Nanosecond}, fenced.ErrInvalidTTL},
+		{"absurd TTL", key, fenced.LeaseOptions{TTL: 100 * 365 * 24 * time.Hour}, fenced.ErrInvalidTTL},
+		{"negative MaxWait", key, fenced.LeaseOptions{MaxWait: -5 * time.Second}, fenced.ErrInvalidTTL},
+		{"renew slower than TTL", key, fenced.LeaseOptions{TTL: time.Second, RenewEvery: 2 * time.Second}, fenced.ErrInvalidTTL},
 	}
 	for _, tc := range cases {
 		_, err := c.TryAcquire(ctx, tc.key, &tc.opts)
@@ -715,10 +715,10 @@ func (s *suite) testBadInput(t *testing.T) {
 			t.Errorf("%s: Acquire error %v, want %v", tc.name, err, tc.want)
 		}
 	}
-	if _, err := c.Inspect(ctx, ""); !errors.Is(err, driver.ErrInvalidKey) {
+	if _, err := c.Inspect(ctx, ""); !errors.Is(err, fenced.ErrInvalidKey) {
 		t.Errorf("Inspect(\"\"): %v, want ErrInvalidKey", err)
 	}
-	if _, err := c.Break(ctx, "", "x", "y"); !errors.Is(err, driver.ErrInvalidKey) {
+	if _, err := c.Break(ctx, "", "x", "y"); !errors.Is(err, fenced.ErrInvalidKey) {
 		t.Errorf("Break(\"\"): %v, want ErrInvalidKey", err)
 	}
 	if _, err := c.Inspect(ctx, key); !errors.Is(err, fenced.ErrNotFound) {
@@ -745,7 +745,7 @@ func (s *suite) testBadURLs(t *testing.T) {
 			t.Errorf("Open(%q) succeeded, want an error", u)
 			continue
 		}
-		if !errors.Is(err, driver.ErrInvalidURL) {
+		if !errors.Is(err, fenced.ErrInvalidURL) {
 			t.Errorf("Open(%q) = %v, want ErrInvalidURL", u, err)
 		}
 	}
@@ -845,7 +845,7 @@ func (s *suite) testFIFO(t *testing.T) {
 
 // testLossWatch checks a driver implementing driver.LossWatcher. It must
 // report a grant broken by another client exactly once, with an error
-// matching driver.ErrLost. It must report nothing while the grant is held,
+// matching fenced.ErrLost. It must report nothing while the grant is held,
 // and nothing after the watch's stop. It must refuse to watch a grant it
 // does not hold.
 func (s *suite) testLossWatch(t *testing.T) {
@@ -881,7 +881,7 @@ func (s *suite) testLossWatch(t *testing.T) {
 	defer stop()
 	stranger := g
 	stranger.Owner = owner()
-	if stop, err := w.WatchLoss(stranger, func(error) {}); !errors.Is(err, driver.ErrNotHeld) {
+	if stop, err := w.WatchLoss(stranger, func(error) {}); !errors.Is(err, fenced.ErrNotHeld) {
 		if stop != nil {
 			stop()
 		}
@@ -901,7 +901,7 @@ func (s *suite) testLossWatch(t *testing.T) {
 	breakKey(g.Key)
 	select {
 	case err := <-reports:
-		if !errors.Is(err, driver.ErrLost) {
+		if !errors.Is(err, fenced.ErrLost) {
 			t.Fatalf("after a break the watch reported %v, want an error matching ErrLost", err)
 		}
 	case <-time.After(20 * time.Second):
@@ -1010,7 +1010,7 @@ func (s *suite) testBatchRenew(t *testing.T) {
 		if want && errs[i] != nil {
 			t.Errorf("grant %d (%v): %v, want renewed", i, batch[i], errs[i])
 		}
-		if !want && !errors.Is(errs[i], driver.ErrNotHeld) {
+		if !want && !errors.Is(errs[i], fenced.ErrNotHeld) {
 			t.Errorf("grant %d (%v): %v, want ErrNotHeld", i, batch[i], errs[i])
 		}
 	}
@@ -1032,7 +1032,7 @@ func (s *suite) testBatchRenew(t *testing.T) {
 			t.Errorf("after the batch, %s = %+v; want held with fence %d and at least %v left", c.key, info, c.fence, c.min)
 		}
 	}
-	if info, err := d.Inspect(ctx, prefix+"never"); !errors.Is(err, driver.ErrNotFound) {
+	if info, err := d.Inspect(ctx, prefix+"never"); !errors.Is(err, fenced.ErrNotFound) {
 		t.Errorf("a batch renewal created %q: %+v, %v", prefix+"never", info, err)
 	}
 	if _, err := br.RenewBatch(ctx, nil); err != nil {

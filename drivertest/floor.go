@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/fenced-dev/fenced"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -174,7 +175,7 @@ func (s *floorSuite) testPrune(t *testing.T) {
 		t.Fatalf("Prune(0) = %+v; want 4 deleted and a floor of at least every deleted fence (%v, expired %d)", res, fences, expired.Fence)
 	}
 	for _, k := range []string{"k:a", "k:b", "k:c", "k:expired"} {
-		if _, err := d.Inspect(ctx, k); !errors.Is(err, driver.ErrNotFound) {
+		if _, err := d.Inspect(ctx, k); !errors.Is(err, fenced.ErrNotFound) {
 			t.Errorf("Inspect(%s) after prune: %v, want ErrNotFound", k, err)
 		}
 	}
@@ -184,7 +185,7 @@ func (s *floorSuite) testPrune(t *testing.T) {
 	if err := d.Renew(ctx, held); err != nil {
 		t.Fatalf("renew of the held key after prune: %v", err)
 	}
-	if err := d.Renew(ctx, expired); !errors.Is(err, driver.ErrNotHeld) {
+	if err := d.Renew(ctx, expired); !errors.Is(err, fenced.ErrNotHeld) {
 		t.Fatalf("renew of a pruned grant: %v, want ErrNotHeld", err)
 	}
 	for k, f := range fences {
@@ -307,11 +308,11 @@ func (s *floorSuite) testPruneRace(t *testing.T) {
 				key := keys[(w+i)%len(keys)]
 				o := owner()
 				f, err := d.TryAcquire(ctx, key, o, time.Minute)
-				if errors.Is(err, driver.ErrHeld) {
+				if errors.Is(err, fenced.ErrHeld) {
 					time.Sleep(time.Millisecond)
 					continue
 				}
-				if errors.Is(err, driver.ErrUnavailable) && time.Now().Before(raceDeadline.Add(time.Minute)) {
+				if errors.Is(err, fenced.ErrUnavailable) && time.Now().Before(raceDeadline.Add(time.Minute)) {
 					// A store with one writer at a time (SQLite) gives up
 					// after its busy timeout when writers starve, as the
 					// Client would retry, so does this worker.
@@ -355,10 +356,10 @@ func (s *floorSuite) testPruneRace(t *testing.T) {
 func (s *floorSuite) testBadInput(t *testing.T) {
 	ctx := Context(t)
 	d := s.open(t, newTable())
-	if _, err := d.RaiseFenceFloor(ctx, driver.MaxFenceFloor+1); !errors.Is(err, driver.ErrInvalidFloor) {
+	if _, err := d.RaiseFenceFloor(ctx, driver.MaxFenceFloor+1); !errors.Is(err, fenced.ErrInvalidFloor) {
 		t.Errorf("RaiseFenceFloor above MaxFenceFloor: %v, want ErrInvalidFloor", err)
 	}
-	if _, err := d.Prune(ctx, -time.Second); !errors.Is(err, driver.ErrInvalidTTL) {
+	if _, err := d.Prune(ctx, -time.Second); !errors.Is(err, fenced.ErrInvalidTTL) {
 		t.Errorf("Prune(-1s): %v, want ErrInvalidTTL", err)
 	}
 	if info, err := d.FenceFloor(ctx); err != nil || info.Floor != 0 {

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/core/token"
 )
 
@@ -82,7 +81,7 @@ func (s *suite) testListInspectBreak(t *testing.T) {
 	if _, err := c.Break(ctx, prefix+"a", "", "drivertest"); err == nil {
 		t.Fatal("Break without a reason succeeded")
 	}
-	if _, err := c.Break(ctx, "", "x", "y"); !errors.Is(err, driver.ErrInvalidKey) {
+	if _, err := c.Break(ctx, "", "x", "y"); !errors.Is(err, fenced.ErrInvalidKey) {
 		t.Errorf("Break(\"\"): %v, want ErrInvalidKey", err)
 	}
 	info, err = c.Inspect(ctx, prefix+"b")

@@ -81,7 +81,7 @@ func (f LeaseFunc) Run() {
 // when one cron runs several).
 //
 // It returns an error when c is nil or key is not a valid key (matching
-// driver.ErrInvalidKey). It also does when the lease terms cannot be used
+// fenced.ErrInvalidKey). It also does when the lease terms cannot be used
 // on c's backend (matching fenced.ErrInvalidOptions or fenced.ErrNoFence).
 func SkipIfHeld(c *fenced.Client, key string, opts *Options) (cron.JobWrapper, error) {
 	if c == nil {

@@ -11,7 +11,6 @@ import (
 	"github.com/robfig/cron/v3"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/fencedcron"
 	_ "github.com/fenced-dev/fenced/fencedpostgres"
 	"github.com/fenced-dev/fenced/internal/testkit/childproc"
@@ -92,7 +91,7 @@ func TestSkipIfHeldRefusesBadInput(t *testing.T) {
 		says string
 	}{
 		{"nil client", nil, "report", nil, nil, "*fenced.Client is nil"},
-		{"empty key", c, "", nil, driver.ErrInvalidKey, "key"},
+		{"empty key", c, "", nil, fenced.ErrInvalidKey, "key"},
 		{"MinHold past MaxHold", c, "report", &fencedcron.Options{Lease: fenced.LeaseOptions{MinHold: time.Minute, MaxHold: time.Second}}, fenced.ErrInvalidOptions, "MinHold"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -3,6 +3,7 @@ package fenceddynamodb
 import (
 	"context"
 	"fmt"
+	"github.com/fenced-dev/fenced"
 	"sort"
 	"strings"
 	"time"
@@ -41,7 +42,7 @@ func (d *Driver) Inspect(ctx context.Context, key string) (driver.LeaseInfo, err
 		return driver.LeaseInfo{Key: key}, err
 	}
 	if !found {
-		return driver.LeaseInfo{Key: key}, fmt.Errorf("%s: %w", key, driver.ErrNotFound)
+		return driver.LeaseInfo{Key: key}, fmt.Errorf("%s: %w", key, fenced.ErrNotFound)
 	}
 	return d.info(key, it, at), nil
 }
@@ -134,7 +135,7 @@ func (d *Driver) Break(ctx context.Context, key string, req driver.BreakRequest)
 			return driver.LeaseInfo{Key: key}, err
 		}
 		if !found || it.owner == "" {
-			return driver.LeaseInfo{Key: key}, fmt.Errorf("%s: %w", key, driver.ErrNotHeld)
+			return driver.LeaseInfo{Key: key}, fmt.Errorf("%s: %w", key, fenced.ErrNotHeld)
 		}
 		if it.lastBreak != nil {
 			if err := d.putAudit(ctx, key, *it.lastBreak); err != nil {
@@ -165,7 +166,7 @@ func (d *Driver) Break(ctx context.Context, key string, req driver.BreakRequest)
 	}
 	return driver.LeaseInfo{Key: key}, fmt.Errorf(
 		"dynamodb: break %q: the grant changed twice while it was being broken; nothing was broken: %w",
-		key, driver.ErrUnavailable)
+		key, fenced.ErrUnavailable)
 }
 
 // encodeBreak encodes a break record as a map attribute (empty strings are

@@ -141,8 +141,8 @@ func openURL(ctx context.Context, u *url.URL) (driver.Driver, error) { return op
 
 // Open connects to the store named by a dynamodb:// URL (see the package
 // documentation) and returns a driver. Use fenced.Open for a
-// *fenced.Client. Errors match driver.ErrInvalidURL (malformed URL or
-// parameter), driver.ErrUnavailable (endpoint unreachable, credentials
+// *fenced.Client. Errors match fenced.ErrInvalidURL (malformed URL or
+// parameter), fenced.ErrUnavailable (endpoint unreachable, credentials
 // refused), ErrNoTable or ErrSchema. None contains the secret key.
 func Open(ctx context.Context, rawURL string) (*Driver, error) {
 	return OpenWith(ctx, rawURL, nil)
@@ -154,7 +154,7 @@ func open(ctx context.Context, u *url.URL) (*Driver, error) { return openOpts(ct
 // the URL does not (Clock, MaxInFlight).
 func openOpts(ctx context.Context, u *url.URL, base *Options) (*Driver, error) {
 	if u.Opaque != "" {
-		return nil, fmt.Errorf("%w: want dynamodb:///TABLE?region=R or dynamodb://HOST:PORT/TABLE", driver.ErrInvalidURL)
+		return nil, fmt.Errorf("%w: want dynamodb:///TABLE?region=R or dynamodb://HOST:PORT/TABLE", fenced.ErrInvalidURL)
 	}
 	q, err := urlquery.Parse(u.RawQuery)
 	if err != nil {
@@ -176,16 +176,16 @@ func openOpts(ctx context.Context, u *url.URL, base *Options) (*Driver, error) {
 		return nil, err
 	}
 	if hasRegion && region == "" {
-		return nil, fmt.Errorf("%w: region= is empty", driver.ErrInvalidURL)
+		return nil, fmt.Errorf("%w: region= is empty", fenced.ErrInvalidURL)
 	}
 	var endpoint string
 	if u.Host != "" {
 		host, port, err := net.SplitHostPort(u.Host)
 		if err != nil || host == "" {
-			return nil, fmt.Errorf("%w: endpoint %q: want HOST:PORT", driver.ErrInvalidURL, u.Host)
+			return nil, fmt.Errorf("%w: endpoint %q: want HOST:PORT", fenced.ErrInvalidURL, u.Host)
 		}
 		if n, err := strconv.Atoi(port); err != nil || n <= 0 || n > 65535 {
-			return nil, fmt.Errorf("%w: endpoint %q: port %q is not a number in 1-65535", driver.ErrInvalidURL, u.Host, port)
+			return nil, fmt.Errorf("%w: endpoint %q: port %q is not a number in 1-65535", fenced.ErrInvalidURL, u.Host, port)
 		}
 		endpoint = "http://" + u.Host
 		if region == "" {
@@ -211,7 +211,7 @@ func openOpts(ctx context.Context, u *url.URL, base *Options) (*Driver, error) {
 		secret, _ := u.User.Password()
 		if u.User.Username() == "" || secret == "" {
 			return nil, fmt.Errorf("%w: credentials in the URL need both ACCESS_KEY and SECRET (ACCESS_KEY:SECRET@host)",
-				driver.ErrInvalidURL)
+				fenced.ErrInvalidURL)
 		}
 		loadOpts = append(loadOpts, config.WithCredentialsProvider(credentials.NewStaticCredentialsProvider(u.User.Username(), secret, "")))
 	case endpoint != "":
@@ -220,10 +220,10 @@ func openOpts(ctx context.Context, u *url.URL, base *Options) (*Driver, error) {
 	}
 	cfg, err := config.LoadDefaultConfig(ctx, loadOpts...)
 	if err != nil {
-		return nil, fmt.Errorf("%w: loading the AWS configuration: %v", driver.ErrInvalidURL, err)
+		return nil, fmt.Errorf("%w: loading the AWS configuration: %v", fenced.ErrInvalidURL, err)
 	}
 	if cfg.Region == "" {
-		return nil, fmt.Errorf("%w: no region: add ?region=R to the URL or set AWS_REGION", driver.ErrInvalidURL)
+		return nil, fmt.Errorf("%w: no region: add ?region=R to the URL or set AWS_REGION", fenced.ErrInvalidURL)
 	}
 	client := dynamodb.NewFromConfig(cfg, func(o *dynamodb.Options) {
 		if endpoint != "" {
@@ -241,13 +241,13 @@ var tableRE = regexp.MustCompile(`^[A-Za-z0-9_.-]{3,255}$`)
 // checkTable applies DynamoDB's own rule for table names (tableRE), the
 // one place this backend checks them; "" stands for DefaultTable. Names
 // are only ever sent as request fields, never spliced into an expression.
-// Errors match driver.ErrInvalidURL and name the bad value and the rule.
+// Errors match fenced.ErrInvalidURL and name the bad value and the rule.
 func checkTable(name string) error {
 	if name == "" || tableRE.MatchString(name) {
 		return nil
 	}
 	return fmt.Errorf("%w: table name %q is not a DynamoDB table name (3 to 255 characters, each a letter, digit, _, - or .)",
-		driver.ErrInvalidURL, name)
+		fenced.ErrInvalidURL, name)
 }
 
 // New returns a driver over client, checking that the lease table exists
@@ -301,16 +301,17 @@ func (d *Driver) checkOpen() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
-		return driver.ErrClosed
+		return fenced.ErrClosed
 	}
 	return nil
 }
 
-// Guarantees implements driver.Driver. The fence is strict. It is a
+// guarantees is what the backend promises, the part of Capabilities
+// that says how far a lease can be trusted. The fence is strict. It is a
 // counter on the lease item, raised by conditional writes that DynamoDB
 // applies durably and in order per item. A global table with eventual
 // consistency is the exception (see the package documentation).
-func (d *Driver) Guarantees() driver.Guarantees {
+func (d *Driver) guarantees() driver.Capabilities {
 	note := "fence is a counter on the lease item, raised by a conditional UpdateItem; " +
 		"no server clock: a waiter takes a grant over only after seeing the same version unchanged for a whole TTL " +
 		"on its own monotonic clock (observed expiry), " +
@@ -323,7 +324,7 @@ func (d *Driver) Guarantees() driver.Guarantees {
 	if d.tableNote != "" {
 		note += "; " + d.tableNote
 	}
-	return driver.Guarantees{
+	return driver.Capabilities{
 		Fence:         d.fence,
 		ServerClock:   false,
 		ClockStepSafe: true,
@@ -340,7 +341,9 @@ var keeps = driver.Expiry{Name: "DynamoDB", Observed: true,
 
 // Capabilities implements driver.Driver: the break log.
 func (d *Driver) Capabilities() driver.Capabilities {
-	return driver.Capabilities{BreakLog: true, Keeps: keeps}
+	c := d.guarantees()
+	c.BreakLog, c.Keeps = true, keeps
+	return c
 }
 
 // Close implements driver.Driver: later calls return ErrClosed. The

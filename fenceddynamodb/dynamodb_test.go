@@ -137,7 +137,7 @@ func TestTableChecks(t *testing.T) {
 		}
 		d.Close()
 	}
-	if g, notified := c.Guarantees(), c.Capabilities().Subscribe || c.Capabilities().Queue; g.Fence != fenced.FenceStrict || g.ServerClock || !g.ClockStepSafe || notified {
+	if g, notified := c.Capabilities(), c.Capabilities().Subscribe || c.Capabilities().Queue; g.Fence != fenced.FenceStrict || g.ServerClock || !g.ClockStepSafe || notified {
 		t.Errorf("guarantees %+v, notified waiters %v: want strict fence, no server clock, safe from clock steps, no notification", g, notified)
 	}
 }
@@ -246,7 +246,7 @@ func TestUnknownOutcomeThenIdempotentRetry(t *testing.T) {
 	key := uniqueKey("unknown")
 	owner := "cafe0000000000000000000000000001"
 	proxy.CutAfter(func(chunk []byte) bool { return bytes.Contains(chunk, []byte(owner)) })
-	if _, err := d.TryAcquire(ctx, key, owner, time.Minute); !errors.Is(err, driver.ErrUnknownOutcome) {
+	if _, err := d.TryAcquire(ctx, key, owner, time.Minute); !errors.Is(err, fenced.ErrUnknownOutcome) {
 		t.Fatalf("grant whose answer was cut: %v; want ErrUnknownOutcome", err)
 	}
 	if proxy.Cuts() != 1 {

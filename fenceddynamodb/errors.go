@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/fenced-dev/fenced"
 	"net/http/httptrace"
 	"sync/atomic"
 
@@ -12,7 +13,6 @@ import (
 	"github.com/aws/smithy-go"
 	smithyhttp "github.com/aws/smithy-go/transport/http"
 
-	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/backend/errclass"
 )
 
@@ -68,22 +68,22 @@ func (d *Driver) classify(op, key string, write, sent bool, err error) error {
 func (d *Driver) sentinel(err error) error {
 	var apiErr smithy.APIError
 	if !errors.As(err, &apiErr) {
-		return fmt.Errorf("request sent, no answer: %w", driver.ErrUnknownOutcome)
+		return fmt.Errorf("request sent, no answer: %w", fenced.ErrUnknownOutcome)
 	}
 	switch apiErr.ErrorCode() {
 	case "ProvisionedThroughputExceededException", "ThrottlingException", "RequestLimitExceeded", "LimitExceededException":
-		return fmt.Errorf("throttled: %w", driver.ErrUnavailable)
+		return fmt.Errorf("throttled: %w", fenced.ErrUnavailable)
 	case "ResourceNotFoundException":
-		return fmt.Errorf("table %q not found: %w", d.table, driver.ErrUnavailable)
+		return fmt.Errorf("table %q not found: %w", d.table, fenced.ErrUnavailable)
 	case "UnrecognizedClientException", "AccessDeniedException", "InvalidSignatureException", "IncompleteSignature",
 		"MissingAuthenticationToken", "ExpiredTokenException", "InvalidClientTokenId":
-		return fmt.Errorf("credentials refused: %w", driver.ErrUnavailable)
+		return fmt.Errorf("credentials refused: %w", fenced.ErrUnavailable)
 	}
 	var re *smithyhttp.ResponseError
 	if errors.As(err, &re) && re.HTTPStatusCode() >= 500 {
 		// InternalServerError, ServiceUnavailable: DynamoDB documents
 		// that the request may or may not have been applied.
-		return driver.ErrUnknownOutcome
+		return fenced.ErrUnknownOutcome
 	}
 	return nil
 }

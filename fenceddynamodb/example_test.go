@@ -27,7 +27,7 @@ func Example() {
 		log.Fatal(err)
 	}
 	defer client.Close()
-	g := client.Guarantees()
+	g := client.Capabilities()
 	fmt.Println("fence:", g.Fence, "server clock:", g.ServerClock)
 
 	// A waiter can take over a dead holder only after watching it for a

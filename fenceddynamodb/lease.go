@@ -46,7 +46,7 @@ func millis(ttl time.Duration) uint64 { return uint64(ttlrule.Units(ttl, time.Mi
 // TryAcquire implements driver.Driver. Uncontended it is one conditional
 // UpdateItem. A refusal costs one consistent GetItem more on servers that
 // do not return the refusing item, and a re-acquire by the holding owner
-// one conditional UpdateItem more. A refusal is a *driver.HeldError whose
+// one conditional UpdateItem more. A refusal is a *fenced.HeldError whose
 // Remaining is the time until this driver may take the grant over (it has
 // then watched the grant unchanged for its TTL).
 func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {

@@ -2,11 +2,11 @@ package fenceddynamodb_test
 
 import (
 	"errors"
+	"github.com/fenced-dev/fenced"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/fenceddynamodb"
 )
 
@@ -48,13 +48,13 @@ func TestTableNames(t *testing.T) {
 		// Port 1: nothing listens, so only a check before any request
 		// gives ErrInvalidURL.
 		_, err := fenceddynamodb.Open(ctxT(t), "dynamodb://127.0.0.1:1/"+name+"?create=1")
-		if !errors.Is(err, driver.ErrInvalidURL) || !strings.Contains(err.Error(), "3 to 255 characters, each a letter, digit, _, - or .") {
+		if !errors.Is(err, fenced.ErrInvalidURL) || !strings.Contains(err.Error(), "3 to 255 characters, each a letter, digit, _, - or .") {
 			t.Errorf("table %q: %v, want ErrInvalidURL stating DynamoDB's rule", name, err)
 		}
 	}
 	// New applies the same rule to Options.Table.
 	_, err := fenceddynamodb.New(ctxT(t), open(t).Client(), &fenceddynamodb.Options{Table: "a b"})
-	if !errors.Is(err, driver.ErrInvalidURL) || !strings.Contains(err.Error(), `"a b"`) {
+	if !errors.Is(err, fenced.ErrInvalidURL) || !strings.Contains(err.Error(), `"a b"`) {
 		t.Errorf("New with table %q: %v, want the name refused", "a b", err)
 	}
 }

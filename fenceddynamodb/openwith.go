@@ -3,6 +3,7 @@ package fenceddynamodb
 import (
 	"context"
 	"fmt"
+	"github.com/fenced-dev/fenced"
 
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/core/storeurl"
@@ -17,7 +18,7 @@ func OpenWith(ctx context.Context, rawURL string, opts *Options) (*Driver, error
 		return nil, err
 	}
 	if u.Scheme != "dynamodb" {
-		return nil, fmt.Errorf("%w: scheme %q, want dynamodb", driver.ErrInvalidURL, u.Scheme)
+		return nil, fmt.Errorf("%w: scheme %q, want dynamodb", fenced.ErrInvalidURL, u.Scheme)
 	}
 	d, err := openOpts(ctx, u, opts)
 	if err != nil {

@@ -2,11 +2,11 @@ package fenceddynamodb_test
 
 import (
 	"errors"
+	"github.com/fenced-dev/fenced"
 	"testing"
 	"time"
 
 	"github.com/fenced-dev/fenced/clock"
-	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/fenceddynamodb"
 )
 
@@ -33,7 +33,7 @@ func TestOpenWithTakesTheClock(t *testing.T) {
 		t.Errorf("Table() = %q; want the URL's %q (opts.Table is ignored)", w.Table(), table)
 	}
 	const owner = "wait0000000000000000000000000000"
-	if _, err := w.TryAcquire(ctx, key, owner, time.Hour); !errors.Is(err, driver.ErrHeld) {
+	if _, err := w.TryAcquire(ctx, key, owner, time.Hour); !errors.Is(err, fenced.ErrHeld) {
 		t.Fatalf("first look at a live grant: %v; want ErrHeld", err)
 	}
 	fake.Advance(time.Hour + time.Millisecond)

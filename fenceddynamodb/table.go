@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/fenced-dev/fenced"
 	"strings"
 	"time"
 
@@ -59,12 +60,12 @@ func (d *Driver) ensureTable(ctx context.Context, create bool) error {
 	deadline := time.Now().Add(tableActiveTimeout)
 	for desc.TableStatus == types.TableStatusCreating {
 		if time.Now().After(deadline) {
-			return fmt.Errorf("dynamodb: table %q still CREATING after %v: %w", d.table, tableActiveTimeout, driver.ErrUnavailable)
+			return fmt.Errorf("dynamodb: table %q still CREATING after %v: %w", d.table, tableActiveTimeout, fenced.ErrUnavailable)
 		}
 		select {
 		case <-time.After(100 * time.Millisecond):
 		case <-ctx.Done():
-			return fmt.Errorf("dynamodb: waiting for table %q to become active: %w: %w", d.table, driver.ErrUnavailable, context.Cause(ctx))
+			return fmt.Errorf("dynamodb: waiting for table %q to become active: %w: %w", d.table, fenced.ErrUnavailable, context.Cause(ctx))
 		}
 		if desc, err = d.describe(ctx); err != nil {
 			return d.classify("describe table", d.table, false, false, err)

@@ -3,6 +3,7 @@ package fencedetcd
 import (
 	"context"
 	"fmt"
+	"github.com/fenced-dev/fenced"
 	"sort"
 	"strings"
 	"time"
@@ -51,7 +52,7 @@ func (d *Driver) Inspect(ctx context.Context, key string) (driver.LeaseInfo, err
 	}
 	rec := resp.Responses[1].GetResponseRange().Kvs
 	if len(rec) == 0 {
-		return info, fmt.Errorf("etcd: inspect %q: %w", key, driver.ErrNotFound)
+		return info, fmt.Errorf("etcd: inspect %q: %w", key, fenced.ErrNotFound)
 	}
 	f, err := recordedFence(rec[0])
 	if err != nil {
@@ -104,7 +105,7 @@ func (d *Driver) Break(ctx context.Context, key string, req driver.BreakRequest)
 		return driver.LeaseInfo{}, readErr("break", err)
 	}
 	if len(resp.Kvs) == 0 {
-		return driver.LeaseInfo{Key: key}, fmt.Errorf("etcd: break %q: %w", key, driver.ErrNotHeld)
+		return driver.LeaseInfo{Key: key}, fmt.Errorf("etcd: break %q: %w", key, fenced.ErrNotHeld)
 	}
 	kv := resp.Kvs[0]
 	info := driver.LeaseInfo{Key: key, Held: true, Fence: uint64(kv.CreateRevision)}
@@ -117,7 +118,7 @@ func (d *Driver) Break(ctx context.Context, key string, req driver.BreakRequest)
 		return info, writeErr("break", err)
 	}
 	if !tr.Succeeded {
-		return info, fmt.Errorf("etcd: break %q: %w: released meanwhile", key, driver.ErrNotHeld)
+		return info, fmt.Errorf("etcd: break %q: %w: released meanwhile", key, fenced.ErrNotHeld)
 	}
 	return info, nil
 }

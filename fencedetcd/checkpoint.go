@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/fenced-dev/fenced"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -35,7 +36,7 @@ func (d *Driver) Checkpoint(ctx context.Context, g driver.Grant, value []byte) e
 	}
 	e := d.grants.Lookup(g.Key, g.Owner)
 	if e == nil || !e.granted || g.Fence == 0 || uint64(e.rev) != g.Fence {
-		return fmt.Errorf("etcd: checkpoint %s: %w", g, driver.ErrNotHeld)
+		return fmt.Errorf("etcd: checkpoint %s: %w", g, fenced.ErrNotHeld)
 	}
 	rec := binary.BigEndian.AppendUint64(make([]byte, 0, 8+len(value)), g.Fence)
 	rec = append(rec, value...)
@@ -47,7 +48,7 @@ func (d *Driver) Checkpoint(ctx context.Context, g driver.Grant, value []byte) e
 		return writeErr("checkpoint", err)
 	}
 	if !resp.Succeeded {
-		return fmt.Errorf("etcd: checkpoint %s: %w: key %s is gone", g, driver.ErrNotHeld, e.etcdKey)
+		return fmt.Errorf("etcd: checkpoint %s: %w: key %s is gone", g, fenced.ErrNotHeld, e.etcdKey)
 	}
 	return nil
 }

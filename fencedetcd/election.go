@@ -3,6 +3,7 @@ package fencedetcd
 import (
 	"context"
 	"fmt"
+	"github.com/fenced-dev/fenced"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -21,7 +22,7 @@ var _ driver.Valuer = (*Driver)(nil)
 func (d *Driver) SetValue(ctx context.Context, g driver.Grant, value string) error {
 	e := d.grants.Lookup(g.Key, g.Owner)
 	if e == nil || !e.granted || g.Fence == 0 || uint64(e.rev) != g.Fence {
-		return fmt.Errorf("etcd: set value %s: %w", g, driver.ErrNotHeld)
+		return fmt.Errorf("etcd: set value %s: %w", g, fenced.ErrNotHeld)
 	}
 	e.proclaimed.Store(true)
 	resp, err := d.cli.Txn(ctx).
@@ -32,7 +33,7 @@ func (d *Driver) SetValue(ctx context.Context, g driver.Grant, value string) err
 		return writeErr("set value", err)
 	}
 	if !resp.Succeeded {
-		return fmt.Errorf("etcd: set value %s: %w: key %s is gone", g, driver.ErrNotHeld, e.etcdKey)
+		return fmt.Errorf("etcd: set value %s: %w: key %s is gone", g, fenced.ErrNotHeld, e.etcdKey)
 	}
 	return nil
 }

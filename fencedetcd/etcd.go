@@ -140,10 +140,10 @@ func init() {
 
 // checkPrefix applies the backend's rule for key prefixes: etcd keys are
 // any bytes, but a NUL would end the name in tools that print keys as C
-// strings (and etcdctl cannot type it). Errors match driver.ErrInvalidURL.
+// strings (and etcdctl cannot type it). Errors match fenced.ErrInvalidURL.
 func checkPrefix(prefix string) error {
 	if i := strings.IndexByte(prefix, 0); i >= 0 {
-		return fmt.Errorf("%w: etcd key prefix %q has a NUL byte at byte %d (any other bytes are allowed)", driver.ErrInvalidURL, prefix, i)
+		return fmt.Errorf("%w: etcd key prefix %q has a NUL byte at byte %d (any other bytes are allowed)", fenced.ErrInvalidURL, prefix, i)
 	}
 	return nil
 }
@@ -151,13 +151,13 @@ func checkPrefix(prefix string) error {
 // openURL opens etcd://host:port[,host:port...][/][?prefix=...&dial_timeout=...].
 func openURL(ctx context.Context, u *url.URL) (driver.Driver, error) {
 	if u.Opaque != "" {
-		return nil, fmt.Errorf("%w: etcd URL must look like etcd://host:port[,host:port...]", driver.ErrInvalidURL)
+		return nil, fmt.Errorf("%w: etcd URL must look like etcd://host:port[,host:port...]", fenced.ErrInvalidURL)
 	}
 	if u.Host == "" {
-		return nil, fmt.Errorf("%w: etcd URL names no endpoint (want etcd://host:port[,host:port...])", driver.ErrInvalidURL)
+		return nil, fmt.Errorf("%w: etcd URL names no endpoint (want etcd://host:port[,host:port...])", fenced.ErrInvalidURL)
 	}
 	if u.Path != "" && u.Path != "/" {
-		return nil, fmt.Errorf("%w: etcd URL has path %q; give the key prefix as ?prefix=", driver.ErrInvalidURL, u.Path)
+		return nil, fmt.Errorf("%w: etcd URL has path %q; give the key prefix as ?prefix=", fenced.ErrInvalidURL, u.Path)
 	}
 	eps, err := sessionlock.Endpoints(u.Host, "etcd endpoint")
 	if err != nil {
@@ -170,7 +170,7 @@ func openURL(ctx context.Context, u *url.URL) (driver.Driver, error) {
 	var opts Options
 	prefix, ok, err := q.Take("prefix")
 	if err == nil && ok && prefix == "" {
-		err = fmt.Errorf("%w: etcd URL option prefix is empty", driver.ErrInvalidURL)
+		err = fmt.Errorf("%w: etcd URL option prefix is empty", fenced.ErrInvalidURL)
 	}
 	if err == nil {
 		err = checkPrefix(prefix)
@@ -201,7 +201,7 @@ func openURL(ctx context.Context, u *url.URL) (driver.Driver, error) {
 	}
 	cli, err := clientv3.New(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("%w: etcd client for %s: %v", driver.ErrUnavailable, strings.Join(eps, ","), err)
+		return nil, fmt.Errorf("%w: etcd client for %s: %v", fenced.ErrUnavailable, strings.Join(eps, ","), err)
 	}
 	// clientv3.New does not wait for a connection: ask once, so an
 	// unreachable cluster is reported here rather than on first use.
@@ -209,7 +209,7 @@ func openURL(ctx context.Context, u *url.URL) (driver.Driver, error) {
 	defer cancel()
 	if _, err := cli.Get(pctx, "fenced-probe", clientv3.WithCountOnly()); err != nil {
 		cli.Close()
-		return nil, fmt.Errorf("%w: cannot reach etcd at %s within %v: %v", driver.ErrUnavailable, strings.Join(eps, ","), dialTimeout, err)
+		return nil, fmt.Errorf("%w: cannot reach etcd at %s within %v: %v", fenced.ErrUnavailable, strings.Join(eps, ","), dialTimeout, err)
 	}
 	d, err := New(cli, &opts)
 	if err != nil {
@@ -275,9 +275,10 @@ func (d *Driver) Client() *clientv3.Client { return d.cli }
 // LockName returns the etcd lock name (as given to `etcdctl lock`) of key.
 func (d *Driver) LockName(key string) string { return d.prefix + keyname.Escape(key) }
 
-// Guarantees implements driver.Driver.
-func (d *Driver) Guarantees() driver.Guarantees {
-	return sessionlock.Guarantees("fence = create revision of the holder's key (Raft-agreed, never reissued); " +
+// guarantees is what the backend promises, the part of Capabilities
+// that says how far a lease can be trusted.
+func (d *Driver) guarantees() driver.Capabilities {
+	return sessionlock.Capabilities("fence = create revision of the holder's key (Raft-agreed, never reissued); " +
 		"TTLs are whole seconds at the server; " +
 		// The lessor counts TTLs on the leader's monotonic clock.
 		"safe from clock steps: lease TTLs count down on the leader's monotonic clock, and a new leader extends them, never shortens them")
@@ -297,7 +298,10 @@ var Expiry = driver.Expiry{
 // proclaimed values. TTLs are of a second or more (etcd leases have a
 // one-second granularity).
 func (d *Driver) Capabilities() driver.Capabilities {
-	return driver.Capabilities{Queue: true, FIFO: true, BatchRenew: true, WatchLoss: true, Value: true, Checkpoint: true, Keeps: Expiry}
+	c := d.guarantees()
+	c.Queue, c.FIFO, c.BatchRenew, c.WatchLoss, c.Value, c.Keeps = true, true, true, true, true, Expiry
+	c.Checkpoint = true
+	return c
 }
 
 // Close stops the driver's background work and, when the driver was opened

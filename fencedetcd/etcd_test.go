@@ -88,7 +88,7 @@ func TestRenewLongerThanSession(t *testing.T) {
 	}
 	longer := g
 	longer.TTL = time.Minute
-	if err := d.Renew(ctx, longer); !errors.Is(err, driver.ErrInvalidTTL) {
+	if err := d.Renew(ctx, longer); !errors.Is(err, fenced.ErrInvalidTTL) {
 		t.Fatalf("renewal for %v of a grant made for %v: %v, want ErrInvalidTTL", longer.TTL, g.TTL, err)
 	}
 	if err := d.Renew(ctx, g); err != nil {
@@ -139,7 +139,7 @@ func TestLateReleaseOfAReapedGrant(t *testing.T) {
 	if b.Fence, err = d.TryAcquire(ctx, b.Key, b.Owner, ttl); err != nil {
 		t.Fatal(err)
 	}
-	if err := d.Release(ctx, a); !errors.Is(err, driver.ErrNotHeld) {
+	if err := d.Release(ctx, a); !errors.Is(err, fenced.ErrNotHeld) {
 		t.Fatalf("late release of the expired grant: %v, want ErrNotHeld", err)
 	}
 	if info, err := d.Inspect(ctx, "k"); err != nil || !info.Held || info.Fence != b.Fence {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/fenced-dev/fenced"
 	"sync"
 	"testing"
 	"time"
@@ -96,13 +97,13 @@ func TestSlowRenewalOfAReapedGrant(t *testing.T) {
 	}
 
 	close(resume)
-	if err := <-renewed; !errors.Is(err, driver.ErrNotHeld) {
+	if err := <-renewed; !errors.Is(err, fenced.ErrNotHeld) {
 		t.Fatalf("renewal that landed after the reaper ended the grant: %v, want ErrNotHeld", err)
 	}
 	if e := d.grants.Lookup(a.Key, a.Owner); e != nil {
 		t.Fatal("the late renewal brought the reaped grant back")
 	}
-	if err := d.Release(ctx, a); !errors.Is(err, driver.ErrNotHeld) {
+	if err := d.Release(ctx, a); !errors.Is(err, fenced.ErrNotHeld) {
 		t.Fatalf("release of the reaped grant: %v, want ErrNotHeld", err)
 	}
 	resp, err := cli.Get(ctx, ea.etcdKey)
@@ -146,7 +147,7 @@ func TestRenewAfterBreakReportsLost(t *testing.T) {
 		}
 		for i, err := range errs {
 			switch {
-			case i == broken && !errors.Is(err, driver.ErrNotHeld):
+			case i == broken && !errors.Is(err, fenced.ErrNotHeld):
 				t.Fatalf("%s: renewal of the broken grant %s: %v, want ErrNotHeld", what, grants[i], err)
 			case i != broken && err != nil:
 				t.Fatalf("%s: renewal of %s: %v", what, grants[i], err)

@@ -193,10 +193,10 @@ func TestElectionValueInEtcdLayout(t *testing.T) {
 	}
 	cli := rootaccess.Driver(client).(*fencedetcd.Driver).Client()
 	resp, err := cli.Get(ctx, "elections/svc/", clientv3.WithPrefix())
-	if err != nil || len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != "10.0.0.7:8080" || uint64(resp.Kvs[0].CreateRevision) != ld.Epoch() {
-		t.Fatalf("etcd keys %v, %v; want one key with the value and create revision %d", resp, err, ld.Epoch())
+	if err != nil || len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != "10.0.0.7:8080" || uint64(resp.Kvs[0].CreateRevision) != ld.Fence() {
+		t.Fatalf("etcd keys %v, %v; want one key with the value and create revision %d", resp, err, ld.Fence())
 	}
-	if err := ld.Proclaim(ctx, "10.0.0.8:8080"); err != nil {
+	if err := ld.SetValue(ctx, "10.0.0.8:8080"); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(2500 * time.Millisecond) // several renewals
@@ -204,10 +204,10 @@ func TestElectionValueInEtcdLayout(t *testing.T) {
 		t.Fatalf("leadership ended after proclaiming: %v", err)
 	}
 	l, err := el.Leader(ctx)
-	if err != nil || !l.Present || l.Epoch != ld.Epoch() || l.Value != "10.0.0.8:8080" {
+	if err != nil || !l.Present || l.Epoch != ld.Fence() || l.Value != "10.0.0.8:8080" {
 		t.Fatalf("Leader = %v, %v", l, err)
 	}
-	if err := ld.Resign(ctx); err != nil {
+	if err := ld.Release(ctx); err != nil {
 		t.Fatalf("Resign after proclaiming: %v", err)
 	}
 	if l, err := el.Leader(ctx); err != nil || l.Present {

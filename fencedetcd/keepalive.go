@@ -3,12 +3,11 @@ package fencedetcd
 import (
 	"context"
 	"fmt"
+	"github.com/fenced-dev/fenced"
 	"sync"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"google.golang.org/grpc"
-
-	"github.com/fenced-dev/fenced/driver"
 )
 
 // kaResult is the server's answer to one keep-alive.
@@ -87,7 +86,7 @@ func (k *keepAliver) receive(st pb.Lease_LeaseKeepAliveClient) {
 // a new one.
 func (k *keepAliver) resetLocked(err error) {
 	for _, ch := range k.pending {
-		ch <- kaResult{err: fmt.Errorf("%w: keep-alive stream: %v", driver.ErrUnavailable, err)}
+		ch <- kaResult{err: fmt.Errorf("%w: keep-alive stream: %v", fenced.ErrUnavailable, err)}
 	}
 	k.pending = nil
 	if k.cancel != nil {

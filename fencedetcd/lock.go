@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/fenced-dev/fenced"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -53,9 +54,9 @@ func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Dur
 		d.unreserve(s, name)
 		kvs := resp.Responses[0].GetResponseRange().Kvs
 		if len(kvs) > 0 && string(kvs[0].Value) == owner {
-			return 0, fmt.Errorf("etcd: acquire: %w: owner token already queued through another client", driver.ErrHeld)
+			return 0, fmt.Errorf("etcd: acquire: %w: owner token already queued through another client", fenced.ErrHeld)
 		}
-		return 0, &driver.HeldError{Key: key}
+		return 0, &fenced.HeldError{}
 	}
 	e.rev = resp.Header.Revision
 	e.granted = true
@@ -95,8 +96,8 @@ func (d *Driver) put(ctx context.Context, e *entry, ttl time.Duration, start tim
 }
 
 func asUnknown(err error) error {
-	if errors.Is(err, driver.ErrUnavailable) || errors.Is(err, errSessionGone) {
-		return fmt.Errorf("%w: %v", driver.ErrUnknownOutcome, err)
+	if errors.Is(err, fenced.ErrUnavailable) || errors.Is(err, errSessionGone) {
+		return fmt.Errorf("%w: %v", fenced.ErrUnknownOutcome, err)
 	}
 	return err
 }
@@ -125,7 +126,7 @@ func (d *Driver) confirm(ctx context.Context, e *entry, ttl time.Duration, start
 		if !e.granted {
 			d.grants.EndNow(e) // TryAcquire never leaves a key queued
 		}
-		return 0, &driver.HeldError{Key: e.id.Key}
+		return 0, &fenced.HeldError{}
 	}
 	if kaErr != nil {
 		return 0, asUnknown(kaErr)
@@ -256,7 +257,7 @@ func (d *Driver) predecessor(ctx context.Context, e *entry) (string, error) {
 	}
 	mine := resp.Responses[0].GetResponseRange().Kvs
 	if len(mine) == 0 || mine[0].CreateRevision != e.rev {
-		return "", fmt.Errorf("etcd: acquire: %w: %w: %s (session expired or broken)", driver.ErrUnavailable, errVanished, e.etcdKey)
+		return "", fmt.Errorf("etcd: acquire: %w: %w: %s (session expired or broken)", fenced.ErrUnavailable, errVanished, e.etcdKey)
 	}
 	pred := resp.Responses[1].GetResponseRange().Kvs
 	if len(pred) == 0 {
@@ -308,7 +309,7 @@ func (d *Driver) waitDelete(ctx context.Context, e *entry, key string) error {
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
-	return fmt.Errorf("etcd: watch predecessor %s: %w: watch closed", key, driver.ErrUnavailable)
+	return fmt.Errorf("etcd: watch predecessor %s: %w: watch closed", key, fenced.ErrUnavailable)
 }
 
 // keepWaiting keeps e's session and entry alive until ctx ends.
@@ -455,7 +456,7 @@ func (d *Driver) attachedKeys(ctx context.Context, s *session, notBefore time.Ti
 // released if that key carries g's owner token and fence. The client
 // releases such a grant by owner once its caller has gone.
 func (d *Driver) Release(ctx context.Context, g driver.Grant) error {
-	notHeld := fmt.Errorf("etcd: release %s: %w", g, driver.ErrNotHeld)
+	notHeld := fmt.Errorf("etcd: release %s: %w", g, fenced.ErrNotHeld)
 	if g.Fence == 0 || g.Owner == "" {
 		return notHeld
 	}
@@ -502,7 +503,7 @@ func (d *Driver) Release(ctx context.Context, g driver.Grant) error {
 func (d *Driver) WatchLoss(g driver.Grant, lost func(error)) (func(), error) {
 	e := d.grants.Lookup(g.Key, g.Owner)
 	if e == nil || !e.granted || uint64(e.rev) != g.Fence {
-		return nil, fmt.Errorf("etcd: watch %s: %w", g, driver.ErrNotHeld)
+		return nil, fmt.Errorf("etcd: watch %s: %w", g, fenced.ErrNotHeld)
 	}
 	return d.losses.add(e, sessionlock.NewLoss(lost)), nil
 }

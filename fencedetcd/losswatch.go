@@ -3,6 +3,7 @@ package fencedetcd
 import (
 	"context"
 	"fmt"
+	"github.com/fenced-dev/fenced"
 	"sync"
 	"time"
 
@@ -10,7 +11,6 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"google.golang.org/grpc"
 
-	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/backend/sessionlock"
 )
 
@@ -259,7 +259,7 @@ func (lw *lossWatches) receive(st pb.Watch_WatchClient) {
 		}
 		for _, ev := range resp.Events {
 			if ev.Type == mvccpb.DELETE {
-				w.loss.Report(fmt.Errorf("%w: etcd key %s was deleted (broken by an admin, or its session expired)", driver.ErrLost, w.key))
+				w.loss.Report(fmt.Errorf("%w: etcd key %s was deleted (broken by an admin, or its session expired)", fenced.ErrLost, w.key))
 			}
 		}
 		if resp.Canceled {
@@ -278,7 +278,7 @@ func (lw *lossWatches) recheck(w *lossWatch) {
 		cancel()
 		if err == nil {
 			if kv == nil || kv.CreateRevision != w.rev {
-				w.loss.Report(fmt.Errorf("%w: etcd key %s is gone", driver.ErrLost, w.key))
+				w.loss.Report(fmt.Errorf("%w: etcd key %s is gone", fenced.ErrLost, w.key))
 				return
 			}
 			lw.sendMu.Lock()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/fenced-dev/fenced"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -61,7 +62,7 @@ func (r *batchRenewal) admit() {
 	for i, g := range r.grants {
 		e := r.d.grants.Lookup(g.Key, g.Owner)
 		if e == nil || !e.granted || g.Fence == 0 || uint64(e.rev) != g.Fence {
-			r.errs[i] = fmt.Errorf("etcd: renew %s: %w", g, driver.ErrNotHeld)
+			r.errs[i] = fmt.Errorf("etcd: renew %s: %w", g, fenced.ErrNotHeld)
 			continue
 		}
 		if limit := time.Duration(e.s.ttl) * time.Second; g.TTL > limit {
@@ -69,7 +70,7 @@ func (r *batchRenewal) admit() {
 			// the grant would end before the TTL the caller counts on.
 			r.errs[i] = fmt.Errorf(
 				"etcd: renew %s: %w: TTL %v exceeds the %v of the session the grant rides on (renew with the TTL it was granted with)",
-				g, driver.ErrInvalidTTL, g.TTL, limit)
+				g, fenced.ErrInvalidTTL, g.TTL, limit)
 			continue
 		}
 		r.entries[i] = e
@@ -192,13 +193,13 @@ func (r *batchRenewal) settle() {
 		}
 		if !r.held[j] {
 			r.d.grants.Forget(e)
-			r.errs[i] = fmt.Errorf("etcd: renew %s: %w: key %s is gone", r.grants[i], driver.ErrNotHeld, e.etcdKey)
+			r.errs[i] = fmt.Errorf("etcd: renew %s: %w: key %s is gone", r.grants[i], fenced.ErrNotHeld, e.etcdKey)
 			continue
 		}
 		if kerr := r.kaErrs[e.s]; kerr != nil {
 			if errors.Is(kerr, errSessionGone) {
 				r.d.grants.Forget(e)
-				r.errs[i] = fmt.Errorf("etcd: renew %s: %w: %v", r.grants[i], driver.ErrNotHeld, kerr)
+				r.errs[i] = fmt.Errorf("etcd: renew %s: %w: %v", r.grants[i], fenced.ErrNotHeld, kerr)
 			} else {
 				r.errs[i] = kerr
 			}
@@ -207,7 +208,7 @@ func (r *batchRenewal) settle() {
 		if !r.d.grants.Extend(e, r.grants[i].TTL, r.start) {
 			// Ended meanwhile (its deadline passed, the reaper is deleting
 			// it or has): whatever the reads found, it is not held.
-			r.errs[i] = fmt.Errorf("etcd: renew %s: %w: the grant ended during the renewal", r.grants[i], driver.ErrNotHeld)
+			r.errs[i] = fmt.Errorf("etcd: renew %s: %w: the grant ended during the renewal", r.grants[i], fenced.ErrNotHeld)
 		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/fenced-dev/fenced"
 	"sync"
 	"testing"
 	"time"
@@ -78,7 +79,7 @@ func TestRenewBatchLarge(t *testing.T) {
 	}
 	for i, err := range errs {
 		if stale(i) {
-			if !errors.Is(err, driver.ErrNotHeld) {
+			if !errors.Is(err, fenced.ErrNotHeld) {
 				t.Errorf("grant %d (key deleted): %v, want ErrNotHeld", i, err)
 			}
 		} else if err != nil {
@@ -91,7 +92,7 @@ func TestRenewBatchLarge(t *testing.T) {
 		t.Fatalf("second RenewBatch: %v", err)
 	}
 	for i, err := range errs {
-		if stale(i) != errors.Is(err, driver.ErrNotHeld) || !stale(i) && err != nil {
+		if stale(i) != errors.Is(err, fenced.ErrNotHeld) || !stale(i) && err != nil {
 			t.Errorf("second pass, grant %d (stale %v): %v", i, stale(i), err)
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/fenced-dev/fenced"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -12,7 +13,6 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/backend/errclass"
 	"github.com/fenced-dev/fenced/internal/backend/sessionlock"
 )
@@ -78,7 +78,7 @@ func (e *entry) GrantID() sessionlock.ID { return e.id }
 func (d *Driver) grant(e *entry, ttl time.Duration, from time.Time) (uint64, error) {
 	e.granted = true
 	if !d.grants.Extend(e, ttl, from) {
-		return 0, fmt.Errorf("etcd: acquire %s: %w: the grant ended as it was confirmed", e.id.Key, driver.ErrNotHeld)
+		return 0, fmt.Errorf("etcd: acquire %s: %w: the grant ended as it was confirmed", e.id.Key, fenced.ErrNotHeld)
 	}
 	return uint64(e.rev), nil
 }
@@ -104,7 +104,7 @@ func (d *Driver) reserve(ctx context.Context, ttl time.Duration, name string) (*
 	d.mu.Lock()
 	if d.closed {
 		d.mu.Unlock()
-		return nil, driver.ErrClosed
+		return nil, fenced.ErrClosed
 	}
 	now := time.Now()
 	for _, s := range d.sessions[secs] {
@@ -304,7 +304,7 @@ func classify(err error) error {
 	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
 		return errSessionGone
 	}
-	return driver.ErrUnknownOutcome
+	return fenced.ErrUnknownOutcome
 }
 
 // readErr wraps the failure of a request that changes nothing; the end

@@ -76,7 +76,7 @@ func (el *Elector) campaign(ctx context.Context, e *recipe.Election) {
 		el.lead = nil
 		el.mu.Unlock()
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		_ = ld.Resign(rctx)
+		_ = ld.Release(rctx)
 		cancel()
 	}
 }
@@ -108,7 +108,7 @@ func (el *Elector) Epoch() uint64 {
 	if el.lead == nil {
 		return 0
 	}
-	return el.lead.Epoch()
+	return el.lead.Fence()
 }
 
 // Task returns a gocron task that runs fn with the lease of the current
@@ -133,7 +133,7 @@ func (el *Elector) Task(fn func(ctx context.Context, l *fenced.Lease) error) goc
 		if ld == nil {
 			return ErrNotLeader
 		}
-		return runUnder(ctx, ld.Lease(), fn)
+		return runUnder(ctx, ld.Lease, fn)
 	})
 }
 

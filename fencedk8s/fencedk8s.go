@@ -133,7 +133,7 @@ type ResourceLock struct {
 var _ resourcelock.Interface = (*ResourceLock)(nil)
 
 // New returns the lock of candidate identity for the election name (a
-// fenced key) on c. It returns an error matching driver.ErrInvalidKey,
+// fenced key) on c. It returns an error matching fenced.ErrInvalidKey,
 // fenced.ErrInvalidOptions or fenced.ErrNoFence when name, identity or
 // opts cannot be used: identity must be usable at the end of a key (see
 // the package comment).

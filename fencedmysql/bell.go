@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/fenced-dev/fenced"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -428,7 +429,7 @@ func pollSleep(n int, remaining time.Duration) time.Duration {
 // heldRemaining is the holder's remaining time a refusal reports (0 when
 // unknown).
 func heldRemaining(err error) time.Duration {
-	var held *driver.HeldError
+	var held *fenced.HeldError
 	if errors.As(err, &held) {
 		return held.Remaining
 	}
@@ -436,7 +437,7 @@ func heldRemaining(err error) time.Duration {
 }
 
 // AcquireTimed implements driver.TimedQueuer. It is declared only with
-// doorbells on; with them off it refuses with driver.ErrUnsupported. It
+// doorbells on; with them off it refuses with fenced.ErrUnsupported. It
 // tries the row once. While the key is held, the head of the key's local
 // line waits on the key's doorbell (see the comment at the top of bell.go).
 // It tries the row again each time the doorbell rings or the holder's time
@@ -446,7 +447,7 @@ func heldRemaining(err error) time.Duration {
 // first try are returned, so that a caller that fails open can.
 func (d *Driver) AcquireTimed(ctx context.Context, key, owner string, ttl time.Duration) (uint64, time.Time, error) {
 	if cap(d.bell.slots) == 0 {
-		return 0, time.Time{}, fmt.Errorf("mysql: wait in a queue: %w: doorbells are off (Options.Bells < 0)", driver.ErrUnsupported)
+		return 0, time.Time{}, fmt.Errorf("mysql: wait in a queue: %w: doorbells are off (Options.Bells < 0)", fenced.ErrUnsupported)
 	}
 	sent := time.Now()
 	fence, err := d.TryAcquire(ctx, key, owner, ttl)
@@ -454,7 +455,7 @@ func (d *Driver) AcquireTimed(ctx context.Context, key, owner string, ttl time.D
 	if err == nil && b.wasContended(key) {
 		b.takeFree(ctx, driver.Grant{Key: key, Owner: owner, Fence: fence, TTL: ttl})
 	}
-	if !errors.Is(err, driver.ErrHeld) {
+	if !errors.Is(err, fenced.ErrHeld) {
 		return fence, sent, err
 	}
 	b.markContended(key)
@@ -507,11 +508,11 @@ func (w *waiter) wait(ctx context.Context) (uint64, time.Time, error) {
 		case err == nil:
 			w.granted(ctx, driver.Grant{Key: w.key, Owner: w.owner, Fence: fence, TTL: w.ttl})
 			return fence, sent, nil
-		case errors.Is(err, driver.ErrHeld):
+		case errors.Is(err, fenced.ErrHeld):
 			w.remaining = heldRemaining(err)
 		case ctx.Err() != nil:
 			return 0, time.Time{}, context.Cause(ctx)
-		case errors.Is(err, driver.ErrUnavailable), errors.Is(err, driver.ErrUnknownOutcome):
+		case errors.Is(err, fenced.ErrUnavailable), errors.Is(err, fenced.ErrUnknownOutcome):
 			w.remaining = 0
 			if !sessionlock.Pause(ctx, sessionlock.RetryPause) {
 				return 0, time.Time{}, context.Cause(ctx)
@@ -596,7 +597,7 @@ func (w *waiter) leave() {
 	}
 }
 
-// note is the waiting part of Guarantees().Note.
+// note is the waiting part of Capabilities().Note.
 func (b *doorbell) note() string {
 	if cap(b.slots) == 0 {
 		return "doorbells off: waiters poll with backoff and full jitter, capped by the holder's remaining time"
@@ -623,7 +624,7 @@ func (d *Driver) Renew(ctx context.Context, g driver.Grant) error {
 	switch {
 	case err == nil:
 		d.bell.renewed([]driver.Grant{g}, nil)
-	case errors.Is(err, driver.ErrNotHeld):
+	case errors.Is(err, fenced.ErrNotHeld):
 		d.bell.done(g)
 	}
 	return err
@@ -637,7 +638,7 @@ func (d *Driver) RenewBatch(ctx context.Context, grants []driver.Grant) ([]error
 		d.bell.renewed(grants, errs)
 	}
 	for i, e := range errs {
-		if errors.Is(e, driver.ErrNotHeld) {
+		if errors.Is(e, fenced.ErrNotHeld) {
 			d.bell.done(grants[i])
 		}
 	}

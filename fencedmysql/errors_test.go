@@ -23,10 +23,10 @@ func TestOpenErrorsNameTheProblem(t *testing.T) {
 		{Name: "wrong password", URL: my.URLAs(my.User, badPassword), Want: fenced.ErrUnavailable, Says: "access denied"},
 		{Name: "unknown user", URL: my.URLAs("nobody_here", badPassword), Want: fenced.ErrUnavailable, Says: "access denied"},
 		{Name: "unreachable server", URL: "mysql://fenced:" + badPassword + "@" + testenv.Addr(testenv.FreePort(t)) + "/fenced", Want: fenced.ErrUnavailable, Says: "cannot connect"},
-		{Name: "bad table name", URL: my.URL("table=Robert`;DROP"), Want: driver.ErrInvalidURL, Says: ""},
-		{Name: "upper-case table name", URL: my.URL("table=Leases"), Want: driver.ErrInvalidURL, Says: "table name"},
-		{Name: "no database", URL: "mysql://fenced:" + badPassword + "@127.0.0.1:1/", Want: driver.ErrInvalidURL, Says: "database"},
-		{Name: "bad driver parameter", URL: "mysql://fenced:" + badPassword + "@127.0.0.1:1/db?readTimeout=soon", Want: driver.ErrInvalidURL, Says: "readTimeout"},
+		{Name: "bad table name", URL: my.URL("table=Robert`;DROP"), Want: fenced.ErrInvalidURL, Says: ""},
+		{Name: "upper-case table name", URL: my.URL("table=Leases"), Want: fenced.ErrInvalidURL, Says: "table name"},
+		{Name: "no database", URL: "mysql://fenced:" + badPassword + "@127.0.0.1:1/", Want: fenced.ErrInvalidURL, Says: "database"},
+		{Name: "bad driver parameter", URL: "mysql://fenced:" + badPassword + "@127.0.0.1:1/db?readTimeout=soon", Want: fenced.ErrInvalidURL, Says: "readTimeout"},
 	}, badPassword, my.Password)
 }
 
@@ -83,7 +83,7 @@ func TestNewOverCallersDB(t *testing.T) {
 	// With clientFoundRows an unchanged row counts as affected; the driver
 	// must still see the refusal.
 	_, err = d.TryAcquire(ctx, key, "b", time.Minute)
-	var held *driver.HeldError
+	var held *fenced.HeldError
 	if !errors.As(err, &held) || held.Remaining <= 0 || held.Remaining > time.Minute {
 		t.Fatalf("acquire by another owner: %v, want a HeldError with the time left", err)
 	}

@@ -50,6 +50,6 @@ func ExampleNew() {
 	}
 	client := fenced.NewClient(drv, nil)
 	defer client.Close()
-	fmt.Println("fence strength:", client.Guarantees().Fence)
+	fmt.Println("fence strength:", client.Capabilities().Fence)
 	// Output: fence strength: strict
 }

@@ -27,7 +27,7 @@
 // server as a session variable when connecting, so sql_mode=... and
 // time_zone=... work. A variable the server does not know (a mistyped
 // parameter such as tabel=x), or a value it refuses, fails the open with an
-// error matching driver.ErrInvalidURL, not ErrUnavailable. It is a usage
+// error matching fenced.ErrInvalidURL, not ErrUnavailable. It is a usage
 // error, and the store is up.
 //
 // # Sharing the database
@@ -196,8 +196,8 @@ var (
 
 // Open connects to the store named by a mysql:// URL (see the package
 // documentation) and returns a driver that owns its *sql.DB. Errors match
-// driver.ErrInvalidURL (malformed URL or parameter) or
-// driver.ErrUnavailable (server unreachable, access denied); none contains
+// fenced.ErrInvalidURL (malformed URL or parameter) or
+// fenced.ErrUnavailable (server unreachable, access denied); none contains
 // the password.
 func Open(ctx context.Context, rawURL string) (*Driver, error) {
 	u, err := storeurl.Parse(rawURL)
@@ -205,7 +205,7 @@ func Open(ctx context.Context, rawURL string) (*Driver, error) {
 		return nil, err
 	}
 	if u.Scheme != "mysql" {
-		return nil, fmt.Errorf("%w: scheme %q, want mysql", driver.ErrInvalidURL, u.Scheme)
+		return nil, fmt.Errorf("%w: scheme %q, want mysql", fenced.ErrInvalidURL, u.Scheme)
 	}
 	d, err := open(ctx, u)
 	if err != nil {
@@ -218,7 +218,7 @@ func Open(ctx context.Context, rawURL string) (*Driver, error) {
 // lease table it names.
 func Config(u *url.URL) (*mysql.Config, string, error) {
 	if u.Opaque != "" || u.Host == "" {
-		return nil, "", fmt.Errorf("%w: want mysql://user:password@host:port/database", driver.ErrInvalidURL)
+		return nil, "", fmt.Errorf("%w: want mysql://user:password@host:port/database", fenced.ErrInvalidURL)
 	}
 	p, err := urlquery.Parse(u.RawQuery)
 	if err != nil {
@@ -235,7 +235,7 @@ func Config(u *url.URL) (*mysql.Config, string, error) {
 	q := p.Rest()
 	db := strings.TrimPrefix(u.Path, "/")
 	if db == "" || strings.Contains(db, "/") {
-		return nil, "", fmt.Errorf("%w: the path must name one database, as in mysql://host/dbname", driver.ErrInvalidURL)
+		return nil, "", fmt.Errorf("%w: the path must name one database, as in mysql://host/dbname", fenced.ErrInvalidURL)
 	}
 	addr := u.Host
 	if u.Port() == "" {
@@ -246,7 +246,7 @@ func Config(u *url.URL) (*mysql.Config, string, error) {
 	// character of user, password or database needs DSN escaping.
 	cfg, err := mysql.ParseDSN("/?" + q.Encode())
 	if err != nil {
-		return nil, "", fmt.Errorf("%w: %v", driver.ErrInvalidURL, err)
+		return nil, "", fmt.Errorf("%w: %v", fenced.ErrInvalidURL, err)
 	}
 	cfg.User = u.User.Username()
 	cfg.Passwd, _ = u.User.Password()
@@ -274,7 +274,7 @@ func open(ctx context.Context, u *url.URL) (*Driver, error) {
 	}
 	connector, err := mysql.NewConnector(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %s", driver.ErrInvalidURL, leasetable.Scrub(err.Error(), cfg.Passwd))
+		return nil, fmt.Errorf("%w: %s", fenced.ErrInvalidURL, leasetable.Scrub(err.Error(), cfg.Passwd))
 	}
 	db := sql.OpenDB(connector)
 	db.SetMaxIdleConns(8)
@@ -305,13 +305,13 @@ func connectError(cfg *mysql.Config, err error) error {
 		// server): an unknown variable or a refused value is a usage
 		// error, not an outage.
 		return fmt.Errorf("%w: a URL parameter not fenced's (%s, %s) nor go-sql-driver's was refused as a system variable: %s (error %d)",
-			driver.ErrInvalidURL, leasetable.TableParam, paramSocket, leasetable.Scrub(myErr.Message, cfg.Passwd), myErr.Number)
+			fenced.ErrInvalidURL, leasetable.TableParam, paramSocket, leasetable.Scrub(myErr.Message, cfg.Passwd), myErr.Number)
 	}
 	if errors.As(err, &myErr) && (myErr.Number == 1045 || myErr.Number == 1044 || myErr.Number == 1698) {
 		return fmt.Errorf("%w: access denied for user %q at %s: %s (error %d)",
-			driver.ErrUnavailable, cfg.User, cfg.Addr, leasetable.Scrub(myErr.Message, cfg.Passwd), myErr.Number)
+			fenced.ErrUnavailable, cfg.User, cfg.Addr, leasetable.Scrub(myErr.Message, cfg.Passwd), myErr.Number)
 	}
-	return fmt.Errorf("%w: cannot connect to MySQL at %s: %s", driver.ErrUnavailable, cfg.Addr, leasetable.Scrub(err.Error(), cfg.Passwd))
+	return fmt.Errorf("%w: cannot connect to MySQL at %s: %s", fenced.ErrUnavailable, cfg.Addr, leasetable.Scrub(err.Error(), cfg.Passwd))
 }
 
 // New returns a driver over db, creating the lease and audit tables if
@@ -495,9 +495,10 @@ func (d *Driver) renewBatch(ctx context.Context, c sqllease.Conn, reqs []sqlleas
 	return sqllease.ScanGrants(c.Query(ctx, q, sel...))
 }
 
-// Guarantees implements driver.Driver.
-func (d *Driver) Guarantees() driver.Guarantees {
-	return driver.Guarantees{
+// guarantees is what the backend promises, the part of Capabilities
+// that says how far a lease can be trusted.
+func (d *Driver) guarantees() driver.Capabilities {
+	return driver.Capabilities{
 		Fence:       driver.FenceStrict,
 		ServerClock: true,
 		// UTC_TIMESTAMP is the server's wall clock.
@@ -513,7 +514,9 @@ func (d *Driver) Guarantees() driver.Guarantees {
 // doorbell connections, and the lease table's batch renewal, break log,
 // fence floor and prune.
 func (d *Driver) Capabilities() driver.Capabilities {
-	return driver.Capabilities{Queue: cap(d.bell.slots) > 0, BatchRenew: true, BreakLog: true, FenceFloor: true, Prune: true}
+	c := d.guarantees()
+	c.Queue, c.BatchRenew, c.BreakLog, c.FenceFloor, c.Prune = cap(d.bell.slots) > 0, true, true, true, true
+	return c
 }
 
 // Close implements driver.Driver. It closes the driver's prepared
@@ -706,18 +709,18 @@ func classify(err error) error {
 			// Too many connections, access denied, shutdown, lock wait
 			// timeout, deadlock, connection killed: the statement was not
 			// applied.
-			return driver.ErrUnavailable
+			return fenced.ErrUnavailable
 		}
 		return nil
 	}
 	var opErr *net.OpError
 	if errors.Is(err, sqldriver.ErrBadConn) || (errors.As(err, &opErr) && opErr.Op == "dial") {
-		return driver.ErrUnavailable
+		return fenced.ErrUnavailable
 	}
 	var netErr net.Error
 	if errors.Is(err, mysql.ErrInvalidConn) || errors.As(err, &netErr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, sql.ErrConnDone) {
-		return driver.ErrUnknownOutcome
+		return fenced.ErrUnknownOutcome
 	}
 	return nil
 }

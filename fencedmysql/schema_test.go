@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"github.com/fenced-dev/fenced"
 	"strings"
 	"testing"
 	"time"
@@ -168,13 +169,13 @@ func TestKeysAndOwnersAreExactOnLatin1Server(t *testing.T) {
 	}
 	// Owners that differ only in case or a trailing space are strangers.
 	for _, o := range owners[1:] {
-		if _, err := d.TryAcquire(ctx, "job:a", o, time.Minute); !errors.Is(err, driver.ErrHeld) {
+		if _, err := d.TryAcquire(ctx, "job:a", o, time.Minute); !errors.Is(err, fenced.ErrHeld) {
 			t.Errorf("acquire of job:a by %q: %v, want ErrHeld", o, err)
 		}
-		if err := d.Renew(ctx, driver.Grant{Key: "job:a", Owner: o, Fence: 1, TTL: time.Minute}); !errors.Is(err, driver.ErrNotHeld) {
+		if err := d.Renew(ctx, driver.Grant{Key: "job:a", Owner: o, Fence: 1, TTL: time.Minute}); !errors.Is(err, fenced.ErrNotHeld) {
 			t.Errorf("renew of job:a by %q: %v, want ErrNotHeld", o, err)
 		}
-		if err := d.Release(ctx, driver.Grant{Key: "job:a", Owner: o, Fence: 1}); !errors.Is(err, driver.ErrNotHeld) {
+		if err := d.Release(ctx, driver.Grant{Key: "job:a", Owner: o, Fence: 1}); !errors.Is(err, fenced.ErrNotHeld) {
 			t.Errorf("release of job:a by %q: %v, want ErrNotHeld", o, err)
 		}
 	}

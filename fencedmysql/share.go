@@ -22,7 +22,7 @@ func (d *Driver) Table() string { return d.table }
 // socket, which becomes the DSN's unix address). It keeps the settings
 // fenced's own connections use: interpolateParams=true and a 10 s connect
 // timeout, unless the URL sets them. An application opens its own pool to
-// the lease store's database with it. Errors match driver.ErrInvalidURL and
+// the lease store's database with it. Errors match fenced.ErrInvalidURL and
 // never contain the password.
 func DSN(rawURL string) (string, error) {
 	u, err := storeurl.Parse(rawURL)
@@ -30,7 +30,7 @@ func DSN(rawURL string) (string, error) {
 		return "", err
 	}
 	if u.Scheme != "mysql" {
-		return "", fmt.Errorf("mysql: %s: %w: scheme %q, want mysql", driver.Redact(rawURL), driver.ErrInvalidURL, u.Scheme)
+		return "", fmt.Errorf("mysql: %s: %w: scheme %q, want mysql", driver.Redact(rawURL), fenced.ErrInvalidURL, u.Scheme)
 	}
 	cfg, _, err := Config(u)
 	if err != nil {

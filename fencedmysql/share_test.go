@@ -38,7 +38,7 @@ func TestDSN(t *testing.T) {
 	}
 	for _, bad := range []string{"postgres://u:pw-secret@h/db", "mysql://u:pw-secret@h/db?table=a;b", "mysql://u:pw-secret@h/", ""} {
 		_, err := fencedmysql.DSN(bad)
-		if !errors.Is(err, driver.ErrInvalidURL) || strings.Contains(err.Error(), "pw-secret") {
+		if !errors.Is(err, fenced.ErrInvalidURL) || strings.Contains(err.Error(), "pw-secret") {
 			t.Errorf("DSN(%q) = %v, want ErrInvalidURL without the password", bad, err)
 		}
 	}

@@ -3,12 +3,11 @@ package fencedpostgres_test
 import (
 	"context"
 	"errors"
+	"github.com/fenced-dev/fenced"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-
-	"github.com/fenced-dev/fenced/driver"
 )
 
 // TestAbandonedAcquireIsNotAppliedLater: an acquire whose caller gave up
@@ -54,7 +53,7 @@ func TestAbandonedAcquireIsNotAppliedLater(t *testing.T) {
 	}
 	time.Sleep(300 * time.Millisecond)
 	info, err := d.Inspect(ctx, key)
-	if errors.Is(err, driver.ErrNotFound) {
+	if errors.Is(err, fenced.ErrNotFound) {
 		return // no row: nothing was granted
 	}
 	if err != nil {

@@ -6,11 +6,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/fenced-dev/fenced"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-
-	"github.com/fenced-dev/fenced/driver"
 )
 
 // TxBeginner starts transactions; *pgxpool.Pool and *pgx.Conn implement it.
@@ -92,7 +91,7 @@ func WithAdvisoryLock(ctx context.Context, db TxBeginner, key string, opts *Advi
 		o = *opts
 	}
 	if o.MaxWait < 0 {
-		return fmt.Errorf("postgres: advisory lock %q: %w: MaxWait %v is negative", key, driver.ErrInvalidTTL, o.MaxWait)
+		return fmt.Errorf("postgres: advisory lock %q: %w: MaxWait %v is negative", key, fenced.ErrInvalidTTL, o.MaxWait)
 	}
 	tx, err := db.BeginTx(ctx, o.TxOptions)
 	if err != nil {
@@ -109,7 +108,7 @@ func WithAdvisoryLock(ctx context.Context, db TxBeginner, key string, opts *Advi
 		}
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, id); err != nil {
 			if isLockTimeout(err) {
-				return fmt.Errorf("postgres: advisory lock %q: gave up after waiting %v: %w", key, o.MaxWait, &driver.HeldError{Key: key})
+				return fmt.Errorf("postgres: advisory lock %q: gave up after waiting %v: %w", key, o.MaxWait, &fenced.HeldError{})
 			}
 			if ctx.Err() != nil {
 				return context.Cause(ctx)
@@ -127,7 +126,7 @@ func WithAdvisoryLock(ctx context.Context, db TxBeginner, key string, opts *Advi
 			return classify("advisory lock", key, err)
 		}
 		if !got {
-			return fmt.Errorf("postgres: advisory lock: %w", &driver.HeldError{Key: key})
+			return fmt.Errorf("postgres: advisory lock: %w", &fenced.HeldError{})
 		}
 	}
 	if err := fn(ctx, tx); err != nil {

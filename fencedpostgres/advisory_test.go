@@ -11,7 +11,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/fencedpostgres"
 )
 
@@ -106,7 +105,7 @@ func TestAdvisoryLockMaxWaitAndCancel(t *testing.T) {
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("context ended while waiting: %v, want DeadlineExceeded", err)
 	}
-	if err := fencedpostgres.WithAdvisoryLock(ctx, pool, key, &fencedpostgres.AdvisoryOptions{Wait: true, MaxWait: -time.Second}, fn); !errors.Is(err, driver.ErrInvalidTTL) {
+	if err := fencedpostgres.WithAdvisoryLock(ctx, pool, key, &fencedpostgres.AdvisoryOptions{Wait: true, MaxWait: -time.Second}, fn); !errors.Is(err, fenced.ErrInvalidTTL) {
 		t.Fatalf("negative MaxWait: %v", err)
 	}
 }

@@ -3,6 +3,7 @@ package fencedpostgres_test
 import (
 	"errors"
 	"fmt"
+	"github.com/fenced-dev/fenced"
 	"sync"
 	"testing"
 	"time"
@@ -118,7 +119,7 @@ func TestRenewBatchAtScale(t *testing.T) {
 	bad := 0
 	for i, e := range errs {
 		g := reqs[i]
-		if kind(i) == current && e != nil || kind(i) != current && !errors.Is(e, driver.ErrNotHeld) {
+		if kind(i) == current && e != nil || kind(i) != current && !errors.Is(e, fenced.ErrNotHeld) {
 			t.Errorf("grant %d (kind %d): %v", i, kind(i), e)
 			bad++
 		}

@@ -17,7 +17,7 @@ import (
 )
 
 // TestClockStepEndsGrantEarly reproduces the hazard PostgreSQL declares
-// with Guarantees.ClockStepSafe == false. A holds a lease; the database's
+// with Capabilities.ClockStepSafe == false. A holds a lease; the database's
 // wall clock steps forward by more than the TTL, so now() in the grant
 // statement finds A's row expired while A's local validity, on A's
 // monotonic clock, has almost the whole TTL left. B is granted the key
@@ -37,7 +37,7 @@ func TestClockStepEndsGrantEarly(t *testing.T) {
 		return c
 	}
 	a, b := openClient(), openClient()
-	if g := a.Guarantees(); g.ClockStepSafe {
+	if g := a.Capabilities(); g.ClockStepSafe {
 		t.Fatalf("PostgreSQL declares ClockStepSafe, but now() is its wall clock: %+v", g)
 	}
 

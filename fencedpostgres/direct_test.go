@@ -20,7 +20,7 @@ import (
 func TestListenOnlyOnADirectConnection(t *testing.T) {
 	direct := open(t, "table=direct_leases")
 	if !capability.Of(direct).Notifies() {
-		t.Fatalf("direct connection: Notify=false (%s)", direct.Guarantees().Note)
+		t.Fatalf("direct connection: Notify=false (%s)", direct.Capabilities().Note)
 	}
 
 	proxy := testenv.StartProxy(t, testenv.Addr(pg.Port))
@@ -37,7 +37,7 @@ func TestListenOnlyOnADirectConnection(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		g, notified := d.Guarantees(), capability.Of(d).Notifies()
+		g, notified := d.Capabilities(), capability.Of(d).Notifies()
 		d.Close()
 		if notified != c.notify {
 			t.Errorf("through a TCP proxy%s: Notify=%v, want %v (%s)", c.param, notified, c.notify, g.Note)

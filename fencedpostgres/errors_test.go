@@ -8,7 +8,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/fencedpostgres"
 	"github.com/fenced-dev/fenced/internal/testkit/opentest"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
@@ -22,11 +21,11 @@ func TestOpenErrorsNameTheProblem(t *testing.T) {
 		{Name: "wrong password", URL: pg.URLAs(pg.User, badPassword), Want: fenced.ErrUnavailable, Says: "authentication failed"},
 		{Name: "unknown user", URL: pg.URLAs("nobody_here", badPassword), Want: fenced.ErrUnavailable, Says: "authentication failed"},
 		{Name: "unreachable server", URL: "postgres://fenced:" + badPassword + "@" + testenv.Addr(testenv.FreePort(t)) + "/postgres?sslmode=disable&connect_timeout=5", Want: fenced.ErrUnavailable, Says: "cannot connect"},
-		{Name: "bad table name", URL: pg.URL("table=Robert');DROP"), Want: driver.ErrInvalidURL, Says: ""},
-		{Name: "upper-case table name", URL: pg.URL("table=Leases"), Want: driver.ErrInvalidURL, Says: "table name"},
-		{Name: "overlong table name", URL: pg.URL("table=" + strings.Repeat("t", 49)), Want: driver.ErrInvalidURL, Says: "longer than 48"},
-		{Name: "bad pgx parameter", URL: "postgres://fenced:" + badPassword + "@127.0.0.1:1/db?sslmode=sometimes", Want: driver.ErrInvalidURL, Says: "sslmode"},
-		{Name: "password in the query", URL: "postgres://127.0.0.1:1/db?password=" + badPassword + "&sslmode=sometimes", Want: driver.ErrInvalidURL, Says: "sslmode"},
+		{Name: "bad table name", URL: pg.URL("table=Robert');DROP"), Want: fenced.ErrInvalidURL, Says: ""},
+		{Name: "upper-case table name", URL: pg.URL("table=Leases"), Want: fenced.ErrInvalidURL, Says: "table name"},
+		{Name: "overlong table name", URL: pg.URL("table=" + strings.Repeat("t", 49)), Want: fenced.ErrInvalidURL, Says: "longer than 48"},
+		{Name: "bad pgx parameter", URL: "postgres://fenced:" + badPassword + "@127.0.0.1:1/db?sslmode=sometimes", Want: fenced.ErrInvalidURL, Says: "sslmode"},
+		{Name: "password in the query", URL: "postgres://127.0.0.1:1/db?password=" + badPassword + "&sslmode=sometimes", Want: fenced.ErrInvalidURL, Says: "sslmode"},
 	}, badPassword, pg.Password)
 }
 

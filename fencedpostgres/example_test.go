@@ -63,7 +63,7 @@ func ExampleNew() {
 		log.Fatal(err)
 	}
 	defer l.Release(ctx)
-	fmt.Println("fence strength:", client.Guarantees().Fence)
+	fmt.Println("fence strength:", client.Capabilities().Fence)
 	// Output: fence strength: strict
 }
 

@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/fenced-dev/fenced"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/backend/leasetable"
 	"github.com/fenced-dev/fenced/internal/backend/sqllease"
 )
@@ -48,7 +48,7 @@ func (q statements) pruneBatch(ctx context.Context, db sqllease.DB, cutoff any, 
 		}
 		if try == pruneLockTries {
 			return b, fmt.Errorf("%w: the lease table stayed locked by another transaction for %d tries of %v: %w",
-				driver.ErrUnavailable, try, pruneLockTimeout, err)
+				fenced.ErrUnavailable, try, pruneLockTimeout, err)
 		}
 		select {
 		case <-ctx.Done():

@@ -29,7 +29,7 @@ func TestReleaseWakesOnlyThatKey(t *testing.T) {
 	ctx := ctxT(t)
 	waiter, holder := open(t), open(t)
 	if !capability.Of(waiter).Notifies() {
-		t.Fatalf("driver does not declare notifications: %s", waiter.Guarantees().Note)
+		t.Fatalf("driver does not declare notifications: %s", waiter.Capabilities().Note)
 	}
 	keyA, keyB := "fanout:a:"+t.Name(), "fanout:b:"+t.Name()
 	fa, err := holder.TryAcquire(ctx, keyA, "holder-a", time.Minute)
@@ -99,7 +99,7 @@ func TestNotifyDegradesToPollingAndSaysSo(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.Close()
-	g, notified := d.Guarantees(), capability.Of(d).Notifies()
+	g, notified := d.Capabilities(), capability.Of(d).Notifies()
 	if notified || !strings.Contains(g.Note, "LISTEN unavailable") || !strings.Contains(g.Note, "poll") {
 		t.Fatalf("degraded driver declares %+v, notified waiters %v", g, notified)
 	}

@@ -2,13 +2,12 @@ package fencedpostgres
 
 import (
 	"fmt"
+	"github.com/fenced-dev/fenced"
 	"net/url"
 	"sort"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/fenced-dev/fenced/driver"
 )
 
 // serverSettings are the PostgreSQL settings a store URL may set as
@@ -35,7 +34,7 @@ var serverSettings = map[string]bool{
 // checkParams refuses, before anything connects, the parameters of q
 // (the URL's query without fenced's own) that pgx did not take as its own
 // when it parsed them into cfg, unless they are serverSettings. Errors
-// match driver.ErrInvalidURL and name the parameter and what is accepted.
+// match fenced.ErrInvalidURL and name the parameter and what is accepted.
 func checkParams(q url.Values, cfg *pgxpool.Config) error {
 	var bad []string
 	for k := range q {
@@ -54,5 +53,5 @@ func checkParams(q url.Values, cfg *pgxpool.Config) error {
 	sort.Strings(settings)
 	return fmt.Errorf(
 		"%w: unknown parameter %q (fenced's: %s, %s; pgx.ParseConfig's, e.g. sslmode; settings: %s; other: options=-c NAME=VALUE)",
-		driver.ErrInvalidURL, bad[0], "table", paramNotify, strings.Join(settings, ", "))
+		fenced.ErrInvalidURL, bad[0], "table", paramNotify, strings.Join(settings, ", "))
 }

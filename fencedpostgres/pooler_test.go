@@ -51,7 +51,7 @@ func TestConformanceThroughTransactionPooler(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, notified := d.Guarantees(), capability.Of(d).Notifies()
+	g, notified := d.Capabilities(), capability.Of(d).Notifies()
 	d.Close()
 	if notified || !strings.Contains(g.Note, "LISTEN unavailable") {
 		t.Fatalf("through a transaction pooler the driver declares %+v, notified waiters %v; want no notification and a note saying LISTEN is unavailable", g, notified)
@@ -96,7 +96,7 @@ func TestPoolerWithDirectListenConnection(t *testing.T) {
 	}
 	defer d.Close()
 	if !capability.Of(d).Notifies() {
-		t.Fatalf("with a direct LISTEN connection: no notification declared: %+v, %+v", d.Guarantees(), d.Capabilities())
+		t.Fatalf("with a direct LISTEN connection: no notification declared: %+v, %+v", d.Capabilities(), d.Capabilities())
 	}
 	key := "pooler:direct-listen"
 	f, err := d.TryAcquire(ctx, key, "holder", 60e9)

@@ -131,8 +131,8 @@ func openURL(ctx context.Context, u *url.URL) (driver.Driver, error) { return op
 
 // Open connects to the store named by a postgres:// or postgresql:// URL
 // (see the package documentation) and returns a driver that owns its pool.
-// Use fenced.Open for a *fenced.Client. Errors match driver.ErrInvalidURL
-// (malformed URL or parameter), driver.ErrUnavailable (server unreachable,
+// Use fenced.Open for a *fenced.Client. Errors match fenced.ErrInvalidURL
+// (malformed URL or parameter), fenced.ErrUnavailable (server unreachable,
 // authentication refused) or ErrSchema; none contains the
 // password.
 func Open(ctx context.Context, rawURL string) (*Driver, error) {
@@ -141,7 +141,7 @@ func Open(ctx context.Context, rawURL string) (*Driver, error) {
 		return nil, err
 	}
 	if u.Scheme != "postgres" && u.Scheme != "postgresql" {
-		return nil, fmt.Errorf("%w: scheme %q, want postgres or postgresql", driver.ErrInvalidURL, u.Scheme)
+		return nil, fmt.Errorf("%w: scheme %q, want postgres or postgresql", fenced.ErrInvalidURL, u.Scheme)
 	}
 	d, err := open(ctx, u)
 	if err != nil {
@@ -152,7 +152,7 @@ func Open(ctx context.Context, rawURL string) (*Driver, error) {
 
 func open(ctx context.Context, u *url.URL) (*Driver, error) {
 	if u.Opaque != "" {
-		return nil, fmt.Errorf("%w: want postgres://user:password@host:port/database", driver.ErrInvalidURL)
+		return nil, fmt.Errorf("%w: want postgres://user:password@host:port/database", fenced.ErrInvalidURL)
 	}
 	p, err := urlquery.Parse(u.RawQuery)
 	if err != nil {
@@ -175,7 +175,7 @@ func open(ctx context.Context, u *url.URL) (*Driver, error) {
 		case "off", "false", "0":
 			opts.DisableNotify = true
 		default:
-			return nil, fmt.Errorf("%w: notify=%q, want on or off", driver.ErrInvalidURL, v)
+			return nil, fmt.Errorf("%w: notify=%q, want on or off", fenced.ErrInvalidURL, v)
 		}
 	}
 	password, _ := u.User.Password()
@@ -187,7 +187,7 @@ func open(ctx context.Context, u *url.URL) (*Driver, error) {
 	pu.RawQuery = urlquery.Encode(q)
 	cfg, err := pgxpool.ParseConfig(pu.String())
 	if err != nil {
-		return nil, fmt.Errorf("%w: %s", driver.ErrInvalidURL, leasetable.Scrub(err.Error(), password))
+		return nil, fmt.Errorf("%w: %s", fenced.ErrInvalidURL, leasetable.Scrub(err.Error(), password))
 	}
 	if err := checkParams(q, cfg); err != nil {
 		return nil, err
@@ -197,7 +197,7 @@ func open(ctx context.Context, u *url.URL) (*Driver, error) {
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %s", driver.ErrInvalidURL, leasetable.Scrub(err.Error(), password))
+		return nil, fmt.Errorf("%w: %s", fenced.ErrInvalidURL, leasetable.Scrub(err.Error(), password))
 	}
 	if err := pool.Ping(ctx); err != nil {
 		pool.Close()
@@ -213,21 +213,21 @@ func open(ctx context.Context, u *url.URL) (*Driver, error) {
 }
 
 // connectError describes a failure to reach the server, without the
-// password, matching driver.ErrUnavailable.
+// password, matching fenced.ErrUnavailable.
 func connectError(cfg *pgx.ConnConfig, err error, password string) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && (pgErr.Code == "42704" || pgErr.Code == "22023") {
 		// A setting of the URL (options=-c NAME=VALUE) the server does
 		// not know, or a value it refuses: a usage error, not an outage.
 		return fmt.Errorf("%w: the server refused a setting of the URL: %s (SQLSTATE %s)",
-			driver.ErrInvalidURL, leasetable.Scrub(pgErr.Message, password), pgErr.Code)
+			fenced.ErrInvalidURL, leasetable.Scrub(pgErr.Message, password), pgErr.Code)
 	}
 	if errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "28") {
 		return fmt.Errorf("%w: authentication failed for user %q at %s:%d: %s (SQLSTATE %s)",
-			driver.ErrUnavailable, cfg.User, cfg.Host, cfg.Port, leasetable.Scrub(pgErr.Message, password), pgErr.Code)
+			fenced.ErrUnavailable, cfg.User, cfg.Host, cfg.Port, leasetable.Scrub(pgErr.Message, password), pgErr.Code)
 	}
 	return fmt.Errorf("%w: cannot connect to PostgreSQL at %s:%d: %s",
-		driver.ErrUnavailable, cfg.Host, cfg.Port, leasetable.Scrub(err.Error(), password))
+		fenced.ErrUnavailable, cfg.Host, cfg.Port, leasetable.Scrub(err.Error(), password))
 }
 
 // New returns a driver over pool, creating the lease and audit tables if
@@ -288,11 +288,12 @@ func (d *Driver) Pool() *pgxpool.Pool { return d.pool }
 // Table returns the lease table's name.
 func (d *Driver) Table() string { return d.table }
 
-// Guarantees implements driver.Driver. The fence is strict: it lives in a
+// guarantees is what the backend promises, the part of Capabilities
+// that says how far a lease can be trusted. The fence is strict: it lives in a
 // committed row, so it survives restarts and crash recovery. A failover
 // keeps it when the standby replicates synchronously.
-func (d *Driver) Guarantees() driver.Guarantees {
-	g := driver.Guarantees{
+func (d *Driver) guarantees() driver.Capabilities {
+	g := driver.Capabilities{
 		Fence:       driver.FenceStrict,
 		ServerClock: true,
 		// now() is the database's wall clock.
@@ -314,8 +315,10 @@ func (d *Driver) Guarantees() driver.Guarantees {
 // table's batch renewal, break log, fence floor and prune.
 func (d *Driver) Capabilities() driver.Capabilities {
 	notify := d.listener != nil
-	return driver.Capabilities{Subscribe: notify, Observe: notify, BatchRenew: true, BreakLog: true, FenceFloor: true, Prune: true,
-		Checkpoint: true}
+	c := d.guarantees()
+	c.Subscribe, c.Observe, c.BatchRenew, c.BreakLog, c.FenceFloor, c.Prune = notify, notify, true, true, true, true
+	c.Checkpoint = true
+	return c
 }
 
 // Close implements driver.Driver. It stops the LISTEN connection and, for a
@@ -335,7 +338,7 @@ func (d *Driver) Subscribe(ctx context.Context, key string) (driver.Subscription
 		return nil, err
 	}
 	if d.listener == nil {
-		return nil, fmt.Errorf("postgres: %w: %s", driver.ErrUnsupported, d.note)
+		return nil, fmt.Errorf("postgres: %w: %s", fenced.ErrUnsupported, d.note)
 	}
 	return d.listener.subscribe(key), nil
 }
@@ -348,7 +351,7 @@ func (d *Driver) SubscribeObserver(ctx context.Context, key string) (driver.Subs
 		return nil, err
 	}
 	if d.listener == nil {
-		return nil, fmt.Errorf("postgres: %w: %s", driver.ErrUnsupported, d.note)
+		return nil, fmt.Errorf("postgres: %w: %s", fenced.ErrUnsupported, d.note)
 	}
 	return d.listener.observe(key), nil
 }

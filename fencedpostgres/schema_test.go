@@ -3,13 +3,13 @@ package fencedpostgres_test
 import (
 	"errors"
 	"fmt"
+	"github.com/fenced-dev/fenced"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/fencedpostgres"
 )
 
@@ -85,7 +85,7 @@ func TestKeysAndOwnersAreExact(t *testing.T) {
 			t.Fatalf("acquire %q: %d, %v; want a grant of its own", k, f, err)
 		}
 	}
-	if _, err := d.TryAcquire(ctx, "job:a", "OWNER-0", time.Minute); !errors.Is(err, driver.ErrHeld) {
+	if _, err := d.TryAcquire(ctx, "job:a", "OWNER-0", time.Minute); !errors.Is(err, fenced.ErrHeld) {
 		t.Errorf("acquire of job:a by OWNER-0: %v, want ErrHeld", err)
 	}
 }

@@ -19,7 +19,7 @@ import (
 // (pgxpool.New, pgx.Connect), database/sql's "pgx" driver and libpq accept
 // its form. An application opens its own pool to the lease store's database
 // with it. The store URL itself is refused by them (PostgreSQL rejects
-// "table" as an unknown setting). Errors match driver.ErrInvalidURL and
+// "table" as an unknown setting). Errors match fenced.ErrInvalidURL and
 // never contain the password.
 func DatabaseURL(rawURL string) (string, error) {
 	u, err := storeurl.Parse(rawURL)
@@ -28,7 +28,7 @@ func DatabaseURL(rawURL string) (string, error) {
 	}
 	if u.Scheme != "postgres" && u.Scheme != "postgresql" {
 		return "", fmt.Errorf("postgres: %s: %w: scheme %q, want postgres or postgresql",
-			driver.Redact(rawURL), driver.ErrInvalidURL, u.Scheme)
+			driver.Redact(rawURL), fenced.ErrInvalidURL, u.Scheme)
 	}
 	p, err := urlquery.Parse(u.RawQuery)
 	if err != nil {

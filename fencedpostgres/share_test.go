@@ -61,7 +61,7 @@ func TestDatabaseURL(t *testing.T) {
 	}
 	for _, bad := range []string{"mysql://u:pw-secret@h/db", "postgres://u:pw-secret@h/db?table=a;b", "", "postgres://u:pw-secret@h:x/db"} {
 		_, err := fencedpostgres.DatabaseURL(bad)
-		if !errors.Is(err, driver.ErrInvalidURL) || strings.Contains(err.Error(), "pw-secret") {
+		if !errors.Is(err, fenced.ErrInvalidURL) || strings.Contains(err.Error(), "pw-secret") {
 			t.Errorf("DatabaseURL(%q) = %v, want ErrInvalidURL without the password", bad, err)
 		}
 	}

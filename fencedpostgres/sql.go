@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"github.com/fenced-dev/fenced"
 	"io"
 	"net"
 	"strings"
@@ -286,8 +287,8 @@ func classify(op, key string, err error) error {
 }
 
 // classifyError names the sentinel a pgx error matches.
-// driver.ErrUnavailable: nothing can have been applied (no connection, a
-// statement the server rejected and rolled back). driver.ErrUnknownOutcome:
+// fenced.ErrUnavailable: nothing can have been applied (no connection, a
+// statement the server rejected and rolled back). fenced.ErrUnknownOutcome:
 // a request may have been applied before the connection or the context
 // failed.
 func classifyError(err error) error {
@@ -298,19 +299,19 @@ func classifyError(err error) error {
 			// Connection problems, authentication, rollbacks (deadlock,
 			// serialization), resources, shutdown, system errors: the
 			// statement failed as a whole and changed nothing.
-			return driver.ErrUnavailable
+			return fenced.ErrUnavailable
 		}
 		return nil
 	}
 	var connectErr *pgconn.ConnectError
 	if errors.As(err, &connectErr) || pgconn.SafeToRetry(err) {
-		return driver.ErrUnavailable
+		return fenced.ErrUnavailable
 	}
 	var netErr net.Error
 	if errors.As(err, &netErr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || pgconn.Timeout(err) ||
 		strings.Contains(err.Error(), "conn closed") {
-		return driver.ErrUnknownOutcome
+		return fenced.ErrUnknownOutcome
 	}
 	return nil
 }

@@ -47,7 +47,7 @@ func TestOpenErrors(t *testing.T) {
 	t.Logf("unreachable: %v", err)
 
 	_, err = fenced.Open(ctx, "redis://"+srv.Addr()+"/0?wait_replicas=two", nil)
-	if !errors.Is(err, driver.ErrInvalidURL) || !strings.Contains(err.Error(), "wait_replicas") {
+	if !errors.Is(err, fenced.ErrInvalidURL) || !strings.Contains(err.Error(), "wait_replicas") {
 		t.Fatalf("Open with a malformed option: %v, want ErrInvalidURL naming it", err)
 	}
 }
@@ -81,7 +81,7 @@ func TestForeignValuesAreLeftAlone(t *testing.T) {
 			if !errors.Is(err, fencedredis.ErrForeignValue) || !strings.Contains(err.Error(), key) {
 				t.Fatalf("TryAcquire: %v, want ErrForeignValue naming the key", err)
 			}
-			if errors.Is(err, driver.ErrHeld) {
+			if errors.Is(err, fenced.ErrHeld) {
 				t.Fatalf("a foreign value must not look like a lease a waiter can wait out: %v", err)
 			}
 			// A waiting client fails at once instead of waiting forever.
@@ -129,7 +129,7 @@ func TestHeldErrorCarriesPTTL(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err := d.TryAcquire(ctx, "k", owner(), 5*time.Second)
-	var held *driver.HeldError
+	var held *fenced.HeldError
 	if !errors.As(err, &held) || held.Remaining <= 3*time.Second || held.Remaining > 5*time.Second {
 		t.Fatalf("second acquire: %#v, want a HeldError with about 5s remaining", err)
 	}
@@ -208,7 +208,7 @@ func TestRoundTrips(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, e := range errs {
-		if (i == 7) != errors.Is(e, driver.ErrNotHeld) || (i != 7 && e != nil) {
+		if (i == 7) != errors.Is(e, fenced.ErrNotHeld) || (i != 7 && e != nil) {
 			t.Errorf("batch result %d: %v", i, e)
 		}
 	}

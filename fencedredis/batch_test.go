@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/fenced-dev/fenced"
 	"strconv"
 	"strings"
 	"sync"
@@ -161,11 +162,11 @@ func TestRenewBatchAtScale(t *testing.T) {
 				t.Errorf("grant %d (current): %v, want renewed", i, e)
 			}
 		case foreign:
-			if !errors.Is(e, fencedredis.ErrForeignValue) || errors.Is(e, driver.ErrNotHeld) {
+			if !errors.Is(e, fencedredis.ErrForeignValue) || errors.Is(e, fenced.ErrNotHeld) {
 				t.Errorf("grant %d (key overwritten with a hash): %v, want ErrForeignValue and not ErrNotHeld", i, e)
 			}
 		default:
-			if !errors.Is(e, driver.ErrNotHeld) {
+			if !errors.Is(e, fenced.ErrNotHeld) {
 				t.Errorf("grant %d (kind %d): %v, want ErrNotHeld", i, kind(i), e)
 			}
 		}
@@ -221,7 +222,7 @@ func TestRenewBatchFailsWhole(t *testing.T) {
 	if err == nil || errs != nil {
 		t.Fatalf("RenewBatch against a dead server = %v, %v; want a whole-batch error", errs, err)
 	}
-	if errors.Is(err, driver.ErrNotHeld) || !(errors.Is(err, driver.ErrUnavailable) || errors.Is(err, driver.ErrUnknownOutcome)) {
+	if errors.Is(err, fenced.ErrNotHeld) || !(errors.Is(err, fenced.ErrUnavailable) || errors.Is(err, fenced.ErrUnknownOutcome)) {
 		t.Fatalf("whole-batch error %v: want ErrUnavailable or ErrUnknownOutcome, never ErrNotHeld", err)
 	}
 }

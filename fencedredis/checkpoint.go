@@ -3,6 +3,7 @@ package fencedredis
 import (
 	"context"
 	"fmt"
+	"github.com/fenced-dev/fenced"
 
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/backend/rediskit"
@@ -25,7 +26,7 @@ func (d *Driver) Checkpoint(ctx context.Context, g driver.Grant, value []byte) e
 		return d.scriptErr("checkpoint", g.Key, err, true, d.layout.Lock(g.Key), d.layout.Checkpoint(g.Key))
 	}
 	if !ok {
-		return fmt.Errorf("redis: checkpoint %v: %w", g, driver.ErrNotHeld)
+		return fmt.Errorf("redis: checkpoint %v: %w", g, fenced.ErrNotHeld)
 	}
 	return nil
 }

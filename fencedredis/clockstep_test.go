@@ -13,7 +13,7 @@ import (
 )
 
 // TestClockStepEndsGrantEarly reproduces the hazard the Redis backend
-// declares with Guarantees.ClockStepSafe == false. A holds a lease; the
+// declares with Capabilities.ClockStepSafe == false. A holds a lease; the
 // server's wall clock steps forward by more than the TTL, so PX expiry
 // ends A's grant at once while A's local validity, on A's monotonic clock,
 // has almost the whole TTL left. B is granted the key with a higher fence:
@@ -34,7 +34,7 @@ func TestClockStepEndsGrantEarly(t *testing.T) {
 	defer a.Close()
 	b := fenced.NewClient(newDriver(t, srv, nil), nil)
 	defer b.Close()
-	if g := a.Guarantees(); g.ClockStepSafe {
+	if g := a.Capabilities(); g.ClockStepSafe {
 		t.Fatalf("Redis declares ClockStepSafe, but PX follows the server's wall clock: %+v", g)
 	}
 

@@ -3,6 +3,7 @@ package fencedredis_test
 import (
 	"errors"
 	"fmt"
+	"github.com/fenced-dev/fenced"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -101,7 +102,7 @@ func TestCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sub.Close()
-	if _, err := d.TryAcquire(ctx, "cluster:0", owner(), time.Minute); !errors.Is(err, driver.ErrHeld) {
+	if _, err := d.TryAcquire(ctx, "cluster:0", owner(), time.Minute); !errors.Is(err, fenced.ErrHeld) {
 		t.Fatalf("try of a held key: %v", err)
 	}
 	grants[7].Fence++                                        // stale
@@ -117,7 +118,7 @@ func TestCluster(t *testing.T) {
 		t.Errorf("a batch of 600 grants on 3 nodes ran %d script calls, want 3", calls)
 	}
 	for i, e := range errs {
-		if (i == 7) != errors.Is(e, driver.ErrNotHeld) || (i != 7 && e != nil) {
+		if (i == 7) != errors.Is(e, fenced.ErrNotHeld) || (i != 7 && e != nil) {
 			t.Fatalf("grant %d: %v", i, e)
 		}
 	}
@@ -144,10 +145,10 @@ func TestCluster(t *testing.T) {
 	for i, e := range errs {
 		switch {
 		case i == 9:
-			if !errors.Is(e, fencedredis.ErrForeignValue) || errors.Is(e, driver.ErrNotHeld) {
+			if !errors.Is(e, fencedredis.ErrForeignValue) || errors.Is(e, fenced.ErrNotHeld) {
 				t.Errorf("grant %d on a key of another type: %v, want ErrForeignValue and not ErrNotHeld", i, e)
 			}
-		case (i == 7) != errors.Is(e, driver.ErrNotHeld) || (i != 7 && e != nil):
+		case (i == 7) != errors.Is(e, fenced.ErrNotHeld) || (i != 7 && e != nil):
 			t.Fatalf("grant %d: %v", i, e)
 		}
 	}
@@ -219,7 +220,7 @@ func TestClusterKeysWithBraces(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := d.TryAcquire(ctx, key, owner(), time.Minute); !errors.Is(err, driver.ErrHeld) {
+		if _, err := d.TryAcquire(ctx, key, owner(), time.Minute); !errors.Is(err, fenced.ErrHeld) {
 			t.Errorf("key %q: try of the held key: %v, want ErrHeld", key, err)
 		}
 		infos, err := d.List(ctx, key)

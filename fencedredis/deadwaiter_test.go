@@ -3,6 +3,7 @@ package fencedredis_test
 import (
 	"context"
 	"errors"
+	"github.com/fenced-dev/fenced"
 	"os"
 	"strings"
 	"syscall"
@@ -35,7 +36,7 @@ func childWait() int {
 	if _, err := d.Subscribe(ctx, "job"); err != nil {
 		return childproc.Fail(err)
 	}
-	if _, err := d.TryAcquire(ctx, "job", "child", time.Minute); !errors.Is(err, driver.ErrHeld) {
+	if _, err := d.TryAcquire(ctx, "job", "child", time.Minute); !errors.Is(err, fenced.ErrHeld) {
 		return childproc.Fail(err)
 	}
 	os.Stdout.WriteString("waiting\n")
@@ -61,7 +62,7 @@ func controlWake(t *testing.T, ctx context.Context, srv *testenv.Redis, holder *
 			if f, err = holder.TryAcquire(ctx, "control", o, time.Minute); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := w.TryAcquire(ctx, "control", owner(), time.Minute); !errors.Is(err, driver.ErrHeld) {
+			if _, err := w.TryAcquire(ctx, "control", owner(), time.Minute); !errors.Is(err, fenced.ErrHeld) {
 				t.Fatalf("try of the held control key: %v", err)
 			}
 		}

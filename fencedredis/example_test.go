@@ -39,5 +39,5 @@ func ExampleNew() {
 	}
 	client := fenced.NewClient(drv, &fenced.Options{MinFence: fenced.FenceNone})
 	defer client.Close()
-	fmt.Println(client.Guarantees().Fence)
+	fmt.Println(client.Capabilities().Fence)
 }

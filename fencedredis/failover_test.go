@@ -51,7 +51,7 @@ func promote(t testing.TB, ctx context.Context, primary, replica *testenv.Redis)
 	}
 }
 
-// TestFailoverRepeatsFence reproduces the hazard the Guarantees declare
+// TestFailoverRepeatsFence reproduces the hazard the Capabilities declare
 // (FenceRepeatable): the primary grants a lease, replication never carries
 // it, the primary dies and its replica is promoted; a second client is then
 // granted the same key with the same fence while the first still believes
@@ -64,8 +64,8 @@ func TestFailoverRepeatsFence(t *testing.T) {
 	replica := testenv.StartRedis(t, testenv.RedisConfig{ReplicaOf: primary})
 	key := "invoice:inv_72"
 	d := newDriver(t, primary, nil)
-	if g := d.Guarantees(); g.Fence != driver.FenceRepeatable || !strings.Contains(g.Note, "failover") {
-		t.Fatalf("Guarantees = %+v: the fence must be declared repeatable after failover, with a note saying so", g)
+	if g := d.Capabilities(); g.Fence != driver.FenceRepeatable || !strings.Contains(g.Note, "failover") {
+		t.Fatalf("Capabilities = %+v: the fence must be declared repeatable after failover, with a note saying so", g)
 	}
 
 	// Three grants that did reach the replica.
@@ -101,7 +101,7 @@ func TestFailoverRepeatsFence(t *testing.T) {
 	// back and reported, so no caller works under it.
 	dw := newDriver(t, primary, &fencedredis.Options{WaitReplicas: 1, WaitTimeout: 300 * time.Millisecond})
 	_, err := dw.TryAcquire(ctx, "invoice:inv_73", owner(), time.Minute)
-	if !errors.Is(err, driver.ErrUnavailable) || !strings.Contains(err.Error(), "0 of 1 replicas") {
+	if !errors.Is(err, fenced.ErrUnavailable) || !strings.Contains(err.Error(), "0 of 1 replicas") {
 		t.Fatalf("grant with WaitReplicas=1 and the replica cut off: %v, want ErrUnavailable naming 0 of 1 replicas", err)
 	}
 	if info, err := dw.Inspect(ctx, "invoice:inv_73"); err != nil || info.Held {
@@ -141,8 +141,8 @@ func TestFailoverAfterWaitKeepsGrant(t *testing.T) {
 	replica := testenv.StartRedis(t, testenv.RedisConfig{ReplicaOf: primary})
 	key := "invoice:inv_74"
 	d := newDriver(t, primary, &fencedredis.Options{WaitReplicas: 1, WaitTimeout: 5 * time.Second})
-	if g := d.Guarantees(); g.Fence != driver.FenceRepeatable || !strings.Contains(g.Note, "WAIT") {
-		t.Fatalf("Guarantees with WaitReplicas = %+v: still repeatable, and the note must mention WAIT", g)
+	if g := d.Capabilities(); g.Fence != driver.FenceRepeatable || !strings.Contains(g.Note, "WAIT") {
+		t.Fatalf("Capabilities with WaitReplicas = %+v: still repeatable, and the note must mention WAIT", g)
 	}
 	fa, err := d.TryAcquire(ctx, key, owner(), time.Minute)
 	if err != nil {
@@ -150,7 +150,7 @@ func TestFailoverAfterWaitKeepsGrant(t *testing.T) {
 	}
 	promote(t, ctx, primary, replica) // at once: no time to replicate beyond what WAIT confirmed
 	db := newDriver(t, replica, nil)
-	if _, err := db.TryAcquire(ctx, key, owner(), time.Minute); !errors.Is(err, driver.ErrHeld) {
+	if _, err := db.TryAcquire(ctx, key, owner(), time.Minute); !errors.Is(err, fenced.ErrHeld) {
 		t.Fatalf("B on the promoted replica: %v, want ErrHeld (A's acknowledged grant survives)", err)
 	}
 	if _, err := db.Break(ctx, key, driver.BreakRequest{Reason: "A's primary died", By: "test"}); err != nil {
@@ -195,7 +195,7 @@ func TestRestart(t *testing.T) {
 			d2 := newDriver(t, srv, nil)
 			f2, err := d2.TryAcquire(ctx, key, owner(), time.Minute)
 			if tc.persist {
-				if !errors.Is(err, driver.ErrHeld) {
+				if !errors.Is(err, fenced.ErrHeld) {
 					t.Fatalf("after kill -9 and restart: %v, want the held grant kept (ErrHeld)", err)
 				}
 				return

@@ -69,7 +69,7 @@ func TestReleasePublishesOnlyForWaiters(t *testing.T) {
 	}
 	defer sub.Close()
 	g := grant()
-	if _, err := waiter.TryAcquire(ctx, "job", owner(), time.Minute); !errors.Is(err, driver.ErrHeld) {
+	if _, err := waiter.TryAcquire(ctx, "job", owner(), time.Minute); !errors.Is(err, fenced.ErrHeld) {
 		t.Fatalf("try of a held key: %v", err)
 	}
 	release(g, 2)
@@ -115,7 +115,7 @@ func TestReleaseWakesOneProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := w.TryAcquire(ctx, "job", owner(), time.Minute); !errors.Is(err, driver.ErrHeld) {
+	if _, err := w.TryAcquire(ctx, "job", owner(), time.Minute); !errors.Is(err, fenced.ErrHeld) {
 		t.Fatalf("try of a held key: %v", err)
 	}
 	if n, _ := rc.ZCard(ctx, queue).Result(); n != 1 {
@@ -137,7 +137,7 @@ func TestReleaseWakesOneProcess(t *testing.T) {
 	}
 	defer ss.Close()
 	for _, d := range []*fencedredis.Driver{quitter, stayer} {
-		if _, err := d.TryAcquire(ctx, "job", owner(), time.Minute); !errors.Is(err, driver.ErrHeld) {
+		if _, err := d.TryAcquire(ctx, "job", owner(), time.Minute); !errors.Is(err, fenced.ErrHeld) {
 			t.Fatalf("try of a held key: %v", err)
 		}
 	}
@@ -326,7 +326,7 @@ func TestSubscribeAroundRelease(t *testing.T) {
 			t.Fatal(err)
 		}
 		g := driver.Grant{Key: key, Owner: o, Fence: f, TTL: time.Minute}
-		if _, err := waiter.TryAcquire(ctx, key, owner(), time.Minute); !errors.Is(err, driver.ErrHeld) {
+		if _, err := waiter.TryAcquire(ctx, key, owner(), time.Minute); !errors.Is(err, fenced.ErrHeld) {
 			t.Fatalf("first try of a held key: %v, want ErrHeld", err)
 		}
 		released := make(chan error, 1)
@@ -362,7 +362,7 @@ func TestSubscribeAroundRelease(t *testing.T) {
 		switch {
 		case err == nil:
 			grantedOnRetry++
-		case errors.Is(err, driver.ErrHeld):
+		case errors.Is(err, fenced.ErrHeld):
 			if !waketest.Woken(sub, 10*time.Second) {
 				t.Fatalf("round %d (phase %d): the waiter was refused after subscribing and the release did not wake it", i, phase)
 			}

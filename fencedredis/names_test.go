@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 
@@ -39,7 +38,7 @@ func TestPrefixNames(t *testing.T) {
 	}
 	for _, p := range []string{"a{b:", "a}b:", "{app}:", "tab\t:", "nl\n:", "del\x7f:"} {
 		_, err := fenced.Open(ctx, "redis://127.0.0.1:1/0?prefix="+url.QueryEscape(p), nil)
-		if !errors.Is(err, driver.ErrInvalidURL) || !strings.Contains(err.Error(), "may not contain { or }") {
+		if !errors.Is(err, fenced.ErrInvalidURL) || !strings.Contains(err.Error(), "may not contain { or }") {
 			t.Errorf("prefix %q: %v, want ErrInvalidURL stating the rule", p, err)
 		}
 	}

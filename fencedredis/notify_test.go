@@ -46,7 +46,7 @@ func TestWakeups(t *testing.T) {
 	defer onB.Close()
 	refused := func(key string) {
 		t.Helper()
-		if _, err := waiters.TryAcquire(ctx, key, owner(), time.Minute); !errors.Is(err, driver.ErrHeld) {
+		if _, err := waiters.TryAcquire(ctx, key, owner(), time.Minute); !errors.Is(err, fenced.ErrHeld) {
 			t.Fatalf("a waiter's try of held %s: %v, want ErrHeld", key, err)
 		}
 	}

@@ -129,8 +129,8 @@ type Driver struct {
 	nudgeMu  sync.Mutex
 	nudgeEnd bool
 	nudges   sync.WaitGroup
-	// guarantees is what Guarantees returns, set by New.
-	guarantees driver.Guarantees
+	// caps is what Capabilities returns, set by New.
+	caps driver.Capabilities
 
 	// closed is set once by Close; read without a lock on every call.
 	closed atomic.Bool
@@ -191,7 +191,7 @@ func New(c redis.UniversalClient, opts *Options) (*Driver, error) {
 	if cluster {
 		d.passOn = "0" // PUBLISH counts one node's clients (see lua/waiter_queue.lua)
 	}
-	d.guarantees = d.makeGuarantees()
+	d.caps = d.makeCapabilities()
 	return d, nil
 }
 
@@ -201,11 +201,11 @@ func (d *Driver) Client() redis.UniversalClient { return d.c }
 // open is the URL opener for redis:// and rediss://.
 func open(ctx context.Context, u *url.URL) (driver.Driver, error) {
 	if u.Host == "" || u.Hostname() == "" {
-		return nil, fmt.Errorf("%w: redis URL needs a host, as in redis://127.0.0.1:6379/0", driver.ErrInvalidURL)
+		return nil, fmt.Errorf("%w: redis URL needs a host, as in redis://127.0.0.1:6379/0", fenced.ErrInvalidURL)
 	}
 	if p := u.Port(); p != "" {
 		if n, err := strconv.Atoi(p); err != nil || n <= 0 || n > 65535 {
-			return nil, fmt.Errorf("%w: port %q is not a TCP port", driver.ErrInvalidURL, p)
+			return nil, fmt.Errorf("%w: port %q is not a TCP port", fenced.ErrInvalidURL, p)
 		}
 	}
 	q := rediskit.TakeQuery(u, "prefix", "wait_replicas", "wait_timeout", "audit_len")
@@ -294,7 +294,7 @@ func (d *Driver) acquireResult(key string, k rediskit.Keys, a rediskit.Acquired)
 	case rediskit.StatusGranted, rediskit.StatusAgain:
 		return a.Fence, nil
 	case rediskit.StatusHeld:
-		return 0, &driver.HeldError{Key: key, Remaining: rediskit.PTTL(a.PTTL)}
+		return 0, &fenced.HeldError{Remaining: rediskit.PTTL(a.PTTL)}
 	case rediskit.StatusForeign:
 		return 0, fmt.Errorf("redis: acquire %q: %w", key, rediskit.ForeignError(k.Lock))
 	}
@@ -339,7 +339,7 @@ func (d *Driver) acquireAndWait(ctx context.Context, key string, k rediskit.Keys
 			key, d.opts.WaitReplicas, fence, rediskit.Classify(werr, false))
 	}
 	return 0, fmt.Errorf("redis: acquire %q: %w: only %d of %d replicas acknowledged the grant of fence %d within %v; released it",
-		key, driver.ErrUnavailable, acked, d.opts.WaitReplicas, fence, d.opts.WaitTimeout)
+		key, fenced.ErrUnavailable, acked, d.opts.WaitReplicas, fence, d.opts.WaitTimeout)
 }
 
 // scriptErr wraps a script error: transport failures become the driver
@@ -357,7 +357,7 @@ func (d *Driver) scriptErr(op, key string, err error, mayApply bool, redisKeys .
 // (ttlrule.CheckAll).
 func (d *Driver) usable(renewing ...driver.Grant) error {
 	if d.closed.Load() {
-		return driver.ErrClosed
+		return fenced.ErrClosed
 	}
 	return ttlrule.CheckAll(renewing)
 }
@@ -373,7 +373,7 @@ func (d *Driver) Renew(ctx context.Context, g driver.Grant) error {
 		return d.scriptErr("renew", g.Key, err, true, k.Lock)
 	}
 	if n != 1 {
-		return fmt.Errorf("redis: renew %v: %w", g, driver.ErrNotHeld)
+		return fmt.Errorf("redis: renew %v: %w", g, fenced.ErrNotHeld)
 	}
 	return nil
 }
@@ -397,7 +397,7 @@ func (d *Driver) RenewBatch(ctx context.Context, grants []driver.Grant) ([]error
 		case r.Err != nil:
 			errs[i] = d.scriptErr("renew", grants[i].Key, r.Err, true)
 		case !r.Renewed:
-			errs[i] = fmt.Errorf("redis: renew %v: %w", grants[i], driver.ErrNotHeld)
+			errs[i] = fmt.Errorf("redis: renew %v: %w", grants[i], fenced.ErrNotHeld)
 		}
 	}
 	return errs, nil
@@ -415,7 +415,7 @@ func (d *Driver) Release(ctx context.Context, g driver.Grant) error {
 		return d.scriptErr("release", g.Key, err, true, k.Lock)
 	}
 	if n == 0 {
-		return fmt.Errorf("redis: release %v: %w", g, driver.ErrNotHeld)
+		return fmt.Errorf("redis: release %v: %w", g, fenced.ErrNotHeld)
 	}
 	if n == 2 {
 		d.nudge(k, time.Since(start))
@@ -486,7 +486,7 @@ func inspectReply(key string, k rediskit.Keys, res []any) (driver.LeaseInfo, err
 	}
 	s, ok := res[2].(string)
 	if !ok {
-		return info, fmt.Errorf("redis: inspect %q: %w", key, driver.ErrNotFound)
+		return info, fmt.Errorf("redis: inspect %q: %w", key, fenced.ErrNotFound)
 	}
 	f, err := strconv.ParseUint(s, 10, 64)
 	if err != nil {
@@ -579,25 +579,24 @@ func (d *Driver) SubscribeObserver(ctx context.Context, key string) (driver.Subs
 	return d.hub.Observe(ctx, d.layout.Keys(key).Channel)
 }
 
-// guaranteesNote is the Note of Guarantees; the portable Client quotes it
+// guaranteesNote is the Note of Capabilities; the portable Client quotes it
 // when it refuses a lease whose MinFence is strict.
 const guaranteesNote = "redis: fences come from a per-key INCR counter and rise strictly only while this node keeps its data, " +
 	"which needs appendonly yes, appendfsync always and no eviction; replication is asynchronous, so a failover to a replica " +
 	"that missed a grant, or a restart without persistence, loses the lock and can hand the same fence to a second holder"
 
-// Guarantees implements driver.Driver. The Client asks for them on every
-// acquire (to check the lease's MinFence), so New computes them once.
-func (d *Driver) Guarantees() driver.Guarantees { return d.guarantees }
-
-// makeGuarantees is what Guarantees returns for d's options.
-func (d *Driver) makeGuarantees() driver.Guarantees {
+// makeCapabilities is what Capabilities returns for d's options. The
+// Client asks for it on every acquire (to check the lease's MinFence), so
+// New computes it once.
+func (d *Driver) makeCapabilities() driver.Capabilities {
 	note := guaranteesNote
 	if d.opts.WaitReplicas > 0 {
 		note += fmt.Sprintf("; grants wait for %d replica acknowledgements (WAIT), which narrows but does not close this window",
 			d.opts.WaitReplicas)
 	}
 	note += "; expiry is PX on the server's wall clock, so a forward step of that clock ends grants early (not safe from clock steps)"
-	return driver.Guarantees{
+	return driver.Capabilities{
+		Subscribe: true, Observe: true, BatchRenew: true, BreakLog: true, Checkpoint: true,
 		Fence:       driver.FenceRepeatable,
 		ServerClock: true,
 		// PX expiry compares with the server's wall clock (mstime).
@@ -608,9 +607,7 @@ func (d *Driver) makeGuarantees() driver.Guarantees {
 
 // Capabilities implements driver.Driver: waiters and observers woken by
 // pub/sub, batch renewal in one script, and the break log.
-func (d *Driver) Capabilities() driver.Capabilities {
-	return driver.Capabilities{Subscribe: true, Observe: true, BatchRenew: true, BreakLog: true, Checkpoint: true}
-}
+func (d *Driver) Capabilities() driver.Capabilities { return d.caps }
 
 // Close implements driver.Driver. It closes the subscriber connection, and
 // the go-redis client when the driver was opened by URL.

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/fenced-dev/fenced"
 	"sort"
 	"strconv"
 	"sync"
@@ -156,7 +157,7 @@ func (d *Driver) acquireFailure(key string, k rediskit.Keys, t driver.Terms, bud
 	case tl.ours >= d.quorum:
 		return fmt.Errorf(
 			"redlock: acquire %q: %w: a majority granted it but only after %v of the %v TTL (drift allowance %v); released it",
-			key, driver.ErrUnavailable, elapsed.Round(time.Millisecond), t.TTL, t.SafetyMargin)
+			key, fenced.ErrUnavailable, elapsed.Round(time.Millisecond), t.TTL, t.SafetyMargin)
 	case len(tl.heldTTLs) > 0 || tl.stale:
 		// Held elsewhere: the key frees when enough holders' grants end;
 		// the shortest remaining time is the earliest worth another try.
@@ -165,11 +166,11 @@ func (d *Driver) acquireFailure(key string, k rediskit.Keys, t driver.Terms, bud
 		if len(tl.heldTTLs) > 0 {
 			rem = rediskit.PTTL(tl.heldTTLs[0])
 		}
-		return &driver.HeldError{Key: key, Remaining: rem}
+		return &fenced.HeldError{Remaining: rem}
 	}
-	sentinel := driver.ErrUnavailable
+	sentinel := fenced.ErrUnavailable
 	if tl.unknown {
-		sentinel = driver.ErrUnknownOutcome
+		sentinel = fenced.ErrUnknownOutcome
 	}
 	missing := len(d.nodes) - tl.answered
 	msg := fmt.Sprintf("%d of %d nodes granted it (need %d), %d did not answer within %v", tl.ours, len(d.nodes), d.quorum, missing, budget)
@@ -217,9 +218,9 @@ func (d *Driver) nodeErr(err error, mayApply bool, k rediskit.Keys) error {
 	}
 	if errors.Is(err, context.DeadlineExceeded) {
 		if mayApply {
-			return fmt.Errorf("%w: no answer within the budget", driver.ErrUnknownOutcome)
+			return fmt.Errorf("%w: no answer within the budget", fenced.ErrUnknownOutcome)
 		}
-		return fmt.Errorf("%w: no answer within the budget", driver.ErrUnavailable)
+		return fmt.Errorf("%w: no answer within the budget", fenced.ErrUnavailable)
 	}
 	return rediskit.Classify(err, mayApply)
 }

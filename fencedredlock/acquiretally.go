@@ -3,8 +3,8 @@ package fencedredlock
 import (
 	"errors"
 	"fmt"
+	"github.com/fenced-dev/fenced"
 
-	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/backend/rediskit"
 )
 
@@ -30,7 +30,7 @@ func (d *Driver) tallyAcquire(rs []reply[rediskit.Acquired], k rediskit.Keys) ac
 		switch {
 		case r.err != nil:
 			tl.nodeErrs = append(tl.nodeErrs, fmt.Errorf("%s: %w", d.nodes[r.node].name, d.nodeErr(r.err, true, k)))
-			if errors.Is(d.nodeErr(r.err, true, k), driver.ErrUnknownOutcome) {
+			if errors.Is(d.nodeErr(r.err, true, k), fenced.ErrUnknownOutcome) {
 				tl.unknown = true
 			}
 		case isOurs(r):

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/fenced-dev/fenced"
 	"sort"
 	"strconv"
 	"strings"
@@ -74,7 +75,7 @@ func (d *Driver) Inspect(ctx context.Context, key string) (driver.LeaseInfo, err
 	}
 	if answered < d.quorum {
 		return info, fmt.Errorf("redlock: inspect %q: %w: %d of %d nodes answered: %w",
-			key, driver.ErrUnavailable, answered, len(d.nodes), errors.Join(errs...))
+			key, fenced.ErrUnavailable, answered, len(d.nodes), errors.Join(errs...))
 	}
 	for v, ttls := range byValue {
 		if len(ttls) >= d.quorum {
@@ -86,7 +87,7 @@ func (d *Driver) Inspect(ctx context.Context, key string) (driver.LeaseInfo, err
 		}
 	}
 	if !seen {
-		return info, fmt.Errorf("redlock: inspect %q: %w", key, driver.ErrNotFound)
+		return info, fmt.Errorf("redlock: inspect %q: %w", key, fenced.ErrNotFound)
 	}
 	return info, nil
 }
@@ -119,7 +120,7 @@ func (d *Driver) List(ctx context.Context, prefix string) ([]driver.LeaseInfo, e
 	}
 	if answered < d.quorum {
 		return nil, fmt.Errorf("redlock: list %q: %w: %d of %d nodes answered: %w",
-			prefix, driver.ErrUnavailable, answered, len(d.nodes), errors.Join(errs...))
+			prefix, fenced.ErrUnavailable, answered, len(d.nodes), errors.Join(errs...))
 	}
 	var out []driver.LeaseInfo
 	for _, is := range count {
@@ -157,7 +158,7 @@ func (d *Driver) Break(ctx context.Context, key string, req driver.BreakRequest)
 			if broken == nil || info.Remaining > broken.Remaining {
 				broken = &info
 			}
-		case errors.Is(err, driver.ErrNotHeld):
+		case errors.Is(err, fenced.ErrNotHeld):
 			free++
 		default:
 			errs = append(errs, fmt.Errorf("%s: %w", d.nodes[r.node].name, err))
@@ -169,7 +170,7 @@ func (d *Driver) Break(ctx context.Context, key string, req driver.BreakRequest)
 	if len(errs) > 0 && free < d.quorum {
 		return driver.LeaseInfo{Key: key}, fmt.Errorf("redlock: break %q: %w", key, errors.Join(errs...))
 	}
-	return driver.LeaseInfo{Key: key}, fmt.Errorf("redlock: break %q: %w: no node holds a grant", key, driver.ErrNotHeld)
+	return driver.LeaseInfo{Key: key}, fmt.Errorf("redlock: break %q: %w: no node holds a grant", key, fenced.ErrNotHeld)
 }
 
 // Breaks implements driver.BreakLogger: the records of every node that
@@ -198,7 +199,7 @@ func (d *Driver) Breaks(ctx context.Context, key string) ([]driver.BreakRecord, 
 		}
 	}
 	if answered == 0 && len(errs) > 0 {
-		return nil, fmt.Errorf("redlock: breaks %q: %w: %w", key, driver.ErrUnavailable, errors.Join(errs...))
+		return nil, fmt.Errorf("redlock: breaks %q: %w: %w", key, fenced.ErrUnavailable, errors.Join(errs...))
 	}
 	out := make([]driver.BreakRecord, 0, len(first))
 	for _, b := range first {

@@ -44,5 +44,5 @@ func ExampleNew() {
 	}
 	client := fenced.NewClient(drv, nil)
 	defer client.Close()
-	fmt.Println(client.Guarantees().Fence)
+	fmt.Println(client.Capabilities().Fence)
 }

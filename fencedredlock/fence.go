@@ -35,7 +35,7 @@ func (f *clientFence) Next(ctx context.Context, key string) (uint64, error) {
 	return fence, nil
 }
 
-func (f *clientFence) Strength() driver.FenceStrength { return f.c.Guarantees().Fence }
+func (f *clientFence) Strength() driver.FenceStrength { return f.c.Capabilities().Fence }
 
 // CounterFence returns a FenceSource that INCRs a per-key counter on one
 // Redis server (a single point of failure outside the Redlock nodes). Its

@@ -8,7 +8,6 @@ import (
 	"testing"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/driver"
 )
 
 // TestPrefixNames: redlock follows the Redis backends' rule for key
@@ -18,7 +17,7 @@ import (
 func TestPrefixNames(t *testing.T) {
 	for _, p := range []string{"a{b:", "a}b:", "{app}:", "tab\t:", "nl\n:", "del\x7f:"} {
 		_, err := fenced.Open(context.Background(), "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3?prefix="+url.QueryEscape(p), nil)
-		if !errors.Is(err, driver.ErrInvalidURL) || !strings.Contains(err.Error(), "may not contain { or }") {
+		if !errors.Is(err, fenced.ErrInvalidURL) || !strings.Contains(err.Error(), "may not contain { or }") {
 			t.Errorf("prefix %q: %v, want ErrInvalidURL stating the rule", p, err)
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/fenced-dev/fenced"
 	"time"
 
 	"github.com/fenced-dev/fenced/driver"
@@ -81,7 +82,7 @@ func (d *Driver) majority(ctx context.Context, budget time.Duration, done func(o
 	}, nil)
 	ok, refused, errs = d.tallyErrs(rs)
 	if missing := len(d.nodes) - len(rs); missing > 0 {
-		errs = append(errs, fmt.Errorf("%w: %d nodes did not answer within %v", driver.ErrUnknownOutcome, missing, budget))
+		errs = append(errs, fmt.Errorf("%w: %d nodes did not answer within %v", fenced.ErrUnknownOutcome, missing, budget))
 	}
 	return ok, refused, errs
 }
@@ -135,10 +136,10 @@ func (d *Driver) verdict(op string, g driver.Grant, ok, refused int, errs []erro
 	case ok >= d.quorum:
 		return nil
 	case refused > len(d.nodes)-d.quorum:
-		return fmt.Errorf("redlock: %s %v: %w on %d of %d nodes", op, g, driver.ErrNotHeld, refused, len(d.nodes))
+		return fmt.Errorf("redlock: %s %v: %w on %d of %d nodes", op, g, fenced.ErrNotHeld, refused, len(d.nodes))
 	}
 	return fmt.Errorf("redlock: %s %v: %w: confirmed on %d of %d nodes (need %d): %w",
-		op, g, driver.ErrUnknownOutcome, ok, len(d.nodes), d.quorum, errors.Join(errs...))
+		op, g, fenced.ErrUnknownOutcome, ok, len(d.nodes), d.quorum, errors.Join(errs...))
 }
 
 // RenewBatch implements driver.BatchRenewer: one pipeline per node, all
@@ -165,11 +166,11 @@ func (d *Driver) RenewBatch(ctx context.Context, grants []driver.Grant) ([]error
 		}
 	}
 	if missing := len(d.nodes) - len(rs); missing > 0 {
-		nodeErrs = append(nodeErrs, fmt.Errorf("%w: %d nodes did not answer within %v", driver.ErrUnknownOutcome, missing, d.opts.Budget))
+		nodeErrs = append(nodeErrs, fmt.Errorf("%w: %d nodes did not answer within %v", fenced.ErrUnknownOutcome, missing, d.opts.Budget))
 	}
 	if answered < d.quorum {
 		return nil, fmt.Errorf("redlock: renew batch of %d: %w: %d of %d nodes answered (need %d): %w",
-			len(grants), driver.ErrUnknownOutcome, answered, len(d.nodes), d.quorum, errors.Join(nodeErrs...))
+			len(grants), fenced.ErrUnknownOutcome, answered, len(d.nodes), d.quorum, errors.Join(nodeErrs...))
 	}
 	out := make([]error, len(grants))
 	for i, g := range grants {
@@ -218,21 +219,21 @@ func (d *Driver) Release(ctx context.Context, g driver.Grant) error {
 	}, nil)
 	ok, refused, errs := d.tallyErrs(rs)
 	if missing := len(d.nodes) - len(rs); missing > 0 {
-		errs = append(errs, fmt.Errorf("%w: %d nodes did not answer within %v", driver.ErrUnknownOutcome, missing, d.opts.Budget))
+		errs = append(errs, fmt.Errorf("%w: %d nodes did not answer within %v", fenced.ErrUnknownOutcome, missing, d.opts.Budget))
 	}
 	switch {
 	case ok >= d.quorum:
 		return nil
 	case refused == len(d.nodes):
-		return fmt.Errorf("redlock: release %v: %w", g, driver.ErrNotHeld)
+		return fmt.Errorf("redlock: release %v: %w", g, fenced.ErrNotHeld)
 	case ok > 0 && ok+refused == len(d.nodes):
 		// Only a minority still had it (the rest of an earlier release may
 		// still be in flight, or the grant expired on the others): it was
 		// not the current grant, though its remnants are gone now.
-		return fmt.Errorf("redlock: release %v: %w (still present on %d of %d nodes, removed)", g, driver.ErrNotHeld, ok, len(d.nodes))
+		return fmt.Errorf("redlock: release %v: %w (still present on %d of %d nodes, removed)", g, fenced.ErrNotHeld, ok, len(d.nodes))
 	case refused > len(d.nodes)-d.quorum:
 		return fmt.Errorf("redlock: release %v: %w on %d of %d nodes (the rest did not answer)",
-			g, driver.ErrNotHeld, refused, len(d.nodes))
+			g, fenced.ErrNotHeld, refused, len(d.nodes))
 	}
-	return fmt.Errorf("redlock: release %v: %w: %w", g, driver.ErrUnknownOutcome, errors.Join(errs...))
+	return fmt.Errorf("redlock: release %v: %w: %w", g, fenced.ErrUnknownOutcome, errors.Join(errs...))
 }

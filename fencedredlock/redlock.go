@@ -50,7 +50,7 @@
 //
 // Each node decides expiry by its wall clock (PX). A forward step of that
 // clock on the nodes a rival needs ends the grant early there, and lets a
-// second majority form (Guarantees.ClockStepSafe is false). When the
+// second majority form (Capabilities.ClockStepSafe is false). When the
 // holder's majority is exact, one node is enough.
 //
 // Redlock has no monotonic token. With no FenceSource the driver declares
@@ -213,14 +213,15 @@ func (d *Driver) Nodes() (n, quorum int) { return len(d.nodes), d.quorum }
 func (d *Driver) usable(renewing ...driver.Grant) error {
 	select {
 	case <-d.closed:
-		return driver.ErrClosed
+		return fenced.ErrClosed
 	default:
 		return ttlrule.CheckAll(renewing)
 	}
 }
 
-// Guarantees implements driver.Driver.
-func (d *Driver) Guarantees() driver.Guarantees {
+// guarantees is what the backend promises, the part of Capabilities
+// that says how far a lease can be trusted.
+func (d *Driver) guarantees() driver.Capabilities {
 	note := fmt.Sprintf("redlock over %d nodes, majority %d: "+
 		"mutual exclusion assumes bounded clock drift between nodes and pauses shorter than the TTL", len(d.nodes), d.quorum)
 	strength := driver.FenceNone
@@ -233,14 +234,16 @@ func (d *Driver) Guarantees() driver.Guarantees {
 	}
 	note += "; expiry is PX on each node's wall clock: a forward step on the nodes of a holder's majority that a rival needs " +
 		"(one node, when that majority is exact) ends the grant early there, and a second majority can form (not safe from clock steps)"
-	return driver.Guarantees{Fence: strength, ServerClock: true, ClockStepSafe: false, Note: note}
+	return driver.Capabilities{Fence: strength, ServerClock: true, ClockStepSafe: false, Note: note}
 }
 
 // Capabilities implements driver.Driver: waiters and observers woken by
 // pub/sub, grants decided on the lease's terms (TryAcquireTerms), batch
 // renewal and the break log.
 func (d *Driver) Capabilities() driver.Capabilities {
-	return driver.Capabilities{Subscribe: true, Observe: true, Terms: true, BatchRenew: true, BreakLog: true}
+	c := d.guarantees()
+	c.Subscribe, c.Observe, c.Terms, c.BatchRenew, c.BreakLog = true, true, true, true, true
+	return c
 }
 
 // Close implements driver.Driver: it closes the subscriber connections,

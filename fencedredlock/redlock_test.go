@@ -133,8 +133,8 @@ func TestNoFence(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cl.Close()
-	if g, notified := cl.Guarantees(), cl.Capabilities().Subscribe || cl.Capabilities().Queue; g.Fence != fenced.FenceNone || !notified {
-		t.Fatalf("Guarantees = %+v, notified waiters %v, want FenceNone with notification", g, notified)
+	if g, notified := cl.Capabilities(), cl.Capabilities().Subscribe || cl.Capabilities().Queue; g.Fence != fenced.FenceNone || !notified {
+		t.Fatalf("Capabilities = %+v, notified waiters %v, want FenceNone with notification", g, notified)
 	}
 	_, err = cl.TryAcquire(ctx, "ledger", nil)
 	if !errors.Is(err, fenced.ErrNoFence) || !strings.Contains(err.Error(), "FenceSource") || !strings.Contains(err.Error(), "MinFence to FenceNone") {
@@ -171,8 +171,8 @@ func TestFenceFromURL(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cl.Close()
-	if g := cl.Guarantees(); g.Fence != fenced.FenceRepeatable {
-		t.Fatalf("Guarantees with a redis fence source = %+v, want the source's strength", g)
+	if g := cl.Capabilities(); g.Fence != fenced.FenceRepeatable {
+		t.Fatalf("Capabilities with a redis fence source = %+v, want the source's strength", g)
 	}
 	opts := &fenced.LeaseOptions{MinFence: fenced.FenceRepeatable}
 	var last uint64
@@ -244,7 +244,7 @@ func TestSlowNodesDoNotStall(t *testing.T) {
 	defer c.nodes[2].Signal(syscall.SIGCONT)
 	start = time.Now()
 	_, err = d.TryAcquire(ctx, "k2", owner(), 10*time.Second)
-	if !errors.Is(err, driver.ErrUnknownOutcome) && !errors.Is(err, driver.ErrUnavailable) {
+	if !errors.Is(err, fenced.ErrUnknownOutcome) && !errors.Is(err, fenced.ErrUnavailable) {
 		t.Fatalf("3 of 5 stopped: %v, want ErrUnknownOutcome or ErrUnavailable", err)
 	}
 	if took := time.Since(start); took > bound {
@@ -270,7 +270,7 @@ func TestFailedAttemptReleasesEverywhere(t *testing.T) {
 	}
 	d := c.open(t, c.nodes, opts)
 	_, err := d.TryAcquire(ctx, "k", owner(), time.Minute)
-	var held *driver.HeldError
+	var held *fenced.HeldError
 	if !errors.As(err, &held) || held.Remaining <= 0 {
 		t.Fatalf("attempt against a majority holder: %v, want a HeldError with time remaining", err)
 	}
@@ -302,7 +302,7 @@ func TestValidityIncludesElapsedAndDrift(t *testing.T) {
 	opts.Fence = slowFence{opts.Fence, 1200 * time.Millisecond}
 	d := c.open(t, c.nodes, opts)
 	_, err := d.TryAcquire(ctx, "k", owner(), time.Second)
-	if !errors.Is(err, driver.ErrUnavailable) || !strings.Contains(err.Error(), "drift") {
+	if !errors.Is(err, fenced.ErrUnavailable) || !strings.Contains(err.Error(), "drift") {
 		t.Fatalf("grant won after the TTL ran out: %v, want ErrUnavailable explaining the validity", err)
 	}
 	if _, err := d.Inspect(ctx, "k"); err == nil {
@@ -394,7 +394,7 @@ func TestRenewBatch(t *testing.T) {
 	}
 	for i, e := range errs {
 		if i == 3 {
-			if !errors.Is(e, driver.ErrNotHeld) {
+			if !errors.Is(e, fenced.ErrNotHeld) {
 				t.Errorf("stale grant renewed: %v", e)
 			}
 		} else if e != nil {
@@ -403,7 +403,7 @@ func TestRenewBatch(t *testing.T) {
 	}
 	c.nodes[3].Kill()
 	c.nodes[4].Kill()
-	if _, err := d.RenewBatch(ctx, grants); !errors.Is(err, driver.ErrUnknownOutcome) {
+	if _, err := d.RenewBatch(ctx, grants); !errors.Is(err, fenced.ErrUnknownOutcome) {
 		t.Fatalf("renewal with 3 of 5 nodes down: %v, want ErrUnknownOutcome", err)
 	}
 }
@@ -418,8 +418,8 @@ func TestClientFence(t *testing.T) {
 	defer strict.Close()
 	d := c.open(t, c.nodes, fencedredlock.Options{Fence: fencedredlock.ClientFence(strict)})
 	cl := fenced.NewClient(d, nil)
-	if g := cl.Guarantees(); g.Fence != fenced.FenceStrict {
-		t.Fatalf("Guarantees = %+v, want the source's strict fence", g)
+	if g := cl.Capabilities(); g.Fence != fenced.FenceStrict {
+		t.Fatalf("Capabilities = %+v, want the source's strict fence", g)
 	}
 	var last uint64
 	for i := 0; i < 3; i++ {
@@ -436,7 +436,7 @@ func TestClientFence(t *testing.T) {
 }
 
 // TestRestartWithoutPersistenceGivesTwoHolders reproduces the hazard the
-// Guarantees note names: two of three nodes restart without their data
+// Capabilities note names: two of three nodes restart without their data
 // while A holds the key, and B is granted it too. Without a fence source
 // both hold fence 0 and no resource can tell them apart; with one, B's
 // fence is higher and a resource that keeps the highest fence refuses A.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/fenced-dev/fenced"
 	"testing"
 	"time"
 
@@ -54,7 +55,7 @@ func openVia(t *testing.T, addrs []string, opts fencedredlock.Options) *fencedre
 func warmUp(t *testing.T, ctx context.Context, c *cluster, d *fencedredlock.Driver) {
 	for i := 0; ; i++ {
 		_, err := d.TryAcquireTerms(ctx, "warm", owner(), worthless)
-		if !errors.Is(err, driver.ErrUnavailable) {
+		if !errors.Is(err, fenced.ErrUnavailable) {
 			t.Fatalf("warm-up attempt: %v, want ErrUnavailable", err)
 		}
 		clean := true
@@ -63,7 +64,7 @@ func warmUp(t *testing.T, ctx context.Context, c *cluster, d *fencedredlock.Driv
 				clean = false
 			}
 		}
-		if clean && errors.Is(err, driver.ErrUnavailable) && bytes.Contains([]byte(err.Error()), []byte("drift")) {
+		if clean && errors.Is(err, fenced.ErrUnavailable) && bytes.Contains([]byte(err.Error()), []byte("drift")) {
 			return
 		}
 		if i == 20 {
@@ -99,7 +100,7 @@ func grant(t *testing.T, ctx context.Context, d *fencedredlock.Driver, key, o st
 		if err == nil {
 			return driver.Grant{Key: key, Owner: o, Fence: f, TTL: rollTTL}
 		}
-		if i == 5 || errors.As(err, new(*driver.HeldError)) {
+		if i == 5 || errors.As(err, new(*fenced.HeldError)) {
 			t.Fatalf("later attempt of the same owner: %v", err)
 		}
 		t.Logf("later attempt of the same owner failed, tried again: %v", err)
@@ -116,7 +117,7 @@ func checkExclusive(t *testing.T, ctx context.Context, c *cluster, opts fencedre
 	rival := c.open(t, c.nodes, opts)
 	if f, err := rival.TryAcquire(ctx, g.Key, owner(), rollTTL); err == nil {
 		t.Fatalf("a rival was granted fence %d while the holder of %v believes it holds a majority: two holders", f, g)
-	} else if !errors.As(err, new(*driver.HeldError)) {
+	} else if !errors.As(err, new(*fenced.HeldError)) {
 		t.Fatalf("rival: %v, want a HeldError", err)
 	}
 	if err := d.Renew(ctx, g); err != nil {
@@ -153,7 +154,7 @@ func TestLateRollbackSparesLaterAttempt(t *testing.T) {
 		p1.Hold(notAcquire)
 		p2.Hold(notAcquire)
 		o := owner()
-		if _, err := d.TryAcquireTerms(ctx, "k", o, worthless); !errors.Is(err, driver.ErrUnavailable) {
+		if _, err := d.TryAcquireTerms(ctx, "k", o, worthless); !errors.Is(err, fenced.ErrUnavailable) {
 			t.Fatalf("attempt 1: %v, want ErrUnavailable", err)
 		}
 		waitHeld(t, p1, 1)
@@ -187,7 +188,7 @@ func TestLateGrantAndRollbackSpareLaterAttempt(t *testing.T) {
 
 		p2.Hold(evalsha)
 		o := owner()
-		if _, err := d.TryAcquireTerms(ctx, "k", o, worthless); !errors.Is(err, driver.ErrUnavailable) {
+		if _, err := d.TryAcquireTerms(ctx, "k", o, worthless); !errors.Is(err, fenced.ErrUnavailable) {
 			t.Fatalf("attempt 1: %v, want ErrUnavailable", err)
 		}
 		waitHeld(t, p2, 2) // the grant, then the rollback of the late reply

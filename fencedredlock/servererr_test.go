@@ -3,6 +3,7 @@ package fencedredlock_test
 import (
 	"context"
 	"errors"
+	"github.com/fenced-dev/fenced"
 	"strings"
 	"testing"
 	"time"
@@ -98,17 +99,17 @@ func TestServerErrorsAreNotRefusals(t *testing.T) {
 	end1()
 
 	t.Logf("single renewal with 2 of 3 nodes BUSY: %v", single)
-	if single == nil || errors.Is(single, driver.ErrNotHeld) || !errors.Is(single, driver.ErrUnavailable) {
+	if single == nil || errors.Is(single, fenced.ErrNotHeld) || !errors.Is(single, fenced.ErrUnavailable) {
 		t.Errorf("Renew with 2 of 3 nodes BUSY: %v, want ErrUnavailable and not ErrNotHeld", single)
 	}
 	if err != nil {
 		t.Fatalf("RenewBatch with 2 of 3 nodes BUSY: %v, want one result per grant", err)
 	}
 	for i, e := range errs {
-		if e == nil || errors.Is(e, driver.ErrNotHeld) || !errors.Is(e, driver.ErrUnavailable) {
+		if e == nil || errors.Is(e, fenced.ErrNotHeld) || !errors.Is(e, fenced.ErrUnavailable) {
 			t.Errorf("RenewBatch with 2 of 3 nodes BUSY: grant %d: %v, want ErrUnavailable and not ErrNotHeld", i, e)
 		}
-		for _, sentinel := range []error{driver.ErrNotHeld, driver.ErrUnavailable, driver.ErrUnknownOutcome} {
+		for _, sentinel := range []error{fenced.ErrNotHeld, fenced.ErrUnavailable, fenced.ErrUnknownOutcome} {
 			if errors.Is(e, sentinel) != errors.Is(single, sentinel) {
 				t.Errorf("grant %d: RenewBatch said %v but Renew said %v: they disagree on %v", i, e, single, sentinel)
 			}

@@ -2,6 +2,7 @@ package fencedredlock_test
 
 import (
 	"errors"
+	"github.com/fenced-dev/fenced"
 	"syscall"
 	"testing"
 	"time"
@@ -38,7 +39,7 @@ func TestUnconfirmedReleaseIsFinished(t *testing.T) {
 	err := d.Release(ctx, g)
 	c.nodes[0].Signal(syscall.SIGCONT)
 	c.nodes[1].Signal(syscall.SIGCONT)
-	if !errors.Is(err, driver.ErrUnknownOutcome) {
+	if !errors.Is(err, fenced.ErrUnknownOutcome) {
 		t.Fatalf("release with 2 of 3 stopped: %v, want ErrUnknownOutcome", err)
 	}
 	start := time.Now()

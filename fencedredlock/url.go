@@ -20,12 +20,12 @@ import (
 func open(ctx context.Context, u *url.URL) (driver.Driver, error) {
 	hosts := strings.Split(u.Host, ",")
 	if u.Host == "" || len(hosts) == 0 {
-		return nil, fmt.Errorf("%w: redlock URL needs hosts, as in redlock://h1:6379,h2:6379,h3:6379/0", driver.ErrInvalidURL)
+		return nil, fmt.Errorf("%w: redlock URL needs hosts, as in redlock://h1:6379,h2:6379,h3:6379/0", fenced.ErrInvalidURL)
 	}
 	for _, h := range hosts {
 		host, port, err := splitHostPort(h)
 		if err != nil {
-			return nil, fmt.Errorf("%w: redlock host %q: %v", driver.ErrInvalidURL, h, err)
+			return nil, fmt.Errorf("%w: redlock host %q: %v", fenced.ErrInvalidURL, h, err)
 		}
 		_, _ = host, port
 	}

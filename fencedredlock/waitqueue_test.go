@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/fenced-dev/fenced"
 	"slices"
 	"strings"
 	"sync"
@@ -107,7 +108,7 @@ func TestReleaseWakesOneProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := w.TryAcquire(ctx, "job", owner(), time.Minute); !errors.Is(err, driver.ErrHeld) {
+	if _, err := w.TryAcquire(ctx, "job", owner(), time.Minute); !errors.Is(err, fenced.ErrHeld) {
 		t.Fatalf("try of a held key: %v", err)
 	}
 	queued(1)

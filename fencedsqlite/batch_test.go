@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"github.com/fenced-dev/fenced"
 	"path/filepath"
 	"testing"
 	"time"
@@ -56,7 +57,7 @@ func TestRenewBatchBeyondVariableLimit(t *testing.T) {
 		t.Fatalf("%d results for %d grants", len(errs), n)
 	}
 	for i, e := range errs {
-		if stale := i%10 == 0; stale != errors.Is(e, driver.ErrNotHeld) || (!stale && e != nil) {
+		if stale := i%10 == 0; stale != errors.Is(e, fenced.ErrNotHeld) || (!stale && e != nil) {
 			t.Fatalf("grant %d (stale %v): %v", i, stale, e)
 		}
 	}

@@ -9,7 +9,6 @@ import (
 	"testing"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/fencedsqlite"
 )
 
@@ -24,7 +23,7 @@ func TestMissingDirectoryIsRefused(t *testing.T) {
 		t.Errorf("OpenFile in a missing directory: %v, want ErrNoDir naming it", err)
 	}
 	_, err := fenced.Open(ctx, "sqlite://"+missing, nil)
-	if !errors.Is(err, driver.ErrInvalidURL) || !errors.Is(err, fencedsqlite.ErrNoDir) || !strings.Contains(err.Error(), "create=1") {
+	if !errors.Is(err, fenced.ErrInvalidURL) || !errors.Is(err, fencedsqlite.ErrNoDir) || !strings.Contains(err.Error(), "create=1") {
 		t.Errorf("URL in a missing directory: %v, want ErrInvalidURL and ErrNoDir saying create=1", err)
 	}
 	notDir := filepath.Join(dir, "file")

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/fencedsqlite"
 )
 
@@ -53,10 +52,10 @@ func TestClosedDriverOverCallersDB(t *testing.T) {
 	if err := d.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := d.TryAcquire(ctx, "k", "owner-1", time.Second); !errors.Is(err, driver.ErrClosed) {
+	if _, err := d.TryAcquire(ctx, "k", "owner-1", time.Second); !errors.Is(err, fenced.ErrClosed) {
 		t.Errorf("TryAcquire after Close: %v, want ErrClosed", err)
 	}
-	if _, err := d.List(ctx, ""); !errors.Is(err, driver.ErrClosed) {
+	if _, err := d.List(ctx, ""); !errors.Is(err, fenced.ErrClosed) {
 		t.Errorf("List after Close: %v, want ErrClosed", err)
 	}
 	if err := db.PingContext(ctx); err != nil {
@@ -77,7 +76,7 @@ func TestURLQueryIsStrict(t *testing.T) {
 			t.Errorf("Open(%q) succeeded, want ErrInvalidURL", u)
 			continue
 		}
-		if !errors.Is(err, driver.ErrInvalidURL) {
+		if !errors.Is(err, fenced.ErrInvalidURL) {
 			t.Errorf("Open(%q) = %v, want ErrInvalidURL", u, err)
 		}
 	}

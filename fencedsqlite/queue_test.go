@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"github.com/fenced-dev/fenced"
 	"os"
 	"path/filepath"
 	"strings"
@@ -159,7 +160,7 @@ func childWait() int {
 	if _, err := d.Subscribe(context.Background(), key); err != nil {
 		return fail(err)
 	}
-	if _, err := d.TryAcquire(context.Background(), key, "child", time.Minute); !errors.Is(err, driver.ErrHeld) {
+	if _, err := d.TryAcquire(context.Background(), key, "child", time.Minute); !errors.Is(err, fenced.ErrHeld) {
 		return fail(err)
 	}
 	os.Stdout.WriteString("waiting\n")
@@ -213,7 +214,7 @@ func wakeLatency(t *testing.T, ctx context.Context, path string, holder *fenceds
 			// Granted again, and refused again: the rung waiter stands
 			// again at the end of the queue, first.
 			g = waketest.Grant(t, ctx, holder, "control")
-			if _, err := w.TryAcquire(ctx, "control", "refused", time.Minute); !errors.Is(err, driver.ErrHeld) {
+			if _, err := w.TryAcquire(ctx, "control", "refused", time.Minute); !errors.Is(err, fenced.ErrHeld) {
 				t.Fatalf("try of the held control key: %v", err)
 			}
 		}
@@ -351,7 +352,7 @@ func TestRungWaiterRefusedStandsAgain(t *testing.T) {
 		if !waketest.Woken(s, 10*time.Second) {
 			t.Fatalf("release %d did not wake the waiter", n+1)
 		}
-		if _, err := w.TryAcquire(ctx, "job", "waiter", time.Minute); !errors.Is(err, driver.ErrHeld) {
+		if _, err := w.TryAcquire(ctx, "job", "waiter", time.Minute); !errors.Is(err, fenced.ErrHeld) {
 			t.Fatalf("try after release %d: %v, want ErrHeld", n+1, err)
 		}
 	}
@@ -366,7 +367,7 @@ func TestRefusedTryKeepsPlace(t *testing.T) {
 	sa := waketest.Refused(t, ctx, a, "job")
 	sb := waketest.Refused(t, ctx, b, "job")
 	for range 3 {
-		if _, err := a.TryAcquire(ctx, "job", "another", time.Minute); !errors.Is(err, driver.ErrHeld) {
+		if _, err := a.TryAcquire(ctx, "job", "another", time.Minute); !errors.Is(err, fenced.ErrHeld) {
 			t.Fatalf("try: %v, want ErrHeld", err)
 		}
 	}

@@ -5,12 +5,12 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"github.com/fenced-dev/fenced"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/fencedsqlite"
 )
 
@@ -97,7 +97,7 @@ func TestKeysAndOwnersAreExact(t *testing.T) {
 			t.Fatalf("acquire %q: %d, %v; want a grant of its own", k, f, err)
 		}
 	}
-	if _, err := d.TryAcquire(ctx, "job:a", "OWNER-0", time.Minute); !errors.Is(err, driver.ErrHeld) {
+	if _, err := d.TryAcquire(ctx, "job:a", "OWNER-0", time.Minute); !errors.Is(err, fenced.ErrHeld) {
 		t.Errorf("acquire of job:a by OWNER-0: %v, want ErrHeld", err)
 	}
 	if res, err := d.Prune(ctx, 0); err != nil || res.Deleted != 0 {

@@ -45,7 +45,7 @@
 // the waiter queue TABLE_waiters.
 // create=1 creates the file's directory if it is missing. Without it, a path
 // whose directory does not exist is most likely mistyped: it is refused,
-// matching ErrNoDir and driver.ErrInvalidURL. The default file's directory
+// matching ErrNoDir and fenced.ErrInvalidURL. The default file's directory
 // is always created. Any other parameter is refused.
 //
 // Availability caveat of one shared file: a process stopped in the middle of
@@ -142,13 +142,13 @@ type Options struct {
 
 // ErrNoDir means the lease file's directory does not exist and the driver
 // was not asked to create it (?create=1, Options.CreateDir). Through a URL
-// the error also matches driver.ErrInvalidURL.
+// the error also matches fenced.ErrInvalidURL.
 var ErrNoDir = errors.New("the lease file's directory does not exist")
 
 // ErrBusy means opening the lease file waited Options.BusyTimeout for
 // another process, alive and holding the file's locks (creating or
 // checking the tables, or writing), and gave up. It also matches
-// driver.ErrUnavailable. Unlike the other errors of an open, it may pass
+// fenced.ErrUnavailable. Unlike the other errors of an open, it may pass
 // by itself: processes that start together on a loaded machine open the
 // file one after the other, so a caller that can wait (a follower
 // standing for election, say) may open again.
@@ -157,7 +157,7 @@ var ErrBusy = errors.New("the lease file is busy")
 func openURL(ctx context.Context, u *url.URL) (driver.Driver, error) {
 	if u.Host != "" {
 		return nil, fmt.Errorf("%w: sqlite URL has a host %q; use sqlite:///absolute/path.db or sqlite:relative/path.db",
-			driver.ErrInvalidURL, u.Host)
+			fenced.ErrInvalidURL, u.Host)
 	}
 	path := u.Opaque
 	if path == "" {
@@ -193,7 +193,7 @@ func openURL(ctx context.Context, u *url.URL) (driver.Driver, error) {
 	if ok {
 		d, err := time.ParseDuration(busy)
 		if err != nil || d < 0 {
-			return nil, fmt.Errorf("%w: busy_timeout %q is not a duration such as 5s", driver.ErrInvalidURL, busy)
+			return nil, fmt.Errorf("%w: busy_timeout %q is not a duration such as 5s", fenced.ErrInvalidURL, busy)
 		}
 		opts.BusyTimeout = d
 	}
@@ -202,7 +202,7 @@ func openURL(ctx context.Context, u *url.URL) (driver.Driver, error) {
 	}
 	d, err := OpenFile(ctx, path, &opts)
 	if errors.Is(err, ErrNoDir) {
-		return nil, fmt.Errorf("%w: %w", driver.ErrInvalidURL, err)
+		return nil, fmt.Errorf("%w: %w", fenced.ErrInvalidURL, err)
 	}
 	return d, err
 }
@@ -221,7 +221,7 @@ func OpenFile(ctx context.Context, path string, opts *Options) (*Driver, error) 
 	dir := filepath.Dir(path)
 	if o.CreateDir {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return nil, fmt.Errorf("sqlite: %w: %v", driver.ErrUnavailable, err)
+			return nil, fmt.Errorf("sqlite: %w: %v", fenced.ErrUnavailable, err)
 		}
 	} else if fi, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("sqlite: lease file %s: %w: %s (check the path; add ?create=1 to the URL to create it)", path, ErrNoDir, dir)
@@ -230,7 +230,7 @@ func OpenFile(ctx context.Context, path string, opts *Options) (*Driver, error) 
 	}
 	db, err := sql.Open("sqlite", dsn(path, o.BusyTimeout, "FULL"))
 	if err != nil {
-		return nil, fmt.Errorf("sqlite: open %s: %w: %v", path, driver.ErrUnavailable, err)
+		return nil, fmt.Errorf("sqlite: open %s: %w: %v", path, fenced.ErrUnavailable, err)
 	}
 	// Processes opening a new file at the same moment race on switching it
 	// to WAL and creating the tables (SQLite answers some of those steps
@@ -308,9 +308,9 @@ func lockInit(ctx context.Context, lockPath string, timeout time.Duration) (unlo
 			f.Close()
 			if errors.Is(err, syscall.EWOULDBLOCK) {
 				return nil, fmt.Errorf("%w: %w: another process held %s for the %v waited (busy_timeout %v)",
-					ErrBusy, driver.ErrUnavailable, lockPath, time.Since(began).Round(time.Millisecond), timeout)
+					ErrBusy, fenced.ErrUnavailable, lockPath, time.Since(began).Round(time.Millisecond), timeout)
 			}
-			return nil, fmt.Errorf("%w: lock %s: %v", driver.ErrUnavailable, lockPath, err)
+			return nil, fmt.Errorf("%w: lock %s: %v", fenced.ErrUnavailable, lockPath, err)
 		}
 		select {
 		case <-ctx.Done():
@@ -405,7 +405,7 @@ func mainFile(ctx context.Context, db *sql.DB) (string, error) {
 // a ring took it off (see queue.go).
 func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
 	f, err := d.Engine.TryAcquire(ctx, key, owner, ttl)
-	if errors.Is(err, driver.ErrHeld) {
+	if errors.Is(err, fenced.ErrHeld) {
 		d.queue.refused(ctx, key)
 	}
 	return f, err
@@ -792,11 +792,11 @@ func classify(err error) error {
 		switch se.Code() & 0xff {
 		case sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED, sqlite3.SQLITE_IOERR,
 			sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_FULL, sqlite3.SQLITE_READONLY:
-			return driver.ErrUnavailable
+			return fenced.ErrUnavailable
 		}
 	}
 	if errors.Is(err, sql.ErrConnDone) {
-		return driver.ErrClosed
+		return fenced.ErrClosed
 	}
 	return nil
 }
@@ -859,9 +859,10 @@ func (d *Driver) dialect() *sqllease.Dialect {
 	}
 }
 
-// Guarantees implements driver.Driver.
-func (d *Driver) Guarantees() driver.Guarantees {
-	return driver.Guarantees{
+// guarantees is what the backend promises, the part of Capabilities
+// that says how far a lease can be trusted.
+func (d *Driver) guarantees() driver.Capabilities {
+	return driver.Capabilities{
 		Fence:       driver.FenceStrict,
 		ServerClock: true,
 		// unixepoch() inside the statement reads the host's wall clock.
@@ -878,8 +879,10 @@ func (d *Driver) Guarantees() driver.Guarantees {
 // the doorbell file (watch.go), and the lease table's batch renewal, break
 // log, fence floor and prune.
 func (d *Driver) Capabilities() driver.Capabilities {
-	return driver.Capabilities{Subscribe: true, Observe: true, BatchRenew: true, BreakLog: true, FenceFloor: true, Prune: true,
-		Checkpoint: true}
+	c := d.guarantees()
+	c.Subscribe, c.Observe, c.BatchRenew, c.BreakLog, c.FenceFloor, c.Prune = true, true, true, true, true, true
+	c.Checkpoint = true
+	return c
 }
 
 // Close implements driver.Driver. It closes the database only if the

@@ -106,7 +106,7 @@ func TestOpenOfBusyFileIsErrBusy(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = fencedsqlite.OpenFile(context.Background(), path, &fencedsqlite.Options{BusyTimeout: 200 * time.Millisecond})
-	if !errors.Is(err, fencedsqlite.ErrBusy) || !errors.Is(err, driver.ErrUnavailable) || !strings.Contains(err.Error(), path+".lock") {
+	if !errors.Is(err, fencedsqlite.ErrBusy) || !errors.Is(err, fenced.ErrUnavailable) || !strings.Contains(err.Error(), path+".lock") {
 		t.Fatalf("open while another process holds the init lock: %v; want ErrBusy and ErrUnavailable naming the lock", err)
 	}
 	syscall.Flock(int(f.Fd()), syscall.LOCK_UN)

@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/fenced-dev/fenced"
 	"time"
 
 	"github.com/fenced-dev/fenced/fencedzookeeper/internal/zk"
 
-	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/backend/sessionlock"
 )
 
@@ -30,7 +30,7 @@ func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Dur
 	}
 	r, err := d.createNode(ctx, e)
 	if err != nil {
-		if errors.Is(err, driver.ErrUnknownOutcome) {
+		if errors.Is(err, fenced.ErrUnknownOutcome) {
 			d.grants.Track(e, ttl, start) // a retry finds it; else the reaper deletes it
 		}
 		return 0, err
@@ -42,9 +42,9 @@ func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Dur
 		case err != nil:
 			return 0, err
 		case !l.present:
-			return 0, fmt.Errorf("zookeeper: acquire: %w: our lock node %s vanished (session expired)", driver.ErrUnavailable, e.path)
+			return 0, fmt.Errorf("zookeeper: acquire: %w: our lock node %s vanished (session expired)", fenced.ErrUnavailable, e.path)
 		}
-		return 0, &driver.HeldError{Key: key}
+		return 0, &fenced.HeldError{}
 	}
 	return d.grant(e, ttl, start)
 }
@@ -97,7 +97,7 @@ func (d *Driver) confirm(ctx context.Context, e *entry, ttl time.Duration, start
 		return d.TryAcquire(ctx, e.id.Key, e.id.Owner, ttl)
 	}
 	if !l.first() {
-		return 0, &driver.HeldError{Key: e.id.Key}
+		return 0, &fenced.HeldError{}
 	}
 	return d.grant(e, ttl, start)
 }
@@ -138,7 +138,7 @@ func (d *Driver) AcquireTimed(ctx context.Context, key, owner string, ttl time.D
 	}
 	r, err := d.createNode(ctx, e)
 	if err != nil {
-		if errors.Is(err, driver.ErrUnknownOutcome) {
+		if errors.Is(err, fenced.ErrUnknownOutcome) {
 			d.grants.EndNow(e)
 		}
 		return 0, time.Time{}, err
@@ -185,7 +185,7 @@ func (d *Driver) AcquireTimed(ctx context.Context, key, owner string, ttl time.D
 			return true, nil
 		}
 		if !l.present {
-			finalErr = fmt.Errorf("zookeeper: %w: our lock node %s vanished (session expired or broken)", driver.ErrUnavailable, e.path)
+			finalErr = fmt.Errorf("zookeeper: %w: our lock node %s vanished (session expired or broken)", fenced.ErrUnavailable, e.path)
 			return false, finalErr
 		}
 		prev = &l
@@ -199,7 +199,7 @@ func (d *Driver) AcquireTimed(ctx context.Context, key, owner string, ttl time.D
 		case <-ch:
 			return false, nil
 		case <-e.zc.expiredC():
-			finalErr = fmt.Errorf("zookeeper: %w: session expired while waiting", driver.ErrUnavailable)
+			finalErr = fmt.Errorf("zookeeper: %w: session expired while waiting", fenced.ErrUnavailable)
 			return false, finalErr
 		case <-ctx.Done():
 			return false, ctx.Err()

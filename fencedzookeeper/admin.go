@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/fenced-dev/fenced"
 	"sort"
 	"strings"
 	"sync"
@@ -22,7 +23,7 @@ func (d *Driver) adminConn() (*zk.Conn, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
-		return nil, driver.ErrClosed
+		return nil, fenced.ErrClosed
 	}
 	var best *zsession
 	for _, zc := range d.sessions {
@@ -31,7 +32,7 @@ func (d *Driver) adminConn() (*zk.Conn, error) {
 		}
 	}
 	if best == nil {
-		return nil, fmt.Errorf("zookeeper: %w: no session", driver.ErrUnavailable)
+		return nil, fmt.Errorf("zookeeper: %w: no session", fenced.ErrUnavailable)
 	}
 	return best.conn, nil
 }
@@ -119,7 +120,7 @@ func (d *Driver) Inspect(ctx context.Context, key string) (driver.LeaseInfo, err
 	info := driver.LeaseInfo{Key: key}
 	name, stat, data, record, err := d.holder(conn, d.lockPath(key))
 	if errors.Is(err, zk.ErrNoNode) {
-		return info, fmt.Errorf("zookeeper: inspect %q: %w", key, driver.ErrNotFound)
+		return info, fmt.Errorf("zookeeper: inspect %q: %w", key, fenced.ErrNotFound)
 	}
 	if err != nil {
 		if strings.Contains(err.Error(), "foreign node") {
@@ -201,7 +202,7 @@ func (d *Driver) Break(ctx context.Context, key string, req driver.BreakRequest)
 	info := driver.LeaseInfo{Key: key}
 	name, stat, data, _, err := d.holder(conn, lockPath)
 	if errors.Is(err, zk.ErrNoNode) || err == nil && name == "" {
-		return info, fmt.Errorf("zookeeper: break %q: %w", key, driver.ErrNotHeld)
+		return info, fmt.Errorf("zookeeper: break %q: %w", key, fenced.ErrNotHeld)
 	}
 	if err != nil {
 		return info, readErr("break", err)
@@ -210,7 +211,7 @@ func (d *Driver) Break(ctx context.Context, key string, req driver.BreakRequest)
 	setHolder(&info, stat, data)
 	err = conn.Delete(lockPath+"/"+name, stat.Version)
 	if errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrBadVersion) {
-		return info, fmt.Errorf("zookeeper: break %q: %w: released meanwhile", key, driver.ErrNotHeld)
+		return info, fmt.Errorf("zookeeper: break %q: %w: released meanwhile", key, fenced.ErrNotHeld)
 	}
 	if err != nil {
 		return info, writeErr("break", err)

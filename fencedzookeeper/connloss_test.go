@@ -123,7 +123,7 @@ func testConnectionLossOnCreateAndLookup(t *testing.T, ens *testenv.ZKEnsemble) 
 	proxy.SetDown(true) // the connection in use stays; reconnects fail
 	proxy.CutAfter(isMulti)
 	_, err = d.TryAcquire(ctx, g.Key, g.Owner, ttl)
-	if !errors.Is(err, driver.ErrUnknownOutcome) {
+	if !errors.Is(err, fenced.ErrUnknownOutcome) {
 		t.Fatalf("TryAcquire with the create cut and the lookup failing: %v, want ErrUnknownOutcome", err)
 	}
 	if proxy.Cuts() != 1 {
@@ -137,7 +137,7 @@ func testConnectionLossOnCreateAndLookup(t *testing.T, ens *testenv.ZKEnsemble) 
 		if err == nil {
 			break
 		}
-		if !errors.Is(err, driver.ErrUnavailable) || attempt == 5 {
+		if !errors.Is(err, fenced.ErrUnavailable) || attempt == 5 {
 			t.Fatalf("retried TryAcquire (attempt %d) after the unknown outcome: %v", attempt, err)
 		}
 		time.Sleep(200 * time.Millisecond)

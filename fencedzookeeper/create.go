@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/fenced-dev/fenced"
 	"time"
 
 	"github.com/fenced-dev/fenced/fencedzookeeper/internal/zk"
 
-	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/backend/sessionlock"
 )
 
@@ -91,7 +91,7 @@ func (d *Driver) recoverCreate(e *entry, r created) created {
 				r = created{path: found, czxid: stat.Czxid, session: stat.EphemeralOwner}
 			}
 		case ferr == nil:
-			r.err = fmt.Errorf("%w: %v (no node with our protected prefix was created)", driver.ErrUnavailable, err)
+			r.err = fmt.Errorf("%w: %v (no node with our protected prefix was created)", fenced.ErrUnavailable, err)
 		}
 	}
 	return r
@@ -130,7 +130,7 @@ func (d *Driver) createNode(ctx context.Context, e *entry) (created, error) {
 		}
 	}
 	if r.err != nil {
-		if errors.Is(r.err, driver.ErrUnavailable) || errors.Is(r.err, zk.ErrSessionExpired) {
+		if errors.Is(r.err, fenced.ErrUnavailable) || errors.Is(r.err, zk.ErrSessionExpired) {
 			return created{}, fmt.Errorf("zookeeper: create lock node: %w", r.err)
 		}
 		if errors.Is(r.err, zk.ErrNoAuth) || errors.Is(r.err, zk.ErrNoNode) {

@@ -238,7 +238,7 @@ func (d *Driver) awaitHeadroomOf(ctx context.Context, zc *zsession, sessionID fu
 		}
 		if !now.Before(giveUp) {
 			return fmt.Errorf("zookeeper: %w: no recent enough answer to cover a %v grant in a %v session (connection down?)",
-				driver.ErrUnavailable, ttl, zc.timeout)
+				fenced.ErrUnavailable, ttl, zc.timeout)
 		}
 		wake := giveUp
 		if !next.IsZero() && next.Before(wake) {
@@ -250,7 +250,7 @@ func (d *Driver) awaitHeadroomOf(ctx context.Context, zc *zsession, sessionID fu
 		case <-changed:
 		case <-ctx.Done():
 			t.Stop()
-			return fmt.Errorf("zookeeper: %w: %w", driver.ErrUnavailable, context.Cause(ctx))
+			return fmt.Errorf("zookeeper: %w: %w", fenced.ErrUnavailable, context.Cause(ctx))
 		}
 		t.Stop()
 	}
@@ -260,5 +260,5 @@ func (d *Driver) awaitHeadroomOf(ctx context.Context, zc *zsession, sessionID fu
 // TTL the session in use covers (maxTTLFor).
 func errTTLTooLong(ttl, limit time.Duration) error {
 	return fmt.Errorf("%w: TTL %v exceeds %v, the longest a session covers here (session timeout*7/8 - tickTime; see Sessions)",
-		driver.ErrInvalidTTL, ttl, limit)
+		fenced.ErrInvalidTTL, ttl, limit)
 }

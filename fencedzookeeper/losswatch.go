@@ -3,6 +3,7 @@ package fencedzookeeper
 import (
 	"errors"
 	"fmt"
+	"github.com/fenced-dev/fenced"
 	"sync"
 	"time"
 
@@ -55,7 +56,7 @@ func (w *nodeLossWatch) stop() {
 }
 
 func (w *nodeLossWatch) lost(why string) {
-	w.loss.Report(fmt.Errorf("%w: ZooKeeper node %s %s", driver.ErrLost, w.e.path, why))
+	w.loss.Report(fmt.Errorf("%w: ZooKeeper node %s %s", fenced.ErrLost, w.e.path, why))
 }
 
 const (

@@ -3,6 +3,7 @@ package fencedzookeeper
 import (
 	"errors"
 	"fmt"
+	"github.com/fenced-dev/fenced"
 	"strings"
 	"time"
 
@@ -45,7 +46,7 @@ func (e *entry) protectedPrefix() string { return "_c_" + e.uuid + "-" }
 func (d *Driver) grant(e *entry, ttl time.Duration, from time.Time) (uint64, error) {
 	e.granted = true
 	if !d.grants.Track(e, ttl, from) && !d.grants.Extend(e, ttl, from) {
-		return 0, fmt.Errorf("zookeeper: acquire %s: %w: the grant ended as it was confirmed", e.id.Key, driver.ErrNotHeld)
+		return 0, fmt.Errorf("zookeeper: acquire %s: %w: the grant ended as it was confirmed", e.id.Key, fenced.ErrNotHeld)
 	}
 	return uint64(e.czxid), nil
 }
@@ -125,7 +126,7 @@ func (d *Driver) ensureParents(conn *zk.Conn, path string) error {
 func (d *Driver) grantEntry(op string, g driver.Grant) (*entry, error) {
 	e := d.grants.Lookup(g.Key, g.Owner)
 	if e == nil || !e.granted || g.Fence == 0 || uint64(e.czxid) != g.Fence {
-		return nil, fmt.Errorf("zookeeper: %s %s: %w", op, g, driver.ErrNotHeld)
+		return nil, fmt.Errorf("zookeeper: %s %s: %w", op, g, fenced.ErrNotHeld)
 	}
 	return e, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/fenced-dev/fenced"
 	"time"
 
 	"github.com/fenced-dev/fenced/fencedzookeeper/internal/zk"
@@ -20,14 +21,14 @@ func (d *Driver) Release(ctx context.Context, g driver.Grant) error {
 	session, sent := e.zc.conn.SessionID(), time.Now()
 	err = e.zc.conn.DeleteContext(ctx, e.path, -1)
 	if ctxErr := ctx.Err(); err != nil && ctxErr != nil && errors.Is(err, ctxErr) {
-		return fmt.Errorf("zookeeper: release %s: %w: %w", g, driver.ErrUnknownOutcome, ctxErr)
+		return fmt.Errorf("zookeeper: release %s: %w: %w", g, fenced.ErrUnknownOutcome, ctxErr)
 	}
 	if err == nil {
 		e.zc.recordWrite(session, sent)
 	}
 	if errors.Is(err, zk.ErrNoNode) {
 		d.grants.Forget(e)
-		return fmt.Errorf("zookeeper: release %s: %w", g, driver.ErrNotHeld)
+		return fmt.Errorf("zookeeper: release %s: %w", g, fenced.ErrNotHeld)
 	}
 	if err != nil {
 		return writeErr("release", err)

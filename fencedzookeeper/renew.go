@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/fenced-dev/fenced"
 	"time"
 
 	"github.com/fenced-dev/fenced/fencedzookeeper/internal/zk"
@@ -52,12 +53,12 @@ func (d *Driver) Renew(ctx context.Context, g driver.Grant) error {
 	select {
 	case r = <-ch:
 	case <-ctx.Done():
-		return fmt.Errorf("zookeeper: renew %s: %w: %w", g, driver.ErrUnavailable, ctx.Err())
+		return fmt.Errorf("zookeeper: renew %s: %w: %w", g, fenced.ErrUnavailable, ctx.Err())
 	}
 	if r.err != nil {
 		if errors.Is(r.err, zk.ErrSessionExpired) {
 			d.grants.Forget(e)
-			return fmt.Errorf("zookeeper: renew %s: %w: session expired", g, driver.ErrNotHeld)
+			return fmt.Errorf("zookeeper: renew %s: %w: session expired", g, fenced.ErrNotHeld)
 		}
 		return r.err // classified by syncLeader or readErr
 	}
@@ -65,10 +66,10 @@ func (d *Driver) Renew(ctx context.Context, g driver.Grant) error {
 		// The grant is over. A node of ours that is still there goes now,
 		// so that it cannot hold the key for as long as the session lives.
 		d.grants.EndNow(e)
-		return fmt.Errorf("zookeeper: renew %s: %w: node %s is gone or belongs to another session", g, driver.ErrNotHeld, e.path)
+		return fmt.Errorf("zookeeper: renew %s: %w: node %s is gone or belongs to another session", g, fenced.ErrNotHeld, e.path)
 	}
 	if !d.grants.Extend(e, ttl, start) {
-		return fmt.Errorf("zookeeper: renew %s: %w: the grant ended during the renewal", g, driver.ErrNotHeld)
+		return fmt.Errorf("zookeeper: renew %s: %w: the grant ended during the renewal", g, fenced.ErrNotHeld)
 	}
 	return nil
 }
@@ -137,12 +138,12 @@ func (d *Driver) renewChecked(ctx context.Context, zc *zsession, grants []driver
 		for _, i := range idx {
 			e := d.grants.Lookup(grants[i].Key, grants[i].Owner)
 			if e == nil || !e.granted || uint64(e.czxid) != grants[i].Fence {
-				errs[i] = fmt.Errorf("zookeeper: renew %s: %w", grants[i], driver.ErrNotHeld)
+				errs[i] = fmt.Errorf("zookeeper: renew %s: %w", grants[i], fenced.ErrNotHeld)
 				continue
 			}
 			if e.session != session {
 				d.grants.EndNow(e)
-				errs[i] = fmt.Errorf("zookeeper: renew %s: %w: node %s belongs to another session", grants[i], driver.ErrNotHeld, e.path)
+				errs[i] = fmt.Errorf("zookeeper: renew %s: %w: node %s belongs to another session", grants[i], fenced.ErrNotHeld, e.path)
 				continue
 			}
 			entries = append(entries, e)
@@ -170,14 +171,14 @@ func (d *Driver) renewChecked(ctx context.Context, zc *zsession, grants []driver
 		case r = <-ch:
 		case <-ctx.Done():
 			for _, i := range live {
-				errs[i] = fmt.Errorf("zookeeper: renew %s: %w: %w", grants[i], driver.ErrUnavailable, ctx.Err())
+				errs[i] = fmt.Errorf("zookeeper: renew %s: %w: %w", grants[i], fenced.ErrUnavailable, ctx.Err())
 			}
 			return
 		}
 		if r.err == nil && zc.conn.SessionID() == session {
 			for j, i := range live {
 				if !d.grants.Extend(entries[j], grants[i].TTL, start) {
-					errs[i] = fmt.Errorf("zookeeper: renew %s: %w: the grant ended during the renewal", grants[i], driver.ErrNotHeld)
+					errs[i] = fmt.Errorf("zookeeper: renew %s: %w: the grant ended during the renewal", grants[i], fenced.ErrNotHeld)
 				}
 			}
 			return
@@ -188,7 +189,7 @@ func (d *Driver) renewChecked(ctx context.Context, zc *zsession, grants []driver
 			// The session changed or ended: none of these grants is held.
 			for j, i := range live {
 				d.grants.Forget(entries[j])
-				errs[i] = fmt.Errorf("zookeeper: renew %s: %w: session expired", grants[i], driver.ErrNotHeld)
+				errs[i] = fmt.Errorf("zookeeper: renew %s: %w: session expired", grants[i], fenced.ErrNotHeld)
 			}
 		case errors.Is(r.err, zk.ErrNoNode) && len(r.res) == len(live):
 			gone := 0
@@ -196,7 +197,7 @@ func (d *Driver) renewChecked(ctx context.Context, zc *zsession, grants []driver
 				if errors.Is(r.res[j].Error, zk.ErrNoNode) {
 					gone++
 					d.grants.EndNow(entries[j])
-					errs[i] = fmt.Errorf("zookeeper: renew %s: %w: node %s is gone", grants[i], driver.ErrNotHeld, entries[j].path)
+					errs[i] = fmt.Errorf("zookeeper: renew %s: %w: node %s is gone", grants[i], fenced.ErrNotHeld, entries[j].path)
 				} else {
 					retry = append(retry, i)
 				}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/fenced-dev/fenced"
 	"testing"
 	"time"
 
@@ -54,13 +55,13 @@ func TestRenewBatchNodesDeleted(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, err := range errs {
-		if deleted[i] != errors.Is(err, driver.ErrNotHeld) || !deleted[i] && err != nil {
+		if deleted[i] != errors.Is(err, fenced.ErrNotHeld) || !deleted[i] && err != nil {
 			t.Errorf("grant %d (node deleted: %v): %v", i, deleted[i], err)
 		}
 	}
 	for i, g := range grants {
 		info, err := d.Inspect(ctx, g.Key)
-		if err != nil && !errors.Is(err, driver.ErrNotFound) {
+		if err != nil && !errors.Is(err, fenced.ErrNotFound) {
 			t.Fatal(err)
 		}
 		if deleted[i] && info.Held {
@@ -70,7 +71,7 @@ func TestRenewBatchNodesDeleted(t *testing.T) {
 			t.Errorf("%s after the batch: %+v; want held with fence %d and about %v left", g.Key, info, g.Fence, ttl)
 		}
 		if deleted[i] {
-			if err := d.Renew(ctx, g); !errors.Is(err, driver.ErrNotHeld) {
+			if err := d.Renew(ctx, g); !errors.Is(err, fenced.ErrNotHeld) {
 				t.Errorf("renew %s after the batch ended it: %v, want ErrNotHeld", g.Key, err)
 			}
 		}

@@ -3,10 +3,9 @@ package fencedzookeeper
 import (
 	"context"
 	"errors"
+	"github.com/fenced-dev/fenced"
 	"testing"
 	"time"
-
-	"github.com/fenced-dev/fenced/driver"
 )
 
 // TestSessionTimeoutCoversTTL checks the session sizing of issue 9 item 13:
@@ -109,7 +108,7 @@ func TestAwaitHeadroom(t *testing.T) {
 	old := time.Now().Add(-time.Second)
 	zc.record(activity{session: 7, sent: old, done: old, atLeader: true})
 	err := d.awaitHeadroomOf(ctx, zc, session, time.Now(), ttl)
-	if !errors.Is(err, driver.ErrUnavailable) {
+	if !errors.Is(err, fenced.ErrUnavailable) {
 		t.Fatalf("with only an old keep-alive: %v, want ErrUnavailable", err)
 	}
 	cctx, cancel := context.WithCancel(ctx)

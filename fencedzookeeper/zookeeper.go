@@ -99,10 +99,10 @@ var openACL = zk.WorldACL(zk.PermAll)
 // openURL opens zk://host:port[,host:port...][/chroot][?dial_timeout=D].
 func openURL(ctx context.Context, u *url.URL) (driver.Driver, error) {
 	if u.Opaque != "" || u.Host == "" {
-		return nil, fmt.Errorf("%w: ZooKeeper URL must look like zk://host:port[,host:port...][/chroot]", driver.ErrInvalidURL)
+		return nil, fmt.Errorf("%w: ZooKeeper URL must look like zk://host:port[,host:port...][/chroot]", fenced.ErrInvalidURL)
 	}
 	if u.User != nil {
-		return nil, fmt.Errorf("%w: ZooKeeper URLs take no user information", driver.ErrInvalidURL)
+		return nil, fmt.Errorf("%w: ZooKeeper URLs take no user information", fenced.ErrInvalidURL)
 	}
 	opts := &Options{Root: strings.TrimSuffix(u.Path, "/")}
 	var err error
@@ -130,11 +130,11 @@ func openURL(ctx context.Context, u *url.URL) (driver.Driver, error) {
 }
 
 // New connects to the ensemble opts names, as fenced.Open does with a
-// zk:// URL. A bad server address or root matches driver.ErrInvalidURL;
-// an ensemble it cannot reach within DialTimeout, driver.ErrUnavailable.
+// zk:// URL. A bad server address or root matches fenced.ErrInvalidURL;
+// an ensemble it cannot reach within DialTimeout, fenced.ErrUnavailable.
 func New(ctx context.Context, opts *Options) (*Driver, error) {
 	if opts == nil || len(opts.Servers) == 0 {
-		return nil, fmt.Errorf("%w: zookeeper: New: Options.Servers is required", driver.ErrInvalidURL)
+		return nil, fmt.Errorf("%w: zookeeper: New: Options.Servers is required", fenced.ErrInvalidURL)
 	}
 	servers, err := sessionlock.Endpoints(strings.Join(opts.Servers, ","), "ZooKeeper server")
 	if err != nil {
@@ -149,7 +149,7 @@ func New(ctx context.Context, opts *Options) (*Driver, error) {
 	}
 	if opts.DialTimeout < 0 || opts.TickTime < 0 {
 		return nil, fmt.Errorf("%w: zookeeper: New: Options.DialTimeout %v and TickTime %v must not be negative",
-			driver.ErrInvalidURL, opts.DialTimeout, opts.TickTime)
+			fenced.ErrInvalidURL, opts.DialTimeout, opts.TickTime)
 	}
 	d := newDriver(root)
 	d.servers, d.dialTimeout = servers, opts.DialTimeout
@@ -183,28 +183,28 @@ func New(ctx context.Context, opts *Options) (*Driver, error) {
 	d.maxTTL = maxTTLFor(zc.timeout, tick)
 	if d.maxTTL < fenced.MinTTL {
 		return fail(fmt.Errorf("zookeeper: %w: maxSessionTimeout %v leaves no TTL of at least %v with tickTime %v (see Sessions)",
-			driver.ErrInvalidTTL, zc.timeout, fenced.MinTTL, tick))
+			fenced.ErrInvalidTTL, zc.timeout, fenced.MinTTL, tick))
 	}
 	return d, nil
 }
 
 func validRoot(root string) error {
 	if !strings.HasPrefix(root, "/") || strings.Contains(root, "//") || strings.HasSuffix(root, "/") && root != "/" {
-		return fmt.Errorf("%w: ZooKeeper chroot %q must be an absolute path like /app/locks", driver.ErrInvalidURL, root)
+		return fmt.Errorf("%w: ZooKeeper chroot %q must be an absolute path like /app/locks", fenced.ErrInvalidURL, root)
 	}
 	for _, part := range strings.Split(root[1:], "/") {
 		if part == "." || part == ".." {
-			return fmt.Errorf("%w: ZooKeeper chroot %q contains %q", driver.ErrInvalidURL, root, part)
+			return fmt.Errorf("%w: ZooKeeper chroot %q contains %q", fenced.ErrInvalidURL, root, part)
 		}
 	}
 	if root == "/zookeeper" || strings.HasPrefix(root, "/zookeeper/") {
-		return fmt.Errorf("%w: ZooKeeper chroot %q is under /zookeeper, which ZooKeeper reserves for itself", driver.ErrInvalidURL, root)
+		return fmt.Errorf("%w: ZooKeeper chroot %q is under /zookeeper, which ZooKeeper reserves for itself", fenced.ErrInvalidURL, root)
 	}
 	// ZooKeeper's own path rule (PathUtils.validatePath).
 	for i, r := range root {
 		if r < 0x20 || r >= 0x7f && r <= 0x9f || r >= 0xd800 && r <= 0xf8ff || r >= 0xfff0 || r == utf8.RuneError {
 			return fmt.Errorf("%w: ZooKeeper chroot %q has %q at byte %d, a character ZooKeeper refuses in a path",
-				driver.ErrInvalidURL, root, r, i)
+				fenced.ErrInvalidURL, root, r, i)
 		}
 	}
 	return nil
@@ -315,7 +315,7 @@ func (d *Driver) connect(ctx context.Context, timeout time.Duration) (*zsession,
 	dialed := time.Now()
 	conn, events, err := zk.Connect(d.servers, timeout, zk.WithDialer(dialer), zk.WithLogger(nopLogger))
 	if err != nil {
-		return nil, fmt.Errorf("%w: ZooKeeper at %s: %v", driver.ErrUnavailable, strings.Join(d.servers, ","), err)
+		return nil, fmt.Errorf("%w: ZooKeeper at %s: %v", fenced.ErrUnavailable, strings.Join(d.servers, ","), err)
 	}
 	wait, cancel := context.WithTimeout(ctx, d.dialTimeout)
 	defer cancel()
@@ -335,7 +335,7 @@ func (d *Driver) connect(ctx context.Context, timeout time.Duration) (*zsession,
 		case <-wait.Done():
 			conn.Close()
 			return nil, fmt.Errorf("%w: cannot reach ZooKeeper at %s within %v",
-				driver.ErrUnavailable, strings.Join(d.servers, ","), d.dialTimeout)
+				fenced.ErrUnavailable, strings.Join(d.servers, ","), d.dialTimeout)
 		}
 	}
 }
@@ -369,7 +369,7 @@ func (d *Driver) session(ctx context.Context, ttl time.Duration) (*zsession, err
 	d.mu.Lock()
 	if d.closed {
 		d.mu.Unlock()
-		return nil, driver.ErrClosed
+		return nil, fenced.ErrClosed
 	}
 	if zc, ok := d.sessions[ttl]; ok {
 		d.mu.Unlock()
@@ -384,7 +384,7 @@ func (d *Driver) session(ctx context.Context, ttl time.Duration) (*zsession, err
 	if zc.timeout < want {
 		zc.close()
 		return nil, fmt.Errorf("zookeeper: %w: the servers granted a %v session where TTL %v needs %v",
-			driver.ErrInvalidTTL, zc.timeout, ttl, want)
+			fenced.ErrInvalidTTL, zc.timeout, ttl, want)
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -394,15 +394,16 @@ func (d *Driver) session(ctx context.Context, ttl time.Duration) (*zsession, err
 	}
 	if d.closed {
 		zc.close()
-		return nil, driver.ErrClosed
+		return nil, fenced.ErrClosed
 	}
 	d.sessions[ttl] = zc
 	return zc, nil
 }
 
-// Guarantees implements driver.Driver.
-func (d *Driver) Guarantees() driver.Guarantees {
-	return sessionlock.Guarantees("fence = czxid of the holder's znode (Zab-ordered, never reused); the lease is the ZooKeeper session, " +
+// guarantees is what the backend promises, the part of Capabilities
+// that says how far a lease can be trusted.
+func (d *Driver) guarantees() driver.Capabilities {
+	return sessionlock.Capabilities("fence = czxid of the holder's znode (Zab-ordered, never reused); the lease is the ZooKeeper session, " +
 		"whose timeout T = (TTL + tickTime)*8/7 outlives the holder's local validity (TTL - margin from before the request): " +
 		"the leader hears of a session's requests to a follower only at its next ping (every tickTime/2), " +
 		"the driver sends a keep-alive every T/16, and a grant or renewal waits until a keep-alive answered at least a tick earlier " +
@@ -419,7 +420,9 @@ func (d *Driver) Guarantees() driver.Guarantees {
 func (d *Driver) Capabilities() driver.Capabilities {
 	keeps := ExpiryFor(d.tick)
 	keeps.MaxTTL = d.maxTTL
-	return driver.Capabilities{Queue: true, FIFO: true, BatchRenew: true, WatchLoss: true, Keeps: keeps}
+	c := d.guarantees()
+	c.Queue, c.FIFO, c.BatchRenew, c.WatchLoss, c.Keeps = true, true, true, true, keeps
+	return c
 }
 
 // Close closes the driver's sessions (their ephemeral nodes go at once)
@@ -473,9 +476,9 @@ func newUUID() string {
 // after the request was sent.
 func classify(err error) error {
 	if errors.Is(err, zk.ErrSessionExpired) || errors.Is(err, zk.ErrNoServer) {
-		return driver.ErrUnavailable
+		return fenced.ErrUnavailable
 	}
-	return driver.ErrUnknownOutcome
+	return fenced.ErrUnknownOutcome
 }
 
 // readErr classifies a ZooKeeper error of a request that changes nothing.

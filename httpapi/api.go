@@ -383,7 +383,7 @@ func (s *Server) requestTTL(ms *int64) (time.Duration, *apiError) {
 	}
 	// Only the TTL is asked about: the rest accepts anything.
 	_, err := s.cfg.Client.Resolve(&fenced.LeaseOptions{TTL: ttl, MaxWait: fenced.NoWait, MinFence: fenced.FenceNone, ManualRenew: true})
-	if errors.Is(err, driver.ErrInvalidTTL) {
+	if errors.Is(err, fenced.ErrInvalidTTL) {
 		return 0, refuse(strings.TrimPrefix(err.Error(), "fenced: "))
 	}
 	return ttl, nil

@@ -59,7 +59,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/cli/leaseplan"
 	"github.com/fenced-dev/fenced/internal/core/capability"
 )
@@ -314,9 +313,9 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 func storeError(err error) *apiError {
 	e := &apiError{status: http.StatusBadRequest, Code: "bad_request", Message: strings.TrimPrefix(err.Error(), "fenced: ")}
 	switch {
-	case errors.Is(err, driver.ErrInvalidKey):
+	case errors.Is(err, fenced.ErrInvalidKey):
 		e.status, e.Code = http.StatusBadRequest, "invalid_key"
-	case errors.Is(err, driver.ErrInvalidTTL):
+	case errors.Is(err, fenced.ErrInvalidTTL):
 		e.status, e.Code = http.StatusBadRequest, "invalid_ttl"
 	case errors.Is(err, fenced.ErrNotFound):
 		e.status, e.Code = http.StatusNotFound, "not_found"

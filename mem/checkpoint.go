@@ -3,6 +3,7 @@ package mem
 import (
 	"context"
 	"fmt"
+	"github.com/fenced-dev/fenced"
 
 	"github.com/fenced-dev/fenced/driver"
 )
@@ -29,7 +30,7 @@ func (d *Driver) Checkpoint(ctx context.Context, g driver.Grant, value []byte) e
 	defer s.mu.Unlock()
 	e := s.keys[g.Key]
 	if e == nil || !e.heldAt(s.clock.Now()) || e.owner != g.Owner || e.fence != g.Fence {
-		return fmt.Errorf("%s fence %d: %w", g.Key, g.Fence, driver.ErrNotHeld)
+		return fmt.Errorf("%s fence %d: %w", g.Key, g.Fence, fenced.ErrNotHeld)
 	}
 	if s.checkpoints == nil {
 		s.checkpoints = map[string]checkpoint{}

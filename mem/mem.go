@@ -31,7 +31,7 @@ import (
 func init() {
 	fenced.Register("mem", func(_ context.Context, u *url.URL) (driver.Driver, error) {
 		if u.Opaque != "" || (u.Path != "" && u.Path != "/") {
-			return nil, fmt.Errorf("%w: mem URL takes only a name: mem://NAME", driver.ErrInvalidURL)
+			return nil, fmt.Errorf("%w: mem URL takes only a name: mem://NAME", fenced.ErrInvalidURL)
 		}
 		q, err := urlquery.Parse(u.RawQuery)
 		if err == nil {
@@ -156,7 +156,7 @@ func (d *Driver) lock() (*Store, error) {
 	closed := d.closed
 	d.mu.Unlock()
 	if closed {
-		return nil, driver.ErrClosed
+		return nil, fenced.ErrClosed
 	}
 	d.s.mu.Lock()
 	return d.s, nil
@@ -193,13 +193,13 @@ func (s *Store) tryLocked(key, owner string, ttl time.Duration, now time.Time, h
 	}
 	if e.heldAt(now) {
 		if e.owner != owner {
-			return 0, &driver.HeldError{Key: key, Remaining: e.expires.Sub(now)}
+			return 0, &fenced.HeldError{Remaining: e.expires.Sub(now)}
 		}
 		e.expires = now.Add(ttl)
 		return e.fence, nil
 	}
 	if !head && len(s.queues[key]) > 0 {
-		return 0, &driver.HeldError{Key: key}
+		return 0, &fenced.HeldError{}
 	}
 	return s.grant(key, e, owner, ttl, now), nil
 }
@@ -229,7 +229,7 @@ func (d *Driver) Release(ctx context.Context, g driver.Grant) error {
 	defer s.mu.Unlock()
 	e := s.keys[g.Key]
 	if e == nil || e.owner != g.Owner || e.fence != g.Fence {
-		return fmt.Errorf("%s fence %d: %w", g.Key, g.Fence, driver.ErrNotHeld)
+		return fmt.Errorf("%s fence %d: %w", g.Key, g.Fence, fenced.ErrNotHeld)
 	}
 	s.end(g.Key, e, s.clock.Now(), nil)
 	return nil
@@ -254,7 +254,7 @@ func (d *Driver) Inspect(ctx context.Context, key string) (driver.LeaseInfo, err
 	defer s.mu.Unlock()
 	e := s.keys[key]
 	if e == nil || e.fence == 0 {
-		return driver.LeaseInfo{Key: key}, driver.ErrNotFound
+		return driver.LeaseInfo{Key: key}, fenced.ErrNotFound
 	}
 	return s.info(key, e, s.clock.Now()), nil
 }
@@ -287,13 +287,13 @@ func (d *Driver) Break(ctx context.Context, key string, req driver.BreakRequest)
 	now := s.clock.Now()
 	e := s.keys[key]
 	if e == nil || !e.heldAt(now) {
-		return driver.LeaseInfo{Key: key}, fmt.Errorf("%s: %w", key, driver.ErrNotHeld)
+		return driver.LeaseInfo{Key: key}, fmt.Errorf("%s: %w", key, fenced.ErrNotHeld)
 	}
 	info := s.info(key, e, now)
 	s.breaks = append(s.breaks, driver.BreakRecord{
 		Time: now, Key: key, Fence: e.fence, Owner: info.Owner, Reason: req.Reason, By: req.By,
 	})
-	s.end(key, e, now, fmt.Errorf("%w: %s was broken by %q: %s", driver.ErrLost, key, req.By, req.Reason))
+	s.end(key, e, now, fmt.Errorf("%w: %s was broken by %q: %s", fenced.ErrLost, key, req.By, req.Reason))
 	return info, nil
 }
 
@@ -313,9 +313,10 @@ func (d *Driver) Breaks(ctx context.Context, key string) ([]driver.BreakRecord, 
 	return out, nil
 }
 
-// Guarantees implements driver.Driver.
-func (d *Driver) Guarantees() driver.Guarantees {
-	return driver.Guarantees{
+// guarantees is what the backend promises, the part of Capabilities
+// that says how far a lease can be trusted.
+func (d *Driver) guarantees() driver.Capabilities {
+	return driver.Capabilities{
 		Fence:       driver.FenceStrict,
 		ServerClock: true,
 		// The real clock's readings carry Go's monotonic clock.
@@ -370,7 +371,7 @@ func (d *Driver) SetValue(ctx context.Context, g driver.Grant, value string) err
 	defer s.mu.Unlock()
 	e := s.keys[g.Key]
 	if e == nil || !e.heldAt(s.clock.Now()) || e.owner != g.Owner || e.fence != g.Fence {
-		return fmt.Errorf("%s fence %d: %w", g.Key, g.Fence, driver.ErrNotHeld)
+		return fmt.Errorf("%s fence %d: %w", g.Key, g.Fence, fenced.ErrNotHeld)
 	}
 	e.value = value
 	return nil
@@ -385,7 +386,7 @@ func (d *Driver) Value(ctx context.Context, key string) (driver.LeaseInfo, strin
 	defer s.mu.Unlock()
 	e := s.keys[key]
 	if e == nil || e.fence == 0 {
-		return driver.LeaseInfo{Key: key}, "", driver.ErrNotFound
+		return driver.LeaseInfo{Key: key}, "", fenced.ErrNotFound
 	}
 	info := s.info(key, e, s.clock.Now())
 	if !info.Held {

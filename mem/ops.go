@@ -3,6 +3,7 @@ package mem
 import (
 	"context"
 	"fmt"
+	"github.com/fenced-dev/fenced"
 	"slices"
 	"time"
 
@@ -28,19 +29,19 @@ var (
 // Options ask for them. Without Options.Queue waiters are woken through
 // Subscribe, as on most backends.
 func (d *Driver) Capabilities() driver.Capabilities {
-	return driver.Capabilities{
-		Subscribe: true, Observe: true, Queue: d.opts.Queue, FIFO: d.opts.Queue, Terms: d.opts.Terms,
-		BatchRenew: d.opts.BatchRenew, WatchLoss: true, BreakLog: true, Value: true, FenceFloor: true, Prune: true,
-		Checkpoint: true,
-		Keeps:      driver.Expiry{MinTTL: d.opts.MinTTL, MaxTTL: d.opts.MaxTTL},
-	}
+	c := d.guarantees()
+	c.Subscribe, c.Observe, c.WatchLoss, c.BreakLog, c.Value, c.FenceFloor, c.Prune = true, true, true, true, true, true, true
+	c.Queue, c.FIFO, c.Terms, c.BatchRenew = d.opts.Queue, d.opts.Queue, d.opts.Terms, d.opts.BatchRenew
+	c.Keeps = driver.Expiry{MinTTL: d.opts.MinTTL, MaxTTL: d.opts.MaxTTL}
+	c.Checkpoint = true
+	return c
 }
 
 // grant makes e, the state of key, a new grant to owner for ttl: its fence
 // is above the key's counter and the store's floor. A previous holder's
 // loss watches learn that their grant is lost.
 func (s *Store) grant(key string, e *entry, owner string, ttl time.Duration, now time.Time) uint64 {
-	s.lose(key, fmt.Errorf("%w: %s was granted again", driver.ErrLost, key))
+	s.lose(key, fmt.Errorf("%w: %s was granted again", fenced.ErrLost, key))
 	e.fence = max(e.fence, s.floor) + 1
 	e.owner = owner
 	e.expires = now.Add(ttl)
@@ -72,21 +73,21 @@ func (e *entry) endedAt() time.Time {
 }
 
 // TryAcquireTerms implements driver.TermsAcquirer (with Options.Terms;
-// otherwise it refuses with driver.ErrUnsupported). mem's grant needs
+// otherwise it refuses with fenced.ErrUnsupported). mem's grant needs
 // nothing of the terms beyond the TTL: it is TryAcquire with t.TTL.
 func (d *Driver) TryAcquireTerms(ctx context.Context, key, owner string, t driver.Terms) (uint64, error) {
 	if !d.opts.Terms {
-		return 0, fmt.Errorf("mem: acquire on terms: %w: the driver was opened without Options.Terms", driver.ErrUnsupported)
+		return 0, fmt.Errorf("mem: acquire on terms: %w: the driver was opened without Options.Terms", fenced.ErrUnsupported)
 	}
 	return d.TryAcquire(ctx, key, owner, t.TTL)
 }
 
 // RenewBatch implements driver.BatchRenewer (with Options.BatchRenew;
-// otherwise it refuses with driver.ErrUnsupported): every grant renewed as
+// otherwise it refuses with fenced.ErrUnsupported): every grant renewed as
 // Renew does, in one step under the store's lock.
 func (d *Driver) RenewBatch(ctx context.Context, grants []driver.Grant) ([]error, error) {
 	if !d.opts.BatchRenew {
-		return nil, fmt.Errorf("mem: renew a batch: %w: the driver was opened without Options.BatchRenew", driver.ErrUnsupported)
+		return nil, fmt.Errorf("mem: renew a batch: %w: the driver was opened without Options.BatchRenew", fenced.ErrUnsupported)
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -111,7 +112,7 @@ func (d *Driver) RenewBatch(ctx context.Context, grants []driver.Grant) ([]error
 func (s *Store) renew(g driver.Grant, now time.Time) error {
 	e := s.keys[g.Key]
 	if e == nil || !e.heldAt(now) || e.owner != g.Owner || e.fence != g.Fence {
-		return fmt.Errorf("%s fence %d: %w", g.Key, g.Fence, driver.ErrNotHeld)
+		return fmt.Errorf("%s fence %d: %w", g.Key, g.Fence, fenced.ErrNotHeld)
 	}
 	e.expires = now.Add(g.TTL)
 	return nil
@@ -135,7 +136,7 @@ func (d *Driver) WatchLoss(g driver.Grant, lost func(error)) (func(), error) {
 	defer s.mu.Unlock()
 	e := s.keys[g.Key]
 	if e == nil || !e.heldAt(s.clock.Now()) || e.owner != g.Owner || e.fence != g.Fence {
-		return nil, fmt.Errorf("%s fence %d: %w", g.Key, g.Fence, driver.ErrNotHeld)
+		return nil, fmt.Errorf("%s fence %d: %w", g.Key, g.Fence, fenced.ErrNotHeld)
 	}
 	w := &lossWatch{g: g, lost: lost}
 	if s.watches == nil {
@@ -180,7 +181,7 @@ func (d *Driver) FenceFloor(ctx context.Context) (driver.FloorInfo, error) {
 // RaiseFenceFloor implements driver.FenceFloorer.
 func (d *Driver) RaiseFenceFloor(ctx context.Context, floor uint64) (uint64, error) {
 	if floor > driver.MaxFenceFloor {
-		return 0, fmt.Errorf("%w: %d is above %d", driver.ErrInvalidFloor, floor, driver.MaxFenceFloor)
+		return 0, fmt.Errorf("%w: %d is above %d", fenced.ErrInvalidFloor, floor, driver.MaxFenceFloor)
 	}
 	s, err := d.lockCtx(ctx)
 	if err != nil {
@@ -194,7 +195,7 @@ func (d *Driver) RaiseFenceFloor(ctx context.Context, floor uint64) (uint64, err
 // Prune implements driver.Pruner, in one step under the store's lock.
 func (d *Driver) Prune(ctx context.Context, olderThan time.Duration) (driver.PruneResult, error) {
 	if olderThan < 0 {
-		return driver.PruneResult{}, fmt.Errorf("%w: prune older than %v: negative", driver.ErrInvalidTTL, olderThan)
+		return driver.PruneResult{}, fmt.Errorf("%w: prune older than %v: negative", fenced.ErrInvalidTTL, olderThan)
 	}
 	s, err := d.lockCtx(ctx)
 	if err != nil {
@@ -224,10 +225,10 @@ type ticket struct{ next chan struct{} }
 // (released, broken, or expired by the store's clock). A TryAcquire while
 // anyone queues is refused, so nobody overtakes the queue. A driver opened
 // without Options.Queue does not declare it and refuses with
-// driver.ErrUnsupported.
+// fenced.ErrUnsupported.
 func (d *Driver) AcquireTimed(ctx context.Context, key, owner string, ttl time.Duration) (uint64, time.Time, error) {
 	if !d.opts.Queue {
-		return 0, time.Time{}, fmt.Errorf("mem: wait in a queue: %w: the driver was opened without Options.Queue", driver.ErrUnsupported)
+		return 0, time.Time{}, fmt.Errorf("mem: wait in a queue: %w: the driver was opened without Options.Queue", fenced.ErrUnsupported)
 	}
 	s, err := d.lockCtx(ctx)
 	if err != nil {

@@ -16,7 +16,7 @@ import (
 type downDriver struct{ driver.Driver }
 
 func (downDriver) TryAcquire(context.Context, string, string, time.Duration) (uint64, error) {
-	return 0, driver.ErrUnavailable
+	return 0, fenced.ErrUnavailable
 }
 
 // failedOpen returns a real lease granted locally with the store down.

@@ -13,7 +13,7 @@ import (
 // Election is leader election on one name: a lease on the name, held for as
 // long as the leader leads. The lease's fence is the leader's epoch. Every
 // new leader has a higher one. So a resource that remembers the highest
-// epoch it has seen refuses a deposed leader. Pass Leadership.Epoch as the
+// epoch it has seen refuses a deposed leader. Pass the leadership's Fence as the
 // fence and the name as the key to a guard in package fence.
 //
 // An Election works on every backend, with the guarantees the backend
@@ -58,7 +58,7 @@ func (e *Election) Name() string { return e.name }
 
 // canProclaim reports whether the backend publishes a leader's value
 // (Client.Capabilities().Value: etcd and mem). Elsewhere Campaign with a
-// non-empty value and Proclaim return ErrUnsupported, and Observe reports
+// non-empty value and Leadership.SetValue return ErrUnsupported, and Observe reports
 // leaders without a value.
 func (e *Election) canProclaim() bool { return e.c.Capabilities().Value }
 
@@ -69,7 +69,7 @@ func (e *Election) canProclaim() bool { return e.c.Capabilities().Value }
 // ends. Other errors (ErrNoFence, ErrClosed, ErrUnsupported) are returned
 // at once. When ctx ends the error matches ctx's cause.
 //
-// The leadership outlives ctx: end it with Resign.
+// The leadership outlives ctx: end it with Release.
 func (e *Election) Campaign(ctx context.Context, value string) (*Leadership, error) {
 	valuer := e.canProclaim()
 	if value != "" && !valuer {
@@ -79,7 +79,7 @@ func (e *Election) Campaign(ctx context.Context, value string) (*Leadership, err
 	for attempt := 0; ; attempt++ {
 		l, err := e.c.Acquire(ctx, e.name, &e.opts)
 		if err == nil {
-			ld := &Leadership{e: e, lease: l, value: value}
+			ld := &Leadership{Lease: l, e: e, value: value}
 			if !valuer {
 				return ld, nil
 			}
@@ -162,12 +162,9 @@ func (l Leader) String() string {
 	return fmt.Sprintf("leader epoch %d value %q", l.Epoch, l.Value)
 }
 
-// ObserveEvery is how often Observe reads the election when the backend
-// cannot tell it of a change. Observe also reads it when the leader's
-// lease is due to expire. It also reads it at once when a backend that
-// notifies observers (Client.Watch) reports a release. An observer
-// never takes the wake-up a release gives the candidates.
-const ObserveEvery = 250 * time.Millisecond
+// observeEvery is how often Observe reads the election when the backend
+// cannot tell it of a change.
+const observeEvery = 250 * time.Millisecond
 
 // Observe reports the election's changes on the returned channel, which is
 // closed when ctx ends. First comes the current state, then every new
@@ -179,11 +176,13 @@ const ObserveEvery = 250 * time.Millisecond
 // first ended before the second began. Errors reading the store are not
 // reported; Observe keeps trying, and reports the state it reads next.
 //
-// Observe reads the store every ObserveEvery, when the leader's lease is
-// due to expire, and on a release where the backend notifies. On Redis a
+// Observe reads the store every 250ms, when the leader's lease is due to
+// expire, and at once on a release where the backend notifies observers
+// (Client.Watch); an observer never takes the wake-up a release gives the
+// candidates. On Redis a
 // release publishes only when a waiter announced itself by a refused try
 // (package redis). So while no candidate is campaigning an observer learns
-// of a release at its next read, within ObserveEvery. A slow receiver
+// of a release at its next read, within 250ms. A slow receiver
 // delays reading, never drops a change.
 func (e *Election) Observe(ctx context.Context) <-chan Leader {
 	ch := make(chan Leader)
@@ -212,7 +211,7 @@ func (e *Election) observe(ctx context.Context, ch chan<- Leader) {
 		first = true
 	)
 	for ctx.Err() == nil {
-		wait := ObserveEvery
+		wait := observeEvery
 		cur, err := e.Leader(ctx)
 		if err == nil {
 			switch {
@@ -248,32 +247,29 @@ func (e *Election) observe(ctx context.Context, ch chan<- Leader) {
 	}
 }
 
-// Leadership is one term of this process as leader. Its methods are safe
-// for concurrent use.
+// Leadership is one term of this process as leader: the lease on the
+// election's name, and the value it proclaims. The lease's Fence is the
+// term's epoch, higher than every earlier leader's: send it with every
+// command, and have followers and resources refuse an epoch lower than the
+// highest they have seen. Lead under its Context, cancelled with the
+// lease's cause the moment leadership is lost or released. Err is nil while
+// this process leads, then why the term ended: IsLost for a loss,
+// ErrReleased after Release, ErrClosed after the client was closed.
+//
+// Release ends the term: the context is cancelled first, then the lease is
+// released so another candidate can lead. Releasing a term that was already
+// lost returns an error matching ErrNotHeld. A process that campaigns again
+// at once may win again on backends that do not queue candidates in order;
+// wait a while first to hand leadership over.
+//
+// Its methods are safe for concurrent use.
 type Leadership struct {
-	e     *Election
-	lease *fenced.Lease
+	*fenced.Lease
+	e *Election
 
 	mu    sync.Mutex
 	value string
 }
-
-// Epoch returns the term's epoch, the fence of its lease: higher than every
-// earlier leader's. Send it with every command, and have followers and
-// resources refuse an epoch lower than the highest they have seen.
-func (l *Leadership) Epoch() uint64 { return l.lease.Fence() }
-
-// Lease returns the lease behind the leadership.
-func (l *Leadership) Lease() *fenced.Lease { return l.lease }
-
-// Context returns a context cancelled, with the lease's cause, the moment
-// leadership is lost or resigned. Lead under it.
-func (l *Leadership) Context() context.Context { return l.lease.Context() }
-
-// Err returns nil while this process leads. Afterwards it returns why the
-// term ended: IsLost for a loss, ErrReleased after Resign, ErrClosed
-// after the client was closed.
-func (l *Leadership) Err() error { return l.lease.Err() }
 
 // Value returns the value last proclaimed by this leader.
 func (l *Leadership) Value() string {
@@ -282,12 +278,12 @@ func (l *Leadership) Value() string {
 	return l.value
 }
 
-// Proclaim publishes value as the leader's value without a new election
+// SetValue proclaims value as the leader's value without a new election
 // (observers see a change with the same epoch). It returns an error
 // matching ErrUnsupported on backends without a value slot (see
 // Client.Capabilities().Value). It returns ErrNotHeld (or the term's end
 // cause) when this process no longer leads.
-func (l *Leadership) Proclaim(ctx context.Context, value string) error {
+func (l *Leadership) SetValue(ctx context.Context, value string) error {
 	if !l.e.canProclaim() {
 		return fmt.Errorf("fenced: proclaim %q: %w: this backend has no slot for a leader's value", l.e.name, fenced.ErrUnsupported)
 	}
@@ -295,14 +291,14 @@ func (l *Leadership) Proclaim(ctx context.Context, value string) error {
 }
 
 func (l *Leadership) publish(ctx context.Context, value string) error {
-	if err := l.lease.Err(); err != nil {
+	if err := l.Lease.Err(); err != nil {
 		return fmt.Errorf("fenced: proclaim %q: %w", l.e.name, err)
 	}
-	if err := l.lease.SetValue(ctx, value); err != nil {
+	if err := l.Lease.SetValue(ctx, value); err != nil {
 		if errors.Is(err, fenced.ErrNotHeld) {
 			// The store no longer has this grant. A renewal asks it
 			// once more and, refused, ends the lease with ErrLost.
-			_ = l.lease.Renew(ctx)
+			_ = l.Lease.Renew(ctx)
 		}
 		return fmt.Errorf("fenced: proclaim %q: %w", l.e.name, err)
 	}
@@ -311,13 +307,6 @@ func (l *Leadership) publish(ctx context.Context, value string) error {
 	l.mu.Unlock()
 	return nil
 }
-
-// Resign ends the term: the leadership's context is cancelled first, then
-// the lease is released so another candidate can lead. Resigning a term
-// that was already lost returns an error matching ErrNotHeld. A process
-// that campaigns again at once may win again on backends that do not queue
-// candidates in order. Wait a while first to hand leadership over.
-func (l *Leadership) Resign(ctx context.Context) error { return l.lease.Release(ctx) }
 
 // Callbacks are the client-go-style form of an election; see Election.Run.
 // Every field may be nil.
@@ -372,7 +361,7 @@ func (e *Election) Run(ctx context.Context, value string, cb Callbacks) error {
 	cancel(fenced.ErrReleased)
 	cause := ld.Err()
 	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), e.c.Options().CloseTimeout)
-	relErr := ld.Resign(rctx)
+	relErr := ld.Release(rctx)
 	rcancel()
 	if cause == nil {
 		cause = fenced.ErrReleased

@@ -29,15 +29,15 @@ func ExampleElection() {
 	}
 	resource := fence.NewMemoryStore() // stands in for a fenced follower or database
 	command := func(l *recipe.Leadership) string {
-		res, done, err := resource.Admit(ctx, fence.From(l.Lease()))
+		res, done, err := resource.Admit(ctx, fence.From(l.Lease))
 		if err != nil {
 			return err.Error()
 		}
 		if !res.Applied() {
-			return fmt.Sprintf("refused: epoch %d is older than %d", l.Epoch(), res.Current)
+			return fmt.Sprintf("refused: epoch %d is older than %d", l.Fence(), res.Current)
 		}
 		done()
-		return fmt.Sprintf("applied with epoch %d", l.Epoch())
+		return fmt.Sprintf("applied with epoch %d", l.Fence())
 	}
 
 	first, err := election.Campaign(ctx, "10.0.0.7:8080")
@@ -50,14 +50,14 @@ func ExampleElection() {
 
 	// The first leader's term ends (here it resigns; a lost lease is the
 	// same for the resource) and another process leads.
-	first.Resign(ctx)
+	first.Release(ctx)
 	second, err := election.Campaign(ctx, "10.0.0.8:8080")
 	if err != nil {
 		log.Fatal(err)
 	}
 	fmt.Println(command(second))
 	fmt.Println(command(first)) // the deposed leader, too late
-	second.Resign(ctx)
+	second.Release(ctx)
 	// Output:
 	// applied with epoch 1
 	// observed: leader epoch 1 value "10.0.0.7:8080"
@@ -79,9 +79,9 @@ func ExampleElection_Observe() {
 	fmt.Println(<-changes)
 	l, _ := election.Campaign(ctx, "a")
 	fmt.Println(<-changes)
-	l.Proclaim(ctx, "b")
+	l.SetValue(ctx, "b")
 	fmt.Println(<-changes)
-	l.Resign(ctx)
+	l.Release(ctx)
 	fmt.Println(<-changes)
 	// Output:
 	// no leader (last epoch 0)
@@ -102,7 +102,7 @@ func ExampleElection_Run() {
 	election, _ := recipe.NewElection(client, "reconciler", nil)
 	err = election.Run(ctx, "", recipe.Callbacks{
 		OnStartedLeading: func(ctx context.Context, l *recipe.Leadership) {
-			fmt.Println("leading with epoch", l.Epoch())
+			fmt.Println("leading with epoch", l.Fence())
 			// Lead until ctx is cancelled; here the work is short and
 			// returning resigns.
 		},

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/driver"
 	_ "github.com/fenced-dev/fenced/fencedsqlite"
 	_ "github.com/fenced-dev/fenced/mem"
 	"github.com/fenced-dev/fenced/recipe"
@@ -82,11 +81,11 @@ func TestElectionOneLeaderEpochsAndNoLeader(t *testing.T) {
 					t.Errorf("%d leaders at once", n)
 				}
 				mu.Lock()
-				epochs = append(epochs, ld.Epoch())
+				epochs = append(epochs, ld.Fence())
 				mu.Unlock()
 				time.Sleep(300 * time.Millisecond) // lead; observers read several times
 				leading.Add(-1)
-				if err := ld.Resign(ctx); err != nil {
+				if err := ld.Release(ctx); err != nil {
 					t.Error(err)
 				}
 				time.Sleep(50 * time.Millisecond)
@@ -142,7 +141,7 @@ func TestElectionRunCallbacks(t *testing.T) {
 	go func() {
 		runErr <- a.Run(ctx, "", recipe.Callbacks{
 			OnStartedLeading: func(ctx context.Context, l *recipe.Leadership) {
-				started <- l.Epoch()
+				started <- l.Fence()
 				<-ctx.Done()
 			},
 			OnStoppedLeading: func(cause error) { stoppedCause = cause },
@@ -161,8 +160,8 @@ func TestElectionRunCallbacks(t *testing.T) {
 	go func() {
 		bErr <- b.Run(bctx, "", recipe.Callbacks{
 			OnStartedLeading: func(ctx context.Context, l *recipe.Leadership) {
-				if l.Epoch() <= epoch {
-					t.Errorf("second leader epoch %d not above %d", l.Epoch(), epoch)
+				if l.Fence() <= epoch {
+					t.Errorf("second leader epoch %d not above %d", l.Fence(), epoch)
 				}
 				bcancel() // step down at once
 				<-ctx.Done()
@@ -204,7 +203,7 @@ func TestElectionRunCallbacks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ld.Resign(ctx)
+	defer ld.Release(ctx)
 	cctx, ccancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	defer ccancel()
 	called := false
@@ -232,20 +231,20 @@ func TestElectionProclaim(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if l := <-ch; !l.Present || l.Value != "10.0.0.1:8080" || l.Epoch != ld.Epoch() {
-		t.Fatalf("observed %v; want leader %d with its value", l, ld.Epoch())
+	if l := <-ch; !l.Present || l.Value != "10.0.0.1:8080" || l.Epoch != ld.Fence() {
+		t.Fatalf("observed %v; want leader %d with its value", l, ld.Fence())
 	}
-	if err := ld.Proclaim(ctx, "10.0.0.2:8080"); err != nil {
+	if err := ld.SetValue(ctx, "10.0.0.2:8080"); err != nil {
 		t.Fatal(err)
 	}
-	if l := <-ch; l.Value != "10.0.0.2:8080" || l.Epoch != ld.Epoch() {
+	if l := <-ch; l.Value != "10.0.0.2:8080" || l.Epoch != ld.Fence() {
 		t.Fatalf("observed %v after Proclaim", l)
 	}
-	ld.Resign(ctx)
-	if l := <-ch; l.Present || l.Epoch != ld.Epoch() {
-		t.Fatalf("observed %v after Resign; want no leader, last epoch %d", l, ld.Epoch())
+	ld.Release(ctx)
+	if l := <-ch; l.Present || l.Epoch != ld.Fence() {
+		t.Fatalf("observed %v after Resign; want no leader, last epoch %d", l, ld.Fence())
 	}
-	if err := ld.Proclaim(ctx, "x"); !errors.Is(err, fenced.ErrReleased) {
+	if err := ld.SetValue(ctx, "x"); !errors.Is(err, fenced.ErrReleased) {
 		t.Fatalf("Proclaim after Resign = %v", err)
 	}
 
@@ -258,7 +257,7 @@ func TestElectionProclaim(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := sld.Proclaim(ctx, "v"); !errors.Is(err, fenced.ErrUnsupported) {
+	if err := sld.SetValue(ctx, "v"); !errors.Is(err, fenced.ErrUnsupported) {
 		t.Fatalf("Proclaim on SQLite = %v; want ErrUnsupported", err)
 	}
 }
@@ -429,7 +428,7 @@ func TestAcquireAllOrderAndAllOrNothing(t *testing.T) {
 	}
 
 	for _, bad := range [][]string{nil, {"a", "a"}, {"a", ""}} {
-		if _, err := recipe.AcquireAll(ctx, cs[0], bad, nil); !errors.Is(err, driver.ErrInvalidKey) {
+		if _, err := recipe.AcquireAll(ctx, cs[0], bad, nil); !errors.Is(err, fenced.ErrInvalidKey) {
 			t.Fatalf("AcquireAll(%q) = %v; want ErrInvalidKey", bad, err)
 		}
 	}

@@ -68,9 +68,6 @@ func NewSemaphore(c *fenced.Client, name string, permits int, opts *fenced.Lease
 	return s, nil
 }
 
-// Permits returns N.
-func (s *Semaphore) Permits() int { return s.permits }
-
 // Permit is one holder's lease on one slot of a Semaphore. Release it like
 // any lease.
 type Permit struct {

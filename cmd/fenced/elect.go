@@ -113,7 +113,7 @@ func electAndRun(ctx context.Context, g *globals, f *electFlags, name string, ar
 	el, err := recipe.NewElection(c, name, opts)
 	if err != nil {
 		if errors.Is(err, fenced.ErrNoFence) {
-			return noFenceError("elect", opts.MinFence, c.Guarantees())
+			return noFenceError("elect", opts.MinFence, c.Capabilities())
 		}
 		return err
 	}
@@ -127,9 +127,9 @@ func electAndRun(ctx context.Context, g *globals, f *electFlags, name string, ar
 		if err != nil {
 			return nil, err
 		}
-		env := append(childEnv(os.Environ(), ld.Lease(), g.store), "FENCED_EPOCH="+strconv.FormatUint(ld.Epoch(), 10))
-		return &hold{lease: leaseHold{ld.Lease()}, leases: []*fenced.Lease{ld.Lease()}, env: env, granted: time.Now(), grace: f.grace,
-			desc: fmt.Sprintf("the leadership of %s (epoch %d)", name, ld.Epoch())}, nil
+		env := append(childEnv(os.Environ(), ld.Lease, g.store), "FENCED_EPOCH="+strconv.FormatUint(ld.Fence(), 10))
+		return &hold{lease: leaseHold{ld.Lease}, leases: []*fenced.Lease{ld.Lease}, env: env, granted: time.Now(), grace: f.grace,
+			desc: fmt.Sprintf("the leadership of %s (epoch %d)", name, ld.Fence())}, nil
 	})
 	if err != nil {
 		return err

@@ -106,7 +106,7 @@ never lowered: raising it to less than it is changes nothing.`,
 				now, err = c.RaiseFenceFloor(ctx, target)
 				return err
 			})
-			if errors.Is(err, driver.ErrInvalidFloor) {
+			if errors.Is(err, fenced.ErrInvalidFloor) {
 				return withCode(exitUsage, err)
 			}
 			if err != nil {

@@ -194,7 +194,7 @@ func runPartitions(ctx context.Context, g *globals, f *partitionsFlags, group st
 	if err != nil {
 		switch {
 		case errors.Is(err, fenced.ErrNoFence):
-			return noFenceError("partitions run", minFence, c.Guarantees())
+			return noFenceError("partitions run", minFence, c.Capabilities())
 		case errors.Is(err, recipe.ErrPartitionCount), errors.Is(err, recipe.ErrMemberLive):
 			return withCode(exitUsage, err)
 		}

@@ -301,7 +301,7 @@ func checkProofPrefix(ctx context.Context, g *globals, strength fenced.FenceStre
 	}
 	if _, err := c.Resolve(&fenced.LeaseOptions{MinFence: strength, TTL: time.Second}); err != nil {
 		if errors.Is(err, fenced.ErrNoFence) {
-			return noFenceError("proof", strength, c.Guarantees())
+			return noFenceError("proof", strength, c.Capabilities())
 		}
 		return withCode(exitUsage, err)
 	}

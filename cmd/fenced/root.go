@@ -60,8 +60,8 @@ func codeFor(err error) int {
 		return exitHeld
 	case errors.Is(err, fenced.ErrUnavailable):
 		return exitUnavailable
-	case errors.Is(err, driver.ErrInvalidKey), errors.Is(err, driver.ErrInvalidTTL), errors.Is(err,
-		fenced.ErrInvalidOptions), errors.Is(err, driver.ErrInvalidURL):
+	case errors.Is(err, fenced.ErrInvalidKey), errors.Is(err, fenced.ErrInvalidTTL), errors.Is(err,
+		fenced.ErrInvalidOptions), errors.Is(err, fenced.ErrInvalidURL):
 		return exitUsage
 	}
 	return exitError
@@ -208,7 +208,7 @@ func flagFence(s fenced.FenceStrength) string {
 // noFenceError is a command's refusal of a store whose fence is weaker
 // than --min-fence min, in the CLI's words: it names the flag's values,
 // not the library's option names.
-func noFenceError(command string, min fenced.FenceStrength, g driver.Guarantees) error {
+func noFenceError(command string, min fenced.FenceStrength, g driver.Capabilities) error {
 	what := "issues no fencing token"
 	if g.Fence >= fenced.FenceRepeatable {
 		what = "has a fence that can repeat (" + g.Fence.String() + ")"
@@ -428,10 +428,10 @@ func newGuaranteesCmd(g *globals) *cobra.Command {
 		Example: `  fenced guarantees --store redis://localhost:6379`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var gr driver.Guarantees
+			var gr driver.Capabilities
 			var caps driver.Capabilities
 			err := g.withClient(cmd.Context(), func(c *fenced.Client) error {
-				gr, caps = c.Guarantees(), c.Capabilities()
+				gr, caps = c.Capabilities(), c.Capabilities()
 				return nil
 			})
 			if err != nil {

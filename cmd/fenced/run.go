@@ -240,7 +240,7 @@ func (f *runFlags) leaseOptions() (*fenced.LeaseOptions, error) {
 
 // minFenceHint tells the user of command (run, elect, proof) which
 // --min-fence accepts the store's fence.
-func minFenceHint(command string, g driver.Guarantees) string {
+func minFenceHint(command string, g driver.Capabilities) string {
 	if g.Fence >= fenced.FenceRepeatable {
 		return "with fenced " + command +
 			": --min-fence=repeatable accepts a fence that can repeat after a failover; --min-fence=none marks work that needs no fence"
@@ -366,7 +366,7 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, keys, argv []st
 			return withCode(exitHeld, fmt.Errorf("%w; nothing ran", err))
 		}
 		if errors.Is(err, fenced.ErrNoFence) {
-			return noFenceError("run", opts.MinFence, c.Guarantees())
+			return noFenceError("run", opts.MinFence, c.Capabilities())
 		}
 		return err
 	}

@@ -4,8 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/fenced-dev/fenced"
 
-	"github.com/fenced-dev/fenced/driver"
 	"testing"
 )
 
@@ -16,13 +16,13 @@ func TestWrap(t *testing.T) {
 	hook := func(err error) error {
 		switch {
 		case errors.Is(err, errConn):
-			return driver.ErrUnknownOutcome
+			return fenced.ErrUnknownOutcome
 		case errors.Is(err, errBusy):
-			return fmt.Errorf("busy: %w", driver.ErrUnavailable)
+			return fmt.Errorf("busy: %w", fenced.ErrUnavailable)
 		}
 		return nil
 	}
-	refusal := fmt.Errorf("k: %w", driver.ErrNotHeld)
+	refusal := fmt.Errorf("k: %w", fenced.ErrNotHeld)
 	for _, c := range []struct {
 		name     string
 		err      error
@@ -30,13 +30,13 @@ func TestWrap(t *testing.T) {
 		hook     Func
 		want     error // the sentinel, or nil for err returned as it is
 	}{
-		{"write cut off", errConn, true, hook, driver.ErrUnknownOutcome},
-		{"read cut off applied nothing", errConn, false, hook, driver.ErrUnavailable},
-		{"refused before it ran", errBusy, true, hook, driver.ErrUnavailable},
+		{"write cut off", errConn, true, hook, fenced.ErrUnknownOutcome},
+		{"read cut off applied nothing", errConn, false, hook, fenced.ErrUnavailable},
+		{"refused before it ran", errBusy, true, hook, fenced.ErrUnavailable},
 		{"unrecognised", errSyntax, true, hook, nil},
-		{"refusal", refusal, true, func(error) error { return driver.ErrUnavailable }, nil},
-		{"context of a write", context.DeadlineExceeded, true, hook, driver.ErrUnknownOutcome},
-		{"context of a read", context.Canceled, false, nil, driver.ErrUnavailable},
+		{"refusal", refusal, true, func(error) error { return fenced.ErrUnavailable }, nil},
+		{"context of a write", context.DeadlineExceeded, true, hook, fenced.ErrUnknownOutcome},
+		{"context of a read", context.Canceled, false, nil, fenced.ErrUnavailable},
 	} {
 		got := Wrap(c.err, c.mayApply, c.hook)
 		if !errors.Is(got, c.err) {
@@ -51,7 +51,7 @@ func TestWrap(t *testing.T) {
 		if !errors.Is(got, c.want) {
 			t.Errorf("%s: %v, want %v", c.name, got, c.want)
 		}
-		if other := map[error]error{driver.ErrUnavailable: driver.ErrUnknownOutcome, driver.ErrUnknownOutcome: driver.ErrUnavailable}[c.want]; errors.Is(got, other) {
+		if other := map[error]error{fenced.ErrUnavailable: fenced.ErrUnknownOutcome, fenced.ErrUnknownOutcome: fenced.ErrUnavailable}[c.want]; errors.Is(got, other) {
 			t.Errorf("%s: %v matches both %v and %v", c.name, got, c.want, other)
 		}
 	}

@@ -3,25 +3,26 @@ package leasetable
 import (
 	"context"
 	"fmt"
+	"github.com/fenced-dev/fenced"
 	"time"
 
 	"github.com/fenced-dev/fenced/driver"
 )
 
 // CheckFloor refuses a fence floor above driver.MaxFenceFloor, with an
-// error matching driver.ErrInvalidFloor.
+// error matching fenced.ErrInvalidFloor.
 func CheckFloor(floor uint64) error {
 	if floor > driver.MaxFenceFloor {
-		return fmt.Errorf("%w: %d is above the highest floor, %d", driver.ErrInvalidFloor, floor, driver.MaxFenceFloor)
+		return fmt.Errorf("%w: %d is above the highest floor, %d", fenced.ErrInvalidFloor, floor, driver.MaxFenceFloor)
 	}
 	return nil
 }
 
 // CheckOlderThan refuses a negative prune age, with an error matching
-// driver.ErrInvalidTTL.
+// fenced.ErrInvalidTTL.
 func CheckOlderThan(olderThan time.Duration) error {
 	if olderThan < 0 {
-		return fmt.Errorf("%w: prune older than %v: the age is negative", driver.ErrInvalidTTL, olderThan)
+		return fmt.Errorf("%w: prune older than %v: the age is negative", fenced.ErrInvalidTTL, olderThan)
 	}
 	return nil
 }

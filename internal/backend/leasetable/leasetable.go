@@ -10,6 +10,7 @@ package leasetable
 import (
 	"errors"
 	"fmt"
+	"github.com/fenced-dev/fenced"
 	"regexp"
 	"strings"
 	"time"
@@ -48,17 +49,17 @@ var ErrSchema = errors.New("lease table has an unexpected shape")
 // SQL identifier (sqlident.Check) of at most MaxTableLen bytes, in lower
 // case. PostgreSQL folds unquoted names to lower case, and MySQL's table
 // names follow the file system's case rules. Names are still quoted in SQL.
-// Errors match driver.ErrInvalidURL, since the name comes from the store
+// Errors match fenced.ErrInvalidURL, since the name comes from the store
 // URL.
 func ValidateTable(name string) error {
 	if err := sqlident.Check("table", name); err != nil {
-		return fmt.Errorf("%w: %v", driver.ErrInvalidURL, err)
+		return fmt.Errorf("%w: %v", fenced.ErrInvalidURL, err)
 	}
 	switch {
 	case len(name) > MaxTableLen:
-		return fmt.Errorf("%w: table name %q is longer than %d bytes", driver.ErrInvalidURL, name, MaxTableLen)
+		return fmt.Errorf("%w: table name %q is longer than %d bytes", fenced.ErrInvalidURL, name, MaxTableLen)
 	case !lowerRE.MatchString(name):
-		return fmt.Errorf("%w: table name %q must be lower case", driver.ErrInvalidURL, name)
+		return fmt.Errorf("%w: table name %q must be lower case", fenced.ErrInvalidURL, name)
 	}
 	return nil
 }
@@ -74,7 +75,7 @@ func TableOrDefault(name string) (string, error) {
 
 // TakeTable takes the validated table name given by the URL query
 // parameter TableParam from p; DefaultTable when absent. Errors match
-// driver.ErrInvalidURL.
+// fenced.ErrInvalidURL.
 func TakeTable(p urlquery.Params) (string, error) {
 	name, ok, err := p.Take(TableParam)
 	switch {
@@ -144,7 +145,7 @@ func ScanBreaks(rows Rows) ([]driver.BreakRecord, error) {
 
 // NotHeld is the refusal of a renew or release of g.
 func NotHeld(g driver.Grant) error {
-	return fmt.Errorf("%s fence %d: %w", g.Key, g.Fence, driver.ErrNotHeld)
+	return fmt.Errorf("%s fence %d: %w", g.Key, g.Fence, fenced.ErrNotHeld)
 }
 
 // CheckOwner rejects an empty owner token, which the lease tables use to
@@ -161,7 +162,7 @@ func Held(key string, remaining time.Duration) error {
 	if remaining < 0 {
 		remaining = 0
 	}
-	return &driver.HeldError{Key: key, Remaining: remaining}
+	return &fenced.HeldError{Remaining: remaining}
 }
 
 // Info builds the LeaseInfo of a row: owner ("" when free), fence and the

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/fenced-dev/fenced"
 	"slices"
 	"strings"
 	"testing"
@@ -20,7 +21,7 @@ func TestValidateTable(t *testing.T) {
 		}
 	}
 	for _, bad := range []string{"", "1t", "Leases", "a-b", "a b", `a"b`, "a`b", "x;drop table y", "s.t", "é", strings.Repeat("t", MaxTableLen+1)} {
-		if err := ValidateTable(bad); !errors.Is(err, driver.ErrInvalidURL) {
+		if err := ValidateTable(bad); !errors.Is(err, fenced.ErrInvalidURL) {
 			t.Errorf("ValidateTable(%q) = %v, want ErrInvalidURL", bad, err)
 		}
 	}
@@ -38,7 +39,7 @@ func TestTakeTable(t *testing.T) {
 	}
 	for _, raw := range []string{"table=", "table=a&table=b", "table=A"} {
 		p, _ := urlquery.Parse(raw)
-		if _, err := TakeTable(p); !errors.Is(err, driver.ErrInvalidURL) {
+		if _, err := TakeTable(p); !errors.Is(err, fenced.ErrInvalidURL) {
 			t.Errorf("TakeTable(%q) = %v, want ErrInvalidURL", raw, err)
 		}
 	}
@@ -182,13 +183,13 @@ func TestCheckFloorAndAge(t *testing.T) {
 	if err := CheckFloor(driver.MaxFenceFloor); err != nil {
 		t.Errorf("CheckFloor(MaxFenceFloor) = %v", err)
 	}
-	if err := CheckFloor(driver.MaxFenceFloor + 1); !errors.Is(err, driver.ErrInvalidFloor) {
+	if err := CheckFloor(driver.MaxFenceFloor + 1); !errors.Is(err, fenced.ErrInvalidFloor) {
 		t.Errorf("CheckFloor(MaxFenceFloor+1) = %v, want ErrInvalidFloor", err)
 	}
 	if err := CheckOlderThan(0); err != nil {
 		t.Errorf("CheckOlderThan(0) = %v", err)
 	}
-	if err := CheckOlderThan(-time.Nanosecond); !errors.Is(err, driver.ErrInvalidTTL) {
+	if err := CheckOlderThan(-time.Nanosecond); !errors.Is(err, fenced.ErrInvalidTTL) {
 		t.Errorf("CheckOlderThan(-1ns) = %v, want ErrInvalidTTL", err)
 	}
 }

@@ -3,6 +3,7 @@ package rediskit
 import (
 	"context"
 	"fmt"
+	"github.com/fenced-dev/fenced"
 	"sort"
 	"strconv"
 	"strings"
@@ -89,7 +90,7 @@ func BreakReply(key string, k Keys, res []any) (driver.LeaseInfo, error) {
 	}
 	switch st, _ := res[0].(int64); st {
 	case 0:
-		return info, fmt.Errorf("break %q: %w: no current grant", key, driver.ErrNotHeld)
+		return info, fmt.Errorf("break %q: %w: no current grant", key, fenced.ErrNotHeld)
 	case StatusForeign:
 		return info, fmt.Errorf("break %q: %w", key, ForeignError(k.Lock))
 	}

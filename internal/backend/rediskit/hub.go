@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/fenced-dev/fenced"
 	"net"
 	"sync"
 	"time"
@@ -116,7 +117,7 @@ func (h *Hub) subscribe(ctx context.Context, channel string, observer bool) (dri
 	if h.closed {
 		h.mu.Unlock()
 		h.cmdMu.Unlock()
-		return nil, driver.ErrClosed
+		return nil, fenced.ErrClosed
 	}
 	t := h.topics[channel]
 	fresh := t == nil
@@ -173,10 +174,10 @@ func (h *Hub) subscribe(ctx context.Context, channel string, observer bool) (dri
 		return nil, context.Cause(ctx)
 	case <-timer.C:
 		s.Close()
-		return nil, fmt.Errorf("subscribe %s: %w: no confirmation within %v", channel, driver.ErrUnavailable, confirmTimeout)
+		return nil, fmt.Errorf("subscribe %s: %w: no confirmation within %v", channel, fenced.ErrUnavailable, confirmTimeout)
 	case <-h.done:
 		s.Close()
-		return nil, driver.ErrClosed
+		return nil, fenced.ErrClosed
 	}
 }
 

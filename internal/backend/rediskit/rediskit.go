@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/fenced-dev/fenced"
 	"net"
 	"strconv"
 	"strings"
@@ -79,11 +80,11 @@ func (l Layout) open(k string) string {
 // Cluster hashes the first {...} of a name. So a brace in the prefix would
 // scatter a lease's keys over slots its scripts cannot reach at once.
 // Control characters are refused because redis-cli and logs cannot show
-// them. Errors match driver.ErrInvalidURL and name the prefix and the rule.
+// them. Errors match fenced.ErrInvalidURL and name the prefix and the rule.
 func CheckPrefix(prefix string) error {
 	if i := strings.IndexFunc(prefix, func(r rune) bool { return r == '{' || r == '}' || r < 0x20 || r == 0x7f }); i >= 0 {
 		return fmt.Errorf("%w: key prefix %q has %q at byte %d: a prefix may not contain { or } (hash tag) or control characters",
-			driver.ErrInvalidURL, prefix, prefix[i:i+1], i)
+			fenced.ErrInvalidURL, prefix, prefix[i:i+1], i)
 	}
 	return nil
 }
@@ -507,35 +508,35 @@ func Classify(err error, mayApply bool) error { return errclass.Wrap(err, mayApp
 // sent.
 func classifyRedis(err error) error {
 	if errors.Is(err, redis.ErrClosed) {
-		return driver.ErrClosed
+		return fenced.ErrClosed
 	}
 	var rerr redis.Error
 	if errors.As(err, &rerr) {
 		msg := rerr.Error()
 		for _, p := range []string{"LOADING", "BUSY", "MASTERDOWN", "READONLY", "CLUSTERDOWN", "TRYAGAIN", "NOREPLICAS", "MOVED", "ASK"} {
 			if strings.HasPrefix(msg, p) {
-				return driver.ErrUnavailable
+				return fenced.ErrUnavailable
 			}
 		}
 		if strings.HasPrefix(msg, "NOAUTH") || strings.HasPrefix(msg, "WRONGPASS") {
-			return fmt.Errorf("%w: authentication failed", driver.ErrUnavailable)
+			return fmt.Errorf("%w: authentication failed", fenced.ErrUnavailable)
 		}
 		return nil
 	}
 	var op *net.OpError
 	if errors.As(err, &op) && op.Op == "dial" {
-		return driver.ErrUnavailable
+		return fenced.ErrUnavailable
 	}
 	if errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrPoolExhausted) {
-		return driver.ErrUnavailable
+		return fenced.ErrUnavailable
 	}
-	return driver.ErrUnknownOutcome
+	return fenced.ErrUnknownOutcome
 }
 
 // IsTransport reports whether err (as returned by Classify) means the
 // server could not be reached or did not answer.
 func IsTransport(err error) bool {
-	return errors.Is(err, driver.ErrUnavailable) || errors.Is(err, driver.ErrUnknownOutcome) || errors.Is(err, driver.ErrClosed)
+	return errors.Is(err, fenced.ErrUnavailable) || errors.Is(err, fenced.ErrUnknownOutcome) || errors.Is(err, fenced.ErrClosed)
 }
 
 // Ping checks that a client reaches its server and authenticates, with a

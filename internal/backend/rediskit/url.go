@@ -2,12 +2,12 @@ package rediskit
 
 import (
 	"fmt"
+	"github.com/fenced-dev/fenced"
 	"net/url"
 	"strconv"
 	"strings"
 	"time"
 
-	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/backend/urlquery"
 	"github.com/redis/go-redis/v9"
 )
@@ -69,7 +69,7 @@ func (q *Query) Int(name string, def int) int {
 	}
 	n, err := strconv.Atoi(v)
 	if err != nil || n < 0 {
-		q.fail(fmt.Errorf("%w: %s=%q is not a non-negative integer", driver.ErrInvalidURL, name, v))
+		q.fail(fmt.Errorf("%w: %s=%q is not a non-negative integer", fenced.ErrInvalidURL, name, v))
 		return def
 	}
 	return n
@@ -87,7 +87,7 @@ func (q *Query) Duration(name string, def time.Duration) time.Duration {
 	}
 	d, err := time.ParseDuration(v)
 	if err != nil || d <= 0 {
-		q.fail(fmt.Errorf("%w: %s=%q is not a positive duration such as 250ms", driver.ErrInvalidURL, name, v))
+		q.fail(fmt.Errorf("%w: %s=%q is not a positive duration such as 250ms", fenced.ErrInvalidURL, name, v))
 		return def
 	}
 	return d
@@ -110,7 +110,7 @@ func (q *Query) Err() error { return q.err }
 // honoured (ContextTimeoutEnabled, which go-redis leaves off). Without it,
 // a call on a link that drops packets waits out ReadTimeout, 5s by default,
 // whatever its context says. Every client fenced makes from a URL is made
-// from these options. Errors wrap driver.ErrInvalidURL.
+// from these options. Errors wrap fenced.ErrInvalidURL.
 func ClientOptions(u *url.URL) (*redis.Options, error) {
 	p, err := urlquery.Parse(u.RawQuery)
 	if err != nil {
@@ -119,7 +119,7 @@ func ClientOptions(u *url.URL) (*redis.Options, error) {
 	q := p.Rest()
 	ro, err := redis.ParseURL(u.String())
 	if err != nil {
-		return nil, fmt.Errorf("%w: %s", driver.ErrInvalidURL, strings.TrimPrefix(err.Error(), "redis: "))
+		return nil, fmt.Errorf("%w: %s", fenced.ErrInvalidURL, strings.TrimPrefix(err.Error(), "redis: "))
 	}
 	if !q.Has("max_retries") {
 		ro.MaxRetries = -1

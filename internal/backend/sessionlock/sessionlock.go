@@ -14,7 +14,7 @@
 //     ahead, look again, with a short pause after a transient failure.
 //   - Loss delivers a driver.LossWatcher's report once, never after its
 //     stop.
-//   - Guarantees are the guarantees both stores give.
+//   - Capabilities are the guarantees both stores give.
 //
 // The store-specific parts (sessions and keep-alives, how a key is put,
 // ordered and found again after an unknown outcome) stay in the backends.
@@ -23,6 +23,7 @@ package sessionlock
 import (
 	"context"
 	"fmt"
+	"github.com/fenced-dev/fenced"
 	"net"
 	"strconv"
 	"strings"
@@ -336,13 +337,14 @@ func (l *Loss) Stop() {
 	l.done = true
 }
 
-// Guarantees returns the guarantees of a session-lock backend. The fence is
+// Capabilities returns the guarantees of a session-lock backend, which its
+// drivers' Capabilities start from. The fence is
 // strict, ordered by the consensus log. Expiry is on the leader's monotonic
 // clock (safe from clock steps). Waiters are woken by a watch on their
 // predecessor and served in arrival order. note says where the fence comes
 // from and how the session covers a grant.
-func Guarantees(note string) driver.Guarantees {
-	return driver.Guarantees{
+func Capabilities(note string) driver.Capabilities {
+	return driver.Capabilities{
 		Fence:         driver.FenceStrict,
 		ServerClock:   true,
 		ClockStepSafe: true,
@@ -352,16 +354,16 @@ func Guarantees(note string) driver.Guarantees {
 
 // Endpoints splits a URL host list "host:port[,host:port...]" and checks
 // each part. what names a part in errors ("etcd endpoint", "ZooKeeper
-// server"); errors wrap driver.ErrInvalidURL.
+// server"); errors wrap fenced.ErrInvalidURL.
 func Endpoints(hosts, what string) ([]string, error) {
 	var out []string
 	for _, hp := range strings.Split(hosts, ",") {
 		host, port, err := net.SplitHostPort(hp)
 		if err != nil || host == "" {
-			return nil, fmt.Errorf("%w: %s %q is not host:port", driver.ErrInvalidURL, what, hp)
+			return nil, fmt.Errorf("%w: %s %q is not host:port", fenced.ErrInvalidURL, what, hp)
 		}
 		if n, err := strconv.Atoi(port); err != nil || n <= 0 || n > 65535 {
-			return nil, fmt.Errorf("%w: %s %q has a bad port", driver.ErrInvalidURL, what, hp)
+			return nil, fmt.Errorf("%w: %s %q has a bad port", fenced.ErrInvalidURL, what, hp)
 		}
 		out = append(out, hp)
 	}

@@ -3,11 +3,10 @@ package sessionlock
 import (
 	"context"
 	"errors"
+	"github.com/fenced-dev/fenced"
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/fenced-dev/fenced/driver"
 )
 
 type testEntry struct {
@@ -150,14 +149,14 @@ func TestWaitTurn(t *testing.T) {
 func TestLoss(t *testing.T) {
 	reports := make(chan error, 2)
 	l := NewLoss(func(err error) { reports <- err })
-	l.Report(driver.ErrLost)
-	l.Report(driver.ErrLost)
+	l.Report(fenced.ErrLost)
+	l.Report(fenced.ErrLost)
 	if len(reports) != 1 {
 		t.Fatalf("%d reports, want exactly one", len(reports))
 	}
 	stopped := NewLoss(func(err error) { reports <- err })
 	stopped.Stop()
-	stopped.Report(driver.ErrLost)
+	stopped.Report(fenced.ErrLost)
 	if len(reports) != 1 {
 		t.Fatal("a report after Stop")
 	}
@@ -169,7 +168,7 @@ func TestEndpoints(t *testing.T) {
 		t.Fatalf("Endpoints = %v, %v", got, err)
 	}
 	for _, bad := range []string{"a", ":1", "a:0", "a:x", "a:1,", "a:70000"} {
-		if _, err := Endpoints(bad, "server"); !errors.Is(err, driver.ErrInvalidURL) {
+		if _, err := Endpoints(bad, "server"); !errors.Is(err, fenced.ErrInvalidURL) {
 			t.Errorf("Endpoints(%q) = %v, want ErrInvalidURL", bad, err)
 		}
 	}

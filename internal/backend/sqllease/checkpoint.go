@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"github.com/fenced-dev/fenced"
 
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/backend/leasetable"
@@ -30,7 +31,7 @@ type CheckpointStatements struct {
 }
 
 // Checkpoint implements driver.Checkpointer in one statement. A dialect
-// without checkpoint statements refuses with driver.ErrUnsupported.
+// without checkpoint statements refuses with fenced.ErrUnsupported.
 func (e *Engine) Checkpoint(ctx context.Context, g driver.Grant, value []byte) error {
 	if err := e.checkpoints(); err != nil {
 		return err
@@ -75,14 +76,14 @@ func (e *Engine) ReadCheckpoint(ctx context.Context, key string) ([]byte, uint64
 	return append([]byte{}, value...), uint64(fence), nil
 }
 
-// checkpoints returns driver.ErrClosed after Close, and
-// driver.ErrUnsupported when the dialect keeps no checkpoints.
+// checkpoints returns fenced.ErrClosed after Close, and
+// fenced.ErrUnsupported when the dialect keeps no checkpoints.
 func (e *Engine) checkpoints() error {
 	if err := e.CheckOpen(); err != nil {
 		return err
 	}
 	if e.d.Checkpoints == nil {
-		return fmt.Errorf("%s: checkpoint: %w", e.d.Name, driver.ErrUnsupported)
+		return fmt.Errorf("%s: checkpoint: %w", e.d.Name, fenced.ErrUnsupported)
 	}
 	return nil
 }

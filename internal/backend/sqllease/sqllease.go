@@ -4,7 +4,7 @@
 // its error classification), a Conn over its client library, a URL opener
 // and, where the database can, a notifier. The engine keeps everything
 // else once: the closed-driver rule (every operation after Close fails
-// with driver.ErrClosed, whoever owns the pool), the owner check, the TTL
+// with fenced.ErrClosed, whoever owns the pool), the owner check, the TTL
 // rule (ttlrule.Units: never shortened, rounded up to the dialect's
 // unit), the reading of rows into driver.LeaseInfo, the per-grant result
 // of a batched renewal, the break transaction with its audit row, the
@@ -28,8 +28,8 @@
 //     release, inspect, list, break and floor statements, each with the
 //     arguments in the order documented on Statements, the TTL unit the
 //     database counts in, and Classify, which says which of the
-//     database's errors mean "nothing was applied" (driver.ErrUnavailable)
-//     and which "perhaps applied" (driver.ErrUnknownOutcome).
+//     database's errors mean "nothing was applied" (fenced.ErrUnavailable)
+//     and which "perhaps applied" (fenced.ErrUnknownOutcome).
 //  3. Wrap the client: StdDB for a database/sql pool, or a few lines over
 //     the native client (fencedpostgres/conn.go over pgx).
 //  4. Embed the *Engine that New returns in the backend's Driver, and run
@@ -42,6 +42,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"github.com/fenced-dev/fenced"
 	"sync"
 	"time"
 
@@ -211,9 +212,9 @@ type Dialect struct {
 	// highest fence deleted.
 	PruneBatch func(ctx context.Context, db DB, cutoff any, after string) (leasetable.PruneBatch, error)
 	// Classify is the database's error-classification hook (see
-	// errclass.Func): driver.ErrUnavailable when err means that
-	// nothing was applied, driver.ErrUnknownOutcome when the request may
-	// have been applied, driver.ErrClosed when the pool was closed, and
+	// errclass.Func): fenced.ErrUnavailable when err means that
+	// nothing was applied, fenced.ErrUnknownOutcome when the request may
+	// have been applied, fenced.ErrClosed when the pool was closed, and
 	// nil for any other error (which is then reported as it is).
 	Classify errclass.Func
 	// Checkpoints, when set, are the checkpoint statements; without them
@@ -244,12 +245,12 @@ var _ interface {
 // Close.
 func New(dialect *Dialect, db DB) *Engine { return &Engine{d: dialect, db: db} }
 
-// CheckOpen returns driver.ErrClosed after Close.
+// CheckOpen returns fenced.ErrClosed after Close.
 func (e *Engine) CheckOpen() error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
-		return fmt.Errorf("%s: %w", e.d.Name, driver.ErrClosed)
+		return fmt.Errorf("%s: %w", e.d.Name, fenced.ErrClosed)
 	}
 	return nil
 }
@@ -421,7 +422,7 @@ func (e *Engine) Inspect(ctx context.Context, key string) (driver.LeaseInfo, err
 	}
 	info, err := e.readRow(ctx, e.db, e.d.Inspect, key)
 	if errors.Is(err, sql.ErrNoRows) {
-		return driver.LeaseInfo{Key: key}, fmt.Errorf("%s: %w", key, driver.ErrNotFound)
+		return driver.LeaseInfo{Key: key}, fmt.Errorf("%s: %w", key, fenced.ErrNotFound)
 	}
 	if err != nil {
 		return driver.LeaseInfo{Key: key}, e.Wrap("inspect", key, err)
@@ -457,13 +458,13 @@ func (e *Engine) List(ctx context.Context, prefix string) ([]driver.LeaseInfo, e
 
 // Break implements driver.Driver. In one transaction it reads the key's row
 // (locked), frees it, records an audit row and, where the dialect notifies,
-// wakes the key's waiters. A key not held is refused with driver.ErrNotHeld
+// wakes the key's waiters. A key not held is refused with fenced.ErrNotHeld
 // and nothing is written.
 func (e *Engine) Break(ctx context.Context, key string, req driver.BreakRequest) (driver.LeaseInfo, error) {
 	if err := e.CheckOpen(); err != nil {
 		return driver.LeaseInfo{Key: key}, err
 	}
-	notHeld := fmt.Errorf("%s: %w", key, driver.ErrNotHeld)
+	notHeld := fmt.Errorf("%s: %w", key, fenced.ErrNotHeld)
 	var info driver.LeaseInfo
 	err := e.db.InTx(ctx, func(c Conn) error {
 		var err error
@@ -527,7 +528,7 @@ func (e *Engine) FenceFloor(ctx context.Context) (driver.FloorInfo, error) {
 }
 
 // RaiseFenceFloor implements driver.FenceFloorer. A floor above
-// driver.MaxFenceFloor is refused with driver.ErrInvalidFloor.
+// driver.MaxFenceFloor is refused with fenced.ErrInvalidFloor.
 func (e *Engine) RaiseFenceFloor(ctx context.Context, floor uint64) (uint64, error) {
 	if err := e.CheckOpen(); err != nil {
 		return 0, err
@@ -553,7 +554,7 @@ func (e *Engine) RaiseFenceFloor(ctx context.Context, floor uint64) (uint64, err
 // Prune implements driver.Pruner: it reads the cutoff by the database's
 // clock once, then runs the dialect's batches with
 // leasetable.PruneInBatches. A negative age is refused with
-// driver.ErrInvalidTTL.
+// fenced.ErrInvalidTTL.
 func (e *Engine) Prune(ctx context.Context, olderThan time.Duration) (driver.PruneResult, error) {
 	if err := e.CheckOpen(); err != nil {
 		return driver.PruneResult{}, err

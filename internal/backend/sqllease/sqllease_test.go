@@ -4,32 +4,31 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/fenced-dev/fenced"
 	"io"
 	"strings"
 	"testing"
-
-	"github.com/fenced-dev/fenced/driver"
 )
 
 func TestWrapNamesOperationAndSentinelOnce(t *testing.T) {
 	unavailable := func(err error) error {
 		if errors.Is(err, io.EOF) {
-			return driver.ErrUnavailable
+			return fenced.ErrUnavailable
 		}
 		return nil
 	}
 	err := Wrap("db", unavailable, "renew", "k", io.EOF)
-	if !errors.Is(err, driver.ErrUnavailable) || !errors.Is(err, io.EOF) || err.Error() != `db: renew "k": authority unavailable: EOF` {
+	if !errors.Is(err, fenced.ErrUnavailable) || !errors.Is(err, io.EOF) || err.Error() != `db: renew "k": authority unavailable: EOF` {
 		t.Errorf("classified: %v", err)
 	}
-	if err := Wrap("db", unavailable, "list", "", context.Canceled); !errors.Is(err, driver.ErrUnknownOutcome) || !errors.Is(err, context.Canceled) {
+	if err := Wrap("db", unavailable, "list", "", context.Canceled); !errors.Is(err, fenced.ErrUnknownOutcome) || !errors.Is(err, context.Canceled) {
 		t.Errorf("cancelled: %v, want ErrUnknownOutcome and context.Canceled", err)
 	}
 	other := errors.New("syntax error")
-	if err := Wrap("db", unavailable, "list", "", other); errors.Is(err, driver.ErrUnavailable) || !strings.HasPrefix(err.Error(), "db: list: ") {
+	if err := Wrap("db", unavailable, "list", "", other); errors.Is(err, fenced.ErrUnavailable) || !strings.HasPrefix(err.Error(), "db: list: ") {
 		t.Errorf("unclassified: %v", err)
 	}
-	notHeld := fmt.Errorf("k: %w", driver.ErrNotHeld)
+	notHeld := fmt.Errorf("k: %w", fenced.ErrNotHeld)
 	if err := Wrap("db", unavailable, "break", "k", notHeld); err != notHeld {
 		t.Errorf("a refusal was wrapped again: %v", err)
 	}

@@ -5,17 +5,16 @@
 // fall back to another table unnoticed. Here a malformed query, a
 // parameter of the backend's own given twice, and (where the backend
 // passes nothing on to a client library) an unknown parameter are errors
-// matching driver.ErrInvalidURL that name what was wrong.
+// matching fenced.ErrInvalidURL that name what was wrong.
 package urlquery
 
 import (
 	"fmt"
+	"github.com/fenced-dev/fenced"
 	"net/url"
 	"sort"
 	"strings"
 	"time"
-
-	"github.com/fenced-dev/fenced/driver"
 )
 
 // Params is a parsed query whose parameters are taken one by one.
@@ -25,7 +24,7 @@ type Params struct{ v url.Values }
 func Parse(rawQuery string) (Params, error) {
 	v, err := url.ParseQuery(rawQuery)
 	if err != nil {
-		return Params{}, fmt.Errorf("%w: query: %v", driver.ErrInvalidURL, err)
+		return Params{}, fmt.Errorf("%w: query: %v", fenced.ErrInvalidURL, err)
 	}
 	return Params{v}, nil
 }
@@ -39,7 +38,7 @@ func (p Params) Take(name string) (value string, ok bool, err error) {
 	}
 	delete(p.v, name)
 	if len(vs) != 1 {
-		return "", true, fmt.Errorf("%w: %s= given %d times", driver.ErrInvalidURL, name, len(vs))
+		return "", true, fmt.Errorf("%w: %s= given %d times", fenced.ErrInvalidURL, name, len(vs))
 	}
 	return vs[0], true, nil
 }
@@ -52,7 +51,7 @@ func (p Params) TakeDuration(name string) (d time.Duration, ok bool, err error) 
 	}
 	d, err = time.ParseDuration(v)
 	if err != nil || d <= 0 {
-		return 0, true, fmt.Errorf("%w: %s=%q is not a positive duration such as 5s", driver.ErrInvalidURL, name, v)
+		return 0, true, fmt.Errorf("%w: %s=%q is not a positive duration such as 5s", fenced.ErrInvalidURL, name, v)
 	}
 	return d, true, nil
 }
@@ -70,7 +69,7 @@ func (p Params) TakeBool(name string) (b bool, ok bool, err error) {
 	case "0", "false", "off", "no":
 		return false, true, nil
 	}
-	return false, true, fmt.Errorf("%w: %s=%q, want 1 or 0", driver.ErrInvalidURL, name, v)
+	return false, true, fmt.Errorf("%w: %s=%q, want 1 or 0", fenced.ErrInvalidURL, name, v)
 }
 
 // Rest returns the parameters not taken, for a client library that reads
@@ -93,7 +92,7 @@ func (p Params) NoRest(known ...string) error {
 	}
 	sort.Strings(names)
 	if len(known) == 0 {
-		return fmt.Errorf("%w: unknown parameter %q (none are known)", driver.ErrInvalidURL, names[0])
+		return fmt.Errorf("%w: unknown parameter %q (none are known)", fenced.ErrInvalidURL, names[0])
 	}
-	return fmt.Errorf("%w: unknown parameter %q (known: %s)", driver.ErrInvalidURL, names[0], strings.Join(known, ", "))
+	return fmt.Errorf("%w: unknown parameter %q (known: %s)", fenced.ErrInvalidURL, names[0], strings.Join(known, ", "))
 }

@@ -2,23 +2,22 @@ package urlquery
 
 import (
 	"errors"
+	"github.com/fenced-dev/fenced"
 	"net/url"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/fenced-dev/fenced/driver"
 )
 
 func TestStrict(t *testing.T) {
-	if _, err := Parse("table=a;drop"); !errors.Is(err, driver.ErrInvalidURL) {
+	if _, err := Parse("table=a;drop"); !errors.Is(err, fenced.ErrInvalidURL) {
 		t.Errorf("a semicolon: %v, want ErrInvalidURL", err)
 	}
 	p, err := Parse("table=a&table=b&x=1&busy=2s")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := p.Take("table"); !errors.Is(err, driver.ErrInvalidURL) || !strings.Contains(err.Error(), "table= given 2 times") {
+	if _, _, err := p.Take("table"); !errors.Is(err, fenced.ErrInvalidURL) || !strings.Contains(err.Error(), "table= given 2 times") {
 		t.Errorf("repeated: %v", err)
 	}
 	if v, ok, err := p.Take("busy"); v != "2s" || !ok || err != nil {
@@ -27,7 +26,7 @@ func TestStrict(t *testing.T) {
 	if _, ok, err := p.Take("busy"); ok || err != nil {
 		t.Errorf("a taken parameter is still there: %v, %v", ok, err)
 	}
-	if err := p.NoRest("table", "busy"); !errors.Is(err, driver.ErrInvalidURL) || !strings.Contains(err.Error(), `unknown parameter "x" (known: table, busy)`) {
+	if err := p.NoRest("table", "busy"); !errors.Is(err, fenced.ErrInvalidURL) || !strings.Contains(err.Error(), `unknown parameter "x" (known: table, busy)`) {
 		t.Errorf("NoRest: %v", err)
 	}
 	if got := p.Rest().Encode(); got != "x=1" {
@@ -47,7 +46,7 @@ func TestTakeDuration(t *testing.T) {
 		t.Errorf("TakeDuration(absent) = %v, %v, %v", d, ok, err)
 	}
 	for _, name := range []string{"zero", "neg", "word", "twice"} {
-		if _, ok, err := p.TakeDuration(name); !ok || !errors.Is(err, driver.ErrInvalidURL) || !strings.Contains(err.Error(), name+"=") {
+		if _, ok, err := p.TakeDuration(name); !ok || !errors.Is(err, fenced.ErrInvalidURL) || !strings.Contains(err.Error(), name+"=") {
 			t.Errorf("TakeDuration(%s) = %v, %v; want ErrInvalidURL naming it", name, ok, err)
 		}
 	}
@@ -67,7 +66,7 @@ func TestTakeBool(t *testing.T) {
 		t.Errorf("TakeBool(absent) = %v, %v, %v", b, ok, err)
 	}
 	for _, name := range []string{"bad", "twice"} {
-		if _, _, err := p.TakeBool(name); !errors.Is(err, driver.ErrInvalidURL) || !strings.Contains(err.Error(), name+"=") {
+		if _, _, err := p.TakeBool(name); !errors.Is(err, fenced.ErrInvalidURL) || !strings.Contains(err.Error(), name+"=") {
 			t.Errorf("TakeBool(%s): %v, want ErrInvalidURL naming it", name, err)
 		}
 	}

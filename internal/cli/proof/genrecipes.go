@@ -50,5 +50,5 @@ func (r *recipes) campaign(ctx context.Context) (*fenced.Lease, error) {
 	if err != nil {
 		return nil, err
 	}
-	return ld.Lease(), nil
+	return ld.Lease, nil
 }

@@ -245,7 +245,7 @@ func storeView(t *testing.T, d *fenced.Client, key string) fenced.LeaseInfo {
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
 	info, err := d.Inspect(ctx, key)
-	if errors.Is(err, driver.ErrNotFound) {
+	if errors.Is(err, fenced.ErrNotFound) {
 		return fenced.LeaseInfo{Key: key}
 	}
 	if err != nil {
@@ -335,7 +335,7 @@ func lostReplyRelease(t *testing.T, s lostReplyStore, store string) {
 		t.Fatal("A's released lease renewed")
 	}
 	err = replayer(t, s, url, a).Renew(ctxFor(t, 5*time.Second), g1)
-	if !errors.Is(err, driver.ErrNotHeld) {
+	if !errors.Is(err, fenced.ErrNotHeld) {
 		t.Fatalf("A's driver renewing the released grant: %v; want ErrNotHeld", err)
 	}
 	checkNamed(t, s, d, key, lb.Owner(), lb.Fence(), s.ttlB, "after A's driver tried to renew")
@@ -383,7 +383,7 @@ func lostReplySameOwner(t *testing.T, s lostReplyStore, store string) {
 		t.Fatal("A's re-sent release of its first grant succeeded while its second holds the key")
 	}
 	checkNamed(t, s, d, key, owner, f2, s.ttlA, "after A re-sent the first grant's release")
-	if err := da.Renew(ctxFor(t, 5*time.Second), g1); !errors.Is(err, driver.ErrNotHeld) {
+	if err := da.Renew(ctxFor(t, 5*time.Second), g1); !errors.Is(err, fenced.ErrNotHeld) {
 		t.Fatalf("A renewing its released first grant: %v; want ErrNotHeld", err)
 	}
 	checkNamed(t, s, d, key, owner, f2, s.ttlA, "after A tried to renew its first grant")

@@ -59,9 +59,9 @@ var notFailover = map[string]string{
 var notClockStep = map[string]string{
 	"sqlite":    "the SQLite authority is a file: its clock is the workers' own host clock",
 	"redlock":   "M8 steps one node's clock (a step on every node is M12 on Redis, times three)",
-	"etcd":      "etcd's leases expire by the leader's monotonic clock (Guarantees.ClockStepSafe)",
-	"zookeeper": "ZooKeeper sessions expire by the servers' monotonic clock (Guarantees.ClockStepSafe)",
-	"dynamodb":  "fenced's DynamoDB backend reads only monotonic clocks (Guarantees.ClockStepSafe)",
+	"etcd":      "etcd's leases expire by the leader's monotonic clock (Capabilities.ClockStepSafe)",
+	"zookeeper": "ZooKeeper sessions expire by the servers' monotonic clock (Capabilities.ClockStepSafe)",
+	"dynamodb":  "fenced's DynamoDB backend reads only monotonic clocks (Capabilities.ClockStepSafe)",
 }
 
 // matrixFaults are the faults of the full matrix, in the report's order.

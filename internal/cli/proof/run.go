@@ -350,7 +350,7 @@ func declared(ctx context.Context, store string) (fenced.FenceStrength, driver.E
 		return 0, driver.Expiry{}, err
 	}
 	defer c.Close()
-	return c.Guarantees().Fence, c.Capabilities().Keeps, nil
+	return c.Capabilities().Fence, c.Capabilities().Keeps, nil
 }
 
 func (r *run) tail(ctx context.Context) {

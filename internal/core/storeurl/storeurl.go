@@ -4,6 +4,7 @@ package storeurl
 
 import (
 	"fmt"
+	"github.com/fenced-dev/fenced/internal/core/sentinel"
 	"net/url"
 	"strings"
 
@@ -11,10 +12,10 @@ import (
 )
 
 // Parse parses a store URL and checks that it has a scheme. Scheme names
-// are lower-cased. Errors match driver.ErrInvalidURL.
+// are lower-cased. Errors match sentinel.ErrInvalidURL.
 func Parse(rawURL string) (*url.URL, error) {
 	if strings.TrimSpace(rawURL) == "" {
-		return nil, fmt.Errorf("fenced: %w: empty URL", driver.ErrInvalidURL)
+		return nil, fmt.Errorf("fenced: %w: empty URL", sentinel.ErrInvalidURL)
 	}
 	u, err := url.Parse(rawURL)
 	if err != nil {
@@ -25,11 +26,11 @@ func Parse(rawURL string) (*url.URL, error) {
 			ue = e
 			msg = ue.Err.Error()
 		}
-		return nil, fmt.Errorf("fenced: %w: %s: %s", driver.ErrInvalidURL, driver.Redact(rawURL), msg)
+		return nil, fmt.Errorf("fenced: %w: %s: %s", sentinel.ErrInvalidURL, driver.Redact(rawURL), msg)
 	}
 	if u.Scheme == "" {
 		return nil, fmt.Errorf("fenced: %w: %q has no scheme (want for example sqlite:///path/to/file.db or postgres://host/db)",
-			driver.ErrInvalidURL, driver.Redact(rawURL))
+			sentinel.ErrInvalidURL, driver.Redact(rawURL))
 	}
 	u.Scheme = strings.ToLower(u.Scheme)
 	return u, nil

@@ -5,6 +5,7 @@ package ttlrule
 
 import (
 	"fmt"
+	"github.com/fenced-dev/fenced/internal/core/sentinel"
 	"time"
 
 	"github.com/fenced-dev/fenced/driver"
@@ -37,13 +38,13 @@ func Units(ttl, unit time.Duration) int64 {
 // drift allowance too, so both agree.
 func DefaultSafetyMargin(ttl time.Duration) time.Duration { return ttl/100 + 2*time.Millisecond }
 
-// Check returns an error matching driver.ErrInvalidTTL unless g.TTL is
+// Check returns an error matching sentinel.ErrInvalidTTL unless g.TTL is
 // positive. Renew and RenewBatch check it before anything else. A grant
 // built without its TTL would otherwise be "renewed" for nothing (Redis's
 // PEXPIRE 0 deletes the key and reports success).
 func Check(g driver.Grant) error {
 	if g.TTL <= 0 {
-		return fmt.Errorf("renew %s: %w: the grant carries no TTL (%v)", g, driver.ErrInvalidTTL, g.TTL)
+		return fmt.Errorf("renew %s: %w: the grant carries no TTL (%v)", g, sentinel.ErrInvalidTTL, g.TTL)
 	}
 	return nil
 }

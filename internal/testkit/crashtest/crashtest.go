@@ -245,7 +245,7 @@ func RestartKeepsFences(t *testing.T, srv Server, open func(t *testing.T) driver
 
 	d2 := open(t)
 	defer d2.Close()
-	if _, err := d2.TryAcquire(ctx, held.Key, "someone-else", time.Minute); !errors.Is(err, driver.ErrHeld) {
+	if _, err := d2.TryAcquire(ctx, held.Key, "someone-else", time.Minute); !errors.Is(err, fenced.ErrHeld) {
 		t.Fatalf("after restart, acquiring the live grant's key: %v, want ErrHeld", err)
 	}
 	if err := d2.Renew(ctx, held); err != nil {
@@ -294,7 +294,7 @@ func ServerDownThenBack(t *testing.T, srv Stoppable, d driver.Driver) {
 	srv.Kill()
 	actionable := func(what string, err error) {
 		t.Helper()
-		if !errors.Is(err, driver.ErrUnavailable) && !errors.Is(err, driver.ErrUnknownOutcome) {
+		if !errors.Is(err, fenced.ErrUnavailable) && !errors.Is(err, fenced.ErrUnknownOutcome) {
 			t.Errorf("%s while the server is down: %v; want ErrUnavailable or ErrUnknownOutcome", what, err)
 		}
 	}

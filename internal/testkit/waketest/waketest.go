@@ -6,6 +6,7 @@ package waketest
 import (
 	"context"
 	"errors"
+	"github.com/fenced-dev/fenced"
 	"slices"
 	"strconv"
 	"testing"
@@ -100,7 +101,7 @@ func Refused(t *testing.T, ctx context.Context, d driver.Driver, key string) dri
 	}
 	t.Cleanup(func() { s.Close() })
 	if _, err := d.TryAcquire(ctx, key, "waiter-"+strconv.FormatInt(time.Now().UnixNano(), 36), time.Minute); !errors.Is(err,
-		driver.ErrHeld) {
+		fenced.ErrHeld) {
 		t.Fatalf("try of a held key: %v", err)
 	}
 	return s
