@@ -297,8 +297,8 @@ var Expiry = driver.Expiry{
 // proclaimed values. TTLs are of a second or more (etcd leases have a
 // one-second granularity).
 func (d *Driver) Capabilities() driver.Capabilities {
-	return driver.Capabilities{Queue: true, FIFO: true, BatchRenew: true, WatchLoss: true, Value: true, Checkpoint: true, MinTTL: Expiry.MinTTL,
-		Keeps: Expiry}
+	return driver.Capabilities{Queue: true, FIFO: true, BatchRenew: true, WatchLoss: true, Value: true, Checkpoint: true,
+		MinTTL: Expiry.MinTTL, Keeps: Expiry}
 }
 
 // Close stops the driver's background work and, when the driver was opened

@@ -30,8 +30,7 @@ func (d *Driver) Capabilities() driver.Capabilities {
 	return driver.Capabilities{
 		Subscribe: true, Observe: true, Queue: d.opts.Queue, FIFO: d.opts.Queue, Terms: d.opts.Terms,
 		BatchRenew: d.opts.BatchRenew, WatchLoss: true, BreakLog: true, Value: true, FenceFloor: true, Prune: true,
-		Checkpoint: true,
-		MinTTL:     d.opts.MinTTL, MaxTTL: d.opts.MaxTTL,
+		Checkpoint: true, MinTTL: d.opts.MinTTL, MaxTTL: d.opts.MaxTTL,
 	}
 }
 
