@@ -474,7 +474,7 @@ func (g *Partitions) waitWork(grace time.Duration) {
 		for p, o := range g.owned {
 			if !o.released {
 				o.released = true
-				late = append(late, overran{p, o, now})
+				late = append(late, g.overrun(p, o, now))
 			}
 		}
 		g.mu.Unlock()
@@ -848,7 +848,7 @@ func (g *Partitions) handOff(targets []int, now time.Time) {
 			o.cancel(ErrHandedOff)
 		case !o.released && now.Sub(o.handoff) >= g.grace:
 			o.released = true
-			late = append(late, overran{p, o, now})
+			late = append(late, g.overrun(p, o, now))
 		}
 	}
 	g.mu.Unlock()

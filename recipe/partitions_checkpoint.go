@@ -49,11 +49,18 @@ func (p Partition) Finish(ctx context.Context) (context.Context, context.CancelF
 }
 
 // overran is a partition whose work outlived HandoffGrace: its lease is
-// released without waiting for the work.
+// released without waiting for the work. since is the time since its
+// hand-off or leave began.
 type overran struct {
-	p   int
-	o   *ownedPartition
-	now time.Time
+	p     int
+	o     *ownedPartition
+	since time.Duration
+}
+
+// overrun returns partition p, owned as o, as overran at now. The caller
+// holds g.mu.
+func (g *Partitions) overrun(p int, o *ownedPartition, now time.Time) overran {
+	return overran{p: p, o: o, since: now.Sub(o.until.Add(-g.grace))}
 }
 
 // releaseOverran releases the leases of late and reports each with a
@@ -61,7 +68,6 @@ type overran struct {
 func (g *Partitions) releaseOverran(late []overran) {
 	for _, x := range late {
 		g.releaseLease(x.o.lease)
-		g.emit(PartitionEvent{Kind: PartitionOverran, Partition: x.p, Fence: x.o.lease.Fence(),
-			HandOff: x.now.Sub(x.o.until.Add(-g.grace))})
+		g.emit(PartitionEvent{Kind: PartitionOverran, Partition: x.p, Fence: x.o.lease.Fence(), HandOff: x.since})
 	}
 }

@@ -198,3 +198,50 @@ func TestPartitionsHandOffOverran(t *testing.T) {
 		t.Fatal("the new owner did not start")
 	}
 }
+
+// TestPartitionsLeaveOverran: Leave waits HandoffGrace for a work that
+// ignores its end, then releases the lease anyway and reports it with a
+// PartitionOverran event; the work's Finish context has ended by then,
+// and the overrunning work's checkpoint is refused.
+func TestPartitionsLeaveOverran(t *testing.T) {
+	const grace = 200 * time.Millisecond
+	ctx := context.Background()
+	finished := make(chan error, 1)
+	var mu sync.Mutex
+	var events []recipe.PartitionEvent
+	m, err := recipe.JoinPartitions(ctx, partOpen(t, "mem://"+t.Name()), "leave", 1, func(ctx context.Context, p recipe.Partition) error {
+		<-ctx.Done()
+		fctx, cancel := p.Finish(ctx)
+		defer cancel()
+		<-fctx.Done()              // the grace is over (or the lease ended)
+		<-p.Lease.Context().Done() // overruns: returns only once the lease is released
+		finished <- p.Lease.Checkpoint(context.Background(), []byte("late"))
+		return nil
+	}, &recipe.PartitionsOptions{Lease: &fenced.LeaseOptions{TTL: 5 * time.Second}, HandoffGrace: grace,
+		OnEvent: func(e recipe.PartitionEvent) {
+			mu.Lock()
+			defer mu.Unlock()
+			events = append(events, e)
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	partBalanced(t, []*recipe.Partitions{m}, 1, 10*time.Second)
+	if err := m.Leave(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-finished; !errors.Is(err, fenced.ErrNotHeld) {
+		t.Errorf("a checkpoint after the grace of a leave: %v, want ErrNotHeld", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, e := range events {
+		if e.Kind == recipe.PartitionOverran {
+			if e.HandOff < grace {
+				t.Errorf("overran after %v, before the grace %v", e.HandOff, grace)
+			}
+			return
+		}
+	}
+	t.Errorf("no PartitionOverran event after a leave whose work overran: %+v", events)
+}

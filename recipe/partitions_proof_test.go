@@ -5,6 +5,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -143,11 +144,33 @@ func proofMember() error {
 		defer hmu.Unlock()
 		fmt.Fprintf(hist, "%d %s\n", time.Now().UnixNano(), fmt.Sprintf(format, args...))
 	}
+	// checkpoint records "fence:seq" as p's checkpoint, logging the try
+	// (T) and its outcome (K ... ok, refused or err).
+	checkpoint := func(p recipe.Partition, seq int) {
+		v := fmt.Sprintf("%d:%d", p.Lease.Fence(), seq)
+		record("T %d %d %s", p.Index, p.Lease.Fence(), v)
+		cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		err := p.Lease.Checkpoint(cctx, []byte(v))
+		cancel()
+		res := "ok"
+		switch {
+		case errors.Is(err, fenced.ErrNotHeld):
+			res = "refused"
+		case err != nil:
+			res = "err"
+		}
+		record("K %d %d %s %s", p.Index, p.Lease.Fence(), v, res)
+	}
 	work := func(ctx context.Context, p recipe.Partition) error {
 		tok := fence.From(p.Lease)
 		record("A %d %d", p.Index, p.Lease.Fence())
+		from := string(p.Checkpoint)
+		if from == "" {
+			from = "-"
+		}
+		record("C %d %d %s", p.Index, p.Lease.Fence(), from)
 		defer record("R %d %d", p.Index, p.Lease.Fence())
-		for {
+		for seq := 0; ; seq++ {
 			// Write, even right after the context ends, once: the
 			// resource, not the member's belief, must refuse it.
 			tx, err := db.BeginTx(context.Background(), nil)
@@ -175,8 +198,14 @@ func proofMember() error {
 					tx.Rollback()
 				}
 			}
+			if seq%4 == 0 {
+				checkpoint(p, seq)
+			}
 			select {
 			case <-ctx.Done():
+				// Once more after the context ended: the store, not the
+				// member's belief, must refuse a stale checkpoint.
+				checkpoint(p, seq+1)
 				return nil
 			case <-time.After(20 * time.Millisecond):
 			}
@@ -437,11 +466,12 @@ func runPartitionsProof(t *testing.T, backend, store string, minFence fenced.Fen
 	// The histories: refused (stale) writes, overlaps of believed
 	// ownership, and the longest gap between accepted writes.
 	type ev struct {
-		at    int64
-		kind  string
-		p     int
-		fence uint64
-		proc  string
+		at      int64
+		kind    string
+		p       int
+		fence   uint64
+		proc    string
+		cp, res string // C, T and K: the checkpoint; K: the outcome
 	}
 	var evs []ev
 	files, _ := filepath.Glob(filepath.Join(dir, "history-*"))
@@ -459,7 +489,14 @@ func runPartitionsProof(t *testing.T, backend, store string, minFence fenced.Fen
 			at, _ := strconv.ParseInt(w[0], 10, 64)
 			p, _ := strconv.Atoi(w[2])
 			fn, _ := strconv.ParseUint(w[3], 10, 64)
-			evs = append(evs, ev{at, w[1], p, fn, filepath.Base(file)})
+			e := ev{at: at, kind: w[1], p: p, fence: fn, proc: filepath.Base(file)}
+			if len(w) > 4 {
+				e.cp = w[4]
+			}
+			if len(w) > 5 {
+				e.res = w[5]
+			}
+			evs = append(evs, e)
 		}
 		f.Close()
 	}
@@ -508,6 +545,18 @@ func runPartitionsProof(t *testing.T, backend, store string, minFence fenced.Fen
 		}
 	}
 	slices.Sort(gaps)
+	var cpEvs []proof.CheckpointEvent
+	for _, e := range evs {
+		kind := map[string]string{"C": "own", "T": "cptry", "K": "cp"}[e.kind]
+		if kind == "" {
+			continue
+		}
+		if e.cp == "-" {
+			e.cp = "" // started from none
+		}
+		cpEvs = append(cpEvs, proof.CheckpointEvent{Kind: kind, T: e.at, Member: e.proc, Part: e.p, Fence: e.fence, CP: e.cp, Res: e.res})
+	}
+	cps := checkPartitionCheckpoints(t, cpEvs, counts["stop"])
 
 	// Every partition a killed member owned is owned again (acquired by
 	// some member, with a higher fence) within a bound: the requirement,
@@ -627,7 +676,7 @@ func runPartitionsProof(t *testing.T, backend, store string, minFence fenced.Fen
 		res := proof.PartitionsResult{Backend: backend, Churn: proofChurn(t).String(), Members: proofMembers, Partitions: proofPartitions,
 			TTL: ttl.String(), Faults: counts, WritesAccepted: accepted, StaleAccepted: staleAccepted, StaleRefused: refused,
 			Overlaps: overlaps, Recovery: recovery.Round(time.Millisecond).String(), LongestGap: longest.Round(time.Millisecond).String(), BalancedAfter: balancedAt.Round(time.Millisecond).String(),
-			Owned: owned, HandOffs: handoffs, Passed: !t.Failed()}
+			Owned: owned, HandOffs: handoffs, Checkpoints: cps, Passed: !t.Failed()}
 		b, _ := json.MarshalIndent(res, "", "  ")
 		if err := os.WriteFile(filepath.Join(out, "partitions-"+backend+".json"), append(b, '\n'), 0o644); err != nil {
 			t.Error(err)
@@ -646,4 +695,28 @@ func proofTail(s string, n int) string {
 		return s[len(s)-n:]
 	}
 	return s
+}
+
+// checkPartitionCheckpoints checks the run's checkpoints
+// (proof.CheckCheckpoints): no stale one accepted, every new owner started
+// from the last one accepted before it; and that the run exercised them:
+// checkpoints accepted, owners that started from one and, when the
+// nemesis stopped members past their TTL, stale ones refused.
+func checkPartitionCheckpoints(t *testing.T, evs []proof.CheckpointEvent, stops int) proof.CheckpointCounts {
+	t.Helper()
+	n, problems := proof.CheckCheckpoints(evs)
+	t.Logf("checkpoints: %d accepted, %d refused, %d ownerships started from one; stale accepted %d, breaks of continuity %d",
+		n.Accepted, n.Refused, n.Starts, n.Stale, n.Breaks)
+	for i, p := range problems {
+		if i == 10 {
+			t.Errorf("... and %d more", len(problems)-i)
+			break
+		}
+		t.Error(p)
+	}
+	if n.Accepted == 0 || n.Starts == 0 || stops > 0 && n.Refused == 0 {
+		t.Errorf("the run did not exercise checkpoints: %d accepted, %d owners started from one, %d refused after %d stops",
+			n.Accepted, n.Starts, n.Refused, stops)
+	}
+	return n
 }

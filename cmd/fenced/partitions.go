@@ -92,7 +92,12 @@ tests.
 A COMMAND that exits by itself is started again, with a new fence, at the member's
 next look at the group (a third of --ttl). SIGINT or SIGTERM makes the member
 leave: it ends every COMMAND, releases its partitions and exits 0. Every member
-must use the same -p.`,
+must use the same -p.
+
+Each line the member and its supervisors write on stderr starts with the time, in
+UTC to the millisecond (2006-01-02T15:04:05.000Z); COMMAND's own output is passed
+through as it is, and the last line of an error exit ("fenced: ... (exit N)")
+carries no time.`,
 		Example: `  # 64 shards of billing work across the hosts that run this
   fenced partitions run --store postgres://app@db/app billing -p 64 -- ./bill-shard`,
 		Args: cobra.ArbitraryArgs,
@@ -108,6 +113,7 @@ must use the same -p.`,
 			case dash == len(args):
 				return withCode(exitUsage, errors.New("partitions run: no COMMAND after --"))
 			}
+			g.stderr = newLineStamper(g.stderr) // a member runs for long: its lines say when
 			return runPartitions(cmd.Context(), g, f, args[0], args[1:])
 		},
 	}
@@ -443,6 +449,7 @@ func newPartitionSuperviseCmd(g *globals) *cobra.Command {
 		Hidden: true,
 		Args:   cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, argv []string) error {
+			g.stderr = newLineStamper(g.stderr)
 			link := os.NewFile(3, "member")
 			if link == nil {
 				return withCode(exitUsage, errors.New("partitions supervise: no pipe on fd 3; it is run by fenced partitions run"))

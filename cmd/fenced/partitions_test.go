@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -109,6 +110,15 @@ func TestPartitionsRunHandsOffOnLeave(t *testing.T) {
 	}
 	if moved != len(bPids) {
 		t.Errorf("%d partitions moved, b ran %d commands", moved, len(bPids))
+	}
+	// Every line of the members' own stderr says when.
+	stamped := regexp.MustCompile(`^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z fenced: `)
+	for id, f := range stderrs {
+		for _, line := range strings.Split(strings.TrimSpace(readFileOr(string(f))), "\n") {
+			if !stamped.MatchString(line) {
+				t.Errorf("%s's stderr line %q does not start with its time", id, line)
+			}
+		}
 	}
 	r := cli(t, store, "partitions", "run", "g", "-p", "8", "--id", "c", "--", "true")
 	if r.code != exitUsage || !strings.Contains(r.stderr, "4") {

@@ -218,7 +218,7 @@ type Dialect struct {
 	// nil for any other error (which is then reported as it is).
 	Classify errclass.Func
 	// Checkpoints, when set, are the checkpoint statements; without them
-	// the engine's Checkpointer methods refuse with driver.ErrUnsupported.
+	// the engine's Checkpointer methods refuse with fenced.ErrUnsupported.
 	Checkpoints *CheckpointStatements
 }
 

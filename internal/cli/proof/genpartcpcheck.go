@@ -71,7 +71,8 @@ func CheckCheckpoints(evs []CheckpointEvent) (CheckpointCounts, []string) {
 func (c *partChecker) checkCheckpoints(events []partEvent) {
 	var evs []CheckpointEvent
 	for _, e := range events {
-		evs = append(evs, CheckpointEvent{Kind: e.K, Member: e.Member, CP: e.CP, Res: e.Res, T: e.T, PID: e.PID, Part: e.Part, Fence: e.Fence})
+		evs = append(evs, CheckpointEvent{Kind: e.K, Member: e.Member, CP: e.CP, Res: e.Res, T: e.T, PID: e.PID, Part: e.Part,
+			Fence: e.Fence})
 	}
 	n := judgeCheckpoints(evs, c.violation)
 	c.rep.CheckpointsAccepted, c.rep.CheckpointsRefused, c.rep.CheckpointStarts = n.Accepted, n.Refused, n.Starts
@@ -140,8 +141,8 @@ func judgeCheckpoints(events []CheckpointEvent, bad func(at int64, format string
 			}
 			if t.res == "ok" && t.start > o.T {
 				n.Stale++
-				bad(t.start, "stale checkpoint accepted on partition %d: %q by %s (pid %d) under fence %d, begun after fence %d's work started",
-					t.part, t.value, t.member, t.pid, t.fence, o.Fence)
+				bad(t.start, "stale checkpoint accepted on partition %d: %q by %s (pid %d) under fence %d, "+
+					"begun after fence %d's work started", t.part, t.value, t.member, t.pid, t.fence, o.Fence)
 				continue // counted; continuity is judged on the tries before o
 			}
 			if t.res == "ok" && (last == nil || t.after(last)) {

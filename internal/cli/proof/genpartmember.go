@@ -225,6 +225,16 @@ func (r *partResource) writes(ctx context.Context) ([]partWrite, error) {
 // partWriteEvery is how often a partition's work writes.
 const partWriteEvery = 15 * time.Millisecond
 
+// partRoutes returns the items of each of p partitions, of items items.
+func partRoutes(items, p int) [][]int {
+	routes := make([][]int, p)
+	for i := range items {
+		k := itemPartition(i, p)
+		routes[k] = append(routes[k], i)
+	}
+	return routes
+}
+
 // partCheckpointEvery is how many writes a partition's work makes per
 // checkpoint.
 const partCheckpointEvery = 4
@@ -271,11 +281,7 @@ func runGenPartMember(cfg GenPartMemberConfig) int {
 		return fail(err)
 	}
 	defer c.Close()
-	routes := make([][]int, cfg.P)
-	for i := range cfg.Items {
-		p := itemPartition(i, cfg.P)
-		routes[p] = append(routes[p], i)
-	}
+	routes := partRoutes(cfg.Items, cfg.P)
 	pid := int64(os.Getpid())
 	checkpoints := c.Capabilities().Checkpoint
 	work := func(ctx context.Context, p recipe.Partition) error {

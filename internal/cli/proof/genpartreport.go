@@ -114,7 +114,8 @@ func WriteGenPartSection(w io.Writer, rows []GenPartRow) {
 			exits = append(exits, fmt.Sprintf("%d×%d", n, code))
 		}
 		sort.Strings(exits)
-		fmt.Fprintf(w, "| %s | %s | %s | %d | %.0f | %d / %d / %d / %d | %s | %d | %v | %d / %d | %d | %d | %d | %d / %d | %d | %d | %d | %v (%v) | %s |\n",
+		fmt.Fprintf(w, "| %s | %s | %s | %d | %.0f | %d / %d / %d / %d | %s | %d | %v | %d / %d | %d | %d | %d "+
+			"| %d / %d | %d | %d | %d | %v (%v) | %s |\n",
 			r.Build, r.Backend, r.Mode, rep.Seed, rep.Duration.Seconds(), rep.Faults["kill"], rep.Faults["stop"], rep.Faults["leave"],
 			rep.Faults["deploy"],
 			strings.Join(exits, " "), rep.Ownerships, rep.Counts, rep.WritesAccepted, rep.WritesRefused, rep.Overlaps, rep.StaleAccepted,
