@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"github.com/fenced-dev/fenced"
 	"os"
 	"path/filepath"
@@ -199,6 +200,35 @@ func queueRows(t *testing.T, d *fencedsqlite.Driver, prefix string) int {
 	return n
 }
 
+// queueState describes the waiter queue of path for a failure message:
+// its entries, the doorbells beside the file, and the rings holder passed
+// on unacknowledged.
+func queueState(t *testing.T, path string, holder *fencedsqlite.Driver) string {
+	t.Helper()
+	var b strings.Builder
+	rows, err := holder.DB().Query(`SELECT member, key, seq FROM ` + fencedsqlite.DefaultTable + `_waiters ORDER BY key, seq`)
+	if err != nil {
+		return "queue: " + err.Error()
+	}
+	defer rows.Close()
+	b.WriteString("queue [")
+	for rows.Next() {
+		var member, key string
+		var seq int64
+		if err := rows.Scan(&member, &key, &seq); err != nil {
+			return "queue: " + err.Error()
+		}
+		fmt.Fprintf(&b, " %s:%s@%d", key, member, seq)
+	}
+	b.WriteString(" ]; doorbells [")
+	bells, _ := os.ReadDir(path + ".waiters")
+	for _, e := range bells {
+		b.WriteString(" " + e.Name())
+	}
+	fmt.Fprintf(&b, " ]; rings passed on unacknowledged by the releaser: %d", holder.RingsPassedOn())
+	return b.String()
+}
+
 // wakeLatency measures how long after a release begins a live waiter,
 // first in the queue of a key of its own, is woken: the control for the
 // wake-ups passed on past dead or stopped processes. It returns the
@@ -271,7 +301,7 @@ func TestRingPassesOverDeadAndStoppedProcesses(t *testing.T) {
 		t.Fatal(err)
 	}
 	if !waketest.Woken(live, 10*time.Second) {
-		t.Fatal("the release did not wake the live waiter behind a killed and a stopped process")
+		t.Fatalf("the release did not wake the live waiter behind a killed and a stopped process: %s", queueState(t, path, holder))
 	}
 	took := time.Since(start)
 	t.Logf("live waiter woken %v after the release began (control: a live first waiter within %v; bound %v)", took.Round(time.Millisecond), control.Round(time.Millisecond), bound.Round(time.Millisecond))

@@ -89,7 +89,7 @@ func TestElectWaitsForBusyStore(t *testing.T) {
 }
 
 // Issue 38: fenced run --wait waits for a busy store within its --wait, as
-// fenced elect does; run without --wait tries it once and exits 69; so
+// fenced elect and fenced observe do; run without --wait tries it once and exits 69; so
 // does run --wait when the store stays busy for the whole wait, saying how
 // long it waited; a SIGTERM ends the wait; and a store that cannot open
 // for a reason that does not pass (no directory) fails at once, without
@@ -108,8 +108,10 @@ func TestRunWaitsForBusyStore(t *testing.T) {
 
 	stopped, _, stoppedErr := startRun(t, store, "run", "--wait", "60s", "k", "--", "true")
 	waiter, out, errb := startRun(t, store, "run", "--wait", "60s", "k", "--", "echo", "ran")
-	eventually(t, 30*time.Second, "run --wait did not say it waits for the busy store", func() bool {
-		return strings.Contains(errb.String(), "the store is busy") && strings.Contains(stoppedErr.String(), "the store is busy")
+	obs, obsOut, obsErr := startRun(t, store, "observe", "-o", "json", "k") // waits as a follower does
+	eventually(t, 30*time.Second, "run --wait and observe did not say they wait for the busy store", func() bool {
+		return strings.Contains(errb.String(), "the store is busy") && strings.Contains(stoppedErr.String(), "the store is busy") &&
+			strings.Contains(obsErr.String(), "the store is busy")
 	})
 	_ = stopped.Process.Signal(syscall.SIGTERM)
 	if code := waitExit(t, stopped, 20*time.Second); code == 0 || !strings.Contains(stoppedErr.String(), "interrupted by terminated") {
@@ -119,7 +121,15 @@ func TestRunWaitsForBusyStore(t *testing.T) {
 	if !alive(waiter.Process.Pid) {
 		t.Fatalf("run --wait 60s exited while the store was busy (exit %d); stderr:\n%s", waitExit(t, waiter, 10*time.Second), errb)
 	}
+	if !alive(obs.Process.Pid) {
+		t.Fatalf("observe exited while the store was busy (exit %d); stderr:\n%s", waitExit(t, obs, 10*time.Second), obsErr)
+	}
 	unlock()
+	eventually(t, 30*time.Second, "observe printed nothing once the store was free", func() bool {
+		return strings.Contains(obsOut.String(), `"name":"k"`)
+	})
+	_ = obs.Process.Signal(syscall.SIGINT)
+	waitExit(t, obs, 20*time.Second)
 	if code := waitExit(t, waiter, 30*time.Second); code != 0 || strings.TrimSpace(out.String()) != "ran" {
 		t.Fatalf("run --wait once the store was free: exit %d, stdout %q, stderr %q", code, out, errb)
 	}

@@ -49,13 +49,18 @@ reads may not be printed.`,
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 			defer stop()
-			return g.withClient(ctx, func(c *fenced.Client) error {
-				el, err := recipe.NewElection(c, args[0], &fenced.LeaseOptions{MinFence: fenced.FenceNone})
-				if err != nil {
-					return err
-				}
-				return observe(ctx, g, el)
-			})
+			// Like a follower of fenced elect, an observer waits for a
+			// busy store (see openWaiting) until a signal.
+			c, err := g.openWaiting(ctx, "observe")
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			el, err := recipe.NewElection(c, args[0], &fenced.LeaseOptions{MinFence: fenced.FenceNone})
+			if err != nil {
+				return err
+			}
+			return observe(ctx, g, el)
 		},
 	}
 	addOutputFlag(cmd, g)

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -85,7 +86,12 @@ func testElectFailover(t *testing.T, store string, bound time.Duration) {
 	}
 	e1, _ := strconv.ParseUint(first[0], 10, 64)
 	leaderFenced, _ := strconv.Atoi(first[2])
-	time.Sleep(500 * time.Millisecond) // observe sees the first leader
+	// observe sees the first leader before it is killed. Under load the
+	// observer may still be opening the store (it stands in line for the
+	// init lock behind the candidates): it is waited for, not assumed.
+	eventually(t, 30*time.Second, fmt.Sprintf("observe did not show leader %d", e1), func() bool {
+		return strings.Contains(obsOut.String(), fmt.Sprintf(`"leader":true,"epoch":%d,`, e1))
+	})
 	if err := syscall.Kill(leaderFenced, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
