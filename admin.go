@@ -38,7 +38,7 @@ func (c *Client) Break(ctx context.Context, key, reason, by string) (LeaseInfo, 
 	if reason == "" {
 		return LeaseInfo{}, fmt.Errorf("fenced: break %q: a reason is required", key)
 	}
-	info, err := c.drv.Break(ctx, key, driver.BreakRequest{Reason: reason, By: by})
+	info, err := c.drv.Break(ctx, key, reason, by)
 	if err != nil {
 		return shortOwner(info), fmt.Errorf("fenced: break %q: %w", key, err)
 	}

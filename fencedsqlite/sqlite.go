@@ -400,9 +400,9 @@ func (d *Driver) Release(ctx context.Context, g driver.Grant) error {
 }
 
 // Break implements driver.Driver, and rings the doorbells (see watcher).
-func (d *Driver) Break(ctx context.Context, key string, req driver.BreakRequest) (driver.LeaseInfo, error) {
+func (d *Driver) Break(ctx context.Context, key string, reason, by string) (driver.LeaseInfo, error) {
 	defer d.ring(ctx, key)
-	return d.Engine.Break(ctx, key, req)
+	return d.Engine.Break(ctx, key, reason, by)
 }
 
 // ring rings the shared doorbell and that of the process first in key's

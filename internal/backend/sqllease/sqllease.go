@@ -457,7 +457,7 @@ func (e *Engine) List(ctx context.Context, prefix string) ([]driver.LeaseInfo, e
 // (locked), frees it, records an audit row and, where the dialect notifies,
 // wakes the key's waiters. A key not held is refused with fenced.ErrNotHeld
 // and nothing is written.
-func (e *Engine) Break(ctx context.Context, key string, req driver.BreakRequest) (driver.LeaseInfo, error) {
+func (e *Engine) Break(ctx context.Context, key string, reason, by string) (driver.LeaseInfo, error) {
 	if err := e.CheckOpen(); err != nil {
 		return driver.LeaseInfo{Key: key}, err
 	}
@@ -479,8 +479,8 @@ func (e *Engine) Break(ctx context.Context, key string, req driver.BreakRequest)
 		if res.RowsAffected == 0 {
 			return notHeld
 		}
-		a := Args{Key: key, BreakFence: int64(info.Fence), BreakOwner: info.Owner, Reason: req.Reason, By: req.By}
-		if _, err := c.Exec(ctx, e.d.Audit.SQL, e.d.Audit.args(a, key, a.BreakFence, info.Owner, req.Reason, req.By)...); err != nil {
+		a := Args{Key: key, BreakFence: int64(info.Fence), BreakOwner: info.Owner, Reason: reason, By: by}
+		if _, err := c.Exec(ctx, e.d.Audit.SQL, e.d.Audit.args(a, key, a.BreakFence, info.Owner, reason, by)...); err != nil {
 			return err
 		}
 		if e.d.Notify.SQL != "" {
