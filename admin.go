@@ -107,9 +107,9 @@ func (c *Client) RaiseFenceFloor(ctx context.Context, floor uint64) (uint64, err
 // when a grant was released (MySQL, SQLite), a released or broken key is
 // old enough for any olderThan. A negative olderThan fails with
 // ErrInvalidTTL; stores that keep no per-key state
-// (Capabilities().Prune false) return ErrUnsupported.
+// (Capabilities().FenceFloor false) return ErrUnsupported.
 func (c *Client) Prune(ctx context.Context, olderThan time.Duration) (driver.PruneResult, error) {
-	p := c.ops().Pruner
+	p := c.ops().FenceFloorer
 	if p == nil {
 		return driver.PruneResult{}, fmt.Errorf("fenced: prune: %w", ErrUnsupported)
 	}

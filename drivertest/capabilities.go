@@ -60,7 +60,6 @@ func (s *suite) testCapabilities(t *testing.T) {
 		{"BreakLog (driver.BreakLogger)", declared.BreakLog, has.BreakLog, nil},
 		{"Value (driver.Valuer)", declared.Value, has.Value, nil},
 		{"FenceFloor (driver.FenceFloorer)", declared.FenceFloor, has.FenceFloor, nil},
-		{"Prune (driver.Pruner)", declared.Prune, has.Prune, nil},
 	}
 	for _, f := range flags {
 		switch {

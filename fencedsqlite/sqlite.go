@@ -303,7 +303,7 @@ func lockInit(ctx context.Context, lockPath string, timeout time.Duration) (unlo
 
 // Driver is the SQLite lease driver. It implements driver.Driver,
 // driver.BatchRenewer, driver.BreakLogger, driver.Notifier (by change
-// detection: see Subscribe), driver.FenceFloorer and driver.Pruner.
+// detection: see Subscribe) and driver.FenceFloorer.
 type Driver struct {
 	db    *sql.DB
 	std   *sqllease.StdDB
@@ -847,7 +847,7 @@ func (d *Driver) guarantees() driver.Capabilities {
 // log, fence floor and prune.
 func (d *Driver) Capabilities() driver.Capabilities {
 	c := d.guarantees()
-	c.Subscribe, c.Observe, c.BatchRenew, c.BreakLog, c.FenceFloor, c.Prune = true, true, true, true, true, true
+	c.Subscribe, c.Observe, c.BatchRenew, c.BreakLog, c.FenceFloor = true, true, true, true, true
 	return c
 }
 

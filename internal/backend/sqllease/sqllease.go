@@ -235,7 +235,6 @@ var _ interface {
 	driver.BatchRenewer
 	driver.BreakLogger
 	driver.FenceFloorer
-	driver.Pruner
 } = (*Engine)(nil)
 
 // New returns an engine for dialect over db. The engine closes db in
@@ -548,7 +547,7 @@ func (e *Engine) RaiseFenceFloor(ctx context.Context, floor uint64) (uint64, err
 	return now, nil
 }
 
-// Prune implements driver.Pruner: it reads the cutoff by the database's
+// Prune implements driver.FenceFloorer: it reads the cutoff by the database's
 // clock once, then runs the dialect's batches with
 // leasetable.PruneInBatches. A negative age is refused with
 // fenced.ErrInvalidTTL.
