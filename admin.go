@@ -38,7 +38,7 @@ func (c *Client) Break(ctx context.Context, key, reason, by string) (LeaseInfo, 
 	if reason == "" {
 		return LeaseInfo{}, fmt.Errorf("fenced: break %q: a reason is required", key)
 	}
-	info, err := c.drv.Break(ctx, key, driver.BreakRequest{Reason: reason, By: by})
+	info, err := c.drv.Break(ctx, key, reason, by)
 	if err != nil {
 		return shortOwner(info), fmt.Errorf("fenced: break %q: %w", key, err)
 	}
@@ -107,9 +107,9 @@ func (c *Client) RaiseFenceFloor(ctx context.Context, floor uint64) (uint64, err
 // when a grant was released (MySQL, SQLite), a released or broken key is
 // old enough for any olderThan. A negative olderThan fails with
 // ErrInvalidTTL; stores that keep no per-key state
-// (Capabilities().Prune false) return ErrUnsupported.
+// (Capabilities().FenceFloor false) return ErrUnsupported.
 func (c *Client) Prune(ctx context.Context, olderThan time.Duration) (driver.PruneResult, error) {
-	p := c.ops().Pruner
+	p := c.ops().FenceFloorer
 	if p == nil {
 		return driver.PruneResult{}, fmt.Errorf("fenced: prune: %w", ErrUnsupported)
 	}

@@ -25,7 +25,7 @@ func TestDoorsRefuseWhatTheStoreCannotDo(t *testing.T) {
 	c := fenced.NewClient(bareDriver{mem.NewStore(nil).Driver()}, nil)
 	defer c.Close()
 	caps := c.Capabilities()
-	if caps.Value || caps.Observe || caps.BreakLog || caps.FenceFloor || caps.Prune || caps.Subscribe || caps.Queue {
+	if caps.Value || caps.Observe || caps.BreakLog || caps.FenceFloor || caps.Subscribe || caps.Queue {
 		t.Fatalf("Capabilities of a driver without optional methods = %+v; want every flag off", caps)
 	}
 	l, err := c.TryAcquire(ctx, "doors", nil)

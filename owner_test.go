@@ -33,8 +33,8 @@ func (d fullOwners) List(ctx context.Context, prefix string) ([]driver.LeaseInfo
 	return infos, err
 }
 
-func (d fullOwners) Break(ctx context.Context, key string, req driver.BreakRequest) (driver.LeaseInfo, error) {
-	info, err := d.Driver.Break(ctx, key, req)
+func (d fullOwners) Break(ctx context.Context, key string, reason, by string) (driver.LeaseInfo, error) {
+	info, err := d.Driver.Break(ctx, key, reason, by)
 	info.Owner = d.token
 	return info, err
 }

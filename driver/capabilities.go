@@ -68,10 +68,9 @@ type Capabilities struct {
 	BreakLog bool
 	// Value: Valuer, a value carried by each grant.
 	Value bool
-	// FenceFloor: FenceFloorer, a fence floor an operator can raise.
+	// FenceFloor: FenceFloorer, a fence floor an operator can raise, and
+	// deletion of unused keys' records under it.
 	FenceFloor bool
-	// Prune: Pruner, deletion of unused keys' records.
-	Prune bool
 	// Checkpoint: Checkpointer, a key's checkpoint stored under its fence.
 	Checkpoint bool
 	// Keeps is how the authority keeps a grant that is no longer renewed:

@@ -89,12 +89,6 @@ type LeaseInfo struct {
 	Remaining time.Duration
 }
 
-// BreakRequest says who breaks a lease and why.
-type BreakRequest struct {
-	Reason string
-	By     string
-}
-
 // BreakRecord is the audit record a driver keeps of a break, where it can.
 type BreakRecord struct {
 	Time   time.Time
@@ -172,7 +166,8 @@ type Driver interface {
 	// Break ends the current grant of key whoever holds it, so the holder's
 	// next renewal fails and the next grant gets a higher fence. It returns
 	// what was broken, or an error matching ErrNotHeld if nothing was held.
-	Break(ctx context.Context, key string, req BreakRequest) (LeaseInfo, error)
+	// reason and by say why and who, for the break log (BreakLogger).
+	Break(ctx context.Context, key, reason, by string) (LeaseInfo, error)
 	// Capabilities declares, once, what the backend promises and the
 	// optional operations the driver offers; fenced.Client.Capabilities
 	// reports them to users.

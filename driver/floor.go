@@ -28,7 +28,8 @@ type FloorInfo struct {
 // own counter and the floor. The same atomic step as the grant decides it.
 // It lets an operator move keys to a new store or table. It also lets one
 // recover from deleted counters, without reissuing a fence that a resource
-// has already seen.
+// has already seen, and delete the records of keys nobody uses any more
+// (Prune) without breaking fence monotonicity.
 type FenceFloorer interface {
 	// FenceFloor reports the floor and the highest fence the store records.
 	FenceFloor(ctx context.Context) (FloorInfo, error)
@@ -39,6 +40,14 @@ type FenceFloorer interface {
 	// A floor above MaxFenceFloor is refused with an error matching
 	// fenced.ErrInvalidFloor.
 	RaiseFenceFloor(ctx context.Context, floor uint64) (uint64, error)
+	// Prune deletes the records of keys that are not held and whose last
+	// grant ended more than olderThan ago by the authority's clock, and in
+	// the same transaction raises the fence floor to the highest fence it
+	// deleted. A key granted again later starts above that floor. A prune
+	// may work in several transactions (batches); each one is atomic, so
+	// stopping it half way loses nothing. A negative olderThan is refused
+	// with fenced.ErrInvalidTTL.
+	Prune(ctx context.Context, olderThan time.Duration) (PruneResult, error)
 }
 
 // PruneResult is what a prune did.
@@ -49,18 +58,4 @@ type PruneResult struct {
 	// of every deleted key, so a later grant of any of them gets a fence
 	// above the ones it had.
 	Floor uint64
-}
-
-// Pruner is implemented by drivers that keep one record per key (a lease
-// row). They can delete the records of keys nobody uses any more without
-// breaking fence monotonicity.
-type Pruner interface {
-	// Prune deletes the records of keys that are not held and whose last
-	// grant ended more than olderThan ago by the authority's clock, and in
-	// the same transaction raises the fence floor to the highest fence it
-	// deleted. A key granted again later starts above that floor. A prune
-	// may work in several transactions (batches); each one is atomic, so
-	// stopping it half way loses nothing. A negative olderThan is refused
-	// with fenced.ErrInvalidTTL.
-	Prune(ctx context.Context, olderThan time.Duration) (PruneResult, error)
 }

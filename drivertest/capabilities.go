@@ -60,7 +60,6 @@ func (s *suite) testCapabilities(t *testing.T) {
 		{"BreakLog (driver.BreakLogger)", declared.BreakLog, has.BreakLog, nil},
 		{"Value (driver.Valuer)", declared.Value, has.Value, nil},
 		{"FenceFloor (driver.FenceFloorer)", declared.FenceFloor, has.FenceFloor, nil},
-		{"Prune (driver.Pruner)", declared.Prune, has.Prune, nil},
 		{"Checkpoint (driver.Checkpointer)", declared.Checkpoint, has.Checkpoint, func() error {
 			_, _, err := d.(driver.Checkpointer).ReadCheckpoint(context.Background(), Key("caps"))
 			return err

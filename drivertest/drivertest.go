@@ -271,7 +271,7 @@ func (s *suite) testFenceMonotonic(t *testing.T) {
 		t.Fatalf("acquire after expiry: %v", err)
 	}
 	step("expiry", f)
-	if _, err := d.Break(ctx, key, driver.BreakRequest{Reason: "conformance", By: "drivertest"}); err != nil {
+	if _, err := d.Break(ctx, key, "conformance", "drivertest"); err != nil {
 		t.Fatal(err)
 	}
 	o := owner()
@@ -872,7 +872,7 @@ func (s *suite) testLossWatch(t *testing.T) {
 		return reports, stop
 	}
 	breakKey := func(key string) {
-		if _, err := s.drv(t).Break(ctx, key, driver.BreakRequest{Reason: "drivertest loss watch", By: "drivertest"}); err != nil {
+		if _, err := s.drv(t).Break(ctx, key, "drivertest loss watch", "drivertest"); err != nil {
 			t.Fatalf("break %s: %v", key, err)
 		}
 	}

@@ -19,7 +19,7 @@ import (
 type FloorHarness struct {
 	// OpenTable returns a new driver on the named lease table of the store
 	// under test, creating it if needed, as another process would. The
-	// driver must implement driver.FenceFloorer and driver.Pruner. The
+	// driver must implement driver.FenceFloorer. The
 	// suite closes what it opens.
 	OpenTable func(t *testing.T, table string) driver.Driver
 }
@@ -44,7 +44,6 @@ type floorSuite struct{ h FloorHarness }
 type floorDriver struct {
 	driver.Driver
 	driver.FenceFloorer
-	driver.Pruner
 }
 
 // newTable returns a table name no other test (or earlier run against a
@@ -60,10 +59,10 @@ func (s *floorSuite) open(t *testing.T, table string) floorDriver {
 	d := s.h.OpenTable(t, table)
 	t.Cleanup(func() { d.Close() })
 	ops := capability.Of(d)
-	if ops.FenceFloorer == nil || ops.Pruner == nil {
-		t.Fatalf("%T does not declare and implement driver.FenceFloorer and driver.Pruner (Capabilities.FenceFloor, Prune)", d)
+	if ops.FenceFloorer == nil {
+		t.Fatalf("%T does not declare and implement driver.FenceFloorer (Capabilities.FenceFloor)", d)
 	}
-	return floorDriver{d, ops.FenceFloorer, ops.Pruner}
+	return floorDriver{d, ops.FenceFloorer}
 }
 
 // grant acquires key for a fresh owner and fails the test unless granted.

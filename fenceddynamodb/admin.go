@@ -125,7 +125,7 @@ func (d *Driver) scan(ctx context.Context, op, what, filter string, names map[st
 // is written as an audit item again first (in case a crash lost it) before
 // last_break is overwritten. Any recorded owner can be broken, even one this
 // driver would already be allowed to take over.
-func (d *Driver) Break(ctx context.Context, key string, req driver.BreakRequest) (driver.LeaseInfo, error) {
+func (d *Driver) Break(ctx context.Context, key string, reason, by string) (driver.LeaseInfo, error) {
 	if err := d.checkOpen(); err != nil {
 		return driver.LeaseInfo{}, err
 	}
@@ -146,7 +146,7 @@ func (d *Driver) Break(ctx context.Context, key string, req driver.BreakRequest)
 		token.Set(&info, it.owner)
 		rec := driver.BreakRecord{
 			Time: time.Now().UTC().Truncate(time.Microsecond), Key: key, Fence: it.fence,
-			Owner: info.Owner, Reason: req.Reason, By: req.By,
+			Owner: info.Owner, Reason: reason, By: by,
 		}
 		_, refused, err := d.updateGrant(ctx, "break", key, driver.Grant{Key: key, Owner: it.owner, Fence: it.fence},
 			"SET #v = #v + :one, #b = :rec REMOVE #o, #t",

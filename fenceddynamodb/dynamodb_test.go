@@ -15,7 +15,6 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/drivertest"
 	"github.com/fenced-dev/fenced/fenceddynamodb"
 	"github.com/fenced-dev/fenced/internal/testkit/crashtest"
@@ -199,7 +198,7 @@ func TestBreakAudit(t *testing.T) {
 			t.Fatal(err)
 		}
 		fences = append(fences, f)
-		info, err := d.Break(ctx, key, driver.BreakRequest{Reason: reason, By: "test"})
+		info, err := d.Break(ctx, key, reason, "test")
 		if err != nil || info.Fence != f {
 			t.Fatalf("break %d: %+v, %v", i, info, err)
 		}

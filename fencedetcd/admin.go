@@ -98,7 +98,7 @@ func (d *Driver) List(ctx context.Context, prefix string) ([]driver.LeaseInfo, e
 // Break implements driver.Driver: it deletes the holder's key (whoever put
 // it, etcdctl included), which cancels the holder's lease through its loss
 // watch and hands the lock to the next waiter.
-func (d *Driver) Break(ctx context.Context, key string, req driver.BreakRequest) (driver.LeaseInfo, error) {
+func (d *Driver) Break(ctx context.Context, key string, reason, by string) (driver.LeaseInfo, error) {
 	name := d.LockName(key)
 	resp, err := d.cli.Get(ctx, name+"/", clientv3.WithFirstCreate()...)
 	if err != nil {

@@ -155,7 +155,7 @@ func TestRenewAfterBreakReportsLost(t *testing.T) {
 		}
 	}
 	check("first renewal", -1)
-	if _, err := d.Break(ctx, grants[7].Key, driver.BreakRequest{Reason: "test", By: "test"}); err != nil {
+	if _, err := d.Break(ctx, grants[7].Key, "test", "test"); err != nil {
 		t.Fatal(err)
 	}
 	check("renewal right after the break", 7)

@@ -649,8 +649,8 @@ func (d *Driver) RenewBatch(ctx context.Context, grants []driver.Grant) ([]error
 // its doorbell. (A holder in another process rings when it finds its
 // grant lost; until then its key's waiters look at the row at least every
 // maxBellSleep.)
-func (d *Driver) Break(ctx context.Context, key string, req driver.BreakRequest) (driver.LeaseInfo, error) {
-	info, err := d.Engine.Break(ctx, key, req)
+func (d *Driver) Break(ctx context.Context, key string, reason, by string) (driver.LeaseInfo, error) {
+	info, err := d.Engine.Break(ctx, key, reason, by)
 	if err == nil {
 		d.bell.doneKey(key)
 	}

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/fencedmysql"
 	"github.com/fenced-dev/fenced/internal/testkit/opentest"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
@@ -90,7 +89,7 @@ func TestNewOverCallersDB(t *testing.T) {
 	if f2, err := d.TryAcquire(ctx, key, "a", time.Minute); err != nil || f2 != f {
 		t.Fatalf("re-acquire by the holder: %d, %v; want %d", f2, err, f)
 	}
-	if _, err := d.Break(ctx, key, driver.BreakRequest{Reason: "test", By: t.Name()}); err != nil {
+	if _, err := d.Break(ctx, key, "test", t.Name()); err != nil {
 		t.Fatal(err)
 	}
 	recs, err := d.Breaks(ctx, key)

@@ -30,7 +30,7 @@ func (d *Driver) raiseFloorSQL() string {
 	return `INSERT INTO ` + d.f + ` (id, fence_floor) VALUES (1, ?) ON DUPLICATE KEY UPDATE fence_floor = GREATEST(fence_floor, ?)`
 }
 
-// pruneBatch is one batch of Prune (driver.Pruner). A row is deleted when its expires_at is
+// pruneBatch is one batch of Prune (driver.FenceFloorer). A row is deleted when its expires_at is
 // more than olderThan before the server's UTC_TIMESTAMP when the prune
 // starts. Release and break set expires_at to 1970 (the table keeps no
 // release time), so a released or broken key is deleted whatever

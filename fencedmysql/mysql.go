@@ -172,9 +172,8 @@ type Options struct {
 
 // Driver is the MySQL/MariaDB lease-table driver. It implements
 // driver.Driver, driver.TimedQueuer (waiting by doorbell),
-// driver.BatchRenewer, driver.BreakLogger, driver.FenceFloorer and
-// driver.Pruner. Its methods are safe for
-// concurrent use.
+// driver.BatchRenewer, driver.BreakLogger and driver.FenceFloorer. Its
+// methods are safe for concurrent use.
 type Driver struct {
 	db    *sql.DB
 	table string
@@ -185,8 +184,8 @@ type Driver struct {
 	*sqllease.Engine
 }
 
-// The engine implements driver.BatchRenewer, driver.BreakLogger,
-// driver.FenceFloorer and driver.Pruner for every SQL backend; the
+// The engine implements driver.BatchRenewer, driver.BreakLogger and
+// driver.FenceFloorer for every SQL backend; the
 // doorbell driver.TimedQueuer.
 var (
 	_ driver.Driver       = (*Driver)(nil)
@@ -515,7 +514,7 @@ func (d *Driver) guarantees() driver.Capabilities {
 // fence floor and prune.
 func (d *Driver) Capabilities() driver.Capabilities {
 	c := d.guarantees()
-	c.Queue, c.BatchRenew, c.BreakLog, c.FenceFloor, c.Prune = cap(d.bell.slots) > 0, true, true, true, true
+	c.Queue, c.BatchRenew, c.BreakLog, c.FenceFloor = cap(d.bell.slots) > 0, true, true, true
 	return c
 }
 

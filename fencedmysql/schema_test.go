@@ -179,7 +179,7 @@ func TestKeysAndOwnersAreExactOnLatin1Server(t *testing.T) {
 			t.Errorf("release of job:a by %q: %v, want ErrNotHeld", o, err)
 		}
 	}
-	if _, err := d.Break(ctx, "job:A", driver.BreakRequest{Reason: "test", By: t.Name()}); err != nil {
+	if _, err := d.Break(ctx, "job:A", "test", t.Name()); err != nil {
 		t.Fatal(err)
 	}
 	if recs, err := d.Breaks(ctx, "job:a"); err != nil || len(recs) != 0 {

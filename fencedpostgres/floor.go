@@ -26,7 +26,7 @@ const lockNotAvailable = "55P03"
 // before the prune gives up with ErrUnavailable.
 const pruneLockTries = 5
 
-// pruneBatch is one batch of Prune (driver.Pruner), retried while the
+// pruneBatch is one batch of Prune (driver.FenceFloorer), retried while the
 // table stays locked. A row is deleted when its expires_at is
 // more than olderThan before the database's now() when the prune starts;
 // release and break set expires_at to the time they happened, so a

@@ -64,7 +64,7 @@ func TestReleaseWakesOnlyThatKey(t *testing.T) {
 		t.Fatal("a release of one key woke the waiter of another key")
 	}
 	// A break notifies too.
-	if _, err := holder.Break(ctx, keyB, driver.BreakRequest{Reason: "test", By: t.Name()}); err != nil {
+	if _, err := holder.Break(ctx, keyB, "test", t.Name()); err != nil {
 		t.Fatal(err)
 	}
 	if !signalled(subB.C(), 10*time.Second) {

@@ -97,8 +97,7 @@ type Options struct {
 
 // Driver is the PostgreSQL lease-table driver. It implements driver.Driver,
 // driver.Notifier, driver.BatchRenewer, driver.BreakLogger,
-// driver.FenceFloorer and driver.Pruner. Its methods are safe for
-// concurrent use.
+// and driver.FenceFloorer. Its methods are safe for concurrent use.
 type Driver struct {
 	pool     *pgxpool.Pool
 	db       *pgxDB
@@ -316,7 +315,7 @@ func (d *Driver) guarantees() driver.Capabilities {
 func (d *Driver) Capabilities() driver.Capabilities {
 	notify := d.listener != nil
 	c := d.guarantees()
-	c.Subscribe, c.Observe, c.BatchRenew, c.BreakLog, c.FenceFloor, c.Prune = notify, notify, true, true, true, true
+	c.Subscribe, c.Observe, c.BatchRenew, c.BreakLog, c.FenceFloor = notify, notify, true, true, true
 	c.Checkpoint = true
 	return c
 }

@@ -92,7 +92,7 @@ func TestForeignValuesAreLeftAlone(t *testing.T) {
 			if time.Since(start) > 5*time.Second {
 				t.Fatalf("Acquire waited %v on a foreign value", time.Since(start))
 			}
-			if _, err := d.Break(ctx, key, driver.BreakRequest{Reason: "test", By: "test"}); err == nil {
+			if _, err := d.Break(ctx, key, "test", "test"); err == nil {
 				t.Fatal("Break of a foreign value succeeded")
 			}
 			d.Release(ctx, driver.Grant{Key: key, Owner: "someone else's token", Fence: 0})

@@ -122,7 +122,7 @@ func TestRenewBatchAtScale(t *testing.T) {
 		case wrongFence:
 			reqs[i].Fence++
 		case broken:
-			if _, err := d.Break(ctx, g.Key, driver.BreakRequest{Reason: "test", By: "test"}); err != nil {
+			if _, err := d.Break(ctx, g.Key, "test", "test"); err != nil {
 				t.Fatal(err)
 			}
 		case foreign:

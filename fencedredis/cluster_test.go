@@ -236,7 +236,7 @@ func TestClusterKeysWithBraces(t *testing.T) {
 		if f2, err := d.TryAcquire(ctx, key, o, time.Minute); err != nil || f2 <= f {
 			t.Errorf("key %q: acquire again: fence %d, %v; want above %d", key, f2, err, f)
 		}
-		if _, err := d.Break(ctx, key, driver.BreakRequest{Reason: "test", By: "test"}); err != nil {
+		if _, err := d.Break(ctx, key, "test", "test"); err != nil {
 			t.Errorf("key %q: break: %v", key, err)
 		}
 	}

@@ -153,7 +153,7 @@ func TestFailoverAfterWaitKeepsGrant(t *testing.T) {
 	if _, err := db.TryAcquire(ctx, key, owner(), time.Minute); !errors.Is(err, fenced.ErrHeld) {
 		t.Fatalf("B on the promoted replica: %v, want ErrHeld (A's acknowledged grant survives)", err)
 	}
-	if _, err := db.Break(ctx, key, driver.BreakRequest{Reason: "A's primary died", By: "test"}); err != nil {
+	if _, err := db.Break(ctx, key, "A's primary died", "test"); err != nil {
 		t.Fatal(err)
 	}
 	fb, err := db.TryAcquire(ctx, key, owner(), time.Minute)

@@ -81,7 +81,7 @@ func TestWakeups(t *testing.T) {
 
 	// A break wakes waiters too.
 	refused("b")
-	if _, err := holder.Break(ctx, "b", driver.BreakRequest{Reason: "test", By: "test"}); err != nil {
+	if _, err := holder.Break(ctx, "b", "test", "test"); err != nil {
 		t.Fatal(err)
 	}
 	if !waketest.Woken(onB, 10*time.Second) {

@@ -516,12 +516,12 @@ func (d *Driver) List(ctx context.Context, prefix string) ([]driver.LeaseInfo, e
 // Break implements driver.Driver: it deletes the current grant, appends a
 // record to the key's audit stream and wakes waiters, in one script. A
 // foreign value is left alone.
-func (d *Driver) Break(ctx context.Context, key string, req driver.BreakRequest) (driver.LeaseInfo, error) {
+func (d *Driver) Break(ctx context.Context, key string, reason, by string) (driver.LeaseInfo, error) {
 	if err := d.usable(); err != nil {
 		return driver.LeaseInfo{}, err
 	}
 	k := d.layout.Keys(key)
-	res, err := rediskit.Break.Run(ctx, d.c, []string{k.Lock, k.Audit, k.Waiters}, k.Channel, req.Reason, req.By, d.opts.AuditLen,
+	res, err := rediskit.Break.Run(ctx, d.c, []string{k.Lock, k.Audit, k.Waiters}, k.Channel, reason, by, d.opts.AuditLen,
 		d.passOn).Slice()
 	if err != nil {
 		return driver.LeaseInfo{}, d.scriptErr("break", key, err, true, k.Lock, k.Audit)

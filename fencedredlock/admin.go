@@ -136,13 +136,13 @@ func (d *Driver) List(ctx context.Context, prefix string) ([]driver.LeaseInfo, e
 // Break implements driver.Driver: it deletes the key's grant on every
 // node, recording the break in each node's audit stream, and wakes
 // waiters. Foreign values are left alone.
-func (d *Driver) Break(ctx context.Context, key string, req driver.BreakRequest) (driver.LeaseInfo, error) {
+func (d *Driver) Break(ctx context.Context, key string, reason, by string) (driver.LeaseInfo, error) {
 	if err := d.usable(); err != nil {
 		return driver.LeaseInfo{}, err
 	}
 	k := d.layout.Keys(key)
 	rs := fanout(ctx, d, d.opts.Budget, func(ctx context.Context, c redis.UniversalClient) ([]any, error) {
-		return rediskit.Break.Run(ctx, c, []string{k.Lock, k.Audit}, k.Channel, req.Reason, req.By, d.opts.AuditLen).Slice()
+		return rediskit.Break.Run(ctx, c, []string{k.Lock, k.Audit}, k.Channel, reason, by, d.opts.AuditLen).Slice()
 	}, nil, nil)
 	var broken *driver.LeaseInfo
 	var errs []error

@@ -324,7 +324,7 @@ func TestBadInput(t *testing.T) {
 	if _, err := d.TryAcquire(ctx, "k", owner(), time.Minute); !errors.Is(err, fencedredlock.ErrForeignValue) {
 		t.Fatalf("acquire over a foreign value: %v, want ErrForeignValue", err)
 	}
-	if _, err := d.Break(ctx, "k", driver.BreakRequest{Reason: "x", By: "y"}); err == nil {
+	if _, err := d.Break(ctx, "k", "x", "y"); err == nil {
 		t.Fatal("Break over a foreign value succeeded")
 	}
 	if _, err := d.Inspect(ctx, "k"); !errors.Is(err, fencedredlock.ErrForeignValue) {

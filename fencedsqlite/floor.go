@@ -7,7 +7,7 @@ import (
 	"github.com/fenced-dev/fenced/internal/backend/sqllease"
 )
 
-// pruneBatch is one batch of Prune (driver.Pruner). A row is deleted when its expires_ms is
+// pruneBatch is one batch of Prune (driver.FenceFloorer). A row is deleted when its expires_ms is
 // more than olderThan before SQLite's clock when the prune starts. Release
 // and break set expires_ms to 0 (the table keeps no release time), so a
 // released or broken key is deleted whatever olderThan is; that is safe,

@@ -323,7 +323,7 @@ func lockInit(ctx context.Context, lockPath string, timeout time.Duration) (unlo
 
 // Driver is the SQLite lease driver. It implements driver.Driver,
 // driver.BatchRenewer, driver.BreakLogger, driver.Notifier (by change
-// detection: see Subscribe), driver.FenceFloorer and driver.Pruner.
+// detection: see Subscribe) and driver.FenceFloorer.
 type Driver struct {
 	db    *sql.DB
 	std   *sqllease.StdDB
@@ -420,9 +420,9 @@ func (d *Driver) Release(ctx context.Context, g driver.Grant) error {
 }
 
 // Break implements driver.Driver, and rings the doorbells (see watcher).
-func (d *Driver) Break(ctx context.Context, key string, req driver.BreakRequest) (driver.LeaseInfo, error) {
+func (d *Driver) Break(ctx context.Context, key string, reason, by string) (driver.LeaseInfo, error) {
 	defer d.ring(ctx, key)
-	return d.Engine.Break(ctx, key, req)
+	return d.Engine.Break(ctx, key, reason, by)
 }
 
 // ring rings the shared doorbell and that of the process first in key's
@@ -880,7 +880,7 @@ func (d *Driver) guarantees() driver.Capabilities {
 // log, fence floor and prune.
 func (d *Driver) Capabilities() driver.Capabilities {
 	c := d.guarantees()
-	c.Subscribe, c.Observe, c.BatchRenew, c.BreakLog, c.FenceFloor, c.Prune = true, true, true, true, true, true
+	c.Subscribe, c.Observe, c.BatchRenew, c.BreakLog, c.FenceFloor = true, true, true, true, true
 	c.Checkpoint = true
 	return c
 }

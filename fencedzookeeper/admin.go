@@ -193,7 +193,7 @@ func (d *Driver) List(ctx context.Context, prefix string) ([]driver.LeaseInfo, e
 
 // Break implements driver.Driver: it deletes the holder's node (a Curator
 // holder's too).
-func (d *Driver) Break(ctx context.Context, key string, req driver.BreakRequest) (driver.LeaseInfo, error) {
+func (d *Driver) Break(ctx context.Context, key string, reason, by string) (driver.LeaseInfo, error) {
 	conn, err := d.adminConn()
 	if err != nil {
 		return driver.LeaseInfo{}, err

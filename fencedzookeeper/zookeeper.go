@@ -403,8 +403,9 @@ func (d *Driver) session(ctx context.Context, ttl time.Duration) (*zsession, err
 // guarantees is what the backend promises, the part of Capabilities
 // that says how far a lease can be trusted.
 func (d *Driver) guarantees() driver.Capabilities {
-	return sessionlock.Capabilities("fence = czxid of the holder's znode (Zab-ordered, never reused); the lease is the ZooKeeper session, " +
-		"whose timeout T = (TTL + tickTime)*8/7 outlives the holder's local validity (TTL - margin from before the request): " +
+	return sessionlock.Capabilities("fence = czxid of the holder's znode (Zab-ordered, never reused); " +
+		"the lease is the ZooKeeper session, whose timeout T = (TTL + tickTime)*8/7 outlives the holder's local validity " +
+		"(TTL - margin from before the request): " +
 		"the leader hears of a session's requests to a follower only at its next ping (every tickTime/2), " +
 		"the driver sends a keep-alive every T/16, and a grant or renewal waits until a keep-alive answered at least a tick earlier " +
 		"was sent no earlier than start + TTL - T; " +

@@ -278,7 +278,7 @@ func (d *Driver) List(ctx context.Context, prefix string) ([]driver.LeaseInfo, e
 }
 
 // Break implements driver.Driver.
-func (d *Driver) Break(ctx context.Context, key string, req driver.BreakRequest) (driver.LeaseInfo, error) {
+func (d *Driver) Break(ctx context.Context, key string, reason, by string) (driver.LeaseInfo, error) {
 	s, err := d.lock()
 	if err != nil {
 		return driver.LeaseInfo{}, err
@@ -291,9 +291,9 @@ func (d *Driver) Break(ctx context.Context, key string, req driver.BreakRequest)
 	}
 	info := s.info(key, e, now)
 	s.breaks = append(s.breaks, driver.BreakRecord{
-		Time: now, Key: key, Fence: e.fence, Owner: info.Owner, Reason: req.Reason, By: req.By,
+		Time: now, Key: key, Fence: e.fence, Owner: info.Owner, Reason: reason, By: by,
 	})
-	s.end(key, e, now, fmt.Errorf("%w: %s was broken by %q: %s", fenced.ErrLost, key, req.By, req.Reason))
+	s.end(key, e, now, fmt.Errorf("%w: %s was broken by %q: %s", fenced.ErrLost, key, by, reason))
 	return info, nil
 }
 

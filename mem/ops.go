@@ -21,7 +21,6 @@ var (
 	_ driver.BatchRenewer  = (*Driver)(nil)
 	_ driver.LossWatcher   = (*Driver)(nil)
 	_ driver.FenceFloorer  = (*Driver)(nil)
-	_ driver.Pruner        = (*Driver)(nil)
 )
 
 // Capabilities implements driver.Driver: every optional operation, those
@@ -30,7 +29,7 @@ var (
 // Subscribe, as on most backends.
 func (d *Driver) Capabilities() driver.Capabilities {
 	c := d.guarantees()
-	c.Subscribe, c.Observe, c.WatchLoss, c.BreakLog, c.Value, c.FenceFloor, c.Prune = true, true, true, true, true, true, true
+	c.Subscribe, c.Observe, c.WatchLoss, c.BreakLog, c.Value, c.FenceFloor = true, true, true, true, true, true
 	c.Queue, c.FIFO, c.Terms, c.BatchRenew = d.opts.Queue, d.opts.Queue, d.opts.Terms, d.opts.BatchRenew
 	c.Keeps = driver.Expiry{MinTTL: d.opts.MinTTL, MaxTTL: d.opts.MaxTTL}
 	c.Checkpoint = true
@@ -192,7 +191,7 @@ func (d *Driver) RaiseFenceFloor(ctx context.Context, floor uint64) (uint64, err
 	return s.floor, nil
 }
 
-// Prune implements driver.Pruner, in one step under the store's lock.
+// Prune implements driver.FenceFloorer, in one step under the store's lock.
 func (d *Driver) Prune(ctx context.Context, olderThan time.Duration) (driver.PruneResult, error) {
 	if olderThan < 0 {
 		return driver.PruneResult{}, fmt.Errorf("%w: prune older than %v: negative", fenced.ErrInvalidTTL, olderThan)

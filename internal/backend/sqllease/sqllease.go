@@ -238,7 +238,6 @@ var _ interface {
 	driver.BatchRenewer
 	driver.BreakLogger
 	driver.FenceFloorer
-	driver.Pruner
 } = (*Engine)(nil)
 
 // New returns an engine for dialect over db. The engine closes db in
@@ -460,7 +459,7 @@ func (e *Engine) List(ctx context.Context, prefix string) ([]driver.LeaseInfo, e
 // (locked), frees it, records an audit row and, where the dialect notifies,
 // wakes the key's waiters. A key not held is refused with fenced.ErrNotHeld
 // and nothing is written.
-func (e *Engine) Break(ctx context.Context, key string, req driver.BreakRequest) (driver.LeaseInfo, error) {
+func (e *Engine) Break(ctx context.Context, key string, reason, by string) (driver.LeaseInfo, error) {
 	if err := e.CheckOpen(); err != nil {
 		return driver.LeaseInfo{Key: key}, err
 	}
@@ -482,8 +481,8 @@ func (e *Engine) Break(ctx context.Context, key string, req driver.BreakRequest)
 		if res.RowsAffected == 0 {
 			return notHeld
 		}
-		a := Args{Key: key, BreakFence: int64(info.Fence), BreakOwner: info.Owner, Reason: req.Reason, By: req.By}
-		if _, err := c.Exec(ctx, e.d.Audit.SQL, e.d.Audit.args(a, key, a.BreakFence, info.Owner, req.Reason, req.By)...); err != nil {
+		a := Args{Key: key, BreakFence: int64(info.Fence), BreakOwner: info.Owner, Reason: reason, By: by}
+		if _, err := c.Exec(ctx, e.d.Audit.SQL, e.d.Audit.args(a, key, a.BreakFence, info.Owner, reason, by)...); err != nil {
 			return err
 		}
 		if e.d.Notify.SQL != "" {
@@ -551,7 +550,7 @@ func (e *Engine) RaiseFenceFloor(ctx context.Context, floor uint64) (uint64, err
 	return now, nil
 }
 
-// Prune implements driver.Pruner: it reads the cutoff by the database's
+// Prune implements driver.FenceFloorer: it reads the cutoff by the database's
 // clock once, then runs the dialect's batches with
 // leasetable.PruneInBatches. A negative age is refused with
 // fenced.ErrInvalidTTL.

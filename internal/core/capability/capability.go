@@ -26,7 +26,6 @@ type Ops struct {
 	BreakLogger   driver.BreakLogger
 	Valuer        driver.Valuer
 	FenceFloorer  driver.FenceFloorer
-	Pruner        driver.Pruner
 	Checkpointer  driver.Checkpointer
 }
 
@@ -46,7 +45,6 @@ func Of(d driver.Driver) Ops {
 	o.BreakLogger = has[driver.BreakLogger](d, &c.BreakLog)
 	o.Valuer = has[driver.Valuer](d, &c.Value)
 	o.FenceFloorer = has[driver.FenceFloorer](d, &c.FenceFloor)
-	o.Pruner = has[driver.Pruner](d, &c.Prune)
 	o.Checkpointer = has[driver.Checkpointer](d, &c.Checkpoint)
 	c.FIFO = c.FIFO && c.Queue
 	o.Declared = c
@@ -86,10 +84,9 @@ func Implemented(d driver.Driver) driver.Capabilities {
 	_, bl := d.(driver.BreakLogger)
 	_, v := d.(driver.Valuer)
 	_, ff := d.(driver.FenceFloorer)
-	_, p := d.(driver.Pruner)
 	_, cp := d.(driver.Checkpointer)
 	return driver.Capabilities{Subscribe: sub, Observe: obs, Queue: q, Terms: terms, BatchRenew: br,
-		WatchLoss: lw, BreakLog: bl, Value: v, FenceFloor: ff, Prune: p, Checkpoint: cp}
+		WatchLoss: lw, BreakLog: bl, Value: v, FenceFloor: ff, Checkpoint: cp}
 }
 
 // TTLBounds returns the TTL range a driver declaring c accepts within

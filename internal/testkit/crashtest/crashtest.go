@@ -233,7 +233,7 @@ func RestartKeepsFences(t *testing.T, srv Server, open func(t *testing.T) driver
 	last["expired"] = acquire(d, prefix+"expired", "owner-expiring", expiring)
 	expired := time.Now().Add(expiring)
 	last["broken"] = acquire(d, prefix+"broken", "owner-broken", time.Minute)
-	if _, err := d.Break(ctx, prefix+"broken", driver.BreakRequest{Reason: "crashtest", By: "crashtest"}); err != nil {
+	if _, err := d.Break(ctx, prefix+"broken", "crashtest", "crashtest"); err != nil {
 		t.Fatal(err)
 	}
 	held := driver.Grant{Key: prefix + "held", Owner: "owner-held-live", TTL: 2 * time.Minute}
