@@ -52,13 +52,16 @@ func TestPartitionsRunUnderAttack(t *testing.T) {
 	bin := attackerBin(t)
 	for _, attack := range []string{"loss", "sigstop", "kill-9", "kill-9-supervisor", "sigstop-supervisor"} {
 		t.Run(attack, func(t *testing.T) {
-			inMode(t, func(t *testing.T, mode string) { partitionsAttack(t, bin, attack, mode) })
+			inMode(t, func(t *testing.T, mode string) {
+				partitionsAttack(t, bin, attackScenario{command: "partitions", attack: attack, mode: mode,
+					ttl: 3 * time.Second, grace: 2990 * time.Millisecond})
+			})
 		})
 	}
 }
 
-func partitionsAttack(t *testing.T, bin, attack, mode string) {
-	const ttl, grace = 3 * time.Second, 2990 * time.Millisecond
+func partitionsAttack(t *testing.T, bin string, sc attackScenario) (res attackResult) {
+	attack, mode, ttl, grace := sc.attack, sc.mode, sc.ttl, sc.grace
 	r := testenv.StartRedis(t, testenv.RedisConfig{})
 	px := testenv.StartProxy(t, r.Addr())
 	viaProxy := strings.Replace(r.URL(), r.Addr(), px.Addr, 1)
@@ -71,6 +74,7 @@ func partitionsAttack(t *testing.T, bin, attack, mode string) {
 	old := startedAttacker(t, out, pids)
 	oldPids := attackerPids(pids)
 	adm := client(t, r.URL())
+	time.Sleep(sc.delay)
 
 	var grantT, grantOff int64
 	var newFence uint64
@@ -119,7 +123,9 @@ func partitionsAttack(t *testing.T, bin, attack, mode string) {
 		// kill at once, not after --grace (2.99 s here, which the tree,
 		// ignoring SIGTERM, would use to write on): the bound, half the
 		// grace, excludes waiting for it and nothing finer, as in
-		// TestPartitionSupervisorBoundsGrace/member-died.
+		// TestPartitionSupervisorBoundsGrace/member-died; a --grace under
+		// 1 s (drawn by the generative row) is too short to tell it from
+		// the time a round of signals takes here, and is only logged.
 		continued := time.Now()
 		eventually(t, 10*time.Second, "the continued supervisor did not end the tree", func() bool {
 			for _, pid := range oldPids {
@@ -131,38 +137,49 @@ func partitionsAttack(t *testing.T, bin, attack, mode string) {
 		})
 		took := time.Since(continued)
 		t.Logf("the continued supervisor ended the tree within %v", took.Round(time.Millisecond))
-		if took > grace/2 {
-			t.Errorf("%s: the continued supervisor took %v to end the tree, whose validity had ended while it was stopped; "+
+		if grace >= time.Second && took > grace/2 {
+			res.violate(t, "%s: the continued supervisor took %v to end the tree, whose validity had ended while it was stopped; "+
 				"want SIGKILL at once (--grace %v not waited for)", mode, took.Round(time.Millisecond), grace)
 		}
 	}
 	time.Sleep(time.Second) // an escapee would write on meanwhile
 	late, n, alive := attackOutcome(t, out, oldPids, old, newFence, grantT, grantOff)
+	res.attempts = n
+	for _, k := range late {
+		res.late += k
+	}
 	t.Logf("%s, %s: %d attempts with fence %s; new grant's fence %d; attempts after its grant by kind %v; alive after: %v",
 		mode, attack, n, old, newFence, late, alive)
 	if attack == "kill-9-supervisor" && strings.HasPrefix(mode, "process tree") {
 		for kind := range late {
 			if !leftGroup[kind] {
-				t.Errorf("process-tree mode, kill -9 of the supervisor: %q (it stayed in the group) attempted %d writes after the new grant",
+				res.violate(t, "process-tree mode, kill -9 of the supervisor: %q (it stayed in the group) attempted %d writes after the new grant",
 					kind, late[kind])
+			}
+		}
+		for kind, k := range late {
+			if leftGroup[kind] {
+				res.excused += k
 			}
 		}
 		if len(late) > 0 {
 			t.Logf("documented limit (partitions run --help): in process-tree mode, processes that left the group survive kill -9 "+
 				"of a partition's supervisor; %v wrote after the new grant", late)
 		}
-		return
+		return res
 	}
 	switch {
 	case len(late) > 0 && attack == "sigstop-supervisor":
+		res.excused = res.late
 		t.Logf("documented limit (docs/supervision.md): SIGSTOP of a partition's supervisor leaves its command running, and only "+
 			"the fence protects the resource, until it is continued; %v wrote after the new grant", late)
 	case len(late) > 0:
-		t.Errorf("%s, %s: writes with the old fence %s attempted after the new grant (fence %d): %v", mode, attack, old, newFence, late)
+		res.violate(t, "%s, %s: writes with the old fence %s attempted after the new grant (fence %d): %v", mode, attack, old, newFence, late)
 	}
 	if len(alive) > 0 {
-		t.Errorf("%s, %s: escapees alive after the new grant: %v", mode, attack, alive)
+		res.violate(t, "%s, %s: escapees alive after the new grant: %v", mode, attack, alive)
 	}
+	return res
 }
 
 // supervisorOf returns the pid of the `partitions supervise` child of the
