@@ -131,6 +131,10 @@ type Driver struct {
 	nudges   sync.WaitGroup
 	// caps is what Capabilities returns, set by New.
 	caps driver.Capabilities
+	// native, under nativeMu, is the commands renewal uses, once probed
+	// (nativePath); nil until then.
+	nativeMu sync.Mutex
+	native   *rediskit.Native
 
 	// closed is set once by Close; read without a lock on every call.
 	closed atomic.Bool
@@ -368,6 +372,11 @@ func (d *Driver) Renew(ctx context.Context, g driver.Grant) error {
 		return err
 	}
 	k := d.layout.Keys(g.Key)
+	if d.nativePath(ctx).SetIfEq {
+		if ok, err := d.renewNative(ctx, g, k.Lock); ok {
+			return err
+		}
+	}
 	n, err := rediskit.Renew.Run(ctx, d.c, []string{k.Lock}, rediskit.Value(g.Fence, g.Owner), rediskit.Millis(g.TTL)).Int64()
 	if err != nil {
 		return d.scriptErr("renew", g.Key, err, true, k.Lock)

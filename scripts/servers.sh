@@ -10,9 +10,12 @@
 #                              modules in internal/testkit/servers pin them)
 #   scripts/servers.sh redis   Redis 8 and Valkey 9 and 8, from Debian's
 #                              source packages (upstream tarballs), without
-#                              LTO and with libc's malloc: the tests need the
+#                              LTO and with libc's malloc (the tests need the
 #                              commands, not the speed, and the LTO link was
-#                              most of the build
+#                              most of the build), with TLS (the TLS tests)
+#
+# A Redis or Valkey build is kept by its major version: the suite moves to
+# a newer upload of Debian's on a machine without the build.
 #
 # It prints each directory it made ready as NAME=DIR, one a line, last.
 set -euo pipefail
@@ -55,21 +58,25 @@ apt_sources() {
 	apt_ready=1
 }
 
-# server NAME DIR SOURCE/SUITE BINARY: builds BINARY from the upstream
-# tarball of Debian's source package SOURCE in SUITE into $cache/DIR.
+# server NAME DIR BINARY SOURCE/SUITE...: builds BINARY from the upstream
+# tarball of Debian's source package SOURCE in the first SUITE that has it
+# into $cache/DIR.
 server() {
-	local name=$1 dir=$2 pkg=$3 bin=$4 out="$cache/$2"
+	local name=$1 dir=$2 bin=$3 out="$cache/$2"
+	shift 3
 	if [ ! -x "$out/$bin" ]; then
 		apt_sources
-		local work start=$SECONDS
+		local work start=$SECONDS pkg
 		work=$(mktemp -d "$cache/build.XXXXXX")
-		(cd "$work" && apt-get "${apt_opts[@]}" source -qq --tar-only "$pkg" >&2)
+		for pkg in "$@"; do
+			(cd "$work" && apt-get "${apt_opts[@]}" source -qq --tar-only "$pkg" >&2) && break
+		done
 		local tarball
-		tarball=$(ls "$work"/*.orig.tar.*)
+		tarball=$(ls "$work"/*.orig.tar.* 2>/dev/null) || { echo "servers.sh: no source package for $name in $*" >&2; exit 1; }
 		echo "servers.sh: building $name from $(basename "$tarball")" >&2
 		mkdir "$work/src"
 		tar -xf "$tarball" -C "$work/src" --strip-components=1
-		make -C "$work/src/src" -j"$(nproc)" OPTIMIZATION=-O2 MALLOC=libc BUILD_TLS=no USE_SYSTEMD=no "$bin" \
+		make -C "$work/src/src" -j"$(nproc)" OPTIMIZATION=-O2 MALLOC=libc BUILD_TLS=yes USE_SYSTEMD=no "$bin" \
 			>"$work/make.log" 2>&1 || { tail -50 "$work/make.log" >&2; exit 1; }
 		mkdir -p "$out.new"
 		cp "$work/src/src/$bin" "$out.new/"
@@ -86,9 +93,9 @@ etcd)
 	etcd 3.6
 	;;
 redis)
-	server "Redis 8" redis-8 redis/experimental redis-server
-	server "Valkey 9" valkey-9 valkey/sid valkey-server
-	server "Valkey 8" valkey-8 valkey/trixie valkey-server
+	server "Redis 8" redis-8 redis-server redis/experimental redis/sid
+	server "Valkey 9" valkey-9 valkey-server valkey/sid valkey/experimental
+	server "Valkey 8" valkey-8 valkey-server valkey/trixie
 	;;
 *)
 	echo "usage: scripts/servers.sh etcd|redis" >&2

@@ -38,6 +38,7 @@ need chromium command -v chromium # cmd/fenced drives the dashboard of fenced se
 need gcc command -v gcc # testenv.WallClock compiles its clock-stepping preload library (and -race needs cgo)
 need make command -v make # scripts/servers.sh builds Redis and Valkey from their source packages
 need xz-utils command -v xz # Valkey 8's source package is a .tar.xz
+need libssl-dev test -f /usr/include/openssl/ssl.h # scripts/servers.sh builds Redis and Valkey with TLS (the TLS tests)
 need strace command -v strace # sqlite: delays the releasing process's fsync (a pure-Go process that no LD_PRELOAD library sees)
 need nodejs command -v node # runs dynalite, the DynamoDB-compatible server of the dynamodb tests
 need npm command -v npm
@@ -100,6 +101,8 @@ versions_redis_log=$(mktemp)
 trap 'rm -f "$versions_etcd_log" "$versions_redis_log"' EXIT
 versions etcd "$@" >"$versions_etcd_log" 2>&1 &
 versions_etcd_pid=$!
+versions redis "$@" >"$versions_redis_log" 2>&1 &
+versions_redis_pid=$!
 
 echo "test.sh: gofmt"
 unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))
@@ -171,4 +174,7 @@ versions_rc=0
 wait "$versions_etcd_pid" || versions_rc=$?
 echo "test.sh: the etcd backend against current etcd"
 cat "$versions_etcd_log"
+wait "$versions_redis_pid" || versions_rc=$?
+echo "test.sh: the Redis backend and guard against Redis 8 and Valkey"
+cat "$versions_redis_log"
 exit $((core_rc || nested_rc || versions_rc))

@@ -331,9 +331,15 @@ func newInspectCmd(g *globals) *cobra.Command {
 			}
 			var info fenced.LeaseInfo
 			var breaks []driver.BreakRecord
+			var commands string
 			err := g.withClient(cmd.Context(), func(c *fenced.Client) (err error) {
 				if info, err = c.Inspect(cmd.Context(), args[0]); err != nil {
 					return err
+				}
+				// A Redis store says whether it renews and releases with
+				// the server's conditional commands or with scripts.
+				if d, ok := rootaccess.Driver(c).(interface{ Commands(context.Context) string }); ok {
+					commands = d.Commands(cmd.Context())
 				}
 				breaks, _ = c.Breaks(cmd.Context(), args[0]) // not every store keeps them
 				return nil
@@ -354,6 +360,9 @@ func newInspectCmd(g *globals) *cobra.Command {
 				state = "held"
 			}
 			fmt.Fprintf(tw, "store:\t%s\n", describeStore(g.store))
+			if commands != "" {
+				fmt.Fprintf(tw, "commands:\t%s\n", commands)
+			}
 			fmt.Fprintf(tw, "key:\t%s\n", info.Key)
 			fmt.Fprintf(tw, "state:\t%s\n", state)
 			fmt.Fprintf(tw, "fence:\t%d\n", info.Fence)

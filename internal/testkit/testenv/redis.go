@@ -43,6 +43,9 @@ type RedisConfig struct {
 	// Host, if set, runs the server on that host of a Net, listening on
 	// its address (for partitions at the packet level); nil is loopback.
 	Host *NetHost
+	// Binary, if set, is the server binary to run instead of RedisBinary's
+	// (to replace a server by another version on its port and data).
+	Binary string
 }
 
 // Redis is a redis-server started for a test.
@@ -74,7 +77,10 @@ func (r *Redis) URL() string {
 // killed when the test ends.
 func StartRedis(t testing.TB, cfg RedisConfig) *Redis {
 	t.Helper()
-	bin := RedisBinary(t)
+	bin := cfg.Binary
+	if bin == "" {
+		bin = RedisBinary(t)
+	}
 	if cfg.Port == 0 {
 		cfg.Port = FreePort(t)
 	}
@@ -110,7 +116,8 @@ func StartRedis(t testing.TB, cfg RedisConfig) *Redis {
 	r.Process = startServer(t, cfg.Host, fmt.Sprintf("redis-server:%d", cfg.Port), cmd)
 	r.WaitLog(t, "Ready to accept connections", redisReadyTimeout)
 	if cfg.ReplicaOf != nil {
-		r.WaitLog(t, "MASTER <-> REPLICA sync: Finished with success", redisReadyTimeout)
+		// Redis logs "MASTER <-> REPLICA sync: ...", Valkey "PRIMARY <-> REPLICA sync: ...".
+		r.WaitLog(t, "<-> REPLICA sync: Finished with success", redisReadyTimeout)
 	}
 	return r
 }
