@@ -32,8 +32,8 @@ type scenarioBag struct {
 
 // deal draws one scenario: a supervisor, an attack, a mode (by name, see
 // runModes), a TTL of 2 or 3 s, a --grace below it (partitions run
-// refuses one that is not) and a delay within a TTL, so that the attack
-// lands anywhere in the renewal cycle.
+// refuses one that is not; 1 s or more under a SIGSTOP) and a delay
+// within a TTL, so that the attack lands anywhere in the renewal cycle.
 func (b *scenarioBag) deal() (attackScenario, string) {
 	if len(b.commands) == 0 {
 		b.commands = []string{"run", "elect", "partitions"}
@@ -51,6 +51,12 @@ func (b *scenarioBag) deal() (attackScenario, string) {
 	mode := runModes[b.rng.IntN(len(runModes))].name
 	sc.ttl = time.Duration(2+b.rng.IntN(2)) * time.Second
 	sc.grace = 100*time.Millisecond + time.Duration(b.rng.Int64N(int64(sc.ttl-110*time.Millisecond)))
+	if sc.attack == "sigstop" || sc.attack == "sigstop-supervisor" {
+		// At least 1 s: the check that a continued supervisor ends the
+		// tree at once, not after --grace, cannot tell a shorter grace
+		// from a round of signals (see runAttack).
+		sc.grace = time.Second + time.Duration(b.rng.Int64N(int64(sc.ttl-time.Second-10*time.Millisecond)))
+	}
 	sc.delay = time.Duration(b.rng.Int64N(int64(sc.ttl)))
 	return sc, mode
 }

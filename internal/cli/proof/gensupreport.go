@@ -98,14 +98,18 @@ What it found. Written first as the fixed scenarios of cmd/fenced TestPartitions
 a partition's supervisor stopped (SIGSTOP) while its member lost the partition, once continued, gave the tree the
 whole --grace (3.03 s of 2.99 s; 3.10 s in process-tree mode) before SIGKILL, though the validity it had last been
 sent had long ended and another member held the partition: the loss path read "validity unknown" (Remaining 0)
-as a reason to grant --grace. fenced run and elect had the same path, hidden by their tests' 300 ms grace. Fixed
-(cmd/fenced run_ending.go killDelay: a validity that ran out unseen gets SIGKILL at once): 33-35 ms now.
-The three round-4 supervision fixes, each disabled alone, fail the row on the main row's seed (table): item 2
-(cgroup escapes) at its first cgroup-mode scenario that ends a tree (elect, loss: the two cgroup movers wrote on;
-9 of 14 scenarios failed); item 3 (the supervisor follows the member's validity) at the first SIGSTOP of a
-partitions member; item 4 (a dead member's commands get SIGKILL at once, a loss's grace is cut to the validity
-left) at the first partitions loss whose --grace outlasts the validity left (TTL 2 s, grace 885 ms), and again at
-the kill -9 of a member. The fixed scenarios find them too: TestPartitionsRunUnderAttack fails its loss and sigstop
+as a reason to grant --grace. Fixed (33f39c2, cmd/fenced run_ending.go killDelay: a validity that ran out
+unseen gets SIGKILL at once): 33-35 ms now, 101-153 ms beside four CPU hogs. fenced run and elect, checked alike
+(sigstop scenarios draw a --grace of 1 s or more so that the check can tell), exited 23-49 ms after SIGCONT even
+with the fix reverted: their ending check, overdue on continue, kills at once before the loss path runs.
+The round-4 supervision fixes, each disabled alone, fail the row on the main row's seed (table): item 2 (cgroup
+escapes) at its first cgroup-mode scenario that ends a tree (the two cgroup movers write on; 9 of 14 scenarios failed); item 3 (the
+supervisor follows the member's validity) at the first SIGSTOP of a partitions member, then at the stopped
+supervisor and a partitions loss; item 4 (a dead member's commands get SIGKILL at once, the grace after a loss or
+an unrenewed validity is cut to the validity left) at the same SIGSTOP of a member (a 1.7 s grace outlasted the
+validity) and at the stopped supervisor; its kill -9 of a member drew a grace (896 ms) shorter than the validity
+left, which the uncut grace does not outlast. The fix above, reverted, fails at the stopped supervisor alone.
+The fixed scenarios find them too: TestPartitionsRunUnderAttack fails its loss and sigstop
 subtests with item 3 disabled (93-100 late attempts per kind), loss, sigstop and kill-9 with item 4 disabled (23-63
 per kind after a kill -9), and its first subtest (loss, cgroup, 5.0 s in) with item 2 disabled.
 
