@@ -88,17 +88,29 @@ func (s *lateSampler) Stop() {
 	s.timer.Stop()
 }
 
-// measureProofTTL measures the machine for about a second: the worst of a
-// timer's lateness and a round trip to the store (a TryAcquire and a
-// Release of a probe key, each a write on a SQL store), and returns the
-// TTL the proof's members use: proofTTL on a quiet machine, else 8 times
-// that worst delay (a renewal is due every TTL/3 and must land within the
-// remaining 2/3 TTL, behind the other members' statements), rounded up to
-// 100 ms and capped at proofMaxTTL.
-func measureProofTTL(t *testing.T, c *fenced.Client) (ttl, worst time.Duration) {
+// measureProofTTL measures the machine for about a second through
+// proofMembers+1 clients of the store probing at once (measureDelay: one
+// for each member process and the test's sampler) and returns the TTL the
+// proof's members use: proofTTL on a quiet machine, else 3 times the
+// worst delay (a renewal is due every TTL/3 and must land within the
+// remaining 2/3 TTL; the probes load the store more than the members'
+// renewals do), rounded up to 100 ms and capped at proofMaxTTL. A lone
+// probe missed the wait for a SQL store's write lock behind the other
+// members: on SQLite under -race beside a CPU hog a lone probe took
+// 240 ms while renewals beside four other clients took up to 1.4 s.
+func measureProofTTL(t *testing.T, store string) (ttl, worst time.Duration) {
 	t.Helper()
-	worst = measureDelay(t, []*fenced.Client{c})
-	return clampTTL(max(proofTTL, 8*worst)), worst
+	cs := make([]*fenced.Client, proofMembers+1)
+	for i := range cs {
+		c, err := fenced.Open(context.Background(), store, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		cs[i] = c
+	}
+	worst = measureDelay(t, cs)
+	return clampTTL(max(proofTTL, 3*worst)), worst
 }
 
 // measureDelay measures the machine for about a second: the worst of a

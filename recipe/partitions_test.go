@@ -297,7 +297,7 @@ func partOpen(t *testing.T, url string) *fenced.Client {
 // its time bounds follow the machine rather than a quiet one's figures:
 // the TTL its leases use, and the delays it sees while it runs.
 type partMachine struct {
-	ttl   time.Duration // measureTTL from the test's TTL on a quiet machine
+	ttl   time.Duration // the test's TTL on a quiet machine, or one from the delays measured
 	keeps time.Duration // how long the store may keep a grant after its last renewal
 	late  *lateSampler  // timer lateness and store round trips, for the rest of the test
 }
@@ -314,7 +314,7 @@ type partMachine struct {
 // 50 to 150 ms, and the renewals of five clients queue behind each other
 // (SQLite's busy wait polls, up to every 100 ms, and is not first come,
 // first served): a renewal then took up to 1.4 s while a lone probe took
-// 240 ms, so a TTL from a lone probe (measureProofTTL) lapsed.
+// 240 ms, so a TTL of 8 lone probes lapsed.
 func newPartMachine(t *testing.T, url string, quietTTL time.Duration, writers int) *partMachine {
 	t.Helper()
 	cs := make([]*fenced.Client, writers)
