@@ -120,7 +120,18 @@ func proofMember() error {
 	if err != nil {
 		return err
 	}
-	c, err := fenced.Open(ctx, os.Getenv("PARTITIONS_PROOF_STORE"), nil)
+	// A member stopped (SIGSTOP) inside a write keeps SQLite's write lock
+	// for the stop, up to 2.5 TTLs, longer than the busy timeout (5 s)
+	// once the TTL is measured above 2 s: an Open that found the store
+	// unavailable is tried again, as a supervisor would restart the
+	// process, for as long as a stop lasts.
+	var c *fenced.Client
+	for giveUp := time.Now().Add(3 * ttl); ; {
+		c, err = fenced.Open(ctx, os.Getenv("PARTITIONS_PROOF_STORE"), nil)
+		if err == nil || !errors.Is(err, fenced.ErrUnavailable) || time.Now().After(giveUp) {
+			break
+		}
+	}
 	if err != nil {
 		return err
 	}
@@ -263,12 +274,12 @@ func runPartitionsProof(t *testing.T, backend, store string, minFence fenced.Fen
 	// is measured (measureProofTTL), and the room is 1.5 s or three times
 	// the worst delay the run sees (scheduling, or a store round trip:
 	// lateSampler), whichever is more.
+	ttl, worst := measureProofTTL(t, store)
 	kc, err := fenced.Open(context.Background(), store, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ttl, worst := measureProofTTL(t, kc)
-	t.Logf("TTL %v: the machine's worst delay before the run was %v (a timer's lateness or a store round trip)", ttl, worst.Round(time.Millisecond))
+	t.Logf("TTL %v: the machine's worst delay before the run was %v (a timer's lateness or a store round trip, %d clients probing at once)", ttl, worst.Round(time.Millisecond), proofMembers+1)
 	keeps := kc.Capabilities().Keeps.Outlives(ttl)
 	defer kc.Close()
 	late := startLateSampler(kc)
@@ -372,10 +383,16 @@ func runPartitionsProof(t *testing.T, backend, store string, minFence fenced.Fen
 			s.cmd.Process.Signal(syscall.SIGCONT)
 		case "leave":
 			s.cmd.Process.Signal(syscall.SIGTERM)
+			// Leave waits for the work at most HandoffGrace (the TTL), then
+			// releases its partitions and its membership, each a store
+			// round trip: 10 s on a quiet machine, and on a loaded one the
+			// TTL and one worst delay of the run for each of its ⌈P/N⌉
+			// partitions and three requests more.
+			leaveBound := max(10*time.Second, ttl+time.Duration((proofPartitions+proofMembers-1)/proofMembers+3)*late.Max())
 			select {
 			case <-s.exited:
-			case <-time.After(10 * time.Second):
-				t.Errorf("%s did not leave within 10s of SIGTERM", s.id)
+			case <-time.After(leaveBound):
+				t.Errorf("%s did not leave within %v of SIGTERM (TTL %v; worst delay seen %v)", s.id, leaveBound.Round(time.Millisecond), ttl, late.Max().Round(time.Millisecond))
 				s.cmd.Process.Kill()
 				<-s.exited
 			}
@@ -430,7 +447,24 @@ func runPartitionsProof(t *testing.T, backend, store string, minFence fenced.Fen
 	} else {
 		t.Logf("balanced %v after the churn stopped: owned %v", balancedAt.Round(time.Millisecond), owned)
 	}
-	time.Sleep(300 * time.Millisecond) // a few writes by the settled owners
+	// A few writes by the settled owners, until every partition has been
+	// written. The resource is one SQLite file whose write lock the 64
+	// partitions' writers share, and its busy wait is not first come,
+	// first served: on a loaded machine one writer can miss it for
+	// seconds. Bound: 300 ms, and one worst delay of the run (a store
+	// round trip or a timer's lateness) for each partition's write that
+	// may come first.
+	for settled := time.Now(); ; time.Sleep(100 * time.Millisecond) {
+		var written int
+		if err := db.QueryRow(`SELECT COUNT(DISTINCT p) FROM log`).Scan(&written); err != nil {
+			t.Fatal(err)
+		}
+		if written == proofPartitions || time.Since(settled) > 300*time.Millisecond+proofPartitions*late.Max() {
+			t.Logf("%d of %d partitions written %v after the balance (bound %v)", written, proofPartitions,
+				time.Since(settled).Round(time.Millisecond), (300*time.Millisecond + proofPartitions*late.Max()).Round(time.Millisecond))
+			break
+		}
+	}
 
 	// 0 stale writes accepted: per partition, the log's fences (in
 	// commit order) never go down.

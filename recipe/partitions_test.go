@@ -297,7 +297,7 @@ func partOpen(t *testing.T, url string) *fenced.Client {
 // its time bounds follow the machine rather than a quiet one's figures:
 // the TTL its leases use, and the delays it sees while it runs.
 type partMachine struct {
-	ttl   time.Duration // measureTTL from the test's TTL on a quiet machine
+	ttl   time.Duration // the test's TTL on a quiet machine, or one from the delays measured
 	keeps time.Duration // how long the store may keep a grant after its last renewal
 	late  *lateSampler  // timer lateness and store round trips, for the rest of the test
 }
@@ -306,23 +306,23 @@ type partMachine struct {
 // probing the store at once (one for each client the test opens), picks
 // the TTL, and samples the delays until the test ends.
 //
-// The TTL is quietTTL, or three times the worst round trip measured if
-// that is more: a renewal is due every TTL/3 and must land within the
-// remaining 2/3 TTL, and the probes, a write every 10 ms or so per client,
-// load the store more than the members' renewals and tries do. On SQLite
+// The TTL is machineTTL's: quietTTL, 8 lone round trips, or 3 round trips
+// with every client probing: a renewal is due every TTL/3 and must land
+// within the remaining 2/3 TTL, and the probes, a write every 10 ms or so
+// per client, load the store more than the members' renewals and tries
+// do. On SQLite
 // under -race beside a CPU hog one write holds the file's write lock for
 // 50 to 150 ms, and the renewals of five clients queue behind each other
 // (SQLite's busy wait polls, up to every 100 ms, and is not first come,
 // first served): a renewal then took up to 1.4 s while a lone probe took
-// 240 ms, so a TTL from a lone probe (measureProofTTL) lapsed.
+// 240 ms, so a TTL of 8 lone probes lapsed.
 func newPartMachine(t *testing.T, url string, quietTTL time.Duration, writers int) *partMachine {
 	t.Helper()
 	cs := make([]*fenced.Client, writers)
 	for i := range cs {
 		cs[i] = partOpen(t, url)
 	}
-	worst := measureDelay(t, cs)
-	ttl := clampTTL(max(quietTTL, 3*worst))
+	ttl, worst := machineTTL(t, cs, quietTTL)
 	t.Logf("TTL %v (%v on a quiet machine; the worst delay of %d clients probing at once was %v: a timer's lateness or a store round trip)",
 		ttl, quietTTL, writers, worst.Round(time.Millisecond))
 	late := startLateSampler(cs[0])
