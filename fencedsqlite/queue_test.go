@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"errors"
-	"github.com/fenced-dev/fenced"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/fencedsqlite"
 	"github.com/fenced-dev/fenced/internal/testkit/waketest"
