@@ -3,7 +3,6 @@ package fenced_test
 import (
 	"context"
 	"errors"
-	"github.com/fenced-dev/fenced/internal/core/rootaccess"
 	"runtime"
 	"sync/atomic"
 	"testing"
@@ -12,6 +11,7 @@ import (
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/clock"
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/core/rootaccess"
 	"github.com/fenced-dev/fenced/mem"
 )
 

@@ -3,7 +3,6 @@ package fenced_test
 import (
 	"context"
 	"errors"
-	"github.com/fenced-dev/fenced/internal/core/rootaccess"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -13,6 +12,7 @@ import (
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/clock"
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/core/rootaccess"
 	"github.com/fenced-dev/fenced/mem"
 )
 

@@ -2,13 +2,13 @@ package fenced_test
 
 import (
 	"context"
-	"github.com/fenced-dev/fenced/internal/core/rootaccess"
 	"net/url"
 	"strings"
 	"testing"
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/core/rootaccess"
 	"github.com/fenced-dev/fenced/mem"
 )
 

@@ -3,7 +3,6 @@ package drivertest_test
 import (
 	"context"
 	"errors"
-	"github.com/fenced-dev/fenced"
 	"os"
 	"os/exec"
 	"strings"
@@ -11,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/drivertest"
 	"github.com/fenced-dev/fenced/mem"

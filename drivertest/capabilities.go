@@ -3,10 +3,10 @@ package drivertest
 import (
 	"context"
 	"errors"
-	"github.com/fenced-dev/fenced"
 	"testing"
 	"time"
 
+	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/core/capability"
 	"github.com/fenced-dev/fenced/internal/core/ttlrule"

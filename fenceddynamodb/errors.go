@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/fenced-dev/fenced"
 	"net/http/httptrace"
 	"sync/atomic"
 
@@ -13,6 +12,7 @@ import (
 	"github.com/aws/smithy-go"
 	smithyhttp "github.com/aws/smithy-go/transport/http"
 
+	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/internal/backend/errclass"
 )
 

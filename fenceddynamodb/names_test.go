@@ -2,11 +2,11 @@ package fenceddynamodb_test
 
 import (
 	"errors"
-	"github.com/fenced-dev/fenced"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/fenceddynamodb"
 )
 

@@ -3,8 +3,8 @@ package fenceddynamodb
 import (
 	"context"
 	"fmt"
-	"github.com/fenced-dev/fenced"
 
+	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/core/storeurl"
 )

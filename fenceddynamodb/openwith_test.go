@@ -2,10 +2,10 @@ package fenceddynamodb_test
 
 import (
 	"errors"
-	"github.com/fenced-dev/fenced"
 	"testing"
 	"time"
 
+	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/clock"
 	"github.com/fenced-dev/fenced/fenceddynamodb"
 )

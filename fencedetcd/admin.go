@@ -3,7 +3,6 @@ package fencedetcd
 import (
 	"context"
 	"fmt"
-	"github.com/fenced-dev/fenced"
 	"sort"
 	"strings"
 	"time"
@@ -11,6 +10,7 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/backend/keyname"
 	"github.com/fenced-dev/fenced/internal/core/token"

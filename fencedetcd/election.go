@@ -3,10 +3,10 @@ package fencedetcd
 import (
 	"context"
 	"fmt"
-	"github.com/fenced-dev/fenced"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/core/token"
 )

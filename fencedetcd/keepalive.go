@@ -3,11 +3,12 @@ package fencedetcd
 import (
 	"context"
 	"fmt"
-	"github.com/fenced-dev/fenced"
 	"sync"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"google.golang.org/grpc"
+
+	"github.com/fenced-dev/fenced"
 )
 
 // kaResult is the server's answer to one keep-alive.

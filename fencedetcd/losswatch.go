@@ -3,7 +3,6 @@ package fencedetcd
 import (
 	"context"
 	"fmt"
-	"github.com/fenced-dev/fenced"
 	"sync"
 	"time"
 
@@ -11,6 +10,7 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"google.golang.org/grpc"
 
+	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/internal/backend/sessionlock"
 )
 

@@ -3,11 +3,12 @@ package fencedpostgres_test
 import (
 	"context"
 	"errors"
-	"github.com/fenced-dev/fenced"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/fenced-dev/fenced"
 )
 
 // TestAbandonedAcquireIsNotAppliedLater: an acquire whose caller gave up

@@ -6,10 +6,11 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"github.com/fenced-dev/fenced"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/fenced-dev/fenced"
 )
 
 // TxBeginner starts transactions; *pgxpool.Pool and *pgx.Conn implement it.

@@ -2,7 +2,6 @@ package fencedpostgres_test
 
 import (
 	"errors"
-	"github.com/fenced-dev/fenced/internal/core/rootaccess"
 	"testing"
 	"time"
 
@@ -13,6 +12,7 @@ import (
 	"github.com/fenced-dev/fenced/fence"
 	"github.com/fenced-dev/fenced/fence/pgxfence"
 	"github.com/fenced-dev/fenced/fencedpostgres"
+	"github.com/fenced-dev/fenced/internal/core/rootaccess"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 

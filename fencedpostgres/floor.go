@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/fenced-dev/fenced"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/internal/backend/leasetable"
 	"github.com/fenced-dev/fenced/internal/backend/sqllease"
 )

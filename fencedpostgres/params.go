@@ -2,12 +2,13 @@ package fencedpostgres
 
 import (
 	"fmt"
-	"github.com/fenced-dev/fenced"
 	"net/url"
 	"sort"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/fenced-dev/fenced"
 )
 
 // serverSettings are the PostgreSQL settings a store URL may set as

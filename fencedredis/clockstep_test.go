@@ -2,13 +2,13 @@ package fencedredis_test
 
 import (
 	"errors"
-	"github.com/fenced-dev/fenced/internal/core/rootaccess"
 	"testing"
 	"time"
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/fence"
 	"github.com/fenced-dev/fenced/fence/redisfence"
+	"github.com/fenced-dev/fenced/internal/core/rootaccess"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 

@@ -3,13 +3,13 @@ package fencedredis_test
 import (
 	"context"
 	"errors"
-	"github.com/fenced-dev/fenced"
 	"os"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/fencedredis"
 	"github.com/fenced-dev/fenced/internal/backend/rediskit"

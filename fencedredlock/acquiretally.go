@@ -3,8 +3,8 @@ package fencedredlock
 import (
 	"errors"
 	"fmt"
-	"github.com/fenced-dev/fenced"
 
+	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/internal/backend/rediskit"
 )
 

@@ -3,11 +3,11 @@ package fencedredlock_test
 import (
 	"context"
 	"errors"
-	"github.com/fenced-dev/fenced"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 	"github.com/redis/go-redis/v9"

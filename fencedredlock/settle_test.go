@@ -2,11 +2,11 @@ package fencedredlock_test
 
 import (
 	"errors"
-	"github.com/fenced-dev/fenced"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 )
 

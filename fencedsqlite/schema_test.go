@@ -5,12 +5,12 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"github.com/fenced-dev/fenced"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/fencedsqlite"
 )
 

@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/fenced-dev/fenced"
 	"time"
 
 	"github.com/fenced-dev/fenced/fencedzookeeper/internal/zk"
 
+	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/internal/backend/sessionlock"
 )
 

@@ -3,7 +3,6 @@ package fencedzookeeper_test
 import (
 	"context"
 	"errors"
-	"github.com/fenced-dev/fenced/internal/core/rootaccess"
 	"syscall"
 	"testing"
 	"time"
@@ -11,6 +10,7 @@ import (
 	"github.com/fenced-dev/fenced/fencedzookeeper/internal/zk"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/internal/core/rootaccess"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 

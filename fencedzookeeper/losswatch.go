@@ -3,12 +3,12 @@ package fencedzookeeper
 import (
 	"errors"
 	"fmt"
-	"github.com/fenced-dev/fenced"
 	"sync"
 	"time"
 
 	"github.com/fenced-dev/fenced/fencedzookeeper/internal/zk"
 
+	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/backend/sessionlock"
 )

@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/fenced-dev/fenced"
 	"testing"
 	"time"
 
 	"github.com/fenced-dev/fenced/fencedzookeeper/internal/zk"
 
+	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/fencedzookeeper"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"

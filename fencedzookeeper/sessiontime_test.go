@@ -3,9 +3,10 @@ package fencedzookeeper
 import (
 	"context"
 	"errors"
-	"github.com/fenced-dev/fenced"
 	"testing"
 	"time"
+
+	"github.com/fenced-dev/fenced"
 )
 
 // TestSessionTimeoutCoversTTL checks the session sizing of issue 9 item 13:

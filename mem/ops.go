@@ -3,10 +3,10 @@ package mem
 import (
 	"context"
 	"fmt"
-	"github.com/fenced-dev/fenced"
 	"slices"
 	"time"
 
+	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/clock"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/core/ttlrule"

@@ -53,9 +53,6 @@ func NewElection(c *fenced.Client, name string, opts *fenced.LeaseOptions) (*Ele
 	return e, nil
 }
 
-// Name returns the election's name, which is also the key of its lease.
-func (e *Election) Name() string { return e.name }
-
 // canProclaim reports whether the backend publishes a leader's value
 // (Client.Capabilities().Value: etcd and mem). Elsewhere Campaign with a
 // non-empty value and Leadership.SetValue return ErrUnsupported, and Observe reports

@@ -60,21 +60,21 @@ reads may not be printed.`,
 			if err != nil {
 				return err
 			}
-			return observe(ctx, g, el)
+			return observe(ctx, g, args[0], el)
 		},
 	}
 	addOutputFlag(cmd, g)
 	return cmd
 }
 
-func observe(ctx context.Context, g *globals, el *recipe.Election) error {
+func observe(ctx context.Context, g *globals, name string, el *recipe.Election) error {
 	if g.output != "json" {
 		g.writeStoreHeader(g.stdout)
 	}
 	for l := range el.Observe(ctx) {
 		if g.output == "json" {
 			if err := writeJSONLine(g,
-				leaderJSON{Time: time.Now().UTC(), Name: el.Name(), Leader: l.Present, Epoch: l.Epoch, Value: l.Value,
+				leaderJSON{Time: time.Now().UTC(), Name: name, Leader: l.Present, Epoch: l.Epoch, Value: l.Value,
 					Owner: l.Owner}); err != nil {
 				return err
 			}

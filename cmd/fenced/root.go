@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/fenced-dev/fenced/internal/core/rootaccess"
 	"io"
 	"os"
 	"os/user"
@@ -25,6 +24,7 @@ import (
 	_ "github.com/fenced-dev/fenced/fencedredlock"
 	"github.com/fenced-dev/fenced/fencedsqlite"
 	_ "github.com/fenced-dev/fenced/fencedzookeeper"
+	"github.com/fenced-dev/fenced/internal/core/rootaccess"
 	"github.com/fenced-dev/fenced/internal/core/storeurl"
 	_ "github.com/fenced-dev/fenced/mem"
 )

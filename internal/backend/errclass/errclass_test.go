@@ -4,9 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/fenced-dev/fenced"
 
 	"testing"
+
+	"github.com/fenced-dev/fenced"
 )
 
 func TestWrap(t *testing.T) {

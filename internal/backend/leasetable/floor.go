@@ -3,9 +3,9 @@ package leasetable
 import (
 	"context"
 	"fmt"
-	"github.com/fenced-dev/fenced"
 	"time"
 
+	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 )
 

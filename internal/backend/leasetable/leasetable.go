@@ -10,11 +10,11 @@ package leasetable
 import (
 	"errors"
 	"fmt"
-	"github.com/fenced-dev/fenced"
 	"regexp"
 	"strings"
 	"time"
 
+	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/backend/sqlident"
 	"github.com/fenced-dev/fenced/internal/backend/urlquery"

@@ -3,13 +3,13 @@ package rediskit
 import (
 	"context"
 	"fmt"
-	"github.com/fenced-dev/fenced"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/core/token"
 	"github.com/redis/go-redis/v9"

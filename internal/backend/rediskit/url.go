@@ -2,12 +2,12 @@ package rediskit
 
 import (
 	"fmt"
-	"github.com/fenced-dev/fenced"
 	"net/url"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/internal/backend/urlquery"
 	"github.com/redis/go-redis/v9"
 )

@@ -23,13 +23,13 @@ package sessionlock
 import (
 	"context"
 	"fmt"
-	"github.com/fenced-dev/fenced"
 	"net"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 )
 

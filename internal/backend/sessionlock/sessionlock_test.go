@@ -3,10 +3,11 @@ package sessionlock
 import (
 	"context"
 	"errors"
-	"github.com/fenced-dev/fenced"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/fenced-dev/fenced"
 )
 
 type testEntry struct {

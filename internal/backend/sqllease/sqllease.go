@@ -42,10 +42,10 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"github.com/fenced-dev/fenced"
 	"sync"
 	"time"
 
+	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/backend/errclass"
 	"github.com/fenced-dev/fenced/internal/backend/leasetable"

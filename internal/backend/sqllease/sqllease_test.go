@@ -4,10 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/fenced-dev/fenced"
 	"io"
 	"strings"
 	"testing"
+
+	"github.com/fenced-dev/fenced"
 )
 
 func TestWrapNamesOperationAndSentinelOnce(t *testing.T) {

@@ -10,11 +10,12 @@ package urlquery
 
 import (
 	"fmt"
-	"github.com/fenced-dev/fenced"
 	"net/url"
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/fenced-dev/fenced"
 )
 
 // Params is a parsed query whose parameters are taken one by one.

@@ -2,11 +2,12 @@ package urlquery
 
 import (
 	"errors"
-	"github.com/fenced-dev/fenced"
 	"net/url"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/fenced-dev/fenced"
 )
 
 func TestStrict(t *testing.T) {

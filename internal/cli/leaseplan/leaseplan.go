@@ -32,11 +32,11 @@ package leaseplan
 import (
 	"errors"
 	"fmt"
-	"github.com/fenced-dev/fenced/internal/core/rootaccess"
 	"time"
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/core/rootaccess"
 	"github.com/fenced-dev/fenced/internal/core/ttlrule"
 )
 

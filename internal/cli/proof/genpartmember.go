@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/fenced-dev/fenced/internal/core/rootaccess"
 	"hash/fnv"
 	"os"
 	"os/signal"
@@ -19,6 +18,7 @@ import (
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/fence"
+	"github.com/fenced-dev/fenced/internal/core/rootaccess"
 	"github.com/fenced-dev/fenced/recipe"
 )
 

@@ -2,11 +2,11 @@ package proof
 
 import (
 	"context"
-	"github.com/fenced-dev/fenced/internal/core/rootaccess"
 	"testing"
 	"time"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/internal/core/rootaccess"
 	"github.com/fenced-dev/fenced/mem"
 )
 

@@ -4,11 +4,11 @@ package storeurl
 
 import (
 	"fmt"
-	"github.com/fenced-dev/fenced/internal/core/sentinel"
 	"net/url"
 	"strings"
 
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/core/sentinel"
 )
 
 // Parse parses a store URL and checks that it has a scheme. Scheme names

@@ -5,10 +5,10 @@ package ttlrule
 
 import (
 	"fmt"
-	"github.com/fenced-dev/fenced/internal/core/sentinel"
 	"time"
 
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/core/sentinel"
 )
 
 // Units converts ttl to a whole number of unit (a microsecond, a

@@ -6,12 +6,12 @@ package waketest
 import (
 	"context"
 	"errors"
-	"github.com/fenced-dev/fenced"
 	"slices"
 	"strconv"
 	"testing"
 	"time"
 
+	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 )
 
