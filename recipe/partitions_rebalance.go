@@ -83,3 +83,19 @@ func (s GroupState) weights(p int, self string, w int) map[string]int {
 	}
 	return out
 }
+
+// Targets returns the assignment the live members of the group's count
+// (Partitions) move towards: AssignPartitions by their weights, from the
+// current owners, with no throttle. Members hand off towards it at the
+// pace their RebalanceThreshold, Dampening and MaxInTransition allow, and
+// stop within the threshold of it.
+func (s GroupState) Targets() map[string][]int {
+	p := s.Partitions()
+	weight := map[string]int{}
+	for _, m := range s.Members {
+		if m.Partitions == p {
+			weight[m.ID] = m.Weight
+		}
+	}
+	return assignPartitions(s.MemberIDs(p), weight, p, s.Owners, rebalance{})
+}
