@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"strconv"
@@ -113,6 +114,8 @@ type Partitions struct {
 	ttl       time.Duration
 	poll      time.Duration
 	grace     time.Duration
+	rb        rebalance
+	weight    int
 	runCtx    context.Context
 	stopRun   context.CancelCauseFunc
 	kick      chan struct{}
@@ -240,7 +243,45 @@ type PartitionsOptions struct {
 	// OnEvent, if set, is called for every PartitionEvent, on the
 	// member's goroutines; it must not block.
 	OnEvent func(PartitionEvent)
+
+	// Weight is the member's capacity: members share the partitions in
+	// proportion to their weights (each within one of P·Weight/ΣWeight).
+	// The others read it from the membership lease. 1 to 10000; default
+	// 1. Members of an earlier release count as 1.
+	Weight int
+	// The three knobs below throttle voluntary moves only: partitions a
+	// live member hands off to another because the balance changed (a
+	// join, a weight). A partition that is free (its member left, died or
+	// lost its membership) is taken at once, whatever they say. Each
+	// member applies its own settings to what it hands off, so give
+	// every member the same ones.
+	//
+	// RebalanceThreshold: no voluntary move happens while every member
+	// holds within RebalanceThreshold × its share of its share (KCL 3.x's
+	// reBalanceThresholdPercentage, as a fraction). In [0, 1); default
+	// 0.1. A value below 1/P moves at any difference.
+	RebalanceThreshold float64
+	// Dampening is the share of its excess (what it holds beyond its
+	// share) a member hands off at once, rounded up: the rest waits for
+	// those hand-offs to end (KCL 3.x's dampeningPercentage, as a
+	// fraction). In (0, 1]; default 0.8. 1 hands off the whole excess at
+	// once.
+	Dampening float64
+	// MaxInTransition bounds the partitions in hand-off in the whole
+	// group at once (Helix's maxPartitionInTransition), taken
+	// round-robin over the members with an excess. At least 0; default
+	// ⌈P/4⌉. P or more does not bound. It bounds each look's plan, and a
+	// member starts no hand-off while those of an earlier plan are in
+	// flight, but members look at the group a moment apart: while members
+	// join or leave, a few more can be in flight briefly (17 for 16 in a
+	// 4 → 8 join, measured).
+	MaxInTransition int
 }
+
+// maxWeight is the largest PartitionsOptions.Weight: its tag on the
+// membership lease ("w" + digits + "x") fits fenced's 8-character
+// OwnerTag.
+const maxWeight = 10000
 
 // PartitionStats are a member's counters, for metrics.
 type PartitionStats struct {
@@ -298,8 +339,13 @@ func JoinPartitions(ctx context.Context, c *fenced.Client, group string, partiti
 	if o.HandoffGrace < 0 {
 		return nil, invalidArg(group, "HandoffGrace %v is negative; zero waits a TTL", o.HandoffGrace)
 	}
-	g := &Partitions{c: c, group: group, n: partitions, id: o.MemberID, work: work, onEvent: o.OnEvent,
-		kick: make(chan struct{}, 1), loopDone: make(chan struct{}), owned: map[int]*ownedPartition{}}
+	rb, err := o.rebalance(group, partitions)
+	if err != nil {
+		return nil, err
+	}
+	g := &Partitions{c: c, group: group, n: partitions, id: o.MemberID, work: work, onEvent: o.OnEvent, rb: rb,
+		weight: max(1, o.Weight),
+		kick:   make(chan struct{}, 1), loopDone: make(chan struct{}), owned: map[int]*ownedPartition{}}
 	for _, k := range []string{group, g.partitionKey(partitions - 1), g.memberKey(), g.bellKey()} {
 		if err := fenced.ValidateKey(k); err != nil {
 			return nil, fmt.Errorf("fenced: partitions %q: %w", group, err)
@@ -317,7 +363,7 @@ func JoinPartitions(ctx context.Context, c *fenced.Client, group string, partiti
 	g.ttl = spec.TTL
 	g.member = g.part
 	g.member.TTL, g.member.MinFence, g.member.MaxHold = spec.TTL, fenced.FenceNone, fenced.HoldForever
-	g.member.OwnerTag = ""
+	g.member.OwnerTag = weightTag(g.weight)
 	// A process restarted with the same MemberID waits for its previous
 	// incarnation's membership to go: as long as the store may keep a
 	// grant after its last renewal (etcd rounds the session up and sweeps
@@ -498,6 +544,9 @@ type GroupMember struct {
 	ID         string
 	Partitions int
 	Remaining  time.Duration
+	// Weight is the member's PartitionsOptions.Weight (1 for a member of
+	// an earlier release, which does not record it).
+	Weight int
 }
 
 // GroupState is a partition group as one listing of the authority shows
@@ -562,7 +611,8 @@ func ReadGroup(ctx context.Context, c *fenced.Client, group string) (GroupState,
 				st.Invalid = append(st.Invalid, in.Key)
 				continue
 			}
-			st.Members = append(st.Members, GroupMember{ID: id, Partitions: n, Remaining: in.Remaining})
+			st.Members = append(st.Members, GroupMember{ID: id, Partitions: n, Remaining: in.Remaining,
+				Weight: parseWeightTag(in.Owner)})
 		}
 	}
 	slices.Sort(st.Invalid)
@@ -771,7 +821,7 @@ func (g *Partitions) step(ctx context.Context, w *watches) time.Duration {
 		}
 	}
 	now := time.Now()
-	g.handOff(targets, now)
+	g.handOff(targets, m != nil, now)
 	watch, missing, next := g.tryTargets(ctx, m, targets, listed, next)
 	g.noteUnowned(missing, now)
 	w.set(ctx, watch)
@@ -820,12 +870,16 @@ func (g *Partitions) assigned(ctx context.Context) ([]int, map[int]fenced.LeaseI
 	g.mu.Lock()
 	g.members = members
 	g.mu.Unlock()
-	return AssignPartitions(members, g.n, st.Owners)[g.id], st.Leases, nil
+	return assignPartitions(members, st.weights(g.n, g.id, g.weight), g.n, st.Owners, g.rb)[g.id], st.Leases, nil
 }
 
 // handOff hands off what is no longer ours, and releases the work that
-// ignored its cancellation past the grace.
-func (g *Partitions) handOff(targets []int, now time.Time) {
+// ignored its cancellation past the grace. While the member is in the
+// group (member), it keeps at most as many hand-offs in flight as the
+// plan moves of its partitions: a hand-off begun under an earlier plan
+// counts against this one's (MaxInTransition). A member out of the group
+// hands off everything at once: its leases are ending.
+func (g *Partitions) handOff(targets []int, member bool, now time.Time) {
 	isTarget := make(map[int]bool, len(targets))
 	for _, p := range targets {
 		isTarget[p] = true
@@ -836,10 +890,24 @@ func (g *Partitions) handOff(targets []int, now time.Time) {
 		g.stats.Rebalances++
 		g.targets = targets
 	}
+	moves, inFlight := 0, 0
 	for p, o := range g.owned {
+		if !isTarget[p] {
+			moves++
+		}
+		if !o.handoff.IsZero() {
+			inFlight++
+		}
+	}
+	for _, p := range slices.Sorted(maps.Keys(g.owned)) {
+		o := g.owned[p]
 		switch {
 		case isTarget[p] && o.handoff.IsZero():
 		case o.handoff.IsZero():
+			if member && inFlight >= moves {
+				continue // a hand-off of an earlier plan is still in flight
+			}
+			inFlight++
 			o.handoff = now
 			if o.until.IsZero() {
 				o.until = now.Add(g.grace)

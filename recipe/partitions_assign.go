@@ -3,6 +3,7 @@ package recipe
 import (
 	"cmp"
 	"hash/fnv"
+	"math"
 	"slices"
 )
 
@@ -45,6 +46,41 @@ import (
 // must move more than the newcomer's or leaver's share (docs/recipes.md
 // shows why). That is why the current owners are an input.
 func AssignPartitions(members []string, partitions int, current map[int]string) map[string][]int {
+	return assignPartitions(members, nil, partitions, current, rebalance{})
+}
+
+// rebalance throttles the voluntary moves of an assignment: partitions
+// that a live owner must hand off to another member. Partitions that are
+// free (never owned, released, or held by a member that is gone) are
+// never throttled. The zero value throttles nothing.
+type rebalance struct {
+	// threshold: no voluntary move unless some member's count differs
+	// from its target by more than threshold × its target (KCL's
+	// reBalanceThresholdPercentage, as a fraction).
+	threshold float64
+	// share of a member's excess (count - target) it hands off at once,
+	// rounded up (KCL's dampening); 0 means all of it.
+	share float64
+	// maxMoves bounds the voluntary moves in the whole plan, that is the
+	// partitions in hand-off at once (Helix's maxPartitionInTransition);
+	// 0 means no bound.
+	maxMoves int
+}
+
+// assignPartitions is AssignPartitions with weights (weight[id], missing
+// or below 1 meaning 1) and throttled voluntary moves. With weights, the
+// capacities are P·w/W rounded down, plus one for the P mod-rest members
+// of the largest remainders (then those holding the most, as without
+// weights). So each member's count is within one of its weighted share.
+//
+// Throttling keeps the plan a subset of the unthrottled one: the
+// unthrottled plan is computed first, then some of its voluntary moves
+// are held back (the partition stays with its owner). Each step of a
+// group therefore moves a partition only where the unthrottled plan
+// would, and once a step has no held-back move the group is at the
+// unthrottled plan's balance (within the threshold).
+func assignPartitions(members []string, weight map[string]int, partitions int, current map[int]string,
+	rb rebalance) map[string][]int {
 	members = slices.Clone(members)
 	slices.Sort(members)
 	members = slices.Compact(members)
@@ -53,7 +89,7 @@ func AssignPartitions(members []string, partitions int, current map[int]string) 
 	if n == 0 || partitions <= 0 {
 		return out
 	}
-	a := newAssigner(members, partitions)
+	a := newAssigner(members, partitions, weight)
 	fresh := a.assign(a.capacities(nil), allPartitions(partitions), nil)
 	if len(current) == 0 {
 		return a.result(fresh)
@@ -76,9 +112,11 @@ func AssignPartitions(members []string, partitions int, current map[int]string) 
 		}
 	}
 	capacity := a.capacities(count)
+	target := slices.Clone(capacity)
 
 	// 2. Keep up to the capacity: the fresh assignment's partitions
-	// first, then by score.
+	// first, then by score. shed[m] is what m gives up, least wanted
+	// first.
 	held := make([][]int, n)
 	for p, m := range owner {
 		if m >= 0 {
@@ -95,6 +133,7 @@ func AssignPartitions(members []string, partitions int, current map[int]string) 
 	for p := range result {
 		result[p] = -1
 	}
+	shed := make([][]int, n)
 	for m, ps := range held {
 		if len(ps) > capacity[m] {
 			slices.SortFunc(ps, func(x, y int) int {
@@ -103,6 +142,8 @@ func AssignPartitions(members []string, partitions int, current map[int]string) 
 					cmp.Compare(a.score(y, m), a.score(x, m)),
 					cmp.Compare(x, y))
 			})
+			shed[m] = slices.Clone(ps[capacity[m]:])
+			slices.Reverse(shed[m])
 			free = append(free, ps[capacity[m]:]...)
 			ps = ps[:capacity[m]]
 		}
@@ -124,7 +165,66 @@ func AssignPartitions(members []string, partitions int, current map[int]string) 
 		rest = append(rest, p)
 	}
 	a.assign(capacity, rest, result)
+	if rb != (rebalance{}) {
+		a.throttle(rb, result, owner, target, shed)
+	}
 	return a.result(result)
+}
+
+// throttle holds back some of the voluntary moves of plan (the shed
+// partitions, which plan gives to others) by giving them back to their
+// owners: all of them while every member is within the threshold of its
+// target, else all but the first ⌈share × excess⌉ of each member's, and
+// of those all but the first maxMoves, taken round-robin over the
+// members. The order is stable while the owners do not change, so a
+// member that looks again in the middle of a hand-off chooses the same
+// partitions.
+func (a *assigner) throttle(rb rebalance, plan, owner []int32, target []int, shed [][]int) {
+	// The counts after the free partitions are filled and before any
+	// move: the owners keep their shed partitions.
+	count := make([]int, len(a.members))
+	for _, m := range plan {
+		if m >= 0 {
+			count[m]++
+		}
+	}
+	for m, ps := range shed {
+		count[m] += len(ps)
+		for _, p := range ps {
+			count[plan[p]]--
+		}
+	}
+	outside := false
+	for m, c := range count {
+		if math.Abs(float64(c-target[m])) > rb.threshold*float64(target[m]) {
+			outside = true
+		}
+	}
+	type move struct{ rank, m, p int }
+	var moves []move
+	for m, ps := range shed {
+		allowed := 0
+		if outside {
+			allowed = len(ps)
+			if rb.share > 0 {
+				allowed = min(allowed, int(math.Ceil(rb.share*float64(len(ps))-1e-9)))
+			}
+		}
+		for i, p := range ps {
+			if i < allowed {
+				moves = append(moves, move{i, m, p})
+				continue
+			}
+			plan[p] = owner[p]
+		}
+	}
+	if rb.maxMoves <= 0 || len(moves) <= rb.maxMoves {
+		return
+	}
+	slices.SortFunc(moves, func(x, y move) int { return cmp.Or(cmp.Compare(x.rank, y.rank), cmp.Compare(x.m, y.m)) })
+	for _, mv := range moves[rb.maxMoves:] {
+		plan[mv.p] = owner[mv.p]
+	}
 }
 
 // assigner holds the members' hashes for one computation.
@@ -132,12 +232,15 @@ type assigner struct {
 	members    []string
 	partitions int
 	hashes     []uint64
+	weights    []int // each at least 1
 }
 
-func newAssigner(members []string, partitions int) *assigner {
-	a := &assigner{members: members, partitions: partitions, hashes: make([]uint64, len(members))}
+func newAssigner(members []string, partitions int, weight map[string]int) *assigner {
+	a := &assigner{members: members, partitions: partitions, hashes: make([]uint64, len(members)),
+		weights: make([]int, len(members))}
 	for i, m := range members {
 		a.hashes[i] = nameHash(m)
+		a.weights[i] = max(1, weight[m])
 	}
 	return a
 }
@@ -147,12 +250,23 @@ func (a *assigner) score(p, m int) uint64 {
 	return mix(a.hashes[m] ^ mix(uint64(p)+0x9e3779b97f4a7c15))
 }
 
-// capacities returns each member's capacity: ⌊P/N⌋, plus one for the
-// P mod N members ranked first by min(count, ⌈P/N⌉) (nil: all zero),
-// then by the member's own score, then by ID.
+// capacities returns each member's capacity: ⌊P·w/W⌋ (⌊P/N⌋ when the
+// weights are equal), plus one for the members ranked first by the
+// remainder of P·w/W, then by min(count, that floor + 1) less the floor
+// (nil count: all zero), then by the member's own score, then by ID.
 func (a *assigner) capacities(count []int) []int {
 	n := len(a.members)
-	q, r := a.partitions/n, a.partitions%n
+	total := 0
+	for _, w := range a.weights {
+		total += w
+	}
+	floor := make([]int, n)
+	rem := make([]int, n)
+	left := a.partitions
+	for m, w := range a.weights {
+		floor[m], rem[m] = a.partitions*w/total, a.partitions*w%total
+		left -= floor[m]
+	}
 	rank := make([]int, n)
 	for i := range rank {
 		rank[i] = i
@@ -161,17 +275,18 @@ func (a *assigner) capacities(count []int) []int {
 		if count == nil {
 			return 0
 		}
-		return min(count[m], q+1)
+		return min(count[m], floor[m]+1) - floor[m]
 	}
 	slices.SortFunc(rank, func(x, y int) int {
-		return cmp.Or(cmp.Compare(held(y), held(x)),
+		return cmp.Or(cmp.Compare(rem[y], rem[x]),
+			cmp.Compare(held(y), held(x)),
 			cmp.Compare(mix(a.hashes[y]), mix(a.hashes[x])),
 			cmp.Compare(a.members[x], a.members[y]))
 	})
 	capacity := make([]int, n)
 	for i, m := range rank {
-		capacity[m] = q
-		if i < r {
+		capacity[m] = floor[m]
+		if i < left {
 			capacity[m]++
 		}
 	}

@@ -42,6 +42,11 @@ type partitionsFlags struct {
 	grace      time.Duration
 	id         string
 	minFence   string
+	// The rebalancing knobs, as recipe.PartitionsOptions names them.
+	weight          int
+	threshold       float64
+	dampening       float64
+	maxInTransition int
 }
 
 func newPartitionsRunCmd(g *globals) *cobra.Command {
@@ -127,6 +132,14 @@ carries no time.`,
 	fl.StringVar(&f.id, "id", "",
 		"member ID (no '/'); a member that restarts with the same ID gets its partitions back (default: the host name and process ID)")
 	fl.StringVar(&f.minFence, "min-fence", "strict", "weakest partition fence accepted: strict, repeatable or none; see fenced run --help")
+	fl.IntVar(&f.weight, "weight", 1, "the member's capacity: members share the partitions in proportion to their weights (1 to 10000)")
+	fl.Float64Var(&f.threshold, "rebalance-threshold", 0.1,
+		"no voluntary move while every member holds within this share of its weighted share (KCL's reBalanceThresholdPercentage, as a fraction; [0, 1))")
+	fl.Float64Var(&f.dampening, "dampening", 0.8,
+		"the share of its excess a member hands off at once, the rest after those hand-offs end (KCL's dampeningPercentage, as a fraction; (0, 1])")
+	fl.IntVar(&f.maxInTransition, "max-in-transition", 0,
+		"the most partitions in hand-off in the group at once (Helix's maxPartitionInTransition; 0: a quarter of the partitions); "+
+			"a dead member's partitions are never held back")
 	return cmd
 }
 
@@ -179,6 +192,7 @@ func runPartitions(ctx context.Context, g *globals, f *partitionsFlags, group st
 		MemberID:     id,
 		Lease:        &fenced.LeaseOptions{TTL: f.ttl, MinFence: minFence},
 		HandoffGrace: f.grace + f.ttl,
+		Weight:       f.weight, RebalanceThreshold: f.threshold, Dampening: f.dampening, MaxInTransition: f.maxInTransition,
 		OnEvent: func(e recipe.PartitionEvent) {
 			if !g.verbose {
 				return
@@ -520,7 +534,7 @@ func lsPartitions(ctx context.Context, g *globals, group string) error {
 	p := st.Partitions()
 	ids := st.MemberIDs(p)
 	target := map[int]string{}
-	for id, ps := range recipe.AssignPartitions(st.MemberIDs(p), p, st.Owners) {
+	for id, ps := range st.Targets() {
 		for _, i := range ps {
 			target[i] = id
 		}

@@ -151,3 +151,20 @@ func readFileOr(file string) string {
 	b, _ := os.ReadFile(file)
 	return string(b)
 }
+
+// TestPartitionsRunRefusesBadKnobs: a bad rebalancing flag fails the
+// command at once with an error naming the option.
+func TestPartitionsRunRefusesBadKnobs(t *testing.T) {
+	store := tempStore(t)
+	for flag, field := range map[string]string{
+		"--weight=-1":               "Weight",
+		"--rebalance-threshold=1.5": "RebalanceThreshold",
+		"--dampening=2":             "Dampening",
+		"--max-in-transition=-3":    "MaxInTransition",
+	} {
+		r := cli(t, store, "partitions", "run", "g", "-p", "4", "--ttl", "2s", "--grace", "1s", flag, "--", "true")
+		if r.code == 0 || !strings.Contains(r.stderr, field) {
+			t.Errorf("%s: exit %d, stderr %q; want a failure naming %s", flag, r.code, r.stderr, field)
+		}
+	}
+}

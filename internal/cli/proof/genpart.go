@@ -58,6 +58,10 @@ type genPartRun struct {
 	faults map[string]int
 	// longestStop is the longest SIGSTOP the nemesis applied.
 	longestStop time.Duration
+	// churnEnd is when the nemesis's last fault ended.
+	churnEnd time.Time
+	// knobs are the run's rebalancing settings and the members' weights.
+	knobs partKnobs
 }
 
 // RunGenPartitions runs Members member processes of one partition group on
@@ -116,6 +120,8 @@ func RunGenPartitions(ctx context.Context, cfg GenPartConfig) (GenPartReport, er
 	r.restart = r.startMember
 	r.quiet = func(code int) bool { return code == exitPartitionCount || code == exitMemberLive }
 	r.p = cfg.Counts[r.rng.IntN(len(cfg.Counts))]
+	r.knobs = drawPartKnobs(cfg.Seed, cfg.Members)
+	cfg.Logf("seed %d: %v", cfg.Seed, r.knobs)
 	started := time.Now()
 	for i := range cfg.Members {
 		if err := r.startMember(i); err != nil {
@@ -130,6 +136,7 @@ func RunGenPartitions(ctx context.Context, cfg GenPartConfig) (GenPartReport, er
 	go func() { defer bg.Done(); obs.watch(octx, cfg.Store, r.group) }()
 	go func() { defer bg.Done(); obs.measureDelay(octx) }()
 	nemErr := r.nemesis(ctx)
+	conv := r.converge(ctx)
 	// The observer stops first: the members' leaves at the end free
 	// their partitions, which is no spell to judge.
 	stopObserver()
@@ -158,6 +165,10 @@ func RunGenPartitions(ctx context.Context, cfg GenPartConfig) (GenPartReport, er
 		r.mu.Unlock()
 	}
 	rep.judgeRecovery(obs, keeps.Outlives(cfg.TTL), cfg.TTL, stall)
+	r.mu.Lock()
+	p := r.p
+	r.mu.Unlock()
+	rep.judgeConvergence(conv, r.knobs, p, keeps.Outlives(cfg.TTL), cfg.TTL)
 	return rep, nemErr
 }
 
@@ -168,7 +179,8 @@ func (r *genPartRun) startMember(i int) error {
 	r.mu.Unlock()
 	r.started(i)
 	mc := GenPartMemberConfig{Slot: i, Member: fmt.Sprintf("m%d", i), P: p, Items: r.cfg.Items, Store: r.cfg.Store, Group: r.group,
-		TTL: r.cfg.TTL, MinFence: r.cfg.MinFence, Dir: r.cfg.Dir}
+		TTL: r.cfg.TTL, MinFence: r.cfg.MinFence, Dir: r.cfg.Dir, Weight: r.knobs.weights[i], Threshold: r.knobs.threshold,
+		Dampening: r.knobs.dampening, MaxInTransition: r.knobs.maxInTransition}
 	raw, err := json.Marshal(mc)
 	if err != nil {
 		return err
@@ -224,7 +236,10 @@ func (r *genPartRun) nemesis(ctx context.Context) error {
 		r.mu.Unlock()
 		r.hold(w, false)
 	}
-	return r.sleep(ctx, 3*ttl) // let the group settle after the last fault
+	r.mu.Lock()
+	r.churnEnd = time.Now()
+	r.mu.Unlock()
+	return nil
 }
 
 // between draws a time from lo to hi TTLs.

@@ -56,11 +56,12 @@ func runGenPart(t *testing.T, b backend, cfg GenPartConfig) GenPartReport {
 	if err != nil {
 		t.Fatalf("%s seed %d: %v (history in %s)", b.name, cfg.Seed, err, cfg.Dir)
 	}
-	t.Logf("%s seed %d (%v): faults %v, member exits by code %v; %d ownerships at counts %v, writes %d accepted / %d refused; overlaps %d, stale accepted %d, late item writes %d; checkpoints %d accepted / %d refused, %d ownerships started from one, stale checkpoints accepted %d, breaks of continuity %d; longest unowned %v (bound %v, %d spells, %d listings, scheduling delay %v)",
+	t.Logf("%s seed %d (%v): faults %v, member exits by code %v; %d ownerships at counts %v, writes %d accepted / %d refused; overlaps %d, stale accepted %d, late item writes %d; checkpoints %d accepted / %d refused, %d ownerships started from one, stale checkpoints accepted %d, breaks of continuity %d; longest unowned %v (bound %v, %d spells, %d listings, scheduling delay %v); %s: balanced by weight %v after the churn (bound %v)",
 		b.name, rep.Seed, rep.Duration, rep.Faults, rep.Exits, rep.Ownerships, rep.Counts, rep.WritesAccepted, rep.WritesRefused,
 		rep.Overlaps, rep.StaleAccepted, rep.LateItemWrites, rep.CheckpointsAccepted, rep.CheckpointsRefused, rep.CheckpointStarts,
 		rep.StaleCheckpoints, rep.CheckpointBreaks,
-		rep.LongestUnowned.Round(time.Millisecond), rep.Bound.Round(time.Millisecond), rep.Spells, rep.Listings, rep.MaxSchedDelay.Round(time.Millisecond))
+		rep.LongestUnowned.Round(time.Millisecond), rep.Bound.Round(time.Millisecond), rep.Spells, rep.Listings, rep.MaxSchedDelay.Round(time.Millisecond),
+		rep.Knobs, rep.Converge.Round(time.Millisecond), rep.ConvergeBound.Round(time.Millisecond))
 	if rep.Failed() {
 		t.Errorf("%s: the partitions proof failed with seed %d (rerun: FENCED_PROOF_SEED=%d), first violation %v into the run; history in %s:\n%s",
 			b.name, rep.Seed, rep.Seed, rep.FirstViolation.Round(time.Millisecond), cfg.Dir, strings.Join(rep.Problems, "\n"))

@@ -57,6 +57,12 @@ type GenPartReport struct {
 	// bound is derived from.
 	LongestUnowned, Bound, MaxSchedDelay time.Duration
 	Spells, Listings                     int
+	// Knobs are the run's rebalancing settings and the members' weights;
+	// Converge how long after the last fault the group was balanced by
+	// weight within the threshold, ConvergeBound what it must stay under
+	// (judgeConvergence).
+	Knobs                   string
+	Converge, ConvergeBound time.Duration
 	// Problems describes each violation; FirstViolation is how far into
 	// the run the first one happened.
 	Problems       []string

@@ -49,6 +49,11 @@ type GenPartMemberConfig struct {
 	TTL      time.Duration        `json:"ttl"`
 	MinFence fenced.FenceStrength `json:"min_fence"`
 	Dir      string               `json:"dir"`
+	// Weight and the rebalancing knobs (recipe.PartitionsOptions).
+	Weight          int     `json:"weight"`
+	Threshold       float64 `json:"threshold"`
+	Dampening       float64 `json:"dampening"`
+	MaxInTransition int     `json:"max_in_transition"`
 }
 
 // itemPartition routes item to its partition of p, as a user would: FNV-1a
@@ -332,7 +337,8 @@ func runGenPartMember(cfg GenPartMemberConfig) int {
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGTERM)
 	m, err := recipe.JoinPartitions(ctx, c, cfg.Group, cfg.P, work, &recipe.PartitionsOptions{
-		MemberID: cfg.Member, Lease: &fenced.LeaseOptions{TTL: cfg.TTL, MinFence: cfg.MinFence}})
+		MemberID: cfg.Member, Lease: &fenced.LeaseOptions{TTL: cfg.TTL, MinFence: cfg.MinFence},
+		Weight: cfg.Weight, RebalanceThreshold: cfg.Threshold, Dampening: cfg.Dampening, MaxInTransition: cfg.MaxInTransition})
 	code := func(err error) int {
 		rec.record(partEvent{K: "exit", Slot: cfg.Slot, Member: cfg.Member, P: cfg.P, Err: err.Error()})
 		fmt.Fprintln(os.Stderr, "proof member:", err)

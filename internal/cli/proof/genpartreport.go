@@ -101,8 +101,8 @@ func WriteGenPartSection(w io.Writer, rows []GenPartRow) {
 		"| build | backend | mode | seed | seconds | faults (kill / stop / leave / deploy) "+
 			"| exits | ownerships | counts | writes accepted / refused | overlaps | stale accepted | late item writes "+
 			"| checkpoints accepted / refused | started from one | stale checkpoints accepted | continuity breaks | longest unowned "+
-			"(bound) | first violation |")
-	fmt.Fprintln(w, "|---|---|---|---|---:|---|---|---:|---|---|---:|---:|---:|---|---:|---:|---:|---|---|")
+			"(bound) | weights, threshold, dampening, max in transition | balanced by weight after the churn (bound) | first violation |")
+	fmt.Fprintln(w, "|---|---|---|---|---:|---|---|---:|---|---|---:|---:|---:|---|---:|---:|---:|---|---|---|---|")
 	for _, r := range rows {
 		rep := r.Report
 		first := "none"
@@ -115,13 +115,14 @@ func WriteGenPartSection(w io.Writer, rows []GenPartRow) {
 		}
 		sort.Strings(exits)
 		fmt.Fprintf(w, "| %s | %s | %s | %d | %.0f | %d / %d / %d / %d | %s | %d | %v | %d / %d | %d | %d | %d "+
-			"| %d / %d | %d | %d | %d | %v (%v) | %s |\n",
+			"| %d / %d | %d | %d | %d | %v (%v) | %s | %v (%v) | %s |\n",
 			r.Build, r.Backend, r.Mode, rep.Seed, rep.Duration.Seconds(), rep.Faults["kill"], rep.Faults["stop"], rep.Faults["leave"],
 			rep.Faults["deploy"],
 			strings.Join(exits, " "), rep.Ownerships, rep.Counts, rep.WritesAccepted, rep.WritesRefused, rep.Overlaps, rep.StaleAccepted,
 			rep.LateItemWrites, rep.CheckpointsAccepted, rep.CheckpointsRefused, rep.CheckpointStarts, rep.StaleCheckpoints,
 			rep.CheckpointBreaks,
-			rep.LongestUnowned.Round(time.Millisecond), rep.Bound.Round(time.Millisecond), first)
+			rep.LongestUnowned.Round(time.Millisecond), rep.Bound.Round(time.Millisecond), rep.Knobs,
+			rep.Converge.Round(time.Millisecond), rep.ConvergeBound.Round(time.Millisecond), first)
 	}
 	fmt.Fprintf(w, "%s\n", genPartEnd)
 }
