@@ -218,10 +218,14 @@ const keepaliveRetry = 20 * time.Millisecond
 // create) proves the follower still reaches the leader. The condition is
 // that the session's known activity plus its timeout reaches start+ttl.
 // Normally that holds at once. After a pause of the process (or right after
-// New) it waits for a keep-alive to be answered and reported, about a tick.
-// It gives up with
-// ErrUnavailable when the session has no answered request for longer than
-// the grant allows, and with ctx's error when ctx ends.
+// New), or on a loaded machine or network where answers come late, it waits
+// for a keep-alive to be answered and reported. Any keep-alive sent after
+// start covers the grant (the session timeout exceeds ttl), so waiting
+// longer never weakens the check; it only shortens what is left of the
+// grant's validity, which still runs from start. So it waits until start+ttl,
+// past which no grant valid from start is worth making, and then gives up
+// with ErrUnavailable (the connection is down, or answers take longer than
+// the TTL). It gives up with ctx's error when ctx ends.
 func (d *Driver) awaitHeadroom(ctx context.Context, zc *zsession, start time.Time, ttl time.Duration) error {
 	return d.awaitHeadroomOf(ctx, zc, zc.conn.SessionID, start, ttl)
 }
@@ -229,7 +233,11 @@ func (d *Driver) awaitHeadroom(ctx context.Context, zc *zsession, start time.Tim
 // awaitHeadroomOf is awaitHeadroom for the session that sessionID names
 // at each look (a session that expired is replaced by a new one).
 func (d *Driver) awaitHeadroomOf(ctx context.Context, zc *zsession, sessionID func() int64, start time.Time, ttl time.Duration) error {
-	giveUp := start.Add(zc.timeout - ttl)
+	// Not start+(timeout-ttl), the last moment the session's last answer
+	// before start could have been sent: an answer to a keep-alive sent
+	// since start covers the grant as well, and under load it may take
+	// longer than that to come (issue 38).
+	giveUp := start.Add(ttl)
 	for {
 		now := time.Now()
 		latest, ok, next, changed := zc.known(sessionID(), now, d.tick)
@@ -237,7 +245,7 @@ func (d *Driver) awaitHeadroomOf(ctx context.Context, zc *zsession, sessionID fu
 			return nil
 		}
 		if !now.Before(giveUp) {
-			return fmt.Errorf("zookeeper: %w: no recent enough answer to cover a %v grant in a %v session (connection down?)",
+			return fmt.Errorf("zookeeper: %w: no recent enough answer to cover a %v grant in a %v session within the TTL (connection down?)",
 				fenced.ErrUnavailable, ttl, zc.timeout)
 		}
 		wake := giveUp

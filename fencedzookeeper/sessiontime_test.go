@@ -78,8 +78,8 @@ func TestKnownActivity(t *testing.T) {
 
 // TestAwaitHeadroom checks that a grant proceeds at once when a reported
 // keep-alive covers it, waits for one answered just now to be reported (a
-// tick), and is refused as unavailable, without waiting past the grant's
-// headroom, when the last answered request is too old.
+// tick), and is refused as unavailable, without waiting past the TTL,
+// when no answered request is recent enough.
 func TestAwaitHeadroom(t *testing.T) {
 	const tick = 50 * time.Millisecond
 	d := &Driver{tick: tick}
@@ -115,6 +115,34 @@ func TestAwaitHeadroom(t *testing.T) {
 	cancel()
 	if err := d.awaitHeadroomOf(cctx, zc, session, time.Now(), ttl); !errors.Is(err, context.Canceled) {
 		t.Fatalf("with ctx cancelled: %v, want context.Canceled", err)
+	}
+}
+
+// TestAwaitHeadroomWaitsForLateAnswer checks that a grant waits for a
+// keep-alive answered late, after the last moment a keep-alive sent before
+// the acquisition could still cover it (start + session timeout - TTL),
+// rather than giving up as unavailable (issue 38). A keep-alive sent after
+// the acquisition began covers the grant, since the session timeout exceeds
+// the TTL. The answer's times are set ahead, so that when it counts does
+// not depend on the machine's speed: sent 400 ms after the start, answered
+// at 500 ms, heard of by the leader a tick later, well within the TTL.
+func TestAwaitHeadroomWaitsForLateAnswer(t *testing.T) {
+	const tick = 100 * time.Millisecond
+	const ttl = time.Second
+	d := &Driver{tick: tick}
+	session := func() int64 { return 7 }
+	zc := newZSession(nil, sessionTimeoutFor(ttl, tick))
+	start := time.Now()
+	old := start.Add(-time.Second)
+	zc.record(activity{session: 7, sent: old, done: old, atLeader: true})
+	late := activity{session: 7, sent: start.Add(400 * time.Millisecond), done: start.Add(500 * time.Millisecond)}
+	zc.record(late)
+	if err := d.awaitHeadroomOf(context.Background(), zc, session, start, ttl); err != nil {
+		t.Fatalf("with a keep-alive answered %v after the start (the old give-up was at %v): %v",
+			late.done.Sub(start), zc.timeout-ttl, err)
+	}
+	if waited := time.Since(start); waited < late.done.Sub(start)+tick {
+		t.Fatalf("went ahead after %v, before the late keep-alive could have been reported (%v)", waited, late.done.Sub(start)+tick)
 	}
 }
 
