@@ -6,6 +6,8 @@ import (
 	"github.com/fenced-dev/fenced"
 	"testing"
 	"time"
+
+	"github.com/fenced-dev/fenced/internal/backend/sessionlock"
 )
 
 // TestSessionTimeoutCoversTTL checks the session sizing of issue 9 item 13:
@@ -192,5 +194,35 @@ func TestLeaderProof(t *testing.T) {
 		if ok != c.ok || ok && !got.Equal(c.write.sent) {
 			t.Errorf("%s: leaderProof = %v, %v; want ok %v (the write's sending)", c.name, got, ok, c.ok)
 		}
+	}
+}
+
+// TestLateGrantKeptForReask checks that a grant confirmed after its own
+// validity ran out (from+ttl in the past) is not ended at once: its owner
+// is told it came too late and asks again as the same owner, and that
+// request must find it still tracked (issue 38: "the grant ended as it was
+// confirmed").
+func TestLateGrantKeptForReask(t *testing.T) {
+	d := &Driver{}
+	ended := make(chan struct{}, 1)
+	d.grants = sessionlock.NewGrants(func(*entry) error { ended <- struct{}{}; return nil }, nil)
+	t.Cleanup(d.grants.Close)
+	const ttl = time.Second
+	e := &entry{id: sessionlock.ID{Key: "k", Owner: "o"}, czxid: 1}
+	if _, err := d.grant(e, ttl, time.Now().Add(-2*ttl)); err != nil {
+		t.Fatalf("late grant: %v", err)
+	}
+	// The reaper, were the deadline past, would end the entry at once.
+	time.Sleep(50 * time.Millisecond)
+	if d.grants.Lookup("k", "o") != e {
+		t.Fatal("a grant confirmed past its validity was ended at once: its owner's request again finds it gone")
+	}
+	if _, err := d.grant(e, ttl, time.Now()); err != nil {
+		t.Fatalf("the owner's request again: %v", err)
+	}
+	select {
+	case <-ended:
+		t.Fatal("ended although its owner confirmed it again")
+	default:
 	}
 }
