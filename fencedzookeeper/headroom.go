@@ -168,9 +168,17 @@ func (d *Driver) leaderProof(zc *zsession, session int64, notBefore, now time.Ti
 // until the driver closes zc or itself, and records the answered ones. The
 // client library's own pings (every third of the timeout) are not seen by
 // the driver and count for nothing here.
+//
+// It does not wait for one answer before it sends the next (up to
+// maxKeepalivesInFlight at a time). On a loaded server or connection an
+// answer can take longer than the whole headroom of a grant (issue 38).
+// Sent one after the other, the latest keep-alive sent would then be as old
+// as the last answer took; sent on time, there is always one sent within
+// keepaliveEvery, and a grant waits only for its answer.
 func (d *Driver) keepAlive(zc *zsession) {
 	defer d.wg.Done()
 	every := keepaliveEvery(zc.timeout)
+	inFlight := make(chan struct{}, maxKeepalivesInFlight)
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	for {
@@ -181,35 +189,41 @@ func (d *Driver) keepAlive(zc *zsession) {
 		case <-d.ctx.Done():
 			return
 		}
+		// Only an answer within one known session counts (before the
+		// connection is first established the session id is zero: try
+		// again soon).
 		session, sent := zc.conn.SessionID(), time.Now()
-		answered := make(chan error, 1)
+		if session == 0 {
+			timer.Reset(min(every, keepaliveRetry))
+			continue
+		}
+		select {
+		case inFlight <- struct{}{}:
+		default:
+			// As many unanswered as a session timeout holds: the
+			// connection is down, and they are answered or fail when it
+			// comes back or closes.
+			timer.Reset(every)
+			continue
+		}
 		// Not waited for by Close: a request on a caller's connection that
 		// is down returns only when it reconnects or is closed.
-		go func() { _, _, err := zc.conn.Exists("/"); answered <- err }()
-		select {
-		case err := <-answered:
-			// Only an answer within one known session counts (before the
-			// connection is first established the session id is zero: try
-			// again soon).
-			switch {
-			case err != nil:
-				timer.Reset(every)
-			case session != 0 && zc.conn.SessionID() == session:
+		go func() {
+			defer func() { <-inFlight }()
+			if _, _, err := zc.conn.Exists("/"); err == nil && zc.conn.SessionID() == session {
 				zc.record(activity{session: session, sent: sent, done: time.Now()})
-				timer.Reset(every)
-			default:
-				timer.Reset(min(every, keepaliveRetry))
 			}
-		case <-zc.stop:
-			return
-		case <-d.ctx.Done():
-			return
-		}
+		}()
+		timer.Reset(every)
 	}
 }
 
-// keepaliveRetry is how soon a keep-alive answered outside one known
-// session is sent again.
+// maxKeepalivesInFlight bounds the unanswered keep-alives of a session: a
+// session timeout's worth (see keepaliveEvery).
+const maxKeepalivesInFlight = 16
+
+// keepaliveRetry is how soon a keep-alive is tried again when the
+// connection has no session yet.
 const keepaliveRetry = 20 * time.Millisecond
 
 // awaitHeadroom returns once the session of zc is certain to outlive
@@ -218,10 +232,14 @@ const keepaliveRetry = 20 * time.Millisecond
 // create) proves the follower still reaches the leader. The condition is
 // that the session's known activity plus its timeout reaches start+ttl.
 // Normally that holds at once. After a pause of the process (or right after
-// New) it waits for a keep-alive to be answered and reported, about a tick.
-// It gives up with
-// ErrUnavailable when the session has no answered request for longer than
-// the grant allows, and with ctx's error when ctx ends.
+// New), or on a loaded machine or network where answers come late, it waits
+// for a keep-alive to be answered and reported. Any keep-alive sent after
+// start covers the grant (the session timeout exceeds ttl), so waiting
+// longer never weakens the check; it only shortens what is left of the
+// grant's validity, which still runs from start. So it waits until start+ttl,
+// past which no grant valid from start is worth making, and then gives up
+// with ErrUnavailable (the connection is down, or answers take longer than
+// the TTL). It gives up with ctx's error when ctx ends.
 func (d *Driver) awaitHeadroom(ctx context.Context, zc *zsession, start time.Time, ttl time.Duration) error {
 	return d.awaitHeadroomOf(ctx, zc, zc.conn.SessionID, start, ttl)
 }
@@ -229,7 +247,11 @@ func (d *Driver) awaitHeadroom(ctx context.Context, zc *zsession, start time.Tim
 // awaitHeadroomOf is awaitHeadroom for the session that sessionID names
 // at each look (a session that expired is replaced by a new one).
 func (d *Driver) awaitHeadroomOf(ctx context.Context, zc *zsession, sessionID func() int64, start time.Time, ttl time.Duration) error {
-	giveUp := start.Add(zc.timeout - ttl)
+	// Not start+(timeout-ttl), the last moment the session's last answer
+	// before start could have been sent: an answer to a keep-alive sent
+	// since start covers the grant as well, and under load it may take
+	// longer than that to come (issue 38).
+	giveUp := start.Add(ttl)
 	for {
 		now := time.Now()
 		latest, ok, next, changed := zc.known(sessionID(), now, d.tick)
@@ -237,7 +259,7 @@ func (d *Driver) awaitHeadroomOf(ctx context.Context, zc *zsession, sessionID fu
 			return nil
 		}
 		if !now.Before(giveUp) {
-			return fmt.Errorf("zookeeper: %w: no recent enough answer to cover a %v grant in a %v session (connection down?)",
+			return fmt.Errorf("zookeeper: %w: no recent enough answer to cover a %v grant in a %v session within the TTL (connection down?)",
 				fenced.ErrUnavailable, ttl, zc.timeout)
 		}
 		wake := giveUp

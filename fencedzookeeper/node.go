@@ -43,8 +43,19 @@ func (e *entry) protectedPrefix() string { return "_c_" + e.uuid + "-" }
 // grant marks e granted, tracks it (or moves its deadline) to from+ttl
 // and returns its fence. It fails with ErrNotHeld if e ended meanwhile
 // (see sessionlock.Grants.Extend): its node is being deleted, or is gone.
+//
+// A grant confirmed after from+ttl (its answer came later than its own
+// validity, on a loaded machine) is kept until a ttl from now instead.
+// Its owner is told it came too late and asks again as the same owner,
+// which confirms this grant with a fresh validity (confirm). Ended at once,
+// it would race that request, which then fails with ErrNotHeld (issue 38).
+// Keeping the node longer only keeps the key from others longer; no
+// validity rests on it. A holder that gives up instead releases it.
 func (d *Driver) grant(e *entry, ttl time.Duration, from time.Time) (uint64, error) {
 	e.granted = true
+	if now := time.Now(); from.Add(ttl).Before(now) {
+		from = now
+	}
 	if !d.grants.Track(e, ttl, from) && !d.grants.Extend(e, ttl, from) {
 		return 0, fmt.Errorf("zookeeper: acquire %s: %w: the grant ended as it was confirmed", e.id.Key, fenced.ErrNotHeld)
 	}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/internal/backend/sessionlock"
 )
 
 // TestSessionTimeoutCoversTTL checks the session sizing of issue 9 item 13:
@@ -79,8 +80,8 @@ func TestKnownActivity(t *testing.T) {
 
 // TestAwaitHeadroom checks that a grant proceeds at once when a reported
 // keep-alive covers it, waits for one answered just now to be reported (a
-// tick), and is refused as unavailable, without waiting past the grant's
-// headroom, when the last answered request is too old.
+// tick), and is refused as unavailable, without waiting past the TTL,
+// when no answered request is recent enough.
 func TestAwaitHeadroom(t *testing.T) {
 	const tick = 50 * time.Millisecond
 	d := &Driver{tick: tick}
@@ -116,6 +117,34 @@ func TestAwaitHeadroom(t *testing.T) {
 	cancel()
 	if err := d.awaitHeadroomOf(cctx, zc, session, time.Now(), ttl); !errors.Is(err, context.Canceled) {
 		t.Fatalf("with ctx cancelled: %v, want context.Canceled", err)
+	}
+}
+
+// TestAwaitHeadroomWaitsForLateAnswer checks that a grant waits for a
+// keep-alive answered late, after the last moment a keep-alive sent before
+// the acquisition could still cover it (start + session timeout - TTL),
+// rather than giving up as unavailable (issue 38). A keep-alive sent after
+// the acquisition began covers the grant, since the session timeout exceeds
+// the TTL. The answer's times are set ahead, so that when it counts does
+// not depend on the machine's speed: sent 400 ms after the start, answered
+// at 500 ms, heard of by the leader a tick later, well within the TTL.
+func TestAwaitHeadroomWaitsForLateAnswer(t *testing.T) {
+	const tick = 100 * time.Millisecond
+	const ttl = time.Second
+	d := &Driver{tick: tick}
+	session := func() int64 { return 7 }
+	zc := newZSession(nil, sessionTimeoutFor(ttl, tick))
+	start := time.Now()
+	old := start.Add(-time.Second)
+	zc.record(activity{session: 7, sent: old, done: old, atLeader: true})
+	late := activity{session: 7, sent: start.Add(400 * time.Millisecond), done: start.Add(500 * time.Millisecond)}
+	zc.record(late)
+	if err := d.awaitHeadroomOf(context.Background(), zc, session, start, ttl); err != nil {
+		t.Fatalf("with a keep-alive answered %v after the start (the old give-up was at %v): %v",
+			late.done.Sub(start), zc.timeout-ttl, err)
+	}
+	if waited := time.Since(start); waited < late.done.Sub(start)+tick {
+		t.Fatalf("went ahead after %v, before the late keep-alive could have been reported (%v)", waited, late.done.Sub(start)+tick)
 	}
 }
 
@@ -165,5 +194,35 @@ func TestLeaderProof(t *testing.T) {
 		if ok != c.ok || ok && !got.Equal(c.write.sent) {
 			t.Errorf("%s: leaderProof = %v, %v; want ok %v (the write's sending)", c.name, got, ok, c.ok)
 		}
+	}
+}
+
+// TestLateGrantKeptForReask checks that a grant confirmed after its own
+// validity ran out (from+ttl in the past) is not ended at once: its owner
+// is told it came too late and asks again as the same owner, and that
+// request must find it still tracked (issue 38: "the grant ended as it was
+// confirmed").
+func TestLateGrantKeptForReask(t *testing.T) {
+	d := &Driver{}
+	ended := make(chan struct{}, 1)
+	d.grants = sessionlock.NewGrants(func(*entry) error { ended <- struct{}{}; return nil }, nil)
+	t.Cleanup(d.grants.Close)
+	const ttl = time.Second
+	e := &entry{id: sessionlock.ID{Key: "k", Owner: "o"}, czxid: 1}
+	if _, err := d.grant(e, ttl, time.Now().Add(-2*ttl)); err != nil {
+		t.Fatalf("late grant: %v", err)
+	}
+	// The reaper, were the deadline past, would end the entry at once.
+	time.Sleep(50 * time.Millisecond)
+	if d.grants.Lookup("k", "o") != e {
+		t.Fatal("a grant confirmed past its validity was ended at once: its owner's request again finds it gone")
+	}
+	if _, err := d.grant(e, ttl, time.Now()); err != nil {
+		t.Fatalf("the owner's request again: %v", err)
+	}
+	select {
+	case <-ended:
+		t.Fatal("ended although its owner confirmed it again")
+	default:
 	}
 }
