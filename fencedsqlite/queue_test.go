@@ -2,6 +2,7 @@ package fencedsqlite_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -290,9 +291,7 @@ func TestRingPassesOverDeadAndStoppedProcesses(t *testing.T) {
 		t.Fatal(err)
 	}
 	killed.Wait()
-	if err := stopped.Signal(syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
+	stopProcess(t, stopped)
 	defer stopped.Signal(syscall.SIGCONT)
 
 	start := time.Now()
@@ -455,4 +454,43 @@ func TestForeignEntriesArePassedOver(t *testing.T) {
 	if !waketest.Woken(s, 10*time.Second) {
 		t.Fatal("the release did not wake the waiter behind the foreign entries")
 	}
+}
+
+// stopProcess sends SIGSTOP to p and returns once every thread of p shows
+// as stopped in /proc. The signal is delivered to one thread, which stops
+// the others once it runs: on a busy machine the others may run on for a
+// while, and the process would still hear and acknowledge a ring sent just
+// after the signal (it then stops before its waiter tries, and the ring
+// is lost with it).
+func stopProcess(t *testing.T, p *os.Process) {
+	t.Helper()
+	if err := p.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); !threadsStopped(p.Pid); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("process %d not stopped 10s after SIGSTOP", p.Pid)
+		}
+	}
+}
+
+// threadsStopped reports whether every thread of process pid is stopped
+// (state T or t in /proc/PID/task/TID/stat).
+func threadsStopped(pid int) bool {
+	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/stat", pid))
+	if err != nil || len(tasks) == 0 {
+		return false
+	}
+	for _, f := range tasks {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return false
+		}
+		// The state follows the command name, which is in parentheses.
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 || i+2 >= len(b) || (b[i+2] != 'T' && b[i+2] != 't') {
+			return false
+		}
+	}
+	return true
 }
