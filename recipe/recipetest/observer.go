@@ -106,13 +106,18 @@ func (s *suite) testObserverTakesNoWakeUp(t *testing.T) {
 	a := without[1]
 	t.Logf("handover p50 without an observer %v, with one on another driver %v, on the waiter's %v (each %v / %v / %v)",
 		a, other[1], same[1], without, other, same)
+	// The slack: 200 ms plus the spread of the rounds without an observer
+	// (slowest less fastest), the noise this machine put on a handover in
+	// this run. An observer that took the wake-up leaves the waiter to its
+	// fallback timer, about 2 s, well beyond it.
+	slack := 200*time.Millisecond + without[len(without)-1] - without[0]
 	for _, c := range []struct {
 		where string
 		d     time.Duration
 	}{{"another driver", other[1]}, {"the waiter's driver", same[1]}} {
-		if c.d > 3*a && c.d-a > 200*time.Millisecond {
-			t.Errorf("an observer of the key on %s slows a handover from %v to %v (p50 of 3): it took the waiter's wake-up",
-				c.where, a, c.d)
+		if c.d > 3*a && c.d-a > slack {
+			t.Errorf("an observer of the key on %s slows a handover from %v to %v (p50 of 3), over %v more (200 ms plus the no-observer rounds' spread): it took the waiter's wake-up",
+				c.where, a, c.d, slack)
 		}
 	}
 }
