@@ -362,7 +362,7 @@ func JoinPartitions(ctx context.Context, c *fenced.Client, group string, partiti
 	}
 	g.ttl = spec.TTL
 	g.member = g.part
-	g.member.TTL, g.member.MinFence, g.member.MaxHold = spec.TTL, fenced.FenceNone, fenced.HoldForever
+	g.member.TTL, g.member.MinFence, g.member.MaxHold = spec.TTL, fenced.FenceNone, 0
 	g.member.OwnerTag = weightTag(g.weight)
 	// A process restarted with the same MemberID waits for its previous
 	// incarnation's membership to go: as long as the store may keep a
