@@ -37,10 +37,11 @@ const (
 	NoWait time.Duration = 0
 	// WaitForever, as MaxWait, waits for a held key until the context ends.
 	WaitForever time.Duration = math.MaxInt64
-	// HoldForever, as MaxHold, lets automatic renewal keep the lease for as
-	// long as the holder wants it. A zero MaxHold means the same.
-	HoldForever time.Duration = math.MaxInt64
 )
+
+// holdForever is a resolved MaxHold that sets no cap: the largest
+// Duration, so a zero MaxHold resolves to it.
+const holdForever time.Duration = math.MaxInt64
 
 // Options configure a Client. The zero value (or nil) gives the defaults.
 type Options struct {
@@ -101,8 +102,8 @@ type LeaseOptions struct {
 	// with ManualRenew.
 	RenewEvery time.Duration
 	// MaxHold caps the total time automatic renewal may keep the lease;
-	// after it, renewal stops and the lease expires. Zero or HoldForever
-	// sets no cap.
+	// after it, renewal stops and the lease expires. Zero sets no cap;
+	// Resolve reports it as the largest Duration (math.MaxInt64).
 	MaxHold time.Duration
 	// MinHold keeps the lease, renewed, until at least this long after
 	// the grant, even when the work ends sooner. Do returns only then. A
@@ -220,10 +221,10 @@ func (c *Client) Resolve(opts *LeaseOptions) (LeaseOptions, error) {
 	}
 
 	if s.MaxHold < 0 {
-		return LeaseOptions{}, invalid(true, "MaxHold", "%v is negative; use HoldForever for no cap", s.MaxHold)
+		return LeaseOptions{}, invalid(true, "MaxHold", "%v is negative; use 0 for no cap", s.MaxHold)
 	}
 	if s.MaxHold == 0 {
-		s.MaxHold = HoldForever
+		s.MaxHold = holdForever
 	}
 	if err := s.checkMinHold(); err != nil {
 		return LeaseOptions{}, err
@@ -307,7 +308,7 @@ func (s *LeaseOptions) checkMinHold() error {
 	switch {
 	case s.MinHold < 0:
 		return invalid(true, "MinHold", "%v is negative", s.MinHold)
-	case s.MinHold > 0 && s.MaxHold != HoldForever && s.MinHold > s.MaxHold:
+	case s.MinHold > 0 && s.MaxHold != holdForever && s.MinHold > s.MaxHold:
 		return invalid(true, "MinHold", "%v is longer than MaxHold %v, after which renewal stops and the lease expires",
 			s.MinHold, s.MaxHold)
 	case s.MinHold > 0 && s.ManualRenew && s.MinHold >= s.validity():

@@ -3,6 +3,7 @@ package fenced_test
 import (
 	"context"
 	"errors"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -33,7 +34,7 @@ func TestExplicitLeaseChoiceBeatsClientDefault(t *testing.T) {
 		FailOpen:     false,
 		ManualRenew:  false,
 		RenewEvery:   time.Second,
-		MaxHold:      fenced.HoldForever,
+		MaxHold:      math.MaxInt64, // a zero MaxHold: no cap
 		SafetyMargin: 3*time.Second/100 + 2*time.Millisecond,
 	}
 	if got, err := c.Resolve(strict); err != nil || got != want {

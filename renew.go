@@ -296,7 +296,7 @@ func (r *renewer) due() (expired, batch []*Lease, next time.Duration) {
 			continue
 		}
 		if l.renewsNext() && l.nextRenew <= now+l.spec.RenewEvery/2 && (l.nextRenew <= now || horizon > now) {
-			if l.spec.MaxHold != HoldForever && now+l.spec.TTL-l.acquired > l.spec.MaxHold {
+			if l.spec.MaxHold != holdForever && now+l.spec.TTL-l.acquired > l.spec.MaxHold {
 				// Renewing would extend the lease past MaxHold: stop here and
 				// let it expire.
 				l.maxHoldHit = true

@@ -114,7 +114,7 @@ func (s *Server) groupDetails(ctx context.Context, group string) (groupView, *ap
 		Members: []groupMemberView{}, Partition: make([]partitionView, p), Unowned: []int{}, Invalid: []string{}}
 	v.Invalid = append(v.Invalid, st.Invalid...)
 	target := map[int]string{}
-	targets := recipe.AssignPartitions(st.MemberIDs(p), p, st.Owners)
+	targets := st.Targets()
 	for id, ps := range targets {
 		for _, i := range ps {
 			target[i] = id

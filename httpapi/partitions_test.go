@@ -110,3 +110,60 @@ func TestPartitionGroupView(t *testing.T) {
 		t.Errorf("bad group: %d %s", r.status, r.body)
 	}
 }
+
+// TestPartitionGroupViewWeighted: members of weights 1 and 3 on an
+// 8-partition group settle at 2 and 6, and the API's target for each is
+// what it holds, the weighted assignment the members move towards (an
+// unweighted one would say 4 and 4).
+func TestPartitionGroupViewWeighted(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	idle := func(ctx context.Context, p recipe.Partition) error { <-ctx.Done(); return nil }
+	for _, m := range []struct {
+		id     string
+		weight int
+	}{{"a", 1}, {"b", 3}} {
+		g, err := recipe.JoinPartitions(ctx, open(t, f.store), "weighted", 8, idle,
+			&recipe.PartitionsOptions{MemberID: m.id, Weight: m.weight, Lease: &fenced.LeaseOptions{TTL: 2 * time.Second}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { g.Leave(ctx) })
+	}
+	want := map[string]int{"a": 2, "b": 6}
+	// As TestPartitionGroupView: 10 s is five TTLs, for the members'
+	// looks at the group on a busy machine; only the settling waits on it.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		r := f.do(t, "GET", "/api/v1/partitions/weighted", "")
+		if r.status != 200 {
+			t.Fatalf("GET: %d %s", r.status, r.body)
+		}
+		var v struct {
+			Members []struct {
+				ID     string `json:"id"`
+				Owned  int    `json:"owned"`
+				Target int    `json:"target"`
+			} `json:"members"`
+		}
+		if err := json.Unmarshal([]byte(r.body), &v); err != nil {
+			t.Fatal(err)
+		}
+		settled := len(v.Members) == 2
+		for _, m := range v.Members {
+			settled = settled && m.Owned == want[m.ID]
+		}
+		if settled {
+			for _, m := range v.Members {
+				if m.Target != want[m.ID] {
+					t.Errorf("member %s holds %d, its weighted share, but the API's target is %d", m.ID, m.Owned, m.Target)
+				}
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("members not at their weighted shares %v: %s", want, r.body)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

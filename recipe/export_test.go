@@ -9,3 +9,9 @@ func AssignThrottled(members []string, weight map[string]int, partitions int, cu
 	threshold, share float64, maxMoves int) map[string][]int {
 	return assignPartitions(members, weight, partitions, current, rebalance{threshold, share, maxMoves})
 }
+
+// AssignPartitions is assignPartitions unweighted and unthrottled, for the
+// tests.
+func AssignPartitions(members []string, partitions int, current map[int]string) map[string][]int {
+	return assignPartitions(members, nil, partitions, current, rebalance{})
+}

@@ -78,7 +78,7 @@ var (
 //   - Each member lists the group (one request: the live members and the
 //     partition leases, whose owners start with a tag of their member,
 //     fenced.LeaseOptions.OwnerTag), computes the same assignment from it
-//     (AssignPartitions: balanced within one, keeping current owners up
+//     (GroupState.Targets: balanced within one, keeping current owners up
 //     to their capacity, so a join or leave moves only the newcomer's or
 //     leaver's share), hands off what it should no longer own and tries
 //     for what it should. A hand-off cancels the partition's context with
@@ -173,51 +173,28 @@ type Partition struct {
 // the work function again at its next look at the group.
 type PartitionWork func(ctx context.Context, p Partition) error
 
-// EventKind says what a PartitionEvent reports.
-type EventKind int
-
-// Kinds of PartitionEvent.
-const (
-	// PartitionAcquired: the member took the partition; its work starts.
-	PartitionAcquired EventKind = iota + 1
-	// PartitionReleased: the partition's work returned and its lease
-	// was released (or had ended).
-	PartitionReleased
-	// PartitionOverran: the work had not returned HandoffGrace after its
-	// hand-off (or its member's leave) began, and its lease was released
-	// anyway; the fence refuses its late writes and checkpoints. HandOff
-	// is the time since the hand-off (or the leave) began. PartitionReleased follows
-	// when the work returns.
-	PartitionOverran
-)
-
-// String returns "acquired", "released" or "overran", or "EventKind(N)" for a value
-// that names no kind.
-func (k EventKind) String() string {
-	switch k {
-	case PartitionAcquired:
-		return "acquired"
-	case PartitionReleased:
-		return "released"
-	case PartitionOverran:
-		return "overran"
-	}
-	return "EventKind(" + strconv.Itoa(int(k)) + ")"
-}
-
-// PartitionEvent reports a change in what a member owns.
+// PartitionEvent reports a change in what a member owns. Its Kind is one
+// of the root's:
+//   - fenced.EventAcquire: the member took the partition; its work starts.
+//   - fenced.EventRelease: the partition's work returned and its lease was
+//     released (or had ended).
+//   - fenced.EventLost: the work had not returned HandoffGrace after its
+//     hand-off (or its member's leave) began, and its lease was released
+//     anyway: the work runs on without it, and the fence refuses its late
+//     writes and checkpoints. HandOff is the time since the hand-off (or
+//     the leave) began. An EventRelease follows when the work returns.
 type PartitionEvent struct {
-	Kind      EventKind
+	Kind      fenced.EventKind
 	Partition int
 	Fence     uint64
-	// Cause is why the partition's context ended (Released only): nil if
+	// Cause is why the partition's context ended (EventRelease only): nil if
 	// the work returned by itself, ErrHandedOff, ErrLeft or the lease's
 	// end.
 	Cause error
-	// WorkErr is what the work function returned (Released only).
+	// WorkErr is what the work function returned (EventRelease only).
 	WorkErr error
 	// HandOff is the time from the decision to hand the partition off to
-	// its release (Released after a hand-off only).
+	// its release (EventRelease after a hand-off only).
 	HandOff time.Duration
 }
 
@@ -236,7 +213,7 @@ type PartitionsOptions struct {
 	Poll time.Duration
 	// HandoffGrace bounds how long a hand-off (or Leave) waits for the
 	// work function to return before releasing the lease anyway (the fence
-	// then refuses the late work, and a PartitionOverran event says so).
+	// then refuses the late work, and an EventLost event says so).
 	// The work has that long to finish and record its last checkpoint
 	// (Partition.Finish). Default: the TTL.
 	HandoffGrace time.Duration
@@ -362,7 +339,7 @@ func JoinPartitions(ctx context.Context, c *fenced.Client, group string, partiti
 	}
 	g.ttl = spec.TTL
 	g.member = g.part
-	g.member.TTL, g.member.MinFence, g.member.MaxHold = spec.TTL, fenced.FenceNone, fenced.HoldForever
+	g.member.TTL, g.member.MinFence, g.member.MaxHold = spec.TTL, fenced.FenceNone, 0
 	g.member.OwnerTag = weightTag(g.weight)
 	// A process restarted with the same MemberID waits for its previous
 	// incarnation's membership to go: as long as the store may keep a
@@ -417,14 +394,6 @@ func (g *Partitions) Owned() []int {
 	}
 	slices.Sort(out)
 	return out
-}
-
-// Members returns the live members the member saw at its last look,
-// sorted.
-func (g *Partitions) Members() []string {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return slices.Clone(g.members)
 }
 
 // Stats returns the member's counters.
@@ -672,8 +641,8 @@ func (s GroupState) Partitions() int {
 	return s.Members[0].Partitions
 }
 
-// MemberIDs returns the IDs of the live members with partition count p.
-func (s GroupState) MemberIDs(p int) []string {
+// memberIDs returns the IDs of the live members with partition count p.
+func (s GroupState) memberIDs(p int) []string {
 	var ids []string
 	for _, m := range s.Members {
 		if m.Partitions == p {
@@ -690,7 +659,7 @@ func (g *Partitions) readMembers(ctx context.Context) (GroupState, []string, err
 	if err != nil {
 		return st, nil, err
 	}
-	return st, st.MemberIDs(g.n), nil
+	return st, st.memberIDs(g.n), nil
 }
 
 // ring wakes the members watching the doorbell: a grant and release of
@@ -1002,7 +971,7 @@ func (g *Partitions) start(p int, l *fenced.Lease, cp []byte) {
 	g.stats.Acquired++
 	g.wg.Add(1)
 	g.mu.Unlock()
-	g.emit(PartitionEvent{Kind: PartitionAcquired, Partition: p, Fence: l.Fence()})
+	g.emit(PartitionEvent{Kind: fenced.EventAcquire, Partition: p, Fence: l.Fence()})
 	go func() {
 		defer g.wg.Done()
 		workErr := g.runWork(wctx, Partition{Index: p, Lease: l, Checkpoint: cp, g: g, o: o})
@@ -1014,7 +983,7 @@ func (g *Partitions) start(p int, l *fenced.Lease, cp []byte) {
 		if !released {
 			g.releaseLease(l)
 		}
-		ev := PartitionEvent{Kind: PartitionReleased, Partition: p, Fence: l.Fence(), Cause: cause, WorkErr: workErr}
+		ev := PartitionEvent{Kind: fenced.EventRelease, Partition: p, Fence: l.Fence(), Cause: cause, WorkErr: workErr}
 		g.mu.Lock()
 		delete(g.owned, p)
 		if !o.handoff.IsZero() {

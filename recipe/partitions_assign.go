@@ -7,7 +7,25 @@ import (
 	"slices"
 )
 
-// AssignPartitions returns which partitions of [0, partitions) each of
+// rebalance throttles the voluntary moves of an assignment: partitions
+// that a live owner must hand off to another member. Partitions that are
+// free (never owned, released, or held by a member that is gone) are
+// never throttled. The zero value throttles nothing.
+type rebalance struct {
+	// threshold: no voluntary move unless some member's count differs
+	// from its target by more than threshold × its target (KCL's
+	// reBalanceThresholdPercentage, as a fraction).
+	threshold float64
+	// share of a member's excess (count - target) it hands off at once,
+	// rounded up (KCL's dampening); 0 means all of it.
+	share float64
+	// maxMoves bounds the voluntary moves in the whole plan, that is the
+	// partitions in hand-off at once (Helix's maxPartitionInTransition);
+	// 0 means no bound.
+	maxMoves int
+}
+
+// assignPartitions returns which partitions of [0, partitions) each of
 // members owns in a group. It is a map from member ID to its sorted
 // partitions. current says who owns each partition now (partitions
 // missing from it, or owned by someone not in members, are free). Nil
@@ -45,30 +63,9 @@ import (
 // balance within one and arbitrary joins and leaves, some join or leave
 // must move more than the newcomer's or leaver's share (docs/recipes.md
 // shows why). That is why the current owners are an input.
-func AssignPartitions(members []string, partitions int, current map[int]string) map[string][]int {
-	return assignPartitions(members, nil, partitions, current, rebalance{})
-}
-
-// rebalance throttles the voluntary moves of an assignment: partitions
-// that a live owner must hand off to another member. Partitions that are
-// free (never owned, released, or held by a member that is gone) are
-// never throttled. The zero value throttles nothing.
-type rebalance struct {
-	// threshold: no voluntary move unless some member's count differs
-	// from its target by more than threshold × its target (KCL's
-	// reBalanceThresholdPercentage, as a fraction).
-	threshold float64
-	// share of a member's excess (count - target) it hands off at once,
-	// rounded up (KCL's dampening); 0 means all of it.
-	share float64
-	// maxMoves bounds the voluntary moves in the whole plan, that is the
-	// partitions in hand-off at once (Helix's maxPartitionInTransition);
-	// 0 means no bound.
-	maxMoves int
-}
-
-// assignPartitions is AssignPartitions with weights (weight[id], missing
-// or below 1 meaning 1) and throttled voluntary moves. With weights, the
+//
+// weight[id] (missing or below 1 meaning 1) weighs the members, and rb
+// throttles the voluntary moves. With weights, the
 // capacities are P·w/W rounded down, plus one for the P mod-rest members
 // of the largest remainders (then those holding the most, as without
 // weights). So each member's count is within one of its weighted share.
@@ -334,7 +331,7 @@ func (a *assigner) assign(capacity []int, free []int, into []int32) []int32 {
 	return into
 }
 
-// result turns an owner per partition into the map AssignPartitions
+// result turns an owner per partition into the map assignPartitions
 // returns.
 func (a *assigner) result(owner []int32) map[string][]int {
 	out := make(map[string][]int, len(a.members))

@@ -64,10 +64,10 @@ func (g *Partitions) overrun(p int, o *ownedPartition, now time.Time) overran {
 }
 
 // releaseOverran releases the leases of late and reports each with a
-// PartitionOverran event.
+// fenced.EventLost event.
 func (g *Partitions) releaseOverran(late []overran) {
 	for _, x := range late {
 		g.releaseLease(x.o.lease)
-		g.emit(PartitionEvent{Kind: PartitionOverran, Partition: x.p, Fence: x.o.lease.Fence(), HandOff: x.since})
+		g.emit(PartitionEvent{Kind: fenced.EventLost, Partition: x.p, Fence: x.o.lease.Fence(), HandOff: x.since})
 	}
 }

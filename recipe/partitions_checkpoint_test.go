@@ -128,7 +128,7 @@ func TestPartitionsCheckpointTravels(t *testing.T) {
 }
 
 // TestPartitionsHandOffOverran: a work that ignores its hand-off past
-// HandoffGrace is reported (PartitionOverran) and its lease released; its
+// HandoffGrace is reported (fenced.EventLost) and its lease released; its
 // late checkpoint is refused with ErrNotHeld, and the new owner starts from
 // the last checkpoint before the hand-off.
 func TestPartitionsHandOffOverran(t *testing.T) {
@@ -153,7 +153,7 @@ func TestPartitionsHandOffOverran(t *testing.T) {
 	a, err := recipe.JoinPartitions(ctx, partOpen(t, url), "over", 2, stubborn, &recipe.PartitionsOptions{
 		MemberID: "a", Lease: &fenced.LeaseOptions{TTL: 5 * time.Second}, HandoffGrace: grace,
 		OnEvent: func(e recipe.PartitionEvent) {
-			if e.Kind == recipe.PartitionOverran {
+			if e.Kind == fenced.EventLost {
 				overran <- e
 			}
 		}})
@@ -184,7 +184,7 @@ func TestPartitionsHandOffOverran(t *testing.T) {
 			t.Errorf("overran event %+v: want one after at least the grace %v", e, grace)
 		}
 	case <-time.After(20 * time.Second):
-		t.Fatal("no PartitionOverran event 20 s after the hand-off (the grace is 200 ms)")
+		t.Fatal("no EventLost event 20 s after the hand-off (the grace is 200 ms)")
 	}
 	if l := <-late; l.p != moved || !errors.Is(l.err, fenced.ErrNotHeld) {
 		t.Errorf("the overrunning work's late checkpoint on partition %d: %v, want ErrNotHeld on partition %d", l.p, l.err, moved)
@@ -201,7 +201,7 @@ func TestPartitionsHandOffOverran(t *testing.T) {
 
 // TestPartitionsLeaveOverran: Leave waits HandoffGrace for a work that
 // ignores its end, then releases the lease anyway and reports it with a
-// PartitionOverran event; the work's Finish context has ended by then,
+// EventLost event; the work's Finish context has ended by then,
 // and the overrunning work's checkpoint is refused.
 func TestPartitionsLeaveOverran(t *testing.T) {
 	const grace = 200 * time.Millisecond
@@ -236,12 +236,12 @@ func TestPartitionsLeaveOverran(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	for _, e := range events {
-		if e.Kind == recipe.PartitionOverran {
+		if e.Kind == fenced.EventLost {
 			if e.HandOff < grace {
 				t.Errorf("overran after %v, before the grace %v", e.HandOff, grace)
 			}
 			return
 		}
 	}
-	t.Errorf("no PartitionOverran event after a leave whose work overran: %+v", events)
+	t.Errorf("no EventLost event after a leave whose work overran: %+v", events)
 }

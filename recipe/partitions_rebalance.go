@@ -85,10 +85,11 @@ func (s GroupState) weights(p int, self string, w int) map[string]int {
 }
 
 // Targets returns the assignment the live members of the group's count
-// (Partitions) move towards: AssignPartitions by their weights, from the
-// current owners, with no throttle. Members hand off towards it at the
-// pace their RebalanceThreshold, Dampening and MaxInTransition allow, and
-// stop within the threshold of it.
+// (Partitions) move towards, from the current owners, with no throttle:
+// each member holds within one of P·Weight/ΣWeight, and a join or leave
+// moves only the newcomer's or leaver's share. Members hand off towards
+// it at the pace their RebalanceThreshold, Dampening and MaxInTransition
+// allow, and stop within the threshold of it.
 func (s GroupState) Targets() map[string][]int {
 	p := s.Partitions()
 	weight := map[string]int{}
@@ -97,5 +98,5 @@ func (s GroupState) Targets() map[string][]int {
 			weight[m.ID] = m.Weight
 		}
 	}
-	return assignPartitions(s.MemberIDs(p), weight, p, s.Owners, rebalance{})
+	return assignPartitions(s.memberIDs(p), weight, p, s.Owners, rebalance{})
 }

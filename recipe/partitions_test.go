@@ -240,7 +240,7 @@ func (lg *partLedger) work(member string) recipe.PartitionWork {
 // onEvent checks that a release is reported only after the work returned.
 func (lg *partLedger) onEvent(member string) func(recipe.PartitionEvent) {
 	return func(e recipe.PartitionEvent) {
-		if e.Kind != recipe.PartitionReleased {
+		if e.Kind != fenced.EventRelease {
 			return
 		}
 		lg.mu.Lock()
@@ -393,7 +393,7 @@ func partBalancedWithin(t *testing.T, ms []*recipe.Partitions, p int, bound func
 		}
 		if b, from := bound(); time.Since(start) > b {
 			for _, m := range ms {
-				t.Logf("%s: stats %+v members %v", m.MemberID(), m.Stats(), m.Members())
+				t.Logf("%s: stats %+v owns %v", m.MemberID(), m.Stats(), m.Owned())
 			}
 			t.Fatalf("not balanced after %v, over the bound %v (%s): %v", time.Since(start).Round(time.Millisecond), b.Round(time.Millisecond), from, got)
 		}
@@ -590,17 +590,4 @@ func TestPartitionsClientClosed(t *testing.T) {
 		t.Errorf("a owns %v with its client closed", o)
 	}
 	lg.check()
-}
-
-// TestPartitionEventKindString checks each kind's name and an unknown one.
-func TestPartitionEventKindString(t *testing.T) {
-	for k, want := range map[recipe.EventKind]string{
-		recipe.PartitionAcquired: "acquired",
-		recipe.PartitionReleased: "released",
-		recipe.EventKind(7):      "EventKind(7)",
-	} {
-		if got := k.String(); got != want {
-			t.Errorf("EventKind(%d).String() = %q, want %q", int(k), got, want)
-		}
-	}
 }

@@ -16,7 +16,7 @@ import (
 const MaxPermits = 1024
 
 // Semaphore lets up to N holders into a name at once. Each holder holds a
-// lease of its own on one permit. That is the key PermitKey(name, slot)
+// lease of its own on one permit: the key name + "#" + slot ("pool#3"),
 // for a slot in [0, N). A permit has its own fence and is renewed, lost
 // and released like any lease. A holder that crashes frees its permit when
 // the lease's TTL runs out at the store, so permits never leak.
@@ -39,8 +39,8 @@ type Semaphore struct {
 	opts    fenced.LeaseOptions
 }
 
-// PermitKey returns the key of a semaphore's permit: name, '#', slot.
-func PermitKey(name string, slot int) string { return name + "#" + strconv.Itoa(slot) }
+// permitKey returns the key of a semaphore's permit: name, '#', slot.
+func permitKey(name string, slot int) string { return name + "#" + strconv.Itoa(slot) }
 
 // NewSemaphore returns the semaphore of permits permits on name, whose
 // permits are leases with opts (nil for the defaults). MaxWait says how
@@ -55,7 +55,7 @@ func NewSemaphore(c *fenced.Client, name string, permits int, opts *fenced.Lease
 	if err := fenced.ValidateKey(name); err != nil {
 		return nil, fmt.Errorf("fenced: semaphore: %w", err)
 	}
-	if err := fenced.ValidateKey(PermitKey(name, permits-1)); err != nil {
+	if err := fenced.ValidateKey(permitKey(name, permits-1)); err != nil {
 		return nil, fmt.Errorf("fenced: semaphore: %w", err)
 	}
 	s := &Semaphore{c: c, name: name, permits: permits}
@@ -124,7 +124,7 @@ func (s *Semaphore) round(ctx context.Context) (*Permit, time.Duration, error) {
 	var otherErr error
 	for i := range s.permits {
 		slot := (start + i) % s.permits
-		l, err := s.c.TryAcquire(ctx, PermitKey(s.name, slot), &s.opts)
+		l, err := s.c.TryAcquire(ctx, permitKey(s.name, slot), &s.opts)
 		if err == nil {
 			return &Permit{Lease: l, slot: slot}, 0, nil
 		}
@@ -161,7 +161,7 @@ func (s *Semaphore) race(ctx context.Context) (*Permit, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			l, err := s.c.Acquire(rctx, PermitKey(s.name, slot), &s.opts)
+			l, err := s.c.Acquire(rctx, permitKey(s.name, slot), &s.opts)
 			if err != nil {
 				results <- result{err: err}
 				return

@@ -89,7 +89,7 @@ func electAndRun(ctx context.Context, g *globals, f *electFlags, name string, ar
 	if err != nil {
 		return withCode(exitUsage, fmt.Errorf("elect: --min-fence: %w", err))
 	}
-	opts := &fenced.LeaseOptions{TTL: f.ttl, MinFence: minFence, FailOpen: false, MaxHold: fenced.HoldForever}
+	opts := &fenced.LeaseOptions{TTL: f.ttl, MinFence: minFence, FailOpen: false}
 
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, forwarded...)

@@ -198,9 +198,9 @@ func runPartitions(ctx context.Context, g *globals, f *partitionsFlags, group st
 				return
 			}
 			switch e.Kind {
-			case recipe.PartitionAcquired:
+			case fenced.EventAcquire:
 				fmt.Fprintf(g.stderr, "fenced: %s: acquired partition %d (fence %d)\n", id, e.Partition, e.Fence)
-			case recipe.PartitionReleased:
+			case fenced.EventRelease:
 				fmt.Fprintf(g.stderr, "fenced: %s: released partition %d (fence %d): %s\n", id, e.Partition, e.Fence, errText(e.Cause))
 			}
 		},
@@ -532,7 +532,12 @@ func lsPartitions(ctx context.Context, g *globals, group string) error {
 	}
 	members := st.Members
 	p := st.Partitions()
-	ids := st.MemberIDs(p)
+	live := 0
+	for _, m := range members {
+		if m.Partitions == p {
+			live++
+		}
+	}
 	target := map[int]string{}
 	for id, ps := range st.Targets() {
 		for _, i := range ps {
@@ -561,7 +566,7 @@ func lsPartitions(ctx context.Context, g *globals, group string) error {
 			group)
 	}
 	g.writeStoreHeader(g.stdout)
-	fmt.Fprintf(g.stdout, "group %s: %d partitions, %d members, lag %d (partitions not held)\n", group, p, len(ids), lag)
+	fmt.Fprintf(g.stdout, "group %s: %d partitions, %d members, lag %d (partitions not held)\n", group, p, live, lag)
 	if len(st.Invalid) > 0 {
 		fmt.Fprintf(g.stdout, "invalid keys (shaped like the group's, made by no member): %s\n", strings.Join(st.Invalid, ", "))
 	}

@@ -216,7 +216,7 @@ func supervisionHelp(probe bool) string {
 
 // leaseOptions turns the flags into explicit lease options: every field is
 // set, so nothing is left to a default by accident (--wait 0 is NoWait,
-// --max-hold 0 is HoldForever).
+// --max-hold 0 is no cap).
 func (f *runFlags) leaseOptions() (*fenced.LeaseOptions, error) {
 	if f.wait < 0 {
 		return nil, fmt.Errorf("run: --wait %v is negative", f.wait)
@@ -231,9 +231,6 @@ func (f *runFlags) leaseOptions() (*fenced.LeaseOptions, error) {
 	o := &fenced.LeaseOptions{TTL: f.ttl, MaxWait: f.wait, MaxHold: f.maxHold, MinFence: minFence, FailOpen: false}
 	if f.wait == 0 {
 		o.MaxWait = fenced.NoWait
-	}
-	if f.maxHold == 0 {
-		o.MaxHold = fenced.HoldForever
 	}
 	return o, nil
 }
