@@ -4,7 +4,7 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/core/capability"
 )
 
 // Checkpoint records value as l's key's checkpoint: progress that outlives
@@ -21,7 +21,7 @@ func (l *Lease) Checkpoint(ctx context.Context, value []byte) error {
 	if cp == nil {
 		return fmt.Errorf("fenced: checkpoint %q: %w: the store keeps no checkpoints", l.key, ErrUnsupported)
 	}
-	if err := driver.CheckCheckpoint(value); err != nil {
+	if err := capability.CheckCheckpoint(value); err != nil {
 		return fmt.Errorf("fenced: checkpoint %q: %w", l.key, err)
 	}
 	if err := cp.Checkpoint(ctx, l.grant(), value); err != nil {

@@ -1,11 +1,6 @@
 package driver
 
-import (
-	"context"
-	"fmt"
-
-	"github.com/fenced-dev/fenced/internal/core/sentinel"
-)
+import "context"
 
 // MaxCheckpoint is the largest checkpoint a Checkpointer stores, in bytes
 // (64 KiB): every backend that declares Checkpoint keeps one that large
@@ -36,13 +31,4 @@ type Checkpointer interface {
 	// grant, it is the last checkpoint any earlier holder stored: none can
 	// store another while the grant stands.
 	ReadCheckpoint(ctx context.Context, key string) (value []byte, fence uint64, err error)
-}
-
-// CheckCheckpoint returns an error matching fenced.ErrCheckpointTooLarge when
-// value is longer than MaxCheckpoint.
-func CheckCheckpoint(value []byte) error {
-	if len(value) > MaxCheckpoint {
-		return fmt.Errorf("%w: %d bytes, at most %d", sentinel.ErrCheckpointTooLarge, len(value), MaxCheckpoint)
-	}
-	return nil
 }

@@ -5,11 +5,12 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"github.com/fenced-dev/fenced"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/core/capability"
 )
 
 var _ driver.Checkpointer = (*Driver)(nil)
@@ -31,7 +32,7 @@ func (d *Driver) checkpointName(key string) string { return d.LockName(key) + ch
 // oldest of its lock's keys, so it holds the lock: a later grant exists
 // only once it is gone.
 func (d *Driver) Checkpoint(ctx context.Context, g driver.Grant, value []byte) error {
-	if err := driver.CheckCheckpoint(value); err != nil {
+	if err := capability.CheckCheckpoint(value); err != nil {
 		return fmt.Errorf("etcd: checkpoint %q: %w", g.Key, err)
 	}
 	e := d.grants.Lookup(g.Key, g.Owner)

@@ -3,10 +3,11 @@ package fencedredis
 import (
 	"context"
 	"fmt"
-	"github.com/fenced-dev/fenced"
 
+	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/backend/rediskit"
+	"github.com/fenced-dev/fenced/internal/core/capability"
 )
 
 var _ driver.Checkpointer = (*Driver)(nil)
@@ -18,7 +19,7 @@ func (d *Driver) Checkpoint(ctx context.Context, g driver.Grant, value []byte) e
 	if err := d.usable(); err != nil {
 		return err
 	}
-	if err := driver.CheckCheckpoint(value); err != nil {
+	if err := capability.CheckCheckpoint(value); err != nil {
 		return fmt.Errorf("redis: checkpoint %q: %w", g.Key, err)
 	}
 	ok, err := rediskit.RunCheckpoint(ctx, d.c, d.layout, g, value)

@@ -3,8 +3,8 @@ package fencedredis
 import (
 	"context"
 	"fmt"
-	"github.com/fenced-dev/fenced"
 
+	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/backend/rediskit"
 )

@@ -3,7 +3,6 @@ package fencedredis_test
 import (
 	"context"
 	"errors"
-	"github.com/fenced-dev/fenced"
 	"strconv"
 	"strings"
 	"testing"
@@ -11,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/fencedredis"
 	"github.com/fenced-dev/fenced/internal/backend/rediskit"

@@ -3,9 +3,10 @@ package mem
 import (
 	"context"
 	"fmt"
-	"github.com/fenced-dev/fenced"
 
+	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/core/capability"
 )
 
 var _ driver.Checkpointer = (*Driver)(nil)
@@ -20,7 +21,7 @@ type checkpoint struct {
 // Checkpoint implements driver.Checkpointer: under the store's lock, the
 // check that g is the key's current grant and the write are one step.
 func (d *Driver) Checkpoint(ctx context.Context, g driver.Grant, value []byte) error {
-	if err := driver.CheckCheckpoint(value); err != nil {
+	if err := capability.CheckCheckpoint(value); err != nil {
 		return fmt.Errorf("mem: checkpoint %q: %w", g.Key, err)
 	}
 	s, err := d.lockCtx(ctx)

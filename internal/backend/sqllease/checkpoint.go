@@ -5,10 +5,11 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"github.com/fenced-dev/fenced"
 
+	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/backend/leasetable"
+	"github.com/fenced-dev/fenced/internal/core/capability"
 )
 
 // CheckpointsSuffix names the table of checkpoints (driver.Checkpointer):
@@ -36,7 +37,7 @@ func (e *Engine) Checkpoint(ctx context.Context, g driver.Grant, value []byte) e
 	if err := e.checkpoints(); err != nil {
 		return err
 	}
-	if err := driver.CheckCheckpoint(value); err != nil {
+	if err := capability.CheckCheckpoint(value); err != nil {
 		return fmt.Errorf("%s: checkpoint %q: %w", e.d.Name, g.Key, err)
 	}
 	if g.Owner == "" {

@@ -4,9 +4,11 @@
 package capability
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/core/sentinel"
 )
 
 // Ops is what a driver can do beyond the Driver interface. Each field is
@@ -99,4 +101,13 @@ func TTLBounds(c driver.Capabilities, lo, hi time.Duration) (time.Duration, time
 		hi = min(hi, d)
 	}
 	return lo, hi
+}
+
+// CheckCheckpoint returns an error matching fenced.ErrCheckpointTooLarge
+// when value is longer than driver.MaxCheckpoint.
+func CheckCheckpoint(value []byte) error {
+	if len(value) > driver.MaxCheckpoint {
+		return fmt.Errorf("%w: %d bytes, at most %d", sentinel.ErrCheckpointTooLarge, len(value), driver.MaxCheckpoint)
+	}
+	return nil
 }
