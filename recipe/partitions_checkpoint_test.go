@@ -141,12 +141,15 @@ func TestPartitionsHandOffOverran(t *testing.T) {
 	}
 	late := make(chan lateCP, 2)
 	overran := make(chan recipe.PartitionEvent, 2)
+	// released[i] closes at partition i's EventLost, sent once its lease
+	// is released at the store (the lease's context ends before that).
+	released := [2]chan struct{}{make(chan struct{}), make(chan struct{})}
 	stubborn := func(ctx context.Context, p recipe.Partition) error {
 		if err := p.Lease.Checkpoint(ctx, fmt.Appendf(nil, "a before %d", p.Index)); err != nil {
 			return err
 		}
 		<-ctx.Done()
-		<-p.Lease.Context().Done() // ignores the hand-off until the lease is released
+		<-released[p.Index] // ignores the hand-off until the lease is released
 		late <- lateCP{p.Index, p.Lease.Checkpoint(context.Background(), []byte("a late"))}
 		return nil
 	}
@@ -155,6 +158,7 @@ func TestPartitionsHandOffOverran(t *testing.T) {
 		OnEvent: func(e recipe.PartitionEvent) {
 			if e.Kind == fenced.EventLost {
 				overran <- e
+				close(released[e.Partition])
 			}
 		}})
 	if err != nil {
@@ -207,14 +211,15 @@ func TestPartitionsLeaveOverran(t *testing.T) {
 	const grace = 200 * time.Millisecond
 	ctx := context.Background()
 	finished := make(chan error, 1)
+	released := make(chan struct{}) // closes at EventLost, sent once the store released the lease
 	var mu sync.Mutex
 	var events []recipe.PartitionEvent
 	m, err := recipe.JoinPartitions(ctx, partOpen(t, "mem://"+t.Name()), "leave", 1, func(ctx context.Context, p recipe.Partition) error {
 		<-ctx.Done()
 		fctx, cancel := p.Finish(ctx)
 		defer cancel()
-		<-fctx.Done()              // the grace is over (or the lease ended)
-		<-p.Lease.Context().Done() // overruns: returns only once the lease is released
+		<-fctx.Done() // the grace is over (or the lease ended)
+		<-released    // overruns: returns only once the lease is released
 		finished <- p.Lease.Checkpoint(context.Background(), []byte("late"))
 		return nil
 	}, &recipe.PartitionsOptions{Lease: &fenced.LeaseOptions{TTL: 5 * time.Second}, HandoffGrace: grace,
@@ -222,6 +227,9 @@ func TestPartitionsLeaveOverran(t *testing.T) {
 			mu.Lock()
 			defer mu.Unlock()
 			events = append(events, e)
+			if e.Kind == fenced.EventLost {
+				close(released)
+			}
 		}})
 	if err != nil {
 		t.Fatal(err)

@@ -50,8 +50,9 @@ func checkMode(t *testing.T, errb outFile, want string) {
 	var line string
 	eventually(t, 20*time.Second, "fenced -v did not say its supervision mode", func() bool {
 		for _, l := range strings.Split(errb.String(), "\n") {
-			if strings.HasPrefix(l, "fenced: supervision: ") {
-				line = l
+			// partitions run puts the time before each line.
+			if i := strings.Index(l, "fenced: supervision: "); i == 0 || (i > 0 && l[i-1] == ' ' && !strings.Contains(l[:i-1], " ")) {
+				line = l[i:]
 				return true
 			}
 		}

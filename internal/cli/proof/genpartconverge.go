@@ -49,8 +49,8 @@ type partConvergence struct {
 // partConvergeLimit is how long converge waits at most after the churn.
 const partConvergeLimit = 3 * time.Minute
 
-// converge waits, after the last fault, until every member is live at the
-// current count, every partition is held by one of them, and each holds
+// converge waits, after the last fault, reviving members that exited,
+// until every member is live at the current count, every partition is held by one of them, and each holds
 // within the threshold of its weighted share (balanced), and at least 3
 // TTLs, so that the observer also sees the last fault's spells end.
 func (r *genPartRun) converge(ctx context.Context) partConvergence {
@@ -92,7 +92,12 @@ func (r *genPartRun) converge(ctx context.Context) partConvergence {
 				return conv
 			}
 		}
-		time.Sleep(50 * time.Millisecond)
+		// A member at an old count (the last deploy's sleeper) exits once
+		// continued: revive starts it again at the current count, as the
+		// nemesis's sleeps do.
+		if err := r.sleep(ctx, 50*time.Millisecond); err != nil {
+			break
+		}
 	}
 	return conv
 }
