@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -112,6 +113,10 @@ func takeTurns(t *testing.T) bool {
 	a1 := waketest.Refused(t, ctx, a, "job")
 	a2 := waketest.Refused(t, ctx, a, "job")
 	b1 := waketest.Refused(t, ctx, b, "job")
+	stood := queueOrder(t, holder, "job")
+	if len(stood) != 2 {
+		t.Fatalf("the queue of job holds %v, want a's entry and b's", stood)
+	}
 	woken := func(n int, want driver.Subscription, others ...driver.Subscription) bool {
 		t.Helper()
 		before := count()
@@ -136,6 +141,16 @@ func takeTurns(t *testing.T) bool {
 		return false
 	}
 	a1.Close() // served: a has a2 left, and goes to the end
+	// a goes to the end in the background. Until it is there, a release
+	// may find the queue without it, and a's requeue then rings the first
+	// entry itself if the key is free (by design): a2 would be woken too.
+	for deadline := time.Now().Add(10 * time.Second); !slices.Equal(queueOrder(t, holder, "job"), []string{stood[1], stood[0]}); {
+		if time.Now().After(deadline) {
+			t.Fatalf("10s after a's first waiter was served, the queue of job is %v, want %v", queueOrder(t, holder, "job"),
+				[]string{stood[1], stood[0]})
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	release(1)
 	if !woken(2, b1, a2) {
 		return false
@@ -199,6 +214,28 @@ func queueRows(t *testing.T, d *fencedsqlite.Driver, prefix string) int {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// queueOrder returns the members of key's waiter queue, first first.
+func queueOrder(t *testing.T, d *fencedsqlite.Driver, key string) []string {
+	t.Helper()
+	rows, err := d.DB().Query(`SELECT member FROM `+fencedsqlite.DefaultTable+`_waiters WHERE key = ?1 ORDER BY seq`, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var members []string
+	for rows.Next() {
+		var m string
+		if err := rows.Scan(&m); err != nil {
+			t.Fatal(err)
+		}
+		members = append(members, m)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return members
 }
 
 // queueState describes the waiter queue of path for a failure message:
