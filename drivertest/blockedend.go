@@ -168,21 +168,8 @@ func (e *ends) wait(deadline time.Time) map[*fenced.Lease]time.Time {
 // and return after Options.CloseTimeout.
 func (s *suite) testBlockedDriverDelaysNoEnd(t *testing.T) {
 	const n = 20
-	ctx := Context(t)
 	opts := func() *fenced.Options {
 		return &fenced.Options{MinFence: s.h.MinFence, CloseTimeout: 300 * time.Millisecond}
-	}
-	acquire := func(c *fenced.Client, prefix string, ttl time.Duration) []*fenced.Lease {
-		t.Helper()
-		leases := make([]*fenced.Lease, n)
-		for i := range leases {
-			l, err := c.TryAcquire(ctx, fmt.Sprintf("%s:%d", prefix, i), &fenced.LeaseOptions{TTL: ttl})
-			if err != nil {
-				t.Fatal(err)
-			}
-			leases[i] = l
-		}
-		return leases
 	}
 	watched := func(d *stuck) {
 		t.Helper()
@@ -200,7 +187,7 @@ func (s *suite) testBlockedDriverDelaysNoEnd(t *testing.T) {
 		// Long enough for the loss watches to start (a tenth of a second
 		// after the grant) well before validity ends.
 		ttl := max(s.h.ShortTTL, 500*time.Millisecond)
-		leases := acquire(c, Key("stuckend"), ttl)
+		leases := acquireMany(t, c, Key("stuckend"), n, ttl)
 		d.blocked.Store(true)
 		e := watchEnds(leases)
 		// One lease is released: its Release never returns, and its
@@ -237,7 +224,7 @@ func (s *suite) testBlockedDriverDelaysNoEnd(t *testing.T) {
 		if hi := d.Driver.Capabilities().Keeps.MaxTTL; hi > 0 {
 			ttl = min(ttl, hi)
 		}
-		leases := acquire(c, Key("stuckclose"), ttl)
+		leases := acquireMany(t, c, Key("stuckclose"), n, ttl)
 		watched(d)
 		d.blocked.Store(true)
 		e := watchEnds(leases)
@@ -302,6 +289,11 @@ func checkEnds(t *testing.T, leases []*fenced.Lease, seen map[*fenced.Lease]time
 // The race detector makes every lease's work several times dearer. A
 // shared two-core machine then misses the deadline by CPU alone, so under
 // the race detector it holds n/5 leases. The deadline stays the same.
+//
+// The first leases are renewed while the last are acquired. On a busy
+// machine that takes longer than ttl, so the TTL is raised to twice the
+// acquisition time a timed first batch predicts. A lease lost before the
+// cut fails the test.
 func CheckEndsThroughBlackHole(t *testing.T, c *fenced.Client, n int, ttl time.Duration, hole func(on bool)) {
 	t.Helper()
 	if raceDetector {
@@ -310,32 +302,25 @@ func CheckEndsThroughBlackHole(t *testing.T, c *fenced.Client, n int, ttl time.D
 	slack := endSlack(t)
 	ctx := Context(t)
 	prefix := Key("blackhole")
-	leases := make([]*fenced.Lease, n)
+	// A first round opens the connections; the second is timed.
+	var took time.Duration
+	for round := range 2 {
+		start := time.Now()
+		pilot := acquireMany(t, c, fmt.Sprintf("%s-pilot%d", prefix, round), pilotLeases, ttl)
+		took = time.Since(start)
+		for _, l := range pilot {
+			l.Release(ctx)
+		}
+	}
+	predicted := took * time.Duration(n) / pilotLeases
+	ttl = max(ttl, (2 * predicted).Round(time.Second))
+	if hi := c.Capabilities().Keeps.MaxTTL; hi > 0 && ttl > hi {
+		ttl = hi.Truncate(time.Second)
+	}
 	began := time.Now()
-	var (
-		wg     sync.WaitGroup
-		next   atomic.Int64
-		failed atomic.Value
-	)
-	for range 64 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := int(next.Add(1) - 1); i < n && failed.Load() == nil; i = int(next.Add(1) - 1) {
-				l, err := c.TryAcquire(ctx, fmt.Sprintf("%s:%d", prefix, i), &fenced.LeaseOptions{TTL: ttl})
-				if err != nil {
-					failed.Store(err)
-					return
-				}
-				leases[i] = l
-			}
-		}()
-	}
-	wg.Wait()
-	if err := failed.Load(); err != nil {
-		t.Fatalf("acquire: %v", err)
-	}
-	t.Logf("%d leases acquired in %v", n, time.Since(began).Round(time.Millisecond))
+	leases := acquireMany(t, c, prefix, n, ttl)
+	t.Logf("%d leases of TTL %v acquired in %v (%d took %v; the TTL is at least twice the predicted %v)",
+		n, ttl, time.Since(began).Round(time.Millisecond), pilotLeases, took.Round(time.Millisecond), predicted.Round(time.Millisecond))
 	// Let every lease start its loss watch (a tenth of a second after its
 	// grant), so that ending a lease has the driver stop one.
 	time.Sleep(300 * time.Millisecond)
@@ -362,6 +347,41 @@ func CheckEndsThroughBlackHole(t *testing.T, c *fenced.Client, n int, ttl time.D
 		}
 	}
 }
+
+// acquireMany acquires the n keys prefix:0 to prefix:n-1 with TTL ttl,
+// with up to 64 requests at a time.
+func acquireMany(t *testing.T, c *fenced.Client, prefix string, n int, ttl time.Duration) []*fenced.Lease {
+	t.Helper()
+	ctx := Context(t)
+	leases := make([]*fenced.Lease, n)
+	var (
+		wg     sync.WaitGroup
+		next   atomic.Int64
+		failed atomic.Value
+	)
+	for range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := int(next.Add(1) - 1); i < n && failed.Load() == nil; i = int(next.Add(1) - 1) {
+				l, err := c.TryAcquire(ctx, fmt.Sprintf("%s:%d", prefix, i), &fenced.LeaseOptions{TTL: ttl})
+				if err != nil {
+					failed.Store(err)
+					return
+				}
+				leases[i] = l
+			}
+		}()
+	}
+	wg.Wait()
+	if err := failed.Load(); err != nil {
+		t.Fatalf("acquire: %v", err)
+	}
+	return leases
+}
+
+// pilotLeases is how many leases the timed first batch acquires.
+const pilotLeases = 128
 
 func lastEnd(seen map[*fenced.Lease]time.Time) time.Time {
 	var last time.Time
