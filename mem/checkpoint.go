@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/core/capability"
 )
@@ -29,9 +28,8 @@ func (d *Driver) Checkpoint(ctx context.Context, g driver.Grant, value []byte) e
 		return err
 	}
 	defer s.mu.Unlock()
-	e := s.keys[g.Key]
-	if e == nil || !e.heldAt(s.clock.Now()) || e.owner != g.Owner || e.fence != g.Fence {
-		return fmt.Errorf("%s fence %d: %w", g.Key, g.Fence, fenced.ErrNotHeld)
+	if _, err := s.held(g); err != nil {
+		return err
 	}
 	if s.checkpoints == nil {
 		s.checkpoints = map[string]checkpoint{}

@@ -172,6 +172,19 @@ func (d *Driver) lockCtx(ctx context.Context) (*Store, error) {
 
 func (e *entry) heldAt(now time.Time) bool { return e.owner != "" && now.Before(e.expires) }
 
+// held returns g's entry if g is its key's current, unexpired grant.
+// The caller holds s.mu.
+func (s *Store) held(g driver.Grant) (*entry, error) { return s.heldAt(g, s.clock.Now()) }
+
+// heldAt returns g's entry if g is its key's current grant at now.
+func (s *Store) heldAt(g driver.Grant, now time.Time) (*entry, error) {
+	e := s.keys[g.Key]
+	if e == nil || !e.heldAt(now) || e.owner != g.Owner || e.fence != g.Fence {
+		return nil, fmt.Errorf("%s fence %d: %w", g.Key, g.Fence, fenced.ErrNotHeld)
+	}
+	return e, nil
+}
+
 // TryAcquire implements driver.Driver.
 func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
 	s, err := d.lockCtx(ctx)
@@ -369,9 +382,9 @@ func (d *Driver) SetValue(ctx context.Context, g driver.Grant, value string) err
 		return err
 	}
 	defer s.mu.Unlock()
-	e := s.keys[g.Key]
-	if e == nil || !e.heldAt(s.clock.Now()) || e.owner != g.Owner || e.fence != g.Fence {
-		return fmt.Errorf("%s fence %d: %w", g.Key, g.Fence, fenced.ErrNotHeld)
+	e, err := s.held(g)
+	if err != nil {
+		return err
 	}
 	e.value = value
 	return nil

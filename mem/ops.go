@@ -109,9 +109,9 @@ func (d *Driver) RenewBatch(ctx context.Context, grants []driver.Grant) ([]error
 
 // renew extends g by its TTL, if it is the current grant of its key.
 func (s *Store) renew(g driver.Grant, now time.Time) error {
-	e := s.keys[g.Key]
-	if e == nil || !e.heldAt(now) || e.owner != g.Owner || e.fence != g.Fence {
-		return fmt.Errorf("%s fence %d: %w", g.Key, g.Fence, fenced.ErrNotHeld)
+	e, err := s.heldAt(g, now)
+	if err != nil {
+		return err
 	}
 	e.expires = now.Add(g.TTL)
 	return nil
@@ -133,9 +133,8 @@ func (d *Driver) WatchLoss(g driver.Grant, lost func(error)) (func(), error) {
 		return nil, err
 	}
 	defer s.mu.Unlock()
-	e := s.keys[g.Key]
-	if e == nil || !e.heldAt(s.clock.Now()) || e.owner != g.Owner || e.fence != g.Fence {
-		return nil, fmt.Errorf("%s fence %d: %w", g.Key, g.Fence, fenced.ErrNotHeld)
+	if _, err := s.held(g); err != nil {
+		return nil, err
 	}
 	w := &lossWatch{g: g, lost: lost}
 	if s.watches == nil {
