@@ -1,7 +1,6 @@
 package proof
 
 import (
-	"bytes"
 	"fmt"
 	"io"
 	"time"
@@ -102,11 +101,5 @@ func WriteGenElectSection(w io.Writer, rows []GenElectRow) {
 // UpdateGenElectSection rewrites the elector row's section of the report
 // at path from the rows kept in rowsPath.
 func UpdateGenElectSection(path, rowsPath string) error {
-	rows, err := readRows[GenElectRow](rowsPath)
-	if err != nil {
-		return err
-	}
-	var sec bytes.Buffer
-	WriteGenElectSection(&sec, rows)
-	return updateSection(path, genElectBegin, genElectEnd, genElectBefore, sec.Bytes())
+	return updateRowsSection(path, rowsPath, WriteGenElectSection, genElectBegin, genElectEnd, genElectBefore)
 }

@@ -1,7 +1,6 @@
 package proof
 
 import (
-	"bytes"
 	"fmt"
 	"io"
 	"time"
@@ -118,11 +117,5 @@ func WriteGenJobsSection(w io.Writer, rows []GenJobsRow) {
 // UpdateGenJobsSection rewrites the jobs row's section of the report at
 // path from the rows kept in rowsPath.
 func UpdateGenJobsSection(path, rowsPath string) error {
-	rows, err := readGenJobsRows(rowsPath)
-	if err != nil {
-		return err
-	}
-	var sec bytes.Buffer
-	WriteGenJobsSection(&sec, rows)
-	return updateSection(path, genJobsBegin, genJobsEnd, genJobsBefore, sec.Bytes())
+	return updateRowsSection(path, rowsPath, WriteGenJobsSection, genJobsBegin, genJobsEnd, genJobsBefore)
 }

@@ -1,7 +1,6 @@
 package proof
 
 import (
-	"bytes"
 	"fmt"
 	"io"
 	"sort"
@@ -130,11 +129,5 @@ func WriteGenPartSection(w io.Writer, rows []GenPartRow) {
 // UpdateGenPartSection rewrites the partitions row's section of the report
 // at path from the rows kept in rowsPath.
 func UpdateGenPartSection(path, rowsPath string) error {
-	rows, err := ReadGenPartRows(rowsPath)
-	if err != nil {
-		return err
-	}
-	var sec bytes.Buffer
-	WriteGenPartSection(&sec, rows)
-	return updateSection(path, genPartBegin, genPartEnd, genPartBefore, sec.Bytes())
+	return updateRowsSection(path, rowsPath, WriteGenPartSection, genPartBegin, genPartEnd, genPartBefore)
 }

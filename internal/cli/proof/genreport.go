@@ -1,7 +1,6 @@
 package proof
 
 import (
-	"bytes"
 	"fmt"
 	"io"
 	"sort"
@@ -80,13 +79,7 @@ func WriteGenSection(w io.Writer, rows []GenRow) {
 // UpdateGenSection rewrites the generative section of the report at path
 // from the rows kept in rowsPath, appending it if the report has none.
 func UpdateGenSection(path, rowsPath string) error {
-	rows, err := ReadGenRows(rowsPath)
-	if err != nil {
-		return err
-	}
-	var sec bytes.Buffer
-	WriteGenSection(&sec, rows)
-	return updateSection(path, genBegin, genEnd, "## Timelines", sec.Bytes())
+	return updateRowsSection(path, rowsPath, WriteGenSection, genBegin, genEnd, "## Timelines")
 }
 
 const genPreamble = `The generative mode (proof.RunGen; ` + "`go test ./internal/cli/proof -run TestGenerativeSlice`" + `

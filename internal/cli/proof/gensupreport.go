@@ -1,7 +1,6 @@
 package proof
 
 import (
-	"bytes"
 	"fmt"
 	"io"
 	"sort"
@@ -148,11 +147,5 @@ func WriteGenSupSection(w io.Writer, rows []GenSupRow) {
 // UpdateGenSupSection rewrites the supervisors' section of the report at
 // path from the rows kept in rowsPath.
 func UpdateGenSupSection(path, rowsPath string) error {
-	rows, err := ReadGenSupRows(rowsPath)
-	if err != nil {
-		return err
-	}
-	var sec bytes.Buffer
-	WriteGenSupSection(&sec, rows)
-	return updateSection(path, genSupBegin, genSupEnd, genSupBefore, sec.Bytes())
+	return updateRowsSection(path, rowsPath, WriteGenSupSection, genSupBegin, genSupEnd, genSupBefore)
 }

@@ -2,8 +2,21 @@ package proof
 
 import (
 	"bytes"
+	"io"
 	"os"
 )
+
+// updateRowsSection rewrites one section of the report at path (see
+// updateSection) with what write makes of the rows kept in rowsPath.
+func updateRowsSection[R any](path, rowsPath string, write func(io.Writer, []R), begin, end, before string) error {
+	rows, err := readRows[R](rowsPath)
+	if err != nil {
+		return err
+	}
+	var sec bytes.Buffer
+	write(&sec, rows)
+	return updateSection(path, begin, end, before, sec.Bytes())
+}
 
 // updateSection rewrites the part of the report at path between the
 // marker lines begin and end (both included in sec) with sec, inserting
