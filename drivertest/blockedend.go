@@ -187,7 +187,7 @@ func (s *suite) testBlockedDriverDelaysNoEnd(t *testing.T) {
 		// Long enough for the loss watches to start (a tenth of a second
 		// after the grant) well before validity ends.
 		ttl := max(s.h.ShortTTL, 500*time.Millisecond)
-		leases := acquireMany(t, c, Key("stuckend"), n, ttl)
+		leases := acquireMany(t, c, Key("stuckend"), n, 1, ttl)
 		d.blocked.Store(true)
 		e := watchEnds(leases)
 		// One lease is released: its Release never returns, and its
@@ -224,7 +224,7 @@ func (s *suite) testBlockedDriverDelaysNoEnd(t *testing.T) {
 		if hi := d.Driver.Capabilities().Keeps.MaxTTL; hi > 0 {
 			ttl = min(ttl, hi)
 		}
-		leases := acquireMany(t, c, Key("stuckclose"), n, ttl)
+		leases := acquireMany(t, c, Key("stuckclose"), n, 1, ttl)
 		watched(d)
 		d.blocked.Store(true)
 		e := watchEnds(leases)
@@ -306,7 +306,7 @@ func CheckEndsThroughBlackHole(t *testing.T, c *fenced.Client, n int, ttl time.D
 	var took time.Duration
 	for round := range 2 {
 		start := time.Now()
-		pilot := acquireMany(t, c, fmt.Sprintf("%s-pilot%d", prefix, round), pilotLeases, ttl)
+		pilot := acquireMany(t, c, fmt.Sprintf("%s-pilot%d", prefix, round), pilotLeases, 64, ttl)
 		took = time.Since(start)
 		for _, l := range pilot {
 			l.Release(ctx)
@@ -318,7 +318,7 @@ func CheckEndsThroughBlackHole(t *testing.T, c *fenced.Client, n int, ttl time.D
 		ttl = hi.Truncate(time.Second)
 	}
 	began := time.Now()
-	leases := acquireMany(t, c, prefix, n, ttl)
+	leases := acquireMany(t, c, prefix, n, 64, ttl)
 	t.Logf("%d leases of TTL %v acquired in %v (%d took %v; the TTL is at least twice the predicted %v)",
 		n, ttl, time.Since(began).Round(time.Millisecond), pilotLeases, took.Round(time.Millisecond), predicted.Round(time.Millisecond))
 	// Let every lease start its loss watch (a tenth of a second after its
@@ -349,8 +349,9 @@ func CheckEndsThroughBlackHole(t *testing.T, c *fenced.Client, n int, ttl time.D
 }
 
 // acquireMany acquires the n keys prefix:0 to prefix:n-1 with TTL ttl,
-// with up to 64 requests at a time.
-func acquireMany(t *testing.T, c *fenced.Client, prefix string, n int, ttl time.Duration) []*fenced.Lease {
+// with up to parallel requests at a time. One at a time suits a TTL
+// shorter than a burst of requests takes on a busy machine.
+func acquireMany(t *testing.T, c *fenced.Client, prefix string, n, parallel int, ttl time.Duration) []*fenced.Lease {
 	t.Helper()
 	ctx := Context(t)
 	leases := make([]*fenced.Lease, n)
@@ -359,7 +360,7 @@ func acquireMany(t *testing.T, c *fenced.Client, prefix string, n int, ttl time.
 		next   atomic.Int64
 		failed atomic.Value
 	)
-	for range 64 {
+	for range parallel {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
