@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -213,39 +214,51 @@ func TestPartitionsRunShape(t *testing.T) {
 	}
 	s := newShapeGroup(t, p, 2, 5*time.Second)
 	s.awaitAllWritten(60 * time.Second)
-	time.Sleep(2 * time.Second) // settled: renewals and scans under way
-	owners := partitionOwners(t, s.store, "g")
-	conns := s.storeConns()
-	ofMembers := 0
-	total := 0
-	for id, m := range s.members {
-		owned := 0
-		for _, o := range owners {
-			if o == id {
-				owned++
+	// The counts are read while the assignment stands still: every
+	// partition held, the same owners a second before and after, so no
+	// supervisor is starting or ending for a move.
+	type count struct{ owned, procs, conns int }
+	var counts map[string]count
+	var conns []int
+	eventually(t, 60*time.Second, "a stable assignment to count in", func() bool {
+		before := partitionOwners(t, s.store, "g")
+		time.Sleep(time.Second)
+		conns = s.storeConns()
+		counts = map[string]count{}
+		for id, m := range s.members {
+			c := count{procs: fencedProcs(m.pid)}
+			for _, o := range before {
+				if o == id {
+					c.owned++
+				}
 			}
-		}
-		ports := socketPorts(m.pid)
-		mine := 0
-		for _, port := range conns {
-			if ports[port] {
-				mine++
+			ports := socketPorts(m.pid)
+			for _, port := range conns {
+				if ports[port] {
+					c.conns++
+				}
 			}
+			counts[id] = c
 		}
-		ofMembers += mine
-		n := fencedProcs(m.pid)
-		total += n
+		time.Sleep(time.Second)
+		after := partitionOwners(t, s.store, "g")
+		return len(before) == p && maps.Equal(before, after)
+	})
+	ofMembers, total := 0, 0
+	for id, c := range counts {
+		ofMembers += c.conns
+		total += c.procs
 		t.Logf("member %s (pid %d): owns %d partitions; %d fenced processes and %d processes in all below it; %d store connections",
-			id, m.pid, owned, n, len(descendants(m.pid)), mine)
+			id, s.members[id].pid, c.owned, c.procs, len(descendants(s.members[id].pid)), c.conns)
 		// One client: its pool, the listener's connection and the
 		// listener's spare (fencedpostgres/listen.go), whatever P is.
-		if mine > shapePool+2 {
+		if c.conns > shapePool+2 {
 			t.Errorf("member %s has %d connections to the store, more than one client's (a pool of %d, the listener and its spare)",
-				id, mine, shapePool)
+				id, c.conns, shapePool)
 		}
-		if n > 1+2*owned {
+		if c.procs > 1+2*c.owned {
 			t.Errorf("member %s: %d fenced processes for %d partitions: more than the member, and a supervisor and its guard a partition",
-				id, n, owned)
+				id, c.procs, c.owned)
 		}
 	}
 	if ofMembers != len(conns) {
