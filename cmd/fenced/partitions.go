@@ -68,10 +68,14 @@ For every partition it owns, run starts COMMAND with:
   FENCED_OWNER      the owner digest (see fenced run --help)
   FENCED_STORE      the store URL with any password redacted
 
-Each COMMAND runs under a supervisor process of its own, which holds it as fenced
-run does (its own process group, a cgroup where the system allows it, every
-process it starts) and which the member tells the partition lease's validity after
-every renewal. The lease is released only once no process of COMMAND is left.
+The member is one store client (one connection pool) for its membership and every
+partition it holds. Each COMMAND runs under a supervisor process of its own, which
+holds it as fenced run does (its own process group, a cgroup where the system allows
+it, every process it starts) and which the member tells the partition lease's
+validity after every renewal; the supervisors hold no store client. The lease is
+released only once no process of COMMAND is left. COMMAND runs once per partition,
+not once per member, so that a hand-off or loss ends the one partition's processes
+while the others run on (docs/supervision.md says why, and what a member costs).
   - Handed off to another member, or the member leaves: every process of COMMAND
     gets SIGTERM, then SIGKILL after --grace, while the member keeps the lease.
   - Lost, or not renewed (the store is cut off, the member is stopped with
