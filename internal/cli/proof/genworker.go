@@ -339,9 +339,16 @@ func (w *genWorker) stepAll(ctx context.Context, rng *rand.Rand, op int64, hold 
 		w.record(Event{Kind: AcquireFail, Op: op, Name: name, Err: errString(err)})
 		return
 	}
+	// The members are recorded as of when the set's health was read (the
+	// checker compares it with the other grants of their keys), however
+	// late the records follow on a starved worker.
+	asked, askedLocal := Now(), time.Now()
 	healthy := set.Err() == nil
+	if healthy {
+		w.checkReturnedSet(set, askedLocal)
+	}
 	for _, l := range set.Leases() {
-		w.record(Event{Kind: SetMember, Op: op, Name: name, Key: l.Key(), Fence: l.Fence(), Owner: fence.OwnerDigest(l.Owner()),
+		w.record(Event{T: asked, Kind: SetMember, Op: op, Name: name, Key: l.Key(), Fence: l.Fence(), Owner: fence.OwnerDigest(l.Owner()),
 			Value: boolInt(healthy), TTL: l.Options().TTL})
 		w.mu.Lock()
 		w.held[l] = heldLease{owner: fence.OwnerDigest(l.Owner())}
@@ -564,6 +571,22 @@ func (w *genWorker) checkSet(set *recipe.LeaseSet) {
 		if l.Err() != nil && set.Err() == nil {
 			w.record(Event{Kind: SetHealthyLost, Key: l.Key(), Fence: l.Fence(), Owner: fence.OwnerDigest(l.Owner()),
 				Err: errString(l.Err())})
+			return
+		}
+	}
+}
+
+// checkReturnedSet records a set AcquireAll returned that reported itself
+// healthy (Err nil) when asked at asked, although one of its leases' local
+// validity had run out by then (a set's Err reads its leases' Err, which
+// read the client's clock). Validity only moves on, so a ValidUntil read
+// after asked that is before it was already over at asked; the millisecond
+// allows for ValidUntil mapping the client's clock onto time.Now's.
+func (w *genWorker) checkReturnedSet(set *recipe.LeaseSet, asked time.Time) {
+	for _, l := range set.Leases() {
+		if until := rootaccess.ValidUntil(l); until.Add(time.Millisecond).Before(asked) {
+			w.record(Event{Kind: SetHealthyLost, Key: l.Key(), Fence: l.Fence(), Owner: fence.OwnerDigest(l.Owner()),
+				Err: fmt.Sprintf("AcquireAll returned it healthy %v past its lease's local validity", asked.Sub(until).Round(time.Millisecond))})
 			return
 		}
 	}
