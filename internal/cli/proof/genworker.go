@@ -154,6 +154,11 @@ func runGenWorker(cfg GenWorkerConfig) error {
 	w := &genWorker{cfg: cfg, rec: rec, pid: int64(os.Getpid()), poolTTL: cfg.PoolTTL, held: map[*fenced.Lease]heldLease{},
 		sets: map[*recipe.LeaseSet]struct{}{}, broken: map[*fenced.Lease]time.Time{}}
 	hooks := func(e fenced.Event) {
+		if e.Kind == fenced.EventAcquire && e.Err == nil {
+			if g, ok := e.Context.Value(setGrantsKey{}).(*setGrants); ok {
+				g.granted(Now())
+			}
+		}
 		if e.Kind == fenced.EventLost {
 			w.record(Event{Kind: Lost, Key: e.Lease.Key(), Fence: e.Lease.Fence(), Err: errString(e.Err)})
 		}
@@ -334,7 +339,8 @@ func (w *genWorker) stepAll(ctx context.Context, rng *rand.Rand, op int64, hold 
 		list = append(list, k)
 		w.invoke(op, name, k)
 	}
-	set, err := acquireAll(ctx, w.client, list, opts)
+	grants := &setGrants{}
+	set, err := acquireAll(context.WithValue(ctx, setGrantsKey{}, grants), w.client, list, opts)
 	if err != nil {
 		w.record(Event{Kind: AcquireFail, Op: op, Name: name, Err: errString(err)})
 		return
@@ -347,9 +353,14 @@ func (w *genWorker) stepAll(ctx context.Context, rng *rand.Rand, op int64, hold 
 	if healthy {
 		w.checkReturnedSet(set, askedLocal)
 	}
-	for _, l := range set.Leases() {
+	members := set.Leases()
+	for i, l := range members {
+		var confirmed int64
+		if i < len(members)-1 {
+			confirmed = grants.last()
+		}
 		w.record(Event{T: asked, Kind: SetMember, Op: op, Name: name, Key: l.Key(), Fence: l.Fence(), Owner: fence.OwnerDigest(l.Owner()),
-			Value: boolInt(healthy), TTL: l.Options().TTL})
+			Value: boolInt(healthy), TTL: l.Options().TTL, Confirmed: confirmed})
 		w.mu.Lock()
 		w.held[l] = heldLease{owner: fence.OwnerDigest(l.Owner())}
 		w.mu.Unlock()
@@ -574,6 +585,29 @@ func (w *genWorker) checkSet(set *recipe.LeaseSet) {
 			return
 		}
 	}
+}
+
+// setGrants is when the acquisitions of one AcquireAll call were granted,
+// as the client's hook sees them (their contexts carry it under
+// setGrantsKey): AcquireAll takes its keys one after another, so the last
+// is its last key's grant, after which it renews the others.
+type setGrants struct {
+	mu sync.Mutex
+	t  int64
+}
+
+type setGrantsKey struct{}
+
+func (g *setGrants) granted(t int64) {
+	g.mu.Lock()
+	g.t = t
+	g.mu.Unlock()
+}
+
+func (g *setGrants) last() int64 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.t
 }
 
 // checkReturnedSet records a set AcquireAll returned that reported itself
