@@ -175,3 +175,68 @@ func TestNativeFallsBackToScripts(t *testing.T) {
 		}
 	}
 }
+
+// TestNativeRenewalRefusedAfterExpiryAndRegrant forces, on the server's
+// own clock, the sequence a starved holder meets: its grant expires, the
+// key is granted again (to another owner, or to the same owner by an
+// acquisition that retried), and then the old holder's renewal arrives.
+// On every path (SET IFEQ where the server has it, the script elsewhere)
+// the renewal must be refused, and the new grant's value and expiry left
+// as they were: SET IFEQ compares the whole value, fence included, which
+// no two grants share.
+func TestNativeRenewalRefusedAfterExpiryAndRegrant(t *testing.T) {
+	srv := testenv.StartRedis(t, testenv.RedisConfig{NoPersistence: true})
+	v := testenv.RedisVersion(t)
+	old, other := newDriver(t, srv, nil), newDriver(t, srv, nil)
+	ctx := context.Background()
+	if got, want := old.Commands(ctx), nativeOf(v).String(); got != want {
+		t.Fatalf("%v: Commands() = %q, want %q", v, got, want)
+	}
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	defer c.Close()
+	const lock = "fenced:{k}:lock"
+	for _, sameOwner := range []bool{false, true} {
+		o := owner()
+		const ttl = 100 * time.Millisecond
+		f, err := old.TryAcquire(ctx, "k", o, ttl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g := driver.Grant{Key: "k", Owner: o, Fence: f, TTL: time.Minute}
+		// Expired on the server's clock: PTTL reports -2 once the key is
+		// past its expiry (and deletes it).
+		for c.PTTL(ctx, lock).Val() != -2 {
+			time.Sleep(10 * time.Millisecond)
+		}
+		o2 := owner()
+		if sameOwner {
+			o2 = o
+		}
+		f2, err := other.TryAcquire(ctx, "k", o2, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f2 <= f {
+			t.Fatalf("regrant fence %d after %d", f2, f)
+		}
+		value := c.Get(ctx, lock).Val()
+		if err := c.PExpire(ctx, lock, 30*time.Second).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := old.Renew(ctx, g); !errors.Is(err, fenced.ErrNotHeld) {
+			t.Fatalf("%v (same owner %v): the expired grant's renewal after the regrant: %v, want ErrNotHeld", v, sameOwner, err)
+		}
+		if errs, err := old.RenewBatch(ctx, []driver.Grant{g, g}); err != nil || !errors.Is(errs[0], fenced.ErrNotHeld) {
+			t.Fatalf("%v (same owner %v): the expired grant's batch renewal after the regrant: %v, %v, want ErrNotHeld", v, sameOwner, errs, err)
+		}
+		if got := c.Get(ctx, lock).Val(); got != value {
+			t.Fatalf("%v (same owner %v): the new grant's value is %q after the old renewal, was %q", v, sameOwner, got, value)
+		}
+		if pttl := c.PTTL(ctx, lock).Val(); pttl > 30*time.Second {
+			t.Fatalf("%v (same owner %v): the new grant's expiry was moved to %v by the old holder's renewal", v, sameOwner, pttl)
+		}
+		if err := other.Release(ctx, driver.Grant{Key: "k", Owner: o2, Fence: f2, TTL: time.Minute}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

@@ -162,10 +162,14 @@ func (s *LeaseSet) lost(l *fenced.Lease) {
 
 // check cancels the set's context if a lease has ended and the AfterFunc
 // that does so has not run yet, so that the set never reports itself live
-// while one of its leases is not.
+// while one of its leases is not. It asks each lease's Err, which reads
+// the client's clock, not the lease's context: the client's schedule
+// cancels that context when the validity runs out, but its timer may fire
+// late (a process starved of CPU), and meanwhile the store may have
+// granted the key to someone else.
 func (s *LeaseSet) check() {
 	for _, l := range s.leases {
-		if l.Context().Err() != nil {
+		if l.Err() != nil {
 			s.lost(l)
 			return
 		}
@@ -173,8 +177,9 @@ func (s *LeaseSet) check() {
 }
 
 // setContext is a LeaseSet's context: its Err and Done look at the
-// set's leases first (see LeaseSet.check), so a lease's end shows in them
-// at once, not only once the AfterFunc that cancels the set has run.
+// set's leases first (see LeaseSet.check), so a lease's end, its validity
+// running out included, shows in them at once, not only once the client's
+// schedule and the AfterFunc that cancels the set have run.
 type setContext struct {
 	context.Context
 	s *LeaseSet
@@ -206,8 +211,10 @@ func (s *LeaseSet) Fences() map[string]uint64 {
 
 // Context returns a context cancelled when any lease of the set ends, with
 // a cause naming the key. The cause matches that lease's cause: IsLost for
-// a loss, ErrReleased after Release. Its Err and Done reflect a lease's
-// end as soon as that lease's own context does.
+// a loss, ErrExpired once a lease's validity has run out, ErrReleased after
+// Release. Its Err and Done reflect a lease's end as soon as that lease's
+// Err does: they read the client's clock, so they say a lease is over
+// even when the client's schedule, which cancels it, runs late.
 func (s *LeaseSet) Context() context.Context { return s.ctx }
 
 // Err returns nil while every lease is held, and afterwards the cause of

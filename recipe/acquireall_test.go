@@ -3,10 +3,12 @@ package recipe_test
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/clock"
 	"github.com/fenced-dev/fenced/recipe"
 )
 
@@ -99,5 +101,76 @@ func TestLeaseSetReflectsALossAtOnce(t *testing.T) {
 			t.Fatal("set.Context().Err() = nil right after its lease on a was lost")
 		}
 		set.Release(ctx)
+	}
+}
+
+// stalledClock is a client clock whose timers never fire while its time
+// moves on (Jump): the client's schedule, which cancels a lease's context
+// when its validity runs out, is as late as a starved process's. Each
+// lease's Err reads the clock itself and says the lease is over; the
+// set's must too.
+type stalledClock struct {
+	fake *clock.Fake
+	mu   sync.Mutex
+	skew time.Duration
+}
+
+func (c *stalledClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.fake.Now().Add(c.skew)
+}
+
+// NewTimer returns a timer of the underlying fake clock, which is never
+// advanced: it never fires.
+func (c *stalledClock) NewTimer(d time.Duration) clock.Timer {
+	return c.fake.NewTimer(max(d, time.Hour))
+}
+
+// Jump moves Now on by d without firing a timer.
+func (c *stalledClock) Jump(d time.Duration) {
+	c.mu.Lock()
+	c.skew += d
+	c.mu.Unlock()
+}
+
+// TestLeaseSetEndsWithAMemberValidityWhenTheScheduleIsLate holds a set on
+// SQLite from a client whose schedule never runs (its timers never fire,
+// as in a process starved of CPU), then moves the client's clock past the
+// leases' validity. Each lease's Err says it expired; the set's Err,
+// Context().Err and Done must say so as well, at once: the store may
+// already have granted the keys to someone else. A set that reads only
+// its leases' contexts (which the late schedule has not cancelled yet)
+// would still report itself healthy.
+func TestLeaseSetEndsWithAMemberValidityWhenTheScheduleIsLate(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	clk := &stalledClock{fake: clock.NewFake(time.Now())}
+	c, err := fenced.Open(ctx, sqliteURL(t), &fenced.Options{Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	opts := &fenced.LeaseOptions{TTL: 10 * time.Second, ManualRenew: true}
+	set, err := recipe.AcquireAll(ctx, c, []string{"a", "b"}, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer set.Release(ctx)
+	if err := set.Err(); err != nil {
+		t.Fatalf("set.Err() right after AcquireAll = %v", err)
+	}
+	clk.Jump(opts.TTL + time.Second)
+	if err := set.Err(); !errors.Is(err, fenced.ErrExpired) {
+		t.Fatalf("set.Err() once the client's clock is past the leases' validity (their schedule late) = %v; want ErrExpired "+
+			"(the lease on %q says %v)", err, set.Leases()[0].Key(), set.Leases()[0].Err())
+	}
+	if set.Context().Err() == nil {
+		t.Fatal("set.Context().Err() = nil past the leases' validity")
+	}
+	select {
+	case <-set.Context().Done():
+	default:
+		t.Fatal("set.Context().Done() not closed past the leases' validity")
 	}
 }

@@ -48,7 +48,9 @@ type GenReport struct {
 	OrphansSeen int `json:"orphans_seen"`
 	// SetsHealthyWithLost counts sets reported healthy while a member had
 	// ended: when AcquireAll returned (a newer grant of a member's key had
-	// been confirmed setMargin before), or when the worker looked.
+	// been confirmed setMargin before the set's health was read, and no
+	// Break of the member's grant ended after AcquireAll began to confirm
+	// it, which no confirmation could see), or when the worker looked.
 	SetsHealthyWithLost int `json:"sets_healthy_with_lost"`
 	// OutlivedBreak counts leases seen live more than their TTL after a
 	// Break of them completed; Overlaps counts grants of a key to one
@@ -120,6 +122,9 @@ type genGrant struct {
 	setHealthy  bool
 	setMember   bool
 	invokeKnown bool
+	// confirmed is, for a set member, when AcquireAll began to confirm it
+	// (Event.Confirmed); 0 for its last key, or unknown.
+	confirmed int64
 }
 
 // opKey names one key of one operation.
@@ -171,6 +176,9 @@ type genChecker struct {
 	faults            []faultWindow
 	open              map[string]int // open faults' positions in faults
 	renewedAfterBreak []Event
+	// brokenAt is when each grant broken by a Break was reported broken
+	// (the Break's completion).
+	brokenAt map[grantID][]int64
 }
 
 // newGenChecker returns a checker for events, sorted by time.
@@ -187,6 +195,7 @@ func newGenChecker(events []Event, strength fenced.FenceStrength, ttl, bound tim
 		acqs:     map[int64]*genAcq{},
 		holding:  map[int]int{},
 		open:     map[string]int{},
+		brokenAt: map[grantID][]int64{},
 	}
 	if len(events) > 0 {
 		c.r.start = events[0].T
@@ -222,6 +231,11 @@ func (c *genChecker) record(e Event) {
 		r.problem(e.T, "worker %d: a set reported healthy while its lease on %s (fence %d) had ended: %s", e.Worker, e.Key, e.Fence, e.Err)
 	case Observed:
 		c.observe(e)
+	case BreakDone:
+		if e.Err == "" && e.Fence != 0 {
+			k := grantID{e.Key, e.Owner, e.Fence}
+			c.brokenAt[k] = append(c.brokenAt[k], e.T)
+		}
 	case FaultStart:
 		r.Faults++
 		c.open[fmt.Sprintf("%s/%d", e.Fault, e.Worker)] = len(c.faults)
@@ -261,7 +275,7 @@ func (c *genChecker) granted(e Event) {
 	inv, known := c.invokes[opKey{e.Op, e.Key}]
 	c.grants = append(c.grants,
 		&genGrant{key: e.Key, owner: e.Owner, fence: e.Fence, invoke: inv, invokeKnown: known, ok: e.T, worker: e.Worker, op: e.Op,
-			setMember: e.Kind == SetMember, setHealthy: e.Kind == SetMember && e.Value == 1})
+			setMember: e.Kind == SetMember, setHealthy: e.Kind == SetMember && e.Value == 1, confirmed: e.Confirmed})
 	c.returned[e.Owner] = true
 }
 
@@ -330,7 +344,7 @@ func (c *genChecker) checkKeyFences(key string, gs []*genGrant) {
 			}
 		}
 		if g.setHealthy {
-			if f := maxBefore(g.ok - int64(setMargin)); f > g.fence {
+			if f := maxBefore(g.ok - int64(setMargin)); f > g.fence && !c.brokenUnseen(g) {
 				r.SetsHealthyWithLost++
 				r.problem(g.ok,
 					"%s: AcquireAll (worker %d, op %d) returned a healthy set whose lease (fence %d) was already superseded by fence %d",
@@ -338,6 +352,21 @@ func (c *genChecker) checkKeyFences(key string, gs []*genGrant) {
 			}
 		}
 	}
+}
+
+// brokenUnseen reports whether set member g's grant was broken by a Break
+// that AcquireAll's confirmation could not have seen: one that completed
+// after AcquireAll began to confirm g (g.confirmed, after its last key
+// was granted), or any break of the last key's grant, which is confirmed
+// by its grant alone. A break that completed before then was done before
+// the confirming renewal was sent, which must then have been refused.
+func (c *genChecker) brokenUnseen(g *genGrant) bool {
+	for _, t := range c.brokenAt[grantID{g.key, g.owner, g.fence}] {
+		if g.confirmed == 0 || t >= g.confirmed {
+			return true
+		}
+	}
+	return false
 }
 
 // checkRenewedAfterBreak counts the renewals after a worker's own break.

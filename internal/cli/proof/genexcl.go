@@ -38,10 +38,11 @@ type leaseLife struct {
 // renewal sent after the break fails, so its validity ends by then). Two
 // owners hold one key: a lease's end is recorded more than
 // exclusionSlack after another owner's grant of its key, with no break of
-// the key while the first lived, its worker not stopped (PauseHolder) meanwhile,
-// and, on a backend whose fence may repeat (its data may be lost), the
-// authority not restarted (CrashAuthority) meanwhile. faults are the run's fault
-// windows.
+// the key while the first lived (nor of the first's grant itself, however
+// late that grant was recorded), its worker not stopped (PauseHolder)
+// meanwhile, and, on a backend whose fence may repeat (its data may be
+// lost), the authority not restarted (CrashAuthority) meanwhile. faults
+// are the run's fault windows.
 func checkExclusion(r *GenReport, events []Event, strength fenced.FenceStrength, faults []faultWindow) {
 	x := &exclusionChecker{r: r, strength: strength, faults: faults, breaks: map[string][]leaseBreak{}}
 	x.collect(events)
@@ -56,11 +57,15 @@ func checkExclusion(r *GenReport, events []Event, strength fenced.FenceStrength,
 }
 
 // leaseBreak is one Break of a grant that succeeded: when it was invoked,
-// when it completed, and the fence it broke.
+// when it completed, and the grant it broke (its fence and owner digest).
 type leaseBreak struct {
 	invoke, done int64
 	fence        uint64
+	owner        string
 }
+
+// of reports whether b broke l's grant itself: the same fence and owner.
+func (b leaseBreak) of(l *leaseLife) bool { return b.fence == l.fence && b.owner == l.owner }
 
 // exclusionChecker holds what checkExclusion needs of a history.
 type exclusionChecker struct {
@@ -100,7 +105,7 @@ func (x *exclusionChecker) collect(events []Event) {
 				if !ok {
 					inv = e.T
 				}
-				x.breaks[e.Key] = append(x.breaks[e.Key], leaseBreak{inv, e.T, e.Fence})
+				x.breaks[e.Key] = append(x.breaks[e.Key], leaseBreak{inv, e.T, e.Fence, e.Owner})
 			}
 		}
 	}
@@ -169,8 +174,13 @@ func (x *exclusionChecker) checkOverlaps(key string, ls []*leaseLife) {
 				continue
 			}
 			excused := x.stopped(a.worker, a.ok, end) || x.restarted(a.ok, b.ok)
+			// A break of the key while a lived, or of a's grant itself
+			// wherever a's record falls: a's grant was made before
+			// the break found it, though a set member is recorded only
+			// once AcquireAll returns, which may be after the break of
+			// the member it was granted first.
 			for _, br := range x.breaks[key] {
-				if br.invoke <= b.ok && br.done >= a.ok {
+				if br.invoke <= b.ok && (br.done >= a.ok || br.of(a)) {
 					excused = true
 				}
 			}

@@ -154,6 +154,11 @@ func runGenWorker(cfg GenWorkerConfig) error {
 	w := &genWorker{cfg: cfg, rec: rec, pid: int64(os.Getpid()), poolTTL: cfg.PoolTTL, held: map[*fenced.Lease]heldLease{},
 		sets: map[*recipe.LeaseSet]struct{}{}, broken: map[*fenced.Lease]time.Time{}}
 	hooks := func(e fenced.Event) {
+		if e.Kind == fenced.EventAcquire && e.Err == nil {
+			if g, ok := e.Context.Value(setGrantsKey{}).(*setGrants); ok {
+				g.granted(Now())
+			}
+		}
 		if e.Kind == fenced.EventLost {
 			w.record(Event{Kind: Lost, Key: e.Lease.Key(), Fence: e.Lease.Fence(), Err: errString(e.Err)})
 		}
@@ -334,15 +339,28 @@ func (w *genWorker) stepAll(ctx context.Context, rng *rand.Rand, op int64, hold 
 		list = append(list, k)
 		w.invoke(op, name, k)
 	}
-	set, err := acquireAll(ctx, w.client, list, opts)
+	grants := &setGrants{}
+	set, err := acquireAll(context.WithValue(ctx, setGrantsKey{}, grants), w.client, list, opts)
 	if err != nil {
 		w.record(Event{Kind: AcquireFail, Op: op, Name: name, Err: errString(err)})
 		return
 	}
+	// The members are recorded as of when the set's health was read (the
+	// checker compares it with the other grants of their keys), however
+	// late the records follow on a starved worker.
+	asked, askedLocal := Now(), time.Now()
 	healthy := set.Err() == nil
-	for _, l := range set.Leases() {
-		w.record(Event{Kind: SetMember, Op: op, Name: name, Key: l.Key(), Fence: l.Fence(), Owner: fence.OwnerDigest(l.Owner()),
-			Value: boolInt(healthy), TTL: l.Options().TTL})
+	if healthy {
+		w.checkReturnedSet(set, askedLocal)
+	}
+	members := set.Leases()
+	for i, l := range members {
+		var confirmed int64
+		if i < len(members)-1 {
+			confirmed = grants.last()
+		}
+		w.record(Event{T: asked, Kind: SetMember, Op: op, Name: name, Key: l.Key(), Fence: l.Fence(), Owner: fence.OwnerDigest(l.Owner()),
+			Value: boolInt(healthy), TTL: l.Options().TTL, Confirmed: confirmed})
 		w.mu.Lock()
 		w.held[l] = heldLease{owner: fence.OwnerDigest(l.Owner())}
 		w.mu.Unlock()
@@ -564,6 +582,45 @@ func (w *genWorker) checkSet(set *recipe.LeaseSet) {
 		if l.Err() != nil && set.Err() == nil {
 			w.record(Event{Kind: SetHealthyLost, Key: l.Key(), Fence: l.Fence(), Owner: fence.OwnerDigest(l.Owner()),
 				Err: errString(l.Err())})
+			return
+		}
+	}
+}
+
+// setGrants is when the acquisitions of one AcquireAll call were granted,
+// as the client's hook sees them (their contexts carry it under
+// setGrantsKey): AcquireAll takes its keys one after another, so the last
+// is its last key's grant, after which it renews the others.
+type setGrants struct {
+	mu sync.Mutex
+	t  int64
+}
+
+type setGrantsKey struct{}
+
+func (g *setGrants) granted(t int64) {
+	g.mu.Lock()
+	g.t = t
+	g.mu.Unlock()
+}
+
+func (g *setGrants) last() int64 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.t
+}
+
+// checkReturnedSet records a set AcquireAll returned that reported itself
+// healthy (Err nil) when asked at asked, although one of its leases' local
+// validity had run out by then (a set's Err reads its leases' Err, which
+// read the client's clock). Validity only moves on, so a ValidUntil read
+// after asked that is before it was already over at asked; the millisecond
+// allows for ValidUntil mapping the client's clock onto time.Now's.
+func (w *genWorker) checkReturnedSet(set *recipe.LeaseSet, asked time.Time) {
+	for _, l := range set.Leases() {
+		if until := rootaccess.ValidUntil(l); until.Add(time.Millisecond).Before(asked) {
+			w.record(Event{Kind: SetHealthyLost, Key: l.Key(), Fence: l.Fence(), Owner: fence.OwnerDigest(l.Owner()),
+				Err: fmt.Sprintf("AcquireAll returned it healthy %v past its lease's local validity", asked.Sub(until).Round(time.Millisecond))})
 			return
 		}
 	}

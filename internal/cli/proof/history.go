@@ -99,8 +99,13 @@ type Event struct {
 	// Asked is when the listing an Observed event comes from was sent
 	// (CLOCK_MONOTONIC, as T): the holder was seen at some instant between
 	// Asked and T. 0 when unknown (then T alone).
-	Asked int64  `json:"asked,omitempty"`
-	Err   string `json:"err,omitempty"`
+	Asked int64 `json:"asked,omitempty"`
+	// Confirmed is, for a SetMember confirmed by a renewal (any but the
+	// set's last key), when AcquireAll had its last key granted
+	// (CLOCK_MONOTONIC, as T): it renewed this member after that. 0 for
+	// the last key, whose grant is its confirmation.
+	Confirmed int64  `json:"confirmed,omitempty"`
+	Err       string `json:"err,omitempty"`
 }
 
 // Now returns the host's CLOCK_MONOTONIC in nanoseconds. It is comparable
