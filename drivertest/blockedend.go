@@ -185,10 +185,29 @@ func (s *suite) testBlockedDriverDelaysNoEnd(t *testing.T) {
 		slack := endSlack(t)
 		d, c := newStuck(t, s.h.Open(t), opts())
 		// Long enough for the loss watches to start (a tenth of a second
-		// after the grant) well before validity ends.
+		// after the grant) well before validity ends, and for the leases
+		// to outlive their own acquisition: four times a timed first
+		// round's, as renewals lag on a busy machine.
 		ttl := max(s.h.ShortTTL, 500*time.Millisecond)
-		leases := acquireMany(t, c, Key("stuckend"), n, 1, ttl)
+		start := time.Now()
+		pilot := acquireMany(t, c, Key("stuckend-pilot"), n, 1, ttl)
+		ttl = capTTL(c, max(ttl, 4*time.Since(start)))
+		for _, l := range pilot {
+			l.Release(context.Background())
+		}
+		all := acquireMany(t, c, Key("stuckend"), n, 1, ttl)
 		d.blocked.Store(true)
+		// A lease that ended before the block (its renewals starved)
+		// says nothing of the blocked driver: the live ones are checked.
+		var leases []*fenced.Lease
+		for _, l := range all {
+			if l.Err() == nil {
+				leases = append(leases, l)
+			}
+		}
+		if len(leases) < 2 {
+			t.Fatalf("only %d of %d leases of TTL %v were live when the driver was blocked", len(leases), n, ttl)
+		}
 		e := watchEnds(leases)
 		// One lease is released: its Release never returns, and its
 		// context is cancelled at once all the same.
@@ -205,8 +224,8 @@ func (s *suite) testBlockedDriverDelaysNoEnd(t *testing.T) {
 			t.Errorf("a Release blocked in the driver delayed its own lease's end (ended %v, slack %v)", ok, slack())
 		}
 		worst, missed := checkEnds(t, leases[1:], seen, nil, slack())
-		t.Logf("%d leases, driver stuck: worst lateness after ValidUntil %v; %d loss watch stops stuck",
-			n-1, worst.Round(time.Millisecond), d.stops.Load())
+		t.Logf("%d leases of TTL %v (%d ended before the block), driver stuck: worst lateness after ValidUntil %v; %d loss watch stops stuck",
+			len(leases)-1, ttl, n-len(leases), worst.Round(time.Millisecond), d.stops.Load())
 		if missed == 0 && d.stops.Load() == 0 {
 			t.Fatal("no loss watch was stopped at expiry: the check exercised nothing")
 		}
@@ -313,10 +332,7 @@ func CheckEndsThroughBlackHole(t *testing.T, c *fenced.Client, n int, ttl time.D
 		}
 	}
 	predicted := took * time.Duration(n) / pilotLeases
-	ttl = max(ttl, (2 * predicted).Round(time.Second))
-	if hi := c.Capabilities().Keeps.MaxTTL; hi > 0 && ttl > hi {
-		ttl = hi.Truncate(time.Second)
-	}
+	ttl = capTTL(c, max(ttl, (2*predicted).Round(time.Second)))
 	began := time.Now()
 	leases := acquireMany(t, c, prefix, n, 64, ttl)
 	t.Logf("%d leases of TTL %v acquired in %v (%d took %v; the TTL is at least twice the predicted %v)",
@@ -379,6 +395,14 @@ func acquireMany(t *testing.T, c *fenced.Client, prefix string, n, parallel int,
 		t.Fatalf("acquire: %v", err)
 	}
 	return leases
+}
+
+// capTTL returns ttl, or the longest TTL c's backend accepts if less.
+func capTTL(c *fenced.Client, ttl time.Duration) time.Duration {
+	if hi := c.Capabilities().Keeps.MaxTTL; hi > 0 && ttl > hi {
+		return hi.Truncate(time.Second)
+	}
+	return ttl
 }
 
 // pilotLeases is how many leases the timed first batch acquires.

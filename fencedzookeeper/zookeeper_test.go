@@ -38,12 +38,18 @@ func openDriver(t testing.TB, url string) driver.Driver {
 // server, since a JVM takes seconds to start.
 func TestZooKeeper(t *testing.T) {
 	ens := testenv.StartZooKeeper(t)
+	probe, err := fenced.Open(context.Background(), ens.URL("/probe", ""), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	shortTTL := drivertest.MeasuredShortTTL(t, probe, 500*time.Millisecond)
+	probe.Close()
 	t.Run("Conformance", func(t *testing.T) {
 		h := drivertest.Harness{
 			Open: func(t *testing.T) driver.Driver {
 				return openDriver(t, ens.URL("/conformance", ""))
 			},
-			ShortTTL: 500 * time.Millisecond,
+			ShortTTL: shortTTL,
 			BadURLs: []string{
 				"zk://",
 				"zk:opaque",
@@ -77,7 +83,7 @@ func TestZooKeeper(t *testing.T) {
 				}
 				return d
 			},
-			ShortTTL: 500 * time.Millisecond,
+			ShortTTL: shortTTL,
 		}
 		drivertest.RunConformanceTests(t, h)
 		recipetest.RunConformanceTests(t, h)
