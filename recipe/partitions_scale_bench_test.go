@@ -72,6 +72,10 @@ func BenchmarkPartitionsScale(b *testing.B) {
 	ttl := w5Duration(b, "W5_TTL", 3*time.Second)
 	cells := map[string]bool{}
 	for _, s := range strings.Split(os.Getenv("W5_CELLS"), ",") {
+		var p, n int
+		if _, err := fmt.Sscanf(s, "%dx%d", &p, &n); s != "" && (err != nil || !slices.Contains(w5Ps, p) || !slices.Contains(w5Ns, n)) {
+			b.Fatalf("W5_CELLS: %q is not PxN with P in %v and N in %v", s, w5Ps, w5Ns)
+		}
 		if s != "" {
 			cells[s] = true
 		}
@@ -79,8 +83,8 @@ func BenchmarkPartitionsScale(b *testing.B) {
 	for _, st := range countedStores() {
 		b.Run(st.name, func(b *testing.B) {
 			url, count := st.start(b)
-			for _, p := range []int{256, 1024, 4096} {
-				for _, n := range []int{4, 16, 32} {
+			for _, p := range w5Ps {
+				for _, n := range w5Ns {
 					if len(cells) > 0 && !cells[fmt.Sprintf("%dx%d", p, n)] {
 						continue
 					}
@@ -94,6 +98,12 @@ func BenchmarkPartitionsScale(b *testing.B) {
 		})
 	}
 }
+
+// The grid of W5: partition counts and member counts.
+var (
+	w5Ps = []int{256, 1024, 4096}
+	w5Ns = []int{4, 16, 32}
+)
 
 // TestPartitionsScaleMember is a member process of BenchmarkPartitionsScale;
 // it returns at once unless started by it (W5_MEMBER_STORE set).
@@ -186,7 +196,7 @@ type w5Proc struct {
 	cmd    *exec.Cmd
 	exited chan struct{}
 	// Under w5Cell.mu: the member's last report.
-	joined             bool
+	joined             time.Time // when JoinPartitions returned; zero before
 	owned              int
 	acquired, handoffs uint64
 	at                 time.Time // of the last change of owned
@@ -256,7 +266,12 @@ func (c *w5Cell) run() {
 	if !c.phase("join", append(slices.Clone(ids), newcomer), start, deadline) {
 		return
 	}
-	c.cells["join moves (min / in threshold; plan)"] = c.moves(before, acq, c.p/(c.n+1)) + "; " + strconv.Itoa(w5JoinPlan(before, ids, c.p)) + ")"
+	c.mu.Lock()
+	c.cells["join"] += fmt.Sprintf(" (joined at %.2f s)", c.procs[newcomer].joined.Sub(start).Seconds())
+	c.mu.Unlock()
+	share := c.p / (c.n + 1)
+	c.cells["join moves (min / in threshold; plan)"] = fmt.Sprintf("%s / %d; %d)", c.moves(before, acq, share),
+		int(math.Ceil(0.9*float64(share)-1e-9)), w5JoinPlan(before, ids, c.p))
 
 	// Leave: the newcomer, SIGTERM.
 	before, acq = c.snapshot(), c.acquired()
@@ -310,7 +325,8 @@ func (c *w5Cell) start(id string) {
 			pr.last = sc.Text()
 			switch {
 			case len(f) == 2 && f[0] == "J":
-				pr.joined = true
+				ns, _ := strconv.ParseInt(f[1], 10, 64)
+				pr.joined = time.Unix(0, ns)
 			case len(f) == 5 && f[0] == "S":
 				ns, _ := strconv.ParseInt(f[1], 10, 64)
 				owned, _ := strconv.Atoi(f[2])
@@ -346,7 +362,7 @@ func (c *w5Cell) waitStable(live []string, start time.Time, deadline time.Durati
 			pr := c.procs[id]
 			total += pr.owned
 			lo, hi = min(lo, pr.owned), max(hi, pr.owned)
-			if !pr.joined || math.Abs(float64(pr.owned)-share) > slack {
+			if pr.joined.IsZero() || math.Abs(float64(pr.owned)-share) > slack {
 				balanced = false
 			}
 			if pr.at.After(last) {

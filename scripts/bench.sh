@@ -46,7 +46,7 @@ if [[ " $* " == *" --w5 "* ]]; then
 		esac
 		shift
 	done
-	((quick)) && [[ -z $cells ]] && cells=P=1024/N=16
+	((quick)) && [[ -z $cells ]] && cells=1024x16
 	pattern="BenchmarkPartitionsScale/(${only//,/|})\$"
 	mode=full
 	((quick)) && mode=quick
@@ -87,5 +87,15 @@ start=$(date +%s)
 bin=$(mktemp -d "${TMPDIR:-/tmp}/fenced-bench.XXXXXX")
 trap 'rm -rf "$bin"' EXIT
 (cd bench/suite && go build -o "$bin/suite" .)
+# The suite renders docs/benchmarks.md whole; its W5 section (between the
+# W5 markers, written from a --w5 run) is kept across the render.
+w5doc=docs/benchmarks.md
+sed -n '/^<!-- W5 begin -->$/,/^<!-- W5 end -->$/p' "$w5doc" >"$bin/w5.md"
 "$bin/suite" -results "$root/bench/results" -command "$cmdline" "${args[@]}"
+if [[ -s $bin/w5.md ]] && ! grep -q '^<!-- W5 begin -->$' "$w5doc"; then
+	{
+		echo
+		cat "$bin/w5.md"
+	} >>"$w5doc"
+fi
 echo "bench.sh: done in $(($(date +%s) - start))s"
