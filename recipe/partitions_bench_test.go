@@ -159,7 +159,7 @@ func BenchmarkPartitionsRequestsPerPeriod(b *testing.B) {
 		for _, p := range []int{64, 1024} {
 			b.Run(fmt.Sprintf("%s/P=%d", st.name, p), func(b *testing.B) {
 				url, count := st.start(b)
-				total := func() float64 { return sumCounts(count(b)) }
+				total := func() float64 { return count(b).total }
 				ctx := context.Background()
 				idle := func(ctx context.Context, p recipe.Partition) error { <-ctx.Done(); return nil }
 				var ms []*recipe.Partitions
@@ -198,24 +198,23 @@ func BenchmarkPartitionsRequestsPerPeriod(b *testing.B) {
 type countedStore struct {
 	name string
 	// start starts the server and returns its URL and a reading of its
-	// request counters, by kind (Redis: command; etcd: gRPC method;
-	// PostgreSQL: one "xact" total). A reading's own requests are not
-	// counted, or are a constant few per reading.
-	start func(b *testing.B) (url string, count func(b *testing.B) map[string]float64)
+	// request counters. A reading's own requests are not counted, or are
+	// a constant few per reading.
+	start func(b *testing.B) (url string, count func(b *testing.B) serverCounts)
 	fence fenced.FenceStrength
 }
 
 // countedStores are the backends whose requests the benchmarks count:
 // Redis's commands (INFO commandstats, its own INFO calls left out),
 // PostgreSQL's committed and rolled-back transactions (pg_stat_database,
-// two of them per reading), etcd's handled unary gRPC calls
+// two of them per reading; statements from pg_stat_statements), etcd's handled unary gRPC calls
 // (grpc_server_handled_total, read over HTTP). Watches and subscriptions
 // are streams, not requests.
 func countedStores() []countedStore {
 	return []countedStore{
-		{"redis", func(b *testing.B) (string, func(*testing.B) map[string]float64) {
+		{"redis", func(b *testing.B) (string, func(*testing.B) serverCounts) {
 			r := testenv.StartRedis(b, testenv.RedisConfig{})
-			return r.URL(), func(b *testing.B) map[string]float64 {
+			return r.URL(), func(b *testing.B) serverCounts {
 				info, err := r.Do("INFO", "commandstats")
 				if err != nil {
 					b.Fatal(err)
@@ -235,12 +234,12 @@ func countedStores() []countedStore {
 					}
 					out[name] = v
 				}
-				return out
+				return serverCounts{total: sumCounts(out), kinds: out}
 			}
 		}, fenced.FenceRepeatable}, // single-node Redis: its fence repeats only after a failover
-		{"etcd", func(b *testing.B) (string, func(*testing.B) map[string]float64) {
+		{"etcd", func(b *testing.B) (string, func(*testing.B) serverCounts) {
 			e := testenv.StartEtcd(b)
-			return e.URL(""), func(b *testing.B) map[string]float64 {
+			return e.URL(""), func(b *testing.B) serverCounts {
 				resp, err := http.Get("http://" + e.Endpoints()[0] + "/metrics")
 				if err != nil {
 					b.Fatal(err)
@@ -265,17 +264,20 @@ func countedStores() []countedStore {
 					}
 					out[method] += v
 				}
-				return out
+				return serverCounts{total: sumCounts(out), kinds: out}
 			}
 		}, fenced.FenceStrict},
-		{"postgres", func(b *testing.B) (string, func(*testing.B) map[string]float64) {
-			pg := testenv.StartPostgres(b)
+		{"postgres", func(b *testing.B) (string, func(*testing.B) serverCounts) {
+			pg := testenv.StartPostgres(b, "shared_preload_libraries=pg_stat_statements", "pg_stat_statements.track=all")
 			conn, err := pgx.Connect(context.Background(), pg.URL())
 			if err != nil {
 				b.Fatal(err)
 			}
 			b.Cleanup(func() { conn.Close(context.Background()) })
-			return pg.URL(), func(b *testing.B) map[string]float64 {
+			if _, err := conn.Exec(context.Background(), "CREATE EXTENSION pg_stat_statements"); err != nil {
+				b.Fatal(err)
+			}
+			return pg.URL(), func(b *testing.B) serverCounts {
 				var n float64
 				// Statistics reach the view at most once a second.
 				time.Sleep(1500 * time.Millisecond)
@@ -285,13 +287,39 @@ func countedStores() []countedStore {
 				if err := conn.QueryRow(context.Background(), "SELECT sum(xact_commit + xact_rollback)::float8 FROM pg_stat_database").Scan(&n); err != nil {
 					b.Fatal(err)
 				}
-				return map[string]float64{"xact": n}
+				rows, err := conn.Query(context.Background(),
+					"SELECT left(regexp_replace(query, '\\s+', ' ', 'g'), 48), calls::float8 FROM pg_stat_statements")
+				if err != nil {
+					b.Fatal(err)
+				}
+				kinds := map[string]float64{}
+				for rows.Next() {
+					var q string
+					var calls float64
+					if err := rows.Scan(&q, &calls); err != nil {
+						b.Fatal(err)
+					}
+					kinds["`"+q+"`"] += calls
+				}
+				if err := rows.Err(); err != nil {
+					b.Fatal(err)
+				}
+				return serverCounts{total: n, kinds: kinds}
 			}
 		}, fenced.FenceStrict},
 	}
 }
 
-// sumCounts is the total of a counter reading.
+// serverCounts is a reading of a server's request counters: the total,
+// and a breakdown by kind (Redis: command; etcd: gRPC method; PostgreSQL:
+// statement, from pg_stat_statements, nested ones included, while the
+// total counts transactions).
+type serverCounts struct {
+	total float64
+	kinds map[string]float64
+}
+
+// sumCounts is the total of a breakdown.
 func sumCounts(m map[string]float64) float64 {
 	var n float64
 	for _, v := range m {

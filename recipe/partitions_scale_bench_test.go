@@ -208,7 +208,7 @@ type w5Cell struct {
 	b       *testing.B
 	backend string
 	url     string
-	count   func(b *testing.B) map[string]float64
+	count   func(b *testing.B) serverCounts
 	fence   fenced.FenceStrength
 	p, n    int
 	ttl     time.Duration
@@ -371,6 +371,14 @@ func (c *w5Cell) waitStable(live []string, start time.Time, deadline time.Durati
 		}
 		c.mu.Unlock()
 		why = fmt.Sprintf("owned %d/%d, counts %d..%d, share %.1f ± %.1f", total, c.p, lo, hi, share, slack)
+		c.mu.Lock()
+		for _, id := range live {
+			if pr := c.procs[id]; pr.owned == lo {
+				why += fmt.Sprintf("; %s joined %v, last said %q", id, !pr.joined.IsZero(), pr.last)
+				break
+			}
+		}
+		c.mu.Unlock()
 		if !balanced || total != c.p || time.Since(last) < quiet {
 			continue
 		}
@@ -435,23 +443,27 @@ func (c *w5Cell) heldBy(owners map[int]string, id string) int {
 	return n
 }
 
-// acquired is every member's Stats.Acquired, by member.
-func (c *w5Cell) acquired() map[string]uint64 {
+// acquired is every member's Stats.Acquired and Stats.HandOffs, by
+// member.
+func (c *w5Cell) acquired() map[string][2]uint64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	out := map[string]uint64{}
+	out := map[string][2]uint64{}
 	for id, pr := range c.procs {
-		out[id] = pr.acquired
+		out[id] = [2]uint64{pr.acquired, pr.handoffs}
 	}
 	return out
 }
 
 // moves is the report's cell for a change's moves, up to the minimum's
-// parenthesis: grants, owners changed and the minimum.
-func (c *w5Cell) moves(before map[int]string, acq map[string]uint64, minimum int) string {
-	grants := uint64(0)
+// parenthesis: grants, hand-offs (a grant with no hand-off is a free
+// partition taken: the leaver's, or one whose lease was lost), owners
+// changed, and the minimum.
+func (c *w5Cell) moves(before map[int]string, acq map[string][2]uint64, minimum int) string {
+	var grants, handoffs uint64
 	for id, n := range c.acquired() {
-		grants += n - acq[id]
+		grants += n[0] - acq[id][0]
+		handoffs += n[1] - acq[id][1]
 	}
 	changed := 0
 	for p, o := range c.snapshot() {
@@ -460,7 +472,7 @@ func (c *w5Cell) moves(before map[int]string, acq map[string]uint64, minimum int
 		}
 	}
 	c.b.ReportMetric(float64(grants), "grants")
-	return fmt.Sprintf("%d grants, %d changed (%d", grants, changed, minimum)
+	return fmt.Sprintf("%d grants, %d hand-offs, %d changed (%d", grants, handoffs, changed, minimum)
 }
 
 // rest measures the group at rest: requests per member per renewal
@@ -481,14 +493,14 @@ func (c *w5Cell) rest(ids []string) {
 	cpu1 := w5CPU(pids)
 	periods := float64(elapsed) / float64(c.ttl/3)
 	per := func(v float64) float64 { return v / float64(c.n) / periods }
-	total := per(sumCounts(after) - sumCounts(before))
+	total := per(after.total - before.total)
 	type kind struct {
 		name string
 		v    float64
 	}
 	var kinds []kind
-	for k, v := range after {
-		if d := per(v - before[k]); d > 0.05 {
+	for k, v := range after.kinds {
+		if d := per(v - before.kinds[k]); d > 0.05 {
 			kinds = append(kinds, kind{k, d})
 		}
 	}
@@ -498,7 +510,7 @@ func (c *w5Cell) rest(ids []string) {
 		if i == 5 {
 			break
 		}
-		parts = append(parts, fmt.Sprintf("%s %.1f", k.name, k.v))
+		parts = append(parts, fmt.Sprintf("%s %.1f", strings.ReplaceAll(k.name, "|", `\|`), k.v))
 	}
 	var rss, rssMax float64
 	for _, pid := range pids {
@@ -647,13 +659,15 @@ func (c *w5Cell) report() {
 	if path == "" {
 		return
 	}
+	head := "| " + strings.Join(w5Header, " | ") + " |"
+	had, _ := os.ReadFile(path)
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		c.b.Fatal(err)
 	}
 	defer f.Close()
-	if fi, err := f.Stat(); err == nil && fi.Size() == 0 {
-		fmt.Fprintf(f, "| %s |\n|%s\n", strings.Join(w5Header, " | "), strings.Repeat(" --- |", len(w5Header)))
+	if !strings.Contains(string(had), head) {
+		fmt.Fprintf(f, "%s\n|%s\n", head, strings.Repeat(" --- |", len(w5Header)))
 	}
 	fmt.Fprintln(f, line)
 }
