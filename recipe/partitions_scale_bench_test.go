@@ -53,13 +53,15 @@ import (
 // such, with the counts it ended at, and the cell stops there.
 //
 // Moves: the grants the change caused (the members' Stats.Acquired,
-// summed), and the partitions whose owner differs between two ReadGroup
-// listings, before the change and once stable, against the minimum the
-// change requires: a join, the newcomer's balanced share ⌊P/(N+1)⌋; a
-// leave or a kill, what the leaver held. The throttle's plan for a join
-// (w5JoinPlan) is what Dampening and the threshold move: waves of
-// ⌈0.8·excess⌉ per member, at most MaxInTransition a wave, until every
-// member is within 10 % of its target.
+// summed), the hand-offs (Stats.HandOffs), and the partitions whose
+// owner differs between two ReadGroup listings, before the change and
+// once stable, against the minimum the change requires: a join, the
+// newcomer's balanced share ⌊P/(N+1)⌋, or ⌈0.9·⌊P/(N+1)⌋⌉ to within the
+// threshold, where the throttle stops; a leave or a kill, what the
+// leaver held. The throttle's plan for a join (w5JoinPlan) is what
+// Dampening and the threshold move: waves of ⌈0.8·excess⌉ per member, at
+// most MaxInTransition a wave, until every member is within 10 % of its
+// target.
 //
 //	W5_OUT=/tmp/w5.md W5_CELLS=1024x16 go test -run '^$' -bench 'BenchmarkPartitionsScale/redis$' -benchtime 1x -timeout 2h ./recipe/
 //
