@@ -16,7 +16,7 @@
 #   ./scripts/bench.sh --w5 [--quick] [--only redis,etcd,postgres] [--cells 1024x16,256x4,...]
 #       # W5, partitions at scale (BenchmarkPartitionsScale in recipe/):
 #       # member processes, P × N = {256,1024,4096} × {4,16,32}; --quick
-#       # runs 1024 × 16 only (about 4 minutes), the full grid about 40;
+#       # runs 1024 × 16 only (about 2 minutes), the full grid about 25;
 #       # --cells picks cells, PxN.
 #       # Writes bench/results/<date>-w5-<quick|full>.md; docs/benchmarks.md
 #       # has the figures of the last run, pasted.
