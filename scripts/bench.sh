@@ -13,6 +13,13 @@
 #       [--cpuprofile FILE]   # the suite process's CPU profile (go tool pprof FILE)
 #   ./scripts/bench.sh --render bench/results/<file>.json [--docs docs/other.md]
 #       # only renders a report from a run's figures
+#   ./scripts/bench.sh --w5 [--quick] [--only redis,etcd,postgres] [--cells 1024x16,256x4,...]
+#       # W5, partitions at scale (BenchmarkPartitionsScale in recipe/):
+#       # member processes, P × N = {256,1024,4096} × {4,16,32}; --quick
+#       # runs 1024 × 16 only (about 2 minutes), the full grid about 25;
+#       # --cells picks cells, PxN.
+#       # Writes bench/results/<date>-w5-<quick|full>.md; docs/benchmarks.md
+#       # has the figures of the last run, pasted.
 #
 # --quick takes about 5 minutes on a 2-core machine (renewal with 10 000
 # leases); the full run (renewal with 10 000 and 100 000 leases, longer
@@ -24,6 +31,38 @@ export PATH="$PATH:/usr/local/go/bin:/usr/lib/go/bin"
 command -v go >/dev/null || { echo "bench.sh: Go is not installed (want go 1.26 or newer)"; exit 1; }
 
 cmdline="./scripts/bench.sh${*:+ $*}"
+if [[ " $* " == *" --w5 "* ]]; then
+	quick=0 only=redis,etcd,postgres cells=
+	while (($#)); do
+		case $1 in
+		--w5) ;;
+		--quick) quick=1 ;;
+		--only | --cells)
+			(($# >= 2)) || { echo "bench.sh: $1 needs a value"; exit 2; }
+			declare "${1#--}=$2"
+			shift
+			;;
+		*) echo "bench.sh: --w5 takes --quick, --only and --cells, not $1"; exit 2 ;;
+		esac
+		shift
+	done
+	((quick)) && [[ -z $cells ]] && cells=1024x16
+	pattern="BenchmarkPartitionsScale/(${only//,/|})\$"
+	mode=full
+	((quick)) && mode=quick
+	out="bench/results/$(date -u +%Y-%m-%dT%H-%M-%SZ)-w5-$mode.md"
+	mkdir -p bench/results
+	{
+		echo "W5 ($cmdline), $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg) at the start."
+		echo
+	} >"$out"
+	start=$(date +%s)
+	W5_OUT=$(pwd)/$out W5_CELLS=$cells go test -run '^$' -bench "$pattern" -benchtime 1x -timeout 4h ./recipe/ || status=$?
+	echo
+	cat "$out"
+	echo "bench.sh: W5 written to $out in $(($(date +%s) - start))s"
+	exit "${status:-0}"
+fi
 args=()
 while (($#)); do
 	case $1 in
@@ -35,7 +74,7 @@ while (($#)); do
 		;;
 	--only=* | --workloads=* | --leases=* | --render=* | --docs=* | --cpuprofile=*) args+=("-${1#--}") ;;
 	-h | --help)
-		sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'
+		sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'
 		exit 0
 		;;
 	*) echo "bench.sh: unknown argument $1 (see --help)"; exit 2 ;;
@@ -48,5 +87,15 @@ start=$(date +%s)
 bin=$(mktemp -d "${TMPDIR:-/tmp}/fenced-bench.XXXXXX")
 trap 'rm -rf "$bin"' EXIT
 (cd bench/suite && go build -o "$bin/suite" .)
+# The suite renders docs/benchmarks.md whole; its W5 section (between the
+# W5 markers, written from a --w5 run) is kept across the render.
+w5doc=docs/benchmarks.md
+sed -n '/^<!-- W5 begin -->$/,/^<!-- W5 end -->$/p' "$w5doc" >"$bin/w5.md"
 "$bin/suite" -results "$root/bench/results" -command "$cmdline" "${args[@]}"
+if [[ -s $bin/w5.md ]] && ! grep -q '^<!-- W5 begin -->$' "$w5doc"; then
+	{
+		echo
+		cat "$bin/w5.md"
+	} >>"$w5doc"
+fi
 echo "bench.sh: done in $(($(date +%s) - start))s"
