@@ -290,11 +290,12 @@ type PartitionStats struct {
 	// UnownedTime is the total time during which a partition the
 	// assignment gave this member was not yet held by it.
 	UnownedTime time.Duration
-	// Unowned is how many of the group's partitions no live member held
-	// at the member's last look at the group (its own grants and
-	// releases of that look counted). The members that looked last see
-	// the group's present; the others see it as of their last look, a
-	// Poll ago at most.
+	// Unowned is how many of the group's partitions no lease held at the
+	// member's last look at the group (its own grants and releases
+	// counted; a crashed member's partitions count as held until their
+	// leases run out). The members that looked last see the group's
+	// present; the others see it as of their last look, a Poll ago at
+	// most.
 	Unowned int
 	// Moves counts the partitions this member took over from another
 	// holder: one it saw held by someone else (listed, or a refused try)
@@ -1061,7 +1062,7 @@ func (g *Partitions) noteUnowned(missing int, now time.Time) {
 }
 
 // noteLook records what a look saw of the group, after this member's
-// hand-offs and grants of the look: the partitions no live member holds,
+// hand-offs and grants of the look: the partitions nobody holds,
 // and whether the assignment plans a move (a rebalance in progress).
 func (g *Partitions) noteLook(look groupLook, began time.Time) {
 	planned := make(map[int]string, g.n)
@@ -1076,12 +1077,13 @@ func (g *Partitions) noteLook(look groupLook, began time.Time) {
 	unowned, moving := 0, false
 	for p := range g.n {
 		// holder is the live member holding p to keep it; held is
-		// whether a live member holds it at all (ours in hand-off too).
+		// whether anyone holds it at all (ours in hand-off too, a
+		// crashed member's until its lease runs out).
 		holder := look.st.Owners[p]
-		if holder == g.id {
-			holder = "" // ours as listed: what we hold now says
+		in, held := look.st.Leases[p]
+		if f, ok := g.lastFence[p]; holder == g.id || (ok && f == in.Fence && in.Fence != 0) {
+			holder, held = "", false // ours as listed: what we hold now says
 		}
-		held := holder != ""
 		if o, ok := g.owned[p]; ok && o.lease.Err() == nil {
 			held = true
 			if o.handoff.IsZero() {

@@ -55,7 +55,7 @@ func newPartitionsInstruments(m metric.Meter, buckets []float64) (*partitionsIns
 	members := gauge(PartitionsMembers, "{member}", "Live members of the group this member saw last.")
 	owned := gauge(PartitionsOwned, "{partition}", "Partitions this member holds.")
 	target := gauge(PartitionsTarget, "{partition}", "Partitions the assignment gives this member.")
-	unowned := gauge(PartitionsUnowned, "{partition}", "Partitions of the group no live member held at this member's last look.")
+	unowned := gauge(PartitionsUnowned, "{partition}", "Partitions of the group no lease held at this member's last look.")
 	moves, err := m.Int64ObservableCounter(PartitionsMoves, metric.WithUnit("{move}"),
 		metric.WithDescription("Partitions this member took over from another holder."))
 	errs = append(errs, err)

@@ -25,7 +25,7 @@ import (
 //	fenced_partitions_members                  live members it saw last
 //	fenced_partitions_owned                    partitions the member holds
 //	fenced_partitions_target                   partitions the assignment gives it
-//	fenced_partitions_unowned                  partitions no live member held at its last look
+//	fenced_partitions_unowned                  partitions no lease held at its last look
 //	fenced_partitions_moves_total              partitions it took over from another holder
 //	fenced_partitions_time_to_stable_seconds   how long the last rebalance took to settle
 //	fenced_partitions_handoff_duration_seconds hand-offs, decision to release (histogram)
@@ -56,7 +56,7 @@ func NewPartitionsCollector(group string, m *recipe.Partitions) *PartitionsColle
 		owned:   d(metrics.PartitionsOwned, "Partitions this member holds."),
 		target:  d(metrics.PartitionsTarget, "Partitions the assignment gives this member."),
 		members: d(metrics.PartitionsMembers, "Live members of the group this member saw last."),
-		unowned: d(metrics.PartitionsUnowned, "Partitions of the group no live member held at this member's last look."),
+		unowned: d(metrics.PartitionsUnowned, "Partitions of the group no lease held at this member's last look."),
 		stable: d(metrics.PartitionsTimeToStable, "How long the group's last rebalance took to settle as this member saw it, "+
 			"from its first look that planned a move to its first that planned none."),
 		rebalances: d(metrics.PartitionsRebalances, "Changes of this member's target set."),
