@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -64,11 +65,22 @@ func Group(t *testing.T, url, store string, p int, newExporter func() Exporter) 
 	ttl, worst := groupTTL(t, url)
 	// A rebalance needs a doorbell and a listing, the hand-offs, a listing
 	// and a try per partition taken, and a poll (TTL/3) for the members
-	// that look last; a lease that ran out adds its TTL and a poll. On a
-	// busy machine each step may wait the worst delay measured.
-	bound := 4*ttl + time.Duration(8+p)*worst
+	// that look last. On a busy machine each step may wait the worst
+	// delay measured. A lease that ran out (a renewal the machine delayed
+	// past the TTL: the members' clients report it) adds its recovery: the
+	// member's hand-off of everything, its join again a TTL later at most,
+	// and a rebalance.
+	var lapses atomic.Int64
+	bound := func() time.Duration {
+		return time.Duration(1+lapses.Load())*(4*ttl+time.Duration(8+p)*worst) + time.Duration(lapses.Load())*ttl
+	}
 	t.Logf("P=%d on %s: TTL %v, worst store round trip or timer lateness %v, stable within %v", p, store, ttl,
-		worst.Round(time.Millisecond), bound)
+		worst.Round(time.Millisecond), bound())
+	countLost := func(e fenced.Event) {
+		if e.Kind == fenced.EventLost {
+			lapses.Add(1)
+		}
+	}
 
 	var mu sync.Mutex
 	last := map[int]string{} // partition → member granted it last
@@ -95,7 +107,7 @@ func Group(t *testing.T, url, store string, p int, newExporter func() Exporter) 
 	join := func() *groupMember {
 		t.Helper()
 		exp := newExporter()
-		c, err := fenced.Open(ctx, url, &fenced.Options{Hook: exp.Hook(store)})
+		c, err := fenced.Open(ctx, url, &fenced.Options{Hook: metrics.Join(exp.Hook(store), countLost)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -169,7 +181,7 @@ func Group(t *testing.T, url, store string, p int, newExporter func() Exporter) 
 	if sum != uint64(wantMoves) || wantMoves == 0 {
 		t.Errorf("%s sums to %d over the members; the members' grants show %d owner changes", metrics.PartitionsMoves, sum, wantMoves)
 	}
-	t.Logf("P=%d: %d moves over a → a,b → a,b,c → a,b → a,b,d", p, wantMoves)
+	t.Logf("P=%d: %d moves over a → a,b → a,b,c → a,b → a,b,d; %d leases ran out", p, wantMoves, lapses.Load())
 	for i, gm := range all {
 		mu.Lock()
 		n := handedOff[gm.m.MemberID()]
@@ -219,7 +231,7 @@ func Group(t *testing.T, url, store string, p int, newExporter func() Exporter) 
 // stable waits, through the members' series, until the group is stable:
 // each member sees every live member, no unowned partition and holds its
 // target, and together they own p.
-func stable(t *testing.T, live []*groupMember, p int, bound time.Duration) {
+func stable(t *testing.T, live []*groupMember, p int, bound func() time.Duration) {
 	t.Helper()
 	start := time.Now()
 	for {
@@ -239,19 +251,19 @@ func stable(t *testing.T, live []*groupMember, p int, bound time.Duration) {
 		if why == "" {
 			return
 		}
-		if time.Since(start) > bound {
-			t.Fatalf("not stable after %v (the bound derived from the TTL and the delays measured): %s", bound, why)
+		if b := bound(); time.Since(start) > b {
+			t.Fatalf("not stable after %v (the bound derived from the TTL, the delays measured and the leases that ran out): %s", b, why)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 }
 
 // within waits until cond holds, for bound at most.
-func within(t *testing.T, bound time.Duration, what string, cond func() bool) {
+func within(t *testing.T, bound func() time.Duration, what string, cond func() bool) {
 	t.Helper()
 	for start := time.Now(); !cond(); time.Sleep(20 * time.Millisecond) {
-		if time.Since(start) > bound {
-			t.Fatalf("after %v (the bound derived from the TTL and the delays measured): not yet: %s", bound, what)
+		if b := bound(); time.Since(start) > b {
+			t.Fatalf("after %v (the bound derived from the TTL, the delays measured and the leases that ran out): not yet: %s", b, what)
 		}
 	}
 }
