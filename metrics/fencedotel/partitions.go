@@ -71,7 +71,8 @@ func newPartitionsInstruments(m metric.Meter, buckets []float64) (*partitionsIns
 	p.handoff, err = m.Float64Histogram(PartitionsHandoffDuration, ho...)
 	errs = append(errs, err)
 	p.overruns, err = m.Int64Counter(PartitionsHandoffOverruns, metric.WithUnit("{overrun}"),
-		metric.WithDescription("Hand-offs and leaves whose work had not returned HandoffGrace after they began: the lease was released anyway."))
+		metric.WithDescription("Hand-offs and leaves whose work had not returned HandoffGrace after they began: "+
+			"the lease was released anyway."))
 	errs = append(errs, err)
 	if err := errors.Join(errs...); err != nil {
 		return nil, err

@@ -3,6 +3,7 @@ package scenario
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -82,27 +83,7 @@ func Group(t *testing.T, url, store string, p int, newExporter func() Exporter) 
 		}
 	}
 
-	var mu sync.Mutex
-	last := map[int]string{} // partition → member granted it last
-	moves := 0
-	handedOff := map[string]int{} // member → hand-offs it began, seen in its events
-	onEvent := func(id *string) func(recipe.PartitionEvent) {
-		return func(e recipe.PartitionEvent) {
-			mu.Lock()
-			defer mu.Unlock()
-			switch e.Kind {
-			case fenced.EventAcquire:
-				if prev, ok := last[e.Partition]; ok && prev != *id {
-					moves++
-				}
-				last[e.Partition] = *id
-			case fenced.EventRelease:
-				if e.HandOff > 0 {
-					handedOff[*id]++
-				}
-			}
-		}
-	}
+	lg := &grantLedger{last: map[int]string{}, handedOff: map[string]int{}}
 	idle := func(ctx context.Context, _ recipe.Partition) error { <-ctx.Done(); return nil }
 	join := func() *groupMember {
 		t.Helper()
@@ -114,13 +95,13 @@ func Group(t *testing.T, url, store string, p int, newExporter func() Exporter) 
 		t.Cleanup(func() { c.Close() })
 		id := new(string)
 		m, err := recipe.JoinPartitions(ctx, c, GroupName, p, idle, &recipe.PartitionsOptions{
-			Lease: &fenced.LeaseOptions{TTL: ttl}, OnEvent: onEvent(id)})
+			Lease: &fenced.LeaseOptions{TTL: ttl}, OnEvent: lg.onEvent(id)})
 		if err != nil {
 			t.Fatal(err)
 		}
-		mu.Lock()
+		lg.mu.Lock()
 		*id = m.MemberID()
-		mu.Unlock()
+		lg.mu.Unlock()
 		t.Cleanup(func() { m.Leave(context.Background()) })
 		exp.Attach(GroupName, m)
 		return &groupMember{m: m, exp: exp}
@@ -165,27 +146,71 @@ func Group(t *testing.T, url, store string, p int, newExporter func() Exporter) 
 		return value(t, d.exp.Gatherer, metrics.PartitionsTimeToStable) > 0
 	})
 
-	// Moves: each member's series is its Stats, and their sum is the
-	// owner changes the events show.
-	var sum uint64
-	for _, gm := range all {
-		got := value(t, gm.exp.Gatherer, metrics.PartitionsMoves)
-		if s := gm.m.Stats(); got != float64(s.Moves) {
-			t.Errorf("member %d: %s = %v, its Stats say %d", slices.Index(all, gm), metrics.PartitionsMoves, got, s.Moves)
+	checkMoves(t, all, lg)
+	t.Logf("P=%d: %d moves over a → a,b → a,b,c → a,b → a,b,d; %d leases ran out", p, lg.count(), lapses.Load())
+	checkHandOffs(t, all, lg)
+	return checkLabels(t, all)
+}
+
+// grantLedger follows the members' events: who was granted each
+// partition last, the owner changes, and the hand-offs each member ended.
+type grantLedger struct {
+	mu        sync.Mutex
+	last      map[int]string // partition → member granted it last
+	moves     int
+	handedOff map[string]int // member → hand-offs it ended
+}
+
+// onEvent returns the OnEvent of the member whose ID *id will hold.
+func (lg *grantLedger) onEvent(id *string) func(recipe.PartitionEvent) {
+	return func(e recipe.PartitionEvent) {
+		lg.mu.Lock()
+		defer lg.mu.Unlock()
+		switch e.Kind {
+		case fenced.EventAcquire:
+			if prev, ok := lg.last[e.Partition]; ok && prev != *id {
+				lg.moves++
+			}
+			lg.last[e.Partition] = *id
+		case fenced.EventRelease:
+			if e.HandOff > 0 {
+				lg.handedOff[*id]++
+			}
 		}
-		sum += gm.m.Stats().Moves
 	}
-	mu.Lock()
-	wantMoves := moves
-	mu.Unlock()
-	if sum != uint64(wantMoves) || wantMoves == 0 {
-		t.Errorf("%s sums to %d over the members; the members' grants show %d owner changes", metrics.PartitionsMoves, sum, wantMoves)
-	}
-	t.Logf("P=%d: %d moves over a → a,b → a,b,c → a,b → a,b,d; %d leases ran out", p, wantMoves, lapses.Load())
+}
+
+func (lg *grantLedger) count() int {
+	lg.mu.Lock()
+	defer lg.mu.Unlock()
+	return lg.moves
+}
+
+// checkMoves: each member's moves series is its Stats, and their sum is
+// the owner changes the events show.
+func checkMoves(t *testing.T, all []*groupMember, lg *grantLedger) {
+	t.Helper()
+	var sum uint64
 	for i, gm := range all {
-		mu.Lock()
-		n := handedOff[gm.m.MemberID()]
-		mu.Unlock()
+		s := gm.m.Stats()
+		if got := value(t, gm.exp.Gatherer, metrics.PartitionsMoves); got != float64(s.Moves) {
+			t.Errorf("member %d: %s = %v, its Stats say %d", i, metrics.PartitionsMoves, got, s.Moves)
+		}
+		sum += s.Moves
+	}
+	if want := lg.count(); sum != uint64(want) || want == 0 {
+		t.Errorf("%s sums to %d over the members; the members' grants show %d owner changes", metrics.PartitionsMoves, sum, want)
+	}
+}
+
+// checkHandOffs: the hand-off histogram counts every hand-off the member's
+// events ended, and no hand-off overran.
+func checkHandOffs(t *testing.T, all []*groupMember, lg *grantLedger) {
+	t.Helper()
+	for i, gm := range all {
+		lg.mu.Lock()
+		n := lg.handedOff[gm.m.MemberID()]
+		lg.mu.Unlock()
 		if got := histogramCount(t, gm.exp.Gatherer, metrics.PartitionsHandoffDuration); got != uint64(n) {
 			t.Errorf("member %d: %s counts %d hand-offs, its events %d", i, metrics.PartitionsHandoffDuration, got, n)
 		}
@@ -193,12 +218,13 @@ func Group(t *testing.T, url, store string, p int, newExporter func() Exporter) 
 			t.Errorf("member %d: %s = %v; no work ignored its cancellation", i, metrics.PartitionsHandoffOverruns, got)
 		}
 	}
+}
 
-	// Labels: bounded, and no member ID among them.
-	var ids []string
-	for _, gm := range all {
-		ids = append(ids, gm.m.MemberID())
-	}
+// checkLabels checks that no label value of the members' series holds a
+// member ID or a key, and that the per-lease series have the group's
+// name as their one key group. It returns the label values, sorted.
+func checkLabels(t *testing.T, all []*groupMember) []string {
+	t.Helper()
 	values := map[string]bool{}
 	for _, gm := range all {
 		for _, v := range labelValues(t, gm.exp.Gatherer) {
@@ -206,8 +232,8 @@ func Group(t *testing.T, url, store string, p int, newExporter func() Exporter) 
 		}
 	}
 	for v := range values {
-		for _, id := range ids {
-			if strings.Contains(v, id) {
+		for _, gm := range all {
+			if id := gm.m.MemberID(); strings.Contains(v, id) {
 				t.Errorf("label value %q holds member ID %q", v, id)
 			}
 		}
@@ -218,14 +244,7 @@ func Group(t *testing.T, url, store string, p int, newExporter func() Exporter) 
 	if got := labelOf(t, all[0].exp.Gatherer, metrics.Renewals, metrics.LabelKeyGroup); !slices.Equal(got, []string{GroupName}) {
 		t.Errorf("%s key groups %v, want the group's name alone", metrics.Renewals, got)
 	}
-	out := slices.Sorted(func(yield func(string) bool) {
-		for v := range values {
-			if !yield(v) {
-				return
-			}
-		}
-	})
-	return out
+	return slices.Sorted(maps.Keys(values))
 }
 
 // stable waits, through the members' series, until the group is stable:
@@ -405,11 +424,5 @@ func labelOf(t *testing.T, g prometheus.Gatherer, name, label string) []string {
 			}
 		}
 	}
-	return slices.Sorted(func(yield func(string) bool) {
-		for v := range seen {
-			if !yield(v) {
-				return
-			}
-		}
-	})
+	return slices.Sorted(maps.Keys(seen))
 }
