@@ -858,11 +858,14 @@ func (g *Partitions) step(ctx context.Context, w *watches) time.Duration {
 		targets = look.plan[g.id]
 	}
 	now := time.Now()
+	if m != nil {
+		g.notePlan(look, now)
+	}
 	g.handOff(targets, m != nil, now)
 	watch, missing, next := g.tryTargets(ctx, m, targets, look.st.Leases, next)
 	g.noteUnowned(missing, now)
 	if m != nil {
-		g.noteLook(look, now)
+		g.noteLook(look)
 	}
 	w.set(ctx, watch)
 	return next
@@ -1061,16 +1064,41 @@ func (g *Partitions) noteUnowned(missing int, now time.Time) {
 	}
 }
 
-// noteLook records what a look saw of the group, after this member's
-// hand-offs and grants of the look: the partitions nobody holds,
-// and whether the assignment plans a move (a rebalance in progress).
-func (g *Partitions) noteLook(look groupLook, began time.Time) {
-	planned := make(map[int]string, g.n)
+// planned returns the member the look's assignment gives each partition.
+func (look groupLook) planned(n int) map[int]string {
+	planned := make(map[int]string, n)
 	for id, ps := range look.plan {
 		for _, p := range ps {
 			planned[p] = id
 		}
 	}
+	return planned
+}
+
+// notePlan notes the start of a rebalance, before the look's hand-offs
+// and grants: a listing that shows a partition not held by the member
+// the assignment gives it (a member that takes all of its share at its
+// first look plans moves all the same).
+func (g *Partitions) notePlan(look groupLook, now time.Time) {
+	planned := look.planned(g.n)
+	for p := range g.n {
+		if look.st.Owners[p] != planned[p] {
+			g.mu.Lock()
+			if g.unstableSince.IsZero() {
+				g.unstableSince = now
+			}
+			g.mu.Unlock()
+			return
+		}
+	}
+}
+
+// noteLook records what a look saw of the group, after this member's
+// hand-offs and grants of the look: the partitions nobody holds, and
+// whether the assignment still plans a move; if not, the time the
+// rebalance took since notePlan saw it start.
+func (g *Partitions) noteLook(look groupLook) {
+	planned := look.planned(g.n)
 	now := time.Now()
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -1098,10 +1126,7 @@ func (g *Partitions) noteLook(look groupLook, began time.Time) {
 		}
 	}
 	g.stats.Unowned = unowned
-	switch {
-	case moving && g.unstableSince.IsZero():
-		g.unstableSince = began
-	case !moving && !g.unstableSince.IsZero():
+	if !moving && !g.unstableSince.IsZero() {
 		g.stats.TimeToStable = now.Sub(g.unstableSince)
 		g.unstableSince = time.Time{}
 	}

@@ -114,8 +114,13 @@ func Group(t *testing.T, url, store string, p int, newExporter func() Exporter) 
 		all, live = append(all, gm), append(live, gm)
 		return gm
 	}
-	add()
+	a := add()
 	stable(t, live, p, bound)
+	// The first member takes every partition at its first look: that
+	// look planned them all, and its grants settled them.
+	within(t, bound, "the first member observes a time to a stable assignment", func() bool {
+		return value(t, a.exp.Gatherer, metrics.PartitionsTimeToStable) > 0
+	})
 	add()
 	stable(t, live, p, bound)
 	c := add()
