@@ -94,6 +94,9 @@ func (s *Server) dashboard(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	p.Groups = partitionGroups(infos)
+	for i, g := range p.Groups {
+		p.Groups[i].Moves, p.Groups[i].LastMove = s.obs.groupMoved(g.Group)
+	}
 	seen := map[string]bool{}
 	for scheme, a := range leaseplan.Authorities() {
 		if seen[a.Name] && scheme != s.auth.Scheme {

@@ -76,12 +76,71 @@ type observer struct {
 	up           bool
 	ownerChanges map[string]float64 // by key group
 	breaksHere   map[string]float64 // by key group
+	moves        map[string]*groupMoves
+}
+
+// groupMoves is what the server saw of a partition group's owners: the
+// owner tag of each partition's last grant seen (the member's,
+// fenced.LeaseOptions.OwnerTag), and the changes of it.
+type groupMoves struct {
+	tags  map[int]string
+	moves int
+	last  time.Time
+}
+
+// maxMoveGroups bounds the partition groups whose moves the server
+// follows.
+const maxMoveGroups = 100
+
+// keyGroup returns the bounded key group of key: that of its partition
+// group's name for the keys of a group (groupKeyGroup), else its own.
+func (o *observer) keyGroup(key string) string { return o.groups.Of(groupKeyGroup(key)) }
+
+// movedLocked counts a new grant of a partition key as a move when its
+// owner's tag differs from the last grant's the server saw.
+func (o *observer) movedLocked(info fenced.LeaseInfo, now time.Time) {
+	group, p, ok := partitionKey(info.Key)
+	if !ok || info.OwnerDigest == "" {
+		return
+	}
+	gm := o.moves[group]
+	if gm == nil {
+		if len(o.moves) >= maxMoveGroups {
+			return
+		}
+		gm = &groupMoves{tags: map[int]string{}}
+		o.moves[group] = gm
+	}
+	tag := info.Owner[:min(len(info.Owner), ownerTagLen)]
+	if prev, seen := gm.tags[p]; seen && prev != tag {
+		gm.moves++
+		gm.last = now
+	}
+	gm.tags[p] = tag
+}
+
+// ownerTagLen is how much of a shortened owner its tag can take
+// (fenced.LeaseOptions.OwnerTag): a partition group member's.
+const ownerTagLen = 8
+
+// groupMoved returns the moves seen of group's partitions, and when the
+// last was seen (nil if none).
+func (o *observer) groupMoved(group string) (int, *time.Time) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	gm := o.moves[group]
+	if gm == nil || gm.moves == 0 {
+		return 0, nil
+	}
+	last := gm.last
+	return gm.moves, &last
 }
 
 func newObserver(c *fenced.Client, now func() time.Time) *observer {
 	return &observer{
 		client: c, groups: metrics.NewGroups(nil), now: now, maxKeys: 1000, maxHistory: 20,
 		keys: map[string]*keyState{}, ownerChanges: map[string]float64{}, breaksHere: map[string]float64{},
+		moves: map[string]*groupMoves{},
 	}
 }
 
@@ -143,7 +202,7 @@ func (o *observer) ended(key string, fence uint64, broken bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if broken {
-		o.breaksHere[o.groups.Of(key)]++
+		o.breaksHere[o.keyGroup(key)]++
 	}
 	if k := o.keys[key]; k != nil {
 		if cur := k.current(); cur != nil && cur.Fence == fence {
@@ -168,7 +227,8 @@ func (o *observer) seenLocked(info fenced.LeaseInfo, now time.Time, via string) 
 	} else if cur != nil {
 		cur.Ended = now
 	}
-	g := o.groups.Of(info.Key)
+	o.movedLocked(info, now)
+	g := o.keyGroup(info.Key)
 	o.breaksHere[g] += 0 // counters start at zero, so their first increase shows
 	o.ownerChanges[g] += 0
 	if len(k.grants) > 0 {
@@ -293,7 +353,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 			if !info.Held {
 				continue
 			}
-			g := o.groups.Of(info.Key)
+			g := o.keyGroup(info.Key)
 			held[g]++
 			if info.Remaining <= 0 {
 				continue
@@ -324,7 +384,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	if recs, err := o.client.Breaks(ctx, ""); err == nil {
 		n := map[string]float64{}
 		for _, r := range recs {
-			n[o.groups.Of(r.Key)]++
+			n[o.keyGroup(r.Key)]++
 		}
 		for g, v := range n {
 			ch <- prometheus.MustNewConstMetric(descBreaks, prometheus.CounterValue, v, g)

@@ -50,15 +50,26 @@ type partitionView struct {
 	Target      string `json:"target"`
 }
 
-// groupLink is a partition group on the dashboard's front page.
+// groupLink is a partition group on the dashboard's front page, at a
+// glance.
 type groupLink struct {
 	Group      string
 	Partitions int
 	Members    int
+	// Owned counts the partitions whose lease is held (by a live member,
+	// or one that died and whose lease has not run out); Unowned the
+	// others.
+	Owned, Unowned int
+	// Moves counts the partitions this server saw change owner (a grant
+	// tagged by another member than the last it saw), LastMove when it
+	// saw the last one (nil if none).
+	Moves    int
+	LastMove *time.Time
 }
 
 // partitionGroups finds the partition groups in a listing by their live
-// members' keys (GROUP/m/P/ID, see recipe.JoinPartitions), sorted by name.
+// members' keys (GROUP/m/P/ID, see recipe.JoinPartitions), sorted by name,
+// with their held partitions.
 func partitionGroups(infos []fenced.LeaseInfo) []groupLink {
 	byName := map[string]int{} // index in out
 	var out []groupLink
@@ -87,8 +98,58 @@ func partitionGroups(infos []fenced.LeaseInfo) []groupLink {
 		}
 		out[i].Members++
 	}
+	for _, in := range infos {
+		group, p, ok := partitionKey(in.Key)
+		if i, known := byName[group]; ok && known && in.Held && p < out[i].Partitions {
+			out[i].Owned++
+		}
+	}
+	for i := range out {
+		out[i].Unowned = out[i].Partitions - out[i].Owned
+	}
 	slices.SortFunc(out, func(a, b groupLink) int { return strings.Compare(a.Group, b.Group) })
 	return out
+}
+
+// partitionKey reads a partition key, GROUP/p/<i> (recipe.JoinPartitions).
+func partitionKey(key string) (group string, p int, ok bool) {
+	rest, ps, ok := cutLast(key)
+	if !ok {
+		return "", 0, false
+	}
+	group, name, ok := cutLast(rest)
+	n, err := strconv.Atoi(ps)
+	if !ok || name != "p" || group == "" || err != nil || n < 0 || n >= recipe.MaxPartitions || ps != strconv.Itoa(n) {
+		return "", 0, false
+	}
+	return group, n, true
+}
+
+// groupKeyGroup returns what a key of a partition group is grouped by in
+// the store-level series: the group's name, for its partitions
+// (GROUP/p/<i>), its members (GROUP/m/<P>/<id>) and its doorbell
+// (GROUP/w/bell), so that a group's label values are bounded whatever P
+// and the member IDs; any other key itself.
+func groupKeyGroup(key string) string {
+	if group, _, ok := partitionKey(key); ok {
+		return group
+	}
+	if group, ok := strings.CutSuffix(key, "/w/bell"); ok && group != "" {
+		return group
+	}
+	rest, id, ok := cutLast(key)
+	if !ok || id == "" {
+		return key
+	}
+	rest, ps, ok := cutLast(rest)
+	n, err := strconv.Atoi(ps)
+	if !ok || err != nil || n < 1 || n > recipe.MaxPartitions {
+		return key
+	}
+	if group, m, ok := cutLast(rest); ok && m == "m" && group != "" {
+		return group
+	}
+	return key
 }
 
 // cutLast splits s at its last slash.

@@ -37,9 +37,12 @@
 // key up to its first ':' (invoice:inv_72 → "invoice"); a key without ':' is
 // its own group. A caller's KeyGroup function can replace it. The permits of
 // a semaphore (fenced.Semaphore, keys encoders#0, encoders#1, …) are grouped
-// by the semaphore's name, so its N slots are one group. The semaphore marks
-// its acquisitions (fenced.WithKeyGroup). A key of the same form taken
-// outside a semaphore is grouped as any other key. Groups beyond
+// by the semaphore's name, so its N slots are one group; likewise every key
+// of a partition group (recipe.JoinPartitions: GROUP/p/<i>, GROUP/m/<P>/<id>,
+// GROUP/w/bell) is grouped by the group's name, whatever P and the member
+// IDs. The recipes mark their acquisitions (fenced.WithKeyGroup); renewals
+// and ends of a lease take its acquisition's group. A key of the same form
+// taken outside a recipe is grouped as any other key. Groups beyond
 // MaxKeyGroups (default 100) distinct values are folded into OtherGroup, so
 // a key scheme without colons (job-8f3a…) cannot explode the series count.
 // result and reason take the fixed values listed below. Per store and key
@@ -282,7 +285,7 @@ type Tracker struct {
 	mu      sync.Mutex
 	seen    map[Labels]struct{}
 	held    map[*fenced.Lease]Labels
-	permits map[string]string // semaphore permit key → semaphore name
+	permits map[string]string // marked key (a permit, a partition) → its group's name
 }
 
 // maxPermitKeys bounds the permit keys a Tracker remembers; permits seen
@@ -324,6 +327,28 @@ func (t *Tracker) labels(store, key string) (Labels, bool) {
 	}
 	t.seen[l] = struct{}{}
 	return l, true
+}
+
+// GroupOf returns the key group of e's key as Hook labels it: the group
+// its acquisition was marked with (fenced.WithKeyGroup: a semaphore's
+// permits, a partition group's keys), else the key's own.
+func (t *Tracker) GroupOf(e fenced.Event) string {
+	if name, ok := fenced.KeyGroup(e.Context); ok {
+		return t.Of(name)
+	}
+	return t.Of(t.groupKey(e.Key))
+}
+
+// heldLabels returns the labels l was granted under, while it is held:
+// those of its acquisition, whatever the permit keys remembered.
+func (t *Tracker) heldLabels(l *fenced.Lease) (Labels, bool) {
+	if l == nil {
+		return Labels{}, false
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	lb, ok := t.held[l]
+	return lb, ok
 }
 
 func (t *Tracker) add(l *fenced.Lease, lb Labels) {
@@ -386,8 +411,10 @@ func (t *Tracker) Gauges() []Gauge {
 // writes to the hook of the client that issued the token. So a guard needs
 // no hook of its own.
 func Hook(store string, t *Tracker, r Recorder) func(fenced.Event) {
-	labels := func(key string) Labels {
-		l, isNew := t.labels(store, t.groupKey(key))
+	// labels returns the labels of what key is grouped by (gk: the key,
+	// or the group an acquisition was marked with).
+	labels := func(gk string) Labels {
+		l, isNew := t.labels(store, gk)
 		if isNew {
 			r.Init(l)
 		}
@@ -406,10 +433,13 @@ func Hook(store string, t *Tracker, r Recorder) func(fenced.Event) {
 	return func(e fenced.Event) {
 		switch e.Kind {
 		case fenced.EventAcquire:
-			if name, ok := fenced.KeyGroup(e.Context); ok {
-				t.permit(e.Key, name)
+			gk, marked := fenced.KeyGroup(e.Context)
+			if marked {
+				t.permit(e.Key, gk)
+			} else {
+				gk = t.groupKey(e.Key)
 			}
-			l := labels(e.Key)
+			l := labels(gk)
 			result := AcquireResult(e)
 			r.AcquireAttempt(l, result)
 			if result != ResultAcquired {
@@ -423,7 +453,11 @@ func Hook(store string, t *Tracker, r Recorder) func(fenced.Event) {
 				t.add(e.Lease, l)
 			}
 		case fenced.EventRenew:
-			r.Renewal(labels(e.Key), RenewResult(e.Err))
+			l, ok := t.heldLabels(e.Lease)
+			if !ok {
+				l = labels(t.groupKey(e.Key))
+			}
+			r.Renewal(l, RenewResult(e.Err))
 		case fenced.EventLost:
 			if l, ok := end(e.Lease, e.Duration); ok {
 				r.Lost(l, LostReason(e.Err))
@@ -433,7 +467,7 @@ func Hook(store string, t *Tracker, r Recorder) func(fenced.Event) {
 				r.Lost(l, LostClosed)
 			}
 		case fenced.EventStaleWrite:
-			r.StaleWrite(labels(e.Key))
+			r.StaleWrite(labels(t.groupKey(e.Key)))
 		}
 	}
 }
@@ -460,3 +494,32 @@ func Join(hs ...func(fenced.Event)) func(fenced.Event) {
 		}
 	}
 }
+
+// Series of a partition group member (recipe.Partitions), in Prometheus
+// form, labelled by LabelGroup only: fencedprom.PartitionsCollector exports
+// them all, fencedotel.Telemetry.ObservePartitions the first eight.
+const (
+	PartitionsMembers         = "fenced_partitions_members"
+	PartitionsOwned           = "fenced_partitions_owned"
+	PartitionsTarget          = "fenced_partitions_target"
+	PartitionsUnowned         = "fenced_partitions_unowned"
+	PartitionsMoves           = "fenced_partitions_moves_total"
+	PartitionsTimeToStable    = "fenced_partitions_time_to_stable_seconds"
+	PartitionsHandoffDuration = "fenced_partitions_handoff_duration_seconds"
+	PartitionsHandoffOverruns = "fenced_partitions_handoff_overruns_total"
+	PartitionsRebalances      = "fenced_partitions_rebalances_total"
+	PartitionsAcquired        = "fenced_partitions_acquired_total"
+	PartitionsHandoffs        = "fenced_partitions_handoffs_total"
+	PartitionsHandoffTime     = "fenced_partitions_handoff_seconds_total"
+	PartitionsUnownedTime     = "fenced_partitions_unowned_seconds_total"
+)
+
+// PartitionsNames lists the partition group series above, those both
+// exporters have first.
+var PartitionsNames = []string{PartitionsMembers, PartitionsOwned, PartitionsTarget, PartitionsUnowned, PartitionsMoves,
+	PartitionsTimeToStable, PartitionsHandoffDuration, PartitionsHandoffOverruns, PartitionsRebalances, PartitionsAcquired,
+	PartitionsHandoffs, PartitionsHandoffTime, PartitionsUnownedTime}
+
+// LabelGroup is the one label of the partition group series: the group's
+// name as the program gives it, never a member ID.
+const LabelGroup = "group"

@@ -131,7 +131,21 @@ type Partitions struct {
 	targets    []int
 	stats      PartitionStats
 	unownedAt  time.Time // when a target first went unowned; zero if none is
-	wg         sync.WaitGroup
+	// other marks the partitions this member saw held by another holder
+	// since it last held them: its next grant of one is a move.
+	other map[int]bool
+	// lastFence is the fence of this member's last grant of each
+	// partition it held, so that a listing that shows it is not taken
+	// for another holder's.
+	lastFence map[int]uint64
+	// unstableSince is when a look first planned a move after one that
+	// planned none; zero while none is planned.
+	unstableSince time.Time
+	wg            sync.WaitGroup
+
+	obsMu     sync.Mutex
+	observers map[int]func(PartitionEvent) // Observe's, by subscription
+	obsNext   int
 }
 
 // ownedPartition is a partition whose lease this member holds.
@@ -276,6 +290,26 @@ type PartitionStats struct {
 	// UnownedTime is the total time during which a partition the
 	// assignment gave this member was not yet held by it.
 	UnownedTime time.Duration
+	// Unowned is how many of the group's partitions no lease held at the
+	// member's last look at the group (its own grants and releases
+	// counted; a crashed member's partitions count as held until their
+	// leases run out). The members that looked last see the group's
+	// present; the others see it as of their last look, a Poll ago at
+	// most.
+	Unowned int
+	// Moves counts the partitions this member took over from another
+	// holder: one it saw held by someone else (listed, or a refused try)
+	// since it last held it itself. A member's first grants in a new
+	// group are no moves; the members' sum is the group's owner changes
+	// (a holder that took a partition and gave it back between two looks
+	// of the next one can go unseen).
+	Moves uint64
+	// TimeToStable is how long the last rebalance took, as this member
+	// saw it: from its first look that planned a move (a partition not
+	// held by the member the assignment gives it) to its first look that
+	// planned none (zero before the first). The member that made the last
+	// move sees the end at once; the others at their next look.
+	TimeToStable time.Duration
 }
 
 // JoinPartitions makes c a member of group, a group of partitions
@@ -322,7 +356,8 @@ func JoinPartitions(ctx context.Context, c *fenced.Client, group string, partiti
 	}
 	g := &Partitions{c: c, group: group, n: partitions, id: o.MemberID, work: work, onEvent: o.OnEvent, rb: rb,
 		weight: max(1, o.Weight),
-		kick:   make(chan struct{}, 1), loopDone: make(chan struct{}), owned: map[int]*ownedPartition{}}
+		kick:   make(chan struct{}, 1), loopDone: make(chan struct{}), owned: map[int]*ownedPartition{},
+		other: map[int]bool{}, lastFence: map[int]uint64{}}
 	for _, k := range []string{group, g.partitionKey(partitions - 1), g.memberKey(), g.bellKey()} {
 		if err := fenced.ValidateKey(k); err != nil {
 			return nil, fmt.Errorf("fenced: partitions %q: %w", group, err)
@@ -358,6 +393,9 @@ func JoinPartitions(ctx context.Context, c *fenced.Client, group string, partiti
 		g.grace = spec.TTL
 	}
 
+	// Metrics hooks group every key of the group under its name, so a
+	// group's series are bounded whatever P and the member IDs are.
+	ctx = fenced.WithKeyGroup(ctx, group)
 	m, err := g.join(ctx)
 	if err != nil {
 		return nil, err
@@ -670,7 +708,7 @@ func (g *Partitions) ring(ctx context.Context) {
 	if !g.c.Capabilities().Observe {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.ttl)
+	ctx, cancel := context.WithTimeout(fenced.WithKeyGroup(context.WithoutCancel(ctx), g.group), g.ttl)
 	defer cancel()
 	bell := fenced.LeaseOptions{TTL: g.ttl, MinFence: fenced.FenceNone, ManualRenew: true}
 	l, err := g.c.TryAcquire(ctx, g.bellKey(), &bell)
@@ -699,6 +737,35 @@ func (g *Partitions) releaseLease(l *fenced.Lease) {
 func (g *Partitions) emit(e PartitionEvent) {
 	if g.onEvent != nil {
 		g.onEvent(e)
+	}
+	g.obsMu.Lock()
+	fns := slices.Collect(maps.Values(g.observers))
+	g.obsMu.Unlock()
+	for _, fn := range fns {
+		fn(e)
+	}
+}
+
+// Observe calls fn for every PartitionEvent of the member from now on,
+// as PartitionsOptions.OnEvent is called (on the member's goroutines; fn
+// must not block), until stop is called. The metrics exporters use it
+// (package metrics/fencedprom). A nil fn is never called.
+func (g *Partitions) Observe(fn func(PartitionEvent)) (stop func()) {
+	if fn == nil {
+		return func() {}
+	}
+	g.obsMu.Lock()
+	defer g.obsMu.Unlock()
+	if g.observers == nil {
+		g.observers = map[int]func(PartitionEvent){}
+	}
+	id := g.obsNext
+	g.obsNext++
+	g.observers[id] = fn
+	return func() {
+		g.obsMu.Lock()
+		defer g.obsMu.Unlock()
+		delete(g.observers, id)
 	}
 }
 
@@ -783,16 +850,23 @@ func (g *Partitions) step(ctx context.Context, w *watches) time.Duration {
 		next = min(next, wait+time.Millisecond)
 	}
 	var targets []int
-	var listed map[int]fenced.LeaseInfo // the held partitions, as this step's listing shows them
+	var look groupLook
 	if m != nil {
-		if targets, listed, err = g.assigned(ctx); err != nil {
+		if look, err = g.assigned(ctx); err != nil {
 			return min(next, time.Second) // keep what we hold; leases decide
 		}
+		targets = look.plan[g.id]
 	}
 	now := time.Now()
+	if m != nil {
+		g.notePlan(look, now)
+	}
 	g.handOff(targets, m != nil, now)
-	watch, missing, next := g.tryTargets(ctx, m, targets, listed, next)
+	watch, missing, next := g.tryTargets(ctx, m, targets, look.st.Leases, next)
 	g.noteUnowned(missing, now)
+	if m != nil {
+		g.noteLook(look)
+	}
 	w.set(ctx, watch)
 	return next
 }
@@ -825,12 +899,35 @@ func (g *Partitions) checkMembership(ctx context.Context) (m *fenced.Lease, wait
 	return nil, wait, nil
 }
 
-// assigned reads the members and returns the partitions assigned to this
-// member, with the held partitions as the listing shows them.
-func (g *Partitions) assigned(ctx context.Context) ([]int, map[int]fenced.LeaseInfo, error) {
+// noteHolders marks the partitions st shows held by a grant that is not
+// this member's: its next grant of one is a move. The caller holds g.mu.
+func (g *Partitions) noteHolders(st GroupState) {
+	for p, in := range st.Leases {
+		f, ours := g.lastFence[p]
+		if in.Fence == 0 { // leases without a fence: the owner's tag says
+			ours = st.Owners[p] == g.id
+		} else {
+			ours = ours && f == in.Fence
+		}
+		if p < g.n && !ours {
+			g.other[p] = true
+		}
+	}
+}
+
+// groupLook is one look at the group: its listing and the assignment
+// computed from it.
+type groupLook struct {
+	st   GroupState
+	plan map[string][]int
+}
+
+// assigned reads the members and returns the listing with the assignment
+// computed from it.
+func (g *Partitions) assigned(ctx context.Context) (groupLook, error) {
 	st, members, err := g.readMembers(ctx)
 	if err != nil {
-		return nil, nil, err
+		return groupLook{}, err
 	}
 	if !slices.Contains(members, g.id) {
 		members = append(members, g.id) // we hold it; the listing lags
@@ -838,8 +935,9 @@ func (g *Partitions) assigned(ctx context.Context) ([]int, map[int]fenced.LeaseI
 	}
 	g.mu.Lock()
 	g.members = members
+	g.noteHolders(st)
 	g.mu.Unlock()
-	return assignPartitions(members, st.weights(g.n, g.id, g.weight), g.n, st.Owners, g.rb)[g.id], st.Leases, nil
+	return groupLook{st: st, plan: assignPartitions(members, st.weights(g.n, g.id, g.weight), g.n, st.Owners, g.rb)}, nil
 }
 
 // handOff hands off what is no longer ours, and releases the work that
@@ -919,7 +1017,12 @@ func (g *Partitions) tryTargets(ctx context.Context, m *fenced.Lease, targets []
 		if err != nil {
 			missing++
 			var held *fenced.HeldError
-			if errors.As(err, &held) && held.Remaining > 0 {
+			if errors.As(err, &held) {
+				g.mu.Lock()
+				g.other[p] = true
+				g.mu.Unlock()
+			}
+			if held != nil && held.Remaining > 0 {
 				next = min(next, held.Remaining+time.Millisecond)
 			}
 			watch[g.partitionKey(p)] = true
@@ -961,6 +1064,74 @@ func (g *Partitions) noteUnowned(missing int, now time.Time) {
 	}
 }
 
+// planned returns the member the look's assignment gives each partition.
+func (look groupLook) planned(n int) map[int]string {
+	planned := make(map[int]string, n)
+	for id, ps := range look.plan {
+		for _, p := range ps {
+			planned[p] = id
+		}
+	}
+	return planned
+}
+
+// notePlan notes the start of a rebalance, before the look's hand-offs
+// and grants: a listing that shows a partition not held by the member
+// the assignment gives it (a member that takes all of its share at its
+// first look plans moves all the same).
+func (g *Partitions) notePlan(look groupLook, now time.Time) {
+	planned := look.planned(g.n)
+	for p := range g.n {
+		if look.st.Owners[p] != planned[p] {
+			g.mu.Lock()
+			if g.unstableSince.IsZero() {
+				g.unstableSince = now
+			}
+			g.mu.Unlock()
+			return
+		}
+	}
+}
+
+// noteLook records what a look saw of the group, after this member's
+// hand-offs and grants of the look: the partitions nobody holds, and
+// whether the assignment still plans a move; if not, the time the
+// rebalance took since notePlan saw it start.
+func (g *Partitions) noteLook(look groupLook) {
+	planned := look.planned(g.n)
+	now := time.Now()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	unowned, moving := 0, false
+	for p := range g.n {
+		// holder is the live member holding p to keep it; held is
+		// whether anyone holds it at all (ours in hand-off too, a
+		// crashed member's until its lease runs out).
+		holder := look.st.Owners[p]
+		in, held := look.st.Leases[p]
+		if f, ok := g.lastFence[p]; holder == g.id || (ok && f == in.Fence && in.Fence != 0) {
+			holder, held = "", false // ours as listed: what we hold now says
+		}
+		if o, ok := g.owned[p]; ok && o.lease.Err() == nil {
+			held = true
+			if o.handoff.IsZero() {
+				holder = g.id
+			}
+		}
+		if !held {
+			unowned++
+		}
+		if holder != planned[p] {
+			moving = true
+		}
+	}
+	g.stats.Unowned = unowned
+	if !moving && !g.unstableSince.IsZero() {
+		g.stats.TimeToStable = now.Sub(g.unstableSince)
+		g.unstableSince = time.Time{}
+	}
+}
+
 // start runs the work of partition p, held by l, from checkpoint cp, and
 // releases l after it.
 func (g *Partitions) start(p int, l *fenced.Lease, cp []byte) {
@@ -969,6 +1140,11 @@ func (g *Partitions) start(p int, l *fenced.Lease, cp []byte) {
 	g.mu.Lock()
 	g.owned[p] = o
 	g.stats.Acquired++
+	if g.other[p] {
+		g.stats.Moves++
+		delete(g.other, p)
+	}
+	g.lastFence[p] = l.Fence()
 	g.wg.Add(1)
 	g.mu.Unlock()
 	g.emit(PartitionEvent{Kind: fenced.EventAcquire, Partition: p, Fence: l.Fence()})

@@ -139,6 +139,9 @@ var errRetryAdmit = errors.New("partition leases of another count are held")
 func (g *Partitions) admit(ctx context.Context, m *fenced.Lease) (time.Duration, countConflicts, error) {
 	st, err := ReadGroup(ctx, g.c, g.group)
 	if err == nil {
+		g.mu.Lock()
+		g.noteHolders(st)
+		g.mu.Unlock()
 		c := st.conflicts(g.n)
 		switch {
 		case c.none():
@@ -171,6 +174,9 @@ func (g *Partitions) join(ctx context.Context) (*fenced.Lease, error) {
 		if err != nil {
 			return nil, fmt.Errorf("fenced: partitions %q: join: %w", g.group, err)
 		}
+		g.mu.Lock()
+		g.noteHolders(st) // the partitions held before we joined: taking one is a move
+		g.mu.Unlock()
 		c := st.conflicts(g.n)
 		if len(c.live) > 0 {
 			return nil, g.admitError(c)

@@ -103,6 +103,8 @@ type Telemetry struct {
 	attempts, renewals, lost, stale, ownerChanges metric.Int64Counter
 	wait, hold, ratio                             metric.Float64Histogram
 
+	parts *partitionsInstruments // nil without a MeterProvider
+
 	mu    sync.Mutex
 	holds map[*fenced.Lease]trace.Span
 }
@@ -172,6 +174,9 @@ func New(mp metric.MeterProvider, tp trace.TracerProvider, opts *Options) (*Tele
 		return nil
 	}, held, validity)
 	if err != nil {
+		return nil, err
+	}
+	if t.parts, err = newPartitionsInstruments(m, t.opts.WaitBuckets); err != nil {
 		return nil, err
 	}
 	return t, nil
@@ -247,10 +252,10 @@ func (r recorder) OwnerChange(l metrics.Labels) { r.t.ownerChanges.Add(bg, 1, wi
 
 // spanHook records the acquire and hold spans.
 func (t *Telemetry) spanHook(store string) func(fenced.Event) {
-	attrs := func(key string, extra ...attribute.KeyValue) []attribute.KeyValue {
-		a := append(extra, AttrStore.String(store), AttrKeyGroup.String(t.tracker.Of(key)))
+	attrs := func(e fenced.Event, extra ...attribute.KeyValue) []attribute.KeyValue {
+		a := append(extra, AttrStore.String(store), AttrKeyGroup.String(t.tracker.GroupOf(e)))
 		if t.opts.RecordKey {
-			a = append(a, AttrKey.String(key))
+			a = append(a, AttrKey.String(e.Key))
 		}
 		return a
 	}
@@ -265,7 +270,7 @@ func (t *Telemetry) spanHook(store string) func(fenced.Event) {
 			result := metrics.AcquireResult(e)
 			_, span := t.tracer.Start(parent, SpanAcquire, trace.WithTimestamp(end.Add(-e.Duration)),
 				trace.WithSpanKind(trace.SpanKindClient),
-				trace.WithAttributes(attrs(e.Key, AttrResult.String(result), AttrAttempts.Int(e.Attempt),
+				trace.WithAttributes(attrs(e, AttrResult.String(result), AttrAttempts.Int(e.Attempt),
 					AttrFence.Int64(int64(e.Fence)))...))
 			if result == metrics.ResultError {
 				span.RecordError(e.Err)
@@ -277,7 +282,7 @@ func (t *Telemetry) spanHook(store string) func(fenced.Event) {
 			}
 			_, hold := t.tracer.Start(parent, SpanHold, trace.WithTimestamp(end),
 				trace.WithLinks(trace.Link{SpanContext: span.SpanContext()}),
-				trace.WithAttributes(attrs(e.Key, AttrFence.Int64(int64(e.Fence)), AttrTTL.Float64(e.Lease.Options().TTL.Seconds()))...))
+				trace.WithAttributes(attrs(e, AttrFence.Int64(int64(e.Fence)), AttrTTL.Float64(e.Lease.Options().TTL.Seconds()))...))
 			t.mu.Lock()
 			t.holds[e.Lease] = hold
 			t.mu.Unlock()

@@ -2,6 +2,8 @@ package fencedotel_test
 
 import (
 	"context"
+	"fmt"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -16,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/fenced-dev/fenced"
+	_ "github.com/fenced-dev/fenced/fencedsqlite"
 	"github.com/fenced-dev/fenced/mem"
 	"github.com/fenced-dev/fenced/metrics"
 	"github.com/fenced-dev/fenced/metrics/fencedotel"
@@ -242,5 +245,46 @@ func TestSpansParentToCaller(t *testing.T) {
 		if !found {
 			t.Errorf("span %s lacks the key with RecordKey set", s.Name())
 		}
+	}
+}
+
+// TestGroupInstruments: the group scenario of fencedprom's test, on the
+// embedded SQLite store and on mem, read through OpenTelemetry's own
+// Prometheus exporter, so the instruments' translated names are
+// fencedprom's; the same label values at 16 and 64 partitions.
+func TestGroupInstruments(t *testing.T) {
+	for _, store := range []string{"sqlite", "mem"} {
+		t.Run(store, func(t *testing.T) {
+			var labels [][]string
+			for _, p := range []int{16, 64} {
+				url := fmt.Sprintf("mem://%s-%d", strings.ReplaceAll(t.Name(), "/", "-"), p)
+				if store == "sqlite" {
+					url = "sqlite://" + filepath.Join(t.TempDir(), "leases.db")
+				}
+				labels = append(labels, scenario.Group(t, url, store, p, otelExporter(t)))
+			}
+			if !slices.Equal(labels[0], labels[1]) {
+				t.Errorf("label values differ with P:\nP=16: %v\nP=64: %v", labels[0], labels[1])
+			}
+			t.Logf("%d label values, P=16 and P=64: %v", len(labels[0]), labels[0])
+		})
+	}
+}
+
+// otelExporter returns a Telemetry on a MeterProvider of its own for each
+// member, as each member process would have, exported to a Prometheus
+// registry by OpenTelemetry's exporter.
+func otelExporter(t *testing.T) func() scenario.Exporter {
+	return func() scenario.Exporter {
+		reg := prometheus.NewRegistry()
+		exporter, err := otelprom.New(otelprom.WithRegisterer(reg), otelprom.WithoutScopeInfo(), otelprom.WithoutTargetInfo())
+		if err != nil {
+			t.Fatal(err)
+		}
+		tel, err := fencedotel.New(sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter)), nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return scenario.Exporter{Hook: tel.Hook, Gatherer: reg, Attach: tel.ObservePartitions}
 	}
 }

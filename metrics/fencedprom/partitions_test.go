@@ -2,6 +2,10 @@ package fencedprom_test
 
 import (
 	"context"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -9,8 +13,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/fenced-dev/fenced"
+	_ "github.com/fenced-dev/fenced/fencedsqlite"
 	_ "github.com/fenced-dev/fenced/mem"
+	"github.com/fenced-dev/fenced/metrics"
 	"github.com/fenced-dev/fenced/metrics/fencedprom"
+	"github.com/fenced-dev/fenced/metrics/internal/scenario"
 	"github.com/fenced-dev/fenced/recipe"
 )
 
@@ -76,7 +83,46 @@ func TestPartitionsCollector(t *testing.T) {
 	if got := gauge("fenced_partitions_members"); got != 2 {
 		t.Errorf("members %v, want 2", got)
 	}
-	if n, err := testutil.GatherAndCount(reg); err != nil || n != 8 {
-		t.Errorf("%d series (%v), want 8", n, err)
+	if n, err := testutil.GatherAndCount(reg); err != nil || n != len(metrics.PartitionsNames) {
+		t.Errorf("%d series (%v), want %d", n, err, len(metrics.PartitionsNames))
+	}
+}
+
+// TestGroupSeries: a real group of 16 partitions on the embedded SQLite
+// store and on mem, with members joining, one leaving and another
+// joining (scenario.Group checks the series against the recipe), and the
+// same label values at 64 partitions: the group's series are bounded
+// whatever P and the member IDs.
+func TestGroupSeries(t *testing.T) {
+	for _, store := range []string{"sqlite", "mem"} {
+		t.Run(store, func(t *testing.T) {
+			var labels [][]string
+			for _, p := range []int{16, 64} {
+				url := fmt.Sprintf("mem://%s-%d", strings.ReplaceAll(t.Name(), "/", "-"), p)
+				if store == "sqlite" {
+					url = "sqlite://" + filepath.Join(t.TempDir(), "leases.db")
+				}
+				labels = append(labels, scenario.Group(t, url, store, p, promExporter(t)))
+			}
+			if !slices.Equal(labels[0], labels[1]) {
+				t.Errorf("label values differ with P:\nP=16: %v\nP=64: %v", labels[0], labels[1])
+			}
+			t.Logf("%d label values, P=16 and P=64: %v", len(labels[0]), labels[0])
+		})
+	}
+}
+
+// promExporter returns a new registry with fenced's Metrics for each
+// member, as each member process would have.
+func promExporter(t *testing.T) func() scenario.Exporter {
+	return func() scenario.Exporter {
+		reg := prometheus.NewPedanticRegistry()
+		m, err := fencedprom.New(reg, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return scenario.Exporter{Hook: m.Hook, Gatherer: reg, Attach: func(group string, p *recipe.Partitions) {
+			reg.MustRegister(fencedprom.NewPartitionsCollector(group, p))
+		}}
 	}
 }
