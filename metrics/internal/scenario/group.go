@@ -50,7 +50,8 @@ type groupMember struct {
 //
 //   - moves_total sums, over the members, to the owner changes the
 //     members' events show (a partition granted to a member other than
-//     the one granted it last), and each member's equals its Stats;
+//     the one granted it last), less at most one per lease that ran
+//     out, and each member's equals its Stats;
 //   - every member that took part in a change observed a time to a
 //     stable assignment, the hand-off histogram counted every hand-off
 //     the member's events ended, and the overrun counter every overrun
@@ -152,7 +153,7 @@ func Group(t *testing.T, url, store string, p int, newExporter func() Exporter) 
 		return value(t, d.exp.Gatherer, metrics.PartitionsTimeToStable) > 0
 	})
 
-	checkMoves(t, all, lg)
+	checkMoves(t, all, lg, int(lapses.Load()))
 	t.Logf("P=%d: %d moves over a → a,b → a,b,c → a,b → a,b,d; %d leases ran out", p, lg.count(), lapses.Load())
 	checkHandOffs(t, all, lg)
 	return checkLabels(t, all)
@@ -196,8 +197,11 @@ func (lg *grantLedger) count() int {
 }
 
 // checkMoves: each member's moves series is its Stats, and their sum is
-// the owner changes the events show.
-func checkMoves(t *testing.T, all []*groupMember, lg *grantLedger) {
+// the owner changes the events show. A member counts a move only for a
+// holder it saw (Stats.Moves); a lease that ran out makes churn a member
+// can miss between two looks, so each lapse allows one unseen change.
+// No member ever counts a change that did not happen.
+func checkMoves(t *testing.T, all []*groupMember, lg *grantLedger, lapsed int) {
 	t.Helper()
 	var sum uint64
 	for i, gm := range all {
@@ -207,8 +211,10 @@ func checkMoves(t *testing.T, all []*groupMember, lg *grantLedger) {
 		}
 		sum += s.Moves
 	}
-	if want := lg.count(); sum != uint64(want) || want == 0 {
-		t.Errorf("%s sums to %d over the members; the members' grants show %d owner changes", metrics.PartitionsMoves, sum, want)
+	want := lg.count()
+	if int(sum) > want || int(sum) < want-lapsed || want == 0 {
+		t.Errorf("%s sums to %d over the members; the members' grants show %d owner changes (%d leases ran out)",
+			metrics.PartitionsMoves, sum, want, lapsed)
 	}
 }
 
