@@ -33,9 +33,6 @@ func SaveGenJobsRow(path string, row GenJobsRow) error { return saveRow(path, ro
 // key names what the row ran; the jobs row has one mode.
 func (r GenJobsRow) key() rowKey { return rowKey{build: r.Build, backend: r.Backend} }
 
-// readGenJobsRows reads the rows kept in path (a JSON array).
-func readGenJobsRows(path string) ([]GenJobsRow, error) { return readRows[GenJobsRow](path) }
-
 const genJobsPreamble = `The scheduler adapters' row of the generative proof (proof.RunGenJobs; ` +
 	"`go test ./internal/cli/proof -run TestGenerativeJobs`" + `
 in the normal suite, 40 s of churn on SQLite; ` + "`FENCED_PROOF_JOBS_DURATION`" + ` for longer runs, ` +
