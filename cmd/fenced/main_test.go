@@ -5,10 +5,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -57,6 +59,46 @@ func cli(t *testing.T, store string, args ...string) result {
 
 func tempStore(t *testing.T) string {
 	return "sqlite://" + filepath.Join(t.TempDir(), "leases.db")
+}
+
+// measuredTTL returns floor, or eight times the slowest grant and release
+// seen while n clients of store probe it at once for a second, if more,
+// rounded up to 100 ms: a TTL that n processes renew in time on this
+// machine as loaded now (on SQLite they queue for its write lock).
+func measuredTTL(t *testing.T, store string, n int, floor time.Duration) time.Duration {
+	t.Helper()
+	var (
+		mu    sync.Mutex
+		worst time.Duration
+		wg    sync.WaitGroup
+	)
+	for i := range n {
+		c := client(t, store)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx := context.Background()
+			key := fmt.Sprintf("ttl-probe-%d", i)
+			for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+				at := time.Now()
+				l, err := c.TryAcquire(ctx, key, &fenced.LeaseOptions{TTL: time.Minute, MinFence: fenced.FenceNone})
+				if err == nil {
+					err = l.Release(ctx)
+				}
+				if err != nil {
+					t.Errorf("probing the store: %v", err)
+					return
+				}
+				mu.Lock()
+				worst = max(worst, time.Since(at))
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	ttl := (max(floor, 8*worst) + 99*time.Millisecond).Truncate(100 * time.Millisecond)
+	t.Logf("TTL %v: the slowest grant and release of %d clients at once took %v", ttl, n, worst.Round(time.Millisecond))
+	return ttl
 }
 
 func client(t *testing.T, store string) *fenced.Client {

@@ -237,6 +237,7 @@ func TestElectInteropsWithEtcdctlElect(t *testing.T) {
 // after its TTL.
 func TestRunSemaphore(t *testing.T) {
 	store := tempStore(t)
+	ttl := measuredTTL(t, store, 5, time.Second).String()
 	dir := t.TempDir()
 	stop := make(chan struct{})
 	most := sampleAlive(dir, "in", stop)
@@ -245,7 +246,7 @@ func TestRunSemaphore(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r := cli(t, store, "run", "-n", "3", "--ttl", "1s", "--wait", "30s", "pool", "--",
+			r := cli(t, store, "run", "-n", "3", "--ttl", ttl, "--wait", "30s", "pool", "--",
 				"sh", "-c", `echo "$FENCED_SLOT $FENCED_FENCE $PPID $$" > "`+dir+`/in.$FENCED_SLOT.$FENCED_FENCE"; sleep 0.5`)
 			if r.code != 0 {
 				t.Errorf("run -n 3: exit %d, stderr %s", r.code, r.stderr)
@@ -265,14 +266,14 @@ func TestRunSemaphore(t *testing.T) {
 	// its permit after its TTL.
 	hold := t.TempDir()
 	for range 3 {
-		startRun(t, store, "run", "-n", "3", "--ttl", "1s", "pool", "--",
+		startRun(t, store, "run", "-n", "3", "--ttl", ttl, "pool", "--",
 			"sh", "-c", `echo "$FENCED_SLOT $FENCED_FENCE $PPID $$" > "`+hold+`/h.$FENCED_SLOT"; exec sleep 1000`)
 	}
 	eventually(t, 20*time.Second, "three holders did not start", func() bool { return len(marks(hold, "h")) == 3 })
 	if r := cli(t, store, "run", "-n", "3", "pool", "--", "true"); r.code != 75 {
 		t.Fatalf("run -n 3 with three holders: exit %d, want 75", r.code)
 	}
-	waiter, out, _ := startRun(t, store, "run", "-n", "3", "--ttl", "1s", "--wait", "30s", "pool", "--",
+	waiter, out, _ := startRun(t, store, "run", "-n", "3", "--ttl", ttl, "--wait", "30s", "pool", "--",
 		"sh", "-c", `echo "$FENCED_SLOT $FENCED_FENCE"`)
 	victim := marks(hold, "h")[0]
 	pid, _ := strconv.Atoi(victim[2])
