@@ -2,34 +2,55 @@ package drivertest
 
 import (
 	"context"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/fenced-dev/fenced"
 )
 
-// MeasuredShortTTL returns a Harness.ShortTTL for the machine as loaded
-// now: floor, or eight times the slowest of a second's grant and release
-// round trips through c, if more. It is rounded up to 100 ms. A store
-// whose sessions follow the TTL (ZooKeeper) loses them on a busy machine
-// when the TTL is a fixed guess.
-func MeasuredShortTTL(t *testing.T, c *fenced.Client, floor time.Duration) time.Duration {
+// MeasuredTTL returns a TTL for the machine as loaded now: floor, or eight
+// times the slowest grant and release seen while every client of cs probes
+// its store at once for a second, if more. It is rounded up to 100 ms.
+// Several clients at once see the queue a busy store makes of them (on
+// SQLite, its write lock); a store whose sessions follow the TTL
+// (ZooKeeper) loses them on a busy machine when the TTL is a fixed guess.
+func MeasuredTTL(t *testing.T, floor time.Duration, cs ...*fenced.Client) time.Duration {
 	t.Helper()
 	ctx := Context(t)
-	key := Key("machine-probe")
-	var worst time.Duration
-	for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
-		at := time.Now()
-		l, err := c.TryAcquire(ctx, key, &fenced.LeaseOptions{TTL: time.Minute})
-		if err == nil {
-			err = l.Release(context.WithoutCancel(ctx))
-		}
-		if err != nil {
-			t.Fatalf("probing the store: %v", err)
-		}
-		worst = max(worst, time.Since(at))
+	prefix := Key("machine-probe")
+	var (
+		mu    sync.Mutex
+		worst time.Duration
+		wg    sync.WaitGroup
+	)
+	for i, c := range cs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			key := fmt.Sprintf("%s-%d", prefix, i)
+			for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+				at := time.Now()
+				l, err := c.TryAcquire(ctx, key, &fenced.LeaseOptions{TTL: time.Minute, MinFence: fenced.FenceNone})
+				if err == nil {
+					err = l.Release(context.WithoutCancel(ctx))
+				}
+				if err != nil {
+					t.Errorf("probing the store: %v", err)
+					return
+				}
+				mu.Lock()
+				worst = max(worst, time.Since(at))
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
 	}
 	ttl := (max(floor, 8*worst) + 99*time.Millisecond).Truncate(100 * time.Millisecond)
-	t.Logf("ShortTTL %v: the slowest grant and release of a second took %v", ttl, worst.Round(time.Millisecond))
+	t.Logf("TTL %v: the slowest grant and release of %d clients at once took %v", ttl, len(cs), worst.Round(time.Millisecond))
 	return ttl
 }

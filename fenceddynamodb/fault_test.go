@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/drivertest"
 	"github.com/fenced-dev/fenced/fence"
 	"github.com/fenced-dev/fenced/internal/testkit/crashtest"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
@@ -127,7 +128,6 @@ func TestRenewingHolderIsNeverTakenOver(t *testing.T) {
 	}
 	t.Parallel()
 	ctx := ctxT(t)
-	const ttl = time.Second
 	const waiters = 8
 	key := uniqueKey("renewing")
 	url := server.URL(table, "")
@@ -136,18 +136,25 @@ func TestRenewingHolderIsNeverTakenOver(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer h.Close()
+	cs := make([]*fenced.Client, waiters)
+	for i := range cs {
+		c, err := fenced.Open(ctx, url, &fenced.Options{MinBackoff: 5 * time.Millisecond, MaxBackoff: 100 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		cs[i] = c
+	}
+	// The holder renews while the waiters poll the one store: a TTL the
+	// nine renew in time on this machine, at least a second.
+	ttl := drivertest.MeasuredTTL(t, time.Second, append(cs, h)...)
 	l, err := h.TryAcquire(ctx, key, &fenced.LeaseOptions{TTL: ttl})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var wg sync.WaitGroup
 	errs := make(chan error, waiters)
-	for range waiters {
-		c, err := fenced.Open(ctx, url, &fenced.Options{MinBackoff: 5 * time.Millisecond, MaxBackoff: 100 * time.Millisecond})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
+	for _, c := range cs {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

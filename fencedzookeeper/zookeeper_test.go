@@ -42,7 +42,7 @@ func TestZooKeeper(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	shortTTL := drivertest.MeasuredShortTTL(t, probe, 500*time.Millisecond)
+	shortTTL := drivertest.MeasuredTTL(t, 500*time.Millisecond, probe)
 	probe.Close()
 	t.Run("Conformance", func(t *testing.T) {
 		h := drivertest.Harness{

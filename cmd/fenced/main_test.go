@@ -5,17 +5,16 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/drivertest"
 	"github.com/fenced-dev/fenced/internal/cli/supervise"
 )
 
@@ -61,44 +60,15 @@ func tempStore(t *testing.T) string {
 	return "sqlite://" + filepath.Join(t.TempDir(), "leases.db")
 }
 
-// measuredTTL returns floor, or eight times the slowest grant and release
-// seen while n clients of store probe it at once for a second, if more,
-// rounded up to 100 ms: a TTL that n processes renew in time on this
-// machine as loaded now (on SQLite they queue for its write lock).
+// measuredTTL returns a TTL that n processes of store renew in time on
+// this machine as loaded now, at least floor (drivertest.MeasuredTTL).
 func measuredTTL(t *testing.T, store string, n int, floor time.Duration) time.Duration {
 	t.Helper()
-	var (
-		mu    sync.Mutex
-		worst time.Duration
-		wg    sync.WaitGroup
-	)
-	for i := range n {
-		c := client(t, store)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			ctx := context.Background()
-			key := fmt.Sprintf("ttl-probe-%d", i)
-			for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
-				at := time.Now()
-				l, err := c.TryAcquire(ctx, key, &fenced.LeaseOptions{TTL: time.Minute, MinFence: fenced.FenceNone})
-				if err == nil {
-					err = l.Release(ctx)
-				}
-				if err != nil {
-					t.Errorf("probing the store: %v", err)
-					return
-				}
-				mu.Lock()
-				worst = max(worst, time.Since(at))
-				mu.Unlock()
-			}
-		}()
+	cs := make([]*fenced.Client, n)
+	for i := range cs {
+		cs[i] = client(t, store)
 	}
-	wg.Wait()
-	ttl := (max(floor, 8*worst) + 99*time.Millisecond).Truncate(100 * time.Millisecond)
-	t.Logf("TTL %v: the slowest grant and release of %d clients at once took %v", ttl, n, worst.Round(time.Millisecond))
-	return ttl
+	return drivertest.MeasuredTTL(t, floor, cs...)
 }
 
 func client(t *testing.T, store string) *fenced.Client {
