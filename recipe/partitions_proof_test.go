@@ -155,6 +155,7 @@ func proofMember() error {
 		defer hmu.Unlock()
 		fmt.Fprintf(hist, "%d %s\n", time.Now().UnixNano(), fmt.Sprintf(format, args...))
 	}
+	record("B -1 0") // the process began (its client open)
 	// checkpoint records "fence:seq" as p's checkpoint, logging the try
 	// (T) and its outcome (K ... ok, refused or err).
 	checkpoint := func(p recipe.Partition, seq int) {
@@ -559,6 +560,12 @@ func runPartitionsProof(t *testing.T, backend, store string, minFence fenced.Fen
 		f.Close()
 	}
 	slices.SortFunc(evs, func(a, b ev) int { return int(a.at - b.at) })
+	begun := map[string]int64{} // when each member process began
+	for _, e := range evs {
+		if e.kind == "B" {
+			begun[e.proc] = e.at
+		}
+	}
 	refused, overlaps := 0, 0
 	believers := map[int]map[string]bool{}
 	lastWrite := map[int]int64{}
@@ -693,10 +700,11 @@ func runPartitionsProof(t *testing.T, backend, store string, minFence fenced.Fen
 			// have lost the partition already and still believed it owned
 			// it (its work blocked in a write the fence then refused).
 			var again int64
+			var by string
 			fn := g.fence
 			for _, e := range evs {
 				if e.at > g.at && e.kind == "A" && e.p == p && e.fence > fn {
-					again = max(e.at, tk)
+					again, by = max(e.at, tk), e.proc
 					break
 				}
 			}
@@ -713,6 +721,12 @@ func runPartitionsProof(t *testing.T, backend, store string, minFence fenced.Fen
 				if at := o.at.UnixNano(); o.what == f.what && at > from && at < again {
 					from = at
 				}
+			}
+			// Taken back by the member's next process, which came back
+			// before the others saw it gone: the bound runs from when
+			// that process began (B), after its restart and client open.
+			if sameSlot(by, f.proc) && begun[by] > from {
+				from = begun[by]
 			}
 			if d := time.Duration(again - from); quiet && d > recovery {
 				recovery, slowP, slowKill = d, p, from
@@ -782,6 +796,14 @@ func runPartitionsProof(t *testing.T, backend, store string, minFence fenced.Fen
 			t.Logf("%s stderr (tail): %s", s.id, proofTail(string(b), 1500))
 		}
 	}
+}
+
+// sameSlot reports whether history files a and b (history-ID-PID) are
+// of processes of one member ID.
+func sameSlot(a, b string) bool {
+	ida, _, _ := strings.Cut(strings.TrimPrefix(a, "history-"), "-")
+	idb, _, _ := strings.Cut(strings.TrimPrefix(b, "history-"), "-")
+	return ida == idb
 }
 
 func proofTail(s string, n int) string {
