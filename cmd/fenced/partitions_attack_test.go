@@ -188,25 +188,13 @@ func supervisorOf(t *testing.T, member int) int {
 	t.Helper()
 	var sup int
 	eventually(t, 10*time.Second, "the member has no partitions supervise child", func() bool {
-		names, _ := filepath.Glob("/proc/[0-9]*/stat")
-		for _, name := range names {
-			b, err := os.ReadFile(name)
-			if err != nil {
+		for _, p := range procs() {
+			if p.ppid != member {
 				continue
 			}
-			s := string(b)
-			i := strings.LastIndexByte(s, ')')
-			if i < 0 {
-				continue
-			}
-			f := strings.Fields(s[i+1:])
-			if len(f) < 2 || f[1] != strconv.Itoa(member) {
-				continue
-			}
-			pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(name)))
-			cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+			cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p.pid))
 			if strings.Contains(string(cmdline), "supervise") {
-				sup = pid
+				sup = p.pid
 				return true
 			}
 		}

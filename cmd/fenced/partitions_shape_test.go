@@ -92,24 +92,8 @@ func (s *shapeGroup) awaitAllWritten(d time.Duration) map[int]uint64 {
 // descendants returns the processes below pid, from /proc.
 func descendants(pid int) []int {
 	kids := map[int][]int{}
-	names, _ := filepath.Glob("/proc/[0-9]*/stat")
-	for _, name := range names {
-		b, err := os.ReadFile(name)
-		if err != nil {
-			continue
-		}
-		s := string(b)
-		i := strings.LastIndexByte(s, ')')
-		if i < 0 {
-			continue
-		}
-		f := strings.Fields(s[i+1:])
-		if len(f) < 2 {
-			continue
-		}
-		child, _ := strconv.Atoi(filepath.Base(filepath.Dir(name)))
-		ppid, _ := strconv.Atoi(f[1])
-		kids[ppid] = append(kids[ppid], child)
+	for _, p := range procs() {
+		kids[p.ppid] = append(kids[p.ppid], p.pid)
 	}
 	var out []int
 	for queue := []int{pid}; len(queue) > 0; queue = queue[1:] {

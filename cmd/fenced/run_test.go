@@ -57,20 +57,44 @@ func stopped(pid int) bool {
 	case 'T':
 		return true
 	case 'D':
-		names, _ := filepath.Glob("/proc/[0-9]*/stat")
-		for _, name := range names {
-			b, err := os.ReadFile(name)
-			if err != nil {
-				continue
-			}
-			s := string(b)
-			i := strings.LastIndexByte(s, ')')
-			if f := strings.Fields(s[i+1:]); i >= 0 && len(f) > 1 && f[0] == "T" && f[1] == strconv.Itoa(pid) {
+		for _, p := range procs() {
+			if p.state == 'T' && p.ppid == pid {
 				return true
 			}
 		}
 	}
 	return false
+}
+
+// proc is one process as its /proc/PID/stat shows it.
+type proc struct {
+	pid, ppid int
+	state     byte
+}
+
+// procs lists the processes in /proc; those gone while read are left out.
+func procs() []proc {
+	names, _ := filepath.Glob("/proc/[0-9]*/stat")
+	out := make([]proc, 0, len(names))
+	for _, name := range names {
+		b, err := os.ReadFile(name)
+		if err != nil {
+			continue
+		}
+		s := string(b)
+		i := strings.LastIndexByte(s, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(s[i+1:])
+		if len(f) < 2 || f[0] == "" {
+			continue
+		}
+		pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(name)))
+		ppid, _ := strconv.Atoi(f[1])
+		out = append(out, proc{pid: pid, ppid: ppid, state: f[0][0]})
+	}
+	return out
 }
 
 // eventually fails the test unless cond becomes true within d.
