@@ -11,12 +11,22 @@ import (
 )
 
 // MeasuredTTL returns a TTL for the machine as loaded now: floor, or eight
-// times the slowest grant and release seen while every client of cs probes
-// its store at once for a second, if more. It is rounded up to 100 ms.
-// Several clients at once see the queue a busy store makes of them (on
-// SQLite, its write lock); a store whose sessions follow the TTL
-// (ZooKeeper) loses them on a busy machine when the TTL is a fixed guess.
+// times SlowestGrant through cs, if more, rounded up to 100 ms. A store
+// whose sessions follow the TTL (ZooKeeper) loses them on a busy machine
+// when the TTL is a fixed guess.
 func MeasuredTTL(t *testing.T, floor time.Duration, cs ...*fenced.Client) time.Duration {
+	t.Helper()
+	worst := SlowestGrant(t, cs...)
+	ttl := (max(floor, 8*worst) + 99*time.Millisecond).Truncate(100 * time.Millisecond)
+	t.Logf("TTL %v: the slowest grant and release of %d clients at once took %v", ttl, len(cs), worst.Round(time.Millisecond))
+	return ttl
+}
+
+// SlowestGrant returns the slowest grant and release of a probe key seen
+// while every client of cs probes its store at once for a second, 20 ms
+// apart. Several clients at once see the queue a busy store makes of them
+// (on SQLite, its write lock), which a lone probe misses.
+func SlowestGrant(t *testing.T, cs ...*fenced.Client) time.Duration {
 	t.Helper()
 	ctx := Context(t)
 	prefix := Key("machine-probe")
@@ -50,7 +60,5 @@ func MeasuredTTL(t *testing.T, floor time.Duration, cs ...*fenced.Client) time.D
 	if t.Failed() {
 		t.FailNow()
 	}
-	ttl := (max(floor, 8*worst) + 99*time.Millisecond).Truncate(100 * time.Millisecond)
-	t.Logf("TTL %v: the slowest grant and release of %d clients at once took %v", ttl, len(cs), worst.Round(time.Millisecond))
-	return ttl
+	return worst
 }

@@ -2,12 +2,12 @@ package recipe_test
 
 import (
 	"context"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/drivertest"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 
@@ -131,36 +131,7 @@ func machineTTL(t *testing.T, cs []*fenced.Client, quiet time.Duration) (ttl, wo
 func measureDelay(t *testing.T, cs []*fenced.Client) (worst time.Duration) {
 	t.Helper()
 	s := startLateSampler(nil)
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	end := time.Now().Add(time.Second)
-	for i, c := range cs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			ctx := context.Background()
-			key := "proof-probe-" + strconv.Itoa(i)
-			for time.Now().Before(end) {
-				at := time.Now()
-				l, err := c.TryAcquire(ctx, key, &fenced.LeaseOptions{TTL: time.Minute, MinFence: fenced.FenceNone})
-				if err == nil {
-					err = l.Release(ctx)
-				}
-				if err != nil {
-					t.Errorf("probing the store: %v", err)
-					return
-				}
-				mu.Lock()
-				worst = max(worst, time.Since(at))
-				mu.Unlock()
-				time.Sleep(20 * time.Millisecond)
-			}
-		}()
-	}
-	wg.Wait()
-	if t.Failed() {
-		t.FailNow()
-	}
+	worst = drivertest.SlowestGrant(t, cs...)
 	s.Stop()
 	return max(worst, s.Max())
 }

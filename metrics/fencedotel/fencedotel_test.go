@@ -2,8 +2,6 @@ package fencedotel_test
 
 import (
 	"context"
-	"fmt"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -252,24 +250,7 @@ func TestSpansParentToCaller(t *testing.T) {
 // embedded SQLite store and on mem, read through OpenTelemetry's own
 // Prometheus exporter, so the instruments' translated names are
 // fencedprom's; the same label values at 16 and 64 partitions.
-func TestGroupInstruments(t *testing.T) {
-	for _, store := range []string{"sqlite", "mem"} {
-		t.Run(store, func(t *testing.T) {
-			var labels [][]string
-			for _, p := range []int{16, 64} {
-				url := fmt.Sprintf("mem://%s-%d", strings.ReplaceAll(t.Name(), "/", "-"), p)
-				if store == "sqlite" {
-					url = "sqlite://" + filepath.Join(t.TempDir(), "leases.db")
-				}
-				labels = append(labels, scenario.Group(t, url, store, p, otelExporter(t)))
-			}
-			if !slices.Equal(labels[0], labels[1]) {
-				t.Errorf("label values differ with P:\nP=16: %v\nP=64: %v", labels[0], labels[1])
-			}
-			t.Logf("%d label values, P=16 and P=64: %v", len(labels[0]), labels[0])
-		})
-	}
-}
+func TestGroupInstruments(t *testing.T) { scenario.GroupsBounded(t, otelExporter(t)) }
 
 // otelExporter returns a Telemetry on a MeterProvider of its own for each
 // member, as each member process would have, exported to a Prometheus

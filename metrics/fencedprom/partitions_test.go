@@ -2,10 +2,6 @@ package fencedprom_test
 
 import (
 	"context"
-	"fmt"
-	"path/filepath"
-	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -93,24 +89,7 @@ func TestPartitionsCollector(t *testing.T) {
 // joining (scenario.Group checks the series against the recipe), and the
 // same label values at 64 partitions: the group's series are bounded
 // whatever P and the member IDs.
-func TestGroupSeries(t *testing.T) {
-	for _, store := range []string{"sqlite", "mem"} {
-		t.Run(store, func(t *testing.T) {
-			var labels [][]string
-			for _, p := range []int{16, 64} {
-				url := fmt.Sprintf("mem://%s-%d", strings.ReplaceAll(t.Name(), "/", "-"), p)
-				if store == "sqlite" {
-					url = "sqlite://" + filepath.Join(t.TempDir(), "leases.db")
-				}
-				labels = append(labels, scenario.Group(t, url, store, p, promExporter(t)))
-			}
-			if !slices.Equal(labels[0], labels[1]) {
-				t.Errorf("label values differ with P:\nP=16: %v\nP=64: %v", labels[0], labels[1])
-			}
-			t.Logf("%d label values, P=16 and P=64: %v", len(labels[0]), labels[0])
-		})
-	}
-}
+func TestGroupSeries(t *testing.T) { scenario.GroupsBounded(t, promExporter(t)) }
 
 // promExporter returns a new registry with fenced's Metrics for each
 // member, as each member process would have.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -37,6 +38,28 @@ const GroupName = "billing"
 type groupMember struct {
 	m   *recipe.Partitions
 	exp Exporter
+}
+
+// GroupsBounded runs Group on the embedded SQLite store and on mem, each
+// with 16 and 64 partitions, and checks that the label values are the
+// same at both: a group's series are bounded whatever P and the member IDs.
+func GroupsBounded(t *testing.T, newExporter func() Exporter) {
+	for _, store := range []string{"sqlite", "mem"} {
+		t.Run(store, func(t *testing.T) {
+			var labels [][]string
+			for _, p := range []int{16, 64} {
+				url := fmt.Sprintf("mem://%s-%d", strings.ReplaceAll(t.Name(), "/", "-"), p)
+				if store == "sqlite" {
+					url = "sqlite://" + filepath.Join(t.TempDir(), "leases.db")
+				}
+				labels = append(labels, Group(t, url, store, p, newExporter))
+			}
+			if !slices.Equal(labels[0], labels[1]) {
+				t.Errorf("label values differ with P:\nP=16: %v\nP=64: %v", labels[0], labels[1])
+			}
+			t.Logf("%d label values, P=16 and P=64: %v", len(labels[0]), labels[0])
+		})
+	}
 }
 
 // Group runs a real partition group of p partitions on the store at url
