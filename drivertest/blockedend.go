@@ -224,7 +224,8 @@ func (s *suite) testBlockedDriverDelaysNoEnd(t *testing.T) {
 			t.Errorf("a Release blocked in the driver delayed its own lease's end (ended %v, slack %v)", ok, slack())
 		}
 		worst, missed := checkEnds(t, leases[1:], seen, nil, slack())
-		t.Logf("%d leases of TTL %v (%d ended before the block), driver stuck: worst lateness after ValidUntil %v; %d loss watch stops stuck",
+		t.Logf("%d leases of TTL %v (%d ended before the block), driver stuck: "+
+			"worst lateness after ValidUntil %v; %d loss watch stops stuck",
 			len(leases)-1, ttl, n-len(leases), worst.Round(time.Millisecond), d.stops.Load())
 		if missed == 0 && d.stops.Load() == 0 {
 			t.Fatal("no loss watch was stopped at expiry: the check exercised nothing")

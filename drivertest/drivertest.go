@@ -948,7 +948,8 @@ func (s *suite) testLongWait(t *testing.T) {
 		err = lb.Err()
 		lb.Release(ctx)
 		if since > ttl/2 && round < 3 {
-			t.Logf("round %d: granted %v after the release began, half the TTL %v: the machine is too busy to tell; again", round, since, ttl)
+			t.Logf("round %d: granted %v after the release began, half the TTL %v: the machine is too busy to tell; again",
+				round, since, ttl)
 			continue
 		}
 		if err != nil {

@@ -259,7 +259,7 @@ func (d *Driver) awaitHeadroomOf(ctx context.Context, zc *zsession, sessionID fu
 			return nil
 		}
 		if !now.Before(giveUp) {
-			return fmt.Errorf("zookeeper: %w: no recent enough answer to cover a %v grant in a %v session within the TTL (connection down?)",
+			return fmt.Errorf("zookeeper: %w: no recent answer covers a %v grant in a %v session within the TTL (connection down?)",
 				fenced.ErrUnavailable, ttl, zc.timeout)
 		}
 		wake := giveUp

@@ -138,9 +138,11 @@ carries no time.`,
 	fl.StringVar(&f.minFence, "min-fence", "strict", "weakest partition fence accepted: strict, repeatable or none; see fenced run --help")
 	fl.IntVar(&f.weight, "weight", 1, "the member's capacity: members share the partitions in proportion to their weights (1 to 10000)")
 	fl.Float64Var(&f.threshold, "rebalance-threshold", 0.1,
-		"no voluntary move while every member holds within this share of its weighted share (KCL's reBalanceThresholdPercentage, as a fraction; [0, 1))")
+		"no voluntary move while every member holds within this share of its weighted share "+
+			"(KCL's reBalanceThresholdPercentage, as a fraction; [0, 1))")
 	fl.Float64Var(&f.dampening, "dampening", 0.8,
-		"the share of its excess a member hands off at once, the rest after those hand-offs end (KCL's dampeningPercentage, as a fraction; (0, 1])")
+		"the share of its excess a member hands off at once, the rest after those hand-offs end "+
+			"(KCL's dampeningPercentage, as a fraction; (0, 1])")
 	fl.IntVar(&f.maxInTransition, "max-in-transition", 0,
 		"the most partitions in hand-off in the group at once (Helix's maxPartitionInTransition; 0: a quarter of the partitions); "+
 			"a dead member's partitions are never held back")

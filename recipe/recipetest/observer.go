@@ -116,7 +116,8 @@ func (s *suite) testObserverTakesNoWakeUp(t *testing.T) {
 		d     time.Duration
 	}{{"another driver", other[1]}, {"the waiter's driver", same[1]}} {
 		if c.d > 3*a && c.d-a > slack {
-			t.Errorf("an observer of the key on %s slows a handover from %v to %v (p50 of 3), over %v more (200 ms plus the no-observer rounds' spread): it took the waiter's wake-up",
+			t.Errorf("an observer of the key on %s slows a handover from %v to %v (p50 of 3), over %v more "+
+				"(200 ms plus the no-observer rounds' spread): it took the waiter's wake-up",
 				c.where, a, c.d, slack)
 		}
 	}

@@ -77,7 +77,8 @@ func (s *suite) testCancelledPermitAcquireLeavesNoGrant(t *testing.T) {
 		}
 		wg.Wait()
 		for slot := range permits {
-			drivertest.CheckFree(ctx, t, other, fmt.Sprintf("semaphore round %d", round), name+"#"+strconv.Itoa(slot)) // the permit keys Semaphore documents
+			// The permit keys Semaphore documents.
+			drivertest.CheckFree(ctx, t, other, fmt.Sprintf("semaphore round %d", round), name+"#"+strconv.Itoa(slot))
 		}
 	}
 }

@@ -620,7 +620,8 @@ func (w *genWorker) checkReturnedSet(set *recipe.LeaseSet, asked time.Time) {
 	for _, l := range set.Leases() {
 		if until := rootaccess.ValidUntil(l); until.Add(time.Millisecond).Before(asked) {
 			w.record(Event{Kind: SetHealthyLost, Key: l.Key(), Fence: l.Fence(), Owner: fence.OwnerDigest(l.Owner()),
-				Err: fmt.Sprintf("AcquireAll returned it healthy %v past its lease's local validity", asked.Sub(until).Round(time.Millisecond))})
+				Err: fmt.Sprintf("AcquireAll returned it healthy %v past its lease's local validity",
+					asked.Sub(until).Round(time.Millisecond))})
 			return
 		}
 	}
