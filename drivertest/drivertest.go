@@ -100,6 +100,7 @@ func RunConformanceTests(t *testing.T, h Harness) {
 	t.Run("NotifiedWaiterIsWokenWithoutPolling", s.testNotify)
 	t.Run("WaiterGivingUpMidLookStrandsNobody", s.testGiveUpMidLook)
 	t.Run("FIFOWaitersServedInArrivalOrder", s.testFIFO)
+	t.Run("ObserverWokenByReleaseAndBreak", s.testObserve)
 	t.Run("LossWatchReportsBreak", s.testLossWatch)
 	t.Run("WaitLongerThanTTLGivesFullLease", s.testLongWait)
 	t.Run("BatchRenewReportsEachGrant", s.testBatchRenew)

@@ -80,6 +80,10 @@
 // other grants keep the session alive, is deleted by the driver when its
 // TTL has passed. So leases with ManualRenew end on time.
 //
+// An observer (Client.Watch, an election's Observe, a partitions member's
+// doorbell) watches the deletes of the key's waiter keys, one Watch each:
+// a release, a break or an expiry wakes it at once.
+//
 // etcd counts lease TTLs in whole seconds and raises short ones to its own
 // minimum (one and a half election timeouts), so the driver accepts TTLs of
 // one second or more. A session's TTL is the grants' TTL rounded up to
@@ -294,13 +298,13 @@ var Expiry = driver.Expiry{
 }
 
 // Capabilities implements driver.Driver: the election recipe's FIFO queue
-// of keys (a watch on the predecessor), batch renewal, loss watches and
-// proclaimed values. TTLs are of a second or more (etcd leases have a
-// one-second granularity).
+// of keys (a watch on the predecessor), observers woken by deletes, batch
+// renewal, loss watches and proclaimed values. TTLs are of a second or
+// more (etcd leases have a one-second granularity).
 func (d *Driver) Capabilities() driver.Capabilities {
 	c := d.guarantees()
 	c.Queue, c.FIFO, c.BatchRenew, c.WatchLoss, c.Value, c.Keeps = true, true, true, true, true, Expiry
-	c.Checkpoint = true
+	c.Checkpoint, c.Observe = true, true
 	return c
 }
 

@@ -135,6 +135,8 @@ type Driver struct {
 	// (nativePath); nil until then.
 	nativeMu sync.Mutex
 	native   *rediskit.Native
+	// marks are this process's observer marks (SubscribeObserver).
+	marks observedMarks
 
 	// closed is set once by Close; read without a lock on every call.
 	closed atomic.Bool
@@ -262,7 +264,7 @@ func open(ctx context.Context, u *url.URL) (driver.Driver, error) {
 
 // release runs rediskit.ReleaseWaiters for value on k.
 func (d *Driver) release(ctx context.Context, k rediskit.Keys, value string) *redis.Cmd {
-	return rediskit.ReleaseWaiters.Run(ctx, d.c, []string{k.Lock, k.Waiters}, value, k.Channel, d.passOn)
+	return rediskit.ReleaseWaiters.Run(ctx, d.c, []string{k.Lock, k.Waiters, k.Observed}, value, k.Channel, d.passOn)
 }
 
 // TryAcquire implements driver.Driver in one round trip (two with
@@ -578,16 +580,6 @@ func (d *Driver) leaveWaiters(ctx context.Context, k rediskit.Keys, member strin
 	_ = rediskit.LeaveWaiters.Run(ctx, d.c, []string{k.Lock, k.Waiters}, member, k.Channel, d.passOn).Err()
 }
 
-// SubscribeObserver implements driver.ObserveNotifier: the observer is
-// woken by every message on the key's channel and never takes the wake-up
-// of this process's waiters (rediskit.Hub.Observe).
-func (d *Driver) SubscribeObserver(ctx context.Context, key string) (driver.Subscription, error) {
-	if err := d.usable(); err != nil {
-		return nil, err
-	}
-	return d.hub.Observe(ctx, d.layout.Keys(key).Channel)
-}
-
 // guaranteesNote is the Note of Capabilities; the portable Client quotes it
 // when it refuses a lease whose MinFence is strict.
 const guaranteesNote = "redis: fences come from a per-key INCR counter and rise strictly only while this node keeps its data, " +
@@ -629,6 +621,7 @@ func (d *Driver) Close() error {
 	d.nudgeMu.Unlock()
 	d.nudges.Wait()
 	err := d.hub.Close()
+	d.marks.close()
 	d.waiters.Close()
 	if d.owns {
 		if cerr := d.c.Close(); err == nil {

@@ -176,11 +176,7 @@ const observeEvery = 250 * time.Millisecond
 // Observe reads the store every 250ms, when the leader's lease is due to
 // expire, and at once on a release where the backend notifies observers
 // (Client.Watch); an observer never takes the wake-up a release gives the
-// candidates. On Redis a
-// release publishes only when a waiter announced itself by a refused try
-// (package redis). So while no candidate is campaigning an observer learns
-// of a release at its next read, within 250ms. A slow receiver
-// delays reading, never drops a change.
+// candidates. A slow receiver delays reading, never drops a change.
 func (e *Election) Observe(ctx context.Context) <-chan Leader {
 	ch := make(chan Leader)
 	go e.observe(ctx, ch)

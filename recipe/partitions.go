@@ -85,11 +85,10 @@ var (
 //     ErrHandedOff, waits for the work function to return (at most
 //     HandoffGrace) and only then releases the lease.
 //   - Wake-ups: a member that joins or leaves rings a doorbell, a
-//     release of key GROUP/w/bell (a refused try first, so that backends
-//     which publish only to announced waiters publish); members watch the
-//     bell and the partitions they are waiting for as observers
-//     (Client.Watch) where the backend can notify, so a join,
-//     leave or hand-off is acted on at once. Crashes are noticed when the
+//     grant and release of key GROUP/w/bell; members watch the bell and
+//     the partitions they are waiting for as observers (Client.Watch)
+//     where the backend can notify, so a join, leave or hand-off is
+//     acted on at once. Crashes are noticed when the
 //     membership lease expires, at the next poll (Poll, TTL/3 by
 //     default), and on backends without notification every change is.
 //   - All leases of a member are leases of one fenced.Client, so the
@@ -701,9 +700,8 @@ func (g *Partitions) readMembers(ctx context.Context) (GroupState, []string, err
 }
 
 // ring wakes the members watching the doorbell: a grant and release of
-// the bell key, with a refused try between them, since some backends
-// (Redis) publish a release only when a try was refused. Errors are
-// ignored: members also poll.
+// the bell key, which wakes every observer of it (Client.Watch). Errors
+// are ignored: members also poll.
 func (g *Partitions) ring(ctx context.Context) {
 	if !g.c.Capabilities().Observe {
 		return
@@ -713,9 +711,8 @@ func (g *Partitions) ring(ctx context.Context) {
 	bell := fenced.LeaseOptions{TTL: g.ttl, MinFence: fenced.FenceNone, ManualRenew: true}
 	l, err := g.c.TryAcquire(ctx, g.bellKey(), &bell)
 	if err != nil {
-		return // held: its holder is ringing, and our refused try makes it publish
+		return // held: its holder is ringing
 	}
-	_, _ = g.c.TryAcquire(ctx, g.bellKey(), &bell)
 	_ = l.Release(ctx)
 }
 

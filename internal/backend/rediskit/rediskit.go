@@ -46,6 +46,11 @@ type Keys struct {
 	// release wakes the first on its own channel (Channel + ":" + id).
 	// See lua/waiter_queue.lua.
 	Waiters string
+	// Observed, where the backend uses it (redis), is present while some
+	// process observes the key (driver.ObserveNotifier), each refreshing
+	// its expiry: a release that wakes no waiter publishes on Channel only
+	// then, so a lone release pays no PUBLISH.
+	Observed string
 }
 
 // Layout maps lease keys to Redis keys under a prefix.
@@ -95,10 +100,11 @@ const (
 )
 
 const (
-	fenceSuffix   = "}:fence"
-	channelSuffix = "}:free"
-	waitersSuffix = "}:waitq"
-	claimSuffix   = "}:claim"
+	fenceSuffix    = "}:fence"
+	channelSuffix  = "}:free"
+	waitersSuffix  = "}:waitq"
+	claimSuffix    = "}:claim"
+	observedSuffix = "}:observed"
 )
 
 // Keys returns the Redis keys for lease key k. Every name is a slice of one
@@ -108,7 +114,8 @@ func (l Layout) Keys(k string) Keys {
 	open := l.open(k)
 	base := len(l.Prefix) + len(open) + len(k)
 	var b strings.Builder
-	b.Grow(6*base + len(lockSuffix) + len(fenceSuffix) + len(auditSuffix) + len(channelSuffix) + len(waitersSuffix) + len(claimSuffix))
+	b.Grow(7*base + len(lockSuffix) + len(fenceSuffix) + len(auditSuffix) + len(channelSuffix) + len(waitersSuffix) + len(claimSuffix) +
+		len(observedSuffix))
 	name := func(suffix string) (start, end int) {
 		start = b.Len()
 		b.WriteString(l.Prefix)
@@ -123,9 +130,10 @@ func (l Layout) Keys(k string) Keys {
 	chan0, chan1 := name(channelSuffix)
 	wait0, wait1 := name(waitersSuffix)
 	claim0, claim1 := name(claimSuffix)
+	obs0, obs1 := name(observedSuffix)
 	s := b.String()
 	return Keys{Lock: s[lock0:lock1], Fence: s[fence0:fence1], Audit: s[audit0:audit1], Channel: s[chan0:chan1], Waiters: s[wait0:wait1],
-		Claim: s[claim0:claim1]}
+		Claim: s[claim0:claim1], Observed: s[obs0:obs1]}
 }
 
 // Lock returns the lock key of lease key k alone (Keys(k).Lock, without

@@ -54,8 +54,10 @@ func TestKeys(t *testing.T) {
 		prefix, key string
 		want        Keys
 	}{
-		{"fenced:", "job", Keys{Lock: "fenced:{job}:lock", Fence: "fenced:{job}:fence", Audit: "fenced:{job}:breaks", Channel: "fenced:{job}:free", Waiters: "fenced:{job}:waitq", Claim: "fenced:{job}:claim"}},
-		{"", "a{b}c", Keys{Lock: "{a{b}c}:lock", Fence: "{a{b}c}:fence", Audit: "{a{b}c}:breaks", Channel: "{a{b}c}:free", Waiters: "{a{b}c}:waitq", Claim: "{a{b}c}:claim"}},
+		{"fenced:", "job", Keys{Lock: "fenced:{job}:lock", Fence: "fenced:{job}:fence", Audit: "fenced:{job}:breaks", Channel: "fenced:{job}:free", Waiters: "fenced:{job}:waitq", Claim: "fenced:{job}:claim",
+			Observed: "fenced:{job}:observed"}},
+		{"", "a{b}c", Keys{Lock: "{a{b}c}:lock", Fence: "{a{b}c}:fence", Audit: "{a{b}c}:breaks", Channel: "{a{b}c}:free", Waiters: "{a{b}c}:waitq", Claim: "{a{b}c}:claim",
+			Observed: "{a{b}c}:observed"}},
 	} {
 		l := Layout{Prefix: tc.prefix}
 		if got := l.Keys(tc.key); got != tc.want {

@@ -62,6 +62,9 @@ type genPartRun struct {
 	churnEnd time.Time
 	// knobs are the run's rebalancing settings and the members' weights.
 	knobs partKnobs
+	// outlives is how long the store keeps a grant after its holder's
+	// last renewal (driver.Expiry.Outlives of the TTL).
+	outlives time.Duration
 }
 
 // RunGenPartitions runs Members member processes of one partition group on
@@ -72,8 +75,10 @@ type genPartRun struct {
 // new count. The one left out is stopped meanwhile, and continued later,
 // still at the old count. A member that stops by itself (ErrPartitionCount,
 // ErrMemberLive) is started again with the current count, as a supervisor
-// would. An observer lists the group every 100ms. CheckGenPartitions judges
-// the run.
+// would. One that stays live at an old count after the churn, with no
+// member of the current count live, is replaced as a rollout would
+// (see converge). An observer lists the group every 100ms.
+// CheckGenPartitions judges the run.
 func RunGenPartitions(ctx context.Context, cfg GenPartConfig) (GenPartReport, error) {
 	if cfg.Members == 0 {
 		cfg.Members = 4
@@ -115,7 +120,7 @@ func RunGenPartitions(ctx context.Context, cfg GenPartConfig) (GenPartReport, er
 		cfg:   cfg,
 		group: fmt.Sprintf("fenced-genpart-%d-%d", cfg.Seed, time.Now().UnixNano()),
 		rng:   rand.New(rand.NewPCG(cfg.Seed, 1<<41)), slots: newSlots(cfg.Dir, cfg.Members, "member", cfg.Seed, cfg.Logf),
-		faults: map[string]int{},
+		faults: map[string]int{}, outlives: keeps.Outlives(cfg.TTL),
 	}
 	r.restart = r.startMember
 	r.quiet = func(code int) bool { return code == exitPartitionCount || code == exitMemberLive }

@@ -53,6 +53,16 @@ const partConvergeLimit = 3 * time.Minute
 // until every member is live at the current count, every partition is held by one of them, and each holds
 // within the threshold of its weighted share (balanced), and at least 3
 // TTLs, so that the observer also sees the last fault's spells end.
+//
+// A deploy's sleeper stops by itself only if the group moved on before it
+// was admitted again: resumed while no member of the new count was live
+// yet (they were still starting, or waiting for its partition leases),
+// it is admitted at the old count, and the new count's members are
+// refused while it lives (the first count back wins; two never work at
+// once). Its rollout is not over then: as an orchestrator replaces every
+// process of the old version, converge replaces such a straggler (a kill,
+// then a start at the current count) once only members of other counts
+// have been live for straggleAfter, and measures the balance from then.
 func (r *genPartRun) converge(ctx context.Context) partConvergence {
 	r.mu.Lock()
 	end, p := r.churnEnd, r.p
@@ -71,11 +81,21 @@ func (r *genPartRun) converge(ctx context.Context) partConvergence {
 	}
 	var conv partConvergence
 	logged := time.Now()
+	var straggling time.Time // since when only other counts were live
 	for ctx.Err() == nil && time.Since(end) < limit {
 		lctx, cancel := context.WithTimeout(ctx, time.Second)
 		st, err := recipe.ReadGroup(lctx, c, r.group)
 		cancel()
 		if err == nil {
+			if others := stragglers(st, p); len(others) == 0 {
+				straggling = time.Time{}
+			} else if straggling.IsZero() {
+				straggling = time.Now()
+			} else if time.Since(straggling) > r.straggleAfter() {
+				r.replace(others, p)
+				end, straggling = time.Now(), time.Time{}
+				continue
+			}
 			ok, last := r.balanced(st, p)
 			if ok && conv.took == 0 {
 				conv.took = time.Since(end)
@@ -100,6 +120,50 @@ func (r *genPartRun) converge(ctx context.Context) partConvergence {
 		}
 	}
 	return conv
+}
+
+// stragglers returns the slots of the live members of st, if every one of
+// them has a count other than p.
+func stragglers(st recipe.GroupState, p int) []int {
+	var slots []int
+	for _, m := range st.Members {
+		if m.Partitions == p {
+			return nil
+		}
+		var i int
+		if _, err := fmt.Sscanf(m.ID, "m%d", &i); err == nil {
+			slots = append(slots, i)
+		}
+	}
+	return slots
+}
+
+// straggleAfter is how long converge lets members of an old count be the
+// only live ones before it replaces them: long enough for a sleeper that
+// lapsed to find the new count's members live and stop by itself (their
+// wait for its leases, a TTL and the store's keep, then its next look),
+// twice over.
+func (r *genPartRun) straggleAfter() time.Duration {
+	return 2 * (r.outlives + 2*r.cfg.TTL)
+}
+
+// replace ends the members in slots (kill -9) and starts them again at
+// count p, as a rollout replaces an old version's processes.
+func (r *genPartRun) replace(slots []int, p int) {
+	for _, i := range slots {
+		r.cfg.Logf("seed %d: member %d live at an old count, and no member of count %d, for %v after the churn: "+
+			"replaced, as a rollout does", r.cfg.Seed, i, p, r.straggleAfter().Round(time.Millisecond))
+		r.hold(i, true)
+		r.end(i, true)
+		err := r.startMember(i)
+		r.hold(i, false)
+		if err != nil {
+			r.cfg.Logf("seed %d: start member %d: %v", r.cfg.Seed, i, err)
+		}
+		r.mu.Lock()
+		r.faults["rollout"]++
+		r.mu.Unlock()
+	}
 }
 
 // balanced reports whether st shows the group of count p balanced by
