@@ -84,6 +84,11 @@ func openForRun(ctx context.Context, g *globals, f *runFlags, opts *fenced.Lease
 		c.Close()
 		return nil, fmt.Errorf("interrupted by %v while opening the store; nothing ran", sig)
 	}
+	if err != nil && !time.Now().Before(deadline) && !errors.Is(err, fenced.ErrUnavailable) {
+		// Cut short by the wait's end (the store's answer is an unknown
+		// outcome then): the store did not answer within --wait.
+		return nil, withCode(exitUnavailable, fmt.Errorf("--wait %v ran out while opening the store; nothing ran: %w", f.wait, err))
+	}
 	if err != nil {
 		return nil, err
 	}
