@@ -774,10 +774,12 @@ type watches struct {
 	subs map[string]func()
 }
 
-// set keeps subscriptions on exactly keys.
-func (w *watches) set(ctx context.Context, keys map[string]bool) {
+// set keeps subscriptions on exactly keys. It reports whether it made a
+// new one: a release between the look that chose the key and the
+// subscription woke nobody, so the caller looks again at once.
+func (w *watches) set(ctx context.Context, keys map[string]bool) (added bool) {
 	if !w.obs {
-		return
+		return false
 	}
 	for k, stop := range w.subs {
 		if !keys[k] {
@@ -795,6 +797,7 @@ func (w *watches) set(ctx context.Context, keys map[string]bool) {
 			stop()
 			continue // polled instead
 		}
+		added = true
 		go func() {
 			for {
 				select {
@@ -807,6 +810,7 @@ func (w *watches) set(ctx context.Context, keys map[string]bool) {
 		}()
 		w.subs[k] = stop
 	}
+	return added
 }
 
 func (w *watches) close() {
@@ -864,7 +868,9 @@ func (g *Partitions) step(ctx context.Context, w *watches) time.Duration {
 	if m != nil {
 		g.noteLook(look)
 	}
-	w.set(ctx, watch)
+	if w.set(ctx, watch) {
+		return 0
+	}
 	return next
 }
 
