@@ -121,7 +121,17 @@ func TestProofGenerativeReportsAViolation(t *testing.T) {
 		t.Skip("long: a 10s generative proof that must catch a foreign hold; run without -short")
 	}
 	store := tempStore(t)
-	cmd, out, errb := cliCmd(t, store, "proof", "--generative", "--seed", "11", "--duration", "10s", "--workers", "2", "--dir", t.TempDir())
+	// The foreign hold must be planted, and seen held past the run's TTL,
+	// while the run still lists its keys. The test plants it with a few
+	// CLI runs, each a process that opens the store: on a busy machine
+	// they take seconds, so the run lasts ten of them (10s at least).
+	began := time.Now()
+	if r := cli(t, store, "ls", proofGenPrefix, "-o", "json"); r.code != 0 {
+		t.Fatalf("ls: exit %d, stderr %s", r.code, r.stderr)
+	}
+	duration := max(10*time.Second, 10*time.Since(began)).Round(time.Second)
+	cmd, out, errb := cliCmd(t, store, "proof", "--generative", "--seed", "11", "--duration", duration.String(), "--workers", "2",
+		"--dir", t.TempDir())
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -129,7 +139,7 @@ func TestProofGenerativeReportsAViolation(t *testing.T) {
 	go func() { done <- cmd.Wait() }()
 	var prefix string
 	run := regexp.MustCompile(`^(` + regexp.QuoteMeta(proofGenPrefix) + `11:\d+:)`)
-	eventually(t, 20*time.Second, "the run's keys did not appear", func() bool {
+	eventually(t, 2*duration, "the run's keys did not appear", func() bool {
 		var held []struct {
 			Key string `json:"key"`
 		}
@@ -157,7 +167,8 @@ func TestProofGenerativeReportsAViolation(t *testing.T) {
 	if !strings.Contains(r.stdout, "\nviolations (the first 20):\n") || !strings.Contains(r.stdout, prefix+"h:foreign: a grant no Acquire returned") {
 		t.Errorf("the violation on %sh:foreign is not listed:\n%s", prefix, r.stdout)
 	}
-	if !strings.Contains(r.stdout, "\nFAIL: the checker found violations") || !strings.Contains(r.stdout, "\nrerun:       fenced proof --generative --seed 11 --duration 10s --workers 2") {
+	if !strings.Contains(r.stdout, "\nFAIL: the checker found violations") ||
+		!strings.Contains(r.stdout, "\nrerun:       fenced proof --generative --seed 11 --duration "+duration.String()+" --workers 2") {
 		t.Errorf("no FAIL verdict or rerun line:\n%s", r.stdout)
 	}
 }
