@@ -82,7 +82,8 @@ func (r *genPartRun) converge(ctx context.Context) partConvergence {
 	var conv partConvergence
 	logged := time.Now()
 	var straggling time.Time // since when only other counts were live
-	for ctx.Err() == nil && time.Since(end) < limit {
+	stopAt := end.Add(limit) // a replacement below moves end, not this
+	for ctx.Err() == nil && time.Now().Before(stopAt) {
 		lctx, cancel := context.WithTimeout(ctx, time.Second)
 		st, err := recipe.ReadGroup(lctx, c, r.group)
 		cancel()
