@@ -272,9 +272,11 @@ func runPartitionsProof(t *testing.T, backend, store string, minFence fenced.Fen
 	// takes a partition over to come after that (a SQLite or PostgreSQL
 	// grant is only taken over by a try), a poll (TTL/3), and room for a
 	// loaded 2-core machine: 3.8 s at a 1 s TTL, 5.3 s on etcd. The TTL
-	// is measured (measureProofTTL), and the room is 1.5 s or three times
+	// is measured (measureProofTTL), and the room is 1.5 s or, if more,
 	// the worst delay the run sees (scheduling, or a store round trip:
-	// lateSampler), whichever is more.
+	// lateSampler) three times and once for each grant a survivor makes
+	// one after another: the dead member's ⌈P/N⌉ partitions shared by
+	// the N-1 others.
 	ttl, worst := measureProofTTL(t, store)
 	kc, err := fenced.Open(context.Background(), store, nil)
 	if err != nil {
@@ -285,8 +287,9 @@ func runPartitionsProof(t *testing.T, backend, store string, minFence fenced.Fen
 	defer kc.Close()
 	late := startLateSampler(kc)
 	defer late.Stop()
+	chain := time.Duration(((proofPartitions+proofMembers-1)/proofMembers + proofMembers - 2) / (proofMembers - 1))
 	recoveryBound := func() time.Duration {
-		return keeps + ttl + ttl/3 + max(1500*time.Millisecond, 3*late.Max())
+		return keeps + ttl + ttl/3 + max(1500*time.Millisecond, (3+chain)*late.Max())
 	}
 	db, err := sql.Open("sqlite", "file:"+filepath.Join(dir, "resource.db")+"?_pragma=busy_timeout(10000)&_pragma=journal_mode(wal)")
 	if err != nil {

@@ -100,8 +100,11 @@ func TestCommandsOnEveryBackend(t *testing.T) {
 			t.Parallel() // mostly waiting for servers to start
 			store := bc.start(t)
 			ctx := context.Background()
+			// The run's lease must outlive a stall of the CLI process:
+			// 5s, or eight of the store's slowest grants now.
+			ttl := measuredTTL(t, store, 1, 5*time.Second)
 			run := func(key string, extra ...string) result {
-				args := append([]string{"run", "--ttl", "5s"}, bc.runFlags...)
+				args := append([]string{"run", "--ttl", ttl.String()}, bc.runFlags...)
 				args = append(args, extra...)
 				args = append(args, key, "--", "sh", "-c", `echo "$FENCED_KEY=$FENCED_FENCE"`)
 				return cli(t, store, args...)

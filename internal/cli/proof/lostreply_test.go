@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/drivertest"
 	"github.com/fenced-dev/fenced/internal/core/rootaccess"
 	"github.com/fenced-dev/fenced/internal/core/token"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
@@ -134,11 +136,36 @@ func TestLostReplyRetried(t *testing.T) {
 		t.Run(s.name, func(t *testing.T) {
 			t.Parallel()
 			store := s.start(t)
+			s := s.scaled(t, store)
 			t.Run("release", func(t *testing.T) { lostReplyRelease(t, s, store) })
 			t.Run("release same owner", func(t *testing.T) { lostReplySameOwner(t, s, store) })
 			t.Run("renewal", func(t *testing.T) { lostReplyRenewal(t, s, store) })
 		})
 	}
+}
+
+// scaled returns s with its TTLs for the machine as loaded now: the quiet
+// ones times the smallest whole factor that makes B's ten times the worst
+// delay a probe of the store sees (a grant and release's round trip, or
+// a timer's lateness meanwhile). B's lease renews itself while the
+// scenarios run, and A's grant must live until its renewal is sent; a
+// whole factor keeps them in the store's unit and A's the longer.
+func (s lostReplyStore) scaled(t *testing.T, store string) lostReplyStore {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	c, err := fenced.Open(ctx, store, nil)
+	if err != nil {
+		t.Fatalf("open %s: %v", store, err)
+	}
+	defer c.Close()
+	late := testenv.SampleLateness()
+	worst := max(drivertest.SlowestGrant(t, c), late.Max())
+	late.Stop()
+	factor := max(1, int64(math.Ceil(float64(10*worst)/float64(s.ttlB))))
+	s.ttlA, s.ttlB = time.Duration(factor)*s.ttlA, time.Duration(factor)*s.ttlB
+	t.Logf("TTLs %v (A) and %v (B): the worst delay of a probe was %v", s.ttlA, s.ttlB, worst.Round(time.Millisecond))
+	return s
 }
 
 // opts returns lease options with ttl, renewed by hand if manual.

@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -34,6 +35,9 @@ type cgroup struct {
 
 var cgroupSeq atomic.Int64
 
+// maxCgroupTries bounds the names newCgroup skips because they are taken.
+const maxCgroupTries = 100
+
 // newCgroup makes a cgroup v2 child of the cgroup this process runs in.
 // It fails, changing nothing, where cgroup v2 is not mounted, the process
 // may not create a child cgroup (no permission, no delegation), or the
@@ -51,10 +55,19 @@ func newCgroup() (*cgroup, error) {
 	if !ok {
 		return nil, fmt.Errorf("own cgroup %s is outside the cgroup2 mount's root %s", own, root)
 	}
-	name := fmt.Sprintf("fenced-%d-%d", os.Getpid(), cgroupSeq.Add(1))
-	dir := filepath.Join(mount, rel, name)
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		return nil, err
+	// A name taken is skipped: a fenced killed with -9 leaves its empty
+	// cgroup behind, and a later process may get its process ID.
+	var name, dir string
+	for tries := 0; ; tries++ {
+		name = fmt.Sprintf("fenced-%d-%d", os.Getpid(), cgroupSeq.Add(1))
+		dir = filepath.Join(mount, rel, name)
+		err := os.Mkdir(dir, 0o755)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, fs.ErrExist) || tries == maxCgroupTries {
+			return nil, err
+		}
 	}
 	c := &cgroup{dir: dir, path: filepath.Join(own, name)}
 	if _, err := os.Stat(filepath.Join(dir, "cgroup.kill")); err != nil {
