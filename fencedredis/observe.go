@@ -66,9 +66,15 @@ type observedMarks struct {
 
 // add sets mark at the server and keeps it refreshed until as many
 // removes.
+// A mark this process keeps already costs no round trip: refresh sets it.
 func (m *observedMarks) add(ctx context.Context, c redis.UniversalClient, mark string) error {
-	if err := c.Set(ctx, mark, "1", observedTTL).Err(); err != nil {
-		return err
+	m.mu.Lock()
+	kept := m.count[mark] > 0
+	m.mu.Unlock()
+	if !kept {
+		if err := c.Set(ctx, mark, "1", observedTTL).Err(); err != nil {
+			return err
+		}
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
