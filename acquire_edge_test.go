@@ -20,28 +20,29 @@ import (
 // by delay: a process stopped while its request was in flight.
 type lateAnswers struct {
 	*mem.Driver
-	clk   *clock.Fake
-	delay time.Duration
-	slow  atomic.Int64 // answers still to delay
-	calls atomic.Int64
+	clk        *clock.Fake
+	delay      time.Duration
+	grantsOnly bool         // delay only answers that grant
+	slow       atomic.Int64 // answers still to delay
+	calls      atomic.Int64
 }
 
-func (d *lateAnswers) late() {
+func (d *lateAnswers) late(err error) {
 	d.calls.Add(1)
-	if d.slow.Add(-1) >= 0 {
+	if (err == nil || !d.grantsOnly) && d.slow.Add(-1) >= 0 {
 		d.clk.Advance(d.delay)
 	}
 }
 
 func (d *lateAnswers) TryAcquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
 	f, err := d.Driver.TryAcquire(ctx, key, owner, ttl)
-	d.late()
+	d.late(err)
 	return f, err
 }
 
 func (d *lateAnswers) AcquireTimed(ctx context.Context, key, owner string, ttl time.Duration) (uint64, time.Time, error) {
 	f, at, err := d.Driver.AcquireTimed(ctx, key, owner, ttl)
-	d.late()
+	d.late(err)
 	return f, at, err
 }
 
@@ -90,6 +91,54 @@ func TestGrantPastItsValidityIsAskedAgain(t *testing.T) {
 				t.Errorf("the store does not hold the returned lease's grant: %v", err)
 			}
 		})
+	}
+}
+
+// TestGrantLatePastMaxWaitIsAskedOnceMore: a waiter stopped while its
+// granting request was in flight, past both the grant's validity and
+// MaxWait, asks once more as the same owner and gets a live lease, as
+// its last try after MaxWait would. Before, a polling waiter gave up with
+// ErrExpired (CI: a partitions member stopped while joining ended on its
+// own); a queued one did when the MaxWait timer won a race.
+func TestGrantLatePastMaxWaitIsAskedOnceMore(t *testing.T) {
+	for _, queue := range []bool{false, true} {
+		clk := clock.NewFake(time.Unix(1000, 0))
+		d := &lateAnswers{Driver: mem.New(&mem.Options{Clock: clk, Queue: queue}), clk: clk, delay: 5 * time.Second, grantsOnly: true}
+		d.slow.Store(1)
+		holder := fenced.NewClient(d.Driver, &fenced.Options{Clock: clk})
+		c := fenced.NewClient(d, &fenced.Options{Clock: clk})
+		ctx := context.Background()
+		if _, err := holder.TryAcquire(ctx, "k", &fenced.LeaseOptions{TTL: time.Second, ManualRenew: true}); err != nil {
+			t.Fatal(err)
+		}
+		waitTimers(t, clk, 1) // the holder's schedule
+		type result struct {
+			l   *fenced.Lease
+			err error
+		}
+		done := make(chan result, 1)
+		go func() {
+			l, err := c.Acquire(ctx, "k", &fenced.LeaseOptions{TTL: time.Second, MaxWait: 2 * time.Second})
+			done <- result{l, err}
+		}()
+		// The holder's schedule, the waiter's MaxWait, and its sleep (or
+		// the store's queue timer).
+		waitTimers(t, clk, 3)
+		// The holder's grant ends; the waiter's grant is answered 5 s late.
+		clk.Advance(1100 * time.Millisecond)
+		r := <-done
+		if r.err != nil {
+			t.Fatalf("queue %v: a grant answered past MaxWait was not asked for again: %v", queue, r.err)
+		}
+		if err := r.l.Err(); err != nil {
+			t.Errorf("queue %v: the lease was handed out ended: %v", queue, err)
+		}
+		if left := rootaccess.ValidUntil(r.l).Sub(clk.Now()); left < 900*time.Millisecond {
+			t.Errorf("queue %v: the lease has %v of validity left, want it measured from the last request", queue, left)
+		}
+		r.l.Release(ctx)
+		c.Close()
+		holder.Close()
 	}
 }
 

@@ -188,16 +188,20 @@ func (w *waiter) queueEnded(qctx context.Context, errWaitOver, err error) (fence
 // confirmed past its local validity (this process was stopped after the
 // confirmation) is asked for again as the same owner. That returns it
 // with a fresh expiry and the same fence. It asks until an answer comes
-// in time or the wait ends.
+// in time, or once more after MaxWait ran out.
 func (w *waiter) confirmInTime(qctx context.Context, fence uint64) (*Lease, error) {
+	last := false
 	for w.c.grantedTooLate(w.sent, w.s) {
-		if w.c.waitEnded(qctx, w.waitOver) {
+		if last || w.ctx.Err() != nil || w.c.closing.Err() != nil {
 			took := w.c.clock.Now().Sub(w.sent).Round(time.Millisecond)
-			return nil, fmt.Errorf("%w: granted %v before the wait ended, past its validity of %v", ErrExpired, took, w.s.validity())
+			return nil, fmt.Errorf("%w: granted %v after the request, past its validity of %v", ErrExpired, took, w.s.validity())
 		}
+		// A stop that made the answer late may also have outlasted
+		// MaxWait. One last ask then, as the polling wait makes.
+		last = w.c.waitEnded(qctx, w.waitOver)
 		w.sent = w.c.clock.Now()
 		var err error
-		if fence, err = w.c.tryAcquire(qctx, w.key, w.owner, w.s); err != nil {
+		if fence, err = w.c.tryAcquire(w.dctx, w.key, w.owner, w.s); err != nil {
 			return nil, fmt.Errorf("granted past its validity, then not again: %w", err)
 		}
 	}
@@ -263,8 +267,13 @@ func (w *waiter) tooLate() error {
 	took := w.c.clock.Now().Sub(w.sent).Round(time.Millisecond)
 	err := fmt.Errorf("%w: granted %v after the request, past its validity of %v", ErrExpired, took, w.s.validity())
 	w.lastErr = err
-	if (!w.wait && w.attempt > 1) || w.over || w.c.waitEnded(w.ctx, w.waitOver) {
+	if (!w.wait && w.attempt > 1) || w.over || w.ctx.Err() != nil || w.c.closing.Err() != nil {
 		return err
+	}
+	if w.c.waitEnded(w.ctx, w.waitOver) {
+		// The stop that made the answer late outlasted MaxWait: one
+		// last try as the same owner, as sleep makes.
+		w.waitOver, w.over = nil, true
 	}
 	w.startWaitTimer()
 	return nil
