@@ -1,6 +1,7 @@
 package proof
 
 import (
+	"cmp"
 	"context"
 	"runtime"
 	"sync"
@@ -17,16 +18,25 @@ import (
 // of a run, which compete for the same cores, get about as much. It costs
 // 2% of a core.
 type cpuMeter struct {
+	// every and burst override the 100ms and 2ms of a run's meter.
+	every, burst time.Duration
+
 	mu        sync.Mutex
 	cpu, wall time.Duration
+	// last holds the most recent measurements, for recent.
+	last [recentBursts]struct{ cpu, wall time.Duration }
+	n    int
 }
+
+// recentBursts is how many measurements recent looks back over.
+const recentBursts = 10
 
 // run measures until ctx ends.
 func (m *cpuMeter) run(ctx context.Context) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	const burst = 2 * time.Millisecond
-	t := time.NewTicker(100 * time.Millisecond)
+	burst, every := cmp.Or(m.burst, 2*time.Millisecond), cmp.Or(m.every, 100*time.Millisecond)
+	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
 		select {
@@ -43,12 +53,18 @@ func (m *cpuMeter) run(ctx context.Context) {
 		if !ok {
 			return // no thread CPU clock: the share stays 1
 		}
-		wall := time.Since(start)
-		m.mu.Lock()
-		m.cpu += c - c0
-		m.wall += wall
-		m.mu.Unlock()
+		m.add(c-c0, time.Since(start))
 	}
+}
+
+// add counts one measurement: cpu time run in wall time.
+func (m *cpuMeter) add(cpu, wall time.Duration) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.cpu += cpu
+	m.wall += wall
+	m.last[m.n%recentBursts].cpu, m.last[m.n%recentBursts].wall = cpu, wall
+	m.n++
 }
 
 // share returns the share of a CPU measured so far (1 before the first
@@ -60,6 +76,21 @@ func (m *cpuMeter) share() float64 {
 		return 1
 	}
 	return min(1, float64(m.cpu)/float64(m.wall))
+}
+
+// recent returns the share of a CPU over the last recentBursts
+// measurements (1 before the first).
+func (m *cpuMeter) recent() float64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var cpu, wall time.Duration
+	for _, b := range m.last[:min(m.n, recentBursts)] {
+		cpu, wall = cpu+b.cpu, wall+b.wall
+	}
+	if wall <= 0 {
+		return 1
+	}
+	return min(1, float64(cpu)/float64(wall))
 }
 
 // threadCPU returns the CPU time the calling thread has used, and whether

@@ -222,8 +222,8 @@ func (c *genChecker) record(e Event) {
 	case LivePastValidity:
 		r.LivePastValidity++
 		r.MaxOvershoot = max(r.MaxOvershoot, time.Duration(e.Value))
-		r.problem(e.T, "worker %d: lease on %s (fence %d) live %v past its local validity", e.Worker, e.Key, e.Fence,
-			time.Duration(e.Value))
+		r.problem(e.T, "worker %d: lease on %s (fence %d) live %v past its local validity (%s)", e.Worker, e.Key, e.Fence,
+			time.Duration(e.Value), e.Err)
 	case RenewedAfterBreak:
 		c.renewedAfterBreak = append(c.renewedAfterBreak, e)
 	case SetHealthyLost:

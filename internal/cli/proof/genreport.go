@@ -97,7 +97,8 @@ a quiet spell of 4-8 TTLs): a worker stopped (M1) or cut off by its proxy
 every 100 ms. Checks: fences never repeat or go backwards; no lease's context
 is seen live more than 100 ms past its local validity, sampled on the
 worker's own clock (rounds in which the worker itself was stopped are
-skipped); no grant that no Acquire returned is held past its TTL as the
+skipped; a worker starved of CPU divides the 100 ms by its share of a CPU
+over the last 2 s, up to 2 s, and the report states that allowance); no grant that no Acquire returned is held past its TTL as the
 store keeps it (etcd rounds a session up to whole seconds plus one and
 sweeps expiries every 500 ms) plus 1 s, counted from when the acquisitions
 running on its key as it was first seen (which may have made it, and learn

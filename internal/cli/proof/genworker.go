@@ -117,6 +117,8 @@ type genWorker struct {
 	// broken are the pool leases the worker broke itself, with when the
 	// Break returned.
 	broken map[*fenced.Lease]time.Time
+	// cpu measures this process's share of a CPU, for allowance.
+	cpu cpuMeter
 }
 
 // unwatchedPool is the least number of pool leases the worker whose loss
@@ -152,7 +154,8 @@ func runGenWorker(cfg GenWorkerConfig) error {
 	}
 	defer rec.Close()
 	w := &genWorker{cfg: cfg, rec: rec, pid: int64(os.Getpid()), poolTTL: cfg.PoolTTL, held: map[*fenced.Lease]heldLease{},
-		sets: map[*recipe.LeaseSet]struct{}{}, broken: map[*fenced.Lease]time.Time{}}
+		sets: map[*recipe.LeaseSet]struct{}{}, broken: map[*fenced.Lease]time.Time{},
+		cpu: cpuMeter{every: 200 * time.Millisecond, burst: time.Millisecond}}
 	hooks := func(e fenced.Event) {
 		if e.Kind == fenced.EventAcquire && e.Err == nil {
 			if g, ok := e.Context.Value(setGrantsKey{}).(*setGrants); ok {
@@ -182,8 +185,9 @@ func runGenWorker(cfg GenWorkerConfig) error {
 	w.record(Event{Kind: WorkerStart})
 	sctx, stopSampler := context.WithCancel(ctx)
 	var sampler sync.WaitGroup
-	sampler.Add(1)
+	sampler.Add(2)
 	go func() { defer sampler.Done(); w.sample(sctx) }()
+	go func() { defer sampler.Done(); w.cpu.run(sctx) }()
 	var streams sync.WaitGroup
 	for s := range cfg.Streams {
 		streams.Add(1)
@@ -627,9 +631,18 @@ func (w *genWorker) checkReturnedSet(set *recipe.LeaseSet, asked time.Time) {
 	}
 }
 
+// allowance is how far past its local validity a lease's context may be
+// seen live now, and the CPU share it follows from. It is Grace divided by
+// this process's recent share of a CPU: a starved process runs the timer
+// that ends a lease late. It is at most 20 × Grace.
+func (w *genWorker) allowance() (time.Duration, float64) {
+	share := w.cpu.recent()
+	return time.Duration(float64(w.cfg.Grace) / max(share, 0.05)), share
+}
+
 // sample looks, every few milliseconds, at every lease the worker holds,
 // and records one whose context is live past its local validity (by more
-// than Grace) on the worker's own clock. Time the process did not run for
+// than allowance) on the worker's own clock. Time the process did not run for
 // does not count: a round that starts late (the process was stopped, or
 // starved of CPU, for more than Grace) marks a resumption, and a lease
 // counts only once the process has run for Grace since both its validity
@@ -682,9 +695,12 @@ func (w *genWorker) sample(ctx context.Context) {
 			if resumed.After(from) {
 				from = resumed
 			}
-			if l.Context().Err() == nil && now.Sub(from) > w.cfg.Grace && !renewedSince(l, until) {
+			if l.Context().Err() != nil || now.Sub(from) <= w.cfg.Grace || renewedSince(l, until) {
+				continue
+			}
+			if allowed, share := w.allowance(); now.Sub(from) > allowed {
 				w.record(Event{Kind: LivePastValidity, Key: l.Key(), Fence: l.Fence(), Owner: fence.OwnerDigest(l.Owner()),
-					Value: int64(now.Sub(until))})
+					Value: int64(now.Sub(until)), Err: fmt.Sprintf("allowed %v: Grace %v at a CPU share of %.2f", allowed.Round(time.Millisecond), w.cfg.Grace, share)})
 			}
 		}
 		for _, s := range sets {
