@@ -110,13 +110,29 @@ func TestRenewBatchGrantNewerThanListing(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.Close()
+	// Every grant must still be held when the batch renews it: the TTL is
+	// 10 s, or four times what n acquisitions take here (timed on 20) if
+	// more.
+	const probes = 20
+	began := time.Now()
+	for i := range probes {
+		g := driver.Grant{Key: fmt.Sprintf("probe-%d", i), Owner: "probe", TTL: time.Minute}
+		if g.Fence, err = d.TryAcquire(ctx, g.Key, g.Owner, g.TTL); err != nil {
+			t.Fatal(err)
+		}
+		defer d.Release(ctx, g)
+	}
+	ttl := max(10*time.Second, (4*time.Since(began)*n/probes).Truncate(time.Second)+time.Second)
+	t.Logf("TTL %v: %d acquisitions took %v", ttl, probes, time.Since(began).Round(time.Millisecond))
+	began = time.Now()
 	grants := make([]driver.Grant, n)
 	for i := range grants {
-		grants[i] = driver.Grant{Key: fmt.Sprintf("listed-%d", i), Owner: fmt.Sprintf("owner-%d", i), TTL: 10 * time.Second}
+		grants[i] = driver.Grant{Key: fmt.Sprintf("listed-%d", i), Owner: fmt.Sprintf("owner-%d", i), TTL: ttl}
 		if grants[i].Fence, err = d.TryAcquire(ctx, grants[i].Key, grants[i].Owner, grants[i].TTL); err != nil {
 			t.Fatal(err)
 		}
 	}
+	t.Logf("%d grants took %v", n, time.Since(began).Round(time.Millisecond))
 	if errs, err := d.RenewBatch(ctx, grants); err != nil {
 		t.Fatal(err)
 	} else {
@@ -126,7 +142,7 @@ func TestRenewBatchGrantNewerThanListing(t *testing.T) {
 			}
 		}
 	}
-	late := driver.Grant{Key: "put-after-the-listing", Owner: "owner-late", TTL: 10 * time.Second}
+	late := driver.Grant{Key: "put-after-the-listing", Owner: "owner-late", TTL: ttl}
 	if late.Fence, err = d.TryAcquire(ctx, late.Key, late.Owner, late.TTL); err != nil {
 		t.Fatal(err)
 	}

@@ -61,7 +61,8 @@ type genElectRun struct {
 // (-9, started again within a LeaseDuration). Or it breaks the election's
 // lease (Client.Break). Three faults in four strike the leader. After a
 // fault that struck the leader, the nemesis waits for the next term before
-// the next fault. CheckGenElect judges the run.
+// the next fault. Past Duration, the faults go on until four struck a
+// leader, up to 3 × Duration. CheckGenElect judges the run.
 func RunGenElect(ctx context.Context, cfg GenElectConfig) (GenElectReport, error) {
 	if cfg.Members == 0 {
 		cfg.Members = 3
@@ -197,6 +198,10 @@ func (r *genElectRun) waitTerm(ctx context.Context, f uint64, within time.Durati
 	return false
 }
 
+// leaderFaults is how many faults on a leader a run makes at least, if
+// 3 × Duration allows.
+const leaderFaults = 4
+
 // nemesis injects faults drawn from the seed until the Duration is over.
 func (r *genElectRun) nemesis(ctx context.Context, admc *fenced.Client) error {
 	ld := r.cfg.LeaseDuration
@@ -221,8 +226,11 @@ func (r *genElectRun) nemesis(ctx context.Context, admc *fenced.Client) error {
 	if r.proxied {
 		kinds = append(kinds, "cut")
 	}
-	end := time.Now().Add(r.cfg.Duration)
-	for time.Now().Before(end) {
+	// Past the Duration, the run goes on (up to 3 × Duration) until
+	// leaderFaults faults struck a leader: a starved machine's samples
+	// come late, and a fault aimed at no known leader hurts nobody.
+	start, hurts := time.Now(), 0
+	for d := time.Since(start); d < r.cfg.Duration || (hurts < leaderFaults && d < 3*r.cfg.Duration); d = time.Since(start) {
 		if err := sleep(between(0.2, 0.6)); err != nil {
 			return err
 		}
@@ -280,6 +288,7 @@ func (r *genElectRun) nemesis(ctx context.Context, admc *fenced.Client) error {
 			return err
 		}
 		if hurt {
+			hurts++
 			// Generous: the checker judges how long it took.
 			r.waitTerm(ctx, lfence, 10*ld)
 		}

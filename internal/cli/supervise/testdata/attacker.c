@@ -122,7 +122,9 @@ static void nestdir(const char *kind, const char *mount, char *dir, size_t n) {
 		cgfail(kind, "no 0:: line in /proc/self/cgroup");
 	}
 	snprintf(dir, n, "%s%s/attacker-nest-%d", mount, strcmp(line + 3, "/") == 0 ? "" : line + 3, getpid());
-	if (mkdir(dir, 0755) != 0)
+	// A cgroup of this name left by an earlier, killed run (whose
+	// attacker had this process ID) is removed if empty, then made anew.
+	if (mkdir(dir, 0755) != 0 && (errno != EEXIST || rmdir(dir) != 0 || mkdir(dir, 0755) != 0))
 		cgfail(kind, dir);
 }
 
