@@ -699,8 +699,9 @@ func (w *genWorker) sample(ctx context.Context) {
 				continue
 			}
 			if allowed, share := w.allowance(); now.Sub(from) > allowed {
+				why := fmt.Sprintf("allowed %v: Grace %v at a CPU share of %.2f", allowed.Round(time.Millisecond), w.cfg.Grace, share)
 				w.record(Event{Kind: LivePastValidity, Key: l.Key(), Fence: l.Fence(), Owner: fence.OwnerDigest(l.Owner()),
-					Value: int64(now.Sub(until)), Err: fmt.Sprintf("allowed %v: Grace %v at a CPU share of %.2f", allowed.Round(time.Millisecond), w.cfg.Grace, share)})
+					Value: int64(now.Sub(until)), Err: why})
 			}
 		}
 		for _, s := range sets {
