@@ -77,7 +77,8 @@ type genPartRun struct {
 // ErrMemberLive) is started again with the current count, as a supervisor
 // would. One that stays live at an old count after the churn, with no
 // member of the current count live, is replaced as a rollout would
-// (see converge). An observer lists the group every 100ms.
+// (see converge). The churn ends at a count other than the first one,
+// with one more deploy if need be. An observer lists the group every 100ms.
 // CheckGenPartitions judges the run.
 func RunGenPartitions(ctx context.Context, cfg GenPartConfig) (GenPartReport, error) {
 	if cfg.Members == 0 {
@@ -211,6 +212,9 @@ func (r *genPartRun) nemesis(ctx context.Context) error {
 	ttl := r.cfg.TTL
 	end := time.Now().Add(r.cfg.Duration)
 	halfway := time.Now().Add(r.cfg.Duration / 2)
+	r.mu.Lock()
+	first := r.p
+	r.mu.Unlock()
 	if err := r.sleep(ctx, 2*ttl); err != nil { // let the group form
 		return err
 	}
@@ -238,6 +242,24 @@ func (r *genPartRun) nemesis(ctx context.Context) error {
 		}
 		r.mu.Lock()
 		r.faults[kind]++
+		r.mu.Unlock()
+		r.hold(w, false)
+	}
+	// The churn ends at a count other than the first. A deploy whose
+	// sleeper came back first leaves the group at the old count; a deploy
+	// back to the first count would leave the row one count's work. The
+	// convergence replaces a straggler, so the last count owns partitions.
+	r.mu.Lock()
+	back := r.p == first && len(r.cfg.Counts) > 1
+	r.mu.Unlock()
+	if back {
+		w := r.rng.IntN(r.cfg.Members)
+		r.hold(w, true)
+		if err := r.deploy(ctx, w); err != nil {
+			return err
+		}
+		r.mu.Lock()
+		r.faults["deploy"]++
 		r.mu.Unlock()
 		r.hold(w, false)
 	}
