@@ -16,7 +16,8 @@ import (
 // busy with other work it is what the scheduler hands each runnable
 // process (two cores, ten runnable processes: about 0.2), and the workers
 // of a run, which compete for the same cores, get about as much. It costs
-// 2% of a core.
+// 2% of a core. A burst that took longer than the period was stopped, not
+// starved, and is left out.
 type cpuMeter struct {
 	// every and burst override the 100ms and 2ms of a run's meter.
 	every, burst time.Duration
@@ -53,7 +54,13 @@ func (m *cpuMeter) run(ctx context.Context) {
 		if !ok {
 			return // no thread CPU clock: the share stays 1
 		}
-		m.add(c-c0, time.Since(start))
+		// A burst longer than the period between bursts was most likely
+		// stopped (SIGSTOP), not starved: it is no share the scheduler
+		// gave, and it would excuse a stopped worker's late lease ends
+		// (which the sampler judges from the resumption) for seconds.
+		if wall := time.Since(start); wall <= every {
+			m.add(c-c0, wall)
+		}
 	}
 }
 
