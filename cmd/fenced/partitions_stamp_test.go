@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"regexp"
 	"testing"
 	"time"
 )
@@ -22,5 +23,17 @@ func TestLineStamperStampsWholeLines(t *testing.T) {
 		"2026-12-05T19:01:02.345Z fenced: d\n2026-12-05T19:01:02.345Z \n"
 	if out.String() != want {
 		t.Errorf("stamped:\n%s\nwant:\n%s", out.String(), want)
+	}
+}
+
+// TestPartitionsRunStampsItsLastLine: the error partitions run (and its
+// supervise processes) exit with is stamped like its other lines. Before,
+// a supervisor's "was lost before …" line came without its time.
+func TestPartitionsRunStampsItsLastLine(t *testing.T) {
+	var out, errb bytes.Buffer
+	code := execute([]string{"--store", "sqlite:///proc/nope/leases.db", "partitions", "run", "g", "-p", "2", "--", "true"}, &out, &errb)
+	stamped := regexp.MustCompile(`^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z fenced: open .*\(exit 64\)\n$`)
+	if code != exitUsage || !stamped.MatchString(errb.String()) {
+		t.Errorf("exit %d, stderr %q; want 64 and one line that starts with its time", code, errb.String())
 	}
 }

@@ -102,7 +102,8 @@ func execute(args []string, stdout, stderr io.Writer) int {
 	}
 	// The "(exit N)" tells fenced's own exit codes from a command's: fenced
 	// run passes a command's code on with no such line (see run --help).
-	fmt.Fprintf(stderr, "fenced: %s (exit %d)\n", strings.TrimPrefix(err.Error(), "fenced: "), code)
+	// g.stderr: partitions run and supervise put the time before it.
+	fmt.Fprintf(g.stderr, "fenced: %s (exit %d)\n", strings.TrimPrefix(err.Error(), "fenced: "), code)
 	return code
 }
 
