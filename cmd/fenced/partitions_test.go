@@ -52,25 +52,29 @@ func TestPartitionsRunHandsOffOnLeave(t *testing.T) {
 	// Each command records its partition, fence and pid, then sleeps.
 	script := `echo "$FENCED_PARTITION $FENCED_FENCE $$" >> ` + dir + `/$1.log; exec sleep 300`
 	stderrs := map[string]outFile{}
+	// A TTL the machine renews in time: no lease is lost, so exactly
+	// what the plan moves moves. The waits follow it.
+	ttl := measuredTTL(t, store, 3, 2*time.Second)
+	wait := max(8*time.Second, 4*ttl)
 	start := func(id string) *exec.Cmd {
-		cmd, _, errb := startRun(t, store, "partitions", "run", "g", "-p", "4", "--ttl", "2s", "--grace", "1s", "--id", id,
+		cmd, _, errb := startRun(t, store, "partitions", "run", "g", "-p", "4", "--ttl", ttl.String(), "--grace", "1s", "--id", id,
 			"--", "sh", "-c", script, "sh", id)
 		stderrs[id] = errb
 		return cmd
 	}
 	start("a")
-	eventually(t, 8*time.Second, "a holds all 4 partitions alone", func() bool {
+	eventually(t, wait, "a holds all 4 partitions alone", func() bool {
 		held, members := partitionsLs(t, store, "g")
 		return len(held) == 4 && members == 1
 	})
 	b := start("b")
-	eventually(t, 8*time.Second, "b runs 2 commands and 4 partitions are held", func() bool {
+	eventually(t, wait, "b runs 2 commands and 4 partitions are held", func() bool {
 		held, members := partitionsLs(t, store, "g")
 		return len(commandPids(t, filepath.Join(dir, "b.log"))) == 2 && len(held) == 4 && members == 2
 	})
 	before, _ := partitionsLs(t, store, "g")
 	// a handed two partitions off: said so, and not as a loss.
-	eventually(t, 8*time.Second, "a reports its hand-offs", func() bool {
+	eventually(t, wait, "a reports its hand-offs", func() bool {
 		return strings.Count(readFileOr(string(stderrs["a"])), "processes have ended, before the lease is released") == 2
 	})
 	if e := readFileOr(string(stderrs["a"])); !strings.Contains(e, "handed off to another member") || strings.Contains(e, "lost") || strings.Contains(e, "77") {
@@ -83,7 +87,7 @@ func TestPartitionsRunHandsOffOnLeave(t *testing.T) {
 	if err := b.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	if code := waitExit(t, b, 10*time.Second); code != 0 {
+	if code := waitExit(t, b, wait); code != 0 {
 		t.Errorf("b left with exit %d, want 0", code)
 	}
 	if e := readFileOr(string(stderrs["b"])); !strings.Contains(e, "member left the group") || strings.Contains(e, "lost") {
@@ -94,7 +98,7 @@ func TestPartitionsRunHandsOffOnLeave(t *testing.T) {
 			t.Errorf("b's command %d still runs after b left", pid)
 		}
 	}
-	eventually(t, 8*time.Second, "a holds all 4 partitions", func() bool {
+	eventually(t, wait, "a holds all 4 partitions", func() bool {
 		held, members := partitionsLs(t, store, "g")
 		return len(held) == 4 && members == 1
 	})
