@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/drivertest"
 	"github.com/fenced-dev/fenced/recipe"
 )
 
@@ -90,9 +91,13 @@ func TestPartitionsCheckpointTravels(t *testing.T) {
 			const p = 4
 			ctx := context.Background()
 			lg := newCPLedger()
+			// A hand-off's last checkpoint has a TTL (the default
+			// HandoffGrace) to land: one the machine renews in time.
+			ttl := drivertest.MeasuredTTL(t, 2*time.Second, partOpen(t, url), partOpen(t, url))
+			wait := max(10*time.Second, 5*ttl)
 			join := func(id string) *recipe.Partitions {
 				m, err := recipe.JoinPartitions(ctx, partOpen(t, url), "cp", p, lg.work(id),
-					&recipe.PartitionsOptions{MemberID: id, Lease: &fenced.LeaseOptions{TTL: 2 * time.Second}})
+					&recipe.PartitionsOptions{MemberID: id, Lease: &fenced.LeaseOptions{TTL: ttl}})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -100,15 +105,15 @@ func TestPartitionsCheckpointTravels(t *testing.T) {
 				return m
 			}
 			a := join("a")
-			partBalanced(t, []*recipe.Partitions{a}, p, 10*time.Second)
+			partBalanced(t, []*recipe.Partitions{a}, p, wait)
 			time.Sleep(50 * time.Millisecond)
 			b := join("b")
-			partBalanced(t, []*recipe.Partitions{a, b}, p, 10*time.Second)
+			partBalanced(t, []*recipe.Partitions{a, b}, p, wait)
 			time.Sleep(50 * time.Millisecond)
 			if err := a.Leave(ctx); err != nil {
 				t.Fatal(err)
 			}
-			partBalanced(t, []*recipe.Partitions{b}, p, 10*time.Second)
+			partBalanced(t, []*recipe.Partitions{b}, p, wait)
 			if err := b.Leave(ctx); err != nil {
 				t.Fatal(err)
 			}

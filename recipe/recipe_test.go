@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/drivertest"
 	_ "github.com/fenced-dev/fenced/fencedsqlite"
 	_ "github.com/fenced-dev/fenced/mem"
 	"github.com/fenced-dev/fenced/recipe"
@@ -268,11 +269,14 @@ func TestElectionProclaim(t *testing.T) {
 // are distinct, and a permit whose holder stops renewing (as a crashed
 // holder does) comes back after its TTL.
 func TestSemaphoreLimitAndNoLeak(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
 	url := sqliteURL(t)
 	cs := openN(t, url, 6)
-	opts := &fenced.LeaseOptions{TTL: time.Second, MaxWait: fenced.WaitForever}
+	// A TTL the six clients renew in time on this machine: a permit that
+	// lapsed would make the check of distinct permits meaningless.
+	ttl := drivertest.MeasuredTTL(t, time.Second, cs...)
+	ctx, cancel := context.WithTimeout(context.Background(), max(60*time.Second, 30*ttl))
+	defer cancel()
+	opts := &fenced.LeaseOptions{TTL: ttl, MaxWait: fenced.WaitForever}
 	var mu sync.Mutex
 	inUse := map[int]bool{}
 	maxSeen := 0
@@ -317,7 +321,7 @@ func TestSemaphoreLimitAndNoLeak(t *testing.T) {
 	// Three holders that never renew (ManualRenew stands in for a
 	// crash): a fourth waits and gets a permit once their TTL ran out.
 	crashed := openN(t, url, 1)[0]
-	dead, _ := recipe.NewSemaphore(crashed, "pool", 3, &fenced.LeaseOptions{TTL: time.Second, ManualRenew: true})
+	dead, _ := recipe.NewSemaphore(crashed, "pool", 3, &fenced.LeaseOptions{TTL: ttl, ManualRenew: true})
 	fences := map[int]uint64{}
 	for range 3 {
 		p, err := dead.TryAcquire(ctx)
