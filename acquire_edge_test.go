@@ -94,6 +94,29 @@ func TestGrantPastItsValidityIsAskedAgain(t *testing.T) {
 	}
 }
 
+// acquired is the outcome of an Acquire run in the background.
+type acquired struct {
+	l   *fenced.Lease
+	err error
+}
+
+// waitBehindHolder has holder take "k" for a TTL of 1s on clk, unrenewed,
+// then starts c's Acquire of "k" with maxWait and returns its outcome.
+func waitBehindHolder(t *testing.T, clk *clock.Fake, holder, c *fenced.Client, maxWait time.Duration) <-chan acquired {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := holder.TryAcquire(ctx, "k", &fenced.LeaseOptions{TTL: time.Second, ManualRenew: true}); err != nil {
+		t.Fatal(err)
+	}
+	waitTimers(t, clk, 1) // the holder's schedule
+	done := make(chan acquired, 1)
+	go func() {
+		l, err := c.Acquire(ctx, "k", &fenced.LeaseOptions{TTL: time.Second, MaxWait: maxWait})
+		done <- acquired{l, err}
+	}()
+	return done
+}
+
 // TestGrantLatePastMaxWaitIsAskedOnceMore: a waiter stopped while its
 // granting request was in flight, past both the grant's validity and
 // MaxWait, asks once more as the same owner and gets a live lease, as
@@ -108,19 +131,7 @@ func TestGrantLatePastMaxWaitIsAskedOnceMore(t *testing.T) {
 		holder := fenced.NewClient(d.Driver, &fenced.Options{Clock: clk})
 		c := fenced.NewClient(d, &fenced.Options{Clock: clk})
 		ctx := context.Background()
-		if _, err := holder.TryAcquire(ctx, "k", &fenced.LeaseOptions{TTL: time.Second, ManualRenew: true}); err != nil {
-			t.Fatal(err)
-		}
-		waitTimers(t, clk, 1) // the holder's schedule
-		type result struct {
-			l   *fenced.Lease
-			err error
-		}
-		done := make(chan result, 1)
-		go func() {
-			l, err := c.Acquire(ctx, "k", &fenced.LeaseOptions{TTL: time.Second, MaxWait: 2 * time.Second})
-			done <- result{l, err}
-		}()
+		done := waitBehindHolder(t, clk, holder, c, 2*time.Second)
 		// The holder's schedule, the waiter's MaxWait, and its sleep (or
 		// the store's queue timer).
 		waitTimers(t, clk, 3)
@@ -202,19 +213,7 @@ func TestMaxWaitOverWithTheKeyFreeTriesOnce(t *testing.T) {
 			}
 			c := fenced.NewClient(waiterDriver, &fenced.Options{Clock: clk})
 			ctx := context.Background()
-			if _, err := holder.TryAcquire(ctx, "k", &fenced.LeaseOptions{TTL: time.Second, ManualRenew: true}); err != nil {
-				t.Fatal(err)
-			}
-			waitTimers(t, clk, 1) // the holder's schedule
-			type result struct {
-				l   *fenced.Lease
-				err error
-			}
-			done := make(chan result, 1)
-			go func() {
-				l, err := c.Acquire(ctx, "k", &fenced.LeaseOptions{TTL: time.Second, MaxWait: 500 * time.Millisecond})
-				done <- result{l, err}
-			}()
+			done := waitBehindHolder(t, clk, holder, c, 500*time.Millisecond)
 			if queue {
 				waitTimers(t, clk, 2) // and the waiter's MaxWait
 			} else {
