@@ -15,15 +15,17 @@ import (
 
 // cpLedger records each partition's accepted checkpoints and what every
 // new owner was given, and fails when an owner does not start from the
-// last accepted one.
+// last accepted one (or from one written after it whose outcome was
+// unknown: it may have landed).
 type cpLedger struct {
 	mu       sync.Mutex
-	accepted map[int][]byte // partition -> last accepted checkpoint
+	accepted map[int][]byte   // partition -> last accepted checkpoint
+	maybe    map[int][]string // partition -> unknown outcomes since it
 	starts   int
 	errs     []string
 }
 
-func newCPLedger() *cpLedger { return &cpLedger{accepted: map[int][]byte{}} }
+func newCPLedger() *cpLedger { return &cpLedger{accepted: map[int][]byte{}, maybe: map[int][]string{}} }
 
 func (lg *cpLedger) fail(format string, args ...any) {
 	lg.mu.Lock()
@@ -34,21 +36,40 @@ func (lg *cpLedger) fail(format string, args ...any) {
 // record checkpoints v for p's owner and records it if the store took it.
 func (lg *cpLedger) record(ctx context.Context, p recipe.Partition, v string) error {
 	err := p.Lease.Checkpoint(ctx, []byte(v))
-	if err == nil {
-		lg.mu.Lock()
-		lg.accepted[p.Index] = []byte(v)
-		lg.mu.Unlock()
+	lg.mu.Lock()
+	defer lg.mu.Unlock()
+	switch {
+	case err == nil:
+		lg.accepted[p.Index], lg.maybe[p.Index] = []byte(v), nil
+	case errors.Is(err, fenced.ErrUnknownOutcome):
+		lg.maybe[p.Index] = append(lg.maybe[p.Index], v)
 	}
 	return err
 }
 
-// work checkpoints every few milliseconds while it owns p and, handed off
+// last reports whether v may be partition i's last checkpoint: the last
+// accepted, or one written since whose outcome was unknown (then taken as
+// accepted). lg.mu is held.
+func (lg *cpLedger) last(i int, v []byte) bool {
+	if string(v) == string(lg.accepted[i]) {
+		return true
+	}
+	for _, m := range lg.maybe[i] {
+		if m == string(v) {
+			lg.accepted[i], lg.maybe[i] = v, nil
+			return true
+		}
+	}
+	return false
+}
+
+// work checkpoints every 20 milliseconds while it owns p and, handed off
 // or left, records its last checkpoint within Partition.Finish.
 func (lg *cpLedger) work(member string) recipe.PartitionWork {
 	return func(ctx context.Context, p recipe.Partition) error {
 		lg.mu.Lock()
 		lg.starts++
-		if want := lg.accepted[p.Index]; string(p.Checkpoint) != string(want) {
+		if want := lg.accepted[p.Index]; !lg.last(p.Index, p.Checkpoint) {
 			lg.errs = append(lg.errs, fmt.Sprintf("partition %d: %s starts from checkpoint %q, the last accepted is %q",
 				p.Index, member, p.Checkpoint, want))
 		}
@@ -62,7 +83,7 @@ func (lg *cpLedger) work(member string) recipe.PartitionWork {
 					lg.fail("partition %d: %s's last checkpoint within its hand-off: %v", p.Index, member, err)
 				}
 				return nil
-			case <-time.After(5 * time.Millisecond):
+			case <-time.After(20 * time.Millisecond):
 			}
 			if err := lg.record(ctx, p, fmt.Sprintf("%s fence %d step %d", member, p.Lease.Fence(), n)); err != nil && ctx.Err() == nil {
 				lg.fail("partition %d: %s's checkpoint while it owns the partition: %v", p.Index, member, err)
@@ -93,7 +114,9 @@ func TestPartitionsCheckpointTravels(t *testing.T) {
 			lg := newCPLedger()
 			// A hand-off's last checkpoint has a TTL (the default
 			// HandoffGrace) to land: one the machine renews in time.
-			ttl := drivertest.MeasuredTTL(t, 2*time.Second, partOpen(t, url), partOpen(t, url))
+			// Floor 3s: eight works checkpointing keep SQLite's write
+			// lock busy, which the probe's idle store does not show.
+			ttl := drivertest.MeasuredTTL(t, 3*time.Second, partOpen(t, url), partOpen(t, url))
 			wait := max(10*time.Second, 5*ttl)
 			join := func(id string) *recipe.Partitions {
 				m, err := recipe.JoinPartitions(ctx, partOpen(t, url), "cp", p, lg.work(id),
@@ -121,7 +144,7 @@ func TestPartitionsCheckpointTravels(t *testing.T) {
 			c := partOpen(t, url)
 			for i := range p {
 				v, _, err := c.Checkpoint(ctx, fmt.Sprintf("cp/p/%d", i))
-				if err != nil || string(v) != string(lg.accepted[i]) {
+				if err != nil || !lg.last(i, v) {
 					t.Errorf("partition %d: checkpoint after everyone left %q, %v; the last accepted %q", i, v, err, lg.accepted[i])
 				}
 			}
