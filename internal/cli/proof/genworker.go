@@ -167,9 +167,18 @@ func runGenWorker(cfg GenWorkerConfig) error {
 		}
 	}
 	copts := &fenced.Options{Hook: hooks, MinBackoff: 5 * time.Millisecond, MaxBackoff: 100 * time.Millisecond, FallbackPoll: cfg.TTL}
-	w.client, err = fenced.Open(ctx, cfg.Store, copts)
-	if err != nil {
-		return err
+	// The nemesis does not wait for the workers: the store may be paused
+	// or down while a worker opens it (a loaded machine starts a worker in
+	// seconds). An open that fails is tried again until the run stops.
+	for {
+		if w.client, err = fenced.Open(ctx, cfg.Store, copts); err == nil {
+			break
+		}
+		if _, serr := os.Stat(filepath.Join(cfg.Dir, stopFile)); serr == nil || ctx.Err() != nil {
+			return err
+		}
+		fmt.Fprintf(os.Stderr, "proof worker %d: open: %v; trying again\n", cfg.Worker, err)
+		time.Sleep(100 * time.Millisecond)
 	}
 	if cfg.NoLossWatch {
 		if w.client, cfg.NoLossWatch = withoutLossWatch(w.client, copts); cfg.NoLossWatch {
