@@ -77,7 +77,7 @@ func TestPartitionsRunHandsOffOnLeave(t *testing.T) {
 	eventually(t, wait, "a reports its hand-offs", func() bool {
 		return strings.Count(readFileOr(string(stderrs["a"])), "processes have ended, before the lease is released") == 2
 	})
-	if e := readFileOr(string(stderrs["a"])); !strings.Contains(e, "handed off to another member") || strings.Contains(e, "lost") || strings.Contains(e, "77") {
+	if e := readFileOr(string(stderrs["a"])); !strings.Contains(e, "handed off to another member") || strings.Contains(e, "lost") || strings.Contains(e, "(exit 77)") {
 		t.Errorf("a's hand-offs are reported as losses, or not as hand-offs:\n%s", e)
 	}
 	bPids := commandPids(t, filepath.Join(dir, "b.log"))
@@ -125,7 +125,7 @@ func TestPartitionsRunHandsOffOnLeave(t *testing.T) {
 		}
 	}
 	r := cli(t, store, "partitions", "run", "g", "-p", "8", "--id", "c", "--", "true")
-	if r.code != exitUsage || !strings.Contains(r.stderr, "4") {
+	if r.code != exitUsage || !strings.Contains(r.stderr, "has 8 partitions") || !strings.Contains(r.stderr, `"a" with 4`) {
 		t.Errorf("-p 8 beside -p 4: exit %d, %q; want 64 naming both counts", r.code, r.stderr)
 	}
 	r = cli(t, store, "partitions", "run", "g", "-p", "4", "true")
