@@ -307,8 +307,10 @@ func checkEnds(t *testing.T, leases []*fenced.Lease, seen map[*fenced.Lease]time
 // lateness.
 //
 // The race detector makes every lease's work several times dearer. A
-// shared two-core machine then misses the deadline by CPU alone, so under
-// the race detector it holds n/5 leases. The deadline stays the same.
+// shared two-core machine then misses the deadline by CPU alone: the
+// schedule ends leases whose validity ran out together one after another
+// (2 000 under -race in CI: 722 ended 750-848 ms late). So under the race
+// detector it holds n/10 leases. The deadline stays the same.
 //
 // The first leases are renewed while the last are acquired. On a busy
 // machine that takes longer than ttl, so the TTL is raised to twice the
@@ -317,7 +319,7 @@ func checkEnds(t *testing.T, leases []*fenced.Lease, seen map[*fenced.Lease]time
 func CheckEndsThroughBlackHole(t *testing.T, c *fenced.Client, n int, ttl time.Duration, hole func(on bool)) {
 	t.Helper()
 	if raceDetector {
-		n /= 5
+		n /= 10
 	}
 	slack := endSlack(t)
 	ctx := Context(t)
