@@ -152,15 +152,8 @@ func TestLostReplyRetried(t *testing.T) {
 // whole factor keeps them in the store's unit and A's the longer.
 func (s lostReplyStore) scaled(t *testing.T, store string) lostReplyStore {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
-	c, err := fenced.Open(ctx, store, nil)
-	if err != nil {
-		t.Fatalf("open %s: %v", store, err)
-	}
-	defer c.Close()
 	late := testenv.SampleLateness()
-	worst := max(drivertest.SlowestGrant(t, c), late.Max())
+	worst := max(drivertest.SlowestGrant(t, openLostReply(t, store, nil)), late.Max())
 	late.Stop()
 	factor := max(1, int64(math.Ceil(float64(10*worst)/float64(s.ttlB))))
 	s.ttlA, s.ttlB = time.Duration(factor)*s.ttlA, time.Duration(factor)*s.ttlB
@@ -238,13 +231,9 @@ func (l *lossLink) blackHole(on bool) {
 // prepared) is done before a scenario loses a reply.
 func lostReplyClient(t *testing.T, s lostReplyStore, url string, o *fenced.Options) *fenced.Client {
 	t.Helper()
+	c := openLostReply(t, url, o)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	c, err := fenced.Open(ctx, url, o)
-	if err != nil {
-		t.Fatalf("open %s: %v", url, err)
-	}
-	t.Cleanup(func() { c.Close() })
 	l, err := c.TryAcquire(ctx, lostReplyKey("warm"), s.opts(s.ttlA, false))
 	if err != nil {
 		t.Fatal(err)
@@ -255,6 +244,20 @@ func lostReplyClient(t *testing.T, s lostReplyStore, url string, o *fenced.Optio
 	if err := l.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
+	return c
+}
+
+// openLostReply opens a client on url with options o (nil for the
+// defaults) within 30s, closed when the test ends.
+func openLostReply(t *testing.T, url string, o *fenced.Options) *fenced.Client {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	c, err := fenced.Open(ctx, url, o)
+	if err != nil {
+		t.Fatalf("open %s: %v", url, err)
+	}
+	t.Cleanup(func() { c.Close() })
 	return c
 }
 
