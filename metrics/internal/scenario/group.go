@@ -2,6 +2,7 @@ package scenario
 
 import (
 	"context"
+	"crypto/rand"
 	"fmt"
 	"maps"
 	"path/filepath"
@@ -118,15 +119,15 @@ func Group(t *testing.T, url, store string, p int, newExporter func() Exporter) 
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { c.Close() })
-		id := new(string)
+		// A random ID, as the recipe would pick, but known before the
+		// member's first grant: its loop starts before JoinPartitions
+		// returns, so MemberID() would come too late for the ledger.
+		id := rand.Text()
 		m, err := recipe.JoinPartitions(ctx, c, GroupName, p, idle, &recipe.PartitionsOptions{
-			Lease: &fenced.LeaseOptions{TTL: ttl}, OnEvent: lg.onEvent(id)})
+			MemberID: id, Lease: &fenced.LeaseOptions{TTL: ttl}, OnEvent: lg.onEvent(id)})
 		if err != nil {
 			t.Fatal(err)
 		}
-		lg.mu.Lock()
-		*id = m.MemberID()
-		lg.mu.Unlock()
 		t.Cleanup(func() { m.Leave(context.Background()) })
 		exp.Attach(GroupName, m)
 		return &groupMember{m: m, exp: exp}
@@ -192,23 +193,23 @@ type grantLedger struct {
 	overran   map[string]int // member → hand-offs and leaves that overran HandoffGrace
 }
 
-// onEvent returns the OnEvent of the member whose ID *id will hold.
-func (lg *grantLedger) onEvent(id *string) func(recipe.PartitionEvent) {
+// onEvent returns the OnEvent of member id.
+func (lg *grantLedger) onEvent(id string) func(recipe.PartitionEvent) {
 	return func(e recipe.PartitionEvent) {
 		lg.mu.Lock()
 		defer lg.mu.Unlock()
 		switch e.Kind {
 		case fenced.EventAcquire:
-			if prev, ok := lg.last[e.Partition]; ok && prev != *id {
+			if prev, ok := lg.last[e.Partition]; ok && prev != id {
 				lg.moves++
 			}
-			lg.last[e.Partition] = *id
+			lg.last[e.Partition] = id
 		case fenced.EventRelease:
 			if e.HandOff > 0 {
-				lg.handedOff[*id]++
+				lg.handedOff[id]++
 			}
 		case fenced.EventLost:
-			lg.overran[*id]++
+			lg.overran[id]++
 		}
 	}
 }
