@@ -80,6 +80,7 @@ import (
 	sqldriver "database/sql/driver"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"net/url"
 	"os"
@@ -236,11 +237,14 @@ func OpenFile(ctx context.Context, path string, opts *Options) (*Driver, error) 
 	// to WAL and creating the tables (SQLite answers some of those steps
 	// with SQLITE_BUSY or I/O errors without waiting), so the first
 	// connection and the migration happen under an exclusive lock on a
-	// file beside the database.
-	unlock, err := lockInit(ctx, path+".lock", o.BusyTimeout)
-	if err != nil {
-		db.Close()
-		return nil, fmt.Errorf("sqlite: %s: %w", path, err)
+	// file beside the database. A file already set up needs neither: its
+	// opens do not queue behind each other's waits for the write lock.
+	unlock := func() {}
+	if table, err := leasetable.TableOrDefault(o.Table); err != nil || !inWAL(path) || !tablesReady(ctx, db, table) {
+		if unlock, err = lockInit(ctx, path+".lock", o.BusyTimeout); err != nil {
+			db.Close()
+			return nil, fmt.Errorf("sqlite: %s: %w", path, err)
+		}
 	}
 	d, err := New(ctx, db, &o)
 	unlock()
@@ -544,7 +548,9 @@ type querier interface {
 // the write lock (SQLITE_BUSY, without waiting) because another process
 // wrote in between.
 func (d *Driver) migrate(ctx context.Context) error {
-	t := d.table
+	if tablesReady(ctx, d.db, d.table) {
+		return nil // set up already: no write, no wait for the write lock
+	}
 	tx, err := d.db.Conn(ctx)
 	if err != nil {
 		return wrap("create lease tables", err)
@@ -563,11 +569,48 @@ func (d *Driver) migrate(ctx context.Context) error {
 			tx.Raw(func(any) error { return sqldriver.ErrBadConn })
 		}
 	}()
-	for _, s := range []struct {
-		name   string
-		shape  leasetable.Shape
-		create string
-	}{
+	for _, s := range tableSpecs(d.table) {
+		found, exists, err := readTable(ctx, tx, s.name)
+		if err != nil {
+			return wrap("create lease tables", err)
+		}
+		if !exists {
+			if _, err := tx.ExecContext(ctx, s.create); err != nil {
+				return wrap("create table "+s.name, err)
+			}
+			continue
+		}
+		if err := leasetable.Check(s.name, s.shape, found); err != nil {
+			return err
+		}
+	}
+	t := d.table
+	if _, err := tx.ExecContext(ctx,
+		`CREATE INDEX IF NOT EXISTS `+t+waitersSuffix+`_by_key ON `+t+waitersSuffix+` (key, seq)`); err != nil {
+		return wrap("create lease tables", err)
+	}
+	if _, err := tx.ExecContext(ctx,
+		`INSERT INTO `+t+leasetable.FloorSuffix+` (id, fence_floor) VALUES (1, 0) ON CONFLICT (id) DO NOTHING`); err != nil {
+		return wrap("create lease tables", err)
+	}
+	if _, err := tx.ExecContext(ctx, "COMMIT"); err != nil {
+		return wrap("create lease tables", err)
+	}
+	committed = true
+	return nil
+}
+
+// tableSpec is one table fenced keeps in the file: its name, the shape
+// it must have, and the statement that creates it.
+type tableSpec struct {
+	name   string
+	shape  leasetable.Shape
+	create string
+}
+
+// tableSpecs returns the tables of lease table t.
+func tableSpecs(t string) []tableSpec {
+	return []tableSpec{
 		{t, leaseShape, `CREATE TABLE ` + t + ` (
   key TEXT PRIMARY KEY NOT NULL,
   owner TEXT,
@@ -594,34 +637,45 @@ func (d *Driver) migrate(ctx context.Context) error {
   seq INTEGER NOT NULL
 ) WITHOUT ROWID`},
 		{t + sqllease.CheckpointsSuffix, checkpointsShape, createCheckpoints(t)},
-	} {
-		found, exists, err := readTable(ctx, tx, s.name)
-		if err != nil {
-			return wrap("create lease tables", err)
+	}
+}
+
+// tablesReady reports whether every table of lease table t is there in
+// its shape, with the waiter index and the floor's row: what migrate would
+// make. Any doubt (an error, a table missing or of another shape) is
+// false, and the caller sets the file up under its locks, which reports
+// the fault.
+func tablesReady(ctx context.Context, q querier, t string) bool {
+	for _, s := range tableSpecs(t) {
+		found, exists, err := readTable(ctx, q, s.name)
+		if err != nil || !exists || leasetable.Check(s.name, s.shape, found) != nil {
+			return false
 		}
-		if !exists {
-			if _, err := tx.ExecContext(ctx, s.create); err != nil {
-				return wrap("create table "+s.name, err)
-			}
-			continue
-		}
-		if err := leasetable.Check(s.name, s.shape, found); err != nil {
-			return err
-		}
 	}
-	if _, err := tx.ExecContext(ctx,
-		`CREATE INDEX IF NOT EXISTS `+t+waitersSuffix+`_by_key ON `+t+waitersSuffix+` (key, seq)`); err != nil {
-		return wrap("create lease tables", err)
+	var n int
+	err := q.QueryRowContext(ctx, `SELECT (SELECT count(*) FROM sqlite_schema WHERE type = 'index' AND name = ?1) +
+  (SELECT count(*) FROM `+t+leasetable.FloorSuffix+` WHERE id = 1)`, t+waitersSuffix+"_by_key").Scan(&n)
+	return err == nil && n == 2
+}
+
+// inWAL reports whether path is a SQLite database file already in WAL
+// mode (its header's read and write versions are 2). Opening such a file
+// switches nothing. Anything else, including a file that is not there
+// yet or not a regular file, is false.
+func inWAL(path string) bool {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return false
 	}
-	if _, err := tx.ExecContext(ctx,
-		`INSERT INTO `+t+leasetable.FloorSuffix+` (id, fence_floor) VALUES (1, 0) ON CONFLICT (id) DO NOTHING`); err != nil {
-		return wrap("create lease tables", err)
+	defer f.Close()
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		return false
 	}
-	if _, err := tx.ExecContext(ctx, "COMMIT"); err != nil {
-		return wrap("create lease tables", err)
+	var h [20]byte
+	if _, err := io.ReadFull(f, h[:]); err != nil {
+		return false
 	}
-	committed = true
-	return nil
+	return string(h[:16]) == "SQLite format 3\x00" && h[18] == 2 && h[19] == 2
 }
 
 // readTable reads the shape of table from SQLite's catalog: declared column

@@ -2,6 +2,7 @@ package fencedsqlite_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"os"
 	"path/filepath"
@@ -89,15 +90,11 @@ func TestWaiterInAnotherConnectionIsWokenByCommit(t *testing.T) {
 
 // Issue 38: an open that waited the busy timeout for another process's
 // init lock fails with ErrBusy (and ErrUnavailable), naming the lock and
-// how long it waited, so that a caller that can wait may open again.
+// how long it waited, so that a caller that can wait may open again. The
+// lock is taken only to set a file up: here it is not yet.
 func TestOpenOfBusyFileIsErrBusy(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "leases.db")
-	d, err := fencedsqlite.OpenFile(context.Background(), path, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	d.Close()
-	f, err := os.OpenFile(path+".lock", os.O_RDWR, 0)
+	f, err := os.OpenFile(path+".lock", os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,9 +107,61 @@ func TestOpenOfBusyFileIsErrBusy(t *testing.T) {
 		t.Fatalf("open while another process holds the init lock: %v; want ErrBusy and ErrUnavailable naming the lock", err)
 	}
 	syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
-	d, err = fencedsqlite.OpenFile(context.Background(), path, &fencedsqlite.Options{BusyTimeout: 200 * time.Millisecond})
+	d, err := fencedsqlite.OpenFile(context.Background(), path, &fencedsqlite.Options{BusyTimeout: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatalf("open once the lock is free: %v", err)
 	}
 	d.Close()
+}
+
+// Opening a file already set up writes nothing and takes no lock: with
+// the init lock held and another connection inside a write transaction,
+// it still opens at once, and a held lease reads the same. (Before, every
+// open queued on the init lock, each behind the others' waits for the
+// write lock: N processes starting together waited N busy timeouts.)
+func TestOpenOfSetUpFileTakesNoLock(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "leases.db")
+	d, err := fencedsqlite.OpenFile(ctx, path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := fenced.NewClient(d, nil)
+	defer c.Close()
+	l, err := c.TryAcquire(ctx, "k", &fenced.LeaseOptions{TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(path+".lock", os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		t.Fatal(err)
+	}
+	writer, err := sql.Open("sqlite", "file:"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer writer.Close()
+	conn, err := writer.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.ExecContext(ctx, "ROLLBACK")
+	start := time.Now()
+	d2, err := fencedsqlite.OpenFile(ctx, path, &fencedsqlite.Options{BusyTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatalf("open of a set-up file while its init lock and write lock are held: %v (after %v)", err, time.Since(start))
+	}
+	defer d2.Close()
+	info, err := d2.Inspect(ctx, "k")
+	if err != nil || !info.Held || info.Fence != l.Fence() {
+		t.Fatalf("the held lease through the second open: %+v, %v; want held with fence %d", info, err, l.Fence())
+	}
 }

@@ -65,7 +65,11 @@ func TestAssignPartitionsWeighted(t *testing.T) {
 // unthrottled plan needs or few more.
 func TestAssignPartitionsThrottled(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 3))
-	for _, p := range []int{64, 256, 1024, 4096} {
+	counts := []int{64, 256, 1024, 4096}
+	if testing.Short() {
+		counts = counts[:2] // the large counts take seconds of CPU
+	}
+	for _, p := range counts {
 		for _, knobs := range []struct {
 			threshold, share float64
 			maxMoves         int

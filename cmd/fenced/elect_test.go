@@ -13,17 +13,20 @@ import (
 // busy store: an open gives up on the init lock after it.
 const busyTimeout = 300 * time.Millisecond
 
-// busyStore returns a SQLite store whose file exists, with busyTimeout,
-// and a function that takes its init lock (the flock on the file beside it
-// that every opening process takes, see fencedsqlite.lockInit) as another
-// process opening it would, and returns the lock's release.
+// busyStore returns a SQLite store with busyTimeout whose file is not set
+// up yet, and a function that takes its init lock (the flock on the file
+// beside it that every process setting the file up takes, see
+// fencedsqlite.lockInit) as another such process would, and returns the
+// lock's release.
 func busyStore(t *testing.T) (store string, lock func() (unlock func())) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "leases.db")
 	store = "sqlite://" + path + "?busy_timeout=" + busyTimeout.String()
-	client(t, store).Close() // the file and its tables exist
+	// A file not set up yet, whose init lock a sibling holds while it
+	// sets it up: every open waits for it. (Opening a file already set
+	// up takes no lock.)
 	return store, func() func() {
-		f, err := os.OpenFile(path+".lock", os.O_RDWR, 0)
+		f, err := os.OpenFile(path+".lock", os.O_RDWR|os.O_CREATE, 0o644)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -95,6 +98,7 @@ func TestElectWaitsForBusyStore(t *testing.T) {
 // for a reason that does not pass (no directory) fails at once, without
 // waiting.
 func TestRunWaitsForBusyStore(t *testing.T) {
+	t.Parallel()
 	store, lock := busyStore(t)
 	unlock := lock()
 

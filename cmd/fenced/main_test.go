@@ -332,6 +332,7 @@ func TestBadInput(t *testing.T) {
 }
 
 func TestDemo(t *testing.T) {
+	t.Parallel()
 	r := cli(t, "", "demo")
 	if r.code != 0 || !strings.Contains(r.stdout, "OK: exactly one invoice sent") || !strings.Contains(r.stdout, "REFUSED") {
 		t.Fatalf("demo: exit %d\nstdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)

@@ -164,6 +164,7 @@ func TestElectFailoverSQLite(t *testing.T) {
 // Issue 14: the same on etcd, whose sessions outlive a grant by up to one
 // second of headroom (see package etcd).
 func TestElectFailoverEtcd(t *testing.T) {
+	t.Parallel()
 	cluster := testenv.StartEtcd(t)
 	ttl := time.Second
 	testElectFailover(t, cluster.URL("prefix=elections/"), ttl+time.Second+ttl/3+2*time.Second)
@@ -236,6 +237,7 @@ func TestElectInteropsWithEtcdctlElect(t *testing.T) {
 // distinct fences per permit; a kill -9 of one holder frees its permit
 // after its TTL.
 func TestRunSemaphore(t *testing.T) {
+	t.Parallel()
 	store := tempStore(t)
 	measured := measuredTTL(t, store, 5, time.Second)
 	ttl := measured.String()
