@@ -144,7 +144,12 @@ func TestServeDashboardInBrowser(t *testing.T) {
 	store := tempStore(t)
 	base := startServe(t, store)
 	const key = "invoice:inv_72"
-	run, _, runErr := startRun(t, store, "run", "--ttl", "3s", key, "--", "sleep", "60")
+	// The holder must outlast the page's steps with Chromium loading the
+	// machine (a 3s TTL was lost to a late renewal under load, taking the
+	// row and its break form with it): a TTL this machine renews in time,
+	// at least 20s.
+	ttl := measuredTTL(t, store, 2, 20*time.Second)
+	run, _, runErr := startRun(t, store, "run", "--ttl", ttl.String(), key, "--", "sleep", "120")
 	info := waitHeld(t, client(t, store), key)
 
 	code, body := httpDo(t, "GET", base+"/api/v1/leases", "", "")
