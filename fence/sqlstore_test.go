@@ -125,10 +125,32 @@ func TestSQLStorePostgres(t *testing.T) {
 			}
 			results <- r
 		}
+		// waiting polls until n requests wait for an advisory lock (and,
+		// for B, until its fence is the row's): fixed sleeps were too
+		// short on a loaded machine, where B had not arrived when A ended.
+		waiting := func(n int, fence uint64) {
+			t.Helper()
+			for deadline := time.Now().Add(hangLimit); ; time.Sleep(10 * time.Millisecond) {
+				var w int
+				if err := db.QueryRowContext(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`).Scan(&w); err != nil {
+					t.Fatal(err)
+				}
+				f, _, err := s1.Current(ctx, "job:n")
+				if err != nil {
+					t.Fatal(err)
+				}
+				if w >= n && f == fence {
+					return
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("%d requests wait for the key's lock and its fence is %d after %v; want %d waiting at fence %d", w, f, hangLimit, n, fence)
+				}
+			}
+		}
 		go admit(s2, a)
-		time.Sleep(200 * time.Millisecond) // let C reach the lock first
+		waiting(1, 5) // C reaches the lock first
 		go admit(s3, fence.Token{Key: "job:n", Fence: 6, Owner: "b"})
-		time.Sleep(200 * time.Millisecond)
+		waiting(2, 6)
 		doneA()
 		var applied, stale int
 		for range 2 {
