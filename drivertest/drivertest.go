@@ -457,13 +457,28 @@ func tryResolved(ctx context.Context, d driver.Driver, key, owner string, ttl ti
 func (s *suite) testExpiry(t *testing.T) {
 	ctx := Context(t)
 	d, clk := s.expiryDriver(t)
-	key := Key("expiry")
 	ttl := s.h.ShortTTL
-	fa, err := d.TryAcquire(ctx, key, owner(), ttl)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := d.TryAcquire(ctx, key, owner(), ttl); !errors.Is(err, fenced.ErrHeld) {
+	var key string
+	var fa uint64
+	for round := 1; ; round++ {
+		key = Key("expiry")
+		asked := time.Now()
+		f, err := d.TryAcquire(ctx, key, owner(), ttl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = d.TryAcquire(ctx, key, owner(), ttl)
+		if errors.Is(err, fenced.ErrHeld) {
+			fa = f
+			break
+		}
+		// A grant answered a TTL after the first was asked for may be
+		// right: the first had run out. Before that, it is a second holder.
+		if took := time.Since(asked); err == nil && clk == nil && took >= ttl && round < 3 {
+			t.Logf("round %d: the second try came %v after the first was asked for, past the TTL %v: the machine is too busy to tell; again",
+				round, took.Round(time.Millisecond), ttl)
+			continue
+		}
 		t.Fatalf("acquire before expiry: %v, want ErrHeld", err)
 	}
 	s.expire(clk, ttl)
