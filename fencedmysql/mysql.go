@@ -208,7 +208,7 @@ func Open(ctx context.Context, rawURL string) (*Driver, error) {
 	}
 	d, err := open(ctx, u)
 	if err != nil {
-		return nil, fmt.Errorf("mysql: open %s: %w", driver.Redact(rawURL), err)
+		return nil, fmt.Errorf("mysql: open %s: %w", storeurl.Redact(rawURL), err)
 	}
 	return d, nil
 }

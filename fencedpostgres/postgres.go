@@ -144,7 +144,7 @@ func Open(ctx context.Context, rawURL string) (*Driver, error) {
 	}
 	d, err := open(ctx, u)
 	if err != nil {
-		return nil, fmt.Errorf("postgres: open %s: %w", driver.Redact(rawURL), err)
+		return nil, fmt.Errorf("postgres: open %s: %w", storeurl.Redact(rawURL), err)
 	}
 	return d, nil
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/fence"
 	"github.com/fenced-dev/fenced/internal/cli/supervise"
+	"github.com/fenced-dev/fenced/internal/core/storeurl"
 	"github.com/fenced-dev/fenced/recipe"
 )
 
@@ -557,7 +558,7 @@ func childEnv(env []string, lease *fenced.Lease, store string) []string {
 		"FENCED_KEY="+lease.Key(),
 		"FENCED_FENCE="+strconv.FormatUint(lease.Fence(), 10),
 		"FENCED_OWNER="+fence.OwnerDigest(lease.Owner()),
-		"FENCED_STORE="+driver.Redact(store),
+		"FENCED_STORE="+storeurl.Redact(store),
 	)
 }
 
@@ -580,7 +581,7 @@ func setEnv(env []string, set *recipe.LeaseSet, store string) []string {
 	return append(cleanEnv(env),
 		"FENCED_FENCES="+string(fj),
 		"FENCED_OWNERS="+string(oj),
-		"FENCED_STORE="+driver.Redact(store),
+		"FENCED_STORE="+storeurl.Redact(store),
 	)
 }
 
