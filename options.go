@@ -181,8 +181,8 @@ func (c *Client) Resolve(opts *LeaseOptions) (LeaseOptions, error) {
 
 	fenceFrom := fromLease
 	switch {
-	case s.MinFence != driver.FenceUnset:
-	case c.opts.MinFence != driver.FenceUnset:
+	case s.MinFence != fenceUnset:
+	case c.opts.MinFence != fenceUnset:
 		s.MinFence, fenceFrom = c.opts.MinFence, fromClient
 	default:
 		s.MinFence, fenceFrom = FenceStrict, fromPackage
@@ -319,14 +319,26 @@ func (s *LeaseOptions) checkMinHold() error {
 	return nil
 }
 
-// Fence strengths, weakest first. A zero LeaseOptions.MinFence takes
+// Fence strengths, weakest first; see FenceStrength. The zero value
+// (fenceUnset) is none of them: a zero LeaseOptions.MinFence takes
 // Options.MinFence.
 const (
-	FenceNone       = driver.FenceNone
-	FenceRepeatable = driver.FenceRepeatable
-	FenceStrict     = driver.FenceStrict
+	// FenceNone: the backend issues no monotonic token (Redlock, advisory
+	// locks). The fence reported to users is zero.
+	FenceNone FenceStrength = iota + 1
+	// FenceRepeatable: strictly increasing while the authority's data
+	// survives. But a failover or a restart without persistence can issue
+	// a fence again (asynchronously replicated Redis).
+	FenceRepeatable
+	// FenceStrict: strictly increasing and never reissued, across restarts
+	// and (where the backend replicates by consensus) failover.
+	FenceStrict
 )
 
-// FenceStrength is the fence a backend declares in its Capabilities. See
-// package driver.
+// fenceUnset is the zero FenceStrength: a MinFence that names none, or a
+// backend that declared none.
+const fenceUnset FenceStrength = 0
+
+// FenceStrength is the fence a backend declares in its Capabilities and
+// the weakest a lease accepts (LeaseOptions.MinFence). See package driver.
 type FenceStrength = driver.FenceStrength

@@ -498,7 +498,7 @@ func (d *Driver) renewBatch(ctx context.Context, c sqllease.Conn, reqs []sqlleas
 // that says how far a lease can be trusted.
 func (d *Driver) guarantees() driver.Capabilities {
 	return driver.Capabilities{
-		Fence:       driver.FenceStrict,
+		Fence:       fenced.FenceStrict,
 		ServerClock: true,
 		// UTC_TIMESTAMP is the server's wall clock.
 		ClockStepSafe: false,

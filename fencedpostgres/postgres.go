@@ -293,7 +293,7 @@ func (d *Driver) Table() string { return d.table }
 // keeps it when the standby replicates synchronously.
 func (d *Driver) guarantees() driver.Capabilities {
 	g := driver.Capabilities{
-		Fence:       driver.FenceStrict,
+		Fence:       fenced.FenceStrict,
 		ServerClock: true,
 		// now() is the database's wall clock.
 		ClockStepSafe: false,
