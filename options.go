@@ -14,14 +14,10 @@ import (
 	"github.com/fenced-dev/fenced/internal/core/ttlrule"
 )
 
-// Limits applied to every key and TTL before a driver sees them.
+// The key limit and the TTL default applied before a driver sees them.
 const (
 	// MaxKeyLen is the longest key accepted, in bytes.
 	MaxKeyLen = 256
-	// MinTTL is the shortest lease accepted.
-	MinTTL = 10 * time.Millisecond
-	// MaxTTL is the longest lease accepted. Longer work should renew.
-	MaxTTL = 7 * 24 * time.Hour
 	// DefaultTTL is the TTL of a lease whose options name none.
 	DefaultTTL = 30 * time.Second
 	// defaultCloseTimeout bounds Client.Close when Options.CloseTimeout is
@@ -76,7 +72,8 @@ type Options struct {
 // docs/design.md explains the rules.
 type LeaseOptions struct {
 	// TTL is how long the authority keeps the lease without renewal.
-	// Default 30s; must be within [MinTTL, MaxTTL] and the backend's bounds.
+	// Default 30s; must be from 10ms to 7 days (longer work renews) and
+	// the backend's bounds (Capabilities().Keeps). Resolve checks both.
 	TTL time.Duration
 	// MaxWait is how long Acquire and Do wait for a held key. NoWait (zero)
 	// fails at once with ErrHeld. WaitForever waits until the context
@@ -169,7 +166,7 @@ func (c *Client) Resolve(opts *LeaseOptions) (LeaseOptions, error) {
 	if s.TTL == 0 {
 		s.TTL = DefaultTTL
 	}
-	if lo, hi := capability.TTLBounds(c.ops().Declared, MinTTL, MaxTTL); s.TTL < lo || s.TTL > hi {
+	if lo, hi := capability.TTLBounds(c.ops().Declared, ttlrule.Min, ttlrule.Max); s.TTL < lo || s.TTL > hi {
 		return LeaseOptions{}, invalid(true, "TTL", "%v is outside [%v, %v], the TTLs this store accepts", s.TTL, lo, hi)
 	}
 	if err := checkOwnerTag(s.OwnerTag); err != nil {
