@@ -25,15 +25,9 @@ const (
 	defaultCloseTimeout = 5 * time.Second
 )
 
-// Durations with a meaning of their own in LeaseOptions.MaxWait and
-// LeaseOptions.MaxHold.
-const (
-	// NoWait, as MaxWait, fails at once with ErrHeld when the key is held.
-	// It is the zero value.
-	NoWait time.Duration = 0
-	// WaitForever, as MaxWait, waits for a held key until the context ends.
-	WaitForever time.Duration = math.MaxInt64
-)
+// WaitForever is the LeaseOptions.MaxWait that waits for a held key until
+// the context ends. A zero MaxWait does not wait.
+const WaitForever time.Duration = math.MaxInt64
 
 // holdForever is a resolved MaxHold that sets no cap: the largest
 // Duration, so a zero MaxHold resolves to it.
@@ -75,8 +69,8 @@ type LeaseOptions struct {
 	// Default 30s; must be from 10ms to 7 days (longer work renews) and
 	// the backend's bounds (Capabilities().Keeps). Resolve checks both.
 	TTL time.Duration
-	// MaxWait is how long Acquire and Do wait for a held key. NoWait (zero)
-	// fails at once with ErrHeld. WaitForever waits until the context
+	// MaxWait is how long Acquire and Do wait for a held key. Zero (the
+	// default) fails at once with ErrHeld. WaitForever waits until the context
 	// ends. A positive duration waits that long, then asks once more
 	// (the key may have come free while this process was stopped) before
 	// it fails with ErrHeld. TryAcquire never waits.
@@ -173,7 +167,7 @@ func (c *Client) Resolve(opts *LeaseOptions) (LeaseOptions, error) {
 		return LeaseOptions{}, err
 	}
 	if s.MaxWait < 0 {
-		return LeaseOptions{}, invalid(true, "MaxWait", "%v is negative; use NoWait or WaitForever", s.MaxWait)
+		return LeaseOptions{}, invalid(true, "MaxWait", "%v is negative; use 0 (no wait) or WaitForever", s.MaxWait)
 	}
 
 	fenceFrom := fromLease

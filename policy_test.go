@@ -28,7 +28,7 @@ func TestExplicitLeaseChoiceBeatsClientDefault(t *testing.T) {
 	strict := &fenced.LeaseOptions{TTL: 3 * time.Second, MinFence: fenced.FenceStrict}
 	want := fenced.LeaseOptions{
 		TTL:          3 * time.Second,
-		MaxWait:      fenced.NoWait,
+		MaxWait:      0,
 		MinFence:     fenced.FenceStrict,
 		FailOpen:     false,
 		ManualRenew:  false,

@@ -216,7 +216,7 @@ func supervisionHelp(probe bool) string {
 }
 
 // leaseOptions turns the flags into explicit lease options: every field is
-// set, so nothing is left to a default by accident (--wait 0 is NoWait,
+// set, so nothing is left to a default by accident (--wait 0 does not wait,
 // --max-hold 0 is no cap).
 func (f *runFlags) leaseOptions() (*fenced.LeaseOptions, error) {
 	if f.wait < 0 {
@@ -230,9 +230,6 @@ func (f *runFlags) leaseOptions() (*fenced.LeaseOptions, error) {
 		return nil, fmt.Errorf("run: --min-fence: %w", err)
 	}
 	o := &fenced.LeaseOptions{TTL: f.ttl, MaxWait: f.wait, MaxHold: f.maxHold, MinFence: minFence, FailOpen: false}
-	if f.wait == 0 {
-		o.MaxWait = fenced.NoWait
-	}
 	return o, nil
 }
 
