@@ -18,7 +18,7 @@ func (c *Client) TryAcquire(ctx context.Context, key string, opts *LeaseOptions)
 }
 
 // Acquire acquires a lease on key, waiting while it is held for up to
-// MaxWait (see LeaseOptions: NoWait, the default, not at all; WaitForever
+// MaxWait (see LeaseOptions: zero, the default, not at all; WaitForever
 // until ctx ends). Waiting uses the backend's notifications or native queue
 // when it has them and polls with exponential backoff and full jitter
 // otherwise. opts may be nil; Resolve shows what it resolves to.
@@ -65,7 +65,7 @@ func (c *Client) acquireChecked(ctx context.Context, key string, opts *LeaseOpti
 		return nil, err
 	}
 	if try {
-		spec.MaxWait = NoWait
+		spec.MaxWait = 0
 	}
 	ev.MaxWait = spec.MaxWait
 	dctx, id, cancel, err := c.admit(ctx)
@@ -82,7 +82,7 @@ func (c *Client) acquireChecked(ctx context.Context, key string, opts *LeaseOpti
 // acquireLoop acquires key. ctx is the caller's; dctx is ctx bounded by
 // Close (see admit), for requests to the store.
 func (c *Client) acquireLoop(ctx, dctx context.Context, key string, s LeaseOptions, ev *Event) (_ *Lease, err error) {
-	w := &waiter{c: c, ctx: ctx, dctx: dctx, key: key, s: s, ev: ev, owner: s.OwnerTag + newOwner(), wait: s.MaxWait != NoWait}
+	w := &waiter{c: c, ctx: ctx, dctx: dctx, key: key, s: s, ev: ev, owner: s.OwnerTag + newOwner(), wait: s.MaxWait != 0}
 	defer func() {
 		if err != nil && w.unresolved {
 			c.abandon(ctx, key, w.owner, s.TTL)

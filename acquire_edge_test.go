@@ -60,7 +60,7 @@ func TestGrantPastItsValidityIsAskedAgain(t *testing.T) {
 		queue bool
 		wait  time.Duration
 	}{
-		{"TryAcquire", false, fenced.NoWait},
+		{"TryAcquire", false, 0},
 		{"Acquire", false, time.Minute},
 		{"AcquireQueued", true, time.Minute},
 	} {

@@ -325,11 +325,11 @@ func (m *urlMux) open(ctx context.Context, rawURL string, opts *Options) (*Clien
 		// The backends are packages under modulePath/, listed with their
 		// schemes in the package documentation.
 		return nil, fmt.Errorf("fenced: open %s: %w: unknown scheme %q (registered: %s); import its backend: packages under %s/",
-			driver.Redact(rawURL), ErrInvalidURL, u.Scheme, registeredSchemes(m), modulePath)
+			storeurl.Redact(rawURL), ErrInvalidURL, u.Scheme, registeredSchemes(m), modulePath)
 	}
 	drv, err := b.open(ctx, u)
 	if err != nil {
-		return nil, fmt.Errorf("fenced: open %s: %w", driver.Redact(rawURL), err)
+		return nil, fmt.Errorf("fenced: open %s: %w", storeurl.Redact(rawURL), err)
 	}
 	return NewClient(drv, opts), nil
 }

@@ -25,7 +25,7 @@ type faulty struct {
 	acquireErr     error // returned instead of calling mem
 	acquireUnknown int   // this many TryAcquires reach mem, then report ErrUnknownOutcome
 	renewErr       error
-	fence          *driver.FenceStrength
+	fence          *fenced.FenceStrength
 	renewCalls     atomic.Int32
 	batchCalls     atomic.Int32
 }
@@ -234,21 +234,21 @@ func TestFailOpenOnlyWithoutFence(t *testing.T) {
 func TestMinFenceRefusesWeakerBackend(t *testing.T) {
 	ctx := context.Background()
 	for _, tc := range []struct {
-		strength driver.FenceStrength
+		strength fenced.FenceStrength
 		opts     fenced.LeaseOptions
 		ok       bool
 	}{
-		{driver.FenceStrict, fenced.LeaseOptions{}, true},
-		{driver.FenceStrict, fenced.LeaseOptions{MinFence: fenced.FenceNone}, true},
-		{driver.FenceRepeatable, fenced.LeaseOptions{}, false},
-		{driver.FenceRepeatable, fenced.LeaseOptions{MinFence: fenced.FenceStrict}, false},
-		{driver.FenceRepeatable, fenced.LeaseOptions{MinFence: fenced.FenceRepeatable}, true},
-		{driver.FenceRepeatable, fenced.LeaseOptions{MinFence: fenced.FenceNone}, true},
-		{driver.FenceNone, fenced.LeaseOptions{}, false},
-		{driver.FenceNone, fenced.LeaseOptions{MinFence: fenced.FenceRepeatable}, false},
-		{driver.FenceNone, fenced.LeaseOptions{MinFence: fenced.FenceNone}, true},
-		{driver.FenceUnset, fenced.LeaseOptions{MinFence: fenced.FenceRepeatable}, false}, // undeclared counts as none
-		{driver.FenceUnset, fenced.LeaseOptions{MinFence: fenced.FenceNone}, true},
+		{fenced.FenceStrict, fenced.LeaseOptions{}, true},
+		{fenced.FenceStrict, fenced.LeaseOptions{MinFence: fenced.FenceNone}, true},
+		{fenced.FenceRepeatable, fenced.LeaseOptions{}, false},
+		{fenced.FenceRepeatable, fenced.LeaseOptions{MinFence: fenced.FenceStrict}, false},
+		{fenced.FenceRepeatable, fenced.LeaseOptions{MinFence: fenced.FenceRepeatable}, true},
+		{fenced.FenceRepeatable, fenced.LeaseOptions{MinFence: fenced.FenceNone}, true},
+		{fenced.FenceNone, fenced.LeaseOptions{}, false},
+		{fenced.FenceNone, fenced.LeaseOptions{MinFence: fenced.FenceRepeatable}, false},
+		{fenced.FenceNone, fenced.LeaseOptions{MinFence: fenced.FenceNone}, true},
+		{0, fenced.LeaseOptions{MinFence: fenced.FenceRepeatable}, false}, // undeclared counts as none
+		{0, fenced.LeaseOptions{MinFence: fenced.FenceNone}, true},
 	} {
 		f := newFaulty(nil)
 		s := tc.strength

@@ -12,7 +12,7 @@ import (
 //
 // Contention follows the resolved MaxWait, giving the two usual behaviours:
 //
-//   - NoWait (the zero value) skips: if another worker holds the key, fn
+//   - A zero MaxWait (the default) skips: if another worker holds the key, fn
 //     does not run and Do returns an error matching ErrHeld. Use it for
 //     periodic work, where the next run will catch up.
 //   - A positive MaxWait (or WaitForever) waits up to that long for the

@@ -76,7 +76,7 @@ type Event struct {
 	// Attempt is the attempt number (EventAttempt) or the requests sent
 	// (EventAcquire).
 	Attempt int
-	// MaxWait is the resolved wait: NoWait (TryAcquire, a lease that does
+	// MaxWait is the resolved wait: zero (TryAcquire, a lease that does
 	// not wait, refused options), WaitForever or a positive duration. It
 	// tells a refusal at once from a wait that ran out.
 	MaxWait time.Duration

@@ -142,7 +142,7 @@ func ExampleClient_Resolve() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	fmt.Println("min fence:", opts.MinFence, "fail open:", opts.FailOpen, "no wait:", opts.MaxWait == fenced.NoWait)
+	fmt.Println("min fence:", opts.MinFence, "fail open:", opts.FailOpen, "no wait:", opts.MaxWait == 0)
 	// Output:
 	// min fence: strict fail open: false no wait: true
 }

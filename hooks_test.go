@@ -80,10 +80,10 @@ func TestHookEventsCarryLeaseContextAndCause(t *testing.T) {
 		t.Fatalf("%d acquire events, want 3", len(r.acquired))
 	}
 	ok, held, waited := r.acquired[0], r.acquired[1], r.acquired[2]
-	if ok.Lease != l || ok.Context.Value(ctxKey{}) != "caller" || ok.MaxWait != fenced.NoWait {
+	if ok.Lease != l || ok.Context.Value(ctxKey{}) != "caller" || ok.MaxWait != 0 {
 		t.Fatalf("granted EventAcquire: Lease %p (want %p), MaxWait %v, context %v", ok.Lease, l, ok.MaxWait, ok.Context)
 	}
-	if held.Lease != nil || held.Err == nil || held.MaxWait != fenced.NoWait {
+	if held.Lease != nil || held.Err == nil || held.MaxWait != 0 {
 		t.Fatalf("refused EventAcquire: %+v", held)
 	}
 	if waited.Lease != closed || waited.MaxWait != time.Second {

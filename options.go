@@ -14,14 +14,10 @@ import (
 	"github.com/fenced-dev/fenced/internal/core/ttlrule"
 )
 
-// Limits applied to every key and TTL before a driver sees them.
+// The key limit and the TTL default applied before a driver sees them.
 const (
 	// MaxKeyLen is the longest key accepted, in bytes.
 	MaxKeyLen = 256
-	// MinTTL is the shortest lease accepted.
-	MinTTL = 10 * time.Millisecond
-	// MaxTTL is the longest lease accepted. Longer work should renew.
-	MaxTTL = 7 * 24 * time.Hour
 	// DefaultTTL is the TTL of a lease whose options name none.
 	DefaultTTL = 30 * time.Second
 	// defaultCloseTimeout bounds Client.Close when Options.CloseTimeout is
@@ -29,15 +25,9 @@ const (
 	defaultCloseTimeout = 5 * time.Second
 )
 
-// Durations with a meaning of their own in LeaseOptions.MaxWait and
-// LeaseOptions.MaxHold.
-const (
-	// NoWait, as MaxWait, fails at once with ErrHeld when the key is held.
-	// It is the zero value.
-	NoWait time.Duration = 0
-	// WaitForever, as MaxWait, waits for a held key until the context ends.
-	WaitForever time.Duration = math.MaxInt64
-)
+// WaitForever is the LeaseOptions.MaxWait that waits for a held key until
+// the context ends. A zero MaxWait does not wait.
+const WaitForever time.Duration = math.MaxInt64
 
 // holdForever is a resolved MaxHold that sets no cap: the largest
 // Duration, so a zero MaxHold resolves to it.
@@ -76,10 +66,11 @@ type Options struct {
 // docs/design.md explains the rules.
 type LeaseOptions struct {
 	// TTL is how long the authority keeps the lease without renewal.
-	// Default 30s; must be within [MinTTL, MaxTTL] and the backend's bounds.
+	// Default 30s; must be from 10ms to 7 days (longer work renews) and
+	// the backend's bounds (Capabilities().Keeps). Resolve checks both.
 	TTL time.Duration
-	// MaxWait is how long Acquire and Do wait for a held key. NoWait (zero)
-	// fails at once with ErrHeld. WaitForever waits until the context
+	// MaxWait is how long Acquire and Do wait for a held key. Zero (the
+	// default) fails at once with ErrHeld. WaitForever waits until the context
 	// ends. A positive duration waits that long, then asks once more
 	// (the key may have come free while this process was stopped) before
 	// it fails with ErrHeld. TryAcquire never waits.
@@ -169,20 +160,20 @@ func (c *Client) Resolve(opts *LeaseOptions) (LeaseOptions, error) {
 	if s.TTL == 0 {
 		s.TTL = DefaultTTL
 	}
-	if lo, hi := capability.TTLBounds(c.ops().Declared, MinTTL, MaxTTL); s.TTL < lo || s.TTL > hi {
+	if lo, hi := capability.TTLBounds(c.ops().Declared, ttlrule.Min, ttlrule.Max); s.TTL < lo || s.TTL > hi {
 		return LeaseOptions{}, invalid(true, "TTL", "%v is outside [%v, %v], the TTLs this store accepts", s.TTL, lo, hi)
 	}
 	if err := checkOwnerTag(s.OwnerTag); err != nil {
 		return LeaseOptions{}, err
 	}
 	if s.MaxWait < 0 {
-		return LeaseOptions{}, invalid(true, "MaxWait", "%v is negative; use NoWait or WaitForever", s.MaxWait)
+		return LeaseOptions{}, invalid(true, "MaxWait", "%v is negative; use 0 (no wait) or WaitForever", s.MaxWait)
 	}
 
 	fenceFrom := fromLease
 	switch {
-	case s.MinFence != driver.FenceUnset:
-	case c.opts.MinFence != driver.FenceUnset:
+	case s.MinFence != fenceUnset:
+	case c.opts.MinFence != fenceUnset:
 		s.MinFence, fenceFrom = c.opts.MinFence, fromClient
 	default:
 		s.MinFence, fenceFrom = FenceStrict, fromPackage
@@ -319,14 +310,26 @@ func (s *LeaseOptions) checkMinHold() error {
 	return nil
 }
 
-// Fence strengths, weakest first. A zero LeaseOptions.MinFence takes
+// Fence strengths, weakest first; see FenceStrength. The zero value
+// (fenceUnset) is none of them: a zero LeaseOptions.MinFence takes
 // Options.MinFence.
 const (
-	FenceNone       = driver.FenceNone
-	FenceRepeatable = driver.FenceRepeatable
-	FenceStrict     = driver.FenceStrict
+	// FenceNone: the backend issues no monotonic token (Redlock, advisory
+	// locks). The fence reported to users is zero.
+	FenceNone FenceStrength = iota + 1
+	// FenceRepeatable: strictly increasing while the authority's data
+	// survives. But a failover or a restart without persistence can issue
+	// a fence again (asynchronously replicated Redis).
+	FenceRepeatable
+	// FenceStrict: strictly increasing and never reissued, across restarts
+	// and (where the backend replicates by consensus) failover.
+	FenceStrict
 )
 
-// FenceStrength is the fence a backend declares in its Capabilities. See
-// package driver.
+// fenceUnset is the zero FenceStrength: a MinFence that names none, or a
+// backend that declared none.
+const fenceUnset FenceStrength = 0
+
+// FenceStrength is the fence a backend declares in its Capabilities and
+// the weakest a lease accepts (LeaseOptions.MinFence). See package driver.
 type FenceStrength = driver.FenceStrength

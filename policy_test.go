@@ -10,7 +10,6 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/clock"
-	"github.com/fenced-dev/fenced/driver"
 )
 
 // TestExplicitLeaseChoiceBeatsClientDefault is the regression test for
@@ -29,7 +28,7 @@ func TestExplicitLeaseChoiceBeatsClientDefault(t *testing.T) {
 	strict := &fenced.LeaseOptions{TTL: 3 * time.Second, MinFence: fenced.FenceStrict}
 	want := fenced.LeaseOptions{
 		TTL:          3 * time.Second,
-		MaxWait:      fenced.NoWait,
+		MaxWait:      0,
 		MinFence:     fenced.FenceStrict,
 		FailOpen:     false,
 		ManualRenew:  false,
@@ -118,7 +117,7 @@ func TestClientMinFenceAppliesWhenLeaseIsSilent(t *testing.T) {
 		want   string
 	}{
 		// Failing open never lowers the fence: with the package default...
-		{driver.FenceUnset, fenced.LeaseOptions{FailOpen: true}, "MinFence is strict (package default)"},
+		{0, fenced.LeaseOptions{FailOpen: true}, "MinFence is strict (package default)"},
 		// ... or the client's.
 		{fenced.FenceRepeatable, fenced.LeaseOptions{FailOpen: true}, "MinFence is repeatable-after-failover (client default, Options.MinFence)"},
 		// A margin that does not fit the TTL is not silently shrunk.
@@ -133,5 +132,18 @@ func TestClientMinFenceAppliesWhenLeaseIsSilent(t *testing.T) {
 			t.Errorf("client MinFence %v, lease %+v: %v; want ErrInvalidOptions naming %q", tc.client, tc.lease, err, tc.want)
 		}
 		c.Close()
+	}
+}
+
+// TestFenceStrengthNames checks the names of the strengths the root
+// declares, which package driver's String gives by value.
+func TestFenceStrengthNames(t *testing.T) {
+	for s, want := range map[fenced.FenceStrength]string{
+		0: "unset", fenced.FenceNone: "none", fenced.FenceRepeatable: "repeatable-after-failover",
+		fenced.FenceStrict: "strict", fenced.FenceStrict + 1: "FenceStrength(4)",
+	} {
+		if got := s.String(); got != want {
+			t.Errorf("FenceStrength(%d).String() = %q, want %q", int(s), got, want)
+		}
 	}
 }

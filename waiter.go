@@ -25,7 +25,7 @@ type waiter struct {
 	// grant, so an acquisition that gives up releases it (abandon).
 	unresolved bool
 	began      time.Time // when the first request was sent
-	wait       bool      // MaxWait is not NoWait
+	wait       bool      // MaxWait is not zero
 	waitTimer  clock.Timer
 	waitOver   <-chan time.Time
 	// A waiter registers for local release signals once the key is found

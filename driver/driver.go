@@ -99,40 +99,22 @@ type BreakRecord struct {
 	By     string
 }
 
-// FenceStrength says how far a backend's fence can be trusted. The
-// strengths are ordered: FenceNone < FenceRepeatable < FenceStrict, so
-// "at least as strong as" is >=.
+// FenceStrength says how far a backend's fence can be trusted. Its values
+// are declared once, in package fenced, weakest first: fenced.FenceNone,
+// FenceRepeatable and FenceStrict, so "at least as strong as" is >=. A
+// backend names them there, as it does the sentinel errors. The zero value
+// is no strength at all: a zero fenced.LeaseOptions.MinFence takes the
+// client's Options.MinFence, and a zero Capabilities.Fence means the
+// backend did not declare one, which the portable layer treats as
+// FenceNone.
 type FenceStrength int
 
-const (
-	// FenceUnset is the zero value and no strength at all. In
-	// fenced.LeaseOptions.MinFence it means "take the client's Options.MinFence".
-	// In Capabilities.Fence it means the backend did not declare a strength,
-	// and the portable layer treats it as FenceNone.
-	FenceUnset FenceStrength = iota
-	// FenceNone: the backend issues no monotonic token (Redlock, advisory
-	// locks). The fence reported to users is zero.
-	FenceNone
-	// FenceRepeatable: strictly increasing while the authority's data
-	// survives. But a failover or a restart without persistence can issue a
-	// fence again (asynchronously replicated Redis).
-	FenceRepeatable
-	// FenceStrict: strictly increasing and never reissued, across restarts
-	// and (where the backend replicates by consensus) failover.
-	FenceStrict
-)
-
-// String returns the strength's name as used in docs and CLI output.
+// String returns the strength's name as used in docs and CLI output:
+// "none", "repeatable-after-failover", "strict", or "unset" for zero.
 func (s FenceStrength) String() string {
-	switch s {
-	case FenceUnset:
-		return "unset"
-	case FenceNone:
-		return "none"
-	case FenceRepeatable:
-		return "repeatable-after-failover"
-	case FenceStrict:
-		return "strict"
+	names := [...]string{"unset", "none", "repeatable-after-failover", "strict"}
+	if s >= 0 && int(s) < len(names) {
+		return names[s]
 	}
 	return fmt.Sprintf("FenceStrength(%d)", int(s))
 }

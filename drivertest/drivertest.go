@@ -151,7 +151,7 @@ func (h Harness) clientOn(t *testing.T, d driver.Driver, opts *fenced.Options) *
 	if opts != nil {
 		o = *opts
 	}
-	if o.MinFence == driver.FenceUnset {
+	if o.MinFence == 0 { // unset: the harness says
 		o.MinFence = h.MinFence
 	}
 	c := fenced.NewClient(d, &o)

@@ -42,7 +42,7 @@ const DefaultMinHold = 500 * time.Millisecond
 // Options configure SkipIfHeld. The zero value gives the defaults.
 type Options struct {
 	// Lease are the terms of each run's lease; zero fields take the
-	// defaults documented on fenced.LeaseOptions. MaxWait is NoWait (a
+	// defaults documented on fenced.LeaseOptions. MaxWait is zero (a
 	// held key means another instance runs the job); a zero MinHold is
 	// DefaultMinHold.
 	Lease fenced.LeaseOptions
@@ -94,7 +94,7 @@ func SkipIfHeld(c *fenced.Client, key string, opts *Options) (cron.JobWrapper, e
 	if opts != nil {
 		o = *opts
 	}
-	o.Lease.MaxWait = fenced.NoWait
+	o.Lease.MaxWait = 0
 	if o.Lease.MinHold == 0 {
 		o.Lease.MinHold = DefaultMinHold
 	}

@@ -125,7 +125,7 @@ type Driver struct {
 	clk       clock.Clock
 	obs       *observer
 	inflight  chan struct{}
-	fence     driver.FenceStrength
+	fence     fenced.FenceStrength
 	tableNote string
 
 	mu     sync.Mutex
@@ -282,7 +282,7 @@ func New(ctx context.Context, client *dynamodb.Client, opts *Options) (*Driver, 
 		clk:      o.Clock,
 		obs:      newObserver(o.Clock),
 		inflight: make(chan struct{}, o.MaxInFlight),
-		fence:    driver.FenceStrict,
+		fence:    fenced.FenceStrict,
 	}
 	if err := d.ensureTable(ctx, o.Create); err != nil {
 		return nil, err

@@ -5,7 +5,6 @@ import (
 	"fmt"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/core/storeurl"
 )
 
@@ -22,7 +21,7 @@ func OpenWith(ctx context.Context, rawURL string, opts *Options) (*Driver, error
 	}
 	d, err := openOpts(ctx, u, opts)
 	if err != nil {
-		return nil, fmt.Errorf("dynamodb: open %s: %w", driver.Redact(rawURL), err)
+		return nil, fmt.Errorf("dynamodb: open %s: %w", storeurl.Redact(rawURL), err)
 	}
 	return d, nil
 }

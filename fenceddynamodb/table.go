@@ -12,7 +12,6 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/driver"
 )
 
 // Attribute names of the lease table. The key is (attrKey, attrRecord):
@@ -143,11 +142,11 @@ func checkShape(table string, desc *types.TableDescription) error {
 
 // replication returns the fence strength a table's replication allows,
 // with a note when it is weaker than strict.
-func replication(desc *types.TableDescription) (driver.FenceStrength, string) {
+func replication(desc *types.TableDescription) (fenced.FenceStrength, string) {
 	if len(desc.Replicas) == 0 || desc.MultiRegionConsistency == types.MultiRegionConsistencyStrong {
-		return driver.FenceStrict, ""
+		return fenced.FenceStrict, ""
 	}
-	return driver.FenceRepeatable, fmt.Sprintf("the table is a global table with %d replicas and eventual consistency: "+
+	return fenced.FenceRepeatable, fmt.Sprintf("the table is a global table with %d replicas and eventual consistency: "+
 		"conditions hold per region, so two regions can grant one key at once with the same fence "+
 		"(use one region, or multi-Region strong consistency)", len(desc.Replicas))
 }

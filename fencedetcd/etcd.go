@@ -110,6 +110,7 @@ import (
 	"github.com/fenced-dev/fenced/internal/backend/keyname"
 	"github.com/fenced-dev/fenced/internal/backend/sessionlock"
 	"github.com/fenced-dev/fenced/internal/backend/urlquery"
+	"github.com/fenced-dev/fenced/internal/core/ttlrule"
 )
 
 // DefaultPrefix is prepended to keys when Options.Prefix is empty.
@@ -293,7 +294,7 @@ func (d *Driver) guarantees() driver.Capabilities {
 // revokes expired leases every 500ms. TTLs are a second or more.
 var Expiry = driver.Expiry{
 	Name: "etcd", Pad: time.Second, Granularity: time.Second, Sweep: 500 * time.Millisecond,
-	MinTTL: time.Second, MaxTTL: fenced.MaxTTL,
+	MinTTL: time.Second, MaxTTL: ttlrule.Max,
 	Note: "etcd counts lease TTLs in whole seconds: the session is ceil(TTL)+1s, and the lessor revokes expired leases every 500ms",
 }
 

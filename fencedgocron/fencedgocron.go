@@ -69,7 +69,7 @@ type Options struct {
 	KeyPrefix string
 	// Lease are the terms of each lease; zero fields take the defaults
 	// documented on fenced.LeaseOptions. The Locker never waits (MaxWait
-	// is NoWait: a held key means another instance runs the job) and sets
+	// is zero: a held key means another instance runs the job) and sets
 	// MinHold to DefaultMinHold when it is zero.
 	Lease fenced.LeaseOptions
 }

@@ -43,7 +43,7 @@ func NewLocker(c *fenced.Client, opts *Options) (*Locker, error) {
 	if o.KeyPrefix == "" {
 		o.KeyPrefix = DefaultKeyPrefix
 	}
-	o.Lease.MaxWait = fenced.NoWait
+	o.Lease.MaxWait = 0
 	if o.Lease.MinHold == 0 {
 		o.Lease.MinHold = DefaultMinHold
 	}

@@ -77,7 +77,7 @@ import (
 // Options configure a ResourceLock. The zero value gives the defaults.
 type Options struct {
 	// Lease are the lease terms (zero fields take the client's defaults).
-	// The lock sets TTL (see the package comment), MaxWait (NoWait) and
+	// The lock sets TTL (see the package comment), MaxWait (zero: no wait) and
 	// ManualRenew (the elector renews).
 	Lease fenced.LeaseOptions
 	// RenewDeadline and RetryPeriod are the elector's
@@ -166,7 +166,7 @@ func New(c *fenced.Client, name, identity string, opts *Options) (*ResourceLock,
 	if o.RetryPeriod == 0 {
 		o.RetryPeriod = DefaultRetryPeriod
 	}
-	o.Lease.MaxWait = fenced.NoWait
+	o.Lease.MaxWait = 0
 	o.Lease.ManualRenew = true
 	o.Lease.RenewEvery = 0
 	check := o.Lease

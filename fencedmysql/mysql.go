@@ -208,7 +208,7 @@ func Open(ctx context.Context, rawURL string) (*Driver, error) {
 	}
 	d, err := open(ctx, u)
 	if err != nil {
-		return nil, fmt.Errorf("mysql: open %s: %w", driver.Redact(rawURL), err)
+		return nil, fmt.Errorf("mysql: open %s: %w", storeurl.Redact(rawURL), err)
 	}
 	return d, nil
 }
@@ -498,7 +498,7 @@ func (d *Driver) renewBatch(ctx context.Context, c sqllease.Conn, reqs []sqlleas
 // that says how far a lease can be trusted.
 func (d *Driver) guarantees() driver.Capabilities {
 	return driver.Capabilities{
-		Fence:       driver.FenceStrict,
+		Fence:       fenced.FenceStrict,
 		ServerClock: true,
 		// UTC_TIMESTAMP is the server's wall clock.
 		ClockStepSafe: false,

@@ -5,7 +5,6 @@ import (
 	"fmt"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/core/rootaccess"
 	"github.com/fenced-dev/fenced/internal/core/storeurl"
 )
@@ -30,11 +29,11 @@ func DSN(rawURL string) (string, error) {
 		return "", err
 	}
 	if u.Scheme != "mysql" {
-		return "", fmt.Errorf("mysql: %s: %w: scheme %q, want mysql", driver.Redact(rawURL), fenced.ErrInvalidURL, u.Scheme)
+		return "", fmt.Errorf("mysql: %s: %w: scheme %q, want mysql", storeurl.Redact(rawURL), fenced.ErrInvalidURL, u.Scheme)
 	}
 	cfg, _, err := Config(u)
 	if err != nil {
-		return "", fmt.Errorf("mysql: %s: %w", driver.Redact(rawURL), err)
+		return "", fmt.Errorf("mysql: %s: %w", storeurl.Redact(rawURL), err)
 	}
 	return cfg.FormatDSN(), nil
 }

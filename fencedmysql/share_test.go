@@ -7,9 +7,9 @@ import (
 	"testing"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/fencedmysql"
 	"github.com/fenced-dev/fenced/internal/core/rootaccess"
+	"github.com/fenced-dev/fenced/internal/core/storeurl"
 	"github.com/fenced-dev/fenced/mem"
 )
 
@@ -23,7 +23,7 @@ func TestDSN(t *testing.T) {
 			t.Fatal(err)
 		}
 		if strings.Contains(dsn, "table=") || strings.Contains(dsn, "socket=") {
-			t.Errorf("DSN kept a fenced parameter: %s", driver.Redact(storeURL))
+			t.Errorf("DSN kept a fenced parameter: %s", storeurl.Redact(storeURL))
 		}
 		db, err := sql.Open("mysql", dsn)
 		if err != nil {
@@ -33,7 +33,7 @@ func TestDSN(t *testing.T) {
 		err = db.QueryRowContext(ctx, "SELECT DATABASE()").Scan(&name)
 		db.Close()
 		if err != nil || name != my.Database {
-			t.Fatalf("database/sql on DSN(%s): %q %v", driver.Redact(storeURL), name, err)
+			t.Fatalf("database/sql on DSN(%s): %q %v", storeurl.Redact(storeURL), name, err)
 		}
 	}
 	for _, bad := range []string{"postgres://u:pw-secret@h/db", "mysql://u:pw-secret@h/db?table=a;b", "mysql://u:pw-secret@h/", ""} {

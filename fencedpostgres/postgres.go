@@ -144,7 +144,7 @@ func Open(ctx context.Context, rawURL string) (*Driver, error) {
 	}
 	d, err := open(ctx, u)
 	if err != nil {
-		return nil, fmt.Errorf("postgres: open %s: %w", driver.Redact(rawURL), err)
+		return nil, fmt.Errorf("postgres: open %s: %w", storeurl.Redact(rawURL), err)
 	}
 	return d, nil
 }
@@ -293,7 +293,7 @@ func (d *Driver) Table() string { return d.table }
 // keeps it when the standby replicates synchronously.
 func (d *Driver) guarantees() driver.Capabilities {
 	g := driver.Capabilities{
-		Fence:       driver.FenceStrict,
+		Fence:       fenced.FenceStrict,
 		ServerClock: true,
 		// now() is the database's wall clock.
 		ClockStepSafe: false,

@@ -7,7 +7,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/backend/leasetable"
 	"github.com/fenced-dev/fenced/internal/backend/urlquery"
 	"github.com/fenced-dev/fenced/internal/core/rootaccess"
@@ -28,11 +27,11 @@ func DatabaseURL(rawURL string) (string, error) {
 	}
 	if u.Scheme != "postgres" && u.Scheme != "postgresql" {
 		return "", fmt.Errorf("postgres: %s: %w: scheme %q, want postgres or postgresql",
-			driver.Redact(rawURL), fenced.ErrInvalidURL, u.Scheme)
+			storeurl.Redact(rawURL), fenced.ErrInvalidURL, u.Scheme)
 	}
 	p, err := urlquery.Parse(u.RawQuery)
 	if err != nil {
-		return "", fmt.Errorf("postgres: %s: %w", driver.Redact(rawURL), err)
+		return "", fmt.Errorf("postgres: %s: %w", storeurl.Redact(rawURL), err)
 	}
 	// fenced's own parameters; the store URL's values were checked when
 	// the store was opened.

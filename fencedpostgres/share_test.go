@@ -11,9 +11,9 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/fencedpostgres"
 	"github.com/fenced-dev/fenced/internal/core/rootaccess"
+	"github.com/fenced-dev/fenced/internal/core/storeurl"
 	"github.com/fenced-dev/fenced/mem"
 )
 
@@ -37,11 +37,11 @@ func TestDatabaseURL(t *testing.T) {
 	}
 	for _, gone := range []string{"table=", "notify=", "pool_max_conns"} {
 		if strings.Contains(dbURL, gone) {
-			t.Errorf("DatabaseURL kept %q: %s", gone, driver.Redact(dbURL))
+			t.Errorf("DatabaseURL kept %q: %s", gone, storeurl.Redact(dbURL))
 		}
 	}
 	if !strings.Contains(dbURL, "sslmode=disable") {
-		t.Errorf("DatabaseURL dropped the connection settings: %s", driver.Redact(dbURL))
+		t.Errorf("DatabaseURL dropped the connection settings: %s", storeurl.Redact(dbURL))
 	}
 	db, err := sql.Open("pgx", dbURL)
 	if err != nil {

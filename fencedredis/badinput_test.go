@@ -12,6 +12,7 @@ import (
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/fencedredis"
+	"github.com/fenced-dev/fenced/internal/core/storeurl"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 	"github.com/redis/go-redis/v9"
 )
@@ -22,7 +23,7 @@ func TestOpenErrors(t *testing.T) {
 
 	c, err := fenced.Open(ctx, srv.URL(), nil)
 	if err != nil {
-		t.Fatalf("Open(%s): %v", driver.Redact(srv.URL()), err)
+		t.Fatalf("Open(%s): %v", storeurl.Redact(srv.URL()), err)
 	}
 	c.Close()
 

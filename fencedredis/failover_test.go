@@ -64,7 +64,7 @@ func TestFailoverRepeatsFence(t *testing.T) {
 	replica := testenv.StartRedis(t, testenv.RedisConfig{ReplicaOf: primary})
 	key := "invoice:inv_72"
 	d := newDriver(t, primary, nil)
-	if g := d.Capabilities(); g.Fence != driver.FenceRepeatable || !strings.Contains(g.Note, "failover") {
+	if g := d.Capabilities(); g.Fence != fenced.FenceRepeatable || !strings.Contains(g.Note, "failover") {
 		t.Fatalf("Capabilities = %+v: the fence must be declared repeatable after failover, with a note saying so", g)
 	}
 
@@ -141,7 +141,7 @@ func TestFailoverAfterWaitKeepsGrant(t *testing.T) {
 	replica := testenv.StartRedis(t, testenv.RedisConfig{ReplicaOf: primary})
 	key := "invoice:inv_74"
 	d := newDriver(t, primary, &fencedredis.Options{WaitReplicas: 1, WaitTimeout: 5 * time.Second})
-	if g := d.Capabilities(); g.Fence != driver.FenceRepeatable || !strings.Contains(g.Note, "WAIT") {
+	if g := d.Capabilities(); g.Fence != fenced.FenceRepeatable || !strings.Contains(g.Note, "WAIT") {
 		t.Fatalf("Capabilities with WaitReplicas = %+v: still repeatable, and the note must mention WAIT", g)
 	}
 	fa, err := d.TryAcquire(ctx, key, owner(), time.Minute)

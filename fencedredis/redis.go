@@ -598,7 +598,7 @@ func (d *Driver) makeCapabilities() driver.Capabilities {
 	note += "; expiry is PX on the server's wall clock, so a forward step of that clock ends grants early (not safe from clock steps)"
 	return driver.Capabilities{
 		Subscribe: true, Observe: true, BatchRenew: true, BreakLog: true, Checkpoint: true,
-		Fence:       driver.FenceRepeatable,
+		Fence:       fenced.FenceRepeatable,
 		ServerClock: true,
 		// PX expiry compares with the server's wall clock (mstime).
 		ClockStepSafe: false,

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/backend/rediskit"
 	"github.com/redis/go-redis/v9"
 )
@@ -35,7 +34,7 @@ func (f *clientFence) Next(ctx context.Context, key string) (uint64, error) {
 	return fence, nil
 }
 
-func (f *clientFence) Strength() driver.FenceStrength { return f.c.Capabilities().Fence }
+func (f *clientFence) Strength() fenced.FenceStrength { return f.c.Capabilities().Fence }
 
 // CounterFence returns a FenceSource that INCRs a per-key counter on one
 // Redis server (a single point of failure outside the Redlock nodes). Its
@@ -60,4 +59,4 @@ func (f *counterFence) Next(ctx context.Context, key string) (uint64, error) {
 	return n, nil
 }
 
-func (f *counterFence) Strength() driver.FenceStrength { return driver.FenceRepeatable }
+func (f *counterFence) Strength() fenced.FenceStrength { return fenced.FenceRepeatable }

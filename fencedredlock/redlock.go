@@ -101,7 +101,7 @@ type FenceSource interface {
 	Next(ctx context.Context, key string) (uint64, error)
 	// Strength says how far Next's promise holds (for example across a
 	// failover of the source).
-	Strength() driver.FenceStrength
+	Strength() fenced.FenceStrength
 }
 
 // Options configure a Driver. The zero value gives the defaults.
@@ -224,7 +224,7 @@ func (d *Driver) usable(renewing ...driver.Grant) error {
 func (d *Driver) guarantees() driver.Capabilities {
 	note := fmt.Sprintf("redlock over %d nodes, majority %d: "+
 		"mutual exclusion assumes bounded clock drift between nodes and pauses shorter than the TTL", len(d.nodes), d.quorum)
-	strength := driver.FenceNone
+	strength := fenced.FenceNone
 	if d.opts.Fence != nil {
 		strength = d.opts.Fence.Strength()
 		note += fmt.Sprintf("; fences come from an external source whose fence is %s, "+

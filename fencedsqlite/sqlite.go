@@ -917,7 +917,7 @@ func (d *Driver) dialect() *sqllease.Dialect {
 // that says how far a lease can be trusted.
 func (d *Driver) guarantees() driver.Capabilities {
 	return driver.Capabilities{
-		Fence:       driver.FenceStrict,
+		Fence:       fenced.FenceStrict,
 		ServerClock: true,
 		// unixepoch() inside the statement reads the host's wall clock.
 		ClockStepSafe: false,

@@ -7,6 +7,7 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/core/ttlrule"
 )
 
 // Session headroom: a holder's local validity must end before the server
@@ -27,7 +28,7 @@ func sessionTimeoutFor(ttl, tick time.Duration) time.Duration { return ExpiryFor
 func ExpiryFor(tick time.Duration) driver.Expiry {
 	return driver.Expiry{
 		Name: "ZooKeeper", Pad: tick, ScaleNum: 8, ScaleDen: 7, Granularity: time.Millisecond,
-		Floor: 2 * tick, Sweep: tick, MinTTL: fenced.MinTTL, MaxTTL: maxTTLFor(20*tick, tick),
+		Floor: 2 * tick, Sweep: tick, MinTTL: ttlrule.Min, MaxTTL: maxTTLFor(20*tick, tick),
 		Note: fmt.Sprintf("the session is (TTL + tickTime)×8/7, at least minSessionTimeout, expired on tick boundaries; "+
 			"figures assume tickTime %v and ZooKeeper's default sessions of 2 to 20 ticks", tick),
 	}

@@ -57,14 +57,14 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/fenced-dev/fenced/fencedzookeeper/internal/zk"
-
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/fencedzookeeper/internal/zk"
 	"github.com/fenced-dev/fenced/internal/backend/errclass"
 	"github.com/fenced-dev/fenced/internal/backend/keyname"
 	"github.com/fenced-dev/fenced/internal/backend/sessionlock"
 	"github.com/fenced-dev/fenced/internal/backend/urlquery"
+	"github.com/fenced-dev/fenced/internal/core/ttlrule"
 )
 
 // DefaultRoot is the parent of lock paths when the URL or Options give none.
@@ -181,9 +181,9 @@ func New(ctx context.Context, opts *Options) (*Driver, error) {
 	}
 	d.sessions[zc.timeout] = zc // closed by Close
 	d.maxTTL = maxTTLFor(zc.timeout, tick)
-	if d.maxTTL < fenced.MinTTL {
+	if d.maxTTL < ttlrule.Min {
 		return fail(fmt.Errorf("zookeeper: %w: maxSessionTimeout %v leaves no TTL of at least %v with tickTime %v (see Sessions)",
-			fenced.ErrInvalidTTL, zc.timeout, fenced.MinTTL, tick))
+			fenced.ErrInvalidTTL, zc.timeout, ttlrule.Min, tick))
 	}
 	return d, nil
 }

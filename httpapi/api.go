@@ -287,7 +287,7 @@ func (s *Server) acquireLease(w http.ResponseWriter, r *http.Request) {
 		writeError(w, aerr)
 		return
 	}
-	opts := &fenced.LeaseOptions{TTL: ttl, MaxWait: fenced.NoWait, ManualRenew: true}
+	opts := &fenced.LeaseOptions{TTL: ttl, ManualRenew: true}
 	switch wait := time.Duration(body.WaitMS) * time.Millisecond; {
 	case body.WaitMS < 0:
 		writeError(w,
@@ -382,7 +382,7 @@ func (s *Server) requestTTL(ms *int64) (time.Duration, *apiError) {
 		}
 	}
 	// Only the TTL is asked about: the rest accepts anything.
-	_, err := s.cfg.Client.Resolve(&fenced.LeaseOptions{TTL: ttl, MaxWait: fenced.NoWait, MinFence: fenced.FenceNone, ManualRenew: true})
+	_, err := s.cfg.Client.Resolve(&fenced.LeaseOptions{TTL: ttl, MinFence: fenced.FenceNone, ManualRenew: true})
 	if errors.Is(err, fenced.ErrInvalidTTL) {
 		return 0, refuse(strings.TrimPrefix(err.Error(), "fenced: "))
 	}

@@ -330,7 +330,7 @@ func (d *Driver) Breaks(ctx context.Context, key string) ([]driver.BreakRecord, 
 // that says how far a lease can be trusted.
 func (d *Driver) guarantees() driver.Capabilities {
 	return driver.Capabilities{
-		Fence:       driver.FenceStrict,
+		Fence:       fenced.FenceStrict,
 		ServerClock: true,
 		// The real clock's readings carry Go's monotonic clock.
 		ClockStepSafe: true,

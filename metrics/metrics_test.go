@@ -38,7 +38,7 @@ func TestClassification(t *testing.T) {
 	}{
 		{fenced.Event{}, ResultAcquired},
 		{fenced.Event{Lease: failedOpen(t)}, ResultFailedOpen},
-		{fenced.Event{Err: held, MaxWait: fenced.NoWait}, ResultHeld},
+		{fenced.Event{Err: held, MaxWait: 0}, ResultHeld},
 		{fenced.Event{Err: held}, ResultHeld}, // options refused before a wait was resolved
 		{fenced.Event{Err: held, MaxWait: time.Second}, ResultTimeout},
 		{fenced.Event{Err: held, MaxWait: fenced.WaitForever}, ResultTimeout},

@@ -46,7 +46,7 @@ func AcquireAll(ctx context.Context, c *fenced.Client, keys []string, opts *fenc
 		o = *opts
 	}
 	var deadline time.Time
-	if spec.MaxWait != fenced.NoWait && spec.MaxWait != fenced.WaitForever {
+	if spec.MaxWait != 0 && spec.MaxWait != fenced.WaitForever {
 		deadline = c.Options().Clock.Now().Add(spec.MaxWait)
 	}
 	set := &LeaseSet{c: c}
@@ -56,7 +56,7 @@ func AcquireAll(ctx context.Context, c *fenced.Client, keys []string, opts *fenc
 			if left <= 0 {
 				// Wait once more, as little as possible: a free key is
 				// still taken, a held one fails at once.
-				o.MaxWait = fenced.NoWait
+				o.MaxWait = 0
 			} else {
 				o.MaxWait = left
 			}

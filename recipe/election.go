@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/fenced-dev/fenced"
@@ -76,7 +75,7 @@ func (e *Election) Campaign(ctx context.Context, value string) (*Leadership, err
 	for attempt := 0; ; attempt++ {
 		l, err := e.c.Acquire(ctx, e.name, &e.opts)
 		if err == nil {
-			ld := &Leadership{Lease: l, e: e, value: value}
+			ld := &Leadership{Lease: l, e: e}
 			if !valuer {
 				return ld, nil
 			}
@@ -241,7 +240,7 @@ func (e *Election) observe(ctx context.Context, ch chan<- Leader) {
 }
 
 // Leadership is one term of this process as leader: the lease on the
-// election's name, and the value it proclaims. The lease's Fence is the
+// election's name, with which it proclaims its value (SetValue). The lease's Fence is the
 // term's epoch, higher than every earlier leader's: send it with every
 // command, and have followers and resources refuse an epoch lower than the
 // highest they have seen. Lead under its Context, cancelled with the
@@ -259,16 +258,6 @@ func (e *Election) observe(ctx context.Context, ch chan<- Leader) {
 type Leadership struct {
 	*fenced.Lease
 	e *Election
-
-	mu    sync.Mutex
-	value string
-}
-
-// Value returns the value last proclaimed by this leader.
-func (l *Leadership) Value() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.value
 }
 
 // SetValue proclaims value as the leader's value without a new election
@@ -295,9 +284,6 @@ func (l *Leadership) publish(ctx context.Context, value string) error {
 		}
 		return fmt.Errorf("fenced: proclaim %q: %w", l.e.name, err)
 	}
-	l.mu.Lock()
-	l.value = value
-	l.mu.Unlock()
 	return nil
 }
 

@@ -365,7 +365,7 @@ func JoinPartitions(ctx context.Context, c *fenced.Client, group string, partiti
 	if o.Lease != nil {
 		g.part = *o.Lease
 	}
-	g.part.ManualRenew, g.part.FailOpen, g.part.MaxWait = false, false, fenced.NoWait
+	g.part.ManualRenew, g.part.FailOpen, g.part.MaxWait = false, false, 0
 	g.part.OwnerTag = ownerTag(o.MemberID, partitions)
 	spec, err := c.Resolve(&g.part)
 	if err != nil {

@@ -105,7 +105,7 @@ func (s *Semaphore) acquire(ctx context.Context) (*Permit, error) {
 		return nil, err
 	}
 	p, hint, err := s.round(ctx)
-	if err == nil || !errors.Is(err, fenced.ErrHeld) || spec.MaxWait == fenced.NoWait {
+	if err == nil || !errors.Is(err, fenced.ErrHeld) || spec.MaxWait == 0 {
 		return p, err
 	}
 	if caps := s.c.Capabilities(); caps.Queue || caps.Subscribe {

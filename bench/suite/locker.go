@@ -63,10 +63,7 @@ func fencedClientProcess(c *fenced.Client) *fencedProcess {
 // minFence is the strongest fence c's store gives (what MinFence must
 // accept).
 func minFence(c *fenced.Client) fenced.FenceStrength {
-	if f := c.Capabilities().Fence; f != driver.FenceUnset {
-		return f
-	}
-	return fenced.FenceNone
+	return max(c.Capabilities().Fence, fenced.FenceNone) // an undeclared strength is none
 }
 
 func (p *fencedProcess) worker() (locker, error) { return p, nil }

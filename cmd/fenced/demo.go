@@ -19,10 +19,10 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/fence"
 	"github.com/fenced-dev/fenced/fencedsqlite"
 	"github.com/fenced-dev/fenced/internal/cli/supervise"
+	"github.com/fenced-dev/fenced/internal/core/storeurl"
 )
 
 // The demo is the billing scenario of the design notes, run for real: three
@@ -75,7 +75,7 @@ and FENCED_STORE is not used. To run faults against your store, see fenced proof
 			if g.storeFlag != nil && g.storeFlag() {
 				return withCode(exitUsage,
 					fmt.Errorf("demo: --store %s: the demo runs on a temporary SQLite store of its own; "+
-						"for faults against your store, use fenced proof", driver.Redact(g.store)))
+						"for faults against your store, use fenced proof", storeurl.Redact(g.store)))
 			}
 			if os.Getenv("FENCED_STORE") != "" && !g.quiet {
 				fmt.Fprintln(g.stderr, "fenced: demo: FENCED_STORE is not used; the demo runs on a temporary store of its own")

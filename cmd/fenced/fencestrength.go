@@ -5,7 +5,6 @@ import (
 	"strings"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/driver"
 )
 
 // parseFenceStrength parses a minimum fence strength as the CLI and
@@ -20,5 +19,5 @@ func parseFenceStrength(s string) (fenced.FenceStrength, error) {
 	case "none":
 		return fenced.FenceNone, nil
 	}
-	return driver.FenceUnset, fmt.Errorf("%w: fence strength %q: want strict, repeatable or none", fenced.ErrInvalidOptions, s)
+	return 0, fmt.Errorf("%w: fence strength %q: want strict, repeatable or none", fenced.ErrInvalidOptions, s)
 }

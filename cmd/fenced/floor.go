@@ -11,6 +11,7 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/core/storeurl"
 )
 
 // floorJSON is the machine-readable form of a store's floor.
@@ -51,7 +52,7 @@ of the two is what to seed a new store with. The floor lives in the SQL stores
 				return writeJSON(g.stdout, floorJSON{Floor: info.Floor, MaxFence: info.MaxFence})
 			}
 			tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintf(tw, "store:\t%s\n", driver.Redact(g.store))
+			fmt.Fprintf(tw, "store:\t%s\n", storeurl.Redact(g.store))
 			fmt.Fprintf(tw, "floor:\t%d\n", info.Floor)
 			fmt.Fprintf(tw, "highest fence:\t%d\n", info.MaxFence)
 			return tw.Flush()
@@ -94,10 +95,10 @@ never lowered: raising it to less than it is changes nothing.`,
 				info, err := src.FenceFloor(ctx)
 				src.Close()
 				if err != nil {
-					return fmt.Errorf("floor raise --from %s: %w", driver.Redact(from), explainNoFloor(err))
+					return fmt.Errorf("floor raise --from %s: %w", storeurl.Redact(from), explainNoFloor(err))
 				}
 				target = max(info.Floor, info.MaxFence)
-				fmt.Fprintf(g.stdout, "%s: floor %d, highest fence %d\n", driver.Redact(from), info.Floor, info.MaxFence)
+				fmt.Fprintf(g.stdout, "%s: floor %d, highest fence %d\n", storeurl.Redact(from), info.Floor, info.MaxFence)
 			default:
 				return withCode(exitUsage, errors.New("floor raise: give the new floor N, or --from STORE"))
 			}
@@ -113,10 +114,10 @@ never lowered: raising it to less than it is changes nothing.`,
 				return explainNoFloor(err)
 			}
 			if now > target {
-				fmt.Fprintf(g.stdout, "fence floor of %s is %d, already above %d; unchanged\n", driver.Redact(g.store), now, target)
+				fmt.Fprintf(g.stdout, "fence floor of %s is %d, already above %d; unchanged\n", storeurl.Redact(g.store), now, target)
 				return nil
 			}
-			fmt.Fprintf(g.stdout, "fence floor of %s is now %d: every later grant gets a higher fence\n", driver.Redact(g.store), now)
+			fmt.Fprintf(g.stdout, "fence floor of %s is now %d: every later grant gets a higher fence\n", storeurl.Redact(g.store), now)
 			return nil
 		},
 	}

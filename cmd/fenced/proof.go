@@ -17,10 +17,10 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/fencedredis"
 	"github.com/fenced-dev/fenced/internal/cli/proof"
 	"github.com/fenced-dev/fenced/internal/core/rootaccess"
+	"github.com/fenced-dev/fenced/internal/core/storeurl"
 )
 
 // A proof worker is this binary re-executed; it must start working before
@@ -188,7 +188,7 @@ func runProofScenarios(ctx context.Context, g *globals, f *proofFlags, strength 
 	if f.quick {
 		injections = 1
 	}
-	out := proofJSON{Store: driver.Redact(g.store)}
+	out := proofJSON{Store: storeurl.Redact(g.store)}
 	isSQLite := strings.HasPrefix(g.store, "sqlite:")
 	for _, fault := range faults {
 		if fault.NeedsProxy() && isSQLite {

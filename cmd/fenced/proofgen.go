@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/cli/proof"
+	"github.com/fenced-dev/fenced/internal/core/storeurl"
 )
 
 // proofGenPrefix starts the keys of every generative run of fenced proof
@@ -135,7 +135,7 @@ func runProofGen(ctx context.Context, g *globals, f *proofFlags, strength fenced
 	}
 	verdict, pass := proofGenVerdict(rep)
 	out := proofGenJSON{
-		Store: driver.Redact(g.store), Seed: f.seed, Duration: f.duration.String(),
+		Store: storeurl.Redact(g.store), Seed: f.seed, Duration: f.duration.String(),
 		Elapsed: time.Since(started).Round(time.Millisecond).String(),
 		Workers: res.Config.Workers, Streams: res.Config.Streams, TTL: res.Config.TTL.String(),
 		FaultsInjected: injected, FaultsOff: off, Report: rep, Pass: pass, Verdict: verdict,

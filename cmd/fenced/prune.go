@@ -9,6 +9,7 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
+	"github.com/fenced-dev/fenced/internal/core/storeurl"
 )
 
 // pruneJSON is the machine-readable result of a prune.
@@ -56,7 +57,7 @@ works in batches of a few hundred rows, each one transaction.`,
 			if g.output == "json" {
 				return writeJSON(g.stdout, pruneJSON{Deleted: res.Deleted, Floor: res.Floor})
 			}
-			fmt.Fprintf(g.stdout, "pruned %d keys from %s; fence floor is %d\n", res.Deleted, driver.Redact(g.store), res.Floor)
+			fmt.Fprintf(g.stdout, "pruned %d keys from %s; fence floor is %d\n", res.Deleted, storeurl.Redact(g.store), res.Floor)
 			return nil
 		},
 	}

@@ -185,14 +185,14 @@ func (g *globals) writeStoreHeader(w io.Writer) {
 func describeStore(store string) string {
 	u, err := storeurl.Parse(store)
 	if err != nil || u.Scheme != "sqlite" || u.Opaque != "" || u.Path != "" {
-		return driver.Redact(store)
+		return storeurl.Redact(store)
 	}
 	p, err := fencedsqlite.DefaultPath()
 	if err != nil {
-		return driver.Redact(store) + " (no default file: " + err.Error() + ")"
+		return storeurl.Redact(store) + " (no default file: " + err.Error() + ")"
 	}
 	u.Path = p
-	return driver.Redact(u.String()) + " (the default, per user)"
+	return storeurl.Redact(u.String()) + " (the default, per user)"
 }
 
 // flagFence is the --min-fence value that names s.
@@ -448,7 +448,7 @@ func newGuaranteesCmd(g *globals) *cobra.Command {
 				return err
 			}
 			tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintf(tw, "store:\t%s\n", driver.Redact(g.store))
+			fmt.Fprintf(tw, "store:\t%s\n", storeurl.Redact(g.store))
 			fmt.Fprintf(tw, "fence:\t%s\n", gr.Fence)
 			fmt.Fprintf(tw, "expiry by server clock:\t%v\n", gr.ServerClock)
 			if gr.ClockStepSafe {

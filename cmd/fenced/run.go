@@ -21,6 +21,7 @@ import (
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/fence"
 	"github.com/fenced-dev/fenced/internal/cli/supervise"
+	"github.com/fenced-dev/fenced/internal/core/storeurl"
 	"github.com/fenced-dev/fenced/recipe"
 )
 
@@ -215,7 +216,7 @@ func supervisionHelp(probe bool) string {
 }
 
 // leaseOptions turns the flags into explicit lease options: every field is
-// set, so nothing is left to a default by accident (--wait 0 is NoWait,
+// set, so nothing is left to a default by accident (--wait 0 does not wait,
 // --max-hold 0 is no cap).
 func (f *runFlags) leaseOptions() (*fenced.LeaseOptions, error) {
 	if f.wait < 0 {
@@ -229,9 +230,6 @@ func (f *runFlags) leaseOptions() (*fenced.LeaseOptions, error) {
 		return nil, fmt.Errorf("run: --min-fence: %w", err)
 	}
 	o := &fenced.LeaseOptions{TTL: f.ttl, MaxWait: f.wait, MaxHold: f.maxHold, MinFence: minFence, FailOpen: false}
-	if f.wait == 0 {
-		o.MaxWait = fenced.NoWait
-	}
 	return o, nil
 }
 
@@ -557,7 +555,7 @@ func childEnv(env []string, lease *fenced.Lease, store string) []string {
 		"FENCED_KEY="+lease.Key(),
 		"FENCED_FENCE="+strconv.FormatUint(lease.Fence(), 10),
 		"FENCED_OWNER="+fence.OwnerDigest(lease.Owner()),
-		"FENCED_STORE="+driver.Redact(store),
+		"FENCED_STORE="+storeurl.Redact(store),
 	)
 }
 
@@ -580,7 +578,7 @@ func setEnv(env []string, set *recipe.LeaseSet, store string) []string {
 	return append(cleanEnv(env),
 		"FENCED_FENCES="+string(fj),
 		"FENCED_OWNERS="+string(oj),
-		"FENCED_STORE="+driver.Redact(store),
+		"FENCED_STORE="+storeurl.Redact(store),
 	)
 }
 

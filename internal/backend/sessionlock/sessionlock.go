@@ -345,7 +345,7 @@ func (l *Loss) Stop() {
 // from and how the session covers a grant.
 func Capabilities(note string) driver.Capabilities {
 	return driver.Capabilities{
-		Fence:         driver.FenceStrict,
+		Fence:         fenced.FenceStrict,
 		ServerClock:   true,
 		ClockStepSafe: true,
 		Note:          note,

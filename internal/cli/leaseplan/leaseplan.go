@@ -34,7 +34,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/core/rootaccess"
 	"github.com/fenced-dev/fenced/internal/core/ttlrule"
@@ -65,10 +64,10 @@ func authority(scheme string, e driver.Expiry) Authority {
 		e.Name = scheme
 	}
 	if e.MinTTL == 0 {
-		e.MinTTL = fenced.MinTTL
+		e.MinTTL = ttlrule.Min
 	}
 	if e.MaxTTL == 0 {
-		e.MaxTTL = fenced.MaxTTL
+		e.MaxTTL = ttlrule.Max
 	}
 	return Authority{Scheme: scheme, Expiry: e}
 }

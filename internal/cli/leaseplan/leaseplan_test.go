@@ -10,7 +10,7 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/driver"
-
+	"github.com/fenced-dev/fenced/internal/core/ttlrule"
 	// The backends whose registered rounding the tests figure with.
 	_ "github.com/fenced-dev/fenced/fenceddynamodb"
 	_ "github.com/fenced-dev/fenced/fencedetcd"
@@ -148,7 +148,7 @@ func TestBadInput(t *testing.T) {
 func TestZeroExpiry(t *testing.T) {
 	fenced.Register("zeroexpiry", func(context.Context, *url.URL) (driver.Driver, error) { return nil, errors.ErrUnsupported }, driver.Expiry{})
 	a, ok := Authorities()["zeroexpiry"]
-	if !ok || a.Name != "zeroexpiry" || a.MinTTL != fenced.MinTTL || a.MaxTTL != fenced.MaxTTL {
+	if !ok || a.Name != "zeroexpiry" || a.MinTTL != ttlrule.Min || a.MaxTTL != ttlrule.Max {
 		t.Fatalf("Authorities()[zeroexpiry] = %+v, %v; want it named after its scheme, with the portable bounds", a, ok)
 	}
 	p, err := Compute(Input{TTL: 10 * time.Second, Authority: ForScheme("zeroexpiry")})

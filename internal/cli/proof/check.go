@@ -75,7 +75,7 @@ type Report struct {
 
 // Check examines a run's history and the resource's final contents.
 // strength is the backend's declared fence strength. A lock that gives no
-// fence (FenceNone or FenceUnset: a Locker) is judged by the fences an
+// fence (FenceNone or none declared: a Locker) is judged by the fences an
 // ideal lock would have issued. The checker first derives them, per key, in
 // the order the grants were confirmed. res is then changed in place.
 func Check(events []Event, res Contents, strength fenced.FenceStrength) Report {

@@ -11,6 +11,13 @@ import (
 	"github.com/fenced-dev/fenced/internal/core/sentinel"
 )
 
+// Min and Max bound every lease's TTL (fenced.LeaseOptions.TTL says
+// them); a backend's Expiry may narrow them.
+const (
+	Min = 10 * time.Millisecond
+	Max = 7 * 24 * time.Hour
+)
+
 // Units converts ttl to a whole number of unit (a microsecond, a
 // millisecond, a second: whatever the authority counts in), rounding up.
 // It is the one TTL rounding rule of every driver. A TTL is never
