@@ -23,6 +23,7 @@ func TestConformance(t *testing.T) {
 		{"Queue", mem.Options{Queue: true, Terms: true, BatchRenew: true}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
+			t.Parallel() // stores of their own
 			store := mem.NewStore(nil)
 			var mu sync.Mutex
 			byClock := map[clock.Clock]*mem.Store{}

@@ -250,13 +250,13 @@ func TestSpansParentToCaller(t *testing.T) {
 // embedded SQLite store and on mem, read through OpenTelemetry's own
 // Prometheus exporter, so the instruments' translated names are
 // fencedprom's; the same label values at 16 and 64 partitions.
-func TestGroupInstruments(t *testing.T) { scenario.GroupsBounded(t, otelExporter(t)) }
+func TestGroupInstruments(t *testing.T) { scenario.GroupsBounded(t, otelExporter()) }
 
 // otelExporter returns a Telemetry on a MeterProvider of its own for each
 // member, as each member process would have, exported to a Prometheus
 // registry by OpenTelemetry's exporter.
-func otelExporter(t *testing.T) func() scenario.Exporter {
-	return func() scenario.Exporter {
+func otelExporter() func(testing.TB) scenario.Exporter {
+	return func(t testing.TB) scenario.Exporter {
 		reg := prometheus.NewRegistry()
 		exporter, err := otelprom.New(otelprom.WithRegisterer(reg), otelprom.WithoutScopeInfo(), otelprom.WithoutTargetInfo())
 		if err != nil {

@@ -89,12 +89,12 @@ func TestPartitionsCollector(t *testing.T) {
 // joining (scenario.Group checks the series against the recipe), and the
 // same label values at 64 partitions: the group's series are bounded
 // whatever P and the member IDs.
-func TestGroupSeries(t *testing.T) { scenario.GroupsBounded(t, promExporter(t)) }
+func TestGroupSeries(t *testing.T) { scenario.GroupsBounded(t, promExporter()) }
 
 // promExporter returns a new registry with fenced's Metrics for each
 // member, as each member process would have.
-func promExporter(t *testing.T) func() scenario.Exporter {
-	return func() scenario.Exporter {
+func promExporter() func(testing.TB) scenario.Exporter {
+	return func(t testing.TB) scenario.Exporter {
 		reg := prometheus.NewPedanticRegistry()
 		m, err := fencedprom.New(reg, nil)
 		if err != nil {

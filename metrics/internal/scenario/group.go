@@ -44,9 +44,10 @@ type groupMember struct {
 // GroupsBounded runs Group on the embedded SQLite store and on mem, each
 // with 16 and 64 partitions, and checks that the label values are the
 // same at both: a group's series are bounded whatever P and the member IDs.
-func GroupsBounded(t *testing.T, newExporter func() Exporter) {
+func GroupsBounded(t *testing.T, newExporter func(testing.TB) Exporter) {
 	for _, store := range []string{"sqlite", "mem"} {
 		t.Run(store, func(t *testing.T) {
+			t.Parallel() // stores of their own
 			var labels [][]string
 			for _, p := range []int{16, 64} {
 				url := fmt.Sprintf("mem://%s-%d", strings.ReplaceAll(t.Name(), "/", "-"), p)
@@ -86,7 +87,7 @@ func GroupsBounded(t *testing.T, newExporter func() Exporter) {
 //
 // It returns the label values of every fenced series of every member's
 // exporter, sorted, for the caller to compare across partition counts.
-func Group(t *testing.T, url, store string, p int, newExporter func() Exporter) []string {
+func Group(t *testing.T, url, store string, p int, newExporter func(testing.TB) Exporter) []string {
 	t.Helper()
 	ctx := context.Background()
 	ttl, worst := groupTTL(t, url)
@@ -113,7 +114,7 @@ func Group(t *testing.T, url, store string, p int, newExporter func() Exporter) 
 	idle := func(ctx context.Context, _ recipe.Partition) error { <-ctx.Done(); return nil }
 	join := func() *groupMember {
 		t.Helper()
-		exp := newExporter()
+		exp := newExporter(t)
 		c, err := fenced.Open(ctx, url, &fenced.Options{Hook: metrics.Join(exp.Hook(store), countLost)})
 		if err != nil {
 			t.Fatal(err)
