@@ -53,9 +53,9 @@ func (r *run) nemesis(ctx context.Context) error {
 	return nil
 }
 
-// errVoidInjection means an injection made no hand-over to test: M1's
-// stopped holder kept SQLite's write lock (stopped mid-renewal), so nobody
-// else could take the key. The nemesis injects again, up to maxVoids times.
+// errVoidInjection means an injection made no hand-over to test: M1's or
+// M13's stopped holder kept SQLite's write lock (stopped mid-renewal), so
+// nobody else could take the key. The nemesis injects again, up to maxVoids times.
 var errVoidInjection = errors.New("proof: the injection made no hand-over")
 
 const maxVoids = 3
@@ -137,9 +137,15 @@ func (r *run) pauseHolder(ctx context.Context, f Fault, from int) error {
 // write, then continues the stopped A (cont) so A's stale write lands first.
 func (r *run) reorderWrites(ctx context.Context, a Event, at int, grant Event, cont func()) error {
 	long := r.longWait()
-	b, bat, err := r.waitEvent(ctx, at, long, func(e Event) bool {
+	// As in M1: if nobody is granted the key within 8 TTLs (A stopped
+	// holding SQLite's write lock, mid-renewal), the injection is void.
+	b, bat, err := r.waitEvent(ctx, at, 8*r.cfg.TTL, func(e Event) bool {
 		return e.Kind == AcquireOK && e.Key == grant.Key && e.Worker != a.Worker
 	})
+	if err != nil && ctx.Err() == nil {
+		r.cfg.Logf("M13: no other worker was granted the key while worker %d was stopped: %v", a.Worker, err)
+		return errVoidInjection
+	}
 	if err != nil {
 		return err
 	}
