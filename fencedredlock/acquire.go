@@ -51,7 +51,7 @@ func (d *Driver) TryAcquireTerms(ctx context.Context, key, owner string, t drive
 	// the budget), so that the cleanup below finds every grant this
 	// attempt made instead of racing with one still in flight.
 	decided := func(rs []reply[rediskit.Acquired]) bool {
-		return countOurs(rs) >= d.quorum
+		return oursOnOneFence(rs) >= d.quorum
 	}
 	// A grant that lands after the attempt was decided as failed is
 	// rolled back where it landed.
@@ -122,15 +122,19 @@ func isOurs(r reply[rediskit.Acquired]) bool {
 	return r.err == nil && r.val.Ours()
 }
 
-// countOurs counts the nodes that granted the attempt, whatever the fence.
-func countOurs(rs []reply[rediskit.Acquired]) int {
-	ok := 0
+// oursOnOneFence returns the most nodes that granted the attempt with one
+// fence. A node still holding an earlier attempt of the owner's (its
+// request in flight when this one began) answers with that grant's fence;
+// the grant counts only at a majority on one fence, as tallyAcquire says.
+func oursOnOneFence(rs []reply[rediskit.Acquired]) int {
+	byFence, most := map[uint64]int{}, 0
 	for _, r := range rs {
 		if isOurs(r) {
-			ok++
+			byFence[r.val.Fence]++
+			most = max(most, byFence[r.val.Fence])
 		}
 	}
-	return ok
+	return most
 }
 
 // rollbackAll takes back the attempt on every node that granted it or

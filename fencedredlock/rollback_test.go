@@ -210,3 +210,32 @@ func TestLateGrantAndRollbackSpareLaterAttempt(t *testing.T) {
 		checkExclusive(t, ctx, c, opts, d, g)
 	})
 }
+
+// A re-acquire by the holding owner whose grants stand on two fences (on
+// three nodes an earlier attempt's, on two a later one's, as when a
+// request of the earlier attempt was still in flight) is granted on the
+// fence a majority holds. Before, the round ended at the first three
+// grants, whatever their fences, and failed when they were split: "2 of 5
+// nodes granted it (need 3)", seen in the conformance suite.
+func TestReacquireOnSplitFences(t *testing.T) {
+	c := startCluster(t, 5)
+	ctx := context.Background()
+	all := c.open(t, c.nodes, c.fenced(t))
+	first := c.open(t, c.nodes[:3], c.fenced(t))
+	second := c.open(t, c.nodes[3:], c.fenced(t))
+	for i := range 10 {
+		key, owner := fmt.Sprintf("split:%d", i), fmt.Sprintf("owner-%d", i)
+		f1, err := first.TryAcquire(ctx, key, owner, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f2, err := second.TryAcquire(ctx, key, owner, time.Minute)
+		if err != nil || f2 == f1 {
+			t.Fatalf("the grant on the other two nodes: fence %d, %v; want a fence other than %d", f2, err, f1)
+		}
+		f, err := all.TryAcquire(ctx, key, owner, time.Minute)
+		if err != nil || f != f1 {
+			t.Fatalf("round %d: re-acquire by the holding owner: fence %d, %v; want fence %d, held on three of five nodes", i, f, err, f1)
+		}
+	}
+}
