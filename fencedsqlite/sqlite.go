@@ -240,13 +240,15 @@ func OpenFile(ctx context.Context, path string, opts *Options) (*Driver, error) 
 	// file beside the database. A file already set up needs neither: its
 	// opens do not queue behind each other's waits for the write lock.
 	unlock := func() {}
-	if table, err := leasetable.TableOrDefault(o.Table); err != nil || !inWAL(path) || !tablesReady(ctx, db, table) {
+	table, err := leasetable.TableOrDefault(o.Table)
+	ready := err == nil && inWAL(path) && tablesReady(ctx, db, table)
+	if !ready {
 		if unlock, err = lockInit(ctx, path+".lock", o.BusyTimeout); err != nil {
 			db.Close()
 			return nil, fmt.Errorf("sqlite: %s: %w", path, err)
 		}
 	}
-	d, err := New(ctx, db, &o)
+	d, err := newDriver(ctx, db, &o, ready)
 	unlock()
 	if err != nil {
 		db.Close()
@@ -351,6 +353,12 @@ var _ driver.ObserveNotifier = (*Driver)(nil)
 // is a FIFO, a device or a symbolic link in the place of a file the driver
 // keeps beside the database (ErrForeignFile).
 func New(ctx context.Context, db *sql.DB, opts *Options) (*Driver, error) {
+	return newDriver(ctx, db, opts, false)
+}
+
+// newDriver is New; ready says the caller found the tables set up (see
+// tablesReady), so the migration is not looked at again.
+func newDriver(ctx context.Context, db *sql.DB, opts *Options, ready bool) (*Driver, error) {
 	table := ""
 	if opts != nil {
 		table = opts.Table
@@ -375,8 +383,10 @@ func New(ctx context.Context, db *sql.DB, opts *Options) (*Driver, error) {
 	if d.bell, err = newDoorbell(file); err != nil {
 		return nil, err
 	}
-	if err := d.migrate(ctx); err != nil {
-		return nil, err
+	if !ready {
+		if err := d.migrate(ctx); err != nil {
+			return nil, err
+		}
 	}
 	d.queue.init(d, file)
 	return d, nil
