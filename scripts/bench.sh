@@ -11,6 +11,7 @@
 #   ./scripts/bench.sh [--quick] [--only redis,redlock,etcd,zookeeper,postgres,mysql,sqlite]
 #       [--workloads uncontended,handover,throughput,renewal] [--leases 10000,100000]
 #       [--cpuprofile FILE]   # the suite process's CPU profile (go tool pprof FILE)
+#       [--childprofiles DIR] # each child process's CPU profile (go tool pprof DIR/*.pprof)
 #   ./scripts/bench.sh --render bench/results/<file>.json [--docs docs/other.md]
 #       # only renders a report from a run's figures
 #   ./scripts/bench.sh --w5 [--quick] [--only redis,etcd,postgres] [--cells 1024x16,256x4,...]
@@ -67,14 +68,14 @@ args=()
 while (($#)); do
 	case $1 in
 	--quick) args+=(-quick) ;;
-	--only | --workloads | --leases | --render | --docs | --cpuprofile)
+	--only | --workloads | --leases | --render | --docs | --cpuprofile | --childprofiles)
 		(($# >= 2)) || { echo "bench.sh: $1 needs a value"; exit 2; }
 		args+=("-${1#--}" "$2")
 		shift
 		;;
-	--only=* | --workloads=* | --leases=* | --render=* | --docs=* | --cpuprofile=*) args+=("-${1#--}") ;;
+	--only=* | --workloads=* | --leases=* | --render=* | --docs=* | --cpuprofile=* | --childprofiles=*) args+=("-${1#--}") ;;
 	-h | --help)
-		sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'
+		sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'
 		exit 0
 		;;
 	*) echo "bench.sh: unknown argument $1 (see --help)"; exit 2 ;;

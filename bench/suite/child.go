@@ -9,6 +9,8 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -39,6 +41,10 @@ var implSets = map[string]func(args []string) []impl{
 // implementation, driven over its standard input and output.
 const childFlag = "-child"
 
+// childProfileEnv names the directory where each child writes its CPU
+// profile, as IMPL-PID.pprof (set by -childprofiles).
+const childProfileEnv = "FENCED_BENCH_CHILD_PROFILES"
+
 // runChild is the suite as a child process (spec is a JSON spawnSpec). It
 // opens the implementation once and serves, one line each:
 //
@@ -64,6 +70,17 @@ func runChild(spec string) error {
 	}
 	if im == nil {
 		return fmt.Errorf("child spec: no implementation %q in %s", sp.Impl, sp.Set)
+	}
+	if dir := os.Getenv(childProfileEnv); dir != "" {
+		f, err := os.Create(filepath.Join(dir, fmt.Sprintf("%s-%d.pprof", sp.Impl, os.Getpid())))
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
 	}
 	ctx := context.Background()
 	p, err := im.open(ctx)

@@ -172,8 +172,17 @@ func main() {
 		"comma-separated numbers of leases held in the renewal workload (default 10000 with -quick, 10000,100000 without)")
 	cpuProfile := flag.String("cpuprofile", "",
 		"write the suite process's CPU profile (the in-process workloads: uncontended, throughput, renewal) to this file")
+	childProfiles := flag.String("childprofiles", "",
+		"write each child process's CPU profile (the handover workload's waiters) to this directory, one file per process")
 	flag.Parse()
 	log.SetFlags(log.Ltime)
+	if *childProfiles != "" {
+		if err := os.MkdirAll(*childProfiles, 0o755); err != nil {
+			log.Fatal(err)
+		}
+		// Children learn it from their environment (see runChild).
+		os.Setenv(childProfileEnv, *childProfiles)
+	}
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
 		if err == nil {
