@@ -31,6 +31,9 @@ func init() {
 		ValidUntil: func(l any) time.Time { return l.(*Lease).validUntilTime() },
 		Schemes:    defaultMux.schemes,
 		ExpiryOf:   expiryOf,
+		PauseRenewals: func(c any) func() {
+			return c.(*Client).renew.pause()
+		},
 	})
 }
 

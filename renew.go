@@ -69,6 +69,8 @@ type renewer struct {
 
 	// cleanup runs the driver's part of ending leases, off the schedule.
 	cleanup cleaner
+	// gate holds renewals back while they are paused (PauseRenewals).
+	gate renewGate
 }
 
 const (
@@ -198,6 +200,7 @@ func (r *renewer) stop() <-chan struct{} {
 		r.cancel()
 	}
 	r.mu.Unlock()
+	r.gate.wake()
 	gone := make(chan struct{})
 	go func() {
 		r.wg.Wait()
@@ -470,6 +473,10 @@ const maxRenewers = 64
 // once, and still give a store that renews many grants in one request
 // thousands at a time.
 func (r *renewer) renewBatch(batch []*Lease) {
+	if !r.gate.enter(r.done) {
+		return // stopped while paused: Close ends the leases
+	}
+	defer r.gate.leave()
 	began := r.c.now()
 	items := make([]renewal, len(batch))
 	for i, l := range batch {

@@ -26,10 +26,11 @@ func TestMain(m *testing.M) {
 }
 
 // childScheduler runs a gocron scheduler with the fenced Locker on the
-// parent's store and a job due at every second, which appends "pid second"
-// to the parent's output, for $RUN_FOR. Then it appends "delays L T": the
-// longest Lock (a grant or a refusal) and the worst timer lateness it saw,
-// in nanoseconds.
+// parent's store and a job due at every second, which appends "run PID
+// UNIXNANO" to the parent's output, for $RUN_FOR. It appends "start PID
+// UNIXNANO" once started and "stop PID UNIXNANO" as it shuts down. Then it
+// appends "delays L T": the longest Lock (a grant or a refusal) and the
+// worst timer lateness it saw, in nanoseconds.
 func childScheduler() int {
 	runFor, err := time.ParseDuration(os.Getenv("RUN_FOR"))
 	if err != nil {
@@ -64,13 +65,15 @@ func childScheduler() int {
 	}
 	pid := os.Getpid()
 	_, err = s.NewJob(gocron.CronJob("* * * * * *", true), gocron.NewTask(func() {
-		fmt.Fprintf(out, "%d %d\n", pid, time.Now().Unix())
+		fmt.Fprintf(out, "run %d %d\n", pid, time.Now().UnixNano())
 	}), gocron.WithName("every-second"))
 	if err != nil {
 		return childproc.Fail(err)
 	}
 	s.Start()
+	fmt.Fprintf(out, "start %d %d\n", pid, time.Now().UnixNano())
 	time.Sleep(runFor)
+	fmt.Fprintf(out, "stop %d %d\n", pid, time.Now().UnixNano())
 	if err := s.Shutdown(); err != nil {
 		return childproc.Fail(err)
 	}
@@ -101,10 +104,17 @@ type schedDelays struct {
 	lock, late time.Duration // the longest Lock; the worst timer lateness
 }
 
+// schedRun is one run of the job: the scheduler process that ran it, and
+// when.
+type schedRun struct {
+	pid string
+	at  time.Time
+}
+
 // runSchedulers starts three scheduler processes on store for runFor and
-// returns how many runs each second had, across them all, and the worst
-// delays they saw.
-func runSchedulers(t *testing.T, store string, minHold, runFor time.Duration) (map[int64]int, schedDelays) {
+// returns the runs of each second, across them all, and the worst delays
+// they saw. It logs when each scheduler started and stopped.
+func runSchedulers(t *testing.T, store string, minHold, runFor time.Duration) (map[int64][]schedRun, schedDelays) {
 	out := filepath.Join(t.TempDir(), "runs")
 	procs := childproc.Start(t, "scheduler", 3, store, out, "RUN_FOR="+runFor.String(), "MIN_HOLD="+minHold.String())
 	deadline := time.After(runFor + 30*time.Second)
@@ -119,7 +129,7 @@ func runSchedulers(t *testing.T, store string, minHold, runFor time.Duration) (m
 		}
 	}
 	lines := childproc.Lines(t, out)
-	runs := map[int64]int{}
+	runs := map[int64][]schedRun{}
 	pids := map[string]bool{}
 	var d schedDelays
 	for _, f := range lines {
@@ -132,19 +142,27 @@ func runSchedulers(t *testing.T, store string, minHold, runFor time.Duration) (m
 			d.lock, d.late = max(d.lock, time.Duration(lock)), max(d.late, time.Duration(late))
 			continue
 		}
-		if len(f) != 2 {
+		if len(f) != 3 {
 			t.Fatalf("bad line %q", f)
 		}
-		n, err := strconv.ParseInt(f[1], 10, 64)
+		ns, err := strconv.ParseInt(f[2], 10, 64)
 		if err != nil {
 			t.Fatalf("bad line %q", f)
 		}
-		runs[n]++
-		pids[f[0]] = true
+		at := time.Unix(0, ns)
+		switch f[0] {
+		case "run":
+			runs[at.Unix()] = append(runs[at.Unix()], schedRun{pid: f[1], at: at})
+			pids[f[1]] = true
+		case "start", "stop":
+			t.Logf("scheduler %s: %s at %s", f[1], f[0], at.Format("15:04:05.000"))
+		default:
+			t.Fatalf("bad line %q", f)
+		}
 	}
 	n := 0
-	for _, c := range runs {
-		n += c
+	for _, r := range runs {
+		n += len(r)
 	}
 	t.Logf("%d runs in %d seconds, by %d processes; longest Lock %v, worst timer lateness %v", n, len(runs), len(pids),
 		d.lock.Round(time.Millisecond), d.late.Round(time.Millisecond))
@@ -158,7 +176,7 @@ func runSchedulers(t *testing.T, store string, minHold, runFor time.Duration) (m
 // next tick fires up to d.late late, so the next run comes at most every
 // ⌈(2·d.lock + minHold + d.late) / 1 s⌉ seconds: every second on a quiet
 // machine, where all but 2 of the run's seconds must have a run.
-func checkOncePerTick(t *testing.T, runs map[int64]int, runFor, minHold time.Duration, d schedDelays) {
+func checkOncePerTick(t *testing.T, runs map[int64][]schedRun, runFor, minHold time.Duration, d schedDelays) {
 	t.Helper()
 	var secs []int64
 	for s := range runs {
@@ -166,8 +184,12 @@ func checkOncePerTick(t *testing.T, runs map[int64]int, runFor, minHold time.Dur
 	}
 	sort.Slice(secs, func(i, j int) bool { return secs[i] < secs[j] })
 	for _, s := range secs {
-		if runs[s] != 1 {
-			t.Errorf("second %d: %d runs across the schedulers, want 1", s, runs[s])
+		if len(runs[s]) != 1 {
+			var who []string
+			for _, r := range runs[s] {
+				who = append(who, fmt.Sprintf("%s at %s", r.pid, r.at.Format("15:04:05.000")))
+			}
+			t.Errorf("second %d: %d runs across the schedulers, want 1: %v", s, len(runs[s]), who)
 		}
 	}
 	every := max(1, int((2*d.lock+minHold+d.late+time.Second-1)/time.Second))

@@ -129,7 +129,7 @@ func electAndRun(ctx context.Context, g *globals, f *electFlags, name string, ar
 		}
 		env := append(childEnv(os.Environ(), ld.Lease, g.store), "FENCED_EPOCH="+strconv.FormatUint(ld.Fence(), 10))
 		return &hold{lease: leaseHold{ld.Lease}, leases: []*fenced.Lease{ld.Lease}, env: env, granted: time.Now(), grace: f.grace,
-			desc: fmt.Sprintf("the leadership of %s (epoch %d)", name, ld.Fence())}, nil
+			pause: pauserOf(c), desc: fmt.Sprintf("the leadership of %s (epoch %d)", name, ld.Fence())}, nil
 	})
 	if err != nil {
 		return err

@@ -21,6 +21,7 @@ import (
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/fence"
 	"github.com/fenced-dev/fenced/internal/cli/supervise"
+	"github.com/fenced-dev/fenced/internal/core/rootaccess"
 	"github.com/fenced-dev/fenced/internal/core/storeurl"
 	"github.com/fenced-dev/fenced/recipe"
 )
@@ -462,6 +463,9 @@ type hold struct {
 	granted time.Time
 	grace   time.Duration // SIGTERM to SIGKILL on loss
 	minHold time.Duration // keep the lease this long after granted
+	// pause, if not nil, pauses the renewals of the hold's client until
+	// the resume it returns is called (rootaccess.PauseRenewals).
+	pause func() (resume func())
 	// dead, if not nil, is closed when whatever keeps the hold alive has
 	// died (a partitions member killed with kill -9): nobody renews it
 	// and nobody will tell why it ends, so the tree gets SIGKILL at once,
@@ -484,21 +488,21 @@ func acquireHold(ctx context.Context, c *fenced.Client, f *runFlags, keys []stri
 			return nil, err
 		}
 		env := append(childEnv(os.Environ(), p.Lease, store), "FENCED_SLOT="+strconv.Itoa(p.Slot()))
-		return &hold{lease: leaseHold{p.Lease}, leases: []*fenced.Lease{p.Lease}, env: env, granted: time.Now(),
+		return &hold{lease: leaseHold{p.Lease}, leases: []*fenced.Lease{p.Lease}, env: env, granted: time.Now(), pause: pauserOf(c),
 			desc: fmt.Sprintf("the lease on permit %s of %d (fence %d)", p.Key(), f.permits, p.Fence())}, nil
 	case len(keys) > 1:
 		set, err := recipe.AcquireAll(ctx, c, keys, opts)
 		if err != nil {
 			return nil, err
 		}
-		return &hold{lease: leaseHold{set}, leases: set.Leases(), env: setEnv(os.Environ(), set, store), granted: time.Now(),
+		return &hold{lease: leaseHold{set}, leases: set.Leases(), env: setEnv(os.Environ(), set, store), granted: time.Now(), pause: pauserOf(c),
 			desc: fmt.Sprintf("the leases on %s (fences %s)", strings.Join(setKeys(set), ", "), fencesDesc(set))}, nil
 	}
 	l, err := c.Acquire(ctx, keys[0], opts)
 	if err != nil {
 		return nil, err
 	}
-	return &hold{lease: leaseHold{l}, leases: []*fenced.Lease{l}, env: childEnv(os.Environ(), l, store), granted: time.Now(),
+	return &hold{lease: leaseHold{l}, leases: []*fenced.Lease{l}, env: childEnv(os.Environ(), l, store), granted: time.Now(), pause: pauserOf(c),
 		desc: fmt.Sprintf("the lease on %s (fence %d)", l.Key(), l.Fence())}, nil
 }
 
@@ -541,6 +545,11 @@ func superviseCommand(ctx context.Context, g *globals, h *hold, argv []string, s
 	}
 	s := &supervision{g: g, h: h, name: argv[0], grp: grp}
 	return s.run(ctx, sigs)
+}
+
+// pauserOf returns a hold's pause for the leases of c.
+func pauserOf(c *fenced.Client) func() (resume func()) {
+	return func() func() { return rootaccess.PauseRenewals(c) }
 }
 
 // stopSignals are the job-control signals on which fenced stops the whole
@@ -770,7 +779,14 @@ func (s *supervision) suspend(why string) {
 	s.grp.Stop()
 	fmt.Fprintf(s.g.stderr, "fenced: %s; stopping %s and fenced (%s is not renewed while stopped and ends in %v)\n",
 		why, s.name, s.h.desc, s.h.lease.Remaining().Round(time.Millisecond))
+	// A renewal in flight when fenced stops would stay open until it is
+	// continued, and on SQLite keep the file's write lock from everyone.
+	resume := func() {}
+	if s.h.pause != nil {
+		resume = s.h.pause()
+	}
 	supervise.StopSelf()
+	resume()
 	if s.leaseValid() {
 		if s.g.verbose {
 			fmt.Fprintf(s.g.stderr, "fenced: continued; %s is still valid (%v left): continuing %s\n", s.h.desc,

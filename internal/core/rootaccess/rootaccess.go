@@ -4,7 +4,8 @@
 // fencedpostgres.PoolOf), the client that granted a *fenced.Lease (for
 // the guards' hooks), a lease's local deadline (for the conformance suite
 // and the proof), and the registered schemes with their Expiry (for
-// `fenced plan` and the CLI's help). The root package sets them in its
+// `fenced plan` and the CLI's help), and a pause of a client's renewals
+// (for the CLI's job control). The root package sets them in its
 // init; nothing outside this module can import them.
 package rootaccess
 
@@ -29,6 +30,8 @@ type Root struct {
 	// ExpiryOf returns the Expiry registered with scheme's backend, and
 	// false when none is registered.
 	ExpiryOf func(scheme string) (driver.Expiry, bool)
+	// PauseRenewals pauses the renewals of client, a *fenced.Client.
+	PauseRenewals func(client any) (resume func())
 }
 
 var root Root
@@ -53,3 +56,12 @@ func Schemes() []string { return root.Schemes() }
 // ExpiryOf returns the Expiry registered with the backend of scheme
 // (case-insensitive), and false when no linked-in package registered it.
 func ExpiryOf(scheme string) (driver.Expiry, bool) { return root.ExpiryOf(scheme) }
+
+// PauseRenewals waits for the renewals of client (a *fenced.Client) in
+// flight to end, and starts no other until resume is called. Leases are
+// not renewed meanwhile. It is for a process about to stop itself (job
+// control): stopped mid-renewal, it would hold the request open, and on
+// SQLite the file's write lock, until continued. The wait is bounded by
+// the renewals' deadlines; resume may be called more than once; Close
+// does not wait for it.
+func PauseRenewals(client any) (resume func()) { return root.PauseRenewals(client) }
