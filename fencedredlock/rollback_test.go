@@ -220,9 +220,13 @@ func TestLateGrantAndRollbackSpareLaterAttempt(t *testing.T) {
 func TestReacquireOnSplitFences(t *testing.T) {
 	c := startCluster(t, 5)
 	ctx := context.Background()
-	all := c.open(t, c.nodes, c.fenced(t))
-	first := c.open(t, c.nodes[:3], c.fenced(t))
-	second := c.open(t, c.nodes[3:], c.fenced(t))
+	// Not a test of the budget: a loaded machine may take longer than
+	// the default 250ms to answer, and the grants must all be made.
+	opts := c.fenced(t)
+	opts.Budget = 10 * time.Second
+	all := c.open(t, c.nodes, opts)
+	first := c.open(t, c.nodes[:3], opts)
+	second := c.open(t, c.nodes[3:], opts)
 	for i := range 10 {
 		key, owner := fmt.Sprintf("split:%d", i), fmt.Sprintf("owner-%d", i)
 		f1, err := first.TryAcquire(ctx, key, owner, time.Minute)
