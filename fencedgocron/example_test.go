@@ -31,7 +31,7 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer client.Close() // after s.Shutdown: frees leases kept for their MinHold
+	defer client.Close() // after s.Shutdown; locker.Wait first would keep the last MinHold
 	locker, err := fencedgocron.NewLocker(client, &fencedgocron.Options{
 		Lease: fenced.LeaseOptions{TTL: 30 * time.Second, MinHold: 5 * time.Second},
 	})

@@ -41,9 +41,10 @@
 // returns, so the late instance finds the key held and skips that run.
 // Choose MinHold above the spread and below the job's interval.
 //
-// Close the fenced Client when the scheduler has shut down: it releases the
-// leases still kept for their minimum hold, which otherwise expire after
-// their TTL.
+// A scheduler's Shutdown does not cut the hold short. After it, call
+// Locker.Wait, which returns once the leases kept are released (at most
+// MinHold later), then close the fenced Client. Closing it sooner
+// releases them at once, and a late instance may run that tick again.
 package fencedgocron
 
 import (

@@ -24,6 +24,10 @@ type Locker struct {
 	// unclaimed holds, per job context, the locks granted to runs whose
 	// task has not yet taken its lease, oldest first.
 	unclaimed map[context.Context][]*Lock
+	// holding counts the releases waiting out a minimum hold; idle is
+	// closed while it is zero (see Wait).
+	holding int
+	idle    chan struct{}
 }
 
 var _ gocron.Locker = (*Locker)(nil)
@@ -50,7 +54,44 @@ func NewLocker(c *fenced.Client, opts *Options) (*Locker, error) {
 	if _, err := c.Resolve(&o.Lease); err != nil {
 		return nil, fmt.Errorf("fencedgocron: %w", err)
 	}
-	return &Locker{c: c, prefix: o.KeyPrefix, opts: o.Lease, unclaimed: map[context.Context][]*Lock{}}, nil
+	idle := make(chan struct{})
+	close(idle)
+	return &Locker{c: c, prefix: o.KeyPrefix, opts: o.Lease, unclaimed: map[context.Context][]*Lock{}, idle: idle}, nil
+}
+
+// Wait waits until every lease this Locker keeps for its minimum hold has
+// been released, or ctx ends (it then returns ctx's error). Call it after
+// the scheduler's Shutdown and before closing the Client: Close would
+// release those leases at once, and an instance whose tick comes a little
+// later would run the same tick again. It waits at most MinHold.
+func (lk *Locker) Wait(ctx context.Context) error {
+	lk.mu.Lock()
+	idle := lk.idle
+	lk.mu.Unlock()
+	select {
+	case <-idle:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// held counts a release that waits out its minimum hold. lk.mu must be
+// held.
+func (lk *Locker) held() {
+	if lk.holding == 0 {
+		lk.idle = make(chan struct{})
+	}
+	lk.holding++
+}
+
+// unheld counts a release out of its hold.
+func (lk *Locker) unheld() {
+	lk.mu.Lock()
+	defer lk.mu.Unlock()
+	if lk.holding--; lk.holding == 0 {
+		close(lk.idle)
+	}
 }
 
 // Lock takes the lease on the job named key, or fails (matching
@@ -124,8 +165,9 @@ func (l *Lock) Lease() *fenced.Lease { return l.lease }
 
 // Unlock releases the lease once its minimum hold has passed and no task
 // runs under it, in the background, and returns at once. ctx ending (gocron
-// cancels it when the job is removed or the scheduler stops) cuts the hold
-// short.
+// cancels it when the job is removed or the scheduler stops) does not cut
+// the hold short: another instance's late tick must still find the key
+// held. Closing the Client does (see Locker.Wait).
 func (l *Lock) Unlock(ctx context.Context) error {
 	l.lk.mu.Lock()
 	l.lk.dequeue(l)
@@ -150,18 +192,22 @@ func (l *Lock) done() {
 }
 
 // releasable reports, once, that the lease may be released: gocron has
-// unlocked it and no task runs under it. lk.mu must be held.
+// unlocked it and no task runs under it. It counts the release's hold
+// (Locker.Wait). lk.mu must be held.
 func (l *Lock) releasable() bool {
 	if !l.unlocked || l.running || l.released {
 		return false
 	}
 	l.released = true
+	l.lk.held()
 	return true
 }
 
-// release frees the lease after its minimum hold (cut short by ctx).
+// release frees the lease after its minimum hold, which only the lease's
+// end (the Client closing) cuts short.
 func (l *Lock) release(ctx context.Context) {
-	l.lease.HoldAtLeast(ctx, l.granted)
+	defer l.lk.unheld()
+	l.lease.HoldAtLeast(context.WithoutCancel(ctx), l.granted)
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.lk.c.Options().CloseTimeout)
 	defer cancel()
 	_ = l.lease.Release(rctx) // on failure the lease expires after its TTL

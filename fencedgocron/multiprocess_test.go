@@ -77,6 +77,11 @@ func childScheduler() int {
 	if err := s.Shutdown(); err != nil {
 		return childproc.Fail(err)
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := locker.Wait(ctx); err != nil {
+		return childproc.Fail(err)
+	}
 	timed.mu.Lock()
 	defer timed.mu.Unlock()
 	fmt.Fprintf(out, "delays %d %d\n", timed.worst, late.Max())
