@@ -475,7 +475,7 @@ func (s *suite) testExpiry(t *testing.T) {
 		// A grant answered a TTL after the first was asked for may be
 		// right: the first had run out. Before that, it is a second holder.
 		if took := time.Since(asked); err == nil && clk == nil && took >= ttl && round < 3 {
-			t.Logf("round %d: the second try came %v after the first was asked for, past the TTL %v: the machine is too busy to tell; again",
+			t.Logf("round %d: the second try came %v after the first was asked for, past the TTL %v: too busy to tell; again",
 				round, took.Round(time.Millisecond), ttl)
 			continue
 		}

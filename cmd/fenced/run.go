@@ -495,15 +495,15 @@ func acquireHold(ctx context.Context, c *fenced.Client, f *runFlags, keys []stri
 		if err != nil {
 			return nil, err
 		}
-		return &hold{lease: leaseHold{set}, leases: set.Leases(), env: setEnv(os.Environ(), set, store), granted: time.Now(), pause: pauserOf(c),
-			desc: fmt.Sprintf("the leases on %s (fences %s)", strings.Join(setKeys(set), ", "), fencesDesc(set))}, nil
+		return &hold{lease: leaseHold{set}, leases: set.Leases(), env: setEnv(os.Environ(), set, store), granted: time.Now(),
+			pause: pauserOf(c), desc: fmt.Sprintf("the leases on %s (fences %s)", strings.Join(setKeys(set), ", "), fencesDesc(set))}, nil
 	}
 	l, err := c.Acquire(ctx, keys[0], opts)
 	if err != nil {
 		return nil, err
 	}
-	return &hold{lease: leaseHold{l}, leases: []*fenced.Lease{l}, env: childEnv(os.Environ(), l, store), granted: time.Now(), pause: pauserOf(c),
-		desc: fmt.Sprintf("the lease on %s (fence %d)", l.Key(), l.Fence())}, nil
+	return &hold{lease: leaseHold{l}, leases: []*fenced.Lease{l}, env: childEnv(os.Environ(), l, store), granted: time.Now(),
+		pause: pauserOf(c), desc: fmt.Sprintf("the lease on %s (fence %d)", l.Key(), l.Fence())}, nil
 }
 
 // setKeys returns set's keys in its canonical order.
