@@ -170,14 +170,16 @@ func TestRunLostLeaseStopsChild(t *testing.T) {
 	store := tempStore(t)
 	operator := client(t, store)
 	for _, tc := range []struct {
-		name, script, want string
+		name, script, want, grace string
 	}{
-		{"child exits on SIGTERM", `trap 'echo got TERM; exit 0' TERM; echo started; sleep 30 & wait`, "got TERM"},
-		{"child ignoring SIGTERM is killed after grace", `trap '' TERM; echo started; sleep 30`, "SIGKILL"},
+		// The shell's trap must run before SIGKILL: a loaded machine took
+		// over 500ms to schedule it. It exits at once on a quiet one.
+		{"child exits on SIGTERM", `trap 'echo got TERM; exit 0' TERM; echo started; sleep 30 & wait`, "got TERM", "10s"},
+		{"child ignoring SIGTERM is killed after grace", `trap '' TERM; echo started; sleep 30`, "SIGKILL", "500ms"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			key := "job:lost:" + strings.ReplaceAll(tc.name, " ", "-")
-			cmd, out, errb := cliCmd(t, store, "run", "--ttl", "1s", "--grace", "500ms", key, "--", "sh", "-c", tc.script)
+			cmd, out, errb := cliCmd(t, store, "run", "--ttl", "1s", "--grace", tc.grace, key, "--", "sh", "-c", tc.script)
 			if err := cmd.Start(); err != nil {
 				t.Fatal(err)
 			}
