@@ -529,3 +529,95 @@ func TestPipelineHonoursDeadlines(t *testing.T) {
 		}
 	}
 }
+
+// TestPipelineOwnership: a driver opened by URL closes its client's
+// autopipeliner in Close; a driver over the user's client leaves it open
+// (the client's own cached instance, which the user's code shares), and
+// goes on without it once the user's code closes it. pipeline=off, a
+// Cluster client and WaitReplicas leave the driver unpipelined.
+func TestPipelineOwnership(t *testing.T) {
+	ctx := testCtx(t)
+	srv := testenv.StartRedis(t, testenv.RedisConfig{})
+	u, err := url.Parse(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	owned, err := fencedredis.OpenURL(ctx, u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := fencedredis.Pipe(owned)
+	if p == nil {
+		t.Fatal("a driver opened by URL has no pipeline")
+	}
+	if err := owned.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if !p.IsClosed() {
+		t.Error("Close of a driver opened by URL left its autopipeliner open")
+	}
+
+	off, err := url.Parse(srv.URL() + "?pipeline=off")
+	if err != nil {
+		t.Fatal(err)
+	}
+	unpiped, err := fencedredis.OpenURL(ctx, off)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fencedredis.Pipe(unpiped) != nil {
+		t.Error("pipeline=off: the driver has a pipeline")
+	}
+	unpiped.Close()
+	if d := newDriver(t, srv, &fencedredis.Options{WaitReplicas: 1, WaitTimeout: time.Millisecond}); fencedredis.Pipe(d) != nil {
+		t.Error("WaitReplicas: the driver has a pipeline")
+	}
+
+	rc := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1})
+	t.Cleanup(func() { rc.Close() })
+	d, err := fencedredis.New(rc, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p = fencedredis.Pipe(d)
+	if mine, err := rc.AsyncAutoPipeline(); err != nil || mine != p {
+		t.Fatalf("the driver's autopipeliner %p is not the client's (%p, %v)", p, mine, err)
+	}
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if p.IsClosed() {
+		t.Error("Close of a driver over the user's client closed the client's autopipeliner")
+	}
+	if err := p.Set(ctx, "users-own", "1", 0).Err(); err != nil {
+		t.Errorf("the user's autopipeliner after the driver's Close: %v", err)
+	}
+	// The user's code closes it: a driver over the client works on.
+	d, err = fencedredis.New(rc, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	if fencedredis.Pipe(d) != p {
+		t.Fatal("a second driver over the client has another autopipeliner")
+	}
+	p.Close()
+	var wg sync.WaitGroup
+	errs := make([]error, 16)
+	for i := range errs {
+		wg.Go(func() {
+			key, o := fmt.Sprintf("after-close:%d", i), owner()
+			f, err := d.TryAcquire(ctx, key, o, time.Minute)
+			if err == nil {
+				err = d.Release(ctx, driver.Grant{Key: key, Owner: o, Fence: f})
+			}
+			errs[i] = err
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("call %d after the user closed the client's autopipeliner: %v", i, err)
+		}
+	}
+}
