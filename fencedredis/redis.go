@@ -137,7 +137,7 @@ type Options struct {
 // pays no hand-off to the pipeline's goroutines. The half-duplex
 // autopipeliner (one batch in flight, the next waiting for its replies)
 // was measured and rejected: contended calls queued behind a batch, and
-// K=1 C=8 throughput fell 6-15× (docs/benchmarks.md, Redis pipeline).
+// K=1 C=8 throughput fell 3-7× (docs/benchmarks.md, Redis pipeline).
 //
 // Each script is still one EVALSHA, atomic on the server, and each
 // caller waits for its own reply, so fences and outcomes are those of
