@@ -12,6 +12,7 @@
 //	wait_replicas=N     after each grant, WAIT for N replicas (see Options)
 //	wait_timeout=1s     how long that WAIT may take
 //	audit_len=100       breaks kept per key in the audit stream
+//	pipeline=off        one pooled connection per script (see Driver)
 //
 // Opened by URL, go-redis's own retries of commands and dials are off:
 // fenced's Client decides about retries. Pass max_retries or dialer_retries
@@ -106,17 +107,71 @@ type Options struct {
 	// AuditLen is how many breaks the audit stream of a key keeps. Default
 	// 100.
 	AuditLen int
+	// NoPipeline, if true, sends each script on a connection of its own
+	// from the client's pool, as drivers before the pipeline did, instead
+	// of through the client's full-duplex autopipeliner (see Driver). Set
+	// it if the client has a hook that must stop commands from reaching
+	// the server by not calling next: on the pipeline the command is
+	// written before the hook runs. URL option pipeline=off.
+	NoPipeline bool
 }
 
 // Driver is a fenced driver over one go-redis client. It implements
 // driver.Driver, driver.Notifier, driver.BatchRenewer and
 // driver.BreakLogger, and is safe for concurrent use.
+//
+// # Pipeline
+//
+// On a *redis.Client (standalone or Sentinel) a script call that finds
+// another of the driver's calls in flight goes through the client's
+// full-duplex autopipeliner (go-redis's
+// Client.AsyncAutoPipelineWithOptions, FullDuplex, no flush delay): one
+// held connection, a writer goroutine that writes whatever is queued as
+// soon as it can, and a reader that hands each reply to its caller in
+// order. Calls that arrive while the writer is busy go out in its next
+// write and the server reads them in one read, so 64 goroutines share
+// round trips instead of taking 64 pooled connections and as many system
+// calls each way (TestPipelineSharesRoundTrips: about 50 scripts per
+// server read). A call that finds none in flight (a lone acquire, the
+// woken waiter of a handover) goes on a pooled connection as before and
+// pays no hand-off to the pipeline's goroutines. The half-duplex
+// autopipeliner (one batch in flight, the next waiting for its replies)
+// was measured and rejected: contended calls queued behind a batch, and
+// K=1 C=8 throughput fell 3-7× (docs/benchmarks.md, Redis pipeline).
+//
+// Each script is still one EVALSHA, atomic on the server, and each
+// caller waits for its own reply, so fences and outcomes are those of
+// the unpipelined path. A caller stops waiting at its context's deadline
+// (the autopipeliner does not, once a call is queued) and reports
+// ErrUnknownOutcome: the script may still run. A connection that fails
+// with scripts written and their replies unread fails each of them
+// with a transport error, ErrUnknownOutcome, as before. go-redis replays
+// such scripts on a new connection only within the client's MaxRetries
+// (off in a client fenced.Open makes): a replayed grant finds the
+// owner's own grant and returns its fence; a replayed release or renewal
+// whose first run took effect reports ErrNotHeld, as a retry did before
+// the pipeline; neither touches another owner's grant.
+//
+// The autopipeliner is the client's own cached instance (your code
+// calling AsyncAutoPipeline on the client shares it): the driver asks
+// for it in New and uses it only if it is full duplex with no flush
+// delay; another configuration, set up by your code first, or a client
+// without a pipeline pool (PipelinePoolSize < 0) leaves the driver
+// unpipelined. Close closes it only when the driver owns the client
+// (opened by URL); if your code closes it, the driver goes on without
+// it. Batch renewal (RenewBatch) keeps its own explicit pipeline; a
+// Cluster client, a grant that waits for replicas (WaitReplicas) and
+// Options.NoPipeline keep one pooled connection per call.
 type Driver struct {
-	c      redis.UniversalClient
-	owns   bool
-	layout rediskit.Layout
-	opts   Options
-	hub    *rediskit.Hub
+	c    redis.UniversalClient
+	owns bool
+	// pipe is the client's full-duplex autopipeliner, or nil (see
+	// Pipeline above); inflight counts d's scripts in flight (see run).
+	pipe     *redis.AutoPipeliner
+	inflight atomic.Int32
+	layout   rediskit.Layout
+	opts     Options
+	hub      *rediskit.Hub
 	// waiters is this process's side of the keys' waiter queues (see
 	// Subscribe).
 	waiters *rediskit.WaitQueue
@@ -198,7 +253,82 @@ func New(c redis.UniversalClient, opts *Options) (*Driver, error) {
 		d.passOn = "0" // PUBLISH counts one node's clients (see lua/waiter_queue.lua)
 	}
 	d.caps = d.makeCapabilities()
+	if rc, ok := c.(*redis.Client); ok && !d.opts.NoPipeline && d.opts.WaitReplicas == 0 {
+		d.pipe = pipeline(rc)
+	}
 	return d, nil
+}
+
+// pipelineOptions is the autopipeliner the driver asks its client for
+// (see Driver): full duplex, no flush delay, one ordered stream.
+var pipelineOptions = redis.AutoPipelineOptions{FullDuplex: true, MaxFlushDelay: 0, MaxConcurrentBatches: 1}
+
+// pipeline returns c's full-duplex autopipeliner, or nil if c has none
+// of that configuration: no pipeline pool (PipelinePoolSize < 0, where
+// go-redis would fall back to half duplex), or one set up by other code
+// with other options.
+func pipeline(c *redis.Client) *redis.AutoPipeliner {
+	if c.Options().PipelinePoolSize < 0 {
+		return nil
+	}
+	cfg := pipelineOptions
+	ap, err := c.AsyncAutoPipelineWithOptions(&cfg)
+	if err != nil {
+		return nil
+	}
+	got := ap.Config()
+	if !got.FullDuplex || got.MaxFlushDelay != 0 || got.Unordered || got.MaxConcurrentBatches > 1 || ap.IsBlocking() {
+		return nil
+	}
+	return ap
+}
+
+// run runs script s on d. A call that finds no other of d's calls in
+// flight goes on a pooled connection of its own, as without the
+// pipeline: it pays no hand-off to the autopipeliner's goroutines. A
+// call that finds others in flight goes through the autopipeliner (see
+// Driver and runPiped).
+func (d *Driver) run(ctx context.Context, s *redis.Script, keys []string, args ...any) *redis.Cmd {
+	n := d.inflight.Add(1)
+	defer d.inflight.Add(-1)
+	if ap := d.pipe; ap != nil && n > 1 && !ap.IsClosed() {
+		if cmd, ok := d.runPiped(ctx, ap, s, keys, args); ok {
+			return cmd
+		}
+	}
+	return s.Run(ctx, d.c, keys, args...)
+}
+
+// runPiped sends EVALSHA of s through ap and waits for its reply until
+// ctx is done: the autopipeliner does not end a call at its context
+// once the call is queued, so the wait does. A wait that ctx ended
+// reports ctx's error (the script may still run: the caller's unknown
+// outcome), never the late reply. ok is false when the script was not
+// run and should go on the client: the server does not have it loaded
+// (NOSCRIPT: the client's Run loads it), or the code sharing the client
+// closed ap meanwhile (refused before it was sent).
+func (d *Driver) runPiped(ctx context.Context, ap *redis.AutoPipeliner, s *redis.Script, keys []string, args []any) (*redis.Cmd, bool) {
+	argv := make([]any, 0, 3+len(keys)+len(args))
+	argv = append(argv, "evalsha", s.Hash(), len(keys))
+	for _, k := range keys {
+		argv = append(argv, k)
+	}
+	argv = append(argv, args...)
+	cmd := redis.NewCmd(ctx, argv...)
+	err := ap.Submit(ctx, cmd).WaitContext(ctx)
+	switch {
+	case err == nil:
+		return cmd, true
+	case ctx.Err() != nil && errors.Is(err, ctx.Err()):
+		abandoned := redis.NewCmd(ctx)
+		abandoned.SetErr(err)
+		return abandoned, true
+	case redis.HasErrorPrefix(err, "NOSCRIPT"):
+		return nil, false
+	case errors.Is(err, redis.ErrClosed) && ap.IsClosed() && !d.closed.Load():
+		return nil, false
+	}
+	return cmd, true
 }
 
 // Client returns the go-redis client under d, for resource-side guards.
@@ -214,12 +344,19 @@ func open(ctx context.Context, u *url.URL) (driver.Driver, error) {
 			return nil, fmt.Errorf("%w: port %q is not a TCP port", fenced.ErrInvalidURL, p)
 		}
 	}
-	q := rediskit.TakeQuery(u, "prefix", "wait_replicas", "wait_timeout", "audit_len")
+	q := rediskit.TakeQuery(u, "prefix", "wait_replicas", "wait_timeout", "audit_len", "pipeline")
 	opts := &Options{
 		Prefix:       q.Prefix(""),
 		WaitReplicas: q.Int("wait_replicas", 0),
 		WaitTimeout:  q.Duration("wait_timeout", 0),
 		AuditLen:     q.Int("audit_len", 0),
+	}
+	switch p := q.String("pipeline", "on"); p {
+	case "on":
+	case "off":
+		opts.NoPipeline = true
+	default:
+		return nil, fmt.Errorf("%w: pipeline=%q: want on or off", fenced.ErrInvalidURL, p)
 	}
 	if err := q.Err(); err != nil {
 		return nil, err
@@ -264,7 +401,7 @@ func open(ctx context.Context, u *url.URL) (driver.Driver, error) {
 
 // release runs rediskit.ReleaseWaiters for value on k.
 func (d *Driver) release(ctx context.Context, k rediskit.Keys, value string) *redis.Cmd {
-	return rediskit.ReleaseWaiters.Run(ctx, d.c, []string{k.Lock, k.Waiters, k.Observed}, value, k.Channel, d.passOn)
+	return d.run(ctx, rediskit.ReleaseWaiters, []string{k.Lock, k.Waiters, k.Observed}, value, k.Channel, d.passOn)
 }
 
 // TryAcquire implements driver.Driver in one round trip (two with
@@ -277,7 +414,7 @@ func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Dur
 	k := d.layout.Keys(key)
 	subs, member := d.waiters.Current(k)
 	if subs == 0 && d.opts.WaitReplicas == 0 {
-		res, err := rediskit.Acquire.Run(ctx, d.c, []string{k.Lock, k.Fence}, owner, rediskit.Millis(ttl)).Result()
+		res, err := d.run(ctx, rediskit.Acquire, []string{k.Lock, k.Fence}, owner, rediskit.Millis(ttl)).Result()
 		if err != nil {
 			return 0, d.scriptErr("acquire", key, err, true, k.Lock, k.Fence)
 		}
@@ -288,7 +425,7 @@ func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Dur
 	if d.opts.WaitReplicas > 0 {
 		return d.acquireAndWait(ctx, key, k, keys, args)
 	}
-	res, err := rediskit.Acquire.Run(ctx, d.c, keys, args...).Result()
+	res, err := d.run(ctx, rediskit.Acquire, keys, args...).Result()
 	if err != nil {
 		return 0, d.scriptErr("acquire", key, err, true, k.Lock, k.Fence)
 	}
@@ -379,7 +516,7 @@ func (d *Driver) Renew(ctx context.Context, g driver.Grant) error {
 			return err
 		}
 	}
-	n, err := rediskit.Renew.Run(ctx, d.c, []string{k.Lock}, rediskit.Value(g.Fence, g.Owner), rediskit.Millis(g.TTL)).Int64()
+	n, err := d.run(ctx, rediskit.Renew, []string{k.Lock}, rediskit.Value(g.Fence, g.Owner), rediskit.Millis(g.TTL)).Int64()
 	if err != nil {
 		return d.scriptErr("renew", g.Key, err, true, k.Lock)
 	}
@@ -463,7 +600,7 @@ func (d *Driver) nudge(k rediskit.Keys, rtt time.Duration) {
 		time.Sleep(nudgeMin + nudgeRTT*rtt)
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
-		_ = rediskit.LeaveWaiters.Run(ctx, d.c, []string{k.Lock, k.Waiters}, "", k.Channel, d.passOn).Err()
+		_ = d.run(ctx, rediskit.LeaveWaiters, []string{k.Lock, k.Waiters}, "", k.Channel, d.passOn).Err()
 	}()
 }
 
@@ -473,7 +610,7 @@ func (d *Driver) Inspect(ctx context.Context, key string) (driver.LeaseInfo, err
 		return driver.LeaseInfo{}, err
 	}
 	k := d.layout.Keys(key)
-	res, err := rediskit.Inspect.Run(ctx, d.c, []string{k.Lock, k.Fence}).Slice()
+	res, err := d.run(ctx, rediskit.Inspect, []string{k.Lock, k.Fence}).Slice()
 	if err != nil {
 		return driver.LeaseInfo{}, d.scriptErr("inspect", key, err, false, k.Lock)
 	}
@@ -532,7 +669,7 @@ func (d *Driver) Break(ctx context.Context, key string, reason, by string) (driv
 		return driver.LeaseInfo{}, err
 	}
 	k := d.layout.Keys(key)
-	res, err := rediskit.Break.Run(ctx, d.c, []string{k.Lock, k.Audit, k.Waiters}, k.Channel, reason, by, d.opts.AuditLen,
+	res, err := d.run(ctx, rediskit.Break, []string{k.Lock, k.Audit, k.Waiters}, k.Channel, reason, by, d.opts.AuditLen,
 		d.passOn).Slice()
 	if err != nil {
 		return driver.LeaseInfo{}, d.scriptErr("break", key, err, true, k.Lock, k.Audit)
@@ -577,7 +714,7 @@ func (d *Driver) Subscribe(ctx context.Context, key string) (driver.Subscription
 func (d *Driver) leaveWaiters(ctx context.Context, k rediskit.Keys, member string) {
 	ctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
-	_ = rediskit.LeaveWaiters.Run(ctx, d.c, []string{k.Lock, k.Waiters}, member, k.Channel, d.passOn).Err()
+	_ = d.run(ctx, rediskit.LeaveWaiters, []string{k.Lock, k.Waiters}, member, k.Channel, d.passOn).Err()
 }
 
 // guaranteesNote is the Note of Capabilities; the portable Client quotes it
@@ -623,6 +760,12 @@ func (d *Driver) Close() error {
 	err := d.hub.Close()
 	d.marks.close()
 	d.waiters.Close()
+	if d.owns && d.pipe != nil {
+		// Before the client: the autopipeliner drains what it holds.
+		if perr := d.pipe.Close(); err == nil {
+			err = perr
+		}
+	}
 	if d.owns {
 		if cerr := d.c.Close(); err == nil {
 			err = cerr

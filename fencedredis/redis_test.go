@@ -44,6 +44,7 @@ func TestConformance(t *testing.T) {
 			"redis://127.0.0.1:6379/0?nosuchoption=1",
 			"redis://127.0.0.1:6379/0?wait_replicas=-1",
 			"redis://127.0.0.1:6379/0?wait_timeout=soon",
+			"redis://127.0.0.1:6379/0?pipeline=maybe",
 			"redis://127.0.0.1:6379/0?prefix=a;b",
 			"redis://127.0.0.1:6379/0?prefix=a&prefix=b",
 			"redis://127.0.0.1:6379/0?dial_timeout=1s;x",

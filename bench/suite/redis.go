@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -249,7 +250,46 @@ func redisImpls(addrs []string) []impl {
 		{name: "rueidislock", open: func(context.Context) (process, error) { return openRueidislock(addr, 0) }},
 		{name: "rueidislock-1key", open: func(context.Context) (process, error) { return openRueidislock(addr, 1) }},
 	}
+	if os.Getenv(redisABEnv) != "" {
+		impls = append(impls, redisABImpls(withClient)...)
+	}
 	return impls
+}
+
+// redisABEnv, set to anything, adds redisABImpls to the Redis backend
+// (in the suite and in its child processes, which inherit it):
+//
+//	FENCED_BENCH_REDIS_AB=1 ./scripts/bench.sh --quick --only redis --workloads uncontended,handover,throughput
+const redisABEnv = "FENCED_BENCH_REDIS_AB"
+
+// redisABImpls are fenced's Redis driver on the paths its pipeline was
+// chosen against, measured interleaved with it: fenced-nopipe
+// (Options.NoPipeline: one pooled connection per script, the driver
+// before the pipeline) and fenced-halfduplex (the driver over go-redis's
+// half-duplex autopipeliner: one batch in flight, no flush delay).
+func redisABImpls(withClient func(f func(c *redis.Client) (process, error)) func(context.Context) (process, error)) []impl {
+	return []impl{
+		{name: "fenced-nopipe", open: withClient(func(c *redis.Client) (process, error) {
+			d, err := fencedredis.New(c, &fencedredis.Options{NoPipeline: true})
+			if err != nil {
+				return nil, err
+			}
+			p := newFencedProcess(d)
+			return clientProcess{l: p, closers: []func() error{p.c.Close, c.Close}}, nil
+		})},
+		{name: "fenced-halfduplex", open: withClient(func(c *redis.Client) (process, error) {
+			ap, err := c.AutoPipelineWithOptions(&redis.AutoPipelineOptions{MaxConcurrentBatches: 1})
+			if err != nil {
+				return nil, err
+			}
+			d, err := fencedredis.New(ap, nil) // not a *redis.Client: no pipeline of its own
+			if err != nil {
+				return nil, err
+			}
+			p := newFencedProcess(d)
+			return clientProcess{l: p, closers: []func() error{p.c.Close, ap.Close, c.Close}}, nil
+		})},
+	}
 }
 
 // redsyncHolder holds redsync mutexes and extends each one every period.
