@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -22,7 +23,10 @@ import (
 // keeps etcd's index of the lock's keys at one entry per session. A new name
 // per grant would grow it by one entry per grant until the next compaction,
 // and every look at the lock's line scans it.
-func waiterKey(name string, s *session) string { return fmt.Sprintf("%s/%x", name, int64(s.id)) }
+func waiterKey(name string, s *session) string {
+	// Base 16 as the Mutex's %x of the lease ID, a sign included.
+	return name + "/" + strconv.FormatInt(int64(s.id), 16)
+}
 
 // TryAcquire implements driver.Driver. It puts the waiter key only if no key
 // exists under the lock name (one transaction), so it never queues. A
@@ -460,9 +464,10 @@ func (d *Driver) attachedKeys(ctx context.Context, s *session, notBefore time.Ti
 // released if that key carries g's owner token and fence. The client
 // releases such a grant by owner once its caller has gone.
 func (d *Driver) Release(ctx context.Context, g driver.Grant) error {
-	notHeld := fmt.Errorf("etcd: release %s: %w", g, fenced.ErrNotHeld)
+	// Built only when needed: a release is a hot path.
+	notHeld := func() error { return fmt.Errorf("etcd: release %s: %w", g, fenced.ErrNotHeld) }
 	if g.Fence == 0 || g.Owner == "" {
-		return notHeld
+		return notHeld()
 	}
 	e := d.grants.Lookup(g.Key, g.Owner)
 	var key string
@@ -474,14 +479,14 @@ func (d *Driver) Release(ctx context.Context, g driver.Grant) error {
 		// Forgotten as we looked: only a comparison tells its key.
 		key, byOwner = e.etcdKey, !e.proclaimed.Load()
 	case e != nil && (e.granted || e.rev != 0):
-		return notHeld // another grant of the same owner
+		return notHeld() // another grant of the same owner
 	default:
 		resp, err := d.cli.Get(ctx, d.LockName(g.Key)+"/", clientv3.WithFirstCreate()...)
 		if err != nil {
 			return readErr("release", err)
 		}
 		if len(resp.Kvs) == 0 || uint64(resp.Kvs[0].CreateRevision) != g.Fence || string(resp.Kvs[0].Value) != g.Owner {
-			return notHeld
+			return notHeld()
 		}
 		key = string(resp.Kvs[0].Key)
 	}
@@ -497,7 +502,7 @@ func (d *Driver) Release(ctx context.Context, g driver.Grant) error {
 		d.grants.Forget(e)
 	}
 	if !resp.Succeeded {
-		return notHeld
+		return notHeld()
 	}
 	return nil
 }
@@ -517,7 +522,7 @@ func (d *Driver) Release(ctx context.Context, g driver.Grant) error {
 // back (WithPrevKV), which proves it: should a key of e's name carry
 // another create revision (a client that put keys on this driver's lease
 // by hand), the release reports that it deleted it.
-func (d *Driver) releaseTracked(ctx context.Context, e *entry, notHeld error) error {
+func (d *Driver) releaseTracked(ctx context.Context, e *entry, notHeld func() error) error {
 	defer d.unpinName(e)
 	if d.releaseHook != nil {
 		d.releaseHook(e)
@@ -536,9 +541,9 @@ func (d *Driver) releaseTracked(ctx context.Context, e *entry, notHeld error) er
 	case len(resp.PrevKvs) > 0:
 		return fmt.Errorf("%w; its key %s was gone and a key of the same name created at revision %d "+
 			"(put on this driver's etcd lease by another client) was deleted in its place",
-			notHeld, e.etcdKey, resp.PrevKvs[0].CreateRevision)
+			notHeld(), e.etcdKey, resp.PrevKvs[0].CreateRevision)
 	default:
-		return notHeld
+		return notHeld()
 	}
 }
 
