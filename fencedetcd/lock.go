@@ -509,11 +509,11 @@ func (d *Driver) Release(ctx context.Context, g driver.Grant) error {
 
 // releaseTracked releases e, whose name the caller pinned (pinName), with
 // a plain delete of its key, the cheapest write etcd has. A transaction
-// costs the server much more than a delete: on etcd 3.4 every transaction
-// first reads the store through a copy of its buffer of uncommitted
-// writes (ConcurrentReadTx), and at 64 concurrent acquire+release loops a
-// transactional release cost the server about 90 µs more per cycle than a
-// delete, a third of its work (docs/design-notes.md).
+// costs the server much more than a delete: at 64 concurrent
+// acquire+release loops on etcd 3.4 a transactional release, even one
+// without a comparison, cost the server about 90 µs more per cycle than a
+// delete, a third of its work. (3.4 reads for every transaction through a
+// fresh copy of its buffer of uncommitted writes; see docs/design-notes.md.)
 //
 // No comparison is needed: while the name is pinned no grant of this
 // driver can put a key of that name on e's session, and no one else puts
