@@ -53,10 +53,14 @@
 // outside the range etcd's recipes scan. Its mod revision is then the new
 // key's fence. So Inspect reports the newest fence of a free key, however
 // its last grant ended (released, broken or expired). A release is one
-// delete, in a transaction that compares the key's create revision and
-// owner. So it can never remove a later grant's key of the same name. Break
-// records the fence of the holder it deletes (etcdctl's holders write no
-// record of their own).
+// plain delete of the holder's key, as etcd's Mutex unlocks (a transaction
+// costs etcd 3.4 far more, see docs/design-notes.md). It can never remove a
+// later grant's key of the same name: the key's name carries the session's
+// etcd lease ID, which only this driver uses, and the driver puts no other
+// key of that name on the session until the delete is answered. A release
+// of a grant the driver no longer tracks compares the key's create
+// revision and owner in a transaction. Break records the fence of the
+// holder it deletes (etcdctl's holders write no record of their own).
 //
 // # Sessions
 //
@@ -244,6 +248,9 @@ type Driver struct {
 	// renewHook, set by tests only, runs in RenewBatch after the reads,
 	// before their outcome is applied.
 	renewHook func()
+	// releaseHook, set by tests only, runs in a tracked grant's release
+	// once its name is pinned, before its delete is sent.
+	releaseHook func(e *entry)
 }
 
 // New returns a driver over cli, which stays the caller's to close (after

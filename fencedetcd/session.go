@@ -25,7 +25,12 @@ type session struct {
 	id    clientv3.LeaseID
 	ttl   int64           // seconds, as granted by the server
 	names map[string]bool // lock names with a key (or a reservation) on it
-	dead  bool
+	// releasing counts, per lock name, the releases whose unconditional
+	// delete of the name's key on this session is in flight (see
+	// Driver.pinName). A name they pin stays in names until they are
+	// answered, even once its entry is forgotten.
+	releasing map[string]int
+	dead      bool
 	// until is when the session lapses at the latest unless kept alive:
 	// the send time of its last confirmed keep-alive (or grant) plus its
 	// TTL. Past it the session is dropped without asking the server.
@@ -48,6 +53,10 @@ type entry struct {
 	s       *session
 	rev     int64 // create revision once known
 	granted bool
+	// freed is set (under Driver.mu) once e is forgotten and its lock
+	// name given back on its session (see freeName): another grant may
+	// then put a key of that name there.
+	freed bool
 	// proclaimed is set (before the write) once SetValue replaced the
 	// owner token in the key's value with a leader's value; from then on
 	// the key is recognised by its create revision alone.
@@ -196,13 +205,51 @@ func (d *Driver) keepAlive(ctx context.Context, s *session) error {
 }
 
 // freeName frees e's lock name on its session (e was forgotten). A later
-// grant of the driver may then put a key of the same name on the session:
-// every delete of e's key compares its create revision or owner, so none
-// can remove that key (see Release).
+// grant of the driver may then put a key of the same name on the session.
+// No delete of e's key can remove that key: a delete either compares the
+// key's create revision or owner, or is a release's plain delete, which
+// holds the name (pinName) until it is answered, so the name is freed only
+// then.
 func (d *Driver) freeName(e *entry) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	delete(e.s.names, e.name)
+	e.freed = true
+	if e.s.releasing[e.name] == 0 {
+		delete(e.s.names, e.name)
+	}
+}
+
+// pinName keeps e's lock name reserved on its session until unpinName, so
+// that no grant of the driver puts another key of that name on the session
+// meanwhile: the only key of that name the session can then have is e's.
+// It reports false, pinning nothing, if e was forgotten already (its name
+// may be another grant's by now).
+func (d *Driver) pinName(e *entry) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if e.freed {
+		return false
+	}
+	if e.s.releasing == nil {
+		e.s.releasing = map[string]int{}
+	}
+	e.s.releasing[e.name]++
+	return true
+}
+
+// unpinName ends a pinName; the last one frees e's name if e was forgotten
+// meanwhile.
+func (d *Driver) unpinName(e *entry) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if n := e.s.releasing[e.name] - 1; n > 0 {
+		e.s.releasing[e.name] = n
+		return
+	}
+	delete(e.s.releasing, e.name)
+	if e.freed {
+		delete(e.s.names, e.name)
+	}
 }
 
 // endEntry deletes e's key if it is still e's (the reaper calls it when
