@@ -539,8 +539,8 @@ func (d *Driver) releaseTracked(ctx context.Context, e *entry, notHeld func() er
 	case mine:
 		return nil
 	case len(resp.PrevKvs) > 0:
-		return fmt.Errorf("%w; its key %s was gone and a key of the same name created at revision %d "+
-			"(put on this driver's etcd lease by another client) was deleted in its place",
+		// Another client put a key on this driver's etcd lease by hand.
+		return fmt.Errorf("%w; key %s was gone; deleted instead: another client's key of that name, put at revision %d",
 			notHeld(), e.etcdKey, resp.PrevKvs[0].CreateRevision)
 	default:
 		return notHeld()

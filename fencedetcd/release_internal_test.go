@@ -170,7 +170,7 @@ func TestReleaseReportsAForeignKeyDeleted(t *testing.T) {
 		t.Fatal(err)
 	}
 	err = d.Release(ctx, a)
-	if !errors.Is(err, fenced.ErrNotHeld) || !strings.Contains(err.Error(), "deleted in its place") {
+	if !errors.Is(err, fenced.ErrNotHeld) || !strings.Contains(err.Error(), "deleted instead: another client's key") {
 		t.Fatalf("release over a foreign key on the driver's lease: %v, want ErrNotHeld naming the deletion", err)
 	}
 }
