@@ -366,21 +366,7 @@ func TestPipelinePausedServer(t *testing.T) {
 	srv := testenv.StartRedis(t, testenv.RedisConfig{})
 	// The client fenced.Open makes of the URL: no retries, deadlines
 	// honoured.
-	u, err := url.Parse(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	ro, err := rediskit.ClientOptions(u)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rcl := redis.NewClient(ro)
-	t.Cleanup(func() { rcl.Close() })
-	d, err := fencedredis.New(rcl, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { d.Close() })
+	d := openAsURL(t, srv.URL())
 	rc := admin(t, srv)
 	layout := rediskit.Layout{Prefix: rediskit.DefaultPrefix}
 	o := owner()
@@ -453,21 +439,7 @@ func TestPipelineHonoursDeadlines(t *testing.T) {
 	ctx := testCtx(t)
 	srv := testenv.StartRedis(t, testenv.RedisConfig{})
 	px := testenv.StartProxy(t, srv.Addr())
-	u, err := url.Parse("redis://" + px.Addr + "/0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ro, err := rediskit.ClientOptions(u) // the client fenced.Open makes
-	if err != nil {
-		t.Fatal(err)
-	}
-	rcl := redis.NewClient(ro)
-	t.Cleanup(func() { rcl.Close() })
-	d, err := fencedredis.New(rcl, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { d.Close() })
+	d := openAsURL(t, "redis://"+px.Addr+"/0")
 	const n = 16
 	// Warm up the pipeline's connection, and measure what this run's
 	// machine takes for a round of n concurrent calls and for a timer (the
@@ -620,4 +592,26 @@ func TestPipelineOwnership(t *testing.T) {
 			t.Errorf("call %d after the user closed the client's autopipeliner: %v", i, err)
 		}
 	}
+}
+
+// openAsURL returns a driver on a go-redis client made as fenced.Open
+// makes it from rawURL, closed with the test.
+func openAsURL(t *testing.T, rawURL string) *fencedredis.Driver {
+	t.Helper()
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ro, err := rediskit.ClientOptions(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rcl := redis.NewClient(ro)
+	t.Cleanup(func() { rcl.Close() })
+	d, err := fencedredis.New(rcl, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return d
 }
