@@ -60,15 +60,21 @@ type lostReplyStore struct {
 // watch the etcd driver starts after a grant does: in a WatchCreateRequest
 // the name is followed by its start revision (field 3, varint: tag 0x18).
 // The driver's calls name it too (a Txn's compare or range), but with
-// other fields after it. A lost reply of a watch's creation loses no reply
-// of a release or renewal.
+// other fields after it, except a release's DeleteRange: its field 3 is
+// prev_kv, a bool (0x18 0x01), where a watch's start revision is the
+// grant's, above 1. A lost reply of a watch's creation loses no reply of
+// a release or renewal.
 func etcdWatch(key string, chunk []byte) bool {
 	i := bytes.Index(chunk, []byte(key+"/"))
 	if i < 0 {
 		return false
 	}
 	rest := bytes.TrimLeft(chunk[i+len(key)+1:], "0123456789abcdef")
-	return len(rest) > 0 && rest[0] == 0x18
+	if len(rest) == 0 || rest[0] != 0x18 {
+		return false
+	}
+	rev, n := binary.Uvarint(rest[1:])
+	return n > 0 && rev > 1
 }
 
 // zkWatch reports whether chunk is a ZooKeeper read that sets a watch
