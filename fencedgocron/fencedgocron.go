@@ -42,8 +42,8 @@
 // Choose MinHold above the spread and below the job's interval.
 //
 // A scheduler's Shutdown does not cut the hold short. After it, call
-// Locker.Wait, which returns once the leases kept are released (at most
-// MinHold later), then close the fenced Client. Closing it sooner
+// Locker.Wait, which returns once the leases kept are released (MinHold
+// after their grant, plus a round trip), then close the fenced Client. Closing it sooner
 // releases them at once, and a late instance may run that tick again.
 package fencedgocron
 

@@ -63,7 +63,8 @@ func NewLocker(c *fenced.Client, opts *Options) (*Locker, error) {
 // been released, or ctx ends (it then returns ctx's error). Call it after
 // the scheduler's Shutdown and before closing the Client: Close would
 // release those leases at once, and an instance whose tick comes a little
-// later would run the same tick again. It waits at most MinHold.
+// later would run the same tick again. It waits about MinHold, plus the
+// release's round trip (at most the Client's CloseTimeout).
 func (lk *Locker) Wait(ctx context.Context) error {
 	lk.mu.Lock()
 	idle := lk.idle
