@@ -3,6 +3,7 @@ package fencedgocron_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"testing"
 	"time"
@@ -32,23 +33,37 @@ func TestShutdownKeepsTheMinimumHold(t *testing.T) {
 		return lk
 	}
 	a, b := open(), open()
-	job, stop := context.WithCancel(context.Background())
-	lock, err := a.Lock(job, "tick")
-	if err != nil {
-		t.Fatal(err)
-	}
-	granted := time.Now()
-	if err := lock.Unlock(job); err != nil {
-		t.Fatal(err)
-	}
-	stop() // the scheduler shuts down
-	time.Sleep(100 * time.Millisecond)
-	_, err = b.Lock(context.Background(), "tick")
-	if since := time.Since(granted); since >= minHold {
-		t.Fatalf("the late instance's Lock ended %v after the grant, past the %v hold: this machine is too busy to tell", since, minHold)
-	}
-	if !errors.Is(err, fenced.ErrHeld) {
-		t.Fatalf("a late instance's Lock after the shutdown: %v, want ErrHeld (the hold was cut short)", err)
+	var granted time.Time
+	var key string
+	for round := 1; ; round++ {
+		key = fmt.Sprintf("tick-%d", round)
+		job, stop := context.WithCancel(context.Background())
+		lock, err := a.Lock(job, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		granted = time.Now()
+		if err := lock.Unlock(job); err != nil {
+			t.Fatal(err)
+		}
+		stop() // the scheduler shuts down
+		time.Sleep(100 * time.Millisecond)
+		late, err := b.Lock(context.Background(), key)
+		if since := time.Since(granted); since >= minHold && round < 3 {
+			// Past the hold a grant is right: too busy to tell. Again.
+			t.Logf("round %d: the late instance's Lock ended %v after the grant, past the %v hold; again", round, since, minHold)
+			if late != nil {
+				late.Unlock(context.Background())
+			}
+			continue
+		}
+		if since := time.Since(granted); since >= minHold {
+			t.Fatalf("the late instance's Lock ended %v after the grant, past the %v hold, in 3 rounds: too busy to tell", since, minHold)
+		}
+		if !errors.Is(err, fenced.ErrHeld) {
+			t.Fatalf("a late instance's Lock after the shutdown: %v, want ErrHeld (the hold was cut short)", err)
+		}
+		break
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second) // liveness only
 	defer cancel()
@@ -58,7 +73,7 @@ func TestShutdownKeepsTheMinimumHold(t *testing.T) {
 	if held := time.Since(granted); held < minHold {
 		t.Fatalf("Wait returned %v after the grant, before the %v hold ended", held, minHold)
 	}
-	lk, err := b.Lock(context.Background(), "tick")
+	lk, err := b.Lock(context.Background(), key)
 	if err != nil {
 		t.Fatalf("Lock after Wait: %v, want the key free", err)
 	}
