@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/internal/cli/supervise"
 	"github.com/fenced-dev/fenced/recipe"
 )
 
@@ -262,7 +263,10 @@ func runPartitions(ctx context.Context, g *globals, f *partitionsFlags, group st
 // arrives: a member that is stopped (SIGSTOP), starved, or cut from the
 // store stops sending, and its commands are ended before another member
 // can be granted their partitions. A pipe that closes while the child
-// runs means the member died: the child sends SIGKILL at once.
+// runs means the member died: the child sends SIGKILL at once. A child
+// killed with SIGKILL leaves the tree to its guard, which holds the
+// child's fd 4, a second pipe: this member returns only at its end of
+// file, once the guard has killed the tree too.
 func superviseProcess(ctx context.Context, g *globals, self string, grace time.Duration, lease *fenced.Lease, argv, vars []string) error {
 	r, w, err := os.Pipe()
 	if err != nil {
@@ -284,19 +288,47 @@ func superviseProcess(ctx context.Context, g *globals, self string, grace time.D
 	if g.verbose {
 		args = append([]string{"-v"}, args...)
 	}
+	// The lifeline's write end is held by the child and by its guard,
+	// which outlives a child killed with SIGKILL until it has killed the
+	// tree the child left: its end of file means the tree is gone.
+	lifeR, lifeW, err := os.Pipe()
+	if err != nil {
+		r.Close()
+		return err
+	}
 	cmd := exec.Command(self, append(args, argv...)...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = nil, os.Stdout, os.Stderr
-	cmd.ExtraFiles = []*os.File{r} // fd 3
+	cmd.ExtraFiles = []*os.File{r, lifeW} // fds 3 and 4
 	// Its own group: a terminal's ^C reaches this member, which leaves,
 	// and the supervisors end their commands when told.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	err = cmd.Start()
 	r.Close()
+	lifeW.Close()
 	if err != nil {
+		lifeR.Close()
 		return err
 	}
+	treeGone := make(chan struct{})
+	go func() {
+		_, _ = io.Copy(io.Discard, lifeR)
+		lifeR.Close()
+		close(treeGone)
+	}()
 	waited := make(chan error, 1)
-	go func() { waited <- cmd.Wait() }()
+	go func() {
+		err := cmd.Wait()
+		// A child killed with SIGKILL left its tree to its guard. The
+		// lease is released only once the guard is done with it.
+		select {
+		case <-treeGone:
+		case <-time.After(time.Second):
+			fmt.Fprintf(g.stderr, "fenced: %s: its supervisor exited (%v); the lease is kept until the supervisor's guard "+
+				"has killed every process of COMMAND\n", partitionDesc(vars), err)
+			<-treeGone
+		}
+		waited <- err
+	}()
 	// The validity is read often enough that the child learns of a
 	// renewal well before the end it knows of comes near.
 	poll := validityPoll(lease)
@@ -470,10 +502,15 @@ func newPartitionSuperviseCmd(g *globals) *cobra.Command {
 		Args:   cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, argv []string) error {
 			g.stderr = newLineStamper(g.stderr)
-			link := os.NewFile(3, "member")
-			if link == nil {
-				return withCode(exitUsage, errors.New("partitions supervise: no pipe on fd 3; it is run by fenced partitions run"))
+			link, lifeline := os.NewFile(3, "member"), os.NewFile(4, "lifeline")
+			if link == nil || lifeline == nil {
+				return withCode(exitUsage, errors.New("partitions supervise: no pipes on fds 3 and 4; it is run by fenced partitions run"))
 			}
+			// COMMAND inherits neither. The guard keeps the lifeline open
+			// until the tree is gone (see superviseProcess).
+			syscall.CloseOnExec(3)
+			syscall.CloseOnExec(4)
+			supervise.GuardHolds(lifeline)
 			pl, err := newPipeLink(link)
 			if err != nil {
 				return withCode(exitUsage, fmt.Errorf("partitions supervise: %w; it is run by fenced partitions run", err))

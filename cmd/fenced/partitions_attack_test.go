@@ -263,11 +263,18 @@ func startSupervisor(t *testing.T, bin, grace string, valid int64) (w *os.File, 
 		t.Fatal(err)
 	}
 	defer ef.Close()
-	cmd.Stdout, cmd.Stderr, cmd.ExtraFiles = nil, ef, []*os.File{r}
+	// fd 4 is the lifeline a member reads (see superviseProcess).
+	lifeR, lifeW, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lifeR.Close() })
+	cmd.Stdout, cmd.Stderr, cmd.ExtraFiles = nil, ef, []*os.File{r, lifeW}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	r.Close()
+	lifeW.Close()
 	t.Cleanup(func() { _ = cmd.Process.Kill() })
 	return w, cmd, errb, out, pids
 }

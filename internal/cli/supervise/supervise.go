@@ -879,6 +879,17 @@ func setForeground(fd, pgid int) error {
 // guardEnv carries nothing but marks a guard process (see MaybeRunGuard).
 const guardEnv = "FENCED_SUPERVISE_GUARD"
 
+// guardHolds are the files every guard started from now on inherits.
+var guardHolds []*os.File
+
+// GuardHolds makes every guard started after it inherit f, open until the
+// guard exits. A guard exits once the tree is gone: at "done", or after
+// killing what the supervisor left. So whoever reads the pipe f writes to
+// learns, at its end of file, that the tree of a dead supervisor is gone
+// too. f must be close-on-exec in this process, so the command does not
+// inherit it.
+func GuardHolds(f *os.File) { guardHolds = append(guardHolds, f) }
+
 // startGuard starts the guard: this binary again, reading its orders from a
 // pipe. It is in a process group of its own (no terminal signals reach it)
 // and is not the command's descendant, so ending the tree spares it.
@@ -893,6 +904,7 @@ func (g *Group) startGuard() error {
 		Args:        []string{os.Args[0] + " (guard)"},
 		Env:         append(os.Environ(), guardEnv+"=1"),
 		Stdin:       r,
+		ExtraFiles:  guardHolds,
 		SysProcAttr: &syscall.SysProcAttr{Setpgid: true},
 	}
 	if err := guard.Start(); err != nil {

@@ -1,0 +1,122 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestPartitionSupervisorKillWaitsForGuard: kill -9 of a partition's
+// supervisor leaves its COMMAND to the supervisor's guard, and the member
+// keeps the partition's lease until the guard has killed it. With the
+// guard's first signal delayed past a TTL (strace; a starved guard is
+// late so, and SIGSTOP would not hold: the kernel continues a stopped
+// process whose group the supervisor's death orphans) COMMAND runs on
+// and the partition is not granted again; then COMMAND dies, and no write
+// with the old fence follows the new grant.
+//
+// Process-tree mode only: the member's wait is the same in both modes, and
+// in cgroup mode the guard's kill is one write among the Go runtime's own,
+// which strace cannot single out.
+func TestPartitionSupervisorKillWaitsForGuard(t *testing.T) {
+	inMode(t, func(t *testing.T, mode string) {
+		store := tempStore(t)
+		dir := t.TempDir()
+		out, pidFile := filepath.Join(dir, "writes"), filepath.Join(dir, "pid")
+		// The writer is a child of COMMAND's leader: the leader dies with
+		// the supervisor (its parent-death signal), the rest of the tree
+		// is the guard's to kill.
+		writer := filepath.Join(dir, "writer.sh")
+		body := fmt.Sprintf("[ \"$FENCED_FENCE\" = 1 ] && echo $$ > %s\nwhile :; do echo \"$FENCED_FENCE\" >> %s; sleep 0.02; done\n", pidFile, out)
+		if err := os.WriteFile(writer, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		script := "sh " + writer + " & wait"
+		ttl := measuredTTL(t, store, 2, 2*time.Second)
+		cmd, _, errb := startRun(t, store, "-v", "partitions", "run", "g", "-p", "1", "--ttl", ttl.String(), "--grace", "1s",
+			"--id", "a", "--", "sh", "-c", script)
+		checkMode(t, errb, mode)
+		loop := readPid(t, pidFile)
+		sup := supervisorOf(t, cmd.Process.Pid)
+		// Its first kill waits a TTL and a second:
+		// COMMAND still runs after the look below.
+		slowDown(t, guardOf(t, sup), ttl+time.Second)
+		if err := syscall.Kill(sup, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		// The member learns of the death at once; it released the lease
+		// within a third of the TTL before the fix. A TTL covers that.
+		adm := client(t, store)
+		for end := time.Now().Add(ttl); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+			info, err := adm.Inspect(context.Background(), "g/p/0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !info.Held || info.Fence != 1 {
+				t.Fatalf("partition 0 is %+v while its COMMAND (fence 1) still runs under a slowed guard: "+
+					"the member let it go before the guard killed the tree; stderr:\n%s", info, errb)
+			}
+		}
+		if !alive(loop) || !grows(out, 100*time.Millisecond) {
+			t.Fatalf("COMMAND does not run on under the slowed guard (alive %v); the test's premise", alive(loop))
+		}
+		if !strings.Contains(errb.String(), "the lease is kept until the supervisor's guard") {
+			t.Errorf("the member did not say why it keeps the lease:\n%s", errb)
+		}
+		_, grantOff, fence := awaitOwnRegrant(t, adm, "g/p/0", out, "1", ttl, errb)
+		if alive(loop) {
+			t.Fatalf("partition 0 was granted again (fence %d) while its old COMMAND still runs", fence)
+		}
+		b, err := os.ReadFile(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if late := strings.Count("\n"+string(b[grantOff:]), "\n1\n"); late > 0 {
+			t.Errorf("%d writes with fence 1 after the grant of fence %d", late, fence)
+		}
+	}, "proctree")
+}
+
+// guardOf returns the pid of the guard process of supervisor sup.
+func guardOf(t *testing.T, sup int) int {
+	t.Helper()
+	var guard int
+	eventually(t, 10*time.Second, "the supervisor has no guard child", func() bool {
+		for _, p := range procs() {
+			cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p.pid))
+			if p.ppid == sup && strings.Contains(string(cmdline), "(guard)") {
+				guard = p.pid
+				return true
+			}
+		}
+		return false
+	})
+	return guard
+}
+
+// slowDown delays the first kill system call of pid from now by d, with
+// strace attached to it until the test ends.
+func slowDown(t *testing.T, pid int, d time.Duration) {
+	t.Helper()
+	var errb syncBuffer
+	st := exec.Command("strace", "-p", strconv.Itoa(pid), "-o", "/dev/null", "-e", "signal=none",
+		"-e", "trace=kill", "-e", fmt.Sprintf("inject=kill:delay_enter=%d:when=1", d.Microseconds()))
+	st.Stderr = &errb
+	if err := st.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = st.Process.Signal(syscall.SIGINT) // detaches
+		_ = st.Wait()
+	})
+	eventually(t, 10*time.Second, "strace did not attach to "+strconv.Itoa(pid), func() bool {
+		return strings.Contains(errb.String(), "attached")
+	})
+}
