@@ -369,6 +369,8 @@ type partObserver struct {
 	spells, list int
 	// maxDelay is the longest a 10ms sleep overslept.
 	maxDelay time.Duration
+	// maxList is the longest listing (a store round trip or more).
+	maxList time.Duration
 }
 
 func (o *partObserver) watch(ctx context.Context, store, group string) {
@@ -392,12 +394,14 @@ func (o *partObserver) watch(ctx context.Context, store, group string) {
 	}
 	for ctx.Err() == nil {
 		lctx, cancel := context.WithTimeout(ctx, time.Second)
+		began := Now()
 		st, err := recipe.ReadGroup(lctx, c, group)
 		cancel()
 		now := Now()
 		if err == nil {
 			o.mu.Lock()
 			o.list++
+			o.maxList = max(o.maxList, time.Duration(now-began))
 			o.mu.Unlock()
 			counts := map[int]bool{}
 			for _, m := range st.Members {

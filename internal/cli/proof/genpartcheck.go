@@ -304,23 +304,25 @@ func (c *partChecker) checkPair(a, b *ownership) {
 // store keeps at most outlives after its last renewal, and which was
 // renewed at most a renewal period (TTL/3) after the partition lease;
 // their next look comes within a poll (TTL/3); the listing that sees the
-// new grant within two observer periods (200ms); and the member's
-// wake-up, its try and the observer's listing each wait at most the
-// longest scheduling delay measured during the run. stall is how long the
-// store may be stalled by a stopped member (the longest stop, on a SQLite
-// store), added to the bound.
+// new grant within two observer periods (200ms); the member's wake-up,
+// its try and the observer's listing each wait at most the longest
+// scheduling delay measured during the run; and the try and the listing
+// that sees it each take at most the longest listing measured (a store
+// round trip, slow on a loaded machine). stall is how long the store may
+// be stalled by a stopped member (the longest stop, on a SQLite store),
+// added to the bound.
 func (r *GenPartReport) judgeRecovery(o *partObserver, outlives, ttl, stall time.Duration) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	r.LongestUnowned, r.Spells, r.Listings, r.MaxSchedDelay = o.longest, o.spells, o.list, o.maxDelay
-	r.Bound = outlives + ttl/3 + ttl/3 + 200*time.Millisecond + 3*o.maxDelay + stall
+	r.Bound = outlives + ttl/3 + ttl/3 + 200*time.Millisecond + 3*o.maxDelay + 2*o.maxList + stall
 	if o.longest > r.Bound {
 		r.Problems = append(r.Problems,
 			fmt.Sprintf("partition %d went without an owner for %v while a member of its count was live "+
 				"(bound %v = the store's keep of a %v grant %v + a renewal period %v + a poll %v + 200ms of listing + 3 × the measured "+
-				"scheduling delay %v + a store stall by a stopped member %v)",
+				"scheduling delay %v + 2 × the longest listing %v + a store stall by a stopped member %v)",
 				o.longestPart, o.longest.Round(time.Millisecond), r.Bound.Round(time.Millisecond), ttl, outlives, ttl/3, ttl/3,
-				o.maxDelay.Round(time.Millisecond), stall.Round(time.Millisecond)))
+				o.maxDelay.Round(time.Millisecond), o.maxList.Round(time.Millisecond), stall.Round(time.Millisecond)))
 	}
 }
 

@@ -56,8 +56,9 @@ authority at once cover a common item (an ownership is held from the start of it
 member saw the lease's local validity reach past now with its context live: one CLOCK_MONOTONIC, no tolerance);
 *stale accepted*: on each partition's row the accepted fences never go down; *longest unowned*: no partition of the
 live members' P goes without a lease longer than the store's keep of a dead grant + a renewal period (TTL/3) + a
-poll (TTL/3) + 200 ms of listing + 3 × the scheduling delay measured in the run (*bound*; on SQLite plus the
-longest SIGSTOP of the run: a member stopped inside a write of the store's file holds its lock for the whole stop).
+poll (TTL/3) + 200 ms of listing + 3 × the scheduling delay measured in the run + 2 × the longest listing (the
+take-over's and the observer's store round trips; *bound*; on SQLite plus the longest SIGSTOP of the run: a member
+stopped inside a write of the store's file holds its lock for the whole stop).
 *Checkpoints*: every 4th write, and once more after its context ended, the work records "fence:step" as the
 partition's checkpoint (fenced.Lease.Checkpoint), logging the try and its outcome; each ownership logs the
 checkpoint it started from (recipe.Partition.Checkpoint). *Stale checkpoints accepted*: a checkpoint accepted under
