@@ -323,6 +323,10 @@ func superviseProcess(ctx context.Context, g *globals, self string, grace time.D
 		select {
 		case <-treeGone:
 		case <-time.After(time.Second):
+			if err == nil {
+				<-treeGone // a slow guard after a clean exit: nothing to say
+				break
+			}
 			fmt.Fprintf(g.stderr, "fenced: %s: its supervisor exited (%v); the lease is kept until the supervisor's guard "+
 				"has killed every process of COMMAND\n", partitionDesc(vars), err)
 			<-treeGone
@@ -369,6 +373,12 @@ func superviseProcess(ctx context.Context, g *globals, self string, grace time.D
 			send("end %s:%s\n", kind, why)
 		}
 	}
+}
+
+// isPipe reports whether fd is open on a pipe.
+func isPipe(fd int) bool {
+	var st unix.Stat_t
+	return unix.Fstat(fd, &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFIFO
 }
 
 // validUntil returns when l's local validity ends, in nanoseconds of
@@ -502,15 +512,19 @@ func newPartitionSuperviseCmd(g *globals) *cobra.Command {
 		Args:   cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, argv []string) error {
 			g.stderr = newLineStamper(g.stderr)
-			link, lifeline := os.NewFile(3, "member"), os.NewFile(4, "lifeline")
-			if link == nil || lifeline == nil {
-				return withCode(exitUsage, errors.New("partitions supervise: no pipes on fds 3 and 4; it is run by fenced partitions run"))
+			link := os.NewFile(3, "member")
+			if link == nil {
+				return withCode(exitUsage, errors.New("partitions supervise: no pipe on fd 3; it is run by fenced partitions run"))
 			}
-			// COMMAND inherits neither. The guard keeps the lifeline open
-			// until the tree is gone (see superviseProcess).
+			// COMMAND inherits neither pipe. The guard keeps the lifeline
+			// open until the tree is gone (see superviseProcess). A member
+			// started from an earlier binary, before a deploy replaced it,
+			// passes no lifeline: fd 4 is then not a pipe, and is left be.
 			syscall.CloseOnExec(3)
-			syscall.CloseOnExec(4)
-			supervise.GuardHolds(lifeline)
+			if isPipe(4) {
+				syscall.CloseOnExec(4)
+				supervise.GuardHolds(os.NewFile(4, "lifeline"))
+			}
 			pl, err := newPipeLink(link)
 			if err != nil {
 				return withCode(exitUsage, fmt.Errorf("partitions supervise: %w; it is run by fenced partitions run", err))

@@ -120,3 +120,35 @@ func slowDown(t *testing.T, pid int, d time.Duration) {
 		return strings.Contains(errb.String(), "attached")
 	})
 }
+
+// A member started from an earlier binary (before a deploy replaced it)
+// passes the supervisor no lifeline on fd 4: the supervisor still runs
+// COMMAND, and still ends it when the member's pipe closes.
+func TestPartitionSuperviseWithoutLifeline(t *testing.T) {
+	dir := t.TempDir()
+	marker := filepath.Join(dir, "ran")
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if _, err := fmt.Fprintf(w, "valid %d\n", monotonicNow()+int64(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	cmd, _, errb := cliCmd(t, "", "partitions", "supervise", "--grace", "1s", "--env", "FENCED_FENCE=1",
+		"--env", "FENCED_KEY=g/p/0", "--env", "FENCED_PARTITION=0", "--", "sh", "-c", "touch "+marker+"; exec sleep 60")
+	cmd.ExtraFiles = []*os.File{r} // fd 3 only
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	r.Close()
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	eventually(t, 20*time.Second, "COMMAND did not run without a lifeline", func() bool {
+		_, err := os.Stat(marker)
+		return err == nil
+	})
+	w.Close() // the member died
+	if code := waitExit(t, cmd, 20*time.Second); code == 0 || code == exitUsage {
+		t.Fatalf("supervisor exit %d after its member died, want the loss's; stderr %s", code, errb)
+	}
+}
