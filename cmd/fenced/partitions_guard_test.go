@@ -26,6 +26,9 @@ import (
 // in cgroup mode the guard's kill is one write among the Go runtime's own,
 // which strace cannot single out.
 func TestPartitionSupervisorKillWaitsForGuard(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long: a TTL and more with the guard slowed; run without -short")
+	}
 	inMode(t, func(t *testing.T, mode string) {
 		store := tempStore(t)
 		dir := t.TempDir()
