@@ -309,30 +309,7 @@ func superviseProcess(ctx context.Context, g *globals, self string, grace time.D
 		lifeR.Close()
 		return err
 	}
-	treeGone := make(chan struct{})
-	go func() {
-		_, _ = io.Copy(io.Discard, lifeR)
-		lifeR.Close()
-		close(treeGone)
-	}()
-	waited := make(chan error, 1)
-	go func() {
-		err := cmd.Wait()
-		// A child killed with SIGKILL left its tree to its guard. The
-		// lease is released only once the guard is done with it.
-		select {
-		case <-treeGone:
-		case <-time.After(time.Second):
-			if err == nil {
-				<-treeGone // a slow guard after a clean exit: nothing to say
-				break
-			}
-			fmt.Fprintf(g.stderr, "fenced: %s: its supervisor exited (%v); the lease is kept until the supervisor's guard "+
-				"has killed every process of COMMAND\n", partitionDesc(vars), err)
-			<-treeGone
-		}
-		waited <- err
-	}()
+	waited := awaitTree(g, cmd, lifeR, partitionDesc(vars))
 	// The validity is read often enough that the child learns of a
 	// renewal well before the end it knows of comes near.
 	poll := validityPoll(lease)
@@ -373,6 +350,35 @@ func superviseProcess(ctx context.Context, g *globals, self string, grace time.D
 			send("end %s:%s\n", kind, why)
 		}
 	}
+}
+
+// awaitTree returns what cmd.Wait returned, once cmd has exited and the
+// lifeline lifeR is closed: by cmd and by its guard, which a child killed
+// with SIGKILL leaves to kill its tree. Only then may the lease go.
+func awaitTree(g *globals, cmd *exec.Cmd, lifeR *os.File, desc string) <-chan error {
+	treeGone := make(chan struct{})
+	go func() {
+		_, _ = io.Copy(io.Discard, lifeR)
+		lifeR.Close()
+		close(treeGone)
+	}()
+	waited := make(chan error, 1)
+	go func() {
+		err := cmd.Wait()
+		select {
+		case <-treeGone:
+		case <-time.After(time.Second):
+			if err == nil {
+				<-treeGone // a slow guard after a clean exit: nothing to say
+				break
+			}
+			fmt.Fprintf(g.stderr, "fenced: %s: its supervisor exited (%v); the lease is kept until the supervisor's guard "+
+				"has killed every process of COMMAND\n", desc, err)
+			<-treeGone
+		}
+		waited <- err
+	}()
+	return waited
 }
 
 // isPipe reports whether fd is open on a pipe.
