@@ -85,10 +85,13 @@ func handOffRound(t *testing.T, store string, ttl time.Duration) (late string) {
 	wait := max(8*time.Second, 4*ttl)
 	var members []*exec.Cmd
 	defer func() {
-		// A member told to leave ends its commands.
+		// A member told to leave ends its commands; one that has not
+		// left within the round's wait is killed.
 		for _, m := range members {
 			if m.ProcessState == nil && m.Process.Signal(syscall.SIGTERM) == nil {
+				kill := time.AfterFunc(wait, func() { _ = m.Process.Kill() })
 				_, _ = m.Process.Wait()
+				kill.Stop()
 			}
 		}
 	}()
