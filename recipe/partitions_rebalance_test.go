@@ -320,7 +320,7 @@ func TestPartitionsThrottleSparesOrphans(t *testing.T) {
 	handed := ms[0].Stats().HandOffs
 	stick.Store(true)
 	join("d", lg.work("d")) // a hands one off, and it sticks
-	waitFor(t, func() bool { return ms[0].Stats().HandOffs > handed }, func() time.Duration { return 2 * mc.rebalanceBound(p, 4, 0) })
+	waitFor(t, func() bool { return ms[0].Stats().HandOffs > handed }, func() time.Duration { return 2 * mc.rebalanceBound(p, 4, lg.lapsed()) })
 	time.Sleep(mc.ttl) // the stuck hand-off holds the group's one slot
 	if n := ms[0].Stats().HandOffs; n != handed+1 {
 		t.Fatalf("a handed off %d after the join; want 1 (MaxInTransition 1, its work stuck)", n-handed)
@@ -331,8 +331,9 @@ func TestPartitionsThrottleSparesOrphans(t *testing.T) {
 	alive := []*recipe.Partitions{ms[0], ms[2], ms[3]}
 	// The crash bound: the store keeps b's grants a TTL from their last
 	// renewal (keeps), its membership goes as late, then a poll and the
-	// rebalance chain.
-	bound := mc.keeps + mc.ttl/3 + mc.rebalanceBound(p, 3, lg.lapsed())
+	// rebalance chain. It is re-read at every look: the delays seen and
+	// the leases the survivors lose to them may grow while it waits.
+	bound := func() time.Duration { return mc.keeps + mc.ttl/3 + mc.rebalanceBound(p, 3, lg.lapsed()) }
 	waitFor(t, func() bool {
 		held := map[int]bool{}
 		for _, m := range alive {
@@ -346,9 +347,9 @@ func TestPartitionsThrottleSparesOrphans(t *testing.T) {
 			}
 		}
 		return true
-	}, func() time.Duration { return bound })
+	}, bound)
 	t.Logf("b's %d partitions re-owned %v after its crash (bound %v), a's hand-off still stuck", len(dead),
-		time.Since(start).Round(time.Millisecond), bound.Round(time.Millisecond))
+		time.Since(start).Round(time.Millisecond), bound().Round(time.Millisecond))
 	if n := ms[0].Stats().HandOffs; n != handed+1 {
 		t.Errorf("a handed off %d after the join; want 1", n-handed)
 	}

@@ -2,6 +2,8 @@ package testenv
 
 import (
 	"fmt"
+	"io"
+	"net/http"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -116,7 +118,41 @@ func startEtcdCluster(t testing.TB, n int, hosts []*NetHost) *EtcdCluster {
 	for _, m := range c.Members {
 		m.proc.WaitPort(t, m.Endpoint, 30*time.Second)
 	}
+	if hosts == nil { // a Net's hosts are out of this process's reach
+		c.waitLeader(t, 60*time.Second)
+	}
 	return c
+}
+
+// waitLeader waits until every member reports a leader and serves a
+// quorum read (etcd's /health), so a test starts on a settled cluster.
+// A busy machine may take seconds over its first election.
+func (c *EtcdCluster) waitLeader(t testing.TB, bound time.Duration) {
+	t.Helper()
+	hc := &http.Client{Timeout: 2 * time.Second}
+	deadline := time.Now().Add(bound)
+	for _, m := range c.Members {
+		for {
+			body, err := etcdHealth(hc, m.ClientURL)
+			if err == nil && strings.Contains(body, `"health":"true"`) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("etcd cluster: %s not healthy within %v: %q, %v", m.Name, bound, body, err)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+}
+
+func etcdHealth(hc *http.Client, clientURL string) (string, error) {
+	resp, err := hc.Get(clientURL + "/health")
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return string(b), err
 }
 
 // Start starts (or restarts, with its data) the member.
