@@ -160,6 +160,9 @@ type Group struct {
 	unwatch chan struct{} // closed to end watch (cgroup mode)
 	linMu   sync.Mutex
 	lin     lineage // the supervisor's descendants, for gather and watch
+	// moveMu keeps watch's moves out of SignalAll: a process moved back
+	// between its cgroup pass and its gather would be missed by both.
+	moveMu sync.Mutex
 
 	goneFlag atomic.Bool  // Gone was reported
 	exits    atomic.Int64 // children reaped so far, for eachLiving
@@ -355,6 +358,8 @@ func (g *Group) Signal(sig syscall.Signal) error {
 func (g *Group) SignalAll(sig syscall.Signal) int {
 	defer unix.Kill(-g.pid, sig)
 	if g.cg != nil {
+		g.moveMu.Lock()
+		defer g.moveMu.Unlock()
 		// The cgroup first, at once. Then those that left it: each moved
 		// back is signalled as the cgroup was (for SIGKILL, cgroup.kill
 		// again, which also reaches what it forked since); each that

@@ -31,6 +31,7 @@ func (g *Group) watch(done <-chan struct{}) {
 	defer runtime.UnlockOSThread()
 	for {
 		start := threadCPU()
+		g.moveMu.Lock()
 		for range 10 { // bounded: a fork bomb outside is ended by SignalAll
 			moved := 0
 			for _, p := range g.lineageProcs() {
@@ -45,6 +46,7 @@ func (g *Group) watch(done <-chan struct{}) {
 				break
 			}
 		}
+		g.moveMu.Unlock()
 		select {
 		case <-done:
 			return
