@@ -121,7 +121,7 @@ func (c *Client) waitEnded(ctx context.Context, waitOver <-chan time.Time) bool 
 // that take them.
 func (c *Client) tryAcquire(ctx context.Context, key, owner string, s LeaseOptions) (uint64, error) {
 	if ta := c.ops().TermsAcquirer; ta != nil {
-		return ta.TryAcquireTerms(ctx, key, owner, s.terms())
+		return ta.TryAcquireTerms(ctx, key, owner, s.TTL, s.SafetyMargin)
 	}
 	return c.drv.TryAcquire(ctx, key, owner, s.TTL)
 }

@@ -69,16 +69,16 @@ func (c *Client) Breaks(ctx context.Context, key string) ([]driver.BreakRecord, 
 // store or table with (RaiseFenceFloor there) before moving keys to it, so
 // that no resource ever sees a fence go back. Stores without a floor
 // (Capabilities().FenceFloor false) return ErrUnsupported.
-func (c *Client) FenceFloor(ctx context.Context) (driver.FloorInfo, error) {
+func (c *Client) FenceFloor(ctx context.Context) (floor, maxFence uint64, err error) {
 	ff := c.ops().FenceFloorer
 	if ff == nil {
-		return driver.FloorInfo{}, fmt.Errorf("fenced: fence floor: %w", ErrUnsupported)
+		return 0, 0, fmt.Errorf("fenced: fence floor: %w", ErrUnsupported)
 	}
-	info, err := ff.FenceFloor(ctx)
+	floor, maxFence, err = ff.FenceFloor(ctx)
 	if err != nil {
-		return driver.FloorInfo{}, fmt.Errorf("fenced: fence floor: %w", err)
+		return 0, 0, fmt.Errorf("fenced: fence floor: %w", err)
 	}
-	return info, nil
+	return floor, maxFence, nil
 }
 
 // RaiseFenceFloor raises the store's fence floor to floor, if it is lower,
@@ -86,7 +86,7 @@ func (c *Client) FenceFloor(ctx context.Context) (driver.FloorInfo, error) {
 // any key, gets a fence above it. A floor is never lowered. Use it when a
 // key's counter restarted or is about to (keys moved to another table or
 // store, rows deleted by hand) while resources hold fences from before. A
-// floor above driver.MaxFenceFloor fails with ErrInvalidFloor;
+// floor above 2^61 fails with ErrInvalidFloor;
 // stores without a floor return ErrUnsupported.
 func (c *Client) RaiseFenceFloor(ctx context.Context, floor uint64) (uint64, error) {
 	ff := c.ops().FenceFloorer
@@ -107,15 +107,16 @@ func (c *Client) RaiseFenceFloor(ctx context.Context, floor uint64) (uint64, err
 // when a grant was released (MySQL, SQLite), a released or broken key is
 // old enough for any olderThan. A negative olderThan fails with
 // ErrInvalidTTL; stores that keep no per-key state
-// (Capabilities().FenceFloor false) return ErrUnsupported.
-func (c *Client) Prune(ctx context.Context, olderThan time.Duration) (driver.PruneResult, error) {
+// (Capabilities().FenceFloor false) return ErrUnsupported. It returns the
+// keys deleted and the floor after; on an error, what was done before it.
+func (c *Client) Prune(ctx context.Context, olderThan time.Duration) (deleted int64, floor uint64, err error) {
 	p := c.ops().FenceFloorer
 	if p == nil {
-		return driver.PruneResult{}, fmt.Errorf("fenced: prune: %w", ErrUnsupported)
+		return 0, 0, fmt.Errorf("fenced: prune: %w", ErrUnsupported)
 	}
-	res, err := p.Prune(ctx, olderThan)
+	deleted, floor, err = p.Prune(ctx, olderThan)
 	if err != nil {
-		return res, fmt.Errorf("fenced: prune older than %v: %w", olderThan, err)
+		return deleted, floor, fmt.Errorf("fenced: prune older than %v: %w", olderThan, err)
 	}
-	return res, nil
+	return deleted, floor, nil
 }

@@ -35,7 +35,7 @@ func ExampleClient_RaiseFenceFloor() {
 		}
 		l.Release(ctx)
 	}
-	info, err := old.FenceFloor(ctx)
+	oldFloor, oldMax, err := old.FenceFloor(ctx)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -45,7 +45,7 @@ func ExampleClient_RaiseFenceFloor() {
 		log.Fatal(err)
 	}
 	defer moved.Close()
-	floor, err := moved.RaiseFenceFloor(ctx, max(info.Floor, info.MaxFence))
+	floor, err := moved.RaiseFenceFloor(ctx, max(oldFloor, oldMax))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -54,7 +54,7 @@ func ExampleClient_RaiseFenceFloor() {
 		log.Fatal(err)
 	}
 	defer l.Release(ctx)
-	fmt.Println("old table's highest fence:", info.MaxFence, "new floor:", floor, "next fence:", l.Fence())
+	fmt.Println("old table's highest fence:", oldMax, "new floor:", floor, "next fence:", l.Fence())
 	// Output: old table's highest fence: 3 new floor: 3 next fence: 4
 }
 
@@ -76,7 +76,7 @@ func ExampleClient_Prune() {
 		}
 		l.Release(ctx)
 	}
-	res, err := client.Prune(ctx, 30*24*time.Hour)
+	deleted, floor, err := client.Prune(ctx, 30*24*time.Hour)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -85,7 +85,7 @@ func ExampleClient_Prune() {
 		log.Fatal(err)
 	}
 	defer l.Release(ctx)
-	fmt.Println("pruned:", res.Deleted, "floor:", res.Floor, "next fence:", l.Fence())
+	fmt.Println("pruned:", deleted, "floor:", floor, "next fence:", l.Fence())
 	// Stores that keep no row per key (Redis, etcd, ZooKeeper) have nothing
 	// to prune and return ErrUnsupported.
 	// Output: pruned: 1 floor: 2 next fence: 3

@@ -13,7 +13,7 @@ import (
 // checked in the same atomic operation; otherwise it fails with an error
 // matching ErrNotHeld and changes nothing, so a holder paused past its TTL
 // cannot overwrite its successor's checkpoint. A value longer than
-// driver.MaxCheckpoint (64 KiB) fails with ErrCheckpointTooLarge.
+// 64 KiB fails with ErrCheckpointTooLarge.
 // Stores without checkpoints (Capabilities().Checkpoint false) return
 // ErrUnsupported.
 func (l *Lease) Checkpoint(ctx context.Context, value []byte) error {

@@ -3,16 +3,16 @@ package fenced_test
 import (
 	"context"
 	"errors"
+	"github.com/fenced-dev/fenced/internal/core/limits"
 	"testing"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/mem"
 )
 
 // TestCheckpointDoors checks the checkpoint doors on their own: a store
 // without checkpoints says ErrUnsupported (and Capabilities false) and
-// the lease goes on; a checkpoint over driver.MaxCheckpoint is refused
+// the lease goes on; a checkpoint over limits.MaxCheckpoint is refused
 // before the store is asked, and a bad key is refused by its name.
 func TestCheckpointDoors(t *testing.T) {
 	ctx := context.Background()
@@ -46,8 +46,8 @@ func TestCheckpointDoors(t *testing.T) {
 	if err := l2.Checkpoint(ctx, []byte("kept")); err != nil {
 		t.Fatal(err)
 	}
-	if err := l2.Checkpoint(ctx, make([]byte, driver.MaxCheckpoint+1)); !errors.Is(err, fenced.ErrCheckpointTooLarge) {
-		t.Errorf("a checkpoint of driver.MaxCheckpoint+1 bytes = %v; want ErrCheckpointTooLarge", err)
+	if err := l2.Checkpoint(ctx, make([]byte, limits.MaxCheckpoint+1)); !errors.Is(err, fenced.ErrCheckpointTooLarge) {
+		t.Errorf("a checkpoint of limits.MaxCheckpoint+1 bytes = %v; want ErrCheckpointTooLarge", err)
 	}
 	if v, _, err := c.Checkpoint(ctx, "doors"); err != nil || string(v) != "kept" {
 		t.Errorf("after the refused one, Client.Checkpoint = %q, %v; want \"kept\"", v, err)

@@ -36,9 +36,9 @@ func TestDoorsRefuseWhatTheStoreCannotDo(t *testing.T) {
 	_, _, errValue := c.Value(ctx, "doors")
 	_, errWatch := c.Watch(ctx, "doors")
 	_, errBreaks := c.Breaks(ctx, "")
-	_, errFloor := c.FenceFloor(ctx)
+	_, _, errFloor := c.FenceFloor(ctx)
 	_, errRaise := c.RaiseFenceFloor(ctx, 1)
-	_, errPrune := c.Prune(ctx, time.Hour)
+	_, _, errPrune := c.Prune(ctx, time.Hour)
 	for name, err := range map[string]error{
 		"Value": errValue, "SetValue": l.SetValue(ctx, "v"), "Watch": errWatch, "Breaks": errBreaks,
 		"FenceFloor": errFloor, "RaiseFenceFloor": errRaise, "Prune": errPrune,

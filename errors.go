@@ -38,14 +38,13 @@ var (
 	// ErrInvalidTTL means a TTL, or another duration of a lease's terms,
 	// failed validation.
 	ErrInvalidTTL = sentinel.ErrInvalidTTL
-	// ErrCheckpointTooLarge means a checkpoint was longer than
-	// driver.MaxCheckpoint; nothing was written.
+	// ErrCheckpointTooLarge means a checkpoint was longer than 64 KiB;
+	// nothing was written.
 	ErrCheckpointTooLarge = sentinel.ErrCheckpointTooLarge
 	// ErrInvalidURL means a store URL could not be parsed or names an
 	// unknown scheme.
 	ErrInvalidURL = sentinel.ErrInvalidURL
-	// ErrInvalidFloor means a fence floor was out of range (see
-	// driver.MaxFenceFloor).
+	// ErrInvalidFloor means a fence floor was out of range (above 2^61).
 	ErrInvalidFloor = sentinel.ErrInvalidFloor
 )
 

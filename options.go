@@ -2,6 +2,7 @@ package fenced
 
 import (
 	"fmt"
+	"github.com/fenced-dev/fenced/internal/core/limits"
 	"math"
 	"math/rand/v2"
 	"time"
@@ -14,12 +15,7 @@ import (
 	"github.com/fenced-dev/fenced/internal/core/ttlrule"
 )
 
-// The key limit and the TTL default applied before a driver sees them.
 const (
-	// MaxKeyLen is the longest key accepted, in bytes.
-	MaxKeyLen = 256
-	// DefaultTTL is the TTL of a lease whose options name none.
-	DefaultTTL = 30 * time.Second
 	// defaultCloseTimeout bounds Client.Close when Options.CloseTimeout is
 	// not set.
 	defaultCloseTimeout = 5 * time.Second
@@ -124,10 +120,6 @@ const maxOwnerTagLen = 8
 // sent.
 func (s LeaseOptions) validity() time.Duration { return s.TTL - s.SafetyMargin }
 
-func (s LeaseOptions) terms() driver.Terms {
-	return driver.Terms{TTL: s.TTL, SafetyMargin: s.SafetyMargin}
-}
-
 // origin says where a resolved value came from, for error messages.
 type origin int
 
@@ -158,7 +150,7 @@ func (c *Client) Resolve(opts *LeaseOptions) (LeaseOptions, error) {
 		s = *opts
 	}
 	if s.TTL == 0 {
-		s.TTL = DefaultTTL
+		s.TTL = ttlrule.Default
 	}
 	if lo, hi := capability.TTLBounds(c.ops().Declared, ttlrule.Min, ttlrule.Max); s.TTL < lo || s.TTL > hi {
 		return LeaseOptions{}, invalid(true, "TTL", "%v is outside [%v, %v], the TTLs this store accepts", s.TTL, lo, hi)
@@ -260,14 +252,14 @@ func (c *Client) checkFence(min FenceStrength, from origin) error {
 }
 
 // ValidateKey reports whether key is acceptable to every backend: non-empty,
-// at most MaxKeyLen bytes of valid UTF-8, printable, with no leading or
+// at most 256 bytes of valid UTF-8, printable, with no leading or
 // trailing space. Errors match ErrInvalidKey.
 func ValidateKey(key string) error {
 	switch {
 	case key == "":
 		return fmt.Errorf("%w: key is empty", ErrInvalidKey)
-	case len(key) > MaxKeyLen:
-		return fmt.Errorf("%w: key is %d bytes, longer than %d", ErrInvalidKey, len(key), MaxKeyLen)
+	case len(key) > limits.MaxKeyLen:
+		return fmt.Errorf("%w: key is %d bytes, longer than %d", ErrInvalidKey, len(key), limits.MaxKeyLen)
 	case !utf8.ValidString(key):
 		return fmt.Errorf("%w: key %q is not valid UTF-8", ErrInvalidKey, key)
 	}

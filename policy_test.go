@@ -3,6 +3,7 @@ package fenced_test
 import (
 	"context"
 	"errors"
+	"github.com/fenced-dev/fenced/internal/core/ttlrule"
 	"math"
 	"strings"
 	"testing"
@@ -93,13 +94,13 @@ func TestClientMinFenceAppliesWhenLeaseIsSilent(t *testing.T) {
 	cache := &fenced.LeaseOptions{FailOpen: true, MaxWait: time.Minute, ManualRenew: true, MaxHold: 5 * time.Second}
 	got, err := c.Resolve(cache)
 	want := fenced.LeaseOptions{
-		TTL:          fenced.DefaultTTL,
+		TTL:          ttlrule.Default,
 		MaxWait:      time.Minute,
 		MinFence:     fenced.FenceNone,
 		FailOpen:     true,
 		ManualRenew:  true,
 		MaxHold:      5 * time.Second,
-		SafetyMargin: fenced.DefaultTTL/100 + 2*time.Millisecond,
+		SafetyMargin: ttlrule.Default/100 + 2*time.Millisecond,
 	}
 	if err != nil || got != want {
 		t.Fatalf("Resolve = %+v, %v; want %+v", got, err, want)

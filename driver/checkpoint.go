@@ -2,13 +2,6 @@ package driver
 
 import "context"
 
-// MaxCheckpoint is the largest checkpoint a Checkpointer stores, in bytes
-// (64 KiB): every backend that declares Checkpoint keeps one that large
-// in one record (a MySQL BLOB's limit; far below etcd's request limit,
-// DynamoDB's item and ZooKeeper's node), and a checkpoint is a position,
-// not the data behind it.
-const MaxCheckpoint = 64 << 10
-
 // Checkpointer is implemented by drivers that keep a key's checkpoint: an
 // opaque value the key's holder records as its progress, which outlives
 // the grant it was recorded under and is read by the key's next holder
@@ -21,9 +14,10 @@ type Checkpointer interface {
 	// operation as the write: a read-then-write is not one. Otherwise it
 	// returns an error matching ErrNotHeld and changes nothing, so a late
 	// checkpoint from an earlier holder (paused past its TTL, then
-	// resumed) never replaces a later holder's. A value longer than
-	// MaxCheckpoint is refused with fenced.ErrCheckpointTooLarge. An empty value
-	// is stored as one.
+	// resumed) never replaces a later holder's. A value longer than 64 KiB
+	// is refused with fenced.ErrCheckpointTooLarge; every backend that
+	// declares Checkpoint keeps one that large in one record. An empty
+	// value is stored as one.
 	Checkpoint(ctx context.Context, g Grant, value []byte) error
 	// ReadCheckpoint returns key's last stored checkpoint and the fence of
 	// the grant that stored it. A key with no checkpoint returns a nil

@@ -202,26 +202,18 @@ type TimedQueuer interface {
 	AcquireTimed(ctx context.Context, key, owner string, ttl time.Duration) (fence uint64, confirmed time.Time, err error)
 }
 
-// Terms are the parts of a lease's resolved, validated terms (see
-// fenced.LeaseOptions) that a driver may act on beyond its TTL.
-type Terms struct {
-	// TTL is how long the authority keeps the grant without renewal.
-	TTL time.Duration
-	// SafetyMargin is what the portable layer subtracts from the TTL for
-	// the holder's local validity (measured from before the first request
-	// was sent). It is positive and shorter than TTL.
-	SafetyMargin time.Duration
-}
-
 // TermsAcquirer is implemented by drivers whose decision to grant depends on
 // a lease's terms beyond its TTL. Redlock accepts a majority only if TTL
 // minus the time the round took minus the drift allowance is still positive.
-// It takes the lease's SafetyMargin as that allowance. So the driver's check
+// It takes the lease's safety margin as that allowance. So the driver's check
 // and the holder's local validity are the same arithmetic. The portable
 // layer calls TryAcquireTerms instead of TryAcquire. It must behave as
-// TryAcquire with t.TTL in every other respect.
+// TryAcquire with ttl in every other respect.
 type TermsAcquirer interface {
-	TryAcquireTerms(ctx context.Context, key, owner string, t Terms) (fence uint64, err error)
+	// TryAcquireTerms is TryAcquire with the lease's resolved safety
+	// margin: what the portable layer subtracts from ttl for the holder's
+	// local validity. The margin is positive and shorter than ttl.
+	TryAcquireTerms(ctx context.Context, key, owner string, ttl, margin time.Duration) (fence uint64, err error)
 }
 
 // BatchRenewer is implemented by drivers that renew many grants in one

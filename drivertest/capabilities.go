@@ -48,7 +48,7 @@ func (s *suite) testCapabilities(t *testing.T) {
 		}},
 		{"Terms (driver.TermsAcquirer)", declared.Terms, has.Terms, func() error {
 			_, err := d.(driver.TermsAcquirer).TryAcquireTerms(context.Background(), Key("caps"), owner(),
-				driver.Terms{TTL: time.Second, SafetyMargin: ttlrule.DefaultSafetyMargin(time.Second)})
+				time.Second, ttlrule.DefaultSafetyMargin(time.Second))
 			return err
 		}},
 		{"BatchRenew (driver.BatchRenewer)", declared.BatchRenew, has.BatchRenew, func() error {

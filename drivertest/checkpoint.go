@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"github.com/fenced-dev/fenced/internal/core/limits"
 	"testing"
 	"time"
 
@@ -16,7 +17,7 @@ import (
 // grant expired, as after a pause past the TTL) is refused whether or not
 // a newer grant exists, the next holder reads the last one stored, it
 // outlives the grant that stored it, and a value over
-// driver.MaxCheckpoint is refused and changes nothing.
+// limits.MaxCheckpoint is refused and changes nothing.
 func (s *suite) testCheckpoint(t *testing.T) {
 	d, clk := s.expiryDriver(t)
 	if !d.Capabilities().Checkpoint {
@@ -38,7 +39,7 @@ func (s *suite) testCheckpoint(t *testing.T) {
 			t.Fatalf("%s: Checkpoint = %v, want an error matching %v", step, err, sentinel)
 		}
 	}
-	big := bytes.Repeat([]byte{0xfe}, driver.MaxCheckpoint)
+	big := bytes.Repeat([]byte{0xfe}, limits.MaxCheckpoint)
 	// A's grant must outlive its calls below on a busy machine: its TTL
 	// is ShortTTL, or, if longer, 20 times the slowest of three reads
 	// or 5 times the slowest of three writes of a grant, its largest
@@ -80,14 +81,14 @@ func (s *suite) testCheckpoint(t *testing.T) {
 	}
 	want("A's empty checkpoint", []byte{}, a.Fence)
 	if err := cp.Checkpoint(ctx, a, big); err != nil {
-		t.Fatalf("A's checkpoint of driver.MaxCheckpoint bytes: %v", err)
+		t.Fatalf("A's checkpoint of limits.MaxCheckpoint bytes: %v", err)
 	}
 	want("A's largest checkpoint", big, a.Fence)
 	good := []byte("offset=42\x00\xff")
 	if err := cp.Checkpoint(ctx, a, good); err != nil {
 		t.Fatal(err)
 	}
-	refused("one byte over driver.MaxCheckpoint", a, append(big, 0), fenced.ErrCheckpointTooLarge)
+	refused("one byte over limits.MaxCheckpoint", a, append(big, 0), fenced.ErrCheckpointTooLarge)
 	refused("another owner with A's fence", driver.Grant{Key: key, Owner: owner(), Fence: a.Fence, TTL: ttl},
 		[]byte("x"), fenced.ErrNotHeld)
 	refused("A's owner with a later fence", driver.Grant{Key: key, Owner: a.Owner, Fence: a.Fence + 1, TTL: ttl},
@@ -132,7 +133,7 @@ func (s *suite) checkpointDoors(ctx context.Context, t *testing.T) {
 	if err := l.Checkpoint(ctx, []byte("door")); err != nil {
 		t.Fatalf("Lease.Checkpoint: %v", err)
 	}
-	if err := l.Checkpoint(ctx, make([]byte, driver.MaxCheckpoint+1)); !errors.Is(err, fenced.ErrCheckpointTooLarge) {
+	if err := l.Checkpoint(ctx, make([]byte, limits.MaxCheckpoint+1)); !errors.Is(err, fenced.ErrCheckpointTooLarge) {
 		t.Fatalf("Lease.Checkpoint over the bound: %v, want ErrCheckpointTooLarge", err)
 	}
 	fence := l.Fence()

@@ -25,6 +25,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/fenced-dev/fenced/internal/core/limits"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -733,7 +734,7 @@ func (s *suite) testBadInput(t *testing.T) {
 		want error
 	}{
 		{"empty key", "", fenced.LeaseOptions{}, fenced.ErrInvalidKey},
-		{"oversized key", strings.Repeat("k", fenced.MaxKeyLen+1), fenced.LeaseOptions{}, fenced.ErrInvalidKey},
+		{"oversized key", strings.Repeat("k", limits.MaxKeyLen+1), fenced.LeaseOptions{}, fenced.ErrInvalidKey},
 		{"control character", key + "\x00", fenced.LeaseOptions{}, fenced.ErrInvalidKey},
 		{"newline", key + "\nx", fenced.LeaseOptions{}, fenced.ErrInvalidKey},
 		{"invalid UTF-8", key + "\xff", fenced.LeaseOptions{}, fenced.ErrInvalidKey},

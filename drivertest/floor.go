@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/fenced-dev/fenced/internal/core/limits"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -90,8 +91,8 @@ func (s *floorSuite) testRaise(t *testing.T) {
 	ctx := Context(t)
 	table := newTable()
 	d := s.open(t, table)
-	if info, err := d.FenceFloor(ctx); err != nil || info != (driver.FloorInfo{}) {
-		t.Fatalf("FenceFloor of a new table = %+v, %v; want zero", info, err)
+	if floor, maxFence, err := d.FenceFloor(ctx); err != nil || floor != 0 || maxFence != 0 {
+		t.Fatalf("FenceFloor of a new table = %d, %d, %v; want zero", floor, maxFence, err)
 	}
 	old := cycle(t, d, "k:old")
 	held := grant(t, d, "k:held", time.Minute)
@@ -101,8 +102,8 @@ func (s *floorSuite) testRaise(t *testing.T) {
 	if got, err := d.RaiseFenceFloor(ctx, 50); err != nil || got != 100 {
 		t.Fatalf("RaiseFenceFloor(50) after 100 = %d, %v; a floor never goes down", got, err)
 	}
-	if info, err := d.FenceFloor(ctx); err != nil || info.Floor != 100 || info.MaxFence != max(old, held.Fence) {
-		t.Fatalf("FenceFloor = %+v, %v; want floor 100, max fence %d", info, err, max(old, held.Fence))
+	if floor, maxFence, err := d.FenceFloor(ctx); err != nil || floor != 100 || maxFence != max(old, held.Fence) {
+		t.Fatalf("FenceFloor = %d, %d, %v; want floor 100, max fence %d", floor, maxFence, err, max(old, held.Fence))
 	}
 	// The holder's own re-acquire keeps its grant and fence.
 	if f, err := d.TryAcquire(ctx, held.Key, held.Owner, time.Minute); err != nil || f != held.Fence {
@@ -134,16 +135,16 @@ func (s *floorSuite) testSeed(t *testing.T) {
 	for range 3 {
 		last = cycle(t, oldT, "k:moved")
 	}
-	info, err := oldT.FenceFloor(ctx)
-	if err != nil || info.MaxFence != last {
-		t.Fatalf("FenceFloor of the old table = %+v, %v; want max fence %d", info, err, last)
+	floor, maxFence, err := oldT.FenceFloor(ctx)
+	if err != nil || maxFence != last {
+		t.Fatalf("FenceFloor of the old table = %d, %d, %v; want max fence %d", floor, maxFence, err, last)
 	}
 	unseeded := s.open(t, newTable())
 	if f := cycle(t, unseeded, "k:moved"); f > last {
 		t.Fatalf("a new table without a floor gave fence %d; the test assumes counters restart", f)
 	}
 	seeded := s.open(t, newTable())
-	if _, err := seeded.RaiseFenceFloor(ctx, max(info.Floor, info.MaxFence)); err != nil {
+	if _, err := seeded.RaiseFenceFloor(ctx, max(floor, maxFence)); err != nil {
 		t.Fatal(err)
 	}
 	if f := cycle(t, seeded, "k:moved"); f <= last {
@@ -166,12 +167,13 @@ func (s *floorSuite) testPrune(t *testing.T) {
 	// store records one) in the past.
 	time.Sleep(300 * time.Millisecond)
 
-	res, err := d.Prune(ctx, 0)
+	deleted, floor, err := d.Prune(ctx, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Deleted != 4 || res.Floor < max(fences["k:a"], fences["k:b"], fences["k:c"], expired.Fence) {
-		t.Fatalf("Prune(0) = %+v; want 4 deleted and a floor of at least every deleted fence (%v, expired %d)", res, fences, expired.Fence)
+	if deleted != 4 || floor < max(fences["k:a"], fences["k:b"], fences["k:c"], expired.Fence) {
+		t.Fatalf("Prune(0) = %d deleted, floor %d; want 4 deleted and a floor of at least every deleted fence (%v, expired %d)",
+			deleted, floor, fences, expired.Fence)
 	}
 	for _, k := range []string{"k:a", "k:b", "k:c", "k:expired"} {
 		if _, err := d.Inspect(ctx, k); !errors.Is(err, fenced.ErrNotFound) {
@@ -188,8 +190,8 @@ func (s *floorSuite) testPrune(t *testing.T) {
 		t.Fatalf("renew of a pruned grant: %v, want ErrNotHeld", err)
 	}
 	for k, f := range fences {
-		if g := cycle(t, d, k); g <= f || g <= res.Floor {
-			t.Errorf("%s after prune: fence %d, want above its old %d and the floor %d", k, g, f, res.Floor)
+		if g := cycle(t, d, k); g <= f || g <= floor {
+			t.Errorf("%s after prune: fence %d, want above its old %d and the floor %d", k, g, f, floor)
 		}
 	}
 	if g := grant(t, d, expired.Key, time.Minute); g.Fence <= expired.Fence {
@@ -198,9 +200,9 @@ func (s *floorSuite) testPrune(t *testing.T) {
 	// With an hour's age, held keys stay and the floor never goes down.
 	// Stores that keep no release time (MySQL, SQLite) delete the three
 	// keys released just now, others keep them.
-	res2, err := d.Prune(ctx, time.Hour)
-	if err != nil || res2.Floor < res.Floor || (res2.Deleted != 0 && res2.Deleted != 3) {
-		t.Fatalf("Prune(1h) = %+v, %v; want 0 or 3 deleted, floor at least %d", res2, err, res.Floor)
+	deleted2, floor2, err := d.Prune(ctx, time.Hour)
+	if err != nil || floor2 < floor || (deleted2 != 0 && deleted2 != 3) {
+		t.Fatalf("Prune(1h) = %d deleted, floor %d, %v; want 0 or 3 deleted, floor at least %d", deleted2, floor2, err, floor)
 	}
 	for _, k := range []string{held.Key, expired.Key} {
 		if info, err := d.Inspect(ctx, k); err != nil || !info.Held {
@@ -242,15 +244,15 @@ func (s *floorSuite) testPruneMany(t *testing.T) {
 	}
 	held := grant(t, d, "many:held", time.Minute)
 	time.Sleep(300 * time.Millisecond)
-	res, err := d.Prune(ctx, 0)
-	if err != nil || res.Deleted != keys || res.Floor < highest.Load() {
-		t.Fatalf("Prune(0) = %+v, %v; want %d deleted, floor at least %d", res, err, keys, highest.Load())
+	deleted, floor, err := d.Prune(ctx, 0)
+	if err != nil || deleted != int64(keys) || floor < highest.Load() {
+		t.Fatalf("Prune(0) = %d deleted, floor %d, %v; want %d deleted, floor at least %d", deleted, floor, err, keys, highest.Load())
 	}
 	if infos, err := d.List(ctx, "many:"); err != nil || len(infos) != 1 || infos[0].Key != held.Key {
 		t.Fatalf("after prune List = %+v, %v; want only %s", infos, err, held.Key)
 	}
-	if g := grant(t, d, "many:0000", time.Minute); g.Fence <= res.Floor {
-		t.Fatalf("a pruned key again: fence %d, want above the floor %d", g.Fence, res.Floor)
+	if g := grant(t, d, "many:0000", time.Minute); g.Fence <= floor {
+		t.Fatalf("a pruned key again: fence %d, want above the floor %d", g.Fence, floor)
 	}
 }
 
@@ -281,12 +283,12 @@ func (s *floorSuite) testPruneRace(t *testing.T) {
 				return
 			default:
 			}
-			res, err := pd.Prune(ctx, 0)
+			deleted, _, err := pd.Prune(ctx, 0)
 			if err != nil {
 				t.Errorf("prune: %v", err)
 				return
 			}
-			pruned.Add(res.Deleted)
+			pruned.Add(deleted)
 			// Often, but not back to back: a store with one writer at a
 			// time (SQLite) would otherwise keep grants waiting.
 			time.Sleep(2 * time.Millisecond)
@@ -355,19 +357,19 @@ func (s *floorSuite) testPruneRace(t *testing.T) {
 func (s *floorSuite) testBadInput(t *testing.T) {
 	ctx := Context(t)
 	d := s.open(t, newTable())
-	if _, err := d.RaiseFenceFloor(ctx, driver.MaxFenceFloor+1); !errors.Is(err, fenced.ErrInvalidFloor) {
+	if _, err := d.RaiseFenceFloor(ctx, limits.MaxFenceFloor+1); !errors.Is(err, fenced.ErrInvalidFloor) {
 		t.Errorf("RaiseFenceFloor above MaxFenceFloor: %v, want ErrInvalidFloor", err)
 	}
-	if _, err := d.Prune(ctx, -time.Second); !errors.Is(err, fenced.ErrInvalidTTL) {
+	if _, _, err := d.Prune(ctx, -time.Second); !errors.Is(err, fenced.ErrInvalidTTL) {
 		t.Errorf("Prune(-1s): %v, want ErrInvalidTTL", err)
 	}
-	if info, err := d.FenceFloor(ctx); err != nil || info.Floor != 0 {
-		t.Errorf("after refused input the floor is %+v, %v; want 0", info, err)
+	if floor, _, err := d.FenceFloor(ctx); err != nil || floor != 0 {
+		t.Errorf("after refused input the floor is %d, %v; want 0", floor, err)
 	}
-	if got, err := d.RaiseFenceFloor(ctx, driver.MaxFenceFloor); err != nil || got != driver.MaxFenceFloor {
+	if got, err := d.RaiseFenceFloor(ctx, limits.MaxFenceFloor); err != nil || got != limits.MaxFenceFloor {
 		t.Fatalf("RaiseFenceFloor(MaxFenceFloor) = %d, %v", got, err)
 	}
-	if f := cycle(t, d, "k:top"); f != driver.MaxFenceFloor+1 {
-		t.Errorf("fence above the highest floor = %d, want %d", f, driver.MaxFenceFloor+1)
+	if f := cycle(t, d, "k:top"); f != limits.MaxFenceFloor+1 {
+		t.Errorf("fence above the highest floor = %d, want %d", f, limits.MaxFenceFloor+1)
 	}
 }

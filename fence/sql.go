@@ -127,7 +127,7 @@ type Table struct {
 	OwnerColumn string
 	// LeaseKeyColumn records the lease key the row's fence belongs to;
 	// default "fence_key". Same requirements as OwnerColumn, and room for
-	// fenced.MaxKeyLen bytes. An empty value means the row is not bound yet:
+	// limits.MaxKeyLen bytes. An empty value means the row is not bound yet:
 	// the first write that applies binds it.
 	LeaseKeyColumn string
 	// LeaseKey, when set, returns the lease key whose holders may write the

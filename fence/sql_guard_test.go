@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"github.com/fenced-dev/fenced/internal/core/limits"
 	"strings"
 	"testing"
 	"time"
@@ -199,7 +200,7 @@ func testWrongKey(t *testing.T, e sqlEnv) {
 		t.Fatalf("next holder of the key: %+v %v", r, err)
 	}
 	// A token without a valid key is refused before anything is sent.
-	for _, bad := range []string{"", " lead", strings.Repeat("k", fenced.MaxKeyLen+1)} {
+	for _, bad := range []string{"", " lead", strings.Repeat("k", limits.MaxKeyLen+1)} {
 		if _, err := g.Claim(ctx, nil, "inv_73", fence.Token{Key: bad, Fence: 1, Owner: "o"}); !errors.Is(err, fence.ErrInvalidToken) {
 			t.Errorf("token with key %q: %v, want ErrInvalidToken", bad, err)
 		}

@@ -4,10 +4,9 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"github.com/fenced-dev/fenced/internal/core/limits"
 	"strconv"
 	"strings"
-
-	"github.com/fenced-dev/fenced"
 )
 
 // column is what the catalog says about one of the guard's columns.
@@ -182,7 +181,7 @@ func (g *SQL) problems(sh tableShape) error {
 		name string
 		col  column
 		need int
-	}{{t.OwnerColumn, sh.owner, MaxOwnerLen}, {t.LeaseKeyColumn, sh.leaseKey, fenced.MaxKeyLen}} {
+	}{{t.OwnerColumn, sh.owner, MaxOwnerLen}, {t.LeaseKeyColumn, sh.leaseKey, limits.MaxKeyLen}} {
 		if msg := g.textTypeProblem(c.name, c.col, c.need); msg != "" {
 			bad = append(bad, msg)
 		}
@@ -293,7 +292,7 @@ func (g *SQL) ready(ctx context.Context, c Conn) error {
 // Its key column must exist and be unique: a primary key or a unique index
 // on it alone, not partial, not deferrable. The fence column must be a
 // 64-bit integer. The owner and lease key columns must be text that holds
-// MaxOwnerLen and fenced.MaxKeyLen bytes. On MySQL they must compare byte
+// MaxOwnerLen and limits.MaxKeyLen bytes. On MySQL they must compare byte
 // for byte (a binary type or a _bin collation). Errors match ErrSchema and
 // name everything that is wrong. Writes check the shape themselves on first
 // use. Calling Check (or EnsureColumns) at start-up reports a wrong table
@@ -343,7 +342,7 @@ func (g *SQL) EnsureColumns(ctx context.Context) error {
 	case MySQL:
 		fenceType = "BIGINT"
 		ownerType = strings.TrimPrefix(g.mysqlTextDef(g.table.OwnerColumn, MaxOwnerLen), g.dialect.quote(g.table.OwnerColumn)+" ")
-		keyType = strings.TrimPrefix(g.mysqlTextDef(g.table.LeaseKeyColumn, fenced.MaxKeyLen), g.dialect.quote(g.table.LeaseKeyColumn)+" ")
+		keyType = strings.TrimPrefix(g.mysqlTextDef(g.table.LeaseKeyColumn, limits.MaxKeyLen), g.dialect.quote(g.table.LeaseKeyColumn)+" ")
 	}
 	alter := func(col, change, ddl string, done func(tableShape) bool) error {
 		if _, err := g.db.ExecContext(ctx, ddl); err != nil {
@@ -378,7 +377,7 @@ func (g *SQL) EnsureColumns(ctx context.Context) error {
 			col  func(tableShape) column
 		}{
 			{g.table.OwnerColumn, MaxOwnerLen, func(s tableShape) column { return s.owner }},
-			{g.table.LeaseKeyColumn, fenced.MaxKeyLen, func(s tableShape) column { return s.leaseKey }},
+			{g.table.LeaseKeyColumn, limits.MaxKeyLen, func(s tableShape) column { return s.leaseKey }},
 		} {
 			if !ic.col(sh).present || g.textTypeProblem(ic.name, ic.col(sh), ic.need) == "" {
 				continue

@@ -127,6 +127,7 @@ import (
 	sqldriver "database/sql/driver"
 	"errors"
 	"fmt"
+	"github.com/fenced-dev/fenced/internal/core/limits"
 	"io"
 	"net"
 	"net/url"
@@ -533,7 +534,7 @@ func (d *Driver) Close() error {
 // its collation, and MySQL's defaults (latin1_swedish_ci, utf8mb4_*_ci)
 // take job:A for job:a and, with PAD SPACE, "job:a " for job:a.
 var leaseShape, breakShape, floorShape = leasetable.ColumnTypes{
-	Key: "varbinary", KeyBytes: fenced.MaxKeyLen, Owner: "varbinary", OwnerBytes: maxOwnerLen,
+	Key: "varbinary", KeyBytes: limits.MaxKeyLen, Owner: "varbinary", OwnerBytes: maxOwnerLen,
 	Fence: "bigint", Time: "datetime(6)", AuditID: "bigint", AuditIDAuto: true,
 	AuditOwner: "varchar", AuditText: "text", FloorID: "tinyint",
 }.Shapes()

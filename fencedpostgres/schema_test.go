@@ -124,7 +124,7 @@ INSERT INTO prev_leases VALUES ('job:old', '', 41, now() - interval '1 hour')`);
 	if f, err := d.TryAcquire(ctx, "job:old", "someone", time.Minute); err != nil || f != 42 {
 		t.Fatalf("grant of a key from the previous version: %d, %v; want 42", f, err)
 	}
-	if info, err := d.FenceFloor(ctx); err != nil || info.Floor != 0 || info.MaxFence != 42 {
-		t.Fatalf("FenceFloor = %+v, %v", info, err)
+	if floor, maxFence, err := d.FenceFloor(ctx); err != nil || floor != 0 || maxFence != 42 {
+		t.Fatalf("FenceFloor = %d, %d, %v; want 0, 42", floor, maxFence, err)
 	}
 }

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/backend/rediskit"
 	"github.com/fenced-dev/fenced/internal/core/ttlrule"
 	"github.com/redis/go-redis/v9"
@@ -22,14 +21,14 @@ import (
 // TryAcquire implements driver.Driver: TryAcquireTerms with the default
 // drift allowance, ttlrule.DefaultSafetyMargin(ttl).
 func (d *Driver) TryAcquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
-	return d.TryAcquireTerms(ctx, key, owner, driver.Terms{TTL: ttl, SafetyMargin: ttlrule.DefaultSafetyMargin(ttl)})
+	return d.TryAcquireTerms(ctx, key, owner, ttl, ttlrule.DefaultSafetyMargin(ttl))
 }
 
 // TryAcquireTerms implements driver.TermsAcquirer with one parallel round to
 // every node, after one request to the fence source, if any. The grant
-// counts if a majority made it. t.TTL minus the time the round took minus
-// t.SafetyMargin (the drift allowance) must still be positive.
-func (d *Driver) TryAcquireTerms(ctx context.Context, key, owner string, t driver.Terms) (uint64, error) {
+// counts if a majority made it. ttl minus the time the round took minus
+// margin (the drift allowance) must still be positive.
+func (d *Driver) TryAcquireTerms(ctx context.Context, key, owner string, ttl, margin time.Duration) (uint64, error) {
 	if err := d.usable(); err != nil {
 		return 0, err
 	}
@@ -39,7 +38,7 @@ func (d *Driver) TryAcquireTerms(ctx context.Context, key, owner string, t drive
 		return 0, err
 	}
 	k := d.layout.Keys(key)
-	budget := min(d.opts.Budget, t.TTL/3)
+	budget := min(d.opts.Budget, ttl/3)
 	// The attempt's number orders it after every earlier attempt of owner
 	// (the Client's acquisition loop sends all of its attempts with one
 	// owner token): on each node, the grant script refuses an attempt
@@ -64,11 +63,11 @@ func (d *Driver) TryAcquireTerms(ctx context.Context, key, owner string, t drive
 			d.rollbackOn(r.node, k, owner, attempt)
 		}
 	}
-	rs := fanout(ctx, d, budget, d.acquireOp(k, owner, t.TTL, fence, attempt), decided, late)
+	rs := fanout(ctx, d, budget, d.acquireOp(k, owner, ttl, fence, attempt), decided, late)
 	elapsed := time.Since(start)
 
 	tl := d.tallyAcquire(rs, k)
-	validity := t.TTL - elapsed - t.SafetyMargin
+	validity := ttl - elapsed - margin
 	if tl.ours >= d.quorum && validity > 0 {
 		return tl.granted, nil
 	}
@@ -77,7 +76,7 @@ func (d *Driver) TryAcquireTerms(ctx context.Context, key, owner string, t drive
 	// it or may have (late answers are handled by late).
 	failed.Store(true)
 	d.rollbackAll(rs, k, owner, attempt)
-	return 0, d.acquireFailure(key, k, t, budget, elapsed, tl)
+	return 0, d.acquireFailure(key, k, ttl, margin, budget, elapsed, tl)
 }
 
 // nextFence asks the fence source, if any, for the attempt's fence.
@@ -154,14 +153,14 @@ func (d *Driver) rollbackAll(rs []reply[rediskit.Acquired], k rediskit.Keys, own
 }
 
 // acquireFailure says why a failed attempt failed, from the nodes' answers.
-func (d *Driver) acquireFailure(key string, k rediskit.Keys, t driver.Terms, budget, elapsed time.Duration, tl acquireTally) error {
+func (d *Driver) acquireFailure(key string, k rediskit.Keys, ttl, margin, budget, elapsed time.Duration, tl acquireTally) error {
 	switch {
 	case tl.foreign:
 		return fmt.Errorf("redlock: acquire %q: %w", key, rediskit.ForeignError(k.Lock))
 	case tl.ours >= d.quorum:
 		return fmt.Errorf(
 			"redlock: acquire %q: %w: a majority granted it but only after %v of the %v TTL (drift allowance %v); released it",
-			key, fenced.ErrUnavailable, elapsed.Round(time.Millisecond), t.TTL, t.SafetyMargin)
+			key, fenced.ErrUnavailable, elapsed.Round(time.Millisecond), ttl, margin)
 	case len(tl.heldTTLs) > 0 || tl.stale:
 		// Held elsewhere: the key frees when enough holders' grants end;
 		// the shortest remaining time is the earliest worth another try.

@@ -27,10 +27,10 @@ import (
 
 const rollTTL = 30 * time.Second
 
-// worthless are terms whose grant is always refused after the round (the
-// drift allowance eats the whole TTL), so the attempt is granted on every
-// node and then rolls back everywhere.
-var worthless = driver.Terms{TTL: rollTTL, SafetyMargin: rollTTL - time.Nanosecond}
+// worthlessMargin makes every grant refused after its round (the drift
+// allowance eats the whole TTL), so the attempt is granted on every node
+// and then rolls back everywhere.
+const worthlessMargin = rollTTL - time.Nanosecond
 
 // openVia returns a driver over the nodes at addrs (a node's own address
 // or a proxy's in front of it).
@@ -54,7 +54,7 @@ func openVia(t *testing.T, addrs []string, opts fencedredlock.Options) *fencedre
 // recognise) and connections are open.
 func warmUp(t *testing.T, ctx context.Context, c *cluster, d *fencedredlock.Driver) {
 	for i := 0; ; i++ {
-		_, err := d.TryAcquireTerms(ctx, "warm", owner(), worthless)
+		_, err := d.TryAcquireTerms(ctx, "warm", owner(), rollTTL, worthlessMargin)
 		if !errors.Is(err, fenced.ErrUnavailable) {
 			t.Fatalf("warm-up attempt: %v, want ErrUnavailable", err)
 		}
@@ -96,7 +96,7 @@ func waitHeld(t *testing.T, p *testenv.Proxy, n int) {
 // the budget), as the acquisition loop would, with the same owner.
 func grant(t *testing.T, ctx context.Context, d *fencedredlock.Driver, key, o string) driver.Grant {
 	for i := 0; ; i++ {
-		f, err := d.TryAcquireTerms(ctx, key, o, driver.Terms{TTL: rollTTL, SafetyMargin: ttlrule.DefaultSafetyMargin(rollTTL)})
+		f, err := d.TryAcquireTerms(ctx, key, o, rollTTL, ttlrule.DefaultSafetyMargin(rollTTL))
 		if err == nil {
 			return driver.Grant{Key: key, Owner: o, Fence: f, TTL: rollTTL}
 		}
@@ -154,7 +154,7 @@ func TestLateRollbackSparesLaterAttempt(t *testing.T) {
 		p1.Hold(notAcquire)
 		p2.Hold(notAcquire)
 		o := owner()
-		if _, err := d.TryAcquireTerms(ctx, "k", o, worthless); !errors.Is(err, fenced.ErrUnavailable) {
+		if _, err := d.TryAcquireTerms(ctx, "k", o, rollTTL, worthlessMargin); !errors.Is(err, fenced.ErrUnavailable) {
 			t.Fatalf("attempt 1: %v, want ErrUnavailable", err)
 		}
 		waitHeld(t, p1, 1)
@@ -188,7 +188,7 @@ func TestLateGrantAndRollbackSpareLaterAttempt(t *testing.T) {
 
 		p2.Hold(evalsha)
 		o := owner()
-		if _, err := d.TryAcquireTerms(ctx, "k", o, worthless); !errors.Is(err, fenced.ErrUnavailable) {
+		if _, err := d.TryAcquireTerms(ctx, "k", o, rollTTL, worthlessMargin); !errors.Is(err, fenced.ErrUnavailable) {
 			t.Fatalf("attempt 1: %v, want ErrUnavailable", err)
 		}
 		waitHeld(t, p2, 2) // the grant, then the rollback of the late reply

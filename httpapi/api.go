@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/fenced-dev/fenced/internal/core/limits"
 	"math"
 	"net/http"
 	"strings"
@@ -84,9 +85,9 @@ func (s *Server) listLeases(w http.ResponseWriter, r *http.Request) {
 }
 
 func checkPrefix(p string) *apiError {
-	if len(p) > fenced.MaxKeyLen {
+	if len(p) > limits.MaxKeyLen {
 		return &apiError{status: http.StatusBadRequest, Code: "invalid_prefix",
-			Message: fmt.Sprintf("prefix is %d bytes, longer than a key may be (%d)", len(p), fenced.MaxKeyLen)}
+			Message: fmt.Sprintf("prefix is %d bytes, longer than a key may be (%d)", len(p), limits.MaxKeyLen)}
 	}
 	for _, r := range p {
 		if !unicode.IsPrint(r) {
@@ -351,27 +352,27 @@ type holderRequest struct {
 	Owner string `json:"owner"`
 	Fence uint64 `json:"fence"`
 	// TTLMS is the TTL to renew with when this server no longer knows the
-	// lease (it restarted since the acquire); default DefaultTTL. It is
+	// lease (it restarted since the acquire); default 30 s. It is
 	// checked like every TTL (requestTTL) whether or not it is used.
 	TTLMS *int64 `json:"ttl_ms"`
 
 	ttl time.Duration // TTLMS, checked
 }
 
-// requestTTL returns the TTL a request's ttl_ms asks for (DefaultTTL when
+// requestTTL returns the TTL a request's ttl_ms asks for (30 s when
 // it is absent), checked as every lease's TTL is checked, by
 // Client.Resolve (the package's bounds and the backend's), or the 400
 // refusal naming the field.
 func (s *Server) requestTTL(ms *int64) (time.Duration, *apiError) {
 	if ms == nil {
-		return fenced.DefaultTTL, nil
+		return ttlrule.Default, nil
 	}
 	refuse := func(why string) *apiError {
 		return &apiError{status: http.StatusBadRequest, Code: "invalid_ttl", Message: fmt.Sprintf("ttl_ms %d: %s", *ms, why)}
 	}
 	if *ms == 0 {
 		// LeaseOptions would take a zero TTL for "inherit".
-		return 0, refuse(fmt.Sprintf("not a TTL; leave ttl_ms out for the default (%v)", fenced.DefaultTTL))
+		return 0, refuse(fmt.Sprintf("not a TTL; leave ttl_ms out for the default (%v)", ttlrule.Default))
 	}
 	ttl := time.Duration(*ms) * time.Millisecond
 	if ttl/time.Millisecond != time.Duration(*ms) {
@@ -480,7 +481,7 @@ func (s *Server) releaseLease(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) plan(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	in := leaseplan.Input{TTL: fenced.DefaultTTL, Authority: s.auth}
+	in := leaseplan.Input{TTL: ttlrule.Default, Authority: s.auth}
 	if b := q.Get("backend"); b != "" && b != s.auth.Scheme {
 		a, ok := leaseplan.Authorities()[b]
 		if !ok {

@@ -3,6 +3,7 @@ package mem
 import (
 	"context"
 	"fmt"
+	"github.com/fenced-dev/fenced/internal/core/limits"
 	"slices"
 	"time"
 
@@ -73,12 +74,12 @@ func (e *entry) endedAt() time.Time {
 
 // TryAcquireTerms implements driver.TermsAcquirer (with Options.Terms;
 // otherwise it refuses with fenced.ErrUnsupported). mem's grant needs
-// nothing of the terms beyond the TTL: it is TryAcquire with t.TTL.
-func (d *Driver) TryAcquireTerms(ctx context.Context, key, owner string, t driver.Terms) (uint64, error) {
+// nothing of the terms beyond the TTL: it is TryAcquire with ttl.
+func (d *Driver) TryAcquireTerms(ctx context.Context, key, owner string, ttl, _ time.Duration) (uint64, error) {
 	if !d.opts.Terms {
 		return 0, fmt.Errorf("mem: acquire on terms: %w: the driver was opened without Options.Terms", fenced.ErrUnsupported)
 	}
-	return d.TryAcquire(ctx, key, owner, t.TTL)
+	return d.TryAcquire(ctx, key, owner, ttl)
 }
 
 // RenewBatch implements driver.BatchRenewer (with Options.BatchRenew;
@@ -163,23 +164,22 @@ func (s *Store) lose(key string, err error) {
 }
 
 // FenceFloor implements driver.FenceFloorer.
-func (d *Driver) FenceFloor(ctx context.Context) (driver.FloorInfo, error) {
+func (d *Driver) FenceFloor(ctx context.Context) (floor, maxFence uint64, err error) {
 	s, err := d.lock()
 	if err != nil {
-		return driver.FloorInfo{}, err
+		return 0, 0, err
 	}
 	defer s.mu.Unlock()
-	info := driver.FloorInfo{Floor: s.floor}
 	for _, e := range s.keys {
-		info.MaxFence = max(info.MaxFence, e.fence)
+		maxFence = max(maxFence, e.fence)
 	}
-	return info, nil
+	return s.floor, maxFence, nil
 }
 
 // RaiseFenceFloor implements driver.FenceFloorer.
 func (d *Driver) RaiseFenceFloor(ctx context.Context, floor uint64) (uint64, error) {
-	if floor > driver.MaxFenceFloor {
-		return 0, fmt.Errorf("%w: %d is above %d", fenced.ErrInvalidFloor, floor, driver.MaxFenceFloor)
+	if floor > limits.MaxFenceFloor {
+		return 0, fmt.Errorf("%w: %d is above %d", fenced.ErrInvalidFloor, floor, limits.MaxFenceFloor)
 	}
 	s, err := d.lockCtx(ctx)
 	if err != nil {
@@ -191,27 +191,25 @@ func (d *Driver) RaiseFenceFloor(ctx context.Context, floor uint64) (uint64, err
 }
 
 // Prune implements driver.FenceFloorer, in one step under the store's lock.
-func (d *Driver) Prune(ctx context.Context, olderThan time.Duration) (driver.PruneResult, error) {
+func (d *Driver) Prune(ctx context.Context, olderThan time.Duration) (deleted int64, floor uint64, err error) {
 	if olderThan < 0 {
-		return driver.PruneResult{}, fmt.Errorf("%w: prune older than %v: negative", fenced.ErrInvalidTTL, olderThan)
+		return 0, 0, fmt.Errorf("%w: prune older than %v: negative", fenced.ErrInvalidTTL, olderThan)
 	}
 	s, err := d.lockCtx(ctx)
 	if err != nil {
-		return driver.PruneResult{}, err
+		return 0, 0, err
 	}
 	defer s.mu.Unlock()
 	now := s.clock.Now()
-	var res driver.PruneResult
 	for k, e := range s.keys {
 		if e.heldAt(now) || len(s.queues[k]) > 0 || now.Sub(e.endedAt()) <= olderThan {
 			continue
 		}
 		s.floor = max(s.floor, e.fence)
 		delete(s.keys, k)
-		res.Deleted++
+		deleted++
 	}
-	res.Floor = s.floor
-	return res, nil
+	return deleted, s.floor, nil
 }
 
 // ticket is one waiter in a key's queue; next is signalled when it may

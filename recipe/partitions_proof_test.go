@@ -232,7 +232,7 @@ func proofMember() error {
 	}
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGTERM)
-	m, err := recipe.JoinPartitions(ctx, c, "proof", proofPartitions, work, &recipe.PartitionsOptions{
+	m, err := recipe.JoinPartitions(ctx, c, os.Getenv("PARTITIONS_PROOF_GROUP"), proofPartitions, work, &recipe.PartitionsOptions{
 		MemberID: id, Lease: &fenced.LeaseOptions{TTL: ttl, MinFence: fenced.FenceStrength(minFence)}})
 	if err != nil {
 		return err
@@ -264,8 +264,39 @@ func runPartitionsProof(t *testing.T, backend, store string, minFence fenced.Fen
 		// After the store started, so that a missing server still fails.
 		t.Skip("a multi-process proof of half a minute or more (members, kills, churn); not in -short")
 	}
+	ttl, worst := measureProofTTL(t, store)
+	t.Logf("TTL %v: the machine's worst delay before the run was %v (a timer's lateness or a store round trip, %d clients probing at once)", ttl, worst.Round(time.Millisecond), proofMembers+1)
+	// The time bounds assume a renewal lands within a third of the TTL.
+	// A run that saw a longer delay and missed a bound runs again, in a
+	// group of its own, with a TTL from that delay: up to 3 runs. Safety
+	// checks fail the test in any run; only the bounds are run again.
+	for run := 1; ; run++ {
+		missed, seen := partitionsProofRun(t, backend, store, minFence, ttl, fmt.Sprintf("proof-%d", run))
+		if len(missed) == 0 {
+			return
+		}
+		if run < 3 && seen > ttl/3 && ttl < proofMaxTTL {
+			next := clampTTL(max(2*ttl, 3*seen))
+			t.Logf("run %d missed its time bounds (%s) after a delay of %v, over a third of its TTL %v: again with TTL %v",
+				run, strings.Join(missed, "; "), seen.Round(time.Millisecond), ttl, next)
+			ttl = next
+			continue
+		}
+		for _, m := range missed {
+			t.Error(m)
+		}
+		return
+	}
+}
+
+// partitionsProofRun runs the proof once with the given TTL and group. It
+// fails t on every safety check, and returns the time bounds it missed
+// and the worst delay the run saw.
+func partitionsProofRun(t *testing.T, backend, store string, minFence fenced.FenceStrength, ttl time.Duration,
+	group string) (missed []string, seen time.Duration) {
 	unfenced := os.Getenv("PARTITIONS_PROOF_UNFENCED") == "1"
 	dir := t.TempDir()
+	slow := func(format string, args ...any) { missed = append(missed, fmt.Sprintf(format, args...)) }
 	// The recovery bound after a kill: how long the store keeps a dead
 	// member's grants after their last renewal (the TTL; on etcd the
 	// session, rounded up, plus the 500 ms sweep), a TTL for the try that
@@ -277,12 +308,10 @@ func runPartitionsProof(t *testing.T, backend, store string, minFence fenced.Fen
 	// lateSampler) three times and once for each grant a survivor makes
 	// one after another: the dead member's ⌈P/N⌉ partitions shared by
 	// the N-1 others.
-	ttl, worst := measureProofTTL(t, store)
 	kc, err := fenced.Open(context.Background(), store, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("TTL %v: the machine's worst delay before the run was %v (a timer's lateness or a store round trip, %d clients probing at once)", ttl, worst.Round(time.Millisecond), proofMembers+1)
 	keeps := kc.Capabilities().Keeps.Outlives(ttl)
 	defer kc.Close()
 	late := startLateSampler(kc)
@@ -316,7 +345,7 @@ func runPartitionsProof(t *testing.T, backend, store string, minFence fenced.Fen
 	start := func(s *proofSlot) {
 		cmd := exec.Command(os.Args[0], "-test.run=^TestPartitionsProofMember$")
 		cmd.Env = append(os.Environ(), "PARTITIONS_PROOF_STORE="+store, "PARTITIONS_PROOF_ID="+s.id,
-			"PARTITIONS_PROOF_DIR="+dir, "PARTITIONS_PROOF_FENCE="+strconv.Itoa(int(minFence)), "PARTITIONS_PROOF_TTL="+ttl.String())
+			"PARTITIONS_PROOF_DIR="+dir, "PARTITIONS_PROOF_GROUP="+group, "PARTITIONS_PROOF_FENCE="+strconv.Itoa(int(minFence)), "PARTITIONS_PROOF_TTL="+ttl.String())
 		errf, _ := os.OpenFile(filepath.Join(dir, "stderr-"+s.id), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 		cmd.Stdout, cmd.Stderr = errf, errf
 		if err := cmd.Start(); err != nil {
@@ -435,7 +464,7 @@ func runPartitionsProof(t *testing.T, backend, store string, minFence fenced.Fen
 			select {
 			case <-s.exited:
 			case <-time.After(leaveBound):
-				t.Errorf("%s did not leave within %v of SIGTERM (TTL %v; worst delay seen %v)", s.id, leaveBound.Round(time.Millisecond), ttl, late.Max().Round(time.Millisecond))
+				slow("%s did not leave within %v of SIGTERM (TTL %v; worst delay seen %v)", s.id, leaveBound.Round(time.Millisecond), ttl, late.Max().Round(time.Millisecond))
 				s.cmd.Process.Kill()
 				<-s.exited
 			}
@@ -493,7 +522,7 @@ func runPartitionsProof(t *testing.T, backend, store string, minFence fenced.Fen
 		}
 	}
 	if balancedAt == 0 {
-		t.Errorf("not balanced within the default threshold %v after the churn (TTL %v; worst delay seen %v): owned %v", (recoveryBound() + balanceBound()).Round(time.Millisecond), ttl, late.Max().Round(time.Millisecond), owned)
+		slow("not balanced within the default threshold %v after the churn (TTL %v; worst delay seen %v): owned %v", (recoveryBound() + balanceBound()).Round(time.Millisecond), ttl, late.Max().Round(time.Millisecond), owned)
 	} else {
 		t.Logf("balanced %v after the churn stopped: owned %v", balancedAt.Round(time.Millisecond), owned)
 	}
@@ -544,7 +573,7 @@ func runPartitionsProof(t *testing.T, backend, store string, minFence fenced.Fen
 		t.Errorf("fencing off, yet no stale write was accepted: the checker is blind (or no stop landed)")
 	}
 	if len(last) != proofPartitions {
-		t.Errorf("%d partitions were written, want %d", len(last), proofPartitions)
+		slow("%d partitions were written, want %d", len(last), proofPartitions)
 	}
 
 	// The histories: refused (stale) writes, overlaps of believed
@@ -732,7 +761,7 @@ func runPartitionsProof(t *testing.T, backend, store string, minFence fenced.Fen
 				}
 			}
 			if again == 0 {
-				t.Errorf("%s at %s: partition %d (fence %d) never owned again", f.what, f.at.Format("15:04:05.000"), p, fn)
+				slow("%s at %s: partition %d (fence %d) never owned again", f.what, f.at.Format("15:04:05.000"), p, fn)
 				continue
 			}
 			// The killed member is restarted with the same ID, which the
@@ -772,7 +801,7 @@ func runPartitionsProof(t *testing.T, backend, store string, minFence fenced.Fen
 		t.Error("no kill was checked against the recovery bound (the last fault is one)")
 	}
 	if recovery > bound {
-		t.Errorf("a killed member's partition %d was owned again only %v after the kill, over the %v bound (TTL %v; worst delay seen %v)", slowP, recovery, bound, ttl, late.Max().Round(time.Millisecond))
+		slow("a killed member's partition %d was owned again only %v after the kill, over the %v bound (TTL %v; worst delay seen %v)", slowP, recovery, bound, ttl, late.Max().Round(time.Millisecond))
 	}
 	if slowP >= 0 {
 		t.Logf("partition %d around its slowest recovery (kill at %s):", slowP, time.Unix(0, slowKill).Format("15:04:05.000"))
@@ -814,7 +843,7 @@ func runPartitionsProof(t *testing.T, backend, store string, minFence fenced.Fen
 	// 0.3 to 1.5 s, so one partition can be hit by several in a row.
 	t.Logf("longest gap between a partition's writes across at most one fault: %v (partition %d from %s)",
 		single.Round(time.Millisecond), singleP, time.Unix(0, singleFrom).Format("15:04:05.000"))
-	if testing.Verbose() || t.Failed() {
+	if testing.Verbose() || t.Failed() || len(missed) > 0 {
 		for _, f := range faults {
 			t.Logf("fault at %s: %s", f.at.Format("15:04:05.000"), f.what)
 		}
@@ -823,18 +852,19 @@ func runPartitionsProof(t *testing.T, backend, store string, minFence fenced.Fen
 		res := proof.PartitionsResult{Backend: backend, Churn: proofChurn(t).String(), Members: proofMembers, Partitions: proofPartitions,
 			TTL: ttl.String(), Faults: counts, WritesAccepted: accepted, StaleAccepted: staleAccepted, StaleRefused: refused,
 			Overlaps: overlaps, Recovery: recovery.Round(time.Millisecond).String(), LongestGap: longest.Round(time.Millisecond).String(), BalancedAfter: balancedAt.Round(time.Millisecond).String(),
-			Owned: owned, HandOffs: handoffs, Checkpoints: cps, Passed: !t.Failed()}
+			Owned: owned, HandOffs: handoffs, Checkpoints: cps, Passed: !t.Failed() && len(missed) == 0}
 		b, _ := json.MarshalIndent(res, "", "  ")
 		if err := os.WriteFile(filepath.Join(out, "partitions-"+backend+".json"), append(b, '\n'), 0o644); err != nil {
 			t.Error(err)
 		}
 	}
-	if t.Failed() {
+	if t.Failed() || len(missed) > 0 {
 		for _, s := range slots {
 			b, _ := os.ReadFile(filepath.Join(dir, "stderr-"+s.id))
 			t.Logf("%s stderr (tail): %s", s.id, proofTail(string(b), 1500))
 		}
 	}
+	return missed, late.Max()
 }
 
 // sameSlot reports whether history files a and b (history-ID-PID) are

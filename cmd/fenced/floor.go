@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"github.com/fenced-dev/fenced/internal/core/limits"
 	"regexp"
 	"strconv"
 	"text/tabwriter"
@@ -10,7 +11,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/core/storeurl"
 )
 
@@ -40,21 +40,21 @@ of the two is what to seed a new store with. The floor lives in the SQL stores
 			if err := g.checkOutput(); err != nil {
 				return err
 			}
-			var info driver.FloorInfo
+			var floor, maxFence uint64
 			err := g.withClient(cmd.Context(), func(c *fenced.Client) (err error) {
-				info, err = c.FenceFloor(cmd.Context())
+				floor, maxFence, err = c.FenceFloor(cmd.Context())
 				return err
 			})
 			if err != nil {
 				return explainNoFloor(err)
 			}
 			if g.output == "json" {
-				return writeJSON(g.stdout, floorJSON{Floor: info.Floor, MaxFence: info.MaxFence})
+				return writeJSON(g.stdout, floorJSON{Floor: floor, MaxFence: maxFence})
 			}
 			tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintf(tw, "store:\t%s\n", storeurl.Redact(g.store))
-			fmt.Fprintf(tw, "floor:\t%d\n", info.Floor)
-			fmt.Fprintf(tw, "highest fence:\t%d\n", info.MaxFence)
+			fmt.Fprintf(tw, "floor:\t%d\n", floor)
+			fmt.Fprintf(tw, "highest fence:\t%d\n", maxFence)
 			return tw.Flush()
 		},
 	}
@@ -83,8 +83,8 @@ never lowered: raising it to less than it is changes nothing.`,
 				return withCode(exitUsage, errors.New("floor raise: give N or --from, not both"))
 			case len(args) == 1:
 				n, err := strconv.ParseUint(args[0], 10, 64)
-				if err != nil || n > driver.MaxFenceFloor {
-					return withCode(exitUsage, fmt.Errorf("floor raise: %q is not a number from 0 to %d", args[0], driver.MaxFenceFloor))
+				if err != nil || n > limits.MaxFenceFloor {
+					return withCode(exitUsage, fmt.Errorf("floor raise: %q is not a number from 0 to %d", args[0], limits.MaxFenceFloor))
 				}
 				target = n
 			case from != "":
@@ -92,13 +92,13 @@ never lowered: raising it to less than it is changes nothing.`,
 				if err != nil {
 					return fmt.Errorf("floor raise --from: %w", err)
 				}
-				info, err := src.FenceFloor(ctx)
+				floor, maxFence, err := src.FenceFloor(ctx)
 				src.Close()
 				if err != nil {
 					return fmt.Errorf("floor raise --from %s: %w", storeurl.Redact(from), explainNoFloor(err))
 				}
-				target = max(info.Floor, info.MaxFence)
-				fmt.Fprintf(g.stdout, "%s: floor %d, highest fence %d\n", storeurl.Redact(from), info.Floor, info.MaxFence)
+				target = max(floor, maxFence)
+				fmt.Fprintf(g.stdout, "%s: floor %d, highest fence %d\n", storeurl.Redact(from), floor, maxFence)
 			default:
 				return withCode(exitUsage, errors.New("floor raise: give the new floor N, or --from STORE"))
 			}
@@ -126,7 +126,7 @@ never lowered: raising it to less than it is changes nothing.`,
 	// is wrong with it rather than cobra's "unknown shorthand flag".
 	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
 		if m := negativeArg.FindStringSubmatch(err.Error()); m != nil {
-			return withCode(exitUsage, fmt.Errorf("floor raise: %q is not a number from 0 to %d", m[1], driver.MaxFenceFloor))
+			return withCode(exitUsage, fmt.Errorf("floor raise: %q is not a number from 0 to %d", m[1], limits.MaxFenceFloor))
 		}
 		return err
 	})

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"github.com/fenced-dev/fenced/internal/core/limits"
 	"strconv"
 	"strings"
 	"testing"
@@ -12,7 +13,6 @@ import (
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/driver"
 )
 
 // cycleKey grants key through c and releases it, returning the fence.
@@ -108,7 +108,7 @@ func TestFloorAndPruneBadInput(t *testing.T) {
 		{[]string{"floor", "raise"}, 64, "give the new floor N, or --from STORE"},
 		{[]string{"floor", "raise", "many"}, 64, `"many" is not a number`},
 		{[]string{"floor", "raise", "-5"}, 64, ""},
-		{[]string{"floor", "raise", strconv.FormatUint(driver.MaxFenceFloor+1, 10)}, 64, "is not a number from 0 to"},
+		{[]string{"floor", "raise", strconv.FormatUint(limits.MaxFenceFloor+1, 10)}, 64, "is not a number from 0 to"},
 		{[]string{"floor", "raise", "5", "--from", store}, 64, "not both"},
 		{[]string{"floor", "raise", "--from", "nosuch://x"}, 64, "unknown scheme"},
 		{[]string{"floor", "-o", "yaml"}, 64, "--output"},
@@ -125,8 +125,8 @@ func TestFloorAndPruneBadInput(t *testing.T) {
 			t.Errorf("fenced %q: exit %d stderr %q; want %d and %q", tc.args, r.code, r.stderr, tc.code, tc.want)
 		}
 	}
-	if fl, err := client(t, store).FenceFloor(context.Background()); err != nil || fl.Floor != 0 {
-		t.Errorf("after refused commands the floor is %+v, %v; want 0", fl, err)
+	if fl, _, err := client(t, store).FenceFloor(context.Background()); err != nil || fl != 0 {
+		t.Errorf("after refused commands the floor is %d, %v; want 0", fl, err)
 	}
 }
 

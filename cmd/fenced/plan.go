@@ -2,12 +2,12 @@ package main
 
 import (
 	"fmt"
+	"github.com/fenced-dev/fenced/internal/core/ttlrule"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 
-	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/internal/cli/leaseplan"
 	"github.com/fenced-dev/fenced/internal/core/storeurl"
 )
@@ -62,7 +62,7 @@ observed by the waiters, a crashed holder's grant may stand twice the TTL.`,
 		},
 	}
 	fl := cmd.Flags()
-	fl.DurationVar(&in.TTL, "ttl", fenced.DefaultTTL, "lease time to live")
+	fl.DurationVar(&in.TTL, "ttl", ttlrule.Default, "lease time to live")
 	fl.DurationVar(&in.RenewEvery, "renew-every", 0, "renewal interval (default a third of the TTL)")
 	fl.DurationVar(&in.MaxPause, "max-pause", 0, "the longest pause a holder suffers (measured); enables a recommendation")
 	addOutputFlag(cmd, g)

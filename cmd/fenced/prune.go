@@ -8,7 +8,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/core/storeurl"
 )
 
@@ -46,18 +45,19 @@ works in batches of a few hundred rows, each one transaction.`,
 			if olderThan < 0 {
 				return withCode(exitUsage, fmt.Errorf("prune: --older-than %v is negative", olderThan))
 			}
-			var res driver.PruneResult
+			var deleted int64
+			var floor uint64
 			err := g.withClient(cmd.Context(), func(c *fenced.Client) (err error) {
-				res, err = c.Prune(cmd.Context(), olderThan)
+				deleted, floor, err = c.Prune(cmd.Context(), olderThan)
 				return err
 			})
 			if err != nil {
 				return explainNoFloor(err)
 			}
 			if g.output == "json" {
-				return writeJSON(g.stdout, pruneJSON{Deleted: res.Deleted, Floor: res.Floor})
+				return writeJSON(g.stdout, pruneJSON{Deleted: deleted, Floor: floor})
 			}
-			fmt.Fprintf(g.stdout, "pruned %d keys from %s; fence floor is %d\n", res.Deleted, storeurl.Redact(g.store), res.Floor)
+			fmt.Fprintf(g.stdout, "pruned %d keys from %s; fence floor is %d\n", deleted, storeurl.Redact(g.store), floor)
 			return nil
 		},
 	}

@@ -3,17 +3,17 @@ package leasetable
 import (
 	"context"
 	"fmt"
+	"github.com/fenced-dev/fenced/internal/core/limits"
 	"time"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/driver"
 )
 
-// CheckFloor refuses a fence floor above driver.MaxFenceFloor, with an
+// CheckFloor refuses a fence floor above limits.MaxFenceFloor, with an
 // error matching fenced.ErrInvalidFloor.
 func CheckFloor(floor uint64) error {
-	if floor > driver.MaxFenceFloor {
-		return fmt.Errorf("%w: %d is above the highest floor, %d", fenced.ErrInvalidFloor, floor, driver.MaxFenceFloor)
+	if floor > limits.MaxFenceFloor {
+		return fmt.Errorf("%w: %d is above the highest floor, %d", fenced.ErrInvalidFloor, floor, limits.MaxFenceFloor)
 	}
 	return nil
 }
@@ -55,26 +55,25 @@ type PruneBatch struct {
 // most half of the time. SQLite's busy handler, for one, gives no waiter
 // priority over a writer that comes straight back. It stops at the first
 // error or when ctx ends; the batches before are committed and safe.
-func PruneInBatches(ctx context.Context, batch func(after string) (PruneBatch, error)) (driver.PruneResult, error) {
-	var res driver.PruneResult
+func PruneInBatches(ctx context.Context, batch func(after string) (PruneBatch, error)) (deleted int64, floor uint64, err error) {
 	after := ""
 	for {
 		start := time.Now()
 		b, err := batch(after)
 		if err != nil {
-			return res, err
+			return deleted, floor, err
 		}
-		res.Deleted += b.Deleted
-		res.Floor = max(res.Floor, b.Floor)
+		deleted += b.Deleted
+		floor = max(floor, b.Floor)
 		if b.Examined < PruneBatchSize {
-			return res, nil
+			return deleted, floor, nil
 		}
 		after = b.Last
 		t := time.NewTimer(max(time.Since(start), time.Millisecond))
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return res, ctx.Err()
+			return deleted, floor, ctx.Err()
 		case <-t.C:
 		}
 	}

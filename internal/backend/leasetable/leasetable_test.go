@@ -4,13 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/fenced-dev/fenced/internal/core/limits"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/internal/backend/urlquery"
 )
 
@@ -143,7 +143,7 @@ func TestScanBreak(t *testing.T) {
 
 func TestPruneInBatches(t *testing.T) {
 	var afters []string
-	res, err := PruneInBatches(context.Background(), func(after string) (PruneBatch, error) {
+	deleted, floor, err := PruneInBatches(context.Background(), func(after string) (PruneBatch, error) {
 		afters = append(afters, after)
 		n := PruneBatchSize
 		if len(afters) == 3 {
@@ -151,15 +151,15 @@ func TestPruneInBatches(t *testing.T) {
 		}
 		return PruneBatch{Examined: n, Deleted: int64(n - 1), Last: fmt.Sprintf("k%d", len(afters)), Floor: uint64(10 * len(afters))}, nil
 	})
-	if err != nil || res.Deleted != int64(2*(PruneBatchSize-1)+6) || res.Floor != 30 {
-		t.Fatalf("PruneInBatches = %+v, %v", res, err)
+	if err != nil || deleted != int64(2*(PruneBatchSize-1)+6) || floor != 30 {
+		t.Fatalf("PruneInBatches = %d deleted, floor %d, %v", deleted, floor, err)
 	}
 	if want := []string{"", "k1", "k2"}; !slices.Equal(afters, want) {
 		t.Errorf("batches started after %q, want %q", afters, want)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	calls := 0
-	_, err = PruneInBatches(ctx, func(string) (PruneBatch, error) {
+	_, _, err = PruneInBatches(ctx, func(string) (PruneBatch, error) {
 		calls++
 		cancel()
 		return PruneBatch{Examined: PruneBatchSize, Deleted: 1}, nil
@@ -168,22 +168,22 @@ func TestPruneInBatches(t *testing.T) {
 		t.Errorf("cancelled prune: %v after %d batches, want context.Canceled after 1", err, calls)
 	}
 	boom := errors.New("boom")
-	res, err = PruneInBatches(context.Background(), func(after string) (PruneBatch, error) {
+	deleted, floor, err = PruneInBatches(context.Background(), func(after string) (PruneBatch, error) {
 		if after != "" {
 			return PruneBatch{}, boom
 		}
 		return PruneBatch{Examined: PruneBatchSize, Deleted: 3, Last: "k", Floor: 9}, nil
 	})
-	if !errors.Is(err, boom) || res.Deleted != 3 || res.Floor != 9 {
-		t.Errorf("failing second batch: %+v, %v; want the first batch's work and the error", res, err)
+	if !errors.Is(err, boom) || deleted != 3 || floor != 9 {
+		t.Errorf("failing second batch: %d deleted, floor %d, %v; want the first batch's work and the error", deleted, floor, err)
 	}
 }
 
 func TestCheckFloorAndAge(t *testing.T) {
-	if err := CheckFloor(driver.MaxFenceFloor); err != nil {
+	if err := CheckFloor(limits.MaxFenceFloor); err != nil {
 		t.Errorf("CheckFloor(MaxFenceFloor) = %v", err)
 	}
-	if err := CheckFloor(driver.MaxFenceFloor + 1); !errors.Is(err, fenced.ErrInvalidFloor) {
+	if err := CheckFloor(limits.MaxFenceFloor + 1); !errors.Is(err, fenced.ErrInvalidFloor) {
 		t.Errorf("CheckFloor(MaxFenceFloor+1) = %v, want ErrInvalidFloor", err)
 	}
 	if err := CheckOlderThan(0); err != nil {

@@ -515,19 +515,19 @@ func (e *Engine) Breaks(ctx context.Context, key string) ([]driver.BreakRecord, 
 
 // FenceFloor implements driver.FenceFloorer. MaxFence reads the whole
 // lease table.
-func (e *Engine) FenceFloor(ctx context.Context) (driver.FloorInfo, error) {
+func (e *Engine) FenceFloor(ctx context.Context) (floor, maxFence uint64, err error) {
 	if err := e.CheckOpen(); err != nil {
-		return driver.FloorInfo{}, err
+		return 0, 0, err
 	}
-	var floor, maxFence int64
-	if err := e.db.QueryRow(ctx, e.d.Floor.SQL).Scan(&floor, &maxFence); err != nil {
-		return driver.FloorInfo{}, e.Wrap("fence floor", "", err)
+	var f, m int64
+	if err := e.db.QueryRow(ctx, e.d.Floor.SQL).Scan(&f, &m); err != nil {
+		return 0, 0, e.Wrap("fence floor", "", err)
 	}
-	return driver.FloorInfo{Floor: uint64(floor), MaxFence: uint64(maxFence)}, nil
+	return uint64(f), uint64(m), nil
 }
 
 // RaiseFenceFloor implements driver.FenceFloorer. A floor above
-// driver.MaxFenceFloor is refused with fenced.ErrInvalidFloor.
+// limits.MaxFenceFloor is refused with fenced.ErrInvalidFloor.
 func (e *Engine) RaiseFenceFloor(ctx context.Context, floor uint64) (uint64, error) {
 	if err := e.CheckOpen(); err != nil {
 		return 0, err
@@ -554,29 +554,28 @@ func (e *Engine) RaiseFenceFloor(ctx context.Context, floor uint64) (uint64, err
 // clock once, then runs the dialect's batches with
 // leasetable.PruneInBatches. A negative age is refused with
 // fenced.ErrInvalidTTL.
-func (e *Engine) Prune(ctx context.Context, olderThan time.Duration) (driver.PruneResult, error) {
+func (e *Engine) Prune(ctx context.Context, olderThan time.Duration) (deleted int64, floor uint64, err error) {
 	if err := e.CheckOpen(); err != nil {
-		return driver.PruneResult{}, err
+		return 0, 0, err
 	}
 	if err := leasetable.CheckOlderThan(olderThan); err != nil {
-		return driver.PruneResult{}, fmt.Errorf("%s: %w", e.d.Name, err)
+		return 0, 0, fmt.Errorf("%s: %w", e.d.Name, err)
 	}
 	var cutoff any
 	if err := e.db.QueryRow(ctx, e.d.PruneCutoff.SQL, e.units(olderThan)).Scan(&cutoff); err != nil {
-		return driver.PruneResult{}, e.Wrap("prune", "", err)
+		return 0, 0, e.Wrap("prune", "", err)
 	}
-	res, err := leasetable.PruneInBatches(ctx, func(after string) (leasetable.PruneBatch, error) {
+	deleted, floor, err = leasetable.PruneInBatches(ctx, func(after string) (leasetable.PruneBatch, error) {
 		return e.d.PruneBatch(ctx, e.db, cutoff, after)
 	})
 	if err != nil {
-		return res, e.Wrap("prune", "", err)
+		return deleted, floor, e.Wrap("prune", "", err)
 	}
-	if res.Deleted == 0 {
-		info, err := e.FenceFloor(ctx)
-		res.Floor = max(res.Floor, info.Floor)
-		return res, err
+	if deleted == 0 {
+		now, _, err := e.FenceFloor(ctx)
+		return 0, max(floor, now), err
 	}
-	return res, nil
+	return deleted, floor, nil
 }
 
 // grantID is g without its TTL, which plays no part in identifying a

@@ -5,6 +5,7 @@ package capability
 
 import (
 	"fmt"
+	"github.com/fenced-dev/fenced/internal/core/limits"
 	"time"
 
 	"github.com/fenced-dev/fenced/driver"
@@ -104,10 +105,10 @@ func TTLBounds(c driver.Capabilities, lo, hi time.Duration) (time.Duration, time
 }
 
 // CheckCheckpoint returns an error matching fenced.ErrCheckpointTooLarge
-// when value is longer than driver.MaxCheckpoint.
+// when value is longer than limits.MaxCheckpoint.
 func CheckCheckpoint(value []byte) error {
-	if len(value) > driver.MaxCheckpoint {
-		return fmt.Errorf("%w: %d bytes, at most %d", sentinel.ErrCheckpointTooLarge, len(value), driver.MaxCheckpoint)
+	if len(value) > limits.MaxCheckpoint {
+		return fmt.Errorf("%w: %d bytes, at most %d", sentinel.ErrCheckpointTooLarge, len(value), limits.MaxCheckpoint)
 	}
 	return nil
 }

@@ -22,5 +22,5 @@ var (
 	ErrUnsupported    = errors.New("operation not supported by this backend")
 	ErrInvalidFloor   = errors.New("invalid fence floor")
 
-	ErrCheckpointTooLarge = errors.New("checkpoint larger than driver.MaxCheckpoint")
+	ErrCheckpointTooLarge = errors.New("checkpoint larger than 64 KiB")
 )

@@ -11,11 +11,13 @@ import (
 	"github.com/fenced-dev/fenced/internal/core/sentinel"
 )
 
-// Min and Max bound every lease's TTL (fenced.LeaseOptions.TTL says
-// them); a backend's Expiry may narrow them.
+// Min and Max bound every lease's TTL, and Default is the TTL of a lease
+// whose options name none (fenced.LeaseOptions.TTL says them); a
+// backend's Expiry may narrow the bounds.
 const (
-	Min = 10 * time.Millisecond
-	Max = 7 * 24 * time.Hour
+	Min     = 10 * time.Millisecond
+	Max     = 7 * 24 * time.Hour
+	Default = 30 * time.Second
 )
 
 // Units converts ttl to a whole number of unit (a microsecond, a
