@@ -162,6 +162,7 @@ type Group struct {
 	lin     lineage // the supervisor's descendants, for gather and watch
 	// moveMu keeps watch's moves out of SignalAll: a process moved back
 	// between its cgroup pass and its gather would be missed by both.
+	// watch holds it for one move, so SignalAll waits for one at most.
 	moveMu sync.Mutex
 
 	goneFlag atomic.Bool  // Gone was reported

@@ -31,14 +31,16 @@ func (g *Group) watch(done <-chan struct{}) {
 	defer runtime.UnlockOSThread()
 	for {
 		start := threadCPU()
-		g.moveMu.Lock()
 		for range 10 { // bounded: a fork bomb outside is ended by SignalAll
 			moved := 0
 			for _, p := range g.lineageProcs() {
 				if !p.living() {
 					continue
 				}
-				if _, ok := g.bringBack(p); ok {
+				g.moveMu.Lock() // one move at a time: SignalAll waits for no more
+				_, ok := g.bringBack(p)
+				g.moveMu.Unlock()
+				if ok {
 					moved++
 				}
 			}
@@ -46,7 +48,6 @@ func (g *Group) watch(done <-chan struct{}) {
 				break
 			}
 		}
-		g.moveMu.Unlock()
 		select {
 		case <-done:
 			return
