@@ -48,16 +48,20 @@ func TestPartitionSupervisorKillWaitsForGuard(t *testing.T) {
 		checkMode(t, errb, mode)
 		loop := readPid(t, pidFile)
 		sup := supervisorOf(t, cmd.Process.Pid)
-		// Its first kill waits two TTLs (the look below takes one; the
-		// other, at least 2 s, covers a busy machine): COMMAND still runs after it.
-		slowDown(t, guardOf(t, sup), 2*ttl)
+		// Its first kill waits two TTLs and 5 s: the look below takes a
+		// TTL and its last Inspect, which a busy machine (the suite under
+		// scripts/hog.sh) stretched past the second TTL; COMMAND must
+		// still run after it.
+		slow := 2*ttl + 5*time.Second
+		slowDown(t, guardOf(t, sup), slow)
 		if err := syscall.Kill(sup, syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
 		// The member learns of the death at once; it released the lease
 		// within a third of the TTL before the fix. A TTL covers that.
 		adm := client(t, store)
-		for end := time.Now().Add(ttl); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		look := time.Now()
+		for end := look.Add(ttl); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
 			info, err := adm.Inspect(context.Background(), "g/p/0")
 			if err != nil {
 				t.Fatal(err)
@@ -68,7 +72,8 @@ func TestPartitionSupervisorKillWaitsForGuard(t *testing.T) {
 			}
 		}
 		if !alive(loop) || !grows(out, 100*time.Millisecond) {
-			t.Fatalf("COMMAND does not run on under the slowed guard (alive %v); the test's premise", alive(loop))
+			t.Fatalf("COMMAND does not run on under the slowed guard (alive %v) after a look of %v, the guard's kill delayed %v; the test's premise",
+				alive(loop), time.Since(look).Round(time.Millisecond), slow)
 		}
 		if !strings.Contains(errb.String(), "the lease is kept until the supervisor's guard") {
 			t.Errorf("the member did not say why it keeps the lease:\n%s", errb)

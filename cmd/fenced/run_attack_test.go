@@ -201,6 +201,7 @@ func runAttack(t *testing.T, bin string, sc attackScenario) (res attackResult) {
 	oldPids := attackerPids(pids)
 	time.Sleep(sc.delay)
 
+	var killed int64 // when a kill -9 was sent
 	switch attack {
 	case "loss":
 		px.BlackHole(true)
@@ -218,6 +219,7 @@ func runAttack(t *testing.T, bin string, sc attackScenario) (res attackResult) {
 		if strings.HasPrefix(mode, "cgroup") {
 			awaitMovedBack(t, cmd.Process.Pid, oldPids["cgaway"])
 		}
+		killed = proof.Now()
 		if err := cmd.Process.Kill(); err != nil {
 			t.Fatal(err)
 		}
@@ -225,6 +227,9 @@ func runAttack(t *testing.T, bin string, sc attackScenario) (res attackResult) {
 
 	grantT, grantOff, newFence := awaitNewHolder(t, client(t, r.URL()), key, out, old,
 		&fenced.LeaseOptions{TTL: 30 * time.Second, MinFence: fenced.FenceRepeatable}, command+" "+attack, ttl, errb)
+	if killed != 0 {
+		t.Logf("kill -9 sent %dms before the new grant's try", (grantT-killed)/1e6)
+	}
 	continued := time.Now()
 	if attack == "ctrl-z" || attack == "sigstop" {
 		if err := cmd.Process.Signal(syscall.SIGCONT); err != nil { // fg
@@ -400,6 +405,12 @@ func attackOutcome(t *testing.T, out string, oldPids map[string]int, old string,
 		n++
 		if a.t >= grantT || a.offset >= grantOff {
 			late[a.kind]++
+			if !leftGroup[a.kind] {
+				// Timed before the grant's try: a write in flight that
+				// landed after it (counted all the same).
+				t.Logf("late attempt by %s (pid %d): timed %+dms from the new grant's try, at offset %d (grant's %d)",
+					a.kind, a.pid, (a.t-grantT)/1e6, a.offset, grantOff)
+			}
 		}
 	}
 	for kind, pid := range oldPids {
