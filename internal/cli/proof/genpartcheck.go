@@ -64,9 +64,11 @@ type GenPartReport struct {
 	Knobs                   string
 	Converge, ConvergeBound time.Duration
 	// Problems describes each violation; FirstViolation is how far into
-	// the run the first one happened.
+	// the run the first one happened. Missed counts those that are time
+	// bounds (recovery, convergence); the rest are safety checks.
 	Problems       []string
 	FirstViolation time.Duration
+	Missed         int
 }
 
 // Failed reports whether any check failed.
@@ -317,6 +319,7 @@ func (r *GenPartReport) judgeRecovery(o *partObserver, outlives, ttl, stall time
 	r.LongestUnowned, r.Spells, r.Listings, r.MaxSchedDelay = o.longest, o.spells, o.list, o.maxDelay
 	r.Bound = outlives + ttl/3 + ttl/3 + 200*time.Millisecond + 3*o.maxDelay + 2*o.maxList + stall
 	if o.longest > r.Bound {
+		r.Missed++
 		r.Problems = append(r.Problems,
 			fmt.Sprintf("partition %d went without an owner for %v while a member of its count was live "+
 				"(bound %v = the store's keep of a %v grant %v + a renewal period %v + a poll %v + 200ms of listing + 3 × the measured "+

@@ -222,6 +222,9 @@ func (r *GenPartReport) judgeConvergence(c partConvergence, k partKnobs, p int, 
 	wave := 2*ttl/3 + partWriteEvery + 200*time.Millisecond + 3*r.MaxSchedDelay
 	r.ConvergeBound = r.Bound + ttl + outlives + time.Duration(waves)*wave
 	r.Converge = c.took
+	if !c.ok || c.took > r.ConvergeBound {
+		r.Missed++
+	}
 	switch {
 	case !c.ok:
 		r.Problems = append(r.Problems, fmt.Sprintf("not balanced by weight within the threshold after the churn: %s", c.last))
