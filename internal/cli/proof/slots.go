@@ -2,7 +2,11 @@ package proof
 
 import (
 	"context"
+	"fmt"
+	"os"
 	"os/exec"
+	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -88,7 +92,8 @@ func (s *slots) revive() error {
 		s.exits[code]++
 		s.mu.Unlock()
 		if !s.quiet(code) {
-			s.logf("seed %d: %s %d exited by itself with code %d (see worker-%d.log)", s.seed, s.name, i, code, i)
+			s.logf("seed %d: %s %d exited by itself with code %d (see worker-%d.log); its log ends: %s",
+				s.seed, s.name, i, code, i, s.logTail(i, 600))
 		}
 		if err := s.restart(i); err != nil {
 			return err
@@ -159,4 +164,14 @@ func endProcess(cmd *exec.Cmd, done <-chan struct{}, kill bool, slow func()) {
 	}
 	cmd.Process.Kill()
 	<-done
+}
+
+// logTail returns the last n bytes of slot i's log, for a line that must
+// say why it exited after the run's directory is gone.
+func (s *slots) logTail(i, n int) string {
+	b, err := os.ReadFile(filepath.Join(s.dir, fmt.Sprintf("worker-%d.log", i)))
+	if err != nil {
+		return err.Error()
+	}
+	return strings.TrimSpace(string(b[max(0, len(b)-n):]))
 }
