@@ -81,7 +81,8 @@ func runGenPart(t *testing.T, b backend, cfg GenPartConfig, last bool) (rep GenP
 	cfg.Command, cfg.Logf = testCommand, t.Logf
 	cfg.Dir = t.TempDir()
 	if keep := os.Getenv("PROOF_KEEP"); keep != "" {
-		cfg.Dir = filepath.Join(keep, fmt.Sprintf("genpart-%s-%d", b.name, cfg.Seed))
+		// A rerun changes the duration or the TTL: a directory of its own.
+		cfg.Dir = filepath.Join(keep, fmt.Sprintf("genpart-%s-%d-%v-%v", b.name, cfg.Seed, cfg.Duration, cfg.TTL))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.Duration+3*time.Minute)
 	defer cancel()
