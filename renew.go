@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/fenced-dev/fenced/clock"
 	"github.com/fenced-dev/fenced/driver"
 )
 
@@ -249,7 +250,7 @@ func (r *renewer) loop() {
 		var timerC <-chan time.Time
 		var t interface{ Stop() bool }
 		if next != loopIdle {
-			tm := r.c.clock.NewTimer(next - r.c.now())
+			tm := clock.NewTimerAt(r.c.clock, r.c.at(next))
 			timerC, t = tm.C(), tm
 		}
 		select {

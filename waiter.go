@@ -66,7 +66,7 @@ const (
 // time it is needed: an acquisition granted at once has none.
 func (w *waiter) startWaitTimer() {
 	if w.waitTimer == nil && w.wait && w.s.MaxWait != WaitForever {
-		w.waitTimer = w.c.clock.NewTimer(w.s.MaxWait - w.c.clock.Now().Sub(w.began))
+		w.waitTimer = clock.NewTimerAt(w.c.clock, w.began.Add(w.s.MaxWait))
 		w.waitOver = w.waitTimer.C()
 	}
 }

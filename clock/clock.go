@@ -168,8 +168,13 @@ func (f *Fake) Now() time.Time {
 func (f *Fake) NewTimer(d time.Duration) Timer {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	t := &fakeTimer{f: f, at: f.now.Add(d), c: make(chan time.Time, 1)}
-	if d <= 0 {
+	return f.arm(f.now.Add(d))
+}
+
+// arm returns a timer firing when the clock reaches at. f.mu is held.
+func (f *Fake) arm(at time.Time) Timer {
+	t := &fakeTimer{f: f, at: at, c: make(chan time.Time, 1)}
+	if !at.After(f.now) {
 		t.c <- f.now
 		t.fired = true
 		return t

@@ -248,7 +248,7 @@ func (d *Driver) AcquireTimed(ctx context.Context, key, owner string, ttl time.D
 		var timer clock.Timer
 		var expiry <-chan time.Time
 		if e != nil && e.heldAt(now) {
-			timer = s.clock.NewTimer(e.expires.Sub(now))
+			timer = clock.NewTimerAt(s.clock, e.expires)
 			expiry = timer.C()
 		}
 		s.mu.Unlock()
