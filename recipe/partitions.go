@@ -153,6 +153,9 @@ type ownedPartition struct {
 	cancel   context.CancelCauseFunc
 	handoff  time.Time // when the hand-off began; zero if none
 	released bool      // the lease was released before the work returned
+	// ended is when a look first saw the lease ended while the work ran
+	// on; zero before.
+	ended time.Time
 	// until is when the lease is released whether or not the work has
 	// returned: HandoffGrace after its hand-off or its member's leave
 	// began; zero before either (Partition.Finish).
@@ -229,6 +232,11 @@ type PartitionsOptions struct {
 	// then refuses the late work, and an EventLost event says so).
 	// The work has that long to finish and record its last checkpoint
 	// (Partition.Finish). Default: the TTL.
+	//
+	// A work still running a grace after its lease was released or lost
+	// no longer keeps the partition: if the assignment gives it back,
+	// the member starts a new work beside the old one, whose writes the
+	// fence refuses. Its EventRelease comes when it returns.
 	HandoffGrace time.Duration
 	// OnEvent, if set, is called for every PartitionEvent, on the
 	// member's goroutines; it must not block.
@@ -987,6 +995,9 @@ func (g *Partitions) handOff(targets []int, member bool, now time.Time) {
 		case !o.released && now.Sub(o.handoff) >= g.grace:
 			o.released = true
 			late = append(late, g.overrun(p, o, now))
+			// Its work runs on, refused by the fence: the partition is no
+			// longer this member's, and may be planned back to it.
+			delete(g.owned, p)
 		}
 	}
 	g.mu.Unlock()
@@ -1002,7 +1013,11 @@ func (g *Partitions) tryTargets(ctx context.Context, m *fenced.Lease, targets []
 	missing := 0
 	for _, p := range targets {
 		g.mu.Lock()
-		_, have := g.owned[p]
+		o, have := g.owned[p]
+		if have && g.outlived(o, time.Now()) {
+			delete(g.owned, p) // the new work's fence refuses the old one
+			have = false
+		}
 		g.mu.Unlock()
 		if have {
 			continue
@@ -1052,6 +1067,20 @@ func (g *Partitions) tryTargets(ctx context.Context, m *fenced.Lease, targets []
 		g.start(p, l, cp)
 	}
 	return watch, missing, next
+}
+
+// outlived reports whether o's work ran on a grace past its lease's end.
+// Such a work keeps its partition from nobody, this member included: a
+// work blocked for good must not keep a partition planned for the member
+// unowned. The caller holds g.mu.
+func (g *Partitions) outlived(o *ownedPartition, now time.Time) bool {
+	if o.lease.Err() == nil {
+		return false
+	}
+	if o.ended.IsZero() {
+		o.ended = now
+	}
+	return now.Sub(o.ended) >= g.grace
 }
 
 // noteUnowned counts the time some target was not held.
@@ -1164,7 +1193,9 @@ func (g *Partitions) start(p int, l *fenced.Lease, cp []byte) {
 		}
 		ev := PartitionEvent{Kind: fenced.EventRelease, Partition: p, Fence: l.Fence(), Cause: cause, WorkErr: workErr}
 		g.mu.Lock()
-		delete(g.owned, p)
+		if g.owned[p] == o {
+			delete(g.owned, p)
+		}
 		if !o.handoff.IsZero() {
 			ev.HandOff = time.Since(o.handoff)
 			g.stats.HandOffTime += ev.HandOff

@@ -281,3 +281,117 @@ func TestPartitionsLeaveOverran(t *testing.T) {
 	}
 	t.Errorf("no EventLost event after a leave whose work overran: %+v", events)
 }
+
+// TestPartitionsOverranWorkKeepsNoPartition: a work blocked for good
+// past its hand-off does not keep its partition from its member. When the
+// assignment gives the partition back, the member starts a new work with
+// a higher fence. The proof saw a partition unowned for seconds: its
+// member's old work was stuck in a write, and nobody else was planned it.
+func TestPartitionsOverranWorkKeepsNoPartition(t *testing.T) {
+	const grace = 200 * time.Millisecond
+	ctx := context.Background()
+	url := "mem://" + t.Name()
+	type start struct {
+		p     int
+		fence uint64
+	}
+	starts := make(chan start, 8)
+	stuck := make(chan struct{})
+	blocked := func(ctx context.Context, p recipe.Partition) error {
+		starts <- start{p.Index, p.Lease.Fence()}
+		<-stuck // ignores its context, as a work stuck in a write
+		return nil
+	}
+	lost := make(chan int, 8)
+	a, err := recipe.JoinPartitions(ctx, partOpen(t, url), "back", 2, blocked, &recipe.PartitionsOptions{
+		MemberID: "a", Lease: &fenced.LeaseOptions{TTL: 3 * time.Second}, HandoffGrace: grace,
+		OnEvent: func(e recipe.PartitionEvent) {
+			if e.Kind == fenced.EventLost {
+				lost <- e.Partition
+			}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Leave(ctx) })
+	t.Cleanup(func() { close(stuck) }) // runs first: lets a's works return
+	first := map[int]uint64{}
+	for range 2 {
+		select {
+		case s := <-starts:
+			first[s.p] = s.fence
+		case <-time.After(20 * time.Second):
+			t.Fatalf("a started %d of 2 partitions in 20 s", len(first))
+		}
+	}
+	b, err := recipe.JoinPartitions(ctx, partOpen(t, url), "back", 2, func(ctx context.Context, p recipe.Partition) error {
+		<-ctx.Done()
+		return nil
+	}, &recipe.PartitionsOptions{MemberID: "b", Lease: &fenced.LeaseOptions{TTL: 3 * time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var moved int
+	select {
+	case moved = <-lost:
+	case <-time.After(20 * time.Second):
+		t.Fatal("no EventLost 20 s after b joined (the grace is 200 ms)")
+	}
+	partBalanced(t, []*recipe.Partitions{a, b}, 2, 20*time.Second)
+	if err := b.Leave(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// b's leave rings the doorbell: a looks at once, and at the latest
+	// at its next poll (a third of the TTL).
+	select {
+	case s := <-starts:
+		if s.p != moved || s.fence <= first[moved] {
+			t.Errorf("a started partition %d with fence %d, want partition %d above fence %d", s.p, s.fence, moved, first[moved])
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatalf("a did not take partition %d back within 20 s of b's leave: its old work, stuck, kept it", moved)
+	}
+	if got := a.Owned(); len(got) != 2 {
+		t.Errorf("a owns %v after b left, want both partitions", got)
+	}
+}
+
+// TestPartitionsLostWorkKeepsNoPartition: a work stuck past its lease's
+// loss (a break) keeps its partition a grace at most. The member, still
+// planned the partition, then takes it again with a higher fence.
+func TestPartitionsLostWorkKeepsNoPartition(t *testing.T) {
+	const grace = 200 * time.Millisecond
+	ctx := context.Background()
+	url := "mem://" + t.Name()
+	fences := make(chan uint64, 4)
+	stuck := make(chan struct{})
+	a, err := recipe.JoinPartitions(ctx, partOpen(t, url), "lost", 1, func(ctx context.Context, p recipe.Partition) error {
+		fences <- p.Lease.Fence()
+		<-stuck // ignores its context, as a work stuck in a write
+		return nil
+	}, &recipe.PartitionsOptions{MemberID: "a", Lease: &fenced.LeaseOptions{TTL: 3 * time.Second}, HandoffGrace: grace})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Leave(ctx) })
+	t.Cleanup(func() { close(stuck) })
+	var first uint64
+	select {
+	case first = <-fences:
+	case <-time.After(20 * time.Second):
+		t.Fatal("a did not start its partition in 20 s")
+	}
+	if _, err := partOpen(t, url).Break(ctx, "lost/p/0", "test: a lost lease", "test"); err != nil {
+		t.Fatal(err)
+	}
+	// The loss is seen at a's next renewal (a third of the TTL); its next
+	// look a grace later takes the partition again.
+	select {
+	case f := <-fences:
+		if f <= first {
+			t.Errorf("a took the partition again with fence %d, want above %d", f, first)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("a did not take its partition back within 20 s of the break: its old work, stuck, kept it")
+	}
+}

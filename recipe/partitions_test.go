@@ -251,7 +251,7 @@ func (lg *partLedger) onEvent(member string) func(recipe.PartitionEvent) {
 			lg.t.Logf("partition %d: %s's lease ended: %v", e.Partition, member, e.Cause)
 
 		}
-		if h, ok := lg.holder[e.Partition]; ok && h == member {
+		if h, ok := lg.holder[e.Partition]; ok && h == member && lg.fences[e.Partition] == e.Fence {
 			lg.fail("partition %d: released by %s before its work returned", e.Partition, member)
 		}
 	}
