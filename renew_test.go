@@ -19,8 +19,18 @@ import (
 // size of every batch it is given.
 type batchSizes struct {
 	*mem.Driver
+	clock *clock.Fake // if set, the time of each key's last grant or renewal is kept
 	mu    sync.Mutex
 	sizes []int
+	last  map[string]time.Time
+}
+
+func (b *batchSizes) TryAcquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
+	fence, err := b.Driver.TryAcquire(ctx, key, owner, ttl)
+	if err == nil {
+		b.note(key)
+	}
+	return fence, err
 }
 
 func (b *batchSizes) RenewBatch(ctx context.Context, grants []driver.Grant) ([]error, error) {
@@ -29,9 +39,36 @@ func (b *batchSizes) RenewBatch(ctx context.Context, grants []driver.Grant) ([]e
 	b.mu.Unlock()
 	errs := make([]error, len(grants))
 	for i, g := range grants {
-		errs[i] = b.Driver.Renew(ctx, g)
+		if errs[i] = b.Driver.Renew(ctx, g); errs[i] == nil {
+			b.note(g.Key)
+		}
 	}
 	return errs, nil
+}
+
+func (b *batchSizes) note(key string) {
+	if b.clock == nil {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.last == nil {
+		b.last = map[string]time.Time{}
+	}
+	b.last[key] = b.clock.Now()
+}
+
+// renewedWithin reports whether every key was granted or renewed less
+// than d before now.
+func (b *batchSizes) renewedWithin(now time.Time, d time.Duration) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, at := range b.last {
+		if now.Sub(at) >= d {
+			return false
+		}
+	}
+	return true
 }
 
 // Capabilities declares the batches, which mem leaves off by default.
@@ -54,7 +91,7 @@ func (b *batchSizes) calls() []int {
 func TestManyLeasesRenewInFewLargeBatches(t *testing.T) {
 	const n = 6000
 	clk := clock.NewFake(time.Unix(1000, 0))
-	d := &batchSizes{Driver: mem.New(&mem.Options{Clock: clk})}
+	d := &batchSizes{Driver: mem.New(&mem.Options{Clock: clk}), clock: clk}
 	c := fenced.NewClient(d, &fenced.Options{Clock: clk})
 	defer c.Close()
 	ctx := context.Background()
@@ -69,11 +106,24 @@ func TestManyLeasesRenewInFewLargeBatches(t *testing.T) {
 			clk.Advance(80 * time.Millisecond) // acquired over half a second
 		}
 	}
-	// A tenth of a period at a time, with time for the client to renew
-	// thousands of leases (slowly, under the race detector) in between.
-	for range 40 {
+	d.mu.Lock()
+	granted := len(d.last)
+	d.mu.Unlock()
+	if granted != n {
+		t.Fatalf("%d grants seen by the driver's TryAcquire, want %d: the wait below would see none due", granted, n)
+	}
+	// A tenth of a period at a time. After each step the test waits for
+	// the client to renew what is due: every lease granted or renewed
+	// within a period (TTL/3) of the fake now. A fixed sleep was too short
+	// on a loaded machine (under the race detector), and renewals piled
+	// up into fewer, later periods.
+	for step := range 40 {
 		clk.Advance(100 * time.Millisecond)
-		time.Sleep(100 * time.Millisecond)
+		for caughtUp := time.Now().Add(time.Minute); !d.renewedWithin(clk.Now(), time.Second); time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(caughtUp) {
+				t.Fatalf("step %d: leases due for renewal still unrenewed a minute later", step)
+			}
+		}
 	}
 	for _, l := range leases {
 		if l.Err() != nil {

@@ -26,9 +26,17 @@ import (
 // (for h mod 8 ≥ 4) or the same (h mod 8 < 4).
 const countItems = 16
 
-// countTTL is the TTL of the count tests' members. Their leases accept a
+// countTTL is the TTL of the count tests' members on a quiet machine
+// (countMachineTTL gives a loaded one's). Their leases accept a
 // repeatable fence (single-node Redis): the fence plays no part here.
 const countTTL = time.Second
+
+// countMachineTTL is the members' TTL on this machine, as loaded now:
+// a member that stays live must not lapse while the test runs (B's
+// renewals lapsed under load, and A, resumed, then kept the group).
+func countMachineTTL(t *testing.T, store string) time.Duration {
+	return newPartMachine(t, store, countTTL, 2).ttl
+}
 
 // itemLog records, for each item, when a member worked it: a sample is
 // taken only while the partition's lease is valid (its time is read
@@ -82,10 +90,15 @@ func TestPartitionsCountMember(t *testing.T) {
 		os.Exit(1)
 	}
 	p, _ := strconv.Atoi(os.Getenv("PARTITIONS_COUNT_P"))
+	ttl, err := time.ParseDuration(os.Getenv("PARTITIONS_COUNT_TTL"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGTERM)
 	m, err := recipe.JoinPartitions(ctx, c, os.Getenv("PARTITIONS_COUNT_GROUP"), p, lg.work(p),
-		&recipe.PartitionsOptions{MemberID: os.Getenv("PARTITIONS_COUNT_ID"), Lease: &fenced.LeaseOptions{TTL: countTTL, MinFence: fenced.FenceRepeatable}})
+		&recipe.PartitionsOptions{MemberID: os.Getenv("PARTITIONS_COUNT_ID"), Lease: &fenced.LeaseOptions{TTL: ttl, MinFence: fenced.FenceRepeatable}})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
@@ -114,13 +127,13 @@ type countMember struct {
 	exited chan struct{}
 }
 
-func startCountMember(t *testing.T, store, group, id string, p int) *countMember {
+func startCountMember(t *testing.T, store, group, id string, p int, ttl time.Duration) *countMember {
 	t.Helper()
 	dir := t.TempDir()
 	m := &countMember{log: filepath.Join(dir, "log"), exited: make(chan struct{})}
 	m.cmd = exec.Command(os.Args[0], "-test.run=^TestPartitionsCountMember$")
 	m.cmd.Env = append(os.Environ(), "PARTITIONS_COUNT_STORE="+store, "PARTITIONS_COUNT_GROUP="+group,
-		"PARTITIONS_COUNT_ID="+id, "PARTITIONS_COUNT_P="+strconv.Itoa(p), "PARTITIONS_COUNT_LOG="+m.log)
+		"PARTITIONS_COUNT_ID="+id, "PARTITIONS_COUNT_P="+strconv.Itoa(p), "PARTITIONS_COUNT_LOG="+m.log, "PARTITIONS_COUNT_TTL="+ttl.String())
 	m.cmd.Stderr = os.Stderr
 	if err := m.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -264,7 +277,8 @@ func TestPartitionsCountLapsedMemberStops(t *testing.T) {
 	for name, store := range countStores(t) {
 		t.Run(name, func(t *testing.T) {
 			ctx := context.Background()
-			a := startCountMember(t, store, "lapse", "a", 4)
+			ttl := countMachineTTL(t, store)
+			a := startCountMember(t, store, "lapse", "a", 4, ttl)
 			a.waitOwnsAll(t, time.Time{}, 20*time.Second)
 			c := partOpen(t, store)
 			a.stop(t, c)
@@ -284,7 +298,7 @@ func TestPartitionsCountLapsedMemberStops(t *testing.T) {
 			var bmu sync.Mutex
 			var blog []string
 			lb := &itemLog{out: func(l string) { bmu.Lock(); blog = append(blog, l); bmu.Unlock() }}
-			b, err := recipe.JoinPartitions(ctx, c, "lapse", 8, lb.work(8), &recipe.PartitionsOptions{MemberID: "b", Lease: &fenced.LeaseOptions{TTL: countTTL, MinFence: fenced.FenceRepeatable}})
+			b, err := recipe.JoinPartitions(ctx, c, "lapse", 8, lb.work(8), &recipe.PartitionsOptions{MemberID: "b", Lease: &fenced.LeaseOptions{TTL: ttl, MinFence: fenced.FenceRepeatable}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -298,13 +312,13 @@ func TestPartitionsCountLapsedMemberStops(t *testing.T) {
 			// next step (woken at once, or at its poll: TTL/3), lists and
 			// stops. Bound: that poll and a TTL for the steps' store round
 			// trips on a loaded machine.
-			bound := countTTL/3 + countTTL
+			bound := ttl/3 + ttl
 			select {
 			case <-a.exited:
 			case <-time.After(bound + 10*time.Second):
 				st, _ := recipe.ReadGroup(ctx, c, "lapse")
-				t.Fatalf("A still runs %v after it resumed (members now %+v); it must stop once it finds the group at another count",
-					time.Since(resumed).Round(time.Millisecond), st.Members)
+				t.Fatalf("A still runs %v after it resumed (members now %+v; TTL %v; B stopped by itself: %v); it must stop once it finds the group at another count",
+					time.Since(resumed).Round(time.Millisecond), st.Members, ttl, b.Err())
 			}
 			took := time.Since(resumed)
 			lines := a.lines()
@@ -348,7 +362,8 @@ func TestPartitionsCountJoinWaitsForLeases(t *testing.T) {
 	for name, store := range countStores(t) {
 		t.Run(name, func(t *testing.T) {
 			ctx := context.Background()
-			a := startCountMember(t, store, "held", "a", 4)
+			ttl := countMachineTTL(t, store)
+			a := startCountMember(t, store, "held", "a", 4, ttl)
 			a.waitOwnsAll(t, time.Time{}, 20*time.Second)
 			c := partOpen(t, store)
 			a.stop(t, c)
@@ -375,12 +390,12 @@ func TestPartitionsCountJoinWaitsForLeases(t *testing.T) {
 			}
 			done := make(chan joined, 1)
 			go func() {
-				m, err := recipe.JoinPartitions(ctx, c, "held", 8, lb.work(8), &recipe.PartitionsOptions{MemberID: "b", Lease: &fenced.LeaseOptions{TTL: countTTL, MinFence: fenced.FenceRepeatable}})
+				m, err := recipe.JoinPartitions(ctx, c, "held", 8, lb.work(8), &recipe.PartitionsOptions{MemberID: "b", Lease: &fenced.LeaseOptions{TTL: ttl, MinFence: fenced.FenceRepeatable}})
 				done <- joined{m, err}
 			}()
 			// Resume A while its partition leases are still valid: it was
 			// stopped a fraction of its TTL.
-			time.Sleep(countTTL / 4)
+			time.Sleep(ttl / 4)
 			a.cmd.Process.Signal(syscall.SIGCONT)
 			resumed := time.Now()
 			var j joined
@@ -399,10 +414,10 @@ func TestPartitionsCountJoinWaitsForLeases(t *testing.T) {
 				select {
 				case <-a.exited:
 					t.Logf("B joined (A's leases had run out before A resumed); A stopped: %q", a.lines()[len(a.lines())-1])
-				case <-time.After(countTTL/3 + countTTL + 10*time.Second):
+				case <-time.After(ttl/3 + ttl + 10*time.Second):
 					t.Errorf("B joined, and A is still live at P=4 %v after it resumed", time.Since(resumed).Round(time.Millisecond))
 				}
-				time.Sleep(2 * countTTL) // let both run: an overlap, if any, shows in the samples
+				time.Sleep(2 * ttl) // let both run: an overlap, if any, shows in the samples
 			case errors.Is(j.err, recipe.ErrPartitionCount):
 				t.Logf("B's join gave up %v after A resumed: %v", time.Since(resumed).Round(time.Millisecond), j.err)
 				// A works on: it sampled every item after it resumed.
