@@ -91,7 +91,10 @@ func (d *Driver) put(ctx context.Context, e *entry, ttl time.Duration, start tim
 		return resp, kaErr, nil
 	}
 	werr := writeErr("acquire", err)
-	if errors.Is(werr, errSessionGone) && time.Since(start) < time.Duration(e.s.ttl)*time.Second {
+	// However long the request took (a process stopped while it waited
+	// for the reply), a put on an expired lease did nothing: etcd refuses
+	// it, or deleted it with the lease.
+	if errors.Is(werr, errSessionGone) {
 		d.markDead(e.s)
 		return nil, kaErr, fmt.Errorf("%w: %w", errStartOver, werr)
 	}
