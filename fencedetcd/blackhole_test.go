@@ -14,6 +14,20 @@ import (
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 
+// openThroughProxy starts etcd and a proxy to it, and opens a client
+// through the proxy.
+func openThroughProxy(t *testing.T) (*testenv.EtcdCluster, *testenv.Proxy, *fenced.Client) {
+	t.Helper()
+	cluster := testenv.StartEtcd(t)
+	proxy := testenv.StartProxy(t, cluster.Endpoints()[0])
+	c, err := fenced.Open(context.Background(), "etcd://"+proxy.Addr, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return cluster, proxy, c
+}
+
 // TestBlackHoleEndsLeasesAtValidity holds 10 000 leases (2 000 under the
 // race detector) on etcd through a proxy that turns into a black hole
 // (connections open, nothing through): every lease's context is still
@@ -23,13 +37,7 @@ func TestBlackHoleEndsLeasesAtValidity(t *testing.T) {
 	if testing.Short() {
 		t.Skip("long: black-holes etcd past the validity; run without -short")
 	}
-	cluster := testenv.StartEtcd(t)
-	proxy := testenv.StartProxy(t, cluster.Endpoints()[0])
-	c, err := fenced.Open(context.Background(), "etcd://"+proxy.Addr, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
+	_, proxy, c := openThroughProxy(t)
 	drivertest.CheckEndsThroughBlackHole(t, c, 10000, 4*time.Second, proxy.BlackHole)
 }
 
@@ -41,13 +49,7 @@ func TestKeepAliveDropsBlackHoledConnection(t *testing.T) {
 	if testing.Short() {
 		t.Skip("long: black-holes the connection past the keepalive; run without -short")
 	}
-	cluster := testenv.StartEtcd(t)
-	proxy := testenv.StartProxy(t, cluster.Endpoints()[0])
-	c, err := fenced.Open(context.Background(), "etcd://"+proxy.Addr, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
+	_, proxy, c := openThroughProxy(t)
 	// A held lease keeps streams open (keepalive pings only while there
 	// are).
 	if _, err := c.TryAcquire(context.Background(), "keepalive", &fenced.LeaseOptions{TTL: time.Minute}); err != nil {

@@ -9,7 +9,6 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 
 // TestPutOnExpiredSessionStartsOver: an acquisition whose put reached
@@ -19,13 +18,7 @@ import (
 // expired": a member of a partitions group stopped during its join
 // exited by itself.
 func TestPutOnExpiredSessionStartsOver(t *testing.T) {
-	cluster := testenv.StartEtcd(t)
-	proxy := testenv.StartProxy(t, cluster.Endpoints()[0])
-	c, err := fenced.Open(context.Background(), "etcd://"+proxy.Addr, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
+	cluster, proxy, c := openThroughProxy(t)
 	direct, err := clientv3.New(clientv3.Config{Endpoints: cluster.Endpoints(), DialTimeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
