@@ -281,7 +281,17 @@ func runGenPartMember(cfg GenPartMemberConfig) int {
 	if err != nil {
 		return fail(err)
 	}
-	c, err := fenced.Open(ctx, cfg.Store, &fenced.Options{MinBackoff: 5 * time.Millisecond, MaxBackoff: 100 * time.Millisecond})
+	// A member stopped (SIGSTOP) while it opens the store, past the
+	// open's probe, finds the store unavailable: it opens again, as a
+	// supervisor would restart it, for as long as a stop lasts (3 TTLs).
+	var c *fenced.Client
+	for giveUp := time.Now().Add(3 * cfg.TTL); ; {
+		c, err = fenced.Open(ctx, cfg.Store, &fenced.Options{MinBackoff: 5 * time.Millisecond, MaxBackoff: 100 * time.Millisecond})
+		if err == nil || !errors.Is(err, fenced.ErrUnavailable) || time.Now().After(giveUp) {
+			break
+		}
+		fmt.Fprintln(os.Stderr, "proof member: open again:", err)
+	}
 	if err != nil {
 		return fail(err)
 	}
