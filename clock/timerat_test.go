@@ -32,6 +32,8 @@ func TestNewTimerAtIgnoresArmingPause(t *testing.T) {
 	}
 }
 
+// TestNewTimerAtRealIgnoresArmingPause: on the Real clock, a timer armed
+// a pause after its deadline was read still fires at the deadline.
 func TestNewTimerAtRealIgnoresArmingPause(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: sleeps 1.5s")
