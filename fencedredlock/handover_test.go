@@ -2,6 +2,7 @@ package fencedredlock_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -100,7 +101,13 @@ func TestHandoverManyProcesses(t *testing.T) {
 				mu.Lock()
 				released = time.Now()
 				mu.Unlock()
-				if err := l.Release(ctx); err != nil {
+				switch err := l.Release(ctx); {
+				case errors.Is(err, fenced.ErrUnknownOutcome):
+					// The nodes answered after the budget (a stalled
+					// fsync on a busy disk): the release may still have
+					// landed. The handover bound below says if not.
+					t.Logf("release: %v", err)
+				case err != nil:
 					errs <- err
 				}
 				if finished {

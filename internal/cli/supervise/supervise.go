@@ -947,6 +947,11 @@ func MaybeRunGuard() {
 	if os.Getenv(guardEnv) == "" {
 		return
 	}
+	// The guard works on its main thread, whose ID is its process ID: a
+	// tracer attached to that one thread (a test delays its kill with
+	// strace -p) sees every call it makes. Unlocked, its kill could run on
+	// another thread after the blocking read below.
+	runtime.LockOSThread()
 	signal.Ignore(syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGTSTP,
 		syscall.SIGTTIN, syscall.SIGTTOU, syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGPIPE)
 	group := 0
