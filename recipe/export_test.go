@@ -1,5 +1,11 @@
 package recipe
 
+import (
+	"context"
+
+	"github.com/fenced-dev/fenced"
+)
+
 // ObserveEvery is how often Observe reads the election, for the tests.
 const ObserveEvery = observeEvery
 
@@ -14,4 +20,10 @@ func AssignThrottled(members []string, weight map[string]int, partitions int, cu
 // tests.
 func AssignPartitions(members []string, partitions int, current map[int]string) map[string][]int {
 	return assignPartitions(members, nil, partitions, current, rebalance{})
+}
+
+// ReadCheckpoint is what a member reads when it takes partition lease l,
+// for the tests.
+func ReadCheckpoint(ctx context.Context, c *fenced.Client, l *fenced.Lease) ([]byte, error) {
+	return (&Partitions{c: c}).readCheckpoint(ctx, l)
 }

@@ -3,6 +3,7 @@ package recipe
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/fenced-dev/fenced"
@@ -15,9 +16,16 @@ func (g *Partitions) readCheckpoint(ctx context.Context, l *fenced.Lease) ([]byt
 	if !g.c.Capabilities().Checkpoint {
 		return nil, nil
 	}
-	cp, _, err := g.c.Checkpoint(ctx, l.Key())
+	cp, fence, err := g.c.Checkpoint(ctx, l.Key())
 	if errors.Is(err, fenced.ErrUnsupported) {
 		return nil, nil
+	}
+	if err == nil && fence > l.Fence() {
+		// A later grant recorded it: l lapsed between its grant and
+		// this read (a pause), and must not start from its successor's
+		// progress.
+		return nil, fmt.Errorf("fenced: %s: %w: fence %d was followed by fence %d before its work started",
+			l.Key(), fenced.ErrNotHeld, l.Fence(), fence)
 	}
 	return cp, err
 }

@@ -395,3 +395,34 @@ func TestPartitionsLostWorkKeepsNoPartition(t *testing.T) {
 		t.Fatal("a did not take its partition back within 20 s of the break: its old work, stuck, kept it")
 	}
 }
+
+// TestPartitionsStaleGrantReadsNoLaterCheckpoint: a partition lease that
+// lapsed between its grant and the member's read of the checkpoint (a
+// pause) finds a later grant's checkpoint; the member must not start the
+// work from it. The SQLite proof saw fence 1 start from fence 2's "2:0".
+func TestPartitionsStaleGrantReadsNoLaterCheckpoint(t *testing.T) {
+	ctx := context.Background()
+	url := "mem://" + t.Name()
+	a, b := partOpen(t, url), partOpen(t, url)
+	opts := &fenced.LeaseOptions{TTL: 5 * time.Second}
+	stale, err := a.TryAcquire(ctx, "cp/p/0", opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Break(ctx, "cp/p/0", "test: a lapse", "test"); err != nil {
+		t.Fatal(err)
+	}
+	later, err := b.TryAcquire(ctx, "cp/p/0", opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := later.Checkpoint(ctx, []byte("2:0")); err != nil {
+		t.Fatal(err)
+	}
+	if cp, err := recipe.ReadCheckpoint(ctx, a, stale); !errors.Is(err, fenced.ErrNotHeld) {
+		t.Errorf("fence %d read the checkpoint %q of fence %d (err %v), want ErrNotHeld", stale.Fence(), cp, later.Fence(), err)
+	}
+	if cp, err := recipe.ReadCheckpoint(ctx, b, later); err != nil || string(cp) != "2:0" {
+		t.Errorf("the current grant read %q, %v; want \"2:0\"", cp, err)
+	}
+}
