@@ -265,6 +265,20 @@ func recordCheckpoint(rec *partRecorder, own partEvent, l *fenced.Lease, step in
 	rec.record(done)
 }
 
+// openPartStore opens the member's store. A member stopped (SIGSTOP)
+// while it opens, past the open's probe, finds the store unavailable: it
+// opens again, as a supervisor would restart it, for as long as a stop
+// lasts (3 TTLs).
+func openPartStore(ctx context.Context, cfg GenPartMemberConfig) (*fenced.Client, error) {
+	for giveUp := time.Now().Add(3 * cfg.TTL); ; {
+		c, err := fenced.Open(ctx, cfg.Store, &fenced.Options{MinBackoff: 5 * time.Millisecond, MaxBackoff: 100 * time.Millisecond})
+		if err == nil || !errors.Is(err, fenced.ErrUnavailable) || time.Now().After(giveUp) {
+			return c, err
+		}
+		fmt.Fprintln(os.Stderr, "proof member: open again:", err)
+	}
+}
+
 // runGenPartMember runs one member until SIGTERM (it leaves) or until it
 // stops by itself.
 func runGenPartMember(cfg GenPartMemberConfig) int {
@@ -281,17 +295,7 @@ func runGenPartMember(cfg GenPartMemberConfig) int {
 	if err != nil {
 		return fail(err)
 	}
-	// A member stopped (SIGSTOP) while it opens the store, past the
-	// open's probe, finds the store unavailable: it opens again, as a
-	// supervisor would restart it, for as long as a stop lasts (3 TTLs).
-	var c *fenced.Client
-	for giveUp := time.Now().Add(3 * cfg.TTL); ; {
-		c, err = fenced.Open(ctx, cfg.Store, &fenced.Options{MinBackoff: 5 * time.Millisecond, MaxBackoff: 100 * time.Millisecond})
-		if err == nil || !errors.Is(err, fenced.ErrUnavailable) || time.Now().After(giveUp) {
-			break
-		}
-		fmt.Fprintln(os.Stderr, "proof member: open again:", err)
-	}
+	c, err := openPartStore(ctx, cfg)
 	if err != nil {
 		return fail(err)
 	}
