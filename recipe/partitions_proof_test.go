@@ -709,8 +709,9 @@ func partitionsProofRun(t *testing.T, backend, store string, minFence fenced.Fen
 	// can stall (see below).
 	// The bound (see its definition) runs from the kill, or from a later
 	// event that gave the partition back to the killed member's ID (its
-	// next process's begin, or its kill); it is checked where no stop came
-	// within it of that start (nearStop).
+	// next process's begin, or its kill), or from the taker's next
+	// process's begin when the taker's member was killed meanwhile; it is
+	// checked where no stop came within it of that start (nearStop).
 	bound := recoveryBound()
 	recovery := time.Duration(0)
 	slowP, slowKill := -1, int64(0)
@@ -777,7 +778,14 @@ func partitionsProofRun(t *testing.T, backend, store string, minFence fenced.Fen
 			// Taken back by the member's next process, which came back
 			// before the others saw it gone: the bound runs from when
 			// that process began (B), after its restart and client open.
-			if sameSlot(by, f.proc) && begun[by] > from {
+			// So too when the taker's own member was killed meanwhile:
+			// planned the partition, it held the plan until its own
+			// membership expired, and its next process took it.
+			takerKilled := slices.ContainsFunc(faults, func(o fault) bool {
+				at := o.at.UnixNano()
+				return o.what == "kill "+slotOf(by) && at > from && at < again
+			})
+			if (sameSlot(by, f.proc) || takerKilled) && begun[by] > from {
 				from = begun[by]
 			}
 			// Checked only if no stop came near where the bound runs
@@ -869,10 +877,12 @@ func partitionsProofRun(t *testing.T, backend, store string, minFence fenced.Fen
 
 // sameSlot reports whether history files a and b (history-ID-PID) are
 // of processes of one member ID.
-func sameSlot(a, b string) bool {
-	ida, _, _ := strings.Cut(strings.TrimPrefix(a, "history-"), "-")
-	idb, _, _ := strings.Cut(strings.TrimPrefix(b, "history-"), "-")
-	return ida == idb
+func sameSlot(a, b string) bool { return slotOf(a) == slotOf(b) }
+
+// slotOf returns the member ID of a history file's name.
+func slotOf(history string) string {
+	id, _, _ := strings.Cut(strings.TrimPrefix(history, "history-"), "-")
+	return id
 }
 
 func proofTail(s string, n int) string {
