@@ -742,10 +742,11 @@ func (s *supervision) lose(cause error) {
 		return
 	}
 	s.lost = cause
-	if errors.Is(cause, fenced.ErrExpired) && !s.ending {
+	if (errors.Is(cause, fenced.ErrExpired) || s.ranOutUnseen()) && !s.ending {
 		// The validity ran out before the ending window (endUnrenewed)
 		// ended the tree: fenced did not run meanwhile (SIGSTOP, or a
 		// starved machine), and the tree may have run past it already.
+		// A partition's supervisor hears of it as a loss from its member.
 		s.unrenewed, s.ending = true, true
 		fmt.Fprintf(s.g.stderr, "fenced: %s lost: %v, before fenced could end %s; sending SIGKILL at once\n", s.h.desc, errText(cause),
 			s.name)

@@ -141,14 +141,20 @@ func (s *supervision) endUnrenewed() <-chan time.Time {
 // that end whenever fenced runs, so a hold that ended while fenced ran is
 // never mistaken for one.
 func (s *supervision) killDelay() time.Duration {
-	left := s.h.lease.Remaining()
-	if left <= 0 && !s.validEnd.IsZero() && !time.Now().Before(s.validEnd) {
+	if s.ranOutUnseen() {
 		return 0
 	}
+	left := s.h.lease.Remaining()
 	if left <= 0 {
 		return s.h.grace
 	}
 	return max(0, min(s.h.grace, left-s.lead()))
+}
+
+// ranOutUnseen reports whether the hold's validity has run out past the
+// end the last ending check saw ahead: fenced did not run at that end.
+func (s *supervision) ranOutUnseen() bool {
+	return s.h.lease.Remaining() <= 0 && !s.validEnd.IsZero() && !time.Now().Before(s.validEnd)
 }
 
 // validityNote says, for the SIGKILL message, how much of the hold's
