@@ -11,9 +11,13 @@
 # scripts/servers.sh builds current etcd, Redis and Valkey servers into a
 # third (Redis and Valkey with make, from Debian's source packages).
 # Extra arguments go to `go test` (for example -run).
+# FENCED_TEST_TIMEOUT (default 20m) is each test binary's -timeout, which
+# only catches a hang: scripts/hog.sh sets it higher, as its load makes
+# every package run about three times as long.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PATH:/usr/local/go/bin:/usr/lib/go/bin"
+test_timeout=${FENCED_TEST_TIMEOUT:-20m}
 
 missing=()
 need() { # need PACKAGE TEST-COMMAND...
@@ -83,13 +87,13 @@ versions() { # versions etcd|redis DIRS GO-TEST-ARGS... (DIRS: what servers.sh p
 		name=${line%%=*} dir=${line#*=}
 		if [ "$kind" = etcd ]; then
 			echo "test.sh: go test -race against $("$dir/etcd" --version | head -1) ($name)"
-			FENCED_ETCD_DIR=$dir go test -race -count=1 -timeout 20m "$@" $versions_etcd || rc=1
+			FENCED_ETCD_DIR=$dir go test -race -count=1 -timeout "$test_timeout" "$@" $versions_etcd || rc=1
 		else
 			echo "test.sh: go test -race against $("$dir"/*-server --version) ($name)"
-			FENCED_REDIS_DIR=$dir go test -race -count=1 -timeout 20m "$@" $versions_redis || rc=1
-			FENCED_REDIS_DIR=$dir go test -race -count=1 -timeout 20m -run 'Redis' "$@" $versions_redis_guard || rc=1
+			FENCED_REDIS_DIR=$dir go test -race -count=1 -timeout "$test_timeout" "$@" $versions_redis || rc=1
+			FENCED_REDIS_DIR=$dir go test -race -count=1 -timeout "$test_timeout" -run 'Redis' "$@" $versions_redis_guard || rc=1
 			# The generative slice: its renewals take the native path there.
-			FENCED_REDIS_DIR=$dir FENCED_PROOF_BACKENDS=redis go test -race -count=1 -timeout 20m -run 'TestGenerativeSlice' \
+			FENCED_REDIS_DIR=$dir FENCED_PROOF_BACKENDS=redis go test -race -count=1 -timeout "$test_timeout" -run 'TestGenerativeSlice' \
 				"$@" ./internal/cli/proof || rc=1
 		fi
 	done
@@ -174,7 +178,7 @@ echo "test.sh: go test -race"
 # once share the cores as one would); their output follows the core's.
 nested_log=$(mktemp)
 trap 'rm -f "$nested_log" "$versions_etcd_log" "$versions_redis_log" "$versions_etcd_rc" "$redis_dirs"' EXIT
-in_nested go test -race -count=1 -timeout 20m "$@" ./... >"$nested_log" 2>&1 &
+in_nested go test -race -count=1 -timeout "$test_timeout" "$@" ./... >"$nested_log" 2>&1 &
 nested_pid=$!
 # The three longest packages go first: go test starts packages in the order
 # it is given them, -p at a time, so a long one started last runs on alone
@@ -184,7 +188,7 @@ nested_pid=$!
 first="./internal/cli/proof ./cmd/fenced ./recipe"
 rest=$(go list ./... | grep -v -e '/internal/cli/proof$' -e '/cmd/fenced$' -e '/recipe$')
 core_rc=0
-go test -race -count=1 -p 4 -timeout 20m "$@" $first $rest || core_rc=$?
+go test -race -count=1 -p 4 -timeout "$test_timeout" "$@" $first $rest || core_rc=$?
 nested_rc=0
 wait "$nested_pid" || nested_rc=$?
 echo "test.sh: go test -race (nested modules: ${nested_modules[*]})"

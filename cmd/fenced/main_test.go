@@ -36,10 +36,20 @@ type result struct {
 func cliCmd(t *testing.T, store string, args ...string) (*exec.Cmd, *bytes.Buffer, *bytes.Buffer) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], args...)
-	cmd.Env = append(os.Environ(), "FENCED_TEST_AS_CLI=1", "FENCED_STORE="+store)
+	cmd.Env = cliEnv(t, store)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	return cmd, &out, &errb
+}
+
+// cliEnv is the environment of a fenced started by t: this process's,
+// the store, and the supervision mode inMode chose for t, if any.
+func cliEnv(t *testing.T, store string) []string {
+	env := append(os.Environ(), "FENCED_TEST_AS_CLI=1", "FENCED_STORE="+store)
+	if mode, ok := modeOf(t); ok {
+		env = append(env, supervise.ModeEnv+"="+mode)
+	}
+	return env
 }
 
 func cli(t *testing.T, store string, args ...string) result {

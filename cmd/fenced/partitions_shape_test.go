@@ -192,6 +192,7 @@ func socketPorts(pid int) map[int]bool {
 // at most a supervisor and its guard per partition it owns, besides the
 // commands.
 func TestPartitionsRunShape(t *testing.T) {
+	t.Parallel()
 	p := 32
 	if v, err := strconv.Atoi(os.Getenv("FENCED_SHAPE_P")); err == nil {
 		p = v

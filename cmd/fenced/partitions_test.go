@@ -47,6 +47,7 @@ func partitionsLs(t *testing.T, store, group string) (held map[int]uint64, membe
 // and the other member owns all four partitions, with higher fences for
 // those that moved. A member with another -p is refused with 64.
 func TestPartitionsRunHandsOffOnLeave(t *testing.T) {
+	t.Parallel()
 	// A TTL the machine renews in time: no lease is lost, so exactly
 	// what the plan moves moves. A round in which a lease was not
 	// renewed in time (a machine busier than measured) tells nothing of

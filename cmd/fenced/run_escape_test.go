@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -29,18 +30,41 @@ var runModes = []struct{ name, env, want string }{
 }
 
 // inMode runs f in each supervision mode in modes (all if none is named).
+// The mode reaches each fenced f starts through its environment (cliEnv),
+// not this process's, so tests in both modes can run in parallel.
 func inMode(t *testing.T, f func(t *testing.T, env string), only ...string) {
 	for _, m := range runModes {
 		if len(only) > 0 && !strings.Contains(strings.Join(only, " "), m.name) {
 			continue
 		}
 		t.Run(m.name, func(t *testing.T) {
-			t.Setenv(supervise.ModeEnv, m.env) // inherited by fenced
-			if got := supervise.Probe(); !strings.HasPrefix(got, m.want) {
-				t.Fatalf("supervision mode here is %q, want %s", got, m.want)
+			if m.env == "" && os.Getenv(supervise.ModeEnv) == "" {
+				// The cgroup mode must be what this machine gives.
+				if got := supervise.Probe(); !strings.HasPrefix(got, m.want) {
+					t.Fatalf("supervision mode here is %q, want %s", got, m.want)
+				}
 			}
+			testModes.Store(t.Name(), m.env)
+			t.Cleanup(func() { testModes.Delete(t.Name()) })
 			f(t, m.want)
 		})
+	}
+}
+
+// testModes maps the name of a test run by inMode to its ModeEnv value.
+var testModes sync.Map
+
+// modeOf returns the ModeEnv value inMode chose for t or a test above it.
+func modeOf(t *testing.T) (string, bool) {
+	for name := t.Name(); ; {
+		if v, ok := testModes.Load(name); ok {
+			return v.(string), true
+		}
+		i := strings.LastIndex(name, "/")
+		if i < 0 {
+			return "", false
+		}
+		name = name[:i]
 	}
 }
 

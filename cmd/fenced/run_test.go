@@ -560,7 +560,7 @@ func startOnTerminal(t *testing.T, store string, args ...string) (*exec.Cmd, *os
 	t.Helper()
 	master, slave := openPTY(t)
 	cmd := exec.Command(os.Args[0], args...)
-	cmd.Env = append(os.Environ(), "FENCED_TEST_AS_CLI=1", "FENCED_STORE="+store)
+	cmd.Env = cliEnv(t, store)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
 	if err := cmd.Start(); err != nil {

@@ -519,6 +519,16 @@ func (c *Conn) sendSetWatches() {
 	}()
 }
 
+// handshakeTimeout bounds a connect request's write and its answer: a
+// third of the session timeout (fenced; upstream allowed ten read
+// timeouts, over six session timeouts, and none for the answer's body).
+// A server can accept a connection and never answer it (seen while
+// ZooKeeper starts); a third leaves time for the pause and a second
+// attempt before the session expires.
+func (c *Conn) handshakeTimeout() time.Duration {
+	return time.Duration(c.sessionTimeoutMs) * time.Millisecond / 3
+}
+
 func (c *Conn) authenticate() error {
 	buf := make([]byte, 256)
 
@@ -536,17 +546,16 @@ func (c *Conn) authenticate() error {
 
 	binary.BigEndian.PutUint32(buf[:4], uint32(n))
 
-	c.conn.SetWriteDeadline(time.Now().Add(c.recvTimeout * 10))
+	// fenced: one deadline for the whole handshake (see handshakeTimeout).
+	c.conn.SetDeadline(time.Now().Add(c.handshakeTimeout()))
+	defer c.conn.SetDeadline(time.Time{})
 	_, err = c.conn.Write(buf[:n+4])
-	c.conn.SetWriteDeadline(time.Time{})
 	if err != nil {
 		return err
 	}
 
 	// Receive and decode a connect response.
-	c.conn.SetReadDeadline(time.Now().Add(c.recvTimeout * 10))
 	_, err = io.ReadFull(c.conn, buf[:4])
-	c.conn.SetReadDeadline(time.Time{})
 	if err != nil {
 		return err
 	}

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -397,6 +398,75 @@ func TestLastZxidRaceOnReconnect(t *testing.T) {
 	for i, e := range evs {
 		if ev := e.wait(t); ev.Type != EventNodeDeleted {
 			t.Fatalf("watch %d: event %+v, want EventNodeDeleted", i, ev)
+		}
+	}
+}
+
+// TestHandshakeGivesUpOnSilentServer checks that a connect request no
+// server answers is given up after a third of the session timeout
+// (handshakeTimeout), so the client dials again and gets its session well
+// within the session timeout. The first dial reaches a listener that
+// accepts and never answers, as a ZooKeeper server did with connections
+// made while it started; upstream waited ten read timeouts (60 s here).
+func TestHandshakeGivesUpOnSilentServer(t *testing.T) {
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	var mu sync.Mutex
+	var held []net.Conn
+	defer func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range held {
+			c.Close()
+		}
+	}()
+	go func() {
+		for {
+			c, err := silent.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, c) // read from by nobody, never answered
+			mu.Unlock()
+		}
+	}()
+	var dials atomic.Int32
+	dialer := func(network, address string, timeout time.Duration) (net.Conn, error) {
+		if dials.Add(1) == 1 {
+			address = silent.Addr().String()
+		}
+		return net.DialTimeout(network, address, timeout)
+	}
+	const session = 9 * time.Second
+	start := time.Now()
+	c, events, err := Connect(ens.Servers(), session, WithDialer(dialer), WithLogInfo(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// The bound is the session timeout: a silent attempt must not cost
+	// the session. With the fix it takes a third of it, the pause before a
+	// new dial (1 s) and a handshake.
+	deadline := time.After(session)
+	for {
+		select {
+		case ev := <-events:
+			if ev.State != StateHasSession {
+				continue
+			}
+			took := time.Since(start)
+			t.Logf("session after %v and %d dials", took.Round(time.Millisecond), dials.Load())
+			if dials.Load() < 2 {
+				t.Fatalf("the session came on dial %d, want the second: the first was to the silent listener", dials.Load())
+			}
+			return
+		case <-deadline:
+			t.Fatalf("no session within the session timeout %v after a first dial to a server that never answers (%d dials)",
+				session, dials.Load())
 		}
 	}
 }
