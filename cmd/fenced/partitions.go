@@ -339,8 +339,11 @@ func superviseProcess(ctx context.Context, g *globals, self string, grace time.D
 			// renewed, until the child has ended argv.
 			cause := context.Cause(ctx)
 			kind := "lost"
-			if errors.Is(cause, recipe.ErrHandedOff) || errors.Is(cause, recipe.ErrLeft) {
+			switch {
+			case errors.Is(cause, recipe.ErrHandedOff) || errors.Is(cause, recipe.ErrLeft):
 				kind = "planned"
+			case errors.Is(cause, fenced.ErrExpired):
+				kind = "expired" // the supervisor may have slept past it
 			}
 			// One line shorter than PIPE_BUF is written whole or not at all.
 			why := strings.ReplaceAll(errText(cause), "\n", " ")
@@ -442,10 +445,12 @@ func newPipeLink(link io.Reader) (*pipeLink, error) {
 			}
 			_ = p.line(sc.Text())
 		}
+		// dead closes first: a supervisor that sees done for a death
+		// finds dead closed too, and kills at once.
+		close(p.dead)
 		if !ended {
 			close(p.done)
 		}
-		close(p.dead)
 	}()
 	return p, nil
 }
@@ -479,11 +484,24 @@ func (p *pipeLink) Err() error {
 		if why, ok := strings.CutPrefix(p.why, "lost:"); ok {
 			return fmt.Errorf("%w: %s", fenced.ErrLost, why)
 		}
+		if why, ok := strings.CutPrefix(p.why, "expired:"); ok {
+			return fmt.Errorf("%w: %w", fenced.ErrLost, expiredEnd(why))
+		}
 		return fmt.Errorf("%w: the member died", fenced.ErrLost)
 	default:
 		return nil
 	}
 }
+
+// expiredEnd is the member's word that a partition's lease ran out of
+// local validity unrenewed; it matches fenced.ErrExpired, so a supervisor
+// that did not run meanwhile kills at once, as `fenced run` does.
+type expiredEnd string
+
+func (e expiredEnd) Error() string { return string(e) }
+
+// Is matches fenced.ErrExpired.
+func (e expiredEnd) Is(target error) bool { return target == fenced.ErrExpired }
 
 // plannedEnd is the end of a partition's hold that is no loss: the
 // partition was handed off to another member, or its member left the

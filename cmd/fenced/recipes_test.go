@@ -348,12 +348,21 @@ func TestRunSeveralKeys(t *testing.T) {
 func TestRunMinHold(t *testing.T) {
 	store := tempStore(t)
 	done := filepath.Join(t.TempDir(), "done")
-	first, _, _ := startRun(t, store, "run", "--ttl", "1s", "--min-hold", "3s", "cron:daily", "--", "touch", done)
-	eventually(t, 20*time.Second, "first run did not run", func() bool { _, err := os.Stat(done); return err == nil })
-	if r := cli(t, store, "run", "cron:daily", "--", "echo", "RAN"); r.code != 75 || strings.Contains(r.stdout, "RAN") {
-		t.Fatalf("duplicate during --min-hold: exit %d, stdout %q; want 75", r.code, r.stdout)
+	// The duplicate must start within the hold: the hold is 3 s, or five
+	// times what a whole run takes here if more (a busy machine).
+	probe := time.Now()
+	if r := cli(t, store, "run", "probe", "--", "true"); r.code != 0 {
+		t.Fatalf("probe run: exit %d, stderr %s", r.code, r.stderr)
 	}
-	if code := waitExit(t, first, 20*time.Second); code != 0 {
+	hold := max(3*time.Second, 5*time.Since(probe))
+	first, _, _ := startRun(t, store, "run", "--ttl", "1s", "--min-hold", hold.String(), "cron:daily", "--", "touch", done)
+	eventually(t, 20*time.Second, "first run did not run", func() bool { _, err := os.Stat(done); return err == nil })
+	ran := time.Now()
+	if r := cli(t, store, "run", "cron:daily", "--", "echo", "RAN"); r.code != 75 || strings.Contains(r.stdout, "RAN") {
+		t.Fatalf("duplicate %v after the first run ran, within --min-hold %v: exit %d, stdout %q; want 75",
+			time.Since(ran).Round(time.Millisecond), hold, r.code, r.stdout)
+	}
+	if code := waitExit(t, first, hold+20*time.Second); code != 0 {
 		t.Fatalf("first run exit %d", code)
 	}
 	if r := cli(t, store, "run", "cron:daily", "--", "echo", "RAN"); r.code != 0 || r.stdout != "RAN\n" {

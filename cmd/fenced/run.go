@@ -665,7 +665,15 @@ loop:
 			s.killNow()
 		case <-leaseDone:
 			leaseDone = nil
-			s.lose(s.h.lease.Err())
+			select {
+			case <-dead:
+				// The holder died (its link closes dead before done):
+				// SIGKILL at once, with no round of SIGTERM first.
+				dead = nil
+				s.killNow()
+			default:
+				s.lose(s.h.lease.Err())
+			}
 		case <-s.killTimer:
 			s.killTimer = nil
 			s.kill("still running after SIGTERM")
@@ -742,11 +750,11 @@ func (s *supervision) lose(cause error) {
 		return
 	}
 	s.lost = cause
-	if (errors.Is(cause, fenced.ErrExpired) || s.ranOutUnseen()) && !s.ending {
+	if errors.Is(cause, fenced.ErrExpired) && !s.ending {
 		// The validity ran out before the ending window (endUnrenewed)
 		// ended the tree: fenced did not run meanwhile (SIGSTOP, or a
 		// starved machine), and the tree may have run past it already.
-		// A partition's supervisor hears of it as a loss from its member.
+		// A partition's supervisor hears of it from its member.
 		s.unrenewed, s.ending = true, true
 		fmt.Fprintf(s.g.stderr, "fenced: %s lost: %v, before fenced could end %s; sending SIGKILL at once\n", s.h.desc, errText(cause),
 			s.name)
@@ -762,7 +770,7 @@ func (s *supervision) lose(cause error) {
 		return
 	}
 	fmt.Fprintf(s.g.stderr, "fenced: %s%s: %v; sending SIGTERM to %s and its processes, SIGKILL in %v\n", s.h.desc, verb, cause, s.name,
-		s.h.grace)
+		s.killDelay().Round(time.Millisecond))
 	s.terminate()
 }
 

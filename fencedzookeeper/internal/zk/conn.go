@@ -519,15 +519,21 @@ func (c *Conn) sendSetWatches() {
 	}()
 }
 
-// handshakeTimeout bounds a connect request's write and its answer: a
-// third of the session timeout (fenced; upstream allowed ten read
-// timeouts, over six session timeouts, and none for the answer's body).
-// A server can accept a connection and never answer it (seen while
-// ZooKeeper starts); a third leaves time for the pause and a second
-// attempt before the session expires.
+// handshakeTimeout bounds a connect request's write and its answer
+// (fenced; upstream allowed ten read timeouts, over six session timeouts,
+// and none for the answer's body). A server can accept a connection and
+// never answer it (seen while ZooKeeper starts). A third of the session
+// leaves time for the pause and a second attempt before it expires; but
+// at least minHandshake, as a new session's answer waits for the server's
+// log write, and never more than upstream's bound.
 func (c *Conn) handshakeTimeout() time.Duration {
-	return time.Duration(c.sessionTimeoutMs) * time.Millisecond / 3
+	session := time.Duration(c.sessionTimeoutMs) * time.Millisecond
+	return min(session*2/3*10, max(session/3, minHandshake))
 }
+
+// minHandshake is the least handshakeTimeout gives a connect request: a
+// busy machine's server took over a second to answer a new session's.
+const minHandshake = 2 * time.Second
 
 func (c *Conn) authenticate() error {
 	buf := make([]byte, 256)

@@ -470,3 +470,21 @@ func TestHandshakeGivesUpOnSilentServer(t *testing.T) {
 		}
 	}
 }
+
+// TestHandshakeTimeout checks the bound's three regimes: upstream's for a
+// tiny session (the backend's 200 ms probe), the floor, and a third.
+func TestHandshakeTimeout(t *testing.T) {
+	for _, tc := range []struct {
+		sessionMs int32
+		want      time.Duration
+	}{
+		{200, 1333333330 * time.Nanosecond}, // ten read timeouts of 133 ms
+		{4000, minHandshake},
+		{34400, 34400 * time.Millisecond / 3},
+	} {
+		c := &Conn{sessionTimeoutMs: tc.sessionMs}
+		if got := c.handshakeTimeout(); got != tc.want {
+			t.Errorf("session %d ms: handshake bound %v, want %v", tc.sessionMs, got, tc.want)
+		}
+	}
+}
