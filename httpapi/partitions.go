@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/internal/core/limits"
 	"github.com/fenced-dev/fenced/recipe"
 )
 
@@ -83,7 +84,7 @@ func partitionGroups(infos []fenced.LeaseInfo) []groupLink {
 		}
 		rest, ps, ok := cutLast(rest)
 		n, err := strconv.Atoi(ps)
-		if !ok || err != nil || n < 1 || n > recipe.MaxPartitions {
+		if !ok || err != nil || n < 1 || n > limits.MaxPartitions {
 			continue
 		}
 		group, m, ok := cutLast(rest)
@@ -119,7 +120,7 @@ func partitionKey(key string) (group string, p int, ok bool) {
 	}
 	group, name, ok := cutLast(rest)
 	n, err := strconv.Atoi(ps)
-	if !ok || name != "p" || group == "" || err != nil || n < 0 || n >= recipe.MaxPartitions || ps != strconv.Itoa(n) {
+	if !ok || name != "p" || group == "" || err != nil || n < 0 || n >= limits.MaxPartitions || ps != strconv.Itoa(n) {
 		return "", 0, false
 	}
 	return group, n, true
@@ -143,7 +144,7 @@ func groupKeyGroup(key string) string {
 	}
 	rest, ps, ok := cutLast(rest)
 	n, err := strconv.Atoi(ps)
-	if !ok || err != nil || n < 1 || n > recipe.MaxPartitions {
+	if !ok || err != nil || n < 1 || n > limits.MaxPartitions {
 		return key
 	}
 	if group, m, ok := cutLast(rest); ok && m == "m" && group != "" {

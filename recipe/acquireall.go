@@ -200,15 +200,6 @@ func (c setContext) Err() error {
 // Leases returns the leases in canonical (sorted) key order.
 func (s *LeaseSet) Leases() []*fenced.Lease { return slices.Clone(s.leases) }
 
-// Fences returns each key's fence.
-func (s *LeaseSet) Fences() map[string]uint64 {
-	m := make(map[string]uint64, len(s.leases))
-	for _, l := range s.leases {
-		m[l.Key()] = l.Fence()
-	}
-	return m
-}
-
 // Context returns a context cancelled when any lease of the set ends, with
 // a cause naming the key. The cause matches that lease's cause: IsLost for
 // a loss, ErrExpired once a lease's validity has run out, ErrReleased after

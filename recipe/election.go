@@ -124,7 +124,7 @@ func (e *Election) Leader(ctx context.Context) (Leader, error) {
 	if err != nil {
 		return Leader{}, fmt.Errorf("fenced: leader of %q: %w", e.name, err)
 	}
-	return Leader{Present: info.Held, Epoch: info.Fence, Value: value, Owner: info.Owner, Remaining: info.Remaining}, nil
+	return Leader{Present: info.Held, Epoch: info.Fence, Value: value, Owner: info.Owner, remaining: info.Remaining}, nil
 }
 
 // Leader is one state of an election as Observe and Leader report it.
@@ -140,9 +140,9 @@ type Leader struct {
 	// Owner is the leader's owner token shortened (never the whole token),
 	// as LeaseInfo.Owner.
 	Owner string
-	// Remaining is the time left on the leader's lease by the store's
-	// clock when it was read, zero when unknown. Not part of a change.
-	Remaining time.Duration
+	// remaining is the time left on the leader's lease by the store's
+	// clock when it was read, zero when unknown: Observe's next read.
+	remaining time.Duration
 }
 
 // same reports whether l and m are the same state of the election.
@@ -225,8 +225,8 @@ func (e *Election) observe(ctx context.Context, ch chan<- Leader) {
 				}
 			}
 			last = cur
-			if cur.Present && cur.Remaining > 0 {
-				wait = min(wait, cur.Remaining+time.Millisecond)
+			if cur.Present && cur.remaining > 0 {
+				wait = min(wait, cur.remaining+time.Millisecond)
 			}
 		}
 		t := e.c.Options().Clock.NewTimer(wait)

@@ -159,11 +159,9 @@ func ExampleAcquireAll() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	var keys []string
 	for _, l := range set.Leases() {
-		keys = append(keys, l.Key())
+		fmt.Println(l.Key(), "fence", l.Fence())
 	}
-	fmt.Println(keys, set.Fences())
 	// Do the transfer under set.Context(), which is cancelled if either
 	// lease is lost; send each account's write its own fence.
 	set.Release(ctx)
@@ -175,6 +173,7 @@ func ExampleAcquireAll() {
 	fmt.Println(errors.Is(err, fenced.ErrHeld), "account:17 held:", info.Held)
 	other.Release(ctx)
 	// Output:
-	// [account:17 account:4] map[account:17:1 account:4:1]
+	// account:17 fence 1
+	// account:4 fence 1
 	// true account:17 held: false
 }

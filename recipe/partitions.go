@@ -17,8 +17,9 @@ import (
 	"github.com/fenced-dev/fenced"
 )
 
-// MaxPartitions is the largest partition count of a group.
-const MaxPartitions = 4096
+// maxPartitions is the largest partition count of a group; the CLI and
+// httpapi check it as internal/core/limits.MaxPartitions (a test ties them).
+const maxPartitions = 4096
 
 // Errors of Partitions, matched with errors.Is.
 var (
@@ -106,7 +107,7 @@ type Partitions struct {
 	group     string
 	n         int
 	id        string
-	work      PartitionWork
+	work      func(context.Context, Partition) error
 	onEvent   func(PartitionEvent)
 	part      fenced.LeaseOptions // partition leases
 	member    fenced.LeaseOptions // the membership lease
@@ -180,14 +181,6 @@ type Partition struct {
 	g *Partitions
 	o *ownedPartition
 }
-
-// PartitionWork does a partition's work while the member owns it. Its
-// context ends when the partition is lost (the lease's cause), handed off
-// (ErrHandedOff) or the member leaves (ErrLeft); it must return soon
-// after. When it returns the lease is released; if the partition is still
-// the member's, the member takes it again (with a new fence) and calls
-// the work function again at its next look at the group.
-type PartitionWork func(ctx context.Context, p Partition) error
 
 // PartitionEvent reports a change in what a member owns. Its Kind is one
 // of the root's:
@@ -283,10 +276,10 @@ const maxWeight = 10000
 
 // PartitionStats are a member's counters, for metrics.
 type PartitionStats struct {
-	// Owned is how many partitions the member holds now, not counting
-	// those being handed off (as Owned does); Target how many
-	// the assignment gives it; Members how many live members it saw last.
-	Owned, Target, Members int
+	// Target is how many partitions the assignment gives the member
+	// (Partitions.Owned says which it holds); Members how many live
+	// members it saw last.
+	Target, Members int
 	// Rebalances counts changes of the member's target set.
 	Rebalances uint64
 	// Acquired and HandOffs count partitions taken and handed off.
@@ -320,7 +313,7 @@ type PartitionStats struct {
 }
 
 // JoinPartitions makes c a member of group, a group of partitions
-// partitions (1 to MaxPartitions), and returns once the membership is
+// partitions (1 to 4096), and returns once the membership is
 // held. It waits for an earlier process with the same MemberID to be gone
 // for as long as the store may keep a dead holder's grant, plus a TTL
 // (twice the TTL on a store that ends grants at their TTL), and fails with
@@ -328,13 +321,19 @@ type PartitionStats struct {
 // ErrPartitionCount if a member with another count is live, and waits
 // while partition leases of another count are held (members of an old
 // count that were killed or stopped): for as long as they had left when
-// first seen plus the wait above, then fails with ErrPartitionCount. From then on the member takes and hands off partitions by
-// itself, running work for each partition it owns, until Leave or until
-// ctx ends.
-func JoinPartitions(ctx context.Context, c *fenced.Client, group string, partitions int, work PartitionWork,
-	opts *PartitionsOptions) (*Partitions, error) {
-	if partitions < 1 || partitions > MaxPartitions {
-		return nil, invalidArg(group, "the partition count %d is not 1 to %d", partitions, MaxPartitions)
+// first seen plus the wait above, then fails with ErrPartitionCount. From
+// then on the member takes and hands off partitions by itself, running
+// work for each partition it owns, until Leave or until ctx ends.
+//
+// work's context ends when the partition is lost (the lease's cause),
+// handed off (ErrHandedOff) or the member leaves (ErrLeft); it must
+// return soon after. When it returns the lease is released; if the
+// partition is still the member's, the member takes it again (with a new
+// fence) and calls work again at its next look at the group.
+func JoinPartitions(ctx context.Context, c *fenced.Client, group string, partitions int,
+	work func(ctx context.Context, p Partition) error, opts *PartitionsOptions) (*Partitions, error) {
+	if partitions < 1 || partitions > maxPartitions {
+		return nil, invalidArg(group, "the partition count %d is not 1 to %d", partitions, maxPartitions)
 	}
 	if work == nil {
 		return nil, invalidArg(group, "the work function is nil")
@@ -447,11 +446,6 @@ func (g *Partitions) Stats() PartitionStats {
 	defer g.mu.Unlock()
 	s := g.stats
 	s.Target, s.Members = len(g.targets), len(g.members)
-	for _, o := range g.owned {
-		if o.handoff.IsZero() && o.lease.Err() == nil {
-			s.Owned++
-		}
-	}
 	if !g.unownedAt.IsZero() {
 		s.UnownedTime += time.Since(g.unownedAt)
 	}
@@ -583,8 +577,8 @@ type GroupState struct {
 	Owners map[int]string
 	// Invalid lists the held keys that have the shape of a member or a
 	// partition key of the group but cannot be one: a partition count or
-	// a partition number outside 1 to MaxPartitions (0 to
-	// MaxPartitions-1). Nobody made them through JoinPartitions; they
+	// a partition number outside 1 to maxPartitions (0 to
+	// maxPartitions-1). Nobody made them through JoinPartitions; they
 	// are reported, never counted as members or partitions.
 	Invalid []string
 }
@@ -608,7 +602,7 @@ func ReadGroup(ctx context.Context, c *fenced.Client, group string) (GroupState,
 		if s, ok := strings.CutPrefix(rest, "p/"); ok {
 			switch i, ok := number(s); {
 			case !ok:
-			case i < MaxPartitions:
+			case i < maxPartitions:
 				st.Leases[i] = in
 			default:
 				st.Invalid = append(st.Invalid, in.Key)
@@ -621,7 +615,7 @@ func ReadGroup(ctx context.Context, c *fenced.Client, group string) (GroupState,
 			if !ok || !isNum || id == "" || strings.Contains(id, "/") {
 				continue // not a member key
 			}
-			if n < 1 || n > MaxPartitions {
+			if n < 1 || n > maxPartitions {
 				st.Invalid = append(st.Invalid, in.Key)
 				continue
 			}

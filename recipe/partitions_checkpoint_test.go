@@ -65,7 +65,7 @@ func (lg *cpLedger) last(i int, v []byte) bool {
 
 // work checkpoints every 20 milliseconds while it owns p and, handed off
 // or left, records its last checkpoint within Partition.Finish.
-func (lg *cpLedger) work(member string) recipe.PartitionWork {
+func (lg *cpLedger) work(member string) func(context.Context, recipe.Partition) error {
 	return func(ctx context.Context, p recipe.Partition) error {
 		lg.mu.Lock()
 		lg.starts++

@@ -39,7 +39,7 @@ import (
 // stops with ErrPartitionCount: the group has moved on without it.
 
 // tagCountLen is how many characters of a partition lease's owner tag
-// carry the member's partition count, in base 36 (MaxPartitions < 36³).
+// carry the member's partition count, in base 36 (maxPartitions < 36³).
 const tagCountLen = 3
 
 // tagHashSpace is the range of the member-ID hash in the rest of the tag:
@@ -75,7 +75,7 @@ func tagPartitions(owner string) (int, bool) {
 		}
 	}
 	n, err := strconv.ParseUint(s, 36, 16)
-	if err != nil || n < 1 || n > MaxPartitions {
+	if err != nil || n < 1 || n > maxPartitions {
 		return 0, false
 	}
 	return int(n), true

@@ -55,7 +55,7 @@ type itemLog struct {
 
 // work returns a work function that samples its partition's items every
 // 10 ms at partition count p.
-func (lg *itemLog) work(p int) recipe.PartitionWork {
+func (lg *itemLog) work(p int) func(context.Context, recipe.Partition) error {
 	return func(ctx context.Context, part recipe.Partition) error {
 		for {
 			at := time.Now()

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/internal/core/limits"
 	"github.com/fenced-dev/fenced/recipe"
 )
 
@@ -127,7 +128,7 @@ func TestPartitionsOversizedMemberKey(t *testing.T) {
 	}
 	defer m.Leave(ctx)
 	partBalanced(t, []*recipe.Partitions{m}, 8, 10*time.Second)
-	for _, p := range []int{0, recipe.MaxPartitions + 1} {
+	for _, p := range []int{0, limits.MaxPartitions + 1} {
 		if _, err := recipe.JoinPartitions(ctx, c, "H", p, idle, nil); err == nil || !strings.Contains(err.Error(), "is not 1 to 4096") {
 			t.Errorf("a join with %d partitions: %v, want a refusal naming the bounds", p, err)
 		}

@@ -291,7 +291,7 @@ func TestPartitionsThrottleSparesOrphans(t *testing.T) {
 	var stick atomic.Bool
 	var ms []*recipe.Partitions
 	clients := map[string]*fenced.Client{}
-	join := func(id string, work recipe.PartitionWork) *recipe.Partitions {
+	join := func(id string, work func(context.Context, recipe.Partition) error) *recipe.Partitions {
 		c := partOpen(t, url)
 		m, err := recipe.JoinPartitions(ctx, c, "orphans", p, work, &recipe.PartitionsOptions{MemberID: id,
 			Lease: &fenced.LeaseOptions{TTL: mc.ttl}, MaxInTransition: 1, Dampening: 0.01, HandoffGrace: time.Hour, RebalanceThreshold: 1e-9,

@@ -158,6 +158,7 @@ func w5Member() error {
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	var last recipe.PartitionStats
+	var lastOwned int
 	for first := true; ; first = false {
 		select {
 		case <-sigs:
@@ -170,11 +171,11 @@ func w5Member() error {
 		case <-wake:
 		case <-tick.C:
 		}
-		s := m.Stats()
-		if first || s.Owned != last.Owned || s.Acquired != last.Acquired || s.HandOffs != last.HandOffs {
-			fmt.Fprintf(out, "S %d %d %d %d\n", time.Now().UnixNano(), s.Owned, s.Acquired, s.HandOffs)
+		s, owned := m.Stats(), len(m.Owned())
+		if first || owned != lastOwned || s.Acquired != last.Acquired || s.HandOffs != last.HandOffs {
+			fmt.Fprintf(out, "S %d %d %d %d\n", time.Now().UnixNano(), owned, s.Acquired, s.HandOffs)
 			out.Flush()
-			last = s
+			last, lastOwned = s, owned
 		}
 	}
 }

@@ -410,9 +410,10 @@ func TestAcquireAllOrderAndAllOrNothing(t *testing.T) {
 	if got := fmt.Sprint(keys); got != "[a b]" {
 		t.Fatalf("keys %s; want canonical order", got)
 	}
-	f := set.Fences()
-	if f["a"] == 0 || f["b"] == 0 {
-		t.Fatalf("fences %v", f)
+	for _, l := range set.Leases() {
+		if l.Fence() == 0 {
+			t.Fatalf("%s has fence 0", l.Key())
+		}
 	}
 	if _, err := cs[1].Break(ctx, "b", "test", "test"); err != nil {
 		t.Fatal(err)

@@ -12,8 +12,9 @@ import (
 	"github.com/fenced-dev/fenced"
 )
 
-// MaxPermits is the largest number of permits a Semaphore may have.
-const MaxPermits = 1024
+// maxPermits is the largest number of permits a Semaphore may have; the
+// CLI checks it as internal/core/limits.MaxPermits (a test ties them).
+const maxPermits = 1024
 
 // Semaphore lets up to N holders into a name at once. Each holder holds a
 // lease of its own on one permit: the key name + "#" + slot ("pool#3"),
@@ -45,12 +46,12 @@ func permitKey(name string, slot int) string { return name + "#" + strconv.Itoa(
 // NewSemaphore returns the semaphore of permits permits on name, whose
 // permits are leases with opts (nil for the defaults). MaxWait says how
 // long Acquire waits. It returns an error matching ErrInvalidOptions when
-// permits is not in [1, MaxPermits]. It returns ErrInvalidKey when a
+// permits is not in [1, 1024]. It returns ErrInvalidKey when a
 // permit key would be invalid, or the error Client.Resolve gives for
 // opts.
 func NewSemaphore(c *fenced.Client, name string, permits int, opts *fenced.LeaseOptions) (*Semaphore, error) {
-	if permits < 1 || permits > MaxPermits {
-		return nil, fmt.Errorf("fenced: semaphore %q: %w: %d permits, want 1 to %d", name, fenced.ErrInvalidOptions, permits, MaxPermits)
+	if permits < 1 || permits > maxPermits {
+		return nil, fmt.Errorf("fenced: semaphore %q: %w: %d permits, want 1 to %d", name, fenced.ErrInvalidOptions, permits, maxPermits)
 	}
 	if err := fenced.ValidateKey(name); err != nil {
 		return nil, fmt.Errorf("fenced: semaphore: %w", err)

@@ -23,6 +23,7 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/internal/cli/supervise"
+	"github.com/fenced-dev/fenced/internal/core/limits"
 	"github.com/fenced-dev/fenced/recipe"
 )
 
@@ -154,9 +155,9 @@ func runPartitions(ctx context.Context, g *globals, f *partitionsFlags, group st
 	switch {
 	case f.partitions == 0:
 		return withCode(exitUsage,
-			fmt.Errorf("partitions run: no -p: give the number of partitions, 1 to %d, the same for every member", recipe.MaxPartitions))
-	case f.partitions < 1 || f.partitions > recipe.MaxPartitions:
-		return withCode(exitUsage, fmt.Errorf("partitions run: -p %d: want 1 to %d partitions", f.partitions, recipe.MaxPartitions))
+			fmt.Errorf("partitions run: no -p: give the number of partitions, 1 to %d, the same for every member", limits.MaxPartitions))
+	case f.partitions < 1 || f.partitions > limits.MaxPartitions:
+		return withCode(exitUsage, fmt.Errorf("partitions run: -p %d: want 1 to %d partitions", f.partitions, limits.MaxPartitions))
 	case f.grace < 0:
 		return withCode(exitUsage, fmt.Errorf("partitions run: --grace %v is negative", f.grace))
 	}

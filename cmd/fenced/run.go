@@ -21,6 +21,7 @@ import (
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/fence"
 	"github.com/fenced-dev/fenced/internal/cli/supervise"
+	"github.com/fenced-dev/fenced/internal/core/limits"
 	"github.com/fenced-dev/fenced/internal/core/rootaccess"
 	"github.com/fenced-dev/fenced/internal/core/storeurl"
 	"github.com/fenced-dev/fenced/recipe"
@@ -324,8 +325,8 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, keys, argv []st
 		return withCode(exitUsage, err)
 	}
 	switch {
-	case f.permits < 0 || f.permits > recipe.MaxPermits:
-		return withCode(exitUsage, fmt.Errorf("run: -n %d: want 1 to %d permits", f.permits, recipe.MaxPermits))
+	case f.permits < 0 || f.permits > limits.MaxPermits:
+		return withCode(exitUsage, fmt.Errorf("run: -n %d: want 1 to %d permits", f.permits, limits.MaxPermits))
 	case f.permits > 0 && len(keys) > 1:
 		return withCode(exitUsage, fmt.Errorf("run: -n takes one NAME, got %d keys %q", len(keys), keys))
 	case f.minHold < 0:
@@ -578,11 +579,12 @@ func cleanEnv(env []string) []string {
 // setEnv returns COMMAND's environment under several leases: FENCED_FENCES
 // and FENCED_OWNERS, JSON objects keyed by key, and the redacted store.
 func setEnv(env []string, set *recipe.LeaseSet, store string) []string {
-	owners := map[string]string{}
+	owners, fences := map[string]string{}, map[string]uint64{}
 	for _, l := range set.Leases() {
 		owners[l.Key()] = fence.OwnerDigest(l.Owner())
+		fences[l.Key()] = l.Fence()
 	}
-	fj, _ := json.Marshal(set.Fences())
+	fj, _ := json.Marshal(fences)
 	oj, _ := json.Marshal(owners)
 	return append(cleanEnv(env),
 		"FENCED_FENCES="+string(fj),

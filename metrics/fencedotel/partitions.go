@@ -85,7 +85,7 @@ func newPartitionsInstruments(m metric.Meter, buckets []float64) (*partitionsIns
 			s := om.m.Stats()
 			set := metric.WithAttributeSet(om.group)
 			o.ObserveInt64(members, int64(s.Members), set)
-			o.ObserveInt64(owned, int64(s.Owned), set)
+			o.ObserveInt64(owned, int64(len(om.m.Owned())), set)
 			o.ObserveInt64(target, int64(s.Target), set)
 			o.ObserveInt64(unowned, int64(s.Unowned), set)
 			o.ObserveInt64(moves, int64(s.Moves), set)

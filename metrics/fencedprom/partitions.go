@@ -107,7 +107,7 @@ func (c *PartitionsCollector) Collect(ch chan<- prometheus.Metric) {
 	n := func(d *prometheus.Desc, v float64) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v)
 	}
-	g(c.owned, float64(s.Owned))
+	g(c.owned, float64(len(c.m.Owned())))
 	g(c.target, float64(s.Target))
 	g(c.members, float64(s.Members))
 	g(c.unowned, float64(s.Unowned))

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/internal/core/limits"
 	"github.com/fenced-dev/fenced/recipe"
 )
 
@@ -109,8 +110,8 @@ func RunGenPartitions(ctx context.Context, cfg GenPartConfig) (GenPartReport, er
 	defer res.db.Close()
 	maxP := 0
 	for _, p := range cfg.Counts {
-		if p < 1 || p > recipe.MaxPartitions {
-			return GenPartReport{}, fmt.Errorf("proof: partition count %d out of 1..%d", p, recipe.MaxPartitions)
+		if p < 1 || p > limits.MaxPartitions {
+			return GenPartReport{}, fmt.Errorf("proof: partition count %d out of 1..%d", p, limits.MaxPartitions)
 		}
 		maxP = max(maxP, p)
 	}

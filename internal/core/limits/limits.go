@@ -16,3 +16,12 @@ const MaxCheckpoint = 64 << 10
 // leaves 2^61 grants above the highest floor on every store. MySQL's reply
 // encoding needs fences below 2^62; every SQL column holds 2^63−1.
 const MaxFenceFloor uint64 = 1 << 61
+
+// MaxPartitions is the largest partition count of a group. The recipe
+// package refuses more with a constant of its own (it imports nothing
+// internal); recipe's TestLimitsAgree ties the two.
+const MaxPartitions = 4096
+
+// MaxPermits is the largest number of permits of a semaphore, tied to the
+// recipe package's own constant the same way.
+const MaxPermits = 1024
