@@ -256,7 +256,8 @@ func runPartitions(ctx context.Context, g *globals, f *partitionsFlags, group st
 //	valid N       the lease's local validity ends at N, in nanoseconds of
 //	              CLOCK_MONOTONIC, a clock both processes read alike; sent
 //	              before the child starts and after each renewal
-//	end KIND:WHY  the partition is lost (KIND "lost") or handed off, or the
+//	end KIND:WHY  the partition is lost (KIND "lost"; "expired" when its
+//	              local validity ran out unrenewed) or handed off, or the
 //	              member leaves ("planned"): the child ends argv's tree
 //
 // and closes it only once the child has exited. So the child ends the tree
