@@ -49,7 +49,6 @@ func TestPartitionsRunUnderAttack(t *testing.T) {
 	if testing.Short() {
 		t.Skip("long: partitions run under loss, SIGSTOP and kill -9 in both modes; run without -short")
 	}
-	t.Parallel() // the supervision mode reaches fenced through cliEnv
 	bin := attackerBin(t)
 	for _, attack := range []string{"loss", "sigstop", "kill-9", "kill-9-supervisor", "sigstop-supervisor"} {
 		t.Run(attack, func(t *testing.T) {

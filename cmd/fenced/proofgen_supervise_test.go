@@ -73,7 +73,6 @@ func TestGenerativeSupervision(t *testing.T) {
 	if testing.Short() {
 		t.Skip("long: supervisors under drawn attacks; run without -short")
 	}
-	t.Parallel() // the supervision mode reaches fenced through cliEnv
 	seed := uint64(time.Now().UnixNano())
 	if s := os.Getenv("FENCED_PROOF_SEED"); s != "" {
 		var err error

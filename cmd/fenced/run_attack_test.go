@@ -144,7 +144,6 @@ func TestRunUnderAttack(t *testing.T) {
 	if testing.Short() {
 		t.Skip("long: run and elect under loss, ctrl-z, SIGSTOP and kill -9 in both modes; run without -short")
 	}
-	t.Parallel() // the supervision mode reaches fenced through cliEnv
 	bin := attackerBin(t)
 	for _, command := range []string{"run", "elect"} {
 		t.Run(command, func(t *testing.T) {
