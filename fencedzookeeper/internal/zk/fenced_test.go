@@ -1,7 +1,7 @@
 package zk
 
 // Tests of what fenced changed in go-zookeeper (README.fenced.md): the four
-// added calls and the lastZxid race fix.
+// added calls, the lastZxid race fix and the handshake deadline.
 
 import (
 	"context"
@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 
 // mkdir creates path (persistent, empty) and deletes it and its children
@@ -409,35 +411,13 @@ func TestLastZxidRaceOnReconnect(t *testing.T) {
 // accepts and never answers, as a ZooKeeper server did with connections
 // made while it started; upstream waited ten read timeouts (60 s here).
 func TestHandshakeGivesUpOnSilentServer(t *testing.T) {
-	silent, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer silent.Close()
-	var mu sync.Mutex
-	var held []net.Conn
-	defer func() {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range held {
-			c.Close()
-		}
-	}()
-	go func() {
-		for {
-			c, err := silent.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			held = append(held, c) // read from by nobody, never answered
-			mu.Unlock()
-		}
-	}()
+	// A black-holed proxy accepts connections and forwards nothing.
+	silent := testenv.StartProxy(t, ens.Servers()[0])
+	silent.BlackHole(true)
 	var dials atomic.Int32
 	dialer := func(network, address string, timeout time.Duration) (net.Conn, error) {
 		if dials.Add(1) == 1 {
-			address = silent.Addr().String()
+			address = silent.Addr
 		}
 		return net.DialTimeout(network, address, timeout)
 	}
