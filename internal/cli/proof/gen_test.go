@@ -49,10 +49,7 @@ func runGen(t *testing.T, b backend, cfg GenConfig) GenReport {
 	if cfg.MinOps == 0 {
 		cfg.MinOps = minOps
 	}
-	cfg.Dir = t.TempDir()
-	if keep := os.Getenv("PROOF_KEEP"); keep != "" {
-		cfg.Dir = filepath.Join(keep, fmt.Sprintf("gen-%s-%d", b.name, cfg.Seed))
-	}
+	cfg.Dir = historyDir(t, fmt.Sprintf("gen-%s-%d", b.name, cfg.Seed))
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.Duration+5*time.Minute)
 	defer cancel()
 	started := time.Now()

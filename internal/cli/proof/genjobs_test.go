@@ -42,10 +42,7 @@ func runGenJobs(t *testing.T, b backend, cfg GenJobsConfig) GenJobsReport {
 	e := b.start(t, false)
 	cfg.Store, cfg.MinFence = e.store, b.minFence
 	cfg.Command, cfg.Logf = testCommand, t.Logf
-	cfg.Dir = t.TempDir()
-	if keep := os.Getenv("PROOF_KEEP"); keep != "" {
-		cfg.Dir = filepath.Join(keep, fmt.Sprintf("genjobs-%s-%d", b.name, cfg.Seed))
-	}
+	cfg.Dir = historyDir(t, fmt.Sprintf("genjobs-%s-%d", b.name, cfg.Seed))
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.Duration+3*time.Minute)
 	defer cancel()
 	rep, err := RunGenJobs(ctx, cfg)

@@ -79,11 +79,8 @@ func runGenPart(t *testing.T, b backend, cfg GenPartConfig, last bool) (rep GenP
 	e := b.start(t, false)
 	cfg.Store, cfg.MinFence = e.store, b.minFence
 	cfg.Command, cfg.Logf = testCommand, t.Logf
-	cfg.Dir = t.TempDir()
-	if keep := os.Getenv("PROOF_KEEP"); keep != "" {
-		// A rerun changes the duration or the TTL: a directory of its own.
-		cfg.Dir = filepath.Join(keep, fmt.Sprintf("genpart-%s-%d-%v-%v", b.name, cfg.Seed, cfg.Duration, cfg.TTL))
-	}
+	// A rerun changes the duration or the TTL: a directory of its own.
+	cfg.Dir = historyDir(t, fmt.Sprintf("genpart-%s-%d-%v-%v", b.name, cfg.Seed, cfg.Duration, cfg.TTL))
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.Duration+3*time.Minute)
 	defer cancel()
 	rep, err := RunGenPartitions(ctx, cfg)

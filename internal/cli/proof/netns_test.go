@@ -160,10 +160,8 @@ func runNetRow(t *testing.T, r netRow, fencing bool, injections int) Row {
 		declared = fenced.FenceStrict
 	}
 	cfg := Config{Store: store, Fault: r.fault, Fencing: fencing, MinFence: declared, TTL: time.Second, Injections: injections,
-		Partition: part, Declared: &declared, Command: testCommand, Dir: t.TempDir(), Logf: t.Logf}
-	if keep := os.Getenv("PROOF_KEEP"); keep != "" {
-		cfg.Dir = filepath.Join(keep, fmt.Sprintf("netns-%s-%s-%v-%d", strings.Fields(r.backend)[0], r.fault, fencing, time.Now().UnixNano()))
-	}
+		Partition: part, Declared: &declared, Command: testCommand, Logf: t.Logf,
+		Dir: historyDir(t, fmt.Sprintf("netns-%s-%s-%v-%d", strings.Fields(r.backend)[0], r.fault, fencing, time.Now().UnixNano()))}
 	cfg.Keys = []string{fmt.Sprintf("fenced-proof:netns:%s:%s:%v:%d", strings.Fields(r.backend)[0], r.fault, fencing, time.Now().UnixNano())}
 	res, err := Run(t.Context(), cfg)
 	row := Row{Backend: r.backend, Fault: r.fault, Fencing: fencing, Ordering: ClaimFirst}

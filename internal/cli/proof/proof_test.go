@@ -26,10 +26,7 @@ func runScenario(t *testing.T, store string, cfg Config) Report {
 	cfg.Store = store
 	cfg.Command = testCommand
 	if cfg.Dir == "" {
-		cfg.Dir = t.TempDir()
-		if keep := os.Getenv("PROOF_KEEP"); keep != "" {
-			cfg.Dir = filepath.Join(keep, fmt.Sprintf("%s-%s-%v-%d", t.Name(), cfg.Fault, cfg.Fencing, time.Now().UnixNano()))
-		}
+		cfg.Dir = historyDir(t, fmt.Sprintf("%s-%s-%v-%d", t.Name(), cfg.Fault, cfg.Fencing, time.Now().UnixNano()))
 	}
 	if len(cfg.Keys) == 0 {
 		cfg.Keys = []string{fmt.Sprintf("fenced-proof:test:%d", time.Now().UnixNano())}
