@@ -169,7 +169,7 @@ func runGenElect(t *testing.T, b backend, cfg proof.GenElectConfig) proof.GenEle
 	}
 	// What the row must have exercised for its zeros to mean something:
 	// faults on the leader, several terms, and writes under them.
-	if rep.Recoveries < 3 || rep.Terms < 3 || rep.WritesAccepted < 100 {
+	if rep.Recoveries < 3 || rep.Terms < 3 || rep.WritesAccepted < proof.GenElectMinWrites {
 		t.Errorf("%s seed %d: too little happened (faults %v, on the leader %v, %d terms, %d writes)", b.name, rep.Seed, rep.Faults, rep.Hurt, rep.Terms, rep.WritesAccepted)
 	}
 	return rep

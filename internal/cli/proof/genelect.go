@@ -49,6 +49,7 @@ type genElectRun struct {
 	election string
 	rng      *rand.Rand
 	rec      *electRecorder
+	res      *partResource // the row's resource, where the leaders write
 	proxied  bool
 	workers
 }
@@ -62,7 +63,8 @@ type genElectRun struct {
 // lease (Client.Break). Three faults in four strike the leader. After a
 // fault that struck the leader, the nemesis waits for the next term before
 // the next fault. Past Duration, the faults go on until four struck a
-// leader, up to 3 × Duration. CheckGenElect judges the run.
+// leader and the leaders wrote GenElectMinWrites times, up to 3 ×
+// Duration. CheckGenElect judges the run.
 func RunGenElect(ctx context.Context, cfg GenElectConfig) (GenElectReport, error) {
 	if cfg.Members == 0 {
 		cfg.Members = 3
@@ -104,7 +106,7 @@ func RunGenElect(ctx context.Context, cfg GenElectConfig) (GenElectReport, error
 	r := &genElectRun{
 		cfg:      cfg,
 		election: fmt.Sprintf("fenced-genelect-%d-%d", cfg.Seed, time.Now().UnixNano()),
-		rng:      rand.New(rand.NewPCG(cfg.Seed, 1<<43)), rec: rec,
+		rng:      rand.New(rand.NewPCG(cfg.Seed, 1<<43)), rec: rec, res: res,
 		proxied: networked(cfg.Store), workers: newWorkers(cfg.Dir),
 	}
 	started := time.Now()
@@ -202,6 +204,22 @@ func (r *genElectRun) waitTerm(ctx context.Context, f uint64, within time.Durati
 // 3 × Duration allows.
 const leaderFaults = 4
 
+// GenElectMinWrites is how many writes the leaders of a run make at least,
+// if 3 × Duration allows: a run with fewer says little by its zeros.
+const GenElectMinWrites = 100
+
+// enough reports whether the run has struck leaderFaults leaders and its
+// leaders have written GenElectMinWrites times. A starved machine's
+// leaders write less, and recover later, in the same Duration.
+func (r *genElectRun) enough(ctx context.Context, hurts int) bool {
+	if hurts < leaderFaults {
+		return false
+	}
+	var n int
+	err := r.res.db.QueryRowContext(ctx, `SELECT count(*) FROM worklog`).Scan(&n)
+	return err != nil || n >= GenElectMinWrites
+}
+
 // nemesis injects faults drawn from the seed until the Duration is over.
 func (r *genElectRun) nemesis(ctx context.Context, admc *fenced.Client) error {
 	ld := r.cfg.LeaseDuration
@@ -227,10 +245,11 @@ func (r *genElectRun) nemesis(ctx context.Context, admc *fenced.Client) error {
 		kinds = append(kinds, "cut")
 	}
 	// Past the Duration, the run goes on (up to 3 × Duration) until
-	// leaderFaults faults struck a leader: a starved machine's samples
-	// come late, and a fault aimed at no known leader hurts nobody.
+	// leaderFaults faults struck a leader and the leaders wrote enough: a
+	// starved machine's samples come late, and a fault aimed at no known
+	// leader hurts nobody.
 	start, hurts := time.Now(), 0
-	for d := time.Since(start); d < r.cfg.Duration || (hurts < leaderFaults && d < 3*r.cfg.Duration); d = time.Since(start) {
+	for d := time.Since(start); d < r.cfg.Duration || (!r.enough(ctx, hurts) && d < 3*r.cfg.Duration); d = time.Since(start) {
 		if err := sleep(between(0.2, 0.6)); err != nil {
 			return err
 		}
