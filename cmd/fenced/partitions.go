@@ -311,7 +311,9 @@ func superviseProcess(ctx context.Context, g *globals, self string, grace time.D
 		lifeR.Close()
 		return err
 	}
-	waited := awaitTree(g, cmd, lifeR, partitionDesc(vars))
+	var orphaned atomic.Bool // the child died; its guard is killing the tree
+	desc := partitionDesc(vars)
+	waited := awaitTree(g, cmd, lifeR, desc, &orphaned)
 	// The validity is read often enough that the child learns of a
 	// renewal well before the end it knows of comes near.
 	poll := validityPoll(lease)
@@ -353,6 +355,12 @@ func superviseProcess(ctx context.Context, g *globals, self string, grace time.D
 				why = why[:1000]
 			}
 			send("end %s:%s\n", kind, why)
+			if orphaned.Load() && kind != "planned" {
+				// Nobody renewed it in time (this member starved or cut
+				// off): the store may grant it again while the tree runs.
+				fmt.Fprintf(g.stderr, "fenced: %s: the lease ended (%s) before the supervisor's guard had killed every "+
+					"process of COMMAND\n", desc, why)
+			}
 		}
 	}
 }
@@ -360,7 +368,9 @@ func superviseProcess(ctx context.Context, g *globals, self string, grace time.D
 // awaitTree returns what cmd.Wait returned, once cmd has exited and the
 // lifeline lifeR is closed: by cmd and by its guard, which a child killed
 // with SIGKILL leaves to kill its tree. Only then may the lease go.
-func awaitTree(g *globals, cmd *exec.Cmd, lifeR *os.File, desc string) <-chan error {
+//
+// orphaned is set while the guard alone is left to kill the tree.
+func awaitTree(g *globals, cmd *exec.Cmd, lifeR *os.File, desc string, orphaned *atomic.Bool) <-chan error {
 	treeGone := make(chan struct{})
 	go func() {
 		_, _ = io.Copy(io.Discard, lifeR)
@@ -377,6 +387,7 @@ func awaitTree(g *globals, cmd *exec.Cmd, lifeR *os.File, desc string) <-chan er
 				<-treeGone // a slow guard after a clean exit: nothing to say
 				break
 			}
+			orphaned.Store(true)
 			fmt.Fprintf(g.stderr, "fenced: %s: its supervisor exited (%v); the lease is kept until the supervisor's guard "+
 				"has killed every process of COMMAND\n", desc, err)
 			<-treeGone

@@ -30,69 +30,105 @@ func TestPartitionSupervisorKillWaitsForGuard(t *testing.T) {
 		t.Skip("long: a TTL and more with the guard slowed; run without -short")
 	}
 	inMode(t, func(t *testing.T, mode string) {
-		store := tempStore(t)
-		dir := t.TempDir()
-		out, pidFile := filepath.Join(dir, "writes"), filepath.Join(dir, "pid")
-		// The writer is a child of COMMAND's leader: the leader dies with
-		// the supervisor (its parent-death signal), the rest of the tree
-		// is the guard's to kill.
-		writer := filepath.Join(dir, "writer.sh")
-		body := fmt.Sprintf("[ \"$FENCED_FENCE\" = 1 ] && echo $$ > %s\nwhile :; do echo \"$FENCED_FENCE\" >> %s; sleep 0.02; done\n", pidFile, out)
-		if err := os.WriteFile(writer, []byte(body), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		script := "sh " + writer + " & wait"
-		ttl := measuredTTL(t, store, 2, 2*time.Second)
-		cmd, _, errb := startRun(t, store, "-v", "partitions", "run", "g", "-p", "1", "--ttl", ttl.String(), "--grace", "1s",
-			"--id", "a", "--", "sh", "-c", script)
-		checkMode(t, errb, mode)
-		loop := readPid(t, pidFile)
-		sup := supervisorOf(t, cmd.Process.Pid)
-		// Its first kill waits two TTLs and 5 s: the look below takes a
-		// TTL and its last Inspect, which a busy machine (the suite under
-		// scripts/hog.sh) stretched past the second TTL; COMMAND must
-		// still run after it.
-		slow := 2*ttl + 5*time.Second
-		slowDown(t, guardOf(t, sup), slow)
-		if err := syscall.Kill(sup, syscall.SIGKILL); err != nil {
-			t.Fatal(err)
-		}
-		// The member learns of the death at once; it released the lease
-		// within a third of the TTL before the fix. A TTL covers that.
-		adm := client(t, store)
-		look := time.Now()
-		for end := look.Add(ttl); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
-			info, err := adm.Inspect(context.Background(), "g/p/0")
-			if err != nil {
-				t.Fatal(err)
+		ttl := measuredTTL(t, tempStore(t), 2, 2*time.Second)
+		for attempt := 1; ; attempt++ {
+			why, starved := killWaitsForGuard(t, mode, ttl)
+			if !starved {
+				return
 			}
-			if !info.Held || info.Fence != 1 {
-				t.Fatalf("partition 0 is %+v while its COMMAND (fence 1) still runs under a slowed guard: "+
-					"the member let it go before the guard killed the tree; stderr:\n%s", info, errb)
+			// Not the member letting go: nobody renewed the lease in
+			// time. The property needs a member that runs; the safety
+			// checks stay as they are, the TTL grows.
+			if attempt == 3 {
+				t.Fatalf("the member's lease ran out unrenewed %d times (the last at TTL %v): %s", attempt, ttl, why)
 			}
+			t.Logf("the member's lease ran out unrenewed at TTL %v, a machine too busy for it (%s): again at TTL %v", ttl, why, 2*ttl)
+			ttl *= 2
 		}
-		// It writes every 20 ms, each write a fork; on a busy machine a
-		// write may take long. The kill is delayed a TTL and 5 s past the
-		// look, so a TTL to see one more write fits before it.
-		if !alive(loop) || !grows(out, ttl) {
-			t.Fatalf("COMMAND does not run on under the slowed guard (alive %v) after a look of %v, the guard's kill delayed %v; the test's premise",
-				alive(loop), time.Since(look).Round(time.Millisecond), slow)
-		}
-		if !strings.Contains(errb.String(), "the lease is kept until the supervisor's guard") {
-			t.Errorf("the member did not say why it keeps the lease:\n%s", errb)
-		}
-		_, grantOff, fence := awaitOwnRegrant(t, adm, "g/p/0", out, "1", ttl, errb)
-		if alive(loop) {
-			t.Fatalf("partition 0 was granted again (fence %d) while its old COMMAND still runs", fence)
-		}
-		b, err := os.ReadFile(out)
+	}, "proctree")
+}
+
+// killWaitsForGuard runs TestPartitionSupervisorKillWaitsForGuard's
+// scenario once, on a store of its own, at ttl. starved reports that the
+// member said its lease ended unrenewed while the guard was slowed (why
+// is its line): the run proved nothing, and its tree was killed.
+func killWaitsForGuard(t *testing.T, mode string, ttl time.Duration) (why string, starved bool) {
+	t.Helper()
+	store := tempStore(t)
+	dir := t.TempDir()
+	out, pidFile := filepath.Join(dir, "writes"), filepath.Join(dir, "pid")
+	// The writer is a child of COMMAND's leader: the leader dies with
+	// the supervisor (its parent-death signal), the rest of the tree
+	// is the guard's to kill.
+	writer := filepath.Join(dir, "writer.sh")
+	body := fmt.Sprintf("[ \"$FENCED_FENCE\" = 1 ] && echo $$ > %s\nwhile :; do echo \"$FENCED_FENCE\" >> %s; sleep 0.02; done\n", pidFile, out)
+	if err := os.WriteFile(writer, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	script := "sh " + writer + " & wait"
+	cmd, _, errb := startRun(t, store, "-v", "partitions", "run", "g", "-p", "1", "--ttl", ttl.String(), "--grace", "1s",
+		"--id", "a", "--", "sh", "-c", script)
+	checkMode(t, errb, mode)
+	loop := readPid(t, pidFile)
+	sup := supervisorOf(t, cmd.Process.Pid)
+	// Its first kill waits two TTLs and 5 s: the look below takes a
+	// TTL and its last Inspect, which a busy machine (the suite under
+	// scripts/hog.sh) stretched past the second TTL; COMMAND must
+	// still run after it.
+	slow := 2*ttl + 5*time.Second
+	slowDown(t, guardOf(t, sup), slow)
+	if err := syscall.Kill(sup, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	// The member learns of the death at once; it released the lease
+	// within a third of the TTL before the fix. A TTL covers that.
+	adm := client(t, store)
+	look := time.Now()
+	for end := look.Add(ttl); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		info, err := adm.Inspect(context.Background(), "g/p/0")
 		if err != nil {
 			t.Fatal(err)
 		}
-		if late := strings.Count("\n"+string(b[grantOff:]), "\n1\n"); late > 0 {
-			t.Errorf("%d writes with fence 1 after the grant of fence %d", late, fence)
+		if info.Held && info.Fence == 1 {
+			continue
 		}
-	}, "proctree")
+		// A member that let it go says "released"; one whose lease
+		// ran out unrenewed says so, within a poll of its validity.
+		const ended, released = "the lease ended (", "released partition 0"
+		for end := time.Now().Add(ttl); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+			if e := errb.String(); strings.Contains(e, released) {
+				break
+			} else if i := strings.Index(e, ended); i >= 0 {
+				_ = syscall.Kill(loop, syscall.SIGKILL)
+				line, _, _ := strings.Cut(e[i:], "\n")
+				return line, true
+			}
+		}
+		t.Fatalf("partition 0 is %+v while its COMMAND (fence 1) still runs under a slowed guard: "+
+			"the member let it go before the guard killed the tree; stderr:\n%s", info, errb)
+	}
+	// It writes every 20 ms, each write a fork; on a busy machine a
+	// write may take long. The kill is delayed a TTL and 5 s past the
+	// look, so a TTL to see one more write fits before it.
+	if !alive(loop) || !grows(out, ttl) {
+		t.Fatalf("COMMAND does not run on under the slowed guard (alive %v) after a look of %v, the guard's kill delayed %v; the test's premise",
+			alive(loop), time.Since(look).Round(time.Millisecond), slow)
+	}
+	if !strings.Contains(errb.String(), "the lease is kept until the supervisor's guard") {
+		t.Errorf("the member did not say why it keeps the lease:\n%s", errb)
+	}
+	_, grantOff, fence := awaitOwnRegrant(t, adm, "g/p/0", out, "1", ttl, errb)
+	if alive(loop) {
+		t.Fatalf("partition 0 was granted again (fence %d) while its old COMMAND still runs", fence)
+	}
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if late := strings.Count("\n"+string(b[grantOff:]), "\n1\n"); late > 0 {
+		t.Errorf("%d writes with fence 1 after the grant of fence %d", late, fence)
+	}
+	return "", false
 }
 
 // guardOf returns the pid of the guard process of supervisor sup.
