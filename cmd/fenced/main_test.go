@@ -240,7 +240,6 @@ func TestRunForwardsSignals(t *testing.T) {
 }
 
 func TestAdminCommands(t *testing.T) {
-	t.Parallel()
 	store := tempStore(t)
 	ctx := context.Background()
 	c := client(t, store)
@@ -307,7 +306,6 @@ func TestAdminCommands(t *testing.T) {
 }
 
 func TestBadInput(t *testing.T) {
-	t.Parallel()
 	store := tempStore(t)
 	for _, tc := range []struct {
 		args []string

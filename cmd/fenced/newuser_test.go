@@ -25,7 +25,6 @@ func cliDefault(t *testing.T, state string, args ...string) result {
 }
 
 func TestImplicitDefaultStoreIsNamedOnce(t *testing.T) {
-	t.Parallel()
 	state := t.TempDir()
 	r := cliDefault(t, state, "ls")
 	if r.code != 0 {
@@ -59,7 +58,6 @@ func TestImplicitDefaultStoreIsNamedOnce(t *testing.T) {
 }
 
 func TestInspectAndObserveNameTheStore(t *testing.T) {
-	t.Parallel()
 	store := tempStore(t)
 	if r := cli(t, store, "run", "k", "--", "true"); r.code != 0 {
 		t.Fatalf("run: exit %d, %s", r.code, r.stderr)
@@ -86,7 +84,6 @@ func TestInspectAndObserveNameTheStore(t *testing.T) {
 // that fences can repeat after the server restarts. A Redis with
 // appendonly yes and appendfsync always gets no warning.
 func TestProofOnRedisNamesTheFlagAndWarnsOfNoPersistence(t *testing.T) {
-	t.Parallel()
 	bare := testenv.StartRedis(t, testenv.RedisConfig{NoPersistence: true}).URL()
 	r := cli(t, bare, "proof", "--quick")
 	if r.code != exitUsage {
@@ -111,7 +108,6 @@ func TestProofOnRedisNamesTheFlagAndWarnsOfNoPersistence(t *testing.T) {
 }
 
 func TestPlanRoundsDurations(t *testing.T) {
-	t.Parallel()
 	r := cli(t, tempStore(t), "plan", "--ttl", "10s", "--max-pause", "7s")
 	if r.code != 0 {
 		t.Fatalf("plan: exit %d, %s", r.code, r.stderr)
@@ -124,7 +120,6 @@ func TestPlanRoundsDurations(t *testing.T) {
 // TestErrorsNameTheKeyOnce checks that a refused or interrupted acquire
 // names its key once (it said acquire "k": k: lease held…).
 func TestErrorsNameTheKeyOnce(t *testing.T) {
-	t.Parallel()
 	store := tempStore(t)
 	holder, hout, _ := startRun(t, store, "run", "job:dup", "--", "sh", "-c", "echo in; exec sleep 60")
 	defer holder.Process.Kill()
@@ -149,7 +144,6 @@ func TestErrorsNameTheKeyOnce(t *testing.T) {
 }
 
 func TestDemoRefusesStore(t *testing.T) {
-	t.Parallel()
 	r := cli(t, "", "demo", "--store", "postgres://app:s3cret@127.0.0.1:1/db")
 	if r.code != exitUsage || !strings.Contains(r.stderr, "--store") || !strings.Contains(r.stderr, "fenced proof") || strings.Contains(r.stderr, "s3cret") {
 		t.Fatalf("demo --store: exit %d, stderr %q; want exit %d naming --store and fenced proof, password redacted", r.code, r.stderr, exitUsage)
@@ -165,7 +159,6 @@ func TestDashboardAtANarrowWindow(t *testing.T) {
 	if testing.Short() {
 		t.Skip("long: the dashboard in headless Chromium at 700px; run without -short")
 	}
-	t.Parallel()
 	store := tempStore(t)
 	base := startServe(t, store)
 	const key = "invoice:inv_72-with-a-rather-long-key-name"

@@ -75,7 +75,6 @@ func TestProofGenerativeSQLite(t *testing.T) {
 	if testing.Short() {
 		t.Skip("long: a 10s generative proof; run without -short")
 	}
-	t.Parallel()
 	r := cli(t, tempStore(t), "proof", "--generative", "--seed", "7", "--duration", "10s", "--dir", t.TempDir())
 	checkProofGenPassed(t, r, "7")
 	for _, off := range []string{"M4 off: cut a worker off", "M5 off: pause the store", "M6 off: kill and restart the store"} {
@@ -93,7 +92,6 @@ func TestProofGenerativeRedis(t *testing.T) {
 	if testing.Short() {
 		t.Skip("long: a 10s generative proof on Redis; run without -short")
 	}
-	t.Parallel()
 	store := testenv.StartRedis(t, testenv.RedisConfig{}).URL()
 	if r := cli(t, store, "proof", "--generative", "--duration", "10s"); r.code != exitUsage || !strings.Contains(r.stderr, "--min-fence=repeatable") {
 		t.Fatalf("generative proof on Redis with a strict fence: exit %d, stderr %s; want %d naming --min-fence=repeatable", r.code, r.stderr, exitUsage)
@@ -122,7 +120,6 @@ func TestProofGenerativeReportsAViolation(t *testing.T) {
 	if testing.Short() {
 		t.Skip("long: a 10s generative proof that must catch a foreign hold; run without -short")
 	}
-	t.Parallel()
 	store := tempStore(t)
 	// The foreign hold must be planted, and seen held past the run's TTL,
 	// while the run still lists its keys. The test plants it with a few

@@ -173,7 +173,6 @@ func TestElectFailoverEtcd(t *testing.T) {
 // Issue 14: etcdctl elect and fenced elect on one etcd election name
 // exclude each other in both directions, and each sees the other's value.
 func TestElectInteropsWithEtcdctlElect(t *testing.T) {
-	t.Parallel()
 	etcdctl := testenv.RequireBinary(t, "etcd-client", "etcdctl")
 	cluster := testenv.StartEtcd(t)
 	store := cluster.URL("prefix=elections/")

@@ -141,7 +141,6 @@ func TestServeDashboardInBrowser(t *testing.T) {
 	if testing.Short() {
 		t.Skip("long: the dashboard in headless Chromium; run without -short")
 	}
-	t.Parallel()
 	store := tempStore(t)
 	base := startServe(t, store)
 	const key = "invoice:inv_72"
@@ -255,7 +254,6 @@ func TestServeDashboardInBrowser(t *testing.T) {
 // TestServeHelpListsEveryPage checks that serve --help names the pages and
 // API paths the server has, the partition ones included.
 func TestServeHelpListsEveryPage(t *testing.T) {
-	t.Parallel()
 	r := cli(t, tempStore(t), "serve", "--help")
 	for _, path := range []string{"/api/v1/leases/KEY/break", "/keys/KEY", "/partitions/GROUP", "/api/v1/partitions/GROUP", "/api/v1/plan", "/api/v1/scenario", "/metrics", "/healthz"} {
 		if !strings.Contains(r.stdout, path) {
