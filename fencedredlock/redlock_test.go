@@ -456,6 +456,9 @@ func TestRestartWithoutPersistenceGivesTwoHolders(t *testing.T) {
 			if withSource {
 				opts = c.fenced(t)
 			}
+			// Generous: the restarted nodes must answer B's grant, which
+			// two just-started servers under load did not within 250ms.
+			opts.Budget = time.Second
 			a := c.open(t, nodes, opts)
 			oa := owner()
 			fa, err := a.TryAcquire(ctx, "ledger", oa, time.Minute)
