@@ -25,7 +25,8 @@ type reply[T any] struct {
 // fanout runs op on every node in parallel and collects replies until
 // decided reports true for the replies so far, every node answered, or the
 // budget runs out. Replies that arrive later are sent to late, which is
-// closed after the last one (nil if the caller does not care).
+// closed after the last one (nil if the caller does not care), unless
+// d has begun to close: those are dropped.
 func fanout[T any](ctx context.Context, d *Driver, budget time.Duration,
 	op func(context.Context, redis.UniversalClient) (T, error), decided func([]reply[T]) bool, late func(reply[T])) []reply[T] {
 	ctx, cancel := context.WithTimeout(ctx, budget)
@@ -53,6 +54,15 @@ collect:
 	}
 	missing := len(d.nodes) - len(got)
 	if missing == 0 {
+		cancel()
+		return got
+	}
+	// An attempt that began before Close and ends after it starts no
+	// cleanup: Close no longer waits for one, and its clients are closing
+	// (a late grant then lasts its TTL on its node, as a crash leaves it).
+	d.wgMu.Lock()
+	defer d.wgMu.Unlock()
+	if d.wgClosed {
 		cancel()
 		return got
 	}

@@ -130,7 +130,11 @@ type Driver struct {
 	opts   Options
 	closed chan struct{}
 	once   sync.Once
-	wg     sync.WaitGroup // cleanups of failed attempts
+	// wg counts the cleanups of failed attempts (see fanout); wgMu
+	// orders their starts with Close's wait, which sets wgClosed.
+	wgMu     sync.Mutex
+	wgClosed bool
+	wg       sync.WaitGroup
 
 	lastAttempt atomic.Int64 // see nextAttempt
 
@@ -256,6 +260,9 @@ func (d *Driver) Close() error {
 			errs = append(errs, n.hub.Close())
 		}
 		d.waiters.Close()
+		d.wgMu.Lock()
+		d.wgClosed = true
+		d.wgMu.Unlock()
 		d.wg.Wait()
 		d.bgMu.Lock()
 		d.bgClosed = true
