@@ -208,7 +208,7 @@ func loopbackAddr(ctx context.Context, addr string) (bool, error) {
 // serveScenario runs fenced demo's billing scenario for the dashboard.
 func serveScenario(ctx context.Context, withFence bool) (httpapi.ScenarioResult, error) {
 	res := httpapi.ScenarioResult{Fenced: withFence, Events: []httpapi.ScenarioEvent{}, Sends: []httpapi.ScenarioSend{}}
-	out, err := runScenario(ctx, !withFence, false, func(string) {}, func(e scenarioEvent) {
+	out, err := runScenario(ctx, demoTTL, !withFence, false, func(string) {}, func(e scenarioEvent) {
 		res.Events = append(res.Events,
 			httpapi.ScenarioEvent{AtMS: e.At.Milliseconds(), Worker: e.Worker, Kind: e.Kind, Fence: e.Fence, Text: e.Text})
 	})
