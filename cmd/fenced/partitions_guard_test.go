@@ -149,11 +149,13 @@ func guardOf(t *testing.T, sup int) int {
 }
 
 // slowDown delays the first kill system call of pid from now by d, with
-// strace attached to it until the test ends.
+// strace attached to it until the test ends. -f attaches every thread of
+// pid: without it only the main thread was traced, and a Go process's kill
+// from another thread went out at once (ci14: the tree died 2s early).
 func slowDown(t *testing.T, pid int, d time.Duration) {
 	t.Helper()
 	var errb syncBuffer
-	st := exec.Command("strace", "-p", strconv.Itoa(pid), "-o", "/dev/null", "-e", "signal=none",
+	st := exec.Command("strace", "-f", "-p", strconv.Itoa(pid), "-o", "/dev/null", "-e", "signal=none",
 		"-e", "trace=kill", "-e", fmt.Sprintf("inject=kill:delay_enter=%d:when=1", d.Microseconds()))
 	st.Stderr = &errb
 	if err := st.Start(); err != nil {
