@@ -34,6 +34,10 @@ func init() {
 		PauseRenewals: func(c any) func() {
 			return c.(*Client).renew.pause()
 		},
+		ScheduleDelays: func(c any) (late, busy time.Duration) {
+			r := c.(*Client).renew
+			return time.Duration(r.late.Swap(0)), time.Duration(r.busy.Swap(0))
+		},
 	})
 }
 

@@ -61,7 +61,12 @@ type renewer struct {
 	// a lease is added that wakes the loop, or the loop finds one.
 	lingerUntil time.Duration
 	// loops counts the loop's looks at the schedule, for tests.
-	loops   atomic.Int64
+	loops atomic.Int64
+	// late and busy are the most the loop woke after the moment its timer
+	// was set for, and the longest one look took: what a lease that ended
+	// after its validity waited for (see rootaccess.ScheduleDelays).
+	late, busy atomic.Int64
+
 	started bool
 	stopped bool
 	kick    chan struct{}
@@ -220,6 +225,7 @@ func (r *renewer) loop() {
 		default:
 		}
 		r.loops.Add(1)
+		began := r.c.now()
 		expired, batch, next := r.due()
 		// Every expired lease's context is cancelled before anything else
 		// is done about any of them (hooks, the driver's cleanup), and
@@ -247,6 +253,7 @@ func (r *renewer) loop() {
 				r.renewBatch(batch)
 			}()
 		}
+		storeMax(&r.busy, r.c.now()-began)
 		var timerC <-chan time.Time
 		var t interface{ Stop() bool }
 		if next != loopIdle {
@@ -255,12 +262,19 @@ func (r *renewer) loop() {
 		}
 		select {
 		case <-timerC:
+			storeMax(&r.late, r.c.now()-next)
 		case <-r.kick:
 		case <-r.done:
 		}
 		if t != nil {
 			t.Stop()
 		}
+	}
+}
+
+// storeMax raises v to d if d is greater.
+func storeMax(v *atomic.Int64, d time.Duration) {
+	for old := v.Load(); int64(d) > old && !v.CompareAndSwap(old, int64(d)); old = v.Load() {
 	}
 }
 

@@ -202,6 +202,7 @@ func (s *suite) testBlockedDriverDelaysNoEnd(t *testing.T) {
 			l.Release(context.Background())
 		}
 		all := acquireMany(t, c, Key("stuckend"), n, 1, ttl)
+		rootaccess.ScheduleDelays(c) // from the block on
 		d.blocked.Store(true)
 		// A lease that ended before the block (its renewals starved)
 		// says nothing of the blocked driver: the live ones are checked.
@@ -229,7 +230,7 @@ func (s *suite) testBlockedDriverDelaysNoEnd(t *testing.T) {
 		if at, ok := seen[leases[0]]; !ok || at.ran.Sub(releasing) > slack() {
 			t.Errorf("a Release blocked in the driver delayed its own lease's end (ended %v, slack %v)", ok, slack())
 		}
-		worst, missed := checkEnds(t, leases[1:], seen, nil, slack())
+		worst, missed := checkEnds(t, c, leases[1:], seen, nil, slack())
 		t.Logf("%d leases of TTL %v (%d ended before the block), driver stuck: "+
 			"worst lateness after ValidUntil %v; %d loss watch stops stuck",
 			len(leases)-1, ttl, n-len(leases), worst.Round(time.Millisecond), d.stops.Load())
@@ -252,13 +253,14 @@ func (s *suite) testBlockedDriverDelaysNoEnd(t *testing.T) {
 		}
 		leases := acquireMany(t, c, Key("stuckclose"), n, 1, ttl)
 		watched(d)
+		rootaccess.ScheduleDelays(c) // from the block on
 		d.blocked.Store(true)
 		e := watchEnds(leases)
 		began := time.Now()
 		closed := make(chan error, 1)
 		go func() { closed <- c.Close() }()
 		seen := e.wait(began.Add(5 * time.Second))
-		worst, _ := checkEnds(t, leases, seen, func(*fenced.Lease) time.Time { return began }, slack())
+		worst, _ := checkEnds(t, c, leases, seen, func(*fenced.Lease) time.Time { return began }, slack())
 		t.Logf("Close with the driver stuck: every context cancelled within %v", worst.Round(time.Millisecond))
 		select {
 		case err := <-closed:
@@ -271,12 +273,13 @@ func (s *suite) testBlockedDriverDelaysNoEnd(t *testing.T) {
 	})
 }
 
-// checkEnds reports every lease still seen running more than slack after
-// its deadline (rootaccess.ValidUntil, or by(l)). It returns the worst
-// lateness seen (to the sweep that saw it ended) and how many leases did
-// not end at all.
-func checkEnds(t *testing.T, leases []*fenced.Lease, seen map[*fenced.Lease]endSeen, by func(*fenced.Lease) time.Time,
-	slack time.Duration) (worst time.Duration, missed int) {
+// checkEnds reports every lease of c still seen running more than slack
+// after its deadline (rootaccess.ValidUntil, or by(l)). It returns the
+// worst lateness seen (to the sweep that saw it ended) and how many leases
+// did not end at all. A failure names how late c's schedule woke and how
+// long its looks took, to tell a starved process from a slow schedule.
+func checkEnds(t *testing.T, c *fenced.Client, leases []*fenced.Lease, seen map[*fenced.Lease]endSeen,
+	by func(*fenced.Lease) time.Time, slack time.Duration) (worst time.Duration, missed int) {
 	t.Helper()
 	late := 0
 	for _, l := range leases {
@@ -299,8 +302,10 @@ func checkEnds(t *testing.T, leases []*fenced.Lease, seen map[*fenced.Lease]endS
 		}
 	}
 	if missed > 0 || late > 0 {
+		wake, look := rootaccess.ScheduleDelays(c)
 		t.Errorf("%d of %d leases never ended and %d still ran more than %v after their validity (worst end seen %v late): "+
-			"a driver call blocked the path that ends leases", missed, len(leases), late, slack, worst)
+			"a driver call blocked the path that ends leases (the client's schedule woke up to %v late, its longest look took %v)",
+			missed, len(leases), late, slack, worst, wake, look)
 	}
 	return worst, missed
 }
@@ -358,15 +363,18 @@ func CheckEndsThroughBlackHole(t *testing.T, c *fenced.Client, n int, ttl time.D
 		}
 	}
 	e := watchEnds(leases)
+	rootaccess.ScheduleDelays(c) // from the cut on
 	hole(true)
 	cut := time.Now()
 	defer hole(false)
 	// A renewal confirmed just before the cut extends a lease once more,
 	// by a TTL at most.
 	seen := e.wait(cut.Add(ttl + 5*time.Second))
-	worst, missed := checkEnds(t, leases, seen, nil, slack())
-	t.Logf("%d leases through a black hole: %d ended, worst lateness after ValidUntil %v, last end %v after the cut",
-		n, len(seen), worst.Round(time.Millisecond), lastEnd(seen).Sub(cut).Round(time.Millisecond))
+	worst, missed := checkEnds(t, c, leases, seen, nil, slack())
+	wake, look := rootaccess.ScheduleDelays(c)
+	t.Logf("%d leases through a black hole: %d ended, worst lateness after ValidUntil %v, last end %v after the cut; "+
+		"the schedule woke up to %v late, its longest look took %v",
+		n, len(seen), worst.Round(time.Millisecond), lastEnd(seen).Sub(cut).Round(time.Millisecond), wake, look)
 	if missed == 0 {
 		for _, l := range leases {
 			if err := l.Err(); !errors.Is(err, fenced.ErrExpired) && !errors.Is(err, fenced.ErrLost) {

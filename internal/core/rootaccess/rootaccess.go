@@ -32,6 +32,9 @@ type Root struct {
 	ExpiryOf func(scheme string) (driver.Expiry, bool)
 	// PauseRenewals pauses the renewals of client, a *fenced.Client.
 	PauseRenewals func(client any) (resume func())
+	// ScheduleDelays returns how late client's schedule woke, at most,
+	// and its longest look, since the last call; it starts them afresh.
+	ScheduleDelays func(client any) (late, busy time.Duration)
 }
 
 var root Root
@@ -65,3 +68,12 @@ func ExpiryOf(scheme string) (driver.Expiry, bool) { return root.ExpiryOf(scheme
 // the renewals' deadlines; resume may be called more than once; Close
 // does not wait for it.
 func PauseRenewals(client any) (resume func()) { return root.PauseRenewals(client) }
+
+// ScheduleDelays returns the most the lease schedule of client (a
+// *fenced.Client) woke after the moment it was set for, and the longest
+// one of its looks took, since the last call (or since the client was
+// made). A lease ends by its local validity plus about their sum. The
+// conformance suite reports them beside a lease that ended late: a late
+// wake with short looks is a starved process; a long look is the
+// schedule's own work.
+func ScheduleDelays(client any) (late, busy time.Duration) { return root.ScheduleDelays(client) }
