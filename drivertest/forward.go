@@ -2,6 +2,7 @@ package drivertest
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -13,12 +14,14 @@ import (
 
 // stalling passes a notifying driver through, except that while stall is
 // set its TryAcquire hangs until its context ends, as over a cut network:
-// a waiter that took a wake-up and gives up in the middle of its look.
+// a waiter that took a wake-up and gives up in the middle of its look. It
+// counts the tries the store refused.
 type stalling struct {
 	driver.Driver
 	n       driver.Notifier
 	stall   atomic.Bool
 	stalled chan struct{}
+	refused atomic.Int64
 }
 
 func (s *stalling) TryAcquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
@@ -30,7 +33,11 @@ func (s *stalling) TryAcquire(ctx context.Context, key, owner string, ttl time.D
 		<-ctx.Done()
 		return 0, ctx.Err()
 	}
-	return s.Driver.TryAcquire(ctx, key, owner, ttl)
+	f, err := s.Driver.TryAcquire(ctx, key, owner, ttl)
+	if errors.Is(err, fenced.ErrHeld) {
+		s.refused.Add(1)
+	}
+	return f, err
 }
 
 func (s *stalling) Subscribe(ctx context.Context, key string) (driver.Subscription, error) {
@@ -57,18 +64,11 @@ func (s *suite) testGiveUpMidLook(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts := func(attempts *atomic.Int64) *fenced.Options {
-		return &fenced.Options{MinBackoff: time.Minute, MaxBackoff: time.Minute, FallbackPoll: time.Minute,
-			MinFence: s.h.MinFence,
-			Hook: func(e fenced.Event) {
-				if e.Kind == fenced.EventAttempt {
-					attempts.Add(1)
-				}
-			}}
-	}
-	var n1, n2 atomic.Int64
+	opts := &fenced.Options{MinBackoff: time.Minute, MaxBackoff: time.Minute, FallbackPoll: time.Minute,
+		MinFence: s.h.MinFence}
 	first := &stalling{Driver: d, n: n, stalled: make(chan struct{}, 1)}
-	c1, c2 := fenced.NewClient(first, opts(&n1)), fenced.NewClient(d, opts(&n2))
+	second := &stalling{Driver: d, n: n, stalled: make(chan struct{}, 1)} // never stalled
+	c1, c2 := fenced.NewClient(first, opts), fenced.NewClient(second, opts)
 	t.Cleanup(func() { c1.Close(); c2.Close() })
 	wait := &fenced.LeaseOptions{TTL: time.Minute, MaxWait: 45 * time.Second}
 	ctx1, cancel1 := context.WithCancel(ctx)
@@ -78,9 +78,10 @@ func (s *suite) testGiveUpMidLook(t *testing.T) {
 		_, err := c1.Acquire(ctx1, key, wait)
 		err1 <- err
 	}()
-	// The first waiter subscribed (its second look); give a backend that
-	// lets a new waiter look once more time to do so.
-	waitAttempts(t, &n1, err1)
+	// The first waiter subscribed, and the store refused its look after
+	// that; give a backend that lets a new waiter look once more time to
+	// do so.
+	waitRefused(t, first, err1)
 	time.Sleep(300 * time.Millisecond)
 	got2 := make(chan error, 1)
 	go func() {
@@ -90,7 +91,7 @@ func (s *suite) testGiveUpMidLook(t *testing.T) {
 		}
 		got2 <- err
 	}()
-	waitAttempts(t, &n2, got2)
+	waitRefused(t, second, got2)
 	time.Sleep(300 * time.Millisecond)
 	first.stall.Store(true)
 	if err := holder.Release(ctx); err != nil {
@@ -123,19 +124,21 @@ func (s *suite) testGiveUpMidLook(t *testing.T) {
 	}
 }
 
-// waitAttempts waits until a waiter has made its second attempt (it has
-// subscribed), failing if its Acquire returns first.
-func waitAttempts(t *testing.T, attempts *atomic.Int64, done <-chan error) {
+// waitRefused waits until the store has refused a waiter's second try,
+// the one after it subscribed (under load that answer came well after
+// the try began: a release before it granted the key to the waiter
+// instead). It fails if the waiter's Acquire returns first.
+func waitRefused(t *testing.T, s *stalling, done <-chan error) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for attempts.Load() < 2 {
+	deadline := time.Now().Add(time.Minute)
+	for s.refused.Load() < 2 {
 		select {
 		case err := <-done:
 			t.Fatalf("waiter returned before it waited: %v", err)
 		default:
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("waiter did not subscribe within 20s")
+			t.Fatal("the store did not refuse the waiter's second try within a minute")
 		}
 		time.Sleep(time.Millisecond)
 	}
