@@ -59,6 +59,7 @@ type genJobsRun struct {
 	cfg   GenJobsConfig
 	jobs  [2]string // the gocron job's name, the cron job's
 	admin *fenced.Client
+	res   *jobResource
 	rng   *rand.Rand
 	slots
 
@@ -123,6 +124,7 @@ func RunGenJobs(ctx context.Context, cfg GenJobsConfig) (GenJobsReport, error) {
 		cfg:   cfg,
 		jobs:  [2]string{fmt.Sprintf("genjobs-gocron-%d-%d", cfg.Seed, stamp), fmt.Sprintf("genjobs-cron-%d-%d", cfg.Seed, stamp)},
 		admin: ac,
+		res:   res,
 		rng:   rand.New(rand.NewPCG(cfg.Seed, 1<<43)), slots: newSlots(cfg.Dir, 2*cfg.PerKind, "scheduler", cfg.Seed, cfg.Logf),
 	}
 	r.restart = r.startSched
@@ -203,14 +205,17 @@ func (r *genJobsRun) nemesis(ctx context.Context) error {
 	between := func(lo, hi float64) time.Duration {
 		return time.Duration((lo + r.rng.Float64()*(hi-lo)) * float64(ttl))
 	}
-	end := time.Now().Add(r.cfg.Duration)
+	start := time.Now()
 	if err := r.sleep(ctx, 2*ttl); err != nil { // let the schedulers start
 		return err
 	}
 	// The kinds are drawn from a shuffled bag, refilled when empty, so
-	// that every kind comes within the first round (9 faults).
+	// that every kind comes within the first round (9 faults). Past the
+	// Duration the run goes on (up to 3 × Duration) until each job ran
+	// GenJobsMinTicks ticks: a starved machine's schedulers, started again
+	// after each kill, run fewer in the same Duration.
 	var bag []string
-	for time.Now().Before(end) {
+	for d := time.Since(start); d < r.cfg.Duration || (!r.enough(ctx) && d < 3*r.cfg.Duration); d = time.Since(start) {
 		if err := r.sleep(ctx, between(0.3, 1.5)); err != nil {
 			return err
 		}
@@ -296,6 +301,19 @@ func (r *genJobsRun) nemesis(ctx context.Context) error {
 		r.hold(w, false)
 	}
 	return r.sleep(ctx, 2*ttl) // let the last fault settle
+}
+
+// GenJobsMinTicks is how many ticks each job of a run runs at least, if
+// 3 × Duration allows: a run with fewer says little by its zeros.
+const GenJobsMinTicks = 10
+
+// enough reports whether each job has run GenJobsMinTicks ticks.
+func (r *genJobsRun) enough(ctx context.Context) bool {
+	ticks, err := r.res.ticks(ctx)
+	if err != nil {
+		return false // a busy resource: look again after the next fault
+	}
+	return ticks[schedGocron] >= GenJobsMinTicks && ticks[schedCron] >= GenJobsMinTicks
 }
 
 // stall holds the SQLite store's write lock for d (BEGIN IMMEDIATE, then

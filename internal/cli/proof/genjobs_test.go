@@ -15,7 +15,8 @@ import (
 // and 3 robfig/cron schedulers (fencedcron), separate processes, each kind
 // running its own job every second, under kill -9, SIGSTOP past the TTL,
 // leave and Client.Break of the job's lease, for 40s
-// (FENCED_PROOF_JOBS_DURATION) on SQLite, with the schedule drawn from
+// (FENCED_PROOF_JOBS_DURATION; longer, up to 3×, until each job ran
+// GenJobsMinTicks ticks) on SQLite, with the schedule drawn from
 // FENCED_PROOF_SEED (printed on failure). FENCED_PROOF_JOBS_HAZARD=1 runs
 // the jobs ignoring their lease's context and writing without the guard:
 // the row must then fail, which shows the checker finds the hazard.
@@ -87,7 +88,7 @@ func runGenJobs(t *testing.T, b backend, cfg GenJobsConfig) GenJobsReport {
 			t.Errorf("%s seed %d: no %s fault in the run (faults %v): the row must apply each", b.name, rep.Seed, k, rep.Faults)
 		}
 	}
-	if rep.Ticks[schedGocron] < 10 || rep.Ticks[schedCron] < 10 || rep.ContextChecked < 10 {
+	if rep.Ticks[schedGocron] < GenJobsMinTicks || rep.Ticks[schedCron] < GenJobsMinTicks || rep.ContextChecked < 10 {
 		t.Errorf("%s seed %d: too little happened (ticks %v, %d runs context-checked)", b.name, rep.Seed, rep.Ticks, rep.ContextChecked)
 	}
 	return rep

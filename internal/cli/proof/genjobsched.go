@@ -212,6 +212,25 @@ func (r *jobResource) writes(ctx context.Context) ([]jobWrite, error) {
 	return ws, rows.Err()
 }
 
+// ticks returns how many ticks of each scheduler kind were written.
+func (r *jobResource) ticks(ctx context.Context) (map[string]int, error) {
+	rows, err := r.db.QueryContext(ctx, `SELECT kind, count(DISTINCT tick) FROM jobs_log GROUP BY kind`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var kind string
+		var n int
+		if err := rows.Scan(&kind, &n); err != nil {
+			return nil, err
+		}
+		out[kind] = n
+	}
+	return out, rows.Err()
+}
+
 // jobRecorder appends jobEvents to the history file shared by the run's
 // processes: one write(2) per line, O_APPEND.
 type jobRecorder struct{ f *os.File }
