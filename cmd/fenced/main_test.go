@@ -45,7 +45,7 @@ func cliCmd(t *testing.T, store string, args ...string) (*exec.Cmd, *bytes.Buffe
 // cliEnv is the environment of a fenced started by t: this process's,
 // the store, and the supervision mode inMode chose for t, if any.
 func cliEnv(t *testing.T, store string) []string {
-	env := append(os.Environ(), "FENCED_TEST_AS_CLI=1", "FENCED_STORE="+store)
+	env := append(os.Environ(), "FENCED_TEST_AS_CLI=1", "FENCED_STORE="+store, supervise.TraceEnv+"=1")
 	if mode, ok := modeOf(t); ok {
 		env = append(env, supervise.ModeEnv+"="+mode)
 	}

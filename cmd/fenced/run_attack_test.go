@@ -231,6 +231,7 @@ func runAttack(t *testing.T, bin string, sc attackScenario) (res attackResult) {
 		&fenced.LeaseOptions{TTL: 30 * time.Second, MinFence: fenced.FenceRepeatable}, command+" "+attack, ttl, errb)
 	if killed != 0 {
 		t.Logf("kill -9 sent %dms before the new grant's try", (grantT-killed)/1e6)
+		defer func() { logGuard(t, errb.String(), killed) }()
 	}
 	continued := time.Now()
 	if attack == "ctrl-z" || attack == "sigstop" {
@@ -425,4 +426,21 @@ func attackOutcome(t *testing.T, out string, oldPids map[string]int, old string,
 		}
 	}
 	return late, n, alive
+}
+
+// logGuard logs, from fenced's stderr, when the supervisor's guard saw its
+// pipe close, killed the tree and saw it gone, each from the kill -9 sent
+// at killed (supervise.TraceEnv): a tree that wrote on after the new grant
+// was late to die because of one of those steps.
+func logGuard(t *testing.T, stderr string, killed int64) {
+	t.Helper()
+	for _, line := range strings.Split(stderr, "\n") {
+		var eof, kill, gone int64
+		if _, err := fmt.Sscanf(line, "supervise guard: pipe closed at %d, first kill done at %d, tree gone at %d", &eof, &kill, &gone); err == nil {
+			t.Logf("the guard saw the pipe close %v after the kill -9, its first kill was done %v after it, the tree gone %v after it",
+				time.Duration(eof-killed), time.Duration(kill-killed), time.Duration(gone-killed))
+			return
+		}
+	}
+	t.Logf("the guard said nothing of a kill on fenced's stderr")
 }

@@ -885,6 +885,19 @@ func setForeground(fd, pgid int) error {
 // guardEnv carries nothing but marks a guard process (see MaybeRunGuard).
 const guardEnv = "FENCED_SUPERVISE_GUARD"
 
+// TraceEnv, when set, has a guard that killed the tree say on its stderr
+// when its pipe closed, when its first kill was done and when the tree was
+// gone, for tests that time a supervisor's death.
+const TraceEnv = "FENCED_SUPERVISE_TRACE"
+
+// monotonic returns CLOCK_MONOTONIC in nanoseconds, which every process
+// on the host reads alike.
+func monotonic() int64 {
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	return ts.Nano()
+}
+
 // guardHolds are the files every guard started from now on inherits.
 var guardHolds []*os.File
 
@@ -912,6 +925,9 @@ func (g *Group) startGuard() error {
 		Stdin:       r,
 		ExtraFiles:  guardHolds,
 		SysProcAttr: &syscall.SysProcAttr{Setpgid: true},
+	}
+	if os.Getenv(TraceEnv) != "" {
+		guard.Stderr = os.Stderr // else the guard holds no pipe of the caller's open
 	}
 	if err := guard.Start(); err != nil {
 		w.Close()
@@ -969,6 +985,8 @@ func MaybeRunGuard() {
 			cg = &cgroup{dir: dir}
 		}
 	}
+	eof := monotonic()
+	killed := int64(0)
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		left := false
 		if cg != nil && cg.populated() {
@@ -978,9 +996,16 @@ func MaybeRunGuard() {
 		if group > 1 && !errors.Is(unix.Kill(-group, syscall.SIGKILL), syscall.ESRCH) {
 			left = true
 		}
+		if killed == 0 {
+			killed = monotonic()
+		}
 		if !left {
 			break
 		}
+	}
+	if os.Getenv(TraceEnv) != "" {
+		fmt.Fprintf(os.Stderr, "supervise guard: pipe closed at %d, first kill done at %d, tree gone at %d (CLOCK_MONOTONIC ns)\n",
+			eof, killed, monotonic())
 	}
 	if cg != nil {
 		_ = cg.remove(5 * time.Second)
