@@ -137,7 +137,10 @@ a kill -9 of fenced. -v and the end of this help say which mode is in effect
   - When COMMAND exits, the processes it left behind get SIGTERM, then SIGKILL
     after --grace, before the lease is released.
   - If fenced dies (even kill -9), COMMAND gets SIGKILL (Pdeathsig) and a guard
-    process kills its cgroup (in process-tree mode: its group).
+    process kills its cgroup (in process-tree mode: its group). The guard also
+    kills it when fenced would have killed an unrenewed tree, should fenced not
+    run by then (stopped, starved, or dying): fenced tells it that moment before
+    COMMAND starts and after every renewal.
 
 Stopping: fenced and COMMAND's group stop and continue together. If fenced gets
 SIGTSTP, SIGTTIN or SIGTTOU (Ctrl-Z), or COMMAND stops (job control, or SIGSTOP),
@@ -147,8 +150,9 @@ nothing: a job left stopped loses its lease after at most --ttl, and another
 holder may take the key. When fenced is continued (fg, bg, SIGCONT), it continues
 the group only if the lease is still valid; otherwise it kills the still stopped
 group with SIGKILL, so it never runs again, and exits 77. SIGSTOP sent to fenced
-itself cannot be caught: then COMMAND keeps running unrenewed, and only the fence
-protects the resource; once continued, fenced kills the tree at once and exits 77.
+itself cannot be caught: COMMAND keeps running, unrenewed, until the guard kills
+it (processes that left the group, in process-tree mode: until fenced is
+continued, kills the tree at once and exits 77).
 
 What each mode promises (docs/supervision.md has the whole table, and the tests):
   fault                          cgroup               process tree
@@ -156,12 +160,13 @@ What each mode promises (docs/supervision.md has the whole table, and the tests)
                                                       itself is starved: it says so
   lease broken, renewal refused  ended                ended
   Ctrl-Z, COMMAND stopped        none after           none after
-  SIGSTOP of fenced alone        fence only           fence only
+  SIGSTOP of fenced alone        none after           group: none after; processes
+                                                      that left it: fence only
   kill -9 of fenced              none after           group: none after; processes
                                                       that left it: fence only
   escapes: setsid, double fork, exited main thread, SIGTERM ignored, stopping
-  itself, moving to another cgroup: as the fault's row (a kill -9 of fenced
-  within 250ms of a cgroup move misses the mover). "none after": no write with
+  itself, moving to another cgroup: as the fault's row (a kill -9 or SIGSTOP of
+  fenced within 250ms of a cgroup move misses the mover). "none after": no write with
   the old fence is attempted once another holder may be granted the key; "ended":
   SIGTERM, SIGKILL after --grace, but the store may have granted the key already;
   "fence only": COMMAND may run on, and only the resource's fence check protects.
@@ -532,7 +537,11 @@ func superviseCommand(ctx context.Context, g *globals, h *hold, argv []string, s
 	child.Stdin, child.Stdout, child.Stderr = os.Stdin, os.Stdout, os.Stderr
 	child.Env = h.env
 	signal.Notify(sigs, stopSignals...) // from here on fenced stops the group first
-	grp, err := supervise.Start(child)
+	// The guard kills the tree when fenced would kill it unrenewed, from
+	// before COMMAND runs (see tellGuard): a fenced stopped right after
+	// the start is covered too.
+	left := h.lease.Remaining()
+	grp, err := supervise.StartKillBy(child, time.Now().Add(left-min(left/4, maxKillLead)))
 	if err != nil {
 		h.lease.Release(context.WithoutCancel(ctx))
 		if errors.Is(err, supervise.ErrSetup) {
@@ -614,6 +623,7 @@ type supervision struct {
 	window    time.Duration // how long before the validity ends an unrenewed tree gets SIGTERM
 	endDue    time.Time     // when the ending check is due, to measure how late it runs
 	validEnd  time.Time     // when the validity seen at the last check ends (see killDelay)
+	guardAt   time.Time     // when the supervisor's guard kills the tree unless told again (see tellGuard)
 }
 
 // run supervises until no process of COMMAND is left, then releases the
@@ -624,12 +634,16 @@ func (s *supervision) run(ctx context.Context, sigs <-chan os.Signal) error {
 	var killAgain <-chan time.Time
 	leaseDone, dead := s.h.lease.Done(), s.h.dead
 	ending := s.endingWindow()
+	guard := time.NewTicker(guardEvery(s.validity))
+	defer guard.Stop()
 loop:
 	for {
 		if s.killAgain != nil {
 			killAgain = s.killAgain.C
 		}
 		select {
+		case <-guard.C:
+			s.tellGuard()
 		case sig := <-sigs:
 			if slices.Contains(stopSignals, sig) {
 				if !s.ending {
@@ -700,7 +714,13 @@ loop:
 func (s *supervision) terminate() int {
 	n := s.sigterm()
 	if n > 0 {
-		s.killTimer = time.After(s.killDelay())
+		d := s.killDelay()
+		s.killTimer = time.After(d)
+		if at := time.Now().Add(d); at.After(s.guardAt) {
+			// --grace after a loss: the guard waits for it too.
+			s.grp.KillBy(at)
+			s.guardAt = at
+		}
 	} else {
 		s.killAgain = time.NewTicker(100 * time.Millisecond) // in case one was forking
 	}

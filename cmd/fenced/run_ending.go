@@ -53,7 +53,30 @@ func (s *supervision) setWindow() {
 func (s *supervision) armEnding(left time.Duration) <-chan time.Time {
 	s.validEnd = time.Now().Add(left)
 	s.endDue = time.Now().Add(left - s.window)
+	s.tellGuard()
 	return time.After(left - s.window)
+}
+
+// tellGuard has the supervisor's guard kill the tree when fenced would
+// kill it unrenewed, the lead before the validity ends, in case fenced
+// does not run by then (stopped, starved, or killed and slow to die; see
+// supervise.Group.KillBy). It is told again after every renewal (at
+// least every guardEvery), so that moment moves with the validity. Once
+// the tree is ending, fenced's own SIGKILL decides.
+func (s *supervision) tellGuard() {
+	left := s.h.lease.Remaining()
+	if s.ending || left <= 0 {
+		return
+	}
+	s.guardAt = time.Now().Add(left - s.lead())
+	s.grp.KillBy(s.guardAt)
+}
+
+// guardEvery is how often the guard is told the validity: six times a
+// validity, so a renewal (every third of the TTL) reaches it well before
+// the moment it was last told.
+func guardEvery(validity time.Duration) time.Duration {
+	return max(validity/6, 10*time.Millisecond)
 }
 
 // measure records what ending the tree costs on this machine now: how

@@ -32,7 +32,11 @@ var ErrInvalidPath = errors.New("zk: invalid path")
 var DefaultLogger Logger = defaultLogger{}
 
 const (
-	bufferSize      = 1536 * 1024
+	bufferSize = 1536 * 1024
+	// fenced: startBufferSize is what a connection's send and receive
+	// buffers start at; each grows as a packet needs, sending up to
+	// bufferSize.
+	startBufferSize = 16 * 1024
 	eventChanSize   = 6
 	sendChanSize    = 16
 	protectedPrefix = "_c_"
@@ -179,7 +183,7 @@ func Connect(servers []string, sessionTimeout time.Duration, options ...connOpti
 		passwd:         emptyPassword,
 		logger:         DefaultLogger,
 		logInfo:        true, // default is true for backwards compatability
-		buf:            make([]byte, bufferSize),
+		buf:            make([]byte, startBufferSize),
 	}
 
 	// Set provided options.
@@ -598,20 +602,11 @@ func (c *Conn) authenticate() error {
 }
 
 func (c *Conn) sendData(req *request) error {
-	header := &requestHeader{req.xid, req.opcode}
-	n, err := encodePacket(c.buf[4:], header)
+	n, err := c.encodeRequest(req)
 	if err != nil {
 		req.recvChan <- response{-1, err}
 		return nil
 	}
-
-	n2, err := encodePacket(c.buf[4+n:], req.pkt)
-	if err != nil {
-		req.recvChan <- response{-1, err}
-		return nil
-	}
-
-	n += n2
 
 	binary.BigEndian.PutUint32(c.buf[:4], uint32(n))
 
@@ -636,6 +631,26 @@ func (c *Conn) sendData(req *request) error {
 	}
 
 	return nil
+}
+
+// encodeRequest encodes req's header and packet into c.buf after its
+// length. fenced: c.buf starts at startBufferSize and doubles, up to
+// bufferSize, while the request does not fit (upstream allocated
+// bufferSize for every connection, and as much again to receive).
+func (c *Conn) encodeRequest(req *request) (int, error) {
+	for {
+		header := &requestHeader{req.xid, req.opcode}
+		n, err := encodePacket(c.buf[4:], header)
+		if err == nil {
+			var n2 int
+			n2, err = encodePacket(c.buf[4+n:], req.pkt)
+			n += n2
+		}
+		if err != ErrShortBuffer || len(c.buf) >= bufferSize {
+			return n, err
+		}
+		c.buf = make([]byte, min(2*len(c.buf), bufferSize))
+	}
 }
 
 func (c *Conn) sendLoop() error {
@@ -670,7 +685,7 @@ func (c *Conn) sendLoop() error {
 }
 
 func (c *Conn) recvLoop(conn net.Conn) error {
-	buf := make([]byte, bufferSize)
+	buf := make([]byte, startBufferSize) // fenced: grown below as needed
 	for {
 		// package length
 		if err := conn.SetReadDeadline(time.Now().Add(c.recvTimeout)); err != nil {

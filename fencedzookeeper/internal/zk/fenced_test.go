@@ -468,3 +468,44 @@ func TestHandshakeTimeout(t *testing.T) {
 		}
 	}
 }
+
+// TestBuffersGrowAsNeeded checks the buffers that start small: a new
+// connection holds startBufferSize to send; a create and a read of 512 KiB
+// of data grow them and round-trip the data; a request over bufferSize
+// fails with ErrShortBuffer and leaves the connection usable.
+func TestBuffersGrowAsNeeded(t *testing.T) {
+	c, _ := connect(t)
+	if _, _, err := c.Exists("/"); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(c.buf); n != startBufferSize {
+		t.Fatalf("a new connection's send buffer holds %d bytes, want %d", n, startBufferSize)
+	}
+	data := make([]byte, 512*1024)
+	for i := range data {
+		data[i] = byte(i * 7)
+	}
+	if _, err := c.Create("/big-node", data, FlagPersistent, WorldACL(PermAll)); err != nil {
+		t.Fatalf("Create with %d bytes of data: %v", len(data), err)
+	}
+	t.Cleanup(func() { _ = c.Delete("/big-node", -1) })
+	got, _, err := c.Get("/big-node")
+	if err != nil {
+		t.Fatalf("Get: %v", err)
+	}
+	if string(got) != string(data) {
+		t.Fatalf("Get returned %d bytes, not the %d written", len(got), len(data))
+	}
+	if n := len(c.buf); n <= len(data) || n > bufferSize {
+		t.Fatalf("after a %d-byte request the send buffer holds %d bytes, want more, and at most %d", len(data), n, bufferSize)
+	}
+	if _, err := c.Create("/too-big", make([]byte, bufferSize), FlagPersistent, WorldACL(PermAll)); !errors.Is(err, ErrShortBuffer) {
+		t.Fatalf("Create with %d bytes of data: %v, want ErrShortBuffer", bufferSize, err)
+	}
+	if n := len(c.buf); n != bufferSize {
+		t.Fatalf("after a request over bufferSize the send buffer holds %d bytes, want bufferSize (%d)", n, bufferSize)
+	}
+	if _, _, err := c.Exists("/big-node"); err != nil {
+		t.Fatalf("the connection after a refused request: %v", err)
+	}
+}

@@ -210,12 +210,9 @@ func (r *genJobsRun) nemesis(ctx context.Context) error {
 		return err
 	}
 	// The kinds are drawn from a shuffled bag, refilled when empty, so
-	// that every kind comes within the first round (9 faults). Past the
-	// Duration the run goes on (up to 3 × Duration) until each job ran
-	// GenJobsMinTicks ticks: a starved machine's schedulers, started again
-	// after each kill, run fewer in the same Duration.
+	// that every kind comes within the first round (9 faults).
 	var bag []string
-	for d := time.Since(start); d < r.cfg.Duration || (!r.enough(ctx) && d < 3*r.cfg.Duration); d = time.Since(start) {
+	for r.goOn(ctx, start) {
 		if err := r.sleep(ctx, between(0.3, 1.5)); err != nil {
 			return err
 		}
@@ -301,6 +298,15 @@ func (r *genJobsRun) nemesis(ctx context.Context) error {
 		r.hold(w, false)
 	}
 	return r.sleep(ctx, 2*ttl) // let the last fault settle
+}
+
+// goOn reports whether the nemesis strikes again: within the Duration from
+// start, and past it (up to 3 × Duration) until each job ran
+// GenJobsMinTicks ticks. A starved machine's schedulers, started again
+// after each kill, run fewer in the same Duration.
+func (r *genJobsRun) goOn(ctx context.Context, start time.Time) bool {
+	d := time.Since(start)
+	return d < r.cfg.Duration || !r.enough(ctx) && d < 3*r.cfg.Duration
 }
 
 // GenJobsMinTicks is how many ticks each job of a run runs at least, if

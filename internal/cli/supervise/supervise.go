@@ -96,7 +96,6 @@
 package supervise
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"io"
@@ -205,7 +204,12 @@ var (
 // command again in process-tree mode, from a copy of cmd (an exec.Cmd
 // cannot be started twice). It then sets cmd.Process, as cmd.Start would,
 // but a context given with exec.CommandContext is not carried over.
-func Start(cmd *exec.Cmd) (*Group, error) {
+func Start(cmd *exec.Cmd) (*Group, error) { return StartKillBy(cmd, time.Time{}) }
+
+// StartKillBy is Start with the guard told to kill the tree at killBy
+// (see KillBy) before the command runs, so that no moment of the command
+// goes without that bound. A zero killBy sets none.
+func StartKillBy(cmd *exec.Cmd, killBy time.Time) (*Group, error) {
 	for _, s := range []any{cmd.Stdin, cmd.Stdout, cmd.Stderr} {
 		if _, ok := s.(*os.File); s != nil && !ok {
 			return nil, fmt.Errorf("supervise: stdio must be nil or *os.File, got %T", s)
@@ -256,6 +260,9 @@ func Start(cmd *exec.Cmd) (*Group, error) {
 			active.Store(false)
 			started <- err
 			return
+		}
+		if !killBy.IsZero() {
+			g.KillBy(killBy)
 		}
 		if err := g.startCommand(); err != nil {
 			g.goneFlag.Store(true) // nothing runs: Close only dismisses the guard
@@ -880,135 +887,4 @@ func setForeground(fd, pgid int) error {
 	}
 	defer unix.PthreadSigmask(unix.SIG_SETMASK, &old, nil)
 	return unix.IoctlSetPointerInt(fd, unix.TIOCSPGRP, pgid)
-}
-
-// guardEnv carries nothing but marks a guard process (see MaybeRunGuard).
-const guardEnv = "FENCED_SUPERVISE_GUARD"
-
-// TraceEnv, when set, has a guard that killed the tree say on its stderr
-// when its pipe closed, when its first kill was done and when the tree was
-// gone, for tests that time a supervisor's death.
-const TraceEnv = "FENCED_SUPERVISE_TRACE"
-
-// monotonic returns CLOCK_MONOTONIC in nanoseconds, which every process
-// on the host reads alike.
-func monotonic() int64 {
-	var ts unix.Timespec
-	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
-	return ts.Nano()
-}
-
-// guardHolds are the files every guard started from now on inherits.
-var guardHolds []*os.File
-
-// GuardHolds makes every guard started after it inherit f, open until the
-// guard exits. A guard exits once the tree is gone: at "done", or after
-// killing what the supervisor left. So whoever reads the pipe f writes to
-// learns, at its end of file, that the tree of a dead supervisor is gone
-// too. f must be close-on-exec in this process, so the command does not
-// inherit it.
-func GuardHolds(f *os.File) { guardHolds = append(guardHolds, f) }
-
-// startGuard starts the guard: this binary again, reading its orders from a
-// pipe. It is in a process group of its own (no terminal signals reach it)
-// and is not the command's descendant, so ending the tree spares it.
-func (g *Group) startGuard() error {
-	r, w, err := os.Pipe()
-	if err != nil {
-		return fmt.Errorf("%w: guard pipe: %v", ErrSetup, err)
-	}
-	defer r.Close()
-	guard := &exec.Cmd{
-		Path:        "/proc/self/exe", // this binary, even if replaced on disk since
-		Args:        []string{os.Args[0] + " (guard)"},
-		Env:         append(os.Environ(), guardEnv+"=1"),
-		Stdin:       r,
-		ExtraFiles:  guardHolds,
-		SysProcAttr: &syscall.SysProcAttr{Setpgid: true},
-	}
-	if os.Getenv(TraceEnv) != "" {
-		guard.Stderr = os.Stderr // else the guard holds no pipe of the caller's open
-	}
-	if err := guard.Start(); err != nil {
-		w.Close()
-		return fmt.Errorf("%w: start the guard process: %v", ErrSetup, err)
-	}
-	g.guardPid.Store(int64(guard.Process.Pid))
-	_ = guard.Process.Release() // reaped by reap, by pid
-	g.guardW = w
-	return nil
-}
-
-func (g *Group) tellGuard(line string) {
-	g.guardMu.Lock()
-	defer g.guardMu.Unlock()
-	if g.guardW != nil {
-		_, _ = io.WriteString(g.guardW, line)
-	}
-}
-
-// MaybeRunGuard runs the guard and exits if this process was started as a
-// Group's guard. Otherwise it returns at once. Programs that use Start must
-// call it first in main (and tests in TestMain).
-//
-// The guard ignores job-control and termination signals. It reads "group N"
-// and, in cgroup mode, "cgroup DIR", and then waits. When its pipe closes
-// without "done", the supervisor has died (or gave up before the tree was
-// gone). The guard then kills the cgroup with cgroup.kill. That reaches
-// every process in it and in the cgroups nested in it, wherever it moved in
-// the process tree, and each process listed in their cgroup.threads. It
-// also sends SIGKILL to group N. It repeats both until both are empty (at
-// most a few seconds), removes the cgroups, and exits.
-func MaybeRunGuard() {
-	if os.Getenv(guardEnv) == "" {
-		return
-	}
-	// The guard works on its main thread, whose ID is its process ID: a
-	// tracer attached to that one thread (a test delays its kill with
-	// strace -p) sees every call it makes. Unlocked, its kill could run on
-	// another thread after the blocking read below.
-	runtime.LockOSThread()
-	signal.Ignore(syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGTSTP,
-		syscall.SIGTTIN, syscall.SIGTTOU, syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGPIPE)
-	group := 0
-	var cg *cgroup
-	sc := bufio.NewScanner(os.Stdin)
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "done" {
-			os.Exit(0)
-		}
-		if n, ok := strings.CutPrefix(line, "group "); ok {
-			group, _ = strconv.Atoi(n)
-		}
-		if dir, ok := strings.CutPrefix(line, "cgroup "); ok {
-			cg = &cgroup{dir: dir}
-		}
-	}
-	eof := monotonic()
-	killed := int64(0)
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		left := false
-		if cg != nil && cg.populated() {
-			cg.killAll()
-			left = true
-		}
-		if group > 1 && !errors.Is(unix.Kill(-group, syscall.SIGKILL), syscall.ESRCH) {
-			left = true
-		}
-		if killed == 0 {
-			killed = monotonic()
-		}
-		if !left {
-			break
-		}
-	}
-	if os.Getenv(TraceEnv) != "" {
-		fmt.Fprintf(os.Stderr, "supervise guard: pipe closed at %d, first kill done at %d, tree gone at %d (CLOCK_MONOTONIC ns)\n",
-			eof, killed, monotonic())
-	}
-	if cg != nil {
-		_ = cg.remove(5 * time.Second)
-	}
-	os.Exit(0)
 }

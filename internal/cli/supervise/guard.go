@@ -1,0 +1,235 @@
+package supervise
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/fenced-dev/fenced/clock"
+)
+
+// guardEnv carries nothing but marks a guard process (see MaybeRunGuard).
+const guardEnv = "FENCED_SUPERVISE_GUARD"
+
+// TraceEnv is a variable that, when set, has a guard that killed the tree
+// say on its stderr when it acted, when its first kill was done and when
+// the tree was gone, for tests that time a supervisor's death.
+const TraceEnv = "FENCED_SUPERVISE_TRACE"
+
+// monotonic returns CLOCK_MONOTONIC in nanoseconds, which every process
+// on the host reads alike.
+func monotonic() int64 {
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	return ts.Nano()
+}
+
+// boottime returns CLOCK_BOOTTIME in nanoseconds: as monotonic, with the
+// time the machine spent suspended.
+func boottime() int64 {
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts)
+	return ts.Nano()
+}
+
+// guardHolds are the files every guard started from now on inherits.
+var guardHolds []*os.File
+
+// GuardHolds makes every guard started after it inherit f, open until the
+// guard exits. A guard exits once the tree is gone: at "done", or after
+// killing what the supervisor left. So whoever reads the pipe f writes to
+// learns, at its end of file, that the tree of a dead supervisor is gone
+// too. f must be close-on-exec in this process, so the command does not
+// inherit it.
+func GuardHolds(f *os.File) { guardHolds = append(guardHolds, f) }
+
+// startGuard starts the guard: this binary again, reading its orders from a
+// pipe. It is in a process group of its own (no terminal signals reach it)
+// and is not the command's descendant, so ending the tree spares it. It
+// shares the supervisor's stderr, to say why it killed the tree.
+func (g *Group) startGuard() error {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return fmt.Errorf("%w: guard pipe: %v", ErrSetup, err)
+	}
+	defer r.Close()
+	guard := &exec.Cmd{
+		Path:        "/proc/self/exe", // this binary, even if replaced on disk since
+		Args:        []string{os.Args[0] + " (guard)"},
+		Env:         append(os.Environ(), guardEnv+"=1"),
+		Stdin:       r,
+		Stderr:      os.Stderr,
+		ExtraFiles:  guardHolds,
+		SysProcAttr: &syscall.SysProcAttr{Setpgid: true},
+	}
+	if err := guard.Start(); err != nil {
+		w.Close()
+		return fmt.Errorf("%w: start the guard process: %v", ErrSetup, err)
+	}
+	g.guardPid.Store(int64(guard.Process.Pid))
+	_ = guard.Process.Release() // reaped by reap, by pid
+	g.guardW = w
+	return nil
+}
+
+func (g *Group) tellGuard(line string) {
+	g.guardMu.Lock()
+	defer g.guardMu.Unlock()
+	if g.guardW != nil {
+		_, _ = io.WriteString(g.guardW, line)
+	}
+}
+
+// KillBy has the guard kill the whole tree at t (comparable with
+// time.Now), as it does when the supervisor dies, unless a later call
+// moves t first. A supervisor holding a lease for the command calls it
+// with the moment it would kill an unrenewed tree itself, and again after
+// each renewal: then a supervisor stopped (SIGSTOP), starved, or slow to
+// die (the kernel closes a killed process's files only after freeing its
+// memory, and the guard learns of the death from its pipe) does not let
+// the tree outlive the lease. The guard's clock counts time suspended.
+// Without a call the guard waits for the supervisor's death alone.
+func (g *Group) KillBy(t time.Time) {
+	g.tellGuard(fmt.Sprintf("kill-by %d\n", boottime()+int64(time.Until(t))))
+}
+
+// guardOrders is what a guard has been told.
+type guardOrders struct {
+	group  int
+	cg     *cgroup
+	killBy int64 // CLOCK_BOOTTIME ns; 0 for none
+}
+
+// apply takes one line from the supervisor. It reports false at "done".
+func (o *guardOrders) apply(line string) bool {
+	switch {
+	case line == "done":
+		return false
+	case strings.HasPrefix(line, "group "):
+		o.group, _ = strconv.Atoi(strings.TrimPrefix(line, "group "))
+	case strings.HasPrefix(line, "cgroup "):
+		o.cg = &cgroup{dir: strings.TrimPrefix(line, "cgroup ")}
+	case strings.HasPrefix(line, "kill-by "):
+		o.killBy, _ = strconv.ParseInt(strings.TrimPrefix(line, "kill-by "), 10, 64)
+	}
+	return true
+}
+
+// awaitEnd reads the supervisor's orders from fd until the supervisor
+// says "done" (then the guard exits at once), its pipe closes, or the
+// moment of the last "kill-by" passes with no newer order in the pipe
+// (late). It polls at least every clock.MaxTimerStep, so a moment that
+// passed while the machine was suspended is seen within that step.
+func awaitEnd(fd int) (o guardOrders, late bool) {
+	var pending []byte
+	buf := make([]byte, 4096)
+	// read takes what the pipe holds; it reports false at end of file.
+	read := func() bool {
+		n, err := unix.Read(fd, buf)
+		if n <= 0 {
+			return err == unix.EINTR || err == unix.EAGAIN
+		}
+		pending = append(pending, buf[:n]...)
+		for {
+			i := strings.IndexByte(string(pending), '\n')
+			if i < 0 {
+				return true
+			}
+			if !o.apply(string(pending[:i])) {
+				os.Exit(0)
+			}
+			pending = pending[i+1:]
+		}
+	}
+	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	for {
+		wait := -1
+		if o.killBy != 0 {
+			left := time.Duration(o.killBy - boottime())
+			if left <= 0 {
+				// A newer order already in the pipe comes first.
+				if n, _ := unix.Poll(fds, 0); n > 0 {
+					if !read() {
+						return o, false
+					}
+					continue
+				}
+				return o, true
+			}
+			wait = int(min(left, clock.MaxTimerStep).Milliseconds()) + 1
+		}
+		n, err := unix.Poll(fds, wait)
+		if err != nil && err != unix.EINTR {
+			return o, false // the pipe is unusable: as if the supervisor died
+		}
+		if n > 0 && !read() {
+			return o, false
+		}
+	}
+}
+
+// MaybeRunGuard runs the guard and exits if this process was started as a
+// Group's guard. Otherwise it returns at once. Programs that use Start must
+// call it first in main (and tests in TestMain).
+//
+// The guard ignores job-control and termination signals. It reads "group N"
+// and, in cgroup mode, "cgroup DIR", and then waits. When its pipe closes
+// without "done", the supervisor has died (or gave up before the tree was
+// gone); when the moment of the last KillBy passes, the supervisor did not
+// run in time. Either way the guard kills the cgroup with cgroup.kill. That
+// reaches every process in it and in the cgroups nested in it, wherever it
+// moved in the process tree, and each process listed in their
+// cgroup.threads. It also sends SIGKILL to group N. It repeats both until
+// both are empty (at most a few seconds), removes the cgroups, and exits.
+func MaybeRunGuard() {
+	if os.Getenv(guardEnv) == "" {
+		return
+	}
+	// The guard works on its main thread, whose ID is its process ID: a
+	// tracer attached to that one thread (a test delays its kill with
+	// strace -p) sees every call it makes.
+	runtime.LockOSThread()
+	signal.Ignore(syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGTSTP,
+		syscall.SIGTTIN, syscall.SIGTTOU, syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGPIPE)
+	o, late := awaitEnd(int(os.Stdin.Fd()))
+	acted := monotonic()
+	killed := int64(0)
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		left := false
+		if o.cg != nil && o.cg.populated() {
+			o.cg.killAll()
+			left = true
+		}
+		if o.group > 1 && !errors.Is(unix.Kill(-o.group, syscall.SIGKILL), syscall.ESRCH) {
+			left = true
+		}
+		if killed == 0 {
+			killed = monotonic()
+		}
+		if !left {
+			break
+		}
+	}
+	if late {
+		fmt.Fprintln(os.Stderr, "fenced: the lease was not renewed in time and fenced did not end COMMAND "+
+			"(it was stopped, or the machine too busy): its guard killed every process of COMMAND")
+	}
+	if os.Getenv(TraceEnv) != "" {
+		fmt.Fprintf(os.Stderr, "supervise guard: acted at %d, first kill done at %d, tree gone at %d (CLOCK_MONOTONIC ns)\n",
+			acted, killed, monotonic())
+	}
+	if o.cg != nil {
+		_ = o.cg.remove(5 * time.Second)
+	}
+	os.Exit(0)
+}
