@@ -92,7 +92,7 @@ What each mode (cgroup or process tree, see fenced run --help) promises:
   lease not renewed, member stopped or starved   none after (both modes)
   kill -9 of the member                          none after (both modes)
   lease broken, renewal refused                  ended
-  SIGSTOP of a partition's supervisor            fence only
+  SIGSTOP of a partition's supervisor            as SIGSTOP of fenced run
   kill -9 of a partition's supervisor            as kill -9 of fenced run
 "none after": no write with the old fence is attempted once another member may be
 granted the partition; "ended": SIGTERM, then SIGKILL, but the store may have
