@@ -99,10 +99,21 @@ func (g *Group) startGuard() error {
 	return nil
 }
 
+// guardWriteWait bounds how long a line to the guard may wait for room in
+// its pipe. A guard that does not read (stopped with SIGSTOP) fills the
+// pipe after a few thousand orders; the supervisor must not block on it.
+// A line dropped leaves the guard its earlier order, whose deadline is
+// sooner, never later.
+const guardWriteWait = 10 * time.Millisecond
+
+// tellGuard writes line, one order, to the guard's pipe: all of it or
+// none (a pipe writes up to PIPE_BUF bytes at once), waiting at most
+// guardWriteWait.
 func (g *Group) tellGuard(line string) {
 	g.guardMu.Lock()
 	defer g.guardMu.Unlock()
 	if g.guardW != nil {
+		_ = g.guardW.SetWriteDeadline(time.Now().Add(guardWriteWait))
 		_, _ = io.WriteString(g.guardW, line)
 	}
 }
@@ -137,7 +148,9 @@ func (o *guardOrders) apply(line string) bool {
 	case strings.HasPrefix(line, "cgroup "):
 		o.cg = &cgroup{dir: strings.TrimPrefix(line, "cgroup ")}
 	case strings.HasPrefix(line, "kill-by "):
-		o.killBy, _ = strconv.ParseInt(strings.TrimPrefix(line, "kill-by "), 10, 64)
+		if t, err := strconv.ParseInt(strings.TrimPrefix(line, "kill-by "), 10, 64); err == nil {
+			o.killBy = t
+		}
 	}
 	return true
 }

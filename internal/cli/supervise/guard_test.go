@@ -1,6 +1,7 @@
 package supervise
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"strconv"
@@ -89,4 +90,38 @@ func threadNices(t *testing.T, dir string) map[string]int {
 		}
 	}
 	return out
+}
+
+// TestTellGuardNeverBlocks checks that orders to a guard that reads none
+// (stopped) never block the supervisor once its pipe is full: each waits
+// at most guardWriteWait and is dropped. Continued, the guard still acts
+// on an order it read.
+func TestTellGuardNeverBlocks(t *testing.T) {
+	g := start(t, exec.Command("sleep", "60"))
+	guard := int(g.guardPid.Load())
+	if err := syscall.Kill(guard, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(guard, syscall.SIGCONT) })
+	far := time.Now().Add(time.Hour)
+	// A pipe holds 64 KiB (Linux's default); an order is under 32 bytes.
+	// So the first few thousand fill it, and the last 200 find it full.
+	n := 65536/len(fmt.Sprintf("kill-by %d\n", boottime())) + 200
+	for i := range n {
+		began := time.Now()
+		g.KillBy(far)
+		// A second is a hundred times guardWriteWait: what is checked is
+		// that a full pipe does not hold the supervisor, not how fast.
+		if took := time.Since(began); took > time.Second {
+			t.Fatalf("order %d of %d to a stopped guard took %v", i+1, n, took)
+		}
+	}
+	if err := syscall.Kill(guard, syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case ev := <-g.Events():
+		t.Fatalf("event %+v: the continued guard acted on a deadline an hour ahead", ev)
+	case <-time.After(500 * time.Millisecond):
+	}
 }

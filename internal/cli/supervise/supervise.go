@@ -641,6 +641,7 @@ func (g *Group) Close() {
 	if g.guardW == nil {
 		return
 	}
+	_ = g.guardW.SetWriteDeadline(time.Now().Add(guardWriteWait))
 	if g.goneFlag.Load() {
 		_, _ = io.WriteString(g.guardW, "done\n")
 	} else if g.pid != 0 {
