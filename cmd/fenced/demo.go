@@ -37,13 +37,15 @@ const (
 	demoInvoice = "inv_72"
 	demoTTL     = time.Second
 	// demoTries is how many times the demo runs at most, its TTL doubled
-	// each time no worker reached the send step before its lease ran out
-	// (a machine too busy for the TTL: ci13 took 970 ms for one read).
+	// each time no worker (or none after the frozen one) reached the send
+	// step before its lease ran out (a machine too busy for the TTL: ci13
+	// took 970 ms for one read).
 	demoTries = 3
 )
 
-// errNothingDemonstrated says that no worker reached the send step.
-var errNothingDemonstrated = errors.New("demo: no worker reached the send step; nothing was demonstrated")
+// errNothingDemonstrated says that no worker reached the send step, or
+// none after the frozen one.
+var errNothingDemonstrated = errors.New("demo: no worker, or none after the frozen one, reached the send step; nothing was demonstrated")
 
 // demoEvent is one line a demo worker prints on stdout.
 type demoEvent struct {
@@ -183,8 +185,8 @@ func runDemo(ctx context.Context, g *globals, noFence, keep bool) error {
 		if !errors.Is(err, errNothingDemonstrated) || try == demoTries {
 			return err
 		}
-		fmt.Fprintf(g.stdout, "\nthis machine was too busy for a TTL of %v: every lease ran out before its worker "+
-			"reached the send step. Again with %v.\n\n", ttl, 2*ttl)
+		fmt.Fprintf(g.stdout, "\nthis machine was too busy for a TTL of %v: the leases ran out before their workers "+
+			"reached the send step, and no holder after the frozen one sent. Again with %v.\n\n", ttl, 2*ttl)
 		ttl *= 2
 	}
 }
@@ -399,13 +401,17 @@ func judgeScenario(ctx context.Context, billing string, noFence bool, frozen str
 		out.Err = errNothingDemonstrated
 		return out, nil
 	}
-	frozenSent := false
+	frozenSent, newerSent := false, false
 	for _, s := range out.Sends {
-		if s.Worker == frozen {
-			frozenSent = true
-		}
+		frozenSent = frozenSent || s.Worker == frozen
+		newerSent = newerSent || s.Fence > frozenFence
 	}
 	switch {
+	case !newerSent:
+		// No holder after the frozen one sent (on a machine too busy for
+		// the TTL, their leases ran out first): whatever the frozen
+		// worker's write met, no newer write was there to protect.
+		out.Err = errNothingDemonstrated
 	case noFence && len(out.Sends) == 2 && frozenSent:
 		out.Verdict = fmt.Sprintf("HAZARD REPRODUCED: %s's late write (fence %d) was accepted and the customer got two invoices.\n"+
 			"Run without --no-fence to see the fence refuse it.", frozen, frozenFence)

@@ -664,6 +664,13 @@ loop:
 			case supervise.Exited:
 				s.exited, s.code = true, ev.Code
 				s.grp.TakeTerminal()
+				if !s.ending && !s.guardAt.IsZero() && !time.Now().Before(s.guardAt) {
+					// Past the moment the guard was told: fenced did not
+					// run in time, and the guard ended the tree for the
+					// unrenewed lease, as endUnrenewed would have.
+					s.unrenewed = true
+					s.lost = fmt.Errorf("%w: no renewal confirmed in time; fenced's guard ended the tree", fenced.ErrLost)
+				}
 				if !s.ending {
 					if n := s.terminate(); n > 0 {
 						fmt.Fprintf(s.g.stderr, "fenced: %s exited and left %d processes; sending them SIGTERM, SIGKILL in %v\n", s.name, n,

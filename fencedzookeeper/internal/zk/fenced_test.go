@@ -509,3 +509,29 @@ func TestBuffersGrowAsNeeded(t *testing.T) {
 		t.Fatalf("the connection after a refused request: %v", err)
 	}
 }
+
+// TestEncodeShortBufferAtEveryLength checks that a request encoded into a
+// buffer cut short anywhere, even before a one-byte field (an index past
+// the end, not a slice), fails with ErrShortBuffer instead of panicking:
+// the buffers start small and grow on that error (TestBuffersGrowAsNeeded).
+func TestEncodeShortBufferAtEveryLength(t *testing.T) {
+	reqs := []any{
+		&pathWatchRequest{Path: "/a/b", Watch: true},
+		&multiRequest{Ops: []multiRequestOp{
+			{multiHeader{Type: opCreate, Done: false, Err: -1}, &CreateRequest{Path: "/a/n", Data: []byte("x"), ACL: WorldACL(PermAll)}},
+			{multiHeader{Type: opDelete, Done: false, Err: -1}, &DeleteRequest{Path: "/a/m", Version: -1}},
+		}},
+	}
+	for _, req := range reqs {
+		full := make([]byte, 1024)
+		n, err := encodePacket(full, req)
+		if err != nil {
+			t.Fatalf("%T: %v", req, err)
+		}
+		for l := range n {
+			if _, err := encodePacket(make([]byte, l), req); err != ErrShortBuffer {
+				t.Fatalf("%T into %d of its %d bytes: %v, want ErrShortBuffer", req, l, n, err)
+			}
+		}
+	}
+}

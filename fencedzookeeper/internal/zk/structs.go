@@ -375,7 +375,10 @@ func decodePacketValue(buf []byte, v reflect.Value) (int, error) {
 func encodePacket(buf []byte, st interface{}) (n int, err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			if e, ok := r.(runtime.Error); ok && strings.HasPrefix(e.Error(), "runtime error: slice bounds out of range") {
+			// fenced: an index past the end is a short buffer too (a
+			// byte written at buf[n]); upstream's buffers never ran short.
+			if e, ok := r.(runtime.Error); ok && (strings.HasPrefix(e.Error(), "runtime error: slice bounds out of range") ||
+				strings.HasPrefix(e.Error(), "runtime error: index out of range")) {
 				err = ErrShortBuffer
 			} else {
 				panic(r)

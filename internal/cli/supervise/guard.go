@@ -252,7 +252,7 @@ func MaybeRunGuard() {
 		}
 	}
 	if late {
-		fmt.Fprintln(os.Stderr, "fenced: the lease was not renewed in time and fenced did not end COMMAND "+
+		fmt.Fprintln(os.Stderr, "fenced: fenced did not end COMMAND by the moment it had set for an unrenewed lease or a --grace "+
 			"(it was stopped, or the machine too busy): its guard killed every process of COMMAND")
 	}
 	if os.Getenv(TraceEnv) != "" {
