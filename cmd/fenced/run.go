@@ -541,7 +541,7 @@ func superviseCommand(ctx context.Context, g *globals, h *hold, argv []string, s
 	// before COMMAND runs (see tellGuard): a fenced stopped right after
 	// the start is covered too.
 	left := h.lease.Remaining()
-	grp, err := supervise.StartKillBy(child, time.Now().Add(left-min(left/4, maxKillLead)))
+	grp, err := supervise.StartKillBy(child, time.Now().Add(left-killLeadFor(left)))
 	if err != nil {
 		h.lease.Release(context.WithoutCancel(ctx))
 		if errors.Is(err, supervise.ErrSetup) {

@@ -30,11 +30,15 @@ const maxKillLead = 500 * time.Millisecond
 // on a healthy lease.
 func (s *supervision) endingWindow() <-chan time.Time {
 	s.validity = s.h.lease.Remaining()
-	s.killLead = min(s.validity/4, maxKillLead)
+	s.killLead = killLeadFor(s.validity)
 	s.endDue = time.Now()
 	s.measure()
 	return s.armEnding(s.h.lease.Remaining())
 }
+
+// killLeadFor is the default lead for a hold starting with validity: a
+// quarter of it, at most maxKillLead.
+func killLeadFor(validity time.Duration) time.Duration { return min(validity/4, maxKillLead) }
 
 // lead is how long before the validity ends SIGKILL must go out: the
 // default killLead, or twice what a round of signals has been seen to

@@ -1,6 +1,7 @@
 package supervise
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -126,8 +127,12 @@ func (g *Group) tellGuard(line string) {
 // die (the kernel closes a killed process's files only after freeing its
 // memory, and the guard learns of the death from its pipe) does not let
 // the tree outlive the lease. The guard's clock counts time suspended.
-// Without a call the guard waits for the supervisor's death alone.
+// Without a call the guard waits for the supervisor's death alone; a zero
+// t changes nothing.
 func (g *Group) KillBy(t time.Time) {
+	if t.IsZero() {
+		return
+	}
 	g.tellGuard(fmt.Sprintf("kill-by %d\n", boottime()+int64(time.Until(t))))
 }
 
@@ -171,7 +176,7 @@ func awaitEnd(fd int) (o guardOrders, late bool) {
 		}
 		pending = append(pending, buf[:n]...)
 		for {
-			i := strings.IndexByte(string(pending), '\n')
+			i := bytes.IndexByte(pending, '\n')
 			if i < 0 {
 				return true
 			}

@@ -261,9 +261,7 @@ func StartKillBy(cmd *exec.Cmd, killBy time.Time) (*Group, error) {
 			started <- err
 			return
 		}
-		if !killBy.IsZero() {
-			g.KillBy(killBy)
-		}
+		g.KillBy(killBy)
 		if err := g.startCommand(); err != nil {
 			g.goneFlag.Store(true) // nothing runs: Close only dismisses the guard
 			g.Close()
