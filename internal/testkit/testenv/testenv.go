@@ -127,7 +127,8 @@ func (b *SafeBuffer) String() string {
 
 // Start runs cmd as a test server named name. Its output is collected (and
 // printed if the test fails). It runs in its own process group, and it is
-// killed with the group when the test ends.
+// killed with the group when the test ends. On Linux it is also killed
+// when this process dies, even by a panic that runs no cleanup.
 func Start(t testing.TB, name string, cmd *exec.Cmd) *Process {
 	t.Helper()
 	p := &Process{Name: name, Cmd: cmd, Log: &SafeBuffer{}, Dir: cmd.Dir, exited: make(chan struct{})}
@@ -136,7 +137,7 @@ func Start(t testing.TB, name string, cmd *exec.Cmd) *Process {
 		cmd.SysProcAttr = &syscall.SysProcAttr{}
 	}
 	cmd.SysProcAttr.Setpgid = true
-	if err := cmd.Start(); err != nil {
+	if err := startTied(cmd); err != nil {
 		t.Fatalf("testenv: start %s (%s): %v", name, cmd.Path, err)
 	}
 	go func() {
