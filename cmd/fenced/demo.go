@@ -21,8 +21,8 @@ import (
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/fence"
 	"github.com/fenced-dev/fenced/fencedsqlite"
-	"github.com/fenced-dev/fenced/internal/cli/supervise"
 	"github.com/fenced-dev/fenced/internal/core/storeurl"
+	"github.com/fenced-dev/fenced/internal/pdeath"
 )
 
 // The demo is the billing scenario of the design notes, run for real: three
@@ -249,7 +249,7 @@ func runScenario(ctx context.Context, ttl time.Duration, noFence, keep bool, whe
 	}
 	// Workers die with the demo (Pdeathsig), which needs the forking thread
 	// to live as long as they do.
-	launcher := supervise.NewLauncher()
+	launcher := pdeath.NewLauncher()
 	defer launcher.Close()
 	defer s.killWorkers()
 	if err := s.startWorkers(ctx, launcher, self, leases, billing, ttl, noFence); err != nil {
@@ -280,7 +280,7 @@ type demoScenario struct {
 
 // startWorkers starts the three workers through launcher, each reading
 // its events into s.events.
-func (s *demoScenario) startWorkers(ctx context.Context, launcher *supervise.Launcher, self, leases, billing string,
+func (s *demoScenario) startWorkers(ctx context.Context, launcher *pdeath.Launcher, self, leases, billing string,
 	ttl time.Duration, noFence bool) error {
 	for i := 1; i <= 3; i++ {
 		name := "worker-" + strconv.Itoa(i)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -103,30 +104,45 @@ func handOffRound(t *testing.T, store string, ttl time.Duration) (late string) {
 		members = append(members, cmd)
 		return cmd
 	}
-	// until waits for cond, or for a member to report a late renewal.
+	// until waits for cond, or for a member to report a late renewal. Its
+	// failure says what the last look at the group saw (seen).
+	var seen string
 	until := func(what string, cond func() bool) bool {
 		t.Helper()
-		eventually(t, wait, what, func() bool { return lateRenewal() != "" || cond() })
+		for deadline := time.Now().Add(wait); lateRenewal() == "" && !cond(); time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("after %v: %s; the last look saw %s", wait, what, seen)
+			}
+		}
 		late = lateRenewal()
 		return late == ""
 	}
+	// look lists the group, and b's commands, for a condition of until.
+	look := func() (held map[int]uint64, members int, bPids []int) {
+		held, members = partitionsLs(t, store, "g")
+		bPids = commandPids(t, filepath.Join(dir, "b.log"))
+		seen = fmt.Sprintf("partitions held %v (partition: fence), %d members, b's commands %v; a's stderr:\n%s",
+			held, members, bPids, stderrs["a"].String())
+		return held, members, bPids
+	}
 	start("a")
 	if !until("a holds all 4 partitions alone", func() bool {
-		held, members := partitionsLs(t, store, "g")
+		held, members, _ := look()
 		return len(held) == 4 && members == 1
 	}) {
 		return late
 	}
 	b := start("b")
 	if !until("b runs 2 commands and 4 partitions are held", func() bool {
-		held, members := partitionsLs(t, store, "g")
-		return len(commandPids(t, filepath.Join(dir, "b.log"))) == 2 && len(held) == 4 && members == 2
+		held, members, bPids := look()
+		return len(bPids) == 2 && len(held) == 4 && members == 2
 	}) {
 		return late
 	}
 	before, _ := partitionsLs(t, store, "g")
 	// a handed two partitions off: said so, and not as a loss.
 	if !until("a reports its hand-offs", func() bool {
+		seen = "a's stderr:\n" + stderrs["a"].String()
 		return strings.Count(stderrs["a"].String(), "processes have ended, before the lease is released") == 2
 	}) {
 		return late
@@ -157,7 +173,7 @@ func handOffRound(t *testing.T, store string, ttl time.Duration) (late string) {
 		}
 	}
 	if !until("a holds all 4 partitions", func() bool {
-		held, members := partitionsLs(t, store, "g")
+		held, members, _ := look()
 		return len(held) == 4 && members == 1
 	}) {
 		return late

@@ -667,9 +667,12 @@ loop:
 				if !s.ending && !s.guardAt.IsZero() && !time.Now().Before(s.guardAt) {
 					// Past the moment the guard was told: fenced did not
 					// run in time, and the guard ended the tree for the
-					// unrenewed lease, as endUnrenewed would have.
-					s.unrenewed = true
+					// unrenewed lease, as endUnrenewed would have. What
+					// it could not reach (left the group) gets SIGKILL
+					// at once: no SIGTERM round, no --grace.
+					s.unrenewed, s.ending, s.killTimer = true, true, nil
 					s.lost = fmt.Errorf("%w: no renewal confirmed in time; fenced's guard ended the tree", fenced.ErrLost)
+					s.kill("outlived the lease's local validity")
 				}
 				if !s.ending {
 					if n := s.terminate(); n > 0 {

@@ -442,12 +442,21 @@ func attackOutcome(t *testing.T, out string, oldPids map[string]int, old string,
 func logGuard(t *testing.T, stderr string, since int64) {
 	t.Helper()
 	for _, line := range strings.Split(stderr, "\n") {
-		var acted, kill, gone int64
-		if _, err := fmt.Sscanf(line, "supervise guard: acted at %d, first kill done at %d, tree gone at %d", &acted, &kill, &gone); err == nil {
-			t.Logf("the guard acted %v after it (its pipe closed or its deadline passed), its first kill was done %v after it, the tree gone %v after it",
-				time.Duration(acted-since), time.Duration(kill-since), time.Duration(gone-since))
+		var acted, kill, gone, deadline, woke int64
+		if _, err := fmt.Sscanf(line, "supervise guard: acted at %d, first kill done at %d, tree gone at %d (CLOCK_MONOTONIC ns); deadline %d, woke at %d",
+			&acted, &kill, &gone, &deadline, &woke); err == nil {
+			t.Logf("the guard acted %v after it (its pipe closed or its deadline passed), its first kill was done %v after it, the tree gone %v after it; %s",
+				time.Duration(acted-since), time.Duration(kill-since), time.Duration(gone-since), guardDeadline(deadline, woke))
 			return
 		}
 	}
 	t.Logf("the guard said nothing of a kill on fenced's stderr")
+}
+
+// guardDeadline says how the guard's waking related to its last deadline.
+func guardDeadline(deadline, woke int64) string {
+	if deadline == 0 {
+		return "it had no deadline"
+	}
+	return fmt.Sprintf("it woke %v after its deadline (before it: its pipe closed)", time.Duration(woke-deadline))
 }

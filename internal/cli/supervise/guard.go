@@ -23,8 +23,9 @@ import (
 const guardEnv = "FENCED_SUPERVISE_GUARD"
 
 // TraceEnv is a variable that, when set, has a guard that killed the tree
-// say on its stderr when it acted, when its first kill was done and when
-// the tree was gone, for tests that time a supervisor's death.
+// say on its stderr when it acted, when its first kill was done, when the
+// tree was gone, and its last deadline, for tests that time a supervisor's
+// death.
 const TraceEnv = "FENCED_SUPERVISE_TRACE"
 
 // monotonic returns CLOCK_MONOTONIC in nanoseconds, which every process
@@ -238,7 +239,7 @@ func MaybeRunGuard() {
 	signal.Ignore(syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGTSTP,
 		syscall.SIGTTIN, syscall.SIGTTOU, syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGPIPE)
 	o, late := awaitEnd(int(os.Stdin.Fd()))
-	acted := monotonic()
+	acted, woke := monotonic(), boottime()
 	killed := int64(0)
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		left := false
@@ -261,8 +262,8 @@ func MaybeRunGuard() {
 			"(it was stopped, or the machine too busy): its guard killed every process of COMMAND")
 	}
 	if os.Getenv(TraceEnv) != "" {
-		fmt.Fprintf(os.Stderr, "supervise guard: acted at %d, first kill done at %d, tree gone at %d (CLOCK_MONOTONIC ns)\n",
-			acted, killed, monotonic())
+		fmt.Fprintf(os.Stderr, "supervise guard: acted at %d, first kill done at %d, tree gone at %d (CLOCK_MONOTONIC ns); "+
+			"deadline %d, woke at %d (CLOCK_BOOTTIME ns)\n", acted, killed, monotonic(), o.killBy, woke)
 	}
 	if o.cg != nil {
 		_ = o.cg.remove(5 * time.Second)

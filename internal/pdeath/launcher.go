@@ -1,6 +1,6 @@
 //go:build linux
 
-package supervise
+package pdeath
 
 import (
 	"os/exec"
