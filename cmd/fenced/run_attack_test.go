@@ -387,6 +387,9 @@ func awaitNewHolder(t *testing.T, adm *fenced.Client, key, out, old string, opts
 		l, err := adm.TryAcquire(context.Background(), key, opts)
 		if err == nil {
 			fence = l.Fence()
+			// A write after grantT counts as after the grant; a slow try
+			// (a starved test) stretches that window, which this says.
+			t.Logf("the new holder's try took %v", time.Duration(proof.Now()-grantT).Round(time.Millisecond))
 			break
 		}
 	}
