@@ -33,6 +33,7 @@ func cycleKey(t *testing.T, c *fenced.Client, key string) uint64 {
 // from the old one (fenced floor raise --from) keeps it above every fence
 // handed out before (issue 16 item 13).
 func TestFloorCommands(t *testing.T) {
+	t.Parallel()
 	oldStore, newStore := tempStore(t), tempStore(t)
 	old := client(t, oldStore)
 	for range 3 {
@@ -69,6 +70,7 @@ func TestFloorCommands(t *testing.T) {
 // Pruning deletes released rows and raises the floor, so the keys it
 // deleted come back above their old fences.
 func TestPruneCommand(t *testing.T) {
+	t.Parallel()
 	store := tempStore(t)
 	c := client(t, store)
 	var last uint64
@@ -99,6 +101,7 @@ func TestPruneCommand(t *testing.T) {
 }
 
 func TestFloorAndPruneBadInput(t *testing.T) {
+	t.Parallel()
 	store := tempStore(t)
 	for _, tc := range []struct {
 		args []string
@@ -136,6 +139,7 @@ func TestFloorAndPruneBadInput(t *testing.T) {
 // A store that keeps no fence floor (Redis) refuses floor and prune with
 // exit 1 and says which stores keep one.
 func TestFloorUnsupportedOnRedis(t *testing.T) {
+	t.Parallel()
 	r := testenv.StartRedis(t, testenv.RedisConfig{})
 	store := tempStore(t)
 	for _, args := range [][]string{
@@ -181,6 +185,7 @@ func TestFloorAndPruneOnSQLServers(t *testing.T) {
 // TestFloorRaiseNegative checks that a negative N is refused as a number
 // out of range, not as cobra's unknown flag, and raises nothing.
 func TestFloorRaiseNegative(t *testing.T) {
+	t.Parallel()
 	store := tempStore(t)
 	r := cli(t, store, "floor", "raise", "-5")
 	if r.code != exitUsage || !strings.Contains(r.stderr, `"-5" is not a number from 0 to`) {

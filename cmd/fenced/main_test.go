@@ -20,6 +20,10 @@ import (
 
 // The test binary doubles as the fenced binary: with FENCED_TEST_AS_CLI=1
 // it runs main's logic, so tests see real exit codes and real processes.
+// Tests that only check what commands say and do, with no time bound,
+// run in parallel (t.Parallel). Those that time a supervisor against a
+// lease's validity run one at a time: several at once starve each other
+// on a busy machine.
 func TestMain(m *testing.M) {
 	supervise.MaybeRunGuard()
 	if os.Getenv("FENCED_TEST_AS_CLI") == "1" {
@@ -240,6 +244,7 @@ func TestRunForwardsSignals(t *testing.T) {
 }
 
 func TestAdminCommands(t *testing.T) {
+	t.Parallel()
 	store := tempStore(t)
 	ctx := context.Background()
 	c := client(t, store)
@@ -306,6 +311,7 @@ func TestAdminCommands(t *testing.T) {
 }
 
 func TestBadInput(t *testing.T) {
+	t.Parallel()
 	store := tempStore(t)
 	for _, tc := range []struct {
 		args []string

@@ -25,6 +25,7 @@ func cliDefault(t *testing.T, state string, args ...string) result {
 }
 
 func TestImplicitDefaultStoreIsNamedOnce(t *testing.T) {
+	t.Parallel()
 	state := t.TempDir()
 	r := cliDefault(t, state, "ls")
 	if r.code != 0 {
@@ -58,6 +59,7 @@ func TestImplicitDefaultStoreIsNamedOnce(t *testing.T) {
 }
 
 func TestInspectAndObserveNameTheStore(t *testing.T) {
+	t.Parallel()
 	store := tempStore(t)
 	if r := cli(t, store, "run", "k", "--", "true"); r.code != 0 {
 		t.Fatalf("run: exit %d, %s", r.code, r.stderr)
@@ -84,6 +86,7 @@ func TestInspectAndObserveNameTheStore(t *testing.T) {
 // that fences can repeat after the server restarts. A Redis with
 // appendonly yes and appendfsync always gets no warning.
 func TestProofOnRedisNamesTheFlagAndWarnsOfNoPersistence(t *testing.T) {
+	t.Parallel()
 	bare := testenv.StartRedis(t, testenv.RedisConfig{NoPersistence: true}).URL()
 	r := cli(t, bare, "proof", "--quick")
 	if r.code != exitUsage {
@@ -108,6 +111,7 @@ func TestProofOnRedisNamesTheFlagAndWarnsOfNoPersistence(t *testing.T) {
 }
 
 func TestPlanRoundsDurations(t *testing.T) {
+	t.Parallel()
 	r := cli(t, tempStore(t), "plan", "--ttl", "10s", "--max-pause", "7s")
 	if r.code != 0 {
 		t.Fatalf("plan: exit %d, %s", r.code, r.stderr)
@@ -144,6 +148,7 @@ func TestErrorsNameTheKeyOnce(t *testing.T) {
 }
 
 func TestDemoRefusesStore(t *testing.T) {
+	t.Parallel()
 	r := cli(t, "", "demo", "--store", "postgres://app:s3cret@127.0.0.1:1/db")
 	if r.code != exitUsage || !strings.Contains(r.stderr, "--store") || !strings.Contains(r.stderr, "fenced proof") || strings.Contains(r.stderr, "s3cret") {
 		t.Fatalf("demo --store: exit %d, stderr %q; want exit %d naming --store and fenced proof, password redacted", r.code, r.stderr, exitUsage)

@@ -18,6 +18,7 @@ import (
 // The smaller key past MaxPartitions comes first, so that the original
 // code fails on it rather than crash.
 func TestPartitionsLsOversizedMemberKey(t *testing.T) {
+	t.Parallel()
 	store := tempStore(t)
 	c := client(t, store)
 	ctx := context.Background()

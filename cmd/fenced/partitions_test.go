@@ -236,6 +236,7 @@ func readFileOr(file string) string {
 // TestPartitionsRunRefusesBadKnobs: a bad rebalancing flag fails the
 // command at once with an error naming the option.
 func TestPartitionsRunRefusesBadKnobs(t *testing.T) {
+	t.Parallel()
 	store := tempStore(t)
 	for flag, field := range map[string]string{
 		"--weight=-1":               "Weight",

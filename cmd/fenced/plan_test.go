@@ -8,6 +8,7 @@ import (
 )
 
 func TestPlan(t *testing.T) {
+	t.Parallel()
 	// etcd rounds the TTL to whole seconds and adds a second of session;
 	// plan does not connect to the store (nothing listens on port 1).
 	r := cli(t, "etcd://127.0.0.1:1", "plan", "--ttl", "1500ms")

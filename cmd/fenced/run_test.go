@@ -467,6 +467,7 @@ func TestRunExportsOwnerDigest(t *testing.T) {
 // Issue 16 item 16: after KEY everything is COMMAND, with or without "--";
 // flags after KEY still work before a "--".
 func TestRunCommandWithoutDashDash(t *testing.T) {
+	t.Parallel()
 	store := tempStore(t)
 	if r := cli(t, store, "run", "job:x", "sh", "-c", "echo hi"); r.code != 0 || r.stdout != "hi\n" {
 		t.Fatalf("run job:x sh -c 'echo hi': exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
@@ -488,6 +489,7 @@ func TestRunCommandWithoutDashDash(t *testing.T) {
 // Issue 9 item 15: the default store is per user; -v names the file used
 // and run --help says so.
 func TestRunVerboseNamesPerUserStore(t *testing.T) {
+	t.Parallel()
 	state := t.TempDir()
 	cmd := exec.Command(os.Args[0], "-v", "run", "job:v", "--", "true")
 	cmd.Env = append(os.Environ(), "FENCED_TEST_AS_CLI=1", "FENCED_STORE=", "XDG_STATE_HOME="+state)
@@ -506,6 +508,7 @@ func TestRunVerboseNamesPerUserStore(t *testing.T) {
 
 // Issue 9, small ones: --ttl 0 is refused, not silently 30s.
 func TestRunRefusesZeroTTL(t *testing.T) {
+	t.Parallel()
 	marker := filepath.Join(t.TempDir(), "ran")
 	if r := cli(t, tempStore(t), "run", "--ttl", "0", "job:t", "--", "touch", marker); r.code != 64 || !strings.Contains(r.stderr, "--ttl") {
 		t.Fatalf("--ttl 0: exit %d, stderr %q; want 64 naming --ttl", r.code, r.stderr)
@@ -518,6 +521,7 @@ func TestRunRefusesZeroTTL(t *testing.T) {
 // Issue 9, small ones: break of a never-granted key says not found; of a
 // free key, that no one holds it.
 func TestBreakNeverGrantedSaysNotFound(t *testing.T) {
+	t.Parallel()
 	store := tempStore(t)
 	if r := cli(t, store, "break", "never:granted", "--reason", "x"); r.code == 0 || !strings.Contains(r.stderr, "not found") {
 		t.Fatalf("break of a never-granted key: exit %d, stderr %q; want not found", r.code, r.stderr)

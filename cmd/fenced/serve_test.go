@@ -254,6 +254,7 @@ func TestServeDashboardInBrowser(t *testing.T) {
 // TestServeHelpListsEveryPage checks that serve --help names the pages and
 // API paths the server has, the partition ones included.
 func TestServeHelpListsEveryPage(t *testing.T) {
+	t.Parallel()
 	r := cli(t, tempStore(t), "serve", "--help")
 	for _, path := range []string{"/api/v1/leases/KEY/break", "/keys/KEY", "/partitions/GROUP", "/api/v1/partitions/GROUP", "/api/v1/plan", "/api/v1/scenario", "/metrics", "/healthz"} {
 		if !strings.Contains(r.stdout, path) {

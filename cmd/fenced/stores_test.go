@@ -15,6 +15,7 @@ import (
 // unavailable, which the cron recipe alerts on). Correct URLs for stores
 // that are not running exit 69.
 func TestStoreURLMistakesAreUsageErrors(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	missing := filepath.Join(dir, "nonexistent", "dir", "x.db")
 	for _, tc := range []struct {
@@ -55,6 +56,7 @@ func TestStoreURLMistakesAreUsageErrors(t *testing.T) {
 // directory, and the default per-user file gets its directory made
 // without being asked (that path is fenced's own).
 func TestSQLiteDirectoryIsCreatedOnlyWhenAsked(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	file := filepath.Join(dir, "new", "dir", "x.db")
 	if r := cli(t, "sqlite://"+file+"?create=1", "ls"); r.code != 0 {
@@ -78,6 +80,7 @@ func TestSQLiteDirectoryIsCreatedOnlyWhenAsked(t *testing.T) {
 // pass to the server as a setting, which the server refuses, exits 64,
 // and the settings the server knows work.
 func TestServerSettingMistakesAreUsageErrors(t *testing.T) {
+	t.Parallel()
 	pg := testenv.StartPostgres(t)
 	my := testenv.StartMySQL(t)
 	for _, tc := range []struct {
