@@ -27,7 +27,7 @@ import (
 func TestMain(m *testing.M) {
 	supervise.MaybeRunGuard()
 	if os.Getenv("FENCED_TEST_AS_CLI") == "1" {
-		os.Exit(execute(os.Args[1:], os.Stdout, os.Stderr))
+		os.Exit(traceExit(execute(os.Args[1:], os.Stdout, os.Stderr)))
 	}
 	os.Exit(m.Run())
 }

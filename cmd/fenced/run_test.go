@@ -130,6 +130,7 @@ func startRun(t *testing.T, store string, args ...string) (*exec.Cmd, outFile, o
 	t.Helper()
 	cmd, _, _ := cliCmd(t, store, args...)
 	dir := t.TempDir()
+	cmd.Env = append(cmd.Env, exitTraceEnv+"="+filepath.Join(dir, "exit")) // read by exitDecided
 	out, errb := outFile(filepath.Join(dir, "stdout")), outFile(filepath.Join(dir, "stderr"))
 	stdout, err := os.Create(string(out))
 	if err != nil {

@@ -9,8 +9,8 @@ import (
 	"os/exec"
 	"os/signal"
 	"runtime"
+	"runtime/debug"
 	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
@@ -44,18 +44,33 @@ func boottime() int64 {
 	return ts.Nano()
 }
 
-// guardNice is the nice value the guard's thread asks for.
+// guardNice is the nice value the guard's threads ask for where a
+// real-time policy is refused.
 const guardNice = -10
 
-// raisePriority gives every thread of the guard a nice of guardNice
-// where permitted (root or CAP_SYS_NICE), and keeps its own otherwise. The
-// guard sleeps until it must act, and then must act at once, ahead of a
-// busy machine's other work. Linux keeps a nice per thread, and a new
-// thread starts with its creator's, so the threads made later have it too.
+// guardPolicy is the scheduling policy the guard's threads ask for first:
+// round-robin real time at the lowest priority. A woken real-time thread
+// runs ahead of every ordinary one; a nice value only weighs the guard
+// within its session's share (autogroups), and under the hog the guard
+// woke up to 390 ms past its deadline at nice -10. The guard sleeps in
+// poll until it must act, then kills and exits, so it holds no CPU long;
+// the kernel keeps real time to 95% of each second besides.
+var guardPolicy = unix.SchedAttr{Policy: unix.SCHED_RR, Priority: 1}
+
+// raisePriority gives every thread of the guard guardPolicy where
+// permitted (root, CAP_SYS_NICE or RLIMIT_RTPRIO), else a nice of
+// guardNice where permitted, and keeps its own otherwise. Linux keeps
+// both per thread, and a new thread starts with its creator's, so the
+// threads made later have them too.
 func raisePriority() {
 	tasks, _ := os.ReadDir("/proc/self/task")
 	for _, task := range tasks {
-		if tid, err := strconv.Atoi(task.Name()); err == nil {
+		tid, err := strconv.Atoi(task.Name())
+		if err != nil {
+			continue
+		}
+		attr := guardPolicy
+		if unix.SchedSetAttr(tid, &attr, 0) != nil {
 			_ = unix.Setpriority(unix.PRIO_PROCESS, tid, guardNice)
 		}
 	}
@@ -145,47 +160,76 @@ type guardOrders struct {
 }
 
 // apply takes one line from the supervisor. It reports false at "done".
-func (o *guardOrders) apply(line string) bool {
-	switch {
-	case line == "done":
-		return false
-	case strings.HasPrefix(line, "group "):
-		o.group, _ = strconv.Atoi(strings.TrimPrefix(line, "group "))
-	case strings.HasPrefix(line, "cgroup "):
-		o.cg = &cgroup{dir: strings.TrimPrefix(line, "cgroup ")}
-	case strings.HasPrefix(line, "kill-by "):
-		if t, err := strconv.ParseInt(strings.TrimPrefix(line, "kill-by "), 10, 64); err == nil {
+// It allocates only for a cgroup's name (once): see awaitEnd.
+func (o *guardOrders) apply(line []byte) bool {
+	if arg, ok := bytes.CutPrefix(line, []byte("kill-by ")); ok {
+		if t, ok := parseDecimal(arg); ok {
 			o.killBy = t
 		}
+		return true
+	}
+	switch arg, ok := bytes.CutPrefix(line, []byte("group ")); {
+	case ok:
+		if g, ok := parseDecimal(arg); ok {
+			o.group = int(g)
+		}
+	case bytes.Equal(line, []byte("done")):
+		return false
+	case bytes.HasPrefix(line, []byte("cgroup ")):
+		o.cg = &cgroup{dir: string(line[len("cgroup "):])}
 	}
 	return true
+}
+
+// parseDecimal parses b, a non-negative decimal number, without
+// allocating (strconv's errors hold a copy of their input).
+func parseDecimal(b []byte) (int64, bool) {
+	if len(b) == 0 || len(b) > 18 {
+		return 0, false
+	}
+	var n int64
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + int64(c-'0')
+	}
+	return n, true
 }
 
 // awaitEnd reads the supervisor's orders from fd until the supervisor
 // says "done" (then the guard exits at once), its pipe closes, or the
 // moment of the last "kill-by" passes with no newer order in the pipe
 // (late). It polls at least every clock.MaxTimerStep, so a moment that
-// passed while the machine was suspended is seen within that step.
+// passed while the machine was suspended is seen within that step. It
+// allocates nothing per order, so the garbage collector, off in the
+// guard (see MaybeRunGuard), never has to run meanwhile.
 func awaitEnd(fd int) (o guardOrders, late bool) {
-	var pending []byte
-	buf := make([]byte, 4096)
+	var buf [8192]byte
+	held := 0 // bytes of buf holding an order not yet whole
 	// read takes what the pipe holds; it reports false at end of file.
 	read := func() bool {
-		n, err := unix.Read(fd, buf)
+		n, err := unix.Read(fd, buf[held:])
 		if n <= 0 {
 			return err == unix.EINTR || err == unix.EAGAIN
 		}
-		pending = append(pending, buf[:n]...)
+		held += n
+		start := 0
 		for {
-			i := bytes.IndexByte(pending, '\n')
+			i := bytes.IndexByte(buf[start:held], '\n')
 			if i < 0 {
-				return true
+				break
 			}
-			if !o.apply(string(pending[:i])) {
+			if !o.apply(buf[start : start+i]) {
 				os.Exit(0)
 			}
-			pending = pending[i+1:]
+			start += i + 1
 		}
+		held = copy(buf[:], buf[start:held])
+		if held == len(buf) {
+			held = 0 // no order is this long: drop it
+		}
+		return true
 	}
 	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
 	for {
@@ -214,6 +258,20 @@ func awaitEnd(fd int) (o guardOrders, late bool) {
 	}
 }
 
+// stopCollecting collects what starting up left, then turns the garbage
+// collector off, with a memory limit 64 MiB above what the process holds
+// as a safety valve. A cycle that starts while the guard waits can hold
+// it well past its deadline once woken: under load a race-built guard
+// woke 200-800 ms late about once in ten waits with the collector on,
+// never over 1.3 ms in 16 with it off. The wait allocates nothing.
+func stopCollecting() {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	debug.SetMemoryLimit(int64(m.Sys-m.HeapReleased) + 64<<20)
+	debug.SetGCPercent(-1)
+}
+
 // MaybeRunGuard runs the guard and exits if this process was started as a
 // Group's guard. Otherwise it returns at once. Programs that use Start must
 // call it first in main (and tests in TestMain).
@@ -238,6 +296,7 @@ func MaybeRunGuard() {
 	raisePriority()
 	signal.Ignore(syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGTSTP,
 		syscall.SIGTTIN, syscall.SIGTTOU, syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGPIPE)
+	stopCollecting()
 	o, late := awaitEnd(int(os.Stdin.Fd()))
 	acted, woke := monotonic(), boottime()
 	killed := int64(0)

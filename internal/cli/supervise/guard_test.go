@@ -65,64 +65,72 @@ func killByMoves(t *testing.T, step time.Duration) bool {
 	return true
 }
 
-// TestGuardNice checks that every thread of the guard has a nice of
-// guardNice where a process may raise its priority (root with
-// CAP_SYS_NICE, which this test finds out by raising one thread of its
-// own and putting it back), and its own (0) otherwise.
-func TestGuardNice(t *testing.T) {
+// TestGuardPriority checks that every thread of the guard runs with
+// guardPolicy where a process may take a real-time policy (root with
+// CAP_SYS_NICE, which this test finds out by trying on one thread of its
+// own), at guardNice where it may only raise its nice, and as it was (0)
+// otherwise.
+func TestGuardPriority(t *testing.T) {
 	g := start(t, exec.Command("sleep", "60"))
-	want := 0
-	if mayRaisePriority() {
-		want = guardNice
+	want := threadPriority{}
+	switch {
+	case mayTake(func() error { a := guardPolicy; return unix.SchedSetAttr(0, &a, 0) }):
+		want = threadPriority{policy: int(guardPolicy.Policy), rtPriority: int(guardPolicy.Priority)}
+	case mayTake(func() error { return unix.Setpriority(unix.PRIO_PROCESS, 0, guardNice) }):
+		want.nice = guardNice
 	}
 	dir := "/proc/" + strconv.Itoa(int(g.guardPid.Load())) + "/task"
-	var got map[string]int
+	var got map[string]threadPriority
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		got = threadNices(t, dir)
+		got = threadPriorities(t, dir)
 		ok := len(got) > 0
-		for _, n := range got {
-			ok = ok && n == want
+		for _, p := range got {
+			ok = ok && p == want
 		}
 		if ok {
 			return
 		}
 	}
-	t.Fatalf("the guard's threads run at nice %v, want %d each (euid %d)", got, want, os.Geteuid())
+	t.Fatalf("the guard's threads run with %+v, want %+v each (euid %d)", got, want, os.Geteuid())
 }
 
-// mayRaisePriority reports whether this process may lower a thread's
-// nice to guardNice. It tries on a thread of its own, which it puts back
-// to 0 (always allowed) and then lets the runtime end.
-func mayRaisePriority() bool {
+// mayTake reports whether raise succeeds on a thread of this process's
+// own, which the runtime then ends with what raise set.
+func mayTake(raise func() error) bool {
 	ok := make(chan bool)
 	go func() {
 		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
-		err := unix.Setpriority(unix.PRIO_PROCESS, 0, guardNice)
-		_ = unix.Setpriority(unix.PRIO_PROCESS, 0, 0)
-		ok <- err == nil
+		ok <- raise() == nil
 	}()
 	return <-ok
 }
 
-// threadNices reads the nice value of each thread listed in dir, a
+// threadPriority is what /proc says of a thread's scheduling.
+type threadPriority struct{ nice, rtPriority, policy int }
+
+// threadPriorities reads the scheduling of each thread listed in dir, a
 // /proc/PID/task directory.
-func threadNices(t *testing.T, dir string) map[string]int {
+func threadPriorities(t *testing.T, dir string) map[string]threadPriority {
 	t.Helper()
 	tasks, err := os.ReadDir(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := map[string]int{}
+	out := map[string]threadPriority{}
 	for _, task := range tasks {
 		stat, err := os.ReadFile(dir + "/" + task.Name() + "/stat")
 		if err != nil {
 			continue // gone meanwhile
 		}
-		// Field 19 (nice), counted from the one after the command's
-		// name, which ends with the last ')'.
+		// Fields 19 (nice), 40 (rt_priority) and 41 (policy), counted
+		// from the one after the command's name, which ends with the
+		// last ')'.
 		fields := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
-		if n, err := strconv.Atoi(fields[16]); err == nil {
-			out[task.Name()] = n
+		nice, err1 := strconv.Atoi(fields[16])
+		rt, err2 := strconv.Atoi(fields[37])
+		policy, err3 := strconv.Atoi(fields[38])
+		if err1 == nil && err2 == nil && err3 == nil {
+			out[task.Name()] = threadPriority{nice: nice, rtPriority: rt, policy: policy}
 		}
 	}
 	return out
