@@ -10,3 +10,6 @@ func EndHalfway(l *Lease, cause error) (finish func()) {
 	l.mu.Unlock()
 	return func() { l.cancel(cause) }
 }
+
+// LoseWatched reports a loss to l as its driver's loss watch does.
+func LoseWatched(l *Lease, cause error) { l.loseWatched(cause) }

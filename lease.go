@@ -124,7 +124,7 @@ func (l *Lease) watchLoss(w driver.LossWatcher) {
 	}
 	// The driver's report must not block: the lease ends on a goroutine
 	// of its own (which also runs the Lost hook).
-	stop, err := w.WatchLoss(l.grant(), func(err error) { go l.lose(err) })
+	stop, err := w.WatchLoss(l.grant(), func(err error) { go l.loseWatched(err) })
 	if err != nil {
 		return // not held any more: the next renewal finds out
 	}
@@ -363,6 +363,23 @@ func (l *Lease) free(ctx context.Context) error {
 	}
 	l.mu.Unlock()
 	return err
+}
+
+// loseWatched ends the lease for a loss its watch reported. Seen once
+// the local validity has run out, the loss is an expiry: the store ended
+// a grant the client had given up, and only its schedule ran late (on a
+// busy machine the watch's report can come first).
+func (l *Lease) loseWatched(cause error) {
+	l.mu.Lock()
+	over := l.c.now() >= l.validUntil
+	l.mu.Unlock()
+	if over {
+		if e, ok := l.expire(true); ok {
+			e.finish()
+		}
+		return
+	}
+	l.lose(cause)
 }
 
 // lose ends the lease with cause unless it has already ended.

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/clock"
 	"github.com/fenced-dev/fenced/driver"
 	"github.com/fenced-dev/fenced/mem"
 )
@@ -111,5 +112,26 @@ func TestLossWatchStartsOnlyForLeasesHeldAWhile(t *testing.T) {
 	}
 	if n := w.stops(); n != 1 {
 		t.Fatalf("the ended lease's watch was stopped %d times, want once", n)
+	}
+}
+
+// TestWatchedLossPastValidityIsAnExpiry checks that a loss the driver's
+// watch reports once the lease's local validity has run out ends the
+// lease as an expiry (ErrExpired), as the schedule would have: on a busy
+// machine the store's deletion of a given-up grant can be reported before
+// the late schedule ends the lease (fencedetcd's conformance run, hog a3).
+func TestWatchedLossPastValidityIsAnExpiry(t *testing.T) {
+	fake := clock.NewFake(time.Unix(1_000_000, 0))
+	c := fenced.NewClient(mem.New(nil), &fenced.Options{Clock: fake})
+	defer c.Close()
+	l, err := c.TryAcquire(context.Background(), "k", &fenced.LeaseOptions{TTL: 10 * time.Second, ManualRenew: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fake.Advance(11 * time.Second)
+	fenced.LoseWatched(l, fenced.ErrLost)
+	<-l.Context().Done()
+	if err := l.Err(); !errors.Is(err, fenced.ErrExpired) {
+		t.Fatalf("a loss watched past the validity ended the lease with %v, want ErrExpired", err)
 	}
 }
