@@ -191,27 +191,8 @@ nested_pid=$!
 # used 14 of its 35 CPU-minutes), and they must hold on a busy machine anyway.
 first="./internal/cli/proof ./cmd/fenced ./recipe"
 rest=$(go list ./... | grep -v -e '/internal/cli/proof$' -e '/cmd/fenced$' -e '/recipe$')
-# cmd/fenced, the longest package, runs its tests one at a time; the ones
-# named here (the supervisors under attack, the proofs, the dashboard:
-# about 45% of its time) run as a second go test of it, beside the core's,
-# unless arguments narrow the run.
-cmd_fenced_shard='^(TestRunUnderAttack|TestPartitionsRunUnderAttack|TestGenerativeSupervision|TestPartitionSupervisor.*|TestRunLossEnds.*|TestRunKill9Ends.*|TestRunCtrlZStops.*|TestRunFallsBack.*|TestPartitionsRunGraceBelowTTL|TestProofGenerative.*|TestServeDashboard.*|TestDashboard.*|TestRunMinHold|TestRunSeveralKeys)$'
-shard_log=$(mktemp)
-trap 'rm -f "$shard_log" "$nested_log" "$versions_etcd_log" "$versions_redis_log" "$versions_etcd_rc" "$redis_dirs"' EXIT
-skip=()
-shard_pid=""
-if (($# == 0)); then
-	go test -race -trimpath -count=1 -timeout "$test_timeout" -run "$cmd_fenced_shard" ./cmd/fenced >"$shard_log" 2>&1 &
-	shard_pid=$!
-	skip=(-skip "$cmd_fenced_shard")
-fi
 core_rc=0
-go test -race -trimpath -count=1 -p 4 -timeout "$test_timeout" "${skip[@]}" "$@" $first $rest || core_rc=$?
-if [ -n "$shard_pid" ]; then
-	wait "$shard_pid" || core_rc=1
-	echo "test.sh: go test -race -run (cmd/fenced's supervision, proof and dashboard tests) ./cmd/fenced"
-	cat "$shard_log"
-fi
+go test -race -trimpath -count=1 -p 4 -timeout "$test_timeout" "$@" $first $rest || core_rc=$?
 nested_rc=0
 wait "$nested_pid" || nested_rc=$?
 echo "test.sh: go test -race (nested modules: ${nested_modules[*]})"
