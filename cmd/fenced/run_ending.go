@@ -72,7 +72,9 @@ func (s *supervision) tellGuard() {
 	if s.ending || left <= 0 {
 		return
 	}
-	s.guardAt = time.Now().Add(left - s.lead())
+	// Never sooner than fenced itself would kill: not before the window,
+	// whatever a slow round of signals made the lead.
+	s.guardAt = time.Now().Add(left - min(s.lead(), s.window))
 	s.grp.KillBy(s.guardAt)
 }
 
