@@ -27,7 +27,13 @@ func TestMain(m *testing.M) {
 // It returns before the session is established: requests wait for it.
 func connect(t *testing.T, options ...connOption) (*Conn, <-chan Event) {
 	t.Helper()
-	c, events, err := Connect(ens.Servers(), 15*time.Second, append([]connOption{WithLogInfo(false)}, options...)...)
+	return connectFor(t, 15*time.Second, options...)
+}
+
+// connectFor is connect with the session timeout asked for.
+func connectFor(t *testing.T, session time.Duration, options ...connOption) (*Conn, <-chan Event) {
+	t.Helper()
+	c, events, err := Connect(ens.Servers(), session, append([]connOption{WithLogInfo(false)}, options...)...)
 	if err != nil {
 		t.Fatalf("Connect returned error: %+v", err)
 	}

@@ -258,7 +258,11 @@ func TestIntegration_SetWatchers(t *testing.T) {
 	latch := make(chan struct{})
 	var setWatchReqs atomic.Value
 	var l links
-	zk, _ := connect(t, withReconnectLatch(latch), l.option(), func(c *Conn) {
+	// The session outlives the cut below by far: the 1000 deletes made
+	// while it is cut took 15 s on a busy machine (CI, 2026-12-07), and a
+	// session expired by then re-sets no watch. The server allows 2 min.
+	session := ens.MaxSessionTimeout
+	zk, _ := connectFor(t, session, withReconnectLatch(latch), l.option(), func(c *Conn) {
 		c.setWatchLimit = 1024 // break up set-watch step into 1k requests
 		c.setWatchCallback = func(reqs []*setWatchesRequest) {
 			setWatchReqs.Store(reqs)
@@ -302,6 +306,7 @@ func TestIntegration_SetWatchers(t *testing.T) {
 
 	// Simulate network error by brutally closing the network connection.
 	l.cut(t)
+	cutAt := time.Now()
 	for p := range testPaths {
 		if err := zk2.Delete(p, -1); err != nil && err != ErrNoNode {
 			t.Fatalf("Delete returned error: %+v", err)
@@ -330,6 +335,9 @@ func TestIntegration_SetWatchers(t *testing.T) {
 	}
 
 	// now we let the reconnect occur and make sure it resets watches
+	if cut := time.Since(cutAt); cut >= session {
+		t.Fatalf("the link was cut for %v, not shorter than the session (%v): a reconnect would find it expired", cut, session)
+	}
 	close(latch)
 
 	for p, ch := range testPaths {
