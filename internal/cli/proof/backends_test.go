@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/drivertest"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 
@@ -170,19 +171,38 @@ func TestMatrixCI(t *testing.T) {
 		}
 		t.Run(b.name, func(t *testing.T) {
 			e := b.start(t, false)
+			ttl := storeTTL(t, e.store)
 			scenarios := []scenario{{PauseHolder, true}, {PauseHolder, false}, {KillHolder, true}, {ReorderWrites, true}}
 			if e.server != nil {
 				scenarios = append(scenarios, scenario{PauseAuthority, true})
 			}
 			for _, sc := range scenarios {
 				cfg := e.config()
-				cfg.Fault, cfg.Fencing, cfg.MinFence, cfg.TTL = sc.fault, sc.fencing, b.minFence, time.Second
+				cfg.Fault, cfg.Fencing, cfg.MinFence, cfg.TTL = sc.fault, sc.fencing, b.minFence, ttl
 				cfg.Keys = []string{fmt.Sprintf("fenced-proof:ci:%s:%s:%v:%d", b.name, sc.fault, sc.fencing, time.Now().UnixNano())}
 				rep := runScenario(t, e.store, cfg)
 				checkScenario(t, b.name, sc.fault, sc.fencing, rep)
 			}
 		})
 	}
+}
+
+// storeTTL is the workers' TTL on store: 1 s, or more where the machine
+// is slow to grant. Under load (hog a3) dynalite's round trips took about
+// a second, so each lease ran out as it was granted and nothing was
+// written.
+func storeTTL(t *testing.T, store string) time.Duration {
+	t.Helper()
+	cs := make([]*fenced.Client, 3)
+	for i := range cs {
+		c, err := fenced.Open(t.Context(), store, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		cs[i] = c
+	}
+	return drivertest.MeasuredTTL(t, time.Second, cs...)
 }
 
 // checkScenario asserts the promise: with fencing, nothing stale is
