@@ -517,7 +517,7 @@ func (s *Server) plan(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, plan.JSON())
 }
 
-// ScenarioTimeout bounds one run of the billing scenario.
+// ScenarioTimeout bounds one request for the billing scenario, retries included.
 const ScenarioTimeout = time.Minute
 
 func (s *Server) runScenario(w http.ResponseWriter, r *http.Request) {

@@ -178,15 +178,27 @@ func runDemo(ctx context.Context, g *globals, noFence, keep bool) error {
 	if noFence {
 		mode = "WITHOUT the fence guard (--no-fence)"
 	}
+	return untilDemonstrated(func(ttl time.Duration) error {
+		fmt.Fprintf(g.stdout, "fenced demo: 3 workers compete for %s (TTL %v), %s\n", demoKey, ttl, mode)
+		return runDemoOnce(ctx, g, ttl, noFence, keep)
+	}, func(ttl time.Duration) {
+		fmt.Fprintf(g.stdout, "\nthis machine was too busy for a TTL of %v: the leases ran out before their workers "+
+			"reached the send step, and no holder after the frozen one sent. Again with %v.\n\n", ttl, 2*ttl)
+	})
+}
+
+// untilDemonstrated runs once at demoTTL, and again with the TTL doubled
+// while a run demonstrated nothing (the machine too busy for the TTL),
+// demoTries runs at most; busy is told before each new run. It returns
+// the last run's error.
+func untilDemonstrated(once func(ttl time.Duration) error, busy func(ttl time.Duration)) error {
 	ttl := demoTTL
 	for try := 1; ; try++ {
-		fmt.Fprintf(g.stdout, "fenced demo: 3 workers compete for %s (TTL %v), %s\n", demoKey, ttl, mode)
-		err := runDemoOnce(ctx, g, ttl, noFence, keep)
+		err := once(ttl)
 		if !errors.Is(err, errNothingDemonstrated) || try == demoTries {
 			return err
 		}
-		fmt.Fprintf(g.stdout, "\nthis machine was too busy for a TTL of %v: the leases ran out before their workers "+
-			"reached the send step, and no holder after the frozen one sent. Again with %v.\n\n", ttl, 2*ttl)
+		busy(ttl)
 		ttl *= 2
 	}
 }

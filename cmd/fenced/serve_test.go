@@ -107,7 +107,13 @@ func browser(t *testing.T) context.Context {
 // in runs action in the browser, failing the test after 30s.
 func in[T any](t *testing.T, ctx context.Context, what string, action chromedp.Action[T]) T {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	return inFor(t, ctx, what, 30*time.Second, action)
+}
+
+// inFor is in with a hang guard of its own.
+func inFor[T any](t *testing.T, ctx context.Context, what string, guard time.Duration, action chromedp.Action[T]) T {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(ctx, guard)
 	defer cancel()
 	v, err := chromedp.Run(ctx, action)
 	if err != nil {
@@ -207,8 +213,10 @@ func TestServeDashboardInBrowser(t *testing.T) {
 	}
 	shoot(t, "dashboard-explorer.png", in(t, ctx, "screenshot", chromedp.Screenshot(css("#explorer"), chromedp.NodeVisible)))
 
-	// The timeline draws a real run of the billing scenario.
-	in(t, ctx, "scenario", chromedp.Steps(
+	// The timeline draws a real run of the billing scenario: on a busy
+	// machine, after up to two more runs with longer TTLs (as fenced
+	// demo), so its hang guard is longer than a step's.
+	inFor(t, ctx, "scenario", 3*time.Minute, chromedp.Steps(
 		chromedp.SendKeys(css("#token"), serveSecret),
 		chromedp.Click(css("#run-fenced")),
 		chromedp.WaitVisible(css("#timeline .refused-mark"))))
