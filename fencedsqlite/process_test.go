@@ -223,10 +223,17 @@ func TestProcessesCreateTheFileTogether(t *testing.T) {
 			}
 			cmds = append(cmds, cmd)
 		}
+		// All are waited for before a failure ends the test and removes
+		// the files the others still use.
+		failed := 0
 		for _, cmd := range cmds {
 			if err := cmd.Wait(); err != nil {
-				t.Fatalf("round %d: a process opening the new file failed: %v", round, err)
+				t.Errorf("round %d: a process opening the new file failed: %v", round, err)
+				failed++
 			}
+		}
+		if failed > 0 {
+			t.FailNow()
 		}
 	}
 }

@@ -240,13 +240,18 @@ func OpenFile(ctx context.Context, path string, opts *Options) (*Driver, error) 
 	// file beside the database. A file already set up needs neither: its
 	// opens do not queue behind each other's waits for the write lock.
 	unlock := func() {}
-	table, err := leasetable.TableOrDefault(o.Table)
-	ready := err == nil && inWAL(path) && tablesReady(ctx, db, table)
+	table, tableErr := leasetable.TableOrDefault(o.Table)
+	ready := tableErr == nil && inWAL(path) && tablesReady(ctx, db, table)
 	if !ready {
 		if unlock, err = lockInit(ctx, path+".lock", o.BusyTimeout); err != nil {
 			db.Close()
 			return nil, fmt.Errorf("sqlite: %s: %w", path, err)
 		}
+		// Another process may have set it up while this one waited: then
+		// the lock goes at once, not after a migration that changes
+		// nothing. Six processes opening a new file each migrated in turn,
+		// and on a busy machine (CI) the last waited past the busy timeout.
+		ready = tableErr == nil && inWAL(path) && tablesReady(ctx, db, table)
 	}
 	d, err := newDriver(ctx, db, &o, ready)
 	unlock()
