@@ -16,6 +16,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/drivertest"
 	"github.com/fenced-dev/fenced/fencedetcd"
 	"github.com/fenced-dev/fenced/internal/core/rootaccess"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
@@ -183,7 +184,11 @@ func TestElectionValueInEtcdLayout(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer client.Close()
-	el, err := recipe.NewElection(client, "svc", &fenced.LeaseOptions{TTL: time.Second})
+	// A TTL this machine renews in time: under the hog (run 1 of
+	// 2026-12-07) etcd took 470 ms to apply a read, and a 1 s lease ran
+	// out before the proclaim.
+	ttl := drivertest.MeasuredTTL(t, time.Second, client)
+	el, err := recipe.NewElection(client, "svc", &fenced.LeaseOptions{TTL: ttl})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -199,7 +204,7 @@ func TestElectionValueInEtcdLayout(t *testing.T) {
 	if err := ld.SetValue(ctx, "10.0.0.8:8080"); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(2500 * time.Millisecond) // several renewals
+	time.Sleep(5 * ttl / 2) // several renewals
 	if err := ld.Err(); err != nil {
 		t.Fatalf("leadership ended after proclaiming: %v", err)
 	}

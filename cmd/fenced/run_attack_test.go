@@ -466,11 +466,11 @@ func attackOutcome(t *testing.T, out string, oldPids map[string]int, old string,
 func logGuard(t *testing.T, stderr string, since int64) {
 	t.Helper()
 	for _, line := range strings.Split(stderr, "\n") {
-		var acted, kill, gone, deadline, woke int64
-		if _, err := fmt.Sscanf(line, "supervise guard: acted at %d, first kill done at %d, tree gone at %d (CLOCK_MONOTONIC ns); deadline %d, woke at %d",
-			&acted, &kill, &gone, &deadline, &woke); err == nil {
-			t.Logf("the guard acted %v after it (its pipe closed or its deadline passed), its first kill was done %v after it, the tree gone %v after it; %s",
-				time.Duration(acted-since), time.Duration(kill-since), time.Duration(gone-since), guardDeadline(deadline, woke))
+		var acted, kill, gone, deadline, woke, faults int64
+		if _, err := fmt.Sscanf(line, "supervise guard: acted at %d, first kill done at %d, tree gone at %d (CLOCK_MONOTONIC ns); deadline %d, woke at %d (CLOCK_BOOTTIME ns); %d major",
+			&acted, &kill, &gone, &deadline, &woke, &faults); err == nil {
+			t.Logf("the guard acted %v after it (its pipe closed or its deadline passed), its first kill was done %v after it, the tree gone %v after it; %s; %d major page faults as it waited and woke",
+				time.Duration(acted-since), time.Duration(kill-since), time.Duration(gone-since), guardDeadline(deadline, woke), faults)
 			return
 		}
 	}

@@ -299,8 +299,11 @@ func MaybeRunGuard() {
 	// CPU from every other process (and from the other guards) as it ran.
 	stopCollecting()
 	raisePriority()
+	var before, after unix.Rusage
+	_ = unix.Getrusage(unix.RUSAGE_SELF, &before)
 	o, late := awaitEnd(int(os.Stdin.Fd()))
 	acted, woke := monotonic(), boottime()
+	_ = unix.Getrusage(unix.RUSAGE_SELF, &after)
 	killed := int64(0)
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		left := false
@@ -324,7 +327,8 @@ func MaybeRunGuard() {
 	}
 	if os.Getenv(TraceEnv) != "" {
 		fmt.Fprintf(os.Stderr, "supervise guard: acted at %d, first kill done at %d, tree gone at %d (CLOCK_MONOTONIC ns); "+
-			"deadline %d, woke at %d (CLOCK_BOOTTIME ns)\n", acted, killed, monotonic(), o.killBy, woke)
+			"deadline %d, woke at %d (CLOCK_BOOTTIME ns); %d major page faults as it waited and woke\n",
+			acted, killed, monotonic(), o.killBy, woke, after.Majflt-before.Majflt)
 	}
 	if o.cg != nil {
 		_ = o.cg.remove(5 * time.Second)
