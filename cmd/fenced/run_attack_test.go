@@ -49,6 +49,7 @@ func attackArgv(t *testing.T, bin, out, pids string) []string {
 			"as where tests run as root or in a delegated subtree): %v", mount, err)
 	}
 	t.Cleanup(func() {
+		killAttackers(bin, pids)
 		dirs := []string{away}
 		// The nested cgroups of process-tree mode, in the test's own (in
 		// cgroup mode fenced removes them with its own): one for each
@@ -71,6 +72,38 @@ func attackArgv(t *testing.T, bin, out, pids string) []string {
 		}
 	})
 	return []string{bin, out, pids, "10", mount, away}
+}
+
+// killAttackers kills, at a test's end, every process of bin that pids
+// lists and that is still alive, and waits until they are gone. A member
+// may have taken the partition again once the test's own grant was gone,
+// and started a new tree after the test's checks; killed at the end, it
+// leaves that tree to its supervisor, which ends it a moment later. Until
+// then its processes write into the test's directory as it is removed
+// (hog run 2 of 2026-12-07: "unlinkat …: directory not empty"). A pid is
+// killed only while it still runs bin, so a reused one is left alone.
+func killAttackers(bin, pids string) {
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		left := false
+		b, _ := os.ReadFile(pids) // again each time: a tree starting now adds to it
+		for _, l := range strings.Split(string(b), "\n") {
+			f := strings.Fields(l)
+			if len(f) != 2 || f[0] == "error" {
+				continue
+			}
+			pid, err := strconv.Atoi(f[1])
+			if err != nil {
+				continue
+			}
+			if exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid)); err == nil && exe == bin && alive(pid) {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+				left = true
+			}
+		}
+		if !left {
+			return
+		}
+	}
 }
 
 // attempt is one line attacker.c wrote: a write attempted with fence at
