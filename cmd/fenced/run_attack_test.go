@@ -502,7 +502,7 @@ func logGuard(t *testing.T, stderr string, since int64) {
 		var acted, kill, gone, deadline, woke, faults int64
 		if _, err := fmt.Sscanf(line, "supervise guard: acted at %d, first kill done at %d, tree gone at %d (CLOCK_MONOTONIC ns); deadline %d, woke at %d (CLOCK_BOOTTIME ns); %d major",
 			&acted, &kill, &gone, &deadline, &woke, &faults); err == nil {
-			t.Logf("the guard acted %v after it (its pipe closed or its deadline passed), its first kill was done %v after it, the tree gone %v after it; %s; %d major page faults as it waited and woke",
+			t.Logf("the guard acted %v after it (its pipe closed or its deadline passed), its first kill was done %v after it, the tree gone %v after it; %s; %d major page faults as it waited, woke and killed",
 				time.Duration(acted-since), time.Duration(kill-since), time.Duration(gone-since), guardDeadline(deadline, woke), faults)
 			return
 		}

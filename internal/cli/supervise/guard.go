@@ -303,7 +303,6 @@ func MaybeRunGuard() {
 	_ = unix.Getrusage(unix.RUSAGE_SELF, &before)
 	o, late := awaitEnd(int(os.Stdin.Fd()))
 	acted, woke := monotonic(), boottime()
-	_ = unix.Getrusage(unix.RUSAGE_SELF, &after)
 	killed := int64(0)
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		left := false
@@ -321,13 +320,14 @@ func MaybeRunGuard() {
 			break
 		}
 	}
+	_ = unix.Getrusage(unix.RUSAGE_SELF, &after) // after the kill: nothing delays it
 	if late {
 		fmt.Fprintln(os.Stderr, "fenced: fenced did not end COMMAND by the moment it had set for an unrenewed lease or a --grace "+
 			"(it was stopped, or the machine too busy): its guard killed every process of COMMAND")
 	}
 	if os.Getenv(TraceEnv) != "" {
 		fmt.Fprintf(os.Stderr, "supervise guard: acted at %d, first kill done at %d, tree gone at %d (CLOCK_MONOTONIC ns); "+
-			"deadline %d, woke at %d (CLOCK_BOOTTIME ns); %d major page faults as it waited and woke\n",
+			"deadline %d, woke at %d (CLOCK_BOOTTIME ns); %d major page faults as it waited, woke and killed\n",
 			acted, killed, monotonic(), o.killBy, woke, after.Majflt-before.Majflt)
 	}
 	if o.cg != nil {
