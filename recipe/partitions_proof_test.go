@@ -576,6 +576,17 @@ func partitionsProofRun(t *testing.T, backend, store string, minFence fenced.Fen
 		slow("%d partitions were written, want %d", len(last), proofPartitions)
 	}
 
+	// Every member ends before the histories are read. A running member
+	// logs on as the files are read one by one: a later file could show
+	// a checkpoint read whose try an earlier file, read before it was
+	// made, lacks (CI of ecccbf3: "never tried"). A killed member's file
+	// holds all it did: nothing it logs after its death exists.
+	for _, s := range slots {
+		s.cmd.Process.Signal(syscall.SIGCONT)
+		s.cmd.Process.Kill()
+		<-s.exited
+	}
+
 	// The histories: refused (stale) writes, overlaps of believed
 	// ownership, and the longest gap between accepted writes.
 	type ev struct {
@@ -702,6 +713,18 @@ func partitionsProofRun(t *testing.T, backend, store string, minFence fenced.Fen
 		}
 	}
 	cps := checkPartitionCheckpoints(t, cpEvs, taken)
+	if cps.Stale+cps.Breaks > 0 {
+		// What every process logged of the partitions concerned, so that
+		// a violation can be told from a lost line of history.
+		for _, p := range cps.Parts {
+			t.Logf("partition %d's history:", p)
+			for _, e := range evs {
+				if e.p == p && e.kind != "W" && e.kind != "S" {
+					t.Logf("  %s %s fence %d %s %s %s", time.Unix(0, e.at).Format("15:04:05.000"), e.kind, e.fence, e.cp, e.res, e.proc)
+				}
+			}
+		}
+	}
 
 	// Every partition a killed member owned is owned again (acquired by
 	// some member, with a higher fence) within a bound: the requirement,

@@ -69,7 +69,7 @@ func partitionsAttack(t *testing.T, bin string, sc attackScenario) (res attackRe
 	out, pids := filepath.Join(dir, "attempts"), filepath.Join(dir, "pids")
 	args := append([]string{"-v", "partitions", "run", "--min-fence", "repeatable", "g", "-p", "1",
 		"--ttl", ttl.String(), "--grace", grace.String(), "--id", "a", "--"}, attackArgv(t, bin, out, pids)...)
-	cmd, _, errb := startRun(t, viaProxy, args...)
+	cmd, _, errb := startRunOf(t, productBin(t), viaProxy, args...)
 	checkMode(t, errb, mode)
 	old := startedAttacker(t, out, pids)
 	oldPids := attackerPids(pids)
@@ -272,7 +272,7 @@ func startSupervisor(t *testing.T, bin, grace string, valid int64) (w *os.File, 
 	if _, err := fmt.Fprintf(w, "valid %d\n", valid); err != nil {
 		t.Fatal(err)
 	}
-	cmd, _, _ = cliCmd(t, "", append([]string{"-v", "partitions", "supervise", "--grace", grace,
+	cmd, _, _ = cliCmdOf(t, productBin(t), "", append([]string{"-v", "partitions", "supervise", "--grace", grace,
 		"--env", "FENCED_FENCE=1", "--env", "FENCED_KEY=g/p/0", "--env", "FENCED_PARTITION=0", "--"}, attackArgv(t, bin, out, pids)...)...)
 	errb = outFile(filepath.Join(dir, "stderr"))
 	ef, err := os.Create(string(errb))

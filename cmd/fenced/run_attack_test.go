@@ -230,7 +230,7 @@ func runAttack(t *testing.T, bin string, sc attackScenario) (res attackResult) {
 		attackArgv(t, bin, out, pids)...)
 	sched := testenv.SampleLateness() // this process's scheduling, for the sigstop bound
 	defer sched.Stop()
-	cmd, _, errb := startRun(t, viaProxy, args...)
+	cmd, _, errb := startRunOf(t, productBin(t), viaProxy, args...)
 	checkMode(t, errb, mode)
 	old := startedAttacker(t, out, pids)
 	oldPids := attackerPids(pids)

@@ -128,7 +128,13 @@ func readPid(t *testing.T, file string) int {
 // killed at the end of the test if still running.
 func startRun(t *testing.T, store string, args ...string) (*exec.Cmd, outFile, outFile) {
 	t.Helper()
-	cmd, _, _ := cliCmd(t, store, args...)
+	return startRunOf(t, os.Args[0], store, args...)
+}
+
+// startRunOf is startRun with fenced binary bin (cliCmdOf).
+func startRunOf(t *testing.T, bin, store string, args ...string) (*exec.Cmd, outFile, outFile) {
+	t.Helper()
+	cmd, _, _ := cliCmdOf(t, bin, store, args...)
 	dir := t.TempDir()
 	cmd.Env = append(cmd.Env, exitTraceEnv+"="+filepath.Join(dir, "exit")) // read by exitDecided
 	out, errb := outFile(filepath.Join(dir, "stdout")), outFile(filepath.Join(dir, "stderr"))

@@ -2,6 +2,7 @@ package proof
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -55,6 +56,8 @@ type CheckpointEvent struct {
 type CheckpointCounts struct {
 	Accepted, Refused, Starts int
 	Stale, Breaks             int
+	// Parts are the partitions with a violation, in the order found.
+	Parts []int
 }
 
 // CheckCheckpoints judges a checkpoint history (judgeCheckpoints) and
@@ -141,6 +144,7 @@ func judgeCheckpoints(events []CheckpointEvent, bad func(at int64, format string
 			}
 			if t.res == "ok" && t.start > o.T {
 				n.Stale++
+				n.flag(t.part)
 				bad(t.start, "stale checkpoint accepted on partition %d: %q by %s (pid %d) under fence %d, "+
 					"begun after fence %d's work started", t.part, t.value, t.member, t.pid, t.fence, o.Fence)
 				continue // counted; continuity is judged on the tries before o
@@ -152,6 +156,7 @@ func judgeCheckpoints(events []CheckpointEvent, bad func(at int64, format string
 		if o.CP == "" {
 			if last != nil {
 				n.Breaks++
+				n.flag(o.Part)
 				bad(o.T, "partition %d: %s's fence %d started from no checkpoint, the last accepted before it is %q",
 					o.Part, o.Member, o.Fence, last.value)
 			}
@@ -161,15 +166,24 @@ func judgeCheckpoints(events []CheckpointEvent, bad func(at int64, format string
 		switch {
 		case got == nil || got.fence >= o.Fence || got.res == "refused":
 			n.Breaks++
+			n.flag(o.Part)
 			bad(o.T, "partition %d: %s's fence %d started from checkpoint %q, which no earlier grant recorded (%s)",
 				o.Part, o.Member, o.Fence, o.CP, describeTry(got))
 		case last != nil && last.after(got):
 			n.Breaks++
+			n.flag(o.Part)
 			bad(o.T, "partition %d: %s's fence %d started from checkpoint %q, the last accepted before it is %q",
 				o.Part, o.Member, o.Fence, o.CP, last.value)
 		}
 	}
 	return n
+}
+
+// flag adds part to n.Parts once.
+func (n *CheckpointCounts) flag(part int) {
+	if !slices.Contains(n.Parts, part) {
+		n.Parts = append(n.Parts, part)
+	}
 }
 
 // describeTry says what the history holds of t.
