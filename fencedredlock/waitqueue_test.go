@@ -31,11 +31,12 @@ import (
 func TestReleaseWakesOneProcess(t *testing.T) {
 	ctx := ctxT(t)
 	c := startCluster(t, 3)
-	// The holder's rounds may take 2 s, not the default 250 ms: its first
-	// grant dials the nodes and loads the scripts, and under the hog (run 3
-	// of 2026-12-07) no node answered within 250 ms. What a release wakes
-	// does not depend on it.
-	holder := c.open(t, c.nodes, fencedredlock.Options{Budget: 2 * time.Second})
+	// Every process's rounds may take 2 s, not the default 250 ms: its
+	// first call dials the nodes and loads the scripts, and under load no
+	// node answered within 250 ms (the holder's grant under the hog, run 3
+	// of 2026-12-07). What a release wakes does not depend on it.
+	opts := fencedredlock.Options{Budget: 2 * time.Second}
+	holder := c.open(t, c.nodes, opts)
 	grant := func() driver.Grant { return waketest.Grant(t, ctx, holder, "job") }
 	queue := rediskit.DefaultPrefix + "{job}:waitq"
 	// queued waits until every node's queue holds want processes: a call
@@ -60,7 +61,7 @@ func TestReleaseWakesOneProcess(t *testing.T) {
 	var subs []driver.Subscription
 	process := map[string]int{} // hub id -> index in subs
 	for i := range 3 {
-		subs = append(subs, waketest.Refused(t, ctx, c.open(t, c.nodes, fencedredlock.Options{}), "job"))
+		subs = append(subs, waketest.Refused(t, ctx, c.open(t, c.nodes, opts), "job"))
 		// The try returned once a majority refused it: node 0 may enter
 		// the process in its queue a moment later.
 		var members []string
@@ -107,7 +108,7 @@ func TestReleaseWakesOneProcess(t *testing.T) {
 	grant() // held again, for the waiter below to be refused
 
 	// A process whose waiter leaves takes itself off every queue.
-	w := c.open(t, c.nodes, fencedredlock.Options{})
+	w := c.open(t, c.nodes, opts)
 	s, err := w.Subscribe(ctx, "job")
 	if err != nil {
 		t.Fatal(err)
