@@ -214,6 +214,7 @@ func serveScenario(ctx context.Context, withFence bool) (httpapi.ScenarioResult,
 		out    scenarioOutcome
 		runErr error
 	)
+	// Its error is runErr or out.Err of the last try, both kept here.
 	_ = untilDemonstrated(func(ttl time.Duration) error {
 		res = httpapi.ScenarioResult{Fenced: withFence, Events: []httpapi.ScenarioEvent{}, Sends: []httpapi.ScenarioSend{}}
 		out, runErr = runScenario(ctx, ttl, !withFence, false, func(string) {}, func(e scenarioEvent) {
