@@ -22,6 +22,23 @@ func MeasuredTTL(t *testing.T, floor time.Duration, cs ...*fenced.Client) time.D
 	return ttl
 }
 
+// StoreTTL is MeasuredTTL through n clients of store, opened for it and
+// closed before it returns: the TTL for n processes of store on this
+// machine as loaded now.
+func StoreTTL(t *testing.T, store string, n int, floor time.Duration) time.Duration {
+	t.Helper()
+	cs := make([]*fenced.Client, n)
+	for i := range cs {
+		c, err := fenced.Open(Context(t), store, nil)
+		if err != nil {
+			t.Fatalf("open %s: %v", store, err)
+		}
+		defer c.Close()
+		cs[i] = c
+	}
+	return MeasuredTTL(t, floor, cs...)
+}
+
 // SlowestGrant returns the slowest grant and release of a probe key seen
 // while every client of cs probes its store at once for a second, 20 ms
 // apart. Several clients at once see the queue a busy store makes of them

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
+	"github.com/fenced-dev/fenced/drivertest"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 
@@ -102,7 +103,7 @@ func TestCommandsOnEveryBackend(t *testing.T) {
 			ctx := context.Background()
 			// The run's lease must outlive a stall of the CLI process:
 			// 5s, or eight of the store's slowest grants now.
-			ttl := measuredTTL(t, store, 1, 5*time.Second)
+			ttl := drivertest.StoreTTL(t, store, 1, 5*time.Second)
 			run := func(key string, extra ...string) result {
 				args := append([]string{"run", "--ttl", ttl.String()}, bc.runFlags...)
 				args = append(args, extra...)

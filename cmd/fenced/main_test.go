@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/fenced-dev/fenced"
-	"github.com/fenced-dev/fenced/drivertest"
 	"github.com/fenced-dev/fenced/internal/cli/supervise"
 )
 
@@ -127,17 +126,6 @@ func cli(t *testing.T, store string, args ...string) result {
 
 func tempStore(t *testing.T) string {
 	return "sqlite://" + filepath.Join(t.TempDir(), "leases.db")
-}
-
-// measuredTTL returns a TTL that n processes of store renew in time on
-// this machine as loaded now, at least floor (drivertest.MeasuredTTL).
-func measuredTTL(t *testing.T, store string, n int, floor time.Duration) time.Duration {
-	t.Helper()
-	cs := make([]*fenced.Client, n)
-	for i := range cs {
-		cs[i] = client(t, store)
-	}
-	return drivertest.MeasuredTTL(t, floor, cs...)
 }
 
 func client(t *testing.T, store string) *fenced.Client {

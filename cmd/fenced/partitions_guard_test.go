@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/fenced-dev/fenced/drivertest"
 )
 
 // TestPartitionSupervisorKillWaitsForGuard: kill -9 of a partition's
@@ -30,7 +32,7 @@ func TestPartitionSupervisorKillWaitsForGuard(t *testing.T) {
 		t.Skip("long: a TTL and more with the guard slowed; run without -short")
 	}
 	inMode(t, func(t *testing.T, mode string) {
-		ttl := measuredTTL(t, tempStore(t), 2, 2*time.Second)
+		ttl := drivertest.StoreTTL(t, tempStore(t), 2, 2*time.Second)
 		for attempt := 1; ; attempt++ {
 			why, starved := killWaitsForGuard(t, mode, ttl)
 			if !starved {

@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/fenced-dev/fenced/drivertest"
 )
 
 // partitionsLs returns `fenced partitions ls -o json GROUP`.
@@ -53,7 +55,7 @@ func TestPartitionsRunHandsOffOnLeave(t *testing.T) {
 	// what the plan moves moves. A round in which a lease was not
 	// renewed in time (a machine busier than measured) tells nothing of
 	// hand-offs: it runs again on a new store with twice the TTL.
-	ttl := measuredTTL(t, tempStore(t), 3, 2*time.Second)
+	ttl := drivertest.StoreTTL(t, tempStore(t), 3, 2*time.Second)
 	for round := 1; ; round++ {
 		late := handOffRound(t, tempStore(t), ttl)
 		if late == "" {

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fenced-dev/fenced/drivertest"
 	"github.com/fenced-dev/fenced/internal/testkit/testenv"
 )
 
@@ -239,7 +240,7 @@ func TestElectInteropsWithEtcdctlElect(t *testing.T) {
 func TestRunSemaphore(t *testing.T) {
 	t.Parallel()
 	store := tempStore(t)
-	measured := measuredTTL(t, store, 5, time.Second)
+	measured := drivertest.StoreTTL(t, store, 5, time.Second)
 	ttl := measured.String()
 	// Processes that open the file at once queue for its setup lock, each
 	// behind the others' waits for SQLite's write lock: on a loaded

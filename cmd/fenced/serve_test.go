@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+
+	"github.com/fenced-dev/fenced/drivertest"
 )
 
 const serveSecret = "3b0f6c1d9a8e7f60b5c4d3e2f1a09876"
@@ -154,7 +156,7 @@ func TestServeDashboardInBrowser(t *testing.T) {
 	// machine (a 3s TTL was lost to a late renewal under load, taking the
 	// row and its break form with it): a TTL this machine renews in time,
 	// at least 20s.
-	ttl := measuredTTL(t, store, 2, 20*time.Second)
+	ttl := drivertest.StoreTTL(t, store, 2, 20*time.Second)
 	run, _, runErr := startRun(t, store, "run", "--ttl", ttl.String(), key, "--", "sleep", "120")
 	info := waitHeld(t, client(t, store), key)
 

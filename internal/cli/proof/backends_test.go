@@ -193,16 +193,7 @@ func TestMatrixCI(t *testing.T) {
 // written.
 func storeTTL(t *testing.T, store string) time.Duration {
 	t.Helper()
-	cs := make([]*fenced.Client, 3)
-	for i := range cs {
-		c, err := fenced.Open(t.Context(), store, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		cs[i] = c
-	}
-	return drivertest.MeasuredTTL(t, time.Second, cs...)
+	return drivertest.StoreTTL(t, store, 3, time.Second)
 }
 
 // checkScenario asserts the promise: with fencing, nothing stale is
