@@ -44,13 +44,15 @@ var product struct {
 	err       error
 }
 
-// productBin returns this package built as users build it: without -race,
-// once per test binary. The attack tests run it as the supervisor and
-// guard whose kills they time against a lease. The race detector's
-// runtime slows and delays a process in ways no user's fenced sees: under
-// load a race-built guard woke up to 1.6 s past its deadline, a plain one
-// within 1 ms (docs/supervision.md). The other tests run this test binary,
-// so the race detector still checks the supervisor's code in them.
+// productBin returns this package built as a release is, once per test
+// binary: without -race, cgo off, -trimpath (the configuration
+// scripts/test.sh vets in, so its dependencies are compiled already). The
+// attack tests run it as the supervisor and guard whose kills they time
+// against a lease. The race detector's runtime slows and delays a process
+// in ways no user's fenced sees: under load a race-built guard woke up to
+// 1.6 s past its deadline, a plain one within 1 ms (docs/supervision.md).
+// The other tests run this test binary, so the race detector still checks
+// the supervisor's code in them.
 func productBin(t *testing.T) string {
 	t.Helper()
 	product.once.Do(func() {
@@ -64,10 +66,10 @@ func productBin(t *testing.T) string {
 				flags = append(flags, f)
 			}
 		}
-		build := exec.Command("go", "build", "-o", path, ".")
-		build.Env = append(os.Environ(), "GOFLAGS="+strings.Join(flags, " "))
+		build := exec.Command("go", "build", "-trimpath", "-o", path, ".")
+		build.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS="+strings.Join(flags, " "))
 		if out, err := build.CombinedOutput(); err != nil {
-			product.err = fmt.Errorf("go build -o %s . (GOFLAGS %q): %v\n%s", path, strings.Join(flags, " "), err, out)
+			product.err = fmt.Errorf("go build -trimpath -o %s . (CGO_ENABLED=0 GOFLAGS=%q): %v\n%s", path, strings.Join(flags, " "), err, out)
 			return
 		}
 		product.path = path
