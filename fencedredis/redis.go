@@ -315,6 +315,7 @@ func (d *Driver) runPiped(ctx context.Context, ap *redis.AutoPipeliner, s *redis
 	}
 	argv = append(argv, args...)
 	cmd := redis.NewCmd(ctx, argv...)
+	rediskit.PipedScripts.Add(1)
 	err := ap.Submit(ctx, cmd).WaitContext(ctx)
 	switch {
 	case err == nil:

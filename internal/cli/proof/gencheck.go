@@ -60,6 +60,10 @@ type GenReport struct {
 	// renewed by a request sent after the break.
 	RenewedAfterBreak int `json:"renewed_after_break"`
 	Overlaps          int `json:"overlaps"`
+	// Piped counts the scripts the workers' Redis drivers sent through
+	// their pipeline (calls that overlapped others on one client): the
+	// checks above covered them too. Zero on other stores.
+	Piped int64 `json:"piped,omitempty"`
 	// Errors counts failed acquisitions (refusals included).
 	Errors int `json:"errors"`
 	// Problems describes the first violations found; FirstViolation is
@@ -105,6 +109,9 @@ func CheckGen(events []Event, strength fenced.FenceStrength, ttl, bound time.Dur
 		c.record(e)
 	}
 	c.r.Grants = len(c.grants)
+	for _, n := range c.piped {
+		c.r.Piped += n
+	}
 	c.checkFences()
 	c.checkOrphans()
 	c.checkRenewedAfterBreak()
@@ -179,6 +186,8 @@ type genChecker struct {
 	// brokenAt is when each grant broken by a Break was reported broken
 	// (the Break's completion).
 	brokenAt map[grantID][]int64
+	// piped is each worker process's last Piped count.
+	piped map[int]int64
 }
 
 // newGenChecker returns a checker for events, sorted by time.
@@ -196,6 +205,7 @@ func newGenChecker(events []Event, strength fenced.FenceStrength, ttl, bound tim
 		holding:  map[int]int{},
 		open:     map[string]int{},
 		brokenAt: map[grantID][]int64{},
+		piped:    map[int]int64{},
 	}
 	if len(events) > 0 {
 		c.r.start = events[0].T
@@ -226,6 +236,8 @@ func (c *genChecker) record(e Event) {
 			time.Duration(e.Value), e.Err)
 	case RenewedAfterBreak:
 		c.renewedAfterBreak = append(c.renewedAfterBreak, e)
+	case Piped:
+		c.piped[e.PID] = max(c.piped[e.PID], e.Value)
 	case SetHealthyLost:
 		r.SetsHealthyWithLost++
 		r.problem(e.T, "worker %d: a set reported healthy while its lease on %s (fence %d) had ended: %s", e.Worker, e.Key, e.Fence, e.Err)

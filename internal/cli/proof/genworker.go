@@ -14,6 +14,7 @@ import (
 
 	"github.com/fenced-dev/fenced"
 	"github.com/fenced-dev/fenced/fence"
+	"github.com/fenced-dev/fenced/internal/backend/rediskit"
 	"github.com/fenced-dev/fenced/internal/core/rootaccess"
 	"github.com/fenced-dev/fenced/recipe"
 )
@@ -43,6 +44,9 @@ const (
 	// a request sent after the break completed. Its validity reached past
 	// the break's end plus its TTL (Value: by how many ns).
 	RenewedAfterBreak Kind = "renewed_after_break"
+	// Piped is how many scripts the worker process's Redis driver has
+	// sent through its pipeline so far (Value; see rediskit.PipedScripts).
+	Piped Kind = "piped"
 )
 
 // GenWorkerConfig is what one generative worker process needs.
@@ -225,6 +229,9 @@ func runGenWorker(cfg GenWorkerConfig) error {
 	w.client.Close()
 	if w.breaker != nil {
 		w.breaker.Close()
+	}
+	if n := rediskit.PipedScripts.Load(); n > 0 {
+		w.record(Event{Kind: Piped, Value: n})
 	}
 	w.record(Event{Kind: WorkerExit})
 	return nil
@@ -663,6 +670,7 @@ func (w *genWorker) sample(ctx context.Context) {
 	defer tick.Stop()
 	last := time.Now()
 	resumed := last
+	var piped int64 // the last Piped count recorded
 	for {
 		select {
 		case <-ctx.Done():
@@ -674,6 +682,10 @@ func (w *genWorker) sample(ctx context.Context) {
 			resumed = began
 		}
 		last = began
+		if n := rediskit.PipedScripts.Load(); n >= piped+100 {
+			piped = n
+			w.record(Event{Kind: Piped, Value: n})
+		}
 		w.mu.Lock()
 		leases := make([]*fenced.Lease, 0, len(w.held))
 		for l := range w.held {
