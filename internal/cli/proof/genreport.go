@@ -121,7 +121,8 @@ leases; one cut in three outlasts the pool TTL; on etcd the last worker
 renews without the loss watch, and its pool (up to 300 leases) takes the
 contended TTL, so it renews hundreds of grants of one etcd session a third
 of a TTL apart: batches that etcd checks with a listing of the session's
-keys (above 128 grants). A failure prints the seed; FENCED_PROOF_SEED reruns it (the same
+keys (above 128 grants). On Redis, a worker's calls that overlap go through
+its driver's pipeline; the row counts them and fails if none did. A failure prints the seed; FENCED_PROOF_SEED reruns it (the same
 operations and faults; their timing is the machine's). Rows other than main
 ran against a scratch copy with one fix reverted, or its code path disabled
 by the smallest edit (the build column says which); "first violation" is how
