@@ -248,10 +248,14 @@ func OpenFile(ctx context.Context, path string, opts *Options) (*Driver, error) 
 			return nil, fmt.Errorf("sqlite: %s: %w", path, err)
 		}
 		// Another process may have set it up while this one waited: then
-		// the lock goes at once, not after a migration that changes
-		// nothing. Six processes opening a new file each migrated in turn,
-		// and on a busy machine (CI) the last waited past the busy timeout.
-		ready = tableErr == nil && inWAL(path) && tablesReady(ctx, db, table)
+		// the lock goes at once, as for a file found set up above, not
+		// after this open's own set-up. Six processes opening a new file
+		// each held it through theirs in turn, and on a busy machine (CI)
+		// the last waited past the busy timeout.
+		if ready = tableErr == nil && inWAL(path) && tablesReady(ctx, db, table); ready {
+			unlock()
+			unlock = func() {}
+		}
 	}
 	d, err := newDriver(ctx, db, &o, ready)
 	unlock()
