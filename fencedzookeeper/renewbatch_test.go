@@ -18,11 +18,33 @@ import (
 // TestRenewBatchNodesDeleted: when an admin deletes some grants' nodes,
 // the transaction of checks fails; RenewBatch must end exactly those
 // grants and still renew the others.
+//
+// The first grant must still stand when the batch is sent, 2 s after the
+// set-up, by a fifth of the TTL at least: a longer set-up (under the hog,
+// the grants, the admin's connection and its deletes took over 3 s of a
+// 5 s TTL) runs again with twice the TTL.
 func TestRenewBatchNodesDeleted(t *testing.T) {
 	ens := testenv.StartZooKeeper(t)
-	d := openDriver(t, ens.URL("/renewbatch", "")).(*fencedzookeeper.Driver)
+	for round, ttl := 1, 5*time.Second; ; round, ttl = round+1, 2*ttl {
+		setup, ok := renewBatchRound(t, ens, fmt.Sprintf("/renewbatch-%d", round), ttl)
+		if ok {
+			return
+		}
+		if round == 3 {
+			t.Fatalf("the set-up took %v of a TTL of %v: the machine is too slow to tell a renewal from a grant", setup, ttl)
+		}
+		t.Logf("round %d: the set-up took %v of the TTL %v; again with twice the TTL", round, setup.Round(time.Millisecond), ttl)
+	}
+}
+
+// renewBatchRound is one round of TestRenewBatchNodesDeleted under root,
+// with grants of ttl. It reports false, having checked nothing, if the
+// set-up left the batch less than a fifth of ttl before the first grant
+// ends, and how long the set-up took.
+func renewBatchRound(t *testing.T, ens *testenv.ZKEnsemble, root string, ttl time.Duration) (time.Duration, bool) {
+	d := openDriver(t, ens.URL(root, "")).(*fencedzookeeper.Driver)
 	ctx := context.Background()
-	const ttl = 5 * time.Second
+	began := time.Now()
 	var grants []driver.Grant
 	for i := range 5 {
 		g := driver.Grant{Key: fmt.Sprintf("k%d", i), Owner: fmt.Sprintf("owner-%d", i), TTL: ttl}
@@ -48,6 +70,9 @@ func TestRenewBatchNodesDeleted(t *testing.T) {
 		if err := admin.Delete(path+"/"+names[0], -1); err != nil {
 			t.Fatal(err)
 		}
+	}
+	if setup := time.Since(began); setup > ttl-2*time.Second-ttl/5 {
+		return setup, false
 	}
 	time.Sleep(2 * time.Second) // so that only a renewal keeps the rest
 	renewed := time.Now()
@@ -80,4 +105,5 @@ func TestRenewBatchNodesDeleted(t *testing.T) {
 			}
 		}
 	}
+	return 0, true
 }
