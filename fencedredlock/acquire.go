@@ -155,7 +155,10 @@ func (d *Driver) rollbackAll(rs []reply[rediskit.Acquired], k rediskit.Keys, own
 // acquireFailure says why a failed attempt failed, from the nodes' answers.
 func (d *Driver) acquireFailure(key string, k rediskit.Keys, ttl, margin, budget, elapsed time.Duration, tl acquireTally) error {
 	switch {
-	case tl.foreign:
+	case tl.foreign > len(d.nodes)-d.quorum:
+		// Too few nodes are left for a majority, whatever the others
+		// answered. Fewer foreign values count as refusals: the key
+		// can still be granted, and the error below names them.
 		return fmt.Errorf("redlock: acquire %q: %w", key, rediskit.ForeignError(k.Lock))
 	case tl.ours >= d.quorum:
 		return fmt.Errorf(
@@ -177,6 +180,9 @@ func (d *Driver) acquireFailure(key string, k rediskit.Keys, ttl, margin, budget
 	}
 	missing := len(d.nodes) - tl.answered
 	msg := fmt.Sprintf("%d of %d nodes granted it (need %d), %d did not answer within %v", tl.ours, len(d.nodes), d.quorum, missing, budget)
+	if tl.foreign > 0 {
+		msg += fmt.Sprintf(", %d refused it for a value fenced did not write in %s", tl.foreign, k.Lock)
+	}
 	if tl.superseded > 0 {
 		// Only when one owner token's attempts overlap (the Client never
 		// does that): a later one was already there.

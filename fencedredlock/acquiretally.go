@@ -15,7 +15,7 @@ type acquireTally struct {
 	answered   int     // how many nodes answered within the budget
 	heldTTLs   []int64 // the remaining times of other holders, in ms
 	nodeErrs   []error // each failed node's error, named
-	foreign    bool    // a node's lock key holds a foreign value
+	foreign    int     // nodes whose lock key holds a foreign value
 	stale      bool    // a node had granted a newer fence
 	unknown    bool    // a node may have applied the attempt unseen
 	superseded int     // nodes that refused it for a later attempt
@@ -38,7 +38,7 @@ func (d *Driver) tallyAcquire(rs []reply[rediskit.Acquired], k rediskit.Keys) ac
 		case r.val.Status == rediskit.StatusHeld:
 			tl.heldTTLs = append(tl.heldTTLs, r.val.PTTL)
 		case r.val.Status == rediskit.StatusForeign:
-			tl.foreign = true
+			tl.foreign++
 		case r.val.Status == rediskit.StatusStale:
 			tl.stale = true
 		case r.val.Status == rediskit.StatusSuperseded:

@@ -43,8 +43,11 @@
 // sent, minus the same drift allowance.
 //
 // A node whose key holds a value fenced did not write refuses the grant
-// and is never written to; if that costs the majority, the attempt fails
-// with an error matching ErrForeignValue.
+// and is never written to. If such nodes leave too few for a majority,
+// the attempt fails with an error matching ErrForeignValue; otherwise
+// they count as refusals, and a failure for another reason (a holder,
+// nodes that did not answer) says so, naming them when it is
+// ErrUnavailable.
 //
 // # Guarantees
 //
