@@ -41,7 +41,9 @@ func (d *Driver) Capabilities() driver.Capabilities {
 // is above the key's counter and the store's floor. A previous holder's
 // loss watches learn that their grant is lost.
 func (s *Store) grant(key string, e *entry, owner string, ttl time.Duration, now time.Time) uint64 {
-	s.lose(key, fmt.Errorf("%w: %s was granted again", fenced.ErrLost, key))
+	if len(s.watches[key]) > 0 { // the error is made only for a watch
+		s.lose(key, fmt.Errorf("%w: %s was granted again", fenced.ErrLost, key))
+	}
 	e.fence = max(e.fence, s.floor) + 1
 	e.owner = owner
 	e.expires = now.Add(ttl)
