@@ -131,7 +131,9 @@ type Options struct {
 	// Table is the lease table. Default DefaultTable.
 	Table string
 	// BusyTimeout is how long a statement waits for another process's
-	// write lock before failing with ErrUnavailable. Default 5s.
+	// write lock before failing with ErrUnavailable. Default 5s. An open
+	// of a file not set up yet waits three times as long for the process
+	// setting it up (ErrBusy).
 	BusyTimeout time.Duration
 	// CreateDir creates the file's directory (and its parents) when it
 	// is missing. Without it OpenFile refuses a file in a directory that
@@ -146,9 +148,10 @@ type Options struct {
 // the error also matches fenced.ErrInvalidURL.
 var ErrNoDir = errors.New("the lease file's directory does not exist")
 
-// ErrBusy means opening the lease file waited Options.BusyTimeout for
-// another process, alive and holding the file's locks (creating or
-// checking the tables, or writing), and gave up. It also matches
+// ErrBusy means opening the lease file waited for another process, alive
+// and holding the file's locks, and gave up: three times
+// Options.BusyTimeout for one setting a new file up, BusyTimeout for one
+// writing. It also matches
 // fenced.ErrUnavailable. Unlike the other errors of an open, it may pass
 // by itself: processes that start together on a loaded machine open the
 // file one after the other, so a caller that can wait (a follower
@@ -243,7 +246,7 @@ func OpenFile(ctx context.Context, path string, opts *Options) (*Driver, error) 
 	table, tableErr := leasetable.TableOrDefault(o.Table)
 	ready := tableErr == nil && inWAL(path) && tablesReady(ctx, db, table)
 	if !ready {
-		if unlock, err = lockInit(ctx, path+".lock", o.BusyTimeout); err != nil {
+		if unlock, err = lockInit(ctx, path+".lock", initLockWait*o.BusyTimeout); err != nil {
 			db.Close()
 			return nil, fmt.Errorf("sqlite: %s: %w", path, err)
 		}
@@ -288,10 +291,16 @@ func dsn(path string, busy time.Duration, synchronous string) string {
 	}.Encode()
 }
 
+// initLockWait is how many busy timeouts an open waits for the process
+// setting a new file up (its flock on FILE.lock). That process is alive (a
+// dead one's flock is gone with it). It may wait the busy timeout twice
+// for SQLite's write lock, for the WAL switch and for the tables, then
+// writes them; under load (scripts/hog.sh) a set-up with no rival at
+// SQLite held the lock over 5 s, and five opens gave up after one.
+const initLockWait = 3
+
 // lockInit takes an exclusive flock on lockPath, waiting up to timeout
-// (the busy timeout: the holder is a live process, since a dead one's
-// flock is gone with it, and it may itself wait up to the busy timeout for
-// SQLite's write lock), then failing with ErrBusy.
+// (initLockWait busy timeouts), then failing with ErrBusy.
 // Where the lock file cannot be created (a read-only directory) it returns
 // without locking: such a file is not being created by anyone either.
 // Something other than a regular file there is refused (ErrForeignFile,
@@ -322,8 +331,8 @@ func lockInit(ctx context.Context, lockPath string, timeout time.Duration) (unlo
 		if !errors.Is(err, syscall.EWOULDBLOCK) || time.Now().After(deadline) {
 			f.Close()
 			if errors.Is(err, syscall.EWOULDBLOCK) {
-				return nil, fmt.Errorf("%w: %w: another process held %s for the %v waited (busy_timeout %v)",
-					ErrBusy, fenced.ErrUnavailable, lockPath, time.Since(began).Round(time.Millisecond), timeout)
+				return nil, fmt.Errorf("%w: %w: another process held %s for the %v waited (%d times busy_timeout)",
+					ErrBusy, fenced.ErrUnavailable, lockPath, time.Since(began).Round(time.Millisecond), initLockWait)
 			}
 			return nil, fmt.Errorf("%w: lock %s: %v", fenced.ErrUnavailable, lockPath, err)
 		}

@@ -10,8 +10,11 @@ import (
 )
 
 // busyTimeout is the SQLite busy timeout of the stores of the tests of a
-// busy store: an open gives up on the init lock after it.
-const busyTimeout = 300 * time.Millisecond
+// busy store; an open gives up on the init lock after initWait.
+const (
+	busyTimeout = 300 * time.Millisecond
+	initWait    = 3 * busyTimeout // fencedsqlite's initLockWait
+)
 
 // busyStore returns a SQLite store with busyTimeout whose file is not set
 // up yet, and a function that takes its init lock (the flock on the file
@@ -60,10 +63,10 @@ func TestElectWaitsForBusyStore(t *testing.T) {
 		return strings.Contains(errb.String(), "the store is busy") || !alive(cmd.Process.Pid)
 	})
 	// startup: exec, the runtime's start and the first open, which gave up
-	// after busyTimeout; what this machine takes to start a fenced.
-	startup := time.Since(started) - busyTimeout
+	// after initWait; what this machine takes to start a fenced.
+	startup := time.Since(started) - initWait
 	// Several more opens give up meanwhile: the follower must outlast them.
-	time.Sleep(4 * busyTimeout)
+	time.Sleep(2 * initWait)
 	if !alive(cmd.Process.Pid) {
 		t.Fatalf("elect exited while the store was busy (exit %d); stderr:\n%s", waitExit(t, cmd, 10*time.Second), errb)
 	}
@@ -121,7 +124,7 @@ func TestRunWaitsForBusyStore(t *testing.T) {
 	if code := waitExit(t, stopped, 20*time.Second); code == 0 || !strings.Contains(stoppedErr.String(), "interrupted by terminated") {
 		t.Fatalf("SIGTERM while waiting for the store: exit %d, stderr %q", code, stoppedErr)
 	}
-	time.Sleep(4 * busyTimeout) // several opens give up meanwhile
+	time.Sleep(2 * initWait) // more opens give up meanwhile
 	if !alive(waiter.Process.Pid) {
 		t.Fatalf("run --wait 60s exited while the store was busy (exit %d); stderr:\n%s", waitExit(t, waiter, 10*time.Second), errb)
 	}

@@ -26,8 +26,9 @@ func (s *suite) testObserverTakesNoWakeUp(t *testing.T) {
 	ctx := drivertest.Context(t)
 	key := drivertest.Key("observer")
 	var attempts atomic.Int64
+	const fallback = 2 * time.Second
 	opts := func(hooks func(fenced.Event)) *fenced.Options {
-		return &fenced.Options{FallbackPoll: 2 * time.Second, MinBackoff: 5 * time.Millisecond, MaxBackoff: 50 * time.Millisecond,
+		return &fenced.Options{FallbackPoll: fallback, MinBackoff: 5 * time.Millisecond, MaxBackoff: 50 * time.Millisecond,
 			MinFence: s.h.MinFence, Hook: hooks}
 	}
 	holder := fenced.NewClient(s.h.Open(t), opts(nil))
@@ -95,7 +96,7 @@ func (s *suite) testObserverTakesNoWakeUp(t *testing.T) {
 	}
 	handover(nil) // warm-up: connections, lines, subscriptions
 	var without, other, same []time.Duration
-	for range 3 {
+	for range 5 {
 		without = append(without, handover(nil))
 		other = append(other, handover(elOther))
 		same = append(same, handover(elBeside))
@@ -103,22 +104,28 @@ func (s *suite) testObserverTakesNoWakeUp(t *testing.T) {
 	for _, d := range [][]time.Duration{without, other, same} {
 		slices.Sort(d)
 	}
-	a := without[1]
+	mid := len(without) / 2
+	a := without[mid]
 	t.Logf("handover p50 without an observer %v, with one on another driver %v, on the waiter's %v (each %v / %v / %v)",
-		a, other[1], same[1], without, other, same)
-	// The slack: 200 ms plus the spread of the rounds without an observer
-	// (slowest less fastest), the noise this machine put on a handover in
-	// this run. An observer that took the wake-up leaves the waiter to its
-	// fallback timer, about 2 s, well beyond it.
-	slack := 200*time.Millisecond + without[len(without)-1] - without[0]
+		a, other[mid], same[mid], without, other, same)
+	// An observer that took the wake-up leaves the waiter to its fallback
+	// timer: the handover takes about the fallback (2 s) less the 200 ms
+	// the waiter waited before the release. The slack is 200 ms plus the
+	// spread of the rounds without an observer (slowest less fastest),
+	// the noise this machine put on a handover in this run, and at least
+	// a quarter of the fallback, which still tells that apart. Under the
+	// hog (Valkey 9) two of three rounds with an observer on another
+	// driver took 339 and 469 ms, the rest 15-40 ms: slow, but far from
+	// the fallback.
+	slack := max(200*time.Millisecond+without[len(without)-1]-without[0], fallback/4)
 	for _, c := range []struct {
 		where string
 		d     time.Duration
-	}{{"another driver", other[1]}, {"the waiter's driver", same[1]}} {
+	}{{"another driver", other[mid]}, {"the waiter's driver", same[mid]}} {
 		if c.d > 3*a && c.d-a > slack {
-			t.Errorf("an observer of the key on %s slows a handover from %v to %v (p50 of 3), over %v more "+
-				"(200 ms plus the no-observer rounds' spread): it took the waiter's wake-up",
-				c.where, a, c.d, slack)
+			t.Errorf("an observer of the key on %s slows a handover from %v to %v (p50 of %d), over %v more "+
+				"(the no-observer rounds' spread and 200 ms, at least a quarter of the fallback %v): it took the waiter's wake-up",
+				c.where, a, c.d, len(without), slack, fallback)
 		}
 	}
 }
