@@ -101,6 +101,14 @@ func (s *suite) testObserverTakesNoWakeUp(t *testing.T) {
 		other = append(other, handover(elOther))
 		same = append(same, handover(elBeside))
 	}
+	judgeObserverRounds(t, fallback, without, other, same)
+}
+
+// judgeObserverRounds fails t if the handovers with an observer (on
+// another driver, on the waiter's) took markedly longer than those
+// without one, the mark of an observer that took the wake-up.
+func judgeObserverRounds(t *testing.T, fallback time.Duration, without, other, same []time.Duration) {
+	t.Helper()
 	for _, d := range [][]time.Duration{without, other, same} {
 		slices.Sort(d)
 	}
