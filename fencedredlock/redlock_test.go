@@ -356,6 +356,20 @@ func TestBadInput(t *testing.T) {
 	if v, _ := rc0.Get(ctx, "fenced:{k}:lock").Result(); v != "not ours" {
 		t.Fatalf("foreign value changed to %q", v)
 	}
+	// With the third node gone, the attempt fails as unavailable, and the
+	// error names the foreign value too.
+	gone := redis.NewClient(&redis.Options{Addr: testenv.Addr(testenv.FreePort(t)), Password: password, MaxRetries: -1,
+		DialTimeout: 300 * time.Millisecond})
+	t.Cleanup(func() { gone.Close() })
+	d2, err := fencedredlock.New([]redis.UniversalClient{rc0, client(t, c.nodes[1]), gone}, &opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d2.Close() })
+	_, err = d2.TryAcquire(ctx, "k", owner(), time.Minute)
+	if !errors.Is(err, fenced.ErrUnavailable) || errors.Is(err, fencedredlock.ErrForeignValue) || !strings.Contains(err.Error(), "fenced did not write") {
+		t.Fatalf("acquire with a foreign value on 1 of 3 nodes and another unreachable: %v, want ErrUnavailable naming the foreign value", err)
+	}
 
 	// Wrong password.
 	_, err = fenced.Open(ctx, strings.Replace(c.url(""), password, "wrong", 1), nil)
